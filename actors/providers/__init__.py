@@ -1,0 +1,23 @@
+"""Provider actors. Each SDK is imported only when its provider makes a call."""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["AnthropicProvider", "OpenAIProvider", "ScriptedProvider"]
+
+
+def __getattr__(name: str) -> Any:  # lazy: importing a provider module never imports its SDK
+    if name == "OpenAIProvider":
+        from actors.providers.openai import OpenAIProvider
+
+        return OpenAIProvider
+    if name == "AnthropicProvider":
+        from actors.providers.anthropic import AnthropicProvider
+
+        return AnthropicProvider
+    if name == "ScriptedProvider":
+        from actors.providers.scripted import ScriptedProvider
+
+        return ScriptedProvider
+    raise AttributeError(name)

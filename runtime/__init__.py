@@ -1,0 +1,1 @@
+"""Axon: a Trio actor runtime that streams multi-step, tool-calling LLM agent turns."""

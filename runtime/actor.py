@@ -1,0 +1,189 @@
+"""Actors and their supervision.
+
+An :class:`Actor` owns a bounded :class:`~runtime.inbox.Inbox` and handles one message
+at a time in :meth:`Actor.handle`. It may subscribe its inbox to bus events
+(:attr:`Actor.subscribes_to`) and publish events of its own. A :class:`Supervisor` runs
+actors under a one-for-one policy: an actor whose handler raises is restarted (after a
+backoff) with the same inbox, so queued messages are not lost; more than ``intensity``
+crashes within ``period`` seconds and it gives up. Every crash, restart and give-up is an
+event on the bus, and so a log line.
+
+Cancellation is never a crash: ``trio.Cancelled`` always propagates.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import deque
+from collections.abc import Iterable
+from typing import Any, ClassVar
+
+import attrs
+import trio
+
+from runtime.bus import Bus, Subscription
+from runtime.events import ActorCrashed, ActorGaveUp, ActorRestarted
+from runtime.inbox import Inbox, OverflowPolicy
+
+
+class Actor:
+    """Base class: override :meth:`handle`; optionally the class attributes below.
+
+    ``subscribes_to`` lists event classes the actor wants from the bus (``None``: none;
+    an empty tuple is not allowed, use ``ALL`` for every event). ``session_id`` limits the
+    subscription to one session.
+    """
+
+    ALL: ClassVar[object] = object()
+
+    inbox_capacity: ClassVar[int] = 256
+    overflow: ClassVar[OverflowPolicy] = "block"
+    subscribes_to: ClassVar[Iterable[type] | object | None] = None
+
+    def __init__(self, *, name: str | None = None, session_id: str | None = None) -> None:
+        self.name = name or type(self).__name__
+        self.session_id = session_id
+        self.inbox = Inbox(self.inbox_capacity, self.overflow, name=self.name)
+        self.bus: Bus | None = None
+        self._subscription: Subscription | None = None
+
+    # -- life cycle hooks ------------------------------------------------------------
+
+    async def handle(self, message: Any) -> None:
+        """Handle one message. Raising crashes the actor (the supervisor decides)."""
+        raise NotImplementedError
+
+    async def on_start(self) -> None:
+        """Called before the first message and after every restart."""
+
+    def on_crash(self, exc: BaseException) -> None:
+        """Called after a crash, before any restart: reset state that may be corrupt."""
+
+    def on_give_up(self, exc: BaseException) -> None:
+        """Called when the supervisor stops restarting this actor."""
+
+    # -- plumbing --------------------------------------------------------------------
+
+    def attach(self, bus: Bus) -> None:
+        """Connect to the bus; subscribes the inbox when the actor asks for events."""
+        self.bus = bus
+        if self.subscribes_to is not None and self._subscription is None:
+            kinds = None if self.subscribes_to is Actor.ALL else self.subscribes_to
+            self._subscription = bus.subscribe(
+                kinds,  # type: ignore[arg-type]
+                session_id=self.session_id,
+                inbox=self.inbox,
+            )
+
+    async def publish(self, event: Any) -> None:
+        if self.bus is not None:
+            await self.bus.publish(event)
+
+    async def send(self, message: Any) -> None:
+        """Put ``message`` into this actor's inbox (waits under ``block``)."""
+        await self.inbox.put(message)
+
+    async def run(self) -> None:
+        """Handle messages until the inbox is closed and drained."""
+        async for message in self.inbox:
+            await self.handle(message)
+
+    def stop(self) -> None:
+        """Close the inbox: the actor finishes what is queued, then ends."""
+        if self._subscription is not None:
+            self._subscription.bus.unsubscribe(self._subscription)
+            self._subscription = None
+        self.inbox.close()
+
+
+@attrs.frozen(kw_only=True, slots=True)
+class RestartPolicy:
+    """One-for-one restart policy."""
+
+    intensity: int = 3
+    """Restarts allowed within ``period``; one more crash and the supervisor gives up."""
+    period: float = 5.0
+    backoff_initial: float = 0.01
+    backoff_max: float = 1.0
+
+
+class Supervisor:
+    """Runs actors, restarting each on its own when it crashes (one-for-one)."""
+
+    def __init__(self, bus: Bus, policy: RestartPolicy | None = None) -> None:
+        self.bus = bus
+        self.policy = policy or RestartPolicy()
+
+    async def supervise(
+        self,
+        actor: Actor,
+        *,
+        policy: RestartPolicy | None = None,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Run ``actor`` until its inbox ends, restarting it on crashes by policy."""
+        from runtime.logging import get_logger
+
+        policy = policy or self.policy
+        log = get_logger("axon.supervisor")
+        actor.attach(self.bus)
+        crashes: deque[float] = deque()
+        restarts = 0
+        started = False
+        while True:
+            try:
+                await actor.on_start()
+                if not started:
+                    started = True
+                    task_status.started()
+                await actor.run()
+                return
+            except Exception as exc:
+                now = trio.current_time()
+                crashes.append(now)
+                while crashes and now - crashes[0] > policy.period:
+                    crashes.popleft()
+                err = f"{type(exc).__name__}: {exc}"
+                log.error(
+                    "actor.crashed", actor=actor.name, session_id=actor.session_id, error=err
+                )
+                await self._publish(
+                    ActorCrashed(
+                        actor=actor.name,
+                        error=str(exc),
+                        error_type=type(exc).__name__,
+                        restarts=restarts,
+                        session_id=actor.session_id,
+                    )
+                )
+                actor.on_crash(exc)
+                if len(crashes) > policy.intensity:
+                    log.error("actor.gave-up", actor=actor.name, session_id=actor.session_id)
+                    await self._publish(
+                        ActorGaveUp(
+                            actor=actor.name,
+                            restarts=restarts,
+                            error=err,
+                            session_id=actor.session_id,
+                        )
+                    )
+                    actor.on_give_up(exc)
+                    actor.stop()
+                    if not started:
+                        task_status.started()
+                    return
+                delay = min(policy.backoff_max, policy.backoff_initial * math.pow(2, restarts))
+                await trio.sleep(delay * (0.5 + random.random() / 2))
+                restarts += 1
+                log.warning("actor.restarted", actor=actor.name, restarts=restarts)
+                await self._publish(
+                    ActorRestarted(actor=actor.name, restarts=restarts, session_id=actor.session_id)
+                )
+
+    async def _publish(self, event: Any) -> None:
+        try:
+            self.bus.publish_nowait(event)
+        except trio.WouldBlock:
+            with trio.move_on_after(1):
+                await self.bus.publish(event)

@@ -1,0 +1,146 @@
+"""The provider-to-engine vocabulary: :data:`StreamChunk`.
+
+A provider actor turns its SDK's raw stream into these and nothing else, so that every
+stage downstream is provider-agnostic. The rules they encode come from peers' bugs:
+
+* :class:`ToolCallChunk` is emitted exactly once per call and only after the provider's
+  block (or the whole stream) has ended, never when partial JSON first parses.
+* :class:`ReasoningChunk` with a ``signature`` or ``redacted_data`` *closes* its reasoning
+  block; the next reasoning chunk starts a new one.
+* :class:`FinishChunk` is the last chunk of a successful response.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal
+
+import attrs
+
+FinishReason = Literal["stop", "tool-calls", "length", "content-filter", "error", "other"]
+"""The unified finish reasons every provider maps onto."""
+
+FINISH_REASONS: tuple[str, ...] = ("stop", "tool-calls", "length", "content-filter", "error", "other")
+
+
+@attrs.frozen(kw_only=True, slots=True)
+class TextChunk:
+    """A piece of answer text, as it arrived."""
+
+    type: ClassVar[str] = "text"
+    text: str
+    """The delta; may be any slice of the text, even one character of a multi-byte tag."""
+    refusal: bool = False
+    """True when the provider marked this text as a refusal (OpenAI ``refusal`` deltas)."""
+
+
+@attrs.frozen(kw_only=True, slots=True)
+class ReasoningChunk:
+    """A piece of reasoning (thinking) text, or the end of a reasoning block."""
+
+    type: ClassVar[str] = "reasoning"
+    text: str = ""
+    """The delta; empty on the closing chunk that carries only a signature."""
+    signature: str | None = None
+    """The provider's signature over the whole block; its arrival closes the block."""
+    redacted_data: str | None = None
+    """Opaque encrypted reasoning (Anthropic ``redacted_thinking``), kept verbatim."""
+    provider: str | None = None
+    """Which provider produced the block; a signature is only ever sent back to it."""
+
+
+@attrs.frozen(kw_only=True, slots=True)
+class ToolInputStartChunk:
+    """A tool call began streaming its input."""
+
+    type: ClassVar[str] = "tool-input-start"
+    tool_call_id: str
+    tool_name: str
+
+
+@attrs.frozen(kw_only=True, slots=True)
+class ToolInputDeltaChunk:
+    """A fragment of a tool call's JSON input, exactly as the provider streamed it."""
+
+    type: ClassVar[str] = "tool-input-delta"
+    tool_call_id: str
+    delta: str
+
+
+@attrs.frozen(kw_only=True, slots=True)
+class ToolCallChunk:
+    """A complete tool call. Emitted once, only when the provider's block ended."""
+
+    type: ClassVar[str] = "tool-call"
+    tool_call_id: str
+    tool_name: str
+    input: Any
+    """The parsed JSON input (``{}`` for an empty one); the raw text when it did not parse."""
+    input_error: str | None = None
+    """Why the input is unusable (invalid JSON, truncated by ``length``); such a call is
+    never executed: the model receives this as a tool error instead."""
+
+
+@attrs.frozen(kw_only=True, slots=True)
+class ProviderDataChunk:
+    """An opaque provider block (a server-side tool use or result) kept for round-trip."""
+
+    type: ClassVar[str] = "provider-data"
+    provider: str
+    data: dict[str, Any]
+
+
+@attrs.frozen(kw_only=True, slots=True)
+class Usage:
+    """Token usage; summable. Optional counters stay ``None`` when the provider is silent."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    total_tokens: int = 0
+    cache_read: int | None = None
+    cache_write: int | None = None
+    reasoning_tokens: int | None = None
+
+    def __add__(self, other: Usage) -> Usage:
+        def opt(a: int | None, b: int | None) -> int | None:
+            return None if a is None and b is None else (a or 0) + (b or 0)
+
+        return Usage(
+            input_tokens=self.input_tokens + other.input_tokens,
+            output_tokens=self.output_tokens + other.output_tokens,
+            total_tokens=self.total_tokens + other.total_tokens,
+            cache_read=opt(self.cache_read, other.cache_read),
+            cache_write=opt(self.cache_write, other.cache_write),
+            reasoning_tokens=opt(self.reasoning_tokens, other.reasoning_tokens),
+        )
+
+
+@attrs.frozen(kw_only=True, slots=True)
+class UsageChunk:
+    """Usage reported by the provider; several may arrive and the last one wins."""
+
+    type: ClassVar[str] = "usage"
+    usage: Usage
+
+
+@attrs.frozen(kw_only=True, slots=True)
+class FinishChunk:
+    """The response ended normally."""
+
+    type: ClassVar[str] = "finish"
+    reason: str
+    """One of :data:`FINISH_REASONS`."""
+    raw_reason: str | None = None
+    """The provider's own word for it (``end_turn``, ``tool_calls``, ...)."""
+
+
+StreamChunk = (
+    TextChunk
+    | ReasoningChunk
+    | ToolInputStartChunk
+    | ToolInputDeltaChunk
+    | ToolCallChunk
+    | ProviderDataChunk
+    | UsageChunk
+    | FinishChunk
+)
+"""Everything a provider may emit for one model call."""

@@ -1,0 +1,141 @@
+"""Typed errors, in layers.
+
+``AxonError`` is the root. :class:`ProviderError` and its subclasses classify what went
+wrong with a model call so callers (and the retry policy) can act on it: each class says
+whether it is ``retryable`` and, where the provider said so, ``retry_after`` seconds.
+The ``error`` output chunk carries the class name as ``kind``.
+"""
+
+from __future__ import annotations
+
+
+class AxonError(Exception):
+    """Root of every error this runtime raises on purpose."""
+
+    retryable: bool = False
+
+    def __init__(self, message: str = "", *, retryable: bool | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        if retryable is not None:
+            self.retryable = retryable
+
+    @property
+    def kind(self) -> str:
+        return type(self).__name__
+
+
+class ConfigurationError(AxonError):
+    """The agent, tool, provider or host was set up wrongly (caught before any request)."""
+
+
+class ToolDefinitionError(ConfigurationError):
+    """A function cannot be made into a tool (missing hints, unsupported signature)."""
+
+
+# -- providers -------------------------------------------------------------------------
+
+
+class ProviderError(AxonError):
+    """A model call failed. Subclasses classify why."""
+
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        retryable: bool | None = None,
+        retry_after: float | None = None,
+        status_code: int | None = None,
+        provider: str | None = None,
+    ) -> None:
+        super().__init__(message, retryable=retryable)
+        self.retry_after = retry_after
+        self.status_code = status_code
+        self.provider = provider
+
+
+class RateLimited(ProviderError):
+    """HTTP 429: too many requests; honour ``retry_after``."""
+
+    retryable = True
+
+
+class Overloaded(ProviderError):
+    """The provider is overloaded (HTTP 529, Anthropic ``overloaded_error``)."""
+
+    retryable = True
+
+
+class ProviderUnavailable(ProviderError):
+    """HTTP 5xx: the provider failed on its side."""
+
+    retryable = True
+
+
+class ProviderTimeout(ProviderError):
+    """No response (or no next chunk) within the timeout."""
+
+    retryable = True
+
+
+class ConnectionLost(ProviderError):
+    """The connection could not be made or dropped mid-stream."""
+
+    retryable = True
+
+
+class AuthenticationFailed(ProviderError):
+    """HTTP 401/403: the key is missing, wrong or lacks permission."""
+
+
+class BadRequest(ProviderError):
+    """HTTP 400/404/422: the request itself is wrong; retrying cannot help."""
+
+
+class ContextTooLong(BadRequest):
+    """The conversation exceeds the model's context window."""
+
+
+class ContentFiltered(ProviderError):
+    """The provider refused the content (moderation, safety filter)."""
+
+
+class MalformedStream(ProviderError):
+    """The response stream could not be parsed (garbage bytes, broken JSON, cut events)."""
+
+    retryable = True
+
+
+# -- sessions, stores, actors ------------------------------------------------------------
+
+
+class SessionError(AxonError):
+    """Misuse of a session."""
+
+
+class InvalidSessionId(SessionError, ValueError):
+    """A session id must be 1-128 characters of letters, digits, ``-``, ``_``, ``.``, ``:``."""
+
+
+class SessionBusy(SessionError):
+    """A turn is already running on this session; sessions run one turn at a time."""
+
+
+class StoreError(AxonError):
+    """The session store failed."""
+
+
+class StoreCorrupt(StoreError):
+    """The store file is not an Axon store or is damaged; it is never silently reset."""
+
+
+class ActorFailed(AxonError):
+    """An actor exceeded its restart intensity; the session it served cannot go on."""
+
+
+class BudgetExceeded(AxonError):
+    """A turn budget ran out; ``budget`` names which one."""
+
+    def __init__(self, budget: str, message: str = "") -> None:
+        super().__init__(message or f"budget exceeded: {budget}")
+        self.budget = budget

@@ -1,0 +1,192 @@
+"""Lifecycle events published on the bus.
+
+Every event is a frozen, keyword-only value with a stable dotted ``kind`` and the ids an
+observer needs to correlate it across agents: ``session_id``, ``turn_id`` and, where it
+has one, ``step`` and a ``causation_id`` (the id of whatever made it happen). The public
+output stream's chunks (:mod:`runtime.output`) are bus events too, under ``output.*``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import attrs
+
+from runtime.chunks import Usage
+from runtime.messages import Message
+from runtime.output import ErrorInfo
+
+
+def _event(kind: str):
+    def wrap(cls):
+        cls.kind = kind
+        return attrs.frozen(kw_only=True, slots=True)(cls)
+
+    return wrap
+
+
+class Event:
+    """Base of all lifecycle events (for ``isinstance`` and subscriptions)."""
+
+    __slots__ = ()
+    kind: ClassVar[str]
+
+
+@_event("turn.started")
+class TurnStarted(Event):
+    session_id: str
+    turn_id: str
+    agent: str
+    input: str
+    causation_id: str | None = None
+
+
+@_event("turn.finished")
+class TurnFinished(Event):
+    """The turn ended: normally, by error, by budget, or aborted (``finish_reason``)."""
+
+    session_id: str
+    turn_id: str
+    finish_reason: str
+    usage: Usage
+    steps: int
+    error: ErrorInfo | None = None
+    abort_reason: str | None = None
+    causation_id: str | None = None
+
+
+@_event("step.started")
+class StepStarted(Event):
+    session_id: str
+    turn_id: str
+    step: int
+    causation_id: str | None = None
+
+
+@_event("step.finished")
+class StepFinished(Event):
+    session_id: str
+    turn_id: str
+    step: int
+    finish_reason: str
+    usage: Usage
+    causation_id: str | None = None
+
+
+@_event("message.added")
+class MessageAdded(Event):
+    """A message was appended to (or, for the turn's assistant message, updated in) history."""
+
+    session_id: str
+    turn_id: str
+    index: int
+    message: Message
+    causation_id: str | None = None
+
+
+@_event("tool.call-requested")
+class ToolCallRequested(Event):
+    session_id: str
+    turn_id: str
+    step: int
+    tool_call_id: str
+    tool_name: str
+    input: Any
+    causation_id: str | None = None
+
+
+@_event("tool.call-completed")
+class ToolCallCompleted(Event):
+    session_id: str
+    turn_id: str
+    step: int
+    tool_call_id: str
+    tool_name: str
+    output: Any = None
+    error: str | None = None
+    duration: float = 0.0
+    causation_id: str | None = None
+
+
+@_event("session.saved")
+class SessionSaved(Event):
+    session_id: str
+    turn_id: str
+    message_count: int
+    step: int | None = None
+    causation_id: str | None = None
+
+
+@_event("actor.crashed")
+class ActorCrashed(Event):
+    """An actor's handler raised; the supervisor decides what happens next."""
+
+    actor: str
+    error: str
+    error_type: str
+    restarts: int
+    session_id: str | None = None
+    turn_id: str | None = None
+    causation_id: str | None = None
+
+
+@_event("actor.restarted")
+class ActorRestarted(Event):
+    actor: str
+    restarts: int
+    session_id: str | None = None
+    turn_id: str | None = None
+    causation_id: str | None = None
+
+
+@_event("actor.gave-up")
+class ActorGaveUp(Event):
+    """Restart intensity exceeded: the actor stays down and its session fails."""
+
+    actor: str
+    restarts: int
+    error: str
+    session_id: str | None = None
+    turn_id: str | None = None
+    causation_id: str | None = None
+
+
+@_event("bus.lagged")
+class Lagged(Event):
+    """Delivered to a ``drop-oldest`` subscriber in place of ``dropped`` events it missed."""
+
+    subscriber: str
+    dropped: int
+    session_id: str | None = None
+    turn_id: str | None = None
+    causation_id: str | None = None
+
+
+@_event("provider.retry")
+class ProviderRetry(Event):
+    """A model call failed before producing output and will be tried again."""
+
+    session_id: str
+    turn_id: str
+    step: int
+    attempt: int
+    delay: float
+    error: ErrorInfo
+    causation_id: str | None = None
+
+
+LIFECYCLE_EVENT_TYPES: tuple[type, ...] = (
+    TurnStarted,
+    TurnFinished,
+    StepStarted,
+    StepFinished,
+    MessageAdded,
+    ToolCallRequested,
+    ToolCallCompleted,
+    SessionSaved,
+    ActorCrashed,
+    ActorRestarted,
+    ActorGaveUp,
+    Lagged,
+    ProviderRetry,
+)

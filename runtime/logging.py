@@ -1,0 +1,62 @@
+"""structlog setup: local JSON lines, nothing exported anywhere by default.
+
+Never use structlog's ``a*`` (async) methods under Trio: they hop to asyncio threads.
+Loggers here are plain and synchronous; the log tap calls them from its own task, so a
+slow sink delays only the tap, never an agent.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any, TextIO
+
+import structlog
+
+_LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40, "critical": 50}
+
+
+def configure_logging(
+    level: str | int = "info", *, stream: TextIO | None = None, json: bool = True
+) -> None:
+    """Configure structlog to write one JSON object per line to ``stream`` (stderr).
+
+    ``level`` filters before any formatting happens, so a delta that is not logged costs
+    nothing beyond the level check.
+    """
+    lvl = _LEVELS.get(level, logging.INFO) if isinstance(level, str) else level
+    renderer: Any = (
+        structlog.processors.JSONRenderer(serializer=_orjson_dumps)
+        if json
+        else structlog.dev.ConsoleRenderer(colors=False)
+    )
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(lvl),
+        logger_factory=structlog.WriteLoggerFactory(file=stream or sys.stderr),
+        cache_logger_on_first_use=False,
+    )
+
+
+def _orjson_dumps(obj: Any, **_: Any) -> str:
+    import orjson
+
+    return orjson.dumps(obj, default=str).decode()
+
+
+def get_logger(name: str = "axon") -> Any:
+    """A structlog logger bound with ``logger=name``."""
+    return structlog.get_logger(name).bind(logger=name)
+
+
+def level_enabled(logger: Any, level: str) -> bool:
+    """Whether ``logger`` would emit at ``level`` (used to skip building log events)."""
+    try:
+        return logger.is_enabled_for(_LEVELS[level])
+    except AttributeError:
+        return True

@@ -1,0 +1,228 @@
+"""The public stream: :data:`OutputChunk`, what a UI consumes.
+
+Grammar of one turn::
+
+    start (step-start CONTENT* step-finish)+ finish      -- or cut short by error / abort
+
+Every ``*-start`` has exactly one matching ``*-finish`` before the next ``step-finish``;
+``part_id`` s are unique across the whole turn; ``seq`` is monotonic per session. Each
+chunk is also a bus event (``kind`` = ``"output." + type``) and carries the ids an
+observer needs to correlate it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import attrs
+
+from runtime.chunks import Usage
+
+
+@attrs.frozen(kw_only=True, slots=True)
+class ErrorInfo:
+    """What an ``error`` chunk tells the consumer about a failure."""
+
+    kind: str
+    """The error class name, e.g. ``"RateLimited"``; stable, for programs to switch on."""
+    message: str
+    retryable: bool = False
+
+
+def _out(type_: str):  # decorator: attach type/kind and make a frozen value class
+    def wrap(cls):
+        cls.type = type_
+        cls.kind = "output." + type_
+        return attrs.frozen(kw_only=True, slots=True)(cls)
+
+    return wrap
+
+
+class _Base:
+    type: ClassVar[str]
+    kind: ClassVar[str]
+
+
+@_out("start")
+class Start(_Base):
+    message_id: str
+    seq: int = 0
+    session_id: str = ""
+    turn_id: str = ""
+
+
+@_out("step-start")
+class StepStart(_Base):
+    step: int
+    seq: int = 0
+    session_id: str = ""
+    turn_id: str = ""
+
+
+@_out("text-start")
+class TextStart(_Base):
+    step: int
+    part_id: str
+    seq: int = 0
+    session_id: str = ""
+    turn_id: str = ""
+
+
+@_out("text-delta")
+class TextDelta(_Base):
+    step: int
+    part_id: str
+    text: str
+    seq: int = 0
+    session_id: str = ""
+    turn_id: str = ""
+
+
+@_out("text-finish")
+class TextFinish(_Base):
+    step: int
+    part_id: str
+    seq: int = 0
+    session_id: str = ""
+    turn_id: str = ""
+
+
+@_out("reasoning-start")
+class ReasoningStart(_Base):
+    step: int
+    part_id: str
+    seq: int = 0
+    session_id: str = ""
+    turn_id: str = ""
+
+
+@_out("reasoning-delta")
+class ReasoningDelta(_Base):
+    step: int
+    part_id: str
+    text: str
+    seq: int = 0
+    session_id: str = ""
+    turn_id: str = ""
+
+
+@_out("reasoning-finish")
+class ReasoningFinish(_Base):
+    step: int
+    part_id: str
+    seq: int = 0
+    session_id: str = ""
+    turn_id: str = ""
+
+
+@_out("tool-input-start")
+class ToolInputStart(_Base):
+    step: int
+    tool_call_id: str
+    tool_name: str
+    seq: int = 0
+    session_id: str = ""
+    turn_id: str = ""
+
+
+@_out("tool-input-delta")
+class ToolInputDelta(_Base):
+    step: int
+    tool_call_id: str
+    delta: str
+    seq: int = 0
+    session_id: str = ""
+    turn_id: str = ""
+
+
+@_out("tool-call")
+class ToolCall(_Base):
+    step: int
+    tool_call_id: str
+    tool_name: str
+    input: Any
+    seq: int = 0
+    session_id: str = ""
+    turn_id: str = ""
+
+
+@_out("tool-result")
+class ToolResult(_Base):
+    step: int
+    tool_call_id: str
+    tool_name: str
+    output: Any
+    seq: int = 0
+    session_id: str = ""
+    turn_id: str = ""
+
+
+@_out("tool-error")
+class ToolError(_Base):
+    step: int
+    tool_call_id: str
+    tool_name: str
+    error: str
+    seq: int = 0
+    session_id: str = ""
+    turn_id: str = ""
+
+
+@_out("step-finish")
+class StepFinish(_Base):
+    step: int
+    finish_reason: str
+    usage: Usage
+    seq: int = 0
+    session_id: str = ""
+    turn_id: str = ""
+
+
+@_out("finish")
+class Finish(_Base):
+    finish_reason: str
+    usage: Usage
+    seq: int = 0
+    session_id: str = ""
+    turn_id: str = ""
+
+
+@_out("error")
+class Error(_Base):
+    error: ErrorInfo
+    seq: int = 0
+    session_id: str = ""
+    turn_id: str = ""
+
+
+@_out("abort")
+class Abort(_Base):
+    reason: str
+    seq: int = 0
+    session_id: str = ""
+    turn_id: str = ""
+
+
+OutputChunk = (
+    Start
+    | StepStart
+    | TextStart
+    | TextDelta
+    | TextFinish
+    | ReasoningStart
+    | ReasoningDelta
+    | ReasoningFinish
+    | ToolInputStart
+    | ToolInputDelta
+    | ToolCall
+    | ToolResult
+    | ToolError
+    | StepFinish
+    | Finish
+    | Error
+    | Abort
+)
+
+OUTPUT_CHUNK_TYPES: tuple[type, ...] = OutputChunk.__args__  # type: ignore[attr-defined]
+DELTA_TYPES: tuple[type, ...] = (TextDelta, ReasoningDelta, ToolInputDelta)
+"""Chunks logged only at debug level: the hot path."""

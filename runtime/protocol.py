@@ -1,0 +1,235 @@
+"""The messages actors exchange with each other (not part of the public stream).
+
+Streams between actors travel as :class:`Batch` es: a producer appends to the batch it
+last sent for as long as the receiver has not picked it up yet, so items that are
+already waiting move together in one hop, and nothing is ever held back waiting for
+more. That keeps the per-delta cost of a stage to an append.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+import trio
+
+from runtime.chunks import Usage
+from runtime.inbox import Inbox
+from runtime.messages import Message, Part
+from runtime.output import ErrorInfo
+
+
+class Batch(list):
+    """A list of stream items sent as one inbox message; ``tag`` says which request."""
+
+    __slots__ = ("tag", "taken")
+
+    def __init__(self, tag: Any) -> None:
+        super().__init__()
+        self.tag = tag
+        self.taken = False
+
+
+class Batcher:
+    """Sends items to an inbox in :class:`Batch` es, merging what is not yet received."""
+
+    __slots__ = ("_pending", "inbox", "tag")
+
+    def __init__(self, inbox: Inbox, tag: Any = None) -> None:
+        self.inbox = inbox
+        self.tag = tag
+        self._pending: Batch | None = None
+
+    async def send(self, item: Any) -> None:
+        pending = self._pending
+        if pending is not None and not pending.taken:
+            pending.append(item)
+            return
+        batch = Batch(self.tag)
+        batch.append(item)
+        self._pending = batch
+        await self.inbox.put(batch)
+
+    async def send_all(self, items: Sequence[Any]) -> None:
+        if not items:
+            return
+        pending = self._pending
+        if pending is not None and not pending.taken:
+            pending.extend(items)
+            return
+        batch = Batch(self.tag)
+        batch.extend(items)
+        self._pending = batch
+        await self.inbox.put(batch)
+
+
+# -- provider requests ------------------------------------------------------------------
+
+
+@attrs.define(kw_only=True, slots=True, eq=False)
+class InferRequest:
+    """Ask a provider actor for one model call; chunks go to ``reply`` in batches."""
+
+    request_id: str
+    session_id: str
+    turn_id: str
+    step: int
+    instructions: str | None
+    messages: tuple[Message, ...]
+    tools: tuple[Any, ...]
+    """:class:`runtime.tools.Tool` s offered to the model."""
+    reply: Inbox
+    cancel_scope: trio.CancelScope
+    """Entered by the provider's task; the requester cancels it to stop the call."""
+    settings: dict[str, Any] = attrs.field(factory=dict)
+
+
+@attrs.frozen(kw_only=True, slots=True)
+class StreamFailed:
+    """The model call failed; always the last item a provider sends for a request."""
+
+    error: BaseException
+
+
+# -- engine and turn runner --------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True, slots=True)
+class BeginRequest:
+    """Tells the engine a new model call starts: reset the tag partitioner."""
+
+    request_id: str
+
+
+# -- tools -------------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True, slots=True)
+class ToolCallSpec:
+    tool_call_id: str
+    tool_name: str
+    input: Any
+
+
+@attrs.define(kw_only=True, slots=True, eq=False)
+class ExecuteTools:
+    """Run a step's tool calls concurrently; one :class:`ToolOutcome` each goes to
+    ``reply`` in completion order."""
+
+    session_id: str
+    turn_id: str
+    step: int
+    calls: tuple[ToolCallSpec, ...]
+    tools: dict[str, Any]
+    default_timeout: float | None
+    max_result_chars: int | None
+    reply: Inbox
+    cancel_scope: trio.CancelScope
+
+
+@attrs.frozen(kw_only=True, slots=True)
+class ToolOutcome:
+    tool_call_id: str
+    tool_name: str
+    output: Any = None
+    error: str | None = None
+    duration: float = 0.0
+
+
+# -- persistence -------------------------------------------------------------------------
+
+
+@attrs.define(kw_only=True, slots=True, eq=False)
+class SaveRequest:
+    """Replace the session's messages from ``start`` on with ``messages``."""
+
+    session_id: str
+    turn_id: str
+    start: int
+    messages: tuple[Message, ...]
+    meta: dict[str, Any] = attrs.field(factory=dict)
+    done: trio.Event = attrs.field(factory=trio.Event)
+    error: BaseException | None = None
+    step: int | None = None
+
+
+# -- stream controller markers -------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True, slots=True)
+class TurnBegin:
+    turn_id: str
+    message_id: str
+    consumer: Any
+    """The consumer's send channel of OutputChunk lists."""
+
+
+@attrs.frozen(kw_only=True, slots=True)
+class StepBegin:
+    step: int
+
+
+@attrs.frozen(kw_only=True, slots=True)
+class StepEnd:
+    step: int
+    finish_reason: str
+    usage: Usage
+
+
+@attrs.frozen(kw_only=True, slots=True)
+class ToolDone:
+    step: int
+    outcome: ToolOutcome
+
+
+@attrs.frozen(kw_only=True, slots=True)
+class TurnEnd:
+    """The turn is over; ``error`` / ``abort_reason`` say how it was cut short, if so."""
+
+    finish_reason: str
+    usage: Usage
+    error: ErrorInfo | None = None
+    abort_reason: str | None = None
+
+
+@attrs.frozen(kw_only=True, slots=True)
+class TurnResult:
+    """What a finished turn leaves behind (``output.result``)."""
+
+    turn_id: str
+    finish_reason: str
+    """``stop``, ``length``, ``content-filter``, ``budget``, ``error``, ``aborted``, ..."""
+    usage: Usage
+    steps: int
+    message: Message
+    """The turn's assistant message."""
+    tool_messages: tuple[Message, ...] = ()
+    error: ErrorInfo | None = None
+    abort_reason: str | None = None
+    budget: str | None = None
+    """Which budget ended the turn, when ``finish_reason`` is ``budget``."""
+
+    @property
+    def text(self) -> str:
+        return self.message.text  # type: ignore[union-attr]
+
+
+__all__ = [
+    "Batch",
+    "Batcher",
+    "BeginRequest",
+    "ExecuteTools",
+    "InferRequest",
+    "Part",
+    "SaveRequest",
+    "StepBegin",
+    "StepEnd",
+    "StreamFailed",
+    "ToolCallSpec",
+    "ToolDone",
+    "ToolOutcome",
+    "TurnBegin",
+    "TurnEnd",
+    "TurnResult",
+]

@@ -1,0 +1,94 @@
+"""One cattrs converter for every event, chunk, part and message.
+
+The JSON form of a value is its fields by name plus its tag: ``type`` for chunks and
+parts, ``role`` for messages, ``kind`` for lifecycle events. Structuring dispatches on
+the tag, so a heterogeneous list (a history, an event log) round-trips losslessly.
+The models know nothing of this module: converters are kept apart from the models.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import cattrs
+import orjson
+from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn
+
+from runtime import chunks, events, messages, output
+
+converter = cattrs.Converter()
+"""The converter. Use :func:`to_json` / :func:`from_json` for bytes."""
+
+_TAGGED: dict[type, tuple[str, str]] = {}  # class -> (tag field, tag value)
+_BY_TAG: dict[tuple[type, str], type] = {}  # (union marker, tag value) -> class
+
+
+def _register(marker: type, tag_field: str, classes: tuple[type, ...]) -> None:
+    for cls in classes:
+        value = getattr(cls, tag_field)
+        _TAGGED[cls] = (tag_field, value)
+        _BY_TAG[(marker, value)] = cls
+        base_un = make_dict_unstructure_fn(cls, converter)
+        base_st = make_dict_structure_fn(cls, converter)
+
+        def unstructure(obj: Any, _f=base_un, _field=tag_field, _value=value) -> dict:
+            d = _f(obj)
+            d[_field] = _value
+            return d
+
+        def structure(d: dict, _t: Any, _f=base_st, _field=tag_field) -> Any:
+            if _field in d:
+                d = {k: v for k, v in d.items() if k != _field}
+            return _f(d, _t)
+
+        converter.register_unstructure_hook(cls, unstructure)
+        converter.register_structure_hook(cls, structure)
+
+    def structure_union(d: dict, _t: Any, _marker=marker, _field=tag_field) -> Any:
+        try:
+            cls = _BY_TAG[(_marker, d[_field])]
+        except KeyError:
+            raise ValueError(f"unknown {_field} {d.get(_field)!r} for {_marker}") from None
+        return converter.structure(d, cls)
+
+    converter.register_structure_hook(marker, structure_union)
+
+
+_PARTS = messages.Part.__args__  # type: ignore[attr-defined]
+_MESSAGES = messages.Message.__args__  # type: ignore[attr-defined]
+_STREAM = chunks.StreamChunk.__args__  # type: ignore[attr-defined]
+
+_register(messages.Part, "type", _PARTS)
+_register(messages.Message, "role", _MESSAGES)
+_register(chunks.StreamChunk, "type", _STREAM)
+_register(output.OutputChunk, "type", output.OUTPUT_CHUNK_TYPES)
+# Every bus event (lifecycle and output) structures through the Event marker by kind.
+_register(events.Event, "kind", events.LIFECYCLE_EVENT_TYPES)
+for _cls in output.OUTPUT_CHUNK_TYPES:
+    _BY_TAG[(events.Event, _cls.kind)] = _cls
+
+
+def unstructure(value: Any) -> Any:
+    """Plain JSON-ready data for any model value (or list of them)."""
+    return converter.unstructure(value)
+
+
+def structure(data: Any, cls: Any) -> Any:
+    """The model value for ``data``; ``cls`` may be a union such as ``Message``."""
+    return converter.structure(data, cls)
+
+
+def to_json(value: Any) -> bytes:
+    """Serialize a model value to JSON bytes (orjson; non-JSON leaves fall back to str)."""
+    return orjson.dumps(converter.unstructure(value), default=str)
+
+
+def from_json(data: bytes | str, cls: Any) -> Any:
+    return converter.structure(orjson.loads(data), cls)
+
+
+def event_to_dict(event: Any) -> dict[str, Any]:
+    """The JSON form of a bus event, always with its ``kind`` (output chunks too)."""
+    d = converter.unstructure(event)
+    d.setdefault("kind", event.kind)
+    return d

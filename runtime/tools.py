@@ -1,0 +1,157 @@
+"""``@tool``: a plain function becomes a tool the model can call.
+
+The JSON schema and argument validation come from the function's type hints through
+pydantic (a model built from the signature, wrapped in a ``TypeAdapter``); descriptions
+come from the docstring (its summary, and its ``Args:`` section for each parameter).
+Sync functions run in a worker thread so they never block the Trio loop.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from typing import Any, get_type_hints, overload
+
+import attrs
+import pydantic
+import pydantic_core
+
+from runtime.errors import ToolDefinitionError
+
+
+class ToolInputError(Exception):
+    """The model's input does not match the tool's schema; the model sees the message."""
+
+
+@attrs.frozen(kw_only=True, slots=True, eq=False)
+class Tool:
+    """A callable the model may use. Build one with :func:`tool`."""
+
+    name: str
+    description: str
+    parameters: dict[str, Any]
+    """JSON schema of the arguments object."""
+    function: Callable[..., Any]
+    is_async: bool
+    timeout: float | None = None
+    """Seconds before a call is abandoned; ``None`` takes the turn budget's default."""
+    needs_approval: bool = False
+    """Calls wait for an approval event before running (see the approval actor)."""
+    _adapter: pydantic.TypeAdapter[Any] = attrs.field(alias="adapter")
+    _takes_context: bool = attrs.field(default=False, alias="takes_context")
+
+    def validate(self, arguments: Any) -> dict[str, Any]:
+        """Keyword arguments for the function, or :class:`ToolInputError` saying why not."""
+        if not isinstance(arguments, dict):
+            raise ToolInputError(
+                f"arguments for {self.name} must be a JSON object, got {type(arguments).__name__}"
+            )
+        try:
+            model = self._adapter.validate_python(arguments)
+        except pydantic.ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(x) for x in e['loc']) or '(root)'}: {e['msg']}"
+                for e in exc.errors(include_url=False)
+            )
+            raise ToolInputError(f"invalid arguments for {self.name}: {problems}") from None
+        return {k: getattr(model, k) for k in type(model).model_fields}
+
+    async def call(self, arguments: dict[str, Any]) -> Any:
+        """Run the function with validated ``arguments``; sync functions in a thread."""
+        if self.is_async:
+            return await self.function(**arguments)
+        import trio
+
+        return await trio.to_thread.run_sync(functools.partial(self.function, **arguments))
+
+    def spec(self) -> dict[str, Any]:
+        """Provider-neutral description: ``name``, ``description``, ``parameters``."""
+        return {"name": self.name, "description": self.description, "parameters": self.parameters}
+
+
+def to_jsonable(value: Any) -> Any:
+    """A JSON-ready form of a tool's return value; raises ``TypeError`` when impossible."""
+    try:
+        return pydantic_core.to_jsonable_python(value)
+    except pydantic_core.PydanticSerializationError as exc:
+        raise TypeError(f"tool returned a value that cannot be serialized: {exc}") from None
+
+
+def _build(
+    fn: Callable[..., Any],
+    name: str | None,
+    description: str | None,
+    timeout: float | None,
+    needs_approval: bool,
+) -> Tool:
+    try:
+        import docstring_parser
+
+        doc = docstring_parser.parse(inspect.getdoc(fn) or "")
+        summary = "\n\n".join(x for x in (doc.short_description, doc.long_description) if x)
+        param_docs = {p.arg_name: p.description for p in doc.params}
+    except ImportError:  # pragma: no cover - docstring_parser is a dependency
+        summary, param_docs = inspect.getdoc(fn) or "", {}
+    try:
+        hints = get_type_hints(fn)
+    except Exception as exc:
+        raise ToolDefinitionError(f"cannot read type hints of {fn!r}: {exc}") from exc
+    fields: dict[str, Any] = {}
+    for pname, param in inspect.signature(fn).parameters.items():
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            raise ToolDefinitionError(f"tool {fn.__name__}: *args/**kwargs are not supported")
+        if pname not in hints:
+            raise ToolDefinitionError(f"tool {fn.__name__}: parameter {pname!r} has no type hint")
+        default = ... if param.default is param.empty else param.default
+        fields[pname] = (hints[pname], pydantic.Field(default, description=param_docs.get(pname)))
+    tool_name = name or fn.__name__
+    model = pydantic.create_model(tool_name, **fields)
+    adapter = pydantic.TypeAdapter(model)
+    schema = adapter.json_schema()
+    schema.pop("title", None)
+    for prop in schema.get("properties", {}).values():
+        prop.pop("title", None)
+    schema.setdefault("properties", {})
+    return Tool(
+        name=tool_name,
+        description=description if description is not None else summary,
+        parameters=schema,
+        function=fn,
+        is_async=inspect.iscoroutinefunction(fn),
+        timeout=timeout,
+        needs_approval=needs_approval,
+        adapter=adapter,
+    )
+
+
+@overload
+def tool(fn: Callable[..., Any], /) -> Tool: ...
+
+
+@overload
+def tool(
+    fn: Callable[..., Any] | None = None,
+    /,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    timeout: float | None = None,
+    needs_approval: bool = False,
+) -> Tool | Callable[[Callable[..., Any]], Tool]: ...
+
+
+def tool(
+    fn: Callable[..., Any] | None = None,
+    /,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    timeout: float | None = None,
+    needs_approval: bool = False,
+) -> Tool | Callable[[Callable[..., Any]], Tool]:
+    """Make ``fn`` a :class:`Tool`. Works bare (``@tool``), called (``@tool(name=...)``)
+    or directly (``tool(fn, name=..., description=...)``)."""
+    if fn is None:
+        return lambda f: _build(f, name, description, timeout, needs_approval)
+    return _build(fn, name, description, timeout, needs_approval)

@@ -1,0 +1,138 @@
+"""A loopback HTTP server for provider tests: replays SSE bodies to the real SDK clients.
+
+Runs inside the test's own Trio loop. Each request pops the next scripted
+:class:`Reply`; every request (method, path, headers, JSON body) is recorded so tests can
+assert exactly what the SDK sent. Replies can be cut into small writes, delayed, dropped
+mid-body, or stall, to inject faults.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+import attrs
+import h11
+import trio
+
+
+@attrs.define(kw_only=True)
+class Reply:
+    body: bytes = b""
+    status: int = 200
+    headers: Sequence[tuple[str, str]] = ()
+    content_type: str = "text/event-stream"
+    write_size: int | None = None
+    """Write the body in pieces of this many bytes (``None``: one write)."""
+    delay: float = 0.0
+    """Sleep this long between pieces."""
+    drop_after: int | None = None
+    """Close the connection abruptly after this many body bytes."""
+    stall: float | None = None
+    """Send headers, then sleep this long before the body."""
+
+
+@attrs.define
+class Recorded:
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+@attrs.define
+class LoopbackServer:
+    url: str
+    replies: list[Reply]
+    requests: list[Recorded] = attrs.field(factory=list)
+
+    def add(self, *replies: Reply) -> None:
+        self.replies.extend(replies)
+
+
+def sse(*events: Any, done: bool = True) -> bytes:
+    """OpenAI-style SSE body: one ``data: {json}`` per event, then ``data: [DONE]``."""
+    out = [f"data: {e if isinstance(e, str) else json.dumps(e)}\n\n" for e in events]
+    if done:
+        out.append("data: [DONE]\n\n")
+    return "".join(out).encode()
+
+
+def anthropic_sse(*events: dict[str, Any]) -> bytes:
+    """Anthropic-style SSE body: ``event: <type>`` + ``data: {json}`` per event."""
+    return "".join(f"event: {e['type']}\ndata: {json.dumps(e)}\n\n" for e in events).encode()
+
+
+async def _handle(stream: trio.SocketStream, server: LoopbackServer) -> None:
+    conn = h11.Connection(h11.SERVER)
+    try:
+        while True:
+            request = None
+            body = bytearray()
+            while True:
+                event = conn.next_event()
+                if event is h11.NEED_DATA:
+                    data = await stream.receive_some(65536)
+                    if not data:
+                        return
+                    conn.receive_data(data)
+                    continue
+                if isinstance(event, h11.Request):
+                    request = event
+                elif isinstance(event, h11.Data):
+                    body += event.data
+                elif isinstance(event, h11.EndOfMessage):
+                    break
+                elif isinstance(event, h11.ConnectionClosed):
+                    return
+            assert request is not None
+            server.requests.append(
+                Recorded(
+                    method=request.method.decode(),
+                    path=request.target.decode(),
+                    headers={k.decode().lower(): v.decode() for k, v in request.headers},
+                    body=bytes(body),
+                )
+            )
+            reply = server.replies.pop(0) if server.replies else Reply(status=500, body=b"no reply scripted")
+            headers = [("content-type", reply.content_type), ("connection", "close")]
+            headers += list(reply.headers)
+            await stream.send_all(conn.send(h11.Response(status_code=reply.status, headers=headers)))
+            if reply.stall:
+                await trio.sleep(reply.stall)
+            payload = reply.body if reply.drop_after is None else reply.body[: reply.drop_after]
+            size = reply.write_size or max(1, len(payload))
+            for i in range(0, len(payload), size):
+                if reply.delay:
+                    await trio.sleep(reply.delay)
+                await stream.send_all(conn.send(h11.Data(data=payload[i : i + size])))
+            if reply.drop_after is not None:
+                return  # abrupt close: no terminating chunk
+            await stream.send_all(conn.send(h11.EndOfMessage()))
+            return
+    except (trio.BrokenResourceError, trio.ClosedResourceError, h11.RemoteProtocolError):
+        return
+    finally:
+        await stream.aclose()
+
+
+@asynccontextmanager
+async def loopback_server(*replies: Reply) -> AsyncIterator[LoopbackServer]:
+    """Serve ``replies`` in order on 127.0.0.1; yields the server (``.url``, ``.requests``)."""
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(
+            lambda task_status: trio.serve_tcp(
+                lambda s: _handle(s, server), 0, host="127.0.0.1", task_status=task_status
+            )
+        )
+        port = listeners[0].socket.getsockname()[1]
+        server = LoopbackServer(url=f"http://127.0.0.1:{port}", replies=list(replies))
+        try:
+            yield server
+        finally:
+            nursery.cancel_scope.cancel()
