@@ -1,1 +1,82 @@
-"""Axon: a Trio actor runtime that streams multi-step, tool-calling LLM agent turns."""
+"""Axon: a Trio actor runtime that streams multi-step, tool-calling LLM agent turns.
+
+The public namespace is flat: ``from runtime import Host, Agent, tool`` and the value
+types of the three vocabularies (stream chunks, output chunks, messages and parts).
+"""
+
+from runtime.actor import Actor, RestartPolicy, Supervisor
+from runtime.agent import Agent, Hooks
+from runtime.budget import Budget
+from runtime.bus import Bus, Subscription
+from runtime.chunks import (
+    FinishChunk,
+    ProviderDataChunk,
+    ReasoningChunk,
+    StreamChunk,
+    TextChunk,
+    ToolCallChunk,
+    ToolInputDeltaChunk,
+    ToolInputStartChunk,
+    Usage,
+    UsageChunk,
+)
+from runtime.errors import (
+    ActorFailed,
+    AuthenticationFailed,
+    AxonError,
+    BadRequest,
+    BudgetExceeded,
+    ConfigurationError,
+    ConnectionLost,
+    ContentFiltered,
+    ContextTooLong,
+    InvalidSessionId,
+    MalformedStream,
+    Overloaded,
+    ProviderError,
+    ProviderTimeout,
+    ProviderUnavailable,
+    RateLimited,
+    SessionBusy,
+    SessionError,
+    StoreCorrupt,
+    StoreError,
+    ToolDefinitionError,
+)
+from runtime.events import Event
+from runtime.host import Host, validate_session_id
+from runtime.inbox import Inbox
+from runtime.messages import (
+    AssistantMessage,
+    Message,
+    Part,
+    ProviderDataPart,
+    ReasoningPart,
+    SystemMessage,
+    TextPart,
+    ToolCallPart,
+    ToolMessage,
+    UserMessage,
+)
+from runtime.output import OutputChunk
+from runtime.protocol import TurnResult
+from runtime.provider import Provider
+from runtime.retry import RetryPolicy
+from runtime.session import Session, TurnStream
+from runtime.store import SessionInfo, SessionRecord, Store
+from runtime.tools import Tool, tool
+
+__all__ = [
+    "Actor", "ActorFailed", "Agent", "AssistantMessage", "AuthenticationFailed", "AxonError",
+    "BadRequest", "Budget", "BudgetExceeded", "Bus", "ConfigurationError", "ConnectionLost",
+    "ContentFiltered", "ContextTooLong", "Event", "FinishChunk", "Hooks", "Host", "Inbox",
+    "InvalidSessionId", "MalformedStream", "Message", "OutputChunk", "Overloaded", "Part",
+    "Provider", "ProviderDataChunk", "ProviderDataPart", "ProviderError", "ProviderTimeout",
+    "ProviderUnavailable", "RateLimited", "ReasoningChunk", "ReasoningPart", "RestartPolicy",
+    "RetryPolicy", "Session", "SessionBusy", "SessionError", "SessionInfo", "SessionRecord",
+    "Store", "StoreCorrupt", "StoreError", "StreamChunk", "Subscription", "Supervisor",
+    "SystemMessage", "TextChunk", "TextPart", "Tool", "ToolCallChunk", "ToolCallPart",
+    "ToolDefinitionError", "ToolInputDeltaChunk", "ToolInputStartChunk", "ToolMessage",
+    "TurnResult", "TurnStream", "Usage", "UsageChunk", "UserMessage", "tool",
+    "validate_session_id",
+]

@@ -46,6 +46,8 @@ class Actor:
         self.session_id = session_id
         self.inbox = Inbox(self.inbox_capacity, self.overflow, name=self.name)
         self.bus: Bus | None = None
+        self.stopped = trio.Event()
+        """Set when the actor has ended for good (inbox drained, or given up)."""
         self._subscription: Subscription | None = None
 
     # -- life cycle hooks ------------------------------------------------------------
@@ -123,11 +125,17 @@ class Supervisor:
         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
     ) -> None:
         """Run ``actor`` until its inbox ends, restarting it on crashes by policy."""
+        policy = policy or self.policy
+        actor.attach(self.bus)
+        try:
+            await self._supervise(actor, policy, task_status)
+        finally:
+            actor.stopped.set()
+
+    async def _supervise(self, actor: Actor, policy: RestartPolicy, task_status: Any) -> None:
         from runtime.logging import get_logger
 
-        policy = policy or self.policy
         log = get_logger("axon.supervisor")
-        actor.attach(self.bus)
         crashes: deque[float] = deque()
         restarts = 0
         started = False

@@ -102,6 +102,10 @@ class Inbox:
         """No more messages will be accepted; the receiver ends after draining."""
         self._send.close()
 
+    def close_receiver(self) -> None:
+        """The receiver is gone: further sends raise :class:`trio.BrokenResourceError`."""
+        self._recv.close()
+
     @property
     def closed(self) -> bool:
         try:

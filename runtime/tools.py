@@ -63,7 +63,9 @@ class Tool:
             return await self.function(**arguments)
         import trio
 
-        return await trio.to_thread.run_sync(functools.partial(self.function, **arguments))
+        return await trio.to_thread.run_sync(
+            functools.partial(self.function, **arguments), abandon_on_cancel=True
+        )
 
     def spec(self) -> dict[str, Any]:
         """Provider-neutral description: ``name``, ``description``, ``parameters``."""

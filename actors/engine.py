@@ -1,0 +1,166 @@
+"""The engine: normalizes a provider's chunks and splits reasoning written inside text.
+
+Open models often write their reasoning into the answer text between tags
+(``<think>…</think>``). :class:`ThinkTagSplitter` turns such text into text and reasoning
+chunks, correctly when a tag is cut across chunks at any character: it holds back only
+the longest suffix that could still be the start of a tag, and releases it as soon as
+it cannot. The :class:`Engine` actor runs one splitter per model call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from runtime.actor import Actor
+from runtime.chunks import FinishChunk, ReasoningChunk, TextChunk
+from runtime.inbox import Inbox
+from runtime.protocol import Batch, Batcher, BeginRequest, StreamFailed
+
+DEFAULT_TAGS: tuple[tuple[str, str], ...] = (("<think>", "</think>"),)
+
+
+class ThinkTagSplitter:
+    """Partition streamed text into ``(is_reasoning, text)`` pieces.
+
+    ``feed`` returns the pieces that are certain; ``flush`` (at the end of the text)
+    releases what was held back. An unclosed reasoning block ends at the end of the
+    text. Empty pieces are never returned, so ``<think></think>`` yields nothing.
+    """
+
+    __slots__ = ("_buf", "_close", "_first_chars", "_inside", "_tags")
+
+    def __init__(self, tags: Sequence[tuple[str, str]] = DEFAULT_TAGS) -> None:
+        if not tags or any(not o or not c for o, c in tags):
+            raise ValueError("think tags need a non-empty open and close string")
+        self._tags = tuple(tags)
+        self._first_chars = frozenset(o[0] for o, _ in self._tags)
+        self._inside = False
+        self._close = ""
+        self._buf = ""
+
+    @property
+    def inside(self) -> bool:
+        """Whether the text is currently inside a reasoning block."""
+        return self._inside
+
+    @property
+    def holding(self) -> bool:
+        """Whether text is held back or a reasoning block is open."""
+        return self._inside or bool(self._buf)
+
+    def feed(self, text: str) -> list[tuple[bool, str]]:
+        s = self._buf + text if self._buf else text
+        self._buf = ""
+        out: list[tuple[bool, str]] = []
+        while s:
+            if not self._inside:
+                # Fast path: no character that can begin a tag -> all of it is text.
+                if not any(c in s for c in self._first_chars):
+                    out.append((False, s))
+                    return out
+                best = -1
+                best_tag: tuple[str, str] | None = None
+                for open_, close in self._tags:
+                    i = s.find(open_)
+                    if i != -1 and (best == -1 or i < best):
+                        best, best_tag = i, (open_, close)
+                if best_tag is not None:
+                    if best:
+                        out.append((False, s[:best]))
+                    self._inside, self._close = True, best_tag[1]
+                    s = s[best + len(best_tag[0]) :]
+                    continue
+                hold = _held_suffix(s, [o for o, _ in self._tags])
+            else:
+                i = s.find(self._close)
+                if i != -1:
+                    if i:
+                        out.append((True, s[:i]))
+                    self._inside = False
+                    s = s[i + len(self._close) :]
+                    continue
+                hold = _held_suffix(s, [self._close])
+            if hold:
+                self._buf = s[-hold:]
+                s = s[:-hold]
+            if s:
+                out.append((self._inside, s))
+            break
+        return out
+
+    def flush(self) -> list[tuple[bool, str]]:
+        """Release the held-back text (as what it is inside of) and reset."""
+        buf, inside = self._buf, self._inside
+        self._buf, self._inside, self._close = "", False, ""
+        return [(inside, buf)] if buf else []
+
+
+def _held_suffix(s: str, tags: list[str]) -> int:
+    """Length of the longest suffix of ``s`` that is a proper prefix of some tag."""
+    longest = 0
+    for tag in tags:
+        for k in range(min(len(tag) - 1, len(s)), longest, -1):
+            if s.endswith(tag[:k]):
+                longest = k
+                break
+    return longest
+
+
+class Engine(Actor):
+    """Per-session actor between the provider and the turn runner.
+
+    Receives the provider's chunk batches (and :class:`BeginRequest` markers from the
+    turn runner), splits tagged reasoning out of text, and forwards the result to the
+    turn runner in batches. Chunks of any request other than the current one (a call
+    that was cancelled) are dropped.
+    """
+
+    inbox_capacity = 1024
+
+    def __init__(
+        self,
+        output: Inbox,
+        *,
+        tags: Sequence[tuple[str, str]] | None = DEFAULT_TAGS,
+        provider: str | None = None,
+        session_id: str | None = None,
+    ) -> None:
+        super().__init__(name="engine", session_id=session_id)
+        self.output = output
+        self.tags = tuple(tags) if tags else ()
+        self._splitter: ThinkTagSplitter | None = None
+        self._out: Batcher | None = None
+        self._current: str | None = None
+
+    def on_crash(self, exc: BaseException) -> None:
+        self._splitter = None
+
+    async def handle(self, message: Any) -> None:
+        if isinstance(message, BeginRequest):
+            self._current = message.request_id
+            self._splitter = ThinkTagSplitter(self.tags) if self.tags else None
+            self._out = Batcher(self.output, message.request_id)
+            return
+        if not isinstance(message, Batch) or message.tag != self._current:
+            return
+        message.taken = True
+        assert self._out is not None
+        splitter = self._splitter
+        if splitter is None:
+            await self._out.send_all(message)
+            return
+        out: list[Any] = []
+        for chunk in message:
+            if type(chunk) is TextChunk and not chunk.refusal:
+                for is_reasoning, text in splitter.feed(chunk.text):
+                    out.append(ReasoningChunk(text=text) if is_reasoning else TextChunk(text=text))
+                continue
+            if isinstance(chunk, FinishChunk | StreamFailed):
+                for is_reasoning, text in splitter.flush():
+                    out.append(ReasoningChunk(text=text) if is_reasoning else TextChunk(text=text))
+            elif splitter.holding:  # another kind of chunk ends the text
+                for is_reasoning, text in splitter.flush():
+                    out.append(ReasoningChunk(text=text) if is_reasoning else TextChunk(text=text))
+            out.append(chunk)
+        await self._out.send_all(out)

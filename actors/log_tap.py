@@ -1,0 +1,68 @@
+"""The log tap: every bus event it is given becomes one structlog JSON line.
+
+Each line has ``event`` (the kind) and the correlation ids ``session_id``, ``turn_id``,
+``step``, ``part_id``, ``seq`` and ``causation_id`` when the event has them. Deltas are
+logged at debug level; when debug is off the tap does not even subscribe to them, so a
+delta that is not logged costs nothing. Its inbox is ``drop-oldest``: a slow log sink
+makes the tap lag (and say so), never an agent wait.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from runtime.actor import Actor
+from runtime.events import LIFECYCLE_EVENT_TYPES, ActorCrashed, ActorGaveUp, Lagged
+from runtime.inbox import OverflowPolicy
+from runtime.logging import get_logger, level_enabled
+from runtime.output import DELTA_TYPES, OUTPUT_CHUNK_TYPES, Error
+from runtime.serde import converter
+
+_WARN = (ActorCrashed, Lagged)
+_ERROR = (ActorGaveUp, Error)
+_SECRET_KEYS = ("api_key", "authorization", "x-api-key", "token", "password", "secret")
+
+
+def redact(value: Any) -> Any:
+    """Replace the values of credential-like keys anywhere in ``value``."""
+    if isinstance(value, dict):
+        return {
+            k: ("[redacted]" if any(s in str(k).lower() for s in _SECRET_KEYS) else redact(v))
+            for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return [redact(v) for v in value]
+    return value
+
+
+class LogTap(Actor):
+    """Writes bus events through structlog (logger ``axon.events``)."""
+
+    overflow: ClassVar[OverflowPolicy] = "drop-oldest"
+    inbox_capacity = 4096
+
+    def __init__(self, *, name: str = "log-tap", logger: Any = None) -> None:
+        super().__init__(name=name)
+        self.log = logger or get_logger("axon.events")
+
+    def attach(self, bus: Any) -> None:
+        debug = level_enabled(self.log, "debug")
+        kinds = [*LIFECYCLE_EVENT_TYPES, *OUTPUT_CHUNK_TYPES]
+        if not debug:
+            kinds = [k for k in kinds if k not in DELTA_TYPES]
+        self.subscribes_to = tuple(kinds)  # type: ignore[misc]
+        super().attach(bus)
+
+    async def handle(self, event: Any) -> None:
+        fields = redact(converter.unstructure(event))
+        fields.pop("type", None)
+        fields.pop("kind", None)
+        kind = event.kind
+        if isinstance(event, DELTA_TYPES):
+            self.log.debug(kind, **fields)
+        elif isinstance(event, _ERROR):
+            self.log.error(kind, **fields)
+        elif isinstance(event, _WARN):
+            self.log.warning(kind, **fields)
+        else:
+            self.log.info(kind, **fields)

@@ -1,0 +1,188 @@
+"""``ScriptedProvider``: replays scripted model calls offline, with no key and no network.
+
+It is the embedded default (the demo agent runs on it) and the workhorse of the tests.
+A script is a list of *steps*; each step is the list of chunks one model call emits.
+Which step plays is derived from the request itself (how many model calls the current
+turn has made so far), so one provider can serve any number of sessions at once and
+each turn replays the script from its first step.
+
+A step may contain:
+
+* :mod:`runtime.chunks` values, emitted as they are;
+* plain ``str``: shorthand for text (split into pieces of ``chunk_size`` characters);
+* an exception instance: raised at that point (a scripted provider error);
+* :class:`Sleep`: wait that long (Trio clock; tests use ``autojump_clock``).
+
+A step that does not end with a :class:`~runtime.chunks.FinishChunk` gets one: reason
+``tool-calls`` if it made tool calls, else ``stop``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar
+
+import attrs
+import trio
+
+from runtime.chunks import (
+    FinishChunk,
+    ReasoningChunk,
+    StreamChunk,
+    TextChunk,
+    ToolCallChunk,
+    ToolInputDeltaChunk,
+    ToolInputStartChunk,
+    Usage,
+    UsageChunk,
+)
+from runtime.errors import ProviderError
+from runtime.messages import AssistantMessage, Message, UserMessage
+from runtime.protocol import InferRequest
+from runtime.provider import Emit, Provider
+
+
+@attrs.frozen
+class Sleep:
+    """Pause the scripted stream for ``seconds``."""
+
+    seconds: float
+
+
+Step = Sequence[StreamChunk | str | BaseException | Sleep]
+Responder = Callable[[InferRequest], Step]
+
+
+def tool_call(tool_name: str, input: dict[str, Any], *, tool_call_id: str | None = None,
+              pieces: int = 3) -> list[StreamChunk]:
+    """The chunks of one streamed tool call: start, ``pieces`` input deltas, the call."""
+    import json
+
+    call_id = tool_call_id or f"call_{tool_name}"
+    raw = json.dumps(input)
+    size = max(1, -(-len(raw) // pieces))
+    out: list[StreamChunk] = [ToolInputStartChunk(tool_call_id=call_id, tool_name=tool_name)]
+    out += [
+        ToolInputDeltaChunk(tool_call_id=call_id, delta=raw[i : i + size])
+        for i in range(0, len(raw), size)
+    ]
+    out.append(ToolCallChunk(tool_call_id=call_id, tool_name=tool_name, input=input))
+    return out
+
+
+def current_step(messages: Sequence[Message]) -> int:
+    """How many model calls the current turn has made: the number of distinct steps in
+    the assistant message after the last user message."""
+    for msg in reversed(messages):
+        if isinstance(msg, UserMessage):
+            return 0
+        if isinstance(msg, AssistantMessage):
+            return len({p.step for p in msg.content})
+    return 0
+
+
+def turn_index(messages: Sequence[Message]) -> int:
+    """Zero-based index of the current turn (user messages so far, minus one)."""
+    return max(0, sum(1 for m in messages if isinstance(m, UserMessage)) - 1)
+
+
+class ScriptedProvider(Provider):
+    """Replays scripted steps. Give ``steps`` (every turn replays them), ``turns`` (a
+    list of step lists, one per turn), or a ``responder`` that builds a step from the
+    request."""
+
+    provider_name: ClassVar[str] = "scripted"
+
+    def __init__(
+        self,
+        steps: Sequence[Step] | None = None,
+        *,
+        turns: Sequence[Sequence[Step]] | None = None,
+        responder: Responder | None = None,
+        chunk_size: int | None = None,
+        delay: float = 0.0,
+        usage: Usage | None = None,
+        model: str = "scripted",
+        max_concurrency: int | None = None,
+    ) -> None:
+        if sum(x is not None for x in (steps, turns, responder)) != 1:
+            raise ValueError("give exactly one of steps=, turns= or responder=")
+        super().__init__(model=model, max_concurrency=max_concurrency)
+        self.steps = list(steps) if steps is not None else None
+        self.turns = [list(t) for t in turns] if turns is not None else None
+        self.responder = responder
+        self.chunk_size = chunk_size
+        """Split scripted strings into pieces of this many characters (``None``: words)."""
+        self.delay = delay
+        """Seconds to wait before each chunk (0: none, the stream is as fast as it gets)."""
+        self.usage = usage
+        """Usage reported per call; by default derived from the text lengths."""
+        self.requests: list[InferRequest] = []
+        """Every request received, for tests to inspect what a provider would be sent."""
+
+    def select(self, request: InferRequest) -> Step:
+        if self.responder is not None:
+            return self.responder(request)
+        step = current_step(request.messages)
+        script = self.steps
+        if self.turns is not None:
+            t = turn_index(request.messages)
+            if t >= len(self.turns):
+                raise ProviderError(f"script has no turn {t}", provider="scripted")
+            script = self.turns[t]
+        assert script is not None
+        if step >= len(script):
+            raise ProviderError(f"script has no step {step}", provider="scripted")
+        return script[step]
+
+    async def stream(self, request: InferRequest, emit: Emit) -> None:
+        self.requests.append(request)
+        produced = 0
+        has_calls = False
+        finished = False
+        for item in self.select(request):
+            if isinstance(item, Sleep):
+                await trio.sleep(item.seconds)
+                continue
+            if isinstance(item, BaseException):
+                raise item
+            pieces: list[StreamChunk]
+            if isinstance(item, str):
+                pieces = [TextChunk(text=t) for t in self._split(item)]
+            elif type(item) is ReasoningChunk and item.text and item.signature is None:
+                texts = self._split(item.text)
+                pieces = [ReasoningChunk(text=t, provider=item.provider) for t in texts]
+            else:
+                pieces = [item]
+            for chunk in pieces:
+                if self.delay:
+                    await trio.sleep(self.delay)
+                if isinstance(chunk, TextChunk | ReasoningChunk):
+                    produced += len(chunk.text)
+                elif isinstance(chunk, ToolCallChunk):
+                    has_calls = True
+                elif isinstance(chunk, FinishChunk):
+                    finished = True
+                await emit(chunk)
+        if not finished:
+            usage = self.usage or Usage(
+                input_tokens=10, output_tokens=max(1, produced // 4),
+                total_tokens=10 + max(1, produced // 4),
+            )
+            await emit(UsageChunk(usage=usage))
+            reason = "tool-calls" if has_calls else "stop"
+            raw = "tool_calls" if has_calls else "stop"
+            await emit(FinishChunk(reason=reason, raw_reason=raw))
+
+    def _split(self, text: str) -> list[str]:
+        if self.chunk_size:
+            n = self.chunk_size
+            return [text[i : i + n] for i in range(0, len(text), n)]
+        pieces: list[str] = []
+        start = 0
+        for i, ch in enumerate(text):
+            if ch == " " and i > start:
+                pieces.append(text[start:i])
+                start = i
+        pieces.append(text[start:])
+        return [p for p in pieces if p]

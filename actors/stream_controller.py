@@ -1,0 +1,194 @@
+"""The stream controller: synthesizes part boundaries and emits the public stream.
+
+It receives the turn runner's raw items (stream chunks plus step and turn markers) and
+turns them into :mod:`runtime.output` chunks: it opens a part when content of a new kind
+starts, closes it when the kind switches (or a reasoning block is signed, or a tool
+call begins, or the step ends), gives each part an id unique across the turn, stamps a
+session-wide ``seq``, and closes whatever is open when the turn ends by error or abort,
+so the grammar always holds. Each chunk goes to the turn's consumer and, when anyone
+listens, onto the bus.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import trio
+
+from runtime import output as o
+from runtime.actor import Actor
+from runtime.chunks import (
+    ReasoningChunk,
+    TextChunk,
+    ToolCallChunk,
+    ToolInputDeltaChunk,
+    ToolInputStartChunk,
+)
+from runtime.ids import new_id
+from runtime.inbox import Inbox
+from runtime.protocol import Batch, Batcher, StepBegin, StepEnd, ToolDone, TurnBegin, TurnEnd
+
+
+class StreamController(Actor):
+    """Per-session actor: raw items in, :data:`~runtime.output.OutputChunk` s out."""
+
+    inbox_capacity = 1024
+
+    def __init__(self, *, session_id: str, name: str = "stream-controller") -> None:
+        super().__init__(name=name, session_id=session_id)
+        self.seq = 0
+        """Last ``seq`` stamped; session-wide and monotonic across turns."""
+        self._consumer: Batcher | None = None
+        self._turn_id = ""
+        self._step = 0
+        self._open_kind: str | None = None  # "text" | "reasoning"
+        self._open_id = ""
+        self._tool_names: dict[str, str] = {}
+
+    def on_crash(self, exc: BaseException) -> None:
+        self._open_kind = None
+
+    async def handle(self, message: Any) -> None:
+        if not isinstance(message, Batch):
+            return
+        message.taken = True
+        out: list[Any] = []
+        for item in message:
+            self._translate(item, out)
+        if out:
+            await self._emit(out)
+        if self._ending:
+            self._ending = False
+            consumer, self._consumer = self._consumer, None
+            if consumer is not None:
+                consumer.inbox.close()
+
+    _ending = False
+
+    def _chunk(self, cls: type, **fields: Any) -> Any:
+        self.seq += 1
+        return cls(seq=self.seq, session_id=self.session_id or "", turn_id=self._turn_id, **fields)
+
+    def _close_part(self, out: list[Any]) -> None:
+        kind = self._open_kind
+        if kind is not None:
+            cls = o.TextFinish if kind == "text" else o.ReasoningFinish
+            out.append(self._chunk(cls, step=self._step, part_id=self._open_id))
+            self._open_kind = None
+
+    def _open_part(self, kind: str, out: list[Any]) -> None:
+        self._close_part(out)
+        self._open_kind = kind
+        self._open_id = new_id("part")
+        cls = o.TextStart if kind == "text" else o.ReasoningStart
+        out.append(self._chunk(cls, step=self._step, part_id=self._open_id))
+
+    def _translate(self, item: Any, out: list[Any]) -> None:  # noqa: C901 - a dispatch table
+        t = type(item)
+        if t is TextChunk:
+            if self._open_kind != "text":
+                self._open_part("text", out)
+            out.append(self._chunk(o.TextDelta, step=self._step, part_id=self._open_id, text=item.text))
+        elif t is ReasoningChunk:
+            if self._open_kind != "reasoning":
+                self._open_part("reasoning", out)
+            if item.text:
+                out.append(
+                    self._chunk(o.ReasoningDelta, step=self._step, part_id=self._open_id, text=item.text)
+                )
+            if item.signature is not None or item.redacted_data is not None:
+                self._close_part(out)
+        elif t is ToolInputStartChunk:
+            self._close_part(out)
+            self._tool_names[item.tool_call_id] = item.tool_name
+            out.append(
+                self._chunk(
+                    o.ToolInputStart,
+                    step=self._step,
+                    tool_call_id=item.tool_call_id,
+                    tool_name=item.tool_name,
+                )
+            )
+        elif t is ToolInputDeltaChunk:
+            out.append(
+                self._chunk(
+                    o.ToolInputDelta, step=self._step, tool_call_id=item.tool_call_id, delta=item.delta
+                )
+            )
+        elif t is ToolCallChunk:
+            self._close_part(out)
+            out.append(
+                self._chunk(
+                    o.ToolCall,
+                    step=self._step,
+                    tool_call_id=item.tool_call_id,
+                    tool_name=item.tool_name,
+                    input=item.input,
+                )
+            )
+        elif t is ToolDone:
+            oc = item.outcome
+            if oc.error is None:
+                out.append(
+                    self._chunk(
+                        o.ToolResult,
+                        step=item.step,
+                        tool_call_id=oc.tool_call_id,
+                        tool_name=oc.tool_name,
+                        output=oc.output,
+                    )
+                )
+            else:
+                out.append(
+                    self._chunk(
+                        o.ToolError,
+                        step=item.step,
+                        tool_call_id=oc.tool_call_id,
+                        tool_name=oc.tool_name,
+                        error=oc.error,
+                    )
+                )
+        elif t is StepBegin:
+            self._close_part(out)
+            self._step = item.step
+            out.append(self._chunk(o.StepStart, step=item.step))
+        elif t is StepEnd:
+            self._close_part(out)
+            out.append(
+                self._chunk(o.StepFinish, step=item.step, finish_reason=item.finish_reason, usage=item.usage)
+            )
+        elif t is TurnBegin:
+            self._turn_id = item.turn_id
+            self._consumer = Batcher(item.consumer, item.turn_id) if item.consumer is not None else None
+            self._open_kind = None
+            self._step = 0
+            out.append(self._chunk(o.Start, message_id=item.message_id))
+        elif t is TurnEnd:
+            self._close_part(out)
+            if item.error is not None:
+                out.append(self._chunk(o.Error, error=item.error))
+            elif item.abort_reason is not None:
+                out.append(self._chunk(o.Abort, reason=item.abort_reason))
+            else:
+                out.append(self._chunk(o.Finish, finish_reason=item.finish_reason, usage=item.usage))
+            self._ending = True
+        # Usage, finish and provider-data chunks carry nothing the UI stream shows.
+
+    async def _emit(self, out: list[Any]) -> None:
+        bus = self.bus
+        if bus is not None and bus._subs:  # observers only pay when they exist
+            sid = self.session_id
+            for chunk in out:
+                if bus.wants(type(chunk), sid):
+                    await bus.publish(chunk)
+        consumer = self._consumer
+        if consumer is not None:
+            try:
+                await consumer.send_all(out)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                self._consumer = None  # the consumer left; the turn goes on being saved
+
+
+def open_consumer_inbox(capacity: int = 64) -> Inbox:
+    """The inbox a consumer reads its turn's output batches from."""
+    return Inbox(capacity, "block", name="consumer")
