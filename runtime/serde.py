@@ -68,6 +68,19 @@ for _cls in output.OUTPUT_CHUNK_TYPES:
     _BY_TAG[(events.Event, _cls.kind)] = _cls
 
 
+def _structure_event(d: dict, _t: Any) -> Any:
+    # Output chunks carry ``type`` (their public JSON form); lifecycle events ``kind``.
+    kind = d.get("kind") or ("output." + d["type"] if "type" in d else None)
+    try:
+        cls = _BY_TAG[(events.Event, kind)]
+    except KeyError:
+        raise ValueError(f"unknown kind {kind!r} for an event") from None
+    return converter.structure(d, cls)
+
+
+converter.register_structure_hook(events.Event, _structure_event)
+
+
 def unstructure(value: Any) -> Any:
     """Plain JSON-ready data for any model value (or list of them)."""
     return converter.unstructure(value)

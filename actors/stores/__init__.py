@@ -1,0 +1,115 @@
+"""Session stores: where a session's messages live between turns.
+
+Two implementations of :class:`runtime.store.Store`:
+
+* :class:`MemoryStore` keeps sessions in process memory (tests, one-shot runs).
+* :class:`SQLiteStore` keeps them in one embedded SQLite file (WAL mode), where saving
+  turn 500 of a session writes only what turn 500 added.
+
+:func:`open_store` turns a host's ``store=`` setting into a store, and
+:func:`validate_session_id` is the single definition of what a session id may look like.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import typing
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from runtime.errors import ConfigurationError, InvalidSessionId, StoreError
+from runtime.messages import Message
+from runtime.store import Store
+
+_SESSION_ID = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
+
+
+def validate_session_id(session_id: str) -> str:
+    """Return ``session_id`` unchanged if it is 1-128 characters of ``[A-Za-z0-9_.:-]``.
+
+    Session ids end up in file names, log lines, SQL parameters and URLs; restricting them
+    to a small ASCII alphabet up front means none of those places ever needs escaping and
+    an id read back from a store is byte-for-byte the one that was saved.
+
+    Raises :class:`~runtime.errors.InvalidSessionId` (a ``ValueError``) otherwise,
+    including for values that are not ``str`` at all.
+    """
+    if not isinstance(session_id, str) or _SESSION_ID.fullmatch(session_id) is None:
+        raise InvalidSessionId(
+            f"invalid session id {session_id!r}: a session id must be 1-128 characters "
+            "of letters, digits, '-', '_', '.', ':'"
+        )
+    return session_id
+
+
+_MESSAGE_TYPES: tuple[type, ...] = typing.get_args(Message)
+
+
+def _check_save(
+    session_id: str, start: int, messages: Sequence[Message], meta: Mapping[str, Any] | None
+) -> tuple[Message, ...]:
+    """Validate the arguments of :meth:`Store.save` the same way in every store.
+
+    Checked before anything is touched, so a bad call never changes a session. Returns
+    ``messages`` as a tuple (the caller's sequence may be a list it keeps mutating). Whether
+    ``start`` is within the session is left to the store, which must check it atomically
+    with the write.
+    """
+    validate_session_id(session_id)
+    if not isinstance(start, int) or isinstance(start, bool) or start < 0:
+        raise StoreError(
+            f"save of session {session_id!r}: start must be an int >= 0, got {start!r}"
+        )
+    if isinstance(messages, str | bytes) or not isinstance(messages, Sequence):
+        raise StoreError(
+            f"save of session {session_id!r}: messages must be a sequence of Message, "
+            f"got {type(messages).__name__}"
+        )
+    messages = tuple(messages)
+    for offset, message in enumerate(messages):
+        if not isinstance(message, _MESSAGE_TYPES):
+            raise StoreError(
+                f"save of session {session_id!r}: message {start + offset} is a "
+                f"{type(message).__name__}, not a Message"
+            )
+    if meta is not None and not isinstance(meta, Mapping):
+        raise StoreError(
+            f"save of session {session_id!r}: meta must be a dict or None, "
+            f"got {type(meta).__name__}"
+        )
+    if meta is not None and not all(isinstance(key, str) for key in meta):
+        raise StoreError(f"save of session {session_id!r}: meta keys must be str")
+    return messages
+
+
+# The implementations import ``validate_session_id`` from this package, so they are
+# imported only once it is defined.
+from actors.stores.memory import MemoryStore  # noqa: E402
+from actors.stores.sqlite import SQLiteStore  # noqa: E402
+
+
+async def open_store(spec: Any) -> Store:
+    """The store a host setting names.
+
+    * ``None``: a fresh :class:`MemoryStore` (nothing survives the process).
+    * a ``str`` or ``os.PathLike``: ``await SQLiteStore.open(spec)``; the file is created if
+      missing and refused (:class:`~runtime.errors.StoreCorrupt`) if it is not an Axon store.
+    * an object implementing :class:`~runtime.store.Store`: returned as is, so hosts can
+      plug in their own storage.
+
+    Anything else raises :class:`~runtime.errors.ConfigurationError`.
+    """
+    if spec is None:
+        return MemoryStore()
+    if isinstance(spec, str | os.PathLike):
+        return await SQLiteStore.open(spec)
+    if isinstance(spec, Store):
+        return spec
+    raise ConfigurationError(
+        f"cannot open a session store from {spec!r}: expected None (in memory), "
+        "a file path, or a Store instance"
+    )
+
+
+__all__ = ["MemoryStore", "SQLiteStore", "open_store", "validate_session_id"]

@@ -1,0 +1,125 @@
+"""``python -m runtime``: run a turn in the terminal, or print its chunks as JSON lines.
+
+    python -m runtime run "Weather in Paris?"            # the offline scripted demo
+    python -m runtime run --jsonl "Weather in Paris?"    # one OutputChunk per line
+    python -m runtime run --provider openai --model gpt-4o-mini "Hello"
+    python -m runtime run --provider anthropic --base-url http://127.0.0.1:8080 \
+        --model claude-sonnet-4-5 "Hello"
+
+Real providers read their key from ``--api-key`` or the SDK's usual environment
+variable (``OPENAI_API_KEY``, ``ANTHROPIC_API_KEY``), only when the call is made.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+import orjson
+import trio
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m runtime", description="Axon agent runtime")
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run one turn and render it")
+    run.add_argument("prompt", help="the user input")
+    run.add_argument("--jsonl", action="store_true", help="print each OutputChunk as a JSON line")
+    run.add_argument("--provider", choices=["scripted", "openai", "anthropic"], default="scripted")
+    run.add_argument("--model", default=None, help="model name for a real provider")
+    run.add_argument("--base-url", default=None, help="provider endpoint (any compatible server)")
+    run.add_argument("--api-key", default=None, help="API key (default: the SDK's env variable)")
+    run.add_argument("--thinking-budget", type=int, default=None, help="Anthropic thinking tokens")
+    run.add_argument("--store", default=None, help="SQLite file to save the session in")
+    run.add_argument("--session", default=None, help="session id (resumes a stored session)")
+    run.add_argument("--instructions", default=None, help="system prompt")
+    run.add_argument("--delay", type=float, default=None,
+                     help="scripted demo: seconds between chunks (default 0.02 on a terminal)")
+    run.add_argument("--log-level", default="warning", help="structlog level on stderr")
+    return parser
+
+
+def make_agent(args: argparse.Namespace) -> Any:
+    from actors.demo import demo_agent, get_time, get_weather
+    from runtime.agent import Agent
+
+    if args.provider == "scripted":
+        delay = args.delay if args.delay is not None else (0.02 if sys.stdout.isatty() and not args.jsonl else 0.0)
+        return demo_agent(delay=delay)
+    if args.provider == "openai":
+        from actors.providers import OpenAIProvider
+
+        provider = OpenAIProvider(args.model or "gpt-4o-mini", base_url=args.base_url, api_key=args.api_key)
+    else:
+        from actors.providers import AnthropicProvider
+
+        provider = AnthropicProvider(
+            args.model or "claude-sonnet-4-5",
+            base_url=args.base_url,
+            api_key=args.api_key,
+            thinking_budget=args.thinking_budget,
+        )
+    return Agent(
+        name=args.provider,
+        provider=provider,
+        instructions=args.instructions or "You are a concise assistant. Use tools for facts.",
+        tools=[get_weather, get_time],
+    )
+
+
+async def run_command(args: argparse.Namespace) -> int:
+    from runtime.host import Host
+    from runtime.logging import configure_logging
+    from runtime.serde import converter
+
+    configure_logging(args.log_level)
+    agent = make_agent(args)
+    renderer = None
+    if not args.jsonl:
+        from runtime.render import TerminalRenderer
+
+        renderer = TerminalRenderer()
+    out_stream = sys.stdout.buffer
+    async with Host.open(store=args.store) as host:
+        session = await host.open_session(agent, session_id=args.session)
+        async with session.stream(args.prompt) as output:
+            async for chunk in output:
+                if renderer is not None:
+                    renderer.render(chunk)
+                else:
+                    out_stream.write(orjson.dumps(converter.unstructure(chunk)) + b"\n")
+                    out_stream.flush()
+    result = output.result
+    return 0 if result is not None and result.finish_reason not in ("error", "aborted") else 1
+
+
+def _silence_stdout() -> None:
+    import os
+
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "run":
+        try:
+            return trio.run(run_command, args)
+        except KeyboardInterrupt:
+            return 130
+        except BaseExceptionGroup as group:  # e.g. `... --jsonl | head`: the reader left
+            if group.subgroup(BrokenPipeError) is None or group.subgroup(
+                lambda e: not isinstance(e, BrokenPipeError | BaseExceptionGroup)
+            ):
+                raise
+            _silence_stdout()
+            return 0
+        except BrokenPipeError:
+            _silence_stdout()
+            return 0
+    return 2  # pragma: no cover
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

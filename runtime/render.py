@@ -1,0 +1,90 @@
+"""Render a turn's output stream in a terminal with ``rich``.
+
+Reasoning is shown dimmed, text is typed as it streams, and every tool call gets a
+card with its input and its result (or error). Rendering reacts to chunk types only,
+so it works for any provider.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from rich.console import Console
+from rich.panel import Panel
+from rich.text import Text
+
+
+class TerminalRenderer:
+    """Feed it :data:`~runtime.output.OutputChunk` s with :meth:`render`."""
+
+    def __init__(self, console: Console | None = None) -> None:
+        self.console = console or Console(highlight=False)
+        self._inputs: dict[str, Any] = {}
+        self._names: dict[str, str] = {}
+        self._at_line_start = True
+
+    def _newline(self) -> None:
+        if not self._at_line_start:
+            self.console.print()
+            self._at_line_start = True
+
+    def _write(self, text: str, style: str | None = None) -> None:
+        if text:
+            self.console.print(Text(text, style=style or ""), end="", soft_wrap=True)
+            self._at_line_start = text.endswith("\n")
+
+    def render(self, chunk: Any) -> None:  # noqa: C901 - one branch per chunk type
+        t = chunk.type
+        if t == "reasoning-start":
+            self._newline()
+            self._write("thinking: ", "dim bold")
+        elif t == "reasoning-delta":
+            self._write(chunk.text, "dim italic")
+        elif t == "reasoning-finish" or t == "text-finish":
+            self._newline()
+        elif t == "text-delta":
+            self._write(chunk.text)
+        elif t == "tool-input-start":
+            self._newline()
+            self._names[chunk.tool_call_id] = chunk.tool_name
+            self._write(f"→ calling {chunk.tool_name}…\n", "cyan")
+        elif t == "tool-call":
+            self._inputs[chunk.tool_call_id] = chunk.input
+            self._names[chunk.tool_call_id] = chunk.tool_name
+        elif t in ("tool-result", "tool-error"):
+            self._newline()
+            args = json.dumps(self._inputs.get(chunk.tool_call_id, {}), ensure_ascii=False)
+            if t == "tool-result":
+                body = Text.assemble(("input  ", "bold"), args, "\n", ("result ", "bold green"),
+                                     _fmt(chunk.output))
+                border = "green"
+            else:
+                body = Text.assemble(("input  ", "bold"), args, "\n", ("error  ", "bold red"),
+                                     chunk.error)
+                border = "red"
+            self.console.print(
+                Panel(body, title=f"tool · {chunk.tool_name}", title_align="left",
+                      border_style=border, expand=False)
+            )
+        elif t == "step-finish":
+            self._newline()
+        elif t == "finish":
+            self._newline()
+            u = chunk.usage
+            self.console.print(
+                Text(f"[{chunk.finish_reason} · {u.input_tokens} in / {u.output_tokens} out tokens]",
+                     style="dim")
+            )
+        elif t == "error":
+            self._newline()
+            e = chunk.error
+            retry = " (retryable)" if e.retryable else ""
+            self.console.print(Text(f"error: {e.kind}: {e.message}{retry}", style="bold red"))
+        elif t == "abort":
+            self._newline()
+            self.console.print(Text(f"aborted: {chunk.reason}", style="bold yellow"))
+
+
+def _fmt(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)

@@ -1,0 +1,19 @@
+"""Shared test setup: dummy provider keys, hypothesis profile, shared fixture paths."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from hypothesis import HealthCheck, settings
+
+# No test may reach a real provider: the SDKs get dummy keys and loopback URLs only.
+os.environ["OPENAI_API_KEY"] = "sk-test-dummy"
+os.environ["ANTHROPIC_API_KEY"] = "sk-ant-test-dummy"
+
+settings.register_profile(
+    "axon", deadline=None, max_examples=200, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.load_profile("axon")
+
+SHARED_STREAMS = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "streams"

@@ -1,0 +1,48 @@
+"""Checks the output grammar of ARCHITECTURE.md on a list of chunks (or their JSON)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _get(chunk: Any, name: str) -> Any:
+    return chunk[name] if isinstance(chunk, dict) else getattr(chunk, name)
+
+
+def check_grammar(chunks: list[Any], *, ending: str = "finish") -> None:
+    """Assert ``start (step-start CONTENT* step-finish)+ finish`` (or cut short by
+    ``error`` / ``abort`` when ``ending`` says so), matched part starts/finishes, unique
+    part ids and strictly increasing ``seq``."""
+    types = [_get(c, "type") for c in chunks]
+    assert types[0] == "start", types[:3]
+    assert types[-1] == ending, types[-3:]
+    seqs = [_get(c, "seq") for c in chunks]
+    assert all(b > a for a, b in zip(seqs, seqs[1:], strict=False)), "seq must strictly increase"
+    in_step = False
+    open_part: str | None = None
+    seen_parts: set[str] = set()
+    steps_seen = 0
+    for c, t in zip(chunks[1:-1], types[1:-1], strict=True):
+        if t == "step-start":
+            assert not in_step, "step-start inside a step"
+            in_step, steps_seen = True, steps_seen + 1
+        elif t == "step-finish":
+            assert in_step and open_part is None, "step-finish with a part open"
+            in_step = False
+        else:
+            assert in_step, f"{t} outside a step"
+            if t.endswith("-start") and t.split("-")[0] in ("text", "reasoning"):
+                assert open_part is None, "a part opened while another is open"
+                pid = _get(c, "part_id")
+                assert pid not in seen_parts, f"part id {pid} reused"
+                seen_parts.add(pid)
+                open_part = pid
+            elif t.endswith("-delta") and t.split("-")[0] in ("text", "reasoning"):
+                assert _get(c, "part_id") == open_part, "delta outside its part"
+            elif t.endswith("-finish"):
+                assert _get(c, "part_id") == open_part, "finish of a part that is not open"
+                open_part = None
+    if ending == "finish":
+        assert steps_seen >= 1 and not in_step
+    else:
+        assert open_part is None, "parts must be closed before error/abort"

@@ -1,0 +1,127 @@
+"""One converter round-trips every event, chunk, part and message through JSON."""
+
+from __future__ import annotations
+
+import typing
+
+import attrs
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from runtime import chunks, events, messages, output, serde
+from runtime.chunks import Usage
+from runtime.output import ErrorInfo
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-10**6, 10**6) | st.text(max_size=8),
+    lambda kids: st.lists(kids, max_size=3) | st.dictionaries(st.text(max_size=5), kids, max_size=3),
+    max_leaves=6,
+)
+
+_PARTS = typing.get_args(messages.Part)
+_MESSAGES = typing.get_args(messages.Message)
+
+
+def _strategy_for(tp: typing.Any) -> st.SearchStrategy:
+    origin = typing.get_origin(tp)
+    if tp is typing.Any:
+        return json_values
+    if tp is str:
+        return st.text(max_size=10)
+    if tp is int:
+        return st.integers(0, 10**6)
+    if tp is float:
+        return st.floats(0, 1e6, allow_nan=False)
+    if tp is bool:
+        return st.booleans()
+    if tp is Usage:
+        return st.builds(Usage, input_tokens=st.integers(0, 99), cache_read=st.none() | st.integers(0, 9))
+    if tp is ErrorInfo:
+        return st.builds(ErrorInfo, kind=st.text(max_size=5), message=st.text(max_size=5))
+    if tp is messages.Message or tp in _MESSAGES:
+        return st.sampled_from(_sample_messages())
+    if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+        return st.one_of([_strategy_for(a) for a in typing.get_args(tp)])
+    if tp is type(None):
+        return st.none()
+    if origin is tuple:
+        return st.lists(st.sampled_from(_sample_parts()), max_size=4).map(tuple)
+    if origin is dict:
+        return st.dictionaries(st.text(max_size=4), json_values, max_size=3)
+    raise NotImplementedError(tp)
+
+
+def _builds(cls: type) -> st.SearchStrategy:
+    hints = typing.get_type_hints(cls)
+    return st.builds(cls, **{f.name: _strategy_for(hints[f.name]) for f in attrs.fields(cls)
+                             if f.init and f.name != "id"})
+
+
+def _sample_parts():
+    return [
+        messages.TextPart(text="hi", step=0),
+        messages.ReasoningPart(text="r", step=1, signature="sig==", provider="anthropic"),
+        messages.ReasoningPart(text="", step=1, redacted_data="opaque", provider="anthropic"),
+        messages.ToolCallPart(tool_call_id="c", tool_name="t", input={"a": [1, None]}, step=2),
+        messages.ProviderDataPart(provider="anthropic", data={"type": "server_tool_use"}, step=0),
+    ]
+
+
+def _sample_messages():
+    return [
+        messages.SystemMessage(content="sys"),
+        messages.UserMessage(content="hello"),
+        messages.AssistantMessage(content=tuple(_sample_parts()), interrupted=True),
+        messages.ToolMessage(tool_call_id="c", tool_name="t", step=2, output={"x": 1}),
+        messages.ToolMessage(tool_call_id="c", tool_name="t", step=2, error="boom"),
+    ]
+
+
+EVENT_CLASSES = [*events.LIFECYCLE_EVENT_TYPES, *output.OUTPUT_CHUNK_TYPES]
+STREAM_CLASSES = list(typing.get_args(chunks.StreamChunk))
+
+
+@pytest.mark.parametrize("cls", EVENT_CLASSES, ids=lambda c: c.kind)
+@given(data=st.data())
+def test_every_event_round_trips_through_json(cls, data):
+    event = data.draw(_builds(cls))
+    back = serde.from_json(serde.to_json(event), events.Event)
+    assert back == event and type(back) is cls
+
+
+@pytest.mark.parametrize("cls", list(output.OUTPUT_CHUNK_TYPES), ids=lambda c: c.type)
+@given(data=st.data())
+def test_output_chunk_json_has_its_type_string(cls, data):
+    event = data.draw(_builds(cls))
+    assert serde.unstructure(event)["type"] == cls.type
+
+
+@pytest.mark.parametrize("cls", STREAM_CLASSES, ids=lambda c: c.type)
+@given(data=st.data())
+def test_every_stream_chunk_round_trips(cls, data):
+    chunk = data.draw(_builds(cls))
+    assert serde.from_json(serde.to_json(chunk), chunks.StreamChunk) == chunk
+
+
+@pytest.mark.parametrize("message", _sample_messages(), ids=lambda m: m.role)
+def test_every_message_round_trips_with_its_role(message):
+    data = serde.unstructure(message)
+    assert data["role"] == message.role
+    assert serde.from_json(serde.to_json(message), messages.Message) == message
+
+
+def test_a_whole_history_round_trips_as_one_list():
+    history = _sample_messages()
+    assert serde.from_json(serde.to_json(history), list[messages.Message]) == history
+
+
+def test_parts_serialize_with_type_and_step():
+    data = serde.unstructure(_sample_parts()[3])
+    assert data == {"type": "tool-call", "tool_call_id": "c", "tool_name": "t",
+                    "input": {"a": [1, None]}, "step": 2}
+
+
+def test_unknown_tag_is_a_clear_error():
+    with pytest.raises(Exception, match="unknown role"):
+        serde.structure({"role": "wizard", "content": "x"}, messages.Message)

@@ -1,0 +1,760 @@
+"""Session stores: one conformance suite for every store, then SQLite-only file behaviour.
+
+The conformance tests run against each store through the ``store`` fixture, so a new
+store gets the whole suite by adding one fixture parameter. The SQLite tests poke at the
+file with a second, plain ``sqlite3`` connection: that is how another process (or a
+curious user) sees it, and it lets the tests check exactly which rows a save wrote.
+"""
+
+from __future__ import annotations
+
+import random
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+import trio
+
+from actors.stores import MemoryStore, SQLiteStore, open_store, validate_session_id
+from actors.stores.sqlite import APPLICATION_ID, MAGIC, SCHEMA_VERSION
+from runtime.errors import (
+    ConfigurationError,
+    InvalidSessionId,
+    StoreCorrupt,
+    StoreError,
+)
+from runtime.messages import (
+    AssistantMessage,
+    Message,
+    ProviderDataPart,
+    ReasoningPart,
+    SystemMessage,
+    TextPart,
+    ToolCallPart,
+    ToolMessage,
+    UserMessage,
+)
+from runtime.store import SessionInfo, SessionRecord, Store
+
+# -- data --------------------------------------------------------------------------------
+
+
+def conversation() -> list[Message]:
+    """One full turn exercising every message and part shape a store must round-trip.
+
+    Ids are fixed so that two calls give equal values.
+    """
+    messages = [
+        SystemMessage(content="You are terse."),
+        UserMessage(content='Weather in Paris and Oslo? ☀️ «ünïcode» "quotes" \\ \x00'),
+        AssistantMessage(
+            content=(
+                ReasoningPart(
+                    text="Two lookups needed.", step=0, signature="sig-abc", provider="anthropic"
+                ),
+                ReasoningPart(text="", step=0, redacted_data="ZW5jcnlwdGVk", provider="anthropic"),
+                TextPart(text="Checking.", step=0),
+                ToolCallPart(
+                    tool_call_id="call_1",
+                    tool_name="weather",
+                    input={"city": "Paris", "days": [1, 2], "units": None},
+                    step=0,
+                ),
+                ToolCallPart(
+                    tool_call_id="call_2", tool_name="weather", input={"city": "Oslo"}, step=0
+                ),
+                ProviderDataPart(
+                    provider="anthropic",
+                    data={"type": "server_tool_use", "id": "srv_1", "input": {"q": "x"}},
+                    step=1,
+                ),
+                ToolCallPart(tool_call_id="call_3", tool_name="convert", input=21.5, step=1),
+                TextPart(text="Paris is sunny; Oslo did not answer.", step=2),
+                TextPart(text="I won't guess.", step=2, refusal=True),
+            )
+        ),
+        ToolMessage(
+            tool_call_id="call_1",
+            tool_name="weather",
+            step=0,
+            output={"temp": 21.5, "sky": "clear", "hourly": [20, 21, None], "ok": True},
+        ),
+        ToolMessage(
+            tool_call_id="call_2",
+            tool_name="weather",
+            step=0,
+            error="TimeoutError: upstream did not answer",
+        ),
+        ToolMessage(tool_call_id="call_3", tool_name="convert", step=1, output="70.7F"),
+        AssistantMessage(
+            content=(ReasoningPart(text="partial", step=0, provider="openai"),), interrupted=True
+        ),
+    ]
+    return [attrs.evolve(m, id=f"conv{i}") for i, m in enumerate(messages)]
+
+
+def turn(n: int) -> list[Message]:
+    """A small two-message turn, distinct per ``n`` and equal for equal ``n`` (fixed ids)."""
+    return [
+        UserMessage(content=f"question {n}", id=f"u{n}"),
+        AssistantMessage(content=(TextPart(text=f"answer {n}", step=0),), id=f"a{n}"),
+    ]
+
+
+def record(session_id: str, messages: list[Message], meta: dict | None = None) -> SessionRecord:
+    return SessionRecord(session_id=session_id, messages=tuple(messages), meta=meta or {})
+
+
+# -- the conformance suite ---------------------------------------------------------------
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+async def store(request: pytest.FixtureRequest, tmp_path: Path):
+    if request.param == "memory":
+        s: Any = MemoryStore()
+    else:
+        s = await SQLiteStore.open(tmp_path / "sessions.db")
+    try:
+        yield s
+    finally:
+        await s.aclose()
+
+
+async def test_implements_the_protocol(store):
+    assert isinstance(store, Store)
+
+
+async def test_round_trip(store):
+    messages = conversation()
+    meta = {"agent": "weather", "parent": None, "tags": ["a", "b"], "limits": {"steps": 8}}
+    await store.save("s1", 0, messages, meta)
+    loaded = await store.load("s1")
+    assert loaded == record("s1", messages, meta)
+    assert [type(m) for m in loaded.messages] == [type(m) for m in messages]
+    assert loaded.messages[2].steps() == messages[2].steps()
+
+
+async def test_load_unknown_is_none(store):
+    assert await store.load("never-saved") is None
+    await store.save("other", 0, turn(0))
+    assert await store.load("never-saved") is None
+
+
+async def test_append(store):
+    history: list[Message] = []
+    for n in range(5):
+        await store.save("s", len(history), turn(n))
+        history += turn(n)
+        assert await store.load("s") == record("s", history)
+
+
+async def test_save_from_index_replaces_the_tail(store):
+    first = turn(0) + turn(1) + turn(2)
+    await store.save("s", 0, first)
+    replacement = [UserMessage(content="edited question 1", id="edit")]
+    await store.save("s", 2, replacement)
+    assert await store.load("s") == record("s", first[:2] + replacement)
+
+
+async def test_save_from_index_with_nothing_truncates(store):
+    first = turn(0) + turn(1)
+    await store.save("s", 0, first)
+    await store.save("s", 2, [])
+    assert await store.load("s") == record("s", first[:2])
+
+
+async def test_save_from_zero_replaces_everything(store):
+    await store.save("s", 0, turn(0) + turn(1))
+    await store.save("s", 0, turn(7))
+    assert await store.load("s") == record("s", turn(7))
+
+
+async def test_empty_session_exists(store):
+    await store.save("s", 0, [])
+    assert await store.load("s") == record("s", [])
+    assert await store.list_sessions() == [SessionInfo(session_id="s", message_count=0)]
+
+
+async def test_meta_merges_shallowly(store):
+    await store.save("s", 0, turn(0), {"agent": "a", "n": 1, "nested": {"x": 1, "y": 2}})
+    await store.save("s", 2, turn(1), {"n": 2, "parent": "p", "nested": {"x": 3}})
+    await store.save("s", 4, [], None)
+    await store.save("s", 4, [], {})
+    loaded = await store.load("s")
+    assert loaded.meta == {"agent": "a", "n": 2, "parent": "p", "nested": {"x": 3}}
+
+
+async def test_meta_defaults_to_empty(store):
+    await store.save("s", 0, turn(0))
+    assert (await store.load("s")).meta == {}
+
+
+async def test_returned_and_given_values_are_not_shared(store):
+    """Mutating what was saved, loaded or listed never reaches into the store."""
+    meta = {"tags": ["a"]}
+    messages = turn(0)
+    saved = list(messages)
+    await store.save("s", 0, messages, meta)
+    meta["tags"].append("mutated")
+    meta["new"] = 1
+    messages.append(UserMessage(content="mutated"))
+    (await store.load("s")).meta["tags"].append("mutated too")
+    (await store.list_sessions())[0].meta["x"] = 1
+    assert await store.load("s") == record("s", saved, {"tags": ["a"]})
+
+
+async def test_list_sessions(store):
+    assert await store.list_sessions() == []
+    await store.save("a", 0, turn(0), {"agent": "x"})
+    await store.save("b", 0, turn(0) + turn(1))
+    await store.save("c", 0, [])
+    assert [i.session_id for i in await store.list_sessions()] == ["c", "b", "a"]
+    await store.save("a", 2, turn(1))  # most recently saved moves to the front
+    assert await store.list_sessions() == [
+        SessionInfo(session_id="a", message_count=4, meta={"agent": "x"}),
+        SessionInfo(session_id="c", message_count=0),
+        SessionInfo(session_id="b", message_count=4),
+    ]
+
+
+async def test_delete(store):
+    await store.save("a", 0, turn(0), {"k": 1})
+    await store.save("b", 0, turn(1))
+    await store.delete("a")
+    assert await store.load("a") is None
+    assert [i.session_id for i in await store.list_sessions()] == ["b"]
+    assert await store.load("b") == record("b", turn(1))
+    await store.delete("a")  # unknown: no error
+    await store.delete("never")
+    # A deleted session starts afresh: no old messages, no old meta.
+    with pytest.raises(StoreError):
+        await store.save("a", 2, turn(1))
+    await store.save("a", 0, turn(2))
+    assert await store.load("a") == record("a", turn(2))
+
+
+BAD_IDS = ["", "a" * 129, "has space", "slash/y", "back\\slash", "new\nline", "é", "a\x00", "*"]
+
+
+@pytest.mark.parametrize("bad", [*BAD_IDS, 42, None, b"bytes"])
+async def test_invalid_session_ids_are_rejected(store, bad):
+    with pytest.raises(InvalidSessionId):
+        await store.save(bad, 0, turn(0))
+    with pytest.raises(InvalidSessionId):
+        await store.load(bad)
+    with pytest.raises(InvalidSessionId):
+        await store.delete(bad)
+    assert await store.list_sessions() == []
+
+
+@pytest.mark.parametrize("good", ["a", "a" * 128, "Run-1_2.3:4", "0", "...", "session:42"])
+async def test_edge_session_ids_are_accepted(store, good):
+    await store.save(good, 0, turn(0))
+    assert (await store.load(good)).session_id == good
+
+
+@pytest.mark.parametrize("start", [1, 5, -1, True, 1.0, "0", None])
+async def test_bad_start_is_rejected_and_changes_nothing(store, start):
+    with pytest.raises(StoreError):
+        await store.save("new", start, turn(0))
+    assert await store.load("new") is None
+    await store.save("s", 0, turn(0), {"k": 1})
+    if type(start) is int and start >= 0:
+        start += 2  # beyond the end of a two-message session
+    with pytest.raises(StoreError):
+        await store.save("s", start, turn(1), {"k": 2})
+    assert await store.load("s") == record("s", turn(0), {"k": 1})
+
+
+async def test_start_equal_to_length_appends_and_beyond_fails(store):
+    await store.save("s", 0, turn(0))
+    with pytest.raises(StoreError, match="beyond"):
+        await store.save("s", 3, turn(1))
+    await store.save("s", 2, turn(1))
+    assert len((await store.load("s")).messages) == 4
+
+
+@pytest.mark.parametrize(
+    "messages",
+    [
+        [UserMessage(content="ok", id="ok"), "not a message"],
+        [TextPart(text="a part", step=0)],
+        "text",
+    ],
+)
+async def test_non_messages_are_rejected_and_change_nothing(store, messages):
+    await store.save("s", 0, turn(0), {"k": 1})
+    with pytest.raises(StoreError):
+        await store.save("s", 1, messages, {"k": 2})
+    assert await store.load("s") == record("s", turn(0), {"k": 1})
+
+
+@pytest.mark.parametrize("meta", [["not", "a", "dict"], "x", {1: "int key"}])
+async def test_bad_meta_is_rejected_and_changes_nothing(store, meta):
+    await store.save("s", 0, turn(0), {"k": 1})
+    with pytest.raises(StoreError):
+        await store.save("s", 2, turn(1), meta)
+    assert await store.load("s") == record("s", turn(0), {"k": 1})
+
+
+async def test_concurrent_saves_from_many_tasks(store):
+    async def writer(i: int) -> None:
+        history: list[Message] = []
+        for n in range(5):
+            await store.save(f"s{i}", len(history), turn(n), {"writer": i, "turns": n + 1})
+            history += turn(n)
+
+    async with trio.open_nursery() as nursery:
+        for i in range(20):
+            nursery.start_soon(writer, i)
+    infos = await store.list_sessions()
+    assert sorted(i.session_id for i in infos) == sorted(f"s{i}" for i in range(20))
+    assert all(i.message_count == 10 and i.meta["turns"] == 5 for i in infos)
+    expected = [m for n in range(5) for m in turn(n)]
+    for i in range(20):
+        assert (await store.load(f"s{i}")).messages == tuple(expected)
+
+
+async def test_cancelled_save_is_all_or_nothing(store):
+    await store.save("s", 0, turn(0), {"k": 1})
+    with trio.move_on_after(0):
+        await store.save("s", 1, turn(1), {"k": 2})
+    loaded = await store.load("s")
+    assert loaded in (
+        record("s", turn(0), {"k": 1}),
+        record("s", turn(0)[:1] + turn(1), {"k": 2}),
+    )
+
+
+async def test_matches_a_reference_model_under_random_operations(store):
+    """Random saves/deletes over a few sessions agree with a plain dict-of-lists model."""
+    rng = random.Random(20240601)
+    model: dict[str, tuple[list[Message], dict]] = {}
+    recency: list[str] = []
+    counter = 0
+    for _ in range(150):
+        sid = rng.choice(["a", "b", "c", "d"])
+        if rng.random() < 0.1:
+            await store.delete(sid)
+            model.pop(sid, None)
+            recency = [s for s in recency if s != sid]
+        else:
+            messages, meta = model.get(sid, ([], {}))
+            start = rng.randint(0, len(messages))
+            new = []
+            for _ in range(rng.randint(0, 3)):
+                counter += 1
+                new += turn(counter)[: rng.randint(1, 2)]
+            patch = rng.choice([None, {}, {"k": counter}, {f"key{counter % 3}": [counter]}])
+            await store.save(sid, start, new, patch)
+            model[sid] = (messages[:start] + new, {**meta, **(patch or {})})
+            recency = [sid] + [s for s in recency if s != sid]
+        for s in ("a", "b", "c", "d"):
+            expected = record(s, *model[s]) if s in model else None
+            assert await store.load(s) == expected
+    assert await store.list_sessions() == [
+        SessionInfo(session_id=s, message_count=len(model[s][0]), meta=model[s][1]) for s in recency
+    ]
+
+
+async def test_closed_store_refuses_calls(store):
+    await store.save("s", 0, turn(0))
+    await store.aclose()
+    await store.aclose()  # idempotent
+    for call in (
+        store.load("s"),
+        store.save("s", 2, turn(1)),
+        store.list_sessions(),
+        store.delete("s"),
+    ):
+        with pytest.raises(StoreError, match="closed"):
+            await call
+
+
+# -- open_store and validate_session_id ---------------------------------------------------
+
+
+async def test_open_store_specs(tmp_path: Path):
+    memory = await open_store(None)
+    assert isinstance(memory, MemoryStore)
+    assert await open_store(memory) is memory
+    for spec in (str(tmp_path / "a.db"), tmp_path / "b.db"):
+        sqlite_store = await open_store(spec)
+        try:
+            assert isinstance(sqlite_store, SQLiteStore)
+            await sqlite_store.save("s", 0, turn(0))
+        finally:
+            await sqlite_store.aclose()
+    assert {"a.db", "b.db"} <= set(snapshot(tmp_path))
+    with pytest.raises(ConfigurationError):
+        await open_store(42)
+
+
+def test_validate_session_id():
+    assert validate_session_id("abc:1.2-3_X") == "abc:1.2-3_X"
+    assert validate_session_id("z" * 128) == "z" * 128
+    for bad in [*BAD_IDS, "abc\n", 1, None]:
+        with pytest.raises(InvalidSessionId, match="session id"):
+            validate_session_id(bad)
+    assert issubclass(InvalidSessionId, ValueError)
+
+
+# -- SQLite: the file ------------------------------------------------------------------------
+
+
+def snapshot(directory: Path) -> dict[str, bytes]:
+    """Every file in ``directory`` with its bytes: "unchanged" includes no new side files."""
+    return {p.name: p.read_bytes() for p in sorted(directory.iterdir())}
+
+
+async def make_store_file(path: Path, sessions: int = 3, turns: int = 40) -> None:
+    store = await SQLiteStore.open(path)
+    try:
+        for s in range(sessions):
+            history: list[Message] = []
+            for n in range(turns):
+                await store.save(f"s{s}", len(history), turn(n), {"n": n})
+                history += turn(n)
+    finally:
+        await store.aclose()
+
+
+async def test_reopening_gives_the_same_sessions(tmp_path: Path):
+    path = tmp_path / "sessions.db"
+    first = await SQLiteStore.open(path)
+    await first.save("a", 0, conversation(), {"agent": "w"})
+    await first.save("b", 0, turn(0))
+    await first.save("a", len(conversation()), turn(1))
+    await first.aclose()
+    second = await SQLiteStore.open(str(path))
+    try:
+        assert await second.load("a") == record("a", conversation() + turn(1), {"agent": "w"})
+        assert [i.session_id for i in await second.list_sessions()] == ["a", "b"]
+        await second.save("b", 2, turn(2))
+        assert [i.session_id for i in await second.list_sessions()] == ["b", "a"]
+    finally:
+        await second.aclose()
+
+
+async def test_two_store_objects_on_one_file_see_each_other(tmp_path: Path):
+    path = tmp_path / "sessions.db"
+    one = await SQLiteStore.open(path)
+    two = await SQLiteStore.open(path)
+    try:
+        await one.save("a", 0, turn(0))
+        assert await two.load("a") == record("a", turn(0))
+        await two.save("a", 2, turn(1))
+        assert await one.load("a") == record("a", turn(0) + turn(1))
+    finally:
+        await one.aclose()
+        await two.aclose()
+
+
+async def test_file_layout_wal_and_marker(tmp_path: Path):
+    path = tmp_path / "sessions.db"
+    store = await SQLiteStore.open(path)
+    try:
+        await store.save("a", 0, turn(0), {"k": 1})
+        (synchronous,) = store._conn.execute("PRAGMA synchronous").fetchone()
+        assert synchronous == 1  # NORMAL: durable at checkpoints, never corrupt
+        other = sqlite3.connect(path)
+        try:
+            assert other.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+            assert other.execute("PRAGMA application_id").fetchone() == (APPLICATION_ID,)
+            assert dict(other.execute("SELECT key, value FROM axon_meta")) == {
+                "magic": MAGIC,
+                "schema_version": str(SCHEMA_VERSION),
+            }
+            rows = other.execute(
+                "SELECT session_id, idx, role FROM messages ORDER BY idx"
+            ).fetchall()
+            assert rows == [("a", 0, "user"), ("a", 1, "assistant")]
+        finally:
+            other.close()
+    finally:
+        await store.aclose()
+
+
+async def test_creates_missing_file_and_adopts_empty_file(tmp_path: Path):
+    empty = tmp_path / "empty.db"
+    empty.touch()
+    for path in (tmp_path / "new.db", empty):
+        store = await SQLiteStore.open(path)
+        await store.save("s", 0, turn(0))
+        await store.aclose()
+        assert path.stat().st_size > 0
+
+
+async def test_missing_directory_is_a_store_error_not_corruption(tmp_path: Path):
+    with pytest.raises(StoreError) as info:
+        await SQLiteStore.open(tmp_path / "no" / "such" / "dir.db")
+    assert not isinstance(info.value, StoreCorrupt)
+
+
+async def test_memory_path(tmp_path: Path):
+    store = await SQLiteStore.open(":memory:")
+    try:
+        await store.save("s", 0, conversation())
+        assert await store.load("s") == record("s", conversation())
+    finally:
+        await store.aclose()
+
+
+def _foreign_db(path: Path, *statements: str) -> None:
+    conn = sqlite3.connect(path)
+    for statement in statements:
+        conn.execute(statement)
+    conn.commit()
+    conn.close()
+
+
+FOREIGN = {
+    "text file": lambda p: p.write_text("just some notes\n" * 200),
+    "short garbage": lambda p: p.write_bytes(b"\x00\x01garbage"),
+    "random bytes": lambda p: p.write_bytes(random.Random(1).randbytes(8192)),
+    "sqlite header then garbage": lambda p: p.write_bytes(
+        b"SQLite format 3\x00" + random.Random(2).randbytes(4080)
+    ),
+    "another app's db": lambda p: _foreign_db(
+        p,
+        "CREATE TABLE notes(id INTEGER PRIMARY KEY, body TEXT)",
+        "INSERT INTO notes VALUES (1, 'x')",
+    ),
+    "same table names, no marker": lambda p: _foreign_db(
+        p,
+        "CREATE TABLE sessions(session_id TEXT PRIMARY KEY, meta TEXT)",
+        "CREATE TABLE messages(session_id TEXT, idx INTEGER, body BLOB)",
+        "INSERT INTO sessions VALUES ('a', '{}')",
+    ),
+    "empty db of another app": lambda p: _foreign_db(p, "PRAGMA application_id = 12345"),
+    "our id, no axon_meta": lambda p: _foreign_db(
+        p, f"PRAGMA application_id = {APPLICATION_ID}", "CREATE TABLE t(x)"
+    ),
+    "wrong magic": lambda p: _foreign_db(
+        p,
+        f"PRAGMA application_id = {APPLICATION_ID}",
+        "CREATE TABLE axon_meta(key TEXT PRIMARY KEY, value TEXT)",
+        "INSERT INTO axon_meta VALUES ('magic', 'something-else'), ('schema_version', '1')",
+    ),
+    "wal-mode db of another app": lambda p: _foreign_db(
+        p, "PRAGMA journal_mode = WAL", "CREATE TABLE notes(x)", "INSERT INTO notes VALUES (1)"
+    ),
+}
+
+
+@pytest.mark.parametrize("make", FOREIGN.values(), ids=FOREIGN.keys())
+async def test_foreign_files_are_refused_and_untouched(tmp_path: Path, make):
+    path = tmp_path / "sessions.db"
+    make(path)
+    before = snapshot(tmp_path)
+    with pytest.raises(StoreCorrupt) as info:
+        await SQLiteStore.open(path)
+    assert str(path) in str(info.value)
+    assert snapshot(tmp_path) == before
+    with pytest.raises(StoreCorrupt):  # and again: refusing did not "fix" anything
+        await open_store(path)
+    assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("keep", [0.5, 0.5001, 0.9, 50], ids=["half", "mid-page", "most", "header"])
+async def test_truncated_store_is_refused_and_untouched(tmp_path: Path, keep: float):
+    path = tmp_path / "sessions.db"
+    await make_store_file(path)
+    data = path.read_bytes()
+    assert len(data) >= 8 * 4096  # several pages, so truncation cuts real data
+    cut = int(keep) if keep > 1 else int(len(data) * keep)
+    path.write_bytes(data[:cut])
+    before = snapshot(tmp_path)
+    with pytest.raises(StoreCorrupt, match="truncated") as info:
+        await SQLiteStore.open(path)
+    assert str(path) in str(info.value)
+    assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("page", [0, 1, 6])
+async def test_damaged_pages_raise_store_corrupt_and_stay_untouched(tmp_path: Path, page: int):
+    """Garbage inside a store (not just at its end) surfaces as StoreCorrupt: when opening
+    if it hits the schema or our marker, else on the first load that reads the page."""
+    path = tmp_path / "sessions.db"
+    await make_store_file(path)
+    data = bytearray(path.read_bytes())
+    start = page * 4096 + (100 if page == 0 else 0)  # keep the 100-byte file header
+    data[start : (page + 1) * 4096] = random.Random(page).randbytes((page + 1) * 4096 - start)
+    path.write_bytes(bytes(data))
+    before = snapshot(tmp_path)
+    with pytest.raises(StoreCorrupt, match="damaged") as info:
+        store = await SQLiteStore.open(path)
+        try:
+            for s in range(3):
+                await store.load(f"s{s}")
+        finally:
+            await store.aclose()
+    assert str(path) in str(info.value)
+    assert snapshot(tmp_path) == before
+
+
+async def test_newer_schema_is_refused_and_untouched(tmp_path: Path):
+    path = tmp_path / "sessions.db"
+    await make_store_file(path, sessions=1, turns=1)
+    conn = sqlite3.connect(path)
+    conn.execute("UPDATE axon_meta SET value = '99' WHERE key = 'schema_version'")
+    conn.commit()
+    conn.close()
+    before = snapshot(tmp_path)
+    with pytest.raises(StoreError, match="schema version 99") as info:
+        await SQLiteStore.open(path)
+    assert str(path) in str(info.value)
+    assert snapshot(tmp_path) == before
+
+
+# -- SQLite: damaged rows -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("sql", "match"),
+    [
+        ("UPDATE messages SET body = x'7b7b7b' WHERE idx = 1", "'s' message 1 cannot be read"),
+        (
+            """UPDATE messages SET body = '{"role": "alien"}' WHERE idx = 1""",
+            "'s' message 1 cannot be read",
+        ),
+        ("""UPDATE messages SET body = '{"role": "user"}' WHERE idx = 1""", "message 1"),
+        ("UPDATE messages SET role = 'user' WHERE idx = 1", "message 1 is stored as role"),
+        ("DELETE FROM messages WHERE idx = 1", "missing message 1"),
+        ("UPDATE sessions SET meta = 'not json'", "meta of session 's'"),
+    ],
+)
+async def test_damaged_rows_raise_store_corrupt(tmp_path: Path, sql: str, match: str):
+    path = tmp_path / "sessions.db"
+    store = await SQLiteStore.open(path)
+    try:
+        await store.save("s", 0, turn(0) + turn(1))
+        conn = sqlite3.connect(path)
+        conn.execute(sql)
+        conn.commit()
+        conn.close()
+        with pytest.raises(StoreCorrupt, match=match) as info:
+            await store.load("s")
+        assert str(path) in str(info.value)
+    finally:
+        await store.aclose()
+
+
+# -- SQLite: transactions and write cost ----------------------------------------------------
+
+
+async def _state(store: SQLiteStore) -> tuple[Any, ...]:
+    return (await store.load("a"), await store.load("b"), await store.list_sessions())
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        ToolMessage(tool_call_id="c", tool_name="t", step=0, output={1: "int key"}),
+        ToolMessage(tool_call_id="c", tool_name="t", step=0, output=2**70),
+    ],
+    ids=["int-dict-key", "huge-int"],
+)
+async def test_unserializable_message_midway_leaves_state_intact(tmp_path: Path, bad):
+    store = await SQLiteStore.open(tmp_path / "sessions.db")
+    try:
+        await store.save("a", 0, turn(0) + turn(1), {"k": 1})
+        await store.save("b", 0, turn(0))
+        before = await _state(store)
+        with pytest.raises(StoreError, match="message 2 cannot be serialized"):
+            await store.save("a", 1, [UserMessage(content="ok", id="ok"), bad, *turn(5)], {"k": 2})
+        assert await _state(store) == before
+    finally:
+        await store.aclose()
+
+
+async def test_failure_inside_the_transaction_rolls_everything_back(tmp_path: Path):
+    """An insert that fails after the upsert and the tail delete undoes both."""
+    path = tmp_path / "sessions.db"
+    store = await SQLiteStore.open(path)
+    try:
+        await store.save("a", 0, turn(0) + turn(1), {"k": 1})
+        await store.save("b", 0, turn(0))
+        before = await _state(store)
+        conn = sqlite3.connect(path)
+        conn.execute(
+            "CREATE TRIGGER fail_insert BEFORE INSERT ON messages WHEN NEW.idx = 3 "
+            "BEGIN SELECT RAISE(ABORT, 'injected failure'); END"
+        )
+        conn.commit()
+        with pytest.raises(StoreError, match="injected failure"):
+            await store.save("a", 1, turn(5) + turn(6), {"k": 2})
+        assert await _state(store) == before
+        # The connection is not left inside a transaction: once the fault is gone the
+        # same save goes through.
+        conn.execute("DROP TRIGGER fail_insert")
+        conn.commit()
+        conn.close()
+        await store.save("a", 1, turn(5) + turn(6), {"k": 2})
+        assert await store.load("a") == record("a", turn(0)[:1] + turn(5) + turn(6), {"k": 2})
+    finally:
+        await store.aclose()
+
+
+async def test_each_save_writes_only_its_own_rows(tmp_path: Path):
+    """Saving turn N inserts N's rows; earlier rows are neither deleted nor updated."""
+    path = tmp_path / "sessions.db"
+    store = await SQLiteStore.open(path)
+    try:
+        history: list[Message] = []
+        for n in range(250):  # 500 messages
+            await store.save("a", len(history), turn(n))
+            history += turn(n)
+        await store.save("b", 0, turn(0))
+        conn = sqlite3.connect(path, isolation_level=None)
+        conn.executescript(
+            """
+            CREATE TABLE audit(tbl TEXT, op TEXT, session_id TEXT, idx INTEGER);
+            CREATE TRIGGER audit_mi AFTER INSERT ON messages
+                BEGIN INSERT INTO audit VALUES ('messages', 'insert', NEW.session_id, NEW.idx); END;
+            CREATE TRIGGER audit_mu AFTER UPDATE ON messages
+                BEGIN INSERT INTO audit VALUES ('messages', 'update', NEW.session_id, NEW.idx); END;
+            CREATE TRIGGER audit_md AFTER DELETE ON messages
+                BEGIN INSERT INTO audit VALUES ('messages', 'delete', OLD.session_id, OLD.idx); END;
+            CREATE TRIGGER audit_si AFTER INSERT ON sessions
+                BEGIN INSERT INTO audit VALUES ('sessions', 'insert', NEW.session_id, NULL); END;
+            CREATE TRIGGER audit_su AFTER UPDATE ON sessions
+                BEGIN INSERT INTO audit VALUES ('sessions', 'update', NEW.session_id, NULL); END;
+            CREATE TRIGGER audit_sd AFTER DELETE ON sessions
+                BEGIN INSERT INTO audit VALUES ('sessions', 'delete', OLD.session_id, NULL); END;
+            """
+        )
+        rowids = conn.execute(
+            "SELECT rowid, session_id, idx FROM messages ORDER BY rowid"
+        ).fetchall()
+
+        def audit() -> list[tuple]:
+            rows = conn.execute("SELECT tbl, op, session_id, idx FROM audit ORDER BY rowid")
+            result = rows.fetchall()
+            conn.execute("DELETE FROM audit")
+            return result
+
+        await store.save("a", 500, turn(250))  # append turn 251 to a 500-message session
+        assert audit() == [
+            ("sessions", "update", "a", None),
+            ("messages", "insert", "a", 500),
+            ("messages", "insert", "a", 501),
+        ]
+        await store.save("a", 501, [UserMessage(content="redo", id="redo")])  # replace the last one
+        assert audit() == [
+            ("sessions", "update", "a", None),
+            ("messages", "delete", "a", 501),
+            ("messages", "insert", "a", 501),
+        ]
+        # Rows that existed before are the same physical rows.
+        now = conn.execute(
+            "SELECT rowid, session_id, idx FROM messages WHERE idx < 500 OR session_id = 'b' "
+            "ORDER BY rowid"
+        ).fetchall()
+        assert now == rowids
+        conn.close()
+        assert len((await store.load("a")).messages) == 502
+    finally:
+        await store.aclose()
