@@ -28,7 +28,11 @@ async def get_weather(city: str) -> dict[str, Any]:
     """
     h = zlib.crc32(city.lower().encode())
     conditions = ["sunny", "cloudy", "light rain", "windy", "clear skies"]
-    return {"city": city, "temperature_c": 8 + h % 20, "conditions": conditions[h % len(conditions)]}
+    return {
+        "city": city,
+        "temperature_c": 8 + h % 20,
+        "conditions": conditions[h % len(conditions)],
+    }
 
 
 @tool
@@ -43,7 +47,9 @@ def get_time(timezone: str = "UTC") -> str:
     else:
         sign = -1 if timezone.startswith("-") else 1
         hours, _, minutes = timezone.lstrip("+-").partition(":")
-        tz = datetime.timezone(sign * datetime.timedelta(hours=int(hours), minutes=int(minutes or 0)))
+        tz = datetime.timezone(
+            sign * datetime.timedelta(hours=int(hours), minutes=int(minutes or 0))
+        )
     return datetime.datetime.now(tz).replace(microsecond=0).isoformat()
 
 
@@ -59,13 +65,18 @@ def _respond(request: InferRequest) -> list[StreamChunk | str]:
         out = last.output
         if last.tool_name == "get_weather" and isinstance(out, dict):
             return [
-                ReasoningChunk(text="The tool answered; I will summarize it briefly.", provider="scripted"),
-                f"It is {out['temperature_c']}°C and {out['conditions']} in {out['city']} right now.",
+                ReasoningChunk(
+                    text="The tool answered; I will summarize it briefly.", provider="scripted"
+                ),
+                f"It is {out['temperature_c']}°C and {out['conditions']} "
+                f"in {out['city']} right now.",
             ]
         return [f"The current time is {out}."]
     if re.search(r"\b(time|clock|hour)\b", prompt, re.I):
         return [
-            ReasoningChunk(text="The user wants the time. I will call the clock tool.", provider="scripted"),
+            ReasoningChunk(
+                text="The user wants the time. I will call the clock tool.", provider="scripted"
+            ),
             *tool_call("get_time", {"timezone": "UTC"}, tool_call_id="call_time_1"),
         ]
     match = re.search(r"\b(?:in|at|for)\s+([A-Z][\w-]*(?:\s+[A-Z][\w-]*)*)", prompt)

@@ -83,18 +83,22 @@ class StreamController(Actor):
         cls = o.TextStart if kind == "text" else o.ReasoningStart
         out.append(self._chunk(cls, step=self._step, part_id=self._open_id))
 
-    def _translate(self, item: Any, out: list[Any]) -> None:  # noqa: C901 - a dispatch table
+    def _translate(self, item: Any, out: list[Any]) -> None:
         t = type(item)
         if t is TextChunk:
             if self._open_kind != "text":
                 self._open_part("text", out)
-            out.append(self._chunk(o.TextDelta, step=self._step, part_id=self._open_id, text=item.text))
+            out.append(
+                self._chunk(o.TextDelta, step=self._step, part_id=self._open_id, text=item.text)
+            )
         elif t is ReasoningChunk:
             if self._open_kind != "reasoning":
                 self._open_part("reasoning", out)
             if item.text:
                 out.append(
-                    self._chunk(o.ReasoningDelta, step=self._step, part_id=self._open_id, text=item.text)
+                    self._chunk(
+                        o.ReasoningDelta, step=self._step, part_id=self._open_id, text=item.text
+                    )
                 )
             if item.signature is not None or item.redacted_data is not None:
                 self._close_part(out)
@@ -112,7 +116,10 @@ class StreamController(Actor):
         elif t is ToolInputDeltaChunk:
             out.append(
                 self._chunk(
-                    o.ToolInputDelta, step=self._step, tool_call_id=item.tool_call_id, delta=item.delta
+                    o.ToolInputDelta,
+                    step=self._step,
+                    tool_call_id=item.tool_call_id,
+                    delta=item.delta,
                 )
             )
         elif t is ToolCallChunk:
@@ -155,11 +162,15 @@ class StreamController(Actor):
         elif t is StepEnd:
             self._close_part(out)
             out.append(
-                self._chunk(o.StepFinish, step=item.step, finish_reason=item.finish_reason, usage=item.usage)
+                self._chunk(
+                    o.StepFinish, step=item.step, finish_reason=item.finish_reason, usage=item.usage
+                )
             )
         elif t is TurnBegin:
             self._turn_id = item.turn_id
-            self._consumer = Batcher(item.consumer, item.turn_id) if item.consumer is not None else None
+            self._consumer = (
+                Batcher(item.consumer, item.turn_id) if item.consumer is not None else None
+            )
             self._open_kind = None
             self._step = 0
             out.append(self._chunk(o.Start, message_id=item.message_id))
@@ -170,7 +181,9 @@ class StreamController(Actor):
             elif item.abort_reason is not None:
                 out.append(self._chunk(o.Abort, reason=item.abort_reason))
             else:
-                out.append(self._chunk(o.Finish, finish_reason=item.finish_reason, usage=item.usage))
+                out.append(
+                    self._chunk(o.Finish, finish_reason=item.finish_reason, usage=item.usage)
+                )
             self._ending = True
         # Usage, finish and provider-data chunks carry nothing the UI stream shows.
 

@@ -185,7 +185,7 @@ class TurnRunner(Actor):
 
     # -- one turn -----------------------------------------------------------------------
 
-    async def run_turn(self, run: RunTurn) -> None:  # noqa: C901 - the loop reads best whole
+    async def run_turn(self, run: RunTurn) -> None:
         state, agent, budget = self.state, self.agent, self.agent.budget
         sid = state.session_id
         turn_id = new_id("turn")
@@ -206,7 +206,6 @@ class TurnRunner(Actor):
         error: ErrorInfo | None = None
         abort_reason: str | None = None
         budget_name: str | None = None
-        last_save: SaveRequest | None = None
 
         def snapshot(interrupted: bool = False) -> None:
             state.messages[a_index] = AssistantMessage(
@@ -230,7 +229,9 @@ class TurnRunner(Actor):
             scope.deadline = trio.current_time() + budget.deadline
         run.stream.bind_scope(scope)
         try:
-            await ctrl.send(TurnBegin(turn_id=turn_id, message_id=assistant.id, consumer=run.consumer))
+            await ctrl.send(
+                TurnBegin(turn_id=turn_id, message_id=assistant.id, consumer=run.consumer)
+            )
             await self._announce(
                 ev.TurnStarted(session_id=sid, turn_id=turn_id, agent=agent.name, input=run.input),
                 agent.hooks.on_turn_start,
@@ -264,7 +265,9 @@ class TurnRunner(Actor):
                             results[call.tool_call_id] = msg
                             state.messages.append(msg)
                     snapshot()
-                    await ctrl.send(StepEnd(step=step, finish_reason=result.finish, usage=result.usage))
+                    await ctrl.send(
+                        StepEnd(step=step, finish_reason=result.finish, usage=result.usage)
+                    )
                     await self._announce(
                         ev.StepFinished(
                             session_id=sid,
@@ -277,11 +280,14 @@ class TurnRunner(Actor):
                     )
                     await self._announce(
                         ev.MessageAdded(
-                            session_id=sid, turn_id=turn_id, index=a_index, message=state.messages[a_index]
+                            session_id=sid,
+                            turn_id=turn_id,
+                            index=a_index,
+                            message=state.messages[a_index],
                         ),
                         agent.hooks.on_message_added,
                     )
-                    last_save = save(step)
+                    save(step)
                     step += 1
                     self._check_tokens(usage)
                     if result.calls and over:
@@ -300,23 +306,68 @@ class TurnRunner(Actor):
         except trio.Cancelled:
             finish_reason, abort_reason = "aborted", "host shutdown"
             await self._finish_turn(
-                run, turn_id, parts, builder, results, a_index, snapshot, save, ctrl,
-                usage, step, finish_reason, None, abort_reason, None,
+                run,
+                turn_id,
+                parts,
+                builder,
+                results,
+                a_index,
+                snapshot,
+                save,
+                ctrl,
+                usage,
+                step,
+                finish_reason,
+                None,
+                abort_reason,
+                None,
             )
             raise
         except Exception as exc:
             error = _error_info(exc)
             finish_reason = "error"
-            self._log.error("turn.failed", session_id=sid, turn_id=turn_id, error=error.message,
-                            error_kind=error.kind)
+            self._log.error(
+                "turn.failed",
+                session_id=sid,
+                turn_id=turn_id,
+                error=error.message,
+                error_kind=error.kind,
+            )
         await self._finish_turn(
-            run, turn_id, parts, builder, results, a_index, snapshot, save, ctrl,
-            usage, step, finish_reason, error, abort_reason, budget_name,
+            run,
+            turn_id,
+            parts,
+            builder,
+            results,
+            a_index,
+            snapshot,
+            save,
+            ctrl,
+            usage,
+            step,
+            finish_reason,
+            error,
+            abort_reason,
+            budget_name,
         )
 
     async def _finish_turn(
-        self, run, turn_id, parts, builder, results, a_index, snapshot, save, ctrl,
-        usage, step, finish_reason, error, abort_reason, budget_name,
+        self,
+        run,
+        turn_id,
+        parts,
+        builder,
+        results,
+        a_index,
+        snapshot,
+        save,
+        ctrl,
+        usage,
+        step,
+        finish_reason,
+        error,
+        abort_reason,
+        budget_name,
     ) -> None:
         """Close the turn whatever happened: seal parts, pair every call with a result,
         tell the controller, save (shielded, bounded) and hand the result over."""
@@ -369,8 +420,9 @@ class TurnRunner(Actor):
                         usage=usage,
                         steps=step,
                         message=state.messages[a_index],
-                        tool_messages=tuple(results[p.tool_call_id] for p in parts
-                                            if isinstance(p, ToolCallPart)),
+                        tool_messages=tuple(
+                            results[p.tool_call_id] for p in parts if isinstance(p, ToolCallPart)
+                        ),
                         error=error,
                         abort_reason=abort_reason,
                         budget=budget_name,
@@ -404,9 +456,15 @@ class TurnRunner(Actor):
                         error=_error_info(exc),
                     )
                 )
-                self._log.warning("provider.retry", session_id=self.state.session_id,
-                                  turn_id=turn_id, step=step, attempt=attempt, delay=delay,
-                                  error=str(exc))
+                self._log.warning(
+                    "provider.retry",
+                    session_id=self.state.session_id,
+                    turn_id=turn_id,
+                    step=step,
+                    attempt=attempt,
+                    delay=delay,
+                    error=str(exc),
+                )
                 await trio.sleep(delay)
 
     async def _call_once(
@@ -471,7 +529,9 @@ class TurnRunner(Actor):
                         result.produced = True
                     elif t is ProviderDataChunk:
                         builder.close()
-                        parts.append(ProviderDataPart(provider=chunk.provider, data=chunk.data, step=step))
+                        parts.append(
+                            ProviderDataPart(provider=chunk.provider, data=chunk.data, step=step)
+                        )
                         result.produced = True
                     elif t is UsageChunk:
                         result.usage = chunk.usage
@@ -523,16 +583,23 @@ class TurnRunner(Actor):
             elif call.input_error is not None:
                 refusal = call.input_error
             elif budget.max_tool_calls is not None and used >= budget.max_tool_calls:
-                refusal = f"the tool call was not executed: budget max_tool_calls={budget.max_tool_calls} reached"
+                refusal = (
+                    "the tool call was not executed: budget "
+                    f"max_tool_calls={budget.max_tool_calls} reached"
+                )
                 over = True
             if refusal is not None:
                 outcomes.append(
-                    ToolOutcome(tool_call_id=call.tool_call_id, tool_name=call.tool_name, error=refusal)
+                    ToolOutcome(
+                        tool_call_id=call.tool_call_id, tool_name=call.tool_name, error=refusal
+                    )
                 )
             else:
                 used += 1
                 runnable.append(
-                    ToolCallSpec(tool_call_id=call.tool_call_id, tool_name=call.tool_name, input=call.input)
+                    ToolCallSpec(
+                        tool_call_id=call.tool_call_id, tool_name=call.tool_name, input=call.input
+                    )
                 )
         for oc in outcomes:
             await self._tool_done(turn_id, step, oc, ctrl)
@@ -614,4 +681,6 @@ def _with_parts(messages: tuple[Any, ...], parts: list[Part]) -> tuple[Any, ...]
 def _error_info(exc: BaseException) -> ErrorInfo:
     if isinstance(exc, AxonError):
         return ErrorInfo(kind=exc.kind, message=str(exc) or exc.kind, retryable=exc.retryable)
-    return ErrorInfo(kind=type(exc).__name__, message=str(exc) or type(exc).__name__, retryable=False)
+    return ErrorInfo(
+        kind=type(exc).__name__, message=str(exc) or type(exc).__name__, retryable=False
+    )

@@ -153,9 +153,7 @@ class Supervisor:
                 while crashes and now - crashes[0] > policy.period:
                     crashes.popleft()
                 err = f"{type(exc).__name__}: {exc}"
-                log.error(
-                    "actor.crashed", actor=actor.name, session_id=actor.session_id, error=err
-                )
+                log.error("actor.crashed", actor=actor.name, session_id=actor.session_id, error=err)
                 await self._publish(
                     ActorCrashed(
                         actor=actor.name,

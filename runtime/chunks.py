@@ -19,7 +19,14 @@ import attrs
 FinishReason = Literal["stop", "tool-calls", "length", "content-filter", "error", "other"]
 """The unified finish reasons every provider maps onto."""
 
-FINISH_REASONS: tuple[str, ...] = ("stop", "tool-calls", "length", "content-filter", "error", "other")
+FINISH_REASONS: tuple[str, ...] = (
+    "stop",
+    "tool-calls",
+    "length",
+    "content-filter",
+    "error",
+    "other",
+)
 
 
 @attrs.frozen(kw_only=True, slots=True)

@@ -34,8 +34,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--store", default=None, help="SQLite file to save the session in")
     run.add_argument("--session", default=None, help="session id (resumes a stored session)")
     run.add_argument("--instructions", default=None, help="system prompt")
-    run.add_argument("--delay", type=float, default=None,
-                     help="scripted demo: seconds between chunks (default 0.02 on a terminal)")
+    run.add_argument(
+        "--delay",
+        type=float,
+        default=None,
+        help="scripted demo: seconds between chunks (default 0.02 on a terminal)",
+    )
     run.add_argument("--log-level", default="warning", help="structlog level on stderr")
     return parser
 
@@ -45,12 +49,18 @@ def make_agent(args: argparse.Namespace) -> Any:
     from runtime.agent import Agent
 
     if args.provider == "scripted":
-        delay = args.delay if args.delay is not None else (0.02 if sys.stdout.isatty() and not args.jsonl else 0.0)
+        delay = (
+            args.delay
+            if args.delay is not None
+            else (0.02 if sys.stdout.isatty() and not args.jsonl else 0.0)
+        )
         return demo_agent(delay=delay)
     if args.provider == "openai":
         from actors.providers import OpenAIProvider
 
-        provider = OpenAIProvider(args.model or "gpt-4o-mini", base_url=args.base_url, api_key=args.api_key)
+        provider = OpenAIProvider(
+            args.model or "gpt-4o-mini", base_url=args.base_url, api_key=args.api_key
+        )
     else:
         from actors.providers import AnthropicProvider
 

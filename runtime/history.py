@@ -43,7 +43,9 @@ def repair(messages: Sequence[Message]) -> list[Message]:
             out.append(msg)
             i += 1
             continue
-        parts = tuple(p for p in msg.content if not (isinstance(p, TextPart) and not p.text.strip()))
+        parts = tuple(
+            p for p in msg.content if not (isinstance(p, TextPart) and not p.text.strip())
+        )
         assistant = msg if len(parts) == len(msg.content) else attrs.evolve(msg, content=parts)
         out.append(assistant)
         calls = {p.tool_call_id: p for p in parts if isinstance(p, ToolCallPart)}
@@ -59,7 +61,10 @@ def repair(messages: Sequence[Message]) -> list[Message]:
             out.append(
                 results.get(call_id)
                 or ToolMessage(
-                    tool_call_id=call_id, tool_name=call.tool_name, step=call.step, error=INTERRUPTED
+                    tool_call_id=call_id,
+                    tool_name=call.tool_name,
+                    step=call.step,
+                    error=INTERRUPTED,
                 )
             )
     return out

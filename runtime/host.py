@@ -40,7 +40,9 @@ def validate_session_id(session_id: str) -> str:
 class Host:
     """Hosts sessions. Create with :meth:`Host.open`."""
 
-    def __init__(self, nursery: trio.Nursery, *, store: Any, bus: Bus, supervisor: Supervisor) -> None:
+    def __init__(
+        self, nursery: trio.Nursery, *, store: Any, bus: Bus, supervisor: Supervisor
+    ) -> None:
         self.nursery = nursery
         self.store = store
         self.bus = bus
@@ -62,15 +64,23 @@ class Host:
     ) -> AsyncIterator[Host]:
         """Start a host. ``store`` is a path (an SQLite file, created if missing), a
         ``Store``, or ``None`` for memory."""
+        import structlog
+
         from actors.persister import Persister
         from actors.stores import open_store
         from actors.tool_executor import ToolExecutor
 
+        if not structlog.is_configured():  # quiet JSON on stderr unless the app configured it
+            from runtime.logging import configure_logging
+
+            configure_logging("warning")
         the_store = await open_store(store)
         bus = Bus()
         try:
             async with trio.open_nursery() as nursery:
-                host = cls(nursery, store=the_store, bus=bus, supervisor=Supervisor(bus, restart_policy))
+                host = cls(
+                    nursery, store=the_store, bus=bus, supervisor=Supervisor(bus, restart_policy)
+                )
                 host.persister = await host.start_actor(Persister(the_store))
                 host.tool_executor = await host.start_actor(ToolExecutor())
                 if log_tap:
@@ -91,8 +101,11 @@ class Host:
     async def start_actor(self, actor: Actor, *, policy: RestartPolicy | None = None) -> Any:
         """Run ``actor`` under the host's supervisor; returns it once started."""
         self._actors.append(actor)
-        await self.nursery.start(lambda task_status: self.supervisor.supervise(
-            actor, policy=policy, task_status=task_status))
+        await self.nursery.start(
+            lambda task_status: self.supervisor.supervise(
+                actor, policy=policy, task_status=task_status
+            )
+        )
         return actor
 
     async def provider_actor(self, provider: Any) -> Actor:

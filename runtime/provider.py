@@ -32,7 +32,9 @@ class Provider(Actor):
     provider_name: ClassVar[str] = "provider"
     inbox_capacity: ClassVar[int] = 1024
 
-    def __init__(self, *, model: str = "", max_concurrency: int | None = None, name: str | None = None) -> None:
+    def __init__(
+        self, *, model: str = "", max_concurrency: int | None = None, name: str | None = None
+    ) -> None:
         super().__init__(name=name or f"{self.provider_name}:{model}" if model else name)
         self.model = model
         self.max_concurrency = max_concurrency

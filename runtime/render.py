@@ -34,7 +34,7 @@ class TerminalRenderer:
             self.console.print(Text(text, style=style or ""), end="", soft_wrap=True)
             self._at_line_start = text.endswith("\n")
 
-    def render(self, chunk: Any) -> None:  # noqa: C901 - one branch per chunk type
+    def render(self, chunk: Any) -> None:
         t = chunk.type
         if t == "reasoning-start":
             self._newline()
@@ -56,16 +56,23 @@ class TerminalRenderer:
             self._newline()
             args = json.dumps(self._inputs.get(chunk.tool_call_id, {}), ensure_ascii=False)
             if t == "tool-result":
-                body = Text.assemble(("input  ", "bold"), args, "\n", ("result ", "bold green"),
-                                     _fmt(chunk.output))
+                body = Text.assemble(
+                    ("input  ", "bold"), args, "\n", ("result ", "bold green"), _fmt(chunk.output)
+                )
                 border = "green"
             else:
-                body = Text.assemble(("input  ", "bold"), args, "\n", ("error  ", "bold red"),
-                                     chunk.error)
+                body = Text.assemble(
+                    ("input  ", "bold"), args, "\n", ("error  ", "bold red"), chunk.error
+                )
                 border = "red"
             self.console.print(
-                Panel(body, title=f"tool · {chunk.tool_name}", title_align="left",
-                      border_style=border, expand=False)
+                Panel(
+                    body,
+                    title=f"tool · {chunk.tool_name}",
+                    title_align="left",
+                    border_style=border,
+                    expand=False,
+                )
             )
         elif t == "step-finish":
             self._newline()
@@ -73,8 +80,10 @@ class TerminalRenderer:
             self._newline()
             u = chunk.usage
             self.console.print(
-                Text(f"[{chunk.finish_reason} · {u.input_tokens} in / {u.output_tokens} out tokens]",
-                     style="dim")
+                Text(
+                    f"[{chunk.finish_reason} · {u.input_tokens} in / {u.output_tokens} out tokens]",
+                    style="dim",
+                )
             )
         elif t == "error":
             self._newline()

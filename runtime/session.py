@@ -96,7 +96,9 @@ class TurnStream:
         state.busy = True
         self.session.current = self
         try:
-            await self.session.runner.send(RunTurn(input=self.input, consumer=self._inbox, stream=self))
+            await self.session.runner.send(
+                RunTurn(input=self.input, consumer=self._inbox, stream=self)
+            )
         except BaseException:
             state.busy = False
             self.session.current = None

@@ -27,14 +27,33 @@ def partition(pieces: list[str], tags=(("<think>", "</think>"),)) -> list[tuple[
 def chunkings(text: str):
     """Split ``text`` at arbitrary cut points."""
     return st.lists(st.integers(0, len(text)), max_size=12).map(
-        lambda cuts: [text[a:b] for a, b in zip([0, *sorted(cuts)], [*sorted(cuts), len(text)],
-                                                strict=True)]
+        lambda cuts: [
+            text[a:b] for a, b in zip([0, *sorted(cuts)], [*sorted(cuts), len(text)], strict=True)
+        ]
     )
 
 
 fragments = st.lists(
-    st.sampled_from(["<think>", "</think>", "<", ">", "<th", "ink>", "/", "a", "b c", "\n", "é",
-                     "<thinking>", "</thinking>", "<think", "think>", " "]),
+    st.sampled_from(
+        [
+            "<think>",
+            "</think>",
+            "<",
+            ">",
+            "<th",
+            "ink>",
+            "/",
+            "a",
+            "b c",
+            "\n",
+            "é",
+            "<thinking>",
+            "</thinking>",
+            "<think",
+            "think>",
+            " ",
+        ]
+    ),
     max_size=20,
 ).map("".join)
 
@@ -77,8 +96,12 @@ def test_chunked_partition_matches_a_character_by_character_reference(data, text
     assert partition(pieces) == reference(text)
 
 
-@given(st.data(), st.sampled_from([("<think>", "</think>"), ("<thinking>", "</thinking>")]),
-       st.text(alphabet="ab <>/\n", max_size=20), st.text(alphabet="ab <>\n", max_size=20))
+@given(
+    st.data(),
+    st.sampled_from([("<think>", "</think>"), ("<thinking>", "</thinking>")]),
+    st.text(alphabet="ab <>/\n", max_size=20),
+    st.text(alphabet="ab <>\n", max_size=20),
+)
 def test_configured_tag_splits_reasoning_from_text_at_any_cut(data, tags, reasoning, answer):
     open_, close = tags
     reasoning = reasoning.replace(close, "")
@@ -96,11 +119,17 @@ def test_configured_tag_splits_reasoning_from_text_at_any_cut(data, tags, reason
 
 
 def test_tag_cut_mid_word_does_not_leak_reasoning_into_text():
-    assert partition(["<thi", "nk>secret</th", "ink>answer"]) == [(True, "secret"), (False, "answer")]
+    assert partition(["<thi", "nk>secret</th", "ink>answer"]) == [
+        (True, "secret"),
+        (False, "answer"),
+    ]
 
 
 def test_unclosed_tag_at_end_of_stream_is_reasoning():
-    assert partition(["before <think>still thinking"]) == [(False, "before "), (True, "still thinking")]
+    assert partition(["before <think>still thinking"]) == [
+        (False, "before "),
+        (True, "still thinking"),
+    ]
 
 
 def test_empty_think_block_produces_no_part():
@@ -134,4 +163,6 @@ async def test_engine_splits_tags_inside_a_scripted_turn():
             types = [c.type async for c in out]
     parts = session.messages[1].content
     assert parts == (ReasoningPart(text="plan", step=0), TextPart(text="answer", step=0))
-    assert "reasoning-delta" in types and types.index("reasoning-finish") < types.index("text-start")
+    assert "reasoning-delta" in types and types.index("reasoning-finish") < types.index(
+        "text-start"
+    )

@@ -14,8 +14,10 @@ from runtime.chunks import Usage
 from runtime.output import ErrorInfo
 
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers(-10**6, 10**6) | st.text(max_size=8),
-    lambda kids: st.lists(kids, max_size=3) | st.dictionaries(st.text(max_size=5), kids, max_size=3),
+    st.none() | st.booleans() | st.integers(-(10**6), 10**6) | st.text(max_size=8),
+    lambda kids: (
+        st.lists(kids, max_size=3) | st.dictionaries(st.text(max_size=5), kids, max_size=3)
+    ),
     max_leaves=6,
 )
 
@@ -36,7 +38,9 @@ def _strategy_for(tp: typing.Any) -> st.SearchStrategy:
     if tp is bool:
         return st.booleans()
     if tp is Usage:
-        return st.builds(Usage, input_tokens=st.integers(0, 99), cache_read=st.none() | st.integers(0, 9))
+        return st.builds(
+            Usage, input_tokens=st.integers(0, 99), cache_read=st.none() | st.integers(0, 9)
+        )
     if tp is ErrorInfo:
         return st.builds(ErrorInfo, kind=st.text(max_size=5), message=st.text(max_size=5))
     if tp is messages.Message or tp in _MESSAGES:
@@ -54,8 +58,14 @@ def _strategy_for(tp: typing.Any) -> st.SearchStrategy:
 
 def _builds(cls: type) -> st.SearchStrategy:
     hints = typing.get_type_hints(cls)
-    return st.builds(cls, **{f.name: _strategy_for(hints[f.name]) for f in attrs.fields(cls)
-                             if f.init and f.name != "id"})
+    return st.builds(
+        cls,
+        **{
+            f.name: _strategy_for(hints[f.name])
+            for f in attrs.fields(cls)
+            if f.init and f.name != "id"
+        },
+    )
 
 
 def _sample_parts():
@@ -118,8 +128,13 @@ def test_a_whole_history_round_trips_as_one_list():
 
 def test_parts_serialize_with_type_and_step():
     data = serde.unstructure(_sample_parts()[3])
-    assert data == {"type": "tool-call", "tool_call_id": "c", "tool_name": "t",
-                    "input": {"a": [1, None]}, "step": 2}
+    assert data == {
+        "type": "tool-call",
+        "tool_call_id": "c",
+        "tool_name": "t",
+        "input": {"a": [1, None]},
+        "step": 2,
+    }
 
 
 def test_unknown_tag_is_a_clear_error():

@@ -77,9 +77,15 @@ async def test_three_step_turn_makes_one_assistant_message_with_steps_0_1_2():
 async def test_output_stream_carries_tool_call_and_result_in_its_step():
     agent = Agent(provider=ScriptedProvider(THREE_STEPS), tools=[lookup])
     chunks, _, _ = await run(agent)
-    calls = [(c.type, c.step, c.tool_call_id) for c in chunks if c.type in ("tool-call", "tool-result")]
-    assert calls == [("tool-call", 0, "A"), ("tool-result", 0, "A"), ("tool-call", 1, "B"),
-                     ("tool-result", 1, "B")]
+    calls = [
+        (c.type, c.step, c.tool_call_id) for c in chunks if c.type in ("tool-call", "tool-result")
+    ]
+    assert calls == [
+        ("tool-call", 0, "A"),
+        ("tool-result", 0, "A"),
+        ("tool-call", 1, "B"),
+        ("tool-result", 1, "B"),
+    ]
 
 
 async def test_part_ids_are_unique_across_steps_even_when_provider_restarts_indexes():
@@ -131,7 +137,9 @@ async def test_deltas_go_out_as_they_arrive_not_after_the_step(autojump_clock):
 
 async def test_max_steps_budget_ends_the_turn_with_finish_reason_budget():
     looping = [*tool_call("lookup", {"key": "k"}, tool_call_id="L")]
-    agent = Agent(provider=ScriptedProvider([looping] * 5), tools=[lookup], budget=Budget(max_steps=2))
+    agent = Agent(
+        provider=ScriptedProvider([looping] * 5), tools=[lookup], budget=Budget(max_steps=2)
+    )
     chunks, result, messages = await run(agent)
     assert result.finish_reason == "budget" and result.budget == "max_steps"
     assert result.steps == 2
@@ -141,10 +149,13 @@ async def test_max_steps_budget_ends_the_turn_with_finish_reason_budget():
 
 
 async def test_max_tool_calls_budget_refuses_calls_past_it():
-    step0 = [*tool_call("lookup", {"key": "1"}, tool_call_id="c1"),
-             *tool_call("lookup", {"key": "2"}, tool_call_id="c2")]
-    agent = Agent(provider=ScriptedProvider([step0, ["x"]]), tools=[lookup],
-                  budget=Budget(max_tool_calls=1))
+    step0 = [
+        *tool_call("lookup", {"key": "1"}, tool_call_id="c1"),
+        *tool_call("lookup", {"key": "2"}, tool_call_id="c2"),
+    ]
+    agent = Agent(
+        provider=ScriptedProvider([step0, ["x"]]), tools=[lookup], budget=Budget(max_tool_calls=1)
+    )
     _, result, messages = await run(agent)
     tools = [m for m in messages if isinstance(m, ToolMessage)]
     assert tools[0].output == "value of 1"
@@ -162,7 +173,12 @@ async def test_second_turn_continues_the_same_history():
     assert (first.text, second.text) == ("hello", "again")
     assert [m.role for m in session.messages] == ["user", "assistant", "user", "assistant"]
     # the second request carried the whole first turn
-    assert [m.role for m in provider.requests[1].messages] == ["user", "assistant", "user", "assistant"]
+    assert [m.role for m in provider.requests[1].messages] == [
+        "user",
+        "assistant",
+        "user",
+        "assistant",
+    ]
 
 
 async def test_hooks_see_turn_step_message_and_tool_events_in_order():
@@ -173,17 +189,28 @@ async def test_hooks_see_turn_step_message_and_tool_events_in_order():
     async def record(event):
         seen.append(event.kind)
 
-    hooks = Hooks(on_turn_start=record, on_turn_finish=record, on_step_start=record,
-                  on_step_finish=record, on_message_added=record, on_tool_call=record,
-                  on_tool_result=record)
+    hooks = Hooks(
+        on_turn_start=record,
+        on_turn_finish=record,
+        on_step_start=record,
+        on_step_finish=record,
+        on_message_added=record,
+        on_tool_call=record,
+        on_tool_result=record,
+    )
     steps = [[*tool_call("lookup", {"key": "a"}, tool_call_id="A")], ["ok"]]
     agent = Agent(provider=ScriptedProvider(steps), tools=[lookup], hooks=hooks)
     await run(agent)
     assert seen == [
         "turn.started",
-        "step.started", "tool.call-requested", "tool.call-completed", "step.finished",
+        "step.started",
+        "tool.call-requested",
+        "tool.call-completed",
+        "step.finished",
         "message.added",
-        "step.started", "step.finished", "message.added",
+        "step.started",
+        "step.finished",
+        "message.added",
         "turn.finished",
     ]
 

@@ -53,8 +53,9 @@ Step = Sequence[StreamChunk | str | BaseException | Sleep]
 Responder = Callable[[InferRequest], Step]
 
 
-def tool_call(tool_name: str, input: dict[str, Any], *, tool_call_id: str | None = None,
-              pieces: int = 3) -> list[StreamChunk]:
+def tool_call(
+    tool_name: str, input: dict[str, Any], *, tool_call_id: str | None = None, pieces: int = 3
+) -> list[StreamChunk]:
     """The chunks of one streamed tool call: start, ``pieces`` input deltas, the call."""
     import json
 
@@ -166,7 +167,8 @@ class ScriptedProvider(Provider):
                 await emit(chunk)
         if not finished:
             usage = self.usage or Usage(
-                input_tokens=10, output_tokens=max(1, produced // 4),
+                input_tokens=10,
+                output_tokens=max(1, produced // 4),
                 total_tokens=10 + max(1, produced // 4),
             )
             await emit(UsageChunk(usage=usage))

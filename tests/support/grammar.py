@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 
@@ -17,7 +18,7 @@ def check_grammar(chunks: list[Any], *, ending: str = "finish") -> None:
     assert types[0] == "start", types[:3]
     assert types[-1] == ending, types[-3:]
     seqs = [_get(c, "seq") for c in chunks]
-    assert all(b > a for a, b in zip(seqs, seqs[1:], strict=False)), "seq must strictly increase"
+    assert all(b > a for a, b in itertools.pairwise(seqs)), "seq must strictly increase"
     in_step = False
     open_part: str | None = None
     seen_parts: set[str] = set()

@@ -8,6 +8,7 @@ mid-body, or stall, to inject faults.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -99,10 +100,16 @@ async def _handle(stream: trio.SocketStream, server: LoopbackServer) -> None:
                     body=bytes(body),
                 )
             )
-            reply = server.replies.pop(0) if server.replies else Reply(status=500, body=b"no reply scripted")
+            reply = (
+                server.replies.pop(0)
+                if server.replies
+                else Reply(status=500, body=b"no reply scripted")
+            )
             headers = [("content-type", reply.content_type), ("connection", "close")]
             headers += list(reply.headers)
-            await stream.send_all(conn.send(h11.Response(status_code=reply.status, headers=headers)))
+            await stream.send_all(
+                conn.send(h11.Response(status_code=reply.status, headers=headers))
+            )
             if reply.stall:
                 await trio.sleep(reply.stall)
             payload = reply.body if reply.drop_after is None else reply.body[: reply.drop_after]
@@ -126,9 +133,7 @@ async def loopback_server(*replies: Reply) -> AsyncIterator[LoopbackServer]:
     """Serve ``replies`` in order on 127.0.0.1; yields the server (``.url``, ``.requests``)."""
     async with trio.open_nursery() as nursery:
         listeners = await nursery.start(
-            lambda task_status: trio.serve_tcp(
-                lambda s: _handle(s, server), 0, host="127.0.0.1", task_status=task_status
-            )
+            functools.partial(trio.serve_tcp, lambda s: _handle(s, server), 0, host="127.0.0.1")
         )
         port = listeners[0].socket.getsockname()[1]
         server = LoopbackServer(url=f"http://127.0.0.1:{port}", replies=list(replies))

@@ -1,0 +1,166 @@
+"""The bus routes by type and session; observers never stall agents; crashes restart."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+
+from actors.providers.scripted import ScriptedProvider, tool_call
+from runtime import Actor, Agent, Bus, Host, Inbox, RestartPolicy, tool
+from runtime import events as ev
+from runtime import output as o
+from runtime.chunks import Usage
+
+
+def started(session_id: str) -> ev.StepStarted:
+    return ev.StepStarted(session_id=session_id, turn_id="t", step=0)
+
+
+async def test_bus_routes_by_event_type_and_session():
+    bus = Bus()
+    steps_s1 = bus.subscribe([ev.StepStarted], session_id="s1")
+    everything = bus.subscribe(None)
+    bus.publish_nowait(started("s1"))
+    bus.publish_nowait(started("s2"))
+    bus.publish_nowait(
+        ev.StepFinished(session_id="s1", turn_id="t", step=0, finish_reason="stop", usage=Usage())
+    )
+    assert [e.session_id for e in _drain(steps_s1.inbox)] == ["s1"]
+    assert len(_drain(everything.inbox)) == 3
+
+
+async def test_publishing_with_no_subscriber_reaches_nobody():
+    bus = Bus()
+    assert not bus.wants(o.TextDelta, "s1")
+    sub = bus.subscribe([ev.TurnStarted])
+    assert not bus.wants(o.TextDelta, "s1") and bus.wants(ev.TurnStarted, "s1")
+    sub.close()
+    assert not bus.wants(ev.TurnStarted, "s1")
+
+
+async def test_drop_oldest_keeps_the_newest_and_reports_how_many_were_lost():
+    bus = Bus()
+    sub = bus.subscribe([ev.StepStarted], policy="drop-oldest", capacity=2, name="slow")
+    for i in range(5):
+        bus.publish_nowait(ev.StepStarted(session_id="s", turn_id="t", step=i))
+    first = await sub.inbox.get()
+    assert isinstance(first, ev.Lagged) and first.dropped == 3 and first.subscriber == "slow"
+    assert [(await sub.inbox.get()).step for _ in range(2)] == [3, 4]
+
+
+async def test_block_policy_makes_the_publisher_wait_for_room():
+    bus = Bus()
+    sub = bus.subscribe([ev.StepStarted], policy="block", capacity=1)
+    await bus.publish(started("s"))
+    with trio.move_on_after(0.01) as scope:
+        await bus.publish(started("s"))
+    assert scope.cancelled_caught
+    with pytest.raises(trio.WouldBlock):
+        bus.publish_nowait(started("s"))
+    await sub.inbox.get()
+    await bus.publish(started("s"))
+
+
+def _drain(inbox: Inbox) -> list:
+    out = []
+    while True:
+        try:
+            out.append(inbox.get_nowait())
+        except trio.WouldBlock:
+            return out
+
+
+@tool
+async def echo(text: str) -> str:
+    """Echo."""
+    return text
+
+
+def two_step_agent() -> Agent:
+    steps = [[*tool_call("echo", {"text": "hi"}, tool_call_id="E")], ["done"]]
+    return Agent(provider=ScriptedProvider(steps), tools=[echo])
+
+
+class CrashingObserver(Actor):
+    """Crashes on the first two events it sees, then records the rest."""
+
+    subscribes_to = (ev.StepStarted, ev.TurnFinished)
+    overflow = "drop-oldest"
+
+    def __init__(self) -> None:
+        super().__init__(name="crashy")
+        self.crashes_left = 2
+        self.seen: list[str] = []
+
+    async def handle(self, message) -> None:
+        if self.crashes_left:
+            self.crashes_left -= 1
+            raise RuntimeError("observer bug")
+        self.seen.append(message.kind)
+
+
+async def test_crashing_observer_is_restarted_and_the_turn_still_completes():
+    watcher_events: list = []
+    async with Host.open(log_tap=False) as host:
+        watch = host.bus.subscribe([ev.ActorCrashed, ev.ActorRestarted], name="watch")
+        observer = await host.start_actor(CrashingObserver(), policy=RestartPolicy(intensity=5))
+        session = await host.open_session(two_step_agent())
+        result = await session.run("go")
+        await trio.sleep(0.1)
+        watcher_events = _drain(watch.inbox)
+    assert result.finish_reason == "stop" and result.text == "done"
+    kinds = [e.kind for e in watcher_events]
+    assert kinds.count("actor.crashed") == 2 and kinds.count("actor.restarted") == 2
+    assert all(e.actor == "crashy" for e in watcher_events)
+    assert observer.seen == ["turn.finished"]  # it handled what came after its restarts
+
+
+async def test_actor_past_its_restart_intensity_gives_up_and_says_so():
+    class AlwaysCrashes(Actor):
+        async def handle(self, message):
+            raise ValueError("nope")
+
+    async with Host.open(log_tap=False) as host:
+        watch = host.bus.subscribe([ev.ActorGaveUp])
+        actor = await host.start_actor(
+            AlwaysCrashes(name="doomed"), policy=RestartPolicy(intensity=1, period=60)
+        )
+        for _ in range(3):
+            try:
+                await actor.send("boom")
+            except trio.ClosedResourceError:
+                break
+        await actor.stopped.wait()
+        gave_up = _drain(watch.inbox)
+    assert [e.actor for e in gave_up] == ["doomed"]
+    assert actor.inbox.closed
+
+
+class SlowObserver(Actor):
+    subscribes_to = Actor.ALL
+    overflow = "drop-oldest"
+    inbox_capacity = 4
+
+    def __init__(self) -> None:
+        super().__init__(name="slow-ui")
+        self.handled = 0
+        self.lagged = 0
+
+    async def handle(self, message) -> None:
+        if isinstance(message, ev.Lagged):
+            self.lagged += message.dropped
+        self.handled += 1
+        await trio.sleep(10)
+
+
+async def test_slow_drop_oldest_observer_never_delays_the_turn(autojump_clock):
+    async with Host.open(log_tap=False) as host:
+        slow = await host.start_actor(SlowObserver())
+        session = await host.open_session(two_step_agent())
+        t0 = trio.current_time()
+        result = await session.run("go")
+        elapsed = trio.current_time() - t0
+        await trio.sleep(25)
+    assert result.finish_reason == "stop"
+    assert elapsed == 0  # the observer sleeps 10 s per event; the turn never waited
+    assert slow.lagged > 0  # and it was told what it missed

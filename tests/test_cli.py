@@ -1,0 +1,91 @@
+"""``python -m runtime run``: the demo's JSON lines obey the grammar; the terminal render."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from rich.console import Console
+
+from runtime.render import TerminalRenderer
+from tests.support.grammar import check_grammar
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "runtime", "run", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
+
+
+def test_demo_jsonl_obeys_the_output_grammar():
+    proc = run_cli("--jsonl", "What's the weather in Paris?")
+    assert proc.returncode == 0, proc.stderr
+    chunks = [json.loads(line) for line in proc.stdout.splitlines()]
+    check_grammar(chunks)
+    types = [c["type"] for c in chunks]
+    assert "reasoning-delta" in types and "tool-call" in types
+    result = next(c for c in chunks if c["type"] == "tool-result")
+    assert result["tool_name"] == "get_weather" and result["output"]["city"] == "Paris"
+    assert [c["step"] for c in chunks if c["type"] == "step-start"] == [0, 1]
+    assert chunks[-1]["finish_reason"] == "stop"
+
+
+def test_demo_renders_reasoning_tool_card_and_answer():
+    proc = run_cli("Weather in Oslo?")
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "thinking: The user asks about the weather in Oslo" in out
+    assert "tool · get_weather" in out and '"city": "Oslo"' in out
+    assert "in Oslo right now." in out
+
+
+def test_clock_prompt_calls_the_clock_tool():
+    proc = run_cli("--jsonl", "What time is it?")
+    calls = [json.loads(x) for x in proc.stdout.splitlines() if '"tool-call"' in x]
+    assert [c["tool_name"] for c in calls] == ["get_time"]
+
+
+def test_renderer_dims_reasoning_and_boxes_tool_errors():
+    from runtime import output as o
+    from runtime.chunks import Usage
+
+    buf = io.StringIO()
+    renderer = TerminalRenderer(
+        Console(file=buf, width=80, force_terminal=True, color_system="standard")
+    )
+    for chunk in [
+        o.ReasoningStart(step=0, part_id="r"),
+        o.ReasoningDelta(step=0, part_id="r", text="hmm"),
+        o.ReasoningFinish(step=0, part_id="r"),
+        o.ToolCall(step=0, tool_call_id="c", tool_name="t", input={"a": 1}),
+        o.ToolError(step=0, tool_call_id="c", tool_name="t", error="boom"),
+        o.Finish(finish_reason="stop", usage=Usage()),
+    ]:
+        renderer.render(chunk)
+    text = buf.getvalue()
+    assert "\x1b[2" in text  # dim
+    assert "hmm" in text and "tool · t" in text and "boom" in text and "stop" in text
+
+
+def test_session_resumes_from_a_store_file(tmp_path):
+    db = str(tmp_path / "cli.db")
+    first = run_cli("--jsonl", "--store", db, "--session", "cli", "Weather in Rome?")
+    second = run_cli("--jsonl", "--store", db, "--session", "cli", "Weather in Lima?")
+    assert first.returncode == 0 and second.returncode == 0, second.stderr
+    import sqlite3
+
+    count = (
+        sqlite3.connect(db)
+        .execute("select count(*) from messages where session_id='cli'")
+        .fetchone()[0]
+    )
+    assert count == 6  # two turns of user, assistant, tool

@@ -1,0 +1,79 @@
+"""Sessions are saved at every step boundary and reload equal from SQLite."""
+
+from __future__ import annotations
+
+import trio
+
+from actors.providers.scripted import ScriptedProvider, Sleep, tool_call
+from actors.stores import MemoryStore, SQLiteStore
+from runtime import Agent, Host, ReasoningChunk, tool
+
+
+@tool
+async def add(a: int, b: int) -> int:
+    """Add two integers."""
+    return a + b
+
+
+STEPS = [
+    [
+        ReasoningChunk(text="sum it", signature="sig", provider="scripted"),
+        *tool_call("add", {"a": 2, "b": 3}, tool_call_id="S"),
+    ],
+    ["The sum is 5."],
+]
+
+
+async def test_session_saved_to_sqlite_reloads_equal(tmp_path):
+    path = str(tmp_path / "sessions.db")
+    agent = Agent(provider=ScriptedProvider(STEPS), tools=[add])
+    async with Host.open(store=path, log_tap=False) as host:
+        session = await host.open_session(agent, session_id="calc")
+        await session.run("2+3?")
+        before = session.messages
+    async with Host.open(store=path, log_tap=False) as host:
+        again = await host.open_session(agent, session_id="calc")
+        assert again.messages == before
+        # and the resumed session continues with its history
+        await again.run("again?")
+        assert len(again.messages) == len(before) + 3
+    store = await SQLiteStore.open(path)
+    try:
+        record = await store.load("calc")
+    finally:
+        await store.aclose()
+    assert record is not None and len(record.messages) == len(before) + 3
+
+
+async def test_every_step_boundary_is_saved_before_the_turn_ends(autojump_clock):
+    store = MemoryStore()
+    steps = [[*tool_call("add", {"a": 1, "b": 1}, tool_call_id="S")], [Sleep(10), "two"]]
+    agent = Agent(provider=ScriptedProvider(steps), tools=[add])
+    async with Host.open(store=store, log_tap=False) as host:
+        session = await host.open_session(agent, session_id="mid")
+        async with session.stream("1+1") as out:
+            async for chunk in out:
+                if chunk.type == "step-finish" and chunk.step == 0:
+                    await trio.sleep(1)  # let the persister write step 0
+                    record = await store.load("mid")
+                    roles = [m.role for m in record.messages]
+                    assert roles == ["user", "assistant", "tool"]
+                    assert record.messages[1].content[0].tool_call_id == "S"
+        assert out.result.finish_reason == "stop"
+    final = await store.load("mid")
+    assert final.messages[1].text == "two"
+
+
+async def test_two_sessions_on_one_store_stay_separate(tmp_path):
+    path = str(tmp_path / "s.db")
+    agent = Agent(provider=ScriptedProvider(turns=[[["alpha"]], [["beta"]]]))
+    async with Host.open(store=path, log_tap=False) as host:
+        a = await host.open_session(agent, session_id="a")
+        b = await host.open_session(agent, session_id="b")
+        await a.run("x")
+        await b.run("y")
+        await b.run("z")
+    async with Host.open(store=path, log_tap=False) as host:
+        sessions = await host.store.list_sessions()
+        counts = {s.session_id: s.message_count for s in sessions}
+    assert counts == {"a": 2, "b": 4}
