@@ -9,6 +9,7 @@ makes the tap lag (and say so), never an agent wait.
 
 from __future__ import annotations
 
+import re
 from typing import Any, ClassVar
 
 from runtime.actor import Actor
@@ -20,18 +21,45 @@ from runtime.serde import converter
 
 _WARN = (ActorCrashed, Lagged)
 _ERROR = (ActorGaveUp, Error)
-_SECRET_KEYS = ("api_key", "authorization", "x-api-key", "token", "password", "secret")
+_SECRET_KEYS = frozenset(
+    {
+        "api_key",
+        "apikey",
+        "authorization",
+        "x-api-key",
+        "api-key",
+        "token",
+        "access_token",
+        "refresh_token",
+        "password",
+        "secret",
+        "client_secret",
+        "proxy-authorization",
+        "cookie",
+    }
+)
+
+
+def _is_secret_key(key: Any) -> bool:
+    k = str(key).lower()
+    return k in _SECRET_KEYS or k.endswith(("_api_key", "_secret", "_password"))
+
+
+_SECRET_VALUE = re.compile(
+    r"(?i)\b(sk-[A-Za-z0-9_\-]{6,}|sk-ant-[A-Za-z0-9_\-]{6,}|bearer\s+[^\s\"']+)"
+)
 
 
 def redact(value: Any) -> Any:
-    """Replace the values of credential-like keys anywhere in ``value``."""
+    """Replace credential-like values anywhere in ``value``: values of keys such as
+    ``api_key`` or ``authorization``, and strings that look like keys (``sk-…``,
+    ``Bearer …``)."""
     if isinstance(value, dict):
-        return {
-            k: ("[redacted]" if any(s in str(k).lower() for s in _SECRET_KEYS) else redact(v))
-            for k, v in value.items()
-        }
-    if isinstance(value, list):
+        return {k: ("[redacted]" if _is_secret_key(k) else redact(v)) for k, v in value.items()}
+    if isinstance(value, list | tuple):
         return [redact(v) for v in value]
+    if isinstance(value, str) and ("sk-" in value or "earer" in value):
+        return _SECRET_VALUE.sub("[redacted]", value)
     return value
 
 

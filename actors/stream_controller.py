@@ -26,7 +26,16 @@ from runtime.chunks import (
 )
 from runtime.ids import new_id
 from runtime.inbox import Inbox
-from runtime.protocol import Batch, Batcher, StepBegin, StepEnd, ToolDone, TurnBegin, TurnEnd
+from runtime.protocol import (
+    Batch,
+    Batcher,
+    StepBegin,
+    StepEnd,
+    ToolDone,
+    ToolStreamed,
+    TurnBegin,
+    TurnEnd,
+)
 
 
 class StreamController(Actor):
@@ -155,6 +164,17 @@ class StreamController(Actor):
                         error=oc.error,
                     )
                 )
+        elif t is ToolStreamed:
+            pr = item.progress
+            out.append(
+                self._chunk(
+                    o.ToolStream,
+                    step=item.step,
+                    tool_call_id=pr.tool_call_id,
+                    tool_name=pr.tool_name,
+                    chunk=pr.chunk,
+                )
+            )
         elif t is StepBegin:
             self._close_part(out)
             self._step = item.step

@@ -17,8 +17,9 @@ import orjson
 import trio
 
 from runtime.actor import Actor
-from runtime.protocol import ExecuteTools, ToolCallSpec, ToolOutcome
-from runtime.tools import Tool, ToolInputError, to_jsonable
+from runtime.events import ToolApprovalDecided, ToolApprovalRequested
+from runtime.protocol import ExecuteTools, ToolCallSpec, ToolOutcome, ToolProgress
+from runtime.tools import Tool, ToolContext, ToolInputError, to_jsonable
 
 TRUNCATION_MARKER = "…[truncated: {omitted} of {total} characters omitted]"
 
@@ -36,7 +37,12 @@ def truncate_output(output: Any, limit: int | None) -> Any:
 
 
 async def run_tool_call(
-    call: ToolCallSpec, tools: dict[str, Tool], default_timeout: float | None, max_chars: int | None
+    call: ToolCallSpec,
+    tools: dict[str, Tool],
+    default_timeout: float | None,
+    max_chars: int | None,
+    context: ToolContext | None = None,
+    approve: Any = None,
 ) -> ToolOutcome:
     """Run one call to completion and describe what happened; never raises (but
     cancellation propagates)."""
@@ -49,6 +55,7 @@ async def run_tool_call(
             output=output,
             error=error,
             duration=trio.current_time() - start,
+            usage=context.usage if context is not None else None,
         )
 
     tool = tools.get(call.tool_name)
@@ -59,10 +66,16 @@ async def run_tool_call(
         kwargs = tool.validate(call.input)
     except ToolInputError as exc:
         return done(error=str(exc))
+    if tool.needs_approval:
+        if approve is None:
+            return done(error=f"tool {tool.name} needs approval and no approver is configured")
+        approved, reason = await approve(call, kwargs)
+        if not approved:
+            return done(error=f"the tool call was denied: {reason or 'no reason given'}")
     timeout = tool.timeout if tool.timeout is not None else default_timeout
     try:
         with trio.move_on_after(timeout if timeout is not None else math.inf) as scope:
-            result = await tool.call(kwargs)
+            result = await tool.call(kwargs, context)
         if scope.cancelled_caught:
             return done(error=f"tool {tool.name} timed out after {timeout:g}s")
     except Exception as exc:
@@ -79,14 +92,66 @@ class ToolExecutor(Actor):
 
     inbox_capacity = 1024
 
-    def __init__(self, *, name: str = "tool-executor") -> None:
+    def __init__(
+        self, *, name: str = "tool-executor", approval_timeout: float | None = 300.0
+    ) -> None:
         super().__init__(name=name)
+        self.approval_timeout = approval_timeout
+        """Seconds a ``needs_approval`` call waits for a decision before it is denied."""
         self._nursery: trio.Nursery | None = None
+        self._waiting: dict[str, tuple[trio.Event, list[ToolApprovalDecided]]] = {}
 
     async def run(self) -> None:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
-            await super().run()
+            if self.bus is not None:
+                decisions = self.bus.subscribe(
+                    [ToolApprovalDecided], policy="block", name=f"{self.name}:approvals"
+                )
+                nursery.start_soon(self._collect_decisions, decisions)
+            try:
+                await super().run()
+            finally:
+                nursery.cancel_scope.cancel()
+
+    async def _collect_decisions(self, decisions: Any) -> None:
+        try:
+            async for decision in decisions:
+                waiter = self._waiting.get(getattr(decision, "tool_call_id", None))
+                if waiter is not None:
+                    waiter[1].append(decision)
+                    waiter[0].set()
+        finally:
+            decisions.close()
+
+    async def _approve(
+        self, request: ExecuteTools, call: ToolCallSpec, kwargs: Any
+    ) -> tuple[bool, str | None]:
+        """Publish an approval request and wait for its decision (denied on timeout)."""
+        event = trio.Event()
+        box: list[ToolApprovalDecided] = []
+        self._waiting[call.tool_call_id] = (event, box)
+        try:
+            await self.publish(
+                ToolApprovalRequested(
+                    session_id=request.session_id,
+                    turn_id=request.turn_id,
+                    step=request.step,
+                    tool_call_id=call.tool_call_id,
+                    tool_name=call.tool_name,
+                    input=call.input,
+                    causation_id=call.tool_call_id,
+                )
+            )
+            with trio.move_on_after(
+                self.approval_timeout if self.approval_timeout is not None else math.inf
+            ):
+                await event.wait()
+        finally:
+            del self._waiting[call.tool_call_id]
+        if not box:
+            return False, f"no decision within {self.approval_timeout:g}s"
+        return box[0].approved, box[0].reason
 
     async def handle(self, message: Any) -> None:
         if isinstance(message, ExecuteTools):
@@ -95,8 +160,29 @@ class ToolExecutor(Actor):
 
     async def _execute(self, request: ExecuteTools) -> None:
         async def one(call: ToolCallSpec) -> None:
+            async def emit(chunk: Any, _call: ToolCallSpec = call) -> None:
+                await request.reply.put(
+                    ToolProgress(
+                        tool_call_id=_call.tool_call_id, tool_name=_call.tool_name, chunk=chunk
+                    )
+                )
+
+            context = ToolContext(
+                host=request.host,
+                session_id=request.session_id,
+                turn_id=request.turn_id,
+                step=request.step,
+                tool_call_id=call.tool_call_id,
+                tool_name=call.tool_name,
+                emit=emit,
+            )
             outcome = await run_tool_call(
-                call, request.tools, request.default_timeout, request.max_result_chars
+                call,
+                request.tools,
+                request.default_timeout,
+                request.max_result_chars,
+                context,
+                approve=lambda c, kw: self._approve(request, c, kw),
             )
             try:
                 await request.reply.put(outcome)

@@ -66,6 +66,8 @@ from runtime.protocol import (
     ToolCallSpec,
     ToolDone,
     ToolOutcome,
+    ToolProgress,
+    ToolStreamed,
     TurnBegin,
     TurnEnd,
     TurnResult,
@@ -165,6 +167,7 @@ class TurnRunner(Actor):
         tool_executor: Actor,
         persister: Actor,
         stream_inbox: Inbox,
+        host: Any = None,
     ) -> None:
         super().__init__(name="turn-runner", session_id=state.session_id)
         self.state = state
@@ -177,6 +180,7 @@ class TurnRunner(Actor):
         self.stream_inbox = stream_inbox
         """Where the engine sends this session's chunk batches."""
         self.tool_inbox = Inbox(1024, "block", name="tool-results")
+        self.host = host
         self._log = get_logger("axon.turn")
 
     async def handle(self, message: Any) -> None:
@@ -253,6 +257,9 @@ class TurnRunner(Actor):
                         outcomes, tool_calls_used, over = await self._run_tools(
                             turn_id, step, result, tool_calls_used, ctrl
                         )
+                        for oc in outcomes:
+                            if oc.usage is not None:  # an agent used as a tool spent tokens
+                                usage = usage + oc.usage
                         for call in result.calls:  # call order, not completion order
                             oc = next(o for o in outcomes if o.tool_call_id == call.tool_call_id)
                             msg = ToolMessage(
@@ -615,12 +622,17 @@ class TurnRunner(Actor):
                 max_result_chars=budget.max_tool_result_chars,
                 reply=inbox,
                 cancel_scope=trio.CancelScope(),
+                host=self.host,
             )
             await self.tool_executor.send(request)
             pending = {c.tool_call_id for c in runnable}
             try:
                 while pending:
                     oc = await inbox.get()
+                    if type(oc) is ToolProgress:
+                        if oc.tool_call_id in pending:
+                            await ctrl.send(ToolStreamed(step=step, progress=oc))
+                        continue
                     if not isinstance(oc, ToolOutcome) or oc.tool_call_id not in pending:
                         continue  # a late outcome of a cancelled earlier request
                     pending.discard(oc.tool_call_id)

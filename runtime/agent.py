@@ -64,3 +64,56 @@ class Agent:
     @property
     def tool_map(self) -> dict[str, Tool]:
         return {t.name: t for t in self.tools}
+
+    def as_tool(self, *, name: str | None = None, description: str | None = None) -> Tool:
+        """This agent as a tool another agent can call with a task (``input``).
+
+        Each call runs one turn in a session of its own (id ``<parent>~<name>~<call id>``,
+        its meta linking to the parent session and call), on the same host. The sub-turn
+        streams inside the parent's output as ``tool-stream`` chunks nested under the
+        call, its usage counts toward the parent turn's, and its final text is the tool's
+        result. A sub-turn that fails is a tool error the parent model sees.
+        """
+        from runtime.tools import ToolContext
+
+        agent = self
+        tool_name = name or self.name
+
+        async def run_agent(input: str, context: ToolContext) -> str:
+            import hashlib
+
+            raw = f"{context.session_id}~{tool_name}~{context.tool_call_id}"
+            if len(raw) > 128:
+                raw = f"sub~{hashlib.sha256(raw.encode()).hexdigest()[:40]}"
+            raw = "".join(c if c.isalnum() or c in "_.:-~" else "-" for c in raw).replace("~", ".")
+            host = context.host
+            session = await host.open_session(
+                agent,
+                session_id=raw,
+                meta={
+                    "parent_session_id": context.session_id,
+                    "parent_tool_call_id": context.tool_call_id,
+                    "parent_turn_id": context.turn_id,
+                },
+            )
+            try:
+                async with session.stream(input) as out:
+                    async for chunk in out:
+                        await context.emit(chunk)
+            finally:
+                await session.close()
+            result = out.result
+            assert result is not None
+            context.add_usage(result.usage)
+            if result.finish_reason in ("error", "aborted"):
+                why = result.error.message if result.error else result.abort_reason
+                raise RuntimeError(f"sub-agent {tool_name} failed: {why}")
+            return result.text
+
+        # resolved here: this module's annotations are strings (PEP 563)
+        run_agent.__annotations__ = {"input": str, "context": ToolContext, "return": str}
+        run_agent.__doc__ = description or (
+            f"Delegate a task to the {self.name} agent. {self.instructions or ''}".strip()
+            + "\n\nArgs:\n    input: The task or question for the agent, in plain words."
+        )
+        return tool(run_agent, name=tool_name, description=description)

@@ -41,6 +41,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="scripted demo: seconds between chunks (default 0.02 on a terminal)",
     )
     run.add_argument("--log-level", default="warning", help="structlog level on stderr")
+    run.add_argument("--record", default=None, help="append every bus event to this JSONL file")
+
+    replay = sub.add_parser("replay", help="re-render a recorded session from a JSONL file")
+    replay.add_argument("file", help="a JSONL event log (see --record)")
+    replay.add_argument("--session", default=None, help="only this session's output")
+    replay.add_argument("--jsonl", action="store_true", help="print the output chunks as JSON")
+
+    sessions = sub.add_parser("sessions", help="list the sessions in a store")
+    sessions.add_argument("--store", default="sessions.db", help="SQLite store file")
+
+    show = sub.add_parser("show", help="print one stored conversation with its parts")
+    show.add_argument("session_id")
+    show.add_argument("--store", default="sessions.db", help="SQLite store file")
+    show.add_argument("--json", action="store_true", help="print the messages as JSON")
     return parser
 
 
@@ -92,6 +106,10 @@ async def run_command(args: argparse.Namespace) -> int:
         renderer = TerminalRenderer()
     out_stream = sys.stdout.buffer
     async with Host.open(store=args.store) as host:
+        if args.record:
+            from actors.plugins import JsonlRecorder
+
+            await host.start_actor(JsonlRecorder(args.record))
         session = await host.open_session(agent, session_id=args.session)
         async with session.stream(args.prompt) as output:
             async for chunk in output:
@@ -104,6 +122,86 @@ async def run_command(args: argparse.Namespace) -> int:
     return 0 if result is not None and result.finish_reason not in ("error", "aborted") else 1
 
 
+def replay_command(args: argparse.Namespace) -> int:
+    """Render the output chunks of a recorded JSONL event log, in order."""
+    from actors.plugins.recorder import read_jsonl
+    from runtime.events import Event
+    from runtime.render import TerminalRenderer
+    from runtime.serde import structure
+
+    renderer = None if args.jsonl else TerminalRenderer()
+    for record in read_jsonl(args.file):
+        if not str(record.get("kind", "")).startswith("output."):
+            continue
+        if args.session and record.get("session_id") != args.session:
+            continue
+        if renderer is None:
+            sys.stdout.write(orjson.dumps(record).decode() + "\n")
+        else:
+            renderer.render(structure(record, Event))
+    return 0
+
+
+async def sessions_command(args: argparse.Namespace) -> int:
+    from actors.stores import SQLiteStore
+
+    store = await SQLiteStore.open(args.store)
+    try:
+        infos = await store.list_sessions()
+    finally:
+        await store.aclose()
+    for info in infos:
+        agent = info.meta.get("agent", "")
+        sys.stdout.write(f"{info.session_id}\t{info.message_count} messages\t{agent}\n")
+    return 0
+
+
+async def show_command(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from actors.stores import SQLiteStore
+    from runtime.serde import unstructure
+
+    store = await SQLiteStore.open(args.store)
+    try:
+        record = await store.load(args.session_id)
+    finally:
+        await store.aclose()
+    if record is None:
+        sys.stderr.write(f"no session {args.session_id!r} in {args.store}\n")
+        return 1
+    if args.json:
+        sys.stdout.write(orjson.dumps(unstructure(list(record.messages))).decode() + "\n")
+        return 0
+    console = Console(highlight=False)
+    for msg in record.messages:
+        if msg.role == "assistant":
+            flag = " (interrupted)" if msg.interrupted else ""
+            console.print(f"[bold]assistant[/bold]{flag}")
+            for part in msg.content:
+                if part.type == "text":
+                    console.print(f"  [step {part.step}] text: {part.text}")
+                elif part.type == "reasoning":
+                    signed = " signed" if part.signature else ""
+                    console.print(
+                        f"  [step {part.step}] reasoning{signed}: {part.text}", style="dim"
+                    )
+                elif part.type == "tool-call":
+                    console.print(
+                        f"  [step {part.step}] tool-call {part.tool_name}"
+                        f"({orjson.dumps(part.input).decode()}) id={part.tool_call_id}"
+                    )
+                else:
+                    console.print(f"  [step {part.step}] {part.type}")
+        elif msg.role == "tool":
+            body = msg.error if msg.error else orjson.dumps(msg.output).decode()
+            label = "error" if msg.error else "result"
+            console.print(f"[bold]tool[/bold] {msg.tool_name} {label} (step {msg.step}): {body}")
+        else:
+            console.print(f"[bold]{msg.role}[/bold]: {msg.content}")
+    return 0
+
+
 def _silence_stdout() -> None:
     import os
 
@@ -113,6 +211,12 @@ def _silence_stdout() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "replay":
+        return replay_command(args)
+    if args.command == "sessions":
+        return trio.run(sessions_command, args)
+    if args.command == "show":
+        return trio.run(show_command, args)
     if args.command == "run":
         try:
             return trio.run(run_command, args)

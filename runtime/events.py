@@ -175,6 +175,31 @@ class ProviderRetry(Event):
     causation_id: str | None = None
 
 
+@_event("tool.approval-requested")
+class ToolApprovalRequested(Event):
+    """A tool marked ``needs_approval`` waits for a :class:`ToolApprovalDecided`."""
+
+    session_id: str
+    turn_id: str
+    step: int
+    tool_call_id: str
+    tool_name: str
+    input: Any
+    causation_id: str | None = None
+
+
+@_event("tool.approval-decided")
+class ToolApprovalDecided(Event):
+    """Approve or deny a pending tool call; a denial becomes the tool's error result."""
+
+    session_id: str
+    tool_call_id: str
+    approved: bool
+    reason: str | None = None
+    turn_id: str | None = None
+    causation_id: str | None = None
+
+
 LIFECYCLE_EVENT_TYPES: tuple[type, ...] = (
     TurnStarted,
     TurnFinished,
@@ -189,4 +214,6 @@ LIFECYCLE_EVENT_TYPES: tuple[type, ...] = (
     ActorGaveUp,
     Lagged,
     ProviderRetry,
+    ToolApprovalRequested,
+    ToolApprovalDecided,
 )

@@ -116,7 +116,9 @@ class Host:
             self._providers[id(provider)] = actor
         return actor
 
-    async def open_session(self, agent: Agent, session_id: str | None = None) -> Session:
+    async def open_session(
+        self, agent: Agent, session_id: str | None = None, *, meta: dict[str, Any] | None = None
+    ) -> Session:
         """Open (or resume, when ``session_id`` is stored) a session running ``agent``."""
         from actors.engine import Engine
         from actors.stream_controller import StreamController
@@ -133,6 +135,8 @@ class Host:
         if record is not None:
             state.messages.extend(record.messages)
             state.meta.update({k: v for k, v in record.meta.items() if k != "agent"})
+        if meta:
+            state.meta.update(meta)
         provider = agent.provider
         if provider is None:
             from actors.demo import demo_provider
@@ -151,6 +155,7 @@ class Host:
             tool_executor=self.tool_executor,
             persister=self.persister,
             stream_inbox=stream_inbox,
+            host=self,
         )
         session = Session(self, agent, state, runner)
         session.actors = [engine, controller, runner]

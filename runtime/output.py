@@ -168,6 +168,20 @@ class ToolError(_Base):
     turn_id: str = ""
 
 
+@_out("tool-stream")
+class ToolStream(_Base):
+    """A chunk streamed by a running tool (an agent used as a tool streams its whole turn),
+    nested under the parent's tool call. ``chunk`` keeps its own ``seq`` and part ids."""
+
+    step: int
+    tool_call_id: str
+    tool_name: str
+    chunk: Any
+    seq: int = 0
+    session_id: str = ""
+    turn_id: str = ""
+
+
 @_out("step-finish")
 class StepFinish(_Base):
     step: int
@@ -217,6 +231,7 @@ OutputChunk = (
     | ToolCall
     | ToolResult
     | ToolError
+    | ToolStream
     | StepFinish
     | Finish
     | Error

@@ -126,6 +126,8 @@ class ExecuteTools:
     max_result_chars: int | None
     reply: Inbox
     cancel_scope: trio.CancelScope
+    host: Any = None
+    """The host, handed to tools that take a :class:`~runtime.tools.ToolContext`."""
 
 
 @attrs.frozen(kw_only=True, slots=True)
@@ -135,6 +137,17 @@ class ToolOutcome:
     output: Any = None
     error: str | None = None
     duration: float = 0.0
+    usage: Usage | None = None
+    """Tokens the tool spent (an agent used as a tool); added to the calling turn's."""
+
+
+@attrs.frozen(kw_only=True, slots=True)
+class ToolProgress:
+    """An output chunk a running tool streams, nested under its call."""
+
+    tool_call_id: str
+    tool_name: str
+    chunk: Any
 
 
 # -- persistence -------------------------------------------------------------------------
@@ -181,6 +194,12 @@ class StepEnd:
 class ToolDone:
     step: int
     outcome: ToolOutcome
+
+
+@attrs.frozen(kw_only=True, slots=True)
+class ToolStreamed:
+    step: int
+    progress: ToolProgress
 
 
 @attrs.frozen(kw_only=True, slots=True)

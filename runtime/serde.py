@@ -80,6 +80,22 @@ def _structure_event(d: dict, _t: Any) -> Any:
 
 converter.register_structure_hook(events.Event, _structure_event)
 
+_tool_stream_base = make_dict_structure_fn(output.ToolStream, converter)
+
+
+def _structure_tool_stream(d: dict, _t: Any) -> Any:
+    d = {k: v for k, v in d.items() if k != "type"}
+    inner = d.get("chunk")
+    value = _tool_stream_base({**d, "chunk": None}, _t)
+    if isinstance(inner, dict):
+        inner = _structure_event(inner, events.Event)
+    import attrs as _attrs
+
+    return _attrs.evolve(value, chunk=inner)
+
+
+converter.register_structure_hook(output.ToolStream, _structure_tool_stream)
+
 
 def unstructure(value: Any) -> Any:
     """Plain JSON-ready data for any model value (or list of them)."""

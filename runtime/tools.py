@@ -20,6 +20,56 @@ import pydantic_core
 from runtime.errors import ToolDefinitionError
 
 
+class ToolContext:
+    """What a tool may ask for by declaring a parameter annotated ``ToolContext``.
+
+    Such a parameter is not part of the tool's JSON schema; the executor passes it in.
+    It lets a tool stream progress into its call's place in the parent's output (an
+    agent used as a tool streams its whole turn this way) and report token usage that
+    counts toward the calling turn.
+    """
+
+    __slots__ = (
+        "_emit",
+        "host",
+        "session_id",
+        "step",
+        "tool_call_id",
+        "tool_name",
+        "turn_id",
+        "usage",
+    )
+
+    def __init__(
+        self,
+        *,
+        host: Any,
+        session_id: str,
+        turn_id: str,
+        step: int,
+        tool_call_id: str,
+        tool_name: str,
+        emit: Any,
+    ) -> None:
+        self.host = host
+        """The :class:`runtime.host.Host` running the call (to open sub-sessions)."""
+        self.session_id = session_id
+        self.turn_id = turn_id
+        self.step = step
+        self.tool_call_id = tool_call_id
+        self.tool_name = tool_name
+        self.usage: Any = None
+        """Usage to add to the calling turn's (set with :meth:`add_usage`)."""
+        self._emit = emit
+
+    async def emit(self, chunk: Any) -> None:
+        """Stream ``chunk`` (an output chunk) nested under this tool call."""
+        await self._emit(chunk)
+
+    def add_usage(self, usage: Any) -> None:
+        self.usage = usage if self.usage is None else self.usage + usage
+
+
 class ToolInputError(Exception):
     """The model's input does not match the tool's schema; the model sees the message."""
 
@@ -39,7 +89,8 @@ class Tool:
     needs_approval: bool = False
     """Calls wait for an approval event before running (see the approval actor)."""
     _adapter: pydantic.TypeAdapter[Any] = attrs.field(alias="adapter")
-    _takes_context: bool = attrs.field(default=False, alias="takes_context")
+    context_param: str | None = None
+    """Name of the parameter that receives a :class:`ToolContext`, if any."""
 
     def validate(self, arguments: Any) -> dict[str, Any]:
         """Keyword arguments for the function, or :class:`ToolInputError` saying why not."""
@@ -57,8 +108,10 @@ class Tool:
             raise ToolInputError(f"invalid arguments for {self.name}: {problems}") from None
         return {k: getattr(model, k) for k in type(model).model_fields}
 
-    async def call(self, arguments: dict[str, Any]) -> Any:
+    async def call(self, arguments: dict[str, Any], context: ToolContext | None = None) -> Any:
         """Run the function with validated ``arguments``; sync functions in a thread."""
+        if self.context_param is not None:
+            arguments = {**arguments, self.context_param: context}
         if self.is_async:
             return await self.function(**arguments)
         import trio
@@ -100,7 +153,11 @@ def _build(
     except Exception as exc:
         raise ToolDefinitionError(f"cannot read type hints of {fn!r}: {exc}") from exc
     fields: dict[str, Any] = {}
+    context_param: str | None = None
     for pname, param in inspect.signature(fn).parameters.items():
+        if hints.get(pname) is ToolContext:
+            context_param = pname
+            continue
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
             raise ToolDefinitionError(f"tool {fn.__name__}: *args/**kwargs are not supported")
         if pname not in hints:
@@ -124,6 +181,7 @@ def _build(
         timeout=timeout,
         needs_approval=needs_approval,
         adapter=adapter,
+        context_param=context_param,
     )
 
 

@@ -41,6 +41,9 @@ def _strategy_for(tp: typing.Any) -> st.SearchStrategy:
         return st.builds(
             Usage, input_tokens=st.integers(0, 99), cache_read=st.none() | st.integers(0, 9)
         )
+    if tp is output.TextDelta:
+        return st.builds(output.TextDelta, step=st.integers(0, 9), part_id=st.text(max_size=4),
+                         text=st.text(max_size=8), seq=st.integers(0, 99))
     if tp is ErrorInfo:
         return st.builds(ErrorInfo, kind=st.text(max_size=5), message=st.text(max_size=5))
     if tp is messages.Message or tp in _MESSAGES:
@@ -58,6 +61,8 @@ def _strategy_for(tp: typing.Any) -> st.SearchStrategy:
 
 def _builds(cls: type) -> st.SearchStrategy:
     hints = typing.get_type_hints(cls)
+    if cls is output.ToolStream:  # its payload is itself an output chunk
+        hints["chunk"] = output.TextDelta
     return st.builds(
         cls,
         **{

@@ -1,0 +1,14 @@
+"""Plug-in actors shipped as working examples of the :class:`runtime.Actor` API.
+
+* :class:`ApprovalActor`: decides ``needs_approval`` tool calls (by policy, or by a person
+  calling :meth:`ApprovalActor.approve` / :meth:`ApprovalActor.deny`).
+* :class:`MetricsActor`: tokens, steps, tool calls and turn latency per session.
+* :class:`JsonlRecorder`: every bus event as one JSON line in a file
+  (``python -m runtime replay FILE`` re-renders it).
+"""
+
+from actors.plugins.approval import ApprovalActor
+from actors.plugins.metrics import MetricsActor, SessionMetrics
+from actors.plugins.recorder import JsonlRecorder
+
+__all__ = ["ApprovalActor", "JsonlRecorder", "MetricsActor", "SessionMetrics"]

@@ -1,0 +1,65 @@
+"""``ApprovalActor``: the gate for tools marked ``needs_approval``.
+
+The tool executor publishes :class:`~runtime.events.ToolApprovalRequested` and waits;
+this actor answers with :class:`~runtime.events.ToolApprovalDecided`. With a ``policy``
+(``call -> (approved, reason)``, sync or async) it decides at once; without one it keeps
+the request pending until the application calls :meth:`approve` or :meth:`deny` (a UI's
+buttons). A denial reaches the model as the tool's error result: it can react to it.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+from runtime.actor import Actor
+from runtime.events import ToolApprovalDecided, ToolApprovalRequested
+from runtime.inbox import OverflowPolicy
+
+Policy = Callable[[ToolApprovalRequested], Any]
+
+
+class ApprovalActor(Actor):
+    subscribes_to: ClassVar[Any] = (ToolApprovalRequested,)
+    overflow: ClassVar[OverflowPolicy] = "block"
+
+    def __init__(
+        self, policy: Policy | None = None, *, name: str = "approval", session_id: str | None = None
+    ) -> None:
+        super().__init__(name=name, session_id=session_id)
+        self.policy = policy
+        self.pending: dict[str, ToolApprovalRequested] = {}
+        """Requests waiting for a person's decision, by tool call id."""
+
+    async def handle(self, request: Any) -> None:
+        if not isinstance(request, ToolApprovalRequested):
+            return
+        if self.policy is None:
+            self.pending[request.tool_call_id] = request
+            return
+        verdict = self.policy(request)
+        if inspect.isawaitable(verdict):
+            verdict = await verdict
+        approved, reason = verdict if isinstance(verdict, tuple) else (bool(verdict), None)
+        await self._decide(request, approved, reason)
+
+    async def approve(self, tool_call_id: str) -> None:
+        await self._decide(self.pending.pop(tool_call_id), True, None)
+
+    async def deny(self, tool_call_id: str, reason: str = "denied by the user") -> None:
+        await self._decide(self.pending.pop(tool_call_id), False, reason)
+
+    async def _decide(
+        self, request: ToolApprovalRequested, approved: bool, reason: str | None
+    ) -> None:
+        await self.publish(
+            ToolApprovalDecided(
+                session_id=request.session_id,
+                turn_id=request.turn_id,
+                tool_call_id=request.tool_call_id,
+                approved=approved,
+                reason=reason,
+                causation_id=request.tool_call_id,
+            )
+        )

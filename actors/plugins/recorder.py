@@ -1,0 +1,72 @@
+"""``JsonlRecorder``: every bus event it sees, one JSON object a line, credentials redacted.
+
+Lines are buffered and written from a worker thread whenever the inbox runs dry, so the
+recorder never blocks the Trio loop on disk; its ``drop-oldest`` inbox means a slow disk
+never stalls an agent (a ``bus.lagged`` line records any loss).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, ClassVar
+
+import orjson
+import trio
+
+from actors.log_tap import redact
+from runtime.actor import Actor
+from runtime.inbox import OverflowPolicy
+from runtime.serde import event_to_dict
+
+
+class JsonlRecorder(Actor):
+    subscribes_to: ClassVar[Any] = Actor.ALL
+    overflow: ClassVar[OverflowPolicy] = "drop-oldest"
+    inbox_capacity = 65536
+
+    def __init__(
+        self, path: str | os.PathLike[str], *, name: str = "recorder", session_id: str | None = None
+    ) -> None:
+        super().__init__(name=name, session_id=session_id)
+        self.path = os.fspath(path)
+        self._buffer: list[bytes] = []
+        self._file: Any = None
+
+    async def on_start(self) -> None:
+        if self._file is None:
+            self._file = await trio.to_thread.run_sync(open, self.path, "ab")
+
+    async def handle(self, event: Any) -> None:
+        self._buffer.append(orjson.dumps(redact(event_to_dict(event)), default=str) + b"\n")
+        if not len(self.inbox):
+            await self.flush()
+
+    async def flush(self) -> None:
+        if self._buffer and self._file is not None:
+            data, self._buffer = b"".join(self._buffer), []
+            f = self._file
+
+            def write() -> None:
+                f.write(data)
+                f.flush()
+
+            await trio.to_thread.run_sync(write)
+
+    def stop(self) -> None:
+        super().stop()
+
+    async def run(self) -> None:
+        try:
+            await super().run()
+        finally:
+            with trio.CancelScope(shield=True):
+                await self.flush()
+                if self._file is not None:
+                    await trio.to_thread.run_sync(self._file.close)
+                    self._file = None
+
+
+def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The recorded events of a JSONL file, as dicts."""
+    with open(path, "rb") as f:
+        return [orjson.loads(line) for line in f if line.strip()]

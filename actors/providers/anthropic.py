@@ -1,0 +1,595 @@
+"""The Anthropic Messages provider: raw SSE events in, :data:`~runtime.chunks.StreamChunk` s out.
+
+Everything Anthropic-specific lives in this one module, in four verbs that mirror the
+OpenAI provider: :func:`map_messages` and :func:`map_tools` restore the session into a
+request, :func:`parse_stream` turns the SDK's *raw* event stream
+(``messages.create(stream=True)``, not the slower accumulating ``messages.stream()``
+helper: we accumulate ourselves) into chunks, and :func:`classify_error` maps whatever
+went wrong onto :mod:`runtime.errors`.
+
+The ``anthropic`` SDK is imported only inside functions, so importing this module (or
+``runtime``) never loads it; the client is built on the first call, which is also the
+first time an API key is read.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import inspect
+import json
+import re
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any, ClassVar
+
+import trio
+
+from runtime import errors
+from runtime.chunks import (
+    FinishChunk,
+    ProviderDataChunk,
+    ReasoningChunk,
+    TextChunk,
+    ToolCallChunk,
+    ToolInputDeltaChunk,
+    ToolInputStartChunk,
+    Usage,
+    UsageChunk,
+)
+from runtime.history import iter_turns, repair, split_steps
+from runtime.messages import (
+    Message,
+    Part,
+    ProviderDataPart,
+    ReasoningPart,
+    SystemMessage,
+    TextPart,
+    ToolCallPart,
+    ToolMessage,
+    UserMessage,
+)
+from runtime.protocol import InferRequest
+from runtime.provider import Emit, Provider
+
+PROVIDER = "anthropic"
+"""The provider tag on reasoning and provider data; only such parts are sent back here."""
+
+TRUNCATED_BY_MAX_TOKENS = (
+    "the tool input was truncated by the output token limit (max_tokens); the call was not executed"
+)
+"""``input_error`` of a tool call whose block never ended because ``max_tokens`` hit."""
+
+FINISH_REASONS: dict[str, str] = {
+    "end_turn": "stop",
+    "stop_sequence": "stop",
+    "tool_use": "tool-calls",
+    "max_tokens": "length",
+    # The context window filled up mid-answer: like max_tokens, the output was cut, so a
+    # tool call in it must not run.
+    "model_context_window_exceeded": "length",
+    "refusal": "content-filter",
+    "pause_turn": "other",
+}
+"""Anthropic ``stop_reason`` -> unified finish reason; anything else is ``other``."""
+
+# Error ``type``s of an SSE ``event: error`` (HTTP status 200, so the type is all there
+# is) and the HTTP status Anthropic documents for each, so such an error classifies
+# exactly like the same failure reported before the stream started.
+# fmt: off
+_ERROR_TYPE_STATUS: dict[str, int] = {
+    "invalid_request_error": 400, "authentication_error": 401, "billing_error": 402,
+    "permission_error": 403, "not_found_error": 404, "request_too_large": 413,
+    "rate_limit_error": 429, "api_error": 500, "timeout_error": 504, "overloaded_error": 529,
+}
+# fmt: on
+_CONTEXT_TOO_LONG = re.compile(
+    r"prompt is too long|context (window|length|limit)|exceeds? .*context", re.IGNORECASE
+)
+_USAGE_KEYS = (
+    "input_tokens",
+    "output_tokens",
+    "cache_read_input_tokens",
+    "cache_creation_input_tokens",
+)
+# Request keys the provider owns; request options cannot replace them.
+_RESERVED = frozenset({"messages", "stream"})
+
+
+# -- restoration: messages -> request -----------------------------------------------------
+
+
+def map_messages(
+    instructions: str | None, messages: Sequence[Message]
+) -> tuple[str | None, list[dict[str, Any]]]:
+    """The ``system`` prompt and ``messages`` of a Messages API request.
+
+    The history is repaired first (every tool call gets a result, orphans go), then each
+    assistant message is split back into the steps it was streamed in: one ``assistant``
+    message per step, its blocks in the order they were produced (thinking keeps its
+    place, which the API checks against the signature), then one ``user`` message with
+    that step's ``tool_result`` s in call order. Merging two steps into one assistant
+    message is what produced "Expected thinking or redacted_thinking, but found
+    tool_use" 400s in other frameworks. Messages of the same role that end up adjacent
+    are merged, since the API wants roles to alternate.
+    """
+    system = [instructions] if instructions else []
+    out: list[dict[str, Any]] = []
+    for kind, msg, results in iter_turns(repair(messages)):
+        if kind == "assistant":
+            for parts, step_results in split_steps(msg, results):
+                blocks = [b for b in map(_part_block, parts) if b is not None]
+                if blocks:
+                    _append(out, "assistant", blocks)
+                if step_results:
+                    _append(out, "user", [_tool_result(r) for r in step_results])
+        elif isinstance(msg, SystemMessage):
+            if msg.content:
+                system.append(msg.content)
+        elif isinstance(msg, UserMessage):
+            _append(out, "user", msg.content)
+        # a ToolMessage never reaches here: iter_turns hands them over with their call
+    return ("\n\n".join(system) or None), out
+
+
+def _part_block(part: Part) -> dict[str, Any] | None:
+    """One part as a request content block, or ``None`` when it must not be sent."""
+    if isinstance(part, TextPart):
+        return {"type": "text", "text": part.text} if part.text.strip() else None
+    if isinstance(part, ToolCallPart):
+        return {
+            "type": "tool_use",
+            "id": part.tool_call_id,
+            "name": part.tool_name,
+            "input": _tool_input(part.input),
+        }
+    if isinstance(part, ReasoningPart):
+        # Only Anthropic verifies Anthropic signatures; an unsigned block (interrupted
+        # before its signature arrived) or another provider's reasoning would be
+        # rejected as thinking, and has no other field to travel in: it is dropped.
+        if part.provider != PROVIDER:
+            return None
+        if part.redacted_data is not None:
+            return {"type": "redacted_thinking", "data": part.redacted_data}
+        if part.signature:
+            return {"type": "thinking", "thinking": part.text, "signature": part.signature}
+        return None
+    if isinstance(part, ProviderDataPart):
+        return dict(part.data) if part.provider == PROVIDER else None
+    return None
+
+
+def _tool_input(value: Any) -> dict[str, Any]:
+    """A ``tool_use.input``, which the API requires to be an object.
+
+    A call whose input did not parse (invalid or truncated JSON) is stored with the raw
+    text; it was never executed and its result is an error saying so. We send ``{}``
+    for it rather than the text the model wrote (which the API would reject): the model
+    still sees the error result, and the request stays valid. A string that *is* a JSON
+    object is decoded, so a store that keeps inputs as JSON text round-trips.
+    """
+    if isinstance(value, dict):
+        return value
+    if isinstance(value, str):
+        try:
+            decoded = json.loads(value)
+        except ValueError:
+            return {}
+        return decoded if isinstance(decoded, dict) else {}
+    return {}
+
+
+def _tool_result(msg: ToolMessage) -> dict[str, Any]:
+    if msg.error is not None:
+        return {
+            "type": "tool_result",
+            "tool_use_id": msg.tool_call_id,
+            "content": msg.error,
+            "is_error": True,
+        }
+    output = msg.output
+    content = (
+        output if isinstance(output, str) else json.dumps(output, ensure_ascii=False, default=str)
+    )
+    return {"type": "tool_result", "tool_use_id": msg.tool_call_id, "content": content}
+
+
+def _append(out: list[dict[str, Any]], role: str, content: str | list[dict[str, Any]]) -> None:
+    """Add a message, merging it into the previous one when the role repeats."""
+    if out and out[-1]["role"] == role:
+        prev = out[-1]
+        prev["content"] = _blocks(prev["content"]) + _blocks(content)
+    else:
+        out.append({"role": role, "content": content})
+
+
+def _blocks(content: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{"type": "text", "text": content}] if isinstance(content, str) else list(content)
+
+
+def map_tools(tools: Iterable[Any]) -> list[dict[str, Any]]:
+    """Tool definitions: ``{"name", "description", "input_schema"}`` from :meth:`Tool.spec`.
+
+    A ``dict`` is taken as an Anthropic tool definition already (for example a server
+    tool such as ``{"type": "web_search_20250305", "name": "web_search"}``) and sent as is.
+    The description is left out when empty, where the API treats it as optional.
+    """
+    out: list[dict[str, Any]] = []
+    for tool in tools:
+        if isinstance(tool, dict):
+            out.append(tool)
+            continue
+        spec = tool.spec()
+        entry: dict[str, Any] = {"name": spec["name"]}
+        if spec.get("description"):
+            entry["description"] = spec["description"]
+        entry["input_schema"] = spec["parameters"]
+        out.append(entry)
+    return out
+
+
+# -- parsing: raw events -> chunks ---------------------------------------------------------
+
+
+class _Block:
+    """A content block between its ``content_block_start`` and ``content_block_stop``."""
+
+    __slots__ = ("data", "id", "json", "kind", "name", "signed")
+
+    def __init__(self, kind: str, *, id: str = "", name: str = "", data: Any = None) -> None:
+        self.kind = kind
+        """``text``, ``thinking``, ``redacted_thinking``, ``tool_use``, or ``opaque`` for
+        any other (server-side) block, which is kept whole as provider data."""
+        self.id = id
+        self.name = name
+        self.data = data
+        """``opaque``: the block as received (a dict); ``tool_use``: the input given at
+        the start; ``thinking``: a signature given at the start."""
+        self.json: list[str] = []
+        """``partial_json`` fragments, joined once at the block's end (never per delta)."""
+        self.signed = False
+        """A ``signature_delta`` arrived (and closed the reasoning block downstream)."""
+
+
+def map_finish_reason(raw: str | None) -> str:
+    """The unified finish reason for an Anthropic ``stop_reason``."""
+    return FINISH_REASONS.get(raw or "", "other")
+
+
+async def parse_stream(stream: Any, emit: Emit) -> None:
+    """Emit the chunks of one raw Messages event stream; raise when it is not complete.
+
+    ``stream`` is any async iterable of the SDK's ``RawMessageStreamEvent`` s. Deltas are
+    emitted as they arrive; a tool call (``ToolCallChunk``) only once its block has ended,
+    because a prefix of the JSON may parse and still be wrong. Usage and the finish chunk
+    come last, after ``message_stop``; a stream that ends before it (or without a
+    ``stop_reason``) was cut, and raises :class:`MalformedStream`.
+    """
+    blocks: dict[int, _Block] = {}
+    stop_reason: str | None = None
+    stopped = False
+    usage: dict[str, int | None] = {}
+    async for event in stream:
+        etype = event.type
+        if etype == "content_block_delta":
+            delta = event.delta
+            dtype = delta.type
+            if dtype == "text_delta":
+                if delta.text:
+                    await emit(TextChunk(text=delta.text))
+                continue
+            block = blocks.get(event.index)
+            if block is None:
+                raise errors.MalformedStream(
+                    f"content_block_delta for block {event.index}, which was never started",
+                    provider=PROVIDER,
+                )
+            if dtype == "input_json_delta":
+                fragment = delta.partial_json
+                if fragment:
+                    block.json.append(fragment)
+                    if block.kind == "tool_use":
+                        await emit(ToolInputDeltaChunk(tool_call_id=block.id, delta=fragment))
+            elif dtype == "thinking_delta":
+                if delta.thinking:
+                    await emit(ReasoningChunk(text=delta.thinking, provider=PROVIDER))
+            elif dtype == "signature_delta":
+                block.signed = True
+                await emit(ReasoningChunk(signature=delta.signature, provider=PROVIDER))
+            # citations_delta: citations are not part of the chunk vocabulary (yet)
+        elif etype == "content_block_start":
+            await _start_block(event.index, event.content_block, blocks, emit)
+        elif etype == "content_block_stop":
+            block = blocks.pop(event.index, None)
+            if block is not None:
+                await _stop_block(block, emit)
+        elif etype == "message_start":
+            _take_usage(usage, event.message.usage)
+        elif etype == "message_delta":
+            stop_reason = event.delta.stop_reason or stop_reason
+            _take_usage(usage, event.usage)
+        elif etype == "message_stop":
+            stopped = True
+        # anything else (ping never gets here: the SDK drops it) is ignored
+    if not stopped or stop_reason is None:
+        missing = "message_stop" if not stopped else "a stop_reason"
+        raise errors.MalformedStream(
+            f"the response stream ended without {missing} (cut short)", provider=PROVIDER
+        )
+    # Blocks the stop reason cut off before their end: a tool call is reported, never
+    # parsed (a JSON prefix may parse and be wrong); an open thinking block stays
+    # unsigned; an open server block cannot be replayed and is dropped.
+    for block in blocks.values():
+        if block.kind == "tool_use":
+            cut = TRUNCATED_BY_MAX_TOKENS
+            if stop_reason != "max_tokens":
+                cut = f"the tool input was cut off ({stop_reason}); the call was not executed"
+            await emit(_tool_call(block, cut))
+    inp, out = usage.get("input_tokens") or 0, usage.get("output_tokens") or 0
+    total = Usage(
+        input_tokens=inp,
+        output_tokens=out,
+        total_tokens=inp + out,
+        cache_read=usage.get("cache_read_input_tokens"),
+        cache_write=usage.get("cache_creation_input_tokens"),
+        reasoning_tokens=usage.get("thinking_tokens"),
+    )
+    await emit(UsageChunk(usage=total))
+    await emit(FinishChunk(reason=map_finish_reason(stop_reason), raw_reason=stop_reason))
+
+
+async def _start_block(index: int, content: Any, blocks: dict[int, _Block], emit: Emit) -> None:
+    kind = content.type
+    if kind == "text":
+        blocks[index] = _Block(kind)
+        if content.text:
+            await emit(TextChunk(text=content.text))
+    elif kind == "thinking":
+        blocks[index] = _Block(kind, data=content.signature or None)
+        if content.thinking:
+            await emit(ReasoningChunk(text=content.thinking, provider=PROVIDER))
+    elif kind == "redacted_thinking":
+        blocks[index] = _Block(kind)
+        await emit(ReasoningChunk(redacted_data=content.data, provider=PROVIDER))
+    elif kind == "tool_use":
+        blocks[index] = _Block(kind, id=content.id, name=content.name, data=content.input)
+        await emit(ToolInputStartChunk(tool_call_id=content.id, tool_name=content.name))
+    else:  # server-side tool use/result, or a block type newer than this module
+        data = content.to_dict(mode="json") if hasattr(content, "to_dict") else dict(content)
+        blocks[index] = _Block("opaque", data=data)
+
+
+async def _stop_block(block: _Block, emit: Emit) -> None:
+    kind = block.kind
+    if kind == "tool_use":
+        await emit(_tool_call(block))
+    elif kind == "thinking":
+        if block.data and not block.signed:  # signed in content_block_start, no delta
+            await emit(ReasoningChunk(signature=block.data, provider=PROVIDER))
+    elif kind == "opaque":
+        data = block.data
+        if block.json:  # server_tool_use: the input streamed like a tool_use's
+            try:
+                data["input"] = json.loads("".join(block.json))
+            except ValueError:
+                pass  # keep the start's input; the server already ran the tool
+        await emit(ProviderDataChunk(provider=PROVIDER, data=data))
+
+
+def _tool_call(block: _Block, cut: str | None = None) -> ToolCallChunk:
+    """The complete call of a ``tool_use`` block; ``cut`` says why its input is unusable."""
+    raw = "".join(block.json)
+    ids = {"tool_call_id": block.id, "tool_name": block.name}
+    if cut is not None:
+        return ToolCallChunk(**ids, input=raw, input_error=cut)
+    if not raw.strip():
+        return ToolCallChunk(**ids, input=block.data or {})
+    try:
+        return ToolCallChunk(**ids, input=json.loads(raw))
+    except ValueError as exc:
+        return ToolCallChunk(**ids, input=raw, input_error=f"invalid JSON in tool input: {exc}")
+
+
+def _take_usage(usage: dict[str, int | None], raw: Any) -> None:
+    """Fold a ``usage`` object in; counters are cumulative, so later values replace."""
+    if raw is None:
+        return
+    for key in _USAGE_KEYS:
+        value = getattr(raw, key, None)
+        if value is not None:
+            usage[key] = value
+    details = getattr(raw, "output_tokens_details", None)
+    if details is not None and getattr(details, "thinking_tokens", None) is not None:
+        usage["thinking_tokens"] = details.thinking_tokens
+
+
+# -- errors -----------------------------------------------------------------------------
+
+
+def classify_error(exc: BaseException) -> errors.AxonError:
+    """Map an SDK, transport or parsing exception onto :mod:`runtime.errors`.
+
+    An SSE ``event: error`` surfaces from the SDK as an ``APIStatusError`` with the
+    stream's HTTP status (200); its ``error.type`` is then what tells the failure, so
+    the type is checked before the status. ``status_code`` is the HTTP status, or for an
+    in-stream error the status Anthropic documents for its type (529 for overloaded).
+    """
+    if isinstance(exc, errors.AxonError):
+        return exc
+    import anthropic
+    import httpx2
+
+    if isinstance(exc, anthropic.APIStatusError):
+        return _classify_status(exc)
+    if isinstance(exc, anthropic.APITimeoutError | httpx2.TimeoutException):
+        return errors.ProviderTimeout(f"the request timed out: {exc}", provider=PROVIDER)
+    if isinstance(exc, anthropic.APIConnectionError | httpx2.TransportError):
+        return errors.ConnectionLost(f"connection failed or dropped: {exc}", provider=PROVIDER)
+    if isinstance(
+        exc, json.JSONDecodeError | UnicodeDecodeError | anthropic.APIResponseValidationError
+    ) or isinstance(exc, httpx2.DecodingError):
+        return errors.MalformedStream(f"unparseable response stream: {exc}", provider=PROVIDER)
+    return errors.ProviderError(f"{type(exc).__name__}: {exc}", provider=PROVIDER)
+
+
+def _classify_status(exc: Any) -> errors.ProviderError:
+    error_type = getattr(exc, "type", None)
+    status = exc.status_code
+    if status < 400:  # in-stream error: the HTTP status says nothing
+        status = _ERROR_TYPE_STATUS.get(error_type or "", 500)
+    message = getattr(exc, "api_message", None) or str(exc.message)
+    kw: dict[str, Any] = {"status_code": status, "provider": PROVIDER}
+    retry_after = _retry_after(exc.response.headers)
+    if retry_after is not None:
+        kw["retry_after"] = retry_after
+    if error_type == "overloaded_error" or status == 529:
+        return errors.Overloaded(f"Anthropic is overloaded: {message}", **kw)
+    if error_type == "rate_limit_error" or status == 429:
+        return errors.RateLimited(f"rate limited: {message}", **kw)
+    if status in (401, 403):
+        return errors.AuthenticationFailed(f"authentication failed: {message}", **kw)
+    if status >= 500:
+        return errors.ProviderUnavailable(f"Anthropic failed ({status}): {message}", **kw)
+    if _CONTEXT_TOO_LONG.search(message):
+        return errors.ContextTooLong(message, **kw)
+    return errors.BadRequest(f"bad request ({status}): {message}", **kw)
+
+
+def _retry_after(headers: Any) -> float | None:
+    """Seconds to wait, from ``retry-after-ms`` or ``retry-after`` (seconds or a date)."""
+    try:
+        if (ms := headers.get("retry-after-ms")) is not None:
+            return max(0.0, float(ms) / 1000)
+        value = headers.get("retry-after")
+        if value is None:
+            return None
+        try:
+            return max(0.0, float(value))
+        except ValueError:
+            when = email.utils.parsedate_to_datetime(value)
+            return max(0.0, when.timestamp() - time.time())
+    except (TypeError, ValueError, OverflowError):
+        return None
+
+
+# -- the provider -------------------------------------------------------------------------
+
+
+class AnthropicProvider(Provider):
+    """Streams Anthropic Messages API calls (raw events) for any number of sessions."""
+
+    provider_name: ClassVar[str] = PROVIDER
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        thinking_budget: int | None = None,
+        max_tokens: int = 4096,
+        max_concurrency: int | None = None,
+        timeout: float | None = 60.0,
+        **request_options: Any,
+    ) -> None:
+        if thinking_budget is not None and thinking_budget >= max_tokens:
+            raise errors.ConfigurationError(
+                f"thinking_budget ({thinking_budget}) must be below max_tokens ({max_tokens}): "
+                "thinking tokens count towards max_tokens"
+            )
+        super().__init__(model=model, max_concurrency=max_concurrency)
+        self.base_url = base_url
+        """API root; ``None`` lets the SDK decide (``ANTHROPIC_BASE_URL`` or the default)."""
+        self._api_key = api_key  # private: never logged, never in describe()
+        self.thinking_budget = thinking_budget
+        """Extended-thinking budget in tokens; ``None`` leaves thinking off."""
+        self.max_tokens = max_tokens
+        """Output token limit per call (thinking included)."""
+        self.timeout = timeout
+        """Seconds for connect and for each read (so also between two events); ``None``: none."""
+        self.request_options = request_options
+        """Extra request fields on every call (``temperature``, ``metadata``, ...), under
+        the call's own ``InferRequest.settings``. Fields the SDK's ``create`` does not
+        name go in ``extra_body``, so new API fields work without an SDK upgrade."""
+        self._client: Any = None
+        self._create_params: frozenset[str] | None = None
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            **super().describe(),
+            "base_url": self.base_url,
+            "thinking_budget": self.thinking_budget,
+            "max_tokens": self.max_tokens,
+            "timeout": self.timeout,
+            "request_options": sorted(self.request_options),
+        }
+
+    def _get_client(self) -> Any:
+        """The ``AsyncAnthropic`` client, built on first use with SDK retries off: the
+        turn runner retries, with the classification above, so retries never stack."""
+        if self._client is None:
+            from anthropic import AsyncAnthropic
+
+            kw: dict[str, Any] = {"max_retries": 0, "timeout": self.timeout}
+            if self.base_url is not None:
+                kw["base_url"] = self.base_url
+            if self._api_key is not None:
+                kw["api_key"] = self._api_key
+            self._client = AsyncAnthropic(**kw)
+        return self._client
+
+    async def aclose(self) -> None:
+        """Close the HTTP connection pool (the next call opens a new client)."""
+        client, self._client = self._client, None
+        if client is not None:
+            await client.close()
+
+    def request_params(self, request: InferRequest) -> dict[str, Any]:
+        """The keyword arguments of ``messages.create`` for ``request`` (``stream=True``)."""
+        system, messages = map_messages(request.instructions, request.messages)
+        params: dict[str, Any] = {"model": self.model, "max_tokens": self.max_tokens}
+        if system:
+            params["system"] = system
+        params["messages"] = messages
+        if request.tools:
+            params["tools"] = map_tools(request.tools)
+        if self.thinking_budget is not None:
+            params["thinking"] = {"type": "enabled", "budget_tokens": self.thinking_budget}
+        known = self._known_params()
+        extra_body: dict[str, Any] = {}
+        for key, value in {**self.request_options, **request.settings}.items():
+            if key in _RESERVED:
+                continue
+            if key == "extra_body":
+                extra_body.update(value)
+            elif key in known:
+                params[key] = value
+            else:
+                extra_body[key] = value
+        if extra_body:
+            params["extra_body"] = extra_body
+        params["stream"] = True
+        return params
+
+    def _known_params(self) -> frozenset[str]:
+        if self._create_params is None:
+            create = self._get_client().messages.create
+            self._create_params = frozenset(inspect.signature(create).parameters)
+        return self._create_params
+
+    async def stream(self, request: InferRequest, emit: Emit) -> None:
+        """One model call: restore, request, parse. Failures raise classified errors."""
+        try:
+            client = self._get_client()
+            events = await client.messages.create(**self.request_params(request))
+            try:
+                await parse_stream(events, emit)
+            finally:
+                # release the connection even when cancelled or failed mid-stream
+                with trio.move_on_after(2) as scope:
+                    scope.shield = True
+                    await events.close()
+        except Exception as exc:
+            raise classify_error(exc) from exc
+
+    def classify_error(self, exc: BaseException) -> errors.AxonError:
+        return classify_error(exc)

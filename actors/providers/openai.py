@@ -1,0 +1,586 @@
+"""OpenAI Chat Completions provider (also serves OpenAI-compatible servers).
+
+One module, four verbs, like every provider here:
+
+* :func:`map_messages` / :func:`map_tools` restore the session's history into the
+  Chat Completions request format (one ``assistant`` message per step, each followed by
+  the ``tool`` results of that step, in call order);
+* :func:`parse_stream` turns the SDK's ``ChatCompletionChunk`` stream into
+  :data:`runtime.chunks.StreamChunk` s;
+* :func:`map_finish_reason` and :func:`classify_error` map the SDK's words onto ours.
+
+The ``openai`` SDK is imported only inside functions, so importing this module (or
+``runtime``) stays fast and works without the SDK configured; the client is created on
+the first call, with ``max_retries=0`` because retrying is the turn runner's decision.
+
+Why the stream parser is shaped as it is (each point is a bug a peer shipped):
+
+* tool calls are accumulated by id first, then by index: servers reuse an index for a
+  new call, send ``""`` or no id on continuations, or send a whole call in one delta;
+* a :class:`~runtime.chunks.ToolCallChunk` is emitted only after the whole stream ended
+  (after the trailing usage chunk), never when the JSON first parses, and a call cut by
+  ``length`` or the content filter carries an ``input_error`` so it is never executed;
+* chunks with empty ``choices`` (Azure's leading ``prompt_filter_results``, the usage
+  chunk, OpenAI's trailing moderation chunk) are not the end of the stream: ``[DONE]``
+  is; a stream that ends without any ``finish_reason`` was cut and is an error;
+* only choice ``0`` is read (``n > 1`` responses interleave other choices).
+"""
+
+from __future__ import annotations
+
+import email.utils
+import json
+import time
+from collections.abc import AsyncIterable, Iterable, Sequence
+from typing import Any, ClassVar
+
+from runtime import errors
+from runtime.chunks import (
+    FinishChunk,
+    ReasoningChunk,
+    TextChunk,
+    ToolCallChunk,
+    ToolInputDeltaChunk,
+    ToolInputStartChunk,
+    Usage,
+    UsageChunk,
+)
+from runtime.errors import AxonError, ProviderError
+from runtime.history import iter_turns, repair, split_steps
+from runtime.messages import (
+    Message,
+    ReasoningPart,
+    SystemMessage,
+    TextPart,
+    ToolCallPart,
+    ToolMessage,
+    UserMessage,
+)
+from runtime.protocol import InferRequest
+from runtime.provider import Emit, Provider
+
+_FINISH_REASONS = {
+    "stop": "stop",
+    "tool_calls": "tool-calls",
+    "function_call": "tool-calls",
+    "length": "length",
+    "content_filter": "content-filter",
+    "error": "error",  # OpenRouter reports upstream failures this way
+}
+
+TRUNCATED = (
+    "the tool call was truncated by the output limit (finish_reason={raw}) and was not executed"
+)
+FILTERED = "the tool call was cut by the content filter (finish_reason={raw}) and was not executed"
+
+
+def map_finish_reason(raw: str | None) -> str:
+    """The unified finish reason for a Chat Completions ``finish_reason``.
+
+    ``stop`` -> ``stop``; ``tool_calls`` and the legacy ``function_call`` ->
+    ``tool-calls``; ``length`` -> ``length``; ``content_filter`` -> ``content-filter``;
+    ``error`` (OpenRouter) -> ``error``; anything else (``eos``, vendor words) -> ``other``.
+    """
+    return _FINISH_REASONS.get(raw or "", "other")
+
+
+# -- restoration: messages -> request ------------------------------------------------------
+
+
+def _arguments(value: Any) -> str:
+    # A call whose input did not parse is stored as the raw string: send it back verbatim.
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def _tool_message(result: ToolMessage) -> dict[str, Any]:
+    if result.error is not None:
+        content = result.error
+    elif isinstance(result.output, str):
+        content = result.output
+    else:
+        content = json.dumps(result.output, default=str)
+    return {"role": "tool", "tool_call_id": result.tool_call_id, "content": content}
+
+
+def _assistant_step(parts: Sequence[Any], send_reasoning_content: bool) -> dict[str, Any] | None:
+    text = "".join(p.text for p in parts if isinstance(p, TextPart))
+    calls = [
+        {
+            "id": p.tool_call_id,
+            "type": "function",
+            "function": {"name": p.tool_name, "arguments": _arguments(p.input)},
+        }
+        for p in parts
+        if isinstance(p, ToolCallPart)
+    ]
+    reasoning = ""
+    if send_reasoning_content:  # unsigned text only: signatures/redacted data belong elsewhere
+        reasoning = "".join(
+            p.text
+            for p in parts
+            if isinstance(p, ReasoningPart) and p.signature is None and p.redacted_data is None
+        )
+    if not text.strip() and not calls:
+        return None  # nothing the API accepts (reasoning-only or ProviderDataPart-only step)
+    message: dict[str, Any] = {"role": "assistant", "content": text if text.strip() else None}
+    if reasoning:
+        message["reasoning_content"] = reasoning
+    if calls:
+        message["tool_calls"] = calls
+    return message
+
+
+def map_messages(
+    instructions: str | None,
+    messages: Sequence[Message],
+    *,
+    send_reasoning_content: bool = False,
+) -> list[dict[str, Any]]:
+    """The Chat Completions ``messages`` for a session's history.
+
+    The history is repaired first (:func:`runtime.history.repair`: a call without a
+    result gets the ``interrupted`` error result, orphan results are dropped, blank text
+    is removed). Then ``instructions`` become the first ``system`` message, a
+    :class:`SystemMessage` a ``system`` message where it stands, a :class:`UserMessage`
+    a ``user`` message, and each assistant message is split by step into
+    ``assistant{content, tool_calls}`` followed by one ``tool`` message per call of that
+    step, in call order: exactly the sequence the model saw.
+
+    Choices made here: a step's text parts are joined with ``""`` (they are slices of one
+    stream); refusal text is sent as ordinary ``content`` (every compatible server
+    accepts that, and the model sees what it said); reasoning is dropped unless
+    ``send_reasoning_content`` is set (DeepSeek-style servers that require it back), and
+    then only unsigned, unredacted reasoning goes out as that step's
+    ``reasoning_content``; :class:`~runtime.messages.ProviderDataPart` s are dropped; a
+    step left with neither text nor tool calls is omitted, since the API rejects an
+    assistant message with neither.
+    """
+    out: list[dict[str, Any]] = []
+    if instructions:
+        out.append({"role": "system", "content": instructions})
+    for kind, message, results in iter_turns(repair(messages)):
+        if kind == "assistant":
+            for parts, step_results in split_steps(message, results):
+                step = _assistant_step(parts, send_reasoning_content)
+                if step is not None:
+                    out.append(step)
+                out.extend(_tool_message(r) for r in step_results)
+        elif isinstance(message, SystemMessage):
+            out.append({"role": "system", "content": message.content})
+        elif isinstance(message, UserMessage):
+            out.append({"role": "user", "content": message.content})
+    return out
+
+
+def map_tools(tools: Iterable[Any]) -> list[dict[str, Any]]:
+    """``[{"type": "function", "function": {name, description, parameters}}]`` from each
+    tool's :meth:`runtime.tools.Tool.spec` (a plain spec dict is accepted as is); an
+    empty description is omitted rather than sent as ``""``."""
+    out = []
+    for tool in tools:
+        spec = tool.spec() if hasattr(tool, "spec") else dict(tool)
+        function = {"name": spec["name"], "parameters": spec.get("parameters") or {}}
+        if spec.get("description"):
+            function["description"] = spec["description"]
+        out.append({"type": "function", "function": function})
+    return out
+
+
+# -- the stream: SDK chunks -> StreamChunk ------------------------------------------------
+
+
+def _get(obj: Any, key: str) -> Any:
+    """A field of an SDK model (declared or extra) or of a plain dict; ``None`` if absent."""
+    if obj is None:
+        return None
+    if isinstance(obj, dict):
+        return obj.get(key)
+    return getattr(obj, key, None)
+
+
+def _usage(raw: Any) -> Usage | None:
+    prompt, completion = _get(raw, "prompt_tokens"), _get(raw, "completion_tokens")
+    if prompt is None and completion is None:
+        return None
+    prompt, completion = prompt or 0, completion or 0
+    return Usage(
+        input_tokens=prompt,
+        output_tokens=completion,
+        total_tokens=_get(raw, "total_tokens") or prompt + completion,
+        cache_read=_get(_get(raw, "prompt_tokens_details"), "cached_tokens"),
+        reasoning_tokens=_get(_get(raw, "completion_tokens_details"), "reasoning_tokens"),
+    )
+
+
+class _Call:
+    """One tool call being accumulated from its deltas."""
+
+    __slots__ = ("args", "id", "name", "started")
+
+    def __init__(self, call_id: str) -> None:
+        self.id = call_id
+        self.name = ""
+        self.args: list[str] = []
+        self.started = False
+
+
+class _ToolCalls:
+    """Tool-call deltas -> calls, matched by id first and by index second."""
+
+    def __init__(self) -> None:
+        self.calls: list[_Call] = []
+        self._by_id: dict[str, _Call] = {}
+        self._by_index: dict[Any, _Call] = {}
+
+    def _call_for(self, call_id: str | None, index: Any) -> _Call:
+        if call_id and call_id in self._by_id:
+            return self._by_id[call_id]
+        if not call_id:  # a continuation: the call last opened at this index
+            call = self._by_index.get(index)
+            if call is None and index is None and self.calls:
+                call = self.calls[-1]
+            if call is not None:
+                return call
+            from runtime.ids import new_id  # the server gave no id at all: make one
+
+            call_id = new_id("call")
+        call = _Call(call_id)
+        self.calls.append(call)
+        self._by_id[call_id] = call
+        self._by_index[index] = call  # a reused index now means this new call
+        return call
+
+    def feed(self, call_id: str | None, index: Any, name: str | None, args: str | None) -> list:
+        """The chunks one delta produces (start once the name is known, then fragments)."""
+        call = self._call_for(call_id, index)
+        if name and not call.name:
+            call.name = name
+        if args:
+            call.args.append(args)
+        if call.started:
+            return [ToolInputDeltaChunk(tool_call_id=call.id, delta=args)] if args else []
+        if not call.name:
+            return []  # wait for the name; fragments so far are flushed with the start
+        call.started = True
+        out: list[Any] = [ToolInputStartChunk(tool_call_id=call.id, tool_name=call.name)]
+        if call.args:
+            out.append(ToolInputDeltaChunk(tool_call_id=call.id, delta="".join(call.args)))
+        return out
+
+    def finish(self, raw_reason: str | None, reason: str) -> list:
+        """The complete calls, in call order; ``input_error`` when unusable."""
+        out: list[Any] = []
+        for call in self.calls:
+            raw = "".join(call.args)
+            error: str | None = None
+            try:
+                value: Any = json.loads(raw) if raw.strip() else {}
+            except ValueError as exc:
+                value, error = raw, f"invalid JSON in tool arguments: {exc}"
+            if reason == "length":
+                error = TRUNCATED.format(raw=raw_reason)
+            elif reason == "content-filter":
+                error = FILTERED.format(raw=raw_reason)
+            elif not call.name:
+                error = "the tool call has no name"
+            if not call.started:
+                out.append(ToolInputStartChunk(tool_call_id=call.id, tool_name=call.name))
+            out.append(
+                ToolCallChunk(
+                    tool_call_id=call.id, tool_name=call.name, input=value, input_error=error
+                )
+            )
+        return out
+
+
+async def parse_stream(stream: AsyncIterable[Any], emit: Emit, *, provider: str = "openai") -> None:
+    """Read a Chat Completions chunk stream and ``emit`` :data:`StreamChunk` s.
+
+    Text, refusal, reasoning and tool-input chunks go out as they arrive; at the end of
+    the stream come one :class:`UsageChunk` (the last usage seen: the trailing
+    empty-``choices`` chunk, usage on a choice chunk, or Groq's ``x_groq.usage``), the
+    :class:`ToolCallChunk` s in call order, and the :class:`FinishChunk` last.
+
+    Reasoning is read from the ``reasoning_content`` delta field (DeepSeek, Z.ai, vLLM)
+    or, when that is empty, ``reasoning`` (Groq, OpenRouter): one of the two, never both,
+    because some servers fill both with the same text. Any refusal makes the finish
+    reason ``content-filter`` (the raw reason stays what the server said).
+
+    Errors are raised classified (:func:`classify_error`): an ``error`` object or
+    ``event: error`` in the stream, a dropped connection, unparsable data, and a stream
+    that ended with no ``finish_reason`` at all (:class:`MalformedStream`). Whatever was
+    emitted before stays emitted; no :class:`FinishChunk` follows an error.
+    """
+    calls = _ToolCalls()
+    usage: Usage | None = None
+    raw_reason: str | None = None
+    refused = False
+    iterator = aiter(stream)
+    while True:
+        try:
+            chunk = await anext(iterator)
+        except StopAsyncIteration:
+            break
+        except Exception as exc:
+            raise classify_error(exc, provider=provider) from exc
+        found = _usage(_get(chunk, "usage")) or _usage(_get(_get(chunk, "x_groq"), "usage"))
+        usage = found or usage
+        for choice in _get(chunk, "choices") or ():
+            if (_get(choice, "index") or 0) != 0:
+                continue  # n > 1: only the first choice is this turn's answer
+            raw_reason = _get(choice, "finish_reason") or raw_reason
+            delta = _get(choice, "delta")
+            if delta is None:
+                continue
+            reasoning = _get(delta, "reasoning_content") or _get(delta, "reasoning")
+            if reasoning and isinstance(reasoning, str):
+                await emit(ReasoningChunk(text=reasoning, provider=provider))
+            text = _get(delta, "content")
+            if text and isinstance(text, str):
+                await emit(TextChunk(text=text))
+            refusal = _get(delta, "refusal")
+            if refusal:
+                refused = True
+                await emit(TextChunk(text=refusal, refusal=True))
+            for tc in _get(delta, "tool_calls") or ():
+                fn = _get(tc, "function")
+                out = calls.feed(
+                    _get(tc, "id"), _get(tc, "index"), _get(fn, "name"), _get(fn, "arguments")
+                )
+                for item in out:
+                    await emit(item)
+            legacy = _get(delta, "function_call")  # deprecated single function call
+            if legacy is not None:
+                for item in calls.feed(
+                    None, "function_call", _get(legacy, "name"), _get(legacy, "arguments")
+                ):
+                    await emit(item)
+    if raw_reason is None:
+        raise errors.MalformedStream(
+            "the stream ended without a finish_reason (the response was cut)", provider=provider
+        )
+    reason = "content-filter" if refused else map_finish_reason(raw_reason)
+    if usage is not None:
+        await emit(UsageChunk(usage=usage))
+    for item in calls.finish(raw_reason, reason):
+        await emit(item)
+    await emit(FinishChunk(reason=reason, raw_reason=raw_reason))
+
+
+# -- errors -----------------------------------------------------------------------------
+
+
+def _retry_after(headers: Any) -> float | None:
+    """Seconds to wait from ``retry-after-ms`` or ``retry-after`` (seconds or HTTP date)."""
+    if headers is None:
+        return None
+    try:
+        ms = headers.get("retry-after-ms")
+        if ms is not None:
+            return max(0.0, float(ms) / 1000)
+        value = headers.get("retry-after")
+        if value is None:
+            return None
+        try:
+            return max(0.0, float(value))
+        except ValueError:
+            when = email.utils.parsedate_to_datetime(value)
+            return max(0.0, when.timestamp() - time.time())
+    except (TypeError, ValueError, OverflowError):
+        return None
+
+
+def _status_of(body: Any) -> int | None:
+    # In-stream error objects carry no HTTP status; servers put it in the body instead
+    # (Groq ``status_code: 400``, OpenRouter ``code: 400``).
+    for key in ("status_code", "status", "code"):
+        value = _get(body, key)
+        if isinstance(value, int) or (isinstance(value, str) and value.isdigit()):
+            return int(value)
+    return None
+
+
+_CONTEXT_WORDS = ("context length", "context window", "maximum context")
+
+
+def _classify(
+    message: str,
+    *,
+    status: int | None,
+    code: str | None,
+    kind: str | None,
+    retry_after: float | None,
+    provider: str,
+) -> ProviderError:
+    kw: dict[str, Any] = {"status_code": status, "provider": provider}
+    words = f"{code or ''} {kind or ''}".lower()
+    lowered = message.lower()
+    if status == 429 or "rate_limit" in words:
+        # insufficient_quota is also a 429, but waiting does not refill a quota.
+        retryable = False if "insufficient_quota" in words else None
+        return errors.RateLimited(message, retry_after=retry_after, retryable=retryable, **kw)
+    if status == 529 or "overloaded" in words:
+        return errors.Overloaded(message, retry_after=retry_after, **kw)
+    if (status is not None and status >= 500) or kind in ("server_error", "internal_error"):
+        return errors.ProviderUnavailable(message, retry_after=retry_after, **kw)
+    if status in (401, 403) or kind in ("authentication_error", "permission_error"):
+        return errors.AuthenticationFailed(message, **kw)
+    if status == 408:
+        return errors.ProviderTimeout(message, **kw)
+    if "context_length_exceeded" in words or any(w in lowered for w in _CONTEXT_WORDS):
+        return errors.ContextTooLong(message, **kw)
+    if (status is not None and 400 <= status < 500) or kind == "invalid_request_error":
+        return errors.BadRequest(message, **kw)
+    return ProviderError(message, **kw)
+
+
+def classify_error(exc: BaseException, *, provider: str = "openai") -> AxonError:
+    """Map an exception from the SDK (or its transport) onto :mod:`runtime.errors`.
+
+    HTTP status first (429 -> :class:`RateLimited` with ``retry_after`` from the
+    ``retry-after-ms`` / ``retry-after`` headers; 529 or an ``overloaded`` type ->
+    :class:`Overloaded`; 5xx -> :class:`ProviderUnavailable`; 401/403 ->
+    :class:`AuthenticationFailed`; a 4xx saying the context is too long ->
+    :class:`ContextTooLong`; other 4xx -> :class:`BadRequest`), then the body's type and
+    code for in-stream errors, which have no status of their own. Timeouts ->
+    :class:`ProviderTimeout`; connection failures and transport errors mid-stream ->
+    :class:`ConnectionLost`; undecodable stream data -> :class:`MalformedStream`.
+    An :class:`AxonError` is returned unchanged.
+    """
+    if isinstance(exc, AxonError):
+        return exc
+    import openai
+
+    if isinstance(exc, openai.APITimeoutError):
+        return errors.ProviderTimeout(str(exc), provider=provider)
+    if isinstance(exc, openai.APIConnectionError):
+        cause = exc.__cause__
+        detail = f": {type(cause).__name__}: {cause}" if cause is not None else ""
+        return errors.ConnectionLost(f"{exc}{detail}", provider=provider)
+    if isinstance(exc, openai.APIError):
+        body = exc.body
+        message = _get(body, "message")
+        if not isinstance(message, str) or not message:
+            message = exc.message
+        response = getattr(exc, "response", None)
+        status = getattr(exc, "status_code", None) or _status_of(body)
+        return _classify(
+            message,
+            status=status,
+            code=exc.code,
+            kind=exc.type,
+            retry_after=_retry_after(response.headers if response is not None else None),
+            provider=provider,
+        )
+    if isinstance(exc, (json.JSONDecodeError, UnicodeDecodeError)):
+        return errors.MalformedStream(f"undecodable stream data: {exc}", provider=provider)
+    import httpx2
+
+    if isinstance(exc, httpx2.TimeoutException):
+        return errors.ProviderTimeout(f"{type(exc).__name__}: {exc}", provider=provider)
+    if isinstance(exc, httpx2.TransportError):
+        return errors.ConnectionLost(f"{type(exc).__name__}: {exc}", provider=provider)
+    return ProviderError(f"{type(exc).__name__}: {exc}", provider=provider)
+
+
+# -- the provider actor ------------------------------------------------------------------
+
+
+class OpenAIProvider(Provider):
+    """Chat Completions over the ``openai`` SDK, for OpenAI and compatible servers."""
+
+    provider_name: ClassVar[str] = "openai"
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        send_reasoning_content: bool = False,
+        max_concurrency: int | None = None,
+        timeout: float | None = 60.0,
+        name: str | None = None,
+        **request_options: Any,
+    ) -> None:
+        super().__init__(model=model, max_concurrency=max_concurrency, name=name)
+        self.base_url = base_url
+        """Server root (``.../v1``); ``None``: the SDK's default (``OPENAI_BASE_URL`` or
+        api.openai.com)."""
+        self._api_key = api_key  # private: never logged, never in describe()
+        self.send_reasoning_content = send_reasoning_content
+        """Send each step's unsigned reasoning back as ``reasoning_content`` (DeepSeek
+        thinking mode requires it; other servers reject or ignore the field)."""
+        self.timeout = timeout
+        """Seconds to connect and between two reads of the stream; ``None``: no limit."""
+        self.request_options = request_options
+        """Extra ``chat.completions.create`` arguments for every call (``temperature``,
+        ``max_completion_tokens``, ``extra_body``...); a request's ``settings`` override
+        them key by key."""
+        self._client: Any = None
+
+    def _get_client(self) -> Any:
+        if self._client is None:
+            import openai
+
+            try:
+                self._client = openai.AsyncOpenAI(
+                    api_key=self._api_key,
+                    base_url=self.base_url,
+                    timeout=self.timeout,
+                    max_retries=0,  # retries belong to the runtime (it knows what was emitted)
+                )
+            except openai.OpenAIError as exc:  # no key given and none in the environment
+                raise errors.AuthenticationFailed(str(exc), provider=self.provider_name) from exc
+        return self._client
+
+    def request_params(self, request: InferRequest) -> dict[str, Any]:
+        """The ``chat.completions.create`` keyword arguments for ``request``."""
+        options = {**self.request_options, **request.settings}
+        params: dict[str, Any] = {
+            "model": self.model,
+            "messages": map_messages(
+                request.instructions,
+                request.messages,
+                send_reasoning_content=self.send_reasoning_content,
+            ),
+        }
+        if request.tools:
+            params["tools"] = map_tools(request.tools)
+        stream_options = options.pop("stream_options", {})
+        params.update(options)
+        params["stream"] = True
+        if stream_options is not None:  # an explicit None omits it for servers that reject it
+            params["stream_options"] = {"include_usage": True, **stream_options}
+        return params
+
+    async def stream(self, request: InferRequest, emit: Emit) -> None:
+        """One streamed Chat Completions call; raises a classified error on failure."""
+        params = self.request_params(request)
+        client = self._get_client()
+        try:
+            response = await client.chat.completions.create(**params)
+        except Exception as exc:
+            raise classify_error(exc, provider=self.provider_name) from exc
+        async with response:  # closes the HTTP response on error and on cancellation
+            await parse_stream(response, emit, provider=self.provider_name)
+
+    def classify_error(self, exc: BaseException) -> AxonError:
+        return classify_error(exc, provider=self.provider_name)
+
+    def describe(self) -> dict[str, Any]:
+        """Model, base URL and the *names* of the request options; never the key (nor
+        option values, which may hold headers with credentials)."""
+        return {
+            "provider": self.provider_name,
+            "model": self.model,
+            "base_url": self.base_url,
+            "send_reasoning_content": self.send_reasoning_content,
+            "options": sorted(self.request_options),
+        }
+
+    async def aclose(self) -> None:
+        """Close the HTTP client (its connection pool), if one was created."""
+        if self._client is not None:
+            client, self._client = self._client, None
+            await client.close()

@@ -1,0 +1,448 @@
+"""The ASGI app: the chat page, the AI SDK chat endpoint and the sessions API.
+
+``create_app(host, agent)`` returns a Starlette app bound to a running
+:class:`~runtime.host.Host` (it must run in the host's Trio world, e.g. under
+Hypercorn's Trio worker, see :mod:`runtime.web.serve`):
+
+``GET /``
+    The chat page (one file, no build step).
+``POST /api/chat``
+    The body ``useChat`` sends (``id`` = session id, ``messages`` with ``parts``,
+    ``trigger``). Runs one turn on that session with the text of the last user message and
+    streams it as an AI SDK UI message stream (:mod:`runtime.web.protocol`). The server
+    keeps the history: only the last user message is read. ``trigger:
+    "regenerate-message"`` replaces the session's last turn instead of adding one. A
+    client that closes the connection cancels the turn (saved, marked interrupted).
+``GET /api/sessions``, ``GET /api/sessions/{id}``
+    The stored sessions; one session's messages in the runtime's JSON form
+    (``messages``) and as AI SDK ``UIMessage`` s (``ui_messages``).
+``GET /api/info``
+    The agent's name, provider and model.
+
+Safe by default: no CORS unless ``cors_origins`` is given, a request body limit (413),
+session ids validated (400), and with ``token`` every ``/api/`` request needs
+``Authorization: Bearer <token>`` (401).
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import orjson
+import trio
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from runtime.agent import Agent
+from runtime.errors import InvalidSessionId, SessionBusy
+from runtime.host import Host, validate_session_id
+from runtime.messages import UserMessage
+from runtime.web.protocol import DONE, HEADERS, UIStreamEncoder, ui_messages
+
+DEFAULT_MAX_BODY = 1 << 20
+"""Largest request body accepted (bytes); bigger ones get 413."""
+
+KEEPALIVE = 15.0
+"""Seconds of silence after which a stream sends an SSE comment, so proxies keep it open."""
+
+TITLE_CHARS = 80
+
+STATIC = Path(__file__).with_name("static")
+
+AgentSource = Agent | Callable[[str], Agent]
+"""An agent for every session, or a factory called with the session id of a new one."""
+
+
+class ApiError(Exception):
+    """An error answered as ``{"error": message}`` with ``status``."""
+
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.headers = headers
+
+
+def json_response(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    body = orjson.dumps(data, default=str, option=orjson.OPT_NON_STR_KEYS)
+    return Response(body, status_code=status, headers=headers, media_type="application/json")
+
+
+def error_response(status: int, message: str, headers: dict[str, str] | None = None) -> Response:
+    return json_response({"error": message}, status, headers)
+
+
+async def _api_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, ApiError)
+    return error_response(exc.status, exc.message, exc.headers)
+
+
+# -- middleware ---------------------------------------------------------------------------
+
+
+class BearerAuth:
+    """401 for an ``/api/`` request without ``Authorization: Bearer <token>``."""
+
+    def __init__(self, app: ASGIApp, token: str) -> None:
+        self.app = app
+        self.token = token.encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (
+            scope["type"] == "http"
+            and scope["path"].startswith("/api/")
+            and scope["method"] != "OPTIONS"  # CORS preflight carries no credentials
+            and not self._authorized(scope)
+        ):
+            response = error_response(
+                401, "missing or wrong bearer token", {"www-authenticate": "Bearer"}
+            )
+            await response(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+    def _authorized(self, scope: Scope) -> bool:
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                scheme, _, credentials = value.partition(b" ")
+                if scheme.lower() == b"bearer" and hmac.compare_digest(
+                    credentials.strip(), self.token
+                ):
+                    return True
+        return False
+
+
+class SecurityHeaders:
+    """``nosniff`` and a no-referrer policy on every response."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_headers(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", []))
+                headers.append((b"x-content-type-options", b"nosniff"))
+                headers.append((b"referrer-policy", b"no-referrer"))
+                message = {**message, "headers": headers}
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
+
+
+# -- the chat stream ----------------------------------------------------------------------
+
+
+def _last_user_text(messages: Any) -> str:
+    """The text parts of the last user message of a ``useChat`` body, joined."""
+    if not isinstance(messages, list):
+        raise ApiError(400, "'messages' must be a list")
+    for message in reversed(messages):
+        if not isinstance(message, dict) or message.get("role") != "user":
+            continue
+        parts = message.get("parts")
+        if isinstance(parts, list):
+            text = "".join(
+                p["text"]
+                for p in parts
+                if isinstance(p, dict)
+                and p.get("type") == "text"
+                and isinstance(p.get("text"), str)
+            )
+        elif isinstance(message.get("content"), str):  # the pre-parts message shape
+            text = message["content"]
+        else:
+            text = ""
+        if not text.strip():
+            raise ApiError(400, "the last user message has no text")
+        return text
+    raise ApiError(400, "no user message in 'messages'")
+
+
+def _drop_last_turn(session: Any) -> None:
+    """Cut the history back to before its last user message (for a regenerate).
+
+    Only called while the session is idle, right before a turn starts: that turn saves
+    from the cut on, replacing the old turn in the store as well.
+    """
+    messages = session.state.messages
+    for i in range(len(messages) - 1, -1, -1):
+        if isinstance(messages[i], UserMessage):
+            del messages[i:]
+            return
+
+
+class TurnResponse:
+    """Streams one turn as a UI message stream; the client leaving cancels the turn."""
+
+    def __init__(
+        self, session: Any, text: str, *, regenerate: bool = False, keepalive: float = KEEPALIVE
+    ) -> None:
+        self.session = session
+        self.text = text
+        self.regenerate = regenerate
+        self.keepalive = keepalive
+        self.disconnected = False
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        session = self.session
+        if session.busy:
+            await _busy(session)(scope, receive, send)
+            return
+        # No checkpoint between here and the turn taking the session (``__aenter__``).
+        if self.regenerate:
+            _drop_last_turn(session)
+        session.state.meta.setdefault("title", " ".join(self.text.split())[:TITLE_CHARS])
+        started = False
+        try:
+            async with session.stream(self.text) as out:
+                started = True
+                await self._stream(out, receive, send)
+        except SessionBusy:
+            if started:
+                raise
+            await _busy(session)(scope, receive, send)
+
+    async def _stream(self, out: Any, receive: Receive, send: Send) -> None:
+        lock = trio.Lock()
+        last_write = trio.current_time()
+
+        async def write(data: bytes, more: bool = True) -> None:
+            nonlocal last_write
+            if self.disconnected:
+                return
+            async with lock:
+                await send({"type": "http.response.body", "body": data, "more_body": more})
+            last_write = trio.current_time()
+
+        async def watch_disconnect() -> None:
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    self.disconnected = True
+                    out.cancel("client disconnected")
+                    return
+
+        async def keep_alive() -> None:
+            while True:
+                await trio.sleep_until(last_write + self.keepalive)
+                if trio.current_time() >= last_write + self.keepalive:
+                    await write(b": keep-alive\n\n")
+
+        headers = [(k.encode(), v.encode()) for k, v in HEADERS.items()]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        encoder = UIStreamEncoder()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(watch_disconnect)
+            if self.keepalive:
+                nursery.start_soon(keep_alive)
+            async for chunk in out:
+                data = encoder.events(chunk)
+                if data:
+                    await write(data)
+            await write(DONE, more=False)
+            nursery.cancel_scope.cancel()
+
+
+def _busy(session: Any) -> Response:
+    return error_response(409, f"session {session.id!r} is already running a turn")
+
+
+# -- the app ------------------------------------------------------------------------------
+
+
+class WebState:
+    """What the endpoints share: the host, the agent and the limits."""
+
+    def __init__(self, host: Host, agent: AgentSource, *, max_body: int, keepalive: float) -> None:
+        self.host = host
+        self.agent = agent
+        self.max_body = max_body
+        self.keepalive = keepalive
+        self._open_lock = trio.Lock()
+
+    async def session(self, session_id: str) -> Any:
+        """The open session ``session_id``, opened (resumed from the store) if needed."""
+        session = self.host.sessions.get(session_id)
+        if session is not None:
+            return session
+        async with self._open_lock:
+            session = self.host.sessions.get(session_id)
+            if session is None:
+                agent = self.agent if isinstance(self.agent, Agent) else self.agent(session_id)
+                session = await self.host.open_session(agent, session_id=session_id)
+        return session
+
+    def info(self) -> dict[str, Any]:
+        agent = self.agent if isinstance(self.agent, Agent) else None
+        provider = getattr(agent, "provider", None)
+        return {
+            "agent": agent.name if agent else None,
+            "provider": getattr(provider, "provider_name", None) if provider else "scripted",
+            "model": getattr(provider, "model", None) if provider else "scripted",
+            "tools": [t.name for t in agent.tools] if agent else None,
+        }
+
+
+def _state(request: Request) -> WebState:
+    return request.app.state.axon
+
+
+def _session_id(value: Any) -> str:
+    try:
+        return validate_session_id(value)
+    except InvalidSessionId as exc:
+        raise ApiError(400, str(exc)) from None
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    length = request.headers.get("content-length")
+    if length is not None:
+        if not length.isdigit():
+            raise ApiError(400, "bad content-length")
+        if int(length) > limit:
+            raise ApiError(413, f"request body larger than {limit} bytes")
+    body = bytearray()
+    async for piece in request.stream():
+        body += piece
+        if len(body) > limit:
+            raise ApiError(413, f"request body larger than {limit} bytes")
+    return bytes(body)
+
+
+async def chat(request: Request) -> Any:
+    state = _state(request)
+    raw = await _read_body(request, state.max_body)
+    try:
+        payload = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        raise ApiError(400, "the body is not JSON") from None
+    if not isinstance(payload, dict):
+        raise ApiError(400, "the body must be a JSON object")
+    if "id" not in payload:
+        raise ApiError(400, "'id' (the session id) is required")
+    session_id = _session_id(payload["id"])
+    text = _last_user_text(payload.get("messages"))
+    trigger = payload.get("trigger", "submit-message")
+    if trigger not in ("submit-message", "regenerate-message"):
+        raise ApiError(400, f"unknown trigger {trigger!r}")
+    session = await state.session(session_id)
+    return TurnResponse(
+        session, text, regenerate=trigger == "regenerate-message", keepalive=state.keepalive
+    )
+
+
+async def list_sessions(request: Request) -> Response:
+    state = _state(request)
+    infos = await state.host.store.list_sessions()
+    open_sessions = state.host.sessions
+    return json_response(
+        {
+            "sessions": [
+                {
+                    "session_id": info.session_id,
+                    "title": info.meta.get("title"),
+                    "message_count": info.message_count,
+                    "busy": bool(
+                        info.session_id in open_sessions and open_sessions[info.session_id].busy
+                    ),
+                    "meta": info.meta,
+                }
+                for info in infos
+            ]
+        }
+    )
+
+
+async def get_session(request: Request) -> Response:
+    from runtime.serde import unstructure
+
+    state = _state(request)
+    session_id = _session_id(request.path_params["session_id"])
+    record = await state.host.store.load(session_id)
+    if record is None:
+        raise ApiError(404, f"no session {session_id!r}")
+    open_session = state.host.sessions.get(session_id)
+    return json_response(
+        {
+            "session_id": session_id,
+            "title": record.meta.get("title"),
+            "busy": bool(open_session is not None and open_session.busy),
+            "meta": record.meta,
+            "messages": unstructure(list(record.messages)),
+            "ui_messages": ui_messages(record.messages),
+        }
+    )
+
+
+async def info(request: Request) -> Response:
+    return json_response(_state(request).info())
+
+
+CSP = (
+    "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
+    "connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'; "
+    "frame-ancestors 'none'"
+)
+
+
+def create_app(
+    host: Host,
+    agent: AgentSource,
+    *,
+    token: str | None = None,
+    cors_origins: Sequence[str] | None = None,
+    max_body: int = DEFAULT_MAX_BODY,
+    keepalive: float = KEEPALIVE,
+) -> Starlette:
+    """The web app for ``host``: every session runs ``agent`` (or ``agent(session_id)``).
+
+    ``token`` requires ``Authorization: Bearer <token>`` on ``/api/``; ``cors_origins``
+    allows those origins to call the API from a browser (none by default); ``max_body``
+    caps request bodies (413 above it); ``keepalive`` is the SSE comment interval (0: off).
+    """
+    page = (STATIC / "index.html").read_bytes()
+
+    async def index(request: Request) -> Response:
+        return HTMLResponse(page, headers={"content-security-policy": CSP})
+
+    middleware = [Middleware(SecurityHeaders)]
+    if cors_origins:
+        from starlette.middleware.cors import CORSMiddleware
+
+        middleware.append(
+            Middleware(
+                CORSMiddleware,
+                allow_origins=list(cors_origins),
+                allow_methods=["GET", "POST"],
+                allow_headers=["authorization", "content-type"],
+                expose_headers=["x-vercel-ai-ui-message-stream"],
+                max_age=600,
+            )
+        )
+    if token:
+        middleware.append(Middleware(BearerAuth, token=token))
+    app = Starlette(
+        routes=[
+            Route("/", index, methods=["GET"]),
+            Route("/api/info", info, methods=["GET"]),
+            Route("/api/chat", chat, methods=["POST"]),
+            Route("/api/sessions", list_sessions, methods=["GET"]),
+            Route("/api/sessions/{session_id}", get_session, methods=["GET"]),
+        ],
+        middleware=middleware,
+        exception_handlers={ApiError: _api_error},
+    )
+    app.state.axon = WebState(host, agent, max_body=max_body, keepalive=keepalive)
+    return app

@@ -1,0 +1,243 @@
+"""The Vercel AI SDK "UI message stream" (protocol v1), spoken by ``POST /api/chat``.
+
+:class:`UIStreamEncoder` maps the runtime's :data:`~runtime.output.OutputChunk` s to the
+chunks that the ``ai`` package's ``uiMessageChunkSchema`` accepts, so a React app on
+``useChat`` (or anything built on ``readUIMessageStream``) reads an Axon turn with no
+adapter. Each chunk goes out as one Server-Sent Event, ``data: {json}\\n\\n``, and the
+stream closes with ``data: [DONE]\\n\\n``. The mapping:
+
+* ``start`` -> ``start`` (``messageId``);
+* ``step-start`` / ``step-finish`` -> ``start-step`` / ``finish-step``;
+* ``text-start/delta/finish`` -> ``text-start/delta/end`` (``id``, ``delta``);
+* ``reasoning-start/delta/finish`` -> ``reasoning-start/delta/end`` (``id``, ``delta``);
+* ``tool-input-start`` -> ``tool-input-start`` (``toolCallId``, ``toolName``);
+* ``tool-input-delta`` -> ``tool-input-delta`` (``toolCallId``, ``inputTextDelta``);
+* ``tool-call`` -> ``tool-input-available`` (``toolCallId``, ``toolName``, ``input``);
+* ``tool-result`` -> ``tool-output-available`` (``toolCallId``, ``output``);
+* ``tool-error`` -> ``tool-output-error`` (``toolCallId``, ``errorText``);
+* ``finish`` -> ``finish`` (``finishReason``; ``messageMetadata``: the runtime's own
+  finish reason and the summed ``usage``);
+* ``error`` -> ``error`` (``errorText``: ``"Kind: message"``);
+* ``abort`` -> ``abort`` (``reason``).
+
+:func:`ui_messages` gives a stored history in the AI SDK's ``UIMessage`` form (what
+``useChat`` takes as its initial ``messages``). This module needs no web framework.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import orjson
+
+from runtime import output as o
+from runtime.messages import (
+    AssistantMessage,
+    Message,
+    ReasoningPart,
+    SystemMessage,
+    TextPart,
+    ToolCallPart,
+    ToolMessage,
+    UserMessage,
+)
+
+HEADERS: dict[str, str] = {
+    "content-type": "text/event-stream",
+    "cache-control": "no-cache",
+    "x-vercel-ai-ui-message-stream": "v1",
+    "x-accel-buffering": "no",
+}
+"""Response headers of a UI message stream (as the ``ai`` package's own responses set)."""
+
+DONE = b"data: [DONE]\n\n"
+"""The event that closes a UI message stream."""
+
+FINISH_REASONS = frozenset({"stop", "length", "content-filter", "tool-calls", "error", "other"})
+"""The ``finishReason`` values the protocol knows; others (``budget``, ...) go as ``other``."""
+
+_SIMPLE: dict[type, str] = {
+    o.TextStart: "text-start",
+    o.TextFinish: "text-end",
+    o.ReasoningStart: "reasoning-start",
+    o.ReasoningFinish: "reasoning-end",
+}
+
+
+def _json(value: Any) -> bytes:
+    return orjson.dumps(value, default=str, option=orjson.OPT_NON_STR_KEYS)
+
+
+def sse(chunk: dict[str, Any]) -> bytes:
+    """One Server-Sent Event carrying ``chunk`` as JSON."""
+    return b"data: " + _json(chunk) + b"\n\n"
+
+
+def error_text(kind: str, message: str) -> str:
+    """The ``errorText`` of an error: ``"Kind: message"`` (the kind alone if no message)."""
+    return f"{kind}: {message}" if message else kind
+
+
+def _usage(usage: Any) -> dict[str, Any]:
+    from runtime.serde import unstructure
+
+    return {k: v for k, v in unstructure(usage).items() if v is not None}
+
+
+class UIStreamEncoder:
+    """Maps one turn's output chunks to UI message stream chunks.
+
+    Stateful only to keep the client's state machine whole: a tool result whose call the
+    stream never announced gets a ``tool-input-available`` first (the AI SDK rejects a
+    result for an unknown call).
+    """
+
+    def __init__(self) -> None:
+        self._announced: set[str] = set()
+
+    def encode(self, chunk: Any) -> list[dict[str, Any]]:
+        """The UI message stream chunks for one ``OutputChunk`` (usually exactly one)."""
+        t = type(chunk)
+        simple = _SIMPLE.get(t)
+        if simple is not None:
+            return [{"type": simple, "id": chunk.part_id}]
+        if t is o.TextDelta:
+            return [{"type": "text-delta", "id": chunk.part_id, "delta": chunk.text}]
+        if t is o.ReasoningDelta:
+            return [{"type": "reasoning-delta", "id": chunk.part_id, "delta": chunk.text}]
+        if t is o.ToolInputStart:
+            return [
+                {
+                    "type": "tool-input-start",
+                    "toolCallId": chunk.tool_call_id,
+                    "toolName": chunk.tool_name,
+                }
+            ]
+        if t is o.ToolInputDelta:
+            return [
+                {
+                    "type": "tool-input-delta",
+                    "toolCallId": chunk.tool_call_id,
+                    "inputTextDelta": chunk.delta,
+                }
+            ]
+        if t is o.ToolCall:
+            self._announced.add(chunk.tool_call_id)
+            return [self._input_available(chunk.tool_call_id, chunk.tool_name, chunk.input)]
+        if t is o.ToolResult or t is o.ToolError:
+            out: list[dict[str, Any]] = []
+            if chunk.tool_call_id not in self._announced:
+                self._announced.add(chunk.tool_call_id)
+                out.append(self._input_available(chunk.tool_call_id, chunk.tool_name, None))
+            if t is o.ToolResult:
+                out.append(
+                    {
+                        "type": "tool-output-available",
+                        "toolCallId": chunk.tool_call_id,
+                        "output": chunk.output,
+                    }
+                )
+            else:
+                out.append(
+                    {
+                        "type": "tool-output-error",
+                        "toolCallId": chunk.tool_call_id,
+                        "errorText": chunk.error,
+                    }
+                )
+            return out
+        if t is o.StepStart:
+            return [{"type": "start-step"}]
+        if t is o.StepFinish:
+            return [{"type": "finish-step"}]
+        if t is o.Start:
+            return [{"type": "start", "messageId": chunk.message_id}]
+        if t is o.Finish:
+            reason = chunk.finish_reason
+            return [
+                {
+                    "type": "finish",
+                    "finishReason": reason if reason in FINISH_REASONS else "other",
+                    "messageMetadata": {"finishReason": reason, "usage": _usage(chunk.usage)},
+                }
+            ]
+        if t is o.Error:
+            info = chunk.error
+            return [{"type": "error", "errorText": error_text(info.kind, info.message)}]
+        if t is o.Abort:
+            return [{"type": "abort", "reason": chunk.reason}]
+        return []  # pragma: no cover - every OutputChunk type is mapped above
+
+    @staticmethod
+    def _input_available(call_id: str, name: str, input: Any) -> dict[str, Any]:
+        return {
+            "type": "tool-input-available",
+            "toolCallId": call_id,
+            "toolName": name,
+            "input": input,
+        }
+
+    def events(self, chunk: Any) -> bytes:
+        """The SSE bytes for one ``OutputChunk`` (``b""`` when it maps to nothing)."""
+        return b"".join(sse(c) for c in self.encode(chunk))
+
+
+def encode_turn(chunks: Iterable[Any]) -> list[dict[str, Any]]:
+    """Every UI message stream chunk of a whole turn (a convenience for tests and tools)."""
+    encoder = UIStreamEncoder()
+    return [ui for chunk in chunks for ui in encoder.encode(chunk)]
+
+
+# -- stored history -> UIMessage ----------------------------------------------------------
+
+
+def _tool_part(call: ToolCallPart, result: ToolMessage | None) -> dict[str, Any]:
+    part: dict[str, Any] = {
+        "type": f"tool-{call.tool_name}",
+        "toolCallId": call.tool_call_id,
+        "input": call.input,
+    }
+    if result is None:
+        part["state"] = "input-available"
+    elif result.error is not None:
+        part["state"] = "output-error"
+        part["errorText"] = result.error
+    else:
+        part["state"] = "output-available"
+        part["output"] = result.output
+    return part
+
+
+def _assistant(message: AssistantMessage, results: dict[str, ToolMessage]) -> dict[str, Any]:
+    parts: list[dict[str, Any]] = []
+    for step in message.steps():
+        parts.append({"type": "step-start"})
+        for p in step:
+            if isinstance(p, TextPart):
+                parts.append({"type": "text", "text": p.text, "state": "done"})
+            elif isinstance(p, ReasoningPart):
+                if p.text:
+                    parts.append({"type": "reasoning", "text": p.text, "state": "done"})
+            elif isinstance(p, ToolCallPart):
+                parts.append(_tool_part(p, results.get(p.tool_call_id)))
+            # provider-data parts are opaque to a UI
+    return {
+        "id": message.id,
+        "role": "assistant",
+        "parts": parts,
+        "metadata": {"interrupted": message.interrupted},
+    }
+
+
+def ui_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
+    """A stored history as AI SDK ``UIMessage`` s: the tool results folded into their
+    calls' tool parts, a ``step-start`` part before each step."""
+    results = {m.tool_call_id: m for m in messages if isinstance(m, ToolMessage)}
+    out: list[dict[str, Any]] = []
+    for m in messages:
+        if isinstance(m, UserMessage | SystemMessage):
+            out.append({"id": m.id, "role": m.role, "parts": [{"type": "text", "text": m.content}]})
+        elif isinstance(m, AssistantMessage):
+            out.append(_assistant(m, results))
+    return out

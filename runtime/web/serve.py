@@ -1,0 +1,181 @@
+"""``python -m runtime serve``: the web UI and the AI SDK chat API, in one Trio run.
+
+    python -m runtime serve                                  # offline demo agent
+    python -m runtime serve --store sessions.db --port 8000
+    python -m runtime serve --provider openai --model gpt-4o-mini --token s3cret
+
+A :class:`~runtime.host.Host` and the Starlette app (:mod:`runtime.web.app`) share one
+Trio run: Hypercorn's Trio worker serves the app, so each request's turn runs in the
+same Trio world as the host's actors. Binds to 127.0.0.1 unless ``--host`` says
+otherwise. SIGINT/SIGTERM stop it gracefully: running turns end with ``abort``
+("server shutdown") and are saved, marked interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import threading
+from functools import partial
+from typing import Any
+
+import trio
+
+DEFAULT_PORT = 8000
+TOKEN_ENV = "AXON_WEB_TOKEN"
+
+
+def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add the ``serve`` options to ``parser``."""
+    from runtime.web.app import DEFAULT_MAX_BODY
+
+    add = parser.add_argument
+    add("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
+    add("--port", type=int, default=DEFAULT_PORT, help="port (0: any free port)")
+    add("--provider", choices=["scripted", "openai", "anthropic"], default="scripted")
+    add("--model", default=None, help="model name for a real provider")
+    add("--base-url", default=None, help="provider endpoint (any compatible server)")
+    add("--api-key", default=None, help="API key (default: the SDK's env variable)")
+    add("--thinking-budget", type=int, default=None, help="Anthropic thinking tokens")
+    add("--instructions", default=None, help="system prompt")
+    add(
+        "--delay",
+        type=float,
+        default=0.02,
+        help="scripted demo: seconds between chunks, so the page shows it typing (default 0.02)",
+    )
+    add("--store", default=None, help="SQLite file for the sessions (default: memory)")
+    add(
+        "--token",
+        default=None,
+        help=f"require 'Authorization: Bearer TOKEN' on /api/ (or set ${TOKEN_ENV})",
+    )
+    add(
+        "--cors-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="allow this browser origin to call the API (repeatable; default none)",
+    )
+    add("--max-body", type=int, default=DEFAULT_MAX_BODY, help="largest request body, bytes")
+    add("--log-level", default="warning", help="structlog level on stderr")
+    parser.set_defaults(jsonl=False)
+    return parser
+
+
+def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register the ``serve`` sub-command on ``build_parser()``'s subparsers."""
+    parser = subparsers.add_parser(
+        "serve",
+        help="serve the web UI and an AI SDK (useChat) compatible chat API",
+        description="Serve the chat page and POST /api/chat (Vercel AI SDK UI message stream).",
+    )
+    return add_serve_arguments(parser)
+
+
+def _bind(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
+
+
+def _is_loopback(host: str) -> bool:
+    return host in ("localhost", "::1", "[::1]") or host.startswith("127.")
+
+
+async def _until_signal() -> None:
+    if threading.current_thread() is not threading.main_thread():
+        await trio.sleep_forever()  # signals reach only the main thread
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for _ in signals:
+            return
+
+
+async def serve_app(
+    app: Any,
+    *,
+    host: str = "127.0.0.1",
+    port: int = DEFAULT_PORT,
+    shutdown_trigger: Any = None,
+    access_log: bool = False,
+    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve ``app`` with Hypercorn's Trio worker in the current Trio run until
+    ``shutdown_trigger()`` returns (or the caller cancels); ``task_status`` gets the bound
+    URLs (``port=0`` picks a free port)."""
+    from hypercorn.config import Config
+    from hypercorn.trio import serve
+
+    config = Config()
+    config.bind = [_bind(host, port)]
+    config.accesslog = "-" if access_log else None
+    config.errorlog = "-"
+    config.graceful_timeout = 5.0
+    config.include_server_header = False
+    await serve(app, config, shutdown_trigger=shutdown_trigger, task_status=task_status)
+
+
+async def serve_command(args: argparse.Namespace) -> int:
+    """Run the ``serve`` command: a host, the app, until SIGINT/SIGTERM."""
+    from runtime.cli import make_agent
+    from runtime.host import Host
+    from runtime.logging import configure_logging
+    from runtime.web.app import create_app
+
+    configure_logging(args.log_level)
+    agent = make_agent(args)
+    token = args.token or os.environ.get(TOKEN_ENV) or None
+    if not _is_loopback(args.host) and not token:
+        print(
+            f"warning: serving on {args.host} with no --token: anyone who can reach it can "
+            "run the agent",
+            file=sys.stderr,
+        )
+    async with Host.open(store=args.store) as host:
+        app = create_app(
+            host, agent, token=token, cors_origins=args.cors_origin, max_body=args.max_body
+        )
+
+        async def shutdown_trigger() -> None:
+            await _until_signal()
+            for session in list(host.sessions.values()):  # end streams with a clean abort
+                if session.current is not None:
+                    session.current.cancel("server shutdown")
+
+        async with trio.open_nursery() as nursery:
+            binds = await nursery.start(
+                partial(
+                    serve_app,
+                    app,
+                    host=args.host,
+                    port=args.port,
+                    shutdown_trigger=shutdown_trigger,
+                    access_log=args.log_level in ("debug", "info"),
+                )
+            )
+            fragment = f"#token={args.token}" if args.token else ""  # not an env secret
+            for url in binds:
+                print(
+                    f"Axon web UI on {url}/{fragment}  "
+                    f"(provider {args.provider}, store {args.store or 'memory'})",
+                    flush=True,
+                )
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m runtime.web.serve``: the same command without the ``runtime`` CLI."""
+    parser = add_serve_arguments(
+        argparse.ArgumentParser(prog="python -m runtime.web.serve", description=__doc__)
+    )
+    args = parser.parse_args(argv)
+    try:
+        return trio.run(serve_command, args)
+    except KeyboardInterrupt:
+        return 130
+
+
+__all__ = ["add_serve_arguments", "add_serve_parser", "main", "serve_app", "serve_command"]
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
