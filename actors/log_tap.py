@@ -9,7 +9,6 @@ makes the tap lag (and say so), never an agent wait.
 
 from __future__ import annotations
 
-import re
 from typing import Any, ClassVar
 
 from runtime.actor import Actor
@@ -17,50 +16,11 @@ from runtime.events import LIFECYCLE_EVENT_TYPES, ActorCrashed, ActorGaveUp, Lag
 from runtime.inbox import OverflowPolicy
 from runtime.logging import get_logger, level_enabled
 from runtime.output import DELTA_TYPES, OUTPUT_CHUNK_TYPES, Error
+from runtime.redact import redact
 from runtime.serde import converter
 
 _WARN = (ActorCrashed, Lagged)
 _ERROR = (ActorGaveUp, Error)
-_SECRET_KEYS = frozenset(
-    {
-        "api_key",
-        "apikey",
-        "authorization",
-        "x-api-key",
-        "api-key",
-        "token",
-        "access_token",
-        "refresh_token",
-        "password",
-        "secret",
-        "client_secret",
-        "proxy-authorization",
-        "cookie",
-    }
-)
-
-
-def _is_secret_key(key: Any) -> bool:
-    k = str(key).lower()
-    return k in _SECRET_KEYS or k.endswith(("_api_key", "_secret", "_password"))
-
-
-_SECRET_VALUE = re.compile(
-    r"(?i)\b(sk-[A-Za-z0-9_\-]{6,}|sk-ant-[A-Za-z0-9_\-]{6,}|bearer\s+[^\s\"']+)"
-)
-
-
-def redact(value: Any) -> Any:
-    """Replace credential-like values anywhere in ``value``: values of keys such as
-    ``api_key`` or ``authorization``, and strings that look like keys (``sk-…``,
-    ``Bearer …``)."""
-    if isinstance(value, dict):
-        return {k: ("[redacted]" if _is_secret_key(k) else redact(v)) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [redact(v) for v in value]
-    if isinstance(value, str) and ("sk-" in value or "earer" in value):
-        return _SECRET_VALUE.sub("[redacted]", value)
-    return value
 
 
 class LogTap(Actor):
@@ -85,6 +45,10 @@ class LogTap(Actor):
         fields = redact(converter.unstructure(event))
         fields.pop("type", None)
         fields.pop("kind", None)
+        if fields.get("causation_id") is None:  # what made it happen, most specific first
+            fields["causation_id"] = (
+                fields.get("tool_call_id") or fields.get("part_id") or fields.get("turn_id")
+            )
         kind = event.kind
         if isinstance(event, DELTA_TYPES):
             self.log.debug(kind, **fields)

@@ -14,6 +14,7 @@ from runtime.actor import Actor
 from runtime.events import SessionSaved
 from runtime.logging import get_logger
 from runtime.protocol import SaveRequest
+from runtime.redact import redact
 from runtime.store import Store
 
 
@@ -36,7 +37,7 @@ class Persister(Actor):
                 "session.save-failed",
                 session_id=message.session_id,
                 turn_id=message.turn_id,
-                error=f"{type(exc).__name__}: {exc}",
+                error=redact(f"{type(exc).__name__}: {exc}"),
             )
         else:
             await self.publish(

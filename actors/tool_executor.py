@@ -100,6 +100,34 @@ class ToolExecutor(Actor):
         """Seconds a ``needs_approval`` call waits for a decision before it is denied."""
         self._nursery: trio.Nursery | None = None
         self._waiting: dict[str, tuple[trio.Event, list[ToolApprovalDecided]]] = {}
+        self._in_flight: dict[int, tuple[ExecuteTools, set[str]]] = {}
+        """Requests being executed and their calls not yet answered (for crashes)."""
+
+    def on_crash(self, exc: BaseException) -> None:
+        """Answer every call a crash left unanswered, so no turn waits forever."""
+        requests = [r for r, _ in self._in_flight.values()]
+        current = self.current_message
+        if isinstance(current, ExecuteTools) and id(current) not in self._in_flight:
+            self._in_flight[id(current)] = (current, {c.tool_call_id for c in current.calls})
+            requests.append(current)
+        for request, pending in list(self._in_flight.values()):
+            for call in request.calls:
+                if call.tool_call_id in pending:
+                    outcome = ToolOutcome(
+                        tool_call_id=call.tool_call_id,
+                        tool_name=call.tool_name,
+                        error=f"the tool executor crashed ({type(exc).__name__}: {exc}); "
+                        "the call did not complete",
+                    )
+                    try:
+                        request.reply.put_nowait(outcome)
+                    except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
+                        pass
+        self._in_flight.clear()
+        self.current_message = None
+
+    def on_give_up(self, exc: BaseException) -> None:
+        self.on_crash(exc)
 
     async def run(self) -> None:
         async with trio.open_nursery() as nursery:
@@ -159,6 +187,14 @@ class ToolExecutor(Actor):
             self._nursery.start_soon(self._execute, message)
 
     async def _execute(self, request: ExecuteTools) -> None:
+        pending = {c.tool_call_id for c in request.calls}
+        self._in_flight[id(request)] = (request, pending)
+        try:
+            await self._execute_calls(request, pending)
+        finally:
+            self._in_flight.pop(id(request), None)
+
+    async def _execute_calls(self, request: ExecuteTools, pending: set[str]) -> None:
         async def one(call: ToolCallSpec) -> None:
             async def emit(chunk: Any, _call: ToolCallSpec = call) -> None:
                 await request.reply.put(
@@ -184,6 +220,7 @@ class ToolExecutor(Actor):
                 context,
                 approve=lambda c, kw: self._approve(request, c, kw),
             )
+            pending.discard(call.tool_call_id)
             try:
                 await request.reply.put(outcome)
             except (trio.BrokenResourceError, trio.ClosedResourceError):

@@ -37,7 +37,7 @@ from runtime.chunks import (
     Usage,
     UsageChunk,
 )
-from runtime.errors import AxonError, ProviderError
+from runtime.errors import ActorFailed, AxonError, ProviderError
 from runtime.history import INTERRUPTED
 from runtime.ids import new_id
 from runtime.inbox import Inbox
@@ -72,6 +72,7 @@ from runtime.protocol import (
     TurnEnd,
     TurnResult,
 )
+from runtime.redact import redact
 from runtime.session import RunTurn, SessionState
 
 SAVE_TIMEOUT = 5.0
@@ -216,7 +217,7 @@ class TurnRunner(Actor):
                 id=assistant.id, content=tuple(parts), interrupted=interrupted
             )
 
-        def save(step_no: int | None) -> SaveRequest:
+        async def save(step_no: int | None) -> SaveRequest:
             req = SaveRequest(
                 session_id=sid,
                 turn_id=turn_id,
@@ -225,7 +226,11 @@ class TurnRunner(Actor):
                 meta={"agent": agent.name, **state.meta},
                 step=step_no,
             )
-            self.persister.inbox.put_nowait(req)
+            try:
+                await self.persister.inbox.put(req)
+            except (trio.ClosedResourceError, trio.BrokenResourceError):
+                req.error = ActorFailed("the persister is not running; the session was not saved")
+                req.done.set()
             return req
 
         scope = trio.CancelScope()
@@ -294,7 +299,7 @@ class TurnRunner(Actor):
                         ),
                         agent.hooks.on_message_added,
                     )
-                    save(step)
+                    await save(step)
                     step += 1
                     self._check_tokens(usage)
                     if result.calls and over:
@@ -337,7 +342,7 @@ class TurnRunner(Actor):
                 "turn.failed",
                 session_id=sid,
                 turn_id=turn_id,
-                error=error.message,
+                error=redact(error.message),
                 error_kind=error.kind,
             )
         await self._finish_turn(
@@ -403,7 +408,7 @@ class TurnRunner(Actor):
                             abort_reason=abort_reason,
                         )
                     )
-                final = save(None)
+                final = await save(None)
                 with trio.move_on_after(SAVE_TIMEOUT):
                     await final.done.wait()
                 if final.error is not None and error is None:
@@ -470,7 +475,7 @@ class TurnRunner(Actor):
                     step=step,
                     attempt=attempt,
                     delay=delay,
-                    error=str(exc),
+                    error=redact(str(exc)),
                 )
                 await trio.sleep(delay)
 
@@ -500,7 +505,7 @@ class TurnRunner(Actor):
         )
         # The in-progress assistant message carries this turn's parts so far.
         request.messages = _with_parts(request.messages, parts)
-        await self.provider.send(request)
+        await self._ask(self.provider, request)
         inbox = self.stream_inbox
         try:
             while True:
@@ -624,7 +629,7 @@ class TurnRunner(Actor):
                 cancel_scope=trio.CancelScope(),
                 host=self.host,
             )
-            await self.tool_executor.send(request)
+            await self._ask(self.tool_executor, request)
             pending = {c.tool_call_id for c in runnable}
             try:
                 while pending:
@@ -668,6 +673,17 @@ class TurnRunner(Actor):
             raise _BudgetStop("max_output_tokens")
         if b.max_total_tokens is not None and usage.total_tokens > b.max_total_tokens:
             raise _BudgetStop("max_total_tokens")
+
+    @staticmethod
+    async def _ask(actor: Actor, message: Any) -> None:
+        """Send to another actor; one that gave up surfaces as :class:`ActorFailed`."""
+        try:
+            await actor.send(message)
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            raise ActorFailed(
+                f"{actor.name} is not running (it crashed more often than its restart policy "
+                "allows); this session cannot go on until the host restarts it"
+            ) from None
 
     async def _announce(self, event: Any, hook: Any) -> None:
         await self.publish(event)

@@ -25,6 +25,7 @@ import trio
 from runtime.bus import Bus, Subscription
 from runtime.events import ActorCrashed, ActorGaveUp, ActorRestarted
 from runtime.inbox import Inbox, OverflowPolicy
+from runtime.redact import redact
 
 
 class Actor:
@@ -46,6 +47,8 @@ class Actor:
         self.session_id = session_id
         self.inbox = Inbox(self.inbox_capacity, self.overflow, name=self.name)
         self.bus: Bus | None = None
+        self.current_message: Any = None
+        """The message being handled (what a crash interrupted, for :meth:`on_crash`)."""
         self.stopped = trio.Event()
         """Set when the actor has ended for good (inbox drained, or given up)."""
         self._subscription: Subscription | None = None
@@ -89,7 +92,9 @@ class Actor:
     async def run(self) -> None:
         """Handle messages until the inbox is closed and drained."""
         async for message in self.inbox:
+            self.current_message = message
             await self.handle(message)
+        self.current_message = None
 
     def stop(self) -> None:
         """Close the inbox: the actor finishes what is queued, then ends."""
@@ -152,12 +157,12 @@ class Supervisor:
                 crashes.append(now)
                 while crashes and now - crashes[0] > policy.period:
                     crashes.popleft()
-                err = f"{type(exc).__name__}: {exc}"
+                err = redact(f"{type(exc).__name__}: {exc}")
                 log.error("actor.crashed", actor=actor.name, session_id=actor.session_id, error=err)
                 await self._publish(
                     ActorCrashed(
                         actor=actor.name,
-                        error=str(exc),
+                        error=redact(str(exc)),
                         error_type=type(exc).__name__,
                         restarts=restarts,
                         session_id=actor.session_id,

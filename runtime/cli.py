@@ -105,7 +105,7 @@ async def run_command(args: argparse.Namespace) -> int:
 
         renderer = TerminalRenderer()
     out_stream = sys.stdout.buffer
-    async with Host.open(store=args.store) as host:
+    async with Host.open(store=args.store, handle_signals=True) as host:
         if args.record:
             from actors.plugins import JsonlRecorder
 

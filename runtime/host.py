@@ -51,6 +51,8 @@ class Host:
         self._providers: dict[int, Actor] = {}
         self._actors: list[Actor] = []
         self.persister: Actor
+        self.shutting_down = False
+        """Set once a shutdown signal arrived or the host is closing."""
         self.tool_executor: Actor
 
     @classmethod
@@ -61,9 +63,13 @@ class Host:
         store: Any = None,
         log_tap: bool = True,
         restart_policy: RestartPolicy | None = None,
+        handle_signals: bool = False,
     ) -> AsyncIterator[Host]:
         """Start a host. ``store`` is a path (an SQLite file, created if missing), a
-        ``Store``, or ``None`` for memory."""
+        ``Store``, or ``None`` for memory. With ``handle_signals``, SIGINT and SIGTERM
+        cancel every running turn with reason ``signal SIGINT`` / ``signal SIGTERM`` (each is
+        saved, marked interrupted, and its stream ends with ``abort``); the application's
+        own code then leaves the block as usual."""
         import structlog
 
         from actors.persister import Persister
@@ -87,6 +93,8 @@ class Host:
                     from actors.log_tap import LogTap
 
                     await host.start_actor(LogTap())
+                if handle_signals:
+                    await nursery.start(host._watch_signals)
                 try:
                     yield host
                 finally:
@@ -173,8 +181,27 @@ class Host:
         self.sessions.pop(session.id, None)
         self.bus.forget_session(session.id)
 
+    def cancel_turns(self, reason: str) -> int:
+        """Cancel every running turn with ``reason``; returns how many were running."""
+        running = [s.current for s in self.sessions.values() if s.current is not None]
+        for stream in running:
+            stream.cancel(reason)
+        return len(running)
+
+    async def _watch_signals(
+        self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        import signal
+
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            task_status.started()
+            async for signum in signals:
+                self.shutting_down = True
+                self.cancel_turns(f"signal {signal.Signals(signum).name}")
+
     async def _shutdown(self) -> None:
         """Cancel running turns with a reason, let them save, then stop everything."""
+        self.shutting_down = True
         with trio.move_on_after(15):
             running = [s.current for s in self.sessions.values() if s.current is not None]
             for stream in running:

@@ -21,7 +21,7 @@ import trio
 from runtime.actor import Actor
 from runtime.chunks import StreamChunk
 from runtime.errors import AxonError, ProviderError
-from runtime.protocol import Batcher, InferRequest, StreamFailed
+from runtime.protocol import Batch, Batcher, InferRequest, StreamFailed
 
 Emit = Callable[[StreamChunk], Awaitable[None]]
 
@@ -41,6 +41,31 @@ class Provider(Actor):
         """At most this many calls in flight at once (to respect a rate limit)."""
         self._limiter = trio.CapacityLimiter(max_concurrency) if max_concurrency else None
         self._nursery: trio.Nursery | None = None
+        self._in_flight: dict[int, InferRequest] = {}
+
+    def on_crash(self, exc: BaseException) -> None:
+        """Fail every call the crash cut short, so no turn waits forever."""
+        from runtime.errors import ActorFailed
+
+        current = self.current_message
+        requests = list(self._in_flight.values())
+        if isinstance(current, InferRequest) and id(current) not in self._in_flight:
+            requests.append(current)
+        for request in requests:
+            failure = StreamFailed(
+                error=ActorFailed(f"provider {self.name} crashed: {type(exc).__name__}: {exc}")
+            )
+            batch = Batch(request.request_id)
+            batch.append(failure)
+            try:
+                request.reply.put_nowait(batch)
+            except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
+                pass
+        self._in_flight.clear()
+        self.current_message = None
+
+    def on_give_up(self, exc: BaseException) -> None:
+        self.on_crash(exc)
 
     async def stream(self, request: InferRequest, emit: Emit) -> None:
         """Make the model call for ``request`` and ``emit`` its chunks, ending with a
@@ -73,6 +98,13 @@ class Provider(Actor):
             self._nursery.start_soon(self._serve, message)
 
     async def _serve(self, request: InferRequest) -> None:
+        self._in_flight[id(request)] = request
+        try:
+            await self._serve_one(request)
+        finally:
+            self._in_flight.pop(id(request), None)
+
+    async def _serve_one(self, request: InferRequest) -> None:
         out = Batcher(request.reply, request.request_id)
         try:
             with request.cancel_scope:

@@ -89,3 +89,31 @@ def test_session_resumes_from_a_store_file(tmp_path):
         .fetchone()[0]
     )
     assert count == 6  # two turns of user, assistant, tool
+
+
+def test_sigterm_aborts_the_running_turn_and_saves_it(tmp_path):
+    import signal
+    import sqlite3
+    import time
+
+    db = str(tmp_path / "sig.db")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "runtime", "run", "--jsonl", "--delay", "0.2", "--store", db,
+         "--session", "sig", "Weather in Paris?"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+    )
+    assert proc.stdout is not None
+    first = proc.stdout.readline()  # the turn has started streaming
+    assert '"start"' in first
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    out = proc.stdout.read()  # not communicate(): it would skip what readline buffered
+    proc.wait(timeout=30)
+    err = proc.stderr.read() if proc.stderr else ""
+    chunks = [json.loads(first)] + [json.loads(line) for line in out.splitlines()]
+    assert chunks[-1] == {**chunks[-1], "type": "abort", "reason": "signal SIGTERM"}
+    check_grammar(chunks, ending="abort")
+    assert proc.returncode == 1, err
+    body = sqlite3.connect(db).execute(
+        "select body from messages where session_id='sig' and role='assistant'").fetchone()[0]
+    assert json.loads(body)["interrupted"] is True

@@ -13,9 +13,9 @@ from typing import Any, ClassVar
 import orjson
 import trio
 
-from actors.log_tap import redact
 from runtime.actor import Actor
 from runtime.inbox import OverflowPolicy
+from runtime.redact import redact
 from runtime.serde import event_to_dict
 
 

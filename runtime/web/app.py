@@ -44,6 +44,7 @@ from runtime.agent import Agent
 from runtime.errors import InvalidSessionId, SessionBusy
 from runtime.host import Host, validate_session_id
 from runtime.messages import UserMessage
+from runtime.session import FINAL_WAIT
 from runtime.web.protocol import DONE, HEADERS, UIStreamEncoder, ui_messages
 
 DEFAULT_MAX_BODY = 1 << 20
@@ -251,6 +252,10 @@ class TurnResponse:
                 data = encoder.events(chunk)
                 if data:
                     await write(data)
+            # [DONE] once the turn is saved and the session idle: a client may reload the
+            # session or send its next message as soon as it sees it.
+            with trio.move_on_after(FINAL_WAIT):
+                await out.done.wait()
             await write(DONE, more=False)
             nursery.cancel_scope.cancel()
 
@@ -344,12 +349,27 @@ async def chat(request: Request) -> Any:
 
 
 async def list_sessions(request: Request) -> Response:
+    """The stored sessions, most recently updated first; a session whose first turn is
+    running (not saved yet) comes first."""
     state = _state(request)
     infos = await state.host.store.list_sessions()
     open_sessions = state.host.sessions
+    stored = {info.session_id for info in infos}
+    unsaved = [
+        {
+            "session_id": sid,
+            "title": session.state.meta.get("title"),
+            "message_count": len(session.state.messages),
+            "busy": True,
+            "meta": dict(session.state.meta),
+        }
+        for sid, session in open_sessions.items()
+        if session.busy and sid not in stored
+    ]
     return json_response(
         {
-            "sessions": [
+            "sessions": unsaved
+            + [
                 {
                     "session_id": info.session_id,
                     "title": info.meta.get("title"),

@@ -15,6 +15,9 @@ stream closes with ``data: [DONE]\\n\\n``. The mapping:
 * ``tool-call`` -> ``tool-input-available`` (``toolCallId``, ``toolName``, ``input``);
 * ``tool-result`` -> ``tool-output-available`` (``toolCallId``, ``output``);
 * ``tool-error`` -> ``tool-output-error`` (``toolCallId``, ``errorText``);
+* ``tool-stream`` (a sub-agent's turn streaming inside its tool call) -> the text it has
+  streamed so far as a preliminary ``tool-output-available`` (``preliminary: true``),
+  which the final result replaces; its other nested chunks are not forwarded;
 * ``finish`` -> ``finish`` (``finishReason``; ``messageMetadata``: the runtime's own
   finish reason and the summed ``usage``);
 * ``error`` -> ``error`` (``errorText``: ``"Kind: message"``);
@@ -88,13 +91,14 @@ def _usage(usage: Any) -> dict[str, Any]:
 class UIStreamEncoder:
     """Maps one turn's output chunks to UI message stream chunks.
 
-    Stateful only to keep the client's state machine whole: a tool result whose call the
-    stream never announced gets a ``tool-input-available`` first (the AI SDK rejects a
-    result for an unknown call).
+    Stateful for two things: a tool result whose call the stream never announced gets a
+    ``tool-input-available`` first (the AI SDK rejects a result for an unknown call), and
+    a streaming tool's text is accumulated for its preliminary outputs.
     """
 
     def __init__(self) -> None:
         self._announced: set[str] = set()
+        self._streamed: dict[str, str] = {}
 
     def encode(self, chunk: Any) -> list[dict[str, Any]]:
         """The UI message stream chunks for one ``OutputChunk`` (usually exactly one)."""
@@ -147,6 +151,22 @@ class UIStreamEncoder:
                     }
                 )
             return out
+        if t is o.ToolStream:
+            # A running tool's own stream (an agent used as a tool): its text so far, as
+            # the AI SDK's preliminary tool output; the final result replaces it.
+            inner = chunk.chunk
+            if type(inner) is not o.TextDelta:
+                return []
+            text = self._streamed.get(chunk.tool_call_id, "") + inner.text
+            self._streamed[chunk.tool_call_id] = text
+            return [
+                {
+                    "type": "tool-output-available",
+                    "toolCallId": chunk.tool_call_id,
+                    "output": text,
+                    "preliminary": True,
+                }
+            ]
         if t is o.StepStart:
             return [{"type": "start-step"}]
         if t is o.StepFinish:
