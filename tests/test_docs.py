@@ -1,0 +1,40 @@
+"""Every Python example in docs/ runs as written."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = [
+    (path.name, i, block)
+    for path in sorted((ROOT / "docs").glob("*.md"))
+    for i, block in enumerate(re.findall(r"```python\n(.*?)```", path.read_text(), re.S))
+]
+
+EXPECTED = {
+    ("embedding.md", 0): "20 sessions answered 5",
+    ("embedding.md", 1): "start ... finish",
+    ("actors.md", 0): "1 turn,",
+    ("actors.md", 1): "the tool call was denied: emails need a human",
+    ("providers.md", 0): "hello there actors 3",
+}
+
+
+def test_every_example_has_an_expected_output():
+    assert {(name, i) for name, i, _ in EXAMPLES} == set(EXPECTED)
+
+
+@pytest.mark.parametrize(
+    ("name", "index", "code"), EXAMPLES, ids=[f"{n}#{i}" for n, i, _ in EXAMPLES]
+)
+def test_doc_example_runs(name, index, code):
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert EXPECTED[(name, index)] in proc.stdout
