@@ -10,7 +10,6 @@ stops every actor.
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -20,21 +19,11 @@ import trio
 from runtime.actor import Actor, RestartPolicy, Supervisor
 from runtime.agent import Agent
 from runtime.bus import Bus
-from runtime.errors import InvalidSessionId, SessionBusy
+from runtime.errors import SessionBusy
 from runtime.ids import new_id
 from runtime.inbox import Inbox
 from runtime.session import Session, SessionState
-
-_SESSION_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
-
-
-def validate_session_id(session_id: str) -> str:
-    """``session_id`` if valid, else :class:`~runtime.errors.InvalidSessionId`."""
-    if not isinstance(session_id, str) or not _SESSION_ID.match(session_id):
-        raise InvalidSessionId(
-            f"invalid session id {session_id!r}: use 1-128 letters, digits, '-', '_', '.', ':'"
-        )
-    return session_id
+from runtime.store import validate_session_id
 
 
 class Host:

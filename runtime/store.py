@@ -7,12 +7,34 @@ so saving turn 500 costs what turn 500 wrote, never a rewrite of the whole sessi
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import attrs
 
+from runtime.errors import InvalidSessionId
 from runtime.messages import Message
+
+_SESSION_ID = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
+
+
+def validate_session_id(session_id: str) -> str:
+    """Return ``session_id`` unchanged if it is 1-128 characters of ``[A-Za-z0-9_.:-]``.
+
+    Session ids end up in file names, log lines, SQL parameters and URLs; restricting them
+    to a small ASCII alphabet up front means none of those places ever needs escaping and
+    an id read back from a store is byte-for-byte the one that was saved.
+
+    Raises :class:`~runtime.errors.InvalidSessionId` (a ``ValueError``) otherwise,
+    including for values that are not ``str`` at all.
+    """
+    if not isinstance(session_id, str) or _SESSION_ID.fullmatch(session_id) is None:
+        raise InvalidSessionId(
+            f"invalid session id {session_id!r}: a session id must be 1-128 characters "
+            "of letters, digits, '-', '_', '.', ':'"
+        )
+    return session_id
 
 
 @attrs.frozen(kw_only=True, slots=True)
