@@ -1,0 +1,358 @@
+"""Three-step turns through the whole host with the real SDK clients: the second and third
+request bodies restore exactly what the model saw, for OpenAI and for Anthropic."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import trio
+
+from actors.providers import AnthropicProvider, OpenAIProvider
+from runtime import Agent, Host, tool
+from tests.support.grammar import check_grammar
+from tests.support.loopback import Reply, anthropic_sse, loopback_server, sse
+
+SIG = "EqQBCkYIBxgCIkB3mZ2a0cT1p0lXvYg8rW+QZ0s1mN4k6Jt7uY2h3Q9xZ8c1V5b0n2m4L6k8J0h2G4f6D8s0=="
+
+
+@tool
+async def lookup(key: str) -> str:
+    """Look a key up."""
+    return f"value-{key}"
+
+
+# -- OpenAI wire format --------------------------------------------------------------------
+
+
+def oa_chunk(delta: dict, finish: str | None = None) -> dict:
+    return {
+        "id": "chatcmpl-1",
+        "object": "chat.completion.chunk",
+        "created": 1,
+        "model": "m",
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+    }
+
+
+def oa_usage() -> dict:
+    return {
+        "id": "chatcmpl-1",
+        "object": "chat.completion.chunk",
+        "created": 1,
+        "model": "m",
+        "choices": [],
+        "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
+    }
+
+
+def oa_tool_step(text: str, call_id: str, key: str) -> bytes:
+    args = json.dumps({"key": key})
+    return sse(
+        oa_chunk({"role": "assistant", "content": text}),
+        oa_chunk(
+            {
+                "tool_calls": [
+                    {
+                        "index": 0,
+                        "id": call_id,
+                        "type": "function",
+                        "function": {"name": "lookup", "arguments": ""},
+                    }
+                ]
+            }
+        ),
+        oa_chunk({"tool_calls": [{"index": 0, "function": {"arguments": args[:5]}}]}),
+        oa_chunk({"tool_calls": [{"index": 0, "function": {"arguments": args[5:]}}]}),
+        oa_chunk({}, "tool_calls"),
+        oa_usage(),
+    )
+
+
+def oa_answer(text: str) -> bytes:
+    return sse(oa_chunk({"role": "assistant", "content": text}), oa_chunk({}, "stop"), oa_usage())
+
+
+async def test_openai_three_step_turn_restores_each_step_exactly():
+    replies = [
+        Reply(body=oa_tool_step("first", "call_A", "a"), write_size=11),
+        Reply(body=oa_tool_step("second", "call_B", "b")),
+        Reply(body=oa_answer("done")),
+    ]
+    async with loopback_server(*replies) as server:
+        agent = Agent(
+            provider=OpenAIProvider("m", base_url=server.url + "/v1", api_key="test"),
+            instructions="Be brief.",
+            tools=[lookup],
+        )
+        async with Host.open(log_tap=False) as host:
+            session = await host.open_session(agent)
+            async with session.stream("go") as out:
+                chunks = [c async for c in out]
+    check_grammar(chunks)
+    assert out.result.text == "firstseconddone" and out.result.steps == 3
+    assert out.result.usage.total_tokens == 45
+    second, third = server.requests[1].json(), server.requests[2].json()
+    step0 = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "go"},
+        {
+            "role": "assistant",
+            "content": "first",
+            "tool_calls": [
+                {
+                    "id": "call_A",
+                    "type": "function",
+                    "function": {"name": "lookup", "arguments": '{"key": "a"}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_A", "content": "value-a"},
+    ]
+    assert second["messages"] == step0
+    assert third["messages"] == [
+        *step0,
+        {
+            "role": "assistant",
+            "content": "second",
+            "tool_calls": [
+                {
+                    "id": "call_B",
+                    "type": "function",
+                    "function": {"name": "lookup", "arguments": '{"key": "b"}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_B", "content": "value-b"},
+    ]
+    assert second["stream_options"] == {"include_usage": True}
+    assert [t["function"]["name"] for t in second["tools"]] == ["lookup"]
+
+
+# -- Anthropic wire format -------------------------------------------------------------------
+
+
+def an_start() -> dict:
+    return {
+        "type": "message_start",
+        "message": {
+            "id": "msg_1",
+            "type": "message",
+            "role": "assistant",
+            "model": "m",
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": {"input_tokens": 10, "output_tokens": 1},
+        },
+    }
+
+
+def an_end(reason: str) -> list[dict]:
+    return [
+        {
+            "type": "message_delta",
+            "delta": {"stop_reason": reason, "stop_sequence": None},
+            "usage": {"output_tokens": 5},
+        },
+        {"type": "message_stop"},
+    ]
+
+
+def an_thinking(index: int, text: str, signature: str) -> list[dict]:
+    return [
+        {
+            "type": "content_block_start",
+            "index": index,
+            "content_block": {"type": "thinking", "thinking": "", "signature": ""},
+        },
+        {
+            "type": "content_block_delta",
+            "index": index,
+            "delta": {"type": "thinking_delta", "thinking": text},
+        },
+        {
+            "type": "content_block_delta",
+            "index": index,
+            "delta": {"type": "signature_delta", "signature": signature},
+        },
+        {"type": "content_block_stop", "index": index},
+    ]
+
+
+def an_text(index: int, text: str) -> list[dict]:
+    return [
+        {
+            "type": "content_block_start",
+            "index": index,
+            "content_block": {"type": "text", "text": ""},
+        },
+        {
+            "type": "content_block_delta",
+            "index": index,
+            "delta": {"type": "text_delta", "text": text},
+        },
+        {"type": "content_block_stop", "index": index},
+    ]
+
+
+def an_tool(index: int, call_id: str, key: str) -> list[dict]:
+    raw = json.dumps({"key": key})
+    return [
+        {
+            "type": "content_block_start",
+            "index": index,
+            "content_block": {"type": "tool_use", "id": call_id, "name": "lookup", "input": {}},
+        },
+        {
+            "type": "content_block_delta",
+            "index": index,
+            "delta": {"type": "input_json_delta", "partial_json": raw[:4]},
+        },
+        {
+            "type": "content_block_delta",
+            "index": index,
+            "delta": {"type": "input_json_delta", "partial_json": raw[4:]},
+        },
+        {"type": "content_block_stop", "index": index},
+    ]
+
+
+async def test_anthropic_three_step_turn_restores_signed_thinking_and_results_exactly():
+    step1 = anthropic_sse(
+        an_start(),
+        *an_thinking(0, "plan A", SIG + "1"),
+        *an_tool(1, "toolu_A", "a"),
+        *an_end("tool_use"),
+    )
+    step2 = anthropic_sse(
+        an_start(),
+        *an_thinking(0, "plan B", SIG + "2"),
+        *an_text(1, "now B"),
+        *an_tool(2, "toolu_B", "b"),
+        *an_end("tool_use"),
+    )
+    step3 = anthropic_sse(an_start(), *an_text(0, "all done"), *an_end("end_turn"))
+    async with loopback_server(
+        Reply(body=step1, write_size=13), Reply(body=step2), Reply(body=step3)
+    ) as server:
+        provider = AnthropicProvider(
+            "claude-sonnet-4-5",
+            base_url=server.url,
+            api_key="test",
+            thinking_budget=1024,
+            max_tokens=2048,
+        )
+        agent = Agent(provider=provider, instructions="Be brief.", tools=[lookup])
+        async with Host.open(log_tap=False) as host:
+            session = await host.open_session(agent)
+            async with session.stream("go") as out:
+                chunks = [c async for c in out]
+            # a second turn on the same session replays the whole first turn
+            server.add(
+                Reply(body=anthropic_sse(an_start(), *an_text(0, "again"), *an_end("end_turn")))
+            )
+            await session.run("more")
+    check_grammar(chunks)
+    assert [c.type for c in chunks].count("reasoning-start") == 2
+    second, third, fourth = (r.json() for r in server.requests[1:4])
+    assert second["system"] == "Be brief."
+    assert second["thinking"] == {"type": "enabled", "budget_tokens": 1024}
+    step0_msgs = [
+        {"role": "user", "content": "go"},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "thinking", "thinking": "plan A", "signature": SIG + "1"},
+                {"type": "tool_use", "id": "toolu_A", "name": "lookup", "input": {"key": "a"}},
+            ],
+        },
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": "toolu_A", "content": "value-a"}],
+        },
+    ]
+    assert second["messages"] == step0_msgs
+    step1_msgs = [
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "thinking", "thinking": "plan B", "signature": SIG + "2"},
+                {"type": "text", "text": "now B"},
+                {"type": "tool_use", "id": "toolu_B", "name": "lookup", "input": {"key": "b"}},
+            ],
+        },
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": "toolu_B", "content": "value-b"}],
+        },
+    ]
+    assert third["messages"] == [*step0_msgs, *step1_msgs]
+    assert fourth["messages"] == [
+        *step0_msgs,
+        *step1_msgs,
+        {"role": "assistant", "content": [{"type": "text", "text": "all done"}]},
+        {"role": "user", "content": "more"},
+    ]
+
+
+async def test_cli_runs_a_turn_against_an_openai_compatible_server():
+    async with loopback_server(Reply(body=oa_answer("hello from the server"))) as server:
+        proc = await trio.run_process(
+            [
+                sys.executable,
+                "-m",
+                "runtime",
+                "run",
+                "--jsonl",
+                "--provider",
+                "openai",
+                "--base-url",
+                server.url + "/v1",
+                "--model",
+                "local-model",
+                "--api-key",
+                "test",
+                "Hi",
+            ],
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+        )
+    assert proc.returncode == 0, proc.stderr.decode()
+    chunks = [json.loads(x) for x in proc.stdout.decode().splitlines()]
+    check_grammar(chunks)
+    assert (
+        "".join(c["text"] for c in chunks if c["type"] == "text-delta") == "hello from the server"
+    )
+    assert server.requests[0].json()["model"] == "local-model"
+
+
+async def test_cli_runs_a_turn_against_an_anthropic_compatible_server():
+    body = anthropic_sse(an_start(), *an_text(0, "hello from claude"), *an_end("end_turn"))
+    async with loopback_server(Reply(body=body)) as server:
+        proc = await trio.run_process(
+            [
+                sys.executable,
+                "-m",
+                "runtime",
+                "run",
+                "--jsonl",
+                "--provider",
+                "anthropic",
+                "--base-url",
+                server.url,
+                "--model",
+                "claude-x",
+                "--api-key",
+                "test",
+                "Hi",
+            ],
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+        )
+    assert proc.returncode == 0, proc.stderr.decode()
+    chunks = [json.loads(x) for x in proc.stdout.decode().splitlines()]
+    assert "".join(c["text"] for c in chunks if c["type"] == "text-delta") == "hello from claude"
+    assert server.requests[0].json()["model"] == "claude-x"
