@@ -102,6 +102,7 @@ class ScriptedProvider(Provider):
         responder: Responder | None = None,
         chunk_size: int | None = None,
         delay: float = 0.0,
+        burst: int = 32,
         usage: Usage | None = None,
         model: str = "scripted",
         max_concurrency: int | None = None,
@@ -116,6 +117,9 @@ class ScriptedProvider(Provider):
         """Split scripted strings into pieces of this many characters (``None``: words)."""
         self.delay = delay
         """Seconds to wait before each chunk (0: none, the stream is as fast as it gets)."""
+        self.burst = burst
+        """Without a delay, yield to the scheduler after this many chunks: what one network
+        read of a fast stream delivers. 1 makes every chunk travel the pipeline alone."""
         self.usage = usage
         """Usage reported per call; by default derived from the text lengths."""
         self.requests: list[InferRequest] = []
@@ -139,6 +143,7 @@ class ScriptedProvider(Provider):
     async def stream(self, request: InferRequest, emit: Emit) -> None:
         self.requests.append(request)
         produced = 0
+        emitted = 0
         has_calls = False
         finished = False
         for item in self.select(request):
@@ -165,6 +170,9 @@ class ScriptedProvider(Provider):
                 elif isinstance(chunk, FinishChunk):
                     finished = True
                 await emit(chunk)
+                emitted += 1
+                if emitted % self.burst == 0:
+                    await trio.lowlevel.checkpoint()  # let downstream run, like a network read
         if not finished:
             usage = self.usage or Usage(
                 input_tokens=10,
