@@ -386,7 +386,7 @@ class TurnRunner(Actor):
         state, agent = self.state, self.agent
         with trio.CancelScope(shield=True):
             builder.close()
-            cut = error is not None or abort_reason is not None
+            cut = error is not None or abort_reason is not None or budget_name == "deadline"
             for part in parts:
                 if isinstance(part, ToolCallPart) and part.tool_call_id not in results:
                     msg = ToolMessage(

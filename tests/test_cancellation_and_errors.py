@@ -169,3 +169,35 @@ async def test_host_shutdown_cancels_running_turns_and_saves_them(autojump_clock
     async with Host.open(store=path, log_tap=False) as host:
         again = await host.open_session(agent, session_id="shut")
         assert again.messages[1].interrupted and again.messages[1].text == "working"
+
+
+async def test_deadline_budget_ends_the_turn_cleanly_and_marks_it_interrupted(autojump_clock):
+    from runtime import Budget
+
+    steps = [[TextChunk(text="slow "), Sleep(100), TextChunk(text="never")]]
+    agent = Agent(provider=ScriptedProvider(steps), budget=Budget(deadline=5))
+    async with Host.open(log_tap=False) as host:
+        session = await host.open_session(agent)
+        t0 = trio.current_time()
+        async with session.stream("hi") as out:
+            chunks = [c async for c in out]
+        assert trio.current_time() - t0 == 5
+    assert out.result.finish_reason == "budget" and out.result.budget == "deadline"
+    assert chunks[-1].type == "finish" and chunks[-1].finish_reason == "budget"
+    assert [c.type for c in chunks[-3:-1]] == ["text-delta", "text-finish"]
+    assert session.messages[1].interrupted and session.messages[1].text == "slow "
+
+
+async def test_token_budget_stops_before_the_next_step():
+    from runtime import Budget, Usage
+
+    steps = [[*tool_call("wait_forever", {}, tool_call_id="T")], ["never"]]
+    big = Usage(input_tokens=900, output_tokens=200, total_tokens=1100)
+    agent = Agent(
+        provider=ScriptedProvider(steps, usage=big), tools=[], budget=Budget(max_total_tokens=1000)
+    )
+    async with Host.open(log_tap=False) as host:
+        session = await host.open_session(agent)
+        result = await session.run("hi")
+    assert result.finish_reason == "budget" and result.budget == "max_total_tokens"
+    assert result.steps == 1 and len(agent.provider.requests) == 1
