@@ -173,32 +173,32 @@ async def show_command(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(orjson.dumps(unstructure(list(record.messages))).decode() + "\n")
         return 0
-    console = Console(highlight=False)
+    console = Console(highlight=False, markup=False)  # stored text is never markup
     for msg in record.messages:
         if msg.role == "assistant":
             flag = " (interrupted)" if msg.interrupted else ""
-            console.print(f"[bold]assistant[/bold]{flag}")
+            console.print(f"assistant{flag}", style="bold")
             for part in msg.content:
                 if part.type == "text":
                     console.print(f"  [step {part.step}] text: {part.text}")
                 elif part.type == "reasoning":
                     signed = " signed" if part.signature else ""
-                    console.print(
-                        f"  [step {part.step}] reasoning{signed}: {part.text}", style="dim"
-                    )
+                    line = f"  [step {part.step}] reasoning{signed}: {part.text}"
+                    console.print(line, style="dim")
                 elif part.type == "tool-call":
+                    args = orjson.dumps(part.input).decode()
                     console.print(
-                        f"  [step {part.step}] tool-call {part.tool_name}"
-                        f"({orjson.dumps(part.input).decode()}) id={part.tool_call_id}"
+                        f"  [step {part.step}] tool-call {part.tool_name}({args}) "
+                        f"id={part.tool_call_id}"
                     )
                 else:
                     console.print(f"  [step {part.step}] {part.type}")
         elif msg.role == "tool":
             body = msg.error if msg.error else orjson.dumps(msg.output).decode()
             label = "error" if msg.error else "result"
-            console.print(f"[bold]tool[/bold] {msg.tool_name} {label} (step {msg.step}): {body}")
+            console.print(f"tool {msg.tool_name} {label} (step {msg.step}): {body}")
         else:
-            console.print(f"[bold]{msg.role}[/bold]: {msg.content}")
+            console.print(f"{msg.role}: {msg.content}")
     return 0
 
 

@@ -53,12 +53,14 @@ class Host:
         log_tap: bool = True,
         restart_policy: RestartPolicy | None = None,
         handle_signals: bool = False,
+        tool_executor: Actor | None = None,
     ) -> AsyncIterator[Host]:
         """Start a host. ``store`` is a path (an SQLite file, created if missing), a
         ``Store``, or ``None`` for memory. With ``handle_signals``, SIGINT and SIGTERM
         cancel every running turn with reason ``signal SIGINT`` / ``signal SIGTERM`` (each is
         saved, marked interrupted, and its stream ends with ``abort``); the application's
-        own code then leaves the block as usual."""
+        own code then leaves the block as usual. ``tool_executor`` replaces the default
+        executor with any actor that answers :class:`~runtime.protocol.ExecuteTools`."""
         import structlog
 
         from actors.persister import Persister
@@ -77,7 +79,7 @@ class Host:
                     nursery, store=the_store, bus=bus, supervisor=Supervisor(bus, restart_policy)
                 )
                 host.persister = await host.start_actor(Persister(the_store))
-                host.tool_executor = await host.start_actor(ToolExecutor())
+                host.tool_executor = await host.start_actor(tool_executor or ToolExecutor())
                 if log_tap:
                     from actors.log_tap import LogTap
 

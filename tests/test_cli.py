@@ -98,9 +98,24 @@ def test_sigterm_aborts_the_running_turn_and_saves_it(tmp_path):
 
     db = str(tmp_path / "sig.db")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "runtime", "run", "--jsonl", "--delay", "0.2", "--store", db,
-         "--session", "sig", "Weather in Paris?"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+        [
+            sys.executable,
+            "-m",
+            "runtime",
+            "run",
+            "--jsonl",
+            "--delay",
+            "0.2",
+            "--store",
+            db,
+            "--session",
+            "sig",
+            "Weather in Paris?",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
     )
     assert proc.stdout is not None
     first = proc.stdout.readline()  # the turn has started streaming
@@ -114,6 +129,42 @@ def test_sigterm_aborts_the_running_turn_and_saves_it(tmp_path):
     assert chunks[-1] == {**chunks[-1], "type": "abort", "reason": "signal SIGTERM"}
     check_grammar(chunks, ending="abort")
     assert proc.returncode == 1, err
-    body = sqlite3.connect(db).execute(
-        "select body from messages where session_id='sig' and role='assistant'").fetchone()[0]
+    body = (
+        sqlite3.connect(db)
+        .execute("select body from messages where session_id='sig' and role='assistant'")
+        .fetchone()[0]
+    )
     assert json.loads(body)["interrupted"] is True
+
+
+def test_sessions_and_show_list_and_print_a_stored_conversation(tmp_path):
+    db = str(tmp_path / "show.db")
+    assert run_cli("--store", db, "--session", "trip", "Weather in Rome?").returncode == 0
+    listing = subprocess.run(
+        [sys.executable, "-m", "runtime", "sessions", "--store", db],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
+    assert listing.stdout.split("\t")[:2] == ["trip", "3 messages"]
+    show = subprocess.run(
+        [sys.executable, "-m", "runtime", "show", "trip", "--store", db],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
+    assert show.returncode == 0, show.stderr
+    assert "user: Weather in Rome?" in show.stdout
+    assert "[step 0] tool-call get_weather" in show.stdout
+    assert "tool get_weather result (step 0)" in show.stdout
+    assert "[step 1] text: It is" in show.stdout
+    missing = subprocess.run(
+        [sys.executable, "-m", "runtime", "show", "nope", "--store", db],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
+    assert missing.returncode == 1 and "no session 'nope'" in missing.stderr

@@ -199,3 +199,25 @@ async def test_call_with_unparsable_input_gets_the_provider_reason_as_error():
         await session.run("x")
     tool_msg = next(m for m in session.messages if isinstance(m, ToolMessage))
     assert tool_msg.error == "invalid JSON in tool arguments"
+
+
+async def test_a_custom_tool_executor_plugs_in_through_the_host():
+    from actors.tool_executor import ToolExecutor
+    from runtime.protocol import ToolOutcome
+
+    class CachingExecutor(ToolExecutor):
+        """Answers every call from a fixed cache instead of running the tool."""
+
+        async def handle(self, message):
+            for call in message.calls:
+                await message.reply.put(
+                    ToolOutcome(
+                        tool_call_id=call.tool_call_id, tool_name=call.tool_name, output="cached"
+                    )
+                )
+
+    steps = [[*tool_call("forecast", {"city": "Oslo"}, tool_call_id="F")], ["ok"]]
+    async with Host.open(log_tap=False, tool_executor=CachingExecutor()) as host:
+        session = await host.open_session(Agent(provider=ScriptedProvider(steps), tools=[forecast]))
+        await session.run("x")
+    assert next(m for m in session.messages if isinstance(m, ToolMessage)).output == "cached"

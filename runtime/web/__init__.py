@@ -14,7 +14,10 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["create_app"]
+__all__ = ["DEFAULT_MAX_BODY", "create_app"]
+
+DEFAULT_MAX_BODY = 1 << 20
+"""Largest request body the app accepts, in bytes (1 MiB); bigger ones get 413."""
 
 
 def __getattr__(name: str) -> Any:

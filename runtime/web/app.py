@@ -45,10 +45,8 @@ from runtime.errors import InvalidSessionId, SessionBusy
 from runtime.host import Host, validate_session_id
 from runtime.messages import UserMessage
 from runtime.session import FINAL_WAIT
+from runtime.web import DEFAULT_MAX_BODY
 from runtime.web.protocol import DONE, HEADERS, UIStreamEncoder, ui_messages
-
-DEFAULT_MAX_BODY = 1 << 20
-"""Largest request body accepted (bytes); bigger ones get 413."""
 
 KEEPALIVE = 15.0
 """Seconds of silence after which a stream sends an SSE comment, so proxies keep it open."""

@@ -23,14 +23,14 @@ from typing import Any
 
 import trio
 
+from runtime.web import DEFAULT_MAX_BODY
+
 DEFAULT_PORT = 8000
 TOKEN_ENV = "AXON_WEB_TOKEN"
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Add the ``serve`` options to ``parser``."""
-    from runtime.web.app import DEFAULT_MAX_BODY
-
+    """Add the ``serve`` options to ``parser`` (imports nothing of the web stack)."""
     add = parser.add_argument
     add("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
     add("--port", type=int, default=DEFAULT_PORT, help="port (0: any free port)")
