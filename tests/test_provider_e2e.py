@@ -356,3 +356,47 @@ async def test_cli_runs_a_turn_against_an_anthropic_compatible_server():
     chunks = [json.loads(x) for x in proc.stdout.decode().splitlines()]
     assert "".join(c["text"] for c in chunks if c["type"] == "text-delta") == "hello from claude"
     assert server.requests[0].json()["model"] == "claude-x"
+
+
+async def test_open_model_think_tags_split_across_deltas_become_reasoning_parts():
+    from runtime import ReasoningPart, TextPart
+
+    body = sse(
+        oa_chunk({"role": "assistant", "content": "<thi"}),
+        oa_chunk({"content": "nk>weigh options</th"}),
+        oa_chunk({"content": "ink>\n\nAnswer: 42"}),
+        oa_chunk({}, "stop"),
+        oa_usage(),
+    )
+    async with loopback_server(Reply(body=body)) as server:
+        agent = Agent(
+            provider=OpenAIProvider("deepseek-r1", base_url=server.url + "/v1", api_key="test")
+        )
+        async with Host.open(log_tap=False) as host:
+            session = await host.open_session(agent)
+            async with session.stream("q") as out:
+                types = [c.type async for c in out]
+    assert session.messages[1].content == (
+        ReasoningPart(text="weigh options", step=0),
+        TextPart(text="\n\nAnswer: 42", step=0),
+    )
+    assert types.index("reasoning-finish") < types.index("text-start")
+
+
+async def test_shared_groq_recording_with_think_tags_yields_reasoning_then_answer():
+    import pytest
+
+    from tests.conftest import SHARED_STREAMS
+
+    path = SHARED_STREAMS / "groq" / "think-tags-in-content.sse"
+    if not path.exists():
+        pytest.skip("shared fixtures not present")
+    async with loopback_server(Reply(body=path.read_bytes(), write_size=97)) as server:
+        agent = Agent(provider=OpenAIProvider("m", base_url=server.url + "/v1", api_key="test"))
+        async with Host.open(log_tap=False) as host:
+            session = await host.open_session(agent)
+            result = await session.run("q")
+    parts = session.messages[1].content
+    assert parts[0].type == "reasoning" and parts[0].text.strip()
+    assert "<think>" not in result.text and "</think>" not in result.text
+    assert result.text.strip() and result.usage.total_tokens == 1009
