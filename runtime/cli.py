@@ -6,6 +6,8 @@
     python -m runtime run --provider anthropic --base-url http://127.0.0.1:8080 \
         --model claude-sonnet-4-5 "Hello"
 
+    python -m runtime serve                              # web UI + AI SDK (useChat) API
+
 Real providers read their key from ``--api-key`` or the SDK's usual environment
 variable (``OPENAI_API_KEY``, ``ANTHROPIC_API_KEY``), only when the call is made.
 """
@@ -55,6 +57,10 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("session_id")
     show.add_argument("--store", default="sessions.db", help="SQLite store file")
     show.add_argument("--json", action="store_true", help="print the messages as JSON")
+
+    from runtime.web.serve import add_serve_parser
+
+    add_serve_parser(sub)
     return parser
 
 
@@ -217,6 +223,13 @@ def main(argv: list[str] | None = None) -> int:
         return trio.run(sessions_command, args)
     if args.command == "show":
         return trio.run(show_command, args)
+    if args.command == "serve":
+        from runtime.web.serve import serve_command
+
+        try:
+            return trio.run(serve_command, args)
+        except KeyboardInterrupt:
+            return 130
     if args.command == "run":
         try:
             return trio.run(run_command, args)

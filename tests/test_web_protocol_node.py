@@ -1,0 +1,196 @@
+"""The endpoint's stream, parsed by the real `ai` npm package (what `useChat` runs).
+
+tests/web/read_stream.mjs sends the request with the package's ``DefaultChatTransport``
+(the ``useChat`` request body), which validates every chunk against
+``uiMessageChunkSchema``, and builds the UI message with ``readUIMessageStream``. The
+package is installed from the npm registry into tests/web on first use; without Node.js,
+npm or the registry the test skips.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+import trio
+
+from actors.providers.scripted import ScriptedProvider, tool_call
+from runtime import Agent, ProviderError, ReasoningChunk, RetryPolicy, tool
+from tests.web.harness import WEB, ensure_ai_package, web_server
+
+
+@tool
+async def lookup(key: str) -> dict[str, Any]:
+    """Look a key up."""
+    return {"key": key, "value": f"value of {key}"}
+
+
+@tool
+async def broken(key: str) -> str:
+    """Always fails."""
+    raise RuntimeError("disk on fire")
+
+
+TWO_TOOL_STEPS = [
+    [
+        ReasoningChunk(text="The user wants a and b. I will look up a first."),
+        "Let me look up a. ",
+        *tool_call("lookup", {"key": "a"}, tool_call_id="call_a"),
+    ],
+    [
+        ReasoningChunk(text="Now b."),
+        *tool_call("lookup", {"key": "b"}, tool_call_id="call_b"),
+    ],
+    ["a is value of a and b is value of b."],
+]
+
+AGENTS = {
+    "tools": lambda: Agent(name="tools", provider=ScriptedProvider(TWO_TOOL_STEPS), tools=[lookup]),
+    "toolerr": lambda: Agent(
+        name="toolerr",
+        provider=ScriptedProvider(
+            [[*tool_call("broken", {"key": "x"}, tool_call_id="call_x")], ["It failed."]]
+        ),
+        tools=[broken],
+    ),
+    "sub": lambda: Agent(
+        name="sub",
+        provider=ScriptedProvider(
+            [[*tool_call("helper", {"input": "sub task"}, tool_call_id="call_h")], ["Done."]]
+        ),
+        tools=[
+            Agent(
+                name="helper", provider=ScriptedProvider([["The child agent answers."]])
+            ).as_tool()
+        ],
+    ),
+    "fail": lambda: Agent(
+        name="fail",
+        provider=ScriptedProvider([["Partial answer", ProviderError("upstream exploded")]]),
+        retry=RetryPolicy(max_attempts=1),
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def node() -> str:
+    return ensure_ai_package()
+
+
+async def read_with_ai_package(node: str, url: str, requests: list[dict[str, str]]) -> list[Any]:
+    config = json.dumps({"url": url, "token": "tok", "requests": requests})
+    with trio.fail_after(60):
+        proc = await trio.run_process(
+            [node, str(WEB / "read_stream.mjs"), config],
+            cwd=WEB,
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+        )
+    assert proc.returncode == 0, proc.stderr.decode()
+    return json.loads(proc.stdout)
+
+
+async def test_the_ai_package_reads_a_turn_with_reasoning_two_tool_steps_and_an_answer(node):
+    def factory(session_id: str) -> Agent:
+        return AGENTS[session_id.split("-")[0]]()
+
+    async with web_server(factory, token="tok") as server:
+        results = await read_with_ai_package(
+            node,
+            server.url,
+            [
+                {"chatId": "tools-1", "text": "What are a and b?"},
+                {"chatId": "toolerr-1", "text": "Try x"},
+                {"chatId": "sub-1", "text": "Delegate"},
+                {"chatId": "fail-1", "text": "Go"},
+            ],
+        )
+    tools, toolerr, sub, fail = results
+
+    # -- reasoning, two tool steps, an answer ---------------------------------------------
+    assert tools["error"] is None, tools["error"]
+    assert tools["status"] == 200
+    assert tools["headers"]["x-vercel-ai-ui-message-stream"] == "v1"
+    assert tools["headers"]["content-type"].startswith("text/event-stream")
+    assert tools["requestBody"]["id"] == "tools-1"
+    assert tools["requestBody"]["trigger"] == "submit-message"
+    chunk_types = tools["chunks"]
+    assert chunk_types[0] == "start" and chunk_types[-1] == "finish"
+    assert chunk_types.count("start-step") == chunk_types.count("finish-step") == 3
+
+    message = tools["message"]
+    assert message["role"] == "assistant"
+    assert message["id"].startswith("msg_")
+    parts = message["parts"]
+    assert [p["type"] for p in parts] == [
+        "step-start",
+        "reasoning",
+        "text",
+        "tool-lookup",
+        "step-start",
+        "reasoning",
+        "tool-lookup",
+        "step-start",
+        "text",
+    ]
+    assert parts[1]["text"] == "The user wants a and b. I will look up a first."
+    assert parts[1]["state"] == "done"
+    assert parts[5]["text"] == "Now b."
+    assert parts[2] == {"type": "text", "text": "Let me look up a. ", "state": "done"}
+    for part, key in [(parts[3], "a"), (parts[6], "b")]:
+        assert part["toolCallId"] == f"call_{key}"
+        assert part["state"] == "output-available"
+        assert part["input"] == {"key": key}
+        assert part["output"] == {"key": key, "value": f"value of {key}"}
+    assert parts[8]["text"] == "a is value of a and b is value of b."
+    # the stored session passes the package's validateUIMessages, same parts
+    stored = tools["stored"]
+    assert tools.get("storedError") is None, tools.get("storedError")
+    assert [m["role"] for m in stored] == ["user", "assistant"]
+    assert stored[1]["id"] == message["id"]
+    assert [p["type"] for p in stored[1]["parts"]] == [p["type"] for p in parts]
+    assert [p.get("output") for p in stored[1]["parts"]] == [p.get("output") for p in parts]
+
+    # -- a failing tool: output-error ---------------------------------------------------------
+    assert toolerr["error"] is None, toolerr["error"]
+    (tool_part,) = [p for p in toolerr["message"]["parts"] if p["type"] == "tool-broken"]
+    assert tool_part["state"] == "output-error"
+    assert "disk on fire" in tool_part["errorText"]
+    assert toolerr.get("storedError") is None, toolerr.get("storedError")
+
+    # -- an agent as a tool: preliminary outputs, then the final one ---------------------------
+    assert sub["error"] is None, sub["error"]
+    assert sub["chunks"].count("tool-output-available") > 2
+    (helper,) = [p for p in sub["message"]["parts"] if p["type"] == "tool-helper"]
+    assert helper["state"] == "output-available"
+    assert helper["output"] == "The child agent answers."
+    assert not helper.get("preliminary")
+
+    # -- a failing model call: the package surfaces the error text -----------------------------
+    assert fail["error"] is not None and "upstream exploded" in fail["error"]
+    assert "error" in fail["chunks"]
+    assert fail["message"]["parts"][-1]["text"] == "Partial answer"
+
+
+async def test_every_mapped_chunk_passes_the_ai_package_chunk_schema(node):
+    from runtime.web.protocol import DONE, UIStreamEncoder, sse
+    from tests.test_web_protocol import CASES
+
+    encoder = UIStreamEncoder()
+    sent = [ui for chunk, _ in CASES for ui in encoder.encode(chunk)]
+    body = b"".join(sse(ui) for ui in sent) + b": keep-alive\n\n" + DONE
+    with trio.fail_after(60):
+        proc = await trio.run_process(
+            [node, str(WEB / "read_stream.mjs"), json.dumps({"sse": body.decode()})],
+            cwd=WEB,
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+        )
+    assert proc.returncode == 0, proc.stderr.decode()
+    parsed = json.loads(proc.stdout)
+    assert [p.get("error") for p in parsed] == [None] * len(sent)
+    assert [p["value"] for p in parsed] == sent
+    assert {ui["type"] for ui in sent} >= {"abort", "error", "finish", "tool-output-error"}

@@ -1,0 +1,77 @@
+"""Serve the web app on a loopback port inside the test's own Trio loop."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+import trio
+
+from runtime import Host
+
+WEB = Path(__file__).resolve().parent
+NPM_TIMEOUT = 300
+
+
+@attrs.define
+class WebServer:
+    url: str
+    host: Host
+    app: Any
+
+
+@asynccontextmanager
+async def web_server(
+    agent: Any, *, store: Any = None, **app_options: Any
+) -> AsyncIterator[WebServer]:
+    """A host and the app served by Hypercorn's Trio worker on 127.0.0.1 (a free port)."""
+    from runtime.web.app import create_app
+    from runtime.web.serve import serve_app
+
+    async with Host.open(store=store, log_tap=False) as host:
+        app = create_app(host, agent, **app_options)
+        async with trio.open_nursery() as nursery:
+            binds = await nursery.start(partial(serve_app, app, host="127.0.0.1", port=0))
+            try:
+                yield WebServer(url=binds[0], host=host, app=app)
+            finally:
+                nursery.cancel_scope.cancel()
+
+
+async def wait_idle(server: WebServer, session_id: str) -> None:
+    """Wait (at most 10 s) until the session's turn is over: its stream done and saved."""
+    with trio.fail_after(10):
+        while True:
+            session = server.host.sessions.get(session_id)
+            if session is not None and session.current is None and not session.busy:
+                return
+            await trio.sleep(0.01)
+
+
+def ensure_ai_package() -> str:
+    """The ``node`` executable, with the ``ai`` package installed in tests/web (npm
+    install on first use); skips the test when Node.js, npm or the install is missing."""
+    node, npm = shutil.which("node"), shutil.which("npm")
+    if node is None or npm is None:
+        pytest.skip("Node.js/npm not installed: the `ai` package protocol check needs them")
+    if not (WEB / "node_modules" / "ai" / "package.json").exists():
+        try:
+            proc = subprocess.run(
+                [npm, "install", "--no-audit", "--no-fund", "--loglevel=error"],
+                cwd=WEB,
+                capture_output=True,
+                text=True,
+                timeout=NPM_TIMEOUT,
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            pytest.skip(f"npm install of the `ai` package failed: {exc}")
+        if proc.returncode != 0 or not (WEB / "node_modules" / "ai").exists():
+            pytest.skip(f"npm install of the `ai` package failed: {proc.stderr.strip()[-400:]}")
+    return node
