@@ -49,4 +49,6 @@ class Persister(Actor):
                 )
             )
         finally:
+            if message.on_done is not None:
+                message.on_done(message)
             message.done.set()

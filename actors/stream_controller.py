@@ -202,7 +202,12 @@ class StreamController(Actor):
                 out.append(self._chunk(o.Abort, reason=item.abort_reason))
             else:
                 out.append(
-                    self._chunk(o.Finish, finish_reason=item.finish_reason, usage=item.usage)
+                    self._chunk(
+                        o.Finish,
+                        finish_reason=item.finish_reason,
+                        usage=item.usage,
+                        budget=item.budget,
+                    )
                 )
             self._ending = True
         # Usage, finish and provider-data chunks carry nothing the UI stream shows.

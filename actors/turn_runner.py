@@ -147,6 +147,33 @@ class _Step:
     produced: bool = False
 
 
+@attrs.define(slots=True, eq=False)
+class _Turn:
+    """Everything one turn accumulates; owned by the turn runner's task."""
+
+    turn_id: str
+    start_index: int
+    """Index of the turn's user message in the history."""
+    a_index: int = 0
+    """Index of the turn's assistant message."""
+    message_id: str = attrs.field(factory=lambda: new_id("msg"))
+    parts: list[Part] = attrs.field(factory=list)
+    results: dict[str, ToolMessage] = attrs.field(factory=dict)
+    """Tool messages added to the history, by call id."""
+    outcomes: dict[str, ToolOutcome] = attrs.field(factory=dict)
+    """Every outcome received, as it arrived: kept even if the turn is then cancelled."""
+    builder: Any = None
+    ctrl: Any = None
+    usage: Usage = attrs.field(factory=Usage)
+    step: int = 0
+    step_open: bool = False
+    tool_calls_used: int = 0
+    finish_reason: str = "stop"
+    error: ErrorInfo | None = None
+    abort_reason: str | None = None
+    budget: str | None = None
+
+
 class _BudgetStop(Exception):
     def __init__(self, budget: str) -> None:
         self.budget = budget
@@ -191,255 +218,238 @@ class TurnRunner(Actor):
     # -- one turn -----------------------------------------------------------------------
 
     async def run_turn(self, run: RunTurn) -> None:
+        """Run one user input to completion (or until it is cut short), then close it."""
         state, agent, budget = self.state, self.agent, self.agent.budget
         sid = state.session_id
-        turn_id = new_id("turn")
-        run.stream.turn_id = turn_id
-        ctrl = Batcher(self.controller.inbox, turn_id)
-        start_index = len(state.messages)
+        turn = _Turn(turn_id=new_id("turn"), start_index=len(state.messages))
+        turn.ctrl = Batcher(self.controller.inbox, turn.turn_id)
+        turn.builder = _PartBuilder(turn.parts)
+        run.stream.turn_id = turn.turn_id
         state.messages.append(UserMessage(content=run.input))
-        a_index = len(state.messages)
-        assistant = AssistantMessage()
-        state.messages.append(assistant)
-        parts: list[Part] = []
-        results: dict[str, ToolMessage] = {}
-        builder = _PartBuilder(parts)
-        usage = Usage()
-        step = 0
-        tool_calls_used = 0
-        finish_reason = "stop"
-        error: ErrorInfo | None = None
-        abort_reason: str | None = None
-        budget_name: str | None = None
-
-        def snapshot(interrupted: bool = False) -> None:
-            state.messages[a_index] = AssistantMessage(
-                id=assistant.id, content=tuple(parts), interrupted=interrupted
-            )
-
-        async def save(step_no: int | None) -> SaveRequest:
-            req = SaveRequest(
-                session_id=sid,
-                turn_id=turn_id,
-                start=start_index,
-                messages=tuple(state.messages[start_index:]),
-                meta={"agent": agent.name, **state.meta},
-                step=step_no,
-            )
-            try:
-                await self.persister.inbox.put(req)
-            except (trio.ClosedResourceError, trio.BrokenResourceError):
-                req.error = ActorFailed("the persister is not running; the session was not saved")
-                req.done.set()
-            return req
-
+        turn.a_index = len(state.messages)
+        state.messages.append(AssistantMessage(id=turn.message_id))
         scope = trio.CancelScope()
         if budget.deadline is not None:
             scope.deadline = trio.current_time() + budget.deadline
         run.stream.bind_scope(scope)
         try:
-            await ctrl.send(
-                TurnBegin(turn_id=turn_id, message_id=assistant.id, consumer=run.consumer)
+            await turn.ctrl.send(
+                TurnBegin(turn_id=turn.turn_id, message_id=turn.message_id, consumer=run.consumer)
             )
             await self._announce(
-                ev.TurnStarted(session_id=sid, turn_id=turn_id, agent=agent.name, input=run.input),
+                ev.TurnStarted(
+                    session_id=sid, turn_id=turn.turn_id, agent=agent.name, input=run.input
+                ),
                 agent.hooks.on_turn_start,
             )
             with scope:
-                while True:
-                    if step >= budget.max_steps:
-                        raise _BudgetStop("max_steps")
-                    await ctrl.send(StepBegin(step=step))
-                    await self._announce(
-                        ev.StepStarted(session_id=sid, turn_id=turn_id, step=step),
-                        agent.hooks.on_step_start,
-                    )
-                    result = await self._infer(turn_id, step, parts, builder, ctrl)
-                    builder.close()
-                    usage = usage + result.usage
-                    outcomes: list[ToolOutcome] = []
-                    if result.calls:
-                        outcomes, tool_calls_used, over = await self._run_tools(
-                            turn_id, step, result, tool_calls_used, ctrl
-                        )
-                        for oc in outcomes:
-                            if oc.usage is not None:  # an agent used as a tool spent tokens
-                                usage = usage + oc.usage
-                        for call in result.calls:  # call order, not completion order
-                            oc = next(o for o in outcomes if o.tool_call_id == call.tool_call_id)
-                            msg = ToolMessage(
-                                tool_call_id=oc.tool_call_id,
-                                tool_name=oc.tool_name,
-                                step=step,
-                                output=oc.output,
-                                error=oc.error,
-                            )
-                            results[call.tool_call_id] = msg
-                            state.messages.append(msg)
-                    snapshot()
-                    await ctrl.send(
-                        StepEnd(step=step, finish_reason=result.finish, usage=result.usage)
-                    )
-                    await self._announce(
-                        ev.StepFinished(
-                            session_id=sid,
-                            turn_id=turn_id,
-                            step=step,
-                            finish_reason=result.finish,
-                            usage=result.usage,
-                        ),
-                        agent.hooks.on_step_finish,
-                    )
-                    await self._announce(
-                        ev.MessageAdded(
-                            session_id=sid,
-                            turn_id=turn_id,
-                            index=a_index,
-                            message=state.messages[a_index],
-                        ),
-                        agent.hooks.on_message_added,
-                    )
-                    await save(step)
-                    step += 1
-                    self._check_tokens(usage)
-                    if result.calls and over:
-                        raise _BudgetStop("max_tool_calls")
-                    if not result.calls:
-                        finish_reason = result.finish
-                        break
+                await self._steps(turn)
             if scope.cancelled_caught:
                 if run.stream.cancel_reason is None and budget.deadline is not None:
-                    finish_reason, budget_name = "budget", "deadline"
+                    turn.finish_reason, turn.budget = "budget", "deadline"
                 else:
-                    finish_reason = "aborted"
-                    abort_reason = run.stream.cancel_reason or "cancelled"
+                    turn.finish_reason = "aborted"
+                    turn.abort_reason = run.stream.cancel_reason or "cancelled"
         except _BudgetStop as stop:
-            finish_reason, budget_name = "budget", stop.budget
+            turn.finish_reason, turn.budget = "budget", stop.budget
         except trio.Cancelled:
-            finish_reason, abort_reason = "aborted", "host shutdown"
-            await self._finish_turn(
-                run,
-                turn_id,
-                parts,
-                builder,
-                results,
-                a_index,
-                snapshot,
-                save,
-                ctrl,
-                usage,
-                step,
-                finish_reason,
-                None,
-                abort_reason,
-                None,
-            )
+            turn.finish_reason, turn.abort_reason = "aborted", "host shutdown"
+            await self._finish_turn(run, turn)
             raise
         except Exception as exc:
-            error = _error_info(exc)
-            finish_reason = "error"
+            turn.error = _error_info(exc)
+            turn.finish_reason = "error"
             self._log.error(
                 "turn.failed",
                 session_id=sid,
-                turn_id=turn_id,
-                error=redact(error.message),
-                error_kind=error.kind,
+                turn_id=turn.turn_id,
+                error=redact(turn.error.message),
+                error_kind=turn.error.kind,
             )
-        await self._finish_turn(
-            run,
-            turn_id,
-            parts,
-            builder,
-            results,
-            a_index,
-            snapshot,
-            save,
-            ctrl,
-            usage,
-            step,
-            finish_reason,
-            error,
-            abort_reason,
-            budget_name,
+        await self._finish_turn(run, turn)
+
+    async def _steps(self, turn: _Turn) -> None:
+        """The step loop: budget check, model call, tools, step boundary; until a step
+        finishes without tool calls."""
+        state, agent, budget = self.state, self.agent, self.agent.budget
+        sid, ctrl = state.session_id, turn.ctrl
+        while True:
+            if turn.step >= budget.max_steps:
+                raise _BudgetStop("max_steps")
+            step = turn.step
+            await ctrl.send(StepBegin(step=step))
+            turn.step_open = True
+            await self._announce(
+                ev.StepStarted(session_id=sid, turn_id=turn.turn_id, step=step),
+                agent.hooks.on_step_start,
+            )
+            result = await self._infer(turn.turn_id, step, turn.parts, turn.builder, ctrl)
+            turn.builder.close()
+            turn.usage = turn.usage + result.usage
+            over = self._over_token_budget(turn.usage)
+            if result.calls:
+                over = await self._run_tools(turn, result, refuse=over) or over
+                for call in result.calls:  # call order, not completion order
+                    oc = turn.outcomes[call.tool_call_id]
+                    if oc.usage is not None:  # an agent used as a tool spent tokens
+                        turn.usage = turn.usage + oc.usage
+                    self._add_result(turn, oc, step)
+            self._snapshot(turn)
+            await ctrl.send(StepEnd(step=step, finish_reason=result.finish, usage=result.usage))
+            turn.step_open = False
+            await self._announce(
+                ev.StepFinished(
+                    session_id=sid,
+                    turn_id=turn.turn_id,
+                    step=step,
+                    finish_reason=result.finish,
+                    usage=result.usage,
+                ),
+                agent.hooks.on_step_finish,
+            )
+            await self._announce(
+                ev.MessageAdded(
+                    session_id=sid,
+                    turn_id=turn.turn_id,
+                    index=turn.a_index,
+                    message=state.messages[turn.a_index],
+                ),
+                agent.hooks.on_message_added,
+            )
+            await self._save(turn, step)
+            turn.step += 1
+            if over:
+                raise _BudgetStop(over)
+            if not result.calls:
+                turn.finish_reason = result.finish
+                return
+
+    def _add_result(self, turn: _Turn, oc: ToolOutcome, step: int) -> None:
+        msg = ToolMessage(
+            tool_call_id=oc.tool_call_id,
+            tool_name=oc.tool_name,
+            step=step,
+            output=oc.output,
+            error=oc.error,
+        )
+        turn.results[oc.tool_call_id] = msg
+        self.state.messages.append(msg)
+
+    def _snapshot(self, turn: _Turn, interrupted: bool = False) -> None:
+        """Refresh the turn's assistant message in the history (a new frozen value)."""
+        self.state.messages[turn.a_index] = AssistantMessage(
+            id=turn.message_id, content=tuple(turn.parts), interrupted=interrupted
         )
 
-    async def _finish_turn(
-        self,
-        run,
-        turn_id,
-        parts,
-        builder,
-        results,
-        a_index,
-        snapshot,
-        save,
-        ctrl,
-        usage,
-        step,
-        finish_reason,
-        error,
-        abort_reason,
-        budget_name,
-    ) -> None:
-        """Close the turn whatever happened: seal parts, pair every call with a result,
-        tell the controller, save (shielded, bounded) and hand the result over."""
-        state, agent = self.state, self.agent
+    async def _save(self, turn: _Turn, step: int | None) -> SaveRequest:
+        """Queue a save of the turn (from wherever the store is behind, after a failed
+        save) with the persister; returns the request, whose ``done`` says when."""
+        state = self.state
+        start = min(turn.start_index, state.saved_upto)
+        req = SaveRequest(
+            session_id=state.session_id,
+            turn_id=turn.turn_id,
+            start=start,
+            messages=tuple(state.messages[start:]),
+            meta={"agent": self.agent.name, **state.meta},
+            step=step,
+            on_done=self._saved,
+        )
+        try:
+            await self.persister.inbox.put(req)
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            req.error = ActorFailed("the persister is not running; the session was not saved")
+            req.done.set()
+        return req
+
+    def _saved(self, req: SaveRequest) -> None:
+        """Track how far the store really got, so a failed save is caught up later."""
+        state = self.state
+        if req.error is None:
+            state.saved_upto = req.start + len(req.messages)
+        else:
+            state.saved_upto = min(state.saved_upto, req.start)
+
+    async def _finish_turn(self, run: RunTurn, turn: _Turn) -> None:
+        """Close the turn whatever happened: seal parts, pair every call with a result
+        (a call that completed keeps its result), save (shielded, bounded), then tell the
+        controller and hand the result over."""
+        state, agent, ctrl = self.state, self.agent, turn.ctrl
         with trio.CancelScope(shield=True):
-            builder.close()
-            cut = error is not None or abort_reason is not None or budget_name == "deadline"
-            for part in parts:
-                if isinstance(part, ToolCallPart) and part.tool_call_id not in results:
-                    msg = ToolMessage(
-                        tool_call_id=part.tool_call_id,
-                        tool_name=part.tool_name,
-                        step=part.step,
-                        error=INTERRUPTED,
+            turn.builder.close()
+            cut = turn.error is not None or turn.abort_reason is not None
+            cut = cut or turn.budget == "deadline"
+            closing: list[Any] = []
+            for part in turn.parts:
+                if isinstance(part, ToolCallPart) and part.tool_call_id not in turn.results:
+                    oc = turn.outcomes.get(part.tool_call_id) or ToolOutcome(
+                        tool_call_id=part.tool_call_id, tool_name=part.tool_name, error=INTERRUPTED
                     )
-                    results[part.tool_call_id] = msg
-                    state.messages.append(msg)
-            snapshot(interrupted=cut)
+                    self._add_result(turn, oc, part.step)
+                    if part.tool_call_id not in turn.outcomes:
+                        closing.append(ToolDone(step=part.step, outcome=oc))
+            self._snapshot(turn, interrupted=cut)
+            if turn.step_open and turn.error is None and turn.abort_reason is None:
+                # A budget (the deadline) cut the step: close it so the grammar holds.
+                closing.append(StepEnd(step=turn.step, finish_reason="other", usage=Usage()))
+                turn.step += 1
             try:
+                final = await self._bounded_save(turn)
+                if final is not None and final.error is not None and turn.error is None:
+                    turn.error = _error_info(final.error)
                 with trio.move_on_after(SAVE_TIMEOUT):
+                    await ctrl.send_all(closing)
                     await ctrl.send(
                         TurnEnd(
-                            finish_reason=finish_reason,
-                            usage=usage,
-                            error=error,
-                            abort_reason=abort_reason,
+                            finish_reason=turn.finish_reason,
+                            usage=turn.usage,
+                            error=turn.error,
+                            abort_reason=turn.abort_reason,
+                            budget=turn.budget,
                         )
                     )
-                final = await save(None)
-                with trio.move_on_after(SAVE_TIMEOUT):
-                    await final.done.wait()
-                if final.error is not None and error is None:
-                    error = _error_info(final.error)
                 finished = ev.TurnFinished(
                     session_id=state.session_id,
-                    turn_id=turn_id,
-                    finish_reason=finish_reason,
-                    usage=usage,
-                    steps=step,
-                    error=error,
-                    abort_reason=abort_reason,
+                    turn_id=turn.turn_id,
+                    finish_reason=turn.finish_reason,
+                    usage=turn.usage,
+                    steps=turn.step,
+                    error=turn.error,
+                    abort_reason=turn.abort_reason,
+                    budget=turn.budget,
                 )
                 with trio.move_on_after(SAVE_TIMEOUT):
                     await self._announce(finished, agent.hooks.on_turn_finish)
             finally:
                 run.stream.finish(
                     TurnResult(
-                        turn_id=turn_id,
-                        finish_reason=finish_reason,
-                        usage=usage,
-                        steps=step,
-                        message=state.messages[a_index],
+                        turn_id=turn.turn_id,
+                        finish_reason=turn.finish_reason,
+                        usage=turn.usage,
+                        steps=turn.step,
+                        message=state.messages[turn.a_index],
                         tool_messages=tuple(
-                            results[p.tool_call_id] for p in parts if isinstance(p, ToolCallPart)
+                            turn.results[p.tool_call_id]
+                            for p in turn.parts
+                            if isinstance(p, ToolCallPart)
                         ),
-                        error=error,
-                        abort_reason=abort_reason,
-                        budget=budget_name,
+                        error=turn.error,
+                        abort_reason=turn.abort_reason,
+                        budget=turn.budget,
                     )
                 )
+
+    async def _bounded_save(self, turn: _Turn) -> SaveRequest | None:
+        """The turn's final save, waited for at most ``SAVE_TIMEOUT`` seconds."""
+        with trio.move_on_after(SAVE_TIMEOUT) as scope:
+            final = await self._save(turn, None)
+            await final.done.wait()
+            return final
+        if scope.cancelled_caught:
+            self._log.error(
+                "session.save-timeout", session_id=self.state.session_id, turn_id=turn.turn_id
+            )
+        return None
 
     # -- one model call ---------------------------------------------------------------
 
@@ -566,19 +576,19 @@ class TurnRunner(Actor):
 
     # -- tools --------------------------------------------------------------------------
 
-    async def _run_tools(
-        self, turn_id: str, step: int, result: _Step, used: int, ctrl: Batcher
-    ) -> tuple[list[ToolOutcome], int, bool]:
-        """Run (or refuse) the step's calls; stream each outcome as it completes."""
+    async def _run_tools(self, turn: _Turn, result: _Step, *, refuse: str | None) -> str | None:
+        """Run (or refuse) the step's calls, streaming each outcome as it completes into
+        ``turn.outcomes``. Returns the name of a budget the calls ran into, if any."""
         agent, budget, sid = self.agent, self.agent.budget, self.state.session_id
-        outcomes: list[ToolOutcome] = []
+        step, ctrl = turn.step, turn.ctrl
+        refused: list[ToolOutcome] = []
         runnable: list[ToolCallSpec] = []
-        over = False
+        over: str | None = None
         for call in result.calls:
             await self._announce(
                 ev.ToolCallRequested(
                     session_id=sid,
-                    turn_id=turn_id,
+                    turn_id=turn.turn_id,
                     step=step,
                     tool_call_id=call.tool_call_id,
                     tool_name=call.tool_name,
@@ -594,32 +604,37 @@ class TurnRunner(Actor):
                 )
             elif call.input_error is not None:
                 refusal = call.input_error
-            elif budget.max_tool_calls is not None and used >= budget.max_tool_calls:
+            elif refuse is not None:
+                refusal = f"the tool call was not executed: budget {refuse} exceeded"
+            elif (
+                budget.max_tool_calls is not None and turn.tool_calls_used >= budget.max_tool_calls
+            ):
                 refusal = (
                     "the tool call was not executed: budget "
                     f"max_tool_calls={budget.max_tool_calls} reached"
                 )
-                over = True
+                over = "max_tool_calls"
             if refusal is not None:
-                outcomes.append(
+                refused.append(
                     ToolOutcome(
                         tool_call_id=call.tool_call_id, tool_name=call.tool_name, error=refusal
                     )
                 )
             else:
-                used += 1
+                turn.tool_calls_used += 1
                 runnable.append(
                     ToolCallSpec(
                         tool_call_id=call.tool_call_id, tool_name=call.tool_name, input=call.input
                     )
                 )
-        for oc in outcomes:
-            await self._tool_done(turn_id, step, oc, ctrl)
+        for oc in refused:
+            turn.outcomes[oc.tool_call_id] = oc
+            await self._tool_done(turn.turn_id, step, oc, ctrl)
         if runnable:
             inbox = self.tool_inbox
             request = ExecuteTools(
                 session_id=sid,
-                turn_id=turn_id,
+                turn_id=turn.turn_id,
                 step=step,
                 calls=tuple(runnable),
                 tools=agent.tool_map,
@@ -641,11 +656,11 @@ class TurnRunner(Actor):
                     if not isinstance(oc, ToolOutcome) or oc.tool_call_id not in pending:
                         continue  # a late outcome of a cancelled earlier request
                     pending.discard(oc.tool_call_id)
-                    outcomes.append(oc)
-                    await self._tool_done(turn_id, step, oc, ctrl)
+                    turn.outcomes[oc.tool_call_id] = oc
+                    await self._tool_done(turn.turn_id, step, oc, ctrl)
             finally:
                 request.cancel_scope.cancel()
-        return outcomes, used, over
+        return over
 
     async def _tool_done(self, turn_id: str, step: int, oc: ToolOutcome, ctrl: Batcher) -> None:
         await ctrl.send(ToolDone(step=step, outcome=oc))
@@ -665,14 +680,16 @@ class TurnRunner(Actor):
 
     # -- helpers ------------------------------------------------------------------------
 
-    def _check_tokens(self, usage: Usage) -> None:
+    def _over_token_budget(self, usage: Usage) -> str | None:
+        """The name of the token budget ``usage`` exceeds, if any."""
         b = self.agent.budget
         if b.max_input_tokens is not None and usage.input_tokens > b.max_input_tokens:
-            raise _BudgetStop("max_input_tokens")
+            return "max_input_tokens"
         if b.max_output_tokens is not None and usage.output_tokens > b.max_output_tokens:
-            raise _BudgetStop("max_output_tokens")
+            return "max_output_tokens"
         if b.max_total_tokens is not None and usage.total_tokens > b.max_total_tokens:
-            raise _BudgetStop("max_total_tokens")
+            return "max_total_tokens"
+        return None
 
     @staticmethod
     async def _ask(actor: Actor, message: Any) -> None:

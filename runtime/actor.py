@@ -152,7 +152,8 @@ class Supervisor:
                     task_status.started()
                 await actor.run()
                 return
-            except Exception as exc:
+            except Exception as raised:
+                exc = _unwrap(raised)
                 now = trio.current_time()
                 crashes.append(now)
                 while crashes and now - crashes[0] > policy.period:
@@ -198,3 +199,10 @@ class Supervisor:
         except trio.WouldBlock:
             with trio.move_on_after(1):
                 await self.bus.publish(event)
+
+
+def _unwrap(exc: BaseException) -> BaseException:
+    """The real error inside nursery wrappers: single-exception groups are peeled off."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc

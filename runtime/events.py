@@ -52,6 +52,8 @@ class TurnFinished(Event):
     steps: int
     error: ErrorInfo | None = None
     abort_reason: str | None = None
+    budget: str | None = None
+    """Which budget ended the turn, when ``finish_reason`` is ``budget``."""
     causation_id: str | None = None
 
 

@@ -133,6 +133,7 @@ class Host:
         state = SessionState(session_id=sid)
         if record is not None:
             state.messages.extend(record.messages)
+            state.saved_upto = len(record.messages)
             state.meta.update({k: v for k, v in record.meta.items() if k != "agent"})
         if meta:
             state.meta.update(meta)

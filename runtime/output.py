@@ -196,6 +196,8 @@ class StepFinish(_Base):
 class Finish(_Base):
     finish_reason: str
     usage: Usage
+    budget: str | None = None
+    """Which budget ended the turn, when ``finish_reason`` is ``budget``."""
     seq: int = 0
     session_id: str = ""
     turn_id: str = ""

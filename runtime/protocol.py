@@ -165,6 +165,8 @@ class SaveRequest:
     done: trio.Event = attrs.field(factory=trio.Event)
     error: BaseException | None = None
     step: int | None = None
+    on_done: Any = None
+    """Called with the request once it is done (succeeded or failed), before ``done`` is set."""
 
 
 # -- stream controller markers -------------------------------------------------------------
@@ -210,6 +212,7 @@ class TurnEnd:
     usage: Usage
     error: ErrorInfo | None = None
     abort_reason: str | None = None
+    budget: str | None = None
 
 
 @attrs.frozen(kw_only=True, slots=True)

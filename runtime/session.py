@@ -37,6 +37,8 @@ class SessionState:
     messages: list[Message] = attrs.field(factory=list)
     meta: dict[str, Any] = attrs.field(factory=dict)
     busy: bool = False
+    saved_upto: int = 0
+    """How many messages the store is known to hold; saves start no later than this."""
 
 
 @attrs.define(kw_only=True, slots=True, eq=False)

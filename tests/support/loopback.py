@@ -29,10 +29,16 @@ class Reply:
     """Write the body in pieces of this many bytes (``None``: one write)."""
     delay: float = 0.0
     """Sleep this long between pieces."""
+    write_events: bool = False
+    """Write each SSE event (through its blank line) as its own piece, as a real server
+    flushes them (the SDKs' decoders may wait for a piece that ends an event)."""
     drop_after: int | None = None
     """Close the connection abruptly after this many body bytes."""
     stall: float | None = None
     """Send headers, then sleep this long before the body."""
+    stall_after: int = 0
+    """With ``stall``: send this many body bytes first, then stall (a stream that stops
+    mid-answer)."""
 
 
 @attrs.define
@@ -110,14 +116,23 @@ async def _handle(stream: trio.SocketStream, server: LoopbackServer) -> None:
             await stream.send_all(
                 conn.send(h11.Response(status_code=reply.status, headers=headers))
             )
-            if reply.stall:
-                await trio.sleep(reply.stall)
             payload = reply.body if reply.drop_after is None else reply.body[: reply.drop_after]
+            if reply.stall:
+                if reply.stall_after:
+                    head, payload = payload[: reply.stall_after], payload[reply.stall_after :]
+                    await stream.send_all(conn.send(h11.Data(data=head)))
+                await trio.sleep(reply.stall)
             size = reply.write_size or max(1, len(payload))
-            for i in range(0, len(payload), size):
+            if reply.write_events:
+                pieces = [p + b"\n\n" for p in payload.split(b"\n\n")]
+                pieces[-1] = pieces[-1][:-2]
+                pieces = [p for p in pieces if p]
+            else:
+                pieces = [payload[i : i + size] for i in range(0, len(payload), size)]
+            for piece in pieces:
                 if reply.delay:
                     await trio.sleep(reply.delay)
-                await stream.send_all(conn.send(h11.Data(data=payload[i : i + size])))
+                await stream.send_all(conn.send(h11.Data(data=piece)))
             if reply.drop_after is not None:
                 return  # abrupt close: no terminating chunk
             await stream.send_all(conn.send(h11.EndOfMessage()))
