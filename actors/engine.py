@@ -153,7 +153,11 @@ class Engine(Actor):
         out: list[Any] = []
         for chunk in message:
             if type(chunk) is TextChunk and not chunk.refusal:
-                for is_reasoning, text in splitter.feed(chunk.text):
+                pieces = splitter.feed(chunk.text)
+                if len(pieces) == 1 and not pieces[0][0] and pieces[0][1] is chunk.text:
+                    out.append(chunk)  # nothing split or held: forward it as it is
+                    continue
+                for is_reasoning, text in pieces:
                     out.append(ReasoningChunk(text=text) if is_reasoning else TextChunk(text=text))
                 continue
             if isinstance(chunk, FinishChunk | StreamFailed):

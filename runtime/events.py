@@ -14,13 +14,13 @@ import attrs
 
 from runtime.chunks import Usage
 from runtime.messages import Message
-from runtime.output import ErrorInfo
+from runtime.output import ErrorInfo, _repr
 
 
 def _event(kind: str):
     def wrap(cls):
         cls.kind = kind
-        return attrs.frozen(kw_only=True, slots=True)(cls)
+        return attrs.frozen(kw_only=True, slots=True, repr=False)(cls)  # shared __repr__
 
     return wrap
 
@@ -30,6 +30,7 @@ class Event:
 
     __slots__ = ()
     kind: ClassVar[str]
+    __repr__ = _repr
 
 
 @_event("turn.started")

@@ -33,14 +33,23 @@ def _out(type_: str):  # decorator: attach type/kind and make a frozen value cla
     def wrap(cls):
         cls.type = type_
         cls.kind = "output." + type_
-        return attrs.frozen(kw_only=True, slots=True)(cls)
+        # repr=False: one shared __repr__ (below) instead of one compiled per class, which
+        # keeps `import runtime` cheap; equality and hashing stay generated.
+        return attrs.frozen(kw_only=True, slots=True, repr=False)(cls)
 
     return wrap
 
 
+def _repr(self: Any) -> str:
+    fields = ", ".join(f"{a.name}={getattr(self, a.name)!r}" for a in attrs.fields(type(self)))
+    return f"{type(self).__name__}({fields})"
+
+
 class _Base:
+    __slots__ = ()
     type: ClassVar[str]
     kind: ClassVar[str]
+    __repr__ = _repr
 
 
 @_out("start")

@@ -8,6 +8,7 @@ more. That keeps the per-delta cost of a stage to an append.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,6 +19,8 @@ from runtime.chunks import Usage
 from runtime.inbox import Inbox
 from runtime.messages import Message, Part
 from runtime.output import ErrorInfo
+
+_now = time.perf_counter
 
 
 class Batch(list):
@@ -32,23 +35,37 @@ class Batch(list):
 
 
 class Batcher:
-    """Sends items to an inbox in :class:`Batch` es, merging what is not yet received."""
+    """Sends items to an inbox in :class:`Batch` es, merging what is not yet received.
 
-    __slots__ = ("_pending", "inbox", "tag")
+    With ``max_hold``, the sender yields to the scheduler once the receiver has left a
+    batch waiting that long (seconds): a producer that parses a large buffered burst (a
+    whole SSE body in one network read) would otherwise hold its first delta back until
+    it has parsed the last one. Yielding by time, not by count, costs one scheduler round
+    per ``max_hold`` at most, however small the deltas.
+    """
 
-    def __init__(self, inbox: Inbox, tag: Any = None) -> None:
+    __slots__ = ("_pending", "_since", "inbox", "max_hold", "tag")
+
+    def __init__(self, inbox: Inbox, tag: Any = None, *, max_hold: float | None = None) -> None:
         self.inbox = inbox
         self.tag = tag
+        self.max_hold = max_hold
         self._pending: Batch | None = None
+        self._since = 0.0
 
     async def send(self, item: Any) -> None:
         pending = self._pending
         if pending is not None and not pending.taken:
             pending.append(item)
+            if self.max_hold is not None and _now() - self._since > self.max_hold:
+                self._since = _now()
+                await trio.lowlevel.checkpoint()
             return
         batch = Batch(self.tag)
         batch.append(item)
         self._pending = batch
+        if self.max_hold is not None:
+            self._since = _now()
         await self.inbox.put(batch)
 
     async def send_all(self, items: Sequence[Any]) -> None:
@@ -85,7 +102,7 @@ class InferRequest:
     settings: dict[str, Any] = attrs.field(factory=dict)
 
 
-@attrs.frozen(kw_only=True, slots=True)
+@attrs.frozen(kw_only=True, slots=True, eq=False)  # internal: identity is enough
 class StreamFailed:
     """The model call failed; always the last item a provider sends for a request."""
 
@@ -95,7 +112,7 @@ class StreamFailed:
 # -- engine and turn runner --------------------------------------------------------------
 
 
-@attrs.frozen(kw_only=True, slots=True)
+@attrs.frozen(kw_only=True, slots=True, eq=False)  # internal: identity is enough
 class BeginRequest:
     """Tells the engine a new model call starts: reset the tag partitioner."""
 
@@ -105,7 +122,7 @@ class BeginRequest:
 # -- tools -------------------------------------------------------------------------------
 
 
-@attrs.frozen(kw_only=True, slots=True)
+@attrs.frozen(kw_only=True, slots=True, eq=False)  # internal: identity is enough
 class ToolCallSpec:
     tool_call_id: str
     tool_name: str
@@ -130,7 +147,7 @@ class ExecuteTools:
     """The host, handed to tools that take a :class:`~runtime.tools.ToolContext`."""
 
 
-@attrs.frozen(kw_only=True, slots=True)
+@attrs.frozen(kw_only=True, slots=True, eq=False)  # internal: identity is enough
 class ToolOutcome:
     tool_call_id: str
     tool_name: str
@@ -141,7 +158,7 @@ class ToolOutcome:
     """Tokens the tool spent (an agent used as a tool); added to the calling turn's."""
 
 
-@attrs.frozen(kw_only=True, slots=True)
+@attrs.frozen(kw_only=True, slots=True, eq=False)  # internal: identity is enough
 class ToolProgress:
     """An output chunk a running tool streams, nested under its call."""
 
@@ -172,7 +189,7 @@ class SaveRequest:
 # -- stream controller markers -------------------------------------------------------------
 
 
-@attrs.frozen(kw_only=True, slots=True)
+@attrs.frozen(kw_only=True, slots=True, eq=False)  # internal: identity is enough
 class TurnBegin:
     turn_id: str
     message_id: str
@@ -180,31 +197,31 @@ class TurnBegin:
     """The consumer's send channel of OutputChunk lists."""
 
 
-@attrs.frozen(kw_only=True, slots=True)
+@attrs.frozen(kw_only=True, slots=True, eq=False)  # internal: identity is enough
 class StepBegin:
     step: int
 
 
-@attrs.frozen(kw_only=True, slots=True)
+@attrs.frozen(kw_only=True, slots=True, eq=False)  # internal: identity is enough
 class StepEnd:
     step: int
     finish_reason: str
     usage: Usage
 
 
-@attrs.frozen(kw_only=True, slots=True)
+@attrs.frozen(kw_only=True, slots=True, eq=False)  # internal: identity is enough
 class ToolDone:
     step: int
     outcome: ToolOutcome
 
 
-@attrs.frozen(kw_only=True, slots=True)
+@attrs.frozen(kw_only=True, slots=True, eq=False)  # internal: identity is enough
 class ToolStreamed:
     step: int
     progress: ToolProgress
 
 
-@attrs.frozen(kw_only=True, slots=True)
+@attrs.frozen(kw_only=True, slots=True, eq=False)  # internal: identity is enough
 class TurnEnd:
     """The turn is over; ``error`` / ``abort_reason`` say how it was cut short, if so."""
 
@@ -215,7 +232,7 @@ class TurnEnd:
     budget: str | None = None
 
 
-@attrs.frozen(kw_only=True, slots=True)
+@attrs.frozen(kw_only=True, slots=True, eq=False)  # internal: identity is enough
 class TurnResult:
     """What a finished turn leaves behind (``output.result``)."""
 

@@ -31,6 +31,9 @@ class Provider(Actor):
 
     provider_name: ClassVar[str] = "provider"
     inbox_capacity: ClassVar[int] = 1024
+    max_hold: ClassVar[float | None] = 0.002
+    """Seconds a parsed chunk may wait for the engine before the provider's task yields
+    (see :class:`~runtime.protocol.Batcher`): bounds the first-delta latency of a burst."""
 
     def __init__(
         self, *, model: str = "", max_concurrency: int | None = None, name: str | None = None
@@ -105,7 +108,7 @@ class Provider(Actor):
             self._in_flight.pop(id(request), None)
 
     async def _serve_one(self, request: InferRequest) -> None:
-        out = Batcher(request.reply, request.request_id)
+        out = Batcher(request.reply, request.request_id, max_hold=self.max_hold)
         try:
             with request.cancel_scope:
                 if self._limiter is not None:

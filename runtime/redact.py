@@ -6,6 +6,7 @@ Applied by the log tap and the JSONL recorder to every event, and by
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any
 
@@ -28,6 +29,7 @@ _SECRET_KEYS = frozenset(
 )
 
 
+@functools.lru_cache(maxsize=1024)
 def _is_secret_key(key: Any) -> bool:
     k = str(key).lower()
     return k in _SECRET_KEYS or k.endswith(("_api_key", "_secret", "_password"))

@@ -11,13 +11,14 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable
-from typing import Any, get_type_hints, overload
+from typing import TYPE_CHECKING, Any, get_type_hints, overload
 
 import attrs
-import pydantic
-import pydantic_core
 
 from runtime.errors import ToolDefinitionError
+
+if TYPE_CHECKING:  # pydantic is imported when the first tool is built, not with runtime
+    import pydantic
 
 
 class ToolContext:
@@ -98,6 +99,8 @@ class Tool:
             raise ToolInputError(
                 f"arguments for {self.name} must be a JSON object, got {type(arguments).__name__}"
             )
+        import pydantic
+
         try:
             model = self._adapter.validate_python(arguments)
         except pydantic.ValidationError as exc:
@@ -127,6 +130,8 @@ class Tool:
 
 def to_jsonable(value: Any) -> Any:
     """A JSON-ready form of a tool's return value; raises ``TypeError`` when impossible."""
+    import pydantic_core
+
     try:
         return pydantic_core.to_jsonable_python(value)
     except pydantic_core.PydanticSerializationError as exc:
@@ -152,6 +157,8 @@ def _build(
         hints = get_type_hints(fn)
     except Exception as exc:
         raise ToolDefinitionError(f"cannot read type hints of {fn!r}: {exc}") from exc
+    import pydantic
+
     fields: dict[str, Any] = {}
     context_param: str | None = None
     for pname, param in inspect.signature(fn).parameters.items():

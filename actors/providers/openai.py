@@ -195,6 +195,16 @@ def _get(obj: Any, key: str) -> Any:
         return None
     if isinstance(obj, dict):
         return obj.get(key)
+    # Per chunk on the hot path: a declared field is in __dict__ and an extra one in
+    # __pydantic_extra__; getattr on a missing field takes pydantic's slow path (~3 us).
+    fields = getattr(obj, "__dict__", None)
+    if fields is not None and key in fields:
+        return fields[key]
+    extra = getattr(obj, "__pydantic_extra__", None)
+    if extra is not None:
+        return extra.get(key)
+    if fields is not None and hasattr(type(obj), "model_fields"):
+        return None
     return getattr(obj, key, None)
 
 

@@ -1,0 +1,230 @@
+"""What every benchmark shares: sizes, the loopback server process, timing, results."""
+
+from __future__ import annotations
+
+import gc
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+API_KEY = "sk-bench-not-a-real-key"
+INSTRUCTIONS = "You are concise."
+PROMPT = "Tell me about the weather in Paris."
+OPENAI_MODEL = "gpt-4o-mini"
+ANTHROPIC_MODEL = "claude-sonnet-4-5"
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How big each benchmark runs. ``full`` is the default; ``quick`` is for the smoke
+    test (every code path, tiny sizes; its figures mean nothing)."""
+
+    pipeline_deltas: int = 1000
+    pipeline_rounds: int = 31
+    warmup: int = 2
+    ttfd_rounds: int = 21
+    core_sizes: tuple[int, int] = (10_000, 100_000)
+    core_rounds: int = 7
+    conc_levels: tuple[int, ...] = (1, 100, 1000)
+    conc_deltas: int = 200
+    conc_rounds: int = 5
+    conc_single_turns: int = 5
+    idle_sessions: int = 1000
+    long_turns: int = 500
+    long_save_reps: int = 200
+    long_turn_rounds: int = 9
+    startup_runs: int = 21
+    peer_rounds: int = 15
+
+
+FULL = Sizes()
+QUICK = Sizes(
+    pipeline_deltas=40,
+    pipeline_rounds=2,
+    warmup=1,
+    ttfd_rounds=2,
+    core_sizes=(200, 2000),
+    core_rounds=1,
+    conc_levels=(1, 4, 12),
+    conc_deltas=20,
+    conc_rounds=1,
+    conc_single_turns=2,
+    idle_sessions=20,
+    long_turns=8,
+    long_save_reps=4,
+    long_turn_rounds=1,
+    startup_runs=2,
+    peer_rounds=1,
+)
+
+
+@dataclass
+class Figure:
+    """One row of the results table."""
+
+    key: str
+    title: str
+    value: float | None
+    unit: str
+    target: str = ""
+    passed: bool | None = None
+    """``None``: informational (no target) or not measured."""
+    detail: str = ""
+    data: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "key": self.key,
+            "title": self.title,
+            "value": self.value,
+            "unit": self.unit,
+            "target": self.target,
+            "passed": self.passed,
+            "detail": self.detail,
+            "data": self.data,
+        }
+
+
+def median(xs: Sequence[float]) -> float:
+    return statistics.median(xs)
+
+
+def at_most(value: float, limit: float) -> bool:
+    return value <= limit
+
+
+# -- timing ------------------------------------------------------------------------------
+
+
+async def alternate(
+    rounds: int,
+    warmup: int,
+    sides: dict[str, Callable[[], Awaitable[float]]],
+    *,
+    collect: bool = True,
+) -> dict[str, list[float]]:
+    """Run each side once per round, rotating which goes first, after ``warmup`` rounds
+    that are thrown away; each side returns the seconds it measured. A full collection
+    runs before each measurement (unless ``collect`` is false, for sub-millisecond sides)
+    so one side's garbage is not collected on the other's time; both still pay for their
+    own garbage: collection stays enabled."""
+    names = list(sides)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(warmup + rounds):
+        shift = r % len(names)
+        for name in names[shift:] + names[:shift]:
+            if collect:
+                gc.collect()
+            seconds = await sides[name]()
+            if r >= warmup:
+                times[name].append(seconds)
+    return times
+
+
+def paired_ratios(num: Sequence[float], den: Sequence[float]) -> list[float]:
+    return [a / b for a, b in zip(num, den, strict=True)]
+
+
+def rss_bytes() -> int:
+    """Resident set size of this process, from /proc (Linux) or getrusage's peak."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:  # pragma: no cover - not Linux
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def python_env() -> dict[str, str]:
+    """The environment for child Python processes: the repo importable, no SDK config."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH", "")]))
+    for var in ("OPENAI_BASE_URL", "ANTHROPIC_BASE_URL", "OPENAI_API_KEY", "ANTHROPIC_API_KEY"):
+        env.pop(var, None)
+    return env
+
+
+# -- the loopback server -----------------------------------------------------------------
+
+
+class ServerAddress:
+    """Where the replay server listens (a benchmark child gets only the port)."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+
+    def url(self, fmt: str, n: int, mode: str = "burst") -> str:
+        """The SDK ``base_url`` serving ``n`` deltas in ``fmt`` (openai: with ``/v1``)."""
+        root = f"http://127.0.0.1:{self.port}/{fmt}/{n}/{mode}"
+        return root + "/v1" if fmt == "openai" else root
+
+
+class LoopbackServer(ServerAddress):
+    """The replay server (``benchmarks.server``) in a child process."""
+
+    def __init__(self, specs: Sequence[tuple[str, int]]) -> None:
+        args = [f"{fmt}:{n}" for fmt, n in specs]
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "benchmarks.server", *args],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            cwd=REPO,
+            env=python_env(),
+            text=True,
+        )
+        assert self._proc.stdout is not None
+        line = self._proc.stdout.readline()
+        if not line.startswith("PORT "):
+            self.close()
+            raise RuntimeError(f"the loopback server did not start: {line!r}")
+        super().__init__(int(line.split()[1]))
+
+    def close(self) -> None:
+        if self._proc.poll() is None:
+            assert self._proc.stdin is not None
+            self._proc.stdin.close()
+            try:
+                self._proc.wait(5)
+            except subprocess.TimeoutExpired:  # pragma: no cover
+                self._proc.kill()
+                self._proc.wait()
+
+    def __enter__(self) -> LoopbackServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# -- logging -------------------------------------------------------------------------------
+
+
+class LogSink:
+    """structlog configured at ``info`` into a real file, as an application would."""
+
+    def __init__(self, directory: str) -> None:
+        from runtime import configure_logging
+
+        self.path = Path(directory) / "axon.log.jsonl"
+        self._file = self.path.open("w", encoding="utf-8")
+        configure_logging("info", stream=self._file)
+
+    def lines(self) -> int:
+        self._file.flush()
+        with self.path.open("rb") as f:
+            return sum(1 for _ in f)
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def now() -> float:
+    return time.perf_counter()

@@ -1,0 +1,102 @@
+"""The benchmarks (``python3 -m benchmarks``) run, at a tiny size, so they never rot.
+
+Only structure and sanity are asserted, never timings: the numbers of a ``--quick`` run
+mean nothing, and timing assertions would make the suite flaky on a loaded machine.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks import sse
+from benchmarks.bench_peers import peers_python
+
+REPO = Path(__file__).resolve().parents[1]
+
+EXPECTED_KEYS = {
+    "startup.ratio",
+    "startup.no_sdk",
+    "pipeline.openai",
+    "pipeline.anthropic",
+    "ttfd.openai",
+    "ttfd.anthropic",
+    "ttfd_burst.openai",
+    "ttfd_burst.anthropic",
+    "core.linearity",
+    "concurrency.scaling",
+    "concurrency.memory_per_idle_session",
+    "long.save",
+    "long.turn",
+}
+
+
+def _run(tmp_path: Path, *args: str) -> dict:
+    out = tmp_path / "results.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "--quick", "--output", str(out), *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "Axon benchmarks" in proc.stdout  # the table was printed
+    return json.loads(out.read_text())
+
+
+def test_every_benchmark_runs_at_a_tiny_size(tmp_path: Path) -> None:
+    report = _run(tmp_path, "--no-peers")
+    assert report["errors"] == []
+    assert report["quick"] is True
+    figures = {f["key"]: f for f in report["figures"]}
+    assert EXPECTED_KEYS <= set(figures)
+    for key in ("core.us_per_delta.200", "core.us_per_delta.2000"):
+        assert key in figures
+    for fig in report["figures"]:
+        assert set(fig) >= {"key", "title", "value", "unit", "target", "passed", "detail", "data"}
+        if fig["target"]:
+            assert isinstance(fig["passed"], bool), fig["key"]
+        if fig["value"] is not None and fig["key"] != "startup.no_sdk":
+            assert (math.isfinite(fig["value"]) and fig["value"] > 0) or "ttfd" in fig["key"]
+    # sanity of what was measured, not how fast
+    assert figures["startup.no_sdk"]["data"]["loaded"] == []
+    assert figures["startup.no_sdk"]["passed"] is True
+    pipe = figures["pipeline.openai"]["data"]
+    assert pipe["log_lines_written"] > 0  # the log tap really wrote JSON lines
+    assert len(pipe["raw_s"]) == len(pipe["axon_s"]) == pipe["rounds"]
+    memory = figures["concurrency.memory_per_idle_session"]["data"]
+    assert memory["sessions"] > 0 and memory["rss_opened"] > 0
+    assert report["versions"]["trio"] != "missing"
+
+
+@pytest.mark.skipif(peers_python() is None, reason="no peers virtualenv (--setup-peers)")
+def test_the_peers_benchmark_runs(tmp_path: Path) -> None:
+    report = _run(tmp_path, "--only", "peers")
+    assert report["errors"] == []
+    keys = {f["key"] for f in report["figures"]}
+    assert any(k.startswith("peers.") for k in keys)
+
+
+def test_the_bodies_carry_exactly_the_deltas() -> None:
+    for fmt, marker in (("openai", b'"delta":{"content":'), ("anthropic", b'"text_delta"')):
+        body = sse.body(fmt, 7)
+        events = sse.split_events(body)
+        assert b"".join(events) == body
+        assert sum(marker in e for e in events) == 7
+    assert "".join(sse.delta_texts(3)) == " the quick brown"
+
+
+def test_the_script_entry_point_works() -> None:
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "run.py"), "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0 and "--quick" in proc.stdout
