@@ -100,14 +100,20 @@ class CrashingObserver(Actor):
 
 
 async def test_crashing_observer_is_restarted_and_the_turn_still_completes():
+    from structlog.testing import capture_logs
+
     watcher_events: list = []
-    async with Host.open(log_tap=False) as host:
-        watch = host.bus.subscribe([ev.ActorCrashed, ev.ActorRestarted], name="watch")
-        observer = await host.start_actor(CrashingObserver(), policy=RestartPolicy(intensity=5))
-        session = await host.open_session(two_step_agent())
-        result = await session.run("go")
-        await trio.sleep(0.1)
-        watcher_events = _drain(watch.inbox)
+    with capture_logs() as logs:
+        async with Host.open() as host:
+            watch = host.bus.subscribe([ev.ActorCrashed, ev.ActorRestarted], name="watch")
+            observer = await host.start_actor(CrashingObserver(), policy=RestartPolicy(intensity=5))
+            session = await host.open_session(two_step_agent())
+            result = await session.run("go")
+            await trio.sleep(0.1)
+            watcher_events = _drain(watch.inbox)
+    logged = [(line["event"], line.get("actor")) for line in logs]
+    assert logged.count(("actor.crashed", "crashy")) >= 2  # the crash is in the log...
+    assert ("actor.restarted", "crashy") in logged  # ...and so is the restart
     assert result.finish_reason == "stop" and result.text == "done"
     kinds = [e.kind for e in watcher_events]
     assert kinds.count("actor.crashed") == 2 and kinds.count("actor.restarted") == 2
