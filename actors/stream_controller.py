@@ -52,7 +52,7 @@ class StreamController(Actor):
         self._step = 0
         self._open_kind: str | None = None  # "text" | "reasoning"
         self._open_id = ""
-        self._tool_names: dict[str, str] = {}
+        self._ending = False  # the turn ended: close the consumer after this batch
 
     def on_crash(self, exc: BaseException) -> None:
         self._open_kind = None
@@ -71,8 +71,6 @@ class StreamController(Actor):
             consumer, self._consumer = self._consumer, None
             if consumer is not None:
                 consumer.inbox.close()
-
-    _ending = False
 
     def _chunk(self, cls: type, **fields: Any) -> Any:
         self.seq += 1
@@ -113,7 +111,6 @@ class StreamController(Actor):
                 self._close_part(out)
         elif t is ToolInputStartChunk:
             self._close_part(out)
-            self._tool_names[item.tool_call_id] = item.tool_name
             out.append(
                 self._chunk(
                     o.ToolInputStart,

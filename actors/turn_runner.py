@@ -141,7 +141,6 @@ class _PartBuilder:
 @attrs.define(slots=True)
 class _Step:
     finish: str = "other"
-    raw_finish: str | None = None
     usage: Usage = attrs.field(factory=Usage)
     calls: list[ToolCallChunk] = attrs.field(factory=list)
     produced: bool = False
@@ -513,8 +512,6 @@ class TurnRunner(Actor):
             cancel_scope=trio.CancelScope(),
             settings=agent.settings,
         )
-        # The in-progress assistant message carries this turn's parts so far.
-        request.messages = _with_parts(request.messages, parts)
         await self._ask(self.provider, request)
         inbox = self.stream_inbox
         try:
@@ -558,7 +555,7 @@ class TurnRunner(Actor):
                     elif t is UsageChunk:
                         result.usage = chunk.usage
                     elif t is FinishChunk:
-                        result.finish, result.raw_finish = chunk.reason, chunk.raw_reason
+                        result.finish = chunk.reason
                         finished = True
                     elif t is StreamFailed:
                         failure = chunk
@@ -706,21 +703,6 @@ class TurnRunner(Actor):
         await self.publish(event)
         if hook is not None:
             await hook(event)
-
-
-def _with_parts(messages: tuple[Any, ...], parts: list[Part]) -> tuple[Any, ...]:
-    """The history with the turn's assistant message showing ``parts`` (its snapshot is
-    only refreshed at step boundaries)."""
-    for i in range(len(messages) - 1, -1, -1):
-        msg = messages[i]
-        if isinstance(msg, UserMessage):
-            return messages
-        if isinstance(msg, AssistantMessage):
-            if len(msg.content) == len(parts):
-                return messages
-            updated = AssistantMessage(id=msg.id, content=tuple(parts), interrupted=msg.interrupted)
-            return (*messages[:i], updated, *messages[i + 1 :])
-    return messages
 
 
 def _error_info(exc: BaseException) -> ErrorInfo:

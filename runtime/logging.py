@@ -13,8 +13,6 @@ from typing import Any, TextIO
 
 import structlog
 
-from runtime.redact import redact_processor
-
 _LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40, "critical": 50}
 
 
@@ -36,7 +34,6 @@ def configure_logging(
         processors=[
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
-            redact_processor,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             renderer,
         ],

@@ -122,5 +122,3 @@ class Provider(Actor):
                 await out.send(StreamFailed(error=err))
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 pass
-        except trio.Cancelled:
-            raise

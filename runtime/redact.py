@@ -1,7 +1,8 @@
 """Credential redaction for everything that leaves the process as text (logs, recordings).
 
-Applied by the log tap and the JSONL recorder to every event, and by
-:func:`runtime.logging.configure_logging` as a structlog processor to every log line.
+Applied at the source, once: by the log tap and the JSONL recorder to every event, and by
+the runtime's own log calls to the error text they carry. Doing it where the text is made,
+not in a structlog processor, keeps it in force under any structlog configuration.
 """
 
 from __future__ import annotations
@@ -51,8 +52,3 @@ def redact(value: Any) -> Any:
     if isinstance(value, str) and ("sk-" in value or "earer" in value):
         return _SECRET_VALUE.sub("[redacted]", value)
     return value
-
-
-def redact_processor(_logger: Any, _name: str, event_dict: dict[str, Any]) -> dict[str, Any]:
-    """structlog processor form of :func:`redact`."""
-    return redact(event_dict)
