@@ -237,7 +237,13 @@ class TurnRunner(Actor):
             )
             await self._announce(
                 ev.TurnStarted(
-                    session_id=sid, turn_id=turn.turn_id, agent=agent.name, input=run.input
+                    session_id=sid,
+                    turn_id=turn.turn_id,
+                    agent=agent.name,
+                    input=run.input,
+                    causation_id=state.meta.get("parent_tool_call_id"),
+                    provider=getattr(self.provider, "provider_name", None),
+                    model=getattr(self.provider, "model", None) or None,
                 ),
                 agent.hooks.on_turn_start,
             )

@@ -35,11 +35,18 @@ class Event:
 
 @_event("turn.started")
 class TurnStarted(Event):
+    """A turn began. For a sub-agent's turn (``agent.as_tool()``), ``causation_id`` is the
+    parent's tool call id, so an observer can nest the sub-turn under that call."""
+
     session_id: str
     turn_id: str
     agent: str
     input: str
     causation_id: str | None = None
+    provider: str | None = None
+    """The provider's name (``openai``, ``anthropic``, ...), for tracing."""
+    model: str | None = None
+    """The model the turn's calls ask for, for tracing."""
 
 
 @_event("turn.finished")
