@@ -44,6 +44,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--log-level", default="warning", help="structlog level on stderr")
     run.add_argument("--record", default=None, help="append every bus event to this JSONL file")
+    run.add_argument(
+        "--otel",
+        action="store_true",
+        help="export OpenTelemetry traces, configured by the OTEL_* variables (docs/telemetry.md)",
+    )
 
     replay = sub.add_parser("replay", help="re-render a recorded session from a JSONL file")
     replay.add_argument("file", help="a JSONL event log (see --record)")
@@ -111,7 +116,19 @@ async def run_command(args: argparse.Namespace) -> int:
 
         renderer = TerminalRenderer()
     out_stream = sys.stdout.buffer
+    tracing = None
+    if args.otel:
+        from actors.plugins.otel import OpenTelemetryActor, build_tracer_provider
+        from runtime.errors import ConfigurationError
+
+        try:
+            tracing = OpenTelemetryActor(tracer_provider=build_tracer_provider())
+        except ConfigurationError as exc:
+            sys.stderr.write(f"error: {exc}\n")
+            return 2
     async with Host.open(store=args.store, handle_signals=True) as host:
+        if tracing is not None:
+            await host.start_actor(tracing)
         if args.record:
             from actors.plugins import JsonlRecorder
 

@@ -61,6 +61,11 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     )
     add("--max-body", type=int, default=DEFAULT_MAX_BODY, help="largest request body, bytes")
     add("--log-level", default="warning", help="structlog level on stderr")
+    add(
+        "--otel",
+        action="store_true",
+        help="export OpenTelemetry traces, configured by the OTEL_* variables (docs/telemetry.md)",
+    )
     parser.set_defaults(jsonl=False)
     return parser
 
@@ -131,7 +136,19 @@ async def serve_command(args: argparse.Namespace) -> int:
             "run the agent",
             file=sys.stderr,
         )
+    tracing = None
+    if args.otel:
+        from actors.plugins.otel import OpenTelemetryActor, build_tracer_provider
+        from runtime.errors import ConfigurationError
+
+        try:
+            tracing = OpenTelemetryActor(tracer_provider=build_tracer_provider())
+        except ConfigurationError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     async with Host.open(store=args.store) as host:
+        if tracing is not None:
+            await host.start_actor(tracing)
         app = create_app(
             host, agent, token=token, cors_origins=args.cors_origin, max_body=args.max_body
         )
@@ -157,7 +174,8 @@ async def serve_command(args: argparse.Namespace) -> int:
             for url in binds:
                 print(
                     f"Axon web UI on {url}/{fragment}  "
-                    f"(provider {args.provider}, store {args.store or 'memory'})",
+                    f"(provider {args.provider}, store {args.store or 'memory'}"
+                    f"{', OpenTelemetry traces' if tracing is not None else ''})",
                     flush=True,
                 )
     return 0

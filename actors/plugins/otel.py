@@ -1,0 +1,520 @@
+"""``OpenTelemetryActor``: bus events as OpenTelemetry spans (GenAI semantic conventions).
+
+An observer like any other plug-in: it subscribes with ``drop-oldest`` (tracing never
+stalls an agent) and builds, per turn, the span tree the GenAI conventions describe::
+
+    invoke_agent {agent}            one per turn (a sub-agent's turn nests under the
+    ├── chat {model}                parent's execute_tool span); one per model call
+    ├── execute_tool {tool}         one per tool call
+    └── chat {model}
+
+with token usage, finish reasons, errors (``error.type`` and status ``ERROR``) and aborts
+(``axon.turn.aborted``). The actor handles events after the fact, so spans are never
+"current": each is started and ended with explicit times. Events carry no clock, so the
+actor's inbox stamps each one the moment it is published (:class:`_StampingInbox`).
+
+OpenTelemetry is an optional dependency (``pip install 'axon-runtime[otel]'``), imported
+only when an actor is created: ``import actors.plugins`` does not import it. Error texts
+go through :func:`runtime.redact.redact` before they become span data; tool arguments
+and results are recorded only with ``capture_content=True`` (the conventions make them
+opt-in because they may hold personal data), redacted too. structlog logging is
+unaffected: this is one more observer beside the log tap.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import time
+from typing import Any, ClassVar
+
+import attrs
+import orjson
+import trio
+
+from runtime.actor import Actor
+from runtime.chunks import Usage
+from runtime.errors import ConfigurationError
+from runtime.events import (
+    Lagged,
+    ProviderRetry,
+    StepFinished,
+    StepStarted,
+    ToolCallCompleted,
+    ToolCallRequested,
+    TurnFinished,
+    TurnStarted,
+)
+from runtime.inbox import Inbox, OverflowPolicy
+from runtime.redact import redact
+
+# Attribute names of the GenAI semantic conventions (checked against the installed
+# ``opentelemetry-semantic-conventions`` package by tests/test_otel.py). Kept as plain
+# strings: that package marks its gen_ai module as moved to a separate repository.
+OPERATION_NAME = "gen_ai.operation.name"
+PROVIDER_NAME = "gen_ai.provider.name"
+REQUEST_MODEL = "gen_ai.request.model"
+AGENT_NAME = "gen_ai.agent.name"
+CONVERSATION_ID = "gen_ai.conversation.id"
+RESPONSE_FINISH_REASONS = "gen_ai.response.finish_reasons"
+USAGE_INPUT_TOKENS = "gen_ai.usage.input_tokens"
+USAGE_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
+USAGE_CACHE_READ = "gen_ai.usage.cache_read.input_tokens"
+USAGE_CACHE_CREATION = "gen_ai.usage.cache_creation.input_tokens"
+USAGE_REASONING = "gen_ai.usage.reasoning.output_tokens"
+TOOL_NAME = "gen_ai.tool.name"
+TOOL_CALL_ID = "gen_ai.tool.call.id"
+TOOL_TYPE = "gen_ai.tool.type"
+TOOL_CALL_ARGUMENTS = "gen_ai.tool.call.arguments"
+TOOL_CALL_RESULT = "gen_ai.tool.call.result"
+ERROR_TYPE = "error.type"
+
+TRACER_NAME = "axon.runtime"
+FLUSH_TIMEOUT = 5.0
+"""Seconds the actor waits, when it ends, for the exporter to send what is buffered."""
+
+_TOOL_RAISED = re.compile(r"^tool \S+ raised (\w+):")
+FINISH_REASONS = {
+    "stop": "stop",
+    "tool-calls": "tool_call",
+    "length": "length",
+    "content-filter": "content_filter",
+    "error": "error",
+}
+"""Axon's unified finish reasons in the conventions' words (others pass through)."""
+
+
+class _StampingInbox(Inbox):
+    """An inbox that pairs each message with the wall-clock time (ns) it was put in.
+
+    :meth:`runtime.bus.Bus.publish` puts an event into every subscriber's inbox
+    synchronously, so this is the moment the event was published, however long the
+    actor takes to get to it.
+    """
+
+    __slots__ = ()
+
+    async def put(self, message: Any) -> None:
+        await super().put((time.time_ns(), message))
+
+    def put_nowait(self, message: Any) -> None:
+        super().put_nowait((time.time_ns(), message))
+
+
+@attrs.define(slots=True, eq=False)
+class _Chat:
+    span: Any
+    done_ns: int | None = None
+    """When the model call ended (its first tool call was announced), if before the step."""
+
+
+@attrs.define(slots=True, eq=False)
+class _Turn:
+    span: Any
+    session_id: str
+    agent: str
+    provider: str | None
+    model: str | None
+    chats: dict[int, _Chat] = attrs.field(factory=dict)
+    tools: dict[str, Any] = attrs.field(factory=dict)
+    incomplete: bool = False
+    """Events of this turn may have been dropped (the actor lagged)."""
+
+
+class OpenTelemetryActor(Actor):
+    """Turns bus events into OpenTelemetry spans; see the module docstring.
+
+    ``tracer_provider``: where spans go; ``None`` uses the global provider
+    (``opentelemetry.trace.set_tracer_provider``), so an application that already set up
+    OpenTelemetry just starts this actor. :func:`build_tracer_provider` makes one from the
+    standard ``OTEL_*`` environment variables (what ``--otel`` does).
+    ``capture_content``: also record tool call arguments and results (redacted).
+    """
+
+    subscribes_to: ClassVar[Any] = (
+        TurnStarted,
+        TurnFinished,
+        StepStarted,
+        StepFinished,
+        ToolCallRequested,
+        ToolCallCompleted,
+        ProviderRetry,
+        Lagged,
+    )
+    overflow: ClassVar[OverflowPolicy] = "drop-oldest"
+    inbox_capacity = 4096
+
+    def __init__(
+        self,
+        *,
+        tracer_provider: Any = None,
+        capture_content: bool = False,
+        name: str = "otel",
+    ) -> None:
+        super().__init__(name=name)
+        self.inbox = _StampingInbox(self.inbox_capacity, self.overflow, name=self.name)
+        trace = _import_otel()
+        self._trace = trace
+        self.tracer_provider = tracer_provider or trace.get_tracer_provider()
+        self.tracer = self.tracer_provider.get_tracer(TRACER_NAME)
+        self.capture_content = capture_content
+        self.dropped = 0
+        """Events this actor missed because it lagged (their spans may be incomplete)."""
+        self._turns: dict[str, _Turn] = {}
+        self._session_turn: dict[str, str] = {}
+        self._tool_spans: dict[str, Any] = {}
+        """Open execute_tool spans by call id: where a sub-agent's turn nests."""
+
+    # -- actor plumbing ----------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Handle events; when cancelled (the host is closing) or stopped, first record
+        what is still queued, end every open span, and flush the exporter."""
+        try:
+            await super().run()
+        except trio.Cancelled:
+            with trio.CancelScope(shield=True):
+                await self._close()
+            raise
+        await self._close()
+
+    async def handle(self, message: Any) -> None:
+        self.record(message)
+
+    def record(self, message: Any) -> None:
+        """Apply one (stamped) event to the open spans. Synchronous: never yields."""
+        if type(message) is tuple:
+            now, event = message
+        else:  # a Lagged notice the inbox made itself
+            now, event = time.time_ns(), message
+        kind = type(event)
+        if kind is StepStarted:
+            self._step_started(event, now)
+        elif kind is StepFinished:
+            self._step_finished(event, now)
+        elif kind is ToolCallRequested:
+            self._tool_requested(event, now)
+        elif kind is ToolCallCompleted:
+            self._tool_completed(event, now)
+        elif kind is TurnStarted:
+            self._turn_started(event, now)
+        elif kind is TurnFinished:
+            self._turn_finished(event, now)
+        elif kind is ProviderRetry:
+            self._provider_retry(event, now)
+        elif kind is Lagged:
+            self.dropped += event.dropped
+            for turn in self._turns.values():
+                turn.incomplete = True
+
+    async def _close(self) -> None:
+        while True:
+            try:
+                self.record(self.inbox.get_nowait())
+            except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
+                break
+        now = time.time_ns()
+        for turn_id in list(self._turns):
+            turn = self._turns[turn_id]
+            turn.incomplete = True
+            self._end_turn(turn_id, now)
+        flush = getattr(self.tracer_provider, "force_flush", None)
+        if flush is not None:
+            with trio.move_on_after(FLUSH_TIMEOUT):
+                millis = int(FLUSH_TIMEOUT * 1000)
+                await trio.to_thread.run_sync(lambda: flush(millis), abandon_on_cancel=True)
+
+    # -- turns -------------------------------------------------------------------------
+
+    def _turn_started(self, event: TurnStarted, now: int) -> None:
+        stale = self._session_turn.get(event.session_id)
+        if stale is not None and stale in self._turns:  # its turn.finished was dropped
+            self._turns[stale].incomplete = True
+            self._end_turn(stale, now)
+        trace = self._trace
+        parent = self._tool_spans.get(event.causation_id) if event.causation_id else None
+        context = trace.set_span_in_context(parent) if parent is not None else _root_context()
+        attributes: dict[str, Any] = {
+            OPERATION_NAME: "invoke_agent",
+            AGENT_NAME: event.agent,
+            CONVERSATION_ID: event.session_id,
+            "axon.turn.id": event.turn_id,
+        }
+        if event.provider:
+            attributes[PROVIDER_NAME] = event.provider
+        if event.model:
+            attributes[REQUEST_MODEL] = event.model
+        span = self.tracer.start_span(
+            f"invoke_agent {event.agent}",
+            context=context,
+            kind=trace.SpanKind.INTERNAL,
+            attributes=attributes,
+            start_time=now,
+        )
+        self._turns[event.turn_id] = _Turn(
+            span=span,
+            session_id=event.session_id,
+            agent=event.agent,
+            provider=event.provider,
+            model=event.model,
+        )
+        self._session_turn[event.session_id] = event.turn_id
+
+    def _turn_finished(self, event: TurnFinished, now: int) -> None:
+        turn = self._turns.get(event.turn_id)
+        if turn is None:
+            return
+        span = turn.span
+        span.set_attribute("axon.turn.finish_reason", event.finish_reason)
+        span.set_attribute("axon.turn.steps", event.steps)
+        _set_usage(span, event.usage)
+        if event.budget is not None:
+            span.set_attribute("axon.turn.budget", event.budget)
+        error_type = message = None
+        if event.error is not None:
+            error_type, message = event.error.kind, redact(event.error.message)
+        elif event.finish_reason == "error":
+            error_type, message = "_OTHER", "the turn failed"
+        self._end_turn(
+            event.turn_id,
+            now,
+            error_type=error_type,
+            message=message,
+            abort_reason=event.abort_reason if event.finish_reason == "aborted" else None,
+        )
+
+    def _end_turn(
+        self,
+        turn_id: str,
+        now: int,
+        *,
+        error_type: str | None = None,
+        message: str | None = None,
+        abort_reason: str | None = None,
+    ) -> None:
+        """End the turn's span and every child still open: a failure or an abort marks
+        them all, since it is what cut them short."""
+        turn = self._turns.pop(turn_id)
+        if self._session_turn.get(turn.session_id) == turn_id:
+            del self._session_turn[turn.session_id]
+        children = [chat.span for chat in turn.chats.values()]
+        children += list(turn.tools.values())
+        for span in [*children, turn.span]:
+            if abort_reason is not None:
+                span.set_attribute("axon.turn.aborted", True)
+                span.set_attribute("axon.turn.abort_reason", redact(abort_reason))
+            if error_type is not None:
+                self._fail(span, error_type, message)
+            if turn.incomplete:
+                span.set_attribute("axon.trace.incomplete", True)
+        for step in sorted(turn.chats):
+            chat = turn.chats[step]
+            chat.span.end(end_time=chat.done_ns or now)
+        for call_id, span in turn.tools.items():
+            span.end(end_time=now)
+            self._tool_spans.pop(call_id, None)
+        turn.span.end(end_time=now)
+
+    # -- model calls -------------------------------------------------------------------
+
+    def _step_started(self, event: StepStarted, now: int) -> None:
+        turn = self._turns.get(event.turn_id)
+        if turn is None:
+            return
+        trace = self._trace
+        attributes: dict[str, Any] = {
+            OPERATION_NAME: "chat",
+            CONVERSATION_ID: turn.session_id,
+            "axon.step": event.step,
+        }
+        if turn.provider:
+            attributes[PROVIDER_NAME] = turn.provider
+        if turn.model:
+            attributes[REQUEST_MODEL] = turn.model
+        span = self.tracer.start_span(
+            f"chat {turn.model}" if turn.model else "chat",
+            context=trace.set_span_in_context(turn.span),
+            kind=trace.SpanKind.CLIENT,
+            attributes=attributes,
+            start_time=now,
+        )
+        turn.chats[event.step] = _Chat(span=span)
+
+    def _step_finished(self, event: StepFinished, now: int) -> None:
+        turn = self._turns.get(event.turn_id)
+        chat = turn.chats.pop(event.step, None) if turn is not None else None
+        if chat is None:
+            return
+        _set_usage(chat.span, event.usage)
+        reason = FINISH_REASONS.get(event.finish_reason, event.finish_reason)
+        chat.span.set_attribute(RESPONSE_FINISH_REASONS, [reason])
+        chat.span.end(end_time=chat.done_ns or now)
+
+    def _provider_retry(self, event: ProviderRetry, now: int) -> None:
+        turn = self._turns.get(event.turn_id)
+        chat = turn.chats.get(event.step) if turn is not None else None
+        if chat is None:
+            return
+        chat.span.add_event(
+            "axon.provider.retry",
+            attributes={
+                "axon.retry.attempt": event.attempt,
+                "axon.retry.delay": event.delay,
+                ERROR_TYPE: event.error.kind,
+            },
+            timestamp=now,
+        )
+
+    # -- tool calls --------------------------------------------------------------------
+
+    def _tool_requested(self, event: ToolCallRequested, now: int) -> None:
+        turn = self._turns.get(event.turn_id)
+        if turn is None:
+            return
+        chat = turn.chats.get(event.step)
+        if chat is not None and chat.done_ns is None:
+            chat.done_ns = now  # tools are announced once the model call has ended
+        trace = self._trace
+        attributes: dict[str, Any] = {
+            OPERATION_NAME: "execute_tool",
+            TOOL_NAME: event.tool_name,
+            TOOL_CALL_ID: event.tool_call_id,
+            TOOL_TYPE: "function",
+            CONVERSATION_ID: turn.session_id,
+            "axon.step": event.step,
+        }
+        if self.capture_content:
+            attributes[TOOL_CALL_ARGUMENTS] = _json(event.input)
+        span = self.tracer.start_span(
+            f"execute_tool {event.tool_name}",
+            context=trace.set_span_in_context(turn.span),
+            kind=trace.SpanKind.INTERNAL,
+            attributes=attributes,
+            start_time=now,
+        )
+        turn.tools[event.tool_call_id] = span
+        self._tool_spans[event.tool_call_id] = span
+
+    def _tool_completed(self, event: ToolCallCompleted, now: int) -> None:
+        turn = self._turns.get(event.turn_id)
+        span = turn.tools.pop(event.tool_call_id, None) if turn is not None else None
+        if span is None:
+            return
+        if self._tool_spans.get(event.tool_call_id) is span:
+            del self._tool_spans[event.tool_call_id]
+        if event.error is not None:
+            raised = _TOOL_RAISED.match(event.error)
+            self._fail(span, raised.group(1) if raised else "tool_error", redact(event.error))
+        elif self.capture_content:
+            span.set_attribute(TOOL_CALL_RESULT, _json(event.output))
+        span.end(end_time=now)
+
+    # -- helpers -----------------------------------------------------------------------
+
+    def _fail(self, span: Any, error_type: str, message: str | None) -> None:
+        span.set_attribute(ERROR_TYPE, error_type)
+        span.set_status(self._trace.Status(self._trace.StatusCode.ERROR, message))
+
+
+def _set_usage(span: Any, usage: Usage) -> None:
+    span.set_attribute(USAGE_INPUT_TOKENS, usage.input_tokens)
+    span.set_attribute(USAGE_OUTPUT_TOKENS, usage.output_tokens)
+    for key, value in (
+        (USAGE_CACHE_READ, usage.cache_read),
+        (USAGE_CACHE_CREATION, usage.cache_write),
+        (USAGE_REASONING, usage.reasoning_tokens),
+    ):
+        if value is not None:
+            span.set_attribute(key, value)
+
+
+def _json(value: Any) -> str:
+    """Tool content as JSON text, credentials redacted (span attributes are flat)."""
+    try:
+        return orjson.dumps(redact(value), default=str).decode()
+    except TypeError:
+        return str(redact(str(value)))
+
+
+def _root_context() -> Any:
+    """An empty context: a turn with no parent starts its own trace, whatever span
+    happens to be current in the task that started the actor."""
+    from opentelemetry.context import Context
+
+    return Context()
+
+
+def _import_otel() -> Any:
+    try:
+        from opentelemetry import trace
+    except ImportError as exc:
+        raise ConfigurationError(
+            "OpenTelemetry tracing needs the opentelemetry packages: "
+            "pip install 'axon-runtime[otel]'"
+        ) from exc
+    return trace
+
+
+# -- a tracer provider from the standard environment -----------------------------------
+
+_PROTOCOLS = {"http/protobuf": "otlp_proto_http", "grpc": "otlp_proto_grpc"}
+
+
+def build_tracer_provider(*, service_name: str = "axon") -> Any:
+    """An SDK ``TracerProvider`` exporting in batches to what the standard variables name.
+
+    ``OTEL_TRACES_EXPORTER`` (comma-separated; default ``otlp``; ``console``, ``none``, or
+    any installed ``opentelemetry_traces_exporter`` entry point); ``otlp`` uses the
+    protocol in ``OTEL_EXPORTER_OTLP_TRACES_PROTOCOL`` / ``OTEL_EXPORTER_OTLP_PROTOCOL``
+    (default ``http/protobuf``). The exporters read their own variables
+    (``OTEL_EXPORTER_OTLP_ENDPOINT``, ``..._HEADERS``...), the SDK reads the resource
+    (``OTEL_SERVICE_NAME``, ``OTEL_RESOURCE_ATTRIBUTES``), sampler and batch settings;
+    ``service_name`` applies when ``OTEL_SERVICE_NAME`` is unset. ``console`` writes to
+    stderr, since stdout is the CLI's answer (or its JSON lines). The SDK's own
+    environment set-up (``opentelemetry-instrument``) is not public API, hence this.
+    """
+    from importlib.metadata import entry_points
+
+    _import_otel()
+    try:
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
+    except ImportError as exc:
+        raise ConfigurationError(
+            "OpenTelemetry export needs the SDK: pip install 'axon-runtime[otel]'"
+        ) from exc
+    env = os.environ
+    attributes = {} if env.get("OTEL_SERVICE_NAME") else {"service.name": service_name}
+    provider = TracerProvider(resource=Resource.create(attributes))
+    if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return provider
+    names = [n.strip() for n in env.get("OTEL_TRACES_EXPORTER", "otlp").split(",") if n.strip()]
+    installed = {ep.name: ep for ep in entry_points(group="opentelemetry_traces_exporter")}
+    for name in names:
+        if name == "none":
+            continue
+        if name == "console":
+            provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter(out=sys.stderr)))
+            continue
+        if name == "otlp":
+            protocol = env.get(
+                "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+                env.get("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
+            )
+            if protocol not in _PROTOCOLS:
+                raise ConfigurationError(
+                    f"unknown OTLP protocol {protocol!r}; use one of {sorted(_PROTOCOLS)}"
+                )
+            name = _PROTOCOLS[protocol]
+        if name not in installed:
+            raise ConfigurationError(
+                f"OTEL_TRACES_EXPORTER names {name!r}, which is not installed "
+                f"(installed: {', '.join(sorted(installed)) or 'none'})"
+            )
+        provider.add_span_processor(BatchSpanProcessor(installed[name].load()()))
+    return provider
+
+
+__all__ = ["OpenTelemetryActor", "build_tracer_provider"]
