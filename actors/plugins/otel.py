@@ -140,8 +140,8 @@ class OpenTelemetryActor(Actor):
         ToolCallRequested,
         ToolCallCompleted,
         ProviderRetry,
-        Lagged,
     )
+    """(The inbox itself hands the actor a :class:`Lagged` notice when it dropped events.)"""
     overflow: ClassVar[OverflowPolicy] = "drop-oldest"
     inbox_capacity = 4096
 
