@@ -13,8 +13,9 @@ Rules from peers' bugs, enforced here:
 * a step is final only when it finished with no tool calls;
 * tool results stream in completion order but are saved in call order;
 * a model call is retried only while its step has produced no output;
-* a cancelled turn keeps what the user saw (marked interrupted), unfinished reasoning
-  stays unsigned, and every started call gets an ``interrupted`` result.
+* a cancelled turn keeps what the user saw (marked interrupted; a turn an error ended is
+  marked failed instead, with its error), unfinished reasoning stays unsigned, and every
+  started call gets an ``interrupted`` result.
 """
 
 from __future__ import annotations
@@ -340,10 +341,12 @@ class TurnRunner(Actor):
         turn.results[oc.tool_call_id] = msg
         self.state.messages.append(msg)
 
-    def _snapshot(self, turn: _Turn, interrupted: bool = False) -> None:
+    def _snapshot(
+        self, turn: _Turn, interrupted: bool = False, error: ErrorInfo | None = None
+    ) -> None:
         """Refresh the turn's assistant message in the history (a new frozen value)."""
         self.state.messages[turn.a_index] = AssistantMessage(
-            id=turn.message_id, content=tuple(turn.parts), interrupted=interrupted
+            id=turn.message_id, content=tuple(turn.parts), interrupted=interrupted, error=error
         )
 
     async def _save(self, turn: _Turn, step: int | None) -> SaveRequest:
@@ -382,8 +385,9 @@ class TurnRunner(Actor):
         state, agent, ctrl = self.state, self.agent, turn.ctrl
         with trio.CancelScope(shield=True):
             turn.builder.close()
-            cut = turn.error is not None or turn.abort_reason is not None
-            cut = cut or turn.budget == "deadline"
+            # Failed (an error ended it) and interrupted (cut from outside) are stored apart.
+            cut = turn.abort_reason is not None or turn.budget == "deadline"
+            cut = cut and turn.error is None
             closing: list[Any] = []
             for part in turn.parts:
                 if isinstance(part, ToolCallPart) and part.tool_call_id not in turn.results:
@@ -393,7 +397,7 @@ class TurnRunner(Actor):
                     self._add_result(turn, oc, part.step)
                     if part.tool_call_id not in turn.outcomes:
                         closing.append(ToolDone(step=part.step, outcome=oc))
-            self._snapshot(turn, interrupted=cut)
+            self._snapshot(turn, interrupted=cut, error=turn.error)
             if turn.step_open and turn.error is None and turn.abort_reason is None:
                 # A budget (the deadline) cut the step: close it so the grammar holds.
                 closing.append(StepEnd(step=turn.step, finish_reason="other", usage=Usage()))

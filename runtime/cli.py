@@ -199,7 +199,7 @@ async def show_command(args: argparse.Namespace) -> int:
     console = Console(highlight=False, markup=False)  # stored text is never markup
     for msg in record.messages:
         if msg.role == "assistant":
-            flag = " (interrupted)" if msg.interrupted else ""
+            flag = f" ({msg.status})" if msg.status != "complete" else ""
             console.print(f"assistant{flag}", style="bold")
             for part in msg.content:
                 if part.type == "text":
@@ -216,6 +216,8 @@ async def show_command(args: argparse.Namespace) -> int:
                     )
                 else:
                     console.print(f"  [step {part.step}] {part.type}")
+            if msg.error is not None:
+                console.print(f"  error: {msg.error.kind}: {msg.error.message}", style="red")
         elif msg.role == "tool":
             body = msg.error if msg.error else orjson.dumps(msg.output).decode()
             label = "error" if msg.error else "result"

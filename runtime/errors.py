@@ -4,9 +4,15 @@
 wrong with a model call so callers (and the retry policy) can act on it: each class says
 whether it is ``retryable`` and, where the provider said so, ``retry_after`` seconds.
 The ``error`` output chunk carries the class name as ``kind``.
+
+Messages are redacted when the error is made (:func:`runtime.redact.redact_text`): a
+provider's 401 that quotes the key must not carry it into a log line, a traceback or an
+HTTP response, wherever the exception ends up.
 """
 
 from __future__ import annotations
+
+from runtime.redact import redact_text
 
 
 class AxonError(Exception):
@@ -15,6 +21,7 @@ class AxonError(Exception):
     retryable: bool = False
 
     def __init__(self, message: str = "", *, retryable: bool | None = None) -> None:
+        message = redact_text(message)
         super().__init__(message)
         self.message = message
         if retryable is not None:

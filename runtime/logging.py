@@ -13,6 +13,8 @@ from typing import Any, TextIO
 
 import structlog
 
+from runtime.redact import redact_processor
+
 _LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40, "critical": 50}
 
 
@@ -35,6 +37,7 @@ def configure_logging(
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
+            redact_processor,  # every line, whoever logged it: no key reaches stderr
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(lvl),

@@ -14,6 +14,8 @@ from typing import Any, ClassVar
 
 import attrs
 
+from runtime.output import ErrorInfo
+
 
 def _new_id() -> str:
     from runtime.ids import new_id
@@ -93,7 +95,24 @@ class AssistantMessage:
     content: tuple[Part, ...] = ()
     id: str = attrs.field(factory=_new_id)
     interrupted: bool = False
-    """The turn was cut short (cancelled or failed) after this content was streamed."""
+    """The turn was cut short from outside (cancelled, aborted, out of time) after this
+    content was streamed. A turn that failed is not interrupted: see :attr:`error`."""
+    error: ErrorInfo | None = None
+    """Why the turn failed (authentication, a bad request, a provider failure after its
+    retries...), its message redacted; ``None`` unless it failed. Stored with the message,
+    so a restored conversation still says the answer is missing because of an error."""
+
+    @property
+    def failed(self) -> bool:
+        """The turn ended because of an error (:attr:`error`)."""
+        return self.error is not None
+
+    @property
+    def status(self) -> str:
+        """``"failed"``, ``"interrupted"`` or ``"complete"``."""
+        if self.error is not None:
+            return "failed"
+        return "interrupted" if self.interrupted else "complete"
 
     def steps(self) -> list[list[Part]]:
         """The parts grouped by step, in step order (empty steps omitted)."""

@@ -17,15 +17,22 @@ from typing import Any, ClassVar
 import attrs
 
 from runtime.chunks import Usage
+from runtime.redact import redact_text
 
 
 @attrs.frozen(kw_only=True, slots=True)
 class ErrorInfo:
-    """What an ``error`` chunk tells the consumer about a failure."""
+    """What an ``error`` chunk tells the consumer about a failure.
+
+    Every error text that leaves the process (the ``error`` chunk, ``TurnResult.error``,
+    the web ``errorText``, ``run --jsonl``, the stored failed message) is made from one of
+    these, so ``message`` is redacted here, once, whatever built it.
+    """
 
     kind: str
     """The error class name, e.g. ``"RateLimited"``; stable, for programs to switch on."""
-    message: str
+    message: str = attrs.field(converter=redact_text)
+    """What went wrong, with credentials replaced by ``[redacted]``."""
     retryable: bool = False
 
 

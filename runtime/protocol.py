@@ -19,6 +19,7 @@ from runtime.chunks import Usage
 from runtime.inbox import Inbox
 from runtime.messages import Message, Part
 from runtime.output import ErrorInfo
+from runtime.redact import redact_text
 
 _now = time.perf_counter
 
@@ -152,7 +153,8 @@ class ToolOutcome:
     tool_call_id: str
     tool_name: str
     output: Any = None
-    error: str | None = None
+    error: str | None = attrs.field(default=None, converter=attrs.converters.optional(redact_text))
+    """Redacted here, so the model, the stream and the store get the same clean text."""
     duration: float = 0.0
     usage: Usage | None = None
     """Tokens the tool spent (an agent used as a tool); added to the calling turn's."""

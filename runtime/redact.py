@@ -1,15 +1,42 @@
-"""Credential redaction for everything that leaves the process as text (logs, recordings).
+"""Credential redaction for everything that leaves the process as text.
 
-Applied at the source, once: by the log tap and the JSONL recorder to every event, and by
-the runtime's own log calls to the error text they carry. Doing it where the text is made,
-not in a structlog processor, keeps it in force under any structlog configuration.
+Two kinds of secrets are replaced by ``[redacted]``:
+
+* **registered secrets**: the exact value of every key a provider was configured with
+  (``api_key=``, ``--api-key`` or the SDK's environment variable), registered by the
+  provider when it resolves the key (:func:`register_secret`). Whatever its shape, any
+  occurrence is replaced: a key without a known prefix (a proxy's, a self-hosted
+  server's) would slip past any pattern.
+* **key-shaped text**: values that look like credentials: known key prefixes (``sk-``,
+  ``gsk_``, ``xai-``, ``AIza``, ``hf_``, ``ghp_``...), ``Bearer`` tokens, and the value of
+  an ``Authorization:`` / ``x-api-key:`` / ``api_key=`` header or assignment; and in
+  structured data, the value of any key named like a credential (``api_key``,
+  ``authorization``, ``password``...).
+
+The patterns are deliberately narrow, so that normal text survives: a prefixed key needs
+16 or more key characters with a digit among them (or 32 without), so ids such as
+``call_abc123``, ``msg_...``, ``toolu_...`` or words such as ``sk-learn`` are left alone.
+
+Where it is applied: once, where each error text is made (:class:`~runtime.errors.AxonError`
+messages, :class:`~runtime.output.ErrorInfo`, tool error texts), so the ``error`` chunk,
+``TurnResult.error``, the web ``errorText``, ``run --jsonl`` and the stored message all
+carry the redacted text; and to whole records where they leave the process (the log tap,
+the JSONL recorder, the structlog configuration of :func:`runtime.configure_logging`).
 """
 
 from __future__ import annotations
 
 import functools
 import re
+import threading
 from typing import Any
+
+REDACTED = "[redacted]"
+"""What a secret is replaced with."""
+
+MIN_SECRET_LENGTH = 8
+"""Registered values shorter than this are ignored: no real key is that short, and
+replacing every ``test`` or ``dummy`` in all text would mangle it."""
 
 _SECRET_KEYS = frozenset(
     {
@@ -36,19 +63,130 @@ def _is_secret_key(key: Any) -> bool:
     return k in _SECRET_KEYS or k.endswith(("_api_key", "_secret", "_password"))
 
 
-_SECRET_VALUE = re.compile(
-    r"(?i)\b(sk-[A-Za-z0-9_\-]{6,}|sk-ant-[A-Za-z0-9_\-]{6,}|bearer\s+[^\s\"']+)"
+# A key body: key characters, with a digit among them (random keys have one), or long.
+_BODY = r"(?:(?=[A-Za-z_\-]*[0-9])[A-Za-z0-9_\-]{16,}|[A-Za-z0-9_\-]{32,})"
+_PREFIXES = (
+    r"sk-",  # OpenAI (sk-proj-, sk-svcacct-), Anthropic (sk-ant-), OpenRouter, DeepSeek...
+    r"sk_(?:live|test)_",  # Stripe-style
+    r"gsk_",  # Groq
+    r"xai-",  # xAI
+    r"AIza",  # Google
+    r"hf_",  # Hugging Face
+    r"gh[pousr]_",  # GitHub tokens
+    r"github_pat_",
+    r"pplx-",  # Perplexity
+    r"nvapi-",  # NVIDIA
+    r"r8_",  # Replicate
+)
+_HEADER_NAMES = (
+    r"proxy-authorization|authorization|x-api-key|api[-_]?key|access[-_]token"
+    r"|refresh[-_]token|client[-_]secret|password"
+)
+_PATTERN_SOURCE = (
+    # `Authorization: Basic abc`, `x-api-key: abc`, `"api_key": "abc"`, `api_key=abc`
+    rf"(?P<head>\b(?i:{_HEADER_NAMES})[\"']?\s*[:=]\s*[\"']?(?>(?i:(?:basic|bearer|token)\s+)?))"
+    rf"(?!{re.escape(REDACTED)})[^\s\"',;&}}]+"
+    # `Bearer abc.def-ghi` (OAuth / JWT tokens)
+    r"|(?P<bearer>\b(?i:bearer)\s+)"
+    r"(?:(?=[A-Za-z._~+/\-]*[0-9])[A-Za-z0-9._~+/\-]{8,}|[A-Za-z0-9._~+/\-]{24,})=*"
+    # a key with a known prefix
+    rf"|(?<![A-Za-z0-9_\-])(?:{'|'.join(_PREFIXES)}){_BODY}"
+)
+
+_lock = threading.Lock()
+_secrets: frozenset[str] = frozenset()
+_pattern = re.compile(_PATTERN_SOURCE)
+
+
+def register_secret(value: str | None) -> None:
+    """Redact every future occurrence of ``value`` (a configured API key), whatever its
+    shape. Providers call this when they resolve their key; registering is idempotent
+    and lasts for the process. ``None``, non-strings and values shorter than
+    :data:`MIN_SECRET_LENGTH` are ignored."""
+    global _secrets, _pattern
+    if not isinstance(value, str):
+        return
+    value = value.strip()
+    if len(value) < MIN_SECRET_LENGTH or value in _secrets:
+        return
+    if value in REDACTED * (len(value) // len(REDACTED) + 2):
+        return  # made of the marker itself: replacing it could never finish
+    with _lock:
+        secrets = _secrets | {value}
+        literal = "|".join(re.escape(s) for s in sorted(secrets, key=len, reverse=True))
+        # Registered secrets first: a pattern must not redact half of one and leave the rest.
+        _pattern = re.compile(f"(?P<secret>{literal})|{_PATTERN_SOURCE}")
+        _secrets = secrets
+
+
+def _replace(match: re.Match[str]) -> str:
+    keep = match.group("head") or match.group("bearer") or ""
+    return keep + REDACTED
+
+
+# Lower-case substrings one of which every pattern match contains: a cheap test that lets
+# ordinary text (every streamed delta passes through here) skip the regex entirely.
+_TRIGGERS = (
+    *("sk-", "sk_", "gsk_", "xai-", "aiza", "hf_", "ghp_", "gho_", "ghu_", "ghs_", "ghr_"),
+    *("github_pat_", "pplx-", "nvapi-", "r8_", "bearer", "authoriz", "apikey", "api_key"),
+    *("api-key", "token", "secret", "password"),
 )
 
 
+def _may_hold_secret(text: str) -> bool:
+    for secret in _secrets:
+        if secret in text:
+            return True
+    low = text.lower()
+    for trigger in _TRIGGERS:
+        if trigger in low:
+            return True
+    return False
+
+
+def redact_text(text: str) -> str:
+    """``text`` with every registered secret and key-shaped value replaced."""
+    if not isinstance(text, str) or not _may_hold_secret(text):
+        return text
+    pattern = _pattern
+    text, count = pattern.subn(_replace, text)
+    # A replacement next to leftover characters can form a new occurrence of a
+    # registered secret (a secret that starts with ``d]``): repeat until nothing changes.
+    # Every pass that changes something consumes original characters, so this ends.
+    while count:
+        text, count = pattern.subn(_replace, text)
+    return text
+
+
 def redact(value: Any) -> Any:
-    """Replace credential-like values anywhere in ``value``: values of keys such as
-    ``api_key`` or ``authorization``, and strings that look like keys (``sk-…``,
-    ``Bearer …``)."""
+    """``value`` with credentials replaced, recursively: the value of any key named like
+    a credential (``api_key``, ``authorization``...), and in every string, what
+    :func:`redact_text` replaces."""
+    if isinstance(value, str):
+        return redact_text(value)
     if isinstance(value, dict):
-        return {k: ("[redacted]" if _is_secret_key(k) else redact(v)) for k, v in value.items()}
+        return {k: (REDACTED if _is_secret_key(k) else redact(v)) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [redact(v) for v in value]
-    if isinstance(value, str) and ("sk-" in value or "earer" in value):
-        return _SECRET_VALUE.sub("[redacted]", value)
     return value
+
+
+_PLAIN = (str, int, float, bool, type(None), dict, list, tuple)
+
+
+def _redact_log_value(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {
+            k: (REDACTED if _is_secret_key(k) else _redact_log_value(v)) for k, v in value.items()
+        }
+    if isinstance(value, list | tuple):
+        return [_redact_log_value(v) for v in value]
+    if not isinstance(value, _PLAIN):
+        value = str(value)  # an exception or object would be rendered by str() anyway
+    return redact_text(value) if isinstance(value, str) else value
+
+
+def redact_processor(_logger: Any, _method: str, event_dict: dict[str, Any]) -> dict[str, Any]:
+    """A structlog processor: every log line leaves with its credentials redacted (objects,
+    such as an exception passed as a field, are rendered with ``str`` first)."""
+    return _redact_log_value(event_dict)

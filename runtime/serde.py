@@ -12,7 +12,7 @@ from typing import Any
 
 import cattrs
 import orjson
-from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn
+from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, override
 
 from runtime import chunks, events, messages, output
 
@@ -20,6 +20,11 @@ converter = cattrs.Converter()
 """The converter. Use :func:`to_json` / :func:`from_json` for bytes."""
 
 _TAGGED: dict[type, tuple[str, str]] = {}  # class -> (tag field, tag value)
+_UNSTRUCTURE_OVERRIDES: dict[type, dict[str, Any]] = {
+    # Only a failed message carries ``error``: every other stored message keeps the JSON
+    # it always had, and data stored before the field existed loads with ``error=None``.
+    messages.AssistantMessage: {"error": override(omit_if_default=True)},
+}
 _BY_TAG: dict[tuple[type, str], type] = {}  # (union marker, tag value) -> class
 
 
@@ -28,7 +33,7 @@ def _register(marker: type, tag_field: str, classes: tuple[type, ...]) -> None:
         value = getattr(cls, tag_field)
         _TAGGED[cls] = (tag_field, value)
         _BY_TAG[(marker, value)] = cls
-        base_un = make_dict_unstructure_fn(cls, converter)
+        base_un = make_dict_unstructure_fn(cls, converter, **_UNSTRUCTURE_OVERRIDES.get(cls, {}))
         base_st = make_dict_structure_fn(cls, converter)
 
         def unstructure(obj: Any, _f=base_un, _field=tag_field, _value=value) -> dict:

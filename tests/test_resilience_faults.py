@@ -133,7 +133,7 @@ async def test_http_500_on_every_attempt_ends_with_an_error_chunk_and_a_usable_s
         assert chunks[-1].error.kind == "ProviderUnavailable" and chunks[-1].error.retryable
         assert out.result.finish_reason == "error" and len(r.server.requests) == 3
         assistant = only_assistant(r.session)
-        assert assistant.content == () and assistant.interrupted
+        assert assistant.content == () and assistant.failed
         await r.next_turn()
 
 
@@ -255,7 +255,7 @@ async def test_anthropic_overloaded_after_output_is_not_retried_and_keeps_the_te
         assert (err.kind, err.retryable) == ("Overloaded", True)
         assert len(r.server.requests) == 1 and drain(watch.inbox) == []  # never retried
         assistant = only_assistant(r.session)
-        assert assistant.interrupted and assistant.text == "Partial answer"
+        assert assistant.failed and assistant.text == "Partial answer"
         assert (await r.host.store.load("s")).messages[1] == assistant
         body = await r.next_turn()
     assert body["messages"][1] == {
@@ -284,7 +284,7 @@ async def test_connection_dropped_mid_text_ends_with_connection_lost_and_keeps_t
         assert len(r.server.requests) == 1  # output had started
         assistant = only_assistant(r.session)
         seen = "".join(c.text for c in chunks if c.type == "text-delta")
-        assert assistant.interrupted and assistant.text == seen == "Hello wor"
+        assert assistant.failed and assistant.text == seen == "Hello wor"
         body = await r.next_turn()
     assert "Hello wor" in str(body["messages"])
 
@@ -317,7 +317,7 @@ async def test_a_stall_after_output_started_is_a_timeout_error_not_a_retry(kind,
         assert chunks[-1].error.kind == "ProviderTimeout" and chunks[-1].error.retryable
         assert len(r.server.requests) == 1
         assert only_assistant(r.session).text == "Hello "
-        assert only_assistant(r.session).interrupted
+        assert only_assistant(r.session).failed
         await r.next_turn()
 
 
@@ -379,7 +379,7 @@ async def test_thinking_cut_before_its_signature_is_saved_unsigned_and_never_sen
         ]
         assert chunks[-1].error.kind == "ConnectionLost"
         assistant = only_assistant(r.session)
-        assert assistant.interrupted
+        assert assistant.failed
         (part,) = assistant.content
         assert isinstance(part, ReasoningPart)
         assert (part.text, part.signature, part.provider) == (
@@ -450,7 +450,7 @@ async def test_anthropic_tool_call_streaming_when_the_stream_failed_is_not_execu
         assert [m.role for m in msgs] == ["user", "assistant", "tool"]
         calls = [p for p in msgs[1].content if isinstance(p, ToolCallPart)]
         assert [c.tool_call_id for c in calls] == ["toolu_A"]  # only the completed block
-        assert msgs[1].interrupted
+        assert msgs[1].failed
         assert msgs[2].tool_call_id == "toolu_A" and msgs[2].error == INTERRUPTED
         body = await r.next_turn()
     assistant, results = body["messages"][1], body["messages"][2]
@@ -483,7 +483,7 @@ async def test_openai_tool_call_cut_by_a_drop_is_neither_kept_nor_executed(autoj
         assert chunks[-1].error.kind == "ConnectionLost"
         assert ran == []
         assistant = only_assistant(r.session)
-        assert [type(p) for p in assistant.content] == [TextPart] and assistant.interrupted
+        assert [type(p) for p in assistant.content] == [TextPart] and assistant.failed
         body = await r.next_turn()
     assert body["messages"][1] == {"role": "assistant", "content": "Checking."}
 
@@ -512,7 +512,7 @@ async def test_openai_error_event_after_a_completed_tool_step_keeps_that_step(au
         msgs = r.session.messages
         assert [m.role for m in msgs] == ["user", "assistant", "tool"]
         assert msgs[2].output == "sunny in Paris"  # the completed step's result is kept
-        assert msgs[1].interrupted and msgs[1].text == "It is"
+        assert msgs[1].failed and msgs[1].text == "It is"
         assert len(r.server.requests) == 2  # the failed step had output: not retried
         body = await r.next_turn()
     roles = [m["role"] for m in body["messages"]]

@@ -145,3 +145,27 @@ def test_parts_serialize_with_type_and_step():
 def test_unknown_tag_is_a_clear_error():
     with pytest.raises(Exception, match="unknown role"):
         serde.structure({"role": "wizard", "content": "x"}, messages.Message)
+
+
+def test_a_failed_assistant_message_round_trips_with_its_error():
+    error = ErrorInfo(kind="AuthenticationFailed", message="bad key", retryable=False)
+    failed = messages.AssistantMessage(id="a", error=error)
+    data = serde.unstructure(failed)
+    assert data["error"] == {
+        "kind": "AuthenticationFailed",
+        "message": "bad key",
+        "retryable": False,
+    }
+    restored = serde.from_json(serde.to_json(failed), messages.Message)
+    assert restored == failed and restored.status == "failed" and not restored.interrupted
+
+
+def test_an_assistant_message_that_did_not_fail_is_stored_without_an_error_field():
+    data = serde.unstructure(messages.AssistantMessage(id="a", interrupted=True))
+    assert data == {"role": "assistant", "content": [], "id": "a", "interrupted": True}
+
+
+def test_an_assistant_message_stored_before_the_error_field_existed_still_loads():
+    old = {"role": "assistant", "content": [], "id": "a", "interrupted": True}
+    restored = serde.structure(old, messages.Message)
+    assert restored.error is None and restored.status == "interrupted"

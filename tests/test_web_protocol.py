@@ -367,6 +367,17 @@ def test_ui_messages_fold_tool_results_into_their_calls_by_step():
     ]
 
 
+def test_a_restored_failed_message_says_failed_with_its_error_text_not_interrupted():
+    key = "sk-ant-x0123456789abcdef"
+    error = ErrorInfo(kind="AuthenticationFailed", message=f"invalid x-api-key: {key}")
+    history = [UserMessage(id="u", content="hi"), AssistantMessage(id="a", error=error)]
+    assert ui_messages(history)[1]["metadata"] == {
+        "interrupted": False,
+        "failed": True,
+        "errorText": "AuthenticationFailed: invalid x-api-key: [redacted]",
+    }
+
+
 def test_importing_runtime_does_not_load_the_web_stack():
     import subprocess
     import sys

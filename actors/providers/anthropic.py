@@ -535,6 +535,11 @@ class AnthropicProvider(Provider):
             if self._api_key is not None:
                 kw["api_key"] = self._api_key
             self._client = AsyncAnthropic(**kw)
+            from runtime.redact import register_secret
+
+            # The resolved credentials (argument or env): never in any error text.
+            register_secret(self._client.api_key)
+            register_secret(self._client.auth_token)
         return self._client
 
     async def aclose(self) -> None:

@@ -542,6 +542,9 @@ class OpenAIProvider(Provider):
                 )
             except openai.OpenAIError as exc:  # no key given and none in the environment
                 raise errors.AuthenticationFailed(str(exc), provider=self.provider_name) from exc
+            from runtime.redact import register_secret
+
+            register_secret(self._client.api_key)  # the resolved key: argument or env
         return self._client
 
     def request_params(self, request: InferRequest) -> dict[str, Any]:

@@ -242,12 +242,11 @@ def _assistant(message: AssistantMessage, results: dict[str, ToolMessage]) -> di
             elif isinstance(p, ToolCallPart):
                 parts.append(_tool_part(p, results.get(p.tool_call_id)))
             # provider-data parts are opaque to a UI
-    return {
-        "id": message.id,
-        "role": "assistant",
-        "parts": parts,
-        "metadata": {"interrupted": message.interrupted},
-    }
+    metadata: dict[str, Any] = {"interrupted": message.interrupted}
+    if message.error is not None:  # failed: not interrupted, and the UI can say why
+        metadata["failed"] = True
+        metadata["errorText"] = error_text(message.error.kind, message.error.message)
+    return {"id": message.id, "role": "assistant", "parts": parts, "metadata": metadata}
 
 
 def ui_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
