@@ -230,3 +230,34 @@ async def test_an_evicted_sessions_one_megabyte_prompt_is_freed(autojump_clock):
         assert message() is None
         await session.reopen()
         assert len(session.messages[0].content) == 2**20
+
+
+async def test_two_turns_racing_on_an_evicted_session_load_it_once_and_run_one(autojump_clock):
+    agent = scripted_agent(Sleep(1), "done")
+    async with Host.open(max_sessions=1, log_tap=False) as host:
+        session = await host.open_session(agent, session_id="s")
+        await host.open_session(agent, session_id="t")
+        outcomes: list[str] = []
+
+        async def turn() -> None:
+            try:
+                await session.run("go")
+                outcomes.append("ran")
+            except SessionBusy:
+                outcomes.append("busy")
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(turn)
+            nursery.start_soon(turn)
+        assert sorted(outcomes) == ["busy", "ran"]
+        assert len(host._actors) == 3 + 3  # persister, executor, provider + one session's
+
+
+async def test_a_closed_session_object_reloads_on_its_next_turn():
+    agent = scripted_agent()
+    async with Host.open() as host:
+        session = await host.open_session(agent, session_id="s")
+        await session.run("one")
+        await session.close()
+        await session.run("two")
+        assert session.loaded and user_texts(session.messages) == ["one", "two"]
