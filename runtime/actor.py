@@ -94,7 +94,10 @@ class Actor:
         async for message in self.inbox:
             self.current_message = message
             await self.handle(message)
-        self.current_message = None
+            # Not kept once handled (the loop variable neither): an idle actor must not pin
+            # its last message, or a shared actor's last request would keep an evicted
+            # session's history alive.
+            self.current_message = message = None
 
     def stop(self) -> None:
         """Close the inbox: the actor finishes what is queued, then ends."""

@@ -10,12 +10,17 @@
 
 Real providers read their key from ``--api-key`` or the SDK's usual environment
 variable (``OPENAI_API_KEY``, ``ANTHROPIC_API_KEY``), only when the call is made.
+
+Bad input (an invalid session id, a store that cannot be opened, a missing file) prints
+one ``error: ...`` line on stderr and exits with status 2, before anything is written.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -67,6 +72,57 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_serve_parser(sub)
     return parser
+
+
+class BadInput(Exception):
+    """Input the command cannot use; reported as one line, exit status 2."""
+
+
+USAGE_EXIT = 2
+
+
+def _bad_input_errors() -> tuple[type[BaseException], ...]:
+    from runtime.errors import InvalidSessionId, StoreError
+
+    return (BadInput, InvalidSessionId, StoreError)
+
+
+def check_arguments(args: argparse.Namespace) -> None:
+    """Reject bad session ids and missing files before any store is opened or created."""
+    from runtime.store import validate_session_id
+
+    for name in ("session", "session_id"):
+        value = getattr(args, name, None)
+        if value is not None:
+            validate_session_id(value)
+    command = getattr(args, "command", None)
+    if command in ("show", "sessions") and not os.path.exists(args.store):
+        raise BadInput(f"no session store at {args.store}")  # reading must not create one
+    if command == "replay" and not os.path.isfile(args.file):
+        raise BadInput(f"no event log at {args.file}")
+
+
+def report_bad_input(command: Callable[[], int]) -> int:
+    """Run ``command``; bad input (:func:`_bad_input_errors`, alone or as the only errors
+    of an exception group) becomes ``error: <message>`` on stderr and exit status 2,
+    with no traceback. Anything else propagates."""
+    bad = _bad_input_errors()
+    try:
+        return command()
+    except bad as exc:
+        return _fail(exc)
+    except BaseExceptionGroup as group:
+        match, rest = group.split(bad)
+        if match is None or rest is not None:
+            raise
+        while isinstance(match, BaseExceptionGroup):
+            match = match.exceptions[0]
+        return _fail(match)
+
+
+def _fail(exc: BaseException) -> int:
+    sys.stderr.write(f"error: {exc}\n")
+    return USAGE_EXIT
 
 
 def make_agent(args: argparse.Namespace) -> Any:
@@ -153,7 +209,13 @@ def replay_command(args: argparse.Namespace) -> int:
     from runtime.serde import structure
 
     renderer = None if args.jsonl else TerminalRenderer()
-    for record in read_jsonl(args.file):
+    try:
+        records = read_jsonl(args.file)
+    except OSError as exc:
+        raise BadInput(f"cannot read {args.file}: {exc.strerror or exc}") from None
+    except orjson.JSONDecodeError as exc:
+        raise BadInput(f"{args.file} is not a JSONL event log: {exc}") from None
+    for record in records:
         if not str(record.get("kind", "")).startswith("output."):
             continue
         if args.session and record.get("session_id") != args.session:
@@ -236,6 +298,11 @@ def _silence_stdout() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    return report_bad_input(lambda: _dispatch(args))
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    check_arguments(args)
     if args.command == "replay":
         return replay_command(args)
     if args.command == "sessions":

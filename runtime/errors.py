@@ -128,6 +128,15 @@ class SessionBusy(SessionError):
     """A turn is already running on this session; sessions run one turn at a time."""
 
 
+class SessionNotLoaded(SessionError):
+    """The session was freed from memory while idle (its history is in the store).
+
+    Raised only by the synchronous views of an evicted :class:`~runtime.session.Session`
+    (``messages``, ``state``), which cannot load from the store; starting a turn or
+    ``await session.reopen()`` loads the session again.
+    """
+
+
 class StoreError(AxonError):
     """The session store failed."""
 

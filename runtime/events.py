@@ -127,6 +127,20 @@ class SessionSaved(Event):
     causation_id: str | None = None
 
 
+@_event("session.evicted")
+class SessionEvicted(Event):
+    """An idle session was freed from memory: its actors stopped and its history dropped
+    (the store keeps it; the next use loads it again). ``reason`` is ``idle`` (unused for
+    the host's ``idle_ttl``) or ``capacity`` (least recently used past ``max_sessions``)."""
+
+    session_id: str
+    reason: str
+    idle_for: float
+    """Seconds since the session was last used."""
+    turn_id: str | None = None
+    causation_id: str | None = None
+
+
 @_event("actor.crashed")
 class ActorCrashed(Event):
     """An actor's handler raised; the supervisor decides what happens next."""
@@ -219,6 +233,7 @@ LIFECYCLE_EVENT_TYPES: tuple[type, ...] = (
     ToolCallRequested,
     ToolCallCompleted,
     SessionSaved,
+    SessionEvicted,
     ActorCrashed,
     ActorRestarted,
     ActorGaveUp,

@@ -5,11 +5,18 @@ executor, log tap, one actor per provider configuration); each session adds its 
 turn runner, engine and stream controller. ``async with Host.open() as host`` starts
 them; leaving the block cancels running turns (they are saved, marked interrupted) and
 stops every actor.
+
+A long-running host (the web server) frees idle sessions: with ``idle_ttl`` a session
+unused for that long is evicted, with ``max_sessions`` the least recently used idle ones
+are evicted past that count. Evicting stops the session's actors and drops its history
+from memory; the store keeps it, and the next use loads it again. A session with a
+running turn, or whose history is not all saved, is never evicted.
 """
 
 from __future__ import annotations
 
 import os
+import weakref
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -19,7 +26,8 @@ import trio
 from runtime.actor import Actor, RestartPolicy, Supervisor
 from runtime.agent import Agent
 from runtime.bus import Bus
-from runtime.errors import SessionBusy
+from runtime.errors import ConfigurationError, SessionBusy
+from runtime.events import SessionEvicted
 from runtime.ids import new_id
 from runtime.inbox import Inbox
 from runtime.session import Session, SessionState
@@ -30,15 +38,31 @@ class Host:
     """Hosts sessions. Create with :meth:`Host.open`."""
 
     def __init__(
-        self, nursery: trio.Nursery, *, store: Any, bus: Bus, supervisor: Supervisor
+        self,
+        nursery: trio.Nursery,
+        *,
+        store: Any,
+        bus: Bus,
+        supervisor: Supervisor,
+        idle_ttl: float | None = None,
+        max_sessions: int | None = None,
     ) -> None:
         self.nursery = nursery
         self.store = store
         self.bus = bus
         self.supervisor = supervisor
+        self.idle_ttl = idle_ttl
+        """Seconds an idle session stays in memory (``None``: for ever)."""
+        self.max_sessions = max_sessions
+        """Most sessions kept in memory, least recently used evicted first (``None``: all)."""
         self.sessions: dict[str, Session] = {}
+        """The sessions in memory, least recently used first."""
+        self._handles: weakref.WeakValueDictionary[str, Session] = weakref.WeakValueDictionary()
+        """Every ``Session`` object still referenced, loaded or evicted: one per id."""
+        self._opening: dict[str, trio.Event] = {}
         self._providers: dict[int, Actor] = {}
-        self._actors: list[Actor] = []
+        self._actors: dict[Actor, None] = {}
+        """The running actors (an ordered set: removing one is O(1))."""
         self.persister: Actor
         self.shutting_down = False
         """Set once a shutdown signal arrived or the host is closing."""
@@ -54,14 +78,27 @@ class Host:
         restart_policy: RestartPolicy | None = None,
         handle_signals: bool = False,
         tool_executor: Actor | None = None,
+        idle_ttl: float | None = None,
+        max_sessions: int | None = None,
     ) -> AsyncIterator[Host]:
         """Start a host. ``store`` is a path (an SQLite file, created if missing), a
         ``Store``, or ``None`` for memory. With ``handle_signals``, SIGINT and SIGTERM
         cancel every running turn with reason ``signal SIGINT`` / ``signal SIGTERM`` (each is
         saved, marked interrupted, and its stream ends with ``abort``); the application's
         own code then leaves the block as usual. ``tool_executor`` replaces the default
-        executor with any actor that answers :class:`~runtime.protocol.ExecuteTools`."""
+        executor with any actor that answers :class:`~runtime.protocol.ExecuteTools`.
+
+        ``idle_ttl`` (seconds) evicts a session unused for that long; ``max_sessions``
+        evicts the least recently used idle sessions past that many. Both are off by
+        default. An evicted session's ``Session`` object reloads it on its next turn."""
         import structlog
+
+        if idle_ttl is not None and not idle_ttl > 0:
+            raise ConfigurationError(
+                f"idle_ttl must be a positive number of seconds, not {idle_ttl!r}"
+            )
+        if max_sessions is not None and not (isinstance(max_sessions, int) and max_sessions >= 1):
+            raise ConfigurationError(f"max_sessions must be an int >= 1, not {max_sessions!r}")
 
         from actors.persister import Persister
         from actors.stores import open_store
@@ -76,7 +113,12 @@ class Host:
         try:
             async with trio.open_nursery() as nursery:
                 host = cls(
-                    nursery, store=the_store, bus=bus, supervisor=Supervisor(bus, restart_policy)
+                    nursery,
+                    store=the_store,
+                    bus=bus,
+                    supervisor=Supervisor(bus, restart_policy),
+                    idle_ttl=idle_ttl,
+                    max_sessions=max_sessions,
                 )
                 host.persister = await host.start_actor(Persister(the_store))
                 host.tool_executor = await host.start_actor(tool_executor or ToolExecutor())
@@ -86,6 +128,8 @@ class Host:
                     await host.start_actor(LogTap())
                 if handle_signals:
                     await nursery.start(host._watch_signals)
+                if idle_ttl is not None:
+                    nursery.start_soon(host._expire_idle_sessions)
                 try:
                     yield host
                 finally:
@@ -99,7 +143,7 @@ class Host:
 
     async def start_actor(self, actor: Actor, *, policy: RestartPolicy | None = None) -> Any:
         """Run ``actor`` under the host's supervisor; returns it once started."""
-        self._actors.append(actor)
+        self._actors[actor] = None
         await self.nursery.start(
             lambda task_status: self.supervisor.supervise(
                 actor, policy=policy, task_status=task_status
@@ -118,17 +162,58 @@ class Host:
     async def open_session(
         self, agent: Agent, session_id: str | None = None, *, meta: dict[str, Any] | None = None
     ) -> Session:
-        """Open (or resume, when ``session_id`` is stored) a session running ``agent``."""
+        """Open (or resume, when ``session_id`` is stored) a session running ``agent``.
+
+        An evicted session whose ``Session`` object is still held is loaded back into that
+        object, so there is one object per session id."""
+        sid = validate_session_id(session_id) if session_id is not None else new_id("session")
+        while (pending := self._opening.get(sid)) is not None:  # one load per id at a time
+            await pending.wait()
+        existing = self.sessions.get(sid)
+        if existing is not None:
+            if existing.agent is not agent:
+                raise SessionBusy(f"session {sid!r} is already open with another agent")
+            self.touch(existing)
+            return existing
+        handle = self._handles.get(sid)
+        if handle is not None and handle.agent is not agent:
+            handle = None  # an evicted object of another agent: this open supersedes it
+        opening = self._opening[sid] = trio.Event()
+        try:
+            session = await self._load_session(agent, sid, meta, handle)
+        finally:
+            del self._opening[sid]
+            opening.set()
+        await self._announce(self._evict_over_capacity(keep=session))
+        return session
+
+    async def reopen_session(self, session: Session) -> None:
+        """Load an evicted (or closed) ``session`` back into memory, into the same object.
+
+        Raises :class:`~runtime.errors.SessionBusy` if its id was opened again meanwhile
+        with another agent."""
+        if session.loaded:
+            return
+        if self._handles.get(session.id, session) is not session:
+            current = self._handles[session.id]
+            if current.loaded or current.agent is not session.agent:
+                raise SessionBusy(f"session {session.id!r} was opened again with another agent")
+        self._handles[session.id] = session
+        await self.open_session(session.agent, session.id)
+
+    def get_session(self, session_id: str) -> Session | None:
+        """The ``Session`` object of ``session_id`` if one exists, loaded or evicted."""
+        return self.sessions.get(session_id) or self._handles.get(session_id)
+
+    async def _load_session(
+        self, agent: Agent, sid: str, meta: dict[str, Any] | None, handle: Session | None
+    ) -> Session:
         from actors.engine import Engine
         from actors.stream_controller import StreamController
         from actors.turn_runner import TurnRunner
 
-        sid = validate_session_id(session_id) if session_id is not None else new_id("session")
-        if sid in self.sessions:
-            existing = self.sessions[sid]
-            if existing.agent is not agent:
-                raise SessionBusy(f"session {sid!r} is already open with another agent")
-            return existing
+        if handle is not None and handle.unsaved_meta:
+            meta = {**handle.unsaved_meta, **(meta or {})}
         record = await self.store.load(sid)
         state = SessionState(session_id=sid)
         if record is not None:
@@ -157,20 +242,100 @@ class Host:
             stream_inbox=stream_inbox,
             host=self,
         )
-        session = Session(self, agent, state, runner)
-        session.actors = [engine, controller, runner]
-        for actor in session.actors:
+        actors: list[Actor] = [engine, controller, runner]
+        for actor in actors:
             await self.start_actor(actor)
+        if handle is None:
+            session = Session(self, agent, state, runner)
+            self._handles[sid] = session
+        else:
+            session = handle
+        session.attach(state, runner, actors)
         self.sessions[sid] = session
+        session.last_used = trio.current_time()
         return session
+
+    def touch(self, session: Session) -> None:
+        """Mark ``session`` used now: the last to be evicted, its idle time restarted."""
+        if self.sessions.get(session.id) is session:
+            del self.sessions[session.id]  # re-inserted last: the dict is in LRU order
+            self.sessions[session.id] = session
+            session.last_used = trio.current_time()
+
+    def _evictable(self, session: Session) -> bool:
+        """Idle and fully saved: evicting it loses nothing."""
+        state = session._state
+        return (
+            state is not None
+            and not state.busy
+            and session.current is None
+            and state.saved_upto >= len(state.messages)
+        )
+
+    def _evict(self, session: Session, reason: str, now: float) -> SessionEvicted:
+        """Stop the session's actors and drop its history (synchronously: no other task
+        can start a turn on it half-way)."""
+        for actor in session.actors:
+            actor.stop()
+            self._actors.pop(actor, None)
+        del self.sessions[session.id]
+        self.bus.forget_session(session.id)
+        session.detach()
+        return SessionEvicted(
+            session_id=session.id, reason=reason, idle_for=now - session.last_used
+        )
+
+    def _evict_over_capacity(self, keep: Session | None = None) -> list[SessionEvicted]:
+        """Evict least recently used idle sessions until at most ``max_sessions`` remain
+        (busy or unsaved ones stay, so the count may stay above it for a while)."""
+        limit = self.max_sessions
+        if limit is None or len(self.sessions) <= limit or self.shutting_down:
+            return []
+        now = trio.current_time()
+        evicted = []
+        excess = len(self.sessions) - limit
+        for session in list(self.sessions.values()):
+            if excess <= 0:
+                break
+            if session is not keep and self._evictable(session):
+                evicted.append(self._evict(session, "capacity", now))
+                excess -= 1
+        return evicted
+
+    async def _expire_idle_sessions(self) -> None:
+        """Evict sessions idle for ``idle_ttl``; sleeps until the next one is due."""
+        ttl = self.idle_ttl
+        assert ttl is not None
+        while True:
+            now = trio.current_time()
+            wake = now + ttl
+            evicted = []
+            for session in list(self.sessions.values()):  # least recently used first
+                due = session.last_used + ttl
+                if due > now:
+                    wake = min(wake, due)
+                    break
+                if self._evictable(session) and not self.shutting_down:
+                    evicted.append(self._evict(session, "idle", now))
+            await self._announce(evicted)
+            await trio.sleep_until(wake)
+
+    async def _announce(self, events: list[SessionEvicted]) -> None:
+        for event in events:
+            try:
+                self.bus.publish_nowait(event)
+            except trio.WouldBlock:
+                with trio.move_on_after(1):
+                    await self.bus.publish(event)
+            self.bus.forget_session(event.session_id)  # the routes this event cached
 
     async def close_session(self, session: Session) -> None:
         """Stop a session's actors (its history stays in the store)."""
         for actor in session.actors:
             actor.stop()
-            if actor in self._actors:
-                self._actors.remove(actor)
-        self.sessions.pop(session.id, None)
+            self._actors.pop(actor, None)
+        if self.sessions.get(session.id) is session:
+            del self.sessions[session.id]
         self.bus.forget_session(session.id)
 
     def cancel_turns(self, reason: str) -> int:

@@ -6,6 +6,11 @@ arrive. Leaving the ``async with`` before the turn finished cancels the turn (th
 stream ends with ``abort``, and what was streamed is saved, marked interrupted);
 ``output.cancel(reason)`` does the same from anywhere. After the block,
 ``output.result`` holds the :class:`~runtime.protocol.TurnResult`.
+
+A host may free an idle session from memory (``Host.open(idle_ttl=, max_sessions=)``).
+The :class:`Session` object stays valid: the next turn, or ``await session.reopen()``,
+loads its history from the store again. Until then its synchronous views of the history
+(``messages``, ``state``) raise :class:`~runtime.errors.SessionNotLoaded`.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import trio
 
-from runtime.errors import SessionBusy
+from runtime.errors import SessionBusy, SessionNotLoaded
 from runtime.inbox import Inbox
 from runtime.messages import Message
 from runtime.protocol import Batch, TurnResult
@@ -79,6 +84,7 @@ class TurnStream:
         self.session.state.busy = False
         if self.session.current is self:
             self.session.current = None
+        self.session.host.touch(self.session)  # an idle session's age counts from here
         self.done.set()
 
     # -- the consumer's side ------------------------------------------------------------
@@ -92,6 +98,10 @@ class TurnStream:
             self._scope.cancel()
 
     async def __aenter__(self) -> TurnStream:
+        if not self.session.loaded:
+            await self.session.reopen()
+        # From here to ``busy = True`` nothing yields: an idle host cannot evict it between.
+        self.session.host.touch(self.session)
         state = self.session.state
         if state.busy:
             raise SessionBusy(f"session {state.session_id!r} is already running a turn")
@@ -153,24 +163,69 @@ class Session:
     def __init__(self, host: Host, agent: Agent, state: SessionState, runner: Any) -> None:
         self.host = host
         self.agent = agent
-        self.state = state
+        self._id = state.session_id
+        self._state: SessionState | None = state
         self.runner = runner
         self.actors: list[Any] = []
         self.current: TurnStream | None = None
         """The turn in progress, if any."""
+        self.last_used = 0.0
+        """Trio time of the last use (open, turn start or end, a read through the web API)."""
+        self.unsaved_meta: dict[str, Any] | None = None
+        """Meta of a session evicted before anything of it was saved, applied on reopen."""
 
     @property
     def id(self) -> str:
-        return self.state.session_id
+        return self._id
+
+    @property
+    def loaded(self) -> bool:
+        """Whether the session is in memory: open on its host and not evicted."""
+        return self._state is not None and self.host.sessions.get(self._id) is self
+
+    @property
+    def state(self) -> SessionState:
+        """What the session's actors share. Raises
+        :class:`~runtime.errors.SessionNotLoaded` after an eviction, until reopened."""
+        if self._state is None:
+            raise SessionNotLoaded(
+                f"session {self._id!r} was evicted from memory while idle; its history is in "
+                "the store: `await session.reopen()` (or start a turn) to load it again"
+            )
+        return self._state
 
     @property
     def messages(self) -> tuple[Message, ...]:
-        """The history: system/user/assistant/tool messages, in order."""
+        """The history: system/user/assistant/tool messages, in order. Raises
+        :class:`~runtime.errors.SessionNotLoaded` after an eviction, until reopened."""
         return tuple(self.state.messages)
 
     @property
     def busy(self) -> bool:
-        return self.state.busy
+        return self._state is not None and self._state.busy
+
+    async def reopen(self) -> None:
+        """Load the session again after its host evicted it (or it was closed): its
+        history from the store, fresh actors. A no-op while it is loaded."""
+        if not self.loaded:
+            await self.host.reopen_session(self)
+
+    def attach(self, state: SessionState, runner: Any, actors: list[Any]) -> None:
+        """Called by the host when it (re)loads the session: the new state and actors."""
+        self._state = state
+        self.runner = runner
+        self.actors = actors
+        self.unsaved_meta = None
+
+    def detach(self) -> None:
+        """Called by the host when it evicts the session: drop the history and actors."""
+        state = self._state
+        if state is not None and state.saved_upto == 0 and state.meta:
+            self.unsaved_meta = dict(state.meta)
+        self._state = None
+        self.runner = None
+        self.actors = []
+        self.current = None
 
     def stream(self, text: str) -> TurnStream:
         """Start a turn for user input ``text``; use as ``async with session.stream(t) as out``.

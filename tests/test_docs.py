@@ -19,6 +19,7 @@ EXAMPLES = [
 EXPECTED = {
     ("embedding.md", 0): "20 sessions answered 5",
     ("embedding.md", 1): "start ... finish",
+    ("embedding.md", 2): "evicted: True\n['user', 'assistant', 'user', 'assistant']",
     ("actors.md", 0): "1 turn,",
     ("actors.md", 1): "the tool call was denied: emails need a human",
     ("providers.md", 0): "hello there actors 3",

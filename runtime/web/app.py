@@ -196,6 +196,7 @@ class TurnResponse:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         session = self.session
+        await session.reopen()  # the host may have evicted it since the request looked it up
         if session.busy:
             await _busy(session)(scope, receive, send)
             return
@@ -276,15 +277,19 @@ class WebState:
         self._open_lock = trio.Lock()
 
     async def session(self, session_id: str) -> Any:
-        """The open session ``session_id``, opened (resumed from the store) if needed."""
+        """The open session ``session_id``, opened (resumed from the store) if needed;
+        one the host evicted is loaded back into its ``Session`` object."""
         session = self.host.sessions.get(session_id)
         if session is not None:
+            self.host.touch(session)
             return session
         async with self._open_lock:
-            session = self.host.sessions.get(session_id)
+            session = self.host.get_session(session_id)
             if session is None:
                 agent = self.agent if isinstance(self.agent, Agent) else self.agent(session_id)
                 session = await self.host.open_session(agent, session_id=session_id)
+            else:
+                await session.reopen()
         return session
 
     def info(self) -> dict[str, Any]:
@@ -392,6 +397,8 @@ async def get_session(request: Request) -> Response:
     if record is None:
         raise ApiError(404, f"no session {session_id!r}")
     open_session = state.host.sessions.get(session_id)
+    if open_session is not None:
+        state.host.touch(open_session)  # a read is a use: it keeps the session in memory
     return json_response(
         {
             "session_id": session_id,

@@ -27,6 +27,23 @@ from runtime.web import DEFAULT_MAX_BODY
 
 DEFAULT_PORT = 8000
 TOKEN_ENV = "AXON_WEB_TOKEN"
+DEFAULT_SESSION_TTL = 15 * 60.0
+"""Seconds an idle session stays in memory (its history stays in the store)."""
+DEFAULT_MAX_SESSIONS = 1000
+"""Sessions kept in memory at most; the least recently used idle ones are evicted."""
+
+
+def _positive(kind: type) -> Any:
+    def parse(value: str) -> Any:
+        try:
+            number = kind(value)
+        except ValueError:
+            number = None
+        if number is None or not number > 0:
+            raise argparse.ArgumentTypeError(f"{value!r} is not a positive {kind.__name__}")
+        return number
+
+    return parse
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -60,6 +77,22 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
         help="allow this browser origin to call the API (repeatable; default none)",
     )
     add("--max-body", type=int, default=DEFAULT_MAX_BODY, help="largest request body, bytes")
+    add(
+        "--session-ttl",
+        type=_positive(float),
+        default=DEFAULT_SESSION_TTL,
+        metavar="SECONDS",
+        help="free a session idle this long from memory; it reloads from the store on its "
+        f"next use (default {DEFAULT_SESSION_TTL:g})",
+    )
+    add(
+        "--max-sessions",
+        type=_positive(int),
+        default=DEFAULT_MAX_SESSIONS,
+        metavar="N",
+        help="keep at most N sessions in memory, freeing the least recently used idle ones "
+        f"(default {DEFAULT_MAX_SESSIONS})",
+    )
     add("--log-level", default="warning", help="structlog level on stderr")
     add(
         "--otel",
@@ -146,7 +179,9 @@ async def serve_command(args: argparse.Namespace) -> int:
         except ConfigurationError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
-    async with Host.open(store=args.store) as host:
+    async with Host.open(
+        store=args.store, idle_ttl=args.session_ttl, max_sessions=args.max_sessions
+    ) as host:
         if tracing is not None:
             await host.start_actor(tracing)
         app = create_app(
@@ -187,10 +222,15 @@ def main(argv: list[str] | None = None) -> int:
         argparse.ArgumentParser(prog="python -m runtime.web.serve", description=__doc__)
     )
     args = parser.parse_args(argv)
-    try:
-        return trio.run(serve_command, args)
-    except KeyboardInterrupt:
-        return 130
+    from runtime.cli import report_bad_input
+
+    def serve() -> int:
+        try:
+            return trio.run(serve_command, args)
+        except KeyboardInterrupt:
+            return 130
+
+    return report_bad_input(serve)
 
 
 __all__ = ["add_serve_arguments", "add_serve_parser", "main", "serve_app", "serve_command"]

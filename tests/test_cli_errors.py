@@ -1,0 +1,77 @@
+"""Bad ``--session``/``--store`` values print one clear line and exit 2, never a traceback."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BAD_ID = "bad id!"
+NO_DIR = "/nonexistent/dir/x.db"
+ID_ERROR = "invalid session id 'bad id!'"
+OPEN_ERROR = f"session store {NO_DIR}: open failed"
+NOT_A_STORE = "is not an Axon store"
+
+
+def python_m(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", *args], capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
+
+
+@pytest.fixture
+def text_file(tmp_path: Path) -> Path:
+    path = tmp_path / "notes.txt"
+    path.write_text("my notes, not a database\n")
+    return path
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["run", "--session", BAD_ID, "hi"], ID_ERROR),
+        (["run", "--store", NO_DIR, "hi"], OPEN_ERROR),
+        (["run", "--store", "{text}", "hi"], NOT_A_STORE),
+        (["show", BAD_ID, "--store", "{text}"], ID_ERROR),
+        (["show", "s1", "--store", NO_DIR], f"no session store at {NO_DIR}"),
+        (["show", "s1", "--store", "{text}"], NOT_A_STORE),
+        (["sessions", "--store", NO_DIR], f"no session store at {NO_DIR}"),
+        (["sessions", "--store", "{text}"], NOT_A_STORE),
+        (["replay", "{text}", "--session", BAD_ID], ID_ERROR),
+        (["replay", "/nonexistent/events.jsonl"], "no event log at /nonexistent/events.jsonl"),
+        (["serve", "--port", "0", "--store", NO_DIR], OPEN_ERROR),
+        (["serve", "--port", "0", "--store", "{text}"], NOT_A_STORE),
+    ],
+)
+def test_bad_input_prints_the_message_alone_and_exits_2(argv, message, text_file):
+    argv = [arg.replace("{text}", str(text_file)) for arg in argv]
+    proc = python_m("runtime", *argv)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("error: ") and message in proc.stderr, proc.stderr
+    assert proc.stderr.count("\n") == 1  # one line: the message alone
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
+    assert text_file.read_text() == "my notes, not a database\n"  # refused, untouched
+
+
+def test_the_standalone_serve_module_reports_a_bad_store_the_same_way(text_file):
+    proc = python_m("runtime.web.serve", "--port", "0", "--store", str(text_file))
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("error: ") and NOT_A_STORE in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("command", [["sessions"], ["show", "s1"]])
+def test_reading_a_missing_store_does_not_create_it(command, tmp_path):
+    missing = tmp_path / "typo.db"
+    proc = python_m("runtime", *command, "--store", str(missing))
+    assert proc.returncode == 2 and proc.stderr == f"error: no session store at {missing}\n"
+    assert not missing.exists()
+
+
+def test_a_file_that_is_not_an_event_log_is_reported_by_replay(text_file):
+    proc = python_m("runtime", "replay", str(text_file))
+    assert proc.returncode == 2
+    assert proc.stderr.startswith(f"error: {text_file} is not a JSONL event log")

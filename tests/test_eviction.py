@@ -1,0 +1,263 @@
+"""Idle sessions are freed from memory (TTL and an LRU cap) and reloaded on demand."""
+
+from __future__ import annotations
+
+import gc
+import tracemalloc
+import weakref
+
+import pytest
+import trio
+from structlog.testing import capture_logs
+
+from actors.providers.scripted import ScriptedProvider, Sleep
+from actors.stores import MemoryStore
+from runtime import Agent, Host, configure_logging
+from runtime.errors import ConfigurationError, SessionBusy, SessionNotLoaded, StoreError
+from runtime.events import SessionEvicted
+from runtime.messages import Message, UserMessage
+from runtime.serde import structure, unstructure
+
+
+def scripted_agent(*steps) -> Agent:
+    return Agent(name="echo", provider=ScriptedProvider(steps=[list(steps or ["ok"])]))
+
+
+def user_texts(messages) -> list[str]:
+    return [m.content for m in messages if isinstance(m, UserMessage)]
+
+
+async def test_a_session_idle_for_the_ttl_is_evicted(autojump_clock):
+    async with Host.open(idle_ttl=60) as host:
+        session = await host.open_session(scripted_agent(), session_id="s")
+        await session.run("hi")
+        actors = list(session.actors)
+        await trio.sleep(59)
+        assert host.sessions == {"s": session}
+        await trio.sleep(2)
+        assert host.sessions == {} and not session.loaded
+        assert all(actor.stopped.is_set() for actor in actors)
+
+
+async def test_a_turn_restarts_the_idle_time(autojump_clock):
+    async with Host.open(idle_ttl=60) as host:
+        session = await host.open_session(scripted_agent(), session_id="s")
+        await trio.sleep(50)
+        await session.run("hi")
+        await trio.sleep(50)
+        assert session.loaded
+        await trio.sleep(11)
+        assert not session.loaded
+
+
+async def test_a_session_running_a_turn_is_never_evicted(autojump_clock):
+    agent = scripted_agent(Sleep(1000), "done")
+    async with Host.open(idle_ttl=10, max_sessions=1) as host:
+        session = await host.open_session(agent, session_id="slow")
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(session.run, "go")
+            await trio.sleep(500)
+            await host.open_session(scripted_agent(), session_id="other")  # over the cap
+            assert session.loaded and session.busy
+        assert session.messages[-1].text == "done"
+        await trio.sleep(11)
+        assert not session.loaded
+
+
+async def test_past_max_sessions_the_least_recently_used_is_evicted():
+    agent = scripted_agent()
+    async with Host.open(max_sessions=2) as host:
+        a = await host.open_session(agent, session_id="a")
+        b = await host.open_session(agent, session_id="b")
+        await a.run("use a")  # b is now the least recently used
+        c = await host.open_session(agent, session_id="c")
+        assert list(host.sessions) == ["a", "c"]
+        assert a.loaded and c.loaded and not b.loaded
+
+
+async def test_eviction_is_a_bus_event_and_a_log_line():
+    configure_logging("info")
+    try:
+        with capture_logs() as logs:
+            async with Host.open(max_sessions=1) as host:
+                sub = host.bus.subscribe([SessionEvicted])
+                await host.open_session(scripted_agent(), session_id="first")
+                await host.open_session(scripted_agent(), session_id="second")
+                event = sub.inbox.get_nowait()
+                await trio.sleep(0.05)  # the log tap writes the line
+    finally:
+        configure_logging("warning")
+    assert (event.kind, event.session_id, event.reason) == ("session.evicted", "first", "capacity")
+    lines = [line for line in logs if line["event"] == "session.evicted"]
+    assert [(line["session_id"], line["reason"]) for line in lines] == [("first", "capacity")]
+
+
+async def test_an_evicted_session_object_fails_clearly_on_reading_its_messages():
+    async with Host.open(max_sessions=1) as host:
+        session = await host.open_session(scripted_agent(), session_id="gone")
+        await host.open_session(scripted_agent(), session_id="next")
+        with pytest.raises(SessionNotLoaded, match=r"await session\.reopen\(\)"):
+            session.messages  # noqa: B018
+
+
+async def test_an_evicted_session_object_reloads_on_its_next_turn_with_its_history(tmp_path):
+    provider = ScriptedProvider(steps=[["answer"]])
+    agent = Agent(provider=provider)
+    async with Host.open(store=str(tmp_path / "s.db"), max_sessions=1) as host:
+        session = await host.open_session(agent, session_id="kept")
+        await session.run("first")
+        await host.open_session(agent, session_id="evicts-kept")
+        assert not session.loaded
+        await session.run("second")
+        assert host.sessions["kept"] is session
+        assert user_texts(provider.requests[-1].messages) == ["first", "second"]
+        assert [m.role for m in session.messages] == ["user", "assistant"] * 2
+
+
+async def test_reopen_loads_the_history_back_into_the_same_object():
+    agent = scripted_agent()
+    async with Host.open(max_sessions=1) as host:
+        session = await host.open_session(agent, session_id="s")
+        await session.run("hello")
+        await host.open_session(agent, session_id="t")
+        await session.reopen()
+        assert user_texts(session.messages) == ["hello"]
+        assert await host.open_session(agent, session_id="s") is session
+
+
+async def test_open_session_after_eviction_gives_back_the_object_still_held():
+    agent = scripted_agent()
+    async with Host.open(max_sessions=1) as host:
+        session = await host.open_session(agent, session_id="s")
+        await host.open_session(agent, session_id="t")
+        assert await host.open_session(agent, session_id="s") is session
+        assert session.loaded
+
+
+async def test_an_evicted_object_of_another_agent_is_superseded_and_then_refused():
+    async with Host.open(max_sessions=1) as host:
+        old = await host.open_session(scripted_agent(), session_id="s")
+        await host.open_session(scripted_agent(), session_id="t")
+        new = await host.open_session(scripted_agent(), session_id="s")
+        assert new is not old and new.loaded
+        with pytest.raises(SessionBusy, match="opened again with another agent"):
+            await old.run("stale")
+
+
+async def test_meta_of_a_session_evicted_before_its_first_turn_is_kept():
+    agent = scripted_agent()
+    async with Host.open(max_sessions=1) as host:
+        session = await host.open_session(agent, session_id="s", meta={"owner": "ada"})
+        await host.open_session(agent, session_id="t")
+        await session.run("hi")
+        record = await host.store.load("s")
+    assert record.meta["owner"] == "ada"
+
+
+class FailingSaves(MemoryStore):
+    async def save(self, *args, **kwargs):
+        raise StoreError("disk full")
+
+
+async def test_a_session_whose_history_is_not_saved_is_not_evicted(autojump_clock):
+    async with Host.open(store=FailingSaves(), idle_ttl=10, log_tap=False) as host:
+        session = await host.open_session(scripted_agent(), session_id="unsaved")
+        await session.run("keep me")
+        await trio.sleep(100)
+        assert session.loaded and user_texts(session.messages) == ["keep me"]
+
+
+@pytest.mark.parametrize("options", [{"idle_ttl": 0}, {"idle_ttl": -1}, {"max_sessions": 0}])
+async def test_bad_eviction_settings_are_refused(options):
+    with pytest.raises(ConfigurationError):
+        async with Host.open(**options):
+            pass
+
+
+async def test_two_thousand_sessions_under_a_cap_of_100_keep_memory_bounded():
+    agent = Agent(provider=ScriptedProvider(responder=lambda request: ["ok"]))
+    async with Host.open(max_sessions=100, log_tap=False) as host:
+        baseline_subs = len(host.bus._subs)
+
+        async def open_batch(start: int, count: int) -> None:
+            for i in range(start, start + count):
+                session = await host.open_session(agent, session_id=f"s{i}")
+                await session.run("hi")
+                del session
+            agent.provider.requests.clear()  # the test double's own record of requests
+
+        await open_batch(0, 200)  # past the cap: the steady state
+        gc.collect()
+        tracemalloc.start()
+        try:
+            before = tracemalloc.get_traced_memory()[0]
+            await open_batch(200, 1800)
+            gc.collect()
+            grown = tracemalloc.get_traced_memory()[0] - before
+        finally:
+            tracemalloc.stop()
+        assert len(host.sessions) <= 100
+        assert len(host._actors) <= 3 * 100 + 3  # + persister, tool executor, provider
+        assert len(host.bus._subs) == baseline_subs
+        assert len({sid for sid, _ in host.bus._routes}) <= 101
+        # The memory store keeps every history (about 1 KiB each here); sessions held in
+        # memory would add tens of KiB each (58 MiB for 1,800 without the cap).
+        assert grown < 16 * 2**20, f"grew {grown / 2**20:.1f} MiB"
+
+
+class CopyingStore(MemoryStore):
+    """Keeps copies of the messages, as a store on disk does (and, unlike SQLite's
+    thread, without racing the autojump clock)."""
+
+    async def save(self, session_id, start, messages, meta=None):
+        copies = [structure(unstructure(m), Message) for m in messages]
+        await super().save(session_id, start, copies, meta)
+
+
+async def test_an_evicted_sessions_one_megabyte_prompt_is_freed(autojump_clock):
+    prompt = "x" * 2**20
+    agent = scripted_agent()
+    async with Host.open(store=CopyingStore(), idle_ttl=60) as host:
+        session = await host.open_session(agent, session_id="big")
+        result = await session.run(prompt)
+        message = weakref.ref(session.messages[0])
+        assert message().content == prompt
+        del result, prompt
+        agent.provider.requests.clear()  # the test double's own record of requests
+        await trio.sleep(61)
+        gc.collect()
+        assert not session.loaded
+        assert message() is None
+        await session.reopen()
+        assert len(session.messages[0].content) == 2**20
+
+
+async def test_two_turns_racing_on_an_evicted_session_load_it_once_and_run_one(autojump_clock):
+    agent = scripted_agent(Sleep(1), "done")
+    async with Host.open(max_sessions=1, log_tap=False) as host:
+        session = await host.open_session(agent, session_id="s")
+        await host.open_session(agent, session_id="t")
+        outcomes: list[str] = []
+
+        async def turn() -> None:
+            try:
+                await session.run("go")
+                outcomes.append("ran")
+            except SessionBusy:
+                outcomes.append("busy")
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(turn)
+            nursery.start_soon(turn)
+        assert sorted(outcomes) == ["busy", "ran"]
+        assert len(host._actors) == 3 + 3  # persister, executor, provider + one session's
+
+
+async def test_a_closed_session_object_reloads_on_its_next_turn():
+    agent = scripted_agent()
+    async with Host.open() as host:
+        session = await host.open_session(agent, session_id="s")
+        await session.run("one")
+        await session.close()
+        await session.run("two")
+        assert session.loaded and user_texts(session.messages) == ["one", "two"]
