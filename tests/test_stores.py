@@ -715,7 +715,7 @@ async def test_deleted_session_versions_survive_reopening(tmp_path: Path):
         await store.aclose()
 
 
-FIXTURE_V1 = Path(__file__).parent / "fixtures" / "store_v1.db"
+FIXTURE_V1 = Path(__file__).parent / "fixtures" / "store_v1.sqlite"
 """Written by the schema-1 SQLiteStore (before versions): session ``legacy`` holds
 ``conversation() + turn(1)`` with meta ``{"agent": "demo"}``, session ``other`` ``turn(0)``."""
 
