@@ -25,6 +25,7 @@ from typing import Any
 import attrs
 import trio
 
+from actors.session_sync import Adopted, adopt_record, adopt_save
 from runtime import events as ev
 from runtime.actor import Actor
 from runtime.agent import Agent
@@ -38,7 +39,7 @@ from runtime.chunks import (
     Usage,
     UsageChunk,
 )
-from runtime.errors import ActorFailed, AxonError, ProviderError
+from runtime.errors import ActorFailed, AxonError, ProviderError, StoreError
 from runtime.history import INTERRUPTED
 from runtime.ids import new_id
 from runtime.inbox import Inbox
@@ -210,6 +211,8 @@ class TurnRunner(Actor):
         self.tool_inbox = Inbox(1024, "block", name="tool-results")
         self.host = host
         self._log = get_logger("axon.turn")
+        self._pending: SaveRequest | None = None
+        """The session's latest save, until its outcome is adopted into the state."""
 
     async def handle(self, message: Any) -> None:
         if isinstance(message, RunTurn):
@@ -221,7 +224,9 @@ class TurnRunner(Actor):
         """Run one user input to completion (or until it is cut short), then close it."""
         state, agent, budget = self.state, self.agent, self.agent.budget
         sid = state.session_id
-        turn = _Turn(turn_id=new_id("turn"), start_index=len(state.messages))
+        turn_id = new_id("turn")
+        await self._sync(turn_id)
+        turn = _Turn(turn_id=turn_id, start_index=len(state.messages))
         turn.ctrl = Batcher(self.controller.inbox, turn.turn_id)
         turn.builder = _PartBuilder(turn.parts)
         run.stream.turn_id = turn.turn_id
@@ -351,8 +356,16 @@ class TurnRunner(Actor):
 
     async def _save(self, turn: _Turn, step: int | None) -> SaveRequest:
         """Queue a save of the turn (from wherever the store is behind, after a failed
-        save) with the persister; returns the request, whose ``done`` says when."""
+        save) with the persister; returns the request, whose ``done`` says when.
+
+        The save is based on the stored version the state matches. If the previous save
+        is still in flight, that version is not known yet: the request names the previous
+        one instead, and the persister resolves it (see :class:`SaveRequest`)."""
         state = self.state
+        prev = self._pending
+        if prev is not None and prev.done.is_set():
+            await self._adopt(prev, turn)
+            prev = None
         start = min(turn.start_index, state.saved_upto)
         req = SaveRequest(
             session_id=state.session_id,
@@ -361,8 +374,10 @@ class TurnRunner(Actor):
             messages=tuple(state.messages[start:]),
             meta={"agent": self.agent.name, **state.meta},
             step=step,
-            on_done=self._saved,
+            expected_version=state.version if prev is None else None,
+            after=prev,
         )
+        self._pending = req
         try:
             await self.persister.inbox.put(req)
         except (trio.ClosedResourceError, trio.BrokenResourceError):
@@ -370,13 +385,70 @@ class TurnRunner(Actor):
             req.done.set()
         return req
 
-    def _saved(self, req: SaveRequest) -> None:
-        """Track how far the store really got, so a failed save is caught up later."""
+    async def _adopt(self, req: SaveRequest, turn: _Turn | None) -> None:
+        """Take a finished save's outcome into the state: how far the store got, its
+        version and, if the save was rebased after another writer's, the new layout."""
+        if self._pending is req:
+            self._pending = None
+        adopted = adopt_save(self.state, req)
+        if turn is not None and adopted.shift:
+            turn.start_index += adopted.shift
+            turn.a_index += adopted.shift
+        await self._concurrent(adopted, "rebased", req.turn_id)
+
+    async def _sync(self, turn_id: str) -> None:
+        """Before a turn: if another writer saved the session since this process last
+        saw it, take its history (a version query; a load only when it moved), so the
+        model sees that writer's turns. Bounded, and best effort: a save that meets the
+        other writer's turns is rebased anyway."""
         state = self.state
-        if req.error is None:
-            state.saved_upto = req.start + len(req.messages)
-        else:
-            state.saved_upto = min(state.saved_upto, req.start)
+        store = getattr(self.persister, "store", None)
+        with trio.move_on_after(SAVE_TIMEOUT):
+            prev = self._pending
+            if prev is not None:  # the previous turn's final save, if it outlived the turn
+                await prev.done.wait()
+                await self._adopt(prev, None)
+            if store is None:
+                return
+            try:
+                if await store.version(state.session_id) == state.version:
+                    return
+                record = await store.load(state.session_id)
+            except StoreError as exc:
+                self._log.warning(
+                    "session.reload-failed",
+                    session_id=state.session_id,
+                    turn_id=turn_id,
+                    error=redact(f"{type(exc).__name__}: {exc}"),
+                )
+                return
+            await self._concurrent(adopt_record(state, record), "reloaded", turn_id)
+
+    async def _concurrent(self, adopted: Adopted, resolution: str, turn_id: str) -> None:
+        """Say so (an event and a log line) when another writer's work came in."""
+        if not adopted.concurrent:
+            return
+        state = self.state
+        self._log.warning(
+            "session.concurrent-writer",
+            session_id=state.session_id,
+            turn_id=turn_id,
+            resolution=resolution,
+            added=adopted.added,
+            dropped=adopted.dropped,
+            version=state.version,
+        )
+        await self.publish(
+            ev.ConcurrentWrite(
+                session_id=state.session_id,
+                turn_id=turn_id,
+                resolution=resolution,
+                version=state.version,
+                message_count=len(state.messages),
+                added=adopted.added,
+                dropped=adopted.dropped,
+            )
+        )
 
     async def _finish_turn(self, run: RunTurn, turn: _Turn) -> None:
         """Close the turn whatever happened: seal parts, pair every call with a result
@@ -453,6 +525,7 @@ class TurnRunner(Actor):
         with trio.move_on_after(SAVE_TIMEOUT) as scope:
             final = await self._save(turn, None)
             await final.done.wait()
+            await self._adopt(final, turn)
             return final
         if scope.cancelled_caught:
             self._log.error(

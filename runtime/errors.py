@@ -145,6 +145,23 @@ class StoreCorrupt(StoreError):
     """The store file is not an Axon store or is damaged; it is never silently reset."""
 
 
+class StoreConflict(StoreError):
+    """A save was based on a version of the session that another writer has since replaced.
+
+    Raised by :meth:`runtime.store.Store.save` when ``expected_version`` is not the
+    session's stored version: another process (or another host on the same store) wrote
+    the session after this one loaded it, and writing anyway would overwrite its turns.
+    Nothing was written. ``expected`` is the version the caller based its save on,
+    ``actual`` the version the store holds now; reload, then save again on top of it.
+    """
+
+    def __init__(self, message: str, *, session_id: str, expected: int, actual: int) -> None:
+        super().__init__(message)
+        self.session_id = session_id
+        self.expected = expected
+        self.actual = actual
+
+
 class ActorFailed(AxonError):
     """An actor exceeded its restart intensity; the session it served cannot go on."""
 

@@ -137,6 +137,26 @@ class SessionEvicted(Event):
     reason: str
     idle_for: float
     """Seconds since the session was last used."""
+
+
+@_event("session.concurrent-write")
+class ConcurrentWrite(Event):
+    """Another writer (another process or host on the same store) changed this session.
+
+    ``resolution`` says what this process did about it: ``"reloaded"`` (a turn started
+    on the stored history, which had moved on) or ``"rebased"`` (a save met the other
+    writer's turns; this turn's messages were appended after them instead of over them).
+    ``added`` counts the other writer's messages this session now holds, ``dropped`` the
+    messages this session held that the store no longer has (another writer deleted the
+    session, say). ``version`` and ``message_count`` describe the session afterwards.
+    """
+
+    session_id: str
+    resolution: str
+    version: int
+    message_count: int
+    added: int
+    dropped: int
     turn_id: str | None = None
     causation_id: str | None = None
 
@@ -234,6 +254,7 @@ LIFECYCLE_EVENT_TYPES: tuple[type, ...] = (
     ToolCallCompleted,
     SessionSaved,
     SessionEvicted,
+    ConcurrentWrite,
     ActorCrashed,
     ActorRestarted,
     ActorGaveUp,

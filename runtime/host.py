@@ -219,6 +219,7 @@ class Host:
         if record is not None:
             state.messages.extend(record.messages)
             state.saved_upto = len(record.messages)
+            state.version = record.version
             state.meta.update({k: v for k, v in record.meta.items() if k != "agent"})
         if meta:
             state.meta.update(meta)

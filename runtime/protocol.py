@@ -174,7 +174,15 @@ class ToolProgress:
 
 @attrs.define(kw_only=True, slots=True, eq=False)
 class SaveRequest:
-    """Replace the session's messages from ``start`` on with ``messages``."""
+    """Replace the session's messages from ``start`` on with ``messages``.
+
+    The save is based on ``expected_version`` (the store's version of the session when
+    ``start`` and ``messages`` were computed) or, when that is ``None``, on the outcome of
+    ``after``, the same session's previous request. When neither gives a version the
+    layout is known to match, the persister *rebases*: it reloads the session and appends
+    ``messages`` after what the store holds (:func:`runtime.store.rebase`), so a save
+    never overwrites a message some other writer stored.
+    """
 
     session_id: str
     turn_id: str
@@ -186,6 +194,13 @@ class SaveRequest:
     step: int | None = None
     on_done: Any = None
     """Called with the request once it is done (succeeded or failed), before ``done`` is set."""
+    expected_version: int | None = None
+    after: SaveRequest | None = None
+    """The session's previous request, still in flight when this one was made."""
+    version: int | None = None
+    """Set on success: the session's version after this save."""
+    base: tuple[Message, ...] | None = None
+    """Set when the save was rebased: what the store holds before ``messages`` now."""
 
 
 # -- stream controller markers -------------------------------------------------------------

@@ -44,6 +44,9 @@ class SessionState:
     busy: bool = False
     saved_upto: int = 0
     """How many messages the store is known to hold; saves start no later than this."""
+    version: int = 0
+    """The store's version of the session that ``messages[:saved_upto]`` matches (``0``:
+    not stored); saves are based on it, so one that another writer overtook conflicts."""
 
 
 @attrs.define(kw_only=True, slots=True, eq=False)

@@ -3,6 +3,13 @@
 A store keeps, per session, an ordered list of messages and a little metadata. Writes
 are *appends from an index*: :meth:`Store.save` replaces the messages from ``start`` on,
 so saving turn 500 costs what turn 500 wrote, never a rewrite of the whole session.
+
+Several writers may share one store (two processes on one SQLite file, a web server and
+a CLI on the same session). Each session therefore has a *version* that every save
+checks and bumps atomically: a writer saves on top of the version it loaded, and a save
+based on a version another writer has since replaced fails with
+:class:`~runtime.errors.StoreConflict` instead of overwriting that writer's turns.
+:func:`rebase` is how the runtime then puts its own messages after the other writer's.
 """
 
 from __future__ import annotations
@@ -43,6 +50,10 @@ class SessionRecord:
     messages: tuple[Message, ...]
     meta: dict[str, Any] = attrs.field(factory=dict)
     """Free-form: agent name, parent session, timestamps."""
+    version: int = attrs.field(default=0, eq=False)
+    """The session's version when it was read; pass it as ``expected_version`` to save on
+    top of exactly these messages. Not part of equality: two records holding the same
+    messages and meta are the same conversation, whichever write produced them."""
 
 
 @attrs.frozen(kw_only=True, slots=True)
@@ -54,10 +65,21 @@ class SessionInfo:
 
 @runtime_checkable
 class Store(Protocol):
-    """Session storage. Implementations must be safe to call from Trio tasks."""
+    """Session storage. Implementations must be safe to call from Trio tasks.
+
+    **The version rule** (every store keeps it, so no writer ever loses another's turns):
+    each session has an integer version, ``0`` while it does not exist. Every successful
+    :meth:`save` sets it to a value the session has never had before (the SQLite and
+    memory stores add one; a new or re-created session starts above any version a deleted
+    one had), and :meth:`load` returns it in :attr:`SessionRecord.version`. When
+    ``expected_version`` is given, the check and the write are one atomic step (SQLite:
+    inside the ``BEGIN IMMEDIATE`` transaction; PostgreSQL: ``SELECT ... FOR UPDATE`` or a
+    conditional ``UPDATE``): if the stored version differs, the save raises
+    :class:`~runtime.errors.StoreConflict` and writes nothing.
+    """
 
     async def load(self, session_id: str) -> SessionRecord | None:
-        """The session, or ``None`` if it was never saved."""
+        """The session (with its version), or ``None`` if it was never saved."""
         ...
 
     async def save(
@@ -66,8 +88,21 @@ class Store(Protocol):
         start: int,
         messages: Sequence[Message],
         meta: dict[str, Any] | None = None,
-    ) -> None:
-        """Atomically replace messages ``start..`` with ``messages`` (and merge ``meta``)."""
+        *,
+        expected_version: int | None = None,
+    ) -> int:
+        """Atomically replace messages ``start..`` with ``messages`` (and merge ``meta``),
+        returning the session's new version.
+
+        With ``expected_version``, raise :class:`~runtime.errors.StoreConflict` (writing
+        nothing) unless the session's stored version is exactly that. The runtime always
+        passes it; ``None`` saves unconditionally, for tools that own the store alone.
+        """
+        ...
+
+    async def version(self, session_id: str) -> int:
+        """The session's current version (``0`` if it does not exist): a cheap query that
+        tells a writer whether someone else saved since it last loaded."""
         ...
 
     async def list_sessions(self) -> list[SessionInfo]: ...
@@ -75,3 +110,24 @@ class Store(Protocol):
     async def delete(self, session_id: str) -> None: ...
 
     async def aclose(self) -> None: ...
+
+
+def rebase(
+    stored: Sequence[Message], ours: Sequence[Message]
+) -> tuple[tuple[Message, ...], int]:
+    """What a writer whose save met a conflict keeps of the store, to append ``ours`` to.
+
+    ``stored`` is the session as the store holds it now, ``ours`` the messages the writer
+    was saving. Any earlier copy of one of ``ours`` in ``stored`` (the same message
+    ``id``: a step of this turn saved before the other writer appended its turn) is
+    dropped, so the result followed by ``ours`` holds every message exactly once: the
+    other writer's turns first, then this writer's turn whole, its tool calls still
+    followed by their results. Returns that base and the index of the first stored
+    message it does not keep unchanged (where the save has to start).
+    """
+    ids = {message.id for message in ours}
+    base = tuple(message for message in stored if message.id not in ids)
+    start = next(
+        (i for i, message in enumerate(stored) if message.id in ids), len(stored)
+    )
+    return base, start

@@ -253,10 +253,10 @@ class OutageStore(MemoryStore):
         super().__init__()
         self.down = False
 
-    async def save(self, session_id, start, messages, meta=None):
+    async def save(self, session_id, start, messages, meta=None, **kwargs):
         if self.down:
             raise StoreError("disk full")
-        await super().save(session_id, start, messages, meta)
+        return await super().save(session_id, start, messages, meta, **kwargs)
 
 
 async def test_a_failed_save_is_reported_with_the_turn_result(autojump_clock):

@@ -357,14 +357,15 @@ class SlowStore(MemoryStore):
         self.started = 0
         self.done = 0
 
-    async def save(self, session_id, start, messages, meta=None):
+    async def save(self, session_id, start, messages, meta=None, **kwargs):
         self.started += 1
         self.saving.set()
         if self.delay is None:
             await trio.sleep_forever()
         await trio.sleep(self.delay)
-        await super().save(session_id, start, messages, meta)
+        version = await super().save(session_id, start, messages, meta, **kwargs)
         self.done += 1
+        return version
 
 
 def two_step(kind: str) -> tuple[bytes, bytes]:

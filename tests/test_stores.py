@@ -9,6 +9,7 @@ curious user) sees it, and it lets the tests check exactly which rows a save wro
 from __future__ import annotations
 
 import random
+import shutil
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -17,11 +18,13 @@ import attrs
 import pytest
 import trio
 
+import runtime
 from actors.stores import MemoryStore, SQLiteStore, open_store, validate_session_id
 from actors.stores.sqlite import APPLICATION_ID, MAGIC, SCHEMA_VERSION
 from runtime.errors import (
     ConfigurationError,
     InvalidSessionId,
+    StoreConflict,
     StoreCorrupt,
     StoreError,
 )
@@ -348,7 +351,9 @@ async def test_matches_a_reference_model_under_random_operations(store):
                 counter += 1
                 new += turn(counter)[: rng.randint(1, 2)]
             patch = rng.choice([None, {}, {"k": counter}, {f"key{counter % 3}": [counter]}])
-            await store.save(sid, start, new, patch)
+            seen = (await store.load(sid) or record(sid, [])).version
+            version = await store.save(sid, start, new, patch, expected_version=seen)
+            assert version > seen and await store.version(sid) == version
             model[sid] = (messages[:start] + new, {**meta, **(patch or {})})
             recency = [sid] + [s for s in recency if s != sid]
         for s in ("a", "b", "c", "d"):
@@ -365,12 +370,82 @@ async def test_closed_store_refuses_calls(store):
     await store.aclose()  # idempotent
     for call in (
         store.load("s"),
+        store.version("s"),
         store.save("s", 2, turn(1)),
         store.list_sessions(),
         store.delete("s"),
     ):
         with pytest.raises(StoreError, match="closed"):
             await call
+
+
+# -- the version rule: a save based on a stale version never overwrites ---------------------
+
+
+async def test_every_save_returns_a_new_version_that_load_reports(store):
+    assert await store.version("s") == 0
+    first = await store.save("s", 0, turn(0))
+    second = await store.save("s", 2, turn(1), expected_version=first)
+    assert 0 < first < second
+    assert await store.version("s") == second
+    assert (await store.load("s")).version == second
+
+
+async def test_save_on_a_stale_version_conflicts_and_writes_nothing(store):
+    base = await store.save("s", 0, turn(0), {"k": 1})
+    theirs = await store.save("s", 2, turn(1), {"k": 2}, expected_version=base)
+    with pytest.raises(StoreConflict, match="another writer saved it") as info:
+        await store.save("s", 2, turn(2), {"k": 3}, expected_version=base)
+    assert (info.value.session_id, info.value.expected, info.value.actual) == ("s", base, theirs)
+    loaded = await store.load("s")
+    assert loaded == record("s", turn(0) + turn(1), {"k": 2}) and loaded.version == theirs
+
+
+async def test_expecting_a_new_session_conflicts_when_another_writer_created_it(store):
+    theirs = await store.save("s", 0, turn(0))
+    with pytest.raises(StoreConflict):
+        await store.save("s", 0, turn(1), expected_version=0)
+    assert await store.load("s") == record("s", turn(0))
+    assert await store.version("s") == theirs
+
+
+async def test_a_recreated_session_never_matches_the_deleted_sessions_version(store):
+    version = 0
+    for n in range(3):
+        version = await store.save("s", 2 * n, turn(n), expected_version=version)
+    await store.delete("s")
+    assert await store.version("s") == 0
+    again = 0
+    for n in range(3):  # as many saves as before: a per-session counter alone would match
+        again = await store.save("s", 2 * n, turn(10 + n), expected_version=again)
+    assert again != version
+    with pytest.raises(StoreConflict):
+        await store.save("s", 6, turn(3), expected_version=version)
+    assert len((await store.load("s")).messages) == 6
+
+
+@pytest.mark.parametrize("bad", [-1, "1", 1.0, True])
+async def test_bad_expected_version_is_refused_and_changes_nothing(store, bad):
+    await store.save("s", 0, turn(0))
+    with pytest.raises(StoreError, match="expected_version"):
+        await store.save("s", 2, turn(1), expected_version=bad)
+    assert await store.load("s") == record("s", turn(0))
+
+
+def test_store_conflict_is_a_public_store_error():
+    assert runtime.StoreConflict is StoreConflict and issubclass(StoreConflict, StoreError)
+
+
+async def test_open_store_names_a_store_without_versions(tmp_path: Path):
+    class OldStore:  # a user's store written before the version rule
+        async def load(self, session_id): ...
+        async def save(self, session_id, start, messages, meta=None): ...
+        async def list_sessions(self): ...
+        async def delete(self, session_id): ...
+        async def aclose(self): ...
+
+    with pytest.raises(ConfigurationError, match="lacks version"):
+        await open_store(OldStore())
 
 
 # -- open_store and validate_session_id ---------------------------------------------------
@@ -607,6 +682,72 @@ async def test_newer_schema_is_refused_and_untouched(tmp_path: Path):
         await SQLiteStore.open(path)
     assert str(path) in str(info.value)
     assert snapshot(tmp_path) == before
+
+
+async def test_two_store_objects_on_one_file_never_overwrite_each_other(tmp_path: Path):
+    path = tmp_path / "sessions.db"
+    one = await SQLiteStore.open(path)
+    two = await SQLiteStore.open(path)
+    try:
+        await one.save("a", 0, turn(0))
+        seen_by_one = (await one.load("a")).version
+        seen_by_two = (await two.load("a")).version
+        await two.save("a", 2, turn(1), expected_version=seen_by_two)
+        with pytest.raises(StoreConflict):  # one's view is stale: it must not write at 2
+            await one.save("a", 2, turn(2), expected_version=seen_by_one)
+        assert await one.load("a") == record("a", turn(0) + turn(1))
+    finally:
+        await one.aclose()
+        await two.aclose()
+
+
+async def test_deleted_session_versions_survive_reopening(tmp_path: Path):
+    path = tmp_path / "sessions.db"
+    store = await SQLiteStore.open(path)
+    old = await store.save("s", 0, turn(0))
+    old = await store.save("s", 2, turn(1), expected_version=old)
+    await store.delete("s")
+    await store.aclose()
+    store = await SQLiteStore.open(path)
+    try:
+        assert await store.save("s", 0, turn(2), expected_version=0) > old
+    finally:
+        await store.aclose()
+
+
+FIXTURE_V1 = Path(__file__).parent / "fixtures" / "store_v1.sqlite"
+"""Written by the schema-1 SQLiteStore (before versions): session ``legacy`` holds
+``conversation() + turn(1)`` with meta ``{"agent": "demo"}``, session ``other`` ``turn(0)``."""
+
+
+async def test_schema_1_file_is_upgraded_in_place_and_keeps_its_sessions(tmp_path: Path):
+    path = tmp_path / "old.db"
+    shutil.copy(FIXTURE_V1, path)
+    store = await SQLiteStore.open(path)
+    try:
+        legacy = await store.load("legacy")
+        assert legacy == record("legacy", conversation() + turn(1), {"agent": "demo"})
+        assert legacy.version == 1 and await store.version("other") == 1
+        assert [i.session_id for i in await store.list_sessions()] == ["other", "legacy"]
+        n = len(legacy.messages)
+        assert await store.save("legacy", n, turn(2), expected_version=1) == 2
+        with pytest.raises(StoreConflict):
+            await store.save("legacy", n, turn(3), expected_version=1)
+    finally:
+        await store.aclose()
+    conn = sqlite3.connect(path)
+    try:
+        meta = dict(conn.execute("SELECT key, value FROM axon_meta"))
+        assert meta["schema_version"] == str(SCHEMA_VERSION) == "2"
+    finally:
+        conn.close()
+    again = await SQLiteStore.open(path)  # an upgraded file opens as a current one
+    try:
+        assert await again.load("legacy") == record(
+            "legacy", conversation() + turn(1) + turn(2), {"agent": "demo"}
+        )
+    finally:
+        await again.aclose()
 
 
 # -- SQLite: damaged rows -------------------------------------------------------------------

@@ -25,7 +25,11 @@ _MESSAGE_TYPES: tuple[type, ...] = typing.get_args(Message)
 
 
 def _check_save(
-    session_id: str, start: int, messages: Sequence[Message], meta: Mapping[str, Any] | None
+    session_id: str,
+    start: int,
+    messages: Sequence[Message],
+    meta: Mapping[str, Any] | None,
+    expected_version: int | None = None,
 ) -> tuple[Message, ...]:
     """Validate the arguments of :meth:`Store.save` the same way in every store.
 
@@ -35,6 +39,15 @@ def _check_save(
     with the write.
     """
     validate_session_id(session_id)
+    if expected_version is not None and (
+        not isinstance(expected_version, int)
+        or isinstance(expected_version, bool)
+        or expected_version < 0
+    ):
+        raise StoreError(
+            f"save of session {session_id!r}: expected_version must be an int >= 0 or "
+            f"None, got {expected_version!r}"
+        )
     if not isinstance(start, int) or isinstance(start, bool) or start < 0:
         raise StoreError(
             f"save of session {session_id!r}: start must be an int >= 0, got {start!r}"
@@ -66,6 +79,8 @@ def _check_save(
 from actors.stores.memory import MemoryStore  # noqa: E402
 from actors.stores.sqlite import SQLiteStore  # noqa: E402
 
+_STORE_METHODS = ("load", "save", "version", "list_sessions", "delete", "aclose")
+
 
 async def open_store(spec: Any) -> Store:
     """The store a host setting names.
@@ -84,6 +99,13 @@ async def open_store(spec: Any) -> Store:
         return await SQLiteStore.open(spec)
     if isinstance(spec, Store):
         return spec
+    missing = [name for name in _STORE_METHODS if not callable(getattr(spec, name, None))]
+    if "version" in missing and len(missing) < len(_STORE_METHODS):
+        raise ConfigurationError(
+            f"{spec!r} is not a complete Store: it lacks {', '.join(missing)}. Stores "
+            "keep a version per session that every save checks (see runtime.store.Store), "
+            "so two writers on one session never overwrite each other's turns"
+        )
     raise ConfigurationError(
         f"cannot open a session store from {spec!r}: expected None (in memory), "
         "a file path, or a Store instance"

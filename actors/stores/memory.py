@@ -15,7 +15,7 @@ import attrs
 import trio
 
 from actors.stores import _check_save, validate_session_id
-from runtime.errors import StoreError
+from runtime.errors import StoreConflict, StoreError
 from runtime.messages import Message
 from runtime.store import SessionInfo, SessionRecord
 
@@ -24,6 +24,7 @@ from runtime.store import SessionInfo, SessionRecord
 class _Session:
     messages: list[Message]
     meta: dict[str, Any]
+    version: int = 0
 
 
 class MemoryStore:
@@ -39,6 +40,9 @@ class MemoryStore:
         # Insertion order is recency: save moves its session to the end, so
         # list_sessions (most recently updated first) is the dict reversed.
         self._sessions: dict[str, _Session] = {}
+        self._deleted_version = 0
+        """The highest version a deleted session had: a re-created session starts above
+        it, so a writer still holding the old session's version can never match."""
         self._closed = False
 
     def _check_open(self) -> None:
@@ -57,7 +61,16 @@ class MemoryStore:
             session_id=session_id,
             messages=tuple(session.messages),
             meta=copy.deepcopy(session.meta),
+            version=session.version,
         )
+
+    async def version(self, session_id: str) -> int:
+        """The session's version, ``0`` if it does not exist."""
+        await trio.lowlevel.checkpoint()
+        self._check_open()
+        validate_session_id(session_id)
+        session = self._sessions.get(session_id)
+        return 0 if session is None else session.version
 
     async def save(
         self,
@@ -65,8 +78,16 @@ class MemoryStore:
         start: int,
         messages: Sequence[Message],
         meta: Mapping[str, Any] | None = None,
-    ) -> None:
-        """Replace messages ``start..`` with ``messages`` and merge ``meta`` into the session's.
+        *,
+        expected_version: int | None = None,
+    ) -> int:
+        """Replace messages ``start..`` with ``messages`` and merge ``meta`` into the session's;
+        returns the session's new version.
+
+        With ``expected_version``, the session's version must be exactly that (``0``: it
+        must not exist yet), or :class:`~runtime.errors.StoreConflict` is raised and nothing
+        changes: the caller's view of the session is stale and writing would overwrite
+        another writer's messages.
 
         ``start`` may equal the current message count (append) but not exceed it: a gap
         would mean the caller lost track of the session, and filling it with nothing would
@@ -77,9 +98,18 @@ class MemoryStore:
         """
         await trio.lowlevel.checkpoint()
         self._check_open()
-        new = _check_save(session_id, start, messages, meta)
+        new = _check_save(session_id, start, messages, meta, expected_version)
         meta_copy = copy.deepcopy(dict(meta)) if meta else {}
         session = self._sessions.get(session_id)
+        current = 0 if session is None else session.version
+        if expected_version is not None and expected_version != current:
+            raise StoreConflict(
+                f"save of session {session_id!r}: it is at version {current}, not the "
+                f"{expected_version} this save was based on: another writer saved it since",
+                session_id=session_id,
+                expected=expected_version,
+                actual=current,
+            )
         count = 0 if session is None else len(session.messages)
         if start > count:
             raise StoreError(
@@ -87,13 +117,15 @@ class MemoryStore:
                 f"({count} messages)"
             )
         if session is None:
-            session = _Session(messages=[], meta={})
+            session = _Session(messages=[], meta={}, version=self._deleted_version)
         else:
             del self._sessions[session_id]  # re-inserted below: now the most recent
         del session.messages[start:]
         session.messages.extend(new)
         session.meta.update(meta_copy)
+        session.version += 1
         self._sessions[session_id] = session
+        return session.version
 
     async def list_sessions(self) -> list[SessionInfo]:
         """Every session, most recently saved first."""
@@ -113,7 +145,9 @@ class MemoryStore:
         await trio.lowlevel.checkpoint()
         self._check_open()
         validate_session_id(session_id)
-        self._sessions.pop(session_id, None)
+        session = self._sessions.pop(session_id, None)
+        if session is not None:
+            self._deleted_version = max(self._deleted_version, session.version)
 
     async def aclose(self) -> None:
         """Close the store; further calls raise :class:`~runtime.errors.StoreError`.

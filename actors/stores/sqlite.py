@@ -1,11 +1,13 @@
 """A :class:`~runtime.store.Store` in one embedded SQLite file.
 
-Layout (schema version 1)::
+Layout (schema version 2)::
 
-    axon_meta(key TEXT PRIMARY KEY, value TEXT)          -- magic + schema_version
+    axon_meta(key TEXT PRIMARY KEY, value TEXT)          -- magic, schema_version,
+                                                         -- deleted_version (see delete)
     sessions(session_id TEXT PRIMARY KEY, meta TEXT,     -- meta: a JSON object
              created_at REAL, updated_at REAL,           -- unix seconds, informative
-             update_seq INTEGER)                         -- recency order, see below
+             update_seq INTEGER,                         -- recency order, see below
+             version INTEGER)                            -- bumped by every save
     messages(session_id TEXT, idx INTEGER, role TEXT,
              body BLOB,                                  -- serde JSON of one Message
              PRIMARY KEY(session_id, idx))
@@ -16,7 +18,12 @@ can tell an Axon store from any other SQLite file.
 One message is one row, keyed by its index in the session. :meth:`SQLiteStore.save`
 deletes the rows from ``start`` on and inserts the new ones, all in one transaction, so
 saving turn 500 writes what turn 500 added and never rewrites the session, and a failed
-save leaves the previous state intact.
+save leaves the previous state intact. The same transaction checks the session's
+``version`` against the one the writer loaded and bumps it (the version rule of
+:class:`~runtime.store.Store`), so two processes on one file never overwrite each other.
+
+Schema version 1 (no ``version`` column) is upgraded in place when opened: the column is
+added and every existing session starts at version 1. Newer schemas are refused.
 
 The file is never reset or overwritten: :meth:`SQLiteStore.open` only reads until it has
 established that the file is empty or an Axon store, and raises
@@ -40,7 +47,7 @@ import trio
 
 from actors.stores import _check_save, validate_session_id
 from runtime import serde
-from runtime.errors import StoreCorrupt, StoreError
+from runtime.errors import StoreConflict, StoreCorrupt, StoreError
 from runtime.messages import Message
 from runtime.store import SessionInfo, SessionRecord
 
@@ -50,8 +57,8 @@ APPLICATION_ID = 0x41584F4E
 MAGIC = "axon-session-store"
 """The ``magic`` row of ``axon_meta``."""
 
-SCHEMA_VERSION = 1
-"""The schema this code writes. Files with a newer version are refused, not downgraded."""
+SCHEMA_VERSION = 2
+"""The schema this code writes. Older files are upgraded in place; newer ones are refused."""
 
 _SQLITE_HEADER = b"SQLite format 3\x00"
 _HEADER_SIZE = 100
@@ -69,7 +76,8 @@ _SCHEMA = (
         meta TEXT NOT NULL DEFAULT '{}',
         created_at REAL NOT NULL,
         updated_at REAL NOT NULL,
-        update_seq INTEGER NOT NULL
+        update_seq INTEGER NOT NULL,
+        version INTEGER NOT NULL DEFAULT 0
     )""",
     "CREATE INDEX sessions_by_update ON sessions (update_seq)",
     """CREATE TABLE messages (
@@ -80,10 +88,18 @@ _SCHEMA = (
         PRIMARY KEY (session_id, idx)
     )""",
 )
-_COLUMNS = {
+_COLUMNS_V1 = {
     "axon_meta": {"key", "value"},
     "sessions": {"session_id", "meta", "created_at", "updated_at", "update_seq"},
     "messages": {"session_id", "idx", "role", "body"},
+}
+_COLUMNS = {**_COLUMNS_V1, "sessions": _COLUMNS_V1["sessions"] | {"version"}}
+_MIGRATIONS = {
+    # 1 -> 2: per-session versions. Existing sessions start at 1, since 0 means "absent".
+    1: (
+        "ALTER TABLE sessions ADD COLUMN version INTEGER NOT NULL DEFAULT 0",
+        "UPDATE sessions SET version = 1",
+    ),
 }
 
 _T = TypeVar("_T")
@@ -158,8 +174,9 @@ def _check_file(path: Path) -> None:
         )
 
 
-def _inspect(conn: sqlite3.Connection, path: str) -> bool:
-    """Whether the database is empty (a new file); raises unless it is an Axon store.
+def _inspect(conn: sqlite3.Connection, path: str) -> int | None:
+    """The store's schema version, ``None`` if the database is empty (a new file); raises
+    unless it is an Axon store.
 
     Only reads. The checks go from "is this ours at all" to "is it intact", so the error
     names the most basic problem.
@@ -167,7 +184,7 @@ def _inspect(conn: sqlite3.Connection, path: str) -> bool:
     (app_id,) = conn.execute("PRAGMA application_id").fetchone()
     objects = {name: kind for kind, name in conn.execute("SELECT type, name FROM sqlite_master")}
     if not objects and app_id == 0:
-        return True
+        return None
     if app_id != APPLICATION_ID:
         tables = sorted(name for name, kind in objects.items() if kind == "table")
         shown = ", ".join(tables[:5]) + (", ..." if len(tables) > 5 else "")
@@ -199,7 +216,7 @@ def _inspect(conn: sqlite3.Connection, path: str) -> bool:
         )
     if version < 1:
         raise StoreCorrupt(f"session store {path} is damaged: schema_version {version}")
-    for table, columns in _COLUMNS.items():
+    for table, columns in (_COLUMNS if version >= 2 else _COLUMNS_V1).items():
         found = {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
         if not columns <= found:
             raise StoreCorrupt(
@@ -210,7 +227,18 @@ def _inspect(conn: sqlite3.Connection, path: str) -> bool:
     # the first load; a full integrity check would read the whole file on every open.
     conn.execute("SELECT max(update_seq) FROM sessions").fetchone()
     conn.execute("SELECT session_id, idx FROM messages ORDER BY session_id DESC, idx DESC LIMIT 1")
-    return False
+    return version
+
+
+def _migrate(conn: sqlite3.Connection, version: int) -> None:
+    """Upgrade a store from schema ``version`` to :data:`SCHEMA_VERSION`, inside the
+    caller's write transaction (so a failure leaves the file as it was)."""
+    for step in range(version, SCHEMA_VERSION):
+        for statement in _MIGRATIONS[step]:
+            conn.execute(statement)
+    conn.execute(
+        "UPDATE axon_meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),)
+    )
 
 
 def _create_schema(conn: sqlite3.Connection) -> None:
@@ -236,13 +264,17 @@ def _connect(path: str) -> sqlite3.Connection:
     except sqlite3.Error as err:
         raise _error(path, "open", err) from err
     try:
-        if _inspect(conn, path):
-            # Take the write lock, then look again: another process may have created the
-            # schema between our read and now.
+        found = _inspect(conn, path)
+        if found is None or found < SCHEMA_VERSION:
+            # Take the write lock, then look again: another process may have created or
+            # upgraded the schema between our read and now.
             conn.execute("BEGIN IMMEDIATE")
             try:
-                if _inspect(conn, path):
+                found = _inspect(conn, path)
+                if found is None:
                     _create_schema(conn)
+                elif found < SCHEMA_VERSION:
+                    _migrate(conn, found)
                 conn.execute("COMMIT")
             except BaseException:
                 _rollback(conn)
@@ -257,6 +289,12 @@ def _connect(path: str) -> sqlite3.Connection:
         conn.close()
         raise
     return conn
+
+
+def _deleted_version(conn: sqlite3.Connection) -> int:
+    """The highest version a deleted session had (``0`` if none was ever deleted)."""
+    row = conn.execute("SELECT value FROM axon_meta WHERE key = 'deleted_version'").fetchone()
+    return 0 if row is None else int(row[0])
 
 
 def _decode_meta(raw: Any, path: str, session_id: str) -> dict[str, Any]:
@@ -339,7 +377,7 @@ class SQLiteStore:
         conn.execute("BEGIN")  # one snapshot for both reads
         try:
             row = conn.execute(
-                "SELECT meta FROM sessions WHERE session_id = ?", (session_id,)
+                "SELECT meta, version FROM sessions WHERE session_id = ?", (session_id,)
             ).fetchone()
             rows = (
                 []
@@ -364,7 +402,9 @@ class SQLiteStore:
                     f"{expected} (the next stored index is {idx})"
                 )
             messages.append(self._decode_message(session_id, idx, role, body))
-        return SessionRecord(session_id=session_id, messages=tuple(messages), meta=meta)
+        return SessionRecord(
+            session_id=session_id, messages=tuple(messages), meta=meta, version=row[1]
+        )
 
     def _decode_message(self, session_id: str, idx: int, role: str, body: Any) -> Message:
         try:
@@ -389,8 +429,11 @@ class SQLiteStore:
         start: int,
         messages: Sequence[Message],
         meta: Mapping[str, Any] | None = None,
-    ) -> None:
-        """Replace messages ``start..`` with ``messages`` and merge ``meta``, in one transaction.
+        *,
+        expected_version: int | None = None,
+    ) -> int:
+        """Replace messages ``start..`` with ``messages`` and merge ``meta``, in one transaction;
+        returns the session's new version.
 
         The transaction upserts the session row (meta merged shallowly, like
         ``dict.update``), deletes the rows with ``idx >= start`` and inserts the new ones;
@@ -399,9 +442,23 @@ class SQLiteStore:
         begins, so a message that cannot be serialized fails the save with
         :class:`~runtime.errors.StoreError` before anything is written; any later failure
         rolls the whole transaction back. Either way the session is as it was.
+
+        With ``expected_version``, the transaction first checks that the session is at
+        exactly that version (``0``: it does not exist) and otherwise raises
+        :class:`~runtime.errors.StoreConflict`, writing nothing: another process saved the
+        session since this one loaded it. The check and the write hold the file's write
+        lock together, so no other writer can slip in between.
         """
-        new = _check_save(session_id, start, messages, meta)
-        await self._run(f"save of session {session_id!r}", self._save, session_id, start, new, meta)
+        new = _check_save(session_id, start, messages, meta, expected_version)
+        return await self._run(
+            f"save of session {session_id!r}",
+            self._save,
+            session_id,
+            start,
+            new,
+            meta,
+            expected_version,
+        )
 
     def _save(
         self,
@@ -409,7 +466,8 @@ class SQLiteStore:
         start: int,
         messages: tuple[Message, ...],
         meta: Mapping[str, Any] | None,
-    ) -> None:
+        expected_version: int | None,
+    ) -> int:
         rows = []
         for idx, message in enumerate(messages, start):
             try:
@@ -431,8 +489,21 @@ class SQLiteStore:
         conn.execute("BEGIN IMMEDIATE")
         try:
             row = conn.execute(
-                "SELECT meta FROM sessions WHERE session_id = ?", (session_id,)
+                "SELECT meta, version FROM sessions WHERE session_id = ?", (session_id,)
             ).fetchone()
+            current = 0 if row is None else row[1]
+            if expected_version is not None and expected_version != current:
+                raise StoreConflict(
+                    f"save of session {session_id!r}: it is at version {current}, not the "
+                    f"{expected_version} this save was based on: another writer saved it "
+                    f"since (session store {self._path})",
+                    session_id=session_id,
+                    expected=expected_version,
+                    actual=current,
+                )
+            # A re-created session starts above every version a deleted one had, so a
+            # writer still holding the deleted session's version cannot match it.
+            version = current + 1 if row is not None else _deleted_version(conn) + 1
             # max(idx) is one index probe; count(*) would scan the whole session.
             (count,) = conn.execute(
                 "SELECT coalesce(max(idx) + 1, 0) FROM messages WHERE session_id = ?",
@@ -449,13 +520,15 @@ class SQLiteStore:
             # update_seq, not updated_at, orders list_sessions: it is strictly increasing
             # per write, where two wall-clock readings can tie or step backwards.
             conn.execute(
-                """INSERT INTO sessions (session_id, meta, created_at, updated_at, update_seq)
-                VALUES (?, ?, ?, ?, (SELECT coalesce(max(update_seq), 0) + 1 FROM sessions))
+                """INSERT INTO sessions
+                    (session_id, meta, created_at, updated_at, update_seq, version)
+                VALUES (?, ?, ?, ?, (SELECT coalesce(max(update_seq), 0) + 1 FROM sessions), ?)
                 ON CONFLICT (session_id) DO UPDATE SET
                     meta = excluded.meta,
                     updated_at = excluded.updated_at,
-                    update_seq = excluded.update_seq""",
-                (session_id, orjson.dumps(merged), now, now),
+                    update_seq = excluded.update_seq,
+                    version = excluded.version""",
+                (session_id, orjson.dumps(merged), now, now, version),
             )
             conn.execute(
                 "DELETE FROM messages WHERE session_id = ? AND idx >= ?", (session_id, start)
@@ -467,6 +540,20 @@ class SQLiteStore:
         except BaseException:
             _rollback(conn)
             raise
+        return version
+
+    # -- version -------------------------------------------------------------------------
+
+    async def version(self, session_id: str) -> int:
+        """The session's version (``0`` if it does not exist): one primary-key lookup."""
+        validate_session_id(session_id)
+        return await self._run(f"version of session {session_id!r}", self._version, session_id)
+
+    def _version(self, session_id: str) -> int:
+        row = self._conn.execute(
+            "SELECT version FROM sessions WHERE session_id = ?", (session_id,)
+        ).fetchone()
+        return 0 if row is None else row[0]
 
     # -- list, delete, close -------------------------------------------------------------
 
@@ -498,8 +585,17 @@ class SQLiteStore:
         conn = self._conn
         conn.execute("BEGIN IMMEDIATE")
         try:
+            row = conn.execute(
+                "SELECT version FROM sessions WHERE session_id = ?", (session_id,)
+            ).fetchone()
             conn.execute("DELETE FROM messages WHERE session_id = ?", (session_id,))
             conn.execute("DELETE FROM sessions WHERE session_id = ?", (session_id,))
+            if row is not None and row[0] > _deleted_version(conn):
+                conn.execute(
+                    """INSERT INTO axon_meta (key, value) VALUES ('deleted_version', ?)
+                    ON CONFLICT (key) DO UPDATE SET value = excluded.value""",
+                    (str(row[0]),),
+                )
             conn.execute("COMMIT")
         except BaseException:
             _rollback(conn)
