@@ -209,9 +209,9 @@ class CopyingStore(MemoryStore):
     """Keeps copies of the messages, as a store on disk does (and, unlike SQLite's
     thread, without racing the autojump clock)."""
 
-    async def save(self, session_id, start, messages, meta=None):
+    async def save(self, session_id, start, messages, meta=None, **kwargs):
         copies = [structure(unstructure(m), Message) for m in messages]
-        await super().save(session_id, start, copies, meta)
+        return await super().save(session_id, start, copies, meta, **kwargs)
 
 
 async def test_an_evicted_sessions_one_megabyte_prompt_is_freed(autojump_clock):
