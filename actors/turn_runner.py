@@ -571,6 +571,33 @@ class TurnRunner(Actor):
                 )
                 await trio.sleep(delay)
 
+    async def _begin(self, request_id: str) -> None:
+        """Tell the engine a model call starts.
+
+        A cancelled call can leave the engine blocked on a full stream inbox with what it
+        still forwards of it (backpressure from a consumer that stopped reading), and its
+        own inbox full: waiting for room there while nobody reads the stream inbox would
+        never end. So while the engine has no room, what arrives on the stream inbox is
+        dropped: nothing of the new call can be there before the engine hears of it.
+        """
+        begin = BeginRequest(request_id=request_id)
+        try:
+            self.engine.inbox.put_nowait(begin)
+            return
+        except trio.WouldBlock:
+            pass
+
+        async def drop_stale() -> None:
+            while True:
+                batch = await self.stream_inbox.get()
+                if isinstance(batch, Batch):
+                    batch.taken = True
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(drop_stale)
+            await self.engine.send(begin)
+            nursery.cancel_scope.cancel()
+
     async def _call_once(
         self,
         turn_id: str,
@@ -582,7 +609,7 @@ class TurnRunner(Actor):
     ) -> None:
         state, agent = self.state, self.agent
         request_id = new_id("req")
-        await self.engine.send(BeginRequest(request_id=request_id))
+        await self._begin(request_id)
         request = InferRequest(
             request_id=request_id,
             session_id=state.session_id,

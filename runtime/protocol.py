@@ -35,17 +35,34 @@ class Batch(list):
         self.taken = False
 
 
+MAX_BATCH = 64
+"""Most items one :class:`Batch` carries. A receiver that does not keep up then finds its
+inbox full of full batches, and the bounded inbox makes the sender wait: backpressure
+reaches the producer instead of the whole stream piling up in one batch. The hot path
+is unaffected: the bursts that merge (what one network read delivers) are smaller."""
+
+
 class Batcher:
     """Sends items to an inbox in :class:`Batch` es, merging what is not yet received.
+
+    A batch takes at most ``max_items`` items (:data:`MAX_BATCH`); past that the next
+    item opens a new batch, so what a stalled receiver holds up is bounded by its inbox's
+    capacity times ``max_items``, and the sender blocks (under the ``block`` policy).
 
     With ``max_hold``, the sender yields to the scheduler once the receiver has left a
     batch waiting that long (seconds): a producer that parses a large buffered burst (a
     whole SSE body in one network read) would otherwise hold its first delta back until
     it has parsed the last one. Yielding by time, not by count, costs one scheduler round
     per ``max_hold`` at most, however small the deltas.
+
+    A batch becomes the one to append to only once the inbox accepted it: a put that is
+    cancelled while waiting for room leaves nothing behind that later items could be
+    appended to and lost with.
     """
 
     __slots__ = ("_pending", "_since", "inbox", "max_hold", "tag")
+
+    max_items: int = MAX_BATCH
 
     def __init__(self, inbox: Inbox, tag: Any = None, *, max_hold: float | None = None) -> None:
         self.inbox = inbox
@@ -56,7 +73,7 @@ class Batcher:
 
     async def send(self, item: Any) -> None:
         pending = self._pending
-        if pending is not None and not pending.taken:
+        if pending is not None and not pending.taken and len(pending) < self.max_items:
             pending.append(item)
             if self.max_hold is not None and _now() - self._since > self.max_hold:
                 self._since = _now()
@@ -64,22 +81,29 @@ class Batcher:
             return
         batch = Batch(self.tag)
         batch.append(item)
+        await self.inbox.put(batch)
         self._pending = batch
         if self.max_hold is not None:
             self._since = _now()
-        await self.inbox.put(batch)
 
     async def send_all(self, items: Sequence[Any]) -> None:
         if not items:
             return
+        limit = self.max_items
         pending = self._pending
         if pending is not None and not pending.taken:
-            pending.extend(items)
-            return
-        batch = Batch(self.tag)
-        batch.extend(items)
-        self._pending = batch
-        await self.inbox.put(batch)
+            room = limit - len(pending)
+            if len(items) <= room:
+                pending.extend(items)
+                return
+            if room > 0:
+                pending.extend(items[:room])
+                items = items[room:]
+        for start in range(0, len(items), limit):
+            batch = Batch(self.tag)
+            batch.extend(items[start : start + limit])
+            await self.inbox.put(batch)
+            self._pending = batch
 
 
 # -- provider requests ------------------------------------------------------------------
@@ -272,6 +296,7 @@ class TurnResult:
 
 
 __all__ = [
+    "MAX_BATCH",
     "Batch",
     "Batcher",
     "BeginRequest",

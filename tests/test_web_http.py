@@ -37,6 +37,9 @@ TWO_TOOLS = [
 ]
 
 
+JSON = {"content-type": "application/json"}
+
+
 def body(session_id: Any, text: str = "go", trigger: str = "submit-message") -> dict[str, Any]:
     """A `useChat` request body (DefaultChatTransport's shape)."""
     return {
@@ -202,7 +205,7 @@ async def test_bad_requests_are_rejected_with_a_reason():
             r = await client.post("/api/chat", json=payload)
             assert r.status_code == status, payload
             assert reason in r.json()["error"], (payload, r.json())
-        r = await client.post("/api/chat", content=b"{not json")
+        r = await client.post("/api/chat", content=b"{not json", headers=JSON)
         assert r.status_code == 400 and "not JSON" in r.json()["error"]
         r = await client.get("/api/sessions/bad%20id")
         assert r.status_code == 400
@@ -231,7 +234,7 @@ async def test_request_bodies_over_the_limit_get_413():
                 for _ in range(5):
                     yield b"x" * 1000
 
-            r = await client.post("/api/chat", content=chunked())
+            r = await client.post("/api/chat", content=chunked(), headers=JSON)
             assert r.status_code == 413
             r = await client.post("/api/chat", json=body("s", "y" * 1000))
             assert r.status_code == 200

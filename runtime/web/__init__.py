@@ -8,16 +8,27 @@ loaded only by ``python -m runtime serve`` or by importing :mod:`runtime.web.app
 * :mod:`runtime.web.app` builds the ASGI app: ``create_app(host, agent, ...)``.
 * :mod:`runtime.web.serve` is the ``serve`` command: a host and the app in one Trio run,
   served by Hypercorn's Trio worker.
+* :mod:`runtime.web.guard` refuses what a browser page must not make the server do
+  (foreign ``Host`` names, cross-origin writes); :mod:`runtime.web.writer` writes a
+  stream so that a client that stops reading is dropped.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["DEFAULT_MAX_BODY", "create_app"]
+__all__ = ["BODY_TIMEOUT", "DEFAULT_MAX_BODY", "SEND_TIMEOUT", "create_app"]
 
 DEFAULT_MAX_BODY = 1 << 20
 """Largest request body the app accepts, in bytes (1 MiB); bigger ones get 413."""
+
+BODY_TIMEOUT = 30.0
+"""Seconds a request body may take to arrive in full; after that 408 and the connection
+is closed (a client that announces a body and never sends it holds nothing open)."""
+
+SEND_TIMEOUT = 60.0
+"""Seconds a stream waits for a client that takes no data before it drops the client and
+cancels its turn (saved, marked interrupted)."""
 
 
 def __getattr__(name: str) -> Any:

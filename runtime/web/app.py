@@ -19,15 +19,20 @@ Hypercorn's Trio worker, see :mod:`runtime.web.serve`):
 ``GET /api/info``
     The agent's name, provider and model.
 
-Safe by default: no CORS unless ``cors_origins`` is given, a request body limit (413),
-session ids validated (400), and with ``token`` every ``/api/`` request needs
+Safe by default: only loopback ``Host`` names (403, :mod:`runtime.web.guard`), no
+state-changing request from another origin (403) or with a non-JSON body (415), no CORS
+unless ``cors_origins`` is given, a request body limit (413) and time limit (408),
+session ids validated (400), a client that stops reading a stream dropped after
+``send_timeout``, and with ``token`` every ``/api/`` request needs
 ``Authorization: Bearer <token>`` (401).
 """
 
 from __future__ import annotations
 
 import hmac
-from collections.abc import Callable, Sequence
+import math
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -45,11 +50,16 @@ from runtime.errors import InvalidSessionId, SessionBusy
 from runtime.host import Host, validate_session_id
 from runtime.messages import UserMessage
 from runtime.session import FINAL_WAIT
-from runtime.web import DEFAULT_MAX_BODY
+from runtime.web import BODY_TIMEOUT, DEFAULT_MAX_BODY, SEND_TIMEOUT
+from runtime.web.guard import RequestGuard
 from runtime.web.protocol import DONE, HEADERS, UIStreamEncoder, ui_messages
+from runtime.web.writer import BodyWriter
 
 KEEPALIVE = 15.0
 """Seconds of silence after which a stream sends an SSE comment, so proxies keep it open."""
+
+NOT_READING = "client not reading"
+"""The abort reason of a turn whose client stopped taking its stream."""
 
 TITLE_CHARS = 80
 
@@ -183,15 +193,31 @@ def _drop_last_turn(session: Any) -> None:
 
 
 class TurnResponse:
-    """Streams one turn as a UI message stream; the client leaving cancels the turn."""
+    """Streams one turn as a UI message stream; the client leaving cancels the turn.
+
+    The body goes out through a :class:`~runtime.web.writer.BodyWriter` running in
+    ``background`` (when given): a client that takes no data for ``send_timeout`` seconds
+    has its turn cancelled (``abort``: "client not reading"), saved, marked interrupted,
+    and its connection closed. What waits for it meanwhile is bounded: the writer's
+    queue, then the turn's pipeline, which stops the provider (backpressure).
+    """
 
     def __init__(
-        self, session: Any, text: str, *, regenerate: bool = False, keepalive: float = KEEPALIVE
+        self,
+        session: Any,
+        text: str,
+        *,
+        regenerate: bool = False,
+        keepalive: float = KEEPALIVE,
+        send_timeout: float | None = SEND_TIMEOUT,
+        background: trio.Nursery | None = None,
     ) -> None:
         self.session = session
         self.text = text
         self.regenerate = regenerate
         self.keepalive = keepalive
+        self.send_timeout = send_timeout
+        self.background = background
         self.disconnected = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -205,25 +231,49 @@ class TurnResponse:
             _drop_last_turn(session)
         session.state.meta.setdefault("title", " ".join(self.text.split())[:TITLE_CHARS])
         started = False
-        try:
-            async with session.stream(self.text) as out:
-                started = True
-                await self._stream(out, receive, send)
-        except SessionBusy:
-            if started:
-                raise
-            await _busy(session)(scope, receive, send)
+        async with trio.open_nursery() as local:
+            # In the background nursery the writer outlives this task, so this task can
+            # return (and Hypercorn close the connection) while a write is stuck; the local
+            # one, the fallback, is left only after the turn is over and saved.
+            try:
+                async with session.stream(self.text) as out:
+                    started = True
+                    await self._stream(out, receive, send, self.background or local)
+            except SessionBusy:
+                if started:
+                    raise
+                await _busy(session)(scope, receive, send)
 
-    async def _stream(self, out: Any, receive: Receive, send: Send) -> None:
-        lock = trio.Lock()
+    async def _stream(
+        self, out: Any, receive: Receive, send: Send, background: trio.Nursery
+    ) -> None:
+        headers = [(k.encode(), v.encode()) for k, v in HEADERS.items()]
+        writer = BodyWriter(
+            send,
+            {"type": "http.response.start", "status": 200, "headers": headers},
+            timeout=self.send_timeout,
+        )
+        background.start_soon(writer.run)
+        try:
+            await self._pump(out, receive, writer)
+        except BaseException:
+            writer.abandon()
+            raise
+        if writer.stalled or self.disconnected or not await writer.close():
+            writer.abandon()
+
+    async def _pump(self, out: Any, receive: Receive, writer: BodyWriter) -> None:
+        """The turn's chunks to the writer, with keep-alives; cancels the turn when the
+        client leaves or stops reading."""
         last_write = trio.current_time()
 
-        async def write(data: bytes, more: bool = True) -> None:
+        async def write(data: bytes) -> None:
             nonlocal last_write
-            if self.disconnected:
+            if self.disconnected or writer.stalled:
                 return
-            async with lock:
-                await send({"type": "http.response.body", "body": data, "more_body": more})
+            if not await writer.write(data):
+                out.cancel(NOT_READING if writer.stalled else "client disconnected")
+                nursery.cancel_scope.cancel()  # leave: the stream's exit waits for the save
             last_write = trio.current_time()
 
         async def watch_disconnect() -> None:
@@ -240,8 +290,6 @@ class TurnResponse:
                 if trio.current_time() >= last_write + self.keepalive:
                     await write(b": keep-alive\n\n")
 
-        headers = [(k.encode(), v.encode()) for k, v in HEADERS.items()]
-        await send({"type": "http.response.start", "status": 200, "headers": headers})
         encoder = UIStreamEncoder()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(watch_disconnect)
@@ -255,7 +303,7 @@ class TurnResponse:
             # session or send its next message as soon as it sees it.
             with trio.move_on_after(FINAL_WAIT):
                 await out.done.wait()
-            await write(DONE, more=False)
+            await write(DONE)
             nursery.cancel_scope.cancel()
 
 
@@ -269,11 +317,25 @@ def _busy(session: Any) -> Response:
 class WebState:
     """What the endpoints share: the host, the agent and the limits."""
 
-    def __init__(self, host: Host, agent: AgentSource, *, max_body: int, keepalive: float) -> None:
+    def __init__(
+        self,
+        host: Host,
+        agent: AgentSource,
+        *,
+        max_body: int,
+        keepalive: float,
+        body_timeout: float | None = BODY_TIMEOUT,
+        send_timeout: float | None = SEND_TIMEOUT,
+    ) -> None:
         self.host = host
         self.agent = agent
         self.max_body = max_body
         self.keepalive = keepalive
+        self.body_timeout = body_timeout
+        self.send_timeout = send_timeout
+        self.background: trio.Nursery | None = None
+        """Where response writers run, outliving their request (opened by the app's
+        lifespan; without one, each request keeps its own)."""
         self._open_lock = trio.Lock()
 
     async def session(self, session_id: str) -> Any:
@@ -314,7 +376,10 @@ def _session_id(value: Any) -> str:
         raise ApiError(400, str(exc)) from None
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
+async def _read_body(request: Request, limit: int, within: float | None = None) -> bytes:
+    """The request body: 413 past ``limit`` bytes, 408 (and the connection closed) when
+    it has not arrived in full ``within`` seconds, so a client that announces a
+    body and never sends it cannot hold a connection open."""
     length = request.headers.get("content-length")
     if length is not None:
         if not length.isdigit():
@@ -322,16 +387,20 @@ async def _read_body(request: Request, limit: int) -> bytes:
         if int(length) > limit:
             raise ApiError(413, f"request body larger than {limit} bytes")
     body = bytearray()
-    async for piece in request.stream():
-        body += piece
-        if len(body) > limit:
-            raise ApiError(413, f"request body larger than {limit} bytes")
-    return bytes(body)
+    with trio.move_on_after(within if within and within > 0 else math.inf):
+        async for piece in request.stream():
+            body += piece
+            if len(body) > limit:
+                raise ApiError(413, f"request body larger than {limit} bytes")
+        return bytes(body)
+    raise ApiError(
+        408, f"the request body did not arrive within {within:g} s", {"connection": "close"}
+    )
 
 
 async def chat(request: Request) -> Any:
     state = _state(request)
-    raw = await _read_body(request, state.max_body)
+    raw = await _read_body(request, state.max_body, state.body_timeout)
     try:
         payload = orjson.loads(raw)
     except orjson.JSONDecodeError:
@@ -347,7 +416,12 @@ async def chat(request: Request) -> Any:
         raise ApiError(400, f"unknown trigger {trigger!r}")
     session = await state.session(session_id)
     return TurnResponse(
-        session, text, regenerate=trigger == "regenerate-message", keepalive=state.keepalive
+        session,
+        text,
+        regenerate=trigger == "regenerate-message",
+        keepalive=state.keepalive,
+        send_timeout=state.send_timeout,
+        background=state.background,
     )
 
 
@@ -430,17 +504,42 @@ def create_app(
     cors_origins: Sequence[str] | None = None,
     max_body: int = DEFAULT_MAX_BODY,
     keepalive: float = KEEPALIVE,
+    allowed_hosts: Sequence[str] | None = None,
+    body_timeout: float | None = BODY_TIMEOUT,
+    send_timeout: float | None = SEND_TIMEOUT,
 ) -> Starlette:
     """The web app for ``host``: every session runs ``agent`` (or ``agent(session_id)``).
 
     ``token`` requires ``Authorization: Bearer <token>`` on ``/api/``; ``cors_origins``
     allows those origins to call the API from a browser (none by default); ``max_body``
     caps request bodies (413 above it); ``keepalive`` is the SSE comment interval (0: off).
+    ``allowed_hosts`` adds ``Host`` names to the loopback ones the app answers (see
+    :class:`~runtime.web.guard.HostPolicy`); ``body_timeout`` bounds the time a request
+    body takes to arrive (408), ``send_timeout`` the time a stream waits for a client that
+    takes no data before dropping it (``None``: no limit).
     """
     page = (STATIC / "index.html").read_bytes()
+    state = WebState(
+        host,
+        agent,
+        max_body=max_body,
+        keepalive=keepalive,
+        body_timeout=body_timeout,
+        send_timeout=send_timeout,
+    )
 
     async def index(request: Request) -> Response:
         return HTMLResponse(page, headers={"content-security-policy": CSP})
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        async with trio.open_nursery() as nursery:
+            state.background = nursery
+            try:
+                yield
+            finally:
+                state.background = None
+                nursery.cancel_scope.cancel()
 
     middleware = [Middleware(SecurityHeaders)]
     if cors_origins:
@@ -456,6 +555,9 @@ def create_app(
                 max_age=600,
             )
         )
+    middleware.append(
+        Middleware(RequestGuard, allowed_hosts=allowed_hosts or (), cors_origins=cors_origins or ())
+    )
     if token:
         middleware.append(Middleware(BearerAuth, token=token))
     app = Starlette(
@@ -468,6 +570,7 @@ def create_app(
         ],
         middleware=middleware,
         exception_handlers={ApiError: _api_error},
+        lifespan=lifespan,
     )
-    app.state.axon = WebState(host, agent, max_body=max_body, keepalive=keepalive)
+    app.state.axon = state
     return app

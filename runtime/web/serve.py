@@ -7,8 +7,9 @@
 A :class:`~runtime.host.Host` and the Starlette app (:mod:`runtime.web.app`) share one
 Trio run: Hypercorn's Trio worker serves the app, so each request's turn runs in the
 same Trio world as the host's actors. Binds to 127.0.0.1 unless ``--host`` says
-otherwise. SIGINT/SIGTERM stop it gracefully: running turns end with ``abort``
-("server shutdown") and are saved, marked interrupted.
+otherwise; a non-loopback address needs ``--token`` (or ``--insecure``).
+SIGINT/SIGTERM stop it gracefully: running turns end with ``abort`` ("server shutdown")
+and are saved, marked interrupted.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Any
 
 import trio
 
-from runtime.web import DEFAULT_MAX_BODY
+from runtime.web import BODY_TIMEOUT, DEFAULT_MAX_BODY, SEND_TIMEOUT
 
 DEFAULT_PORT = 8000
 TOKEN_ENV = "AXON_WEB_TOKEN"
@@ -76,6 +77,19 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
         metavar="ORIGIN",
         help="allow this browser origin to call the API (repeatable; default none)",
     )
+    add(
+        "--allowed-host",
+        action="append",
+        default=[],
+        metavar="HOST",
+        help="also answer requests for this Host name, e.g. behind a proxy (repeatable; "
+        "default: loopback names and the --host address; '*': any)",
+    )
+    add(
+        "--insecure",
+        action="store_true",
+        help="allow a non-loopback --host without --token",
+    )
     add("--max-body", type=int, default=DEFAULT_MAX_BODY, help="largest request body, bytes")
     add(
         "--session-ttl",
@@ -92,6 +106,19 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
         metavar="N",
         help="keep at most N sessions in memory, freeing the least recently used idle ones "
         f"(default {DEFAULT_MAX_SESSIONS})",
+    )
+    add(
+        "--body-timeout",
+        type=float,
+        default=BODY_TIMEOUT,
+        help=f"seconds a request body may take to arrive (default {BODY_TIMEOUT:g})",
+    )
+    add(
+        "--send-timeout",
+        type=float,
+        default=SEND_TIMEOUT,
+        help="seconds a stream waits for a client that takes no data before dropping it "
+        f"and cancelling its turn (default {SEND_TIMEOUT:g})",
     )
     add("--log-level", default="warning", help="structlog level on stderr")
     add(
@@ -119,6 +146,18 @@ def _bind(host: str, port: int) -> str:
 
 def _is_loopback(host: str) -> bool:
     return host in ("localhost", "::1", "[::1]") or host.startswith("127.")
+
+
+def bind_refusal(host: str, token: str | None, insecure: bool) -> str | None:
+    """Why ``serve`` must not bind ``host`` (``None``: it may): a non-loopback address
+    with no token lets anyone who reaches it run the agent and its tools."""
+    if _is_loopback(host) or token or insecure:
+        return None
+    return (
+        f"refusing to serve on {host} without --token: anyone who can reach it could run "
+        f"the agent and its tools and read every session. Set --token (or ${TOKEN_ENV}), "
+        "or pass --insecure to serve it open anyway."
+    )
 
 
 async def _until_signal() -> None:
@@ -160,13 +199,17 @@ async def serve_command(args: argparse.Namespace) -> int:
     from runtime.logging import configure_logging
     from runtime.web.app import create_app
 
+    token = args.token or os.environ.get(TOKEN_ENV) or None
+    refusal = bind_refusal(args.host, token, args.insecure)
+    if refusal is not None:
+        print(f"error: {refusal}", file=sys.stderr)
+        return 2
     configure_logging(args.log_level)
     agent = make_agent(args)
-    token = args.token or os.environ.get(TOKEN_ENV) or None
     if not _is_loopback(args.host) and not token:
         print(
-            f"warning: serving on {args.host} with no --token: anyone who can reach it can "
-            "run the agent",
+            f"warning: serving on {args.host} with no --token (--insecure): anyone who can "
+            "reach it can run the agent",
             file=sys.stderr,
         )
     tracing = None
@@ -185,7 +228,14 @@ async def serve_command(args: argparse.Namespace) -> int:
         if tracing is not None:
             await host.start_actor(tracing)
         app = create_app(
-            host, agent, token=token, cors_origins=args.cors_origin, max_body=args.max_body
+            host,
+            agent,
+            token=token,
+            cors_origins=args.cors_origin,
+            max_body=args.max_body,
+            allowed_hosts=[args.host, *args.allowed_host],
+            body_timeout=args.body_timeout,
+            send_timeout=args.send_timeout,
         )
 
         async def shutdown_trigger() -> None:
@@ -233,7 +283,14 @@ def main(argv: list[str] | None = None) -> int:
     return report_bad_input(serve)
 
 
-__all__ = ["add_serve_arguments", "add_serve_parser", "main", "serve_app", "serve_command"]
+__all__ = [
+    "add_serve_arguments",
+    "add_serve_parser",
+    "bind_refusal",
+    "main",
+    "serve_app",
+    "serve_command",
+]
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())

@@ -1,0 +1,115 @@
+"""Bounded batches: a consumer that stops reading holds its pipeline back, not its memory."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import trio
+import trio.testing
+
+from actors.providers.scripted import ScriptedProvider
+from runtime import Agent, AssistantMessage, Host
+from runtime.inbox import Inbox
+from runtime.protocol import MAX_BATCH, Batcher
+
+
+def batch_sizes(inbox: Inbox) -> list[int]:
+    """The sizes of the batches waiting in ``inbox`` (taken out of it)."""
+    sizes: list[int] = []
+    while len(inbox):
+        sizes.append(len(inbox.get_nowait()))
+    return sizes
+
+
+async def test_a_batch_the_receiver_has_not_taken_grows_to_max_items_only():
+    inbox = Inbox(8)
+    batcher = Batcher(inbox)
+    for i in range(2 * MAX_BATCH + 1):
+        await batcher.send(i)
+    assert batch_sizes(inbox) == [MAX_BATCH, MAX_BATCH, 1]
+
+
+async def test_send_all_splits_what_does_not_fit_into_full_batches():
+    inbox = Inbox(8)
+    batcher = Batcher(inbox)
+    await batcher.send("first")
+    await batcher.send_all(list(range(2 * MAX_BATCH)))
+    assert batch_sizes(inbox) == [MAX_BATCH, MAX_BATCH, 1]
+
+
+async def test_send_all_keeps_the_order_of_items_across_batches():
+    inbox = Inbox(8)
+    batcher = Batcher(inbox)
+    items = list(range(3 * MAX_BATCH + 5))
+    await batcher.send_all(items[:7])
+    await batcher.send_all(items[7:])
+    received = [item for _ in range(len(inbox)) for item in inbox.get_nowait()]
+    assert received == items
+
+
+async def test_a_receiver_that_never_reads_blocks_the_sender_at_capacity_times_max_items():
+    inbox = Inbox(2)
+    batcher = Batcher(inbox)
+    sent = 0
+
+    async def produce() -> None:
+        nonlocal sent
+        for i in range(100 * MAX_BATCH):
+            await batcher.send(i)
+            sent += 1
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(produce)
+        await trio.testing.wait_all_tasks_blocked()
+        assert sent == 2 * MAX_BATCH  # blocked on the third batch, not piling up
+        nursery.cancel_scope.cancel()
+
+
+async def test_an_item_sent_after_a_cancelled_put_is_delivered(autojump_clock):
+    inbox = Inbox(1)
+    batcher = Batcher(inbox)
+    await batcher.send_all(list(range(MAX_BATCH)))  # a full batch fills the inbox
+    with trio.move_on_after(1):
+        await batcher.send("cancelled while waiting for room")
+    assert len(inbox.get_nowait()) == MAX_BATCH  # the receiver takes the full batch
+    await batcher.send("after")
+    assert list(inbox.get_nowait()) == ["after"]
+
+
+def endless_text(pulled: list[int]) -> Iterator[str]:
+    """Many small text deltas, counting in ``pulled`` how many the provider took."""
+    for i in range(200_000):
+        pulled[0] += 1
+        yield f"w{i} "
+
+
+async def test_a_consumer_that_stops_reading_stalls_the_provider_and_the_next_turn_runs(
+    monkeypatch,
+):
+    # A small cap keeps the pipeline's bound (inbox capacities x cap) small for the test.
+    monkeypatch.setattr(Batcher, "max_items", 2)
+    pulled = [0]
+    turns = iter([lambda: endless_text(pulled), lambda: iter(["Fine."])])
+
+    def respond(request: Any) -> Iterator[str]:
+        return next(turns)()
+
+    agent = Agent(provider=ScriptedProvider(responder=respond))
+    async with Host.open(log_tap=False) as host:
+        session = await host.open_session(agent, session_id="stuck")
+        with trio.fail_after(30):
+            async with session.stream("a lot") as out:
+                await anext(out)
+                await trio.testing.wait_all_tasks_blocked()
+                stalled_at = pulled[0]
+            # the consumer left: the turn was cancelled and saved with what it had
+            assert stalled_at < 100_000  # the provider was held back, not drained
+            assert out.result is not None and out.result.finish_reason == "aborted"
+            record = await host.store.load("stuck")
+            stopped = record.messages[1]
+            assert isinstance(stopped, AssistantMessage) and stopped.interrupted
+            assert stopped.text.startswith("w0 w1 ")
+            # the leftovers of the cancelled call do not wedge the session
+            result = await session.run("again")
+        assert result.finish_reason == "stop" and result.text == "Fine."

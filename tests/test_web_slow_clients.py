@@ -1,0 +1,117 @@
+"""Clients that send too slowly or read nothing: real sockets against the served app."""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import Iterator
+from typing import Any
+
+import trio
+
+from actors.providers.scripted import ScriptedProvider
+from runtime import Agent, AssistantMessage, Hooks
+from runtime.protocol import Batcher
+from tests.test_web_http import body, recording_agent
+from tests.web.harness import WebServer, web_server
+
+
+async def connect(
+    server: WebServer, *, receive_buffer: int | None = None
+) -> trio.socket.SocketType:
+    """A raw TCP connection to the server (with a small receive buffer when asked)."""
+    host, port = server.url.removeprefix("http://").rsplit(":", 1)
+    sock = trio.socket.socket()
+    if receive_buffer is not None:  # set before connecting: it sizes the TCP window
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
+    await sock.connect((host, int(port)))
+    return sock
+
+
+def chat_request(server: WebServer, payload: bytes, *, content_length: int | None = None) -> bytes:
+    host = server.url.removeprefix("http://")
+    length = len(payload) if content_length is None else content_length
+    head = (
+        f"POST /api/chat HTTP/1.1\r\nhost: {host}\r\ncontent-type: application/json\r\n"
+        f"content-length: {length}\r\n\r\n"
+    )
+    return head.encode() + payload
+
+
+async def read_to_end(sock: trio.socket.SocketType) -> bytes:
+    """Everything the server sends until it closes the connection."""
+    data = bytearray()
+    while True:
+        try:
+            piece = await sock.recv(1 << 16)
+        except ConnectionResetError:
+            break
+        if not piece:
+            break
+        data += piece
+    return bytes(data)
+
+
+async def test_a_body_that_never_arrives_gets_408_and_the_connection_is_closed():
+    agent = recording_agent(ScriptedProvider(steps=[["x"]]))
+    async with web_server(agent, body_timeout=0.3) as server:
+        with trio.fail_after(20):
+            sock = await connect(server)
+            with sock:
+                # the headers promise 100 bytes; 10 come, then nothing
+                await sock.send(chat_request(server, b'{"id": "s"', content_length=100))
+                response = await read_to_end(sock)
+        head, _, payload = response.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 408")
+        assert b"connection: close" in head.lower()
+        assert "did not arrive within 0.3 s" in json.loads(payload)["error"]
+        assert "s" not in server.host.sessions
+
+
+TEXT_DELTA = "word "
+DELTAS = 20_000
+"""Far more deltas than the socket buffers and the (capped) pipeline hold, few enough that
+an unbounded pipeline takes the whole turn long before the send timeout."""
+
+
+async def test_a_client_that_never_reads_is_dropped_and_its_turn_saved_interrupted(monkeypatch):
+    # A small cap keeps the pipeline's bound (inbox capacities x cap) small for the test.
+    monkeypatch.setattr(Batcher, "max_items", 1)
+    pulled = [0]
+
+    def deltas() -> Iterator[str]:
+        for _ in range(DELTAS):
+            pulled[0] += 1
+            yield TEXT_DELTA
+
+    finished: list[Any] = []
+    over = trio.Event()
+
+    async def on_turn_finish(event: Any) -> None:
+        finished.append(event)
+        over.set()
+
+    provider = ScriptedProvider(responder=lambda request: deltas())
+    agent = Agent(provider=provider, hooks=Hooks(on_turn_finish=on_turn_finish))
+    async with web_server(agent, send_timeout=2) as server:
+        with trio.fail_after(60):
+            sock = await connect(server, receive_buffer=4096)
+            with sock:
+                await sock.send(chat_request(server, json.dumps(body("stuck")).encode()))
+                await over.wait()  # the client reads nothing meanwhile
+                response = await read_to_end(sock)
+            record = await server.host.store.load("stuck")
+
+    # the turn was cancelled because of the client, and saved with what it had produced
+    assert [(e.finish_reason, e.abort_reason) for e in finished] == [
+        ("aborted", "client not reading")
+    ]
+    saved = record.messages[1]
+    assert isinstance(saved, AssistantMessage) and saved.interrupted
+    words = saved.text.split()
+    assert 0 < len(words) < DELTAS and set(words) == {"word"}
+    # backpressure held the provider back: the server never had the whole turn
+    assert pulled[0] < DELTAS
+    # the connection was closed without the end of the stream
+    assert response.startswith(b"HTTP/1.1 200")
+    assert b"[DONE]" not in response and not response.endswith(b"0\r\n\r\n")
