@@ -1,0 +1,57 @@
+"""The live-output relay contract: how a turn's chunks reach front ends in other processes.
+
+In the embedded mode a turn's :data:`~runtime.output.OutputChunk` s go straight from the
+stream controller to the one consumer in the same process. When turns run on worker
+processes, the worker that runs a turn appends its chunks to a :class:`RelayWriter`, and
+any front end reads them back with a :class:`Relay` from any ``seq`` on, so a client that
+reconnects to another front end resumes with nothing missing or repeated.
+
+This module only states the contract (it imports nothing of the project above the output
+vocabulary); the Redis Streams implementation lives with the other adapters.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any, Protocol, runtime_checkable
+
+
+@runtime_checkable
+class RelayWriter(Protocol):
+    """One turn's outgoing side. Owned by the task that consumes the turn's stream."""
+
+    def append(self, chunk: Any) -> None:
+        """Queue ``chunk`` (an ``OutputChunk``); never blocks, never waits for more.
+
+        Chunks already queued are written together (coalesced), so a token-by-token turn
+        costs one write per batch, not one per delta.
+        """
+        ...
+
+    async def restart_step(self, step: int) -> None:
+        """Tell readers the partial ``step`` is dropped (a takeover re-runs it)."""
+        ...
+
+    async def aclose(self, *, final: bool = True) -> None:
+        """Flush what is queued; with ``final``, mark the turn's stream ended."""
+        ...
+
+
+@runtime_checkable
+class Relay(Protocol):
+    """Opens writers for turns this process runs and reads turns any process runs."""
+
+    def writer(self, *, session_id: str, turn_id: str) -> RelayWriter: ...
+
+    def read(self, turn_id: str, *, after_seq: int | None = None) -> AsyncIterator[Any]:
+        """The turn's chunks with ``seq > after_seq`` (all when ``None``), live until it ends.
+
+        Raises :class:`LookupError` when the relay no longer has the turn (the relay is a
+        cache): the caller then rebuilds from the committed messages in the store.
+        """
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+__all__ = ["Relay", "RelayWriter"]
