@@ -38,7 +38,7 @@ from runtime.chunks import (
     UsageChunk,
 )
 from runtime.errors import ActorFailed, AxonError, ProviderError
-from runtime.history import INTERRUPTED
+from runtime.history import INTERRUPTED, repair
 from runtime.ids import new_id
 from runtime.inbox import Inbox
 from runtime.logging import get_logger
@@ -506,7 +506,9 @@ class TurnRunner(Actor):
             turn_id=turn_id,
             step=step,
             instructions=agent.instructions,
-            messages=tuple(state.messages),
+            # Repaired once here, so no provider has to remember to: every tool call
+            # has a result (``interrupted`` if it never got one), no result lacks its call.
+            messages=tuple(repair(state.messages)),
             tools=agent.tools,
             reply=self.engine.inbox,
             cancel_scope=trio.CancelScope(),
