@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import email.utils
 import json
+import math
 import re
 import sys
 import time
@@ -43,24 +44,27 @@ def retry_after(headers: Any) -> float | None:
 
     ``retry-after-ms`` wins (OpenAI and Anthropic send it, more precise); else
     ``retry-after`` as seconds or as an HTTP date (a date in the past is 0). A header
-    that is malformed counts as absent: a bad header must not turn into a crash.
+    that is malformed, or not a finite number (``inf``, ``nan``), counts as absent: a
+    bad header must turn into neither a crash nor an endless wait.
     """
     if headers is None:
         return None
     try:
         ms = headers.get("retry-after-ms")
         if ms is not None:
-            return max(0.0, float(ms) / 1000)
-        value = headers.get("retry-after")
-        if value is None:
-            return None
-        try:
-            return max(0.0, float(value))
-        except ValueError:
-            when = email.utils.parsedate_to_datetime(value)
-            return max(0.0, when.timestamp() - time.time())
+            seconds = float(ms) / 1000
+        else:
+            value = headers.get("retry-after")
+            if value is None:
+                return None
+            try:
+                seconds = float(value)
+            except ValueError:
+                when = email.utils.parsedate_to_datetime(value)
+                seconds = when.timestamp() - time.time()
     except (TypeError, ValueError, OverflowError):
         return None
+    return max(0.0, seconds) if math.isfinite(seconds) else None
 
 
 def classify_status(
