@@ -38,7 +38,7 @@ from runtime.chunks import (
     UsageChunk,
 )
 from runtime.errors import ActorFailed, AxonError, ProviderError
-from runtime.history import INTERRUPTED, repair
+from runtime.history import INTERRUPTED, RepairedHistory
 from runtime.ids import new_id
 from runtime.inbox import Inbox
 from runtime.logging import get_logger
@@ -209,6 +209,9 @@ class TurnRunner(Actor):
         self.tool_inbox = Inbox(1024, "block", name="tool-results")
         self.host = host
         self._log = get_logger("axon.turn")
+        self._repaired = RepairedHistory()
+        """Repairs the history once per message, for the requests of every step."""
+        self._repaired(state.messages)  # a resumed history: repaired with its loading
 
     async def handle(self, message: Any) -> None:
         if isinstance(message, RunTurn):
@@ -508,7 +511,7 @@ class TurnRunner(Actor):
             instructions=agent.instructions,
             # Repaired once here, so no provider has to remember to: every tool call
             # has a result (``interrupted`` if it never got one), no result lacks its call.
-            messages=tuple(repair(state.messages)),
+            messages=self._repaired(state.messages),
             tools=agent.tools,
             reply=self.engine.inbox,
             cancel_scope=trio.CancelScope(),

@@ -4,12 +4,13 @@ once, to the messages it puts in each InferRequest, so no provider has to rememb
 
 from __future__ import annotations
 
+import attrs
 from hypothesis import given
 from hypothesis import strategies as st
 
 from actors.providers import ScriptedProvider
 from runtime import Agent, Host
-from runtime.history import INTERRUPTED, repair
+from runtime.history import INTERRUPTED, RepairedHistory, repair
 from runtime.messages import AssistantMessage, TextPart, ToolCallPart, ToolMessage, UserMessage
 from tests.support.faults import check_history
 
@@ -116,3 +117,61 @@ def test_any_history_comes_out_valid(history):
 def test_repairing_twice_changes_nothing_more(history):
     once = repair(history)
     assert repair(once) == once
+
+
+# -- repairing a growing history once per message ----------------------------------------------
+
+edits = st.one_of(
+    st.tuples(st.just("append"), histories()),
+    st.tuples(st.just("truncate"), st.integers(0, 20)),
+    st.tuples(
+        st.just("replace"),
+        st.integers(0, 20),
+        st.one_of(
+            st.builds(result, ids),
+            st.builds(lambda i: AssistantMessage(content=(call(i),)), ids),
+            st.just(UserMessage(content="edited")),
+        ),
+    ),
+)
+
+
+def same(kept: tuple, full: list) -> bool:
+    """Equal but for the ids of the ``interrupted`` results repair makes (new each time)."""
+    return [attrs.evolve(m, id="") for m in kept] == [attrs.evolve(m, id="") for m in full]
+
+
+@given(histories(), st.lists(edits, max_size=6))
+def test_the_kept_repair_always_equals_a_full_repair(start, changes):
+    repaired = RepairedHistory()
+    history = list(start)
+    assert same(repaired(history), repair(history))
+    for change in changes:
+        if change[0] == "append":
+            history.extend(change[1])
+        elif change[0] == "truncate":
+            del history[change[1] :]
+        elif history:  # replace one message, anywhere
+            history[change[1] % len(history)] = change[2]
+        assert same(repaired(history), repair(history))
+
+
+def test_a_kept_part_is_not_repaired_again():
+    repaired = RepairedHistory()
+    history = [UserMessage(content="go"), AssistantMessage(content=(call("X"),))]
+    history += [UserMessage(content="again")]
+    first = repaired(history)
+    history.append(AssistantMessage(content=()))
+    again = repaired(history)
+    assert again[2] is first[2]  # the interrupted result made for X is reused, not remade
+
+
+def test_a_result_put_where_the_kept_part_ended_is_paired_with_its_call():
+    repaired = RepairedHistory()
+    history = [UserMessage(content="go"), AssistantMessage(content=(call("X"),))]
+    history += [UserMessage(content="again")]
+    repaired(history)  # keeps the first two, X answered as interrupted
+    history[2] = result("X", "late")  # the user message becomes X's real result
+    history.append(UserMessage(content="and now?"))
+    assert same(repaired(history), repair(history))
+    assert repaired(history)[2].output == "late"
