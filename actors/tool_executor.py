@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 import trio
 
-from runtime.actor import Actor
+from runtime.actor import ServingActor
 from runtime.events import ToolApprovalDecided, ToolApprovalRequested
 from runtime.protocol import ExecuteTools, ToolCallSpec, ToolOutcome, ToolProgress
 from runtime.tools import Tool, ToolContext, ToolInputError, to_jsonable
@@ -87,10 +87,16 @@ async def run_tool_call(
     return done(output=truncate_output(output, max_chars))
 
 
-class ToolExecutor(Actor):
-    """Host-wide actor executing tool calls for every session."""
+class ToolExecutor(ServingActor[ExecuteTools]):
+    """Host-wide actor executing tool calls for every session.
+
+    Each :class:`~runtime.protocol.ExecuteTools` is served in a child task
+    (:class:`~runtime.actor.ServingActor`); if the executor crashes, every call not yet
+    answered gets an error outcome saying so, so no turn waits forever.
+    """
 
     inbox_capacity = 1024
+    request_types = (ExecuteTools,)
 
     def __init__(
         self, *, name: str = "tool-executor", approval_timeout: float | None = 300.0
@@ -98,49 +104,38 @@ class ToolExecutor(Actor):
         super().__init__(name=name)
         self.approval_timeout = approval_timeout
         """Seconds a ``needs_approval`` call waits for a decision before it is denied."""
-        self._nursery: trio.Nursery | None = None
         self._waiting: dict[str, tuple[trio.Event, list[ToolApprovalDecided]]] = {}
-        self._in_flight: dict[int, tuple[ExecuteTools, set[str]]] = {}
-        """Requests being executed and their calls not yet answered (for crashes)."""
+        self._pending: dict[int, set[str]] = {}
+        """Per request in flight: its calls not yet answered."""
 
-    def on_crash(self, exc: BaseException) -> None:
-        """Answer every call a crash left unanswered, so no turn waits forever."""
-        requests = [r for r, _ in self._in_flight.values()]
-        current = self.current_message
-        if isinstance(current, ExecuteTools) and id(current) not in self._in_flight:
-            self._in_flight[id(current)] = (current, {c.tool_call_id for c in current.calls})
-            requests.append(current)
-        for request, pending in list(self._in_flight.values()):
-            for call in request.calls:
-                if call.tool_call_id in pending:
-                    outcome = ToolOutcome(
-                        tool_call_id=call.tool_call_id,
-                        tool_name=call.tool_name,
-                        error=f"the tool executor crashed ({type(exc).__name__}: {exc}); "
-                        "the call did not complete",
-                    )
-                    try:
-                        request.reply.put_nowait(outcome)
-                    except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
-                        pass
-        self._in_flight.clear()
-        self.current_message = None
-
-    def on_give_up(self, exc: BaseException) -> None:
-        self.on_crash(exc)
+    def fail(self, request: ExecuteTools, exc: BaseException) -> None:
+        """Answer each call of ``request`` still unanswered with the crash."""
+        pending = self._pending.pop(id(request), None)
+        for call in request.calls:
+            if pending is not None and call.tool_call_id not in pending:
+                continue
+            outcome = ToolOutcome(
+                tool_call_id=call.tool_call_id,
+                tool_name=call.tool_name,
+                error=f"the tool executor crashed ({type(exc).__name__}: {exc}); "
+                "the call did not complete",
+            )
+            try:
+                request.reply.put_nowait(outcome)
+            except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
+                pass
 
     async def run(self) -> None:
-        async with trio.open_nursery() as nursery:
-            self._nursery = nursery
+        async with trio.open_nursery() as background:
             if self.bus is not None:
                 decisions = self.bus.subscribe(
                     [ToolApprovalDecided], policy="block", name=f"{self.name}:approvals"
                 )
-                nursery.start_soon(self._collect_decisions, decisions)
+                background.start_soon(self._collect_decisions, decisions)
             try:
                 await super().run()
             finally:
-                nursery.cancel_scope.cancel()
+                background.cancel_scope.cancel()
 
     async def _collect_decisions(self, decisions: Any) -> None:
         try:
@@ -181,18 +176,11 @@ class ToolExecutor(Actor):
             return False, f"no decision within {self.approval_timeout:g}s"
         return box[0].approved, box[0].reason
 
-    async def handle(self, message: Any) -> None:
-        if isinstance(message, ExecuteTools):
-            assert self._nursery is not None
-            self._nursery.start_soon(self._execute, message)
-
-    async def _execute(self, request: ExecuteTools) -> None:
+    async def serve(self, request: ExecuteTools) -> None:
         pending = {c.tool_call_id for c in request.calls}
-        self._in_flight[id(request)] = (request, pending)
-        try:
-            await self._execute_calls(request, pending)
-        finally:
-            self._in_flight.pop(id(request), None)
+        self._pending[id(request)] = pending
+        await self._execute_calls(request, pending)
+        self._pending.pop(id(request), None)  # not in finally: see ServingActor
 
     async def _execute_calls(self, request: ExecuteTools, pending: set[str]) -> None:
         async def one(call: ToolCallSpec) -> None:

@@ -40,7 +40,7 @@ from runtime.chunks import (
     UsageChunk,
 )
 from runtime.errors import ActorFailed, AxonError, ProviderError, StoreError
-from runtime.history import INTERRUPTED
+from runtime.history import INTERRUPTED, RepairedHistory
 from runtime.ids import new_id
 from runtime.inbox import Inbox
 from runtime.logging import get_logger
@@ -213,6 +213,9 @@ class TurnRunner(Actor):
         self._log = get_logger("axon.turn")
         self._pending: SaveRequest | None = None
         """The session's latest save, until its outcome is adopted into the state."""
+        self._repaired = RepairedHistory()
+        """Repairs the history once per message, for the requests of every step."""
+        self._repaired(state.messages)  # a resumed history: repaired with its loading
 
     async def handle(self, message: Any) -> None:
         if isinstance(message, RunTurn):
@@ -616,7 +619,9 @@ class TurnRunner(Actor):
             turn_id=turn_id,
             step=step,
             instructions=agent.instructions,
-            messages=tuple(state.messages),
+            # Repaired once here, so no provider has to remember to: every tool call
+            # has a result (``interrupted`` if it never got one), no result lacks its call.
+            messages=self._repaired(state.messages),
             tools=agent.tools,
             reply=self.engine.inbox,
             cancel_scope=trio.CancelScope(),

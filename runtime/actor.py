@@ -17,7 +17,7 @@ import math
 import random
 from collections import deque
 from collections.abc import Iterable
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 import attrs
 import trio
@@ -105,6 +105,99 @@ class Actor:
             self._subscription.bus.unsubscribe(self._subscription)
             self._subscription = None
         self.inbox.close()
+
+
+Request = TypeVar("Request")
+
+
+class ServingActor(Actor, Generic[Request]):
+    """An actor that serves each request in a child task of its own, and answers every
+    request a crash cut short.
+
+    Shared by the provider actors and the tool executor, which both serve many sessions
+    at once: one slow request must not hold up the next, so :meth:`handle` starts
+    :meth:`serve` in a child task and returns. A request is *in flight* from the moment
+    :meth:`handle` accepts it until :meth:`serve` returns. When the actor crashes (a bug
+    in :meth:`handle` or in a request's task), Trio cancels every sibling task; the
+    requests still in flight then, and a request whose :meth:`handle` was the one that
+    crashed, are each passed to :meth:`fail` so their requesters get a clear error
+    instead of waiting forever. A request the requester cancelled is not in flight any
+    more: :meth:`serve` returns normally from the requester's cancel scope.
+
+    Subclasses set ``request_types`` and implement :meth:`serve` and :meth:`fail`. When
+    the inbox is closed, :meth:`run` waits for the requests in flight to finish.
+    """
+
+    request_types: ClassVar[tuple[type, ...]] = ()
+    """The message classes served as requests; any other message goes to
+    :meth:`handle_other`."""
+
+    def __init__(self, *, name: str | None = None, session_id: str | None = None) -> None:
+        super().__init__(name=name, session_id=session_id)
+        self._nursery: trio.Nursery | None = None
+        self._in_flight: dict[int, Request] = {}
+
+    @property
+    def in_flight(self) -> list[Request]:
+        """The requests accepted and not yet finished, oldest first."""
+        return list(self._in_flight.values())
+
+    async def serve(self, request: Request) -> None:
+        """Serve one request to the end; raising crashes the actor (so catch what a
+        request may legitimately fail with, and answer the requester)."""
+        raise NotImplementedError
+
+    def fail(self, request: Request, exc: BaseException) -> None:
+        """Tell ``request``'s requester, without waiting, that the crash ``exc`` cut it
+        short. Called outside any task (from :meth:`on_crash`): use ``put_nowait`` and
+        swallow a full or closed reply channel."""
+        raise NotImplementedError
+
+    async def handle_other(self, message: Any) -> None:
+        """A message that is not a request; ignored unless overridden."""
+
+    async def handle(self, message: Any) -> None:
+        if not isinstance(message, self.request_types):
+            await self.handle_other(message)
+            return
+        assert self._nursery is not None, "a ServingActor handles messages only inside run()"
+        self._in_flight[id(message)] = message
+        self._nursery.start_soon(self._serve_tracked, message)
+        self.current_message = None  # accepted: a crash from now on finds it in flight
+
+    async def _serve_tracked(self, request: Request) -> None:
+        await self.serve(request)
+        # Not in a ``finally``: when a crash cancels this task, the request must stay in
+        # flight for on_crash to answer.
+        self._in_flight.pop(id(request), None)
+
+    async def run(self) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            try:
+                await super().run()
+            finally:
+                self._nursery = None
+
+    def on_crash(self, exc: BaseException) -> None:
+        """Fail every request the crash cut short, so no requester waits forever."""
+        requests = list(self._in_flight.values())
+        current = self.current_message
+        if isinstance(current, self.request_types) and id(current) not in self._in_flight:
+            requests.append(current)
+        self._in_flight.clear()
+        self.current_message = None
+        for request in requests:
+            self.fail(request, exc)
+
+    def on_give_up(self, exc: BaseException) -> None:
+        """Fail the requests in flight and those still queued: nobody will read them."""
+        self.on_crash(exc)
+        queued: list[Any] = []
+        self.inbox.drain_nowait(queued)
+        for message in queued:
+            if isinstance(message, self.request_types):
+                self.fail(message, exc)
 
 
 @attrs.frozen(kw_only=True, slots=True)

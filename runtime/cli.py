@@ -28,12 +28,14 @@ import trio
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from actors.providers.registry import provider_names
+
     parser = argparse.ArgumentParser(prog="python -m runtime", description="Axon agent runtime")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run one turn and render it")
     run.add_argument("prompt", help="the user input")
     run.add_argument("--jsonl", action="store_true", help="print each OutputChunk as a JSON line")
-    run.add_argument("--provider", choices=["scripted", "openai", "anthropic"], default="scripted")
+    run.add_argument("--provider", choices=provider_names(), default="scripted")
     run.add_argument("--model", default=None, help="model name for a real provider")
     run.add_argument("--base-url", default=None, help="provider endpoint (any compatible server)")
     run.add_argument("--api-key", default=None, help="API key (default: the SDK's env variable)")
@@ -126,34 +128,28 @@ def _fail(exc: BaseException) -> int:
 
 
 def make_agent(args: argparse.Namespace) -> Any:
-    from actors.demo import demo_agent, get_time, get_weather
+    """The agent ``run`` and ``serve`` talk to: the provider registered as
+    ``--provider`` (:mod:`actors.providers.registry`) with the demo's tools."""
+    from actors.demo import get_time, get_weather
+    from actors.providers.registry import create_provider
     from runtime.agent import Agent
+    from runtime.provider import ProviderOptions
 
-    if args.provider == "scripted":
-        delay = (
-            args.delay
-            if args.delay is not None
-            else (0.02 if sys.stdout.isatty() and not args.jsonl else 0.0)
-        )
-        return demo_agent(delay=delay)
-    if args.provider == "openai":
-        from actors.providers import OpenAIProvider
-
-        provider = OpenAIProvider(
-            args.model or "gpt-4o-mini", base_url=args.base_url, api_key=args.api_key
-        )
-    else:
-        from actors.providers import AnthropicProvider
-
-        provider = AnthropicProvider(
-            args.model or "claude-sonnet-4-5",
-            base_url=args.base_url,
-            api_key=args.api_key,
-            thinking_budget=args.thinking_budget,
-        )
+    delay = (
+        args.delay
+        if args.delay is not None
+        else (0.02 if sys.stdout.isatty() and not args.jsonl else 0.0)
+    )
+    options = ProviderOptions(
+        model=args.model,
+        base_url=args.base_url,
+        api_key=args.api_key,
+        thinking_budget=args.thinking_budget,
+        delay=delay,
+    )
     return Agent(
         name=args.provider,
-        provider=provider,
+        provider=create_provider(args.provider, options),
         instructions=args.instructions or "You are a concise assistant. Use tools for facts.",
         tools=[get_weather, get_time],
     )

@@ -14,9 +14,11 @@ from runtime.messages import (
     AssistantMessage,
     Message,
     Part,
+    SystemMessage,
     TextPart,
     ToolCallPart,
     ToolMessage,
+    UserMessage,
 )
 
 INTERRUPTED = "interrupted: the tool call did not complete (the turn was cut short)"
@@ -108,3 +110,42 @@ def iter_turns(messages: Sequence[Message]):
         else:
             yield ("message", msg, [])
             i += 1
+
+
+class RepairedHistory:
+    """:func:`repair` for a history that grows at its end, each message repaired once.
+
+    The turn runner repairs the history before every model call; repairing all of a long
+    session each time would cost more than the rest of the turn. :func:`repair` works on
+    groups (an assistant message and the tool results after it) that never span a user or
+    system message, so the repair of the history up to the last such message is kept and
+    reused while those messages are still the same (messages are immutable values); only
+    what follows is repaired again. A history changed anywhere in the kept part is
+    repaired whole.
+    """
+
+    __slots__ = ("_kept", "_repaired")
+
+    def __init__(self) -> None:
+        self._kept: tuple[Message, ...] = ()
+        self._repaired: tuple[Message, ...] = ()
+
+    def __call__(self, messages: Sequence[Message]) -> tuple[Message, ...]:
+        """The repaired ``messages``: always equal to ``tuple(repair(messages))``."""
+        boundary = len(messages)
+        while boundary > 0 and not isinstance(messages[boundary - 1], UserMessage | SystemMessage):
+            boundary -= 1
+        boundary = max(0, boundary - 1)  # the last user/system message starts the tail
+        kept = len(self._kept)
+        if (
+            kept <= boundary
+            and (kept == 0 or isinstance(messages[kept], UserMessage | SystemMessage))
+            and tuple(messages[:kept]) == self._kept  # in C; the same object compares equal
+        ):
+            if kept < boundary:  # a turn was added since: repair just that
+                head = self._repaired + tuple(repair(messages[kept:boundary]))
+                self._kept, self._repaired = tuple(messages[:boundary]), head
+        else:
+            head = tuple(repair(messages[:boundary]))
+            self._kept, self._repaired = tuple(messages[:boundary]), head
+        return self._repaired + tuple(repair(messages[boundary:]))

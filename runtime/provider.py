@@ -1,12 +1,17 @@
 """The provider actor base: one actor per provider configuration, shared by sessions.
 
 A provider handles :class:`~runtime.protocol.InferRequest` s, each in a child task of its
-own, so one slow model call never holds up another session's. A subclass implements
-:meth:`Provider.stream`: restore the request's messages into its SDK's format, call the
-SDK, and ``emit`` :data:`~runtime.chunks.StreamChunk` s as the SDK's stream arrives.
-Anything it raises is classified (:meth:`Provider.classify_error`) and sent to the
-requester as :class:`~runtime.protocol.StreamFailed`; the provider actor never crashes
-because one call failed.
+own (:class:`~runtime.actor.ServingActor`), so one slow model call never holds up another
+session's. A subclass implements :meth:`Provider.stream`: restore the request's messages
+into its SDK's format, call the SDK, and ``emit`` :data:`~runtime.chunks.StreamChunk` s
+as the SDK's stream arrives. Anything it raises is classified
+(:meth:`Provider.classify_error`) and sent to the requester as
+:class:`~runtime.protocol.StreamFailed`; the provider actor never crashes because one
+call failed, and if it crashes for another reason every call in flight fails with
+:class:`~runtime.errors.ActorFailed`.
+
+The messages of a request are already repaired (:func:`runtime.history.repair`, applied
+once by the turn runner): every tool call has a result and no result lacks its call.
 
 SDKs are imported lazily inside subclasses so ``import runtime`` stays fast.
 """
@@ -16,20 +21,50 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar
 
+import attrs
 import trio
 
-from runtime.actor import Actor
+from runtime.actor import ServingActor
 from runtime.chunks import StreamChunk
-from runtime.errors import AxonError, ProviderError
+from runtime.errors import ActorFailed, AxonError, ConfigurationError, ProviderError
 from runtime.protocol import Batch, Batcher, InferRequest, StreamFailed
 
 Emit = Callable[[StreamChunk], Awaitable[None]]
 
+DESCRIBE_KEYS = (
+    "provider",
+    "name",
+    "model",
+    "base_url",
+    "timeout",
+    "max_concurrency",
+    "options",
+    "settings",
+)
+"""The keys of every provider's :meth:`Provider.describe`, in this order."""
 
-class Provider(Actor):
+
+@attrs.frozen(kw_only=True, slots=True)
+class ProviderOptions:
+    """A provider configuration as the command line gives it (``--model``,
+    ``--base-url``, ...). Every provider reads the fields that apply to it and ignores
+    the rest, so one set of options serves every provider in the registry."""
+
+    model: str | None = None
+    """``None``: the provider's default model."""
+    base_url: str | None = None
+    api_key: str | None = None
+    """``None``: the SDK reads its usual environment variable, at the first call."""
+    thinking_budget: int | None = None
+    delay: float = 0.0
+    """Scripted demo: seconds between chunks."""
+
+
+class Provider(ServingActor[InferRequest]):
     """Base class of provider actors. Subclasses set ``provider_name`` and ``stream``."""
 
     provider_name: ClassVar[str] = "provider"
+    request_types: ClassVar[tuple[type, ...]] = (InferRequest,)
     inbox_capacity: ClassVar[int] = 1024
     max_hold: ClassVar[float | None] = 0.002
     """Seconds a parsed chunk may wait for the engine before the provider's task yields
@@ -38,37 +73,27 @@ class Provider(Actor):
     def __init__(
         self, *, model: str = "", max_concurrency: int | None = None, name: str | None = None
     ) -> None:
-        super().__init__(name=name or f"{self.provider_name}:{model}" if model else name)
+        default = f"{self.provider_name}:{model}" if model else None
+        super().__init__(name=name or default)
         self.model = model
         self.max_concurrency = max_concurrency
         """At most this many calls in flight at once (to respect a rate limit)."""
         self._limiter = trio.CapacityLimiter(max_concurrency) if max_concurrency else None
-        self._nursery: trio.Nursery | None = None
-        self._in_flight: dict[int, InferRequest] = {}
+        self.base_url: str | None = None
+        """The endpoint, for providers that call one (``None``: the SDK's default)."""
+        self.timeout: float | None = None
+        """Seconds to connect and between two reads, for providers that call an endpoint."""
+        self.request_options: dict[str, Any] = {}
+        """Extra request fields sent with every call (only their names are described)."""
 
-    def on_crash(self, exc: BaseException) -> None:
-        """Fail every call the crash cut short, so no turn waits forever."""
-        from runtime.errors import ActorFailed
-
-        current = self.current_message
-        requests = list(self._in_flight.values())
-        if isinstance(current, InferRequest) and id(current) not in self._in_flight:
-            requests.append(current)
-        for request in requests:
-            failure = StreamFailed(
-                error=ActorFailed(f"provider {self.name} crashed: {type(exc).__name__}: {exc}")
-            )
-            batch = Batch(request.request_id)
-            batch.append(failure)
-            try:
-                request.reply.put_nowait(batch)
-            except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
-                pass
-        self._in_flight.clear()
-        self.current_message = None
-
-    def on_give_up(self, exc: BaseException) -> None:
-        self.on_crash(exc)
+    @classmethod
+    def from_options(cls, options: ProviderOptions) -> Provider:
+        """Build this provider from command-line options (what ``--provider NAME``
+        constructs). Providers that cannot be configured that way keep this default."""
+        raise ConfigurationError(
+            f"the {cls.provider_name!r} provider cannot be configured from the command line; "
+            "construct it in Python"
+        )
 
     async def stream(self, request: InferRequest, emit: Emit) -> None:
         """Make the model call for ``request`` and ``emit`` its chunks, ending with a
@@ -82,32 +107,43 @@ class Provider(Actor):
         return ProviderError(f"{type(exc).__name__}: {exc}", provider=self.provider_name)
 
     def describe(self) -> dict[str, Any]:
-        """Configuration for logs; never includes credentials."""
-        return {"provider": self.provider_name, "model": self.model}
+        """The configuration, for logs and status pages; never includes credentials.
+
+        The same keys for every provider (:data:`DESCRIBE_KEYS`): ``provider`` (the
+        registry name), ``name`` (the actor's), ``model``, ``base_url``, ``timeout``,
+        ``max_concurrency``, ``options`` (the sorted *names* of the extra request
+        options: their values may hold headers with credentials) and ``settings`` (what
+        is particular to this provider, from :meth:`describe_settings`).
+        """
+        return {
+            "provider": self.provider_name,
+            "name": self.name,
+            "model": self.model,
+            "base_url": self.base_url,
+            "timeout": self.timeout,
+            "max_concurrency": self.max_concurrency,
+            "options": sorted(self.request_options),
+            "settings": self.describe_settings(),
+        }
+
+    def describe_settings(self) -> dict[str, Any]:
+        """The provider's own settings for :meth:`describe` (no credentials)."""
+        return {}
 
     # -- actor plumbing ----------------------------------------------------------------
 
-    async def run(self) -> None:
-        async with trio.open_nursery() as nursery:
-            self._nursery = nursery
-            try:
-                await super().run()
-            finally:
-                self._nursery = None
-
-    async def handle(self, message: Any) -> None:
-        if isinstance(message, InferRequest):
-            assert self._nursery is not None
-            self._nursery.start_soon(self._serve, message)
-
-    async def _serve(self, request: InferRequest) -> None:
-        self._in_flight[id(request)] = request
+    def fail(self, request: InferRequest, exc: BaseException) -> None:
+        failure = StreamFailed(
+            error=ActorFailed(f"provider {self.name} crashed: {type(exc).__name__}: {exc}")
+        )
+        batch = Batch(request.request_id)
+        batch.append(failure)
         try:
-            await self._serve_one(request)
-        finally:
-            self._in_flight.pop(id(request), None)
+            request.reply.put_nowait(batch)
+        except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
 
-    async def _serve_one(self, request: InferRequest) -> None:
+    async def serve(self, request: InferRequest) -> None:
         out = Batcher(request.reply, request.request_id, max_hold=self.max_hold)
         try:
             with request.cancel_scope:

@@ -49,7 +49,7 @@ from runtime.errors import (
     ProviderUnavailable,
     RateLimited,
 )
-from runtime.history import INTERRUPTED
+from runtime.history import INTERRUPTED, repair
 from runtime.inbox import Inbox
 from runtime.messages import (
     AssistantMessage,
@@ -526,7 +526,7 @@ async def test_a_failure_reaches_the_requester_as_stream_failed():
     async with loopback_server(sse_reply("overloaded-midstream.sse")) as server:
         provider = AnthropicProvider(MODEL, base_url=server.url, api_key=KEY)
         request = make_request()
-        await provider._serve(request)
+        await provider.serve(request)
         items: list[Any] = []
         request.reply.drain_nowait(batches := [])
         for batch in batches:
@@ -591,7 +591,7 @@ def test_describe_never_includes_the_key():
     description = provider.describe()
     assert KEY not in repr(description) and KEY not in repr(vars(provider).get("request_options"))
     assert description["provider"] == "anthropic" and description["model"] == MODEL
-    assert description["request_options"] == ["temperature"]
+    assert description["options"] == ["temperature"]
 
 
 def test_thinking_budget_must_stay_below_max_tokens():
@@ -759,7 +759,7 @@ def test_a_step_left_empty_after_dropping_is_omitted():
     ]
 
 
-def test_repair_gives_missing_results_an_interrupted_error_and_drops_orphans():
+def test_a_repaired_history_sends_the_interrupted_result_as_an_error_tool_result():
     assistant = AssistantMessage(
         content=(ToolCallPart(tool_call_id="toolu_X", tool_name="slow", input={}, step=0),),
         interrupted=True,
@@ -770,7 +770,7 @@ def test_repair_gives_missing_results_an_interrupted_error_and_drops_orphans():
         ToolMessage(tool_call_id="toolu_ORPHAN", tool_name="slow", output="late", step=0),
         UserMessage(content="still there?"),
     )
-    _, messages = map_messages(None, history)
+    _, messages = map_messages(None, repair(history))  # the runner repairs before sending
     assert messages[1:] == [
         {
             "role": "assistant",

@@ -50,7 +50,7 @@ from runtime.errors import (
     ProviderUnavailable,
     RateLimited,
 )
-from runtime.history import INTERRUPTED
+from runtime.history import INTERRUPTED, repair
 from runtime.inbox import Inbox
 from runtime.messages import (
     AssistantMessage,
@@ -710,7 +710,7 @@ async def test_actor_sends_chunks_then_finish_in_batches():
         provider = OpenAIProvider("m", base_url=server.url + "/v1", api_key=API_KEY)
         request = make_request()
         request.reply = Inbox(1024)
-        await provider._serve(request)
+        await provider.serve(request)
         await provider.aclose()
     items: list[Any] = []
     batches: list[Any] = []
@@ -730,7 +730,7 @@ async def test_actor_reports_a_failed_call_as_stream_failed():
     async with loopback_server(reply) as server:
         provider = OpenAIProvider("m", base_url=server.url + "/v1", api_key=API_KEY)
         request = make_request()
-        await provider._serve(request)
+        await provider.serve(request)
         await provider.aclose()
     batches: list[Any] = []
     request.reply.drain_nowait(batches)
@@ -847,7 +847,7 @@ async def test_restored_history_is_what_the_server_receives(reasoning):
     assert result.body()["messages"] == expected_messages(reasoning=reasoning)
 
 
-def test_repair_gives_a_call_without_result_the_interrupted_error_and_drops_orphans():
+def test_a_repaired_history_sends_the_interrupted_result_as_a_tool_message():
     messages = [
         SystemMessage(content="sys"),
         UserMessage(content="go"),
@@ -858,7 +858,7 @@ def test_repair_gives_a_call_without_result_the_interrupted_error_and_drops_orph
         ToolMessage(tool_call_id="call_Z", tool_name="ghost", step=0, output="orphan"),
         UserMessage(content="again"),
     ]
-    assert map_messages(None, messages) == [
+    assert map_messages(None, repair(messages)) == [  # the runner repairs before sending
         {"role": "system", "content": "sys"},
         {"role": "user", "content": "go"},
         {

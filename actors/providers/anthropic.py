@@ -14,16 +14,14 @@ first time an API key is read.
 
 from __future__ import annotations
 
-import email.utils
 import inspect
 import json
-import re
-import time
 from collections.abc import Iterable, Sequence
 from typing import Any, ClassVar
 
 import trio
 
+from actors.providers.failures import classify_status, classify_transport, retry_after
 from runtime import errors
 from runtime.chunks import (
     FinishChunk,
@@ -36,7 +34,7 @@ from runtime.chunks import (
     Usage,
     UsageChunk,
 )
-from runtime.history import iter_turns, repair, split_steps
+from runtime.history import iter_turns, split_steps
 from runtime.messages import (
     Message,
     Part,
@@ -49,7 +47,7 @@ from runtime.messages import (
     UserMessage,
 )
 from runtime.protocol import InferRequest
-from runtime.provider import Emit, Provider
+from runtime.provider import Emit, Provider, ProviderOptions
 
 PROVIDER = "anthropic"
 """The provider tag on reasoning and provider data; only such parts are sent back here."""
@@ -82,9 +80,6 @@ _ERROR_TYPE_STATUS: dict[str, int] = {
     "rate_limit_error": 429, "api_error": 500, "timeout_error": 504, "overloaded_error": 529,
 }
 # fmt: on
-_CONTEXT_TOO_LONG = re.compile(
-    r"prompt is too long|context (window|length|limit)|exceeds? .*context", re.IGNORECASE
-)
 _USAGE_KEYS = (
     "input_tokens",
     "output_tokens",
@@ -103,7 +98,8 @@ def map_messages(
 ) -> tuple[str | None, list[dict[str, Any]]]:
     """The ``system`` prompt and ``messages`` of a Messages API request.
 
-    The history is repaired first (every tool call gets a result, orphans go), then each
+    ``messages`` are a repaired history (:func:`runtime.history.repair`, which the turn
+    runner applies before every request: every tool call has its result). Each
     assistant message is split back into the steps it was streamed in: one ``assistant``
     message per step, its blocks in the order they were produced (thinking keeps its
     place, which the API checks against the signature), then one ``user`` message with
@@ -114,7 +110,7 @@ def map_messages(
     """
     system = [instructions] if instructions else []
     out: list[dict[str, Any]] = []
-    for kind, msg, results in iter_turns(repair(messages)):
+    for kind, msg, results in iter_turns(messages):
         if kind == "assistant":
             for parts, step_results in split_steps(msg, results):
                 blocks = [b for b in map(_part_block, parts) if b is not None]
@@ -408,67 +404,41 @@ def _take_usage(usage: dict[str, int | None], raw: Any) -> None:
 def classify_error(exc: BaseException) -> errors.AxonError:
     """Map an SDK, transport or parsing exception onto :mod:`runtime.errors`.
 
-    An SSE ``event: error`` surfaces from the SDK as an ``APIStatusError`` with the
-    stream's HTTP status (200); its ``error.type`` is then what tells the failure, so
-    the type is checked before the status. ``status_code`` is the HTTP status, or for an
-    in-stream error the status Anthropic documents for its type (529 for overloaded).
+    An ``APIStatusError`` goes through the shared status ladder
+    (:func:`~actors.providers.failures.classify_status`). An SSE ``event: error``
+    surfaces from the SDK as an ``APIStatusError`` with the stream's HTTP status (200);
+    its ``error.type`` is then what tells the failure, so ``status_code`` becomes the
+    status Anthropic documents for that type (529 for ``overloaded_error``). The SDK's
+    timeout and connection errors, the HTTP library's errors mid-stream and undecodable
+    events are transport failures
+    (:func:`~actors.providers.failures.classify_transport`).
     """
     if isinstance(exc, errors.AxonError):
         return exc
     import anthropic
-    import httpx2
 
     if isinstance(exc, anthropic.APIStatusError):
-        return _classify_status(exc)
-    if isinstance(exc, anthropic.APITimeoutError | httpx2.TimeoutException):
+        error_type = getattr(exc, "type", None)
+        status = exc.status_code
+        if status < 400:  # in-stream error: the HTTP status says nothing
+            status = _ERROR_TYPE_STATUS.get(error_type or "", 500)
+        return classify_status(
+            getattr(exc, "api_message", None) or str(exc.message),
+            provider=PROVIDER,
+            status=status,
+            error_type=error_type,
+            retry_after=retry_after(exc.response.headers),
+        )
+    if isinstance(exc, anthropic.APITimeoutError):
         return errors.ProviderTimeout(f"the request timed out: {exc}", provider=PROVIDER)
-    if isinstance(exc, anthropic.APIConnectionError | httpx2.TransportError):
+    if isinstance(exc, anthropic.APIConnectionError):
         return errors.ConnectionLost(f"connection failed or dropped: {exc}", provider=PROVIDER)
-    if isinstance(
-        exc, json.JSONDecodeError | UnicodeDecodeError | anthropic.APIResponseValidationError
-    ) or isinstance(exc, httpx2.DecodingError):
+    if isinstance(exc, anthropic.APIResponseValidationError):
         return errors.MalformedStream(f"unparseable response stream: {exc}", provider=PROVIDER)
+    found = classify_transport(exc, provider=PROVIDER)
+    if found is not None:
+        return found
     return errors.ProviderError(f"{type(exc).__name__}: {exc}", provider=PROVIDER)
-
-
-def _classify_status(exc: Any) -> errors.ProviderError:
-    error_type = getattr(exc, "type", None)
-    status = exc.status_code
-    if status < 400:  # in-stream error: the HTTP status says nothing
-        status = _ERROR_TYPE_STATUS.get(error_type or "", 500)
-    message = getattr(exc, "api_message", None) or str(exc.message)
-    kw: dict[str, Any] = {"status_code": status, "provider": PROVIDER}
-    retry_after = _retry_after(exc.response.headers)
-    if retry_after is not None:
-        kw["retry_after"] = retry_after
-    if error_type == "overloaded_error" or status == 529:
-        return errors.Overloaded(f"Anthropic is overloaded: {message}", **kw)
-    if error_type == "rate_limit_error" or status == 429:
-        return errors.RateLimited(f"rate limited: {message}", **kw)
-    if status in (401, 403):
-        return errors.AuthenticationFailed(f"authentication failed: {message}", **kw)
-    if status >= 500:
-        return errors.ProviderUnavailable(f"Anthropic failed ({status}): {message}", **kw)
-    if _CONTEXT_TOO_LONG.search(message):
-        return errors.ContextTooLong(message, **kw)
-    return errors.BadRequest(f"bad request ({status}): {message}", **kw)
-
-
-def _retry_after(headers: Any) -> float | None:
-    """Seconds to wait, from ``retry-after-ms`` or ``retry-after`` (seconds or a date)."""
-    try:
-        if (ms := headers.get("retry-after-ms")) is not None:
-            return max(0.0, float(ms) / 1000)
-        value = headers.get("retry-after")
-        if value is None:
-            return None
-        try:
-            return max(0.0, float(value))
-        except ValueError:
-            when = email.utils.parsedate_to_datetime(value)
-            return max(0.0, when.timestamp() - time.time())
-    except (TypeError, ValueError, OverflowError):
-        return None
 
 
 # -- the provider -------------------------------------------------------------------------
@@ -489,6 +459,7 @@ class AnthropicProvider(Provider):
         max_tokens: int = 4096,
         max_concurrency: int | None = None,
         timeout: float | None = 60.0,
+        name: str | None = None,
         **request_options: Any,
     ) -> None:
         if thinking_budget is not None and thinking_budget >= max_tokens:
@@ -496,7 +467,7 @@ class AnthropicProvider(Provider):
                 f"thinking_budget ({thinking_budget}) must be below max_tokens ({max_tokens}): "
                 "thinking tokens count towards max_tokens"
             )
-        super().__init__(model=model, max_concurrency=max_concurrency)
+        super().__init__(model=model, max_concurrency=max_concurrency, name=name)
         self.base_url = base_url
         """API root; ``None`` lets the SDK decide (``ANTHROPIC_BASE_URL`` or the default)."""
         self._api_key = api_key  # private: never logged, never in describe()
@@ -513,15 +484,19 @@ class AnthropicProvider(Provider):
         self._client: Any = None
         self._create_params: frozenset[str] | None = None
 
-    def describe(self) -> dict[str, Any]:
-        return {
-            **super().describe(),
-            "base_url": self.base_url,
-            "thinking_budget": self.thinking_budget,
-            "max_tokens": self.max_tokens,
-            "timeout": self.timeout,
-            "request_options": sorted(self.request_options),
-        }
+    @classmethod
+    def from_options(cls, options: ProviderOptions) -> AnthropicProvider:
+        """``--provider anthropic``: ``--model`` (default ``claude-sonnet-4-5``),
+        ``--base-url``, ``--api-key``, ``--thinking-budget``."""
+        return cls(
+            options.model or "claude-sonnet-4-5",
+            base_url=options.base_url,
+            api_key=options.api_key,
+            thinking_budget=options.thinking_budget,
+        )
+
+    def describe_settings(self) -> dict[str, Any]:
+        return {"thinking_budget": self.thinking_budget, "max_tokens": self.max_tokens}
 
     def _get_client(self) -> Any:
         """The ``AsyncAnthropic`` client, built on first use with SDK retries off: the

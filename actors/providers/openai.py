@@ -28,12 +28,11 @@ Why the stream parser is shaped as it is (each point is a bug a peer shipped):
 
 from __future__ import annotations
 
-import email.utils
 import json
-import time
 from collections.abc import AsyncIterable, Iterable, Sequence
 from typing import Any, ClassVar
 
+from actors.providers.failures import classify_status, classify_transport, retry_after
 from runtime import errors
 from runtime.chunks import (
     FinishChunk,
@@ -46,7 +45,7 @@ from runtime.chunks import (
     UsageChunk,
 )
 from runtime.errors import AxonError, ProviderError
-from runtime.history import iter_turns, repair, split_steps
+from runtime.history import iter_turns, split_steps
 from runtime.messages import (
     Message,
     ReasoningPart,
@@ -57,7 +56,7 @@ from runtime.messages import (
     UserMessage,
 )
 from runtime.protocol import InferRequest
-from runtime.provider import Emit, Provider
+from runtime.provider import Emit, Provider, ProviderOptions
 
 _FINISH_REASONS = {
     "stop": "stop",
@@ -138,11 +137,11 @@ def map_messages(
 ) -> list[dict[str, Any]]:
     """The Chat Completions ``messages`` for a session's history.
 
-    The history is repaired first (:func:`runtime.history.repair`: a call without a
-    result gets the ``interrupted`` error result, orphan results are dropped, blank text
-    is removed). Then ``instructions`` become the first ``system`` message, a
-    :class:`SystemMessage` a ``system`` message where it stands, a :class:`UserMessage`
-    a ``user`` message, and each assistant message is split by step into
+    ``messages`` are a repaired history (:func:`runtime.history.repair`, which the turn
+    runner applies before every request): every call has its result. ``instructions``
+    become the first ``system`` message, a :class:`SystemMessage` a ``system`` message
+    where it stands, a :class:`UserMessage` a ``user`` message, and each assistant
+    message is split by step into
     ``assistant{content, tool_calls}`` followed by one ``tool`` message per call of that
     step, in call order: exactly the sequence the model saw.
 
@@ -158,7 +157,7 @@ def map_messages(
     out: list[dict[str, Any]] = []
     if instructions:
         out.append({"role": "system", "content": instructions})
-    for kind, message, results in iter_turns(repair(messages)):
+    for kind, message, results in iter_turns(messages):
         if kind == "assistant":
             for parts, step_results in split_steps(message, results):
                 step = _assistant_step(parts, send_reasoning_content)
@@ -380,26 +379,6 @@ async def parse_stream(stream: AsyncIterable[Any], emit: Emit, *, provider: str 
 # -- errors -----------------------------------------------------------------------------
 
 
-def _retry_after(headers: Any) -> float | None:
-    """Seconds to wait from ``retry-after-ms`` or ``retry-after`` (seconds or HTTP date)."""
-    if headers is None:
-        return None
-    try:
-        ms = headers.get("retry-after-ms")
-        if ms is not None:
-            return max(0.0, float(ms) / 1000)
-        value = headers.get("retry-after")
-        if value is None:
-            return None
-        try:
-            return max(0.0, float(value))
-        except ValueError:
-            when = email.utils.parsedate_to_datetime(value)
-            return max(0.0, when.timestamp() - time.time())
-    except (TypeError, ValueError, OverflowError):
-        return None
-
-
 def _status_of(body: Any) -> int | None:
     # In-stream error objects carry no HTTP status; servers put it in the body instead
     # (Groq ``status_code: 400``, OpenRouter ``code: 400``).
@@ -410,52 +389,17 @@ def _status_of(body: Any) -> int | None:
     return None
 
 
-_CONTEXT_WORDS = ("context length", "context window", "maximum context")
-
-
-def _classify(
-    message: str,
-    *,
-    status: int | None,
-    code: str | None,
-    kind: str | None,
-    retry_after: float | None,
-    provider: str,
-) -> ProviderError:
-    kw: dict[str, Any] = {"status_code": status, "provider": provider}
-    words = f"{code or ''} {kind or ''}".lower()
-    lowered = message.lower()
-    if status == 429 or "rate_limit" in words:
-        # insufficient_quota is also a 429, but waiting does not refill a quota.
-        retryable = False if "insufficient_quota" in words else None
-        return errors.RateLimited(message, retry_after=retry_after, retryable=retryable, **kw)
-    if status == 529 or "overloaded" in words:
-        return errors.Overloaded(message, retry_after=retry_after, **kw)
-    if (status is not None and status >= 500) or kind in ("server_error", "internal_error"):
-        return errors.ProviderUnavailable(message, retry_after=retry_after, **kw)
-    if status in (401, 403) or kind in ("authentication_error", "permission_error"):
-        return errors.AuthenticationFailed(message, **kw)
-    if status == 408:
-        return errors.ProviderTimeout(message, **kw)
-    if "context_length_exceeded" in words or any(w in lowered for w in _CONTEXT_WORDS):
-        return errors.ContextTooLong(message, **kw)
-    if (status is not None and 400 <= status < 500) or kind == "invalid_request_error":
-        return errors.BadRequest(message, **kw)
-    return ProviderError(message, **kw)
-
-
 def classify_error(exc: BaseException, *, provider: str = "openai") -> AxonError:
     """Map an exception from the SDK (or its transport) onto :mod:`runtime.errors`.
 
-    HTTP status first (429 -> :class:`RateLimited` with ``retry_after`` from the
-    ``retry-after-ms`` / ``retry-after`` headers; 529 or an ``overloaded`` type ->
-    :class:`Overloaded`; 5xx -> :class:`ProviderUnavailable`; 401/403 ->
-    :class:`AuthenticationFailed`; a 4xx saying the context is too long ->
-    :class:`ContextTooLong`; other 4xx -> :class:`BadRequest`), then the body's type and
-    code for in-stream errors, which have no status of their own. Timeouts ->
-    :class:`ProviderTimeout`; connection failures and transport errors mid-stream ->
-    :class:`ConnectionLost`; undecodable stream data -> :class:`MalformedStream`.
-    An :class:`AxonError` is returned unchanged.
+    An ``APIError`` is classified by :func:`~actors.providers.failures.classify_status`
+    from its HTTP status, or for an error inside the stream (no status of its own) the
+    status the body names, with the body's ``type`` and ``code`` words and the
+    ``retry-after-ms`` / ``retry-after`` headers. The SDK's timeout ->
+    :class:`ProviderTimeout`; its connection error -> :class:`ConnectionLost`; the HTTP
+    library's errors while the stream is read, and undecodable data, by
+    :func:`~actors.providers.failures.classify_transport`. An :class:`AxonError` is
+    returned unchanged.
     """
     if isinstance(exc, AxonError):
         return exc
@@ -473,23 +417,17 @@ def classify_error(exc: BaseException, *, provider: str = "openai") -> AxonError
         if not isinstance(message, str) or not message:
             message = exc.message
         response = getattr(exc, "response", None)
-        status = getattr(exc, "status_code", None) or _status_of(body)
-        return _classify(
+        return classify_status(
             message,
-            status=status,
-            code=exc.code,
-            kind=exc.type,
-            retry_after=_retry_after(response.headers if response is not None else None),
             provider=provider,
+            status=getattr(exc, "status_code", None) or _status_of(body),
+            error_type=exc.type,
+            code=exc.code,
+            retry_after=retry_after(response.headers if response is not None else None),
         )
-    if isinstance(exc, (json.JSONDecodeError, UnicodeDecodeError)):
-        return errors.MalformedStream(f"undecodable stream data: {exc}", provider=provider)
-    import httpx2
-
-    if isinstance(exc, httpx2.TimeoutException):
-        return errors.ProviderTimeout(f"{type(exc).__name__}: {exc}", provider=provider)
-    if isinstance(exc, httpx2.TransportError):
-        return errors.ConnectionLost(f"{type(exc).__name__}: {exc}", provider=provider)
+    found = classify_transport(exc, provider=provider)
+    if found is not None:
+        return found
     return ProviderError(f"{type(exc).__name__}: {exc}", provider=provider)
 
 
@@ -528,6 +466,14 @@ class OpenAIProvider(Provider):
         ``max_completion_tokens``, ``extra_body``...); a request's ``settings`` override
         them key by key."""
         self._client: Any = None
+
+    @classmethod
+    def from_options(cls, options: ProviderOptions) -> OpenAIProvider:
+        """``--provider openai``: ``--model`` (default ``gpt-4o-mini``), ``--base-url``
+        for any compatible server, ``--api-key``."""
+        return cls(
+            options.model or "gpt-4o-mini", base_url=options.base_url, api_key=options.api_key
+        )
 
     def _get_client(self) -> Any:
         if self._client is None:
@@ -581,16 +527,8 @@ class OpenAIProvider(Provider):
     def classify_error(self, exc: BaseException) -> AxonError:
         return classify_error(exc, provider=self.provider_name)
 
-    def describe(self) -> dict[str, Any]:
-        """Model, base URL and the *names* of the request options; never the key (nor
-        option values, which may hold headers with credentials)."""
-        return {
-            "provider": self.provider_name,
-            "model": self.model,
-            "base_url": self.base_url,
-            "send_reasoning_content": self.send_reasoning_content,
-            "options": sorted(self.request_options),
-        }
+    def describe_settings(self) -> dict[str, Any]:
+        return {"send_reasoning_content": self.send_reasoning_content}
 
     async def aclose(self) -> None:
         """Close the HTTP client (its connection pool), if one was created."""

@@ -39,7 +39,7 @@ from runtime.chunks import (
 from runtime.errors import ProviderError
 from runtime.messages import AssistantMessage, Message, UserMessage
 from runtime.protocol import InferRequest
-from runtime.provider import Emit, Provider
+from runtime.provider import Emit, Provider, ProviderOptions
 
 
 @attrs.frozen
@@ -106,10 +106,11 @@ class ScriptedProvider(Provider):
         usage: Usage | None = None,
         model: str = "scripted",
         max_concurrency: int | None = None,
+        name: str | None = None,
     ) -> None:
         if sum(x is not None for x in (steps, turns, responder)) != 1:
             raise ValueError("give exactly one of steps=, turns= or responder=")
-        super().__init__(model=model, max_concurrency=max_concurrency)
+        super().__init__(model=model, max_concurrency=max_concurrency, name=name)
         self.steps = list(steps) if steps is not None else None
         self.turns = [list(t) for t in turns] if turns is not None else None
         self.responder = responder
@@ -124,6 +125,17 @@ class ScriptedProvider(Provider):
         """Usage reported per call; by default derived from the text lengths."""
         self.requests: list[InferRequest] = []
         """Every request received, for tests to inspect what a provider would be sent."""
+
+    @classmethod
+    def from_options(cls, options: ProviderOptions) -> ScriptedProvider:
+        """``--provider scripted``: the offline demo script (:mod:`actors.demo`), paced
+        by ``--delay``; the other options do not apply."""
+        from actors.demo import demo_provider
+
+        return demo_provider(options.delay)
+
+    def describe_settings(self) -> dict[str, Any]:
+        return {"delay": self.delay, "chunk_size": self.chunk_size}
 
     def select(self, request: InferRequest) -> Step:
         if self.responder is not None:

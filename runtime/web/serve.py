@@ -52,7 +52,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     add = parser.add_argument
     add("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
     add("--port", type=int, default=DEFAULT_PORT, help="port (0: any free port)")
-    add("--provider", choices=["scripted", "openai", "anthropic"], default="scripted")
+    from actors.providers.registry import provider_names
+
+    add("--provider", choices=provider_names(), default="scripted")
     add("--model", default=None, help="model name for a real provider")
     add("--base-url", default=None, help="provider endpoint (any compatible server)")
     add("--api-key", default=None, help="API key (default: the SDK's env variable)")

@@ -1,0 +1,148 @@
+"""What every HTTP provider needs to classify a failed call, written once.
+
+* :func:`retry_after`: the wait a response asks for (``retry-after-ms``, else
+  ``retry-after`` in seconds or as an HTTP date);
+* :func:`classify_status`: the one status ladder from an HTTP status (and the error type
+  and code words of the body) to the classes of :mod:`runtime.errors`, in one order for
+  every provider, so the same failure is the same error whichever SDK reported it;
+* :func:`classify_transport`: timeouts, dropped connections and undecodable bodies
+  raised by the SDKs' HTTP library while a stream is read.
+
+A provider keeps only what is its own: how to find the status, type and message in its
+SDK's exceptions (and, for errors sent inside a stream with HTTP 200, which status the
+error type stands for). Nothing here imports an SDK or an HTTP library.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import json
+import math
+import re
+import sys
+import time
+from typing import Any
+
+from runtime import errors
+
+CONTEXT_TOO_LONG = re.compile(
+    r"context_length_exceeded|prompt is too long|maximum context|context (window|length|limit)"
+    r"|exceeds? .*context",
+    re.IGNORECASE,
+)
+"""Words in an error's code or message meaning the conversation is over the model's
+context window (OpenAI's ``context_length_exceeded``, Anthropic's "prompt is too long",
+and what compatible servers say)."""
+
+_TRANSPORT_LIBRARIES = ("httpx2", "httpx")
+"""The HTTP libraries the ``openai`` and ``anthropic`` SDKs are built on (``httpx2`` in
+current releases, ``httpx`` before); both share the exception classes used here."""
+
+
+def retry_after(headers: Any) -> float | None:
+    """Seconds to wait before retrying, from response headers; ``None`` if not given.
+
+    ``retry-after-ms`` wins (OpenAI and Anthropic send it, more precise); else
+    ``retry-after`` as seconds or as an HTTP date (a date in the past is 0). A header
+    that is malformed, or not a finite number (``inf``, ``nan``), counts as absent: a
+    bad header must turn into neither a crash nor an endless wait.
+    """
+    if headers is None:
+        return None
+    try:
+        ms = headers.get("retry-after-ms")
+        if ms is not None:
+            seconds = float(ms) / 1000
+        else:
+            value = headers.get("retry-after")
+            if value is None:
+                return None
+            try:
+                seconds = float(value)
+            except ValueError:
+                when = email.utils.parsedate_to_datetime(value)
+                seconds = when.timestamp() - time.time()
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return max(0.0, seconds) if math.isfinite(seconds) else None
+
+
+def classify_status(
+    message: str,
+    *,
+    provider: str,
+    status: int | None,
+    error_type: str | None = None,
+    code: str | None = None,
+    retry_after: float | None = None,
+) -> errors.ProviderError:
+    """The error class for a failed call, from its HTTP ``status`` (``None`` for an
+    error sent inside a stream) and the ``error_type`` / ``code`` words of its body.
+
+    One order, the first match wins:
+
+    1. 429 or a ``rate_limit`` word -> :class:`RateLimited` (not retryable when the
+       words say ``insufficient_quota``: waiting does not refill a quota);
+    2. 529 or an ``overloaded`` word -> :class:`Overloaded`;
+    3. 5xx, or type ``server_error`` / ``internal_error`` / ``api_error`` ->
+       :class:`ProviderUnavailable`;
+    4. 401, 403, or type ``authentication_error`` / ``permission_error`` ->
+       :class:`AuthenticationFailed`;
+    5. 408 -> :class:`ProviderTimeout`;
+    6. code or message saying the context is too long -> :class:`ContextTooLong`;
+    7. other 4xx, or type ``invalid_request_error`` -> :class:`BadRequest`;
+    8. anything else -> :class:`ProviderError`.
+
+    ``retry_after`` is kept on every class (the retry policy reads it only where the
+    error is retryable).
+    """
+    kw: dict[str, Any] = {"status_code": status, "provider": provider, "retry_after": retry_after}
+    words = f"{code or ''} {error_type or ''}".lower()
+    if status == 429 or "rate_limit" in words:
+        retryable = False if "insufficient_quota" in words else None
+        return errors.RateLimited(message, retryable=retryable, **kw)
+    if status == 529 or "overloaded" in words:
+        return errors.Overloaded(message, **kw)
+    if (status is not None and status >= 500) or error_type in (
+        "server_error",
+        "internal_error",
+        "api_error",
+    ):
+        return errors.ProviderUnavailable(message, **kw)
+    if status in (401, 403) or error_type in ("authentication_error", "permission_error"):
+        return errors.AuthenticationFailed(message, **kw)
+    if status == 408:
+        return errors.ProviderTimeout(message, **kw)
+    if CONTEXT_TOO_LONG.search(words) or CONTEXT_TOO_LONG.search(message):
+        return errors.ContextTooLong(message, **kw)
+    if (status is not None and 400 <= status < 500) or error_type == "invalid_request_error":
+        return errors.BadRequest(message, **kw)
+    return errors.ProviderError(message, **kw)
+
+
+def classify_transport(exc: BaseException, *, provider: str) -> errors.ProviderError | None:
+    """The error class for an exception of the HTTP layer or of decoding the stream;
+    ``None`` when ``exc`` is neither (the provider then reports it as it is).
+
+    Timeouts -> :class:`ProviderTimeout`; other transport errors (refused, reset, cut
+    mid-body) -> :class:`ConnectionLost`; undecodable bytes or JSON ->
+    :class:`MalformedStream`. The HTTP library is looked up among the modules already
+    imported, never imported here: an exception of a library nobody imported cannot
+    have been raised.
+    """
+    detail = f"{type(exc).__name__}: {exc}"
+    for library in _TRANSPORT_LIBRARIES:
+        http = sys.modules.get(library)
+        if http is None:
+            continue
+        if isinstance(exc, http.TimeoutException):
+            return errors.ProviderTimeout(f"the request timed out: {detail}", provider=provider)
+        if isinstance(exc, http.DecodingError):
+            return errors.MalformedStream(f"undecodable response: {detail}", provider=provider)
+        if isinstance(exc, http.TransportError):
+            return errors.ConnectionLost(
+                f"connection failed or dropped: {detail}", provider=provider
+            )
+    if isinstance(exc, json.JSONDecodeError | UnicodeDecodeError):
+        return errors.MalformedStream(f"undecodable stream data: {detail}", provider=provider)
+    return None
