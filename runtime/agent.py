@@ -13,6 +13,7 @@ from runtime.tools import Tool, tool
 
 Hook = Callable[[Any], Awaitable[None]]
 DEFAULT_THINK_TAGS: tuple[tuple[str, str], ...] = (("<think>", "</think>"),)
+"""The one default for :attr:`Agent.think_tags` and the engine's tag splitter."""
 
 
 @attrs.frozen(kw_only=True, slots=True)
