@@ -3,7 +3,8 @@
 ``AxonError`` is the root. :class:`ProviderError` and its subclasses classify what went
 wrong with a model call so callers (and the retry policy) can act on it: each class says
 whether it is ``retryable`` and, where the provider said so, ``retry_after`` seconds.
-The ``error`` output chunk carries the class name as ``kind``.
+The ``error`` output chunk carries the class name as ``kind``. A content filter that stops
+a response is not an error here: it is the step's finish reason ``content-filter``.
 """
 
 from __future__ import annotations
@@ -94,10 +95,6 @@ class BadRequest(ProviderError):
 
 class ContextTooLong(BadRequest):
     """The conversation exceeds the model's context window."""
-
-
-class ContentFiltered(ProviderError):
-    """The provider refused the content (moderation, safety filter)."""
 
 
 class MalformedStream(ProviderError):
