@@ -9,7 +9,8 @@ every step boundary and at the end of the turn, including a turn that was cut sh
 Rules from peers' bugs, enforced here:
 
 * tools run only when the step ended with ``stop`` or ``tool-calls``; calls cut by
-  ``length`` or a filter, or whose input is unusable, get an error result instead;
+  ``length`` or a filter, or whose input is unusable, get an error result instead (the
+  provider's own words for what is wrong with the input, when it gave them);
 * a step is final only when it finished with no tool calls;
 * tool results stream in completion order but are saved in call order;
 * a model call is retried only while its step has produced no output;
@@ -37,7 +38,7 @@ from runtime.chunks import (
     Usage,
     UsageChunk,
 )
-from runtime.errors import ActorFailed, AxonError, ProviderError
+from runtime.errors import ActorFailed, AxonError, BudgetExceeded, ProviderError
 from runtime.history import INTERRUPTED
 from runtime.ids import new_id
 from runtime.inbox import Inbox
@@ -173,11 +174,6 @@ class _Turn:
     budget: str | None = None
 
 
-class _BudgetStop(Exception):
-    def __init__(self, budget: str) -> None:
-        self.budget = budget
-
-
 class TurnRunner(Actor):
     """Per-session actor running turns, one at a time."""
 
@@ -249,7 +245,7 @@ class TurnRunner(Actor):
                 else:
                     turn.finish_reason = "aborted"
                     turn.abort_reason = run.stream.cancel_reason or "cancelled"
-        except _BudgetStop as stop:
+        except BudgetExceeded as stop:
             turn.finish_reason, turn.budget = "budget", stop.budget
         except trio.Cancelled:
             turn.finish_reason, turn.abort_reason = "aborted", "host shutdown"
@@ -273,8 +269,7 @@ class TurnRunner(Actor):
         state, agent, budget = self.state, self.agent, self.agent.budget
         sid, ctrl = state.session_id, turn.ctrl
         while True:
-            if turn.step >= budget.max_steps:
-                raise _BudgetStop("max_steps")
+            budget.check_step(turn.step)
             step = turn.step
             await ctrl.send(StepBegin(step=step))
             turn.step_open = True
@@ -285,7 +280,7 @@ class TurnRunner(Actor):
             result = await self._infer(turn.turn_id, step, turn.parts, turn.builder, ctrl)
             turn.builder.close()
             turn.usage = turn.usage + result.usage
-            over = self._over_token_budget(turn.usage)
+            over = budget.tokens_exceeded(turn.usage)
             if result.calls:
                 over = await self._run_tools(turn, result, refuse=over) or over
                 for call in result.calls:  # call order, not completion order
@@ -296,6 +291,7 @@ class TurnRunner(Actor):
             self._snapshot(turn)
             await ctrl.send(StepEnd(step=step, finish_reason=result.finish, usage=result.usage))
             turn.step_open = False
+            turn.step += 1  # counted once its step-finish is out, whatever a hook does next
             await self._announce(
                 ev.StepFinished(
                     session_id=sid,
@@ -316,9 +312,8 @@ class TurnRunner(Actor):
                 agent.hooks.on_message_added,
             )
             await self._save(turn, step)
-            turn.step += 1
             if over:
-                raise _BudgetStop(over)
+                raise BudgetExceeded(over)
             if not result.calls:
                 turn.finish_reason = result.finish
                 return
@@ -389,7 +384,7 @@ class TurnRunner(Actor):
                         closing.append(ToolDone(step=part.step, outcome=oc))
             self._snapshot(turn, interrupted=cut)
             if turn.step_open and turn.error is None and turn.abort_reason is None:
-                # A budget (the deadline) cut the step: close it so the grammar holds.
+                # A budget (the deadline, a hook's) cut the step: close it for the grammar.
                 closing.append(StepEnd(step=turn.step, finish_reason="other", usage=Usage()))
                 turn.step += 1
             try:
@@ -593,19 +588,8 @@ class TurnRunner(Actor):
                 ),
                 agent.hooks.on_tool_call,
             )
-            refusal: str | None = None
-            if result.finish not in RUNNABLE_FINISH:
-                refusal = (
-                    f"the tool call was not executed: the response ended with {result.finish!r} "
-                    "(its input may be truncated)"
-                )
-            elif call.input_error is not None:
-                refusal = call.input_error
-            elif refuse is not None:
-                refusal = f"the tool call was not executed: budget {refuse} exceeded"
-            elif (
-                budget.max_tool_calls is not None and turn.tool_calls_used >= budget.max_tool_calls
-            ):
+            refusal = refuse_call(call, result.finish, refuse)
+            if refusal is None and not budget.admits_tool_call(turn.tool_calls_used):
                 refusal = (
                     "the tool call was not executed: budget "
                     f"max_tool_calls={budget.max_tool_calls} reached"
@@ -677,17 +661,6 @@ class TurnRunner(Actor):
 
     # -- helpers ------------------------------------------------------------------------
 
-    def _over_token_budget(self, usage: Usage) -> str | None:
-        """The name of the token budget ``usage`` exceeds, if any."""
-        b = self.agent.budget
-        if b.max_input_tokens is not None and usage.input_tokens > b.max_input_tokens:
-            return "max_input_tokens"
-        if b.max_output_tokens is not None and usage.output_tokens > b.max_output_tokens:
-            return "max_output_tokens"
-        if b.max_total_tokens is not None and usage.total_tokens > b.max_total_tokens:
-            return "max_total_tokens"
-        return None
-
     @staticmethod
     async def _ask(actor: Actor, message: Any) -> None:
         """Send to another actor; one that gave up surfaces as :class:`ActorFailed`."""
@@ -703,6 +676,25 @@ class TurnRunner(Actor):
         await self.publish(event)
         if hook is not None:
             await hook(event)
+
+
+def refuse_call(call: ToolCallChunk, finish: str, token_budget: str | None) -> str | None:
+    """Why a call of a step that finished with ``finish`` must not run (the error result
+    the model sees instead), or ``None`` if it may. The provider's ``input_error`` comes
+    first: it says what is wrong with the input (invalid JSON, cut by ``length``), which
+    helps the model more than the finish reason; then the finish reason, then a token
+    ``token_budget`` the turn went over. (The tool-call budget is counted by the caller.)
+    """
+    if call.input_error is not None:
+        return call.input_error
+    if finish not in RUNNABLE_FINISH:
+        return (
+            f"the tool call was not executed: the response ended with {finish!r} "
+            "(its input may be truncated)"
+        )
+    if token_budget is not None:
+        return f"the tool call was not executed: budget {token_budget} exceeded"
+    return None
 
 
 def _error_info(exc: BaseException) -> ErrorInfo:

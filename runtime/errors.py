@@ -131,7 +131,12 @@ class ActorFailed(AxonError):
 
 
 class BudgetExceeded(AxonError):
-    """A turn budget ran out; ``budget`` names which one."""
+    """A turn budget ran out; ``budget`` names which one.
+
+    Never surfaces as an error: :class:`~runtime.budget.Budget` raises it and the turn
+    runner ends the turn with finish reason ``budget`` (``output.result.budget`` is the
+    name), saving what was streamed. A hook may raise it for a budget of its own.
+    """
 
     def __init__(self, budget: str, message: str = "") -> None:
         super().__init__(message or f"budget exceeded: {budget}")
