@@ -6,6 +6,11 @@ engine), append parts, run tools, repeat, until a step finishes without tool cal
 Every raw item goes on to the stream controller as it arrives; the history is saved at
 every step boundary and at the end of the turn, including a turn that was cut short.
 
+What it delegates: where parts open and close to the :class:`~actors.parts.PartsManager`
+(one decision for the stream and the stored message), budget checks to
+:class:`~runtime.budget.Budget`, retry delays to :class:`~runtime.retry.RetryPolicy`,
+and whether a call may run to :func:`refuse_call`.
+
 Rules from peers' bugs, enforced here:
 
 * tools run only when the step ended with ``stop`` or ``tool-calls``; calls cut by
@@ -25,6 +30,7 @@ from typing import Any
 import attrs
 import trio
 
+from actors.parts import PartsManager
 from runtime import events as ev
 from runtime.actor import Actor
 from runtime.agent import Agent
@@ -34,6 +40,7 @@ from runtime.chunks import (
     ReasoningChunk,
     TextChunk,
     ToolCallChunk,
+    ToolInputDeltaChunk,
     ToolInputStartChunk,
     Usage,
     UsageChunk,
@@ -45,10 +52,6 @@ from runtime.inbox import Inbox
 from runtime.logging import get_logger
 from runtime.messages import (
     AssistantMessage,
-    Part,
-    ProviderDataPart,
-    ReasoningPart,
-    TextPart,
     ToolCallPart,
     ToolMessage,
     UserMessage,
@@ -81,64 +84,6 @@ SAVE_TIMEOUT = 5.0
 RUNNABLE_FINISH = ("stop", "tool-calls")
 
 
-class _PartBuilder:
-    """Accumulates the current text or reasoning part from deltas (list + join: linear)."""
-
-    __slots__ = ("kind", "parts", "pieces", "provider", "redacted", "refusal", "signature", "step")
-
-    def __init__(self, parts: list[Part]) -> None:
-        self.parts = parts
-        self.kind: str | None = None
-        self.pieces: list[str] = []
-        self.step = 0
-        self.signature: str | None = None
-        self.redacted: str | None = None
-        self.provider: str | None = None
-        self.refusal = False
-
-    def text(self, chunk: TextChunk, step: int) -> None:
-        if self.kind != "text" or self.refusal != chunk.refusal:
-            self.close()
-            self.kind, self.step, self.refusal = "text", step, chunk.refusal
-        self.pieces.append(chunk.text)
-
-    def reasoning(self, chunk: ReasoningChunk, step: int) -> None:
-        if self.kind != "reasoning":
-            self.close()
-            self.kind, self.step = "reasoning", step
-        if chunk.text:
-            self.pieces.append(chunk.text)
-        if chunk.provider is not None:
-            self.provider = chunk.provider
-        if chunk.signature is not None or chunk.redacted_data is not None:
-            self.signature = chunk.signature
-            self.redacted = chunk.redacted_data
-            self.close()
-
-    def close(self) -> None:
-        kind = self.kind
-        if kind is None:
-            return
-        text = "".join(self.pieces)
-        if kind == "text":
-            if text:
-                self.parts.append(TextPart(text=text, step=self.step, refusal=self.refusal))
-        elif text or self.signature is not None or self.redacted is not None:
-            self.parts.append(
-                ReasoningPart(
-                    text=text,
-                    step=self.step,
-                    signature=self.signature,
-                    redacted_data=self.redacted,
-                    provider=self.provider,
-                )
-            )
-        self.kind = None
-        self.pieces = []
-        self.signature = self.redacted = self.provider = None
-        self.refusal = False
-
-
 @attrs.define(slots=True)
 class _Step:
     finish: str = "other"
@@ -149,21 +94,23 @@ class _Step:
 
 @attrs.define(slots=True, eq=False)
 class _Turn:
-    """Everything one turn accumulates; owned by the turn runner's task."""
+    """Everything one turn accumulates, and the context its steps and model calls run
+    in; owned by the turn runner's task."""
 
     turn_id: str
     start_index: int
     """Index of the turn's user message in the history."""
+    ctrl: Batcher
+    """Where the turn's raw items go: the stream controller."""
     a_index: int = 0
     """Index of the turn's assistant message."""
     message_id: str = attrs.field(factory=lambda: new_id("msg"))
-    parts: list[Part] = attrs.field(factory=list)
+    parts: PartsManager = attrs.field(factory=PartsManager)
+    """Decides the part boundaries; ``parts.content`` is the assistant message's."""
     results: dict[str, ToolMessage] = attrs.field(factory=dict)
     """Tool messages added to the history, by call id."""
     outcomes: dict[str, ToolOutcome] = attrs.field(factory=dict)
     """Every outcome received, as it arrived: kept even if the turn is then cancelled."""
-    builder: Any = None
-    ctrl: Any = None
     usage: Usage = attrs.field(factory=Usage)
     step: int = 0
     step_open: bool = False
@@ -216,9 +163,12 @@ class TurnRunner(Actor):
         """Run one user input to completion (or until it is cut short), then close it."""
         state, agent, budget = self.state, self.agent, self.agent.budget
         sid = state.session_id
-        turn = _Turn(turn_id=new_id("turn"), start_index=len(state.messages))
-        turn.ctrl = Batcher(self.controller.inbox, turn.turn_id)
-        turn.builder = _PartBuilder(turn.parts)
+        turn_id = new_id("turn")
+        turn = _Turn(
+            turn_id=turn_id,
+            start_index=len(state.messages),
+            ctrl=Batcher(self.controller.inbox, turn_id),
+        )
         run.stream.turn_id = turn.turn_id
         state.messages.append(UserMessage(content=run.input))
         turn.a_index = len(state.messages)
@@ -270,15 +220,14 @@ class TurnRunner(Actor):
         sid, ctrl = state.session_id, turn.ctrl
         while True:
             budget.check_step(turn.step)
-            step = turn.step
+            step = turn.parts.step = turn.step
             await ctrl.send(StepBegin(step=step))
             turn.step_open = True
             await self._announce(
                 ev.StepStarted(session_id=sid, turn_id=turn.turn_id, step=step),
                 agent.hooks.on_step_start,
             )
-            result = await self._infer(turn.turn_id, step, turn.parts, turn.builder, ctrl)
-            turn.builder.close()
+            result = await self._infer(turn)
             turn.usage = turn.usage + result.usage
             over = budget.tokens_exceeded(turn.usage)
             if result.calls:
@@ -332,7 +281,7 @@ class TurnRunner(Actor):
     def _snapshot(self, turn: _Turn, interrupted: bool = False) -> None:
         """Refresh the turn's assistant message in the history (a new frozen value)."""
         self.state.messages[turn.a_index] = AssistantMessage(
-            id=turn.message_id, content=tuple(turn.parts), interrupted=interrupted
+            id=turn.message_id, content=tuple(turn.parts.content), interrupted=interrupted
         )
 
     async def _save(self, turn: _Turn, step: int | None) -> SaveRequest:
@@ -370,11 +319,11 @@ class TurnRunner(Actor):
         controller and hand the result over."""
         state, agent, ctrl = self.state, self.agent, turn.ctrl
         with trio.CancelScope(shield=True):
-            turn.builder.close()
+            closing: list[Any] = []
+            turn.parts.close(closing)  # a part cut short ends here, in both outputs
             cut = turn.error is not None or turn.abort_reason is not None
             cut = cut or turn.budget == "deadline"
-            closing: list[Any] = []
-            for part in turn.parts:
+            for part in turn.parts.content:
                 if isinstance(part, ToolCallPart) and part.tool_call_id not in turn.results:
                     oc = turn.outcomes.get(part.tool_call_id) or ToolOutcome(
                         tool_call_id=part.tool_call_id, tool_name=part.tool_name, error=INTERRUPTED
@@ -424,7 +373,7 @@ class TurnRunner(Actor):
                         message=state.messages[turn.a_index],
                         tool_messages=tuple(
                             turn.results[p.tool_call_id]
-                            for p in turn.parts
+                            for p in turn.parts.content
                             if isinstance(p, ToolCallPart)
                         ),
                         error=turn.error,
@@ -447,16 +396,16 @@ class TurnRunner(Actor):
 
     # -- one model call ---------------------------------------------------------------
 
-    async def _infer(
-        self, turn_id: str, step: int, parts: list[Part], builder: _PartBuilder, ctrl: Batcher
-    ) -> _Step:
+    async def _infer(self, turn: _Turn) -> _Step:
+        """One model call for the turn's current step, retried by the agent's policy
+        while the call has produced no output."""
         policy = self.agent.retry
         attempt = 0
         while True:
             attempt += 1
             result = _Step()
             try:
-                await self._call_once(turn_id, step, parts, builder, ctrl, result)
+                await self._call_once(turn, result)
                 return result
             except ProviderError as exc:
                 delay = None if result.produced else policy.delay(attempt, exc)
@@ -465,8 +414,8 @@ class TurnRunner(Actor):
                 await self.publish(
                     ev.ProviderRetry(
                         session_id=self.state.session_id,
-                        turn_id=turn_id,
-                        step=step,
+                        turn_id=turn.turn_id,
+                        step=turn.step,
                         attempt=attempt,
                         delay=delay,
                         error=_error_info(exc),
@@ -475,31 +424,25 @@ class TurnRunner(Actor):
                 self._log.warning(
                     "provider.retry",
                     session_id=self.state.session_id,
-                    turn_id=turn_id,
-                    step=step,
+                    turn_id=turn.turn_id,
+                    step=turn.step,
                     attempt=attempt,
                     delay=delay,
                     error=redact(str(exc)),
                 )
                 await trio.sleep(delay)
 
-    async def _call_once(
-        self,
-        turn_id: str,
-        step: int,
-        parts: list[Part],
-        builder: _PartBuilder,
-        ctrl: Batcher,
-        result: _Step,
-    ) -> None:
+    async def _call_once(self, turn: _Turn, result: _Step) -> None:
+        """Ask the provider once and relay its chunks: the parts manager decides the
+        parts, and what the stream shows goes on to the controller batch by batch."""
         state, agent = self.state, self.agent
         request_id = new_id("req")
         await self.engine.send(BeginRequest(request_id=request_id))
         request = InferRequest(
             request_id=request_id,
             session_id=state.session_id,
-            turn_id=turn_id,
-            step=step,
+            turn_id=turn.turn_id,
+            step=turn.step,
             instructions=agent.instructions,
             messages=tuple(state.messages),
             tools=agent.tools,
@@ -508,7 +451,7 @@ class TurnRunner(Actor):
             settings=agent.settings,
         )
         await self._ask(self.provider, request)
-        inbox = self.stream_inbox
+        inbox, parts, ctrl = self.stream_inbox, turn.parts, turn.ctrl
         try:
             while True:
                 batch = await inbox.get()
@@ -521,32 +464,19 @@ class TurnRunner(Actor):
                 for chunk in batch:
                     t = type(chunk)
                     if t is TextChunk:
-                        builder.text(chunk, step)
-                        result.produced = True
+                        parts.text(chunk, forward)
                     elif t is ReasoningChunk:
-                        builder.reasoning(chunk, step)
-                        result.produced = True
+                        parts.reasoning(chunk, forward)
+                    elif t is ToolInputDeltaChunk:
+                        forward.append(chunk)
                     elif t is ToolInputStartChunk:
-                        builder.close()
-                        result.produced = True
+                        parts.tool_input_start(chunk, forward)
                     elif t is ToolCallChunk:
-                        builder.close()
-                        parts.append(
-                            ToolCallPart(
-                                tool_call_id=chunk.tool_call_id,
-                                tool_name=chunk.tool_name,
-                                input=chunk.input,
-                                step=step,
-                            )
-                        )
+                        parts.tool_call(chunk, forward)
                         result.calls.append(chunk)
-                        result.produced = True
                     elif t is ProviderDataChunk:
-                        builder.close()
-                        parts.append(
-                            ProviderDataPart(provider=chunk.provider, data=chunk.data, step=step)
-                        )
-                        result.produced = True
+                        parts.provider_data(chunk, forward)
+                        result.produced = True  # stored, though the stream shows nothing
                     elif t is UsageChunk:
                         result.usage = chunk.usage
                     elif t is FinishChunk:
@@ -554,12 +484,13 @@ class TurnRunner(Actor):
                         finished = True
                     elif t is StreamFailed:
                         failure = chunk
-                        continue
-                    forward.append(chunk)
+                if forward:
+                    result.produced = True
+                if finished:
+                    parts.close(forward)  # the call's last part ends with it
                 if forward:
                     await ctrl.send_all(forward)
                 if failure is not None:
-                    builder.close()
                     raise failure.error
                 if finished:
                     return
