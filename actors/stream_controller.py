@@ -64,8 +64,36 @@ class StreamController(Actor):
             return
         message.taken = True
         out: list[Any] = []
+        sid = self.session_id or ""
         for item in message:
-            self._translate(item, out)
+            t = type(item)
+            # The hot path, inlined: a delta of the open part, built directly.
+            if t is TextChunk:
+                self.seq += 1
+                out.append(
+                    o.TextDelta(
+                        step=self._step,
+                        part_id=self._open_id,
+                        text=item.text,
+                        seq=self.seq,
+                        session_id=sid,
+                        turn_id=self._turn_id,
+                    )
+                )
+            elif t is ReasoningChunk:
+                self.seq += 1
+                out.append(
+                    o.ReasoningDelta(
+                        step=self._step,
+                        part_id=self._open_id,
+                        text=item.text,
+                        seq=self.seq,
+                        session_id=sid,
+                        turn_id=self._turn_id,
+                    )
+                )
+            else:
+                self._translate(item, out)
         if out:
             await self._emit(out)
         if self._ending:
@@ -86,18 +114,9 @@ class StreamController(Actor):
             self._open_kind = None
 
     def _translate(self, item: Any, out: list[Any]) -> None:
+        """Everything but the deltas (see :meth:`handle`)."""
         t = type(item)
-        if t is TextChunk:
-            out.append(
-                self._chunk(o.TextDelta, step=self._step, part_id=self._open_id, text=item.text)
-            )
-        elif t is ReasoningChunk:
-            out.append(
-                self._chunk(
-                    o.ReasoningDelta, step=self._step, part_id=self._open_id, text=item.text
-                )
-            )
-        elif t is PartBegin:
+        if t is PartBegin:
             self._close_part(out)
             self._open_kind, self._open_id = item.kind, item.part_id
             cls = o.TextStart if item.kind == TEXT else o.ReasoningStart
