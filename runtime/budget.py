@@ -13,14 +13,22 @@ from __future__ import annotations
 import attrs
 
 from runtime.chunks import Usage
-from runtime.errors import BudgetExceeded
+from runtime.errors import BudgetExceeded, ConfigurationError
+
+
+def _at_least_one_step(_: object, attribute: attrs.Attribute, value: int) -> None:
+    if value < 1:
+        raise ConfigurationError(
+            f"Budget.{attribute.name} must be at least 1 (got {value!r}): every turn "
+            "makes at least one model call"
+        )
 
 
 @attrs.frozen(kw_only=True, slots=True)
 class Budget:
     """Limits for one turn. ``None`` means unlimited."""
 
-    max_steps: int = 10
+    max_steps: int = attrs.field(default=10, validator=_at_least_one_step)
     """Model calls per turn. When the model still wants tools after the last allowed
     step, the turn ends with finish reason ``budget``."""
     max_tool_calls: int | None = None

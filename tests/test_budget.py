@@ -34,3 +34,10 @@ def test_admits_tool_call_counts_calls_already_used_against_max_tool_calls():
     assert Budget(max_tool_calls=2).admits_tool_call(1)
     assert not Budget(max_tool_calls=2).admits_tool_call(2)
     assert Budget().admits_tool_call(10_000)
+
+
+def test_a_budget_of_zero_steps_is_refused_when_it_is_made():
+    from runtime import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match="max_steps must be at least 1"):
+        Budget(max_steps=0)

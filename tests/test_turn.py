@@ -274,3 +274,18 @@ async def test_a_hook_raising_budget_exceeded_ends_the_turn_cleanly_with_its_bud
     saved = (await store.load("s")).messages
     assert [m.role for m in saved] == ["user", "assistant", "tool"]
     assert saved[1].text == "first " and saved[2].output == "value of a"
+
+
+async def test_a_turn_start_hook_raising_budget_exceeded_ends_the_turn_before_any_step():
+    from runtime import BudgetExceeded, Hooks
+
+    async def over_daily_quota(event):
+        raise BudgetExceeded("daily_quota")
+
+    provider = ScriptedProvider([["never"]])
+    agent = Agent(provider=provider, hooks=Hooks(on_turn_start=over_daily_quota))
+    chunks, result, messages = await run(agent)
+    assert [c.type for c in chunks] == ["start", "finish"]
+    assert chunks[-1].budget == "daily_quota" and result.steps == 0
+    assert provider.requests == [] and result.error is None
+    assert [m.role for m in messages] == ["user", "assistant"] and messages[1].content == ()
