@@ -13,11 +13,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from runtime.actor import Actor
+from runtime.agent import DEFAULT_THINK_TAGS
 from runtime.chunks import FinishChunk, ReasoningChunk, TextChunk
 from runtime.inbox import Inbox
 from runtime.protocol import Batch, Batcher, BeginRequest, StreamFailed
-
-DEFAULT_TAGS: tuple[tuple[str, str], ...] = (("<think>", "</think>"),)
 
 
 class ThinkTagSplitter:
@@ -30,7 +29,7 @@ class ThinkTagSplitter:
 
     __slots__ = ("_buf", "_close", "_first_chars", "_inside", "_tags")
 
-    def __init__(self, tags: Sequence[tuple[str, str]] = DEFAULT_TAGS) -> None:
+    def __init__(self, tags: Sequence[tuple[str, str]] = DEFAULT_THINK_TAGS) -> None:
         if not tags or any(not o or not c for o, c in tags):
             raise ValueError("think tags need a non-empty open and close string")
         self._tags = tuple(tags)
@@ -122,7 +121,7 @@ class Engine(Actor):
         self,
         output: Inbox,
         *,
-        tags: Sequence[tuple[str, str]] | None = DEFAULT_TAGS,
+        tags: Sequence[tuple[str, str]] | None = DEFAULT_THINK_TAGS,
         provider: str | None = None,
         session_id: str | None = None,
     ) -> None:

@@ -1,12 +1,14 @@
-"""The stream controller: synthesizes part boundaries and emits the public stream.
+"""The stream controller: renders the turn runner's raw items as the public stream.
 
-It receives the turn runner's raw items (stream chunks plus step and turn markers) and
-turns them into :mod:`runtime.output` chunks: it opens a part when content of a new kind
-starts, closes it when the kind switches (or a reasoning block is signed, or a tool
-call begins, or the step ends), gives each part an id unique across the turn, stamps a
-session-wide ``seq``, and closes whatever is open when the turn ends by error or abort,
-so the grammar always holds. Each chunk goes to the turn's consumer and, when anyone
-listens, onto the bus.
+It receives the turn runner's raw items (stream chunks, part markers, step, tool and
+turn markers) and turns them into :mod:`runtime.output` chunks. It does not decide where
+parts open and close: the turn runner's :class:`~actors.parts.PartsManager` does, once
+for the stream and the stored message alike, and marks it with
+:class:`~actors.parts.PartBegin` / :class:`~actors.parts.PartEnd`; text and reasoning
+chunks between them are the deltas of that part. The controller stamps a session-wide
+``seq``, and closes a part still open when another opens or the step or turn ends (only
+a crash in the middle of a part can leave one open), so the grammar always holds. Each
+chunk goes to the turn's consumer and, when anyone listens, onto the bus.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 
 import trio
 
+from actors.parts import TEXT, PartBegin, PartEnd
 from runtime import output as o
 from runtime.actor import Actor
 from runtime.chunks import (
@@ -24,7 +27,6 @@ from runtime.chunks import (
     ToolInputDeltaChunk,
     ToolInputStartChunk,
 )
-from runtime.ids import new_id
 from runtime.inbox import Inbox
 from runtime.protocol import (
     Batch,
@@ -62,8 +64,36 @@ class StreamController(Actor):
             return
         message.taken = True
         out: list[Any] = []
+        sid = self.session_id or ""
         for item in message:
-            self._translate(item, out)
+            t = type(item)
+            # The hot path, inlined: a delta of the open part, built directly.
+            if t is TextChunk:
+                self.seq += 1
+                out.append(
+                    o.TextDelta(
+                        step=self._step,
+                        part_id=self._open_id,
+                        text=item.text,
+                        seq=self.seq,
+                        session_id=sid,
+                        turn_id=self._turn_id,
+                    )
+                )
+            elif t is ReasoningChunk:
+                self.seq += 1
+                out.append(
+                    o.ReasoningDelta(
+                        step=self._step,
+                        part_id=self._open_id,
+                        text=item.text,
+                        seq=self.seq,
+                        session_id=sid,
+                        turn_id=self._turn_id,
+                    )
+                )
+            else:
+                self._translate(item, out)
         if out:
             await self._emit(out)
         if self._ending:
@@ -79,38 +109,22 @@ class StreamController(Actor):
     def _close_part(self, out: list[Any]) -> None:
         kind = self._open_kind
         if kind is not None:
-            cls = o.TextFinish if kind == "text" else o.ReasoningFinish
+            cls = o.TextFinish if kind == TEXT else o.ReasoningFinish
             out.append(self._chunk(cls, step=self._step, part_id=self._open_id))
             self._open_kind = None
 
-    def _open_part(self, kind: str, out: list[Any]) -> None:
-        self._close_part(out)
-        self._open_kind = kind
-        self._open_id = new_id("part")
-        cls = o.TextStart if kind == "text" else o.ReasoningStart
-        out.append(self._chunk(cls, step=self._step, part_id=self._open_id))
-
     def _translate(self, item: Any, out: list[Any]) -> None:
+        """Everything but the deltas (see :meth:`handle`)."""
         t = type(item)
-        if t is TextChunk:
-            if self._open_kind != "text":
-                self._open_part("text", out)
-            out.append(
-                self._chunk(o.TextDelta, step=self._step, part_id=self._open_id, text=item.text)
-            )
-        elif t is ReasoningChunk:
-            if self._open_kind != "reasoning":
-                self._open_part("reasoning", out)
-            if item.text:
-                out.append(
-                    self._chunk(
-                        o.ReasoningDelta, step=self._step, part_id=self._open_id, text=item.text
-                    )
-                )
-            if item.signature is not None or item.redacted_data is not None:
+        if t is PartBegin:
+            self._close_part(out)
+            self._open_kind, self._open_id = item.kind, item.part_id
+            cls = o.TextStart if item.kind == TEXT else o.ReasoningStart
+            out.append(self._chunk(cls, step=self._step, part_id=item.part_id))
+        elif t is PartEnd:
+            if item.part_id == self._open_id:
                 self._close_part(out)
         elif t is ToolInputStartChunk:
-            self._close_part(out)
             out.append(
                 self._chunk(
                     o.ToolInputStart,
@@ -129,7 +143,6 @@ class StreamController(Actor):
                 )
             )
         elif t is ToolCallChunk:
-            self._close_part(out)
             out.append(
                 self._chunk(
                     o.ToolCall,
@@ -173,7 +186,6 @@ class StreamController(Actor):
                 )
             )
         elif t is StepBegin:
-            self._close_part(out)
             self._step = item.step
             out.append(self._chunk(o.StepStart, step=item.step))
         elif t is StepEnd:
@@ -207,7 +219,6 @@ class StreamController(Actor):
                     )
                 )
             self._ending = True
-        # Usage, finish and provider-data chunks carry nothing the UI stream shows.
 
     async def _emit(self, out: list[Any]) -> None:
         bus = self.bus

@@ -6,10 +6,16 @@ engine), append parts, run tools, repeat, until a step finishes without tool cal
 Every raw item goes on to the stream controller as it arrives; the history is saved at
 every step boundary and at the end of the turn, including a turn that was cut short.
 
+What it delegates: where parts open and close to the :class:`~actors.parts.PartsManager`
+(one decision for the stream and the stored message), budget checks to
+:class:`~runtime.budget.Budget`, retry delays to :class:`~runtime.retry.RetryPolicy`,
+and whether a call may run to :func:`refuse_call`.
+
 Rules from peers' bugs, enforced here:
 
 * tools run only when the step ended with ``stop`` or ``tool-calls``; calls cut by
-  ``length`` or a filter, or whose input is unusable, get an error result instead;
+  ``length`` or a filter, or whose input is unusable, get an error result instead (the
+  provider's own words for what is wrong with the input, when it gave them);
 * a step is final only when it finished with no tool calls;
 * tool results stream in completion order but are saved in call order;
 * a model call is retried only while its step has produced no output;
@@ -25,6 +31,7 @@ from typing import Any
 import attrs
 import trio
 
+from actors.parts import PartsManager
 from actors.session_sync import Adopted, adopt_record, adopt_save
 from runtime import events as ev
 from runtime.actor import Actor
@@ -35,21 +42,18 @@ from runtime.chunks import (
     ReasoningChunk,
     TextChunk,
     ToolCallChunk,
+    ToolInputDeltaChunk,
     ToolInputStartChunk,
     Usage,
     UsageChunk,
 )
-from runtime.errors import ActorFailed, AxonError, ProviderError, StoreError
+from runtime.errors import ActorFailed, AxonError, BudgetExceeded, ProviderError, StoreError
 from runtime.history import INTERRUPTED, RepairedHistory
 from runtime.ids import new_id
 from runtime.inbox import Inbox
 from runtime.logging import get_logger
 from runtime.messages import (
     AssistantMessage,
-    Part,
-    ProviderDataPart,
-    ReasoningPart,
-    TextPart,
     ToolCallPart,
     ToolMessage,
     UserMessage,
@@ -82,64 +86,6 @@ SAVE_TIMEOUT = 5.0
 RUNNABLE_FINISH = ("stop", "tool-calls")
 
 
-class _PartBuilder:
-    """Accumulates the current text or reasoning part from deltas (list + join: linear)."""
-
-    __slots__ = ("kind", "parts", "pieces", "provider", "redacted", "refusal", "signature", "step")
-
-    def __init__(self, parts: list[Part]) -> None:
-        self.parts = parts
-        self.kind: str | None = None
-        self.pieces: list[str] = []
-        self.step = 0
-        self.signature: str | None = None
-        self.redacted: str | None = None
-        self.provider: str | None = None
-        self.refusal = False
-
-    def text(self, chunk: TextChunk, step: int) -> None:
-        if self.kind != "text" or self.refusal != chunk.refusal:
-            self.close()
-            self.kind, self.step, self.refusal = "text", step, chunk.refusal
-        self.pieces.append(chunk.text)
-
-    def reasoning(self, chunk: ReasoningChunk, step: int) -> None:
-        if self.kind != "reasoning":
-            self.close()
-            self.kind, self.step = "reasoning", step
-        if chunk.text:
-            self.pieces.append(chunk.text)
-        if chunk.provider is not None:
-            self.provider = chunk.provider
-        if chunk.signature is not None or chunk.redacted_data is not None:
-            self.signature = chunk.signature
-            self.redacted = chunk.redacted_data
-            self.close()
-
-    def close(self) -> None:
-        kind = self.kind
-        if kind is None:
-            return
-        text = "".join(self.pieces)
-        if kind == "text":
-            if text:
-                self.parts.append(TextPart(text=text, step=self.step, refusal=self.refusal))
-        elif text or self.signature is not None or self.redacted is not None:
-            self.parts.append(
-                ReasoningPart(
-                    text=text,
-                    step=self.step,
-                    signature=self.signature,
-                    redacted_data=self.redacted,
-                    provider=self.provider,
-                )
-            )
-        self.kind = None
-        self.pieces = []
-        self.signature = self.redacted = self.provider = None
-        self.refusal = False
-
-
 @attrs.define(slots=True)
 class _Step:
     finish: str = "other"
@@ -150,21 +96,23 @@ class _Step:
 
 @attrs.define(slots=True, eq=False)
 class _Turn:
-    """Everything one turn accumulates; owned by the turn runner's task."""
+    """Everything one turn accumulates, and the context its steps and model calls run
+    in; owned by the turn runner's task."""
 
     turn_id: str
     start_index: int
     """Index of the turn's user message in the history."""
+    ctrl: Batcher
+    """Where the turn's raw items go: the stream controller."""
     a_index: int = 0
     """Index of the turn's assistant message."""
     message_id: str = attrs.field(factory=lambda: new_id("msg"))
-    parts: list[Part] = attrs.field(factory=list)
+    parts: PartsManager = attrs.field(factory=PartsManager)
+    """Decides the part boundaries; ``parts.content`` is the assistant message's."""
     results: dict[str, ToolMessage] = attrs.field(factory=dict)
     """Tool messages added to the history, by call id."""
     outcomes: dict[str, ToolOutcome] = attrs.field(factory=dict)
     """Every outcome received, as it arrived: kept even if the turn is then cancelled."""
-    builder: Any = None
-    ctrl: Any = None
     usage: Usage = attrs.field(factory=Usage)
     step: int = 0
     step_open: bool = False
@@ -173,11 +121,6 @@ class _Turn:
     error: ErrorInfo | None = None
     abort_reason: str | None = None
     budget: str | None = None
-
-
-class _BudgetStop(Exception):
-    def __init__(self, budget: str) -> None:
-        self.budget = budget
 
 
 class TurnRunner(Actor):
@@ -229,9 +172,11 @@ class TurnRunner(Actor):
         sid = state.session_id
         turn_id = new_id("turn")
         await self._sync(turn_id)
-        turn = _Turn(turn_id=turn_id, start_index=len(state.messages))
-        turn.ctrl = Batcher(self.controller.inbox, turn.turn_id)
-        turn.builder = _PartBuilder(turn.parts)
+        turn = _Turn(
+            turn_id=turn_id,
+            start_index=len(state.messages),
+            ctrl=Batcher(self.controller.inbox, turn_id),
+        )
         run.stream.turn_id = turn.turn_id
         state.messages.append(UserMessage(content=run.input))
         turn.a_index = len(state.messages)
@@ -264,7 +209,7 @@ class TurnRunner(Actor):
                 else:
                     turn.finish_reason = "aborted"
                     turn.abort_reason = run.stream.cancel_reason or "cancelled"
-        except _BudgetStop as stop:
+        except BudgetExceeded as stop:
             turn.finish_reason, turn.budget = "budget", stop.budget
         except trio.Cancelled:
             turn.finish_reason, turn.abort_reason = "aborted", "host shutdown"
@@ -288,19 +233,17 @@ class TurnRunner(Actor):
         state, agent, budget = self.state, self.agent, self.agent.budget
         sid, ctrl = state.session_id, turn.ctrl
         while True:
-            if turn.step >= budget.max_steps:
-                raise _BudgetStop("max_steps")
-            step = turn.step
+            budget.check_step(turn.step)
+            step = turn.parts.step = turn.step
             await ctrl.send(StepBegin(step=step))
             turn.step_open = True
             await self._announce(
                 ev.StepStarted(session_id=sid, turn_id=turn.turn_id, step=step),
                 agent.hooks.on_step_start,
             )
-            result = await self._infer(turn.turn_id, step, turn.parts, turn.builder, ctrl)
-            turn.builder.close()
+            result = await self._infer(turn)
             turn.usage = turn.usage + result.usage
-            over = self._over_token_budget(turn.usage)
+            over = budget.tokens_exceeded(turn.usage)
             if result.calls:
                 over = await self._run_tools(turn, result, refuse=over) or over
                 for call in result.calls:  # call order, not completion order
@@ -311,6 +254,7 @@ class TurnRunner(Actor):
             self._snapshot(turn)
             await ctrl.send(StepEnd(step=step, finish_reason=result.finish, usage=result.usage))
             turn.step_open = False
+            turn.step += 1  # counted once its step-finish is out, whatever a hook does next
             await self._announce(
                 ev.StepFinished(
                     session_id=sid,
@@ -331,9 +275,8 @@ class TurnRunner(Actor):
                 agent.hooks.on_message_added,
             )
             await self._save(turn, step)
-            turn.step += 1
             if over:
-                raise _BudgetStop(over)
+                raise BudgetExceeded(over)
             if not result.calls:
                 turn.finish_reason = result.finish
                 return
@@ -354,7 +297,10 @@ class TurnRunner(Actor):
     ) -> None:
         """Refresh the turn's assistant message in the history (a new frozen value)."""
         self.state.messages[turn.a_index] = AssistantMessage(
-            id=turn.message_id, content=tuple(turn.parts), interrupted=interrupted, error=error
+            id=turn.message_id,
+            content=tuple(turn.parts.content),
+            interrupted=interrupted,
+            error=error,
         )
 
     async def _save(self, turn: _Turn, step: int | None) -> SaveRequest:
@@ -459,12 +405,12 @@ class TurnRunner(Actor):
         controller and hand the result over."""
         state, agent, ctrl = self.state, self.agent, turn.ctrl
         with trio.CancelScope(shield=True):
-            turn.builder.close()
+            closing: list[Any] = []
+            turn.parts.close(closing)  # a part cut short ends here, in both outputs
             # Failed (an error ended it) and interrupted (cut from outside) are stored apart.
             cut = turn.abort_reason is not None or turn.budget == "deadline"
             cut = cut and turn.error is None
-            closing: list[Any] = []
-            for part in turn.parts:
+            for part in turn.parts.content:
                 if isinstance(part, ToolCallPart) and part.tool_call_id not in turn.results:
                     oc = turn.outcomes.get(part.tool_call_id) or ToolOutcome(
                         tool_call_id=part.tool_call_id, tool_name=part.tool_name, error=INTERRUPTED
@@ -474,7 +420,7 @@ class TurnRunner(Actor):
                         closing.append(ToolDone(step=part.step, outcome=oc))
             self._snapshot(turn, interrupted=cut, error=turn.error)
             if turn.step_open and turn.error is None and turn.abort_reason is None:
-                # A budget (the deadline) cut the step: close it so the grammar holds.
+                # A budget (the deadline, a hook's) cut the step: close it for the grammar.
                 closing.append(StepEnd(step=turn.step, finish_reason="other", usage=Usage()))
                 turn.step += 1
             try:
@@ -514,7 +460,7 @@ class TurnRunner(Actor):
                         message=state.messages[turn.a_index],
                         tool_messages=tuple(
                             turn.results[p.tool_call_id]
-                            for p in turn.parts
+                            for p in turn.parts.content
                             if isinstance(p, ToolCallPart)
                         ),
                         error=turn.error,
@@ -538,16 +484,16 @@ class TurnRunner(Actor):
 
     # -- one model call ---------------------------------------------------------------
 
-    async def _infer(
-        self, turn_id: str, step: int, parts: list[Part], builder: _PartBuilder, ctrl: Batcher
-    ) -> _Step:
+    async def _infer(self, turn: _Turn) -> _Step:
+        """One model call for the turn's current step, retried by the agent's policy
+        while the call has produced no output."""
         policy = self.agent.retry
         attempt = 0
         while True:
             attempt += 1
             result = _Step()
             try:
-                await self._call_once(turn_id, step, parts, builder, ctrl, result)
+                await self._call_once(turn, result)
                 return result
             except ProviderError as exc:
                 delay = None if result.produced else policy.delay(attempt, exc)
@@ -556,8 +502,8 @@ class TurnRunner(Actor):
                 await self.publish(
                     ev.ProviderRetry(
                         session_id=self.state.session_id,
-                        turn_id=turn_id,
-                        step=step,
+                        turn_id=turn.turn_id,
+                        step=turn.step,
                         attempt=attempt,
                         delay=delay,
                         error=_error_info(exc),
@@ -566,8 +512,8 @@ class TurnRunner(Actor):
                 self._log.warning(
                     "provider.retry",
                     session_id=self.state.session_id,
-                    turn_id=turn_id,
-                    step=step,
+                    turn_id=turn.turn_id,
+                    step=turn.step,
                     attempt=attempt,
                     delay=delay,
                     error=redact(str(exc)),
@@ -601,23 +547,17 @@ class TurnRunner(Actor):
             await self.engine.send(begin)
             nursery.cancel_scope.cancel()
 
-    async def _call_once(
-        self,
-        turn_id: str,
-        step: int,
-        parts: list[Part],
-        builder: _PartBuilder,
-        ctrl: Batcher,
-        result: _Step,
-    ) -> None:
+    async def _call_once(self, turn: _Turn, result: _Step) -> None:
+        """Ask the provider once and relay its chunks: the parts manager decides the
+        parts, and what the stream shows goes on to the controller batch by batch."""
         state, agent = self.state, self.agent
         request_id = new_id("req")
         await self._begin(request_id)
         request = InferRequest(
             request_id=request_id,
             session_id=state.session_id,
-            turn_id=turn_id,
-            step=step,
+            turn_id=turn.turn_id,
+            step=turn.step,
             instructions=agent.instructions,
             # Repaired once here, so no provider has to remember to: every tool call
             # has a result (``interrupted`` if it never got one), no result lacks its call.
@@ -628,7 +568,7 @@ class TurnRunner(Actor):
             settings=agent.settings,
         )
         await self._ask(self.provider, request)
-        inbox = self.stream_inbox
+        inbox, parts, ctrl = self.stream_inbox, turn.parts, turn.ctrl
         try:
             while True:
                 batch = await inbox.get()
@@ -641,32 +581,19 @@ class TurnRunner(Actor):
                 for chunk in batch:
                     t = type(chunk)
                     if t is TextChunk:
-                        builder.text(chunk, step)
-                        result.produced = True
+                        parts.text(chunk, forward)
                     elif t is ReasoningChunk:
-                        builder.reasoning(chunk, step)
-                        result.produced = True
+                        parts.reasoning(chunk, forward)
+                    elif t is ToolInputDeltaChunk:
+                        forward.append(chunk)
                     elif t is ToolInputStartChunk:
-                        builder.close()
-                        result.produced = True
+                        parts.tool_input_start(chunk, forward)
                     elif t is ToolCallChunk:
-                        builder.close()
-                        parts.append(
-                            ToolCallPart(
-                                tool_call_id=chunk.tool_call_id,
-                                tool_name=chunk.tool_name,
-                                input=chunk.input,
-                                step=step,
-                            )
-                        )
+                        parts.tool_call(chunk, forward)
                         result.calls.append(chunk)
-                        result.produced = True
                     elif t is ProviderDataChunk:
-                        builder.close()
-                        parts.append(
-                            ProviderDataPart(provider=chunk.provider, data=chunk.data, step=step)
-                        )
-                        result.produced = True
+                        parts.provider_data(chunk, forward)
+                        result.produced = True  # stored, though the stream shows nothing
                     elif t is UsageChunk:
                         result.usage = chunk.usage
                     elif t is FinishChunk:
@@ -674,12 +601,13 @@ class TurnRunner(Actor):
                         finished = True
                     elif t is StreamFailed:
                         failure = chunk
-                        continue
-                    forward.append(chunk)
+                if forward:
+                    result.produced = True
+                if finished:
+                    parts.close(forward)  # the call's last part ends with it
                 if forward:
                     await ctrl.send_all(forward)
                 if failure is not None:
-                    builder.close()
                     raise failure.error
                 if finished:
                     return
@@ -708,19 +636,8 @@ class TurnRunner(Actor):
                 ),
                 agent.hooks.on_tool_call,
             )
-            refusal: str | None = None
-            if result.finish not in RUNNABLE_FINISH:
-                refusal = (
-                    f"the tool call was not executed: the response ended with {result.finish!r} "
-                    "(its input may be truncated)"
-                )
-            elif call.input_error is not None:
-                refusal = call.input_error
-            elif refuse is not None:
-                refusal = f"the tool call was not executed: budget {refuse} exceeded"
-            elif (
-                budget.max_tool_calls is not None and turn.tool_calls_used >= budget.max_tool_calls
-            ):
+            refusal = refuse_call(call, result.finish, refuse)
+            if refusal is None and not budget.admits_tool_call(turn.tool_calls_used):
                 refusal = (
                     "the tool call was not executed: budget "
                     f"max_tool_calls={budget.max_tool_calls} reached"
@@ -792,17 +709,6 @@ class TurnRunner(Actor):
 
     # -- helpers ------------------------------------------------------------------------
 
-    def _over_token_budget(self, usage: Usage) -> str | None:
-        """The name of the token budget ``usage`` exceeds, if any."""
-        b = self.agent.budget
-        if b.max_input_tokens is not None and usage.input_tokens > b.max_input_tokens:
-            return "max_input_tokens"
-        if b.max_output_tokens is not None and usage.output_tokens > b.max_output_tokens:
-            return "max_output_tokens"
-        if b.max_total_tokens is not None and usage.total_tokens > b.max_total_tokens:
-            return "max_total_tokens"
-        return None
-
     @staticmethod
     async def _ask(actor: Actor, message: Any) -> None:
         """Send to another actor; one that gave up surfaces as :class:`ActorFailed`."""
@@ -818,6 +724,25 @@ class TurnRunner(Actor):
         await self.publish(event)
         if hook is not None:
             await hook(event)
+
+
+def refuse_call(call: ToolCallChunk, finish: str, token_budget: str | None) -> str | None:
+    """Why a call of a step that finished with ``finish`` must not run (the error result
+    the model sees instead), or ``None`` if it may. The provider's ``input_error`` comes
+    first: it says what is wrong with the input (invalid JSON, cut by ``length``), which
+    helps the model more than the finish reason; then the finish reason, then a token
+    ``token_budget`` the turn went over. (The tool-call budget is counted by the caller.)
+    """
+    if call.input_error is not None:
+        return call.input_error
+    if finish not in RUNNABLE_FINISH:
+        return (
+            f"the tool call was not executed: the response ended with {finish!r} "
+            "(its input may be truncated)"
+        )
+    if token_budget is not None:
+        return f"the tool call was not executed: budget {token_budget} exceeded"
+    return None
 
 
 def _error_info(exc: BaseException) -> ErrorInfo:

@@ -13,13 +13,17 @@ from runtime.tools import Tool, tool
 
 Hook = Callable[[Any], Awaitable[None]]
 DEFAULT_THINK_TAGS: tuple[tuple[str, str], ...] = (("<think>", "</think>"),)
+"""The one default for :attr:`Agent.think_tags` and the engine's tag splitter."""
 
 
 @attrs.frozen(kw_only=True, slots=True)
 class Hooks:
     """Async callbacks the turn runner awaits; each receives the matching bus event.
 
-    A hook that raises fails the turn loudly (an ``error`` chunk), it is never swallowed.
+    A hook that raises fails the turn loudly (an ``error`` chunk), it is never swallowed;
+    except :class:`~runtime.errors.BudgetExceeded`, which is how a hook enforces a budget
+    of its own (cost, say): the turn ends cleanly with finish reason ``budget`` and
+    ``output.result.budget`` set to the name the hook gave, what was streamed is saved.
     """
 
     on_turn_start: Hook | None = None

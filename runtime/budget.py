@@ -1,15 +1,34 @@
-"""Turn budgets: limits that end a turn cleanly with finish reason ``budget``."""
+"""Turn budgets: limits that end a turn cleanly with finish reason ``budget``.
+
+:class:`Budget` owns its checks (as :meth:`RetryPolicy.delay
+<runtime.retry.RetryPolicy.delay>` owns retries); the turn runner only asks. A budget
+that runs out raises :class:`~runtime.errors.BudgetExceeded`, which the turn runner
+turns into the turn's end: finish reason ``budget``, ``output.result.budget`` naming
+which one, everything streamed so far saved. A hook may raise it too, for a budget of
+its own (cost, say): the turn then ends the same way, with that name.
+"""
 
 from __future__ import annotations
 
 import attrs
+
+from runtime.chunks import Usage
+from runtime.errors import BudgetExceeded, ConfigurationError
+
+
+def _at_least_one_step(_: object, attribute: attrs.Attribute, value: int) -> None:
+    if value < 1:
+        raise ConfigurationError(
+            f"Budget.{attribute.name} must be at least 1 (got {value!r}): every turn "
+            "makes at least one model call"
+        )
 
 
 @attrs.frozen(kw_only=True, slots=True)
 class Budget:
     """Limits for one turn. ``None`` means unlimited."""
 
-    max_steps: int = 10
+    max_steps: int = attrs.field(default=10, validator=_at_least_one_step)
     """Model calls per turn. When the model still wants tools after the last allowed
     step, the turn ends with finish reason ``budget``."""
     max_tool_calls: int | None = None
@@ -23,3 +42,27 @@ class Budget:
     """Default per-tool timeout in seconds (a tool may set its own)."""
     max_tool_result_chars: int | None = 100_000
     """A tool result longer than this (as JSON text) is truncated with a visible marker."""
+
+    def check_step(self, step: int) -> None:
+        """Raise :class:`BudgetExceeded` (``max_steps``) if step ``step`` (from 0) may
+        not start."""
+        if step >= self.max_steps:
+            raise BudgetExceeded("max_steps")
+
+    def tokens_exceeded(self, usage: Usage) -> str | None:
+        """The name of the token budget the turn's ``usage`` so far exceeds, if any.
+
+        Not raised at once: the step that went over has already been streamed, so the
+        turn runner finishes it (its tool calls are refused) and then ends the turn.
+        """
+        if self.max_input_tokens is not None and usage.input_tokens > self.max_input_tokens:
+            return "max_input_tokens"
+        if self.max_output_tokens is not None and usage.output_tokens > self.max_output_tokens:
+            return "max_output_tokens"
+        if self.max_total_tokens is not None and usage.total_tokens > self.max_total_tokens:
+            return "max_total_tokens"
+        return None
+
+    def admits_tool_call(self, used: int) -> bool:
+        """Whether one more tool call may run after ``used`` calls this turn."""
+        return self.max_tool_calls is None or used < self.max_tool_calls

@@ -3,7 +3,8 @@
 ``AxonError`` is the root. :class:`ProviderError` and its subclasses classify what went
 wrong with a model call so callers (and the retry policy) can act on it: each class says
 whether it is ``retryable`` and, where the provider said so, ``retry_after`` seconds.
-The ``error`` output chunk carries the class name as ``kind``.
+The ``error`` output chunk carries the class name as ``kind``. A content filter that stops
+a response is not an error here: it is the step's finish reason ``content-filter``.
 
 Messages are redacted when the error is made (:func:`runtime.redact.redact_text`): a
 provider's 401 that quotes the key must not carry it into a log line, a traceback or an
@@ -103,10 +104,6 @@ class ContextTooLong(BadRequest):
     """The conversation exceeds the model's context window."""
 
 
-class ContentFiltered(ProviderError):
-    """The provider refused the content (moderation, safety filter)."""
-
-
 class MalformedStream(ProviderError):
     """The response stream could not be parsed (garbage bytes, broken JSON, cut events)."""
 
@@ -167,7 +164,12 @@ class ActorFailed(AxonError):
 
 
 class BudgetExceeded(AxonError):
-    """A turn budget ran out; ``budget`` names which one."""
+    """A turn budget ran out; ``budget`` names which one.
+
+    Never surfaces as an error: :class:`~runtime.budget.Budget` raises it and the turn
+    runner ends the turn with finish reason ``budget`` (``output.result.budget`` is the
+    name), saving what was streamed. A hook may raise it for a budget of its own.
+    """
 
     def __init__(self, budget: str, message: str = "") -> None:
         super().__init__(message or f"budget exceeded: {budget}")

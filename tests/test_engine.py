@@ -166,3 +166,14 @@ async def test_engine_splits_tags_inside_a_scripted_turn():
     assert "reasoning-delta" in types and types.index("reasoning-finish") < types.index(
         "text-start"
     )
+
+
+def test_the_engine_and_the_agent_share_one_think_tag_default():
+    # Defaulted in one place: an engine built without tags splits what an agent's
+    # default think_tags would, and changing that one default changes both.
+    from actors.engine import Engine
+    from runtime import Agent, Inbox
+    from runtime.agent import DEFAULT_THINK_TAGS
+
+    assert Engine(Inbox(1)).tags == Agent().think_tags == DEFAULT_THINK_TAGS
+    assert ThinkTagSplitter().feed("<think>r</think>a") == [(True, "r"), (False, "a")]

@@ -229,3 +229,63 @@ async def test_a_second_concurrent_turn_on_one_session_is_refused():
                     pass
             await out.collect()
         assert out.result.finish_reason == "stop"
+
+
+async def test_a_call_truncated_by_length_tells_the_model_the_providers_reason():
+    # The provider knows best what is wrong with the input; its words reach the model
+    # instead of the runner's generic "the response ended with 'length'".
+    from runtime import FinishChunk, ToolCallChunk
+
+    why = "the tool input was truncated by the output token limit (max_tokens)"
+    steps = [
+        [
+            ToolCallChunk(
+                tool_call_id="T", tool_name="lookup", input='{"key": "a', input_error=why
+            ),
+            FinishChunk(reason="length", raw_reason="max_tokens"),
+        ],
+        ["sorry"],
+    ]
+    agent = Agent(provider=ScriptedProvider(steps), tools=[lookup])
+    chunks, result, messages = await run(agent)
+    tool_msg = next(m for m in messages if isinstance(m, ToolMessage))
+    assert tool_msg.error == why and tool_msg.output is None
+    assert [c.error for c in chunks if c.type == "tool-error"] == [why]
+    assert result.text == "sorry"
+
+
+async def test_a_hook_raising_budget_exceeded_ends_the_turn_cleanly_with_its_budget():
+    from actors.stores import MemoryStore
+    from runtime import BudgetExceeded, Hooks
+
+    async def cost_guard(event):
+        raise BudgetExceeded("max_cost")
+
+    store = MemoryStore()
+    steps = [["first ", *tool_call("lookup", {"key": "a"}, tool_call_id="A")], ["never"]]
+    agent = Agent(
+        provider=ScriptedProvider(steps), tools=[lookup], hooks=Hooks(on_step_finish=cost_guard)
+    )
+    chunks, result, _ = await run(agent, store=store)
+    assert result.finish_reason == "budget" and result.budget == "max_cost"
+    assert result.error is None and result.steps == 1
+    assert chunks[-1].type == "finish" and chunks[-1].budget == "max_cost"
+    check_grammar(chunks)
+    saved = (await store.load("s")).messages
+    assert [m.role for m in saved] == ["user", "assistant", "tool"]
+    assert saved[1].text == "first " and saved[2].output == "value of a"
+
+
+async def test_a_turn_start_hook_raising_budget_exceeded_ends_the_turn_before_any_step():
+    from runtime import BudgetExceeded, Hooks
+
+    async def over_daily_quota(event):
+        raise BudgetExceeded("daily_quota")
+
+    provider = ScriptedProvider([["never"]])
+    agent = Agent(provider=provider, hooks=Hooks(on_turn_start=over_daily_quota))
+    chunks, result, messages = await run(agent)
+    assert [c.type for c in chunks] == ["start", "finish"]
+    assert chunks[-1].budget == "daily_quota" and result.steps == 0
+    assert provider.requests == [] and result.error is None
+    assert [m.role for m in messages] == ["user", "assistant"] and messages[1].content == ()
