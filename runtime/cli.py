@@ -198,8 +198,7 @@ async def run_command(args: argparse.Namespace) -> int:
         # The answer streamed, but saving it failed (a full disk, a writer that kept
         # overtaking this one): say so, rather than exit 0 as if it were stored.
         sys.stderr.write(
-            f"the turn was not saved to {args.store}: {result.error.kind}: "
-            f"{result.error.message}\n"
+            f"the turn was not saved to {args.store}: {result.error.kind}: {result.error.message}\n"
         )
         return 1
     return 0 if result is not None and result.finish_reason not in ("error", "aborted") else 1

@@ -112,9 +112,7 @@ class Store(Protocol):
     async def aclose(self) -> None: ...
 
 
-def rebase(
-    stored: Sequence[Message], ours: Sequence[Message]
-) -> tuple[tuple[Message, ...], int]:
+def rebase(stored: Sequence[Message], ours: Sequence[Message]) -> tuple[tuple[Message, ...], int]:
     """What a writer whose save met a conflict keeps of the store, to append ``ours`` to.
 
     ``stored`` is the session as the store holds it now, ``ours`` the messages the writer
@@ -127,7 +125,5 @@ def rebase(
     """
     ids = {message.id for message in ours}
     base = tuple(message for message in stored if message.id not in ids)
-    start = next(
-        (i for i, message in enumerate(stored) if message.id in ids), len(stored)
-    )
+    start = next((i for i, message in enumerate(stored) if message.id in ids), len(stored))
     return base, start

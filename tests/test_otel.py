@@ -396,7 +396,7 @@ async def test_cli_otel_exports_the_turn_to_an_otlp_endpoint():
         "chat scripted",
         "chat scripted",
         "execute_tool get_weather",
-        "invoke_agent demo",
+        "invoke_agent scripted",
     ]
 
 
@@ -434,4 +434,4 @@ async def test_serve_otel_exports_a_chat_turn_to_an_otlp_endpoint():
                 proc.kill()
                 await proc.wait()
         requests = list(collector.requests)
-    assert "invoke_agent demo" in exported_span_names(requests)
+    assert "invoke_agent scripted" in exported_span_names(requests)
