@@ -93,10 +93,13 @@ def _respond(request: InferRequest) -> list[StreamChunk | str]:
 
 
 def demo_provider(delay: float = 0.0) -> Any:
-    """A scripted provider that plays reasoning, one tool call, then the answer."""
+    """A scripted provider that plays reasoning, one tool call, then the answer.
+
+    It keeps no requests: the demo serves long-lived ``serve`` processes, where recording
+    every request would hold every session's history (and every prompt) forever."""
     from actors.providers.scripted import ScriptedProvider
 
-    return ScriptedProvider(responder=_respond, delay=delay)
+    return ScriptedProvider(responder=_respond, delay=delay, keep_requests=0)
 
 
 def demo_agent(*, delay: float = 0.0) -> Agent:

@@ -261,3 +261,21 @@ async def test_a_closed_session_object_reloads_on_its_next_turn():
         await session.close()
         await session.run("two")
         assert session.loaded and user_texts(session.messages) == ["one", "two"]
+
+
+async def test_the_demo_agent_serve_runs_keeps_no_prompt_once_its_session_is_evicted(
+    autojump_clock,
+):
+    """``serve``'s offline agent: its provider records no requests, so eviction frees all."""
+    from actors.demo import demo_agent
+
+    prompt = "y" * 2**20
+    async with Host.open(store=CopyingStore(), idle_ttl=60, log_tap=False) as host:
+        session = await host.open_session(demo_agent(), session_id="demo-big")
+        await session.run(prompt)
+        message = weakref.ref(session.messages[0])
+        del prompt
+        await trio.sleep(61)
+        gc.collect()
+        assert not session.loaded
+        assert message() is None

@@ -287,5 +287,5 @@ async def test_a_turn_start_hook_raising_budget_exceeded_ends_the_turn_before_an
     chunks, result, messages = await run(agent)
     assert [c.type for c in chunks] == ["start", "finish"]
     assert chunks[-1].budget == "daily_quota" and result.steps == 0
-    assert provider.requests == [] and result.error is None
+    assert not provider.requests and result.error is None
     assert [m.role for m in messages] == ["user", "assistant"] and messages[1].content == ()

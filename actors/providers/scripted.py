@@ -19,6 +19,7 @@ A step that does not end with a :class:`~runtime.chunks.FinishChunk` gets one: r
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
@@ -107,6 +108,7 @@ class ScriptedProvider(Provider):
         model: str = "scripted",
         max_concurrency: int | None = None,
         name: str | None = None,
+        keep_requests: int | None = None,
     ) -> None:
         if sum(x is not None for x in (steps, turns, responder)) != 1:
             raise ValueError("give exactly one of steps=, turns= or responder=")
@@ -123,8 +125,10 @@ class ScriptedProvider(Provider):
         read of a fast stream delivers. 1 makes every chunk travel the pipeline alone."""
         self.usage = usage
         """Usage reported per call; by default derived from the text lengths."""
-        self.requests: list[InferRequest] = []
-        """Every request received, for tests to inspect what a provider would be sent."""
+        self.requests: deque[InferRequest] = deque(maxlen=keep_requests)
+        """The requests received (the last ``keep_requests`` of them; all when ``None``), for
+        tests to inspect what a provider would be sent. A long-lived server keeps none: each
+        request holds its session's whole history."""
 
     @classmethod
     def from_options(cls, options: ProviderOptions) -> ScriptedProvider:
