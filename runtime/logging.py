@@ -37,6 +37,9 @@ def configure_logging(
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
+            # Tracebacks are rendered to text first, so the redaction below covers them too:
+            # a provider error's __cause__ is the SDK's exception, which may quote the key.
+            structlog.processors.format_exc_info,
             redact_processor,  # every line, whoever logged it: no key reaches stderr
             renderer,
         ],

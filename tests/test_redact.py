@@ -145,3 +145,25 @@ def test_configure_logging_redacts_every_line_even_an_exception_passed_as_a_fiel
         configure_logging("warning")
     line = json.loads(stream.getvalue())
     assert line["event"] == "call.failed" and line["error"] == "key [redacted]"
+
+
+def test_a_logged_traceback_is_redacted_down_to_the_sdk_exception_it_was_raised_from():
+    """A ProviderError's ``__cause__`` is the SDK's exception, whose text may quote the key
+    unredacted; logging with ``exc_info`` renders the whole chain, redacted."""
+    from runtime.errors import AuthenticationFailed
+
+    stream = io.StringIO()
+    configure_logging("info", stream=stream)
+    try:
+        try:
+            try:
+                raise ValueError(f"401: Incorrect API key provided: {KEY}")
+            except ValueError as sdk_error:
+                raise AuthenticationFailed("the provider refused the key") from sdk_error
+        except AuthenticationFailed:
+            structlog.get_logger("anyone").exception("call.failed")
+    finally:
+        configure_logging("warning")
+    line = json.loads(stream.getvalue())
+    assert "Incorrect API key provided: [redacted]" in line["exception"]
+    assert KEY not in stream.getvalue()
