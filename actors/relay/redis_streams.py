@@ -236,6 +236,7 @@ class RedisRelayWriter:
                     await self._stop.wait()
         finally:
             self._in_flight = False
+            self.relay.live.discard(self)
             self._notify()
 
     async def _write(self, batch: list[dict[str, Any]]) -> None:
@@ -301,6 +302,8 @@ class RedisRelay:
         self.op_timeout = op_timeout
         self.close_timeout = close_timeout
         self.block_ms = block_ms
+        self.live: set[RedisRelayWriter] = set()
+        """Writers whose flush task runs."""
 
     @classmethod
     @asynccontextmanager
@@ -329,31 +332,33 @@ class RedisRelay:
             )
         except ValueError as exc:
             raise ConfigurationError(f"bad Redis URL {shown!r}: {exc}") from None
-        relay_options = {k: v for k, v in options.items()}
+        relay_options = dict(options)
         retry_for = float(relay_options.get("retry_for", RETRY_FOR))
-        async with client:
-            deadline = trio.current_time() + retry_for
-            attempt = 0
-            while True:
-                try:
-                    with trio.fail_after(5.0):
-                        await client.ping()
-                    break
-                except (*_transient(), trio.TooSlowError) as exc:
-                    if trio.current_time() >= deadline:
-                        raise RelayUnavailable(
-                            f"Redis at {shown} did not answer for {retry_for:g} s: "
-                            f"{type(exc).__name__}: {exc}"
-                        ) from None
-                    log.warning("relay.connect_failed", url=shown, error=str(exc))
-                    await trio.sleep(_backoff(attempt, 0.1, 2.0))
-                    attempt += 1
-            async with trio.open_nursery() as nursery:
-                relay = cls(client, nursery, **relay_options)
-                try:
-                    yield relay
-                finally:
-                    nursery.cancel_scope.cancel()
+        try:
+            async with client:
+                await _wait_for_redis(client, shown, retry_for)
+                async with trio.open_nursery() as nursery:
+                    relay = cls(client, nursery, **relay_options)
+                    try:
+                        yield relay
+                    finally:
+                        await relay.aclose()
+                        nursery.cancel_scope.cancel()
+        except BaseExceptionGroup as group:
+            # The client's task group and the writers' nursery wrap what the caller's block
+            # raised; a caller expects the one error it raised (LookupError, ...) unwrapped.
+            leaf = _single_leaf(group)
+            if leaf is None:
+                raise
+            raise leaf from None
+
+    async def aclose(self) -> None:
+        """Let the writers' queued chunks out (at most ``close_timeout``); called when the
+        :meth:`open` block ends. Writers not closed stay open (a worker's shutdown leaves
+        its turns to a takeover)."""
+        with trio.CancelScope(shield=True), trio.move_on_after(self.close_timeout):
+            for writer in list(self.live):
+                await writer.flushed()
 
     # -- keys -------------------------------------------------------------------------------
 
@@ -373,6 +378,7 @@ class RedisRelay:
         """A writer for a turn this process runs; its flush task runs in the relay's
         nursery. A second writer for the same turn (a takeover) continues its seqs."""
         writer = RedisRelayWriter(self, session_id=session_id, turn_id=turn_id)
+        self.live.add(writer)
         self.nursery.start_soon(writer.run)
         return writer
 
@@ -441,6 +447,13 @@ class RedisRelay:
             start = f"({_entry_seq(last_id)}-1"
         if not backlog:
             raise RelayTurnGone(f"the relay has no stream for turn {turn_id!r}")
+        # Seqs are the writer's, so a stream that lost its head (Redis restarted without
+        # its data while the turn went on) shows as a hole, never as a shorter turn.
+        for expected, (seq, _) in enumerate(backlog, start=1):
+            if seq != expected:
+                raise RelayTurnGone(
+                    f"the relay lost chunks {expected}..{seq - 1} of turn {turn_id!r}"
+                )
         ended = False
         for seq, item in _drop_restarted(backlog, seen):
             if seq <= seen:
@@ -457,9 +470,7 @@ class RedisRelay:
         while True:
             result = await self._call(
                 "live",
-                lambda lid=last_id: self.client.xread(
-                    {key: lid}, count=PAGE, block=self.block_ms
-                ),
+                lambda lid=last_id: self.client.xread({key: lid}, count=PAGE, block=self.block_ms),
             )
             entries = next(iter(result.values()), ()) if result else ()
             if not entries:
@@ -545,6 +556,41 @@ class RedisRelay:
 
 
 _END = object()
+
+
+async def _wait_for_redis(client: Any, shown: str, retry_for: float) -> None:
+    """PING until Redis answers; :class:`RelayUnavailable` after ``retry_for`` seconds."""
+    deadline = trio.current_time() + retry_for
+    attempt = 0
+    while True:
+        try:
+            with trio.fail_after(5.0):
+                await client.ping()
+            return
+        except (*_transient(), trio.TooSlowError) as exc:
+            if trio.current_time() >= deadline:
+                raise RelayUnavailable(
+                    f"Redis at {shown} did not answer for {retry_for:g} s: "
+                    f"{type(exc).__name__}: {exc}"
+                ) from None
+            log.warning("relay.connect_failed", url=shown, error=str(exc))
+            await trio.sleep(_backoff(attempt, 0.1, 2.0))
+            attempt += 1
+
+
+def _single_leaf(group: BaseExceptionGroup) -> BaseException | None:
+    """The only exception inside nested groups, or ``None`` when there are several."""
+    leaves: list[BaseException] = []
+
+    def walk(exc: BaseException) -> None:
+        if isinstance(exc, BaseExceptionGroup):
+            for inner in exc.exceptions:
+                walk(inner)
+        else:
+            leaves.append(exc)
+
+    walk(group)
+    return leaves[0] if len(leaves) == 1 else None
 
 
 def _drop_restarted(backlog: list[tuple[int, Any]], seen: int) -> list[tuple[int, Any]]:
