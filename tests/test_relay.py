@@ -204,7 +204,7 @@ async def test_a_bad_url_is_a_clear_configuration_error() -> None:
 
 
 async def test_an_unreachable_redis_is_relay_unavailable_after_retries() -> None:
-    with pytest.raises(RelayUnavailable, match="Redis at redis://127.0.0.1:1/0 did not answer"):
+    with pytest.raises(RelayUnavailable, match=r"Redis at redis://127\.0\.0\.1:1/0 did not answer"):
         async with RedisRelay.open("redis://127.0.0.1:1/0", retry_for=0.3):
             pass
 
@@ -240,7 +240,7 @@ async def test_redis_restarted_mid_turn_loses_nothing_committed(redis_url: str) 
                 session = await host.open_session(Agent(name="a", provider=provider))
                 async with session.stream("go") as out:
                     seen = 0
-                    async for chunk in out:
+                    async for _chunk in out:
                         seen += 1
                         if seen == 20:
                             await trio.to_thread.run_sync(stop_redis)
