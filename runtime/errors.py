@@ -159,6 +159,27 @@ class StoreConflict(StoreError):
         self.actual = actual
 
 
+class RelayError(AxonError):
+    """The live-output relay (:mod:`runtime.relay`) failed."""
+
+
+class RelayUnavailable(RelayError):
+    """The relay's server (Redis) did not answer within the retry window.
+
+    Nothing committed is lost: the store holds every saved step; what is lost is only the
+    live view, which a reader rebuilds from the store."""
+
+    retryable = True
+
+
+class RelayTurnGone(RelayError, LookupError):
+    """The relay no longer has the turn, or lost part of it (expired, Redis restarted,
+    or a writer's bounded queue overflowed while Redis was down).
+
+    The relay is a cache: the caller rebuilds the turn from the committed messages in the
+    store. A :class:`LookupError`, as :meth:`runtime.relay.Relay.read` promises."""
+
+
 class ActorFailed(AxonError):
     """An actor exceeded its restart intensity; the session it served cannot go on."""
 

@@ -15,6 +15,21 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any, Protocol, runtime_checkable
 
+import attrs
+
+RESTART_STEP = "relay.restart-step"
+
+
+@attrs.frozen(kw_only=True, slots=True)
+class StepRestarted:
+    """Read from a relay among the chunks: a takeover re-runs ``step``, so a reader drops
+    what it showed of that step (the AI SDK stream maps it to ``reset-step``). ``seq`` is
+    the marker's own place in the turn's relay stream."""
+
+    step: int
+    seq: int = 0
+    type: str = RESTART_STEP
+
 
 @runtime_checkable
 class RelayWriter(Protocol):
@@ -54,4 +69,4 @@ class Relay(Protocol):
     async def aclose(self) -> None: ...
 
 
-__all__ = ["Relay", "RelayWriter"]
+__all__ = ["RESTART_STEP", "Relay", "RelayWriter", "StepRestarted"]

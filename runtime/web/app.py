@@ -18,6 +18,9 @@ Hypercorn's Trio worker, see :mod:`runtime.web.serve`):
     (``messages``) and as AI SDK ``UIMessage`` s (``ui_messages``).
 ``GET /api/info``
     The agent's name, provider and model.
+``GET /api/chat/{id}/stream``, ``POST /api/chat/{id}/stop``
+    Resume a running turn from the relay (``useChat({resume: true})``; 204 when none)
+    and stop a turn wherever it runs: see :mod:`runtime.web.resume`.
 
 Safe by default: only loopback ``Host`` names (403, :mod:`runtime.web.guard`), no
 state-changing request from another origin (403) or with a non-JSON body (415), no CORS
@@ -53,6 +56,7 @@ from runtime.session import FINAL_WAIT
 from runtime.web import BODY_TIMEOUT, DEFAULT_MAX_BODY, SEND_TIMEOUT
 from runtime.web.guard import RequestGuard
 from runtime.web.protocol import DONE, HEADERS, UIStreamEncoder, ui_messages
+from runtime.web.resume import resume_stream, stop_turn
 from runtime.web.writer import BodyWriter
 
 KEEPALIVE = 15.0
@@ -333,6 +337,11 @@ class WebState:
         self.keepalive = keepalive
         self.body_timeout = body_timeout
         self.send_timeout = send_timeout
+        self.relay: Any = None
+        """The live-output relay (:mod:`runtime.relay`) turns are resumed from, if any."""
+        self.cancel_hook: Callable[[str], Any] | None = None
+        """``await cancel_hook(turn_id)`` cancels a turn this process does not run (a
+        worker deployment's ``request_cancel``)."""
         self.background: trio.Nursery | None = None
         """Where response writers run, outliving their request (opened by the app's
         lifespan; without one, each request keeps its own)."""
@@ -507,6 +516,8 @@ def create_app(
     allowed_hosts: Sequence[str] | None = None,
     body_timeout: float | None = BODY_TIMEOUT,
     send_timeout: float | None = SEND_TIMEOUT,
+    relay: Any = None,
+    cancel_hook: Callable[[str], Any] | None = None,
 ) -> Starlette:
     """The web app for ``host``: every session runs ``agent`` (or ``agent(session_id)``).
 
@@ -516,7 +527,9 @@ def create_app(
     ``allowed_hosts`` adds ``Host`` names to the loopback ones the app answers (see
     :class:`~runtime.web.guard.HostPolicy`); ``body_timeout`` bounds the time a request
     body takes to arrive (408), ``send_timeout`` the time a stream waits for a client that
-    takes no data before dropping it (``None``: no limit).
+    takes no data before dropping it (``None``: no limit). ``relay`` (a
+    :class:`runtime.relay.Relay`) serves ``GET /api/chat/{id}/stream`` for turns running
+    anywhere; ``cancel_hook(turn_id)`` stops a turn running in another process.
     """
     page = (STATIC / "index.html").read_bytes()
     state = WebState(
@@ -527,6 +540,8 @@ def create_app(
         body_timeout=body_timeout,
         send_timeout=send_timeout,
     )
+    state.relay = relay
+    state.cancel_hook = cancel_hook
 
     async def index(request: Request) -> Response:
         return HTMLResponse(page, headers={"content-security-policy": CSP})
@@ -565,6 +580,8 @@ def create_app(
             Route("/", index, methods=["GET"]),
             Route("/api/info", info, methods=["GET"]),
             Route("/api/chat", chat, methods=["POST"]),
+            Route("/api/chat/{session_id}/stream", resume_stream, methods=["GET"]),
+            Route("/api/chat/{session_id}/stop", stop_turn, methods=["POST"]),
             Route("/api/sessions", list_sessions, methods=["GET"]),
             Route("/api/sessions/{session_id}", get_session, methods=["GET"]),
         ],

@@ -19,6 +19,7 @@ import os
 import signal
 import sys
 import threading
+from contextlib import AsyncExitStack
 from functools import partial
 from typing import Any
 
@@ -67,6 +68,13 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
         help="scripted demo: seconds between chunks, so the page shows it typing (default 0.02)",
     )
     add("--store", default=None, help="SQLite file for the sessions (default: memory)")
+    add(
+        "--redis",
+        default=None,
+        metavar="URL",
+        help="publish turns live to this Redis (redis://host:port/db) so any front end can "
+        "stream, resume or stop them (docs/relay.md)",
+    )
     add(
         "--token",
         default=None,
@@ -224,9 +232,24 @@ async def serve_command(args: argparse.Namespace) -> int:
         except ConfigurationError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
-    async with Host.open(
-        store=args.store, idle_ttl=args.session_ttl, max_sessions=args.max_sessions
-    ) as host:
+    async with AsyncExitStack() as stack:
+        relay = None
+        if args.redis:
+            from actors.relay import RedisRelay
+            from runtime.errors import ConfigurationError, RelayUnavailable
+
+            try:
+                relay = await stack.enter_async_context(RedisRelay.open(args.redis))
+            except (ConfigurationError, RelayUnavailable) as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                return 2
+        host = await stack.enter_async_context(
+            Host.open(store=args.store, idle_ttl=args.session_ttl, max_sessions=args.max_sessions)
+        )
+        if relay is not None:
+            from actors.relay import attach_relay
+
+            await attach_relay(host, relay)
         if tracing is not None:
             await host.start_actor(tracing)
         app = create_app(
@@ -238,6 +261,7 @@ async def serve_command(args: argparse.Namespace) -> int:
             allowed_hosts=[args.host, *args.allowed_host],
             body_timeout=args.body_timeout,
             send_timeout=args.send_timeout,
+            relay=relay,
         )
 
         async def shutdown_trigger() -> None:
@@ -262,10 +286,17 @@ async def serve_command(args: argparse.Namespace) -> int:
                 print(
                     f"Axon web UI on {url}/{fragment}  "
                     f"(provider {args.provider}, store {args.store or 'memory'}"
+                    f"{', relay ' + _public_url(args.redis) if relay is not None else ''}"
                     f"{', OpenTelemetry traces' if tracing is not None else ''})",
                     flush=True,
                 )
     return 0
+
+
+def _public_url(url: str) -> str:
+    from actors.relay.redis_streams import _public_url as public
+
+    return public(url)
 
 
 def main(argv: list[str] | None = None) -> int:

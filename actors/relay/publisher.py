@@ -1,0 +1,88 @@
+"""``RelayPublisher``: an embedded host's turns, published live to a relay.
+
+In the embedded mode (one process, SQLite or memory store) a turn's chunks reach only the
+consumer that started it. With this actor on the host's bus, every turn the host runs is
+also appended to a :class:`~runtime.relay.Relay`, so any front end streams or resumes it
+(``GET /api/chat/{id}/stream``). :func:`attach_relay` also listens for the relay's cancel
+requests and cancels the local turn they name: a stop pressed on any front end reaches
+the process that runs the turn.
+
+The actor's inbox is ``block`` (every chunk must reach the relay in order) but its
+handler never waits on Redis: ``append`` only queues, and the writer's own task flushes.
+A Redis that is down therefore never stalls a turn.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import trio
+
+from runtime.actor import Actor
+from runtime.inbox import OverflowPolicy
+from runtime.output import OUTPUT_CHUNK_TYPES, Abort, Error, Finish, Start
+
+_ENDS = (Finish, Error, Abort)
+
+
+class RelayPublisher(Actor):
+    """Appends every output chunk on the bus to ``relay.writer(session_id, turn_id)``."""
+
+    subscribes_to: ClassVar[Any] = OUTPUT_CHUNK_TYPES
+    overflow: ClassVar[OverflowPolicy] = "block"
+    inbox_capacity = 4096
+
+    def __init__(self, relay: Any, *, name: str = "relay-publisher") -> None:
+        super().__init__(name=name)
+        self.relay = relay
+        self.writers: dict[str, Any] = {}
+        """The open writers, by turn id."""
+
+    async def handle(self, chunk: Any) -> None:
+        turn_id = chunk.turn_id
+        if not turn_id:
+            return
+        writer = self.writers.get(turn_id)
+        if writer is None:
+            if type(chunk) is not Start:
+                return  # a turn that began before the publisher started: not relayed
+            writer = self.writers[turn_id] = self.relay.writer(
+                session_id=chunk.session_id, turn_id=turn_id
+            )
+        writer.append(chunk)
+        if type(chunk) in _ENDS:
+            del self.writers[turn_id]
+            self.relay.nursery.start_soon(writer.aclose)
+
+
+def cancel_local_turn(host: Any, turn_id: str, reason: str) -> bool:
+    """Cancel the turn ``turn_id`` if this host runs it; whether it did."""
+    for session in list(host.sessions.values()):
+        current = session.current
+        if current is not None and current.turn_id == turn_id:
+            current.cancel(reason)
+            return True
+    return False
+
+
+async def attach_relay(host: Any, relay: Any) -> RelayPublisher:
+    """Publish every turn ``host`` runs to ``relay`` and obey the relay's cancel requests
+    for them; returns the running publisher."""
+    publisher = await host.start_actor(RelayPublisher(relay))
+    watch = getattr(relay, "watch_cancels", None)
+    if watch is not None:
+
+        def on_cancel(turn_id: str, reason: str) -> None:
+            cancel_local_turn(host, turn_id, reason)
+
+        await host.nursery.start(_watch, watch, on_cancel)
+    return publisher
+
+
+async def _watch(
+    watch: Any, on_cancel: Any, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+) -> None:
+    await watch(on_cancel, task_status=task_status)
+
+
+__all__ = ["RelayPublisher", "attach_relay", "cancel_local_turn"]

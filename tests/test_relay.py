@@ -1,0 +1,267 @@
+"""The Redis Streams relay against a real Redis: order, resume, coalescing, restarts, loss."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import trio
+
+from actors.providers.scripted import ScriptedProvider
+from actors.relay import RedisRelay, attach_relay
+from runtime import Agent, Host
+from runtime import output as o
+from runtime.chunks import Usage
+from runtime.errors import ConfigurationError, RelayTurnGone, RelayUnavailable
+from runtime.messages import AssistantMessage
+from runtime.relay import Relay, RelayWriter, StepRestarted
+from tests.support.redis import (
+    redis_restored,
+    require_redis,
+    start_redis,
+    stop_redis,
+    unique_prefix,
+)
+
+USAGE = Usage(input_tokens=1, output_tokens=1, total_tokens=2)
+
+
+@pytest.fixture
+def redis_url() -> str:
+    return require_redis()
+
+
+def opened(url: str, **options: Any) -> Any:
+    return RedisRelay.open(url, prefix=unique_prefix(), **options)
+
+
+def text_turn(step_texts: list[str]) -> list[Any]:
+    """A small turn's output chunks (producer seqs all 0: the relay stamps its own)."""
+    out: list[Any] = [o.Start(message_id="m1", turn_id="t", session_id="s")]
+    for step, text in enumerate(step_texts):
+        pid = f"p{step}"
+        out += [
+            o.StepStart(step=step),
+            o.TextStart(step=step, part_id=pid),
+            o.TextDelta(step=step, part_id=pid, text=text),
+            o.TextFinish(step=step, part_id=pid),
+            o.StepFinish(step=step, finish_reason="stop", usage=USAGE),
+        ]
+    return [*out, o.Finish(finish_reason="stop", usage=USAGE)]
+
+
+async def read_all(relay: Any, turn_id: str, after_seq: int | None = None) -> list[Any]:
+    with trio.fail_after(10):
+        return [c async for c in relay.read(turn_id, after_seq=after_seq)]
+
+
+async def read_when_published(relay: Any, turn_id: str) -> list[Any]:
+    """The turn read back once the publisher's first flush made it exist (the local
+    consumer may finish before the publisher actor's writer flushed at all)."""
+    with trio.fail_after(10):
+        while True:
+            try:
+                return await read_all(relay, turn_id)
+            except RelayTurnGone:
+                await trio.sleep(0.01)
+
+
+async def test_relay_meets_the_contract(redis_url: str) -> None:
+    async with opened(redis_url) as relay:
+        assert isinstance(relay, Relay)
+        assert isinstance(relay.writer(session_id="s", turn_id="t"), RelayWriter)
+
+
+async def test_a_hosts_turn_reads_back_in_order_with_relay_seqs(redis_url: str) -> None:
+    async with opened(redis_url) as relay, Host.open(log_tap=False) as host:
+        await attach_relay(host, relay)
+        session = await host.open_session(Agent(name="a"), session_id="s1")
+        async with session.stream("hello") as out:
+            local = await out.collect()
+        got = await read_when_published(relay, out.turn_id)
+    assert [c.type for c in got] == [c.type for c in local]
+    assert [c.seq for c in got] == list(range(1, len(local) + 1))
+    assert [getattr(c, "text", None) for c in got] == [getattr(c, "text", None) for c in local]
+
+
+async def test_resume_after_a_seq_misses_and_repeats_nothing(redis_url: str) -> None:
+    async with opened(redis_url) as relay:
+        writer = relay.writer(session_id="s", turn_id="t")
+        for chunk in text_turn(["a", "b"]):
+            writer.append(chunk)
+        await writer.aclose()
+        full = await read_all(relay, "t")
+        for after in (0, 1, 5, len(full) - 1, len(full)):
+            assert await read_all(relay, "t", after_seq=after) == full[after:]
+
+
+async def test_a_live_reader_gets_every_chunk_as_the_turn_runs(redis_url: str) -> None:
+    async with opened(redis_url, block_ms=50) as relay:
+        writer = relay.writer(session_id="s", turn_id="t")
+        chunks = text_turn(["one", "two", "three"])
+        writer.append(chunks[0])
+        await writer.flushed()
+        got: list[Any] = []
+
+        async def read() -> None:
+            got.extend(await read_all(relay, "t"))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(read)
+            for chunk in chunks[1:]:
+                await trio.sleep(0.01)
+                writer.append(chunk)
+            await writer.aclose()
+    assert [c.type for c in got] == [c.type for c in chunks]
+
+
+async def test_appends_queued_together_are_written_in_one_flush(redis_url: str) -> None:
+    async with opened(redis_url) as relay:
+        writer = relay.writer(session_id="s", turn_id="t")
+        writer.append(o.Start(message_id="m"))
+        for i in range(1000):
+            writer.append(o.TextDelta(step=0, part_id="p", text=str(i)))
+        await writer.aclose()
+        got = await read_all(relay, "t")
+    assert writer.flushes == 1  # 1002 items (with the end) in one pipeline
+    assert [c.text for c in got[1:]] == [str(i) for i in range(1000)]
+
+
+async def test_a_restarted_step_is_dropped_from_a_replay(redis_url: str) -> None:
+    async with opened(redis_url) as relay:
+        writer = relay.writer(session_id="s", turn_id="t")
+        first_try = text_turn(["partial"])[:4]  # start, step-start, text-start, "partial"
+        for chunk in first_try:
+            writer.append(chunk)
+        await writer.restart_step(0)
+        for chunk in text_turn(["final"])[1:]:
+            writer.append(chunk)
+        await writer.aclose()
+        replay = await read_all(relay, "t")
+        resumed = await read_all(relay, "t", after_seq=3)  # had seen start..text-start
+    assert [getattr(c, "text", None) for c in replay if c.type == "text-delta"] == ["final"]
+    assert not any(isinstance(c, StepRestarted) for c in replay)
+    assert isinstance(resumed[0], StepRestarted) and resumed[0].step == 0
+    assert [c.text for c in resumed if c.type == "text-delta"] == ["final"]
+
+
+async def test_a_takeover_writer_continues_the_seqs(redis_url: str) -> None:
+    async with opened(redis_url) as relay:
+        first = relay.writer(session_id="s", turn_id="t")
+        chunks = text_turn(["x"])
+        for chunk in chunks[:3]:
+            first.append(chunk)
+        await first.aclose(final=False)
+        second = relay.writer(session_id="s", turn_id="t")
+        for chunk in chunks[3:]:
+            second.append(chunk)
+        await second.aclose()
+        got = await read_all(relay, "t")
+    assert [c.seq for c in got] == list(range(1, len(chunks) + 1))
+
+
+async def test_an_unknown_turn_is_a_lookup_error(redis_url: str) -> None:
+    async with opened(redis_url) as relay:
+        with pytest.raises(LookupError, match="no stream for turn 'nope'"):
+            await read_all(relay, "nope")
+
+
+async def test_a_stream_that_vanishes_under_a_live_reader_is_reported(redis_url: str) -> None:
+    async with opened(redis_url, block_ms=20) as relay:
+        writer = relay.writer(session_id="s", turn_id="t")
+        writer.append(o.Start(message_id="m"))
+        await writer.flushed()
+        errors: list[BaseException] = []
+
+        async def read() -> None:
+            try:
+                await read_all(relay, "t")
+            except RelayTurnGone as exc:
+                errors.append(exc)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(read)
+            await trio.sleep(0.1)
+            await relay.client.delete([relay.turn_key("t")])
+    assert len(errors) == 1 and "expired or was lost" in str(errors[0])
+
+
+async def test_an_overflowing_queue_says_chunks_were_lost(redis_url: str) -> None:
+    async with opened(redis_url, max_queue=5) as relay:
+        writer = relay.writer(session_id="s", turn_id="t")
+        for chunk in text_turn(["a", "b"]):  # 12 chunks queued before any flush
+            writer.append(chunk)
+        await writer.aclose()
+        assert writer.lost > 0
+        with pytest.raises(RelayTurnGone, match="lost part of turn"):
+            await read_all(relay, "t")
+
+
+async def test_active_turn_is_the_running_one_and_none_once_it_ended(redis_url: str) -> None:
+    async with opened(redis_url) as relay:
+        writer = relay.writer(session_id="s", turn_id="t")
+        writer.append(o.Start(message_id="m"))
+        await writer.flushed()
+        assert await relay.active_turn("s") == "t"
+        await writer.aclose()
+        assert await relay.active_turn("s") is None
+        assert await relay.active_turn("other") is None
+
+
+async def test_a_bad_url_is_a_clear_configuration_error() -> None:
+    with pytest.raises(ConfigurationError, match="bad Redis URL 'http://u:\\*\\*\\*@x"):
+        async with RedisRelay.open("http://u:secret@x:1"):
+            pass
+
+
+async def test_an_unreachable_redis_is_relay_unavailable_after_retries() -> None:
+    with pytest.raises(RelayUnavailable, match=r"Redis at redis://127\.0\.0\.1:1/0 did not answer"):
+        async with RedisRelay.open("redis://127.0.0.1:1/0", retry_for=0.3):
+            pass
+
+
+async def test_cancel_requests_reach_the_host_that_runs_the_turn(redis_url: str) -> None:
+    prefix = unique_prefix()
+    provider = ScriptedProvider(["word " * 200], delay=0.01)
+    async with (
+        RedisRelay.open(redis_url, prefix=prefix) as runner_relay,
+        RedisRelay.open(redis_url, prefix=prefix) as other_relay,
+        Host.open(log_tap=False) as host,
+    ):
+        await attach_relay(host, runner_relay)
+        session = await host.open_session(Agent(name="a", provider=provider), session_id="s")
+        async with session.stream("go") as out:
+            async for chunk in out:
+                if chunk.type == "text-delta":
+                    assert await other_relay.request_cancel(out.turn_id, "stopped") >= 1
+                    break
+            with trio.fail_after(10):
+                await out.done.wait()
+    assert out.result.finish_reason == "aborted" or out.result.abort_reason == "stopped"
+    assert isinstance(session.messages[-1], AssistantMessage)
+    assert session.messages[-1].interrupted
+
+
+async def test_redis_restarted_mid_turn_loses_nothing_committed(redis_url: str) -> None:
+    provider = ScriptedProvider(["tick " * 120], delay=0.01)
+    with redis_restored():
+        async with opened(redis_url, retry_base=0.02, retry_max=0.2) as relay:
+            async with Host.open(log_tap=False) as host:
+                publisher = await attach_relay(host, relay)
+                session = await host.open_session(Agent(name="a", provider=provider))
+                async with session.stream("go") as out:
+                    seen = 0
+                    async for _chunk in out:
+                        seen += 1
+                        if seen == 20:
+                            await trio.to_thread.run_sync(stop_redis)
+                        if seen == 60:
+                            await trio.to_thread.run_sync(start_redis)
+                writers = list(publisher.writers.values())
+                assert out.result.finish_reason == "stop"
+                text = "".join(p.text for p in session.messages[-1].content)
+                assert text == "tick " * 120
+                assert not writers  # the turn's writer was closed at its end
+                # The relay lost what Redis held (nosave): a reader is told, not misled.
+                with pytest.raises(LookupError):
+                    await read_all(relay, out.turn_id)

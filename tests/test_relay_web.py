@@ -1,0 +1,161 @@
+"""Resume and stop through the web app, from a front end that does not run the turn."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx
+import pytest
+import trio
+
+from actors.providers.scripted import ScriptedProvider
+from actors.relay import RedisRelay, attach_relay
+from runtime import Agent
+from runtime.messages import AssistantMessage
+from tests.support.redis import require_redis, unique_prefix
+from tests.web.harness import wait_idle, web_server
+
+JSON = {"content-type": "application/json"}
+
+
+@pytest.fixture
+def redis_url() -> str:
+    return require_redis()
+
+
+def chat_body(session_id: str, text: str = "go") -> dict[str, Any]:
+    return {
+        "id": session_id,
+        "messages": [{"id": "u1", "role": "user", "parts": [{"type": "text", "text": text}]}],
+        "trigger": "submit-message",
+    }
+
+
+def sse_events(raw: str) -> list[tuple[str | None, Any]]:
+    """``(id, data)`` per SSE event (keep-alive comments skipped)."""
+    out: list[tuple[str | None, Any]] = []
+    for block in raw.strip().split("\n\n"):
+        if block.startswith(":"):
+            continue
+        event_id, data = None, None
+        for line in block.split("\n"):
+            if line.startswith("id: "):
+                event_id = line[4:]
+            elif line.startswith("data: "):
+                data = line[6:]
+        out.append((event_id, data if data == "[DONE]" else json.loads(data)))
+    return out
+
+
+async def wait_streaming(client: httpx.AsyncClient, url: str) -> None:
+    """Wait until ``GET url`` (a resume endpoint) has a turn to stream (headers only)."""
+    with trio.fail_after(10):
+        while True:
+            async with client.stream("GET", url) as response:
+                if response.status_code == 200:
+                    return
+            await trio.sleep(0.02)
+
+
+@asynccontextmanager
+async def two_front_ends(url: str, agent: Agent) -> AsyncIterator[tuple[Any, Any]]:
+    """Front end A runs turns (publishing to the relay); B shares only Redis with it."""
+    prefix = unique_prefix()
+    async with (
+        RedisRelay.open(url, prefix=prefix) as relay_a,
+        RedisRelay.open(url, prefix=prefix) as relay_b,
+        web_server(agent, relay=relay_a) as a,
+        web_server(agent, relay=relay_b) as b,
+    ):
+        await attach_relay(a.host, relay_a)
+        yield a, b
+
+
+async def test_resume_is_204_when_no_turn_runs(redis_url: str) -> None:
+    async with two_front_ends(redis_url, Agent(name="a")) as (_, b):
+        async with httpx.AsyncClient(base_url=b.url) as client:
+            response = await client.get("/api/chat/s1/stream")
+    assert response.status_code == 204
+
+
+async def test_another_front_end_replays_and_resumes_a_running_turn(redis_url: str) -> None:
+    agent = Agent(name="a", provider=ScriptedProvider(["one two three four"], delay=0.05))
+    async with two_front_ends(redis_url, agent) as (a, b):
+        async with httpx.AsyncClient(timeout=20) as client:
+            async with trio.open_nursery() as nursery:
+                direct: list[Any] = []
+
+                async def run_on_a() -> None:
+                    response = await client.post(f"{a.url}/api/chat", json=chat_body("s1"))
+                    direct.extend(sse_events(response.text))
+
+                nursery.start_soon(run_on_a)
+                await wait_streaming(client, f"{b.url}/api/chat/s1/stream")
+                replay = await client.get(f"{b.url}/api/chat/s1/stream")
+            replayed = sse_events(replay.text)
+            events = [e for e in replayed if e[1] != "[DONE]"]
+            after = events[3][0]
+            tail = await client.get(f"{b.url}/api/chat/s1/stream", headers={"last-event-id": after})
+    assert [d for _, d in replayed] == [d for _, d in direct]  # the same UI stream, from B
+    assert [int(i) for i, _ in events] == sorted({int(i) for i, _ in events})
+    assert tail.status_code == 204  # by then the turn had ended
+
+
+async def test_last_event_id_resumes_after_that_seq(redis_url: str) -> None:
+    agent = Agent(name="a", provider=ScriptedProvider(["w " * 60], delay=0.03))
+    async with two_front_ends(redis_url, agent) as (a, b):
+        async with httpx.AsyncClient(timeout=20) as client:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(lambda: client.post(f"{a.url}/api/chat", json=chat_body("s1")))
+                await wait_streaming(client, f"{b.url}/api/chat/s1/stream")
+                full_task: list[Any] = []
+
+                async def full() -> None:
+                    r = await client.get(f"{b.url}/api/chat/s1/stream")
+                    full_task.extend(sse_events(r.text))
+
+                async def partial() -> None:
+                    r = await client.get(
+                        f"{b.url}/api/chat/s1/stream", headers={"last-event-id": "5"}
+                    )
+                    partial_task.extend(sse_events(r.text))
+
+                partial_task: list[Any] = []
+                nursery.start_soon(full)
+                nursery.start_soon(partial)
+    with_ids = [e for e in full_task if e[0] is not None]
+    assert [e for e in with_ids if int(e[0]) > 5] == [e for e in partial_task if e[0] is not None]
+
+
+async def test_a_bad_last_event_id_is_a_400(redis_url: str) -> None:
+    async with two_front_ends(redis_url, Agent(name="a")) as (_, b):
+        async with httpx.AsyncClient(base_url=b.url) as client:
+            response = await client.get("/api/chat/s1/stream", headers={"last-event-id": "x"})
+    assert response.status_code == 400
+    assert "non-negative integer" in response.json()["error"]
+
+
+async def test_stop_on_another_front_end_cancels_the_turn_and_saves_it(redis_url: str) -> None:
+    agent = Agent(name="a", provider=ScriptedProvider(["w " * 400], delay=0.02))
+    async with two_front_ends(redis_url, agent) as (a, b):
+        async with httpx.AsyncClient(timeout=20) as client:
+            async with trio.open_nursery() as nursery:
+                result: list[Any] = []
+
+                async def run_on_a() -> None:
+                    response = await client.post(f"{a.url}/api/chat", json=chat_body("s1"))
+                    result.extend(sse_events(response.text))
+
+                nursery.start_soon(run_on_a)
+                await wait_streaming(client, f"{b.url}/api/chat/s1/stream")
+                stop = await client.post(f"{b.url}/api/chat/s1/stop", json={})
+            await wait_idle(a, "s1")
+            saved = (await a.host.store.load("s1")).messages[-1]
+            again = await client.post(f"{b.url}/api/chat/s1/stop", json={})
+    assert stop.status_code == 202 and stop.json()["turn_id"]
+    assert {"type": "abort", "reason": "stopped by user"} in [d for _, d in result]
+    assert isinstance(saved, AssistantMessage) and saved.interrupted
+    assert again.status_code == 204
