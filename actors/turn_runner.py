@@ -24,6 +24,7 @@ from typing import Any
 import attrs
 import trio
 
+from actors.mcp import agent_tools
 from runtime import events as ev
 from runtime.actor import Actor
 from runtime.agent import Agent
@@ -504,6 +505,7 @@ class TurnRunner(Actor):
         result: _Step,
     ) -> None:
         state, agent = self.state, self.agent
+        tools = await agent_tools(self.host, agent)  # MCP servers' lists may have changed
         request_id = new_id("req")
         await self.engine.send(BeginRequest(request_id=request_id))
         request = InferRequest(
@@ -513,7 +515,7 @@ class TurnRunner(Actor):
             step=step,
             instructions=agent.instructions,
             messages=tuple(state.messages),
-            tools=agent.tools,
+            tools=tools,
             reply=self.engine.inbox,
             cancel_scope=trio.CancelScope(),
             settings=agent.settings,
@@ -640,7 +642,7 @@ class TurnRunner(Actor):
                 turn_id=turn.turn_id,
                 step=step,
                 calls=tuple(runnable),
-                tools=agent.tool_map,
+                tools={t.name: t for t in await agent_tools(self.host, agent)},
                 default_timeout=budget.tool_timeout,
                 max_result_chars=budget.max_tool_result_chars,
                 reply=inbox,

@@ -38,6 +38,8 @@ class Host:
         self.supervisor = supervisor
         self.sessions: dict[str, Session] = {}
         self._providers: dict[int, Actor] = {}
+        self.mcp_servers: dict[Any, Actor] = {}
+        """The running MCP server actors, by configuration (see :mod:`actors.mcp`)."""
         self._actors: list[Actor] = []
         self.persister: Actor
         self.shutting_down = False
@@ -143,6 +145,10 @@ class Host:
 
             provider = demo_provider()
         provider_actor = await self.provider_actor(provider)
+        if agent.mcp_servers:  # started once per host, shared by sessions (actors.mcp)
+            from actors.mcp import start_servers
+
+            await start_servers(self, agent)
         stream_inbox = Inbox(1024, "block", name="engine-output")
         engine = Engine(stream_inbox, tags=agent.think_tags, session_id=sid)
         controller = StreamController(session_id=sid)
