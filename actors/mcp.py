@@ -299,12 +299,14 @@ class MCPServerActor(Actor):
         self.ready = False
         """Set once the server has listed its tools."""
         self.gave_up = False
+        self.closed = False
+        """Set when the host stopped the server (calls are refused from then on)."""
         self.last_error: str | None = None
         self._listed: dict[str, Any] = {}
         self._client: Any = None
         self._nursery: trio.Nursery | None = None
         self._in_flight: set[CallMCPTool] = set()
-        self._stale = False
+        self._stale = self._listing = False
         self._refreshed = trio.Event()
         self._changed = trio.Event()
         self._refresh_lock = trio.Lock()
@@ -326,7 +328,7 @@ class MCPServerActor(Actor):
     async def current_tools(self) -> tuple[MCPTool, ...]:
         """The offered tools; waits for a listing the server announced as changed."""
         await self.wait_ready()
-        if self._stale and self._client is not None:
+        if (self._stale or self._listing) and self._client is not None:
             refreshed = self._refreshed
             with trio.move_on_after(self.config.connect_timeout):
                 await refreshed.wait()
@@ -354,14 +356,27 @@ class MCPServerActor(Actor):
 
     def _unavailable(self) -> MCPServerUnavailable:
         why = f": {self.last_error}" if self.last_error else ""
-        state = "is not running (it failed more often than its restart policy allows)"
-        if not self.gave_up and not self.stopped.is_set():
+        if self.gave_up:
+            state = "is not running (it failed more often than its restart policy allows)"
+        elif self.closed or self.stopped.is_set():
+            state, why = "is not running (its host has closed)", ""
+        else:
             state = "could not start"
         return MCPServerUnavailable(f"MCP server {self.config.name!r} {state}{why}")
 
     # -- the actor ---------------------------------------------------------------------
 
     async def run(self) -> None:
+        try:
+            await self._run()
+        except trio.Cancelled:  # the host is closing: no call may wait for an answer
+            self.closed = True
+            self.stop()
+            self._answer_queued(self._unavailable())
+            self._answer_in_flight(self._unavailable())
+            raise
+
+    async def _run(self) -> None:
         mcp, types = _import_mcp()
         ended = trio.Event()
         transport = _WatchedTransport(self._open_transport(), ended)
@@ -407,7 +422,7 @@ class MCPServerActor(Actor):
                 f"MCP server {self.config.name!r} died during the call ({self.last_error})"
             )
         )
-        self._stale = False
+        self._stale = self._listing = False
         self._refreshed.set()
         self._refreshed = trio.Event()
         self._notify()
@@ -415,14 +430,7 @@ class MCPServerActor(Actor):
     def on_give_up(self, exc: BaseException) -> None:
         """No more restarts: every queued call is answered, none waits forever."""
         self.gave_up = True
-        error = self._unavailable()
-        while True:
-            try:
-                message = self.inbox.get_nowait()
-            except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
-                break
-            if isinstance(message, CallMCPTool):
-                _answer(message, error)
+        self._answer_queued(self._unavailable())
         self._notify()
 
     # -- inside the actor ----------------------------------------------------------------
@@ -508,13 +516,26 @@ class MCPServerActor(Actor):
             if not self._stale:
                 return
             self._stale = False  # a notice that arrives during the listing marks it again
-            await self._list_tools()
-            refreshed, self._refreshed = self._refreshed, trio.Event()
-            refreshed.set()
+            self._listing = True
+            try:
+                await self._list_tools()
+            finally:
+                self._listing = False
+                refreshed, self._refreshed = self._refreshed, trio.Event()
+                refreshed.set()
 
     def _notify(self) -> None:
         changed, self._changed = self._changed, trio.Event()
         changed.set()
+
+    def _answer_queued(self, error: BaseException) -> None:
+        while True:
+            try:
+                message = self.inbox.get_nowait()
+            except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
+                break
+            if isinstance(message, CallMCPTool):
+                _answer(message, error)
 
     def _answer_in_flight(self, error: BaseException) -> None:
         for request in list(self._in_flight):

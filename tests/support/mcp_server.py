@@ -49,7 +49,7 @@ async def slow(seconds: float) -> str:
         await anyio.sleep(seconds)
     except anyio.get_cancelled_exc_class():
         if STATE:
-            Path(STATE, "cancelled").write_text("yes")
+            Path(STATE, "cancelled").write_text("yes")  # noqa: ASYNC240 - a test marker
         raise
     return "slept"
 
