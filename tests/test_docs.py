@@ -21,6 +21,7 @@ EXPECTED = {
     ("embedding.md", 1): "start ... finish",
     ("actors.md", 0): "1 turn,",
     ("actors.md", 1): "the tool call was denied: emails need a human",
+    ("mcp.md", 0): "add_note -> saved: buy milk (1 notes)\nNoted.",
     ("providers.md", 0): "hello there actors 3",
     ("telemetry.md", 0): "invoke_agent weather\n  chat scripted\n  execute_tool get_weather\n"
     "  chat scripted\n",
