@@ -31,6 +31,7 @@ from typing import Any
 import attrs
 import trio
 
+from actors.mcp import agent_tools
 from actors.parts import PartsManager
 from actors.session_sync import Adopted, adopt_record, adopt_save
 from runtime import events as ev
@@ -551,6 +552,7 @@ class TurnRunner(Actor):
         """Ask the provider once and relay its chunks: the parts manager decides the
         parts, and what the stream shows goes on to the controller batch by batch."""
         state, agent = self.state, self.agent
+        tools = await agent_tools(self.host, agent)  # MCP servers' lists may have changed
         request_id = new_id("req")
         await self._begin(request_id)
         request = InferRequest(
@@ -562,7 +564,7 @@ class TurnRunner(Actor):
             # Repaired once here, so no provider has to remember to: every tool call
             # has a result (``interrupted`` if it never got one), no result lacks its call.
             messages=self._repaired(state.messages),
-            tools=agent.tools,
+            tools=tools,
             reply=self.engine.inbox,
             cancel_scope=trio.CancelScope(),
             settings=agent.settings,
@@ -666,7 +668,7 @@ class TurnRunner(Actor):
                 turn_id=turn.turn_id,
                 step=step,
                 calls=tuple(runnable),
-                tools=agent.tool_map,
+                tools={t.name: t for t in await agent_tools(self.host, agent)},
                 default_timeout=budget.tool_timeout,
                 max_result_chars=budget.max_tool_result_chars,
                 reply=inbox,

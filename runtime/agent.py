@@ -35,9 +35,14 @@ class Hooks:
     on_tool_result: Hook | None = None
 
 
+def _is_tool_server(value: Any) -> bool:
+    """A server that supplies tools at run time (``actors.mcp.MCPServer``)."""
+    return getattr(type(value), "is_tool_server", False) is True
+
+
 def _tools(value: Sequence[Tool | Callable[..., Any]]) -> tuple[Tool, ...]:
-    tools = tuple(t if isinstance(t, Tool) else tool(t) for t in value)
-    names = [t.name for t in tools]
+    tools = tuple(t if isinstance(t, Tool) or _is_tool_server(t) else tool(t) for t in value)
+    names = [t.name for t in tools if isinstance(t, Tool)]
     dupes = {n for n in names if names.count(n) > 1}
     if dupes:
         from runtime.errors import ConfigurationError
@@ -56,7 +61,8 @@ class Agent:
     instructions: str | None = None
     """The system prompt."""
     tools: tuple[Tool, ...] = attrs.field(default=(), converter=_tools)
-    """Tools offered to the model; plain functions are wrapped with :func:`tool`."""
+    """Tools offered to the model; plain functions are wrapped with :func:`tool`. MCP
+    servers listed here move to :attr:`mcp_servers`."""
     budget: Budget = attrs.field(factory=Budget)
     retry: RetryPolicy = attrs.field(factory=RetryPolicy)
     think_tags: tuple[tuple[str, str], ...] | None = DEFAULT_THINK_TAGS
@@ -64,6 +70,15 @@ class Agent:
     hooks: Hooks = attrs.field(factory=Hooks)
     settings: dict[str, Any] = attrs.field(factory=dict)
     """Extra request options passed to the provider on every call (temperature, ...)."""
+
+    mcp_servers: tuple[Any, ...] = ()
+    """MCP tool servers (``actors.mcp.MCPServer``) whose tools are offered as well."""
+
+    def __attrs_post_init__(self) -> None:
+        servers = tuple(t for t in self.tools if _is_tool_server(t))
+        if servers:  # frozen: set once, here, as attrs documents for derived fields
+            object.__setattr__(self, "tools", tuple(t for t in self.tools if isinstance(t, Tool)))
+            object.__setattr__(self, "mcp_servers", (*self.mcp_servers, *servers))
 
     @property
     def tool_map(self) -> dict[str, Tool]:

@@ -26,6 +26,8 @@ from typing import Any
 import orjson
 import trio
 
+MCP_HELP = "an MCP tool server: a command line to launch (stdio) or an http(s):// URL (repeatable)"
+
 
 def build_parser() -> argparse.ArgumentParser:
     from actors.providers.registry import provider_names
@@ -51,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--log-level", default="warning", help="structlog level on stderr")
     run.add_argument("--record", default=None, help="append every bus event to this JSONL file")
+    run.add_argument("--mcp", action="append", default=[], metavar="SERVER", help=MCP_HELP)
     run.add_argument(
         "--otel",
         action="store_true",
@@ -128,8 +131,21 @@ def _fail(exc: BaseException) -> int:
 
 
 def make_agent(args: argparse.Namespace) -> Any:
-    """The agent ``run`` and ``serve`` talk to: the provider registered as
-    ``--provider`` (:mod:`actors.providers.registry`) with the demo's tools."""
+    """The agent of ``run`` and ``serve``, with the ``--mcp`` servers' tools (docs/mcp.md)."""
+    agent = _provider_agent(args)
+    if getattr(args, "mcp", None):
+        import attrs
+
+        from actors.mcp import MCPServer
+
+        servers = tuple(MCPServer.parse(spec) for spec in args.mcp)
+        agent = attrs.evolve(agent, mcp_servers=(*agent.mcp_servers, *servers))
+    return agent
+
+
+def _provider_agent(args: argparse.Namespace) -> Any:
+    """The agent for ``--provider`` (:mod:`actors.providers.registry`) with the demo's
+    tools."""
     from actors.demo import get_time, get_weather
     from actors.providers.registry import create_provider
     from runtime.agent import Agent

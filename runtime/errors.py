@@ -195,3 +195,22 @@ class BudgetExceeded(AxonError):
     def __init__(self, budget: str, message: str = "") -> None:
         super().__init__(message or f"budget exceeded: {budget}")
         self.budget = budget
+
+
+# -- MCP tool servers ---------------------------------------------------------------------
+
+
+class MCPServerError(AxonError):
+    """An MCP tool server failed a call (the model sees it as the tool's error)."""
+
+
+class MCPServerUnavailable(MCPServerError):
+    """An MCP server could not be started or reached, or its actor gave up restarting."""
+
+
+class MCPServerDied(MCPServerError):
+    """An MCP server's process exited or its connection closed (during a call)."""
+
+
+class MCPToolError(MCPServerError):
+    """An MCP server answered a call with an error (``isError`` or a JSON-RPC error)."""

@@ -61,6 +61,8 @@ class Host:
         """Every ``Session`` object still referenced, loaded or evicted: one per id."""
         self._opening: dict[str, trio.Event] = {}
         self._providers: dict[int, Actor] = {}
+        self.mcp_servers: dict[Any, Actor] = {}
+        """The running MCP server actors, by configuration (see :mod:`actors.mcp`)."""
         self._actors: dict[Actor, None] = {}
         """The running actors (an ordered set: removing one is O(1))."""
         self.persister: Actor
@@ -229,6 +231,10 @@ class Host:
 
             provider = demo_provider()
         provider_actor = await self.provider_actor(provider)
+        if agent.mcp_servers:  # started once per host, shared by sessions (actors.mcp)
+            from actors.mcp import start_servers
+
+            await start_servers(self, agent)
         stream_inbox = Inbox(1024, "block", name="engine-output")
         engine = Engine(stream_inbox, tags=agent.think_tags, session_id=sid)
         controller = StreamController(session_id=sid)

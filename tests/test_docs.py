@@ -22,6 +22,7 @@ EXPECTED = {
     ("embedding.md", 2): "evicted: True\n['user', 'assistant', 'user', 'assistant']",
     ("actors.md", 0): "1 turn,",
     ("actors.md", 1): "the tool call was denied: emails need a human",
+    ("mcp.md", 0): "add_note -> saved: buy milk (1 notes)\nNoted.",
     ("providers.md", 0): "hello there actors 3",
     ("telemetry.md", 0): "invoke_agent weather\n  chat scripted\n  execute_tool get_weather\n"
     "  chat scripted\n",

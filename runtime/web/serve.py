@@ -68,6 +68,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
         help="scripted demo: seconds between chunks, so the page shows it typing (default 0.02)",
     )
     add("--store", default=None, help="SQLite file for the sessions (default: memory)")
+    add("--mcp", action="append", default=[], metavar="SERVER", help=_mcp_help())
     add(
         "--redis",
         default=None,
@@ -138,6 +139,12 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     )
     parser.set_defaults(jsonl=False)
     return parser
+
+
+def _mcp_help() -> str:
+    from runtime.cli import MCP_HELP
+
+    return MCP_HELP
 
 
 def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:

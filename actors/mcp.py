@@ -1,0 +1,701 @@
+"""MCP tool servers: their tools offered to agents and run like local tools.
+
+``Agent(tools=[..., MCPServer.stdio("cmd", ["arg"]), MCPServer.http(url)])``. Each distinct
+:class:`MCPServer` configuration runs as one host-wide :class:`MCPServerActor`, started
+when the first session whose agent lists it opens, shared by every session, and
+supervised like any actor: when the server's process exits or its connection closes, the
+actor crashes and the supervisor restarts it (a new process, a new connection).
+
+The server's tools become :class:`MCPTool` s (a :class:`~runtime.tools.Tool` whose schema
+is the server's own input schema, checked with ``jsonschema``). The turn runner asks for
+the agent's tools before every model call (:func:`agent_tools`), so a
+``notifications/tools/list_changed`` from the server is seen by the next step. Calls go
+through the tool executor like any tool: the same argument errors, timeouts, approval
+and cancellation (a cancelled call sends the server ``notifications/cancelled``).
+
+Why the package is imported lazily: ``mcp`` pulls in a large tree (httpx, starlette,
+uvicorn, opentelemetry); ``import runtime, actors`` must stay fast, so it is imported in
+the actor's :meth:`MCPServerActor.run`, the first time a server actually starts.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+import re
+import shlex
+from collections.abc import Collection, Mapping, Sequence
+from typing import Any, ClassVar, Literal
+from urllib.parse import urlsplit
+
+import attrs
+import trio
+
+from runtime.actor import Actor
+from runtime.errors import (
+    ConfigurationError,
+    MCPServerDied,
+    MCPServerError,
+    MCPServerUnavailable,
+    MCPToolError,
+    ToolDefinitionError,
+)
+from runtime.logging import get_logger
+from runtime.tools import Tool, ToolInputError
+
+TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+"""Tool names both providers accept (OpenAI and Anthropic share this pattern)."""
+
+MAX_LIST_PAGES = 100
+"""A server that keeps returning a next cursor is cut off after this many pages."""
+
+
+def _pairs(value: Mapping[str, str] | None) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted((str(k), str(v)) for k, v in (value or {}).items()))
+
+
+def _approval(value: bool | Collection[str]) -> bool | frozenset[str]:
+    return value if isinstance(value, bool) else frozenset(value)
+
+
+@attrs.frozen(kw_only=True, slots=True)
+class MCPServer:
+    """How to reach one MCP server. A hashable value: equal configurations share one
+    running server per host. Build one with :meth:`stdio`, :meth:`http` or :meth:`parse`."""
+
+    is_tool_server: ClassVar[bool] = True
+    """Marks a value :class:`~runtime.agent.Agent` keeps apart from its local tools."""
+
+    name: str
+    """Names the server in errors, logs and events."""
+    transport: Literal["stdio", "http"]
+    command: str | None = None
+    args: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    env: tuple[tuple[str, str], ...] = attrs.field(default=(), converter=_pairs)
+    """Extra environment variables for the server process (over the MCP SDK's safe
+    default environment, which does not pass the parent's secrets on)."""
+    cwd: str | None = None
+    url: str | None = None
+    headers: tuple[tuple[str, str], ...] = attrs.field(default=(), converter=_pairs)
+    """HTTP headers sent with every request (an ``Authorization`` header, for example)."""
+    prefix: str | None = None
+    """Offered tool names become ``<prefix>_<name>`` (to avoid clashes with other tools)."""
+    needs_approval: bool | frozenset[str] = attrs.field(default=False, converter=_approval)
+    """``True``: every tool of the server waits for approval; or the server's names of
+    the tools that do."""
+    timeout: float | None = None
+    """Seconds before a call is abandoned; ``None`` takes the agent's ``tool_timeout``."""
+    connect_timeout: float = 30.0
+    """Seconds to start (or reach) the server and list its tools before giving up."""
+
+    @classmethod
+    def stdio(
+        cls,
+        command: str,
+        args: Sequence[str] = (),
+        *,
+        name: str | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | os.PathLike[str] | None = None,
+        prefix: str | None = None,
+        needs_approval: bool | Collection[str] = False,
+        timeout: float | None = None,
+        connect_timeout: float = 30.0,
+    ) -> MCPServer:
+        """A server the host launches as a subprocess, speaking MCP on its stdin/stdout."""
+        if not command:
+            raise ConfigurationError("MCPServer.stdio needs a command")
+        if isinstance(args, str):
+            raise ConfigurationError("MCPServer.stdio args must be a list of strings, not a str")
+        return cls(
+            name=name or _default_name(command, args),
+            transport="stdio",
+            command=command,
+            args=args,
+            env=env,
+            cwd=os.fspath(cwd) if cwd is not None else None,
+            prefix=prefix,
+            needs_approval=needs_approval,
+            timeout=timeout,
+            connect_timeout=connect_timeout,
+        )
+
+    @classmethod
+    def http(
+        cls,
+        url: str,
+        *,
+        name: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        prefix: str | None = None,
+        needs_approval: bool | Collection[str] = False,
+        timeout: float | None = None,
+        connect_timeout: float = 30.0,
+    ) -> MCPServer:
+        """A server reached over streamable HTTP at ``url`` (for example ``.../mcp``)."""
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ConfigurationError(f"MCPServer.http needs an http(s):// URL, got {url!r}")
+        return cls(
+            name=name or parts.netloc.rpartition("@")[2],
+            transport="http",
+            url=url,
+            headers=headers,
+            prefix=prefix,
+            needs_approval=needs_approval,
+            timeout=timeout,
+            connect_timeout=connect_timeout,
+        )
+
+    @classmethod
+    def parse(cls, spec: str) -> MCPServer:
+        """A server from one command-line word (``--mcp``): an ``http(s)://`` URL, or a
+        command line to launch (split like a shell does, without running one)."""
+        spec = spec.strip()
+        if spec.startswith(("http://", "https://")):
+            return cls.http(spec)
+        try:
+            argv = shlex.split(spec)
+        except ValueError as exc:
+            raise ConfigurationError(f"cannot read MCP server command {spec!r}: {exc}") from None
+        if not argv:
+            raise ConfigurationError("an MCP server needs a command line or an http(s):// URL")
+        return cls.stdio(argv[0], argv[1:])
+
+    def approves(self, tool_name: str) -> bool:
+        """Whether calls of the server's tool ``tool_name`` wait for approval."""
+        if isinstance(self.needs_approval, bool):
+            return self.needs_approval
+        return tool_name in self.needs_approval
+
+
+def _default_name(command: str, args: Sequence[str]) -> str:
+    """The script or package a launcher runs (``python x/notes.py`` → ``notes``), else the
+    command's own name."""
+    for arg in args:
+        if not arg.startswith("-"):
+            base = os.path.basename(arg.rstrip("/")) or arg
+            return os.path.splitext(base)[0] if base.endswith((".py", ".js", ".ts")) else base
+    return os.path.basename(command)
+
+
+@attrs.frozen(kw_only=True, slots=True, eq=False)
+class MCPTool(Tool):
+    """A tool of an MCP server. Arguments are checked against the server's input schema
+    with ``jsonschema`` (the model sees what is wrong); calls go to the server's actor."""
+
+    server: str
+    """The server's name."""
+    remote_name: str
+    """The tool's name on the server (``name`` may carry the server's prefix)."""
+    validator: Any = attrs.field(repr=False)
+
+    def validate(self, arguments: Any) -> dict[str, Any]:
+        if not isinstance(arguments, dict):
+            raise ToolInputError(
+                f"arguments for {self.name} must be a JSON object, got {type(arguments).__name__}"
+            )
+        from referencing.exceptions import Unresolvable
+
+        try:
+            errors = sorted(self.validator.iter_errors(arguments), key=lambda e: list(e.path))
+        except Unresolvable as exc:
+            raise ToolInputError(
+                f"the schema of {self.name} has an unresolvable $ref: {exc}"
+            ) from None
+        if errors:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in e.path) or '(root)'}: {e.message}" for e in errors[:5]
+            )
+            raise ToolInputError(f"invalid arguments for {self.name}: {problems}")
+        return dict(arguments)
+
+
+def build_tool(config: MCPServer, listed: Any, call: Any) -> MCPTool:
+    """An :class:`MCPTool` for a tool the server listed, or :class:`ToolDefinitionError`
+    naming the server and tool when its name or input schema cannot be offered."""
+    from jsonschema import Draft202012Validator, SchemaError
+    from jsonschema.validators import validator_for
+
+    remote = listed.name
+    where = f"MCP server {config.name!r}: tool {remote!r}"
+    name = f"{config.prefix}_{remote}" if config.prefix else remote
+    if not TOOL_NAME.fullmatch(name):
+        raise ToolDefinitionError(
+            f"{where} cannot be offered: a tool name must be 1-64 letters, digits, '_' or '-'"
+        )
+    schema = listed.input_schema
+    if not isinstance(schema, dict) or schema.get("type") != "object":
+        raise ToolDefinitionError(
+            f"{where} has an invalid input schema: it must be a JSON schema of type 'object'"
+        )
+    try:
+        cls = validator_for(schema, default=Draft202012Validator)
+        cls.check_schema(schema)
+    except SchemaError as exc:
+        raise ToolDefinitionError(f"{where} has an invalid input schema: {exc.message}") from None
+    return MCPTool(
+        name=name,
+        description=listed.description or listed.title or "",
+        parameters=schema,
+        function=functools.partial(call, remote),
+        is_async=True,
+        timeout=config.timeout,
+        needs_approval=config.approves(remote),
+        adapter=None,
+        server=config.name,
+        remote_name=remote,
+        validator=cls(schema),
+    )
+
+
+def tool_output(listed: Any, result: Any) -> Any:
+    """The tool output for an MCP ``CallToolResult``, or an :class:`MCPToolError` to raise
+    when the server flagged it ``isError``.
+
+    Structured content wins when the server sent some; a lone ``result`` key (how servers
+    wrap a value that is not an object) is unwrapped. Otherwise text blocks are joined;
+    any other content (images, resources) is passed on as its JSON form.
+    """
+    blocks = [b.model_dump(mode="json", by_alias=True, exclude_none=True) for b in result.content]
+    texts = [b["text"] for b in blocks if b.get("type") == "text"]
+    if result.is_error:
+        return MCPToolError("\n".join(texts) or "the tool reported an error")
+    structured = result.structured_content
+    if structured is not None:
+        schema = getattr(listed, "output_schema", None) or {}
+        if set(structured) == {"result"} and set(schema.get("properties", {})) == {"result"}:
+            return structured["result"]
+        return structured
+    if len(texts) == len(blocks):
+        return "\n".join(texts)
+    return blocks
+
+
+@attrs.define(kw_only=True, slots=True, eq=False)
+class CallMCPTool:
+    """A request to the server's actor: one ``tools/call``. The answer (an output, or
+    an exception to raise) goes to ``reply``; cancelling ``cancel_scope`` abandons it."""
+
+    name: str
+    arguments: dict[str, Any]
+    reply: trio.MemorySendChannel[Any]
+    cancel_scope: trio.CancelScope
+
+
+class MCPServerActor(Actor):
+    """Runs one MCP server connection for the whole host; a crash means it died."""
+
+    inbox_capacity = 256
+
+    def __init__(self, config: MCPServer) -> None:
+        super().__init__(name=f"mcp:{config.name}")
+        self.config = config
+        self.tools: tuple[MCPTool, ...] = ()
+        """The offered tools, as of the last listing (kept while the server restarts)."""
+        self.refused: dict[str, str] = {}
+        """Listed tools that cannot be offered, with the reason, by the server's name."""
+        self.ready = False
+        """Set once the server has listed its tools."""
+        self.gave_up = False
+        self.closed = False
+        """Set when the host stopped the server (calls are refused from then on)."""
+        self.last_error: str | None = None
+        self._listed: dict[str, Any] = {}
+        self._client: Any = None
+        self._nursery: trio.Nursery | None = None
+        self._in_flight: set[CallMCPTool] = set()
+        self._stale = self._listing = False
+        self._refreshed = trio.Event()
+        self._changed = trio.Event()
+        self._refresh_lock = trio.Lock()
+        self._log = get_logger("axon.mcp")
+
+    # -- what sessions call ----------------------------------------------------------
+
+    async def wait_ready(self) -> None:
+        """Return once the server has listed its tools; :class:`MCPServerUnavailable`
+        if the attempt to start it failed (the supervisor keeps retrying by policy)."""
+        if self.ready:
+            return
+        if self.gave_up or self.stopped.is_set():
+            raise self._unavailable()
+        await self._changed.wait()
+        if not self.ready:
+            raise self._unavailable()
+
+    async def current_tools(self) -> tuple[MCPTool, ...]:
+        """The offered tools; waits for a listing the server announced as changed."""
+        await self.wait_ready()
+        if (self._stale or self._listing) and self._client is not None:
+            refreshed = self._refreshed
+            with trio.move_on_after(self.config.connect_timeout):
+                await refreshed.wait()
+        return self.tools
+
+    async def call_tool(self, _name: str, /, **arguments: Any) -> Any:
+        """Call the server's tool ``_name``: what :class:`MCPTool` runs in the executor.
+
+        Cancelling the caller (a timeout, a cancelled turn) cancels the request."""
+        send, receive = trio.open_memory_channel[Any](1)
+        request = CallMCPTool(
+            name=_name, arguments=arguments, reply=send, cancel_scope=trio.CancelScope()
+        )
+        try:
+            try:
+                await self.send(request)
+            except (trio.ClosedResourceError, trio.BrokenResourceError):
+                raise self._unavailable() from None
+            outcome = await receive.receive()
+        finally:
+            request.cancel_scope.cancel()
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
+
+    def _unavailable(self) -> MCPServerUnavailable:
+        why = f": {self.last_error}" if self.last_error else ""
+        if self.gave_up:
+            state = "is not running (it failed more often than its restart policy allows)"
+        elif self.closed or self.stopped.is_set():
+            state, why = "is not running (its host has closed)", ""
+        else:
+            state = "could not start"
+        return MCPServerUnavailable(f"MCP server {self.config.name!r} {state}{why}")
+
+    # -- the actor ---------------------------------------------------------------------
+
+    async def run(self) -> None:
+        try:
+            await self._run()
+        except trio.Cancelled:  # the host is closing: no call may wait for an answer
+            self.closed = True
+            self.stop()
+            self._answer_queued(self._unavailable())
+            self._answer_in_flight(self._unavailable())
+            raise
+
+    async def _run(self) -> None:
+        mcp, types = _import_mcp()
+        ended = trio.Event()
+        transport = _WatchedTransport(self._open_transport(), ended)
+        self._stale = False
+        with trio.CancelScope() as connecting:
+            connecting.deadline = trio.current_time() + self.config.connect_timeout
+            async with (
+                mcp.Client(
+                    transport,
+                    mode="legacy",
+                    message_handler=functools.partial(self._on_message, types),
+                    cache=None,
+                    client_info=types.Implementation(name="axon", version="0.1.0"),
+                ) as client,
+                trio.open_nursery() as nursery,
+            ):
+                self._client, self._nursery = client, nursery
+                await self._list_tools()
+                connecting.deadline = math.inf
+                self.ready, self.last_error = True, None
+                self._notify()
+                nursery.start_soon(self._watch, ended)
+                async for message in self.inbox:
+                    if isinstance(message, CallMCPTool):
+                        self._in_flight.add(message)
+                        nursery.start_soon(self._serve, message)
+                nursery.cancel_scope.cancel()
+        self._client = self._nursery = None
+        if connecting.cancelled_caught:
+            raise MCPServerUnavailable(
+                f"MCP server {self.config.name!r} did not list its tools within "
+                f"{self.config.connect_timeout:g}s"
+            )
+        self._answer_in_flight(MCPServerUnavailable(f"MCP server {self.config.name!r} stopped"))
+
+    def on_crash(self, exc: BaseException) -> None:
+        """The server died (or could not start): answer the calls it was running."""
+        self._client = self._nursery = None
+        self.last_error = str(exc) if isinstance(exc, MCPServerError) else _describe(exc)
+        self._log.warning("mcp.server-died", server=self.config.name, error=self.last_error)
+        self._answer_in_flight(
+            MCPServerDied(
+                f"MCP server {self.config.name!r} died during the call ({self.last_error})"
+            )
+        )
+        self._stale = self._listing = False
+        self._refreshed.set()
+        self._refreshed = trio.Event()
+        self._notify()
+
+    def on_give_up(self, exc: BaseException) -> None:
+        """No more restarts: every queued call is answered, none waits forever."""
+        self.gave_up = True
+        self._answer_queued(self._unavailable())
+        self._notify()
+
+    # -- inside the actor ----------------------------------------------------------------
+
+    def _open_transport(self) -> Any:
+        config = self.config
+        if config.transport == "stdio":
+            from mcp.client.stdio import StdioServerParameters, stdio_client
+
+            assert config.command is not None
+            params = StdioServerParameters(
+                command=config.command,
+                args=list(config.args),
+                env=dict(config.env) or None,
+                cwd=config.cwd,
+            )
+            return stdio_client(params)
+        from mcp.client.streamable_http import streamable_http_client
+        from mcp.shared._httpx_utils import create_mcp_http_client
+
+        assert config.url is not None
+        http = create_mcp_http_client(headers=dict(config.headers) or None)
+        return _ClosingTransport(streamable_http_client(config.url, http_client=http), http)
+
+    async def _watch(self, ended: trio.Event) -> None:
+        await ended.wait()
+        raise MCPServerDied(f"MCP server {self.config.name!r} exited or closed its connection")
+
+    async def _serve(self, request: CallMCPTool) -> None:
+        from mcp.shared.exceptions import MCPError
+        from mcp_types import CONNECTION_CLOSED
+
+        name = self.config.name
+        outcome: Any
+        try:
+            with request.cancel_scope:
+                result = await self._client.call_tool(request.name, request.arguments)
+                outcome = tool_output(self._listed.get(request.name), result)
+            if request.cancel_scope.cancelled_caught:  # the caller left: nobody to answer
+                self._in_flight.discard(request)
+                return
+        except MCPError as exc:
+            if exc.code != CONNECTION_CLOSED:
+                outcome = MCPToolError(f"MCP server {name!r} answered with an error: {exc}")
+            else:  # the watcher restarts the actor
+                outcome = MCPServerDied(f"MCP server {name!r} died during the call")
+        except Exception as exc:  # a result that does not fit the tool's output schema, ...
+            outcome = MCPServerError(f"MCP server {name!r} sent an invalid result: {exc}")
+        self._in_flight.discard(request)
+        _answer(request, outcome)
+
+    async def _list_tools(self) -> None:
+        listed: dict[str, Any] = {}
+        cursor: str | None = None
+        for _ in range(MAX_LIST_PAGES):
+            page = await self._client.list_tools(cursor=cursor)
+            listed.update((t.name, t) for t in page.tools)
+            cursor = page.next_cursor
+            if not cursor:
+                break
+        tools: list[MCPTool] = []
+        refused: dict[str, str] = {}
+        for remote, entry in listed.items():
+            try:
+                tools.append(build_tool(self.config, entry, self.call_tool))
+            except ToolDefinitionError as exc:
+                refused[remote] = str(exc)
+                if self.refused.get(remote) != str(exc):
+                    self._log.error("mcp.tool-refused", server=self.config.name, error=str(exc))
+        self._listed, self.tools, self.refused = listed, tuple(tools), refused
+
+    async def _on_message(self, types: Any, message: Any) -> None:
+        if isinstance(message, types.ToolListChangedNotification):
+            self._stale = True  # before any await: the next step waits for the new list
+            if self._nursery is not None:
+                self._nursery.start_soon(self._refresh)
+        elif isinstance(message, Exception):
+            error = _describe(message)
+            self._log.warning("mcp.transport-error", server=self.config.name, error=error)
+
+    async def _refresh(self) -> None:
+        async with self._refresh_lock:
+            if not self._stale:
+                return
+            self._stale = False  # a notice that arrives during the listing marks it again
+            self._listing = True
+            try:
+                await self._list_tools()
+            finally:
+                self._listing = False
+                refreshed, self._refreshed = self._refreshed, trio.Event()
+                refreshed.set()
+
+    def _notify(self) -> None:
+        changed, self._changed = self._changed, trio.Event()
+        changed.set()
+
+    def _answer_queued(self, error: BaseException) -> None:
+        while True:
+            try:
+                message = self.inbox.get_nowait()
+            except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
+                break
+            if isinstance(message, CallMCPTool):
+                _answer(message, error)
+
+    def _answer_in_flight(self, error: BaseException) -> None:
+        for request in list(self._in_flight):
+            if not request.cancel_scope.cancel_called:
+                _answer(request, error)
+        self._in_flight.clear()
+
+
+def _answer(request: CallMCPTool, outcome: Any) -> None:
+    try:
+        request.reply.send_nowait(outcome)
+    except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
+        pass
+
+
+def _describe(exc: BaseException) -> str:
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _import_mcp() -> tuple[Any, Any]:
+    try:
+        import mcp
+        import mcp_types
+    except ImportError:  # pragma: no cover - mcp is in the test extra
+        raise ConfigurationError(
+            "MCP servers need the mcp package: pip install 'axon-runtime[mcp]'"
+        ) from None
+    return mcp, mcp_types
+
+
+class _WatchedTransport:
+    """An MCP transport whose incoming stream sets ``ended`` when it ends: that is how the
+    actor learns that an idle server's process exited, not only a busy one."""
+
+    def __init__(self, inner: Any, ended: trio.Event) -> None:
+        self._inner = inner
+        self._ended = ended
+
+    async def __aenter__(self) -> tuple[Any, Any]:
+        read, write = await self._inner.__aenter__()
+        return _WatchedStream(read, self._ended), write
+
+    async def __aexit__(self, *exc_info: Any) -> Any:
+        return await self._inner.__aexit__(*exc_info)
+
+
+class _WatchedStream:
+    def __init__(self, inner: Any, ended: trio.Event) -> None:
+        self._inner = inner
+        self._ended = ended
+
+    @property
+    def last_context(self) -> Any:
+        return getattr(self._inner, "last_context", None)
+
+    async def receive(self) -> Any:
+        import anyio
+
+        try:
+            return await self._inner.receive()
+        except (anyio.EndOfStream, anyio.ClosedResourceError):
+            self._ended.set()
+            raise
+
+    def __aiter__(self) -> _WatchedStream:
+        return self
+
+    async def __anext__(self) -> Any:
+        try:
+            return await self._inner.__anext__()
+        except StopAsyncIteration:
+            self._ended.set()
+            raise
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+    async def __aenter__(self) -> _WatchedStream:
+        await self._inner.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> Any:
+        return await self._inner.__aexit__(*exc_info)
+
+
+class _ClosingTransport:
+    """Enter ``transport``; close the HTTP client it was given when it is left."""
+
+    def __init__(self, transport: Any, http: Any) -> None:
+        self._transport = transport
+        self._http = http
+
+    async def __aenter__(self) -> Any:
+        await self._http.__aenter__()
+        try:
+            return await self._transport.__aenter__()
+        except BaseException:
+            await self._http.__aexit__(None, None, None)
+            raise
+
+    async def __aexit__(self, *exc_info: Any) -> Any:
+        try:
+            return await self._transport.__aexit__(*exc_info)
+        finally:
+            await self._http.__aexit__(None, None, None)
+
+
+# -- what the host and the turn runner call ---------------------------------------------
+
+
+async def start_servers(host: Any, agent: Any) -> None:
+    """Start each MCP server ``agent`` lists (once per host; a server that gave up is
+    started anew), wait until each has listed its tools, and check the tool names.
+
+    Raises :class:`MCPServerUnavailable` when a server cannot start, and
+    :class:`ToolDefinitionError` when two tools would share a name."""
+    registry: dict[MCPServer, MCPServerActor] = host.mcp_servers
+    for config in agent.mcp_servers:
+        actor = registry.get(config)
+        if actor is None or actor.stopped.is_set():
+            actor = registry[config] = MCPServerActor(config)
+            await host.start_actor(actor)
+    for config in agent.mcp_servers:
+        await registry[config].wait_ready()
+    await agent_tools(host, agent)
+
+
+async def agent_tools(host: Any, agent: Any) -> tuple[Tool, ...]:
+    """The tools to offer for the next model call: the agent's own, then each MCP
+    server's current ones (after any announced change). Names must be unique."""
+    servers = agent.mcp_servers
+    if not servers:
+        return agent.tools
+    tools = list(agent.tools)
+    owner = {t.name: "a local tool" for t in tools}
+    registry = getattr(host, "mcp_servers", {})
+    for config in servers:
+        actor = registry.get(config)
+        if actor is None:
+            raise MCPServerUnavailable(f"MCP server {config.name!r} is not started on this host")
+        for t in await actor.current_tools():
+            if t.name in owner:
+                raise ToolDefinitionError(
+                    f"tool {t.name!r} of MCP server {config.name!r} has the same name as "
+                    f"{owner[t.name]}; give the server a prefix (MCPServer.stdio(..., prefix=...))"
+                )
+            owner[t.name] = f"a tool of MCP server {config.name!r}"
+            tools.append(t)
+    return tuple(tools)
+
+
+__all__ = [
+    "CallMCPTool",
+    "MCPServer",
+    "MCPServerActor",
+    "MCPTool",
+    "agent_tools",
+    "build_tool",
+    "start_servers",
+    "tool_output",
+]
