@@ -30,8 +30,11 @@ from runtime.errors import (
     ConnectionLost,
     ContentFiltered,
     ContextTooLong,
+    InvalidMedia,
     InvalidSessionId,
     MalformedStream,
+    MediaError,
+    MediaTooLarge,
     Overloaded,
     ProviderError,
     ProviderTimeout,
@@ -44,13 +47,17 @@ from runtime.errors import (
     StoreCorrupt,
     StoreError,
     ToolDefinitionError,
+    UnsupportedMedia,
 )
 from runtime.events import Event
 from runtime.host import Host, validate_session_id
 from runtime.inbox import Inbox
 from runtime.logging import configure_logging
+from runtime.media import MediaLimits
 from runtime.messages import (
     AssistantMessage,
+    File,
+    Image,
     Message,
     Part,
     ProviderDataPart,
@@ -60,6 +67,7 @@ from runtime.messages import (
     ToolCallPart,
     ToolMessage,
     UserMessage,
+    UserPart,
 )
 from runtime.output import OutputChunk
 from runtime.protocol import TurnResult
@@ -85,12 +93,18 @@ __all__ = [
     "ContentFiltered",
     "ContextTooLong",
     "Event",
+    "File",
     "FinishChunk",
     "Hooks",
     "Host",
+    "Image",
     "Inbox",
+    "InvalidMedia",
     "InvalidSessionId",
     "MalformedStream",
+    "MediaError",
+    "MediaLimits",
+    "MediaTooLarge",
     "Message",
     "OutputChunk",
     "Overloaded",
@@ -131,9 +145,11 @@ __all__ = [
     "ToolMessage",
     "TurnResult",
     "TurnStream",
+    "UnsupportedMedia",
     "Usage",
     "UsageChunk",
     "UserMessage",
+    "UserPart",
     "configure_logging",
     "tool",
     "validate_session_id",

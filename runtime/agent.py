@@ -8,6 +8,7 @@ from typing import Any
 import attrs
 
 from runtime.budget import Budget
+from runtime.media import MediaLimits
 from runtime.retry import RetryPolicy
 from runtime.tools import Tool, tool
 
@@ -60,6 +61,8 @@ class Agent:
     hooks: Hooks = attrs.field(factory=Hooks)
     settings: dict[str, Any] = attrs.field(factory=dict)
     """Extra request options passed to the provider on every call (temperature, ...)."""
+    media_limits: MediaLimits = attrs.field(factory=MediaLimits)
+    """Largest image, file and per-message media a user input may carry (docs/media.md)."""
 
     @property
     def tool_map(self) -> dict[str, Tool]:
