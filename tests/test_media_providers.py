@@ -46,8 +46,13 @@ OPENAI_USER = {
         {"type": "text", "text": "what are these?"},
         {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{B64_PNG}"}},
         {"type": "image_url", "image_url": {"url": CAT}},
-        {"type": "file", "file": {"file_data": f"data:application/pdf;base64,{B64_PDF}",
-                                  "filename": "report.pdf"}},
+        {
+            "type": "file",
+            "file": {
+                "file_data": f"data:application/pdf;base64,{B64_PDF}",
+                "filename": "report.pdf",
+            },
+        },
     ],
 }
 INPUT = ["what are these?", Image(data=PNG), Image(url=CAT), File(data=PDF, filename="report.pdf")]
