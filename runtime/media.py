@@ -123,3 +123,20 @@ def tool_output(value: Any) -> Any:
         except InvalidMedia as exc:
             raise TypeError(str(exc)) from None
     return None
+
+
+def elide_media(value: Any) -> Any:
+    """``value`` (unstructured JSON data) with the base64 ``data`` of every image and file
+    part replaced by ``"<N bytes>"``: for log lines, which must not carry megabytes of an
+    image per event. Containers without media are returned as they are (not copied)."""
+    if isinstance(value, dict):
+        if value.get("type") in ("image", "file") and isinstance(value.get("data"), str):
+            data = value["data"]
+            size = len(data) * 3 // 4 - (len(data) - len(data.rstrip("=")))
+            return {**value, "data": f"<{size} bytes>"}
+        items = {k: elide_media(v) for k, v in value.items()}
+        return value if all(items[k] is value[k] for k in value) else items
+    if isinstance(value, list | tuple):
+        elided = [elide_media(v) for v in value]
+        return value if all(a is b for a, b in zip(elided, value, strict=True)) else elided
+    return value

@@ -233,3 +233,24 @@ async def test_a_tool_returning_an_image_has_it_as_parts_in_its_result(caption, 
 
 def test_user_message_text_of_plain_content_is_the_content():
     assert UserMessage(content="abc").text == "abc"
+
+
+async def test_log_lines_carry_an_images_size_not_its_bytes():
+    from structlog.testing import capture_logs
+
+    from runtime import configure_logging
+
+    big = Image(data=PNG + b"\x07" * 3000)
+    configure_logging("info")
+    try:
+        with capture_logs() as logs:
+            async with Host.open() as host:
+                session = await host.open_session(Agent(provider=ScriptedProvider([["ok"]])))
+                await session.run(["see", big])
+    finally:
+        configure_logging("warning")
+    started = next(line for line in logs if line.get("event") == "turn.started")
+    assert started["input"][1] == {
+        "type": "image", "data": "<3024 bytes>", "url": None, "media_type": "image/png",
+    }  # fmt: skip
+    assert base64.b64encode(big.data).decode()[:40] not in repr(logs)
