@@ -71,6 +71,15 @@ async def test_an_http_file_url_is_kept_for_the_provider_to_fetch():
             assert session.state.meta["title"] == "doc.pdf"
 
 
+async def test_a_file_part_without_a_media_type_that_is_an_image_is_stored_as_one():
+    agent = Agent(provider=ScriptedProvider([["ok"]]))
+    async with web_server(agent) as server:
+        async with httpx.AsyncClient(base_url=server.url) as client:
+            r = await client.post("/api/chat", json=body("n", {"type": "file", "url": PNG_URL}))
+            assert r.status_code == 200
+            assert server.host.sessions["n"].messages[0].content == (Image(data=PNG),)
+
+
 @pytest.mark.parametrize(
     ("part", "error"),
     [

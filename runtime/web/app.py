@@ -171,7 +171,11 @@ def _file_part(part: dict[str, Any]) -> Image | File:
     try:
         if media_type is not None and media_type.lower().startswith("image/"):
             return Image(url=url, media_type=media_type)
-        return File(url=url, media_type=media_type, filename=filename)
+        found = File(url=url, media_type=media_type, filename=filename)
+        if found.media_type.startswith("image/"):  # type: ignore[union-attr]
+            # no mediaType given, and the bytes (or the URL) say image
+            return Image(data=found.data, url=found.url, media_type=found.media_type)
+        return found
     except InvalidMedia as exc:
         label = f"file part {filename!r}" if filename else "file part"
         raise ApiError(400, f"{label}: {exc}") from None
