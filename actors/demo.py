@@ -57,7 +57,7 @@ def _respond(request: InferRequest) -> list[StreamChunk | str]:
     from actors.providers.scripted import tool_call
 
     user = next((m for m in reversed(request.messages) if isinstance(m, UserMessage)), None)
-    prompt = user.content if user else ""
+    prompt = user.text if user else ""
     last = request.messages[-1] if request.messages else None
     if isinstance(last, ToolMessage):  # step 2: answer from the tool's result
         if last.error:

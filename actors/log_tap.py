@@ -15,6 +15,7 @@ from runtime.actor import Actor
 from runtime.events import LIFECYCLE_EVENT_TYPES, ActorCrashed, ActorGaveUp, Lagged
 from runtime.inbox import OverflowPolicy
 from runtime.logging import get_logger, level_enabled
+from runtime.media import elide_media
 from runtime.output import DELTA_TYPES, OUTPUT_CHUNK_TYPES, Error
 from runtime.redact import redact
 from runtime.serde import converter
@@ -42,7 +43,7 @@ class LogTap(Actor):
         super().attach(bus)
 
     async def handle(self, event: Any) -> None:
-        fields = redact(converter.unstructure(event))
+        fields = redact(elide_media(converter.unstructure(event)))
         fields.pop("type", None)
         fields.pop("kind", None)
         if fields.get("causation_id") is None:  # what made it happen, most specific first

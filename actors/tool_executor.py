@@ -18,6 +18,7 @@ import trio
 
 from runtime.actor import ServingActor
 from runtime.events import ToolApprovalDecided, ToolApprovalRequested
+from runtime.messages import is_media_output
 from runtime.protocol import ExecuteTools, ToolCallSpec, ToolOutcome, ToolProgress
 from runtime.tools import Tool, ToolContext, ToolInputError, to_jsonable
 
@@ -27,8 +28,8 @@ TRUNCATION_MARKER = "…[truncated: {omitted} of {total} characters omitted]"
 def truncate_output(output: Any, limit: int | None) -> Any:
     """``output`` unchanged if its JSON text fits ``limit``; else its text cut to fit,
     ending with a visible marker (so the model knows it did not see everything)."""
-    if limit is None:
-        return output
+    if limit is None or is_media_output(output):
+        return output  # media parts are bounded by their own size, not as JSON text
     text = output if isinstance(output, str) else orjson.dumps(output).decode()
     if len(text) <= limit:
         return output

@@ -29,8 +29,11 @@ from runtime.errors import (
     ConfigurationError,
     ConnectionLost,
     ContextTooLong,
+    InvalidMedia,
     InvalidSessionId,
     MalformedStream,
+    MediaError,
+    MediaTooLarge,
     Overloaded,
     ProviderError,
     ProviderTimeout,
@@ -43,13 +46,17 @@ from runtime.errors import (
     StoreCorrupt,
     StoreError,
     ToolDefinitionError,
+    UnsupportedMedia,
 )
 from runtime.events import Event
 from runtime.host import Host, validate_session_id
 from runtime.inbox import Inbox
 from runtime.logging import configure_logging
+from runtime.media import MediaLimits
 from runtime.messages import (
     AssistantMessage,
+    File,
+    Image,
     Message,
     Part,
     ProviderDataPart,
@@ -59,6 +66,7 @@ from runtime.messages import (
     ToolCallPart,
     ToolMessage,
     UserMessage,
+    UserPart,
 )
 from runtime.output import OutputChunk
 from runtime.protocol import TurnResult
@@ -83,12 +91,18 @@ __all__ = [
     "ConnectionLost",
     "ContextTooLong",
     "Event",
+    "File",
     "FinishChunk",
     "Hooks",
     "Host",
+    "Image",
     "Inbox",
+    "InvalidMedia",
     "InvalidSessionId",
     "MalformedStream",
+    "MediaError",
+    "MediaLimits",
+    "MediaTooLarge",
     "Message",
     "OutputChunk",
     "Overloaded",
@@ -129,9 +143,11 @@ __all__ = [
     "ToolMessage",
     "TurnResult",
     "TurnStream",
+    "UnsupportedMedia",
     "Usage",
     "UsageChunk",
     "UserMessage",
+    "UserPart",
     "configure_logging",
     "tool",
     "validate_session_id",

@@ -8,6 +8,7 @@ from typing import Any
 import attrs
 
 from runtime.budget import Budget
+from runtime.media import MediaLimits
 from runtime.retry import RetryPolicy
 from runtime.tools import Tool, tool
 
@@ -70,6 +71,8 @@ class Agent:
     hooks: Hooks = attrs.field(factory=Hooks)
     settings: dict[str, Any] = attrs.field(factory=dict)
     """Extra request options passed to the provider on every call (temperature, ...)."""
+    media_limits: MediaLimits = attrs.field(factory=MediaLimits)
+    """Largest image, file and per-message media a user input may carry (docs/media.md)."""
 
     mcp_servers: tuple[Any, ...] = ()
     """MCP tool servers (``actors.mcp.MCPServer``) whose tools are offered as well."""

@@ -2,6 +2,7 @@
 
     python -m runtime run "Weather in Paris?"            # the offline scripted demo
     python -m runtime run --jsonl "Weather in Paris?"    # one OutputChunk per line
+    python -m runtime run --file chart.png "What does this show?"   # attach files
     python -m runtime run --provider openai --model gpt-4o-mini "Hello"
     python -m runtime run --provider anthropic --base-url http://127.0.0.1:8080 \
         --model claude-sonnet-4-5 "Hello"
@@ -37,6 +38,13 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run one turn and render it")
     run.add_argument("prompt", help="the user input")
     run.add_argument("--jsonl", action="store_true", help="print each OutputChunk as a JSON line")
+    run.add_argument(
+        "--file",
+        action="append",
+        default=[],
+        metavar="PATH_OR_URL",
+        help="attach an image or file (a path, or an http(s) URL the provider fetches); repeatable",
+    )
     run.add_argument("--provider", choices=provider_names(), default="scripted")
     run.add_argument("--model", default=None, help="model name for a real provider")
     run.add_argument("--base-url", default=None, help="provider endpoint (any compatible server)")
@@ -87,9 +95,44 @@ USAGE_EXIT = 2
 
 
 def _bad_input_errors() -> tuple[type[BaseException], ...]:
-    from runtime.errors import InvalidSessionId, StoreError
+    from runtime.errors import InvalidSessionId, MediaError, StoreError
 
-    return (BadInput, InvalidSessionId, StoreError)
+    return (BadInput, InvalidSessionId, MediaError, StoreError)
+
+
+def load_attachment(source: str) -> Any:
+    """An :class:`~runtime.messages.Image` (when the bytes or URL say image) or a
+    :class:`~runtime.messages.File` for ``--file``; a missing file is :class:`BadInput`."""
+    import mimetypes
+
+    from runtime.errors import InvalidMedia
+    from runtime.messages import File, Image
+
+    if source.startswith(("http://", "https://")):
+        guessed = mimetypes.guess_type(source.split("?")[0])[0] or ""
+        if guessed.startswith("image/"):
+            return Image(url=source)
+        return File(url=source, filename=os.path.basename(source.split("?")[0]) or None)
+    if not os.path.isfile(source):
+        raise BadInput(f"no file at {source}")
+    with open(source, "rb") as f:
+        data = f.read()
+    try:
+        return Image(data=data)
+    except InvalidMedia:
+        return File(data=data, filename=os.path.basename(source))
+
+
+def run_input(args: argparse.Namespace) -> Any:
+    """The ``run`` command's user input: the prompt, then each ``--file`` in order, checked
+    against the default media limits (before any store is opened)."""
+    from runtime.media import MediaLimits, check_limits, user_content
+
+    if not args.file:
+        return args.prompt
+    content = user_content([args.prompt, *(load_attachment(s) for s in args.file)])
+    check_limits(content, MediaLimits())
+    return content
 
 
 def check_arguments(args: argparse.Namespace) -> None:
@@ -105,6 +148,8 @@ def check_arguments(args: argparse.Namespace) -> None:
         raise BadInput(f"no session store at {args.store}")  # reading must not create one
     if command == "replay" and not os.path.isfile(args.file):
         raise BadInput(f"no event log at {args.file}")
+    if command == "run":
+        args.input = run_input(args)
 
 
 def report_bad_input(command: Callable[[], int]) -> int:
@@ -202,7 +247,7 @@ async def run_command(args: argparse.Namespace) -> int:
 
             await host.start_actor(JsonlRecorder(args.record))
         session = await host.open_session(agent, session_id=args.session)
-        async with session.stream(args.prompt) as output:
+        async with session.stream(getattr(args, "input", args.prompt)) as output:
             async for chunk in output:
                 if renderer is not None:
                     renderer.render(chunk)
@@ -300,12 +345,30 @@ async def show_command(args: argparse.Namespace) -> int:
             if msg.error is not None:
                 console.print(f"  error: {msg.error.kind}: {msg.error.message}", style="red")
         elif msg.role == "tool":
-            body = msg.error if msg.error else orjson.dumps(msg.output).decode()
+            body = msg.error if msg.error else _describe_output(msg.output)
             label = "error" if msg.error else "result"
             console.print(f"tool {msg.tool_name} {label} (step {msg.step}): {body}")
+        elif msg.role == "user" and not isinstance(msg.content, str):
+            console.print(f"user: {msg.text}")
+            for item in msg.media:
+                console.print(f"  [{_describe_media(item)}]", style="dim")
         else:
             console.print(f"{msg.role}: {msg.content}")
     return 0
+
+
+def _describe_media(part: Any) -> str:
+    where = f"{part.size} bytes" if part.data is not None else part.url
+    name = getattr(part, "filename", None)
+    return f"{part.type} {part.media_type}{f' {name}' if name else ''}, {where}"
+
+
+def _describe_output(output: Any) -> str:
+    from runtime.messages import is_media_output
+
+    if not is_media_output(output):
+        return orjson.dumps(output).decode()
+    return " ".join(p.text if p.type == "text" else f"[{_describe_media(p)}]" for p in output)
 
 
 def _silence_stdout() -> None:

@@ -104,10 +104,39 @@ class ContextTooLong(BadRequest):
     """The conversation exceeds the model's context window."""
 
 
+class UnsupportedMedia(BadRequest):
+    """A media type (an image or file format) that this provider cannot take.
+
+    Raised while the request is built, before anything is sent, naming the type and the
+    provider: a server's 400 would say less, later."""
+
+
 class MalformedStream(ProviderError):
     """The response stream could not be parsed (garbage bytes, broken JSON, cut events)."""
 
     retryable = True
+
+
+# -- media -------------------------------------------------------------------------------
+
+
+class MediaError(AxonError, ValueError):
+    """An image or file in user input that cannot be used. Raised before anything is stored."""
+
+
+class InvalidMedia(MediaError):
+    """Not a usable image or file: no data and no URL (or both), a URL scheme other than
+    ``http:``, ``https:`` or ``data:``, a malformed media type, bytes that contradict it."""
+
+
+class MediaTooLarge(MediaError):
+    """An image, a file or one message's media together exceed their size limit
+    (:class:`~runtime.media.MediaLimits`). ``size`` and ``limit`` are in bytes."""
+
+    def __init__(self, message: str, *, size: int, limit: int) -> None:
+        super().__init__(message)
+        self.size = size
+        self.limit = limit
 
 
 # -- sessions, stores, actors ------------------------------------------------------------

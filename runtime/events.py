@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 import attrs
 
 from runtime.chunks import Usage
-from runtime.messages import Message
+from runtime.messages import Message, UserContent
 from runtime.output import ErrorInfo, _repr
 
 
@@ -41,7 +41,8 @@ class TurnStarted(Event):
     session_id: str
     turn_id: str
     agent: str
-    input: str
+    input: UserContent
+    """The user input: text, or parts when it carried images or files."""
     causation_id: str | None = None
     provider: str | None = None
     """The provider's name (``openai``, ``anthropic``, ...), for tracing."""

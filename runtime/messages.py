@@ -10,7 +10,13 @@ Everything here is a frozen value: persisted data holds no references to live ac
 
 from __future__ import annotations
 
+import base64
+import binascii
+import mimetypes
+import re
+from collections.abc import Callable
 from typing import Any, ClassVar
+from urllib.parse import unquote_to_bytes, urlsplit
 
 import attrs
 
@@ -73,6 +79,205 @@ class ProviderDataPart:
 Part = TextPart | ReasoningPart | ToolCallPart | ProviderDataPart
 
 
+# -- media: images and files in user input and tool results ------------------------------
+
+_MEDIA_TYPE = re.compile(r"^[a-z0-9][a-z0-9!#$&^_.+-]*/[a-z0-9][a-z0-9!#$&^_.+-]*$")
+URL_SCHEMES = ("http", "https", "data")
+"""The only URL schemes a media part accepts. An ``http(s)`` URL is never fetched here:
+the provider fetches it. ``data:`` URLs are decoded into :attr:`Image.data`."""
+
+
+def _invalid(message: str) -> Exception:
+    from runtime.errors import InvalidMedia
+
+    return InvalidMedia(message)
+
+
+def _data_url(url: str) -> tuple[bytes, str | None]:
+    """The bytes and media type of a ``data:[<type>][;base64],<data>`` URL."""
+    head, sep, payload = url[5:].partition(",")
+    if not sep:
+        raise _invalid("a data: URL needs a ',' before its data")
+    params = head.split(";")
+    is_base64 = params[-1].strip().lower() == "base64"
+    media_type = params[0].strip().lower() or None
+    if is_base64:
+        try:
+            data = base64.b64decode(payload, validate=True)
+        except (binascii.Error, ValueError):
+            raise _invalid("the data: URL is not valid base64") from None
+    else:
+        data = unquote_to_bytes(payload)
+    return data, media_type
+
+
+def _sniff(data: bytes) -> str | None:
+    """The media type the first bytes of ``data`` say (magic numbers), if any."""
+    import filetype
+
+    return filetype.guess_mime(data[:8192]) if data else None
+
+
+def _looks_like_text(data: bytes) -> bool:
+    if b"\x00" in data[:8192]:
+        return False
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+Guess = Callable[[bytes | None, str | None], str | None]
+
+
+def _normalize_media(obj: Any, what: str, guess: Guess) -> None:
+    """Check an :class:`Image` / :class:`File` and fill in what construction left open.
+
+    Called from ``__attrs_post_init__`` (the classes are frozen, hence ``object.__setattr__``,
+    the documented attrs way): a ``data:`` URL becomes ``data``; a missing media type is
+    sniffed from the bytes (or taken from the URL's or file name's extension); a declared
+    type that the bytes contradict is refused, because providers answer that with a 400.
+    """
+    data, url = obj.data, obj.url
+    if (data is None) == (url is None):
+        raise _invalid(f"{what} needs exactly one of data= (bytes) or url=")
+    declared = obj.media_type
+    if url is not None:
+        if not isinstance(url, str):
+            raise _invalid(f"{what} url must be a string, not {type(url).__name__}")
+        scheme = urlsplit(url.strip()).scheme.lower()
+        if scheme not in URL_SCHEMES:
+            raise _invalid(
+                f"{what} url must be an http:, https: or data: URL, not {scheme or 'a relative'}"
+                f"{':' if scheme else ''} URL"
+            )
+        if scheme == "data":
+            data, from_url = _data_url(url.strip())
+            declared = declared or from_url
+            object.__setattr__(obj, "url", None)
+            url = None
+    if data is not None:
+        if isinstance(data, bytearray | memoryview):
+            data = bytes(data)
+        if not isinstance(data, bytes):
+            raise _invalid(f"{what} data must be bytes, not {type(data).__name__}")
+        object.__setattr__(obj, "data", data)
+    if declared is not None:
+        if not isinstance(declared, str):
+            raise _invalid(f"{what} media_type must be a string")
+        declared = declared.split(";")[0].strip().lower()
+        if not _MEDIA_TYPE.match(declared):
+            raise _invalid(f"{what} media_type {obj.media_type!r} is not a media type")
+    sniffed = _sniff(data) if data is not None else None
+    if declared is not None and sniffed is not None and sniffed != declared:
+        raise _invalid(f"{what} is declared {declared} but its bytes are {sniffed}")
+    media_type = declared or sniffed or guess(data, url)
+    if media_type is None:
+        raise _invalid(f"could not tell the media type of this {what}: pass media_type=")
+    object.__setattr__(obj, "media_type", media_type)
+
+
+def _guess_from_name(name: str | None) -> str | None:
+    if not name:
+        return None
+    guessed, _ = mimetypes.guess_type(urlsplit(name).path if "://" in name else name)
+    return guessed
+
+
+def _size_repr(data: bytes | None) -> str:
+    return "None" if data is None else f"<{len(data)} bytes>"
+
+
+@attrs.frozen(kw_only=True, slots=True)
+class Image:
+    """An image in user input or a tool result: its bytes (``data``) or a URL.
+
+    Give exactly one of ``data`` and ``url``. ``url`` is an ``http(s)`` URL, which the
+    provider fetches (never this process), or a ``data:`` URL, which is decoded into
+    ``data``. ``media_type`` (``image/png``, ``image/jpeg``, ``image/gif``,
+    ``image/webp``...) is sniffed from the bytes when left out, and bytes that contradict
+    it are refused (:class:`~runtime.errors.InvalidMedia`). In JSON, ``data`` is base64.
+    """
+
+    type: ClassVar[str] = "image"
+    data: bytes | None = attrs.field(default=None, repr=_size_repr)
+    url: str | None = None
+    media_type: str | None = None
+    """Always set once constructed (declared, sniffed or from the URL's extension)."""
+
+    def __attrs_post_init__(self) -> None:
+        _normalize_media(self, "image", lambda _data, url: _guess_from_name(url))
+        if not self.media_type.startswith("image/"):  # type: ignore[union-attr]
+            raise _invalid(f"an image must have an image/* media type, not {self.media_type}")
+
+    @property
+    def size(self) -> int:
+        """Bytes this part carries (``0`` for an http(s) URL: the provider fetches it)."""
+        return len(self.data) if self.data is not None else 0
+
+    def data_url(self) -> str:
+        """``data:<type>;base64,...`` for inline data, else the URL itself."""
+        return _as_data_url(self)
+
+
+@attrs.frozen(kw_only=True, slots=True)
+class File:
+    """A file (a PDF, a text file...) in user input or a tool result.
+
+    Like :class:`Image`: exactly one of ``data`` / ``url``, ``media_type`` sniffed when left
+    out (magic bytes, then the ``filename``'s or URL's extension, then ``text/plain`` for
+    UTF-8 text). ``filename`` is shown to the model where the provider has a field for it.
+    Which types a provider takes is the provider's business (see docs/media.md).
+    """
+
+    type: ClassVar[str] = "file"
+    data: bytes | None = attrs.field(default=None, repr=_size_repr)
+    url: str | None = None
+    media_type: str | None = None
+    """Always set once constructed."""
+    filename: str | None = None
+
+    def __attrs_post_init__(self) -> None:
+        def guess(data: bytes | None, url: str | None) -> str | None:
+            found = _guess_from_name(self.filename) or _guess_from_name(url)
+            if found is None and data is not None and _looks_like_text(data):
+                return "text/plain"
+            return found
+
+        if self.filename is not None and not isinstance(self.filename, str):
+            raise _invalid("file filename must be a string")
+        _normalize_media(self, "file", guess)
+
+    @property
+    def size(self) -> int:
+        """Bytes this part carries (``0`` for an http(s) URL: the provider fetches it)."""
+        return len(self.data) if self.data is not None else 0
+
+    def data_url(self) -> str:
+        """``data:<type>;base64,...`` for inline data, else the URL itself."""
+        return _as_data_url(self)
+
+
+def _as_data_url(part: Image | File) -> str:
+    if part.data is None:
+        return part.url  # type: ignore[return-value]
+    return f"data:{part.media_type};base64,{base64.b64encode(part.data).decode('ascii')}"
+
+
+Media = Image | File
+UserPart = TextPart | Image | File
+"""A part of user content (or of a tool's result): text (``step`` is ``0``), an image, a file."""
+
+UserContent = str | tuple[UserPart, ...]
+"""What a :class:`UserMessage` holds: plain text, or parts (text, images, files)."""
+
+
+def is_media_output(value: Any) -> bool:
+    """Whether a tool's output is media parts (a tuple holding an :class:`Image`/:class:`File`)."""
+    return isinstance(value, tuple) and any(isinstance(p, Image | File) for p in value)
+
+
 @attrs.frozen(kw_only=True, slots=True)
 class SystemMessage:
     role: ClassVar[str] = "system"
@@ -82,9 +287,26 @@ class SystemMessage:
 
 @attrs.frozen(kw_only=True, slots=True)
 class UserMessage:
+    """User input: plain text, or a tuple of parts (:class:`TextPart` with ``step=0``,
+    :class:`Image`, :class:`File`) when the input carried images or files."""
+
     role: ClassVar[str] = "user"
-    content: str
+    content: UserContent
     id: str = attrs.field(factory=_new_id)
+
+    @property
+    def text(self) -> str:
+        """The text of the input (its text parts joined with ``""``)."""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(p.text for p in self.content if isinstance(p, TextPart))
+
+    @property
+    def media(self) -> tuple[Image | File, ...]:
+        """The images and files of the input, in order."""
+        if isinstance(self.content, str):
+            return ()
+        return tuple(p for p in self.content if isinstance(p, Image | File))
 
 
 @attrs.frozen(kw_only=True, slots=True)
@@ -136,6 +358,8 @@ class ToolMessage:
     tool_name: str
     step: int
     output: Any = None
+    """The tool's JSON-ready result; a tool that returned an :class:`Image`/:class:`File`
+    (or a list with some) has a tuple of :data:`UserPart` s here."""
     error: str | None = None
     """A message the model sees instead of an output (exception, bad input, interrupted)."""
     id: str = attrs.field(factory=_new_id)

@@ -8,8 +8,10 @@ The models know nothing of this module: converters are kept apart from the model
 
 from __future__ import annotations
 
+import base64
 from typing import Any
 
+import attrs
 import cattrs
 import orjson
 from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, override
@@ -63,7 +65,25 @@ _PARTS = messages.Part.__args__  # type: ignore[attr-defined]
 _MESSAGES = messages.Message.__args__  # type: ignore[attr-defined]
 _STREAM = chunks.StreamChunk.__args__  # type: ignore[attr-defined]
 
+# Bytes (image and file data) are base64 text in JSON.
+converter.register_unstructure_hook(bytes, lambda b: base64.b64encode(b).decode("ascii"))
+converter.register_structure_hook(
+    bytes, lambda v, _t: v if isinstance(v, bytes) else base64.b64decode(v, validate=True)
+)
+
+
+def _structure_user_content(value: Any, _t: Any) -> Any:
+    # ``str`` (every message stored before media existed) or a list of tagged parts.
+    if isinstance(value, str):
+        return value
+    return tuple(converter.structure(p, messages.UserPart) for p in value)
+
+
+converter.register_structure_hook_func(lambda t: t == messages.UserContent, _structure_user_content)
+
+
 _register(messages.Part, "type", _PARTS)
+_register(messages.UserPart, "type", messages.UserPart.__args__)  # type: ignore[attr-defined]
 _register(messages.Message, "role", _MESSAGES)
 _register(chunks.StreamChunk, "type", _STREAM)
 _register(output.OutputChunk, "type", output.OUTPUT_CHUNK_TYPES)
@@ -85,6 +105,37 @@ def _structure_event(d: dict, _t: Any) -> Any:
 
 converter.register_structure_hook(events.Event, _structure_event)
 
+
+# A tool's media output (a tuple of parts) is stored as a list of tagged part dicts; they
+# come back as parts only when every item has exactly a part's keys and one is an image or
+# file, so an ordinary JSON output that merely has a "type" key stays what it was.
+_PART_KEYS = {
+    cls.type: {a.name for a in attrs.fields(cls)} | {"type"}
+    for cls in messages.UserPart.__args__  # type: ignore[attr-defined]
+}
+
+
+def _media_output(output: Any) -> Any:
+    if not isinstance(output, list) or not output:
+        return output
+    if not all(isinstance(p, dict) and _PART_KEYS.get(p.get("type")) == p.keys() for p in output):
+        return output
+    if not any(p["type"] in ("image", "file") for p in output):
+        return output
+    return tuple(converter.structure(p, messages.UserPart) for p in output)
+
+
+_tool_message_base = converter.get_structure_hook(messages.ToolMessage)
+
+
+def _structure_tool_message(d: dict, _t: Any) -> Any:
+    value = _tool_message_base(d, _t)
+    output = _media_output(value.output)
+    return value if output is value.output else attrs.evolve(value, output=output)
+
+
+converter.register_structure_hook(messages.ToolMessage, _structure_tool_message)
+
 _tool_stream_base = make_dict_structure_fn(output.ToolStream, converter)
 
 
@@ -94,9 +145,7 @@ def _structure_tool_stream(d: dict, _t: Any) -> Any:
     value = _tool_stream_base({**d, "chunk": None}, _t)
     if isinstance(inner, dict):
         inner = _structure_event(inner, events.Event)
-    import attrs as _attrs
-
-    return _attrs.evolve(value, chunk=inner)
+    return attrs.evolve(value, chunk=inner)
 
 
 converter.register_structure_hook(output.ToolStream, _structure_tool_stream)

@@ -1,6 +1,6 @@
 """Sessions and the consumer's view of a turn (:class:`TurnStream`).
 
-A session runs one turn at a time. ``session.stream(text)`` starts a turn and yields a
+A session runs one turn at a time. ``session.stream(input)`` starts a turn and yields a
 :class:`TurnStream`: iterate it for :data:`~runtime.output.OutputChunk` s, as they
 arrive. Leaving the ``async with`` before the turn finished cancels the turn (the
 stream ends with ``abort``, and what was streamed is saved, marked interrupted);
@@ -23,7 +23,8 @@ import trio
 
 from runtime.errors import SessionBusy, SessionNotLoaded
 from runtime.inbox import Inbox
-from runtime.messages import Message
+from runtime.media import UserInput, check_limits, user_content
+from runtime.messages import Message, UserContent
 from runtime.protocol import Batch, TurnResult
 
 if TYPE_CHECKING:
@@ -53,7 +54,8 @@ class SessionState:
 class RunTurn:
     """The request a :class:`TurnStream` sends the session's turn runner."""
 
-    input: str
+    input: UserContent
+    """The user message's content: text, or parts (text, images, files)."""
     consumer: Inbox | None
     stream: TurnStream
 
@@ -61,7 +63,7 @@ class RunTurn:
 class TurnStream:
     """One turn as its consumer sees it: an async iterator of output chunks."""
 
-    def __init__(self, session: Session, text: str, *, capacity: int = 256) -> None:
+    def __init__(self, session: Session, text: UserContent, *, capacity: int = 256) -> None:
         self.session = session
         self.input = text
         self.result: TurnResult | None = None
@@ -230,15 +232,23 @@ class Session:
         self.actors = []
         self.current = None
 
-    def stream(self, text: str) -> TurnStream:
-        """Start a turn for user input ``text``; use as ``async with session.stream(t) as out``.
+    def stream(self, input: UserInput) -> TurnStream:
+        """Start a turn for user ``input``; use as ``async with session.stream(t) as out``.
+
+        ``input`` is text, or a list of text, :class:`~runtime.messages.Image` and
+        :class:`~runtime.messages.File` values (one image or file alone also works). It is
+        checked here, before anything is stored: a value of another kind or a bad image
+        raises :class:`~runtime.errors.InvalidMedia`, media bigger than the agent's
+        ``media_limits`` :class:`~runtime.errors.MediaTooLarge`.
 
         A session runs one turn at a time: entering while a turn runs raises
         :class:`~runtime.errors.SessionBusy`.
         """
-        return TurnStream(self, text)
+        content = user_content(input)
+        check_limits(content, self.agent.media_limits)
+        return TurnStream(self, content)
 
-    async def run(self, text: str) -> TurnResult:
+    async def run(self, text: UserInput) -> TurnResult:
         """Run a whole turn, discarding the stream; returns its result."""
         async with self.stream(text) as out:
             async for _ in out:

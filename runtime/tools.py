@@ -129,8 +129,18 @@ class Tool:
 
 
 def to_jsonable(value: Any) -> Any:
-    """A JSON-ready form of a tool's return value; raises ``TypeError`` when impossible."""
+    """A JSON-ready form of a tool's return value; raises ``TypeError`` when impossible.
+
+    An :class:`~runtime.messages.Image` / :class:`~runtime.messages.File`, or a list holding
+    some, is kept as a tuple of parts (:func:`runtime.media.tool_output`): the provider
+    sends it as image/document blocks where its API allows (docs/media.md)."""
     import pydantic_core
+
+    from runtime.media import tool_output
+
+    media = tool_output(value)
+    if media is not None:
+        return media
 
     try:
         return pydantic_core.to_jsonable_python(value)

@@ -24,6 +24,9 @@ EXPECTED = {
     ("actors.md", 1): "the tool call was denied: emails need a human",
     ("mcp.md", 0): "add_note -> saved: buy milk (1 notes)\nNoted.",
     ("providers.md", 0): "hello there actors 3",
+    ("media.md", 0): "What is this? ['image/png', 'application/pdf']\n"
+    "['text', 'image_url', 'file']\n['text', 'image', 'document']\n"
+    "refused: image (image/png) is 2.0 KiB; the limit is 1.0 KiB per image | stored messages: 2\n",
     ("telemetry.md", 0): "invoke_agent weather\n  chat scripted\n  execute_tool get_weather\n"
     "  chat scripted\n",
 }

@@ -24,6 +24,29 @@ json_values = st.recursive(
 _PARTS = typing.get_args(messages.Part)
 _MESSAGES = typing.get_args(messages.Message)
 
+PNG = b"\x89PNG\r\n\x1a\n"
+user_parts = st.one_of(
+    st.builds(messages.TextPart, text=st.text(min_size=1, max_size=8), step=st.just(0)),
+    st.builds(messages.Image, data=st.binary(max_size=16).map(lambda b: PNG + b)),
+    st.builds(
+        messages.Image,
+        url=st.sampled_from(["https://example.com/a.png", "http://x/y.jpg?z=1"]),
+        media_type=st.sampled_from(["image/png", "image/webp"]),
+    ),
+    st.builds(
+        messages.File,
+        data=st.binary(max_size=16).map(lambda b: b"%PDF-1.7\n" + b),
+        filename=st.none() | st.text(max_size=6),
+    ),
+    st.builds(
+        messages.File,
+        data=st.text(max_size=12).map(str.encode),
+        media_type=st.just("text/plain"),
+        filename=st.none() | st.just("notes.txt"),
+    ),
+)
+user_content = st.text(max_size=10) | st.lists(user_parts, min_size=1, max_size=4).map(tuple)
+
 
 def _strategy_for(tp: typing.Any) -> st.SearchStrategy:
     origin = typing.get_origin(tp)
@@ -46,6 +69,8 @@ def _strategy_for(tp: typing.Any) -> st.SearchStrategy:
                          text=st.text(max_size=8), seq=st.integers(0, 99))
     if tp is ErrorInfo:
         return st.builds(ErrorInfo, kind=st.text(max_size=5), message=st.text(max_size=5))
+    if tp == messages.UserContent:
+        return user_content
     if tp is messages.Message or tp in _MESSAGES:
         return st.sampled_from(_sample_messages())
     if origin in (typing.Union, getattr(__import__("types"), "UnionType", None)):
@@ -87,6 +112,14 @@ def _sample_messages():
     return [
         messages.SystemMessage(content="sys"),
         messages.UserMessage(content="hello"),
+        messages.UserMessage(
+            content=(
+                messages.TextPart(text="what is this?", step=0),
+                messages.Image(data=PNG + b"pixels"),
+                messages.Image(url="https://example.com/cat.jpg"),
+                messages.File(data=b"%PDF-1.4 x", filename="a.pdf"),
+            )
+        ),
         messages.AssistantMessage(content=tuple(_sample_parts()), interrupted=True),
         messages.ToolMessage(tool_call_id="c", tool_name="t", step=2, output={"x": 1}),
         messages.ToolMessage(tool_call_id="c", tool_name="t", step=2, error="boom"),
@@ -169,3 +202,35 @@ def test_an_assistant_message_stored_before_the_error_field_existed_still_loads(
     old = {"role": "assistant", "content": [], "id": "a", "interrupted": True}
     restored = serde.structure(old, messages.Message)
     assert restored.error is None and restored.status == "interrupted"
+
+
+@given(content=user_content)
+def test_user_content_round_trips_through_json(content):
+    message = messages.UserMessage(content=content)
+    assert serde.from_json(serde.to_json(message), messages.Message) == message
+
+
+@given(parts=st.lists(user_parts, min_size=1, max_size=3))
+def test_a_tool_media_output_round_trips_as_parts(parts):
+    if not any(isinstance(p, messages.Image | messages.File) for p in parts):
+        parts.append(messages.Image(data=PNG))
+    message = messages.ToolMessage(tool_call_id="c", tool_name="t", step=0, output=tuple(parts))
+    assert serde.from_json(serde.to_json(message), messages.Message) == message
+
+
+def test_image_bytes_are_base64_in_json():
+    data = serde.unstructure(messages.Image(data=PNG))
+    assert data == {"type": "image", "data": "iVBORw0KGgo=", "url": None, "media_type": "image/png"}
+
+
+def test_a_tool_output_that_only_looks_like_an_image_stays_json():
+    output = [{"type": "image", "url": "https://example.com/a.png"}]  # no media_type/data keys
+    message = messages.ToolMessage(tool_call_id="c", tool_name="t", step=0, output=output)
+    assert serde.from_json(serde.to_json(message), messages.Message).output == output
+
+
+def test_user_text_stored_before_media_existed_loads_as_str():
+    stored = b'{"role": "user", "content": "hi", "id": "msg_1"}'
+    assert serde.from_json(stored, messages.Message) == messages.UserMessage(
+        content="hi", id="msg_1"
+    )

@@ -440,7 +440,7 @@ def test_serve_parser_defaults_are_safe():
         None,
         [],
     )
-    assert args.max_body == 1 << 20 and args.store is None
+    assert args.max_body == 48 << 20 and args.store is None
     args = parser.parse_args(
         ["serve", "--cors-origin", "http://a", "--cors-origin", "http://b", "--token", "t"]
     )

@@ -36,6 +36,8 @@ from runtime.chunks import (
 )
 from runtime.history import iter_turns, split_steps
 from runtime.messages import (
+    File,
+    Image,
     Message,
     Part,
     ProviderDataPart,
@@ -45,6 +47,7 @@ from runtime.messages import (
     ToolCallPart,
     ToolMessage,
     UserMessage,
+    is_media_output,
 )
 from runtime.protocol import InferRequest
 from runtime.provider import Emit, Provider, ProviderOptions
@@ -107,6 +110,12 @@ def map_messages(
     message is what produced "Expected thinking or redacted_thinking, but found
     tool_use" 400s in other frameworks. Messages of the same role that end up adjacent
     are merged, since the API wants roles to alternate.
+
+    User content with images or files becomes content blocks: ``image`` and ``document``
+    (PDF, or plain text), each with a ``base64`` (``text`` for a text document) or
+    ``url`` source. A tool that returned images or files gets them inside its
+    ``tool_result`` content, which the API allows. A type the API cannot take raises
+    :class:`~runtime.errors.UnsupportedMedia` before any request.
     """
     system = [instructions] if instructions else []
     out: list[dict[str, Any]] = []
@@ -122,7 +131,7 @@ def map_messages(
             if msg.content:
                 system.append(msg.content)
         elif isinstance(msg, UserMessage):
-            _append(out, "user", msg.content)
+            _append(out, "user", _user_content(msg.content))
         # a ToolMessage never reaches here: iter_turns hands them over with their call
     return ("\n\n".join(system) or None), out
 
@@ -183,10 +192,67 @@ def _tool_result(msg: ToolMessage) -> dict[str, Any]:
             "is_error": True,
         }
     output = msg.output
+    if is_media_output(output):
+        blocks = _user_content(output)
+        return {"type": "tool_result", "tool_use_id": msg.tool_call_id, "content": blocks}
     content = (
         output if isinstance(output, str) else json.dumps(output, ensure_ascii=False, default=str)
     )
     return {"type": "tool_result", "tool_use_id": msg.tool_call_id, "content": content}
+
+
+IMAGE_TYPES = frozenset({"image/png", "image/jpeg", "image/gif", "image/webp"})
+"""Image formats the Messages API takes."""
+DOCUMENT_TYPES = frozenset({"application/pdf", "text/plain"})
+"""File formats the Messages API takes as ``document`` blocks."""
+
+
+def _unsupported(what: str) -> errors.UnsupportedMedia:
+    return errors.UnsupportedMedia(f"Anthropic cannot take {what}", provider=PROVIDER)
+
+
+def _source(part: Image | File) -> dict[str, Any]:
+    if part.data is None:
+        return {"type": "url", "url": part.url}
+    import base64
+
+    data = base64.b64encode(part.data).decode("ascii")
+    return {"type": "base64", "media_type": part.media_type, "data": data}
+
+
+def _media_block(part: Image | File) -> dict[str, Any]:
+    """An ``image`` or ``document`` content block."""
+    if isinstance(part, Image):
+        if part.media_type not in IMAGE_TYPES:
+            raise _unsupported(f"{part.media_type} images (only {', '.join(sorted(IMAGE_TYPES))})")
+        return {"type": "image", "source": _source(part)}
+    if part.media_type not in DOCUMENT_TYPES:
+        raise _unsupported(f"{part.media_type} files (only application/pdf and text/plain)")
+    if part.media_type == "text/plain":
+        if part.data is None:
+            raise _unsupported("a text file by URL (only inline data): pass File(data=...)")
+        try:
+            text = part.data.decode("utf-8")
+        except UnicodeDecodeError:
+            raise _unsupported("a text/plain file that is not UTF-8") from None
+        source = {"type": "text", "media_type": "text/plain", "data": text}
+    else:
+        source = _source(part)
+    block: dict[str, Any] = {"type": "document", "source": source}
+    if part.filename:
+        block["title"] = part.filename
+    return block
+
+
+def _user_content(content: Any) -> str | list[dict[str, Any]]:
+    """A user message's (or a tool result's) content: text, or content blocks."""
+    if isinstance(content, str):
+        return content
+    return [
+        {"type": "text", "text": p.text} if isinstance(p, TextPart) else _media_block(p)
+        for p in content
+        if not (isinstance(p, TextPart) and not p.text.strip())
+    ]
 
 
 def _append(out: list[dict[str, Any]], role: str, content: str | list[dict[str, Any]]) -> None:

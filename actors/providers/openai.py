@@ -47,6 +47,8 @@ from runtime.chunks import (
 from runtime.errors import AxonError, ProviderError
 from runtime.history import iter_turns, split_steps
 from runtime.messages import (
+    File,
+    Image,
     Message,
     ReasoningPart,
     SystemMessage,
@@ -54,6 +56,7 @@ from runtime.messages import (
     ToolCallPart,
     ToolMessage,
     UserMessage,
+    is_media_output,
 )
 from runtime.protocol import InferRequest
 from runtime.provider import Emit, Provider, ProviderOptions
@@ -91,9 +94,63 @@ def _arguments(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value)
 
 
+IMAGE_TYPES = frozenset({"image/png", "image/jpeg", "image/gif", "image/webp"})
+"""Image formats Chat Completions takes."""
+FILE_TYPES = frozenset({"application/pdf"})
+"""File formats Chat Completions takes (as ``file_data``; a file URL it cannot take)."""
+TOOL_MEDIA_PLACEHOLDER = (
+    "[{kind} {media_type} omitted: Chat Completions tool results cannot carry images or files]"
+)
+"""What the model reads in a tool result where the tool returned an image or file."""
+
+
+def _unsupported(what: str) -> errors.UnsupportedMedia:
+    return errors.UnsupportedMedia(f"OpenAI Chat Completions cannot take {what}", provider="openai")
+
+
+def _media_block(part: Image | File) -> dict[str, Any]:
+    """An ``image_url`` or ``file`` content block for a user message."""
+    if isinstance(part, Image):
+        if part.media_type not in IMAGE_TYPES:
+            raise _unsupported(f"{part.media_type} images (only {', '.join(sorted(IMAGE_TYPES))})")
+        return {"type": "image_url", "image_url": {"url": part.data_url()}}
+    if part.media_type not in FILE_TYPES:
+        raise _unsupported(f"{part.media_type} files (only application/pdf)")
+    if part.data is None:
+        raise _unsupported("a file by URL (only inline data): pass its bytes as File(data=...)")
+    return {
+        "type": "file",
+        "file": {"file_data": part.data_url(), "filename": part.filename or "file.pdf"},
+    }
+
+
+def _user_content(content: Any) -> str | list[dict[str, Any]]:
+    if isinstance(content, str):
+        return content
+    return [
+        {"type": "text", "text": p.text} if isinstance(p, TextPart) else _media_block(p)
+        for p in content
+        if not (isinstance(p, TextPart) and not p.text)
+    ]
+
+
+def _media_output_text(parts: Sequence[Any]) -> str:
+    # Chat Completions tool messages hold text only: the model is told what it missed.
+    return "\n".join(
+        p.text
+        if isinstance(p, TextPart)
+        else TOOL_MEDIA_PLACEHOLDER.format(
+            kind="image" if isinstance(p, Image) else "file", media_type=p.media_type
+        )
+        for p in parts
+    )
+
+
 def _tool_message(result: ToolMessage) -> dict[str, Any]:
     if result.error is not None:
         content = result.error
+    elif is_media_output(result.output):
+        content = _media_output_text(result.output)
     elif isinstance(result.output, str):
         content = result.output
     else:
@@ -153,6 +210,13 @@ def map_messages(
     ``reasoning_content``; :class:`~runtime.messages.ProviderDataPart` s are dropped; a
     step left with neither text nor tool calls is omitted, since the API rejects an
     assistant message with neither.
+
+    User content with images or files becomes a list of content blocks: ``text``,
+    ``image_url`` (a data URL or the image's URL) and ``file`` (``file_data``, a PDF's data
+    URL, with its ``filename``). An image or file type the API cannot take (or a file
+    given by URL) raises :class:`~runtime.errors.UnsupportedMedia` before any request.
+    Tool messages hold text only: an image or file a tool returned is replaced by a
+    placeholder that says so (:data:`TOOL_MEDIA_PLACEHOLDER`).
     """
     out: list[dict[str, Any]] = []
     if instructions:
@@ -167,7 +231,7 @@ def map_messages(
         elif isinstance(message, SystemMessage):
             out.append({"role": "system", "content": message.content})
         elif isinstance(message, UserMessage):
-            out.append({"role": "user", "content": message.content})
+            out.append({"role": "user", "content": _user_content(message.content)})
     return out
 
 

@@ -19,8 +19,10 @@ from typing import Any
 
 __all__ = ["BODY_TIMEOUT", "DEFAULT_MAX_BODY", "SEND_TIMEOUT", "create_app"]
 
-DEFAULT_MAX_BODY = 1 << 20
-"""Largest request body the app accepts, in bytes (1 MiB); bigger ones get 413."""
+DEFAULT_MAX_BODY = 48 << 20
+"""Largest request body the app accepts, in bytes (48 MiB); bigger ones get 413. Room for
+one message with the default media limits (32 MiB, as base64 data URLs 43 MiB) and its
+text; the media limits themselves (413 with their own message) are the agent's."""
 
 BODY_TIMEOUT = 30.0
 """Seconds a request body may take to arrive in full; after that 408 and the connection

@@ -8,8 +8,10 @@ Hypercorn's Trio worker, see :mod:`runtime.web.serve`):
     The chat page (one file, no build step).
 ``POST /api/chat``
     The body ``useChat`` sends (``id`` = session id, ``messages`` with ``parts``,
-    ``trigger``). Runs one turn on that session with the text of the last user message and
-    streams it as an AI SDK UI message stream (:mod:`runtime.web.protocol`). The server
+    ``trigger``). Runs one turn on that session with the last user message (its text and
+    ``file`` parts: images and files as ``data:`` or ``http(s):`` URLs, never fetched
+    here) and streams it as an AI SDK UI message stream (:mod:`runtime.web.protocol`).
+    Attachments over the agent's ``media_limits`` get 413, unusable ones 400. The server
     keeps the history: only the last user message is read. ``trigger:
     "regenerate-message"`` replaces the session's last turn instead of adding one. A
     client that closes the connection cancels the turn (saved, marked interrupted).
@@ -49,9 +51,10 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from runtime.agent import Agent
-from runtime.errors import InvalidSessionId, SessionBusy
+from runtime.errors import InvalidMedia, InvalidSessionId, MediaTooLarge, SessionBusy
 from runtime.host import Host, validate_session_id
-from runtime.messages import UserMessage
+from runtime.media import check_limits, user_content
+from runtime.messages import File, Image, TextPart, UserContent, UserMessage
 from runtime.session import FINAL_WAIT
 from runtime.web import BODY_TIMEOUT, DEFAULT_MAX_BODY, SEND_TIMEOUT
 from runtime.web.guard import RequestGuard
@@ -157,30 +160,69 @@ class SecurityHeaders:
 # -- the chat stream ----------------------------------------------------------------------
 
 
-def _last_user_text(messages: Any) -> str:
-    """The text parts of the last user message of a ``useChat`` body, joined."""
+def _file_part(part: dict[str, Any]) -> Image | File:
+    """A ``useChat`` file part (``mediaType``, ``url``, ``filename``) as an image or file.
+
+    Only ``data:``, ``http:`` and ``https:`` URLs are taken, and an http(s) URL is passed
+    on for the provider to fetch: this server never fetches a URL it was given."""
+    url, media_type, filename = part.get("url"), part.get("mediaType"), part.get("filename")
+    if not isinstance(url, str) or not url:
+        raise ApiError(400, "a file part needs a 'url' (a data:, http: or https: URL)")
+    if media_type is not None and not isinstance(media_type, str):
+        raise ApiError(400, "a file part's 'mediaType' must be a string")
+    if filename is not None and not isinstance(filename, str):
+        raise ApiError(400, "a file part's 'filename' must be a string")
+    try:
+        if media_type is not None and media_type.lower().startswith("image/"):
+            return Image(url=url, media_type=media_type)
+        found = File(url=url, media_type=media_type, filename=filename)
+        if found.media_type.startswith("image/"):  # type: ignore[union-attr]
+            # no mediaType given, and the bytes (or the URL) say image
+            return Image(data=found.data, url=found.url, media_type=found.media_type)
+        return found
+    except InvalidMedia as exc:
+        label = f"file part {filename!r}" if filename else "file part"
+        raise ApiError(400, f"{label}: {exc}") from None
+
+
+def _last_user_input(messages: Any) -> UserContent:
+    """The last user message of a ``useChat`` body: its text, or its text and file parts."""
     if not isinstance(messages, list):
         raise ApiError(400, "'messages' must be a list")
     for message in reversed(messages):
         if not isinstance(message, dict) or message.get("role") != "user":
             continue
         parts = message.get("parts")
+        items: list[str | Image | File] = []
         if isinstance(parts, list):
-            text = "".join(
-                p["text"]
-                for p in parts
-                if isinstance(p, dict)
-                and p.get("type") == "text"
-                and isinstance(p.get("text"), str)
-            )
+            for p in parts:
+                if not isinstance(p, dict):
+                    continue
+                if p.get("type") == "text" and isinstance(p.get("text"), str):
+                    items.append(p["text"])
+                elif p.get("type") == "file":
+                    items.append(_file_part(p))
         elif isinstance(message.get("content"), str):  # the pre-parts message shape
-            text = message["content"]
-        else:
-            text = ""
-        if not text.strip():
-            raise ApiError(400, "the last user message has no text")
-        return text
+            items.append(message["content"])
+        text = "".join(i for i in items if isinstance(i, str))
+        media = [i for i in items if not isinstance(i, str)]
+        if not media:
+            if not text.strip():
+                raise ApiError(400, "the last user message has no text")
+            return text
+        return user_content(items)
     raise ApiError(400, "no user message in 'messages'")
+
+
+def _title(content: UserContent) -> str:
+    """A session title from its first input: the text, else the attachments' names."""
+    if isinstance(content, str):
+        text = content
+    else:
+        text = "".join(p.text for p in content if isinstance(p, TextPart)) or " ".join(
+            getattr(p, "filename", None) or p.type for p in content if not isinstance(p, TextPart)
+        )
+    return " ".join(text.split())[:TITLE_CHARS]
 
 
 def _drop_last_turn(session: Any) -> None:
@@ -209,7 +251,7 @@ class TurnResponse:
     def __init__(
         self,
         session: Any,
-        text: str,
+        text: UserContent,
         *,
         regenerate: bool = False,
         keepalive: float = KEEPALIVE,
@@ -233,7 +275,7 @@ class TurnResponse:
         # No checkpoint between here and the turn taking the session (``__aenter__``).
         if self.regenerate:
             _drop_last_turn(session)
-        session.state.meta.setdefault("title", " ".join(self.text.split())[:TITLE_CHARS])
+        session.state.meta.setdefault("title", _title(self.text))
         started = False
         async with trio.open_nursery() as local:
             # In the background nursery the writer outlives this task, so this task can
@@ -419,11 +461,15 @@ async def chat(request: Request) -> Any:
     if "id" not in payload:
         raise ApiError(400, "'id' (the session id) is required")
     session_id = _session_id(payload["id"])
-    text = _last_user_text(payload.get("messages"))
+    text = _last_user_input(payload.get("messages"))
     trigger = payload.get("trigger", "submit-message")
     if trigger not in ("submit-message", "regenerate-message"):
         raise ApiError(400, f"unknown trigger {trigger!r}")
     session = await state.session(session_id)
+    try:
+        check_limits(text, session.agent.media_limits)
+    except MediaTooLarge as exc:
+        raise ApiError(413, exc.message) from None
     return TurnResponse(
         session,
         text,

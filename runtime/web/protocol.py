@@ -37,13 +37,16 @@ import orjson
 from runtime import output as o
 from runtime.messages import (
     AssistantMessage,
+    File,
     Message,
     ReasoningPart,
     SystemMessage,
     TextPart,
     ToolCallPart,
     ToolMessage,
+    UserContent,
     UserMessage,
+    is_media_output,
 )
 
 HEADERS: dict[str, str] = {
@@ -139,7 +142,7 @@ class UIStreamEncoder:
                     {
                         "type": "tool-output-available",
                         "toolCallId": chunk.tool_call_id,
-                        "output": chunk.output,
+                        "output": ui_output(chunk.output),
                     }
                 )
             else:
@@ -225,7 +228,7 @@ def _tool_part(call: ToolCallPart, result: ToolMessage | None) -> dict[str, Any]
         part["errorText"] = result.error
     else:
         part["state"] = "output-available"
-        part["output"] = result.output
+        part["output"] = ui_output(result.output)
     return part
 
 
@@ -249,6 +252,29 @@ def _assistant(message: AssistantMessage, results: dict[str, ToolMessage]) -> di
     return {"id": message.id, "role": "assistant", "parts": parts, "metadata": metadata}
 
 
+def ui_parts(content: UserContent) -> list[dict[str, Any]]:
+    """User content as ``UIMessage`` parts: ``text`` parts, and ``file`` parts
+    (``mediaType``, ``url``: a data URL for inline bytes, ``filename`` when known), the
+    shape ``useChat`` sends an attachment in."""
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    parts: list[dict[str, Any]] = []
+    for p in content:
+        if isinstance(p, TextPart):
+            parts.append({"type": "text", "text": p.text})
+        else:
+            part = {"type": "file", "mediaType": p.media_type, "url": p.data_url()}
+            if isinstance(p, File) and p.filename:
+                part["filename"] = p.filename
+            parts.append(part)
+    return parts
+
+
+def ui_output(output: Any) -> Any:
+    """A tool's output for the UI: media parts as :func:`ui_parts`, anything else as is."""
+    return ui_parts(output) if is_media_output(output) else output
+
+
 def ui_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
     """A stored history as AI SDK ``UIMessage`` s: the tool results folded into their
     calls' tool parts, a ``step-start`` part before each step."""
@@ -256,7 +282,7 @@ def ui_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for m in messages:
         if isinstance(m, UserMessage | SystemMessage):
-            out.append({"id": m.id, "role": m.role, "parts": [{"type": "text", "text": m.content}]})
+            out.append({"id": m.id, "role": m.role, "parts": ui_parts(m.content)})
         elif isinstance(m, AssistantMessage):
             out.append(_assistant(m, results))
     return out

@@ -1,0 +1,142 @@
+"""User input with images and files: turning what a caller passes into stored parts, and
+the size limits that guard it.
+
+``session.stream(...)`` accepts plain text (stored as it always was) or a list of text,
+:class:`~runtime.messages.Image` and :class:`~runtime.messages.File` values;
+:func:`user_content` turns that into a :class:`~runtime.messages.UserMessage`'s content
+and :func:`check_limits` refuses it, before anything is stored or sent, when an item or
+the whole message is bigger than the agent's :class:`MediaLimits`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import attrs
+
+from runtime.errors import InvalidMedia, MediaTooLarge
+from runtime.messages import File, Image, TextPart, UserContent, UserPart
+
+MIB = 1024 * 1024
+
+UserInput = str | Image | File | Iterable[str | TextPart | Image | File]
+"""What ``session.stream`` takes: text, one image or file, or a list of them in order."""
+
+
+@attrs.frozen(kw_only=True, slots=True)
+class MediaLimits:
+    """Largest media a user message may carry, in bytes (inline data only: an http(s) URL
+    is fetched by the provider and counts as nothing here).
+
+    The defaults follow the providers' own limits: 20 MiB per image (OpenAI's), 32 MiB per
+    file and per message (Anthropic's whole-request limit).
+    """
+
+    image_bytes: int = 20 * MIB
+    file_bytes: int = 32 * MIB
+    message_bytes: int = 32 * MIB
+
+
+def _human(n: int) -> str:
+    if n >= MIB:
+        return f"{n / MIB:.1f} MiB"
+    if n >= 1024:
+        return f"{n / 1024:.1f} KiB"
+    return f"{n} bytes"
+
+
+def _label(part: Image | File) -> str:
+    name = getattr(part, "filename", None)
+    kind = "image" if isinstance(part, Image) else "file"
+    return f"{kind} {name!r}" if name else f"{kind} ({part.media_type})"
+
+
+def user_content(value: Any) -> UserContent:
+    """The stored content for ``value``: a ``str`` stays a ``str``; a part, or a list of
+    text/parts, becomes a tuple of parts (strings become ``TextPart(step=0)``, empty ones
+    are dropped). Anything else is an :class:`~runtime.errors.InvalidMedia`."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, Image | File | TextPart):
+        return (value,)
+    if isinstance(value, bytes | bytearray | dict) or not isinstance(value, Iterable):
+        raise InvalidMedia(
+            "user input must be text, an Image, a File or a list of them, "
+            f"not {type(value).__name__}"
+        )
+    parts: list[UserPart] = []
+    for item in value:
+        if isinstance(item, str):
+            if item:
+                parts.append(TextPart(text=item, step=0))
+        elif isinstance(item, Image | File):
+            parts.append(item)
+        elif isinstance(item, TextPart):
+            parts.append(item if item.step == 0 else attrs.evolve(item, step=0))
+        else:
+            raise InvalidMedia(
+                f"a user input list holds text, Image and File values, not {type(item).__name__}"
+            )
+    if not parts:
+        raise InvalidMedia("the user input list is empty")
+    return tuple(parts)
+
+
+def check_limits(content: UserContent, limits: MediaLimits) -> None:
+    """Raise :class:`~runtime.errors.MediaTooLarge` when an image, a file, or the media of
+    the whole message together exceed ``limits``; the message names the item, its size and
+    the limit."""
+    if isinstance(content, str):
+        return
+    total = 0
+    for part in content:
+        if not isinstance(part, Image | File):
+            continue
+        limit = limits.image_bytes if isinstance(part, Image) else limits.file_bytes
+        if part.size > limit:
+            raise MediaTooLarge(
+                f"{_label(part)} is {_human(part.size)}; the limit is {_human(limit)} "
+                f"per {'image' if isinstance(part, Image) else 'file'}",
+                size=part.size,
+                limit=limit,
+            )
+        total += part.size
+    if total > limits.message_bytes:
+        raise MediaTooLarge(
+            f"the images and files of this message are {_human(total)} together; the limit "
+            f"is {_human(limits.message_bytes)} per message",
+            size=total,
+            limit=limits.message_bytes,
+        )
+
+
+def tool_output(value: Any) -> Any:
+    """A tool's return value with media kept as parts: an :class:`Image`/:class:`File`
+    becomes a one-part tuple, a list holding any becomes a tuple of parts (strings become
+    text parts). ``None`` for anything else (the caller makes it JSON as usual)."""
+    if isinstance(value, Image | File):
+        return (value,)
+    if isinstance(value, list | tuple) and any(isinstance(v, Image | File) for v in value):
+        try:
+            return user_content(value)
+        except InvalidMedia as exc:
+            raise TypeError(str(exc)) from None
+    return None
+
+
+def elide_media(value: Any) -> Any:
+    """``value`` (unstructured JSON data) with the base64 ``data`` of every image and file
+    part replaced by ``"<N bytes>"``: for log lines, which must not carry megabytes of an
+    image per event. Containers without media are returned as they are (not copied)."""
+    if isinstance(value, dict):
+        if value.get("type") in ("image", "file") and isinstance(value.get("data"), str):
+            data = value["data"]
+            size = len(data) * 3 // 4 - (len(data) - len(data.rstrip("=")))
+            return {**value, "data": f"<{size} bytes>"}
+        items = {k: elide_media(v) for k, v in value.items()}
+        return value if all(items[k] is value[k] for k in value) else items
+    if isinstance(value, list | tuple):
+        elided = [elide_media(v) for v in value]
+        return value if all(a is b for a, b in zip(elided, value, strict=True)) else elided
+    return value
