@@ -318,9 +318,7 @@ class RedisRelay:
         try:
             import coredis
         except ImportError as exc:  # pragma: no cover - an install problem
-            raise ConfigurationError(
-                "the Redis relay needs coredis: pip install 'axon-runtime[redis]'"
-            ) from exc
+            raise ConfigurationError("the Redis relay needs coredis: pip install coredis") from exc
         shown = _public_url(url)
         if not url.startswith(("redis://", "rediss://", "unix://")):
             raise ConfigurationError(
