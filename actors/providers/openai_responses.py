@@ -468,6 +468,8 @@ class _Parser:
 
     async def _item_done(self, index: int, item: Any) -> None:
         kind = getattr(item, "type", None)
+        if kind is None:
+            return  # no item: nothing to keep
         if kind == "reasoning":
             await self.release()
             data = _dump(item)
@@ -528,15 +530,16 @@ class _Parser:
         if usage is not None:
             await self.emit(UsageChunk(usage=usage))
         cut = TRUNCATED.format(reason=reason or status)
-        for call in self.calls.values():  # never completed: reported, never executed
+        for call in self.calls.values():  # no output_item.done for these
             if not call.started:
                 await self.emit(ToolInputStartChunk(tool_call_id=call.call_id, tool_name=call.name))
-            await self.emit(
+            raw = "".join(call.args)
+            if status == "completed":  # the response says every item is complete
+                await self.emit(_parse_arguments(call.call_id, call.name, raw))
+                continue
+            await self.emit(  # cut off: reported, never executed
                 ToolCallChunk(
-                    tool_call_id=call.call_id,
-                    tool_name=call.name,
-                    input="".join(call.args),
-                    input_error=cut,
+                    tool_call_id=call.call_id, tool_name=call.name, input=raw, input_error=cut
                 )
             )
         await self.emit(FinishChunk(reason=finish, raw_reason=reason or status))
@@ -552,13 +555,16 @@ async def parse_stream(stream: AsyncIterable[Any], emit: Emit) -> None:
     the arguments of that done item (never when a prefix first parses). A built-in tool
     item becomes a :class:`ProviderDataChunk` when it is done. After
     ``response.completed`` / ``response.incomplete`` come one :class:`UsageChunk`, a
-    :class:`ToolCallChunk` with an ``input_error`` for each call the response cut off,
-    and the :class:`FinishChunk` last.
+    :class:`ToolCallChunk` for each call whose item never reported done (complete when
+    the response completed, else with an ``input_error``: cut off, never executed), and
+    the :class:`FinishChunk` last.
 
     Errors are raised classified: an ``error`` event or ``response.failed`` by its
     ``code`` through the shared ladder, a dropped connection or undecodable data by
     :func:`classify_error`, and a stream that ended without a terminal event as
-    :class:`MalformedStream`. What was emitted before stays emitted.
+    :class:`MalformedStream`. What was emitted before stays emitted. (The SDK builds
+    events without validating them and fills a missing field with ``None``: an event
+    lacking what it needs is skipped.)
     """
     parser = _Parser(emit)
     iterator = aiter(stream)
@@ -663,24 +669,27 @@ class OpenAIResponsesProvider(Provider):
 
     def request_params(self, request: InferRequest) -> dict[str, Any]:
         """The ``responses.create`` keyword arguments for ``request`` (``stream=True``)."""
+        options = {**self.request_options, **request.settings}
+        store = bool(options.pop("store", self.store))
         params: dict[str, Any] = {
             "model": self.model,
-            "input": map_messages(request.messages, store=self.store),
-            "store": self.store,
+            "input": map_messages(request.messages, store=store),
+            "store": store,
         }
         if request.instructions:
             params["instructions"] = request.instructions
         tools = map_tools(request.tools)
-        include = [ENCRYPTED_REASONING] if self.encrypted_reasoning and not self.store else []
+        include = [ENCRYPTED_REASONING] if self.encrypted_reasoning and not store else []
         known = self._known_params()
         extra_body: dict[str, Any] = {}
-        for key, value in {**self.request_options, **request.settings}.items():
+        for key, value in options.items():
             if key in _RESERVED:
                 continue
             if key == "tools":
                 tools.extend(value or ())
             elif key == "include":
-                include.extend(v for v in value or () if v not in include)
+                wanted = [value] if isinstance(value, str) else list(value or ())
+                include.extend(v for v in wanted if v not in include)
             elif key == "extra_body":
                 extra_body.update(value)
             elif key in known:

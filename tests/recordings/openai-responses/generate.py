@@ -116,7 +116,7 @@ class Body:
         text = "".join(pieces)
         for a_index, annotation in enumerate(annotations or ()):
             self.add(
-                "response.output_text.annotation_added",
+                "response.output_text.annotation.added",
                 **ids,
                 annotation_index=a_index,
                 annotation=annotation,
@@ -183,7 +183,12 @@ class Body:
         self.add(
             "response.output_item.added",
             output_index=index,
-            item={"id": item_id, "type": "web_search_call", "status": "in_progress"},
+            item={
+                "id": item_id,
+                "type": "web_search_call",
+                "status": "in_progress",
+                "action": {"type": "search"},
+            },
         )
         self.add("response.web_search_call.in_progress", **ids)
         self.add("response.web_search_call.searching", **ids)
