@@ -23,6 +23,8 @@ EXPECTED = {
     ("actors.md", 0): "1 turn,",
     ("actors.md", 1): "the tool call was denied: emails need a human",
     ("providers.md", 0): "hello there actors 3",
+    ("providers.md", 1): "{'store': False, 'encrypted_reasoning': True}\n"
+    "user -\nreasoning rs_1\nmessage msg_1\n",
     ("telemetry.md", 0): "invoke_agent weather\n  chat scripted\n  execute_tool get_weather\n"
     "  chat scripted\n",
 }
