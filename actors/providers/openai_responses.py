@@ -627,7 +627,8 @@ class OpenAIResponsesProvider(Provider):
         "low", "summary": "auto"}``, ``max_output_tokens``, ...); a request's
         ``settings`` override them key by key. ``tools`` are *added* to the agent's
         function tools (built-in tools: ``[{"type": "web_search"}]``); ``include`` is
-        merged with the provider's own. Fields the SDK does not name go in
+        merged with the provider's own; ``store`` replaces :attr:`store` for the call
+        (restoration and ``include`` follow it). Fields the SDK does not name go in
         ``extra_body``."""
         self._client: Any = None
         self._create_params: frozenset[str] | None = None
