@@ -27,6 +27,8 @@ EXPECTED = {
     ("media.md", 0): "What is this? ['image/png', 'application/pdf']\n"
     "['text', 'image_url', 'file']\n['text', 'image', 'document']\n"
     "refused: image (image/png) is 2.0 KiB; the limit is 1.0 KiB per image | stored messages: 2\n",
+    ("providers.md", 1): "{'store': False, 'encrypted_reasoning': True}\n"
+    "user -\nreasoning rs_1\nmessage msg_1\n",
     ("telemetry.md", 0): "invoke_agent weather\n  chat scripted\n  execute_tool get_weather\n"
     "  chat scripted\n",
 }

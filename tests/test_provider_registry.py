@@ -48,7 +48,7 @@ def plugins(monkeypatch: pytest.MonkeyPatch, **targets: str) -> None:
 
 
 def test_the_builtin_providers_are_registered():
-    assert registry.provider_names() == ["scripted", "openai", "anthropic"]
+    assert registry.provider_names() == ["scripted", "openai", "anthropic", "openai-responses"]
     assert registry.provider_class("openai") is OpenAIProvider
     assert registry.provider_class("anthropic") is AnthropicProvider
     assert registry.provider_class("scripted") is ScriptedProvider
@@ -58,13 +58,20 @@ def test_an_unknown_name_says_which_providers_exist():
     with pytest.raises(ConfigurationError) as info:
         registry.provider_class("opneai")
     assert str(info.value) == (
-        "unknown provider 'opneai'; registered providers: scripted, openai, anthropic"
+        "unknown provider 'opneai'; registered providers: "
+        "scripted, openai, anthropic, openai-responses"
     )
 
 
 def test_an_entry_point_adds_a_provider(monkeypatch):
     plugins(monkeypatch, echo=f"{__name__}:EchoProvider")
-    assert registry.provider_names() == ["scripted", "openai", "anthropic", "echo"]
+    assert registry.provider_names() == [
+        "scripted",
+        "openai",
+        "anthropic",
+        "openai-responses",
+        "echo",
+    ]
     provider = registry.create_provider("echo", ProviderOptions(model="echo-2"))
     assert isinstance(provider, EchoProvider) and provider.model == "echo-2"
 
@@ -98,6 +105,7 @@ def test_listing_the_providers_imports_no_provider_module_and_no_sdk():
         "from actors.providers.registry import provider_names\n"
         "provider_names()\n"
         "bad = [m for m in ('actors.providers.openai', 'actors.providers.anthropic',"
+        " 'actors.providers.openai_responses',"
         " 'openai', 'anthropic', 'httpx2') if m in sys.modules]\n"
         "assert not bad, bad\n"
     )
@@ -122,9 +130,8 @@ def test_the_cli_rejects_an_unknown_provider_listing_the_choices(capsys):
     with pytest.raises(SystemExit) as info:
         build_parser().parse_args(["run", "--provider", "opneai", "hi"])
     assert info.value.code == 2
-    assert "invalid choice: 'opneai' (choose from 'scripted', 'openai', 'anthropic')" in (
-        capsys.readouterr().err
-    )
+    choices = "'scripted', 'openai', 'anthropic', 'openai-responses'"
+    assert f"invalid choice: 'opneai' (choose from {choices})" in capsys.readouterr().err
 
 
 def test_the_cli_builds_openai_with_its_defaults_and_options():

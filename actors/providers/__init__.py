@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["AnthropicProvider", "OpenAIProvider", "ScriptedProvider"]
+__all__ = ["AnthropicProvider", "OpenAIProvider", "OpenAIResponsesProvider", "ScriptedProvider"]
 
 
 def __getattr__(name: str) -> Any:  # lazy: importing a provider module never imports its SDK
@@ -12,6 +12,10 @@ def __getattr__(name: str) -> Any:  # lazy: importing a provider module never im
         from actors.providers.openai import OpenAIProvider
 
         return OpenAIProvider
+    if name == "OpenAIResponsesProvider":
+        from actors.providers.openai_responses import OpenAIResponsesProvider
+
+        return OpenAIResponsesProvider
     if name == "AnthropicProvider":
         from actors.providers.anthropic import AnthropicProvider
 

@@ -26,6 +26,7 @@ BUILTIN: dict[str, str] = {
     "scripted": "actors.providers.scripted:ScriptedProvider",
     "openai": "actors.providers.openai:OpenAIProvider",
     "anthropic": "actors.providers.anthropic:AnthropicProvider",
+    "openai-responses": "actors.providers.openai_responses:OpenAIResponsesProvider",
 }
 """The providers that ship with Axon, ``name -> "module:Class"``; a plug-in cannot
 replace them (an entry point with a built-in's name is ignored)."""

@@ -1,0 +1,728 @@
+"""OpenAI Responses API provider (``POST /v1/responses``): where OpenAI's reasoning models
+expose their reasoning.
+
+The same verbs as the other providers:
+
+* :func:`map_messages` / :func:`map_tools` restore the session's history into Responses
+  ``input`` items, step by step: each step's items in the order they were produced
+  (``reasoning``, ``message``, ``function_call``, built-in tool items), then one
+  ``function_call_output`` per call of that step, in call order;
+* :func:`parse_stream` turns the SDK's typed ``ResponseStreamEvent`` s
+  (``client.responses.create(stream=True)``) into :data:`runtime.chunks.StreamChunk` s;
+* :func:`map_finish_reason` and :func:`classify_error` map the API's words onto ours,
+  errors through the shared ladder (:mod:`actors.providers.failures`).
+
+How each output item is kept, so the next request can send it back:
+
+* a ``reasoning`` item is a :class:`~runtime.messages.ReasoningPart` tagged
+  :data:`PROVIDER`: its summary texts (joined by a blank line) are the part's text, and
+  its ``signature`` is the item itself as compact JSON (``{"item": {...}, "next":
+  {...}}``): ``id``, ``summary`` and ``encrypted_content`` verbatim, plus the type and id
+  of the item that followed it, which the API checks ("reasoning was provided without
+  its required following item"). A reasoning item that never completed (the stream was
+  cut) stays unsigned and is never sent back, like an interrupted Anthropic block;
+* ``message`` text is :class:`~runtime.messages.TextPart` s (refusals marked);
+* a ``function_call`` is a :class:`~runtime.messages.ToolCallPart` (``call_id``);
+* any other output item (``web_search_call``, ``file_search_call``,
+  ``code_interpreter_call``, ``image_generation_call``, ``mcp_call``...) ran on OpenAI's
+  side: it is a :class:`~runtime.messages.ProviderDataPart` holding the item verbatim,
+  sent back as it came.
+
+Reasoning and provider data go back only to this provider; another provider's reasoning
+(Chat Completions ``reasoning_content``, Anthropic's signed thinking) is dropped. With
+``store=False`` (the default: nothing is kept on OpenAI's side) the request asks for
+``include=["reasoning.encrypted_content"]`` and a reasoning item without encrypted
+content is not sent back (the API would look its ``id`` up and answer 404).
+
+The ``openai`` SDK is imported only inside functions, so importing this module (or
+``runtime``) stays fast; the client is built on the first call with ``max_retries=0``
+(retrying is the turn runner's decision, it knows what was already streamed).
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from collections.abc import AsyncIterable, Iterable, Sequence
+from typing import Any, ClassVar
+
+from actors.providers.failures import classify_status
+from actors.providers.openai import classify_error as _classify_openai
+from runtime import errors
+from runtime.chunks import (
+    FinishChunk,
+    ProviderDataChunk,
+    ReasoningChunk,
+    TextChunk,
+    ToolCallChunk,
+    ToolInputDeltaChunk,
+    ToolInputStartChunk,
+    Usage,
+    UsageChunk,
+)
+from runtime.errors import AxonError
+from runtime.history import iter_turns, split_steps
+from runtime.messages import (
+    Message,
+    Part,
+    ProviderDataPart,
+    ReasoningPart,
+    SystemMessage,
+    TextPart,
+    ToolCallPart,
+    ToolMessage,
+    UserMessage,
+)
+from runtime.protocol import InferRequest
+from runtime.provider import Emit, Provider, ProviderOptions
+
+PROVIDER = "openai-responses"
+"""The provider tag on reasoning and provider data; only such parts are sent back here."""
+
+ENCRYPTED_REASONING = "reasoning.encrypted_content"
+"""The ``include`` value that makes reasoning items carry their encrypted content."""
+
+SUMMARY_SEPARATOR = "\n\n"
+"""Streamed between two summary parts of one reasoning item (each is a paragraph)."""
+
+TRUNCATED = "the function call was cut off before it completed ({reason}) and was not executed"
+
+_INCOMPLETE_REASONS = {"max_output_tokens": "length", "content_filter": "content-filter"}
+# In-stream error codes (``error`` events and ``response.failed``) have no HTTP status;
+# these are the statuses the same failures have as HTTP errors, so both classify alike.
+_CODE_STATUS = {"server_error": 500, "rate_limit_exceeded": 429, "vector_store_timeout": 504}
+_TERMINAL = ("response.completed", "response.incomplete", "response.failed")
+_OWN_ITEMS = ("message", "reasoning", "function_call")
+# Request keys the provider owns; options cannot replace them.
+_RESERVED = frozenset({"input", "stream"})
+
+
+def map_finish_reason(
+    status: str | None, *, reason: str | None = None, tool_calls: bool = False
+) -> str:
+    """The unified finish reason for a response's final ``status``.
+
+    ``completed`` -> ``tool-calls`` when the response holds function calls, else
+    ``stop``; ``incomplete`` with ``incomplete_details.reason`` ``max_output_tokens`` ->
+    ``length``, ``content_filter`` -> ``content-filter``, any other reason -> ``other``;
+    ``failed`` -> ``error``; anything else (``cancelled``, ...) -> ``other``.
+    """
+    if status == "completed":
+        return "tool-calls" if tool_calls else "stop"
+    if status == "incomplete":
+        return _INCOMPLETE_REASONS.get(reason or "", "other")
+    if status == "failed":
+        return "error"
+    return "other"
+
+
+# -- restoration: messages -> input items ---------------------------------------------------
+
+
+def encode_reasoning(item: dict[str, Any], following: dict[str, Any] | None = None) -> str:
+    """The ``signature`` of a reasoning part: the item verbatim and what followed it."""
+    payload: dict[str, Any] = {"item": item}
+    if following:
+        payload["next"] = following
+    return json.dumps(payload, separators=(",", ":"), ensure_ascii=False)
+
+
+def decode_reasoning(signature: str | None) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """``(item, next)`` from a reasoning part's ``signature``; ``None`` when it is not one
+    this provider wrote (absent, not JSON, not a reasoning item)."""
+    if not signature:
+        return None
+    try:
+        payload = json.loads(signature)
+    except ValueError:
+        return None
+    if not isinstance(payload, dict):
+        return None
+    item, following = payload.get("item"), payload.get("next")
+    if not isinstance(item, dict) or item.get("type") != "reasoning" or not item.get("id"):
+        return None
+    return item, following if isinstance(following, dict) else {}
+
+
+def _arguments(value: Any) -> str:
+    # A call whose input did not parse is stored as the raw string: send it back verbatim.
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def _output(result: ToolMessage) -> str:
+    if result.error is not None:
+        return result.error
+    if isinstance(result.output, str):
+        return result.output
+    return json.dumps(result.output, ensure_ascii=False, default=str)
+
+
+def _step_items(parts: Sequence[Part], store: bool) -> list[dict[str, Any]]:
+    """One step's output items, in the order they were produced."""
+    items: list[dict[str, Any]] = []
+    links: dict[int, dict[str, Any]] = {}  # index of a reasoning item -> its recorded follower
+    text: list[str] = []
+
+    def end_text() -> None:
+        if text:
+            items.append({"role": "assistant", "content": "".join(text)})
+            text.clear()
+
+    for part in parts:
+        if isinstance(part, TextPart):
+            text.append(part.text)
+            continue
+        end_text()
+        if isinstance(part, ToolCallPart):
+            items.append(
+                {
+                    "type": "function_call",
+                    "call_id": part.tool_call_id,
+                    "name": part.tool_name,
+                    "arguments": _arguments(part.input),
+                }
+            )
+        elif isinstance(part, ReasoningPart):
+            decoded = decode_reasoning(part.signature) if part.provider == PROVIDER else None
+            if decoded is None:
+                continue  # unsigned (cut short) or another provider's: nothing to send
+            item, following = decoded
+            if not store and not item.get("encrypted_content"):
+                continue  # with store=False the API cannot look the id up
+            links[len(items)] = following
+            items.append(item)
+        elif isinstance(part, ProviderDataPart) and part.provider == PROVIDER:
+            items.append(dict(part.data))
+    end_text()
+    # The API rejects a reasoning item with no item after it ("provided without its
+    # required following item"): drop the reasoning items at the end of the step.
+    while items and items[-1].get("type") == "reasoning":
+        items.pop()
+    for index, following in links.items():
+        if index + 1 < len(items):
+            _link(items[index + 1], following)
+    return items
+
+
+def _link(item: dict[str, Any], following: dict[str, Any]) -> None:
+    """Give ``item`` the id it had when it followed its reasoning item, if it is that item."""
+    item_id = following.get("id")
+    if not item_id or "id" in item:
+        return
+    kind = following.get("type")
+    if kind == "function_call" and item.get("type") == "function_call":
+        if item.get("call_id") == following.get("call_id"):
+            item["id"] = item_id
+    elif kind == "message" and item.get("role") == "assistant":
+        content = item.pop("content")
+        item.update(
+            type="message",
+            id=item_id,
+            status="completed",
+            content=[{"type": "output_text", "text": content, "annotations": []}],
+        )
+
+
+def map_messages(messages: Sequence[Message], *, store: bool = False) -> list[dict[str, Any]]:
+    """The Responses ``input`` items for a session's history.
+
+    ``messages`` are a repaired history (:func:`runtime.history.repair`, applied by the
+    turn runner): every call has its result. A :class:`UserMessage` is a ``user``
+    message, a :class:`SystemMessage` a ``system`` message where it stands (the agent's
+    instructions go in the request's ``instructions`` instead); each assistant message is
+    split by step into that step's output items in stream order, followed by one
+    ``function_call_output`` per call of the step, in call order.
+
+    Within a step: adjacent text parts are one assistant ``message``; a tool call is a
+    ``function_call`` (its input as JSON text, or the raw text when it did not parse); a
+    reasoning part is sent back only when this provider signed it (see the module
+    docstring), with ``store=False`` only when it holds encrypted content, and only when
+    an item follows it in its step (the API rejects a reasoning item without the item
+    that followed it); that following item gets back the ``id`` it had, so the API can
+    pair the two. Provider data of this provider is sent verbatim; other providers'
+    reasoning and provider data are dropped.
+    """
+    out: list[dict[str, Any]] = []
+    for kind, message, results in iter_turns(messages):
+        if kind == "assistant":
+            for parts, step_results in split_steps(message, results):
+                out.extend(_step_items(parts, store))
+                out.extend(
+                    {
+                        "type": "function_call_output",
+                        "call_id": r.tool_call_id,
+                        "output": _output(r),
+                    }
+                    for r in step_results
+                )
+        elif isinstance(message, SystemMessage):
+            out.append({"role": "system", "content": message.content})
+        elif isinstance(message, UserMessage):
+            out.append({"role": "user", "content": message.content})
+    return out
+
+
+def map_tools(tools: Iterable[Any]) -> list[dict[str, Any]]:
+    """Function tools ``{"type": "function", name, description, parameters, "strict":
+    False}`` from each tool's :meth:`runtime.tools.Tool.spec`; a ``dict`` is taken as a
+    Responses tool definition already (a built-in tool such as ``{"type":
+    "web_search"}``) and sent as is.
+
+    ``strict`` is sent as ``False`` explicitly: strict mode needs every property
+    required and ``additionalProperties: false``, which a tool with optional arguments
+    does not declare, and the API's default has differed between model families.
+    """
+    out: list[dict[str, Any]] = []
+    for tool in tools:
+        if isinstance(tool, dict):
+            out.append(tool)
+            continue
+        spec = tool.spec()
+        entry: dict[str, Any] = {"type": "function", "name": spec["name"]}
+        if spec.get("description"):
+            entry["description"] = spec["description"]
+        entry["parameters"] = spec.get("parameters") or {"type": "object", "properties": {}}
+        entry["strict"] = False
+        out.append(entry)
+    return out
+
+
+# -- the stream: SDK events -> StreamChunk --------------------------------------------------
+
+
+def _dump(item: Any) -> dict[str, Any]:
+    """An SDK output item as the plain dict it arrived as (fields the server sent)."""
+    if isinstance(item, dict):
+        return dict(item)
+    return item.to_dict(mode="json")
+
+
+class _Call:
+    """A function call between its ``output_item.added`` and ``output_item.done``."""
+
+    __slots__ = ("args", "call_id", "name", "started")
+
+    def __init__(self, call_id: str, name: str) -> None:
+        self.call_id = call_id
+        self.name = name
+        self.args: list[str] = []
+        """``arguments.delta`` fragments, joined once at the end (never per delta)."""
+        self.started = False
+
+
+def _call_id(item: Any) -> str:
+    """The ``call_id`` results are paired on; servers that omit it get the item id or a
+    fresh one, so the call can still be answered."""
+    found = getattr(item, "call_id", None) or getattr(item, "id", None)
+    if found:
+        return found
+    from runtime.ids import new_id
+
+    return new_id("call")
+
+
+def _parse_arguments(call_id: str, name: str, raw: str) -> ToolCallChunk:
+    if not name:
+        return ToolCallChunk(
+            tool_call_id=call_id, tool_name=name, input=raw, input_error="the call has no name"
+        )
+    if not raw.strip():
+        return ToolCallChunk(tool_call_id=call_id, tool_name=name, input={})
+    try:
+        value = json.loads(raw)
+    except ValueError as exc:
+        return ToolCallChunk(
+            tool_call_id=call_id,
+            tool_name=name,
+            input=raw,
+            input_error=f"invalid JSON in function call arguments: {exc}",
+        )
+    return ToolCallChunk(tool_call_id=call_id, tool_name=name, input=value)
+
+
+def _usage(raw: Any) -> Usage | None:
+    if raw is None:
+        return None
+    inp = getattr(raw, "input_tokens", None) or 0
+    out = getattr(raw, "output_tokens", None) or 0
+    return Usage(
+        input_tokens=inp,
+        output_tokens=out,
+        total_tokens=getattr(raw, "total_tokens", None) or inp + out,
+        cache_read=getattr(getattr(raw, "input_tokens_details", None), "cached_tokens", None),
+        reasoning_tokens=getattr(
+            getattr(raw, "output_tokens_details", None), "reasoning_tokens", None
+        ),
+    )
+
+
+def _in_stream_error(code: str | None, message: str | None) -> errors.ProviderError:
+    """The error class of a failure reported inside the stream (no HTTP status)."""
+    status = _CODE_STATUS.get(code or "")
+    if status is None and code:
+        status = 400  # invalid_prompt, image_*, *_policy: the request itself is refused
+    return classify_status(
+        message or f"the response failed ({code or 'no code'})",
+        provider=PROVIDER,
+        status=status,
+        error_type=code,
+        code=code,
+    )
+
+
+class _Parser:
+    """The state of one response stream; :meth:`feed` takes one event at a time."""
+
+    def __init__(self, emit: Emit) -> None:
+        self.emit = emit
+        self.calls: dict[int, _Call] = {}
+        """Function calls still open, by ``output_index``."""
+        self.any_call = False
+        self.refused = False
+        self.streamed: set[int] = set()
+        """Output indexes whose text or summary arrived as deltas."""
+        self.summary_index: dict[int, int] = {}
+        self.held: dict[str, Any] | None = None
+        """A completed reasoning item waiting for the item that follows it."""
+        self.terminal: Any = None
+
+    async def release(self, following: Any = None) -> None:
+        """Close the held reasoning part, recording ``following`` (an output item) in it."""
+        held, self.held = self.held, None
+        if held is None:
+            return
+        link: dict[str, Any] = {}
+        if following is not None:
+            link = {"type": getattr(following, "type", None), "id": getattr(following, "id", None)}
+            if link["type"] == "function_call":
+                link["call_id"] = getattr(following, "call_id", None)
+        await self.emit(ReasoningChunk(signature=encode_reasoning(held, link), provider=PROVIDER))
+
+    async def feed(self, event: Any) -> None:
+        etype = getattr(event, "type", None)
+        if etype == "response.output_text.delta":
+            if event.delta:
+                await self.release()
+                self.streamed.add(event.output_index)
+                await self.emit(TextChunk(text=event.delta))
+        elif etype == "response.function_call_arguments.delta":
+            call = self.calls.get(event.output_index)
+            if call is not None and event.delta:
+                call.args.append(event.delta)
+                await self.emit(ToolInputDeltaChunk(tool_call_id=call.call_id, delta=event.delta))
+        elif etype in (
+            "response.reasoning_summary_text.delta",
+            "response.reasoning_text.delta",
+        ):
+            await self._reasoning_delta(event)
+        elif etype == "response.refusal.delta":
+            if event.delta:
+                await self.release()
+                self.refused = True
+                self.streamed.add(event.output_index)
+                await self.emit(TextChunk(text=event.delta, refusal=True))
+        elif etype == "response.output_item.added":
+            await self._item_added(event.output_index, event.item)
+        elif etype == "response.output_item.done":
+            await self._item_done(event.output_index, event.item)
+        elif etype in _TERMINAL:
+            await self.release()
+            self.terminal = event
+        elif etype == "error":
+            await self.release()
+            raise _in_stream_error(getattr(event, "code", None), getattr(event, "message", None))
+        # created / in_progress / content_part / *.done / built-in tool progress events
+        # carry nothing the items' added and done events do not.
+
+    async def _reasoning_delta(self, event: Any) -> None:
+        if not event.delta:
+            return
+        await self.release()  # a new item's reasoning must not join the held part
+        index = event.output_index
+        part = getattr(event, "summary_index", None)
+        if part is None:
+            part = getattr(event, "content_index", 0)
+        previous = self.summary_index.get(index)
+        self.summary_index[index] = part
+        self.streamed.add(index)
+        text = event.delta
+        if previous is not None and previous != part:
+            text = SUMMARY_SEPARATOR + text
+        await self.emit(ReasoningChunk(text=text, provider=PROVIDER))
+
+    async def _item_added(self, index: int, item: Any) -> None:
+        await self.release(following=item)
+        if getattr(item, "type", None) == "function_call":
+            call = _Call(_call_id(item), item.name or "")
+            self.calls[index] = call
+            self.any_call = True
+            if call.name:
+                call.started = True
+                await self.emit(ToolInputStartChunk(tool_call_id=call.call_id, tool_name=call.name))
+            if item.arguments:
+                call.args.append(item.arguments)
+                if call.started:
+                    await self.emit(
+                        ToolInputDeltaChunk(tool_call_id=call.call_id, delta=item.arguments)
+                    )
+
+    async def _item_done(self, index: int, item: Any) -> None:
+        kind = getattr(item, "type", None)
+        if kind is None:
+            return  # no item: nothing to keep
+        if kind == "reasoning":
+            await self.release()
+            data = _dump(item)
+            if index not in self.streamed:  # the summary came whole, not as deltas
+                summary = SUMMARY_SEPARATOR.join(
+                    s.get("text", "") for s in data.get("summary") or () if isinstance(s, dict)
+                )
+                if summary:
+                    await self.emit(ReasoningChunk(text=summary, provider=PROVIDER))
+            self.held = data
+        elif kind == "function_call":
+            await self.release()
+            call = self.calls.pop(index, None)
+            if call is None:  # done without added: the whole call at once
+                call = _Call(_call_id(item), item.name or "")
+                self.any_call = True
+            raw = item.arguments if item.arguments is not None else "".join(call.args)
+            name = call.name or item.name or ""
+            if not call.started:
+                await self.emit(ToolInputStartChunk(tool_call_id=call.call_id, tool_name=name))
+                if raw:
+                    await self.emit(ToolInputDeltaChunk(tool_call_id=call.call_id, delta=raw))
+            await self.emit(_parse_arguments(call.call_id, name, raw))
+        elif kind == "message":
+            await self.release()
+            if index not in self.streamed:  # the text came whole, not as deltas
+                for content in getattr(item, "content", None) or ():
+                    ctype = getattr(content, "type", None)
+                    if ctype == "output_text" and content.text:
+                        await self.emit(TextChunk(text=content.text))
+                    elif ctype == "refusal" and content.refusal:
+                        self.refused = True
+                        await self.emit(TextChunk(text=content.refusal, refusal=True))
+        else:  # a built-in tool item that ran on OpenAI's side: kept verbatim
+            await self.release()
+            await self.emit(ProviderDataChunk(provider=PROVIDER, data=_dump(item)))
+
+    async def finish(self) -> None:
+        """Usage, the calls the response cut off, and the finish chunk; or raise."""
+        event = self.terminal
+        if event is None:
+            raise errors.MalformedStream(
+                "the response stream ended without response.completed, response.incomplete "
+                "or response.failed (cut short)",
+                provider=PROVIDER,
+            )
+        response = event.response
+        status = getattr(response, "status", None) or event.type.removeprefix("response.")
+        if event.type == "response.failed" or status == "failed":
+            error = getattr(response, "error", None)
+            raise _in_stream_error(getattr(error, "code", None), getattr(error, "message", None))
+        details = getattr(response, "incomplete_details", None)
+        reason = getattr(details, "reason", None)
+        finish = map_finish_reason(status, reason=reason, tool_calls=self.any_call)
+        if self.refused and finish in ("stop", "other"):
+            finish = "content-filter"
+        usage = _usage(getattr(response, "usage", None))
+        if usage is not None:
+            await self.emit(UsageChunk(usage=usage))
+        cut = TRUNCATED.format(reason=reason or status)
+        for call in self.calls.values():  # no output_item.done for these
+            if not call.started:
+                await self.emit(ToolInputStartChunk(tool_call_id=call.call_id, tool_name=call.name))
+            raw = "".join(call.args)
+            if status == "completed":  # the response says every item is complete
+                await self.emit(_parse_arguments(call.call_id, call.name, raw))
+                continue
+            await self.emit(  # cut off: reported, never executed
+                ToolCallChunk(
+                    tool_call_id=call.call_id, tool_name=call.name, input=raw, input_error=cut
+                )
+            )
+        await self.emit(FinishChunk(reason=finish, raw_reason=reason or status))
+
+
+async def parse_stream(stream: AsyncIterable[Any], emit: Emit) -> None:
+    """Read a Responses event stream and ``emit`` :data:`StreamChunk` s.
+
+    Text, refusal, reasoning-summary and argument deltas go out as they arrive. A
+    reasoning part is closed (signed, see the module docstring) when the next output item
+    starts or the response ends; summary parts of one item are separated by a blank
+    line. A :class:`ToolCallChunk` comes when its ``function_call`` item is done, with
+    the arguments of that done item (never when a prefix first parses). A built-in tool
+    item becomes a :class:`ProviderDataChunk` when it is done. After
+    ``response.completed`` / ``response.incomplete`` come one :class:`UsageChunk`, a
+    :class:`ToolCallChunk` for each call whose item never reported done (complete when
+    the response completed, else with an ``input_error``: cut off, never executed), and
+    the :class:`FinishChunk` last.
+
+    Errors are raised classified: an ``error`` event or ``response.failed`` by its
+    ``code`` through the shared ladder, a dropped connection or undecodable data by
+    :func:`classify_error`, and a stream that ended without a terminal event as
+    :class:`MalformedStream`. What was emitted before stays emitted. (The SDK builds
+    events without validating them and fills a missing field with ``None``: an event
+    lacking what it needs is skipped.)
+    """
+    parser = _Parser(emit)
+    iterator = aiter(stream)
+    while parser.terminal is None:
+        try:
+            event = await anext(iterator)
+        except StopAsyncIteration:
+            break
+        except Exception as exc:
+            raise classify_error(exc) from exc
+        await parser.feed(event)
+    await parser.finish()
+
+
+def classify_error(exc: BaseException) -> AxonError:
+    """Map an exception from the SDK (or its transport) onto :mod:`runtime.errors`: the
+    same ladder as the Chat Completions provider (HTTP status, body ``type`` / ``code``,
+    ``retry-after-ms`` / ``retry-after``), tagged with this provider's name."""
+    return _classify_openai(exc, provider=PROVIDER)
+
+
+# -- the provider actor ----------------------------------------------------------------------
+
+
+class OpenAIResponsesProvider(Provider):
+    """The OpenAI Responses API over the ``openai`` SDK: reasoning summaries, encrypted
+    reasoning kept across steps, function calls and built-in tools."""
+
+    provider_name: ClassVar[str] = PROVIDER
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        store: bool = False,
+        encrypted_reasoning: bool = True,
+        max_concurrency: int | None = None,
+        timeout: float | None = 60.0,
+        name: str | None = None,
+        **request_options: Any,
+    ) -> None:
+        super().__init__(model=model, max_concurrency=max_concurrency, name=name)
+        self.base_url = base_url
+        """Server root (``.../v1``); ``None``: the SDK's default (``OPENAI_BASE_URL`` or
+        api.openai.com)."""
+        self._api_key = api_key  # private: never logged, never in describe()
+        self.store = store
+        """Sent as ``store``: ``False`` keeps nothing on OpenAI's side, so reasoning
+        travels encrypted in the history instead."""
+        self.encrypted_reasoning = encrypted_reasoning
+        """With ``store=False``, ask for ``reasoning.encrypted_content`` (set ``False`` for
+        models without reasoning, which reject it with "Encrypted content is not
+        supported with this model")."""
+        self.timeout = timeout
+        """Seconds to connect and between two reads of the stream; ``None``: no limit."""
+        self.request_options = request_options
+        """Extra ``responses.create`` arguments for every call (``reasoning={"effort":
+        "low", "summary": "auto"}``, ``max_output_tokens``, ...); a request's
+        ``settings`` override them key by key. ``tools`` are *added* to the agent's
+        function tools (built-in tools: ``[{"type": "web_search"}]``); ``include`` is
+        merged with the provider's own; ``store`` replaces :attr:`store` for the call
+        (restoration and ``include`` follow it). Fields the SDK does not name go in
+        ``extra_body``."""
+        self._client: Any = None
+        self._create_params: frozenset[str] | None = None
+
+    @classmethod
+    def from_options(cls, options: ProviderOptions) -> OpenAIResponsesProvider:
+        """``--provider openai-responses``: ``--model`` (default ``gpt-5-mini``),
+        ``--base-url``, ``--api-key``."""
+        return cls(
+            options.model or "gpt-5-mini", base_url=options.base_url, api_key=options.api_key
+        )
+
+    def describe_settings(self) -> dict[str, Any]:
+        return {"store": self.store, "encrypted_reasoning": self.encrypted_reasoning}
+
+    def _get_client(self) -> Any:
+        if self._client is None:
+            import openai
+
+            try:
+                self._client = openai.AsyncOpenAI(
+                    api_key=self._api_key,
+                    base_url=self.base_url,
+                    timeout=self.timeout,
+                    max_retries=0,  # retries belong to the runtime (it knows what was emitted)
+                )
+            except openai.OpenAIError as exc:  # no key given and none in the environment
+                raise errors.AuthenticationFailed(str(exc), provider=PROVIDER) from exc
+            from runtime.redact import register_secret
+
+            register_secret(self._client.api_key)  # the resolved key: argument or env
+        return self._client
+
+    def _known_params(self) -> frozenset[str]:
+        if self._create_params is None:
+            create = self._get_client().responses.create
+            self._create_params = frozenset(inspect.signature(create).parameters)
+        return self._create_params
+
+    def request_params(self, request: InferRequest) -> dict[str, Any]:
+        """The ``responses.create`` keyword arguments for ``request`` (``stream=True``)."""
+        options = {**self.request_options, **request.settings}
+        store = bool(options.pop("store", self.store))
+        params: dict[str, Any] = {
+            "model": self.model,
+            "input": map_messages(request.messages, store=store),
+            "store": store,
+        }
+        if request.instructions:
+            params["instructions"] = request.instructions
+        tools = map_tools(request.tools)
+        include = [ENCRYPTED_REASONING] if self.encrypted_reasoning and not store else []
+        known = self._known_params()
+        extra_body: dict[str, Any] = {}
+        for key, value in options.items():
+            if key in _RESERVED:
+                continue
+            if key == "tools":
+                tools.extend(value or ())
+            elif key == "include":
+                wanted = [value] if isinstance(value, str) else list(value or ())
+                include.extend(v for v in wanted if v not in include)
+            elif key == "extra_body":
+                extra_body.update(value)
+            elif key in known:
+                params[key] = value
+            else:
+                extra_body[key] = value
+        if tools:
+            params["tools"] = tools
+        if include:
+            params["include"] = include
+        if extra_body:
+            params["extra_body"] = extra_body
+        params["stream"] = True
+        return params
+
+    async def stream(self, request: InferRequest, emit: Emit) -> None:
+        """One streamed Responses call; raises a classified error on failure."""
+        try:
+            params = self.request_params(request)
+            response = await self._get_client().responses.create(**params)
+        except AxonError:
+            raise
+        except Exception as exc:
+            raise classify_error(exc) from exc
+        async with response:  # closes the HTTP response on error and on cancellation
+            await parse_stream(response, emit)
+
+    def classify_error(self, exc: BaseException) -> AxonError:
+        return classify_error(exc)
+
+    async def aclose(self) -> None:
+        """Close the HTTP client (its connection pool), if one was created."""
+        if self._client is not None:
+            client, self._client = self._client, None
+            await client.close()
