@@ -1212,3 +1212,78 @@ async def test_the_cli_runs_a_turn_with_provider_openai_responses():
     assert "".join(c["text"] for c in chunks if c["type"] == "text-delta") == "hello from responses"
     assert server.requests[0].path == "/v1/responses"
     assert server.requests[0].json()["model"] == "gpt-5-mini"
+
+
+# -- images and files ------------------------------------------------------------------------
+
+PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 8
+PDF = b"%PDF-1.7\n%%EOF"
+PNG_URL = "data:image/png;base64," + __import__("base64").b64encode(PNG).decode()
+PDF_URL = "data:application/pdf;base64," + __import__("base64").b64encode(PDF).decode()
+
+
+async def test_user_images_and_files_go_as_input_image_and_input_file_items():
+    from runtime import File, Image
+
+    content = (
+        TextPart(text="what are these?", step=0),
+        Image(data=PNG),
+        Image(url="https://example.com/cat.jpg"),
+        File(data=PDF, filename="report.pdf"),
+        File(url="https://example.com/a.pdf", media_type="application/pdf"),
+    )
+    request = make_request([UserMessage(content=content)])
+    result = await run(Reply(body=recording("text.sse")), request=request)
+    assert result.body()["input"] == [
+        {
+            "role": "user",
+            "content": [
+                {"type": "input_text", "text": "what are these?"},
+                {"type": "input_image", "image_url": PNG_URL, "detail": "auto"},
+                {
+                    "type": "input_image",
+                    "image_url": "https://example.com/cat.jpg",
+                    "detail": "auto",
+                },
+                {"type": "input_file", "filename": "report.pdf", "file_data": PDF_URL},
+                {
+                    "type": "input_file",
+                    "filename": "file.pdf",
+                    "file_url": "https://example.com/a.pdf",
+                },
+            ],
+        }
+    ]
+
+
+def test_a_tool_that_returned_an_image_sends_it_in_its_function_call_output():
+    from runtime import Image
+
+    history = [
+        UserMessage(content="chart?"),
+        AssistantMessage(
+            content=(ToolCallPart(tool_call_id="c1", tool_name="chart", input={}, step=0),)
+        ),
+        ToolMessage(
+            tool_call_id="c1",
+            tool_name="chart",
+            output=(TextPart(text="here", step=0), Image(data=PNG)),
+            step=0,
+        ),
+    ]
+    output = next(i for i in map_messages(history) if i.get("type") == "function_call_output")
+    assert output["output"] == [
+        {"type": "input_text", "text": "here"},
+        {"type": "input_image", "image_url": PNG_URL, "detail": "auto"},
+    ]
+
+
+async def test_a_format_responses_cannot_take_is_refused_before_any_request():
+    from runtime import Image
+    from runtime.errors import UnsupportedMedia
+
+    bmp = Image(data=b"BM" + b"\x00" * 60, media_type="image/bmp")
+    request = make_request([UserMessage(content=(TextPart(text="see", step=0), bmp))])
+    result = await run(Reply(body=recording("text.sse")), request=request)
+    assert isinstance(result.error, UnsupportedMedia) and "image/bmp" in str(result.error)
+    assert result.requests == []

@@ -63,6 +63,8 @@ from runtime.chunks import (
 from runtime.errors import AxonError
 from runtime.history import iter_turns, split_steps
 from runtime.messages import (
+    File,
+    Image,
     Message,
     Part,
     ProviderDataPart,
@@ -72,6 +74,7 @@ from runtime.messages import (
     ToolCallPart,
     ToolMessage,
     UserMessage,
+    is_media_output,
 )
 from runtime.protocol import InferRequest
 from runtime.provider import Emit, Provider, ProviderOptions
@@ -149,9 +152,55 @@ def _arguments(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value)
 
 
-def _output(result: ToolMessage) -> str:
+IMAGE_TYPES = frozenset({"image/png", "image/jpeg", "image/gif", "image/webp"})
+"""Image formats the Responses API takes (``input_image``)."""
+FILE_TYPES = frozenset({"application/pdf"})
+"""File formats it takes (``input_file``, inline or by URL)."""
+
+
+def _media_item(part: Image | File) -> dict[str, Any]:
+    """An ``input_image`` / ``input_file`` content item (user input or a tool's output).
+
+    Unlike Chat Completions, Responses takes images and files in function call outputs
+    too, and files by URL; a format it cannot take is refused here, before the request."""
+    if isinstance(part, Image):
+        if part.media_type not in IMAGE_TYPES:
+            raise errors.UnsupportedMedia(
+                f"OpenAI Responses cannot take {part.media_type} images "
+                f"(only {', '.join(sorted(IMAGE_TYPES))})",
+                provider=PROVIDER,
+            )
+        return {"type": "input_image", "image_url": part.data_url(), "detail": "auto"}
+    if part.media_type not in FILE_TYPES:
+        raise errors.UnsupportedMedia(
+            f"OpenAI Responses cannot take {part.media_type} files (only application/pdf)",
+            provider=PROVIDER,
+        )
+    item: dict[str, Any] = {"type": "input_file", "filename": part.filename or "file.pdf"}
+    if part.data is None:
+        item["file_url"] = part.url
+    else:
+        item["file_data"] = part.data_url()
+    return item
+
+
+def _content_items(parts: Iterable[Any]) -> list[dict[str, Any]]:
+    return [
+        {"type": "input_text", "text": p.text} if isinstance(p, TextPart) else _media_item(p)
+        for p in parts
+        if not (isinstance(p, TextPart) and not p.text)
+    ]
+
+
+def _user_content(content: Any) -> str | list[dict[str, Any]]:
+    return content if isinstance(content, str) else _content_items(content)
+
+
+def _output(result: ToolMessage) -> str | list[dict[str, Any]]:
     if result.error is not None:
         return result.error
+    if is_media_output(result.output):
+        return _content_items(result.output)
     if isinstance(result.output, str):
         return result.output
     return json.dumps(result.output, ensure_ascii=False, default=str)
@@ -258,7 +307,7 @@ def map_messages(messages: Sequence[Message], *, store: bool = False) -> list[di
         elif isinstance(message, SystemMessage):
             out.append({"role": "system", "content": message.content})
         elif isinstance(message, UserMessage):
-            out.append({"role": "user", "content": message.content})
+            out.append({"role": "user", "content": _user_content(message.content)})
     return out
 
 
