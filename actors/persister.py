@@ -125,7 +125,7 @@ class Persister(Actor):
                         req.session_id,
                         req.start,
                         req.messages,
-                        req.meta,
+                        dict(req.meta),
                         expected_version=expected,
                     ),
                 )
@@ -142,7 +142,7 @@ class Persister(Actor):
                     req.session_id,
                     start,
                     base[start:] + req.messages,
-                    req.meta,
+                    dict(req.meta),
                     expected_version=0 if record is None else record.version,
                 )
             except StoreConflict as exc:

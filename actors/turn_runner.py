@@ -176,7 +176,9 @@ class TurnRunner(Actor):
         self.persister = persister
         self.stream_inbox = stream_inbox
         """Where the engine sends this session's chunk batches."""
-        self.tool_inbox = Inbox(1024, "block", name="tool-results")
+        self.tool_inbox: Inbox[ToolOutcome | ToolProgress] = Inbox(
+            1024, "block", name="tool-results"
+        )
         self.host = host
         self._log = get_logger("axon.turn")
         self.save_replies: Inbox[SaveResult] = Inbox(8, "drop-oldest", name="save-replies")
@@ -760,16 +762,16 @@ class TurnRunner(Actor):
             pending = {c.tool_call_id for c in runnable}
             try:
                 while pending:
-                    oc = await inbox.get()
-                    if type(oc) is ToolProgress:
-                        if oc.tool_call_id in pending:
-                            await ctrl.send(ToolStreamed(step=step, progress=oc))
+                    item = await inbox.get()
+                    if type(item) is ToolProgress:
+                        if item.tool_call_id in pending:
+                            await ctrl.send(ToolStreamed(step=step, progress=item))
                         continue
-                    if not isinstance(oc, ToolOutcome) or oc.tool_call_id not in pending:
+                    if not isinstance(item, ToolOutcome) or item.tool_call_id not in pending:
                         continue  # a late outcome of a cancelled earlier request
-                    pending.discard(oc.tool_call_id)
-                    turn.outcomes[oc.tool_call_id] = oc
-                    await self._tool_done(turn.turn_id, step, oc, ctrl)
+                    pending.discard(item.tool_call_id)
+                    turn.outcomes[item.tool_call_id] = item
+                    await self._tool_done(turn.turn_id, step, item, ctrl)
             finally:
                 request.cancel_scope.cancel()
         return over

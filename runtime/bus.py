@@ -24,7 +24,11 @@ class Subscription:
     __slots__ = ("bus", "inbox", "kinds", "session_id")
 
     def __init__(
-        self, bus: Bus, inbox: Inbox, kinds: frozenset[type] | None, session_id: str | None
+        self,
+        bus: Bus,
+        inbox: Inbox[Any],
+        kinds: frozenset[type] | None,
+        session_id: str | None,
     ) -> None:
         self.bus = bus
         self.inbox = inbox
@@ -39,7 +43,7 @@ class Subscription:
         self.bus.unsubscribe(self)
         self.inbox.close()
 
-    def __aiter__(self):
+    def __aiter__(self) -> Inbox[Any]:
         return self.inbox.__aiter__()
 
 
@@ -61,7 +65,7 @@ class Bus:
         policy: OverflowPolicy = "drop-oldest",
         capacity: int = 1024,
         name: str = "subscriber",
-        inbox: Inbox | None = None,
+        inbox: Inbox[Any] | None = None,
     ) -> Subscription:
         """Subscribe to events of the given classes (subclasses included; ``None`` for
         all), optionally of one session only. Events go into ``inbox`` (a new one with

@@ -30,6 +30,7 @@ from runtime.errors import ConfigurationError, SessionBusy
 from runtime.events import SessionEvicted
 from runtime.ids import new_id
 from runtime.inbox import Inbox
+from runtime.protocol import Batch
 from runtime.provider import Provider
 from runtime.session import Session, SessionState
 from runtime.store import Store, validate_session_id
@@ -231,7 +232,7 @@ class Host:
 
             provider = demo_provider()
         provider_actor = await self.provider_actor(provider)
-        stream_inbox = Inbox(1024, "block", name="engine-output")
+        stream_inbox: Inbox[Batch[Any]] = Inbox(1024, "block", name="engine-output")
         engine = Engine(stream_inbox, tags=agent.think_tags, session_id=sid)
         controller = StreamController(session_id=sid)
         runner = TurnRunner(

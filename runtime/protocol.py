@@ -133,7 +133,9 @@ class InferRequest:
     messages: tuple[Message, ...]
     tools: tuple[Any, ...]
     """:class:`runtime.tools.Tool` s offered to the model."""
-    reply: Inbox
+    reply: Inbox[Batch[Any]]
+    """Where the chunks go: batches of stream chunks, a :class:`StreamFailed` last if the
+    call failed."""
     cancel_scope: trio.CancelScope
     """Entered by the provider's task; the requester cancels it to stop the call."""
     settings: dict[str, Any] = attrs.field(factory=dict)
@@ -178,7 +180,7 @@ class ExecuteTools:
     tools: dict[str, Any]
     default_timeout: float | None
     max_result_chars: int | None
-    reply: Inbox
+    reply: Inbox[ToolOutcome | ToolProgress]
     cancel_scope: trio.CancelScope
     host: Any = None
     """The host, handed to tools that take a :class:`~runtime.tools.ToolContext`."""
