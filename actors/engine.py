@@ -122,7 +122,6 @@ class Engine(Actor):
         output: Inbox,
         *,
         tags: Sequence[tuple[str, str]] | None = DEFAULT_THINK_TAGS,
-        provider: str | None = None,
         session_id: str | None = None,
     ) -> None:
         super().__init__(name="engine", session_id=session_id)

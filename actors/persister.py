@@ -1,7 +1,8 @@
 """The persister: the one writer of the session store in this host.
 
 Turn runners send it :class:`~runtime.protocol.SaveRequest` s at every step boundary
-and at the end of each turn; it writes them in order and signals ``done``. Being its
+and at the end of each turn; it writes them in order and answers each with a
+:class:`~runtime.protocol.SaveResult` on the request's reply inbox. Being its
 own actor, its writes are not cancelled when a turn is: a turn that is aborted still
 gets its final save, and the turn runner waits for it in a shielded, time-bounded scope.
 
@@ -9,24 +10,32 @@ It is the one writer *in this host*, not on the store: another process may save 
 session. Every save is therefore based on a version (the store's version rule), and a
 save that meets a newer version is rebased, never forced: the session is reloaded and the
 request's messages are appended after what the store now holds. Nothing either writer
-stored is lost; the turn runner adopts the new layout when it sees the request done.
+stored is lost; the turn runner adopts the new layout from the answer.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import Any
+
+import trio
 
 from runtime.actor import Actor
 from runtime.errors import StoreConflict, StoreError
 from runtime.events import SessionSaved
 from runtime.logging import get_logger
-from runtime.protocol import SaveRequest
+from runtime.messages import Message
+from runtime.protocol import SaveRequest, SaveResult
 from runtime.redact import redact
 from runtime.store import Store, rebase
 
 REBASE_ATTEMPTS = 5
 """Reload-and-append attempts for one save before it fails with StoreConflict (another
 writer saving the same session between each of our reloads and writes, five times over)."""
+REMEMBERED = 1024
+"""Sessions whose latest answer the persister remembers, to resolve a request based on
+the one before it (:attr:`SaveRequest.after`). A session that drops out (least recently
+saved first) loses nothing: its next such request is rebased instead."""
 
 
 class Persister(Actor):
@@ -36,14 +45,19 @@ class Persister(Actor):
         super().__init__(name=name)
         self.store = store
         self._log = get_logger("axon.persister")
+        self._latest: OrderedDict[str, tuple[str, int | None]] = OrderedDict()
+        """Each session's latest request id and, if it was saved in place, the version it
+        left (bounded: :data:`REMEMBERED`; no messages, so it pins no history)."""
 
     async def handle(self, message: Any) -> None:
         if not isinstance(message, SaveRequest):
             return
         try:
-            await self._write(message)
-        except Exception as exc:  # a failed write is reported to the waiter, never lost
-            message.error = exc
+            version, base = await self._write(message)
+        except Exception as exc:  # a failed write is reported to the requester, never lost
+            result = SaveResult(
+                request_id=message.request_id, session_id=message.session_id, error=exc
+            )
             self._log.error(
                 "session.save-failed",
                 session_id=message.session_id,
@@ -51,7 +65,20 @@ class Persister(Actor):
                 error=redact(f"{type(exc).__name__}: {exc}"),
             )
         else:
-            before = message.start if message.base is None else len(message.base)
+            result = SaveResult(
+                request_id=message.request_id,
+                session_id=message.session_id,
+                version=version,
+                base=base,
+            )
+        self._remember(result)
+        if message.reply is not None:
+            try:
+                message.reply.put_nowait(result)
+            except (trio.WouldBlock, trio.ClosedResourceError, trio.BrokenResourceError):
+                pass  # a requester that stopped listening; never wait for one
+        if result.error is None:
+            before = message.start if result.base is None else len(result.base)
             await self.publish(
                 SessionSaved(
                     session_id=message.session_id,
@@ -60,28 +87,49 @@ class Persister(Actor):
                     step=message.step,
                 )
             )
-        finally:
-            message.after = None  # only its outcome was needed: do not chain every request
-            if message.on_done is not None:
-                message.on_done(message)
-            message.done.set()
 
-    async def _write(self, req: SaveRequest) -> None:
-        """Save ``req`` on top of the version it was based on, or rebase it."""
-        expected = _based_on(req)
+    def _remember(self, result: SaveResult) -> None:
+        latest = self._latest
+        latest[result.session_id] = (
+            result.request_id,
+            result.version if result.in_place else None,
+        )
+        latest.move_to_end(result.session_id)
+        if len(latest) > REMEMBERED:
+            latest.popitem(last=False)
+
+    def _based_on(self, req: SaveRequest) -> int | None:
+        """The version ``req``'s ``start`` and ``messages`` are known to fit, if any.
+
+        A request made while the previous one was in flight fits the version that one
+        left, provided it wrote where it was asked to (no rebase, no failure): then
+        nothing moved. Requests are handled in order, so that one was answered already.
+        """
+        if req.expected_version is not None:
+            return req.expected_version
+        prev = self._latest.get(req.session_id)
+        if req.after is not None and prev is not None and prev[0] == req.after:
+            return prev[1]
+        return None
+
+    async def _write(self, req: SaveRequest) -> tuple[int, tuple[Message, ...] | None]:
+        """Save ``req`` on top of the version it was based on, or rebase it; returns the
+        session's new version and, when rebased, what the store holds before ``req``'s
+        messages now."""
+        expected = self._based_on(req)
         if expected is not None:
             try:
-                req.version = _checked(
+                version = _checked(
                     self.store,
                     await self.store.save(
                         req.session_id,
                         req.start,
                         req.messages,
-                        req.meta,
+                        dict(req.meta),
                         expected_version=expected,
                     ),
                 )
-                return
+                return version, None
             except StoreConflict:
                 pass  # another writer saved the session since: rebase below
         conflict: StoreConflict | None = None
@@ -94,14 +142,13 @@ class Persister(Actor):
                     req.session_id,
                     start,
                     base[start:] + req.messages,
-                    req.meta,
+                    dict(req.meta),
                     expected_version=0 if record is None else record.version,
                 )
             except StoreConflict as exc:
                 conflict = exc  # overtaken again between our load and our write
                 continue
-            req.version, req.base = _checked(self.store, version), base
-            return
+            return _checked(self.store, version), base
         raise StoreConflict(
             f"save of session {req.session_id!r} gave up: another writer saved it between "
             f"each of {REBASE_ATTEMPTS} reloads and writes; the turn is kept in memory and "
@@ -110,20 +157,6 @@ class Persister(Actor):
             expected=conflict.expected if conflict else -1,
             actual=conflict.actual if conflict else -1,
         ) from conflict
-
-
-def _based_on(req: SaveRequest) -> int | None:
-    """The version ``req``'s ``start`` and ``messages`` are known to fit, if any.
-
-    A request made while the previous one was in flight fits the version that one left,
-    provided it wrote where it was asked to (no rebase, no failure): then nothing moved.
-    """
-    if req.expected_version is not None:
-        return req.expected_version
-    prev = req.after
-    if prev is not None and prev.error is None and prev.base is None:
-        return prev.version
-    return None
 
 
 def _checked(store: Store, version: Any) -> int:

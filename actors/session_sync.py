@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import attrs
 
 from runtime.messages import Message
-from runtime.protocol import SaveRequest
+from runtime.protocol import SaveRequest, SaveResult
 from runtime.session import SessionState
 from runtime.store import SessionRecord, rebase
 
@@ -41,23 +41,24 @@ class Adopted:
         return bool(self.added or self.dropped)
 
 
-def adopt_save(state: SessionState, req: SaveRequest) -> Adopted:
-    """Record in ``state`` what a finished save (``req.done`` is set) left in the store.
+def adopt_save(state: SessionState, req: SaveRequest, result: SaveResult) -> Adopted:
+    """Record in ``state`` what the save ``req`` left in the store (the persister's
+    ``result``).
 
     Only the session's latest request is ever adopted, and nothing else changes the
     layout between its creation and its adoption, so ``req.start`` is still where its
     messages begin in ``state.messages``.
     """
-    if req.error is not None:  # nothing was written: save from here again next time
+    if result.error is not None:  # nothing was written: save from here again next time
         state.saved_upto = min(state.saved_upto, req.start)
         return Adopted()
-    assert req.version is not None
-    state.version = req.version
-    if req.base is None:  # written where it was asked to: the layout is unchanged
+    assert result.version is not None
+    state.version = result.version
+    if result.base is None:  # written where it was asked to: the layout is unchanged
         state.saved_upto = req.start + len(req.messages)
         return Adopted()
-    adopted = _replace_prefix(state, req.start, req.base)
-    state.saved_upto = len(req.base) + len(req.messages)
+    adopted = _replace_prefix(state, req.start, result.base)
+    state.saved_upto = len(result.base) + len(req.messages)
     return adopted
 
 
@@ -73,7 +74,7 @@ def adopt_record(state: SessionState, record: SessionRecord | None) -> Adopted:
 
 
 def _replace_prefix(state: SessionState, end: int, prefix: Sequence[Message]) -> Adopted:
-    """Replace ``state.messages[:end]`` with ``prefix`` (in place: the list is shared)."""
+    """Replace ``state.messages[:end]`` with ``prefix``."""
     before = state.messages[:end]
     had = {m.id for m in before}
     has = {m.id for m in prefix}

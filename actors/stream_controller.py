@@ -8,7 +8,9 @@ for the stream and the stored message alike, and marks it with
 chunks between them are the deltas of that part. The controller stamps a session-wide
 ``seq``, and closes a part still open when another opens or the step or turn ends (only
 a crash in the middle of a part can leave one open), so the grammar always holds. Each
-chunk goes to the turn's consumer and, when anyone listens, onto the bus.
+chunk goes to the turn's consumer and, when anyone listens, onto the bus. The turn's
+:class:`~runtime.protocol.TurnDone` (its result) goes to the consumer after its last
+chunk, and then the consumer's inbox is closed.
 """
 
 from __future__ import annotations
@@ -28,14 +30,17 @@ from runtime.chunks import (
     ToolInputStartChunk,
 )
 from runtime.inbox import Inbox
+from runtime.output import OutputChunk
 from runtime.protocol import (
     Batch,
     Batcher,
+    ConsumerItem,
     StepBegin,
     StepEnd,
     ToolDone,
     ToolStreamed,
     TurnBegin,
+    TurnDone,
     TurnEnd,
 )
 
@@ -49,12 +54,13 @@ class StreamController(Actor):
         super().__init__(name=name, session_id=session_id)
         self.seq = 0
         """Last ``seq`` stamped; session-wide and monotonic across turns."""
-        self._consumer: Batcher | None = None
+        self._consumer: Batcher[OutputChunk] | None = None
+        self._consumer_inbox: Inbox[ConsumerItem] | None = None
         self._turn_id = ""
         self._step = 0
         self._open_kind: str | None = None  # "text" | "reasoning"
         self._open_id = ""
-        self._ending = False  # the turn ended: close the consumer after this batch
+        self._done: TurnDone | None = None  # hand over after this batch, then close
 
     def on_crash(self, exc: BaseException) -> None:
         self._open_kind = None
@@ -96,11 +102,22 @@ class StreamController(Actor):
                 self._translate(item, out)
         if out:
             await self._emit(out)
-        if self._ending:
-            self._ending = False
-            consumer, self._consumer = self._consumer, None
-            if consumer is not None:
-                consumer.inbox.close()
+        done = self._done
+        if done is not None:
+            self._done = None
+            await self._hand_over(done)
+
+    async def _hand_over(self, done: TurnDone) -> None:
+        """The turn's result to its consumer, after every chunk; then close the inbox.
+        Not batched: the consumer tells it from the chunks per batch, not per chunk."""
+        inbox, self._consumer_inbox, self._consumer = self._consumer_inbox, None, None
+        if inbox is None:
+            return
+        try:
+            await inbox.put(done)
+            inbox.close()
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass  # the consumer left (or the runner already handed the result over)
 
     def _chunk(self, cls: type, **fields: Any) -> Any:
         self.seq += 1
@@ -197,6 +214,7 @@ class StreamController(Actor):
             )
         elif t is TurnBegin:
             self._turn_id = item.turn_id
+            self._consumer_inbox = item.consumer
             self._consumer = (
                 Batcher(item.consumer, item.turn_id) if item.consumer is not None else None
             )
@@ -218,11 +236,12 @@ class StreamController(Actor):
                         budget=item.budget,
                     )
                 )
-            self._ending = True
+        elif t is TurnDone:
+            self._done = item
 
     async def _emit(self, out: list[Any]) -> None:
         bus = self.bus
-        if bus is not None and bus._subs:  # observers only pay when they exist
+        if bus is not None and bus.has_subscribers():  # observers only pay when they exist
             sid = self.session_id
             for chunk in out:
                 if bus.wants(type(chunk), sid):
@@ -233,8 +252,3 @@ class StreamController(Actor):
                 await consumer.send_all(out)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 self._consumer = None  # the consumer left; the turn goes on being saved
-
-
-def open_consumer_inbox(capacity: int = 64) -> Inbox:
-    """The inbox a consumer reads its turn's output batches from."""
-    return Inbox(capacity, "block", name="consumer")

@@ -141,7 +141,7 @@ class ToolExecutor(ServingActor[ExecuteTools]):
     async def _collect_decisions(self, decisions: Any) -> None:
         try:
             async for decision in decisions:
-                waiter = self._waiting.get(getattr(decision, "tool_call_id", None))
+                waiter = self._waiting.get(getattr(decision, "tool_call_id", ""))
                 if waiter is not None:
                     waiter[1].append(decision)
                     waiter[0].set()

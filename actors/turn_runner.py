@@ -1,10 +1,15 @@
 """The turn runner: drives one user input through as many model calls as it takes.
 
-One per session. For each :class:`~runtime.session.RunTurn` it creates ONE empty
+One per session, and the one owner of its history (:class:`~runtime.session.SessionState`):
+after every change it publishes an immutable :class:`~runtime.session.SessionSnapshot`
+(:attr:`TurnRunner.snapshot`), which is all the application side reads. For each
+:class:`~runtime.protocol.RunTurn` it creates ONE empty
 assistant message, then loops: budget check, model call (through the provider and the
 engine), append parts, run tools, repeat, until a step finishes without tool calls.
 Every raw item goes on to the stream controller as it arrives; the history is saved at
-every step boundary and at the end of the turn, including a turn that was cut short.
+every step boundary and at the end of the turn, including a turn that was cut short. The
+turn's result goes, as a :class:`~runtime.protocol.TurnDone`, to the consumer's inbox
+after its last chunk.
 
 What it delegates: where parts open and close to the :class:`~actors.parts.PartsManager`
 (one decision for the stream and the stored message), budget checks to
@@ -26,6 +31,7 @@ Rules from peers' bugs, enforced here:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import attrs
@@ -66,7 +72,9 @@ from runtime.protocol import (
     BeginRequest,
     ExecuteTools,
     InferRequest,
+    RunTurn,
     SaveRequest,
+    SaveResult,
     StepBegin,
     StepEnd,
     StreamFailed,
@@ -76,11 +84,12 @@ from runtime.protocol import (
     ToolProgress,
     ToolStreamed,
     TurnBegin,
+    TurnDone,
     TurnEnd,
     TurnResult,
 )
 from runtime.redact import redact
-from runtime.session import RunTurn, SessionState
+from runtime.session import SessionSnapshot, SessionState
 
 SAVE_TIMEOUT = 5.0
 """Seconds a turn waits (shielded) for its final save."""
@@ -122,6 +131,19 @@ class _Turn:
     error: ErrorInfo | None = None
     abort_reason: str | None = None
     budget: str | None = None
+    meta: Mapping[str, Any] = attrs.field(factory=dict)
+    """Saved with each of the turn's saves: the session's meta as the turn started."""
+
+
+def _cut_last_turn(state: SessionState) -> None:
+    """Cut the history back to before its last user message (a regenerate): the turn
+    that follows saves from the cut on, replacing the old turn in the store as well."""
+    messages = state.messages
+    for i in range(len(messages) - 1, -1, -1):
+        if isinstance(messages[i], UserMessage):
+            del messages[i:]
+            state.saved_upto = min(state.saved_upto, i)
+            return
 
 
 class TurnRunner(Actor):
@@ -144,6 +166,9 @@ class TurnRunner(Actor):
     ) -> None:
         super().__init__(name="turn-runner", session_id=state.session_id)
         self.state = state
+        """The session's history: this runner's alone (others read :attr:`snapshot`)."""
+        self.snapshot: SessionSnapshot = state.snapshot()
+        """The history as of its last change: an immutable value, replaced on change."""
         self.agent = agent
         self.provider = provider
         self.engine = engine
@@ -152,11 +177,18 @@ class TurnRunner(Actor):
         self.persister = persister
         self.stream_inbox = stream_inbox
         """Where the engine sends this session's chunk batches."""
-        self.tool_inbox = Inbox(1024, "block", name="tool-results")
+        self.tool_inbox: Inbox[ToolOutcome | ToolProgress] = Inbox(
+            1024, "block", name="tool-results"
+        )
         self.host = host
         self._log = get_logger("axon.turn")
+        self.save_replies: Inbox[SaveResult] = Inbox(8, "drop-oldest", name="save-replies")
+        """The persister's answers; only the latest request's matters, so a backlog of
+        older ones is dropped rather than ever holding the persister up."""
         self._pending: SaveRequest | None = None
         """The session's latest save, until its outcome is adopted into the state."""
+        self._answered: SaveResult | None = None
+        """The answer to ``_pending``, once it came in."""
         self._repaired = RepairedHistory()
         """Repairs the history once per message, for the requests of every step."""
         self._repaired(state.messages)  # a resumed history: repaired with its loading
@@ -165,27 +197,33 @@ class TurnRunner(Actor):
         if isinstance(message, RunTurn):
             await self.run_turn(message)
 
+    def _publish_history(self) -> None:
+        """Replace :attr:`snapshot` with the history as it is now."""
+        self.snapshot = self.state.snapshot()
+
     # -- one turn -----------------------------------------------------------------------
 
     async def run_turn(self, run: RunTurn) -> None:
         """Run one user input to completion (or until it is cut short), then close it."""
         state, agent, budget = self.state, self.agent, self.agent.budget
         sid = state.session_id
-        turn_id = new_id("turn")
+        turn_id = run.turn_id
         await self._sync(turn_id)
+        if run.regenerate:
+            _cut_last_turn(state)
         turn = _Turn(
             turn_id=turn_id,
             start_index=len(state.messages),
             ctrl=Batcher(self.controller.inbox, turn_id),
+            meta={"agent": agent.name, **run.meta},
         )
-        run.stream.turn_id = turn.turn_id
         state.messages.append(UserMessage(content=run.input))
         turn.a_index = len(state.messages)
         state.messages.append(AssistantMessage(id=turn.message_id))
-        scope = trio.CancelScope()
+        self._publish_history()
+        scope = run.cancel.scope
         if budget.deadline is not None:
             scope.deadline = trio.current_time() + budget.deadline
-        run.stream.bind_scope(scope)
         try:
             await turn.ctrl.send(
                 TurnBegin(turn_id=turn.turn_id, message_id=turn.message_id, consumer=run.consumer)
@@ -196,7 +234,7 @@ class TurnRunner(Actor):
                     turn_id=turn.turn_id,
                     agent=agent.name,
                     input=run.input,
-                    causation_id=state.meta.get("parent_tool_call_id"),
+                    causation_id=run.meta.get("parent_tool_call_id"),
                     provider=getattr(self.provider, "provider_name", None),
                     model=getattr(self.provider, "model", None) or None,
                 ),
@@ -205,11 +243,11 @@ class TurnRunner(Actor):
             with scope:
                 await self._steps(turn)
             if scope.cancelled_caught:
-                if run.stream.cancel_reason is None and budget.deadline is not None:
+                if run.cancel.reason is None and budget.deadline is not None:
                     turn.finish_reason, turn.budget = "budget", "deadline"
                 else:
                     turn.finish_reason = "aborted"
-                    turn.abort_reason = run.stream.cancel_reason or "cancelled"
+                    turn.abort_reason = run.cancel.reason or "cancelled"
         except BudgetExceeded as stop:
             turn.finish_reason, turn.budget = "budget", stop.budget
         except trio.Cancelled:
@@ -253,6 +291,7 @@ class TurnRunner(Actor):
                         turn.usage = turn.usage + oc.usage
                     self._add_result(turn, oc, step)
             self._snapshot(turn)
+            self._publish_history()
             await ctrl.send(StepEnd(step=step, finish_reason=result.finish, usage=result.usage))
             turn.step_open = False
             turn.step += 1  # counted once its step-finish is out, whatever a hook does next
@@ -306,45 +345,75 @@ class TurnRunner(Actor):
 
     async def _save(self, turn: _Turn, step: int | None) -> SaveRequest:
         """Queue a save of the turn (from wherever the store is behind, after a failed
-        save) with the persister; returns the request, whose ``done`` says when.
+        save) with the persister; returns the request (its answer comes on
+        :attr:`save_replies`, see :meth:`_answer`).
 
         The save is based on the stored version the state matches. If the previous save
         is still in flight, that version is not known yet: the request names the previous
         one instead, and the persister resolves it (see :class:`SaveRequest`)."""
         state = self.state
         prev = self._pending
-        if prev is not None and prev.done.is_set():
+        if prev is not None and self._answer(prev) is not None:
             await self._adopt(prev, turn)
             prev = None
         start = min(turn.start_index, state.saved_upto)
         req = SaveRequest(
+            request_id=new_id("save"),
             session_id=state.session_id,
             turn_id=turn.turn_id,
             start=start,
             messages=tuple(state.messages[start:]),
-            meta={"agent": self.agent.name, **state.meta},
+            meta=turn.meta,
             step=step,
             expected_version=state.version if prev is None else None,
-            after=prev,
+            after=None if prev is None else prev.request_id,
+            reply=self.save_replies,
         )
-        self._pending = req
+        self._pending, self._answered = req, None
         try:
             await self.persister.inbox.put(req)
         except (trio.ClosedResourceError, trio.BrokenResourceError):
-            req.error = ActorFailed("the persister is not running; the session was not saved")
-            req.done.set()
+            self._answered = SaveResult(
+                request_id=req.request_id,
+                session_id=req.session_id,
+                error=ActorFailed("the persister is not running; the session was not saved"),
+            )
         return req
 
-    async def _adopt(self, req: SaveRequest, turn: _Turn | None) -> None:
+    def _answer(self, req: SaveRequest) -> SaveResult | None:
+        """The persister's answer to ``req`` (the latest request) if it came in; answers
+        to earlier requests are passed over (the latest one's is the one adopted)."""
+        inbox = self.save_replies
+        while self._answered is None:
+            try:
+                reply = inbox.get_nowait()
+            except trio.WouldBlock:
+                return None
+            if isinstance(reply, SaveResult) and reply.request_id == req.request_id:
+                self._answered = reply
+        return self._answered
+
+    async def _wait_answer(self, req: SaveRequest) -> SaveResult:
+        """Wait for the persister's answer to ``req`` (the latest request)."""
+        while (answer := self._answer(req)) is None:
+            reply = await self.save_replies.get()
+            if isinstance(reply, SaveResult) and reply.request_id == req.request_id:
+                self._answered = reply
+        return answer
+
+    async def _adopt(self, req: SaveRequest, turn: _Turn | None) -> SaveResult:
         """Take a finished save's outcome into the state: how far the store got, its
         version and, if the save was rebased after another writer's, the new layout."""
+        result = await self._wait_answer(req)
         if self._pending is req:
-            self._pending = None
-        adopted = adopt_save(self.state, req)
+            self._pending, self._answered = None, None
+        adopted = adopt_save(self.state, req, result)
+        self._publish_history()
         if turn is not None and adopted.shift:
             turn.start_index += adopted.shift
             turn.a_index += adopted.shift
         await self._concurrent(adopted, "rebased", req.turn_id)
+        return result
 
     async def _sync(self, turn_id: str) -> None:
         """Before a turn: if another writer saved the session since this process last
@@ -356,7 +425,6 @@ class TurnRunner(Actor):
         with trio.move_on_after(SAVE_TIMEOUT):
             prev = self._pending
             if prev is not None:  # the previous turn's final save, if it outlived the turn
-                await prev.done.wait()
                 await self._adopt(prev, None)
             if store is None:
                 return
@@ -372,7 +440,9 @@ class TurnRunner(Actor):
                     error=redact(f"{type(exc).__name__}: {exc}"),
                 )
                 return
-            await self._concurrent(adopt_record(state, record), "reloaded", turn_id)
+            adopted = adopt_record(state, record)
+            self._publish_history()
+            await self._concurrent(adopted, "reloaded", turn_id)
 
     async def _concurrent(self, adopted: Adopted, resolution: str, turn_id: str) -> None:
         """Say so (an event and a log line) when another writer's work came in."""
@@ -420,6 +490,7 @@ class TurnRunner(Actor):
                     if part.tool_call_id not in turn.outcomes:
                         closing.append(ToolDone(step=part.step, outcome=oc))
             self._snapshot(turn, interrupted=cut, error=turn.error)
+            self._publish_history()
             if turn.step_open and turn.error is None and turn.abort_reason is None:
                 # A budget (the deadline, a hook's) cut the step: close it for the grammar.
                 closing.append(StepEnd(step=turn.step, finish_reason="other", usage=Usage()))
@@ -452,31 +523,45 @@ class TurnRunner(Actor):
                 with trio.move_on_after(SAVE_TIMEOUT):
                     await self._announce(finished, agent.hooks.on_turn_finish)
             finally:
-                run.stream.finish(
-                    TurnResult(
-                        turn_id=turn.turn_id,
-                        finish_reason=turn.finish_reason,
-                        usage=turn.usage,
-                        steps=turn.step,
-                        message=state.messages[turn.a_index],
-                        tool_messages=tuple(
-                            turn.results[p.tool_call_id]
-                            for p in turn.parts.content
-                            if isinstance(p, ToolCallPart)
-                        ),
-                        error=turn.error,
-                        abort_reason=turn.abort_reason,
-                        budget=turn.budget,
-                    )
+                result = TurnResult(
+                    turn_id=turn.turn_id,
+                    finish_reason=turn.finish_reason,
+                    usage=turn.usage,
+                    steps=turn.step,
+                    message=state.messages[turn.a_index],
+                    tool_messages=tuple(
+                        turn.results[p.tool_call_id]
+                        for p in turn.parts.content
+                        if isinstance(p, ToolCallPart)
+                    ),
+                    error=turn.error,
+                    abort_reason=turn.abort_reason,
+                    budget=turn.budget,
                 )
+                await self._hand_over(run, turn, TurnDone(result=result))
 
-    async def _bounded_save(self, turn: _Turn) -> SaveRequest | None:
+    async def _hand_over(self, run: RunTurn, turn: _Turn, done: TurnDone) -> None:
+        """The result to the consumer, after the turn's last chunk: through the stream
+        controller, which keeps the order; straight onto the consumer's inbox if the
+        controller does not take it (it gave up, or is stuck)."""
+        with trio.move_on_after(SAVE_TIMEOUT):
+            try:
+                await turn.ctrl.send(done)
+                return
+            except (trio.ClosedResourceError, trio.BrokenResourceError):
+                pass
+        with trio.move_on_after(SAVE_TIMEOUT):
+            try:
+                await run.consumer.put(done)
+                run.consumer.close()
+            except (trio.ClosedResourceError, trio.BrokenResourceError):
+                pass  # the consumer is gone: nobody to tell
+
+    async def _bounded_save(self, turn: _Turn) -> SaveResult | None:
         """The turn's final save, waited for at most ``SAVE_TIMEOUT`` seconds."""
         with trio.move_on_after(SAVE_TIMEOUT) as scope:
             final = await self._save(turn, None)
-            await final.done.wait()
-            await self._adopt(final, turn)
-            return final
+            return await self._adopt(final, turn)
         if scope.cancelled_caught:
             self._log.error(
                 "session.save-timeout", session_id=self.state.session_id, turn_id=turn.turn_id
@@ -679,16 +764,16 @@ class TurnRunner(Actor):
             pending = {c.tool_call_id for c in runnable}
             try:
                 while pending:
-                    oc = await inbox.get()
-                    if type(oc) is ToolProgress:
-                        if oc.tool_call_id in pending:
-                            await ctrl.send(ToolStreamed(step=step, progress=oc))
+                    item = await inbox.get()
+                    if type(item) is ToolProgress:
+                        if item.tool_call_id in pending:
+                            await ctrl.send(ToolStreamed(step=step, progress=item))
                         continue
-                    if not isinstance(oc, ToolOutcome) or oc.tool_call_id not in pending:
+                    if not isinstance(item, ToolOutcome) or item.tool_call_id not in pending:
                         continue  # a late outcome of a cancelled earlier request
-                    pending.discard(oc.tool_call_id)
-                    turn.outcomes[oc.tool_call_id] = oc
-                    await self._tool_done(turn.turn_id, step, oc, ctrl)
+                    pending.discard(item.tool_call_id)
+                    turn.outcomes[item.tool_call_id] = item
+                    await self._tool_done(turn.turn_id, step, item, ctrl)
             finally:
                 request.cancel_scope.cancel()
         return over

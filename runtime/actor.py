@@ -17,7 +17,7 @@ import math
 import random
 from collections import deque
 from collections.abc import Iterable
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar, cast
 
 import attrs
 import trio
@@ -45,7 +45,8 @@ class Actor:
     def __init__(self, *, name: str | None = None, session_id: str | None = None) -> None:
         self.name = name or type(self).__name__
         self.session_id = session_id
-        self.inbox = Inbox(self.inbox_capacity, self.overflow, name=self.name)
+        self.inbox: Inbox[Any] = Inbox(self.inbox_capacity, self.overflow, name=self.name)
+        """Messages of any type: an actor takes what it handles and ignores the rest."""
         self.bus: Bus | None = None
         self.current_message: Any = None
         """The message being handled (what a crash interrupted, for :meth:`on_crash`)."""
@@ -161,8 +162,9 @@ class ServingActor(Actor, Generic[Request]):
             await self.handle_other(message)
             return
         assert self._nursery is not None, "a ServingActor handles messages only inside run()"
-        self._in_flight[id(message)] = message
-        self._nursery.start_soon(self._serve_tracked, message)
+        request = cast(Request, message)  # what request_types admits
+        self._in_flight[id(message)] = request
+        self._nursery.start_soon(self._serve_tracked, request)
         self.current_message = None  # accepted: a crash from now on finds it in flight
 
     async def _serve_tracked(self, request: Request) -> None:
@@ -184,7 +186,7 @@ class ServingActor(Actor, Generic[Request]):
         requests = list(self._in_flight.values())
         current = self.current_message
         if isinstance(current, self.request_types) and id(current) not in self._in_flight:
-            requests.append(current)
+            requests.append(cast(Request, current))
         self._in_flight.clear()
         self.current_message = None
         for request in requests:
@@ -197,7 +199,7 @@ class ServingActor(Actor, Generic[Request]):
         self.inbox.drain_nowait(queued)
         for message in queued:
             if isinstance(message, self.request_types):
-                self.fail(message, exc)
+                self.fail(cast(Request, message), exc)
 
 
 @attrs.frozen(kw_only=True, slots=True)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
@@ -11,6 +11,9 @@ from runtime.budget import Budget
 from runtime.media import MediaLimits
 from runtime.retry import RetryPolicy
 from runtime.tools import Tool, tool
+
+if TYPE_CHECKING:
+    from runtime.provider import Provider
 
 Hook = Callable[[Any], Awaitable[None]]
 DEFAULT_THINK_TAGS: tuple[tuple[str, str], ...] = (("<think>", "</think>"),)
@@ -57,8 +60,8 @@ class Agent:
     """A configured agent. Immutable and shareable: any number of sessions may run it."""
 
     name: str = "assistant"
-    provider: Any = None
-    """A :class:`runtime.provider.Provider`; ``None`` uses the offline scripted demo."""
+    provider: Provider | None = None
+    """The model's provider; ``None`` uses the offline scripted demo."""
     instructions: str | None = None
     """The system prompt."""
     tools: tuple[Tool, ...] = attrs.field(default=(), converter=_tools)

@@ -16,7 +16,7 @@ from runtime.chunks import Usage
 from runtime.errors import BudgetExceeded, ConfigurationError
 
 
-def _at_least_one_step(_: object, attribute: attrs.Attribute, value: int) -> None:
+def _at_least_one_step(_: object, attribute: attrs.Attribute[int], value: int) -> None:
     if value < 1:
         raise ConfigurationError(
             f"Budget.{attribute.name} must be at least 1 (got {value!r}): every turn "

@@ -24,7 +24,11 @@ class Subscription:
     __slots__ = ("bus", "inbox", "kinds", "session_id")
 
     def __init__(
-        self, bus: Bus, inbox: Inbox, kinds: frozenset[type] | None, session_id: str | None
+        self,
+        bus: Bus,
+        inbox: Inbox[Any],
+        kinds: frozenset[type] | None,
+        session_id: str | None,
     ) -> None:
         self.bus = bus
         self.inbox = inbox
@@ -39,7 +43,7 @@ class Subscription:
         self.bus.unsubscribe(self)
         self.inbox.close()
 
-    def __aiter__(self):
+    def __aiter__(self) -> Inbox[Any]:
         return self.inbox.__aiter__()
 
 
@@ -48,6 +52,8 @@ class Bus:
 
     def __init__(self) -> None:
         self._subs: list[Subscription] = []
+        self._any = False
+        """``bool(self._subs)``, kept up to date by :meth:`subscribe` / :meth:`unsubscribe`."""
         # (session_id or None, event class) -> subscriptions; rebuilt lazily on change.
         self._routes: dict[tuple[str | None, type], tuple[Subscription, ...]] = {}
 
@@ -59,7 +65,7 @@ class Bus:
         policy: OverflowPolicy = "drop-oldest",
         capacity: int = 1024,
         name: str = "subscriber",
-        inbox: Inbox | None = None,
+        inbox: Inbox[Any] | None = None,
     ) -> Subscription:
         """Subscribe to events of the given classes (subclasses included; ``None`` for
         all), optionally of one session only. Events go into ``inbox`` (a new one with
@@ -67,6 +73,7 @@ class Bus:
         box = inbox if inbox is not None else Inbox(capacity, policy, name=name)
         sub = Subscription(self, box, None if kinds is None else frozenset(kinds), session_id)
         self._subs.append(sub)
+        self._any = True
         self._routes.clear()
         return sub
 
@@ -75,6 +82,7 @@ class Bus:
             self._subs.remove(sub)
         except ValueError:
             return
+        self._any = bool(self._subs)
         self._routes.clear()
 
     def _route(self, session_id: str | None, cls: type) -> tuple[Subscription, ...]:
@@ -88,6 +96,16 @@ class Bus:
             )
             self._routes[key] = subs
         return subs
+
+    @property
+    def subscription_count(self) -> int:
+        """How many subscriptions are registered."""
+        return len(self._subs)
+
+    def has_subscribers(self) -> bool:
+        """Whether anyone subscribed at all: one attribute read, for the hot path to skip
+        even the per-event :meth:`wants` look-ups while nobody listens."""
+        return self._any
 
     def wants(self, cls: type, session_id: str | None = None) -> bool:
         """Whether anyone would receive an event of ``cls`` for ``session_id``."""

@@ -165,9 +165,10 @@ def report_bad_input(command: Callable[[], int]) -> int:
         match, rest = group.split(bad)
         if match is None or rest is not None:
             raise
-        while isinstance(match, BaseExceptionGroup):
-            match = match.exceptions[0]
-        return _fail(match)
+        found: BaseException = match
+        while isinstance(found, BaseExceptionGroup):
+            found = found.exceptions[0]
+        return _fail(found)
 
 
 def _fail(exc: BaseException) -> int:
@@ -335,9 +336,9 @@ async def show_command(args: argparse.Namespace) -> int:
                     line = f"  [step {part.step}] reasoning{signed}: {part.text}"
                     console.print(line, style="dim")
                 elif part.type == "tool-call":
-                    args = orjson.dumps(part.input).decode()
+                    call_input = orjson.dumps(part.input).decode()
                     console.print(
-                        f"  [step {part.step}] tool-call {part.tool_name}({args}) "
+                        f"  [step {part.step}] tool-call {part.tool_name}({call_input}) "
                         f"id={part.tool_call_id}"
                     )
                 else:

@@ -8,7 +8,8 @@ output stream's chunks (:mod:`runtime.output`) are bus events too, under ``outpu
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from collections.abc import Callable
+from typing import Any, ClassVar, TypeVar, dataclass_transform
 
 import attrs
 
@@ -16,10 +17,13 @@ from runtime.chunks import Usage
 from runtime.messages import Message, UserContent
 from runtime.output import ErrorInfo, _repr
 
+_C = TypeVar("_C", bound=type)
 
-def _event(kind: str):
-    def wrap(cls):
-        cls.kind = kind
+
+@dataclass_transform(kw_only_default=True, frozen_default=True, field_specifiers=(attrs.field,))
+def _event(kind: str) -> Callable[[_C], _C]:
+    def wrap(cls: _C) -> _C:
+        cls.kind = kind  # type: ignore[attr-defined]
         return attrs.frozen(kw_only=True, slots=True, repr=False)(cls)  # shared __repr__
 
     return wrap

@@ -6,7 +6,8 @@ format is each provider's job (``map_messages``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import attrs
 
@@ -93,9 +94,10 @@ def split_steps(
     return out
 
 
-def iter_turns(messages: Sequence[Message]):
+def iter_turns(messages: Sequence[Message]) -> Iterator[tuple[str, Any, list[ToolMessage]]]:
     """Yield each message, except that an assistant message comes with its tool results:
-    ``("message", msg)`` or ``("assistant", assistant, [tool results])``."""
+    ``("message", msg, [])`` or ``("assistant", assistant, [tool results])`` (typed
+    ``Any``: which message class it is follows from the first element)."""
     i, n = 0, len(messages)
     while i < n:
         msg = messages[i]

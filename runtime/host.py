@@ -30,8 +30,10 @@ from runtime.errors import ConfigurationError, SessionBusy
 from runtime.events import SessionEvicted
 from runtime.ids import new_id
 from runtime.inbox import Inbox
+from runtime.protocol import Batch
+from runtime.provider import Provider
 from runtime.session import Session, SessionState
-from runtime.store import validate_session_id
+from runtime.store import Store, validate_session_id
 
 
 class Host:
@@ -41,7 +43,7 @@ class Host:
         self,
         nursery: trio.Nursery,
         *,
-        store: Any,
+        store: Store,
         bus: Bus,
         supervisor: Supervisor,
         idle_ttl: float | None = None,
@@ -153,7 +155,7 @@ class Host:
         )
         return actor
 
-    async def provider_actor(self, provider: Any) -> Actor:
+    async def provider_actor(self, provider: Provider) -> Actor:
         """The running actor for a provider configuration (started on first use)."""
         actor = self._providers.get(id(provider))
         if actor is None:
@@ -218,13 +220,14 @@ class Host:
             meta = {**handle.unsaved_meta, **(meta or {})}
         record = await self.store.load(sid)
         state = SessionState(session_id=sid)
+        session_meta: dict[str, Any] = {}
         if record is not None:
             state.messages.extend(record.messages)
             state.saved_upto = len(record.messages)
             state.version = record.version
-            state.meta.update({k: v for k, v in record.meta.items() if k != "agent"})
+            session_meta.update({k: v for k, v in record.meta.items() if k != "agent"})
         if meta:
-            state.meta.update(meta)
+            session_meta.update(meta)
         provider = agent.provider
         if provider is None:
             from actors.demo import demo_provider
@@ -235,7 +238,7 @@ class Host:
             from actors.mcp import start_servers
 
             await start_servers(self, agent)
-        stream_inbox = Inbox(1024, "block", name="engine-output")
+        stream_inbox: Inbox[Batch[Any]] = Inbox(1024, "block", name="engine-output")
         engine = Engine(stream_inbox, tags=agent.think_tags, session_id=sid)
         controller = StreamController(session_id=sid)
         runner = TurnRunner(
@@ -253,11 +256,11 @@ class Host:
         for actor in actors:
             await self.start_actor(actor)
         if handle is None:
-            session = Session(self, agent, state, runner)
+            session = Session(self, agent, runner, session_id=sid)
             self._handles[sid] = session
         else:
             session = handle
-        session.attach(state, runner, actors)
+        session.attach(runner, actors, session_meta)
         self.sessions[sid] = session
         session.last_used = trio.current_time()
         return session
@@ -271,13 +274,7 @@ class Host:
 
     def _evictable(self, session: Session) -> bool:
         """Idle and fully saved: evicting it loses nothing."""
-        state = session._state
-        return (
-            state is not None
-            and not state.busy
-            and session.current is None
-            and state.saved_upto >= len(state.messages)
-        )
+        return session.loaded and not session.busy and session.state.all_saved
 
     def _evict(self, session: Session, reason: str, now: float) -> SessionEvicted:
         """Stop the session's actors and drop its history (synchronously: no other task

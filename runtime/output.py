@@ -12,7 +12,8 @@ observer needs to correlate it.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from collections.abc import Callable
+from typing import Any, ClassVar, TypeVar, dataclass_transform
 
 import attrs
 
@@ -36,10 +37,16 @@ class ErrorInfo:
     retryable: bool = False
 
 
-def _out(type_: str):  # decorator: attach type/kind and make a frozen value class
-    def wrap(cls):
-        cls.type = type_
-        cls.kind = "output." + type_
+_C = TypeVar("_C", bound=type)
+
+
+@dataclass_transform(kw_only_default=True, frozen_default=True, field_specifiers=(attrs.field,))
+def _out(type_: str) -> Callable[[_C], _C]:
+    """Decorator: attach type/kind and make a frozen value class."""
+
+    def wrap(cls: _C) -> _C:
+        cls.type = type_  # type: ignore[attr-defined]
+        cls.kind = "output." + type_  # type: ignore[attr-defined]
         # repr=False: one shared __repr__ (below) instead of one compiled per class, which
         # keeps `import runtime` cheap; equality and hashing stay generated.
         return attrs.frozen(kw_only=True, slots=True, repr=False)(cls)
@@ -256,6 +263,6 @@ OutputChunk = (
     | Abort
 )
 
-OUTPUT_CHUNK_TYPES: tuple[type, ...] = OutputChunk.__args__  # type: ignore[attr-defined]
+OUTPUT_CHUNK_TYPES: tuple[type, ...] = OutputChunk.__args__
 DELTA_TYPES: tuple[type, ...] = (TextDelta, ReasoningDelta, ToolInputDelta)
 """Chunks logged only at debug level: the hot path."""

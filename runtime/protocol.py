@@ -9,22 +9,25 @@ more. That keeps the per-delta cost of a stage to an append.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, Generic, Protocol, TypeAlias, TypeVar
 
 import attrs
 import trio
 
 from runtime.chunks import Usage
 from runtime.inbox import Inbox
-from runtime.messages import Message, Part
-from runtime.output import ErrorInfo
+from runtime.messages import Message, Part, UserContent
+from runtime.output import ErrorInfo, OutputChunk
 from runtime.redact import redact_text
 
 _now = time.perf_counter
 
 
-class Batch(list):
+T = TypeVar("T")
+
+
+class Batch(list[T]):
     """A list of stream items sent as one inbox message; ``tag`` says which request."""
 
     __slots__ = ("tag", "taken")
@@ -42,7 +45,14 @@ reaches the producer instead of the whole stream piling up in one batch. The hot
 is unaffected: the bursts that merge (what one network read delivers) are smaller."""
 
 
-class Batcher:
+class BatchSink(Protocol[T]):
+    """Where a :class:`Batcher` puts its batches: any inbox that takes ``Batch[T]``
+    (a consumer's inbox also takes its :class:`TurnDone`)."""
+
+    async def put(self, message: Batch[T]) -> None: ...
+
+
+class Batcher(Generic[T]):
     """Sends items to an inbox in :class:`Batch` es, merging what is not yet received.
 
     A batch takes at most ``max_items`` items (:data:`MAX_BATCH`); past that the next
@@ -64,14 +74,16 @@ class Batcher:
 
     max_items: int = MAX_BATCH
 
-    def __init__(self, inbox: Inbox, tag: Any = None, *, max_hold: float | None = None) -> None:
+    def __init__(
+        self, inbox: BatchSink[T], tag: Any = None, *, max_hold: float | None = None
+    ) -> None:
         self.inbox = inbox
         self.tag = tag
         self.max_hold = max_hold
-        self._pending: Batch | None = None
+        self._pending: Batch[T] | None = None
         self._since = 0.0
 
-    async def send(self, item: Any) -> None:
+    async def send(self, item: T) -> None:
         pending = self._pending
         if pending is not None and not pending.taken and len(pending) < self.max_items:
             pending.append(item)
@@ -79,14 +91,14 @@ class Batcher:
                 self._since = _now()
                 await trio.lowlevel.checkpoint()
             return
-        batch = Batch(self.tag)
+        batch: Batch[T] = Batch(self.tag)
         batch.append(item)
         await self.inbox.put(batch)
         self._pending = batch
         if self.max_hold is not None:
             self._since = _now()
 
-    async def send_all(self, items: Sequence[Any]) -> None:
+    async def send_all(self, items: Sequence[T]) -> None:
         if not items:
             return
         limit = self.max_items
@@ -100,7 +112,7 @@ class Batcher:
                 pending.extend(items[:room])
                 items = items[room:]
         for start in range(0, len(items), limit):
-            batch = Batch(self.tag)
+            batch: Batch[T] = Batch(self.tag)
             batch.extend(items[start : start + limit])
             await self.inbox.put(batch)
             self._pending = batch
@@ -121,7 +133,9 @@ class InferRequest:
     messages: tuple[Message, ...]
     tools: tuple[Any, ...]
     """:class:`runtime.tools.Tool` s offered to the model."""
-    reply: Inbox
+    reply: Inbox[Batch[Any]]
+    """Where the chunks go: batches of stream chunks, a :class:`StreamFailed` last if the
+    call failed."""
     cancel_scope: trio.CancelScope
     """Entered by the provider's task; the requester cancels it to stop the call."""
     settings: dict[str, Any] = attrs.field(factory=dict)
@@ -166,7 +180,7 @@ class ExecuteTools:
     tools: dict[str, Any]
     default_timeout: float | None
     max_result_chars: int | None
-    reply: Inbox
+    reply: Inbox[ToolOutcome | ToolProgress]
     cancel_scope: trio.CancelScope
     host: Any = None
     """The host, handed to tools that take a :class:`~runtime.tools.ToolContext`."""
@@ -196,35 +210,56 @@ class ToolProgress:
 # -- persistence -------------------------------------------------------------------------
 
 
-@attrs.define(kw_only=True, slots=True, eq=False)
+@attrs.frozen(kw_only=True, slots=True, eq=False)  # internal: identity is enough
+class SaveResult:
+    """The persister's answer to one :class:`SaveRequest`, on the request's ``reply`` inbox.
+
+    Exactly one of ``version`` (saved) and ``error`` (nothing written) is set."""
+
+    request_id: str
+    session_id: str
+    version: int | None = None
+    """The session's version in the store after this save."""
+    error: BaseException | None = None
+    base: tuple[Message, ...] | None = None
+    """Set when the save was rebased: what the store holds before the request's
+    ``messages`` now (another writer saved in between)."""
+
+    @property
+    def in_place(self) -> bool:
+        """Whether the messages were written where the request asked (saved, not rebased)."""
+        return self.error is None and self.base is None
+
+
+@attrs.frozen(kw_only=True, slots=True, eq=False)  # internal: identity is enough
 class SaveRequest:
     """Replace the session's messages from ``start`` on with ``messages``.
 
     The save is based on ``expected_version`` (the store's version of the session when
     ``start`` and ``messages`` were computed) or, when that is ``None``, on the outcome of
-    ``after``, the same session's previous request. When neither gives a version the
-    layout is known to match, the persister *rebases*: it reloads the session and appends
-    ``messages`` after what the store holds (:func:`runtime.store.rebase`), so a save
-    never overwrites a message some other writer stored.
+    ``after``, the id of the same session's previous request (still in flight when this
+    one was made; the persister answers requests in order, so it knows that outcome).
+    When neither gives a version the layout is known to match, the persister *rebases*:
+    it reloads the session and appends ``messages`` after what the store holds
+    (:func:`runtime.store.rebase`), so a save never overwrites a message some other
+    writer stored.
+
+    The persister answers with one :class:`SaveResult` on ``reply``, without waiting: a
+    requester that does not read its replies never stalls the persister (give ``reply``
+    the ``drop-oldest`` policy; only the latest answer matters).
     """
 
+    request_id: str
     session_id: str
     turn_id: str
     start: int
     messages: tuple[Message, ...]
-    meta: dict[str, Any] = attrs.field(factory=dict)
-    done: trio.Event = attrs.field(factory=trio.Event)
-    error: BaseException | None = None
+    meta: Mapping[str, Any] = attrs.field(factory=dict)
     step: int | None = None
-    on_done: Any = None
-    """Called with the request once it is done (succeeded or failed), before ``done`` is set."""
     expected_version: int | None = None
-    after: SaveRequest | None = None
-    """The session's previous request, still in flight when this one was made."""
-    version: int | None = None
-    """Set on success: the session's version after this save."""
-    base: tuple[Message, ...] | None = None
-    """Set when the save was rebased: what the store holds before ``messages`` now."""
+    after: str | None = None
+    """The ``request_id`` of the session's previous request, when this one is based on it."""
+    reply: Inbox[SaveResult] | None = None
 
 
 # -- stream controller markers -------------------------------------------------------------
@@ -234,8 +269,8 @@ class SaveRequest:
 class TurnBegin:
     turn_id: str
     message_id: str
-    consumer: Any
-    """The consumer's send channel of OutputChunk lists."""
+    consumer: Inbox[ConsumerItem] | None
+    """Where the turn's output goes: batches of output chunks, then :class:`TurnDone`."""
 
 
 @attrs.frozen(kw_only=True, slots=True, eq=False)  # internal: identity is enough
@@ -295,15 +330,70 @@ class TurnResult:
         return self.message.text  # type: ignore[union-attr]
 
 
+@attrs.frozen(kw_only=True, slots=True, eq=False)  # internal: identity is enough
+class TurnDone:
+    """The turn is over and saved: the last item on its consumer's inbox.
+
+    The turn runner sends it to the stream controller after the turn's last chunk (and
+    after the ``turn.finished`` hooks ran); the controller hands it on to the consumer
+    after every chunk and closes the consumer's inbox. Should the controller be gone, the
+    runner puts it on the consumer's inbox itself, so a consumer always learns the end."""
+
+    result: TurnResult
+
+
+@attrs.define(slots=True, eq=False)
+class TurnCancel:
+    """How a consumer stops its turn, as data in :class:`RunTurn`.
+
+    The turn runner enters ``scope`` around the turn's steps (and sets its deadline); the
+    consumer calls :meth:`cancel`, which keeps the first reason and cancels the scope (a
+    scope cancelled before it is entered cancels on entry, like any Trio scope). The
+    runner reads ``reason`` when the scope was cancelled: a reason means the consumer
+    asked, none means the deadline passed. Nothing is called back on the consumer."""
+
+    scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
+    reason: str | None = None
+
+    def cancel(self, reason: str) -> None:
+        if self.reason is None:
+            self.reason = reason
+            self.scope.cancel()
+
+
+@attrs.frozen(kw_only=True, slots=True, eq=False)  # internal: identity is enough
+class RunTurn:
+    """Run one turn: what a :class:`~runtime.session.TurnStream` sends its session's
+    turn runner. Data only: the output goes to ``consumer`` (chunk batches, then one
+    :class:`TurnDone`), cancellation comes through ``cancel``."""
+
+    turn_id: str
+    input: UserContent
+    """The user message's content: text, or parts (text, images, files)."""
+    consumer: Inbox[ConsumerItem]
+    cancel: TurnCancel
+    meta: Mapping[str, Any] = attrs.field(factory=dict)
+    """The session's meta as of the turn's start; saved with the turn's messages."""
+    regenerate: bool = False
+    """Replace the last turn: cut the history back to before its last user message."""
+
+
+ConsumerItem: TypeAlias = "Batch[OutputChunk] | TurnDone"
+"""What a consumer's inbox carries."""
+
+
 __all__ = [
     "MAX_BATCH",
     "Batch",
     "Batcher",
     "BeginRequest",
+    "ConsumerItem",
     "ExecuteTools",
     "InferRequest",
     "Part",
+    "RunTurn",
     "SaveRequest",
+    "SaveResult",
     "StepBegin",
     "StepEnd",
     "StreamFailed",
@@ -311,6 +401,8 @@ __all__ = [
     "ToolDone",
     "ToolOutcome",
     "TurnBegin",
+    "TurnCancel",
+    "TurnDone",
     "TurnEnd",
     "TurnResult",
 ]

@@ -136,7 +136,7 @@ class Provider(ServingActor[InferRequest]):
         failure = StreamFailed(
             error=ActorFailed(f"provider {self.name} crashed: {type(exc).__name__}: {exc}")
         )
-        batch = Batch(request.request_id)
+        batch: Batch[Any] = Batch(request.request_id)
         batch.append(failure)
         try:
             request.reply.put_nowait(batch)

@@ -29,6 +29,7 @@ from __future__ import annotations
 import functools
 import re
 import threading
+from collections.abc import MutableMapping
 from typing import Any
 
 REDACTED = "[redacted]"
@@ -186,7 +187,10 @@ def _redact_log_value(value: Any) -> Any:
     return redact_text(value) if isinstance(value, str) else value
 
 
-def redact_processor(_logger: Any, _method: str, event_dict: dict[str, Any]) -> dict[str, Any]:
+def redact_processor(
+    _logger: Any, _method: str, event_dict: MutableMapping[str, Any]
+) -> dict[str, Any]:
     """A structlog processor: every log line leaves with its credentials redacted (objects,
     such as an exception passed as a field, are rendered with ``str`` first)."""
-    return _redact_log_value(event_dict)
+    redacted: dict[str, Any] = _redact_log_value(event_dict)
+    return redacted

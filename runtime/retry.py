@@ -8,6 +8,7 @@ never for a cancellation.
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import attrs
 
@@ -29,8 +30,11 @@ class RetryPolicy:
         """Seconds to wait before attempt ``attempt + 1``, or ``None`` to give up."""
         if attempt >= self.max_attempts or not getattr(error, "retryable", False):
             return None
-        retry_after = getattr(error, "retry_after", None) if isinstance(error, AxonError) else None
+        retry_after: Any = (
+            getattr(error, "retry_after", None) if isinstance(error, AxonError) else None
+        )
         if retry_after is not None:
             return min(max(0.0, float(retry_after)), self.retry_after_cap)
         base = min(self.max_delay, self.initial_delay * (2 ** (attempt - 1)))
-        return base * (1 - self.jitter + 2 * self.jitter * random.random())
+        delay: float = base * (1 - self.jitter + 2 * self.jitter * random.random())
+        return delay

@@ -9,6 +9,7 @@ The models know nothing of this module: converters are kept apart from the model
 from __future__ import annotations
 
 import base64
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -27,23 +28,37 @@ _UNSTRUCTURE_OVERRIDES: dict[type, dict[str, Any]] = {
     # it always had, and data stored before the field existed loads with ``error=None``.
     messages.AssistantMessage: {"error": override(omit_if_default=True)},
 }
-_BY_TAG: dict[tuple[type, str], type] = {}  # (union marker, tag value) -> class
+_BY_TAG: dict[tuple[Any, Any], type] = {}  # (union marker, tag value) -> class
+_Dict = dict[str, Any]
 
 
-def _register(marker: type, tag_field: str, classes: tuple[type, ...]) -> None:
+def _register(marker: Any, tag_field: str, classes: tuple[type, ...]) -> None:
+    """Tagged-union hooks for ``classes`` (the members of the union ``marker``)."""
     for cls in classes:
         value = getattr(cls, tag_field)
         _TAGGED[cls] = (tag_field, value)
         _BY_TAG[(marker, value)] = cls
-        base_un = make_dict_unstructure_fn(cls, converter, **_UNSTRUCTURE_OVERRIDES.get(cls, {}))
-        base_st = make_dict_structure_fn(cls, converter)
+        base_un: Callable[[Any], _Dict] = make_dict_unstructure_fn(
+            cls, converter, **_UNSTRUCTURE_OVERRIDES.get(cls, {})
+        )
+        base_st: Callable[[_Dict, Any], Any] = make_dict_structure_fn(cls, converter)
 
-        def unstructure(obj: Any, _f=base_un, _field=tag_field, _value=value) -> dict:
+        def unstructure(
+            obj: Any,
+            _f: Callable[[Any], _Dict] = base_un,
+            _field: str = tag_field,
+            _value: Any = value,
+        ) -> _Dict:
             d = _f(obj)
             d[_field] = _value
             return d
 
-        def structure(d: dict, _t: Any, _f=base_st, _field=tag_field) -> Any:
+        def structure(
+            d: _Dict,
+            _t: Any,
+            _f: Callable[[_Dict, Any], Any] = base_st,
+            _field: str = tag_field,
+        ) -> Any:
             if _field in d:
                 d = {k: v for k, v in d.items() if k != _field}
             return _f(d, _t)
@@ -51,7 +66,7 @@ def _register(marker: type, tag_field: str, classes: tuple[type, ...]) -> None:
         converter.register_unstructure_hook(cls, unstructure)
         converter.register_structure_hook(cls, structure)
 
-    def structure_union(d: dict, _t: Any, _marker=marker, _field=tag_field) -> Any:
+    def structure_union(d: _Dict, _t: Any, _marker: Any = marker, _field: str = tag_field) -> Any:
         try:
             cls = _BY_TAG[(_marker, d[_field])]
         except KeyError:
@@ -61,9 +76,9 @@ def _register(marker: type, tag_field: str, classes: tuple[type, ...]) -> None:
     converter.register_structure_hook(marker, structure_union)
 
 
-_PARTS = messages.Part.__args__  # type: ignore[attr-defined]
-_MESSAGES = messages.Message.__args__  # type: ignore[attr-defined]
-_STREAM = chunks.StreamChunk.__args__  # type: ignore[attr-defined]
+_PARTS: tuple[type, ...] = messages.Part.__args__
+_MESSAGES: tuple[type, ...] = messages.Message.__args__
+_STREAM: tuple[type, ...] = chunks.StreamChunk.__args__
 
 # Bytes (image and file data) are base64 text in JSON.
 converter.register_unstructure_hook(bytes, lambda b: base64.b64encode(b).decode("ascii"))
@@ -90,10 +105,10 @@ _register(output.OutputChunk, "type", output.OUTPUT_CHUNK_TYPES)
 # Every bus event (lifecycle and output) structures through the Event marker by kind.
 _register(events.Event, "kind", events.LIFECYCLE_EVENT_TYPES)
 for _cls in output.OUTPUT_CHUNK_TYPES:
-    _BY_TAG[(events.Event, _cls.kind)] = _cls
+    _BY_TAG[(events.Event, getattr(_cls, "kind"))] = _cls  # noqa: B009 - set by @_out
 
 
-def _structure_event(d: dict, _t: Any) -> Any:
+def _structure_event(d: _Dict, _t: Any) -> Any:
     # Output chunks carry ``type`` (their public JSON form); lifecycle events ``kind``.
     kind = d.get("kind") or ("output." + d["type"] if "type" in d else None)
     try:
@@ -139,13 +154,13 @@ converter.register_structure_hook(messages.ToolMessage, _structure_tool_message)
 _tool_stream_base = make_dict_structure_fn(output.ToolStream, converter)
 
 
-def _structure_tool_stream(d: dict, _t: Any) -> Any:
+def _structure_tool_stream(d: _Dict, _t: Any) -> Any:
     d = {k: v for k, v in d.items() if k != "type"}
     inner = d.get("chunk")
-    value = _tool_stream_base({**d, "chunk": None}, _t)
+    value: output.ToolStream = _tool_stream_base({**d, "chunk": None}, _t)
     if isinstance(inner, dict):
         inner = _structure_event(inner, events.Event)
-    return attrs.evolve(value, chunk=inner)
+    return attrs.evolve(value, chunk=inner)  # type: ignore[misc]  # attrs via @_out
 
 
 converter.register_structure_hook(output.ToolStream, _structure_tool_stream)
@@ -172,6 +187,6 @@ def from_json(data: bytes | str, cls: Any) -> Any:
 
 def event_to_dict(event: Any) -> dict[str, Any]:
     """The JSON form of a bus event, always with its ``kind`` (output chunks too)."""
-    d = converter.unstructure(event)
+    d: _Dict = converter.unstructure(event)
     d.setdefault("kind", event.kind)
     return d

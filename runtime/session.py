@@ -11,23 +11,34 @@ A host may free an idle session from memory (``Host.open(idle_ttl=, max_sessions
 The :class:`Session` object stays valid: the next turn, or ``await session.reopen()``,
 loads its history from the store again. Until then its synchronous views of the history
 (``messages``, ``state``) raise :class:`~runtime.errors.SessionNotLoaded`.
+
+Who owns what: the session's turn runner owns its history (:class:`SessionState`, private
+to it) and publishes an immutable :class:`SessionSnapshot` after every change, which is
+what ``session.messages`` and ``session.state`` read. The :class:`Session` owns its meta
+and whether a turn is running (``busy``). A turn is a :class:`~runtime.protocol.RunTurn`
+message (data only); its chunks and then its result arrive on the stream's own inbox.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
 import trio
 
 from runtime.errors import SessionBusy, SessionNotLoaded
+from runtime.ids import new_id
 from runtime.inbox import Inbox
 from runtime.media import UserInput, check_limits, user_content
 from runtime.messages import Message, UserContent
-from runtime.protocol import Batch, TurnResult
+from runtime.output import OutputChunk
+from runtime.protocol import Batch, ConsumerItem, RunTurn, TurnCancel, TurnResult
 
 if TYPE_CHECKING:
+    from runtime.actor import Actor
     from runtime.agent import Agent
     from runtime.host import Host
 
@@ -37,88 +48,115 @@ FINAL_WAIT = 10.0
 
 @attrs.define(kw_only=True, slots=True, eq=False)
 class SessionState:
-    """What a session's actors share: its id and history (owned by the turn runner)."""
+    """A session's history as its turn runner keeps it: private to that runner, which
+    publishes every change as a :class:`SessionSnapshot`."""
 
     session_id: str
     messages: list[Message] = attrs.field(factory=list)
-    meta: dict[str, Any] = attrs.field(factory=dict)
-    busy: bool = False
     saved_upto: int = 0
     """How many messages the store is known to hold; saves start no later than this."""
     version: int = 0
     """The store's version of the session that ``messages[:saved_upto]`` matches (``0``:
     not stored); saves are based on it, so one that another writer overtook conflicts."""
 
+    def snapshot(self) -> SessionSnapshot:
+        return SessionSnapshot(
+            session_id=self.session_id,
+            messages=tuple(self.messages),
+            saved_upto=self.saved_upto,
+            version=self.version,
+        )
 
-@attrs.define(kw_only=True, slots=True, eq=False)
-class RunTurn:
-    """The request a :class:`TurnStream` sends the session's turn runner."""
 
-    input: UserContent
-    """The user message's content: text, or parts (text, images, files)."""
-    consumer: Inbox | None
-    stream: TurnStream
+@attrs.frozen(kw_only=True, slots=True, eq=False)
+class SessionSnapshot:
+    """A session's history at one moment (``session.state``): an immutable value the turn
+    runner replaces after every change, so readers never see it half-changed."""
+
+    session_id: str
+    messages: tuple[Message, ...] = ()
+    saved_upto: int = 0
+    """How many of ``messages`` the store is known to hold."""
+    version: int = 0
+    """The store's version of the session that ``messages[:saved_upto]`` matches."""
+
+    @property
+    def all_saved(self) -> bool:
+        """Whether the store holds every message (evicting the session loses nothing)."""
+        return self.saved_upto >= len(self.messages)
+
+
+class SessionRunner(Protocol):
+    """What a :class:`Session` needs of its turn runner
+    (:class:`actors.turn_runner.TurnRunner`): where to send a turn, and its latest
+    snapshot of the history."""
+
+    @property
+    def snapshot(self) -> SessionSnapshot: ...
+
+    async def send(self, message: RunTurn) -> None: ...
 
 
 class TurnStream:
-    """One turn as its consumer sees it: an async iterator of output chunks."""
+    """One turn as its consumer sees it: an async iterator of output chunks.
 
-    def __init__(self, session: Session, text: UserContent, *, capacity: int = 256) -> None:
+    The stream owns an inbox: the turn's chunks arrive on it in batches, and last the
+    turn's :class:`~runtime.protocol.TurnDone`, which sets :attr:`result` and ends the
+    iteration. Leaving the ``async with`` early cancels the turn and reads on (discarding
+    the rest) until that result, so the turn is saved when the block is left.
+    """
+
+    def __init__(
+        self, session: Session, text: UserContent, *, regenerate: bool = False, capacity: int = 256
+    ) -> None:
         self.session = session
         self.input = text
+        self.regenerate = regenerate
         self.result: TurnResult | None = None
-        """Set when the turn is over (after the ``async with`` block at the latest)."""
-        self.turn_id: str | None = None
-        self.cancel_reason: str | None = None
+        """Set when the turn is over: when the iteration ends, after the ``async with``
+        block at the latest."""
+        self.turn_id = new_id("turn")
         self.done = trio.Event()
-        self._scope: trio.CancelScope | None = None
-        self._inbox = Inbox(capacity, "block", name="consumer")
-        self._buffer: deque[Any] = deque()
+        """Set with :attr:`result` (or when the turn's runner never answered)."""
+        self._cancel = TurnCancel()
+        self._inbox: Inbox[ConsumerItem] = Inbox(capacity, "block", name="consumer")
+        self._buffer: deque[OutputChunk] = deque()
         self._ended = False
 
-    # -- the turn runner's side ---------------------------------------------------------
-
-    def bind_scope(self, scope: trio.CancelScope) -> None:
-        """Called by the turn runner when the turn starts, with the turn's scope."""
-        self._scope = scope
-        if self.cancel_reason is not None:
-            scope.cancel()
-
-    def finish(self, result: TurnResult) -> None:
-        self.result = result
-        self.session.state.busy = False
-        if self.session.current is self:
-            self.session.current = None
-        self.session.host.touch(self.session)  # an idle session's age counts from here
-        self.done.set()
-
-    # -- the consumer's side ------------------------------------------------------------
+    @property
+    def cancel_reason(self) -> str | None:
+        """The reason the turn was cancelled with, if it was."""
+        return self._cancel.reason
 
     def cancel(self, reason: str = "cancelled") -> None:
         """Stop the turn: it ends with an ``abort`` chunk carrying ``reason``."""
-        if self.done.is_set() or self.cancel_reason is not None:
-            return
-        self.cancel_reason = reason
-        if self._scope is not None:
-            self._scope.cancel()
+        if not self.done.is_set():
+            self._cancel.cancel(reason)
 
     async def __aenter__(self) -> TurnStream:
-        if not self.session.loaded:
-            await self.session.reopen()
-        # From here to ``busy = True`` nothing yields: an idle host cannot evict it between.
-        self.session.host.touch(self.session)
-        state = self.session.state
-        if state.busy:
-            raise SessionBusy(f"session {state.session_id!r} is already running a turn")
-        state.busy = True
-        self.session.current = self
+        session = self.session
+        if not session.loaded:
+            await session.reopen()
+        # From here to ``current = self`` nothing yields: an idle host cannot evict it between.
+        runner = session.runner
+        assert runner is not None
+        session.host.touch(session)
+        if session.busy:
+            raise SessionBusy(f"session {session.id!r} is already running a turn")
+        session.current = self
         try:
-            await self.session.runner.send(
-                RunTurn(input=self.input, consumer=self._inbox, stream=self)
+            await runner.send(
+                RunTurn(
+                    turn_id=self.turn_id,
+                    input=self.input,
+                    consumer=self._inbox,
+                    cancel=self._cancel,
+                    meta=session.meta,
+                    regenerate=self.regenerate,
+                )
             )
         except BaseException:
-            state.busy = False
-            self.session.current = None
+            session.current = None
             raise
         return self
 
@@ -130,34 +168,50 @@ class TurnStream:
                 self.cancel(f"consumer failed: {exc_type.__name__}")
             else:
                 self.cancel("consumer left the stream")
+            with trio.CancelScope(shield=True), trio.move_on_after(FINAL_WAIT):
+                while not self._ended:  # the rest of the turn, to its result
+                    self._buffer.clear()
+                    await self._receive()
+            self._end(None)  # the runner never answered: the session must not stay busy
         self._inbox.close_receiver()
-        with trio.CancelScope(shield=True), trio.move_on_after(FINAL_WAIT):
-            await self.done.wait()
+
+    def _end(self, result: TurnResult | None) -> None:
+        """The turn is over for this stream: free the session for its next turn."""
+        if self.done.is_set():
+            return
+        self._ended = True
+        self.result = result
+        session = self.session
+        if session.current is self:
+            session.current = None
+        session.host.touch(session)  # an idle session's age counts from here
+        self.done.set()
 
     def __aiter__(self) -> TurnStream:
         return self
 
-    async def __anext__(self) -> Any:
+    async def __anext__(self) -> OutputChunk:
         buf = self._buffer
-        if buf:
-            return buf.popleft()
-        if self._ended:
-            raise StopAsyncIteration
-        try:
-            batch = await self._inbox.get()
-        except trio.EndOfChannel:
-            self._ended = True
-            raise StopAsyncIteration from None
-        if isinstance(batch, Batch):
-            batch.taken = True
-            buf.extend(batch)
-        else:  # pragma: no cover - the controller only sends batches
-            buf.append(batch)
-        if not buf:
-            return await self.__anext__()
+        while not buf:
+            if self._ended:
+                raise StopAsyncIteration
+            await self._receive()
         return buf.popleft()
 
-    async def collect(self) -> list[Any]:
+    async def _receive(self) -> None:
+        """Take the next inbox item: a batch into the buffer, or the turn's end."""
+        try:
+            item = await self._inbox.get()
+        except trio.EndOfChannel:  # closed without a result: only if the runner failed
+            self._end(None)
+            return
+        if isinstance(item, Batch):
+            item.taken = True
+            self._buffer.extend(item)
+        else:
+            self._end(item.result)
+
+    async def collect(self) -> list[OutputChunk]:
         """Every remaining chunk of the turn, as a list."""
         return [chunk async for chunk in self]
 
@@ -165,19 +219,27 @@ class TurnStream:
 class Session:
     """A conversation with one agent, hosted by a :class:`~runtime.host.Host`."""
 
-    def __init__(self, host: Host, agent: Agent, state: SessionState, runner: Any) -> None:
+    def __init__(
+        self,
+        host: Host,
+        agent: Agent,
+        runner: SessionRunner,
+        *,
+        session_id: str,
+        meta: Mapping[str, Any] | None = None,
+    ) -> None:
         self.host = host
         self.agent = agent
-        self._id = state.session_id
-        self._state: SessionState | None = state
-        self.runner = runner
-        self.actors: list[Any] = []
+        self._id = session_id
+        self.runner: SessionRunner | None = runner
+        self.actors: list[Actor] = []
         self.current: TurnStream | None = None
         """The turn in progress, if any."""
         self.last_used = 0.0
         """Trio time of the last use (open, turn start or end, a read through the web API)."""
-        self.unsaved_meta: dict[str, Any] | None = None
-        """Meta of a session evicted before anything of it was saved, applied on reopen."""
+        self._meta: Mapping[str, Any] = MappingProxyType(dict(meta or {}))
+        self._saved_anything = True
+        """Whether the store held any of the session when it was last evicted."""
 
     @property
     def id(self) -> str:
@@ -186,28 +248,50 @@ class Session:
     @property
     def loaded(self) -> bool:
         """Whether the session is in memory: open on its host and not evicted."""
-        return self._state is not None and self.host.sessions.get(self._id) is self
+        return self.runner is not None and self.host.sessions.get(self._id) is self
 
     @property
-    def state(self) -> SessionState:
-        """What the session's actors share. Raises
-        :class:`~runtime.errors.SessionNotLoaded` after an eviction, until reopened."""
-        if self._state is None:
+    def state(self) -> SessionSnapshot:
+        """The history as the turn runner last published it (an immutable snapshot).
+        Raises :class:`~runtime.errors.SessionNotLoaded` after an eviction, until
+        reopened."""
+        if self.runner is None:
             raise SessionNotLoaded(
                 f"session {self._id!r} was evicted from memory while idle; its history is in "
                 "the store: `await session.reopen()` (or start a turn) to load it again"
             )
-        return self._state
+        return self.runner.snapshot
 
     @property
     def messages(self) -> tuple[Message, ...]:
         """The history: system/user/assistant/tool messages, in order. Raises
         :class:`~runtime.errors.SessionNotLoaded` after an eviction, until reopened."""
-        return tuple(self.state.messages)
+        return self.state.messages
 
     @property
     def busy(self) -> bool:
-        return self._state is not None and self._state.busy
+        """Whether a turn is running (from its start until its stream has the result)."""
+        return self.current is not None
+
+    @property
+    def meta(self) -> Mapping[str, Any]:
+        """The session's meta (title, links to a parent session, ...), read-only; saved
+        with the session's messages. Change it with :meth:`update_meta`."""
+        return self._meta
+
+    def update_meta(self, values: Mapping[str, Any]) -> None:
+        """Set meta keys. Saved with the next turn's first save (a turn already running
+        keeps the meta it started with)."""
+        self._meta = MappingProxyType({**self._meta, **values})
+
+    def set_title(self, title: str) -> None:
+        """Set the session's title (``meta["title"]``)."""
+        self.update_meta({"title": title})
+
+    @property
+    def unsaved_meta(self) -> Mapping[str, Any] | None:
+        """Meta of a session evicted before anything of it was saved, applied on reopen."""
+        return None if self._saved_anything or not self._meta else self._meta
 
     async def reopen(self) -> None:
         """Load the session again after its host evicted it (or it was closed): its
@@ -215,24 +299,23 @@ class Session:
         if not self.loaded:
             await self.host.reopen_session(self)
 
-    def attach(self, state: SessionState, runner: Any, actors: list[Any]) -> None:
-        """Called by the host when it (re)loads the session: the new state and actors."""
-        self._state = state
+    def attach(self, runner: SessionRunner, actors: list[Actor], meta: Mapping[str, Any]) -> None:
+        """Called by the host when it (re)loads the session: the new runner, actors and
+        meta (as loaded)."""
         self.runner = runner
         self.actors = actors
-        self.unsaved_meta = None
+        self._meta = MappingProxyType(dict(meta))
+        self._saved_anything = True
 
     def detach(self) -> None:
         """Called by the host when it evicts the session: drop the history and actors."""
-        state = self._state
-        if state is not None and state.saved_upto == 0 and state.meta:
-            self.unsaved_meta = dict(state.meta)
-        self._state = None
+        if self.runner is not None:
+            self._saved_anything = self.runner.snapshot.saved_upto > 0
         self.runner = None
         self.actors = []
         self.current = None
 
-    def stream(self, input: UserInput) -> TurnStream:
+    def stream(self, input: UserInput, *, regenerate: bool = False) -> TurnStream:
         """Start a turn for user ``input``; use as ``async with session.stream(t) as out``.
 
         ``input`` is text, or a list of text, :class:`~runtime.messages.Image` and
@@ -241,12 +324,18 @@ class Session:
         raises :class:`~runtime.errors.InvalidMedia`, media bigger than the agent's
         ``media_limits`` :class:`~runtime.errors.MediaTooLarge`.
 
-        A session runs one turn at a time: entering while a turn runs raises
+        With ``regenerate``, the turn replaces the session's last turn: the history is cut
+        back to before its last user message first (in the store too, with the turn's
+        first save). A session runs one turn at a time: entering while a turn runs raises
         :class:`~runtime.errors.SessionBusy`.
         """
         content = user_content(input)
         check_limits(content, self.agent.media_limits)
-        return TurnStream(self, content)
+        return TurnStream(self, content, regenerate=regenerate)
+
+    def regenerate(self, text: UserInput) -> TurnStream:
+        """``stream(text, regenerate=True)``: run the last turn again, with ``text``."""
+        return self.stream(text, regenerate=True)
 
     async def run(self, text: UserInput) -> TurnResult:
         """Run a whole turn, discarding the stream; returns its result."""

@@ -203,19 +203,27 @@ def _build(
 
 
 @overload
-def tool(fn: Callable[..., Any], /) -> Tool: ...
-
-
-@overload
 def tool(
-    fn: Callable[..., Any] | None = None,
+    fn: Callable[..., Any],
     /,
     *,
     name: str | None = None,
     description: str | None = None,
     timeout: float | None = None,
     needs_approval: bool = False,
-) -> Tool | Callable[[Callable[..., Any]], Tool]: ...
+) -> Tool: ...
+
+
+@overload
+def tool(
+    fn: None = None,
+    /,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    timeout: float | None = None,
+    needs_approval: bool = False,
+) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
 def tool(

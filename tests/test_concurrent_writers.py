@@ -33,7 +33,7 @@ from runtime.messages import (
     ToolMessage,
     UserMessage,
 )
-from runtime.protocol import InferRequest, SaveRequest
+from runtime.protocol import InferRequest, SaveRequest, SaveResult
 from runtime.session import SessionState
 from runtime.store import rebase
 
@@ -110,10 +110,15 @@ def test_rebase_keeps_every_message_once_and_the_stored_order(layout, ours_count
 def test_adopting_a_rebased_save_takes_the_stores_layout_and_keeps_ours_after_it():
     state = SessionState(session_id="s", messages=[user("0"), answer("0"), user("a")])
     state.saved_upto, state.version = 2, 1
-    req = SaveRequest(session_id="s", turn_id="t", start=2, messages=(user("a"),))
-    req.version, req.base = 3, (user("0"), answer("0"), user("b"), answer("b"))
+    req = SaveRequest(request_id="r", session_id="s", turn_id="t", start=2, messages=(user("a"),))
+    result = SaveResult(
+        request_id="r",
+        session_id="s",
+        version=3,
+        base=(user("0"), answer("0"), user("b"), answer("b")),
+    )
     state.messages.append(answer("a"))  # the turn went on while the save was written
-    adopted = adopt_save(state, req)
+    adopted = adopt_save(state, req, result)
     stored_now = [user("0"), answer("0"), user("b"), answer("b")]
     assert state.messages == [*stored_now, user("a"), answer("a")]
     assert (state.saved_upto, state.version) == (5, 3)

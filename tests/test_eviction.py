@@ -177,7 +177,7 @@ async def test_bad_eviction_settings_are_refused(options):
 async def test_two_thousand_sessions_under_a_cap_of_100_keep_memory_bounded():
     agent = Agent(provider=ScriptedProvider(responder=lambda request: ["ok"]))
     async with Host.open(max_sessions=100, log_tap=False) as host:
-        baseline_subs = len(host.bus._subs)
+        baseline_subs = host.bus.subscription_count
 
         async def open_batch(start: int, count: int) -> None:
             for i in range(start, start + count):
@@ -198,7 +198,7 @@ async def test_two_thousand_sessions_under_a_cap_of_100_keep_memory_bounded():
             tracemalloc.stop()
         assert len(host.sessions) <= 100
         assert len(host._actors) <= 3 * 100 + 3  # + persister, tool executor, provider
-        assert len(host.bus._subs) == baseline_subs
+        assert host.bus.subscription_count == baseline_subs
         assert len({sid for sid, _ in host.bus._routes}) <= 101
         # The memory store keeps every history (about 1 KiB each here); sessions held in
         # memory would add tens of KiB each (58 MiB for 1,800 without the cap).

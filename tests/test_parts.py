@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from actors.parts import PartBegin
 from actors.providers.scripted import ScriptedProvider, Sleep, tool_call
 from actors.stores import MemoryStore
-from actors.stream_controller import StreamController, open_consumer_inbox
+from actors.stream_controller import StreamController
 from runtime import (
     Agent,
     BadRequest,
@@ -28,7 +28,17 @@ from runtime import (
     Usage,
     tool,
 )
-from runtime.protocol import Batch, StepBegin, TurnBegin, TurnEnd
+from runtime.inbox import Inbox
+from runtime.messages import AssistantMessage
+from runtime.protocol import (
+    Batch,
+    ConsumerItem,
+    StepBegin,
+    TurnBegin,
+    TurnDone,
+    TurnEnd,
+    TurnResult,
+)
 from tests.support.grammar import check_grammar
 from tests.support.parts import rebuild_parts, stored_parts
 
@@ -136,7 +146,12 @@ async def test_a_turn_cancelled_in_the_middle_of_a_part_stores_that_part_as_stre
 async def test_the_controller_closes_a_part_left_open_when_the_turn_ends():
     # Only a crash mid-part can leave a part open; the grammar must hold even then.
     controller = StreamController(session_id="g")
-    consumer = open_consumer_inbox()
+    consumer: Inbox[ConsumerItem] = Inbox(64, name="consumer")
+    done = TurnDone(
+        result=TurnResult(
+            turn_id="t", finish_reason="aborted", usage=Usage(), steps=0, message=AssistantMessage()
+        )
+    )
     batch = Batch("t")
     batch += [
         TurnBegin(turn_id="t", message_id="m", consumer=consumer),
@@ -144,11 +159,12 @@ async def test_the_controller_closes_a_part_left_open_when_the_turn_ends():
         PartBegin(kind="text", part_id="p1"),
         TextChunk(text="cut"),
         TurnEnd(finish_reason="aborted", usage=Usage(), abort_reason="crash"),
+        done,
     ]
     await controller.handle(batch)
-    chunks = []
-    async for got in consumer:
-        chunks.extend(got)
+    got = [item async for item in consumer]
+    chunks = [c for item in got[:-1] for c in item]
+    assert got[-1] is done  # the result comes last, after every chunk
     assert [c.type for c in chunks][-3:] == ["text-delta", "text-finish", "abort"]
     check_grammar(chunks, ending="abort")
 

@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from actors.providers import ScriptedProvider
+from actors.stores import MemoryStore
 from runtime import Agent, Host
 from runtime.history import INTERRUPTED, RepairedHistory, repair
 from runtime.messages import AssistantMessage, TextPart, ToolCallPart, ToolMessage, UserMessage
@@ -32,9 +33,10 @@ BROKEN = [
 
 async def test_the_provider_receives_the_history_repaired():
     provider = ScriptedProvider(["ok"])
-    async with Host.open(log_tap=False) as host:
+    store = MemoryStore()
+    await store.save("s1", 0, BROKEN)
+    async with Host.open(store=store, log_tap=False) as host:
         session = await host.open_session(Agent(provider=provider), session_id="s1")
-        session.state.messages.extend(BROKEN)
         await session.run("again")
     (request,) = provider.requests
     sent = request.messages
@@ -51,9 +53,10 @@ async def test_the_provider_receives_the_history_repaired():
 
 async def test_the_session_keeps_its_history_as_it_was():
     provider = ScriptedProvider(["ok"])
-    async with Host.open(log_tap=False) as host:
+    store = MemoryStore()
+    await store.save("s1", 0, BROKEN)
+    async with Host.open(store=store, log_tap=False) as host:
         session = await host.open_session(Agent(provider=provider), session_id="s1")
-        session.state.messages.extend(BROKEN)
         await session.run("again")
         kept = session.messages[:3]
     assert list(kept) == BROKEN  # the orphan and the unanswered call are still stored

@@ -398,7 +398,7 @@ class OpenTelemetryActor(Actor):
 
     def _tool_completed(self, event: ToolCallCompleted, now: int) -> None:
         turn = self._turns.get(event.turn_id)
-        span = turn.tools.pop(event.tool_call_id, None) if turn is not None else None
+        span: Any = turn.tools.pop(event.tool_call_id, None) if turn is not None else None
         if span is None:
             return
         if self._tool_spans.get(event.tool_call_id) is span:

@@ -54,7 +54,7 @@ from runtime.agent import Agent
 from runtime.errors import InvalidMedia, InvalidSessionId, MediaTooLarge, SessionBusy
 from runtime.host import Host, validate_session_id
 from runtime.media import check_limits, user_content
-from runtime.messages import File, Image, TextPart, UserContent, UserMessage
+from runtime.messages import File, Image, TextPart, UserContent
 from runtime.session import FINAL_WAIT
 from runtime.web import BODY_TIMEOUT, DEFAULT_MAX_BODY, SEND_TIMEOUT
 from runtime.web.guard import RequestGuard
@@ -225,19 +225,6 @@ def _title(content: UserContent) -> str:
     return " ".join(text.split())[:TITLE_CHARS]
 
 
-def _drop_last_turn(session: Any) -> None:
-    """Cut the history back to before its last user message (for a regenerate).
-
-    Only called while the session is idle, right before a turn starts: that turn saves
-    from the cut on, replacing the old turn in the store as well.
-    """
-    messages = session.state.messages
-    for i in range(len(messages) - 1, -1, -1):
-        if isinstance(messages[i], UserMessage):
-            del messages[i:]
-            return
-
-
 class TurnResponse:
     """Streams one turn as a UI message stream; the client leaving cancels the turn.
 
@@ -272,17 +259,15 @@ class TurnResponse:
         if session.busy:
             await _busy(session)(scope, receive, send)
             return
-        # No checkpoint between here and the turn taking the session (``__aenter__``).
-        if self.regenerate:
-            _drop_last_turn(session)
-        session.state.meta.setdefault("title", _title(self.text))
+        if "title" not in session.meta:
+            session.set_title(_title(self.text))
         started = False
         async with trio.open_nursery() as local:
             # In the background nursery the writer outlives this task, so this task can
             # return (and Hypercorn close the connection) while a write is stuck; the local
             # one, the fallback, is left only after the turn is over and saved.
             try:
-                async with session.stream(self.text) as out:
+                async with session.stream(self.text, regenerate=self.regenerate) as out:
                     started = True
                     await self._stream(out, receive, send, self.background or local)
             except SessionBusy:
@@ -490,10 +475,10 @@ async def list_sessions(request: Request) -> Response:
     unsaved = [
         {
             "session_id": sid,
-            "title": session.state.meta.get("title"),
-            "message_count": len(session.state.messages),
+            "title": session.meta.get("title"),
+            "message_count": len(session.messages),
             "busy": True,
-            "meta": dict(session.state.meta),
+            "meta": dict(session.meta),
         }
         for sid, session in open_sessions.items()
         if session.busy and sid not in stored
