@@ -68,7 +68,7 @@ async def test_an_http_file_url_is_kept_for_the_provider_to_fetch():
             session = server.host.sessions["u"]
             pdf = File(url=url, media_type="application/pdf", filename="doc.pdf")
             assert session.messages[0].content == (pdf,)
-            assert session.state.meta["title"] == "doc.pdf"
+            assert session.meta["title"] == "doc.pdf"
 
 
 async def test_a_file_part_without_a_media_type_that_is_an_image_is_stored_as_one():
