@@ -33,6 +33,7 @@ import trio
 
 from actors.parts import PartsManager
 from actors.session_sync import Adopted, adopt_record, adopt_save
+from actors.structured import StructuredTurn, observe, output_value, with_feedback
 from runtime import events as ev
 from runtime.actor import Actor
 from runtime.agent import Agent
@@ -121,6 +122,8 @@ class _Turn:
     error: ErrorInfo | None = None
     abort_reason: str | None = None
     budget: str | None = None
+    output: StructuredTurn | None = None
+    """The structured answer's state, for an agent with an ``output_type``."""
 
 
 class TurnRunner(Actor):
@@ -181,6 +184,7 @@ class TurnRunner(Actor):
         state.messages.append(UserMessage(content=run.input))
         turn.a_index = len(state.messages)
         state.messages.append(AssistantMessage(id=turn.message_id))
+        turn.output = StructuredTurn.start(agent, turn.message_id)
         scope = trio.CancelScope()
         if budget.deadline is not None:
             scope.deadline = trio.current_time() + budget.deadline
@@ -279,6 +283,10 @@ class TurnRunner(Actor):
                 raise BudgetExceeded(over)
             if not result.calls:
                 turn.finish_reason = result.finish
+                if turn.output is not None and turn.output.ask_again(
+                    turn.parts.content, step, result.finish
+                ):
+                    continue  # the answer did not validate: the model sees why, answers again
                 return
 
     def _add_result(self, turn: _Turn, oc: ToolOutcome, step: int) -> None:
@@ -466,6 +474,7 @@ class TurnRunner(Actor):
                         error=turn.error,
                         abort_reason=turn.abort_reason,
                         budget=turn.budget,
+                        output=output_value(turn.output),
                     )
                 )
 
@@ -561,11 +570,12 @@ class TurnRunner(Actor):
             instructions=agent.instructions,
             # Repaired once here, so no provider has to remember to: every tool call
             # has a result (``interrupted`` if it never got one), no result lacks its call.
-            messages=self._repaired(state.messages),
+            messages=with_feedback(turn.output, self._repaired(state.messages)),
             tools=agent.tools,
             reply=self.engine.inbox,
             cancel_scope=trio.CancelScope(),
             settings=agent.settings,
+            output=agent.output_schema,
         )
         await self._ask(self.provider, request)
         inbox, parts, ctrl = self.stream_inbox, turn.parts, turn.ctrl
@@ -606,7 +616,7 @@ class TurnRunner(Actor):
                 if finished:
                     parts.close(forward)  # the call's last part ends with it
                 if forward:
-                    await ctrl.send_all(forward)
+                    await ctrl.send_all(observe(turn.output, forward))
                 if failure is not None:
                     raise failure.error
                 if finished:

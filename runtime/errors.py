@@ -174,3 +174,17 @@ class BudgetExceeded(AxonError):
     def __init__(self, budget: str, message: str = "") -> None:
         super().__init__(message or f"budget exceeded: {budget}")
         self.budget = budget
+
+
+class OutputValidationError(AxonError):
+    """The model's answer does not match the agent's ``output_type``.
+
+    The turn runner asks the model again with this message (``Agent.output_retries``
+    times); after the last retry the turn ends with it (an ``error`` chunk, finish reason
+    ``error``), every answer the model gave stays in the stored message. ``text`` is the
+    last answer, as the model wrote it.
+    """
+
+    def __init__(self, message: str, *, text: str = "") -> None:
+        super().__init__(message)
+        self.text = text

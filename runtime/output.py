@@ -103,6 +103,21 @@ class TextFinish(_Base):
     turn_id: str = ""
 
 
+@_out("object-delta")
+class ObjectDelta(_Base):
+    """The structured answer parsed so far (an agent with an ``output_type``), sent after
+    the text deltas of its JSON whenever the parsed value changed. ``part_id`` is the text
+    part whose JSON it is; ``value`` is leniently parsed and not yet validated: the
+    validated answer is ``output.result.output``."""
+
+    step: int
+    part_id: str
+    value: Any
+    seq: int = 0
+    session_id: str = ""
+    turn_id: str = ""
+
+
 @_out("reasoning-start")
 class ReasoningStart(_Base):
     step: int
@@ -241,6 +256,7 @@ OutputChunk = (
     | TextStart
     | TextDelta
     | TextFinish
+    | ObjectDelta
     | ReasoningStart
     | ReasoningDelta
     | ReasoningFinish
@@ -257,5 +273,5 @@ OutputChunk = (
 )
 
 OUTPUT_CHUNK_TYPES: tuple[type, ...] = OutputChunk.__args__  # type: ignore[attr-defined]
-DELTA_TYPES: tuple[type, ...] = (TextDelta, ReasoningDelta, ToolInputDelta)
+DELTA_TYPES: tuple[type, ...] = (TextDelta, ReasoningDelta, ToolInputDelta, ObjectDelta)
 """Chunks logged only at debug level: the hot path."""
