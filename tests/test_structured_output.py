@@ -264,3 +264,29 @@ async def test_a_second_turn_sees_every_answer_of_the_first_and_no_feedback():
     history = provider.requests[2].messages
     assert [type(m) for m in history[:3]] == [UserMessage, AssistantMessage, UserMessage]
     assert [p.text for p in history[1].content] == [BAD, GOOD]
+
+
+# -- the command line's bad input -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [
+        (None, "cannot read the output schema"),
+        ("{not json", "is not JSON"),
+        ("[1, 2]", "must be a JSON object"),
+        ('{"type": "array"}', "cannot be used: output_type must describe a JSON object"),
+    ],
+)
+def test_run_with_an_unusable_output_schema_says_why_and_exits_2(tmp_path, capsys, content, says):
+    from runtime.cli import main
+
+    path = tmp_path / "schema.json"
+    if content is not None:
+        path.write_text(content)
+    store = tmp_path / "s.db"
+    code = main(["run", "--store", str(store), "--output-schema", str(path), "hi"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and says in err
+    assert not store.exists()  # nothing was written
