@@ -5,7 +5,8 @@ Grammar of one turn::
     start (step-start CONTENT* step-finish)+ finish      -- or cut short by error / abort
 
 Every ``*-start`` has exactly one matching ``*-finish`` before the next ``step-finish``;
-``part_id`` s are unique across the whole turn; ``seq`` is monotonic per session. Each
+an ``object-delta`` comes only inside the text part it parses; ``part_id`` s are unique
+across the whole turn; ``seq`` is monotonic per session. Each
 chunk is also a bus event (``kind`` = ``"output." + type``) and carries the ids an
 observer needs to correlate it.
 """

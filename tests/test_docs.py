@@ -23,6 +23,7 @@ EXPECTED = {
     ("actors.md", 0): "1 turn,",
     ("actors.md", 1): "the tool call was denied: emails need a human",
     ("providers.md", 0): "hello there actors 3",
+    ("structured-output.md", 0): "Weather(city='Paris', temp=21.5)\n2 steps",
     ("telemetry.md", 0): "invoke_agent weather\n  chat scripted\n  execute_tool get_weather\n"
     "  chat scripted\n",
 }
