@@ -290,3 +290,27 @@ def test_run_with_an_unusable_output_schema_says_why_and_exits_2(tmp_path, capsy
     err = capsys.readouterr().err
     assert err.startswith("error: ") and says in err
     assert not store.exists()  # nothing was written
+
+
+async def test_an_answer_cut_by_the_token_limit_is_retried_saying_so():
+    cut = ['{"city": "Par', FinishChunk(reason="length")]
+    provider = ScriptedProvider([cut, [GOOD]])
+    _, result, _ = await run_turn(Agent(provider=provider, output_type=Weather))
+    assert result.output == Weather(city="Paris", temp=21.5)
+    assert "cut by the output token limit" in provider.requests[1].messages[-1].content
+
+
+async def test_a_structured_turn_stored_on_disk_replays_into_the_next_turn(tmp_path):
+    store = str(tmp_path / "s.db")
+    provider = ScriptedProvider(turns=[[[BAD], [GOOD]], [[GOOD]]])
+    agent = Agent(provider=provider, output_type=Weather)
+    async with Host.open(store=store, log_tap=False) as host:
+        session = await host.open_session(agent, session_id="s1")
+        await session.run("first")
+    async with Host.open(store=store, log_tap=False) as host:
+        session = await host.open_session(agent, session_id="s1")
+        result = await session.run("second")
+    assert result.output == Weather(city="Paris", temp=21.5)
+    restored = provider.requests[2].messages
+    assert [p.text for p in restored[1].content] == [BAD, GOOD]
+    assert not any(isinstance(m, RetryPrompt) for m in restored)
