@@ -2,7 +2,9 @@
 
 :class:`StructuredTurn` is what the turn runner keeps for a turn of an agent with an
 ``output_type`` (:mod:`runtime.structured` has the schema side and the decisions). The
-turn runner calls it at three spots and nowhere else: :func:`observe` on what it forwards
+turn runner makes it when the turn starts (:meth:`StructuredTurn.start`), hands its
+:func:`output_value` to the turn's result, and otherwise calls it at three spots and
+nowhere else: :func:`observe` on what it forwards
 to the stream controller (partial objects as :class:`ObjectUpdate` markers, rendered as
 ``object-delta`` chunks), :func:`with_feedback` on a request's messages (the validation
 error of a rejected answer), and :meth:`StructuredTurn.ask_again` when a step ends with
