@@ -20,6 +20,7 @@ from typing import Any
 import trio
 
 from actors.parts import TEXT, PartBegin, PartEnd
+from actors.structured import ObjectUpdate
 from runtime import output as o
 from runtime.actor import Actor
 from runtime.chunks import (
@@ -141,6 +142,10 @@ class StreamController(Actor):
         elif t is PartEnd:
             if item.part_id == self._open_id:
                 self._close_part(out)
+        elif t is ObjectUpdate:
+            out.append(
+                self._chunk(o.ObjectDelta, step=self._step, part_id=item.part_id, value=item.value)
+            )
         elif t is ToolInputStartChunk:
             out.append(
                 self._chunk(

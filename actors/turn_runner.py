@@ -40,6 +40,7 @@ import trio
 from actors.mcp import agent_tools
 from actors.parts import PartsManager
 from actors.session_sync import Adopted, adopt_record, adopt_save
+from actors.structured import StructuredTurn, observe, output_value, with_feedback
 from runtime import events as ev
 from runtime.actor import Actor
 from runtime.agent import Agent
@@ -134,6 +135,9 @@ class _Turn:
     meta: Mapping[str, Any] = attrs.field(factory=dict)
     """Saved with each of the turn's saves: the session's meta as the turn started."""
 
+    output: StructuredTurn | None = None
+    """The structured answer's state, for an agent with an ``output_type``."""
+
 
 def _cut_last_turn(state: SessionState) -> None:
     """Cut the history back to before its last user message (a regenerate): the turn
@@ -222,6 +226,7 @@ class TurnRunner(Actor):
         state.messages.append(AssistantMessage(id=turn.message_id))
         self._publish_history()
         scope = run.cancel.scope
+        turn.output = StructuredTurn.start(agent, turn.message_id)
         if budget.deadline is not None:
             scope.deadline = trio.current_time() + budget.deadline
         try:
@@ -319,6 +324,10 @@ class TurnRunner(Actor):
                 raise BudgetExceeded(over)
             if not result.calls:
                 turn.finish_reason = result.finish
+                if turn.output is not None and turn.output.ask_again(
+                    turn.parts.content, step, result.finish
+                ):
+                    continue  # the answer did not validate: the model sees why, answers again
                 return
 
     def _add_result(self, turn: _Turn, oc: ToolOutcome, step: int) -> None:
@@ -537,6 +546,7 @@ class TurnRunner(Actor):
                     error=turn.error,
                     abort_reason=turn.abort_reason,
                     budget=turn.budget,
+                    output=output_value(turn.output),
                 )
                 await self._hand_over(run, turn, TurnDone(result=result))
 
@@ -648,11 +658,12 @@ class TurnRunner(Actor):
             instructions=agent.instructions,
             # Repaired once here, so no provider has to remember to: every tool call
             # has a result (``interrupted`` if it never got one), no result lacks its call.
-            messages=self._repaired(state.messages),
+            messages=with_feedback(turn.output, self._repaired(state.messages)),
             tools=tools,
             reply=self.engine.inbox,
             cancel_scope=trio.CancelScope(),
             settings=agent.settings,
+            output=agent.output_schema,
         )
         await self._ask(self.provider, request)
         inbox, parts, ctrl = self.stream_inbox, turn.parts, turn.ctrl
@@ -693,7 +704,7 @@ class TurnRunner(Actor):
                 if finished:
                     parts.close(forward)  # the call's last part ends with it
                 if forward:
-                    await ctrl.send_all(forward)
+                    await ctrl.send_all(observe(turn.output, forward))
                 if failure is not None:
                     raise failure.error
                 if finished:

@@ -1,4 +1,5 @@
-"""``Agent``: what a session runs — a provider, instructions, tools, budget and hooks."""
+"""``Agent``: what a session runs — a provider, instructions, tools, budget, hooks and
+the type of its answer."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import attrs
 from runtime.budget import Budget
 from runtime.media import MediaLimits
 from runtime.retry import RetryPolicy
+from runtime.structured import OutputSchema, output_schema
 from runtime.tools import Tool, tool
 
 if TYPE_CHECKING:
@@ -85,6 +87,22 @@ class Agent:
         if servers:  # frozen: set once, here, as attrs documents for derived fields
             object.__setattr__(self, "tools", tuple(t for t in self.tools if isinstance(t, Tool)))
             object.__setattr__(self, "mcp_servers", (*self.mcp_servers, *servers))
+
+    output_type: Any = None
+    """What the answer must be: a pydantic model (or a ``TypedDict``, a dataclass) or a
+    JSON schema ``dict``, whose root is an object. The provider is asked for JSON that
+    matches it, the answer is validated and ``output.result.output`` is the typed value
+    (the ``dict`` itself for a schema); ``None``: a free-text answer. See
+    docs/structured-output.md."""
+    output_retries: int = attrs.field(default=2, validator=attrs.validators.ge(0))
+    """How many times an answer that does not validate is sent back to the model with
+    the validation error, before the turn fails with ``OutputValidationError``."""
+    output_schema: OutputSchema | None = attrs.field(
+        init=False,
+        default=attrs.Factory(lambda self: output_schema(self.output_type), takes_self=True),
+    )
+    """The schema and validation made from :attr:`output_type` (checked when the agent
+    is made: a type with no JSON schema, or not an object, is a ``ConfigurationError``)."""
 
     @property
     def tool_map(self) -> dict[str, Tool]:

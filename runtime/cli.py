@@ -54,6 +54,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--session", default=None, help="session id (resumes a stored session)")
     run.add_argument("--instructions", default=None, help="system prompt")
     run.add_argument(
+        "--output-schema",
+        default=None,
+        metavar="FILE",
+        help="a JSON schema file (an object schema): the answer must be JSON matching it",
+    )
+    run.add_argument(
         "--delay",
         type=float,
         default=None,
@@ -150,6 +156,30 @@ def check_arguments(args: argparse.Namespace) -> None:
         raise BadInput(f"no event log at {args.file}")
     if command == "run":
         args.input = run_input(args)
+    if getattr(args, "output_schema", None) is not None:
+        args.output_type = read_output_schema(args.output_schema)
+
+
+def read_output_schema(path: str) -> dict[str, Any]:
+    """The JSON schema in ``path`` (``run --output-schema``), checked as an agent would
+    check it; a missing file, invalid JSON or an unusable schema is :class:`BadInput`."""
+    from runtime.errors import ConfigurationError
+    from runtime.structured import output_schema
+
+    try:
+        with open(path, "rb") as f:
+            schema = orjson.loads(f.read())
+    except OSError as exc:
+        raise BadInput(f"cannot read the output schema {path}: {exc.strerror or exc}") from None
+    except orjson.JSONDecodeError as exc:
+        raise BadInput(f"the output schema {path} is not JSON: {exc}") from None
+    if not isinstance(schema, dict):
+        raise BadInput(f"the output schema {path} must be a JSON object (a JSON schema)")
+    try:
+        output_schema(schema)
+    except ConfigurationError as exc:
+        raise BadInput(f"the output schema {path} cannot be used: {exc}") from None
+    return schema
 
 
 def report_bad_input(command: Callable[[], int]) -> int:
@@ -214,6 +244,7 @@ def _provider_agent(args: argparse.Namespace) -> Any:
         provider=create_provider(args.provider, options),
         instructions=args.instructions or "You are a concise assistant. Use tools for facts.",
         tools=[get_weather, get_time],
+        output_type=getattr(args, "output_type", None),
     )
 
 

@@ -243,3 +243,17 @@ class MCPServerDied(MCPServerError):
 
 class MCPToolError(MCPServerError):
     """An MCP server answered a call with an error (``isError`` or a JSON-RPC error)."""
+
+
+class OutputValidationError(AxonError):
+    """The model's answer does not match the agent's ``output_type``.
+
+    The turn runner asks the model again with this message (``Agent.output_retries``
+    times); after the last retry the turn ends with it (an ``error`` chunk, finish reason
+    ``error``), every answer the model gave stays in the stored message. ``text`` is the
+    last answer, as the model wrote it.
+    """
+
+    def __init__(self, message: str, *, text: str = "") -> None:
+        super().__init__(message)
+        self.text = text

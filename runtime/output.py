@@ -5,7 +5,8 @@ Grammar of one turn::
     start (step-start CONTENT* step-finish)+ finish      -- or cut short by error / abort
 
 Every ``*-start`` has exactly one matching ``*-finish`` before the next ``step-finish``;
-``part_id`` s are unique across the whole turn; ``seq`` is monotonic per session. Each
+an ``object-delta`` comes only inside the text part it parses; ``part_id`` s are unique
+across the whole turn; ``seq`` is monotonic per session. Each
 chunk is also a bus event (``kind`` = ``"output." + type``) and carries the ids an
 observer needs to correlate it.
 """
@@ -105,6 +106,21 @@ class TextDelta(_Base):
 class TextFinish(_Base):
     step: int
     part_id: str
+    seq: int = 0
+    session_id: str = ""
+    turn_id: str = ""
+
+
+@_out("object-delta")
+class ObjectDelta(_Base):
+    """The structured answer parsed so far (an agent with an ``output_type``), sent after
+    the text deltas of its JSON whenever the parsed value changed. ``part_id`` is the text
+    part whose JSON it is; ``value`` is leniently parsed and not yet validated: the
+    validated answer is ``output.result.output``."""
+
+    step: int
+    part_id: str
+    value: Any
     seq: int = 0
     session_id: str = ""
     turn_id: str = ""
@@ -248,6 +264,7 @@ OutputChunk = (
     | TextStart
     | TextDelta
     | TextFinish
+    | ObjectDelta
     | ReasoningStart
     | ReasoningDelta
     | ReasoningFinish
@@ -264,5 +281,5 @@ OutputChunk = (
 )
 
 OUTPUT_CHUNK_TYPES: tuple[type, ...] = OutputChunk.__args__
-DELTA_TYPES: tuple[type, ...] = (TextDelta, ReasoningDelta, ToolInputDelta)
+DELTA_TYPES: tuple[type, ...] = (TextDelta, ReasoningDelta, ToolInputDelta, ObjectDelta)
 """Chunks logged only at debug level: the hot path."""

@@ -139,6 +139,9 @@ class InferRequest:
     cancel_scope: trio.CancelScope
     """Entered by the provider's task; the requester cancels it to stop the call."""
     settings: dict[str, Any] = attrs.field(factory=dict)
+    output: Any = None
+    """The agent's :class:`~runtime.structured.OutputSchema`: the provider asks for an
+    answer that is JSON matching it (``None``: free text)."""
 
 
 @attrs.frozen(kw_only=True, slots=True, eq=False)  # internal: identity is enough
@@ -324,6 +327,9 @@ class TurnResult:
     abort_reason: str | None = None
     budget: str | None = None
     """Which budget ended the turn, when ``finish_reason`` is ``budget``."""
+    output: Any = None
+    """The validated answer of an agent with an ``output_type`` (an instance of it, or
+    the ``dict`` for a JSON schema); ``None`` otherwise, or when no answer validated."""
 
     @property
     def text(self) -> str:

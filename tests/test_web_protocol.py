@@ -41,6 +41,7 @@ SCHEMA_FIELDS = {
     "text-start": {"id"},
     "text-delta": {"id", "delta"},
     "text-end": {"id"},
+    "data-object": {"id", "data"},
     "reasoning-start": {"id"},
     "reasoning-delta": {"id", "delta"},
     "reasoning-end": {"id"},
@@ -65,6 +66,10 @@ CASES = [
         [{"type": "text-delta", "id": "p1", "delta": "Hi"}],
     ),
     (o.TextFinish(step=0, part_id="p1"), [{"type": "text-end", "id": "p1"}]),
+    (
+        o.ObjectDelta(step=0, part_id="p1", value={"city": "Par"}),
+        [{"type": "data-object", "id": "p1", "data": {"city": "Par"}}],
+    ),
     (o.ReasoningStart(step=0, part_id="r1"), [{"type": "reasoning-start", "id": "r1"}]),
     (
         o.ReasoningDelta(step=0, part_id="r1", text="hmm"),

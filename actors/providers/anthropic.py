@@ -51,6 +51,7 @@ from runtime.messages import (
 )
 from runtime.protocol import InferRequest
 from runtime.provider import Emit, Provider, ProviderOptions
+from runtime.structured import OUTPUT_TOOL
 
 PROVIDER = "anthropic"
 """The provider tag on reasoning and provider data; only such parts are sent back here."""
@@ -289,6 +290,39 @@ def map_tools(tools: Iterable[Any]) -> list[dict[str, Any]]:
     return out
 
 
+OUTPUT_INSTRUCTION = (
+    f"Give your final answer by calling the {OUTPUT_TOOL} tool with it, and write no other "
+    "text for it."
+)
+"""Added to the system prompt when the answer tool cannot be forced (extended thinking)."""
+
+
+def map_output(params: dict[str, Any], output: Any, *, thinking: bool) -> None:
+    """Ask for a structured answer: add the ``final_output`` tool (its input schema is the
+    agent's output schema) to ``params`` and make the model call it.
+
+    ``tool_choice`` forces it (``{"type": "tool"}``), or, when the agent has tools of
+    its own, forces *a* tool call (``{"type": "any"}``) so those stay usable. Extended
+    thinking accepts neither (only ``auto``): with thinking on, ``tool_choice`` stays
+    ``auto`` and the system prompt says to answer through the tool; an answer written as
+    plain text is validated all the same. The tool's input streams back as the answer's
+    text (:func:`parse_stream` with ``answer_tool``), never as a call to execute.
+    """
+    tool: dict[str, Any] = {"name": OUTPUT_TOOL}
+    if output.description:
+        tool["description"] = output.description
+    tool["input_schema"] = output.schema
+    own_tools = bool(params.get("tools"))
+    params["tools"] = [*params.get("tools", ()), tool]
+    if thinking:
+        system = params.get("system")
+        params["system"] = f"{system}\n\n{OUTPUT_INSTRUCTION}" if system else OUTPUT_INSTRUCTION
+    elif own_tools:
+        params["tool_choice"] = {"type": "any"}
+    else:
+        params["tool_choice"] = {"type": "tool", "name": OUTPUT_TOOL}
+
+
 # -- parsing: raw events -> chunks ---------------------------------------------------------
 
 
@@ -299,8 +333,9 @@ class _Block:
 
     def __init__(self, kind: str, *, id: str = "", name: str = "", data: Any = None) -> None:
         self.kind = kind
-        """``text``, ``thinking``, ``redacted_thinking``, ``tool_use``, or ``opaque`` for
-        any other (server-side) block, which is kept whole as provider data."""
+        """``text``, ``thinking``, ``redacted_thinking``, ``tool_use``, ``answer`` (the
+        structured-output tool's call, streamed as text), or ``opaque`` for any other
+        (server-side) block, which is kept whole as provider data."""
         self.id = id
         self.name = name
         self.data = data
@@ -317,7 +352,7 @@ def map_finish_reason(raw: str | None) -> str:
     return FINISH_REASONS.get(raw or "", "other")
 
 
-async def parse_stream(stream: Any, emit: Emit) -> None:
+async def parse_stream(stream: Any, emit: Emit, *, answer_tool: str | None = None) -> None:
     """Emit the chunks of one raw Messages event stream; raise when it is not complete.
 
     ``stream`` is any async iterable of the SDK's ``RawMessageStreamEvent`` s. Deltas are
@@ -325,8 +360,13 @@ async def parse_stream(stream: Any, emit: Emit) -> None:
     because a prefix of the JSON may parse and still be wrong. Usage and the finish chunk
     come last, after ``message_stop``; a stream that ends before it (or without a
     ``stop_reason``) was cut, and raises :class:`MalformedStream`.
+
+    A ``tool_use`` of ``answer_tool`` (structured output) is the answer, not a call: its
+    input JSON is emitted as text chunks, and a ``tool_use`` stop reason with no other
+    call is ``stop``.
     """
     blocks: dict[int, _Block] = {}
+    calls = 0  # tool_use blocks that are calls (not the answer)
     stop_reason: str | None = None
     stopped = False
     usage: dict[str, int | None] = {}
@@ -351,6 +391,8 @@ async def parse_stream(stream: Any, emit: Emit) -> None:
                     block.json.append(fragment)
                     if block.kind == "tool_use":
                         await emit(ToolInputDeltaChunk(tool_call_id=block.id, delta=fragment))
+                    elif block.kind == "answer":
+                        await emit(TextChunk(text=fragment))
             elif dtype == "thinking_delta":
                 if delta.thinking:
                     await emit(ReasoningChunk(text=delta.thinking, provider=PROVIDER))
@@ -359,7 +401,12 @@ async def parse_stream(stream: Any, emit: Emit) -> None:
                 await emit(ReasoningChunk(signature=delta.signature, provider=PROVIDER))
             # citations_delta: citations are not part of the chunk vocabulary (yet)
         elif etype == "content_block_start":
-            await _start_block(event.index, event.content_block, blocks, emit)
+            content = event.content_block
+            if content.type == "tool_use" and content.name == answer_tool:
+                blocks[event.index] = _Block("answer", data=content.input)
+            else:
+                calls += content.type == "tool_use"
+                await _start_block(event.index, content, blocks, emit)
         elif etype == "content_block_stop":
             block = blocks.pop(event.index, None)
             if block is not None:
@@ -396,7 +443,10 @@ async def parse_stream(stream: Any, emit: Emit) -> None:
         reasoning_tokens=usage.get("thinking_tokens"),
     )
     await emit(UsageChunk(usage=total))
-    await emit(FinishChunk(reason=map_finish_reason(stop_reason), raw_reason=stop_reason))
+    reason = map_finish_reason(stop_reason)
+    if reason == "tool-calls" and not calls and answer_tool is not None:
+        reason = "stop"  # the only tool used was the answer's
+    await emit(FinishChunk(reason=reason, raw_reason=stop_reason))
 
 
 async def _start_block(index: int, content: Any, blocks: dict[int, _Block], emit: Emit) -> None:
@@ -427,6 +477,9 @@ async def _stop_block(block: _Block, emit: Emit) -> None:
     elif kind == "thinking":
         if block.data and not block.signed:  # signed in content_block_start, no delta
             await emit(ReasoningChunk(signature=block.data, provider=PROVIDER))
+    elif kind == "answer":
+        if not block.json and block.data:  # the whole input came with the block's start
+            await emit(TextChunk(text=json.dumps(block.data, ensure_ascii=False)))
     elif kind == "opaque":
         data = block.data
         if block.json:  # server_tool_use: the input streamed like a tool_use's
@@ -600,6 +653,8 @@ class AnthropicProvider(Provider):
             params["tools"] = map_tools(request.tools)
         if self.thinking_budget is not None:
             params["thinking"] = {"type": "enabled", "budget_tokens": self.thinking_budget}
+        if request.output is not None:
+            map_output(params, request.output, thinking=self.thinking_budget is not None)
         known = self._known_params()
         extra_body: dict[str, Any] = {}
         for key, value in {**self.request_options, **request.settings}.items():
@@ -628,7 +683,9 @@ class AnthropicProvider(Provider):
             client = self._get_client()
             events = await client.messages.create(**self.request_params(request))
             try:
-                await parse_stream(events, emit)
+                await parse_stream(
+                    events, emit, answer_tool=OUTPUT_TOOL if request.output is not None else None
+                )
             finally:
                 # release the connection even when cancelled or failed mid-stream
                 with trio.move_on_after(2) as scope:

@@ -249,6 +249,19 @@ def map_tools(tools: Iterable[Any]) -> list[dict[str, Any]]:
     return out
 
 
+def map_output(output: Any) -> dict[str, Any]:
+    """The ``response_format`` for an agent's :class:`~runtime.structured.OutputSchema`:
+    ``json_schema`` in strict mode, the schema rewritten as strict mode needs
+    (:func:`~runtime.structured.strict_schema`, which refuses what it cannot express)."""
+    from runtime.structured import strict_schema
+
+    spec: dict[str, Any] = {"name": output.name, "schema": strict_schema(output.schema)}
+    if output.description:
+        spec["description"] = output.description
+    spec["strict"] = True
+    return {"type": "json_schema", "json_schema": spec}
+
+
 # -- the stream: SDK chunks -> StreamChunk ------------------------------------------------
 
 
@@ -570,6 +583,8 @@ class OpenAIProvider(Provider):
         }
         if request.tools:
             params["tools"] = map_tools(request.tools)
+        if request.output is not None:
+            params["response_format"] = map_output(request.output)
         stream_options = options.pop("stream_options", {})
         params.update(options)
         params["stream"] = True

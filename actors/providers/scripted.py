@@ -26,6 +26,7 @@ from typing import Any, ClassVar
 import attrs
 import trio
 
+from actors.structured import RetryPrompt
 from runtime.chunks import (
     FinishChunk,
     ReasoningChunk,
@@ -74,8 +75,11 @@ def tool_call(
 
 def current_step(messages: Sequence[Message]) -> int:
     """How many model calls the current turn has made: the number of distinct steps in
-    the assistant message after the last user message."""
+    the assistant message after the last user message (a structured-output
+    :class:`~actors.structured.RetryPrompt` is not the user's: skipped)."""
     for msg in reversed(messages):
+        if isinstance(msg, RetryPrompt):
+            continue
         if isinstance(msg, UserMessage):
             return 0
         if isinstance(msg, AssistantMessage):
@@ -85,7 +89,8 @@ def current_step(messages: Sequence[Message]) -> int:
 
 def turn_index(messages: Sequence[Message]) -> int:
     """Zero-based index of the current turn (user messages so far, minus one)."""
-    return max(0, sum(1 for m in messages if isinstance(m, UserMessage)) - 1)
+    inputs = sum(1 for m in messages if isinstance(m, UserMessage) and type(m) is not RetryPrompt)
+    return max(0, inputs - 1)
 
 
 class ScriptedProvider(Provider):

@@ -9,6 +9,9 @@ stream closes with ``data: [DONE]\\n\\n``. The mapping:
 * ``start`` -> ``start`` (``messageId``);
 * ``step-start`` / ``step-finish`` -> ``start-step`` / ``finish-step``;
 * ``text-start/delta/finish`` -> ``text-start/delta/end`` (``id``, ``delta``);
+* ``object-delta`` (a structured answer parsed so far) -> ``data-object`` (``id``: the
+  text part's id, ``data``: the value): the AI SDK replaces a data part's ``data`` when
+  one with the same type and id arrives, so the UI message holds the latest object;
 * ``reasoning-start/delta/finish`` -> ``reasoning-start/delta/end`` (``id``, ``delta``);
 * ``tool-input-start`` -> ``tool-input-start`` (``toolCallId``, ``toolName``);
 * ``tool-input-delta`` -> ``tool-input-delta`` (``toolCallId``, ``inputTextDelta``);
@@ -111,6 +114,8 @@ class UIStreamEncoder:
             return [{"type": simple, "id": chunk.part_id}]
         if t is o.TextDelta:
             return [{"type": "text-delta", "id": chunk.part_id, "delta": chunk.text}]
+        if t is o.ObjectDelta:
+            return [{"type": "data-object", "id": chunk.part_id, "data": chunk.value}]
         if t is o.ReasoningDelta:
             return [{"type": "reasoning-delta", "id": chunk.part_id, "delta": chunk.text}]
         if t is o.ToolInputStart:

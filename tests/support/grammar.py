@@ -13,7 +13,8 @@ def _get(chunk: Any, name: str) -> Any:
 def check_grammar(chunks: list[Any], *, ending: str = "finish") -> None:
     """Assert ``start (step-start CONTENT* step-finish)+ finish`` (or cut short by
     ``error`` / ``abort`` when ``ending`` says so), matched part starts/finishes, unique
-    part ids and strictly increasing ``seq``."""
+    part ids, ``object-delta`` only inside the text part it parses, and strictly
+    increasing ``seq``."""
     types = [_get(c, "type") for c in chunks]
     assert types[0] == "start", types[:3]
     assert types[-1] == ending, types[-3:]
@@ -40,6 +41,8 @@ def check_grammar(chunks: list[Any], *, ending: str = "finish") -> None:
                 open_part = pid
             elif t.endswith("-delta") and t.split("-")[0] in ("text", "reasoning"):
                 assert _get(c, "part_id") == open_part, "delta outside its part"
+            elif t == "object-delta":
+                assert _get(c, "part_id") == open_part, "object-delta outside its text part"
             elif t.endswith("-finish"):
                 assert _get(c, "part_id") == open_part, "finish of a part that is not open"
                 open_part = None
