@@ -59,27 +59,38 @@ class Batcher(Generic[T]):
     item opens a new batch, so what a stalled receiver holds up is bounded by its inbox's
     capacity times ``max_items``, and the sender blocks (under the ``block`` policy).
 
-    With ``max_hold``, the sender yields to the scheduler once the receiver has left a
-    batch waiting that long (seconds): a producer that parses a large buffered burst (a
-    whole SSE body in one network read) would otherwise hold its first delta back until
-    it has parsed the last one. Yielding by time, not by count, costs one scheduler round
-    per ``max_hold`` at most, however small the deltas.
+    With ``max_hold``, the sender yields to the scheduler right after its first batch
+    and then whenever the receiver has left a batch waiting that long (seconds): a
+    producer that parses a large buffered burst (a whole SSE body in one network read)
+    would otherwise hold its first delta back until it has parsed the last one. Each
+    time it yields ``hold_rounds`` scheduler rounds in a row, because a stage downstream
+    runs one round after the stage before it: with one round, the batch moved one stage
+    per ``max_hold`` of parsing (the first delta of a burst reached the consumer about
+    10 ms late through four stages); with as many rounds as there are stages it reaches
+    the consumer before parsing resumes. Yielding by time, not by count, costs at most
+    ``hold_rounds`` scheduler rounds per ``max_hold``, however small the deltas.
 
     A batch becomes the one to append to only once the inbox accepted it: a put that is
     cancelled while waiting for room leaves nothing behind that later items could be
     appended to and lost with.
     """
 
-    __slots__ = ("_pending", "_since", "inbox", "max_hold", "tag")
+    __slots__ = ("_pending", "_since", "hold_rounds", "inbox", "max_hold", "tag")
 
     max_items: int = MAX_BATCH
 
     def __init__(
-        self, inbox: BatchSink[T], tag: Any = None, *, max_hold: float | None = None
+        self,
+        inbox: BatchSink[T],
+        tag: Any = None,
+        *,
+        max_hold: float | None = None,
+        hold_rounds: int = 1,
     ) -> None:
         self.inbox = inbox
         self.tag = tag
         self.max_hold = max_hold
+        self.hold_rounds = hold_rounds
         self._pending: Batch[T] | None = None
         self._since = 0.0
 
@@ -88,15 +99,22 @@ class Batcher(Generic[T]):
         if pending is not None and not pending.taken and len(pending) < self.max_items:
             pending.append(item)
             if self.max_hold is not None and _now() - self._since > self.max_hold:
-                self._since = _now()
-                await trio.lowlevel.checkpoint()
+                await self._yield()
             return
+        first = self._pending is None
         batch: Batch[T] = Batch(self.tag)
         batch.append(item)
         await self.inbox.put(batch)
         self._pending = batch
         if self.max_hold is not None:
+            if first:
+                await self._yield()  # the first delta goes through before parsing goes on
             self._since = _now()
+
+    async def _yield(self) -> None:
+        for _ in range(self.hold_rounds):
+            await trio.lowlevel.checkpoint()
+        self._since = _now()
 
     async def send_all(self, items: Sequence[T]) -> None:
         if not items:

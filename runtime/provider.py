@@ -69,6 +69,11 @@ class Provider(ServingActor[InferRequest]):
     max_hold: ClassVar[float | None] = 0.002
     """Seconds a parsed chunk may wait for the engine before the provider's task yields
     (see :class:`~runtime.protocol.Batcher`): bounds the first-delta latency of a burst."""
+    hold_rounds: ClassVar[int] = 5
+    """Scheduler rounds the provider's task yields each time: one per stage a chunk
+    passes after it (engine, turn runner, stream controller, consumer) and one more,
+    since the consumer and the provider run in the same last round in either order; so
+    a held delta reaches the consumer before parsing resumes."""
 
     def __init__(
         self, *, model: str = "", max_concurrency: int | None = None, name: str | None = None
@@ -144,7 +149,9 @@ class Provider(ServingActor[InferRequest]):
             pass
 
     async def serve(self, request: InferRequest) -> None:
-        out = Batcher(request.reply, request.request_id, max_hold=self.max_hold)
+        out = Batcher(
+            request.reply, request.request_id, max_hold=self.max_hold, hold_rounds=self.hold_rounds
+        )
         try:
             with request.cancel_scope:
                 if self._limiter is not None:
