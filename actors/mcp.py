@@ -25,7 +25,7 @@ import math
 import os
 import re
 import shlex
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any, ClassVar, Literal
 from urllib.parse import urlsplit
 
@@ -55,6 +55,10 @@ def _pairs(value: Mapping[str, str] | None) -> tuple[tuple[str, str], ...]:
     return tuple(sorted((str(k), str(v)) for k, v in (value or {}).items()))
 
 
+def _strings(value: Iterable[str]) -> tuple[str, ...]:
+    return tuple(value)
+
+
 def _approval(value: bool | Collection[str]) -> bool | frozenset[str]:
     return value if isinstance(value, bool) else frozenset(value)
 
@@ -71,7 +75,7 @@ class MCPServer:
     """Names the server in errors, logs and events."""
     transport: Literal["stdio", "http"]
     command: str | None = None
-    args: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    args: tuple[str, ...] = attrs.field(default=(), converter=_strings)
     env: tuple[tuple[str, str], ...] = attrs.field(default=(), converter=_pairs)
     """Extra environment variables for the server process (over the MCP SDK's safe
     default environment, which does not pass the parent's secrets on)."""

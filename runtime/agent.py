@@ -4,7 +4,7 @@ the type of its answer."""
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeGuard
 
 import attrs
 
@@ -41,12 +41,22 @@ class Hooks:
     on_tool_result: Hook | None = None
 
 
-def _is_tool_server(value: Any) -> bool:
+class _ToolServer(Protocol):
+    """A server that supplies tools at run time (``actors.mcp.MCPServer``). ``runtime``
+    cannot import ``actors``, so it is recognised by this class marker."""
+
+    is_tool_server: ClassVar[bool]
+
+
+def _is_tool_server(value: object) -> TypeGuard[_ToolServer]:
     """A server that supplies tools at run time (``actors.mcp.MCPServer``)."""
     return getattr(type(value), "is_tool_server", False) is True
 
 
-def _tools(value: Sequence[Tool | Callable[..., Any]]) -> tuple[Tool, ...]:
+def _tools(value: Sequence[Tool | Callable[..., Any]]) -> tuple[Tool | _ToolServer, ...]:
+    """The ``tools`` converter: functions wrapped as tools, servers kept as they are for
+    :meth:`Agent.__attrs_post_init__` to move to ``mcp_servers`` (so the field holds
+    only :class:`Tool` s once the agent is built)."""
     tools = tuple(t if isinstance(t, Tool) or _is_tool_server(t) else tool(t) for t in value)
     names = [t.name for t in tools if isinstance(t, Tool)]
     dupes = {n for n in names if names.count(n) > 1}

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import attrs
 import cattrs
@@ -87,18 +87,23 @@ converter.register_structure_hook(
 )
 
 
+# cattrs structures a union alias, but types ``structure``'s class as ``type[T]``, which a
+# ``X | Y`` value (a ``UnionType`` to mypy) is not; this says what it stands for.
+_USER_PART = cast("type[messages.UserPart]", messages.UserPart)
+
+
 def _structure_user_content(value: Any, _t: Any) -> Any:
     # ``str`` (every message stored before media existed) or a list of tagged parts.
     if isinstance(value, str):
         return value
-    return tuple(converter.structure(p, messages.UserPart) for p in value)
+    return tuple(converter.structure(p, _USER_PART) for p in value)
 
 
 converter.register_structure_hook_func(lambda t: t == messages.UserContent, _structure_user_content)
 
 
 _register(messages.Part, "type", _PARTS)
-_register(messages.UserPart, "type", messages.UserPart.__args__)  # type: ignore[attr-defined]
+_register(messages.UserPart, "type", messages.UserPart.__args__)
 _register(messages.Message, "role", _MESSAGES)
 _register(chunks.StreamChunk, "type", _STREAM)
 _register(output.OutputChunk, "type", output.OUTPUT_CHUNK_TYPES)
@@ -126,7 +131,7 @@ converter.register_structure_hook(events.Event, _structure_event)
 # file, so an ordinary JSON output that merely has a "type" key stays what it was.
 _PART_KEYS = {
     cls.type: {a.name for a in attrs.fields(cls)} | {"type"}
-    for cls in messages.UserPart.__args__  # type: ignore[attr-defined]
+    for cls in messages.UserPart.__args__
 }
 
 
@@ -137,13 +142,13 @@ def _media_output(output: Any) -> Any:
         return output
     if not any(p["type"] in ("image", "file") for p in output):
         return output
-    return tuple(converter.structure(p, messages.UserPart) for p in output)
+    return tuple(converter.structure(p, _USER_PART) for p in output)
 
 
 _tool_message_base = converter.get_structure_hook(messages.ToolMessage)
 
 
-def _structure_tool_message(d: dict, _t: Any) -> Any:
+def _structure_tool_message(d: _Dict, _t: Any) -> Any:
     value = _tool_message_base(d, _t)
     output = _media_output(value.output)
     return value if output is value.output else attrs.evolve(value, output=output)

@@ -89,7 +89,9 @@ class Tool:
     """Seconds before a call is abandoned; ``None`` takes the turn budget's default."""
     needs_approval: bool = False
     """Calls wait for an approval event before running (see the approval actor)."""
-    _adapter: pydantic.TypeAdapter[Any] = attrs.field(alias="adapter")
+    _adapter: pydantic.TypeAdapter[Any] | None = attrs.field(alias="adapter")
+    """Validates the arguments; ``None`` only for a subclass that overrides
+    :meth:`validate` (``actors.mcp.MCPTool`` checks the server's schema instead)."""
     context_param: str | None = None
     """Name of the parameter that receives a :class:`ToolContext`, if any."""
 
@@ -101,6 +103,8 @@ class Tool:
             )
         import pydantic
 
+        if self._adapter is None:
+            raise TypeError(f"tool {self.name!r} has no adapter and does not override validate")
         try:
             model = self._adapter.validate_python(arguments)
         except pydantic.ValidationError as exc:

@@ -488,9 +488,8 @@ class _Parser:
             return
         await self.release()  # a new item's reasoning must not join the held part
         index = event.output_index
-        part = getattr(event, "summary_index", None)
-        if part is None:
-            part = getattr(event, "content_index", 0)
+        summary = getattr(event, "summary_index", None)
+        part: int = summary if summary is not None else getattr(event, "content_index", 0)
         previous = self.summary_index.get(index)
         self.summary_index[index] = part
         self.streamed.add(index)

@@ -38,6 +38,7 @@ coredis is anyio-based and runs under Trio as it is. Imported only by this modul
 
 from __future__ import annotations
 
+import functools
 import random
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -79,6 +80,11 @@ def _transient() -> tuple[type[BaseException], ...]:
     from coredis.exceptions import ConnectionError as RedisConnectionError
 
     return (RedisConnectionError, TimeoutError, OSError)
+
+
+def _retryable() -> tuple[type[BaseException], ...]:
+    """What a Redis call is retried on: a transient error, or its own deadline passing."""
+    return (*_transient(), trio.TooSlowError)
 
 
 def _backoff(attempt: int, base: float, cap: float) -> float:
@@ -206,7 +212,7 @@ class RedisRelayWriter:
                     await self._write(batch)
                     attempt = 0
                     continue
-                except (*_transient(), trio.TooSlowError) as exc:
+                except _retryable() as exc:
                     self._queue = batch + self._queue  # keep order; the bound applies on append
                     self.failures += 1
                     delay = _backoff(attempt, self.relay.retry_base, self.relay.retry_max)
@@ -391,7 +397,7 @@ class RedisRelay:
             try:
                 with trio.fail_after(self.op_timeout + self.block_ms / 1000):
                     return await fn()
-            except (*_transient(), trio.TooSlowError) as exc:
+            except _retryable() as exc:
                 if trio.current_time() >= deadline:
                     raise RelayUnavailable(
                         f"Redis did not answer for {self.retry_for:g} s ({what}): "
@@ -435,7 +441,7 @@ class RedisRelay:
         last_id: bytes | str = "0-0"
         while True:
             page = await self._call(
-                "replay", lambda s=start: self.client.xrange(key, s, "+", count=PAGE)
+                "replay", functools.partial(self.client.xrange, key, start, "+", count=PAGE)
             )
             for entry in page:
                 backlog.extend(_decode(entry))
@@ -468,7 +474,9 @@ class RedisRelay:
         while True:
             result = await self._call(
                 "live",
-                lambda lid=last_id: self.client.xread({key: lid}, count=PAGE, block=self.block_ms),
+                functools.partial(
+                    self.client.xread, {key: last_id}, count=PAGE, block=self.block_ms
+                ),
             )
             entries = next(iter(result.values()), ()) if result else ()
             if not entries:
@@ -565,7 +573,7 @@ async def _wait_for_redis(client: Any, shown: str, retry_for: float) -> None:
             with trio.fail_after(5.0):
                 await client.ping()
             return
-        except (*_transient(), trio.TooSlowError) as exc:
+        except _retryable() as exc:
             if trio.current_time() >= deadline:
                 raise RelayUnavailable(
                     f"Redis at {shown} did not answer for {retry_for:g} s: "
