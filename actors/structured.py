@@ -205,9 +205,9 @@ def retry_prompt(error: str) -> str:
     )
 
 
-def with_feedback(turn: StructuredTurn | None, messages: Sequence[Message]) -> Sequence[Message]:
+def with_feedback(turn: StructuredTurn | None, messages: Sequence[Message]) -> tuple[Message, ...]:
     """:meth:`StructuredTurn.request_messages`, or ``messages`` for a turn without one."""
-    return messages if turn is None else turn.request_messages(messages)
+    return tuple(messages if turn is None else turn.request_messages(messages))
 
 
 def output_value(turn: StructuredTurn | None) -> Any:

@@ -130,8 +130,7 @@ converter.register_structure_hook(events.Event, _structure_event)
 # come back as parts only when every item has exactly a part's keys and one is an image or
 # file, so an ordinary JSON output that merely has a "type" key stays what it was.
 _PART_KEYS = {
-    cls.type: {a.name for a in attrs.fields(cls)} | {"type"}
-    for cls in messages.UserPart.__args__
+    cls.type: {a.name for a in attrs.fields(cls)} | {"type"} for cls in messages.UserPart.__args__
 }
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import inspect
 import json
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from contextlib import aclosing
 from typing import Any, ClassVar
 
@@ -522,7 +522,7 @@ def _take_usage(usage: dict[str, int | None], raw: Any) -> None:
         usage["thinking_tokens"] = details["thinking_tokens"]
 
 
-async def json_events(stream: Any) -> AsyncIterator[dict[str, Any]]:
+async def json_events(stream: Any) -> AsyncGenerator[dict[str, Any], None]:
     """The events of an SDK ``AsyncStream`` as plain dicts, decoded by orjson.
 
     Why: the SDK validates every event into a pydantic model, and that is most of what a

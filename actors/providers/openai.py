@@ -30,7 +30,7 @@ Why the stream parser is shaped as it is (each point is a bug a peer shipped):
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterable, AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterable, Iterable, Sequence
 from contextlib import aclosing
 from typing import Any, ClassVar
 
@@ -462,7 +462,7 @@ DRAIN_AFTER_DONE = 0.1
 reused), as the SDK's own stream does; a server that keeps the body open is cut then."""
 
 
-async def json_chunks(stream: Any) -> AsyncIterator[Any]:
+async def json_chunks(stream: Any) -> AsyncGenerator[Any, None]:
     """The chunks of an SDK ``AsyncStream`` as plain dicts, decoded by orjson.
 
     Why: the SDK builds a pydantic model of every chunk, and that is most of what a
