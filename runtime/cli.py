@@ -292,7 +292,7 @@ def replay_command(args: argparse.Namespace) -> int:
 
 
 async def sessions_command(args: argparse.Namespace) -> int:
-    from actors.stores import SQLiteStore
+    from runtime.stores import SQLiteStore
 
     store = await SQLiteStore.open(args.store)
     try:
@@ -308,8 +308,8 @@ async def sessions_command(args: argparse.Namespace) -> int:
 async def show_command(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from actors.stores import SQLiteStore
     from runtime.serde import unstructure
+    from runtime.stores import SQLiteStore
 
     store = await SQLiteStore.open(args.store)
     try:

@@ -103,8 +103,8 @@ class Host:
             raise ConfigurationError(f"max_sessions must be an int >= 1, not {max_sessions!r}")
 
         from actors.persister import Persister
-        from actors.stores import open_store
         from actors.tool_executor import ToolExecutor
+        from runtime.stores import open_store
 
         if not structlog.is_configured():  # quiet JSON on stderr unless the app configured it
             from runtime.logging import configure_logging

@@ -11,12 +11,12 @@ import trio
 from structlog.testing import capture_logs
 
 from actors.providers.scripted import ScriptedProvider, Sleep
-from actors.stores import MemoryStore
 from runtime import Agent, Host, configure_logging
 from runtime.errors import ConfigurationError, SessionBusy, SessionNotLoaded, StoreError
 from runtime.events import SessionEvicted
 from runtime.messages import Message, UserMessage
 from runtime.serde import structure, unstructure
+from runtime.stores import MemoryStore
 
 
 def scripted_agent(*steps) -> Agent:

@@ -19,8 +19,6 @@ import pytest
 import trio
 
 import runtime
-from actors.stores import MemoryStore, SQLiteStore, open_store, validate_session_id
-from actors.stores.sqlite import APPLICATION_ID, MAGIC, SCHEMA_VERSION
 from runtime.errors import (
     ConfigurationError,
     InvalidSessionId,
@@ -40,6 +38,8 @@ from runtime.messages import (
     UserMessage,
 )
 from runtime.store import SessionInfo, SessionRecord, Store
+from runtime.stores import MemoryStore, SQLiteStore, open_store, validate_session_id
+from runtime.stores.sqlite import APPLICATION_ID, MAGIC, SCHEMA_VERSION
 
 # -- data --------------------------------------------------------------------------------
 

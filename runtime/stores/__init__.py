@@ -76,8 +76,8 @@ def _check_save(
 
 # The implementations import ``validate_session_id`` from this package, so they are
 # imported only once it is defined.
-from actors.stores.memory import MemoryStore  # noqa: E402
-from actors.stores.sqlite import SQLiteStore  # noqa: E402
+from runtime.stores.memory import MemoryStore  # noqa: E402
+from runtime.stores.sqlite import SQLiteStore  # noqa: E402
 
 _STORE_METHODS = ("load", "save", "version", "list_sessions", "delete", "aclose")
 

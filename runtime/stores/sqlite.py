@@ -45,11 +45,11 @@ from typing import Any, TypeVar
 import orjson
 import trio
 
-from actors.stores import _check_save, validate_session_id
 from runtime import serde
 from runtime.errors import StoreConflict, StoreCorrupt, StoreError
 from runtime.messages import Message
 from runtime.store import SessionInfo, SessionRecord
+from runtime.stores import _check_save, validate_session_id
 
 APPLICATION_ID = 0x41584F4E
 """``PRAGMA application_id`` of every Axon store: ASCII ``AXON``."""

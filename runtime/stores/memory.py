@@ -14,10 +14,10 @@ from typing import Any
 import attrs
 import trio
 
-from actors.stores import _check_save, validate_session_id
 from runtime.errors import StoreConflict, StoreError
 from runtime.messages import Message
 from runtime.store import SessionInfo, SessionRecord
+from runtime.stores import _check_save, validate_session_id
 
 
 @attrs.define(slots=True)
