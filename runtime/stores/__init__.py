@@ -1,84 +1,39 @@
-"""Session stores: where a session's messages live between turns.
-
-Two implementations of :class:`runtime.store.Store`:
+"""Session stores (implementations of :class:`runtime.store.Store`) and how a host picks one.
 
 * :class:`MemoryStore` keeps sessions in process memory (tests, one-shot runs).
 * :class:`SQLiteStore` keeps them in one embedded SQLite file (WAL mode), where saving
   turn 500 of a session writes only what turn 500 added.
+* a plug-in adds a store for a URL scheme through the ``axon.stores`` entry-point group
+  (:data:`STORES`): one new module, no edit here.
 
-:func:`open_store` turns a host's ``store=`` setting into a store, and
-:func:`validate_session_id` is the single definition of what a session id may look like.
+:func:`open_store` turns a host's ``store=`` setting into a store. This folder sits under
+``runtime/`` beside the protocol it implements, but it is implementation-layer code: it
+imports the contract (``runtime.store``, ``runtime.messages``, ...), never the host.
 """
 
 from __future__ import annotations
 
 import os
-import typing
-from collections.abc import Mapping, Sequence
+import re
 from typing import Any
 
-from runtime.errors import ConfigurationError, StoreError
-from runtime.messages import Message
+from runtime.errors import ConfigurationError
+from runtime.registry import Registry
 from runtime.store import Store, validate_session_id
+from runtime.stores.memory import MemoryStore
+from runtime.stores.sqlite import SQLiteStore
 
-_MESSAGE_TYPES: tuple[type, ...] = typing.get_args(Message)
+ENTRY_POINT_GROUP = "axon.stores"
 
+BUILTIN: dict[str, str] = {}
+"""The URL schemes of the stores that ship with Axon, ``scheme -> "module:Class"``
+(a plain file path is an SQLite store, not a scheme). A plug-in cannot take one over."""
 
-def _check_save(
-    session_id: str,
-    start: int,
-    messages: Sequence[Message],
-    meta: Mapping[str, Any] | None,
-    expected_version: int | None = None,
-) -> tuple[Message, ...]:
-    """Validate the arguments of :meth:`Store.save` the same way in every store.
+STORES = Registry(group=ENTRY_POINT_GROUP, kind="store", builtin=BUILTIN)
+"""Stores by URL scheme. A registered class is opened with ``await cls.open(spec)``
+(``spec`` is the whole URL) and must return a :class:`~runtime.store.Store`."""
 
-    Checked before anything is touched, so a bad call never changes a session. Returns
-    ``messages`` as a tuple (the caller's sequence may be a list it keeps mutating). Whether
-    ``start`` is within the session is left to the store, which must check it atomically
-    with the write.
-    """
-    validate_session_id(session_id)
-    if expected_version is not None and (
-        not isinstance(expected_version, int)
-        or isinstance(expected_version, bool)
-        or expected_version < 0
-    ):
-        raise StoreError(
-            f"save of session {session_id!r}: expected_version must be an int >= 0 or "
-            f"None, got {expected_version!r}"
-        )
-    if not isinstance(start, int) or isinstance(start, bool) or start < 0:
-        raise StoreError(
-            f"save of session {session_id!r}: start must be an int >= 0, got {start!r}"
-        )
-    if isinstance(messages, str | bytes) or not isinstance(messages, Sequence):
-        raise StoreError(
-            f"save of session {session_id!r}: messages must be a sequence of Message, "
-            f"got {type(messages).__name__}"
-        )
-    messages = tuple(messages)
-    for offset, message in enumerate(messages):
-        if not isinstance(message, _MESSAGE_TYPES):
-            raise StoreError(
-                f"save of session {session_id!r}: message {start + offset} is a "
-                f"{type(message).__name__}, not a Message"
-            )
-    if meta is not None and not isinstance(meta, Mapping):
-        raise StoreError(
-            f"save of session {session_id!r}: meta must be a dict or None, "
-            f"got {type(meta).__name__}"
-        )
-    if meta is not None and not all(isinstance(key, str) for key in meta):
-        raise StoreError(f"save of session {session_id!r}: meta keys must be str")
-    return messages
-
-
-# The implementations import ``validate_session_id`` from this package, so they are
-# imported only once it is defined.
-from runtime.stores.memory import MemoryStore  # noqa: E402
-from runtime.stores.sqlite import SQLiteStore  # noqa: E402
-
+_URL = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
 _STORE_METHODS = ("load", "save", "version", "list_sessions", "delete", "aclose")
 
 
@@ -86,8 +41,12 @@ async def open_store(spec: Any) -> Store:
     """The store a host setting names.
 
     * ``None``: a fresh :class:`MemoryStore` (nothing survives the process).
-    * a ``str`` or ``os.PathLike``: ``await SQLiteStore.open(spec)``; the file is created if
-      missing and refused (:class:`~runtime.errors.StoreCorrupt`) if it is not an Axon store.
+    * a ``scheme://...`` URL: the store registered for ``scheme`` (:data:`STORES`),
+      ``await cls.open(spec)``; an unregistered scheme is a
+      :class:`~runtime.errors.ConfigurationError` naming the registered ones.
+    * any other ``str`` or an ``os.PathLike``: ``await SQLiteStore.open(spec)``; the file is
+      created if missing and refused (:class:`~runtime.errors.StoreCorrupt`) if it is not
+      an Axon store.
     * an object implementing :class:`~runtime.store.Store`: returned as is, so hosts can
       plug in their own storage.
 
@@ -95,6 +54,8 @@ async def open_store(spec: Any) -> Store:
     """
     if spec is None:
         return MemoryStore()
+    if isinstance(spec, str) and (url := _URL.match(spec)) is not None:
+        return await _open_registered(url.group(1).lower(), spec)
     if isinstance(spec, str | os.PathLike):
         return await SQLiteStore.open(spec)
     if isinstance(spec, Store):
@@ -108,8 +69,23 @@ async def open_store(spec: Any) -> Store:
         )
     raise ConfigurationError(
         f"cannot open a session store from {spec!r}: expected None (in memory), "
-        "a file path, or a Store instance"
+        "a file path, a URL of a registered store, or a Store instance"
     )
 
 
-__all__ = ["MemoryStore", "SQLiteStore", "open_store", "validate_session_id"]
+async def _open_registered(scheme: str, spec: str) -> Store:
+    cls = STORES.load(scheme)
+    opener = getattr(cls, "open", None)
+    if not callable(opener):
+        raise ConfigurationError(
+            f"store {scheme!r} ({STORES.entries()[scheme].value}) has no open(url) to call"
+        )
+    store = await opener(spec)
+    if not isinstance(store, Store):
+        raise ConfigurationError(
+            f"store {scheme!r}: open() returned {type(store).__name__}, not a runtime.Store"
+        )
+    return store
+
+
+__all__ = ["STORES", "MemoryStore", "SQLiteStore", "open_store", "validate_session_id"]
