@@ -191,9 +191,9 @@ def make_agent(args: argparse.Namespace) -> Any:
 def _provider_agent(args: argparse.Namespace) -> Any:
     """The agent for ``--provider`` (:mod:`actors.providers.registry`) with the demo's
     tools."""
-    from actors.demo import get_time, get_weather
     from actors.providers.registry import create_provider
     from runtime.agent import Agent
+    from runtime.demo import get_time, get_weather
     from runtime.provider import ProviderOptions
 
     delay = (

@@ -227,7 +227,7 @@ class Host:
             state.meta.update(meta)
         provider = agent.provider
         if provider is None:
-            from actors.demo import demo_provider
+            from runtime.demo import demo_provider
 
             provider = demo_provider()
         provider_actor = await self.provider_actor(provider)

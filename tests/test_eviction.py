@@ -267,7 +267,7 @@ async def test_the_demo_agent_serve_runs_keeps_no_prompt_once_its_session_is_evi
     autojump_clock,
 ):
     """``serve``'s offline agent: its provider records no requests, so eviction frees all."""
-    from actors.demo import demo_agent
+    from runtime.demo import demo_agent
 
     prompt = "y" * 2**20
     async with Host.open(store=CopyingStore(), idle_ttl=60, log_tap=False) as host:

@@ -132,9 +132,9 @@ class ScriptedProvider(Provider):
 
     @classmethod
     def from_options(cls, options: ProviderOptions) -> ScriptedProvider:
-        """``--provider scripted``: the offline demo script (:mod:`actors.demo`), paced
+        """``--provider scripted``: the offline demo script (:mod:`runtime.demo`), paced
         by ``--delay``; the other options do not apply."""
-        from actors.demo import demo_provider
+        from runtime.demo import demo_provider
 
         return demo_provider(options.delay)
 
