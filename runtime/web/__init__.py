@@ -33,7 +33,7 @@ SEND_TIMEOUT = 60.0
 cancels its turn (saved, marked interrupted)."""
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> Any:  # Starlette loads only when the app is asked for
     if name == "create_app":
         from runtime.web.app import create_app
 
