@@ -39,6 +39,13 @@ def contracts() -> list[dict]:
         return tomllib.load(f)["tool"]["importlinter"]["contracts"]
 
 
+def copy_sources(root: Path) -> Path:
+    for name in ("runtime", "actors"):
+        shutil.copytree(ROOT / name, root / name, ignore=shutil.ignore_patterns("*.pyc"))
+    shutil.copy(ROOT / "pyproject.toml", root / "pyproject.toml")
+    return root
+
+
 @needs_linter
 def test_the_project_keeps_its_layer_contracts():
     result = lint_imports(ROOT)
@@ -48,9 +55,7 @@ def test_the_project_keeps_its_layer_contracts():
 
 @needs_linter
 def test_an_actor_importing_the_host_breaks_the_layers(tmp_path: Path):
-    for name in ("runtime", "actors"):
-        shutil.copytree(ROOT / name, tmp_path / name, ignore=shutil.ignore_patterns("*.pyc"))
-    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    copy_sources(tmp_path)
     engine = tmp_path / "actors" / "engine.py"
     engine.write_text(engine.read_text() + "\nfrom runtime.host import Host  # upward\n")
     result = lint_imports(tmp_path)
@@ -60,14 +65,22 @@ def test_an_actor_importing_the_host_breaks_the_layers(tmp_path: Path):
 
 @needs_linter
 def test_a_contract_module_importing_the_facade_is_refused(tmp_path: Path):
-    for name in ("runtime", "actors"):
-        shutil.copytree(ROOT / name, tmp_path / name, ignore=shutil.ignore_patterns("*.pyc"))
-    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    copy_sources(tmp_path)
     errors = tmp_path / "runtime" / "errors.py"
     errors.write_text(errors.read_text() + "\nfrom runtime import Agent  # the facade\n")
     result = lint_imports(tmp_path)
     assert result.returncode != 0
     assert "runtime.errors -> runtime" in result.stdout
+
+
+@needs_linter
+def test_two_web_modules_importing_each_other_is_a_cycle(tmp_path: Path):
+    copy_sources(tmp_path)
+    resume = tmp_path / "runtime" / "web" / "resume.py"
+    resume.write_text(resume.read_text() + "\nfrom runtime.web.app import create_app\n")
+    result = lint_imports(tmp_path)
+    assert result.returncode != 0
+    assert "No cycles are allowed in runtime.web" in result.stdout
 
 
 def test_every_module_of_runtime_is_in_one_layer():
