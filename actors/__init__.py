@@ -1,2 +1,7 @@
-"""Axon's concrete actors: providers, engine, turn runner, tool executor, stream
-controller, persister (and stores), log tap."""
+"""The actors (implementation layer), each a Trio task with an inbox, assembled by the host.
+
+Engine, turn runner, tool executor, stream controller, persister, log tap and MCP
+servers here; providers/, plugins/ and relay/ hold families of them.
+
+They import only the contract (``runtime.<module>``, never the ``runtime`` facade) and
+are assembled by the application (:mod:`runtime.host`); see docs/architecture.md."""

@@ -2,7 +2,20 @@
 
 The public namespace is flat: ``from runtime import Host, Agent, tool`` and the value
 types of the three vocabularies (stream chunks, output chunks, messages and parts).
+
+This package holds the contract layer (events, chunks, messages, bus, actor base,
+protocols), the application layer (:mod:`runtime.host`, :mod:`runtime.session`, the CLI,
+:mod:`runtime.web`, the demo) and the stores (:mod:`runtime.stores`); see
+docs/architecture.md. Importing any ``runtime.x`` runs this file first, so it imports only
+the contract eagerly: the application names (``Host``, ``Session``, ``TurnStream``) are
+resolved on first use (:pep:`562`). Otherwise every actor, which imports the contract,
+would import the host that assembles it, and the layers would be one import cycle.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from runtime.actor import Actor, RestartPolicy, Supervisor
 from runtime.agent import Agent, Hooks
@@ -49,7 +62,6 @@ from runtime.errors import (
     UnsupportedMedia,
 )
 from runtime.events import Event
-from runtime.host import Host, validate_session_id
 from runtime.inbox import Inbox
 from runtime.logging import configure_logging
 from runtime.media import MediaLimits
@@ -72,9 +84,29 @@ from runtime.output import OutputChunk
 from runtime.protocol import TurnResult
 from runtime.provider import Provider
 from runtime.retry import RetryPolicy
-from runtime.session import Session, TurnStream
-from runtime.store import SessionInfo, SessionRecord, Store
+from runtime.store import SessionInfo, SessionRecord, Store, validate_session_id
 from runtime.tools import Tool, tool
+
+if TYPE_CHECKING:
+    from runtime.host import Host
+    from runtime.session import Session, TurnStream
+
+_APPLICATION = {
+    "Host": "runtime.host",
+    "Session": "runtime.session",
+    "TurnStream": "runtime.session",
+}
+"""The facade's names from the application layer, imported when first asked for."""
+
+
+def __getattr__(name: str) -> Any:
+    module = _APPLICATION.get(name)
+    if module is None:
+        raise AttributeError(f"module 'runtime' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later look-ups skip this function
+    return value
+
 
 __all__ = [
     "Actor",

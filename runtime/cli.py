@@ -19,20 +19,33 @@ one ``error: ...`` line on stderr and exits with status 2, before anything is wr
 from __future__ import annotations
 
 import argparse
+import mimetypes
 import os
 import sys
-from collections.abc import Callable
 from typing import Any
 
 import orjson
 import trio
 
-MCP_HELP = "an MCP tool server: a command line to launch (stdio) or an http(s):// URL (repeatable)"
+from actors.plugins.otel import OpenTelemetryActor, build_tracer_provider
+from actors.plugins.recorder import JsonlRecorder, read_jsonl
+from actors.providers.registry import provider_names
+from runtime.commands import MCP_HELP, BadInput, make_agent, report_bad_input
+from runtime.errors import ConfigurationError, InvalidMedia
+from runtime.events import Event
+from runtime.host import Host
+from runtime.logging import configure_logging
+from runtime.media import MediaLimits, check_limits, user_content
+from runtime.messages import File, Image, is_media_output
+from runtime.serde import converter, structure, unstructure
+from runtime.store import validate_session_id
+from runtime.stores import SQLiteStore
+from runtime.web.serve import add_serve_parser, serve_command
+
+__all__ = ["MCP_HELP", "BadInput", "build_parser", "main", "make_agent", "report_bad_input"]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from actors.providers.registry import provider_names
-
     parser = argparse.ArgumentParser(prog="python -m runtime", description="Axon agent runtime")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run one turn and render it")
@@ -87,33 +100,13 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--store", default="sessions.db", help="SQLite store file")
     show.add_argument("--json", action="store_true", help="print the messages as JSON")
 
-    from runtime.web.serve import add_serve_parser
-
     add_serve_parser(sub)
     return parser
-
-
-class BadInput(Exception):
-    """Input the command cannot use; reported as one line, exit status 2."""
-
-
-USAGE_EXIT = 2
-
-
-def _bad_input_errors() -> tuple[type[BaseException], ...]:
-    from runtime.errors import InvalidSessionId, MediaError, StoreError
-
-    return (BadInput, InvalidSessionId, MediaError, StoreError)
 
 
 def load_attachment(source: str) -> Any:
     """An :class:`~runtime.messages.Image` (when the bytes or URL say image) or a
     :class:`~runtime.messages.File` for ``--file``; a missing file is :class:`BadInput`."""
-    import mimetypes
-
-    from runtime.errors import InvalidMedia
-    from runtime.messages import File, Image
-
     if source.startswith(("http://", "https://")):
         guessed = mimetypes.guess_type(source.split("?")[0])[0] or ""
         if guessed.startswith("image/"):
@@ -132,8 +125,6 @@ def load_attachment(source: str) -> Any:
 def run_input(args: argparse.Namespace) -> Any:
     """The ``run`` command's user input: the prompt, then each ``--file`` in order, checked
     against the default media limits (before any store is opened)."""
-    from runtime.media import MediaLimits, check_limits, user_content
-
     if not args.file:
         return args.prompt
     content = user_content([args.prompt, *(load_attachment(s) for s in args.file)])
@@ -143,8 +134,6 @@ def run_input(args: argparse.Namespace) -> Any:
 
 def check_arguments(args: argparse.Namespace) -> None:
     """Reject bad session ids and missing files before any store is opened or created."""
-    from runtime.store import validate_session_id
-
     for name in ("session", "session_id"):
         value = getattr(args, name, None)
         if value is not None:
@@ -182,90 +171,17 @@ def read_output_schema(path: str) -> dict[str, Any]:
     return schema
 
 
-def report_bad_input(command: Callable[[], int]) -> int:
-    """Run ``command``; bad input (:func:`_bad_input_errors`, alone or as the only errors
-    of an exception group) becomes ``error: <message>`` on stderr and exit status 2,
-    with no traceback. Anything else propagates."""
-    bad = _bad_input_errors()
-    try:
-        return command()
-    except bad as exc:
-        return _fail(exc)
-    except BaseExceptionGroup as group:
-        match, rest = group.split(bad)
-        if match is None or rest is not None:
-            raise
-        found: BaseException = match
-        while isinstance(found, BaseExceptionGroup):
-            found = found.exceptions[0]
-        return _fail(found)
-
-
-def _fail(exc: BaseException) -> int:
-    sys.stderr.write(f"error: {exc}\n")
-    return USAGE_EXIT
-
-
-def make_agent(args: argparse.Namespace) -> Any:
-    """The agent of ``run`` and ``serve``, with the ``--mcp`` servers' tools (docs/mcp.md)."""
-    agent = _provider_agent(args)
-    if getattr(args, "mcp", None):
-        import attrs
-
-        from actors.mcp import MCPServer
-
-        servers = tuple(MCPServer.parse(spec) for spec in args.mcp)
-        agent = attrs.evolve(agent, mcp_servers=(*agent.mcp_servers, *servers))
-    return agent
-
-
-def _provider_agent(args: argparse.Namespace) -> Any:
-    """The agent for ``--provider`` (:mod:`actors.providers.registry`) with the demo's
-    tools."""
-    from actors.demo import get_time, get_weather
-    from actors.providers.registry import create_provider
-    from runtime.agent import Agent
-    from runtime.provider import ProviderOptions
-
-    delay = (
-        args.delay
-        if args.delay is not None
-        else (0.02 if sys.stdout.isatty() and not args.jsonl else 0.0)
-    )
-    options = ProviderOptions(
-        model=args.model,
-        base_url=args.base_url,
-        api_key=args.api_key,
-        thinking_budget=args.thinking_budget,
-        delay=delay,
-    )
-    return Agent(
-        name=args.provider,
-        provider=create_provider(args.provider, options),
-        instructions=args.instructions or "You are a concise assistant. Use tools for facts.",
-        tools=[get_weather, get_time],
-        output_type=getattr(args, "output_type", None),
-    )
-
-
 async def run_command(args: argparse.Namespace) -> int:
-    from runtime.host import Host
-    from runtime.logging import configure_logging
-    from runtime.serde import converter
-
     configure_logging(args.log_level)
     agent = make_agent(args)
     renderer = None
     if not args.jsonl:
-        from runtime.render import TerminalRenderer
+        from runtime.render import TerminalRenderer  # rich: only when rendering
 
         renderer = TerminalRenderer()
     out_stream = sys.stdout.buffer
     tracing = None
     if args.otel:
-        from actors.plugins.otel import OpenTelemetryActor, build_tracer_provider
-        from runtime.errors import ConfigurationError
-
         try:
             tracing = OpenTelemetryActor(tracer_provider=build_tracer_provider())
         except ConfigurationError as exc:
@@ -275,8 +191,6 @@ async def run_command(args: argparse.Namespace) -> int:
         if tracing is not None:
             await host.start_actor(tracing)
         if args.record:
-            from actors.plugins import JsonlRecorder
-
             await host.start_actor(JsonlRecorder(args.record))
         session = await host.open_session(agent, session_id=args.session)
         async with session.stream(getattr(args, "input", args.prompt)) as output:
@@ -299,10 +213,7 @@ async def run_command(args: argparse.Namespace) -> int:
 
 def replay_command(args: argparse.Namespace) -> int:
     """Render the output chunks of a recorded JSONL event log, in order."""
-    from actors.plugins.recorder import read_jsonl
-    from runtime.events import Event
-    from runtime.render import TerminalRenderer
-    from runtime.serde import structure
+    from runtime.render import TerminalRenderer  # rich: only when rendering
 
     renderer = None if args.jsonl else TerminalRenderer()
     try:
@@ -324,8 +235,6 @@ def replay_command(args: argparse.Namespace) -> int:
 
 
 async def sessions_command(args: argparse.Namespace) -> int:
-    from actors.stores import SQLiteStore
-
     store = await SQLiteStore.open(args.store)
     try:
         infos = await store.list_sessions()
@@ -338,10 +247,7 @@ async def sessions_command(args: argparse.Namespace) -> int:
 
 
 async def show_command(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
-    from actors.stores import SQLiteStore
-    from runtime.serde import unstructure
+    from rich.console import Console  # rich: only when printing a conversation
 
     store = await SQLiteStore.open(args.store)
     try:
@@ -396,16 +302,12 @@ def _describe_media(part: Any) -> str:
 
 
 def _describe_output(output: Any) -> str:
-    from runtime.messages import is_media_output
-
     if not is_media_output(output):
         return orjson.dumps(output).decode()
     return " ".join(p.text if p.type == "text" else f"[{_describe_media(p)}]" for p in output)
 
 
 def _silence_stdout() -> None:
-    import os
-
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, sys.stdout.fileno())
 
@@ -424,8 +326,6 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "show":
         return trio.run(show_command, args)
     if args.command == "serve":
-        from runtime.web.serve import serve_command
-
         try:
             return trio.run(serve_command, args)
         except KeyboardInterrupt:

@@ -16,13 +16,22 @@ running turn, or whose history is not all saved, is never evicted.
 from __future__ import annotations
 
 import os
+import signal
 import weakref
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import structlog
 import trio
 
+from actors.engine import Engine
+from actors.log_tap import LogTap
+from actors.mcp import start_servers
+from actors.persister import Persister
+from actors.stream_controller import StreamController
+from actors.tool_executor import ToolExecutor
+from actors.turn_runner import TurnRunner
 from runtime.actor import Actor, RestartPolicy, Supervisor
 from runtime.agent import Agent
 from runtime.bus import Bus
@@ -30,10 +39,12 @@ from runtime.errors import ConfigurationError, SessionBusy
 from runtime.events import SessionEvicted
 from runtime.ids import new_id
 from runtime.inbox import Inbox
+from runtime.logging import configure_logging
 from runtime.protocol import Batch
 from runtime.provider import Provider
 from runtime.session import Session, SessionState
 from runtime.store import Store, validate_session_id
+from runtime.stores import open_store
 
 
 class Host:
@@ -95,8 +106,6 @@ class Host:
         ``idle_ttl`` (seconds) evicts a session unused for that long; ``max_sessions``
         evicts the least recently used idle sessions past that many. Both are off by
         default. An evicted session's ``Session`` object reloads it on its next turn."""
-        import structlog
-
         if idle_ttl is not None and not idle_ttl > 0:
             raise ConfigurationError(
                 f"idle_ttl must be a positive number of seconds, not {idle_ttl!r}"
@@ -104,13 +113,7 @@ class Host:
         if max_sessions is not None and not (isinstance(max_sessions, int) and max_sessions >= 1):
             raise ConfigurationError(f"max_sessions must be an int >= 1, not {max_sessions!r}")
 
-        from actors.persister import Persister
-        from actors.stores import open_store
-        from actors.tool_executor import ToolExecutor
-
         if not structlog.is_configured():  # quiet JSON on stderr unless the app configured it
-            from runtime.logging import configure_logging
-
             configure_logging("warning")
         the_store = await open_store(store)
         bus = Bus()
@@ -127,8 +130,6 @@ class Host:
                 host.persister = await host.start_actor(Persister(the_store))
                 host.tool_executor = await host.start_actor(tool_executor or ToolExecutor())
                 if log_tap:
-                    from actors.log_tap import LogTap
-
                     await host.start_actor(LogTap())
                 if handle_signals:
                     await nursery.start(host._watch_signals)
@@ -212,10 +213,6 @@ class Host:
     async def _load_session(
         self, agent: Agent, sid: str, meta: dict[str, Any] | None, handle: Session | None
     ) -> Session:
-        from actors.engine import Engine
-        from actors.stream_controller import StreamController
-        from actors.turn_runner import TurnRunner
-
         if handle is not None and handle.unsaved_meta:
             meta = {**handle.unsaved_meta, **(meta or {})}
         record = await self.store.load(sid)
@@ -230,13 +227,13 @@ class Host:
             session_meta.update(meta)
         provider = agent.provider
         if provider is None:
-            from actors.demo import demo_provider
+            # runtime.demo builds its tools' schemas with pydantic when imported: only
+            # a host that runs an agent with no provider pays for that.
+            from runtime.demo import demo_provider
 
             provider = demo_provider()
         provider_actor = await self.provider_actor(provider)
         if agent.mcp_servers:  # started once per host, shared by sessions (actors.mcp)
-            from actors.mcp import start_servers
-
             await start_servers(self, agent)
         stream_inbox: Inbox[Batch[Any]] = Inbox(1024, "block", name="engine-output")
         engine = Engine(stream_inbox, tags=agent.think_tags, session_id=sid)
@@ -352,8 +349,6 @@ class Host:
     async def _watch_signals(
         self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
     ) -> None:
-        import signal
-
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             task_status.started()
             async for signum in signals:

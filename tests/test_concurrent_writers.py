@@ -22,7 +22,6 @@ from hypothesis import strategies as st
 
 from actors.providers.scripted import ScriptedProvider, current_step, tool_call
 from actors.session_sync import adopt_record, adopt_save
-from actors.stores import MemoryStore, SQLiteStore
 from runtime import Agent, Host, tool
 from runtime import events as ev
 from runtime.messages import (
@@ -36,6 +35,7 @@ from runtime.messages import (
 from runtime.protocol import InferRequest, SaveRequest, SaveResult
 from runtime.session import SessionState
 from runtime.store import rebase
+from runtime.stores import MemoryStore, SQLiteStore
 
 ROOT = Path(__file__).resolve().parents[1]
 

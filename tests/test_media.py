@@ -10,7 +10,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from actors.providers.scripted import ScriptedProvider, tool_call
-from actors.stores import MemoryStore
 from runtime import (
     Agent,
     File,
@@ -25,6 +24,7 @@ from runtime import (
     tool,
 )
 from runtime.media import user_content
+from runtime.stores import MemoryStore
 
 PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 16
 JPEG = b"\xff\xd8\xff\xe0" + b"\x00" * 16

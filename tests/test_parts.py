@@ -13,7 +13,6 @@ from hypothesis import strategies as st
 
 from actors.parts import PartBegin
 from actors.providers.scripted import ScriptedProvider, Sleep, tool_call
-from actors.stores import MemoryStore
 from actors.stream_controller import StreamController
 from runtime import (
     Agent,
@@ -39,6 +38,7 @@ from runtime.protocol import (
     TurnEnd,
     TurnResult,
 )
+from runtime.stores import MemoryStore
 from tests.support.grammar import check_grammar
 from tests.support.parts import rebuild_parts, stored_parts
 

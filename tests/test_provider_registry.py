@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+import runtime.registry
 from actors.providers import AnthropicProvider, OpenAIProvider, ScriptedProvider, registry
 from runtime.cli import build_parser, make_agent
 from runtime.errors import ConfigurationError
@@ -41,7 +42,7 @@ class NotConfigurable(Provider):
 def plugins(monkeypatch: pytest.MonkeyPatch, **targets: str) -> None:
     """Pretend installed packages declare these ``axon.providers`` entry points."""
     found = [EntryPoint(n, t, registry.ENTRY_POINT_GROUP) for n, t in targets.items()]
-    monkeypatch.setattr(registry, "entry_points", lambda group: found)
+    monkeypatch.setattr(runtime.registry, "entry_points", lambda group: found)
 
 
 # -- the registry ---------------------------------------------------------------------------

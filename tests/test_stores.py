@@ -11,6 +11,7 @@ from __future__ import annotations
 import random
 import shutil
 import sqlite3
+from importlib.metadata import EntryPoint
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +20,7 @@ import pytest
 import trio
 
 import runtime
-from actors.stores import MemoryStore, SQLiteStore, open_store, validate_session_id
-from actors.stores.sqlite import APPLICATION_ID, MAGIC, SCHEMA_VERSION
+import runtime.registry
 from runtime.errors import (
     ConfigurationError,
     InvalidSessionId,
@@ -40,6 +40,14 @@ from runtime.messages import (
     UserMessage,
 )
 from runtime.store import SessionInfo, SessionRecord, Store
+from runtime.stores import (
+    ENTRY_POINT_GROUP,
+    MemoryStore,
+    SQLiteStore,
+    open_store,
+    validate_session_id,
+)
+from runtime.stores.sqlite import APPLICATION_ID, MAGIC, SCHEMA_VERSION
 
 # -- data --------------------------------------------------------------------------------
 
@@ -465,6 +473,60 @@ async def test_open_store_specs(tmp_path: Path):
     assert {"a.db", "b.db"} <= set(snapshot(tmp_path))
     with pytest.raises(ConfigurationError):
         await open_store(42)
+
+
+class UrlStore(MemoryStore):
+    """A plug-in store for tests: remembers the URL it was opened with."""
+
+    url = ""
+
+    @classmethod
+    async def open(cls, url: str) -> UrlStore:
+        store = cls()
+        store.url = url
+        return store
+
+
+class NotAStore:
+    @classmethod
+    async def open(cls, url: str) -> object:
+        return object()
+
+
+def store_plugins(monkeypatch: pytest.MonkeyPatch, **targets: str) -> None:
+    """Pretend installed packages declare these ``axon.stores`` entry points."""
+    found = [EntryPoint(n, t, ENTRY_POINT_GROUP) for n, t in targets.items()]
+    monkeypatch.setattr(runtime.registry, "entry_points", lambda group: found)
+
+
+async def test_an_entry_point_adds_a_store_for_its_url_scheme(monkeypatch):
+    store_plugins(monkeypatch, mem=f"{__name__}:UrlStore")
+    store = await open_store("mem://bucket/axon")
+    assert isinstance(store, UrlStore) and store.url == "mem://bucket/axon"
+
+
+async def test_an_unregistered_url_scheme_is_refused_and_creates_no_file(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigurationError) as info:
+        await open_store("redis://localhost/0")
+    assert str(info.value) == "unknown store 'redis'; registered stores: none"
+    assert snapshot(tmp_path) == {}
+
+
+async def test_a_registered_store_whose_open_returns_no_store_is_refused(monkeypatch):
+    store_plugins(monkeypatch, odd=f"{__name__}:NotAStore")
+    with pytest.raises(ConfigurationError, match=r"returned object, not a runtime\.Store"):
+        await open_store("odd://x")
+
+
+async def test_a_path_with_a_colon_but_no_scheme_is_still_an_sqlite_file(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    store = await open_store("notes:2024.db")
+    try:
+        assert isinstance(store, SQLiteStore)
+    finally:
+        await store.aclose()
+    assert "notes:2024.db" in snapshot(tmp_path)
 
 
 def test_validate_session_id():

@@ -1,4 +1,6 @@
-"""Plug-in actors shipped as working examples of the :class:`runtime.Actor` API.
+"""Optional actors a host can start: approval, metrics, JSONL recorder, OpenTelemetry.
+
+They are shipped as working examples of the :class:`runtime.Actor` API.
 
 * :class:`ApprovalActor`: decides ``needs_approval`` tool calls (by policy, or by a person
   calling :meth:`ApprovalActor.approve` / :meth:`ApprovalActor.deny`).

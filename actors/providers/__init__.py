@@ -1,4 +1,4 @@
-"""Provider actors. Each SDK is imported only when its provider makes a call."""
+"""Provider actors, one module each; an SDK is imported only when its provider calls it."""
 
 from __future__ import annotations
 

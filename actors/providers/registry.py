@@ -15,10 +15,9 @@ for, so listing the names imports no provider and no SDK.
 
 from __future__ import annotations
 
-from importlib.metadata import EntryPoint, entry_points
-
 from runtime.errors import ConfigurationError
 from runtime.provider import Provider, ProviderOptions
+from runtime.registry import Registry
 
 ENTRY_POINT_GROUP = "axon.providers"
 
@@ -31,18 +30,13 @@ BUILTIN: dict[str, str] = {
 """The providers that ship with Axon, ``name -> "module:Class"``; a plug-in cannot
 replace them (an entry point with a built-in's name is ignored)."""
 
-
-def _registered() -> dict[str, EntryPoint]:
-    found = {name: EntryPoint(name, target, ENTRY_POINT_GROUP) for name, target in BUILTIN.items()}
-    for entry in entry_points(group=ENTRY_POINT_GROUP):
-        found.setdefault(entry.name, entry)
-    return found
+PROVIDERS = Registry(group=ENTRY_POINT_GROUP, kind="provider", builtin=BUILTIN)
+"""The provider registry (:class:`~runtime.registry.Registry`)."""
 
 
 def provider_names() -> list[str]:
     """Every registered provider name: the built-ins first, then plug-ins by name."""
-    plugins = sorted(name for name in _registered() if name not in BUILTIN)
-    return [*BUILTIN, *plugins]
+    return PROVIDERS.names()
 
 
 def provider_class(name: str) -> type[Provider]:
@@ -52,21 +46,10 @@ def provider_class(name: str) -> type[Provider]:
     when ``name`` is unknown, and saying which entry point is broken when its module
     does not import or its target is not a :class:`~runtime.provider.Provider`.
     """
-    registered = _registered()
-    entry = registered.get(name)
-    if entry is None:
-        known = ", ".join(provider_names())
-        raise ConfigurationError(f"unknown provider {name!r}; registered providers: {known}")
-    try:
-        cls = entry.load()
-    except (ImportError, AttributeError) as exc:
-        raise ConfigurationError(
-            f"provider {name!r} ({entry.value}) could not be loaded: {type(exc).__name__}: {exc}"
-        ) from exc
+    cls = PROVIDERS.load(name)
     if not (isinstance(cls, type) and issubclass(cls, Provider)):
-        raise ConfigurationError(
-            f"provider {name!r} ({entry.value}) is not a runtime.Provider subclass"
-        )
+        target = PROVIDERS.entries()[name].value
+        raise ConfigurationError(f"provider {name!r} ({target}) is not a runtime.Provider subclass")
     return cls
 
 

@@ -19,6 +19,7 @@ A step that does not end with a :class:`~runtime.chunks.FinishChunk` gets one: r
 
 from __future__ import annotations
 
+import re
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
@@ -39,7 +40,7 @@ from runtime.chunks import (
     UsageChunk,
 )
 from runtime.errors import ProviderError
-from runtime.messages import AssistantMessage, Message, UserMessage
+from runtime.messages import AssistantMessage, Message, ToolMessage, UserMessage
 from runtime.protocol import InferRequest
 from runtime.provider import Emit, Provider, ProviderOptions
 
@@ -137,11 +138,18 @@ class ScriptedProvider(Provider):
 
     @classmethod
     def from_options(cls, options: ProviderOptions) -> ScriptedProvider:
-        """``--provider scripted``: the offline demo script (:mod:`actors.demo`), paced
+        """``--provider scripted``: the offline demo script (:func:`demo_script`), paced
         by ``--delay``; the other options do not apply."""
-        from actors.demo import demo_provider
+        return cls.demo(options.delay)
 
-        return demo_provider(options.delay)
+    @classmethod
+    def demo(cls, delay: float = 0.0) -> ScriptedProvider:
+        """A provider playing :func:`demo_script`.
+
+        It keeps no requests: the demo serves long-lived ``serve`` processes, where
+        recording every request would hold every session's history (and every prompt)
+        for ever."""
+        return cls(responder=demo_script, delay=delay, keep_requests=0)
 
     def describe_settings(self) -> dict[str, Any]:
         return {"delay": self.delay, "chunk_size": self.chunk_size}
@@ -217,3 +225,46 @@ class ScriptedProvider(Provider):
                 start = i
         pieces.append(text[start:])
         return [p for p in pieces if p]
+
+
+def demo_script(request: InferRequest) -> list[StreamChunk | str]:
+    """The demo's model (:mod:`runtime.demo`): a responder that reasons, calls
+    ``get_weather`` (or ``get_time`` when asked the time), then answers from the result.
+
+    It plays the model's part only: it names the tools, and the demo agent (application
+    code, :mod:`runtime.demo`) defines them, as a real model knows tools by name.
+    """
+    user = next((m for m in reversed(request.messages) if isinstance(m, UserMessage)), None)
+    prompt = user.text if user else ""
+    last = request.messages[-1] if request.messages else None
+    if isinstance(last, ToolMessage):  # step 2: answer from the tool's result
+        if last.error:
+            return [f"Sorry, the {last.tool_name} tool failed: {last.error}"]
+        out = last.output
+        if last.tool_name == "get_weather" and isinstance(out, dict):
+            return [
+                ReasoningChunk(
+                    text="The tool answered; I will summarize it briefly.", provider="scripted"
+                ),
+                f"It is {out['temperature_c']}°C and {out['conditions']} "
+                f"in {out['city']} right now.",
+            ]
+        return [f"The current time is {out}."]
+    if re.search(r"\b(time|clock|hour)\b", prompt, re.I):
+        return [
+            ReasoningChunk(
+                text="The user wants the time. I will call the clock tool.", provider="scripted"
+            ),
+            *tool_call("get_time", {"timezone": "UTC"}, tool_call_id="call_time_1"),
+        ]
+    match = re.search(r"\b(?:in|at|for)\s+([A-Z][\w-]*(?:\s+[A-Z][\w-]*)*)", prompt)
+    city = match.group(1) if match else "Paris"
+    return [
+        ReasoningChunk(
+            text=f"The user asks about the weather in {city}. I should call get_weather "
+            "rather than guess, then answer in one sentence.",
+            provider="scripted",
+        ),
+        "Let me check the weather. ",
+        *tool_call("get_weather", {"city": city}, tool_call_id="call_weather_1"),
+    ]

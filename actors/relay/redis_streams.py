@@ -325,7 +325,7 @@ class RedisRelay:
             import coredis
         except ImportError as exc:  # pragma: no cover - an install problem
             raise ConfigurationError("the Redis relay needs coredis: pip install coredis") from exc
-        shown = _public_url(url)
+        shown = public_url(url)
         if not url.startswith(("redis://", "rediss://", "unix://")):
             raise ConfigurationError(
                 f"bad Redis URL {shown!r}: expected redis://host:port/db (or rediss://, unix://)"
@@ -618,7 +618,7 @@ def _drop_restarted(backlog: list[tuple[int, Any]], seen: int) -> list[tuple[int
     return [pair for pair, k in zip(backlog, keep, strict=True) if k]
 
 
-def _public_url(url: str) -> str:
+def public_url(url: str) -> str:
     """``url`` without its password, for messages and logs."""
     from urllib.parse import urlsplit, urlunsplit
 

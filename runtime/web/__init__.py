@@ -1,4 +1,4 @@
-"""The web front: an HTTP API that speaks the Vercel AI SDK UI message stream, and a page.
+"""The web front (application layer): an AI SDK UI message stream API and its page.
 
 Nothing here is imported by ``import runtime``: the web stack (Starlette, Hypercorn) is
 loaded only by ``python -m runtime serve`` or by importing :mod:`runtime.web.app`.
@@ -33,7 +33,7 @@ SEND_TIMEOUT = 60.0
 cancels its turn (saved, marked interrupted)."""
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> Any:  # Starlette loads only when the app is asked for
     if name == "create_app":
         from runtime.web.app import create_app
 

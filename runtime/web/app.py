@@ -51,13 +51,16 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from runtime.agent import Agent
-from runtime.errors import InvalidMedia, InvalidSessionId, MediaTooLarge, SessionBusy
-from runtime.host import Host, validate_session_id
+from runtime.errors import InvalidMedia, MediaTooLarge, SessionBusy
+from runtime.host import Host
 from runtime.media import check_limits, user_content
 from runtime.messages import File, Image, TextPart, UserContent
+from runtime.serde import unstructure
 from runtime.session import FINAL_WAIT
 from runtime.web import BODY_TIMEOUT, DEFAULT_MAX_BODY, SEND_TIMEOUT
 from runtime.web.guard import RequestGuard
+from runtime.web.http import ApiError, error_response, json_response
+from runtime.web.http import session_id_param as _session_id
 from runtime.web.protocol import DONE, HEADERS, UIStreamEncoder, ui_messages
 from runtime.web.resume import resume_stream, stop_turn
 from runtime.web.writer import BodyWriter
@@ -74,25 +77,6 @@ STATIC = Path(__file__).with_name("static")
 
 AgentSource = Agent | Callable[[str], Agent]
 """An agent for every session, or a factory called with the session id of a new one."""
-
-
-class ApiError(Exception):
-    """An error answered as ``{"error": message}`` with ``status``."""
-
-    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.headers = headers
-
-
-def json_response(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
-    body = orjson.dumps(data, default=str, option=orjson.OPT_NON_STR_KEYS)
-    return Response(body, status_code=status, headers=headers, media_type="application/json")
-
-
-def error_response(status: int, message: str, headers: dict[str, str] | None = None) -> Response:
-    return json_response({"error": message}, status, headers)
 
 
 async def _api_error(request: Request, exc: Exception) -> Response:
@@ -405,13 +389,6 @@ def _state(request: Request) -> WebState:
     return request.app.state.axon
 
 
-def _session_id(value: Any) -> str:
-    try:
-        return validate_session_id(value)
-    except InvalidSessionId as exc:
-        raise ApiError(400, str(exc)) from None
-
-
 async def _read_body(request: Request, limit: int, within: float | None = None) -> bytes:
     """The request body: 413 past ``limit`` bytes, 408 (and the connection closed) when
     it has not arrived in full ``within`` seconds, so a client that announces a
@@ -503,8 +480,6 @@ async def list_sessions(request: Request) -> Response:
 
 
 async def get_session(request: Request) -> Response:
-    from runtime.serde import unstructure
-
     state = _state(request)
     session_id = _session_id(request.path_params["session_id"])
     record = await state.host.store.load(session_id)

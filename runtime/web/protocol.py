@@ -51,6 +51,7 @@ from runtime.messages import (
     UserMessage,
     is_media_output,
 )
+from runtime.serde import unstructure
 
 HEADERS: dict[str, str] = {
     "content-type": "text/event-stream",
@@ -89,8 +90,6 @@ def error_text(kind: str, message: str) -> str:
 
 
 def _usage(usage: Any) -> dict[str, Any]:
-    from runtime.serde import unstructure
-
     return {k: v for k, v in unstructure(usage).items() if v is not None}
 
 

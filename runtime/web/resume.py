@@ -29,8 +29,11 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from runtime import output as o
+from runtime.chunks import Usage
 from runtime.errors import RelayTurnGone, RelayUnavailable
+from runtime.messages import AssistantMessage, ReasoningPart, TextPart, ToolCallPart, ToolMessage
 from runtime.relay import StepRestarted
+from runtime.web.http import ApiError, json_response, session_id_param, web_state
 from runtime.web.protocol import DONE, HEADERS, UIStreamEncoder, error_text, sse
 from runtime.web.writer import BodyWriter
 
@@ -44,8 +47,6 @@ def parse_after_seq(request: Request) -> int | None:
     if raw is None or raw == "":
         return None
     if not raw.isdigit() or len(raw) > 18:
-        from runtime.web.app import ApiError
-
         raise ApiError(400, "after_seq / Last-Event-ID must be a non-negative integer")
     return int(raw)
 
@@ -74,15 +75,6 @@ class RelayEncoder(UIStreamEncoder):
 
 def stored_turn_chunks(messages: Any) -> list[Any]:
     """The last assistant message of a stored history as output chunks (a rebuilt turn)."""
-    from runtime.chunks import Usage
-    from runtime.messages import (
-        AssistantMessage,
-        ReasoningPart,
-        TextPart,
-        ToolCallPart,
-        ToolMessage,
-    )
-
     messages = list(messages)
     index = next(
         (i for i in range(len(messages) - 1, -1, -1) if isinstance(messages[i], AssistantMessage)),
@@ -276,16 +268,12 @@ async def _unavailable_as_503(call: Any) -> Any:
     try:
         return await call
     except RelayUnavailable as exc:
-        from runtime.web.app import ApiError
-
         raise ApiError(503, exc.message, {"retry-after": "1"}) from None
 
 
 async def resume_stream(request: Request) -> Any:
-    from runtime.web.app import _session_id, _state
-
-    state = _state(request)
-    session_id = _session_id(request.path_params["session_id"])
+    state = web_state(request)
+    session_id = session_id_param(request.path_params["session_id"])
     after_seq = parse_after_seq(request)
     relay = state.relay
     if relay is None:
@@ -306,10 +294,8 @@ async def resume_stream(request: Request) -> Any:
 
 
 async def stop_turn(request: Request) -> Response:
-    from runtime.web.app import _session_id, _state, json_response
-
-    state = _state(request)
-    session_id = _session_id(request.path_params["session_id"])
+    state = web_state(request)
+    session_id = session_id_param(request.path_params["session_id"])
     turn_id = await _unavailable_as_503(cancel_turn(state, session_id))
     if turn_id is None:
         return Response(status_code=204)

@@ -25,6 +25,14 @@ from typing import Any
 
 import trio
 
+from actors.plugins.otel import OpenTelemetryActor, build_tracer_provider
+from actors.providers.registry import provider_names
+from actors.relay import RedisRelay, attach_relay
+from actors.relay.redis_streams import public_url
+from runtime.commands import MCP_HELP, make_agent, report_bad_input
+from runtime.errors import ConfigurationError, RelayUnavailable
+from runtime.host import Host
+from runtime.logging import configure_logging
 from runtime.web import BODY_TIMEOUT, DEFAULT_MAX_BODY, SEND_TIMEOUT
 
 DEFAULT_PORT = 8000
@@ -53,8 +61,6 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     add = parser.add_argument
     add("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
     add("--port", type=int, default=DEFAULT_PORT, help="port (0: any free port)")
-    from actors.providers.registry import provider_names
-
     add("--provider", choices=provider_names(), default="scripted")
     add("--model", default=None, help="model name for a real provider")
     add("--base-url", default=None, help="provider endpoint (any compatible server)")
@@ -68,7 +74,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
         help="scripted demo: seconds between chunks, so the page shows it typing (default 0.02)",
     )
     add("--store", default=None, help="SQLite file for the sessions (default: memory)")
-    add("--mcp", action="append", default=[], metavar="SERVER", help=_mcp_help())
+    add("--mcp", action="append", default=[], metavar="SERVER", help=MCP_HELP)
     add(
         "--redis",
         default=None,
@@ -141,12 +147,6 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     return parser
 
 
-def _mcp_help() -> str:
-    from runtime.cli import MCP_HELP
-
-    return MCP_HELP
-
-
 def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register the ``serve`` sub-command on ``build_parser()``'s subparsers."""
     parser = subparsers.add_parser(
@@ -197,7 +197,7 @@ async def serve_app(
     """Serve ``app`` with Hypercorn's Trio worker in the current Trio run until
     ``shutdown_trigger()`` returns (or the caller cancels); ``task_status`` gets the bound
     URLs (``port=0`` picks a free port)."""
-    from hypercorn.config import Config
+    from hypercorn.config import Config  # Hypercorn: only when serving
     from hypercorn.trio import serve
 
     config = Config()
@@ -211,10 +211,7 @@ async def serve_app(
 
 async def serve_command(args: argparse.Namespace) -> int:
     """Run the ``serve`` command: a host, the app, until SIGINT/SIGTERM."""
-    from runtime.cli import make_agent
-    from runtime.host import Host
-    from runtime.logging import configure_logging
-    from runtime.web.app import create_app
+    from runtime.web.app import create_app  # Starlette: only when serving
 
     token = args.token or os.environ.get(TOKEN_ENV) or None
     refusal = bind_refusal(args.host, token, args.insecure)
@@ -231,9 +228,6 @@ async def serve_command(args: argparse.Namespace) -> int:
         )
     tracing = None
     if args.otel:
-        from actors.plugins.otel import OpenTelemetryActor, build_tracer_provider
-        from runtime.errors import ConfigurationError
-
         try:
             tracing = OpenTelemetryActor(tracer_provider=build_tracer_provider())
         except ConfigurationError as exc:
@@ -242,9 +236,6 @@ async def serve_command(args: argparse.Namespace) -> int:
     async with AsyncExitStack() as stack:
         relay = None
         if args.redis:
-            from actors.relay import RedisRelay
-            from runtime.errors import ConfigurationError, RelayUnavailable
-
             try:
                 relay = await stack.enter_async_context(RedisRelay.open(args.redis))
             except (ConfigurationError, RelayUnavailable) as exc:
@@ -254,8 +245,6 @@ async def serve_command(args: argparse.Namespace) -> int:
             Host.open(store=args.store, idle_ttl=args.session_ttl, max_sessions=args.max_sessions)
         )
         if relay is not None:
-            from actors.relay import attach_relay
-
             await attach_relay(host, relay)
         if tracing is not None:
             await host.start_actor(tracing)
@@ -293,17 +282,11 @@ async def serve_command(args: argparse.Namespace) -> int:
                 print(
                     f"Axon web UI on {url}/{fragment}  "
                     f"(provider {args.provider}, store {args.store or 'memory'}"
-                    f"{', relay ' + _public_url(args.redis) if relay is not None else ''}"
+                    f"{', relay ' + public_url(args.redis) if relay is not None else ''}"
                     f"{', OpenTelemetry traces' if tracing is not None else ''})",
                     flush=True,
                 )
     return 0
-
-
-def _public_url(url: str) -> str:
-    from actors.relay.redis_streams import _public_url as public
-
-    return public(url)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -312,7 +295,6 @@ def main(argv: list[str] | None = None) -> int:
         argparse.ArgumentParser(prog="python -m runtime.web.serve", description=__doc__)
     )
     args = parser.parse_args(argv)
-    from runtime.cli import report_bad_input
 
     def serve() -> int:
         try:

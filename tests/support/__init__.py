@@ -1,0 +1,1 @@
+"""Helpers the tests share: loopback SSE server, fault injection, grammar and parts checks."""

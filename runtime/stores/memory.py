@@ -14,10 +14,10 @@ from typing import Any
 import attrs
 import trio
 
-from actors.stores import _check_save, validate_session_id
 from runtime.errors import StoreConflict, StoreError
 from runtime.messages import Message
-from runtime.store import SessionInfo, SessionRecord
+from runtime.store import SessionInfo, SessionRecord, validate_session_id
+from runtime.stores.validation import check_save
 
 
 @attrs.define(slots=True)
@@ -98,7 +98,7 @@ class MemoryStore:
         """
         await trio.lowlevel.checkpoint()
         self._check_open()
-        new = _check_save(session_id, start, messages, meta, expected_version)
+        new = check_save(session_id, start, messages, meta, expected_version)
         meta_copy = copy.deepcopy(dict(meta)) if meta else {}
         session = self._sessions.get(session_id)
         current = 0 if session is None else session.version

@@ -45,11 +45,11 @@ from typing import Any, TypeVar
 import orjson
 import trio
 
-from actors.stores import _check_save, validate_session_id
 from runtime import serde
 from runtime.errors import StoreConflict, StoreCorrupt, StoreError
 from runtime.messages import Message
-from runtime.store import SessionInfo, SessionRecord
+from runtime.store import SessionInfo, SessionRecord, validate_session_id
+from runtime.stores.validation import check_save
 
 APPLICATION_ID = 0x41584F4E
 """``PRAGMA application_id`` of every Axon store: ASCII ``AXON``."""
@@ -449,7 +449,7 @@ class SQLiteStore:
         session since this one loaded it. The check and the write hold the file's write
         lock together, so no other writer can slip in between.
         """
-        new = _check_save(session_id, start, messages, meta, expected_version)
+        new = check_save(session_id, start, messages, meta, expected_version)
         return await self._run(
             f"save of session {session_id!r}",
             self._save,

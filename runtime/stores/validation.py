@@ -1,0 +1,68 @@
+"""What every store checks before a save: the arguments of :meth:`Store.save`.
+
+One definition shared by the built-in stores and any plug-in store, so a bad call is
+refused with the same :class:`~runtime.errors.StoreError` whatever stores the session,
+and before anything is written.
+"""
+
+from __future__ import annotations
+
+import typing
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from runtime.errors import StoreError
+from runtime.messages import Message
+from runtime.store import validate_session_id
+
+_MESSAGE_TYPES: tuple[type, ...] = typing.get_args(Message)
+
+
+def check_save(
+    session_id: str,
+    start: int,
+    messages: Sequence[Message],
+    meta: Mapping[str, Any] | None,
+    expected_version: int | None = None,
+) -> tuple[Message, ...]:
+    """Validate the arguments of :meth:`Store.save` the same way in every store.
+
+    Checked before anything is touched, so a bad call never changes a session. Returns
+    ``messages`` as a tuple (the caller's sequence may be a list it keeps mutating). Whether
+    ``start`` is within the session is left to the store, which must check it atomically
+    with the write.
+    """
+    validate_session_id(session_id)
+    if expected_version is not None and (
+        not isinstance(expected_version, int)
+        or isinstance(expected_version, bool)
+        or expected_version < 0
+    ):
+        raise StoreError(
+            f"save of session {session_id!r}: expected_version must be an int >= 0 or "
+            f"None, got {expected_version!r}"
+        )
+    if not isinstance(start, int) or isinstance(start, bool) or start < 0:
+        raise StoreError(
+            f"save of session {session_id!r}: start must be an int >= 0, got {start!r}"
+        )
+    if isinstance(messages, str | bytes) or not isinstance(messages, Sequence):
+        raise StoreError(
+            f"save of session {session_id!r}: messages must be a sequence of Message, "
+            f"got {type(messages).__name__}"
+        )
+    messages = tuple(messages)
+    for offset, message in enumerate(messages):
+        if not isinstance(message, _MESSAGE_TYPES):
+            raise StoreError(
+                f"save of session {session_id!r}: message {start + offset} is a "
+                f"{type(message).__name__}, not a Message"
+            )
+    if meta is not None and not isinstance(meta, Mapping):
+        raise StoreError(
+            f"save of session {session_id!r}: meta must be a dict or None, "
+            f"got {type(meta).__name__}"
+        )
+    if meta is not None and not all(isinstance(key, str) for key in meta):
+        raise StoreError(f"save of session {session_id!r}: meta keys must be str")
+    return messages

@@ -1,0 +1,140 @@
+"""The three layers (docs/architecture.md) hold: import-linter's contracts, and what
+``import runtime`` loads.
+
+The contracts live in ``pyproject.toml`` (``[tool.importlinter]``); these tests run
+``lint-imports`` on the project, show that the contracts do fail on an upward import
+(in a copy of the sources), and check that no module escapes them by being in no layer.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+LINT_IMPORTS = shutil.which("lint-imports")
+needs_linter = pytest.mark.skipif(LINT_IMPORTS is None, reason="import-linter not installed")
+
+
+def lint_imports(root: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    return subprocess.run(
+        [LINT_IMPORTS or "lint-imports", "--no-cache"],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def contracts() -> list[dict]:
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        return tomllib.load(f)["tool"]["importlinter"]["contracts"]
+
+
+def copy_sources(root: Path) -> Path:
+    for name in ("runtime", "actors"):
+        shutil.copytree(ROOT / name, root / name, ignore=shutil.ignore_patterns("*.pyc"))
+    shutil.copy(ROOT / "pyproject.toml", root / "pyproject.toml")
+    return root
+
+
+@needs_linter
+def test_the_project_keeps_its_layer_contracts():
+    result = lint_imports(ROOT)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "0 broken" in result.stdout
+
+
+@needs_linter
+def test_an_actor_importing_the_host_breaks_the_layers(tmp_path: Path):
+    copy_sources(tmp_path)
+    engine = tmp_path / "actors" / "engine.py"
+    engine.write_text(engine.read_text() + "\nfrom runtime.host import Host  # upward\n")
+    result = lint_imports(tmp_path)
+    assert result.returncode != 0
+    assert "actors.engine -> runtime.host" in result.stdout
+
+
+@needs_linter
+def test_a_contract_module_importing_the_facade_is_refused(tmp_path: Path):
+    copy_sources(tmp_path)
+    errors = tmp_path / "runtime" / "errors.py"
+    errors.write_text(errors.read_text() + "\nfrom runtime import Agent  # the facade\n")
+    result = lint_imports(tmp_path)
+    assert result.returncode != 0
+    assert "runtime.errors -> runtime" in result.stdout
+
+
+@needs_linter
+def test_two_web_modules_importing_each_other_is_a_cycle(tmp_path: Path):
+    copy_sources(tmp_path)
+    resume = tmp_path / "runtime" / "web" / "resume.py"
+    resume.write_text(resume.read_text() + "\nfrom runtime.web.app import create_app\n")
+    result = lint_imports(tmp_path)
+    assert result.returncode != 0
+    assert "No cycles are allowed in runtime.web" in result.stdout
+
+
+def test_every_module_of_runtime_is_in_one_layer():
+    layers = next(c for c in contracts() if c["type"] == "layers")["layers"]
+    declared = [m.strip() for layer in layers for m in layer.split(":")]
+    assert len(declared) == len(set(declared))
+    children = {
+        f"runtime.{p.stem}"
+        for p in (ROOT / "runtime").iterdir()
+        if p.name != "__init__.py"
+        and ((p.suffix == ".py") or (p.is_dir() and (p / "__init__.py").exists()))
+    }
+    assert children - set(declared) == set(), "add the new module to a layer in pyproject.toml"
+
+
+def test_importing_runtime_and_actors_loads_no_application_module_and_no_heavy_library():
+    heavy = (
+        "runtime.host",
+        "runtime.session",
+        "runtime.cli",
+        "runtime.web",
+        "actors.turn_runner",
+        "openai",
+        "anthropic",
+        "httpx",
+        "pydantic",
+        "starlette",
+        "hypercorn",
+        "opentelemetry",
+        "mcp",
+        "coredis",
+        "psycopg",
+    )
+    code = (
+        "import sys, runtime, actors, actors.providers, runtime.stores\n"
+        f"print(' '.join(m for m in {heavy!r} if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == ""
+
+
+def test_the_facade_still_gives_the_application_names():
+    import runtime
+    from runtime.host import Host
+    from runtime.session import Session, TurnStream
+
+    assert (runtime.Host, runtime.Session, runtime.TurnStream) == (Host, Session, TurnStream)
+    assert {"Host", "Session", "TurnStream"} <= set(runtime.__all__)
+
+
+def test_an_unknown_facade_name_is_an_attribute_error():
+    import runtime
+
+    with pytest.raises(AttributeError, match="no attribute 'Hots'"):
+        runtime.Hots  # noqa: B018
