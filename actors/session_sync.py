@@ -1,6 +1,6 @@
 """Keeping a session's history in memory in step with the store, when others write too.
 
-The turn runner owns the in-memory history (:class:`~runtime.session.SessionState`); the
+The turn runner owns the in-memory history (:class:`~runtime.protocol.SessionState`); the
 store may also be written by other processes or hosts. Two moments bring the two back
 together, and both are plain functions here so they can be tested without a turn:
 
@@ -19,8 +19,7 @@ from collections.abc import Sequence
 import attrs
 
 from runtime.messages import Message
-from runtime.protocol import SaveRequest, SaveResult
-from runtime.session import SessionState
+from runtime.protocol import SaveRequest, SaveResult, SessionState
 from runtime.store import SessionRecord, rebase
 
 

@@ -1,7 +1,7 @@
 """The turn runner: drives one user input through as many model calls as it takes.
 
-One per session, and the one owner of its history (:class:`~runtime.session.SessionState`):
-after every change it publishes an immutable :class:`~runtime.session.SessionSnapshot`
+One per session, and the one owner of its history (:class:`~runtime.protocol.SessionState`):
+after every change it publishes an immutable :class:`~runtime.protocol.SessionSnapshot`
 (:attr:`TurnRunner.snapshot`), which is all the application side reads. For each
 :class:`~runtime.protocol.RunTurn` it creates ONE empty
 assistant message, then loops: budget check, model call (through the provider and the
@@ -76,6 +76,8 @@ from runtime.protocol import (
     RunTurn,
     SaveRequest,
     SaveResult,
+    SessionSnapshot,
+    SessionState,
     StepBegin,
     StepEnd,
     StreamFailed,
@@ -90,7 +92,6 @@ from runtime.protocol import (
     TurnResult,
 )
 from runtime.redact import redact
-from runtime.session import SessionSnapshot, SessionState
 
 SAVE_TIMEOUT = 5.0
 """Seconds a turn waits (shielded) for its final save."""

@@ -40,9 +40,9 @@ from runtime.events import SessionEvicted
 from runtime.ids import new_id
 from runtime.inbox import Inbox
 from runtime.logging import configure_logging
-from runtime.protocol import Batch
+from runtime.protocol import Batch, SessionState
 from runtime.provider import Provider
-from runtime.session import Session, SessionState
+from runtime.session import Session
 from runtime.store import Store, validate_session_id
 from runtime.stores import open_store
 

@@ -406,6 +406,49 @@ ConsumerItem: TypeAlias = "Batch[OutputChunk] | TurnDone"
 """What a consumer's inbox carries."""
 
 
+# -- a session's history -------------------------------------------------------------
+
+
+@attrs.define(kw_only=True, slots=True, eq=False)
+class SessionState:
+    """A session's history as its turn runner keeps it: private to that runner, which
+    publishes every change as a :class:`SessionSnapshot`."""
+
+    session_id: str
+    messages: list[Message] = attrs.field(factory=list)
+    saved_upto: int = 0
+    """How many messages the store is known to hold; saves start no later than this."""
+    version: int = 0
+    """The store's version of the session that ``messages[:saved_upto]`` matches (``0``:
+    not stored); saves are based on it, so one that another writer overtook conflicts."""
+
+    def snapshot(self) -> SessionSnapshot:
+        return SessionSnapshot(
+            session_id=self.session_id,
+            messages=tuple(self.messages),
+            saved_upto=self.saved_upto,
+            version=self.version,
+        )
+
+
+@attrs.frozen(kw_only=True, slots=True, eq=False)
+class SessionSnapshot:
+    """A session's history at one moment (``session.state``): an immutable value the turn
+    runner replaces after every change, so readers never see it half-changed."""
+
+    session_id: str
+    messages: tuple[Message, ...] = ()
+    saved_upto: int = 0
+    """How many of ``messages`` the store is known to hold."""
+    version: int = 0
+    """The store's version of the session that ``messages[:saved_upto]`` matches."""
+
+    @property
+    def all_saved(self) -> bool:
+        """Whether the store holds every message (evicting the session loses nothing)."""
+        return self.saved_upto >= len(self.messages)
+
+
 __all__ = [
     "MAX_BATCH",
     "Batch",
@@ -418,6 +461,8 @@ __all__ = [
     "RunTurn",
     "SaveRequest",
     "SaveResult",
+    "SessionSnapshot",
+    "SessionState",
     "StepBegin",
     "StepEnd",
     "StreamFailed",

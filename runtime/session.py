@@ -26,7 +26,6 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Protocol
 
-import attrs
 import trio
 
 from runtime.errors import SessionBusy, SessionNotLoaded
@@ -35,7 +34,14 @@ from runtime.inbox import Inbox
 from runtime.media import UserInput, check_limits, user_content
 from runtime.messages import Message, UserContent
 from runtime.output import OutputChunk
-from runtime.protocol import Batch, ConsumerItem, RunTurn, TurnCancel, TurnResult
+from runtime.protocol import (
+    Batch,
+    ConsumerItem,
+    RunTurn,
+    SessionSnapshot,
+    TurnCancel,
+    TurnResult,
+)
 
 if TYPE_CHECKING:
     from runtime.actor import Actor
@@ -44,46 +50,6 @@ if TYPE_CHECKING:
 
 FINAL_WAIT = 10.0
 """Seconds a leaving consumer waits (shielded) for the cancelled turn to be saved."""
-
-
-@attrs.define(kw_only=True, slots=True, eq=False)
-class SessionState:
-    """A session's history as its turn runner keeps it: private to that runner, which
-    publishes every change as a :class:`SessionSnapshot`."""
-
-    session_id: str
-    messages: list[Message] = attrs.field(factory=list)
-    saved_upto: int = 0
-    """How many messages the store is known to hold; saves start no later than this."""
-    version: int = 0
-    """The store's version of the session that ``messages[:saved_upto]`` matches (``0``:
-    not stored); saves are based on it, so one that another writer overtook conflicts."""
-
-    def snapshot(self) -> SessionSnapshot:
-        return SessionSnapshot(
-            session_id=self.session_id,
-            messages=tuple(self.messages),
-            saved_upto=self.saved_upto,
-            version=self.version,
-        )
-
-
-@attrs.frozen(kw_only=True, slots=True, eq=False)
-class SessionSnapshot:
-    """A session's history at one moment (``session.state``): an immutable value the turn
-    runner replaces after every change, so readers never see it half-changed."""
-
-    session_id: str
-    messages: tuple[Message, ...] = ()
-    saved_upto: int = 0
-    """How many of ``messages`` the store is known to hold."""
-    version: int = 0
-    """The store's version of the session that ``messages[:saved_upto]`` matches."""
-
-    @property
-    def all_saved(self) -> bool:
-        """Whether the store holds every message (evicting the session loses nothing)."""
-        return self.saved_upto >= len(self.messages)
 
 
 class SessionRunner(Protocol):

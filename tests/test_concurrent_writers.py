@@ -32,8 +32,7 @@ from runtime.messages import (
     ToolMessage,
     UserMessage,
 )
-from runtime.protocol import InferRequest, SaveRequest, SaveResult
-from runtime.session import SessionState
+from runtime.protocol import InferRequest, SaveRequest, SaveResult, SessionState
 from runtime.store import rebase
 from runtime.stores import MemoryStore, SQLiteStore
 
