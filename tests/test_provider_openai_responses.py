@@ -1287,3 +1287,33 @@ async def test_a_format_responses_cannot_take_is_refused_before_any_request():
     result = await run(Reply(body=recording("text.sse")), request=request)
     assert isinstance(result.error, UnsupportedMedia) and "image/bmp" in str(result.error)
     assert result.requests == []
+
+
+async def test_an_output_type_asks_for_strict_json_schema_text():
+    import pydantic
+
+    from runtime.structured import output_schema
+
+    class Weather(pydantic.BaseModel):
+        city: str
+        temp: float
+
+    request = attrs.evolve(make_request(), output=output_schema(Weather))
+    result = await run(Reply(body=recording("text.sse")), request=request)
+    assert result.body()["text"] == {
+        "format": {
+            "type": "json_schema",
+            "name": "Weather",
+            "schema": {
+                "type": "object",
+                "title": "Weather",
+                "properties": {
+                    "city": {"type": "string", "title": "City"},
+                    "temp": {"type": "number", "title": "Temp"},
+                },
+                "required": ["city", "temp"],
+                "additionalProperties": False,
+            },
+            "strict": True,
+        }
+    }

@@ -48,6 +48,7 @@ from typing import Any, ClassVar
 
 from actors.providers.failures import classify_status
 from actors.providers.openai import classify_error as _classify_openai
+from actors.providers.openai import map_output as chat_output
 from runtime import errors
 from runtime.chunks import (
     FinishChunk,
@@ -309,6 +310,13 @@ def map_messages(messages: Sequence[Message], *, store: bool = False) -> list[di
         elif isinstance(message, UserMessage):
             out.append({"role": "user", "content": _user_content(message.content)})
     return out
+
+
+def map_output(output: Any) -> dict[str, Any]:
+    """The ``text.format`` for an agent's :class:`~runtime.structured.OutputSchema`:
+    ``json_schema`` in strict mode, the schema rewritten as strict mode needs (the same
+    rewrite as Chat Completions' ``response_format``; Responses takes the spec flat)."""
+    return {"type": "json_schema", **chat_output(output)["json_schema"]}
 
 
 def map_tools(tools: Iterable[Any]) -> list[dict[str, Any]]:
@@ -749,6 +757,8 @@ class OpenAIResponsesProvider(Provider):
             params["tools"] = tools
         if include:
             params["include"] = include
+        if request.output is not None:
+            params["text"] = {"format": map_output(request.output)}
         if extra_body:
             params["extra_body"] = extra_body
         params["stream"] = True
