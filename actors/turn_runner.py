@@ -554,13 +554,18 @@ class TurnRunner(Actor):
     async def _hand_over(self, run: RunTurn, turn: _Turn, done: TurnDone) -> None:
         """The result to the consumer, after the turn's last chunk: through the stream
         controller, which keeps the order; straight onto the consumer's inbox if the
-        controller does not take it (it gave up, or is stuck)."""
-        with trio.move_on_after(SAVE_TIMEOUT):
-            try:
-                await turn.ctrl.send(done)
-                return
-            except (trio.ClosedResourceError, trio.BrokenResourceError):
-                pass
+        controller does not take it (it gave up, or is stuck) or has ended.
+
+        An ended controller still has an open inbox (a host that is torn down cancels its
+        actors, it does not close their inboxes), so a send to it succeeds and the result
+        would sit there unread, the consumer waiting for it for ever: checked first."""
+        if not self.controller.stopped.is_set():
+            with trio.move_on_after(SAVE_TIMEOUT):
+                try:
+                    await turn.ctrl.send(done)
+                    return
+                except (trio.ClosedResourceError, trio.BrokenResourceError):
+                    pass
         with trio.move_on_after(SAVE_TIMEOUT):
             try:
                 await run.consumer.put(done)

@@ -141,6 +141,7 @@ class Host:
                     with trio.CancelScope(shield=True):
                         await host._shutdown()
                     nursery.cancel_scope.cancel()
+            host._end_orphaned_streams()
         finally:
             if store is None or isinstance(store, str | os.PathLike):  # we opened it
                 with trio.CancelScope(shield=True):
@@ -354,6 +355,16 @@ class Host:
             async for signum in signals:
                 self.shutting_down = True
                 self.cancel_turns(f"signal {signal.Signals(signum).name}")
+
+    def _end_orphaned_streams(self) -> None:
+        """Once every actor has ended: end the stream of any turn that never got its
+        result to its consumer (the shutdown bound ran out while its runner was stuck,
+        e.g. in a slow store call), so no consumer waits for ever on a dead host. Such a
+        consumer's iteration ends and its ``result`` stays ``None``."""
+        for session in list(self._handles.values()):
+            stream = session.current
+            if stream is not None:
+                stream.end_orphaned()
 
     async def _shutdown(self) -> None:
         """Cancel running turns with a reason, let them save, then stop everything."""

@@ -99,6 +99,12 @@ class TurnStream:
         if not self.done.is_set():
             self._cancel.cancel(reason)
 
+    def end_orphaned(self) -> None:
+        """Called by the host once its actors have all ended: nothing will arrive on this
+        stream any more, so its inbox is closed and the consumer reads to the end of what
+        came (``result`` stays ``None`` if the result never did)."""
+        self._inbox.close()
+
     async def __aenter__(self) -> TurnStream:
         session = self.session
         if not session.loaded:

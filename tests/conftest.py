@@ -5,7 +5,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, settings
+from trio.testing import MockClock
+
+from tests.support.clock import thread_aware_autojump_clock
 
 # No test may reach a real provider: the SDKs get dummy keys and loopback URLs only.
 os.environ["OPENAI_API_KEY"] = "sk-test-dummy"
@@ -15,5 +19,13 @@ settings.register_profile(
     "axon", deadline=None, max_examples=200, suppress_health_check=[HealthCheck.too_slow]
 )
 settings.load_profile("axon")
+
+
+@pytest.fixture
+def autojump_clock() -> MockClock:
+    """pytest-trio's ``autojump_clock``, except that virtual time does not pass while a
+    worker thread runs (a SQLite store call): see :mod:`tests.support.clock`."""
+    return thread_aware_autojump_clock()
+
 
 SHARED_STREAMS = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "streams"

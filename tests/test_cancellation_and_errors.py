@@ -5,6 +5,7 @@ from __future__ import annotations
 import trio
 
 from actors.providers.scripted import ScriptedProvider, Sleep, tool_call
+from actors.stores.memory import MemoryStore
 from runtime import (
     Agent,
     Host,
@@ -170,6 +171,60 @@ async def test_host_shutdown_cancels_running_turns_and_saves_them(autojump_clock
     async with Host.open(store=path, log_tap=False) as host:
         again = await host.open_session(agent, session_id="shut")
         assert again.messages[1].interrupted and again.messages[1].text == "working"
+
+
+class _StuckStore(MemoryStore):
+    """A store whose ``version`` call outlasts the host's shutdown bound and cannot be
+    cancelled, like a store call running in a worker thread."""
+
+    def __init__(self, *, checkpoint_after: bool) -> None:
+        super().__init__()
+        self.checkpoint_after = checkpoint_after
+
+    async def version(self, session_id: str) -> int:
+        found = await super().version(session_id)
+        with trio.CancelScope(shield=True):
+            await trio.sleep(60)  # past the shutdown's 15 s: the host tears its actors down
+        if self.checkpoint_after:
+            await trio.lowlevel.checkpoint()  # the teardown's cancellation lands here
+        return found
+
+
+async def _consume_through_a_stuck_shutdown(store: MemoryStore) -> list:
+    agent = Agent(provider=ScriptedProvider([["never streamed"]]))
+    results = []
+
+    async def consume(session):
+        async with session.stream("go") as out:
+            async for _ in out:
+                pass
+        results.append(out.result)
+
+    with trio.fail_after(600):  # a consumer left waiting fails here instead of hanging
+        async with trio.open_nursery() as nursery:
+            async with Host.open(store=store, log_tap=False) as host:
+                session = await host.open_session(agent, session_id="stuck")
+                nursery.start_soon(consume, session)
+                await trio.sleep(1)
+    return results
+
+
+async def test_a_turn_that_outlives_the_shutdown_bound_still_hands_its_result_over(
+    autojump_clock,
+):
+    # Its stream controller is gone by the time the turn ends: the result goes straight
+    # to the consumer instead of into the dead controller's inbox.
+    results = await _consume_through_a_stuck_shutdown(_StuckStore(checkpoint_after=False))
+    assert results[0].finish_reason == "aborted" and results[0].abort_reason == "host shutdown"
+
+
+async def test_a_turn_cancelled_before_it_began_ends_its_stream_when_the_host_closes(
+    autojump_clock,
+):
+    # The runner is cancelled before the turn exists, so no result is ever made: the host
+    # ends the stream once its actors are gone, and the consumer's iteration ends.
+    results = await _consume_through_a_stuck_shutdown(_StuckStore(checkpoint_after=True))
+    assert results == [None]
 
 
 async def test_deadline_budget_ends_the_turn_cleanly_and_marks_it_interrupted(autojump_clock):
