@@ -58,6 +58,7 @@ from runtime.errors import (
     StoreConflict,
     StoreCorrupt,
     StoreError,
+    StoreUnavailable,
     ToolDefinitionError,
     UnsupportedMedia,
 )
@@ -160,6 +161,7 @@ __all__ = [
     "StoreConflict",
     "StoreCorrupt",
     "StoreError",
+    "StoreUnavailable",
     "StreamChunk",
     "Subscription",
     "Supervisor",

@@ -39,7 +39,7 @@ from runtime.media import MediaLimits, check_limits, user_content
 from runtime.messages import File, Image, is_media_output
 from runtime.serde import converter, structure, unstructure
 from runtime.store import validate_session_id
-from runtime.stores import SQLiteStore
+from runtime.stores import is_store_url, open_store
 from runtime.web.serve import add_serve_parser, serve_command
 
 __all__ = ["MCP_HELP", "BadInput", "build_parser", "main", "make_agent", "report_bad_input"]
@@ -139,7 +139,11 @@ def check_arguments(args: argparse.Namespace) -> None:
         if value is not None:
             validate_session_id(value)
     command = getattr(args, "command", None)
-    if command in ("show", "sessions") and not os.path.exists(args.store):
+    if (
+        command in ("show", "sessions")
+        and not is_store_url(args.store)
+        and not os.path.exists(args.store)
+    ):
         raise BadInput(f"no session store at {args.store}")  # reading must not create one
     if command == "replay" and not os.path.isfile(args.file):
         raise BadInput(f"no event log at {args.file}")
@@ -235,7 +239,7 @@ def replay_command(args: argparse.Namespace) -> int:
 
 
 async def sessions_command(args: argparse.Namespace) -> int:
-    store = await SQLiteStore.open(args.store)
+    store = await open_store(args.store)
     try:
         infos = await store.list_sessions()
     finally:
@@ -249,7 +253,7 @@ async def sessions_command(args: argparse.Namespace) -> int:
 async def show_command(args: argparse.Namespace) -> int:
     from rich.console import Console  # rich: only when printing a conversation
 
-    store = await SQLiteStore.open(args.store)
+    store = await open_store(args.store)
     try:
         record = await store.load(args.session_id)
     finally:

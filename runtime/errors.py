@@ -209,6 +209,19 @@ class RelayTurnGone(RelayError, LookupError):
     store. A :class:`LookupError`, as :meth:`runtime.relay.Relay.read` promises."""
 
 
+class StoreUnavailable(StoreError):
+    """The store's server could not be reached (down, restarting, refusing connections)
+    for as long as the store retries. Nothing was written by the failed call; it is
+    safe to try again later."""
+
+    retryable = True
+
+
+class LeaseLost(StoreError):
+    """A write fenced by a worker's ``(owner, epoch)`` was refused: another worker holds
+    the lease now. Nothing was written."""
+
+
 class ActorFailed(AxonError):
     """An actor exceeded its restart intensity; the session it served cannot go on."""
 

@@ -29,3 +29,6 @@ def autojump_clock() -> MockClock:
 
 
 SHARED_STREAMS = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "streams"
+
+# ``pg_url``: a fresh PostgreSQL schema per test (skips when the server is not reachable).
+pytest_plugins = ["tests.support.pg"]

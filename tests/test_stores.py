@@ -1,7 +1,8 @@
 """Session stores: one conformance suite for every store, then SQLite-only file behaviour.
 
 The conformance tests run against each store through the ``store`` fixture, so a new
-store gets the whole suite by adding one fixture parameter. The SQLite tests poke at the
+store gets the whole suite by adding one fixture parameter (PostgreSQL: a fresh schema
+per test, skipped with its reason when the server is not reachable). The SQLite tests poke at the
 file with a second, plain ``sqlite3`` connection: that is how another process (or a
 curious user) sees it, and it lets the tests check exactly which rows a save wrote.
 """
@@ -121,12 +122,16 @@ def record(session_id: str, messages: list[Message], meta: dict | None = None) -
 # -- the conformance suite ---------------------------------------------------------------
 
 
-@pytest.fixture(params=["memory", "sqlite"])
+@pytest.fixture(params=["memory", "sqlite", "postgres"])
 async def store(request: pytest.FixtureRequest, tmp_path: Path):
     if request.param == "memory":
         s: Any = MemoryStore()
-    else:
+    elif request.param == "sqlite":
         s = await SQLiteStore.open(tmp_path / "sessions.db")
+    else:  # a fresh schema per test in the machine's PostgreSQL (skips when it is down)
+        from runtime.stores.postgres import PostgresStore
+
+        s = await PostgresStore.open(request.getfixturevalue("pg_url"))
     try:
         yield s
     finally:
@@ -509,7 +514,7 @@ async def test_an_unregistered_url_scheme_is_refused_and_creates_no_file(tmp_pat
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ConfigurationError) as info:
         await open_store("redis://localhost/0")
-    assert str(info.value) == "unknown store 'redis'; registered stores: none"
+    assert str(info.value) == "unknown store 'redis'; registered stores: postgresql, postgres"
     assert snapshot(tmp_path) == {}
 
 

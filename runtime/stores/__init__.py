@@ -25,7 +25,10 @@ from runtime.stores.sqlite import SQLiteStore
 
 ENTRY_POINT_GROUP = "axon.stores"
 
-BUILTIN: dict[str, str] = {}
+BUILTIN: dict[str, str] = {
+    "postgresql": "runtime.stores.postgres:PostgresStore",
+    "postgres": "runtime.stores.postgres:PostgresStore",
+}
 """The URL schemes of the stores that ship with Axon, ``scheme -> "module:Class"``
 (a plain file path is an SQLite store, not a scheme). A plug-in cannot take one over."""
 
@@ -35,6 +38,11 @@ STORES = Registry(group=ENTRY_POINT_GROUP, kind="store", builtin=BUILTIN)
 
 _URL = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
 _STORE_METHODS = ("load", "save", "version", "list_sessions", "delete", "aclose")
+
+
+def is_store_url(spec: Any) -> bool:
+    """Whether ``spec`` names a store by URL (``postgresql://...``), not a file path."""
+    return isinstance(spec, str) and _URL.match(spec) is not None
 
 
 async def open_store(spec: Any) -> Store:
@@ -88,4 +96,11 @@ async def _open_registered(scheme: str, spec: str) -> Store:
     return store
 
 
-__all__ = ["STORES", "MemoryStore", "SQLiteStore", "open_store", "validate_session_id"]
+__all__ = [
+    "STORES",
+    "MemoryStore",
+    "SQLiteStore",
+    "is_store_url",
+    "open_store",
+    "validate_session_id",
+]
