@@ -75,22 +75,11 @@ class StreamController(Actor):
         for item in message:
             t = type(item)
             # The hot path, inlined: a delta of the open part, built directly.
-            if t is TextChunk:
+            if t is TextChunk or t is ReasoningChunk:
                 self.seq += 1
+                delta = o.TextDelta if t is TextChunk else o.ReasoningDelta
                 out.append(
-                    o.TextDelta(
-                        step=self._step,
-                        part_id=self._open_id,
-                        text=item.text,
-                        seq=self.seq,
-                        session_id=sid,
-                        turn_id=self._turn_id,
-                    )
-                )
-            elif t is ReasoningChunk:
-                self.seq += 1
-                out.append(
-                    o.ReasoningDelta(
+                    delta(
                         step=self._step,
                         part_id=self._open_id,
                         text=item.text,

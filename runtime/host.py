@@ -42,7 +42,7 @@ from runtime.inbox import Inbox
 from runtime.logging import configure_logging
 from runtime.protocol import Batch, SessionState
 from runtime.provider import Provider
-from runtime.session import Session
+from runtime.session import Session, TurnStream
 from runtime.store import Store, validate_session_id
 from runtime.stores import open_store
 
@@ -340,12 +340,24 @@ class Host:
             del self.sessions[session.id]
         self.bus.forget_session(session.id)
 
+    def running_turns(self) -> list[TurnStream]:
+        """The turns running now, one per busy session."""
+        return [s.current for s in self.sessions.values() if s.current is not None]
+
     def cancel_turns(self, reason: str) -> int:
         """Cancel every running turn with ``reason``; returns how many were running."""
-        running = [s.current for s in self.sessions.values() if s.current is not None]
+        running = self.running_turns()
         for stream in running:
             stream.cancel(reason)
         return len(running)
+
+    def cancel_turn(self, turn_id: str, reason: str) -> bool:
+        """Cancel the turn ``turn_id`` if this host runs it; whether it did."""
+        for stream in self.running_turns():
+            if stream.turn_id == turn_id:
+                stream.cancel(reason)
+                return True
+        return False
 
     async def _watch_signals(
         self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
@@ -370,9 +382,8 @@ class Host:
         """Cancel running turns with a reason, let them save, then stop everything."""
         self.shutting_down = True
         with trio.move_on_after(15):
-            running = [s.current for s in self.sessions.values() if s.current is not None]
-            for stream in running:
-                stream.cancel("host shutdown")
+            running = self.running_turns()
+            self.cancel_turns("host shutdown")
             for stream in running:
                 await stream.done.wait()
             for session in list(self.sessions.values()):

@@ -56,13 +56,9 @@ class RelayPublisher(Actor):
 
 
 def cancel_local_turn(host: Any, turn_id: str, reason: str) -> bool:
-    """Cancel the turn ``turn_id`` if this host runs it; whether it did."""
-    for session in list(host.sessions.values()):
-        current = session.current
-        if current is not None and current.turn_id == turn_id:
-            current.cancel(reason)
-            return True
-    return False
+    """Cancel the turn ``turn_id`` if this host runs it (``Host.cancel_turn``); whether it
+    did."""
+    return bool(host.cancel_turn(turn_id, reason))
 
 
 async def attach_relay(host: Any, relay: Any) -> RelayPublisher:

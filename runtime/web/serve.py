@@ -262,9 +262,7 @@ async def serve_command(args: argparse.Namespace) -> int:
 
         async def shutdown_trigger() -> None:
             await _until_signal()
-            for session in list(host.sessions.values()):  # end streams with a clean abort
-                if session.current is not None:
-                    session.current.cancel("server shutdown")
+            host.cancel_turns("server shutdown")  # end streams with a clean abort
 
         async with trio.open_nursery() as nursery:
             binds = await nursery.start(
