@@ -5,6 +5,7 @@ worker that takes a turn over replays exactly what the dead worker's step would 
 
 * input ``tools ...``: step 0 calls ``record(n=1)``, step 1 calls ``record(n=2)``, step 2
   answers in ``ANSWER_WORDS`` words;
+* input ``crash ...``: step 0 calls ``die``, which SIGKILLs the worker (a poison turn);
 * any other input: one step answering ``echo: <input>``.
 
 Controlled by the environment of the worker process:
@@ -20,6 +21,7 @@ Controlled by the environment of the worker process:
 from __future__ import annotations
 
 import os
+import signal
 
 import trio
 
@@ -89,6 +91,13 @@ async def record(n: int, ctx: ToolContext) -> str:
     return f"recorded {n}"
 
 
+@tool
+async def die() -> str:
+    """Kill the worker process running this call (a turn that kills its workers)."""
+    os.kill(os.getpid(), signal.SIGKILL)
+    return "unreachable"
+
+
 def _last_input(request: InferRequest) -> str:
     for message in reversed(request.messages):
         if type(message) is UserMessage:
@@ -105,6 +114,8 @@ def answer_text(user: str) -> str:
 
 def respond(request: InferRequest) -> list:  # type: ignore[type-arg]
     user = _last_input(request)
+    if user.startswith("crash"):
+        return tool_call("die", {}, tool_call_id="call_die")
     if not user.startswith("tools"):
         return [f"echo: {user}"]
     step = current_step(request.messages)
@@ -127,6 +138,6 @@ agent = Agent(
         chunk_size=8,
     ),
     instructions="test",
-    tools=[record],
+    tools=[record, die],
 )
 """The worker tests' agent, for every session."""
