@@ -48,6 +48,7 @@ takes it over.
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any, Final
@@ -72,7 +73,8 @@ FINAL_STATUSES: Final = frozenset({DONE, FAILED, CANCELLED})
 """The statuses a turn ends in; :meth:`TurnQueue.finish` accepts only these."""
 
 TURNS_CHANNEL: Final = "axon_turns"
-"""NOTIFY channel: a turn was submitted, released or finished (payload: its turn id)."""
+"""NOTIFY channel: a turn was submitted, released or finished. Channels are database-wide,
+so the payload is ``<schema>:<turn id>`` and a queue ignores other schemas' turns."""
 CANCEL_CHANNEL: Final = "axon_cancel"
 """NOTIFY channel: a turn's cancellation was requested (payload: its turn id)."""
 
@@ -225,7 +227,7 @@ class TurnQueue:
                 (turn_id, session_id, idempotency_key, body, meta_json, regenerate),
             ).fetchone()
             if row is not None:
-                conn.execute("SELECT pg_notify(%s, %s)", (TURNS_CHANNEL, turn_id))
+                _notify_turns(conn, turn_id)
                 return row, True
             if idempotency_key is not None:
                 where, key = "idempotency_key = %s", idempotency_key
@@ -297,7 +299,7 @@ class TurnQueue:
                         turn_id,
                     ),
                 )
-                conn.execute("SELECT pg_notify(%s, %s)", (TURNS_CHANNEL, turn_id))
+                _notify_turns(conn, turn_id)
             row = conn.execute(
                 """SELECT turn_id FROM axon_turns AS t
                 WHERE t.status = 'queued' AND NOT t.cancel_requested
@@ -381,7 +383,7 @@ class TurnQueue:
                 (status, finish_reason, error, *key),
             ).fetchone()
             if row is not None:
-                conn.execute("SELECT pg_notify(%s, %s)", (TURNS_CHANNEL, claim.turn.turn_id))
+                _notify_turns(conn, claim.turn.turn_id)
                 return True
             # A retry whose first COMMIT went through (its answer was lost) finds its write.
             again = conn.execute(
@@ -415,7 +417,7 @@ class TurnQueue:
                 key,
             ).fetchone()
             if row is not None:
-                conn.execute("SELECT pg_notify(%s, %s)", (TURNS_CHANNEL, claim.turn.turn_id))
+                _notify_turns(conn, claim.turn.turn_id)
                 return True
             # A retried release whose first COMMIT went through: same epoch, no owner.
             again = conn.execute(
@@ -446,7 +448,7 @@ class TurnQueue:
                     WHERE turn_id = %s""",
                     (reason, turn_id),
                 )
-                conn.execute("SELECT pg_notify(%s, %s)", (TURNS_CHANNEL, turn_id))
+                _notify_turns(conn, turn_id)
             elif row[0] == RUNNING:
                 conn.execute(
                     """UPDATE axon_turns SET cancel_requested = true,
@@ -533,7 +535,11 @@ class TurnQueue:
                 return True
             try:
                 return await trio.to_thread.run_sync(
-                    _wait_for_notify, listener, timeout, abandon_on_cancel=True
+                    _wait_for_notify,
+                    listener,
+                    f"{self.store.schema}:",
+                    timeout,
+                    abandon_on_cancel=True,
                 )
             except trio.Cancelled:
                 with listener.lock:
@@ -649,13 +655,23 @@ def _check_input(input: Any) -> UserContent:
     raise StoreError(f"turn input must be text or a sequence of parts, not {type(input).__name__}")
 
 
-def _wait_for_notify(listener: _Listener, timeout: float) -> bool:
-    """In a worker thread: block on the LISTEN connection for one notification."""
+def _notify_turns(conn: Any, turn_id: str) -> None:
+    """Wake the workers of this schema (sent when the transaction commits)."""
+    conn.execute("SELECT pg_notify(%s, current_schema() || ':' || %s)", (TURNS_CHANNEL, turn_id))
+
+
+def _wait_for_notify(listener: _Listener, prefix: str, timeout: float) -> bool:
+    """In a worker thread: block on the LISTEN connection until a notification of this
+    schema (payload starting with ``prefix``) arrives or ``timeout`` passes."""
+    deadline = time.monotonic() + max(timeout, 0.0)
     try:
-        got = False
-        for _ in listener.conn.notifies(timeout=max(timeout, 0.0), stop_after=1):
-            got = True
-        return got
+        while True:
+            remaining = max(deadline - time.monotonic(), 0.0)
+            for notify in listener.conn.notifies(timeout=remaining, stop_after=1):
+                if notify.payload.startswith(prefix):
+                    return True
+            if time.monotonic() >= deadline:
+                return False
     finally:
         with listener.lock:
             listener.done = True
