@@ -9,7 +9,7 @@ Layout (in one schema, ``public`` unless the URL says ``?schema=NAME``; schema v
                   version BIGINT)                        -- bumped by every save
     axon_messages(session_id, idx, role, body BYTEA,     -- serde JSON of one Message
                   PRIMARY KEY (session_id, idx))
-    axon_turns(...)                                      -- durable turns: runtime.worker
+    axon_turns(...)                                      -- durable turns: stores/turns.py
 
 One message is one row keyed by its index, as in the SQLite store: :meth:`save` deletes
 the rows from ``start`` on and inserts the new ones in one transaction, so persisting
@@ -127,6 +127,17 @@ _SCHEMA = (
         ON axon_turns (seq) WHERE status IN ('queued', 'running')""",
     "CREATE INDEX IF NOT EXISTS axon_turns_by_session ON axon_turns (session_id, seq)",
 )
+
+_TURN_COLUMNS = (
+    ("meta", "BYTEA NOT NULL DEFAULT '{}'"),  # a JSON object, like axon_sessions.meta
+    ("regenerate", "BOOLEAN NOT NULL DEFAULT false"),
+    ("cancel_reason", "TEXT"),
+)
+"""Columns the turn queue (:mod:`runtime.stores.turns`) added after schema 1 shipped: a
+store created before them gains them on open, in place, without a version change. Each
+runs only when its column is missing: ``ALTER TABLE`` takes an exclusive lock even when
+it has nothing to do, and a worker opening the store while others claim turns would
+deadlock with them."""
 
 
 @attrs.frozen(kw_only=True, slots=True)
@@ -595,6 +606,19 @@ def _first_connect(libpq: str, schema: str) -> None:
                 )
         for statement in _SCHEMA:
             conn.execute(statement)
+        present = {
+            name
+            for (name,) in conn.execute(
+                "SELECT column_name FROM information_schema.columns "
+                "WHERE table_schema = %s AND table_name = 'axon_turns'",
+                (schema,),
+            )
+        }
+        for column, definition in _TURN_COLUMNS:
+            if column not in present:
+                conn.execute(
+                    f"ALTER TABLE axon_turns ADD COLUMN IF NOT EXISTS {column} {definition}"
+                )
         conn.execute(
             """INSERT INTO axon_meta (key, value) VALUES ('magic', %s), ('schema_version', %s)
             ON CONFLICT (key) DO NOTHING""",

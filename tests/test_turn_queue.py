@@ -1,0 +1,409 @@
+"""The turn queue (runtime/stores/turns.py) against the machine's real PostgreSQL.
+
+Leases are short (0.3 s) and real; a lease that must be over is usually expired by SQL
+(``lease_until`` set in the past), so no test depends on how fast the machine is; one test
+lets a real lease run out.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import subprocess
+
+import pytest
+import trio
+import trio.lowlevel
+
+from runtime.errors import InvalidSessionId, LeaseLost, StoreError
+from runtime.messages import File, Image, TextPart, UserMessage
+from runtime.stores.postgres import PostgresStore
+from runtime.stores.turns import Claim, QueuedTurn, Renewal, TurnQueue
+from tests.support.pg import pg_connect
+
+LEASE = 0.3
+
+
+@pytest.fixture
+async def store(pg_url):
+    s = await PostgresStore.open(pg_url)
+    try:
+        yield s
+    finally:
+        await s.aclose()
+
+
+@pytest.fixture
+async def queue(store):
+    q = TurnQueue(store, lease=LEASE, max_attempts=3)
+    try:
+        yield q
+    finally:
+        await q.aclose()
+
+
+def sql(store: PostgresStore, query: str, params: tuple = ()) -> list[tuple]:
+    """Run ``query`` in the store's schema on a connection of its own (autocommit)."""
+    with pg_connect() as conn:
+        conn.execute(f"SET search_path TO {store.schema}")
+        cur = conn.execute(query, params)
+        return cur.fetchall() if cur.description else []
+
+
+def expire(store: PostgresStore, turn_id: str) -> None:
+    """End the turn's lease now, as if its worker had stopped renewing."""
+    sql(
+        store,
+        "UPDATE axon_turns SET lease_until = now() - interval '1 second' WHERE turn_id = %s",
+        (turn_id,),
+    )
+
+
+def pg_ctl(action: str, *, check: bool = True) -> None:
+    (version,) = [os.path.basename(p) for p in glob.glob("/etc/postgresql/*")]
+    subprocess.run(
+        ["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", action],
+        check=check,
+        capture_output=True,
+        timeout=60,
+    )
+
+
+# -- submitting ------------------------------------------------------------------------
+
+
+async def test_submit_queues_a_turn_with_its_input_and_meta(queue):
+    turn = await queue.submit("s1", "hello", meta={"user": "ann"}, regenerate=True)
+    assert isinstance(turn, QueuedTurn)
+    assert (turn.session_id, turn.input, turn.meta, turn.regenerate) == (
+        "s1",
+        "hello",
+        {"user": "ann"},
+        True,
+    )
+    assert (turn.status, turn.owner, turn.epoch, turn.attempts) == ("queued", None, 0, 0)
+    assert turn.message_id == f"msg_{turn.turn_id}"
+    assert await queue.get(turn.turn_id) == turn
+
+
+async def test_submit_round_trips_images_and_files(queue):
+    content = (
+        TextPart(text="look", step=0),
+        Image(data=b"\x89PNG\r\n\x1a\n" + b"\x00" * 16, media_type="image/png"),
+        File(data=b"a\x00b", filename="blob.bin"),
+    )
+    turn = await queue.submit("s1", content)
+    assert (await queue.get(turn.turn_id)).input == content
+
+
+async def test_submit_with_the_same_idempotency_key_returns_the_first_turn(queue):
+    first = await queue.submit("s1", "hello", idempotency_key="req-1")
+    again = await queue.submit("s1", "hello", idempotency_key="req-1")
+    assert again.turn_id == first.turn_id
+    assert len(await queue.turns("s1")) == 1
+
+
+async def test_an_idempotency_key_of_another_session_is_refused(queue):
+    await queue.submit("s1", "hello", idempotency_key="req-1")
+    with pytest.raises(StoreError, match="already names turn"):
+        await queue.submit("s2", "hello", idempotency_key="req-1")
+    assert await queue.turns("s2") == []
+
+
+async def test_submit_refuses_a_bad_session_id_and_bad_input(queue):
+    with pytest.raises(InvalidSessionId):
+        await queue.submit("../etc", "hi")
+    with pytest.raises(StoreError, match="parts must be"):
+        await queue.submit("s1", (UserMessage(content="x"),))
+    with pytest.raises(StoreError, match="cannot be serialized"):
+        await queue.submit("s1", "hi", meta={"x": object()})
+    assert await queue.turns("s1") == []
+
+
+# -- claiming and order ----------------------------------------------------------------
+
+
+async def test_claim_starts_the_oldest_queued_turn(queue):
+    first = await queue.submit("s1", "one")
+    claim = await queue.claim("w1")
+    assert isinstance(claim, Claim)
+    assert claim.turn.turn_id == first.turn_id
+    assert (claim.owner, claim.epoch, claim.takeover) == ("w1", 1, False)
+    assert (claim.turn.status, claim.turn.attempts) == ("running", 1)
+    assert await queue.claim("w2") is None
+
+
+async def test_a_sessions_second_turn_waits_for_its_first(queue):
+    first = await queue.submit("s1", "one")
+    second = await queue.submit("s1", "two")
+    claim = await queue.claim("w1")
+    assert claim.turn.turn_id == first.turn_id
+    assert await queue.claim("w2") is None
+    assert await queue.finish(claim, status="done", finish_reason="stop")
+    after = await queue.claim("w2")
+    assert after.turn.turn_id == second.turn_id
+
+
+async def test_two_sessions_are_claimed_by_two_owners_at_once(queue):
+    a = await queue.submit("sa", "one")
+    b = await queue.submit("sb", "one")
+    first = await queue.claim("w1")
+    second = await queue.claim("w2")
+    assert {first.turn.turn_id, second.turn.turn_id} == {a.turn_id, b.turn_id}
+    assert {first.owner, second.owner} == {"w1", "w2"}
+
+
+async def test_active_is_the_running_turn_else_the_oldest_queued(queue):
+    assert await queue.active("s1") is None
+    first = await queue.submit("s1", "one")
+    await queue.submit("s1", "two")
+    assert (await queue.active("s1")).turn_id == first.turn_id
+    claim = await queue.claim("w1")
+    await queue.finish(claim, status="done")
+    third = await queue.claim("w1")
+    assert (await queue.active("s1")).turn_id == third.turn.turn_id
+    assert [t.input for t in await queue.turns("s1")] == ["one", "two"]
+
+
+# -- leases, takeovers and fences ------------------------------------------------------
+
+
+async def test_an_expired_lease_is_taken_over_with_the_next_epoch(queue):
+    await queue.submit("s1", "one")
+    old = await queue.claim("w1")
+    await trio.sleep(LEASE * 2)  # the real lease runs out: w1 never renewed
+    new = await queue.claim("w2")
+    assert new.turn.turn_id == old.turn.turn_id
+    assert (new.owner, new.epoch, new.takeover) == ("w2", old.epoch + 1, True)
+    assert new.turn.attempts == 2
+
+
+async def test_a_lease_renewed_in_time_is_not_taken_over(queue):
+    await queue.submit("s1", "one")
+    claim = await queue.claim("w1")
+    renewal = await queue.renew(claim)
+    assert renewal == Renewal(held=True, cancel_requested=False, cancel_reason=None)
+    assert await queue.claim("w2") is None
+
+
+async def test_a_fenced_save_is_refused_after_a_takeover(queue, store):
+    await queue.submit("s1", "one")
+    old = await queue.claim("w1")
+    lost = []
+    with store.fenced("s1", old.fence(on_lost=lambda: lost.append(True))):
+        await store.save("s1", 0, [UserMessage(content="one")])
+        expire(store, old.turn.turn_id)
+        new = await queue.claim("w2")
+        assert new.takeover
+        with pytest.raises(LeaseLost):
+            await store.save("s1", 1, [UserMessage(content="late")])
+    assert lost == [True]
+    record = await store.load("s1")
+    assert [m.content for m in record.messages] == ["one"]
+    assert (await queue.get(old.turn.turn_id)).saved
+
+
+async def test_renew_after_losing_the_turn_says_not_held(queue, store):
+    await queue.submit("s1", "one")
+    old = await queue.claim("w1")
+    expire(store, old.turn.turn_id)
+    await queue.claim("w2")
+    assert await queue.renew(old) == Renewal(held=False)
+
+
+async def test_finish_by_the_old_owner_is_refused(queue, store):
+    await queue.submit("s1", "one")
+    old = await queue.claim("w1")
+    expire(store, old.turn.turn_id)
+    new = await queue.claim("w2")
+    assert not await queue.finish(old, status="done")
+    assert (await queue.get(old.turn.turn_id)).status == "running"
+    assert await queue.finish(new, status="done")
+    assert (await queue.get(old.turn.turn_id)).status == "done"
+
+
+async def test_finish_refuses_a_status_that_is_not_final(queue):
+    await queue.submit("s1", "one")
+    claim = await queue.claim("w1")
+    with pytest.raises(StoreError, match="status must be one of"):
+        await queue.finish(claim, status="running")
+
+
+async def test_a_turn_past_max_attempts_fails_and_unblocks_its_session(queue, store):
+    poison = await queue.submit("s1", "kills workers")
+    nxt = await queue.submit("s1", "next")
+    for n in range(3):
+        claim = await queue.claim(f"w{n}")
+        assert claim.turn.turn_id == poison.turn_id
+        expire(store, poison.turn_id)
+    claim = await queue.claim("w9")
+    assert claim.turn.turn_id == nxt.turn_id
+    failed = await queue.get(poison.turn_id)
+    assert failed.status == "failed"
+    assert "abandoned by 3 workers" in failed.error
+
+
+async def test_release_hands_the_turn_over_at_once_without_burning_an_attempt(queue):
+    await queue.submit("s1", "one")
+    old = await queue.claim("w1")
+    assert await queue.release(old)
+    new = await queue.claim("w2")
+    assert new.turn.turn_id == old.turn.turn_id
+    assert (new.takeover, new.epoch, new.turn.attempts) == (True, old.epoch + 1, 1)
+
+
+async def test_a_released_claim_is_fenced_out(queue):
+    await queue.submit("s1", "one")
+    old = await queue.claim("w1")
+    await queue.release(old)
+    assert await queue.renew(old) == Renewal(held=False)
+    assert not await queue.finish(old, status="done")
+
+
+async def test_graceful_restarts_never_fail_a_turn(queue):
+    turn = await queue.submit("s1", "one")
+    for n in range(6):  # twice max_attempts
+        claim = await queue.claim(f"w{n}")
+        assert claim.turn.turn_id == turn.turn_id
+        assert await queue.release(claim)
+    assert (await queue.get(turn.turn_id)).status == "running"
+
+
+# -- cancelling ------------------------------------------------------------------------
+
+
+async def test_cancelling_a_queued_turn_ends_it_at_once(queue):
+    turn = await queue.submit("s1", "one")
+    cancelled = await queue.request_cancel(turn.turn_id, "user pressed stop")
+    assert (cancelled.status, cancelled.finish_reason, cancelled.cancel_reason) == (
+        "cancelled",
+        "aborted",
+        "user pressed stop",
+    )
+    assert await queue.claim("w1") is None
+
+
+async def test_cancelling_a_running_turn_is_seen_by_its_renewal(queue):
+    turn = await queue.submit("s1", "one")
+    claim = await queue.claim("w1")
+    marked = await queue.request_cancel(turn.turn_id, "stop")
+    assert (marked.status, marked.cancel_requested) == ("running", True)
+    assert await queue.renew(claim) == Renewal(
+        held=True, cancel_requested=True, cancel_reason="stop"
+    )
+
+
+async def test_cancelling_an_unknown_turn_returns_none(queue):
+    assert await queue.request_cancel("turn_nope") is None
+
+
+async def test_wait_finished_returns_the_finished_turn(queue):
+    turn = await queue.submit("s1", "one")
+    claim = await queue.claim("w1")
+    async with trio.open_nursery() as nursery:
+        result = []
+
+        async def waiter():
+            result.append(await queue.wait_finished(turn.turn_id, 10))
+
+        nursery.start_soon(waiter)
+        await queue.finish(claim, status="done", finish_reason="stop")
+    assert (result[0].status, result[0].finish_reason) == ("done", "stop")
+
+
+# -- waking workers --------------------------------------------------------------------
+
+
+async def test_wait_wakes_on_a_submit(queue, store):
+    assert await queue.wait(0)  # first call: (re)connected, may have missed something
+    other = TurnQueue(store, lease=LEASE)
+    await other.submit("s1", "one")
+    assert await queue.wait(10)
+
+
+async def test_wait_times_out_when_nothing_happens(queue):
+    await queue.wait(0)
+    assert not await queue.wait(0.2)
+
+
+async def test_a_cancelled_wait_leaves_waiting_usable(queue, store):
+    await queue.wait(0)
+    with trio.move_on_after(0.1) as scope:
+        await queue.wait(30)
+    assert scope.cancelled_caught
+    await queue.wait(0)  # reconnects
+    await TurnQueue(store, lease=LEASE).submit("s1", "one")
+    assert await queue.wait(10)
+
+
+# -- many workers, one database --------------------------------------------------------
+
+
+async def test_four_workers_claim_forty_turns_each_exactly_once_in_session_order(
+    pg_url, queue, store
+):
+    sessions = [f"s{n}" for n in range(5)]
+    submitted = [await queue.submit(sessions[n % 5], f"t{n}") for n in range(40)]
+    claimed: list[str] = []
+    finished_order: dict[str, list[int]] = {s: [] for s in sessions}
+    running: set[str] = set()
+    violations: list[str] = []
+
+    async def worker(name: str) -> None:
+        own = await PostgresStore.open(pg_url)
+        q = TurnQueue(own, lease=10)
+        try:
+            idle = 0
+            while idle < 20:
+                claim = await q.claim(name)
+                if claim is None:
+                    idle += 1
+                    await trio.sleep(0.01)
+                    continue
+                idle = 0
+                sid = claim.turn.session_id
+                if sid in running:
+                    violations.append(f"{sid} claimed twice at once")
+                running.add(sid)
+                claimed.append(claim.turn.turn_id)
+                doubles = await own.run(
+                    "check",
+                    lambda conn: conn.execute(
+                        "SELECT session_id FROM axon_turns WHERE status = 'running' "
+                        "GROUP BY session_id HAVING count(*) > 1"
+                    ).fetchall(),
+                )
+                if doubles:
+                    violations.append(f"two running turns in {doubles}")
+                await trio.lowlevel.checkpoint()
+                finished_order[sid].append(claim.turn.seq)
+                running.discard(sid)
+                assert await q.finish(claim, status="done")
+        finally:
+            await q.aclose()
+            await own.aclose()
+
+    async with trio.open_nursery() as nursery:
+        for n in range(4):
+            nursery.start_soon(worker, f"w{n}")
+    assert violations == []
+    assert sorted(claimed) == sorted(t.turn_id for t in submitted)
+    for sid, order in finished_order.items():
+        assert order == sorted(order), sid
+    rows = sql(store, "SELECT status, count(*) FROM axon_turns GROUP BY status")
+    assert rows == [("done", 40)]
+
+
+# -- the server restarting -------------------------------------------------------------
+
+
+async def test_submit_and_claim_succeed_after_postgresql_restarts(queue):
+    await queue.wait(0)
+    try:
+        await trio.to_thread.run_sync(pg_ctl, "restart")
+    finally:  # whatever happened, the server is up for the other tests
+        await trio.to_thread.run_sync(lambda: pg_ctl("start", check=False))
+    turn = await queue.submit("s1", "after the restart")
+    claim = await queue.claim("w1")
+    assert claim.turn.turn_id == turn.turn_id
+    assert await queue.wait(5)  # the broken LISTEN connection is reopened, not raised
