@@ -165,7 +165,7 @@ def assert_tools_turn_whole(messages, turn) -> None:  # type: ignore[no-untyped-
 async def relayed_text(redis_url: str, prefix: str, turn_id: str) -> str:
     async with RedisRelay.open(redis_url, prefix=prefix) as relay:
         return "".join(
-            chunk.delta async for chunk in relay.read(turn_id) if type(chunk) is TextDelta
+            [chunk.text async for chunk in relay.read(turn_id) if type(chunk) is TextDelta]
         )
 
 
