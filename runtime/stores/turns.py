@@ -246,9 +246,14 @@ class TurnQueue:
         row, _ = await self.store.run(f"submit to session {session_id!r}", submit)
         turn = self._decode(row)
         if turn.session_id != session_id:
+            used = (
+                f"idempotency key {idempotency_key!r}"
+                if idempotency_key is not None
+                else f"turn id {turn_id!r}"
+            )
             raise StoreError(
-                f"submit to session {session_id!r}: idempotency key {idempotency_key!r} "
-                f"already names turn {turn.turn_id} of session {turn.session_id!r}"
+                f"submit to session {session_id!r}: {used} already names turn "
+                f"{turn.turn_id} of session {turn.session_id!r}"
             )
         return turn
 
