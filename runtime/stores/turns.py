@@ -520,6 +520,8 @@ class TurnQueue:
         is (re)opened, notifications may have been missed, so that wait returns ``True``
         at once: a spurious wake-up costs one claim, a missed one a whole ``timeout``.
         Cancelling a wait abandons its thread, which closes the connection when it ends.
+        Meant for one worker loop: concurrent waits on one queue take turns (front ends
+        waiting for a turn use :meth:`wait_finished`).
         """
         if self._closed:
             raise StoreError(f"turn queue of {self.store.url} is closed")
