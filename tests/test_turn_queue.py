@@ -10,6 +10,7 @@ from __future__ import annotations
 import glob
 import os
 import subprocess
+import uuid
 
 import pytest
 import trio
@@ -19,7 +20,7 @@ from runtime.errors import InvalidSessionId, LeaseLost, StoreError
 from runtime.messages import File, Image, TextPart, UserMessage
 from runtime.stores.postgres import PostgresStore
 from runtime.stores.turns import Claim, QueuedTurn, Renewal, TurnQueue
-from tests.support.pg import pg_connect
+from tests.support.pg import PG_URL, drop_schema, pg_connect
 
 LEASE = 0.3
 
@@ -407,3 +408,65 @@ async def test_submit_and_claim_succeed_after_postgresql_restarts(queue):
     claim = await queue.claim("w1")
     assert claim.turn.turn_id == turn.turn_id
     assert await queue.wait(5)  # the broken LISTEN connection is reopened, not raised
+
+
+async def test_wait_ignores_turns_of_another_schema(queue):
+    schema = f"axon_t_{uuid.uuid4().hex[:12]}"
+    other = await PostgresStore.open(f"{PG_URL}?schema={schema}")
+    try:
+        await queue.wait(0)
+        await TurnQueue(other, lease=LEASE).submit("s1", "elsewhere")
+        assert not await queue.wait(0.3)
+    finally:
+        await other.aclose()
+        drop_schema(schema)
+
+
+# -- the schema ------------------------------------------------------------------------
+
+
+async def test_a_store_from_before_the_queue_columns_gains_them_on_open(pg_url, store):
+    sql(store, "ALTER TABLE axon_turns DROP COLUMN meta, DROP COLUMN regenerate, "
+        "DROP COLUMN cancel_reason")  # fmt: skip
+    sql(store, "INSERT INTO axon_turns (turn_id, session_id, input) VALUES ('old', 's1', '\"hi\"')")
+    reopened = await PostgresStore.open(pg_url)
+    try:
+        queue = TurnQueue(reopened)
+        old = await queue.get("old")
+        assert (old.input, old.meta, old.regenerate, old.cancel_reason) == ("hi", {}, False, None)
+        assert (await queue.submit("s1", "new", meta={"k": 1})).meta == {"k": 1}
+    finally:
+        await reopened.aclose()
+
+
+# -- takeovers of special turns --------------------------------------------------------
+
+
+async def test_a_takeover_of_a_turn_being_cancelled_tells_the_new_worker(queue, store):
+    turn = await queue.submit("s1", "one")
+    old = await queue.claim("w1")
+    await queue.request_cancel(turn.turn_id, "stop")
+    expire(store, turn.turn_id)
+    new = await queue.claim("w2")
+    assert (new.takeover, new.turn.cancel_requested, new.turn.cancel_reason) == (
+        True,
+        True,
+        "stop",
+    )
+    assert old.turn.turn_id == new.turn.turn_id
+
+
+async def test_a_finish_retried_after_its_commit_reports_success(queue):
+    await queue.submit("s1", "one")
+    claim = await queue.claim("w1")
+    assert await queue.finish(claim, status="done")
+    assert await queue.finish(claim, status="done")  # as a retried transaction would
+    assert not await queue.finish(claim, status="failed")
+
+
+async def test_a_submit_repeated_with_its_turn_id_returns_the_first_turn(queue):
+    first = await queue.submit("s1", "hello", turn_id="turn-a")
+    again = await queue.submit("s1", "hello", turn_id="turn-a")
+    assert again == first
+    with pytest.raises(StoreError, match="turn id 'turn-a' already names"):
+        await queue.submit("s2", "hello", turn_id="turn-a")

@@ -246,9 +246,14 @@ class TurnQueue:
         row, _ = await self.store.run(f"submit to session {session_id!r}", submit)
         turn = self._decode(row)
         if turn.session_id != session_id:
+            used = (
+                f"idempotency key {idempotency_key!r}"
+                if idempotency_key is not None
+                else f"turn id {turn_id!r}"
+            )
             raise StoreError(
-                f"submit to session {session_id!r}: idempotency key {idempotency_key!r} "
-                f"already names turn {turn.turn_id} of session {turn.session_id!r}"
+                f"submit to session {session_id!r}: {used} already names turn "
+                f"{turn.turn_id} of session {turn.session_id!r}"
             )
         return turn
 
@@ -515,6 +520,8 @@ class TurnQueue:
         is (re)opened, notifications may have been missed, so that wait returns ``True``
         at once: a spurious wake-up costs one claim, a missed one a whole ``timeout``.
         Cancelling a wait abandons its thread, which closes the connection when it ends.
+        Meant for one worker loop: concurrent waits on one queue take turns (front ends
+        waiting for a turn use :meth:`wait_finished`).
         """
         if self._closed:
             raise StoreError(f"turn queue of {self.store.url} is closed")
