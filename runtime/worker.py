@@ -24,7 +24,9 @@ worker claims the turn with ``takeover`` set and runs it with ``resume``: the tu
 keeps the committed steps and re-runs only the step in flight (tools see the same
 ``ToolContext.idempotency_key`` for a repeated call). Readers of the relay are told the
 partial step is dropped (``restart_step``). A turn that keeps killing its workers is
-marked failed after ``max_attempts`` claims and blocks nothing else.
+marked failed after ``max_attempts`` claims and blocks nothing else; while a worker runs
+a taken-over turn it claims no other, so a turn that kills workers burns no other turn's
+attempts past its first.
 
 **Stopping.** :meth:`Worker.stop` (SIGINT/SIGTERM in the command) stops claiming and
 gives the running turns ``grace`` seconds to finish; the ones still running then are cut
@@ -176,6 +178,12 @@ class Worker:
             waiter.start_soon(self._cancel_on_stop, waiter.cancel_scope)
             while True:
                 await slots.acquire()
+                while any(entry.claim.takeover for entry in self.running.values()):
+                    # A taken-over turn may be what killed its last worker: while it
+                    # runs here, claim nothing else, so that if it kills this worker too
+                    # it takes no other turn's attempt down with it.
+                    self._turn_ended = trio.Event()
+                    await self._turn_ended.wait()
                 try:
                     claim = await self.queue.claim(self.owner)
                 except StoreError as exc:

@@ -16,12 +16,12 @@ from collections.abc import Iterator
 
 import pytest
 import trio
-from runtime.stores.turns import TurnQueue
 
 from actors.relay.redis_streams import RedisRelay
 from runtime.messages import AssistantMessage, TextPart, ToolCallPart, ToolMessage, UserMessage
 from runtime.output import TextDelta
 from runtime.stores.postgres import PostgresStore, parse_url
+from runtime.stores.turns import TurnQueue
 from tests.support.redis import (
     redis_restored,
     require_redis,
@@ -152,6 +152,7 @@ def assert_tools_turn_whole(messages, turn) -> None:  # type: ignore[no-untyped-
     assert [u.content for u in users] == [turn.input]
     assert [a.id for a in assistants] == [turn.message_id]
     assert [t.tool_call_id for t in tools] == ["call_1", "call_2"]
+    assert [t.error for t in tools] == [None, None]
     parts = assistants[0].content
     calls = [p.tool_call_id for p in parts if isinstance(p, ToolCallPart)]
     assert calls == ["call_1", "call_2"]
@@ -371,7 +372,7 @@ async def test_postgresql_and_redis_restarted_mid_turn_lose_nothing_committed(
         assert record is not None
         assert_tools_turn_whole(record.messages, turn)
         effects, _ = read_ledger(pg_url)
-        assert set(effects.values()) == {1}
+        assert effects == {f"{turn.turn_id}:0:call_1": 1, f"{turn.turn_id}:1:call_2": 1}
     finally:
         await queue.aclose()
         await store.aclose()

@@ -279,7 +279,7 @@ class TurnQueue:
             while True:  # expired leases first; poison turns fail and are skipped
                 row = conn.execute(
                     """SELECT turn_id, attempts FROM axon_turns
-                    WHERE status = 'running' AND lease_until < now()
+                    WHERE status = 'running' AND lease_until < clock_timestamp()
                     ORDER BY seq LIMIT 1 FOR UPDATE SKIP LOCKED"""
                 ).fetchone()
                 if row is None:
@@ -289,14 +289,14 @@ class TurnQueue:
                     taken = conn.execute(
                         f"""UPDATE axon_turns SET owner = %s, epoch = epoch + 1,
                             attempts = attempts + 1,
-                            lease_until = now() + make_interval(secs => %s)
+                            lease_until = clock_timestamp() + make_interval(secs => %s)
                         WHERE turn_id = %s RETURNING {_COLUMNS}""",
                         (owner, lease, turn_id),
                     ).fetchone()
                     return taken, True
                 conn.execute(
                     """UPDATE axon_turns SET status = 'failed', finish_reason = 'error',
-                        error = %s, lease_until = NULL, finished_at = now()
+                        error = %s, lease_until = NULL, finished_at = clock_timestamp()
                     WHERE turn_id = %s""",
                     (
                         f"abandoned by {attempts} workers (their leases expired while "
@@ -324,8 +324,8 @@ class TurnQueue:
                     started = conn.execute(
                         f"""UPDATE axon_turns SET status = 'running', owner = %s,
                             epoch = epoch + 1, attempts = attempts + 1,
-                            lease_until = now() + make_interval(secs => %s),
-                            started_at = coalesce(started_at, now())
+                            lease_until = clock_timestamp() + make_interval(secs => %s),
+                            started_at = coalesce(started_at, clock_timestamp())
                         WHERE turn_id = %s AND status = 'queued' RETURNING {_COLUMNS}""",
                         (owner, lease, row[0]),
                     ).fetchone()
@@ -349,7 +349,7 @@ class TurnQueue:
 
         def renew(conn: Any) -> tuple[Any, ...] | None:
             row: tuple[Any, ...] | None = conn.execute(
-                """UPDATE axon_turns SET lease_until = now() + make_interval(secs => %s)
+                """UPDATE axon_turns SET lease_until = clock_timestamp() + make_interval(secs => %s)
                 WHERE turn_id = %s AND owner = %s AND epoch = %s AND status = 'running'
                 RETURNING cancel_requested, cancel_reason""",
                 (lease, claim.turn.turn_id, claim.owner, claim.epoch),
@@ -382,7 +382,7 @@ class TurnQueue:
         def finish(conn: Any) -> bool:
             row = conn.execute(
                 """UPDATE axon_turns SET status = %s, finish_reason = %s, error = %s,
-                    lease_until = NULL, finished_at = now()
+                    lease_until = NULL, finished_at = clock_timestamp()
                 WHERE turn_id = %s AND owner = %s AND epoch = %s AND status = 'running'
                 RETURNING turn_id""",
                 (status, finish_reason, error, *key),
@@ -415,7 +415,7 @@ class TurnQueue:
         def release(conn: Any) -> bool:
             row = conn.execute(
                 """UPDATE axon_turns SET owner = NULL,
-                    lease_until = now() - interval '1 second',
+                    lease_until = clock_timestamp() - interval '1 second',
                     attempts = greatest(attempts - 1, 0)
                 WHERE turn_id = %s AND owner = %s AND epoch = %s AND status = 'running'
                 RETURNING turn_id""",
@@ -449,7 +449,7 @@ class TurnQueue:
             if row[0] == QUEUED:
                 conn.execute(
                     """UPDATE axon_turns SET status = 'cancelled', finish_reason = 'aborted',
-                        cancel_requested = true, cancel_reason = %s, finished_at = now()
+                        cancel_requested = true, cancel_reason = %s, finished_at = clock_timestamp()
                     WHERE turn_id = %s""",
                     (reason, turn_id),
                 )

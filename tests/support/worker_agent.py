@@ -56,7 +56,24 @@ def _ledger_connect(url: str):  # type: ignore[no-untyped-def]
 
 
 def write_effect(url: str, key: str) -> None:
-    """The tool's side effect: at most one ledger row per key, every attempt counted."""
+    """The tool's side effect: at most one ledger row per key, every attempt counted.
+    Retried for 30 s while PostgreSQL cannot be reached (a test restarts it), as a real
+    tool with a side effect would."""
+    import time
+
+    import psycopg
+
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            return _write_effect(url, key)
+        except psycopg.OperationalError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+def _write_effect(url: str, key: str) -> None:
     with _ledger_connect(url) as conn:
         conn.execute(
             "INSERT INTO axon_test_attempts (key, pid) VALUES (%s, %s)", (key, os.getpid())
