@@ -353,6 +353,8 @@ class WebState:
         self.cancel_hook: Callable[[str], Any] | None = None
         """``await cancel_hook(turn_id)`` cancels a turn this process does not run (a
         worker deployment's ``request_cancel``)."""
+        self.front: Any = None
+        """The :class:`~runtime.web.frontend.FrontEnd` of a worker deployment, if any."""
         self.background: trio.Nursery | None = None
         """Where response writers run, outliving their request (opened by the app's
         lifespan; without one, each request keeps its own)."""
@@ -368,11 +370,15 @@ class WebState:
         async with self._open_lock:
             session = self.host.get_session(session_id)
             if session is None:
-                agent = self.agent if isinstance(self.agent, Agent) else self.agent(session_id)
+                agent = self.agent_for(session_id)
                 session = await self.host.open_session(agent, session_id=session_id)
             else:
                 await session.reopen()
         return session
+
+    def agent_for(self, session_id: str) -> Agent:
+        """The agent that runs ``session_id``'s turns."""
+        return self.agent if isinstance(self.agent, Agent) else self.agent(session_id)
 
     def info(self) -> dict[str, Any]:
         agent = self.agent if isinstance(self.agent, Agent) else None
@@ -411,7 +417,9 @@ async def _read_body(request: Request, limit: int, within: float | None = None) 
     )
 
 
-async def chat(request: Request) -> Any:
+async def read_chat_request(request: Request) -> tuple[dict[str, Any], str, UserContent, bool]:
+    """A ``POST /api/chat`` body: ``(payload, session_id, last user input, regenerate)``,
+    every bad part a 4xx; the input checked against the session's agent's media limits."""
     state = _state(request)
     raw = await _read_body(request, state.max_body, state.body_timeout)
     try:
@@ -427,15 +435,26 @@ async def chat(request: Request) -> Any:
     trigger = payload.get("trigger", "submit-message")
     if trigger not in ("submit-message", "regenerate-message"):
         raise ApiError(400, f"unknown trigger {trigger!r}")
-    session = await state.session(session_id)
+    return payload, session_id, text, trigger == "regenerate-message"
+
+
+def check_media(text: UserContent, agent: Agent) -> None:
+    """413 when ``text``'s attachments are over ``agent``'s media limits."""
     try:
-        check_limits(text, session.agent.media_limits)
+        check_limits(text, agent.media_limits)
     except MediaTooLarge as exc:
         raise ApiError(413, exc.message) from None
+
+
+async def chat(request: Request) -> Any:
+    state = _state(request)
+    _, session_id, text, regenerate = await read_chat_request(request)
+    session = await state.session(session_id)
+    check_media(text, session.agent)
     return TurnResponse(
         session,
         text,
-        regenerate=trigger == "regenerate-message",
+        regenerate=regenerate,
         keepalive=state.keepalive,
         send_timeout=state.send_timeout,
         background=state.background,
@@ -524,6 +543,7 @@ def create_app(
     send_timeout: float | None = SEND_TIMEOUT,
     relay: Any = None,
     cancel_hook: Callable[[str], Any] | None = None,
+    queue: Any = None,
 ) -> Starlette:
     """The web app for ``host``: every session runs ``agent`` (or ``agent(session_id)``).
 
@@ -536,6 +556,11 @@ def create_app(
     takes no data before dropping it (``None``: no limit). ``relay`` (a
     :class:`runtime.relay.Relay`) serves ``GET /api/chat/{id}/stream`` for turns running
     anywhere; ``cancel_hook(turn_id)`` stops a turn running in another process.
+
+    With ``queue`` (a :class:`runtime.stores.turns.TurnQueue`) and ``relay`` the app is a
+    stateless front end of a worker deployment (:mod:`runtime.web.frontend`): it queues
+    turns for the workers and streams them from the relay, and ``host`` only lends it
+    its store (it opens no session and runs no turn).
     """
     page = (STATIC / "index.html").read_bytes()
     state = WebState(
@@ -548,6 +573,21 @@ def create_app(
     )
     state.relay = relay
     state.cancel_hook = cancel_hook
+    routes = {
+        "chat": chat,
+        "stream": resume_stream,
+        "stop": stop_turn,
+        "sessions": list_sessions,
+        "session": get_session,
+        "info": info,
+    }
+    if queue is not None:
+        from runtime.web.frontend import FrontEnd
+
+        if relay is None:
+            raise ValueError("a front end (queue=) needs the relay its workers write to")
+        state.front = FrontEnd(store=host.store, queue=queue, relay=relay)
+        routes.update(state.front.routes())
 
     async def index(request: Request) -> Response:
         return HTMLResponse(page, headers={"content-security-policy": CSP})
@@ -584,12 +624,12 @@ def create_app(
     app = Starlette(
         routes=[
             Route("/", index, methods=["GET"]),
-            Route("/api/info", info, methods=["GET"]),
-            Route("/api/chat", chat, methods=["POST"]),
-            Route("/api/chat/{session_id}/stream", resume_stream, methods=["GET"]),
-            Route("/api/chat/{session_id}/stop", stop_turn, methods=["POST"]),
-            Route("/api/sessions", list_sessions, methods=["GET"]),
-            Route("/api/sessions/{session_id}", get_session, methods=["GET"]),
+            Route("/api/info", routes["info"], methods=["GET"]),
+            Route("/api/chat", routes["chat"], methods=["POST"]),
+            Route("/api/chat/{session_id}/stream", routes["stream"], methods=["GET"]),
+            Route("/api/chat/{session_id}/stop", routes["stop"], methods=["POST"]),
+            Route("/api/sessions", routes["sessions"], methods=["GET"]),
+            Route("/api/sessions/{session_id}", routes["session"], methods=["GET"]),
         ],
         middleware=middleware,
         exception_handlers={ApiError: _api_error},
