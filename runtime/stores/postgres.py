@@ -9,7 +9,7 @@ Layout (in one schema, ``public`` unless the URL says ``?schema=NAME``; schema v
                   version BIGINT)                        -- bumped by every save
     axon_messages(session_id, idx, role, body BYTEA,     -- serde JSON of one Message
                   PRIMARY KEY (session_id, idx))
-    axon_turns(...)                                      -- durable turns: runtime.worker
+    axon_turns(...)                                      -- durable turns: stores/turns.py
 
 One message is one row keyed by its index, as in the SQLite store: :meth:`save` deletes
 the rows from ``start`` on and inserts the new ones in one transaction, so persisting
@@ -126,6 +126,11 @@ _SCHEMA = (
     """CREATE INDEX IF NOT EXISTS axon_turns_open
         ON axon_turns (seq) WHERE status IN ('queued', 'running')""",
     "CREATE INDEX IF NOT EXISTS axon_turns_by_session ON axon_turns (session_id, seq)",
+    # Columns the turn queue (runtime.stores.turns) added after schema 1 shipped: added in
+    # place, so a store created before them upgrades on open without a version change.
+    "ALTER TABLE axon_turns ADD COLUMN IF NOT EXISTS meta BYTEA NOT NULL DEFAULT '{}'::bytea",
+    "ALTER TABLE axon_turns ADD COLUMN IF NOT EXISTS regenerate BOOLEAN NOT NULL DEFAULT false",
+    "ALTER TABLE axon_turns ADD COLUMN IF NOT EXISTS cancel_reason TEXT",
 )
 
 
