@@ -41,6 +41,7 @@ from runtime.serde import converter, structure, unstructure
 from runtime.store import validate_session_id
 from runtime.stores import is_store_url, open_store
 from runtime.web.serve import add_serve_parser, serve_command
+from runtime.worker import add_worker_parser, worker_command
 
 __all__ = ["MCP_HELP", "BadInput", "build_parser", "main", "make_agent", "report_bad_input"]
 
@@ -101,6 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--json", action="store_true", help="print the messages as JSON")
 
     add_serve_parser(sub)
+    add_worker_parser(sub)
     return parser
 
 
@@ -332,6 +334,11 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "serve":
         try:
             return trio.run(serve_command, args)
+        except KeyboardInterrupt:
+            return 130
+    if args.command == "worker":
+        try:
+            return trio.run(worker_command, args)
         except KeyboardInterrupt:
             return 130
     if args.command == "run":

@@ -1,0 +1,515 @@
+"""Worker processes: run durable turns from PostgreSQL, stream them through the relay.
+
+A deployment past one machine has stateless front ends (``serve`` with a PostgreSQL
+store and a Redis relay) that *submit* turns, and any number of workers
+(``python -m runtime worker``) that *run* them::
+
+    front end --submit--> PostgreSQL (axon_turns) <--claim/lease/commit-- worker
+    front end <--read---- Redis Streams (axon:turn:*) <----append------- worker
+
+A :class:`Worker` claims turns from the :class:`~runtime.stores.turns.TurnQueue`
+(``FOR UPDATE SKIP LOCKED``; never two running turns of one session), runs each on its
+own :class:`~runtime.host.Host` (the sessions load from and commit to the same
+PostgreSQL store), appends the turn's chunks to the relay, and marks the turn finished.
+
+**Leases and fencing.** A claim is a lease of ``lease`` seconds, renewed every third of
+it. Every commit of the session while the turn runs is fenced by the claim's ``(owner,
+epoch)`` (:meth:`~runtime.stores.postgres.PostgresStore.fenced`): a worker that lost its
+lease (it was paused, partitioned, or too slow to renew, and another worker took the turn
+over) has its saves refused, and cancels its turn as soon as it notices (a refused save or
+a failed renewal). Its relay writes are dropped too.
+
+**Takeover.** A worker that dies mid-turn stops renewing; once the lease expires another
+worker claims the turn with ``takeover`` set and runs it with ``resume``: the turn runner
+keeps the committed steps and re-runs only the step in flight (tools see the same
+``ToolContext.idempotency_key`` for a repeated call). Readers of the relay are told the
+partial step is dropped (``restart_step``). A turn that keeps killing its workers is
+marked failed after ``max_attempts`` claims and blocks nothing else.
+
+**Stopping.** :meth:`Worker.stop` (SIGINT/SIGTERM in the command) stops claiming and
+gives the running turns ``grace`` seconds to finish; the ones still running then are cut
+at their last commit (the store refuses their later saves) and released, so another
+worker takes them over at once, as if this one had died, without waiting for the lease.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import attrs
+import trio
+
+from runtime.agent import Agent
+from runtime.errors import ConfigurationError, LeaseLost, StoreError
+from runtime.host import Host
+from runtime.ids import new_id
+from runtime.logging import get_logger
+from runtime.output import StepStart
+from runtime.stores.postgres import PostgresStore
+from runtime.stores.turns import Claim, TurnQueue
+
+AgentSource = Agent | Callable[[str], Agent]
+"""An agent for every session, or a function of the session id returning one."""
+
+DEFAULT_CONCURRENCY = 4
+DEFAULT_LEASE = 10.0
+DEFAULT_GRACE = 10.0
+DEFAULT_POLL = 1.0
+"""Seconds between claim attempts while nothing is notified (an expired lease notifies
+nobody: this is how soon a dead worker's turn is noticed after its lease ran out)."""
+
+log = get_logger("axon.worker")
+
+
+def default_owner() -> str:
+    """``host:pid:random``: unique per worker run, readable in ``axon_turns.owner``."""
+    return f"{socket.gethostname()}:{os.getpid()}:{new_id('w')[-6:]}"
+
+
+@attrs.define(kw_only=True, slots=True, eq=False)
+class _Running:
+    """A turn this worker runs: its claim, its stream, and whether its lease is gone."""
+
+    claim: Claim
+    stream: Any = None
+    lost: bool = False
+
+    def cancel(self, reason: str) -> None:
+        if self.stream is not None:
+            self.stream.cancel(reason)
+
+    def lose(self, why: str) -> None:
+        """The lease is gone: write nothing more, stop the turn."""
+        if not self.lost:
+            self.lost = True
+            log.warning(
+                "worker.lease_lost",
+                turn_id=self.claim.turn.turn_id,
+                epoch=self.claim.epoch,
+                why=why,
+            )
+            self.cancel("lease lost")
+
+
+class Worker:
+    """Claims durable turns and runs them; see the module docstring.
+
+    ``store`` is an open :class:`PostgresStore` (the worker does not close it); ``relay``
+    a :class:`runtime.relay.Relay` or ``None`` (front ends then show a turn once it is
+    committed). Run with ``await nursery.start(worker.run)``; :attr:`done` counts the turns
+    it finished, by status.
+    """
+
+    def __init__(
+        self,
+        *,
+        store: PostgresStore,
+        relay: Any = None,
+        agent: AgentSource,
+        owner: str | None = None,
+        concurrency: int = DEFAULT_CONCURRENCY,
+        lease: float = DEFAULT_LEASE,
+        max_attempts: int = 3,
+        grace: float = DEFAULT_GRACE,
+        poll: float = DEFAULT_POLL,
+        max_sessions: int = 1000,
+    ) -> None:
+        if not isinstance(store, PostgresStore):
+            raise ConfigurationError("a worker needs a PostgreSQL store (postgresql://...)")
+        if concurrency < 1:
+            raise ConfigurationError(f"concurrency must be >= 1, not {concurrency!r}")
+        if not lease > 0:
+            raise ConfigurationError(f"lease must be a positive number of seconds, not {lease!r}")
+        self.store = store
+        self.relay = relay
+        self.agent = agent
+        self.owner = owner or default_owner()
+        self.concurrency = concurrency
+        self.lease = lease
+        self.grace = grace
+        self.poll = poll
+        self.max_sessions = max_sessions
+        self.queue = TurnQueue(store, lease=lease, max_attempts=max_attempts)
+        self.running: dict[str, _Running] = {}
+        """The turns running now, by turn id."""
+        self.done: dict[str, int] = {}
+        """Turns finished by this worker, by status (``done``, ``failed``, ``cancelled``,
+        ``lost``: the lease went to another worker)."""
+        self.host: Host | None = None
+        self._agents: dict[str, Agent] = {}
+        self._stopping = trio.Event()
+        self._turn_ended = trio.Event()
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Stop claiming; running turns get ``grace`` seconds, then are cut and released."""
+        self._stopping.set()
+
+    async def run(self, *, task_status: trio.TaskStatus[Worker] = trio.TASK_STATUS_IGNORED) -> None:
+        """Claim and run turns until :meth:`stop` (then drain) or cancellation (then the
+        running turns are cut at their last commit, as if the process had died)."""
+        async with Host.open(store=self.store, max_sessions=self.max_sessions) as host:
+            self.host = host
+            try:
+                async with trio.open_nursery() as nursery:
+                    watch = getattr(self.relay, "watch_cancels", None)
+                    if watch is not None:
+                        await nursery.start(watch, self._on_relay_cancel)
+                    async with trio.open_nursery() as turn_nursery:
+                        task_status.started(self)
+                        log.info("worker.started", owner=self.owner, concurrency=self.concurrency)
+                        await self._claim_until_stopped(turn_nursery)
+                        await self._drain(turn_nursery)
+                    nursery.cancel_scope.cancel()
+            finally:
+                await self._close()
+                self.host = None
+
+    async def _claim_until_stopped(self, nursery: trio.Nursery) -> None:
+        slots = trio.Semaphore(self.concurrency)
+        async with trio.open_nursery() as waiter:
+            waiter.start_soon(self._cancel_on_stop, waiter.cancel_scope)
+            while True:
+                await slots.acquire()
+                try:
+                    claim = await self.queue.claim(self.owner)
+                except StoreError as exc:
+                    slots.release()
+                    log.warning("worker.claim_failed", error=str(exc))
+                    await trio.sleep(self.poll)
+                    continue
+                if claim is None:
+                    slots.release()
+                    await self.queue.wait(self.poll)
+                    continue
+                entry = self.running[claim.turn.turn_id] = _Running(claim=claim)
+                nursery.start_soon(self._run_claim, entry, slots)
+
+    async def _cancel_on_stop(self, scope: trio.CancelScope) -> None:
+        await self._stopping.wait()
+        scope.cancel()
+
+    async def _drain(self, nursery: trio.Nursery) -> None:
+        """After :meth:`stop`: wait ``grace`` seconds for the running turns, then cut the
+        rest at their last commit and release them to other workers."""
+        with trio.move_on_after(self.grace):
+            while self.running:
+                self._turn_ended = trio.Event()
+                await self._turn_ended.wait()
+        if self.running:
+            self.store.close_fences()
+            for entry in list(self.running.values()):
+                entry.lost = True  # what the turn does from here is not this worker's
+                entry.cancel("worker stopping")
+            with trio.CancelScope(shield=True):
+                for entry in list(self.running.values()):
+                    try:
+                        await self.queue.release(entry.claim)
+                    except StoreError as exc:
+                        log.warning("worker.release_failed", error=str(exc))
+            nursery.cancel_scope.deadline = trio.current_time() + 5.0
+
+    async def _close(self) -> None:
+        with trio.CancelScope(shield=True):
+            try:
+                await self.queue.aclose()
+            except Exception as exc:  # closing: report, do not mask the real ending
+                log.warning("worker.close_failed", error=str(exc))
+
+    def _on_relay_cancel(self, turn_id: str, reason: str) -> None:
+        entry = self.running.get(turn_id)
+        if entry is not None:
+            entry.cancel(reason)
+
+    # -- one turn ----------------------------------------------------------------------------
+
+    def agent_for(self, session_id: str) -> Agent:
+        """The agent of ``session_id`` (one object per session, so the host reuses it)."""
+        if isinstance(self.agent, Agent):
+            return self.agent
+        agent = self._agents.get(session_id)
+        if agent is None:
+            agent = self._agents[session_id] = self.agent(session_id)
+        return agent
+
+    async def _run_claim(self, entry: _Running, slots: trio.Semaphore) -> None:
+        turn = entry.claim.turn
+        try:
+            status = await self._run_turn(entry)
+        except Exception as exc:  # the turn could not even start: fail it, keep working
+            log.error("worker.turn_crashed", turn_id=turn.turn_id, error=f"{exc!r}"[:500])
+            status = "failed"
+            if not entry.lost:
+                with trio.CancelScope(shield=True):
+                    try:
+                        await self.queue.finish(
+                            entry.claim, status="failed", finish_reason="error", error=str(exc)
+                        )
+                    except StoreError as err:
+                        log.warning("worker.finish_failed", turn_id=turn.turn_id, error=str(err))
+        finally:
+            self.running.pop(turn.turn_id, None)
+            self._turn_ended.set()
+            slots.release()
+        self.done[status] = self.done.get(status, 0) + 1
+
+    async def _run_turn(self, entry: _Running) -> str:
+        claim = entry.claim
+        turn = claim.turn
+        host = self.host
+        assert host is not None
+        session = await host.open_session(self.agent_for(turn.session_id), turn.session_id)
+        if turn.meta:
+            session.update_meta(turn.meta)
+        stream = entry.stream = session.stream(
+            turn.input,
+            regenerate=turn.regenerate,
+            turn_id=turn.turn_id,
+            message_id=turn.message_id,
+            resume=claim.takeover or turn.saved,
+        )
+        if turn.cancel_requested:
+            stream.cancel(turn.cancel_reason or "cancelled")
+        log.info(
+            "worker.turn",
+            turn_id=turn.turn_id,
+            session_id=turn.session_id,
+            epoch=claim.epoch,
+            takeover=claim.takeover,
+        )
+        writer = None
+        if self.relay is not None:
+            writer = self.relay.writer(session_id=turn.session_id, turn_id=turn.turn_id)
+        fence = claim.fence(on_lost=lambda: entry.lose("a save was refused"))
+        with self.store.fenced(turn.session_id, fence):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._keep_lease, entry)
+                try:
+                    async with stream as out:
+                        await self._relay(entry, out, writer)
+                finally:
+                    nursery.cancel_scope.cancel()
+                    if writer is not None:
+                        with trio.CancelScope(shield=True):
+                            await writer.aclose(final=not entry.lost)
+        return await self._finish(entry)
+
+    async def _relay(self, entry: _Running, out: Any, writer: Any) -> None:
+        """The turn's chunks to the relay; on a takeover, the restarted step announced
+        before its first chunk. Nothing goes out once the lease is lost."""
+        restart = entry.claim.takeover
+        try:
+            async for chunk in out:
+                if writer is None or entry.lost:
+                    continue
+                if restart and type(chunk) is StepStart:
+                    restart = False
+                    await writer.restart_step(chunk.step)
+                writer.append(chunk)
+        except trio.Cancelled:
+            # The worker itself is being torn down (only that raises Cancelled here):
+            # keep the turn at its last commit, as if the process had died, so the turn
+            # that takes it over never finds a partial step saved as interrupted.
+            self.store.close_fences()
+            entry.lost = True
+            raise
+
+    async def _keep_lease(self, entry: _Running) -> None:
+        """Renew the lease every third of it; a lost lease or a cancel request stops the
+        turn. A store that cannot be reached is retried: if the lease runs out meanwhile,
+        the fence refuses this worker's next commit."""
+        while True:
+            await trio.sleep(self.lease / 3)
+            try:
+                renewal = await self.queue.renew(entry.claim)
+            except StoreError as exc:
+                log.warning("worker.renew_failed", turn_id=entry.claim.turn.turn_id, error=str(exc))
+                continue
+            if not renewal.held:
+                entry.lose("renewal refused")
+                return
+            if renewal.cancel_requested:
+                entry.cancel(renewal.cancel_reason or "cancelled")
+
+    async def _finish(self, entry: _Running) -> str:
+        """Mark the turn finished in the queue (fenced); the status it ended with."""
+        if entry.lost:
+            return "lost"
+        result = entry.stream.result
+        if result is None:
+            status, reason, error = "failed", "error", "the turn ended without a result"
+        elif result.finish_reason == "error":
+            status, reason = "failed", "error"
+            error = result.error.message if result.error is not None else "error"
+        elif result.finish_reason == "aborted":
+            status, reason, error = "cancelled", "aborted", result.abort_reason
+        else:
+            status, reason, error = "done", result.finish_reason, None
+        with trio.CancelScope(shield=True):
+            try:
+                if not await self.queue.finish(
+                    entry.claim, status=status, finish_reason=reason, error=error
+                ):
+                    return "lost"
+            except LeaseLost:
+                return "lost"
+        return status
+
+
+@asynccontextmanager
+async def open_worker(
+    store_url: str,
+    *,
+    redis_url: str | None = None,
+    agent: AgentSource,
+    relay_options: dict[str, Any] | None = None,
+    **options: Any,
+) -> AsyncIterator[Worker]:
+    """Open the store (and relay, with ``relay_options`` such as ``prefix``), start a
+    :class:`Worker` with ``options``, yield it; on exit stop it (draining its turns for
+    ``grace`` seconds) and close what it opened."""
+    store = await PostgresStore.open(store_url)
+    try:
+        async with (
+            _maybe_relay(redis_url, relay_options or {}) as relay,
+            trio.open_nursery() as nursery,
+        ):
+            worker = Worker(store=store, relay=relay, agent=agent, **options)
+            await nursery.start(worker.run)
+            try:
+                yield worker
+            finally:
+                worker.stop()
+    finally:
+        with trio.CancelScope(shield=True):
+            await store.aclose()
+
+
+@asynccontextmanager
+async def _maybe_relay(url: str | None, options: dict[str, Any]) -> AsyncIterator[Any]:
+    if url is None:
+        yield None
+        return
+    from actors.relay.redis_streams import RedisRelay
+
+    async with RedisRelay.open(url, **options) as relay:
+        yield relay
+
+
+__all__ = ["AgentSource", "Worker", "default_owner", "open_worker"]
+
+
+# -- the command ------------------------------------------------------------------------
+
+
+def add_worker_parser(subparsers: Any) -> Any:
+    """``python -m runtime worker``: its options (imports nothing heavy)."""
+    from actors.providers.registry import provider_names
+    from runtime.commands import MCP_HELP
+
+    worker = subparsers.add_parser(
+        "worker", help="run durable turns from PostgreSQL, streaming them through Redis"
+    )
+    add = worker.add_argument
+    add("--store", required=True, metavar="URL", help="postgresql://... (the sessions and turns)")
+    add("--redis", default=None, metavar="URL", help="redis://... (live output to front ends)")
+    add(
+        "--agent",
+        default=None,
+        metavar="MODULE:NAME",
+        help="the agent: an Agent, or a function of the session id returning one "
+        "(default: the one --provider and the other options describe)",
+    )
+    add(
+        "--redis-prefix",
+        default=None,
+        metavar="PREFIX",
+        help="key prefix of the relay's streams (default 'axon:'; front ends must agree)",
+    )
+    add("--concurrency", type=int, default=DEFAULT_CONCURRENCY, help="turns run at once")
+    add("--lease", type=float, default=DEFAULT_LEASE, help="seconds a claim holds unrenewed")
+    add("--max-attempts", type=int, default=3, help="claims before a turn is marked failed")
+    add("--grace", type=float, default=DEFAULT_GRACE, help="seconds to finish turns on SIGTERM")
+    add("--poll", type=float, default=DEFAULT_POLL, help="seconds between claims when idle")
+    add("--owner", default=None, help="this worker's name in axon_turns (default host:pid:rand)")
+    add("--provider", choices=provider_names(), default="scripted")
+    add("--model", default=None, help="model name for a real provider")
+    add("--base-url", default=None, help="provider endpoint (any compatible server)")
+    add("--api-key", default=None, help="API key (default: the SDK's env variable)")
+    add("--thinking-budget", type=int, default=None, help="Anthropic thinking tokens")
+    add("--instructions", default=None, help="system prompt")
+    add("--delay", type=float, default=0.0, help="scripted demo: seconds between chunks")
+    add("--mcp", action="append", default=[], metavar="SERVER", help=MCP_HELP)
+    add("--log-level", default="warning", help="structlog level on stderr")
+    worker.set_defaults(jsonl=False)
+    return worker
+
+
+def load_agent(spec: str) -> AgentSource:
+    """The object ``module:name`` names: an :class:`Agent` or a callable returning one."""
+    import importlib
+
+    module_name, _, name = spec.partition(":")
+    if not module_name or not name:
+        raise ConfigurationError(f"--agent must be MODULE:NAME, not {spec!r}")
+    try:
+        target: Any = importlib.import_module(module_name)
+        for attr in name.split("."):
+            target = getattr(target, attr)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigurationError(f"--agent {spec!r}: {exc}") from None
+    if not (isinstance(target, Agent) or callable(target)):
+        raise ConfigurationError(f"--agent {spec!r} is neither an Agent nor a callable")
+    return target  # type: ignore[no-any-return]
+
+
+async def worker_command(args: Any) -> int:
+    """Run a worker until SIGINT/SIGTERM, then drain it (``--grace``); a second signal
+    during the drain ends the process at once (its turns are taken over)."""
+    import signal
+    import sys
+
+    from actors.relay.redis_streams import public_url
+    from runtime.commands import make_agent
+    from runtime.errors import RelayUnavailable
+    from runtime.logging import configure_logging
+    from runtime.stores.postgres import parse_url, redact_url
+
+    configure_logging(args.log_level)
+    try:
+        parse_url(args.store)
+        agent = load_agent(args.agent) if args.agent else make_agent(args)
+        options = {
+            "concurrency": args.concurrency,
+            "lease": args.lease,
+            "max_attempts": args.max_attempts,
+            "grace": args.grace,
+            "poll": args.poll,
+            "owner": args.owner,
+        }
+        relay_options = {"prefix": args.redis_prefix} if args.redis_prefix else {}
+        async with open_worker(
+            args.store,
+            redis_url=args.redis,
+            agent=agent,
+            relay_options=relay_options,
+            **options,
+        ) as worker:
+            print(
+                f"Axon worker {worker.owner} on {redact_url(args.store)}"
+                f"{', relay ' + public_url(args.redis) if args.redis else ''} "
+                f"(concurrency {worker.concurrency}, lease {worker.lease:g} s)",
+                flush=True,
+            )
+            with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                async for _ in signals:
+                    break  # then leaving open_worker drains; a second signal kills
+    except (ConfigurationError, RelayUnavailable) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0

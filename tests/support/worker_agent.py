@@ -1,0 +1,132 @@
+"""The agent the worker tests run (``--agent tests.support.worker_agent:agent``).
+
+A scripted provider whose answers depend only on the request, so a step re-run by the
+worker that takes a turn over replays exactly what the dead worker's step would have:
+
+* input ``tools ...``: step 0 calls ``record(n=1)``, step 1 calls ``record(n=2)``, step 2
+  answers in ``ANSWER_WORDS`` words;
+* any other input: one step answering ``echo: <input>``.
+
+Controlled by the environment of the worker process:
+
+* ``AXON_TEST_DELAY``: seconds before each streamed chunk (default 0);
+* ``AXON_TEST_TOOL_HOLD``: seconds ``record`` waits *after* its side effect, before it
+  returns: a worker killed then dies between a tool's execution and its step's commit;
+* ``AXON_TEST_LEDGER``: the ``postgresql://...?schema=`` URL where ``record`` writes its
+  side effect, once per ``ToolContext.idempotency_key`` (``axon_test_ledger``), and every
+  attempt (``axon_test_attempts``): the ledger proves a takeover repeats no effect.
+"""
+
+from __future__ import annotations
+
+import os
+
+import trio
+
+from actors.providers.scripted import ScriptedProvider, current_step, tool_call
+from runtime.agent import Agent
+from runtime.chunks import ReasoningChunk
+from runtime.messages import UserMessage
+from runtime.protocol import InferRequest
+from runtime.tools import ToolContext, tool
+
+ANSWER_WORDS = 40
+LEDGER_SQL = (
+    """CREATE TABLE IF NOT EXISTS axon_test_ledger (
+        key TEXT PRIMARY KEY, pid INTEGER NOT NULL, at TIMESTAMPTZ NOT NULL DEFAULT now())""",
+    """CREATE TABLE IF NOT EXISTS axon_test_attempts (
+        id SERIAL PRIMARY KEY, key TEXT NOT NULL, pid INTEGER NOT NULL)""",
+)
+
+
+def _ledger_connect(url: str):  # type: ignore[no-untyped-def]
+    import psycopg
+
+    from runtime.stores.postgres import parse_url
+
+    libpq, schema = parse_url(url)
+    conn = psycopg.connect(libpq, autocommit=True, connect_timeout=10)
+    conn.execute(f"CREATE SCHEMA IF NOT EXISTS {schema}")
+    conn.execute(f"SET search_path TO {schema}")
+    for statement in LEDGER_SQL:
+        conn.execute(statement)
+    return conn
+
+
+def write_effect(url: str, key: str) -> None:
+    """The tool's side effect: at most one ledger row per key, every attempt counted."""
+    with _ledger_connect(url) as conn:
+        conn.execute(
+            "INSERT INTO axon_test_attempts (key, pid) VALUES (%s, %s)", (key, os.getpid())
+        )
+        conn.execute(
+            "INSERT INTO axon_test_ledger (key, pid) VALUES (%s, %s) ON CONFLICT (key) DO NOTHING",
+            (key, os.getpid()),
+        )
+
+
+def read_ledger(url: str) -> tuple[dict[str, int], dict[str, int]]:
+    """``(effects per key, attempts per key)``."""
+    with _ledger_connect(url) as conn:
+        effects = dict(
+            conn.execute("SELECT key, count(*) FROM axon_test_ledger GROUP BY key").fetchall()
+        )
+        attempts = dict(
+            conn.execute("SELECT key, count(*) FROM axon_test_attempts GROUP BY key").fetchall()
+        )
+    return effects, attempts
+
+
+@tool
+async def record(n: int, ctx: ToolContext) -> str:
+    """Record effect number ``n`` (once per idempotency key)."""
+    url = os.environ.get("AXON_TEST_LEDGER")
+    if url:
+        await trio.to_thread.run_sync(write_effect, url, ctx.idempotency_key)
+    hold = float(os.environ.get("AXON_TEST_TOOL_HOLD", "0") or 0)
+    if hold:
+        await trio.sleep(hold)
+    return f"recorded {n}"
+
+
+def _last_input(request: InferRequest) -> str:
+    for message in reversed(request.messages):
+        if type(message) is UserMessage:
+            content = message.content
+            return content if isinstance(content, str) else str(content)
+    return ""
+
+
+def answer_text(user: str) -> str:
+    """The final answer of a ``tools`` turn."""
+    words = " ".join(f"w{i}" for i in range(ANSWER_WORDS))
+    return f"done {user}: {words}"
+
+
+def respond(request: InferRequest) -> list:  # type: ignore[type-arg]
+    user = _last_input(request)
+    if not user.startswith("tools"):
+        return [f"echo: {user}"]
+    step = current_step(request.messages)
+    if step == 0:
+        return [
+            ReasoningChunk(text="I will record two effects."),
+            *tool_call("record", {"n": 1}, tool_call_id="call_1"),
+        ]
+    if step == 1:
+        return tool_call("record", {"n": 2}, tool_call_id="call_2")
+    return [answer_text(user)]
+
+
+agent = Agent(
+    name="worker-test",
+    provider=ScriptedProvider(
+        responder=respond,
+        delay=float(os.environ.get("AXON_TEST_DELAY", "0") or 0),
+        keep_requests=0,
+        chunk_size=8,
+    ),
+    instructions="test",
+    tools=[record],
+)
+"""The worker tests' agent, for every session."""
