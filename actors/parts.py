@@ -29,6 +29,7 @@ The rules (the stream shows the text and reasoning parts below exactly as stored
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import attrs
@@ -86,9 +87,11 @@ class PartsManager:
         "step",
     )
 
-    def __init__(self) -> None:
-        self.content: list[Part] = []
-        """The stored parts so far, in stream order (the open part is not among them)."""
+    def __init__(self, content: Sequence[Part] = ()) -> None:
+        self.content: list[Part] = list(content)
+        """The stored parts so far, in stream order (the open part is not among them).
+        A turn taken over from another worker starts with the parts of its committed
+        steps (see :mod:`actors.takeover`): the new ones follow them."""
         self.step = 0
         """The step the parts that open now belong to; the turn runner sets it."""
         self._kind: str | None = None

@@ -41,6 +41,7 @@ from actors.mcp import agent_tools
 from actors.parts import PartsManager
 from actors.session_sync import Adopted, adopt_record, adopt_save
 from actors.structured import StructuredTurn, observe, output_value, with_feedback
+from actors.takeover import Committed, find_committed
 from runtime import events as ev
 from runtime.actor import Actor
 from runtime.agent import Agent
@@ -138,6 +139,9 @@ class _Turn:
 
     output: StructuredTurn | None = None
     """The structured answer's state, for an agent with an ``output_type``."""
+    untouched: bool = False
+    """A turn taken over whose committed steps had already finished it: it ran nothing,
+    and its end neither changes nor saves the history."""
 
 
 def _cut_last_turn(state: SessionState) -> None:
@@ -214,17 +218,25 @@ class TurnRunner(Actor):
         sid = state.session_id
         turn_id = run.turn_id
         await self._sync(turn_id)
-        if run.regenerate:
+        message_id = run.message_id or new_id("msg")
+        committed = None
+        if run.resume and run.message_id is not None:
+            committed = find_committed(state.messages, message_id)
+        if committed is None and run.regenerate:
             _cut_last_turn(state)
         turn = _Turn(
             turn_id=turn_id,
             start_index=len(state.messages),
             ctrl=Batcher(self.controller.inbox, turn_id),
+            message_id=message_id,
             meta={"agent": agent.name, **run.meta},
         )
-        state.messages.append(UserMessage(content=run.input))
-        turn.a_index = len(state.messages)
-        state.messages.append(AssistantMessage(id=turn.message_id))
+        if committed is None:
+            state.messages.append(UserMessage(content=run.input))
+            turn.a_index = len(state.messages)
+            state.messages.append(AssistantMessage(id=turn.message_id))
+        else:
+            self._continue(turn, committed)
         self._publish_history()
         scope = run.cancel.scope
         turn.output = StructuredTurn.start(agent, turn.message_id)
@@ -247,7 +259,10 @@ class TurnRunner(Actor):
                 agent.hooks.on_turn_start,
             )
             with scope:
-                await self._steps(turn)
+                if committed is not None and self._already_finished(turn, committed):
+                    turn.untouched = True
+                else:
+                    await self._steps(turn)
             if scope.cancelled_caught:
                 if run.cancel.reason is None and budget.deadline is not None:
                     turn.finish_reason, turn.budget = "budget", "deadline"
@@ -271,6 +286,35 @@ class TurnRunner(Actor):
                 error_kind=turn.error.kind,
             )
         await self._finish_turn(run, turn)
+
+    def _continue(self, turn: _Turn, committed: Committed) -> None:
+        """Take over a turn another worker began: continue its assistant message from
+        the step after its committed ones (see :mod:`actors.takeover`). The history
+        drops what a cut step left in it; the turn's saves, which start at its user
+        message, drop it from the store too."""
+        state = self.state
+        turn.start_index, turn.a_index = committed.user_index, committed.assistant_index
+        turn.parts = PartsManager(committed.parts)
+        turn.step = committed.next_step
+        turn.tool_calls_used = committed.calls
+        turn.results = {t.tool_call_id: t for t in committed.tool_messages}
+        if committed.finished:
+            return  # the history is left as it is
+        del state.messages[committed.assistant_index :]
+        state.messages.append(AssistantMessage(id=turn.message_id, content=committed.parts))
+        state.messages.extend(committed.tool_messages)
+
+    @staticmethod
+    def _already_finished(turn: _Turn, committed: Committed) -> bool:
+        """Whether the committed steps of a turn taken over already answered it (the
+        worker died after committing the final step, before the turn was marked done):
+        then no model call runs. A structured answer is judged again first: one that
+        does not validate is asked for again, as if the step had just ended."""
+        if not committed.finished:
+            return False
+        out = turn.output
+        last = committed.next_step - 1
+        return out is None or not out.ask_again(turn.parts.content, last, "stop")
 
     async def _steps(self, turn: _Turn) -> None:
         """The step loop: budget check, model call, tools, step boundary; until a step
@@ -491,22 +535,16 @@ class TurnRunner(Actor):
             # Failed (an error ended it) and interrupted (cut from outside) are stored apart.
             cut = turn.abort_reason is not None or turn.budget == "deadline"
             cut = cut and turn.error is None
-            for part in turn.parts.content:
-                if isinstance(part, ToolCallPart) and part.tool_call_id not in turn.results:
-                    oc = turn.outcomes.get(part.tool_call_id) or ToolOutcome(
-                        tool_call_id=part.tool_call_id, tool_name=part.tool_name, error=INTERRUPTED
-                    )
-                    self._add_result(turn, oc, part.step)
-                    if part.tool_call_id not in turn.outcomes:
-                        closing.append(ToolDone(step=part.step, outcome=oc))
-            self._snapshot(turn, interrupted=cut, error=turn.error)
-            self._publish_history()
+            if not turn.untouched:
+                self._pair_calls(turn, closing)
+                self._snapshot(turn, interrupted=cut, error=turn.error)
+                self._publish_history()
             if turn.step_open and turn.error is None and turn.abort_reason is None:
                 # A budget (the deadline, a hook's) cut the step: close it for the grammar.
                 closing.append(StepEnd(step=turn.step, finish_reason="other", usage=Usage()))
                 turn.step += 1
             try:
-                final = await self._bounded_save(turn)
+                final = None if turn.untouched else await self._bounded_save(turn)
                 if final is not None and final.error is not None and turn.error is None:
                     turn.error = _error_info(final.error)
                 with trio.move_on_after(SAVE_TIMEOUT):
@@ -542,7 +580,7 @@ class TurnRunner(Actor):
                     tool_messages=tuple(
                         turn.results[p.tool_call_id]
                         for p in turn.parts.content
-                        if isinstance(p, ToolCallPart)
+                        if isinstance(p, ToolCallPart) and p.tool_call_id in turn.results
                     ),
                     error=turn.error,
                     abort_reason=turn.abort_reason,
@@ -550,6 +588,18 @@ class TurnRunner(Actor):
                     output=output_value(turn.output),
                 )
                 await self._hand_over(run, turn, TurnDone(result=result))
+
+    def _pair_calls(self, turn: _Turn, closing: list[Any]) -> None:
+        """Give every call of the turn that has no result one: its outcome if it
+        completed, else ``interrupted`` (also streamed, in ``closing``)."""
+        for part in turn.parts.content:
+            if isinstance(part, ToolCallPart) and part.tool_call_id not in turn.results:
+                oc = turn.outcomes.get(part.tool_call_id) or ToolOutcome(
+                    tool_call_id=part.tool_call_id, tool_name=part.tool_name, error=INTERRUPTED
+                )
+                self._add_result(turn, oc, part.step)
+                if part.tool_call_id not in turn.outcomes:
+                    closing.append(ToolDone(step=part.step, outcome=oc))
 
     async def _hand_over(self, run: RunTurn, turn: _Turn, done: TurnDone) -> None:
         """The result to the consumer, after the turn's last chunk: through the stream

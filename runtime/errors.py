@@ -150,6 +150,12 @@ class InvalidSessionId(SessionError, ValueError):
     """A session id must be 1-128 characters of letters, digits, ``-``, ``_``, ``.``, ``:``."""
 
 
+class InvalidTurnId(SessionError, ValueError):
+    """A turn id, or a turn's message id, given to ``session.stream`` must be 1-128
+    characters of letters, digits, ``-``, ``_``, ``.``, ``:``; and a turn to resume must
+    name its message."""
+
+
 class SessionBusy(SessionError):
     """A turn is already running on this session; sessions run one turn at a time."""
 

@@ -400,6 +400,14 @@ class RunTurn:
     """The session's meta as of the turn's start; saved with the turn's messages."""
     regenerate: bool = False
     """Replace the last turn: cut the history back to before its last user message."""
+    message_id: str | None = None
+    """The id of the turn's assistant message (``None``: a new one). A durable turn
+    passes a stable one, so that the worker taking it over finds its message."""
+    resume: bool = False
+    """The turn may have committed steps already (another worker ran it and died): when
+    the history holds the assistant message ``message_id``, the turn continues it, from
+    the step after its last committed one, instead of starting again (it wins over
+    ``regenerate`` then). Without such a message it is an ordinary new turn."""
 
 
 ConsumerItem: TypeAlias = "Batch[OutputChunk] | TurnDone"

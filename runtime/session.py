@@ -21,6 +21,7 @@ message (data only); its chunks and then its result arrive on the stream's own i
 
 from __future__ import annotations
 
+import re
 from collections import deque
 from collections.abc import Mapping
 from types import MappingProxyType
@@ -28,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
-from runtime.errors import SessionBusy, SessionNotLoaded
+from runtime.errors import InvalidTurnId, SessionBusy, SessionNotLoaded
 from runtime.ids import new_id
 from runtime.inbox import Inbox
 from runtime.media import UserInput, check_limits, user_content
@@ -50,6 +51,20 @@ if TYPE_CHECKING:
 
 FINAL_WAIT = 10.0
 """Seconds a leaving consumer waits (shielded) for the cancelled turn to be saved."""
+_TURN_ID = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
+
+
+def _check_id(value: str | None, what: str) -> str | None:
+    """``value`` unchanged if ``None`` or a valid id (the session ids' alphabet: ids end
+    up in log lines, SQL parameters and URLs), else :class:`InvalidTurnId`."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or _TURN_ID.fullmatch(value) is None:
+        raise InvalidTurnId(
+            f"invalid {what} {value!r}: it must be 1-128 characters of letters, digits, "
+            "'-', '_', '.', ':'"
+        )
+    return value
 
 
 class SessionRunner(Protocol):
@@ -73,15 +88,29 @@ class TurnStream:
     """
 
     def __init__(
-        self, session: Session, text: UserContent, *, regenerate: bool = False, capacity: int = 256
+        self,
+        session: Session,
+        text: UserContent,
+        *,
+        regenerate: bool = False,
+        turn_id: str | None = None,
+        message_id: str | None = None,
+        resume: bool = False,
+        capacity: int = 256,
     ) -> None:
         self.session = session
         self.input = text
         self.regenerate = regenerate
+        self.message_id = _check_id(message_id, "message id")
+        """The id the turn's assistant message gets (``None``: a new one)."""
+        self.resume = resume
+        """Whether the turn continues the committed steps of message :attr:`message_id`."""
+        if resume and message_id is None:
+            raise InvalidTurnId("a turn to resume needs the message_id of its assistant message")
         self.result: TurnResult | None = None
         """Set when the turn is over: when the iteration ends, after the ``async with``
         block at the latest."""
-        self.turn_id = new_id("turn")
+        self.turn_id = _check_id(turn_id, "turn id") or new_id("turn")
         self.done = trio.Event()
         """Set with :attr:`result` (or when the turn's runner never answered)."""
         self._cancel = TurnCancel()
@@ -125,6 +154,8 @@ class TurnStream:
                     cancel=self._cancel,
                     meta=session.meta,
                     regenerate=self.regenerate,
+                    message_id=self.message_id,
+                    resume=self.resume,
                 )
             )
         except BaseException:
@@ -287,7 +318,15 @@ class Session:
         self.actors = []
         self.current = None
 
-    def stream(self, input: UserInput, *, regenerate: bool = False) -> TurnStream:
+    def stream(
+        self,
+        input: UserInput,
+        *,
+        regenerate: bool = False,
+        turn_id: str | None = None,
+        message_id: str | None = None,
+        resume: bool = False,
+    ) -> TurnStream:
         """Start a turn for user ``input``; use as ``async with session.stream(t) as out``.
 
         ``input`` is text, or a list of text, :class:`~runtime.messages.Image` and
@@ -300,10 +339,27 @@ class Session:
         back to before its last user message first (in the store too, with the turn's
         first save). A session runs one turn at a time: entering while a turn runs raises
         :class:`~runtime.errors.SessionBusy`.
+
+        A durable turn (run by a worker, taken over by another if that one dies) names
+        itself: ``turn_id`` is used instead of a new id, ``message_id`` becomes its
+        assistant message's id. With ``resume``, the turn may have committed steps
+        already: if the history holds message ``message_id``, the turn continues it from
+        the step after its last committed one (only the step in flight runs again, and
+        ``input`` is not added again); a turn whose committed steps finished it runs no
+        model call and changes nothing. Without such a message it is a new turn. A
+        malformed id, or ``resume`` without ``message_id``, raises
+        :class:`~runtime.errors.InvalidTurnId`.
         """
         content = user_content(input)
         check_limits(content, self.agent.media_limits)
-        return TurnStream(self, content, regenerate=regenerate)
+        return TurnStream(
+            self,
+            content,
+            regenerate=regenerate,
+            turn_id=turn_id,
+            message_id=message_id,
+            resume=resume,
+        )
 
     def regenerate(self, text: UserInput) -> TurnStream:
         """``stream(text, regenerate=True)``: run the last turn again, with ``text``."""

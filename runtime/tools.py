@@ -63,6 +63,18 @@ class ToolContext:
         """Usage to add to the calling turn's (set with :meth:`add_usage`)."""
         self._emit = emit
 
+    @property
+    def idempotency_key(self) -> str:
+        """``"<turn_id>:<step>:<tool_call_id>"``: the same for every run of this call.
+
+        A durable turn whose worker died is taken over by another worker, which runs the
+        step that was in flight again; that step may call the tool again although its
+        first run's side effects (a payment, an email) already happened. When the model
+        repeats the call id, the re-run's key is the same as the first run's, so a tool
+        with side effects can hand the key to whatever performs them (an idempotency
+        header, a unique column) and have them done once."""
+        return f"{self.turn_id}:{self.step}:{self.tool_call_id}"
+
     async def emit(self, chunk: Any) -> None:
         """Stream ``chunk`` (an output chunk) nested under this tool call."""
         await self._emit(chunk)

@@ -1,0 +1,120 @@
+"""What a turn taken over by another worker keeps: the steps its first worker committed.
+
+A durable turn runs on a worker over a shared store, and the turn runner saves the
+history at the end of every step. A worker that dies mid-turn leaves that history behind:
+the turn's user message, its assistant message holding the parts of the steps that
+finished, and their tool messages. The worker that takes the turn over must run again
+ONLY the step that was in flight, so that the history ends with every part and every
+tool result exactly once. :func:`find_committed` reads what the history holds of the
+turn into a :class:`Committed`, which the turn runner continues from.
+
+A turn cut from outside (cancelled, or ended by an error) is saved once more as it ends,
+with what the step in flight had produced and an ``interrupted`` result for each of its
+calls that did not complete: that step did not finish either, so it is dropped here and
+run again, like the step a dead worker left behind. Only the last step can be such a
+step: every earlier one was committed whole before the next began.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import attrs
+
+from runtime.history import INTERRUPTED
+from runtime.messages import (
+    AssistantMessage,
+    Message,
+    Part,
+    ToolCallPart,
+    ToolMessage,
+    UserMessage,
+)
+
+
+@attrs.frozen(kw_only=True, slots=True)
+class Committed:
+    """The committed steps of a turn found in a history (see :func:`find_committed`)."""
+
+    user_index: int
+    """Index of the turn's user message (the assistant message's, if it has none)."""
+    assistant_index: int
+    """Index of the turn's assistant message."""
+    parts: tuple[Part, ...]
+    """The parts of the committed steps, in order (those of a cut step left out)."""
+    tool_messages: tuple[ToolMessage, ...]
+    """The tool messages of the committed steps, in history order."""
+    next_step: int
+    """The number of the step to run next: one more than the last committed step's."""
+    finished: bool
+    """The turn needs no more steps: its last committed step made no tool calls, or
+    later turns follow it in the history. Nothing is to be changed then."""
+
+    @property
+    def calls(self) -> int:
+        """How many tool calls the committed steps made (for the tool-call budget)."""
+        return sum(isinstance(p, ToolCallPart) for p in self.parts)
+
+
+def find_committed(messages: Sequence[Message], message_id: str) -> Committed | None:
+    """The committed steps of the turn whose assistant message has id ``message_id``, or
+    ``None`` when ``messages`` holds no such message (nothing of the turn was committed).
+
+    The turn's tool messages are those right after its assistant message. A last step
+    whose calls lack a result, or carry the ``interrupted`` one, was cut; so was a last
+    step without calls of a message marked interrupted or failed (its answer is partial).
+    Such a step is left out of the result, parts and tool messages alike.
+    """
+    a = _last_index(messages, message_id)
+    if a is None:
+        return None
+    msg = messages[a]
+    assert isinstance(msg, AssistantMessage)
+    u = next((i for i in range(a - 1, -1, -1) if isinstance(messages[i], UserMessage)), a)
+    end = a + 1
+    while end < len(messages) and isinstance(messages[end], ToolMessage):
+        end += 1
+    tools = tuple(m for m in messages[a + 1 : end] if isinstance(m, ToolMessage))
+    parts = msg.content
+    steps = sorted({p.step for p in parts})
+    if end < len(messages):  # later turns follow: this one is long over
+        return Committed(
+            user_index=u,
+            assistant_index=a,
+            parts=parts,
+            tool_messages=tools,
+            next_step=steps[-1] + 1 if steps else 0,
+            finished=True,
+        )
+    if steps and _was_cut(msg, steps[-1], tools):
+        cut = steps.pop()
+        parts = tuple(p for p in parts if p.step != cut)
+        tools = tuple(t for t in tools if t.step != cut)
+    last_calls = steps and any(isinstance(p, ToolCallPart) and p.step == steps[-1] for p in parts)
+    return Committed(
+        user_index=u,
+        assistant_index=a,
+        parts=parts,
+        tool_messages=tools,
+        next_step=steps[-1] + 1 if steps else 0,
+        finished=bool(steps) and not last_calls,
+    )
+
+
+def _last_index(messages: Sequence[Message], message_id: str) -> int | None:
+    for i in range(len(messages) - 1, -1, -1):
+        m = messages[i]
+        if isinstance(m, AssistantMessage) and m.id == message_id:
+            return i
+    return None
+
+
+def _was_cut(msg: AssistantMessage, step: int, tools: Sequence[ToolMessage]) -> bool:
+    """Whether ``step``, the message's last, did not finish."""
+    calls = [p for p in msg.content if isinstance(p, ToolCallPart) and p.step == step]
+    if not calls:
+        return msg.interrupted or msg.error is not None
+    results = {t.tool_call_id: t for t in tools}
+    return any(
+        c.tool_call_id not in results or results[c.tool_call_id].error == INTERRUPTED for c in calls
+    )
