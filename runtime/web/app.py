@@ -35,13 +35,11 @@ session ids validated (400), a client that stops reading a stream dropped after
 from __future__ import annotations
 
 import hmac
-import math
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-import orjson
 import trio
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -51,13 +49,13 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from runtime.agent import Agent
-from runtime.errors import InvalidMedia, MediaTooLarge, SessionBusy
+from runtime.errors import SessionBusy
 from runtime.host import Host
-from runtime.media import check_limits, user_content
-from runtime.messages import File, Image, TextPart, UserContent
+from runtime.messages import UserContent
 from runtime.serde import unstructure
 from runtime.session import FINAL_WAIT
 from runtime.web import BODY_TIMEOUT, DEFAULT_MAX_BODY, SEND_TIMEOUT
+from runtime.web.chat_input import check_media, read_chat_request, title_of
 from runtime.web.guard import RequestGuard
 from runtime.web.http import ApiError, error_response, json_response
 from runtime.web.http import session_id_param as _session_id
@@ -70,8 +68,6 @@ KEEPALIVE = 15.0
 
 NOT_READING = "client not reading"
 """The abort reason of a turn whose client stopped taking its stream."""
-
-TITLE_CHARS = 80
 
 STATIC = Path(__file__).with_name("static")
 
@@ -144,71 +140,6 @@ class SecurityHeaders:
 # -- the chat stream ----------------------------------------------------------------------
 
 
-def _file_part(part: dict[str, Any]) -> Image | File:
-    """A ``useChat`` file part (``mediaType``, ``url``, ``filename``) as an image or file.
-
-    Only ``data:``, ``http:`` and ``https:`` URLs are taken, and an http(s) URL is passed
-    on for the provider to fetch: this server never fetches a URL it was given."""
-    url, media_type, filename = part.get("url"), part.get("mediaType"), part.get("filename")
-    if not isinstance(url, str) or not url:
-        raise ApiError(400, "a file part needs a 'url' (a data:, http: or https: URL)")
-    if media_type is not None and not isinstance(media_type, str):
-        raise ApiError(400, "a file part's 'mediaType' must be a string")
-    if filename is not None and not isinstance(filename, str):
-        raise ApiError(400, "a file part's 'filename' must be a string")
-    try:
-        if media_type is not None and media_type.lower().startswith("image/"):
-            return Image(url=url, media_type=media_type)
-        found = File(url=url, media_type=media_type, filename=filename)
-        if found.media_type.startswith("image/"):  # type: ignore[union-attr]
-            # no mediaType given, and the bytes (or the URL) say image
-            return Image(data=found.data, url=found.url, media_type=found.media_type)
-        return found
-    except InvalidMedia as exc:
-        label = f"file part {filename!r}" if filename else "file part"
-        raise ApiError(400, f"{label}: {exc}") from None
-
-
-def _last_user_input(messages: Any) -> UserContent:
-    """The last user message of a ``useChat`` body: its text, or its text and file parts."""
-    if not isinstance(messages, list):
-        raise ApiError(400, "'messages' must be a list")
-    for message in reversed(messages):
-        if not isinstance(message, dict) or message.get("role") != "user":
-            continue
-        parts = message.get("parts")
-        items: list[str | Image | File] = []
-        if isinstance(parts, list):
-            for p in parts:
-                if not isinstance(p, dict):
-                    continue
-                if p.get("type") == "text" and isinstance(p.get("text"), str):
-                    items.append(p["text"])
-                elif p.get("type") == "file":
-                    items.append(_file_part(p))
-        elif isinstance(message.get("content"), str):  # the pre-parts message shape
-            items.append(message["content"])
-        text = "".join(i for i in items if isinstance(i, str))
-        media = [i for i in items if not isinstance(i, str)]
-        if not media:
-            if not text.strip():
-                raise ApiError(400, "the last user message has no text")
-            return text
-        return user_content(items)
-    raise ApiError(400, "no user message in 'messages'")
-
-
-def _title(content: UserContent) -> str:
-    """A session title from its first input: the text, else the attachments' names."""
-    if isinstance(content, str):
-        text = content
-    else:
-        text = "".join(p.text for p in content if isinstance(p, TextPart)) or " ".join(
-            getattr(p, "filename", None) or p.type for p in content if not isinstance(p, TextPart)
-        )
-    return " ".join(text.split())[:TITLE_CHARS]
-
-
 class TurnResponse:
     """Streams one turn as a UI message stream; the client leaving cancels the turn.
 
@@ -244,7 +175,7 @@ class TurnResponse:
             await _busy(session)(scope, receive, send)
             return
         if "title" not in session.meta:
-            session.set_title(_title(self.text))
+            session.set_title(title_of(self.text))
         started = False
         async with trio.open_nursery() as local:
             # In the background nursery the writer outlives this task, so this task can
@@ -393,57 +324,6 @@ class WebState:
 
 def _state(request: Request) -> WebState:
     return request.app.state.axon
-
-
-async def _read_body(request: Request, limit: int, within: float | None = None) -> bytes:
-    """The request body: 413 past ``limit`` bytes, 408 (and the connection closed) when
-    it has not arrived in full ``within`` seconds, so a client that announces a
-    body and never sends it cannot hold a connection open."""
-    length = request.headers.get("content-length")
-    if length is not None:
-        if not length.isdigit():
-            raise ApiError(400, "bad content-length")
-        if int(length) > limit:
-            raise ApiError(413, f"request body larger than {limit} bytes")
-    body = bytearray()
-    with trio.move_on_after(within if within and within > 0 else math.inf):
-        async for piece in request.stream():
-            body += piece
-            if len(body) > limit:
-                raise ApiError(413, f"request body larger than {limit} bytes")
-        return bytes(body)
-    raise ApiError(
-        408, f"the request body did not arrive within {within:g} s", {"connection": "close"}
-    )
-
-
-async def read_chat_request(request: Request) -> tuple[dict[str, Any], str, UserContent, bool]:
-    """A ``POST /api/chat`` body: ``(payload, session_id, last user input, regenerate)``,
-    every bad part a 4xx; the input checked against the session's agent's media limits."""
-    state = _state(request)
-    raw = await _read_body(request, state.max_body, state.body_timeout)
-    try:
-        payload = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        raise ApiError(400, "the body is not JSON") from None
-    if not isinstance(payload, dict):
-        raise ApiError(400, "the body must be a JSON object")
-    if "id" not in payload:
-        raise ApiError(400, "'id' (the session id) is required")
-    session_id = _session_id(payload["id"])
-    text = _last_user_input(payload.get("messages"))
-    trigger = payload.get("trigger", "submit-message")
-    if trigger not in ("submit-message", "regenerate-message"):
-        raise ApiError(400, f"unknown trigger {trigger!r}")
-    return payload, session_id, text, trigger == "regenerate-message"
-
-
-def check_media(text: UserContent, agent: Agent) -> None:
-    """413 when ``text``'s attachments are over ``agent``'s media limits."""
-    try:
-        check_limits(text, agent.media_limits)
-    except MediaTooLarge as exc:
-        raise ApiError(413, exc.message) from None
 
 
 async def chat(request: Request) -> Any:

@@ -41,7 +41,7 @@ from starlette.responses import Response
 from runtime.errors import RelayTurnGone, RelayUnavailable
 from runtime.messages import UserContent
 from runtime.serde import unstructure
-from runtime.web.app import _title, check_media, read_chat_request
+from runtime.web.chat_input import check_media, read_chat_request, title_of
 from runtime.web.http import ApiError, json_response, session_id_param, web_state
 from runtime.web.protocol import error_text, sse, ui_messages
 from runtime.web.resume import (
@@ -209,7 +209,7 @@ class FrontEnd:
         regenerate: bool,
     ) -> Any:
         record = await self.store.load(session_id)
-        meta = {} if record is not None and "title" in record.meta else {"title": _title(text)}
+        meta = {} if record is not None and "title" in record.meta else {"title": title_of(text)}
         return await self.queue.submit(
             session_id, text, idempotency_key=key, meta=meta, regenerate=regenerate
         )

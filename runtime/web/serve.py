@@ -263,8 +263,10 @@ async def serve_command(args: argparse.Namespace) -> int:
         )
         queue = None
         if is_front_end(args):  # the host only lends its store: it runs no turn
+            from runtime.stores.postgres import PostgresStore
             from runtime.stores.turns import TurnQueue
 
+            assert isinstance(host.store, PostgresStore)  # a postgresql:// URL opens one
             queue = TurnQueue(host.store)
             stack.push_async_callback(queue.aclose)
         elif relay is not None:
