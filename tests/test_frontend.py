@@ -384,3 +384,28 @@ async def test_serve_with_postgresql_and_redis_is_a_front_end_of_the_workers(
         proc.terminate()
         proc.communicate(timeout=LIMIT)
     assert streamed_text(sse_events(response.text)) == "hello there"
+
+
+def test_a_takeovers_repeated_start_is_dropped_by_the_relay_encoder() -> None:
+    from runtime import output as o
+    from runtime.web.resume import RelayEncoder
+
+    encoder = RelayEncoder()
+    first = encoder.events(o.Start(message_id="msg_t1", seq=1))
+    again = encoder.events(o.Start(message_id="msg_t1", seq=9))
+    assert b'"type":"start"' in first
+    assert again == b""
+
+
+def test_a_retried_post_and_a_regenerate_have_their_own_idempotency_keys() -> None:
+    from runtime.web.frontend import idempotency_key
+
+    submit = body("s1", message_id="u-7")
+    regenerate = {**submit, "trigger": "regenerate-message", "messageId": "msg_t1"}
+    assert idempotency_key("s1", submit, False) == idempotency_key("s1", dict(submit), False)
+    assert idempotency_key("s2", submit, False) != idempotency_key("s1", submit, False)
+    assert idempotency_key("s1", regenerate, True) not in (
+        None,
+        idempotency_key("s1", submit, False),
+    )
+    assert idempotency_key("s1", {**submit, "messages": []}, False) is None

@@ -57,8 +57,6 @@ POLL_FIRST = 0.02
 """Seconds between the first looks for a queued turn's stream; doubled up to
 :data:`POLL_MAX` while it waits."""
 POLL_MAX = 0.5
-FINISHED = frozenset({"done", "failed", "cancelled"})
-"""The statuses of a turn that will never stream again."""
 IDEMPOTENCY_KEY_CHARS = 200
 
 
@@ -91,10 +89,9 @@ class QueuedTurnResponse(RelayStreamResponse):
     """Streams a queued turn from the relay once a worker streams it; the client leaving
     only stops this stream, never the turn."""
 
-    def __init__(self, *args: Any, queue: Any, message_id: str | None, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, queue: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.queue = queue
-        self.message_id = message_id
 
     async def _body(self, write: Any, encoder: RelayEncoder) -> None:
         delay = POLL_FIRST
@@ -107,46 +104,41 @@ class QueuedTurnResponse(RelayStreamResponse):
                     if self.sent:  # lost mid-stream: the client must reload
                         await write(await self._rebuilt(exc, replay=False))
                         return
-                    gone = exc
                 turn = await self.queue.get(self.turn_id)
                 if turn is None:
                     await write(_error(f"turn {self.turn_id!r} does not exist"))
                     return
-                if turn.status in FINISHED:
-                    await write(await self._finished(turn, gone))
+                if turn.finished:
+                    await self._finished(turn, write, encoder)
                     return
                 await trio.sleep(delay)  # queued, or claimed and not streaming yet
                 delay = min(delay * 2, POLL_MAX)
         except RelayUnavailable as exc:
             await write(unavailable_event(exc))
 
-    async def _finished(self, turn: Any, gone: RelayTurnGone) -> bytes:
+    async def _finished(self, turn: Any, write: Any, encoder: RelayEncoder) -> None:
         """The end of a turn that finished while no stream of it was read: its stream
         after all (it ended between two looks), else its stored message, else why it
-        ended."""
-        encoder = RelayEncoder()
-        pieces: list[bytes] = []
-
-        async def collect(data: bytes) -> None:
-            pieces.append(data)
-
+        ended (cancelled while queued, failed before it streamed)."""
         try:
-            await self._relay_events(collect, encoder)
-            return b"".join(pieces)
-        except RelayTurnGone:
-            if self.sent:
-                return b"".join(pieces) + await self._rebuilt(gone, replay=False)
+            await self._relay_events(write, encoder)
+            return
+        except RelayTurnGone as exc:
+            if self.sent or self.after_seq is not None:
+                await write(await self._rebuilt(exc, replay=False))
+                return
+            gone = exc
         record = await self.store.load(self.session_id)
-        stored = record is not None and any(
+        if record is not None and any(
             getattr(m, "id", None) == turn.message_id for m in record.messages
-        )
-        if stored or (turn.status == "done" and self.after_seq is None):
-            return await self._rebuilt(
-                gone, replay=self.after_seq is None, message_id=turn.message_id
-            )
-        if turn.status == "cancelled":
-            return sse({"type": "abort", "reason": turn.cancel_reason or "cancelled"})
-        return _error(turn.error or f"turn {turn.turn_id!r} {turn.status}")
+        ):
+            await write(await self._rebuilt(gone, replay=True, message_id=turn.message_id))
+        elif turn.status == "cancelled":
+            await write(sse({"type": "abort", "reason": turn.cancel_reason or "cancelled"}))
+        elif turn.status == "failed":
+            await write(_error(turn.error or f"turn {turn.turn_id!r} failed"))
+        else:
+            await write(await self._rebuilt(gone, replay=False))
 
 
 def _error(text: str) -> bytes:
@@ -186,7 +178,6 @@ class FrontEnd:
             send_timeout=state.send_timeout,
             background=state.background,
             queue=self.queue,
-            message_id=turn.message_id,
         )
 
     async def chat(self, request: Request) -> Any:
