@@ -35,13 +35,11 @@ session ids validated (400), a client that stops reading a stream dropped after
 from __future__ import annotations
 
 import hmac
-import math
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-import orjson
 import trio
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -51,13 +49,13 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from runtime.agent import Agent
-from runtime.errors import InvalidMedia, MediaTooLarge, SessionBusy
+from runtime.errors import SessionBusy
 from runtime.host import Host
-from runtime.media import check_limits, user_content
-from runtime.messages import File, Image, TextPart, UserContent
+from runtime.messages import UserContent
 from runtime.serde import unstructure
 from runtime.session import FINAL_WAIT
 from runtime.web import BODY_TIMEOUT, DEFAULT_MAX_BODY, SEND_TIMEOUT
+from runtime.web.chat_input import check_media, read_chat_request, title_of
 from runtime.web.guard import RequestGuard
 from runtime.web.http import ApiError, error_response, json_response
 from runtime.web.http import session_id_param as _session_id
@@ -70,8 +68,6 @@ KEEPALIVE = 15.0
 
 NOT_READING = "client not reading"
 """The abort reason of a turn whose client stopped taking its stream."""
-
-TITLE_CHARS = 80
 
 STATIC = Path(__file__).with_name("static")
 
@@ -144,71 +140,6 @@ class SecurityHeaders:
 # -- the chat stream ----------------------------------------------------------------------
 
 
-def _file_part(part: dict[str, Any]) -> Image | File:
-    """A ``useChat`` file part (``mediaType``, ``url``, ``filename``) as an image or file.
-
-    Only ``data:``, ``http:`` and ``https:`` URLs are taken, and an http(s) URL is passed
-    on for the provider to fetch: this server never fetches a URL it was given."""
-    url, media_type, filename = part.get("url"), part.get("mediaType"), part.get("filename")
-    if not isinstance(url, str) or not url:
-        raise ApiError(400, "a file part needs a 'url' (a data:, http: or https: URL)")
-    if media_type is not None and not isinstance(media_type, str):
-        raise ApiError(400, "a file part's 'mediaType' must be a string")
-    if filename is not None and not isinstance(filename, str):
-        raise ApiError(400, "a file part's 'filename' must be a string")
-    try:
-        if media_type is not None and media_type.lower().startswith("image/"):
-            return Image(url=url, media_type=media_type)
-        found = File(url=url, media_type=media_type, filename=filename)
-        if found.media_type.startswith("image/"):  # type: ignore[union-attr]
-            # no mediaType given, and the bytes (or the URL) say image
-            return Image(data=found.data, url=found.url, media_type=found.media_type)
-        return found
-    except InvalidMedia as exc:
-        label = f"file part {filename!r}" if filename else "file part"
-        raise ApiError(400, f"{label}: {exc}") from None
-
-
-def _last_user_input(messages: Any) -> UserContent:
-    """The last user message of a ``useChat`` body: its text, or its text and file parts."""
-    if not isinstance(messages, list):
-        raise ApiError(400, "'messages' must be a list")
-    for message in reversed(messages):
-        if not isinstance(message, dict) or message.get("role") != "user":
-            continue
-        parts = message.get("parts")
-        items: list[str | Image | File] = []
-        if isinstance(parts, list):
-            for p in parts:
-                if not isinstance(p, dict):
-                    continue
-                if p.get("type") == "text" and isinstance(p.get("text"), str):
-                    items.append(p["text"])
-                elif p.get("type") == "file":
-                    items.append(_file_part(p))
-        elif isinstance(message.get("content"), str):  # the pre-parts message shape
-            items.append(message["content"])
-        text = "".join(i for i in items if isinstance(i, str))
-        media = [i for i in items if not isinstance(i, str)]
-        if not media:
-            if not text.strip():
-                raise ApiError(400, "the last user message has no text")
-            return text
-        return user_content(items)
-    raise ApiError(400, "no user message in 'messages'")
-
-
-def _title(content: UserContent) -> str:
-    """A session title from its first input: the text, else the attachments' names."""
-    if isinstance(content, str):
-        text = content
-    else:
-        text = "".join(p.text for p in content if isinstance(p, TextPart)) or " ".join(
-            getattr(p, "filename", None) or p.type for p in content if not isinstance(p, TextPart)
-        )
-    return " ".join(text.split())[:TITLE_CHARS]
-
-
 class TurnResponse:
     """Streams one turn as a UI message stream; the client leaving cancels the turn.
 
@@ -244,7 +175,7 @@ class TurnResponse:
             await _busy(session)(scope, receive, send)
             return
         if "title" not in session.meta:
-            session.set_title(_title(self.text))
+            session.set_title(title_of(self.text))
         started = False
         async with trio.open_nursery() as local:
             # In the background nursery the writer outlives this task, so this task can
@@ -353,6 +284,8 @@ class WebState:
         self.cancel_hook: Callable[[str], Any] | None = None
         """``await cancel_hook(turn_id)`` cancels a turn this process does not run (a
         worker deployment's ``request_cancel``)."""
+        self.front: Any = None
+        """The :class:`~runtime.web.frontend.FrontEnd` of a worker deployment, if any."""
         self.background: trio.Nursery | None = None
         """Where response writers run, outliving their request (opened by the app's
         lifespan; without one, each request keeps its own)."""
@@ -368,11 +301,15 @@ class WebState:
         async with self._open_lock:
             session = self.host.get_session(session_id)
             if session is None:
-                agent = self.agent if isinstance(self.agent, Agent) else self.agent(session_id)
+                agent = self.agent_for(session_id)
                 session = await self.host.open_session(agent, session_id=session_id)
             else:
                 await session.reopen()
         return session
+
+    def agent_for(self, session_id: str) -> Agent:
+        """The agent that runs ``session_id``'s turns."""
+        return self.agent if isinstance(self.agent, Agent) else self.agent(session_id)
 
     def info(self) -> dict[str, Any]:
         agent = self.agent if isinstance(self.agent, Agent) else None
@@ -389,53 +326,15 @@ def _state(request: Request) -> WebState:
     return request.app.state.axon
 
 
-async def _read_body(request: Request, limit: int, within: float | None = None) -> bytes:
-    """The request body: 413 past ``limit`` bytes, 408 (and the connection closed) when
-    it has not arrived in full ``within`` seconds, so a client that announces a
-    body and never sends it cannot hold a connection open."""
-    length = request.headers.get("content-length")
-    if length is not None:
-        if not length.isdigit():
-            raise ApiError(400, "bad content-length")
-        if int(length) > limit:
-            raise ApiError(413, f"request body larger than {limit} bytes")
-    body = bytearray()
-    with trio.move_on_after(within if within and within > 0 else math.inf):
-        async for piece in request.stream():
-            body += piece
-            if len(body) > limit:
-                raise ApiError(413, f"request body larger than {limit} bytes")
-        return bytes(body)
-    raise ApiError(
-        408, f"the request body did not arrive within {within:g} s", {"connection": "close"}
-    )
-
-
 async def chat(request: Request) -> Any:
     state = _state(request)
-    raw = await _read_body(request, state.max_body, state.body_timeout)
-    try:
-        payload = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        raise ApiError(400, "the body is not JSON") from None
-    if not isinstance(payload, dict):
-        raise ApiError(400, "the body must be a JSON object")
-    if "id" not in payload:
-        raise ApiError(400, "'id' (the session id) is required")
-    session_id = _session_id(payload["id"])
-    text = _last_user_input(payload.get("messages"))
-    trigger = payload.get("trigger", "submit-message")
-    if trigger not in ("submit-message", "regenerate-message"):
-        raise ApiError(400, f"unknown trigger {trigger!r}")
+    _, session_id, text, regenerate = await read_chat_request(request)
     session = await state.session(session_id)
-    try:
-        check_limits(text, session.agent.media_limits)
-    except MediaTooLarge as exc:
-        raise ApiError(413, exc.message) from None
+    check_media(text, session.agent)
     return TurnResponse(
         session,
         text,
-        regenerate=trigger == "regenerate-message",
+        regenerate=regenerate,
         keepalive=state.keepalive,
         send_timeout=state.send_timeout,
         background=state.background,
@@ -524,6 +423,7 @@ def create_app(
     send_timeout: float | None = SEND_TIMEOUT,
     relay: Any = None,
     cancel_hook: Callable[[str], Any] | None = None,
+    queue: Any = None,
 ) -> Starlette:
     """The web app for ``host``: every session runs ``agent`` (or ``agent(session_id)``).
 
@@ -536,6 +436,11 @@ def create_app(
     takes no data before dropping it (``None``: no limit). ``relay`` (a
     :class:`runtime.relay.Relay`) serves ``GET /api/chat/{id}/stream`` for turns running
     anywhere; ``cancel_hook(turn_id)`` stops a turn running in another process.
+
+    With ``queue`` (a :class:`runtime.stores.turns.TurnQueue`) and ``relay`` the app is a
+    stateless front end of a worker deployment (:mod:`runtime.web.frontend`): it queues
+    turns for the workers and streams them from the relay, and ``host`` only lends it
+    its store (it opens no session and runs no turn).
     """
     page = (STATIC / "index.html").read_bytes()
     state = WebState(
@@ -548,6 +453,21 @@ def create_app(
     )
     state.relay = relay
     state.cancel_hook = cancel_hook
+    routes = {
+        "chat": chat,
+        "stream": resume_stream,
+        "stop": stop_turn,
+        "sessions": list_sessions,
+        "session": get_session,
+        "info": info,
+    }
+    if queue is not None:
+        from runtime.web.frontend import FrontEnd
+
+        if relay is None:
+            raise ValueError("a front end (queue=) needs the relay its workers write to")
+        state.front = FrontEnd(store=host.store, queue=queue, relay=relay)
+        routes.update(state.front.routes())
 
     async def index(request: Request) -> Response:
         return HTMLResponse(page, headers={"content-security-policy": CSP})
@@ -584,12 +504,12 @@ def create_app(
     app = Starlette(
         routes=[
             Route("/", index, methods=["GET"]),
-            Route("/api/info", info, methods=["GET"]),
-            Route("/api/chat", chat, methods=["POST"]),
-            Route("/api/chat/{session_id}/stream", resume_stream, methods=["GET"]),
-            Route("/api/chat/{session_id}/stop", stop_turn, methods=["POST"]),
-            Route("/api/sessions", list_sessions, methods=["GET"]),
-            Route("/api/sessions/{session_id}", get_session, methods=["GET"]),
+            Route("/api/info", routes["info"], methods=["GET"]),
+            Route("/api/chat", routes["chat"], methods=["POST"]),
+            Route("/api/chat/{session_id}/stream", routes["stream"], methods=["GET"]),
+            Route("/api/chat/{session_id}/stop", routes["stop"], methods=["POST"]),
+            Route("/api/sessions", routes["sessions"], methods=["GET"]),
+            Route("/api/sessions/{session_id}", routes["session"], methods=["GET"]),
         ],
         middleware=middleware,
         exception_handlers={ApiError: _api_error},

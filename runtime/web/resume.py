@@ -52,14 +52,24 @@ def parse_after_seq(request: Request) -> int | None:
 
 
 class RelayEncoder(UIStreamEncoder):
-    """The UI message stream encoder, plus relay markers and SSE ids."""
+    """The UI message stream encoder, plus relay markers and SSE ids.
+
+    A turn taken over by another worker streams its ``start`` again (the new worker
+    starts the same message over): the client already has that message, and a second
+    ``start`` would open a second one, so a ``start`` for a message id already started is
+    dropped."""
 
     def __init__(self) -> None:
         super().__init__()
         self._reset_step: int | None = None
+        self._started: set[str] = set()
 
     def encode(self, chunk: Any) -> list[dict[str, Any]]:
-        if type(chunk) is StepRestarted:
+        if type(chunk) is o.Start:
+            if chunk.message_id in self._started:
+                return []
+            self._started.add(chunk.message_id)
+        elif type(chunk) is StepRestarted:
             self._reset_step = chunk.step
             return [{"type": "reset-step"}]
         if type(chunk) is o.StepStart and chunk.step == self._reset_step:
@@ -73,13 +83,14 @@ class RelayEncoder(UIStreamEncoder):
         return b"".join(prefix + sse(c) for c in self.encode(chunk))
 
 
-def stored_turn_chunks(messages: Any) -> list[Any]:
-    """The last assistant message of a stored history as output chunks (a rebuilt turn)."""
+def stored_turn_chunks(messages: Any, message_id: str | None = None) -> list[Any]:
+    """An assistant message of a stored history as output chunks (a rebuilt turn): the
+    one with id ``message_id`` when it is stored, else the last one."""
     messages = list(messages)
-    index = next(
-        (i for i in range(len(messages) - 1, -1, -1) if isinstance(messages[i], AssistantMessage)),
-        None,
-    )
+    assistants = [i for i, m in enumerate(messages) if isinstance(m, AssistantMessage)]
+    index = next((i for i in assistants if messages[i].id == message_id), None)
+    if index is None and assistants:
+        index = assistants[-1]
     if index is None:
         return []
     message = messages[index]
@@ -158,6 +169,8 @@ class RelayStreamResponse:
         self.keepalive = keepalive
         self.send_timeout = send_timeout
         self.background = background
+        self.sent = False
+        """Whether any of the turn's events went out."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         headers = [(k.encode(), v.encode()) for k, v in HEADERS.items()]
@@ -202,31 +215,43 @@ class RelayStreamResponse:
                 if trio.current_time() >= last_write + self.keepalive:
                     await write(b": keep-alive\n\n")
 
-        sent = False
         async with trio.open_nursery() as nursery:
             nursery.start_soon(watch_disconnect)
             if self.keepalive:
                 nursery.start_soon(keep_alive)
-            try:
-                async for chunk in self.relay.read(self.turn_id, after_seq=self.after_seq):
-                    data = encoder.events(chunk)
-                    if data:
-                        sent = True
-                        await write(data)
-            except RelayTurnGone as exc:
-                await write(await self._rebuilt(exc, replay=self.after_seq is None and not sent))
-            except RelayUnavailable as exc:
-                await write(sse({"type": "error", "errorText": error_text(exc.kind, exc.message)}))
+            await self._body(write, encoder)
             await write(DONE)
             nursery.cancel_scope.cancel()
         return alive
 
-    async def _rebuilt(self, exc: RelayTurnGone, *, replay: bool) -> bytes:
+    async def _body(self, write: Any, encoder: RelayEncoder) -> None:
+        """The turn's events, written with ``await write(data)`` (the relay's, else what
+        the store has)."""
+        try:
+            await self._relay_events(write, encoder)
+        except RelayTurnGone as exc:
+            replay = self.after_seq is None and not self.sent
+            await write(await self._rebuilt(exc, replay=replay))
+        except RelayUnavailable as exc:
+            await write(unavailable_event(exc))
+
+    async def _relay_events(self, write: Any, encoder: RelayEncoder) -> None:
+        """Write the turn's events from the relay until it ends (:attr:`sent` tells
+        whether any went out, also when this raised)."""
+        async for chunk in self.relay.read(self.turn_id, after_seq=self.after_seq):
+            data = encoder.events(chunk)
+            if data:
+                self.sent = True
+                await write(data)
+
+    async def _rebuilt(
+        self, exc: RelayTurnGone, *, replay: bool, message_id: str | None = None
+    ) -> bytes:
         """What a client gets when the relay lost the turn: the stored message replayed
         (a full replay not yet begun), else an error telling it to reload the session."""
         if replay:
             record = await self.store.load(self.session_id)
-            chunks = stored_turn_chunks(record.messages) if record is not None else []
+            chunks = stored_turn_chunks(record.messages, message_id) if record is not None else []
             if chunks:
                 encoder = UIStreamEncoder()
                 return b"".join(encoder.events(c) for c in chunks)
@@ -234,6 +259,11 @@ class RelayStreamResponse:
             exc.kind, f"{exc.message}; reload the session (GET /api/sessions/{self.session_id})"
         )
         return sse({"type": "error", "errorText": text})
+
+
+def unavailable_event(exc: RelayUnavailable) -> bytes:
+    """The ``error`` event of a stream whose relay stopped answering."""
+    return sse({"type": "error", "errorText": error_text(exc.kind, exc.message)})
 
 
 async def local_turn_id(host: Any, session_id: str) -> str | None:

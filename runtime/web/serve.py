@@ -83,6 +83,12 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
         "stream, resume or stop them (docs/relay.md)",
     )
     add(
+        "--run-turns-here",
+        action="store_true",
+        help="with a postgresql:// --store and --redis, run turns in this process as "
+        "without them, instead of serving as a front end of `python -m runtime worker`s",
+    )
+    add(
         "--token",
         default=None,
         help=f"require 'Authorization: Bearer TOKEN' on /api/ (or set ${TOKEN_ENV})",
@@ -209,6 +215,17 @@ async def serve_app(
     await serve(app, config, shutdown_trigger=shutdown_trigger, task_status=task_status)
 
 
+def is_front_end(args: argparse.Namespace) -> bool:
+    """Whether ``serve`` is a stateless front end of a worker deployment: its sessions in
+    PostgreSQL, its live output on a relay, and not told to run turns itself."""
+    store = str(args.store or "")
+    return (
+        store.startswith(("postgresql://", "postgres://"))
+        and bool(args.redis)
+        and not args.run_turns_here
+    )
+
+
 async def serve_command(args: argparse.Namespace) -> int:
     """Run the ``serve`` command: a host, the app, until SIGINT/SIGTERM."""
     from runtime.web.app import create_app  # Starlette: only when serving
@@ -244,7 +261,15 @@ async def serve_command(args: argparse.Namespace) -> int:
         host = await stack.enter_async_context(
             Host.open(store=args.store, idle_ttl=args.session_ttl, max_sessions=args.max_sessions)
         )
-        if relay is not None:
+        queue = None
+        if is_front_end(args):  # the host only lends its store: it runs no turn
+            from runtime.stores.postgres import PostgresStore
+            from runtime.stores.turns import TurnQueue
+
+            assert isinstance(host.store, PostgresStore)  # a postgresql:// URL opens one
+            queue = TurnQueue(host.store)
+            stack.push_async_callback(queue.aclose)
+        elif relay is not None:
             await attach_relay(host, relay)
         if tracing is not None:
             await host.start_actor(tracing)
@@ -258,6 +283,7 @@ async def serve_command(args: argparse.Namespace) -> int:
             body_timeout=args.body_timeout,
             send_timeout=args.send_timeout,
             relay=relay,
+            queue=queue,
         )
 
         async def shutdown_trigger() -> None:
@@ -276,10 +302,12 @@ async def serve_command(args: argparse.Namespace) -> int:
                 )
             )
             fragment = f"#token={args.token}" if args.token else ""  # not an env secret
+            mode = "front-end mode: turns run on workers; " if queue is not None else ""
             for url in binds:
                 print(
                     f"Axon web UI on {url}/{fragment}  "
-                    f"(provider {args.provider}, store {args.store or 'memory'}"
+                    f"({mode}"
+                    f"provider {args.provider}, store {args.store or 'memory'}"
                     f"{', relay ' + public_url(args.redis) if relay is not None else ''}"
                     f"{', OpenTelemetry traces' if tracing is not None else ''})",
                     flush=True,

@@ -1,0 +1,142 @@
+"""What a ``POST /api/chat`` body says: the session, the last user input, the trigger.
+
+Shared by the embedded app (:mod:`runtime.web.app`), which runs the turn, and the front
+end of a worker deployment (:mod:`runtime.web.frontend`), which queues it: both must
+refuse the same bodies with the same errors and title a new session the same way.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import orjson
+import trio
+from starlette.requests import Request
+
+from runtime.agent import Agent
+from runtime.errors import InvalidMedia, MediaTooLarge
+from runtime.media import check_limits, user_content
+from runtime.messages import File, Image, TextPart, UserContent
+from runtime.web.http import ApiError, session_id_param, web_state
+
+TITLE_CHARS = 80
+
+
+def _file_part(part: dict[str, Any]) -> Image | File:
+    """A ``useChat`` file part (``mediaType``, ``url``, ``filename``) as an image or file.
+
+    Only ``data:``, ``http:`` and ``https:`` URLs are taken, and an http(s) URL is passed
+    on for the provider to fetch: this server never fetches a URL it was given."""
+    url, media_type, filename = part.get("url"), part.get("mediaType"), part.get("filename")
+    if not isinstance(url, str) or not url:
+        raise ApiError(400, "a file part needs a 'url' (a data:, http: or https: URL)")
+    if media_type is not None and not isinstance(media_type, str):
+        raise ApiError(400, "a file part's 'mediaType' must be a string")
+    if filename is not None and not isinstance(filename, str):
+        raise ApiError(400, "a file part's 'filename' must be a string")
+    try:
+        if media_type is not None and media_type.lower().startswith("image/"):
+            return Image(url=url, media_type=media_type)
+        found = File(url=url, media_type=media_type, filename=filename)
+        if found.media_type.startswith("image/"):  # type: ignore[union-attr]
+            # no mediaType given, and the bytes (or the URL) say image
+            return Image(data=found.data, url=found.url, media_type=found.media_type)
+        return found
+    except InvalidMedia as exc:
+        label = f"file part {filename!r}" if filename else "file part"
+        raise ApiError(400, f"{label}: {exc}") from None
+
+
+def _last_user_input(messages: Any) -> UserContent:
+    """The last user message of a ``useChat`` body: its text, or its text and file parts."""
+    if not isinstance(messages, list):
+        raise ApiError(400, "'messages' must be a list")
+    for message in reversed(messages):
+        if not isinstance(message, dict) or message.get("role") != "user":
+            continue
+        parts = message.get("parts")
+        items: list[str | Image | File] = []
+        if isinstance(parts, list):
+            for p in parts:
+                if not isinstance(p, dict):
+                    continue
+                if p.get("type") == "text" and isinstance(p.get("text"), str):
+                    items.append(p["text"])
+                elif p.get("type") == "file":
+                    items.append(_file_part(p))
+        elif isinstance(message.get("content"), str):  # the pre-parts message shape
+            items.append(message["content"])
+        text = "".join(i for i in items if isinstance(i, str))
+        media = [i for i in items if not isinstance(i, str)]
+        if not media:
+            if not text.strip():
+                raise ApiError(400, "the last user message has no text")
+            return text
+        return user_content(items)
+    raise ApiError(400, "no user message in 'messages'")
+
+
+def title_of(content: UserContent) -> str:
+    """A session title from its first input: the text, else the attachments' names."""
+    if isinstance(content, str):
+        text = content
+    else:
+        text = "".join(p.text for p in content if isinstance(p, TextPart)) or " ".join(
+            getattr(p, "filename", None) or p.type for p in content if not isinstance(p, TextPart)
+        )
+    return " ".join(text.split())[:TITLE_CHARS]
+
+
+async def _read_body(request: Request, limit: int, within: float | None = None) -> bytes:
+    """The request body: 413 past ``limit`` bytes, 408 (and the connection closed) when
+    it has not arrived in full ``within`` seconds, so a client that announces a
+    body and never sends it cannot hold a connection open."""
+    length = request.headers.get("content-length")
+    if length is not None:
+        if not length.isdigit():
+            raise ApiError(400, "bad content-length")
+        if int(length) > limit:
+            raise ApiError(413, f"request body larger than {limit} bytes")
+    body = bytearray()
+    with trio.move_on_after(within if within and within > 0 else math.inf):
+        async for piece in request.stream():
+            body += piece
+            if len(body) > limit:
+                raise ApiError(413, f"request body larger than {limit} bytes")
+        return bytes(body)
+    raise ApiError(
+        408, f"the request body did not arrive within {within:g} s", {"connection": "close"}
+    )
+
+
+async def read_chat_request(request: Request) -> tuple[dict[str, Any], str, UserContent, bool]:
+    """A ``POST /api/chat`` body: ``(payload, session_id, last user input, regenerate)``,
+    every bad part a 4xx; the input checked against the session's agent's media limits."""
+    state = web_state(request)
+    raw = await _read_body(request, state.max_body, state.body_timeout)
+    try:
+        payload = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        raise ApiError(400, "the body is not JSON") from None
+    if not isinstance(payload, dict):
+        raise ApiError(400, "the body must be a JSON object")
+    if "id" not in payload:
+        raise ApiError(400, "'id' (the session id) is required")
+    session_id = session_id_param(payload["id"])
+    text = _last_user_input(payload.get("messages"))
+    trigger = payload.get("trigger", "submit-message")
+    if trigger not in ("submit-message", "regenerate-message"):
+        raise ApiError(400, f"unknown trigger {trigger!r}")
+    return payload, session_id, text, trigger == "regenerate-message"
+
+
+def check_media(text: UserContent, agent: Agent) -> None:
+    """413 when ``text``'s attachments are over ``agent``'s media limits."""
+    try:
+        check_limits(text, agent.media_limits)
+    except MediaTooLarge as exc:
+        raise ApiError(413, exc.message) from None
+
+
+__all__ = ["TITLE_CHARS", "check_media", "read_chat_request", "title_of"]

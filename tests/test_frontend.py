@@ -1,0 +1,411 @@
+"""``serve`` as a stateless front end: turns queued in PostgreSQL, run by a worker,
+streamed from the Redis relay. Real PostgreSQL, real Redis, real HTTP over loopback."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import attrs
+import httpx
+import pytest
+import trio
+
+from actors.providers.scripted import ScriptedProvider
+from actors.relay import RedisRelay
+from runtime import Agent, Host
+from runtime.messages import AssistantMessage, TextPart, UserMessage
+from runtime.stores.postgres import PostgresStore
+from runtime.stores.turns import TurnQueue
+from runtime.worker import Worker
+from tests.support.redis import require_redis, unique_prefix
+from tests.test_relay_web import sse_events
+
+ROOT = Path(__file__).resolve().parent.parent
+LIMIT = 30
+
+
+@pytest.fixture
+def redis_url() -> str:
+    return require_redis()
+
+
+def slow_agent(words: int = 40, delay: float = 0.02) -> Agent:
+    return Agent(name="a", provider=ScriptedProvider([" ".join(["w"] * words)], delay=delay))
+
+
+def body(session_id: str, text: str = "go", message_id: str = "u1") -> dict[str, Any]:
+    return {
+        "id": session_id,
+        "messages": [{"id": message_id, "role": "user", "parts": [{"type": "text", "text": text}]}],
+        "trigger": "submit-message",
+    }
+
+
+def data(events: list[tuple[str | None, Any]]) -> list[Any]:
+    return [d for _, d in events if d != "[DONE]"]
+
+
+def streamed_text(events: list[tuple[str | None, Any]]) -> str:
+    return "".join(d["delta"] for d in data(events) if d["type"] == "text-delta")
+
+
+def stored_text(message: AssistantMessage) -> str:
+    return "".join(p.text for p in message.content if isinstance(p, TextPart))
+
+
+@attrs.define
+class Deployment:
+    """Front ends over one PostgreSQL schema and one relay prefix, and maybe a worker."""
+
+    pg_url: str
+    redis_url: str
+    prefix: str
+    agent: Agent
+    store: PostgresStore
+    queue: TurnQueue
+    nursery: trio.Nursery
+    urls: list[str] = attrs.Factory(list)
+    workers: list[Worker] = attrs.Factory(list)
+    workers_ended: trio.Event = attrs.Factory(trio.Event)
+
+    async def start_worker(self) -> Worker:
+        return await self.nursery.start(self._worker)
+
+    async def _worker(self, task_status: trio.TaskStatus[Worker]) -> None:
+        async with (
+            RedisRelay.open(self.redis_url, prefix=self.prefix) as relay,
+            trio.open_nursery() as nursery,
+        ):
+            worker = Worker(store=self.store, relay=relay, agent=self.agent, poll=0.1, grace=1)
+            self.workers.append(worker)
+            task_status.started(await nursery.start(worker.run))
+        self.workers_ended.set()
+
+    async def stop_workers(self) -> None:
+        """Stop the workers the way their command does (cancelling one mid-subscription
+        is not what a deployment does to it)."""
+        for worker in self.workers:
+            worker.stop()
+        while self.workers:
+            self.workers_ended = trio.Event()
+            self.workers = [w for w in self.workers if w.host is not None]
+            if self.workers:
+                await self.workers_ended.wait()
+
+    async def start_front_end(self) -> str:
+        url = await self.nursery.start(self._front_end)
+        self.urls.append(url)
+        return url
+
+    async def _front_end(self, task_status: trio.TaskStatus[str]) -> None:
+        from runtime.web.app import create_app
+        from runtime.web.serve import serve_app
+
+        async with (
+            RedisRelay.open(self.redis_url, prefix=self.prefix) as relay,
+            Host.open(store=self.pg_url, log_tap=False) as host,
+        ):
+            queue = TurnQueue(host.store)
+            try:
+                app = create_app(host, self.agent, relay=relay, queue=queue)
+                binds = await self.nursery.start(partial(serve_app, app, host="127.0.0.1", port=0))
+                task_status.started(binds[0])
+                await trio.sleep_forever()
+            finally:
+                with trio.CancelScope(shield=True):
+                    await queue.aclose()
+
+    async def assistant(self, session_id: str) -> AssistantMessage:
+        record = await self.store.load(session_id)
+        assert record is not None
+        message = record.messages[-1]
+        assert isinstance(message, AssistantMessage)
+        return message
+
+
+@asynccontextmanager
+async def deployment(
+    pg_url: str, redis_url: str, agent: Agent, *, fronts: int = 1, worker: bool = True
+) -> AsyncIterator[Deployment]:
+    store = await PostgresStore.open(pg_url)
+    queue = TurnQueue(store)
+    try:
+        with trio.fail_after(LIMIT):
+            async with trio.open_nursery() as nursery:
+                d = Deployment(pg_url, redis_url, unique_prefix(), agent, store, queue, nursery)
+                for _ in range(fronts):
+                    await d.start_front_end()
+                if worker:
+                    await d.start_worker()
+                yield d
+                await d.stop_workers()
+                nursery.cancel_scope.cancel()
+    finally:
+        with trio.CancelScope(shield=True):
+            await queue.aclose()
+            await store.aclose()
+
+
+class EventReader:
+    """Reads a streaming response's SSE events a few at a time."""
+
+    def __init__(self, response: httpx.Response) -> None:
+        self.chunks = response.aiter_text()
+        self.raw = ""
+
+    def _complete(self) -> list[tuple[str | None, Any]]:
+        complete = self.raw[: self.raw.rfind("\n\n") + 2]
+        return sse_events(complete) if complete.strip() else []
+
+    async def until(self, count: int) -> list[tuple[str | None, Any]]:
+        """The first ``count`` events that carry an id."""
+        async for text in self.chunks:
+            self.raw += text
+            events = [e for e in self._complete() if e[0] is not None]
+            if len(events) >= count:
+                return events[:count]
+        raise AssertionError(f"the stream ended before {count} events: {self.raw!r}")
+
+    async def all(self) -> list[tuple[str | None, Any]]:
+        """Every event of the stream, once it ended."""
+        async for text in self.chunks:
+            self.raw += text
+        return sse_events(self.raw)
+
+
+async def wait_for_turn(queue: TurnQueue, session_id: str, status: str) -> Any:
+    while True:
+        turn = await queue.active(session_id)
+        if turn is not None and turn.status == status:
+            return turn
+        await trio.sleep(0.02)
+
+
+async def test_a_post_streams_the_workers_turn_with_what_the_store_then_holds(
+    pg_url: str, redis_url: str
+) -> None:
+    async with deployment(pg_url, redis_url, slow_agent(12, 0.005)) as d:
+        async with httpx.AsyncClient(base_url=d.urls[0], timeout=LIMIT) as client:
+            response = await client.post("/api/chat", json=body("s1"))
+            info = (await client.get("/api/info")).json()
+            session = (await client.get("/api/sessions/s1")).json()
+        stored = await d.assistant("s1")
+        turns = await d.queue.turns("s1")
+    events = sse_events(response.text)
+    assert response.status_code == 200
+    assert data(events)[0] == {"type": "start", "messageId": stored.id}
+    assert stored.id == turns[0].message_id and turns[0].status == "done"
+    assert streamed_text(events) == stored_text(stored) == " ".join(["w"] * 12)
+    assert data(events)[-1]["type"] == "finish" and events[-1][1] == "[DONE]"
+    assert info["mode"] == "front-end"
+    assert session["title"] == "go" and session["busy"] is False
+
+
+async def test_a_client_moving_to_another_front_end_misses_and_repeats_nothing(
+    pg_url: str, redis_url: str
+) -> None:
+    async with deployment(pg_url, redis_url, slow_agent(60), fronts=2) as d:
+        a, b = d.urls
+        async with httpx.AsyncClient(timeout=LIMIT) as client:
+            async with client.stream("POST", f"{a}/api/chat", json=body("s1")) as response:
+                seen = await EventReader(response).until(6)  # then the client drops A
+            last = seen[-1][0]
+            assert last is not None
+            rest = await client.get(f"{b}/api/chat/s1/stream", headers={"last-event-id": last})
+        await d.queue.wait_finished((await d.queue.turns("s1"))[0].turn_id, LIMIT)
+        stored = await d.assistant("s1")
+    events = seen + [e for e in sse_events(rest.text) if e[0] is not None]
+    ids = [int(i) for i, _ in events if i is not None]
+    assert ids == sorted(set(ids))  # nothing repeated
+    assert streamed_text(events) == stored_text(stored)  # nothing missing
+    assert not stored.interrupted  # leaving A only stopped a viewer, never the turn
+
+
+async def test_stop_on_another_front_end_cancels_a_running_turn(
+    pg_url: str, redis_url: str
+) -> None:
+    async with deployment(pg_url, redis_url, slow_agent(400), fronts=2) as d:
+        a, b = d.urls
+        async with httpx.AsyncClient(timeout=LIMIT) as client:
+            async with client.stream("POST", f"{a}/api/chat", json=body("s1")) as response:
+                reader = EventReader(response)
+                await reader.until(3)
+                stop = await client.post(f"{b}/api/chat/s1/stop", json={})
+                rest = await reader.all()
+            turn = await d.queue.wait_finished(stop.json()["turn_id"], LIMIT)
+            again = await client.post(f"{b}/api/chat/s1/stop", json={})
+        stored = await d.assistant("s1")
+    assert stop.status_code == 202
+    assert {"type": "abort", "reason": "stopped by user"} in data(rest)
+    assert turn is not None and turn.status == "cancelled"
+    assert stored.interrupted
+    assert again.status_code == 204
+
+
+async def test_stop_cancels_a_queued_turn_that_then_never_runs(pg_url: str, redis_url: str) -> None:
+    async with deployment(pg_url, redis_url, slow_agent(3), fronts=2, worker=False) as d:
+        a, b = d.urls
+        async with httpx.AsyncClient(timeout=LIMIT) as client:
+            async with trio.open_nursery() as nursery:
+                posted: list[Any] = []
+
+                async def post() -> None:
+                    posted.append(await client.post(f"{a}/api/chat", json=body("s1")))
+
+                nursery.start_soon(post)
+                queued = await wait_for_turn(d.queue, "s1", "queued")
+                stop = await client.post(f"{b}/api/chat/s1/stop", json={})
+            await d.start_worker()
+            other = await client.post(f"{a}/api/chat", json=body("s2"))  # the worker works
+        record = await d.store.load("s1")
+        turn = await d.queue.get(queued.turn_id)
+    assert stop.status_code == 202 and stop.json()["turn_id"] == queued.turn_id
+    assert data(sse_events(posted[0].text)) == [{"type": "abort", "reason": "stopped by user"}]
+    assert other.status_code == 200 and "finish" in [
+        e["type"] for e in data(sse_events(other.text))
+    ]
+    assert turn is not None and turn.status == "cancelled"
+    assert record is None or not any(isinstance(m, AssistantMessage) for m in record.messages)
+
+
+async def test_retrying_a_post_with_the_same_message_id_gives_one_turn(
+    pg_url: str, redis_url: str
+) -> None:
+    async with deployment(pg_url, redis_url, slow_agent(5, 0.005)) as d:
+        async with httpx.AsyncClient(base_url=d.urls[0], timeout=LIMIT) as client:
+            first = await client.post("/api/chat", json=body("s1", message_id="u-7"))
+            retry = await client.post("/api/chat", json=body("s1", message_id="u-7"))
+        turns = await d.queue.turns("s1")
+        record = await d.store.load("s1")
+    assert len(turns) == 1
+    assert data(sse_events(first.text))[0] == data(sse_events(retry.text))[0]  # same message
+    assert record is not None
+    assert [type(m) for m in record.messages] == [UserMessage, AssistantMessage]
+
+
+async def test_a_second_post_while_busy_queues_and_streams_after_the_first(
+    pg_url: str, redis_url: str
+) -> None:
+    async with deployment(pg_url, redis_url, slow_agent(30)) as d:
+        async with httpx.AsyncClient(base_url=d.urls[0], timeout=LIMIT) as client:
+            async with trio.open_nursery() as nursery:
+                answers: dict[str, httpx.Response] = {}
+
+                async def post(text: str, message_id: str) -> None:
+                    answers[text] = await client.post(
+                        "/api/chat", json=body("s1", text, message_id)
+                    )
+
+                nursery.start_soon(post, "first", "u1")
+                await wait_for_turn(d.queue, "s1", "running")
+                nursery.start_soon(post, "second", "u2")
+        record = await d.store.load("s1")
+        turns = await d.queue.turns("s1")
+    assert [a.status_code for a in answers.values()] == [200, 200]  # no 409 any more
+    assert [t.status for t in turns] == ["done", "done"]
+    assert record is not None
+    assert [(type(m).__name__, getattr(m, "id", None)) for m in record.messages] == [
+        ("UserMessage", record.messages[0].id),
+        ("AssistantMessage", turns[0].message_id),
+        ("UserMessage", record.messages[2].id),
+        ("AssistantMessage", turns[1].message_id),
+    ]
+    second = data(sse_events(answers["second"].text))
+    assert second[0] == {"type": "start", "messageId": turns[1].message_id}
+    assert streamed_text(sse_events(answers["second"].text)) == stored_text(record.messages[3])
+
+
+async def test_a_stream_the_relay_lost_is_rebuilt_from_the_store(
+    pg_url: str, redis_url: str
+) -> None:
+    async with deployment(pg_url, redis_url, slow_agent(50)) as d:
+        async with httpx.AsyncClient(base_url=d.urls[0], timeout=LIMIT) as client:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(partial(client.post, "/api/chat", json=body("s1")))
+                turn = await wait_for_turn(d.queue, "s1", "running")
+                async with RedisRelay.open(redis_url, prefix=d.prefix) as relay:
+                    key = relay.turn_key(turn.turn_id)
+                    while not await relay.client.exists([key]):  # noqa: ASYNC110
+                        await trio.sleep(0.02)
+                    await relay.client.delete([key])  # Redis lost the turn's stream
+                rebuilt = await client.get("/api/chat/s1/stream")
+        stored = await d.assistant("s1")
+    events = data(sse_events(rebuilt.text))
+    assert rebuilt.status_code == 200
+    assert events[0] == {"type": "start", "messageId": stored.id}
+    assert streamed_text(sse_events(rebuilt.text)) == stored_text(stored)
+    assert events[-1]["type"] == "finish"
+
+
+def _serve(pg_url: str, redis_url: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    command = [sys.executable, "-m", "runtime", "serve", "--port", "0"]
+    command += ["--store", pg_url, "--redis", redis_url, "--delay", "0"]
+    return subprocess.Popen(
+        command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+async def test_serve_with_postgresql_and_redis_is_a_front_end_of_the_workers(
+    pg_url: str, redis_url: str
+) -> None:
+    proc = _serve(pg_url, redis_url)
+    try:
+        assert proc.stdout is not None
+        line = await trio.to_thread.run_sync(proc.stdout.readline)
+        assert "front-end mode" in line, line + (proc.stderr.read() if proc.poll() else "")
+        url = line.split()[4].rstrip("/")
+        store = await PostgresStore.open(pg_url)
+        try:
+            with trio.fail_after(LIMIT):
+                async with (
+                    RedisRelay.open(redis_url) as relay,
+                    trio.open_nursery() as nursery,
+                ):
+                    agent = Agent(name="a", provider=ScriptedProvider(["hello there"]))
+                    worker = Worker(store=store, relay=relay, agent=agent, poll=0.1)
+                    await nursery.start(worker.run)
+                    session_id = f"cli-{uuid.uuid4().hex[:8]}"
+                    async with httpx.AsyncClient(base_url=url, timeout=LIMIT) as client:
+                        response = await client.post("/api/chat", json=body(session_id))
+                    worker.stop()
+        finally:
+            with trio.CancelScope(shield=True):
+                await store.aclose()
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=LIMIT)
+    assert streamed_text(sse_events(response.text)) == "hello there"
+
+
+def test_a_takeovers_repeated_start_is_dropped_by_the_relay_encoder() -> None:
+    from runtime import output as o
+    from runtime.web.resume import RelayEncoder
+
+    encoder = RelayEncoder()
+    first = encoder.events(o.Start(message_id="msg_t1", seq=1))
+    again = encoder.events(o.Start(message_id="msg_t1", seq=9))
+    assert b'"type":"start"' in first
+    assert again == b""
+
+
+def test_a_retried_post_and_a_regenerate_have_their_own_idempotency_keys() -> None:
+    from runtime.web.frontend import idempotency_key
+
+    submit = body("s1", message_id="u-7")
+    regenerate = {**submit, "trigger": "regenerate-message", "messageId": "msg_t1"}
+    assert idempotency_key("s1", submit, False) == idempotency_key("s1", dict(submit), False)
+    assert idempotency_key("s2", submit, False) != idempotency_key("s1", submit, False)
+    assert idempotency_key("s1", regenerate, True) not in (
+        None,
+        idempotency_key("s1", submit, False),
+    )
+    assert idempotency_key("s1", {**submit, "messages": []}, False) is None
