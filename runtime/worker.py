@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import os
 import socket
+import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -69,7 +70,7 @@ log = get_logger("axon.worker")
 
 def default_owner() -> str:
     """``host:pid:random``: unique per worker run, readable in ``axon_turns.owner``."""
-    return f"{socket.gethostname()}:{os.getpid()}:{new_id('w')[-6:]}"
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
 
 
 @attrs.define(kw_only=True, slots=True, eq=False)
