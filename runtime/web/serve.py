@@ -83,6 +83,12 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
         "stream, resume or stop them (docs/relay.md)",
     )
     add(
+        "--redis-prefix",
+        default=None,
+        metavar="PREFIX",
+        help="key prefix of the relay's streams (default 'axon:'; workers must agree)",
+    )
+    add(
         "--run-turns-here",
         action="store_true",
         help="with a postgresql:// --store and --redis, run turns in this process as "
@@ -254,7 +260,8 @@ async def serve_command(args: argparse.Namespace) -> int:
         relay = None
         if args.redis:
             try:
-                relay = await stack.enter_async_context(RedisRelay.open(args.redis))
+                options = {"prefix": args.redis_prefix} if args.redis_prefix else {}
+                relay = await stack.enter_async_context(RedisRelay.open(args.redis, **options))
             except (ConfigurationError, RelayUnavailable) as exc:
                 print(f"error: {exc}", file=sys.stderr)
                 return 2
