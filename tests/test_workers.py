@@ -422,3 +422,114 @@ async def test_a_turn_that_kills_its_workers_fails_after_max_attempts_and_blocks
     finally:
         await queue.aclose()
         await store.aclose()
+
+
+async def test_sigterm_drains_then_releases_a_long_turn_to_another_worker_at_once(
+    pg_url: str, redis_url: str, workers: Workers
+) -> None:
+    store = await PostgresStore.open(pg_url)
+    queue = TurnQueue(store)
+    try:
+        # A lease far longer than the test: only a release lets b take the turn over.
+        workers.start("a", lease=120.0, AXON_TEST_TOOL_HOLD="30")
+        turn = await queue.submit("s1", "tools five")
+
+        async def in_tool() -> bool:
+            effects, _ = await trio.to_thread.run_sync(read_ledger, pg_url)
+            return bool(effects)
+
+        await wait_for(in_tool, what="worker a in its first tool")
+        workers.signal("a", signal.SIGTERM)  # --grace 2: the tool holds 30 s
+
+        async def exited() -> bool:
+            return not workers.alive("a")
+
+        await wait_for(exited, timeout=20, what="worker a to exit")
+        assert workers.procs["a"].returncode == 0
+        released = await queue.get(turn.turn_id)
+        assert released is not None and released.status == "running"
+        assert released.owner is None  # released: no lease to wait for
+        workers.start("b", lease=120.0)
+        done = await finished(queue, turn.turn_id, timeout=30)
+        assert done.status == "done" and done.owner == "b"
+        assert done.attempts == 1  # a graceful stop burns no attempt
+        record = await store.load("s1")
+        assert record is not None
+        assert_tools_turn_whole(record.messages, turn)
+        effects, _ = read_ledger(pg_url)
+        assert set(effects.values()) == {1}
+    finally:
+        await queue.aclose()
+        await store.aclose()
+
+
+async def test_stop_through_the_queue_cancels_the_turn_on_its_worker_and_saves_it_interrupted(
+    pg_url: str, redis_url: str, workers: Workers
+) -> None:
+    store = await PostgresStore.open(pg_url)
+    queue = TurnQueue(store)
+    try:
+        workers.start("a", AXON_TEST_TOOL_HOLD="30")
+        turn = await queue.submit("s1", "tools six")
+
+        async def in_tool() -> bool:
+            effects, _ = await trio.to_thread.run_sync(read_ledger, pg_url)
+            return bool(effects)
+
+        await wait_for(in_tool, what="worker a in its first tool")
+        await queue.request_cancel(turn.turn_id, "stopped by user")  # noticed on renewal
+        done = await finished(queue, turn.turn_id, timeout=15)
+        assert done.status == "cancelled"
+        record = await store.load("s1")
+        assert record is not None
+        assistant = next(m for m in record.messages if isinstance(m, AssistantMessage))
+        assert assistant.id == turn.message_id and assistant.interrupted
+        assert workers.alive("a")
+    finally:
+        await queue.aclose()
+        await store.aclose()
+
+
+async def test_stop_over_the_relay_reaches_the_worker_at_once(
+    pg_url: str, redis_url: str, workers: Workers
+) -> None:
+    store = await PostgresStore.open(pg_url)
+    queue = TurnQueue(store)
+    try:
+        workers.start("a", lease=120.0, AXON_TEST_TOOL_HOLD="30")  # no renewal in time
+        turn = await queue.submit("s1", "tools seven")
+
+        async def in_tool() -> bool:
+            effects, _ = await trio.to_thread.run_sync(read_ledger, pg_url)
+            return bool(effects)
+
+        await wait_for(in_tool, what="worker a in its first tool")
+        async with RedisRelay.open(redis_url, prefix=workers.prefix) as relay:
+            assert await relay.request_cancel(turn.turn_id, "stopped by user") >= 1
+        done = await finished(queue, turn.turn_id, timeout=15)
+        assert done.status == "cancelled"
+        assert done.error == "stopped by user"
+    finally:
+        await queue.aclose()
+        await store.aclose()
+
+
+def test_worker_with_a_database_that_does_not_exist_is_one_line_and_exit_2() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "runtime", "worker",
+         "--store", "postgresql://postgres@127.0.0.1/axon_no_such_db"],
+        cwd=REPO, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 2
+    assert out.stderr.startswith("error: ") and "axon_no_such_db" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_worker_agent_that_is_not_importable_is_one_line_and_exit_2(pg_url: str) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "runtime", "worker", "--store", pg_url,
+         "--agent", "no_such_module:agent"],
+        cwd=REPO, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 2
+    assert out.stderr.startswith("error: --agent") and "Traceback" not in out.stderr
