@@ -49,7 +49,6 @@ import trio
 from runtime.agent import Agent
 from runtime.errors import ConfigurationError, LeaseLost, StoreError
 from runtime.host import Host
-from runtime.ids import new_id
 from runtime.logging import get_logger
 from runtime.output import StepStart
 from runtime.stores.postgres import PostgresStore
@@ -61,6 +60,8 @@ AgentSource = Agent | Callable[[str], Agent]
 DEFAULT_CONCURRENCY = 4
 DEFAULT_LEASE = 10.0
 DEFAULT_GRACE = 10.0
+BUSY_WAIT = 30.0
+"""Seconds a claimed turn waits for this worker's previous turn of its session to end."""
 DEFAULT_POLL = 1.0
 """Seconds between claim attempts while nothing is notified (an expired lease notifies
 nobody: this is how soon a dead worker's turn is noticed after its lease ran out)."""
@@ -262,7 +263,8 @@ class Worker:
                     except StoreError as err:
                         log.warning("worker.finish_failed", turn_id=turn.turn_id, error=str(err))
         finally:
-            self.running.pop(turn.turn_id, None)
+            if self.running.get(turn.turn_id) is entry:  # not a later claim of the same turn
+                del self.running[turn.turn_id]
             self._turn_ended.set()
             slots.release()
         self.done[status] = self.done.get(status, 0) + 1
@@ -273,6 +275,13 @@ class Worker:
         host = self.host
         assert host is not None
         session = await host.open_session(self.agent_for(turn.session_id), turn.session_id)
+        current = session.current
+        if current is not None:
+            # This worker's earlier turn of the session, whose lease it lost (cancelled,
+            # finishing): the queue gave the session on, so let that one end first.
+            current.cancel("lease lost")
+            with trio.move_on_after(BUSY_WAIT):
+                await current.done.wait()
         if turn.meta:
             session.update_meta(turn.meta)
         stream = entry.stream = session.stream(
