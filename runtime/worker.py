@@ -51,6 +51,7 @@ from runtime.errors import ConfigurationError, LeaseLost, StoreError
 from runtime.host import Host
 from runtime.logging import get_logger
 from runtime.output import StepStart
+from runtime.redact import redact
 from runtime.stores.postgres import PostgresStore
 from runtime.stores.turns import Claim, TurnQueue
 
@@ -252,13 +253,14 @@ class Worker:
         try:
             status = await self._run_turn(entry)
         except Exception as exc:  # the turn could not even start: fail it, keep working
-            log.error("worker.turn_crashed", turn_id=turn.turn_id, error=f"{exc!r}"[:500])
+            message = redact(f"{type(exc).__name__}: {exc}")
+            log.error("worker.turn_crashed", turn_id=turn.turn_id, error=message[:500])
             status = "failed"
             if not entry.lost:
                 with trio.CancelScope(shield=True):
                     try:
                         await self.queue.finish(
-                            entry.claim, status="failed", finish_reason="error", error=str(exc)
+                            entry.claim, status="failed", finish_reason="error", error=message
                         )
                     except StoreError as err:
                         log.warning("worker.finish_failed", turn_id=turn.turn_id, error=str(err))
