@@ -533,3 +533,47 @@ def test_worker_agent_that_is_not_importable_is_one_line_and_exit_2(pg_url: str)
     )  # fmt: skip
     assert out.returncode == 2
     assert out.stderr.startswith("error: --agent") and "Traceback" not in out.stderr
+
+
+async def test_a_live_reader_is_told_the_step_restarted_and_ends_with_the_answer_once(
+    pg_url: str, redis_url: str, workers: Workers
+) -> None:
+    from runtime.relay import StepRestarted
+
+    store = await PostgresStore.open(pg_url)
+    queue = TurnQueue(store)
+    try:
+        workers.start("a", AXON_TEST_DELAY="0.03")
+        turn = await queue.submit("s1", "tools eight")
+        deltas: list[TextDelta] = []
+        restarts: list[int] = []
+
+        async def read(relay: RedisRelay) -> None:
+            async for chunk in relay.read(turn.turn_id):
+                if type(chunk) is StepRestarted:
+                    restarts.append(chunk.step)
+                    deltas[:] = [d for d in deltas if d.step != chunk.step]
+                elif type(chunk) is TextDelta:
+                    deltas.append(chunk)
+
+        async with RedisRelay.open(redis_url, prefix=workers.prefix) as relay:
+
+            async def started() -> bool:
+                return await relay.active_turn("s1") == turn.turn_id
+
+            await wait_for(started, what="the turn's stream")
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(read, relay)
+                await wait_for(lambda: _true_if(len(deltas) >= 3), what="some answer text")
+                workers.signal("a", signal.SIGKILL)
+                workers.start("b")
+        assert restarts == [2]  # the answer step, re-run by b
+        assert "".join(d.text for d in deltas) == answer_text(turn.input)
+        assert (await finished(queue, turn.turn_id)).status == "done"
+    finally:
+        await queue.aclose()
+        await store.aclose()
+
+
+async def _true_if(value: bool) -> bool:
+    return value
