@@ -12,7 +12,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 import trio
@@ -104,6 +104,28 @@ def redis_url() -> str:
 
 
 @pytest.fixture
+async def cluster(pg_url: str) -> AsyncIterator[tuple[PostgresStore, TurnQueue]]:
+    """The test's own store and queue on the workers' PostgreSQL schema."""
+    store = await PostgresStore.open(pg_url)
+    queue = TurnQueue(store)
+    try:
+        yield store, queue
+    finally:
+        await queue.aclose()
+        await store.aclose()
+
+
+async def in_first_tool(pg_url: str) -> None:
+    """Wait until a worker has done the first tool call's side effect."""
+
+    async def effect() -> bool:
+        effects, _ = await trio.to_thread.run_sync(read_ledger, pg_url)
+        return bool(effects)
+
+    await wait_for(effect, what="a worker in its first tool")
+
+
+@pytest.fixture
 def workers(pg_url: str, redis_url: str) -> Iterator[Workers]:
     pool = Workers(pg_url, redis_url, unique_prefix())
     try:
@@ -174,161 +196,143 @@ async def test_a_worker_killed_mid_stream_is_taken_over_and_each_part_is_stored_
     pg_url: str,
     redis_url: str,
     workers: Workers,
+    cluster: tuple[PostgresStore, TurnQueue],
 ) -> None:
-    store = await PostgresStore.open(pg_url)
-    queue = TurnQueue(store)
-    try:
-        workers.start("a", AXON_TEST_DELAY="0.03")
-        turn = await queue.submit("s1", "tools one")
+    store, queue = cluster
+    workers.start("a", AXON_TEST_DELAY="0.03")
+    turn = await queue.submit("s1", "tools one")
 
-        async def answering() -> bool:  # both tool steps committed: the answer streams
-            record = await store.load("s1")
-            return record is not None and len(record.messages) >= 4
-
-        await wait_for(answering, what="the answer step")
-        await trio.sleep(0.3)  # a few words into the answer
-        workers.signal("a", signal.SIGKILL)
-        workers.start("b")
-        done = await finished(queue, turn.turn_id)
-        assert done.status == "done"
-        assert (done.attempts, done.epoch) == (2, 2)
+    async def answering() -> bool:  # both tool steps committed: the answer streams
         record = await store.load("s1")
-        assert record is not None
-        assert_tools_turn_whole(record.messages, turn)
-        effects, _ = read_ledger(pg_url)
-        assert effects == {f"{turn.turn_id}:0:call_1": 1, f"{turn.turn_id}:1:call_2": 1}
-        # The relay's readers see the answer once: the dead worker's partial step dropped.
-        assert await relayed_text(redis_url, workers.prefix, turn.turn_id) == answer_text(
-            turn.input
-        )
-    finally:
-        await queue.aclose()
-        await store.aclose()
+        return record is not None and len(record.messages) >= 4
+
+    await wait_for(answering, what="the answer step")
+    await trio.sleep(0.3)  # a few words into the answer
+    workers.signal("a", signal.SIGKILL)
+    workers.start("b")
+    done = await finished(queue, turn.turn_id)
+    assert done.status == "done"
+    assert (done.attempts, done.epoch) == (2, 2)
+    record = await store.load("s1")
+    assert record is not None
+    assert_tools_turn_whole(record.messages, turn)
+    effects, _ = read_ledger(pg_url)
+    assert effects == {f"{turn.turn_id}:0:call_1": 1, f"{turn.turn_id}:1:call_2": 1}
+    # The relay's readers see the answer once: the dead worker's partial step dropped.
+    assert await relayed_text(redis_url, workers.prefix, turn.turn_id) == answer_text(turn.input)
 
 
 async def test_a_worker_killed_between_a_tool_and_its_commit_repeats_no_side_effect(
     pg_url: str,
     redis_url: str,
     workers: Workers,
+    cluster: tuple[PostgresStore, TurnQueue],
 ) -> None:
-    store = await PostgresStore.open(pg_url)
-    queue = TurnQueue(store)
-    try:
-        workers.start("a", AXON_TEST_TOOL_HOLD="30")
-        turn = await queue.submit("s1", "tools two")
-        first = f"{turn.turn_id}:0:call_1"
+    store, queue = cluster
+    workers.start("a", AXON_TEST_TOOL_HOLD="30")
+    turn = await queue.submit("s1", "tools two")
+    first = f"{turn.turn_id}:0:call_1"
 
-        async def effect_done() -> bool:
-            return first in (await trio.to_thread.run_sync(read_ledger, pg_url))[0]
+    async def effect_done() -> bool:
+        return first in (await trio.to_thread.run_sync(read_ledger, pg_url))[0]
 
-        await wait_for(effect_done, what="the first tool's side effect")
-        record = await store.load("s1")
-        assert record is None or not any(isinstance(m, ToolMessage) for m in record.messages)
-        workers.signal("a", signal.SIGKILL)  # the effect happened; its step is not committed
-        workers.start("b")
-        done = await finished(queue, turn.turn_id)
-        assert done.status == "done"
-        effects, attempts = read_ledger(pg_url)
-        assert effects == {first: 1, f"{turn.turn_id}:1:call_2": 1}
-        assert attempts[first] == 2  # the step was re-run, its effect was not repeated
-        record = await store.load("s1")
-        assert record is not None
-        assert_tools_turn_whole(record.messages, turn)
-    finally:
-        await queue.aclose()
-        await store.aclose()
+    await wait_for(effect_done, what="the first tool's side effect")
+    record = await store.load("s1")
+    assert record is None or not any(isinstance(m, ToolMessage) for m in record.messages)
+    workers.signal("a", signal.SIGKILL)  # the effect happened; its step is not committed
+    workers.start("b")
+    done = await finished(queue, turn.turn_id)
+    assert done.status == "done"
+    effects, attempts = read_ledger(pg_url)
+    assert effects == {first: 1, f"{turn.turn_id}:1:call_2": 1}
+    assert attempts[first] == 2  # the step was re-run, its effect was not repeated
+    record = await store.load("s1")
+    assert record is not None
+    assert_tools_turn_whole(record.messages, turn)
 
 
 async def test_a_paused_worker_past_its_lease_has_its_writes_refused(
     pg_url: str,
     redis_url: str,
     workers: Workers,
+    cluster: tuple[PostgresStore, TurnQueue],
 ) -> None:
-    store = await PostgresStore.open(pg_url)
-    queue = TurnQueue(store)
-    try:
-        workers.start("a", AXON_TEST_TOOL_HOLD="1.5")
-        turn = await queue.submit("s1", "tools three")
+    store, queue = cluster
+    workers.start("a", AXON_TEST_TOOL_HOLD="1.5")
+    turn = await queue.submit("s1", "tools three")
 
-        async def step_zero_running() -> bool:
-            effects, _ = await trio.to_thread.run_sync(read_ledger, pg_url)
-            return f"{turn.turn_id}:0:call_1" in effects
+    async def step_zero_running() -> bool:
+        effects, _ = await trio.to_thread.run_sync(read_ledger, pg_url)
+        return f"{turn.turn_id}:0:call_1" in effects
 
-        await wait_for(step_zero_running, what="worker a in its first tool")
-        workers.signal("a", signal.SIGSTOP)
-        workers.start("b")
-        done = await finished(queue, turn.turn_id)
-        assert done.status == "done" and done.owner == "b"
-        version = await store.version("s1")
-        before = (await store.load("s1")).messages  # type: ignore[union-attr]
-        workers.signal("a", signal.SIGCONT)  # a wakes up mid-tool, still believing it runs
+    await wait_for(step_zero_running, what="worker a in its first tool")
+    workers.signal("a", signal.SIGSTOP)
+    workers.start("b")
+    done = await finished(queue, turn.turn_id)
+    assert done.status == "done" and done.owner == "b"
+    version = await store.version("s1")
+    before = (await store.load("s1")).messages  # type: ignore[union-attr]
+    workers.signal("a", signal.SIGCONT)  # a wakes up mid-tool, still believing it runs
 
-        async def a_noticed() -> bool:
-            return "lease_lost" in workers.log("a")
+    async def a_noticed() -> bool:
+        return "lease_lost" in workers.log("a")
 
-        await wait_for(a_noticed, timeout=20, what="worker a to notice its lost lease")
-        await trio.sleep(1.0)
-        assert await store.version("s1") == version
-        assert (await store.load("s1")).messages == before  # type: ignore[union-attr]
-        assert workers.alive("a")  # it goes on working: the next turn is its to take
-        second = await queue.submit("s2", "after the pause")
-        assert (await finished(queue, second.turn_id)).status == "done"
-    finally:
-        await queue.aclose()
-        await store.aclose()
+    await wait_for(a_noticed, timeout=20, what="worker a to notice its lost lease")
+    await trio.sleep(1.0)
+    assert await store.version("s1") == version
+    assert (await store.load("s1")).messages == before  # type: ignore[union-attr]
+    assert workers.alive("a")  # it goes on working: the next turn is its to take
+    second = await queue.submit("s2", "after the pause")
+    assert (await finished(queue, second.turn_id)).status == "done"
 
 
 async def test_four_workers_run_200_turns_over_20_sessions_in_order_without_overlap(
     pg_url: str,
     redis_url: str,
     workers: Workers,
+    cluster: tuple[PostgresStore, TurnQueue],
 ) -> None:
-    store = await PostgresStore.open(pg_url)
-    queue = TurnQueue(store)
-    try:
-        for name in "abcd":
-            workers.start(name)
-        sessions = [f"s{i}" for i in range(20)]
+    store, queue = cluster
+    for name in "abcd":
+        workers.start(name)
+    sessions = [f"s{i}" for i in range(20)]
 
-        async def submit_all(session_id: str) -> None:
-            async with trio.open_nursery() as nursery:  # simultaneous turns for one session
-                for i in range(10):
-                    nursery.start_soon(queue.submit, session_id, f"{session_id} m{i}")
+    async def submit_all(session_id: str) -> None:
+        async with trio.open_nursery() as nursery:  # simultaneous turns for one session
+            for i in range(10):
+                nursery.start_soon(queue.submit, session_id, f"{session_id} m{i}")
 
-        async with trio.open_nursery() as nursery:
-            for session_id in sessions:
-                nursery.start_soon(submit_all, session_id)
+    async with trio.open_nursery() as nursery:
+        for session_id in sessions:
+            nursery.start_soon(submit_all, session_id)
 
-        async def all_done() -> bool:
-            rows = await trio.to_thread.run_sync(
-                sql, pg_url, "SELECT count(*) FROM axon_turns WHERE status = 'done'"
-            )
-            return rows[0][0] == 200
-
-        await wait_for(all_done, timeout=180, what="200 turns")
-        rows = sql(
-            pg_url,
-            "SELECT session_id, input, owner, started_at, finished_at FROM axon_turns "
-            "ORDER BY session_id, seq",
+    async def all_done() -> bool:
+        rows = await trio.to_thread.run_sync(
+            sql, pg_url, "SELECT count(*) FROM axon_turns WHERE status = 'done'"
         )
-        owners = {row[2] for row in rows}
-        assert len(owners) >= 2
-        by_session: dict[str, list[tuple]] = {}  # type: ignore[type-arg]
-        for row in rows:
-            by_session.setdefault(row[0], []).append(row)
-        for session_id, turns in by_session.items():
-            for earlier, later in itertools.pairwise(turns):
-                assert earlier[4] <= later[3], f"{session_id}: turns overlapped"
-            record = await store.load(session_id)
-            assert record is not None
-            users = [m.content for m in record.messages if isinstance(m, UserMessage)]
-            answers = [m.text for m in record.messages if isinstance(m, AssistantMessage)]
-            submitted = [row[1] for row in turns]
-            assert users == [_input_text(raw) for raw in submitted]
-            assert answers == [f"echo: {u}" for u in users]
-    finally:
-        await queue.aclose()
-        await store.aclose()
+        return rows[0][0] == 200
+
+    await wait_for(all_done, timeout=180, what="200 turns")
+    rows = sql(
+        pg_url,
+        "SELECT session_id, input, owner, started_at, finished_at FROM axon_turns "
+        "ORDER BY session_id, seq",
+    )
+    owners = {row[2] for row in rows}
+    assert len(owners) >= 2
+    by_session: dict[str, list[tuple]] = {}  # type: ignore[type-arg]
+    for row in rows:
+        by_session.setdefault(row[0], []).append(row)
+    for session_id, turns in by_session.items():
+        for earlier, later in itertools.pairwise(turns):
+            assert earlier[4] <= later[3], f"{session_id}: turns overlapped"
+        record = await store.load(session_id)
+        assert record is not None
+        users = [m.content for m in record.messages if isinstance(m, UserMessage)]
+        answers = [m.text for m in record.messages if isinstance(m, AssistantMessage)]
+        submitted = [row[1] for row in turns]
+        assert users == [_input_text(raw) for raw in submitted]
+        assert answers == [f"echo: {u}" for u in users]
 
 
 def _input_text(raw: object) -> str:
@@ -347,35 +351,31 @@ async def test_postgresql_and_redis_restarted_mid_turn_lose_nothing_committed(
     pg_url: str,
     redis_url: str,
     workers: Workers,
+    cluster: tuple[PostgresStore, TurnQueue],
 ) -> None:
-    store = await PostgresStore.open(pg_url)
-    queue = TurnQueue(store)
-    try:
-        workers.start("a", lease=10.0, AXON_TEST_DELAY="0.02", AXON_TEST_TOOL_HOLD="0.5")
-        turn = await queue.submit("s1", "tools four")
+    store, queue = cluster
+    workers.start("a", lease=10.0, AXON_TEST_DELAY="0.02", AXON_TEST_TOOL_HOLD="0.5")
+    turn = await queue.submit("s1", "tools four")
 
-        async def running() -> bool:
-            got = await queue.get(turn.turn_id)
-            return got is not None and got.status == "running"
+    async def running() -> bool:
+        got = await queue.get(turn.turn_id)
+        return got is not None and got.status == "running"
 
-        await wait_for(running, what="the turn to start")
-        with redis_restored():
-            await trio.to_thread.run_sync(
-                lambda: subprocess.run(PG_RESTART, shell=True, check=True, timeout=60)
-            )
-            await trio.to_thread.run_sync(stop_redis)
-            await trio.sleep(0.5)
-            await trio.to_thread.run_sync(start_redis)
-        done = await finished(queue, turn.turn_id, timeout=90)
-        assert done.status == "done"
-        record = await store.load("s1")
-        assert record is not None
-        assert_tools_turn_whole(record.messages, turn)
-        effects, _ = read_ledger(pg_url)
-        assert effects == {f"{turn.turn_id}:0:call_1": 1, f"{turn.turn_id}:1:call_2": 1}
-    finally:
-        await queue.aclose()
-        await store.aclose()
+    await wait_for(running, what="the turn to start")
+    with redis_restored():
+        await trio.to_thread.run_sync(
+            lambda: subprocess.run(PG_RESTART, shell=True, check=True, timeout=60)
+        )
+        await trio.to_thread.run_sync(stop_redis)
+        await trio.sleep(0.5)
+        await trio.to_thread.run_sync(start_redis)
+    done = await finished(queue, turn.turn_id, timeout=90)
+    assert done.status == "done"
+    record = await store.load("s1")
+    assert record is not None
+    assert_tools_turn_whole(record.messages, turn)
+    effects, _ = read_ledger(pg_url)
+    assert effects == {f"{turn.turn_id}:0:call_1": 1, f"{turn.turn_id}:1:call_2": 1}
 
 
 def test_worker_refuses_a_store_that_is_not_postgresql(tmp_path) -> None:  # type: ignore[no-untyped-def]
@@ -392,126 +392,95 @@ async def test_a_turn_that_kills_its_workers_fails_after_max_attempts_and_blocks
     pg_url: str,
     redis_url: str,
     workers: Workers,
+    cluster: tuple[PostgresStore, TurnQueue],
 ) -> None:
-    store = await PostgresStore.open(pg_url)
-    queue = TurnQueue(store)
-    try:
-        poison = await queue.submit("s1", "crash now")
-        after = await queue.submit("s1", "after the crash")
-        other = await queue.submit("s2", "another session")
-        started = 0
+    _store, queue = cluster
+    poison = await queue.submit("s1", "crash now")
+    after = await queue.submit("s1", "after the crash")
+    other = await queue.submit("s2", "another session")
+    started = 0
 
-        async def supervise() -> None:  # a process manager restarting dead workers
-            nonlocal started
-            while True:
-                if started == 0 or not workers.alive(f"w{started}"):
-                    started += 1
-                    workers.start(f"w{started}", max_attempts=2)
-                await trio.sleep(0.1)
+    async def supervise() -> None:  # a process manager restarting dead workers
+        nonlocal started
+        while True:
+            if started == 0 or not workers.alive(f"w{started}"):
+                started += 1
+                workers.start(f"w{started}", max_attempts=2)
+            await trio.sleep(0.1)
 
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(supervise)
-            dead = await finished(queue, poison.turn_id, timeout=60)
-            assert (await finished(queue, after.turn_id)).status == "done"
-            assert (await finished(queue, other.turn_id)).status == "done"
-            nursery.cancel_scope.cancel()
-        assert dead.status == "failed"
-        assert dead.attempts == 2
-        assert "2" in (dead.error or "")
-        assert started >= 3  # two killed by the turn, a third ran the rest
-    finally:
-        await queue.aclose()
-        await store.aclose()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(supervise)
+        dead = await finished(queue, poison.turn_id, timeout=60)
+        assert (await finished(queue, after.turn_id)).status == "done"
+        assert (await finished(queue, other.turn_id)).status == "done"
+        nursery.cancel_scope.cancel()
+    assert dead.status == "failed"
+    assert dead.attempts == 2
+    assert "2" in (dead.error or "")
+    assert started >= 3  # two killed by the turn, a third ran the rest
 
 
 async def test_sigterm_drains_then_releases_a_long_turn_to_another_worker_at_once(
-    pg_url: str, redis_url: str, workers: Workers
+    pg_url: str, redis_url: str, workers: Workers, cluster: tuple[PostgresStore, TurnQueue]
 ) -> None:
-    store = await PostgresStore.open(pg_url)
-    queue = TurnQueue(store)
-    try:
-        # A lease far longer than the test: only a release lets b take the turn over.
-        workers.start("a", lease=120.0, AXON_TEST_TOOL_HOLD="30")
-        turn = await queue.submit("s1", "tools five")
+    store, queue = cluster
+    # A lease far longer than the test: only a release lets b take the turn over.
+    workers.start("a", lease=120.0, AXON_TEST_TOOL_HOLD="30")
+    turn = await queue.submit("s1", "tools five")
 
-        async def in_tool() -> bool:
-            effects, _ = await trio.to_thread.run_sync(read_ledger, pg_url)
-            return bool(effects)
+    await in_first_tool(pg_url)
+    workers.signal("a", signal.SIGTERM)  # --grace 2: the tool holds 30 s
 
-        await wait_for(in_tool, what="worker a in its first tool")
-        workers.signal("a", signal.SIGTERM)  # --grace 2: the tool holds 30 s
+    async def exited() -> bool:
+        return not workers.alive("a")
 
-        async def exited() -> bool:
-            return not workers.alive("a")
-
-        await wait_for(exited, timeout=20, what="worker a to exit")
-        assert workers.procs["a"].returncode == 0
-        released = await queue.get(turn.turn_id)
-        assert released is not None and released.status == "running"
-        assert released.owner is None  # released: no lease to wait for
-        workers.start("b", lease=120.0)
-        done = await finished(queue, turn.turn_id, timeout=30)
-        assert done.status == "done" and done.owner == "b"
-        assert done.attempts == 1  # a graceful stop burns no attempt
-        record = await store.load("s1")
-        assert record is not None
-        assert_tools_turn_whole(record.messages, turn)
-        effects, _ = read_ledger(pg_url)
-        assert set(effects.values()) == {1}
-    finally:
-        await queue.aclose()
-        await store.aclose()
+    await wait_for(exited, timeout=20, what="worker a to exit")
+    assert workers.procs["a"].returncode == 0
+    released = await queue.get(turn.turn_id)
+    assert released is not None and released.status == "running"
+    assert released.owner is None  # released: no lease to wait for
+    workers.start("b", lease=120.0)
+    done = await finished(queue, turn.turn_id, timeout=30)
+    assert done.status == "done" and done.owner == "b"
+    assert done.attempts == 1  # a graceful stop burns no attempt
+    record = await store.load("s1")
+    assert record is not None
+    assert_tools_turn_whole(record.messages, turn)
+    effects, _ = read_ledger(pg_url)
+    assert set(effects.values()) == {1}
 
 
 async def test_stop_through_the_queue_cancels_the_turn_on_its_worker_and_saves_it_interrupted(
-    pg_url: str, redis_url: str, workers: Workers
+    pg_url: str, redis_url: str, workers: Workers, cluster: tuple[PostgresStore, TurnQueue]
 ) -> None:
-    store = await PostgresStore.open(pg_url)
-    queue = TurnQueue(store)
-    try:
-        workers.start("a", AXON_TEST_TOOL_HOLD="30")
-        turn = await queue.submit("s1", "tools six")
+    store, queue = cluster
+    workers.start("a", AXON_TEST_TOOL_HOLD="30")
+    turn = await queue.submit("s1", "tools six")
 
-        async def in_tool() -> bool:
-            effects, _ = await trio.to_thread.run_sync(read_ledger, pg_url)
-            return bool(effects)
-
-        await wait_for(in_tool, what="worker a in its first tool")
-        await queue.request_cancel(turn.turn_id, "stopped by user")  # noticed on renewal
-        done = await finished(queue, turn.turn_id, timeout=15)
-        assert done.status == "cancelled"
-        record = await store.load("s1")
-        assert record is not None
-        assistant = next(m for m in record.messages if isinstance(m, AssistantMessage))
-        assert assistant.id == turn.message_id and assistant.interrupted
-        assert workers.alive("a")
-    finally:
-        await queue.aclose()
-        await store.aclose()
+    await in_first_tool(pg_url)
+    await queue.request_cancel(turn.turn_id, "stopped by user")  # noticed on renewal
+    done = await finished(queue, turn.turn_id, timeout=15)
+    assert done.status == "cancelled"
+    record = await store.load("s1")
+    assert record is not None
+    assistant = next(m for m in record.messages if isinstance(m, AssistantMessage))
+    assert assistant.id == turn.message_id and assistant.interrupted
+    assert workers.alive("a")
 
 
 async def test_stop_over_the_relay_reaches_the_worker_at_once(
-    pg_url: str, redis_url: str, workers: Workers
+    pg_url: str, redis_url: str, workers: Workers, cluster: tuple[PostgresStore, TurnQueue]
 ) -> None:
-    store = await PostgresStore.open(pg_url)
-    queue = TurnQueue(store)
-    try:
-        workers.start("a", lease=120.0, AXON_TEST_TOOL_HOLD="30")  # no renewal in time
-        turn = await queue.submit("s1", "tools seven")
+    _store, queue = cluster
+    workers.start("a", lease=120.0, AXON_TEST_TOOL_HOLD="30")  # no renewal in time
+    turn = await queue.submit("s1", "tools seven")
 
-        async def in_tool() -> bool:
-            effects, _ = await trio.to_thread.run_sync(read_ledger, pg_url)
-            return bool(effects)
-
-        await wait_for(in_tool, what="worker a in its first tool")
-        async with RedisRelay.open(redis_url, prefix=workers.prefix) as relay:
-            assert await relay.request_cancel(turn.turn_id, "stopped by user") >= 1
-        done = await finished(queue, turn.turn_id, timeout=15)
-        assert done.status == "cancelled"
-        assert done.error == "stopped by user"
-    finally:
-        await queue.aclose()
-        await store.aclose()
+    await in_first_tool(pg_url)
+    async with RedisRelay.open(redis_url, prefix=workers.prefix) as relay:
+        assert await relay.request_cancel(turn.turn_id, "stopped by user") >= 1
+    done = await finished(queue, turn.turn_id, timeout=15)
+    assert done.status == "cancelled"
+    assert done.error == "stopped by user"
 
 
 def test_worker_with_a_database_that_does_not_exist_is_one_line_and_exit_2() -> None:
@@ -536,43 +505,38 @@ def test_worker_agent_that_is_not_importable_is_one_line_and_exit_2(pg_url: str)
 
 
 async def test_a_live_reader_is_told_the_step_restarted_and_ends_with_the_answer_once(
-    pg_url: str, redis_url: str, workers: Workers
+    pg_url: str, redis_url: str, workers: Workers, cluster: tuple[PostgresStore, TurnQueue]
 ) -> None:
     from runtime.relay import StepRestarted
 
-    store = await PostgresStore.open(pg_url)
-    queue = TurnQueue(store)
-    try:
-        workers.start("a", AXON_TEST_DELAY="0.03")
-        turn = await queue.submit("s1", "tools eight")
-        deltas: list[TextDelta] = []
-        restarts: list[int] = []
+    _store, queue = cluster
+    workers.start("a", AXON_TEST_DELAY="0.03")
+    turn = await queue.submit("s1", "tools eight")
+    deltas: list[TextDelta] = []
+    restarts: list[int] = []
 
-        async def read(relay: RedisRelay) -> None:
-            async for chunk in relay.read(turn.turn_id):
-                if type(chunk) is StepRestarted:
-                    restarts.append(chunk.step)
-                    deltas[:] = [d for d in deltas if d.step != chunk.step]
-                elif type(chunk) is TextDelta:
-                    deltas.append(chunk)
+    async def read(relay: RedisRelay) -> None:
+        async for chunk in relay.read(turn.turn_id):
+            if type(chunk) is StepRestarted:
+                restarts.append(chunk.step)
+                deltas[:] = [d for d in deltas if d.step != chunk.step]
+            elif type(chunk) is TextDelta:
+                deltas.append(chunk)
 
-        async with RedisRelay.open(redis_url, prefix=workers.prefix) as relay:
+    async with RedisRelay.open(redis_url, prefix=workers.prefix) as relay:
 
-            async def started() -> bool:
-                return await relay.active_turn("s1") == turn.turn_id
+        async def started() -> bool:
+            return await relay.active_turn("s1") == turn.turn_id
 
-            await wait_for(started, what="the turn's stream")
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(read, relay)
-                await wait_for(lambda: _true_if(len(deltas) >= 3), what="some answer text")
-                workers.signal("a", signal.SIGKILL)
-                workers.start("b")
-        assert restarts == [2]  # the answer step, re-run by b
-        assert "".join(d.text for d in deltas) == answer_text(turn.input)
-        assert (await finished(queue, turn.turn_id)).status == "done"
-    finally:
-        await queue.aclose()
-        await store.aclose()
+        await wait_for(started, what="the turn's stream")
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(read, relay)
+            await wait_for(lambda: _true_if(len(deltas) >= 3), what="some answer text")
+            workers.signal("a", signal.SIGKILL)
+            workers.start("b")
+    assert restarts == [2]  # the answer step, re-run by b
+    assert "".join(d.text for d in deltas) == answer_text(turn.input)
+    assert (await finished(queue, turn.turn_id)).status == "done"
 
 
 async def _true_if(value: bool) -> bool:
