@@ -67,7 +67,12 @@ DEFAULT_POLL = 1.0
 """Seconds between claim attempts while nothing is notified (an expired lease notifies
 nobody: this is how soon a dead worker's turn is noticed after its lease ran out)."""
 
-log = get_logger("axon.worker")
+
+def log() -> Any:
+    """The worker's logger, looked up at each (rare) use: the ``worker`` command
+    configures logging after this module is imported, and a logger bound at import would
+    keep structlog's unconfigured defaults."""
+    return get_logger("axon.worker")
 
 
 def default_owner() -> str:
@@ -91,7 +96,7 @@ class _Running:
         """The lease is gone: write nothing more, stop the turn."""
         if not self.lost:
             self.lost = True
-            log.warning(
+            log().warning(
                 "worker.lease_lost",
                 turn_id=self.claim.turn.turn_id,
                 epoch=self.claim.epoch,
@@ -167,7 +172,7 @@ class Worker:
                         await nursery.start(watch, self._on_relay_cancel)
                     async with trio.open_nursery() as turn_nursery:
                         task_status.started(self)
-                        log.info("worker.started", owner=self.owner, concurrency=self.concurrency)
+                        log().info("worker.started", owner=self.owner, concurrency=self.concurrency)
                         await self._claim_until_stopped(turn_nursery)
                         await self._drain(turn_nursery)
                     nursery.cancel_scope.cancel()
@@ -191,7 +196,7 @@ class Worker:
                     claim = await self.queue.claim(self.owner)
                 except StoreError as exc:
                     slots.release()
-                    log.warning("worker.claim_failed", error=str(exc))
+                    log().warning("worker.claim_failed", error=str(exc))
                     await trio.sleep(self.poll)
                     continue
                 if claim is None:
@@ -222,7 +227,7 @@ class Worker:
                     try:
                         await self.queue.release(entry.claim)
                     except StoreError as exc:
-                        log.warning("worker.release_failed", error=str(exc))
+                        log().warning("worker.release_failed", error=str(exc))
             nursery.cancel_scope.deadline = trio.current_time() + 5.0
 
     async def _close(self) -> None:
@@ -230,7 +235,7 @@ class Worker:
             try:
                 await self.queue.aclose()
             except Exception as exc:  # closing: report, do not mask the real ending
-                log.warning("worker.close_failed", error=str(exc))
+                log().warning("worker.close_failed", error=str(exc))
 
     def _on_relay_cancel(self, turn_id: str, reason: str) -> None:
         entry = self.running.get(turn_id)
@@ -254,7 +259,7 @@ class Worker:
             status = await self._run_turn(entry)
         except Exception as exc:  # the turn could not even start: fail it, keep working
             message = redact(f"{type(exc).__name__}: {exc}")
-            log.error("worker.turn_crashed", turn_id=turn.turn_id, error=message[:500])
+            log().error("worker.turn_crashed", turn_id=turn.turn_id, error=message[:500])
             status = "failed"
             if not entry.lost:
                 with trio.CancelScope(shield=True):
@@ -263,7 +268,7 @@ class Worker:
                             entry.claim, status="failed", finish_reason="error", error=message
                         )
                     except StoreError as err:
-                        log.warning("worker.finish_failed", turn_id=turn.turn_id, error=str(err))
+                        log().warning("worker.finish_failed", turn_id=turn.turn_id, error=str(err))
         finally:
             if self.running.get(turn.turn_id) is entry:  # not a later claim of the same turn
                 del self.running[turn.turn_id]
@@ -295,7 +300,7 @@ class Worker:
         )
         if turn.cancel_requested:
             stream.cancel(turn.cancel_reason or "cancelled")
-        log.info(
+        log().info(
             "worker.turn",
             turn_id=turn.turn_id,
             session_id=turn.session_id,
@@ -348,7 +353,9 @@ class Worker:
             try:
                 renewal = await self.queue.renew(entry.claim)
             except StoreError as exc:
-                log.warning("worker.renew_failed", turn_id=entry.claim.turn.turn_id, error=str(exc))
+                log().warning(
+                    "worker.renew_failed", turn_id=entry.claim.turn.turn_id, error=str(exc)
+                )
                 continue
             if not renewal.held:
                 entry.lose("renewal refused")
