@@ -15,6 +15,7 @@ from typing import Any
 
 import attrs
 import httpx
+import orjson
 import pytest
 import trio
 
@@ -75,6 +76,8 @@ class Deployment:
     urls: list[str] = attrs.Factory(list)
     workers: list[Worker] = attrs.Factory(list)
     workers_ended: trio.Event = attrs.Factory(trio.Event)
+    send_timeout: float | None = None
+    """The front ends' ``send_timeout`` (``None``: the app's default)."""
 
     async def start_worker(self) -> Worker:
         return await self.nursery.start(self._worker)
@@ -115,7 +118,8 @@ class Deployment:
         ):
             queue = TurnQueue(host.store)
             try:
-                app = create_app(host, self.agent, relay=relay, queue=queue)
+                limits = {} if self.send_timeout is None else {"send_timeout": self.send_timeout}
+                app = create_app(host, self.agent, relay=relay, queue=queue, **limits)
                 binds = await self.nursery.start(partial(serve_app, app, host="127.0.0.1", port=0))
                 task_status.started(binds[0])
                 await trio.sleep_forever()
@@ -133,7 +137,13 @@ class Deployment:
 
 @asynccontextmanager
 async def deployment(
-    pg_url: str, redis_url: str, agent: Agent, *, fronts: int = 1, worker: bool = True
+    pg_url: str,
+    redis_url: str,
+    agent: Agent,
+    *,
+    fronts: int = 1,
+    worker: bool = True,
+    send_timeout: float | None = None,
 ) -> AsyncIterator[Deployment]:
     store = await PostgresStore.open(pg_url)
     queue = TurnQueue(store)
@@ -141,6 +151,7 @@ async def deployment(
         with trio.fail_after(LIMIT):
             async with trio.open_nursery() as nursery:
                 d = Deployment(pg_url, redis_url, unique_prefix(), agent, store, queue, nursery)
+                d.send_timeout = send_timeout
                 for _ in range(fronts):
                     await d.start_front_end()
                 if worker:
@@ -409,3 +420,33 @@ def test_a_retried_post_and_a_regenerate_have_their_own_idempotency_keys() -> No
         idempotency_key("s1", submit, False),
     )
     assert idempotency_key("s1", {**submit, "messages": []}, False) is None
+
+
+async def test_a_client_that_never_reads_is_dropped_and_the_turn_still_finishes(
+    pg_url: str, redis_url: str
+) -> None:
+    from tests.test_web_slow_clients import chat_request, connect, read_to_end
+
+    words = " ".join(f"word{i}" for i in range(30_000))  # far more than socket buffers hold
+    agent = Agent(name="big", provider=ScriptedProvider(steps=[[words]]))
+    async with deployment(pg_url, redis_url, agent, send_timeout=0.5) as d:
+        server = _AsServer(url=d.urls[0])
+        sock = await connect(server, receive_buffer=4096)  # type: ignore[arg-type]
+        with sock:
+            payload = orjson.dumps(body("never-reads"))
+            await sock.send(chat_request(server, payload))  # type: ignore[arg-type]
+            turn = await wait_for_turn(d.queue, "never-reads", "running")
+            done = await d.queue.wait_finished(turn.turn_id, LIMIT)
+            assert done is not None and done.status == "done"  # a viewer never cancels it
+            with trio.fail_after(LIMIT):
+                received = await read_to_end(sock)  # the front end closed the connection
+        assert b"[DONE]" not in received
+        assert len(received) < len(words)
+        assert stored_text(await d.assistant("never-reads")) == words
+
+
+@attrs.define
+class _AsServer:
+    """What the raw-socket helpers of test_web_slow_clients need of a server."""
+
+    url: str
