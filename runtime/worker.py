@@ -311,18 +311,24 @@ class Worker:
         if self.relay is not None:
             writer = self.relay.writer(session_id=turn.session_id, turn_id=turn.turn_id)
         fence = claim.fence(on_lost=lambda: entry.lose("a save was refused"))
-        with self.store.fenced(turn.session_id, fence):
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._keep_lease, entry)
-                try:
-                    async with stream as out:
-                        await self._relay(entry, out, writer)
-                finally:
-                    nursery.cancel_scope.cancel()
-                    if writer is not None:
-                        with trio.CancelScope(shield=True):
-                            await writer.aclose(final=not entry.lost)
-        return await self._finish(entry)
+        status = "lost"
+        try:
+            with self.store.fenced(turn.session_id, fence):
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(self._keep_lease, entry)
+                    try:
+                        async with stream as out:
+                            await self._relay(entry, out, writer)
+                    finally:
+                        nursery.cancel_scope.cancel()
+            status = await self._finish(entry)
+        finally:
+            # The stream ends for readers once the queue says the turn is over, so a
+            # client that sends its next message on ``[DONE]`` finds the session idle.
+            if writer is not None:
+                with trio.CancelScope(shield=True):
+                    await writer.aclose(final=status != "lost" and not entry.lost)
+        return status
 
     async def _relay(self, entry: _Running, out: Any, writer: Any) -> None:
         """The turn's chunks to the relay; on a takeover, the restarted step announced

@@ -427,7 +427,8 @@ async def test_a_client_that_never_reads_is_dropped_and_the_turn_still_finishes(
 ) -> None:
     from tests.test_web_slow_clients import chat_request, connect, read_to_end
 
-    words = " ".join(f"word{i}" for i in range(30_000))  # far more than socket buffers hold
+    # ~10 MB of SSE: more than the kernel's socket buffers hold (4 MB at most here).
+    words = " ".join(f"{'x' * 90}{i}" for i in range(60_000))
     agent = Agent(name="big", provider=ScriptedProvider(steps=[[words]]))
     async with deployment(pg_url, redis_url, agent, send_timeout=0.5) as d:
         server = _AsServer(url=d.urls[0])
