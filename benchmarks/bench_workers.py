@@ -4,15 +4,16 @@ Three figures, each a ratio or difference measured side by side in one run:
 
 * **Workers: 2 processes / 1.** Real ``python -m runtime worker`` processes
   (``--concurrency`` 8 each, agent :mod:`benchmarks.workers_agent`, relay on) against one
-  PostgreSQL, in a fresh schema per measurement (dropped after). The workers are started
-  and ready (idle on ``LISTEN``) before the clock starts; then this process submits many
-  one-turn sessions through :class:`~runtime.stores.turns.TurnQueue` and waits, polling
-  one ``count(*)`` every 50 ms, so it costs next to nothing while the workers run. The
-  time is taken from the database's own clock: from the first turn's ``created_at`` to
-  the last ``finished_at``. Measurements alternate 1, 2, 2, 1, ...; the figure is the
-  median of the per-round ratios. It runs twice: with the scripted model as fast as it
-  gets (CPU bound: the workers, PostgreSQL and Redis share the machine's cores) and with
-  a small delay before each chunk (I/O bound, like a real model).
+  PostgreSQL, in a fresh schema per measurement (dropped after). Many one-turn sessions
+  are submitted up front through :class:`~runtime.stores.turns.TurnQueue`, the table is
+  analyzed, and the turns are held unclaimable while the workers start; one transaction
+  then releases them and notifies the workers, and this process only polls one
+  ``count(*)`` every 50 ms until all are done, so it costs next to nothing while the
+  workers run. The time is the database's own clock: from the release to the last
+  ``finished_at``. Measurements alternate 1, 2, 2, 1, ...; the figure is the median of
+  the per-round ratios. It runs twice: with the scripted model as fast as it gets (CPU
+  bound: the workers, PostgreSQL and Redis share the machine's cores) and with a delay
+  before each chunk (I/O bound, like a real model).
 * **Relay: first delta added.** In one process: a host runs a turn whose consumer appends
   every chunk to a :class:`~actors.relay.redis_streams.RedisRelay` writer, while a reader
   on a second Redis client (``RedisRelay.read``, blocked in ``XREAD``) timestamps the
@@ -179,8 +180,24 @@ def _worker_processes(
                 proc.wait()
 
 
-async def _submit_and_wait(url: str, turns: int) -> dict[str, float]:
-    """Submit ``turns`` one-turn sessions, wait for all to finish; the database's times."""
+def _sql(url: str, *statements: str) -> list[Any]:
+    """Run ``statements`` in one transaction in ``url``'s schema; the last one's rows."""
+    import psycopg
+
+    from runtime.stores.postgres import parse_url
+
+    libpq, schema = parse_url(url)
+    rows: list[Any] = []
+    with psycopg.connect(libpq, connect_timeout=10) as conn:
+        conn.execute(f"SET search_path TO {schema}")
+        for statement in statements:
+            cur = conn.execute(statement)
+            rows = cur.fetchall() if cur.description else []
+    return rows
+
+
+async def _submit(url: str, turns: int) -> float:
+    """Queue ``turns`` one-turn sessions through the queue; the seconds it took."""
     from runtime.stores.postgres import PostgresStore
     from runtime.stores.turns import TurnQueue
 
@@ -190,51 +207,70 @@ async def _submit_and_wait(url: str, turns: int) -> dict[str, float]:
         t0 = now()
         for i in range(turns):
             await queue.submit(f"s{i}", PROMPT)
-        submitted = now() - t0
-
-        def count(conn: Any) -> tuple[int, int]:
-            row = conn.execute(
-                "SELECT count(*) FILTER (WHERE status IN ('done', 'failed', 'cancelled')), "
-                "count(*) FILTER (WHERE status = 'done') FROM axon_turns"
-            ).fetchone()
-            return int(row[0]), int(row[1])
-
-        while True:
-            ended, done = await store.run("count", count)
-            if ended == turns:
-                break
-            await trio.sleep(POLL)
-        if done != turns:
-            raise RuntimeError(f"workers: {turns - done} of {turns} turns did not end 'done'")
-
-        def span(conn: Any) -> float:
-            row = conn.execute(
-                "SELECT extract(epoch FROM max(finished_at) - min(created_at)) FROM axon_turns"
-            ).fetchone()
-            return float(row[0])
-
-        seconds = await store.run("span", span)
-        return {"seconds": seconds, "local_seconds": now() - t0, "submit_seconds": submitted}
+        return now() - t0
     finally:
         await store.aclose()
+
+
+async def _wait_all_done(url: str, turns: int) -> None:
+    """Poll (every 50 ms, one ``count(*)``) until every turn ended; all must be ``done``."""
+    count = (
+        "SELECT count(*) FILTER (WHERE status IN ('done', 'failed', 'cancelled')), "
+        "count(*) FILTER (WHERE status = 'done') FROM axon_turns"
+    )
+    while True:
+        [(ended, done)] = await trio.to_thread.run_sync(_sql, url, count)
+        if ended == turns:
+            break
+        await trio.sleep(POLL)
+    if done != turns:
+        raise RuntimeError(f"workers: {turns - done} of {turns} turns did not end 'done'")
 
 
 async def _one_measurement(
     n: int, sizes: Sizes, delay: float, logs: Path, details: list[dict[str, Any]]
 ) -> float:
-    """Seconds for ``n`` workers to run ``sizes.workers_turns`` turns (fresh schema)."""
-    from runtime.stores.postgres import PostgresStore
+    """Seconds for ``n`` workers to run ``sizes.workers_turns`` queued turns (fresh schema).
 
+    The turns are submitted first, through the queue, and the table analyzed (as a
+    deployment's long-lived table is; see the README on a fresh table). They are held
+    unclaimable (``cancel_requested``) while the workers start, then released in one
+    transaction that notifies them: every worker starts claiming at once, and neither
+    the workers' start-up nor the submissions are on the clock."""
     schema, url = _schema_url()
     prefix = f"axonbench:{uuid.uuid4().hex[:10]}:"
+    turns = sizes.workers_io_turns if delay else sizes.workers_turns
     try:
-        store = await PostgresStore.open(url)  # creates the schema before the workers race
-        await store.aclose()
+        submitted = await _submit(url, turns)
+        await trio.to_thread.run_sync(
+            _sql, url, "ANALYZE axon_turns", "UPDATE axon_turns SET cancel_requested = true"
+        )
         with _worker_processes(n, url, prefix, sizes.workers_concurrency, delay, logs):
-            got = await _submit_and_wait(url, sizes.workers_turns)
+            t0 = now()
+            [(released,)] = await trio.to_thread.run_sync(
+                _sql,
+                url,
+                "UPDATE axon_turns SET cancel_requested = false",
+                f"NOTIFY axon_turns, '{schema}:go'",
+                "SELECT clock_timestamp()",
+            )
+            await _wait_all_done(url, turns)
+            local = now() - t0
+        [(seconds, first_claim)] = await trio.to_thread.run_sync(
+            _sql,
+            url,
+            f"SELECT extract(epoch FROM max(finished_at) - '{released.isoformat()}'), "
+            f"extract(epoch FROM min(started_at) - '{released.isoformat()}') FROM axon_turns",
+        )
     finally:
         await trio.to_thread.run_sync(_drop_schema, schema)
         await _delete_keys(prefix)
+    got = {
+        "seconds": float(seconds),
+        "local_seconds": local,
+        "first_claim_after_s": float(first_claim),
+        "submit_seconds": submitted,
+    }
     details.append({"workers": n, **got})
     return got["seconds"]
 
@@ -243,7 +279,7 @@ async def _scaling(sizes: Sizes, delay: float, logs: Path) -> list[Figure]:
     details: list[dict[str, Any]] = []
     sides = {str(n): (lambda n=n: _one_measurement(n, sizes, delay, logs, details)) for n in (1, 2)}
     times = await alternate(sizes.workers_rounds, sizes.workers_warmup, sides, collect=False)
-    turns = sizes.workers_turns
+    turns = sizes.workers_io_turns if delay else sizes.workers_turns
     rate = {n: [turns / s for s in times[n]] for n in ("1", "2")}
     ratios = [b / a for a, b in zip(rate["1"], rate["2"], strict=True)]
     value = median(ratios)
