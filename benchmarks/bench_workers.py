@@ -82,7 +82,8 @@ def pg_unavailable() -> str | None:
         with psycopg.connect(PG_URL, connect_timeout=3) as conn:
             conn.execute("SELECT 1")
     except psycopg.Error as err:
-        return f"PostgreSQL at {_shown(PG_URL)} does not answer: {str(err).strip()[:200]}"
+        first = (str(err).strip().splitlines() or [repr(err)])[0]
+        return f"PostgreSQL at {_shown(PG_URL)} does not answer: {first[:200]}"
     return None
 
 
