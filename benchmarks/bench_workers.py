@@ -115,10 +115,7 @@ def _schema_url() -> tuple[str, str]:
 
 
 def _drop_schema(schema: str) -> None:
-    import psycopg
-
-    with psycopg.connect(PG_URL, connect_timeout=10, autocommit=True) as conn:
-        conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+    _sql(f"{PG_URL}?schema={schema}", f"DROP SCHEMA IF EXISTS {schema} CASCADE")
 
 
 async def _delete_keys(prefix: str) -> None:
@@ -188,13 +185,29 @@ def _sql(url: str, *statements: str) -> list[Any]:
     from runtime.stores.postgres import parse_url
 
     libpq, schema = parse_url(url)
-    rows: list[Any] = []
-    with psycopg.connect(libpq, connect_timeout=10) as conn:
-        conn.execute(f"SET search_path TO {schema}")
-        for statement in statements:
-            cur = conn.execute(statement)
-            rows = cur.fetchall() if cur.description else []
-    return rows
+    deadline = time.monotonic() + 60
+    while True:  # the server is shared: another program may be restarting it
+        try:
+            rows: list[Any] = []
+            with psycopg.connect(libpq, connect_timeout=10) as conn:
+                conn.execute(f"SET search_path TO {schema}")
+                for statement in statements:
+                    cur = conn.execute(statement)
+                    rows = cur.fetchall() if cur.description else []
+            return rows
+        except psycopg.OperationalError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
+class _ServerRestarted(Exception):
+    """PostgreSQL restarted during a measurement (the machine is shared): measure again."""
+
+
+def _server_started(url: str) -> Any:
+    [(started,)] = _sql(url, "SELECT pg_postmaster_start_time()")
+    return started
 
 
 async def _submit(url: str, turns: int) -> float:
@@ -231,6 +244,18 @@ async def _wait_all_done(url: str, turns: int) -> None:
 async def _one_measurement(
     n: int, sizes: Sizes, delay: float, logs: Path, details: list[dict[str, Any]]
 ) -> float:
+    """:func:`_measure_once`, again (at most twice more) if PostgreSQL restarted meanwhile."""
+    for attempt in range(3):
+        try:
+            return await _measure_once(n, sizes, delay, logs, details)
+        except _ServerRestarted:
+            details.append({"workers": n, "discarded": "PostgreSQL restarted", "try": attempt})
+    raise RuntimeError("workers: PostgreSQL restarted during three measurements in a row")
+
+
+async def _measure_once(
+    n: int, sizes: Sizes, delay: float, logs: Path, details: list[dict[str, Any]]
+) -> float:
     """Seconds for ``n`` workers to run ``sizes.workers_turns`` queued turns (fresh schema).
 
     The turns are submitted first, through the queue, and the table analyzed (as a
@@ -243,6 +268,7 @@ async def _one_measurement(
     turns = sizes.workers_io_turns if delay else sizes.workers_turns
     try:
         submitted = await _submit(url, turns)
+        server = await trio.to_thread.run_sync(_server_started, url)
         await trio.to_thread.run_sync(
             _sql, url, "ANALYZE axon_turns", "UPDATE axon_turns SET cancel_requested = true"
         )
@@ -257,6 +283,8 @@ async def _one_measurement(
             )
             await _wait_all_done(url, turns)
             local = now() - t0
+        if await trio.to_thread.run_sync(_server_started, url) != server:
+            raise _ServerRestarted
         [(seconds, first_claim)] = await trio.to_thread.run_sync(
             _sql,
             url,
