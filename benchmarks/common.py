@@ -42,6 +42,15 @@ class Sizes:
     long_turn_rounds: int = 9
     startup_runs: int = 21
     peer_rounds: int = 15
+    workers_turns: int = 400
+    workers_io_turns: int = 240
+    workers_rounds: int = 5
+    workers_warmup: int = 0
+    workers_concurrency: int = 8
+    workers_delay: float = 0.02
+    relay_turns: int = 200
+    relay_warmup: int = 5
+    store_rounds: int = 31
 
 
 FULL = Sizes()
@@ -62,6 +71,12 @@ QUICK = Sizes(
     long_turn_rounds=1,
     startup_runs=2,
     peer_rounds=1,
+    workers_turns=10,
+    workers_io_turns=8,
+    workers_rounds=1,
+    relay_turns=3,
+    relay_warmup=1,
+    store_rounds=2,
 )
 
 

@@ -31,7 +31,7 @@ from benchmarks.common import (
     python_env,
 )
 
-BENCHMARKS = ("startup", "pipeline", "core", "concurrency", "long", "peers")
+BENCHMARKS = ("startup", "pipeline", "core", "concurrency", "long", "workers", "peers")
 DEFAULT_OUTPUT = REPO / "benchmarks" / "results" / "latest.json"
 
 
@@ -101,6 +101,10 @@ def run_one(name: str, sizes: Sizes, port: int | None, peers_python: str | None)
         from benchmarks import bench_long
 
         return bench_long.run(sizes)
+    if name == "workers":
+        from benchmarks import bench_workers
+
+        return bench_workers.run(sizes)
     if name == "peers":
         from benchmarks import bench_peers
 
@@ -175,7 +179,7 @@ def _fmt(value: float | None, unit: str) -> str:
         return "-"
     if unit == "x":
         return f"{value:.2f}x"
-    if unit == "deltas/s":
+    if unit in ("deltas/s", "turns/s"):
         return f"{value:,.0f} {unit}"
     if unit == "modules":
         return f"{value:.0f} {unit}"

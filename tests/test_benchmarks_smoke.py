@@ -33,6 +33,10 @@ EXPECTED_KEYS = {
     "concurrency.memory_per_idle_session",
     "long.save",
     "long.turn",
+    "workers.scaling.cpu",
+    "workers.scaling.io",
+    "workers.relay_first_delta",
+    "workers.store",
 }
 
 
