@@ -624,8 +624,18 @@ class TurnRunner(Actor):
                 pass  # the consumer is gone: nobody to tell
 
     async def _bounded_save(self, turn: _Turn) -> SaveResult | None:
-        """The turn's final save, waited for at most ``SAVE_TIMEOUT`` seconds."""
+        """The turn's final save, waited for at most ``SAVE_TIMEOUT`` seconds.
+
+        When the last step's save (still in flight) already holds the turn as it ends (a
+        turn that finished normally: nothing changed since), its answer is the final
+        one: a second, identical write would cost a store round trip per turn for
+        nothing (a transaction per turn on a PostgreSQL store)."""
         with trio.move_on_after(SAVE_TIMEOUT) as scope:
+            pending = self._pending
+            if pending is not None and self._holds_turn(pending, turn):
+                result = await self._adopt(pending, turn)
+                if result.error is None:
+                    return result
             final = await self._save(turn, None)
             return await self._adopt(final, turn)
         if scope.cancelled_caught:
@@ -633,6 +643,15 @@ class TurnRunner(Actor):
                 "session.save-timeout", session_id=self.state.session_id, turn_id=turn.turn_id
             )
         return None
+
+    def _holds_turn(self, req: SaveRequest, turn: _Turn) -> bool:
+        """Whether ``req`` writes the session exactly as it is now (from the turn on)."""
+        start = min(turn.start_index, self.state.saved_upto)
+        return (
+            req.start == start
+            and req.meta == turn.meta
+            and req.messages == tuple(self.state.messages[start:])
+        )
 
     # -- one model call ---------------------------------------------------------------
 
