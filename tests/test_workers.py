@@ -32,7 +32,9 @@ from tests.support.redis import (
 from tests.support.worker_agent import answer_text, read_ledger
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-LEASE = 1.0
+LEASE = 2.0
+"""Short, so a dead worker's turn is taken over soon; long enough that a healthy worker on
+a loaded machine never misses a renewal (every third of it)."""
 PG_RESTART = "pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main restart"
 
 
