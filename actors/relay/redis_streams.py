@@ -39,6 +39,7 @@ coredis is anyio-based and runs under Trio as it is. Imported only by this modul
 from __future__ import annotations
 
 import functools
+import math
 import random
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -68,6 +69,9 @@ RETRY_FOR = 30.0
 """Seconds a reader keeps retrying a Redis that does not answer before it gives up
 (:class:`~runtime.errors.RelayUnavailable`)."""
 BLOCK_MS = 1000
+TTL_REFRESH = 60.0
+"""Seconds between refreshes of a live stream's TTL (``LIVE_TTL``, a day: once a minute
+is plenty, and a flush in between costs one command instead of three)."""
 """How long one blocking ``XREAD`` waits for new entries before checking the key again."""
 PAGE = 256
 """Entries per ``XRANGE`` page when replaying a backlog."""
@@ -121,6 +125,8 @@ class RedisRelayWriter:
         self._closing = False
         self._closed = False
         self._next_seq: int | None = None
+        self._touched = -math.inf
+        """When the flush that last set the stream's TTL ran (Trio clock)."""
         """The relay seq of the next item (read from the stream on the first flush)."""
         self.lost = 0
         """Chunks dropped because the queue overflowed while Redis did not answer."""
@@ -256,23 +262,29 @@ class RedisRelayWriter:
                 self._next_seq = 1 if not last else _decode(last[0])[-1][0] + 1
             first = self._next_seq
             ended = batch[-1].get("type") == END
-            async with client.pipeline(transaction=False, raise_on_error=False) as pipe:
-                added = pipe.xadd(
-                    self.key,
-                    {"first": str(first), "items": orjson.dumps(batch, default=str)},
-                    identifier=f"{first}-1",
-                )
-                pipe.expire(self.key, relay.end_ttl if ended else relay.live_ttl)
-                if first == 1:
-                    pipe.set(relay.active_key(self.session_id), self.turn_id, ex=relay.live_ttl)
-                elif ended:
-                    pipe.expire(relay.active_key(self.session_id), relay.end_ttl)
-        try:
-            await added
-        except ResponseError as exc:
-            if "equal or smaller" not in str(exc):
-                raise
-            # A retry of a flush that Redis applied before the connection broke.
+            fields = {"first": str(first), "items": orjson.dumps(batch, default=str)}
+            now = trio.current_time()
+            # The TTLs are set by the first flush and the last, and refreshed at most every
+            # TTL_REFRESH seconds: a flush in between is one XADD, not a pipeline of three.
+            touch = ended or first == 1 or now - self._touched > TTL_REFRESH
+            try:
+                if not touch:
+                    await client.xadd(self.key, fields, identifier=f"{first}-1")
+                else:
+                    async with client.pipeline(transaction=False, raise_on_error=False) as pipe:
+                        added = pipe.xadd(self.key, fields, identifier=f"{first}-1")
+                        pipe.expire(self.key, relay.end_ttl if ended else relay.live_ttl)
+                        active = relay.active_key(self.session_id)
+                        if first == 1:
+                            pipe.set(active, self.turn_id, ex=relay.live_ttl)
+                        elif ended:
+                            pipe.expire(active, relay.end_ttl)
+                    await added
+                    self._touched = now
+            except ResponseError as exc:
+                if "equal or smaller" not in str(exc):
+                    raise
+                # A retry of a flush that Redis applied before the connection broke.
         self._next_seq = first + len(batch)
         self.flushes += 1
 

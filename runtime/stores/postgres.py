@@ -268,7 +268,7 @@ class PostgresStore:
             max_size=pool_size,
             open=False,
             configure=configure,
-            check=psycopg_pool.ConnectionPool.check_connection,
+            check=_check_if_idle,
             kwargs={"connect_timeout": CONNECT_TIMEOUT, "autocommit": False},
             timeout=CONNECT_TIMEOUT,
             reconnect_timeout=max(retry_for, 1.0),
@@ -287,8 +287,11 @@ class PostgresStore:
             raise StoreError(f"session store {self.url} is closed")
 
         def attempt() -> _T:
-            with self._pool.connection() as conn, conn.transaction():
-                return fn(conn)
+            with self._pool.connection() as conn:
+                with conn.transaction():
+                    result = fn(conn)
+                _used[id(conn)] = time.monotonic()
+                return result
 
         async def once() -> _T:
             return await trio.to_thread.run_sync(attempt, limiter=self._limiter)
@@ -562,6 +565,27 @@ def _check_fence(conn: Any, fence: Fence, session_id: str) -> None:
             f"save of session {session_id!r} refused: worker {fence.owner} (epoch "
             f"{fence.epoch}) no longer holds turn {fence.turn_id} ({held})"
         )
+
+
+CHECK_IDLE = 1.0
+"""Seconds a pooled connection may sit unused before the pool checks it (a round trip)
+when it is handed out again."""
+_used: dict[int, float] = {}
+"""When each pooled connection (by ``id``) last ended a transaction that went through."""
+
+
+def _check_if_idle(conn: Any) -> None:
+    """The pool's check of a connection it hands out, only for one idle a while.
+
+    Checking every time (psycopg-pool's ``check_connection``) costs a round trip per
+    transaction, doubling the round trips of a busy worker; a connection that carried a
+    transaction a moment ago is as good as checked. One that broke anyway (the server
+    restarted within that second) fails its transaction, which :meth:`PostgresStore.run`
+    retries on another connection, and the pool discards the broken one."""
+    import psycopg_pool
+
+    if time.monotonic() - _used.get(id(conn), 0.0) > CHECK_IDLE:
+        psycopg_pool.ConnectionPool.check_connection(conn)
 
 
 def _first_connect(libpq: str, schema: str) -> None:
