@@ -216,6 +216,8 @@ class PostgresStore:
         self._retry_for = retry_for
         self._closed = False
         self._fences: dict[str, Fence] = {}
+        self._marked: set[str] = set()
+        """Fenced turns whose row already says ``saved`` (while their fence is held)."""
         self._log = get_logger("axon.store.postgres")
 
     @property
@@ -269,7 +271,9 @@ class PostgresStore:
             open=False,
             configure=configure,
             check=_check_if_idle,
-            kwargs={"connect_timeout": CONNECT_TIMEOUT, "autocommit": False},
+            # Autocommit: a transaction is an explicit ``conn.transaction()`` block (see
+            # :meth:`run`), and a single read needs none.
+            kwargs={"connect_timeout": CONNECT_TIMEOUT, "autocommit": True},
             timeout=CONNECT_TIMEOUT,
             reconnect_timeout=max(retry_for, 1.0),
             name=f"axon-{schema}",
@@ -279,16 +283,23 @@ class PostgresStore:
 
     # -- running a transaction -----------------------------------------------------------
 
-    async def run(self, action: str, fn: Callable[[Any], _T]) -> _T:
+    async def run(self, action: str, fn: Callable[[Any], _T], *, transaction: bool = True) -> _T:
         """Run ``fn(conn)`` inside one transaction in a worker thread; commit unless it
         raises. Connection failures are retried with backoff for ``retry_for`` seconds
-        (``fn`` must therefore be safe to run again: every caller's is one transaction)."""
+        (``fn`` must therefore be safe to run again: every caller's is one transaction).
+
+        ``transaction=False`` is for an ``fn`` that runs a single statement (a read): it
+        then runs alone in autocommit, one round trip instead of three (``BEGIN``, the
+        statement, ``COMMIT``); one statement sees one snapshot either way."""
         if self._closed:
             raise StoreError(f"session store {self.url} is closed")
 
         def attempt() -> _T:
             with self._pool.connection() as conn:
-                with conn.transaction():
+                if transaction:
+                    with conn.transaction():
+                        result = fn(conn)
+                else:
                     result = fn(conn)
                 _used[id(conn)] = time.monotonic()
                 return result
@@ -307,6 +318,7 @@ class PostgresStore:
         try:
             yield
         finally:
+            self._marked.discard(fence.turn_id)
             if self._fences.get(session_id) is fence:
                 del self._fences[session_id]
 
@@ -322,21 +334,21 @@ class PostgresStore:
         validate_session_id(session_id)
 
         def load(conn: Any) -> Any:
-            conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
-            row = conn.execute(
-                "SELECT meta, version FROM axon_sessions WHERE session_id = %s", (session_id,)
-            ).fetchone()
-            if row is None:
-                return None, []
-            rows = conn.execute(
-                "SELECT idx, role, body FROM axon_messages WHERE session_id = %s ORDER BY idx",
+            # One statement: the session row and its messages from one snapshot, in one
+            # round trip (a session without messages is one row of NULLs).
+            return conn.execute(
+                """SELECT s.meta, s.version, m.idx, m.role, m.body
+                FROM axon_sessions AS s
+                LEFT JOIN axon_messages AS m ON m.session_id = s.session_id
+                WHERE s.session_id = %s ORDER BY m.idx""",
                 (session_id,),
             ).fetchall()
-            return row, rows
 
-        row, rows = await self.run(f"load of session {session_id!r}", load)
-        if row is None:
+        joined = await self.run(f"load of session {session_id!r}", load, transaction=False)
+        if not joined:
             return None
+        row = joined[0][:2]
+        rows = [r[2:] for r in joined if r[2] is not None]
         messages = []
         for expected, (idx, role, body) in enumerate(rows):
             if idx != expected:
@@ -460,7 +472,7 @@ class PostgresStore:
                         "VALUES (%s, %s, %s, %s)",
                         rows,
                     )
-            if fence is not None:
+            if fence is not None and fence.turn_id not in self._marked:
                 conn.execute(
                     "UPDATE axon_turns SET saved = true WHERE turn_id = %s AND NOT saved",
                     (fence.turn_id,),
@@ -468,11 +480,14 @@ class PostgresStore:
             return version
 
         try:
-            return await self.run(f"save of session {session_id!r}", save)
+            version = await self.run(f"save of session {session_id!r}", save)
         except LeaseLost:
             if fence is not None and fence.on_lost is not None:
                 fence.on_lost()
             raise
+        if fence is not None:
+            self._marked.add(fence.turn_id)  # later saves of the turn need not mark it
+        return version
 
     async def version(self, session_id: str) -> int:
         """The session's version (``0`` if it does not exist): one primary-key lookup."""
@@ -482,6 +497,7 @@ class PostgresStore:
             lambda conn: conn.execute(
                 "SELECT version FROM axon_sessions WHERE session_id = %s", (session_id,)
             ).fetchone(),
+            transaction=False,
         )
         return 0 if row is None else row[0]
 
@@ -494,6 +510,7 @@ class PostgresStore:
                     (SELECT count(*) FROM axon_messages AS m WHERE m.session_id = s.session_id)
                 FROM axon_sessions AS s ORDER BY s.update_seq DESC"""
             ).fetchall(),
+            transaction=False,
         )
         return [
             SessionInfo(

@@ -480,6 +480,7 @@ class TurnQueue:
             lambda conn: conn.execute(
                 f"SELECT {_COLUMNS} FROM axon_turns WHERE turn_id = %s", (turn_id,)
             ).fetchone(),
+            transaction=False,
         )
         return None if row is None else self._decode(row)
 
@@ -494,6 +495,7 @@ class TurnQueue:
                 ORDER BY status = 'running' DESC, seq LIMIT 1""",
                 (session_id,),
             ).fetchone(),
+            transaction=False,
         )
         return None if row is None else self._decode(row)
 
@@ -506,6 +508,7 @@ class TurnQueue:
                 f"SELECT {_COLUMNS} FROM axon_turns WHERE session_id = %s ORDER BY seq",
                 (session_id,),
             ).fetchall(),
+            transaction=False,
         )
         return [self._decode(row) for row in rows]
 
