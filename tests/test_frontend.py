@@ -451,3 +451,15 @@ class _AsServer:
     """What the raw-socket helpers of test_web_slow_clients need of a server."""
 
     url: str
+
+
+async def test_the_sessions_list_says_which_sessions_have_a_turn_queued_or_running(
+    pg_url: str, redis_url: str
+) -> None:
+    async with deployment(pg_url, redis_url, slow_agent(3), worker=False) as d:
+        for session_id in ("idle", "waiting"):
+            await d.store.save(session_id, 0, [UserMessage(content="earlier")])
+        await d.queue.submit("waiting", "next")
+        async with httpx.AsyncClient(base_url=d.urls[0], timeout=LIMIT) as client:
+            listed = (await client.get("/api/sessions")).json()["sessions"]
+    assert {s["session_id"]: s["busy"] for s in listed} == {"idle": False, "waiting": True}

@@ -499,6 +499,19 @@ class TurnQueue:
         )
         return None if row is None else self._decode(row)
 
+    async def busy_sessions(self) -> set[str]:
+        """The sessions with a turn queued or running (one indexed scan of the open
+        turns, for a list of sessions that says which are busy)."""
+        rows = await self.store.run(
+            "busy sessions",
+            lambda conn: conn.execute(
+                "SELECT DISTINCT session_id FROM axon_turns "
+                "WHERE status IN ('queued', 'running')"
+            ).fetchall(),
+            transaction=False,
+        )
+        return {row[0] for row in rows}
+
     async def turns(self, session_id: str) -> list[QueuedTurn]:
         """Every turn of the session, in submission order."""
         validate_session_id(session_id)

@@ -235,6 +235,7 @@ class FrontEnd:
 
     async def list_sessions(self, request: Request) -> Response:
         infos = await self.store.list_sessions()
+        busy = await self.queue.busy_sessions()
         return json_response(
             {
                 "sessions": [
@@ -242,6 +243,7 @@ class FrontEnd:
                         "session_id": info.session_id,
                         "title": info.meta.get("title"),
                         "message_count": info.message_count,
+                        "busy": info.session_id in busy,
                         "meta": info.meta,
                     }
                     for info in infos
