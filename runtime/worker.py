@@ -36,8 +36,11 @@ worker takes them over at once, as if this one had died, without waiting for the
 
 from __future__ import annotations
 
+import importlib
 import os
+import signal
 import socket
+import sys
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -46,13 +49,16 @@ from typing import Any
 import attrs
 import trio
 
+from actors.providers.registry import provider_names
+from actors.relay.redis_streams import RedisRelay, public_url
 from runtime.agent import Agent
-from runtime.errors import ConfigurationError, LeaseLost, StoreError
+from runtime.commands import MCP_HELP, make_agent
+from runtime.errors import ConfigurationError, LeaseLost, RelayUnavailable, StoreError
 from runtime.host import Host
-from runtime.logging import get_logger
+from runtime.logging import configure_logging, get_logger
 from runtime.output import StepStart
 from runtime.redact import redact
-from runtime.stores.postgres import PostgresStore
+from runtime.stores.postgres import PostgresStore, parse_url, redact_url
 from runtime.stores.turns import Claim, TurnQueue
 
 AgentSource = Agent | Callable[[str], Agent]
@@ -428,7 +434,6 @@ async def _maybe_relay(url: str | None, options: dict[str, Any]) -> AsyncIterato
     if url is None:
         yield None
         return
-    from actors.relay.redis_streams import RedisRelay
 
     async with RedisRelay.open(url, **options) as relay:
         yield relay
@@ -442,8 +447,6 @@ __all__ = ["AgentSource", "Worker", "default_owner", "open_worker"]
 
 def add_worker_parser(subparsers: Any) -> Any:
     """``python -m runtime worker``: its options (imports nothing heavy)."""
-    from actors.providers.registry import provider_names
-    from runtime.commands import MCP_HELP
 
     worker = subparsers.add_parser(
         "worker", help="run durable turns from PostgreSQL, streaming them through Redis"
@@ -485,7 +488,6 @@ def add_worker_parser(subparsers: Any) -> Any:
 
 def load_agent(spec: str) -> AgentSource:
     """The object ``module:name`` names: an :class:`Agent` or a callable returning one."""
-    import importlib
 
     module_name, _, name = spec.partition(":")
     if not module_name or not name:
@@ -504,14 +506,6 @@ def load_agent(spec: str) -> AgentSource:
 async def worker_command(args: Any) -> int:
     """Run a worker until SIGINT/SIGTERM, then drain it (``--grace``); a second signal
     during the drain ends the process at once (its turns are taken over)."""
-    import signal
-    import sys
-
-    from actors.relay.redis_streams import public_url
-    from runtime.commands import make_agent
-    from runtime.errors import RelayUnavailable
-    from runtime.logging import configure_logging
-    from runtime.stores.postgres import parse_url, redact_url
 
     configure_logging(args.log_level)
     try:

@@ -22,12 +22,16 @@ import trio
 from actors.providers.scripted import ScriptedProvider
 from actors.relay import RedisRelay
 from runtime import Agent, Host
+from runtime import output as o
 from runtime.messages import AssistantMessage, TextPart, UserMessage
 from runtime.stores.postgres import PostgresStore
 from runtime.stores.turns import TurnQueue
+from runtime.web.frontend import idempotency_key
+from runtime.web.resume import RelayEncoder
 from runtime.worker import Worker
 from tests.support.redis import require_redis, unique_prefix
 from tests.test_relay_web import sse_events
+from tests.test_web_slow_clients import chat_request, connect, read_to_end
 
 ROOT = Path(__file__).resolve().parent.parent
 LIMIT = 30
@@ -398,8 +402,6 @@ async def test_serve_with_postgresql_and_redis_is_a_front_end_of_the_workers(
 
 
 def test_a_takeovers_repeated_start_is_dropped_by_the_relay_encoder() -> None:
-    from runtime import output as o
-    from runtime.web.resume import RelayEncoder
 
     encoder = RelayEncoder()
     first = encoder.events(o.Start(message_id="msg_t1", seq=1))
@@ -409,7 +411,6 @@ def test_a_takeovers_repeated_start_is_dropped_by_the_relay_encoder() -> None:
 
 
 def test_a_retried_post_and_a_regenerate_have_their_own_idempotency_keys() -> None:
-    from runtime.web.frontend import idempotency_key
 
     submit = body("s1", message_id="u-7")
     regenerate = {**submit, "trigger": "regenerate-message", "messageId": "msg_t1"}
@@ -425,8 +426,6 @@ def test_a_retried_post_and_a_regenerate_have_their_own_idempotency_keys() -> No
 async def test_a_client_that_never_reads_is_dropped_and_the_turn_still_finishes(
     pg_url: str, redis_url: str
 ) -> None:
-    from tests.test_web_slow_clients import chat_request, connect, read_to_end
-
     # ~10 MB of SSE: more than the kernel's socket buffers hold (4 MB at most here).
     words = " ".join(f"{'x' * 90}{i}" for i in range(60_000))
     agent = Agent(name="big", provider=ScriptedProvider(steps=[[words]]))

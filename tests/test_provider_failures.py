@@ -244,8 +244,7 @@ def test_every_library_the_code_imports_is_a_declared_dependency():
     undeclared = {
         module: where
         for module, where in _third_party_imports().items()
-        if not {d.lower().replace("_", "-") for d in distributions.get(module, [module])}
-        & declared
+        if not {d.lower().replace("_", "-") for d in distributions.get(module, [module])} & declared
     }
     assert undeclared == {}, f"imported but not in pyproject dependencies: {undeclared}"
 

@@ -14,12 +14,15 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
 
+import orjson
+import psycopg
 import pytest
 import trio
 
 from actors.relay.redis_streams import RedisRelay
 from runtime.messages import AssistantMessage, TextPart, ToolCallPart, ToolMessage, UserMessage
 from runtime.output import TextDelta
+from runtime.relay import StepRestarted
 from runtime.stores.postgres import PostgresStore, parse_url
 from runtime.stores.turns import TurnQueue
 from tests.support.redis import (
@@ -152,8 +155,6 @@ async def wait_for(
 
 
 def sql(pg_url: str, query: str, *params: object) -> list[tuple]:  # type: ignore[type-arg]
-    import psycopg
-
     libpq, schema = parse_url(pg_url)
     with psycopg.connect(libpq, autocommit=True) as conn:
         conn.execute(f"SET search_path TO {schema}")
@@ -338,8 +339,6 @@ async def test_four_workers_run_200_turns_over_20_sessions_in_order_without_over
 
 
 def _input_text(raw: object) -> str:
-    import orjson
-
     if isinstance(raw, str):
         try:
             value = orjson.loads(raw)
@@ -509,8 +508,6 @@ def test_worker_agent_that_is_not_importable_is_one_line_and_exit_2(pg_url: str)
 async def test_a_live_reader_is_told_the_step_restarted_and_ends_with_the_answer_once(
     pg_url: str, redis_url: str, workers: Workers, cluster: tuple[PostgresStore, TurnQueue]
 ) -> None:
-    from runtime.relay import StepRestarted
-
     _store, queue = cluster
     workers.start("a", AXON_TEST_DELAY="0.03")
     turn = await queue.submit("s1", "tools eight")

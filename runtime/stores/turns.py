@@ -505,8 +505,7 @@ class TurnQueue:
         rows = await self.store.run(
             "busy sessions",
             lambda conn: conn.execute(
-                "SELECT DISTINCT session_id FROM axon_turns "
-                "WHERE status IN ('queued', 'running')"
+                "SELECT DISTINCT session_id FROM axon_turns WHERE status IN ('queued', 'running')"
             ).fetchall(),
             transaction=False,
         )

@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
+import psycopg
 import trio
 
 from actors.providers.scripted import ScriptedProvider, current_step, tool_call
@@ -30,6 +32,7 @@ from runtime.agent import Agent
 from runtime.chunks import ReasoningChunk
 from runtime.messages import UserMessage
 from runtime.protocol import InferRequest
+from runtime.stores.postgres import parse_url
 from runtime.tools import ToolContext, tool
 
 ANSWER_WORDS = 40
@@ -42,10 +45,6 @@ LEDGER_SQL = (
 
 
 def _ledger_connect(url: str):  # type: ignore[no-untyped-def]
-    import psycopg
-
-    from runtime.stores.postgres import parse_url
-
     libpq, schema = parse_url(url)
     conn = psycopg.connect(libpq, autocommit=True, connect_timeout=10)
     conn.execute(f"CREATE SCHEMA IF NOT EXISTS {schema}")
@@ -59,10 +58,6 @@ def write_effect(url: str, key: str) -> None:
     """The tool's side effect: at most one ledger row per key, every attempt counted.
     Retried for 30 s while PostgreSQL cannot be reached (a test restarts it), as a real
     tool with a side effect would."""
-    import time
-
-    import psycopg
-
     deadline = time.monotonic() + 30
     while True:
         try:
