@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from functools import partial
@@ -360,45 +359,47 @@ async def test_a_stream_the_relay_lost_is_rebuilt_from_the_store(
     assert events[-1]["type"] == "finish"
 
 
-def _serve(pg_url: str, redis_url: str) -> subprocess.Popen[str]:
+def _axon(*args: str) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    command = [sys.executable, "-m", "runtime", "serve", "--port", "0"]
-    command += ["--store", pg_url, "--redis", redis_url, "--delay", "0"]
     return subprocess.Popen(
-        command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        [sys.executable, "-m", "runtime", *args],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
 
 
-async def test_serve_with_postgresql_and_redis_is_a_front_end_of_the_workers(
-    pg_url: str, redis_url: str
-) -> None:
-    proc = _serve(pg_url, redis_url)
+async def test_serve_and_worker_commands_run_a_turn_end_to_end(pg_url: str, redis_url: str) -> None:
+    """The deployment as a user starts it: one ``serve`` and one ``worker`` process."""
+    prefix = ["--redis-prefix", unique_prefix()]
+    serve = _axon(
+        "serve", "--port", "0", "--store", pg_url, "--redis", redis_url, *prefix
+    )  # fmt: skip
+    worker = _axon(
+        "worker", "--store", pg_url, "--redis", redis_url, *prefix,
+        "--agent", "tests.support.worker_agent:agent", "--poll", "0.1",
+    )  # fmt: skip
     try:
-        assert proc.stdout is not None
-        line = await trio.to_thread.run_sync(proc.stdout.readline)
-        assert "front-end mode" in line, line + (proc.stderr.read() if proc.poll() else "")
+        assert serve.stdout is not None and worker.stdout is not None
+        line = await trio.to_thread.run_sync(serve.stdout.readline)
+        assert "front-end mode" in line, line + (serve.stderr.read() if serve.poll() else "")
         url = line.split()[4].rstrip("/")
-        store = await PostgresStore.open(pg_url)
-        try:
-            with trio.fail_after(LIMIT):
-                async with (
-                    RedisRelay.open(redis_url) as relay,
-                    trio.open_nursery() as nursery,
-                ):
-                    agent = Agent(name="a", provider=ScriptedProvider(["hello there"]))
-                    worker = Worker(store=store, relay=relay, agent=agent, poll=0.1)
-                    await nursery.start(worker.run)
-                    session_id = f"cli-{uuid.uuid4().hex[:8]}"
-                    async with httpx.AsyncClient(base_url=url, timeout=LIMIT) as client:
-                        response = await client.post("/api/chat", json=body(session_id))
-                    worker.stop()
-        finally:
-            with trio.CancelScope(shield=True):
-                await store.aclose()
+        started = await trio.to_thread.run_sync(worker.stdout.readline)
+        assert started.startswith("Axon worker"), started
+        with trio.fail_after(LIMIT):
+            async with httpx.AsyncClient(base_url=url, timeout=LIMIT) as client:
+                response = await client.post("/api/chat", json=body("cli", "hello"))
+                session = (await client.get("/api/sessions/cli")).json()
     finally:
-        proc.terminate()
-        proc.communicate(timeout=LIMIT)
-    assert streamed_text(sse_events(response.text)) == "hello there"
+        for proc in (serve, worker):
+            proc.terminate()
+            proc.communicate(timeout=LIMIT)
+    assert worker.returncode == 0  # SIGTERM: drained and gone, nothing running
+    assert streamed_text(sse_events(response.text)) == "echo: hello"
+    assert [m["role"] for m in session["messages"]] == ["user", "assistant"]
+    assert session["busy"] is False
 
 
 def test_a_takeovers_repeated_start_is_dropped_by_the_relay_encoder() -> None:
