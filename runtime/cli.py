@@ -29,8 +29,13 @@ import trio
 
 from actors.plugins.otel import OpenTelemetryActor, build_tracer_provider
 from actors.plugins.recorder import JsonlRecorder, read_jsonl
-from actors.providers.registry import provider_names
-from runtime.commands import MCP_HELP, BadInput, make_agent, report_bad_input
+from runtime.commands import (
+    MCP_HELP,
+    BadInput,
+    add_agent_arguments,
+    make_agent,
+    report_bad_input,
+)
 from runtime.errors import ConfigurationError, InvalidMedia
 from runtime.events import Event
 from runtime.host import Host
@@ -59,14 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="PATH_OR_URL",
         help="attach an image or file (a path, or an http(s) URL the provider fetches); repeatable",
     )
-    run.add_argument("--provider", choices=provider_names(), default="scripted")
-    run.add_argument("--model", default=None, help="model name for a real provider")
-    run.add_argument("--base-url", default=None, help="provider endpoint (any compatible server)")
-    run.add_argument("--api-key", default=None, help="API key (default: the SDK's env variable)")
-    run.add_argument("--thinking-budget", type=int, default=None, help="Anthropic thinking tokens")
+    add_agent_arguments(run)
     run.add_argument("--store", default=None, help="SQLite file to save the session in")
     run.add_argument("--session", default=None, help="session id (resumes a stored session)")
-    run.add_argument("--instructions", default=None, help="system prompt")
     run.add_argument(
         "--output-schema",
         default=None,

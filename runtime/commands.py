@@ -15,7 +15,7 @@ from collections.abc import Callable
 import attrs
 
 from actors.mcp import MCPServer
-from actors.providers.registry import create_provider
+from actors.providers.registry import create_provider, provider_names
 from runtime.agent import Agent
 from runtime.errors import InvalidSessionId, MediaError, StoreError
 from runtime.provider import ProviderOptions
@@ -56,6 +56,18 @@ def report_bad_input(command: Callable[[], int]) -> int:
 def _fail(exc: BaseException) -> int:
     sys.stderr.write(f"error: {exc}\n")
     return USAGE_EXIT
+
+
+def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options that describe the agent :func:`make_agent` builds (the provider and
+    its settings), the same on ``run``, ``serve`` and ``worker``."""
+    add = parser.add_argument
+    add("--provider", choices=provider_names(), default="scripted")
+    add("--model", default=None, help="model name for a real provider")
+    add("--base-url", default=None, help="provider endpoint (any compatible server)")
+    add("--api-key", default=None, help="API key (default: the SDK's env variable)")
+    add("--thinking-budget", type=int, default=None, help="Anthropic thinking tokens")
+    add("--instructions", default=None, help="system prompt")
 
 
 def make_agent(args: argparse.Namespace) -> Agent:

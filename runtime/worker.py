@@ -49,10 +49,9 @@ from typing import Any
 import attrs
 import trio
 
-from actors.providers.registry import provider_names
 from actors.relay.redis_streams import RedisRelay, public_url
 from runtime.agent import Agent
-from runtime.commands import MCP_HELP, make_agent
+from runtime.commands import MCP_HELP, add_agent_arguments, make_agent
 from runtime.errors import ConfigurationError, LeaseLost, RelayUnavailable, StoreError
 from runtime.host import Host
 from runtime.logging import configure_logging, get_logger
@@ -473,12 +472,7 @@ def add_worker_parser(subparsers: Any) -> Any:
     add("--grace", type=float, default=DEFAULT_GRACE, help="seconds to finish turns on SIGTERM")
     add("--poll", type=float, default=DEFAULT_POLL, help="seconds between claims when idle")
     add("--owner", default=None, help="this worker's name in axon_turns (default host:pid:rand)")
-    add("--provider", choices=provider_names(), default="scripted")
-    add("--model", default=None, help="model name for a real provider")
-    add("--base-url", default=None, help="provider endpoint (any compatible server)")
-    add("--api-key", default=None, help="API key (default: the SDK's env variable)")
-    add("--thinking-budget", type=int, default=None, help="Anthropic thinking tokens")
-    add("--instructions", default=None, help="system prompt")
+    add_agent_arguments(worker)
     add("--delay", type=float, default=0.0, help="scripted demo: seconds between chunks")
     add("--mcp", action="append", default=[], metavar="SERVER", help=MCP_HELP)
     add("--log-level", default="warning", help="structlog level on stderr")

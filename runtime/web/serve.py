@@ -26,10 +26,9 @@ from typing import Any
 import trio
 
 from actors.plugins.otel import OpenTelemetryActor, build_tracer_provider
-from actors.providers.registry import provider_names
 from actors.relay import RedisRelay, attach_relay
 from actors.relay.redis_streams import public_url
-from runtime.commands import MCP_HELP, make_agent, report_bad_input
+from runtime.commands import MCP_HELP, add_agent_arguments, make_agent, report_bad_input
 from runtime.errors import ConfigurationError, RelayUnavailable
 from runtime.host import Host
 from runtime.logging import configure_logging
@@ -61,12 +60,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     add = parser.add_argument
     add("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
     add("--port", type=int, default=DEFAULT_PORT, help="port (0: any free port)")
-    add("--provider", choices=provider_names(), default="scripted")
-    add("--model", default=None, help="model name for a real provider")
-    add("--base-url", default=None, help="provider endpoint (any compatible server)")
-    add("--api-key", default=None, help="API key (default: the SDK's env variable)")
-    add("--thinking-budget", type=int, default=None, help="Anthropic thinking tokens")
-    add("--instructions", default=None, help="system prompt")
+    add_agent_arguments(parser)
     add(
         "--delay",
         type=float,
