@@ -155,7 +155,6 @@ class Worker:
         """Turns finished by this worker, by status (``done``, ``failed``, ``cancelled``,
         ``lost``: the lease went to another worker)."""
         self.host: Host | None = None
-        self._agents: dict[str, Agent] = {}
         self._stopping = trio.Event()
         self._turn_ended = trio.Event()
 
@@ -250,13 +249,14 @@ class Worker:
     # -- one turn ----------------------------------------------------------------------------
 
     def agent_for(self, session_id: str) -> Agent:
-        """The agent of ``session_id`` (one object per session, so the host reuses it)."""
+        """The agent of ``session_id``: the one its session in memory runs (the host keeps
+        one agent per open session), else a new one from the factory. Nothing is kept
+        here: a worker sees unboundedly many sessions over its life, its host only keeps
+        ``max_sessions`` of them."""
         if isinstance(self.agent, Agent):
             return self.agent
-        agent = self._agents.get(session_id)
-        if agent is None:
-            agent = self._agents[session_id] = self.agent(session_id)
-        return agent
+        existing = self.host.get_session(session_id) if self.host is not None else None
+        return existing.agent if existing is not None else self.agent(session_id)
 
     async def _run_claim(self, entry: _Running, slots: trio.Semaphore) -> None:
         turn = entry.claim.turn

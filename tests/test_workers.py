@@ -14,17 +14,21 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
 
+import attrs
 import orjson
 import psycopg
 import pytest
 import trio
 
 from actors.relay.redis_streams import RedisRelay
+from runtime.agent import Agent
 from runtime.messages import AssistantMessage, TextPart, ToolCallPart, ToolMessage, UserMessage
 from runtime.output import TextDelta
 from runtime.relay import StepRestarted
 from runtime.stores.postgres import PostgresStore, parse_url
 from runtime.stores.turns import TurnQueue
+from runtime.worker import Worker
+from tests.support import worker_agent
 from tests.support.redis import (
     redis_restored,
     require_redis,
@@ -540,3 +544,24 @@ async def test_a_live_reader_is_told_the_step_restarted_and_ends_with_the_answer
 
 async def _true_if(value: bool) -> bool:
     return value
+
+
+async def test_a_worker_with_an_agent_factory_keeps_no_agent_past_its_sessions(
+    pg_url: str, cluster: tuple[PostgresStore, TurnQueue]
+) -> None:
+    store, queue = cluster
+    made: list[str] = []
+
+    def factory(session_id: str) -> Agent:
+        made.append(session_id)
+        return attrs.evolve(worker_agent.agent)
+
+    async with trio.open_nursery() as nursery:
+        worker = Worker(store=store, agent=factory, poll=0.05, max_sessions=2)
+        await nursery.start(worker.run)
+        for i in range(6):
+            turn = await queue.submit(f"f{i % 3}", f"hello {i}")
+            assert (await finished(queue, turn.turn_id)).status == "done"
+        assert worker.host is not None and len(worker.host.sessions) <= 2
+        worker.stop()
+    assert sorted(set(made)) == ["f0", "f1", "f2"]
