@@ -411,21 +411,21 @@ async def open_worker(
     """Open the store (and relay, with ``relay_options`` such as ``prefix``), start a
     :class:`Worker` with ``options``, yield it; on exit stop it (draining its turns for
     ``grace`` seconds) and close what it opened."""
-    store = await PostgresStore.open(store_url)
-    try:
-        async with (
-            _maybe_relay(redis_url, relay_options or {}) as relay,
-            trio.open_nursery() as nursery,
-        ):
-            worker = Worker(store=store, relay=relay, agent=agent, **options)
-            await nursery.start(worker.run)
-            try:
-                yield worker
-            finally:
-                worker.stop()
-    finally:
-        with trio.CancelScope(shield=True):
-            await store.aclose()
+    # The relay first: a bad Redis URL fails before anything is created in PostgreSQL,
+    # and the relay outlives the worker, so its turns' last chunks are flushed.
+    async with _maybe_relay(redis_url, relay_options or {}) as relay:
+        store = await PostgresStore.open(store_url)
+        try:
+            async with trio.open_nursery() as nursery:
+                worker = Worker(store=store, relay=relay, agent=agent, **options)
+                await nursery.start(worker.run)
+                try:
+                    yield worker
+                finally:
+                    worker.stop()
+        finally:
+            with trio.CancelScope(shield=True):
+                await store.aclose()
 
 
 @asynccontextmanager
@@ -504,6 +504,10 @@ async def worker_command(args: Any) -> int:
     configure_logging(args.log_level)
     try:
         parse_url(args.store)
+        if args.concurrency < 1 or not args.lease > 0 or args.grace < 0 or args.max_attempts < 1:
+            raise ConfigurationError(
+                "--concurrency and --max-attempts must be >= 1, --lease > 0 and --grace >= 0"
+            )
         agent = load_agent(args.agent) if args.agent else make_agent(args)
         options = {
             "concurrency": args.concurrency,

@@ -565,3 +565,25 @@ async def test_a_worker_with_an_agent_factory_keeps_no_agent_past_its_sessions(
         assert worker.host is not None and len(worker.host.sessions) <= 2
         worker.stop()
     assert sorted(set(made)) == ["f0", "f1", "f2"]
+
+
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [
+        (["--redis", "http://127.0.0.1:6379"], "bad Redis URL"),
+        (["--concurrency", "0"], "--concurrency"),
+        (["--lease", "-1"], "--lease"),
+    ],
+)
+def test_worker_bad_options_are_one_line_exit_2_and_touch_no_database(
+    pg_url: str, flags: list[str], says: str
+) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "runtime", "worker", "--store", pg_url, *flags],
+        cwd=REPO, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 2
+    assert out.stderr.startswith("error: ") and says in out.stderr
+    assert "Traceback" not in out.stderr
+    _, schema = parse_url(pg_url)
+    assert sql(pg_url, "SELECT 1 FROM pg_namespace WHERE nspname = %s", schema) == []
