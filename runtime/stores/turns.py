@@ -276,6 +276,11 @@ class TurnQueue:
         lease = self.lease
 
         def claim(conn: Any) -> tuple[tuple[Any, ...], bool] | None:
+            # Walk the open turns in seq order and stop at the first claimable one. On a
+            # table PostgreSQL has not analyzed yet (a new deployment's first burst) the
+            # planner would otherwise check every queued turn and sort them: measured
+            # 1.9 ms instead of 0.08 ms at 300 queued turns, tens of ms under load.
+            conn.execute("SET LOCAL enable_sort = off")
             while True:  # expired leases first; poison turns fail and are skipped
                 row = conn.execute(
                     """SELECT turn_id, attempts FROM axon_turns
