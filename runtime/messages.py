@@ -170,7 +170,14 @@ def _normalize_media(obj: Any, what: str, guess: Guess) -> None:
         if not _MEDIA_TYPE.match(declared):
             raise _invalid(f"{what} media_type {obj.media_type!r} is not a media type")
     sniffed = _sniff(data) if data is not None else None
-    if declared is not None and sniffed is not None and sniffed != declared:
+    if (
+        declared is not None
+        and sniffed is not None
+        and sniffed != declared
+        # Text may begin with anything: some signatures are two letters ("BM" is a
+        # bitmap's), so a text file starting "BMW ..." is text, as declared.
+        and not (declared.startswith("text/") and data is not None and _looks_like_text(data))
+    ):
         raise _invalid(f"{what} is declared {declared} but its bytes are {sniffed}")
     media_type = declared or sniffed or guess(data, url)
     if media_type is None:

@@ -52,6 +52,17 @@ def test_file_of_pdf_bytes_is_application_pdf():
     assert File(data=PDF).media_type == "application/pdf"
 
 
+def test_text_declared_text_is_kept_whatever_letters_it_starts_with():
+    # Hypothesis found it: "BM" is a bitmap's whole signature. Declared text that is text
+    # (UTF-8, no NUL) is text; providers take it as such.
+    assert File(data=b"BMW service notes", media_type="text/plain").media_type == "text/plain"
+
+
+def test_binary_bytes_declared_text_are_still_refused():
+    with pytest.raises(InvalidMedia, match="declared text/plain but its bytes are image/jpeg"):
+        File(data=JPEG, media_type="text/plain")
+
+
 def test_file_of_utf8_text_without_a_name_is_text_plain():
     assert File(data="héllo".encode()).media_type == "text/plain"
 
