@@ -77,16 +77,8 @@ def find_committed(messages: Sequence[Message], message_id: str) -> Committed | 
     tools = tuple(m for m in messages[a + 1 : end] if isinstance(m, ToolMessage))
     parts = msg.content
     steps = sorted({p.step for p in parts})
-    if end < len(messages):  # later turns follow: this one is long over
-        return Committed(
-            user_index=u,
-            assistant_index=a,
-            parts=parts,
-            tool_messages=tools,
-            next_step=steps[-1] + 1 if steps else 0,
-            finished=True,
-        )
-    if steps and _was_cut(msg, steps[-1], tools):
+    over = end < len(messages)  # later turns follow: this one is long over
+    if not over and steps and _was_cut(msg, steps[-1], tools):
         cut = steps.pop()
         parts = tuple(p for p in parts if p.step != cut)
         tools = tuple(t for t in tools if t.step != cut)
@@ -97,7 +89,7 @@ def find_committed(messages: Sequence[Message], message_id: str) -> Committed | 
         parts=parts,
         tool_messages=tools,
         next_step=steps[-1] + 1 if steps else 0,
-        finished=bool(steps) and not last_calls,
+        finished=over or (bool(steps) and not last_calls),
     )
 
 

@@ -194,8 +194,7 @@ class Worker:
                     # A taken-over turn may be what killed its last worker: while it
                     # runs here, claim nothing else, so that if it kills this worker too
                     # it takes no other turn's attempt down with it.
-                    self._turn_ended = trio.Event()
-                    await self._turn_ended.wait()
+                    await self._a_turn_ends()
                 try:
                     claim = await self.queue.claim(self.owner)
                 except StoreError as exc:
@@ -210,6 +209,11 @@ class Worker:
                 entry = self.running[claim.turn.turn_id] = _Running(claim=claim)
                 nursery.start_soon(self._run_claim, entry, slots)
 
+    async def _a_turn_ends(self) -> None:
+        """Wait until one of the running turns ends."""
+        self._turn_ended = trio.Event()
+        await self._turn_ended.wait()
+
     async def _cancel_on_stop(self, scope: trio.CancelScope) -> None:
         await self._stopping.wait()
         scope.cancel()
@@ -219,8 +223,7 @@ class Worker:
         rest at their last commit and release them to other workers."""
         with trio.move_on_after(self.grace):
             while self.running:
-                self._turn_ended = trio.Event()
-                await self._turn_ended.wait()
+                await self._a_turn_ends()
         if self.running:
             self.store.close_fences()
             for entry in list(self.running.values()):

@@ -67,7 +67,7 @@ from runtime.errors import (
 from runtime.logging import get_logger
 from runtime.messages import Message
 from runtime.store import SessionInfo, SessionRecord, validate_session_id
-from runtime.stores.validation import check_save
+from runtime.stores.validation import check_save, decode_message, decode_meta
 
 MAGIC = "axon-session-store"
 SCHEMA_VERSION = 1
@@ -356,11 +356,11 @@ class PostgresStore:
                     f"session store {self.url}: session {session_id!r} is missing message "
                     f"{expected} (the next stored index is {idx})"
                 )
-            messages.append(self._decode_message(session_id, idx, role, bytes(body)))
+            messages.append(decode_message(self.url, session_id, idx, role, bytes(body)))
         return SessionRecord(
             session_id=session_id,
             messages=tuple(messages),
-            meta=self._decode_meta(bytes(row[0]), session_id),
+            meta=decode_meta(self.url, bytes(row[0]), session_id),
             version=row[1],
         )
 
@@ -426,7 +426,7 @@ class PostgresStore:
                     f"save of session {session_id!r}: start {start} is beyond its end "
                     f"({count} messages)"
                 )
-            merged = {} if row is None else self._decode_meta(bytes(row[0]), session_id)
+            merged = {} if row is None else decode_meta(self.url, bytes(row[0]), session_id)
             if patch is not None:
                 merged.update(orjson.loads(patch))
             if row is None:
@@ -516,7 +516,7 @@ class PostgresStore:
             SessionInfo(
                 session_id=sid,
                 message_count=count,
-                meta=self._decode_meta(bytes(meta), sid),
+                meta=decode_meta(self.url, bytes(meta), sid),
             )
             for sid, meta, count in rows
         ]
@@ -537,36 +537,6 @@ class PostgresStore:
             return
         self._closed = True
         await trio.to_thread.run_sync(self._pool.close)
-
-    # -- decoding ------------------------------------------------------------------------
-
-    def _decode_message(self, session_id: str, idx: int, role: str, body: bytes) -> Message:
-        try:
-            message = serde.from_json(body, Message)
-        except Exception as err:
-            raise StoreCorrupt(
-                f"session store {self.url}: session {session_id!r} message {idx} "
-                f"cannot be read: {err!r}"
-            ) from err
-        if message.role != role:
-            raise StoreCorrupt(
-                f"session store {self.url}: session {session_id!r} message {idx} is stored "
-                f"as role {role!r} but its body is a {message.role!r} message"
-            )
-        return message
-
-    def _decode_meta(self, raw: bytes, session_id: str) -> dict[str, Any]:
-        try:
-            meta = orjson.loads(raw)
-        except orjson.JSONDecodeError as err:
-            raise StoreCorrupt(
-                f"session store {self.url}: meta of session {session_id!r} is not JSON: {err}"
-            ) from err
-        if not isinstance(meta, dict):
-            raise StoreCorrupt(
-                f"session store {self.url}: meta of session {session_id!r} is not a JSON object"
-            )
-        return meta
 
 
 def _check_fence(conn: Any, fence: Fence, session_id: str) -> None:

@@ -49,7 +49,7 @@ from runtime import serde
 from runtime.errors import StoreConflict, StoreCorrupt, StoreError
 from runtime.messages import Message
 from runtime.store import SessionInfo, SessionRecord, validate_session_id
-from runtime.stores.validation import check_save
+from runtime.stores.validation import check_save, decode_message, decode_meta
 
 APPLICATION_ID = 0x41584F4E
 """``PRAGMA application_id`` of every Axon store: ASCII ``AXON``."""
@@ -297,20 +297,6 @@ def _deleted_version(conn: sqlite3.Connection) -> int:
     return 0 if row is None else int(row[0])
 
 
-def _decode_meta(raw: Any, path: str, session_id: str) -> dict[str, Any]:
-    try:
-        meta = orjson.loads(raw)
-    except orjson.JSONDecodeError as err:
-        raise StoreCorrupt(
-            f"session store {path}: meta of session {session_id!r} is not JSON: {err}"
-        ) from err
-    if not isinstance(meta, dict):
-        raise StoreCorrupt(
-            f"session store {path}: meta of session {session_id!r} is not a JSON object"
-        )
-    return meta
-
-
 class SQLiteStore:
     """Sessions in one SQLite file; create with ``await SQLiteStore.open(path)``.
 
@@ -393,7 +379,7 @@ class SQLiteStore:
             raise
         if row is None:
             return None
-        meta = _decode_meta(row[0], self._path, session_id)
+        meta = decode_meta(self._path, row[0], session_id)
         messages = []
         for expected, (idx, role, body) in enumerate(rows):
             if idx != expected:
@@ -401,25 +387,10 @@ class SQLiteStore:
                     f"session store {self._path}: session {session_id!r} is missing message "
                     f"{expected} (the next stored index is {idx})"
                 )
-            messages.append(self._decode_message(session_id, idx, role, body))
+            messages.append(decode_message(self._path, session_id, idx, role, body))
         return SessionRecord(
             session_id=session_id, messages=tuple(messages), meta=meta, version=row[1]
         )
-
-    def _decode_message(self, session_id: str, idx: int, role: str, body: Any) -> Message:
-        try:
-            message = serde.from_json(body, Message)
-        except Exception as err:
-            raise StoreCorrupt(
-                f"session store {self._path}: session {session_id!r} message {idx} "
-                f"cannot be read: {err!r}"
-            ) from err
-        if message.role != role:
-            raise StoreCorrupt(
-                f"session store {self._path}: session {session_id!r} message {idx} "
-                f"is stored as role {role!r} but its body is a {message.role!r} message"
-            )
-        return message
 
     # -- save --------------------------------------------------------------------------
 
@@ -514,7 +485,7 @@ class SQLiteStore:
                     f"save of session {session_id!r}: start {start} is beyond its end "
                     f"({count} messages)"
                 )
-            merged = {} if row is None else _decode_meta(row[0], self._path, session_id)
+            merged = {} if row is None else decode_meta(self._path, row[0], session_id)
             if meta:
                 merged.update(meta)
             # update_seq, not updated_at, orders list_sessions: it is strictly increasing
@@ -571,7 +542,7 @@ class SQLiteStore:
             SessionInfo(
                 session_id=session_id,
                 message_count=count,
-                meta=_decode_meta(meta, self._path, session_id),
+                meta=decode_meta(self._path, meta, session_id),
             )
             for session_id, meta, count in rows
         ]

@@ -1,8 +1,10 @@
-"""What every store checks before a save: the arguments of :meth:`Store.save`.
+"""What every store checks: the arguments of :meth:`Store.save` before a write, and the
+rows it reads back.
 
 One definition shared by the built-in stores and any plug-in store, so a bad call is
 refused with the same :class:`~runtime.errors.StoreError` whatever stores the session,
-and before anything is written.
+and before anything is written; and a damaged row is reported with the same
+:class:`~runtime.errors.StoreCorrupt` by every store.
 """
 
 from __future__ import annotations
@@ -11,7 +13,10 @@ import typing
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from runtime.errors import StoreError
+import orjson
+
+from runtime import serde
+from runtime.errors import StoreCorrupt, StoreError
 from runtime.messages import Message
 from runtime.store import validate_session_id
 
@@ -66,3 +71,35 @@ def check_save(
     if meta is not None and not all(isinstance(key, str) for key in meta):
         raise StoreError(f"save of session {session_id!r}: meta keys must be str")
     return messages
+
+
+def decode_message(store: str, session_id: str, idx: int, role: str, body: Any) -> Message:
+    """Message ``idx`` of a session as ``store`` (its path or URL, for the error) keeps it:
+    its serde JSON ``body`` and the ``role`` column written beside it, which must agree."""
+    try:
+        message = serde.from_json(body, Message)
+    except Exception as err:
+        raise StoreCorrupt(
+            f"session store {store}: session {session_id!r} message {idx} cannot be read: {err!r}"
+        ) from err
+    if message.role != role:
+        raise StoreCorrupt(
+            f"session store {store}: session {session_id!r} message {idx} "
+            f"is stored as role {role!r} but its body is a {message.role!r} message"
+        )
+    return message
+
+
+def decode_meta(store: str, raw: Any, session_id: str) -> dict[str, Any]:
+    """A session's meta as ``store`` keeps it: a JSON object."""
+    try:
+        meta = orjson.loads(raw)
+    except orjson.JSONDecodeError as err:
+        raise StoreCorrupt(
+            f"session store {store}: meta of session {session_id!r} is not JSON: {err}"
+        ) from err
+    if not isinstance(meta, dict):
+        raise StoreCorrupt(
+            f"session store {store}: meta of session {session_id!r} is not a JSON object"
+        )
+    return meta
