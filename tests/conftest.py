@@ -32,3 +32,10 @@ SHARED_STREAMS = Path(__file__).resolve().parents[1].parent / "shared" / "fixtur
 
 # ``pg_url``: a fresh PostgreSQL schema per test (skips when the server is not reachable).
 pytest_plugins = ["tests.support.pg"]
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Stop the PostgreSQL and Redis servers this run started (tests/support/services.py)."""
+    from tests.support.services import close_all
+
+    close_all()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +17,9 @@ import pytest
 
 from benchmarks import sse
 from benchmarks.bench_peers import peers_python
+from tests.support.pg import pg_base_url, pg_unavailable
+from tests.support.redis import require_redis
+from tests.support.services import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -40,11 +44,26 @@ EXPECTED_KEYS = {
 }
 
 
+def _bench_servers() -> dict[str, str]:
+    """The workers benchmark's servers: the test run's own, never the machine's defaults
+    (where the run has none, a closed port, so that figure skips)."""
+    closed = free_port()
+    pg = f"postgresql://postgres@127.0.0.1:{closed}/none"
+    if pg_unavailable() is None:
+        pg = pg_base_url()
+    try:
+        redis = require_redis()
+    except pytest.skip.Exception:
+        redis = f"redis://127.0.0.1:{closed}/0"
+    return {"AXON_BENCH_PG": pg, "AXON_BENCH_REDIS": redis}
+
+
 def _run(tmp_path: Path, *args: str) -> dict:
     out = tmp_path / "results.json"
     proc = subprocess.run(
         [sys.executable, "-m", "benchmarks", "--quick", "--output", str(out), *args],
         cwd=REPO,
+        env={**os.environ, **_bench_servers()},
         capture_output=True,
         text=True,
         timeout=300,

@@ -1,4 +1,4 @@
-"""The turn queue (runtime/stores/turns.py) against the machine's real PostgreSQL.
+"""The turn queue (runtime/stores/turns.py) against a real PostgreSQL the test run started.
 
 Leases are short (0.3 s) and real; a lease that must be over is usually expired by SQL
 (``lease_until`` set in the past), so no test depends on how fast the machine is; one test
@@ -7,9 +7,6 @@ lets a real lease run out.
 
 from __future__ import annotations
 
-import glob
-import os
-import subprocess
 import uuid
 
 import pytest
@@ -20,7 +17,7 @@ from runtime.errors import InvalidSessionId, LeaseLost, StoreError
 from runtime.messages import File, Image, TextPart, UserMessage
 from runtime.stores.postgres import PostgresStore
 from runtime.stores.turns import Claim, QueuedTurn, Renewal, TurnQueue
-from tests.support.pg import PG_URL, drop_schema, pg_connect
+from tests.support.pg import drop_schema, pg_base_url, pg_connect, restart_postgres
 
 LEASE = 0.3
 
@@ -57,16 +54,6 @@ def expire(store: PostgresStore, turn_id: str) -> None:
         store,
         "UPDATE axon_turns SET lease_until = now() - interval '1 second' WHERE turn_id = %s",
         (turn_id,),
-    )
-
-
-def pg_ctl(action: str, *, check: bool = True) -> None:
-    (version,) = [os.path.basename(p) for p in glob.glob("/etc/postgresql/*")]
-    subprocess.run(
-        ["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", action],
-        check=check,
-        capture_output=True,
-        timeout=60,
     )
 
 
@@ -400,10 +387,7 @@ async def test_four_workers_claim_forty_turns_each_exactly_once_in_session_order
 
 async def test_submit_and_claim_succeed_after_postgresql_restarts(queue):
     await queue.wait(0)
-    try:
-        await trio.to_thread.run_sync(pg_ctl, "restart")
-    finally:  # whatever happened, the server is up for the other tests
-        await trio.to_thread.run_sync(lambda: pg_ctl("start", check=False))
+    await trio.to_thread.run_sync(restart_postgres)  # the run's own server, never the user's
     turn = await queue.submit("s1", "after the restart")
     claim = await queue.claim("w1")
     assert claim.turn.turn_id == turn.turn_id
@@ -412,7 +396,7 @@ async def test_submit_and_claim_succeed_after_postgresql_restarts(queue):
 
 async def test_wait_ignores_turns_of_another_schema(queue):
     schema = f"axon_t_{uuid.uuid4().hex[:12]}"
-    other = await PostgresStore.open(f"{PG_URL}?schema={schema}")
+    other = await PostgresStore.open(f"{pg_base_url()}?schema={schema}")
     try:
         await queue.wait(0)
         await TurnQueue(other, lease=LEASE).submit("s1", "elsewhere")

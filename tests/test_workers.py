@@ -1,4 +1,5 @@
-"""Worker processes against the real PostgreSQL and Redis: killed, paused, restarted.
+"""Worker processes against real PostgreSQL and Redis servers the test run started: killed,
+paused, restarted.
 
 Every test runs real ``python -m runtime worker`` processes on the worker tests' agent
 (:mod:`tests.support.worker_agent`), submits turns through the queue, and reads the
@@ -29,6 +30,7 @@ from runtime.stores.postgres import PostgresStore, parse_url
 from runtime.stores.turns import TurnQueue
 from runtime.worker import Worker
 from tests.support import worker_agent
+from tests.support.pg import restart_postgres
 from tests.support.redis import (
     redis_restored,
     require_redis,
@@ -42,7 +44,6 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LEASE = 2.0
 """Short, so a dead worker's turn is taken over soon; long enough that a healthy worker on
 a loaded machine never misses a renewal (every third of it)."""
-PG_RESTART = "pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main restart"
 
 
 class Workers:
@@ -368,9 +369,7 @@ async def test_postgresql_and_redis_restarted_mid_turn_lose_nothing_committed(
 
     await wait_for(running, what="the turn to start")
     with redis_restored():
-        await trio.to_thread.run_sync(
-            lambda: subprocess.run(PG_RESTART, shell=True, check=True, timeout=60)
-        )
+        await trio.to_thread.run_sync(restart_postgres)  # the run's own servers only
         await trio.to_thread.run_sync(stop_redis)
         await trio.sleep(0.5)
         await trio.to_thread.run_sync(start_redis)

@@ -1,10 +1,13 @@
-"""PostgreSQL for the tests: the real server, one fresh schema per test.
+"""PostgreSQL for the tests: a server of the test run's own, one fresh schema per test.
 
 Tests that need PostgreSQL use the ``pg_url`` fixture: a ``postgresql://...?schema=NAME``
 URL whose schema is created for the test (by the store, on open) and dropped after it, so
-parallel runs and other tests never see each other's rows. The server is the machine's
-(``AXON_TEST_PG``, default ``postgresql://postgres@127.0.0.1/test``); when it does not
-answer, those tests skip saying so (CI starts it, see ``.ci/run``).
+tests never see each other's rows. The server is one the run starts itself
+(:mod:`tests.support.services`: own data directory, free port, removed at the end), or
+the one ``AXON_TEST_PG`` names when the user sets it. Tests that restart the server run
+only on the run's own (:func:`restart_postgres` skips otherwise): the suite never restarts,
+or writes outside its own schemas in, a server it did not start. Where no server can be
+had, these tests skip saying what to install (docs/testing.md).
 """
 
 from __future__ import annotations
@@ -16,45 +19,73 @@ from collections.abc import Iterator
 
 import pytest
 
-PG_URL = os.environ.get("AXON_TEST_PG", "postgresql://postgres@127.0.0.1/test")
+from tests.support.services import ServiceUnavailable, own_postgres
+
+EXTERNAL_PG = os.environ.get("AXON_TEST_PG") or None
 
 
 @functools.cache
-def pg_unavailable() -> str | None:
-    """Why PostgreSQL cannot be used here, or ``None`` when it answers."""
+def _target() -> str | Exception:
     try:
         import psycopg
-    except ImportError:
-        return "psycopg is not installed (pip install 'axon-runtime[postgres]')"
+    except ImportError as err:
+        return RuntimeError(
+            f"psycopg is not installed (pip install 'axon-runtime[postgres]'): {err}"
+        )
+    if EXTERNAL_PG is not None:
+        url = EXTERNAL_PG
+    else:
+        try:
+            url = own_postgres().url
+        except ServiceUnavailable as err:
+            return err
     try:
-        with psycopg.connect(PG_URL, connect_timeout=3) as conn:
+        with psycopg.connect(url, connect_timeout=10) as conn:
             conn.execute("SELECT 1")
     except psycopg.Error as err:
-        return f"PostgreSQL at {PG_URL} is not reachable: {err}"
-    return None
+        return RuntimeError(f"PostgreSQL at {url} is not reachable: {err}")
+    return url
+
+
+def pg_unavailable() -> str | None:
+    """Why PostgreSQL cannot be used here, or ``None`` when it can."""
+    got = _target()
+    return str(got) if isinstance(got, Exception) else None
+
+
+def pg_base_url() -> str:
+    """The test server's URL (no schema); skips the test when there is none."""
+    got = _target()
+    if isinstance(got, Exception):
+        pytest.skip(str(got))
+    return got
+
+
+def restart_postgres() -> None:
+    """Restart the run's own server (every connection cut); skips the test when the
+    server is the user's (``AXON_TEST_PG``), which the suite never restarts."""
+    if EXTERNAL_PG is not None:
+        pytest.skip("AXON_TEST_PG points at a server this run did not start: not restarting it")
+    own_postgres().restart()
 
 
 def drop_schema(schema: str) -> None:
-    import psycopg
-
-    with psycopg.connect(PG_URL, connect_timeout=10, autocommit=True) as conn:
+    with pg_connect() as conn:
         conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
 
 
 def pg_connect():
     import psycopg
 
-    return psycopg.connect(PG_URL, connect_timeout=10, autocommit=True)
+    return psycopg.connect(pg_base_url(), connect_timeout=10, autocommit=True)
 
 
 @pytest.fixture
 def pg_url() -> Iterator[str]:
     """A URL to a fresh schema in the test database, dropped after the test."""
-    reason = pg_unavailable()
-    if reason is not None:
-        pytest.skip(reason)
+    base = pg_base_url()
     schema = f"axon_t_{uuid.uuid4().hex[:12]}"
     try:
-        yield f"{PG_URL}?schema={schema}"
+        yield f"{base}?schema={schema}"
     finally:
         drop_schema(schema)

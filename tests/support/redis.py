@@ -1,66 +1,77 @@
-"""The real Redis the relay tests use (127.0.0.1:6379); each test gets its own key prefix."""
+"""Redis for the tests: a server of the test run's own; each test gets its own key prefix.
+
+The server is one the run starts itself (:mod:`tests.support.services`: free port, no
+persistence, killed at the end), or the one ``AXON_TEST_REDIS`` names when the user sets
+it. Only the run's own server is ever stopped or restarted (:func:`stop_redis` skips the
+test otherwise), and nothing is flushed: tests write under their own prefix.
+"""
 
 from __future__ import annotations
 
+import functools
 import os
-import socket
-import subprocess
-import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from urllib.parse import urlsplit
 
 import pytest
 
-REDIS_URL = os.environ.get("AXON_TEST_REDIS", "redis://127.0.0.1:6379/0")
-START = [
-    "redis-server", "--daemonize", "yes", "--bind", "127.0.0.1", "-::1", "--port", "6379",
-    "--save", "", "--appendonly", "no", "--dir", "/var/lib/redis",
-]  # fmt: skip
+from tests.support.services import ServiceUnavailable, own_redis
+
+EXTERNAL_REDIS = os.environ.get("AXON_TEST_REDIS") or None
 
 
-def redis_answers(timeout: float = 0.5) -> bool:
+@functools.cache
+def _target() -> str | ServiceUnavailable:
+    if EXTERNAL_REDIS is not None:
+        return EXTERNAL_REDIS
     try:
-        with socket.create_connection(("127.0.0.1", 6379), timeout=timeout) as sock:
-            sock.sendall(b"PING\r\n")
-            return sock.recv(16).startswith(b"+PONG")
-    except OSError:
-        return False
+        return own_redis().url
+    except ServiceUnavailable as err:
+        return err
 
 
 def require_redis() -> str:
-    if not redis_answers():
-        pytest.skip("Redis is not reachable on 127.0.0.1:6379 (the relay tests need a real one)")
-    return REDIS_URL
+    """The test Redis's URL; skips the test, saying why, when there is none."""
+    got = _target()
+    if isinstance(got, ServiceUnavailable):
+        pytest.skip(f"no Redis for the relay tests: {got}")
+    return got
+
+
+def redis_address() -> tuple[str, int]:
+    parts = urlsplit(require_redis())
+    return parts.hostname or "127.0.0.1", parts.port or 6379
 
 
 def unique_prefix() -> str:
     return f"axontest:{uuid.uuid4().hex[:10]}:"
 
 
+def _restartable() -> None:
+    if EXTERNAL_REDIS is not None:
+        pytest.skip("AXON_TEST_REDIS points at a server this run did not start: not stopping it")
+    require_redis()
+
+
+def stop_redis() -> None:
+    """Kill the run's own Redis (no save): its streams are gone, connections cut."""
+    _restartable()
+    own_redis().stop()
+
+
 def start_redis() -> None:
-    """Start Redis again if it does not answer (waits until it does, at most 10 s)."""
-    if redis_answers():
-        return
-    subprocess.run(START, check=False, capture_output=True, timeout=10)
-    deadline = time.monotonic() + 10
-    while not redis_answers():
-        if time.monotonic() > deadline:
-            raise RuntimeError("Redis did not come back after a restart")
-        time.sleep(0.05)
+    """Start the run's own Redis again (empty) if it is down; waits until it answers."""
+    _restartable()
+    own_redis().start()
 
 
 @contextmanager
 def redis_restored() -> Iterator[None]:
-    """Whatever happens inside, Redis is running afterwards."""
+    """Whatever happens inside, the run's own Redis is running afterwards."""
+    _restartable()
     try:
         yield
     finally:
-        start_redis()
-
-
-def stop_redis() -> None:
-    subprocess.run(["redis-cli", "shutdown", "nosave"], check=False, capture_output=True)
-    deadline = time.monotonic() + 10
-    while redis_answers(0.1) and time.monotonic() < deadline:
-        time.sleep(0.02)
+        own_redis().start()
