@@ -4,8 +4,9 @@ The server runs in the test's Trio loop; Playwright's sync API drives the browse
 worker thread (``trio.to_thread``) and calls back into the loop to check the store. No
 browser is downloaded: without ``playwright`` or ``/usr/bin/chromium`` the test skips.
 
-The screenshot goes to the test's tmp dir, and to docs/screenshot.png when that file is
-missing or ``AXON_UPDATE_SCREENSHOT=1`` is set (so test runs leave the docs alone).
+The screenshot (1280 px wide, at 2x) goes to the test's tmp dir, and to
+docs/screenshot.png when that file is missing or ``AXON_UPDATE_SCREENSHOT=1`` is set (so
+test runs leave the docs alone).
 """
 
 from __future__ import annotations
@@ -82,7 +83,7 @@ def drive(sync_api: Any, server: WebServer, shot: Path) -> dict[str, Any]:
         except Exception as exc:  # an unusable browser build: not this project's failure
             pytest.skip(f"Chromium at {CHROMIUM} did not start under Playwright: {exc}")
         try:
-            page = browser.new_page(viewport={"width": 1200, "height": 900}, device_scale_factor=2)
+            page = browser.new_page(viewport={"width": 1280, "height": 900}, device_scale_factor=2)
             page.set_default_timeout(20_000)
             page.on("pageerror", lambda e: seen["page_errors"].append(str(e)))
             page.goto(server.url + "/")

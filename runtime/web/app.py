@@ -5,7 +5,7 @@
 Hypercorn's Trio worker, see :mod:`runtime.web.serve`):
 
 ``GET /``
-    The chat page (one file, no build step).
+    The chat page (one file, no build step); ``/favicon.svg`` and ``/favicon.ico`` its icon.
 ``POST /api/chat``
     The body ``useChat`` sends (``id`` = session id, ``messages`` with ``parts``,
     ``trigger``). Runs one turn on that session with the last user message (its text and
@@ -70,6 +70,9 @@ NOT_READING = "client not reading"
 """The abort reason of a turn whose client stopped taking its stream."""
 
 STATIC = Path(__file__).with_name("static")
+
+ICONS = {"favicon.ico": "image/x-icon", "favicon.svg": "image/svg+xml"}
+"""The page's icon (``<link rel="icon">``) and the one browsers ask ``/favicon.ico`` for."""
 
 AgentSource = Agent | Callable[[str], Agent]
 """An agent for every session, or a factory called with the session id of a new one."""
@@ -443,6 +446,7 @@ def create_app(
     its store (it opens no session and runs no turn).
     """
     page = (STATIC / "index.html").read_bytes()
+    icons = {name: (STATIC / name).read_bytes() for name in ICONS}
     state = WebState(
         host,
         agent,
@@ -471,6 +475,17 @@ def create_app(
 
     async def index(request: Request) -> Response:
         return HTMLResponse(page, headers={"content-security-policy": CSP})
+
+    async def icon(request: Request) -> Response:
+        name = request.url.path.lstrip("/")
+        return Response(
+            icons[name],
+            media_type=ICONS[name],
+            headers={
+                "cache-control": "max-age=86400",
+                "content-security-policy": "default-src 'none'",
+            },
+        )
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -504,6 +519,7 @@ def create_app(
     app = Starlette(
         routes=[
             Route("/", index, methods=["GET"]),
+            *(Route("/" + name, icon, methods=["GET"]) for name in ICONS),
             Route("/api/info", routes["info"], methods=["GET"]),
             Route("/api/chat", routes["chat"], methods=["POST"]),
             Route("/api/chat/{session_id}/stream", routes["stream"], methods=["GET"]),
