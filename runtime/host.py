@@ -123,8 +123,8 @@ class Host:
         the turns have ended and saved, the observers stop receiving new events and each
         handles what its inbox holds, for at most ``drain_timeout`` seconds (default
         ``DRAIN_TIMEOUT``, 5 s) in all; then every actor is cancelled, and an observer that
-        had not finished is logged (``host.events-undelivered``, a warning) with how many
-        events it never got. The drain runs even when the block is cancelled from outside,
+        had not finished is logged (``host.events-dropped``, a warning) with how many
+        events it did not handle. The drain runs even when the block is cancelled from outside,
         shielded for no longer than that bound."""
         if idle_ttl is not None and not idle_ttl > 0:
             raise ConfigurationError(
@@ -439,12 +439,14 @@ class Host:
 
     async def _drain_observers(self) -> None:
         """Let every observer handle the events already in its inbox, for at most
-        ``drain_timeout`` seconds, then log what each one that had not finished never got.
+        ``drain_timeout`` seconds, then log, for each one cut short, how many it lost.
 
         All are stopped in one go, without yielding: each then misses the same events (those
         published from now on) and ends once its inbox is drained. Without this the
         nursery's cancellation cut an observer short with a turn's last events queued (a
-        recording without its ``turn.finished``)."""
+        recording without its ``turn.finished``). An observer still busy when the time is
+        up loses the event in hand and those queued: ``host.events-dropped`` says how many
+        (nothing is logged for one that was only finishing up, e.g. flushing an exporter)."""
         observers = [actor for actor in self._observer_scopes if not actor.stopped.is_set()]
         for actor in observers:
             actor.stop()
@@ -452,10 +454,13 @@ class Host:
             for actor in observers:
                 await actor.stopped.wait()
         for actor in observers:
-            if not actor.stopped.is_set():
+            if actor.stopped.is_set():
+                continue
+            dropped = len(actor.inbox) + (actor.current_message is not None)
+            if dropped:
                 get_logger("axon.host").warning(
-                    "host.events-undelivered",
+                    "host.events-dropped",
                     actor=actor.name,
-                    undelivered=len(actor.inbox),
+                    dropped=dropped,
                     drain_timeout=self.drain_timeout,
                 )
