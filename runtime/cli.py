@@ -218,7 +218,11 @@ async def run_command(args: argparse.Namespace) -> int:
 
 
 def replay_command(args: argparse.Namespace) -> int:
-    """Render the output chunks of a recorded JSONL event log, in order."""
+    """Render the output chunks of a recorded JSONL event log, in order.
+
+    A recording in which a turn has no ``turn.finished`` (or that has none at all) was cut
+    short: what it holds is rendered, then an ``error: ... is incomplete`` line, status 1,
+    so a script never takes half an answer for the whole one."""
     from runtime.render import TerminalRenderer  # rich: only when rendering
 
     renderer = None if args.jsonl else TerminalRenderer()
@@ -228,15 +232,32 @@ def replay_command(args: argparse.Namespace) -> int:
         raise BadInput(f"cannot read {args.file}: {exc.strerror or exc}") from None
     except orjson.JSONDecodeError as exc:
         raise BadInput(f"{args.file} is not a JSONL event log: {exc}") from None
+    turns: dict[Any, bool] = {}  # turn id -> whether its turn.finished was recorded
     for record in records:
-        if not str(record.get("kind", "")).startswith("output."):
-            continue
         if args.session and record.get("session_id") != args.session:
+            continue
+        kind = str(record.get("kind", ""))
+        if kind == "turn.finished":
+            turns[record.get("turn_id")] = True
+        elif record.get("turn_id"):
+            turns.setdefault(record.get("turn_id"), False)
+        if not kind.startswith("output."):
             continue
         if renderer is None:
             sys.stdout.write(orjson.dumps(record).decode() + "\n")
         else:
             renderer.render(structure(record, Event))
+    unfinished = [turn_id for turn_id, finished in turns.items() if not finished]
+    if unfinished or not turns:
+        if renderer is not None:
+            renderer.end_line()
+        sys.stdout.flush()
+        missing = f"turn {unfinished[0]} has" if unfinished else "it has"
+        sys.stderr.write(
+            f"error: {args.file} is incomplete: {missing} no turn.finished event"
+            " (the recording was cut short)\n"
+        )
+        return 1
     return 0
 
 

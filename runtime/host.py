@@ -3,8 +3,10 @@
 The host owns the bus, the supervisor and the host-wide actors (persister, tool
 executor, log tap, one actor per provider configuration); each session adds its own
 turn runner, engine and stream controller. ``async with Host.open() as host`` starts
-them; leaving the block cancels running turns (they are saved, marked interrupted) and
-stops every actor.
+them; leaving the block cancels running turns (they are saved, marked interrupted),
+lets every observer (an actor subscribed to bus events: the log tap, a recorder, metrics)
+handle the events already published to it, bounded by ``drain_timeout``, and stops every
+actor.
 
 A long-running host (the web server) frees idle sessions: with ``idle_ttl`` a session
 unused for that long is evicted, with ``max_sessions`` the least recently used idle ones
@@ -39,12 +41,15 @@ from runtime.errors import ConfigurationError, SessionBusy
 from runtime.events import SessionEvicted
 from runtime.ids import new_id
 from runtime.inbox import Inbox
-from runtime.logging import configure_logging
+from runtime.logging import configure_logging, get_logger
 from runtime.protocol import Batch, SessionState
 from runtime.provider import Provider
 from runtime.session import Session, TurnStream
 from runtime.store import Store, validate_session_id
 from runtime.stores import open_store
+
+DRAIN_TIMEOUT = 5.0
+"""Seconds a closing host waits, at most, for its observers to handle what was published."""
 
 
 class Host:
@@ -59,6 +64,7 @@ class Host:
         supervisor: Supervisor,
         idle_ttl: float | None = None,
         max_sessions: int | None = None,
+        drain_timeout: float = DRAIN_TIMEOUT,
     ) -> None:
         self.nursery = nursery
         self.store = store
@@ -68,6 +74,8 @@ class Host:
         """Seconds an idle session stays in memory (``None``: for ever)."""
         self.max_sessions = max_sessions
         """Most sessions kept in memory, least recently used evicted first (``None``: all)."""
+        self.drain_timeout = drain_timeout
+        """Seconds a closing host waits, at most, for its observers to drain their inboxes."""
         self.sessions: dict[str, Session] = {}
         """The sessions in memory, least recently used first."""
         self._handles: weakref.WeakValueDictionary[str, Session] = weakref.WeakValueDictionary()
@@ -78,6 +86,8 @@ class Host:
         """The running MCP server actors, by configuration (see :mod:`actors.mcp`)."""
         self._actors: dict[Actor, None] = {}
         """The running actors (an ordered set: removing one is O(1))."""
+        self._observer_scopes: dict[Actor, trio.CancelScope] = {}
+        """The running observers' shielded scopes: only the host cancels them, once drained."""
         self.persister: Actor
         self.shutting_down = False
         """Set once a shutdown signal arrived or the host is closing."""
@@ -95,6 +105,7 @@ class Host:
         tool_executor: Actor | None = None,
         idle_ttl: float | None = None,
         max_sessions: int | None = None,
+        drain_timeout: float = DRAIN_TIMEOUT,
     ) -> AsyncIterator[Host]:
         """Start a host. ``store`` is a path (an SQLite file, created if missing), a
         ``Store``, or ``None`` for memory. With ``handle_signals``, SIGINT and SIGTERM
@@ -105,13 +116,26 @@ class Host:
 
         ``idle_ttl`` (seconds) evicts a session unused for that long; ``max_sessions``
         evicts the least recently used idle sessions past that many. Both are off by
-        default. An evicted session's ``Session`` object reloads it on its next turn."""
+        default. An evicted session's ``Session`` object reloads it on its next turn.
+
+        Leaving the block delivers every event already published to every observer (an
+        actor with ``subscribes_to``: the log tap, a :class:`JsonlRecorder`, metrics): once
+        the turns have ended and saved, the observers stop receiving new events and each
+        handles what its inbox holds, for at most ``drain_timeout`` seconds (default
+        ``DRAIN_TIMEOUT``, 5 s) in all; then every actor is cancelled, and an observer that
+        had not finished is logged (``host.events-dropped``, a warning) with how many
+        events it did not handle. The drain runs even when the block is cancelled from outside,
+        shielded for no longer than that bound."""
         if idle_ttl is not None and not idle_ttl > 0:
             raise ConfigurationError(
                 f"idle_ttl must be a positive number of seconds, not {idle_ttl!r}"
             )
         if max_sessions is not None and not (isinstance(max_sessions, int) and max_sessions >= 1):
             raise ConfigurationError(f"max_sessions must be an int >= 1, not {max_sessions!r}")
+        if not (isinstance(drain_timeout, int | float) and drain_timeout >= 0):
+            raise ConfigurationError(
+                f"drain_timeout must be a number of seconds >= 0, not {drain_timeout!r}"
+            )
 
         if not structlog.is_configured():  # quiet JSON on stderr unless the app configured it
             configure_logging("warning")
@@ -126,20 +150,26 @@ class Host:
                     supervisor=Supervisor(bus, restart_policy),
                     idle_ttl=idle_ttl,
                     max_sessions=max_sessions,
+                    drain_timeout=drain_timeout,
                 )
-                host.persister = await host.start_actor(Persister(the_store))
-                host.tool_executor = await host.start_actor(tool_executor or ToolExecutor())
-                if log_tap:
-                    await host.start_actor(LogTap())
-                if handle_signals:
-                    await nursery.start(host._watch_signals)
-                if idle_ttl is not None:
-                    nursery.start_soon(host._expire_idle_sessions)
                 try:
-                    yield host
+                    host.persister = await host.start_actor(Persister(the_store))
+                    host.tool_executor = await host.start_actor(tool_executor or ToolExecutor())
+                    if log_tap:
+                        await host.start_actor(LogTap())
+                    if handle_signals:
+                        await nursery.start(host._watch_signals)
+                    if idle_ttl is not None:
+                        nursery.start_soon(host._expire_idle_sessions)
+                    try:
+                        yield host
+                    finally:
+                        with trio.CancelScope(shield=True):  # each step is bounded
+                            await host._shutdown()
+                            await host._drain_observers()
                 finally:
-                    with trio.CancelScope(shield=True):
-                        await host._shutdown()
+                    for scope in list(host._observer_scopes.values()):
+                        scope.cancel()  # shielded from the nursery's cancellation
                     nursery.cancel_scope.cancel()
             host._end_orphaned_streams()
         finally:
@@ -150,12 +180,27 @@ class Host:
     async def start_actor(self, actor: Actor, *, policy: RestartPolicy | None = None) -> Any:
         """Run ``actor`` under the host's supervisor; returns it once started."""
         self._actors[actor] = None
-        await self.nursery.start(
-            lambda task_status: self.supervisor.supervise(
-                actor, policy=policy, task_status=task_status
-            )
-        )
+        await self.nursery.start(self._supervise, actor, policy)
         return actor
+
+    async def _supervise(
+        self,
+        actor: Actor,
+        policy: RestartPolicy | None,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Run ``actor``; an observer (it subscribes to bus events) runs shielded from any
+        cancellation but the host's own, so that a host cancelled from outside still
+        lets it drain (:meth:`_drain_observers`, bounded) before cancelling it."""
+        actor.attach(self.bus)  # an actor may decide what it subscribes to here (LogTap)
+        scope = trio.CancelScope(shield=actor.subscribes_to is not None)
+        if scope.shield:
+            self._observer_scopes[actor] = scope
+        try:
+            with scope:
+                await self.supervisor.supervise(actor, policy=policy, task_status=task_status)
+        finally:
+            self._observer_scopes.pop(actor, None)
 
     async def provider_actor(self, provider: Provider) -> Actor:
         """The running actor for a provider configuration (started on first use)."""
@@ -391,3 +436,31 @@ class Host:
             # The persister drains what the turns queued before it stops.
             self.persister.stop()
             await self.persister.stopped.wait()
+
+    async def _drain_observers(self) -> None:
+        """Let every observer handle the events already in its inbox, for at most
+        ``drain_timeout`` seconds, then log, for each one cut short, how many it lost.
+
+        All are stopped in one go, without yielding: each then misses the same events (those
+        published from now on) and ends once its inbox is drained. Without this the
+        nursery's cancellation cut an observer short with a turn's last events queued (a
+        recording without its ``turn.finished``). An observer still busy when the time is
+        up loses the event in hand and those queued: ``host.events-dropped`` says how many
+        (nothing is logged for one that was only finishing up, e.g. flushing an exporter)."""
+        observers = [actor for actor in self._observer_scopes if not actor.stopped.is_set()]
+        for actor in observers:
+            actor.stop()
+        with trio.move_on_after(self.drain_timeout):
+            for actor in observers:
+                await actor.stopped.wait()
+        for actor in observers:
+            if actor.stopped.is_set():
+                continue
+            dropped = len(actor.inbox) + (actor.current_message is not None)
+            if dropped:
+                get_logger("axon.host").warning(
+                    "host.events-dropped",
+                    actor=actor.name,
+                    dropped=dropped,
+                    drain_timeout=self.drain_timeout,
+                )

@@ -29,6 +29,10 @@ class TerminalRenderer:
             self.console.print()
             self._at_line_start = True
 
+    def end_line(self) -> None:
+        """End the line being written, if any (before a message that is not output)."""
+        self._newline()
+
     def _write(self, text: str, style: str | None = None) -> None:
         if text:
             self.console.print(Text(text, style=style or ""), end="", soft_wrap=True)

@@ -20,7 +20,7 @@ EXPECTED = {
     ("embedding.md", 0): "20 sessions answered 5",
     ("embedding.md", 1): "start ... finish",
     ("embedding.md", 2): "evicted: True\n['user', 'assistant', 'user', 'assistant']",
-    ("actors.md", 0): "1 turn,",
+    ("actors.md", 0): "1 turn, 11 tokens",  # read after the block: the drain delivered all
     ("actors.md", 1): "the tool call was denied: emails need a human",
     ("mcp.md", 0): "add_note -> saved: buy milk (1 notes)\nNoted.",
     ("providers.md", 0): "hello there actors 3",
