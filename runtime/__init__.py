@@ -1,6 +1,6 @@
 """Axon: a Trio actor runtime that streams multi-step, tool-calling LLM agent turns.
 
-The public namespace is flat: ``from runtime import Host, Agent, tool`` and the value
+The public namespace is flat: ``from runtime import Host, Agent, tool, run_sync`` and the value
 types of the three vocabularies (stream chunks, output chunks, messages and parts).
 
 This package holds the contract layer (events, chunks, messages, bus, actor base,
@@ -42,6 +42,7 @@ from runtime.errors import (
     ConfigurationError,
     ConnectionLost,
     ContextTooLong,
+    InvalidHistory,
     InvalidMedia,
     InvalidSessionId,
     InvalidTurnId,
@@ -87,9 +88,10 @@ from runtime.protocol import TurnResult
 from runtime.provider import Provider
 from runtime.retry import RetryPolicy
 from runtime.store import SessionInfo, SessionRecord, Store, validate_session_id
-from runtime.tools import Tool, tool
+from runtime.tools import Tool, ToolContext, tool
 
 if TYPE_CHECKING:
+    from runtime.blocking import run_sync
     from runtime.host import Host
     from runtime.session import Session, TurnStream
 
@@ -97,6 +99,7 @@ _APPLICATION = {
     "Host": "runtime.host",
     "Session": "runtime.session",
     "TurnStream": "runtime.session",
+    "run_sync": "runtime.blocking",
 }
 """The facade's names from the application layer, imported when first asked for."""
 
@@ -131,6 +134,7 @@ __all__ = [
     "Host",
     "Image",
     "Inbox",
+    "InvalidHistory",
     "InvalidMedia",
     "InvalidSessionId",
     "InvalidTurnId",
@@ -173,6 +177,7 @@ __all__ = [
     "Tool",
     "ToolCallChunk",
     "ToolCallPart",
+    "ToolContext",
     "ToolDefinitionError",
     "ToolInputDeltaChunk",
     "ToolInputStartChunk",
@@ -185,6 +190,7 @@ __all__ = [
     "UserMessage",
     "UserPart",
     "configure_logging",
+    "run_sync",
     "tool",
     "validate_session_id",
 ]

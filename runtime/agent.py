@@ -125,7 +125,8 @@ class Agent:
         its meta linking to the parent session and call), on the same host. The sub-turn
         streams inside the parent's output as ``tool-stream`` chunks nested under the
         call, its usage counts toward the parent turn's, and its final text is the tool's
-        result. A sub-turn that fails is a tool error the parent model sees.
+        result. A sub-turn that fails is a tool error the parent model sees. The sub-session
+        gets the calling session's ``deps``.
         """
         from runtime.tools import ToolContext
 
@@ -148,6 +149,7 @@ class Agent:
                     "parent_tool_call_id": context.tool_call_id,
                     "parent_turn_id": context.turn_id,
                 },
+                deps=context.deps,  # the sub-agent's tools reach the same objects
             )
             try:
                 async with session.stream(input) as out:
