@@ -140,7 +140,7 @@ class Tool:
             raise ToolInputError(f"invalid arguments for {self.name}: {problems}") from None
         return {k: getattr(model, k) for k in type(model).model_fields}
 
-    async def call(self, arguments: dict[str, Any], context: ToolContext | None = None) -> Any:
+    async def call(self, arguments: dict[str, Any], context: ToolContext[Any] | None = None) -> Any:
         """Run the function with validated ``arguments``; sync functions in a thread."""
         if self.context_param is not None:
             arguments = {**arguments, self.context_param: context}
