@@ -7,9 +7,10 @@ This package holds the contract layer (events, chunks, messages, bus, actor base
 protocols), the application layer (:mod:`runtime.host`, :mod:`runtime.session`, the CLI,
 :mod:`runtime.web`, the demo) and the stores (:mod:`runtime.stores`); see
 docs/architecture.md. Importing any ``runtime.x`` runs this file first, so it imports only
-the contract eagerly: the application names (``Host``, ``Session``, ``TurnStream``) are
-resolved on first use (:pep:`562`). Otherwise every actor, which imports the contract,
-would import the host that assembles it, and the layers would be one import cycle.
+the contract eagerly: the application names (``Host``, ``Session``, ``TurnStream``,
+``run_sync``) are resolved on first use (:pep:`562`). Otherwise every actor, which imports
+the contract, would import the host that assembles it, and the layers would be one import
+cycle.
 """
 
 from __future__ import annotations

@@ -85,7 +85,10 @@ class Agent:
     """Tags whose content in the text is reasoning; ``None`` disables the split."""
     hooks: Hooks = attrs.field(factory=Hooks)
     settings: dict[str, Any] = attrs.field(factory=dict)
-    """Extra request options passed to the provider on every call (temperature, ...)."""
+    """Extra request options passed to the provider on every call, over the provider's
+    own: the API's field names (``temperature``; the output token limit is
+    ``max_completion_tokens`` on OpenAI Chat Completions, ``max_output_tokens`` on the
+    Responses API, ``max_tokens`` on Anthropic). See docs/embedding.md."""
     media_limits: MediaLimits = attrs.field(factory=MediaLimits)
     """Largest image, file and per-message media a user input may carry (docs/media.md)."""
 

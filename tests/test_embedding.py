@@ -3,6 +3,8 @@ passed in instead of loaded from a store, and the names ``runtime`` exports for 
 
 from __future__ import annotations
 
+import asyncio
+
 import attrs
 import pytest
 
@@ -48,6 +50,13 @@ def earlier_turn() -> list:
 def test_run_sync_returns_the_turn_result_with_its_text():
     result = run_sync(Agent(provider=ScriptedProvider([["Hello there."]])), "Hi")
     assert (result.finish_reason, result.text) == ("stop", "Hello there.")
+
+
+def test_run_sync_works_in_a_running_asyncio_loop_as_in_a_notebook_cell():
+    async def cell():
+        return run_sync(Agent(provider=ScriptedProvider([["from a notebook"]])), "Hi").text
+
+    assert asyncio.run(cell()) == "from a notebook"
 
 
 async def test_run_sync_inside_a_trio_program_is_refused():
