@@ -200,6 +200,7 @@ class ToolExecutor(ServingActor[ExecuteTools]):
                 tool_call_id=call.tool_call_id,
                 tool_name=call.tool_name,
                 emit=emit,
+                deps=request.deps,
             )
             outcome = await run_tool_call(
                 call,

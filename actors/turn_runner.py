@@ -136,6 +136,8 @@ class _Turn:
     budget: str | None = None
     meta: Mapping[str, Any] = attrs.field(factory=dict)
     """Saved with each of the turn's saves: the session's meta as the turn started."""
+    deps: Any = None
+    """The session's dependencies, for the turn's tool calls (``ToolContext.deps``)."""
 
     output: StructuredTurn | None = None
     """The structured answer's state, for an agent with an ``output_type``."""
@@ -230,6 +232,7 @@ class TurnRunner(Actor):
             ctrl=Batcher(self.controller.inbox, turn_id),
             message_id=message_id,
             meta={"agent": agent.name, **run.meta},
+            deps=run.deps,
         )
         if committed is None:
             state.messages.append(UserMessage(content=run.input))
@@ -586,6 +589,7 @@ class TurnRunner(Actor):
                     abort_reason=turn.abort_reason,
                     budget=turn.budget,
                     output=output_value(turn.output),
+                    new_messages=tuple(state.messages[turn.start_index :]),
                 )
                 await self._hand_over(run, turn, TurnDone(result=result))
 
@@ -845,6 +849,7 @@ class TurnRunner(Actor):
                 reply=inbox,
                 cancel_scope=trio.CancelScope(),
                 host=self.host,
+                deps=turn.deps,
             )
             await self._ask(self.tool_executor, request)
             pending = {c.tool_call_id for c in runnable}

@@ -1,15 +1,16 @@
 """Axon: a Trio actor runtime that streams multi-step, tool-calling LLM agent turns.
 
-The public namespace is flat: ``from runtime import Host, Agent, tool`` and the value
+The public namespace is flat: ``from runtime import Host, Agent, tool, run_sync`` and the value
 types of the three vocabularies (stream chunks, output chunks, messages and parts).
 
 This package holds the contract layer (events, chunks, messages, bus, actor base,
 protocols), the application layer (:mod:`runtime.host`, :mod:`runtime.session`, the CLI,
 :mod:`runtime.web`, the demo) and the stores (:mod:`runtime.stores`); see
 docs/architecture.md. Importing any ``runtime.x`` runs this file first, so it imports only
-the contract eagerly: the application names (``Host``, ``Session``, ``TurnStream``) are
-resolved on first use (:pep:`562`). Otherwise every actor, which imports the contract,
-would import the host that assembles it, and the layers would be one import cycle.
+the contract eagerly: the application names (``Host``, ``Session``, ``TurnStream``,
+``run_sync``) are resolved on first use (:pep:`562`). Otherwise every actor, which imports
+the contract, would import the host that assembles it, and the layers would be one import
+cycle.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from runtime.errors import (
     ConfigurationError,
     ConnectionLost,
     ContextTooLong,
+    InvalidHistory,
     InvalidMedia,
     InvalidSessionId,
     InvalidTurnId,
@@ -87,9 +89,10 @@ from runtime.protocol import TurnResult
 from runtime.provider import Provider
 from runtime.retry import RetryPolicy
 from runtime.store import SessionInfo, SessionRecord, Store, validate_session_id
-from runtime.tools import Tool, tool
+from runtime.tools import Tool, ToolContext, tool
 
 if TYPE_CHECKING:
+    from runtime.blocking import run_sync
     from runtime.host import Host
     from runtime.session import Session, TurnStream
 
@@ -97,6 +100,7 @@ _APPLICATION = {
     "Host": "runtime.host",
     "Session": "runtime.session",
     "TurnStream": "runtime.session",
+    "run_sync": "runtime.blocking",
 }
 """The facade's names from the application layer, imported when first asked for."""
 
@@ -131,6 +135,7 @@ __all__ = [
     "Host",
     "Image",
     "Inbox",
+    "InvalidHistory",
     "InvalidMedia",
     "InvalidSessionId",
     "InvalidTurnId",
@@ -173,6 +178,7 @@ __all__ = [
     "Tool",
     "ToolCallChunk",
     "ToolCallPart",
+    "ToolContext",
     "ToolDefinitionError",
     "ToolInputDeltaChunk",
     "ToolInputStartChunk",
@@ -185,6 +191,7 @@ __all__ = [
     "UserMessage",
     "UserPart",
     "configure_logging",
+    "run_sync",
     "tool",
     "validate_session_id",
 ]

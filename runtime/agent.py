@@ -85,7 +85,10 @@ class Agent:
     """Tags whose content in the text is reasoning; ``None`` disables the split."""
     hooks: Hooks = attrs.field(factory=Hooks)
     settings: dict[str, Any] = attrs.field(factory=dict)
-    """Extra request options passed to the provider on every call (temperature, ...)."""
+    """Extra request options passed to the provider on every call, over the provider's
+    own: the API's field names (``temperature``; the output token limit is
+    ``max_completion_tokens`` on OpenAI Chat Completions, ``max_output_tokens`` on the
+    Responses API, ``max_tokens`` on Anthropic). See docs/embedding.md."""
     media_limits: MediaLimits = attrs.field(factory=MediaLimits)
     """Largest image, file and per-message media a user input may carry (docs/media.md)."""
 
@@ -125,7 +128,8 @@ class Agent:
         its meta linking to the parent session and call), on the same host. The sub-turn
         streams inside the parent's output as ``tool-stream`` chunks nested under the
         call, its usage counts toward the parent turn's, and its final text is the tool's
-        result. A sub-turn that fails is a tool error the parent model sees.
+        result. A sub-turn that fails is a tool error the parent model sees. The sub-session
+        gets the calling session's ``deps``.
         """
         from runtime.tools import ToolContext
 
@@ -148,6 +152,7 @@ class Agent:
                     "parent_tool_call_id": context.tool_call_id,
                     "parent_turn_id": context.turn_id,
                 },
+                deps=context.deps,  # the sub-agent's tools reach the same objects
             )
             try:
                 async with session.stream(input) as out:

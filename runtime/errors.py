@@ -156,6 +156,12 @@ class InvalidTurnId(SessionError, ValueError):
     name its message."""
 
 
+class InvalidHistory(SessionError, ValueError):
+    """A history given to ``open_session(history=...)`` holds something that is not a
+    message, or names a session that is stored or open already (a given history starts
+    a new session; it never overwrites one)."""
+
+
 class SessionBusy(SessionError):
     """A turn is already running on this session; sessions run one turn at a time."""
 

@@ -6,11 +6,12 @@ format is each provider's job (``map_messages``).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import attrs
 
+from runtime.errors import InvalidHistory
 from runtime.messages import (
     AssistantMessage,
     Message,
@@ -23,6 +24,31 @@ from runtime.messages import (
 )
 
 INTERRUPTED = "interrupted: the tool call did not complete (the turn was cut short)"
+_MESSAGE_TYPES = (SystemMessage, UserMessage, AssistantMessage, ToolMessage)
+
+
+def check_history(history: Iterable[Message]) -> tuple[Message, ...]:
+    """``history`` as a tuple, if it holds messages only; else
+    :class:`~runtime.errors.InvalidHistory` naming the first item that is not one.
+
+    Only the types are checked: the order is the application's (a tool result whose call
+    is missing is dropped by :func:`repair` when the history is sent, as for a stored
+    one). A string, a common slip for one user message, is refused rather than read as
+    a sequence of characters."""
+    if isinstance(history, str | bytes | dict):
+        raise InvalidHistory(
+            f"history must be a list of messages, not {type(history).__name__}: "
+            "e.g. [UserMessage(content='Hi'), AssistantMessage(...)]"
+        )
+    messages = tuple(history)
+    for i, message in enumerate(messages):
+        if not isinstance(message, _MESSAGE_TYPES):
+            raise InvalidHistory(
+                f"history[{i}] is a {type(message).__name__}, not a message: use "
+                "UserMessage, AssistantMessage, ToolMessage or SystemMessage "
+                "(runtime.serde.structure(data, Message) reads them from JSON)"
+            )
+    return messages
 
 
 def repair(messages: Sequence[Message]) -> list[Message]:

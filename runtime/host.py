@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import signal
 import weakref
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -37,11 +37,13 @@ from actors.turn_runner import TurnRunner
 from runtime.actor import Actor, RestartPolicy, Supervisor
 from runtime.agent import Agent
 from runtime.bus import Bus
-from runtime.errors import ConfigurationError, SessionBusy
+from runtime.errors import ConfigurationError, InvalidHistory, SessionBusy
 from runtime.events import SessionEvicted
+from runtime.history import check_history
 from runtime.ids import new_id
 from runtime.inbox import Inbox
 from runtime.logging import configure_logging, get_logger
+from runtime.messages import Message
 from runtime.protocol import Batch, SessionState
 from runtime.provider import Provider
 from runtime.session import Session, TurnStream
@@ -211,19 +213,39 @@ class Host:
         return actor
 
     async def open_session(
-        self, agent: Agent, session_id: str | None = None, *, meta: dict[str, Any] | None = None
+        self,
+        agent: Agent,
+        session_id: str | None = None,
+        *,
+        meta: dict[str, Any] | None = None,
+        deps: Any = None,
+        history: Sequence[Message] | None = None,
     ) -> Session:
         """Open (or resume, when ``session_id`` is stored) a session running ``agent``.
+
+        ``deps``: the application's own objects, handed to the session's tools as
+        ``ToolContext.deps`` (:attr:`Session.deps`). ``history``: messages the new
+        session starts from, instead of a stored history (a conversation the
+        application keeps itself); saved with its first turn if the host has a store.
+        Giving a history for a session that is stored or open already raises
+        :class:`~runtime.errors.InvalidHistory`, as does anything in it but messages.
 
         An evicted session whose ``Session`` object is still held is loaded back into that
         object, so there is one object per session id."""
         sid = validate_session_id(session_id) if session_id is not None else new_id("session")
+        seed = check_history(history) if history is not None else None
         while (pending := self._opening.get(sid)) is not None:  # one load per id at a time
             await pending.wait()
         existing = self.sessions.get(sid)
         if existing is not None:
             if existing.agent is not agent:
                 raise SessionBusy(f"session {sid!r} is already open with another agent")
+            if seed is not None:
+                raise InvalidHistory(
+                    f"session {sid!r} is open already; history= starts a new session"
+                )
+            if deps is not None:
+                existing.deps = deps
             self.touch(existing)
             return existing
         handle = self._handles.get(sid)
@@ -231,10 +253,12 @@ class Host:
             handle = None  # an evicted object of another agent: this open supersedes it
         opening = self._opening[sid] = trio.Event()
         try:
-            session = await self._load_session(agent, sid, meta, handle)
+            session = await self._load_session(agent, sid, meta, handle, seed)
         finally:
             del self._opening[sid]
             opening.set()
+        if deps is not None:
+            session.deps = deps
         await self._announce(self._evict_over_capacity(keep=session))
         return session
 
@@ -257,13 +281,25 @@ class Host:
         return self.sessions.get(session_id) or self._handles.get(session_id)
 
     async def _load_session(
-        self, agent: Agent, sid: str, meta: dict[str, Any] | None, handle: Session | None
+        self,
+        agent: Agent,
+        sid: str,
+        meta: dict[str, Any] | None,
+        handle: Session | None,
+        history: tuple[Message, ...] | None = None,
     ) -> Session:
         if handle is not None and handle.unsaved_meta:
             meta = {**handle.unsaved_meta, **(meta or {})}
         record = await self.store.load(sid)
         state = SessionState(session_id=sid)
         session_meta: dict[str, Any] = {}
+        if history is not None:
+            if record is not None:
+                raise InvalidHistory(
+                    f"session {sid!r} is stored already ({len(record.messages)} messages); "
+                    "history= starts a new session: give another id, or none"
+                )
+            state.messages.extend(history)  # saved_upto stays 0: the first save writes it
         if record is not None:
             state.messages.extend(record.messages)
             state.saved_upto = len(record.messages)

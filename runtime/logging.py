@@ -16,6 +16,10 @@ import structlog
 from runtime.redact import redact_processor
 
 _LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40, "critical": 50}
+LIBRARY_LOGGERS = ("psycopg", "coredis")
+"""The stdlib loggers of the libraries a worker runs on (psycopg's pool warns through
+``psycopg.pool``); :func:`configure_logging` renders their records as the same JSON
+lines, instead of the plain text of Python's last-resort handler."""
 
 
 def configure_logging(
@@ -24,7 +28,8 @@ def configure_logging(
     """Configure structlog to write one JSON object per line to ``stream`` (stderr).
 
     ``level`` filters before any formatting happens, so a delta that is not logged costs
-    nothing beyond the level check.
+    nothing beyond the level check. The warnings of the libraries in
+    :data:`LIBRARY_LOGGERS` (stdlib logging) become lines of the same format.
     """
     lvl = _LEVELS.get(level, logging.INFO) if isinstance(level, str) else level
     renderer: Any = (
@@ -47,6 +52,44 @@ def configure_logging(
         logger_factory=structlog.WriteLoggerFactory(file=stream or sys.stderr),
         cache_logger_on_first_use=False,
     )
+    _route_library_loggers(max(lvl, logging.WARNING), stream or sys.stderr, renderer)
+
+
+class _LibraryHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """The handler :func:`configure_logging` puts on each of :data:`LIBRARY_LOGGERS`
+    (a class of its own, so configuring again replaces it rather than adding another)."""
+
+
+def _route_library_loggers(level: int, stream: TextIO, renderer: Any) -> None:
+    """Render the records of :data:`LIBRARY_LOGGERS` through structlog's processors
+    (``logger`` is the stdlib logger's name; redacted like every line) to ``stream``.
+
+    Their level is at least ``warning`` whatever the runtime's: their info lines
+    (connections opened, pools resized) are the libraries' business. They no longer
+    propagate, so an application's root handler does not print them a second time."""
+    handler = _LibraryHandler(stream)
+    handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            foreign_pre_chain=[
+                structlog.stdlib.add_logger_name,
+                structlog.processors.add_log_level,
+                structlog.processors.TimeStamper(fmt="iso", utc=True),
+            ],
+            processors=[
+                structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                structlog.processors.format_exc_info,
+                redact_processor,
+                renderer,
+            ],
+        )
+    )
+    for name in LIBRARY_LOGGERS:
+        logger = logging.getLogger(name)
+        for old in [h for h in logger.handlers if isinstance(h, _LibraryHandler)]:
+            logger.removeHandler(old)
+        logger.addHandler(handler)
+        logger.setLevel(level)
+        logger.propagate = False
 
 
 def _orjson_dumps(obj: Any, **_: Any) -> str:

@@ -205,6 +205,8 @@ class ExecuteTools:
     cancel_scope: trio.CancelScope
     host: Any = None
     """The host, handed to tools that take a :class:`~runtime.tools.ToolContext`."""
+    deps: Any = None
+    """The session's dependencies, handed to tools as ``ToolContext.deps``."""
 
 
 @attrs.frozen(kw_only=True, slots=True, eq=False)  # internal: identity is enough
@@ -348,9 +350,14 @@ class TurnResult:
     output: Any = None
     """The validated answer of an agent with an ``output_type`` (an instance of it, or
     the ``dict`` for a JSON schema); ``None`` otherwise, or when no answer validated."""
+    new_messages: tuple[Message, ...] = ()
+    """What the turn added to the history, in order: its user message, its assistant
+    message and the tool results. A program that keeps the conversation itself appends
+    them to the history it passes the next turn (``open_session(history=...)``)."""
 
     @property
     def text(self) -> str:
+        """The answer: the text of the turn's assistant message, all steps joined."""
         return self.message.text  # type: ignore[union-attr]
 
 
@@ -408,6 +415,9 @@ class RunTurn:
     the history holds the assistant message ``message_id``, the turn continues it, from
     the step after its last committed one, instead of starting again (it wins over
     ``regenerate`` then). Without such a message it is an ordinary new turn."""
+    deps: Any = None
+    """The session's dependencies (``Session.deps``): what the turn's tools get as
+    ``ToolContext.deps``. Held, never copied or saved."""
 
 
 ConsumerItem: TypeAlias = "Batch[OutputChunk] | TurnDone"

@@ -156,6 +156,7 @@ class TurnStream:
                     regenerate=self.regenerate,
                     message_id=self.message_id,
                     resume=self.resume,
+                    deps=session.deps,
                 )
             )
         except BaseException:
@@ -230,9 +231,14 @@ class Session:
         *,
         session_id: str,
         meta: Mapping[str, Any] | None = None,
+        deps: Any = None,
     ) -> None:
         self.host = host
         self.agent = agent
+        self.deps = deps
+        """The application's own dependencies, handed to every tool call of the session's
+        turns as ``ToolContext.deps`` (read when a turn starts; reassign it freely between
+        turns). Kept in memory only: never saved, and an evicted session keeps it."""
         self._id = session_id
         self.runner: SessionRunner | None = runner
         self.actors: list[Actor] = []
@@ -366,7 +372,9 @@ class Session:
         return self.stream(text, regenerate=True)
 
     async def run(self, text: UserInput) -> TurnResult:
-        """Run a whole turn, discarding the stream; returns its result."""
+        """Run a whole turn, discarding the stream; returns its result (``result.text``
+        is the answer, ``result.finish_reason`` how the turn ended: a failed turn
+        returns with ``error`` set rather than raising)."""
         async with self.stream(text) as out:
             async for _ in out:
                 pass

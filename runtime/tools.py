@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, get_type_hints, overload
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, get_origin, get_type_hints, overload
 
 import attrs
 
@@ -21,17 +21,24 @@ if TYPE_CHECKING:  # pydantic is imported when the first tool is built, not with
     import pydantic
 
 
-class ToolContext:
-    """What a tool may ask for by declaring a parameter annotated ``ToolContext``.
+Deps = TypeVar("Deps")
+"""The type of :attr:`ToolContext.deps`: whatever the application hands its tools."""
+
+
+class ToolContext(Generic[Deps]):
+    """What a tool may ask for by declaring a parameter annotated ``ToolContext`` (or
+    ``ToolContext[MyDeps]``, which type checkers read as the type of :attr:`deps`).
 
     Such a parameter is not part of the tool's JSON schema; the executor passes it in.
-    It lets a tool stream progress into its call's place in the parent's output (an
-    agent used as a tool streams its whole turn this way) and report token usage that
-    counts toward the calling turn.
+    It hands the tool the application's own dependencies (:attr:`deps`: a database
+    handle, the signed-in user), lets it stream progress into its call's place in the
+    parent's output (an agent used as a tool streams its whole turn this way) and report
+    token usage that counts toward the calling turn.
     """
 
     __slots__ = (
         "_emit",
+        "deps",
         "host",
         "session_id",
         "step",
@@ -51,9 +58,15 @@ class ToolContext:
         tool_call_id: str,
         tool_name: str,
         emit: Any,
+        deps: Deps = None,  # type: ignore[assignment]
     ) -> None:
         self.host = host
         """The :class:`runtime.host.Host` running the call (to open sub-sessions)."""
+        self.deps: Deps = deps
+        """The session's dependencies: what ``host.open_session(agent, deps=...)`` (or
+        ``run_sync(..., deps=...)``) was given, ``None`` if nothing was. The model never
+        sees them; they are the tool's way to reach the application's own objects
+        without globals (as Pydantic AI's ``RunContext.deps``)."""
         self.session_id = session_id
         self.turn_id = turn_id
         self.step = step
@@ -127,7 +140,7 @@ class Tool:
             raise ToolInputError(f"invalid arguments for {self.name}: {problems}") from None
         return {k: getattr(model, k) for k in type(model).model_fields}
 
-    async def call(self, arguments: dict[str, Any], context: ToolContext | None = None) -> Any:
+    async def call(self, arguments: dict[str, Any], context: ToolContext[Any] | None = None) -> Any:
         """Run the function with validated ``arguments``; sync functions in a thread."""
         if self.context_param is not None:
             arguments = {**arguments, self.context_param: context}
@@ -164,6 +177,11 @@ def to_jsonable(value: Any) -> Any:
         raise TypeError(f"tool returned a value that cannot be serialized: {exc}") from None
 
 
+def _is_context(hint: Any) -> bool:
+    """Whether ``hint`` is ``ToolContext`` or ``ToolContext[SomeDeps]``."""
+    return hint is ToolContext or get_origin(hint) is ToolContext
+
+
 def _build(
     fn: Callable[..., Any],
     name: str | None,
@@ -188,7 +206,7 @@ def _build(
     fields: dict[str, Any] = {}
     context_param: str | None = None
     for pname, param in inspect.signature(fn).parameters.items():
-        if hints.get(pname) is ToolContext:
+        if _is_context(hints.get(pname)):
             context_param = pname
             continue
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):

@@ -17,9 +17,15 @@ EXAMPLES = [
 ]
 
 EXPECTED = {
-    ("embedding.md", 0): "20 sessions answered 5",
-    ("embedding.md", 1): "start ... finish",
-    ("embedding.md", 2): "evicted: True\n['user', 'assistant', 'user', 'assistant']",
+    ("embedding.md", 0): "Paris is the capital of France. | stop 17 tokens\n"
+    "Paris is the capital of France.\n",
+    ("embedding.md", 1): "budget max_steps 3\n{'temperature': 0.2, 'max_completion_tokens': 500}",
+    ("embedding.md", 2): "{} ['book']",
+    ("embedding.md", 3): "Your name is Ada. ['user', 'assistant', 'user', 'assistant']",
+    ("embedding.md", 4): "20 sessions answered 5",
+    ("embedding.md", 5): "start ... finish",
+    ("embedding.md", 6): "evicted: True\n['user', 'assistant', 'user', 'assistant']",
+    ("embedding.md", 7): "['You ', 'said', ': he', 'llo'] True",
     ("actors.md", 0): "1 turn, 11 tokens",  # read after the block: the drain delivered all
     ("actors.md", 1): "the tool call was denied: emails need a human",
     ("mcp.md", 0): "add_note -> saved: buy milk (1 notes)\nNoted.",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -377,6 +378,24 @@ def otlp_env(url: str) -> dict[str, str]:
 
 
 OK = Reply(status=200, content_type="application/x-protobuf")
+
+
+def test_cli_otel_with_no_collector_exits_saying_so_once_without_retry_warnings():
+    with socket.socket() as probe:  # a loopback port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    proc = subprocess.run(
+        [sys.executable, "-m", "runtime", "run", "--otel", "Weather in Paris?"],
+        capture_output=True,
+        text=True,
+        timeout=30,  # the exporters' defaults took 9-11 s of retries; this only bounds a hang
+        cwd=ROOT,
+        env=otlp_env(f"http://127.0.0.1:{port}"),
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "retrying" not in proc.stderr and "Transient error" not in proc.stderr
+    (line,) = proc.stderr.splitlines()
+    assert json.loads(line)["event"] == "otel.export_failed"
 
 
 async def test_cli_otel_exports_the_turn_to_an_otlp_endpoint():

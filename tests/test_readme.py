@@ -27,9 +27,46 @@ def test_embedding_example_runs_and_prints_the_turn():
     assert "It is sunny in Paris." in proc.stdout
 
 
-def test_quick_start_names_the_install_and_test_commands():
-    shell = "\n".join(readme_blocks("sh"))
-    assert "pip install -e '.[test]' && python3 -m runtime run" in shell
-    assert "python3 -m pytest" in shell
-    ci = (ROOT / ".ci" / "run").read_text()
-    assert "python3 -m pytest" in ci
+def test_run_sync_example_prints_the_answer():
+    (example,) = [b for b in readme_blocks("python") if "run_sync(" in b]
+    proc = subprocess.run(
+        [sys.executable, "-c", example], capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "Hello! How can I help?\n"
+
+
+DEMO_COMMAND = (
+    'python3 -m pip install -e . && python3 -m runtime run "What\'s the weather in Paris?"'
+)
+TEST_COMMAND = "python3 -m pip install -e '.[test]' && python3 -m pytest"
+
+
+def test_quick_start_installs_the_core_for_the_demo_and_the_extras_for_the_tests():
+    first, second = [b.strip() for b in readme_blocks("sh")[:2]]
+    assert (first, second) == (DEMO_COMMAND, TEST_COMMAND)
+
+
+def test_ci_runs_the_readme_test_command_verbatim():
+    ci_lines = (ROOT / ".ci" / "run").read_text().splitlines()
+    assert TEST_COMMAND in ci_lines
+
+
+def test_the_demo_imports_no_optional_package():
+    """The first command installs the core only: the demo must not need an extra."""
+    optional = ["mcp", "opentelemetry", "psycopg", "psycopg_pool", "playwright", "pytest"]
+    blocker = (
+        "import sys, runpy\n"
+        "class Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        f"        if name.split('.')[0] in {optional!r}:\n"
+        "            raise ImportError(f'{name} is optional')\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "sys.argv = ['runtime', 'run', \"What's the weather in Paris?\"]\n"
+        "runpy.run_module('runtime', run_name='__main__')\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", blocker], capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "in Paris right now." in proc.stdout

@@ -23,6 +23,7 @@ unaffected: this is one more observer beside the log tap.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import sys
@@ -47,6 +48,7 @@ from runtime.events import (
     TurnStarted,
 )
 from runtime.inbox import Inbox, OverflowPolicy
+from runtime.logging import get_logger
 from runtime.redact import redact
 
 # Attribute names of the GenAI semantic conventions (checked against the installed
@@ -73,6 +75,15 @@ ERROR_TYPE = "error.type"
 TRACER_NAME = "axon.runtime"
 FLUSH_TIMEOUT = 5.0
 """Seconds the actor waits, when it ends, for the exporter to send what is buffered."""
+EXPORT_TIMEOUT = 2.0
+"""Seconds an OTLP export may take, retries included, unless ``OTEL_EXPORTER_OTLP_TIMEOUT``
+or ``OTEL_EXPORTER_OTLP_TRACES_TIMEOUT`` says otherwise. The exporters' own default (10 s
+of retries) held a one-turn ``run --otel`` open that long after its answer whenever no
+collector listened."""
+_TIMEOUT_VARIABLES = ("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "OTEL_EXPORTER_OTLP_TIMEOUT")
+_EXPORTER_LOGGERS = "opentelemetry.exporter.otlp"
+"""The OTLP exporters' stdlib loggers (a retry warning per attempt, then an error):
+silenced by :func:`build_tracer_provider`, whose exporters report a failure once."""
 
 _TOOL_RAISED = re.compile(r"^tool \S+ raised (\w+):")
 FINISH_REASONS = {
@@ -473,6 +484,11 @@ def build_tracer_provider(*, service_name: str = "axon") -> Any:
     ``service_name`` applies when ``OTEL_SERVICE_NAME`` is unset. ``console`` writes to
     stderr, since stdout is the CLI's answer (or its JSON lines). The SDK's own
     environment set-up (``opentelemetry-instrument``) is not public API, hence this.
+
+    An OTLP export gives up after :data:`EXPORT_TIMEOUT` seconds, retries included,
+    unless a ``..._TIMEOUT`` variable is set; a failed export is one ``otel.export_failed``
+    structlog warning (the first, and the first after a success), and the exporters' own
+    log lines (a warning per retry) are silenced, process-wide.
     """
     from importlib.metadata import entry_points
 
@@ -513,8 +529,51 @@ def build_tracer_provider(*, service_name: str = "axon") -> Any:
                 f"OTEL_TRACES_EXPORTER names {name!r}, which is not installed "
                 f"(installed: {', '.join(sorted(installed)) or 'none'})"
             )
-        provider.add_span_processor(BatchSpanProcessor(installed[name].load()()))
+        options: dict[str, Any] = {}
+        if name in _PROTOCOLS.values():
+            logging.getLogger(_EXPORTER_LOGGERS).setLevel(logging.CRITICAL)
+            if not any(env.get(v) for v in _TIMEOUT_VARIABLES):
+                options["timeout"] = EXPORT_TIMEOUT
+        exporter = installed[name].load()(**options)
+        provider.add_span_processor(BatchSpanProcessor(_reporting(exporter, name)))
     return provider
+
+
+def _reporting(exporter: Any, name: str) -> Any:
+    """``exporter``, reporting a failed export as one structlog warning: the first
+    failure, and the first again after an export succeeded (a collector that is down
+    fails every batch; one line says so, not one per batch and retry)."""
+    from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+    log = get_logger("axon.otel")
+
+    class ReportingExporter(SpanExporter):  # type: ignore[misc]
+        def __init__(self) -> None:
+            self.failing = False
+
+        def export(self, spans: Any) -> Any:
+            result = exporter.export(spans)
+            if result is SpanExportResult.SUCCESS:
+                self.failing = False
+            elif not self.failing:
+                self.failing = True
+                log.warning(
+                    "otel.export_failed",
+                    exporter=name,
+                    endpoint=getattr(exporter, "_endpoint", None),
+                    spans=len(spans),
+                    hint="is a collector listening? OTEL_EXPORTER_OTLP_ENDPOINT names it; "
+                    "spans that cannot be sent are dropped, and said so once until one is sent",
+                )
+            return result
+
+        def shutdown(self) -> None:
+            exporter.shutdown()
+
+        def force_flush(self, timeout_millis: int = 30000) -> bool:
+            return bool(exporter.force_flush(timeout_millis))
+
+    return ReportingExporter()
 
 
 __all__ = ["OpenTelemetryActor", "build_tracer_provider"]

@@ -1,0 +1,58 @@
+"""configure_logging: the libraries' stdlib log records come out as the runtime's JSON lines."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+
+from runtime.logging import configure_logging
+
+
+def configured(level: str = "info") -> io.StringIO:
+    out = io.StringIO()
+    configure_logging(level, stream=out)
+    return out
+
+
+def test_a_pool_warning_is_one_json_line_like_the_runtimes(capsys):
+    out = configured()
+    try:
+        logging.getLogger("psycopg.pool").warning("error connecting in %r: %s", "pool-1", "refused")
+    finally:
+        configure_logging("warning")
+    (line,) = out.getvalue().splitlines()
+    record = json.loads(line)
+    assert record["event"] == "error connecting in 'pool-1': refused"
+    assert (record["logger"], record["level"]) == ("psycopg.pool", "warning")
+    assert "timestamp" in record
+    assert capsys.readouterr().err == ""  # not printed a second time as plain text
+
+
+def test_configuring_again_replaces_the_library_handler():
+    configured()
+    out = configured()
+    try:
+        logging.getLogger("psycopg.pool").warning("pool closed")
+    finally:
+        configure_logging("warning")
+    assert len(out.getvalue().splitlines()) == 1
+
+
+def test_library_info_lines_stay_out_even_at_the_runtimes_info_level():
+    out = configured("info")
+    try:
+        logging.getLogger("psycopg.pool").info("connection added")
+    finally:
+        configure_logging("warning")
+    assert out.getvalue() == ""
+
+
+def test_a_library_line_is_redacted_like_every_line():
+    out = configured()
+    key = "sk-proj-" + "A1b2C3d4E5f6G7h8I9j0" * 2
+    try:
+        logging.getLogger("coredis").error("auth failed with %s", key)
+    finally:
+        configure_logging("warning")
+    assert key not in out.getvalue() and "auth failed" in out.getvalue()
