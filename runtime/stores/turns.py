@@ -204,8 +204,9 @@ class TurnQueue:
         whose answer was lost) returns the turn already queued, never a second one; so
         does a retried transaction, by ``turn_id``. The same key with another input is an
         *edit* of that message: when the key's latest turn is the session's last turn and
-        has ended, a new turn replaces it (``regenerate``, as the embedded server runs an
-        edited last message; an ordinary turn when the old one never reached the history);
+        has ended, a new turn replaces it (``regenerate``: the history then holds what the
+        client shows, the edited message and its answer; an ordinary turn when the old one
+        never reached the history);
         otherwise, and for a key already used by another session,
         :class:`~runtime.errors.TurnConflict` and nothing is queued. Meta is not part of
         the input: a retry may carry another title.
