@@ -229,6 +229,12 @@ class StoreUnavailable(StoreError):
     retryable = True
 
 
+class TurnConflict(StoreError):
+    """A submit to the turn queue that cannot be queued as asked: its idempotency key
+    names another session's turn, or it edits a message whose turn has not ended or has
+    later turns after it. Nothing was queued; a front end answers 409."""
+
+
 class LeaseLost(StoreError):
     """A write fenced by a worker's ``(owner, epoch)`` was refused: another worker holds
     the lease now. Nothing was written."""

@@ -132,6 +132,10 @@ _TURN_COLUMNS = (
     ("meta", "BYTEA NOT NULL DEFAULT '{}'"),  # a JSON object, like axon_sessions.meta
     ("regenerate", "BOOLEAN NOT NULL DEFAULT false"),
     ("cancel_reason", "TEXT"),
+    # A keyed submit's caller key, hashed (the ``idempotency_key`` column is unique per
+    # submission of it: a message id sent again with other text is an edit, another row).
+    ("message_key", "TEXT"),
+    ("input_hash", "TEXT"),  # what the turn was asked: an identical retry is a replay
 )
 """Columns the turn queue (:mod:`runtime.stores.turns`) added after schema 1 shipped: a
 store created before them gains them on open, in place, without a version change. Each
@@ -630,6 +634,11 @@ def _first_connect(libpq: str, schema: str) -> None:
                 conn.execute(
                     f"ALTER TABLE axon_turns ADD COLUMN IF NOT EXISTS {column} {definition}"
                 )
+                if column == "message_key":  # its index, in the same transaction
+                    conn.execute(
+                        "CREATE INDEX IF NOT EXISTS axon_turns_by_message_key "
+                        "ON axon_turns (message_key, seq) WHERE message_key IS NOT NULL"
+                    )
         conn.execute(
             """INSERT INTO axon_meta (key, value) VALUES ('magic', %s), ('schema_version', %s)
             ON CONFLICT (key) DO NOTHING""",

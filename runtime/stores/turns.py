@@ -47,6 +47,7 @@ takes it over.
 
 from __future__ import annotations
 
+import hashlib
 import threading
 import time
 import uuid
@@ -58,7 +59,7 @@ import orjson
 import trio
 
 from runtime import serde
-from runtime.errors import StoreCorrupt, StoreError
+from runtime.errors import StoreCorrupt, StoreError, TurnConflict
 from runtime.logging import get_logger
 from runtime.messages import File, Image, TextPart, UserContent
 from runtime.store import validate_session_id
@@ -110,6 +111,8 @@ class QueuedTurn:
     finish_reason: str | None
     error: str | None
     idempotency_key: str | None
+    """The queue's unique key of this submission (a hash of the caller's key, the input
+    and the turn an edit replaces), not the caller's key; ``None`` for an unkeyed one."""
 
     @property
     def message_id(self) -> str:
@@ -196,10 +199,17 @@ class TurnQueue:
     ) -> QueuedTurn:
         """Queue a turn for ``session_id`` and wake the workers; returns its row.
 
-        Submitting again with the same ``idempotency_key`` (a front end retrying a request
-        whose answer it lost) returns the turn already queued, never a second one; so
-        does a retried transaction, by ``turn_id``. A key already used for another
-        session is refused with :class:`~runtime.errors.StoreError`.
+        ``idempotency_key`` names what the caller submits (a front end: the client's id of
+        the message): submitting it again with the same input and ``regenerate`` (a retry
+        whose answer was lost) returns the turn already queued, never a second one; so
+        does a retried transaction, by ``turn_id``. The same key with another input is an
+        *edit* of that message: when the key's latest turn is the session's last turn and
+        has ended, a new turn replaces it (``regenerate``: the history then holds what the
+        client shows, the edited message and its answer; an ordinary turn when the old one
+        never reached the history);
+        otherwise, and for a key already used by another session,
+        :class:`~runtime.errors.TurnConflict` and nothing is queued. Meta is not part of
+        the input: a retry may carry another title.
         """
         validate_session_id(session_id)
         if idempotency_key is not None and (
@@ -217,33 +227,77 @@ class TurnQueue:
                 f"submit to session {session_id!r}: input or meta cannot be serialized: {err}"
             ) from err
         turn_id = turn_id or f"turn_{uuid.uuid4().hex}"
+        input_hash = _sha256(orjson.dumps([body, bool(regenerate)]))
+        message_key = (
+            None
+            if idempotency_key is None
+            else _sha256(idempotency_key.encode("utf-8", "surrogatepass"))
+        )
 
-        def submit(conn: Any) -> tuple[tuple[Any, ...], bool]:
+        def insert(conn: Any, key: str | None, regenerate: bool) -> tuple[Any, ...]:
             row = conn.execute(
-                f"""INSERT INTO axon_turns
-                    (turn_id, session_id, idempotency_key, input, meta, regenerate)
-                VALUES (%s, %s, %s, %s, %s, %s)
+                f"""INSERT INTO axon_turns (turn_id, session_id, idempotency_key,
+                    message_key, input_hash, input, meta, regenerate)
+                VALUES (%s, %s, %s, %s, %s, %s, %s, %s)
                 ON CONFLICT DO NOTHING RETURNING {_COLUMNS}""",
-                (turn_id, session_id, idempotency_key, body, meta_json, regenerate),
+                (turn_id, session_id, key, message_key, input_hash, body, meta_json, regenerate),
             ).fetchone()
             if row is not None:
                 _notify_turns(conn, turn_id)
-                return row, True
-            if idempotency_key is not None:
-                where, key = "idempotency_key = %s", idempotency_key
-            else:
-                where, key = "turn_id = %s", turn_id
+                return tuple(row)
+            where, value = ("idempotency_key", key) if key is not None else ("turn_id", turn_id)
             row = conn.execute(
-                f"SELECT {_COLUMNS} FROM axon_turns WHERE {where}", (key,)
+                f"SELECT {_COLUMNS} FROM axon_turns WHERE {where} = %s", (value,)
             ).fetchone()
             if row is None:  # the conflict was on the other unique key
                 raise StoreError(
                     f"submit to session {session_id!r}: turn id {turn_id!r} is already used "
                     f"by another turn"
                 )
-            return row, False
+            return tuple(row)  # a twin of this submit committed first: the same turn
 
-        row, _ = await self.store.run(f"submit to session {session_id!r}", submit)
+        def submit(conn: Any) -> tuple[Any, ...]:
+            if message_key is None:
+                return insert(conn, None, regenerate)
+            latest = conn.execute(
+                """SELECT turn_id, session_id, seq, status, saved, input_hash FROM axon_turns
+                WHERE message_key = %s ORDER BY seq DESC LIMIT 1""",
+                (message_key,),
+            ).fetchone()
+            if latest is None:
+                return insert(conn, _sha256(orjson.dumps([message_key, input_hash])), regenerate)
+            old_id, old_session, seq, status, saved, old_hash = latest
+            if old_session == session_id and old_hash != input_hash:
+                return edit(conn, old_id, seq, status, saved)
+            # a replay (or another session's key, refused below)
+            return tuple(
+                conn.execute(
+                    f"SELECT {_COLUMNS} FROM axon_turns WHERE turn_id = %s", (old_id,)
+                ).fetchone()
+            )
+
+        def edit(conn: Any, old_id: str, seq: int, status: str, saved: bool) -> tuple[Any, ...]:
+            later = conn.execute(
+                "SELECT 1 FROM axon_turns WHERE session_id = %s AND seq > %s LIMIT 1",
+                (session_id, seq),
+            ).fetchone()
+            if later is not None:
+                raise TurnConflict(
+                    f"submit to session {session_id!r}: this message was sent before with "
+                    "other content and later turns follow it; only the last message can be "
+                    "edited"
+                )
+            if status not in FINAL_STATUSES:
+                raise TurnConflict(
+                    f"submit to session {session_id!r}: this message was sent before with "
+                    f"other content and its turn is still {status}; stop it, then edit"
+                )
+            # The key of an edit names the turn it replaces: editing back to an earlier
+            # text is another edit, not a replay of that text's turn.
+            key = _sha256(orjson.dumps([message_key, input_hash, old_id]))
+            return insert(conn, key, regenerate or saved)
+
+        row = await self.store.run(f"submit to session {session_id!r}", submit)
         turn = self._decode(row)
         if turn.session_id != session_id:
             used = (
@@ -251,7 +305,7 @@ class TurnQueue:
                 if idempotency_key is not None
                 else f"turn id {turn_id!r}"
             )
-            raise StoreError(
+            raise TurnConflict(
                 f"submit to session {session_id!r}: {used} already names turn "
                 f"{turn.turn_id} of session {turn.session_id!r}"
             )
@@ -664,6 +718,10 @@ class TurnQueue:
             error=error,
             idempotency_key=idempotency_key,
         )
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
 
 
 def _check_input(input: Any) -> UserContent:

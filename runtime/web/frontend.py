@@ -10,7 +10,9 @@ to any of them:
 ``POST /api/chat``
     Queues the turn (``queue.submit``) and answers with its UI message stream read from
     the relay. The AI SDK's id of the last user message is the idempotency key: a client
-    that retries the same POST gets the same turn, never a second one. A second POST
+    that retries the same POST gets the same turn, never a second one; the same id with
+    other text is an edit, run in place of that message's turn when it is the session's
+    last and has ended, else a 409 (never the old turn's replay). A second POST
     while the session is busy queues behind the first (per-session order); its stream
     starts when its turn does. Leaving the stream does **not** cancel the turn: the
     client is only a viewer; stopping is explicit (``POST /api/chat/{id}/stop``).
@@ -31,14 +33,23 @@ queued, failed before it streamed anything) ends the HTTP stream with ``abort`` 
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from typing import Any
 
+import orjson
 import trio
 from starlette.requests import Request
 from starlette.responses import Response
 
-from runtime.errors import RelayTurnGone, RelayUnavailable
+from runtime.errors import (
+    RelayTurnGone,
+    RelayUnavailable,
+    StoreError,
+    StoreUnavailable,
+    TurnConflict,
+)
+from runtime.logging import get_logger
 from runtime.messages import UserContent
 from runtime.serde import unstructure
 from runtime.web.chat_input import check_media, read_chat_request, title_of
@@ -57,17 +68,20 @@ POLL_FIRST = 0.02
 """Seconds between the first looks for a queued turn's stream; doubled up to
 :data:`POLL_MAX` while it waits."""
 POLL_MAX = 0.5
-IDEMPOTENCY_KEY_CHARS = 200
 
 
 def idempotency_key(session_id: str, payload: dict[str, Any], regenerate: bool) -> str | None:
     """The key that makes a retried ``POST /api/chat`` the same turn.
 
     A submit is keyed by the AI SDK's id of its last user message (the client generates
-    it once and sends it again on a retry). A regenerate carries the same user message
-    as the turn it replaces, so it is keyed by the id of the assistant message it
-    regenerates (``messageId``), which the new turn's message replaces; without one
-    there is no key. Keys are scoped by session: message ids are only the client's."""
+    it once and sends it again on a retry, or with new text for an edit, which the queue
+    tells apart by the input). A regenerate carries the same user message as the turn it
+    replaces, so it is keyed by the id of the assistant message it regenerates
+    (``messageId``), which the new turn's message replaces; without one there is no key.
+    Keys are scoped by session: message ids are only the client's. The key is a hash of
+    the JSON list ``[session, kind, id]``: whole ids, and no separator an id could
+    contain, so two different tuples never share a key. An id with a NUL (which
+    PostgreSQL's text refuses) is a 400."""
     if regenerate:
         message_id = payload.get("messageId")
         kind = "regenerate"
@@ -82,7 +96,9 @@ def idempotency_key(session_id: str, payload: dict[str, Any], regenerate: bool) 
         kind = "submit"
     if not isinstance(message_id, str) or not message_id:
         return None
-    return f"{session_id}:{kind}:{message_id}"[:IDEMPOTENCY_KEY_CHARS]
+    if "\x00" in message_id:
+        raise ApiError(400, "a message id must not contain NUL characters")
+    return hashlib.sha256(orjson.dumps([session_id, kind, message_id])).hexdigest()
 
 
 class QueuedTurnResponse(RelayStreamResponse):
@@ -139,6 +155,10 @@ class QueuedTurnResponse(RelayStreamResponse):
             await write(_error(turn.error or f"turn {turn.turn_id!r} failed"))
         else:
             await write(await self._rebuilt(gone, replay=False))
+
+
+def _one_line(exc: Exception) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
 def _error(text: str) -> bytes:
@@ -199,11 +219,23 @@ class FrontEnd:
         key: str | None,
         regenerate: bool,
     ) -> Any:
-        record = await self.store.load(session_id)
-        meta = {} if record is not None and "title" in record.meta else {"title": title_of(text)}
-        return await self.queue.submit(
-            session_id, text, idempotency_key=key, meta=meta, regenerate=regenerate
-        )
+        try:
+            record = await self.store.load(session_id)
+            meta = (
+                {} if record is not None and "title" in record.meta else {"title": title_of(text)}
+            )
+            return await self.queue.submit(
+                session_id, text, idempotency_key=key, meta=meta, regenerate=regenerate
+            )
+        except StoreUnavailable as exc:
+            raise ApiError(503, _one_line(exc), {"retry-after": "1"}) from None
+        except TurnConflict as exc:
+            raise ApiError(409, _one_line(exc)) from None
+        except StoreError as exc:  # whatever the store refused: a 4xx and one log line
+            get_logger("axon.web").warning(
+                "frontend.submit_refused", session_id=session_id, error=_one_line(exc)
+            )
+            raise ApiError(400, _one_line(exc)) from None
 
     async def stream(self, request: Request) -> Any:
         session_id = session_id_param(request.path_params["session_id"])
