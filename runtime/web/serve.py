@@ -32,6 +32,7 @@ from runtime.commands import MCP_HELP, add_agent_arguments, make_agent, report_b
 from runtime.errors import ConfigurationError, RelayUnavailable
 from runtime.host import Host
 from runtime.logging import configure_logging
+from runtime.redact import redact_url
 from runtime.web import BODY_TIMEOUT, DEFAULT_MAX_BODY, SEND_TIMEOUT
 
 DEFAULT_PORT = 8000
@@ -308,7 +309,7 @@ async def serve_command(args: argparse.Namespace) -> int:
                 print(
                     f"Axon web UI on {url}/{fragment}  "
                     f"({mode}"
-                    f"provider {args.provider}, store {args.store or 'memory'}"
+                    f"provider {args.provider}, store {redact_url(args.store or 'memory')}"
                     f"{', relay ' + public_url(args.redis) if relay is not None else ''}"
                     f"{', OpenTelemetry traces' if tracing is not None else ''})",
                     flush=True,
