@@ -168,6 +168,7 @@ class Worker:
         """Claim and run turns until :meth:`stop` (then drain) or cancellation (then the
         running turns are cut at their last commit, as if the process had died)."""
         async with Host.open(store=self.store, max_sessions=self.max_sessions) as host:
+            host.expects_other_writers = True  # a session's turns run on any worker
             self.host = host
             try:
                 async with trio.open_nursery() as nursery:
