@@ -131,7 +131,7 @@ def run_input(args: argparse.Namespace) -> Any:
     if not args.file:
         return args.prompt
     content = user_content([args.prompt, *(load_attachment(s) for s in args.file)])
-    check_limits(content, MediaLimits())
+    check_limits(content, MediaLimits(allow_urls=args.media_urls != "off"))
     return content
 
 

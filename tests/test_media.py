@@ -216,6 +216,22 @@ async def test_a_url_image_counts_nothing_against_the_limits():
     assert result.text == "ok"
 
 
+async def test_media_by_url_is_refused_before_anything_is_stored_when_urls_are_off():
+    store = MemoryStore()
+    agent = Agent(
+        provider=ScriptedProvider([["never"]]),
+        media_limits=MediaLimits(allow_urls=False),
+    )
+    async with Host.open(store=store, log_tap=False) as host:
+        session = await host.open_session(agent, session_id="u")
+        with pytest.raises(InvalidMedia, match=r"image \(image/png\) is given by URL"):
+            session.stream(["see", Image(url="http://169.254.169.254/latest/meta-data.png")])
+        assert session.messages == () and await store.load("u") is None
+        png = base64.b64encode(PNG).decode()
+        inline = await session.run(["see", Image(url=f"data:image/png;base64,{png}")])
+    assert inline.text == "never"  # a data: URL is inline bytes, taken as ever
+
+
 # -- tools returning images ----------------------------------------------------------------
 
 
