@@ -281,3 +281,21 @@ async def test_log_lines_carry_an_images_size_not_its_bytes():
         "type": "image", "data": "<3024 bytes>", "url": None, "media_type": "image/png",
     }  # fmt: skip
     assert base64.b64encode(big.data).decode()[:40] not in repr(logs)
+
+
+async def test_a_worker_refusing_media_urls_fails_a_queued_turn_holding_one(pg_url):
+    import trio
+
+    from runtime.worker import open_worker
+
+    limits = MediaLimits(allow_urls=False)
+    agent = Agent(provider=ScriptedProvider([["never"]]), media_limits=limits)
+    async with open_worker(pg_url, agent=agent, poll=0.05) as worker:
+        queued = await worker.queue.submit("w", (Image(url="http://169.254.169.254/x.png"),))
+        with trio.fail_after(30):
+            turn = await worker.queue.get(queued.turn_id)
+            while turn.status in ("queued", "running"):  # the queue has no event to wait on
+                await trio.sleep(0.05)
+                turn = await worker.queue.get(queued.turn_id)
+    assert turn.status == "failed" and "is given by URL" in turn.error
+    assert worker.done == {"failed": 1}
