@@ -7,7 +7,9 @@ supervised like any actor: when the server's process exits or its connection clo
 actor crashes and the supervisor restarts it (a new process, a new connection).
 
 The server's tools become :class:`MCPTool` s (a :class:`~runtime.tools.Tool` whose schema
-is the server's own input schema, checked with ``jsonschema``). The turn runner asks for
+is the server's own input schema, checked with ``jsonschema``; a schema with a reference
+that leaves it, such as ``{"$ref": "http://..."}`` or ``file:``, is refused when the tool
+is listed, and nothing is ever fetched). The turn runner asks for
 the agent's tools before every model call (:func:`agent_tools`), so a
 ``notifications/tools/list_changed`` from the server is seen by the next step. Calls go
 through the tool executor like any tool: the same argument errors, timeouts, approval
@@ -42,7 +44,7 @@ from runtime.errors import (
     ToolDefinitionError,
 )
 from runtime.logging import get_logger
-from runtime.tools import Tool, ToolInputError
+from runtime.tools import InvalidJSONSchema, Tool, ToolInputError, json_schema_validator
 
 TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 """Tool names both providers accept (OpenAI and Anthropic share this pattern)."""
@@ -219,9 +221,6 @@ class MCPTool(Tool):
 def build_tool(config: MCPServer, listed: Any, call: Any) -> MCPTool:
     """An :class:`MCPTool` for a tool the server listed, or :class:`ToolDefinitionError`
     naming the server and tool when its name or input schema cannot be offered."""
-    from jsonschema import Draft202012Validator, SchemaError
-    from jsonschema.validators import validator_for
-
     remote = listed.name
     where = f"MCP server {config.name!r}: tool {remote!r}"
     name = f"{config.prefix}_{remote}" if config.prefix else remote
@@ -235,10 +234,9 @@ def build_tool(config: MCPServer, listed: Any, call: Any) -> MCPTool:
             f"{where} has an invalid input schema: it must be a JSON schema of type 'object'"
         )
     try:
-        cls = validator_for(schema, default=Draft202012Validator)
-        cls.check_schema(schema)
-    except SchemaError as exc:
-        raise ToolDefinitionError(f"{where} has an invalid input schema: {exc.message}") from None
+        validator = json_schema_validator(schema)
+    except InvalidJSONSchema as exc:
+        raise ToolDefinitionError(f"{where} has an invalid input schema: {exc}") from None
     return MCPTool(
         name=name,
         description=listed.description or listed.title or "",
@@ -250,7 +248,7 @@ def build_tool(config: MCPServer, listed: Any, call: Any) -> MCPTool:
         adapter=None,
         server=config.name,
         remote_name=remote,
-        validator=cls(schema),
+        validator=validator,
     )
 
 

@@ -502,11 +502,14 @@ class TurnRunner(Actor):
             await self._concurrent(adopted, "reloaded", turn_id)
 
     async def _concurrent(self, adopted: Adopted, resolution: str, turn_id: str) -> None:
-        """Say so (an event and a log line) when another writer's work came in."""
+        """Say so (an event and a log line) when another writer's work came in: a warning,
+        or a debug line on a host that expects other writers (a worker's)."""
         if not adopted.concurrent:
             return
         state = self.state
-        self._log.warning(
+        expected = getattr(self.host, "expects_other_writers", False)
+        log = self._log.debug if expected else self._log.warning
+        log(
             "session.concurrent-writer",
             session_id=state.session_id,
             turn_id=turn_id,

@@ -42,6 +42,7 @@ from runtime.host import Host
 from runtime.logging import configure_logging
 from runtime.media import MediaLimits, check_limits, user_content
 from runtime.messages import File, Image, is_media_output
+from runtime.redact import redact_url
 from runtime.serde import converter, structure, unstructure
 from runtime.store import validate_session_id
 from runtime.stores import is_store_url, open_store
@@ -130,7 +131,7 @@ def run_input(args: argparse.Namespace) -> Any:
     if not args.file:
         return args.prompt
     content = user_content([args.prompt, *(load_attachment(s) for s in args.file)])
-    check_limits(content, MediaLimits())
+    check_limits(content, MediaLimits(allow_urls=args.media_urls != "off"))
     return content
 
 
@@ -211,7 +212,8 @@ async def run_command(args: argparse.Namespace) -> int:
         # The answer streamed, but saving it failed (a full disk, a writer that kept
         # overtaking this one): say so, rather than exit 0 as if it were stored.
         sys.stderr.write(
-            f"the turn was not saved to {args.store}: {result.error.kind}: {result.error.message}\n"
+            f"the turn was not saved to {redact_url(args.store)}: "
+            f"{result.error.kind}: {result.error.message}\n"
         )
         return 1
     return 0 if result is not None and result.finish_reason not in ("error", "aborted") else 1

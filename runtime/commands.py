@@ -68,15 +68,30 @@ def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
     add("--api-key", default=None, help="API key (default: the SDK's env variable)")
     add("--thinking-budget", type=int, default=None, help="Anthropic thinking tokens")
     add("--instructions", default=None, help="system prompt")
+    add(
+        "--media-urls",
+        choices=("on", "off"),
+        default="on",
+        help="'off' refuses images and files given by http(s) URL, which the model server "
+        "would fetch (a self-hosted --base-url server: from inside your network)",
+    )
 
 
 def make_agent(args: argparse.Namespace) -> Agent:
     """The agent of ``run`` and ``serve``, with the ``--mcp`` servers' tools (docs/mcp.md)."""
-    agent = _provider_agent(args)
+    agent = with_media_urls(_provider_agent(args), args)
     if getattr(args, "mcp", None):
         servers = tuple(MCPServer.parse(spec) for spec in args.mcp)
         agent = attrs.evolve(agent, mcp_servers=(*agent.mcp_servers, *servers))
     return agent
+
+
+def with_media_urls(agent: Agent, args: argparse.Namespace) -> Agent:
+    """``agent``, refusing media by URL when ``--media-urls off`` says so."""
+    if getattr(args, "media_urls", "on") != "off":
+        return agent
+    limits = attrs.evolve(agent.media_limits, allow_urls=False)
+    return attrs.evolve(agent, media_limits=limits)
 
 
 def _provider_agent(args: argparse.Namespace) -> Agent:

@@ -93,6 +93,11 @@ class Host:
         self.persister: Actor
         self.shutting_down = False
         """Set once a shutdown signal arrived or the host is closing."""
+        self.expects_other_writers = False
+        """Set when other processes writing this host's sessions is normal operation (the
+        workers of one deployment, each running a session's next turn in turn): a
+        session that takes in another writer's turns then logs it at debug, not as a
+        ``session.concurrent-writer`` warning (the bus event is published either way)."""
         self.tool_executor: Actor
 
     @classmethod

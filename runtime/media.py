@@ -27,7 +27,8 @@ UserInput = str | Image | File | Iterable[str | TextPart | Image | File]
 @attrs.frozen(kw_only=True, slots=True)
 class MediaLimits:
     """Largest media a user message may carry, in bytes (inline data only: an http(s) URL
-    is fetched by the provider and counts as nothing here).
+    is fetched by the provider and counts as nothing here), and whether it may carry
+    media by URL at all.
 
     The defaults follow the providers' own limits: 20 MiB per image (OpenAI's), 32 MiB per
     file and per message (Anthropic's whole-request limit).
@@ -36,6 +37,13 @@ class MediaLimits:
     image_bytes: int = 20 * MIB
     file_bytes: int = 32 * MIB
     message_bytes: int = 32 * MIB
+    allow_urls: bool = True
+    """Whether an image or file may be an ``http(s)`` URL. Such a URL goes to the model
+    server, which fetches it: a hosted provider from the internet, but a self-hosted
+    ``base_url`` server from inside your network (``169.254.169.254``, internal hosts),
+    on behalf of whoever sent the message. ``False`` refuses URL parts
+    (:class:`~runtime.errors.InvalidMedia`, a 400 over HTTP) before anything is stored;
+    inline data (``data:`` URLs included) is unaffected. ``--media-urls off``."""
 
 
 def _human(n: int) -> str:
@@ -86,13 +94,19 @@ def user_content(value: Any) -> UserContent:
 def check_limits(content: UserContent, limits: MediaLimits) -> None:
     """Raise :class:`~runtime.errors.MediaTooLarge` when an image, a file, or the media of
     the whole message together exceed ``limits``; the message names the item, its size and
-    the limit."""
+    the limit. An image or file by URL when ``limits`` do not allow URLs is an
+    :class:`~runtime.errors.InvalidMedia` naming it."""
     if isinstance(content, str):
         return
     total = 0
     for part in content:
         if not isinstance(part, Image | File):
             continue
+        if part.url is not None and not limits.allow_urls:
+            raise InvalidMedia(
+                f"{_label(part)} is given by URL ({part.url[:100]}), and media URLs are off "
+                "here (the model server would fetch it): send the bytes (a data: URL) instead"
+            )
         limit = limits.image_bytes if isinstance(part, Image) else limits.file_bytes
         if part.size > limit:
             raise MediaTooLarge(

@@ -22,6 +22,8 @@ messages, :class:`~runtime.output.ErrorInfo`, tool error texts), so the ``error`
 ``TurnResult.error``, the web ``errorText``, ``run --jsonl`` and the stored message all
 carry the redacted text; and to whole records where they leave the process (the log tap,
 the JSONL recorder, the structlog configuration of :func:`runtime.configure_logging`).
+A URL that may carry credentials (``--store``, ``--redis``) is printed and logged through
+:func:`redact_url`.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from __future__ import annotations
 import functools
 import re
 import threading
+import urllib.parse
 from collections.abc import MutableMapping
 from typing import Any
 
@@ -170,6 +173,76 @@ def redact(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [redact(v) for v in value]
     return value
+
+
+_URL_HEAD = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
+_QUERY_PAIR = re.compile(r"(?<=[?&;])(?P<key>[^=&;?#/]*)=(?P<value>[^&;]*)")
+_SECRET_WORDS = ("pass", "secret", "token", "auth", "key", "credential")
+"""A URL query parameter whose name holds one of these is a credential (libpq's
+``password``, ``sslpassword``; Redis's ``password``; any ``*token*``, ``*key*``...)."""
+
+
+def _credential_spans(url: str) -> list[tuple[int, int]]:
+    """Where ``url``'s credentials are, as ``(start, end)`` offsets, merged and in order:
+    the user info's password, and the value of each query parameter named like one."""
+    head = _URL_HEAD.match(url)
+    if head is None:
+        return []
+    start = head.end()
+    spans: list[tuple[int, int]] = []
+    at = url.rfind("@", start)
+    colon = url.find(":", start, max(at, start))
+    if colon >= 0:
+        spans.append((colon + 1, at))
+    for pair in _QUERY_PAIR.finditer(url, start):
+        name = urllib.parse.unquote_plus(pair.group("key")).lower()
+        if _is_secret_key(name) or any(word in name for word in _SECRET_WORDS):
+            spans.append(pair.span("value"))
+    merged: list[tuple[int, int]] = []
+    for begin, end in sorted(spans):
+        if merged and begin <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(end, merged[-1][1]))
+        else:
+            merged.append((begin, end))
+    return merged
+
+
+def redact_url(url: str) -> str:
+    """``url`` (a PostgreSQL, Redis or any ``scheme://`` URL) fit to print or log: every
+    credential it can carry replaced by ``[redacted]``.
+
+    * the password of the user info (``user:PW@``, ``:PW@``), taken to run from the
+      first ``:`` to the last ``@``, so a password holding ``/``, ``?``, ``#`` or ``@``
+      unencoded is hidden whole (an ``@`` later in the URL hides a little more than
+      the password: better than a little less);
+    * the value of every query parameter named like a credential (libpq's
+      ``?password=`` and ``sslpassword=``, Redis's ``?password=``, ``token``, ``*key*``);
+    * then whatever :func:`redact_text` hides (registered secrets, ``password=`` in a
+      non-URL string such as a libpq ``key=value`` string given where a path goes).
+
+    The user name, hosts, ports, database and the other parameters stay readable.
+    """
+    if not isinstance(url, str):
+        return REDACTED
+    out: list[str] = []
+    last = 0
+    for begin, end in _credential_spans(url):
+        out += [url[last:begin], REDACTED]
+        last = end
+    out.append(url[last:])
+    return redact_text("".join(out))
+
+
+def register_url_secrets(url: str) -> None:
+    """Register the credentials ``url`` carries (:func:`register_secret`, as written and
+    percent-decoded), so that they are redacted wherever they turn up later: in a
+    driver's error text that quotes part of the URL, in a traceback. Stores and relays
+    call this when they open a URL."""
+    if not isinstance(url, str):
+        return
+    for begin, end in _credential_spans(url):
+        register_secret(url[begin:end])
+        register_secret(urllib.parse.unquote_plus(url[begin:end]))
 
 
 _PLAIN = (str, int, float, bool, type(None), dict, list, tuple)

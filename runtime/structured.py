@@ -6,7 +6,8 @@ concern and each provider only maps :class:`OutputSchema` onto its request:
 * :func:`output_schema` turns the agent's ``output_type`` (a pydantic model, a
   ``TypedDict``, a dataclass, or a JSON schema ``dict``) into an :class:`OutputSchema`:
   the JSON schema the provider asks for, and the validation of an answer against it
-  (pydantic for a type; ``jsonschema`` for a plain schema);
+  (pydantic for a type; ``jsonschema`` for a plain schema, whose references must stay
+  within it: a ``$ref`` to ``http:`` or ``file:`` is refused, nothing is fetched);
 * :func:`strict_schema` rewrites a schema for OpenAI's strict ``json_schema`` mode, and
   refuses clearly what strict mode cannot express;
 * :class:`actors.structured.StructuredTurn` (the actors' side) is one turn's state:
@@ -37,6 +38,7 @@ from typing import Any
 import attrs
 
 from runtime.errors import ConfigurationError, OutputValidationError
+from runtime.tools import InvalidJSONSchema, json_schema_validator
 
 OUTPUT_TOOL = "final_output"
 """Name of the tool an Anthropic request is forced to call with the answer."""
@@ -117,15 +119,12 @@ def _from_type(output_type: Any) -> tuple[dict[str, Any], Callable[[str], Any]]:
 
 
 def _from_json_schema(schema: dict[str, Any]) -> tuple[dict[str, Any], Callable[[str], Any]]:
-    import jsonschema
     import orjson
 
-    cls = jsonschema.validators.validator_for(schema)
     try:
-        cls.check_schema(schema)
-    except jsonschema.SchemaError as exc:
-        raise ConfigurationError(f"output_type is not a valid JSON schema: {exc.message}") from exc
-    validator = cls(schema)
+        validator = json_schema_validator(schema)
+    except InvalidJSONSchema as exc:
+        raise ConfigurationError(f"output_type is not a usable JSON schema: {exc}") from None
     schema = copy.deepcopy(schema)  # the agent's own copy: nobody mutates it from outside
 
     def parse(text: str) -> Any:

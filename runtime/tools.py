@@ -4,6 +4,11 @@ The JSON schema and argument validation come from the function's type hints thro
 pydantic (a model built from the signature, wrapped in a ``TypeAdapter``); descriptions
 come from the docstring (its summary, and its ``Args:`` section for each parameter).
 Sync functions run in a worker thread so they never block the Trio loop.
+
+Schemas that come from elsewhere (an MCP server's tool, a structured-output ``dict``)
+are checked with ``jsonschema`` through :func:`json_schema_validator`, which resolves
+only the references inside the schema: nothing a schema says makes the host open a
+connection or a file.
 """
 
 from __future__ import annotations
@@ -94,6 +99,80 @@ class ToolContext(Generic[Deps]):
 
     def add_usage(self, usage: Any) -> None:
         self.usage = usage if self.usage is None else self.usage + usage
+
+
+class InvalidJSONSchema(ValueError):
+    """A JSON schema that cannot be used: not a valid schema, a reference that leaves it
+    (``http:``, ``file:``, a relative URI) or points to nothing in it, or nesting too
+    deep to walk. The message says which, in one line."""
+
+
+def _refuse_retrieval(uri: str) -> Any:
+    """The registry's ``retrieve``: every URI not in the schema itself is refused, so
+    validation never fetches one (jsonschema's deprecated default is a blocking
+    ``urlopen`` on the calling thread, the Trio loop's)."""
+    from referencing.exceptions import NoSuchResource
+
+    raise NoSuchResource(ref=uri)  # type: ignore[call-arg]  # an attrs class mypy misreads
+
+
+_REF_KEYWORDS = ("$ref", "$dynamicRef", "$recursiveRef")
+
+
+def _check_references(resolver: Any, resource: Any) -> None:
+    """Refuse every reference of ``resource`` (and its subschemas, only where a schema
+    can be: not inside ``const`` or ``enum``) that is not ``#...``, and every ``$ref``
+    that does not resolve within the schema."""
+    from referencing.exceptions import Unresolvable
+
+    contents = resource.contents
+    if isinstance(contents, dict):
+        for keyword in _REF_KEYWORDS:
+            ref = contents.get(keyword)
+            if not isinstance(ref, str):
+                continue
+            if not ref.startswith("#"):
+                raise InvalidJSONSchema(
+                    f"{keyword} {ref[:200]!r} points outside the schema; only references "
+                    "within it ('#/$defs/...') are resolved, nothing is fetched"
+                )
+            if keyword == "$ref":
+                try:
+                    resolver.lookup(ref)
+                except Unresolvable:
+                    raise InvalidJSONSchema(
+                        f"$ref {ref[:200]!r} points to nothing in the schema"
+                    ) from None
+    for sub in resource.subresources():
+        _check_references(resolver.in_subresource(sub), sub)
+
+
+def json_schema_validator(schema: dict[str, Any]) -> Any:
+    """A ``jsonschema`` validator for ``schema`` (its ``$schema`` dialect, else 2020-12)
+    that resolves only references within ``schema``.
+
+    Raises :class:`InvalidJSONSchema` when ``schema`` is not a valid JSON schema or holds
+    a reference that leaves it: such a schema is refused when it is given, not when a
+    value is first checked against it. The validator's registry refuses every retrieval
+    as well, so even a reference this check missed is an error, never a fetch.
+    """
+    from jsonschema import Draft202012Validator, SchemaError
+    from jsonschema.validators import validator_for
+    from referencing import Registry
+    from referencing.jsonschema import DRAFT202012, specification_with
+
+    registry: Any = Registry(retrieve=_refuse_retrieval)  # type: ignore[call-arg]
+    try:
+        cls = validator_for(schema, default=Draft202012Validator)
+        cls.check_schema(schema)
+        dialect = cls.META_SCHEMA.get("$schema", "")
+        resource = specification_with(dialect, default=DRAFT202012).create_resource(schema)
+        _check_references(registry.resolver_with_root(resource), resource)
+    except SchemaError as exc:
+        raise InvalidJSONSchema(exc.message) from None
+    except RecursionError:
+        raise InvalidJSONSchema("the schema is nested too deeply") from None
+    return cls(schema, registry=registry)
 
 
 class ToolInputError(Exception):

@@ -51,7 +51,7 @@ import trio
 
 from actors.relay.redis_streams import RedisRelay, public_url
 from runtime.agent import Agent
-from runtime.commands import MCP_HELP, add_agent_arguments, make_agent
+from runtime.commands import MCP_HELP, add_agent_arguments, make_agent, with_media_urls
 from runtime.errors import ConfigurationError, LeaseLost, RelayUnavailable, StoreError
 from runtime.host import Host
 from runtime.logging import configure_logging, get_logger
@@ -168,6 +168,7 @@ class Worker:
         """Claim and run turns until :meth:`stop` (then drain) or cancellation (then the
         running turns are cut at their last commit, as if the process had died)."""
         async with Host.open(store=self.store, max_sessions=self.max_sessions) as host:
+            host.expects_other_writers = True  # a session's turns run on any worker
             self.host = host
             try:
                 async with trio.open_nursery() as nursery:
@@ -500,6 +501,13 @@ def load_agent(spec: str) -> AgentSource:
     return target  # type: ignore[no-any-return]
 
 
+def _refusing_media_urls(source: AgentSource, args: Any) -> AgentSource:
+    """``--agent``'s agent (or factory) with ``--media-urls off`` applied to it."""
+    if isinstance(source, Agent):
+        return with_media_urls(source, args)
+    return lambda session_id: with_media_urls(source(session_id), args)
+
+
 async def worker_command(args: Any) -> int:
     """Run a worker until SIGINT/SIGTERM, then drain it (``--grace``); a second signal
     during the drain ends the process at once (its turns are taken over)."""
@@ -512,6 +520,8 @@ async def worker_command(args: Any) -> int:
                 "--concurrency and --max-attempts must be >= 1, --lease > 0 and --grace >= 0"
             )
         agent = load_agent(args.agent) if args.agent else make_agent(args)
+        if args.agent and args.media_urls == "off":
+            agent = _refusing_media_urls(agent, args)
         options = {
             "concurrency": args.concurrency,
             "lease": args.lease,

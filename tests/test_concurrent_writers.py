@@ -379,3 +379,54 @@ async def test_a_save_overtaken_every_time_fails_clearly_and_loses_nothing():
         stored = (await store.load("s")).messages
         assert check_history(stored)[-2:] == ["mine", "again"]
         assert session.messages == stored
+
+
+# -- the log line: a warning, except where other writers are normal ------------------------
+
+
+async def concurrent_writer_logs(*, expects_other_writers: bool) -> list[dict]:
+    """The ``session.concurrent-writer`` lines of a host whose session takes in a turn
+    another host saved (as a worker's does when the session's previous turn ran on
+    another worker)."""
+    from structlog.testing import capture_logs
+
+    from runtime import configure_logging
+
+    shared = MemoryStore()
+
+    def agent() -> Agent:
+        return Agent(provider=ScriptedProvider(responder=lambda request: ["ok"]))
+
+    configure_logging("debug")
+    try:
+        with capture_logs() as logs:
+            async with (
+                Host.open(store=shared, log_tap=False) as here,
+                Host.open(store=shared, log_tap=False) as elsewhere,
+            ):
+                here.expects_other_writers = expects_other_writers
+                session = await here.open_session(agent(), session_id="s")
+                await session.run("first")
+                await (await elsewhere.open_session(agent(), session_id="s")).run("second")
+                await session.run("third")
+    finally:
+        configure_logging("warning")
+    return [line for line in logs if line["event"] == "session.concurrent-writer"]
+
+
+async def test_a_concurrent_writer_is_a_warning_on_a_host_that_does_not_expect_one():
+    (line,) = await concurrent_writer_logs(expects_other_writers=False)
+    assert (line["log_level"], line["resolution"], line["added"]) == ("warning", "reloaded", 2)
+
+
+async def test_a_concurrent_writer_is_a_debug_line_on_a_host_that_expects_other_writers():
+    (line,) = await concurrent_writer_logs(expects_other_writers=True)
+    assert (line["log_level"], line["resolution"], line["added"]) == ("debug", "reloaded", 2)
+
+
+async def test_a_worker_host_expects_other_writers(pg_url):
+    from runtime.worker import open_worker
+
+    agent = Agent(provider=ScriptedProvider(responder=lambda request: ["ok"]))
+    async with open_worker(pg_url, agent=agent, poll=0.05) as worker:
+        assert worker.host is not None and worker.host.expects_other_writers

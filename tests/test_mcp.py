@@ -22,6 +22,7 @@ from actors.providers.scripted import tool_call
 from runtime import Agent, Budget, Host, ToolDefinitionError, tool
 from runtime.errors import ConfigurationError, MCPServerUnavailable
 from tests.support.grammar import check_grammar
+from tests.support.listener import recording_server
 from tests.support.loopback import Reply, anthropic_sse, loopback_server, sse
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -226,6 +227,49 @@ async def test_a_tool_with_an_invalid_schema_is_refused_and_the_others_work():
     saved = tool_messages(session)
     assert saved["broken"].error.startswith("unknown tool 'broken'")
     assert saved["add"].output == 3
+
+
+async def test_a_tool_schema_referring_outside_itself_is_refused_when_listed_and_never_fetched():
+    with recording_server() as attacker:
+        agent = Agent(
+            provider=calling(("remote", {"x": 1}), ("passwd", {"x": 1}), ("relative", {"x": 1})),
+            tools=[stdio_server("--ref-schemas", f"{attacker.url}/latest/meta-data/iam")],
+        )
+        async with Host.open(log_tap=False) as host:
+            session = await host.open_session(agent)
+            await session.run("go")
+            refused = host.mcp_servers[agent.mcp_servers[0]].refused
+    assert attacker.contacts == []
+    assert set(refused) == {"remote", "passwd", "relative"}
+    assert "'file:///etc/passwd' points outside the schema" in refused["passwd"]
+    assert refused["remote"].startswith(
+        "MCP server 'test': tool 'remote' has an invalid input schema: $ref 'http://127.0.0.1:"
+    )
+    saved = tool_messages(session)
+    assert all(saved[name].error.startswith("unknown tool") for name in refused)
+
+
+async def test_a_tool_schema_referring_to_its_own_defs_is_offered_and_checked():
+    steps = []
+
+    def responder(request):
+        steps.append(request)
+        if len(steps) == 1:
+            return [
+                *tool_call("defs", {"x": -1}, tool_call_id="c1"),
+                *tool_call("defs", {"x": 4}, tool_call_id="c2"),
+            ]
+        return ["done"]
+
+    with recording_server() as attacker:
+        agent = Agent(
+            provider=ScriptedProvider(responder=responder),
+            tools=[stdio_server("--ref-schemas", attacker.url)],
+        )
+        session, _, _ = await run_turn(agent)
+    results = {m.tool_call_id: m for m in session.messages if m.role == "tool"}
+    assert "x: -1 is less than the minimum of 0" in results["c1"].error
+    assert results["c2"].output == 4
 
 
 async def test_tools_list_changed_refreshes_the_tools_before_the_next_step():

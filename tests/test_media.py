@@ -216,6 +216,22 @@ async def test_a_url_image_counts_nothing_against_the_limits():
     assert result.text == "ok"
 
 
+async def test_media_by_url_is_refused_before_anything_is_stored_when_urls_are_off():
+    store = MemoryStore()
+    agent = Agent(
+        provider=ScriptedProvider([["never"]]),
+        media_limits=MediaLimits(allow_urls=False),
+    )
+    async with Host.open(store=store, log_tap=False) as host:
+        session = await host.open_session(agent, session_id="u")
+        with pytest.raises(InvalidMedia, match=r"image \(image/png\) is given by URL"):
+            session.stream(["see", Image(url="http://169.254.169.254/latest/meta-data.png")])
+        assert session.messages == () and await store.load("u") is None
+        png = base64.b64encode(PNG).decode()
+        inline = await session.run(["see", Image(url=f"data:image/png;base64,{png}")])
+    assert inline.text == "never"  # a data: URL is inline bytes, taken as ever
+
+
 # -- tools returning images ----------------------------------------------------------------
 
 
@@ -265,3 +281,21 @@ async def test_log_lines_carry_an_images_size_not_its_bytes():
         "type": "image", "data": "<3024 bytes>", "url": None, "media_type": "image/png",
     }  # fmt: skip
     assert base64.b64encode(big.data).decode()[:40] not in repr(logs)
+
+
+async def test_a_worker_refusing_media_urls_fails_a_queued_turn_holding_one(pg_url):
+    import trio
+
+    from runtime.worker import open_worker
+
+    limits = MediaLimits(allow_urls=False)
+    agent = Agent(provider=ScriptedProvider([["never"]]), media_limits=limits)
+    async with open_worker(pg_url, agent=agent, poll=0.05) as worker:
+        queued = await worker.queue.submit("w", (Image(url="http://169.254.169.254/x.png"),))
+        with trio.fail_after(30):
+            turn = await worker.queue.get(queued.turn_id)
+            while turn.status in ("queued", "running"):  # the queue has no event to wait on
+                await trio.sleep(0.05)
+                turn = await worker.queue.get(queued.turn_id)
+    assert turn.status == "failed" and "is given by URL" in turn.error
+    assert worker.done == {"failed": 1}

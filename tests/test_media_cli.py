@@ -56,3 +56,38 @@ def test_a_file_over_the_limit_is_refused_before_the_store_is_created(tmp_path):
     assert ran.returncode == 2
     assert ran.stderr == "error: file 'big.pdf' is 33.0 MiB; the limit is 32.0 MiB per file\n"
     assert not store.exists()
+
+
+def test_a_file_by_url_with_media_urls_off_is_one_error_line_and_no_store(tmp_path):
+    store = tmp_path / "s.db"
+    url = "http://169.254.169.254/latest/meta-data/creds.png"
+    ran = python_m("run", "--media-urls", "off", "--store", str(store), "--file", url, "hi")
+    assert ran.returncode == 2 and ran.stderr.count("\n") == 1
+    assert ran.stderr.startswith(f"error: image (image/png) is given by URL ({url})")
+    assert not store.exists()
+
+
+def test_media_urls_off_reaches_the_agent_of_run_serve_and_worker():
+    from runtime.cli import build_parser
+    from runtime.commands import make_agent
+
+    for argv in (["run", "hi"], ["serve"], ["worker", "--store", "postgresql://h/db"]):
+        args = build_parser().parse_args([*argv, "--media-urls", "off"])
+        args.output_type = None
+        assert make_agent(args).media_limits.allow_urls is False, argv
+        args = build_parser().parse_args(argv)
+        args.output_type = None
+        assert make_agent(args).media_limits.allow_urls is True, argv
+
+
+def test_media_urls_off_reaches_a_worker_agent_given_by_module_or_factory():
+    from runtime import Agent
+    from runtime.cli import build_parser
+    from runtime.worker import _refusing_media_urls
+
+    args = build_parser().parse_args(["worker", "--store", "postgresql://h/db"])
+    args.media_urls = "off"
+    agent = Agent()
+    assert _refusing_media_urls(agent, args).media_limits.allow_urls is False
+    factory = _refusing_media_urls(lambda session_id: agent, args)
+    assert factory("s").media_limits.allow_urls is False

@@ -118,6 +118,24 @@ async def test_an_attachment_over_the_media_limit_is_a_413_and_nothing_is_stored
     assert await store.load("big") is None
 
 
+async def test_a_file_part_by_url_is_a_400_and_nothing_is_stored_when_urls_are_off():
+    store = MemoryStore()
+    limits = MediaLimits(allow_urls=False)
+    agent = Agent(provider=ScriptedProvider([["never"]]), media_limits=limits)
+    url = "http://169.254.169.254/latest/meta-data/iam.pdf"
+    async with web_server(agent, store=store) as server:
+        async with httpx.AsyncClient(base_url=server.url) as client:
+            r = await client.post(
+                "/api/chat", json=body("ssrf", text("hi"), file_part(url, "application/pdf"))
+            )
+            assert r.status_code == 400
+            assert r.json()["error"].startswith(
+                "file 'a.png' is given by URL (http://169.254.169.254/latest/meta-data/iam.pdf)"
+            )
+            assert server.host.sessions["ssrf"].messages == ()
+    assert await store.load("ssrf") is None
+
+
 @tool
 async def snap() -> Image:
     """Take a picture."""

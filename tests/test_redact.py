@@ -9,7 +9,7 @@ from contextlib import contextmanager
 
 import pytest
 import structlog
-from hypothesis import example, given
+from hypothesis import assume, example, given
 from hypothesis import strategies as st
 
 from runtime import redact as redaction
@@ -167,3 +167,56 @@ def test_a_logged_traceback_is_redacted_down_to_the_sdk_exception_it_was_raised_
     line = json.loads(stream.getvalue())
     assert "Incorrect API key provided: [redacted]" in line["exception"]
     assert KEY not in stream.getvalue()
+
+
+# -- URLs on start-up lines and in logs ----------------------------------------------------
+
+URL_FORMS = [
+    "postgresql://user:{pw}@db.internal:5432/axon",
+    "postgres://:{pw}@db.internal/axon",
+    "postgresql://user:{pw}@h1:5432,h2:5433/axon?target_session_attrs=read-write",
+    "postgresql://user@db.internal/axon?password={qpw}",
+    "postgresql://user@db.internal/axon?sslmode=require&sslpassword={qpw}&schema=s",
+    "postgresql://db.internal?password={qpw}",
+    "postgresql://user:{pw}@db.internal/axon?password={qpw}&sslpassword={qpw}",
+    "redis://:{pw}@cache.internal:6379/0",
+    "redis://default:{pw}@cache.internal:6379/0",
+    "rediss://cache.internal:6380/0?password={qpw}",
+    "unix://:{pw}@/var/run/redis.sock?db=0",
+    "unix:///var/run/redis.sock?db=0&password={qpw}",
+]
+
+
+@pytest.mark.parametrize("form", URL_FORMS)
+@given(password=st.text(min_size=6, max_size=30).filter(lambda p: p.strip() == p))
+def test_no_credential_form_of_a_postgresql_or_redis_url_survives(form, password):
+    from urllib.parse import quote
+
+    assume(password not in form + REDACTED and quote(password, safe="") not in form + REDACTED)
+    for pw in {password, quote(password, safe="")}:
+        url = form.format(pw=pw, qpw=quote(password, safe=""))
+        shown = redaction.redact_url(url)
+        assert password not in shown and quote(password, safe="") not in shown, shown
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        (
+            "postgresql://axon:s3cret@db:5432/axon?sslmode=require&password=s3cret",
+            "postgresql://axon:[redacted]@db:5432/axon?sslmode=require&password=[redacted]",
+        ),
+        ("redis://:pw-1234@cache:6379/0", "redis://:[redacted]@cache:6379/0"),
+        ("postgresql://axon@db/axon?schema=tenant_1", "postgresql://axon@db/axon?schema=tenant_1"),
+        ("redis://cache:6379/0", "redis://cache:6379/0"),
+        ("sessions.db", "sessions.db"),
+    ],
+)
+def test_a_redacted_url_keeps_the_user_host_port_and_other_parameters(url, expected):
+    assert redaction.redact_url(url) == expected
+
+
+def test_the_credentials_of_an_opened_url_are_redacted_wherever_they_turn_up_later():
+    redaction.register_url_secrets("postgresql://u:first-pw-1234@db/x?sslpassword=second%2Fpw99")
+    text = "libpq: bad option near first-pw-1234 and second/pw99"
+    assert redact_text(text) == "libpq: bad option near [redacted] and [redacted]"

@@ -18,10 +18,11 @@ from actors.providers.scripted import ScriptedProvider, Sleep, tool_call
 from actors.structured import ObjectUpdate, RetryPrompt, StructuredTurn
 from runtime import Agent, Host, tool
 from runtime.chunks import FinishChunk, TextChunk
-from runtime.errors import ConfigurationError
+from runtime.errors import ConfigurationError, OutputValidationError
 from runtime.messages import AssistantMessage, TextPart, ToolMessage, UserMessage
 from runtime.structured import output_schema, strict_schema
 from tests.support.grammar import check_grammar
+from tests.support.listener import recording_server
 
 
 class Weather(pydantic.BaseModel):
@@ -52,8 +53,29 @@ def test_an_output_type_that_is_not_an_object_is_refused_when_the_agent_is_made(
 
 
 def test_an_invalid_json_schema_is_refused_when_the_agent_is_made():
-    with pytest.raises(ConfigurationError, match="not a valid JSON schema"):
+    with pytest.raises(ConfigurationError, match="not a usable JSON schema"):
         Agent(output_type={"type": "object", "properties": {"a": {"type": "integr"}}})
+
+
+def test_a_json_schema_referring_outside_itself_is_refused_and_nothing_is_fetched():
+    with recording_server() as attacker:
+        remote = {"type": "object", "properties": {"a": {"$ref": f"{attacker.url}/x"}}}
+        with pytest.raises(ConfigurationError, match=r"\$ref 'http://.*' points outside"):
+            Agent(output_type=remote)
+    assert attacker.contacts == []
+
+
+def test_a_json_schema_referring_to_its_own_defs_validates_the_answer():
+    schema = output_schema(
+        {
+            "type": "object",
+            "$defs": {"temp": {"type": "number"}},
+            "properties": {"temp": {"$ref": "#/$defs/temp"}},
+        }
+    )
+    assert schema.parse('{"temp": 21.5}') == {"temp": 21.5}
+    with pytest.raises(OutputValidationError, match="temp: 'hot' is not of type 'number'"):
+        schema.parse('{"temp": "hot"}')
 
 
 def test_negative_output_retries_are_refused():

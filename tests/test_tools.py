@@ -11,6 +11,7 @@ from actors.providers.scripted import ScriptedProvider, tool_call
 from actors.tool_executor import run_tool_call, truncate_output
 from runtime import Agent, Budget, Host, ToolCallChunk, ToolDefinitionError, ToolMessage, tool
 from runtime.protocol import ToolCallSpec
+from runtime.tools import InvalidJSONSchema, json_schema_validator
 
 
 @tool
@@ -221,3 +222,64 @@ async def test_a_custom_tool_executor_plugs_in_through_the_host():
         session = await host.open_session(Agent(provider=ScriptedProvider(steps), tools=[forecast]))
         await session.run("x")
     assert next(m for m in session.messages if isinstance(m, ToolMessage)).output == "cached"
+
+
+# -- JSON schemas from elsewhere (MCP tools, structured output) ----------------------------
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"$ref": "http://169.254.169.254/latest/meta-data/iam"},
+        {"$ref": "https://example.com/schema.json"},
+        {"$ref": "file:///etc/passwd"},
+        {"$ref": "//example.com/x"},
+        {"$ref": "../secrets.json#/x"},
+        {"$ref": "urn:example:thing"},
+        {"$dynamicRef": "http://example.com/meta#node"},
+        {"$id": "http://example.com/root", "properties": {"x": {"$ref": "other.json"}}},
+        {"allOf": [{"items": {"anyOf": [{"$ref": "http://example.com/deep"}]}}]},
+    ],
+)
+def test_a_json_schema_with_a_reference_outside_it_is_refused(schema):
+    with pytest.raises(InvalidJSONSchema, match="points outside the schema"):
+        json_schema_validator(schema)
+
+
+def test_a_json_schema_ref_to_nothing_in_it_is_refused():
+    with pytest.raises(InvalidJSONSchema, match="'#/\\$defs/missing' points to nothing"):
+        json_schema_validator({"properties": {"x": {"$ref": "#/$defs/missing"}}})
+
+
+def test_a_ref_shaped_value_inside_const_is_data_not_a_reference():
+    validator = json_schema_validator({"const": {"$ref": "http://example.com/x"}})
+    assert validator.is_valid({"$ref": "http://example.com/x"})
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"$defs": {"n": {"type": "integer"}}, "properties": {"x": {"$ref": "#/$defs/n"}}},
+        {
+            "$schema": "http://json-schema.org/draft-07/schema#",
+            "definitions": {"n": {"type": "integer"}},
+            "properties": {"x": {"$ref": "#/definitions/n"}},
+        },
+        {
+            "$id": "http://example.com/s",
+            "$defs": {"n": {"type": "integer"}},
+            "properties": {"x": {"$ref": "#/$defs/n"}},
+        },
+    ],
+)
+def test_a_json_schema_with_local_references_validates(schema):
+    validator = json_schema_validator(schema)
+    assert validator.is_valid({"x": 1}) and not validator.is_valid({"x": "one"})
+
+
+def test_a_json_schema_nested_too_deeply_is_refused_in_one_line():
+    schema: dict = {}
+    for _ in range(5000):
+        schema = {"items": schema}
+    with pytest.raises(InvalidJSONSchema, match="nested too deeply"):
+        json_schema_validator(schema)

@@ -209,6 +209,35 @@ def test_bind_refusal_lets_loopback_a_token_or_insecure_through(host, token, ins
     assert bind_refusal(host, token, insecure) is None
 
 
+@pytest.mark.parametrize("host", ["127.0.0.1.", "localhost.", "no-such-host.invalid"])
+def test_serve_on_a_host_that_resolves_to_nothing_is_one_error_line(host, capsys):
+    from runtime.cli import main
+
+    assert main(["serve", "--host", host, "--port", "0", "--token", "t"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: cannot serve on {host}:0: ") and err.count("\n") == 1
+
+
+def test_serve_on_a_port_in_use_is_one_error_line(capsys):
+    import socket
+
+    from runtime.cli import main
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["serve", "--port", str(port)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: cannot serve on 127.0.0.1:{port}: ") and err.count("\n") == 1
+
+
+def test_loopback_is_decided_on_the_address_a_host_resolves_to():
+    assert bind_refusal("localhost", None, False) is None
+    assert bind_refusal("127.1", None, False) is None  # the kernel's spelling of 127.0.0.1
+    assert bind_refusal("127.0.0.1.", None, False) is not None
+
+
 def test_serve_parser_defaults_for_the_new_guards():
     args = serve_args()
     assert (args.allowed_host, args.insecure, args.body_timeout, args.send_timeout) == (

@@ -51,6 +51,7 @@ import structlog
 import trio
 
 from runtime.errors import ConfigurationError, RelayTurnGone, RelayUnavailable
+from runtime.redact import redact_url, register_url_secrets
 from runtime.relay import RESTART_STEP as RESTART
 from runtime.relay import StepRestarted
 from runtime.serde import structure, unstructure
@@ -338,6 +339,7 @@ class RedisRelay:
         except ImportError as exc:  # pragma: no cover - an install problem
             raise ConfigurationError("the Redis relay needs coredis: pip install coredis") from exc
         shown = public_url(url)
+        register_url_secrets(url)  # a client's error quoting the URL is redacted too
         if not url.startswith(("redis://", "rediss://", "unix://")):
             raise ConfigurationError(
                 f"bad Redis URL {shown!r}: expected redis://host:port/db (or rediss://, unix://)"
@@ -631,23 +633,9 @@ def _drop_restarted(backlog: list[tuple[int, Any]], seen: int) -> list[tuple[int
 
 
 def public_url(url: str) -> str:
-    """``url`` without its password, for messages and logs."""
-    from urllib.parse import urlsplit, urlunsplit
-
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "<unparseable URL>"
-    if parts.password is None:
-        return url
-    netloc = parts.hostname or ""
-    if parts.username:
-        netloc = f"{parts.username}:***@{netloc}"
-    else:
-        netloc = f":***@{netloc}"
-    if parts.port:
-        netloc += f":{parts.port}"
-    return urlunsplit(parts._replace(netloc=netloc))
+    """``url`` without its credentials (``redis://:PW@``, ``user:PW@``, ``?password=``),
+    for messages and logs: :func:`runtime.redact.redact_url`."""
+    return redact_url(url)
 
 
 __all__ = ["RedisRelay", "RedisRelayWriter", "StepRestarted"]

@@ -66,6 +66,8 @@ from runtime.errors import (
 )
 from runtime.logging import get_logger
 from runtime.messages import Message
+from runtime.redact import redact_url as _redact_url
+from runtime.redact import register_url_secrets
 from runtime.store import SessionInfo, SessionRecord, validate_session_id
 from runtime.stores.validation import check_save, decode_message, decode_meta
 
@@ -182,15 +184,9 @@ def parse_url(url: str) -> tuple[str, str]:
 
 
 def redact_url(url: str) -> str:
-    """``url`` without its password, for error messages and logs."""
-    try:
-        parts = urllib.parse.urlsplit(url)
-    except ValueError:
-        return "<unparseable URL>"
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
-    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+    """``url`` without its credentials (the user info's password, ``?password=``,
+    ``sslpassword=``...), for error messages and logs: :func:`runtime.redact.redact_url`."""
+    return _redact_url(url)
 
 
 def _is_connection_error(err: BaseException) -> bool:
@@ -257,6 +253,7 @@ class PostgresStore:
                 "pip install 'axon-runtime[postgres]'"
             ) from err
         libpq, schema = parse_url(url)
+        register_url_secrets(url)  # a driver's error quoting the URL is redacted too
         shown = redact_url(url)
         await _retrying(
             f"connect to {shown}",

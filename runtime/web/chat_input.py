@@ -132,11 +132,14 @@ async def read_chat_request(request: Request) -> tuple[dict[str, Any], str, User
 
 
 def check_media(text: UserContent, agent: Agent) -> None:
-    """413 when ``text``'s attachments are over ``agent``'s media limits."""
+    """413 when ``text``'s attachments are over ``agent``'s media limits, 400 when one is
+    a URL and the agent takes none (``--media-urls off``)."""
     try:
         check_limits(text, agent.media_limits)
     except MediaTooLarge as exc:
         raise ApiError(413, exc.message) from None
+    except InvalidMedia as exc:
+        raise ApiError(400, exc.message) from None
 
 
 __all__ = ["TITLE_CHARS", "check_media", "read_chat_request", "title_of"]

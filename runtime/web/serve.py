@@ -15,8 +15,10 @@ and are saved, marked interrupted.
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import os
 import signal
+import socket
 import sys
 import threading
 from contextlib import AsyncExitStack
@@ -32,6 +34,7 @@ from runtime.commands import MCP_HELP, add_agent_arguments, make_agent, report_b
 from runtime.errors import ConfigurationError, RelayUnavailable
 from runtime.host import Host
 from runtime.logging import configure_logging
+from runtime.redact import redact_url
 from runtime.web import BODY_TIMEOUT, DEFAULT_MAX_BODY, SEND_TIMEOUT
 
 DEFAULT_PORT = 8000
@@ -167,8 +170,40 @@ def _bind(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
 
 
+def bind_address(host: str) -> str:
+    """The address binding ``host`` takes, resolved as Hypercorn binds it (IPv6 when the
+    name holds a ``:``, else IPv4; the first answer); ``OSError`` when it names none."""
+    name = host.replace("[", "").replace("]", "")
+    family = socket.AF_INET6 if ":" in name else socket.AF_INET
+    infos = socket.getaddrinfo(name or None, 0, family, socket.SOCK_STREAM, 0, socket.AI_PASSIVE)
+    return str(infos[0][4][0])
+
+
 def _is_loopback(host: str) -> bool:
-    return host in ("localhost", "::1", "[::1]") or host.startswith("127.")
+    """Whether ``host`` binds a loopback address: decided on the address it resolves to,
+    not its spelling (``127.0.0.1.`` resolves to nothing, ``127.example`` to anything)."""
+    try:
+        address = bind_address(host)
+    except OSError:
+        return False
+    return ipaddress.ip_address(address.partition("%")[0]).is_loopback
+
+
+def bind_problem(host: str, port: int) -> str | None:
+    """Why ``host``:``port`` cannot be bound (``None``: it can), found by binding it as
+    Hypercorn will, then letting go: a name that resolves to no address
+    (``127.0.0.1.``), an address this machine does not have, a port in use. Said in one
+    line before anything starts, instead of a traceback from inside the server."""
+    try:
+        address = bind_address(host)
+        family = socket.AF_INET6 if ":" in address else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind((address, port))
+    except (OSError, OverflowError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        return f"cannot serve on {_bind(host, port)}: {reason}"
+    return None
 
 
 def bind_refusal(host: str, token: str | None, insecure: bool) -> str | None:
@@ -231,7 +266,7 @@ async def serve_command(args: argparse.Namespace) -> int:
     from runtime.web.app import create_app  # Starlette: only when serving
 
     token = args.token or os.environ.get(TOKEN_ENV) or None
-    refusal = bind_refusal(args.host, token, args.insecure)
+    refusal = bind_problem(args.host, args.port) or bind_refusal(args.host, token, args.insecure)
     if refusal is not None:
         print(f"error: {refusal}", file=sys.stderr)
         return 2
@@ -308,7 +343,7 @@ async def serve_command(args: argparse.Namespace) -> int:
                 print(
                     f"Axon web UI on {url}/{fragment}  "
                     f"({mode}"
-                    f"provider {args.provider}, store {args.store or 'memory'}"
+                    f"provider {args.provider}, store {redact_url(args.store or 'memory')}"
                     f"{', relay ' + public_url(args.redis) if relay is not None else ''}"
                     f"{', OpenTelemetry traces' if tracing is not None else ''})",
                     flush=True,
@@ -335,6 +370,8 @@ def main(argv: list[str] | None = None) -> int:
 __all__ = [
     "add_serve_arguments",
     "add_serve_parser",
+    "bind_address",
+    "bind_problem",
     "bind_refusal",
     "main",
     "serve_app",
