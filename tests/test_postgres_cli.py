@@ -53,6 +53,11 @@ def with_credentials(pg_url: str) -> str:
     return f"{scheme}://{user}:{SECRET}@{host}&password={SECRET}&sslpassword={SSL_SECRET}"
 
 
+def server(pg_url: str) -> str:
+    """The ``host:port`` of the test server (the run's own, on a port of its own)."""
+    return pg_url.partition("@")[2].partition("/")[0]
+
+
 def first_line(*args: str) -> tuple[str, str]:
     """The first line a long-running command prints, and its stderr, after stopping it."""
     import signal
@@ -76,12 +81,12 @@ def first_line(*args: str) -> tuple[str, str]:
 def test_serve_prints_its_postgresql_store_without_the_passwords(pg_url):
     line, err = first_line("serve", "--port", "0", "--store", with_credentials(pg_url))
     assert line.startswith("Axon web UI on http://127.0.0.1:"), err
-    assert "store postgresql://postgres:[redacted]@127.0.0.1/test?schema=" in line
+    assert f"store postgresql://postgres:[redacted]@{server(pg_url)}/test?schema=" in line
     assert SECRET not in line + err and SSL_SECRET not in line + err
 
 
 def test_worker_prints_its_postgresql_store_without_the_passwords(pg_url):
     line, err = first_line("worker", "--store", with_credentials(pg_url))
     assert line.startswith("Axon worker "), err
-    assert "on postgresql://postgres:[redacted]@127.0.0.1/test?schema=" in line
+    assert f"on postgresql://postgres:[redacted]@{server(pg_url)}/test?schema=" in line
     assert SECRET not in line + err and SSL_SECRET not in line + err
