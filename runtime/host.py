@@ -35,7 +35,7 @@ from actors.turn_runner import TurnRunner
 from runtime.actor import Actor, RestartPolicy, Supervisor
 from runtime.agent import Agent
 from runtime.bus import Bus
-from runtime.errors import ConfigurationError, SessionBusy
+from runtime.errors import ConfigurationError, SessionBusy, reraise, sole_exception
 from runtime.events import SessionEvicted
 from runtime.ids import new_id
 from runtime.inbox import Inbox
@@ -105,7 +105,11 @@ class Host:
 
         ``idle_ttl`` (seconds) evicts a session unused for that long; ``max_sessions``
         evicts the least recently used idle sessions past that many. Both are off by
-        default. An evicted session's ``Session`` object reloads it on its next turn."""
+        default. An evicted session's ``Session`` object reloads it on its next turn.
+
+        An exception the block raises comes out as itself, not wrapped in the nursery's
+        exception group, unless closing the host raised others too (then the group holds
+        them all)."""
         if idle_ttl is not None and not idle_ttl > 0:
             raise ConfigurationError(
                 f"idle_ttl must be a positive number of seconds, not {idle_ttl!r}"
@@ -142,6 +146,11 @@ class Host:
                         await host._shutdown()
                     nursery.cancel_scope.cancel()
             host._end_orphaned_streams()
+        except BaseExceptionGroup as group:  # the nursery wraps the one error the block raised
+            sole = sole_exception(group)
+            if sole is None:
+                raise
+            reraise(sole)
         finally:
             if store is None or isinstance(store, str | os.PathLike):  # we opened it
                 with trio.CancelScope(shield=True):
@@ -171,7 +180,15 @@ class Host:
         """Open (or resume, when ``session_id`` is stored) a session running ``agent``.
 
         An evicted session whose ``Session`` object is still held is loaded back into that
-        object, so there is one object per session id."""
+        object, so there is one object per session id. An agent with no provider is a
+        :class:`~runtime.errors.ConfigurationError` (a silent stand-in model would answer
+        in its place)."""
+        if agent.provider is None:
+            raise ConfigurationError(
+                f"agent {agent.name!r} has no provider: give it one, e.g. "
+                "Agent(provider=OpenAIProvider('gpt-4o-mini')), or "
+                "Agent(provider=ScriptedProvider.demo()) for the offline demo"
+            )
         sid = validate_session_id(session_id) if session_id is not None else new_id("session")
         while (pending := self._opening.get(sid)) is not None:  # one load per id at a time
             await pending.wait()
@@ -226,14 +243,8 @@ class Host:
             session_meta.update({k: v for k, v in record.meta.items() if k != "agent"})
         if meta:
             session_meta.update(meta)
-        provider = agent.provider
-        if provider is None:
-            # runtime.demo builds its tools' schemas with pydantic when imported: only
-            # a host that runs an agent with no provider pays for that.
-            from runtime.demo import demo_provider
-
-            provider = demo_provider()
-        provider_actor = await self.provider_actor(provider)
+        assert agent.provider is not None  # refused by open_session
+        provider_actor = await self.provider_actor(agent.provider)
         if agent.mcp_servers:  # started once per host, shared by sessions (actors.mcp)
             await start_servers(self, agent)
         stream_inbox: Inbox[Batch[Any]] = Inbox(1024, "block", name="engine-output")
