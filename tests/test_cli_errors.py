@@ -94,7 +94,11 @@ def test_a_busy_port_is_one_error_line():
 
 @pytest.mark.parametrize(
     ("provider", "variable"),
-    [("openai", "OPENAI_API_KEY"), ("anthropic", "ANTHROPIC_API_KEY")],
+    [
+        ("openai", "OPENAI_API_KEY"),
+        ("openai-responses", "OPENAI_API_KEY"),
+        ("anthropic", "ANTHROPIC_API_KEY"),
+    ],
 )
 def test_a_missing_key_is_one_line_naming_the_option_and_the_variable(provider, variable):
     env = {k: v for k, v in os.environ.items() if not k.endswith(("_API_KEY", "_AUTH_TOKEN"))}
