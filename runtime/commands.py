@@ -57,8 +57,8 @@ USAGE_EXIT = 2
 def _bad_input_errors() -> tuple[type[BaseException], ...]:
     # ConfigurationError: an --agent that does not import, an MCP tool name clash...;
     # MCPServerUnavailable: an --mcp command that does not start.
-    return (BadInput, InvalidSessionId, MediaError, StoreError, ConfigurationError,
-            MCPServerUnavailable)  # fmt: skip
+    bad = (BadInput, InvalidSessionId, MediaError, StoreError)
+    return (*bad, ConfigurationError, MCPServerUnavailable)
 
 
 def report_bad_input(command: Callable[[], int]) -> int:
