@@ -73,7 +73,8 @@ class Agent:
 
     name: str = "assistant"
     provider: Provider | None = None
-    """The model's provider; ``None`` uses the offline scripted demo."""
+    """The model's provider. Required to run: opening a session for an agent without
+    one is a ``ConfigurationError`` (``ScriptedProvider.demo()`` is the offline demo)."""
     instructions: str | None = None
     """The system prompt."""
     tools: tuple[Tool, ...] = attrs.field(default=(), converter=_tools)

@@ -1,4 +1,5 @@
-"""``python -m runtime``: run a turn in the terminal, or print its chunks as JSON lines.
+"""``python -m runtime`` (installed as ``axon`` too: the same command): run a turn in the
+terminal, or print its chunks as JSON lines.
 
     python -m runtime run "Weather in Paris?"            # the offline scripted demo
     python -m runtime run --jsonl "Weather in Paris?"    # one OutputChunk per line
@@ -10,7 +11,10 @@
     python -m runtime serve                              # web UI + AI SDK (useChat) API
 
 Real providers read their key from ``--api-key`` or the SDK's usual environment
-variable (``OPENAI_API_KEY``, ``ANTHROPIC_API_KEY``), only when the call is made.
+variable (``OPENAI_API_KEY``, ``ANTHROPIC_API_KEY``), only when the call is made. Their
+agent has no tools and no instructions unless given (``--instructions``, ``--mcp``,
+``--demo-tools``, or ``--agent module:name`` for an agent of one's own); the scripted demo
+always has its weather and clock tools.
 
 Bad input (an invalid session id, a store that cannot be opened, a missing file) prints
 one ``error: ...`` line on stderr and exits with status 2, before anything is written.
@@ -29,16 +33,19 @@ import trio
 
 from actors.plugins.otel import OpenTelemetryActor, build_tracer_provider
 from actors.plugins.recorder import JsonlRecorder, read_jsonl
+from runtime.agent import Agent
 from runtime.commands import (
     MCP_HELP,
     BadInput,
     add_agent_arguments,
+    add_log_level_argument,
     make_agent,
     report_bad_input,
 )
 from runtime.errors import ConfigurationError, InvalidMedia
 from runtime.events import Event
 from runtime.host import Host
+from runtime.ids import new_id
 from runtime.logging import configure_logging
 from runtime.media import MediaLimits, check_limits, user_content
 from runtime.messages import File, Image, is_media_output
@@ -52,8 +59,17 @@ from runtime.worker import add_worker_parser, worker_command
 __all__ = ["MCP_HELP", "BadInput", "build_parser", "main", "make_agent", "report_bad_input"]
 
 
+STORE_HELP = "session store: an SQLite file or a postgresql:// URL"
+
+
+def program_name() -> str:
+    """``axon`` when run as the installed ``axon`` script, else ``python -m runtime``:
+    the two are the same command, and usage lines name the one that was typed."""
+    return "axon" if os.path.basename(sys.argv[0]) == "axon" else "python -m runtime"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m runtime", description="Axon agent runtime")
+    parser = argparse.ArgumentParser(prog=program_name(), description="Axon agent runtime")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run one turn and render it")
     run.add_argument("prompt", help="the user input")
@@ -66,8 +82,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="attach an image or file (a path, or an http(s) URL the provider fetches); repeatable",
     )
     add_agent_arguments(run)
-    run.add_argument("--store", default=None, help="SQLite file to save the session in")
-    run.add_argument("--session", default=None, help="session id (resumes a stored session)")
+    run.add_argument(
+        "--store", default=None, help=f"{STORE_HELP} to save the session in (default: none)"
+    )
+    run.add_argument(
+        "--session", default=None, help="session id in --store (resumes it if it is stored)"
+    )
     run.add_argument(
         "--output-schema",
         default=None,
@@ -80,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="scripted demo: seconds between chunks (default 0.02 on a terminal)",
     )
-    run.add_argument("--log-level", default="warning", help="structlog level on stderr")
+    add_log_level_argument(run, "critical", "; the output already shows the turn's errors")
     run.add_argument("--record", default=None, help="append every bus event to this JSONL file")
     run.add_argument("--mcp", action="append", default=[], metavar="SERVER", help=MCP_HELP)
     run.add_argument(
@@ -95,11 +115,11 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--jsonl", action="store_true", help="print the output chunks as JSON")
 
     sessions = sub.add_parser("sessions", help="list the sessions in a store")
-    sessions.add_argument("--store", default="sessions.db", help="SQLite store file")
+    sessions.add_argument("--store", required=True, help=STORE_HELP)
 
     show = sub.add_parser("show", help="print one stored conversation with its parts")
     show.add_argument("session_id")
-    show.add_argument("--store", default="sessions.db", help="SQLite store file")
+    show.add_argument("--store", required=True, help=STORE_HELP)
     show.add_argument("--json", action="store_true", help="print the messages as JSON")
 
     add_serve_parser(sub)
@@ -150,6 +170,8 @@ def check_arguments(args: argparse.Namespace) -> None:
         raise BadInput(f"no session store at {args.store}")  # reading must not create one
     if command == "replay" and not os.path.isfile(args.file):
         raise BadInput(f"no event log at {args.file}")
+    if command == "run" and args.session is not None and args.store is None:
+        raise BadInput("--session needs --store: without a store there is nothing to resume")
     if command == "run":
         args.input = run_input(args)
     if getattr(args, "output_schema", None) is not None:
@@ -194,12 +216,15 @@ async def run_command(args: argparse.Namespace) -> int:
         except ConfigurationError as exc:
             sys.stderr.write(f"error: {exc}\n")
             return 2
+    session_id = args.session or new_id("session")
+    if not isinstance(agent, Agent):  # --agent named a function of the session id
+        agent = agent(session_id)
     async with Host.open(store=args.store, handle_signals=True) as host:
         if tracing is not None:
             await host.start_actor(tracing)
         if args.record:
             await host.start_actor(JsonlRecorder(args.record))
-        session = await host.open_session(agent, session_id=args.session)
+        session = await host.open_session(agent, session_id=session_id)
         async with session.stream(getattr(args, "input", args.prompt)) as output:
             async for chunk in output:
                 if renderer is not None:
@@ -208,6 +233,8 @@ async def run_command(args: argparse.Namespace) -> int:
                     out_stream.write(orjson.dumps(converter.unstructure(chunk)) + b"\n")
                     out_stream.flush()
     result = output.result
+    if args.store is not None and args.session is None:  # the id it made: say how to resume
+        sys.stderr.write(f"session {session_id} (continue it with --session {session_id})\n")
     if result is not None and result.error is not None and result.finish_reason != "error":
         # The answer streamed, but saving it failed (a full disk, a writer that kept
         # overtaking this one): say so, rather than exit 0 as if it were stored.

@@ -1,5 +1,5 @@
-"""What the ``run`` and ``serve`` commands share: the agent their options describe, and
-how bad input is reported.
+"""What the ``run``, ``serve`` and ``worker`` commands share: the agent their options
+describe, and how bad input is reported.
 
 Both command modules import this one; neither imports the other for it, so the command
 line (:mod:`runtime.cli`) and the web server (:mod:`runtime.web.serve`) assemble their
@@ -9,18 +9,42 @@ agent from one definition.
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from collections.abc import Callable
+from typing import Any
 
 import attrs
 
 from actors.mcp import MCPServer
 from actors.providers.registry import create_provider, provider_names
 from runtime.agent import Agent
-from runtime.errors import InvalidSessionId, MediaError, StoreError
+from runtime.errors import (
+    ConfigurationError,
+    InvalidSessionId,
+    MCPServerUnavailable,
+    MediaError,
+    StoreError,
+)
 from runtime.provider import ProviderOptions
 
 MCP_HELP = "an MCP tool server: a command line to launch (stdio) or an http(s):// URL (repeatable)"
+
+AgentSource = Agent | Callable[[str], Agent]
+"""An agent for every session, or a function of the session id returning one."""
+
+DEFAULT_MODELS = {
+    "openai": "gpt-4o-mini",
+    "openai-responses": "gpt-5-mini",
+    "anthropic": "claude-sonnet-4-5",
+}
+"""Each built-in real provider's model when ``--model`` is not given (what its
+``from_options`` picks; listed here so ``--help`` says it without importing a provider)."""
+
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+
+AGENT_ONLY = ("model", "base_url", "api_key", "thinking_budget", "instructions", "output_schema")
+"""Options that describe the agent ``--agent`` names in full: refused alongside it."""
 
 
 class BadInput(Exception):
@@ -31,7 +55,10 @@ USAGE_EXIT = 2
 
 
 def _bad_input_errors() -> tuple[type[BaseException], ...]:
-    return (BadInput, InvalidSessionId, MediaError, StoreError)
+    # ConfigurationError: an --agent that does not import, an MCP tool name clash...;
+    # MCPServerUnavailable: an --mcp command that does not start.
+    bad = (BadInput, InvalidSessionId, MediaError, StoreError)
+    return (*bad, ConfigurationError, MCPServerUnavailable)
 
 
 def report_bad_input(command: Callable[[], int]) -> int:
@@ -60,14 +87,43 @@ def _fail(exc: BaseException) -> int:
 
 def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
     """The options that describe the agent :func:`make_agent` builds (the provider and
-    its settings), the same on ``run``, ``serve`` and ``worker``."""
+    its settings, or ``--agent``), the same on ``run``, ``serve`` and ``worker``."""
     add = parser.add_argument
-    add("--provider", choices=provider_names(), default="scripted")
-    add("--model", default=None, help="model name for a real provider")
+    add(
+        "--provider",
+        choices=provider_names(),
+        default="scripted",
+        help="the model's provider: scripted (the offline demo: no key, no network), "
+        "openai (Chat Completions, or any compatible server with --base-url), "
+        "openai-responses, anthropic, or a plug-in's (default: scripted)",
+    )
+    models = ", ".join(f"{model} for {name}" for name, model in DEFAULT_MODELS.items())
+    add("--model", default=None, help=f"model name (default: {models})")
     add("--base-url", default=None, help="provider endpoint (any compatible server)")
-    add("--api-key", default=None, help="API key (default: the SDK's env variable)")
+    add(
+        "--api-key",
+        default=None,
+        help="API key (default: the SDK's variable, OPENAI_API_KEY or ANTHROPIC_API_KEY)",
+    )
     add("--thinking-budget", type=int, default=None, help="Anthropic thinking tokens")
-    add("--instructions", default=None, help="system prompt")
+    add(
+        "--instructions",
+        default=None,
+        help="system prompt (default: none; the scripted demo's own)",
+    )
+    add(
+        "--demo-tools",
+        action="store_true",
+        help="offer the demo's get_weather (invented weather) and get_time tools to a real "
+        "provider too (the scripted demo always has them)",
+    )
+    add(
+        "--agent",
+        default=None,
+        metavar="MODULE:NAME",
+        help="your own agent instead of the one the options above describe: an Agent, or a "
+        "function of the session id returning one (--mcp adds its servers to it)",
+    )
     add(
         "--media-urls",
         choices=("on", "off"),
@@ -77,11 +133,58 @@ def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def make_agent(args: argparse.Namespace) -> Agent:
-    """The agent of ``run`` and ``serve``, with the ``--mcp`` servers' tools (docs/mcp.md)."""
-    agent = with_media_urls(_provider_agent(args), args)
-    if getattr(args, "mcp", None):
-        servers = tuple(MCPServer.parse(spec) for spec in args.mcp)
+
+def add_log_level_argument(parser: argparse.ArgumentParser, default: str, why: str = "") -> None:
+    """``--log-level``: one of :data:`LOG_LEVELS` (a typo is refused, not read as info)."""
+    parser.add_argument(
+        "--log-level",
+        choices=LOG_LEVELS,
+        default=default,
+        help=f"structlog JSON lines on stderr from this level up (default: {default}{why})",
+    )
+
+
+def load_agent(spec: str) -> AgentSource:
+    """The object ``module:name`` names: an :class:`Agent` or a callable returning one."""
+    module_name, _, name = spec.partition(":")
+    if not module_name or not name:
+        raise ConfigurationError(f"--agent must be MODULE:NAME, not {spec!r}")
+    try:
+        target: Any = importlib.import_module(module_name)
+        for attr in name.split("."):
+            target = getattr(target, attr)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigurationError(f"--agent {spec!r}: {exc}") from None
+    if not (isinstance(target, Agent) or callable(target)):
+        raise ConfigurationError(f"--agent {spec!r} is neither an Agent nor a callable")
+    return target  # type: ignore[no-any-return]
+
+
+def make_agent(args: argparse.Namespace) -> AgentSource:
+    """The agent of ``run``, ``serve`` and ``worker``: ``--agent``'s, else the one
+    ``--provider`` describes; with the ``--mcp`` servers' tools (docs/mcp.md), refusing
+    media by URL when ``--media-urls off`` says so."""
+    source = _described_agent(args)
+    if getattr(args, "media_urls", "on") != "off":
+        return source
+    if isinstance(source, Agent):
+        return with_media_urls(source, args)
+    factory = source
+    return lambda session_id: with_media_urls(factory(session_id), args)
+
+
+def _described_agent(args: argparse.Namespace) -> AgentSource:
+    servers = tuple(MCPServer.parse(spec) for spec in getattr(args, "mcp", None) or ())
+    if getattr(args, "agent", None):
+        given = [f"--{n.replace('_', '-')}" for n in AGENT_ONLY if getattr(args, n, None)]
+        given += ["--demo-tools"] if getattr(args, "demo_tools", False) else []
+        given += ["--provider"] if args.provider != "scripted" else []
+        if given:
+            raise BadInput(f"--agent names the whole agent: drop {', '.join(given)}")
+        source = load_agent(args.agent)
+        return _with_servers(source, servers) if servers else source
+    agent = _provider_agent(args)
+    if servers:
         agent = attrs.evolve(agent, mcp_servers=(*agent.mcp_servers, *servers))
     return agent
 
@@ -94,13 +197,25 @@ def with_media_urls(agent: Agent, args: argparse.Namespace) -> Agent:
     return attrs.evolve(agent, media_limits=limits)
 
 
-def _provider_agent(args: argparse.Namespace) -> Agent:
-    """The agent for ``--provider`` (:mod:`actors.providers.registry`) with the demo's
-    tools."""
-    # The demo's @tool schemas are built with pydantic when runtime.demo is imported:
-    # imported here, so `--help` and argument errors do not pay for it.
-    from runtime.demo import get_time, get_weather
 
+def _with_servers(source: AgentSource, servers: tuple[MCPServer, ...]) -> AgentSource:
+    """``source`` with ``servers`` added to its agent (or to each its factory returns:
+    the host and the web app call a factory only for a session not open yet)."""
+
+    def add(agent: Agent) -> Agent:
+        return attrs.evolve(agent, mcp_servers=(*agent.mcp_servers, *servers))
+
+    if isinstance(source, Agent):
+        return add(source)
+    factory = source
+    return lambda session_id: add(factory(session_id))
+
+
+def _provider_agent(args: argparse.Namespace) -> Agent:
+    """The agent for ``--provider`` (:mod:`actors.providers.registry`). The scripted
+    demo gets the demo's tools and instructions; a real provider gets neither unless asked
+    (``--demo-tools``, ``--instructions``): a real model must not be handed a tool that
+    invents the weather."""
     delay = (
         args.delay
         if args.delay is not None
@@ -113,10 +228,21 @@ def _provider_agent(args: argparse.Namespace) -> Agent:
         thinking_budget=args.thinking_budget,
         delay=delay,
     )
+    demo = args.provider == "scripted"
+    tools: list[Any] = []
+    if demo or getattr(args, "demo_tools", False):
+        # The demo's @tool schemas are built with pydantic when runtime.demo is imported:
+        # imported here, so `--help` and argument errors do not pay for it.
+        from runtime.demo import get_time, get_weather
+
+        tools = [get_weather, get_time]
+    instructions = args.instructions
+    if instructions is None and demo:
+        instructions = "You are a concise assistant. Use tools for facts."
     return Agent(
         name=args.provider,
         provider=create_provider(args.provider, options),
-        instructions=args.instructions or "You are a concise assistant. Use tools for facts.",
-        tools=[get_weather, get_time],
+        instructions=instructions,
+        tools=tools,
         output_type=getattr(args, "output_type", None),
     )

@@ -13,6 +13,8 @@ HTTP response, wherever the exception ends up.
 
 from __future__ import annotations
 
+from typing import NoReturn
+
 from runtime.redact import redact_text
 
 
@@ -288,3 +290,35 @@ class OutputValidationError(AxonError):
     def __init__(self, message: str, *, text: str = "") -> None:
         super().__init__(message)
         self.text = text
+
+
+# -- exception groups -------------------------------------------------------------------
+
+
+def sole_exception(group: BaseExceptionGroup) -> BaseException | None:
+    """The one exception inside ``group`` and the groups nested in it; ``None`` when it
+    holds several.
+
+    A Trio nursery wraps every error in a group (strict exception groups), even when one
+    task failed for one reason; the caller of an ``async with`` block that owns a nursery
+    expects that reason itself (``except ToolDefinitionError``), not a group of one."""
+    leaves: list[BaseException] = []
+    pending: list[BaseException] = [group]
+    while pending and len(leaves) < 2:
+        exc = pending.pop()
+        if isinstance(exc, BaseExceptionGroup):
+            pending.extend(exc.exceptions)
+        else:
+            leaves.append(exc)
+    return leaves[0] if len(leaves) == 1 else None
+
+
+def reraise(exc: BaseException) -> NoReturn:
+    """Raise ``exc`` again as it was: its cause and context kept (raised in an ``except``
+    block, it would otherwise get the group it came out of as its context)."""
+    context = exc.__context__
+    try:
+        raise exc
+    finally:
+        exc.__context__ = context
+        del exc, context

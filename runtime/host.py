@@ -37,7 +37,13 @@ from actors.turn_runner import TurnRunner
 from runtime.actor import Actor, RestartPolicy, Supervisor
 from runtime.agent import Agent
 from runtime.bus import Bus
-from runtime.errors import ConfigurationError, InvalidHistory, SessionBusy
+from runtime.errors import (
+    ConfigurationError,
+    InvalidHistory,
+    SessionBusy,
+    reraise,
+    sole_exception,
+)
 from runtime.events import SessionEvicted
 from runtime.history import check_history
 from runtime.ids import new_id
@@ -132,7 +138,11 @@ class Host:
         ``DRAIN_TIMEOUT``, 5 s) in all; then every actor is cancelled, and an observer that
         had not finished is logged (``host.events-dropped``, a warning) with how many
         events it did not handle. The drain runs even when the block is cancelled from outside,
-        shielded for no longer than that bound."""
+        shielded for no longer than that bound.
+
+        An exception the block raises comes out as itself, not wrapped in the nursery's
+        exception group, unless closing the host raised others too (then the group holds
+        them all)."""
         if idle_ttl is not None and not idle_ttl > 0:
             raise ConfigurationError(
                 f"idle_ttl must be a positive number of seconds, not {idle_ttl!r}"
@@ -179,6 +189,11 @@ class Host:
                         scope.cancel()  # shielded from the nursery's cancellation
                     nursery.cancel_scope.cancel()
             host._end_orphaned_streams()
+        except BaseExceptionGroup as group:  # the nursery wraps the one error the block raised
+            sole = sole_exception(group)
+            if sole is None:
+                raise
+            reraise(sole)
         finally:
             if store is None or isinstance(store, str | os.PathLike):  # we opened it
                 with trio.CancelScope(shield=True):
@@ -236,7 +251,15 @@ class Host:
         :class:`~runtime.errors.InvalidHistory`, as does anything in it but messages.
 
         An evicted session whose ``Session`` object is still held is loaded back into that
-        object, so there is one object per session id."""
+        object, so there is one object per session id. An agent with no provider is a
+        :class:`~runtime.errors.ConfigurationError` (a silent stand-in model would answer
+        in its place)."""
+        if agent.provider is None:
+            raise ConfigurationError(
+                f"agent {agent.name!r} has no provider: give it one, e.g. "
+                "Agent(provider=OpenAIProvider('gpt-4o-mini')), or "
+                "Agent(provider=ScriptedProvider.demo()) for the offline demo"
+            )
         sid = validate_session_id(session_id) if session_id is not None else new_id("session")
         seed = check_history(history) if history is not None else None
         while (pending := self._opening.get(sid)) is not None:  # one load per id at a time
@@ -312,14 +335,8 @@ class Host:
             session_meta.update({k: v for k, v in record.meta.items() if k != "agent"})
         if meta:
             session_meta.update(meta)
-        provider = agent.provider
-        if provider is None:
-            # runtime.demo builds its tools' schemas with pydantic when imported: only
-            # a host that runs an agent with no provider pays for that.
-            from runtime.demo import demo_provider
-
-            provider = demo_provider()
-        provider_actor = await self.provider_actor(provider)
+        assert agent.provider is not None  # refused by open_session
+        provider_actor = await self.provider_actor(agent.provider)
         if agent.mcp_servers:  # started once per host, shared by sessions (actors.mcp)
             await start_servers(self, agent)
         stream_inbox: Inbox[Batch[Any]] = Inbox(1024, "block", name="engine-output")

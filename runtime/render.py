@@ -93,7 +93,8 @@ class TerminalRenderer:
             self._newline()
             e = chunk.error
             retry = " (retryable)" if e.retryable else ""
-            self.console.print(Text(f"error: {e.kind}: {e.message}{retry}", style="bold red"))
+            line = Text(f"error: {e.kind}: {e.message}{retry}", style="bold red")
+            self.console.print(line, soft_wrap=True)  # one line: the terminal wraps it
         elif t == "abort":
             self._newline()
             self.console.print(Text(f"aborted: {chunk.reason}", style="bold yellow"))

@@ -36,13 +36,12 @@ worker takes them over at once, as if this one had died, without waiting for the
 
 from __future__ import annotations
 
-import importlib
 import os
 import signal
 import socket
 import sys
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -51,7 +50,13 @@ import trio
 
 from actors.relay.redis_streams import RedisRelay, public_url
 from runtime.agent import Agent
-from runtime.commands import MCP_HELP, add_agent_arguments, make_agent, with_media_urls
+from runtime.commands import (
+    MCP_HELP,
+    AgentSource,
+    add_agent_arguments,
+    add_log_level_argument,
+    make_agent,
+)
 from runtime.errors import ConfigurationError, LeaseLost, RelayUnavailable, StoreError
 from runtime.host import Host
 from runtime.logging import configure_logging, get_logger
@@ -60,11 +65,9 @@ from runtime.redact import redact
 from runtime.stores.postgres import PostgresStore, parse_url, redact_url
 from runtime.stores.turns import Claim, TurnQueue
 
-AgentSource = Agent | Callable[[str], Agent]
-"""An agent for every session, or a function of the session id returning one."""
-
 DEFAULT_CONCURRENCY = 4
 DEFAULT_LEASE = 10.0
+DEFAULT_MAX_ATTEMPTS = 3
 DEFAULT_GRACE = 10.0
 BUSY_WAIT = 30.0
 """Seconds a claimed turn waits for this worker's previous turn of its session to end."""
@@ -128,7 +131,7 @@ class Worker:
         owner: str | None = None,
         concurrency: int = DEFAULT_CONCURRENCY,
         lease: float = DEFAULT_LEASE,
-        max_attempts: int = 3,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
         grace: float = DEFAULT_GRACE,
         poll: float = DEFAULT_POLL,
         max_sessions: int = 1000,
@@ -458,54 +461,48 @@ def add_worker_parser(subparsers: Any) -> Any:
     add("--store", required=True, metavar="URL", help="postgresql://... (the sessions and turns)")
     add("--redis", default=None, metavar="URL", help="redis://... (live output to front ends)")
     add(
-        "--agent",
-        default=None,
-        metavar="MODULE:NAME",
-        help="the agent: an Agent, or a function of the session id returning one "
-        "(default: the one --provider and the other options describe)",
-    )
-    add(
         "--redis-prefix",
         default=None,
         metavar="PREFIX",
         help="key prefix of the relay's streams (default 'axon:'; front ends must agree)",
     )
-    add("--concurrency", type=int, default=DEFAULT_CONCURRENCY, help="turns run at once")
-    add("--lease", type=float, default=DEFAULT_LEASE, help="seconds a claim holds unrenewed")
-    add("--max-attempts", type=int, default=3, help="claims before a turn is marked failed")
-    add("--grace", type=float, default=DEFAULT_GRACE, help="seconds to finish turns on SIGTERM")
-    add("--poll", type=float, default=DEFAULT_POLL, help="seconds between claims when idle")
+    add(
+        "--concurrency",
+        type=int,
+        default=DEFAULT_CONCURRENCY,
+        help=f"turns run at once (default {DEFAULT_CONCURRENCY})",
+    )
+    add(
+        "--lease",
+        type=float,
+        default=DEFAULT_LEASE,
+        help=f"seconds a claim holds unrenewed (default {DEFAULT_LEASE:g})",
+    )
+    add(
+        "--max-attempts",
+        type=int,
+        default=DEFAULT_MAX_ATTEMPTS,
+        help=f"claims before a turn is marked failed (default {DEFAULT_MAX_ATTEMPTS})",
+    )
+    add(
+        "--grace",
+        type=float,
+        default=DEFAULT_GRACE,
+        help=f"seconds to finish turns on SIGTERM (default {DEFAULT_GRACE:g})",
+    )
+    add(
+        "--poll",
+        type=float,
+        default=DEFAULT_POLL,
+        help=f"seconds between claims when idle (default {DEFAULT_POLL:g})",
+    )
     add("--owner", default=None, help="this worker's name in axon_turns (default host:pid:rand)")
     add_agent_arguments(worker)
     add("--delay", type=float, default=0.0, help="scripted demo: seconds between chunks")
     add("--mcp", action="append", default=[], metavar="SERVER", help=MCP_HELP)
-    add("--log-level", default="warning", help="structlog level on stderr")
+    add_log_level_argument(worker, "warning")
     worker.set_defaults(jsonl=False)
     return worker
-
-
-def load_agent(spec: str) -> AgentSource:
-    """The object ``module:name`` names: an :class:`Agent` or a callable returning one."""
-
-    module_name, _, name = spec.partition(":")
-    if not module_name or not name:
-        raise ConfigurationError(f"--agent must be MODULE:NAME, not {spec!r}")
-    try:
-        target: Any = importlib.import_module(module_name)
-        for attr in name.split("."):
-            target = getattr(target, attr)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigurationError(f"--agent {spec!r}: {exc}") from None
-    if not (isinstance(target, Agent) or callable(target)):
-        raise ConfigurationError(f"--agent {spec!r} is neither an Agent nor a callable")
-    return target  # type: ignore[no-any-return]
-
-
-def _refusing_media_urls(source: AgentSource, args: Any) -> AgentSource:
-    """``--agent``'s agent (or factory) with ``--media-urls off`` applied to it."""
-    if isinstance(source, Agent):
-        return with_media_urls(source, args)
-    return lambda session_id: with_media_urls(source(session_id), args)
 
 
 async def worker_command(args: Any) -> int:
@@ -519,9 +516,7 @@ async def worker_command(args: Any) -> int:
             raise ConfigurationError(
                 "--concurrency and --max-attempts must be >= 1, --lease > 0 and --grace >= 0"
             )
-        agent = load_agent(args.agent) if args.agent else make_agent(args)
-        if args.agent and args.media_urls == "off":
-            agent = _refusing_media_urls(agent, args)
+        agent = make_agent(args)
         options = {
             "concurrency": args.concurrency,
             "lease": args.lease,

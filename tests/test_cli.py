@@ -168,3 +168,64 @@ def test_sessions_and_show_list_and_print_a_stored_conversation(tmp_path):
         cwd=ROOT,
     )
     assert missing.returncode == 1 and "no session 'nope'" in missing.stderr
+
+
+def test_a_new_stored_session_prints_the_id_that_resumes_it(tmp_path):
+    db = str(tmp_path / "new.db")
+    proc = run_cli("--jsonl", "--store", db, "Weather in Rome?")
+    assert proc.returncode == 0, proc.stderr
+    session_id = json.loads(proc.stdout.splitlines()[-1])["session_id"]
+    assert proc.stderr == f"session {session_id} (continue it with --session {session_id})\n"
+
+
+def test_a_resumed_session_prints_no_id(tmp_path):
+    proc = run_cli("--jsonl", "--store", str(tmp_path / "s.db"), "--session", "s1", "Hi")
+    assert proc.returncode == 0 and proc.stderr == ""
+
+
+def help_text(*command: str) -> str:
+    proc = subprocess.run(
+        [sys.executable, "-m", "runtime", *command, "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return " ".join(proc.stdout.split())  # argparse wraps lines where it likes
+
+
+def test_worker_help_shows_its_defaults():
+    text = help_text("worker")
+    for default in [
+        "turns run at once (default 4)",
+        "unrenewed (default 10)",
+        "marked failed (default 3)",
+        "on SIGTERM (default 10)",
+        "when idle (default 1)",
+    ]:
+        assert default in text
+
+
+def test_serve_help_shows_the_body_limit():
+    assert "largest request body, bytes (default 50331648: 48 MiB" in help_text("serve")
+
+
+def test_help_names_each_providers_default_model():
+    from actors.providers.registry import create_provider
+    from runtime.commands import DEFAULT_MODELS
+    from runtime.provider import ProviderOptions
+
+    text = help_text("run")
+    for name, model in DEFAULT_MODELS.items():
+        assert create_provider(name, ProviderOptions()).model == model
+        assert f"{model} for {name}" in text
+
+
+def test_the_installed_script_names_itself_axon():
+    code = "import sys; sys.argv[0] = '/venv/bin/axon'; from runtime.cli import main; main()"
+    proc = subprocess.run(
+        [sys.executable, "-c", code, "--help"], capture_output=True, text=True, cwd=ROOT
+    )
+    assert proc.stdout.startswith("usage: axon ")
+    assert help_text().startswith("usage: python -m runtime ")

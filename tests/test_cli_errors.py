@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -44,6 +46,8 @@ def text_file(tmp_path: Path) -> Path:
         (["replay", "/nonexistent/events.jsonl"], "no event log at /nonexistent/events.jsonl"),
         (["serve", "--port", "0", "--store", NO_DIR], OPEN_ERROR),
         (["serve", "--port", "0", "--store", "{text}"], NOT_A_STORE),
+        (["run", "--session", "s1", "hi"], "--session needs --store"),
+        (["run", "--mcp", "nosuchcmd --x", "hi"], "MCP server 'nosuchcmd' could not start"),
     ],
 )
 def test_bad_input_prints_the_message_alone_and_exits_2(argv, message, text_file):
@@ -75,3 +79,61 @@ def test_a_file_that_is_not_an_event_log_is_reported_by_replay(text_file):
     proc = python_m("runtime", "replay", str(text_file))
     assert proc.returncode == 2
     assert proc.stderr.startswith(f"error: {text_file} is not a JSONL event log")
+
+
+def test_a_busy_port_is_one_error_line():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = python_m("runtime", "serve", "--port", str(port))
+    assert proc.returncode == 2
+    assert proc.stderr.startswith(f"error: cannot listen on 127.0.0.1:{port}: ")
+    assert proc.stderr.count("\n") == 1, proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("provider", "variable"),
+    [
+        ("openai", "OPENAI_API_KEY"),
+        ("openai-responses", "OPENAI_API_KEY"),
+        ("anthropic", "ANTHROPIC_API_KEY"),
+    ],
+)
+def test_a_missing_key_is_one_line_naming_the_option_and_the_variable(provider, variable):
+    env = {k: v for k, v in os.environ.items() if not k.endswith(("_API_KEY", "_AUTH_TOKEN"))}
+    # a closed loopback port: were a request made, it would fail differently
+    argv = ["run", "--provider", provider, "--base-url", "http://127.0.0.1:9", "hi"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "runtime", *argv],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        env=env,
+    )
+    assert proc.returncode == 1
+    assert proc.stderr == ""
+    assert proc.stdout == (
+        f"error: AuthenticationFailed: no API key for {provider}: pass --api-key "
+        f"(the api_key argument in code) or set {variable}\n"
+    )
+
+
+def test_a_misspelt_log_level_is_refused():
+    proc = python_m("runtime", "run", "--log-level", "verbose", "hi")
+    assert proc.returncode == 2 and "invalid choice: 'verbose'" in proc.stderr
+
+
+@pytest.mark.parametrize("command", [["sessions"], ["show", "s1"]])
+def test_reading_sessions_needs_a_store(command, tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "runtime", *command],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,  # where a default ./sessions.db would have been read
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert proc.returncode == 2
+    assert "the following arguments are required: --store" in proc.stderr

@@ -36,6 +36,7 @@ EXPECTED = {
     ("providers.md", 1): "{'store': False, 'encrypted_reasoning': True}\n"
     "user -\nreasoning rs_1\nmessage msg_1\n",
     ("structured-output.md", 0): "Weather(city='Paris', temp=21.5)\n2 steps",
+    ("web.md", 0): "support",
     ("telemetry.md", 0): "invoke_agent weather\n  chat scripted\n  execute_tool get_weather\n"
     "  chat scripted\n",
 }

@@ -23,6 +23,7 @@ from runtime import (
     UserMessage,
     tool,
 )
+from runtime.demo import demo_agent
 from runtime.media import user_content
 from runtime.stores import MemoryStore
 
@@ -164,7 +165,7 @@ async def test_a_turn_with_media_reloads_equal_from_sqlite(tmp_path):
 
 async def test_the_offline_demo_answers_an_input_with_an_image():
     async with Host.open(log_tap=False) as host:
-        session = await host.open_session(Agent(), session_id="demo")
+        session = await host.open_session(demo_agent(), session_id="demo")
         result = await session.run(["What is the time?", Image(data=PNG)])
     assert result.finish_reason == "stop"
 

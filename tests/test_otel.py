@@ -317,10 +317,11 @@ def test_without_the_actor_opentelemetry_is_never_imported():
     code = (
         "import sys, trio\n"
         "import runtime, actors, actors.plugins, actors.plugins.otel\n"
-        "from runtime import Agent, Host\n"
+        "from runtime import Host\n"
+        "from runtime.demo import demo_agent\n"
         "async def main():\n"
         "    async with Host.open() as host:\n"
-        "        await (await host.open_session(Agent())).run('hi')\n"
+        "        await (await host.open_session(demo_agent())).run('hi')\n"
         "trio.run(main)\n"
         "print(sorted(m for m in sys.modules if m.startswith('opentelemetry')))\n"
     )

@@ -75,7 +75,8 @@ async def test_relay_meets_the_contract(redis_url: str) -> None:
 async def test_a_hosts_turn_reads_back_in_order_with_relay_seqs(redis_url: str) -> None:
     async with opened(redis_url) as relay, Host.open(log_tap=False) as host:
         await attach_relay(host, relay)
-        session = await host.open_session(Agent(name="a"), session_id="s1")
+        agent = Agent(name="a", provider=ScriptedProvider.demo())
+        session = await host.open_session(agent, session_id="s1")
         async with session.stream("hello") as out:
             local = await out.collect()
         got = await read_when_published(relay, out.turn_id)

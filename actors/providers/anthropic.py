@@ -22,7 +22,12 @@ from typing import Any, ClassVar
 
 import trio
 
-from actors.providers.failures import classify_status, classify_transport, retry_after
+from actors.providers.failures import (
+    classify_status,
+    classify_transport,
+    missing_key,
+    retry_after,
+)
 from runtime import errors
 from runtime.chunks import (
     FinishChunk,
@@ -587,7 +592,8 @@ def classify_error(exc: BaseException) -> errors.AxonError:
     status Anthropic documents for that type (529 for ``overloaded_error``). The SDK's
     timeout and connection errors, the HTTP library's errors mid-stream and undecodable
     events are transport failures
-    (:func:`~actors.providers.failures.classify_transport`).
+    (:func:`~actors.providers.failures.classify_transport`). The SDK's ``TypeError`` for
+    a client with no credentials is :func:`~actors.providers.failures.missing_key`.
     """
     if isinstance(exc, errors.AxonError):
         return exc
@@ -611,6 +617,8 @@ def classify_error(exc: BaseException) -> errors.AxonError:
         return errors.ConnectionLost(f"connection failed or dropped: {exc}", provider=PROVIDER)
     if isinstance(exc, anthropic.APIResponseValidationError):
         return errors.MalformedStream(f"unparseable response stream: {exc}", provider=PROVIDER)
+    if isinstance(exc, TypeError) and "Could not resolve authentication method" in str(exc):
+        return missing_key(PROVIDER, "ANTHROPIC_API_KEY")  # raised before any request
     found = classify_transport(exc, provider=PROVIDER)
     if found is not None:
         return found

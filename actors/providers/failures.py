@@ -5,6 +5,7 @@
 * :func:`classify_status`: the one status ladder from an HTTP status (and the error type
   and code words of the body) to the classes of :mod:`runtime.errors`, in one order for
   every provider, so the same failure is the same error whichever SDK reported it;
+* :func:`missing_key`: a call made with no API key, the same error for every SDK;
 * :func:`classify_transport`: timeouts, dropped connections and undecodable bodies
   raised by the SDKs' HTTP library while a stream is read.
 
@@ -118,6 +119,18 @@ def classify_status(
     if (status is not None and 400 <= status < 500) or error_type == "invalid_request_error":
         return errors.BadRequest(message, **kw)
     return errors.ProviderError(message, **kw)
+
+
+def missing_key(provider: str, variable: str) -> errors.AuthenticationFailed:
+    """The error for a call with no API key: neither given (``--api-key``, ``api_key=``)
+    nor in the environment ``variable`` the SDK reads. Every SDK says this in its own
+    words (OpenAI's "Missing credentials", Anthropic's ``TypeError`` "Could not resolve
+    authentication method"); this is one class and one line that says what to do."""
+    return errors.AuthenticationFailed(
+        f"no API key for {provider}: pass --api-key (the api_key argument in code) "
+        f"or set {variable}",
+        provider=provider,
+    )
 
 
 def classify_transport(exc: BaseException, *, provider: str) -> errors.ProviderError | None:

@@ -36,7 +36,12 @@ from typing import Any, ClassVar
 
 import trio
 
-from actors.providers.failures import classify_status, classify_transport, retry_after
+from actors.providers.failures import (
+    classify_status,
+    classify_transport,
+    missing_key,
+    retry_after,
+)
 from runtime import errors
 from runtime.chunks import (
     FinishChunk,
@@ -620,7 +625,7 @@ class OpenAIProvider(Provider):
                     max_retries=0,  # retries belong to the runtime (it knows what was emitted)
                 )
             except openai.OpenAIError as exc:  # no key given and none in the environment
-                raise errors.AuthenticationFailed(str(exc), provider=self.provider_name) from exc
+                raise missing_key(self.provider_name, "OPENAI_API_KEY") from exc
             from runtime.redact import register_secret
 
             register_secret(self._client.api_key)  # the resolved key: argument or env

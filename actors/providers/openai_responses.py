@@ -46,7 +46,7 @@ import json
 from collections.abc import AsyncIterable, Iterable, Sequence
 from typing import Any, ClassVar
 
-from actors.providers.failures import classify_status
+from actors.providers.failures import classify_status, missing_key
 from actors.providers.openai import classify_error as _classify_openai
 from actors.providers.openai import map_output as chat_output
 from runtime import errors
@@ -712,7 +712,7 @@ class OpenAIResponsesProvider(Provider):
                     max_retries=0,  # retries belong to the runtime (it knows what was emitted)
                 )
             except openai.OpenAIError as exc:  # no key given and none in the environment
-                raise errors.AuthenticationFailed(str(exc), provider=PROVIDER) from exc
+                raise missing_key(PROVIDER, "OPENAI_API_KEY") from exc
             from runtime.redact import register_secret
 
             register_secret(self._client.api_key)  # the resolved key: argument or env

@@ -3,6 +3,7 @@
     python -m runtime serve                                  # offline demo agent
     python -m runtime serve --store sessions.db --port 8000
     python -m runtime serve --provider openai --model gpt-4o-mini --token s3cret
+    python -m runtime serve --agent myapp.agents:support     # your own Agent
 
 A :class:`~runtime.host.Host` and the Starlette app (:mod:`runtime.web.app`) share one
 Trio run: Hypercorn's Trio worker serves the app, so each request's turn runs in the
@@ -30,8 +31,14 @@ import trio
 from actors.plugins.otel import OpenTelemetryActor, build_tracer_provider
 from actors.relay import RedisRelay, attach_relay
 from actors.relay.redis_streams import public_url
-from runtime.commands import MCP_HELP, add_agent_arguments, make_agent, report_bad_input
-from runtime.errors import ConfigurationError, RelayUnavailable
+from runtime.commands import (
+    MCP_HELP,
+    add_agent_arguments,
+    add_log_level_argument,
+    make_agent,
+    report_bad_input,
+)
+from runtime.errors import ConfigurationError, RelayUnavailable, reraise, sole_exception
 from runtime.host import Host
 from runtime.logging import configure_logging
 from runtime.redact import redact_url
@@ -70,7 +77,11 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
         default=0.02,
         help="scripted demo: seconds between chunks, so the page shows it typing (default 0.02)",
     )
-    add("--store", default=None, help="SQLite file for the sessions (default: memory)")
+    add(
+        "--store",
+        default=None,
+        help="session store: an SQLite file or a postgresql:// URL (default: memory)",
+    )
     add("--mcp", action="append", default=[], metavar="SERVER", help=MCP_HELP)
     add(
         "--redis",
@@ -116,7 +127,13 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
         action="store_true",
         help="allow a non-loopback --host without --token",
     )
-    add("--max-body", type=int, default=DEFAULT_MAX_BODY, help="largest request body, bytes")
+    add(
+        "--max-body",
+        type=int,
+        default=DEFAULT_MAX_BODY,
+        help=f"largest request body, bytes (default {DEFAULT_MAX_BODY}: "
+        f"{DEFAULT_MAX_BODY / 2**20:g} MiB, room for attachments)",
+    )
     add(
         "--session-ttl",
         type=_positive(float),
@@ -146,7 +163,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
         help="seconds a stream waits for a client that takes no data before dropping it "
         f"and cancelling its turn (default {SEND_TIMEOUT:g})",
     )
-    add("--log-level", default="warning", help="structlog level on stderr")
+    add_log_level_argument(parser, "warning")
     add(
         "--otel",
         action="store_true",
@@ -237,7 +254,8 @@ async def serve_app(
 ) -> None:
     """Serve ``app`` with Hypercorn's Trio worker in the current Trio run until
     ``shutdown_trigger()`` returns (or the caller cancels); ``task_status`` gets the bound
-    URLs (``port=0`` picks a free port)."""
+    URLs (``port=0`` picks a free port). An address it cannot bind (in use, not this
+    machine's) is the ``OSError`` itself, not wrapped in Hypercorn's exception groups."""
     from hypercorn.config import Config  # Hypercorn: only when serving
     from hypercorn.trio import serve
 
@@ -247,7 +265,13 @@ async def serve_app(
     config.errorlog = "-"
     config.graceful_timeout = 5.0
     config.include_server_header = False
-    await serve(app, config, shutdown_trigger=shutdown_trigger, task_status=task_status)
+    try:
+        await serve(app, config, shutdown_trigger=shutdown_trigger, task_status=task_status)
+    except BaseExceptionGroup as group:  # Hypercorn's nurseries wrap e.g. a bind's OSError
+        sole = sole_exception(group)
+        if sole is None:
+            raise
+        reraise(sole)
 
 
 def is_front_end(args: argparse.Namespace) -> bool:
@@ -327,23 +351,29 @@ async def serve_command(args: argparse.Namespace) -> int:
             host.cancel_turns("server shutdown")  # end streams with a clean abort
 
         async with trio.open_nursery() as nursery:
-            binds = await nursery.start(
-                partial(
-                    serve_app,
-                    app,
-                    host=args.host,
-                    port=args.port,
-                    shutdown_trigger=shutdown_trigger,
-                    access_log=args.log_level in ("debug", "info"),
+            try:
+                binds = await nursery.start(
+                    partial(
+                        serve_app,
+                        app,
+                        host=args.host,
+                        port=args.port,
+                        shutdown_trigger=shutdown_trigger,
+                        access_log=args.log_level in ("debug", "info"),
+                    )
                 )
-            )
+            except OSError as exc:  # raised before serving: the address is refused
+                where = _bind(args.host, args.port)
+                print(f"error: cannot listen on {where}: {exc.strerror or exc}", file=sys.stderr)
+                return 2
             fragment = f"#token={args.token}" if args.token else ""  # not an env secret
             mode = "front-end mode: turns run on workers; " if queue is not None else ""
             for url in binds:
                 print(
                     f"Axon web UI on {url}/{fragment}  "
                     f"({mode}"
-                    f"provider {args.provider}, store {redact_url(args.store or 'memory')}"
+                    f"{'agent ' + args.agent if args.agent else 'provider ' + args.provider}"
+                    f", store {redact_url(args.store or 'memory')}"
                     f"{', relay ' + public_url(args.redis) if relay is not None else ''}"
                     f"{', OpenTelemetry traces' if tracing is not None else ''})",
                     flush=True,

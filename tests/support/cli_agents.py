@@ -1,0 +1,20 @@
+"""Agents the command-line tests load with ``--agent tests.support.cli_agents:NAME``."""
+
+from __future__ import annotations
+
+from actors.providers.scripted import ScriptedProvider
+from runtime.agent import Agent
+
+agent = Agent(name="mine", provider=ScriptedProvider(responder=lambda request: ["hello from mine"]))
+"""One agent for every session."""
+
+
+def per_session(session_id: str) -> Agent:
+    """A function of the session id: its agent says which session it runs."""
+    return Agent(
+        name="mine",
+        provider=ScriptedProvider(responder=lambda request: [f"hello from {session_id}"]),
+    )
+
+
+not_an_agent = 42
