@@ -88,7 +88,7 @@ def test_a_busy_port_is_one_error_line():
         port = taken.getsockname()[1]
         proc = python_m("runtime", "serve", "--port", str(port))
     assert proc.returncode == 2
-    assert proc.stderr.startswith(f"error: cannot listen on 127.0.0.1:{port}: ")
+    assert proc.stderr.startswith(f"error: cannot serve on 127.0.0.1:{port}: ")
     assert proc.stderr.count("\n") == 1, proc.stderr
 
 

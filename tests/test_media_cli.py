@@ -80,14 +80,15 @@ def test_media_urls_off_reaches_the_agent_of_run_serve_and_worker():
         assert make_agent(args).media_limits.allow_urls is True, argv
 
 
-def test_media_urls_off_reaches_a_worker_agent_given_by_module_or_factory():
+def test_media_urls_off_reaches_an_agent_given_by_module_or_factory():
     from runtime import Agent
     from runtime.cli import build_parser
-    from runtime.worker import _refusing_media_urls
+    from runtime.commands import make_agent
 
-    args = build_parser().parse_args(["worker", "--store", "postgresql://h/db"])
-    args.media_urls = "off"
-    agent = Agent()
-    assert _refusing_media_urls(agent, args).media_limits.allow_urls is False
-    factory = _refusing_media_urls(lambda session_id: agent, args)
-    assert factory("s").media_limits.allow_urls is False
+    for spec in ("tests.support.cli_agents:agent", "tests.support.cli_agents:per_session"):
+        args = build_parser().parse_args(
+            ["worker", "--store", "postgresql://h/db", "--agent", spec, "--media-urls", "off"]
+        )
+        source = make_agent(args)
+        agent = source if isinstance(source, Agent) else source("s")
+        assert agent.media_limits.allow_urls is False, spec

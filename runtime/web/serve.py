@@ -364,7 +364,7 @@ async def serve_command(args: argparse.Namespace) -> int:
                 )
             except OSError as exc:  # raised before serving: the address is refused
                 where = _bind(args.host, args.port)
-                print(f"error: cannot listen on {where}: {exc.strerror or exc}", file=sys.stderr)
+                print(f"error: cannot serve on {where}: {exc.strerror or exc}", file=sys.stderr)
                 return 2
             fragment = f"#token={args.token}" if args.token else ""  # not an env secret
             mode = "front-end mode: turns run on workers; " if queue is not None else ""
