@@ -133,7 +133,6 @@ def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-
 def add_log_level_argument(parser: argparse.ArgumentParser, default: str, why: str = "") -> None:
     """``--log-level``: one of :data:`LOG_LEVELS` (a typo is refused, not read as info)."""
     parser.add_argument(
@@ -195,7 +194,6 @@ def with_media_urls(agent: Agent, args: argparse.Namespace) -> Agent:
         return agent
     limits = attrs.evolve(agent.media_limits, allow_urls=False)
     return attrs.evolve(agent, media_limits=limits)
-
 
 
 def _with_servers(source: AgentSource, servers: tuple[MCPServer, ...]) -> AgentSource:
