@@ -159,3 +159,66 @@ async def test_stop_on_another_front_end_cancels_the_turn_and_saves_it(redis_url
     assert {"type": "abort", "reason": "stopped by user"} in [d for _, d in result]
     assert isinstance(saved, AssistantMessage) and saved.interrupted
     assert again.status_code == 204
+
+
+JUNK_STREAMS = {
+    "bad fields": {"first": "1", "items": "not json"},
+    "an unknown chunk type": {"first": "1", "items": '[{"type": "bogus"}]'},
+    "a key of another type": None,
+}
+
+
+async def plant_junk_stream(relay: Any, session_id: str, turn_id: str, fields: Any) -> None:
+    """The session's active turn is ``turn_id``, whose relay key holds junk."""
+    key = relay.turn_key(turn_id)
+    await relay.client.delete([key])
+    if fields is None:
+        await relay.client.set(key, "not a stream")
+    else:
+        await relay.client.xadd(key, fields, identifier="1-1")
+    await relay.client.set(relay.active_key(session_id), turn_id)
+
+
+@pytest.mark.parametrize("fields", JUNK_STREAMS.values(), ids=JUNK_STREAMS.keys())
+@pytest.mark.parametrize("last_event_id", [None, "3"])
+async def test_a_junk_relay_stream_is_an_error_chunk_never_a_500(
+    redis_url: str, fields: Any, last_event_id: str | None
+) -> None:
+    async with two_front_ends(redis_url, Agent(name="a")) as (_, b):
+        await plant_junk_stream(b.app.state.axon.relay, "s1", "turn_junk", fields)
+        headers = {"last-event-id": last_event_id} if last_event_id else {}
+        async with httpx.AsyncClient(base_url=b.url, timeout=20) as client:
+            response = await client.get("/api/chat/s1/stream", headers=headers)
+    events = [d for _, d in sse_events(response.text)]
+    assert response.status_code == 200
+    assert events[-2]["type"] == "error" and "junk" in events[-2]["errorText"]
+    assert events[-1] == "[DONE]"
+
+
+async def test_a_finished_turns_junk_relay_stream_is_rebuilt_from_the_store(
+    redis_url: str,
+) -> None:
+    agent = Agent(name="a", provider=ScriptedProvider(["one two three"]))
+    async with two_front_ends(redis_url, agent) as (a, _):
+        async with httpx.AsyncClient(base_url=a.url, timeout=20) as client:
+            await client.post("/api/chat", json=chat_body("s1"))
+            await wait_idle(a, "s1")
+            relay = a.app.state.axon.relay
+            turn_id = (await relay.client.get(relay.active_key("s1"))).decode()
+            await plant_junk_stream(relay, "s1", turn_id, JUNK_STREAMS["a key of another type"])
+            response = await client.get("/api/chat/s1/stream")
+        stored = (await a.host.store.load("s1")).messages[-1]
+    events = [d for _, d in sse_events(response.text) if d != "[DONE]"]
+    assert response.status_code == 200
+    assert events[0] == {"type": "start", "messageId": stored.id}
+    assert "".join(e["delta"] for e in events if e["type"] == "text-delta") == "one two three"
+    assert events[-1]["type"] == "finish"
+
+
+async def test_a_session_key_of_another_type_in_the_relay_is_no_turn(redis_url: str) -> None:
+    async with two_front_ends(redis_url, Agent(name="a")) as (_, b):
+        relay = b.app.state.axon.relay
+        await relay.client.hset(relay.active_key("s1"), {"turn": "t"})
+        async with httpx.AsyncClient(base_url=b.url) as client:
+            response = await client.get("/api/chat/s1/stream")
+    assert response.status_code == 204
