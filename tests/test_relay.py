@@ -127,6 +127,19 @@ async def test_appends_queued_together_are_written_in_one_flush(redis_url: str) 
     assert [c.text for c in got[1:]] == [str(i) for i in range(1000)]
 
 
+async def test_a_backlog_of_more_entries_than_a_page_replays_whole(redis_url: str) -> None:
+    async with opened(redis_url) as relay:
+        writer = relay.writer(session_id="s", turn_id="t")
+        writer.append(o.Start(message_id="m"))
+        for i in range(300):  # one flush, so one entry, each
+            await writer.flushed()
+            writer.append(o.TextDelta(step=0, part_id="p", text=str(i)))
+        await writer.aclose()
+        got = await read_all(relay, "t")
+    assert writer.flushes > 256
+    assert [c.text for c in got[1:]] == [str(i) for i in range(300)]
+
+
 async def test_a_restarted_step_is_dropped_from_a_replay(redis_url: str) -> None:
     async with opened(redis_url) as relay:
         writer = relay.writer(session_id="s", turn_id="t")

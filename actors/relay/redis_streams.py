@@ -142,7 +142,7 @@ def _decode(entry: Any) -> _Entry:
         first = int(fields[b"first"])
         items = orjson.loads(fields[b"items"])
         writer, prev = fields.get(b"w"), fields.get(b"prev")
-        if _entry_seq(entry.identifier) != first or first < 1:
+        if _identifier(entry.identifier) != f"{first}-1" or first < 1:
             raise _Undecodable(f"entry {entry.identifier!r} says it starts at seq {first}")
     except (KeyError, ValueError, TypeError, AttributeError, UnicodeDecodeError) as exc:
         raise _Undecodable(f"{type(exc).__name__}: {exc}") from None
@@ -156,9 +156,12 @@ def _decode(entry: Any) -> _Entry:
     return _Entry(first=first, items=items, writer=writer, prev=prev)
 
 
+def _identifier(identifier: bytes | str) -> str:
+    return identifier.decode() if isinstance(identifier, bytes) else identifier
+
+
 def _entry_seq(identifier: bytes | str) -> int:
-    text = identifier.decode() if isinstance(identifier, bytes) else identifier
-    return int(text.split("-", 1)[0])
+    return int(_identifier(identifier).split("-", 1)[0])
 
 
 @attrs.define
@@ -647,7 +650,7 @@ class RedisRelay:
                 last_id = entry.identifier
             if len(page) < PAGE:
                 break
-            start = f"({_entry_seq(last_id)}-1"
+            start = f"({_identifier(last_id)}"
         if not cursor.position:
             raise RelayTurnGone(f"the relay has no stream for turn {turn_id!r}")
         if seen > cursor.position:
