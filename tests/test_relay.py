@@ -382,6 +382,18 @@ async def test_a_writer_the_turn_lost_is_not_spliced_into_the_takeovers_stream(
             await read_all(relay, "t")
 
 
+async def test_a_resume_after_a_seq_the_stream_never_held_is_the_turn_gone(
+    redis_url: str,
+) -> None:
+    async with opened(redis_url) as relay:
+        writer = relay.writer(session_id="s", turn_id="t")
+        for chunk in long_turn("a", 1)[:3]:
+            writer.append(chunk)
+        await writer.flushed()
+        with pytest.raises(RelayTurnGone, match="ends at seq 3, before seq 9"):
+            await read_all(relay, "t", after_seq=9)  # the client read another stream
+
+
 JUNK_ENTRIES = {
     "items not JSON": {"first": "1", "items": "not json"},
     "no first": {"items": '[{"type": "start", "message_id": "m"}]'},

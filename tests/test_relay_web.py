@@ -60,6 +60,20 @@ async def wait_streaming(client: httpx.AsyncClient, url: str) -> None:
             await trio.sleep(0.02)
 
 
+async def wait_for_seq(relay: Any, session_id: str, seq: int) -> None:
+    """Wait until the session's streaming turn's relay stream holds ``seq``."""
+    with trio.fail_after(10):
+        while True:
+            turn_id = await relay.active_turn(session_id)
+            key = relay.turn_key(turn_id or "")
+            last = await relay.client.xrevrange(key, "+", "-", count=1)
+            if last:
+                fields = last[0].field_values
+                if int(fields[b"first"]) + len(json.loads(fields[b"items"])) - 1 >= seq:
+                    return
+            await trio.sleep(0.01)
+
+
 @asynccontextmanager
 async def two_front_ends(url: str, agent: Agent) -> AsyncIterator[tuple[Any, Any]]:
     """Front end A runs turns (publishing to the relay); B shares only Redis with it."""
@@ -111,6 +125,9 @@ async def test_last_event_id_resumes_after_that_seq(redis_url: str) -> None:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(lambda: client.post(f"{a.url}/api/chat", json=chat_body("s1")))
                 await wait_streaming(client, f"{b.url}/api/chat/s1/stream")
+                # A client can have seen seq 5 only once the stream holds it (a stream
+                # that ends before the client's seq is another one: not resumed).
+                await wait_for_seq(b.app.state.axon.relay, "s1", 5)
                 full_task: list[Any] = []
 
                 async def full() -> None:
@@ -222,3 +239,46 @@ async def test_a_session_key_of_another_type_in_the_relay_is_no_turn(redis_url: 
         async with httpx.AsyncClient(base_url=b.url) as client:
             response = await client.get("/api/chat/s1/stream")
     assert response.status_code == 204
+
+
+async def test_a_resume_after_a_takeover_does_not_repeat_start(redis_url: str) -> None:
+    from runtime import output as o
+    from runtime.chunks import Usage
+
+    usage = Usage(input_tokens=1, output_tokens=1, total_tokens=2)
+    async with two_front_ends(redis_url, Agent(name="a")) as (_, b):
+        relay = b.app.state.axon.relay
+        dead = relay.writer(session_id="s1", turn_id="t1")
+        for chunk in (o.Start(message_id="m1"), o.StepStart(step=0)):
+            dead.append(chunk)
+        await dead.flushed()
+        taker = relay.writer(session_id="s1", turn_id="t1", takeover=True)
+        taker.append(o.Start(message_id="m1"))
+        await taker.restart_step(0)
+        for chunk in (
+            o.StepStart(step=0),
+            o.TextStart(step=0, part_id="p"),
+            o.TextDelta(step=0, part_id="p", text="hi"),
+            o.TextFinish(step=0, part_id="p"),
+            o.StepFinish(step=0, finish_reason="stop", usage=usage),
+            o.Finish(finish_reason="stop", usage=usage),
+        ):
+            taker.append(chunk)
+        await taker.flushed()
+        async with httpx.AsyncClient(base_url=b.url, timeout=20) as client:
+            async with trio.open_nursery() as nursery:
+                got: list[Any] = []
+
+                async def resume(task_status: trio.TaskStatus[None]) -> None:
+                    headers = {"last-event-id": "2"}  # had the dead worker's start, step-start
+                    async with client.stream(
+                        "GET", "/api/chat/s1/stream", headers=headers
+                    ) as response:
+                        task_status.started()  # the turn is the one streaming: read to its end
+                        got.extend(d for _, d in sse_events((await response.aread()).decode()))
+
+                await nursery.start(resume)
+                await taker.aclose()
+    types = [d["type"] for d in got if d != "[DONE]"]
+    assert types[0] == "reset-step" and "start" not in types
+    assert types[-1] == "finish"
