@@ -56,13 +56,21 @@ class RelayWriter(Protocol):
 class Relay(Protocol):
     """Opens writers for turns this process runs and reads turns any process runs."""
 
-    def writer(self, *, session_id: str, turn_id: str) -> RelayWriter: ...
+    def writer(self, *, session_id: str, turn_id: str, takeover: bool = False) -> RelayWriter:
+        """The writer of a turn this process runs. ``takeover``: another process ran
+        the turn before (its stream may hold part of it): the writer continues that
+        stream, and when the relay has lost it, makes readers rebuild from the store
+        rather than show the turn without what the earlier process streamed."""
+        ...
 
     def read(self, turn_id: str, *, after_seq: int | None = None) -> AsyncIterator[Any]:
         """The turn's chunks with ``seq > after_seq`` (all when ``None``), live until it ends.
 
-        Raises :class:`LookupError` when the relay no longer has the turn (the relay is a
-        cache): the caller then rebuilds from the committed messages in the store.
+        Raises :class:`LookupError` when the relay no longer has the turn, or cannot
+        prove that what it has is the turn without a hole or a splice, including what a
+        client resuming after ``after_seq`` saw (the relay is a cache): the caller then
+        rebuilds from the committed messages in the store. Repeats of the turn's
+        ``start`` (a takeover starts the message over) are left out.
         """
         ...
 

@@ -321,7 +321,9 @@ class Worker:
         )
         writer = None
         if self.relay is not None:
-            writer = self.relay.writer(session_id=turn.session_id, turn_id=turn.turn_id)
+            writer = self.relay.writer(
+                session_id=turn.session_id, turn_id=turn.turn_id, takeover=claim.takeover
+            )
         fence = claim.fence(on_lost=lambda: entry.lose("a save was refused"))
         status = "lost"
         try:

@@ -128,6 +128,19 @@ async def test_appends_queued_together_are_written_in_one_flush(redis_url: str) 
     assert [c.text for c in got[1:]] == [str(i) for i in range(1000)]
 
 
+async def test_a_backlog_of_more_entries_than_a_page_replays_whole(redis_url: str) -> None:
+    async with opened(redis_url) as relay:
+        writer = relay.writer(session_id="s", turn_id="t")
+        writer.append(o.Start(message_id="m"))
+        for i in range(300):  # one flush, so one entry, each
+            await writer.flushed()
+            writer.append(o.TextDelta(step=0, part_id="p", text=str(i)))
+        await writer.aclose()
+        got = await read_all(relay, "t")
+    assert writer.flushes > 256
+    assert [c.text for c in got[1:]] == [str(i) for i in range(300)]
+
+
 async def test_a_restarted_step_is_dropped_from_a_replay(redis_url: str) -> None:
     async with opened(redis_url) as relay:
         writer = relay.writer(session_id="s", turn_id="t")
@@ -267,3 +280,179 @@ async def test_redis_restarted_mid_turn_loses_nothing_committed(redis_url: str) 
                 # The relay lost what Redis held (nosave): a reader is told, not misled.
                 with pytest.raises(LookupError):
                     await read_all(relay, out.turn_id)
+
+
+def long_turn(prefix: str, words: int) -> list[Any]:
+    """A one-step turn of ``words`` text deltas (start, step-start, text-start, deltas...)."""
+    head: list[Any] = [
+        o.Start(message_id="m1"),
+        o.StepStart(step=0),
+        o.TextStart(step=0, part_id=prefix),
+    ]
+    deltas = [o.TextDelta(step=0, part_id=prefix, text=f"{prefix}{i} ") for i in range(words)]
+    tail = [
+        o.TextFinish(step=0, part_id=prefix),
+        o.StepFinish(step=0, finish_reason="stop", usage=USAGE),
+        o.Finish(finish_reason="stop", usage=USAGE),
+    ]
+    return [*head, *deltas, *tail]
+
+
+async def take_over(relay: Any, chunks: list[Any]) -> None:
+    """What a takeover's worker streams: the message's start again, the restarted
+    step's marker, then the step run again to the end."""
+    writer = relay.writer(session_id="s", turn_id="t", takeover=True)
+    writer.append(chunks[0])
+    await writer.restart_step(0)
+    for chunk in chunks[1:]:
+        writer.append(chunk)
+    await writer.aclose()
+
+
+async def test_a_takeover_of_a_stream_redis_lost_is_gone_for_every_reader(redis_url: str) -> None:
+    first_try = long_turn("a", 25)[:28]  # seqs 1..28: start, step-start, text-start, 25 deltas
+    with redis_restored():
+        async with opened(redis_url, retry_base=0.02, retry_max=0.2) as relay:
+            dead = relay.writer(session_id="s", turn_id="t")
+            for chunk in first_try:
+                dead.append(chunk)
+            await dead.flushed()
+            live = relay.read("t", after_seq=24)
+            assert [(await anext(live)).seq for _ in range(4)] == [25, 26, 27, 28]
+            await trio.to_thread.run_sync(stop_redis)  # Redis loses the stream
+            await trio.to_thread.run_sync(start_redis)
+            await take_over(relay, long_turn("b", 40))  # numbers from 1 again, past 29
+            with pytest.raises(RelayTurnGone), trio.fail_after(10):
+                await anext(live)  # the reader that had 25..28 from the dead worker
+            with pytest.raises(RelayTurnGone):
+                await read_all(relay, "t", after_seq=28)  # a client resuming after 28
+            with pytest.raises(RelayTurnGone):
+                await read_all(relay, "t")  # a fresh reader: the stream lacks the turn's head
+
+
+async def test_a_takeover_that_found_the_stream_continues_it_for_every_reader(
+    redis_url: str,
+) -> None:
+    async with opened(redis_url) as relay:
+        dead = relay.writer(session_id="s", turn_id="t")
+        for chunk in long_turn("a", 5)[:6]:
+            dead.append(chunk)
+        await dead.flushed()
+        await take_over(relay, long_turn("b", 3))
+        full = await read_all(relay, "t")
+        resumed = await read_all(relay, "t", after_seq=6)
+    assert [c.text for c in full if c.type == "text-delta"] == ["b0 ", "b1 ", "b2 "]
+    assert isinstance(resumed[0], StepRestarted)
+    assert [c.text for c in resumed if c.type == "text-delta"] == ["b0 ", "b1 ", "b2 "]
+
+
+async def test_a_resumed_stream_does_not_repeat_start_after_a_takeover(redis_url: str) -> None:
+    async with opened(redis_url) as relay:
+        dead = relay.writer(session_id="s", turn_id="t")
+        for chunk in long_turn("a", 1)[:4]:
+            dead.append(chunk)
+        await dead.flushed()
+        await take_over(relay, long_turn("b", 1))
+        full = await read_all(relay, "t")
+        resumed = await read_all(relay, "t", after_seq=4)
+    assert [c.type for c in full].count("start") == 1
+    assert "start" not in [c.type for c in resumed]
+
+
+async def test_a_writer_the_turn_lost_is_not_spliced_into_the_takeovers_stream(
+    redis_url: str,
+) -> None:
+    chunks = long_turn("a", 8)
+    async with opened(redis_url) as relay:
+        zombie = relay.writer(session_id="s", turn_id="t")
+        for chunk in chunks[:3]:
+            zombie.append(chunk)
+        await zombie.flushed()  # seqs 1..3
+        successor = relay.writer(session_id="s", turn_id="t", takeover=True)
+        for chunk in chunks[3:5]:
+            successor.append(chunk)
+        await successor.flushed()  # seqs 4..5
+        for chunk in chunks[5:8]:
+            zombie.append(chunk)  # at 4: refused, Redis has an entry there
+        await zombie.flushed()
+        successor.append(chunks[8])
+        await successor.flushed()  # seq 6
+        zombie.append(chunks[9])
+        await zombie.flushed()  # seq 7: the lost writer's, right after the successor's 6
+        with pytest.raises(RelayTurnGone, match="written over"):
+            await read_all(relay, "t")
+
+
+async def test_a_resume_after_a_seq_the_stream_never_held_is_the_turn_gone(
+    redis_url: str,
+) -> None:
+    async with opened(redis_url) as relay:
+        writer = relay.writer(session_id="s", turn_id="t")
+        for chunk in long_turn("a", 1)[:3]:
+            writer.append(chunk)
+        await writer.flushed()
+        with pytest.raises(RelayTurnGone, match="ends at seq 3, before seq 9"):
+            await read_all(relay, "t", after_seq=9)  # the client read another stream
+
+
+JUNK_ENTRIES = {
+    "items not JSON": {"first": "1", "items": "not json"},
+    "no first": {"items": '[{"type": "start", "message_id": "m"}]'},
+    "first not its id": {"first": "3", "items": '[{"type": "start", "message_id": "m"}]'},
+    "items not an array": {"first": "1", "items": '{"type": "start"}'},
+    "an item not an object": {"first": "1", "items": "[1]"},
+    "an unknown chunk type": {"first": "1", "items": '[{"type": "bogus"}]'},
+    "a chunk missing fields": {"first": "1", "items": '[{"type": "text-delta"}]'},
+    "a restart without its step": {"first": "1", "items": '[{"type": "relay.restart-step"}]'},
+}
+
+
+@pytest.mark.parametrize("fields", JUNK_ENTRIES.values(), ids=JUNK_ENTRIES.keys())
+async def test_an_undecodable_entry_is_the_turn_gone(redis_url: str, fields: Any) -> None:
+    async with opened(redis_url) as relay:
+        await relay.client.xadd(relay.turn_key("t"), fields, identifier="1-1")
+        await relay.client.set(relay.active_key("s"), "t")
+        assert await relay.active_turn("s") == "t"  # a reader of it then rebuilds
+        with pytest.raises(RelayTurnGone, match="junk"):
+            await read_all(relay, "t")
+
+
+async def test_an_undecodable_entry_after_good_ones_is_the_turn_gone(redis_url: str) -> None:
+    async with opened(redis_url, block_ms=20) as relay:
+        writer = relay.writer(session_id="s", turn_id="t")
+        writer.append(o.Start(message_id="m"))
+        await writer.flushed()
+        reader = relay.read("t")
+        assert (await anext(reader)).type == "start"
+        junk = {"first": "2", "items": "[}"}
+        await relay.client.xadd(relay.turn_key("t"), junk, identifier="2-1")
+        with pytest.raises(RelayTurnGone, match="junk"), trio.fail_after(10):
+            await anext(reader)
+
+
+async def test_a_turn_key_of_another_type_is_the_turn_gone(redis_url: str) -> None:
+    async with opened(redis_url) as relay:
+        await relay.client.set(relay.turn_key("t"), "not a stream")
+        await relay.client.set(relay.active_key("s"), "t")
+        assert await relay.active_turn("s") == "t"
+        with pytest.raises(RelayTurnGone, match="not a stream"):
+            await read_all(relay, "t")
+
+
+async def test_a_session_key_of_another_type_or_not_a_turn_id_is_no_turn(redis_url: str) -> None:
+    async with opened(redis_url) as relay:
+        await relay.client.rpush(relay.active_key("list"), ["t"])
+        await relay.client.set(relay.active_key("nul"), b"t\x00x")
+        assert await relay.active_turn("list") is None
+        assert await relay.active_turn("nul") is None
+
+
+async def test_a_writer_continues_after_junk_and_readers_are_told(redis_url: str) -> None:
+    async with opened(redis_url) as relay:
+        await relay.client.xadd(relay.turn_key("t"), {"junk": "1"}, identifier="5-1")
+        writer = relay.writer(session_id="s", turn_id="t")
+        writer.append(o.Start(message_id="m"))
+        await writer.aclose()
+        assert writer.flushes == 1 and writer.lost == 0
+        with pytest.raises(RelayTurnGone):
+            await read_all(relay, "t")

@@ -60,6 +60,20 @@ async def wait_streaming(client: httpx.AsyncClient, url: str) -> None:
             await trio.sleep(0.02)
 
 
+async def wait_for_seq(relay: Any, session_id: str, seq: int) -> None:
+    """Wait until the session's streaming turn's relay stream holds ``seq``."""
+    with trio.fail_after(10):
+        while True:
+            turn_id = await relay.active_turn(session_id)
+            key = relay.turn_key(turn_id or "")
+            last = await relay.client.xrevrange(key, "+", "-", count=1)
+            if last:
+                fields = last[0].field_values
+                if int(fields[b"first"]) + len(json.loads(fields[b"items"])) - 1 >= seq:
+                    return
+            await trio.sleep(0.01)
+
+
 @asynccontextmanager
 async def two_front_ends(url: str, agent: Agent) -> AsyncIterator[tuple[Any, Any]]:
     """Front end A runs turns (publishing to the relay); B shares only Redis with it."""
@@ -111,6 +125,9 @@ async def test_last_event_id_resumes_after_that_seq(redis_url: str) -> None:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(lambda: client.post(f"{a.url}/api/chat", json=chat_body("s1")))
                 await wait_streaming(client, f"{b.url}/api/chat/s1/stream")
+                # A client can have seen seq 5 only once the stream holds it (a stream
+                # that ends before the client's seq is another one: not resumed).
+                await wait_for_seq(b.app.state.axon.relay, "s1", 5)
                 full_task: list[Any] = []
 
                 async def full() -> None:
@@ -159,3 +176,109 @@ async def test_stop_on_another_front_end_cancels_the_turn_and_saves_it(redis_url
     assert {"type": "abort", "reason": "stopped by user"} in [d for _, d in result]
     assert isinstance(saved, AssistantMessage) and saved.interrupted
     assert again.status_code == 204
+
+
+JUNK_STREAMS = {
+    "bad fields": {"first": "1", "items": "not json"},
+    "an unknown chunk type": {"first": "1", "items": '[{"type": "bogus"}]'},
+    "a key of another type": None,
+}
+
+
+async def plant_junk_stream(relay: Any, session_id: str, turn_id: str, fields: Any) -> None:
+    """The session's active turn is ``turn_id``, whose relay key holds junk."""
+    key = relay.turn_key(turn_id)
+    await relay.client.delete([key])
+    if fields is None:
+        await relay.client.set(key, "not a stream")
+    else:
+        await relay.client.xadd(key, fields, identifier="1-1")
+    await relay.client.set(relay.active_key(session_id), turn_id)
+
+
+@pytest.mark.parametrize("fields", JUNK_STREAMS.values(), ids=JUNK_STREAMS.keys())
+@pytest.mark.parametrize("last_event_id", [None, "3"])
+async def test_a_junk_relay_stream_is_an_error_chunk_never_a_500(
+    redis_url: str, fields: Any, last_event_id: str | None
+) -> None:
+    async with two_front_ends(redis_url, Agent(name="a")) as (_, b):
+        await plant_junk_stream(b.app.state.axon.relay, "s1", "turn_junk", fields)
+        headers = {"last-event-id": last_event_id} if last_event_id else {}
+        async with httpx.AsyncClient(base_url=b.url, timeout=20) as client:
+            response = await client.get("/api/chat/s1/stream", headers=headers)
+    events = [d for _, d in sse_events(response.text)]
+    assert response.status_code == 200
+    assert events[-2]["type"] == "error" and "junk" in events[-2]["errorText"]
+    assert events[-1] == "[DONE]"
+
+
+async def test_a_finished_turns_junk_relay_stream_is_rebuilt_from_the_store(
+    redis_url: str,
+) -> None:
+    agent = Agent(name="a", provider=ScriptedProvider(["one two three"]))
+    async with two_front_ends(redis_url, agent) as (a, _):
+        async with httpx.AsyncClient(base_url=a.url, timeout=20) as client:
+            await client.post("/api/chat", json=chat_body("s1"))
+            await wait_idle(a, "s1")
+            relay = a.app.state.axon.relay
+            turn_id = (await relay.client.get(relay.active_key("s1"))).decode()
+            await plant_junk_stream(relay, "s1", turn_id, JUNK_STREAMS["a key of another type"])
+            response = await client.get("/api/chat/s1/stream")
+        stored = (await a.host.store.load("s1")).messages[-1]
+    events = [d for _, d in sse_events(response.text) if d != "[DONE]"]
+    assert response.status_code == 200
+    assert events[0] == {"type": "start", "messageId": stored.id}
+    assert "".join(e["delta"] for e in events if e["type"] == "text-delta") == "one two three"
+    assert events[-1]["type"] == "finish"
+
+
+async def test_a_session_key_of_another_type_in_the_relay_is_no_turn(redis_url: str) -> None:
+    async with two_front_ends(redis_url, Agent(name="a")) as (_, b):
+        relay = b.app.state.axon.relay
+        await relay.client.hset(relay.active_key("s1"), {"turn": "t"})
+        async with httpx.AsyncClient(base_url=b.url) as client:
+            response = await client.get("/api/chat/s1/stream")
+    assert response.status_code == 204
+
+
+async def test_a_resume_after_a_takeover_does_not_repeat_start(redis_url: str) -> None:
+    from runtime import output as o
+    from runtime.chunks import Usage
+
+    usage = Usage(input_tokens=1, output_tokens=1, total_tokens=2)
+    async with two_front_ends(redis_url, Agent(name="a")) as (_, b):
+        relay = b.app.state.axon.relay
+        dead = relay.writer(session_id="s1", turn_id="t1")
+        for chunk in (o.Start(message_id="m1"), o.StepStart(step=0)):
+            dead.append(chunk)
+        await dead.flushed()
+        taker = relay.writer(session_id="s1", turn_id="t1", takeover=True)
+        taker.append(o.Start(message_id="m1"))
+        await taker.restart_step(0)
+        for chunk in (
+            o.StepStart(step=0),
+            o.TextStart(step=0, part_id="p"),
+            o.TextDelta(step=0, part_id="p", text="hi"),
+            o.TextFinish(step=0, part_id="p"),
+            o.StepFinish(step=0, finish_reason="stop", usage=usage),
+            o.Finish(finish_reason="stop", usage=usage),
+        ):
+            taker.append(chunk)
+        await taker.flushed()
+        async with httpx.AsyncClient(base_url=b.url, timeout=20) as client:
+            async with trio.open_nursery() as nursery:
+                got: list[Any] = []
+
+                async def resume(task_status: trio.TaskStatus[None]) -> None:
+                    headers = {"last-event-id": "2"}  # had the dead worker's start, step-start
+                    async with client.stream(
+                        "GET", "/api/chat/s1/stream", headers=headers
+                    ) as response:
+                        task_status.started()  # the turn is the one streaming: read to its end
+                        got.extend(d for _, d in sse_events((await response.aread()).decode()))
+
+                await nursery.start(resume)
+                await taker.aclose()
+    types = [d["type"] for d in got if d != "[DONE]"]
+    assert types[0] == "reset-step" and "start" not in types
+    assert types[-1] == "finish"

@@ -5,9 +5,11 @@ Layout (every key under ``prefix``, ``axon:`` by default):
 ``{prefix}turn:{turn_id}``
     A Redis Stream. Each entry is one *flush* of a writer: ``items`` (a JSON array of
     the chunks queued since the previous flush, in the runtime's JSON form, see
-    :mod:`runtime.serde`) and ``first`` (the relay seq of the first of them). The entry id
-    is ``{first}-1``, so a retried flush that Redis had already applied is refused as a
-    duplicate instead of being written twice, and resuming after a seq is a range query.
+    :mod:`runtime.serde`), ``first`` (the relay seq of the first of them) and ``w`` (the
+    writer's random id); a writer's first entry on a stream another writer began also
+    has ``prev`` (that writer's id). The entry id is ``{first}-1``, so a retried flush
+    that Redis had already applied is refused as a duplicate instead of being written
+    twice, and resuming after a seq is a range query.
 ``{prefix}active:{session_id}``
     The id of the session's latest turn, so ``GET /api/chat/{id}/stream`` finds it.
 ``{prefix}cancel``
@@ -19,6 +21,19 @@ stream (1, 2, ...), stamped by the writer at flush time. The producer's own seqs
 when a session is reloaded or a turn is taken over by another worker; the relay's never
 do, so ``after_seq`` (SSE ``Last-Event-ID``) resumes with nothing missing or repeated.
 A takeover's writer continues the numbering from the stream's last entry.
+
+**Continuity.** A reader shows only what it can prove continuous (:class:`_Cursor`):
+every entry starts at the seq after the last one read and was written by the same
+writer, or by a takeover that names that writer in ``prev``. Redis can lose a stream
+(restarted without persistence, eviction) while the turn goes on; a takeover's writer
+that finds no stream then writes a ``gap`` first (what the turn streamed before is
+gone), and a writer that started a stream over cannot name the writer a reader read
+last. So a hole, a stream started over, a client's ``after_seq`` past the stream's end,
+a ``gap`` and any entry that does not decode (junk in the relay's keys, a key of another
+type) all raise :class:`~runtime.errors.RelayTurnGone`: the front end rebuilds the turn
+from the store, or tells a client that saw part of it to reload. Never a spliced turn
+shown whole, never a server error. None of this costs a Redis call: the ids ride in the
+entries.
 
 **Control items** also take a seq: :class:`StepRestarted` (a takeover re-runs ``step``:
 drop what the step streamed so far) and the end of the turn (not yielded; iteration
@@ -41,6 +56,8 @@ from __future__ import annotations
 import functools
 import math
 import random
+import re
+import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -97,27 +114,148 @@ def _backoff(attempt: int, base: float, cap: float) -> float:
     return random.uniform(0, min(cap, base * 2**attempt))
 
 
-def _decode(entry: Any) -> list[tuple[int, Any]]:
-    """The ``(seq, item)`` pairs of one stream entry."""
-    fields = entry.field_values
-    first = int(fields[b"first"])
-    items = orjson.loads(fields[b"items"])
-    return [(first + i, item) for i, item in enumerate(items)]
+@attrs.frozen(kw_only=True, slots=True)
+class _Entry:
+    """One stream entry, decoded: its items numbered from ``first``, who wrote it
+    (``writer``), and, on a writer's first entry, the writer whose tail it continued
+    (``prev``)."""
+
+    first: int
+    items: list[dict[str, Any]]
+    writer: bytes | None
+    prev: bytes | None
+
+    @property
+    def last(self) -> int:
+        return self.first + len(self.items) - 1
+
+
+class _Undecodable(ValueError):
+    """A stream entry that is not one a writer wrote (junk in the relay's keys)."""
+
+
+def _decode(entry: Any) -> _Entry:
+    """One stream entry; :class:`_Undecodable` when it is not what a writer writes: a
+    ``first`` that is not its id's, ``items`` that are not a non-empty JSON array of
+    objects with a string ``type``, a marker without its fields."""
+    try:
+        fields = entry.field_values
+        first = int(fields[b"first"])
+        items = orjson.loads(fields[b"items"])
+        writer, prev = fields.get(b"w"), fields.get(b"prev")
+        if _identifier(entry.identifier) != f"{first}-1" or first < 1:
+            raise _Undecodable(f"entry {entry.identifier!r} says it starts at seq {first}")
+    except (KeyError, ValueError, TypeError, AttributeError, UnicodeDecodeError) as exc:
+        raise _Undecodable(f"{type(exc).__name__}: {exc}") from None
+    if not isinstance(items, list) or not items:
+        raise _Undecodable("'items' is not a non-empty JSON array")
+    for item in items:
+        if not isinstance(item, dict) or not isinstance(item.get("type"), str):
+            raise _Undecodable(f"an item is not a chunk: {str(item)[:100]!r}")
+        if item["type"] == RESTART and type(item.get("step")) is not int:
+            raise _Undecodable(f"a restart marker without its step: {str(item)[:100]!r}")
+    return _Entry(first=first, items=items, writer=writer, prev=prev)
+
+
+def _identifier(identifier: bytes | str) -> str:
+    return identifier.decode() if isinstance(identifier, bytes) else identifier
 
 
 def _entry_seq(identifier: bytes | str) -> int:
-    text = identifier.decode() if isinstance(identifier, bytes) else identifier
-    return int(text.split("-", 1)[0])
+    return int(_identifier(identifier).split("-", 1)[0])
+
+
+@attrs.define
+class _Cursor:
+    """What a reader has read of a turn's stream, to prove each next entry continues it.
+
+    An entry continues the stream when its first seq follows the last one read and it
+    was written by the same writer as the entry before it, or by a writer that says it
+    continued that one (``prev``, a takeover that found the stream). Anything else (a
+    hole, a stream that another writer started over after Redis lost it, a writer the
+    turn had lost that still wrote, a ``gap`` item, junk) is :class:`RelayTurnGone`: a
+    reader never shows a spliced turn as a whole one."""
+
+    turn_id: str
+    position: int = 0
+    """The last seq read (shown to the client or not)."""
+    writer: bytes | None = None
+    message_id: str | None = None
+    """The message the stream's ``start`` opened: a takeover's repeat of it is dropped."""
+    ended: bool = False
+    """The turn's end was read."""
+
+    def accept(self, raw: Any) -> list[tuple[int, dict[str, Any]]]:
+        """The ``(seq, item)`` pairs of the stream's next entry ``raw``, repeated
+        ``start`` s left out; :class:`RelayTurnGone` unless it provably continues."""
+        turn = self.turn_id
+        try:
+            entry = _decode(raw)
+        except _Undecodable as exc:
+            raise RelayTurnGone(f"the relay's stream of turn {turn!r} holds junk ({exc})") from None
+        if entry.first > self.position + 1:
+            raise RelayTurnGone(
+                f"the relay lost chunks {self.position + 1}..{entry.first - 1} of turn {turn!r}"
+            )
+        if entry.first != self.position + 1 or (
+            self.position and entry.writer != self.writer and entry.prev != self.writer
+        ):
+            raise RelayTurnGone(
+                f"the relay's stream of turn {turn!r} was written over after seq "
+                f"{self.position} (Redis lost it and another writer started it again)"
+            )
+        pairs: list[tuple[int, dict[str, Any]]] = []
+        for seq, item in enumerate(entry.items, start=entry.first):
+            kind = item["type"]
+            if kind == GAP:
+                raise RelayTurnGone(
+                    f"the relay lost part of turn {turn!r} (Redis was unreachable or lost it)"
+                )
+            if kind == END:
+                self.ended = True
+            elif kind == "start":
+                message_id = item.get("message_id")
+                if self.message_id is not None and message_id == self.message_id:
+                    continue  # a takeover starts the same message over: the client has it
+                self.message_id = self.message_id or message_id
+            pairs.append((seq, item))
+        self.position = entry.last
+        self.writer = entry.writer
+        return pairs
+
+
+def _tail(last: list[Any], *, takeover: bool) -> tuple[int, bytes | None, bool]:
+    """Where a writer's numbering starts, from the stream's last entry (``last``, empty
+    when there is no stream): the next seq, the writer it continues (``prev``), and
+    whether what the turn streamed before is lost (a takeover that finds no stream, or a
+    last entry that is junk)."""
+    if not last:
+        return 1, None, takeover
+    try:
+        entry = _decode(last[0])
+    except _Undecodable:
+        return _entry_seq(last[0].identifier) + 1, None, True
+    return entry.last + 1, entry.writer or b"", False
 
 
 class RedisRelayWriter:
     """One turn's outgoing side (:class:`runtime.relay.RelayWriter`) on a Redis Stream."""
 
-    def __init__(self, relay: RedisRelay, *, session_id: str, turn_id: str) -> None:
+    def __init__(
+        self, relay: RedisRelay, *, session_id: str, turn_id: str, takeover: bool = False
+    ) -> None:
         self.relay = relay
         self.session_id = session_id
         self.turn_id = turn_id
+        self.takeover = takeover
+        """Another writer may have streamed the turn before: a stream found empty lost it."""
         self.key = relay.turn_key(turn_id)
+        self.writer_id = uuid.uuid4().hex[:16].encode()
+        """Written in every entry (``w``), so a reader tells this writer's entries from
+        those of a writer that started the stream over."""
+        self._prev: bytes | None = None
+        """The writer whose tail this one continues, written (``prev``) until this
+        writer's first entry is in."""
         self._queue: list[dict[str, Any]] = []
         self._wake = trio.Event()
         self._settled = trio.Event()
@@ -126,9 +264,9 @@ class RedisRelayWriter:
         self._closing = False
         self._closed = False
         self._next_seq: int | None = None
+        """The relay seq of the next item (read from the stream on the first flush)."""
         self._touched = -math.inf
         """When the flush that last set the stream's TTL ran (Trio clock)."""
-        """The relay seq of the next item (read from the stream on the first flush)."""
         self.lost = 0
         """Chunks dropped because the queue overflowed while Redis did not answer."""
         self.flushes = 0
@@ -235,7 +373,8 @@ class RedisRelayWriter:
                     self.failures += 1
                     self.lost += len(batch)
                     self._queue.insert(0, {"type": GAP})
-                    delay = self.relay.retry_base
+                    delay = _backoff(attempt, self.relay.retry_base, self.relay.retry_max)
+                    attempt += 1
                     log.error(
                         "relay.flush_refused",
                         turn_id=self.turn_id,
@@ -260,10 +399,21 @@ class RedisRelayWriter:
         with trio.fail_after(relay.op_timeout):
             if self._next_seq is None:  # first flush (or a takeover): continue the numbering
                 last = await client.xrevrange(self.key, "+", "-", count=1)
-                self._next_seq = 1 if not last else _decode(last[0])[-1][0] + 1
+                self._next_seq, self._prev, lost = _tail(last, takeover=self.takeover)
+                if lost:
+                    # What the turn streamed before is not in the stream: readers are told
+                    # (they rebuild from the store) instead of shown the turn without it.
+                    batch.insert(0, {"type": GAP})
+                    log.warning("relay.takeover_lost_stream", turn_id=self.turn_id)
             first = self._next_seq
             ended = batch[-1].get("type") == END
-            fields = {"first": str(first), "items": orjson.dumps(batch, default=str)}
+            fields: dict[str, str | bytes] = {
+                "first": str(first),
+                "items": orjson.dumps(batch, default=str),
+                "w": self.writer_id,
+            }
+            if self._prev is not None:
+                fields["prev"] = self._prev
             now = trio.current_time()
             # The TTLs are set by the first flush and the last, and refreshed at most every
             # TTL_REFRESH seconds: a flush in between is one XADD, not a pipeline of three.
@@ -285,8 +435,11 @@ class RedisRelayWriter:
             except ResponseError as exc:
                 if "equal or smaller" not in str(exc):
                     raise
-                # A retry of a flush that Redis applied before the connection broke.
+                # A retry of a flush that Redis applied before the connection broke (or
+                # a writer the turn had lost wrote there: readers see its entry breaks
+                # the chain of writers, and rebuild from the store).
         self._next_seq = first + len(batch)
+        self._prev = None
         self.flushes += 1
 
 
@@ -392,10 +545,11 @@ class RedisRelay:
 
     # -- writing ----------------------------------------------------------------------------
 
-    def writer(self, *, session_id: str, turn_id: str) -> RedisRelayWriter:
+    def writer(self, *, session_id: str, turn_id: str, takeover: bool = False) -> RedisRelayWriter:
         """A writer for a turn this process runs; its flush task runs in the relay's
-        nursery. A second writer for the same turn (a takeover) continues its seqs."""
-        writer = RedisRelayWriter(self, session_id=session_id, turn_id=turn_id)
+        nursery. A second writer for the same turn (a ``takeover``) continues its seqs; a
+        takeover that finds no stream starts one readers cannot take for the whole turn."""
+        writer = RedisRelayWriter(self, session_id=session_id, turn_id=turn_id, takeover=takeover)
         self.live.add(writer)
         self.nursery.start_soon(writer.run)
         return writer
@@ -424,69 +578,103 @@ class RedisRelay:
                 )
                 await trio.sleep(delay)
 
+    async def _read_call(self, turn_id: str, what: str, fn: Callable[[], Any]) -> Any:
+        """:meth:`_call` on a turn's stream: a key of another type there (junk) is
+        :class:`~runtime.errors.RelayTurnGone`."""
+        from coredis.exceptions import WrongTypeError
+
+        try:
+            return await self._call(what, fn)
+        except WrongTypeError:
+            raise RelayTurnGone(
+                f"the relay's key of turn {turn_id!r} is not a stream (junk in Redis)"
+            ) from None
+
     async def active_turn(self, session_id: str) -> str | None:
-        """The session's turn that is still streaming, if any (``None``: none, or ended)."""
-        raw = await self._call("active turn", lambda: self.client.get(self.active_key(session_id)))
-        if raw is None:
+        """The session's turn that is still streaming, if any (``None``: none, or ended).
+
+        Junk at the session's key (another type, not a turn id) is no turn; a turn whose
+        stream is junk is returned, so its reader finds it gone and rebuilds it."""
+        from coredis.exceptions import WrongTypeError
+
+        try:
+            raw = await self._call(
+                "active turn", lambda: self.client.get(self.active_key(session_id))
+            )
+        except WrongTypeError:
+            raw = None
+        turn_id = _turn_id(raw)
+        if turn_id is None:
             return None
-        turn_id = raw.decode()
-        last = await self._call(
-            "turn end", lambda: self.client.xrevrange(self.turn_key(turn_id), "+", "-", count=1)
-        )
+        try:
+            last = await self._read_call(
+                turn_id,
+                "turn end",
+                lambda: self.client.xrevrange(self.turn_key(turn_id), "+", "-", count=1),
+            )
+        except RelayTurnGone:
+            return turn_id
         if not last:
             return None
-        if _decode(last[0])[-1][1].get("type") == END:
-            return None
-        return turn_id
+        try:
+            ended = _decode(last[0]).items[-1]["type"] == END
+        except _Undecodable:
+            return turn_id
+        return None if ended else turn_id
 
     async def read(self, turn_id: str, *, after_seq: int | None = None) -> AsyncIterator[Any]:
         """The turn's chunks with ``seq > after_seq`` (all when ``None``), live until the
         turn ends; :class:`StepRestarted` markers among them (see the module doc).
 
         Raises :class:`~runtime.errors.RelayTurnGone` (a :class:`LookupError`) when the
-        relay does not have the turn or lost part of it, and
+        relay does not have the turn, lost part of it, or cannot prove that what it has
+        continues what the reader (or, with ``after_seq``, its client) read before: a
+        hole, a stream another writer started over, junk. Raises
         :class:`~runtime.errors.RelayUnavailable` when Redis stays down.
         """
         key = self.turn_key(turn_id)
         seen = after_seq if after_seq is not None else 0
+        cursor = _Cursor(turn_id=turn_id)
         # The backlog, from the start: restarted steps are dropped before anything goes out.
+        # Seqs are the writer's, so a stream that lost its head (Redis restarted without
+        # its data while the turn went on) shows as a hole, never as a shorter turn.
         backlog: list[tuple[int, Any]] = []
         start = "-"
         last_id: bytes | str = "0-0"
         while True:
-            page = await self._call(
-                "replay", functools.partial(self.client.xrange, key, start, "+", count=PAGE)
+            page = await self._read_call(
+                turn_id,
+                "replay",
+                functools.partial(self.client.xrange, key, start, "+", count=PAGE),
             )
             for entry in page:
-                backlog.extend(_decode(entry))
+                backlog.extend(cursor.accept(entry))
                 last_id = entry.identifier
             if len(page) < PAGE:
                 break
-            start = f"({_entry_seq(last_id)}-1"
-        if not backlog:
+            start = f"({_identifier(last_id)}"
+        if not cursor.position:
             raise RelayTurnGone(f"the relay has no stream for turn {turn_id!r}")
-        # Seqs are the writer's, so a stream that lost its head (Redis restarted without
-        # its data while the turn went on) shows as a hole, never as a shorter turn.
-        for expected, (seq, _) in enumerate(backlog, start=1):
-            if seq != expected:
-                raise RelayTurnGone(
-                    f"the relay lost chunks {expected}..{seq - 1} of turn {turn_id!r}"
-                )
-        ended = False
+        if seen > cursor.position:
+            # The client saw more than the stream holds: not the stream it read.
+            raise RelayTurnGone(
+                f"the relay's stream of turn {turn_id!r} ends at seq {cursor.position}, "
+                f"before seq {seen} the client saw: it was lost and started again"
+            )
         for seq, item in _drop_restarted(backlog, seen):
             if seq <= seen:
                 continue
             done = self._item(turn_id, seq, item)
             if done is _END:
-                ended = True
-                break
+                return
             yield done
             seen = seq
-        if ended:
+        if cursor.ended:
             return
         # Live: block on new entries after the last one.
         while True:
-            result = await self._call(
+            result = await self._read_call(
+                turn_id,
                 "live",
                 functools.partial(
                     self.client.xread, {key: last_id}, count=PAGE, block=self.block_ms
@@ -501,33 +689,33 @@ class RedisRelay:
                     )
                 continue
             for entry in entries:
+                pairs = cursor.accept(entry)
                 last_id = entry.identifier
-                for seq, item in _decode(entry):
-                    if seq <= seen:
-                        continue
-                    if seq != seen + 1 and seen:
-                        raise RelayTurnGone(
-                            f"the relay lost chunks {seen + 1}..{seq - 1} of turn {turn_id!r}"
-                        )
+                for seq, item in pairs:
                     done = self._item(turn_id, seq, item)
                     if done is _END:
                         return
                     yield done
-                    seen = seq
 
     def _item(self, turn_id: str, seq: int, item: dict[str, Any]) -> Any:
-        kind = item.get("type")
+        """The chunk (or marker) an accepted item stands for; ``_END`` at the turn's end;
+        :class:`~runtime.errors.RelayTurnGone` for a chunk that does not decode."""
+        kind = item["type"]
         if kind == END:
             return _END
-        if kind == GAP:
-            raise RelayTurnGone(
-                f"the relay lost part of turn {turn_id!r} while Redis was unreachable"
-            )
         if kind == RESTART:
             return StepRestarted(step=item["step"], seq=seq)
+        from cattrs.errors import BaseValidationError
+
         from runtime.output import OutputChunk
 
-        return attrs.evolve(structure(item, OutputChunk), seq=seq)
+        try:
+            return attrs.evolve(structure(item, OutputChunk), seq=seq)
+        except (BaseValidationError, ValueError, TypeError, KeyError, AttributeError) as exc:
+            raise RelayTurnGone(
+                f"the relay's stream of turn {turn_id!r} holds junk at seq {seq} "
+                f"({type(exc).__name__}: {str(exc)[:200]})"
+            ) from None
 
     # -- cancelling -------------------------------------------------------------------------
 
@@ -576,6 +764,15 @@ class RedisRelay:
 
 
 _END = object()
+_TURN_ID = re.compile(rb"[A-Za-z0-9_.:-]{1,128}")
+"""Turn ids' alphabet (:mod:`runtime.session`)."""
+
+
+def _turn_id(raw: Any) -> str | None:
+    """The turn id a session's key holds; ``None`` when it holds none, or junk."""
+    if not isinstance(raw, bytes) or _TURN_ID.fullmatch(raw) is None:
+        return None
+    return raw.decode()
 
 
 async def _wait_for_redis(client: Any, shown: str, retry_for: float) -> None:

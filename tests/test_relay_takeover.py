@@ -1,0 +1,144 @@
+"""A turn whose relay stream Redis lost just before another worker took it over, read over
+HTTP from a front end: real worker processes (one SIGKILLed), real PostgreSQL, the run's
+own Redis killed and restarted empty. No reader may show the takeover's stream spliced
+onto what it read before as the whole answer."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+import trio
+
+from actors.relay import RedisRelay
+from runtime.messages import AssistantMessage, TextPart, ToolCallPart
+from runtime.stores.postgres import PostgresStore
+from runtime.stores.turns import TurnQueue
+from tests.support.redis import (
+    redis_restored,
+    require_redis,
+    start_redis,
+    stop_redis,
+    unique_prefix,
+)
+from tests.test_frontend import Deployment, EventReader
+from tests.test_workers import Workers
+
+LIMIT = 90
+
+
+@pytest.fixture
+def redis_url() -> str:
+    return require_redis()
+
+
+@asynccontextmanager
+async def front_end_and_workers(
+    pg_url: str, redis_url: str
+) -> AsyncIterator[tuple[Deployment, Workers]]:
+    """One front end (in this process) and worker processes, on one schema and prefix."""
+    from tests.support.worker_agent import agent
+
+    store = await PostgresStore.open(pg_url)
+    queue = TurnQueue(store)
+    prefix = unique_prefix()
+    workers = Workers(pg_url, redis_url, prefix)
+    try:
+        with trio.fail_after(LIMIT):
+            async with trio.open_nursery() as nursery:
+                d = Deployment(pg_url, redis_url, prefix, agent, store, queue, nursery)
+                await d.start_front_end()
+                yield d, workers
+                nursery.cancel_scope.cancel()
+    finally:
+        workers.close()
+        with trio.CancelScope(shield=True):
+            await queue.aclose()
+            await store.aclose()
+
+
+async def wait_for_seq(redis_url: str, prefix: str, turn_id: str, seq: int) -> None:
+    """Wait until the turn's relay stream holds ``seq``."""
+    async with RedisRelay.open(redis_url, prefix=prefix) as relay:
+        while await last_seq(relay, turn_id) < seq:  # noqa: ASYNC110
+            await trio.sleep(0.02)
+
+
+async def last_seq(relay: RedisRelay, turn_id: str) -> int:
+    """The last relay seq the turn's stream holds (0: no stream)."""
+    last = await relay.client.xrevrange(relay.turn_key(turn_id), "+", "-", count=1)
+    if not last:
+        return 0
+    fields = last[0].field_values
+    return int(fields[b"first"]) + len(orjson.loads(fields[b"items"])) - 1
+
+
+def shows_whole(events: list[tuple[str | None, Any]], stored: AssistantMessage) -> bool:
+    """The events are the stored message: its text, its tool calls, a finish."""
+    data = [d for _, d in events if d != "[DONE]"]
+    text = "".join(d["delta"] for d in data if d["type"] == "text-delta")
+    calls = [d["toolCallId"] for d in data if d["type"] == "tool-input-available"]
+    return (
+        text == "".join(p.text for p in stored.content if isinstance(p, TextPart))
+        and calls == [p.tool_call_id for p in stored.content if isinstance(p, ToolCallPart)]
+        and data[-1]["type"] == "finish"
+    )
+
+
+def errors(events: list[tuple[str | None, Any]]) -> list[Any]:
+    return [d for _, d in events if d != "[DONE]" and d["type"] == "error"]
+
+
+async def test_a_stream_lost_before_a_takeover_is_rebuilt_or_an_error_never_spliced(
+    pg_url: str, redis_url: str
+) -> None:
+    got: dict[str, list[tuple[str | None, Any]]] = {}
+    with redis_restored():
+        async with front_end_and_workers(pg_url, redis_url) as (d, workers):
+            workers.start("a", AXON_TEST_DELAY="0.1")
+            turn = await d.queue.submit("s1", "tools one")
+            async with httpx.AsyncClient(base_url=d.urls[0], timeout=LIMIT) as client:
+
+                async def read(
+                    name: str,
+                    headers: dict[str, str],
+                    until: int = 0,
+                    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+                ) -> None:
+                    async with client.stream(
+                        "GET", "/api/chat/s1/stream", headers=headers
+                    ) as response:
+                        assert response.status_code == 200
+                        reader = EventReader(response)
+                        if until:
+                            await reader.until(until)
+                        task_status.started()
+                        got[name] = await reader.all()
+
+                await wait_for_seq(redis_url, d.prefix, turn.turn_id, 28)  # into the answer
+                workers.signal("a", signal.SIGKILL)
+                async with trio.open_nursery() as nursery:
+                    # A client that had the turn up to seq 24 reconnects: it gets 25..28.
+                    await nursery.start(read, "live", {"last-event-id": "24"}, 4)
+                    await trio.to_thread.run_sync(stop_redis)  # Redis loses the stream
+                    await trio.to_thread.run_sync(start_redis)
+                    await nursery.start(read, "fresh", {})
+                    await nursery.start(read, "resumed", {"last-event-id": "28"})
+                    workers.start("b", AXON_TEST_DELAY="0.03")  # takes the turn over
+            done = await d.queue.get(turn.turn_id)
+            assert done is not None and done.status == "done" and done.attempts == 2
+            record = await d.store.load("s1")
+            assert record is not None
+            [stored] = [m for m in record.messages if m.id == turn.message_id]
+            assert isinstance(stored, AssistantMessage)
+    # The takeover re-ran only the answer step (its stream has no tool call) and
+    # numbered it from 1, so a client that had the dead worker's seqs up to 28 must not
+    # get the takeover's seqs from 29 on as the rest of the answer.
+    assert shows_whole(got["fresh"], stored) and not errors(got["fresh"])  # rebuilt
+    assert errors(got["resumed"]) and not shows_whole(got["resumed"], stored)
+    assert errors(got["live"]) and min(int(i) for i, _ in got["live"] if i) == 25
