@@ -386,7 +386,17 @@ def test_cli_otel_with_no_collector_exits_saying_so_once_without_retry_warnings(
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     proc = subprocess.run(
-        [sys.executable, "-m", "runtime", "run", "--otel", "Weather in Paris?"],
+        # run's default level is critical; at warning the failed export is said once
+        [
+            sys.executable,
+            "-m",
+            "runtime",
+            "run",
+            "--otel",
+            "--log-level",
+            "warning",
+            "Weather in Paris?",
+        ],
         capture_output=True,
         text=True,
         timeout=30,  # the exporters' defaults took 9-11 s of retries; this only bounds a hang
