@@ -613,6 +613,20 @@ class TurnQueue:
         )
         return None if row is None else self._decode(row)
 
+    async def statuses(self, turn_ids: list[str]) -> dict[str, str]:
+        """The status of each of ``turn_ids`` that exists, in one query (a front end's
+        viewers of queued turns share it: :mod:`runtime.web.watch`)."""
+        if not turn_ids:
+            return {}
+        rows = await self.store.run(
+            f"status of {len(turn_ids)} turns",
+            lambda conn: conn.execute(
+                "SELECT turn_id, status FROM axon_turns WHERE turn_id = ANY(%s)", (turn_ids,)
+            ).fetchall(),
+            transaction=False,
+        )
+        return {turn_id: status for turn_id, status in rows}
+
     async def busy_sessions(self) -> set[str]:
         """The sessions with a turn queued or running (one indexed scan of the open
         turns, for a list of sessions that says which are busy)."""
