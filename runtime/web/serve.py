@@ -62,7 +62,7 @@ def _cap(value: str) -> int:
     return int(_positive(int)(value))
 
 
-def queue_caps(args: argparse.Namespace) -> dict[str, int | None]:
+def queue_caps(args: argparse.Namespace) -> dict[str, Any]:
     """The :class:`~runtime.stores.turns.TurnQueue` caps ``serve``'s options set: only
     those given (the queue's defaults otherwise), ``off`` as ``None``."""
     given = {
