@@ -187,3 +187,29 @@ async def test_a_watch_gives_the_seen_status_back_when_its_timeout_passes(
     watch = TurnWatch(Queue())
     assert await watch.changed("t1", "running", 2.0) == "running"
     assert await watch.changed("t1", object(), math.inf) == "running"
+
+
+async def test_waiters_leaving_before_the_look_do_not_put_it_off(autojump_clock: Any) -> None:
+    status = {"t1": "running"}
+
+    class Queue:
+        async def statuses(self, turn_ids: list[str]) -> dict[str, str]:
+            return {t: status[t] for t in turn_ids}
+
+    watch = TurnWatch(Queue())
+    seen: list[str | None] = []
+
+    async def viewer(start: float) -> None:
+        """Claimed and not streaming: looks at the relay every 0.1 s between waits."""
+        await trio.sleep(start)
+        while (now := await watch.changed("t1", "running", 0.1)) == "running":
+            pass
+        seen.append(now)
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(viewer, 0.0)
+            nursery.start_soon(viewer, 0.05)  # the turn always has a waiter
+            await trio.sleep(5)  # the looks back off meanwhile
+            status["t1"] = "done"
+    assert seen == ["done", "done"]

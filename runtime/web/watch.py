@@ -43,18 +43,27 @@ class TurnWatch:
         self._looking = False
         self._looked = trio.Event()
         self._delay = first
+        self._next = -math.inf
+        """When the next look is due (Trio's clock): kept when the waiter that was to look
+        leaves, so waiters coming and going cannot put the look off."""
         self._nap: trio.CancelScope | None = None
 
     async def changed(self, turn_id: str, seen: Any, timeout: float = math.inf) -> str | None:  # noqa: ASYNC109
         """The status of turn ``turn_id`` once it is not ``seen`` (``None``: there is no
-        such turn); ``seen`` itself if ``timeout`` seconds pass first. ``seen`` may be
-        anything no status equals (``object()``) to have the next look's answer."""
+        such turn); ``seen`` itself if ``timeout`` seconds pass first. A caller that has
+        not seen a status yet passes anything that is not one (``object()``): the look
+        that answers it then comes within ``first`` seconds; a known status waits for the
+        watch's next regular look."""
         self._waiters[turn_id] = self._waiters.get(turn_id, 0) + 1
-        if turn_id not in self._status:  # a turn not watched yet: look soon
-            self._status[turn_id] = _UNSEEN
-            self._delay = self.first
-            if self._nap is not None:
-                self._nap.deadline = min(self._nap.deadline, trio.current_time() + self.first)
+        if turn_id not in self._status:
+            if isinstance(seen, str):
+                self._status[turn_id] = seen
+            else:
+                self._status[turn_id] = _UNSEEN
+                self._delay = self.first
+                self._next = min(self._next, trio.current_time() + self.first)
+                if self._nap is not None:
+                    self._nap.deadline = self._next
         try:
             with trio.move_on_after(timeout):
                 while self._status[turn_id] is _UNSEEN or self._status[turn_id] == seen:
@@ -71,13 +80,14 @@ class TurnWatch:
         return seen if current is _UNSEEN else current
 
     async def _look(self) -> None:
-        """Wait out the delay, then read every watched turn's status in one query and
-        wake every waiter. Run by one waiter at a time; if it leaves (its client went
-        away, its timeout passed) the others wake and one of them looks instead."""
+        """Wait until the next look is due, then read every watched turn's status in one
+        query and wake every waiter. Run by one waiter at a time; if it leaves (its
+        client went away, its timeout passed) the others wake and one of them looks
+        instead, when the same look is due."""
         self._looking = True
         looked = self._looked
         try:
-            with trio.move_on_after(self._delay) as self._nap:
+            with trio.move_on_at(self._next) as self._nap:
                 await trio.sleep_forever()
             self._nap = None
             turn_ids = list(self._waiters)
@@ -92,6 +102,7 @@ class TurnWatch:
                 if turn_id in self._waiters:
                     self._status[turn_id] = now
             self._delay = self.first if changed else min(self._delay * 2, self.most)
+            self._next = trio.current_time() + self._delay
         finally:
             self._nap = None
             self._looking = False
