@@ -201,16 +201,19 @@ _HEAD_SCHEMA = (
     _HEAD_FUNCTION,
     f"""CREATE TRIGGER {_HEAD_TRIGGER} BEFORE INSERT OR UPDATE OF status ON axon_turns
         FOR EACH ROW EXECUTE FUNCTION {_HEAD_TRIGGER}()""",
-    # Heads for the turns queued before the trigger existed, in line by their seq.
-    """UPDATE axon_turns SET head = (turn_id IN (
+    # Heads for the turns queued before the trigger existed, in line by their seq (only
+    # the rows that change are written: the table holds every turn ever run).
+    "UPDATE axon_turns SET head = false, head_seq = NULL WHERE head",
+    """UPDATE axon_turns SET head = true, head_seq = seq WHERE turn_id IN (
         SELECT DISTINCT ON (session_id) turn_id FROM axon_turns
-        WHERE status = 'queued' ORDER BY session_id, seq))""",
-    "UPDATE axon_turns SET head_seq = CASE WHEN head THEN seq END",
+        WHERE status = 'queued' ORDER BY session_id, seq)""",
     """SELECT setval('axon_turns_heads_seq', greatest(max(seq), 1))
         FROM axon_turns""",
     "CREATE INDEX IF NOT EXISTS axon_turns_heads ON axon_turns (head_seq) WHERE head",
 )
-"""Created once, when the trigger is missing (``CREATE TRIGGER`` locks the table)."""
+"""Created once, when the trigger is missing (``CREATE TRIGGER`` locks the table), with
+:data:`_QUEUE_INDEXES`: ``CREATE INDEX IF NOT EXISTS`` too locks the table before it finds
+the index there, and a store opening must not wait for every claim in flight."""
 
 _QUEUE_INDEXES = (
     # A session's queued turns (its backlog count, its next head) without its history.
@@ -727,10 +730,8 @@ def _ensure_turn_heads(conn: Any) -> None:
         (_HEAD_TRIGGER,),
     ).fetchone()
     if found is None:
-        for statement in _HEAD_SCHEMA:
+        for statement in (*_HEAD_SCHEMA, *_QUEUE_INDEXES):
             conn.execute(statement)
-    for statement in _QUEUE_INDEXES:
-        conn.execute(statement)
 
 
 async def _retrying(
