@@ -202,6 +202,22 @@ class StoreConflict(StoreError):
         self.actual = actual
 
 
+class QueueFull(AxonError):
+    """A turn was not queued: its session, or the whole turn queue, already holds as many
+    queued turns as it may (:class:`runtime.stores.turns.TurnQueue`'s caps). Nothing was
+    stored. ``retry_after`` is the seconds to wait before submitting again (a front end
+    answers 429 with ``Retry-After``); ``scope`` is ``"session"`` or ``"total"`` and
+    ``limit`` the cap that was reached."""
+
+    retryable = True
+
+    def __init__(self, message: str, *, scope: str, limit: int, retry_after: float) -> None:
+        super().__init__(message)
+        self.scope = scope
+        self.limit = limit
+        self.retry_after = retry_after
+
+
 class RelayError(AxonError):
     """The live-output relay (:mod:`runtime.relay`) failed."""
 

@@ -138,12 +138,97 @@ _TURN_COLUMNS = (
     # submission of it: a message id sent again with other text is an edit, another row).
     ("message_key", "TEXT"),
     ("input_hash", "TEXT"),  # what the turn was asked: an identical retry is a replay
+    ("head", "BOOLEAN NOT NULL DEFAULT false"),
+    ("head_seq", "BIGINT"),
 )
 """Columns the turn queue (:mod:`runtime.stores.turns`) added after schema 1 shipped: a
 store created before them gains them on open, in place, without a version change. Each
 runs only when its column is missing: ``ALTER TABLE`` takes an exclusive lock even when
 it has nothing to do, and a worker opening the store while others claim turns would
 deadlock with them."""
+
+_HEAD_TRIGGER = "axon_turns_head_v1"
+"""The trigger (and its function) that keeps ``axon_turns.head``: true on exactly the
+oldest queued turn of each session that has one, so a claim walks one row per session
+(the ``axon_turns_heads`` index) instead of every queued turn. ``head_seq`` is a head's
+place in line, drawn (``axon_turns_heads_seq``) when it became its session's head: a
+session's next turn queues up behind the heads already waiting, so sessions take turns
+(round robin) however many turns one of them queued. Kept by the database, not by the
+queue's code, so every writer keeps it, including a front end or worker of an earlier
+version during a rolling upgrade. A new version of it gets a new name."""
+
+_HEAD_FUNCTION = f"""CREATE OR REPLACE FUNCTION {_HEAD_TRIGGER}() RETURNS trigger
+    LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+DECLARE
+    next_id TEXT;
+BEGIN
+    -- The session's lock (also taken by TurnQueue.submit): a submit and a claim or
+    -- cancel of the same session's head see each other's rows, never miss them.
+    IF TG_OP = 'INSERT' THEN
+        IF NEW.status <> 'queued' THEN
+            NEW.head := false;
+            RETURN NEW;
+        END IF;
+        PERFORM pg_advisory_xact_lock(
+            hashtextextended('axon_turns:' || current_schema() || ':' || NEW.session_id, 0));
+        -- "session_id >= x AND session_id <= x" is "= x" that leaves ORDER BY
+        -- (session_id, seq) to the axon_turns_queued index alone: with "= x" the cached
+        -- generic plan may walk axon_turns_open by seq through other sessions' backlogs.
+        SELECT turn_id INTO next_id FROM axon_turns
+        WHERE session_id >= NEW.session_id AND session_id <= NEW.session_id
+          AND status = 'queued'
+        ORDER BY session_id, seq LIMIT 1;
+        NEW.head := next_id IS NULL;
+        NEW.head_seq := CASE WHEN NEW.head THEN nextval('axon_turns_heads_seq') END;
+        RETURN NEW;
+    END IF;
+    IF OLD.status = 'queued' AND NEW.status <> 'queued' THEN
+        NEW.head := false;
+        IF OLD.head THEN
+            PERFORM pg_advisory_xact_lock(
+                hashtextextended('axon_turns:' || current_schema() || ':' || NEW.session_id, 0));
+            LOOP  -- a next turn cancelled meanwhile is skipped: take the one after it
+                SELECT turn_id INTO next_id FROM axon_turns
+                WHERE session_id >= NEW.session_id AND session_id <= NEW.session_id
+                  AND status = 'queued' AND turn_id <> NEW.turn_id
+                ORDER BY session_id, seq LIMIT 1;
+                EXIT WHEN next_id IS NULL;
+                UPDATE axon_turns SET head = true, head_seq = nextval('axon_turns_heads_seq')
+                WHERE turn_id = next_id AND status = 'queued' RETURNING turn_id INTO next_id;
+                EXIT WHEN next_id IS NOT NULL;
+            END LOOP;
+        END IF;
+    END IF;
+    RETURN NEW;
+END $$"""
+
+_HEAD_SCHEMA = (
+    "CREATE SEQUENCE IF NOT EXISTS axon_turns_heads_seq",
+    _HEAD_FUNCTION,
+    f"""CREATE TRIGGER {_HEAD_TRIGGER} BEFORE INSERT OR UPDATE OF status ON axon_turns
+        FOR EACH ROW EXECUTE FUNCTION {_HEAD_TRIGGER}()""",
+    # Heads for the turns queued before the trigger existed, in line by their seq (only
+    # the rows that change are written: the table holds every turn ever run).
+    "UPDATE axon_turns SET head = false, head_seq = NULL WHERE head",
+    """UPDATE axon_turns SET head = true, head_seq = seq WHERE turn_id IN (
+        SELECT DISTINCT ON (session_id) turn_id FROM axon_turns
+        WHERE status = 'queued' ORDER BY session_id, seq)""",
+    """SELECT setval('axon_turns_heads_seq', greatest(max(seq), 1))
+        FROM axon_turns""",
+    "CREATE INDEX IF NOT EXISTS axon_turns_heads ON axon_turns (head_seq) WHERE head",
+)
+"""Created once, when the trigger is missing (``CREATE TRIGGER`` locks the table), with
+:data:`_QUEUE_INDEXES`: ``CREATE INDEX IF NOT EXISTS`` too locks the table before it finds
+the index there, and a store opening must not wait for every claim in flight."""
+
+_QUEUE_INDEXES = (
+    # A session's queued turns (its backlog count, its next head) without its history.
+    """CREATE INDEX IF NOT EXISTS axon_turns_queued
+        ON axon_turns (session_id, seq) WHERE status = 'queued'""",
+    # Expired leases without walking the queued turns.
+    """CREATE INDEX IF NOT EXISTS axon_turns_leases
+        ON axon_turns (lease_until) WHERE status = 'running'""",
+)
 
 
 @attrs.frozen(kw_only=True, slots=True)
@@ -636,11 +721,23 @@ def _first_connect(libpq: str, schema: str) -> None:
                         "CREATE INDEX IF NOT EXISTS axon_turns_by_message_key "
                         "ON axon_turns (message_key, seq) WHERE message_key IS NOT NULL"
                     )
+        _ensure_turn_heads(conn)
         conn.execute(
             """INSERT INTO axon_meta (key, value) VALUES ('magic', %s), ('schema_version', %s)
             ON CONFLICT (key) DO NOTHING""",
             (MAGIC, str(SCHEMA_VERSION)),
         )
+
+
+def _ensure_turn_heads(conn: Any) -> None:
+    """The queue's head trigger and indexes (:data:`_HEAD_TRIGGER`), created when missing."""
+    found = conn.execute(
+        "SELECT 1 FROM pg_trigger WHERE tgrelid = 'axon_turns'::regclass AND tgname = %s",
+        (_HEAD_TRIGGER,),
+    ).fetchone()
+    if found is None:
+        for statement in (*_HEAD_SCHEMA, *_QUEUE_INDEXES):
+            conn.execute(statement)
 
 
 async def _retrying(

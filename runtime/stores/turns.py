@@ -21,7 +21,17 @@ so a resumed turn continues the same message rather than adding a second one.
 claimable only when its session has no running turn and no older queued turn, and the
 partial unique index ``axon_turns_one_running`` makes two running turns of one session
 impossible even when two claims race (the loser claims nothing). Turns of different
-sessions run in parallel on any workers.
+sessions run in parallel on any workers. A trigger keeps ``head`` true on each session's
+oldest queued turn (:data:`runtime.stores.postgres._HEAD_TRIGGER`), and a claim walks only
+those, in the order they became heads: its cost does not grow with one session's
+backlog, and a session with thousands queued holds one place in line (its next turn joins
+the line's end when the previous one starts), so another session's single turn waits for
+at most one turn of it.
+
+**Caps.** A submit beyond ``max_queued_per_session`` queued turns in its session, or
+``max_queued`` in the queue, is refused (:class:`~runtime.errors.QueueFull`): queued
+turns are work that will run and cost tokens, and a client can queue them faster than any
+worker runs them.
 
 **Poison turns.** Every claim counts an attempt. A turn whose attempts reached
 ``max_attempts`` when its lease expires again (it keeps killing or hanging its workers)
@@ -59,7 +69,7 @@ import orjson
 import trio
 
 from runtime import serde
-from runtime.errors import StoreCorrupt, StoreError, TurnConflict
+from runtime.errors import QueueFull, StoreCorrupt, StoreError, TurnConflict
 from runtime.logging import get_logger
 from runtime.messages import File, Image, TextPart, UserContent
 from runtime.store import validate_session_id
@@ -72,6 +82,13 @@ FAILED: Final = "failed"
 CANCELLED: Final = "cancelled"
 FINAL_STATUSES: Final = frozenset({DONE, FAILED, CANCELLED})
 """The statuses a turn ends in; :meth:`TurnQueue.finish` accepts only these."""
+
+DEFAULT_MAX_QUEUED_PER_SESSION: Final = 100
+"""Queued turns one session may hold (more than anyone types ahead of an answer)."""
+DEFAULT_MAX_QUEUED: Final = 10_000
+"""Queued turns the whole queue may hold (every one will run and cost tokens)."""
+DEFAULT_RETRY_AFTER: Final = 5.0
+"""Seconds a refused submit is told to wait (:attr:`QueueFull.retry_after`)."""
 
 TURNS_CHANNEL: Final = "axon_turns"
 """NOTIFY channel: a turn was submitted, released or finished. Channels are database-wide,
@@ -170,16 +187,44 @@ class TurnQueue:
     ``lease`` is how long (seconds) a claim or renewal holds a turn: a worker renews well
     within it (a third is usual), and a worker that stopped renewing loses the turn that
     long after its last renewal. ``max_attempts`` bounds how many claims one turn gets.
+
+    ``max_queued_per_session`` and ``max_queued`` cap the turns waiting (``queued``) in
+    one session and in the whole queue: a submit over either is refused with
+    :class:`~runtime.errors.QueueFull` (telling the caller to retry after
+    ``retry_after`` seconds), so a client that submits and hangs up in a loop cannot
+    queue unbounded work, each of which would run and cost tokens. ``None`` turns a cap
+    off. The caps are checked in the submit's transaction under locks (the session's,
+    then the queue's), so racing submits never exceed them.
     """
 
-    def __init__(self, store: PostgresStore, *, lease: float = 10.0, max_attempts: int = 3):
+    def __init__(
+        self,
+        store: PostgresStore,
+        *,
+        lease: float = 10.0,
+        max_attempts: int = 3,
+        max_queued_per_session: int | None = DEFAULT_MAX_QUEUED_PER_SESSION,
+        max_queued: int | None = DEFAULT_MAX_QUEUED,
+        retry_after: float = DEFAULT_RETRY_AFTER,
+    ):
         if not lease > 0:
             raise ValueError(f"lease must be positive seconds, not {lease!r}")
         if max_attempts < 1:
             raise ValueError(f"max_attempts must be at least 1, not {max_attempts!r}")
+        for name, cap in (
+            ("max_queued_per_session", max_queued_per_session),
+            ("max_queued", max_queued),
+        ):
+            if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
+                raise ValueError(f"{name} must be a positive integer or None, not {cap!r}")
+        if not retry_after >= 0:
+            raise ValueError(f"retry_after must be non-negative seconds, not {retry_after!r}")
         self.store = store
         self.lease = float(lease)
         self.max_attempts = max_attempts
+        self.max_queued_per_session = max_queued_per_session
+        self.max_queued = max_queued
+        self.retry_after = float(retry_after)
         self._listen: _Listener | None = None
         self._wait_lock = trio.Lock()
         self._closed = False
@@ -210,6 +255,8 @@ class TurnQueue:
         otherwise, and for a key already used by another session,
         :class:`~runtime.errors.TurnConflict` and nothing is queued. Meta is not part of
         the input: a retry may carry another title.
+        A submit over a cap (``max_queued_per_session``, ``max_queued``) is refused with
+        :class:`~runtime.errors.QueueFull` and stores nothing.
         """
         validate_session_id(session_id)
         if idempotency_key is not None and (
@@ -235,6 +282,7 @@ class TurnQueue:
         )
 
         def insert(conn: Any, key: str | None, regenerate: bool) -> tuple[Any, ...]:
+            self._check_room(conn, session_id, key, turn_id)
             row = conn.execute(
                 f"""INSERT INTO axon_turns (turn_id, session_id, idempotency_key,
                     message_key, input_hash, input, meta, regenerate)
@@ -311,6 +359,65 @@ class TurnQueue:
             )
         return turn
 
+    def _check_room(
+        self, conn: Any, session_id: str, idempotency_key: str | None, turn_id: str
+    ) -> None:
+        """In the submit's transaction: raise :class:`QueueFull` when the session or the
+        queue is at its cap. Takes the session's lock (the one the head trigger takes,
+        :data:`runtime.stores.postgres._HEAD_TRIGGER`), then the queue's, each held to
+        the commit, so two racing submits count each other. A submit that repeats one
+        already stored (same key or turn id) is never refused: it returns its turn."""
+        per_session, total = self.max_queued_per_session, self.max_queued
+        if per_session is None and total is None:
+            return
+        conn.execute(
+            "SELECT pg_advisory_xact_lock("
+            "hashtextextended('axon_turns:' || current_schema() || ':' || %s, 0))",
+            (session_id,),
+        )
+        if idempotency_key is not None:
+            where, key = "idempotency_key = %s", idempotency_key
+        else:
+            where, key = "turn_id = %s", turn_id
+        if conn.execute(f"SELECT 1 FROM axon_turns WHERE {where}", (key,)).fetchone():
+            return
+        # Each count reads at most its cap's index entries. ">= x AND <= x" (not "= x")
+        # with ORDER BY keeps a prepared statement's generic plan on the axon_turns_queued
+        # index, as in the head trigger (runtime.stores.postgres._HEAD_FUNCTION).
+        if per_session is not None:
+            (count,) = conn.execute(
+                """SELECT count(*) FROM (SELECT 1 FROM axon_turns
+                WHERE session_id >= %s AND session_id <= %s AND status = 'queued'
+                ORDER BY session_id, seq LIMIT %s) AS q""",
+                (session_id, session_id, per_session),
+            ).fetchone()
+            if count >= per_session:
+                raise QueueFull(
+                    f"session {session_id!r} already has {count} turns queued (the limit); "
+                    f"retry after {self.retry_after:g} s",
+                    scope="session",
+                    limit=per_session,
+                    retry_after=self.retry_after,
+                )
+        if total is not None:
+            conn.execute(
+                "SELECT pg_advisory_xact_lock("
+                "hashtextextended('axon_turns:' || current_schema(), 0))"
+            )
+            (count,) = conn.execute(
+                """SELECT count(*) FROM (SELECT 1 FROM axon_turns
+                WHERE status = 'queued' ORDER BY seq LIMIT %s) AS q""",
+                (total,),
+            ).fetchone()
+            if count >= total:
+                raise QueueFull(
+                    f"the turn queue already holds {count} queued turns (the limit); "
+                    f"retry after {self.retry_after:g} s",
+                    scope="total",
+                    limit=total,
+                    retry_after=self.retry_after,
+                )
+
     # -- claiming ------------------------------------------------------------------------
 
     async def claim(self, owner: str) -> Claim | None:
@@ -318,7 +425,12 @@ class TurnQueue:
 
         An expired lease is taken over first (its turn may be half done; ``takeover`` is
         true), failing instead any turn that already used ``max_attempts``; otherwise the
-        oldest queued turn whose session is idle and has no older queued turn starts. A
+        first *head* in line (a session's oldest queued turn, ``axon_turns.head``, by
+        ``head_seq``: when it became the head) whose session is idle starts. Walking
+        heads, not queued turns, makes a claim cost the same behind one session's backlog
+        of thousands as behind none; and the line makes claims fair across sessions: a
+        session's next turn joins the line when its previous one starts, behind the
+        other sessions' heads already waiting. A
         takeover of a turn whose cancellation was requested still happens: the claim's
         ``turn.cancel_requested`` tells the worker to stop it at once.
         """
@@ -330,16 +442,16 @@ class TurnQueue:
         lease = self.lease
 
         def claim(conn: Any) -> tuple[tuple[Any, ...], bool] | None:
-            # Walk the open turns in seq order and stop at the first claimable one. On a
-            # table PostgreSQL has not analyzed yet (a new deployment's first burst) the
-            # planner would otherwise check every queued turn and sort them: measured
-            # 1.9 ms instead of 0.08 ms at 300 queued turns, tens of ms under load.
+            # Walk the heads (one per session with queued turns) in line and stop at the
+            # first claimable one. On a table PostgreSQL has not analyzed yet (a new
+            # deployment's first burst) the planner would otherwise check every head and
+            # sort them: measured 1.9 ms instead of 0.08 ms at 300 queued turns.
             conn.execute("SET LOCAL enable_sort = off")
             while True:  # expired leases first; poison turns fail and are skipped
                 row = conn.execute(
                     """SELECT turn_id, attempts FROM axon_turns
                     WHERE status = 'running' AND lease_until < clock_timestamp()
-                    ORDER BY seq LIMIT 1 FOR UPDATE SKIP LOCKED"""
+                    ORDER BY lease_until LIMIT 1 FOR UPDATE SKIP LOCKED"""
                 ).fetchone()
                 if row is None:
                     break
@@ -366,13 +478,10 @@ class TurnQueue:
                 _notify_turns(conn, turn_id)
             row = conn.execute(
                 """SELECT turn_id FROM axon_turns AS t
-                WHERE t.status = 'queued' AND NOT t.cancel_requested
+                WHERE t.head AND t.status = 'queued' AND NOT t.cancel_requested
                   AND NOT EXISTS (SELECT 1 FROM axon_turns AS r
                       WHERE r.session_id = t.session_id AND r.status = 'running')
-                  AND NOT EXISTS (SELECT 1 FROM axon_turns AS o
-                      WHERE o.session_id = t.session_id AND o.status = 'queued'
-                        AND o.seq < t.seq)
-                ORDER BY t.seq LIMIT 1 FOR UPDATE SKIP LOCKED"""
+                ORDER BY t.head_seq LIMIT 1 FOR UPDATE SKIP LOCKED"""
             ).fetchone()
             if row is None:
                 return None
@@ -557,6 +666,20 @@ class TurnQueue:
             transaction=False,
         )
         return None if row is None else self._decode(row)
+
+    async def statuses(self, turn_ids: list[str]) -> dict[str, str]:
+        """The status of each of ``turn_ids`` that exists, in one query (a front end's
+        viewers of queued turns share it: :mod:`runtime.web.watch`)."""
+        if not turn_ids:
+            return {}
+        rows = await self.store.run(
+            f"status of {len(turn_ids)} turns",
+            lambda conn: conn.execute(
+                "SELECT turn_id, status FROM axon_turns WHERE turn_id = ANY(%s)", (turn_ids,)
+            ).fetchall(),
+            transaction=False,
+        )
+        return {turn_id: status for turn_id, status in rows}
 
     async def busy_sessions(self) -> set[str]:
         """The sessions with a turn queued or running (one indexed scan of the open

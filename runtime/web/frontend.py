@@ -14,7 +14,9 @@ to any of them:
     other text is an edit, run in place of that message's turn when it is the session's
     last and has ended, else a 409 (never the old turn's replay). A second POST
     while the session is busy queues behind the first (per-session order); its stream
-    starts when its turn does. Leaving the stream does **not** cancel the turn: the
+    starts when its turn does. A POST over the queue's caps (``serve
+    --max-queued-per-session``, ``--max-queued``) is answered 429 with ``Retry-After``
+    and queues nothing. Leaving the stream does **not** cancel the turn: the
     client is only a viewer; stopping is explicit (``POST /api/chat/{id}/stop``).
 ``GET /api/chat/{id}/stream``
     The turn streaming now (the relay's), else the session's running or oldest queued
@@ -25,24 +27,28 @@ to any of them:
 ``GET /api/sessions``, ``GET /api/sessions/{id}``
     Read from the store.
 
-Until a worker claims a turn the relay has no stream for it, so the stream is polled,
-with the queue's row as the truth: a turn that ended with no stream (cancelled while
-queued, failed before it streamed anything) ends the HTTP stream with ``abort`` or
-``error``; a finished turn whose stream the relay lost is rebuilt from the stored message.
+Until a worker claims a turn the relay has no stream for it: its viewers wait for the
+turn's status to move, all the viewers of one front end on one shared look at the queue
+(:class:`runtime.web.watch.TurnWatch`, one query for every waiting turn, so PostgreSQL's
+load does not grow with viewers), with the queue's row as the truth: a turn that ended
+with no stream (cancelled while queued, failed before it streamed anything) ends the
+HTTP stream with ``abort`` or ``error``; a finished turn whose stream the relay lost is
+rebuilt from the stored message.
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Callable
 from typing import Any
 
 import orjson
-import trio
 from starlette.requests import Request
 from starlette.responses import Response
 
 from runtime.errors import (
+    QueueFull,
     RelayTurnGone,
     RelayUnavailable,
     StoreError,
@@ -52,6 +58,7 @@ from runtime.errors import (
 from runtime.logging import get_logger
 from runtime.messages import UserContent
 from runtime.serde import unstructure
+from runtime.stores.turns import FINAL_STATUSES
 from runtime.web.chat_input import check_media, read_chat_request, title_of
 from runtime.web.http import ApiError, json_response, session_id_param, web_state
 from runtime.web.protocol import error_text, sse, ui_messages
@@ -63,11 +70,7 @@ from runtime.web.resume import (
     parse_after_seq,
     unavailable_event,
 )
-
-POLL_FIRST = 0.02
-"""Seconds between the first looks for a queued turn's stream; doubled up to
-:data:`POLL_MAX` while it waits."""
-POLL_MAX = 0.5
+from runtime.web.watch import POLL_FIRST, POLL_MAX, TurnWatch
 
 
 def idempotency_key(session_id: str, payload: dict[str, Any], regenerate: bool) -> str | None:
@@ -105,12 +108,15 @@ class QueuedTurnResponse(RelayStreamResponse):
     """Streams a queued turn from the relay once a worker streams it; the client leaving
     only stops this stream, never the turn."""
 
-    def __init__(self, *args: Any, queue: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, queue: Any, watch: TurnWatch | None = None, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.queue = queue
+        self.watch = watch if watch is not None else TurnWatch(queue)
+        """The front end's :class:`~runtime.web.watch.TurnWatch`, shared by its viewers."""
 
     async def _body(self, write: Any, encoder: RelayEncoder) -> None:
         delay = POLL_FIRST
+        status: Any = object()  # not looked at yet
         try:
             while True:
                 try:
@@ -120,15 +126,24 @@ class QueuedTurnResponse(RelayStreamResponse):
                     if self.sent:  # lost mid-stream: the client must reload
                         await write(await self._rebuilt(exc, replay=False))
                         return
-                turn = await self.queue.get(self.turn_id)
-                if turn is None:
+                # Queued: nothing to stream until a worker claims it, so wait (with the
+                # front end's other viewers: one query for all) until its status moves.
+                # Claimed and not streaming yet: look at the relay again soon.
+                status = await self.watch.changed(
+                    self.turn_id, status, math.inf if status == "queued" else delay
+                )
+                if status is None:
                     await write(_error(f"turn {self.turn_id!r} does not exist"))
                     return
-                if turn.finished:
+                if status in FINAL_STATUSES:
+                    turn = await self.queue.get(self.turn_id)
+                    if turn is None:
+                        await write(_error(f"turn {self.turn_id!r} does not exist"))
+                        return
                     await self._finished(turn, write, encoder)
                     return
-                await trio.sleep(delay)  # queued, or claimed and not streaming yet
-                delay = min(delay * 2, POLL_MAX)
+                if status != "queued":
+                    delay = min(delay * 2, POLL_MAX)
         except RelayUnavailable as exc:
             await write(unavailable_event(exc))
 
@@ -174,6 +189,7 @@ class FrontEnd:
         self.store = store
         self.queue = queue
         self.relay = relay
+        self.watch = TurnWatch(queue)
 
     def routes(self) -> dict[str, Callable[[Request], Any]]:
         """The app's endpoints this mode replaces, by name (see :func:`create_app`)."""
@@ -198,6 +214,7 @@ class FrontEnd:
             send_timeout=state.send_timeout,
             background=state.background,
             queue=self.queue,
+            watch=self.watch,
         )
 
     async def chat(self, request: Request) -> Any:
@@ -227,6 +244,9 @@ class FrontEnd:
             return await self.queue.submit(
                 session_id, text, idempotency_key=key, meta=meta, regenerate=regenerate
             )
+        except QueueFull as exc:
+            retry = str(max(1, math.ceil(exc.retry_after)))
+            raise ApiError(429, exc.message, {"retry-after": retry}) from None
         except StoreUnavailable as exc:
             raise ApiError(503, _one_line(exc), {"retry-after": "1"}) from None
         except TurnConflict as exc:

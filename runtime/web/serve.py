@@ -65,6 +65,23 @@ def _positive(kind: type) -> Any:
     return parse
 
 
+def _cap(value: str) -> int:
+    """A queue cap on the command line: a positive integer, or ``off`` (0: no cap)."""
+    if value.strip().lower() == "off":
+        return 0
+    return int(_positive(int)(value))
+
+
+def queue_caps(args: argparse.Namespace) -> dict[str, Any]:
+    """The :class:`~runtime.stores.turns.TurnQueue` caps ``serve``'s options set: only
+    those given (the queue's defaults otherwise), ``off`` as ``None``."""
+    given = {
+        "max_queued_per_session": args.max_queued_per_session,
+        "max_queued": args.max_queued,
+    }
+    return {name: (value or None) for name, value in given.items() if value is not None}
+
+
 def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add the ``serve`` options to ``parser`` (imports nothing of the web stack)."""
     add = parser.add_argument
@@ -101,6 +118,22 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
         action="store_true",
         help="with a postgresql:// --store and --redis, run turns in this process as "
         "without them, instead of serving as a front end of `python -m runtime worker`s",
+    )
+    add(
+        "--max-queued-per-session",
+        type=_cap,
+        default=None,
+        metavar="N",
+        help="front end: refuse a turn (429 with Retry-After) when its session already has N "
+        "turns queued (default 100; 'off': no cap)",
+    )
+    add(
+        "--max-queued",
+        type=_cap,
+        default=None,
+        metavar="N",
+        help="front end: refuse a turn (429 with Retry-After) when N turns are queued in "
+        "all (default 10000; 'off': no cap)",
     )
     add(
         "--token",
@@ -327,7 +360,7 @@ async def serve_command(args: argparse.Namespace) -> int:
             from runtime.stores.turns import TurnQueue
 
             assert isinstance(host.store, PostgresStore)  # a postgresql:// URL opens one
-            queue = TurnQueue(host.store)
+            queue = TurnQueue(host.store, **queue_caps(args))
             stack.push_async_callback(queue.aclose)
         elif relay is not None:
             await attach_relay(host, relay)
