@@ -207,8 +207,8 @@ def _assistant_step(
     if not text.strip() and not calls:
         return None  # nothing the API accepts (reasoning-only or ProviderDataPart-only step)
     message: dict[str, Any] = {"role": "assistant", "content": text if text.strip() else None}
-    if reasoning and "".join(reasoning):
-        message["reasoning_content"] = "".join(reasoning)
+    if joined := "".join(reasoning):
+        message["reasoning_content"] = joined
     if calls:
         message["tool_calls"] = calls
     return message
@@ -242,9 +242,8 @@ def map_messages(
     is untagged (split from ``<think>`` tags); reasoning from another provider, model or
     server is dropped, or with ``foreign_reasoning="text"`` sent in the step's
     ``content`` in ``<think>`` tags; :class:`~runtime.messages.ProviderDataPart` s are
-    dropped; a
-    step left with neither text nor tool calls is omitted, since the API rejects an
-    assistant message with neither.
+    dropped; a step left with neither text nor tool calls is omitted, since the API
+    rejects an assistant message with neither.
 
     User content with images or files becomes a list of content blocks: ``text``,
     ``image_url`` (a data URL or the image's URL) and ``file`` (``file_data``, a PDF's data
