@@ -6,6 +6,7 @@ format is each provider's job (``map_messages``).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Literal
 from urllib.parse import urlsplit
@@ -212,6 +213,7 @@ class Origin:
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
+@functools.lru_cache(maxsize=64)  # a provider asks once per model call, for the same few URLs
 def endpoint_of(url: str) -> str:
     """``url`` normalised to what identifies a server: scheme, host, port and path.
 
