@@ -117,6 +117,30 @@ async def test_a_session_moved_to_another_base_url_drops_the_signature_and_succe
     assert thinking_sent(first.requests[1]) == ["sig:claude-a:1"]
 
 
+def old_session(signature: str) -> list[Message]:
+    """A history stored before parts recorded their model and endpoint."""
+    thinking = ReasoningPart(text="plan", signature=signature, step=0, provider="anthropic")
+    text = TextPart(text="hi", step=0)
+    return [UserMessage(content="one"), AssistantMessage(content=(thinking, text))]
+
+
+async def test_an_old_untagged_signature_goes_back_to_its_provider_as_before():
+    signer = SigningAnthropic(minted={"sig:claude-a:0": "claude-a"})
+    store = MemoryStore()
+    await store.save("s1", 0, old_session("sig:claude-a:0"))
+    async with loopback_server(respond=signer) as server:
+        same, other = await turns(
+            store,
+            (claude("claude-a", server.url), "two"),
+            (claude("claude-b", server.url), "three"),
+        )
+    assert same.error is None
+    assert thinking_sent(server.requests[0]) == ["sig:claude-a:0"]
+    # the documented price of keeping old reasoning: the server of another model refuses it
+    assert other.error.kind == "BadRequest"
+    assert signer.refused == ["sig:claude-a:0"]
+
+
 async def test_the_stored_parts_record_the_model_and_endpoint():
     async with loopback_server(respond=SigningAnthropic()) as server:
         store = MemoryStore()
