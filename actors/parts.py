@@ -25,6 +25,11 @@ The rules (the stream shows the text and reasoning parts below exactly as stored
   all (it is opaque, replayed only to its provider);
 * an empty text chunk, or an empty reasoning chunk with neither signature nor redacted
   data, opens nothing: a part never holds nothing but empty deltas.
+
+Reasoning and provider data tagged with the calling provider's name also record its
+model and endpoint (:attr:`PartsManager.origin`, set by the turn runner for each call):
+signatures and encrypted reasoning are bound to both, so restoration sends them back
+only to the same (:func:`runtime.history.replays_to`).
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from typing import Any
 import attrs
 
 from runtime.chunks import ProviderDataChunk, ReasoningChunk, TextChunk, ToolCallChunk
+from runtime.history import Origin
 from runtime.ids import new_id
 from runtime.messages import (
     Part,
@@ -84,6 +90,7 @@ class PartsManager:
         "_refusal",
         "_signature",
         "content",
+        "origin",
         "step",
     )
 
@@ -94,6 +101,10 @@ class PartsManager:
         steps (see :mod:`actors.takeover`): the new ones follow them."""
         self.step = 0
         """The step the parts that open now belong to; the turn runner sets it."""
+        self.origin: Origin | None = None
+        """The provider of the current call; the turn runner sets it. Parts tagged with
+        its name get its model and endpoint; parts of another tag (a scripted provider
+        playing another's part) or none stay unrecorded."""
         self._kind: str | None = None
         self._id = ""
         self._pieces: list[str] = []
@@ -154,9 +165,23 @@ class PartsManager:
         """An opaque provider block: a stored part of its own, absent from the stream,
         that still ends the open part (the text after it is another block)."""
         self.close(out)
+        model, endpoint = self._origin_of(chunk.provider)
         self.content.append(
-            ProviderDataPart(provider=chunk.provider, data=chunk.data, step=self.step)
+            ProviderDataPart(
+                provider=chunk.provider,
+                data=chunk.data,
+                step=self.step,
+                model=model,
+                endpoint=endpoint,
+            )
         )
+
+    def _origin_of(self, provider: str | None) -> tuple[str | None, str | None]:
+        """The model and endpoint to record on a part tagged ``provider``."""
+        origin = self.origin
+        if origin is None or provider != origin.provider:
+            return None, None
+        return origin.model, origin.endpoint
 
     def close(self, out: list[Any]) -> None:
         """Close the open part, if any: store it and tell the stream."""
@@ -167,12 +192,15 @@ class PartsManager:
         if kind is TEXT:
             part: Part = TextPart(text=text, step=self.step, refusal=self._refusal)
         else:
+            model, endpoint = self._origin_of(self._provider)
             part = ReasoningPart(
                 text=text,
                 step=self.step,
                 signature=self._signature,
                 redacted_data=self._redacted,
                 provider=self._provider,
+                model=model,
+                endpoint=endpoint,
             )
         self.content.append(part)
         out.append(PartEnd(kind=kind, part_id=self._id))

@@ -23,7 +23,7 @@ from actors.parts import PartBegin, PartEnd
 from runtime.chunks import TextChunk
 from runtime.errors import OutputValidationError
 from runtime.messages import AssistantMessage, Message, ToolCallPart, UserMessage
-from runtime.structured import OutputSchema
+from runtime.structured import OutputSchema, unfence_partial
 
 # -- one turn -----------------------------------------------------------------------------
 
@@ -93,7 +93,8 @@ class StructuredTurn:
 
         The text so far is parsed once per batch (and before its part ends), leniently:
         an incomplete string, array or object yields what is complete so far; text that
-        is not JSON at all yields nothing. A refusal is not parsed.
+        is not JSON at all yields nothing. A refusal is not parsed. An answer in a
+        fenced block is parsed inside its fence (:func:`runtime.structured.unfence_partial`).
         """
         out: list[Any] = []
         for item in forward:
@@ -120,7 +121,9 @@ class StructuredTurn:
         from pydantic_core import from_json
 
         try:
-            value = from_json("".join(self._text), allow_partial="trailing-strings")
+            value = from_json(
+                unfence_partial("".join(self._text)), allow_partial="trailing-strings"
+            )
         except ValueError:
             return  # not JSON (yet): prose, or only whitespace so far
         if value != self._last:

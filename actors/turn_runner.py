@@ -749,6 +749,7 @@ class TurnRunner(Actor):
         )
         await self._ask(self.provider, request)
         inbox, parts, ctrl = self.stream_inbox, turn.parts, turn.ctrl
+        parts.origin = getattr(self.provider, "origin", None)  # recorded on signed parts
         try:
             while True:
                 batch = await inbox.get()

@@ -6,8 +6,10 @@ format is each provider's job (``map_messages``).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any
+from typing import Any, Literal
+from urllib.parse import urlsplit
 
 import attrs
 
@@ -16,12 +18,19 @@ from runtime.messages import (
     AssistantMessage,
     Message,
     Part,
+    ProviderDataPart,
+    ReasoningPart,
     SystemMessage,
     TextPart,
     ToolCallPart,
     ToolMessage,
     UserMessage,
 )
+
+ForeignReasoning = Literal["drop", "text"]
+"""What a provider does with reasoning it may not replay (:func:`replays_to`): ``"drop"``
+it, or send its text as plain answer text (``"text"``, for targets that take it)."""
+FOREIGN_REASONING: tuple[str, ...] = ("drop", "text")
 
 INTERRUPTED = "interrupted: the tool call did not complete (the turn was cut short)"
 _MESSAGE_TYPES = (SystemMessage, UserMessage, AssistantMessage, ToolMessage)
@@ -177,3 +186,75 @@ class RepairedHistory:
             head = tuple(repair(messages[:boundary]))
             self._kept, self._repaired = tuple(messages[:boundary]), head
         return self._repaired + tuple(repair(messages[boundary:]))
+
+
+# -- where reasoning may be replayed ------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True, slots=True)
+class Origin:
+    """Who produced a reasoning or provider-data part, and who a request goes to.
+
+    A thinking signature is bound to the model that made it, and signed or encrypted
+    reasoning to the endpoint (an OpenAI organization, a compatible server) that issued
+    it: sent anywhere else it is a 400 (``invalid_encrypted_content``, "Invalid signature
+    in thinking block"). Parts record their origin; a provider sends one back only when it
+    :func:`replays_to` the provider's own origin."""
+
+    provider: str
+    """The provider tag (``"anthropic"``, ``"openai"``, ``"openai-responses"``)."""
+    model: str | None = None
+    """``None``: any model (a part stored before models were recorded, or a caller of a
+    ``map_messages`` that named no model)."""
+    endpoint: str | None = None
+    """The normalised endpoint (:func:`endpoint_of`); ``None``: any."""
+
+
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+@functools.lru_cache(maxsize=64)  # a provider asks once per model call, for the same few URLs
+def endpoint_of(url: str) -> str:
+    """``url`` normalised to what identifies a server: scheme, host, port and path.
+
+    Credentials, query and fragment are dropped (an endpoint is stored with every part,
+    and a key in a URL must not be); scheme and host are lower-cased, a default port is
+    left out and a trailing ``/`` removed, so ``https://API.openai.com:443/v1/`` and
+    ``https://api.openai.com/v1`` are the same endpoint."""
+    parts = urlsplit(url.strip())
+    scheme = parts.scheme.lower()
+    host = (parts.hostname or "").lower()
+    if ":" in host:  # IPv6 literal
+        host = f"[{host}]"
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    netloc = host if port is None or _DEFAULT_PORTS.get(scheme) == port else f"{host}:{port}"
+    path = parts.path.rstrip("/")
+    return f"{scheme}://{netloc}{path}" if scheme else f"{netloc}{path}"
+
+
+def replays_to(part: ReasoningPart | ProviderDataPart, origin: Origin) -> bool:
+    """Whether ``part`` may be sent back to a provider whose own origin is ``origin``.
+
+    The provider tags must be equal; the model and the endpoint must be equal where both
+    are known. A part stored before models and endpoints were recorded (``None``) matches
+    its provider alone, as it always did: sessions that never changed model keep their
+    reasoning, and only one that changed it across the upgrade can meet the old 400."""
+    if part.provider != origin.provider:
+        return False
+    if part.model is not None and origin.model is not None and part.model != origin.model:
+        return False
+    return not (
+        part.endpoint is not None
+        and origin.endpoint is not None
+        and part.endpoint != origin.endpoint
+    )
+
+
+def as_text(part: ReasoningPart) -> str | None:
+    """Foreign reasoning as plain text (``foreign_reasoning="text"``): its summary in
+    ``<think>`` tags, which the engine's default tag split reads back as reasoning if a
+    model repeats them; ``None`` when there is no text (redacted or encrypted only)."""
+    return f"<think>{part.text}</think>" if part.text.strip() else None

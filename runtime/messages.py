@@ -53,6 +53,13 @@ class ReasoningPart:
     """Opaque encrypted reasoning, sent back verbatim (Anthropic ``redacted_thinking``)."""
     provider: str | None = None
     """The provider that produced the block (``"anthropic"``, ``"openai"``, ...)."""
+    model: str | None = None
+    """The model that produced the block: a signature is bound to it. ``None`` in parts
+    stored before models were recorded (they replay to their provider, whatever model)."""
+    endpoint: str | None = None
+    """The normalised endpoint the block came from (:func:`runtime.history.endpoint_of`):
+    signatures and encrypted reasoning are refused by any other server. ``None`` when not
+    recorded, which matches any endpoint of the provider."""
 
 
 @attrs.frozen(kw_only=True, slots=True)
@@ -74,6 +81,10 @@ class ProviderDataPart:
     provider: str
     data: dict[str, Any]
     step: int
+    model: str | None = None
+    """The model that produced the block (``None``: not recorded; see :class:`ReasoningPart`)."""
+    endpoint: str | None = None
+    """The normalised endpoint it came from (``None``: not recorded)."""
 
 
 Part = TextPart | ReasoningPart | ToolCallPart | ProviderDataPart

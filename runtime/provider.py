@@ -18,6 +18,7 @@ SDKs are imported lazily inside subclasses so ``import runtime`` stays fast.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar
 
@@ -27,6 +28,7 @@ import trio
 from runtime.actor import ServingActor
 from runtime.chunks import StreamChunk
 from runtime.errors import ActorFailed, AxonError, ConfigurationError, ProviderError
+from runtime.history import FOREIGN_REASONING, ForeignReasoning, Origin, endpoint_of
 from runtime.protocol import Batch, Batcher, InferRequest, StreamFailed
 
 Emit = Callable[[StreamChunk], Awaitable[None]]
@@ -69,6 +71,10 @@ class Provider(ServingActor[InferRequest]):
     max_hold: ClassVar[float | None] = 0.002
     """Seconds a parsed chunk may wait for the engine before the provider's task yields
     (see :class:`~runtime.protocol.Batcher`): bounds the first-delta latency of a burst."""
+    default_endpoint: ClassVar[str | None] = None
+    """The endpoint the SDK calls when no ``base_url`` is given (``None``: none)."""
+    endpoint_env: ClassVar[str | None] = None
+    """The environment variable the SDK reads a base URL from when none is given."""
     hold_rounds: ClassVar[int] = 5
     """Scheduler rounds the provider's task yields each time: one per stage a chunk
     passes after it (engine, turn runner, stream controller, consumer) and one more,
@@ -90,6 +96,37 @@ class Provider(ServingActor[InferRequest]):
         """Seconds to connect and between two reads, for providers that call an endpoint."""
         self.request_options: dict[str, Any] = {}
         """Extra request fields sent with every call (only their names are described)."""
+        self.foreign_reasoning: ForeignReasoning = "drop"
+        """Reasoning another provider, model or endpoint produced cannot be replayed here:
+        ``"drop"`` it (the default) or send its text as plain text (``"text"``), where
+        this provider's API takes text in its place (see docs/providers.md)."""
+
+    @staticmethod
+    def check_foreign_reasoning(value: str) -> ForeignReasoning:
+        """``value`` if it is a :data:`~runtime.history.ForeignReasoning` mode, else a
+        :class:`~runtime.errors.ConfigurationError` naming the modes."""
+        if value not in FOREIGN_REASONING:
+            raise ConfigurationError(
+                f"foreign_reasoning must be one of {', '.join(FOREIGN_REASONING)}, not {value!r}"
+            )
+        return value  # type: ignore[return-value]
+
+    @property
+    def endpoint(self) -> str | None:
+        """The normalised endpoint calls go to (:func:`~runtime.history.endpoint_of`):
+        ``base_url``, else the SDK's environment variable, else its default."""
+        url = self.base_url
+        if url is None and self.endpoint_env is not None:
+            url = os.environ.get(self.endpoint_env) or None
+        url = url or self.default_endpoint
+        return endpoint_of(url) if url else None
+
+    @property
+    def origin(self) -> Origin:
+        """This provider's own :class:`~runtime.history.Origin`: the tag, model and
+        endpoint recorded on the reasoning and provider data it produces, and the only
+        origin whose parts it sends back."""
+        return Origin(provider=self.provider_name, model=self.model or None, endpoint=self.endpoint)
 
     @classmethod
     def from_options(cls, options: ProviderOptions) -> Provider:

@@ -26,6 +26,10 @@ Decisions, and why:
   turns see every attempt of the turn, without the feedback between them.
 * A refusal (finish reason ``content-filter``) is not validated and not retried: the
   turn ends as the model ended it, with ``output`` ``None``.
+* An answer that is one fenced block (```` ```json ```` or a bare ```` ``` ````, nothing
+  around it), as compatible servers without a JSON mode write it, is the JSON inside
+  (:func:`unfence`); asking again would get the same fence until the retries ran out.
+  Two blocks, or prose around one, are not an answer: they are rejected as before.
 """
 
 from __future__ import annotations
@@ -60,8 +64,37 @@ class OutputSchema:
     _parse: Callable[[str], Any] = attrs.field(alias="parse")
 
     def parse(self, text: str) -> Any:
-        """The typed value of ``text``; :class:`OutputValidationError` says why not."""
-        return self._parse(text)
+        """The typed value of ``text`` (or of the one fenced block it is:
+        :func:`unfence`); :class:`OutputValidationError` says why not."""
+        inner = unfence(text)
+        if inner is None:
+            return self._parse(text)
+        try:
+            return self._parse(inner)
+        except OutputValidationError as exc:
+            raise OutputValidationError(exc.message, text=text) from None
+
+
+_FENCE = re.compile(r"\A\s*```[ \t]*(?:json)?[ \t]*\r?\n(.*?)\r?\n?[ \t]*```\s*\Z", re.I | re.S)
+_OPENING = re.compile(r"\A\s*```[ \t]*(?:json)?[ \t]*\r?\n", re.I)
+_CLOSING = re.compile(r"\r?\n?[ \t]*```\s*\Z")
+
+
+def unfence(text: str) -> str | None:
+    """The inside of ``text`` if it is exactly one fenced block, ```` ```json ````
+    (any case) or a bare ```` ``` ````, with nothing but whitespace around it; else
+    ``None``. A fence inside the block is left in it (two blocks are then not JSON)."""
+    found = _FENCE.match(text)
+    return found.group(1) if found is not None else None
+
+
+def unfence_partial(text: str) -> str:
+    """The JSON so far of an answer still streaming: an opening fence line (and a
+    closing fence once it has come) taken off; other text as it is."""
+    opening = _OPENING.match(text)
+    if opening is None:
+        return text
+    return _CLOSING.sub("", text[opening.end() :])
 
 
 def output_schema(output_type: Any) -> OutputSchema | None:

@@ -22,12 +22,14 @@ from opentelemetry.trace import StatusCode
 from actors.plugins import OpenTelemetryActor
 from actors.plugins import otel as otel_module
 from actors.plugins.otel import build_tracer_provider
+from actors.providers import OpenAIResponsesProvider
 from actors.providers.scripted import ScriptedProvider, tool_call
 from runtime import Agent, Host, tool
 from runtime.chunks import Usage
 from runtime.errors import BadRequest, ConfigurationError
 from runtime.events import Lagged, StepStarted, TurnStarted
 from tests.support.loopback import Reply, loopback_server
+from tests.support.signing import SealingResponses
 
 ROOT = Path(__file__).resolve().parents[1]
 SECRET = "sk-live0123456789abcdef"
@@ -112,6 +114,16 @@ async def test_chat_spans_carry_the_provider_model_step_and_finish_reason():
     assert attrs["gen_ai.provider.name"] == "scripted"
     assert attrs["gen_ai.request.model"] == "scripted"
     assert attrs["gen_ai.conversation.id"] == "s1"
+
+
+async def test_the_responses_provider_is_named_openai_as_the_conventions_require():
+    async with loopback_server(respond=SealingResponses("otel")) as server:
+        provider = OpenAIResponsesProvider("gpt-5-mini", base_url=server.url, api_key="t")
+        result, spans = await traced(Agent(name="calc", provider=provider))
+    assert result.error is None
+    for span in (*named(spans, "chat"), *named(spans, "invoke_agent")):
+        assert span.attributes["gen_ai.provider.name"] == "openai"
+        assert span.attributes["axon.provider"] == "openai-responses"
 
 
 async def test_the_tool_span_names_the_tool_and_call_and_ends_before_the_next_model_call():

@@ -304,7 +304,11 @@ def test_describe_shows_the_storage_settings_and_never_the_key():
     provider = OpenAIResponsesProvider("o4-mini", api_key=API_KEY, reasoning={"effort": "low"})
     described = provider.describe()
     assert API_KEY not in repr(described)
-    assert described["settings"] == {"store": False, "encrypted_reasoning": True}
+    assert described["settings"] == {
+        "store": False,
+        "encrypted_reasoning": True,
+        "foreign_reasoning": "drop",
+    }
     assert described["options"] == ["reasoning"]
 
 
@@ -1080,7 +1084,15 @@ async def test_reasoning_of_a_cut_stream_is_saved_unsigned_and_never_sent_back()
     check_grammar(chunks, ending="error")
     assert chunks[-1].error.kind == "MalformedStream"
     saved = session.messages[1].content
-    assert saved == (ReasoningPart(text="half a thought", step=0, provider=PROVIDER),)
+    assert saved == (
+        ReasoningPart(
+            text="half a thought",
+            step=0,
+            provider=PROVIDER,
+            model="gpt-5-mini",
+            endpoint=server.url + "/v1",
+        ),
+    )
     assert server.requests[1].json()["input"] == [
         {"role": "user", "content": "go"},
         {"role": "user", "content": "again"},

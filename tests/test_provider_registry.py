@@ -190,4 +190,8 @@ def test_describe_shows_option_names_but_never_their_values():
     described = provider.describe()
     assert described["options"] == ["metadata"]
     assert "secret-user" not in repr(described) and KEY not in repr(described)
-    assert described["settings"] == {"thinking_budget": None, "max_tokens": 4096}
+    assert described["settings"] == {
+        "thinking_budget": None,
+        "max_tokens": 4096,
+        "foreign_reasoning": "drop",
+    }

@@ -20,7 +20,7 @@ from runtime import Agent, Host, tool
 from runtime.chunks import FinishChunk, TextChunk
 from runtime.errors import ConfigurationError, OutputValidationError
 from runtime.messages import AssistantMessage, TextPart, ToolMessage, UserMessage
-from runtime.structured import output_schema, strict_schema
+from runtime.structured import output_schema, strict_schema, unfence
 from tests.support.grammar import check_grammar
 from tests.support.listener import recording_server
 
@@ -252,6 +252,60 @@ async def test_a_json_schema_output_is_the_validated_dict():
     _, result, _ = await run_turn(Agent(provider=provider, output_type=schema))
     assert result.output == {"n": 1}
     assert "n: 'one' is not of type 'integer'" in provider.requests[1].messages[-1].content
+
+
+FENCED = f"```json\n{GOOD}\n```"
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [FENCED, f"```\n{GOOD}\n```", f"\n```JSON\n{GOOD}\n```\n", f"```json\r\n{GOOD}\r\n```"],
+)
+async def test_an_answer_in_one_fenced_json_block_is_accepted_without_a_retry(answer):
+    provider = ScriptedProvider([[answer], [GOOD]])
+    _, result, stored = await run_turn(Agent(provider=provider, output_type=Weather))
+    assert result.output == Weather(city="Paris", temp=21.5)
+    assert len(provider.requests) == 1
+    assert stored[1].content == (TextPart(text=answer, step=0),)  # stored as it streamed
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        f"{FENCED}\n{FENCED}",  # two blocks
+        f"Here it is:\n{FENCED}",  # prose before
+        f"{FENCED}\nHope this helps.",  # prose after
+        f"```python\n{GOOD}\n```",  # not JSON's fence
+    ],
+)
+async def test_an_answer_that_is_not_exactly_one_fenced_block_is_rejected(answer):
+    provider = ScriptedProvider([[answer], [GOOD]])
+    _, result, _ = await run_turn(Agent(provider=provider, output_type=Weather))
+    assert result.output == Weather(city="Paris", temp=21.5)
+    assert len(provider.requests) == 2  # the first answer was sent back as invalid
+
+
+@given(
+    value=st.dictionaries(st.text(max_size=8), st.integers() | st.text(max_size=8), max_size=4),
+    indent=st.sampled_from([None, 2]),
+    lang=st.sampled_from(["json", "JSON", ""]),
+)
+def test_unfence_gives_back_any_json_written_in_one_fence(value, indent, lang):
+    assert json.loads(unfence(f"```{lang}\n{json.dumps(value, indent=indent)}\n```")) == value
+
+
+def test_a_fenced_answer_that_fails_validation_keeps_its_text_as_written():
+    bad = f"```json\n{BAD}\n```"
+    with pytest.raises(OutputValidationError) as caught:
+        output_schema(Weather).parse(bad)
+    assert caught.value.text == bad
+    assert "temp: Input should be a valid number" in caught.value.message
+
+
+def test_a_fenced_answer_streams_object_deltas_from_inside_its_fence():
+    out = _feed([["```json\n"], ['{"city": "Paris", '], ['"temp": 21.5}'], ["\n```"]])
+    updates = [x.value for x in out if isinstance(x, ObjectUpdate)]
+    assert updates == [{"city": "Paris"}, {"city": "Paris", "temp": 21.5}]
 
 
 @tool

@@ -212,7 +212,14 @@ async def test_anthropic_with_thinking_asks_for_the_tool_in_the_prompt_instead_o
     assert request["system"] == f"Be brief.\n\n{OUTPUT_INSTRUCTION}"
     assert result.output == Weather(city="Paris", temp=21.5)
     assert result.message.content == (
-        ReasoningPart(text="easy", step=0, signature=SIG, provider="anthropic"),
+        ReasoningPart(
+            text="easy",
+            step=0,
+            signature=SIG,
+            provider="anthropic",
+            model="claude-sonnet-4-5",
+            endpoint=server.url,
+        ),
         TextPart(text=GOOD, step=0),
     )
 

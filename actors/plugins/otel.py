@@ -61,6 +61,26 @@ AGENT_NAME = "gen_ai.agent.name"
 CONVERSATION_ID = "gen_ai.conversation.id"
 RESPONSE_FINISH_REASONS = "gen_ai.response.finish_reasons"
 USAGE_INPUT_TOKENS = "gen_ai.usage.input_tokens"
+AXON_PROVIDER = "axon.provider"
+"""The provider's registry name, where it differs from ``gen_ai.provider.name``."""
+
+GENAI_PROVIDERS = {"openai-responses": "openai"}
+"""Registry names whose ``gen_ai.provider.name`` is another: the conventions name the
+vendor (``openai``), whichever of its APIs is called; the API stays in
+:data:`AXON_PROVIDER`."""
+
+
+def provider_attributes(provider: str) -> dict[str, str]:
+    """``gen_ai.provider.name`` for the registry name ``provider`` (and ``axon.provider``
+    when the two differ)."""
+    name = GENAI_PROVIDERS.get(provider, provider)
+    return (
+        {PROVIDER_NAME: name}
+        if name == provider
+        else {PROVIDER_NAME: name, AXON_PROVIDER: provider}
+    )
+
+
 USAGE_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
 USAGE_CACHE_READ = "gen_ai.usage.cache_read.input_tokens"
 USAGE_CACHE_CREATION = "gen_ai.usage.cache_creation.input_tokens"
@@ -253,7 +273,7 @@ class OpenTelemetryActor(Actor):
             "axon.turn.id": event.turn_id,
         }
         if event.provider:
-            attributes[PROVIDER_NAME] = event.provider
+            attributes.update(provider_attributes(event.provider))
         if event.model:
             attributes[REQUEST_MODEL] = event.model
         span = self.tracer.start_span(
@@ -340,7 +360,7 @@ class OpenTelemetryActor(Actor):
             "axon.step": event.step,
         }
         if turn.provider:
-            attributes[PROVIDER_NAME] = turn.provider
+            attributes.update(provider_attributes(turn.provider))
         if turn.model:
             attributes[REQUEST_MODEL] = turn.model
         span = self.tracer.start_span(

@@ -40,7 +40,7 @@ from runtime.chunks import (
     Usage,
     UsageChunk,
 )
-from runtime.history import iter_turns, split_steps
+from runtime.history import ForeignReasoning, Origin, as_text, iter_turns, replays_to, split_steps
 from runtime.messages import (
     File,
     Image,
@@ -104,7 +104,11 @@ _RESERVED = frozenset({"messages", "stream"})
 
 
 def map_messages(
-    instructions: str | None, messages: Sequence[Message]
+    instructions: str | None,
+    messages: Sequence[Message],
+    *,
+    origin: Origin | None = None,
+    foreign_reasoning: ForeignReasoning = "drop",
 ) -> tuple[str | None, list[dict[str, Any]]]:
     """The ``system`` prompt and ``messages`` of a Messages API request.
 
@@ -123,13 +127,24 @@ def map_messages(
     ``url`` source. A tool that returned images or files gets them inside its
     ``tool_result`` content, which the API allows. A type the API cannot take raises
     :class:`~runtime.errors.UnsupportedMedia` before any request.
+
+    Thinking and provider data go back only where they :func:`~runtime.history.replays_to`
+    ``origin``, the calling provider's own (``None``: Anthropic, any model or endpoint):
+    a signature is bound to the model and the server that minted it. Reasoning that may
+    not go back is dropped, or with ``foreign_reasoning="text"`` its text is sent as a
+    ``text`` block in ``<think>`` tags (:func:`~runtime.history.as_text`).
     """
+    target = origin or Origin(provider=PROVIDER)
     system = [instructions] if instructions else []
     out: list[dict[str, Any]] = []
     for kind, msg, results in iter_turns(messages):
         if kind == "assistant":
             for parts, step_results in split_steps(msg, results):
-                blocks = [b for b in map(_part_block, parts) if b is not None]
+                blocks = [
+                    b
+                    for b in (_part_block(p, target, foreign_reasoning) for p in parts)
+                    if b is not None
+                ]
                 if blocks:
                     _append(out, "assistant", blocks)
                 if step_results:
@@ -143,7 +158,9 @@ def map_messages(
     return ("\n\n".join(system) or None), out
 
 
-def _part_block(part: Part) -> dict[str, Any] | None:
+def _part_block(
+    part: Part, target: Origin, foreign_reasoning: ForeignReasoning
+) -> dict[str, Any] | None:
     """One part as a request content block, or ``None`` when it must not be sent."""
     if isinstance(part, TextPart):
         return {"type": "text", "text": part.text} if part.text.strip() else None
@@ -155,18 +172,19 @@ def _part_block(part: Part) -> dict[str, Any] | None:
             "input": _tool_input(part.input),
         }
     if isinstance(part, ReasoningPart):
-        # Only Anthropic verifies Anthropic signatures; an unsigned block (interrupted
-        # before its signature arrived) or another provider's reasoning would be
-        # rejected as thinking, and has no other field to travel in: it is dropped.
-        if part.provider != PROVIDER:
-            return None
+        # A signature verifies only with the model and server that minted it; an
+        # unsigned block (interrupted before its signature arrived) or reasoning from
+        # elsewhere would be rejected as thinking: it is dropped, or sent as text.
+        if not replays_to(part, target):
+            text = as_text(part) if foreign_reasoning == "text" else None
+            return {"type": "text", "text": text} if text is not None else None
         if part.redacted_data is not None:
             return {"type": "redacted_thinking", "data": part.redacted_data}
         if part.signature:
             return {"type": "thinking", "thinking": part.text, "signature": part.signature}
         return None
     if isinstance(part, ProviderDataPart):
-        return dict(part.data) if part.provider == PROVIDER else None
+        return dict(part.data) if replays_to(part, target) else None
     return None
 
 
@@ -632,6 +650,8 @@ class AnthropicProvider(Provider):
     """Streams Anthropic Messages API calls (raw events) for any number of sessions."""
 
     provider_name: ClassVar[str] = PROVIDER
+    default_endpoint: ClassVar[str | None] = "https://api.anthropic.com"
+    endpoint_env: ClassVar[str | None] = "ANTHROPIC_BASE_URL"
 
     def __init__(
         self,
@@ -644,6 +664,7 @@ class AnthropicProvider(Provider):
         max_concurrency: int | None = None,
         timeout: float | None = 60.0,
         name: str | None = None,
+        foreign_reasoning: ForeignReasoning = "drop",
         **request_options: Any,
     ) -> None:
         if thinking_budget is not None and thinking_budget >= max_tokens:
@@ -665,6 +686,7 @@ class AnthropicProvider(Provider):
         """Extra request fields on every call (``temperature``, ``metadata``, ...), under
         the call's own ``InferRequest.settings``. Fields the SDK's ``create`` does not
         name go in ``extra_body``, so new API fields work without an SDK upgrade."""
+        self.foreign_reasoning = self.check_foreign_reasoning(foreign_reasoning)
         self._client: Any = None
         self._create_params: frozenset[str] | None = None
 
@@ -680,7 +702,11 @@ class AnthropicProvider(Provider):
         )
 
     def describe_settings(self) -> dict[str, Any]:
-        return {"thinking_budget": self.thinking_budget, "max_tokens": self.max_tokens}
+        return {
+            "thinking_budget": self.thinking_budget,
+            "max_tokens": self.max_tokens,
+            "foreign_reasoning": self.foreign_reasoning,
+        }
 
     def _get_client(self) -> Any:
         """The ``AsyncAnthropic`` client, built on first use with SDK retries off: the
@@ -709,7 +735,12 @@ class AnthropicProvider(Provider):
 
     def request_params(self, request: InferRequest) -> dict[str, Any]:
         """The keyword arguments of ``messages.create`` for ``request`` (``stream=True``)."""
-        system, messages = map_messages(request.instructions, request.messages)
+        system, messages = map_messages(
+            request.instructions,
+            request.messages,
+            origin=self.origin,
+            foreign_reasoning=self.foreign_reasoning,
+        )
         params: dict[str, Any] = {"model": self.model, "max_tokens": self.max_tokens}
         if system:
             params["system"] = system

@@ -54,7 +54,14 @@ from runtime.chunks import (
     UsageChunk,
 )
 from runtime.errors import AxonError, ProviderError
-from runtime.history import iter_turns, split_steps
+from runtime.history import (
+    ForeignReasoning,
+    Origin,
+    as_text,
+    iter_turns,
+    replays_to,
+    split_steps,
+)
 from runtime.messages import (
     File,
     Image,
@@ -167,8 +174,27 @@ def _tool_message(result: ToolMessage) -> dict[str, Any]:
     return {"role": "tool", "tool_call_id": result.tool_call_id, "content": content}
 
 
-def _assistant_step(parts: Sequence[Any], send_reasoning_content: bool) -> dict[str, Any] | None:
-    text = "".join(p.text for p in parts if isinstance(p, TextPart))
+def _assistant_step(
+    parts: Sequence[Any],
+    send_reasoning_content: bool,
+    target: Origin,
+    foreign_reasoning: ForeignReasoning,
+) -> dict[str, Any] | None:
+    pieces: list[str] = []
+    reasoning: list[str] = []
+    for p in parts:
+        if isinstance(p, TextPart):
+            pieces.append(p.text)
+        elif isinstance(p, ReasoningPart):
+            # Untagged reasoning (split from ``<think>`` tags in the text) is the model's
+            # own plain text, as the server sent it.
+            if p.provider is None or replays_to(p, target):
+                # unsigned text only: signatures/redacted data belong elsewhere
+                if send_reasoning_content and p.signature is None and p.redacted_data is None:
+                    reasoning.append(p.text)
+            elif foreign_reasoning == "text" and (shown := as_text(p)) is not None:
+                pieces.append(shown)
+    text = "".join(pieces)
     calls = [
         {
             "id": p.tool_call_id,
@@ -178,18 +204,11 @@ def _assistant_step(parts: Sequence[Any], send_reasoning_content: bool) -> dict[
         for p in parts
         if isinstance(p, ToolCallPart)
     ]
-    reasoning = ""
-    if send_reasoning_content:  # unsigned text only: signatures/redacted data belong elsewhere
-        reasoning = "".join(
-            p.text
-            for p in parts
-            if isinstance(p, ReasoningPart) and p.signature is None and p.redacted_data is None
-        )
     if not text.strip() and not calls:
         return None  # nothing the API accepts (reasoning-only or ProviderDataPart-only step)
     message: dict[str, Any] = {"role": "assistant", "content": text if text.strip() else None}
-    if reasoning:
-        message["reasoning_content"] = reasoning
+    if joined := "".join(reasoning):
+        message["reasoning_content"] = joined
     if calls:
         message["tool_calls"] = calls
     return message
@@ -200,6 +219,8 @@ def map_messages(
     messages: Sequence[Message],
     *,
     send_reasoning_content: bool = False,
+    origin: Origin | None = None,
+    foreign_reasoning: ForeignReasoning = "drop",
 ) -> list[dict[str, Any]]:
     """The Chat Completions ``messages`` for a session's history.
 
@@ -216,9 +237,13 @@ def map_messages(
     accepts that, and the model sees what it said); reasoning is dropped unless
     ``send_reasoning_content`` is set (DeepSeek-style servers that require it back), and
     then only unsigned, unredacted reasoning goes out as that step's
-    ``reasoning_content``; :class:`~runtime.messages.ProviderDataPart` s are dropped; a
-    step left with neither text nor tool calls is omitted, since the API rejects an
-    assistant message with neither.
+    ``reasoning_content``, and only where it :func:`~runtime.history.replays_to`
+    ``origin`` (the calling provider's; ``None``: ``openai``, any model or endpoint) or
+    is untagged (split from ``<think>`` tags); reasoning from another provider, model or
+    server is dropped, or with ``foreign_reasoning="text"`` sent in the step's
+    ``content`` in ``<think>`` tags; :class:`~runtime.messages.ProviderDataPart` s are
+    dropped; a step left with neither text nor tool calls is omitted, since the API
+    rejects an assistant message with neither.
 
     User content with images or files becomes a list of content blocks: ``text``,
     ``image_url`` (a data URL or the image's URL) and ``file`` (``file_data``, a PDF's data
@@ -227,13 +252,14 @@ def map_messages(
     Tool messages hold text only: an image or file a tool returned is replaced by a
     placeholder that says so (:data:`TOOL_MEDIA_PLACEHOLDER`).
     """
+    target = origin or Origin(provider="openai")
     out: list[dict[str, Any]] = []
     if instructions:
         out.append({"role": "system", "content": instructions})
     for kind, message, results in iter_turns(messages):
         if kind == "assistant":
             for parts, step_results in split_steps(message, results):
-                step = _assistant_step(parts, send_reasoning_content)
+                step = _assistant_step(parts, send_reasoning_content, target, foreign_reasoning)
                 if step is not None:
                     out.append(step)
                 out.extend(_tool_message(r) for r in step_results)
@@ -576,6 +602,8 @@ class OpenAIProvider(Provider):
     """Chat Completions over the ``openai`` SDK, for OpenAI and compatible servers."""
 
     provider_name: ClassVar[str] = "openai"
+    default_endpoint: ClassVar[str | None] = "https://api.openai.com/v1"
+    endpoint_env: ClassVar[str | None] = "OPENAI_BASE_URL"
 
     def __init__(
         self,
@@ -587,6 +615,7 @@ class OpenAIProvider(Provider):
         max_concurrency: int | None = None,
         timeout: float | None = 60.0,
         name: str | None = None,
+        foreign_reasoning: ForeignReasoning = "drop",
         **request_options: Any,
     ) -> None:
         super().__init__(model=model, max_concurrency=max_concurrency, name=name)
@@ -603,6 +632,7 @@ class OpenAIProvider(Provider):
         """Extra ``chat.completions.create`` arguments for every call (``temperature``,
         ``max_completion_tokens``, ``extra_body``...); a request's ``settings`` override
         them key by key."""
+        self.foreign_reasoning = self.check_foreign_reasoning(foreign_reasoning)
         self._client: Any = None
 
     @classmethod
@@ -640,6 +670,8 @@ class OpenAIProvider(Provider):
                 request.instructions,
                 request.messages,
                 send_reasoning_content=self.send_reasoning_content,
+                origin=self.origin,
+                foreign_reasoning=self.foreign_reasoning,
             ),
         }
         if request.tools:
@@ -670,7 +702,10 @@ class OpenAIProvider(Provider):
         return classify_error(exc, provider=self.provider_name)
 
     def describe_settings(self) -> dict[str, Any]:
-        return {"send_reasoning_content": self.send_reasoning_content}
+        return {
+            "send_reasoning_content": self.send_reasoning_content,
+            "foreign_reasoning": self.foreign_reasoning,
+        }
 
     async def aclose(self) -> None:
         """Close the HTTP client (its connection pool), if one was created."""

@@ -28,8 +28,11 @@ How each output item is kept, so the next request can send it back:
   side: it is a :class:`~runtime.messages.ProviderDataPart` holding the item verbatim,
   sent back as it came.
 
-Reasoning and provider data go back only to this provider; another provider's reasoning
-(Chat Completions ``reasoning_content``, Anthropic's signed thinking) is dropped. With
+Reasoning and provider data go back only to this provider, and only to the model and
+endpoint that produced them (``encrypted_content`` is bound to its organization: any
+other answers ``invalid_encrypted_content``); reasoning from elsewhere (Chat Completions
+``reasoning_content``, Anthropic's signed thinking, another model's or server's items) is
+dropped, or sent as assistant text with ``foreign_reasoning="text"``. With
 ``store=False`` (the default: nothing is kept on OpenAI's side) the request asks for
 ``include=["reasoning.encrypted_content"]`` and a reasoning item without encrypted
 content is not sent back (the API would look its ``id`` up and answer 404).
@@ -62,7 +65,14 @@ from runtime.chunks import (
     UsageChunk,
 )
 from runtime.errors import AxonError
-from runtime.history import iter_turns, split_steps
+from runtime.history import (
+    ForeignReasoning,
+    Origin,
+    as_text,
+    iter_turns,
+    replays_to,
+    split_steps,
+)
 from runtime.messages import (
     File,
     Image,
@@ -207,7 +217,9 @@ def _output(result: ToolMessage) -> str | list[dict[str, Any]]:
     return json.dumps(result.output, ensure_ascii=False, default=str)
 
 
-def _step_items(parts: Sequence[Part], store: bool) -> list[dict[str, Any]]:
+def _step_items(
+    parts: Sequence[Part], store: bool, target: Origin, foreign_reasoning: ForeignReasoning
+) -> list[dict[str, Any]]:
     """One step's output items, in the order they were produced."""
     items: list[dict[str, Any]] = []
     links: dict[int, dict[str, Any]] = {}  # index of a reasoning item -> its recorded follower
@@ -222,6 +234,11 @@ def _step_items(parts: Sequence[Part], store: bool) -> list[dict[str, Any]]:
         if isinstance(part, TextPart):
             text.append(part.text)
             continue
+        if isinstance(part, ReasoningPart) and not replays_to(part, target):
+            shown = as_text(part) if foreign_reasoning == "text" else None
+            if shown is not None:
+                text.append(shown)
+            continue  # another provider's, model's or server's: it cannot go back
         end_text()
         if isinstance(part, ToolCallPart):
             items.append(
@@ -233,15 +250,15 @@ def _step_items(parts: Sequence[Part], store: bool) -> list[dict[str, Any]]:
                 }
             )
         elif isinstance(part, ReasoningPart):
-            decoded = decode_reasoning(part.signature) if part.provider == PROVIDER else None
+            decoded = decode_reasoning(part.signature)
             if decoded is None:
-                continue  # unsigned (cut short) or another provider's: nothing to send
+                continue  # unsigned (cut short): nothing to send
             item, following = decoded
             if not store and not item.get("encrypted_content"):
                 continue  # with store=False the API cannot look the id up
             links[len(items)] = following
             items.append(item)
-        elif isinstance(part, ProviderDataPart) and part.provider == PROVIDER:
+        elif isinstance(part, ProviderDataPart) and replays_to(part, target):
             items.append(dict(part.data))
     end_text()
     # The API rejects a reasoning item with no item after it ("provided without its
@@ -273,7 +290,13 @@ def _link(item: dict[str, Any], following: dict[str, Any]) -> None:
         )
 
 
-def map_messages(messages: Sequence[Message], *, store: bool = False) -> list[dict[str, Any]]:
+def map_messages(
+    messages: Sequence[Message],
+    *,
+    store: bool = False,
+    origin: Origin | None = None,
+    foreign_reasoning: ForeignReasoning = "drop",
+) -> list[dict[str, Any]]:
     """The Responses ``input`` items for a session's history.
 
     ``messages`` are a repaired history (:func:`runtime.history.repair`, applied by the
@@ -289,14 +312,18 @@ def map_messages(messages: Sequence[Message], *, store: bool = False) -> list[di
     docstring), with ``store=False`` only when it holds encrypted content, and only when
     an item follows it in its step (the API rejects a reasoning item without the item
     that followed it); that following item gets back the ``id`` it had, so the API can
-    pair the two. Provider data of this provider is sent verbatim; other providers'
-    reasoning and provider data are dropped.
+    pair the two. Provider data of this provider is sent verbatim. Reasoning and
+    provider data go back only where they :func:`~runtime.history.replays_to` ``origin``
+    (the calling provider's; ``None``: this provider, any model or endpoint); others are
+    dropped, or with ``foreign_reasoning="text"`` reasoning text joins the step's
+    assistant text in ``<think>`` tags.
     """
+    target = origin or Origin(provider=PROVIDER)
     out: list[dict[str, Any]] = []
     for kind, message, results in iter_turns(messages):
         if kind == "assistant":
             for parts, step_results in split_steps(message, results):
-                out.extend(_step_items(parts, store))
+                out.extend(_step_items(parts, store, target, foreign_reasoning))
                 out.extend(
                     {
                         "type": "function_call_output",
@@ -650,6 +677,8 @@ class OpenAIResponsesProvider(Provider):
     reasoning kept across steps, function calls and built-in tools."""
 
     provider_name: ClassVar[str] = PROVIDER
+    default_endpoint: ClassVar[str | None] = "https://api.openai.com/v1"
+    endpoint_env: ClassVar[str | None] = "OPENAI_BASE_URL"
 
     def __init__(
         self,
@@ -662,6 +691,7 @@ class OpenAIResponsesProvider(Provider):
         max_concurrency: int | None = None,
         timeout: float | None = 60.0,
         name: str | None = None,
+        foreign_reasoning: ForeignReasoning = "drop",
         **request_options: Any,
     ) -> None:
         super().__init__(model=model, max_concurrency=max_concurrency, name=name)
@@ -686,6 +716,7 @@ class OpenAIResponsesProvider(Provider):
         merged with the provider's own; ``store`` replaces :attr:`store` for the call
         (restoration and ``include`` follow it). Fields the SDK does not name go in
         ``extra_body``."""
+        self.foreign_reasoning = self.check_foreign_reasoning(foreign_reasoning)
         self._client: Any = None
         self._create_params: frozenset[str] | None = None
 
@@ -698,7 +729,11 @@ class OpenAIResponsesProvider(Provider):
         )
 
     def describe_settings(self) -> dict[str, Any]:
-        return {"store": self.store, "encrypted_reasoning": self.encrypted_reasoning}
+        return {
+            "store": self.store,
+            "encrypted_reasoning": self.encrypted_reasoning,
+            "foreign_reasoning": self.foreign_reasoning,
+        }
 
     def _get_client(self) -> Any:
         if self._client is None:
@@ -730,7 +765,12 @@ class OpenAIResponsesProvider(Provider):
         store = bool(options.pop("store", self.store))
         params: dict[str, Any] = {
             "model": self.model,
-            "input": map_messages(request.messages, store=store),
+            "input": map_messages(
+                request.messages,
+                store=store,
+                origin=self.origin,
+                foreign_reasoning=self.foreign_reasoning,
+            ),
             "store": store,
         }
         if request.instructions:

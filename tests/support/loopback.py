@@ -1,16 +1,17 @@
 """A loopback HTTP server for provider tests: replays SSE bodies to the real SDK clients.
 
 Runs inside the test's own Trio loop. Each request pops the next scripted
-:class:`Reply`; every request (method, path, headers, JSON body) is recorded so tests can
-assert exactly what the SDK sent. Replies can be cut into small writes, delayed, dropped
-mid-body, or stall, to inject faults.
+:class:`Reply` (or, given ``respond``, gets the reply that function makes of it, for a
+server that answers by what it is sent); every request (method, path, headers, JSON
+body) is recorded so tests can assert exactly what the SDK sent. Replies can be cut
+into small writes, delayed, dropped mid-body, or stall, to inject faults.
 """
 
 from __future__ import annotations
 
 import functools
 import json
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -57,6 +58,8 @@ class LoopbackServer:
     url: str
     replies: list[Reply]
     requests: list[Recorded] = attrs.field(factory=list)
+    respond: Callable[[Recorded], Reply] | None = None
+    """Makes the reply to each request from the request itself (``replies`` unused)."""
 
     def add(self, *replies: Reply) -> None:
         self.replies.extend(replies)
@@ -98,19 +101,19 @@ async def _handle(stream: trio.SocketStream, server: LoopbackServer) -> None:
                 elif isinstance(event, h11.ConnectionClosed):
                     return
             assert request is not None
-            server.requests.append(
-                Recorded(
-                    method=request.method.decode(),
-                    path=request.target.decode(),
-                    headers={k.decode().lower(): v.decode() for k, v in request.headers},
-                    body=bytes(body),
-                )
+            recorded = Recorded(
+                method=request.method.decode(),
+                path=request.target.decode(),
+                headers={k.decode().lower(): v.decode() for k, v in request.headers},
+                body=bytes(body),
             )
-            reply = (
-                server.replies.pop(0)
-                if server.replies
-                else Reply(status=500, body=b"no reply scripted")
-            )
+            server.requests.append(recorded)
+            if server.respond is not None:
+                reply = server.respond(recorded)
+            elif server.replies:
+                reply = server.replies.pop(0)
+            else:
+                reply = Reply(status=500, body=b"no reply scripted")
             headers = [("content-type", reply.content_type), ("connection", "close")]
             headers += list(reply.headers)
             await stream.send_all(
@@ -144,14 +147,19 @@ async def _handle(stream: trio.SocketStream, server: LoopbackServer) -> None:
 
 
 @asynccontextmanager
-async def loopback_server(*replies: Reply) -> AsyncIterator[LoopbackServer]:
-    """Serve ``replies`` in order on 127.0.0.1; yields the server (``.url``, ``.requests``)."""
+async def loopback_server(
+    *replies: Reply, respond: Callable[[Recorded], Reply] | None = None
+) -> AsyncIterator[LoopbackServer]:
+    """Serve ``replies`` in order on 127.0.0.1 (or each request ``respond``'s reply to
+    it); yields the server (``.url``, ``.requests``)."""
     async with trio.open_nursery() as nursery:
         listeners = await nursery.start(
             functools.partial(trio.serve_tcp, lambda s: _handle(s, server), 0, host="127.0.0.1")
         )
         port = listeners[0].socket.getsockname()[1]
-        server = LoopbackServer(url=f"http://127.0.0.1:{port}", replies=list(replies))
+        server = LoopbackServer(
+            url=f"http://127.0.0.1:{port}", replies=list(replies), respond=respond
+        )
         try:
             yield server
         finally:
