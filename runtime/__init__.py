@@ -61,12 +61,13 @@ from runtime.errors import (
     StoreError,
     StoreUnavailable,
     ToolDefinitionError,
+    TooManyParts,
     UnsupportedMedia,
 )
 from runtime.events import Event
 from runtime.inbox import Inbox
 from runtime.logging import configure_logging
-from runtime.media import MediaLimits
+from runtime.media import InputLimits, MediaLimits
 from runtime.messages import (
     AssistantMessage,
     File,
@@ -131,6 +132,7 @@ __all__ = [
     "Host",
     "Image",
     "Inbox",
+    "InputLimits",
     "InvalidMedia",
     "InvalidSessionId",
     "InvalidTurnId",
@@ -170,6 +172,7 @@ __all__ = [
     "SystemMessage",
     "TextChunk",
     "TextPart",
+    "TooManyParts",
     "Tool",
     "ToolCallChunk",
     "ToolCallPart",

@@ -40,6 +40,7 @@ from runtime.events import SessionEvicted
 from runtime.ids import new_id
 from runtime.inbox import Inbox
 from runtime.logging import configure_logging
+from runtime.media import InputLimits
 from runtime.protocol import Batch, SessionState
 from runtime.provider import Provider
 from runtime.session import Session, TurnStream
@@ -59,6 +60,7 @@ class Host:
         supervisor: Supervisor,
         idle_ttl: float | None = None,
         max_sessions: int | None = None,
+        input_limits: InputLimits | None = None,
     ) -> None:
         self.nursery = nursery
         self.store = store
@@ -68,6 +70,9 @@ class Host:
         """Seconds an idle session stays in memory (``None``: for ever)."""
         self.max_sessions = max_sessions
         """Most sessions kept in memory, least recently used evicted first (``None``: all)."""
+        self.input_limits = input_limits or InputLimits()
+        """How many parts (and images and files) one user input may have: more is refused
+        before anything is stored (:class:`~runtime.media.InputLimits`)."""
         self.sessions: dict[str, Session] = {}
         """The sessions in memory, least recently used first."""
         self._handles: weakref.WeakValueDictionary[str, Session] = weakref.WeakValueDictionary()
@@ -95,6 +100,7 @@ class Host:
         tool_executor: Actor | None = None,
         idle_ttl: float | None = None,
         max_sessions: int | None = None,
+        input_limits: InputLimits | None = None,
     ) -> AsyncIterator[Host]:
         """Start a host. ``store`` is a path (an SQLite file, created if missing), a
         ``Store``, or ``None`` for memory. With ``handle_signals``, SIGINT and SIGTERM
@@ -105,7 +111,12 @@ class Host:
 
         ``idle_ttl`` (seconds) evicts a session unused for that long; ``max_sessions``
         evicts the least recently used idle sessions past that many. Both are off by
-        default. An evicted session's ``Session`` object reloads it on its next turn."""
+        default. An evicted session's ``Session`` object reloads it on its next turn.
+
+        ``input_limits`` (:class:`~runtime.media.InputLimits`; default 1,000 parts, 100
+        images and files) caps the parts of one user input: ``session.stream`` refuses more
+        with :class:`~runtime.errors.TooManyParts`, the web app with 413, before anything
+        is stored or queued."""
         if idle_ttl is not None and not idle_ttl > 0:
             raise ConfigurationError(
                 f"idle_ttl must be a positive number of seconds, not {idle_ttl!r}"
@@ -126,6 +137,7 @@ class Host:
                     supervisor=Supervisor(bus, restart_policy),
                     idle_ttl=idle_ttl,
                     max_sessions=max_sessions,
+                    input_limits=input_limits,
                 )
                 host.persister = await host.start_actor(Persister(the_store))
                 host.tool_executor = await host.start_actor(tool_executor or ToolExecutor())

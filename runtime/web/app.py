@@ -55,7 +55,7 @@ from runtime.messages import UserContent
 from runtime.serde import unstructure
 from runtime.session import FINAL_WAIT
 from runtime.web import BODY_TIMEOUT, DEFAULT_MAX_BODY, SEND_TIMEOUT
-from runtime.web.chat_input import check_media, read_chat_request, title_of
+from runtime.web.chat_input import CHILD_PARSES, check_media, read_chat_request, title_of
 from runtime.web.guard import RequestGuard
 from runtime.web.http import ApiError, error_response, json_response
 from runtime.web.http import session_id_param as _session_id
@@ -290,6 +290,8 @@ class WebState:
         """Where response writers run, outliving their request (opened by the app's
         lifespan; without one, each request keeps its own)."""
         self._open_lock = trio.Lock()
+        self.parse_limiter = trio.CapacityLimiter(CHILD_PARSES)
+        """Bounds the child processes parsing large bodies (:mod:`runtime.web.chat_input`)."""
 
     async def session(self, session_id: str) -> Any:
         """The open session ``session_id``, opened (resumed from the store) if needed;

@@ -104,7 +104,7 @@ class QueuedTurnResponse(RelayStreamResponse):
                     if self.sent:  # lost mid-stream: the client must reload
                         await write(await self._rebuilt(exc, replay=False))
                         return
-                turn = await self.queue.get(self.turn_id)
+                turn = await self.queue.get_status(self.turn_id)  # never the input
                 if turn is None:
                     await write(_error(f"turn {self.turn_id!r} does not exist"))
                     return
@@ -218,7 +218,7 @@ class FrontEnd:
         oldest queued one."""
         turn_id = await _unavailable_as_503(self.relay.active_turn(session_id))
         if turn_id is not None:
-            turn = await self.queue.get(turn_id)
+            turn = await self.queue.get_status(turn_id)
             if turn is not None:
                 return turn
         return await self.queue.active(session_id)

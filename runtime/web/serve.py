@@ -28,7 +28,14 @@ import trio
 from actors.plugins.otel import OpenTelemetryActor, build_tracer_provider
 from actors.relay import RedisRelay, attach_relay
 from actors.relay.redis_streams import public_url
-from runtime.commands import MCP_HELP, add_agent_arguments, make_agent, report_bad_input
+from runtime.commands import (
+    MCP_HELP,
+    add_agent_arguments,
+    add_input_limit_arguments,
+    input_limits,
+    make_agent,
+    report_bad_input,
+)
 from runtime.errors import ConfigurationError, RelayUnavailable
 from runtime.host import Host
 from runtime.logging import configure_logging
@@ -114,6 +121,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
         help="allow a non-loopback --host without --token",
     )
     add("--max-body", type=int, default=DEFAULT_MAX_BODY, help="largest request body, bytes")
+    add_input_limit_arguments(parser)
     add(
         "--session-ttl",
         type=_positive(float),
@@ -260,7 +268,12 @@ async def serve_command(args: argparse.Namespace) -> int:
                 print(f"error: {exc}", file=sys.stderr)
                 return 2
         host = await stack.enter_async_context(
-            Host.open(store=args.store, idle_ttl=args.session_ttl, max_sessions=args.max_sessions)
+            Host.open(
+                store=args.store,
+                idle_ttl=args.session_ttl,
+                max_sessions=args.max_sessions,
+                input_limits=input_limits(args),
+            )
         )
         queue = None
         if is_front_end(args):  # the host only lends its store: it runs no turn
