@@ -16,12 +16,15 @@ import httpx
 import orjson
 import pytest
 import trio
+from hypothesis import given
+from hypothesis import strategies as st
 
 from runtime import Agent, Host, InputLimits, TooManyParts
 from runtime.errors import ConfigurationError, StoreCorrupt
 from runtime.messages import File, TextPart
 from runtime.stores.postgres import PostgresStore
 from runtime.stores.turns import TurnQueue
+from runtime.web import chat_body
 from tests.support.redis import require_redis, unique_prefix
 from tests.support.worker_agent import read_ledger
 from tests.test_workers import Workers, finished, sql
@@ -301,3 +304,51 @@ async def test_a_worker_keeps_the_lease_of_a_turn_whose_input_holds_up_its_event
     effects, attempts = read_ledger(pg_url)
     assert sorted(effects.values()) == sorted(attempts.values()) == [1, 1]  # each ran once
     assert sql(pg_url, "SELECT attempts, epoch FROM axon_turns") == [(1, 1)]  # never taken over
+
+
+# -- the reduced body and how it leaves the child ----------------------------------------
+
+json_scalars = st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | st.text()
+json_values = st.recursive(
+    json_scalars,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=12,
+)
+
+
+@given(value=json_values)
+def test_what_the_child_packs_unpacks_to_the_same_value(value: Any) -> None:
+    reduced = {"body": {"id": "s", "messages": [{"role": "user", "parts": [value]}]}}
+    blob_chars = chat_body.BLOB_CHARS
+    chat_body.BLOB_CHARS = 3  # short strings travel as blobs too
+    try:
+        assert chat_body.unpack(chat_body.pack(reduced)) == reduced
+    finally:
+        chat_body.BLOB_CHARS = blob_chars
+
+
+def test_a_clients_object_cannot_pose_as_a_blob() -> None:
+    raw = orjson.dumps(chat("s", [{"type": "text", "text": {"$blob": [0, 3]}}]))
+    reduced = chat_body.reduce_chat_body(raw, 10, 10)
+    assert reduced["messages"][0]["parts"] == [{"type": "text", "text": {}}]
+
+
+def test_the_reduced_body_is_the_last_user_message_and_the_scalar_fields() -> None:
+    body = {
+        "id": "s",
+        "trigger": "submit-message",
+        "junk": [[], [[]]],
+        "messages": [
+            {"id": "u0", "role": "user", "parts": [{"type": "text", "text": "old"}]},
+            {"id": "u1", "role": "user", "parts": [
+                {"type": "text", "text": "new", "extra": [1, 2]}, {"type": "reasoning"},
+            ]},
+            {"id": "a1", "role": "assistant", "parts": []},
+        ],
+    }  # fmt: skip
+    assert chat_body.reduce_chat_body(orjson.dumps(body), 10, 10) == {
+        "id": "s",
+        "trigger": "submit-message",
+        "junk": [],
+        "messages": [{"id": "u1", "role": "user", "parts": [{"type": "text", "text": "new"}]}],
+    }

@@ -7,12 +7,13 @@ refuse the same bodies with the same errors and title a new session the same way
 
 from __future__ import annotations
 
+import contextlib
 import math
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
-import orjson
 import trio
 from starlette.requests import Request
 
@@ -88,7 +89,8 @@ def title_of(content: UserContent) -> str:
         text = "".join(p.text for p in content if isinstance(p, TextPart)) or " ".join(
             getattr(p, "filename", None) or p.type for p in content if not isinstance(p, TextPart)
         )
-    return " ".join(text.split())[:TITLE_CHARS]
+    # The start is enough: splitting a pasted document of megabytes would hold the loop.
+    return " ".join(text[: TITLE_CHARS * 64].split())[:TITLE_CHARS]
 
 
 async def _read_body(request: Request, limit: int, within: float | None = None) -> bytes:
@@ -125,22 +127,52 @@ CHILD_PARSES = 2
 _CHILD = str(Path(chat_body.__file__).resolve())
 
 
+async def _exchange(child: trio.Process, raw: bytes, out: bytearray) -> None:
+    """Write ``raw`` to ``child``'s stdin while reading its stdout into ``out``, until it
+    exits."""
+    stdin, stdout = child.stdin, child.stdout
+    assert stdin is not None and stdout is not None
+
+    async def feed() -> None:
+        async with stdin:
+            with contextlib.suppress(trio.BrokenResourceError):
+                await stdin.send_all(raw)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(feed)
+        while piece := await stdout.receive_some(1 << 20):
+            out += piece
+    await child.wait()
+
+
 async def _reduced_in_child(raw: bytes, limits: InputLimits, limiter: trio.CapacityLimiter) -> Any:
     """:func:`~runtime.web.chat_body.reduce_chat_body` of ``raw``, run in a child process
-    (see there why): the event loop only moves bytes meanwhile, and then parses a body
-    whose structure is at most ``max_parts`` parts."""
+    (see there why): meanwhile the event loop only moves bytes; then it decodes a body
+    whose structure is at most ``max_parts`` parts, its long strings straight from the
+    bytes the child wrote."""
     command = [sys.executable, "-P", _CHILD, str(limits.max_parts), str(limits.max_files)]
+    out = bytearray()
     async with limiter:
         with trio.move_on_after(PARSE_TIMEOUT) as scope:
-            done = await trio.run_process(
-                command, stdin=raw, capture_stdout=True, capture_stderr=True, check=False
+            child = await trio.lowlevel.open_process(
+                command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
             )
+            try:
+                await _exchange(child, raw, out)
+            finally:
+                if child.returncode is None:
+                    child.kill()
+                with trio.CancelScope(shield=True):
+                    await child.wait()
+                    for pipe in (child.stdin, child.stdout):
+                        if pipe is not None:
+                            await pipe.aclose()
     if scope.cancelled_caught:
         raise ApiError(413, f"the request body took over {PARSE_TIMEOUT:g} s to parse")
-    if done.returncode != 0 or not done.stdout:
+    if child.returncode != 0 or not out:
         # Killed past its memory limit, most likely: a body of millions of JSON values.
         raise ApiError(413, "the request body has too many JSON values to parse")
-    answer = orjson.loads(done.stdout)
+    answer = chat_body.unpack(out)
     if "refused" in answer:
         status, message = answer["refused"]
         raise ApiError(status, message)
