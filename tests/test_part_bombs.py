@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from runtime.messages import File, TextPart
 from runtime.stores.postgres import PostgresStore
 from runtime.stores.turns import TurnQueue
 from runtime.web import chat_body
+from runtime.worker import LeaseKeeper
 from tests.support.redis import require_redis, unique_prefix
 from tests.support.worker_agent import read_ledger
 from tests.test_workers import Workers, finished, sql
@@ -352,3 +354,25 @@ def test_the_reduced_body_is_the_last_user_message_and_the_scalar_fields() -> No
         "junk": [],
         "messages": [{"id": "u1", "role": "user", "parts": [{"type": "text", "text": "new"}]}],
     }
+
+
+async def test_the_lease_keeper_renews_while_the_event_loop_is_blocked(pg_url: str) -> None:
+    """A renewal task would not run while the loop is blocked; the keeper's thread does,
+    so no other worker can take the turn over however long the loop is held."""
+    store = await PostgresStore.open(pg_url)
+    queue = TurnQueue(store, lease=1.0)
+    keeper = LeaseKeeper(queue, interval=1.0 / 3)
+    keeper.start()
+    try:
+        await queue.submit("s", "hi")
+        claim = await queue.claim("w1", on_claimed=keeper.hold)
+        assert claim is not None
+        time.sleep(3.0)  # the event loop is held three leases long  # noqa: ASYNC251
+        taken = await queue.claim("w2")
+        renewal = await queue.renew(claim)
+    finally:
+        await keeper.aclose()
+        await queue.aclose()
+        await store.aclose()
+    assert taken is None
+    assert renewal.held
