@@ -26,7 +26,8 @@ from runtime.messages import File, TextPart
 from runtime.stores.postgres import PostgresStore
 from runtime.stores.turns import TurnQueue
 from runtime.web import chat_body
-from runtime.worker import LeaseKeeper
+from runtime.web.chat_input import INLINE_BODY
+from runtime.worker import LeaseKeeper, Worker
 from tests.support.redis import require_redis, unique_prefix
 from tests.support.worker_agent import read_ledger
 from tests.test_workers import Workers, finished, sql
@@ -118,6 +119,16 @@ async def test_a_message_within_the_caps_still_runs_its_turn(serve: Serve) -> No
     assert answered.status_code == 200
     assert session["messages"][0]["role"] == "user"
     assert len(session["messages"][0]["content"]) == 5
+
+
+async def test_a_large_body_parsed_in_the_child_keeps_every_character(serve: Serve) -> None:
+    text = 'naïve 🦉 \u2028 "quoted" ' * 40_000  # over INLINE_BODY: parsed by the child
+    async with httpx.AsyncClient(base_url=serve.url, timeout=LIMIT) as client:
+        answered = await client.post("/api/chat", json=chat("s", [{"type": "text", "text": text}]))
+        session = (await client.get("/api/sessions/s")).json()
+    assert len(orjson.dumps(chat("s", [{"type": "text", "text": text}]))) > INLINE_BODY
+    assert answered.status_code == 200
+    assert session["messages"][0]["content"] == text
 
 
 def test_bad_caps_on_the_command_line_are_one_line_and_exit_2() -> None:
@@ -272,6 +283,28 @@ async def test_status_reads_never_decode_a_turns_input(pg_url: str) -> None:
     assert status is not None and (status.turn_id, status.status) == (turn.turn_id, "queued")
     assert active is not None and active.turn_id == turn.turn_id
     assert cancelled is not None and cancelled.status == "cancelled"
+
+
+async def test_a_worker_fails_a_turn_over_its_caps_without_running_it(pg_url: str) -> None:
+    """A turn queued by other means than a front end (which would have refused it)."""
+    store = await PostgresStore.open(pg_url)
+    queue = TurnQueue(store)
+    try:
+        async with trio.open_nursery() as nursery:
+            worker = Worker(
+                store=store, agent=Agent(), poll=0.1, input_limits=InputLimits(max_parts=2)
+            )
+            await nursery.start(worker.run)
+            turn = await queue.submit("s", (TextPart(text="a", step=0),) * 3)
+            done = await queue.wait_finished(turn.turn_id, LIMIT)
+            worker.stop()
+        stored = await store.load("s")
+    finally:
+        await queue.aclose()
+        await store.aclose()
+    assert done is not None and done.status == "failed"
+    assert "3 parts; the limit is 2" in (done.error or "")
+    assert stored is None
 
 
 @pytest.fixture
