@@ -11,7 +11,8 @@ Hypercorn's Trio worker, see :mod:`runtime.web.serve`):
     ``trigger``). Runs one turn on that session with the last user message (its text and
     ``file`` parts: images and files as ``data:`` or ``http(s):`` URLs, never fetched
     here) and streams it as an AI SDK UI message stream (:mod:`runtime.web.protocol`).
-    Attachments over the agent's ``media_limits`` get 413, unusable ones 400. The server
+    Attachments over the agent's ``media_limits``, and a message with more parts than the
+    host's ``input_limits``, get 413; unusable ones 400. The server
     keeps the history: only the last user message is read. ``trigger:
     "regenerate-message"`` replaces the session's last turn instead of adding one. A
     client that closes the connection cancels the turn (saved, marked interrupted).
