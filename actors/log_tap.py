@@ -43,6 +43,18 @@ class LogTap(Actor):
         super().attach(bus)
 
     async def handle(self, event: Any) -> None:
+        if isinstance(event, DELTA_TYPES):
+            level = "debug"
+        elif isinstance(event, _ERROR):
+            level = "error"
+        elif isinstance(event, _WARN):
+            level = "warning"
+        else:
+            level = "info"
+        if not level_enabled(self.log, level):
+            # Nothing is built for a line nobody sees: redacting an event that carries a
+            # message of megabytes takes seconds, on the event loop.
+            return
         fields = redact(elide_media(converter.unstructure(event)))
         fields.pop("type", None)
         fields.pop("kind", None)
@@ -50,12 +62,4 @@ class LogTap(Actor):
             fields["causation_id"] = (
                 fields.get("tool_call_id") or fields.get("part_id") or fields.get("turn_id")
             )
-        kind = event.kind
-        if isinstance(event, DELTA_TYPES):
-            self.log.debug(kind, **fields)
-        elif isinstance(event, _ERROR):
-            self.log.error(kind, **fields)
-        elif isinstance(event, _WARN):
-            self.log.warning(kind, **fields)
-        else:
-            self.log.info(kind, **fields)
+        getattr(self.log, level)(event.kind, **fields)

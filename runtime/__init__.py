@@ -63,12 +63,13 @@ from runtime.errors import (
     StoreError,
     StoreUnavailable,
     ToolDefinitionError,
+    TooManyParts,
     UnsupportedMedia,
 )
 from runtime.events import Event
 from runtime.inbox import Inbox
 from runtime.logging import configure_logging
-from runtime.media import MediaLimits
+from runtime.media import InputLimits, MediaLimits
 from runtime.messages import (
     AssistantMessage,
     File,
@@ -135,6 +136,7 @@ __all__ = [
     "Host",
     "Image",
     "Inbox",
+    "InputLimits",
     "InvalidHistory",
     "InvalidMedia",
     "InvalidSessionId",
@@ -175,6 +177,7 @@ __all__ = [
     "SystemMessage",
     "TextChunk",
     "TextPart",
+    "TooManyParts",
     "Tool",
     "ToolCallChunk",
     "ToolCallPart",

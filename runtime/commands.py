@@ -26,6 +26,7 @@ from runtime.errors import (
     MediaError,
     StoreError,
 )
+from runtime.media import DEFAULT_MAX_FILES, DEFAULT_MAX_PARTS, InputLimits
 from runtime.provider import ProviderOptions
 
 MCP_HELP = "an MCP tool server: a command line to launch (stdio) or an http(s):// URL (repeatable)"
@@ -131,6 +132,41 @@ def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
         help="'off' refuses images and files given by http(s) URL, which the model server "
         "would fetch (a self-hosted --base-url server: from inside your network)",
     )
+
+
+def _count(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number >= 1")
+    return number
+
+
+def add_input_limit_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--max-parts`` and ``--max-files``, the same on ``serve`` and ``worker``: how many
+    parts one user message may carry (:class:`~runtime.media.InputLimits`)."""
+    add = parser.add_argument
+    add(
+        "--max-parts",
+        type=_count,
+        default=DEFAULT_MAX_PARTS,
+        metavar="N",
+        help=f"most parts (text, images, files) in one user message (default {DEFAULT_MAX_PARTS})",
+    )
+    add(
+        "--max-files",
+        type=_count,
+        default=DEFAULT_MAX_FILES,
+        metavar="N",
+        help=f"most images and files in one user message (default {DEFAULT_MAX_FILES})",
+    )
+
+
+def input_limits(args: argparse.Namespace) -> InputLimits:
+    """The :class:`~runtime.media.InputLimits` that ``--max-parts``/``--max-files`` say."""
+    return InputLimits(max_parts=args.max_parts, max_files=args.max_files)
 
 
 def add_log_level_argument(parser: argparse.ArgumentParser, default: str, why: str = "") -> None:

@@ -141,6 +141,17 @@ class MediaTooLarge(MediaError):
         self.limit = limit
 
 
+class TooManyParts(MediaError):
+    """A user message has more parts, or more images and files, than the host accepts
+    (:class:`~runtime.media.InputLimits`): refused before anything is decoded further,
+    stored or queued. ``count`` and ``limit`` are numbers of parts."""
+
+    def __init__(self, message: str, *, count: int, limit: int) -> None:
+        super().__init__(message)
+        self.count = count
+        self.limit = limit
+
+
 # -- sessions, stores, actors ------------------------------------------------------------
 
 

@@ -49,6 +49,7 @@ from runtime.history import check_history
 from runtime.ids import new_id
 from runtime.inbox import Inbox
 from runtime.logging import configure_logging, get_logger
+from runtime.media import InputLimits
 from runtime.messages import Message
 from runtime.protocol import Batch, SessionState
 from runtime.provider import Provider
@@ -73,6 +74,7 @@ class Host:
         idle_ttl: float | None = None,
         max_sessions: int | None = None,
         drain_timeout: float = DRAIN_TIMEOUT,
+        input_limits: InputLimits | None = None,
     ) -> None:
         self.nursery = nursery
         self.store = store
@@ -84,6 +86,9 @@ class Host:
         """Most sessions kept in memory, least recently used evicted first (``None``: all)."""
         self.drain_timeout = drain_timeout
         """Seconds a closing host waits, at most, for its observers to drain their inboxes."""
+        self.input_limits = input_limits or InputLimits()
+        """How many parts (and images and files) one user input may have: more is refused
+        before anything is stored (:class:`~runtime.media.InputLimits`)."""
         self.sessions: dict[str, Session] = {}
         """The sessions in memory, least recently used first."""
         self._handles: weakref.WeakValueDictionary[str, Session] = weakref.WeakValueDictionary()
@@ -119,6 +124,7 @@ class Host:
         idle_ttl: float | None = None,
         max_sessions: int | None = None,
         drain_timeout: float = DRAIN_TIMEOUT,
+        input_limits: InputLimits | None = None,
     ) -> AsyncIterator[Host]:
         """Start a host. ``store`` is a path (an SQLite file, created if missing), a
         ``Store``, or ``None`` for memory. With ``handle_signals``, SIGINT and SIGTERM
@@ -142,7 +148,12 @@ class Host:
 
         An exception the block raises comes out as itself, not wrapped in the nursery's
         exception group, unless closing the host raised others too (then the group holds
-        them all)."""
+        them all).
+
+        ``input_limits`` (:class:`~runtime.media.InputLimits`; default 1,000 parts, 100
+        images and files) caps the parts of one user input: ``session.stream`` refuses more
+        with :class:`~runtime.errors.TooManyParts`, the web app with 413, before anything
+        is stored or queued."""
         if idle_ttl is not None and not idle_ttl > 0:
             raise ConfigurationError(
                 f"idle_ttl must be a positive number of seconds, not {idle_ttl!r}"
@@ -168,6 +179,7 @@ class Host:
                     idle_ttl=idle_ttl,
                     max_sessions=max_sessions,
                     drain_timeout=drain_timeout,
+                    input_limits=input_limits,
                 )
                 try:
                     host.persister = await host.start_actor(Persister(the_store))

@@ -15,7 +15,7 @@ from typing import Any
 
 import attrs
 
-from runtime.errors import InvalidMedia, MediaTooLarge
+from runtime.errors import ConfigurationError, InvalidMedia, MediaTooLarge, TooManyParts
 from runtime.messages import File, Image, TextPart, UserContent, UserPart
 
 MIB = 1024 * 1024
@@ -44,6 +44,56 @@ class MediaLimits:
     on behalf of whoever sent the message. ``False`` refuses URL parts
     (:class:`~runtime.errors.InvalidMedia`, a 400 over HTTP) before anything is stored;
     inline data (``data:`` URLs included) is unaffected. ``--media-urls off``."""
+
+
+DEFAULT_MAX_PARTS = 1000
+DEFAULT_MAX_FILES = 100
+
+
+def _at_least_one(instance: Any, attribute: Any, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigurationError(f"{attribute.name} must be an int >= 1, not {value!r}")
+
+
+@attrs.frozen(kw_only=True, slots=True)
+class InputLimits:
+    """How many parts one user message (one turn's input) may carry: ``max_parts`` in all
+    (text, images and files), ``max_files`` of them images or files.
+
+    Every part costs work however small it is (decoding, checking, storing, sending), so
+    a message of 400,000 one-byte ``data:`` files, far under any byte limit, could keep a
+    server busy for minutes. The defaults are far above what a person attaches by hand.
+    Set on the host (``Host.open(input_limits=...)``; ``--max-parts``/``--max-files`` on
+    ``serve`` and ``worker``), unlike :class:`MediaLimits`, which is the agent's."""
+
+    max_parts: int = attrs.field(default=DEFAULT_MAX_PARTS, validator=_at_least_one)
+    max_files: int = attrs.field(default=DEFAULT_MAX_FILES, validator=_at_least_one)
+
+    def check(self, parts: int, files: int) -> None:
+        """Raise :class:`~runtime.errors.TooManyParts` when ``parts`` (all of a message's
+        parts) or ``files`` (its images and files) is over the limit."""
+        if files > self.max_files:
+            raise TooManyParts(
+                f"the message has {files} images and files; the limit is {self.max_files} "
+                "per message",
+                count=files,
+                limit=self.max_files,
+            )
+        if parts > self.max_parts:
+            raise TooManyParts(
+                f"the message has {parts} parts; the limit is {self.max_parts} per message",
+                count=parts,
+                limit=self.max_parts,
+            )
+
+
+def check_counts(content: UserContent, limits: InputLimits) -> None:
+    """Raise :class:`~runtime.errors.TooManyParts` when ``content`` has more parts, or
+    more images and files, than ``limits`` allow (plain text is one part)."""
+    if isinstance(content, str):
+        return
+    files = sum(1 for part in content if isinstance(part, Image | File))
+    limits.check(len(content), files)
 
 
 def _human(n: int) -> str:

@@ -32,7 +32,7 @@ import trio
 from runtime.errors import InvalidTurnId, SessionBusy, SessionNotLoaded
 from runtime.ids import new_id
 from runtime.inbox import Inbox
-from runtime.media import UserInput, check_limits, user_content
+from runtime.media import UserInput, check_counts, check_limits, user_content
 from runtime.messages import Message, UserContent
 from runtime.output import OutputChunk
 from runtime.protocol import (
@@ -339,7 +339,8 @@ class Session:
         :class:`~runtime.messages.File` values (one image or file alone also works). It is
         checked here, before anything is stored: a value of another kind or a bad image
         raises :class:`~runtime.errors.InvalidMedia`, media bigger than the agent's
-        ``media_limits`` :class:`~runtime.errors.MediaTooLarge`.
+        ``media_limits`` :class:`~runtime.errors.MediaTooLarge`, more parts than the host's
+        ``input_limits`` :class:`~runtime.errors.TooManyParts`.
 
         With ``regenerate``, the turn replaces the session's last turn: the history is cut
         back to before its last user message first (in the store too, with the turn's
@@ -357,6 +358,7 @@ class Session:
         :class:`~runtime.errors.InvalidTurnId`.
         """
         content = user_content(input)
+        check_counts(content, self.host.input_limits)
         check_limits(content, self.agent.media_limits)
         return TurnStream(
             self,

@@ -13,11 +13,12 @@ own :class:`~runtime.host.Host` (the sessions load from and commit to the same
 PostgreSQL store), appends the turn's chunks to the relay, and marks the turn finished.
 
 **Leases and fencing.** A claim is a lease of ``lease`` seconds, renewed every third of
-it. Every commit of the session while the turn runs is fenced by the claim's ``(owner,
-epoch)`` (:meth:`~runtime.stores.postgres.PostgresStore.fenced`): a worker that lost its
-lease (it was paused, partitioned, or too slow to renew, and another worker took the turn
-over) has its saves refused, and cancels its turn as soon as it notices (a refused save or
-a failed renewal). Its relay writes are dropped too.
+it by a thread of the worker's own (:class:`LeaseKeeper`), which nothing the event loop
+does can hold up. Every commit of the session while the turn runs is fenced by the
+claim's ``(owner, epoch)`` (:meth:`~runtime.stores.postgres.PostgresStore.fenced`): a
+worker that lost its lease (it was paused, partitioned, or too slow to renew, and another
+worker took the turn over) has its saves refused, and cancels its turn as soon as it
+notices (a refused save or a failed renewal). Its relay writes are dropped too.
 
 **Takeover.** A worker that dies mid-turn stops renewing; once the lease expires another
 worker claims the turn with ``takeover`` set and runs it with ``resume``: the turn runner
@@ -40,6 +41,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -54,16 +56,19 @@ from runtime.commands import (
     MCP_HELP,
     AgentSource,
     add_agent_arguments,
+    add_input_limit_arguments,
     add_log_level_argument,
+    input_limits,
     make_agent,
 )
 from runtime.errors import ConfigurationError, LeaseLost, RelayUnavailable, StoreError
 from runtime.host import Host
 from runtime.logging import configure_logging, get_logger
+from runtime.media import InputLimits
 from runtime.output import StepStart
 from runtime.redact import redact
 from runtime.stores.postgres import PostgresStore, parse_url, redact_url
-from runtime.stores.turns import Claim, TurnQueue
+from runtime.stores.turns import Claim, Renewal, TurnQueue
 
 DEFAULT_CONCURRENCY = 4
 DEFAULT_LEASE = 10.0
@@ -113,6 +118,128 @@ class _Running:
             self.cancel("lease lost")
 
 
+@attrs.define(kw_only=True, slots=True, eq=False)
+class _Lease:
+    """A claim whose lease the :class:`LeaseKeeper` renews, and the turn to tell."""
+
+    turn_id: str
+    owner: str
+    epoch: int
+    entry: _Running | None = None
+    """Set once the turn runs: the claim is held from the moment it is made, before its
+    input is decoded (which may take longer than the lease)."""
+
+
+class LeaseKeeper:
+    """Renews the leases of a worker's claimed turns from a thread of its own, on a
+    connection of its own.
+
+    A renewal task on the event loop is only as punctual as the loop: a turn whose input
+    takes seconds to decode, store or send (hundreds of thousands of parts) blocked it
+    past the lease, another claim took the turn over, and the turn ran twice. This
+    thread needs only the GIL, which Python hands it every few milliseconds whatever the
+    loop runs. A claim is held from the moment the queue grants it (``on_claimed``),
+    before its input is decoded. What a renewal learns goes back to the loop
+    (``run_sync_soon``): a refused renewal loses the turn (:meth:`_Running.lose`), a
+    requested cancellation cancels it. A renewal that fails (the server restarting) is
+    retried soon on a new connection; if the lease runs out meanwhile, the fence refuses
+    the worker's next commit.
+    """
+
+    RETRY = 0.25
+    """Seconds before a failed renewal is tried again."""
+
+    def __init__(self, queue: TurnQueue, interval: float) -> None:
+        self.queue = queue
+        self.interval = interval
+        self._held: dict[str, _Lease] = {}
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._token = trio.lowlevel.current_trio_token()
+        self._thread = threading.Thread(target=self._run, name="axon-leases", daemon=True)
+
+    def hold(self, turn_id: str, owner: str, epoch: int) -> None:
+        """Renew this claim's lease from now on (the queue's ``on_claimed``)."""
+        with self._lock:
+            self._held[turn_id] = _Lease(turn_id=turn_id, owner=owner, epoch=epoch)
+
+    def attach(self, entry: _Running) -> None:
+        """Tell ``entry`` what its renewals learn (it is held already, or is held now)."""
+        claim = entry.claim
+        with self._lock:
+            lease = self._held.get(claim.turn.turn_id)
+            if lease is None or lease.epoch != claim.epoch:
+                lease = self._held[claim.turn.turn_id] = _Lease(
+                    turn_id=claim.turn.turn_id, owner=claim.owner, epoch=claim.epoch
+                )
+            lease.entry = entry
+
+    def release(self, turn_id: str, epoch: int) -> None:
+        """Stop renewing that claim (before the turn is finished or released, so that the
+        refusal of a renewal that follows is not taken for a lost lease)."""
+        with self._lock:
+            lease = self._held.get(turn_id)
+            if lease is not None and lease.epoch == epoch:
+                del self._held[turn_id]
+
+    def start(self) -> None:
+        self._thread.start()
+
+    async def aclose(self) -> None:
+        """Stop the thread and wait for it (at most one renewal's time)."""
+        self._stopping.set()
+        if self._thread.is_alive():
+            await trio.to_thread.run_sync(self._thread.join)
+
+    def _run(self) -> None:
+        conn = None
+        delay = self.interval
+        try:
+            while not self._stopping.wait(delay):
+                delay = self.interval
+                with self._lock:
+                    leases = list(self._held.values())
+                for lease in leases:
+                    if self._stopping.is_set():
+                        break
+                    if lease.entry is not None and lease.entry.lost:
+                        continue
+                    try:
+                        if conn is None or conn.closed or conn.broken:
+                            conn = self.queue.connect()
+                        renewal = self.queue.renew_on(conn, lease.turn_id, lease.owner, lease.epoch)
+                    except Exception as exc:
+                        log().warning("worker.renew_failed", turn_id=lease.turn_id, error=str(exc))
+                        if conn is not None:
+                            conn.close()
+                        conn = None
+                        delay = self.RETRY
+                        continue
+                    if not renewal.held or renewal.cancel_requested:
+                        try:
+                            self._token.run_sync_soon(self._apply, lease, renewal)
+                        except trio.RunFinishedError:
+                            return
+        finally:
+            if conn is not None:
+                conn.close()
+
+    def _apply(self, lease: _Lease, renewal: Renewal) -> None:
+        """On the event loop: act on a renewal that was refused or asks to cancel."""
+        with self._lock:
+            if self._held.get(lease.turn_id) is not lease:
+                return  # released meanwhile: the turn ended here, the refusal says so
+            if not renewal.held:
+                del self._held[lease.turn_id]
+            entry = lease.entry
+        if entry is None:
+            return  # not running yet: its first fenced commit will be refused
+        if not renewal.held:
+            entry.lose("renewal refused")
+        else:
+            entry.cancel(renewal.cancel_reason or "cancelled")
+
+
 class Worker:
     """Claims durable turns and runs them; see the module docstring.
 
@@ -135,6 +262,7 @@ class Worker:
         grace: float = DEFAULT_GRACE,
         poll: float = DEFAULT_POLL,
         max_sessions: int = 1000,
+        input_limits: InputLimits | None = None,
     ) -> None:
         if not isinstance(store, PostgresStore):
             raise ConfigurationError("a worker needs a PostgreSQL store (postgresql://...)")
@@ -151,6 +279,8 @@ class Worker:
         self.grace = grace
         self.poll = poll
         self.max_sessions = max_sessions
+        self.input_limits = input_limits
+        """The parts a turn's input may have (its host's); a turn with more fails."""
         self.queue = TurnQueue(store, lease=lease, max_attempts=max_attempts)
         self.running: dict[str, _Running] = {}
         """The turns running now, by turn id."""
@@ -158,6 +288,7 @@ class Worker:
         """Turns finished by this worker, by status (``done``, ``failed``, ``cancelled``,
         ``lost``: the lease went to another worker)."""
         self.host: Host | None = None
+        self._leases: LeaseKeeper | None = None
         self._stopping = trio.Event()
         self._turn_ended = trio.Event()
 
@@ -170,9 +301,13 @@ class Worker:
     async def run(self, *, task_status: trio.TaskStatus[Worker] = trio.TASK_STATUS_IGNORED) -> None:
         """Claim and run turns until :meth:`stop` (then drain) or cancellation (then the
         running turns are cut at their last commit, as if the process had died)."""
-        async with Host.open(store=self.store, max_sessions=self.max_sessions) as host:
+        async with Host.open(
+            store=self.store, max_sessions=self.max_sessions, input_limits=self.input_limits
+        ) as host:
             host.expects_other_writers = True  # a session's turns run on any worker
             self.host = host
+            self._leases = LeaseKeeper(self.queue, self.lease / 3)
+            self._leases.start()
             try:
                 async with trio.open_nursery() as nursery:
                     watch = getattr(self.relay, "watch_cancels", None)
@@ -185,11 +320,15 @@ class Worker:
                         await self._drain(turn_nursery)
                     nursery.cancel_scope.cancel()
             finally:
+                with trio.CancelScope(shield=True):
+                    await self._leases.aclose()
                 await self._close()
                 self.host = None
 
     async def _claim_until_stopped(self, nursery: trio.Nursery) -> None:
         slots = trio.Semaphore(self.concurrency)
+        leases = self._leases
+        assert leases is not None
         async with trio.open_nursery() as waiter:
             waiter.start_soon(self._cancel_on_stop, waiter.cancel_scope)
             while True:
@@ -200,7 +339,7 @@ class Worker:
                     # it takes no other turn's attempt down with it.
                     await self._a_turn_ends()
                 try:
-                    claim = await self.queue.claim(self.owner)
+                    claim = await self._claim(leases)
                 except StoreError as exc:
                     slots.release()
                     log().warning("worker.claim_failed", error=str(exc))
@@ -212,6 +351,21 @@ class Worker:
                     continue
                 entry = self.running[claim.turn.turn_id] = _Running(claim=claim)
                 nursery.start_soon(self._run_claim, entry, slots)
+
+    async def _claim(self, leases: LeaseKeeper) -> Claim | None:
+        """The next claim, its lease renewed from the moment it is made."""
+        claimed: list[tuple[str, int]] = []
+
+        def on_claimed(turn_id: str, owner: str, epoch: int) -> None:
+            claimed.append((turn_id, epoch))
+            leases.hold(turn_id, owner, epoch)
+
+        try:
+            return await self.queue.claim(self.owner, on_claimed=on_claimed)
+        except BaseException:  # after the claim, maybe: its input could not be read
+            for turn_id, epoch in claimed:
+                leases.release(turn_id, epoch)
+            raise
 
     async def _a_turn_ends(self) -> None:
         """Wait until one of the running turns ends."""
@@ -267,9 +421,13 @@ class Worker:
 
     async def _run_claim(self, entry: _Running, slots: trio.Semaphore) -> None:
         turn = entry.claim.turn
+        leases = self._leases
+        assert leases is not None
+        leases.attach(entry)
         try:
             status = await self._run_turn(entry)
         except Exception as exc:  # the turn could not even start: fail it, keep working
+            leases.release(turn.turn_id, entry.claim.epoch)
             message = redact(f"{type(exc).__name__}: {exc}")
             log().error("worker.turn_crashed", turn_id=turn.turn_id, error=message[:500])
             status = "failed"
@@ -282,6 +440,7 @@ class Worker:
                     except StoreError as err:
                         log().warning("worker.finish_failed", turn_id=turn.turn_id, error=str(err))
         finally:
+            leases.release(turn.turn_id, entry.claim.epoch)
             if self.running.get(turn.turn_id) is entry:  # not a later claim of the same turn
                 del self.running[turn.turn_id]
             self._turn_ended.set()
@@ -328,13 +487,13 @@ class Worker:
         status = "lost"
         try:
             with self.store.fenced(turn.session_id, fence):
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(self._keep_lease, entry)
-                    try:
-                        async with stream as out:
-                            await self._relay(entry, out, writer)
-                    finally:
-                        nursery.cancel_scope.cancel()
+                try:
+                    async with stream as out:
+                        await self._relay(entry, out, writer)
+                finally:
+                    assert self._leases is not None
+                    # The lease is held from the claim to here.
+                    self._leases.release(turn.turn_id, claim.epoch)
             status = await self._finish(entry)
         finally:
             # The stream ends for readers once the queue says the turn is over, so a
@@ -363,25 +522,6 @@ class Worker:
             self.store.close_fences()
             entry.lost = True
             raise
-
-    async def _keep_lease(self, entry: _Running) -> None:
-        """Renew the lease every third of it; a lost lease or a cancel request stops the
-        turn. A store that cannot be reached is retried: if the lease runs out meanwhile,
-        the fence refuses this worker's next commit."""
-        while True:
-            await trio.sleep(self.lease / 3)
-            try:
-                renewal = await self.queue.renew(entry.claim)
-            except StoreError as exc:
-                log().warning(
-                    "worker.renew_failed", turn_id=entry.claim.turn.turn_id, error=str(exc)
-                )
-                continue
-            if not renewal.held:
-                entry.lose("renewal refused")
-                return
-            if renewal.cancel_requested:
-                entry.cancel(renewal.cancel_reason or "cancelled")
 
     async def _finish(self, entry: _Running) -> str:
         """Mark the turn finished in the queue (fenced); the status it ended with."""
@@ -447,7 +587,7 @@ async def _maybe_relay(url: str | None, options: dict[str, Any]) -> AsyncIterato
         yield relay
 
 
-__all__ = ["AgentSource", "Worker", "default_owner", "open_worker"]
+__all__ = ["AgentSource", "LeaseKeeper", "Worker", "default_owner", "open_worker"]
 
 
 # -- the command ------------------------------------------------------------------------
@@ -499,6 +639,7 @@ def add_worker_parser(subparsers: Any) -> Any:
         help=f"seconds between claims when idle (default {DEFAULT_POLL:g})",
     )
     add("--owner", default=None, help="this worker's name in axon_turns (default host:pid:rand)")
+    add_input_limit_arguments(worker)
     add_agent_arguments(worker)
     add("--delay", type=float, default=0.0, help="scripted demo: seconds between chunks")
     add("--mcp", action="append", default=[], metavar="SERVER", help=MCP_HELP)
@@ -526,6 +667,7 @@ async def worker_command(args: Any) -> int:
             "grace": args.grace,
             "poll": args.poll,
             "owner": args.owner,
+            "input_limits": input_limits(args),
         }
         relay_options = {"prefix": args.redis_prefix} if args.redis_prefix else {}
         async with open_worker(

@@ -13,7 +13,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 
 import attrs
 import orjson
@@ -56,7 +56,15 @@ class Workers:
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.logs: dict[str, str] = {}
 
-    def start(self, name: str, *, lease: float = LEASE, max_attempts: int = 3, **env: str) -> None:
+    def start(
+        self,
+        name: str,
+        *,
+        lease: float = LEASE,
+        max_attempts: int = 3,
+        extra_args: Sequence[str] = (),
+        **env: str,
+    ) -> None:
         log = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"axon-{self.prefix[9:-1]}-{name}.log")
         self.logs[name] = log
         environ = {
@@ -74,7 +82,7 @@ class Workers:
                     "--agent", "tests.support.worker_agent:agent",
                     "--owner", name, "--lease", str(lease), "--poll", "0.1",
                     "--max-attempts", str(max_attempts), "--grace", "2",
-                    "--log-level", "info",
+                    "--log-level", "info", *extra_args,
                 ],
                 cwd=REPO, env=environ, stdout=out, stderr=subprocess.STDOUT,
             )  # fmt: skip

@@ -227,6 +227,10 @@ class ScriptedProvider(Provider):
         return [p for p in pieces if p]
 
 
+DEMO_PROMPT_CHARS = 4096
+"""How much of the user's text the demo script reads."""
+
+
 def demo_script(request: InferRequest) -> list[StreamChunk | str]:
     """The demo's model (:mod:`runtime.demo`): a responder that reasons, calls
     ``get_weather`` (or ``get_time`` when asked the time), then answers from the result.
@@ -235,7 +239,9 @@ def demo_script(request: InferRequest) -> list[StreamChunk | str]:
     code, :mod:`runtime.demo`) defines them, as a real model knows tools by name.
     """
     user = next((m for m in reversed(request.messages) if isinstance(m, UserMessage)), None)
-    prompt = user.text if user else ""
+    # Its start is enough to pick a reply: matching megabytes of input (a pasted
+    # document) would hold the event loop for seconds.
+    prompt = user.text[:DEMO_PROMPT_CHARS] if user else ""
     last = request.messages[-1] if request.messages else None
     if isinstance(last, ToolMessage):  # step 2: answer from the tool's result
         if last.error:

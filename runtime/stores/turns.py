@@ -100,6 +100,14 @@ _COLUMNS = (
     "turn_id, session_id, seq, input, meta, regenerate, status, owner, epoch, attempts, "
     "saved, cancel_requested, cancel_reason, finish_reason, error, idempotency_key"
 )
+_STATUS_COLUMNS = (
+    "turn_id, session_id, seq, status, owner, epoch, attempts, saved, cancel_requested, "
+    "cancel_reason, finish_reason, error"
+)
+"""What a status read selects: never ``input`` or ``meta``, which may be megabytes."""
+DECODE_INLINE = 64 << 10
+"""A turn input up to this many bytes of JSON is decoded on the event loop; a larger one
+in a thread, so decoding thousands of parts never holds up the loop (or a lease)."""
 
 
 @attrs.frozen(kw_only=True, slots=True)
@@ -135,6 +143,39 @@ class QueuedTurn:
     def message_id(self) -> str:
         """The id of the turn's assistant message: stable, so a worker taking the turn
         over continues the message its predecessor saved instead of starting another."""
+        return f"msg_{self.turn_id}"
+
+    @property
+    def finished(self) -> bool:
+        """The turn ended (``done``, ``failed`` or ``cancelled``)."""
+        return self.status in FINAL_STATUSES
+
+
+@attrs.frozen(kw_only=True, slots=True)
+class TurnStatus:
+    """Where a turn stands, without its input: what front ends poll and show.
+
+    Read by :meth:`TurnQueue.get_status`, :meth:`~TurnQueue.active` and
+    :meth:`~TurnQueue.request_cancel`, which select only these columns: a turn's input may
+    be thousands of parts, and decoding it on every poll of every viewer kept a front
+    end's event loop busy for seconds."""
+
+    turn_id: str
+    session_id: str
+    seq: int
+    status: str
+    owner: str | None
+    epoch: int
+    attempts: int
+    saved: bool
+    cancel_requested: bool
+    cancel_reason: str | None
+    finish_reason: str | None
+    error: str | None
+
+    @property
+    def message_id(self) -> str:
+        """The id of the turn's assistant message (as :attr:`QueuedTurn.message_id`)."""
         return f"msg_{self.turn_id}"
 
     @property
@@ -267,14 +308,16 @@ class TurnQueue:
             raise StoreError(f"turn_id must be a non-empty string, not {turn_id!r}")
         content = _check_input(input)
         try:
-            body = serde.to_json(content).decode("utf-8")
+            # megabytes, maybe: encoded and hashed off the event loop
+            body, input_hash = await trio.to_thread.run_sync(
+                _encoded_and_hashed, content, regenerate
+            )
             meta_json = orjson.dumps(dict(meta or {}))
         except (TypeError, ValueError, orjson.JSONEncodeError) as err:
             raise StoreError(
                 f"submit to session {session_id!r}: input or meta cannot be serialized: {err}"
             ) from err
         turn_id = turn_id or f"turn_{uuid.uuid4().hex}"
-        input_hash = _sha256(orjson.dumps([body, bool(regenerate)]))
         message_key = (
             None
             if idempotency_key is None
@@ -346,7 +389,7 @@ class TurnQueue:
             return insert(conn, key, regenerate or saved)
 
         row = await self.store.run(f"submit to session {session_id!r}", submit)
-        turn = self._decode(row)
+        turn = await self._decoded(row)
         if turn.session_id != session_id:
             used = (
                 f"idempotency key {idempotency_key!r}"
@@ -420,7 +463,9 @@ class TurnQueue:
 
     # -- claiming ------------------------------------------------------------------------
 
-    async def claim(self, owner: str) -> Claim | None:
+    async def claim(
+        self, owner: str, *, on_claimed: Callable[[str, str, int], None] | None = None
+    ) -> Claim | None:
         """Take the next turn to run for worker ``owner``, or ``None`` if there is none.
 
         An expired lease is taken over first (its turn may be half done; ``takeover`` is
@@ -433,6 +478,10 @@ class TurnQueue:
         other sessions' heads already waiting. A
         takeover of a turn whose cancellation was requested still happens: the claim's
         ``turn.cancel_requested`` tells the worker to stop it at once.
+
+        ``on_claimed(turn_id, owner, epoch)`` is called as soon as the turn is claimed,
+        before its input is decoded (thousands of parts may take longer than the lease):
+        a worker starts renewing the lease there.
         """
         if not isinstance(owner, str) or not owner:
             raise StoreError(f"owner must be a non-empty string, not {owner!r}")
@@ -504,7 +553,9 @@ class TurnQueue:
         found = await self.store.run(f"claim by {owner!r}", claim)
         if found is None:
             return None
-        turn = self._decode(found[0])
+        if on_claimed is not None:
+            on_claimed(found[0][0], owner, found[0][8])  # turn_id, epoch: see _COLUMNS
+        turn = await self._decoded(found[0])
         return Claim(turn=turn, owner=owner, epoch=turn.epoch, takeover=found[1])
 
     # -- holding and ending a claim ------------------------------------------------------
@@ -513,21 +564,38 @@ class TurnQueue:
         """Extend the claim's lease by ``lease`` seconds from now, if the worker still
         holds the turn; ``held`` is false once another worker took it over (or it ended),
         and the worker must stop. Also reports a requested cancellation."""
-        lease = self.lease
+        key = (claim.turn.turn_id, claim.owner, claim.epoch)
+        return await self.store.run(
+            f"renewal of turn {claim.turn.turn_id}", lambda conn: self.renew_on(conn, *key)
+        )
 
-        def renew(conn: Any) -> tuple[Any, ...] | None:
-            row: tuple[Any, ...] | None = conn.execute(
-                """UPDATE axon_turns SET lease_until = clock_timestamp() + make_interval(secs => %s)
-                WHERE turn_id = %s AND owner = %s AND epoch = %s AND status = 'running'
-                RETURNING cancel_requested, cancel_reason""",
-                (lease, claim.turn.turn_id, claim.owner, claim.epoch),
-            ).fetchone()
-            return row
-
-        row = await self.store.run(f"renewal of turn {claim.turn.turn_id}", renew)
+    def renew_on(self, conn: Any, turn_id: str, owner: str, epoch: int) -> Renewal:
+        """:meth:`renew` of the claim ``(turn_id, owner, epoch)`` on ``conn`` (one of
+        :meth:`connect`'s, in autocommit), in the calling thread: what a worker's lease
+        thread runs, so that nothing its event loop does can delay a renewal
+        (:class:`runtime.worker.LeaseKeeper`)."""
+        row = conn.execute(
+            """UPDATE axon_turns SET lease_until = clock_timestamp() + make_interval(secs => %s)
+            WHERE turn_id = %s AND owner = %s AND epoch = %s AND status = 'running'
+            RETURNING cancel_requested, cancel_reason""",
+            (self.lease, turn_id, owner, epoch),
+        ).fetchone()
         if row is None:
             return Renewal(held=False)
         return Renewal(held=True, cancel_requested=row[0], cancel_reason=row[1])
+
+    def connect(self) -> Any:
+        """A new autocommit connection to the queue's schema, outside the store's pool
+        (blocking: call it from a thread); the caller closes it."""
+        import psycopg
+
+        conn = psycopg.connect(self.store.libpq, connect_timeout=CONNECT_TIMEOUT, autocommit=True)
+        try:
+            conn.execute(f"SET search_path TO {self.store.schema}")
+        except BaseException:
+            conn.close()
+            raise
+        return conn
 
     async def finish(
         self,
@@ -602,11 +670,11 @@ class TurnQueue:
 
         return bool(await self.store.run(f"release of turn {claim.turn.turn_id}", release))
 
-    async def request_cancel(self, turn_id: str, reason: str = "cancelled") -> QueuedTurn | None:
+    async def request_cancel(self, turn_id: str, reason: str = "cancelled") -> TurnStatus | None:
         """Cancel a turn: a queued one ends ``cancelled`` at once (finish reason
         ``aborted``); a running one is marked, and its worker stops it on its next renewal
         (or at once, listening on ``axon_cancel``). A finished turn is left as it is.
-        Returns the turn as it now stands, or ``None`` if there is no such turn."""
+        Returns where the turn now stands, or ``None`` if there is no such turn."""
 
         def cancel(conn: Any) -> tuple[Any, ...] | None:
             row = conn.execute(
@@ -632,12 +700,12 @@ class TurnQueue:
             if row[0] in (QUEUED, RUNNING):
                 conn.execute("SELECT pg_notify(%s, %s)", (CANCEL_CHANNEL, turn_id))
             current: tuple[Any, ...] = conn.execute(
-                f"SELECT {_COLUMNS} FROM axon_turns WHERE turn_id = %s", (turn_id,)
+                f"SELECT {_STATUS_COLUMNS} FROM axon_turns WHERE turn_id = %s", (turn_id,)
             ).fetchone()
             return current
 
         row = await self.store.run(f"cancel of turn {turn_id}", cancel)
-        return None if row is None else self._decode(row)
+        return None if row is None else _status(row)
 
     # -- reading -------------------------------------------------------------------------
 
@@ -650,22 +718,35 @@ class TurnQueue:
             ).fetchone(),
             transaction=False,
         )
-        return None if row is None else self._decode(row)
+        return None if row is None else await self._decoded(row)
 
-    async def active(self, session_id: str) -> QueuedTurn | None:
-        """The session's running turn, else its oldest queued one, else ``None``."""
+    async def get_status(self, turn_id: str) -> TurnStatus | None:
+        """Where the turn ``turn_id`` stands (its input is not read), or ``None`` if
+        there is no such turn."""
+        row = await self.store.run(
+            f"status of turn {turn_id}",
+            lambda conn: conn.execute(
+                f"SELECT {_STATUS_COLUMNS} FROM axon_turns WHERE turn_id = %s", (turn_id,)
+            ).fetchone(),
+            transaction=False,
+        )
+        return None if row is None else _status(row)
+
+    async def active(self, session_id: str) -> TurnStatus | None:
+        """The status of the session's running turn, else of its oldest queued one, else
+        ``None`` (its input is not read)."""
         validate_session_id(session_id)
         row = await self.store.run(
             f"active turn of session {session_id!r}",
             lambda conn: conn.execute(
-                f"""SELECT {_COLUMNS} FROM axon_turns
+                f"""SELECT {_STATUS_COLUMNS} FROM axon_turns
                 WHERE session_id = %s AND status IN ('running', 'queued')
                 ORDER BY status = 'running' DESC, seq LIMIT 1""",
                 (session_id,),
             ).fetchone(),
             transaction=False,
         )
-        return None if row is None else self._decode(row)
+        return None if row is None else _status(row)
 
     async def statuses(self, turn_ids: list[str]) -> dict[str, str]:
         """The status of each of ``turn_ids`` that exists, in one query (a front end's
@@ -765,9 +846,9 @@ class TurnQueue:
         delay = 0.02
         with trio.move_on_after(timeout):
             while True:
-                turn = await self.get(turn_id)
-                if turn is not None and turn.finished:
-                    return turn
+                status = await self.get_status(turn_id)  # the input is read once, at the end
+                if status is not None and status.finished:
+                    return await self.get(turn_id)
                 await trio.sleep(delay)
                 delay = min(delay * 2, 0.25)
         return None
@@ -792,6 +873,12 @@ class TurnQueue:
             conn.close()
             raise
         return conn
+
+    async def _decoded(self, row: tuple[Any, ...]) -> QueuedTurn:
+        """:meth:`_decode`, in a thread when the input is large (see :data:`DECODE_INLINE`)."""
+        if len(row[3]) <= DECODE_INLINE:
+            return self._decode(row)
+        return await trio.to_thread.run_sync(self._decode, row)
 
     def _decode(self, row: tuple[Any, ...]) -> QueuedTurn:
         (
@@ -845,6 +932,23 @@ class TurnQueue:
 
 def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+_STATUS_FIELDS = tuple(name.strip() for name in _STATUS_COLUMNS.split(","))
+
+
+def _encoded(content: UserContent) -> str:
+    return serde.to_json(content).decode("utf-8")
+
+
+def _encoded_and_hashed(content: UserContent, regenerate: bool) -> tuple[str, str]:
+    """The input as stored, and the hash that tells a retry (same) from an edit."""
+    body = _encoded(content)
+    return body, _sha256(orjson.dumps([body, bool(regenerate)]))
+
+
+def _status(row: tuple[Any, ...]) -> TurnStatus:
+    return TurnStatus(**dict(zip(_STATUS_FIELDS, row, strict=True)))
 
 
 def _check_input(input: Any) -> UserContent:

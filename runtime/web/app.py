@@ -11,7 +11,8 @@ Hypercorn's Trio worker, see :mod:`runtime.web.serve`):
     ``trigger``). Runs one turn on that session with the last user message (its text and
     ``file`` parts: images and files as ``data:`` or ``http(s):`` URLs, never fetched
     here) and streams it as an AI SDK UI message stream (:mod:`runtime.web.protocol`).
-    Attachments over the agent's ``media_limits`` get 413, unusable ones 400. The server
+    Attachments over the agent's ``media_limits``, and a message with more parts than the
+    host's ``input_limits``, get 413; unusable ones 400. The server
     keeps the history: only the last user message is read. ``trigger:
     "regenerate-message"`` replaces the session's last turn instead of adding one. A
     client that closes the connection cancels the turn (saved, marked interrupted).
@@ -55,7 +56,7 @@ from runtime.messages import UserContent
 from runtime.serde import unstructure
 from runtime.session import FINAL_WAIT
 from runtime.web import BODY_TIMEOUT, DEFAULT_MAX_BODY, SEND_TIMEOUT
-from runtime.web.chat_input import check_media, read_chat_request, title_of
+from runtime.web.chat_input import CHILD_PARSES, check_media, read_chat_request, title_of
 from runtime.web.guard import RequestGuard
 from runtime.web.http import ApiError, error_response, json_response
 from runtime.web.http import session_id_param as _session_id
@@ -293,6 +294,8 @@ class WebState:
         """Where response writers run, outliving their request (opened by the app's
         lifespan; without one, each request keeps its own)."""
         self._open_lock = trio.Lock()
+        self.parse_limiter = trio.CapacityLimiter(CHILD_PARSES)
+        """Bounds the child processes parsing large bodies (:mod:`runtime.web.chat_input`)."""
 
     async def session(self, session_id: str) -> Any:
         """The open session ``session_id``, opened (resumed from the store) if needed;

@@ -7,17 +7,21 @@ refuse the same bodies with the same errors and title a new session the same way
 
 from __future__ import annotations
 
+import contextlib
 import math
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
-import orjson
 import trio
 from starlette.requests import Request
 
 from runtime.agent import Agent
 from runtime.errors import InvalidMedia, MediaTooLarge
-from runtime.media import check_limits, user_content
+from runtime.media import InputLimits, check_limits, user_content
 from runtime.messages import File, Image, TextPart, UserContent
+from runtime.web import chat_body
 from runtime.web.http import ApiError, session_id_param, web_state
 
 TITLE_CHARS = 80
@@ -85,7 +89,8 @@ def title_of(content: UserContent) -> str:
         text = "".join(p.text for p in content if isinstance(p, TextPart)) or " ".join(
             getattr(p, "filename", None) or p.type for p in content if not isinstance(p, TextPart)
         )
-    return " ".join(text.split())[:TITLE_CHARS]
+    # The start is enough: splitting a pasted document of megabytes would hold the loop.
+    return " ".join(text[: TITLE_CHARS * 64].split())[:TITLE_CHARS]
 
 
 async def _read_body(request: Request, limit: int, within: float | None = None) -> bytes:
@@ -110,21 +115,97 @@ async def _read_body(request: Request, limit: int, within: float | None = None) 
     )
 
 
+INLINE_BODY = 256 << 10
+"""Bodies up to this many bytes are parsed in the server's own process: whatever JSON
+they hold, parsing them takes the event loop a few tens of milliseconds at most. Larger
+ones are parsed in a child process (:mod:`runtime.web.chat_body`)."""
+PARSE_TIMEOUT = 60.0
+"""Seconds a child may take to parse a body before the request is refused (413)."""
+CHILD_PARSES = 2
+"""Children parsing bodies at once per app; more large requests wait their turn."""
+
+_CHILD = str(Path(chat_body.__file__).resolve())
+
+
+async def _exchange(child: trio.Process, raw: bytes, out: bytearray) -> None:
+    """Write ``raw`` to ``child``'s stdin while reading its stdout into ``out``, until it
+    exits."""
+    stdin, stdout = child.stdin, child.stdout
+    assert stdin is not None and stdout is not None
+
+    async def feed() -> None:
+        async with stdin:
+            with contextlib.suppress(trio.BrokenResourceError):
+                await stdin.send_all(raw)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(feed)
+        while piece := await stdout.receive_some(1 << 20):
+            out += piece
+    await child.wait()
+
+
+async def _reduced_in_child(raw: bytes, limits: InputLimits, limiter: trio.CapacityLimiter) -> Any:
+    """:func:`~runtime.web.chat_body.reduce_chat_body` of ``raw``, run in a child process
+    (see there why): meanwhile the event loop only moves bytes; then it decodes a body
+    whose structure is at most ``max_parts`` parts, its long strings straight from the
+    bytes the child wrote."""
+    command = [sys.executable, "-P", _CHILD, str(limits.max_parts), str(limits.max_files)]
+    out = bytearray()
+    async with limiter:
+        with trio.move_on_after(PARSE_TIMEOUT) as scope:
+            child = await trio.lowlevel.open_process(
+                command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+            )
+            try:
+                await _exchange(child, raw, out)
+            finally:
+                if child.returncode is None:
+                    child.kill()
+                with trio.CancelScope(shield=True):
+                    await child.wait()
+                    for pipe in (child.stdin, child.stdout):
+                        if pipe is not None:
+                            await pipe.aclose()
+    if scope.cancelled_caught:
+        raise ApiError(413, f"the request body took over {PARSE_TIMEOUT:g} s to parse")
+    if child.returncode != 0 or not out:
+        # Killed past its memory limit, most likely: a body of millions of JSON values.
+        raise ApiError(413, "the request body has too many JSON values to parse")
+    answer = chat_body.unpack(out)
+    if "refused" in answer:
+        status, message = answer["refused"]
+        raise ApiError(status, message)
+    return answer["body"]
+
+
 async def read_chat_request(request: Request) -> tuple[dict[str, Any], str, UserContent, bool]:
     """A ``POST /api/chat`` body: ``(payload, session_id, last user input, regenerate)``,
-    every bad part a 4xx; the input checked against the session's agent's media limits."""
+    every bad part a 4xx. ``payload`` holds the body's top-level scalar fields and, in
+    ``messages``, its last user message alone (:mod:`runtime.web.chat_body`).
+
+    A last user message with more parts, or more file parts, than the host's
+    ``input_limits`` is a 413 before any part is decoded. A large body is parsed in a
+    child process, and its parts are decoded in a thread, so that no body, however its
+    JSON is shaped, holds up the server's other requests while it is read."""
     state = web_state(request)
     raw = await _read_body(request, state.max_body, state.body_timeout)
+    limits: InputLimits = state.host.input_limits
+    large = len(raw) > INLINE_BODY
     try:
-        payload = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        raise ApiError(400, "the body is not JSON") from None
-    if not isinstance(payload, dict):
-        raise ApiError(400, "the body must be a JSON object")
-    if "id" not in payload:
-        raise ApiError(400, "'id' (the session id) is required")
+        if large:
+            payload = await _reduced_in_child(raw, limits, state.parse_limiter)
+        else:
+            payload = chat_body.reduce_chat_body(raw, limits.max_parts, limits.max_files)
+    except chat_body.BodyRefused as refused:
+        raise ApiError(refused.status, refused.message) from None
+    del raw
     session_id = session_id_param(payload["id"])
-    text = _last_user_input(payload.get("messages"))
+    messages = payload["messages"]
+    if large:
+        text = await trio.to_thread.run_sync(_last_user_input, messages)
+    else:
+        text = _last_user_input(messages)
     trigger = payload.get("trigger", "submit-message")
     if trigger not in ("submit-message", "regenerate-message"):
         raise ApiError(400, f"unknown trigger {trigger!r}")

@@ -270,7 +270,7 @@ class FrontEnd:
         oldest queued one."""
         turn_id = await _unavailable_as_503(self.relay.active_turn(session_id))
         if turn_id is not None:
-            turn = await self.queue.get(turn_id)
+            turn = await self.queue.get_status(turn_id)
             if turn is not None:
                 return turn
         return await self.queue.active(session_id)

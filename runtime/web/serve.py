@@ -34,7 +34,9 @@ from actors.relay.redis_streams import public_url
 from runtime.commands import (
     MCP_HELP,
     add_agent_arguments,
+    add_input_limit_arguments,
     add_log_level_argument,
+    input_limits,
     make_agent,
     report_bad_input,
 )
@@ -167,6 +169,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
         help=f"largest request body, bytes (default {DEFAULT_MAX_BODY}: "
         f"{DEFAULT_MAX_BODY / 2**20:g} MiB, room for attachments)",
     )
+    add_input_limit_arguments(parser)
     add(
         "--session-ttl",
         type=_positive(float),
@@ -352,7 +355,12 @@ async def serve_command(args: argparse.Namespace) -> int:
                 print(f"error: {exc}", file=sys.stderr)
                 return 2
         host = await stack.enter_async_context(
-            Host.open(store=args.store, idle_ttl=args.session_ttl, max_sessions=args.max_sessions)
+            Host.open(
+                store=args.store,
+                idle_ttl=args.session_ttl,
+                max_sessions=args.max_sessions,
+                input_limits=input_limits(args),
+            )
         )
         queue = None
         if is_front_end(args):  # the host only lends its store: it runs no turn

@@ -8,6 +8,8 @@ worker that takes a turn over replays exactly what the dead worker's step would 
 * input ``crash ...``: step 0 calls ``die``, which SIGKILLs the worker (a poison turn);
 * any other input: one step answering ``echo: <input>``.
 
+An input of parts is read as its text parts joined (its images and files are ignored).
+
 Controlled by the environment of the worker process:
 
 * ``AXON_TEST_DELAY``: seconds before each streamed chunk (default 0);
@@ -30,7 +32,7 @@ import trio
 from actors.providers.scripted import ScriptedProvider, current_step, tool_call
 from runtime.agent import Agent
 from runtime.chunks import ReasoningChunk
-from runtime.messages import UserMessage
+from runtime.messages import TextPart, UserMessage
 from runtime.protocol import InferRequest
 from runtime.stores.postgres import parse_url
 from runtime.tools import ToolContext, tool
@@ -114,7 +116,9 @@ def _last_input(request: InferRequest) -> str:
     for message in reversed(request.messages):
         if type(message) is UserMessage:
             content = message.content
-            return content if isinstance(content, str) else str(content)
+            if isinstance(content, str):
+                return content
+            return "".join(p.text for p in content if isinstance(p, TextPart))
     return ""
 
 

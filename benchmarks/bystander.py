@@ -1,0 +1,101 @@
+"""A bystander's latency while one large ``POST /api/chat`` is handled (issue 18, item 2).
+
+Starts ``python -m runtime serve`` (the demo agent, memory store) from the checkout given,
+polls ``GET /api/info`` every 10 ms on one connection, sends one ~40 MiB body on another,
+and prints the big request's answer and the bystander's slowest and median latency::
+
+    python3 benchmarks/bystander.py text      # one 40 MiB text part: accepted, its turn runs
+    python3 benchmarks/bystander.py parts     # 700,000 one-byte data: files (38 MiB): 413
+    python3 benchmarks/bystander.py nested    # 13 million empty arrays beside a message: 400
+    python3 benchmarks/bystander.py text /path/to/other/checkout   # e.g. an older main
+
+Not part of ``python -m benchmarks``: it measures a stall, not a ratio, and on a shared
+machine its maximum is as much the machine's load as the server's.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import orjson
+import trio
+
+MIB = 1 << 20
+
+
+def body_of(kind: str) -> bytes:
+    def chat(parts: list[dict[str, str]], **extra: str) -> bytes:
+        message = {"id": "u", "role": "user", "parts": parts}
+        return orjson.dumps({"id": "big", "messages": [message], **extra})
+
+    if kind == "text":
+        return chat([{"type": "text", "text": "word " * (8 * MIB)}])
+    if kind == "parts":
+        return chat([{"type": "file", "mediaType": "text/plain", "url": "data:,x"}] * 700_000)
+    if kind == "nested":
+        head = chat([{"type": "text", "text": "hi"}], trigger="none")[:-1]
+        return head + b',"junk":[' + b",".join([b"[]"] * (13 * MIB)) + b"]}"
+    raise SystemExit(f"unknown kind {kind!r}: text, parts or nested")
+
+
+async def measure(url: str, body: bytes) -> None:
+    latencies: list[float] = []
+    done = trio.Event()
+    async with httpx.AsyncClient(base_url=url, timeout=600) as client:
+        await client.get("/api/info")
+
+        async def bystander() -> None:
+            while not done.is_set():
+                start = time.perf_counter()
+                await client.get("/api/info")
+                latencies.append(time.perf_counter() - start)
+                await trio.sleep(0.01)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(bystander)
+            await trio.sleep(0.2)
+            start = time.perf_counter()
+            async with httpx.AsyncClient(base_url=url, timeout=600) as big:
+                answer = await big.post(
+                    "/api/chat", content=body, headers={"content-type": "application/json"}
+                )
+            took = time.perf_counter() - start
+            await trio.sleep(0.2)
+            done.set()
+    latencies.sort()
+    print(f"big request: {answer.status_code} in {took:.2f} s: {answer.text[:80]!r}")
+    print(
+        f"bystander GET /api/info: {len(latencies)} answers, slowest "
+        f"{latencies[-1] * 1000:.0f} ms, median {latencies[len(latencies) // 2] * 1000:.1f} ms"
+    )
+
+
+def main() -> None:
+    kind = sys.argv[1] if len(sys.argv) > 1 else "text"
+    root = sys.argv[2] if len(sys.argv) > 2 else str(Path(__file__).resolve().parent.parent)
+    body = body_of(kind)
+    print(f"{kind}: a body of {len(body) / MIB:.1f} MiB, server from {root}")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "runtime", "serve", "--port", "0", "--delay", "0"],
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": root},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert server.stdout is not None
+        url = server.stdout.readline().split()[4].rstrip("/")
+        trio.run(measure, url, body)
+    finally:
+        server.terminate()
+        server.wait()
+
+
+if __name__ == "__main__":
+    main()
