@@ -20,6 +20,7 @@ import trio
 from hypothesis import given
 from hypothesis import strategies as st
 
+from actors.providers.scripted import ScriptedProvider
 from runtime import Agent, Host, InputLimits, TooManyParts
 from runtime.errors import ConfigurationError, StoreCorrupt
 from runtime.messages import File, TextPart
@@ -150,7 +151,7 @@ def test_bad_caps_on_the_command_line_are_one_line_and_exit_2() -> None:
 
 async def test_host_input_limits_refuse_a_turn_before_anything_is_stored() -> None:
     async with Host.open(input_limits=InputLimits(max_parts=3, max_files=1)) as host:
-        session = await host.open_session(Agent(), session_id="s")
+        session = await host.open_session(Agent(provider=ScriptedProvider.demo()), session_id="s")
         with pytest.raises(TooManyParts, match="4 parts; the limit is 3"):
             session.stream(["a", "b", "c", "d"])
         with pytest.raises(TooManyParts, match="2 images and files; the limit is 1"):
@@ -161,7 +162,7 @@ async def test_host_input_limits_refuse_a_turn_before_anything_is_stored() -> No
 async def test_the_default_caps_are_1000_parts_and_100_files() -> None:
     async with Host.open() as host:
         assert host.input_limits == InputLimits(max_parts=1000, max_files=100)
-        session = await host.open_session(Agent(), session_id="s")
+        session = await host.open_session(Agent(provider=ScriptedProvider.demo()), session_id="s")
         with pytest.raises(TooManyParts):
             session.stream(["x"] * 1001)
         with pytest.raises(TooManyParts):
@@ -292,7 +293,10 @@ async def test_a_worker_fails_a_turn_over_its_caps_without_running_it(pg_url: st
     try:
         async with trio.open_nursery() as nursery:
             worker = Worker(
-                store=store, agent=Agent(), poll=0.1, input_limits=InputLimits(max_parts=2)
+                store=store,
+                agent=Agent(provider=ScriptedProvider.demo()),
+                poll=0.1,
+                input_limits=InputLimits(max_parts=2),
             )
             await nursery.start(worker.run)
             turn = await queue.submit("s", (TextPart(text="a", step=0),) * 3)
