@@ -43,6 +43,8 @@ from runtime.host import Host
 from runtime.logging import configure_logging
 from runtime.redact import redact_url
 from runtime.web import BODY_TIMEOUT, DEFAULT_MAX_BODY, SEND_TIMEOUT
+from runtime.web.protocols import DEFAULT as DEFAULT_PROTOCOLS
+from runtime.web.protocols import parse_protocols, unbuilt_refusal
 
 DEFAULT_PORT = 8000
 TOKEN_ENV = "AXON_WEB_TOKEN"
@@ -101,6 +103,15 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
         action="store_true",
         help="with a postgresql:// --store and --redis, run turns in this process as "
         "without them, instead of serving as a front end of `python -m runtime worker`s",
+    )
+    add(
+        "--protocols",
+        type=parse_protocols,
+        default=DEFAULT_PROTOCOLS,
+        metavar="NAMES",
+        help="the protocols to serve, comma-separated: ai-sdk (the page and /api/), openai "
+        "(/v1/chat/completions, /v1/models); ag-ui, a2a and mcp are not available yet "
+        "(default: ai-sdk; docs/protocols.md)",
     )
     add(
         "--token",
@@ -290,6 +301,13 @@ async def serve_command(args: argparse.Namespace) -> int:
     from runtime.web.app import create_app  # Starlette: only when serving
 
     token = args.token or os.environ.get(TOKEN_ENV) or None
+    protocols = getattr(args, "protocols", DEFAULT_PROTOCOLS)
+    refusal = unbuilt_refusal(protocols)
+    if refusal is None and "openai" in protocols and is_front_end(args):
+        refusal = "--protocols openai is not served by a worker deployment's front end yet"
+    if refusal is not None:
+        print(f"error: {refusal}", file=sys.stderr)
+        return 2
     refusal = bind_problem(args.host, args.port) or bind_refusal(args.host, token, args.insecure)
     if refusal is not None:
         print(f"error: {refusal}", file=sys.stderr)
@@ -344,6 +362,7 @@ async def serve_command(args: argparse.Namespace) -> int:
             send_timeout=args.send_timeout,
             relay=relay,
             queue=queue,
+            protocols=protocols,
         )
 
         async def shutdown_trigger() -> None:
