@@ -17,11 +17,17 @@ import trio
 from hypothesis import given
 from hypothesis import strategies as st
 
-from actors.providers.scripted import ScriptedProvider, tool_call
+from actors.providers.scripted import ScriptedProvider, Sleep, tool_call
 from runtime import Agent, ReasoningChunk, tool
+from runtime import output as o
 from runtime.chunks import Usage
 from runtime.messages import AssistantMessage, SystemMessage, ToolMessage, UserMessage
-from runtime.web.openai_wire import OpenAIError, parse_chat_request
+from runtime.web.openai_wire import (
+    CompletionEncoder,
+    OpenAIError,
+    finish_reason,
+    parse_chat_request,
+)
 from runtime.web.protocols import parse_protocols, unbuilt_refusal
 from tests.web.harness import WebServer, web_server
 
@@ -298,32 +304,38 @@ def test_serve_refuses_an_unbuilt_protocol_in_one_line():
     assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: --protocols a2a")
 
 
-@given(
-    st.recursive(
-        st.none() | st.booleans() | st.text(max_size=5) | st.integers(),
-        lambda inner: (
-            st.lists(inner, max_size=3)
-            | st.dictionaries(
-                st.sampled_from(
-                    [
-                        "model",
-                        "messages",
-                        "role",
-                        "content",
-                        "type",
-                        "text",
-                        "tool_calls",
-                        "stream",
-                        "n",
-                    ]
-                ),
-                inner,
-                max_size=4,
-            )
-        ),
-        max_leaves=12,
-    )
+JUNK = st.recursive(
+    st.none() | st.booleans() | st.text(max_size=5) | st.integers(),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner),
+    max_leaves=6,
 )
+PART = st.fixed_dictionaries(
+    {"type": st.sampled_from(["text", "image_url", "refusal", "audio"]) | JUNK},
+    optional={"text": JUNK, "image_url": JUNK | st.fixed_dictionaries({"url": JUNK})},
+)
+MESSAGE = st.fixed_dictionaries(
+    {"role": st.sampled_from(["system", "developer", "user", "assistant", "tool"]) | JUNK},
+    optional={
+        "content": JUNK | st.lists(PART, max_size=3),
+        "tool_calls": JUNK
+        | st.lists(st.fixed_dictionaries({}, optional={"id": JUNK, "function": JUNK})),
+        "tool_call_id": JUNK,
+    },
+)
+BODY = JUNK | st.fixed_dictionaries(
+    {},
+    optional={
+        "model": JUNK,
+        "messages": JUNK | st.lists(MESSAGE, max_size=4),
+        "stream": JUNK,
+        "stream_options": JUNK,
+        "n": JUNK,
+        "tools": JUNK,
+    },
+)
+
+
+@given(BODY)
 def test_any_json_body_parses_or_is_an_openai_error(payload):
     try:
         parse_chat_request(payload)
@@ -368,3 +380,106 @@ async def test_serve_serves_the_openai_endpoint_to_the_sdk():
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
+
+
+async def test_a_session_running_a_turn_answers_409_session_busy():
+    agent = Agent(name="slow", provider=ScriptedProvider([["Hi", Sleep(30), "there"]]))
+    header = {"X-Axon-Session": "busy"}
+    async with web_server(agent, protocols=BOTH) as server, openai_client(server) as c:
+        stream = await c.chat.completions.create(
+            model="slow", messages=USER("x"), stream=True, extra_headers=header
+        )
+        chunks = aiter(stream)
+        assert (await anext(chunks)).choices[0].delta.role == "assistant"
+        with pytest.raises(openai.ConflictError) as caught:
+            await c.chat.completions.create(model="slow", messages=USER("y"), extra_headers=header)
+        assert caught.value.code == "session_busy"
+        await stream.close()
+
+
+async def test_a_body_not_sent_as_json_is_415_and_runs_nothing():
+    async with web_server(tool_agent(), protocols=BOTH) as server:
+        async with httpx.AsyncClient(base_url=server.url) as raw:
+            r = await raw.post(
+                "/v1/chat/completions",
+                content=b'{"model": "finder", "messages": [{"role": "user", "content": "x"}]}',
+                headers={"content-type": "text/plain"},
+            )
+        assert r.status_code == 415 and r.json()["error"]["type"] == "invalid_request_error"
+        assert server.host.sessions == {}
+
+
+async def test_a_cross_origin_request_is_refused():
+    async with web_server(tool_agent(), protocols=BOTH) as server:
+        origin = {"origin": "https://evil.example"}
+        async with openai_client(server, default_headers=origin) as c:
+            with pytest.raises(openai.PermissionDeniedError):
+                await c.chat.completions.create(model="finder", messages=USER("x"))
+        assert server.host.sessions == {}
+
+
+def test_finish_reasons_map_to_openais_words():
+    mapped = {r: finish_reason(r) for r in ("stop", "length", "content-filter", "budget", "other")}
+    assert mapped == {
+        "stop": "stop",
+        "length": "length",
+        "content-filter": "content_filter",
+        "budget": "length",
+        "other": "stop",
+    }
+
+
+def test_a_cut_off_turn_is_an_error_event_with_code_aborted():
+    encoder = CompletionEncoder("m")
+    (event,) = encoder.chunks(o.Abort(reason="server shutdown"))
+    assert event["error"]["code"] == "aborted" and "server shutdown" in event["error"]["message"]
+    assert encoder.error is not None and encoder.error.status == 503
+
+
+def test_the_last_message_must_be_the_users():
+    with pytest.raises(OpenAIError) as caught:
+        parse_chat_request(
+            {
+                "model": "m",
+                "messages": [
+                    {"role": "user", "content": "a"},
+                    {"role": "assistant", "content": "b"},
+                ],
+            }
+        )
+    assert caught.value.status == 400 and caught.value.param == "messages"
+
+
+def test_an_image_url_part_becomes_an_image_of_the_input():
+    url = "data:image/png;base64,iVBORw0KGgo="
+    chat = parse_chat_request(
+        {
+            "model": "m",
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "text", "text": "What is this?"},
+                        {"type": "image_url", "image_url": {"url": url}},
+                    ],
+                }
+            ],
+        }
+    )
+    assert isinstance(chat.input, tuple)
+    assert [type(p).__name__ for p in chat.input] == ["TextPart", "Image"]
+    assert chat.input[1].data == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_tool_result_must_answer_an_earlier_tool_call():
+    with pytest.raises(OpenAIError) as caught:
+        parse_chat_request(
+            {
+                "model": "m",
+                "messages": [
+                    {"role": "tool", "tool_call_id": "nope", "content": "x"},
+                    {"role": "user", "content": "y"},
+                ],
+            }
+        )
+    assert caught.value.param == "messages[0].tool_call_id"

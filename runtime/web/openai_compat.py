@@ -176,24 +176,29 @@ def _session_header(session: Any, named: bool) -> dict[str, str]:
 
 
 class Stateless:
-    """Runs ``inner`` (a response for a session) on a new scratch session that starts
-    from ``history``, and forgets the session after it: nothing reaches the app's store."""
+    """Runs ``make(session, False)`` (a response for a session) on a new scratch session
+    ``session_id`` that starts from ``history``, and forgets the session after it: nothing
+    reaches the app's store."""
 
     def __init__(
         self,
         scratch: ScratchHost,
         agent: Agent,
+        session_id: str,
         history: tuple[Message, ...],
         make: Callable[[Any, bool], ASGIApp],
     ) -> None:
         self.scratch = scratch
         self.agent = agent
+        self.session_id = session_id
         self.history = history
         self.make = make
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         async with self.scratch.host() as host:
-            session = await host.open_session(self.agent, history=self.history)
+            session = await host.open_session(
+                self.agent, session_id=self.session_id, history=self.history
+            )
             try:
                 await self.make(session, False)(scope, receive, send)
             finally:
@@ -295,13 +300,14 @@ class OpenAIRoutes:
 
         header = request.headers.get(SESSION_HEADER)
         if header is None:
-            agent = state.agent_for(new_id("session"))
+            scratch_id = new_id("session")
+            agent = state.agent_for(scratch_id)
             _check_media(chat.input, agent)
             try:
                 history = check_history(chat.history)
             except InvalidHistory as exc:
                 raise bad_request(str(exc), "messages") from None
-            return Stateless(self.scratch, agent, history, respond)
+            return Stateless(self.scratch, agent, scratch_id, history, respond)
         try:
             session_id = validate_session_id(header)
         except InvalidSessionId as exc:

@@ -394,7 +394,8 @@ async def serve_command(args: argparse.Namespace) -> int:
                     f"{'agent ' + args.agent if args.agent else 'provider ' + args.provider}"
                     f", store {redact_url(args.store or 'memory')}"
                     f"{', relay ' + public_url(args.redis) if relay is not None else ''}"
-                    f"{', OpenTelemetry traces' if tracing is not None else ''})",
+                    f"{', OpenTelemetry traces' if tracing is not None else ''}"
+                    f"{', OpenAI API ' + url + '/v1' if 'openai' in protocols else ''})",
                     flush=True,
                 )
     return 0
