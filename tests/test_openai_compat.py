@@ -211,8 +211,9 @@ async def test_the_token_is_required_and_a_missing_one_is_401_in_openais_shape()
 async def test_a_forged_host_is_refused():
     async with web_server(tool_agent(), protocols=BOTH) as server:
         async with openai_client(server, default_headers={"host": "evil.example"}) as c:
-            with pytest.raises(openai.PermissionDeniedError):
+            with pytest.raises(openai.PermissionDeniedError) as caught:
                 await c.chat.completions.create(model="finder", messages=USER("x"))
+        assert "DNS rebinding" in caught.value.body["message"]  # OpenAI's shape
         assert await server.host.store.list_sessions() == []
 
 
@@ -483,3 +484,16 @@ def test_a_tool_result_must_answer_an_earlier_tool_call():
             }
         )
     assert caught.value.param == "messages[0].tool_call_id"
+
+
+async def test_a_shutdown_ends_a_stateless_stream_with_an_aborted_error():
+    agent = Agent(name="slow", provider=ScriptedProvider([["Hi", Sleep(30), "there"]]))
+    async with web_server(agent, protocols=BOTH) as server, openai_client(server) as c:
+        stream = await c.chat.completions.create(model="slow", messages=USER("x"), stream=True)
+        chunks = aiter(stream)
+        assert (await anext(chunks)).choices[0].delta.role == "assistant"
+        (cancel_turns,) = server.app.state.turn_cancellers
+        assert cancel_turns("server shutdown") == 1
+        with pytest.raises(openai.APIError, match="server shutdown"):
+            async for _ in chunks:
+                pass

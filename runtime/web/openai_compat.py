@@ -231,6 +231,11 @@ class ScratchHost:
             host = self._host
         yield host
 
+    def cancel_turns(self, reason: str) -> int:
+        """Cancel the stateless turns running now (a server shutting down ends them with
+        a clean ``abort``, as the main host's); how many were running."""
+        return self._host.cancel_turns(reason) if self._host is not None else 0
+
     async def _run(self, task_status: trio.TaskStatus[Host] = trio.TASK_STATUS_IGNORED) -> None:
         try:
             async with Host.open(store=None) as host:
@@ -383,9 +388,12 @@ class OpenAIGuard:
         return None
 
 
-def openai_app(state: Any, *, token: str | None, stream: Any) -> ASGIApp:
+def openai_endpoint(
+    state: Any, *, token: str | None, stream: Any
+) -> tuple[ASGIApp, Callable[[str], int]]:
     """The ``/v1`` app over the app's ``state`` (mounted by
-    :func:`runtime.web.protocols.mount_protocols`), its turns streamed by ``stream``."""
+    :func:`runtime.web.protocols.mount_protocols`), its turns streamed by ``stream``, and
+    the function that cancels its stateless turns (``cancel(reason)``, at shutdown)."""
     routes = OpenAIRoutes(state, stream)
 
     async def not_found(scope: Scope, receive: Receive, send: Send) -> None:
@@ -399,7 +407,7 @@ def openai_app(state: Any, *, token: str | None, stream: Any) -> ASGIApp:
         ],
         default=not_found,
     )
-    return OpenAIGuard(router, token)
+    return OpenAIGuard(router, token), routes.scratch.cancel_turns
 
 
-__all__ = ["SESSION_HEADER", "openai_app"]
+__all__ = ["SESSION_HEADER", "openai_endpoint"]

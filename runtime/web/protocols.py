@@ -70,9 +70,12 @@ def mount_protocols(
             )
         from starlette.routing import Mount
 
-        from runtime.web.openai_compat import openai_app
+        from runtime.web.openai_compat import openai_endpoint
 
-        app.router.routes.append(Mount("/v1", app=openai_app(state, token=token, stream=stream)))
+        endpoint, cancel_turns = openai_endpoint(state, token=token, stream=stream)
+        app.router.routes.append(Mount("/v1", app=endpoint))
+        # turns run outside the app's host: serve cancels them too when it shuts down
+        app.state.turn_cancellers = [*getattr(app.state, "turn_cancellers", ()), cancel_turns]
 
 
 __all__ = ["BUILT", "DEFAULT", "PROTOCOLS", "mount_protocols", "parse_protocols", "unbuilt_refusal"]

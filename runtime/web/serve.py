@@ -368,6 +368,8 @@ async def serve_command(args: argparse.Namespace) -> int:
         async def shutdown_trigger() -> None:
             await _until_signal()
             host.cancel_turns("server shutdown")  # end streams with a clean abort
+            for cancel_turns in getattr(app.state, "turn_cancellers", ()):
+                cancel_turns("server shutdown")  # turns of other hosts (runtime.web.protocols)
 
         async with trio.open_nursery() as nursery:
             try:
