@@ -511,3 +511,13 @@ def test_serve_refuses_openai_as_a_worker_deployments_front_end():
     assert proc.stderr == (
         "error: --protocols openai is not served by a worker deployment's front end yet\n"
     )
+
+
+async def test_an_unknown_route_or_method_is_answered_in_openais_shape():
+    async with web_server(tool_agent(), protocols=BOTH) as server:
+        async with httpx.AsyncClient(base_url=server.url) as raw:
+            missing = await raw.get("/v1/embeddings")
+            wrong = await raw.get("/v1/chat/completions")
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "unknown_url"
+    assert wrong.status_code == 405 and wrong.headers["allow"] == "POST"
+    assert set(wrong.json()["error"]) == {"message", "type", "param", "code"}

@@ -89,6 +89,9 @@ from runtime.web.openai_wire import (
 SESSION_HEADER = "x-axon-session"
 """The request header naming the session a turn runs on (none: stateless)."""
 
+ANY_METHOD = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
+"""Routed to the endpoints, which answer a method they do not take in OpenAI's shape."""
+
 STREAM_HEADERS: dict[str, str] = {
     "content-type": "text/event-stream",
     "cache-control": "no-cache",
@@ -337,10 +340,14 @@ def _json(data: Any, status: int = 200) -> Response:
     return Response(orjson.dumps(data), status_code=status, media_type="application/json")
 
 
-def _endpoint(handler: Callable[[Request], Any]) -> Callable[[Request], Any]:
-    """``handler`` with its :class:`OpenAIError` s answered in OpenAI's shape."""
+def _endpoint(handler: Callable[[Request], Any], *methods: str) -> Callable[[Request], Any]:
+    """``handler`` for ``methods``, with its :class:`OpenAIError` s (and a 405 for any
+    other method) answered in OpenAI's shape."""
 
     async def endpoint(request: Request) -> Any:
+        if request.method not in methods:
+            error = OpenAIError(405, f"{request.method} is not allowed here (use {methods[0]})")
+            return error_response(error, {"allow": ", ".join(methods)})
         try:
             return await handler(request)
         except OpenAIError as exc:
@@ -402,8 +409,10 @@ def openai_endpoint(
 
     router = Router(
         routes=[
-            Route("/models", _endpoint(routes.models), methods=["GET"]),
-            Route("/chat/completions", _endpoint(routes.chat_completions), methods=["POST"]),
+            Route("/models", _endpoint(routes.models, "GET", "HEAD"), methods=ANY_METHOD),
+            Route(
+                "/chat/completions", _endpoint(routes.chat_completions, "POST"), methods=ANY_METHOD
+            ),
         ],
         default=not_found,
     )
