@@ -184,6 +184,8 @@ async def test_a_stateless_call_sends_the_requests_history_and_stores_nothing(tm
         assert completion.parse().choices[0].message.content == "Paris."
         assert await server.host.store.list_sessions() == []
         assert server.host.sessions == {}
+        scratch = server.app.state.turn_cancellers[0].__self__._host  # the stateless host
+        assert scratch.sessions == {} and await scratch.store.list_sessions() == []
     sent = provider.requests[0].messages
     assert [type(m) for m in sent[:5]] == [
         SystemMessage,
