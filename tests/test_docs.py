@@ -38,6 +38,9 @@ EXPECTED = {
     "user -\nreasoning rs_1\nmessage msg_1\n",
     ("structured-output.md", 0): "Weather(city='Paris', temp=21.5)\n2 steps",
     ("web.md", 0): "support",
+    ("protocols.md", 0): "scripted: Let me check the weather. It is 22°C and clear skies in Oslo "
+    "right now. (78 tokens)\nthought: The user asks about the weather in Oslo. ...\n"
+    "Let me check the weather. It is 26°C and windy in Paris right now. stop\n",
     ("telemetry.md", 0): "invoke_agent weather\n  chat scripted\n  execute_tool get_weather\n"
     "  chat scripted\n",
 }

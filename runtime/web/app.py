@@ -36,7 +36,7 @@ session ids validated (400), a client that stops reading a stream dropped after
 from __future__ import annotations
 
 import hmac
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -163,6 +163,9 @@ class TurnResponse:
         keepalive: float = KEEPALIVE,
         send_timeout: float | None = SEND_TIMEOUT,
         background: trio.Nursery | None = None,
+        encoder: Callable[[], Any] = UIStreamEncoder,
+        headers: Mapping[str, str] = HEADERS,
+        busy: Callable[[Any], Response] | None = None,
     ) -> None:
         self.session = session
         self.text = text
@@ -171,12 +174,17 @@ class TurnResponse:
         self.send_timeout = send_timeout
         self.background = background
         self.disconnected = False
+        # Another protocol's stream (runtime.web.openai_compat) gives its own encoder
+        # (``events(chunk)`` -> bytes), headers and answer to a busy session.
+        self.encoder = encoder
+        self.headers = headers
+        self.busy = busy or _busy
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         session = self.session
         await session.reopen()  # the host may have evicted it since the request looked it up
         if session.busy:
-            await _busy(session)(scope, receive, send)
+            await self.busy(session)(scope, receive, send)
             return
         if "title" not in session.meta:
             session.set_title(title_of(self.text))
@@ -192,12 +200,12 @@ class TurnResponse:
             except SessionBusy:
                 if started:
                     raise
-                await _busy(session)(scope, receive, send)
+                await self.busy(session)(scope, receive, send)
 
     async def _stream(
         self, out: Any, receive: Receive, send: Send, background: trio.Nursery
     ) -> None:
-        headers = [(k.encode(), v.encode()) for k, v in HEADERS.items()]
+        headers = [(k.encode(), v.encode()) for k, v in self.headers.items()]
         writer = BodyWriter(
             send,
             {"type": "http.response.start", "status": 200, "headers": headers},
@@ -240,7 +248,7 @@ class TurnResponse:
                 if trio.current_time() >= last_write + self.keepalive:
                     await write(b": keep-alive\n\n")
 
-        encoder = UIStreamEncoder()
+        encoder = self.encoder()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(watch_disconnect)
             if self.keepalive:
@@ -430,6 +438,7 @@ def create_app(
     relay: Any = None,
     cancel_hook: Callable[[str], Any] | None = None,
     queue: Any = None,
+    protocols: Collection[str] = ("ai-sdk",),
 ) -> Starlette:
     """The web app for ``host``: every session runs ``agent`` (or ``agent(session_id)``).
 
@@ -447,6 +456,9 @@ def create_app(
     stateless front end of a worker deployment (:mod:`runtime.web.frontend`): it queues
     turns for the workers and streams them from the relay, and ``host`` only lends it
     its store (it opens no session and runs no turn).
+
+    ``protocols`` names the endpoints mounted (:mod:`runtime.web.protocols`): ``ai-sdk``
+    the page and ``/api/``, ``openai`` ``/v1/`` (:mod:`runtime.web.openai_compat`).
     """
     page = (STATIC / "index.html").read_bytes()
     icons = {name: (STATIC / name).read_bytes() for name in ICONS}
@@ -535,4 +547,7 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.axon = state
+    from runtime.web.protocols import mount_protocols
+
+    mount_protocols(app, state, protocols, token=token, stream=TurnResponse)
     return app

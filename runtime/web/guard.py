@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Iterable
+from typing import Any
 from urllib.parse import urlsplit
 
 import orjson
@@ -121,6 +122,16 @@ def is_json(content_type: str | None) -> bool:
     return content_type.split(";", 1)[0].strip().lower() == "application/json"
 
 
+def refusal_body(path: str, message: str) -> dict[str, Any]:
+    """A refusal in the error shape of the protocol ``path`` belongs to: OpenAI's for
+    ``/v1/`` (:mod:`runtime.web.openai_compat`), so its SDK reads the reason; else
+    ``{"error": message}``."""
+    if path.startswith("/v1/"):
+        error = {"message": message, "type": "invalid_request_error", "param": None, "code": None}
+        return {"error": error}
+    return {"error": message}
+
+
 class RequestGuard:
     """The ASGI middleware that refuses what :mod:`runtime.web.guard` describes, with a
     JSON ``{"error": ...}`` that says why."""
@@ -141,7 +152,7 @@ class RequestGuard:
             refusal = self.refusal(scope)
             if refusal is not None:
                 status, message = refusal
-                body = orjson.dumps({"error": message})
+                body = orjson.dumps(refusal_body(scope["path"], message))
                 response = Response(body, status_code=status, media_type="application/json")
                 await response(scope, receive, send)
                 return

@@ -45,6 +45,8 @@ from runtime.host import Host
 from runtime.logging import configure_logging
 from runtime.redact import redact_url
 from runtime.web import BODY_TIMEOUT, DEFAULT_MAX_BODY, SEND_TIMEOUT
+from runtime.web.protocols import DEFAULT as DEFAULT_PROTOCOLS
+from runtime.web.protocols import parse_protocols, unbuilt_refusal
 
 DEFAULT_PORT = 8000
 TOKEN_ENV = "AXON_WEB_TOKEN"
@@ -136,6 +138,15 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
         metavar="N",
         help="front end: refuse a turn (429 with Retry-After) when N turns are queued in "
         "all (default 10000; 'off': no cap)",
+    )
+    add(
+        "--protocols",
+        type=parse_protocols,
+        default=DEFAULT_PROTOCOLS,
+        metavar="NAMES",
+        help="the protocols to serve, comma-separated: ai-sdk (the page and /api/), openai "
+        "(/v1/chat/completions, /v1/models); ag-ui, a2a and mcp are not available yet "
+        "(default: ai-sdk; docs/protocols.md)",
     )
     add(
         "--token",
@@ -326,6 +337,13 @@ async def serve_command(args: argparse.Namespace) -> int:
     from runtime.web.app import create_app  # Starlette: only when serving
 
     token = args.token or os.environ.get(TOKEN_ENV) or None
+    protocols = getattr(args, "protocols", DEFAULT_PROTOCOLS)
+    refusal = unbuilt_refusal(protocols)
+    if refusal is None and "openai" in protocols and is_front_end(args):
+        refusal = "--protocols openai is not served by a worker deployment's front end yet"
+    if refusal is not None:
+        print(f"error: {refusal}", file=sys.stderr)
+        return 2
     refusal = bind_problem(args.host, args.port) or bind_refusal(args.host, token, args.insecure)
     if refusal is not None:
         print(f"error: {refusal}", file=sys.stderr)
@@ -385,11 +403,14 @@ async def serve_command(args: argparse.Namespace) -> int:
             send_timeout=args.send_timeout,
             relay=relay,
             queue=queue,
+            protocols=protocols,
         )
 
         async def shutdown_trigger() -> None:
             await _until_signal()
             host.cancel_turns("server shutdown")  # end streams with a clean abort
+            for cancel_turns in getattr(app.state, "turn_cancellers", ()):
+                cancel_turns("server shutdown")  # turns of other hosts (runtime.web.protocols)
 
         async with trio.open_nursery() as nursery:
             try:
@@ -416,7 +437,8 @@ async def serve_command(args: argparse.Namespace) -> int:
                     f"{'agent ' + args.agent if args.agent else 'provider ' + args.provider}"
                     f", store {redact_url(args.store or 'memory')}"
                     f"{', relay ' + public_url(args.redis) if relay is not None else ''}"
-                    f"{', OpenTelemetry traces' if tracing is not None else ''})",
+                    f"{', OpenTelemetry traces' if tracing is not None else ''}"
+                    f"{', OpenAI API ' + url + '/v1' if 'openai' in protocols else ''})",
                     flush=True,
                 )
     return 0
