@@ -17,8 +17,8 @@ import trio
 from hypothesis import given
 from hypothesis import strategies as st
 
-from actors.providers.scripted import ScriptedProvider, Sleep, tool_call
-from runtime import Agent, ReasoningChunk, tool
+from actors.providers.scripted import ScriptedProvider, Sleep
+from runtime import Agent
 from runtime import output as o
 from runtime.chunks import Usage
 from runtime.messages import AssistantMessage, SystemMessage, ToolMessage, UserMessage
@@ -29,26 +29,11 @@ from runtime.web.openai_wire import (
     parse_chat_request,
 )
 from runtime.web.protocols import parse_protocols, unbuilt_refusal
+from tests.test_web_http import TWO_TOOLS, lookup
 from tests.web.harness import WebServer, web_server
 
 BOTH = ("ai-sdk", "openai")
 
-
-@tool
-async def lookup(key: str) -> str:
-    """Look a key up."""
-    return f"value of {key}"
-
-
-TWO_TOOLS = [
-    [
-        ReasoningChunk(text="I need a and b."),
-        "Looking up a. ",
-        *tool_call("lookup", {"key": "a"}, tool_call_id="A"),
-    ],
-    ["Now b. ", *tool_call("lookup", {"key": "b"}, tool_call_id="B")],
-    ["Both found."],
-]
 
 STEP_USAGE = Usage(input_tokens=10, output_tokens=3, total_tokens=13)
 

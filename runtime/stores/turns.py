@@ -111,18 +111,18 @@ in a thread, so decoding thousands of parts never holds up the loop (or a lease)
 
 
 @attrs.frozen(kw_only=True, slots=True)
-class QueuedTurn:
-    """One row of ``axon_turns``: a user input and where its run stands."""
+class TurnStatus:
+    """Where a turn stands, without its input: what front ends poll and show.
+
+    Read by :meth:`TurnQueue.get_status`, :meth:`~TurnQueue.active` and
+    :meth:`~TurnQueue.request_cancel`, which select only these columns: a turn's input may
+    be thousands of parts, and decoding it on every poll of every viewer kept a front
+    end's event loop busy for seconds. A :class:`QueuedTurn` is a status with its input."""
 
     turn_id: str
     session_id: str
     seq: int
     """Submission order across the whole queue (a sequence): orders a session's turns."""
-    input: UserContent
-    meta: dict[str, Any]
-    """What the front end attached to the turn (merged into the session's meta by the runner)."""
-    regenerate: bool
-    """Replace the session's last answer instead of adding a new input."""
     status: str
     """``queued``, ``running``, ``done``, ``failed`` or ``cancelled``."""
     owner: str | None
@@ -135,9 +135,6 @@ class QueuedTurn:
     cancel_reason: str | None
     finish_reason: str | None
     error: str | None
-    idempotency_key: str | None
-    """The queue's unique key of this submission (a hash of the caller's key, the input
-    and the turn an edit replaces), not the caller's key; ``None`` for an unkeyed one."""
 
     @property
     def message_id(self) -> str:
@@ -152,31 +149,17 @@ class QueuedTurn:
 
 
 @attrs.frozen(kw_only=True, slots=True)
-class TurnStatus:
-    """Where a turn stands, without its input: what front ends poll and show.
+class QueuedTurn(TurnStatus):
+    """One row of ``axon_turns``: a user input and where its run stands."""
 
-    Read by :meth:`TurnQueue.get_status`, :meth:`~TurnQueue.active` and
-    :meth:`~TurnQueue.request_cancel`, which select only these columns: a turn's input may
-    be thousands of parts, and decoding it on every poll of every viewer kept a front
-    end's event loop busy for seconds."""
-
-    turn_id: str
-    session_id: str
-    seq: int
-    status: str
-    owner: str | None
-    epoch: int
-    attempts: int
-    saved: bool
-    cancel_requested: bool
-    cancel_reason: str | None
-    finish_reason: str | None
-    error: str | None
-
-    @property
-    def message_id(self) -> str:
-        """The id of the turn's assistant message (as :attr:`QueuedTurn.message_id`)."""
-        return f"msg_{self.turn_id}"
+    input: UserContent
+    meta: dict[str, Any]
+    """What the front end attached to the turn (merged into the session's meta by the runner)."""
+    regenerate: bool
+    """Replace the session's last answer instead of adding a new input."""
+    idempotency_key: str | None
+    """The queue's unique key of this submission (a hash of the caller's key, the input
+    and the turn an edit replaces), not the caller's key; ``None`` for an unkeyed one."""
 
     @property
     def finished(self) -> bool:
