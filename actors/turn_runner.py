@@ -41,10 +41,22 @@ from actors.mcp import agent_tools
 from actors.parts import PartsManager
 from actors.session_sync import Adopted, adopt_record, adopt_save
 from actors.structured import StructuredTurn, observe, output_value, with_feedback
+from actors.suspension import (
+    awaiting,
+    held_approvals,
+    hold_context,
+    hold_kind,
+    in_call_order,
+    in_process_approver,
+    mark_held,
+    resolution,
+    waiting_parts,
+)
 from actors.takeover import Committed, find_committed
 from runtime import events as ev
 from runtime.actor import Actor
 from runtime.agent import Agent
+from runtime.approval import APPROVAL, AWAITING_INPUT, pending_calls, supersede
 from runtime.chunks import (
     FinishChunk,
     ProviderDataChunk,
@@ -63,12 +75,14 @@ from runtime.inbox import Inbox
 from runtime.logging import get_logger
 from runtime.messages import (
     AssistantMessage,
+    Awaiting,
     ToolCallPart,
     ToolMessage,
     UserMessage,
 )
 from runtime.output import ErrorInfo
 from runtime.protocol import (
+    ApprovalAsked,
     Batch,
     Batcher,
     BeginRequest,
@@ -83,6 +97,7 @@ from runtime.protocol import (
     StepEnd,
     StreamFailed,
     ToolCallSpec,
+    ToolDenied,
     ToolDone,
     ToolOutcome,
     ToolProgress,
@@ -144,6 +159,8 @@ class _Turn:
     untouched: bool = False
     """A turn taken over whose committed steps had already finished it: it ran nothing,
     and its end neither changes nor saves the history."""
+    held: dict[str, Awaiting] = attrs.field(factory=dict)
+    """The step's calls that suspend the turn (docs/approval.md), by call id."""
 
 
 def _cut_last_turn(state: SessionState) -> None:
@@ -226,6 +243,10 @@ class TurnRunner(Actor):
             committed = find_committed(state.messages, message_id)
         if committed is None and run.regenerate:
             _cut_last_turn(state)
+        if committed is None:
+            superseded = supersede(state.messages)  # a turn waiting for input gives way
+            if superseded is not None:
+                state.saved_upto = min(state.saved_upto, superseded)
         turn = _Turn(
             turn_id=turn_id,
             start_index=len(state.messages),
@@ -264,6 +285,8 @@ class TurnRunner(Actor):
             with scope:
                 if committed is not None and self._already_finished(turn, committed):
                     turn.untouched = True
+                elif committed is not None and not await self._resolve(turn):
+                    turn.untouched, turn.finish_reason = True, AWAITING_INPUT
                 else:
                     await self._steps(turn)
             if scope.cancelled_caught:
@@ -339,10 +362,13 @@ class TurnRunner(Actor):
             if result.calls:
                 over = await self._run_tools(turn, result, refuse=over) or over
                 for call in result.calls:  # call order, not completion order
+                    if call.tool_call_id in turn.held:
+                        continue  # it waits: no result until it is decided
                     oc = turn.outcomes[call.tool_call_id]
                     if oc.usage is not None:  # an agent used as a tool spent tokens
                         turn.usage = turn.usage + oc.usage
                     self._add_result(turn, oc, step)
+                await self._hold(turn, step)
             self._snapshot(turn)
             self._publish_history()
             await ctrl.send(StepEnd(step=step, finish_reason=result.finish, usage=result.usage))
@@ -370,6 +396,10 @@ class TurnRunner(Actor):
             await self._save(turn, step)
             if over:
                 raise BudgetExceeded(over)
+            if turn.held:  # committed with the step: the turn suspends (docs/approval.md)
+                turn.finish_reason = AWAITING_INPUT
+                await self._announce_waiting(turn, step)
+                return
             if not result.calls:
                 turn.finish_reason = result.finish
                 if turn.output is not None and turn.output.ask_again(
@@ -593,20 +623,29 @@ class TurnRunner(Actor):
                     budget=turn.budget,
                     output=output_value(turn.output),
                     new_messages=tuple(state.messages[turn.start_index :]),
+                    pending=(
+                        pending_calls(state.messages)
+                        if turn.finish_reason == AWAITING_INPUT
+                        else ()
+                    ),
                 )
                 await self._hand_over(run, turn, TurnDone(result=result))
 
     def _pair_calls(self, turn: _Turn, closing: list[Any]) -> None:
         """Give every call of the turn that has no result one: its outcome if it
         completed, else ``interrupted`` (also streamed, in ``closing``)."""
+        waits = turn.finish_reason == AWAITING_INPUT
         for part in turn.parts.content:
-            if isinstance(part, ToolCallPart) and part.tool_call_id not in turn.results:
-                oc = turn.outcomes.get(part.tool_call_id) or ToolOutcome(
-                    tool_call_id=part.tool_call_id, tool_name=part.tool_name, error=INTERRUPTED
-                )
-                self._add_result(turn, oc, part.step)
-                if part.tool_call_id not in turn.outcomes:
-                    closing.append(ToolDone(step=part.step, outcome=oc))
+            if not isinstance(part, ToolCallPart) or part.tool_call_id in turn.results:
+                continue
+            if waits and part.awaiting is not None and not part.awaiting.decided:
+                continue  # the turn waits for it: stored without a result
+            oc = turn.outcomes.get(part.tool_call_id) or ToolOutcome(
+                tool_call_id=part.tool_call_id, tool_name=part.tool_name, error=INTERRUPTED
+            )
+            self._add_result(turn, oc, part.step)
+            if part.tool_call_id not in turn.outcomes:
+                closing.append(ToolDone(step=part.step, outcome=oc))
 
     async def _hand_over(self, run: RunTurn, turn: _Turn, done: TurnDone) -> None:
         """The result to the consumer, after the turn's last chunk: through the stream
@@ -804,6 +843,8 @@ class TurnRunner(Actor):
         refused: list[ToolOutcome] = []
         runnable: list[ToolCallSpec] = []
         over: str | None = None
+        tools = {t.name: t for t in await agent_tools(self.host, agent)}
+        approver = in_process_approver(self.host)
         for call in result.calls:
             await self._announce(
                 ev.ToolCallRequested(
@@ -831,6 +872,11 @@ class TurnRunner(Actor):
                 )
             else:
                 turn.tool_calls_used += 1
+                context = hold_context(self.host, sid, turn.turn_id, step, call, turn.deps)
+                kind = hold_kind(tools.get(call.tool_name), call.input, context, approver)
+                if kind is not None:
+                    turn.held[call.tool_call_id] = awaiting(kind, call.tool_call_id, turn.turn_id)
+                    continue
                 runnable.append(
                     ToolCallSpec(
                         tool_call_id=call.tool_call_id, tool_name=call.tool_name, input=call.input
@@ -839,6 +885,15 @@ class TurnRunner(Actor):
         for oc in refused:
             turn.outcomes[oc.tool_call_id] = oc
             await self._tool_done(turn.turn_id, step, oc, ctrl)
+        await self._execute(turn, step, runnable, tools)
+        return over
+
+    async def _execute(
+        self, turn: _Turn, step: int, runnable: list[ToolCallSpec], tools: dict[str, Any]
+    ) -> None:
+        """Run ``runnable`` on the tool executor, streaming each outcome as it completes
+        into ``turn.outcomes``."""
+        budget, sid, ctrl = self.agent.budget, self.state.session_id, turn.ctrl
         if runnable:
             inbox = self.tool_inbox
             request = ExecuteTools(
@@ -846,7 +901,7 @@ class TurnRunner(Actor):
                 turn_id=turn.turn_id,
                 step=step,
                 calls=tuple(runnable),
-                tools={t.name: t for t in await agent_tools(self.host, agent)},
+                tools=tools,
                 default_timeout=budget.tool_timeout,
                 max_result_chars=budget.max_tool_result_chars,
                 reply=inbox,
@@ -870,10 +925,84 @@ class TurnRunner(Actor):
                     await self._tool_done(turn.turn_id, step, item, ctrl)
             finally:
                 request.cancel_scope.cancel()
-        return over
 
-    async def _tool_done(self, turn_id: str, step: int, oc: ToolOutcome, ctrl: Batcher) -> None:
-        await ctrl.send(ToolDone(step=step, outcome=oc))
+    # -- waiting for input (docs/approval.md, actors/suspension.py) ---------------------
+
+    async def _hold(self, turn: _Turn, step: int) -> None:
+        """Mark the step's held calls on their parts and ask for each approval."""
+        if not turn.held:
+            return
+        mark_held(turn.parts.content, turn.held)
+        for part, w in held_approvals(turn.parts.content, turn.held):
+            await turn.ctrl.send(
+                ApprovalAsked(
+                    step=step,
+                    tool_call_id=part.tool_call_id,
+                    tool_name=part.tool_name,
+                    approval_id=w.id,
+                )
+            )
+
+    async def _announce_waiting(self, turn: _Turn, step: int) -> None:
+        """The bus hears of each approval the suspended turn waits for (once stored)."""
+        for part, w in held_approvals(turn.parts.content, turn.held):
+            await self.publish(
+                ev.ToolApprovalRequested(
+                    session_id=self.state.session_id,
+                    turn_id=turn.turn_id,
+                    step=step,
+                    tool_call_id=part.tool_call_id,
+                    tool_name=part.tool_name,
+                    input=part.input,
+                    causation_id=w.id,
+                )
+            )
+
+    async def _resolve(self, turn: _Turn) -> bool:
+        """A resumed turn: give each call it waited for its result (run the approved
+        ones, deny the denied, take a client tool's output), commit them, then the step
+        loop goes on. ``False`` (nothing done) while a call is still undecided."""
+        waiting = waiting_parts(turn.parts.content, turn.results)
+        if not all(p.awaiting is not None and p.awaiting.decided for p in waiting):
+            return False
+        if not waiting:
+            return True
+        step = waiting[0].step
+        to_run: list[ToolCallSpec] = []
+        for part in waiting:
+            what = resolution(part)
+            if isinstance(what, ToolCallSpec):
+                to_run.append(what)
+                continue
+            turn.outcomes[what.tool_call_id] = what
+            w = part.awaiting
+            denied = w is not None and w.kind == APPROVAL
+            reason = w.reason if w is not None else None
+            await self._tool_done(turn.turn_id, step, what, turn.ctrl, denied=denied, reason=reason)
+        tools = {t.name: t for t in await agent_tools(self.host, self.agent)}
+        await self._execute(turn, step, to_run, tools)
+        for part in waiting:
+            self._add_result(turn, turn.outcomes[part.tool_call_id], part.step)
+        in_call_order(self.state.messages, turn.a_index)
+        self._snapshot(turn)
+        self._publish_history()
+        await self._save(turn, step)
+        return True
+
+    async def _tool_done(
+        self,
+        turn_id: str,
+        step: int,
+        oc: ToolOutcome,
+        ctrl: Batcher,
+        *,
+        denied: bool = False,
+        reason: str | None = None,
+    ) -> None:
+        if denied:
+            await ctrl.send(ToolDenied(step=step, outcome=oc, reason=reason))
+        else:
+            await ctrl.send(ToolDone(step=step, outcome=oc))
         await self._announce(
             ev.ToolCallCompleted(
                 session_id=self.state.session_id,
