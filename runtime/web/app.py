@@ -14,7 +14,10 @@ Hypercorn's Trio worker, see :mod:`runtime.web.serve`):
     Attachments over the agent's ``media_limits`` get 413, unusable ones 400. The server
     keeps the history: only the last user message is read. ``trigger:
     "regenerate-message"`` replaces the session's last turn instead of adding one. A
-    client that closes the connection cancels the turn (saved, marked interrupted).
+    client that closes the connection cancels the turn (saved, marked interrupted). A
+    body whose last message is the assistant's answers a turn waiting for input
+    (approvals, client tools' outputs: :mod:`runtime.web.answers`) and streams its
+    continuation in the same message (docs/approval.md).
 ``GET /api/sessions``, ``GET /api/sessions/{id}``
     The stored sessions; one session's messages in the runtime's JSON form
     (``messages``) and as AI SDK ``UIMessage`` s (``ui_messages``).
@@ -49,12 +52,13 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from runtime.agent import Agent
-from runtime.errors import SessionBusy
+from runtime.errors import NothingToResume, SessionBusy
 from runtime.host import Host
 from runtime.messages import UserContent
 from runtime.serde import unstructure
 from runtime.session import FINAL_WAIT
 from runtime.web import BODY_TIMEOUT, DEFAULT_MAX_BODY, SEND_TIMEOUT
+from runtime.web.answers import is_continuation, record_answers
 from runtime.web.chat_input import check_media, read_chat_request, title_of
 from runtime.web.guard import RequestGuard
 from runtime.web.http import ApiError, error_response, json_response
@@ -159,6 +163,8 @@ class TurnResponse:
         text: UserContent,
         *,
         regenerate: bool = False,
+        resume: bool = False,
+        announced: tuple[str, ...] = (),
         keepalive: float = KEEPALIVE,
         send_timeout: float | None = SEND_TIMEOUT,
         background: trio.Nursery | None = None,
@@ -166,6 +172,10 @@ class TurnResponse:
         self.session = session
         self.text = text
         self.regenerate = regenerate
+        self.resume = resume
+        """Run the continuation of the turn that waited for input (docs/approval.md)."""
+        self.announced = announced
+        """Calls the client knows: their input is not streamed again."""
         self.keepalive = keepalive
         self.send_timeout = send_timeout
         self.background = background
@@ -177,7 +187,7 @@ class TurnResponse:
         if session.busy:
             await _busy(session)(scope, receive, send)
             return
-        if "title" not in session.meta:
+        if "title" not in session.meta and not self.resume:
             session.set_title(title_of(self.text))
         started = False
         async with trio.open_nursery() as local:
@@ -185,13 +195,20 @@ class TurnResponse:
             # return (and Hypercorn close the connection) while a write is stuck; the local
             # one, the fallback, is left only after the turn is over and saved.
             try:
-                async with session.stream(self.text, regenerate=self.regenerate) as out:
+                turn = (
+                    session.resume()
+                    if self.resume
+                    else session.stream(self.text, regenerate=self.regenerate)
+                )
+                async with turn as out:
                     started = True
                     await self._stream(out, receive, send, self.background or local)
             except SessionBusy:
                 if started:
                     raise
                 await _busy(session)(scope, receive, send)
+            except NothingToResume as exc:
+                await error_response(409, str(exc))(scope, receive, send)
 
     async def _stream(
         self, out: Any, receive: Receive, send: Send, background: trio.Nursery
@@ -239,7 +256,7 @@ class TurnResponse:
                 if trio.current_time() >= last_write + self.keepalive:
                     await write(b": keep-alive\n\n")
 
-        encoder = UIStreamEncoder()
+        encoder = UIStreamEncoder(self.announced)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(watch_disconnect)
             if self.keepalive:
@@ -331,8 +348,18 @@ def _state(request: Request) -> WebState:
 
 async def chat(request: Request) -> Any:
     state = _state(request)
-    _, session_id, text, regenerate = await read_chat_request(request)
+    payload, session_id, text, regenerate = await read_chat_request(request)
     session = await state.session(session_id)
+    if is_continuation(payload):
+        return TurnResponse(
+            session,
+            "",
+            resume=True,
+            announced=await record_answers(session, payload),
+            keepalive=state.keepalive,
+            send_timeout=state.send_timeout,
+            background=state.background,
+        )
     check_media(text, session.agent)
     return TurnResponse(
         session,

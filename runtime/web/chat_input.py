@@ -18,6 +18,7 @@ from runtime.agent import Agent
 from runtime.errors import InvalidMedia, MediaTooLarge
 from runtime.media import check_limits, user_content
 from runtime.messages import File, Image, TextPart, UserContent
+from runtime.web.answers import is_continuation
 from runtime.web.http import ApiError, session_id_param, web_state
 
 TITLE_CHARS = 80
@@ -124,7 +125,8 @@ async def read_chat_request(request: Request) -> tuple[dict[str, Any], str, User
     if "id" not in payload:
         raise ApiError(400, "'id' (the session id) is required")
     session_id = session_id_param(payload["id"])
-    text = _last_user_input(payload.get("messages"))
+    # An answer for a waiting turn ends with the assistant message (runtime.web.answers).
+    text = "" if is_continuation(payload) else _last_user_input(payload.get("messages"))
     trigger = payload.get("trigger", "submit-message")
     if trigger not in ("submit-message", "regenerate-message"):
         raise ApiError(400, f"unknown trigger {trigger!r}")

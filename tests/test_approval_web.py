@@ -1,0 +1,150 @@
+"""The AI SDK's approval round trip over HTTP (embedded ``serve`` on SQLite): the stream
+asks, the continuation POST (the assistant message last) answers, the same message goes on."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+from actors.providers.scripted import ScriptedProvider, tool_call
+from runtime import Agent, Tool, tool
+from tests.test_web_http import body, events
+from tests.web.harness import web_server
+
+ran: list[str] = []
+
+
+@tool(needs_approval=True)
+async def delete_file(path: str) -> str:
+    """Delete a file."""
+    ran.append(path)
+    return f"deleted {path}"
+
+
+pick_color = Tool.client("pick_color", {"type": "object", "properties": {}}, "Pick a color.")
+
+
+def agent(first: list) -> Agent:
+    return Agent(provider=ScriptedProvider([first, ["done"]]), tools=[delete_file, pick_color])
+
+
+def answer(session_id: str, message_id: str, part: dict[str, Any]) -> dict[str, Any]:
+    """The continuation ``useChat`` sends: the conversation, the answered assistant
+    message last."""
+    sent = body(session_id)
+    sent["messages"].append(
+        {"id": message_id, "role": "assistant", "parts": [{"type": "step-start"}, part]}
+    )
+    sent["messageId"] = message_id
+    return sent
+
+
+def approval_part(approval_id: str, approved: bool, **extra: Any) -> dict[str, Any]:
+    return {
+        "type": "tool-delete_file",
+        "toolCallId": "D",
+        "state": "approval-responded",
+        "input": {"path": "/x"},
+        "approval": {"id": approval_id, "approved": approved, **extra},
+    }
+
+
+def request_of(chunks: list[Any]) -> dict[str, Any]:
+    """The stream's ``tool-approval-request`` chunk."""
+    return request_of(chunks)
+
+
+async def post(client: httpx.AsyncClient, sent: dict[str, Any]) -> list[Any]:
+    return events((await client.post("/api/chat", json=sent)).content)
+
+
+DELETE = [*tool_call("delete_file", {"path": "/x"}, tool_call_id="D")]
+
+
+async def test_the_stream_asks_and_the_continuation_post_approves_in_the_same_message(tmp_path):
+    ran.clear()
+    async with web_server(agent(DELETE), store=str(tmp_path / "w.db")) as server:
+        async with httpx.AsyncClient(base_url=server.url) as client:
+            first = events((await client.post("/api/chat", json=body("s"))).content)
+            asked = request_of(first)
+            assert asked["toolCallId"] == "D"
+            assert first[-2]["type"] == "finish" and first[-2]["finishReason"] == "tool-calls"
+            message_id = first[0]["messageId"]
+            r = await client.post(
+                "/api/chat", json=answer("s", message_id, approval_part(asked["approvalId"], True))
+            )
+            assert r.status_code == 200
+            second = events(r.content)
+    assert ran == ["/x"]
+    types = [c["type"] for c in second[:-1]]
+    assert second[0] == {"type": "start", "messageId": message_id}
+    assert types[1] == "tool-output-available" and second[1]["output"] == "deleted /x"
+    assert "tool-input-available" not in types and "tool-input-start" not in types
+    assert types[-1] == "finish" and second[-2]["finishReason"] == "stop"
+
+
+async def test_a_denial_over_http_streams_tool_output_denied():
+    ran.clear()
+    async with web_server(agent(DELETE)) as server:
+        async with httpx.AsyncClient(base_url=server.url) as client:
+            first = events((await client.post("/api/chat", json=body("s"))).content)
+            asked = request_of(first)
+            part = approval_part(asked["approvalId"], False, reason="no")
+            second = events(
+                (
+                    await client.post("/api/chat", json=answer("s", first[0]["messageId"], part))
+                ).content
+            )
+    assert ran == []
+    assert second[1] == {"type": "tool-output-denied", "toolCallId": "D"}
+
+
+async def test_a_client_tool_output_posted_back_continues_the_turn():
+    step = [*tool_call("pick_color", {}, tool_call_id="C")]
+    async with web_server(agent(step)) as server:
+        async with httpx.AsyncClient(base_url=server.url) as client:
+            first = events((await client.post("/api/chat", json=body("s"))).content)
+            assert not any(c != "[DONE]" and c["type"] == "tool-approval-request" for c in first)
+            part = {
+                "type": "tool-pick_color",
+                "toolCallId": "C",
+                "state": "output-available",
+                "input": {},
+                "output": "red",
+            }
+            second = events(
+                (
+                    await client.post("/api/chat", json=answer("s", first[0]["messageId"], part))
+                ).content
+            )
+    assert second[1] == {"type": "tool-output-available", "toolCallId": "C", "output": "red"}
+
+
+async def test_unknown_decided_and_foreign_approval_ids_get_4xx_and_change_nothing():
+    async with web_server(agent(DELETE)) as server:
+        async with httpx.AsyncClient(base_url=server.url) as client:
+            first = events((await client.post("/api/chat", json=body("s"))).content)
+            other = events((await client.post("/api/chat", json=body("other"))).content)
+            mine = request_of(first)
+            theirs = next(
+                c for c in other if c != "[DONE]" and c["type"] == "tool-approval-request"
+            )
+            mid = first[0]["messageId"]
+            before = await server.host.store.load("s")
+            unknown = await client.post(
+                "/api/chat", json=answer("s", mid, approval_part("approval_nope", True))
+            )
+            foreign = await client.post(
+                "/api/chat", json=answer("s", mid, approval_part(theirs["approvalId"], True))
+            )
+            assert (unknown.status_code, foreign.status_code) == (404, 404)
+            assert "approval_nope" in unknown.json()["error"]
+            assert (await server.host.store.load("s")).version == before.version
+            ok = await client.post(
+                "/api/chat", json=answer("s", mid, approval_part(mine["approvalId"], False))
+            )
+            again = await client.post(
+                "/api/chat", json=answer("s", mid, approval_part(mine["approvalId"], True))
+            )
+    assert ok.status_code == 200 and again.status_code == 409
