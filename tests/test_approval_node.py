@@ -51,7 +51,7 @@ async def chat_through_an_approval(node: str, tmp_path: Any, **answer: Any) -> t
 async def test_the_ai_package_approves_and_the_turn_continues_in_the_same_message(node, tmp_path):
     chat, stored = await chat_through_an_approval(node, tmp_path, approved=True)
     assert chat["error"] is None and chat["status"] == "ready"
-    first, second = chat["bodies"]
+    _, second = chat["bodies"]
     assert second["trigger"] == "submit-message" and second["messages"][-1]["role"] == "assistant"
     assert second["messageId"] == second["messages"][-1]["id"]
     assert ran == ["/x"]
