@@ -56,7 +56,7 @@ from actors.takeover import Committed, find_committed
 from runtime import events as ev
 from runtime.actor import Actor
 from runtime.agent import Agent
-from runtime.approval import APPROVAL, AWAITING_INPUT, pending_calls, supersede
+from runtime.approval import APPROVAL, AWAITING_INPUT, SUPERSEDED, pending_calls, supersede
 from runtime.chunks import (
     FinishChunk,
     ProviderDataChunk,
@@ -243,10 +243,12 @@ class TurnRunner(Actor):
             committed = find_committed(state.messages, message_id)
         if committed is None and run.regenerate:
             _cut_last_turn(state)
+        superseded: tuple[Any, ...] = ()
         if committed is None:
-            superseded = supersede(state.messages)  # a turn waiting for input gives way
-            if superseded is not None:
-                state.saved_upto = min(state.saved_upto, superseded)
+            superseded = pending_calls(state.messages)
+            at = supersede(state.messages)  # a turn waiting for input gives way
+            if at is not None:
+                state.saved_upto = min(state.saved_upto, at)
         turn = _Turn(
             turn_id=turn_id,
             start_index=len(state.messages),
@@ -270,6 +272,18 @@ class TurnRunner(Actor):
             await turn.ctrl.send(
                 TurnBegin(turn_id=turn.turn_id, message_id=turn.message_id, consumer=run.consumer)
             )
+            for call in superseded:
+                if call.kind == APPROVAL:
+                    await self.publish(
+                        ev.ToolApprovalDecided(
+                            session_id=sid,
+                            tool_call_id=call.tool_call_id,
+                            approved=False,
+                            reason=SUPERSEDED,
+                            turn_id=call.turn_id,
+                            causation_id=call.approval_id,
+                        )
+                    )
             await self._announce(
                 ev.TurnStarted(
                     session_id=sid,

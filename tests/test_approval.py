@@ -254,3 +254,47 @@ async def test_the_bus_hears_the_request_and_the_decision():
         seen = [events.inbox.get_nowait(), events.inbox.get_nowait()]
     assert [type(e) for e in seen] == [ToolApprovalRequested, ToolApprovalDecided]
     assert seen[1].approved is False and seen[1].reason == "no"
+
+
+async def test_an_mcp_servers_tool_needing_approval_suspends_the_same_way():
+    from tests.test_mcp import calling, stdio_server, tool_messages
+
+    agent = Agent(
+        provider=calling(("add", {"a": 1, "b": 2}), ("echo", {"text": "free"})),
+        tools=[stdio_server(needs_approval=["add"])],
+    )
+    async with Host.open(log_tap=False) as host:
+        session = await host.open_session(agent)
+        first = await session.run("go")
+        assert [p.tool_name for p in first.pending] == ["add"]
+        assert list(tool_messages(session)) == ["echo"]  # the free one ran
+        result = await session.respond(first.pending[0].approval_id, approved=True)
+    assert result.finish_reason == "stop"
+    assert tool_messages(session)["add"].output is not None
+
+
+async def test_an_agent_used_as_a_tool_can_need_approval():
+    helper = Agent(name="helper", provider=ScriptedProvider([["helped"]]))
+    parent = agent(
+        [*tool_call("helper", {"input": "do it"}, tool_call_id="H")],
+        ["ok"],
+        tools=[helper.as_tool(needs_approval=True)],
+    )
+    async with Host.open(log_tap=False) as host:
+        session = await host.open_session(parent)
+        first = await session.run("go")
+        result = await session.respond(first.pending[0].approval_id, approved=True)
+    assert [p.tool_name for p in first.pending] == ["helper"]
+    assert next(m for m in session.messages if isinstance(m, ToolMessage)).output == "helped"
+    assert result.finish_reason == "stop"
+
+
+async def test_a_superseded_approval_is_announced_as_denied():
+    provider = ScriptedProvider(turns=[[deleting()], [["fine"]]])
+    async with Host.open(log_tap=False) as host:
+        events = host.bus.subscribe([ToolApprovalDecided], name="t")
+        session = await host.open_session(Agent(provider=provider, tools=[delete_file]))
+        await session.run("go")
+        await session.run("something else")
+        decided = events.inbox.get_nowait()
+    assert (decided.tool_call_id, decided.approved, decided.reason) == ("D", False, "superseded")
