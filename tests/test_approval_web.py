@@ -52,7 +52,7 @@ def approval_part(approval_id: str, approved: bool, **extra: Any) -> dict[str, A
 
 def request_of(chunks: list[Any]) -> dict[str, Any]:
     """The stream's ``tool-approval-request`` chunk."""
-    return request_of(chunks)
+    return next(c for c in chunks if c != "[DONE]" and c["type"] == "tool-approval-request")
 
 
 async def post(client: httpx.AsyncClient, sent: dict[str, Any]) -> list[Any]:
@@ -148,3 +148,28 @@ async def test_unknown_decided_and_foreign_approval_ids_get_4xx_and_change_nothi
                 "/api/chat", json=answer("s", mid, approval_part(mine["approvalId"], True))
             )
     assert ok.status_code == 200 and again.status_code == 409
+
+
+async def test_a_continuation_is_refused_where_answers_are_not_taken():
+    import orjson
+    from starlette.requests import Request
+
+    from runtime.web.chat_input import read_chat_request
+    from runtime.web.http import ApiError
+
+    sent = orjson.dumps(answer("s", "m", approval_part("a", True)))
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": sent, "more_body": False}
+
+    class App:
+        class state:
+            axon = type("S", (), {"max_body": 1 << 20, "body_timeout": None})()
+
+    request = Request({"type": "http", "method": "POST", "headers": [], "app": App}, receive)
+    try:
+        await read_chat_request(request)
+    except ApiError as exc:
+        assert exc.status == 400 and "not supported here" in exc.message
+    else:
+        raise AssertionError("a continuation body was read as a new turn")

@@ -348,7 +348,7 @@ def _state(request: Request) -> WebState:
 
 async def chat(request: Request) -> Any:
     state = _state(request)
-    payload, session_id, text, regenerate = await read_chat_request(request)
+    payload, session_id, text, regenerate = await read_chat_request(request, answers=True)
     session = await state.session(session_id)
     if is_continuation(payload):
         return TurnResponse(

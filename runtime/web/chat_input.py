@@ -111,9 +111,15 @@ async def _read_body(request: Request, limit: int, within: float | None = None) 
     )
 
 
-async def read_chat_request(request: Request) -> tuple[dict[str, Any], str, UserContent, bool]:
+async def read_chat_request(
+    request: Request, *, answers: bool = False
+) -> tuple[dict[str, Any], str, UserContent, bool]:
     """A ``POST /api/chat`` body: ``(payload, session_id, last user input, regenerate)``,
-    every bad part a 4xx; the input checked against the session's agent's media limits."""
+    every bad part a 4xx; the input checked against the session's agent's media limits.
+
+    A body whose last message is the assistant's answers a turn waiting for input
+    (:mod:`runtime.web.answers`): taken only with ``answers`` (its input is then ``""``),
+    a 400 otherwise, never read as a new turn of the last user message."""
     state = web_state(request)
     raw = await _read_body(request, state.max_body, state.body_timeout)
     try:
@@ -126,6 +132,8 @@ async def read_chat_request(request: Request) -> tuple[dict[str, Any], str, User
         raise ApiError(400, "'id' (the session id) is required")
     session_id = session_id_param(payload["id"])
     # An answer for a waiting turn ends with the assistant message (runtime.web.answers).
+    if is_continuation(payload) and not answers:
+        raise ApiError(400, "answering a turn that waits for input is not supported here yet")
     text = "" if is_continuation(payload) else _last_user_input(payload.get("messages"))
     trigger = payload.get("trigger", "submit-message")
     if trigger not in ("submit-message", "regenerate-message"):
