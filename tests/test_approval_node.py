@@ -4,6 +4,8 @@ the continuation it sends itself streams into the same assistant message."""
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
 from typing import Any
 
 import httpx
@@ -12,7 +14,7 @@ import trio
 
 from actors.providers.scripted import ScriptedProvider, tool_call
 from runtime import Agent, tool
-from tests.web.harness import WEB, ensure_ai_package, web_server
+from tests.web.harness import NPM_TIMEOUT, WEB, ensure_ai_package, web_server
 
 ran: list[str] = []
 
@@ -24,9 +26,40 @@ async def delete_file(path: str) -> str:
     return f"deleted {path}"
 
 
+AI6 = WEB / "ai6"
+
+
 @pytest.fixture(scope="module")
 def node() -> str:
     return ensure_ai_package()
+
+
+def ai6_entry() -> str:
+    """The file URL of ``ai`` 6's ESM entry (npm install in tests/web/ai6 on first use);
+    skips the test when the install fails."""
+    entry = AI6 / "node_modules" / "ai" / "dist" / "index.mjs"
+    if not entry.exists():
+        npm = shutil.which("npm")
+        if npm is None:
+            pytest.skip("npm not installed")
+        try:
+            subprocess.run(
+                [npm, "install", "--no-audit", "--no-fund", "--loglevel=error"],
+                cwd=AI6,
+                capture_output=True,
+                timeout=NPM_TIMEOUT,
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            pytest.skip(f"npm install of ai@6 failed: {exc}")
+        if not entry.exists():
+            pytest.skip("npm install of ai@6 failed")
+    return entry.as_uri()
+
+
+@pytest.fixture(scope="module", params=["ai7", "ai6"])
+def ai(request: pytest.FixtureRequest, node: str) -> dict[str, str]:
+    """Which ``ai`` package drives the chat: the pinned 7, or 6."""
+    return {} if request.param == "ai7" else {"ai": ai6_entry()}
 
 
 def agent() -> Agent:
@@ -48,8 +81,10 @@ async def chat_through_an_approval(node: str, tmp_path: Any, **answer: Any) -> t
     return json.loads(proc.stdout), stored
 
 
-async def test_the_ai_package_approves_and_the_turn_continues_in_the_same_message(node, tmp_path):
-    chat, stored = await chat_through_an_approval(node, tmp_path, approved=True)
+async def test_the_ai_package_approves_and_the_turn_continues_in_the_same_message(
+    node, ai, tmp_path
+):
+    chat, stored = await chat_through_an_approval(node, tmp_path, approved=True, **ai)
     assert chat["error"] is None and chat["status"] == "ready"
     _, second = chat["bodies"]
     assert second["trigger"] == "submit-message" and second["messages"][-1]["role"] == "assistant"
@@ -66,8 +101,8 @@ async def test_the_ai_package_approves_and_the_turn_continues_in_the_same_messag
     assert (message["id"], message["parts"]) == (saved["id"], saved["parts"])
 
 
-async def test_the_ai_package_denies_and_sees_the_denial(node, tmp_path):
-    chat, _ = await chat_through_an_approval(node, tmp_path, approved=False, reason="no")
+async def test_the_ai_package_denies_and_sees_the_denial(node, ai, tmp_path):
+    chat, _ = await chat_through_an_approval(node, tmp_path, approved=False, reason="no", **ai)
     assert chat["error"] is None and ran == []
     message = chat["messages"][-1]
     tool_part = next(p for p in message["parts"] if p["type"] == "tool-delete_file")

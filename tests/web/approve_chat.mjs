@@ -8,11 +8,11 @@
 //
 // Prints one JSON object: the request bodies sent, the chat's final messages, its status
 // and error (if any).
-import {
-  AbstractChat,
-  DefaultChatTransport,
-  lastAssistantMessageIsCompleteWithApprovalResponses,
-} from "ai";
+// With "ai": a file URL of another copy of the package (ai@6), that one is used.
+
+const config = JSON.parse(process.argv[2]);
+const { AbstractChat, DefaultChatTransport, lastAssistantMessageIsCompleteWithApprovalResponses } =
+  await import(config.ai ?? "ai");
 
 class State {
   status = "ready";
@@ -38,7 +38,6 @@ class Chat extends AbstractChat {
   }
 }
 
-const config = JSON.parse(process.argv[2]);
 const bodies = [];
 const transport = new DefaultChatTransport({
   api: `${config.url}/api/chat`,
