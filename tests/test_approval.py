@@ -11,6 +11,7 @@ from runtime import Agent, Host, Tool, ToolMessage, tool
 from runtime.errors import AlreadyDecided, InvalidDecision, NothingToResume, UnknownApproval
 from runtime.events import ToolApprovalDecided, ToolApprovalRequested
 from runtime.messages import AssistantMessage, UserMessage
+from tests.support.grammar import check_grammar
 
 ran: list[str] = []
 
@@ -73,6 +74,7 @@ async def test_a_call_needing_approval_suspends_the_turn_with_its_request_stored
         _, result, chunks = await suspended(host, deleting())
         record = await host.store.load("s")
     assert ran == []
+    check_grammar(chunks)
     assert result.finish_reason == "awaiting-input"
     asked = [c for c in chunks if c.type == "tool-approval-request"]
     assert [(c.tool_call_id, c.approval_id) for c in asked] == [
@@ -125,6 +127,7 @@ async def test_a_denial_reaches_the_model_with_its_reason_and_streams_tool_outpu
         async with session.resume() as out:
             chunks = [c async for c in out]
     assert ran == []
+    check_grammar(chunks)
     denied = [c for c in chunks if c.type == "tool-output-denied"]
     assert [(c.tool_call_id, c.reason) for c in denied] == [("D", "not today")]
     assert chunks[0].type == "start" and chunks[0].message_id == first.message.id
