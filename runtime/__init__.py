@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from runtime.actor import Actor, RestartPolicy, Supervisor
 from runtime.agent import Agent, Hooks
+from runtime.approval import PendingCall
 from runtime.budget import Budget
 from runtime.bus import Bus, Subscription
 from runtime.chunks import (
@@ -36,6 +37,7 @@ from runtime.chunks import (
 )
 from runtime.errors import (
     ActorFailed,
+    AlreadyDecided,
     AuthenticationFailed,
     AxonError,
     BadRequest,
@@ -43,6 +45,8 @@ from runtime.errors import (
     ConfigurationError,
     ConnectionLost,
     ContextTooLong,
+    DecisionError,
+    InvalidDecision,
     InvalidHistory,
     InvalidMedia,
     InvalidSessionId,
@@ -50,6 +54,7 @@ from runtime.errors import (
     MalformedStream,
     MediaError,
     MediaTooLarge,
+    NothingToResume,
     Overloaded,
     ProviderError,
     ProviderTimeout,
@@ -63,6 +68,7 @@ from runtime.errors import (
     StoreError,
     StoreUnavailable,
     ToolDefinitionError,
+    UnknownApproval,
     UnsupportedMedia,
 )
 from runtime.events import Event
@@ -71,6 +77,7 @@ from runtime.logging import configure_logging
 from runtime.media import MediaLimits
 from runtime.messages import (
     AssistantMessage,
+    Awaiting,
     File,
     Image,
     Message,
@@ -118,8 +125,10 @@ __all__ = [
     "Actor",
     "ActorFailed",
     "Agent",
+    "AlreadyDecided",
     "AssistantMessage",
     "AuthenticationFailed",
+    "Awaiting",
     "AxonError",
     "BadRequest",
     "Budget",
@@ -128,6 +137,7 @@ __all__ = [
     "ConfigurationError",
     "ConnectionLost",
     "ContextTooLong",
+    "DecisionError",
     "Event",
     "File",
     "FinishChunk",
@@ -135,6 +145,7 @@ __all__ = [
     "Host",
     "Image",
     "Inbox",
+    "InvalidDecision",
     "InvalidHistory",
     "InvalidMedia",
     "InvalidSessionId",
@@ -144,9 +155,11 @@ __all__ = [
     "MediaLimits",
     "MediaTooLarge",
     "Message",
+    "NothingToResume",
     "OutputChunk",
     "Overloaded",
     "Part",
+    "PendingCall",
     "Provider",
     "ProviderDataChunk",
     "ProviderDataPart",
@@ -185,6 +198,7 @@ __all__ = [
     "ToolMessage",
     "TurnResult",
     "TurnStream",
+    "UnknownApproval",
     "UnsupportedMedia",
     "Usage",
     "UsageChunk",

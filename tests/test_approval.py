@@ -8,7 +8,7 @@ import trio
 
 from actors.providers.scripted import ScriptedProvider, tool_call
 from runtime import Agent, Host, Tool, ToolMessage, tool
-from runtime.errors import AlreadyDecided, InvalidDecision, NothingToResume, UnknownApproval
+from runtime import AlreadyDecided, InvalidDecision, NothingToResume, UnknownApproval
 from runtime.events import ToolApprovalDecided, ToolApprovalRequested
 from runtime.messages import AssistantMessage, UserMessage
 from tests.support.grammar import check_grammar
