@@ -7,8 +7,17 @@ import pytest
 import trio
 
 from actors.providers.scripted import ScriptedProvider, tool_call
-from runtime import Agent, Host, Tool, ToolMessage, tool
-from runtime import AlreadyDecided, InvalidDecision, NothingToResume, UnknownApproval
+from runtime import (
+    Agent,
+    AlreadyDecided,
+    Host,
+    InvalidDecision,
+    NothingToResume,
+    Tool,
+    ToolMessage,
+    UnknownApproval,
+    tool,
+)
 from runtime.events import ToolApprovalDecided, ToolApprovalRequested
 from runtime.messages import AssistantMessage, UserMessage
 from tests.support.grammar import check_grammar
