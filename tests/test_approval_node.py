@@ -13,7 +13,7 @@ import pytest
 import trio
 
 from actors.providers.scripted import ScriptedProvider, tool_call
-from runtime import Agent, tool
+from runtime import Agent, Tool, tool
 from tests.web.harness import NPM_TIMEOUT, WEB, ensure_ai_package, web_server
 
 ran: list[str] = []
@@ -62,15 +62,20 @@ def ai(request: pytest.FixtureRequest, node: str) -> dict[str, str]:
     return {} if request.param == "ai7" else {"ai": ai6_entry()}
 
 
-def agent() -> Agent:
-    steps = [["Deleting. ", *tool_call("delete_file", {"path": "/x"}, tool_call_id="D")], ["Gone."]]
-    return Agent(provider=ScriptedProvider(steps), tools=[delete_file])
+pick_color = Tool.client("pick_color", {"type": "object", "properties": {}}, "Pick a color.")
+
+
+def agent(call: str = "delete_file") -> Agent:
+    args = {"path": "/x"} if call == "delete_file" else {}
+    steps = [["Deleting. ", *tool_call(call, args, tool_call_id="D")], ["Gone."]]
+    return Agent(provider=ScriptedProvider(steps), tools=[delete_file, pick_color])
 
 
 async def chat_through_an_approval(node: str, tmp_path: Any, **answer: Any) -> tuple[dict, dict]:
     """The chat's outcome and the stored session, for one approval answered ``answer``."""
     ran.clear()
-    async with web_server(agent(), store=str(tmp_path / "w.db")) as server:
+    tool_name = "pick_color" if "clientOutput" in answer else "delete_file"
+    async with web_server(agent(tool_name), store=str(tmp_path / "w.db")) as server:
         config = json.dumps({"url": server.url, "chatId": "s", **answer})
         with trio.fail_after(60):
             proc = await trio.run_process(
@@ -108,3 +113,13 @@ async def test_the_ai_package_denies_and_sees_the_denial(node, ai, tmp_path):
     tool_part = next(p for p in message["parts"] if p["type"] == "tool-delete_file")
     assert tool_part["state"] == "output-denied"
     assert tool_part["approval"]["approved"] is False and tool_part["approval"]["reason"] == "no"
+
+
+async def test_the_ai_package_supplies_a_client_tools_output(node, ai, tmp_path):
+    chat, stored = await chat_through_an_approval(node, tmp_path, clientOutput="red", **ai)
+    assert chat["error"] is None and len(chat["bodies"]) == 2
+    message = chat["messages"][-1]
+    tool_part = next(p for p in message["parts"] if p["type"] == "tool-pick_color")
+    assert tool_part["state"] == "output-available" and tool_part["output"] == "red"
+    assert [p["text"] for p in message["parts"] if p["type"] == "text"] == ["Deleting. ", "Gone."]
+    assert message["parts"] == stored["ui_messages"][-1]["parts"]

@@ -1,7 +1,9 @@
 // Drives Axon's POST /api/chat with the `ai` package's AbstractChat (what useChat wraps)
 // through a tool approval: sendMessage, then addToolApprovalResponse, which sends the
 // continuation itself (sendAutomaticallyWhen:
-// lastAssistantMessageIsCompleteWithApprovalResponses).
+// lastAssistantMessageIsCompleteWithApprovalResponses). With "clientOutput", through a
+// client-side tool instead: addToolOutput, sent with
+// lastAssistantMessageIsCompleteWithToolCalls.
 //
 //   node approve_chat.mjs '{"url": "http://127.0.0.1:PORT", "chatId": "s",
 //                           "approved": true, "reason": "ok"}'
@@ -11,8 +13,13 @@
 // With "ai": a file URL of another copy of the package (ai@6), that one is used.
 
 const config = JSON.parse(process.argv[2]);
-const { AbstractChat, DefaultChatTransport, lastAssistantMessageIsCompleteWithApprovalResponses } =
-  await import(config.ai ?? "ai");
+const {
+  AbstractChat,
+  DefaultChatTransport,
+  lastAssistantMessageIsCompleteWithApprovalResponses,
+  lastAssistantMessageIsCompleteWithToolCalls,
+} = await import(config.ai ?? "ai");
+const clientTool = config.clientOutput !== undefined;
 
 class State {
   status = "ready";
@@ -49,7 +56,9 @@ const transport = new DefaultChatTransport({
 const chat = new Chat({
   id: config.chatId,
   transport,
-  sendAutomaticallyWhen: lastAssistantMessageIsCompleteWithApprovalResponses,
+  sendAutomaticallyWhen: clientTool
+    ? lastAssistantMessageIsCompleteWithToolCalls
+    : lastAssistantMessageIsCompleteWithApprovalResponses,
 });
 
 const settle = async (requests) => {
@@ -65,7 +74,15 @@ await settle(1);
 const asked = chat.messages
   .at(-1)
   .parts.find((p) => p.state === "approval-requested");
-if (asked) {
+const call = chat.messages.at(-1).parts.find((p) => p.state === "input-available");
+if (clientTool && call) {
+  await chat.addToolOutput({
+    tool: call.type.slice("tool-".length),
+    toolCallId: call.toolCallId,
+    output: config.clientOutput,
+  });
+  await settle(2);
+} else if (asked) {
   await chat.addToolApprovalResponse({
     id: asked.approval.id,
     approved: config.approved,
