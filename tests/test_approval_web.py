@@ -173,3 +173,18 @@ async def test_a_continuation_is_refused_where_answers_are_not_taken():
         assert exc.status == 400 and "not supported here" in exc.message
     else:
         raise AssertionError("a continuation body was read as a new turn")
+
+
+async def test_an_answer_that_leaves_calls_waiting_is_recorded_and_resumes_nothing():
+    ran.clear()
+    two = [*DELETE, *tool_call("delete_file", {"path": "/y"}, tool_call_id="E")]
+    async with web_server(agent(two)) as server:
+        async with httpx.AsyncClient(base_url=server.url) as client:
+            first = await post(client, body("s"))
+            approval_id = request_of(first)["approvalId"]
+            r = await client.post(
+                "/api/chat",
+                json=answer("s", first[0]["messageId"], approval_part(approval_id, True)),
+            )
+    assert (r.status_code, r.json()) == (202, {"recorded": True, "waiting": 1})
+    assert ran == []

@@ -7,14 +7,16 @@ id): each approval it answered is a tool part in state ``approval-responded`` wi
 state ``output-available`` (``output``) or ``output-error`` (``errorText``).
 :func:`record_answers` reads those answers, checks them all against the stored turn
 first (an unknown, foreign or decided id, or an answer of the wrong kind, is a 4xx and
-nothing is recorded), then records each (:meth:`runtime.session.Session.decide`).
+nothing is recorded), then records each (:meth:`runtime.session.Session.decide`). The
+request whose answers complete the turn's decisions streams its continuation; one that
+leaves calls waiting gets 202 (``{"recorded": n, "waiting": m}``).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from runtime.approval import Decision, decide, waiting_calls
+from runtime.approval import Decision, PendingCall, decide, pending_calls, waiting_calls
 from runtime.errors import AlreadyDecided, DecisionError, InvalidDecision, UnknownApproval
 from runtime.web.http import ApiError
 
@@ -60,10 +62,12 @@ def _answers(message: dict[str, Any], waiting_ids: set[str]) -> list[tuple[str, 
     return out
 
 
-async def record_answers(session: Any, payload: dict[str, Any]) -> tuple[str, ...]:
+async def record_answers(session: Any, payload: dict[str, Any]) -> tuple[tuple[str, ...], bool]:
     """Record the answers of a continuation body for ``session``; returns the ids of the
-    calls the turn waited for (the client knows them: their input is not sent again).
-    Every answer is checked before any is recorded."""
+    calls the turn waited for (the client knows them: their input is not sent again) and
+    whether this body's answers completed the turn's decisions: only then does this
+    request resume the turn (two requests never both resume it). Every answer is checked
+    before any is recorded."""
     message = payload["messages"][-1]
     if session.busy:
         raise ApiError(409, f"session {session.id!r} is already running a turn")
@@ -80,17 +84,25 @@ async def record_answers(session: Any, payload: dict[str, Any]) -> tuple[str, ..
     try:
         for key, decision in answers:  # all checked first: a bad one records nothing
             _, stored, _, _ = decide(stored, key, decision, tools)
+        complete = False
         for key, decision in answers:
-            await session.decide(
+            recorded = await session.decide(
                 key,
                 approved=decision.approved,
                 reason=decision.reason,
                 error=decision.error,
                 **({"output": decision.output} if decision.has_output else {}),
             )
+            complete = recorded.complete
     except DecisionError as exc:
         raise ApiError(_STATUS.get(type(exc), 400), str(exc)) from None
-    return tuple(c.tool_call_id for c in waiting)
+    return tuple(c.tool_call_id for c in waiting), complete
 
 
-__all__ = ["is_continuation", "record_answers"]
+async def pending_in_store(session: Any) -> tuple[PendingCall, ...]:
+    """The calls ``session``'s stored last turn still waits for, undecided."""
+    record = await session.host.store.load(session.id)
+    return pending_calls(record.messages) if record is not None else ()
+
+
+__all__ = ["is_continuation", "pending_in_store", "record_answers"]

@@ -58,7 +58,7 @@ from runtime.messages import UserContent
 from runtime.serde import unstructure
 from runtime.session import FINAL_WAIT
 from runtime.web import BODY_TIMEOUT, DEFAULT_MAX_BODY, SEND_TIMEOUT
-from runtime.web.answers import is_continuation, record_answers
+from runtime.web.answers import is_continuation, pending_in_store, record_answers
 from runtime.web.chat_input import check_media, read_chat_request, title_of
 from runtime.web.guard import RequestGuard
 from runtime.web.http import ApiError, error_response, json_response
@@ -351,11 +351,15 @@ async def chat(request: Request) -> Any:
     payload, session_id, text, regenerate = await read_chat_request(request, answers=True)
     session = await state.session(session_id)
     if is_continuation(payload):
+        announced, complete = await record_answers(session, payload)
+        if not complete:  # other calls still wait: whoever decides the last one resumes
+            waiting = len(await pending_in_store(session))
+            return json_response({"recorded": True, "waiting": waiting}, 202)
         return TurnResponse(
             session,
             "",
             resume=True,
-            announced=await record_answers(session, payload),
+            announced=announced,
             keepalive=state.keepalive,
             send_timeout=state.send_timeout,
             background=state.background,
