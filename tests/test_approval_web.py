@@ -3,9 +3,17 @@ asks, the continuation POST (the assistant message last) answers, the same messa
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import httpx
+import trio
 
 from actors.providers.scripted import ScriptedProvider, tool_call
 from runtime import Agent, Tool, tool
@@ -188,3 +196,77 @@ async def test_an_answer_that_leaves_calls_waiting_is_recorded_and_resumes_nothi
             )
     assert (r.status_code, r.json()) == (202, {"recorded": True, "waiting": 1})
     assert ran == []
+
+
+# -- a real `serve` process, stopped and started again between the request and the answer
+
+
+@tool(needs_approval=True)
+async def write_mark(path: str) -> str:
+    """Append a mark to a file."""
+    with open(path, "a") as f:  # noqa: ASYNC230 - a tiny local write
+        f.write("x")
+    return "marked"
+
+
+served = Agent(
+    provider=ScriptedProvider(
+        [
+            [
+                *tool_call(
+                    "write_mark", {"path": os.environ.get("AXON_TEST_MARK", "")}, tool_call_id="M"
+                )
+            ],
+            ["done"],
+        ]
+    ),
+    tools=[write_mark],
+)
+"""What ``serve --agent tests.test_approval_web:served`` runs."""
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@asynccontextmanager
+async def serve(db: Path, mark: Path) -> AsyncIterator[str]:
+    """``python -m runtime.web.serve`` on ``db``; its URL. SIGTERM on leaving (exit 0)."""
+    proc = await trio.lowlevel.open_process(
+        [
+            *(sys.executable, "-m", "runtime.web.serve", "--port", "0", "--store", str(db)),
+            *("--agent", "tests.test_approval_web:served"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "AXON_TEST_MARK": str(mark)},
+        cwd=ROOT,
+    )
+    try:
+        with trio.fail_after(30):
+            line = b""
+            while not line.endswith(b"\n"):
+                line += await proc.stdout.receive_some(1)
+            yield line.decode().split(" on ", 1)[1].split()[0].rstrip("/")
+            proc.send_signal(signal.SIGTERM)
+            assert await proc.wait() == 0
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
+async def test_serve_stopped_between_request_and_approval_resumes_after_a_restart(tmp_path):
+    db, mark = tmp_path / "serve.db", tmp_path / "mark"
+    async with serve(db, mark) as url, httpx.AsyncClient(base_url=url) as client:
+        first = await post(client, body("s"))
+    assert request_of(first)["toolCallId"] == "M" and not mark.exists()
+    async with serve(db, mark) as url, httpx.AsyncClient(base_url=url) as client:
+        part = {**approval_part(request_of(first)["approvalId"], True), "toolCallId": "M"}
+        second = await post(client, answer("s", first[0]["messageId"], part))
+        stored = (await client.get("/api/sessions/s")).json()
+    assert mark.read_text() == "x"  # ran once, in the second process
+    assert second[0] == {"type": "start", "messageId": first[0]["messageId"]}
+    assert second[1] == {"type": "tool-output-available", "toolCallId": "M", "output": "marked"}
+    call = stored["messages"][1]["content"][0]
+    assert call["awaiting"]["approved"] is True  # the request and the decision, stored
+    assert stored["messages"][2]["output"] == "marked"  # and the result
