@@ -15,15 +15,21 @@ tool's output), before the step loop goes on after the suspended step.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from actors.mcp import agent_tools
+from runtime import events as ev
 from runtime.approval import APPROVAL, CLIENT, denial_text
 from runtime.ids import new_id
 from runtime.messages import Awaiting, Message, Part, ToolCallPart, ToolMessage
-from runtime.protocol import ToolCallSpec, ToolOutcome
+from runtime.protocol import ApprovalAsked, ToolCallSpec, ToolOutcome
 from runtime.tools import Tool, ToolContext, ToolInputError
+
+if TYPE_CHECKING:
+    from runtime.agent import Agent
+    from runtime.protocol import Batcher, SaveRequest, SessionState
 
 
 def in_process_approver(host: Any) -> bool:
@@ -156,3 +162,99 @@ def in_call_order(messages: list[Message], a_index: int) -> None:
     tools = messages[a_index + 1 : end]
     tools.sort(key=lambda m: order.get(getattr(m, "tool_call_id", ""), len(order)))
     messages[a_index + 1 : end] = tools
+
+
+class Suspending:
+    """The turn runner's part that suspends a turn and resumes it (mixed into
+    :class:`~actors.turn_runner.TurnRunner`, whose turn state and helpers it uses)."""
+
+    if TYPE_CHECKING:  # provided by the turn runner
+        state: SessionState
+        agent: Agent
+        host: Any
+
+        async def publish(self, event: Any) -> None: ...
+
+        async def _execute(
+            self, turn: Any, step: int, runnable: list[ToolCallSpec], tools: dict[str, Any]
+        ) -> None: ...
+
+        async def _tool_done(
+            self,
+            turn_id: str,
+            step: int,
+            oc: ToolOutcome,
+            ctrl: Batcher,
+            *,
+            denied: bool = False,
+            reason: str | None = None,
+        ) -> None: ...
+
+        def _add_result(self, turn: Any, oc: ToolOutcome, step: int) -> None: ...
+
+        def _snapshot(self, turn: Any) -> None: ...
+
+        def _publish_history(self) -> None: ...
+
+        async def _save(self, turn: Any, step: int | None) -> SaveRequest: ...
+
+    async def _hold(self, turn: Any, step: int) -> None:
+        """Mark the step's held calls on their parts and ask for each approval."""
+        if not turn.held:
+            return
+        mark_held(turn.parts.content, turn.held)
+        for part, w in held_approvals(turn.parts.content, turn.held):
+            await turn.ctrl.send(
+                ApprovalAsked(
+                    step=step,
+                    tool_call_id=part.tool_call_id,
+                    tool_name=part.tool_name,
+                    approval_id=w.id,
+                )
+            )
+
+    async def _announce_waiting(self, turn: Any, step: int) -> None:
+        """The bus hears of each approval the suspended turn waits for (once stored)."""
+        for part, w in held_approvals(turn.parts.content, turn.held):
+            await self.publish(
+                ev.ToolApprovalRequested(
+                    session_id=self.state.session_id,
+                    turn_id=turn.turn_id,
+                    step=step,
+                    tool_call_id=part.tool_call_id,
+                    tool_name=part.tool_name,
+                    input=part.input,
+                    causation_id=w.id,
+                )
+            )
+
+    async def _resolve(self, turn: Any) -> bool:
+        """A resumed turn: give each call it waited for its result (run the approved
+        ones, deny the denied, take a client tool's output), commit them, then the step
+        loop goes on. ``False`` (nothing done) while a call is still undecided."""
+        waiting = waiting_parts(turn.parts.content, turn.results)
+        if not all(p.awaiting is not None and p.awaiting.decided for p in waiting):
+            return False
+        if not waiting:
+            return True
+        step = waiting[0].step
+        to_run: list[ToolCallSpec] = []
+        for part in waiting:
+            what = resolution(part)
+            if isinstance(what, ToolCallSpec):
+                to_run.append(what)
+                continue
+            turn.outcomes[what.tool_call_id] = what
+            w = part.awaiting
+            denied = w is not None and w.kind == APPROVAL
+            reason = w.reason if w is not None else None
+            await self._tool_done(turn.turn_id, step, what, turn.ctrl, denied=denied, reason=reason)
+        tools = {t.name: t for t in await agent_tools(self.host, self.agent)}
+        await self._execute(turn, step, to_run, tools)
+        for part in waiting:
+            self._add_result(turn, turn.outcomes[part.tool_call_id], part.step)
+        in_call_order(self.state.messages, turn.a_index)
+        self._snapshot(turn)
+        self._publish_history()
+        await self._save(turn, step)
+        return True

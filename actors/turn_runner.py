@@ -42,15 +42,11 @@ from actors.parts import PartsManager
 from actors.session_sync import Adopted, adopt_record, adopt_save
 from actors.structured import StructuredTurn, observe, output_value, with_feedback
 from actors.suspension import (
+    Suspending,
     awaiting,
-    held_approvals,
     hold_context,
     hold_kind,
-    in_call_order,
     in_process_approver,
-    mark_held,
-    resolution,
-    waiting_parts,
 )
 from actors.takeover import Committed, find_committed
 from runtime import events as ev
@@ -82,7 +78,6 @@ from runtime.messages import (
 )
 from runtime.output import ErrorInfo
 from runtime.protocol import (
-    ApprovalAsked,
     Batch,
     Batcher,
     BeginRequest,
@@ -174,8 +169,9 @@ def _cut_last_turn(state: SessionState) -> None:
             return
 
 
-class TurnRunner(Actor):
-    """Per-session actor running turns, one at a time."""
+class TurnRunner(Suspending, Actor):
+    """Per-session actor running turns, one at a time. How a turn suspends for input and
+    resumes comes from :class:`~actors.suspension.Suspending`."""
 
     inbox_capacity = 16
 
@@ -939,69 +935,6 @@ class TurnRunner(Actor):
                     await self._tool_done(turn.turn_id, step, item, ctrl)
             finally:
                 request.cancel_scope.cancel()
-
-    # -- waiting for input (docs/approval.md, actors/suspension.py) ---------------------
-
-    async def _hold(self, turn: _Turn, step: int) -> None:
-        """Mark the step's held calls on their parts and ask for each approval."""
-        if not turn.held:
-            return
-        mark_held(turn.parts.content, turn.held)
-        for part, w in held_approvals(turn.parts.content, turn.held):
-            await turn.ctrl.send(
-                ApprovalAsked(
-                    step=step,
-                    tool_call_id=part.tool_call_id,
-                    tool_name=part.tool_name,
-                    approval_id=w.id,
-                )
-            )
-
-    async def _announce_waiting(self, turn: _Turn, step: int) -> None:
-        """The bus hears of each approval the suspended turn waits for (once stored)."""
-        for part, w in held_approvals(turn.parts.content, turn.held):
-            await self.publish(
-                ev.ToolApprovalRequested(
-                    session_id=self.state.session_id,
-                    turn_id=turn.turn_id,
-                    step=step,
-                    tool_call_id=part.tool_call_id,
-                    tool_name=part.tool_name,
-                    input=part.input,
-                    causation_id=w.id,
-                )
-            )
-
-    async def _resolve(self, turn: _Turn) -> bool:
-        """A resumed turn: give each call it waited for its result (run the approved
-        ones, deny the denied, take a client tool's output), commit them, then the step
-        loop goes on. ``False`` (nothing done) while a call is still undecided."""
-        waiting = waiting_parts(turn.parts.content, turn.results)
-        if not all(p.awaiting is not None and p.awaiting.decided for p in waiting):
-            return False
-        if not waiting:
-            return True
-        step = waiting[0].step
-        to_run: list[ToolCallSpec] = []
-        for part in waiting:
-            what = resolution(part)
-            if isinstance(what, ToolCallSpec):
-                to_run.append(what)
-                continue
-            turn.outcomes[what.tool_call_id] = what
-            w = part.awaiting
-            denied = w is not None and w.kind == APPROVAL
-            reason = w.reason if w is not None else None
-            await self._tool_done(turn.turn_id, step, what, turn.ctrl, denied=denied, reason=reason)
-        tools = {t.name: t for t in await agent_tools(self.host, self.agent)}
-        await self._execute(turn, step, to_run, tools)
-        for part in waiting:
-            self._add_result(turn, turn.outcomes[part.tool_call_id], part.step)
-        in_call_order(self.state.messages, turn.a_index)
-        self._snapshot(turn)
-        self._publish_history()
-        await self._save(turn, step)
-        return True
 
     async def _tool_done(
         self,
