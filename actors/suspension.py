@@ -55,8 +55,8 @@ def hold_kind(
 ) -> str | None:
     """``"client"`` or ``"approval"`` when the call suspends the turn, else ``None``
     (it runs now; an unknown tool or bad input runs too, into its error result)."""
-    if tool is None:
-        return None
+    if tool is None or not (tool.is_client or (tool.needs_approval and not approver_in_process)):
+        return None  # the common case, decided without validating the input twice
     try:
         arguments = tool.validate(call_input)
     except ToolInputError:

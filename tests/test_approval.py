@@ -310,3 +310,27 @@ async def test_a_superseded_approval_is_announced_as_denied():
         await session.run("something else")
         decided = events.inbox.get_nowait()
     assert (decided.tool_call_id, decided.approved, decided.reason) == ("D", False, "superseded")
+
+
+async def test_a_turn_can_wait_twice_in_one_message():
+    steps = [
+        deleting(),
+        [*tool_call("delete_file", {"path": "/y"}, tool_call_id="E")],
+        ["both done"],
+    ]
+    async with Host.open(log_tap=False) as host:
+        session = await host.open_session(agent(*steps))
+        first = await session.run("go")
+        second = await session.respond(first.pending[0].approval_id, approved=True)
+        assert second.finish_reason == "awaiting-input"
+        assert [p.tool_call_id for p in second.pending] == ["E"]
+        third = await session.respond(second.pending[0].approval_id, approved=True)
+    assert third.text == "both done" and ran == ["/x", "/y"]
+    assert first.message.id == second.message.id == third.message.id
+    assert [p.step for p in third.message.content] == [0, 1, 2]
+    assert [type(m).__name__ for m in session.messages] == [
+        "UserMessage",
+        "AssistantMessage",
+        "ToolMessage",
+        "ToolMessage",
+    ]
