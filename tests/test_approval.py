@@ -334,3 +334,47 @@ async def test_a_turn_can_wait_twice_in_one_message():
         "ToolMessage",
         "ToolMessage",
     ]
+
+
+class BothLoadFirst:
+    """A store whose first two loads both return before either caller saves: two
+    decisions that truly race (each based on the same version)."""
+
+    def __init__(self, store) -> None:
+        self.store, self.loads, self.both = store, 0, trio.Event()
+
+    async def load(self, session_id: str):
+        record = await self.store.load(session_id)
+        self.loads += 1
+        if self.loads == 2:
+            self.both.set()
+        if self.loads <= 2:
+            await self.both.wait()
+        return record
+
+    async def save(self, *args, **kwargs):
+        return await self.store.save(*args, **kwargs)
+
+
+async def test_two_decisions_based_on_the_same_version_one_is_refused(tmp_path):
+    from runtime.approval import Decision, record_decision
+
+    async with Host.open(store=tmp_path / "s.db", log_tap=False) as host:
+        _, first, _ = await suspended(host, deleting())
+        racing = BothLoadFirst(host.store)
+        outcomes: list[str] = []
+
+        async def decide(approved: bool) -> None:
+            try:
+                await record_decision(
+                    racing, "s", first.pending[0].approval_id, Decision(approved=approved), {}
+                )
+                outcomes.append("recorded")
+            except AlreadyDecided:
+                outcomes.append("refused")
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(decide, True)
+            nursery.start_soon(decide, False)
+    assert sorted(outcomes) == ["recorded", "refused"]
+    assert racing.loads == 3  # the loser loaded again after its save conflicted
