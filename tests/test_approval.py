@@ -14,6 +14,7 @@ from runtime import (
     InvalidDecision,
     NothingToResume,
     Tool,
+    ToolContext,
     ToolMessage,
     UnknownApproval,
     tool,
@@ -378,3 +379,20 @@ async def test_two_decisions_based_on_the_same_version_one_is_refused(tmp_path):
             nursery.start_soon(decide, False)
     assert sorted(outcomes) == ["recorded", "refused"]
     assert racing.loads == 3  # the loser loaded again after its save conflicted
+
+
+async def test_the_approved_call_runs_under_the_suspended_turns_idempotency_key():
+    keys: list[str] = []
+
+    @tool(needs_approval=True)
+    async def charge(amount: int, context: ToolContext) -> str:
+        """Charge an amount."""
+        keys.append(context.idempotency_key)
+        return "charged"
+
+    steps = [[*tool_call("charge", {"amount": 5}, tool_call_id="C")], ["ok"]]
+    async with Host.open(log_tap=False) as host:
+        session = await host.open_session(agent(*steps, tools=[charge]))
+        first = await session.run("go")
+        await session.respond(first.pending[0].approval_id, approved=True)
+    assert keys == [f"{first.turn_id}:0:C"]
