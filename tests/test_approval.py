@@ -396,3 +396,36 @@ async def test_the_approved_call_runs_under_the_suspended_turns_idempotency_key(
         first = await session.run("go")
         await session.respond(first.pending[0].approval_id, approved=True)
     assert keys == [f"{first.turn_id}:0:C"]
+
+
+async def test_a_rebuilt_waiting_turn_asks_again_and_a_rebuilt_denial_shows_as_denied():
+    from runtime.web.resume import stored_turn_chunks
+
+    async with Host.open(log_tap=False) as host:
+        session, first, _ = await suspended(host, deleting())
+        waiting = stored_turn_chunks((await host.store.load("s")).messages)
+        await session.respond(first.pending[0].approval_id, approved=False, reason="no")
+        denied = stored_turn_chunks((await host.store.load("s")).messages)
+    asks = [c for c in waiting if c.type == "tool-approval-request"]
+    assert [c.approval_id for c in asks] == [first.pending[0].approval_id]
+    assert waiting[-1].type == "finish" and waiting[-1].finish_reason == "awaiting-input"
+    assert [c.reason for c in denied if c.type == "tool-output-denied"] == ["no"]
+    assert denied[-1].finish_reason == "stop"
+
+
+def test_the_terminal_shows_a_waiting_call_and_a_denial():
+    import io
+
+    from rich.console import Console
+
+    from runtime import output as o
+    from runtime.render import TerminalRenderer
+
+    buffer = io.StringIO()
+    renderer = TerminalRenderer(Console(file=buffer, width=100))
+    renderer.render(
+        o.ToolApprovalRequest(step=0, tool_call_id="D", tool_name="rm", approval_id="a1")
+    )
+    renderer.render(o.ToolOutputDenied(step=0, tool_call_id="D", tool_name="rm", reason="no"))
+    assert "rm waits for approval (a1)" in buffer.getvalue()
+    assert "rm denied: no" in buffer.getvalue()
