@@ -429,3 +429,20 @@ def test_the_terminal_shows_a_waiting_call_and_a_denial():
     renderer.render(o.ToolOutputDenied(step=0, tool_call_id="D", tool_name="rm", reason="no"))
     assert "rm waits for approval (a1)" in buffer.getvalue()
     assert "rm denied: no" in buffer.getvalue()
+
+
+async def test_a_second_resume_in_one_host_is_refused():
+    from runtime import SessionBusy
+
+    async with Host.open(log_tap=False) as host:
+        session, first, _ = await suspended(host, deleting())
+        await session.decide(first.pending[0].approval_id, approved=True)
+        async with session.resume() as out:
+            with pytest.raises(SessionBusy):
+                async with session.resume():
+                    pass
+            await out.collect()
+        with pytest.raises(NothingToResume):
+            async with session.resume():
+                pass
+    assert ran == ["/x"]
