@@ -446,3 +446,12 @@ async def test_a_second_resume_in_one_host_is_refused():
             async with session.resume():
                 pass
     assert ran == ["/x"]
+
+
+async def test_a_waiting_session_is_freed_from_memory_and_resumes_from_the_store(autojump_clock):
+    async with Host.open(idle_ttl=60, log_tap=False) as host:
+        session, first, _ = await suspended(host, deleting())
+        await trio.sleep(61)
+        assert not session.loaded  # the wait holds nothing in memory
+        result = await session.respond(first.pending[0].approval_id, approved=True)
+    assert result.finish_reason == "stop" and ran == ["/x"]
