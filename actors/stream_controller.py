@@ -33,11 +33,13 @@ from runtime.chunks import (
 from runtime.inbox import Inbox
 from runtime.output import OutputChunk
 from runtime.protocol import (
+    ApprovalAsked,
     Batch,
     Batcher,
     ConsumerItem,
     StepBegin,
     StepEnd,
+    ToolDenied,
     ToolDone,
     ToolStreamed,
     TurnBegin,
@@ -185,6 +187,8 @@ class StreamController(Actor):
                         error=oc.error,
                     )
                 )
+        elif t is ApprovalAsked or t is ToolDenied:
+            out.append(_waiting_chunk(self, item))
         elif t is ToolStreamed:
             pr = item.progress
             out.append(
@@ -246,3 +250,23 @@ class StreamController(Actor):
                 await consumer.send_all(out)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 self._consumer = None  # the consumer left; the turn goes on being saved
+
+
+def _waiting_chunk(ctrl: StreamController, item: ApprovalAsked | ToolDenied) -> Any:
+    """The output chunk of a suspension marker (docs/approval.md)."""
+    if isinstance(item, ApprovalAsked):
+        return ctrl._chunk(
+            o.ToolApprovalRequest,
+            step=item.step,
+            tool_call_id=item.tool_call_id,
+            tool_name=item.tool_name,
+            approval_id=item.approval_id,
+        )
+    oc = item.outcome
+    return ctrl._chunk(
+        o.ToolOutputDenied,
+        step=item.step,
+        tool_call_id=oc.tool_call_id,
+        tool_name=oc.tool_name,
+        reason=item.reason,
+    )

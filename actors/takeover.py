@@ -108,5 +108,7 @@ def _was_cut(msg: AssistantMessage, step: int, tools: Sequence[ToolMessage]) -> 
         return msg.interrupted or msg.error is not None
     results = {t.tool_call_id: t for t in tools}
     return any(
-        c.tool_call_id not in results or results[c.tool_call_id].error == INTERRUPTED for c in calls
+        (c.tool_call_id not in results and c.awaiting is None)  # a waiting call is no cut
+        or (c.tool_call_id in results and results[c.tool_call_id].error == INTERRUPTED)
+        for c in calls
     )

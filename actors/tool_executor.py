@@ -67,7 +67,7 @@ async def run_tool_call(
         kwargs = tool.validate(call.input)
     except ToolInputError as exc:
         return done(error=str(exc))
-    if tool.needs_approval:
+    if not call.approved and tool.requires_approval(kwargs, context):  # type: ignore[arg-type]
         if approve is None:
             return done(error=f"tool {tool.name} needs approval and no approver is configured")
         approved, reason = await approve(call, kwargs)

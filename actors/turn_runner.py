@@ -41,10 +41,18 @@ from actors.mcp import agent_tools
 from actors.parts import PartsManager
 from actors.session_sync import Adopted, adopt_record, adopt_save
 from actors.structured import StructuredTurn, observe, output_value, with_feedback
+from actors.suspension import (
+    Suspending,
+    awaiting,
+    hold_context,
+    hold_kind,
+    in_process_approver,
+)
 from actors.takeover import Committed, find_committed
 from runtime import events as ev
 from runtime.actor import Actor
 from runtime.agent import Agent
+from runtime.approval import APPROVAL, AWAITING_INPUT, SUPERSEDED, pending_calls, supersede
 from runtime.chunks import (
     FinishChunk,
     ProviderDataChunk,
@@ -63,6 +71,7 @@ from runtime.inbox import Inbox
 from runtime.logging import get_logger
 from runtime.messages import (
     AssistantMessage,
+    Awaiting,
     ToolCallPart,
     ToolMessage,
     UserMessage,
@@ -83,6 +92,7 @@ from runtime.protocol import (
     StepEnd,
     StreamFailed,
     ToolCallSpec,
+    ToolDenied,
     ToolDone,
     ToolOutcome,
     ToolProgress,
@@ -144,6 +154,8 @@ class _Turn:
     untouched: bool = False
     """A turn taken over whose committed steps had already finished it: it ran nothing,
     and its end neither changes nor saves the history."""
+    held: dict[str, Awaiting] = attrs.field(factory=dict)
+    """The step's calls that suspend the turn (docs/approval.md), by call id."""
 
 
 def _cut_last_turn(state: SessionState) -> None:
@@ -157,8 +169,9 @@ def _cut_last_turn(state: SessionState) -> None:
             return
 
 
-class TurnRunner(Actor):
-    """Per-session actor running turns, one at a time."""
+class TurnRunner(Suspending, Actor):
+    """Per-session actor running turns, one at a time. How a turn suspends for input and
+    resumes comes from :class:`~actors.suspension.Suspending`."""
 
     inbox_capacity = 16
 
@@ -226,6 +239,12 @@ class TurnRunner(Actor):
             committed = find_committed(state.messages, message_id)
         if committed is None and run.regenerate:
             _cut_last_turn(state)
+        superseded: tuple[Any, ...] = ()
+        if committed is None:
+            superseded = pending_calls(state.messages)
+            at = supersede(state.messages)  # a turn waiting for input gives way
+            if at is not None:
+                state.saved_upto = min(state.saved_upto, at)
         turn = _Turn(
             turn_id=turn_id,
             start_index=len(state.messages),
@@ -249,6 +268,18 @@ class TurnRunner(Actor):
             await turn.ctrl.send(
                 TurnBegin(turn_id=turn.turn_id, message_id=turn.message_id, consumer=run.consumer)
             )
+            for call in superseded:
+                if call.kind == APPROVAL:
+                    await self.publish(
+                        ev.ToolApprovalDecided(
+                            session_id=sid,
+                            tool_call_id=call.tool_call_id,
+                            approved=False,
+                            reason=SUPERSEDED,
+                            turn_id=call.turn_id,
+                            causation_id=call.approval_id,
+                        )
+                    )
             await self._announce(
                 ev.TurnStarted(
                     session_id=sid,
@@ -264,6 +295,8 @@ class TurnRunner(Actor):
             with scope:
                 if committed is not None and self._already_finished(turn, committed):
                     turn.untouched = True
+                elif committed is not None and not await self._resolve(turn):
+                    turn.untouched, turn.finish_reason = True, AWAITING_INPUT
                 else:
                     await self._steps(turn)
             if scope.cancelled_caught:
@@ -339,10 +372,13 @@ class TurnRunner(Actor):
             if result.calls:
                 over = await self._run_tools(turn, result, refuse=over) or over
                 for call in result.calls:  # call order, not completion order
+                    if call.tool_call_id in turn.held:
+                        continue  # it waits: no result until it is decided
                     oc = turn.outcomes[call.tool_call_id]
                     if oc.usage is not None:  # an agent used as a tool spent tokens
                         turn.usage = turn.usage + oc.usage
                     self._add_result(turn, oc, step)
+                await self._hold(turn, step)
             self._snapshot(turn)
             self._publish_history()
             await ctrl.send(StepEnd(step=step, finish_reason=result.finish, usage=result.usage))
@@ -370,6 +406,10 @@ class TurnRunner(Actor):
             await self._save(turn, step)
             if over:
                 raise BudgetExceeded(over)
+            if turn.held:  # committed with the step: the turn suspends (docs/approval.md)
+                turn.finish_reason = AWAITING_INPUT
+                await self._announce_waiting(turn, step)
+                return
             if not result.calls:
                 turn.finish_reason = result.finish
                 if turn.output is not None and turn.output.ask_again(
@@ -593,20 +633,29 @@ class TurnRunner(Actor):
                     budget=turn.budget,
                     output=output_value(turn.output),
                     new_messages=tuple(state.messages[turn.start_index :]),
+                    pending=(
+                        pending_calls(state.messages)
+                        if turn.finish_reason == AWAITING_INPUT
+                        else ()
+                    ),
                 )
                 await self._hand_over(run, turn, TurnDone(result=result))
 
     def _pair_calls(self, turn: _Turn, closing: list[Any]) -> None:
         """Give every call of the turn that has no result one: its outcome if it
         completed, else ``interrupted`` (also streamed, in ``closing``)."""
+        waits = turn.finish_reason == AWAITING_INPUT
         for part in turn.parts.content:
-            if isinstance(part, ToolCallPart) and part.tool_call_id not in turn.results:
-                oc = turn.outcomes.get(part.tool_call_id) or ToolOutcome(
-                    tool_call_id=part.tool_call_id, tool_name=part.tool_name, error=INTERRUPTED
-                )
-                self._add_result(turn, oc, part.step)
-                if part.tool_call_id not in turn.outcomes:
-                    closing.append(ToolDone(step=part.step, outcome=oc))
+            if not isinstance(part, ToolCallPart) or part.tool_call_id in turn.results:
+                continue
+            if waits and part.awaiting is not None and not part.awaiting.decided:
+                continue  # the turn waits for it: stored without a result
+            oc = turn.outcomes.get(part.tool_call_id) or ToolOutcome(
+                tool_call_id=part.tool_call_id, tool_name=part.tool_name, error=INTERRUPTED
+            )
+            self._add_result(turn, oc, part.step)
+            if part.tool_call_id not in turn.outcomes:
+                closing.append(ToolDone(step=part.step, outcome=oc))
 
     async def _hand_over(self, run: RunTurn, turn: _Turn, done: TurnDone) -> None:
         """The result to the consumer, after the turn's last chunk: through the stream
@@ -805,6 +854,8 @@ class TurnRunner(Actor):
         refused: list[ToolOutcome] = []
         runnable: list[ToolCallSpec] = []
         over: str | None = None
+        tools = {t.name: t for t in await agent_tools(self.host, agent)}
+        approver = in_process_approver(self.host)
         for call in result.calls:
             await self._announce(
                 ev.ToolCallRequested(
@@ -832,6 +883,11 @@ class TurnRunner(Actor):
                 )
             else:
                 turn.tool_calls_used += 1
+                context = hold_context(self.host, sid, turn.turn_id, step, call, turn.deps)
+                kind = hold_kind(tools.get(call.tool_name), call.input, context, approver)
+                if kind is not None:
+                    turn.held[call.tool_call_id] = awaiting(kind, call.tool_call_id, turn.turn_id)
+                    continue
                 runnable.append(
                     ToolCallSpec(
                         tool_call_id=call.tool_call_id, tool_name=call.tool_name, input=call.input
@@ -840,6 +896,15 @@ class TurnRunner(Actor):
         for oc in refused:
             turn.outcomes[oc.tool_call_id] = oc
             await self._tool_done(turn.turn_id, step, oc, ctrl)
+        await self._execute(turn, step, runnable, tools)
+        return over
+
+    async def _execute(
+        self, turn: _Turn, step: int, runnable: list[ToolCallSpec], tools: dict[str, Any]
+    ) -> None:
+        """Run ``runnable`` on the tool executor, streaming each outcome as it completes
+        into ``turn.outcomes``."""
+        budget, sid, ctrl = self.agent.budget, self.state.session_id, turn.ctrl
         if runnable:
             inbox = self.tool_inbox
             request = ExecuteTools(
@@ -847,7 +912,7 @@ class TurnRunner(Actor):
                 turn_id=turn.turn_id,
                 step=step,
                 calls=tuple(runnable),
-                tools={t.name: t for t in await agent_tools(self.host, agent)},
+                tools=tools,
                 default_timeout=budget.tool_timeout,
                 max_result_chars=budget.max_tool_result_chars,
                 reply=inbox,
@@ -871,10 +936,21 @@ class TurnRunner(Actor):
                     await self._tool_done(turn.turn_id, step, item, ctrl)
             finally:
                 request.cancel_scope.cancel()
-        return over
 
-    async def _tool_done(self, turn_id: str, step: int, oc: ToolOutcome, ctrl: Batcher) -> None:
-        await ctrl.send(ToolDone(step=step, outcome=oc))
+    async def _tool_done(
+        self,
+        turn_id: str,
+        step: int,
+        oc: ToolOutcome,
+        ctrl: Batcher,
+        *,
+        denied: bool = False,
+        reason: str | None = None,
+    ) -> None:
+        if denied:
+            await ctrl.send(ToolDenied(step=step, outcome=oc, reason=reason))
+        else:
+            await ctrl.send(ToolDone(step=step, outcome=oc))
         await self._announce(
             ev.ToolCallCompleted(
                 session_id=self.state.session_id,

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from runtime.actor import Actor, RestartPolicy, Supervisor
 from runtime.agent import Agent, Hooks
+from runtime.approval import PendingCall
 from runtime.budget import Budget
 from runtime.bus import Bus, Subscription
 from runtime.chunks import (
@@ -36,6 +37,7 @@ from runtime.chunks import (
 )
 from runtime.errors import (
     ActorFailed,
+    AlreadyDecided,
     AuthenticationFailed,
     AxonError,
     BadRequest,
@@ -43,6 +45,8 @@ from runtime.errors import (
     ConfigurationError,
     ConnectionLost,
     ContextTooLong,
+    DecisionError,
+    InvalidDecision,
     InvalidHistory,
     InvalidMedia,
     InvalidSessionId,
@@ -50,6 +54,7 @@ from runtime.errors import (
     MalformedStream,
     MediaError,
     MediaTooLarge,
+    NothingToResume,
     Overloaded,
     ProviderError,
     ProviderTimeout,
@@ -64,6 +69,7 @@ from runtime.errors import (
     StoreUnavailable,
     ToolDefinitionError,
     TooManyParts,
+    UnknownApproval,
     UnsupportedMedia,
 )
 from runtime.events import Event
@@ -72,6 +78,7 @@ from runtime.logging import configure_logging
 from runtime.media import InputLimits, MediaLimits
 from runtime.messages import (
     AssistantMessage,
+    Awaiting,
     File,
     Image,
     Message,
@@ -119,8 +126,10 @@ __all__ = [
     "Actor",
     "ActorFailed",
     "Agent",
+    "AlreadyDecided",
     "AssistantMessage",
     "AuthenticationFailed",
+    "Awaiting",
     "AxonError",
     "BadRequest",
     "Budget",
@@ -129,6 +138,7 @@ __all__ = [
     "ConfigurationError",
     "ConnectionLost",
     "ContextTooLong",
+    "DecisionError",
     "Event",
     "File",
     "FinishChunk",
@@ -137,6 +147,7 @@ __all__ = [
     "Image",
     "Inbox",
     "InputLimits",
+    "InvalidDecision",
     "InvalidHistory",
     "InvalidMedia",
     "InvalidSessionId",
@@ -146,9 +157,11 @@ __all__ = [
     "MediaLimits",
     "MediaTooLarge",
     "Message",
+    "NothingToResume",
     "OutputChunk",
     "Overloaded",
     "Part",
+    "PendingCall",
     "Provider",
     "ProviderDataChunk",
     "ProviderDataPart",
@@ -188,6 +201,7 @@ __all__ = [
     "ToolMessage",
     "TurnResult",
     "TurnStream",
+    "UnknownApproval",
     "UnsupportedMedia",
     "Usage",
     "UsageChunk",

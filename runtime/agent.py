@@ -122,7 +122,13 @@ class Agent:
     def tool_map(self) -> dict[str, Tool]:
         return {t.name: t for t in self.tools}
 
-    def as_tool(self, *, name: str | None = None, description: str | None = None) -> Tool:
+    def as_tool(
+        self,
+        *,
+        name: str | None = None,
+        description: str | None = None,
+        needs_approval: Any = False,
+    ) -> Tool:
         """This agent as a tool another agent can call with a task (``input``).
 
         Each call runs one turn in a session of its own (id ``<parent>~<name>~<call id>``,
@@ -130,7 +136,8 @@ class Agent:
         streams inside the parent's output as ``tool-stream`` chunks nested under the
         call, its usage counts toward the parent turn's, and its final text is the tool's
         result. A sub-turn that fails is a tool error the parent model sees. The sub-session
-        gets the calling session's ``deps``.
+        gets the calling session's ``deps``. ``needs_approval`` is ``@tool``'s: a call
+        waits for a decision first (docs/approval.md).
         """
         from runtime.tools import ToolContext
 
@@ -175,4 +182,6 @@ class Agent:
             f"Delegate a task to the {self.name} agent. {self.instructions or ''}".strip()
             + "\n\nArgs:\n    input: The task or question for the agent, in plain words."
         )
-        return tool(run_agent, name=tool_name, description=description)
+        return tool(
+            run_agent, name=tool_name, description=description, needs_approval=needs_approval
+        )

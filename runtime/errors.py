@@ -179,6 +179,30 @@ class SessionBusy(SessionError):
     """A turn is already running on this session; sessions run one turn at a time."""
 
 
+class DecisionError(SessionError, ValueError):
+    """A decision for a turn waiting for input (:mod:`runtime.approval`) that cannot be
+    taken; nothing was changed."""
+
+
+class UnknownApproval(DecisionError, LookupError):
+    """No call of the session waits for this approval id or tool call id (it never
+    existed, or it belongs to another session)."""
+
+
+class AlreadyDecided(DecisionError):
+    """The call was decided already (perhaps by a concurrent caller, who won)."""
+
+
+class InvalidDecision(DecisionError):
+    """The decision does not fit the call: an approval given an output, a client tool's
+    output that does not match its schema, or neither given."""
+
+
+class NothingToResume(SessionError):
+    """``session.resume()`` on a session with no waiting turn whose calls are all
+    decided."""
+
+
 class SessionNotLoaded(SessionError):
     """The session was freed from memory while idle (its history is in the store).
 

@@ -63,6 +63,28 @@ class ReasoningPart:
 
 
 @attrs.frozen(kw_only=True, slots=True)
+class Awaiting:
+    """What a tool call that suspended its turn waits for, and, once given, the answer
+    (docs/approval.md). Stored on its :class:`ToolCallPart`, so the stored message holds
+    the request, the decision and (in its :class:`ToolMessage`) the result."""
+
+    kind: str
+    """``"approval"`` (a person approves or denies) or ``"client"`` (the caller runs the
+    tool and supplies its output)."""
+    id: str
+    """The approval id (``approvalId`` in the AI SDK stream); a client tool's is its call id."""
+    turn_id: str
+    """The turn that suspended: its continuation runs under the same id."""
+    decided: bool = False
+    approved: bool | None = None
+    reason: str | None = None
+    output: Any = None
+    """A client tool's output, as the caller gave it."""
+    error: str | None = None
+    """A client tool's failure, as the caller reported it."""
+
+
+@attrs.frozen(kw_only=True, slots=True)
 class ToolCallPart:
     """A complete tool call the model made in one step."""
 
@@ -71,6 +93,8 @@ class ToolCallPart:
     tool_name: str
     input: Any
     step: int
+    awaiting: Awaiting | None = None
+    """Set when the call suspended its turn, waiting for a decision or a client's output."""
 
 
 @attrs.frozen(kw_only=True, slots=True)

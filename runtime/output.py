@@ -4,6 +4,11 @@ Grammar of one turn::
 
     start (step-start CONTENT* step-finish)+ finish      -- or cut short by error / abort
 
+A turn that suspends (docs/approval.md) has ``tool-approval-request`` s in its last step
+and ends with ``finish`` (``awaiting-input``); its continuation starts with the results of
+the calls it waited for (``tool-result`` / ``tool-error`` / ``tool-output-denied``, before
+any ``step-start``), then its steps go on numbered after the suspended one's.
+
 Every ``*-start`` has exactly one matching ``*-finish`` before the next ``step-finish``;
 an ``object-delta`` comes only inside the text part it parses; ``part_id`` s are unique
 across the whole turn; ``seq`` is monotonic per session. Each
@@ -207,6 +212,33 @@ class ToolError(_Base):
     turn_id: str = ""
 
 
+@_out("tool-approval-request")
+class ToolApprovalRequest(_Base):
+    """The call waits for a person's decision: the turn suspends after this step
+    (``finish`` with ``awaiting-input``) until ``session.respond(approval_id, ...)``."""
+
+    step: int
+    tool_call_id: str
+    tool_name: str
+    approval_id: str
+    seq: int = 0
+    session_id: str = ""
+    turn_id: str = ""
+
+
+@_out("tool-output-denied")
+class ToolOutputDenied(_Base):
+    """A waiting call was denied; the model sees the denial (with ``reason``) as its result."""
+
+    step: int
+    tool_call_id: str
+    tool_name: str
+    reason: str | None = None
+    seq: int = 0
+    session_id: str = ""
+    turn_id: str = ""
+
+
 @_out("tool-stream")
 class ToolStream(_Base):
     """A chunk streamed by a running tool (an agent used as a tool streams its whole turn),
@@ -273,6 +305,8 @@ OutputChunk = (
     | ToolCall
     | ToolResult
     | ToolError
+    | ToolApprovalRequest
+    | ToolOutputDenied
     | ToolStream
     | StepFinish
     | Finish

@@ -187,6 +187,8 @@ class ToolCallSpec:
     tool_call_id: str
     tool_name: str
     input: Any
+    approved: bool = False
+    """A person approved this call already (a resumed turn): it runs without asking."""
 
 
 @attrs.define(kw_only=True, slots=True, eq=False)
@@ -321,6 +323,25 @@ class ToolStreamed:
 
 
 @attrs.frozen(kw_only=True, slots=True, eq=False)  # internal: identity is enough
+class ApprovalAsked:
+    """A call of the step waits for a person's decision (its turn suspends)."""
+
+    step: int
+    tool_call_id: str
+    tool_name: str
+    approval_id: str
+
+
+@attrs.frozen(kw_only=True, slots=True, eq=False)  # internal: identity is enough
+class ToolDenied:
+    """A waiting call was denied: its result is the denial (``outcome.error``)."""
+
+    step: int
+    outcome: ToolOutcome
+    reason: str | None
+
+
+@attrs.frozen(kw_only=True, slots=True, eq=False)  # internal: identity is enough
 class TurnEnd:
     """The turn is over; ``error`` / ``abort_reason`` say how it was cut short, if so."""
 
@@ -354,6 +375,9 @@ class TurnResult:
     """What the turn added to the history, in order: its user message, its assistant
     message and the tool results. A program that keeps the conversation itself appends
     them to the history it passes the next turn (``open_session(history=...)``)."""
+    pending: tuple[Any, ...] = ()
+    """When ``finish_reason`` is ``awaiting-input``: the calls the turn waits for
+    (:class:`runtime.approval.PendingCall` s), to decide with ``session.respond``."""
 
     @property
     def text(self) -> str:
@@ -469,6 +493,7 @@ class SessionSnapshot:
 
 __all__ = [
     "MAX_BATCH",
+    "ApprovalAsked",
     "Batch",
     "Batcher",
     "BeginRequest",
@@ -485,6 +510,7 @@ __all__ = [
     "StepEnd",
     "StreamFailed",
     "ToolCallSpec",
+    "ToolDenied",
     "ToolDone",
     "ToolOutcome",
     "TurnBegin",

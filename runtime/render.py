@@ -78,6 +78,12 @@ class TerminalRenderer:
                     expand=False,
                 )
             )
+        elif t == "tool-approval-request":
+            self._newline()
+            self._write(f"⏸ {chunk.tool_name} waits for approval ({chunk.approval_id})\n", "yellow")
+        elif t == "tool-output-denied":
+            self._newline()
+            self._write(f"✗ {chunk.tool_name} denied: {chunk.reason or 'no reason'}\n", "red")
         elif t == "step-finish":
             self._newline()
         elif t == "finish":

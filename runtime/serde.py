@@ -27,6 +27,8 @@ _UNSTRUCTURE_OVERRIDES: dict[type, dict[str, Any]] = {
     # Only a failed message carries ``error``: every other stored message keeps the JSON
     # it always had, and data stored before the field existed loads with ``error=None``.
     messages.AssistantMessage: {"error": override(omit_if_default=True)},
+    # Only a call that suspended its turn carries ``awaiting`` (docs/approval.md).
+    messages.ToolCallPart: {"awaiting": override(omit_if_default=True)},
 }
 _BY_TAG: dict[tuple[Any, Any], type] = {}  # (union marker, tag value) -> class
 _Dict = dict[str, Any]

@@ -29,7 +29,16 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
-from runtime.errors import InvalidTurnId, SessionBusy, SessionNotLoaded
+from runtime.approval import (
+    Decision,
+    PendingCall,
+    Recorded,
+    pending_calls,
+    record_decision,
+    waiting_calls,
+)
+from runtime.errors import InvalidTurnId, NothingToResume, SessionBusy, SessionNotLoaded
+from runtime.events import ToolApprovalDecided
 from runtime.ids import new_id
 from runtime.inbox import Inbox
 from runtime.media import UserInput, check_counts, check_limits, user_content
@@ -220,6 +229,31 @@ class TurnStream:
         return [chunk async for chunk in self]
 
 
+class ResumeStream(TurnStream):
+    """The continuation of a turn that waited for input (``session.resume()``): entering
+    it reads the waiting turn from the store, and runs it on from its suspended step,
+    under its turn id and in its assistant message."""
+
+    def __init__(self, session: Session) -> None:
+        super().__init__(session, "", turn_id=None, resume=False)
+
+    async def __aenter__(self) -> TurnStream:
+        record = await self.session.host.store.load(self.session.id)
+        waiting = waiting_calls(record.messages) if record is not None else ()
+        if not waiting or not all(c.decided for c in waiting):
+            left = sum(not c.decided for c in waiting)
+            raise NothingToResume(
+                f"session {self.session.id!r} has no waiting turn to resume"
+                if not waiting
+                else f"session {self.session.id!r}: {left} waiting call(s) not decided yet"
+            )
+        self.message_id, self.turn_id, self.resume = waiting[0].message_id, waiting[0].turn_id, True
+        return await super().__aenter__()
+
+
+_UNSET: Any = object()
+
+
 class Session:
     """A conversation with one agent, hosted by a :class:`~runtime.host.Host`."""
 
@@ -368,6 +402,86 @@ class Session:
             message_id=message_id,
             resume=resume,
         )
+
+    @property
+    def pending(self) -> tuple[PendingCall, ...]:
+        """The calls the session's last turn waits for, not yet decided (docs/approval.md),
+        as of the history in memory (a decision recorded elsewhere shows after the next
+        load: ``await session.reopen()`` of an evicted session, or a turn)."""
+        return pending_calls(self.messages)
+
+    async def decide(
+        self,
+        id: str,
+        *,
+        approved: bool | None = None,
+        reason: str | None = None,
+        output: Any = _UNSET,
+        error: str | None = None,
+    ) -> Recorded:
+        """Record a decision for a waiting call, without resuming the turn: ``approved``
+        (and ``reason``) for an approval id, ``output`` (or ``error``) for a client tool's
+        call id. Checked and stored atomically (of two decisions for one call, exactly
+        one is recorded). Raises :class:`~runtime.errors.UnknownApproval` (no such call
+        waits in this session), :class:`~runtime.errors.AlreadyDecided`,
+        :class:`~runtime.errors.InvalidDecision` (the wrong kind of answer, an output
+        its schema refuses); nothing changes then. ``.complete`` on the result says
+        whether every waiting call is decided now: then :meth:`resume`."""
+        if self.busy:
+            raise SessionBusy(f"session {self._id!r} is already running a turn")
+        decision = Decision(
+            approved=approved,
+            reason=reason,
+            output=None if output is _UNSET else output,
+            error=error,
+            has_output=output is not _UNSET,
+        )
+        tools = {t.name: t for t in self.agent.tools}
+        recorded = await record_decision(self.host.store, self._id, id, decision, tools)
+        call = recorded.call
+        if call.kind == "approval":
+            await self.host.bus.publish(
+                ToolApprovalDecided(
+                    session_id=self._id,
+                    tool_call_id=call.tool_call_id,
+                    approved=bool(approved),
+                    reason=reason,
+                    turn_id=call.turn_id,
+                    causation_id=call.approval_id,
+                )
+            )
+        return recorded
+
+    def resume(self) -> TurnStream:
+        """The continuation of the turn that waited, once every call it waits for is
+        decided: ``async with session.resume() as out``. Approved calls run (once),
+        denied ones give the model the denial, client tools' outputs are their results,
+        and the model goes on in the same assistant message. Entering raises
+        :class:`~runtime.errors.NothingToResume` when no turn waits or a call is still
+        undecided."""
+        return ResumeStream(self)
+
+    async def respond(
+        self,
+        id: str,
+        *,
+        approved: bool | None = None,
+        reason: str | None = None,
+        output: Any = _UNSET,
+        error: str | None = None,
+    ) -> TurnResult | None:
+        """:meth:`decide`, then, if that decided the last waiting call, run the
+        continuation to its end and return its result (``None`` while other calls
+        still wait)."""
+        recorded = await self.decide(
+            id, approved=approved, reason=reason, output=output, error=error
+        )
+        if not recorded.complete:
+            return None
+        async with self.resume() as out:
+            async for _ in out:
+                pass
+        return out.result
 
     def regenerate(self, text: UserInput) -> TurnStream:
         """``stream(text, regenerate=True)``: run the last turn again, with ``text``."""

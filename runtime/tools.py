@@ -26,6 +26,9 @@ if TYPE_CHECKING:  # pydantic is imported when the first tool is built, not with
     import pydantic
 
 
+ApprovalRule = Callable[[dict[str, Any], "ToolContext[Any]"], bool]
+"""A per-call approval rule: ``(validated arguments, context) -> needs a decision``."""
+
 Deps = TypeVar("Deps")
 """The type of :attr:`ToolContext.deps`: whatever the application hands its tools."""
 
@@ -191,13 +194,65 @@ class Tool:
     is_async: bool
     timeout: float | None = None
     """Seconds before a call is abandoned; ``None`` takes the turn budget's default."""
-    needs_approval: bool = False
-    """Calls wait for an approval event before running (see the approval actor)."""
+    needs_approval: bool | ApprovalRule = False
+    """``True``: every call waits for a person's decision before it runs; a function
+    ``(arguments, context) -> bool`` decides per call (the validated arguments and the
+    call's :class:`ToolContext`). A waiting call suspends its turn durably
+    (docs/approval.md); an :class:`~actors.plugins.ApprovalActor` on the host decides in
+    process instead."""
     _adapter: pydantic.TypeAdapter[Any] | None = attrs.field(alias="adapter")
     """Validates the arguments; ``None`` only for a subclass that overrides
     :meth:`validate` (``actors.mcp.MCPTool`` checks the server's schema instead)."""
     context_param: str | None = None
     """Name of the parameter that receives a :class:`ToolContext`, if any."""
+
+    is_client: bool = False
+    """The tool has no implementation here: the caller (a browser, any client) runs it
+    and answers with its output (see :meth:`client`)."""
+
+    @classmethod
+    def client(
+        cls,
+        name: str,
+        schema: dict[str, Any],
+        description: str = "",
+        *,
+        output_schema: dict[str, Any] | None = None,
+    ) -> ClientTool:
+        """A client-side tool: offered to the model with ``schema`` (a JSON schema of the
+        arguments object), run by the caller. A call suspends the turn until
+        ``session.respond(tool_call_id, output=...)`` (or the AI SDK's ``addToolOutput``)
+        supplies the output. The model's input is checked against ``schema`` like any
+        tool's; the caller's output against ``output_schema`` when one is given (a
+        mismatch is refused, nothing changes). Raises :class:`InvalidJSONSchema` for a
+        schema that cannot be used."""
+        if not isinstance(schema, dict) or schema.get("type") != "object":
+            raise ToolDefinitionError(
+                f"client tool {name!r}: the schema must be a JSON schema of type 'object'"
+            )
+        outputs = None if output_schema is None else json_schema_validator(output_schema)
+
+        def unavailable(**_: Any) -> Any:
+            raise RuntimeError(f"{name} is a client-side tool: the caller runs it")
+
+        return ClientTool(
+            name=name,
+            description=description,
+            parameters=schema,
+            function=unavailable,
+            is_async=False,
+            adapter=None,
+            is_client=True,
+            validator=json_schema_validator(schema),
+            output_validator=outputs,
+        )
+
+    def requires_approval(self, arguments: dict[str, Any], context: ToolContext[Any]) -> bool:
+        """Whether this call (its validated ``arguments``) waits for a decision."""
+        rule = self.needs_approval
+        if callable(rule):
+            return bool(rule(arguments, context))
+        return bool(rule)
 
     def validate(self, arguments: Any) -> dict[str, Any]:
         """Keyword arguments for the function, or :class:`ToolInputError` saying why not."""
@@ -236,6 +291,45 @@ class Tool:
         return {"name": self.name, "description": self.description, "parameters": self.parameters}
 
 
+def check_against_schema(name: str, validator: Any, value: Any, what: str) -> None:
+    """Raise :class:`ToolInputError` naming the first problems when ``value`` does not
+    match ``validator``'s schema (``what`` says what was checked: "arguments", "output")."""
+    from referencing.exceptions import Unresolvable
+
+    try:
+        errors = sorted(validator.iter_errors(value), key=lambda e: list(e.path))
+    except Unresolvable as exc:
+        raise ToolInputError(f"the schema of {name} has an unresolvable $ref: {exc}") from None
+    if errors:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e.path) or '(root)'}: {e.message}" for e in errors[:5]
+        )
+        raise ToolInputError(f"invalid {what} for {name}: {problems}")
+
+
+@attrs.frozen(kw_only=True, slots=True, eq=False)
+class ClientTool(Tool):
+    """A tool the caller runs (built with :meth:`Tool.client`); its input is checked
+    against its JSON schema."""
+
+    validator: Any = attrs.field(repr=False)
+    output_validator: Any = attrs.field(default=None, repr=False)
+
+    def validate_output(self, output: Any) -> None:
+        """Raise :class:`ToolInputError` when the caller's ``output`` does not match the
+        tool's output schema (any output passes when it has none)."""
+        if self.output_validator is not None:
+            check_against_schema(self.name, self.output_validator, output, "output")
+
+    def validate(self, arguments: Any) -> dict[str, Any]:
+        if not isinstance(arguments, dict):
+            raise ToolInputError(
+                f"arguments for {self.name} must be a JSON object, got {type(arguments).__name__}"
+            )
+        check_against_schema(self.name, self.validator, arguments, "arguments")
+        return dict(arguments)
+
+
 def to_jsonable(value: Any) -> Any:
     """A JSON-ready form of a tool's return value; raises ``TypeError`` when impossible.
 
@@ -266,7 +360,7 @@ def _build(
     name: str | None,
     description: str | None,
     timeout: float | None,
-    needs_approval: bool,
+    needs_approval: bool | ApprovalRule,
 ) -> Tool:
     try:
         import docstring_parser
@@ -323,7 +417,7 @@ def tool(
     name: str | None = None,
     description: str | None = None,
     timeout: float | None = None,
-    needs_approval: bool = False,
+    needs_approval: bool | ApprovalRule = False,
 ) -> Tool: ...
 
 
@@ -335,7 +429,7 @@ def tool(
     name: str | None = None,
     description: str | None = None,
     timeout: float | None = None,
-    needs_approval: bool = False,
+    needs_approval: bool | ApprovalRule = False,
 ) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
@@ -346,7 +440,7 @@ def tool(
     name: str | None = None,
     description: str | None = None,
     timeout: float | None = None,
-    needs_approval: bool = False,
+    needs_approval: bool | ApprovalRule = False,
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Make ``fn`` a :class:`Tool`. Works bare (``@tool``), called (``@tool(name=...)``)
     or directly (``tool(fn, name=..., description=...)``)."""

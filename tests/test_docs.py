@@ -28,6 +28,8 @@ EXPECTED = {
     ("embedding.md", 7): "['You ', 'said', ': he', 'llo'] True",
     ("actors.md", 0): "1 turn, 11 tokens",  # read after the block: the drain delivered all
     ("actors.md", 1): "the tool call was denied: emails need a human",
+    ("approval.md", 0): "awaiting-input send_email {'to': 'ceo@example.com'}\n"
+    "stop Done: it is sent. True",
     ("mcp.md", 0): "add_note -> saved: buy milk (1 notes)\nNoted.",
     ("providers.md", 0): "hello there actors 3",
     ("media.md", 0): "What is this? ['image/png', 'application/pdf']\n"

@@ -64,6 +64,7 @@ async def test_approved_tool_runs_after_a_person_approves_it():
 async def test_without_a_decision_the_call_is_denied_after_the_approval_timeout(autojump_clock):
     ran.clear()
     async with Host.open(log_tap=False) as host:
+        await host.start_actor(ApprovalActor())  # the in-process gate: waits in memory
         host.tool_executor.approval_timeout = 30
         session = await host.open_session(deleting_agent())
         t0 = trio.current_time()

@@ -50,6 +50,8 @@ SCHEMA_FIELDS = {
     "tool-input-available": {"toolCallId", "toolName", "input"},
     "tool-output-available": {"toolCallId", "output"},
     "tool-output-error": {"toolCallId", "errorText"},
+    "tool-approval-request": {"approvalId", "toolCallId"},
+    "tool-output-denied": {"toolCallId"},
     "finish": {"finishReason", "messageMetadata"},
     "error": {"errorText"},
     "abort": {"reason"},
@@ -102,6 +104,14 @@ CASES = [
     (
         o.ToolError(step=0, tool_call_id="c1", tool_name="lookup", error="boom"),
         [{"type": "tool-output-error", "toolCallId": "c1", "errorText": "boom"}],
+    ),
+    (
+        o.ToolApprovalRequest(step=0, tool_call_id="c1", tool_name="rm", approval_id="a1"),
+        [{"type": "tool-approval-request", "approvalId": "a1", "toolCallId": "c1"}],
+    ),
+    (
+        o.ToolOutputDenied(step=0, tool_call_id="c1", tool_name="rm", reason="no"),
+        [{"type": "tool-output-denied", "toolCallId": "c1"}],
     ),
     (
         o.ToolStream(

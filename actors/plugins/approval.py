@@ -1,6 +1,9 @@
-"""``ApprovalActor``: the gate for tools marked ``needs_approval``.
+"""``ApprovalActor``: an in-process gate for tools marked ``needs_approval``.
 
-The tool executor publishes :class:`~runtime.events.ToolApprovalRequested` and waits;
+Without it, such a call suspends its turn durably and a decision comes through
+``session.respond`` (docs/approval.md). With it running on the host, the call waits in
+memory instead, as it always did:
+the tool executor publishes :class:`~runtime.events.ToolApprovalRequested` and waits;
 this actor answers with :class:`~runtime.events.ToolApprovalDecided`. With a ``policy``
 (``call -> (approved, reason)``, sync or async) it decides at once; without one it keeps
 the request pending until the application calls :meth:`approve` or :meth:`deny` (a UI's
@@ -23,6 +26,9 @@ Policy = Callable[[ToolApprovalRequested], Any]
 class ApprovalActor(Actor):
     subscribes_to: ClassVar[Any] = (ToolApprovalRequested,)
     overflow: ClassVar[OverflowPolicy] = "block"
+    decides_approvals: ClassVar[bool] = True
+    """While it runs, calls that need approval wait for it in memory (the tool executor's
+    ``approval_timeout``) instead of suspending their turn (docs/approval.md)."""
 
     def __init__(
         self, policy: Policy | None = None, *, name: str = "approval", session_id: str | None = None

@@ -15,7 +15,10 @@ Hypercorn's Trio worker, see :mod:`runtime.web.serve`):
     host's ``input_limits``, get 413; unusable ones 400. The server
     keeps the history: only the last user message is read. ``trigger:
     "regenerate-message"`` replaces the session's last turn instead of adding one. A
-    client that closes the connection cancels the turn (saved, marked interrupted).
+    client that closes the connection cancels the turn (saved, marked interrupted). A
+    body whose last message is the assistant's answers a turn waiting for input
+    (approvals, client tools' outputs: :mod:`runtime.web.answers`) and streams its
+    continuation in the same message (docs/approval.md).
 ``GET /api/sessions``, ``GET /api/sessions/{id}``
     The stored sessions; one session's messages in the runtime's JSON form
     (``messages``) and as AI SDK ``UIMessage`` s (``ui_messages``).
@@ -50,12 +53,13 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from runtime.agent import Agent
-from runtime.errors import SessionBusy
+from runtime.errors import NothingToResume, SessionBusy
 from runtime.host import Host
 from runtime.messages import UserContent
 from runtime.serde import unstructure
 from runtime.session import FINAL_WAIT
 from runtime.web import BODY_TIMEOUT, DEFAULT_MAX_BODY, SEND_TIMEOUT
+from runtime.web.answers import is_continuation, pending_in_store, record_answers
 from runtime.web.chat_input import CHILD_PARSES, check_media, read_chat_request, title_of
 from runtime.web.guard import RequestGuard
 from runtime.web.http import ApiError, error_response, json_response
@@ -160,22 +164,29 @@ class TurnResponse:
         text: UserContent,
         *,
         regenerate: bool = False,
+        resume: bool = False,
+        announced: tuple[str, ...] = (),
         keepalive: float = KEEPALIVE,
         send_timeout: float | None = SEND_TIMEOUT,
         background: trio.Nursery | None = None,
-        encoder: Callable[[], Any] = UIStreamEncoder,
+        encoder: Callable[[], Any] | None = None,
         headers: Mapping[str, str] = HEADERS,
         busy: Callable[[Any], Response] | None = None,
     ) -> None:
         self.session = session
         self.text = text
         self.regenerate = regenerate
+        self.resume = resume
+        """Run the continuation of the turn that waited for input (docs/approval.md)."""
+        self.announced = announced
+        """Calls the client knows: their input is not streamed again."""
         self.keepalive = keepalive
         self.send_timeout = send_timeout
         self.background = background
         self.disconnected = False
         # Another protocol's stream (runtime.web.openai_compat) gives its own encoder
-        # (``events(chunk)`` -> bytes), headers and answer to a busy session.
+        # (``events(chunk)`` -> bytes), headers and answer to a busy session; by default
+        # the AI SDK's, told which calls the client already knows.
         self.encoder = encoder
         self.headers = headers
         self.busy = busy or _busy
@@ -186,7 +197,7 @@ class TurnResponse:
         if session.busy:
             await self.busy(session)(scope, receive, send)
             return
-        if "title" not in session.meta:
+        if "title" not in session.meta and not self.resume:
             session.set_title(title_of(self.text))
         started = False
         async with trio.open_nursery() as local:
@@ -194,13 +205,20 @@ class TurnResponse:
             # return (and Hypercorn close the connection) while a write is stuck; the local
             # one, the fallback, is left only after the turn is over and saved.
             try:
-                async with session.stream(self.text, regenerate=self.regenerate) as out:
+                turn = (
+                    session.resume()
+                    if self.resume
+                    else session.stream(self.text, regenerate=self.regenerate)
+                )
+                async with turn as out:
                     started = True
                     await self._stream(out, receive, send, self.background or local)
             except SessionBusy:
                 if started:
                     raise
                 await self.busy(session)(scope, receive, send)
+            except NothingToResume as exc:
+                await error_response(409, str(exc))(scope, receive, send)
 
     async def _stream(
         self, out: Any, receive: Receive, send: Send, background: trio.Nursery
@@ -248,7 +266,7 @@ class TurnResponse:
                 if trio.current_time() >= last_write + self.keepalive:
                     await write(b": keep-alive\n\n")
 
-        encoder = self.encoder()
+        encoder = self.encoder() if self.encoder is not None else UIStreamEncoder(self.announced)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(watch_disconnect)
             if self.keepalive:
@@ -342,8 +360,22 @@ def _state(request: Request) -> WebState:
 
 async def chat(request: Request) -> Any:
     state = _state(request)
-    _, session_id, text, regenerate = await read_chat_request(request)
+    payload, session_id, text, regenerate = await read_chat_request(request, answers=True)
     session = await state.session(session_id)
+    if is_continuation(payload):
+        announced, complete = await record_answers(session, payload)
+        if not complete:  # other calls still wait: whoever decides the last one resumes
+            waiting = len(await pending_in_store(session))
+            return json_response({"recorded": True, "waiting": waiting}, 202)
+        return TurnResponse(
+            session,
+            "",
+            resume=True,
+            announced=announced,
+            keepalive=state.keepalive,
+            send_timeout=state.send_timeout,
+            background=state.background,
+        )
     check_media(text, session.agent)
     return TurnResponse(
         session,

@@ -26,6 +26,9 @@ import orjson
 
 PART_KEYS = ("type", "text", "url", "mediaType", "filename")
 """What a text or file part of a ``useChat`` message has that the server reads."""
+ANSWER_KEYS = ("type", "toolCallId", "state", "approval", "output", "errorText")
+"""What a tool part of a continuation's assistant message has that the server reads
+(:mod:`runtime.web.answers`): approvals and client tools' outputs, kept whole."""
 MESSAGE_KEYS = ("id", "role", "content")
 """What the last user message has besides its parts that the server reads."""
 CHILD_MEMORY = 2 << 30
@@ -73,9 +76,32 @@ def _counted_parts(parts: list[Any], max_parts: int, max_files: int) -> list[dic
     ]
 
 
+def _answers_message(message: dict[str, Any], max_parts: int) -> dict[str, Any]:
+    """A continuation's last (assistant) message: its tool parts, with what answers a
+    waiting turn (:data:`ANSWER_KEYS`); at most ``max_parts`` parts, as for a user's."""
+    parts = message.get("parts")
+    kept = {key: _scalar(message[key]) for key in MESSAGE_KEYS if key in message}
+    if type(parts) is not list:
+        return kept
+    if len(parts) > max_parts:
+        raise BodyRefused(
+            413,
+            f"the last assistant message has {len(parts)} parts; the limit is {max_parts} "
+            "parts per message",
+        )
+    kept["parts"] = [
+        {key: p[key] for key in ANSWER_KEYS if key in p}
+        for p in parts
+        if type(p) is dict and str(p.get("type", "")).startswith(("tool-", "dynamic"))
+    ]
+    return kept
+
+
 def reduce_chat_body(raw: bytes, max_parts: int, max_files: int) -> dict[str, Any]:
     """``raw``'s top-level scalar fields and ``messages``: its last user message alone,
-    with its parts reduced to :data:`PART_KEYS` (only text and file parts kept).
+    with its parts reduced to :data:`PART_KEYS` (only text and file parts kept); or,
+    when the last message is the assistant's (a continuation answering a waiting turn,
+    :mod:`runtime.web.answers`), that message alone with its tool parts.
 
     Raises :class:`BodyRefused`: 400 for a body that is not a JSON object with a list of
     messages holding a user message, 413 for a last user message with more than
@@ -92,6 +118,9 @@ def reduce_chat_body(raw: bytes, max_parts: int, max_files: int) -> dict[str, An
     messages = payload.get("messages")
     if type(messages) is not list:
         raise BodyRefused(400, "'messages' must be a list")
+    if messages and type(messages[-1]) is dict and messages[-1].get("role") == "assistant":
+        reduced["messages"] = [_answers_message(messages[-1], max_parts)]
+        return reduced
     for message in reversed(messages):
         if type(message) is dict and message.get("role") == "user":
             last = {key: _scalar(message[key]) for key in MESSAGE_KEYS if key in message}

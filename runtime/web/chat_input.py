@@ -22,6 +22,7 @@ from runtime.errors import InvalidMedia, MediaTooLarge
 from runtime.media import InputLimits, check_limits, user_content
 from runtime.messages import File, Image, TextPart, UserContent
 from runtime.web import chat_body
+from runtime.web.answers import is_continuation
 from runtime.web.http import ApiError, session_id_param, web_state
 
 TITLE_CHARS = 80
@@ -179,10 +180,16 @@ async def _reduced_in_child(raw: bytes, limits: InputLimits, limiter: trio.Capac
     return answer["body"]
 
 
-async def read_chat_request(request: Request) -> tuple[dict[str, Any], str, UserContent, bool]:
+async def read_chat_request(
+    request: Request, *, answers: bool = False
+) -> tuple[dict[str, Any], str, UserContent, bool]:
     """A ``POST /api/chat`` body: ``(payload, session_id, last user input, regenerate)``,
     every bad part a 4xx. ``payload`` holds the body's top-level scalar fields and, in
     ``messages``, its last user message alone (:mod:`runtime.web.chat_body`).
+
+    A body whose last message is the assistant's answers a turn waiting for input
+    (:mod:`runtime.web.answers`): taken only with ``answers`` (its input is then ``""``),
+    a 400 otherwise, never read as a new turn of the last user message.
 
     A last user message with more parts, or more file parts, than the host's
     ``input_limits`` is a 413 before any part is decoded. A large body is parsed in a
@@ -202,7 +209,12 @@ async def read_chat_request(request: Request) -> tuple[dict[str, Any], str, User
     del raw
     session_id = session_id_param(payload["id"])
     messages = payload["messages"]
-    if large:
+    # An answer for a waiting turn ends with the assistant message (runtime.web.answers).
+    if is_continuation(payload):
+        if not answers:
+            raise ApiError(400, "answering a turn that waits for input is not supported here yet")
+        text: UserContent = ""
+    elif large:
         text = await trio.to_thread.run_sync(_last_user_input, messages)
     else:
         text = _last_user_input(messages)

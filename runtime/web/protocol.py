@@ -21,8 +21,11 @@ stream closes with ``data: [DONE]\\n\\n``. The mapping:
 * ``tool-stream`` (a sub-agent's turn streaming inside its tool call) -> the text it has
   streamed so far as a preliminary ``tool-output-available`` (``preliminary: true``),
   which the final result replaces; its other nested chunks are not forwarded;
-* ``finish`` -> ``finish`` (``finishReason``; ``messageMetadata``: the runtime's own
-  finish reason and the summed ``usage``);
+* ``tool-approval-request`` -> ``tool-approval-request`` (``approvalId``, ``toolCallId``);
+* ``tool-output-denied`` -> ``tool-output-denied`` (``toolCallId``);
+* ``finish`` -> ``finish`` (``finishReason``, ``tool-calls`` for a turn that suspended
+  waiting for input; ``messageMetadata``: the runtime's own finish reason and the summed
+  ``usage``);
 * ``error`` -> ``error`` (``errorText``: ``"Kind: message"``);
 * ``abort`` -> ``abort`` (``reason``).
 
@@ -52,6 +55,8 @@ from runtime.messages import (
     is_media_output,
 )
 from runtime.serde import unstructure
+
+AWAITING_INPUT = "awaiting-input"
 
 HEADERS: dict[str, str] = {
     "content-type": "text/event-stream",
@@ -101,8 +106,9 @@ class UIStreamEncoder:
     a streaming tool's text is accumulated for its preliminary outputs.
     """
 
-    def __init__(self) -> None:
-        self._announced: set[str] = set()
+    def __init__(self, announced: Iterable[str] = ()) -> None:
+        self._announced: set[str] = set(announced)
+        """Calls the client knows already: a continuation's waiting calls (docs/approval.md)."""
         self._streamed: dict[str, str] = {}
 
     def encode(self, chunk: Any) -> list[dict[str, Any]]:
@@ -158,6 +164,16 @@ class UIStreamEncoder:
                     }
                 )
             return out
+        if t is o.ToolApprovalRequest:
+            return [
+                {
+                    "type": "tool-approval-request",
+                    "approvalId": chunk.approval_id,
+                    "toolCallId": chunk.tool_call_id,
+                }
+            ]
+        if t is o.ToolOutputDenied:
+            return [{"type": "tool-output-denied", "toolCallId": chunk.tool_call_id}]
         if t is o.ToolStream:
             # A running tool's own stream (an agent used as a tool): its text so far, as
             # the AI SDK's preliminary tool output; the final result replaces it.
@@ -182,10 +198,11 @@ class UIStreamEncoder:
             return [{"type": "start", "messageId": chunk.message_id}]
         if t is o.Finish:
             reason = chunk.finish_reason
+            ui_reason = "tool-calls" if reason == AWAITING_INPUT else reason
             return [
                 {
                     "type": "finish",
-                    "finishReason": reason if reason in FINISH_REASONS else "other",
+                    "finishReason": ui_reason if ui_reason in FINISH_REASONS else "other",
                     "messageMetadata": {"finishReason": reason, "usage": _usage(chunk.usage)},
                 }
             ]
@@ -225,6 +242,20 @@ def _tool_part(call: ToolCallPart, result: ToolMessage | None) -> dict[str, Any]
         "toolCallId": call.tool_call_id,
         "input": call.input,
     }
+    waiting = call.awaiting
+    if waiting is not None and waiting.kind == "approval":
+        approval: dict[str, Any] = {"id": waiting.id}
+        if waiting.decided:
+            approval["approved"] = bool(waiting.approved)
+            if waiting.reason is not None:
+                approval["reason"] = waiting.reason
+        part["approval"] = approval
+        if result is None:
+            part["state"] = "approval-responded" if waiting.decided else "approval-requested"
+            return part
+        if waiting.decided and not waiting.approved:
+            part["state"] = "output-denied"
+            return part
     if result is None:
         part["state"] = "input-available"
     elif result.error is not None:

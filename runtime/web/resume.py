@@ -99,6 +99,7 @@ def stored_turn_chunks(messages: Any, message_id: str | None = None) -> list[Any
     results = {m.tool_call_id: m for m in messages[index + 1 :] if isinstance(m, ToolMessage)}
     usage = Usage(input_tokens=0, output_tokens=0, total_tokens=0)
     out: list[Any] = [o.Start(message_id=message.id)]
+    suspended = False  # a call still waits for a decision (docs/approval.md)
     n = 0
     for step_parts in message.steps():
         if not step_parts:
@@ -126,7 +127,22 @@ def stored_turn_chunks(messages: Any, message_id: str | None = None) -> list[Any
                     o.ToolCall(step=step, tool_call_id=call, tool_name=name, input=part.input)
                 )
                 result = results.get(call)
-                if result is not None and result.error is not None:
+                waiting = part.awaiting
+                if waiting is not None and result is None and not waiting.decided:
+                    suspended = True
+                    if waiting.kind == "approval":
+                        out.append(
+                            o.ToolApprovalRequest(
+                                step=step, tool_call_id=call, tool_name=name, approval_id=waiting.id
+                            )
+                        )
+                elif waiting is not None and result is not None and waiting.approved is False:
+                    out.append(
+                        o.ToolOutputDenied(
+                            step=step, tool_call_id=call, tool_name=name, reason=waiting.reason
+                        )
+                    )
+                elif result is not None and result.error is not None:
                     out.append(
                         o.ToolError(
                             step=step, tool_call_id=call, tool_name=name, error=result.error
@@ -144,7 +160,8 @@ def stored_turn_chunks(messages: Any, message_id: str | None = None) -> list[Any
     elif message.interrupted:
         out.append(o.Abort(reason="interrupted"))
     else:
-        out.append(o.Finish(finish_reason="stop", usage=usage))
+        reason = "awaiting-input" if suspended else "stop"
+        out.append(o.Finish(finish_reason=reason, usage=usage))
     return out
 
 

@@ -10,8 +10,12 @@ def _get(chunk: Any, name: str) -> Any:
     return chunk[name] if isinstance(chunk, dict) else getattr(chunk, name)
 
 
+RESUMED_RESULTS = ("tool-result", "tool-error", "tool-output-denied")
+
+
 def check_grammar(chunks: list[Any], *, ending: str = "finish") -> None:
-    """Assert ``start (step-start CONTENT* step-finish)+ finish`` (or cut short by
+    """Assert ``start RESULT* (step-start CONTENT* step-finish)+ finish`` (RESULT: what a
+    resumed turn's waiting calls give, docs/approval.md; or cut short by
     ``error`` / ``abort`` when ``ending`` says so), matched part starts/finishes, unique
     part ids, ``object-delta`` only inside the text part it parses, and strictly
     increasing ``seq``."""
@@ -24,7 +28,11 @@ def check_grammar(chunks: list[Any], *, ending: str = "finish") -> None:
     open_part: str | None = None
     seen_parts: set[str] = set()
     steps_seen = 0
+    leading = True  # a resumed turn's results come before its first step (approval.md)
     for c, t in zip(chunks[1:-1], types[1:-1], strict=True):
+        if leading and t in RESUMED_RESULTS:
+            continue
+        leading = False
         if t == "step-start":
             assert not in_step, "step-start inside a step"
             in_step, steps_seen = True, steps_seen + 1

@@ -1,0 +1,318 @@
+"""Turns that wait for a person: what is stored, and how a decision is recorded.
+
+A tool call that needs approval (``@tool(needs_approval=...)``) or runs on the client
+(:meth:`runtime.tools.Tool.client`) suspends its turn (docs/approval.md): the call's
+:class:`~runtime.messages.ToolCallPart` is stored with an
+:class:`~runtime.messages.Awaiting` and no result. Nothing else holds the wait: no task,
+no memory. This module reads those calls out of a history (:func:`waiting_calls`) and
+records a decision for one of them in the store (:func:`record_decision`), as a
+version-checked save: of two decisions for one call, exactly one is recorded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import attrs
+
+from runtime.errors import (
+    AlreadyDecided,
+    InvalidDecision,
+    StoreConflict,
+    UnknownApproval,
+)
+from runtime.messages import (
+    AssistantMessage,
+    Awaiting,
+    Message,
+    ToolCallPart,
+    ToolMessage,
+    UserMessage,
+)
+from runtime.store import Store
+from runtime.tools import ToolInputError
+
+APPROVAL = "approval"
+CLIENT = "client"
+AWAITING_INPUT = "awaiting-input"
+"""The finish reason of a turn that suspended."""
+SUPERSEDED = "superseded"
+"""The reason a waiting call is denied with when a new user message arrives instead."""
+RECORD_ATTEMPTS = 8
+"""Times :func:`record_decision` tries again after another writer's save came first."""
+
+
+@attrs.frozen(kw_only=True, slots=True)
+class PendingCall:
+    """A call a suspended turn waits for (``session.pending``, ``TurnResult.pending``)."""
+
+    approval_id: str
+    """What to answer with ``session.respond``: the approval id (``approvalId`` in the AI
+    SDK stream); a client tool's is its call id."""
+    tool_call_id: str
+    tool_name: str
+    input: Any
+    kind: str
+    """``"approval"`` or ``"client"``."""
+    step: int
+    message_id: str
+    """The turn's assistant message (the continuation keeps it)."""
+    turn_id: str
+    decided: bool = False
+
+
+@attrs.frozen(kw_only=True, slots=True)
+class Decision:
+    """An answer for one waiting call: ``approved`` (and ``reason``) for an approval;
+    ``output`` or ``error`` for a client tool."""
+
+    approved: bool | None = None
+    reason: str | None = None
+    output: Any = None
+    error: str | None = None
+    has_output: bool = False
+    """Whether ``output`` was given (``None`` is a valid output)."""
+
+
+@attrs.frozen(kw_only=True, slots=True)
+class Recorded:
+    """What :func:`record_decision` did: the call decided, and whether that completed
+    the turn's waiting calls (then the turn can resume)."""
+
+    call: PendingCall
+    complete: bool
+    version: int
+
+
+def _last_turn(messages: Sequence[Message]) -> tuple[int, AssistantMessage] | None:
+    """The last assistant message, when no user message follows it."""
+    for i in range(len(messages) - 1, -1, -1):
+        m = messages[i]
+        if isinstance(m, UserMessage):
+            return None
+        if isinstance(m, AssistantMessage):
+            return i, m
+    return None
+
+
+def waiting_calls(messages: Sequence[Message]) -> tuple[PendingCall, ...]:
+    """The calls the history's last turn waits for, decided or not: those stored with an
+    :class:`~runtime.messages.Awaiting` and no result yet. Empty when the last turn did
+    not suspend (or was resumed, or a newer user message superseded it)."""
+    found = _last_turn(messages)
+    if found is None:
+        return ()
+    index, message = found
+    answered = {m.tool_call_id for m in messages[index + 1 :] if isinstance(m, ToolMessage)}
+    return tuple(
+        _pending(p, message.id)
+        for p in message.content
+        if isinstance(p, ToolCallPart) and p.awaiting is not None and p.tool_call_id not in answered
+    )
+
+
+def pending_calls(messages: Sequence[Message]) -> tuple[PendingCall, ...]:
+    """The waiting calls still without a decision."""
+    return tuple(c for c in waiting_calls(messages) if not c.decided)
+
+
+def _pending(part: ToolCallPart, message_id: str) -> PendingCall:
+    waiting = part.awaiting
+    assert waiting is not None
+    return PendingCall(
+        approval_id=waiting.id,
+        tool_call_id=part.tool_call_id,
+        tool_name=part.tool_name,
+        input=part.input,
+        kind=waiting.kind,
+        step=part.step,
+        message_id=message_id,
+        turn_id=waiting.turn_id,
+        decided=waiting.decided,
+    )
+
+
+def _check(part: ToolCallPart, decision: Decision, tools: Mapping[str, Any]) -> Awaiting:
+    """The part's :class:`Awaiting` with ``decision`` in it, or :class:`InvalidDecision`."""
+    waiting = part.awaiting
+    assert waiting is not None
+    given = decision.has_output or decision.error is not None
+    if waiting.kind == APPROVAL:
+        if given or decision.approved is None:
+            raise InvalidDecision(
+                f"call {part.tool_call_id!r} ({part.tool_name}) waits for approval: answer "
+                "with approved=True or approved=False"
+            )
+        return attrs.evolve(
+            waiting, decided=True, approved=bool(decision.approved), reason=decision.reason
+        )
+    if decision.approved is not None or not given:
+        raise InvalidDecision(
+            f"call {part.tool_call_id!r} ({part.tool_name}) is a client-side tool: answer "
+            "with its output= (or error=)"
+        )
+    if decision.error is None:
+        tool = tools.get(part.tool_name)
+        check = getattr(tool, "validate_output", None)
+        if check is not None:
+            try:
+                check(decision.output)
+            except ToolInputError as exc:
+                raise InvalidDecision(str(exc)) from None
+    return attrs.evolve(
+        waiting,
+        decided=True,
+        output=None if decision.error is not None else decision.output,
+        error=decision.error,
+    )
+
+
+def decide(
+    messages: Sequence[Message], key: str, decision: Decision, tools: Mapping[str, Any]
+) -> tuple[int, tuple[Message, ...], PendingCall, bool]:
+    """Apply ``decision`` to the waiting call ``key`` (an approval id, or a call id) of
+    ``messages``: ``(index of the changed assistant message, the messages, the call,
+    whether every waiting call is decided now)``. Raises :class:`UnknownApproval`,
+    :class:`AlreadyDecided` or :class:`InvalidDecision`; changes nothing then."""
+    waiting = waiting_calls(messages)
+    call = next((c for c in waiting if key in (c.approval_id, c.tool_call_id)), None)
+    if call is None:
+        if _ever_waited(messages, key):
+            raise AlreadyDecided(f"{key!r} was decided already")
+        raise UnknownApproval(f"no call of this session waits for {key!r}")
+    if call.decided:
+        raise AlreadyDecided(f"{key!r} was decided already")
+    found = _last_turn(messages)
+    assert found is not None
+    index, message = found
+    content = tuple(
+        attrs.evolve(p, awaiting=_check(p, decision, tools))
+        if isinstance(p, ToolCallPart) and p.tool_call_id == call.tool_call_id
+        else p
+        for p in message.content
+    )
+    out = list(messages)
+    out[index] = attrs.evolve(message, content=content)
+    complete = all(c.decided or c.tool_call_id == call.tool_call_id for c in waiting)
+    return index, tuple(out), attrs.evolve(call, decided=True), complete
+
+
+def _ever_waited(messages: Sequence[Message], key: str) -> bool:
+    """Whether any call of the history ever waited under ``key`` (then it was decided)."""
+    return any(
+        isinstance(p, ToolCallPart)
+        and p.awaiting is not None
+        and key in (p.awaiting.id, p.tool_call_id)
+        for m in messages
+        if isinstance(m, AssistantMessage)
+        for p in m.content
+    )
+
+
+async def record_decision(
+    store: Store,
+    session_id: str,
+    key: str,
+    decision: Decision,
+    tools: Mapping[str, Any],
+) -> Recorded:
+    """Record ``decision`` for the waiting call ``key`` of session ``session_id`` in
+    ``store``: load, check, save on top of the version loaded. When another writer saved
+    in between (a concurrent decision), load again and check again: a call someone else
+    decided meanwhile raises :class:`AlreadyDecided`, so of two decisions exactly one
+    wins. Raises :class:`UnknownApproval` for an id the session does not wait for (one
+    of another session's is unknown here)."""
+    conflict: StoreConflict | None = None
+    for _ in range(RECORD_ATTEMPTS):
+        record = await store.load(session_id)
+        if record is None:
+            raise UnknownApproval(f"no call of this session waits for {key!r}")
+        index, messages, call, complete = decide(record.messages, key, decision, tools)
+        try:
+            version = await store.save(
+                session_id, index, messages[index:], expected_version=record.version
+            )
+        except StoreConflict as exc:
+            conflict = exc
+            continue
+        return Recorded(call=call, complete=complete, version=version)
+    assert conflict is not None
+    raise conflict
+
+
+def denial_text(reason: str | None) -> str:
+    """The tool result a denied call gets: what the model reads."""
+    return f"the tool call was denied: {reason or 'no reason given'}"
+
+
+def supersede(messages: list[Message]) -> int | None:
+    """Before a new user message: deny every call the last turn still waits for, with
+    reason ``superseded`` (what ``useChat`` does when the user types instead of
+    answering), and give each waiting call its result, so the history a model sees is
+    whole. Changes ``messages`` in place; returns the index of the changed assistant
+    message (``None``: nothing waited)."""
+    waiting = waiting_calls(messages)
+    if not waiting:
+        return None
+    found = _last_turn(messages)
+    assert found is not None
+    index, message = found
+    content = []
+    results: list[ToolMessage] = []
+    for p in message.content:
+        if (
+            isinstance(p, ToolCallPart)
+            and p.awaiting is not None
+            and any(c.tool_call_id == p.tool_call_id for c in waiting)
+        ):
+            w = p.awaiting
+            if not w.decided:
+                w = attrs.evolve(w, decided=True, reason=SUPERSEDED)
+                w = attrs.evolve(w, approved=False) if w.kind == APPROVAL else w
+                if w.kind == CLIENT:
+                    w = attrs.evolve(w, error=SUPERSEDED)
+            p = attrs.evolve(p, awaiting=w)
+            results.append(_superseded_result(p))
+        content.append(p)
+    messages[index] = attrs.evolve(message, content=tuple(content))
+    messages.extend(results)
+    return index
+
+
+def _superseded_result(part: ToolCallPart) -> ToolMessage:
+    w = part.awaiting
+    assert w is not None
+    if w.kind == APPROVAL:
+        error = (
+            "the tool call was not executed: a new message superseded it"
+            if w.approved
+            else denial_text(w.reason)
+        )
+        return ToolMessage(
+            tool_call_id=part.tool_call_id, tool_name=part.tool_name, step=part.step, error=error
+        )
+    return ToolMessage(
+        tool_call_id=part.tool_call_id,
+        tool_name=part.tool_name,
+        step=part.step,
+        output=w.output,
+        error=w.error,
+    )
+
+
+__all__ = [
+    "APPROVAL",
+    "AWAITING_INPUT",
+    "CLIENT",
+    "SUPERSEDED",
+    "Decision",
+    "PendingCall",
+    "Recorded",
+    "decide",
+    "denial_text",
+    "pending_calls",
+    "record_decision",
+    "supersede",
+    "waiting_calls",
+]

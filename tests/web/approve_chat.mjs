@@ -1,0 +1,100 @@
+// Drives Axon's POST /api/chat with the `ai` package's AbstractChat (what useChat wraps)
+// through a tool approval: sendMessage, then addToolApprovalResponse, which sends the
+// continuation itself (sendAutomaticallyWhen:
+// lastAssistantMessageIsCompleteWithApprovalResponses). With "clientOutput", through a
+// client-side tool instead: addToolOutput, sent with
+// lastAssistantMessageIsCompleteWithToolCalls.
+//
+//   node approve_chat.mjs '{"url": "http://127.0.0.1:PORT", "chatId": "s",
+//                           "approved": true, "reason": "ok"}'
+//
+// Prints one JSON object: the request bodies sent, the chat's final messages, its status
+// and error (if any).
+// With "ai": a file URL of another copy of the package (ai@6), that one is used.
+
+const config = JSON.parse(process.argv[2]);
+const {
+  AbstractChat,
+  DefaultChatTransport,
+  lastAssistantMessageIsCompleteWithApprovalResponses,
+  lastAssistantMessageIsCompleteWithToolCalls,
+} = await import(config.ai ?? "ai");
+const clientTool = config.clientOutput !== undefined;
+
+class State {
+  status = "ready";
+  error = undefined;
+  messages = [];
+  pushMessage(m) {
+    this.messages = [...this.messages, m];
+  }
+  popMessage() {
+    this.messages = this.messages.slice(0, -1);
+  }
+  replaceMessage(i, m) {
+    this.messages = [...this.messages.slice(0, i), m, ...this.messages.slice(i + 1)];
+  }
+  snapshot(x) {
+    return structuredClone(x);
+  }
+}
+
+class Chat extends AbstractChat {
+  constructor(init) {
+    super({ ...init, state: new State() });
+  }
+}
+
+const bodies = [];
+const transport = new DefaultChatTransport({
+  api: `${config.url}/api/chat`,
+  fetch: async (url, init) => {
+    bodies.push(JSON.parse(init.body));
+    return fetch(url, init);
+  },
+});
+const chat = new Chat({
+  id: config.chatId,
+  transport,
+  sendAutomaticallyWhen: clientTool
+    ? lastAssistantMessageIsCompleteWithToolCalls
+    : lastAssistantMessageIsCompleteWithApprovalResponses,
+});
+
+const settle = async (requests) => {
+  for (let i = 0; i < 500; i++) {
+    if (bodies.length >= requests && chat.status === "ready") return;
+    if (chat.status === "error") return;
+    await new Promise((r) => setTimeout(r, 20));
+  }
+};
+
+await chat.sendMessage({ text: "go" });
+await settle(1);
+const asked = chat.messages
+  .at(-1)
+  .parts.find((p) => p.state === "approval-requested");
+const call = chat.messages.at(-1).parts.find((p) => p.state === "input-available");
+if (clientTool && call) {
+  await chat.addToolOutput({
+    tool: call.type.slice("tool-".length),
+    toolCallId: call.toolCallId,
+    output: config.clientOutput,
+  });
+  await settle(2);
+} else if (asked) {
+  await chat.addToolApprovalResponse({
+    id: asked.approval.id,
+    approved: config.approved,
+    ...(config.reason ? { reason: config.reason } : {}),
+  });
+  await settle(2);
+}
+console.log(
+  JSON.stringify({
+    bodies,
+    messages: chat.messages,
+    status: chat.status,
+    error: chat.error ? String(chat.error.message) : null,
+  }),
+);
