@@ -162,6 +162,7 @@ async def test_a_continuation_is_refused_where_answers_are_not_taken():
     import orjson
     from starlette.requests import Request
 
+    from runtime.media import InputLimits
     from runtime.web.chat_input import read_chat_request
     from runtime.web.http import ApiError
 
@@ -172,7 +173,15 @@ async def test_a_continuation_is_refused_where_answers_are_not_taken():
 
     class App:
         class state:
-            axon = type("S", (), {"max_body": 1 << 20, "body_timeout": None})()
+            axon = type(
+                "S",
+                (),
+                {
+                    "max_body": 1 << 20,
+                    "body_timeout": None,
+                    "host": type("H", (), {"input_limits": InputLimits()})(),
+                },
+            )()
 
     request = Request({"type": "http", "method": "POST", "headers": [], "app": App}, receive)
     try:

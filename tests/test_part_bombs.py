@@ -379,10 +379,10 @@ def test_the_reduced_body_is_the_last_user_message_and_the_scalar_fields() -> No
         "junk": [[], [[]]],
         "messages": [
             {"id": "u0", "role": "user", "parts": [{"type": "text", "text": "old"}]},
+            {"id": "a0", "role": "assistant", "parts": []},
             {"id": "u1", "role": "user", "parts": [
                 {"type": "text", "text": "new", "extra": [1, 2]}, {"type": "reasoning"},
             ]},
-            {"id": "a1", "role": "assistant", "parts": []},
         ],
     }  # fmt: skip
     assert chat_body.reduce_chat_body(orjson.dumps(body), 10, 10) == {
@@ -391,6 +391,40 @@ def test_the_reduced_body_is_the_last_user_message_and_the_scalar_fields() -> No
         "junk": [],
         "messages": [{"id": "u1", "role": "user", "parts": [{"type": "text", "text": "new"}]}],
     }
+
+
+def test_a_continuation_keeps_its_assistant_messages_answers() -> None:
+    approval = {"id": "ap_1", "approved": True}
+    body = {
+        "id": "s",
+        "messageId": "a1",
+        "messages": [
+            {"id": "u1", "role": "user", "parts": [{"type": "text", "text": "hi"}]},
+            {"id": "a1", "role": "assistant", "parts": [
+                {"type": "text", "text": "calling"},
+                {"type": "tool-x", "toolCallId": "c1", "state": "approval-responded",
+                 "input": {"big": "ignored"}, "approval": approval},
+            ]},
+        ],
+    }  # fmt: skip
+    reduced = chat_body.reduce_chat_body(orjson.dumps(body), 10, 10)
+    assert reduced["messages"] == [
+        {
+            "id": "a1",
+            "role": "assistant",
+            "parts": [
+                {"type": "tool-x", "toolCallId": "c1", "state": "approval-responded",
+                 "approval": approval},
+            ],
+        }
+    ]  # fmt: skip
+
+
+def test_a_continuation_with_more_parts_than_max_parts_is_refused() -> None:
+    parts = [{"type": "tool-x", "toolCallId": f"c{n}"} for n in range(11)]
+    body = {"id": "s", "messages": [{"id": "a1", "role": "assistant", "parts": parts}]}
+    with pytest.raises(chat_body.BodyRefused, match="11 parts; the limit is 10"):
+        chat_body.reduce_chat_body(orjson.dumps(body), 10, 10)
 
 
 async def test_the_lease_keeper_renews_while_the_event_loop_is_blocked(pg_url: str) -> None:
