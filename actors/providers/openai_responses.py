@@ -63,6 +63,7 @@ from runtime.chunks import (
 )
 from runtime.errors import AxonError
 from runtime.history import iter_turns, split_steps
+from runtime.ids import new_id
 from runtime.messages import (
     File,
     Image,
@@ -373,8 +374,6 @@ def _call_id(item: Any) -> str:
     found = getattr(item, "call_id", None) or getattr(item, "id", None)
     if found:
         return found
-    from runtime.ids import new_id
-
     return new_id("call")
 
 

@@ -51,6 +51,7 @@ import structlog
 import trio
 
 from runtime.errors import ConfigurationError, RelayTurnGone, RelayUnavailable
+from runtime.output import OutputChunk
 from runtime.redact import redact_url, register_url_secrets
 from runtime.relay import RESTART_STEP as RESTART
 from runtime.relay import StepRestarted
@@ -525,8 +526,6 @@ class RedisRelay:
             )
         if kind == RESTART:
             return StepRestarted(step=item["step"], seq=seq)
-        from runtime.output import OutputChunk
-
         return attrs.evolve(structure(item, OutputChunk), seq=seq)
 
     # -- cancelling -------------------------------------------------------------------------

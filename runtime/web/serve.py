@@ -35,6 +35,8 @@ from runtime.errors import ConfigurationError, RelayUnavailable
 from runtime.host import Host
 from runtime.logging import configure_logging
 from runtime.redact import redact_url
+from runtime.stores.postgres import PostgresStore
+from runtime.stores.turns import TurnQueue
 from runtime.web import BODY_TIMEOUT, DEFAULT_MAX_BODY, SEND_TIMEOUT
 
 DEFAULT_PORT = 8000
@@ -299,9 +301,6 @@ async def serve_command(args: argparse.Namespace) -> int:
         )
         queue = None
         if is_front_end(args):  # the host only lends its store: it runs no turn
-            from runtime.stores.postgres import PostgresStore
-            from runtime.stores.turns import TurnQueue
-
             assert isinstance(host.store, PostgresStore)  # a postgresql:// URL opens one
             queue = TurnQueue(host.store)
             stack.push_async_callback(queue.aclose)
