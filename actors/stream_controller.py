@@ -73,24 +73,34 @@ class StreamController(Actor):
         message.taken = True
         out: list[Any] = []
         sid = self.session_id or ""
+        handlers = self._HANDLERS
+        # The hot path, inlined: a delta of the open part, built directly from locals. Any
+        # other item goes to its handler in the table (an unknown one is ignored), which may
+        # move the state, so the locals are stored before it and read again after.
+        seq, step, part_id, turn_id = self.seq, self._step, self._open_id, self._turn_id
         for item in message:
             t = type(item)
-            # The hot path, inlined: a delta of the open part, built directly.
             if t is TextChunk or t is ReasoningChunk:
-                self.seq += 1
+                seq += 1
                 delta = o.TextDelta if t is TextChunk else o.ReasoningDelta
                 out.append(
                     delta(
-                        step=self._step,
-                        part_id=self._open_id,
+                        step=step,
+                        part_id=part_id,
                         text=item.text,
-                        seq=self.seq,
+                        seq=seq,
                         session_id=sid,
-                        turn_id=self._turn_id,
+                        turn_id=turn_id,
                     )
                 )
             else:
-                self._translate(item, out)
+                handler = handlers.get(t)
+                if handler is not None:
+                    self.seq = seq
+                    handler(self, item, out)
+                    seq, step, part_id = self.seq, self._step, self._open_id
+                    turn_id = self._turn_id
+        self.seq = seq
         if out:
             await self._emit(out)
         done = self._done
@@ -120,13 +130,6 @@ class StreamController(Actor):
             cls = o.TextFinish if kind == TEXT else o.ReasoningFinish
             out.append(self._chunk(cls, step=self._step, part_id=self._open_id))
             self._open_kind = None
-
-    def _translate(self, item: Any, out: list[Any]) -> None:
-        """Everything but the deltas (see :meth:`handle`): the item's handler in
-        :attr:`_HANDLERS`, by its exact type; an item of no other type is ignored."""
-        handler = self._HANDLERS.get(type(item))
-        if handler is not None:
-            handler(self, item, out)
 
     # One handler per raw item type: the chunk(s) it becomes, and the state it moves.
 
@@ -230,7 +233,8 @@ class StreamController(Actor):
         TurnEnd: _turn_end,
         TurnDone: _turn_done,
     }
-    """The raw item types the controller renders (the deltas aside), each to its handler."""
+    """The raw item types the controller renders (the text and reasoning deltas aside,
+    which :meth:`handle` builds inline), each to its handler."""
 
     async def _emit(self, out: list[Any]) -> None:
         bus = self.bus
