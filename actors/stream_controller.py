@@ -15,7 +15,8 @@ chunk, and then the consumer's inbox is closed.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 import trio
 
@@ -74,24 +75,34 @@ class StreamController(Actor):
         message.taken = True
         out: list[Any] = []
         sid = self.session_id or ""
+        handlers = self._HANDLERS
+        # The hot path, inlined: a delta of the open part, built directly from locals. Any
+        # other item goes to its handler in the table (an unknown one is ignored), which may
+        # move the state, so the locals are stored before it and read again after.
+        seq, step, part_id, turn_id = self.seq, self._step, self._open_id, self._turn_id
         for item in message:
             t = type(item)
-            # The hot path, inlined: a delta of the open part, built directly.
             if t is TextChunk or t is ReasoningChunk:
-                self.seq += 1
+                seq += 1
                 delta = o.TextDelta if t is TextChunk else o.ReasoningDelta
                 out.append(
                     delta(
-                        step=self._step,
-                        part_id=self._open_id,
+                        step=step,
+                        part_id=part_id,
                         text=item.text,
-                        seq=self.seq,
+                        seq=seq,
                         session_id=sid,
-                        turn_id=self._turn_id,
+                        turn_id=turn_id,
                     )
                 )
             else:
-                self._translate(item, out)
+                handler = handlers.get(t)
+                if handler is not None:
+                    self.seq = seq
+                    handler(self, item, out)
+                    seq, step, part_id = self.seq, self._step, self._open_id
+                    turn_id = self._turn_id
+        self.seq = seq
         if out:
             await self._emit(out)
         done = self._done
@@ -122,120 +133,115 @@ class StreamController(Actor):
             out.append(self._chunk(cls, step=self._step, part_id=self._open_id))
             self._open_kind = None
 
-    def _translate(self, item: Any, out: list[Any]) -> None:
-        """Everything but the deltas (see :meth:`handle`)."""
-        t = type(item)
-        if t is PartBegin:
+    # One handler per raw item type: the chunk(s) it becomes, and the state it moves.
+
+    def _part_begin(self, item: PartBegin, out: list[Any]) -> None:
+        self._close_part(out)
+        self._open_kind, self._open_id = item.kind, item.part_id
+        cls = o.TextStart if item.kind == TEXT else o.ReasoningStart
+        out.append(self._chunk(cls, step=self._step, part_id=item.part_id))
+
+    def _part_end(self, item: PartEnd, out: list[Any]) -> None:
+        if item.part_id == self._open_id:
             self._close_part(out)
-            self._open_kind, self._open_id = item.kind, item.part_id
-            cls = o.TextStart if item.kind == TEXT else o.ReasoningStart
-            out.append(self._chunk(cls, step=self._step, part_id=item.part_id))
-        elif t is PartEnd:
-            if item.part_id == self._open_id:
-                self._close_part(out)
-        elif t is ObjectUpdate:
-            out.append(
-                self._chunk(o.ObjectDelta, step=self._step, part_id=item.part_id, value=item.value)
+
+    def _object_update(self, item: ObjectUpdate, out: list[Any]) -> None:
+        out.append(
+            self._chunk(o.ObjectDelta, step=self._step, part_id=item.part_id, value=item.value)
+        )
+
+    def _tool_input_start(self, item: ToolInputStartChunk, out: list[Any]) -> None:
+        out.append(
+            self._chunk(
+                o.ToolInputStart,
+                step=self._step,
+                tool_call_id=item.tool_call_id,
+                tool_name=item.tool_name,
             )
-        elif t is ToolInputStartChunk:
-            out.append(
-                self._chunk(
-                    o.ToolInputStart,
-                    step=self._step,
-                    tool_call_id=item.tool_call_id,
-                    tool_name=item.tool_name,
-                )
+        )
+
+    def _tool_input_delta(self, item: ToolInputDeltaChunk, out: list[Any]) -> None:
+        out.append(
+            self._chunk(
+                o.ToolInputDelta, step=self._step, tool_call_id=item.tool_call_id, delta=item.delta
             )
-        elif t is ToolInputDeltaChunk:
-            out.append(
-                self._chunk(
-                    o.ToolInputDelta,
-                    step=self._step,
-                    tool_call_id=item.tool_call_id,
-                    delta=item.delta,
-                )
+        )
+
+    def _tool_call(self, item: ToolCallChunk, out: list[Any]) -> None:
+        ids = {"tool_call_id": item.tool_call_id, "tool_name": item.tool_name}
+        out.append(self._chunk(o.ToolCall, step=self._step, **ids, input=item.input))
+
+    def _tool_done(self, item: ToolDone, out: list[Any]) -> None:
+        oc = item.outcome
+        ids = {"tool_call_id": oc.tool_call_id, "tool_name": oc.tool_name}
+        if oc.error is None:
+            out.append(self._chunk(o.ToolResult, step=item.step, **ids, output=oc.output))
+        else:
+            out.append(self._chunk(o.ToolError, step=item.step, **ids, error=oc.error))
+
+    def _tool_streamed(self, item: ToolStreamed, out: list[Any]) -> None:
+        pr = item.progress
+        ids = {"tool_call_id": pr.tool_call_id, "tool_name": pr.tool_name}
+        out.append(self._chunk(o.ToolStream, step=item.step, **ids, chunk=pr.chunk))
+
+    def _step_begin(self, item: StepBegin, out: list[Any]) -> None:
+        self._step = item.step
+        out.append(self._chunk(o.StepStart, step=item.step))
+
+    def _step_end(self, item: StepEnd, out: list[Any]) -> None:
+        self._close_part(out)
+        out.append(
+            self._chunk(
+                o.StepFinish, step=item.step, finish_reason=item.finish_reason, usage=item.usage
             )
-        elif t is ToolCallChunk:
-            out.append(
-                self._chunk(
-                    o.ToolCall,
-                    step=self._step,
-                    tool_call_id=item.tool_call_id,
-                    tool_name=item.tool_name,
-                    input=item.input,
-                )
-            )
-        elif t is ToolDone:
-            oc = item.outcome
-            if oc.error is None:
-                out.append(
-                    self._chunk(
-                        o.ToolResult,
-                        step=item.step,
-                        tool_call_id=oc.tool_call_id,
-                        tool_name=oc.tool_name,
-                        output=oc.output,
-                    )
-                )
-            else:
-                out.append(
-                    self._chunk(
-                        o.ToolError,
-                        step=item.step,
-                        tool_call_id=oc.tool_call_id,
-                        tool_name=oc.tool_name,
-                        error=oc.error,
-                    )
-                )
-        elif t is ApprovalAsked or t is ToolDenied:
-            out.append(_waiting_chunk(self, item))
-        elif t is ToolStreamed:
-            pr = item.progress
-            out.append(
-                self._chunk(
-                    o.ToolStream,
-                    step=item.step,
-                    tool_call_id=pr.tool_call_id,
-                    tool_name=pr.tool_name,
-                    chunk=pr.chunk,
-                )
-            )
-        elif t is StepBegin:
-            self._step = item.step
-            out.append(self._chunk(o.StepStart, step=item.step))
-        elif t is StepEnd:
-            self._close_part(out)
+        )
+
+    def _turn_begin(self, item: TurnBegin, out: list[Any]) -> None:
+        self._turn_id = item.turn_id
+        self._consumer_inbox = item.consumer
+        self._consumer = Batcher(item.consumer, item.turn_id) if item.consumer is not None else None
+        self._open_kind = None
+        self._step = 0
+        out.append(self._chunk(o.Start, message_id=item.message_id))
+
+    def _turn_end(self, item: TurnEnd, out: list[Any]) -> None:
+        self._close_part(out)
+        if item.error is not None:
+            out.append(self._chunk(o.Error, error=item.error))
+        elif item.abort_reason is not None:
+            out.append(self._chunk(o.Abort, reason=item.abort_reason))
+        else:
             out.append(
                 self._chunk(
-                    o.StepFinish, step=item.step, finish_reason=item.finish_reason, usage=item.usage
+                    o.Finish, budget=item.budget, finish_reason=item.finish_reason, usage=item.usage
                 )
             )
-        elif t is TurnBegin:
-            self._turn_id = item.turn_id
-            self._consumer_inbox = item.consumer
-            self._consumer = (
-                Batcher(item.consumer, item.turn_id) if item.consumer is not None else None
-            )
-            self._open_kind = None
-            self._step = 0
-            out.append(self._chunk(o.Start, message_id=item.message_id))
-        elif t is TurnEnd:
-            self._close_part(out)
-            if item.error is not None:
-                out.append(self._chunk(o.Error, error=item.error))
-            elif item.abort_reason is not None:
-                out.append(self._chunk(o.Abort, reason=item.abort_reason))
-            else:
-                out.append(
-                    self._chunk(
-                        o.Finish,
-                        finish_reason=item.finish_reason,
-                        usage=item.usage,
-                        budget=item.budget,
-                    )
-                )
-        elif t is TurnDone:
-            self._done = item
+
+    def _turn_done(self, item: TurnDone, out: list[Any]) -> None:
+        self._done = item  # handed over after this batch's chunks (see :meth:`handle`)
+
+    def _waiting(self, item: ApprovalAsked | ToolDenied, out: list[Any]) -> None:
+        out.append(_waiting_chunk(self, item))
+
+    _HANDLERS: ClassVar[dict[type, Callable[[StreamController, Any, list[Any]], None]]] = {
+        PartBegin: _part_begin,
+        PartEnd: _part_end,
+        ObjectUpdate: _object_update,
+        ToolInputStartChunk: _tool_input_start,
+        ToolInputDeltaChunk: _tool_input_delta,
+        ToolCallChunk: _tool_call,
+        ToolDone: _tool_done,
+        ApprovalAsked: _waiting,
+        ToolDenied: _waiting,
+        ToolStreamed: _tool_streamed,
+        StepBegin: _step_begin,
+        StepEnd: _step_end,
+        TurnBegin: _turn_begin,
+        TurnEnd: _turn_end,
+        TurnDone: _turn_done,
+    }
+    """The raw item types the controller renders (the text and reasoning deltas aside,
+    which :meth:`handle` builds inline), each to its handler."""
 
     async def _emit(self, out: list[Any]) -> None:
         bus = self.bus

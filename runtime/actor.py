@@ -25,6 +25,7 @@ import trio
 from runtime.bus import Bus, Subscription
 from runtime.events import ActorCrashed, ActorGaveUp, ActorRestarted
 from runtime.inbox import Inbox, OverflowPolicy
+from runtime.logging import get_logger
 from runtime.redact import redact
 
 
@@ -236,8 +237,6 @@ class Supervisor:
             actor.stopped.set()
 
     async def _supervise(self, actor: Actor, policy: RestartPolicy, task_status: Any) -> None:
-        from runtime.logging import get_logger
-
         log = get_logger("axon.supervisor")
         crashes: deque[float] = deque()
         restarts = 0

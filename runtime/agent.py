@@ -9,10 +9,11 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeGuard
 import attrs
 
 from runtime.budget import Budget
+from runtime.errors import ConfigurationError
 from runtime.media import MediaLimits
 from runtime.retry import RetryPolicy
 from runtime.structured import OutputSchema, output_schema
-from runtime.tools import Tool, tool
+from runtime.tools import Tool, ToolContext, tool
 
 if TYPE_CHECKING:
     from runtime.provider import Provider
@@ -61,8 +62,6 @@ def _tools(value: Sequence[Tool | Callable[..., Any]]) -> tuple[Tool | _ToolServ
     names = [t.name for t in tools if isinstance(t, Tool)]
     dupes = {n for n in names if names.count(n) > 1}
     if dupes:
-        from runtime.errors import ConfigurationError
-
         raise ConfigurationError(f"duplicate tool names: {sorted(dupes)}")
     return tools
 
@@ -139,8 +138,6 @@ class Agent:
         gets the calling session's ``deps``. ``needs_approval`` is ``@tool``'s: a call
         waits for a decision first (docs/approval.md).
         """
-        from runtime.tools import ToolContext
-
         agent = self
         tool_name = name or self.name
 

@@ -50,9 +50,11 @@ from runtime.logging import configure_logging
 from runtime.media import MediaLimits, check_limits, user_content
 from runtime.messages import File, Image, is_media_output
 from runtime.redact import redact_url
+from runtime.render import TerminalRenderer
 from runtime.serde import converter, structure, unstructure
 from runtime.store import validate_session_id
 from runtime.stores import is_store_url, open_store
+from runtime.structured import output_schema
 from runtime.web.serve import add_serve_parser, serve_command
 from runtime.worker import add_worker_parser, worker_command
 
@@ -181,9 +183,6 @@ def check_arguments(args: argparse.Namespace) -> None:
 def read_output_schema(path: str) -> dict[str, Any]:
     """The JSON schema in ``path`` (``run --output-schema``), checked as an agent would
     check it; a missing file, invalid JSON or an unusable schema is :class:`BadInput`."""
-    from runtime.errors import ConfigurationError
-    from runtime.structured import output_schema
-
     try:
         with open(path, "rb") as f:
             schema = orjson.loads(f.read())
@@ -205,8 +204,6 @@ async def run_command(args: argparse.Namespace) -> int:
     agent = make_agent(args)
     renderer = None
     if not args.jsonl:
-        from runtime.render import TerminalRenderer  # rich: only when rendering
-
         renderer = TerminalRenderer()
     out_stream = sys.stdout.buffer
     tracing = None
@@ -252,8 +249,6 @@ def replay_command(args: argparse.Namespace) -> int:
     A recording in which a turn has no ``turn.finished`` (or that has none at all) was cut
     short: what it holds is rendered, then an ``error: ... is incomplete`` line, status 1,
     so a script never takes half an answer for the whole one."""
-    from runtime.render import TerminalRenderer  # rich: only when rendering
-
     renderer = None if args.jsonl else TerminalRenderer()
     try:
         records = read_jsonl(args.file)

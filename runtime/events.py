@@ -15,7 +15,7 @@ import attrs
 
 from runtime.chunks import Usage
 from runtime.messages import Message, UserContent
-from runtime.output import ErrorInfo, _repr
+from runtime.output import ErrorInfo, _repr, _value
 
 _C = TypeVar("_C", bound=type)
 
@@ -24,7 +24,7 @@ _C = TypeVar("_C", bound=type)
 def _event(kind: str) -> Callable[[_C], _C]:
     def wrap(cls: _C) -> _C:
         cls.kind = kind  # type: ignore[attr-defined]
-        return attrs.frozen(kw_only=True, slots=True, repr=False)(cls)  # shared __repr__
+        return _value(cls)  # ids last, shared __repr__
 
     return wrap
 
@@ -37,17 +37,43 @@ class Event:
     __repr__ = _repr
 
 
-@_event("turn.started")
-class TurnStarted(Event):
-    """A turn began. For a sub-agent's turn (``agent.as_tool()``), ``causation_id`` is the
-    parent's tool call id, so an observer can nest the sub-turn under that call."""
+@_value
+class _InTurn(Event):
+    """An event of one turn: the session and turn it belongs to, after the event's own
+    fields, and what caused it (a sub-agent's turn: the parent's tool call id)."""
 
     session_id: str
     turn_id: str
+    causation_id: str | None = None
+
+
+@_value
+class _InSession(Event):
+    """An event of one session, in a turn or not."""
+
+    session_id: str
+    turn_id: str | None = None
+    causation_id: str | None = None
+
+
+@_value
+class _Anywhere(Event):
+    """An event of the machinery (an actor, the bus), in a session and turn when it was
+    serving one."""
+
+    session_id: str | None = None
+    turn_id: str | None = None
+    causation_id: str | None = None
+
+
+@_event("turn.started")
+class TurnStarted(_InTurn):
+    """A turn began. For a sub-agent's turn (``agent.as_tool()``), ``causation_id`` is the
+    parent's tool call id, so an observer can nest the sub-turn under that call."""
+
     agent: str
     input: UserContent
     """The user input: text, or parts when it carried images or files."""
-    causation_id: str | None = None
     provider: str | None = None
     """The provider's name (``openai``, ``anthropic``, ...), for tracing."""
     model: str | None = None
@@ -55,11 +81,9 @@ class TurnStarted(Event):
 
 
 @_event("turn.finished")
-class TurnFinished(Event):
+class TurnFinished(_InTurn):
     """The turn ended: normally, by error, by budget, or aborted (``finish_reason``)."""
 
-    session_id: str
-    turn_id: str
     finish_reason: str
     usage: Usage
     steps: int
@@ -67,69 +91,50 @@ class TurnFinished(Event):
     abort_reason: str | None = None
     budget: str | None = None
     """Which budget ended the turn, when ``finish_reason`` is ``budget``."""
-    causation_id: str | None = None
 
 
 @_event("step.started")
-class StepStarted(Event):
-    session_id: str
-    turn_id: str
+class StepStarted(_InTurn):
     step: int
-    causation_id: str | None = None
 
 
 @_event("step.finished")
-class StepFinished(Event):
-    session_id: str
-    turn_id: str
+class StepFinished(_InTurn):
     step: int
     finish_reason: str
     usage: Usage
-    causation_id: str | None = None
 
 
 @_event("message.added")
-class MessageAdded(Event):
+class MessageAdded(_InTurn):
     """A message was appended to (or, for the turn's assistant message, updated in) history."""
 
-    session_id: str
-    turn_id: str
     index: int
     message: Message
-    causation_id: str | None = None
 
 
 @_event("tool.call-requested")
-class ToolCallRequested(Event):
-    session_id: str
-    turn_id: str
+class ToolCallRequested(_InTurn):
     step: int
     tool_call_id: str
     tool_name: str
     input: Any
-    causation_id: str | None = None
 
 
 @_event("tool.call-completed")
-class ToolCallCompleted(Event):
-    session_id: str
-    turn_id: str
+class ToolCallCompleted(_InTurn):
     step: int
     tool_call_id: str
     tool_name: str
     output: Any = None
     error: str | None = None
     duration: float = 0.0
-    causation_id: str | None = None
 
 
 @_event("session.saved")
-class SessionSaved(Event):
-    session_id: str
-    turn_id: str
+class SessionSaved(_InTurn):
     message_count: int
     step: int | None = None
-    causation_id: str | None = None
 
 
 @_event("session.evicted")
@@ -145,7 +150,7 @@ class SessionEvicted(Event):
 
 
 @_event("session.concurrent-write")
-class ConcurrentWrite(Event):
+class ConcurrentWrite(_InSession):
     """Another writer (another process or host on the same store) changed this session.
 
     ``resolution`` says what this process did about it: ``"reloaded"`` (a turn started
@@ -156,97 +161,73 @@ class ConcurrentWrite(Event):
     session, say). ``version`` and ``message_count`` describe the session afterwards.
     """
 
-    session_id: str
     resolution: str
     version: int
     message_count: int
     added: int
     dropped: int
-    turn_id: str | None = None
-    causation_id: str | None = None
 
 
 @_event("actor.crashed")
-class ActorCrashed(Event):
+class ActorCrashed(_Anywhere):
     """An actor's handler raised; the supervisor decides what happens next."""
 
     actor: str
     error: str
     error_type: str
     restarts: int
-    session_id: str | None = None
-    turn_id: str | None = None
-    causation_id: str | None = None
 
 
 @_event("actor.restarted")
-class ActorRestarted(Event):
+class ActorRestarted(_Anywhere):
     actor: str
     restarts: int
-    session_id: str | None = None
-    turn_id: str | None = None
-    causation_id: str | None = None
 
 
 @_event("actor.gave-up")
-class ActorGaveUp(Event):
+class ActorGaveUp(_Anywhere):
     """Restart intensity exceeded: the actor stays down and its session fails."""
 
     actor: str
     restarts: int
     error: str
-    session_id: str | None = None
-    turn_id: str | None = None
-    causation_id: str | None = None
 
 
 @_event("bus.lagged")
-class Lagged(Event):
+class Lagged(_Anywhere):
     """Delivered to a ``drop-oldest`` subscriber in place of ``dropped`` events it missed."""
 
     subscriber: str
     dropped: int
-    session_id: str | None = None
-    turn_id: str | None = None
-    causation_id: str | None = None
 
 
 @_event("provider.retry")
-class ProviderRetry(Event):
+class ProviderRetry(_InTurn):
     """A model call failed before producing output and will be tried again."""
 
-    session_id: str
-    turn_id: str
     step: int
     attempt: int
     delay: float
     error: ErrorInfo
-    causation_id: str | None = None
 
 
 @_event("tool.approval-requested")
-class ToolApprovalRequested(Event):
+class ToolApprovalRequested(_InTurn):
     """A tool marked ``needs_approval`` waits for a :class:`ToolApprovalDecided`."""
 
-    session_id: str
-    turn_id: str
     step: int
     tool_call_id: str
     tool_name: str
     input: Any
-    causation_id: str | None = None
 
 
 @_event("tool.approval-decided")
-class ToolApprovalDecided(Event):
+class ToolApprovalDecided(_InSession):
     """Approve or deny a pending tool call; a denial becomes the tool's error result."""
 
-    session_id: str
     tool_call_id: str
     approved: bool
     reason: str | None = None
-    turn_id: str | None = None
-    causation_id: str | None = None
 
 
 LIFECYCLE_EVENT_TYPES: tuple[type, ...] = (

@@ -15,6 +15,8 @@ from typing import Generic, Literal, TypeVar
 
 import trio
 
+from runtime.events import Lagged
+
 OverflowPolicy = Literal["block", "drop-oldest"]
 T = TypeVar("T")
 
@@ -104,8 +106,6 @@ class Inbox(Generic[T]):
             pass
 
     def _lagged(self) -> T:
-        from runtime.events import Lagged
-
         n, self.dropped = self.dropped, 0
         return Lagged(subscriber=self.name, dropped=n)  # type: ignore[return-value]
 

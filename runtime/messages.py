@@ -20,12 +20,12 @@ from urllib.parse import unquote_to_bytes, urlsplit
 
 import attrs
 
+from runtime.errors import InvalidMedia
+from runtime.ids import new_id
 from runtime.output import ErrorInfo
 
 
 def _new_id() -> str:
-    from runtime.ids import new_id
-
     return new_id("msg")
 
 
@@ -122,17 +122,11 @@ URL_SCHEMES = ("http", "https", "data")
 the provider fetches it. ``data:`` URLs are decoded into :attr:`Image.data`."""
 
 
-def _invalid(message: str) -> Exception:
-    from runtime.errors import InvalidMedia
-
-    return InvalidMedia(message)
-
-
 def _data_url(url: str) -> tuple[bytes, str | None]:
     """The bytes and media type of a ``data:[<type>][;base64],<data>`` URL."""
     head, sep, payload = url[5:].partition(",")
     if not sep:
-        raise _invalid("a data: URL needs a ',' before its data")
+        raise InvalidMedia("a data: URL needs a ',' before its data")
     params = head.split(";")
     is_base64 = params[-1].strip().lower() == "base64"
     media_type = params[0].strip().lower() or None
@@ -140,7 +134,7 @@ def _data_url(url: str) -> tuple[bytes, str | None]:
         try:
             data = base64.b64decode(payload, validate=True)
         except (binascii.Error, ValueError):
-            raise _invalid("the data: URL is not valid base64") from None
+            raise InvalidMedia("the data: URL is not valid base64") from None
     else:
         data = unquote_to_bytes(payload)
     return data, media_type
@@ -176,14 +170,14 @@ def _normalize_media(obj: Any, what: str, guess: Guess) -> None:
     """
     data, url = obj.data, obj.url
     if (data is None) == (url is None):
-        raise _invalid(f"{what} needs exactly one of data= (bytes) or url=")
+        raise InvalidMedia(f"{what} needs exactly one of data= (bytes) or url=")
     declared = obj.media_type
     if url is not None:
         if not isinstance(url, str):
-            raise _invalid(f"{what} url must be a string, not {type(url).__name__}")
+            raise InvalidMedia(f"{what} url must be a string, not {type(url).__name__}")
         scheme = urlsplit(url.strip()).scheme.lower()
         if scheme not in URL_SCHEMES:
-            raise _invalid(
+            raise InvalidMedia(
                 f"{what} url must be an http:, https: or data: URL, not {scheme or 'a relative'}"
                 f"{':' if scheme else ''} URL"
             )
@@ -196,14 +190,14 @@ def _normalize_media(obj: Any, what: str, guess: Guess) -> None:
         if isinstance(data, bytearray | memoryview):
             data = bytes(data)
         if not isinstance(data, bytes):
-            raise _invalid(f"{what} data must be bytes, not {type(data).__name__}")
+            raise InvalidMedia(f"{what} data must be bytes, not {type(data).__name__}")
         object.__setattr__(obj, "data", data)
     if declared is not None:
         if not isinstance(declared, str):
-            raise _invalid(f"{what} media_type must be a string")
+            raise InvalidMedia(f"{what} media_type must be a string")
         declared = declared.split(";")[0].strip().lower()
         if not _MEDIA_TYPE.match(declared):
-            raise _invalid(f"{what} media_type {obj.media_type!r} is not a media type")
+            raise InvalidMedia(f"{what} media_type {obj.media_type!r} is not a media type")
     sniffed = _sniff(data) if data is not None else None
     if (
         declared is not None
@@ -213,10 +207,10 @@ def _normalize_media(obj: Any, what: str, guess: Guess) -> None:
         # bitmap's), so a text file starting "BMW ..." is text, as declared.
         and not (declared.startswith("text/") and data is not None and _looks_like_text(data))
     ):
-        raise _invalid(f"{what} is declared {declared} but its bytes are {sniffed}")
+        raise InvalidMedia(f"{what} is declared {declared} but its bytes are {sniffed}")
     media_type = declared or sniffed or guess(data, url)
     if media_type is None:
-        raise _invalid(f"could not tell the media type of this {what}: pass media_type=")
+        raise InvalidMedia(f"could not tell the media type of this {what}: pass media_type=")
     object.__setattr__(obj, "media_type", media_type)
 
 
@@ -251,7 +245,7 @@ class Image:
     def __attrs_post_init__(self) -> None:
         _normalize_media(self, "image", lambda _data, url: _guess_from_name(url))
         if not self.media_type.startswith("image/"):  # type: ignore[union-attr]
-            raise _invalid(f"an image must have an image/* media type, not {self.media_type}")
+            raise InvalidMedia(f"an image must have an image/* media type, not {self.media_type}")
 
     @property
     def size(self) -> int:
@@ -288,7 +282,7 @@ class File:
             return found
 
         if self.filename is not None and not isinstance(self.filename, str):
-            raise _invalid("file filename must be a string")
+            raise InvalidMedia("file filename must be a string")
         _normalize_media(self, "file", guess)
 
     @property

@@ -46,6 +46,25 @@ class ErrorInfo:
 _C = TypeVar("_C", bound=type)
 
 
+def _ids_last(cls: type, fields: list[attrs.Attribute[Any]]) -> list[attrs.Attribute[Any]]:
+    """attrs field transformer: a class's own fields first, the correlation ids it inherits
+    after them, so a chunk or event reads (and serializes) as what it says, then whose."""
+    # ``Attribute.inherited`` is documented attrs API that its stubs do not declare.
+    inherited = [f for f in fields if f.inherited]  # type: ignore[attr-defined]
+    return [f for f in fields if f not in inherited] + inherited
+
+
+@dataclass_transform(kw_only_default=True, frozen_default=True, field_specifiers=(attrs.field,))
+def _value(cls: _C) -> _C:
+    """A frozen, slotted, keyword-only value class with the shared ``__repr__``.
+
+    repr=False: one shared __repr__ (:func:`_repr`) instead of one compiled per class, which
+    keeps ``import runtime`` cheap; equality and hashing stay generated. The bases that carry
+    the correlation ids use it too, so the type checker sees their fields in every subclass.
+    """
+    return attrs.frozen(kw_only=True, slots=True, repr=False, field_transformer=_ids_last)(cls)
+
+
 @dataclass_transform(kw_only_default=True, frozen_default=True, field_specifiers=(attrs.field,))
 def _out(type_: str) -> Callable[[_C], _C]:
     """Decorator: attach type/kind and make a frozen value class."""
@@ -53,9 +72,7 @@ def _out(type_: str) -> Callable[[_C], _C]:
     def wrap(cls: _C) -> _C:
         cls.type = type_  # type: ignore[attr-defined]
         cls.kind = "output." + type_  # type: ignore[attr-defined]
-        # repr=False: one shared __repr__ (below) instead of one compiled per class, which
-        # keeps `import runtime` cheap; equality and hashing stay generated.
-        return attrs.frozen(kw_only=True, slots=True, repr=False)(cls)
+        return _value(cls)
 
     return wrap
 
@@ -65,36 +82,34 @@ def _repr(self: Any) -> str:
     return f"{type(self).__name__}({fields})"
 
 
+@_value
 class _Base:
-    __slots__ = ()
+    """What every chunk carries after its own fields: its place in the session's stream
+    (``seq``, stamped by the stream controller) and the ids to correlate it with."""
+
     type: ClassVar[str]
     kind: ClassVar[str]
     __repr__ = _repr
+
+    seq: int = 0
+    session_id: str = ""
+    turn_id: str = ""
 
 
 @_out("start")
 class Start(_Base):
     message_id: str
-    seq: int = 0
-    session_id: str = ""
-    turn_id: str = ""
 
 
 @_out("step-start")
 class StepStart(_Base):
     step: int
-    seq: int = 0
-    session_id: str = ""
-    turn_id: str = ""
 
 
 @_out("text-start")
 class TextStart(_Base):
     step: int
     part_id: str
-    seq: int = 0
-    session_id: str = ""
-    turn_id: str = ""
 
 
 @_out("text-delta")
@@ -102,18 +117,12 @@ class TextDelta(_Base):
     step: int
     part_id: str
     text: str
-    seq: int = 0
-    session_id: str = ""
-    turn_id: str = ""
 
 
 @_out("text-finish")
 class TextFinish(_Base):
     step: int
     part_id: str
-    seq: int = 0
-    session_id: str = ""
-    turn_id: str = ""
 
 
 @_out("object-delta")
@@ -126,18 +135,12 @@ class ObjectDelta(_Base):
     step: int
     part_id: str
     value: Any
-    seq: int = 0
-    session_id: str = ""
-    turn_id: str = ""
 
 
 @_out("reasoning-start")
 class ReasoningStart(_Base):
     step: int
     part_id: str
-    seq: int = 0
-    session_id: str = ""
-    turn_id: str = ""
 
 
 @_out("reasoning-delta")
@@ -145,18 +148,12 @@ class ReasoningDelta(_Base):
     step: int
     part_id: str
     text: str
-    seq: int = 0
-    session_id: str = ""
-    turn_id: str = ""
 
 
 @_out("reasoning-finish")
 class ReasoningFinish(_Base):
     step: int
     part_id: str
-    seq: int = 0
-    session_id: str = ""
-    turn_id: str = ""
 
 
 @_out("tool-input-start")
@@ -164,9 +161,6 @@ class ToolInputStart(_Base):
     step: int
     tool_call_id: str
     tool_name: str
-    seq: int = 0
-    session_id: str = ""
-    turn_id: str = ""
 
 
 @_out("tool-input-delta")
@@ -174,9 +168,6 @@ class ToolInputDelta(_Base):
     step: int
     tool_call_id: str
     delta: str
-    seq: int = 0
-    session_id: str = ""
-    turn_id: str = ""
 
 
 @_out("tool-call")
@@ -185,9 +176,6 @@ class ToolCall(_Base):
     tool_call_id: str
     tool_name: str
     input: Any
-    seq: int = 0
-    session_id: str = ""
-    turn_id: str = ""
 
 
 @_out("tool-result")
@@ -196,9 +184,6 @@ class ToolResult(_Base):
     tool_call_id: str
     tool_name: str
     output: Any
-    seq: int = 0
-    session_id: str = ""
-    turn_id: str = ""
 
 
 @_out("tool-error")
@@ -207,9 +192,6 @@ class ToolError(_Base):
     tool_call_id: str
     tool_name: str
     error: str
-    seq: int = 0
-    session_id: str = ""
-    turn_id: str = ""
 
 
 @_out("tool-approval-request")
@@ -248,9 +230,6 @@ class ToolStream(_Base):
     tool_call_id: str
     tool_name: str
     chunk: Any
-    seq: int = 0
-    session_id: str = ""
-    turn_id: str = ""
 
 
 @_out("step-finish")
@@ -258,9 +237,6 @@ class StepFinish(_Base):
     step: int
     finish_reason: str
     usage: Usage
-    seq: int = 0
-    session_id: str = ""
-    turn_id: str = ""
 
 
 @_out("finish")
@@ -269,25 +245,16 @@ class Finish(_Base):
     usage: Usage
     budget: str | None = None
     """Which budget ended the turn, when ``finish_reason`` is ``budget``."""
-    seq: int = 0
-    session_id: str = ""
-    turn_id: str = ""
 
 
 @_out("error")
 class Error(_Base):
     error: ErrorInfo
-    seq: int = 0
-    session_id: str = ""
-    turn_id: str = ""
 
 
 @_out("abort")
 class Abort(_Base):
     reason: str
-    seq: int = 0
-    session_id: str = ""
-    turn_id: str = ""
 
 
 OutputChunk = (

@@ -16,13 +16,13 @@ import attrs
 import cattrs
 import orjson
 from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, override
+from cattrs.strategies import configure_tagged_union
 
 from runtime import chunks, events, messages, output
 
 converter = cattrs.Converter()
 """The converter. Use :func:`to_json` / :func:`from_json` for bytes."""
 
-_TAGGED: dict[type, tuple[str, str]] = {}  # class -> (tag field, tag value)
 _UNSTRUCTURE_OVERRIDES: dict[type, dict[str, Any]] = {
     # Only a failed message carries ``error``: every other stored message keeps the JSON
     # it always had, and data stored before the field existed loads with ``error=None``.
@@ -30,57 +30,53 @@ _UNSTRUCTURE_OVERRIDES: dict[type, dict[str, Any]] = {
     # Only a call that suspended its turn carries ``awaiting`` (docs/approval.md).
     messages.ToolCallPart: {"awaiting": override(omit_if_default=True)},
 }
-_BY_TAG: dict[tuple[Any, Any], type] = {}  # (union marker, tag value) -> class
 _Dict = dict[str, Any]
 
 
-def _register(marker: Any, tag_field: str, classes: tuple[type, ...]) -> None:
-    """Tagged-union hooks for ``classes`` (the members of the union ``marker``)."""
+def _tag_each(tag_field: str, classes: tuple[type, ...]) -> None:
+    """Unstructure each of ``classes`` with its tag (last, after its fields), however it
+    is reached: cattrs' tagged-union strategy adds the tag only to a value unstructured
+    *as the union*, and a stored history, a ``run --jsonl`` line or an event log holds
+    values unstructured on their own, all tagged."""
     for cls in classes:
-        value = getattr(cls, tag_field)
-        _TAGGED[cls] = (tag_field, value)
-        _BY_TAG[(marker, value)] = cls
-        base_un: Callable[[Any], _Dict] = make_dict_unstructure_fn(
+        fields: Callable[[Any], _Dict] = make_dict_unstructure_fn(
             cls, converter, **_UNSTRUCTURE_OVERRIDES.get(cls, {})
         )
-        base_st: Callable[[_Dict, Any], Any] = make_dict_structure_fn(cls, converter)
 
         def unstructure(
             obj: Any,
-            _f: Callable[[Any], _Dict] = base_un,
+            _f: Callable[[Any], _Dict] = fields,
             _field: str = tag_field,
-            _value: Any = value,
+            _value: Any = getattr(cls, tag_field),
         ) -> _Dict:
             d = _f(obj)
             d[_field] = _value
             return d
 
-        def structure(
-            d: _Dict,
-            _t: Any,
-            _f: Callable[[_Dict, Any], Any] = base_st,
-            _field: str = tag_field,
-        ) -> Any:
-            if _field in d:
-                d = {k: v for k, v in d.items() if k != _field}
-            return _f(d, _t)
-
         converter.register_unstructure_hook(cls, unstructure)
-        converter.register_structure_hook(cls, structure)
 
-    def structure_union(d: _Dict, _t: Any, _marker: Any = marker, _field: str = tag_field) -> Any:
+
+def _tagged_union(union: Any, tag_field: str) -> None:
+    """Structure ``union`` by the tag its members carry (cattrs' strategy), an unknown
+    tag being a one-line ``ValueError`` that names it (cattrs says only ``KeyError``).
+
+    Call it after every hook of the members is registered: the strategy takes them then."""
+    configure_tagged_union(
+        union, converter, tag_generator=lambda cls: getattr(cls, tag_field), tag_name=tag_field
+    )
+    by_tag: Callable[[_Dict, Any], Any] = converter.get_structure_hook(union)
+    tags = frozenset(getattr(cls, tag_field) for cls in union.__args__)
+
+    def structure(d: _Dict, t: Any) -> Any:
         try:
-            cls = _BY_TAG[(_marker, d[_field])]
+            return by_tag(d, t)
         except KeyError:
-            raise ValueError(f"unknown {_field} {d.get(_field)!r} for {_marker}") from None
-        return converter.structure(d, cls)
+            if d.get(tag_field) in tags:
+                raise
+            raise ValueError(f"unknown {tag_field} {d.get(tag_field)!r} for {union}") from None
 
-    converter.register_structure_hook(marker, structure_union)
+    converter.register_structure_hook(union, structure)
 
-
-_PARTS: tuple[type, ...] = messages.Part.__args__
-_MESSAGES: tuple[type, ...] = messages.Message.__args__
-_STREAM: tuple[type, ...] = chunks.StreamChunk.__args__
 
 # Bytes (image and file data) are base64 text in JSON.
 converter.register_unstructure_hook(bytes, lambda b: base64.b64encode(b).decode("ascii"))
@@ -102,30 +98,6 @@ def _structure_user_content(value: Any, _t: Any) -> Any:
 
 
 converter.register_structure_hook_func(lambda t: t == messages.UserContent, _structure_user_content)
-
-
-_register(messages.Part, "type", _PARTS)
-_register(messages.UserPart, "type", messages.UserPart.__args__)
-_register(messages.Message, "role", _MESSAGES)
-_register(chunks.StreamChunk, "type", _STREAM)
-_register(output.OutputChunk, "type", output.OUTPUT_CHUNK_TYPES)
-# Every bus event (lifecycle and output) structures through the Event marker by kind.
-_register(events.Event, "kind", events.LIFECYCLE_EVENT_TYPES)
-for _cls in output.OUTPUT_CHUNK_TYPES:
-    _BY_TAG[(events.Event, getattr(_cls, "kind"))] = _cls  # noqa: B009 - set by @_out
-
-
-def _structure_event(d: _Dict, _t: Any) -> Any:
-    # Output chunks carry ``type`` (their public JSON form); lifecycle events ``kind``.
-    kind = d.get("kind") or ("output." + d["type"] if "type" in d else None)
-    try:
-        cls = _BY_TAG[(events.Event, kind)]
-    except KeyError:
-        raise ValueError(f"unknown kind {kind!r} for an event") from None
-    return converter.structure(d, cls)
-
-
-converter.register_structure_hook(events.Event, _structure_event)
 
 
 # A tool's media output (a tuple of parts) is stored as a list of tagged part dicts; they
@@ -157,11 +129,33 @@ def _structure_tool_message(d: _Dict, _t: Any) -> Any:
 
 converter.register_structure_hook(messages.ToolMessage, _structure_tool_message)
 
+
+# Every bus event (lifecycle and output) structures through the Event base by kind. Not
+# cattrs' strategy: ``Event`` is a base class, not a union, and an output chunk's JSON
+# carries its ``type`` (its public form), so the kind may have to be made from that.
+_EVENTS: dict[str, type] = {
+    cls.kind: cls  # type: ignore[attr-defined]  # set by @_event and @_out
+    for cls in events.LIFECYCLE_EVENT_TYPES + output.OUTPUT_CHUNK_TYPES
+}
+
+
+def _structure_event(d: _Dict, _t: Any) -> Any:
+    kind = d.get("kind") or ("output." + d["type"] if "type" in d else None)
+    try:
+        cls = _EVENTS[kind]  # type: ignore[index]
+    except KeyError:
+        raise ValueError(f"unknown kind {kind!r} for an event") from None
+    return converter.structure(d, cls)
+
+
+# By predicate, not by class: a class hook would be singledispatch's, taken by every
+# event class too (each is an ``Event``), and structuring one would come back here.
+converter.register_structure_hook_func(lambda t: t is events.Event, _structure_event)
+
 _tool_stream_base = make_dict_structure_fn(output.ToolStream, converter)
 
 
 def _structure_tool_stream(d: _Dict, _t: Any) -> Any:
-    d = {k: v for k, v in d.items() if k != "type"}
     inner = d.get("chunk")
     value: output.ToolStream = _tool_stream_base({**d, "chunk": None}, _t)
     if isinstance(inner, dict):
@@ -170,6 +164,18 @@ def _structure_tool_stream(d: _Dict, _t: Any) -> Any:
 
 
 converter.register_structure_hook(output.ToolStream, _structure_tool_stream)
+
+_tag_each("type", tuple(dict.fromkeys(messages.Part.__args__ + messages.UserPart.__args__)))
+_tag_each("role", messages.Message.__args__)
+_tag_each("type", chunks.StreamChunk.__args__)
+_tag_each("type", output.OUTPUT_CHUNK_TYPES)
+_tag_each("kind", events.LIFECYCLE_EVENT_TYPES)
+# Parts first: a message's hook, made when its union is configured, takes theirs.
+_tagged_union(messages.UserPart, "type")
+_tagged_union(messages.Part, "type")
+_tagged_union(messages.Message, "role")
+_tagged_union(chunks.StreamChunk, "type")
+_tagged_union(output.OutputChunk, "type")
 
 
 def unstructure(value: Any) -> Any:

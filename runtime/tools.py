@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar, get_origin, get_type_hi
 import attrs
 
 from runtime.errors import ToolDefinitionError
+from runtime.media import tool_output
 
 if TYPE_CHECKING:  # pydantic is imported when the first tool is built, not with runtime
     import pydantic
@@ -336,9 +337,7 @@ def to_jsonable(value: Any) -> Any:
     An :class:`~runtime.messages.Image` / :class:`~runtime.messages.File`, or a list holding
     some, is kept as a tuple of parts (:func:`runtime.media.tool_output`): the provider
     sends it as image/document blocks where its API allows (docs/media.md)."""
-    import pydantic_core
-
-    from runtime.media import tool_output
+    import pydantic_core  # heavy, and wanted only for a tool's return value: lazily
 
     media = tool_output(value)
     if media is not None:

@@ -35,7 +35,9 @@ EXPECTED = {
     ("media.md", 0): "What is this? ['image/png', 'application/pdf']\n"
     "['text', 'image_url', 'file']\n['text', 'image', 'document']\n"
     "refused: image (image/png) is 2.0 KiB; the limit is 1.0 KiB per image | stored messages: 2\n",
-    ("providers.md", 1): "{'store': False, 'encrypted_reasoning': True, "
+    ("providers.md", 1): "",  # the kits' examples define test classes: they run, silently
+    ("providers.md", 2): "",
+    ("providers.md", 3): "{'store': False, 'encrypted_reasoning': True, "
     "'foreign_reasoning': 'drop'}\n"
     "user -\nreasoning rs_1\nmessage msg_1\n",
     ("structured-output.md", 0): "Weather(city='Paris', temp=21.5)\n2 steps",

@@ -74,6 +74,26 @@ def test_a_contract_module_importing_the_facade_is_refused(tmp_path: Path):
 
 
 @needs_linter
+def test_a_contract_module_importing_the_kits_breaks_the_layers(tmp_path: Path):
+    copy_sources(tmp_path)
+    store = tmp_path / "runtime" / "store.py"
+    store.write_text(store.read_text() + "\nfrom runtime.testing.stores import turn  # a kit\n")
+    result = lint_imports(tmp_path)
+    assert result.returncode != 0
+    assert "runtime.store -> runtime.testing.stores" in result.stdout
+
+
+@needs_linter
+def test_the_kits_importing_an_implementation_is_refused(tmp_path: Path):
+    copy_sources(tmp_path)
+    kit = tmp_path / "runtime" / "testing" / "stores.py"
+    kit.write_text(kit.read_text() + "\nfrom runtime.stores import MemoryStore\n")
+    result = lint_imports(tmp_path)
+    assert result.returncode != 0
+    assert "runtime.testing.stores -> runtime.stores" in result.stdout
+
+
+@needs_linter
 def test_two_web_modules_importing_each_other_is_a_cycle(tmp_path: Path):
     copy_sources(tmp_path)
     resume = tmp_path / "runtime" / "web" / "resume.py"
@@ -113,6 +133,8 @@ def test_importing_runtime_and_actors_loads_no_application_module_and_no_heavy_l
         "mcp",
         "coredis",
         "psycopg",
+        "runtime.testing",
+        "pytest",
     )
     code = (
         "import sys, runtime, actors, actors.providers, runtime.stores\n"

@@ -113,6 +113,15 @@ def test_listing_the_providers_imports_no_provider_module_and_no_sdk():
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=60)
 
 
+def test_the_package_exports_each_builtin_provider_class_from_the_one_list():
+    import actors.providers
+
+    exported = {name: getattr(actors.providers, name) for name in actors.providers.__all__}
+    assert {f"{cls.__module__}:{name}" for name, cls in exported.items()} == set(
+        registry.BUILTIN.values()
+    )
+
+
 # -- the command line builds what is registered ------------------------------------------------
 
 

@@ -188,6 +188,17 @@ def test_unknown_tag_is_a_clear_error():
         serde.structure({"role": "wizard", "content": "x"}, messages.Message)
 
 
+def test_an_unknown_tag_is_a_value_error_that_names_it():
+    with pytest.raises(ValueError, match="unknown type 'sparkle'"):
+        serde.structure({"type": "sparkle", "step": 0}, messages.Part)
+
+
+def test_a_value_unstructured_on_its_own_keeps_its_tag():
+    assert serde.unstructure([messages.SystemMessage(id="s", content="x")]) == [
+        {"content": "x", "id": "s", "role": "system"}
+    ]
+
+
 def test_a_failed_assistant_message_round_trips_with_its_error():
     error = ErrorInfo(kind="AuthenticationFailed", message="bad key", retryable=False)
     failed = messages.AssistantMessage(id="a", error=error)

@@ -1,10 +1,12 @@
-"""Session stores: one conformance suite for every store, then SQLite-only file behaviour.
+"""Session stores: the shipped conformance kit over every store, then SQLite-only files.
 
-The conformance tests run against each store through the ``store`` fixture, so a new
+The conformance suite is :mod:`runtime.testing.stores` (a plug-in store runs it the same
+way); here it runs against each built-in store through the ``store`` fixture, so a new
 store gets the whole suite by adding one fixture parameter (PostgreSQL: a fresh schema
-per test, skipped with its reason when the server is not reachable). The SQLite tests poke at the
-file with a second, plain ``sqlite3`` connection: that is how another process (or a
-curious user) sees it, and it lets the tests check exactly which rows a save wrote.
+per test, skipped with its reason when the server is not reachable). The SQLite tests
+poke at the file with a second, plain ``sqlite3`` connection: that is how another
+process (or a curious user) sees it, and it lets the tests check exactly which rows a
+save wrote.
 """
 
 from __future__ import annotations
@@ -16,9 +18,7 @@ from importlib.metadata import EntryPoint
 from pathlib import Path
 from typing import Any
 
-import attrs
 import pytest
-import trio
 
 import runtime
 import runtime.registry
@@ -29,18 +29,7 @@ from runtime.errors import (
     StoreCorrupt,
     StoreError,
 )
-from runtime.messages import (
-    AssistantMessage,
-    Message,
-    ProviderDataPart,
-    ReasoningPart,
-    SystemMessage,
-    TextPart,
-    ToolCallPart,
-    ToolMessage,
-    UserMessage,
-)
-from runtime.store import SessionInfo, SessionRecord, Store
+from runtime.messages import Message, ToolMessage, UserMessage
 from runtime.stores import (
     ENTRY_POINT_GROUP,
     MemoryStore,
@@ -49,77 +38,9 @@ from runtime.stores import (
     validate_session_id,
 )
 from runtime.stores.sqlite import APPLICATION_ID, MAGIC, SCHEMA_VERSION
+from runtime.testing.stores import BAD_IDS, StoreConformance, conversation, record, turn
 
-# -- data --------------------------------------------------------------------------------
-
-
-def conversation() -> list[Message]:
-    """One full turn exercising every message and part shape a store must round-trip.
-
-    Ids are fixed so that two calls give equal values.
-    """
-    messages = [
-        SystemMessage(content="You are terse."),
-        UserMessage(content='Weather in Paris and Oslo? ☀️ «ünïcode» "quotes" \\ \x00'),
-        AssistantMessage(
-            content=(
-                ReasoningPart(
-                    text="Two lookups needed.", step=0, signature="sig-abc", provider="anthropic"
-                ),
-                ReasoningPart(text="", step=0, redacted_data="ZW5jcnlwdGVk", provider="anthropic"),
-                TextPart(text="Checking.", step=0),
-                ToolCallPart(
-                    tool_call_id="call_1",
-                    tool_name="weather",
-                    input={"city": "Paris", "days": [1, 2], "units": None},
-                    step=0,
-                ),
-                ToolCallPart(
-                    tool_call_id="call_2", tool_name="weather", input={"city": "Oslo"}, step=0
-                ),
-                ProviderDataPart(
-                    provider="anthropic",
-                    data={"type": "server_tool_use", "id": "srv_1", "input": {"q": "x"}},
-                    step=1,
-                ),
-                ToolCallPart(tool_call_id="call_3", tool_name="convert", input=21.5, step=1),
-                TextPart(text="Paris is sunny; Oslo did not answer.", step=2),
-                TextPart(text="I won't guess.", step=2, refusal=True),
-            )
-        ),
-        ToolMessage(
-            tool_call_id="call_1",
-            tool_name="weather",
-            step=0,
-            output={"temp": 21.5, "sky": "clear", "hourly": [20, 21, None], "ok": True},
-        ),
-        ToolMessage(
-            tool_call_id="call_2",
-            tool_name="weather",
-            step=0,
-            error="TimeoutError: upstream did not answer",
-        ),
-        ToolMessage(tool_call_id="call_3", tool_name="convert", step=1, output="70.7F"),
-        AssistantMessage(
-            content=(ReasoningPart(text="partial", step=0, provider="openai"),), interrupted=True
-        ),
-    ]
-    return [attrs.evolve(m, id=f"conv{i}") for i, m in enumerate(messages)]
-
-
-def turn(n: int) -> list[Message]:
-    """A small two-message turn, distinct per ``n`` and equal for equal ``n`` (fixed ids)."""
-    return [
-        UserMessage(content=f"question {n}", id=f"u{n}"),
-        AssistantMessage(content=(TextPart(text=f"answer {n}", step=0),), id=f"a{n}"),
-    ]
-
-
-def record(session_id: str, messages: list[Message], meta: dict | None = None) -> SessionRecord:
-    return SessionRecord(session_id=session_id, messages=tuple(messages), meta=meta or {})
-
-
-# -- the conformance suite ---------------------------------------------------------------
+# -- the conformance kit, over every built-in store ------------------------------------
 
 
 @pytest.fixture(params=["memory", "sqlite", "postgres"])
@@ -138,311 +59,8 @@ async def store(request: pytest.FixtureRequest, tmp_path: Path):
         await s.aclose()
 
 
-async def test_implements_the_protocol(store):
-    assert isinstance(store, Store)
-
-
-async def test_round_trip(store):
-    messages = conversation()
-    meta = {"agent": "weather", "parent": None, "tags": ["a", "b"], "limits": {"steps": 8}}
-    await store.save("s1", 0, messages, meta)
-    loaded = await store.load("s1")
-    assert loaded == record("s1", messages, meta)
-    assert [type(m) for m in loaded.messages] == [type(m) for m in messages]
-    assert loaded.messages[2].steps() == messages[2].steps()
-
-
-async def test_load_unknown_is_none(store):
-    assert await store.load("never-saved") is None
-    await store.save("other", 0, turn(0))
-    assert await store.load("never-saved") is None
-
-
-async def test_append(store):
-    history: list[Message] = []
-    for n in range(5):
-        await store.save("s", len(history), turn(n))
-        history += turn(n)
-        assert await store.load("s") == record("s", history)
-
-
-async def test_save_from_index_replaces_the_tail(store):
-    first = turn(0) + turn(1) + turn(2)
-    await store.save("s", 0, first)
-    replacement = [UserMessage(content="edited question 1", id="edit")]
-    await store.save("s", 2, replacement)
-    assert await store.load("s") == record("s", first[:2] + replacement)
-
-
-async def test_save_from_index_with_nothing_truncates(store):
-    first = turn(0) + turn(1)
-    await store.save("s", 0, first)
-    await store.save("s", 2, [])
-    assert await store.load("s") == record("s", first[:2])
-
-
-async def test_save_from_zero_replaces_everything(store):
-    await store.save("s", 0, turn(0) + turn(1))
-    await store.save("s", 0, turn(7))
-    assert await store.load("s") == record("s", turn(7))
-
-
-async def test_empty_session_exists(store):
-    await store.save("s", 0, [])
-    assert await store.load("s") == record("s", [])
-    assert await store.list_sessions() == [SessionInfo(session_id="s", message_count=0)]
-
-
-async def test_meta_merges_shallowly(store):
-    await store.save("s", 0, turn(0), {"agent": "a", "n": 1, "nested": {"x": 1, "y": 2}})
-    await store.save("s", 2, turn(1), {"n": 2, "parent": "p", "nested": {"x": 3}})
-    await store.save("s", 4, [], None)
-    await store.save("s", 4, [], {})
-    loaded = await store.load("s")
-    assert loaded.meta == {"agent": "a", "n": 2, "parent": "p", "nested": {"x": 3}}
-
-
-async def test_meta_defaults_to_empty(store):
-    await store.save("s", 0, turn(0))
-    assert (await store.load("s")).meta == {}
-
-
-async def test_returned_and_given_values_are_not_shared(store):
-    """Mutating what was saved, loaded or listed never reaches into the store."""
-    meta = {"tags": ["a"]}
-    messages = turn(0)
-    saved = list(messages)
-    await store.save("s", 0, messages, meta)
-    meta["tags"].append("mutated")
-    meta["new"] = 1
-    messages.append(UserMessage(content="mutated"))
-    (await store.load("s")).meta["tags"].append("mutated too")
-    (await store.list_sessions())[0].meta["x"] = 1
-    assert await store.load("s") == record("s", saved, {"tags": ["a"]})
-
-
-async def test_list_sessions(store):
-    assert await store.list_sessions() == []
-    await store.save("a", 0, turn(0), {"agent": "x"})
-    await store.save("b", 0, turn(0) + turn(1))
-    await store.save("c", 0, [])
-    assert [i.session_id for i in await store.list_sessions()] == ["c", "b", "a"]
-    await store.save("a", 2, turn(1))  # most recently saved moves to the front
-    assert await store.list_sessions() == [
-        SessionInfo(session_id="a", message_count=4, meta={"agent": "x"}),
-        SessionInfo(session_id="c", message_count=0),
-        SessionInfo(session_id="b", message_count=4),
-    ]
-
-
-async def test_delete(store):
-    await store.save("a", 0, turn(0), {"k": 1})
-    await store.save("b", 0, turn(1))
-    await store.delete("a")
-    assert await store.load("a") is None
-    assert [i.session_id for i in await store.list_sessions()] == ["b"]
-    assert await store.load("b") == record("b", turn(1))
-    await store.delete("a")  # unknown: no error
-    await store.delete("never")
-    # A deleted session starts afresh: no old messages, no old meta.
-    with pytest.raises(StoreError):
-        await store.save("a", 2, turn(1))
-    await store.save("a", 0, turn(2))
-    assert await store.load("a") == record("a", turn(2))
-
-
-BAD_IDS = ["", "a" * 129, "has space", "slash/y", "back\\slash", "new\nline", "é", "a\x00", "*"]
-
-
-@pytest.mark.parametrize("bad", [*BAD_IDS, 42, None, b"bytes"])
-async def test_invalid_session_ids_are_rejected(store, bad):
-    with pytest.raises(InvalidSessionId):
-        await store.save(bad, 0, turn(0))
-    with pytest.raises(InvalidSessionId):
-        await store.load(bad)
-    with pytest.raises(InvalidSessionId):
-        await store.delete(bad)
-    assert await store.list_sessions() == []
-
-
-@pytest.mark.parametrize("good", ["a", "a" * 128, "Run-1_2.3:4", "0", "...", "session:42"])
-async def test_edge_session_ids_are_accepted(store, good):
-    await store.save(good, 0, turn(0))
-    assert (await store.load(good)).session_id == good
-
-
-@pytest.mark.parametrize("start", [1, 5, -1, True, 1.0, "0", None])
-async def test_bad_start_is_rejected_and_changes_nothing(store, start):
-    with pytest.raises(StoreError):
-        await store.save("new", start, turn(0))
-    assert await store.load("new") is None
-    await store.save("s", 0, turn(0), {"k": 1})
-    if type(start) is int and start >= 0:
-        start += 2  # beyond the end of a two-message session
-    with pytest.raises(StoreError):
-        await store.save("s", start, turn(1), {"k": 2})
-    assert await store.load("s") == record("s", turn(0), {"k": 1})
-
-
-async def test_start_equal_to_length_appends_and_beyond_fails(store):
-    await store.save("s", 0, turn(0))
-    with pytest.raises(StoreError, match="beyond"):
-        await store.save("s", 3, turn(1))
-    await store.save("s", 2, turn(1))
-    assert len((await store.load("s")).messages) == 4
-
-
-@pytest.mark.parametrize(
-    "messages",
-    [
-        [UserMessage(content="ok", id="ok"), "not a message"],
-        [TextPart(text="a part", step=0)],
-        "text",
-    ],
-)
-async def test_non_messages_are_rejected_and_change_nothing(store, messages):
-    await store.save("s", 0, turn(0), {"k": 1})
-    with pytest.raises(StoreError):
-        await store.save("s", 1, messages, {"k": 2})
-    assert await store.load("s") == record("s", turn(0), {"k": 1})
-
-
-@pytest.mark.parametrize("meta", [["not", "a", "dict"], "x", {1: "int key"}])
-async def test_bad_meta_is_rejected_and_changes_nothing(store, meta):
-    await store.save("s", 0, turn(0), {"k": 1})
-    with pytest.raises(StoreError):
-        await store.save("s", 2, turn(1), meta)
-    assert await store.load("s") == record("s", turn(0), {"k": 1})
-
-
-async def test_concurrent_saves_from_many_tasks(store):
-    async def writer(i: int) -> None:
-        history: list[Message] = []
-        for n in range(5):
-            await store.save(f"s{i}", len(history), turn(n), {"writer": i, "turns": n + 1})
-            history += turn(n)
-
-    async with trio.open_nursery() as nursery:
-        for i in range(20):
-            nursery.start_soon(writer, i)
-    infos = await store.list_sessions()
-    assert sorted(i.session_id for i in infos) == sorted(f"s{i}" for i in range(20))
-    assert all(i.message_count == 10 and i.meta["turns"] == 5 for i in infos)
-    expected = [m for n in range(5) for m in turn(n)]
-    for i in range(20):
-        assert (await store.load(f"s{i}")).messages == tuple(expected)
-
-
-async def test_cancelled_save_is_all_or_nothing(store):
-    await store.save("s", 0, turn(0), {"k": 1})
-    with trio.move_on_after(0):
-        await store.save("s", 1, turn(1), {"k": 2})
-    loaded = await store.load("s")
-    assert loaded in (
-        record("s", turn(0), {"k": 1}),
-        record("s", turn(0)[:1] + turn(1), {"k": 2}),
-    )
-
-
-async def test_matches_a_reference_model_under_random_operations(store):
-    """Random saves/deletes over a few sessions agree with a plain dict-of-lists model."""
-    rng = random.Random(20240601)
-    model: dict[str, tuple[list[Message], dict]] = {}
-    recency: list[str] = []
-    counter = 0
-    for _ in range(150):
-        sid = rng.choice(["a", "b", "c", "d"])
-        if rng.random() < 0.1:
-            await store.delete(sid)
-            model.pop(sid, None)
-            recency = [s for s in recency if s != sid]
-        else:
-            messages, meta = model.get(sid, ([], {}))
-            start = rng.randint(0, len(messages))
-            new = []
-            for _ in range(rng.randint(0, 3)):
-                counter += 1
-                new += turn(counter)[: rng.randint(1, 2)]
-            patch = rng.choice([None, {}, {"k": counter}, {f"key{counter % 3}": [counter]}])
-            seen = (await store.load(sid) or record(sid, [])).version
-            version = await store.save(sid, start, new, patch, expected_version=seen)
-            assert version > seen and await store.version(sid) == version
-            model[sid] = (messages[:start] + new, {**meta, **(patch or {})})
-            recency = [sid] + [s for s in recency if s != sid]
-        for s in ("a", "b", "c", "d"):
-            expected = record(s, *model[s]) if s in model else None
-            assert await store.load(s) == expected
-    assert await store.list_sessions() == [
-        SessionInfo(session_id=s, message_count=len(model[s][0]), meta=model[s][1]) for s in recency
-    ]
-
-
-async def test_closed_store_refuses_calls(store):
-    await store.save("s", 0, turn(0))
-    await store.aclose()
-    await store.aclose()  # idempotent
-    for call in (
-        store.load("s"),
-        store.version("s"),
-        store.save("s", 2, turn(1)),
-        store.list_sessions(),
-        store.delete("s"),
-    ):
-        with pytest.raises(StoreError, match="closed"):
-            await call
-
-
-# -- the version rule: a save based on a stale version never overwrites ---------------------
-
-
-async def test_every_save_returns_a_new_version_that_load_reports(store):
-    assert await store.version("s") == 0
-    first = await store.save("s", 0, turn(0))
-    second = await store.save("s", 2, turn(1), expected_version=first)
-    assert 0 < first < second
-    assert await store.version("s") == second
-    assert (await store.load("s")).version == second
-
-
-async def test_save_on_a_stale_version_conflicts_and_writes_nothing(store):
-    base = await store.save("s", 0, turn(0), {"k": 1})
-    theirs = await store.save("s", 2, turn(1), {"k": 2}, expected_version=base)
-    with pytest.raises(StoreConflict, match="another writer saved it") as info:
-        await store.save("s", 2, turn(2), {"k": 3}, expected_version=base)
-    assert (info.value.session_id, info.value.expected, info.value.actual) == ("s", base, theirs)
-    loaded = await store.load("s")
-    assert loaded == record("s", turn(0) + turn(1), {"k": 2}) and loaded.version == theirs
-
-
-async def test_expecting_a_new_session_conflicts_when_another_writer_created_it(store):
-    theirs = await store.save("s", 0, turn(0))
-    with pytest.raises(StoreConflict):
-        await store.save("s", 0, turn(1), expected_version=0)
-    assert await store.load("s") == record("s", turn(0))
-    assert await store.version("s") == theirs
-
-
-async def test_a_recreated_session_never_matches_the_deleted_sessions_version(store):
-    version = 0
-    for n in range(3):
-        version = await store.save("s", 2 * n, turn(n), expected_version=version)
-    await store.delete("s")
-    assert await store.version("s") == 0
-    again = 0
-    for n in range(3):  # as many saves as before: a per-session counter alone would match
-        again = await store.save("s", 2 * n, turn(10 + n), expected_version=again)
-    assert again != version
-    with pytest.raises(StoreConflict):
-        await store.save("s", 6, turn(3), expected_version=version)
-    assert len((await store.load("s")).messages) == 6
-
-
-@pytest.mark.parametrize("bad", [-1, "1", 1.0, True])
-async def test_bad_expected_version_is_refused_and_changes_nothing(store, bad):
-    await store.save("s", 0, turn(0))
-    with pytest.raises(StoreError, match="expected_version"):
-        await store.save("s", 2, turn(1), expected_version=bad)
-    assert await store.load("s") == record("s", turn(0))
+class TestEveryStore(StoreConformance):
+    """:mod:`runtime.testing.stores`, run over the ``store`` fixture's stores."""
 
 
 def test_store_conflict_is_a_public_store_error():

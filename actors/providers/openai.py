@@ -62,6 +62,7 @@ from runtime.history import (
     replays_to,
     split_steps,
 )
+from runtime.ids import new_id
 from runtime.messages import (
     File,
     Image,
@@ -76,6 +77,7 @@ from runtime.messages import (
 )
 from runtime.protocol import InferRequest
 from runtime.provider import Emit, Provider, ProviderOptions
+from runtime.structured import strict_schema
 
 _FINISH_REASONS = {
     "stop": "stop",
@@ -288,8 +290,6 @@ def map_output(output: Any) -> dict[str, Any]:
     """The ``response_format`` for an agent's :class:`~runtime.structured.OutputSchema`:
     ``json_schema`` in strict mode, the schema rewritten as strict mode needs
     (:func:`~runtime.structured.strict_schema`, which refuses what it cannot express)."""
-    from runtime.structured import strict_schema
-
     spec: dict[str, Any] = {"name": output.name, "schema": strict_schema(output.schema)}
     if output.description:
         spec["description"] = output.description
@@ -362,9 +362,7 @@ class _ToolCalls:
                 call = self.calls[-1]
             if call is not None:
                 return call
-            from runtime.ids import new_id  # the server gave no id at all: make one
-
-            call_id = new_id("call")
+            call_id = new_id("call")  # the server gave no id at all: make one
         call = _Call(call_id)
         self.calls.append(call)
         self._by_id[call_id] = call

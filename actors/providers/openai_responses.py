@@ -73,6 +73,7 @@ from runtime.history import (
     replays_to,
     split_steps,
 )
+from runtime.ids import new_id
 from runtime.messages import (
     File,
     Image,
@@ -400,8 +401,6 @@ def _call_id(item: Any) -> str:
     found = getattr(item, "call_id", None) or getattr(item, "id", None)
     if found:
         return found
-    from runtime.ids import new_id
-
     return new_id("call")
 
 

@@ -66,8 +66,10 @@ import attrs
 import orjson
 import structlog
 import trio
+from cattrs.errors import BaseValidationError
 
 from runtime.errors import ConfigurationError, RelayTurnGone, RelayUnavailable
+from runtime.output import OutputChunk
 from runtime.redact import redact_url, register_url_secrets
 from runtime.relay import RESTART_STEP as RESTART
 from runtime.relay import StepRestarted
@@ -705,10 +707,6 @@ class RedisRelay:
             return _END
         if kind == RESTART:
             return StepRestarted(step=item["step"], seq=seq)
-        from cattrs.errors import BaseValidationError
-
-        from runtime.output import OutputChunk
-
         try:
             return attrs.evolve(structure(item, OutputChunk), seq=seq)
         except (BaseValidationError, ValueError, TypeError, KeyError, AttributeError) as exc:

@@ -61,6 +61,7 @@ from runtime.session import FINAL_WAIT
 from runtime.web import BODY_TIMEOUT, DEFAULT_MAX_BODY, SEND_TIMEOUT
 from runtime.web.answers import is_continuation, pending_in_store, record_answers
 from runtime.web.chat_input import CHILD_PARSES, check_media, read_chat_request, title_of
+from runtime.web.frontend import FrontEnd
 from runtime.web.guard import RequestGuard
 from runtime.web.http import ApiError, error_response, json_response
 from runtime.web.http import session_id_param as _session_id
@@ -513,8 +514,6 @@ def create_app(
         "info": info,
     }
     if queue is not None:
-        from runtime.web.frontend import FrontEnd
-
         if relay is None:
             raise ValueError("a front end (queue=) needs the relay its workers write to")
         state.front = FrontEnd(store=host.store, queue=queue, relay=relay)

@@ -44,6 +44,8 @@ from runtime.errors import ConfigurationError, RelayUnavailable, reraise, sole_e
 from runtime.host import Host
 from runtime.logging import configure_logging
 from runtime.redact import redact_url
+from runtime.stores.postgres import PostgresStore
+from runtime.stores.turns import TurnQueue
 from runtime.web import BODY_TIMEOUT, DEFAULT_MAX_BODY, SEND_TIMEOUT
 from runtime.web.protocols import DEFAULT as DEFAULT_PROTOCOLS
 from runtime.web.protocols import parse_protocols, unbuilt_refusal
@@ -382,9 +384,6 @@ async def serve_command(args: argparse.Namespace) -> int:
         )
         queue = None
         if is_front_end(args):  # the host only lends its store: it runs no turn
-            from runtime.stores.postgres import PostgresStore
-            from runtime.stores.turns import TurnQueue
-
             assert isinstance(host.store, PostgresStore)  # a postgresql:// URL opens one
             queue = TurnQueue(host.store, **queue_caps(args))
             stack.push_async_callback(queue.aclose)
