@@ -409,7 +409,7 @@ async def _relay_added(sizes: Sizes, directory: str) -> list[float]:
                                     stamps["relay"] = now()
                             return
                         except RelayTurnGone:
-                            if stamps:
+                            if "relay" in stamps:  # lost after it was read: a real failure
                                 raise
                             await trio.sleep(0.001)
 
