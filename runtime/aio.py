@@ -96,7 +96,7 @@ def _settle(future: asyncio.Future[Any], result: outcome.Outcome[Any]) -> None:
 async def _await_uncancelled(future: asyncio.Future[Any]) -> None:
     """Wait for ``future`` to be done, whatever cancellations the task receives meanwhile
     (the Trio side bounds how long: it is saving a cancelled turn); then re-raise one
-    ``CancelledError`` if any came."""
+    ``CancelledError`` if any came. The future's own error is not raised."""
     cancelled = False
     while not future.done():
         try:
@@ -107,6 +107,8 @@ async def _await_uncancelled(future: asyncio.Future[Any]) -> None:
             cancelled = True
         except BaseException:
             break  # the future failed: its outcome is read by the caller, if wanted
+    if not future.cancelled():
+        future.exception()  # retrieved: a caller that wants the outcome reads it itself
     if cancelled:
         raise asyncio.CancelledError
 
@@ -162,8 +164,6 @@ class AsyncHost:
                 host._close()
             await _await_uncancelled(finished)
             thread.join()
-            if not finished.cancelled():
-                finished.exception()  # the same error as started's: retrieved, not logged
             raise
         try:
             yield host
