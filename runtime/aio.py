@@ -52,6 +52,7 @@ shaped method once it has.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -64,6 +65,7 @@ import trio
 from runtime.agent import Agent
 from runtime.errors import AxonError, ConfigurationError
 from runtime.host import Host
+from runtime.logging import get_logger
 from runtime.media import UserInput
 from runtime.messages import Message
 from runtime.output import OutputChunk
@@ -126,6 +128,8 @@ class AsyncHost:
         self._nursery: trio.Nursery
         self._stop = trio.Event()
         self._closed = False
+        self._pending: set[asyncio.Future[Any]] = set()
+        """The calls not settled yet (asyncio thread only)."""
 
     @classmethod
     @asynccontextmanager
@@ -151,9 +155,10 @@ class AsyncHost:
 
         def run() -> None:
             result = outcome.capture(trio.run, host._main, options, started)
-            loop.call_soon_threadsafe(_settle, finished, result)
+            host._to_asyncio(host._abandon)
+            host._to_asyncio(_settle, finished, result)
             if isinstance(result, outcome.Error):
-                loop.call_soon_threadsafe(_settle, started, result)
+                host._to_asyncio(_settle, started, result)
 
         thread = threading.Thread(target=run, name="axon-trio-host", daemon=True)
         thread.start()
@@ -191,12 +196,25 @@ class AsyncHost:
             self._closed = True
             self._submit(self._stop.set)
 
+    def _abandon(self) -> None:
+        """The Trio thread ended: nothing will settle the calls still waiting."""
+        for future in list(self._pending):
+            _settle(future, outcome.Error(HostClosed("the host's Trio thread ended")))
+
     def _submit(self, fn: Callable[[], object]) -> None:
-        """Run the synchronous ``fn`` on the Trio thread, soon (from any thread)."""
+        """Run the synchronous ``fn`` on the Trio thread, soon (from any thread). An
+        exception it raises is logged: raised there, it would crash the Trio run."""
         if self._token is None:
             raise HostClosed("the host is not open")
+
+        def guarded() -> None:
+            try:
+                fn()
+            except Exception:
+                get_logger("axon.aio").exception("aio.callback-failed")
+
         try:
-            self._token.run_sync_soon(fn)
+            self._token.run_sync_soon(guarded)
         except trio.RunFinishedError:
             raise HostClosed("the host is closed") from None
 
@@ -217,6 +235,8 @@ class AsyncHost:
         if self._closed:
             raise HostClosed("the host is closed")
         future: asyncio.Future[T] = self._loop.create_future()
+        self._pending.add(future)
+        future.add_done_callback(self._pending.discard)
         scope = trio.CancelScope()
 
         async def task() -> None:
@@ -232,7 +252,13 @@ class AsyncHost:
                         result = outcome.Error(HostClosed("the host closed"))
                 self._to_asyncio(_settle, future, result)
 
-        self._submit(lambda: self._nursery.start_soon(task))
+        def start() -> None:
+            try:
+                self._nursery.start_soon(task)
+            except RuntimeError:  # the nursery is closed: the host is closing
+                self._to_asyncio(_settle, future, outcome.Error(HostClosed("the host closed")))
+
+        self._submit(start)
         return future, scope
 
     async def call(self, afn: Callable[..., Awaitable[T]], *args: Any) -> T:
@@ -245,7 +271,8 @@ class AsyncHost:
             return await asyncio.shield(future)
         except asyncio.CancelledError:
             if not future.done():
-                self._submit(scope.cancel)
+                with contextlib.suppress(HostClosed):  # else the host's close cancels it
+                    self._submit(scope.cancel)
                 await _await_uncancelled(future)
             raise
 
@@ -334,24 +361,18 @@ class AsyncTurnStream:
         """On the Trio thread: run the turn and hand its chunks over in batches."""
         assert self._started is not None
         credit = self._credit = trio.Semaphore(1)
-        try:
-            stream = self._session.session.stream(self._input, **self._options)
-            async with stream as out:
-                self._trio = out
-                self._host._to_asyncio(_settle, self._started, outcome.Value(out.turn_id))
-                while True:
-                    batch = await out.next_batch(HANDOFF_MOST)
-                    await credit.acquire()
-                    # and what came while the consumer read the batch before
-                    batch += out.take_ready(HANDOFF_MOST - len(batch))
-                    self._host._to_asyncio(self._arrive, batch)
-                    if not batch:
-                        break
-        except BaseException as exc:
-            if isinstance(exc, trio.Cancelled):
-                exc = asyncio.CancelledError()
-            self._host._to_asyncio(_settle, self._started, outcome.Error(exc))
-            raise
+        stream = self._session.session.stream(self._input, **self._options)
+        async with stream as out:
+            self._trio = out
+            self._host._to_asyncio(_settle, self._started, outcome.Value(out.turn_id))
+            while True:
+                batch = await out.next_batch(HANDOFF_MOST)
+                await credit.acquire()
+                # and what came while the consumer read the batch before
+                batch += out.take_ready(HANDOFF_MOST - len(batch))
+                self._host._to_asyncio(self._arrive, batch)
+                if not batch:
+                    break
         return out.result
 
     # -- the asyncio side --------------------------------------------------------------
@@ -360,15 +381,27 @@ class AsyncTurnStream:
         self._waiting.append(batch)
         self._wake()
 
-    def _wake(self, *_: Any) -> None:
+    def _wake(self) -> None:
         if self._wakeup is not None and not self._wakeup.done():
             self._wakeup.set_result(None)
+
+    def _pump_ended(self, finished: asyncio.Future[Any]) -> None:
+        """The Trio side is done: wake a waiting reader, and fail the entry if the turn
+        never started (with the pump's error, its cancellation, or :class:`HostClosed`)."""
+        self._wake()
+        started = self._started
+        if started is None or started.done():
+            return
+        if finished.cancelled():
+            started.cancel()
+        else:
+            started.set_exception(finished.exception() or HostClosed("the turn never started"))
 
     async def __aenter__(self) -> AsyncTurnStream:
         loop = asyncio.get_running_loop()
         self._started = loop.create_future()
         self._finished, self._scope = self._host._spawn(self._pump)
-        self._finished.add_done_callback(self._wake)
+        self._finished.add_done_callback(self._pump_ended)
         try:
             self.turn_id = await asyncio.shield(self._started)
         except asyncio.CancelledError:
@@ -390,10 +423,8 @@ class AsyncTurnStream:
             assert scope is not None
             scope.cancel()
 
-        try:
+        with contextlib.suppress(HostClosed):  # else the host's own close cancelled the turn
             self._host._submit(stop)
-        except HostClosed:
-            pass  # the host's own close cancelled the turn
 
     def cancel(self, reason: str = "cancelled") -> None:
         """Stop the turn: it ends with an ``abort`` chunk carrying ``reason``."""

@@ -251,3 +251,19 @@ def test_signals_are_left_to_the_asyncio_application():
 
     with pytest.raises(ConfigurationError, match="handle_signals"):
         run(main)
+
+
+def test_call_raises_the_trio_functions_own_exception():
+    class Refused(Exception):
+        pass
+
+    async def refuse() -> None:
+        await trio.lowlevel.checkpoint()
+        raise Refused("no")
+
+    async def main() -> None:
+        async with AsyncHost.open() as host:
+            with pytest.raises(Refused, match="no"):
+                await host.call(refuse)
+
+    run(main)
