@@ -37,6 +37,9 @@ EXPECTED = {
     "user -\nreasoning rs_1\nmessage msg_1\n",
     ("structured-output.md", 0): "Weather(city='Paris', temp=21.5)\n2 steps",
     ("web.md", 0): "support",
+    ("asyncio.md", 0): "6 deltas: Paris is the capital of France. | stop\n"
+    "Paris is the capital of France. ['user', 'assistant', 'user', 'assistant']\n",
+    ("asyncio.md", 1): '3 text events, then event: done | data: "stop"\n',
     ("telemetry.md", 0): "invoke_agent weather\n  chat scripted\n  execute_tool get_weather\n"
     "  chat scripted\n",
 }
