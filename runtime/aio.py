@@ -78,6 +78,12 @@ HANDOFF_MOST = 4096
 """Most chunks one hand-off carries to the asyncio side (give or take one inbox batch):
 what a stalled asyncio consumer holds besides the chunks it is reading."""
 
+HOLD_ROUNDS = 4
+"""Scheduler rounds the Trio side lets pass before a hand-off it did not have to wait
+for, so that it carries what the stages upstream (provider, engine, turn runner, stream
+controller) had in flight: no timer, microseconds, and on a fast stream about a third of
+the hand-offs (each one a thread hop: the bridge's main cost per delta)."""
+
 
 class HostClosed(AxonError):
     """The :class:`AsyncHost` was closed (or is closing): nothing more can start on it."""
@@ -334,7 +340,12 @@ class AsyncSession:
 class AsyncTurnStream:
     """One turn as an asyncio consumer sees it: an async iterator of output chunks, fed
     by a Trio task that reads the :class:`~runtime.session.TurnStream` in batches, one
-    batch ahead at most. After the block, :attr:`result` holds the turn's result."""
+    batch ahead at most. After the block, :attr:`result` holds the turn's result.
+
+    The hand-off is a deque and a credit flag under a lock, shared by the two threads. A
+    side wakes the other (a write to its loop's wake-up pipe) only when that side is
+    parked waiting: while both keep up, a batch crosses with no system call at all.
+    """
 
     def __init__(self, session: AsyncSession, input: UserInput, options: dict[str, Any]) -> None:
         self._host = session.host
@@ -345,7 +356,14 @@ class AsyncTurnStream:
         """Set when the turn is over (after the ``async with`` block at the latest)."""
         self.turn_id: str | None = None
         self._trio: TurnStream | None = None
-        self._credit: trio.Semaphore | None = None
+        self._lock = threading.Lock()
+        self._credit = True
+        """Whether the Trio side may hand over a batch (taken by a hand-off, given back
+        when the asyncio side takes it)."""
+        self._credit_waiter: trio.Event | None = None
+        """Set while the Trio side is parked waiting for the credit."""
+        self._reader_parked = False
+        """Whether the asyncio side is parked on :attr:`_wakeup`."""
         self._started: asyncio.Future[str] | None = None
         self._finished: asyncio.Future[TurnResult | None] | None = None
         self._scope: trio.CancelScope | None = None
@@ -360,26 +378,40 @@ class AsyncTurnStream:
     async def _pump(self) -> TurnResult | None:
         """On the Trio thread: run the turn and hand its chunks over in batches."""
         assert self._started is not None
-        credit = self._credit = trio.Semaphore(1)
         stream = self._session.session.stream(self._input, **self._options)
         async with stream as out:
             self._trio = out
             self._host._to_asyncio(_settle, self._started, outcome.Value(out.turn_id))
             while True:
                 batch = await out.next_batch(HANDOFF_MOST)
-                await credit.acquire()
+                if not await self._take_credit():
+                    for _ in range(HOLD_ROUNDS):  # let the stages upstream hand on theirs
+                        await trio.lowlevel.checkpoint()
                 # and what came while the consumer read the batch before
                 batch += out.take_ready(HANDOFF_MOST - len(batch))
-                self._host._to_asyncio(self._arrive, batch)
+                self._hand_over(batch)
                 if not batch:
                     break
         return out.result
 
-    # -- the asyncio side --------------------------------------------------------------
+    async def _take_credit(self) -> bool:
+        """Wait for the credit to hand a batch over; whether that meant waiting."""
+        with self._lock:
+            if self._credit:
+                self._credit = False
+                return False
+            waiter = self._credit_waiter = trio.Event()
+        await waiter.wait()  # the reader gives the credit straight to us
+        return True
 
-    def _arrive(self, batch: list[OutputChunk]) -> None:
-        self._waiting.append(batch)
-        self._wake()
+    def _hand_over(self, batch: list[OutputChunk]) -> None:
+        with self._lock:
+            self._waiting.append(batch)
+            parked, self._reader_parked = self._reader_parked, False
+        if parked:
+            self._host._to_asyncio(self._wake)
+
+    # -- the asyncio side --------------------------------------------------------------
 
     def _wake(self) -> None:
         if self._wakeup is not None and not self._wakeup.done():
@@ -455,26 +487,32 @@ class AsyncTurnStream:
         reading = self._reading
         if reading:
             return reading.popleft()
+        finished = self._finished
+        assert finished is not None
         while True:
-            if self._waiting:
-                batch = self._waiting.popleft()
-                credit = self._credit
-                assert credit is not None
-                self._host._submit(credit.release)
+            with self._lock:
+                batch = self._waiting.popleft() if self._waiting else None
+                if batch is not None:
+                    waiter, self._credit_waiter = self._credit_waiter, None
+                    self._credit = waiter is None
+                elif not finished.done():
+                    self._reader_parked = True
+                    wakeup = self._wakeup = asyncio.get_running_loop().create_future()
+            if batch is not None:
+                if waiter is not None:
+                    with contextlib.suppress(HostClosed):
+                        self._host._submit(waiter.set)
                 if not batch:
                     self._ended = True
                     raise StopAsyncIteration
                 reading.extend(batch)
                 return reading.popleft()
-            finished = self._finished
-            assert finished is not None
             if finished.done():  # the Trio side ended without the end of the stream
                 self._ended = True
                 if not finished.cancelled() and finished.exception() is not None:
                     raise finished.exception()  # type: ignore[misc]
                 raise StopAsyncIteration
-            self._wakeup = asyncio.get_running_loop().create_future()
-            await self._wakeup
+            await wakeup
 
     async def collect(self) -> list[OutputChunk]:
         """Every remaining chunk of the turn, as a list."""
