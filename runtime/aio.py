@@ -78,11 +78,23 @@ HANDOFF_MOST = 4096
 """Most chunks one hand-off carries to the asyncio side (give or take one inbox batch):
 what a stalled asyncio consumer holds besides the chunks it is reading."""
 
-HOLD_ROUNDS = 4
-"""Scheduler rounds the Trio side lets pass before a hand-off it did not have to wait
-for, so that it carries what the stages upstream (provider, engine, turn runner, stream
-controller) had in flight: no timer, microseconds, and on a fast stream about a third of
-the hand-offs (each one a thread hop: the bridge's main cost per delta)."""
+HOLD_ROUNDS = 16
+"""Most scheduler rounds the Trio side lets pass before a hand-off it did not have to
+wait for, while other tasks are runnable (see :func:`_let_upstream_run`)."""
+
+
+async def _let_upstream_run() -> None:
+    """Yield to the Trio scheduler while other tasks are runnable, for at most
+    :data:`HOLD_ROUNDS` rounds: a hand-off then carries what the stages upstream
+    (provider, engine, turn runner, stream controller) had in flight. Each hand-off is a
+    thread hop, the bridge's main cost; on a fast stream this makes them several times
+    fewer. No timer: when nothing else is runnable (a provider waiting for the network)
+    the hand-off goes at once, so a delta is not held back."""
+    for _ in range(HOLD_ROUNDS):
+        await trio.lowlevel.checkpoint()
+        # (runnable in the next round; the rest of this round's tasks are not counted)
+        if not trio.lowlevel.current_statistics().tasks_runnable:
+            return
 
 
 class HostClosed(AxonError):
@@ -385,8 +397,7 @@ class AsyncTurnStream:
             while True:
                 batch = await out.next_batch(HANDOFF_MOST)
                 if not await self._take_credit():
-                    for _ in range(HOLD_ROUNDS):  # let the stages upstream hand on theirs
-                        await trio.lowlevel.checkpoint()
+                    await _let_upstream_run()
                 # and what came while the consumer read the batch before
                 batch += out.take_ready(HANDOFF_MOST - len(batch))
                 self._hand_over(batch)
