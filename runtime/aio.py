@@ -44,6 +44,13 @@ more, the Trio turn's own bounded inboxes hold the rest, and a consumer that sto
 reading stops the provider just as a stalled Trio consumer does. No buffer grows with
 the stream.
 
+**What it costs.** A thread hop per hand-off, and asyncio's own ``async for``. The hops
+are kept rare: a hand-off carries every chunk that has arrived (up to
+:data:`HANDOFF_MOST`), the Trio side lets the stages upstream run while they have work
+before handing over (:func:`_let_upstream_run`), and each side wakes the other only when
+that one is parked. ``python3 -m benchmarks --only aio`` measures it against the Trio
+API on the same stream (docs/asyncio.md).
+
 ``respond`` (answering a turn that waits for an approval) is not here yet: the Trio
 ``Session`` has no ``respond`` on this branch; it is one more :meth:`AsyncHost.call`
 shaped method once it has.
