@@ -17,7 +17,7 @@ import trio
 import trio.testing
 
 from actors.providers.scripted import ScriptedProvider
-from runtime import Agent, AssistantMessage, InvalidSessionId, SessionBusy
+from runtime import Agent, AssistantMessage, Host, InvalidSessionId, SessionBusy
 from runtime.aio import AsyncHost, HostClosed
 from runtime.errors import ConfigurationError
 from runtime.protocol import Batcher
@@ -267,3 +267,19 @@ def test_call_raises_the_trio_functions_own_exception():
                 await host.call(refuse)
 
     run(main)
+
+
+async def test_next_batch_takes_in_bulk_the_chunks_async_for_yields():
+    # the Trio side of the bridge: TurnStream.next_batch / take_ready
+    agent = Agent(provider=ScriptedProvider([["one two three four five"]]))
+    async with Host.open() as host:
+        session = await host.open_session(agent)
+        async with session.stream("x") as out:
+            one_by_one = [(c.type, getattr(c, "text", None)) async for c in out]
+        batches = []
+        async with session.stream("x") as out:
+            while batch := await out.next_batch():
+                batches.append(batch)
+            assert await out.next_batch() == []  # and stays so
+    in_bulk = [(c.type, getattr(c, "text", None)) for batch in batches for c in batch]
+    assert in_bulk == one_by_one
