@@ -505,6 +505,10 @@ class AsyncTurnStream:
         reading = self._reading
         if reading:
             return reading.popleft()
+        # One pass of the event loop per batch, as a Trio consumer checkpoints per batch:
+        # while the Trio side keeps a batch ready, the reader would never suspend, and
+        # the loop's other tasks (other requests, a disconnect's callback) would starve.
+        await asyncio.sleep(0)
         finished = self._finished
         assert finished is not None
         while True:
