@@ -85,23 +85,33 @@ HANDOFF_MOST = 4096
 """Most chunks one hand-off carries to the asyncio side (give or take one inbox batch):
 what a stalled asyncio consumer holds besides the chunks it is reading."""
 
-HOLD_ROUNDS = 16
+HOLD_ROUNDS = 32
 """Most scheduler rounds the Trio side lets pass before a hand-off it did not have to
-wait for, while other tasks are runnable (see :func:`_let_upstream_run`)."""
+wait for (see :func:`_let_upstream_run`)."""
+
+IDLE_ROUNDS = 3
+"""Rounds in a row with no other Trio task runnable that end the hold: the pipeline is
+idle (a provider waiting for the network), the hand-off goes."""
 
 
 async def _let_upstream_run() -> None:
-    """Yield to the Trio scheduler while other tasks are runnable, for at most
-    :data:`HOLD_ROUNDS` rounds: a hand-off then carries what the stages upstream
-    (provider, engine, turn runner, stream controller) had in flight. Each hand-off is a
-    thread hop, the bridge's main cost; on a fast stream this makes them several times
-    fewer. No timer: when nothing else is runnable (a provider waiting for the network)
-    the hand-off goes at once, so a delta is not held back."""
+    """Yield to the Trio scheduler while the stages upstream (provider, engine, turn
+    runner, stream controller) are at work, for at most :data:`HOLD_ROUNDS` rounds, so
+    that a hand-off carries what they had in flight. Each hand-off is a thread hop, the
+    bridge's main cost: on a fast stream this makes them a few times fewer. No timer:
+    once :data:`IDLE_ROUNDS` rounds in a row found nothing else runnable (a round of an
+    idle Trio loop takes microseconds), the hand-off goes, so a paced stream's delta is
+    not held back. One idle round is not enough: the count misses the tasks still to run
+    in the current round."""
+    idle = 0
     for _ in range(HOLD_ROUNDS):
         await trio.lowlevel.checkpoint()
-        # (runnable in the next round; the rest of this round's tasks are not counted)
-        if not trio.lowlevel.current_statistics().tasks_runnable:
-            return
+        if trio.lowlevel.current_statistics().tasks_runnable:
+            idle = 0
+        else:
+            idle += 1
+            if idle == IDLE_ROUNDS:
+                return
 
 
 class HostClosed(AxonError):
