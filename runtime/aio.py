@@ -42,7 +42,9 @@ batch), with one batch of credit: it hands the asyncio side a batch only once th
 before was taken. So the asyncio side holds at most the batch it is reading and one
 more, the Trio turn's own bounded inboxes hold the rest, and a consumer that stops
 reading stops the provider just as a stalled Trio consumer does. No buffer grows with
-the stream.
+the stream. The reader lets the event loop run once per batch, as a Trio consumer
+checkpoints once per batch: a stream always a batch ahead would otherwise never suspend
+it, and the loop's other tasks (other requests, a client's disconnect) would starve.
 
 **What it costs.** A thread hop per hand-off, and asyncio's own ``async for``. The hops
 are kept rare: a hand-off carries every chunk that has arrived (up to
