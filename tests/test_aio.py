@@ -283,3 +283,13 @@ async def test_next_batch_takes_in_bulk_the_chunks_async_for_yields():
             assert await out.next_batch() == []  # and stays so
     in_bulk = [(c.type, getattr(c, "text", None)) for batch in batches for c in batch]
     assert in_bulk == one_by_one
+
+
+def test_a_host_that_cannot_open_raises_its_error_and_leaves_no_thread():
+    async def main() -> None:
+        async with AsyncHost.open(idle_ttl=-1):
+            pass
+
+    with pytest.raises(ConfigurationError, match="idle_ttl"):
+        run(main)
+    assert "axon-trio-host" not in {t.name for t in threading.enumerate()}
