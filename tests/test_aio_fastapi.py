@@ -142,6 +142,7 @@ def test_a_client_that_disconnects_mid_stream_cancels_the_turn_and_it_is_saved_i
                         break  # leaving the block closes the connection mid-stream
             while True:  # the server notices when it next writes; then the turn is saved
                 status = (await client.get(f"{server}/status/gone")).json()
+                assert status["status"] != "complete", "the turn ran on after the hang-up"
                 if status["status"] == "interrupted":
                     return status
                 await asyncio.sleep(0.05)
