@@ -355,7 +355,7 @@ class AsyncSession:
         ``async for chunk in out``. Takes :meth:`Session.stream
         <runtime.session.Session.stream>`'s options (``regenerate``, ``turn_id``,
         ``message_id``, ``resume``); its errors are raised on entering the block."""
-        return AsyncTurnStream(self, input, options)
+        return AsyncTurnStream(self, lambda: self.session.stream(input, **options))
 
     async def run(self, input: UserInput) -> TurnResult:
         """Run a whole turn and return its result (:meth:`Session.run
@@ -378,11 +378,11 @@ class AsyncTurnStream:
     parked waiting: while both keep up, a batch crosses with no system call at all.
     """
 
-    def __init__(self, session: AsyncSession, input: UserInput, options: dict[str, Any]) -> None:
+    def __init__(self, session: AsyncSession, open_stream: Callable[[], TurnStream]) -> None:
         self._host = session.host
-        self._session = session
-        self._input = input
-        self._options = options
+        self._open_stream = open_stream
+        """Makes the Trio stream, on the Trio thread (``session.stream(...)``; any other
+        :class:`~runtime.session.TurnStream` maker bridges the same way)."""
         self.result: TurnResult | None = None
         """Set when the turn is over (after the ``async with`` block at the latest)."""
         self.turn_id: str | None = None
@@ -409,7 +409,7 @@ class AsyncTurnStream:
     async def _pump(self) -> TurnResult | None:
         """On the Trio thread: run the turn and hand its chunks over in batches."""
         assert self._started is not None
-        stream = self._session.session.stream(self._input, **self._options)
+        stream = self._open_stream()
         async with stream as out:
             self._trio = out
             self._host._to_asyncio(_settle, self._started, outcome.Value(out.turn_id))
