@@ -54,8 +54,9 @@ that one is parked. ``python3 -m benchmarks --only aio`` measures it against the
 API on the same stream (docs/asyncio.md).
 
 ``respond`` (answering a turn that waits for an approval) is not here yet: the Trio
-``Session`` has no ``respond`` on this branch; it is one more :meth:`AsyncHost.call`
-shaped method once it has.
+``Session`` had no ``decide``/``resume``/``respond`` when this was written. Each is one
+line here: a :meth:`AsyncHost.call` of the Trio method, and ``resume`` an
+:class:`AsyncTurnStream` of ``session.resume``.
 """
 
 from __future__ import annotations
