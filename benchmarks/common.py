@@ -51,6 +51,8 @@ class Sizes:
     relay_turns: int = 200
     relay_warmup: int = 5
     store_rounds: int = 31
+    aio_deltas: int = 10_000
+    aio_rounds: int = 15
 
 
 FULL = Sizes()
@@ -77,6 +79,8 @@ QUICK = Sizes(
     relay_turns=3,
     relay_warmup=1,
     store_rounds=2,
+    aio_deltas=200,
+    aio_rounds=2,
 )
 
 

@@ -31,7 +31,7 @@ from benchmarks.common import (
     python_env,
 )
 
-BENCHMARKS = ("startup", "pipeline", "core", "concurrency", "long", "workers", "peers")
+BENCHMARKS = ("startup", "pipeline", "core", "concurrency", "long", "workers", "peers", "aio")
 DEFAULT_OUTPUT = REPO / "benchmarks" / "results" / "latest.json"
 
 
@@ -110,6 +110,10 @@ def run_one(name: str, sizes: Sizes, port: int | None, peers_python: str | None)
 
         assert server is not None
         return bench_peers.run(sizes, server, bench_peers.peers_python(peers_python))
+    if name == "aio":
+        from benchmarks import bench_aio
+
+        return bench_aio.run(sizes)
     raise ValueError(name)
 
 

@@ -8,9 +8,9 @@ protocols), the application layer (:mod:`runtime.host`, :mod:`runtime.session`, 
 :mod:`runtime.web`, the demo) and the stores (:mod:`runtime.stores`); see
 docs/architecture.md. Importing any ``runtime.x`` runs this file first, so it imports only
 the contract eagerly: the application names (``Host``, ``Session``, ``TurnStream``,
-``run_sync``) are resolved on first use (:pep:`562`). Otherwise every actor, which imports
-the contract, would import the host that assembles it, and the layers would be one import
-cycle.
+``run_sync``, ``AsyncHost``) are resolved on first use (:pep:`562`). Otherwise every actor,
+which imports the contract, would import the host that assembles it, and the layers would be
+one import cycle.
 """
 
 from __future__ import annotations
@@ -100,11 +100,13 @@ from runtime.store import SessionInfo, SessionRecord, Store, validate_session_id
 from runtime.tools import Tool, ToolContext, tool
 
 if TYPE_CHECKING:
+    from runtime.aio import AsyncHost
     from runtime.blocking import run_sync
     from runtime.host import Host
     from runtime.session import Session, TurnStream
 
 _APPLICATION = {
+    "AsyncHost": "runtime.aio",
     "Host": "runtime.host",
     "Session": "runtime.session",
     "TurnStream": "runtime.session",
@@ -128,6 +130,7 @@ __all__ = [
     "Agent",
     "AlreadyDecided",
     "AssistantMessage",
+    "AsyncHost",
     "AuthenticationFailed",
     "Awaiting",
     "AxonError",

@@ -211,6 +211,29 @@ class TurnStream:
             await self._receive()
         return buf.popleft()
 
+    async def next_batch(self, most: int = 4096) -> list[OutputChunk]:
+        """Every chunk that has arrived and was not read yet (:meth:`take_ready`),
+        waiting for one if none has; ``[]`` once the turn is over. The same chunks
+        ``async for`` yields, taken in bulk by a consumer that forwards them (the asyncio
+        bridge, :mod:`runtime.aio`, crosses threads once per batch, not once per chunk)."""
+        while not self._buffer:
+            if self._ended:
+                return []
+            await self._receive()
+        return self.take_ready(most)
+
+    def take_ready(self, most: int = 4096) -> list[OutputChunk]:
+        """The chunks that have arrived and were not read yet, without waiting: those
+        read from the inbox already and, while fewer than ``most``, the inbox's waiting
+        batches (each holds at most :data:`~runtime.protocol.MAX_BATCH`)."""
+        buf = self._buffer
+        inbox = self._inbox
+        while not self._ended and len(buf) < most and len(inbox):
+            self._take(inbox.get_nowait())
+        chunks = list(buf)
+        buf.clear()
+        return chunks
+
     async def _receive(self) -> None:
         """Take the next inbox item: a batch into the buffer, or the turn's end."""
         try:
@@ -218,6 +241,9 @@ class TurnStream:
         except trio.EndOfChannel:  # closed without a result: only if the runner failed
             self._end(None)
             return
+        self._take(item)
+
+    def _take(self, item: ConsumerItem) -> None:
         if isinstance(item, Batch):
             item.taken = True
             self._buffer.extend(item)
