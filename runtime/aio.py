@@ -63,6 +63,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import threading
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -73,6 +74,7 @@ import outcome
 import trio
 
 from runtime.agent import Agent
+from runtime.approval import PendingCall, Recorded
 from runtime.errors import AxonError, ConfigurationError
 from runtime.host import Host
 from runtime.logging import get_logger
@@ -363,6 +365,27 @@ class AsyncSession:
         <runtime.session.Session.run>`). Cancelling the asyncio task cancels the turn,
         which is saved interrupted before the ``CancelledError`` goes on."""
         return await self.host.call(self.session.run, input)
+
+    @property
+    def pending(self) -> tuple[PendingCall, ...]:
+        """The calls the session's last turn waits for (docs/approval.md)."""
+        return self.session.pending
+
+    async def decide(self, id: str, **decision: Any) -> Recorded:
+        """Record a decision for a waiting call without resuming (:meth:`Session.decide
+        <runtime.session.Session.decide>`: ``approved``/``reason`` or ``output``/``error``)."""
+        return await self.host.call(functools.partial(self.session.decide, id, **decision))
+
+    def resume(self) -> AsyncTurnStream:
+        """The continuation of a turn whose waiting calls are all decided:
+        ``async with session.resume() as out`` (:meth:`Session.resume
+        <runtime.session.Session.resume>`)."""
+        return AsyncTurnStream(self, self.session.resume)
+
+    async def respond(self, id: str, **decision: Any) -> TurnResult | None:
+        """:meth:`decide`, then, if that decided the last waiting call, the continuation
+        run to its end (:meth:`Session.respond <runtime.session.Session.respond>`)."""
+        return await self.host.call(functools.partial(self.session.respond, id, **decision))
 
     async def close(self) -> None:
         """Stop the session's actors (after any running turn ends)."""

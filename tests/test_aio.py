@@ -293,3 +293,35 @@ def test_a_host_that_cannot_open_raises_its_error_and_leaves_no_thread():
     with pytest.raises(ConfigurationError, match="idle_ttl"):
         run(main)
     assert "axon-trio-host" not in {t.name for t in threading.enumerate()}
+
+
+def test_an_approval_is_answered_from_asyncio_and_the_turn_goes_on():
+    from actors.providers.scripted import tool_call
+    from runtime import tool
+
+    ran: list[str] = []
+
+    @tool(needs_approval=True)
+    async def delete_file(path: str) -> str:
+        """Delete a file."""
+        ran.append(path)
+        return f"deleted {path}"
+
+    provider = ScriptedProvider(
+        [[*tool_call("delete_file", {"path": "/x"}, tool_call_id="D")], ["Deleted."]]
+    )
+    agent = Agent(provider=provider, tools=[delete_file])
+
+    async def main() -> tuple[Any, Any, Any]:
+        async with AsyncHost.open() as host:
+            session = await host.open_session(agent, "s")
+            waiting = await session.run("delete /x")
+            (call,) = session.pending
+            result = await session.respond(call.approval_id, approved=True)
+            return waiting, call, result
+
+    waiting, call, result = run(main)
+    assert waiting.finish_reason == "awaiting-input"
+    assert call.tool_name == "delete_file"
+    assert ran == ["/x"]
+    assert result.text.endswith("Deleted.") and result.finish_reason == "stop"
