@@ -31,6 +31,8 @@ def respond(request: Any) -> list[Any]:
     last = next(m for m in reversed(request.messages) if isinstance(m, UserMessage | ToolMessage))
     if isinstance(last, UserMessage):
         paths = [w for w in last.text.split() if w.startswith("/")]
+        if not paths:
+            return ["Nothing to delete."]
         return [
             chunk
             for i, path in enumerate(paths)
@@ -157,3 +159,25 @@ async def test_answering_one_of_two_calls_keeps_the_other_cards_buttons(playwrig
     assert seen["page_errors"] == []
     assert seen["still_asking"] == 1
     assert deleted == ["/a"]
+
+
+async def test_a_new_message_while_a_call_waits_marks_its_card_denied_as_superseded(
+    playwright_sync,
+):
+    def act(page: Any, expect: Any, seen: dict[str, Any]) -> None:
+        card = ask(page, expect, "please delete /tmp/x")
+        page.locator("#input").fill("never mind")
+        page.locator("#input").press("Enter")
+        expect(page.locator(".msg.assistant").nth(1)).to_contain_text("Nothing to delete.")
+        expect(card).to_have_attribute("data-state", "output-denied")
+        expect(card.locator(".denied")).to_have_text("Denied: superseded")
+        seen["buttons"] = card.locator("button").count()
+        page.reload()  # the server recorded the same
+        expect(page.locator(".tool-card").first.locator(".denied")).to_have_text(
+            "Denied: superseded"
+        )
+
+    seen = await drive(playwright_sync, act)
+    assert seen["page_errors"] == []
+    assert seen["buttons"] == 0
+    assert deleted == []
