@@ -207,6 +207,25 @@ async def test_an_answer_that_leaves_calls_waiting_is_recorded_and_resumes_nothi
     assert ran == []
 
 
+async def test_a_body_repeating_a_recorded_answer_with_the_last_one_resumes_the_turn():
+    ran.clear()
+    two = [*DELETE, *tool_call("delete_file", {"path": "/y"}, tool_call_id="E")]
+    async with web_server(agent(two)) as server:
+        async with httpx.AsyncClient(base_url=server.url) as client:
+            first = await post(client, body("s"))
+            d, e = (c["approvalId"] for c in first if c != "[DONE]" and "approvalId" in c)
+            mid = first[0]["messageId"]
+            await client.post("/api/chat", json=answer("s", mid, approval_part(d, True)))
+            both = answer("s", mid, approval_part(d, True))  # the page sends what it holds
+            both["messages"][-1]["parts"].append(
+                {**approval_part(e, False), "toolCallId": "E", "input": {"path": "/y"}}
+            )
+            r = await client.post("/api/chat", json=both)
+    assert r.status_code == 200
+    assert {"type": "tool-output-denied", "toolCallId": "E"} in events(r.content)
+    assert ran == ["/x"]
+
+
 # -- a real `serve` process, stopped and started again between the request and the answer
 
 

@@ -14,10 +14,12 @@ leaves calls waiting gets 202 (``{"recorded": n, "waiting": m}``).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from runtime.approval import Decision, PendingCall, decide, pending_calls, waiting_calls
 from runtime.errors import AlreadyDecided, DecisionError, InvalidDecision, UnknownApproval
+from runtime.messages import AssistantMessage, Awaiting, Message, ToolCallPart
 from runtime.web.http import ApiError
 
 _STATUS: dict[type, int] = {UnknownApproval: 404, AlreadyDecided: 409, InvalidDecision: 400}
@@ -62,6 +64,29 @@ def _answers(message: dict[str, Any], waiting_ids: set[str]) -> list[tuple[str, 
     return out
 
 
+def _held(messages: Sequence[Message]) -> dict[str, Awaiting]:
+    """The decisions already recorded for the calls the last turn still waits for, by id."""
+    decided = {c.approval_id for c in waiting_calls(messages) if c.decided}
+    return {
+        p.awaiting.id: p.awaiting
+        for m in messages
+        if isinstance(m, AssistantMessage)
+        for p in m.content
+        if isinstance(p, ToolCallPart) and p.awaiting is not None and p.awaiting.id in decided
+    }
+
+
+def _echoes(held: Awaiting | None, decision: Decision) -> bool:
+    """Whether ``decision`` is the one already recorded: a client sending back the
+    server's own message of a half-decided turn (a page that answers one call at a time
+    and got 202) repeats it, and that is not a second decision."""
+    return held is not None and (held.approved, held.output, held.error) == (
+        decision.approved,
+        decision.output,
+        decision.error,
+    )
+
+
 async def record_answers(session: Any, payload: dict[str, Any]) -> tuple[tuple[str, ...], bool]:
     """Record the answers of a continuation body for ``session``; returns the ids of the
     calls the turn waited for (the client knows them: their input is not sent again) and
@@ -78,6 +103,8 @@ async def record_answers(session: Any, payload: dict[str, Any]) -> tuple[tuple[s
     if waiting and message_id not in (None, waiting[0].message_id):
         raise ApiError(404, f"message {message_id!r} is not the turn waiting for input")
     answers = _answers(message, {c.tool_call_id for c in waiting if c.kind == "client"})
+    held = _held(stored)
+    answers = [(key, d) for key, d in answers if not _echoes(held.get(key), d)]
     if not answers:
         raise ApiError(400, "the assistant message answers no call the turn waits for")
     tools = {t.name: t for t in session.agent.tools}
