@@ -366,7 +366,7 @@ def waiting_line(calls: list[PendingCall], session_id: str, store: str | None) -
     return (
         f"the turn waits for approval: {what}; session {session_id} is stored in {where}: "
         f"decide with `{program_name()} run --store {where} --session {session_id} "
-        "--approve-all` (or --deny-all)"
+        "--approve-all` (or --deny-all) and the same agent options"
     )
 
 
@@ -374,10 +374,10 @@ async def ask(question: str, out: TextIO) -> str | None:
     """``question`` on ``out``, and the line typed on stdin ("" at its end); ``None`` when
     Ctrl-C interrupts (the host's own SIGINT handler would only cancel turns, and no turn
     runs while a prompt waits, so the prompt listens for it itself)."""
-    out.write(question)
-    out.flush()
     answer: str | None = None
     with trio.open_signal_receiver(signal.SIGINT) as signals:
+        out.write(question)  # only now: a Ctrl-C as soon as it shows reaches this receiver
+        out.flush()
         async with trio.open_nursery() as nursery:
 
             async def read() -> None:

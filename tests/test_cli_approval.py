@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import os
 import pty
+import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -81,6 +83,34 @@ def test_enter_at_the_terminal_prompt_denies():
     assert "get_weather denied: denied at the prompt" in proc.stdout
 
 
+def test_ctrl_c_at_the_prompt_leaves_the_call_waiting(tmp_path):
+    db = str(tmp_path / "s.db")
+    leader, follower = pty.openpty()
+    argv = ["run", "--agent", f"{AGENTS}:agent", "--store", db, "--session", "s1", "hi"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "runtime", *argv],
+        stdin=follower,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=ROOT,
+        env=ENV,
+    )
+    os.close(follower)
+    guard = threading.Timer(HANG_GUARD, proc.kill)
+    guard.start()
+    try:
+        shown = b""
+        while b"[y/N] " not in shown and (chunk := os.read(proc.stdout.fileno(), 4096)):
+            shown += chunk
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=HANG_GUARD)
+    finally:
+        guard.cancel()
+        os.close(leader)
+    assert proc.returncode == 130
+    assert run("agent", "--store", db, "--session", "s1").returncode == 3  # still waiting
+
+
 def test_without_a_terminal_or_a_flag_it_says_so_on_one_line_and_exits_3():
     proc = run("agent", "hi")
     assert proc.returncode == 3
@@ -97,7 +127,7 @@ def test_a_stored_waiting_turn_names_its_session_and_how_to_decide_it(tmp_path):
     assert proc.stderr.splitlines() == [
         f'the turn waits for approval: get_weather({{"city": "Oslo"}}); session s1 is stored '
         f"in {db}: decide with `python -m runtime run --store {db} --session s1 --approve-all` "
-        "(or --deny-all)"
+        "(or --deny-all) and the same agent options"
     ]
 
 
