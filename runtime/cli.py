@@ -7,6 +7,7 @@ terminal, or print its chunks as JSON lines.
     python -m runtime run --provider openai --model gpt-4o-mini "Hello"
     python -m runtime run --provider anthropic --base-url http://127.0.0.1:8080 \
         --model claude-sonnet-4-5 "Hello"
+    python -m runtime run --store s.db --session ID --approve-all   # decide a waiting turn
 
     python -m runtime serve                              # web UI + AI SDK (useChat) API
 
@@ -18,15 +19,23 @@ always has its weather and clock tools.
 
 Bad input (an invalid session id, a store that cannot be opened, a missing file) prints
 one ``error: ...`` line on stderr and exits with status 2, before anything is written.
+
+A turn that waits for a person (a tool that needs approval, a client-side tool;
+docs/approval.md) is decided here: ``--approve-all`` / ``--deny-all``, or else, when stdin
+is a terminal, ``approve NAME(ARGS)? [y/N]`` for each call; then the turn goes on. With
+neither (a script, a closed stdin) ``run`` says how to decide it on one line and exits
+with status 3: it never waits for an answer that cannot come.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import mimetypes
 import os
+import signal
 import sys
-from typing import Any
+from typing import Any, TextIO
 
 import orjson
 import trio
@@ -34,6 +43,7 @@ import trio
 from actors.plugins.otel import OpenTelemetryActor, build_tracer_provider
 from actors.plugins.recorder import JsonlRecorder, read_jsonl
 from runtime.agent import Agent
+from runtime.approval import PendingCall, waiting_calls
 from runtime.commands import (
     MCP_HELP,
     BadInput,
@@ -42,13 +52,14 @@ from runtime.commands import (
     make_agent,
     report_bad_input,
 )
-from runtime.errors import ConfigurationError, InvalidMedia
+from runtime.errors import AlreadyDecided, ConfigurationError, InvalidMedia, UnknownApproval
 from runtime.events import Event
 from runtime.host import Host
 from runtime.ids import new_id
 from runtime.logging import configure_logging
 from runtime.media import MediaLimits, check_limits, user_content
 from runtime.messages import File, Image, is_media_output
+from runtime.protocol import TurnResult
 from runtime.redact import redact_url
 from runtime.render import TerminalRenderer
 from runtime.serde import converter, structure, unstructure
@@ -62,6 +73,8 @@ __all__ = ["MCP_HELP", "BadInput", "build_parser", "main", "make_agent", "report
 
 
 STORE_HELP = "session store: an SQLite file or a postgresql:// URL"
+WAITING_STATUS = 3
+"""``run``'s exit status when the turn waits for a decision nobody could give here."""
 
 
 def program_name() -> str:
@@ -74,7 +87,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=program_name(), description="Axon agent runtime")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run one turn and render it")
-    run.add_argument("prompt", help="the user input")
+    run.add_argument(
+        "prompt",
+        nargs="?",
+        help="the user input (optional with --session when its turn waits for approval)",
+    )
+    run.set_defaults(usage_error=run.error)  # a prompt is optional with --session only
     run.add_argument("--jsonl", action="store_true", help="print each OutputChunk as a JSON line")
     run.add_argument(
         "--file",
@@ -89,6 +107,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument(
         "--session", default=None, help="session id in --store (resumes it if it is stored)"
+    )
+    run.add_argument(
+        "--approve-all",
+        action="store_true",
+        help="approve every tool call that waits for approval (no prompt)",
+    )
+    run.add_argument(
+        "--deny-all", action="store_true", help="deny every tool call that waits for approval"
     )
     run.add_argument(
         "--output-schema",
@@ -149,7 +175,12 @@ def load_attachment(source: str) -> Any:
 
 def run_input(args: argparse.Namespace) -> Any:
     """The ``run`` command's user input: the prompt, then each ``--file`` in order, checked
-    against the default media limits (before any store is opened)."""
+    against the default media limits (before any store is opened). ``None`` without a
+    prompt: the stored turn that waits is to be decided and resumed."""
+    if args.prompt is None:
+        if args.file:
+            raise BadInput("--file needs a prompt to attach to")
+        return None
     if not args.file:
         return args.prompt
     content = user_content([args.prompt, *(load_attachment(s) for s in args.file)])
@@ -175,6 +206,10 @@ def check_arguments(args: argparse.Namespace) -> None:
     if command == "run" and args.session is not None and args.store is None:
         raise BadInput("--session needs --store: without a store there is nothing to resume")
     if command == "run":
+        if args.approve_all and args.deny_all:
+            raise BadInput("--approve-all and --deny-all cannot be used together")
+        if args.prompt is None and not is_store_url(args.store) and not os.path.exists(args.store):
+            raise BadInput(f"no session store at {args.store}")  # nothing there waits
         args.input = run_input(args)
     if getattr(args, "output_schema", None) is not None:
         args.output_type = read_output_schema(args.output_schema)
@@ -222,14 +257,22 @@ async def run_command(args: argparse.Namespace) -> int:
         if args.record:
             await host.start_actor(JsonlRecorder(args.record))
         session = await host.open_session(agent, session_id=session_id)
-        async with session.stream(getattr(args, "input", args.prompt)) as output:
-            async for chunk in output:
-                if renderer is not None:
-                    renderer.render(chunk)
-                else:
-                    out_stream.write(orjson.dumps(converter.unstructure(chunk)) + b"\n")
-                    out_stream.flush()
-    result = output.result
+        result: TurnResult | None = None
+        if args.input is None:  # no prompt: the session's waiting turn goes on
+            waiting = waiting_calls(session.messages)
+            if not waiting:
+                raise BadInput(
+                    f"session {session_id} has no turn waiting for a decision: give a prompt"
+                )
+            if renderer is not None:
+                renderer.know_calls(waiting)
+        else:
+            result = await render_turn(session.stream(args.input), renderer, out_stream)
+        while result is None or result.finish_reason == "awaiting-input":
+            status = await decide_waiting(session, args, renderer)
+            if status is not None:
+                return status
+            result = await render_turn(session.resume(), renderer, out_stream)
     if args.store is not None and args.session is None:  # the id it made: say how to resume
         sys.stderr.write(f"session {session_id} (continue it with --session {session_id})\n")
     if result is not None and result.error is not None and result.finish_reason != "error":
@@ -241,6 +284,109 @@ async def run_command(args: argparse.Namespace) -> int:
         )
         return 1
     return 0 if result is not None and result.finish_reason not in ("error", "aborted") else 1
+
+
+async def render_turn(stream: Any, renderer: Any, out: Any) -> TurnResult | None:
+    """Run a turn (or a continuation) to its end, rendering each chunk (or writing it as
+    a JSON line without a renderer); its result."""
+    async with stream as output:
+        async for chunk in output:
+            if renderer is not None:
+                renderer.render(chunk)
+            else:
+                out.write(orjson.dumps(converter.unstructure(chunk)) + b"\n")
+                out.flush()
+    return output.result
+
+
+NO_CLIENT = "the command line has no client to run the client-side tool {}"
+
+
+async def decide_waiting(session: Any, args: argparse.Namespace, renderer: Any) -> int | None:
+    """Decide every call the session's turn still waits for: ``--approve-all``,
+    ``--deny-all``, or a ``[y/N]`` prompt when stdin is a terminal (a client-side tool,
+    which nothing here can run, gets an error as its result). ``None`` once all are
+    decided (the turn can resume); else the exit status: :data:`WAITING_STATUS` when
+    nobody here can decide (the line on stderr says how to), 130 for Ctrl-C at a prompt."""
+    calls = [c for c in waiting_calls(session.messages) if not c.decided]
+    interactive = sys.stdin is not None and sys.stdin.isatty()
+    if calls and not (args.approve_all or args.deny_all or interactive):
+        sys.stderr.write(waiting_line(calls, session.id, args.store) + "\n")
+        return WAITING_STATUS
+    for call in calls:
+        if call.kind == "client":
+            sys.stderr.write(
+                f"{NO_CLIENT.format(call.tool_name)}: it gets an error as its result\n"
+            )
+    prompt_out = sys.stderr if renderer is None else sys.stdout  # --jsonl keeps stdout JSON
+    for call in calls:
+        decision: dict[str, Any]
+        if call.kind == "client":
+            decision = {"error": NO_CLIENT.format(call.tool_name)}
+        elif args.approve_all or args.deny_all:
+            decision = {"approved": args.approve_all}
+            decision["reason"] = None if args.approve_all else "denied by --deny-all"
+        else:
+            if renderer is not None:
+                renderer.end_line()
+            answer = await ask(f"approve {describe_call(call)}? [y/N] ", prompt_out)
+            if answer is None:
+                prompt_out.write("\n")
+                return 130
+            approved = answer.strip().lower() in ("y", "yes")
+            decision = {"approved": approved}
+            decision["reason"] = None if approved else "denied at the prompt"
+        try:
+            await session.decide(call.approval_id, **decision)
+        except (AlreadyDecided, UnknownApproval) as exc:  # decided elsewhere meanwhile
+            raise BadInput(str(exc)) from None
+    return None
+
+
+def describe_call(call: PendingCall) -> str:
+    """``NAME({"arg": ...})``: a waiting call as a person reads it."""
+    return f"{call.tool_name}({json.dumps(call.input, ensure_ascii=False)})"
+
+
+def waiting_line(calls: list[PendingCall], session_id: str, store: str | None) -> str:
+    """The one line ``run`` ends with when nobody here can decide the waiting calls."""
+    what = ", ".join(
+        describe_call(c) + (" (client-side: nothing here runs it)" if c.kind == "client" else "")
+        for c in calls
+    )
+    if store is None:
+        return (
+            f"the turn waits for approval: {what}; nothing is stored without --store: run "
+            "again with --approve-all or --deny-all, or from a terminal to be asked"
+        )
+    where = redact_url(store)
+    return (
+        f"the turn waits for approval: {what}; session {session_id} is stored in {where}: "
+        f"decide with `{program_name()} run --store {where} --session {session_id} "
+        "--approve-all` (or --deny-all) and the same agent options"
+    )
+
+
+async def ask(question: str, out: TextIO) -> str | None:
+    """``question`` on ``out``, and the line typed on stdin ("" at its end); ``None`` when
+    Ctrl-C interrupts (the host's own SIGINT handler would only cancel turns, and no turn
+    runs while a prompt waits, so the prompt listens for it itself)."""
+    answer: str | None = None
+    with trio.open_signal_receiver(signal.SIGINT) as signals:
+        out.write(question)  # only now: a Ctrl-C as soon as it shows reaches this receiver
+        out.flush()
+        async with trio.open_nursery() as nursery:
+
+            async def read() -> None:
+                nonlocal answer
+                answer = await trio.to_thread.run_sync(sys.stdin.readline, abandon_on_cancel=True)
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(read)
+            async for _ in signals:
+                nursery.cancel_scope.cancel()
+                break
+    return answer
 
 
 def replay_command(args: argparse.Namespace) -> int:
@@ -364,7 +510,10 @@ def _silence_stdout() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "run" and args.prompt is None and args.session is None:
+        args.usage_error("the following arguments are required: prompt")  # argparse's own
     return report_bad_input(lambda: _dispatch(args))
 
 

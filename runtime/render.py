@@ -29,6 +29,13 @@ class TerminalRenderer:
             self.console.print()
             self._at_line_start = True
 
+    def know_calls(self, calls: Any) -> None:
+        """Remember the name and input of tool calls rendered before this renderer ran
+        (a waiting turn resumed by another process), so their result cards show them."""
+        for call in calls:
+            self._inputs[call.tool_call_id] = call.input
+            self._names[call.tool_call_id] = call.tool_name
+
     def end_line(self) -> None:
         """End the line being written, if any (before a message that is not output)."""
         self._newline()

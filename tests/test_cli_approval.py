@@ -1,0 +1,180 @@
+"""``run`` decides a turn that waits for approval (docs/approval.md, "The command line"):
+``--approve-all``, ``--deny-all``, a ``[y/N]`` prompt on a terminal, and otherwise one
+line and exit status 3, never a wait on a stdin nobody types into."""
+
+from __future__ import annotations
+
+import os
+import pty
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+AGENTS = "tests.support.approval_agents"
+ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
+HANG_GUARD = 60  # seconds: only so a regression fails instead of hanging the suite
+
+
+def axon(*args: str, stdin: int = subprocess.DEVNULL) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "runtime", *args],
+        stdin=stdin,
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD,
+        cwd=ROOT,
+        env=ENV,
+    )
+
+
+def run(agent: str, *args: str) -> subprocess.CompletedProcess:
+    return axon("run", "--agent", f"{AGENTS}:{agent}", *args)
+
+
+def run_in_a_terminal(answer: str) -> subprocess.CompletedProcess:
+    """``run`` with its stdin on a pseudo-terminal, where ``answer`` is typed."""
+    leader, follower = pty.openpty()
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "runtime", "run", "--agent", f"{AGENTS}:agent", "hi"],
+            stdin=follower,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+            env=ENV,
+        )
+        os.close(follower)
+        os.write(leader, answer.encode() + b"\n")  # the terminal holds it until read
+        out, err = proc.communicate(timeout=HANG_GUARD)
+    finally:
+        os.close(leader)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def test_approve_all_runs_the_tool_once_and_prints_the_answer():
+    proc = run("agent", "--approve-all", "hi")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("result sunny in Oslo") == 1
+    assert "It is sunny in Oslo." in proc.stdout
+
+
+def test_deny_all_shows_the_denial_and_the_models_answer_to_it():
+    proc = run("agent", "--deny-all", "hi")
+    assert proc.returncode == 0, proc.stderr
+    assert "get_weather denied: denied by --deny-all" in proc.stdout
+    assert "I could not check: the tool call was denied: denied by --deny-all." in proc.stdout
+    assert "sunny" not in proc.stdout
+
+
+def test_y_at_the_terminal_prompt_approves():
+    proc = run_in_a_terminal("y")
+    assert proc.returncode == 0, proc.stderr
+    assert 'approve get_weather({"city": "Oslo"})? [y/N] ' in proc.stdout
+    assert "It is sunny in Oslo." in proc.stdout
+
+
+def test_enter_at_the_terminal_prompt_denies():
+    proc = run_in_a_terminal("")
+    assert proc.returncode == 0, proc.stderr
+    assert "get_weather denied: denied at the prompt" in proc.stdout
+
+
+def test_ctrl_c_at_the_prompt_leaves_the_call_waiting(tmp_path):
+    db = str(tmp_path / "s.db")
+    leader, follower = pty.openpty()
+    argv = ["run", "--agent", f"{AGENTS}:agent", "--store", db, "--session", "s1", "hi"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "runtime", *argv],
+        stdin=follower,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=ROOT,
+        env=ENV,
+    )
+    os.close(follower)
+    guard = threading.Timer(HANG_GUARD, proc.kill)
+    guard.start()
+    try:
+        shown = b""
+        while b"[y/N] " not in shown and (chunk := os.read(proc.stdout.fileno(), 4096)):
+            shown += chunk
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=HANG_GUARD)
+    finally:
+        guard.cancel()
+        os.close(leader)
+    assert proc.returncode == 130
+    assert run("agent", "--store", db, "--session", "s1").returncode == 3  # still waiting
+
+
+def test_without_a_terminal_or_a_flag_it_says_so_on_one_line_and_exits_3():
+    proc = run("agent", "hi")
+    assert proc.returncode == 3
+    assert proc.stderr.splitlines() == [
+        'the turn waits for approval: get_weather({"city": "Oslo"}); nothing is stored without '
+        "--store: run again with --approve-all or --deny-all, or from a terminal to be asked"
+    ]
+
+
+def test_a_stored_waiting_turn_names_its_session_and_how_to_decide_it(tmp_path):
+    db = str(tmp_path / "s.db")
+    proc = run("agent", "--store", db, "--session", "s1", "hi")
+    assert proc.returncode == 3
+    assert proc.stderr.splitlines() == [
+        f'the turn waits for approval: get_weather({{"city": "Oslo"}}); session s1 is stored '
+        f"in {db}: decide with `python -m runtime run --store {db} --session s1 --approve-all` "
+        "(or --deny-all) and the same agent options"
+    ]
+
+
+def test_both_flags_are_one_error_line():
+    proc = run("agent", "--approve-all", "--deny-all", "hi")
+    assert proc.returncode == 2
+    assert proc.stderr == "error: --approve-all and --deny-all cannot be used together\n"
+
+
+def test_a_second_run_without_a_prompt_resumes_the_stored_waiting_turn(tmp_path):
+    db = str(tmp_path / "s.db")
+    assert run("agent", "--store", db, "--session", "s1", "hi").returncode == 3
+    proc = run("agent", "--store", db, "--session", "s1", "--approve-all")
+    assert proc.returncode == 0, proc.stderr
+    assert 'input  {"city": "Oslo"}' in proc.stdout  # the call was asked by the first run
+    assert "It is sunny in Oslo." in proc.stdout
+    shown = axon("show", "s1", "--store", db).stdout
+    assert shown.count('tool get_weather result (step 0): "sunny in Oslo"') == 1
+
+
+def test_no_prompt_and_no_waiting_turn_is_an_error(tmp_path):
+    db = str(tmp_path / "s.db")
+    assert run("agent", "--store", db, "--session", "s1", "--approve-all", "hi").returncode == 0
+    proc = run("agent", "--store", db, "--session", "s1", "--approve-all")
+    assert proc.returncode == 2
+    assert proc.stderr == "error: session s1 has no turn waiting for a decision: give a prompt\n"
+
+
+def test_no_prompt_and_no_session_keeps_the_prompt_required():
+    proc = run("agent", "--approve-all")
+    assert proc.returncode == 2
+    assert "error: the following arguments are required: prompt" in proc.stderr
+
+
+def test_a_turn_that_asks_again_is_decided_again():
+    proc = run("twice", "--approve-all", "hi")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("waits for approval") == 2
+    assert "result sunny in Paris" in proc.stdout
+    assert "It is sunny in Paris." in proc.stdout
+
+
+def test_a_client_side_tool_gets_an_error_result_for_want_of_a_client():
+    proc = run("client", "--approve-all", "hi")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == (
+        "the command line has no client to run the client-side tool locate: "
+        "it gets an error as its result\n"
+    )
+    assert "I could not check: the command line has no client" in proc.stdout
