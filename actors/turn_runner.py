@@ -254,7 +254,9 @@ class TurnRunner(Suspending, Actor):
             deps=run.deps,
         )
         if committed is None:
-            state.messages.append(UserMessage(content=run.input))
+            state.messages.append(
+                UserMessage(content=run.input, id=run.user_message_id or new_id("msg"))
+            )
             turn.a_index = len(state.messages)
             state.messages.append(AssistantMessage(id=turn.message_id))
         else:

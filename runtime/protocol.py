@@ -434,6 +434,9 @@ class RunTurn:
     message_id: str | None = None
     """The id of the turn's assistant message (``None``: a new one). A durable turn
     passes a stable one, so that the worker taking it over finds its message."""
+    user_message_id: str | None = None
+    """The id the turn's user message gets (``None``: a new one). The web app passes the
+    client's id of the message, so that a resend of it is recognised (a retry, an edit)."""
     resume: bool = False
     """The turn may have committed steps already (another worker ran it and died): when
     the history holds the assistant message ``message_id``, the turn continues it, from

@@ -104,6 +104,7 @@ class TurnStream:
         regenerate: bool = False,
         turn_id: str | None = None,
         message_id: str | None = None,
+        user_message_id: str | None = None,
         resume: bool = False,
         capacity: int = 256,
     ) -> None:
@@ -112,6 +113,8 @@ class TurnStream:
         self.regenerate = regenerate
         self.message_id = _check_id(message_id, "message id")
         """The id the turn's assistant message gets (``None``: a new one)."""
+        self.user_message_id = _check_id(user_message_id, "user message id")
+        """The id the turn's user message gets (``None``: a new one)."""
         self.resume = resume
         """Whether the turn continues the committed steps of message :attr:`message_id`."""
         if resume and message_id is None:
@@ -164,6 +167,7 @@ class TurnStream:
                     meta=session.meta,
                     regenerate=self.regenerate,
                     message_id=self.message_id,
+                    user_message_id=self.user_message_id,
                     resume=self.resume,
                     deps=session.deps,
                 )
@@ -392,6 +396,7 @@ class Session:
         turn_id: str | None = None,
         message_id: str | None = None,
         resume: bool = False,
+        user_message_id: str | None = None,
     ) -> TurnStream:
         """Start a turn for user ``input``; use as ``async with session.stream(t) as out``.
 
@@ -415,7 +420,8 @@ class Session:
         ``input`` is not added again); a turn whose committed steps finished it runs no
         model call and changes nothing. Without such a message it is a new turn. A
         malformed id, or ``resume`` without ``message_id``, raises
-        :class:`~runtime.errors.InvalidTurnId`.
+        :class:`~runtime.errors.InvalidTurnId`. ``user_message_id`` is the id the turn's
+        user message gets (the web app passes the client's, to recognise a resend of it).
         """
         content = user_content(input)
         check_counts(content, self.host.input_limits)
@@ -426,6 +432,7 @@ class Session:
             regenerate=regenerate,
             turn_id=turn_id,
             message_id=message_id,
+            user_message_id=user_message_id,
             resume=resume,
         )
 

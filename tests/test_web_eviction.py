@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import itertools
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from functools import partial
@@ -16,11 +17,15 @@ from actors.providers.scripted import ScriptedProvider
 from runtime import Agent, Host
 from runtime.messages import UserMessage
 
+_ids = itertools.count()
+
 
 def chat_body(session_id: str, text: str) -> dict[str, Any]:
+    """A new message (its own id: the same id again would be a retry or an edit)."""
+    message = {"id": f"m{next(_ids)}", "role": "user", "parts": [{"type": "text", "text": text}]}
     return {
         "id": session_id,
-        "messages": [{"id": "m", "role": "user", "parts": [{"type": "text", "text": text}]}],
+        "messages": [message],
         "trigger": "submit-message",
     }
 

@@ -38,16 +38,24 @@ TWO_TOOLS = [
 
 
 JSON = {"content-type": "application/json"}
+_message_ids = itertools.count()
 
 
-def body(session_id: Any, text: str = "go", trigger: str = "submit-message") -> dict[str, Any]:
-    """A `useChat` request body (DefaultChatTransport's shape)."""
+def body(
+    session_id: Any, text: str = "go", trigger: str = "submit-message", message_id: str = ""
+) -> dict[str, Any]:
+    """A `useChat` request body (DefaultChatTransport's shape); its last user message has
+    id ``message_id``, else a new one (a client's new message)."""
     return {
         "id": session_id,
         "messages": [
             {"id": "m0", "role": "user", "parts": [{"type": "text", "text": "earlier"}]},
             {"id": "m1", "role": "assistant", "parts": [{"type": "text", "text": "ok"}]},
-            {"id": "m2", "role": "user", "parts": [{"type": "text", "text": text}]},
+            {
+                "id": message_id or f"u{next(_message_ids)}",
+                "role": "user",
+                "parts": [{"type": "text", "text": text}],
+            },
         ],
         "trigger": trigger,
         "messageId": None,
@@ -165,6 +173,60 @@ async def test_each_request_adds_a_turn_and_regenerate_replaces_the_last_one():
             "two, again",
         ]
         assert (await client.get("/api/sessions")).json()["sessions"][0]["title"] == "one"
+
+
+async def _user_texts(server: Any, session_id: str) -> list[Any]:
+    record = await server.host.store.load(session_id)
+    return [(m.id, m.content) for m in record.messages if isinstance(m, UserMessage)]
+
+
+async def test_an_edit_of_the_last_message_replaces_its_turn():
+    provider = ScriptedProvider(steps=[["Answer."]])
+    async with web_server(Agent(provider=provider)) as server:
+        async with httpx.AsyncClient(base_url=server.url) as client:
+            await client.post("/api/chat", json=body("s", "one", message_id="q1"))
+            r = await client.post("/api/chat", json=body("s", "one, edited", message_id="q1"))
+            assert events(r.content)[-1] == "[DONE]"
+        record = await server.host.store.load("s")
+        assert [m.role for m in record.messages] == ["user", "assistant"]
+        assert await _user_texts(server, "s") == [("q1", "one, edited")]
+        assert len(provider.requests) == 2
+
+
+async def test_a_retry_of_the_last_message_replays_its_answer_and_runs_no_turn():
+    provider = ScriptedProvider(steps=[["Answer."]])
+    async with web_server(Agent(provider=provider)) as server:
+        async with httpx.AsyncClient(base_url=server.url) as client:
+            first = await client.post("/api/chat", json=body("s", "one", message_id="q1"))
+            again = await client.post("/api/chat", json=body("s", "one", message_id="q1"))
+        assert again.status_code == 200
+        text = "".join(c["delta"] for c in events(again.content)[:-1] if "delta" in c)
+        assert text == "Answer."
+        assert events(again.content)[0]["messageId"] == events(first.content)[0]["messageId"]
+        assert len(provider.requests) == 1
+        assert await _user_texts(server, "s") == [("q1", "one")]
+
+
+async def test_an_edit_of_an_earlier_message_is_refused_and_stores_nothing():
+    provider = ScriptedProvider(steps=[["Answer."]])
+    async with web_server(Agent(provider=provider)) as server:
+        async with httpx.AsyncClient(base_url=server.url) as client:
+            await client.post("/api/chat", json=body("s", "one", message_id="q1"))
+            await client.post("/api/chat", json=body("s", "two", message_id="q2"))
+            r = await client.post("/api/chat", json=body("s", "one, edited", message_id="q1"))
+        assert r.status_code == 409
+        assert "only the last message can be edited" in r.json()["error"]
+        assert await _user_texts(server, "s") == [("q1", "one"), ("q2", "two")]
+        assert len(provider.requests) == 2
+
+
+async def test_a_new_message_id_is_a_new_turn():
+    provider = ScriptedProvider(steps=[["Answer."]])
+    async with web_server(Agent(provider=provider)) as server:
+        async with httpx.AsyncClient(base_url=server.url) as client:
+            await client.post("/api/chat", json=body("s", "same", message_id="q1"))
+            await client.post("/api/chat", json=body("s", "same", message_id="q2"))
+        assert await _user_texts(server, "s") == [("q1", "same"), ("q2", "same")]
 
 
 async def test_sessions_are_loaded_from_and_saved_to_the_store(tmp_path):

@@ -66,6 +66,7 @@ from runtime.web.guard import RequestGuard
 from runtime.web.http import ApiError, error_response, json_response
 from runtime.web.http import session_id_param as _session_id
 from runtime.web.protocol import DONE, HEADERS, UIStreamEncoder, ui_messages
+from runtime.web.resend import classify_resend, client_message_id, replay_response
 from runtime.web.resume import resume_stream, stop_turn
 from runtime.web.writer import BodyWriter
 
@@ -165,6 +166,7 @@ class TurnResponse:
         text: UserContent,
         *,
         regenerate: bool = False,
+        user_message_id: str | None = None,
         resume: bool = False,
         announced: tuple[str, ...] = (),
         keepalive: float = KEEPALIVE,
@@ -177,6 +179,8 @@ class TurnResponse:
         self.session = session
         self.text = text
         self.regenerate = regenerate
+        self.user_message_id = user_message_id
+        """The client's id of the user message, stored as its id (:mod:`runtime.web.resend`)."""
         self.resume = resume
         """Run the continuation of the turn that waited for input (docs/approval.md)."""
         self.announced = announced
@@ -209,7 +213,11 @@ class TurnResponse:
                 turn = (
                     session.resume()
                     if self.resume
-                    else session.stream(self.text, regenerate=self.regenerate)
+                    else session.stream(
+                        self.text,
+                        regenerate=self.regenerate,
+                        user_message_id=self.user_message_id,
+                    )
                 )
                 async with turn as out:
                     started = True
@@ -378,10 +386,19 @@ async def chat(request: Request) -> Any:
             background=state.background,
         )
     check_media(text, session.agent)
+    client_id = client_message_id(payload)
+    resend = (
+        "new"
+        if session.busy
+        else classify_resend(session.messages, client_id, text, regenerate=regenerate)
+    )
+    if resend == "retry":
+        return replay_response(session.messages)
     return TurnResponse(
         session,
         text,
-        regenerate=regenerate,
+        regenerate=regenerate or resend == "edit",
+        user_message_id=client_id,
         keepalive=state.keepalive,
         send_timeout=state.send_timeout,
         background=state.background,
