@@ -14,7 +14,9 @@ Hypercorn's Trio worker, see :mod:`runtime.web.serve`):
     Attachments over the agent's ``media_limits``, and a message with more parts than the
     host's ``input_limits``, get 413; unusable ones 400. The server
     keeps the history: only the last user message is read. ``trigger:
-    "regenerate-message"`` replaces the session's last turn instead of adding one. A
+    "regenerate-message"`` replaces the session's last turn instead of adding one; so does
+    the last user message posted again with other text (an edit; the same text replays
+    the stored answer, an earlier message is a 409: :mod:`runtime.web.resend`). A
     client that closes the connection cancels the turn (saved, marked interrupted). A
     body whose last message is the assistant's answers a turn waiting for input
     (approvals, client tools' outputs: :mod:`runtime.web.answers`) and streams its

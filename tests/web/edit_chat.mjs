@@ -1,0 +1,58 @@
+// Drives Axon's POST /api/chat with the `ai` package's AbstractChat (what useChat wraps)
+// through an edit: sendMessage "one", sendMessage "two", then sendMessage({text, messageId})
+// of the last user message ("two" becomes "two, edited").
+//
+//   node edit_chat.mjs '{"url": "http://127.0.0.1:PORT", "chatId": "s"}'
+//
+// Prints one JSON object: the request bodies sent, the chat's final messages, its status
+// and error (if any).
+
+const config = JSON.parse(process.argv[2]);
+const { AbstractChat, DefaultChatTransport } = await import(config.ai ?? "ai");
+
+class State {
+  status = "ready";
+  error = undefined;
+  messages = [];
+  pushMessage(m) {
+    this.messages = [...this.messages, m];
+  }
+  popMessage() {
+    this.messages = this.messages.slice(0, -1);
+  }
+  replaceMessage(i, m) {
+    this.messages = [...this.messages.slice(0, i), m, ...this.messages.slice(i + 1)];
+  }
+  snapshot(x) {
+    return structuredClone(x);
+  }
+}
+
+class Chat extends AbstractChat {
+  constructor(init) {
+    super({ ...init, state: new State() });
+  }
+}
+
+const bodies = [];
+const transport = new DefaultChatTransport({
+  api: `${config.url}/api/chat`,
+  fetch: async (url, init) => {
+    bodies.push(JSON.parse(init.body));
+    return fetch(url, init);
+  },
+});
+const chat = new Chat({ id: config.chatId, transport });
+
+await chat.sendMessage({ text: "one" });
+await chat.sendMessage({ text: "two" });
+const last = chat.messages.findLast((m) => m.role === "user");
+await chat.sendMessage({ text: "two, edited", messageId: last.id });
+console.log(
+  JSON.stringify({
+    bodies,
+    messages: chat.messages,
+    status: chat.status,
+    error: chat.error ? String(chat.error.message) : null,
+  }),
+);
