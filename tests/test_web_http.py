@@ -220,6 +220,17 @@ async def test_an_edit_of_an_earlier_message_is_refused_and_stores_nothing():
         assert len(provider.requests) == 2
 
 
+async def test_a_regenerate_of_an_earlier_message_is_refused():
+    provider = ScriptedProvider(steps=[["Answer."]])
+    async with web_server(Agent(provider=provider)) as server:
+        async with httpx.AsyncClient(base_url=server.url) as client:
+            await client.post("/api/chat", json=body("s", "one", message_id="q1"))
+            await client.post("/api/chat", json=body("s", "two", message_id="q2"))
+            again = body("s", "one", "regenerate-message", message_id="q1")
+            assert (await client.post("/api/chat", json=again)).status_code == 409
+        assert await _user_texts(server, "s") == [("q1", "one"), ("q2", "two")]
+
+
 async def test_a_new_message_id_is_a_new_turn():
     provider = ScriptedProvider(steps=[["Answer."]])
     async with web_server(Agent(provider=provider)) as server:
