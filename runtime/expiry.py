@@ -181,19 +181,26 @@ class ExpiryWatch:
         if host.shutting_down:
             return
         try:
-            complete = await expire_session(host, session_id, agent)
+            session = await self._expire_session(session_id, agent)
         except Exception:  # a store failure: this wait is noticed on the next load instead
             log.exception("expiry.failed", session_id=session_id)
             return
+        if session is not None:
+            host.nursery.start_soon(resume_expired, session)
+
+    async def _expire_session(self, session_id: str, agent: Agent) -> Session | None:
+        """Expire what is due; the session to resume, if the expiry completed its turn."""
+        host = self.host
+        complete = await expire_session(host, session_id, agent)
         record = await host.store.load(session_id)
         if record is not None:
             self.note(session_id, agent, record.messages)  # a later deadline of the turn
         if not complete:
-            return
+            return None
         session = host.get_session(session_id)
         if session is None or session.agent is not agent:
             try:
                 session = await host.open_session(agent, session_id)
             except SessionBusy:  # open here with another agent: its holder resumes it
-                return
-        host.nursery.start_soon(resume_expired, session)
+                return None
+        return session
