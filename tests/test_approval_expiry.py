@@ -10,8 +10,8 @@ import trio
 import trio.testing
 
 from actors.providers.scripted import ScriptedProvider, tool_call
-from runtime import Agent, AlreadyDecided, ConfigurationError, Host, ToolMessage, tool
-from runtime.events import ToolApprovalDecided, ToolApprovalExpired
+from runtime import Agent, AlreadyDecided, ConfigurationError, Host, Tool, ToolMessage, tool
+from runtime.events import ToolApprovalDecided, ToolApprovalExpired, TurnFinished
 from runtime.expiry import expire_session
 from runtime.messages import Awaiting, ToolCallPart
 from runtime.serde import converter
@@ -102,11 +102,12 @@ async def test_opening_a_session_after_its_deadline_expires_the_wait_and_resumes
     now[0] += 61
     async with Host.open(store=path, log_tap=False) as host:
         host.clock = lambda: now[0]
-        events = host.bus.subscribe([ToolApprovalExpired], name="t")
+        events = host.bus.subscribe([ToolApprovalExpired, TurnFinished], name="t")
         session = await host.open_session(agent(60), session_id="s")
         assert session.pending == ()
-        await trio.testing.wait_all_tasks_blocked()
-        assert events.inbox.get_nowait().tool_call_id == "D"
+        assert (await events.inbox.get()).tool_call_id == "D"
+        finished = await events.inbox.get()  # the turn resumed, in the background
+        assert finished.finish_reason == "stop"
         assert ran == []
         assert results(session) == ["the tool call was denied: timed out"]
         assert answer(session) == "answered"
@@ -175,3 +176,32 @@ async def test_an_expiry_racing_a_decision_records_exactly_one():
     assert (outcome["human"] is None) == outcome["expiry"]
     stored = record.messages[1].content[0].awaiting
     assert stored.approved is seen[0].approved
+
+
+async def test_a_wait_stored_without_a_deadline_never_expires(tmp_path):
+    path = tmp_path / "s.db"
+    now = [EPOCH]
+    async with Host.open(store=path, log_tap=False) as host:
+        host.clock = lambda: now[0]
+        await (await host.open_session(agent(None), session_id="s")).run("go")
+    now[0] += 10**9
+    async with Host.open(store=path, log_tap=False) as host:
+        host.clock = lambda: now[0]
+        session = await host.open_session(agent(60), session_id="s")  # the stored wait rules
+        await trio.testing.wait_all_tasks_blocked()
+        assert [c.tool_call_id for c in session.pending] == ["D"]
+
+
+locate = Tool.client("locate", {"type": "object", "properties": {}}, "Where the user is.")
+
+
+async def test_an_expired_client_tool_gets_timed_out_as_its_error(autojump_clock):
+    steps = [[*tool_call("locate", {}, tool_call_id="L")], ["answered"]]
+    async with Host.open(log_tap=False) as host:
+        host.clock = trio_wall
+        the_agent = Agent(provider=ScriptedProvider(steps), tools=[locate], approval_timeout=5)
+        session = await host.open_session(the_agent, session_id="s")
+        await session.run("go")
+        await trio.sleep(6)
+    assert results(session) == ["timed out"]
+    assert answer(session) == "answered"
