@@ -205,3 +205,15 @@ async def test_an_expired_client_tool_gets_timed_out_as_its_error(autojump_clock
         await trio.sleep(6)
     assert results(session) == ["timed out"]
     assert answer(session) == "answered"
+
+
+async def test_the_timer_resumes_a_session_evicted_while_it_waited(autojump_clock):
+    async with Host.open(log_tap=False, idle_ttl=10) as host:
+        host.clock = trio_wall
+        session = await host.open_session(agent(60), session_id="s")
+        await session.run("go")
+        await trio.sleep(20)
+        assert not session.loaded
+        await trio.sleep(45)  # the deadline (60) passes; the next idle eviction (70) not
+        assert results(session) == ["the tool call was denied: timed out"]
+        assert answer(session) == "answered"
