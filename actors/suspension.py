@@ -14,6 +14,7 @@ tool's output), before the step loop goes on after the suspended step.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -84,13 +85,25 @@ def hold_context(
     )
 
 
-def awaiting(kind: str, tool_call_id: str, turn_id: str) -> Awaiting:
+def awaiting(
+    kind: str, tool_call_id: str, turn_id: str, expires_at: float | None = None
+) -> Awaiting:
     """The stored wait of a held call (an approval gets an id of its own)."""
     return Awaiting(
         kind=kind,
         id=new_id("approval") if kind == APPROVAL else tool_call_id,
         turn_id=turn_id,
+        expires_at=expires_at,
     )
+
+
+def expiry_time(host: Any, agent: Agent) -> float | None:
+    """When a wait that starts now expires (wall clock), by ``agent.approval_timeout``."""
+    timeout = agent.approval_timeout
+    if timeout is None:
+        return None
+    clock = getattr(host, "clock", None) or time.time
+    return float(clock()) + timeout
 
 
 def mark_held(parts: list[Part], held: Mapping[str, Awaiting]) -> None:
@@ -214,7 +227,11 @@ class Suspending:
             )
 
     async def _announce_waiting(self, turn: Any, step: int) -> None:
-        """The bus hears of each approval the suspended turn waits for (once stored)."""
+        """The bus hears of each approval the suspended turn waits for (once stored);
+        the host's timer, of its deadline if it has one (:mod:`runtime.expiry`)."""
+        watch = getattr(self.host, "expiry", None)
+        if watch is not None and any(w.expires_at is not None for w in turn.held.values()):
+            watch.note(self.state.session_id, self.agent, self.state.messages)
         for part, w in held_approvals(turn.parts.content, turn.held):
             await self.publish(
                 ev.ToolApprovalRequested(

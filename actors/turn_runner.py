@@ -44,6 +44,7 @@ from actors.structured import StructuredTurn, observe, output_value, with_feedba
 from actors.suspension import (
     Suspending,
     awaiting,
+    expiry_time,
     hold_context,
     hold_kind,
     in_process_approver,
@@ -888,7 +889,9 @@ class TurnRunner(Suspending, Actor):
                 context = hold_context(self.host, sid, turn.turn_id, step, call, turn.deps)
                 kind = hold_kind(tools.get(call.tool_name), call.input, context, approver)
                 if kind is not None:
-                    turn.held[call.tool_call_id] = awaiting(kind, call.tool_call_id, turn.turn_id)
+                    turn.held[call.tool_call_id] = awaiting(
+                        kind, call.tool_call_id, turn.turn_id, expiry_time(self.host, self.agent)
+                    )
                     continue
                 runnable.append(
                     ToolCallSpec(

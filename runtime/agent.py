@@ -94,6 +94,19 @@ class Agent:
 
     mcp_servers: tuple[Any, ...] = ()
     """MCP tool servers (``actors.mcp.MCPServer``) whose tools are offered as well."""
+    approval_timeout: float | None = attrs.field(default=None)
+    """Seconds a call that waits for a decision (an approval, a client-side tool) may
+    wait: past that, it is denied with reason ``timed out`` and the turn goes on
+    (docs/approval.md). ``None``: it waits for ever."""
+
+    @approval_timeout.validator
+    def _check_approval_timeout(self, _attribute: Any, value: float | None) -> None:
+        if value is not None and not (
+            isinstance(value, int | float) and not isinstance(value, bool) and value > 0
+        ):
+            raise ConfigurationError(
+                f"approval_timeout must be a positive number of seconds or None, not {value!r}"
+            )
 
     def __attrs_post_init__(self) -> None:
         servers = tuple(t for t in self.tools if _is_tool_server(t))

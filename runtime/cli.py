@@ -35,6 +35,8 @@ import mimetypes
 import os
 import signal
 import sys
+from collections.abc import Sequence
+from datetime import UTC, datetime
 from typing import Any, TextIO
 
 import orjson
@@ -43,7 +45,7 @@ import trio
 from actors.plugins.otel import OpenTelemetryActor, build_tracer_provider
 from actors.plugins.recorder import JsonlRecorder, read_jsonl
 from runtime.agent import Agent
-from runtime.approval import PendingCall, waiting_calls
+from runtime.approval import APPROVAL, PendingCall, pending_calls, waiting_calls
 from runtime.commands import (
     MCP_HELP,
     BadInput,
@@ -54,11 +56,12 @@ from runtime.commands import (
 )
 from runtime.errors import AlreadyDecided, ConfigurationError, InvalidMedia, UnknownApproval
 from runtime.events import Event
+from runtime.expiry import deadlines
 from runtime.host import Host
 from runtime.ids import new_id
 from runtime.logging import configure_logging
 from runtime.media import MediaLimits, check_limits, user_content
-from runtime.messages import File, Image, is_media_output
+from runtime.messages import File, Image, Message, is_media_output
 from runtime.protocol import TurnResult
 from runtime.redact import redact_url
 from runtime.render import TerminalRenderer
@@ -489,7 +492,26 @@ async def show_command(args: argparse.Namespace) -> int:
                 console.print(f"  [{_describe_media(item)}]", style="dim")
         else:
             console.print(f"{msg.role}: {msg.content}")
+    for line in waiting_lines(record.messages):
+        console.print(line, style="bold", soft_wrap=True)  # ids copied whole
     return 0
+
+
+def waiting_lines(messages: Sequence[Message]) -> list[str]:
+    """What ``show`` says of the calls the stored last turn still waits for (with the
+    wall-clock time a wait expires, when it has one): docs/approval.md."""
+    due = deadlines(messages)
+    lines = []
+    for call in pending_calls(messages):
+        what = "approval" if call.kind == APPROVAL else "the client"
+        key = "approval id" if call.kind == APPROVAL else "call id"
+        call_input = orjson.dumps(call.input).decode()
+        line = f"waiting for {what}: {call.tool_name}({call_input}) {key} {call.approval_id}"
+        if call.tool_call_id in due:
+            when = datetime.fromtimestamp(due[call.tool_call_id], UTC)
+            line += f", expires {when.isoformat(timespec='seconds')}"
+        lines.append(line)
+    return lines
 
 
 def _describe_media(part: Any) -> str:

@@ -230,6 +230,17 @@ class ToolApprovalDecided(_InSession):
     reason: str | None = None
 
 
+@_event("tool.approval-expired")
+class ToolApprovalExpired(_InSession):
+    """A waiting call's ``approval_timeout`` passed before anyone decided it: it is
+    recorded as denied (a client tool's as failed) with ``reason`` ``timed out``
+    (docs/approval.md). ``causation_id`` is the approval id (a client tool's call id)."""
+
+    tool_call_id: str
+    tool_name: str
+    reason: str
+
+
 LIFECYCLE_EVENT_TYPES: tuple[type, ...] = (
     TurnStarted,
     TurnFinished,
@@ -248,4 +259,5 @@ LIFECYCLE_EVENT_TYPES: tuple[type, ...] = (
     ProviderRetry,
     ToolApprovalRequested,
     ToolApprovalDecided,
+    ToolApprovalExpired,
 )

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 import weakref
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -45,6 +46,7 @@ from runtime.errors import (
     sole_exception,
 )
 from runtime.events import SessionEvicted
+from runtime.expiry import ExpiryWatch, expire_session, expired, resume_expired
 from runtime.history import check_history
 from runtime.ids import new_id
 from runtime.inbox import Inbox
@@ -110,6 +112,11 @@ class Host:
         session that takes in another writer's turns then logs it at debug, not as a
         ``session.concurrent-writer`` warning (the bus event is published either way)."""
         self.tool_executor: Actor
+        self.clock: Callable[[], float] = time.time
+        """The wall clock waits expire by (``Agent(approval_timeout=...)``), in seconds
+        since the epoch; replaceable (a test's fake clock)."""
+        self.expiry = ExpiryWatch(self)
+        """The timer of the waiting sessions this host has seen (:mod:`runtime.expiry`)."""
 
     @classmethod
     @asynccontextmanager
@@ -331,6 +338,10 @@ class Host:
         if handle is not None and handle.unsaved_meta:
             meta = {**handle.unsaved_meta, **(meta or {})}
         record = await self.store.load(sid)
+        resume = False
+        if record is not None and expired(record.messages, self.clock()):
+            resume = await expire_session(self, sid, agent)  # decided before it is read
+            record = await self.store.load(sid)
         state = SessionState(session_id=sid)
         session_meta: dict[str, Any] = {}
         if history is not None:
@@ -376,6 +387,10 @@ class Host:
         session.attach(runner, actors, session_meta)
         self.sessions[sid] = session
         session.last_used = trio.current_time()
+        if resume:
+            self.nursery.start_soon(resume_expired, session)
+        elif record is not None:
+            self.expiry.note(sid, agent, record.messages)
         return session
 
     def touch(self, session: Session) -> None:

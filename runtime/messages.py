@@ -82,6 +82,10 @@ class Awaiting:
     """A client tool's output, as the caller gave it."""
     error: str | None = None
     """A client tool's failure, as the caller reported it."""
+    expires_at: float | None = None
+    """When the wait expires (``Agent(approval_timeout=...)``): wall-clock seconds since
+    the epoch, so it survives a restart. ``None`` (and every record stored before the
+    field existed): never. Past it the call is denied with reason ``timed out``."""
 
 
 @attrs.frozen(kw_only=True, slots=True)

@@ -32,6 +32,14 @@ _UNSTRUCTURE_OVERRIDES: dict[type, dict[str, Any]] = {
 }
 _Dict = dict[str, Any]
 
+# A wait without a deadline stores the JSON it always had (docs/approval.md).
+converter.register_unstructure_hook(
+    messages.Awaiting,
+    make_dict_unstructure_fn(
+        messages.Awaiting, converter, expires_at=override(omit_if_default=True)
+    ),
+)
+
 
 def _tag_each(tag_field: str, classes: tuple[type, ...]) -> None:
     """Unstructure each of ``classes`` with its tag (last, after its fields), however it

@@ -4,6 +4,7 @@ line and exit status 3, never a wait on a stdin nobody types into."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import pty
 import signal
@@ -11,6 +12,12 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+
+import attrs
+
+from runtime.cli import show_command
+from runtime.host import Host
+from tests.support import approval_agents
 
 ROOT = Path(__file__).resolve().parents[1]
 AGENTS = "tests.support.approval_agents"
@@ -178,3 +185,19 @@ def test_a_client_side_tool_gets_an_error_result_for_want_of_a_client():
         "it gets an error as its result\n"
     )
     assert "I could not check: the command line has no client" in proc.stdout
+
+
+async def test_show_prints_the_calls_a_stored_turn_waits_for_with_their_deadline(tmp_path, capsys):
+    db = tmp_path / "s.db"
+    async with Host.open(store=db, log_tap=False) as host:
+        host.clock = lambda: 1_700_000_000.0
+        timed = attrs.evolve(approval_agents.agent, approval_timeout=60)
+        session = await host.open_session(timed, "s1")
+        result = await session.run("weather?")
+    capsys.readouterr()
+    args = argparse.Namespace(session_id="s1", store=str(db), json=False)
+    assert await show_command(args) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        'waiting for approval: get_weather({"city":"Oslo"}) approval id '
+        f"{result.pending[0].approval_id}, expires 2023-11-14T22:14:20+00:00"
+    )
