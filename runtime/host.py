@@ -339,7 +339,10 @@ class Host:
             meta = {**handle.unsaved_meta, **(meta or {})}
         record = await self.store.load(sid)
         resume = False
-        if record is not None and expired(record.messages, self.clock()):
+        # A worker's host never expires waits itself: there the turn queue owns a turn's
+        # resumption (runtime.worker), and a resume outside it could run on two workers.
+        expires_here = not self.expects_other_writers
+        if expires_here and record is not None and expired(record.messages, self.clock()):
             resume = await expire_session(self, sid, agent)  # decided before it is read
             record = await self.store.load(sid)
         state = SessionState(session_id=sid)
@@ -389,7 +392,7 @@ class Host:
         session.last_used = trio.current_time()
         if resume:
             self.nursery.start_soon(resume_expired, session)
-        elif record is not None:
+        elif expires_here and record is not None:
             self.expiry.note(sid, agent, record.messages)
         return session
 

@@ -217,3 +217,24 @@ async def test_the_timer_resumes_a_session_evicted_while_it_waited(autojump_cloc
         await trio.sleep(45)  # the deadline (60) passes; the next idle eviction (70) not
         assert results(session) == ["the tool call was denied: timed out"]
         assert answer(session) == "answered"
+
+
+async def test_a_workers_host_leaves_an_expired_wait_alone(tmp_path, autojump_clock):
+    """On a worker the turn queue owns a turn's resumption: its host neither watches a
+    wait nor expires one it loads, so no resume runs outside the queue."""
+    path = tmp_path / "s.db"
+    now = [EPOCH]
+    async with Host.open(store=path, log_tap=False) as host:
+        host.expects_other_writers = True
+        host.clock = lambda: now[0]
+        session = await host.open_session(agent(60), session_id="s")
+        await session.run("go")
+        now[0] += 61
+        await trio.sleep(120)  # a timer, were there one, would have fired
+        assert [c.tool_call_id for c in session.pending] == ["D"]
+    async with Host.open(store=path, log_tap=False) as host:
+        host.expects_other_writers = True
+        host.clock = lambda: now[0]
+        session = await host.open_session(agent(60), session_id="s")
+        assert [c.tool_call_id for c in session.pending] == ["D"]
+    assert ran == []
