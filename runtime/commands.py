@@ -134,14 +134,20 @@ def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _count(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        number = 0
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number >= 1")
-    return number
+def positive(kind: type) -> Any:
+    """An argparse ``type`` taking a number of ``kind`` greater than 0 (else a one-line
+    usage error)."""
+
+    def parse(value: str) -> Any:
+        try:
+            number = kind(value)
+        except ValueError:
+            number = None
+        if number is None or not number > 0:
+            raise argparse.ArgumentTypeError(f"{value!r} is not a positive {kind.__name__}")
+        return number
+
+    return parse
 
 
 def add_input_limit_arguments(parser: argparse.ArgumentParser) -> None:
@@ -150,14 +156,14 @@ def add_input_limit_arguments(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
     add(
         "--max-parts",
-        type=_count,
+        type=positive(int),
         default=DEFAULT_MAX_PARTS,
         metavar="N",
         help=f"most parts (text, images, files) in one user message (default {DEFAULT_MAX_PARTS})",
     )
     add(
         "--max-files",
-        type=_count,
+        type=positive(int),
         default=DEFAULT_MAX_FILES,
         metavar="N",
         help=f"most images and files in one user message (default {DEFAULT_MAX_FILES})",

@@ -143,7 +143,7 @@ def test_bad_caps_on_the_command_line_are_one_line_and_exit_2() -> None:
             timeout=LIMIT,
         )
         assert done.returncode == 2
-        assert "--max-parts: '0' is not a whole number >= 1" in done.stderr
+        assert "--max-parts: '0' is not a positive int" in done.stderr
 
 
 # -- the host ----------------------------------------------------------------------------

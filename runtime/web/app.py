@@ -68,6 +68,7 @@ from runtime.web.guard import RequestGuard
 from runtime.web.http import ApiError, error_response, json_response
 from runtime.web.http import session_id_param as _session_id
 from runtime.web.protocol import DONE, HEADERS, UIStreamEncoder, ui_messages
+from runtime.web.protocols import mount_protocols
 from runtime.web.resend import classify_resend, client_message_id, replay_response
 from runtime.web.resume import resume_stream, stop_turn
 from runtime.web.writer import BodyWriter
@@ -597,7 +598,5 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.axon = state
-    from runtime.web.protocols import mount_protocols
-
     mount_protocols(app, state, protocols, token=token, stream=TurnResponse)
     return app

@@ -68,6 +68,8 @@ def mount_protocols(
                 "--protocols openai runs turns in this process: a worker deployment's "
                 "front end does not serve it yet (serve with --run-turns-here)"
             )
+        # Here, not at the top: serve's argument parsing imports this module, and must
+        # not pay for Starlette and the adapter (as runtime.web.serve's own imports).
         from starlette.routing import Mount
 
         from runtime.web.openai_compat import openai_endpoint

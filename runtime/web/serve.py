@@ -38,6 +38,7 @@ from runtime.commands import (
     add_log_level_argument,
     input_limits,
     make_agent,
+    positive,
     report_bad_input,
 )
 from runtime.errors import ConfigurationError, RelayUnavailable, reraise, sole_exception
@@ -58,24 +59,11 @@ DEFAULT_MAX_SESSIONS = 1000
 """Sessions kept in memory at most; the least recently used idle ones are evicted."""
 
 
-def _positive(kind: type) -> Any:
-    def parse(value: str) -> Any:
-        try:
-            number = kind(value)
-        except ValueError:
-            number = None
-        if number is None or not number > 0:
-            raise argparse.ArgumentTypeError(f"{value!r} is not a positive {kind.__name__}")
-        return number
-
-    return parse
-
-
 def _cap(value: str) -> int:
     """A queue cap on the command line: a positive integer, or ``off`` (0: no cap)."""
     if value.strip().lower() == "off":
         return 0
-    return int(_positive(int)(value))
+    return int(positive(int)(value))
 
 
 def queue_caps(args: argparse.Namespace) -> dict[str, Any]:
@@ -185,7 +173,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     add_input_limit_arguments(parser)
     add(
         "--session-ttl",
-        type=_positive(float),
+        type=positive(float),
         default=DEFAULT_SESSION_TTL,
         metavar="SECONDS",
         help="free a session idle this long from memory; it reloads from the store on its "
@@ -193,7 +181,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     )
     add(
         "--max-sessions",
-        type=_positive(int),
+        type=positive(int),
         default=DEFAULT_MAX_SESSIONS,
         metavar="N",
         help="keep at most N sessions in memory, freeing the least recently used idle ones "
