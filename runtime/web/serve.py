@@ -80,7 +80,12 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     """Add the ``serve`` options to ``parser`` (imports nothing of the web stack)."""
     add = parser.add_argument
     add("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
-    add("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0: any free port)")
+    add(
+        "--port",
+        type=int,
+        default=DEFAULT_PORT,
+        help=f"port (default {DEFAULT_PORT}; 0: any free port)",
+    )
     add_agent_arguments(parser)
     add(
         "--delay",
