@@ -4,4 +4,4 @@ Engine, turn runner, tool executor, stream controller, persister, log tap and MC
 servers here; providers/, plugins/ and relay/ hold families of them.
 
 They import only the contract (``runtime.<module>``, never the ``runtime`` facade) and
-are assembled by the application (:mod:`runtime.host`); see docs/architecture.md."""
+are assembled by the application (:mod:`runtime.app.host`); see docs/architecture.md."""

@@ -13,10 +13,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from runtime.actor import Actor
+from runtime.actor_messages import Batch, Batcher, BeginRequest, StreamFailed
 from runtime.agent import DEFAULT_THINK_TAGS
 from runtime.chunks import FinishChunk, ReasoningChunk, TextChunk
 from runtime.inbox import Inbox
-from runtime.protocol import Batch, Batcher, BeginRequest, StreamFailed
 
 
 class ThinkTagSplitter:

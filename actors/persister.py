@@ -1,8 +1,8 @@
 """The persister: the one writer of the session store in this host.
 
-Turn runners send it :class:`~runtime.protocol.SaveRequest` s at every step boundary
+Turn runners send it :class:`~runtime.actor_messages.SaveRequest` s at every step boundary
 and at the end of each turn; it writes them in order and answers each with a
-:class:`~runtime.protocol.SaveResult` on the request's reply inbox. Being its
+:class:`~runtime.actor_messages.SaveResult` on the request's reply inbox. Being its
 own actor, its writes are not cancelled when a turn is: a turn that is aborted still
 gets its final save, and the turn runner waits for it in a shielded, time-bounded scope.
 
@@ -21,11 +21,11 @@ from typing import Any
 import trio
 
 from runtime.actor import Actor
+from runtime.actor_messages import SaveRequest, SaveResult
 from runtime.errors import StoreConflict, StoreError
 from runtime.events import SessionSaved
 from runtime.logging import get_logger
 from runtime.messages import Message
-from runtime.protocol import SaveRequest, SaveResult
 from runtime.redact import redact
 from runtime.store import Store, rebase
 

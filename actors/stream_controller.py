@@ -2,14 +2,14 @@
 
 It receives the turn runner's raw items (stream chunks, part markers, step, tool and
 turn markers) and turns them into :mod:`runtime.output` chunks. It does not decide where
-parts open and close: the turn runner's :class:`~actors.parts.PartsManager` does, once
+parts open and close: the turn runner's :class:`~actors.turn.parts.PartsManager` does, once
 for the stream and the stored message alike, and marks it with
-:class:`~actors.parts.PartBegin` / :class:`~actors.parts.PartEnd`; text and reasoning
+:class:`~actors.turn.parts.PartBegin` / :class:`~actors.turn.parts.PartEnd`; text and reasoning
 chunks between them are the deltas of that part. The controller stamps a session-wide
 ``seq``, and closes a part still open when another opens or the step or turn ends (only
 a crash in the middle of a part can leave one open), so the grammar always holds. Each
 chunk goes to the turn's consumer and, when anyone listens, onto the bus. The turn's
-:class:`~runtime.protocol.TurnDone` (its result) goes to the consumer after its last
+:class:`~runtime.actor_messages.TurnDone` (its result) goes to the consumer after its last
 chunk, and then the consumer's inbox is closed.
 """
 
@@ -20,20 +20,11 @@ from typing import Any, ClassVar
 
 import trio
 
-from actors.parts import TEXT, PartBegin, PartEnd
-from actors.structured import ObjectUpdate
+from actors.turn.parts import TEXT, PartBegin, PartEnd
+from actors.turn.structured import ObjectUpdate
 from runtime import output as o
 from runtime.actor import Actor
-from runtime.chunks import (
-    ReasoningChunk,
-    TextChunk,
-    ToolCallChunk,
-    ToolInputDeltaChunk,
-    ToolInputStartChunk,
-)
-from runtime.inbox import Inbox
-from runtime.output import OutputChunk
-from runtime.protocol import (
+from runtime.actor_messages import (
     ApprovalAsked,
     Batch,
     Batcher,
@@ -47,6 +38,15 @@ from runtime.protocol import (
     TurnDone,
     TurnEnd,
 )
+from runtime.chunks import (
+    ReasoningChunk,
+    TextChunk,
+    ToolCallChunk,
+    ToolInputDeltaChunk,
+    ToolInputStartChunk,
+)
+from runtime.inbox import Inbox
+from runtime.output import OutputChunk
 
 
 class StreamController(Actor):

@@ -1,6 +1,6 @@
 """The tool executor: runs a step's tool calls concurrently, turning failures into results.
 
-Shared by every session of a host. Each :class:`~runtime.protocol.ExecuteTools` request
+Shared by every session of a host. Each :class:`~runtime.actor_messages.ExecuteTools` request
 runs in a child task; within it, every call runs concurrently (sync tools in worker
 threads) under its own timeout. Nothing a tool does can crash the executor or the
 turn: an unknown tool, invalid arguments, an exception, a timeout or an unserializable
@@ -17,9 +17,9 @@ import orjson
 import trio
 
 from runtime.actor import ServingActor
+from runtime.actor_messages import ExecuteTools, ToolCallSpec, ToolOutcome, ToolProgress
 from runtime.events import ToolApprovalDecided, ToolApprovalRequested
 from runtime.messages import is_media_output
-from runtime.protocol import ExecuteTools, ToolCallSpec, ToolOutcome, ToolProgress
 from runtime.tools import Tool, ToolContext, ToolInputError, to_jsonable
 
 TRUNCATION_MARKER = "…[truncated: {omitted} of {total} characters omitted]"
@@ -91,7 +91,7 @@ async def run_tool_call(
 class ToolExecutor(ServingActor[ExecuteTools]):
     """Host-wide actor executing tool calls for every session.
 
-    Each :class:`~runtime.protocol.ExecuteTools` is served in a child task
+    Each :class:`~runtime.actor_messages.ExecuteTools` is served in a child task
     (:class:`~runtime.actor.ServingActor`); if the executor crashes, every call not yet
     answered gets an error outcome saying so, so no turn waits forever.
     """

@@ -1,6 +1,6 @@
-"""9. The asyncio bridge's cost per delta: ``runtime.aio`` versus the Trio API, same stream.
+"""9. The asyncio bridge's cost per delta: ``runtime.app.aio`` versus the Trio API, same stream.
 
-One :class:`~runtime.aio.AsyncHost` (SQLite store, log tap at ``info`` into a file, as in
+One :class:`~runtime.app.aio.AsyncHost` (SQLite store, log tap at ``info`` into a file, as in
 the core benchmark) and one agent whose scripted provider streams N pre-built text
 deltas. Each round runs the same turn twice, in fresh sessions of that host, the side
 that goes first alternating:
@@ -8,7 +8,7 @@ that goes first alternating:
 * **trio**: the Trio API on the host's own thread, ``async with session.stream(...)`` and
   ``async for``, timed there (handed in through ``host.call``, off the clock);
 * **aio**: the asyncio API from the asyncio loop's thread, ``async with
-  session.stream(...)`` and ``async for`` on an :class:`~runtime.aio.AsyncSession`,
+  session.stream(...)`` and ``async for`` on an :class:`~runtime.app.aio.AsyncSession`,
   timed there.
 
 Both sides time the block from entering to leaving (the turn saved) and count the text
@@ -86,7 +86,7 @@ def _sides(host: Any, agent: Any, n: int) -> dict[str, Side]:
 async def _measure(sizes: Sizes, directory: str) -> list[Figure]:
     from actors.providers.scripted import ScriptedProvider
     from runtime import Agent, TextChunk
-    from runtime.aio import AsyncHost
+    from runtime.app.aio import AsyncHost
 
     n = sizes.aio_deltas
     sink = LogSink(directory)

@@ -33,7 +33,7 @@ ROUNDS = 300
 
 
 def _queue(store: Any) -> Any:
-    from runtime.stores.turns import TurnQueue
+    from actors.stores.turns import TurnQueue
 
     try:  # no caps: the backlog is what is measured
         return TurnQueue(store, lease=3600.0, max_queued_per_session=None, max_queued=None)
@@ -44,7 +44,7 @@ def _queue(store: Any) -> Any:
 async def _prepare(base_url: str, backlog: int) -> tuple[str, Any, Any]:
     import psycopg
 
-    from runtime.stores.postgres import PostgresStore
+    from actors.stores.postgres import PostgresStore
 
     schema = f"axon_bench_{uuid.uuid4().hex[:12]}"
     store = await PostgresStore.open(f"{base_url}?schema={schema}")

@@ -51,8 +51,8 @@ def history(turns: int) -> list[Any]:
 
 
 async def _measure(sizes: Sizes, directory: str) -> list[Figure]:
+    from actors.stores.sqlite import SQLiteStore
     from runtime import Host
-    from runtime.stores.sqlite import SQLiteStore
 
     long_turns = sizes.long_turns
     before = history(long_turns - 1)

@@ -5,7 +5,7 @@ Three figures, each a ratio or difference measured side by side in one run:
 * **Workers: 2 processes / 1.** Real ``python -m runtime worker`` processes
   (``--concurrency`` 8 each, agent :mod:`benchmarks.workers_agent`, relay on) against one
   PostgreSQL, in a fresh schema per measurement (dropped after). Many one-turn sessions
-  are submitted up front through :class:`~runtime.stores.turns.TurnQueue`, the table is
+  are submitted up front through :class:`~actors.stores.turns.TurnQueue`, the table is
   analyzed, and the turns are held unclaimable while the workers start; one transaction
   then releases them and notifies the workers, and this process only polls one
   ``count(*)`` every 50 ms until all are done, so it costs next to nothing while the
@@ -15,7 +15,7 @@ Three figures, each a ratio or difference measured side by side in one run:
   bound: the workers, PostgreSQL and Redis share the machine's cores) and with a delay
   before each chunk (I/O bound, like a real model).
 * **Relay: first delta added.** In one process: a host runs a turn whose consumer appends
-  every chunk to a :class:`~actors.relay.redis_streams.RedisRelay` writer, while a reader
+  every chunk to a :class:`~actors.relays.redis_streams.RedisRelay` writer, while a reader
   on a second Redis client (``RedisRelay.read``, blocked in ``XREAD``) timestamps the
   first text delta's arrival. The figure is relay arrival minus the in-process consumer's
   arrival of the same delta (``time.perf_counter`` both), p50 and p90 over many turns.
@@ -104,7 +104,7 @@ def redis_unavailable() -> str | None:
 
 
 def _shown(url: str) -> str:
-    from runtime.stores.postgres import redact_url
+    from actors.stores.postgres import redact_url
 
     return redact_url(url)
 
@@ -120,7 +120,7 @@ def _drop_schema(schema: str) -> None:
 
 async def _delete_keys(prefix: str) -> None:
     """The relay streams a measurement left (they would expire, but not for minutes)."""
-    from actors.relay.redis_streams import RedisRelay
+    from actors.relays.redis_streams import RedisRelay
 
     async with RedisRelay.open(REDIS_URL, prefix=prefix) as relay:
         keys = [key async for key in relay.client.scan_iter(match=f"{prefix}*", count=1000)]
@@ -182,7 +182,7 @@ def _sql(url: str, *statements: str) -> list[Any]:
     """Run ``statements`` in one transaction in ``url``'s schema; the last one's rows."""
     import psycopg
 
-    from runtime.stores.postgres import parse_url
+    from actors.stores.postgres import parse_url
 
     libpq, schema = parse_url(url)
     deadline = time.monotonic() + 60
@@ -212,8 +212,8 @@ def _server_started(url: str) -> Any:
 
 async def _submit(url: str, turns: int) -> float:
     """Queue ``turns`` one-turn sessions through the queue; the seconds it took."""
-    from runtime.stores.postgres import PostgresStore
-    from runtime.stores.turns import TurnQueue
+    from actors.stores.postgres import PostgresStore
+    from actors.stores.turns import TurnQueue
 
     store = await PostgresStore.open(url)
     try:
@@ -233,7 +233,7 @@ async def _wait_all_done(url: str, turns: int) -> None:
     process 20 times a second on the cores the workers are measured on."""
     import psycopg
 
-    from runtime.stores.postgres import parse_url
+    from actors.stores.postgres import parse_url
 
     count = (
         "SELECT count(*) FILTER (WHERE status IN ('done', 'failed', 'cancelled')), "
@@ -383,7 +383,7 @@ def _relay_agent() -> Any:
 async def _relay_added(sizes: Sizes, directory: str) -> list[float]:
     """Per turn: seconds from the in-process consumer getting the first text delta to a
     reader of the relay on another Redis client getting it."""
-    from actors.relay.redis_streams import RedisRelay
+    from actors.relays.redis_streams import RedisRelay
     from runtime import Host
     from runtime.errors import RelayTurnGone
 

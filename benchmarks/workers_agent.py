@@ -15,9 +15,9 @@ from __future__ import annotations
 import os
 
 from actors.providers.scripted import ScriptedProvider, current_step, tool_call
+from runtime.actor_messages import InferRequest
 from runtime.agent import Agent
 from runtime.chunks import TextChunk
-from runtime.protocol import InferRequest
 
 
 async def lookup(city: str) -> str:

@@ -4,8 +4,8 @@ The public namespace is flat: ``from runtime import Host, Agent, tool, run_sync`
 types of the three vocabularies (stream chunks, output chunks, messages and parts).
 
 This package holds the contract layer (events, chunks, messages, bus, actor base,
-protocols), the application layer (:mod:`runtime.host`, :mod:`runtime.session`, the CLI,
-:mod:`runtime.web`, the demo) and the stores (:mod:`runtime.stores`); see
+protocols), the application layer (:mod:`runtime.app.host`, :mod:`runtime.app.session`, the CLI,
+:mod:`runtime.app.web`, the demo) and the stores (:mod:`actors.stores`); see
 docs/architecture.md. Importing any ``runtime.x`` runs this file first, so it imports only
 the contract eagerly: the application names (``Host``, ``Session``, ``TurnStream``,
 ``run_sync``, ``AsyncHost``) are resolved on first use (:pep:`562`). Otherwise every actor,
@@ -19,6 +19,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from runtime.actor import Actor, RestartPolicy, Supervisor
+from runtime.actor_messages import TurnResult
 from runtime.agent import Agent, Hooks
 from runtime.approval import PendingCall
 from runtime.budget import Budget
@@ -93,24 +94,23 @@ from runtime.messages import (
     UserPart,
 )
 from runtime.output import OutputChunk
-from runtime.protocol import TurnResult
 from runtime.provider import Provider
 from runtime.retry import RetryPolicy
 from runtime.store import SessionInfo, SessionRecord, Store, validate_session_id
 from runtime.tools import Tool, ToolContext, tool
 
 if TYPE_CHECKING:
-    from runtime.aio import AsyncHost
-    from runtime.blocking import run_sync
-    from runtime.host import Host
-    from runtime.session import Session, TurnStream
+    from runtime.app.aio import AsyncHost
+    from runtime.app.blocking import run_sync
+    from runtime.app.host import Host
+    from runtime.app.session import Session, TurnStream
 
 _APPLICATION = {
-    "AsyncHost": "runtime.aio",
-    "Host": "runtime.host",
-    "Session": "runtime.session",
-    "TurnStream": "runtime.session",
-    "run_sync": "runtime.blocking",
+    "AsyncHost": "runtime.app.aio",
+    "Host": "runtime.app.host",
+    "Session": "runtime.app.session",
+    "TurnStream": "runtime.app.session",
+    "run_sync": "runtime.app.blocking",
 }
 """The facade's names from the application layer, imported when first asked for."""
 

@@ -11,8 +11,8 @@ import attrs
 from runtime.budget import Budget
 from runtime.errors import ConfigurationError
 from runtime.media import MediaLimits
+from runtime.output_schema import OutputSchema, output_schema
 from runtime.retry import RetryPolicy
-from runtime.structured import OutputSchema, output_schema
 from runtime.tools import Tool, ToolContext, tool
 
 if TYPE_CHECKING:

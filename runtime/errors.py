@@ -206,7 +206,7 @@ class NothingToResume(SessionError):
 class SessionNotLoaded(SessionError):
     """The session was freed from memory while idle (its history is in the store).
 
-    Raised only by the synchronous views of an evicted :class:`~runtime.session.Session`
+    Raised only by the synchronous views of an evicted :class:`~runtime.app.session.Session`
     (``messages``, ``state``), which cannot load from the store; starting a turn or
     ``await session.reopen()`` loads the session again.
     """
@@ -239,7 +239,7 @@ class StoreConflict(StoreError):
 
 class QueueFull(AxonError):
     """A turn was not queued: its session, or the whole turn queue, already holds as many
-    queued turns as it may (:class:`runtime.stores.turns.TurnQueue`'s caps). Nothing was
+    queued turns as it may (:class:`actors.stores.turns.TurnQueue`'s caps). Nothing was
     stored. ``retry_after`` is the seconds to wait before submitting again (a front end
     answers 429 with ``Retry-After``); ``scope`` is ``"session"`` or ``"total"`` and
     ``limit`` the cap that was reached."""

@@ -1,12 +1,12 @@
 """The provider actor base: one actor per provider configuration, shared by sessions.
 
-A provider handles :class:`~runtime.protocol.InferRequest` s, each in a child task of its
+A provider handles :class:`~runtime.actor_messages.InferRequest` s, each in a child task of its
 own (:class:`~runtime.actor.ServingActor`), so one slow model call never holds up another
 session's. A subclass implements :meth:`Provider.stream`: restore the request's messages
 into its SDK's format, call the SDK, and ``emit`` :data:`~runtime.chunks.StreamChunk` s
 as the SDK's stream arrives. Anything it raises is classified
 (:meth:`Provider.classify_error`) and sent to the requester as
-:class:`~runtime.protocol.StreamFailed`; the provider actor never crashes because one
+:class:`~runtime.actor_messages.StreamFailed`; the provider actor never crashes because one
 call failed, and if it crashes for another reason every call in flight fails with
 :class:`~runtime.errors.ActorFailed`.
 
@@ -26,10 +26,10 @@ import attrs
 import trio
 
 from runtime.actor import ServingActor
+from runtime.actor_messages import Batch, Batcher, InferRequest, StreamFailed
 from runtime.chunks import StreamChunk
 from runtime.errors import ActorFailed, AxonError, ConfigurationError, ProviderError
 from runtime.history import FOREIGN_REASONING, ForeignReasoning, Origin, endpoint_of
-from runtime.protocol import Batch, Batcher, InferRequest, StreamFailed
 
 Emit = Callable[[StreamChunk], Awaitable[None]]
 
@@ -70,7 +70,7 @@ class Provider(ServingActor[InferRequest]):
     inbox_capacity: ClassVar[int] = 1024
     max_hold: ClassVar[float | None] = 0.002
     """Seconds a parsed chunk may wait for the engine before the provider's task yields
-    (see :class:`~runtime.protocol.Batcher`): bounds the first-delta latency of a burst."""
+    (see :class:`~runtime.actor_messages.Batcher`): bounds the first-delta latency of a burst."""
     default_endpoint: ClassVar[str | None] = None
     """The endpoint the SDK calls when no ``base_url`` is given (``None``: none)."""
     endpoint_env: ClassVar[str | None] = None

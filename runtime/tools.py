@@ -70,7 +70,7 @@ class ToolContext(Generic[Deps]):
         deps: Deps = None,  # type: ignore[assignment]
     ) -> None:
         self.host = host
-        """The :class:`runtime.host.Host` running the call (to open sub-sessions)."""
+        """The :class:`runtime.app.host.Host` running the call (to open sub-sessions)."""
         self.deps: Deps = deps
         """The session's dependencies: what ``host.open_session(agent, deps=...)`` (or
         ``run_sync(..., deps=...)``) was given, ``None`` if nothing was. The model never

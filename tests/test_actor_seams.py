@@ -11,13 +11,13 @@ import trio
 
 from actors.persister import Persister
 from actors.providers.scripted import ScriptedProvider
+from actors.stores import MemoryStore
 from runtime import Agent, Host
+from runtime.actor_messages import SaveRequest, SaveResult
 from runtime.bus import Bus
 from runtime.errors import SessionBusy
 from runtime.inbox import Inbox
 from runtime.messages import UserMessage
-from runtime.protocol import SaveRequest, SaveResult
-from runtime.stores import MemoryStore
 
 
 def agent(*answers: str) -> Agent:

@@ -1,4 +1,4 @@
-"""``runtime.aio``: the asyncio front door (an ``AsyncHost`` on its own Trio thread).
+"""``runtime.app.aio``: the asyncio front door (an ``AsyncHost`` on its own Trio thread).
 
 These tests are plain functions that run an asyncio program (``asyncio.run``); the Trio
 host runs on its own thread, as in an application. Waiting for the Trio side is done on
@@ -18,9 +18,9 @@ import trio.testing
 
 from actors.providers.scripted import ScriptedProvider
 from runtime import Agent, AssistantMessage, Host, InvalidSessionId, SessionBusy
-from runtime.aio import AsyncHost, HostClosed
+from runtime.actor_messages import Batcher
+from runtime.app.aio import AsyncHost, HostClosed
 from runtime.errors import ConfigurationError
-from runtime.protocol import Batcher
 
 LIMIT = 30  # seconds: a hang fails its test instead of stalling the run
 

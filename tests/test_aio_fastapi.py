@@ -24,7 +24,7 @@ from fastapi.responses import StreamingResponse
 
 from actors.providers.scripted import ScriptedProvider
 from runtime import Agent, AssistantMessage
-from runtime.aio import AsyncHost
+from runtime.app.aio import AsyncHost
 from tests.support.services import free_port
 
 ANSWER = "The answer is forty-two, said Deep Thought after a while."

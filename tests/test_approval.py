@@ -399,7 +399,7 @@ async def test_the_approved_call_runs_under_the_suspended_turns_idempotency_key(
 
 
 async def test_a_rebuilt_waiting_turn_asks_again_and_a_rebuilt_denial_shows_as_denied():
-    from runtime.web.resume import stored_turn_chunks
+    from runtime.app.web.resume import stored_turn_chunks
 
     async with Host.open(log_tap=False) as host:
         session, first, _ = await suspended(host, deleting())
@@ -419,7 +419,7 @@ def test_the_terminal_shows_a_waiting_call_and_a_denial():
     from rich.console import Console
 
     from runtime import output as o
-    from runtime.render import TerminalRenderer
+    from runtime.app.render import TerminalRenderer
 
     buffer = io.StringIO()
     renderer = TerminalRenderer(Console(file=buffer, width=100))

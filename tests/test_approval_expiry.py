@@ -11,8 +11,8 @@ import trio.testing
 
 from actors.providers.scripted import ScriptedProvider, tool_call
 from runtime import Agent, AlreadyDecided, ConfigurationError, Host, Tool, ToolMessage, tool
+from runtime.app.expiry import expire_session
 from runtime.events import ToolApprovalDecided, ToolApprovalExpired, TurnFinished
-from runtime.expiry import expire_session
 from runtime.messages import Awaiting, ToolCallPart
 from runtime.serde import converter
 

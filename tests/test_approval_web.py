@@ -162,9 +162,9 @@ async def test_a_continuation_is_refused_where_answers_are_not_taken():
     import orjson
     from starlette.requests import Request
 
+    from runtime.app.web.chat_input import read_chat_request
+    from runtime.app.web.http import ApiError
     from runtime.media import InputLimits
-    from runtime.web.chat_input import read_chat_request
-    from runtime.web.http import ApiError
 
     sent = orjson.dumps(answer("s", "m", approval_part("a", True)))
 
@@ -258,10 +258,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @asynccontextmanager
 async def serve(db: Path, mark: Path) -> AsyncIterator[str]:
-    """``python -m runtime.web.serve`` on ``db``; its URL. SIGTERM on leaving (exit 0)."""
+    """``python -m runtime.app.web.serve`` on ``db``; its URL. SIGTERM on leaving (exit 0)."""
     proc = await trio.lowlevel.open_process(
         [
-            *(sys.executable, "-m", "runtime.web.serve", "--port", "0", "--store", str(db)),
+            *(sys.executable, "-m", "runtime.app.web.serve", "--port", "0", "--store", str(db)),
             *("--agent", "tests.test_approval_web:served"),
         ],
         stdout=subprocess.PIPE,

@@ -10,8 +10,8 @@ import trio.testing
 
 from actors.providers.scripted import ScriptedProvider
 from runtime import Agent, AssistantMessage, Host
+from runtime.actor_messages import MAX_BATCH, Batcher
 from runtime.inbox import Inbox
-from runtime.protocol import MAX_BATCH, Batcher
 
 
 def batch_sizes(inbox: Inbox) -> list[int]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import trio
 
 from actors.providers.scripted import ScriptedProvider, Sleep, tool_call
+from actors.stores.memory import MemoryStore
 from runtime import (
     Agent,
     Host,
@@ -17,7 +18,6 @@ from runtime import (
     tool,
 )
 from runtime.history import INTERRUPTED
-from runtime.stores.memory import MemoryStore
 from tests.support.grammar import check_grammar
 
 

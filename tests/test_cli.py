@@ -10,7 +10,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from runtime.render import TerminalRenderer
+from runtime.app.render import TerminalRenderer
 from tests.support.grammar import check_grammar
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -213,7 +213,7 @@ def test_serve_help_shows_the_body_limit():
 
 def test_help_names_each_providers_default_model():
     from actors.providers.registry import create_provider
-    from runtime.commands import DEFAULT_MODELS
+    from runtime.app.commands import DEFAULT_MODELS
     from runtime.provider import ProviderOptions
 
     text = help_text("run")
@@ -223,7 +223,7 @@ def test_help_names_each_providers_default_model():
 
 
 def test_the_installed_script_names_itself_axon():
-    code = "import sys; sys.argv[0] = '/venv/bin/axon'; from runtime.cli import main; main()"
+    code = "import sys; sys.argv[0] = '/venv/bin/axon'; from runtime.app.cli import main; main()"
     proc = subprocess.run(
         [sys.executable, "-c", code, "--help"], capture_output=True, text=True, cwd=ROOT
     )

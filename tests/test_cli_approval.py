@@ -15,8 +15,8 @@ from pathlib import Path
 
 import attrs
 
-from runtime.cli import show_command
-from runtime.host import Host
+from runtime.app.cli import show_command
+from runtime.app.host import Host
 from tests.support import approval_agents
 
 ROOT = Path(__file__).resolve().parents[1]

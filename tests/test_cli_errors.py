@@ -61,7 +61,7 @@ def test_bad_input_prints_the_message_alone_and_exits_2(argv, message, text_file
 
 
 def test_the_standalone_serve_module_reports_a_bad_store_the_same_way(text_file):
-    proc = python_m("runtime.web.serve", "--port", "0", "--store", str(text_file))
+    proc = python_m("runtime.app.web.serve", "--port", "0", "--store", str(text_file))
     assert proc.returncode == 2
     assert proc.stderr.startswith("error: ") and NOT_A_STORE in proc.stderr
     assert "Traceback" not in proc.stderr

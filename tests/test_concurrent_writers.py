@@ -21,9 +21,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from actors.providers.scripted import ScriptedProvider, current_step, tool_call
-from actors.session_sync import adopt_record, adopt_save
+from actors.stores import MemoryStore, SQLiteStore
+from actors.turn.session_sync import adopt_record, adopt_save
 from runtime import Agent, Host, tool
 from runtime import events as ev
+from runtime.actor_messages import InferRequest, SaveRequest, SaveResult, SessionState
 from runtime.messages import (
     AssistantMessage,
     Message,
@@ -32,9 +34,7 @@ from runtime.messages import (
     ToolMessage,
     UserMessage,
 )
-from runtime.protocol import InferRequest, SaveRequest, SaveResult, SessionState
 from runtime.store import rebase
-from runtime.stores import MemoryStore, SQLiteStore
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -425,7 +425,7 @@ async def test_a_concurrent_writer_is_a_debug_line_on_a_host_that_expects_other_
 
 
 async def test_a_worker_host_expects_other_writers(pg_url):
-    from runtime.worker import open_worker
+    from runtime.app.worker import open_worker
 
     agent = Agent(provider=ScriptedProvider(responder=lambda request: ["ok"]))
     async with open_worker(pg_url, agent=agent, poll=0.05) as worker:

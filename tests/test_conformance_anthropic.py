@@ -17,6 +17,7 @@ import pytest
 import trio
 
 from actors.providers.anthropic import TRUNCATED_BY_MAX_TOKENS, AnthropicProvider
+from runtime.actor_messages import InferRequest
 from runtime.chunks import (
     FinishChunk,
     ProviderDataChunk,
@@ -28,7 +29,6 @@ from runtime.chunks import (
 )
 from runtime.inbox import Inbox
 from runtime.messages import UserMessage
-from runtime.protocol import InferRequest
 from tests.support.loopback import Reply, loopback_server
 
 STREAMS = Path(__file__).resolve().parents[1].parent / "shared/fixtures/streams"

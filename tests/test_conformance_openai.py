@@ -27,6 +27,7 @@ import pytest
 import trio
 
 from actors.providers.openai import OpenAIProvider
+from runtime.actor_messages import InferRequest
 from runtime.chunks import (
     FinishChunk,
     ReasoningChunk,
@@ -39,7 +40,6 @@ from runtime.chunks import (
 from runtime.errors import AxonError, BadRequest
 from runtime.inbox import Inbox
 from runtime.messages import UserMessage
-from runtime.protocol import InferRequest
 from tests.support.loopback import Reply, loopback_server
 
 STREAMS = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "streams"

@@ -22,13 +22,13 @@ import trio
 
 from actors.providers import ScriptedProvider
 from actors.providers.scripted import tool_call
+from actors.stores import MemoryStore, SQLiteStore
 from actors.tool_executor import ToolExecutor
 from runtime import Agent, Host, RestartPolicy, StoreCorrupt, StoreError, tool
 from runtime import events as ev
+from runtime.actor_messages import ExecuteTools
 from runtime.history import repair
 from runtime.messages import AssistantMessage, ToolCallPart, ToolMessage, UserMessage
-from runtime.protocol import ExecuteTools
-from runtime.stores import MemoryStore, SQLiteStore
 from tests.support.faults import check_history, drain, oa_text, oa_tool_calls, rig
 from tests.support.grammar import check_grammar
 from tests.support.loopback import Reply

@@ -9,6 +9,7 @@ import attrs
 import pytest
 
 from actors.providers.scripted import ScriptedProvider, tool_call
+from actors.stores.memory import MemoryStore
 from runtime import (
     Agent,
     AssistantMessage,
@@ -21,7 +22,6 @@ from runtime import (
     run_sync,
     tool,
 )
-from runtime.stores.memory import MemoryStore
 
 
 @attrs.frozen

@@ -11,12 +11,12 @@ import trio
 from structlog.testing import capture_logs
 
 from actors.providers.scripted import ScriptedProvider, Sleep
+from actors.stores import MemoryStore
 from runtime import Agent, Host, configure_logging
 from runtime.errors import ConfigurationError, SessionBusy, SessionNotLoaded, StoreError
 from runtime.events import SessionEvicted
 from runtime.messages import Message, UserMessage
 from runtime.serde import structure, unstructure
-from runtime.stores import MemoryStore
 
 
 def scripted_agent(*steps) -> Agent:
@@ -267,7 +267,7 @@ async def test_the_demo_agent_serve_runs_keeps_no_prompt_once_its_session_is_evi
     autojump_clock,
 ):
     """``serve``'s offline agent: its provider records no requests, so eviction frees all."""
-    from runtime.demo import demo_agent
+    from runtime.app.demo import demo_agent
 
     prompt = "y" * 2**20
     async with Host.open(store=CopyingStore(), idle_ttl=60, log_tap=False) as host:

@@ -1,6 +1,6 @@
 """A delta is never held back: not by a buffered burst, not waiting for a later one.
 
-The provider's :class:`~runtime.protocol.Batcher` yields ``hold_rounds`` scheduler rounds
+The provider's :class:`~runtime.actor_messages.Batcher` yields ``hold_rounds`` scheduler rounds
 after its first batch and after each ``max_hold`` of parsing, one round per stage a chunk
 still has to pass and one more (the last stage and the provider run in the same round, in
 either order), so the first delta of a whole body read at once reaches the consumer
@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import trio
 
+from runtime.actor_messages import Batch, Batcher
 from runtime.inbox import Inbox
-from runtime.protocol import Batch, Batcher
 from tests.support.faults import PROVIDERS, a_body, a_end, a_start, a_text, cut_after, oa_text, rig
 from tests.support.loopback import Reply
 

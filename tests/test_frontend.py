@@ -19,15 +19,15 @@ import pytest
 import trio
 
 from actors.providers.scripted import ScriptedProvider
-from actors.relay import RedisRelay
+from actors.relays import RedisRelay
+from actors.stores.postgres import PostgresStore
+from actors.stores.turns import TurnQueue
 from runtime import Agent, Host
 from runtime import output as o
+from runtime.app.web.frontend import idempotency_key
+from runtime.app.web.resume import RelayEncoder
+from runtime.app.worker import Worker
 from runtime.messages import AssistantMessage, TextPart, UserMessage
-from runtime.stores.postgres import PostgresStore
-from runtime.stores.turns import TurnQueue
-from runtime.web.frontend import idempotency_key
-from runtime.web.resume import RelayEncoder
-from runtime.worker import Worker
 from tests.support.redis import require_redis, unique_prefix
 from tests.test_relay_web import sse_events
 from tests.test_web_slow_clients import chat_request, connect, read_to_end
@@ -112,8 +112,8 @@ class Deployment:
         return url
 
     async def _front_end(self, task_status: trio.TaskStatus[str]) -> None:
-        from runtime.web.app import create_app
-        from runtime.web.serve import serve_app
+        from runtime.app.web.app import create_app
+        from runtime.app.web.serve import serve_app
 
         async with (
             RedisRelay.open(self.redis_url, prefix=self.prefix) as relay,

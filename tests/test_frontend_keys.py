@@ -10,12 +10,12 @@ import httpx
 import pytest
 import trio
 
+from actors.stores.postgres import PostgresStore
+from actors.stores.turns import TurnQueue
+from runtime.app.web.frontend import FrontEnd
+from runtime.app.web.http import ApiError
 from runtime.errors import StoreError, StoreUnavailable, TurnConflict
 from runtime.messages import AssistantMessage, UserMessage
-from runtime.stores.postgres import PostgresStore
-from runtime.stores.turns import TurnQueue
-from runtime.web.frontend import FrontEnd
-from runtime.web.http import ApiError
 from tests.support.redis import require_redis, unique_prefix
 from tests.support.worker_agent import agent as echo_agent
 from tests.test_frontend import LIMIT, _axon, body, data, deployment, streamed_text

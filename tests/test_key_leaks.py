@@ -21,9 +21,9 @@ import trio
 from actors.plugins import JsonlRecorder
 from actors.providers import AnthropicProvider, OpenAIProvider
 from runtime import Agent, Host
+from runtime.app.web.ui_stream import encode_turn, ui_messages
 from runtime.logging import configure_logging
 from runtime.serde import to_json
-from runtime.web.protocol import encode_turn, ui_messages
 from tests.support.loopback import Reply, loopback_server
 
 ROOT = Path(__file__).resolve().parents[1]

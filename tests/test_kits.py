@@ -121,7 +121,7 @@ import trio
 
 from runtime.chunks import FinishChunk, TextChunk
 from runtime.provider import Provider
-from runtime.stores import MemoryStore
+from actors.stores import MemoryStore
 from runtime.testing.providers import ProviderConformance
 from runtime.testing.stores import StoreConformance
 

@@ -57,10 +57,10 @@ def test_the_project_keeps_its_layer_contracts():
 def test_an_actor_importing_the_host_breaks_the_layers(tmp_path: Path):
     copy_sources(tmp_path)
     engine = tmp_path / "actors" / "engine.py"
-    engine.write_text(engine.read_text() + "\nfrom runtime.host import Host  # upward\n")
+    engine.write_text(engine.read_text() + "\nfrom runtime.app.host import Host  # upward\n")
     result = lint_imports(tmp_path)
     assert result.returncode != 0
-    assert "actors.engine -> runtime.host" in result.stdout
+    assert "actors.engine -> runtime.app.host" in result.stdout
 
 
 @needs_linter
@@ -87,42 +87,64 @@ def test_a_contract_module_importing_the_kits_breaks_the_layers(tmp_path: Path):
 def test_the_kits_importing_an_implementation_is_refused(tmp_path: Path):
     copy_sources(tmp_path)
     kit = tmp_path / "runtime" / "testing" / "stores.py"
-    kit.write_text(kit.read_text() + "\nfrom runtime.stores import MemoryStore\n")
+    kit.write_text(kit.read_text() + "\nfrom actors.stores import MemoryStore\n")
     result = lint_imports(tmp_path)
     assert result.returncode != 0
-    assert "runtime.testing.stores -> runtime.stores" in result.stdout
+    assert "runtime.testing.stores -> actors.stores" in result.stdout
 
 
 @needs_linter
 def test_two_web_modules_importing_each_other_is_a_cycle(tmp_path: Path):
     copy_sources(tmp_path)
-    resume = tmp_path / "runtime" / "web" / "resume.py"
-    resume.write_text(resume.read_text() + "\nfrom runtime.web.app import create_app\n")
+    resume = tmp_path / "runtime" / "app" / "web" / "resume.py"
+    resume.write_text(resume.read_text() + "\nfrom runtime.app.web.app import create_app\n")
     result = lint_imports(tmp_path)
     assert result.returncode != 0
-    assert "No cycles are allowed in runtime.web" in result.stdout
+    assert "No cycles are allowed in runtime.app.web" in result.stdout
 
 
-def test_every_module_of_runtime_is_in_one_layer():
-    layers = next(c for c in contracts() if c["type"] == "layers")["layers"]
-    declared = [m.strip() for layer in layers for m in layer.split(":")]
-    assert len(declared) == len(set(declared))
-    children = {
-        f"runtime.{p.stem}"
-        for p in (ROOT / "runtime").iterdir()
-        if p.name != "__init__.py"
-        and ((p.suffix == ".py") or (p.is_dir() and (p / "__init__.py").exists()))
+def test_the_contracts_name_folders_not_modules():
+    folders = {
+        "runtime",
+        "runtime.__main__",
+        "runtime.app",
+        "runtime.app.**",
+        "runtime.testing",
+        "actors",
     }
-    assert children - set(declared) == set(), "add the new module to a layer in pyproject.toml"
+    named = set()
+    for contract in contracts():
+        for key in ("layers", "protected_modules", "allowed_importers", "ancestors"):
+            named.update(contract.get(key, ()))
+    assert named <= folders, named - folders
+
+
+@needs_linter
+def test_a_new_contract_module_is_in_the_contract_layer_without_an_edit(tmp_path: Path):
+    copy_sources(tmp_path)
+    (tmp_path / "runtime" / "brand_new.py").write_text("from actors.engine import Engine\n")
+    result = lint_imports(tmp_path)
+    assert result.returncode != 0
+    assert "runtime.brand_new -> actors.engine" in result.stdout
+
+
+@needs_linter
+def test_a_session_importing_its_host_is_a_cycle(tmp_path: Path):
+    copy_sources(tmp_path)
+    session = tmp_path / "runtime" / "app" / "session.py"
+    session.write_text(session.read_text() + "\nfrom runtime.app.host import Host\n")
+    result = lint_imports(tmp_path)
+    assert result.returncode != 0
+    assert "No cycles are allowed in runtime.app" in result.stdout
 
 
 def test_importing_runtime_and_actors_loads_no_application_module_and_no_heavy_library():
     heavy = (
-        "runtime.host",
-        "runtime.session",
-        "runtime.cli",
-        "runtime.web",
-        "actors.turn_runner",
+        "runtime.app.host",
+        "runtime.app.session",
+        "runtime.app.cli",
+        "runtime.app.web",
+        "actors.turn.runner",
         "openai",
         "anthropic",
         "httpx",
@@ -137,7 +159,7 @@ def test_importing_runtime_and_actors_loads_no_application_module_and_no_heavy_l
         "pytest",
     )
     code = (
-        "import sys, runtime, actors, actors.providers, runtime.stores\n"
+        "import sys, runtime, actors, actors.providers, actors.stores\n"
         f"print(' '.join(m for m in {heavy!r} if m in sys.modules))"
     )
     out = subprocess.run(
@@ -148,8 +170,8 @@ def test_importing_runtime_and_actors_loads_no_application_module_and_no_heavy_l
 
 def test_the_facade_still_gives_the_application_names():
     import runtime
-    from runtime.host import Host
-    from runtime.session import Session, TurnStream
+    from runtime.app.host import Host
+    from runtime.app.session import Session, TurnStream
 
     assert (runtime.Host, runtime.Session, runtime.TurnStream) == (Host, Session, TurnStream)
     assert {"Host", "Session", "TurnStream"} <= set(runtime.__all__)

@@ -101,7 +101,7 @@ def test_http_refuses_a_url_that_is_not_http():
 
 
 def test_cli_mcp_flag_adds_servers_to_the_agent():
-    from runtime.cli import build_parser, make_agent
+    from runtime.app.cli import build_parser, make_agent
 
     args = build_parser().parse_args(
         ["run", "--mcp", f"{sys.executable} {SCRIPT}", "--mcp", "http://127.0.0.1:9/mcp", "hi"]
@@ -115,7 +115,7 @@ def test_cli_mcp_flag_adds_servers_to_the_agent():
 
 def test_importing_runtime_and_actors_does_not_import_mcp():
     code = (
-        "import sys, runtime, actors, actors.mcp, actors.turn_runner; print('mcp' in sys.modules)"
+        "import sys, runtime, actors, actors.mcp, actors.turn.runner; print('mcp' in sys.modules)"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert proc.stdout.strip() == "False", proc.stderr

@@ -10,6 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from actors.providers.scripted import ScriptedProvider, tool_call
+from actors.stores import MemoryStore
 from runtime import (
     Agent,
     File,
@@ -23,9 +24,8 @@ from runtime import (
     UserMessage,
     tool,
 )
-from runtime.demo import demo_agent
+from runtime.app.demo import demo_agent
 from runtime.media import user_content
-from runtime.stores import MemoryStore
 
 PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 16
 JPEG = b"\xff\xd8\xff\xe0" + b"\x00" * 16
@@ -287,7 +287,7 @@ async def test_log_lines_carry_an_images_size_not_its_bytes():
 async def test_a_worker_refusing_media_urls_fails_a_queued_turn_holding_one(pg_url):
     import trio
 
-    from runtime.worker import open_worker
+    from runtime.app.worker import open_worker
 
     limits = MediaLimits(allow_urls=False)
     agent = Agent(provider=ScriptedProvider([["never"]]), media_limits=limits)

@@ -68,8 +68,8 @@ def test_a_file_by_url_with_media_urls_off_is_one_error_line_and_no_store(tmp_pa
 
 
 def test_media_urls_off_reaches_the_agent_of_run_serve_and_worker():
-    from runtime.cli import build_parser
-    from runtime.commands import make_agent
+    from runtime.app.cli import build_parser
+    from runtime.app.commands import make_agent
 
     for argv in (["run", "hi"], ["serve"], ["worker", "--store", "postgresql://h/db"]):
         args = build_parser().parse_args([*argv, "--media-urls", "off"])
@@ -82,8 +82,8 @@ def test_media_urls_off_reaches_the_agent_of_run_serve_and_worker():
 
 def test_media_urls_off_reaches_an_agent_given_by_module_or_factory():
     from runtime import Agent
-    from runtime.cli import build_parser
-    from runtime.commands import make_agent
+    from runtime.app.cli import build_parser
+    from runtime.app.commands import make_agent
 
     for spec in ("tests.support.cli_agents:agent", "tests.support.cli_agents:per_session"):
         args = build_parser().parse_args(

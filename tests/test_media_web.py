@@ -11,9 +11,9 @@ import httpx
 import pytest
 
 from actors.providers.scripted import ScriptedProvider, tool_call
+from actors.stores import MemoryStore
 from runtime import Agent, File, Image, MediaLimits, TextPart, tool
-from runtime.stores import MemoryStore
-from runtime.web.protocol import UIStreamEncoder, ui_messages
+from runtime.app.web.ui_stream import UIStreamEncoder, ui_messages
 from tests.test_web_http import events
 from tests.web.harness import web_server
 

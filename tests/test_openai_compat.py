@@ -20,15 +20,15 @@ from hypothesis import strategies as st
 from actors.providers.scripted import ScriptedProvider, Sleep
 from runtime import Agent
 from runtime import output as o
-from runtime.chunks import Usage
-from runtime.messages import AssistantMessage, SystemMessage, ToolMessage, UserMessage
-from runtime.web.openai_wire import (
+from runtime.app.web.openai_wire import (
     CompletionEncoder,
     OpenAIError,
     finish_reason,
     parse_chat_request,
 )
-from runtime.web.protocols import parse_protocols, unbuilt_refusal
+from runtime.app.web.protocols import parse_protocols, unbuilt_refusal
+from runtime.chunks import Usage
+from runtime.messages import AssistantMessage, SystemMessage, ToolMessage, UserMessage
 from tests.test_web_http import TWO_TOOLS, lookup
 from tests.web.harness import WebServer, web_server
 
@@ -283,7 +283,7 @@ def test_protocols_parse_every_known_name_and_refuse_unbuilt_ones():
 
 def test_serve_refuses_an_unbuilt_protocol_in_one_line():
     proc = subprocess.run(
-        [sys.executable, "-m", "runtime.web.serve", "--protocols", "ai-sdk,a2a", "--port", "0"],
+        [sys.executable, "-m", "runtime.app.web.serve", "--protocols", "ai-sdk,a2a", "--port", "0"],
         capture_output=True,
         text=True,
         timeout=60,
@@ -336,7 +336,7 @@ async def test_serve_serves_the_openai_endpoint_to_the_sdk():
         [
             sys.executable,
             "-m",
-            "runtime.web.serve",
+            "runtime.app.web.serve",
             "--port",
             "0",
             "--delay",
@@ -489,7 +489,7 @@ async def test_a_shutdown_ends_a_stateless_stream_with_an_aborted_error():
 def test_serve_refuses_openai_as_a_worker_deployments_front_end():
     front_end = ["--store", "postgresql://nobody@127.0.0.1:1/x", "--redis", "redis://127.0.0.1:1"]
     proc = subprocess.run(
-        [sys.executable, "-m", "runtime.web.serve", "--protocols", "openai", *front_end],
+        [sys.executable, "-m", "runtime.app.web.serve", "--protocols", "openai", *front_end],
         capture_output=True,
         text=True,
         timeout=60,

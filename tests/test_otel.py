@@ -330,7 +330,7 @@ def test_without_the_actor_opentelemetry_is_never_imported():
         "import sys, trio\n"
         "import runtime, actors, actors.plugins, actors.plugins.otel\n"
         "from runtime import Host\n"
-        "from runtime.demo import demo_agent\n"
+        "from runtime.app.demo import demo_agent\n"
         "async def main():\n"
         "    async with Host.open() as host:\n"
         "        await (await host.open_session(demo_agent())).run('hi')\n"

@@ -21,14 +21,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from actors.providers.scripted import ScriptedProvider
+from actors.stores.postgres import PostgresStore
+from actors.stores.turns import TurnQueue
 from runtime import Agent, Host, InputLimits, TooManyParts
+from runtime.app.web import chat_body
+from runtime.app.web.chat_input import INLINE_BODY
+from runtime.app.worker import LeaseKeeper, Worker
 from runtime.errors import ConfigurationError, StoreCorrupt
 from runtime.messages import File, TextPart
-from runtime.stores.postgres import PostgresStore
-from runtime.stores.turns import TurnQueue
-from runtime.web import chat_body
-from runtime.web.chat_input import INLINE_BODY
-from runtime.worker import LeaseKeeper, Worker
 from tests.support.redis import require_redis, unique_prefix
 from tests.support.worker_agent import read_ledger
 from tests.test_workers import Workers, finished, sql

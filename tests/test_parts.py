@@ -11,9 +11,10 @@ import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from actors.parts import PartBegin
 from actors.providers.scripted import ScriptedProvider, Sleep, tool_call
+from actors.stores import MemoryStore
 from actors.stream_controller import StreamController
+from actors.turn.parts import PartBegin
 from runtime import (
     Agent,
     BadRequest,
@@ -27,9 +28,7 @@ from runtime import (
     Usage,
     tool,
 )
-from runtime.inbox import Inbox
-from runtime.messages import AssistantMessage
-from runtime.protocol import (
+from runtime.actor_messages import (
     Batch,
     ConsumerItem,
     StepBegin,
@@ -38,7 +37,8 @@ from runtime.protocol import (
     TurnEnd,
     TurnResult,
 )
-from runtime.stores import MemoryStore
+from runtime.inbox import Inbox
+from runtime.messages import AssistantMessage
 from tests.support.grammar import check_grammar
 from tests.support.parts import rebuild_parts, stored_parts
 

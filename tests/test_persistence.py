@@ -5,8 +5,8 @@ from __future__ import annotations
 import trio
 
 from actors.providers.scripted import ScriptedProvider, Sleep, tool_call
+from actors.stores import MemoryStore, SQLiteStore
 from runtime import Agent, Host, ReasoningChunk, tool
-from runtime.stores import MemoryStore, SQLiteStore
 
 
 @tool

@@ -25,6 +25,7 @@ from actors.providers.anthropic import (
     map_messages,
     map_tools,
 )
+from runtime.actor_messages import InferRequest, StreamFailed
 from runtime.chunks import (
     FinishChunk,
     ProviderDataChunk,
@@ -61,7 +62,6 @@ from runtime.messages import (
     ToolMessage,
     UserMessage,
 )
-from runtime.protocol import InferRequest, StreamFailed
 from runtime.tools import tool
 from tests.support.loopback import Reply, anthropic_sse, loopback_server
 

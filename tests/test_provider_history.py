@@ -9,10 +9,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from actors.providers import ScriptedProvider
+from actors.stores import MemoryStore
 from runtime import Agent, Host
 from runtime.history import INTERRUPTED, RepairedHistory, repair
 from runtime.messages import AssistantMessage, TextPart, ToolCallPart, ToolMessage, UserMessage
-from runtime.stores import MemoryStore
 from tests.support.faults import check_history
 
 

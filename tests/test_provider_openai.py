@@ -27,6 +27,7 @@ from actors.providers.openai import (
     map_messages,
     map_tools,
 )
+from runtime.actor_messages import Batch, InferRequest, StreamFailed
 from runtime.chunks import (
     FinishChunk,
     ReasoningChunk,
@@ -62,7 +63,6 @@ from runtime.messages import (
     ToolMessage,
     UserMessage,
 )
-from runtime.protocol import Batch, InferRequest, StreamFailed
 from runtime.tools import tool
 from tests.support.loopback import Reply, loopback_server, sse
 

@@ -34,6 +34,7 @@ from actors.providers.openai_responses import (
     parse_stream,
 )
 from runtime import Agent, Host, tool
+from runtime.actor_messages import InferRequest, StreamFailed
 from runtime.chunks import (
     FinishChunk,
     ProviderDataChunk,
@@ -65,7 +66,6 @@ from runtime.messages import (
     ToolMessage,
     UserMessage,
 )
-from runtime.protocol import InferRequest, StreamFailed
 from runtime.provider import ProviderOptions
 from tests.support.grammar import check_grammar
 from tests.support.loopback import Reply, anthropic_sse, loopback_server, sse
@@ -1304,7 +1304,7 @@ async def test_a_format_responses_cannot_take_is_refused_before_any_request():
 async def test_an_output_type_asks_for_strict_json_schema_text():
     import pydantic
 
-    from runtime.structured import output_schema
+    from runtime.output_schema import output_schema
 
     class Weather(pydantic.BaseModel):
         city: str

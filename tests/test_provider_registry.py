@@ -17,7 +17,7 @@ import pytest
 
 import runtime.registry
 from actors.providers import AnthropicProvider, OpenAIProvider, ScriptedProvider, registry
-from runtime.cli import build_parser, make_agent
+from runtime.app.cli import build_parser, make_agent
 from runtime.errors import ConfigurationError
 from runtime.provider import DESCRIBE_KEYS, Provider, ProviderOptions
 

@@ -15,16 +15,16 @@ import trio.testing
 from actors.tool_executor import ToolExecutor
 from runtime import Bus, RestartPolicy, tool
 from runtime.actor import Supervisor
-from runtime.chunks import FinishChunk, TextChunk
-from runtime.errors import ActorFailed
-from runtime.inbox import Inbox
-from runtime.protocol import (
+from runtime.actor_messages import (
     ExecuteTools,
     InferRequest,
     StreamFailed,
     ToolCallSpec,
     ToolOutcome,
 )
+from runtime.chunks import FinishChunk, TextChunk
+from runtime.errors import ActorFailed
+from runtime.inbox import Inbox
 from runtime.provider import Provider
 
 

@@ -1,7 +1,7 @@
 """Queue flooding (issue 18, item 5) against the real PostgreSQL the test run started: caps
 on queued turns, a claim whose cost does not grow with one session's backlog, fairness
-across sessions, and the head trigger that makes both possible (runtime/stores/turns.py,
-runtime/stores/postgres.py).
+across sessions, and the head trigger that makes both possible (actors/stores/turns.py,
+actors/stores/postgres.py).
 
 No test measures time: the claim's cost is the number of rows and index entries its
 transaction reads (PostgreSQL's own per-transaction counters), which is what grows with
@@ -15,9 +15,9 @@ import pytest
 import trio
 import trio.lowlevel
 
+from actors.stores.postgres import PostgresStore
+from actors.stores.turns import TurnQueue
 from runtime.errors import QueueFull
-from runtime.stores.postgres import PostgresStore
-from runtime.stores.turns import TurnQueue
 from tests.support.pg import pg_connect
 
 

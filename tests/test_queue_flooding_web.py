@@ -1,7 +1,7 @@
 """Queue flooding through a front end (issue 18, item 5): ``serve``'s caps answered 429 with
 ``Retry-After`` (a real ``serve`` process on the run's own PostgreSQL and Redis, POSTs
 that hang up at once, as the attacker's did), and viewers of queued turns that share one
-look at PostgreSQL (runtime/web/watch.py) instead of each polling it."""
+look at PostgreSQL (runtime/app/web/watch.py) instead of each polling it."""
 
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ import httpx
 import pytest
 import trio
 
+from runtime.app.web.frontend import FrontEnd
+from runtime.app.web.resume import RelayEncoder
+from runtime.app.web.serve import add_serve_arguments, queue_caps
+from runtime.app.web.watch import TurnWatch
 from runtime.errors import RelayTurnGone
-from runtime.web.frontend import FrontEnd
-from runtime.web.resume import RelayEncoder
-from runtime.web.serve import add_serve_arguments, queue_caps
-from runtime.web.watch import TurnWatch
 from tests.support.pg import pg_connect
 from tests.support.redis import require_redis, unique_prefix
 from tests.test_frontend import LIMIT, _axon, body

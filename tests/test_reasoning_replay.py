@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 
-from actors.parts import PartsManager
 from actors.providers import (
     AnthropicProvider,
     OpenAIProvider,
@@ -22,6 +21,8 @@ from actors.providers import (
     openai,
     openai_responses,
 )
+from actors.stores import MemoryStore
+from actors.turn.parts import PartsManager
 from runtime import Agent, Host
 from runtime.chunks import ProviderDataChunk, ReasoningChunk
 from runtime.errors import ConfigurationError
@@ -35,7 +36,6 @@ from runtime.messages import (
     UserMessage,
 )
 from runtime.serde import structure
-from runtime.stores import MemoryStore
 from tests.support.loopback import loopback_server
 from tests.support.signing import SealingResponses, SigningAnthropic
 

@@ -13,10 +13,10 @@ from hypothesis import assume, example, given
 from hypothesis import strategies as st
 
 from runtime import redact as redaction
+from runtime.actor_messages import ToolOutcome
 from runtime.errors import AuthenticationFailed
 from runtime.logging import configure_logging
 from runtime.output import ErrorInfo
-from runtime.protocol import ToolOutcome
 from runtime.redact import REDACTED, redact, redact_text, register_secret
 
 

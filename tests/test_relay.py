@@ -8,7 +8,7 @@ import pytest
 import trio
 
 from actors.providers.scripted import ScriptedProvider
-from actors.relay import RedisRelay, attach_relay
+from actors.relays import RedisRelay, attach_relay
 from runtime import Agent, Host
 from runtime import output as o
 from runtime.chunks import Usage

@@ -15,10 +15,10 @@ import orjson
 import pytest
 import trio
 
-from actors.relay import RedisRelay
+from actors.relays import RedisRelay
+from actors.stores.postgres import PostgresStore
+from actors.stores.turns import TurnQueue
 from runtime.messages import AssistantMessage, TextPart, ToolCallPart
-from runtime.stores.postgres import PostgresStore
-from runtime.stores.turns import TurnQueue
 from tests.support.redis import (
     redis_restored,
     require_redis,

@@ -12,7 +12,7 @@ import pytest
 import trio
 
 from actors.providers.scripted import ScriptedProvider
-from actors.relay import RedisRelay, attach_relay
+from actors.relays import RedisRelay, attach_relay
 from runtime import Agent
 from runtime.messages import AssistantMessage
 from tests.support.redis import require_redis, unique_prefix

@@ -13,11 +13,11 @@ from __future__ import annotations
 import pytest
 import trio
 
-from actors.turn_runner import SAVE_TIMEOUT
+from actors.stores import MemoryStore
+from actors.turn.runner import SAVE_TIMEOUT
 from runtime import tool
 from runtime.history import INTERRUPTED
 from runtime.messages import ReasoningPart, TextPart, ToolCallPart, ToolMessage
-from runtime.stores import MemoryStore
 from tests.support.faults import (
     PROVIDERS,
     Rig,

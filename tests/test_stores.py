@@ -22,6 +22,14 @@ import pytest
 
 import runtime
 import runtime.registry
+from actors.stores import (
+    ENTRY_POINT_GROUP,
+    MemoryStore,
+    SQLiteStore,
+    open_store,
+    validate_session_id,
+)
+from actors.stores.sqlite import APPLICATION_ID, MAGIC, SCHEMA_VERSION
 from runtime.errors import (
     ConfigurationError,
     InvalidSessionId,
@@ -30,14 +38,6 @@ from runtime.errors import (
     StoreError,
 )
 from runtime.messages import Message, ToolMessage, UserMessage
-from runtime.stores import (
-    ENTRY_POINT_GROUP,
-    MemoryStore,
-    SQLiteStore,
-    open_store,
-    validate_session_id,
-)
-from runtime.stores.sqlite import APPLICATION_ID, MAGIC, SCHEMA_VERSION
 from runtime.testing.stores import BAD_IDS, StoreConformance, conversation, record, turn
 
 # -- the conformance kit, over every built-in store ------------------------------------
@@ -50,7 +50,7 @@ async def store(request: pytest.FixtureRequest, tmp_path: Path):
     elif request.param == "sqlite":
         s = await SQLiteStore.open(tmp_path / "sessions.db")
     else:  # a fresh schema per test in the machine's PostgreSQL (skips when it is down)
-        from runtime.stores.postgres import PostgresStore
+        from actors.stores.postgres import PostgresStore
 
         s = await PostgresStore.open(request.getfixturevalue("pg_url"))
     try:

@@ -12,15 +12,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from actors.parts import PartBegin, PartEnd
 from actors.providers.openai import map_messages as openai_messages
 from actors.providers.scripted import ScriptedProvider, Sleep, tool_call
-from actors.structured import ObjectUpdate, RetryPrompt, StructuredTurn
+from actors.turn.parts import PartBegin, PartEnd
+from actors.turn.structured import ObjectUpdate, RetryPrompt, StructuredTurn
 from runtime import Agent, Host, tool
 from runtime.chunks import FinishChunk, TextChunk
 from runtime.errors import ConfigurationError, OutputValidationError
 from runtime.messages import AssistantMessage, TextPart, ToolMessage, UserMessage
-from runtime.structured import output_schema, strict_schema, unfence
+from runtime.output_schema import output_schema, strict_schema, unfence
 from tests.support.grammar import check_grammar
 from tests.support.listener import recording_server
 
@@ -355,7 +355,7 @@ async def test_a_second_turn_sees_every_answer_of_the_first_and_no_feedback():
     ],
 )
 def test_run_with_an_unusable_output_schema_says_why_and_exits_2(tmp_path, capsys, content, says):
-    from runtime.cli import main
+    from runtime.app.cli import main
 
     path = tmp_path / "schema.json"
     if content is not None:

@@ -12,12 +12,12 @@ import trio
 
 from actors.providers import AnthropicProvider, OpenAIProvider
 from actors.providers.anthropic import OUTPUT_INSTRUCTION
-from actors.structured import retry_prompt
+from actors.turn.structured import retry_prompt
 from runtime import Agent, Host, tool
+from runtime.actor_messages import InferRequest
 from runtime.inbox import Inbox
 from runtime.messages import ReasoningPart, TextPart, UserMessage
-from runtime.protocol import InferRequest
-from runtime.structured import output_schema, strict_schema
+from runtime.output_schema import output_schema, strict_schema
 from tests.support.grammar import check_grammar
 from tests.support.loopback import Reply, anthropic_sse, loopback_server, sse
 from tests.test_provider_e2e import SIG, an_end, an_start, an_thinking, oa_chunk, oa_usage

@@ -10,7 +10,7 @@ import trio
 from actors.providers.scripted import ScriptedProvider, tool_call
 from actors.tool_executor import run_tool_call, truncate_output
 from runtime import Agent, Budget, Host, ToolCallChunk, ToolDefinitionError, ToolMessage, tool
-from runtime.protocol import ToolCallSpec
+from runtime.actor_messages import ToolCallSpec
 from runtime.tools import InvalidJSONSchema, json_schema_validator
 
 
@@ -204,7 +204,7 @@ async def test_call_with_unparsable_input_gets_the_provider_reason_as_error():
 
 async def test_a_custom_tool_executor_plugs_in_through_the_host():
     from actors.tool_executor import ToolExecutor
-    from runtime.protocol import ToolOutcome
+    from runtime.actor_messages import ToolOutcome
 
     class CachingExecutor(ToolExecutor):
         """Answers every call from a fixed cache instead of running the tool."""

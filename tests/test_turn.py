@@ -255,8 +255,8 @@ async def test_a_call_truncated_by_length_tells_the_model_the_providers_reason()
 
 
 async def test_a_hook_raising_budget_exceeded_ends_the_turn_cleanly_with_its_budget():
+    from actors.stores import MemoryStore
     from runtime import BudgetExceeded, Hooks
-    from runtime.stores import MemoryStore
 
     async def cost_guard(event):
         raise BudgetExceeded("max_cost")

@@ -1,4 +1,4 @@
-"""The turn queue (runtime/stores/turns.py) against a real PostgreSQL the test run started.
+"""The turn queue (actors/stores/turns.py) against a real PostgreSQL the test run started.
 
 Leases are short (0.3 s) and real; a lease that must be over is usually expired by SQL
 (``lease_until`` set in the past), so no test depends on how fast the machine is; one test
@@ -13,10 +13,10 @@ import pytest
 import trio
 import trio.lowlevel
 
+from actors.stores.postgres import PostgresStore
+from actors.stores.turns import Claim, QueuedTurn, Renewal, TurnQueue
 from runtime.errors import InvalidSessionId, LeaseLost, StoreError
 from runtime.messages import File, Image, TextPart, UserMessage
-from runtime.stores.postgres import PostgresStore
-from runtime.stores.turns import Claim, QueuedTurn, Renewal, TurnQueue
 from tests.support.pg import drop_schema, pg_base_url, pg_connect, restart_postgres
 
 LEASE = 0.3

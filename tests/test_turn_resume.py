@@ -12,9 +12,10 @@ import trio
 from hypothesis import given
 from hypothesis import strategies as st
 
-from actors.parts import PartsManager
 from actors.providers.scripted import ScriptedProvider, tool_call
-from actors.takeover import find_committed
+from actors.stores import MemoryStore
+from actors.turn.parts import PartsManager
+from actors.turn.takeover import find_committed
 from runtime import (
     Agent,
     AssistantMessage,
@@ -29,7 +30,6 @@ from runtime import (
 )
 from runtime.chunks import TextChunk
 from runtime.history import INTERRUPTED
-from runtime.stores import MemoryStore
 from runtime.tools import ToolContext
 
 T, M, SID = "turn-1", "msg-1", "pay"

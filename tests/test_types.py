@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CONTRACT = {
     f"runtime.{name}"
     for name in (
-        "chunks events messages output bus inbox actor errors protocol provider store relay "
+        "chunks events messages output bus inbox actor errors actor_messages provider store relay "
         "tools ids serde redact budget retry history"
     ).split()
 }

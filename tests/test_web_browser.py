@@ -21,7 +21,7 @@ import trio
 
 from actors.providers.scripted import ScriptedProvider, Sleep
 from runtime import Agent, AssistantMessage, Hooks, ReasoningChunk, UserMessage
-from runtime.demo import demo_provider, get_time, get_weather
+from runtime.app.demo import demo_provider, get_time, get_weather
 from tests.web.harness import WebServer, wait_idle, web_server
 
 CHROMIUM = os.environ.get("AXON_CHROMIUM", "/usr/bin/chromium")

@@ -25,7 +25,7 @@ from starlette.routing import Route
 
 from actors.providers.scripted import ScriptedProvider
 from runtime import Agent
-from runtime.web.serve import serve_app
+from runtime.app.web.serve import serve_app
 from tests.test_web_browser import CHROMIUM, CHROMIUM_ARGS, playwright_sync  # noqa: F401
 from tests.test_web_http import body
 from tests.web.harness import WebServer, web_server

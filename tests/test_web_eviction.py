@@ -35,8 +35,8 @@ async def served(
     agent: Agent, **host_options: Any
 ) -> AsyncIterator[tuple[Host, httpx.AsyncClient]]:
     """A host with ``host_options`` and the app on a loopback port, with a client for it."""
-    from runtime.web.app import create_app
-    from runtime.web.serve import serve_app
+    from runtime.app.web.app import create_app
+    from runtime.app.web.serve import serve_app
 
     async with Host.open(log_tap=False, **host_options) as host:
         app = create_app(host, agent)
@@ -76,7 +76,7 @@ async def test_reading_a_session_through_the_api_keeps_it_in_memory():
 
 
 def serve_args(*argv: str) -> argparse.Namespace:
-    from runtime.web.serve import add_serve_arguments
+    from runtime.app.web.serve import add_serve_arguments
 
     return add_serve_arguments(argparse.ArgumentParser()).parse_args(list(argv))
 
@@ -105,7 +105,7 @@ def test_serve_refuses_eviction_flags_that_are_not_positive(argv, capsys):
 
 
 async def test_serve_passes_the_eviction_flags_to_the_host(monkeypatch):
-    from runtime.web import serve
+    from runtime.app.web import serve
 
     seen: dict[str, Any] = {}
 

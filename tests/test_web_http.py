@@ -501,7 +501,7 @@ async def test_the_page_is_served_with_a_strict_policy():
 def test_serve_parser_defaults_are_safe():
     import argparse
 
-    from runtime.web.serve import add_serve_parser
+    from runtime.app.web.serve import add_serve_parser
 
     parser = argparse.ArgumentParser()
     add_serve_parser(parser.add_subparsers(dest="command"))
@@ -526,7 +526,7 @@ async def test_serve_command_runs_and_stops_on_sigint(tmp_path):
         [
             sys.executable,
             "-m",
-            "runtime.web.serve",
+            "runtime.app.web.serve",
             "--port",
             "0",
             "--delay",
@@ -624,7 +624,7 @@ def test_python_m_runtime_serve_is_wired_into_the_cli():
         timeout=60,
     )
     if proc.returncode != 0 and "invalid choice" in proc.stderr:
-        pytest.skip("runtime.cli does not register `serve` yet (add_serve_parser)")
+        pytest.skip("runtime.app.cli does not register `serve` yet (add_serve_parser)")
     assert proc.returncode == 0, proc.stderr
     for option in ("--host", "--port", "--provider", "--store", "--token", "--cors-origin"):
         assert option in proc.stdout

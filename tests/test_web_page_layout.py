@@ -17,7 +17,7 @@ import trio
 
 from actors.providers.scripted import ScriptedProvider
 from runtime import Agent
-from runtime.web.app import STATIC
+from runtime.app.web.app import STATIC
 from tests.test_web_browser import CHROMIUM, CHROMIUM_ARGS, browser_agent
 from tests.test_web_browser import playwright_sync as playwright_sync  # the fixture
 from tests.web.harness import WebServer, wait_idle, web_server

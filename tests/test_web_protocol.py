@@ -21,9 +21,7 @@ from runtime import (
     tool,
 )
 from runtime import output as o
-from runtime.messages import ProviderDataPart, SystemMessage
-from runtime.output import ErrorInfo
-from runtime.web.protocol import (
+from runtime.app.web.ui_stream import (
     DONE,
     HEADERS,
     UIStreamEncoder,
@@ -31,6 +29,8 @@ from runtime.web.protocol import (
     sse,
     ui_messages,
 )
+from runtime.messages import ProviderDataPart, SystemMessage
+from runtime.output import ErrorInfo
 
 # Required fields of each chunk type, as the `ai` package's uiMessageChunkSchema has them
 # (node_modules/ai/dist/index.mjs, `uiMessageChunkSchema`), plus the optional ones we send.
@@ -398,7 +398,7 @@ def test_importing_runtime_does_not_load_the_web_stack():
     import sys
 
     code = (
-        "import sys, runtime, runtime.cli; runtime.cli.build_parser(); "
+        "import sys, runtime, runtime.app.cli; runtime.app.cli.build_parser(); "
         "print(sorted(m for m in sys.modules if m.split('.')[0] in "
         "('starlette', 'hypercorn')))"
     )

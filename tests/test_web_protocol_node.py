@@ -175,7 +175,7 @@ async def test_the_ai_package_reads_a_turn_with_reasoning_two_tool_steps_and_an_
 
 
 async def test_every_mapped_chunk_passes_the_ai_package_chunk_schema(node):
-    from runtime.web.protocol import DONE, UIStreamEncoder, sse
+    from runtime.app.web.ui_stream import DONE, UIStreamEncoder, sse
     from tests.test_web_protocol import CASES
 
     encoder = UIStreamEncoder()

@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 
 from actors.providers.scripted import ScriptedProvider
 from runtime import Agent
-from runtime.web.guard import HostPolicy, split_host
-from runtime.web.serve import add_serve_arguments, bind_refusal, serve_command
+from runtime.app.web.guard import HostPolicy, split_host
+from runtime.app.web.serve import add_serve_arguments, bind_refusal, serve_command
 from tests.test_web_http import body, events
 from tests.web.harness import web_server
 
@@ -211,7 +211,7 @@ def test_bind_refusal_lets_loopback_a_token_or_insecure_through(host, token, ins
 
 @pytest.mark.parametrize("host", ["127.0.0.1.", "localhost.", "no-such-host.invalid"])
 def test_serve_on_a_host_that_resolves_to_nothing_is_one_error_line(host, capsys):
-    from runtime.cli import main
+    from runtime.app.cli import main
 
     assert main(["serve", "--host", host, "--port", "0", "--token", "t"]) == 2
     err = capsys.readouterr().err
@@ -221,7 +221,7 @@ def test_serve_on_a_host_that_resolves_to_nothing_is_one_error_line(host, capsys
 def test_serve_on_a_port_in_use_is_one_error_line(capsys):
     import socket
 
-    from runtime.cli import main
+    from runtime.app.cli import main
 
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

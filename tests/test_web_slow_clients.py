@@ -11,7 +11,7 @@ import trio
 
 from actors.providers.scripted import ScriptedProvider
 from runtime import Agent, AssistantMessage, Hooks
-from runtime.protocol import Batcher
+from runtime.actor_messages import Batcher
 from tests.test_web_http import body, recording_agent
 from tests.web.harness import WebServer, web_server
 

@@ -10,16 +10,16 @@ import pytest
 import trio
 
 from actors.providers import OpenAIProvider
-from actors.relay.redis_streams import RedisRelay
+from actors.relays.redis_streams import RedisRelay
+from actors.stores.postgres import PostgresStore
+from actors.stores.turns import TurnQueue
 from runtime.agent import Agent
+from runtime.app.worker import Worker
 from runtime.errors import InvalidSessionId, LeaseLost, StoreError
 from runtime.logging import configure_logging
 from runtime.messages import UserMessage
 from runtime.output import Error
 from runtime.serde import to_json, unstructure
-from runtime.stores.postgres import PostgresStore
-from runtime.stores.turns import TurnQueue
-from runtime.worker import Worker
 from tests.support.loopback import loopback_server
 from tests.support.redis import require_redis, unique_prefix
 from tests.test_key_leaks import refusal

@@ -21,14 +21,14 @@ import psycopg
 import pytest
 import trio
 
-from actors.relay.redis_streams import RedisRelay
+from actors.relays.redis_streams import RedisRelay
+from actors.stores.postgres import PostgresStore, parse_url
+from actors.stores.turns import TurnQueue
 from runtime.agent import Agent
+from runtime.app.worker import Worker
 from runtime.messages import AssistantMessage, TextPart, ToolCallPart, ToolMessage, UserMessage
 from runtime.output import TextDelta
 from runtime.relay import StepRestarted
-from runtime.stores.postgres import PostgresStore, parse_url
-from runtime.stores.turns import TurnQueue
-from runtime.worker import Worker
 from tests.support import worker_agent
 from tests.support.pg import restart_postgres
 from tests.support.redis import (

@@ -29,6 +29,7 @@ from actors.providers.failures import (
     retry_after,
 )
 from runtime import errors
+from runtime.actor_messages import InferRequest
 from runtime.chunks import (
     FinishChunk,
     ProviderDataChunk,
@@ -55,9 +56,8 @@ from runtime.messages import (
     UserMessage,
     is_media_output,
 )
-from runtime.protocol import InferRequest
+from runtime.output_schema import OUTPUT_TOOL
 from runtime.provider import Emit, Provider, ProviderOptions
-from runtime.structured import OUTPUT_TOOL
 
 PROVIDER = "anthropic"
 """The provider tag on reasoning and provider data; only such parts are sent back here."""

@@ -43,6 +43,7 @@ from actors.providers.failures import (
     retry_after,
 )
 from runtime import errors
+from runtime.actor_messages import InferRequest
 from runtime.chunks import (
     FinishChunk,
     ReasoningChunk,
@@ -75,9 +76,8 @@ from runtime.messages import (
     UserMessage,
     is_media_output,
 )
-from runtime.protocol import InferRequest
+from runtime.output_schema import strict_schema
 from runtime.provider import Emit, Provider, ProviderOptions
-from runtime.structured import strict_schema
 
 _FINISH_REASONS = {
     "stop": "stop",
@@ -287,9 +287,9 @@ def map_tools(tools: Iterable[Any]) -> list[dict[str, Any]]:
 
 
 def map_output(output: Any) -> dict[str, Any]:
-    """The ``response_format`` for an agent's :class:`~runtime.structured.OutputSchema`:
+    """The ``response_format`` for an agent's :class:`~runtime.output_schema.OutputSchema`:
     ``json_schema`` in strict mode, the schema rewritten as strict mode needs
-    (:func:`~runtime.structured.strict_schema`, which refuses what it cannot express)."""
+    (:func:`~runtime.output_schema.strict_schema`, which refuses what it cannot express)."""
     spec: dict[str, Any] = {"name": output.name, "schema": strict_schema(output.schema)}
     if output.description:
         spec["description"] = output.description

@@ -53,6 +53,7 @@ from actors.providers.failures import classify_status, missing_key
 from actors.providers.openai import classify_error as _classify_openai
 from actors.providers.openai import map_output as chat_output
 from runtime import errors
+from runtime.actor_messages import InferRequest
 from runtime.chunks import (
     FinishChunk,
     ProviderDataChunk,
@@ -88,7 +89,6 @@ from runtime.messages import (
     UserMessage,
     is_media_output,
 )
-from runtime.protocol import InferRequest
 from runtime.provider import Emit, Provider, ProviderOptions
 
 PROVIDER = "openai-responses"
@@ -341,7 +341,7 @@ def map_messages(
 
 
 def map_output(output: Any) -> dict[str, Any]:
-    """The ``text.format`` for an agent's :class:`~runtime.structured.OutputSchema`:
+    """The ``text.format`` for an agent's :class:`~runtime.output_schema.OutputSchema`:
     ``json_schema`` in strict mode, the schema rewritten as strict mode needs (the same
     rewrite as Chat Completions' ``response_format``; Responses takes the spec flat)."""
     return {"type": "json_schema", **chat_output(output)["json_schema"]}

@@ -27,7 +27,8 @@ from typing import Any, ClassVar
 import attrs
 import trio
 
-from actors.structured import RetryPrompt
+from actors.turn.structured import RetryPrompt
+from runtime.actor_messages import InferRequest
 from runtime.chunks import (
     FinishChunk,
     ReasoningChunk,
@@ -41,7 +42,6 @@ from runtime.chunks import (
 )
 from runtime.errors import ProviderError
 from runtime.messages import AssistantMessage, Message, ToolMessage, UserMessage
-from runtime.protocol import InferRequest
 from runtime.provider import Emit, Provider, ProviderOptions
 
 
@@ -77,7 +77,7 @@ def tool_call(
 def current_step(messages: Sequence[Message]) -> int:
     """How many model calls the current turn has made: the number of distinct steps in
     the assistant message after the last user message (a structured-output
-    :class:`~actors.structured.RetryPrompt` is not the user's: skipped)."""
+    :class:`~actors.turn.structured.RetryPrompt` is not the user's: skipped)."""
     for msg in reversed(messages):
         if isinstance(msg, RetryPrompt):
             continue
@@ -232,11 +232,11 @@ DEMO_PROMPT_CHARS = 4096
 
 
 def demo_script(request: InferRequest) -> list[StreamChunk | str]:
-    """The demo's model (:mod:`runtime.demo`): a responder that reasons, calls
+    """The demo's model (:mod:`runtime.app.demo`): a responder that reasons, calls
     ``get_weather`` (or ``get_time`` when asked the time), then answers from the result.
 
     It plays the model's part only: it names the tools, and the demo agent (application
-    code, :mod:`runtime.demo`) defines them, as a real model knows tools by name.
+    code, :mod:`runtime.app.demo`) defines them, as a real model knows tools by name.
     """
     user = next((m for m in reversed(request.messages) if isinstance(m, UserMessage)), None)
     # Its start is enough to pick a reply: matching megabytes of input (a pasted

@@ -45,6 +45,7 @@ import orjson
 import pytest
 import trio
 
+from runtime.actor_messages import InferRequest
 from runtime.chunks import (
     FinishChunk,
     StreamChunk,
@@ -56,7 +57,6 @@ from runtime.chunks import (
 from runtime.errors import AxonError, ConfigurationError, ProviderError
 from runtime.inbox import Inbox
 from runtime.messages import Message, UserMessage
-from runtime.protocol import InferRequest
 from runtime.provider import DESCRIBE_KEYS, Provider, ProviderOptions
 
 STREAM_CHUNK_TYPES: tuple[type, ...] = StreamChunk.__args__

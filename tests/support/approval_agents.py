@@ -7,9 +7,9 @@ process (``run --session ID --approve-all``) goes on where the first one stopped
 from __future__ import annotations
 
 from actors.providers.scripted import ScriptedProvider, current_step, tool_call
+from runtime.actor_messages import InferRequest
 from runtime.agent import Agent
 from runtime.messages import ToolMessage
-from runtime.protocol import InferRequest
 from runtime.tools import Tool, tool
 
 

@@ -30,11 +30,11 @@ import psycopg
 import trio
 
 from actors.providers.scripted import ScriptedProvider, current_step, tool_call
+from actors.stores.postgres import parse_url
+from runtime.actor_messages import InferRequest
 from runtime.agent import Agent
 from runtime.chunks import ReasoningChunk
 from runtime.messages import TextPart, UserMessage
-from runtime.protocol import InferRequest
-from runtime.stores.postgres import parse_url
 from runtime.tools import ToolContext, tool
 
 ANSWER_WORDS = 40

@@ -32,8 +32,8 @@ async def web_server(
     agent: Any, *, store: Any = None, **app_options: Any
 ) -> AsyncIterator[WebServer]:
     """A host and the app served by Hypercorn's Trio worker on 127.0.0.1 (a free port)."""
-    from runtime.web.app import create_app
-    from runtime.web.serve import serve_app
+    from runtime.app.web.app import create_app
+    from runtime.app.web.serve import serve_app
 
     async with Host.open(store=store, log_tap=False) as host:
         app = create_app(host, agent, **app_options)

@@ -1,0 +1,836 @@
+"""The live-output relay on Redis Streams: one stream per turn, any front end reads it.
+
+Layout (every key under ``prefix``, ``axon:`` by default):
+
+``{prefix}turn:{turn_id}``
+    A Redis Stream. Each entry is one *flush* of a writer: ``items`` (a JSON array of
+    the chunks queued since the previous flush, in the runtime's JSON form, see
+    :mod:`runtime.serde`), ``first`` (the relay seq of the first of them) and ``w`` (the
+    writer's random id); a writer's first entry on a stream another writer began also
+    has ``prev`` (that writer's id). The entry id is ``{first}-1``, so a retried flush
+    that Redis had already applied is refused as a duplicate instead of being written
+    twice, and resuming after a seq is a range query.
+``{prefix}active:{session_id}``
+    The id of the session's latest turn, so ``GET /api/chat/{id}/stream`` finds it.
+``{prefix}cancel``
+    A pub/sub channel of cancel requests (``{"turn_id", "reason"}``), for the process
+    that runs the turn.
+
+**Relay seq.** A chunk read back from the relay has ``seq`` = its position in the turn's
+stream (1, 2, ...), stamped by the writer at flush time. The producer's own seqs restart
+when a session is reloaded or a turn is taken over by another worker; the relay's never
+do, so ``after_seq`` (SSE ``Last-Event-ID``) resumes with nothing missing or repeated.
+A takeover's writer continues the numbering from the stream's last entry.
+
+**Continuity.** A reader shows only what it can prove continuous (:class:`_Cursor`):
+every entry starts at the seq after the last one read and was written by the same
+writer, or by a takeover that names that writer in ``prev``. Redis can lose a stream
+(restarted without persistence, eviction) while the turn goes on; a takeover's writer
+that finds no stream then writes a ``gap`` first (what the turn streamed before is
+gone), and a writer that started a stream over cannot name the writer a reader read
+last. So a hole, a stream started over, a client's ``after_seq`` past the stream's end,
+a ``gap`` and any entry that does not decode (junk in the relay's keys, a key of another
+type) all raise :class:`~runtime.errors.RelayTurnGone`: the front end rebuilds the turn
+from the store, or tells a client that saw part of it to reload. Never a spliced turn
+shown whole, never a server error. None of this costs a Redis call: the ids ride in the
+entries.
+
+**Control items** also take a seq: :class:`StepRestarted` (a takeover re-runs ``step``:
+drop what the step streamed so far) and the end of the turn (not yielded; iteration
+stops). A reader that replays a backlog drops the restarted step's chunks itself and
+yields the marker only when the reader's client had already seen some of them.
+
+**Coalescing and failure.** :meth:`RedisRelayWriter.append` only queues: one background
+task per writer flushes whatever is queued as one pipeline (``XADD`` + ``EXPIRE``), as
+soon as the previous flush is done, never waiting for more. While Redis is down the
+flush retries with capped exponential backoff and the turn goes on; the queue is bounded
+(``max_queue``): past it the queue is dropped and the stream gets a ``gap`` item, which
+makes readers raise :class:`~runtime.errors.RelayTurnGone`, so they rebuild from the
+store. Nothing committed is lost: the relay is a cache of what the store will hold.
+
+coredis is anyio-based and runs under Trio as it is. Imported only by this module.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import random
+import re
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import attrs
+import orjson
+import structlog
+import trio
+from cattrs.errors import BaseValidationError
+
+from runtime.errors import ConfigurationError, RelayTurnGone, RelayUnavailable
+from runtime.output import OutputChunk
+from runtime.redact import redact_url, register_url_secrets
+from runtime.relay import RESTART_STEP as RESTART
+from runtime.relay import StepRestarted
+from runtime.serde import structure, unstructure
+
+log = structlog.get_logger("axon.relay")
+
+DEFAULT_PREFIX = "axon:"
+LIVE_TTL = 24 * 3600
+"""Seconds a turn's stream lives while it is written (refreshed on every flush)."""
+END_TTL = 15 * 60
+"""Seconds a finished turn's stream stays readable (a late reconnect can still replay it)."""
+MAX_QUEUE = 10_000
+"""Chunks a writer queues at most while Redis does not answer; past it the queue is
+dropped and readers are told (``gap``)."""
+RETRY_FOR = 30.0
+"""Seconds a reader keeps retrying a Redis that does not answer before it gives up
+(:class:`~runtime.errors.RelayUnavailable`)."""
+BLOCK_MS = 1000
+TTL_REFRESH = 60.0
+"""Seconds between refreshes of a live stream's TTL (``LIVE_TTL``, a day: once a minute
+is plenty, and a flush in between costs one command instead of three)."""
+"""How long one blocking ``XREAD`` waits for new entries before checking the key again."""
+PAGE = 256
+"""Entries per ``XRANGE`` page when replaying a backlog."""
+
+END = "relay.end"
+GAP = "relay.gap"
+
+
+def _transient() -> tuple[type[BaseException], ...]:
+    from coredis.exceptions import ConnectionError as RedisConnectionError
+
+    return (RedisConnectionError, TimeoutError, OSError)
+
+
+def _retryable() -> tuple[type[BaseException], ...]:
+    """What a Redis call is retried on: a transient error, or its own deadline passing."""
+    return (*_transient(), trio.TooSlowError)
+
+
+def _backoff(attempt: int, base: float, cap: float) -> float:
+    """Capped exponential backoff with full jitter (many writers must not retry in step)."""
+    return random.uniform(0, min(cap, base * 2**attempt))
+
+
+@attrs.frozen(kw_only=True, slots=True)
+class _Entry:
+    """One stream entry, decoded: its items numbered from ``first``, who wrote it
+    (``writer``), and, on a writer's first entry, the writer whose tail it continued
+    (``prev``)."""
+
+    first: int
+    items: list[dict[str, Any]]
+    writer: bytes | None
+    prev: bytes | None
+
+    @property
+    def last(self) -> int:
+        return self.first + len(self.items) - 1
+
+
+class _Undecodable(ValueError):
+    """A stream entry that is not one a writer wrote (junk in the relay's keys)."""
+
+
+def _decode(entry: Any) -> _Entry:
+    """One stream entry; :class:`_Undecodable` when it is not what a writer writes: a
+    ``first`` that is not its id's, ``items`` that are not a non-empty JSON array of
+    objects with a string ``type``, a marker without its fields."""
+    try:
+        fields = entry.field_values
+        first = int(fields[b"first"])
+        items = orjson.loads(fields[b"items"])
+        writer, prev = fields.get(b"w"), fields.get(b"prev")
+        if _identifier(entry.identifier) != f"{first}-1" or first < 1:
+            raise _Undecodable(f"entry {entry.identifier!r} says it starts at seq {first}")
+    except (KeyError, ValueError, TypeError, AttributeError, UnicodeDecodeError) as exc:
+        raise _Undecodable(f"{type(exc).__name__}: {exc}") from None
+    if not isinstance(items, list) or not items:
+        raise _Undecodable("'items' is not a non-empty JSON array")
+    for item in items:
+        if not isinstance(item, dict) or not isinstance(item.get("type"), str):
+            raise _Undecodable(f"an item is not a chunk: {str(item)[:100]!r}")
+        if item["type"] == RESTART and type(item.get("step")) is not int:
+            raise _Undecodable(f"a restart marker without its step: {str(item)[:100]!r}")
+    return _Entry(first=first, items=items, writer=writer, prev=prev)
+
+
+def _identifier(identifier: bytes | str) -> str:
+    return identifier.decode() if isinstance(identifier, bytes) else identifier
+
+
+def _entry_seq(identifier: bytes | str) -> int:
+    return int(_identifier(identifier).split("-", 1)[0])
+
+
+@attrs.define
+class _Cursor:
+    """What a reader has read of a turn's stream, to prove each next entry continues it.
+
+    An entry continues the stream when its first seq follows the last one read and it
+    was written by the same writer as the entry before it, or by a writer that says it
+    continued that one (``prev``, a takeover that found the stream). Anything else (a
+    hole, a stream that another writer started over after Redis lost it, a writer the
+    turn had lost that still wrote, a ``gap`` item, junk) is :class:`RelayTurnGone`: a
+    reader never shows a spliced turn as a whole one."""
+
+    turn_id: str
+    position: int = 0
+    """The last seq read (shown to the client or not)."""
+    writer: bytes | None = None
+    message_id: str | None = None
+    """The message the stream's ``start`` opened: a takeover's repeat of it is dropped."""
+    ended: bool = False
+    """The turn's end was read."""
+
+    def accept(self, raw: Any) -> list[tuple[int, dict[str, Any]]]:
+        """The ``(seq, item)`` pairs of the stream's next entry ``raw``, repeated
+        ``start`` s left out; :class:`RelayTurnGone` unless it provably continues."""
+        turn = self.turn_id
+        try:
+            entry = _decode(raw)
+        except _Undecodable as exc:
+            raise RelayTurnGone(f"the relay's stream of turn {turn!r} holds junk ({exc})") from None
+        if entry.first > self.position + 1:
+            raise RelayTurnGone(
+                f"the relay lost chunks {self.position + 1}..{entry.first - 1} of turn {turn!r}"
+            )
+        if entry.first != self.position + 1 or (
+            self.position and entry.writer != self.writer and entry.prev != self.writer
+        ):
+            raise RelayTurnGone(
+                f"the relay's stream of turn {turn!r} was written over after seq "
+                f"{self.position} (Redis lost it and another writer started it again)"
+            )
+        pairs: list[tuple[int, dict[str, Any]]] = []
+        for seq, item in enumerate(entry.items, start=entry.first):
+            kind = item["type"]
+            if kind == GAP:
+                raise RelayTurnGone(
+                    f"the relay lost part of turn {turn!r} (Redis was unreachable or lost it)"
+                )
+            if kind == END:
+                self.ended = True
+            elif kind == "start":
+                message_id = item.get("message_id")
+                if self.message_id is not None and message_id == self.message_id:
+                    continue  # a takeover starts the same message over: the client has it
+                self.message_id = self.message_id or message_id
+            pairs.append((seq, item))
+        self.position = entry.last
+        self.writer = entry.writer
+        return pairs
+
+
+def _tail(last: list[Any], *, takeover: bool) -> tuple[int, bytes | None, bool]:
+    """Where a writer's numbering starts, from the stream's last entry (``last``, empty
+    when there is no stream): the next seq, the writer it continues (``prev``), and
+    whether what the turn streamed before is lost (a takeover that finds no stream, or a
+    last entry that is junk)."""
+    if not last:
+        return 1, None, takeover
+    try:
+        entry = _decode(last[0])
+    except _Undecodable:
+        return _entry_seq(last[0].identifier) + 1, None, True
+    return entry.last + 1, entry.writer or b"", False
+
+
+class RedisRelayWriter:
+    """One turn's outgoing side (:class:`runtime.relay.RelayWriter`) on a Redis Stream."""
+
+    def __init__(
+        self, relay: RedisRelay, *, session_id: str, turn_id: str, takeover: bool = False
+    ) -> None:
+        self.relay = relay
+        self.session_id = session_id
+        self.turn_id = turn_id
+        self.takeover = takeover
+        """Another writer may have streamed the turn before: a stream found empty lost it."""
+        self.key = relay.turn_key(turn_id)
+        self.writer_id = uuid.uuid4().hex[:16].encode()
+        """Written in every entry (``w``), so a reader tells this writer's entries from
+        those of a writer that started the stream over."""
+        self._prev: bytes | None = None
+        """The writer whose tail this one continues, written (``prev``) until this
+        writer's first entry is in."""
+        self._queue: list[dict[str, Any]] = []
+        self._wake = trio.Event()
+        self._settled = trio.Event()
+        self._stop = trio.Event()
+        self._in_flight = False
+        self._closing = False
+        self._closed = False
+        self._next_seq: int | None = None
+        """The relay seq of the next item (read from the stream on the first flush)."""
+        self._touched = -math.inf
+        """When the flush that last set the stream's TTL ran (Trio clock)."""
+        self.lost = 0
+        """Chunks dropped because the queue overflowed while Redis did not answer."""
+        self.flushes = 0
+        """Pipelines written (one per flush: the coalescing, observable)."""
+        self.failures = 0
+        """Flush attempts that failed (Redis down or slow)."""
+
+    # -- the producer's side (never blocks) ----------------------------------------------
+
+    def append(self, chunk: Any) -> None:
+        """Queue ``chunk``; the background flush writes it with whatever else is queued."""
+        if self._closing:
+            raise RuntimeError(f"relay writer for turn {self.turn_id!r} is closed")
+        self._put(unstructure(chunk))
+
+    async def restart_step(self, step: int) -> None:
+        """Queue the marker that drops the partial ``step`` for readers, and wait (at most
+        ``close_timeout``) until it is written."""
+        self._put({"type": RESTART, "step": step})
+        with trio.move_on_after(self.relay.close_timeout):
+            await self.flushed()
+
+    async def aclose(self, *, final: bool = True) -> None:
+        """Flush what is queued; with ``final`` the stream ends (readers stop) and expires
+        after ``end_ttl``. Bounded by ``close_timeout``: a Redis that stays down does not
+        hold the turn's end."""
+        if self._closing:
+            return
+        if final:
+            self._put({"type": END})
+        self._closing = True
+        self._wake.set()
+        with trio.move_on_after(self.relay.close_timeout):
+            await self.flushed()
+        self._closed = True
+        self._stop.set()
+        self._wake.set()
+        if self._queue:
+            self.lost += len(self._queue)
+            log.warning(
+                "relay.unflushed",
+                turn_id=self.turn_id,
+                chunks=len(self._queue),
+                error="Redis did not answer before the turn ended; readers rebuild from the store",
+            )
+
+    async def flushed(self) -> None:
+        """Wait until everything queued so far is written (or the writer stopped)."""
+        while (self._queue or self._in_flight) and not self._closed:
+            await self._settled.wait()
+
+    def _put(self, item: dict[str, Any]) -> None:
+        queue = self._queue
+        if len(queue) >= self.relay.max_queue:
+            self.lost += len(queue)
+            log.warning(
+                "relay.overflow",
+                turn_id=self.turn_id,
+                dropped=len(queue),
+                error="Redis is not keeping up; readers of this turn rebuild from the store",
+            )
+            queue.clear()
+            queue.append({"type": GAP})
+        queue.append(item)
+        self._wake.set()
+
+    def _notify(self) -> None:
+        self._settled.set()
+        self._settled = trio.Event()
+
+    # -- the background flush -------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Flush until closed: each round writes everything queued as one pipeline."""
+        attempt = 0
+        try:
+            while not self._closed:
+                if not self._queue:
+                    self._notify()
+                    if self._closing:
+                        return
+                    await self._wake.wait()
+                    self._wake = trio.Event()
+                    continue
+                batch, self._queue = self._queue, []
+                self._in_flight = True
+                try:
+                    await self._write(batch)
+                    attempt = 0
+                    continue
+                except _retryable() as exc:
+                    self._queue = batch + self._queue  # keep order; the bound applies on append
+                    self.failures += 1
+                    delay = _backoff(attempt, self.relay.retry_base, self.relay.retry_max)
+                    attempt += 1
+                    log.warning(
+                        "relay.flush_failed",
+                        turn_id=self.turn_id,
+                        attempt=attempt,
+                        retry_in=round(delay, 3),
+                        error=f"{type(exc).__name__}: {exc}",
+                    )
+                except Exception as exc:  # Redis refused it (OOM, wrong type): not retried
+                    self.failures += 1
+                    self.lost += len(batch)
+                    self._queue.insert(0, {"type": GAP})
+                    delay = _backoff(attempt, self.relay.retry_base, self.relay.retry_max)
+                    attempt += 1
+                    log.error(
+                        "relay.flush_refused",
+                        turn_id=self.turn_id,
+                        dropped=len(batch),
+                        error=f"{type(exc).__name__}: {exc}",
+                    )
+                finally:
+                    self._in_flight = False
+                    self._notify()
+                with trio.move_on_after(delay):
+                    await self._stop.wait()
+        finally:
+            self._in_flight = False
+            self.relay.live.discard(self)
+            self._notify()
+
+    async def _write(self, batch: list[dict[str, Any]]) -> None:
+        from coredis.exceptions import ResponseError
+
+        relay = self.relay
+        client = relay.client
+        with trio.fail_after(relay.op_timeout):
+            if self._next_seq is None:  # first flush (or a takeover): continue the numbering
+                last = await client.xrevrange(self.key, "+", "-", count=1)
+                self._next_seq, self._prev, lost = _tail(last, takeover=self.takeover)
+                if lost:
+                    # What the turn streamed before is not in the stream: readers are told
+                    # (they rebuild from the store) instead of shown the turn without it.
+                    batch.insert(0, {"type": GAP})
+                    log.warning("relay.takeover_lost_stream", turn_id=self.turn_id)
+            first = self._next_seq
+            ended = batch[-1].get("type") == END
+            fields: dict[str, str | bytes] = {
+                "first": str(first),
+                "items": orjson.dumps(batch, default=str),
+                "w": self.writer_id,
+            }
+            if self._prev is not None:
+                fields["prev"] = self._prev
+            now = trio.current_time()
+            # The TTLs are set by the first flush and the last, and refreshed at most every
+            # TTL_REFRESH seconds: a flush in between is one XADD, not a pipeline of three.
+            touch = ended or first == 1 or now - self._touched > TTL_REFRESH
+            try:
+                if not touch:
+                    await client.xadd(self.key, fields, identifier=f"{first}-1")
+                else:
+                    async with client.pipeline(transaction=False, raise_on_error=False) as pipe:
+                        added = pipe.xadd(self.key, fields, identifier=f"{first}-1")
+                        pipe.expire(self.key, relay.end_ttl if ended else relay.live_ttl)
+                        active = relay.active_key(self.session_id)
+                        if first == 1:
+                            pipe.set(active, self.turn_id, ex=relay.live_ttl)
+                        elif ended:
+                            pipe.expire(active, relay.end_ttl)
+                    await added
+                    self._touched = now
+            except ResponseError as exc:
+                if "equal or smaller" not in str(exc):
+                    raise
+                # A retry of a flush that Redis applied before the connection broke (or
+                # a writer the turn had lost wrote there: readers see its entry breaks
+                # the chain of writers, and rebuild from the store).
+        self._next_seq = first + len(batch)
+        self._prev = None
+        self.flushes += 1
+
+
+class RedisRelay:
+    """:class:`runtime.relay.Relay` on Redis Streams. Open with :meth:`RedisRelay.open`."""
+
+    def __init__(
+        self,
+        client: Any,
+        nursery: trio.Nursery,
+        *,
+        prefix: str = DEFAULT_PREFIX,
+        live_ttl: int = LIVE_TTL,
+        end_ttl: int = END_TTL,
+        max_queue: int = MAX_QUEUE,
+        retry_base: float = 0.05,
+        retry_max: float = 2.0,
+        retry_for: float = RETRY_FOR,
+        op_timeout: float = 5.0,
+        close_timeout: float = 10.0,
+        block_ms: int = BLOCK_MS,
+    ) -> None:
+        self.client = client
+        self.nursery = nursery
+        self.prefix = prefix
+        self.live_ttl = live_ttl
+        self.end_ttl = end_ttl
+        self.max_queue = max_queue
+        self.retry_base = retry_base
+        self.retry_max = retry_max
+        self.retry_for = retry_for
+        self.op_timeout = op_timeout
+        self.close_timeout = close_timeout
+        self.block_ms = block_ms
+        self.live: set[RedisRelayWriter] = set()
+        """Writers whose flush task runs."""
+
+    @classmethod
+    @asynccontextmanager
+    async def open(cls, url: str, **options: Any) -> AsyncIterator[RedisRelay]:
+        """Connect to the Redis at ``url`` (``redis://host:port/db``); leaving the block
+        stops the writers' flush tasks (close writers first to flush them).
+
+        A bad URL raises :class:`~runtime.errors.ConfigurationError`; a Redis that does
+        not answer raises :class:`~runtime.errors.RelayUnavailable` (after retrying for
+        ``retry_for`` seconds), both naming the URL without its password.
+        """
+        try:
+            import coredis
+        except ImportError as exc:  # pragma: no cover - an install problem
+            raise ConfigurationError("the Redis relay needs coredis: pip install coredis") from exc
+        shown = public_url(url)
+        register_url_secrets(url)  # a client's error quoting the URL is redacted too
+        if not url.startswith(("redis://", "rediss://", "unix://")):
+            raise ConfigurationError(
+                f"bad Redis URL {shown!r}: expected redis://host:port/db (or rediss://, unix://)"
+            )
+        try:
+            client = coredis.Redis.from_url(
+                url, decode_responses=False, connect_timeout=2.0, verify_version=False
+            )
+        except ValueError as exc:
+            raise ConfigurationError(f"bad Redis URL {shown!r}: {exc}") from None
+        relay_options = dict(options)
+        retry_for = float(relay_options.get("retry_for", RETRY_FOR))
+        try:
+            async with client:
+                await _wait_for_redis(client, shown, retry_for)
+                async with trio.open_nursery() as nursery:
+                    relay = cls(client, nursery, **relay_options)
+                    try:
+                        yield relay
+                    finally:
+                        await relay.aclose()
+                        nursery.cancel_scope.cancel()
+        except BaseExceptionGroup as group:
+            # The client's task group and the writers' nursery wrap what the caller's block
+            # raised; a caller expects the one error it raised (LookupError, ...) unwrapped.
+            leaf = _single_leaf(group)
+            if leaf is None:
+                raise
+            raise leaf from None
+
+    async def aclose(self) -> None:
+        """Let the writers' queued chunks out (at most ``close_timeout``); called when the
+        :meth:`open` block ends. Writers not closed stay open (a worker's shutdown leaves
+        its turns to a takeover)."""
+        with trio.CancelScope(shield=True), trio.move_on_after(self.close_timeout):
+            for writer in list(self.live):
+                await writer.flushed()
+
+    # -- keys -------------------------------------------------------------------------------
+
+    def turn_key(self, turn_id: str) -> str:
+        return f"{self.prefix}turn:{turn_id}"
+
+    def active_key(self, session_id: str) -> str:
+        return f"{self.prefix}active:{session_id}"
+
+    @property
+    def cancel_channel(self) -> str:
+        return f"{self.prefix}cancel"
+
+    # -- writing ----------------------------------------------------------------------------
+
+    def writer(self, *, session_id: str, turn_id: str, takeover: bool = False) -> RedisRelayWriter:
+        """A writer for a turn this process runs; its flush task runs in the relay's
+        nursery. A second writer for the same turn (a ``takeover``) continues its seqs; a
+        takeover that finds no stream starts one readers cannot take for the whole turn."""
+        writer = RedisRelayWriter(self, session_id=session_id, turn_id=turn_id, takeover=takeover)
+        self.live.add(writer)
+        self.nursery.start_soon(writer.run)
+        return writer
+
+    # -- reading ----------------------------------------------------------------------------
+
+    async def _call(self, what: str, fn: Callable[[], Any]) -> Any:
+        """``await fn()`` with retries and backoff while Redis does not answer, for up to
+        ``retry_for`` seconds, then :class:`~runtime.errors.RelayUnavailable`."""
+        deadline = trio.current_time() + self.retry_for
+        attempt = 0
+        while True:
+            try:
+                with trio.fail_after(self.op_timeout + self.block_ms / 1000):
+                    return await fn()
+            except _retryable() as exc:
+                if trio.current_time() >= deadline:
+                    raise RelayUnavailable(
+                        f"Redis did not answer for {self.retry_for:g} s ({what}): "
+                        f"{type(exc).__name__}: {exc}"
+                    ) from None
+                delay = _backoff(attempt, self.retry_base, self.retry_max)
+                attempt += 1
+                log.warning(
+                    "relay.read_failed", what=what, retry_in=round(delay, 3), error=str(exc)
+                )
+                await trio.sleep(delay)
+
+    async def _read_call(self, turn_id: str, what: str, fn: Callable[[], Any]) -> Any:
+        """:meth:`_call` on a turn's stream: a key of another type there (junk) is
+        :class:`~runtime.errors.RelayTurnGone`."""
+        from coredis.exceptions import WrongTypeError
+
+        try:
+            return await self._call(what, fn)
+        except WrongTypeError:
+            raise RelayTurnGone(
+                f"the relay's key of turn {turn_id!r} is not a stream (junk in Redis)"
+            ) from None
+
+    async def active_turn(self, session_id: str) -> str | None:
+        """The session's turn that is still streaming, if any (``None``: none, or ended).
+
+        Junk at the session's key (another type, not a turn id) is no turn; a turn whose
+        stream is junk is returned, so its reader finds it gone and rebuilds it."""
+        from coredis.exceptions import WrongTypeError
+
+        try:
+            raw = await self._call(
+                "active turn", lambda: self.client.get(self.active_key(session_id))
+            )
+        except WrongTypeError:
+            raw = None
+        turn_id = _turn_id(raw)
+        if turn_id is None:
+            return None
+        try:
+            last = await self._read_call(
+                turn_id,
+                "turn end",
+                lambda: self.client.xrevrange(self.turn_key(turn_id), "+", "-", count=1),
+            )
+        except RelayTurnGone:
+            return turn_id
+        if not last:
+            return None
+        try:
+            ended = _decode(last[0]).items[-1]["type"] == END
+        except _Undecodable:
+            return turn_id
+        return None if ended else turn_id
+
+    async def read(self, turn_id: str, *, after_seq: int | None = None) -> AsyncIterator[Any]:
+        """The turn's chunks with ``seq > after_seq`` (all when ``None``), live until the
+        turn ends; :class:`StepRestarted` markers among them (see the module doc).
+
+        Raises :class:`~runtime.errors.RelayTurnGone` (a :class:`LookupError`) when the
+        relay does not have the turn, lost part of it, or cannot prove that what it has
+        continues what the reader (or, with ``after_seq``, its client) read before: a
+        hole, a stream another writer started over, junk. Raises
+        :class:`~runtime.errors.RelayUnavailable` when Redis stays down.
+        """
+        key = self.turn_key(turn_id)
+        seen = after_seq if after_seq is not None else 0
+        cursor = _Cursor(turn_id=turn_id)
+        # The backlog, from the start: restarted steps are dropped before anything goes out.
+        # Seqs are the writer's, so a stream that lost its head (Redis restarted without
+        # its data while the turn went on) shows as a hole, never as a shorter turn.
+        backlog: list[tuple[int, Any]] = []
+        start = "-"
+        last_id: bytes | str = "0-0"
+        while True:
+            page = await self._read_call(
+                turn_id,
+                "replay",
+                functools.partial(self.client.xrange, key, start, "+", count=PAGE),
+            )
+            for entry in page:
+                backlog.extend(cursor.accept(entry))
+                last_id = entry.identifier
+            if len(page) < PAGE:
+                break
+            start = f"({_identifier(last_id)}"
+        if not cursor.position:
+            raise RelayTurnGone(f"the relay has no stream for turn {turn_id!r}")
+        if seen > cursor.position:
+            # The client saw more than the stream holds: not the stream it read.
+            raise RelayTurnGone(
+                f"the relay's stream of turn {turn_id!r} ends at seq {cursor.position}, "
+                f"before seq {seen} the client saw: it was lost and started again"
+            )
+        for seq, item in _drop_restarted(backlog, seen):
+            if seq <= seen:
+                continue
+            done = self._item(turn_id, seq, item)
+            if done is _END:
+                return
+            yield done
+            seen = seq
+        if cursor.ended:
+            return
+        # Live: block on new entries after the last one.
+        while True:
+            result = await self._read_call(
+                turn_id,
+                "live",
+                functools.partial(
+                    self.client.xread, {key: last_id}, count=PAGE, block=self.block_ms
+                ),
+            )
+            entries = next(iter(result.values()), ()) if result else ()
+            if not entries:
+                exists = await self._call("exists", lambda: self.client.exists([key]))
+                if not exists:
+                    raise RelayTurnGone(
+                        f"the relay's stream of turn {turn_id!r} expired or was lost"
+                    )
+                continue
+            for entry in entries:
+                pairs = cursor.accept(entry)
+                last_id = entry.identifier
+                for seq, item in pairs:
+                    done = self._item(turn_id, seq, item)
+                    if done is _END:
+                        return
+                    yield done
+
+    def _item(self, turn_id: str, seq: int, item: dict[str, Any]) -> Any:
+        """The chunk (or marker) an accepted item stands for; ``_END`` at the turn's end;
+        :class:`~runtime.errors.RelayTurnGone` for a chunk that does not decode."""
+        kind = item["type"]
+        if kind == END:
+            return _END
+        if kind == RESTART:
+            return StepRestarted(step=item["step"], seq=seq)
+        try:
+            return attrs.evolve(structure(item, OutputChunk), seq=seq)
+        except (BaseValidationError, ValueError, TypeError, KeyError, AttributeError) as exc:
+            raise RelayTurnGone(
+                f"the relay's stream of turn {turn_id!r} holds junk at seq {seq} "
+                f"({type(exc).__name__}: {str(exc)[:200]})"
+            ) from None
+
+    # -- cancelling -------------------------------------------------------------------------
+
+    async def request_cancel(self, turn_id: str, reason: str = "cancelled") -> int:
+        """Ask the process that runs ``turn_id`` to cancel it; returns how many processes
+        listen (``0``: nobody runs relay cancels now)."""
+        message = orjson.dumps({"turn_id": turn_id, "reason": reason})
+        return await self._call("cancel", lambda: self.client.publish(self.cancel_channel, message))
+
+    async def watch_cancels(
+        self,
+        on_cancel: Callable[[str, str], Any],
+        *,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Call ``on_cancel(turn_id, reason)`` for every cancel request, until cancelled;
+        resubscribes (with backoff) after Redis went away."""
+        started = False
+        attempt = 0
+        while True:
+            try:
+                async with self.client.pubsub(
+                    channels=[self.cancel_channel], ignore_subscribe_messages=True
+                ) as pubsub:
+                    if not started:
+                        task_status.started()
+                        started = True
+                    attempt = 0
+                    async for message in pubsub:
+                        if message.get("type") != "message":
+                            continue
+                        try:
+                            data = orjson.loads(message["data"])
+                            turn_id, reason = str(data["turn_id"]), str(data.get("reason", ""))
+                        except (orjson.JSONDecodeError, KeyError, TypeError):
+                            log.warning("relay.bad_cancel", data=repr(message.get("data"))[:200])
+                            continue
+                        on_cancel(turn_id, reason or "cancelled")
+            except _transient() as exc:
+                delay = _backoff(attempt, self.retry_base, self.retry_max)
+                attempt += 1
+                log.warning("relay.cancel_watch_failed", retry_in=round(delay, 3), error=str(exc))
+                await trio.sleep(delay)
+            if not started:  # the subscription ended before it began: try again
+                await trio.sleep(self.retry_base)
+
+
+_END = object()
+_TURN_ID = re.compile(rb"[A-Za-z0-9_.:-]{1,128}")
+"""Turn ids' alphabet (:mod:`runtime.app.session`)."""
+
+
+def _turn_id(raw: Any) -> str | None:
+    """The turn id a session's key holds; ``None`` when it holds none, or junk."""
+    if not isinstance(raw, bytes) or _TURN_ID.fullmatch(raw) is None:
+        return None
+    return raw.decode()
+
+
+async def _wait_for_redis(client: Any, shown: str, retry_for: float) -> None:
+    """PING until Redis answers; :class:`RelayUnavailable` after ``retry_for`` seconds."""
+    deadline = trio.current_time() + retry_for
+    attempt = 0
+    while True:
+        try:
+            with trio.fail_after(5.0):
+                await client.ping()
+            return
+        except _retryable() as exc:
+            if trio.current_time() >= deadline:
+                raise RelayUnavailable(
+                    f"Redis at {shown} did not answer for {retry_for:g} s: "
+                    f"{type(exc).__name__}: {exc}"
+                ) from None
+            log.warning("relay.connect_failed", url=shown, error=str(exc))
+            await trio.sleep(_backoff(attempt, 0.1, 2.0))
+            attempt += 1
+
+
+def _single_leaf(group: BaseExceptionGroup) -> BaseException | None:
+    """The only exception inside nested groups, or ``None`` when there are several."""
+    leaves: list[BaseException] = []
+
+    def walk(exc: BaseException) -> None:
+        if isinstance(exc, BaseExceptionGroup):
+            for inner in exc.exceptions:
+                walk(inner)
+        else:
+            leaves.append(exc)
+
+    walk(group)
+    return leaves[0] if len(leaves) == 1 else None
+
+
+def _drop_restarted(backlog: list[tuple[int, Any]], seen: int) -> list[tuple[int, Any]]:
+    """The backlog with every restarted step's earlier chunks removed; a restart marker
+    stays only when the reader had already been sent some of them (seq <= ``seen``)."""
+    restarts = [i for i, (_, item) in enumerate(backlog) if item.get("type") == RESTART]
+    if not restarts:
+        return backlog
+    keep = [True] * len(backlog)
+    for i in restarts:
+        step = backlog[i][1]["step"]
+        dropped_seen = False
+        for j in range(i):
+            seq, item = backlog[j]
+            if keep[j] and item.get("step") == step and item.get("type") != RESTART:
+                keep[j] = False
+                dropped_seen = dropped_seen or seq <= seen
+        keep[i] = dropped_seen
+    return [pair for pair, k in zip(backlog, keep, strict=True) if k]
+
+
+def public_url(url: str) -> str:
+    """``url`` without its credentials (``redis://:PW@``, ``user:PW@``, ``?password=``),
+    for messages and logs: :func:`runtime.redact.redact_url`."""
+    return redact_url(url)
+
+
+__all__ = ["RedisRelay", "RedisRelayWriter", "StepRestarted"]

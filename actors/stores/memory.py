@@ -1,0 +1,159 @@
+"""An in-memory :class:`~runtime.store.Store`: sessions live as long as the object.
+
+Messages are frozen attrs values, so the store keeps references to them instead of
+serialized copies: nobody can change a stored message behind the store's back. Metadata
+is a plain (mutable) dict, so it is deep-copied on the way in and on the way out.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import attrs
+import trio
+
+from actors.stores.validation import check_save
+from runtime.errors import StoreConflict, StoreError
+from runtime.messages import Message
+from runtime.store import SessionInfo, SessionRecord, validate_session_id
+
+
+@attrs.define(slots=True)
+class _Session:
+    messages: list[Message]
+    meta: dict[str, Any]
+    version: int = 0
+
+
+class MemoryStore:
+    """Sessions in a dict; for tests, one-shot runs and as the reference behaviour.
+
+    Every method checkpoints first and then does all its work without yielding, so each
+    call is atomic with respect to other Trio tasks (no lock needed) and a cancelled call
+    changes nothing. ``save`` costs what it writes: the tail from ``start`` is cut from a
+    list and the new messages appended, the earlier messages are not copied.
+    """
+
+    def __init__(self) -> None:
+        # Insertion order is recency: save moves its session to the end, so
+        # list_sessions (most recently updated first) is the dict reversed.
+        self._sessions: dict[str, _Session] = {}
+        self._deleted_version = 0
+        """The highest version a deleted session had: a re-created session starts above
+        it, so a writer still holding the old session's version can never match."""
+        self._closed = False
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreError("the memory store is closed")
+
+    async def load(self, session_id: str) -> SessionRecord | None:
+        """The session, or ``None`` if it was never saved (or was deleted)."""
+        await trio.lowlevel.checkpoint()
+        self._check_open()
+        validate_session_id(session_id)
+        session = self._sessions.get(session_id)
+        if session is None:
+            return None
+        return SessionRecord(
+            session_id=session_id,
+            messages=tuple(session.messages),
+            meta=copy.deepcopy(session.meta),
+            version=session.version,
+        )
+
+    async def version(self, session_id: str) -> int:
+        """The session's version, ``0`` if it does not exist."""
+        await trio.lowlevel.checkpoint()
+        self._check_open()
+        validate_session_id(session_id)
+        session = self._sessions.get(session_id)
+        return 0 if session is None else session.version
+
+    async def save(
+        self,
+        session_id: str,
+        start: int,
+        messages: Sequence[Message],
+        meta: Mapping[str, Any] | None = None,
+        *,
+        expected_version: int | None = None,
+    ) -> int:
+        """Replace messages ``start..`` with ``messages`` and merge ``meta`` into the session's;
+        returns the session's new version.
+
+        With ``expected_version``, the session's version must be exactly that (``0``: it
+        must not exist yet), or :class:`~runtime.errors.StoreConflict` is raised and nothing
+        changes: the caller's view of the session is stale and writing would overwrite
+        another writer's messages.
+
+        ``start`` may equal the current message count (append) but not exceed it: a gap
+        would mean the caller lost track of the session, and filling it with nothing would
+        hide that. The merge is shallow (``dict.update``): keys in ``meta`` replace the
+        stored ones, others are kept. Raises :class:`~runtime.errors.StoreError` for a
+        bad ``start``, messages that are not ``Message`` values, or a non-dict ``meta``;
+        the session is then unchanged.
+        """
+        await trio.lowlevel.checkpoint()
+        self._check_open()
+        new = check_save(session_id, start, messages, meta, expected_version)
+        meta_copy = copy.deepcopy(dict(meta)) if meta else {}
+        session = self._sessions.get(session_id)
+        current = 0 if session is None else session.version
+        if expected_version is not None and expected_version != current:
+            raise StoreConflict(
+                f"save of session {session_id!r}: it is at version {current}, not the "
+                f"{expected_version} this save was based on: another writer saved it since",
+                session_id=session_id,
+                expected=expected_version,
+                actual=current,
+            )
+        count = 0 if session is None else len(session.messages)
+        if start > count:
+            raise StoreError(
+                f"save of session {session_id!r}: start {start} is beyond its end "
+                f"({count} messages)"
+            )
+        if session is None:
+            session = _Session(messages=[], meta={}, version=self._deleted_version)
+        else:
+            del self._sessions[session_id]  # re-inserted below: now the most recent
+        del session.messages[start:]
+        session.messages.extend(new)
+        session.meta.update(meta_copy)
+        session.version += 1
+        self._sessions[session_id] = session
+        return session.version
+
+    async def list_sessions(self) -> list[SessionInfo]:
+        """Every session, most recently saved first."""
+        await trio.lowlevel.checkpoint()
+        self._check_open()
+        return [
+            SessionInfo(
+                session_id=session_id,
+                message_count=len(session.messages),
+                meta=copy.deepcopy(session.meta),
+            )
+            for session_id, session in reversed(self._sessions.items())
+        ]
+
+    async def delete(self, session_id: str) -> None:
+        """Forget the session; deleting an unknown session is not an error."""
+        await trio.lowlevel.checkpoint()
+        self._check_open()
+        validate_session_id(session_id)
+        session = self._sessions.pop(session_id, None)
+        if session is not None:
+            self._deleted_version = max(self._deleted_version, session.version)
+
+    async def aclose(self) -> None:
+        """Close the store; further calls raise :class:`~runtime.errors.StoreError`.
+
+        Idempotent. The sessions are dropped: a memory store is not reopened.
+        """
+        await trio.lowlevel.checkpoint()
+        self._closed = True
+        self._sessions.clear()

@@ -1,0 +1,772 @@
+"""A :class:`~runtime.store.Store` in PostgreSQL, shared by any number of processes.
+
+Layout (in one schema, ``public`` unless the URL says ``?schema=NAME``; schema version 1)::
+
+    axon_meta(key TEXT PRIMARY KEY, value TEXT)          -- magic, schema_version
+    axon_sessions(session_id TEXT PRIMARY KEY, meta BYTEA,   -- meta: a JSON object
+                  created_at, updated_at TIMESTAMPTZ,
+                  update_seq BIGINT,                     -- recency order (a sequence)
+                  version BIGINT)                        -- bumped by every save
+    axon_messages(session_id, idx, role, body BYTEA,     -- serde JSON of one Message
+                  PRIMARY KEY (session_id, idx))
+    axon_turns(...)                                      -- durable turns: stores/turns.py
+
+One message is one row keyed by its index, as in the SQLite store: :meth:`save` deletes
+the rows from ``start`` on and inserts the new ones in one transaction, so persisting
+turn 500 costs what turn 1 does. Bodies are ``bytea``, not ``jsonb``: a message may hold
+``\\u0000``, which ``jsonb`` refuses, and nothing queries inside a body.
+
+**Versions.** Every save takes its new version from one database-wide sequence, so a
+session never has a version it had before, even after being deleted and re-created (the
+version rule of :class:`~runtime.store.Store`). The check against ``expected_version``
+and the bump happen in the save's transaction, under ``SELECT ... FOR UPDATE`` of the
+session row (or the insert's unique key, for a new session).
+
+**Fences.** A worker running a durable turn registers a :class:`Fence` for the turn's
+session (:meth:`PostgresStore.fenced`); every save of that session then also checks,
+inside the same transaction, that the turn is still ``running`` under that
+``(owner, epoch)``. A worker that lost its lease (another took the turn over) has its
+saves refused with :class:`~runtime.errors.LeaseLost` and writes nothing.
+
+**Under Trio.** Psycopg 3's async API runs on asyncio only, so each call runs psycopg's
+sync API in a worker thread (:func:`trio.to_thread.run_sync`) with a connection from a
+``psycopg_pool.ConnectionPool``, through a :class:`trio.CapacityLimiter` as large as the
+pool: no thread ever waits for a connection, and a cancelled call waits for its
+transaction to end, so a save is all or nothing.
+
+**Failures.** A connection that breaks (the server restarts, the network drops) fails the
+transaction, which PostgreSQL rolls back; the call is retried with backoff for
+``retry_for`` seconds and then raises :class:`~runtime.errors.StoreUnavailable`. A save
+whose COMMIT was sent but whose answer was lost is retried too: its ``expected_version``
+then no longer matches, and the persister's rebase (by message id) puts each message
+in the session exactly once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import time
+import urllib.parse
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, TypeVar
+
+import attrs
+import orjson
+import trio
+
+from actors.stores.validation import check_save, decode_message, decode_meta
+from runtime import serde
+from runtime.errors import (
+    ConfigurationError,
+    LeaseLost,
+    StoreConflict,
+    StoreCorrupt,
+    StoreError,
+    StoreUnavailable,
+)
+from runtime.logging import get_logger
+from runtime.messages import Message
+from runtime.redact import redact_url as _redact_url
+from runtime.redact import register_url_secrets
+from runtime.store import SessionInfo, SessionRecord, validate_session_id
+
+MAGIC = "axon-session-store"
+SCHEMA_VERSION = 1
+DEFAULT_POOL_SIZE = 8
+DEFAULT_RETRY_FOR = 30.0
+"""Seconds a call keeps retrying while the server cannot be reached."""
+CONNECT_TIMEOUT = 5
+_SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+_PERMANENT = ("does not exist", "authentication failed", "password", "invalid", "role ")
+
+_T = TypeVar("_T")
+
+_SCHEMA = (
+    """CREATE TABLE IF NOT EXISTS axon_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)""",
+    "CREATE SEQUENCE IF NOT EXISTS axon_versions",
+    "CREATE SEQUENCE IF NOT EXISTS axon_update_seq",
+    """CREATE TABLE IF NOT EXISTS axon_sessions (
+        session_id TEXT PRIMARY KEY,
+        meta BYTEA NOT NULL,
+        created_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+        updated_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+        update_seq BIGINT NOT NULL,
+        version BIGINT NOT NULL
+    )""",
+    "CREATE INDEX IF NOT EXISTS axon_sessions_by_update ON axon_sessions (update_seq)",
+    """CREATE TABLE IF NOT EXISTS axon_messages (
+        session_id TEXT NOT NULL,
+        idx INTEGER NOT NULL,
+        role TEXT NOT NULL,
+        body BYTEA NOT NULL,
+        PRIMARY KEY (session_id, idx)
+    )""",
+    """CREATE TABLE IF NOT EXISTS axon_turns (
+        turn_id TEXT PRIMARY KEY,
+        session_id TEXT NOT NULL,
+        seq BIGSERIAL NOT NULL,
+        idempotency_key TEXT UNIQUE,
+        input TEXT NOT NULL,
+        status TEXT NOT NULL DEFAULT 'queued'
+            CHECK (status IN ('queued', 'running', 'done', 'failed', 'cancelled')),
+        owner TEXT,
+        epoch BIGINT NOT NULL DEFAULT 0,
+        lease_until TIMESTAMPTZ,
+        attempts INTEGER NOT NULL DEFAULT 0,
+        saved BOOLEAN NOT NULL DEFAULT false,
+        cancel_requested BOOLEAN NOT NULL DEFAULT false,
+        finish_reason TEXT,
+        error TEXT,
+        created_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+        started_at TIMESTAMPTZ,
+        finished_at TIMESTAMPTZ
+    )""",
+    # At most one running turn per session: two workers can never run one session.
+    """CREATE UNIQUE INDEX IF NOT EXISTS axon_turns_one_running
+        ON axon_turns (session_id) WHERE status = 'running'""",
+    """CREATE INDEX IF NOT EXISTS axon_turns_open
+        ON axon_turns (seq) WHERE status IN ('queued', 'running')""",
+    "CREATE INDEX IF NOT EXISTS axon_turns_by_session ON axon_turns (session_id, seq)",
+)
+
+_TURN_COLUMNS = (
+    ("meta", "BYTEA NOT NULL DEFAULT '{}'"),  # a JSON object, like axon_sessions.meta
+    ("regenerate", "BOOLEAN NOT NULL DEFAULT false"),
+    ("cancel_reason", "TEXT"),
+    # A keyed submit's caller key, hashed (the ``idempotency_key`` column is unique per
+    # submission of it: a message id sent again with other text is an edit, another row).
+    ("message_key", "TEXT"),
+    ("input_hash", "TEXT"),  # what the turn was asked: an identical retry is a replay
+    ("head", "BOOLEAN NOT NULL DEFAULT false"),
+    ("head_seq", "BIGINT"),
+)
+"""Columns the turn queue (:mod:`actors.stores.turns`) added after schema 1 shipped: a
+store created before them gains them on open, in place, without a version change. Each
+runs only when its column is missing: ``ALTER TABLE`` takes an exclusive lock even when
+it has nothing to do, and a worker opening the store while others claim turns would
+deadlock with them."""
+
+_HEAD_TRIGGER = "axon_turns_head_v1"
+"""The trigger (and its function) that keeps ``axon_turns.head``: true on exactly the
+oldest queued turn of each session that has one, so a claim walks one row per session
+(the ``axon_turns_heads`` index) instead of every queued turn. ``head_seq`` is a head's
+place in line, drawn (``axon_turns_heads_seq``) when it became its session's head: a
+session's next turn queues up behind the heads already waiting, so sessions take turns
+(round robin) however many turns one of them queued. Kept by the database, not by the
+queue's code, so every writer keeps it, including a front end or worker of an earlier
+version during a rolling upgrade. A new version of it gets a new name."""
+
+_HEAD_FUNCTION = f"""CREATE OR REPLACE FUNCTION {_HEAD_TRIGGER}() RETURNS trigger
+    LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+DECLARE
+    next_id TEXT;
+BEGIN
+    -- The session's lock (also taken by TurnQueue.submit): a submit and a claim or
+    -- cancel of the same session's head see each other's rows, never miss them.
+    IF TG_OP = 'INSERT' THEN
+        IF NEW.status <> 'queued' THEN
+            NEW.head := false;
+            RETURN NEW;
+        END IF;
+        PERFORM pg_advisory_xact_lock(
+            hashtextextended('axon_turns:' || current_schema() || ':' || NEW.session_id, 0));
+        -- "session_id >= x AND session_id <= x" is "= x" that leaves ORDER BY
+        -- (session_id, seq) to the axon_turns_queued index alone: with "= x" the cached
+        -- generic plan may walk axon_turns_open by seq through other sessions' backlogs.
+        SELECT turn_id INTO next_id FROM axon_turns
+        WHERE session_id >= NEW.session_id AND session_id <= NEW.session_id
+          AND status = 'queued'
+        ORDER BY session_id, seq LIMIT 1;
+        NEW.head := next_id IS NULL;
+        NEW.head_seq := CASE WHEN NEW.head THEN nextval('axon_turns_heads_seq') END;
+        RETURN NEW;
+    END IF;
+    IF OLD.status = 'queued' AND NEW.status <> 'queued' THEN
+        NEW.head := false;
+        IF OLD.head THEN
+            PERFORM pg_advisory_xact_lock(
+                hashtextextended('axon_turns:' || current_schema() || ':' || NEW.session_id, 0));
+            LOOP  -- a next turn cancelled meanwhile is skipped: take the one after it
+                SELECT turn_id INTO next_id FROM axon_turns
+                WHERE session_id >= NEW.session_id AND session_id <= NEW.session_id
+                  AND status = 'queued' AND turn_id <> NEW.turn_id
+                ORDER BY session_id, seq LIMIT 1;
+                EXIT WHEN next_id IS NULL;
+                UPDATE axon_turns SET head = true, head_seq = nextval('axon_turns_heads_seq')
+                WHERE turn_id = next_id AND status = 'queued' RETURNING turn_id INTO next_id;
+                EXIT WHEN next_id IS NOT NULL;
+            END LOOP;
+        END IF;
+    END IF;
+    RETURN NEW;
+END $$"""
+
+_HEAD_SCHEMA = (
+    "CREATE SEQUENCE IF NOT EXISTS axon_turns_heads_seq",
+    _HEAD_FUNCTION,
+    f"""CREATE TRIGGER {_HEAD_TRIGGER} BEFORE INSERT OR UPDATE OF status ON axon_turns
+        FOR EACH ROW EXECUTE FUNCTION {_HEAD_TRIGGER}()""",
+    # Heads for the turns queued before the trigger existed, in line by their seq (only
+    # the rows that change are written: the table holds every turn ever run).
+    "UPDATE axon_turns SET head = false, head_seq = NULL WHERE head",
+    """UPDATE axon_turns SET head = true, head_seq = seq WHERE turn_id IN (
+        SELECT DISTINCT ON (session_id) turn_id FROM axon_turns
+        WHERE status = 'queued' ORDER BY session_id, seq)""",
+    """SELECT setval('axon_turns_heads_seq', greatest(max(seq), 1))
+        FROM axon_turns""",
+    "CREATE INDEX IF NOT EXISTS axon_turns_heads ON axon_turns (head_seq) WHERE head",
+)
+"""Created once, when the trigger is missing (``CREATE TRIGGER`` locks the table), with
+:data:`_QUEUE_INDEXES`: ``CREATE INDEX IF NOT EXISTS`` too locks the table before it finds
+the index there, and a store opening must not wait for every claim in flight."""
+
+_QUEUE_INDEXES = (
+    # A session's queued turns (its backlog count, its next head) without its history.
+    """CREATE INDEX IF NOT EXISTS axon_turns_queued
+        ON axon_turns (session_id, seq) WHERE status = 'queued'""",
+    # Expired leases without walking the queued turns.
+    """CREATE INDEX IF NOT EXISTS axon_turns_leases
+        ON axon_turns (lease_until) WHERE status = 'running'""",
+)
+
+
+@attrs.frozen(kw_only=True, slots=True)
+class Fence:
+    """The lease a worker's saves of one session are checked against."""
+
+    turn_id: str
+    owner: str
+    epoch: int
+    on_lost: Callable[[], None] | None = attrs.field(default=None, eq=False)
+    """Called (from the Trio thread) when a save was refused: the worker stops the turn."""
+
+
+def parse_url(url: str) -> tuple[str, str]:
+    """Split ``postgresql://...?schema=NAME`` into a libpq URL and the schema name.
+
+    ``schema`` is Axon's own query parameter (libpq does not know it), so it is taken out
+    here; everything else goes to libpq untouched. Raises
+    :class:`~runtime.errors.ConfigurationError` for anything that is not a PostgreSQL URL
+    or names an unusable schema.
+    """
+    if not isinstance(url, str) or not url.startswith(("postgresql://", "postgres://")):
+        raise ConfigurationError(
+            f"not a PostgreSQL URL: {url!r} (expected postgresql://[user@]host[:port]/dbname)"
+        )
+    parts = urllib.parse.urlsplit(url)
+    query = urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
+    schemas = [value for key, value in query if key == "schema"]
+    rest = [(key, value) for key, value in query if key != "schema"]
+    schema = schemas[-1] if schemas else "public"
+    if _SCHEMA_NAME.fullmatch(schema) is None:
+        raise ConfigurationError(
+            f"invalid schema {schema!r} in {redact_url(url)}: use lowercase letters, digits "
+            "and '_' (at most 63)"
+        )
+    libpq = urllib.parse.urlunsplit(parts._replace(query=urllib.parse.urlencode(rest)))
+    return libpq, schema
+
+
+def redact_url(url: str) -> str:
+    """``url`` without its credentials (the user info's password, ``?password=``,
+    ``sslpassword=``...), for error messages and logs: :func:`runtime.redact.redact_url`."""
+    return _redact_url(url)
+
+
+def _is_connection_error(err: BaseException) -> bool:
+    import psycopg
+    import psycopg_pool
+
+    if isinstance(err, psycopg_pool.PoolTimeout):
+        return True
+    if isinstance(err, psycopg.OperationalError):
+        state = getattr(err, "sqlstate", None)
+        # Class 08: connection exception; 57P0x: the server is shutting down/starting.
+        return state is None or state.startswith("08") or state.startswith("57P")
+    return isinstance(err, psycopg.InterfaceError)
+
+
+class PostgresStore:
+    """Sessions (and durable turns) in PostgreSQL; create with ``await PostgresStore.open(url)``."""
+
+    def __init__(self, pool: Any, *, url: str, schema: str, pool_size: int, retry_for: float):
+        """Wrap an open pool whose schema exists; use :meth:`open` instead."""
+        self._pool = pool
+        self._url = url
+        self.libpq, self.schema = parse_url(url)
+        """The libpq URL (without Axon's ``schema`` parameter) and the schema name."""
+        self._fences_closed = False
+        self._limiter = trio.CapacityLimiter(pool_size)
+        self._retry_for = retry_for
+        self._closed = False
+        self._fences: dict[str, Fence] = {}
+        self._marked: set[str] = set()
+        """Fenced turns whose row already says ``saved`` (while their fence is held)."""
+        self._log = get_logger("axon.store.postgres")
+
+    @property
+    def url(self) -> str:
+        """The URL the store was opened with, password removed."""
+        return redact_url(self._url)
+
+    # -- open ----------------------------------------------------------------------------
+
+    @classmethod
+    async def open(
+        cls,
+        url: str,
+        *,
+        pool_size: int = DEFAULT_POOL_SIZE,
+        retry_for: float = DEFAULT_RETRY_FOR,
+        connect_retry_for: float = 10.0,
+    ) -> PostgresStore:
+        """Connect to ``url``, create (or check) the schema, and return the store.
+
+        A server that does not answer is retried with backoff for ``connect_retry_for``
+        seconds, then :class:`~runtime.errors.StoreUnavailable` says why; a database that
+        does not exist, refused credentials or a bad URL fail at once
+        (:class:`~runtime.errors.StoreError` / ``ConfigurationError``). A schema holding
+        tables of another program, or a newer Axon schema, is refused untouched.
+        """
+        try:
+            import psycopg  # noqa: F401
+            import psycopg_pool
+        except ImportError as err:  # pragma: no cover - the extra is part of the install
+            raise ConfigurationError(
+                "the PostgreSQL store needs psycopg 3 and psycopg-pool: "
+                "pip install 'axon-runtime[postgres]'"
+            ) from err
+        libpq, schema = parse_url(url)
+        register_url_secrets(url)  # a driver's error quoting the URL is redacted too
+        shown = redact_url(url)
+        await _retrying(
+            f"connect to {shown}",
+            connect_retry_for,
+            lambda: trio.to_thread.run_sync(_first_connect, libpq, schema),
+        )
+
+        def configure(conn: Any) -> None:
+            conn.execute(f"SET search_path TO {schema}")
+            conn.commit()
+
+        pool = psycopg_pool.ConnectionPool(
+            libpq,
+            min_size=1,
+            max_size=pool_size,
+            open=False,
+            configure=configure,
+            check=_check_if_idle,
+            # Autocommit: a transaction is an explicit ``conn.transaction()`` block (see
+            # :meth:`run`), and a single read needs none.
+            kwargs={"connect_timeout": CONNECT_TIMEOUT, "autocommit": True},
+            timeout=CONNECT_TIMEOUT,
+            reconnect_timeout=max(retry_for, 1.0),
+            name=f"axon-{schema}",
+        )
+        await trio.to_thread.run_sync(lambda: pool.open(wait=True, timeout=CONNECT_TIMEOUT * 2))
+        return cls(pool, url=url, schema=schema, pool_size=pool_size, retry_for=retry_for)
+
+    # -- running a transaction -----------------------------------------------------------
+
+    async def run(self, action: str, fn: Callable[[Any], _T], *, transaction: bool = True) -> _T:
+        """Run ``fn(conn)`` inside one transaction in a worker thread; commit unless it
+        raises. Connection failures are retried with backoff for ``retry_for`` seconds
+        (``fn`` must therefore be safe to run again: every caller's is one transaction).
+
+        ``transaction=False`` is for an ``fn`` that runs a single statement (a read): it
+        then runs alone in autocommit, one round trip instead of three (``BEGIN``, the
+        statement, ``COMMIT``); one statement sees one snapshot either way."""
+        if self._closed:
+            raise StoreError(f"session store {self.url} is closed")
+
+        def attempt() -> _T:
+            with self._pool.connection() as conn:
+                if transaction:
+                    with conn.transaction():
+                        result = fn(conn)
+                else:
+                    result = fn(conn)
+                _used[id(conn)] = time.monotonic()
+                return result
+
+        async def once() -> _T:
+            return await trio.to_thread.run_sync(attempt, limiter=self._limiter)
+
+        return await _retrying(f"{action} ({self.url})", self._retry_for, once, log=self._log)
+
+    # -- fences --------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def fenced(self, session_id: str, fence: Fence) -> Iterator[None]:
+        """While inside, every save of ``session_id`` is fenced by ``fence``."""
+        self._fences[session_id] = fence
+        try:
+            yield
+        finally:
+            self._marked.discard(fence.turn_id)
+            if self._fences.get(session_id) is fence:
+                del self._fences[session_id]
+
+    def close_fences(self) -> None:
+        """Refuse every fenced save from now on (a worker stopping at once): a turn cut
+        here keeps only the steps it committed, as if its worker had been killed."""
+        self._fences_closed = True
+
+    # -- the Store protocol --------------------------------------------------------------
+
+    async def load(self, session_id: str) -> SessionRecord | None:
+        """The session with its messages in index order, or ``None`` if it was never saved."""
+        validate_session_id(session_id)
+
+        def load(conn: Any) -> Any:
+            # One statement: the session row and its messages from one snapshot, in one
+            # round trip (a session without messages is one row of NULLs).
+            return conn.execute(
+                """SELECT s.meta, s.version, m.idx, m.role, m.body
+                FROM axon_sessions AS s
+                LEFT JOIN axon_messages AS m ON m.session_id = s.session_id
+                WHERE s.session_id = %s ORDER BY m.idx""",
+                (session_id,),
+            ).fetchall()
+
+        joined = await self.run(f"load of session {session_id!r}", load, transaction=False)
+        if not joined:
+            return None
+        row = joined[0][:2]
+        rows = [r[2:] for r in joined if r[2] is not None]
+        messages = []
+        for expected, (idx, role, body) in enumerate(rows):
+            if idx != expected:
+                raise StoreCorrupt(
+                    f"session store {self.url}: session {session_id!r} is missing message "
+                    f"{expected} (the next stored index is {idx})"
+                )
+            messages.append(decode_message(self.url, session_id, idx, role, bytes(body)))
+        return SessionRecord(
+            session_id=session_id,
+            messages=tuple(messages),
+            meta=decode_meta(self.url, bytes(row[0]), session_id),
+            version=row[1],
+        )
+
+    async def save(
+        self,
+        session_id: str,
+        start: int,
+        messages: Sequence[Message],
+        meta: Mapping[str, Any] | None = None,
+        *,
+        expected_version: int | None = None,
+    ) -> int:
+        """Replace messages ``start..`` with ``messages`` and merge ``meta``, in one
+        transaction; returns the session's new version (see the module docstring for
+        versions and fences). Everything is serialized before the transaction begins, so
+        a bad message fails the save before anything is written."""
+        new = check_save(session_id, start, messages, meta, expected_version)
+        rows = []
+        for idx, message in enumerate(new, start):
+            try:
+                body = serde.to_json(message)
+            except Exception as err:
+                raise StoreError(
+                    f"save of session {session_id!r}: message {idx} cannot be serialized: {err}"
+                ) from err
+            rows.append((session_id, idx, message.role, body))
+        try:
+            patch = orjson.dumps(dict(meta)) if meta else None
+        except orjson.JSONEncodeError as err:
+            raise StoreError(
+                f"save of session {session_id!r}: meta is not JSON-serializable: {err}"
+            ) from err
+        fence = self._fences.get(session_id)
+        if fence is not None and self._fences_closed:
+            raise LeaseLost(
+                f"save of session {session_id!r} refused: worker {fence.owner} is stopping; "
+                f"turn {fence.turn_id} keeps its committed steps"
+            )
+
+        def save(conn: Any) -> int:
+            if fence is not None:
+                _check_fence(conn, fence, session_id)
+            row = conn.execute(
+                "SELECT meta, version FROM axon_sessions WHERE session_id = %s FOR UPDATE",
+                (session_id,),
+            ).fetchone()
+            current = 0 if row is None else row[1]
+            if expected_version is not None and expected_version != current:
+                raise StoreConflict(
+                    f"save of session {session_id!r}: it is at version {current}, not the "
+                    f"{expected_version} this save was based on: another writer saved it "
+                    f"since (session store {self.url})",
+                    session_id=session_id,
+                    expected=expected_version,
+                    actual=current,
+                )
+            (count,) = conn.execute(
+                "SELECT coalesce(max(idx) + 1, 0) FROM axon_messages WHERE session_id = %s",
+                (session_id,),
+            ).fetchone()
+            if start > count:
+                raise StoreError(
+                    f"save of session {session_id!r}: start {start} is beyond its end "
+                    f"({count} messages)"
+                )
+            merged = {} if row is None else decode_meta(self.url, bytes(row[0]), session_id)
+            if patch is not None:
+                merged.update(orjson.loads(patch))
+            if row is None:
+                # A concurrent creator makes this INSERT fail on the primary key; with
+                # expected_version that is a conflict, without it the retry sees the row.
+                import psycopg
+
+                try:
+                    with conn.transaction():
+                        (version,) = conn.execute(
+                            """INSERT INTO axon_sessions (session_id, meta, update_seq, version)
+                            VALUES (%s, %s, nextval('axon_update_seq'), nextval('axon_versions'))
+                            RETURNING version""",
+                            (session_id, orjson.dumps(merged)),
+                        ).fetchone()
+                except psycopg.errors.UniqueViolation:
+                    actual = conn.execute(
+                        "SELECT version FROM axon_sessions WHERE session_id = %s", (session_id,)
+                    ).fetchone()[0]
+                    raise StoreConflict(
+                        f"save of session {session_id!r}: another writer created it "
+                        f"meanwhile (session store {self.url})",
+                        session_id=session_id,
+                        expected=expected_version or 0,
+                        actual=actual,
+                    ) from None
+            else:
+                (version,) = conn.execute(
+                    """UPDATE axon_sessions SET meta = %s, updated_at = now(),
+                        update_seq = nextval('axon_update_seq'),
+                        version = nextval('axon_versions')
+                    WHERE session_id = %s RETURNING version""",
+                    (orjson.dumps(merged), session_id),
+                ).fetchone()
+            conn.execute(
+                "DELETE FROM axon_messages WHERE session_id = %s AND idx >= %s",
+                (session_id, start),
+            )
+            if rows:
+                with conn.cursor() as cur:
+                    cur.executemany(
+                        "INSERT INTO axon_messages (session_id, idx, role, body) "
+                        "VALUES (%s, %s, %s, %s)",
+                        rows,
+                    )
+            if fence is not None and fence.turn_id not in self._marked:
+                conn.execute(
+                    "UPDATE axon_turns SET saved = true WHERE turn_id = %s AND NOT saved",
+                    (fence.turn_id,),
+                )
+            return version
+
+        try:
+            version = await self.run(f"save of session {session_id!r}", save)
+        except LeaseLost:
+            if fence is not None and fence.on_lost is not None:
+                fence.on_lost()
+            raise
+        if fence is not None:
+            self._marked.add(fence.turn_id)  # later saves of the turn need not mark it
+        return version
+
+    async def version(self, session_id: str) -> int:
+        """The session's version (``0`` if it does not exist): one primary-key lookup."""
+        validate_session_id(session_id)
+        row = await self.run(
+            f"version of session {session_id!r}",
+            lambda conn: conn.execute(
+                "SELECT version FROM axon_sessions WHERE session_id = %s", (session_id,)
+            ).fetchone(),
+            transaction=False,
+        )
+        return 0 if row is None else row[0]
+
+    async def list_sessions(self) -> list[SessionInfo]:
+        """Every session with its message count and meta, most recently saved first."""
+        rows = await self.run(
+            "list_sessions",
+            lambda conn: conn.execute(
+                """SELECT s.session_id, s.meta,
+                    (SELECT count(*) FROM axon_messages AS m WHERE m.session_id = s.session_id)
+                FROM axon_sessions AS s ORDER BY s.update_seq DESC"""
+            ).fetchall(),
+            transaction=False,
+        )
+        return [
+            SessionInfo(
+                session_id=sid,
+                message_count=count,
+                meta=decode_meta(self.url, bytes(meta), sid),
+            )
+            for sid, meta, count in rows
+        ]
+
+    async def delete(self, session_id: str) -> None:
+        """Delete the session and its messages; deleting an unknown session is a no-op."""
+        validate_session_id(session_id)
+
+        def delete(conn: Any) -> None:
+            conn.execute("DELETE FROM axon_messages WHERE session_id = %s", (session_id,))
+            conn.execute("DELETE FROM axon_sessions WHERE session_id = %s", (session_id,))
+
+        await self.run(f"delete of session {session_id!r}", delete)
+
+    async def aclose(self) -> None:
+        """Close the pool; idempotent. Later calls raise :class:`~runtime.errors.StoreError`."""
+        if self._closed:
+            return
+        self._closed = True
+        await trio.to_thread.run_sync(self._pool.close)
+
+
+def _check_fence(conn: Any, fence: Fence, session_id: str) -> None:
+    """Raise :class:`LeaseLost` unless ``fence`` still holds its turn (row-locked, so a
+    takeover's epoch bump waits for this transaction, or this one sees it)."""
+    row = conn.execute(
+        """SELECT owner, epoch, status FROM axon_turns WHERE turn_id = %s FOR SHARE""",
+        (fence.turn_id,),
+    ).fetchone()
+    if row is None or (row[0], row[1], row[2]) != (fence.owner, fence.epoch, "running"):
+        held = "no such turn" if row is None else f"owner {row[0]}, epoch {row[1]}, {row[2]}"
+        raise LeaseLost(
+            f"save of session {session_id!r} refused: worker {fence.owner} (epoch "
+            f"{fence.epoch}) no longer holds turn {fence.turn_id} ({held})"
+        )
+
+
+CHECK_IDLE = 1.0
+"""Seconds a pooled connection may sit unused before the pool checks it (a round trip)
+when it is handed out again."""
+_used: dict[int, float] = {}
+"""When each pooled connection (by ``id``) last ended a transaction that went through."""
+
+
+def _check_if_idle(conn: Any) -> None:
+    """The pool's check of a connection it hands out, only for one idle a while.
+
+    Checking every time (psycopg-pool's ``check_connection``) costs a round trip per
+    transaction, doubling the round trips of a busy worker; a connection that carried a
+    transaction a moment ago is as good as checked. One that broke anyway (the server
+    restarted within that second) fails its transaction, which :meth:`PostgresStore.run`
+    retries on another connection, and the pool discards the broken one."""
+    import psycopg_pool
+
+    if time.monotonic() - _used.get(id(conn), 0.0) > CHECK_IDLE:
+        psycopg_pool.ConnectionPool.check_connection(conn)
+
+
+def _first_connect(libpq: str, schema: str) -> None:
+    """Connect once (the real error, not a pool timeout, if it fails) and create or
+    check the schema, serialized across processes by an advisory lock."""
+    import psycopg
+
+    try:
+        conn = psycopg.connect(libpq, connect_timeout=CONNECT_TIMEOUT, autocommit=False)
+    except psycopg.ProgrammingError as err:  # an unparseable conninfo
+        raise ConfigurationError(f"invalid PostgreSQL URL: {err}") from None
+    with conn:
+        conn.execute("SELECT pg_advisory_xact_lock(hashtext('axon-schema'))")
+        conn.execute(f"CREATE SCHEMA IF NOT EXISTS {schema}")
+        conn.execute(f"SET LOCAL search_path TO {schema}")
+        tables = {
+            name
+            for (name,) in conn.execute(
+                "SELECT table_name FROM information_schema.tables WHERE table_schema = %s",
+                (schema,),
+            )
+        }
+        if tables and "axon_meta" not in tables and tables & {"axon_sessions", "axon_messages"}:
+            raise StoreCorrupt(
+                f"schema {schema!r} has axon tables but no axon_meta: it is not an Axon store "
+                "(refusing to touch it)"
+            )
+        if "axon_meta" in tables:
+            marker: dict[str, str] = dict(
+                conn.execute("SELECT key, value FROM axon_meta").fetchall()
+            )
+            if marker.get("magic") != MAGIC:
+                raise StoreCorrupt(
+                    f"schema {schema!r}: axon_meta magic is {marker.get('magic')!r}, "
+                    f"expected {MAGIC!r}; refusing to touch it"
+                )
+            found = int(marker.get("schema_version", "0"))
+            if found > SCHEMA_VERSION:
+                raise StoreError(
+                    f"schema {schema!r} has Axon schema version {found}, newer than the "
+                    f"{SCHEMA_VERSION} this version understands; upgrade axon-runtime"
+                )
+        for statement in _SCHEMA:
+            conn.execute(statement)
+        present = {
+            name
+            for (name,) in conn.execute(
+                "SELECT column_name FROM information_schema.columns "
+                "WHERE table_schema = %s AND table_name = 'axon_turns'",
+                (schema,),
+            )
+        }
+        for column, definition in _TURN_COLUMNS:
+            if column not in present:
+                conn.execute(
+                    f"ALTER TABLE axon_turns ADD COLUMN IF NOT EXISTS {column} {definition}"
+                )
+                if column == "message_key":  # its index, in the same transaction
+                    conn.execute(
+                        "CREATE INDEX IF NOT EXISTS axon_turns_by_message_key "
+                        "ON axon_turns (message_key, seq) WHERE message_key IS NOT NULL"
+                    )
+        _ensure_turn_heads(conn)
+        conn.execute(
+            """INSERT INTO axon_meta (key, value) VALUES ('magic', %s), ('schema_version', %s)
+            ON CONFLICT (key) DO NOTHING""",
+            (MAGIC, str(SCHEMA_VERSION)),
+        )
+
+
+def _ensure_turn_heads(conn: Any) -> None:
+    """The queue's head trigger and indexes (:data:`_HEAD_TRIGGER`), created when missing."""
+    found = conn.execute(
+        "SELECT 1 FROM pg_trigger WHERE tgrelid = 'axon_turns'::regclass AND tgname = %s",
+        (_HEAD_TRIGGER,),
+    ).fetchone()
+    if found is None:
+        for statement in (*_HEAD_SCHEMA, *_QUEUE_INDEXES):
+            conn.execute(statement)
+
+
+async def _retrying(
+    action: str, retry_for: float, fn: Callable[[], Any], *, log: Any = None
+) -> Any:
+    """Await ``fn()``, retrying connection failures with exponential backoff (0.05 s
+    doubling to 2 s) for ``retry_for`` seconds; other database errors fail at once."""
+    import psycopg
+
+    deadline = time.monotonic() + retry_for
+    delay = 0.05
+    while True:
+        try:
+            return await fn()
+        except (StoreError, ConfigurationError):
+            raise
+        except psycopg.Error as err:
+            message = str(err).strip().splitlines()[0] if str(err).strip() else repr(err)
+            permanent = not _is_connection_error(err) or any(
+                word in message.lower() for word in _PERMANENT
+            )
+            if permanent:
+                raise StoreError(f"{action} failed: {message}") from err
+            if time.monotonic() + delay > deadline:
+                raise StoreUnavailable(
+                    f"{action} failed: the PostgreSQL server cannot be reached ({message}); "
+                    f"gave up after retrying for {retry_for:g} s"
+                ) from err
+            if log is not None:
+                log.warning("store.retry", action=action, error=message, delay=delay)
+            await trio.sleep(delay)
+            delay = min(delay * 2, 2.0)

@@ -1,0 +1,588 @@
+"""A :class:`~runtime.store.Store` in one embedded SQLite file.
+
+Layout (schema version 2)::
+
+    axon_meta(key TEXT PRIMARY KEY, value TEXT)          -- magic, schema_version,
+                                                         -- deleted_version (see delete)
+    sessions(session_id TEXT PRIMARY KEY, meta TEXT,     -- meta: a JSON object
+             created_at REAL, updated_at REAL,           -- unix seconds, informative
+             update_seq INTEGER,                         -- recency order, see below
+             version INTEGER)                            -- bumped by every save
+    messages(session_id TEXT, idx INTEGER, role TEXT,
+             body BLOB,                                  -- serde JSON of one Message
+             PRIMARY KEY(session_id, idx))
+
+and ``PRAGMA application_id`` = :data:`APPLICATION_ID`, so ``file(1)`` and other tools
+can tell an Axon store from any other SQLite file.
+
+One message is one row, keyed by its index in the session. :meth:`SQLiteStore.save`
+deletes the rows from ``start`` on and inserts the new ones, all in one transaction, so
+saving turn 500 writes what turn 500 added and never rewrites the session, and a failed
+save leaves the previous state intact. The same transaction checks the session's
+``version`` against the one the writer loaded and bumps it (the version rule of
+:class:`~runtime.store.Store`), so two processes on one file never overwrite each other.
+
+Schema version 1 (no ``version`` column) is upgraded in place when opened: the column is
+added and every existing session starts at version 1. Newer schemas are refused.
+
+The file is never reset or overwritten: :meth:`SQLiteStore.open` only reads until it has
+established that the file is empty or an Axon store, and raises
+:class:`~runtime.errors.StoreCorrupt` for anything else (another program's database, a
+text file, a truncated store). Losing a user's sessions to an automatic "repair" is
+worse than refusing to start.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import struct
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import orjson
+import trio
+
+from actors.stores.validation import check_save, decode_message, decode_meta
+from runtime import serde
+from runtime.errors import StoreConflict, StoreCorrupt, StoreError
+from runtime.messages import Message
+from runtime.store import SessionInfo, SessionRecord, validate_session_id
+
+APPLICATION_ID = 0x41584F4E
+"""``PRAGMA application_id`` of every Axon store: ASCII ``AXON``."""
+
+MAGIC = "axon-session-store"
+"""The ``magic`` row of ``axon_meta``."""
+
+SCHEMA_VERSION = 2
+"""The schema this code writes. Older files are upgraded in place; newer ones are refused."""
+
+_SQLITE_HEADER = b"SQLite format 3\x00"
+_HEADER_SIZE = 100
+_CORRUPT_CODES = frozenset({sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB})
+_BUSY_TIMEOUT = 10.0
+"""Seconds a write waits for another process's write lock before failing."""
+
+_SCHEMA = (
+    """CREATE TABLE axon_meta (
+        key TEXT PRIMARY KEY,
+        value TEXT NOT NULL
+    ) WITHOUT ROWID""",
+    """CREATE TABLE sessions (
+        session_id TEXT PRIMARY KEY,
+        meta TEXT NOT NULL DEFAULT '{}',
+        created_at REAL NOT NULL,
+        updated_at REAL NOT NULL,
+        update_seq INTEGER NOT NULL,
+        version INTEGER NOT NULL DEFAULT 0
+    )""",
+    "CREATE INDEX sessions_by_update ON sessions (update_seq)",
+    """CREATE TABLE messages (
+        session_id TEXT NOT NULL,
+        idx INTEGER NOT NULL,
+        role TEXT NOT NULL,
+        body BLOB NOT NULL,
+        PRIMARY KEY (session_id, idx)
+    )""",
+)
+_COLUMNS_V1 = {
+    "axon_meta": {"key", "value"},
+    "sessions": {"session_id", "meta", "created_at", "updated_at", "update_seq"},
+    "messages": {"session_id", "idx", "role", "body"},
+}
+_COLUMNS = {**_COLUMNS_V1, "sessions": _COLUMNS_V1["sessions"] | {"version"}}
+_MIGRATIONS = {
+    # 1 -> 2: per-session versions. Existing sessions start at 1, since 0 means "absent".
+    1: (
+        "ALTER TABLE sessions ADD COLUMN version INTEGER NOT NULL DEFAULT 0",
+        "UPDATE sessions SET version = 1",
+    ),
+}
+
+_T = TypeVar("_T")
+
+
+def _error(path: str, action: str, err: sqlite3.Error) -> StoreError:
+    """The store error for a sqlite3 exception: damage is StoreCorrupt, the rest StoreError."""
+    code = getattr(err, "sqlite_errorcode", None)
+    if code is not None and code & 0xFF in _CORRUPT_CODES:
+        return StoreCorrupt(f"session store {path}: {action} failed, the file is damaged: {err}")
+    return StoreError(f"session store {path}: {action} failed: {err}")
+
+
+def _rollback(conn: sqlite3.Connection) -> None:
+    if conn.in_transaction:
+        try:
+            conn.execute("ROLLBACK")
+        except sqlite3.Error:
+            pass  # SQLite already rolled back (e.g. after SQLITE_FULL); nothing to undo
+
+
+def _check_file(path: Path) -> None:
+    """Refuse a file that cannot be an intact SQLite database, before SQLite opens it.
+
+    Reads the 100-byte header only. SQLite itself would open a text file without complaint
+    and fail only on the first query, and would read a truncated file until it happened
+    to touch a missing page; checking here keeps the file untouched and the error precise.
+    A missing or empty file is fine: it becomes a new store.
+    """
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        return
+    except OSError as err:
+        raise StoreError(f"session store {path}: cannot stat the file: {err}") from err
+    if size == 0:
+        return
+    try:
+        with path.open("rb") as f:
+            header = f.read(_HEADER_SIZE)
+    except OSError as err:
+        raise StoreError(f"session store {path}: cannot read the file: {err}") from err
+    if not header.startswith(_SQLITE_HEADER):
+        raise StoreCorrupt(
+            f"session store {path} is not an Axon store: it is not a SQLite database "
+            "(refusing to touch it)"
+        )
+    if len(header) < _HEADER_SIZE:
+        raise StoreCorrupt(f"session store {path} is truncated: {size} bytes, no full header")
+    (page_size,) = struct.unpack(">H", header[16:18])
+    if page_size == 1:
+        page_size = 65536
+    if page_size < 512 or page_size & (page_size - 1):
+        raise StoreCorrupt(f"session store {path} is damaged: invalid page size {page_size}")
+    # A write-ahead log left by a crash may legitimately hold pages the main file does not
+    # have yet (an interrupted checkpoint); SQLite recovers from it, so the size checks
+    # below only hold for a file without one.
+    wal = path.with_name(path.name + "-wal")
+    if wal.exists() and wal.stat().st_size > 0:
+        return
+    if size % page_size:
+        raise StoreCorrupt(
+            f"session store {path} is truncated or damaged: {size} bytes is not a whole "
+            f"number of {page_size}-byte pages"
+        )
+    change_counter, page_count = struct.unpack(">II", header[24:32])
+    (valid_for,) = struct.unpack(">I", header[92:96])
+    if page_count and change_counter == valid_for and size < page_count * page_size:
+        raise StoreCorrupt(
+            f"session store {path} is truncated: its header says {page_count} pages "
+            f"({page_count * page_size} bytes) but the file has {size} bytes"
+        )
+
+
+def _inspect(conn: sqlite3.Connection, path: str) -> int | None:
+    """The store's schema version, ``None`` if the database is empty (a new file); raises
+    unless it is an Axon store.
+
+    Only reads. The checks go from "is this ours at all" to "is it intact", so the error
+    names the most basic problem.
+    """
+    (app_id,) = conn.execute("PRAGMA application_id").fetchone()
+    objects = {name: kind for kind, name in conn.execute("SELECT type, name FROM sqlite_master")}
+    if not objects and app_id == 0:
+        return None
+    if app_id != APPLICATION_ID:
+        tables = sorted(name for name, kind in objects.items() if kind == "table")
+        shown = ", ".join(tables[:5]) + (", ..." if len(tables) > 5 else "")
+        raise StoreCorrupt(
+            f"session store {path} is not an Axon store: it is a SQLite database of another "
+            f"application (application_id {app_id:#x}, expected {APPLICATION_ID:#x}; "
+            f"tables: {shown or 'none'}); refusing to touch it"
+        )
+    if objects.get("axon_meta") != "table":
+        raise StoreCorrupt(f"session store {path} is not an Axon store: no axon_meta table")
+    marker = dict(conn.execute("SELECT key, value FROM axon_meta"))
+    if marker.get("magic") != MAGIC:
+        raise StoreCorrupt(
+            f"session store {path} is not an Axon store: axon_meta magic is "
+            f"{marker.get('magic')!r}, expected {MAGIC!r}"
+        )
+    try:
+        version = int(marker["schema_version"])
+    except (KeyError, TypeError, ValueError):
+        raise StoreCorrupt(
+            f"session store {path} is damaged: schema_version "
+            f"{marker.get('schema_version')!r} is not a version number"
+        ) from None
+    if version > SCHEMA_VERSION:
+        raise StoreError(
+            f"session store {path} has schema version {version}, newer than the "
+            f"{SCHEMA_VERSION} this version of axon-runtime understands; upgrade "
+            "axon-runtime to open it (the file was left untouched)"
+        )
+    if version < 1:
+        raise StoreCorrupt(f"session store {path} is damaged: schema_version {version}")
+    for table, columns in (_COLUMNS if version >= 2 else _COLUMNS_V1).items():
+        found = {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
+        if not columns <= found:
+            raise StoreCorrupt(
+                f"session store {path} is damaged: table {table} lacks column(s) "
+                f"{', '.join(sorted(columns - found))}"
+            )
+    # Touch both B-trees (root and rightmost leaf) so gross damage surfaces now, not on
+    # the first load; a full integrity check would read the whole file on every open.
+    conn.execute("SELECT max(update_seq) FROM sessions").fetchone()
+    conn.execute("SELECT session_id, idx FROM messages ORDER BY session_id DESC, idx DESC LIMIT 1")
+    return version
+
+
+def _migrate(conn: sqlite3.Connection, version: int) -> None:
+    """Upgrade a store from schema ``version`` to :data:`SCHEMA_VERSION`, inside the
+    caller's write transaction (so a failure leaves the file as it was)."""
+    for step in range(version, SCHEMA_VERSION):
+        for statement in _MIGRATIONS[step]:
+            conn.execute(statement)
+    conn.execute(
+        "UPDATE axon_meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),)
+    )
+
+
+def _create_schema(conn: sqlite3.Connection) -> None:
+    for statement in _SCHEMA:
+        conn.execute(statement)
+    conn.executemany(
+        "INSERT INTO axon_meta (key, value) VALUES (?, ?)",
+        [("magic", MAGIC), ("schema_version", str(SCHEMA_VERSION))],
+    )
+    conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+
+
+def _connect(path: str) -> sqlite3.Connection:
+    """Open (creating if missing) and verify the store file; the blocking half of ``open``."""
+    if path != ":memory:":
+        _check_file(Path(path))
+    try:
+        # isolation_level=None: no implicit transactions; every write below runs in an
+        # explicit BEGIN IMMEDIATE ... COMMIT, so what is atomic is spelled out.
+        conn = sqlite3.connect(
+            path, timeout=_BUSY_TIMEOUT, isolation_level=None, check_same_thread=False
+        )
+    except sqlite3.Error as err:
+        raise _error(path, "open", err) from err
+    try:
+        found = _inspect(conn, path)
+        if found is None or found < SCHEMA_VERSION:
+            # Take the write lock, then look again: another process may have created or
+            # upgraded the schema between our read and now.
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                found = _inspect(conn, path)
+                if found is None:
+                    _create_schema(conn)
+                elif found < SCHEMA_VERSION:
+                    _migrate(conn, found)
+                conn.execute("COMMIT")
+            except BaseException:
+                _rollback(conn)
+                raise
+        # Only now that the file is known to be ours may its header be written.
+        conn.execute("PRAGMA journal_mode = WAL").fetchone()
+        conn.execute("PRAGMA synchronous = NORMAL")
+    except sqlite3.Error as err:
+        conn.close()
+        raise _error(path, "open", err) from err
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def _deleted_version(conn: sqlite3.Connection) -> int:
+    """The highest version a deleted session had (``0`` if none was ever deleted)."""
+    row = conn.execute("SELECT value FROM axon_meta WHERE key = 'deleted_version'").fetchone()
+    return 0 if row is None else int(row[0])
+
+
+class SQLiteStore:
+    """Sessions in one SQLite file; create with ``await SQLiteStore.open(path)``.
+
+    sqlite3 calls block, so each one runs in a worker thread
+    (:func:`trio.to_thread.run_sync`) on the store's single connection, and a
+    :class:`trio.Lock` lets only one run at a time: a connection is not safe for
+    concurrent use, and one writer per process is all SQLite allows anyway. Worker threads
+    are never abandoned on cancellation (a cancelled call waits for its statement to
+    finish), so the lock is never released while the connection is still in use.
+
+    Other processes may open the same file: WAL mode lets them read while this one writes,
+    writes take the lock up front (``BEGIN IMMEDIATE``) and wait up to ten seconds for it.
+    """
+
+    def __init__(self, conn: sqlite3.Connection, path: str) -> None:
+        """Wrap an open, verified connection; use :meth:`open` instead."""
+        self._conn = conn
+        self._path = path
+        self._lock = trio.Lock()
+        self._closed = False
+
+    @property
+    def path(self) -> str:
+        return self._path
+
+    @classmethod
+    async def open(cls, path: str | os.PathLike[str]) -> SQLiteStore:
+        """Open the store at ``path``, creating the file (not its directory) if missing.
+
+        The file must be missing, empty, or an Axon store. Anything else raises
+        :class:`~runtime.errors.StoreCorrupt` naming the path, and the file is left
+        byte-for-byte as it was: nothing is written until it is known to be ours. A store
+        written by a newer schema raises :class:`~runtime.errors.StoreError` (also
+        untouched). ``":memory:"`` opens a private in-memory database.
+        """
+        path = os.fspath(path)
+        if not isinstance(path, str) or not path:
+            raise StoreError(f"session store path must be a non-empty str path, got {path!r}")
+        conn = await trio.to_thread.run_sync(_connect, path)
+        return cls(conn, path)
+
+    async def _run(self, action: str, fn: Callable[..., _T], *args: Any) -> _T:
+        async with self._lock:
+            if self._closed:
+                raise StoreError(f"session store {self._path} is closed")
+            try:
+                return await trio.to_thread.run_sync(fn, *args)
+            except sqlite3.Error as err:
+                raise _error(self._path, action, err) from err
+
+    # -- load --------------------------------------------------------------------------
+
+    async def load(self, session_id: str) -> SessionRecord | None:
+        """The session with its messages in index order, or ``None`` if it was never saved.
+
+        Raises :class:`~runtime.errors.StoreCorrupt` naming the session and index if a
+        stored message cannot be structured back into a ``Message`` or an index is missing.
+        """
+        validate_session_id(session_id)
+        return await self._run(f"load of session {session_id!r}", self._load, session_id)
+
+    def _load(self, session_id: str) -> SessionRecord | None:
+        conn = self._conn
+        conn.execute("BEGIN")  # one snapshot for both reads
+        try:
+            row = conn.execute(
+                "SELECT meta, version FROM sessions WHERE session_id = ?", (session_id,)
+            ).fetchone()
+            rows = (
+                []
+                if row is None
+                else conn.execute(
+                    "SELECT idx, role, body FROM messages WHERE session_id = ? ORDER BY idx",
+                    (session_id,),
+                ).fetchall()
+            )
+            conn.execute("COMMIT")
+        except BaseException:
+            _rollback(conn)
+            raise
+        if row is None:
+            return None
+        meta = decode_meta(self._path, row[0], session_id)
+        messages = []
+        for expected, (idx, role, body) in enumerate(rows):
+            if idx != expected:
+                raise StoreCorrupt(
+                    f"session store {self._path}: session {session_id!r} is missing message "
+                    f"{expected} (the next stored index is {idx})"
+                )
+            messages.append(decode_message(self._path, session_id, idx, role, body))
+        return SessionRecord(
+            session_id=session_id, messages=tuple(messages), meta=meta, version=row[1]
+        )
+
+    # -- save --------------------------------------------------------------------------
+
+    async def save(
+        self,
+        session_id: str,
+        start: int,
+        messages: Sequence[Message],
+        meta: Mapping[str, Any] | None = None,
+        *,
+        expected_version: int | None = None,
+    ) -> int:
+        """Replace messages ``start..`` with ``messages`` and merge ``meta``, in one transaction;
+        returns the session's new version.
+
+        The transaction upserts the session row (meta merged shallowly, like
+        ``dict.update``), deletes the rows with ``idx >= start`` and inserts the new ones;
+        rows before ``start`` are not touched. ``start`` may equal the message count
+        (append) but not exceed it. Every message is serialized before the transaction
+        begins, so a message that cannot be serialized fails the save with
+        :class:`~runtime.errors.StoreError` before anything is written; any later failure
+        rolls the whole transaction back. Either way the session is as it was.
+
+        With ``expected_version``, the transaction first checks that the session is at
+        exactly that version (``0``: it does not exist) and otherwise raises
+        :class:`~runtime.errors.StoreConflict`, writing nothing: another process saved the
+        session since this one loaded it. The check and the write hold the file's write
+        lock together, so no other writer can slip in between.
+        """
+        new = check_save(session_id, start, messages, meta, expected_version)
+        return await self._run(
+            f"save of session {session_id!r}",
+            self._save,
+            session_id,
+            start,
+            new,
+            meta,
+            expected_version,
+        )
+
+    def _save(
+        self,
+        session_id: str,
+        start: int,
+        messages: tuple[Message, ...],
+        meta: Mapping[str, Any] | None,
+        expected_version: int | None,
+    ) -> int:
+        rows = []
+        for idx, message in enumerate(messages, start):
+            try:
+                body = serde.to_json(message)
+            except Exception as err:
+                raise StoreError(
+                    f"save of session {session_id!r}: message {idx} cannot be serialized: {err}"
+                ) from err
+            rows.append((session_id, idx, message.role, body))
+        if meta:
+            try:
+                orjson.dumps(dict(meta))  # fail before the transaction, not inside it
+            except orjson.JSONEncodeError as err:
+                raise StoreError(
+                    f"save of session {session_id!r}: meta is not JSON-serializable: {err}"
+                ) from err
+        now = time.time()
+        conn = self._conn
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            row = conn.execute(
+                "SELECT meta, version FROM sessions WHERE session_id = ?", (session_id,)
+            ).fetchone()
+            current = 0 if row is None else row[1]
+            if expected_version is not None and expected_version != current:
+                raise StoreConflict(
+                    f"save of session {session_id!r}: it is at version {current}, not the "
+                    f"{expected_version} this save was based on: another writer saved it "
+                    f"since (session store {self._path})",
+                    session_id=session_id,
+                    expected=expected_version,
+                    actual=current,
+                )
+            # A re-created session starts above every version a deleted one had, so a
+            # writer still holding the deleted session's version cannot match it.
+            version = current + 1 if row is not None else _deleted_version(conn) + 1
+            # max(idx) is one index probe; count(*) would scan the whole session.
+            (count,) = conn.execute(
+                "SELECT coalesce(max(idx) + 1, 0) FROM messages WHERE session_id = ?",
+                (session_id,),
+            ).fetchone()
+            if start > count:
+                raise StoreError(
+                    f"save of session {session_id!r}: start {start} is beyond its end "
+                    f"({count} messages)"
+                )
+            merged = {} if row is None else decode_meta(self._path, row[0], session_id)
+            if meta:
+                merged.update(meta)
+            # update_seq, not updated_at, orders list_sessions: it is strictly increasing
+            # per write, where two wall-clock readings can tie or step backwards.
+            conn.execute(
+                """INSERT INTO sessions
+                    (session_id, meta, created_at, updated_at, update_seq, version)
+                VALUES (?, ?, ?, ?, (SELECT coalesce(max(update_seq), 0) + 1 FROM sessions), ?)
+                ON CONFLICT (session_id) DO UPDATE SET
+                    meta = excluded.meta,
+                    updated_at = excluded.updated_at,
+                    update_seq = excluded.update_seq,
+                    version = excluded.version""",
+                (session_id, orjson.dumps(merged), now, now, version),
+            )
+            conn.execute(
+                "DELETE FROM messages WHERE session_id = ? AND idx >= ?", (session_id, start)
+            )
+            conn.executemany(
+                "INSERT INTO messages (session_id, idx, role, body) VALUES (?, ?, ?, ?)", rows
+            )
+            conn.execute("COMMIT")
+        except BaseException:
+            _rollback(conn)
+            raise
+        return version
+
+    # -- version -------------------------------------------------------------------------
+
+    async def version(self, session_id: str) -> int:
+        """The session's version (``0`` if it does not exist): one primary-key lookup."""
+        validate_session_id(session_id)
+        return await self._run(f"version of session {session_id!r}", self._version, session_id)
+
+    def _version(self, session_id: str) -> int:
+        row = self._conn.execute(
+            "SELECT version FROM sessions WHERE session_id = ?", (session_id,)
+        ).fetchone()
+        return 0 if row is None else row[0]
+
+    # -- list, delete, close -------------------------------------------------------------
+
+    async def list_sessions(self) -> list[SessionInfo]:
+        """Every session with its message count and meta, most recently saved first."""
+        return await self._run("list_sessions", self._list)
+
+    def _list(self) -> list[SessionInfo]:
+        rows = self._conn.execute(
+            """SELECT s.session_id, s.meta,
+                (SELECT count(*) FROM messages AS m WHERE m.session_id = s.session_id)
+            FROM sessions AS s ORDER BY s.update_seq DESC"""
+        ).fetchall()
+        return [
+            SessionInfo(
+                session_id=session_id,
+                message_count=count,
+                meta=decode_meta(self._path, meta, session_id),
+            )
+            for session_id, meta, count in rows
+        ]
+
+    async def delete(self, session_id: str) -> None:
+        """Delete the session and its messages; deleting an unknown session is a no-op."""
+        validate_session_id(session_id)
+        await self._run(f"delete of session {session_id!r}", self._delete, session_id)
+
+    def _delete(self, session_id: str) -> None:
+        conn = self._conn
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            row = conn.execute(
+                "SELECT version FROM sessions WHERE session_id = ?", (session_id,)
+            ).fetchone()
+            conn.execute("DELETE FROM messages WHERE session_id = ?", (session_id,))
+            conn.execute("DELETE FROM sessions WHERE session_id = ?", (session_id,))
+            if row is not None and row[0] > _deleted_version(conn):
+                conn.execute(
+                    """INSERT INTO axon_meta (key, value) VALUES ('deleted_version', ?)
+                    ON CONFLICT (key) DO UPDATE SET value = excluded.value""",
+                    (str(row[0]),),
+                )
+            conn.execute("COMMIT")
+        except BaseException:
+            _rollback(conn)
+            raise
+
+    async def aclose(self) -> None:
+        """Close the connection (checkpointing the WAL into the file); idempotent.
+
+        Waits for a call in progress to finish; calls made afterwards raise
+        :class:`~runtime.errors.StoreError`.
+        """
+        async with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            try:
+                await trio.to_thread.run_sync(self._conn.close)
+            except sqlite3.Error as err:
+                raise _error(self._path, "close", err) from err

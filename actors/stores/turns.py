@@ -1,0 +1,975 @@
+"""Turns as durable work: a queue of user inputs in PostgreSQL that any worker may run.
+
+Many worker processes share sessions through one :class:`~actors.stores.postgres.PostgresStore`.
+A front end :meth:`TurnQueue.submit`\\ s a user input; it becomes a row of ``axon_turns``
+(status ``queued``). A worker :meth:`~TurnQueue.claim`\\ s it: the row turns ``running``
+under the worker's name (``owner``) and a new ``epoch``, with a lease (``lease_until``,
+on the database's clock, so workers' clocks never matter) the worker keeps by
+:meth:`~TurnQueue.renew`. When the turn ends the worker :meth:`~TurnQueue.finish`\\ es it.
+
+**Why a lease and an epoch.** A worker that dies (or hangs) stops renewing; once its lease
+has expired the next claim *takes the turn over*: ``epoch + 1``, the new owner. The old
+worker, if it was only slow, is fenced out: its saves of the session
+(:meth:`Claim.fence` with :meth:`PostgresStore.fenced
+<actors.stores.postgres.PostgresStore.fenced>`), renewals and finish all check
+``(owner, epoch, running)`` in their own transaction and write nothing once another
+worker holds the turn. The runner that takes over resumes from the steps the session has
+committed; the assistant message keeps one id for the turn (:attr:`QueuedTurn.message_id`)
+so a resumed turn continues the same message rather than adding a second one.
+
+**Order.** Turns of one session run one at a time, in submission order: a queued turn is
+claimable only when its session has no running turn and no older queued turn, and the
+partial unique index ``axon_turns_one_running`` makes two running turns of one session
+impossible even when two claims race (the loser claims nothing). Turns of different
+sessions run in parallel on any workers. A trigger keeps ``head`` true on each session's
+oldest queued turn (:data:`actors.stores.postgres._HEAD_TRIGGER`), and a claim walks only
+those, in the order they became heads: its cost does not grow with one session's
+backlog, and a session with thousands queued holds one place in line (its next turn joins
+the line's end when the previous one starts), so another session's single turn waits for
+at most one turn of it.
+
+**Caps.** A submit beyond ``max_queued_per_session`` queued turns in its session, or
+``max_queued`` in the queue, is refused (:class:`~runtime.errors.QueueFull`): queued
+turns are work that will run and cost tokens, and a client can queue them faster than any
+worker runs them.
+
+**Poison turns.** Every claim counts an attempt. A turn whose attempts reached
+``max_attempts`` when its lease expires again (it keeps killing or hanging its workers)
+becomes ``failed`` instead of being taken over, so it cannot block its session forever.
+A worker shutting down :meth:`~TurnQueue.release`\\ s its turn: the next claim takes it
+over at once, and the release gives the attempt back, so graceful restarts never fail a
+turn.
+
+**Waking workers.** Submitting or finishing a turn sends ``NOTIFY axon_turns`` in its
+transaction; :meth:`~TurnQueue.wait` blocks on a dedicated ``LISTEN`` connection until
+one arrives, so idle workers claim new work at once without polling the table.
+Cancelling a running turn sends ``NOTIFY axon_cancel`` with the turn id; its worker also
+learns of it on its next renewal (:attr:`Renewal.cancel_requested`).
+
+**Failures.** Every query runs through :meth:`PostgresStore.run
+<actors.stores.postgres.PostgresStore.run>`, so a restarting server is retried with
+backoff. A retried transaction must be safe to run twice, and each here is: a submit
+finds its own row (by idempotency key or turn id), a finish or release whose COMMIT
+answer was lost recognizes its own write. A claim whose answer was lost leaves a turn
+running under an epoch its worker never learnt; its lease expires and another worker
+takes it over.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any, Final
+
+import attrs
+import orjson
+import trio
+
+from actors.stores.postgres import CONNECT_TIMEOUT, Fence, PostgresStore
+from runtime import serde
+from runtime.errors import QueueFull, StoreCorrupt, StoreError, TurnConflict
+from runtime.logging import get_logger
+from runtime.messages import File, Image, TextPart, UserContent
+from runtime.store import validate_session_id
+
+QUEUED: Final = "queued"
+RUNNING: Final = "running"
+DONE: Final = "done"
+FAILED: Final = "failed"
+CANCELLED: Final = "cancelled"
+FINAL_STATUSES: Final = frozenset({DONE, FAILED, CANCELLED})
+"""The statuses a turn ends in; :meth:`TurnQueue.finish` accepts only these."""
+
+DEFAULT_MAX_QUEUED_PER_SESSION: Final = 100
+"""Queued turns one session may hold (more than anyone types ahead of an answer)."""
+DEFAULT_MAX_QUEUED: Final = 10_000
+"""Queued turns the whole queue may hold (every one will run and cost tokens)."""
+DEFAULT_RETRY_AFTER: Final = 5.0
+"""Seconds a refused submit is told to wait (:attr:`QueueFull.retry_after`)."""
+
+TURNS_CHANNEL: Final = "axon_turns"
+"""NOTIFY channel: a turn was submitted, released or finished. Channels are database-wide,
+so the payload is ``<schema>:<turn id>`` and a queue ignores other schemas' turns."""
+CANCEL_CHANNEL: Final = "axon_cancel"
+"""NOTIFY channel: a turn's cancellation was requested (payload: its turn id)."""
+
+_COLUMNS = (
+    "turn_id, session_id, seq, input, meta, regenerate, status, owner, epoch, attempts, "
+    "saved, cancel_requested, cancel_reason, finish_reason, error, idempotency_key"
+)
+_STATUS_COLUMNS = (
+    "turn_id, session_id, seq, status, owner, epoch, attempts, saved, cancel_requested, "
+    "cancel_reason, finish_reason, error"
+)
+"""What a status read selects: never ``input`` or ``meta``, which may be megabytes."""
+DECODE_INLINE = 64 << 10
+"""A turn input up to this many bytes of JSON is decoded on the event loop; a larger one
+in a thread, so decoding thousands of parts never holds up the loop (or a lease)."""
+
+
+@attrs.frozen(kw_only=True, slots=True)
+class TurnStatus:
+    """Where a turn stands, without its input: what front ends poll and show.
+
+    Read by :meth:`TurnQueue.get_status`, :meth:`~TurnQueue.active` and
+    :meth:`~TurnQueue.request_cancel`, which select only these columns: a turn's input may
+    be thousands of parts, and decoding it on every poll of every viewer kept a front
+    end's event loop busy for seconds. A :class:`QueuedTurn` is a status with its input."""
+
+    turn_id: str
+    session_id: str
+    seq: int
+    """Submission order across the whole queue (a sequence): orders a session's turns."""
+    status: str
+    """``queued``, ``running``, ``done``, ``failed`` or ``cancelled``."""
+    owner: str | None
+    epoch: int
+    """Bumped by every claim: the fence that tells the current worker from earlier ones."""
+    attempts: int
+    saved: bool
+    """A fenced save of this turn committed (it may have steps in the session)."""
+    cancel_requested: bool
+    cancel_reason: str | None
+    finish_reason: str | None
+    error: str | None
+
+    @property
+    def message_id(self) -> str:
+        """The id of the turn's assistant message: stable, so a worker taking the turn
+        over continues the message its predecessor saved instead of starting another."""
+        return f"msg_{self.turn_id}"
+
+    @property
+    def finished(self) -> bool:
+        """The turn ended (``done``, ``failed`` or ``cancelled``)."""
+        return self.status in FINAL_STATUSES
+
+
+@attrs.frozen(kw_only=True, slots=True)
+class QueuedTurn(TurnStatus):
+    """One row of ``axon_turns``: a user input and where its run stands."""
+
+    input: UserContent
+    meta: dict[str, Any]
+    """What the front end attached to the turn (merged into the session's meta by the runner)."""
+    regenerate: bool
+    """Replace the session's last answer instead of adding a new input."""
+    idempotency_key: str | None
+    """The queue's unique key of this submission (a hash of the caller's key, the input
+    and the turn an edit replaces), not the caller's key; ``None`` for an unkeyed one."""
+
+    @property
+    def finished(self) -> bool:
+        """The turn ended (``done``, ``failed`` or ``cancelled``)."""
+        return self.status in FINAL_STATUSES
+
+
+@attrs.frozen(kw_only=True, slots=True)
+class Claim:
+    """A worker's hold on a running turn: the turn as claimed and its ``(owner, epoch)``."""
+
+    turn: QueuedTurn
+    owner: str
+    epoch: int
+    takeover: bool
+    """Another worker held the turn before (its lease expired or it released the turn):
+    the session may already hold steps of this turn, which the runner resumes from."""
+
+    def fence(self, on_lost: Callable[[], None] | None = None) -> Fence:
+        """The :class:`~actors.stores.postgres.Fence` the worker's saves of the session
+        run under; ``on_lost`` is called when a save was refused because the turn moved on."""
+        return Fence(turn_id=self.turn.turn_id, owner=self.owner, epoch=self.epoch, on_lost=on_lost)
+
+
+@attrs.frozen(kw_only=True, slots=True)
+class Renewal:
+    """What :meth:`TurnQueue.renew` learnt: whether the lease still holds, and whether
+    someone asked for the turn to be cancelled."""
+
+    held: bool
+    cancel_requested: bool = False
+    cancel_reason: str | None = None
+
+
+class _Listener:
+    """The state of one wait thread, shared with the Trio side: a wait cancelled while
+    its thread blocks abandons the thread, which then closes the connection itself."""
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+        self.lock = threading.Lock()
+        self.abandoned = False
+        self.done = False
+
+
+class TurnQueue:
+    """Durable turns in ``store``'s ``axon_turns`` table; see the module docstring.
+
+    ``lease`` is how long (seconds) a claim or renewal holds a turn: a worker renews well
+    within it (a third is usual), and a worker that stopped renewing loses the turn that
+    long after its last renewal. ``max_attempts`` bounds how many claims one turn gets.
+
+    ``max_queued_per_session`` and ``max_queued`` cap the turns waiting (``queued``) in
+    one session and in the whole queue: a submit over either is refused with
+    :class:`~runtime.errors.QueueFull` (telling the caller to retry after
+    ``retry_after`` seconds), so a client that submits and hangs up in a loop cannot
+    queue unbounded work, each of which would run and cost tokens. ``None`` turns a cap
+    off. The caps are checked in the submit's transaction under locks (the session's,
+    then the queue's), so racing submits never exceed them.
+    """
+
+    def __init__(
+        self,
+        store: PostgresStore,
+        *,
+        lease: float = 10.0,
+        max_attempts: int = 3,
+        max_queued_per_session: int | None = DEFAULT_MAX_QUEUED_PER_SESSION,
+        max_queued: int | None = DEFAULT_MAX_QUEUED,
+        retry_after: float = DEFAULT_RETRY_AFTER,
+    ):
+        if not lease > 0:
+            raise ValueError(f"lease must be positive seconds, not {lease!r}")
+        if max_attempts < 1:
+            raise ValueError(f"max_attempts must be at least 1, not {max_attempts!r}")
+        for name, cap in (
+            ("max_queued_per_session", max_queued_per_session),
+            ("max_queued", max_queued),
+        ):
+            if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
+                raise ValueError(f"{name} must be a positive integer or None, not {cap!r}")
+        if not retry_after >= 0:
+            raise ValueError(f"retry_after must be non-negative seconds, not {retry_after!r}")
+        self.store = store
+        self.lease = float(lease)
+        self.max_attempts = max_attempts
+        self.max_queued_per_session = max_queued_per_session
+        self.max_queued = max_queued
+        self.retry_after = float(retry_after)
+        self._listen: _Listener | None = None
+        self._wait_lock = trio.Lock()
+        self._closed = False
+        self._log = get_logger("axon.store.turns")
+
+    # -- submitting ----------------------------------------------------------------------
+
+    async def submit(
+        self,
+        session_id: str,
+        input: UserContent,
+        *,
+        idempotency_key: str | None = None,
+        meta: dict[str, Any] | None = None,
+        regenerate: bool = False,
+        turn_id: str | None = None,
+    ) -> QueuedTurn:
+        """Queue a turn for ``session_id`` and wake the workers; returns its row.
+
+        ``idempotency_key`` names what the caller submits (a front end: the client's id of
+        the message): submitting it again with the same input and ``regenerate`` (a retry
+        whose answer was lost) returns the turn already queued, never a second one; so
+        does a retried transaction, by ``turn_id``. The same key with another input is an
+        *edit* of that message: when the key's latest turn is the session's last turn and
+        has ended, a new turn replaces it (``regenerate``: the history then holds what the
+        client shows, the edited message and its answer; an ordinary turn when the old one
+        never reached the history);
+        otherwise, and for a key already used by another session,
+        :class:`~runtime.errors.TurnConflict` and nothing is queued. Meta is not part of
+        the input: a retry may carry another title.
+        A submit over a cap (``max_queued_per_session``, ``max_queued``) is refused with
+        :class:`~runtime.errors.QueueFull` and stores nothing.
+        """
+        validate_session_id(session_id)
+        if idempotency_key is not None and (
+            not isinstance(idempotency_key, str) or not idempotency_key
+        ):
+            raise StoreError(f"idempotency_key must be a non-empty string, not {idempotency_key!r}")
+        if turn_id is not None and (not isinstance(turn_id, str) or not turn_id):
+            raise StoreError(f"turn_id must be a non-empty string, not {turn_id!r}")
+        content = _check_input(input)
+        try:
+            # megabytes, maybe: encoded and hashed off the event loop
+            body, input_hash = await trio.to_thread.run_sync(
+                _encoded_and_hashed, content, regenerate
+            )
+            meta_json = orjson.dumps(dict(meta or {}))
+        except (TypeError, ValueError, orjson.JSONEncodeError) as err:
+            raise StoreError(
+                f"submit to session {session_id!r}: input or meta cannot be serialized: {err}"
+            ) from err
+        turn_id = turn_id or f"turn_{uuid.uuid4().hex}"
+        message_key = (
+            None
+            if idempotency_key is None
+            else _sha256(idempotency_key.encode("utf-8", "surrogatepass"))
+        )
+
+        def insert(conn: Any, key: str | None, regenerate: bool) -> tuple[Any, ...]:
+            self._check_room(conn, session_id, key, turn_id)
+            row = conn.execute(
+                f"""INSERT INTO axon_turns (turn_id, session_id, idempotency_key,
+                    message_key, input_hash, input, meta, regenerate)
+                VALUES (%s, %s, %s, %s, %s, %s, %s, %s)
+                ON CONFLICT DO NOTHING RETURNING {_COLUMNS}""",
+                (turn_id, session_id, key, message_key, input_hash, body, meta_json, regenerate),
+            ).fetchone()
+            if row is not None:
+                _notify_turns(conn, turn_id)
+                return tuple(row)
+            where, value = ("idempotency_key", key) if key is not None else ("turn_id", turn_id)
+            row = conn.execute(
+                f"SELECT {_COLUMNS} FROM axon_turns WHERE {where} = %s", (value,)
+            ).fetchone()
+            if row is None:  # the conflict was on the other unique key
+                raise StoreError(
+                    f"submit to session {session_id!r}: turn id {turn_id!r} is already used "
+                    f"by another turn"
+                )
+            return tuple(row)  # a twin of this submit committed first: the same turn
+
+        def submit(conn: Any) -> tuple[Any, ...]:
+            if message_key is None:
+                return insert(conn, None, regenerate)
+            latest = conn.execute(
+                """SELECT turn_id, session_id, seq, status, saved, input_hash FROM axon_turns
+                WHERE message_key = %s ORDER BY seq DESC LIMIT 1""",
+                (message_key,),
+            ).fetchone()
+            if latest is None:
+                return insert(conn, _sha256(orjson.dumps([message_key, input_hash])), regenerate)
+            old_id, old_session, seq, status, saved, old_hash = latest
+            if old_session == session_id and old_hash != input_hash:
+                return edit(conn, old_id, seq, status, saved)
+            # a replay (or another session's key, refused below)
+            return tuple(
+                conn.execute(
+                    f"SELECT {_COLUMNS} FROM axon_turns WHERE turn_id = %s", (old_id,)
+                ).fetchone()
+            )
+
+        def edit(conn: Any, old_id: str, seq: int, status: str, saved: bool) -> tuple[Any, ...]:
+            later = conn.execute(
+                "SELECT 1 FROM axon_turns WHERE session_id = %s AND seq > %s LIMIT 1",
+                (session_id, seq),
+            ).fetchone()
+            if later is not None:
+                raise TurnConflict(
+                    f"submit to session {session_id!r}: this message was sent before with "
+                    "other content and later turns follow it; only the last message can be "
+                    "edited"
+                )
+            if status not in FINAL_STATUSES:
+                raise TurnConflict(
+                    f"submit to session {session_id!r}: this message was sent before with "
+                    f"other content and its turn is still {status}; stop it, then edit"
+                )
+            # The key of an edit names the turn it replaces: editing back to an earlier
+            # text is another edit, not a replay of that text's turn.
+            key = _sha256(orjson.dumps([message_key, input_hash, old_id]))
+            return insert(conn, key, regenerate or saved)
+
+        row = await self.store.run(f"submit to session {session_id!r}", submit)
+        turn = await self._decoded(row)
+        if turn.session_id != session_id:
+            used = (
+                f"idempotency key {idempotency_key!r}"
+                if idempotency_key is not None
+                else f"turn id {turn_id!r}"
+            )
+            raise TurnConflict(
+                f"submit to session {session_id!r}: {used} already names turn "
+                f"{turn.turn_id} of session {turn.session_id!r}"
+            )
+        return turn
+
+    def _check_room(
+        self, conn: Any, session_id: str, idempotency_key: str | None, turn_id: str
+    ) -> None:
+        """In the submit's transaction: raise :class:`QueueFull` when the session or the
+        queue is at its cap. Takes the session's lock (the one the head trigger takes,
+        :data:`actors.stores.postgres._HEAD_TRIGGER`), then the queue's, each held to
+        the commit, so two racing submits count each other. A submit that repeats one
+        already stored (same key or turn id) is never refused: it returns its turn."""
+        per_session, total = self.max_queued_per_session, self.max_queued
+        if per_session is None and total is None:
+            return
+        conn.execute(
+            "SELECT pg_advisory_xact_lock("
+            "hashtextextended('axon_turns:' || current_schema() || ':' || %s, 0))",
+            (session_id,),
+        )
+        if idempotency_key is not None:
+            where, key = "idempotency_key = %s", idempotency_key
+        else:
+            where, key = "turn_id = %s", turn_id
+        if conn.execute(f"SELECT 1 FROM axon_turns WHERE {where}", (key,)).fetchone():
+            return
+        # Each count reads at most its cap's index entries. ">= x AND <= x" (not "= x")
+        # with ORDER BY keeps a prepared statement's generic plan on the axon_turns_queued
+        # index, as in the head trigger (actors.stores.postgres._HEAD_FUNCTION).
+        if per_session is not None:
+            (count,) = conn.execute(
+                """SELECT count(*) FROM (SELECT 1 FROM axon_turns
+                WHERE session_id >= %s AND session_id <= %s AND status = 'queued'
+                ORDER BY session_id, seq LIMIT %s) AS q""",
+                (session_id, session_id, per_session),
+            ).fetchone()
+            if count >= per_session:
+                raise QueueFull(
+                    f"session {session_id!r} already has {count} turns queued (the limit); "
+                    f"retry after {self.retry_after:g} s",
+                    scope="session",
+                    limit=per_session,
+                    retry_after=self.retry_after,
+                )
+        if total is not None:
+            conn.execute(
+                "SELECT pg_advisory_xact_lock("
+                "hashtextextended('axon_turns:' || current_schema(), 0))"
+            )
+            (count,) = conn.execute(
+                """SELECT count(*) FROM (SELECT 1 FROM axon_turns
+                WHERE status = 'queued' ORDER BY seq LIMIT %s) AS q""",
+                (total,),
+            ).fetchone()
+            if count >= total:
+                raise QueueFull(
+                    f"the turn queue already holds {count} queued turns (the limit); "
+                    f"retry after {self.retry_after:g} s",
+                    scope="total",
+                    limit=total,
+                    retry_after=self.retry_after,
+                )
+
+    # -- claiming ------------------------------------------------------------------------
+
+    async def claim(
+        self, owner: str, *, on_claimed: Callable[[str, str, int], None] | None = None
+    ) -> Claim | None:
+        """Take the next turn to run for worker ``owner``, or ``None`` if there is none.
+
+        An expired lease is taken over first (its turn may be half done; ``takeover`` is
+        true), failing instead any turn that already used ``max_attempts``; otherwise the
+        first *head* in line (a session's oldest queued turn, ``axon_turns.head``, by
+        ``head_seq``: when it became the head) whose session is idle starts. Walking
+        heads, not queued turns, makes a claim cost the same behind one session's backlog
+        of thousands as behind none; and the line makes claims fair across sessions: a
+        session's next turn joins the line when its previous one starts, behind the
+        other sessions' heads already waiting. A
+        takeover of a turn whose cancellation was requested still happens: the claim's
+        ``turn.cancel_requested`` tells the worker to stop it at once.
+
+        ``on_claimed(turn_id, owner, epoch)`` is called as soon as the turn is claimed,
+        before its input is decoded (thousands of parts may take longer than the lease):
+        a worker starts renewing the lease there.
+        """
+        if not isinstance(owner, str) or not owner:
+            raise StoreError(f"owner must be a non-empty string, not {owner!r}")
+        import psycopg
+
+        max_attempts = self.max_attempts
+        lease = self.lease
+
+        def claim(conn: Any) -> tuple[tuple[Any, ...], bool] | None:
+            # Walk the heads (one per session with queued turns) in line and stop at the
+            # first claimable one. On a table PostgreSQL has not analyzed yet (a new
+            # deployment's first burst) the planner would otherwise check every head and
+            # sort them: measured 1.9 ms instead of 0.08 ms at 300 queued turns.
+            conn.execute("SET LOCAL enable_sort = off")
+            while True:  # expired leases first; poison turns fail and are skipped
+                row = conn.execute(
+                    """SELECT turn_id, attempts FROM axon_turns
+                    WHERE status = 'running' AND lease_until < clock_timestamp()
+                    ORDER BY lease_until LIMIT 1 FOR UPDATE SKIP LOCKED"""
+                ).fetchone()
+                if row is None:
+                    break
+                turn_id, attempts = row
+                if attempts < max_attempts:
+                    taken = conn.execute(
+                        f"""UPDATE axon_turns SET owner = %s, epoch = epoch + 1,
+                            attempts = attempts + 1,
+                            lease_until = clock_timestamp() + make_interval(secs => %s)
+                        WHERE turn_id = %s RETURNING {_COLUMNS}""",
+                        (owner, lease, turn_id),
+                    ).fetchone()
+                    return taken, True
+                conn.execute(
+                    """UPDATE axon_turns SET status = 'failed', finish_reason = 'error',
+                        error = %s, lease_until = NULL, finished_at = clock_timestamp()
+                    WHERE turn_id = %s""",
+                    (
+                        f"abandoned by {attempts} workers (their leases expired while "
+                        f"running it): it may be killing its workers; not retried",
+                        turn_id,
+                    ),
+                )
+                _notify_turns(conn, turn_id)
+            row = conn.execute(
+                """SELECT turn_id FROM axon_turns AS t
+                WHERE t.head AND t.status = 'queued' AND NOT t.cancel_requested
+                  AND NOT EXISTS (SELECT 1 FROM axon_turns AS r
+                      WHERE r.session_id = t.session_id AND r.status = 'running')
+                ORDER BY t.head_seq LIMIT 1 FOR UPDATE SKIP LOCKED"""
+            ).fetchone()
+            if row is None:
+                return None
+            try:
+                # A concurrent claim may have started another turn of this session since
+                # this statement's snapshot: the unique index refuses the second one.
+                with conn.transaction():
+                    started = conn.execute(
+                        f"""UPDATE axon_turns SET status = 'running', owner = %s,
+                            epoch = epoch + 1, attempts = attempts + 1,
+                            lease_until = clock_timestamp() + make_interval(secs => %s),
+                            started_at = coalesce(started_at, clock_timestamp())
+                        WHERE turn_id = %s AND status = 'queued' RETURNING {_COLUMNS}""",
+                        (owner, lease, row[0]),
+                    ).fetchone()
+            except psycopg.errors.UniqueViolation:
+                return None
+            return None if started is None else (started, False)
+
+        found = await self.store.run(f"claim by {owner!r}", claim)
+        if found is None:
+            return None
+        if on_claimed is not None:
+            on_claimed(found[0][0], owner, found[0][8])  # turn_id, epoch: see _COLUMNS
+        turn = await self._decoded(found[0])
+        return Claim(turn=turn, owner=owner, epoch=turn.epoch, takeover=found[1])
+
+    # -- holding and ending a claim ------------------------------------------------------
+
+    async def renew(self, claim: Claim) -> Renewal:
+        """Extend the claim's lease by ``lease`` seconds from now, if the worker still
+        holds the turn; ``held`` is false once another worker took it over (or it ended),
+        and the worker must stop. Also reports a requested cancellation."""
+        key = (claim.turn.turn_id, claim.owner, claim.epoch)
+        return await self.store.run(
+            f"renewal of turn {claim.turn.turn_id}", lambda conn: self.renew_on(conn, *key)
+        )
+
+    def renew_on(self, conn: Any, turn_id: str, owner: str, epoch: int) -> Renewal:
+        """:meth:`renew` of the claim ``(turn_id, owner, epoch)`` on ``conn`` (one of
+        :meth:`connect`'s, in autocommit), in the calling thread: what a worker's lease
+        thread runs, so that nothing its event loop does can delay a renewal
+        (:class:`runtime.app.worker.LeaseKeeper`)."""
+        row = conn.execute(
+            """UPDATE axon_turns SET lease_until = clock_timestamp() + make_interval(secs => %s)
+            WHERE turn_id = %s AND owner = %s AND epoch = %s AND status = 'running'
+            RETURNING cancel_requested, cancel_reason""",
+            (self.lease, turn_id, owner, epoch),
+        ).fetchone()
+        if row is None:
+            return Renewal(held=False)
+        return Renewal(held=True, cancel_requested=row[0], cancel_reason=row[1])
+
+    def connect(self) -> Any:
+        """A new autocommit connection to the queue's schema, outside the store's pool
+        (blocking: call it from a thread); the caller closes it."""
+        import psycopg
+
+        conn = psycopg.connect(self.store.libpq, connect_timeout=CONNECT_TIMEOUT, autocommit=True)
+        try:
+            conn.execute(f"SET search_path TO {self.store.schema}")
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    async def finish(
+        self,
+        claim: Claim,
+        *,
+        status: str,
+        finish_reason: str | None = None,
+        error: str | None = None,
+    ) -> bool:
+        """End the claimed turn with ``status`` (``done``, ``failed`` or ``cancelled``)
+        and wake whoever waits for it; ``False`` (nothing written) if the worker no
+        longer holds the turn."""
+        if status not in FINAL_STATUSES:
+            raise StoreError(
+                f"finish of turn {claim.turn.turn_id}: status must be one of "
+                f"{sorted(FINAL_STATUSES)}, not {status!r}"
+            )
+        key = (claim.turn.turn_id, claim.owner, claim.epoch)
+
+        def finish(conn: Any) -> bool:
+            row = conn.execute(
+                """UPDATE axon_turns SET status = %s, finish_reason = %s, error = %s,
+                    lease_until = NULL, finished_at = clock_timestamp()
+                WHERE turn_id = %s AND owner = %s AND epoch = %s AND status = 'running'
+                RETURNING turn_id""",
+                (status, finish_reason, error, *key),
+            ).fetchone()
+            if row is not None:
+                _notify_turns(conn, claim.turn.turn_id)
+                return True
+            # A retry whose first COMMIT went through (its answer was lost) finds its write.
+            again = conn.execute(
+                "SELECT 1 FROM axon_turns WHERE turn_id = %s AND owner = %s AND epoch = %s "
+                "AND status = %s AND finished_at IS NOT NULL",
+                (*key, status),
+            ).fetchone()
+            return again is not None
+
+        return bool(await self.store.run(f"finish of turn {claim.turn.turn_id}", finish))
+
+    async def release(self, claim: Claim) -> bool:
+        """Give the claimed turn back at once (a worker shutting down); ``False`` if the
+        worker no longer held it.
+
+        The turn stays ``running`` with no owner and a lease already expired, so the next
+        claim takes it over without waiting: it is a takeover, not a fresh start, since
+        steps may be committed. The attempt the releasing worker used is given back, so
+        graceful restarts never make a turn fail. The released claim is fenced out: its
+        later saves, renewals and finish are refused.
+        """
+        key = (claim.turn.turn_id, claim.owner, claim.epoch)
+
+        def release(conn: Any) -> bool:
+            row = conn.execute(
+                """UPDATE axon_turns SET owner = NULL,
+                    lease_until = clock_timestamp() - interval '1 second',
+                    attempts = greatest(attempts - 1, 0)
+                WHERE turn_id = %s AND owner = %s AND epoch = %s AND status = 'running'
+                RETURNING turn_id""",
+                key,
+            ).fetchone()
+            if row is not None:
+                _notify_turns(conn, claim.turn.turn_id)
+                return True
+            # A retried release whose first COMMIT went through: same epoch, no owner.
+            again = conn.execute(
+                "SELECT 1 FROM axon_turns WHERE turn_id = %s AND owner IS NULL AND epoch = %s "
+                "AND status = 'running'",
+                (claim.turn.turn_id, claim.epoch),
+            ).fetchone()
+            return again is not None
+
+        return bool(await self.store.run(f"release of turn {claim.turn.turn_id}", release))
+
+    async def request_cancel(self, turn_id: str, reason: str = "cancelled") -> TurnStatus | None:
+        """Cancel a turn: a queued one ends ``cancelled`` at once (finish reason
+        ``aborted``); a running one is marked, and its worker stops it on its next renewal
+        (or at once, listening on ``axon_cancel``). A finished turn is left as it is.
+        Returns where the turn now stands, or ``None`` if there is no such turn."""
+
+        def cancel(conn: Any) -> tuple[Any, ...] | None:
+            row = conn.execute(
+                "SELECT status FROM axon_turns WHERE turn_id = %s FOR UPDATE", (turn_id,)
+            ).fetchone()
+            if row is None:
+                return None
+            if row[0] == QUEUED:
+                conn.execute(
+                    """UPDATE axon_turns SET status = 'cancelled', finish_reason = 'aborted',
+                        cancel_requested = true, cancel_reason = %s, finished_at = clock_timestamp()
+                    WHERE turn_id = %s""",
+                    (reason, turn_id),
+                )
+                _notify_turns(conn, turn_id)
+            elif row[0] == RUNNING:
+                conn.execute(
+                    """UPDATE axon_turns SET cancel_requested = true,
+                        cancel_reason = coalesce(cancel_reason, %s)
+                    WHERE turn_id = %s""",
+                    (reason, turn_id),
+                )
+            if row[0] in (QUEUED, RUNNING):
+                conn.execute("SELECT pg_notify(%s, %s)", (CANCEL_CHANNEL, turn_id))
+            current: tuple[Any, ...] = conn.execute(
+                f"SELECT {_STATUS_COLUMNS} FROM axon_turns WHERE turn_id = %s", (turn_id,)
+            ).fetchone()
+            return current
+
+        row = await self.store.run(f"cancel of turn {turn_id}", cancel)
+        return None if row is None else _status(row)
+
+    # -- reading -------------------------------------------------------------------------
+
+    async def get(self, turn_id: str) -> QueuedTurn | None:
+        """The turn ``turn_id``, or ``None`` if there is none."""
+        row = await self.store.run(
+            f"read of turn {turn_id}",
+            lambda conn: conn.execute(
+                f"SELECT {_COLUMNS} FROM axon_turns WHERE turn_id = %s", (turn_id,)
+            ).fetchone(),
+            transaction=False,
+        )
+        return None if row is None else await self._decoded(row)
+
+    async def get_status(self, turn_id: str) -> TurnStatus | None:
+        """Where the turn ``turn_id`` stands (its input is not read), or ``None`` if
+        there is no such turn."""
+        row = await self.store.run(
+            f"status of turn {turn_id}",
+            lambda conn: conn.execute(
+                f"SELECT {_STATUS_COLUMNS} FROM axon_turns WHERE turn_id = %s", (turn_id,)
+            ).fetchone(),
+            transaction=False,
+        )
+        return None if row is None else _status(row)
+
+    async def active(self, session_id: str) -> TurnStatus | None:
+        """The status of the session's running turn, else of its oldest queued one, else
+        ``None`` (its input is not read)."""
+        validate_session_id(session_id)
+        row = await self.store.run(
+            f"active turn of session {session_id!r}",
+            lambda conn: conn.execute(
+                f"""SELECT {_STATUS_COLUMNS} FROM axon_turns
+                WHERE session_id = %s AND status IN ('running', 'queued')
+                ORDER BY status = 'running' DESC, seq LIMIT 1""",
+                (session_id,),
+            ).fetchone(),
+            transaction=False,
+        )
+        return None if row is None else _status(row)
+
+    async def statuses(self, turn_ids: list[str]) -> dict[str, str]:
+        """The status of each of ``turn_ids`` that exists, in one query (a front end's
+        viewers of queued turns share it: :mod:`runtime.app.web.watch`)."""
+        if not turn_ids:
+            return {}
+        rows = await self.store.run(
+            f"status of {len(turn_ids)} turns",
+            lambda conn: conn.execute(
+                "SELECT turn_id, status FROM axon_turns WHERE turn_id = ANY(%s)", (turn_ids,)
+            ).fetchall(),
+            transaction=False,
+        )
+        return {turn_id: status for turn_id, status in rows}
+
+    async def busy_sessions(self) -> set[str]:
+        """The sessions with a turn queued or running (one indexed scan of the open
+        turns, for a list of sessions that says which are busy)."""
+        rows = await self.store.run(
+            "busy sessions",
+            lambda conn: conn.execute(
+                "SELECT DISTINCT session_id FROM axon_turns WHERE status IN ('queued', 'running')"
+            ).fetchall(),
+            transaction=False,
+        )
+        return {row[0] for row in rows}
+
+    async def turns(self, session_id: str) -> list[QueuedTurn]:
+        """Every turn of the session, in submission order."""
+        validate_session_id(session_id)
+        rows = await self.store.run(
+            f"turns of session {session_id!r}",
+            lambda conn: conn.execute(
+                f"SELECT {_COLUMNS} FROM axon_turns WHERE session_id = %s ORDER BY seq",
+                (session_id,),
+            ).fetchall(),
+            transaction=False,
+        )
+        return [self._decode(row) for row in rows]
+
+    # -- waiting -------------------------------------------------------------------------
+
+    async def wait(self, timeout: float) -> bool:  # noqa: ASYNC109 - a thread blocks on it
+        """Block until a ``NOTIFY axon_turns`` arrives or ``timeout`` seconds pass; ``True``
+        if notified (something may be claimable or finished).
+
+        The ``LISTEN`` connection stays open between calls, so a notification sent while
+        the worker was busy is kept and the next wait returns at once. When the connection
+        is (re)opened, notifications may have been missed, so that wait returns ``True``
+        at once: a spurious wake-up costs one claim, a missed one a whole ``timeout``.
+        Cancelling a wait abandons its thread, which closes the connection when it ends.
+        Meant for one worker loop: concurrent waits on one queue take turns (front ends
+        waiting for a turn use :meth:`wait_finished`).
+        """
+        if self._closed:
+            raise StoreError(f"turn queue of {self.store.url} is closed")
+        async with self._wait_lock:
+            listener = self._listen
+            if listener is None or listener.conn.closed or listener.conn.broken:
+                if listener is not None:
+                    await trio.to_thread.run_sync(listener.conn.close)
+                    self._listen = None
+                try:
+                    conn = await trio.to_thread.run_sync(self._connect_listener)
+                except Exception as err:
+                    # Down: say "maybe" after a pause; the caller's next query retries.
+                    self._log.warning("turns.listen_failed", error=str(err))
+                    await trio.sleep(min(timeout, 1.0))
+                    return True
+                self._listen = _Listener(conn)
+                return True
+            try:
+                return await trio.to_thread.run_sync(
+                    _wait_for_notify,
+                    listener,
+                    f"{self.store.schema}:",
+                    timeout,
+                    abandon_on_cancel=True,
+                )
+            except trio.Cancelled:
+                with listener.lock:
+                    listener.abandoned = True
+                    done = listener.done
+                self._listen = None
+                if done:
+                    listener.conn.close()
+                raise
+            except Exception as err:  # the connection broke: reopen on the next wait
+                self._log.warning("turns.listen_broken", error=str(err))
+                return True
+
+    async def wait_finished(self, turn_id: str, timeout: float) -> QueuedTurn | None:  # noqa: ASYNC109
+        """Poll until turn ``turn_id`` is ``done``, ``failed`` or ``cancelled`` and return
+        it; ``None`` if it did not finish within ``timeout`` seconds (or does not exist:
+        :meth:`get` tells the two apart). For front ends and tests; it does not use the
+        workers' ``LISTEN`` connection, so any number may wait at once."""
+        delay = 0.02
+        with trio.move_on_after(timeout):
+            while True:
+                status = await self.get_status(turn_id)  # the input is read once, at the end
+                if status is not None and status.finished:
+                    return await self.get(turn_id)
+                await trio.sleep(delay)
+                delay = min(delay * 2, 0.25)
+        return None
+
+    async def aclose(self) -> None:
+        """Close the ``LISTEN`` connection; idempotent (the store stays open: it is the
+        caller's)."""
+        self._closed = True
+        listener, self._listen = self._listen, None
+        if listener is not None:
+            await trio.to_thread.run_sync(listener.conn.close)
+
+    # -- helpers -------------------------------------------------------------------------
+
+    def _connect_listener(self) -> Any:
+        import psycopg
+
+        conn = psycopg.connect(self.store.libpq, connect_timeout=CONNECT_TIMEOUT, autocommit=True)
+        try:
+            conn.execute(f"LISTEN {TURNS_CHANNEL}")
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    async def _decoded(self, row: tuple[Any, ...]) -> QueuedTurn:
+        """:meth:`_decode`, in a thread when the input is large (see :data:`DECODE_INLINE`)."""
+        if len(row[3]) <= DECODE_INLINE:
+            return self._decode(row)
+        return await trio.to_thread.run_sync(self._decode, row)
+
+    def _decode(self, row: tuple[Any, ...]) -> QueuedTurn:
+        (
+            turn_id,
+            session_id,
+            seq,
+            body,
+            meta,
+            regenerate,
+            status,
+            owner,
+            epoch,
+            attempts,
+            saved,
+            cancel_requested,
+            cancel_reason,
+            finish_reason,
+            error,
+            idempotency_key,
+        ) = row
+        try:
+            content = serde.from_json(body, UserContent)
+            decoded_meta = orjson.loads(bytes(meta))
+        except Exception as err:
+            raise StoreCorrupt(
+                f"turn store {self.store.url}: turn {turn_id!r} cannot be read: {err!r}"
+            ) from err
+        if not isinstance(decoded_meta, dict):
+            raise StoreCorrupt(
+                f"turn store {self.store.url}: meta of turn {turn_id!r} is not a JSON object"
+            )
+        return QueuedTurn(
+            turn_id=turn_id,
+            session_id=session_id,
+            seq=seq,
+            input=content,
+            meta=decoded_meta,
+            regenerate=regenerate,
+            status=status,
+            owner=owner,
+            epoch=epoch,
+            attempts=attempts,
+            saved=saved,
+            cancel_requested=cancel_requested,
+            cancel_reason=cancel_reason,
+            finish_reason=finish_reason,
+            error=error,
+            idempotency_key=idempotency_key,
+        )
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+_STATUS_FIELDS = tuple(name.strip() for name in _STATUS_COLUMNS.split(","))
+
+
+def _encoded(content: UserContent) -> str:
+    return serde.to_json(content).decode("utf-8")
+
+
+def _encoded_and_hashed(content: UserContent, regenerate: bool) -> tuple[str, str]:
+    """The input as stored, and the hash that tells a retry (same) from an edit."""
+    body = _encoded(content)
+    return body, _sha256(orjson.dumps([body, bool(regenerate)]))
+
+
+def _status(row: tuple[Any, ...]) -> TurnStatus:
+    return TurnStatus(**dict(zip(_STATUS_FIELDS, row, strict=True)))
+
+
+def _check_input(input: Any) -> UserContent:
+    """The input as :data:`~runtime.messages.UserContent`, or a clear error: plain text,
+    or a sequence of text, image and file parts."""
+    if isinstance(input, str):
+        return input
+    if isinstance(input, list | tuple):
+        parts = tuple(input)
+        for part in parts:
+            if not isinstance(part, TextPart | Image | File):
+                raise StoreError(
+                    f"turn input parts must be TextPart, Image or File, not {type(part).__name__}"
+                )
+        return parts
+    raise StoreError(f"turn input must be text or a sequence of parts, not {type(input).__name__}")
+
+
+def _notify_turns(conn: Any, turn_id: str) -> None:
+    """Wake the workers of this schema (sent when the transaction commits)."""
+    conn.execute("SELECT pg_notify(%s, current_schema() || ':' || %s)", (TURNS_CHANNEL, turn_id))
+
+
+def _wait_for_notify(listener: _Listener, prefix: str, timeout: float) -> bool:
+    """In a worker thread: block on the LISTEN connection until a notification of this
+    schema (payload starting with ``prefix``) arrives or ``timeout`` passes."""
+    deadline = time.monotonic() + max(timeout, 0.0)
+    try:
+        while True:
+            remaining = max(deadline - time.monotonic(), 0.0)
+            for notify in listener.conn.notifies(timeout=remaining, stop_after=1):
+                if notify.payload.startswith(prefix):
+                    return True
+            if time.monotonic() >= deadline:
+                return False
+    finally:
+        with listener.lock:
+            listener.done = True
+            abandoned = listener.abandoned
+        if abandoned:
+            listener.conn.close()

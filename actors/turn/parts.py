@@ -1,0 +1,216 @@
+"""The parts manager: where a turn's parts open and close, decided once for both outputs.
+
+A part boundary used to be decided twice, by the turn runner for the stored message and
+by the stream controller for the stream, and the two disagreed (text, provider data,
+text and a refusal streamed as one text part and were stored as three), so a reloaded
+session showed other parts than were streamed. Now the turn runner feeds every content
+chunk of a model call, in arrival order, to one :class:`PartsManager`, which decides and
+records each decision in both places at once:
+
+* into the list of items forwarded to the stream controller, as :class:`PartBegin` /
+  :class:`PartEnd` markers around the chunks (the controller only renders them as
+  ``*-start`` / ``*-finish`` chunks and the chunks as deltas of the open part);
+* into :attr:`PartsManager.content`, the stored parts of the assistant message.
+
+The rules (the stream shows the text and reasoning parts below exactly as stored):
+
+* text and reasoning are parts; a chunk of the kind that is open extends the open part;
+* refusal text is a text part of its own (stored with ``refusal=True``): a change between
+  answer text and refusal text closes the part and opens another;
+* a reasoning chunk carrying a ``signature`` or ``redacted_data`` ends its block: it
+  closes the part (an empty signed block still is a part: its signature must go back);
+* a tool call (its input starting, or the complete call), provider data and the end of a
+  model call close the open part. A tool call and provider data are parts of their own
+  in the message; the stream shows a call by its own chunks and provider data not at
+  all (it is opaque, replayed only to its provider);
+* an empty text chunk, or an empty reasoning chunk with neither signature nor redacted
+  data, opens nothing: a part never holds nothing but empty deltas.
+
+Reasoning and provider data tagged with the calling provider's name also record its
+model and endpoint (:attr:`PartsManager.origin`, set by the turn runner for each call):
+signatures and encrypted reasoning are bound to both, so restoration sends them back
+only to the same (:func:`runtime.history.replays_to`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+
+from runtime.chunks import ProviderDataChunk, ReasoningChunk, TextChunk, ToolCallChunk
+from runtime.history import Origin
+from runtime.ids import new_id
+from runtime.messages import (
+    Part,
+    ProviderDataPart,
+    ReasoningPart,
+    TextPart,
+    ToolCallPart,
+)
+
+TEXT = "text"
+REASONING = "reasoning"
+
+
+@attrs.frozen(kw_only=True, slots=True, eq=False)  # internal: identity is enough
+class PartBegin:
+    """A text or reasoning part opens (turn runner -> stream controller)."""
+
+    kind: str
+    """``"text"`` or ``"reasoning"``."""
+    part_id: str
+
+
+@attrs.frozen(kw_only=True, slots=True, eq=False)  # internal: identity is enough
+class PartEnd:
+    """The open part closes; the chunks between it and its :class:`PartBegin` are its
+    deltas, and the stored message holds the same part."""
+
+    kind: str
+    part_id: str
+
+
+class PartsManager:
+    """Decides the part boundaries of one turn; see the module docstring for the rules.
+
+    Each feeding method takes ``out``, the list of items the turn runner forwards to the
+    stream controller, and appends to it the markers and chunks the stream must show, in
+    order. Text is accumulated as a list of pieces joined when the part closes, so a
+    part of any length costs linear time.
+    """
+
+    __slots__ = (
+        "_id",
+        "_kind",
+        "_pieces",
+        "_provider",
+        "_redacted",
+        "_refusal",
+        "_signature",
+        "content",
+        "origin",
+        "step",
+    )
+
+    def __init__(self, content: Sequence[Part] = ()) -> None:
+        self.content: list[Part] = list(content)
+        """The stored parts so far, in stream order (the open part is not among them).
+        A turn taken over from another worker starts with the parts of its committed
+        steps (see :mod:`actors.turn.takeover`): the new ones follow them."""
+        self.step = 0
+        """The step the parts that open now belong to; the turn runner sets it."""
+        self.origin: Origin | None = None
+        """The provider of the current call; the turn runner sets it. Parts tagged with
+        its name get its model and endpoint; parts of another tag (a scripted provider
+        playing another's part) or none stay unrecorded."""
+        self._kind: str | None = None
+        self._id = ""
+        self._pieces: list[str] = []
+        self._refusal = False
+        self._signature: str | None = None
+        self._redacted: str | None = None
+        self._provider: str | None = None
+
+    @property
+    def open_kind(self) -> str | None:
+        """The kind of the open part (``"text"``, ``"reasoning"``), ``None`` if none is."""
+        return self._kind
+
+    def text(self, chunk: TextChunk, out: list[Any]) -> None:
+        text = chunk.text
+        if not text:
+            return
+        if self._kind is not TEXT or self._refusal != chunk.refusal:
+            self._open(TEXT, out)
+            self._refusal = chunk.refusal
+        self._pieces.append(text)
+        out.append(chunk)
+
+    def reasoning(self, chunk: ReasoningChunk, out: list[Any]) -> None:
+        ends = chunk.signature is not None or chunk.redacted_data is not None
+        if self._kind is not REASONING:
+            if not chunk.text and not ends:
+                return  # nothing to show or keep (at most a provider name)
+            self._open(REASONING, out)
+        if chunk.text:
+            self._pieces.append(chunk.text)
+            out.append(chunk)
+        if chunk.provider is not None:
+            self._provider = chunk.provider
+        if ends:
+            self._signature, self._redacted = chunk.signature, chunk.redacted_data
+            self.close(out)
+
+    def tool_input_start(self, chunk: Any, out: list[Any]) -> None:
+        """A call's input begins streaming: the open part ends before it."""
+        self.close(out)
+        out.append(chunk)
+
+    def tool_call(self, chunk: ToolCallChunk, out: list[Any]) -> None:
+        """A complete call: a part of its own, shown in the stream by its own chunk."""
+        self.close(out)
+        self.content.append(
+            ToolCallPart(
+                tool_call_id=chunk.tool_call_id,
+                tool_name=chunk.tool_name,
+                input=chunk.input,
+                step=self.step,
+            )
+        )
+        out.append(chunk)
+
+    def provider_data(self, chunk: ProviderDataChunk, out: list[Any]) -> None:
+        """An opaque provider block: a stored part of its own, absent from the stream,
+        that still ends the open part (the text after it is another block)."""
+        self.close(out)
+        model, endpoint = self._origin_of(chunk.provider)
+        self.content.append(
+            ProviderDataPart(
+                provider=chunk.provider,
+                data=chunk.data,
+                step=self.step,
+                model=model,
+                endpoint=endpoint,
+            )
+        )
+
+    def _origin_of(self, provider: str | None) -> tuple[str | None, str | None]:
+        """The model and endpoint to record on a part tagged ``provider``."""
+        origin = self.origin
+        if origin is None or provider != origin.provider:
+            return None, None
+        return origin.model, origin.endpoint
+
+    def close(self, out: list[Any]) -> None:
+        """Close the open part, if any: store it and tell the stream."""
+        kind = self._kind
+        if kind is None:
+            return
+        text = "".join(self._pieces)
+        if kind is TEXT:
+            part: Part = TextPart(text=text, step=self.step, refusal=self._refusal)
+        else:
+            model, endpoint = self._origin_of(self._provider)
+            part = ReasoningPart(
+                text=text,
+                step=self.step,
+                signature=self._signature,
+                redacted_data=self._redacted,
+                provider=self._provider,
+                model=model,
+                endpoint=endpoint,
+            )
+        self.content.append(part)
+        out.append(PartEnd(kind=kind, part_id=self._id))
+        self._kind = None
+        self._pieces = []
+        self._refusal = False
+        self._signature = self._redacted = self._provider = None
+
+    def _open(self, kind: str, out: list[Any]) -> None:
+        self.close(out)
+        self._kind = kind
+        self._id = new_id("part")
+        out.append(PartBegin(kind=kind, part_id=self._id))

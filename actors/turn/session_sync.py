@@ -1,0 +1,85 @@
+"""Keeping a session's history in memory in step with the store, when others write too.
+
+The turn runner owns the in-memory history (:class:`~runtime.actor_messages.SessionState`); the
+store may also be written by other processes or hosts. Two moments bring the two back
+together, and both are plain functions here so they can be tested without a turn:
+
+* :func:`adopt_save`: a save finished. If the persister had to rebase it (another writer
+  saved in between), the history becomes what the store now holds, followed by this
+  session's own messages from the save's start on, exactly the store's new layout.
+* :func:`adopt_record`: a turn is about to start and the stored version moved. The
+  history becomes the stored one, followed by whatever this session had not yet managed
+  to save (so the model sees the other writer's turns, and nothing of ours is dropped).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import attrs
+
+from runtime.actor_messages import SaveRequest, SaveResult, SessionState
+from runtime.messages import Message
+from runtime.store import SessionRecord, rebase
+
+
+@attrs.frozen(kw_only=True, slots=True)
+class Adopted:
+    """What adopting the store's view changed in the history."""
+
+    shift: int = 0
+    """How far the messages after the adopted prefix moved (add it to their indices)."""
+    added: int = 0
+    """Messages of another writer that the history holds now and did not before."""
+    dropped: int = 0
+    """Messages the history held before that the store no longer has."""
+
+    @property
+    def concurrent(self) -> bool:
+        """Whether another writer's work is visible in the change."""
+        return bool(self.added or self.dropped)
+
+
+def adopt_save(state: SessionState, req: SaveRequest, result: SaveResult) -> Adopted:
+    """Record in ``state`` what the save ``req`` left in the store (the persister's
+    ``result``).
+
+    Only the session's latest request is ever adopted, and nothing else changes the
+    layout between its creation and its adoption, so ``req.start`` is still where its
+    messages begin in ``state.messages``.
+    """
+    if result.error is not None:  # nothing was written: save from here again next time
+        state.saved_upto = min(state.saved_upto, req.start)
+        return Adopted()
+    assert result.version is not None
+    state.version = result.version
+    if result.base is None:  # written where it was asked to: the layout is unchanged
+        state.saved_upto = req.start + len(req.messages)
+        return Adopted()
+    adopted = _replace_prefix(state, req.start, result.base)
+    state.saved_upto = len(result.base) + len(req.messages)
+    return adopted
+
+
+def adopt_record(state: SessionState, record: SessionRecord | None) -> Adopted:
+    """Make ``state`` the stored session ``record`` plus what ``state`` had not saved yet."""
+    stored = () if record is None else record.messages
+    unsaved = state.messages[state.saved_upto :]
+    base, _ = rebase(stored, unsaved)
+    adopted = _replace_prefix(state, state.saved_upto, base)
+    state.saved_upto = len(base)
+    state.version = 0 if record is None else record.version
+    return adopted
+
+
+def _replace_prefix(state: SessionState, end: int, prefix: Sequence[Message]) -> Adopted:
+    """Replace ``state.messages[:end]`` with ``prefix``."""
+    before = state.messages[:end]
+    had = {m.id for m in before}
+    has = {m.id for m in prefix}
+    state.messages[:end] = prefix
+    return Adopted(
+        shift=len(prefix) - end,
+        added=sum(m.id not in had for m in prefix),
+        dropped=sum(m.id not in has for m in before),
+    )

@@ -1,0 +1,277 @@
+"""How a turn suspends for a person's input and how its continuation begins.
+
+The turn runner asks :func:`hold_kind` of each call a step makes: a call that needs
+approval (and no in-process approver decides it, see :func:`in_process_approver`) or
+that runs on the client is *held*. The step's other calls run; the held ones are marked
+on their parts (:func:`mark_held`), the step is committed, and the turn ends with
+``awaiting-input``. The store then holds all there is of the wait (docs/approval.md).
+
+When the decisions are recorded (:func:`runtime.approval.record_decision`), the turn is
+resumed (``RunTurn(resume=True)`` on its message): :func:`resolution` says what each
+decided call becomes, a call to run (approved) or a result at once (denied, or a client
+tool's output), before the step loop goes on after the suspended step.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from actors.mcp import agent_tools
+from runtime import events as ev
+from runtime.actor_messages import ApprovalAsked, ToolCallSpec, ToolOutcome
+from runtime.approval import APPROVAL, CLIENT, denial_text
+from runtime.ids import new_id
+from runtime.messages import Awaiting, Message, Part, ToolCallPart, ToolMessage
+from runtime.tools import Tool, ToolContext, ToolInputError
+
+if TYPE_CHECKING:
+    from runtime.actor_messages import Batcher, SaveRequest, SessionState
+    from runtime.agent import Agent
+
+
+def in_process_approver(host: Any) -> bool:
+    """Whether an actor on ``host`` decides approvals in process (the
+    :class:`~actors.plugins.ApprovalActor`, which says so with ``decides_approvals``):
+    then a call that needs approval waits for it in memory, as before durable approval,
+    instead of suspending its turn."""
+    actors = getattr(host, "_actors", None) or ()
+    return any(
+        getattr(a, "decides_approvals", False) and not a.stopped.is_set() for a in list(actors)
+    )
+
+
+async def _no_emit(chunk: Any) -> None:
+    """A held call streams nothing: it does not run here."""
+
+
+def hold_kind(
+    tool: Tool | None,
+    call_input: Any,
+    context: ToolContext[Any],
+    approver_in_process: bool,
+) -> str | None:
+    """``"client"`` or ``"approval"`` when the call suspends the turn, else ``None``
+    (it runs now; an unknown tool or bad input runs too, into its error result)."""
+    if tool is None or not (tool.is_client or (tool.needs_approval and not approver_in_process)):
+        return None  # the common case, decided without validating the input twice
+    try:
+        arguments = tool.validate(call_input)
+    except ToolInputError:
+        return None
+    if tool.is_client:
+        return CLIENT
+    if not approver_in_process and tool.requires_approval(arguments, context):
+        return APPROVAL
+    return None
+
+
+def hold_context(
+    host: Any, session_id: str, turn_id: str, step: int, call: Any, deps: Any
+) -> ToolContext[Any]:
+    """The :class:`ToolContext` a per-call approval rule is given."""
+    return ToolContext(
+        host=host,
+        session_id=session_id,
+        turn_id=turn_id,
+        step=step,
+        tool_call_id=call.tool_call_id,
+        tool_name=call.tool_name,
+        emit=_no_emit,
+        deps=deps,
+    )
+
+
+def awaiting(
+    kind: str, tool_call_id: str, turn_id: str, expires_at: float | None = None
+) -> Awaiting:
+    """The stored wait of a held call (an approval gets an id of its own)."""
+    return Awaiting(
+        kind=kind,
+        id=new_id("approval") if kind == APPROVAL else tool_call_id,
+        turn_id=turn_id,
+        expires_at=expires_at,
+    )
+
+
+def expiry_time(host: Any, agent: Agent) -> float | None:
+    """When a wait that starts now expires (wall clock), by ``agent.approval_timeout``."""
+    timeout = agent.approval_timeout
+    if timeout is None:
+        return None
+    clock = getattr(host, "clock", None) or time.time
+    return float(clock()) + timeout
+
+
+def mark_held(parts: list[Part], held: Mapping[str, Awaiting]) -> None:
+    """Put each held call's :class:`Awaiting` on its part (in place)."""
+    for i, p in enumerate(parts):
+        if isinstance(p, ToolCallPart) and p.tool_call_id in held:
+            parts[i] = attrs.evolve(p, awaiting=held[p.tool_call_id])
+
+
+def held_approvals(
+    parts: list[Part], held: Mapping[str, Awaiting]
+) -> list[tuple[ToolCallPart, Awaiting]]:
+    """The held calls that wait for a person's approval, in call order."""
+    return [
+        (p, held[p.tool_call_id])
+        for p in parts
+        if isinstance(p, ToolCallPart)
+        and p.tool_call_id in held
+        and held[p.tool_call_id].kind == APPROVAL
+    ]
+
+
+def waiting_parts(parts: list[Part], results: Mapping[str, Any]) -> list[ToolCallPart]:
+    """A resumed turn's calls that waited and have no result yet, in call order."""
+    return [
+        p
+        for p in parts
+        if isinstance(p, ToolCallPart) and p.awaiting is not None and p.tool_call_id not in results
+    ]
+
+
+def resolution(part: ToolCallPart) -> ToolCallSpec | ToolOutcome:
+    """What a decided waiting call becomes in its turn's continuation: an approved call
+    to run (once: marked approved, it does not ask again), or its result at once."""
+    w = part.awaiting
+    assert w is not None and w.decided
+    if w.kind == APPROVAL and w.approved:
+        return ToolCallSpec(
+            tool_call_id=part.tool_call_id,
+            tool_name=part.tool_name,
+            input=part.input,
+            approved=True,
+        )
+    if w.kind == APPROVAL:
+        return ToolOutcome(
+            tool_call_id=part.tool_call_id, tool_name=part.tool_name, error=denial_text(w.reason)
+        )
+    return ToolOutcome(
+        tool_call_id=part.tool_call_id,
+        tool_name=part.tool_name,
+        output=None if w.error is not None else w.output,
+        error=w.error,
+    )
+
+
+def in_call_order(messages: list[Message], a_index: int) -> None:
+    """Put the tool messages after the assistant message ``a_index`` in the order of its
+    calls (a continuation adds the waiting calls' results after the others of their
+    step): results are stored in call order."""
+    assistant = messages[a_index]
+    order = {
+        p.tool_call_id: i
+        for i, p in enumerate(getattr(assistant, "content", ()))
+        if isinstance(p, ToolCallPart)
+    }
+    end = a_index + 1
+    while end < len(messages) and isinstance(messages[end], ToolMessage):
+        end += 1
+    tools = messages[a_index + 1 : end]
+    tools.sort(key=lambda m: order.get(getattr(m, "tool_call_id", ""), len(order)))
+    messages[a_index + 1 : end] = tools
+
+
+class Suspending:
+    """The turn runner's part that suspends a turn and resumes it (mixed into
+    :class:`~actors.turn.runner.TurnRunner`, whose turn state and helpers it uses)."""
+
+    if TYPE_CHECKING:  # provided by the turn runner
+        state: SessionState
+        agent: Agent
+        host: Any
+
+        async def publish(self, event: Any) -> None: ...
+
+        async def _execute(
+            self, turn: Any, step: int, runnable: list[ToolCallSpec], tools: dict[str, Any]
+        ) -> None: ...
+
+        async def _tool_done(
+            self,
+            turn_id: str,
+            step: int,
+            oc: ToolOutcome,
+            ctrl: Batcher,
+            *,
+            denied: bool = False,
+            reason: str | None = None,
+        ) -> None: ...
+
+        def _add_result(self, turn: Any, oc: ToolOutcome, step: int) -> None: ...
+
+        def _snapshot(self, turn: Any) -> None: ...
+
+        def _publish_history(self) -> None: ...
+
+        async def _save(self, turn: Any, step: int | None) -> SaveRequest: ...
+
+    async def _hold(self, turn: Any, step: int) -> None:
+        """Mark the step's held calls on their parts and ask for each approval."""
+        if not turn.held:
+            return
+        mark_held(turn.parts.content, turn.held)
+        for part, w in held_approvals(turn.parts.content, turn.held):
+            await turn.ctrl.send(
+                ApprovalAsked(
+                    step=step,
+                    tool_call_id=part.tool_call_id,
+                    tool_name=part.tool_name,
+                    approval_id=w.id,
+                )
+            )
+
+    async def _announce_waiting(self, turn: Any, step: int) -> None:
+        """The bus hears of each approval the suspended turn waits for (once stored);
+        the host's timer, of its deadline if it has one (:mod:`runtime.app.expiry`)."""
+        watch = getattr(self.host, "expiry", None)
+        if watch is not None and any(w.expires_at is not None for w in turn.held.values()):
+            watch.note(self.state.session_id, self.agent, self.state.messages)
+        for part, w in held_approvals(turn.parts.content, turn.held):
+            await self.publish(
+                ev.ToolApprovalRequested(
+                    session_id=self.state.session_id,
+                    turn_id=turn.turn_id,
+                    step=step,
+                    tool_call_id=part.tool_call_id,
+                    tool_name=part.tool_name,
+                    input=part.input,
+                    causation_id=w.id,
+                )
+            )
+
+    async def _resolve(self, turn: Any) -> bool:
+        """A resumed turn: give each call it waited for its result (run the approved
+        ones, deny the denied, take a client tool's output), commit them, then the step
+        loop goes on. ``False`` (nothing done) while a call is still undecided."""
+        waiting = waiting_parts(turn.parts.content, turn.results)
+        if not all(p.awaiting is not None and p.awaiting.decided for p in waiting):
+            return False
+        if not waiting:
+            return True
+        step = waiting[0].step
+        to_run: list[ToolCallSpec] = []
+        for part in waiting:
+            what = resolution(part)
+            if isinstance(what, ToolCallSpec):
+                to_run.append(what)
+                continue
+            turn.outcomes[what.tool_call_id] = what
+            w = part.awaiting
+            denied = w is not None and w.kind == APPROVAL
+            reason = w.reason if w is not None else None
+            await self._tool_done(turn.turn_id, step, what, turn.ctrl, denied=denied, reason=reason)
+        tools = {t.name: t for t in await agent_tools(self.host, self.agent)}
+        await self._execute(turn, step, to_run, tools)
+        for part in waiting:
+            self._add_result(turn, turn.outcomes[part.tool_call_id], part.step)
+        in_call_order(self.state.messages, turn.a_index)
+        self._snapshot(turn)
+        self._publish_history()
+        await self._save(turn, step)
+        return True

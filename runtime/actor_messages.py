@@ -1,0 +1,524 @@
+"""The messages actors exchange with each other (not part of the public stream).
+
+Streams between actors travel as :class:`Batch` es: a producer appends to the batch it
+last sent for as long as the receiver has not picked it up yet, so items that are
+already waiting move together in one hop, and nothing is ever held back waiting for
+more. That keeps the per-delta cost of a stage to an append.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any, Generic, Protocol, TypeAlias, TypeVar
+
+import attrs
+import trio
+
+from runtime.chunks import Usage
+from runtime.inbox import Inbox
+from runtime.messages import Message, Part, UserContent
+from runtime.output import ErrorInfo, OutputChunk
+from runtime.redact import redact_text
+
+_now = time.perf_counter
+
+
+T = TypeVar("T")
+
+
+class Batch(list[T]):
+    """A list of stream items sent as one inbox message; ``tag`` says which request."""
+
+    __slots__ = ("tag", "taken")
+
+    def __init__(self, tag: Any) -> None:
+        super().__init__()
+        self.tag = tag
+        self.taken = False
+
+
+MAX_BATCH = 64
+"""Most items one :class:`Batch` carries. A receiver that does not keep up then finds its
+inbox full of full batches, and the bounded inbox makes the sender wait: backpressure
+reaches the producer instead of the whole stream piling up in one batch. The hot path
+is unaffected: the bursts that merge (what one network read delivers) are smaller."""
+
+
+class BatchSink(Protocol[T]):
+    """Where a :class:`Batcher` puts its batches: any inbox that takes ``Batch[T]``
+    (a consumer's inbox also takes its :class:`TurnDone`)."""
+
+    async def put(self, message: Batch[T]) -> None: ...
+
+
+class Batcher(Generic[T]):
+    """Sends items to an inbox in :class:`Batch` es, merging what is not yet received.
+
+    A batch takes at most ``max_items`` items (:data:`MAX_BATCH`); past that the next
+    item opens a new batch, so what a stalled receiver holds up is bounded by its inbox's
+    capacity times ``max_items``, and the sender blocks (under the ``block`` policy).
+
+    With ``max_hold``, the sender yields to the scheduler right after its first batch
+    and then whenever the receiver has left a batch waiting that long (seconds): a
+    producer that parses a large buffered burst (a whole SSE body in one network read)
+    would otherwise hold its first delta back until it has parsed the last one. Each
+    time it yields ``hold_rounds`` scheduler rounds in a row, because a stage downstream
+    runs one round after the stage before it: with one round, the batch moved one stage
+    per ``max_hold`` of parsing (the first delta of a burst reached the consumer about
+    10 ms late through four stages); with as many rounds as there are stages it reaches
+    the consumer before parsing resumes. Yielding by time, not by count, costs at most
+    ``hold_rounds`` scheduler rounds per ``max_hold``, however small the deltas.
+
+    A batch becomes the one to append to only once the inbox accepted it: a put that is
+    cancelled while waiting for room leaves nothing behind that later items could be
+    appended to and lost with.
+    """
+
+    __slots__ = ("_pending", "_since", "hold_rounds", "inbox", "max_hold", "tag")
+
+    max_items: int = MAX_BATCH
+
+    def __init__(
+        self,
+        inbox: BatchSink[T],
+        tag: Any = None,
+        *,
+        max_hold: float | None = None,
+        hold_rounds: int = 1,
+    ) -> None:
+        self.inbox = inbox
+        self.tag = tag
+        self.max_hold = max_hold
+        self.hold_rounds = hold_rounds
+        self._pending: Batch[T] | None = None
+        self._since = 0.0
+
+    async def send(self, item: T) -> None:
+        pending = self._pending
+        if pending is not None and not pending.taken and len(pending) < self.max_items:
+            pending.append(item)
+            if self.max_hold is not None and _now() - self._since > self.max_hold:
+                await self._yield()
+            return
+        first = self._pending is None
+        batch: Batch[T] = Batch(self.tag)
+        batch.append(item)
+        await self.inbox.put(batch)
+        self._pending = batch
+        if self.max_hold is not None:
+            if first:
+                await self._yield()  # the first delta goes through before parsing goes on
+            self._since = _now()
+
+    async def _yield(self) -> None:
+        for _ in range(self.hold_rounds):
+            await trio.lowlevel.checkpoint()
+        self._since = _now()
+
+    async def send_all(self, items: Sequence[T]) -> None:
+        if not items:
+            return
+        limit = self.max_items
+        pending = self._pending
+        if pending is not None and not pending.taken:
+            room = limit - len(pending)
+            if len(items) <= room:
+                pending.extend(items)
+                return
+            if room > 0:
+                pending.extend(items[:room])
+                items = items[room:]
+        for start in range(0, len(items), limit):
+            batch: Batch[T] = Batch(self.tag)
+            batch.extend(items[start : start + limit])
+            await self.inbox.put(batch)
+            self._pending = batch
+
+
+# -- provider requests ------------------------------------------------------------------
+
+
+@attrs.define(kw_only=True, slots=True, eq=False)
+class InferRequest:
+    """Ask a provider actor for one model call; chunks go to ``reply`` in batches."""
+
+    request_id: str
+    session_id: str
+    turn_id: str
+    step: int
+    instructions: str | None
+    messages: tuple[Message, ...]
+    tools: tuple[Any, ...]
+    """:class:`runtime.tools.Tool` s offered to the model."""
+    reply: Inbox[Batch[Any]]
+    """Where the chunks go: batches of stream chunks, a :class:`StreamFailed` last if the
+    call failed."""
+    cancel_scope: trio.CancelScope
+    """Entered by the provider's task; the requester cancels it to stop the call."""
+    settings: dict[str, Any] = attrs.field(factory=dict)
+    output: Any = None
+    """The agent's :class:`~runtime.output_schema.OutputSchema`: the provider asks for an
+    answer that is JSON matching it (``None``: free text)."""
+
+
+@attrs.frozen(kw_only=True, slots=True, eq=False)  # internal: identity is enough
+class StreamFailed:
+    """The model call failed; always the last item a provider sends for a request."""
+
+    error: BaseException
+
+
+# -- engine and turn runner --------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True, slots=True, eq=False)  # internal: identity is enough
+class BeginRequest:
+    """Tells the engine a new model call starts: reset the tag partitioner."""
+
+    request_id: str
+
+
+# -- tools -------------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True, slots=True, eq=False)  # internal: identity is enough
+class ToolCallSpec:
+    tool_call_id: str
+    tool_name: str
+    input: Any
+    approved: bool = False
+    """A person approved this call already (a resumed turn): it runs without asking."""
+
+
+@attrs.define(kw_only=True, slots=True, eq=False)
+class ExecuteTools:
+    """Run a step's tool calls concurrently; one :class:`ToolOutcome` each goes to
+    ``reply`` in completion order."""
+
+    session_id: str
+    turn_id: str
+    step: int
+    calls: tuple[ToolCallSpec, ...]
+    tools: dict[str, Any]
+    default_timeout: float | None
+    max_result_chars: int | None
+    reply: Inbox[ToolOutcome | ToolProgress]
+    cancel_scope: trio.CancelScope
+    host: Any = None
+    """The host, handed to tools that take a :class:`~runtime.tools.ToolContext`."""
+    deps: Any = None
+    """The session's dependencies, handed to tools as ``ToolContext.deps``."""
+
+
+@attrs.frozen(kw_only=True, slots=True, eq=False)  # internal: identity is enough
+class ToolOutcome:
+    tool_call_id: str
+    tool_name: str
+    output: Any = None
+    error: str | None = attrs.field(default=None, converter=attrs.converters.optional(redact_text))
+    """Redacted here, so the model, the stream and the store get the same clean text."""
+    duration: float = 0.0
+    usage: Usage | None = None
+    """Tokens the tool spent (an agent used as a tool); added to the calling turn's."""
+
+
+@attrs.frozen(kw_only=True, slots=True, eq=False)  # internal: identity is enough
+class ToolProgress:
+    """An output chunk a running tool streams, nested under its call."""
+
+    tool_call_id: str
+    tool_name: str
+    chunk: Any
+
+
+# -- persistence -------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True, slots=True, eq=False)  # internal: identity is enough
+class SaveResult:
+    """The persister's answer to one :class:`SaveRequest`, on the request's ``reply`` inbox.
+
+    Exactly one of ``version`` (saved) and ``error`` (nothing written) is set."""
+
+    request_id: str
+    session_id: str
+    version: int | None = None
+    """The session's version in the store after this save."""
+    error: BaseException | None = None
+    base: tuple[Message, ...] | None = None
+    """Set when the save was rebased: what the store holds before the request's
+    ``messages`` now (another writer saved in between)."""
+
+    @property
+    def in_place(self) -> bool:
+        """Whether the messages were written where the request asked (saved, not rebased)."""
+        return self.error is None and self.base is None
+
+
+@attrs.frozen(kw_only=True, slots=True, eq=False)  # internal: identity is enough
+class SaveRequest:
+    """Replace the session's messages from ``start`` on with ``messages``.
+
+    The save is based on ``expected_version`` (the store's version of the session when
+    ``start`` and ``messages`` were computed) or, when that is ``None``, on the outcome of
+    ``after``, the id of the same session's previous request (still in flight when this
+    one was made; the persister answers requests in order, so it knows that outcome).
+    When neither gives a version the layout is known to match, the persister *rebases*:
+    it reloads the session and appends ``messages`` after what the store holds
+    (:func:`runtime.store.rebase`), so a save never overwrites a message some other
+    writer stored.
+
+    The persister answers with one :class:`SaveResult` on ``reply``, without waiting: a
+    requester that does not read its replies never stalls the persister (give ``reply``
+    the ``drop-oldest`` policy; only the latest answer matters).
+    """
+
+    request_id: str
+    session_id: str
+    turn_id: str
+    start: int
+    messages: tuple[Message, ...]
+    meta: Mapping[str, Any] = attrs.field(factory=dict)
+    step: int | None = None
+    expected_version: int | None = None
+    after: str | None = None
+    """The ``request_id`` of the session's previous request, when this one is based on it."""
+    reply: Inbox[SaveResult] | None = None
+
+
+# -- stream controller markers -------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True, slots=True, eq=False)  # internal: identity is enough
+class TurnBegin:
+    turn_id: str
+    message_id: str
+    consumer: Inbox[ConsumerItem] | None
+    """Where the turn's output goes: batches of output chunks, then :class:`TurnDone`."""
+
+
+@attrs.frozen(kw_only=True, slots=True, eq=False)  # internal: identity is enough
+class StepBegin:
+    step: int
+
+
+@attrs.frozen(kw_only=True, slots=True, eq=False)  # internal: identity is enough
+class StepEnd:
+    step: int
+    finish_reason: str
+    usage: Usage
+
+
+@attrs.frozen(kw_only=True, slots=True, eq=False)  # internal: identity is enough
+class ToolDone:
+    step: int
+    outcome: ToolOutcome
+
+
+@attrs.frozen(kw_only=True, slots=True, eq=False)  # internal: identity is enough
+class ToolStreamed:
+    step: int
+    progress: ToolProgress
+
+
+@attrs.frozen(kw_only=True, slots=True, eq=False)  # internal: identity is enough
+class ApprovalAsked:
+    """A call of the step waits for a person's decision (its turn suspends)."""
+
+    step: int
+    tool_call_id: str
+    tool_name: str
+    approval_id: str
+
+
+@attrs.frozen(kw_only=True, slots=True, eq=False)  # internal: identity is enough
+class ToolDenied:
+    """A waiting call was denied: its result is the denial (``outcome.error``)."""
+
+    step: int
+    outcome: ToolOutcome
+    reason: str | None
+
+
+@attrs.frozen(kw_only=True, slots=True, eq=False)  # internal: identity is enough
+class TurnEnd:
+    """The turn is over; ``error`` / ``abort_reason`` say how it was cut short, if so."""
+
+    finish_reason: str
+    usage: Usage
+    error: ErrorInfo | None = None
+    abort_reason: str | None = None
+    budget: str | None = None
+
+
+@attrs.frozen(kw_only=True, slots=True, eq=False)  # internal: identity is enough
+class TurnResult:
+    """What a finished turn leaves behind (``output.result``)."""
+
+    turn_id: str
+    finish_reason: str
+    """``stop``, ``length``, ``content-filter``, ``budget``, ``error``, ``aborted``, ..."""
+    usage: Usage
+    steps: int
+    message: Message
+    """The turn's assistant message."""
+    tool_messages: tuple[Message, ...] = ()
+    error: ErrorInfo | None = None
+    abort_reason: str | None = None
+    budget: str | None = None
+    """Which budget ended the turn, when ``finish_reason`` is ``budget``."""
+    output: Any = None
+    """The validated answer of an agent with an ``output_type`` (an instance of it, or
+    the ``dict`` for a JSON schema); ``None`` otherwise, or when no answer validated."""
+    new_messages: tuple[Message, ...] = ()
+    """What the turn added to the history, in order: its user message, its assistant
+    message and the tool results. A program that keeps the conversation itself appends
+    them to the history it passes the next turn (``open_session(history=...)``)."""
+    pending: tuple[Any, ...] = ()
+    """When ``finish_reason`` is ``awaiting-input``: the calls the turn waits for
+    (:class:`runtime.approval.PendingCall` s), to decide with ``session.respond``."""
+
+    @property
+    def text(self) -> str:
+        """The answer: the text of the turn's assistant message, all steps joined."""
+        return self.message.text  # type: ignore[union-attr]
+
+
+@attrs.frozen(kw_only=True, slots=True, eq=False)  # internal: identity is enough
+class TurnDone:
+    """The turn is over and saved: the last item on its consumer's inbox.
+
+    The turn runner sends it to the stream controller after the turn's last chunk (and
+    after the ``turn.finished`` hooks ran); the controller hands it on to the consumer
+    after every chunk and closes the consumer's inbox. Should the controller be gone, the
+    runner puts it on the consumer's inbox itself, so a consumer always learns the end."""
+
+    result: TurnResult
+
+
+@attrs.define(slots=True, eq=False)
+class TurnCancel:
+    """How a consumer stops its turn, as data in :class:`RunTurn`.
+
+    The turn runner enters ``scope`` around the turn's steps (and sets its deadline); the
+    consumer calls :meth:`cancel`, which keeps the first reason and cancels the scope (a
+    scope cancelled before it is entered cancels on entry, like any Trio scope). The
+    runner reads ``reason`` when the scope was cancelled: a reason means the consumer
+    asked, none means the deadline passed. Nothing is called back on the consumer."""
+
+    scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
+    reason: str | None = None
+
+    def cancel(self, reason: str) -> None:
+        if self.reason is None:
+            self.reason = reason
+            self.scope.cancel()
+
+
+@attrs.frozen(kw_only=True, slots=True, eq=False)  # internal: identity is enough
+class RunTurn:
+    """Run one turn: what a :class:`~runtime.app.session.TurnStream` sends its session's
+    turn runner. Data only: the output goes to ``consumer`` (chunk batches, then one
+    :class:`TurnDone`), cancellation comes through ``cancel``."""
+
+    turn_id: str
+    input: UserContent
+    """The user message's content: text, or parts (text, images, files)."""
+    consumer: Inbox[ConsumerItem]
+    cancel: TurnCancel
+    meta: Mapping[str, Any] = attrs.field(factory=dict)
+    """The session's meta as of the turn's start; saved with the turn's messages."""
+    regenerate: bool = False
+    """Replace the last turn: cut the history back to before its last user message."""
+    message_id: str | None = None
+    """The id of the turn's assistant message (``None``: a new one). A durable turn
+    passes a stable one, so that the worker taking it over finds its message."""
+    user_message_id: str | None = None
+    """The id the turn's user message gets (``None``: a new one). The web app passes the
+    client's id of the message, so that a resend of it is recognised (a retry, an edit)."""
+    resume: bool = False
+    """The turn may have committed steps already (another worker ran it and died): when
+    the history holds the assistant message ``message_id``, the turn continues it, from
+    the step after its last committed one, instead of starting again (it wins over
+    ``regenerate`` then). Without such a message it is an ordinary new turn."""
+    deps: Any = None
+    """The session's dependencies (``Session.deps``): what the turn's tools get as
+    ``ToolContext.deps``. Held, never copied or saved."""
+
+
+ConsumerItem: TypeAlias = "Batch[OutputChunk] | TurnDone"
+"""What a consumer's inbox carries."""
+
+
+# -- a session's history -------------------------------------------------------------
+
+
+@attrs.define(kw_only=True, slots=True, eq=False)
+class SessionState:
+    """A session's history as its turn runner keeps it: private to that runner, which
+    publishes every change as a :class:`SessionSnapshot`."""
+
+    session_id: str
+    messages: list[Message] = attrs.field(factory=list)
+    saved_upto: int = 0
+    """How many messages the store is known to hold; saves start no later than this."""
+    version: int = 0
+    """The store's version of the session that ``messages[:saved_upto]`` matches (``0``:
+    not stored); saves are based on it, so one that another writer overtook conflicts."""
+
+    def snapshot(self) -> SessionSnapshot:
+        return SessionSnapshot(
+            session_id=self.session_id,
+            messages=tuple(self.messages),
+            saved_upto=self.saved_upto,
+            version=self.version,
+        )
+
+
+@attrs.frozen(kw_only=True, slots=True, eq=False)
+class SessionSnapshot:
+    """A session's history at one moment (``session.state``): an immutable value the turn
+    runner replaces after every change, so readers never see it half-changed."""
+
+    session_id: str
+    messages: tuple[Message, ...] = ()
+    saved_upto: int = 0
+    """How many of ``messages`` the store is known to hold."""
+    version: int = 0
+    """The store's version of the session that ``messages[:saved_upto]`` matches."""
+
+    @property
+    def all_saved(self) -> bool:
+        """Whether the store holds every message (evicting the session loses nothing)."""
+        return self.saved_upto >= len(self.messages)
+
+
+__all__ = [
+    "MAX_BATCH",
+    "ApprovalAsked",
+    "Batch",
+    "Batcher",
+    "BeginRequest",
+    "ConsumerItem",
+    "ExecuteTools",
+    "InferRequest",
+    "Part",
+    "RunTurn",
+    "SaveRequest",
+    "SaveResult",
+    "SessionSnapshot",
+    "SessionState",
+    "StepBegin",
+    "StepEnd",
+    "StreamFailed",
+    "ToolCallSpec",
+    "ToolDenied",
+    "ToolDone",
+    "ToolOutcome",
+    "TurnBegin",
+    "TurnCancel",
+    "TurnDone",
+    "TurnEnd",
+    "TurnResult",
+]

@@ -1,0 +1,579 @@
+"""``python -m runtime`` (installed as ``axon`` too: the same command): run a turn in the
+terminal, or print its chunks as JSON lines.
+
+    python -m runtime run "Weather in Paris?"            # the offline scripted demo
+    python -m runtime run --jsonl "Weather in Paris?"    # one OutputChunk per line
+    python -m runtime run --file chart.png "What does this show?"   # attach files
+    python -m runtime run --provider openai --model gpt-4o-mini "Hello"
+    python -m runtime run --provider anthropic --base-url http://127.0.0.1:8080 \
+        --model claude-sonnet-4-5 "Hello"
+    python -m runtime run --store s.db --session ID --approve-all   # decide a waiting turn
+
+    python -m runtime serve                              # web UI + AI SDK (useChat) API
+
+Real providers read their key from ``--api-key`` or the SDK's usual environment
+variable (``OPENAI_API_KEY``, ``ANTHROPIC_API_KEY``), only when the call is made. Their
+agent has no tools and no instructions unless given (``--instructions``, ``--mcp``,
+``--demo-tools``, or ``--agent module:name`` for an agent of one's own); the scripted demo
+always has its weather and clock tools.
+
+Bad input (an invalid session id, a store that cannot be opened, a missing file) prints
+one ``error: ...`` line on stderr and exits with status 2, before anything is written.
+
+A turn that waits for a person (a tool that needs approval, a client-side tool;
+docs/approval.md) is decided here: ``--approve-all`` / ``--deny-all``, or else, when stdin
+is a terminal, ``approve NAME(ARGS)? [y/N]`` for each call; then the turn goes on. With
+neither (a script, a closed stdin) ``run`` says how to decide it on one line and exits
+with status 3: it never waits for an answer that cannot come.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import mimetypes
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any, TextIO
+
+import orjson
+import trio
+
+from actors.plugins.otel import OpenTelemetryActor, build_tracer_provider
+from actors.plugins.recorder import JsonlRecorder, read_jsonl
+from actors.stores import is_store_url, open_store
+from runtime.actor_messages import TurnResult
+from runtime.agent import Agent
+from runtime.app.commands import (
+    MCP_HELP,
+    BadInput,
+    add_agent_arguments,
+    add_log_level_argument,
+    make_agent,
+    report_bad_input,
+)
+from runtime.app.expiry import deadlines
+from runtime.app.host import Host
+from runtime.app.render import TerminalRenderer
+from runtime.app.web.serve import add_serve_parser, serve_command
+from runtime.app.worker import add_worker_parser, worker_command
+from runtime.approval import APPROVAL, PendingCall, pending_calls, waiting_calls
+from runtime.errors import AlreadyDecided, ConfigurationError, InvalidMedia, UnknownApproval
+from runtime.events import Event
+from runtime.ids import new_id
+from runtime.logging import configure_logging
+from runtime.media import MediaLimits, check_limits, user_content
+from runtime.messages import File, Image, Message, is_media_output
+from runtime.output_schema import output_schema
+from runtime.redact import redact_url
+from runtime.serde import converter, structure, unstructure
+from runtime.store import validate_session_id
+
+__all__ = ["MCP_HELP", "BadInput", "build_parser", "main", "make_agent", "report_bad_input"]
+
+
+STORE_HELP = "session store: an SQLite file or a postgresql:// URL"
+WAITING_STATUS = 3
+"""``run``'s exit status when the turn waits for a decision nobody could give here."""
+
+
+def program_name() -> str:
+    """``axon`` when run as the installed ``axon`` script, else ``python -m runtime``:
+    the two are the same command, and usage lines name the one that was typed."""
+    return "axon" if os.path.basename(sys.argv[0]) == "axon" else "python -m runtime"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=program_name(), description="Axon agent runtime")
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run one turn and render it")
+    run.add_argument(
+        "prompt",
+        nargs="?",
+        help="the user input (optional with --session when its turn waits for approval)",
+    )
+    run.set_defaults(usage_error=run.error)  # a prompt is optional with --session only
+    run.add_argument("--jsonl", action="store_true", help="print each OutputChunk as a JSON line")
+    run.add_argument(
+        "--file",
+        action="append",
+        default=[],
+        metavar="PATH_OR_URL",
+        help="attach an image or file (a path, or an http(s) URL the provider fetches); repeatable",
+    )
+    add_agent_arguments(run)
+    run.add_argument(
+        "--store", default=None, help=f"{STORE_HELP} to save the session in (default: none)"
+    )
+    run.add_argument(
+        "--session", default=None, help="session id in --store (resumes it if it is stored)"
+    )
+    run.add_argument(
+        "--approve-all",
+        action="store_true",
+        help="approve every tool call that waits for approval (no prompt)",
+    )
+    run.add_argument(
+        "--deny-all", action="store_true", help="deny every tool call that waits for approval"
+    )
+    run.add_argument(
+        "--output-schema",
+        default=None,
+        metavar="FILE",
+        help="a JSON schema file (an object schema): the answer must be JSON matching it",
+    )
+    run.add_argument(
+        "--delay",
+        type=float,
+        default=None,
+        help="scripted demo: seconds between chunks (default 0.02 on a terminal)",
+    )
+    add_log_level_argument(run, "critical", "; the output already shows the turn's errors")
+    run.add_argument("--record", default=None, help="append every bus event to this JSONL file")
+    run.add_argument("--mcp", action="append", default=[], metavar="SERVER", help=MCP_HELP)
+    run.add_argument(
+        "--otel",
+        action="store_true",
+        help="export OpenTelemetry traces, configured by the OTEL_* variables (docs/telemetry.md)",
+    )
+
+    replay = sub.add_parser("replay", help="re-render a recorded session from a JSONL file")
+    replay.add_argument("file", help="a JSONL event log (see --record)")
+    replay.add_argument("--session", default=None, help="only this session's output")
+    replay.add_argument("--jsonl", action="store_true", help="print the output chunks as JSON")
+
+    sessions = sub.add_parser("sessions", help="list the sessions in a store")
+    sessions.add_argument("--store", required=True, help=STORE_HELP)
+
+    show = sub.add_parser("show", help="print one stored conversation with its parts")
+    show.add_argument("session_id")
+    show.add_argument("--store", required=True, help=STORE_HELP)
+    show.add_argument("--json", action="store_true", help="print the messages as JSON")
+
+    add_serve_parser(sub)
+    add_worker_parser(sub)
+    return parser
+
+
+def load_attachment(source: str) -> Any:
+    """An :class:`~runtime.messages.Image` (when the bytes or URL say image) or a
+    :class:`~runtime.messages.File` for ``--file``; a missing file is :class:`BadInput`."""
+    if source.startswith(("http://", "https://")):
+        guessed = mimetypes.guess_type(source.split("?")[0])[0] or ""
+        if guessed.startswith("image/"):
+            return Image(url=source)
+        return File(url=source, filename=os.path.basename(source.split("?")[0]) or None)
+    if not os.path.isfile(source):
+        raise BadInput(f"no file at {source}")
+    with open(source, "rb") as f:
+        data = f.read()
+    try:
+        return Image(data=data)
+    except InvalidMedia:
+        return File(data=data, filename=os.path.basename(source))
+
+
+def run_input(args: argparse.Namespace) -> Any:
+    """The ``run`` command's user input: the prompt, then each ``--file`` in order, checked
+    against the default media limits (before any store is opened). ``None`` without a
+    prompt: the stored turn that waits is to be decided and resumed."""
+    if args.prompt is None:
+        if args.file:
+            raise BadInput("--file needs a prompt to attach to")
+        return None
+    if not args.file:
+        return args.prompt
+    content = user_content([args.prompt, *(load_attachment(s) for s in args.file)])
+    check_limits(content, MediaLimits(allow_urls=args.media_urls != "off"))
+    return content
+
+
+def check_arguments(args: argparse.Namespace) -> None:
+    """Reject bad session ids and missing files before any store is opened or created."""
+    for name in ("session", "session_id"):
+        value = getattr(args, name, None)
+        if value is not None:
+            validate_session_id(value)
+    command = getattr(args, "command", None)
+    if (
+        command in ("show", "sessions")
+        and not is_store_url(args.store)
+        and not os.path.exists(args.store)
+    ):
+        raise BadInput(f"no session store at {args.store}")  # reading must not create one
+    if command == "replay" and not os.path.isfile(args.file):
+        raise BadInput(f"no event log at {args.file}")
+    if command == "run" and args.session is not None and args.store is None:
+        raise BadInput("--session needs --store: without a store there is nothing to resume")
+    if command == "run":
+        if args.approve_all and args.deny_all:
+            raise BadInput("--approve-all and --deny-all cannot be used together")
+        if args.prompt is None and not is_store_url(args.store) and not os.path.exists(args.store):
+            raise BadInput(f"no session store at {args.store}")  # nothing there waits
+        args.input = run_input(args)
+    if getattr(args, "output_schema", None) is not None:
+        args.output_type = read_output_schema(args.output_schema)
+
+
+def read_output_schema(path: str) -> dict[str, Any]:
+    """The JSON schema in ``path`` (``run --output-schema``), checked as an agent would
+    check it; a missing file, invalid JSON or an unusable schema is :class:`BadInput`."""
+    try:
+        with open(path, "rb") as f:
+            schema = orjson.loads(f.read())
+    except OSError as exc:
+        raise BadInput(f"cannot read the output schema {path}: {exc.strerror or exc}") from None
+    except orjson.JSONDecodeError as exc:
+        raise BadInput(f"the output schema {path} is not JSON: {exc}") from None
+    if not isinstance(schema, dict):
+        raise BadInput(f"the output schema {path} must be a JSON object (a JSON schema)")
+    try:
+        output_schema(schema)
+    except ConfigurationError as exc:
+        raise BadInput(f"the output schema {path} cannot be used: {exc}") from None
+    return schema
+
+
+async def run_command(args: argparse.Namespace) -> int:
+    configure_logging(args.log_level)
+    agent = make_agent(args)
+    renderer = None
+    if not args.jsonl:
+        renderer = TerminalRenderer()
+    out_stream = sys.stdout.buffer
+    tracing = None
+    if args.otel:
+        try:
+            tracing = OpenTelemetryActor(tracer_provider=build_tracer_provider())
+        except ConfigurationError as exc:
+            sys.stderr.write(f"error: {exc}\n")
+            return 2
+    session_id = args.session or new_id("session")
+    if not isinstance(agent, Agent):  # --agent named a function of the session id
+        agent = agent(session_id)
+    async with Host.open(store=args.store, handle_signals=True) as host:
+        if tracing is not None:
+            await host.start_actor(tracing)
+        if args.record:
+            await host.start_actor(JsonlRecorder(args.record))
+        session = await host.open_session(agent, session_id=session_id)
+        result: TurnResult | None = None
+        if args.input is None:  # no prompt: the session's waiting turn goes on
+            waiting = waiting_calls(session.messages)
+            if not waiting:
+                raise BadInput(
+                    f"session {session_id} has no turn waiting for a decision: give a prompt"
+                )
+            if renderer is not None:
+                renderer.know_calls(waiting)
+        else:
+            result = await render_turn(session.stream(args.input), renderer, out_stream)
+        while result is None or result.finish_reason == "awaiting-input":
+            status = await decide_waiting(session, args, renderer)
+            if status is not None:
+                return status
+            result = await render_turn(session.resume(), renderer, out_stream)
+    if args.store is not None and args.session is None:  # the id it made: say how to resume
+        sys.stderr.write(f"session {session_id} (continue it with --session {session_id})\n")
+    if result is not None and result.error is not None and result.finish_reason != "error":
+        # The answer streamed, but saving it failed (a full disk, a writer that kept
+        # overtaking this one): say so, rather than exit 0 as if it were stored.
+        sys.stderr.write(
+            f"the turn was not saved to {redact_url(args.store)}: "
+            f"{result.error.kind}: {result.error.message}\n"
+        )
+        return 1
+    return 0 if result is not None and result.finish_reason not in ("error", "aborted") else 1
+
+
+async def render_turn(stream: Any, renderer: Any, out: Any) -> TurnResult | None:
+    """Run a turn (or a continuation) to its end, rendering each chunk (or writing it as
+    a JSON line without a renderer); its result."""
+    async with stream as output:
+        async for chunk in output:
+            if renderer is not None:
+                renderer.render(chunk)
+            else:
+                out.write(orjson.dumps(converter.unstructure(chunk)) + b"\n")
+                out.flush()
+    return output.result
+
+
+NO_CLIENT = "the command line has no client to run the client-side tool {}"
+
+
+async def decide_waiting(session: Any, args: argparse.Namespace, renderer: Any) -> int | None:
+    """Decide every call the session's turn still waits for: ``--approve-all``,
+    ``--deny-all``, or a ``[y/N]`` prompt when stdin is a terminal (a client-side tool,
+    which nothing here can run, gets an error as its result). ``None`` once all are
+    decided (the turn can resume); else the exit status: :data:`WAITING_STATUS` when
+    nobody here can decide (the line on stderr says how to), 130 for Ctrl-C at a prompt."""
+    calls = [c for c in waiting_calls(session.messages) if not c.decided]
+    interactive = sys.stdin is not None and sys.stdin.isatty()
+    if calls and not (args.approve_all or args.deny_all or interactive):
+        sys.stderr.write(waiting_line(calls, session.id, args.store) + "\n")
+        return WAITING_STATUS
+    for call in calls:
+        if call.kind == "client":
+            sys.stderr.write(
+                f"{NO_CLIENT.format(call.tool_name)}: it gets an error as its result\n"
+            )
+    prompt_out = sys.stderr if renderer is None else sys.stdout  # --jsonl keeps stdout JSON
+    for call in calls:
+        decision: dict[str, Any]
+        if call.kind == "client":
+            decision = {"error": NO_CLIENT.format(call.tool_name)}
+        elif args.approve_all or args.deny_all:
+            decision = {"approved": args.approve_all}
+            decision["reason"] = None if args.approve_all else "denied by --deny-all"
+        else:
+            if renderer is not None:
+                renderer.end_line()
+            answer = await ask(f"approve {describe_call(call)}? [y/N] ", prompt_out)
+            if answer is None:
+                prompt_out.write("\n")
+                return 130
+            approved = answer.strip().lower() in ("y", "yes")
+            decision = {"approved": approved}
+            decision["reason"] = None if approved else "denied at the prompt"
+        try:
+            await session.decide(call.approval_id, **decision)
+        except (AlreadyDecided, UnknownApproval) as exc:  # decided elsewhere meanwhile
+            raise BadInput(str(exc)) from None
+    return None
+
+
+def describe_call(call: PendingCall) -> str:
+    """``NAME({"arg": ...})``: a waiting call as a person reads it."""
+    return f"{call.tool_name}({json.dumps(call.input, ensure_ascii=False)})"
+
+
+def waiting_line(calls: list[PendingCall], session_id: str, store: str | None) -> str:
+    """The one line ``run`` ends with when nobody here can decide the waiting calls."""
+    what = ", ".join(
+        describe_call(c) + (" (client-side: nothing here runs it)" if c.kind == "client" else "")
+        for c in calls
+    )
+    if store is None:
+        return (
+            f"the turn waits for approval: {what}; nothing is stored without --store: run "
+            "again with --approve-all or --deny-all, or from a terminal to be asked"
+        )
+    where = redact_url(store)
+    return (
+        f"the turn waits for approval: {what}; session {session_id} is stored in {where}: "
+        f"decide with `{program_name()} run --store {where} --session {session_id} "
+        "--approve-all` (or --deny-all) and the same agent options"
+    )
+
+
+async def ask(question: str, out: TextIO) -> str | None:
+    """``question`` on ``out``, and the line typed on stdin ("" at its end); ``None`` when
+    Ctrl-C interrupts (the host's own SIGINT handler would only cancel turns, and no turn
+    runs while a prompt waits, so the prompt listens for it itself)."""
+    answer: str | None = None
+    with trio.open_signal_receiver(signal.SIGINT) as signals:
+        out.write(question)  # only now: a Ctrl-C as soon as it shows reaches this receiver
+        out.flush()
+        async with trio.open_nursery() as nursery:
+
+            async def read() -> None:
+                nonlocal answer
+                answer = await trio.to_thread.run_sync(sys.stdin.readline, abandon_on_cancel=True)
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(read)
+            async for _ in signals:
+                nursery.cancel_scope.cancel()
+                break
+    return answer
+
+
+def replay_command(args: argparse.Namespace) -> int:
+    """Render the output chunks of a recorded JSONL event log, in order.
+
+    A recording in which a turn has no ``turn.finished`` (or that has none at all) was cut
+    short: what it holds is rendered, then an ``error: ... is incomplete`` line, status 1,
+    so a script never takes half an answer for the whole one."""
+    renderer = None if args.jsonl else TerminalRenderer()
+    try:
+        records = read_jsonl(args.file)
+    except OSError as exc:
+        raise BadInput(f"cannot read {args.file}: {exc.strerror or exc}") from None
+    except orjson.JSONDecodeError as exc:
+        raise BadInput(f"{args.file} is not a JSONL event log: {exc}") from None
+    turns: dict[Any, bool] = {}  # turn id -> whether its turn.finished was recorded
+    for record in records:
+        if args.session and record.get("session_id") != args.session:
+            continue
+        kind = str(record.get("kind", ""))
+        if kind == "turn.finished":
+            turns[record.get("turn_id")] = True
+        elif record.get("turn_id"):
+            turns.setdefault(record.get("turn_id"), False)
+        if not kind.startswith("output."):
+            continue
+        if renderer is None:
+            sys.stdout.write(orjson.dumps(record).decode() + "\n")
+        else:
+            renderer.render(structure(record, Event))
+    unfinished = [turn_id for turn_id, finished in turns.items() if not finished]
+    if unfinished or not turns:
+        if renderer is not None:
+            renderer.end_line()
+        sys.stdout.flush()
+        missing = f"turn {unfinished[0]} has" if unfinished else "it has"
+        sys.stderr.write(
+            f"error: {args.file} is incomplete: {missing} no turn.finished event"
+            " (the recording was cut short)\n"
+        )
+        return 1
+    return 0
+
+
+async def sessions_command(args: argparse.Namespace) -> int:
+    store = await open_store(args.store)
+    try:
+        infos = await store.list_sessions()
+    finally:
+        await store.aclose()
+    for info in infos:
+        agent = info.meta.get("agent", "")
+        sys.stdout.write(f"{info.session_id}\t{info.message_count} messages\t{agent}\n")
+    return 0
+
+
+async def show_command(args: argparse.Namespace) -> int:
+    from rich.console import Console  # rich: only when printing a conversation
+
+    store = await open_store(args.store)
+    try:
+        record = await store.load(args.session_id)
+    finally:
+        await store.aclose()
+    if record is None:
+        sys.stderr.write(f"no session {args.session_id!r} in {args.store}\n")
+        return 1
+    if args.json:
+        sys.stdout.write(orjson.dumps(unstructure(list(record.messages))).decode() + "\n")
+        return 0
+    console = Console(highlight=False, markup=False)  # stored text is never markup
+    for msg in record.messages:
+        if msg.role == "assistant":
+            flag = f" ({msg.status})" if msg.status != "complete" else ""
+            console.print(f"assistant{flag}", style="bold")
+            for part in msg.content:
+                if part.type == "text":
+                    console.print(f"  [step {part.step}] text: {part.text}")
+                elif part.type == "reasoning":
+                    signed = " signed" if part.signature else ""
+                    line = f"  [step {part.step}] reasoning{signed}: {part.text}"
+                    console.print(line, style="dim")
+                elif part.type == "tool-call":
+                    call_input = orjson.dumps(part.input).decode()
+                    console.print(
+                        f"  [step {part.step}] tool-call {part.tool_name}({call_input}) "
+                        f"id={part.tool_call_id}"
+                    )
+                else:
+                    console.print(f"  [step {part.step}] {part.type}")
+            if msg.error is not None:
+                console.print(f"  error: {msg.error.kind}: {msg.error.message}", style="red")
+        elif msg.role == "tool":
+            body = msg.error if msg.error else _describe_output(msg.output)
+            label = "error" if msg.error else "result"
+            console.print(f"tool {msg.tool_name} {label} (step {msg.step}): {body}")
+        elif msg.role == "user" and not isinstance(msg.content, str):
+            console.print(f"user: {msg.text}")
+            for item in msg.media:
+                console.print(f"  [{_describe_media(item)}]", style="dim")
+        else:
+            console.print(f"{msg.role}: {msg.content}")
+    for line in waiting_lines(record.messages):
+        console.print(line, style="bold", soft_wrap=True)  # ids copied whole
+    return 0
+
+
+def waiting_lines(messages: Sequence[Message]) -> list[str]:
+    """What ``show`` says of the calls the stored last turn still waits for (with the
+    wall-clock time a wait expires, when it has one): docs/approval.md."""
+    due = deadlines(messages)
+    lines = []
+    for call in pending_calls(messages):
+        what = "approval" if call.kind == APPROVAL else "the client"
+        key = "approval id" if call.kind == APPROVAL else "call id"
+        call_input = orjson.dumps(call.input).decode()
+        line = f"waiting for {what}: {call.tool_name}({call_input}) {key} {call.approval_id}"
+        if call.tool_call_id in due:
+            when = datetime.fromtimestamp(due[call.tool_call_id], UTC)
+            line += f", expires {when.isoformat(timespec='seconds')}"
+        lines.append(line)
+    return lines
+
+
+def _describe_media(part: Any) -> str:
+    where = f"{part.size} bytes" if part.data is not None else part.url
+    name = getattr(part, "filename", None)
+    return f"{part.type} {part.media_type}{f' {name}' if name else ''}, {where}"
+
+
+def _describe_output(output: Any) -> str:
+    if not is_media_output(output):
+        return orjson.dumps(output).decode()
+    return " ".join(p.text if p.type == "text" else f"[{_describe_media(p)}]" for p in output)
+
+
+def _silence_stdout() -> None:
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "run" and args.prompt is None and args.session is None:
+        args.usage_error("the following arguments are required: prompt")  # argparse's own
+    return report_bad_input(lambda: _dispatch(args))
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    check_arguments(args)
+    if args.command == "replay":
+        return replay_command(args)
+    if args.command == "sessions":
+        return trio.run(sessions_command, args)
+    if args.command == "show":
+        return trio.run(show_command, args)
+    if args.command == "serve":
+        try:
+            return trio.run(serve_command, args)
+        except KeyboardInterrupt:
+            return 130
+    if args.command == "worker":
+        try:
+            return trio.run(worker_command, args)
+        except KeyboardInterrupt:
+            return 130
+    if args.command == "run":
+        try:
+            return trio.run(run_command, args)
+        except KeyboardInterrupt:
+            return 130
+        except BaseExceptionGroup as group:  # e.g. `... --jsonl | head`: the reader left
+            if group.subgroup(BrokenPipeError) is None or group.subgroup(
+                lambda e: not isinstance(e, BrokenPipeError | BaseExceptionGroup)
+            ):
+                raise
+            _silence_stdout()
+            return 0
+        except BrokenPipeError:
+            _silence_stdout()
+            return 0
+    return 2  # pragma: no cover
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

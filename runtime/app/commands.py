@@ -1,0 +1,288 @@
+"""What the ``run``, ``serve`` and ``worker`` commands share: the agent their options
+describe, and how bad input is reported.
+
+Both command modules import this one; neither imports the other for it, so the command
+line (:mod:`runtime.app.cli`) and the web server (:mod:`runtime.app.web.serve`) assemble their
+agent from one definition.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+
+from actors.mcp import MCPServer
+from actors.providers.registry import create_provider, provider_names
+from runtime.agent import Agent
+from runtime.errors import (
+    ConfigurationError,
+    InvalidSessionId,
+    MCPServerUnavailable,
+    MediaError,
+    StoreError,
+)
+from runtime.media import DEFAULT_MAX_FILES, DEFAULT_MAX_PARTS, InputLimits
+from runtime.provider import ProviderOptions
+
+MCP_HELP = "an MCP tool server: a command line to launch (stdio) or an http(s):// URL (repeatable)"
+
+AgentSource = Agent | Callable[[str], Agent]
+"""An agent for every session, or a function of the session id returning one."""
+
+DEFAULT_MODELS = {
+    "openai": "gpt-4o-mini",
+    "openai-responses": "gpt-5-mini",
+    "anthropic": "claude-sonnet-4-5",
+}
+"""Each built-in real provider's model when ``--model`` is not given (what its
+``from_options`` picks; listed here so ``--help`` says it without importing a provider)."""
+
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+
+AGENT_ONLY = ("model", "base_url", "api_key", "thinking_budget", "instructions", "output_schema")
+"""Options that describe the agent ``--agent`` names in full: refused alongside it."""
+
+
+class BadInput(Exception):
+    """Input the command cannot use; reported as one line, exit status 2."""
+
+
+USAGE_EXIT = 2
+
+
+def _bad_input_errors() -> tuple[type[BaseException], ...]:
+    # ConfigurationError: an --agent that does not import, an MCP tool name clash...;
+    # MCPServerUnavailable: an --mcp command that does not start.
+    bad = (BadInput, InvalidSessionId, MediaError, StoreError)
+    return (*bad, ConfigurationError, MCPServerUnavailable)
+
+
+def report_bad_input(command: Callable[[], int]) -> int:
+    """Run ``command``; bad input (:func:`_bad_input_errors`, alone or as the only errors
+    of an exception group) becomes ``error: <message>`` on stderr and exit status 2,
+    with no traceback. Anything else propagates."""
+    bad = _bad_input_errors()
+    try:
+        return command()
+    except bad as exc:
+        return _fail(exc)
+    except BaseExceptionGroup as group:
+        match, rest = group.split(bad)
+        if match is None or rest is not None:
+            raise
+        found: BaseException = match
+        while isinstance(found, BaseExceptionGroup):
+            found = found.exceptions[0]
+        return _fail(found)
+
+
+def _fail(exc: BaseException) -> int:
+    sys.stderr.write(f"error: {exc}\n")
+    return USAGE_EXIT
+
+
+def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options that describe the agent :func:`make_agent` builds (the provider and
+    its settings, or ``--agent``), the same on ``run``, ``serve`` and ``worker``."""
+    add = parser.add_argument
+    add(
+        "--provider",
+        choices=provider_names(),
+        default="scripted",
+        help="the model's provider: scripted (the offline demo: no key, no network), "
+        "openai (Chat Completions, or any compatible server with --base-url), "
+        "openai-responses, anthropic, or a plug-in's (default: scripted)",
+    )
+    models = ", ".join(f"{model} for {name}" for name, model in DEFAULT_MODELS.items())
+    add("--model", default=None, help=f"model name (default: {models})")
+    add("--base-url", default=None, help="provider endpoint (any compatible server)")
+    add(
+        "--api-key",
+        default=None,
+        help="API key (default: the SDK's variable, OPENAI_API_KEY or ANTHROPIC_API_KEY)",
+    )
+    add("--thinking-budget", type=int, default=None, help="Anthropic thinking tokens")
+    add(
+        "--instructions",
+        default=None,
+        help="system prompt (default: none; the scripted demo's own)",
+    )
+    add(
+        "--demo-tools",
+        action="store_true",
+        help="offer the demo's get_weather (invented weather) and get_time tools to a real "
+        "provider too (the scripted demo always has them)",
+    )
+    add(
+        "--agent",
+        default=None,
+        metavar="MODULE:NAME",
+        help="your own agent instead of the one the options above describe: an Agent, or a "
+        "function of the session id returning one (--mcp adds its servers to it)",
+    )
+    add(
+        "--media-urls",
+        choices=("on", "off"),
+        default="on",
+        help="'off' refuses images and files given by http(s) URL, which the model server "
+        "would fetch (a self-hosted --base-url server: from inside your network)",
+    )
+
+
+def positive(kind: type) -> Any:
+    """An argparse ``type`` taking a number of ``kind`` greater than 0 (else a one-line
+    usage error)."""
+
+    def parse(value: str) -> Any:
+        try:
+            number = kind(value)
+        except ValueError:
+            number = None
+        if number is None or not number > 0:
+            raise argparse.ArgumentTypeError(f"{value!r} is not a positive {kind.__name__}")
+        return number
+
+    return parse
+
+
+def add_input_limit_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--max-parts`` and ``--max-files``, the same on ``serve`` and ``worker``: how many
+    parts one user message may carry (:class:`~runtime.media.InputLimits`)."""
+    add = parser.add_argument
+    add(
+        "--max-parts",
+        type=positive(int),
+        default=DEFAULT_MAX_PARTS,
+        metavar="N",
+        help=f"most parts (text, images, files) in one user message (default {DEFAULT_MAX_PARTS})",
+    )
+    add(
+        "--max-files",
+        type=positive(int),
+        default=DEFAULT_MAX_FILES,
+        metavar="N",
+        help=f"most images and files in one user message (default {DEFAULT_MAX_FILES})",
+    )
+
+
+def input_limits(args: argparse.Namespace) -> InputLimits:
+    """The :class:`~runtime.media.InputLimits` that ``--max-parts``/``--max-files`` say."""
+    return InputLimits(max_parts=args.max_parts, max_files=args.max_files)
+
+
+def add_log_level_argument(parser: argparse.ArgumentParser, default: str, why: str = "") -> None:
+    """``--log-level``: one of :data:`LOG_LEVELS` (a typo is refused, not read as info)."""
+    parser.add_argument(
+        "--log-level",
+        choices=LOG_LEVELS,
+        default=default,
+        help=f"structlog JSON lines on stderr from this level up (default: {default}{why})",
+    )
+
+
+def load_agent(spec: str) -> AgentSource:
+    """The object ``module:name`` names: an :class:`Agent` or a callable returning one."""
+    module_name, _, name = spec.partition(":")
+    if not module_name or not name:
+        raise ConfigurationError(f"--agent must be MODULE:NAME, not {spec!r}")
+    try:
+        target: Any = importlib.import_module(module_name)
+        for attr in name.split("."):
+            target = getattr(target, attr)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigurationError(f"--agent {spec!r}: {exc}") from None
+    if not (isinstance(target, Agent) or callable(target)):
+        raise ConfigurationError(f"--agent {spec!r} is neither an Agent nor a callable")
+    return target  # type: ignore[no-any-return]
+
+
+def make_agent(args: argparse.Namespace) -> AgentSource:
+    """The agent of ``run``, ``serve`` and ``worker``: ``--agent``'s, else the one
+    ``--provider`` describes; with the ``--mcp`` servers' tools (docs/mcp.md), refusing
+    media by URL when ``--media-urls off`` says so."""
+    source = _described_agent(args)
+    if getattr(args, "media_urls", "on") != "off":
+        return source
+    if isinstance(source, Agent):
+        return with_media_urls(source, args)
+    factory = source
+    return lambda session_id: with_media_urls(factory(session_id), args)
+
+
+def _described_agent(args: argparse.Namespace) -> AgentSource:
+    servers = tuple(MCPServer.parse(spec) for spec in getattr(args, "mcp", None) or ())
+    if getattr(args, "agent", None):
+        given = [f"--{n.replace('_', '-')}" for n in AGENT_ONLY if getattr(args, n, None)]
+        given += ["--demo-tools"] if getattr(args, "demo_tools", False) else []
+        given += ["--provider"] if args.provider != "scripted" else []
+        if given:
+            raise BadInput(f"--agent names the whole agent: drop {', '.join(given)}")
+        source = load_agent(args.agent)
+        return _with_servers(source, servers) if servers else source
+    agent = _provider_agent(args)
+    if servers:
+        agent = attrs.evolve(agent, mcp_servers=(*agent.mcp_servers, *servers))
+    return agent
+
+
+def with_media_urls(agent: Agent, args: argparse.Namespace) -> Agent:
+    """``agent``, refusing media by URL when ``--media-urls off`` says so."""
+    if getattr(args, "media_urls", "on") != "off":
+        return agent
+    limits = attrs.evolve(agent.media_limits, allow_urls=False)
+    return attrs.evolve(agent, media_limits=limits)
+
+
+def _with_servers(source: AgentSource, servers: tuple[MCPServer, ...]) -> AgentSource:
+    """``source`` with ``servers`` added to its agent (or to each its factory returns:
+    the host and the web app call a factory only for a session not open yet)."""
+
+    def add(agent: Agent) -> Agent:
+        return attrs.evolve(agent, mcp_servers=(*agent.mcp_servers, *servers))
+
+    if isinstance(source, Agent):
+        return add(source)
+    factory = source
+    return lambda session_id: add(factory(session_id))
+
+
+def _provider_agent(args: argparse.Namespace) -> Agent:
+    """The agent for ``--provider`` (:mod:`actors.providers.registry`). The scripted
+    demo gets the demo's tools and instructions; a real provider gets neither unless asked
+    (``--demo-tools``, ``--instructions``): a real model must not be handed a tool that
+    invents the weather."""
+    delay = (
+        args.delay
+        if args.delay is not None
+        else (0.02 if sys.stdout.isatty() and not args.jsonl else 0.0)
+    )
+    options = ProviderOptions(
+        model=args.model,
+        base_url=args.base_url,
+        api_key=args.api_key,
+        thinking_budget=args.thinking_budget,
+        delay=delay,
+    )
+    demo = args.provider == "scripted"
+    tools: list[Any] = []
+    if demo or getattr(args, "demo_tools", False):
+        # The demo's @tool schemas are built with pydantic when runtime.app.demo is imported:
+        # imported here, so `--help` and argument errors do not pay for it.
+        from runtime.app.demo import get_time, get_weather
+
+        tools = [get_weather, get_time]
+    instructions = args.instructions
+    if instructions is None and demo:
+        instructions = "You are a concise assistant. Use tools for facts."
+    return Agent(
+        name=args.provider,
+        provider=create_provider(args.provider, options),
+        instructions=instructions,
+        tools=tools,
+        output_type=getattr(args, "output_type", None),
+    )

@@ -1,0 +1,554 @@
+"""``Host``: runs actors and sessions in one Trio nursery.
+
+The host owns the bus, the supervisor and the host-wide actors (persister, tool
+executor, log tap, one actor per provider configuration); each session adds its own
+turn runner, engine and stream controller. ``async with Host.open() as host`` starts
+them; leaving the block cancels running turns (they are saved, marked interrupted),
+lets every observer (an actor subscribed to bus events: the log tap, a recorder, metrics)
+handle the events already published to it, bounded by ``drain_timeout``, and stops every
+actor.
+
+A long-running host (the web server) frees idle sessions: with ``idle_ttl`` a session
+unused for that long is evicted, with ``max_sessions`` the least recently used idle ones
+are evicted past that count. Evicting stops the session's actors and drops its history
+from memory; the store keeps it, and the next use loads it again. A session with a
+running turn, or whose history is not all saved, is never evicted.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+import weakref
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+import structlog
+import trio
+
+from actors.engine import Engine
+from actors.log_tap import LogTap
+from actors.mcp import start_servers
+from actors.persister import Persister
+from actors.stores import open_store
+from actors.stream_controller import StreamController
+from actors.tool_executor import ToolExecutor
+from actors.turn.runner import TurnRunner
+from runtime.actor import Actor, RestartPolicy, Supervisor
+from runtime.actor_messages import Batch, SessionState
+from runtime.agent import Agent
+from runtime.app.expiry import ExpiryWatch, expire_session, expired, resume_expired
+from runtime.app.session import Session, TurnStream
+from runtime.bus import Bus
+from runtime.errors import (
+    ConfigurationError,
+    InvalidHistory,
+    SessionBusy,
+    reraise,
+    sole_exception,
+)
+from runtime.events import SessionEvicted
+from runtime.history import check_history
+from runtime.ids import new_id
+from runtime.inbox import Inbox
+from runtime.logging import configure_logging, get_logger
+from runtime.media import InputLimits
+from runtime.messages import Message
+from runtime.provider import Provider
+from runtime.store import Store, validate_session_id
+
+DRAIN_TIMEOUT = 5.0
+"""Seconds a closing host waits, at most, for its observers to handle what was published."""
+
+
+class Host:
+    """Hosts sessions. Create with :meth:`Host.open`."""
+
+    def __init__(
+        self,
+        nursery: trio.Nursery,
+        *,
+        store: Store,
+        bus: Bus,
+        supervisor: Supervisor,
+        idle_ttl: float | None = None,
+        max_sessions: int | None = None,
+        drain_timeout: float = DRAIN_TIMEOUT,
+        input_limits: InputLimits | None = None,
+    ) -> None:
+        self.nursery = nursery
+        self.store = store
+        self.bus = bus
+        self.supervisor = supervisor
+        self.idle_ttl = idle_ttl
+        """Seconds an idle session stays in memory (``None``: for ever)."""
+        self.max_sessions = max_sessions
+        """Most sessions kept in memory, least recently used evicted first (``None``: all)."""
+        self.drain_timeout = drain_timeout
+        """Seconds a closing host waits, at most, for its observers to drain their inboxes."""
+        self.input_limits = input_limits or InputLimits()
+        """How many parts (and images and files) one user input may have: more is refused
+        before anything is stored (:class:`~runtime.media.InputLimits`)."""
+        self.sessions: dict[str, Session] = {}
+        """The sessions in memory, least recently used first."""
+        self._handles: weakref.WeakValueDictionary[str, Session] = weakref.WeakValueDictionary()
+        """Every ``Session`` object still referenced, loaded or evicted: one per id."""
+        self._opening: dict[str, trio.Event] = {}
+        self._providers: dict[int, Actor] = {}
+        self.mcp_servers: dict[Any, Actor] = {}
+        """The running MCP server actors, by configuration (see :mod:`actors.mcp`)."""
+        self._actors: dict[Actor, None] = {}
+        """The running actors (an ordered set: removing one is O(1))."""
+        self._observer_scopes: dict[Actor, trio.CancelScope] = {}
+        """The running observers' shielded scopes: only the host cancels them, once drained."""
+        self.persister: Actor
+        self.shutting_down = False
+        """Set once a shutdown signal arrived or the host is closing."""
+        self.expects_other_writers = False
+        """Set when other processes writing this host's sessions is normal operation (the
+        workers of one deployment, each running a session's next turn in turn): a
+        session that takes in another writer's turns then logs it at debug, not as a
+        ``session.concurrent-writer`` warning (the bus event is published either way)."""
+        self.tool_executor: Actor
+        self.clock: Callable[[], float] = time.time
+        """The wall clock waits expire by (``Agent(approval_timeout=...)``), in seconds
+        since the epoch; replaceable (a test's fake clock)."""
+        self.expiry = ExpiryWatch(self)
+        """The timer of the waiting sessions this host has seen (:mod:`runtime.app.expiry`)."""
+
+    @classmethod
+    @asynccontextmanager
+    async def open(
+        cls,
+        *,
+        store: Any = None,
+        log_tap: bool = True,
+        restart_policy: RestartPolicy | None = None,
+        handle_signals: bool = False,
+        tool_executor: Actor | None = None,
+        idle_ttl: float | None = None,
+        max_sessions: int | None = None,
+        drain_timeout: float = DRAIN_TIMEOUT,
+        input_limits: InputLimits | None = None,
+    ) -> AsyncIterator[Host]:
+        """Start a host. ``store`` is a path (an SQLite file, created if missing), a
+        ``Store``, or ``None`` for memory. With ``handle_signals``, SIGINT and SIGTERM
+        cancel every running turn with reason ``signal SIGINT`` / ``signal SIGTERM`` (each is
+        saved, marked interrupted, and its stream ends with ``abort``); the application's
+        own code then leaves the block as usual. ``tool_executor`` replaces the default
+        executor with any actor that answers :class:`~runtime.actor_messages.ExecuteTools`.
+
+        ``idle_ttl`` (seconds) evicts a session unused for that long; ``max_sessions``
+        evicts the least recently used idle sessions past that many. Both are off by
+        default. An evicted session's ``Session`` object reloads it on its next turn.
+
+        Leaving the block delivers every event already published to every observer (an
+        actor with ``subscribes_to``: the log tap, a :class:`JsonlRecorder`, metrics): once
+        the turns have ended and saved, the observers stop receiving new events and each
+        handles what its inbox holds, for at most ``drain_timeout`` seconds (default
+        ``DRAIN_TIMEOUT``, 5 s) in all; then every actor is cancelled, and an observer that
+        had not finished is logged (``host.events-dropped``, a warning) with how many
+        events it did not handle. The drain runs even when the block is cancelled from outside,
+        shielded for no longer than that bound.
+
+        An exception the block raises comes out as itself, not wrapped in the nursery's
+        exception group, unless closing the host raised others too (then the group holds
+        them all).
+
+        ``input_limits`` (:class:`~runtime.media.InputLimits`; default 1,000 parts, 100
+        images and files) caps the parts of one user input: ``session.stream`` refuses more
+        with :class:`~runtime.errors.TooManyParts`, the web app with 413, before anything
+        is stored or queued."""
+        if idle_ttl is not None and not idle_ttl > 0:
+            raise ConfigurationError(
+                f"idle_ttl must be a positive number of seconds, not {idle_ttl!r}"
+            )
+        if max_sessions is not None and not (isinstance(max_sessions, int) and max_sessions >= 1):
+            raise ConfigurationError(f"max_sessions must be an int >= 1, not {max_sessions!r}")
+        if not (isinstance(drain_timeout, int | float) and drain_timeout >= 0):
+            raise ConfigurationError(
+                f"drain_timeout must be a number of seconds >= 0, not {drain_timeout!r}"
+            )
+
+        if not structlog.is_configured():  # quiet JSON on stderr unless the app configured it
+            configure_logging("warning")
+        the_store = await open_store(store)
+        bus = Bus()
+        try:
+            async with trio.open_nursery() as nursery:
+                host = cls(
+                    nursery,
+                    store=the_store,
+                    bus=bus,
+                    supervisor=Supervisor(bus, restart_policy),
+                    idle_ttl=idle_ttl,
+                    max_sessions=max_sessions,
+                    drain_timeout=drain_timeout,
+                    input_limits=input_limits,
+                )
+                try:
+                    host.persister = await host.start_actor(Persister(the_store))
+                    host.tool_executor = await host.start_actor(tool_executor or ToolExecutor())
+                    if log_tap:
+                        await host.start_actor(LogTap())
+                    if handle_signals:
+                        await nursery.start(host._watch_signals)
+                    if idle_ttl is not None:
+                        nursery.start_soon(host._expire_idle_sessions)
+                    try:
+                        yield host
+                    finally:
+                        with trio.CancelScope(shield=True):  # each step is bounded
+                            await host._shutdown()
+                            await host._drain_observers()
+                finally:
+                    for scope in list(host._observer_scopes.values()):
+                        scope.cancel()  # shielded from the nursery's cancellation
+                    nursery.cancel_scope.cancel()
+            host._end_orphaned_streams()
+        except BaseExceptionGroup as group:  # the nursery wraps the one error the block raised
+            sole = sole_exception(group)
+            if sole is None:
+                raise
+            reraise(sole)
+        finally:
+            if store is None or isinstance(store, str | os.PathLike):  # we opened it
+                with trio.CancelScope(shield=True):
+                    await the_store.aclose()
+
+    async def start_actor(self, actor: Actor, *, policy: RestartPolicy | None = None) -> Any:
+        """Run ``actor`` under the host's supervisor; returns it once started."""
+        self._actors[actor] = None
+        await self.nursery.start(self._supervise, actor, policy)
+        return actor
+
+    async def _supervise(
+        self,
+        actor: Actor,
+        policy: RestartPolicy | None,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Run ``actor``; an observer (it subscribes to bus events) runs shielded from any
+        cancellation but the host's own, so that a host cancelled from outside still
+        lets it drain (:meth:`_drain_observers`, bounded) before cancelling it."""
+        actor.attach(self.bus)  # an actor may decide what it subscribes to here (LogTap)
+        scope = trio.CancelScope(shield=actor.subscribes_to is not None)
+        if scope.shield:
+            self._observer_scopes[actor] = scope
+        try:
+            with scope:
+                await self.supervisor.supervise(actor, policy=policy, task_status=task_status)
+        finally:
+            self._observer_scopes.pop(actor, None)
+
+    async def provider_actor(self, provider: Provider) -> Actor:
+        """The running actor for a provider configuration (started on first use)."""
+        actor = self._providers.get(id(provider))
+        if actor is None:
+            actor = await self.start_actor(provider)
+            self._providers[id(provider)] = actor
+        return actor
+
+    async def open_session(
+        self,
+        agent: Agent,
+        session_id: str | None = None,
+        *,
+        meta: dict[str, Any] | None = None,
+        deps: Any = None,
+        history: Sequence[Message] | None = None,
+    ) -> Session:
+        """Open (or resume, when ``session_id`` is stored) a session running ``agent``.
+
+        ``deps``: the application's own objects, handed to the session's tools as
+        ``ToolContext.deps`` (:attr:`Session.deps`). ``history``: messages the new
+        session starts from, instead of a stored history (a conversation the
+        application keeps itself); saved with its first turn if the host has a store.
+        Giving a history for a session that is stored or open already raises
+        :class:`~runtime.errors.InvalidHistory`, as does anything in it but messages.
+
+        An evicted session whose ``Session`` object is still held is loaded back into that
+        object, so there is one object per session id. An agent with no provider is a
+        :class:`~runtime.errors.ConfigurationError` (a silent stand-in model would answer
+        in its place)."""
+        if agent.provider is None:
+            raise ConfigurationError(
+                f"agent {agent.name!r} has no provider: give it one, e.g. "
+                "Agent(provider=OpenAIProvider('gpt-4o-mini')), or "
+                "Agent(provider=ScriptedProvider.demo()) for the offline demo"
+            )
+        sid = validate_session_id(session_id) if session_id is not None else new_id("session")
+        seed = check_history(history) if history is not None else None
+        while (pending := self._opening.get(sid)) is not None:  # one load per id at a time
+            await pending.wait()
+        existing = self.sessions.get(sid)
+        if existing is not None:
+            if existing.agent is not agent:
+                raise SessionBusy(f"session {sid!r} is already open with another agent")
+            if seed is not None:
+                raise InvalidHistory(
+                    f"session {sid!r} is open already; history= starts a new session"
+                )
+            if deps is not None:
+                existing.deps = deps
+            self.touch(existing)
+            return existing
+        handle = self._handles.get(sid)
+        if handle is not None and handle.agent is not agent:
+            handle = None  # an evicted object of another agent: this open supersedes it
+        opening = self._opening[sid] = trio.Event()
+        try:
+            session = await self._load_session(agent, sid, meta, handle, seed)
+        finally:
+            del self._opening[sid]
+            opening.set()
+        if deps is not None:
+            session.deps = deps
+        await self._announce(self._evict_over_capacity(keep=session))
+        return session
+
+    async def reopen_session(self, session: Session) -> None:
+        """Load an evicted (or closed) ``session`` back into memory, into the same object.
+
+        Raises :class:`~runtime.errors.SessionBusy` if its id was opened again meanwhile
+        with another agent."""
+        if session.loaded:
+            return
+        if self._handles.get(session.id, session) is not session:
+            current = self._handles[session.id]
+            if current.loaded or current.agent is not session.agent:
+                raise SessionBusy(f"session {session.id!r} was opened again with another agent")
+        self._handles[session.id] = session
+        await self.open_session(session.agent, session.id)
+
+    def get_session(self, session_id: str) -> Session | None:
+        """The ``Session`` object of ``session_id`` if one exists, loaded or evicted."""
+        return self.sessions.get(session_id) or self._handles.get(session_id)
+
+    async def _load_session(
+        self,
+        agent: Agent,
+        sid: str,
+        meta: dict[str, Any] | None,
+        handle: Session | None,
+        history: tuple[Message, ...] | None = None,
+    ) -> Session:
+        if handle is not None and handle.unsaved_meta:
+            meta = {**handle.unsaved_meta, **(meta or {})}
+        record = await self.store.load(sid)
+        resume = False
+        # A worker's host never expires waits itself: there the turn queue owns a turn's
+        # resumption (runtime.app.worker), and a resume outside it could run on two workers.
+        expires_here = not self.expects_other_writers
+        if expires_here and record is not None and expired(record.messages, self.clock()):
+            resume = await expire_session(self, sid, agent)  # decided before it is read
+            record = await self.store.load(sid)
+        state = SessionState(session_id=sid)
+        session_meta: dict[str, Any] = {}
+        if history is not None:
+            if record is not None:
+                raise InvalidHistory(
+                    f"session {sid!r} is stored already ({len(record.messages)} messages); "
+                    "history= starts a new session: give another id, or none"
+                )
+            state.messages.extend(history)  # saved_upto stays 0: the first save writes it
+        if record is not None:
+            state.messages.extend(record.messages)
+            state.saved_upto = len(record.messages)
+            state.version = record.version
+            session_meta.update({k: v for k, v in record.meta.items() if k != "agent"})
+        if meta:
+            session_meta.update(meta)
+        assert agent.provider is not None  # refused by open_session
+        provider_actor = await self.provider_actor(agent.provider)
+        if agent.mcp_servers:  # started once per host, shared by sessions (actors.mcp)
+            await start_servers(self, agent)
+        stream_inbox: Inbox[Batch[Any]] = Inbox(1024, "block", name="engine-output")
+        engine = Engine(stream_inbox, tags=agent.think_tags, session_id=sid)
+        controller = StreamController(session_id=sid)
+        runner = TurnRunner(
+            state=state,
+            agent=agent,
+            provider=provider_actor,
+            engine=engine,
+            controller=controller,
+            tool_executor=self.tool_executor,
+            persister=self.persister,
+            stream_inbox=stream_inbox,
+            host=self,
+        )
+        actors: list[Actor] = [engine, controller, runner]
+        for actor in actors:
+            await self.start_actor(actor)
+        if handle is None:
+            session = Session(self, agent, runner, session_id=sid)
+            self._handles[sid] = session
+        else:
+            session = handle
+        session.attach(runner, actors, session_meta)
+        self.sessions[sid] = session
+        session.last_used = trio.current_time()
+        if resume:
+            self.nursery.start_soon(resume_expired, session)
+        elif expires_here and record is not None:
+            self.expiry.note(sid, agent, record.messages)
+        return session
+
+    def touch(self, session: Session) -> None:
+        """Mark ``session`` used now: the last to be evicted, its idle time restarted."""
+        if self.sessions.get(session.id) is session:
+            del self.sessions[session.id]  # re-inserted last: the dict is in LRU order
+            self.sessions[session.id] = session
+            session.last_used = trio.current_time()
+
+    def _evictable(self, session: Session) -> bool:
+        """Idle and fully saved: evicting it loses nothing."""
+        return session.loaded and not session.busy and session.state.all_saved
+
+    def _evict(self, session: Session, reason: str, now: float) -> SessionEvicted:
+        """Stop the session's actors and drop its history (synchronously: no other task
+        can start a turn on it half-way)."""
+        for actor in session.actors:
+            actor.stop()
+            self._actors.pop(actor, None)
+        del self.sessions[session.id]
+        self.bus.forget_session(session.id)
+        session.detach()
+        return SessionEvicted(
+            session_id=session.id, reason=reason, idle_for=now - session.last_used
+        )
+
+    def _evict_over_capacity(self, keep: Session | None = None) -> list[SessionEvicted]:
+        """Evict least recently used idle sessions until at most ``max_sessions`` remain
+        (busy or unsaved ones stay, so the count may stay above it for a while)."""
+        limit = self.max_sessions
+        if limit is None or len(self.sessions) <= limit or self.shutting_down:
+            return []
+        now = trio.current_time()
+        evicted = []
+        excess = len(self.sessions) - limit
+        for session in list(self.sessions.values()):
+            if excess <= 0:
+                break
+            if session is not keep and self._evictable(session):
+                evicted.append(self._evict(session, "capacity", now))
+                excess -= 1
+        return evicted
+
+    async def _expire_idle_sessions(self) -> None:
+        """Evict sessions idle for ``idle_ttl``; sleeps until the next one is due."""
+        ttl = self.idle_ttl
+        assert ttl is not None
+        while True:
+            now = trio.current_time()
+            wake = now + ttl
+            evicted = []
+            for session in list(self.sessions.values()):  # least recently used first
+                due = session.last_used + ttl
+                if due > now:
+                    wake = min(wake, due)
+                    break
+                if self._evictable(session) and not self.shutting_down:
+                    evicted.append(self._evict(session, "idle", now))
+            await self._announce(evicted)
+            await trio.sleep_until(wake)
+
+    async def _announce(self, events: list[SessionEvicted]) -> None:
+        for event in events:
+            try:
+                self.bus.publish_nowait(event)
+            except trio.WouldBlock:
+                with trio.move_on_after(1):
+                    await self.bus.publish(event)
+            self.bus.forget_session(event.session_id)  # the routes this event cached
+
+    async def close_session(self, session: Session) -> None:
+        """Stop a session's actors (its history stays in the store)."""
+        for actor in session.actors:
+            actor.stop()
+            self._actors.pop(actor, None)
+        if self.sessions.get(session.id) is session:
+            del self.sessions[session.id]
+        self.bus.forget_session(session.id)
+
+    def running_turns(self) -> list[TurnStream]:
+        """The turns running now, one per busy session."""
+        return [s.current for s in self.sessions.values() if s.current is not None]
+
+    def cancel_turns(self, reason: str) -> int:
+        """Cancel every running turn with ``reason``; returns how many were running."""
+        running = self.running_turns()
+        for stream in running:
+            stream.cancel(reason)
+        return len(running)
+
+    def cancel_turn(self, turn_id: str, reason: str) -> bool:
+        """Cancel the turn ``turn_id`` if this host runs it; whether it did."""
+        for stream in self.running_turns():
+            if stream.turn_id == turn_id:
+                stream.cancel(reason)
+                return True
+        return False
+
+    async def _watch_signals(
+        self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            task_status.started()
+            async for signum in signals:
+                self.shutting_down = True
+                self.cancel_turns(f"signal {signal.Signals(signum).name}")
+
+    def _end_orphaned_streams(self) -> None:
+        """Once every actor has ended: end the stream of any turn that never got its
+        result to its consumer (the shutdown bound ran out while its runner was stuck,
+        e.g. in a slow store call), so no consumer waits for ever on a dead host. Such a
+        consumer's iteration ends and its ``result`` stays ``None``."""
+        for session in list(self._handles.values()):
+            stream = session.current
+            if stream is not None:
+                stream.end_orphaned()
+
+    async def _shutdown(self) -> None:
+        """Cancel running turns with a reason, let them save, then stop everything."""
+        self.shutting_down = True
+        with trio.move_on_after(15):
+            running = self.running_turns()
+            self.cancel_turns("host shutdown")
+            for stream in running:
+                await stream.done.wait()
+            for session in list(self.sessions.values()):
+                await self.close_session(session)
+            # The persister drains what the turns queued before it stops.
+            self.persister.stop()
+            await self.persister.stopped.wait()
+
+    async def _drain_observers(self) -> None:
+        """Let every observer handle the events already in its inbox, for at most
+        ``drain_timeout`` seconds, then log, for each one cut short, how many it lost.
+
+        All are stopped in one go, without yielding: each then misses the same events (those
+        published from now on) and ends once its inbox is drained. Without this the
+        nursery's cancellation cut an observer short with a turn's last events queued (a
+        recording without its ``turn.finished``). An observer still busy when the time is
+        up loses the event in hand and those queued: ``host.events-dropped`` says how many
+        (nothing is logged for one that was only finishing up, e.g. flushing an exporter)."""
+        observers = [actor for actor in self._observer_scopes if not actor.stopped.is_set()]
+        for actor in observers:
+            actor.stop()
+        with trio.move_on_after(self.drain_timeout):
+            for actor in observers:
+                await actor.stopped.wait()
+        for actor in observers:
+            if actor.stopped.is_set():
+                continue
+            dropped = len(actor.inbox) + (actor.current_message is not None)
+            if dropped:
+                get_logger("axon.host").warning(
+                    "host.events-dropped",
+                    actor=actor.name,
+                    dropped=dropped,
+                    drain_timeout=self.drain_timeout,
+                )

@@ -1,0 +1,563 @@
+"""Sessions and the consumer's view of a turn (:class:`TurnStream`).
+
+A session runs one turn at a time. ``session.stream(input)`` starts a turn and yields a
+:class:`TurnStream`: iterate it for :data:`~runtime.output.OutputChunk` s, as they
+arrive. Leaving the ``async with`` before the turn finished cancels the turn (the
+stream ends with ``abort``, and what was streamed is saved, marked interrupted);
+``output.cancel(reason)`` does the same from anywhere. After the block,
+``output.result`` holds the :class:`~runtime.actor_messages.TurnResult`.
+
+A host may free an idle session from memory (``Host.open(idle_ttl=, max_sessions=)``).
+The :class:`Session` object stays valid: the next turn, or ``await session.reopen()``,
+loads its history from the store again. Until then its synchronous views of the history
+(``messages``, ``state``) raise :class:`~runtime.errors.SessionNotLoaded`.
+
+Who owns what: the session's turn runner owns its history (:class:`SessionState`, private
+to it) and publishes an immutable :class:`SessionSnapshot` after every change, which is
+what ``session.messages`` and ``session.state`` read. The :class:`Session` owns its meta
+and whether a turn is running (``busy``). A turn is a :class:`~runtime.actor_messages.RunTurn`
+message (data only); its chunks and then its result arrive on the stream's own inbox.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Protocol
+
+import trio
+
+from runtime.actor_messages import (
+    Batch,
+    ConsumerItem,
+    RunTurn,
+    SessionSnapshot,
+    TurnCancel,
+    TurnResult,
+)
+from runtime.approval import (
+    Decision,
+    PendingCall,
+    Recorded,
+    pending_calls,
+    record_decision,
+    waiting_calls,
+)
+from runtime.errors import InvalidTurnId, NothingToResume, SessionBusy, SessionNotLoaded
+from runtime.events import ToolApprovalDecided
+from runtime.ids import new_id
+from runtime.inbox import Inbox
+from runtime.media import InputLimits, UserInput, check_counts, check_limits, user_content
+from runtime.messages import Message, UserContent
+from runtime.output import OutputChunk
+
+if TYPE_CHECKING:
+    from runtime.actor import Actor
+    from runtime.agent import Agent
+    from runtime.bus import Bus
+    from runtime.store import Store
+
+class SessionOwner(Protocol):
+    """What a :class:`Session` asks of the host that owns it, and nothing more.
+
+    :class:`~runtime.app.host.Host` implements it. A session names this protocol instead
+    of importing the host, so the two modules form no import circle and a test can own
+    a session with a stand-in.
+    """
+
+    store: Store
+    """Where the session's history is saved and loaded."""
+    bus: Bus
+    """Where the session's lifecycle events (decisions, ...) are published."""
+    input_limits: InputLimits
+    """The limits a user message's parts and media are checked against."""
+    sessions: dict[str, Session]
+    """The sessions in memory, by id (an evicted session is not among them)."""
+
+    def touch(self, session: Session) -> None:
+        """Mark the session used now (its idle age starts again)."""
+
+    async def reopen_session(self, session: Session) -> None:
+        """Load an evicted or closed session again."""
+
+    async def close_session(self, session: Session) -> None:
+        """Stop the session's actors and drop it from memory."""
+
+
+FINAL_WAIT = 10.0
+"""Seconds a leaving consumer waits (shielded) for the cancelled turn to be saved."""
+_TURN_ID = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
+
+
+def _check_id(value: str | None, what: str) -> str | None:
+    """``value`` unchanged if ``None`` or a valid id (the session ids' alphabet: ids end
+    up in log lines, SQL parameters and URLs), else :class:`InvalidTurnId`."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or _TURN_ID.fullmatch(value) is None:
+        raise InvalidTurnId(
+            f"invalid {what} {value!r}: it must be 1-128 characters of letters, digits, "
+            "'-', '_', '.', ':'"
+        )
+    return value
+
+
+class SessionRunner(Protocol):
+    """What a :class:`Session` needs of its turn runner
+    (:class:`actors.turn.runner.TurnRunner`): where to send a turn, and its latest
+    snapshot of the history."""
+
+    @property
+    def snapshot(self) -> SessionSnapshot: ...
+
+    async def send(self, message: RunTurn) -> None: ...
+
+
+class TurnStream:
+    """One turn as its consumer sees it: an async iterator of output chunks.
+
+    The stream owns an inbox: the turn's chunks arrive on it in batches, and last the
+    turn's :class:`~runtime.actor_messages.TurnDone`, which sets :attr:`result` and ends the
+    iteration. Leaving the ``async with`` early cancels the turn and reads on (discarding
+    the rest) until that result, so the turn is saved when the block is left.
+    """
+
+    def __init__(
+        self,
+        session: Session,
+        text: UserContent,
+        *,
+        regenerate: bool = False,
+        turn_id: str | None = None,
+        message_id: str | None = None,
+        user_message_id: str | None = None,
+        resume: bool = False,
+        capacity: int = 256,
+    ) -> None:
+        self.session = session
+        self.input = text
+        self.regenerate = regenerate
+        self.message_id = _check_id(message_id, "message id")
+        """The id the turn's assistant message gets (``None``: a new one)."""
+        self.user_message_id = _check_id(user_message_id, "user message id")
+        """The id the turn's user message gets (``None``: a new one)."""
+        self.resume = resume
+        """Whether the turn continues the committed steps of message :attr:`message_id`."""
+        if resume and message_id is None:
+            raise InvalidTurnId("a turn to resume needs the message_id of its assistant message")
+        self.result: TurnResult | None = None
+        """Set when the turn is over: when the iteration ends, after the ``async with``
+        block at the latest."""
+        self.turn_id = _check_id(turn_id, "turn id") or new_id("turn")
+        self.done = trio.Event()
+        """Set with :attr:`result` (or when the turn's runner never answered)."""
+        self._cancel = TurnCancel()
+        self._inbox: Inbox[ConsumerItem] = Inbox(capacity, "block", name="consumer")
+        self._buffer: deque[OutputChunk] = deque()
+        self._ended = False
+
+    @property
+    def cancel_reason(self) -> str | None:
+        """The reason the turn was cancelled with, if it was."""
+        return self._cancel.reason
+
+    def cancel(self, reason: str = "cancelled") -> None:
+        """Stop the turn: it ends with an ``abort`` chunk carrying ``reason``."""
+        if not self.done.is_set():
+            self._cancel.cancel(reason)
+
+    def end_orphaned(self) -> None:
+        """Called by the host once its actors have all ended: nothing will arrive on this
+        stream any more, so its inbox is closed and the consumer reads to the end of what
+        came (``result`` stays ``None`` if the result never did)."""
+        self._inbox.close()
+
+    async def __aenter__(self) -> TurnStream:
+        session = self.session
+        if not session.loaded:
+            await session.reopen()
+        # From here to ``current = self`` nothing yields: an idle host cannot evict it between.
+        runner = session.runner
+        assert runner is not None
+        session.host.touch(session)
+        if session.busy:
+            raise SessionBusy(f"session {session.id!r} is already running a turn")
+        session.current = self
+        try:
+            await runner.send(
+                RunTurn(
+                    turn_id=self.turn_id,
+                    input=self.input,
+                    consumer=self._inbox,
+                    cancel=self._cancel,
+                    meta=session.meta,
+                    regenerate=self.regenerate,
+                    message_id=self.message_id,
+                    user_message_id=self.user_message_id,
+                    resume=self.resume,
+                    deps=session.deps,
+                )
+            )
+        except BaseException:
+            session.current = None
+            raise
+        return self
+
+    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if not self.done.is_set():
+            if exc_type is not None and issubclass(exc_type, trio.Cancelled):
+                self.cancel("cancelled")
+            elif exc_type is not None:
+                self.cancel(f"consumer failed: {exc_type.__name__}")
+            else:
+                self.cancel("consumer left the stream")
+            with trio.CancelScope(shield=True), trio.move_on_after(FINAL_WAIT):
+                while not self._ended:  # the rest of the turn, to its result
+                    self._buffer.clear()
+                    await self._receive()
+            self._end(None)  # the runner never answered: the session must not stay busy
+        self._inbox.close_receiver()
+
+    def _end(self, result: TurnResult | None) -> None:
+        """The turn is over for this stream: free the session for its next turn."""
+        if self.done.is_set():
+            return
+        self._ended = True
+        self.result = result
+        session = self.session
+        if session.current is self:
+            session.current = None
+        session.host.touch(session)  # an idle session's age counts from here
+        self.done.set()
+
+    def __aiter__(self) -> TurnStream:
+        return self
+
+    async def __anext__(self) -> OutputChunk:
+        buf = self._buffer
+        while not buf:
+            if self._ended:
+                raise StopAsyncIteration
+            await self._receive()
+        return buf.popleft()
+
+    async def next_batch(self, most: int = 4096) -> list[OutputChunk]:
+        """Every chunk that has arrived and was not read yet (:meth:`take_ready`),
+        waiting for one if none has; ``[]`` once the turn is over. The same chunks
+        ``async for`` yields, taken in bulk by a consumer that forwards them (the asyncio
+        bridge, :mod:`runtime.app.aio`, crosses threads once per batch, not once per chunk)."""
+        while not self._buffer:
+            if self._ended:
+                return []
+            await self._receive()
+        return self.take_ready(most)
+
+    def take_ready(self, most: int = 4096) -> list[OutputChunk]:
+        """The chunks that have arrived and were not read yet, without waiting: those
+        read from the inbox already and, while fewer than ``most``, the inbox's waiting
+        batches (each holds at most :data:`~runtime.actor_messages.MAX_BATCH`)."""
+        buf = self._buffer
+        inbox = self._inbox
+        while not self._ended and len(buf) < most and len(inbox):
+            self._take(inbox.get_nowait())
+        chunks = list(buf)
+        buf.clear()
+        return chunks
+
+    async def _receive(self) -> None:
+        """Take the next inbox item: a batch into the buffer, or the turn's end."""
+        try:
+            item = await self._inbox.get()
+        except trio.EndOfChannel:  # closed without a result: only if the runner failed
+            self._end(None)
+            return
+        self._take(item)
+
+    def _take(self, item: ConsumerItem) -> None:
+        if isinstance(item, Batch):
+            item.taken = True
+            self._buffer.extend(item)
+        else:
+            self._end(item.result)
+
+    async def collect(self) -> list[OutputChunk]:
+        """Every remaining chunk of the turn, as a list."""
+        return [chunk async for chunk in self]
+
+
+class ResumeStream(TurnStream):
+    """The continuation of a turn that waited for input (``session.resume()``): entering
+    it reads the waiting turn from the store, and runs it on from its suspended step,
+    under its turn id and in its assistant message."""
+
+    def __init__(self, session: Session) -> None:
+        super().__init__(session, "", turn_id=None, resume=False)
+
+    async def __aenter__(self) -> TurnStream:
+        record = await self.session.host.store.load(self.session.id)
+        waiting = waiting_calls(record.messages) if record is not None else ()
+        if not waiting or not all(c.decided for c in waiting):
+            left = sum(not c.decided for c in waiting)
+            raise NothingToResume(
+                f"session {self.session.id!r} has no waiting turn to resume"
+                if not waiting
+                else f"session {self.session.id!r}: {left} waiting call(s) not decided yet"
+            )
+        self.message_id, self.turn_id, self.resume = waiting[0].message_id, waiting[0].turn_id, True
+        return await super().__aenter__()
+
+
+_UNSET: Any = object()
+
+
+class Session:
+    """A conversation with one agent, hosted by a :class:`~runtime.app.host.Host`."""
+
+    def __init__(
+        self,
+        host: SessionOwner,
+        agent: Agent,
+        runner: SessionRunner,
+        *,
+        session_id: str,
+        meta: Mapping[str, Any] | None = None,
+        deps: Any = None,
+    ) -> None:
+        self.host = host
+        self.agent = agent
+        self.deps = deps
+        """The application's own dependencies, handed to every tool call of the session's
+        turns as ``ToolContext.deps`` (read when a turn starts; reassign it freely between
+        turns). Kept in memory only: never saved, and an evicted session keeps it."""
+        self._id = session_id
+        self.runner: SessionRunner | None = runner
+        self.actors: list[Actor] = []
+        self.current: TurnStream | None = None
+        """The turn in progress, if any."""
+        self.last_used = 0.0
+        """Trio time of the last use (open, turn start or end, a read through the web API)."""
+        self._meta: Mapping[str, Any] = MappingProxyType(dict(meta or {}))
+        self._saved_anything = True
+        """Whether the store held any of the session when it was last evicted."""
+
+    @property
+    def id(self) -> str:
+        return self._id
+
+    @property
+    def loaded(self) -> bool:
+        """Whether the session is in memory: open on its host and not evicted."""
+        return self.runner is not None and self.host.sessions.get(self._id) is self
+
+    @property
+    def state(self) -> SessionSnapshot:
+        """The history as the turn runner last published it (an immutable snapshot).
+        Raises :class:`~runtime.errors.SessionNotLoaded` after an eviction, until
+        reopened."""
+        if self.runner is None:
+            raise SessionNotLoaded(
+                f"session {self._id!r} was evicted from memory while idle; its history is in "
+                "the store: `await session.reopen()` (or start a turn) to load it again"
+            )
+        return self.runner.snapshot
+
+    @property
+    def messages(self) -> tuple[Message, ...]:
+        """The history: system/user/assistant/tool messages, in order. Raises
+        :class:`~runtime.errors.SessionNotLoaded` after an eviction, until reopened."""
+        return self.state.messages
+
+    @property
+    def busy(self) -> bool:
+        """Whether a turn is running (from its start until its stream has the result)."""
+        return self.current is not None
+
+    @property
+    def meta(self) -> Mapping[str, Any]:
+        """The session's meta (title, links to a parent session, ...), read-only; saved
+        with the session's messages. Change it with :meth:`update_meta`."""
+        return self._meta
+
+    def update_meta(self, values: Mapping[str, Any]) -> None:
+        """Set meta keys. Saved with the next turn's first save (a turn already running
+        keeps the meta it started with)."""
+        self._meta = MappingProxyType({**self._meta, **values})
+
+    def set_title(self, title: str) -> None:
+        """Set the session's title (``meta["title"]``)."""
+        self.update_meta({"title": title})
+
+    @property
+    def unsaved_meta(self) -> Mapping[str, Any] | None:
+        """Meta of a session evicted before anything of it was saved, applied on reopen."""
+        return None if self._saved_anything or not self._meta else self._meta
+
+    async def reopen(self) -> None:
+        """Load the session again after its host evicted it (or it was closed): its
+        history from the store, fresh actors. A no-op while it is loaded."""
+        if not self.loaded:
+            await self.host.reopen_session(self)
+
+    def attach(self, runner: SessionRunner, actors: list[Actor], meta: Mapping[str, Any]) -> None:
+        """Called by the host when it (re)loads the session: the new runner, actors and
+        meta (as loaded)."""
+        self.runner = runner
+        self.actors = actors
+        self._meta = MappingProxyType(dict(meta))
+        self._saved_anything = True
+
+    def detach(self) -> None:
+        """Called by the host when it evicts the session: drop the history and actors."""
+        if self.runner is not None:
+            self._saved_anything = self.runner.snapshot.saved_upto > 0
+        self.runner = None
+        self.actors = []
+        self.current = None
+
+    def stream(
+        self,
+        input: UserInput,
+        *,
+        regenerate: bool = False,
+        turn_id: str | None = None,
+        message_id: str | None = None,
+        resume: bool = False,
+        user_message_id: str | None = None,
+    ) -> TurnStream:
+        """Start a turn for user ``input``; use as ``async with session.stream(t) as out``.
+
+        ``input`` is text, or a list of text, :class:`~runtime.messages.Image` and
+        :class:`~runtime.messages.File` values (one image or file alone also works). It is
+        checked here, before anything is stored: a value of another kind or a bad image
+        raises :class:`~runtime.errors.InvalidMedia`, media bigger than the agent's
+        ``media_limits`` :class:`~runtime.errors.MediaTooLarge`, more parts than the host's
+        ``input_limits`` :class:`~runtime.errors.TooManyParts`.
+
+        With ``regenerate``, the turn replaces the session's last turn: the history is cut
+        back to before its last user message first (in the store too, with the turn's
+        first save). A session runs one turn at a time: entering while a turn runs raises
+        :class:`~runtime.errors.SessionBusy`.
+
+        A durable turn (run by a worker, taken over by another if that one dies) names
+        itself: ``turn_id`` is used instead of a new id, ``message_id`` becomes its
+        assistant message's id. With ``resume``, the turn may have committed steps
+        already: if the history holds message ``message_id``, the turn continues it from
+        the step after its last committed one (only the step in flight runs again, and
+        ``input`` is not added again); a turn whose committed steps finished it runs no
+        model call and changes nothing. Without such a message it is a new turn. A
+        malformed id, or ``resume`` without ``message_id``, raises
+        :class:`~runtime.errors.InvalidTurnId`. ``user_message_id`` is the id the turn's
+        user message gets (the web app passes the client's, to recognise a resend of it).
+        """
+        content = user_content(input)
+        check_counts(content, self.host.input_limits)
+        check_limits(content, self.agent.media_limits)
+        return TurnStream(
+            self,
+            content,
+            regenerate=regenerate,
+            turn_id=turn_id,
+            message_id=message_id,
+            user_message_id=user_message_id,
+            resume=resume,
+        )
+
+    @property
+    def pending(self) -> tuple[PendingCall, ...]:
+        """The calls the session's last turn waits for, not yet decided (docs/approval.md),
+        as of the history in memory (a decision recorded elsewhere shows after the next
+        load: ``await session.reopen()`` of an evicted session, or a turn)."""
+        return pending_calls(self.messages)
+
+    async def decide(
+        self,
+        id: str,
+        *,
+        approved: bool | None = None,
+        reason: str | None = None,
+        output: Any = _UNSET,
+        error: str | None = None,
+    ) -> Recorded:
+        """Record a decision for a waiting call, without resuming the turn: ``approved``
+        (and ``reason``) for an approval id, ``output`` (or ``error``) for a client tool's
+        call id. Checked and stored atomically (of two decisions for one call, exactly
+        one is recorded). Raises :class:`~runtime.errors.UnknownApproval` (no such call
+        waits in this session), :class:`~runtime.errors.AlreadyDecided`,
+        :class:`~runtime.errors.InvalidDecision` (the wrong kind of answer, an output
+        its schema refuses); nothing changes then. ``.complete`` on the result says
+        whether every waiting call is decided now: then :meth:`resume`."""
+        if self.busy:
+            raise SessionBusy(f"session {self._id!r} is already running a turn")
+        decision = Decision(
+            approved=approved,
+            reason=reason,
+            output=None if output is _UNSET else output,
+            error=error,
+            has_output=output is not _UNSET,
+        )
+        tools = {t.name: t for t in self.agent.tools}
+        recorded = await record_decision(self.host.store, self._id, id, decision, tools)
+        call = recorded.call
+        if call.kind == "approval":
+            await self.host.bus.publish(
+                ToolApprovalDecided(
+                    session_id=self._id,
+                    tool_call_id=call.tool_call_id,
+                    approved=bool(approved),
+                    reason=reason,
+                    turn_id=call.turn_id,
+                    causation_id=call.approval_id,
+                )
+            )
+        return recorded
+
+    def resume(self) -> TurnStream:
+        """The continuation of the turn that waited, once every call it waits for is
+        decided: ``async with session.resume() as out``. Approved calls run (once),
+        denied ones give the model the denial, client tools' outputs are their results,
+        and the model goes on in the same assistant message. Entering raises
+        :class:`~runtime.errors.NothingToResume` when no turn waits or a call is still
+        undecided."""
+        return ResumeStream(self)
+
+    async def respond(
+        self,
+        id: str,
+        *,
+        approved: bool | None = None,
+        reason: str | None = None,
+        output: Any = _UNSET,
+        error: str | None = None,
+    ) -> TurnResult | None:
+        """:meth:`decide`, then, if that decided the last waiting call, run the
+        continuation to its end and return its result (``None`` while other calls
+        still wait)."""
+        recorded = await self.decide(
+            id, approved=approved, reason=reason, output=output, error=error
+        )
+        if not recorded.complete:
+            return None
+        async with self.resume() as out:
+            async for _ in out:
+                pass
+        return out.result
+
+    def regenerate(self, text: UserInput) -> TurnStream:
+        """``stream(text, regenerate=True)``: run the last turn again, with ``text``."""
+        return self.stream(text, regenerate=True)
+
+    async def run(self, text: UserInput) -> TurnResult:
+        """Run a whole turn, discarding the stream; returns its result (``result.text``
+        is the answer, ``result.finish_reason`` how the turn ended: a failed turn
+        returns with ``error`` set rather than raising)."""
+        async with self.stream(text) as out:
+            async for _ in out:
+                pass
+        assert out.result is not None
+        return out.result
+
+    async def close(self) -> None:
+        """Stop this session's actors (after any running turn ends)."""
+        await self.host.close_session(self)

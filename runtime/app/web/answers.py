@@ -1,0 +1,135 @@
+"""The AI SDK's continuation ``POST /api/chat``: answers for a turn that waits for input.
+
+``useChat`` answers a waiting turn (docs/approval.md) by sending the conversation with
+the ASSISTANT message last (``trigger: "submit-message"``, ``messageId``: that message's
+id): each approval it answered is a tool part in state ``approval-responded`` with
+``approval: {id, approved, reason?}``; each client-side tool it ran, a tool part in
+state ``output-available`` (``output``) or ``output-error`` (``errorText``).
+:func:`record_answers` reads those answers, checks them all against the stored turn
+first (an unknown, foreign or decided id, or an answer of the wrong kind, is a 4xx and
+nothing is recorded), then records each (:meth:`runtime.app.session.Session.decide`). The
+request whose answers complete the turn's decisions streams its continuation; one that
+leaves calls waiting gets 202 (``{"recorded": n, "waiting": m}``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from runtime.app.web.http import ApiError
+from runtime.approval import Decision, PendingCall, decide, pending_calls, waiting_calls
+from runtime.errors import AlreadyDecided, DecisionError, InvalidDecision, UnknownApproval
+from runtime.messages import AssistantMessage, Awaiting, Message, ToolCallPart
+
+_STATUS: dict[type, int] = {UnknownApproval: 404, AlreadyDecided: 409, InvalidDecision: 400}
+
+
+def is_continuation(payload: dict[str, Any]) -> bool:
+    """Whether the body's last message is the assistant's (the AI SDK's answer form)."""
+    messages = payload.get("messages")
+    return (
+        isinstance(messages, list)
+        and bool(messages)
+        and isinstance(messages[-1], dict)
+        and messages[-1].get("role") == "assistant"
+    )
+
+
+def _answers(message: dict[str, Any], waiting_ids: set[str]) -> list[tuple[str, Decision]]:
+    """The answers the assistant message carries: approvals it responded to, outputs of
+    the client tools the turn waits for (other tool parts are results the server gave)."""
+    parts = message.get("parts")
+    if not isinstance(parts, list):
+        raise ApiError(400, "the assistant message has no 'parts'")
+    out: list[tuple[str, Decision]] = []
+    for p in parts:
+        if not isinstance(p, dict) or not str(p.get("type", "")).startswith(("tool-", "dynamic")):
+            continue
+        state, call_id = p.get("state"), p.get("toolCallId")
+        if state == "approval-responded":
+            approval = p.get("approval")
+            if not isinstance(approval, dict) or not isinstance(approval.get("id"), str):
+                raise ApiError(400, "an approval-responded tool part needs 'approval.id'")
+            approved, reason = approval.get("approved"), approval.get("reason")
+            if not isinstance(approved, bool) or not isinstance(reason, str | None):
+                raise ApiError(400, "'approval.approved' must be a boolean, 'reason' a string")
+            out.append((approval["id"], Decision(approved=approved, reason=reason)))
+        elif state in ("output-available", "output-error") and call_id in waiting_ids:
+            if state == "output-error":
+                text = p.get("errorText")
+                out.append((call_id, Decision(error=text if isinstance(text, str) else "error")))
+            else:
+                out.append((call_id, Decision(output=p.get("output"), has_output=True)))
+    return out
+
+
+def _held(messages: Sequence[Message]) -> dict[str, Awaiting]:
+    """The decisions already recorded for the calls the last turn still waits for, by id."""
+    decided = {c.approval_id for c in waiting_calls(messages) if c.decided}
+    return {
+        p.awaiting.id: p.awaiting
+        for m in messages
+        if isinstance(m, AssistantMessage)
+        for p in m.content
+        if isinstance(p, ToolCallPart) and p.awaiting is not None and p.awaiting.id in decided
+    }
+
+
+def _echoes(held: Awaiting | None, decision: Decision) -> bool:
+    """Whether ``decision`` is the one already recorded: a client sending back the
+    server's own message of a half-decided turn (a page that answers one call at a time
+    and got 202) repeats it, and that is not a second decision."""
+    return held is not None and (held.approved, held.output, held.error) == (
+        decision.approved,
+        decision.output,
+        decision.error,
+    )
+
+
+async def record_answers(session: Any, payload: dict[str, Any]) -> tuple[tuple[str, ...], bool]:
+    """Record the answers of a continuation body for ``session``; returns the ids of the
+    calls the turn waited for (the client knows them: their input is not sent again) and
+    whether this body's answers completed the turn's decisions: only then does this
+    request resume the turn (two requests never both resume it). Every answer is checked
+    before any is recorded."""
+    message = payload["messages"][-1]
+    if session.busy:
+        raise ApiError(409, f"session {session.id!r} is already running a turn")
+    record = await session.host.store.load(session.id)
+    stored = record.messages if record is not None else ()
+    waiting = waiting_calls(stored)
+    message_id = payload.get("messageId", message.get("id"))
+    if waiting and message_id not in (None, waiting[0].message_id):
+        raise ApiError(404, f"message {message_id!r} is not the turn waiting for input")
+    answers = _answers(message, {c.tool_call_id for c in waiting if c.kind == "client"})
+    held = _held(stored)
+    answers = [(key, d) for key, d in answers if not _echoes(held.get(key), d)]
+    if not answers:
+        raise ApiError(400, "the assistant message answers no call the turn waits for")
+    tools = {t.name: t for t in session.agent.tools}
+    try:
+        for key, decision in answers:  # all checked first: a bad one records nothing
+            _, stored, _, _ = decide(stored, key, decision, tools)
+        complete = False
+        for key, decision in answers:
+            recorded = await session.decide(
+                key,
+                approved=decision.approved,
+                reason=decision.reason,
+                error=decision.error,
+                **({"output": decision.output} if decision.has_output else {}),
+            )
+            complete = recorded.complete
+    except DecisionError as exc:
+        raise ApiError(_STATUS.get(type(exc), 400), str(exc)) from None
+    return tuple(c.tool_call_id for c in waiting), complete
+
+
+async def pending_in_store(session: Any) -> tuple[PendingCall, ...]:
+    """The calls ``session``'s stored last turn still waits for, undecided."""
+    record = await session.host.store.load(session.id)
+    return pending_calls(record.messages) if record is not None else ()
+
+
+__all__ = ["is_continuation", "pending_in_store", "record_answers"]

@@ -1,0 +1,602 @@
+"""The ASGI app: the chat page, the AI SDK chat endpoint and the sessions API.
+
+``create_app(host, agent)`` returns a Starlette app bound to a running
+:class:`~runtime.app.host.Host` (it must run in the host's Trio world, e.g. under
+Hypercorn's Trio worker, see :mod:`runtime.app.web.serve`):
+
+``GET /``
+    The chat page (one file, no build step); ``/favicon.svg`` and ``/favicon.ico`` its icon.
+``POST /api/chat``
+    The body ``useChat`` sends (``id`` = session id, ``messages`` with ``parts``,
+    ``trigger``). Runs one turn on that session with the last user message (its text and
+    ``file`` parts: images and files as ``data:`` or ``http(s):`` URLs, never fetched
+    here) and streams it as an AI SDK UI message stream (:mod:`runtime.app.web.ui_stream`).
+    Attachments over the agent's ``media_limits``, and a message with more parts than the
+    host's ``input_limits``, get 413; unusable ones 400. The server
+    keeps the history: only the last user message is read. ``trigger:
+    "regenerate-message"`` replaces the session's last turn instead of adding one; so does
+    the last user message posted again with other text (an edit; the same text replays
+    the stored answer, an earlier message is a 409: :mod:`runtime.app.web.resend`). A
+    client that closes the connection cancels the turn (saved, marked interrupted). A
+    body whose last message is the assistant's answers a turn waiting for input
+    (approvals, client tools' outputs: :mod:`runtime.app.web.answers`) and streams its
+    continuation in the same message (docs/approval.md).
+``GET /api/sessions``, ``GET /api/sessions/{id}``
+    The stored sessions; one session's messages in the runtime's JSON form
+    (``messages``) and as AI SDK ``UIMessage`` s (``ui_messages``).
+``GET /api/info``
+    The agent's name, provider and model.
+``GET /api/chat/{id}/stream``, ``POST /api/chat/{id}/stop``
+    Resume a running turn from the relay (``useChat({resume: true})``; 204 when none)
+    and stop a turn wherever it runs: see :mod:`runtime.app.web.resume`.
+
+Safe by default: only loopback ``Host`` names (403, :mod:`runtime.app.web.guard`), no
+state-changing request from another origin (403) or with a non-JSON body (415), no CORS
+unless ``cors_origins`` is given, a request body limit (413) and time limit (408),
+session ids validated (400), a client that stops reading a stream dropped after
+``send_timeout``, and with ``token`` every ``/api/`` request needs
+``Authorization: Bearer <token>`` (401).
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import trio
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from runtime.agent import Agent
+from runtime.app.host import Host
+from runtime.app.session import FINAL_WAIT
+from runtime.app.web import BODY_TIMEOUT, DEFAULT_MAX_BODY, SEND_TIMEOUT
+from runtime.app.web.answers import is_continuation, pending_in_store, record_answers
+from runtime.app.web.chat_input import CHILD_PARSES, check_media, read_chat_request, title_of
+from runtime.app.web.frontend import FrontEnd
+from runtime.app.web.guard import RequestGuard
+from runtime.app.web.http import ApiError, error_response, json_response
+from runtime.app.web.http import session_id_param as _session_id
+from runtime.app.web.protocols import mount_protocols
+from runtime.app.web.resend import classify_resend, client_message_id, replay_response
+from runtime.app.web.resume import resume_stream, stop_turn
+from runtime.app.web.ui_stream import DONE, HEADERS, UIStreamEncoder, ui_messages
+from runtime.app.web.writer import BodyWriter
+from runtime.errors import NothingToResume, SessionBusy
+from runtime.messages import UserContent
+from runtime.serde import unstructure
+
+KEEPALIVE = 15.0
+"""Seconds of silence after which a stream sends an SSE comment, so proxies keep it open."""
+
+NOT_READING = "client not reading"
+"""The abort reason of a turn whose client stopped taking its stream."""
+
+STATIC = Path(__file__).with_name("static")
+
+ICONS = {"favicon.ico": "image/x-icon", "favicon.svg": "image/svg+xml"}
+"""The page's icon (``<link rel="icon">``) and the one browsers ask ``/favicon.ico`` for."""
+
+AgentSource = Agent | Callable[[str], Agent]
+"""An agent for every session, or a factory called with the session id of a new one."""
+
+
+async def _api_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, ApiError)
+    return error_response(exc.status, exc.message, exc.headers)
+
+
+# -- middleware ---------------------------------------------------------------------------
+
+
+class BearerAuth:
+    """401 for an ``/api/`` request without ``Authorization: Bearer <token>``."""
+
+    def __init__(self, app: ASGIApp, token: str) -> None:
+        self.app = app
+        self.token = token.encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (
+            scope["type"] == "http"
+            and scope["path"].startswith("/api/")
+            and scope["method"] != "OPTIONS"  # CORS preflight carries no credentials
+            and not self._authorized(scope)
+        ):
+            response = error_response(
+                401, "missing or wrong bearer token", {"www-authenticate": "Bearer"}
+            )
+            await response(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+    def _authorized(self, scope: Scope) -> bool:
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                scheme, _, credentials = value.partition(b" ")
+                if scheme.lower() == b"bearer" and hmac.compare_digest(
+                    credentials.strip(), self.token
+                ):
+                    return True
+        return False
+
+
+class SecurityHeaders:
+    """``nosniff`` and a no-referrer policy on every response."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_headers(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", []))
+                headers.append((b"x-content-type-options", b"nosniff"))
+                headers.append((b"referrer-policy", b"no-referrer"))
+                message = {**message, "headers": headers}
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
+
+
+# -- the chat stream ----------------------------------------------------------------------
+
+
+class TurnResponse:
+    """Streams one turn as a UI message stream; the client leaving cancels the turn.
+
+    The body goes out through a :class:`~runtime.app.web.writer.BodyWriter` running in
+    ``background`` (when given): a client that takes no data for ``send_timeout`` seconds
+    has its turn cancelled (``abort``: "client not reading"), saved, marked interrupted,
+    and its connection closed. What waits for it meanwhile is bounded: the writer's
+    queue, then the turn's pipeline, which stops the provider (backpressure).
+    """
+
+    def __init__(
+        self,
+        session: Any,
+        text: UserContent,
+        *,
+        regenerate: bool = False,
+        user_message_id: str | None = None,
+        resume: bool = False,
+        announced: tuple[str, ...] = (),
+        keepalive: float = KEEPALIVE,
+        send_timeout: float | None = SEND_TIMEOUT,
+        background: trio.Nursery | None = None,
+        encoder: Callable[[], Any] | None = None,
+        headers: Mapping[str, str] = HEADERS,
+        busy: Callable[[Any], Response] | None = None,
+    ) -> None:
+        self.session = session
+        self.text = text
+        self.regenerate = regenerate
+        self.user_message_id = user_message_id
+        """The client's id of the user message, stored as its id (:mod:`runtime.app.web.resend`)."""
+        self.resume = resume
+        """Run the continuation of the turn that waited for input (docs/approval.md)."""
+        self.announced = announced
+        """Calls the client knows: their input is not streamed again."""
+        self.keepalive = keepalive
+        self.send_timeout = send_timeout
+        self.background = background
+        self.disconnected = False
+        # Another protocol's stream (runtime.app.web.openai_compat) gives its own encoder
+        # (``events(chunk)`` -> bytes), headers and answer to a busy session; by default
+        # the AI SDK's, told which calls the client already knows.
+        self.encoder = encoder
+        self.headers = headers
+        self.busy = busy or _busy
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        session = self.session
+        await session.reopen()  # the host may have evicted it since the request looked it up
+        if session.busy:
+            await self.busy(session)(scope, receive, send)
+            return
+        if "title" not in session.meta and not self.resume:
+            session.set_title(title_of(self.text))
+        started = False
+        async with trio.open_nursery() as local:
+            # In the background nursery the writer outlives this task, so this task can
+            # return (and Hypercorn close the connection) while a write is stuck; the local
+            # one, the fallback, is left only after the turn is over and saved.
+            try:
+                turn = (
+                    session.resume()
+                    if self.resume
+                    else session.stream(
+                        self.text,
+                        regenerate=self.regenerate,
+                        user_message_id=self.user_message_id,
+                    )
+                )
+                async with turn as out:
+                    started = True
+                    await self._stream(out, receive, send, self.background or local)
+            except SessionBusy:
+                if started:
+                    raise
+                await self.busy(session)(scope, receive, send)
+            except NothingToResume as exc:
+                await error_response(409, str(exc))(scope, receive, send)
+
+    async def _stream(
+        self, out: Any, receive: Receive, send: Send, background: trio.Nursery
+    ) -> None:
+        headers = [(k.encode(), v.encode()) for k, v in self.headers.items()]
+        writer = BodyWriter(
+            send,
+            {"type": "http.response.start", "status": 200, "headers": headers},
+            timeout=self.send_timeout,
+        )
+        background.start_soon(writer.run)
+        try:
+            await self._pump(out, receive, writer)
+        except BaseException:
+            writer.abandon()
+            raise
+        if writer.stalled or self.disconnected or not await writer.close():
+            writer.abandon()
+
+    async def _pump(self, out: Any, receive: Receive, writer: BodyWriter) -> None:
+        """The turn's chunks to the writer, with keep-alives; cancels the turn when the
+        client leaves or stops reading."""
+        last_write = trio.current_time()
+
+        async def write(data: bytes) -> None:
+            nonlocal last_write
+            if self.disconnected or writer.stalled:
+                return
+            if not await writer.write(data):
+                out.cancel(NOT_READING if writer.stalled else "client disconnected")
+                nursery.cancel_scope.cancel()  # leave: the stream's exit waits for the save
+            last_write = trio.current_time()
+
+        async def watch_disconnect() -> None:
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    self.disconnected = True
+                    out.cancel("client disconnected")
+                    return
+
+        async def keep_alive() -> None:
+            while True:
+                await trio.sleep_until(last_write + self.keepalive)
+                if trio.current_time() >= last_write + self.keepalive:
+                    await write(b": keep-alive\n\n")
+
+        encoder = self.encoder() if self.encoder is not None else UIStreamEncoder(self.announced)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(watch_disconnect)
+            if self.keepalive:
+                nursery.start_soon(keep_alive)
+            async for chunk in out:
+                data = encoder.events(chunk)
+                if data:
+                    await write(data)
+            # [DONE] once the turn is saved and the session idle: a client may reload the
+            # session or send its next message as soon as it sees it.
+            with trio.move_on_after(FINAL_WAIT):
+                await out.done.wait()
+            await write(DONE)
+            nursery.cancel_scope.cancel()
+
+
+def _busy(session: Any) -> Response:
+    return error_response(409, f"session {session.id!r} is already running a turn")
+
+
+# -- the app ------------------------------------------------------------------------------
+
+
+class WebState:
+    """What the endpoints share: the host, the agent and the limits."""
+
+    def __init__(
+        self,
+        host: Host,
+        agent: AgentSource,
+        *,
+        max_body: int,
+        keepalive: float,
+        body_timeout: float | None = BODY_TIMEOUT,
+        send_timeout: float | None = SEND_TIMEOUT,
+    ) -> None:
+        self.host = host
+        self.agent = agent
+        self.max_body = max_body
+        self.keepalive = keepalive
+        self.body_timeout = body_timeout
+        self.send_timeout = send_timeout
+        self.relay: Any = None
+        """The live-output relay (:mod:`runtime.relay`) turns are resumed from, if any."""
+        self.cancel_hook: Callable[[str], Any] | None = None
+        """``await cancel_hook(turn_id)`` cancels a turn this process does not run (a
+        worker deployment's ``request_cancel``)."""
+        self.front: Any = None
+        """The :class:`~runtime.app.web.frontend.FrontEnd` of a worker deployment, if any."""
+        self.background: trio.Nursery | None = None
+        """Where response writers run, outliving their request (opened by the app's
+        lifespan; without one, each request keeps its own)."""
+        self._open_lock = trio.Lock()
+        self.parse_limiter = trio.CapacityLimiter(CHILD_PARSES)
+        """Bounds the child processes parsing large bodies (:mod:`runtime.app.web.chat_input`)."""
+
+    async def session(self, session_id: str) -> Any:
+        """The open session ``session_id``, opened (resumed from the store) if needed;
+        one the host evicted is loaded back into its ``Session`` object."""
+        session = self.host.sessions.get(session_id)
+        if session is not None:
+            self.host.touch(session)
+            return session
+        async with self._open_lock:
+            session = self.host.get_session(session_id)
+            if session is None:
+                agent = self.agent_for(session_id)
+                session = await self.host.open_session(agent, session_id=session_id)
+            else:
+                await session.reopen()
+        return session
+
+    def agent_for(self, session_id: str) -> Agent:
+        """The agent that runs ``session_id``'s turns."""
+        return self.agent if isinstance(self.agent, Agent) else self.agent(session_id)
+
+    def info(self) -> dict[str, Any]:
+        agent = self.agent if isinstance(self.agent, Agent) else None
+        provider = getattr(agent, "provider", None)
+        return {
+            "agent": agent.name if agent else None,
+            "provider": getattr(provider, "provider_name", None) if provider else "scripted",
+            "model": getattr(provider, "model", None) if provider else "scripted",
+            "tools": [t.name for t in agent.tools] if agent else None,
+        }
+
+
+def _state(request: Request) -> WebState:
+    return request.app.state.axon
+
+
+async def chat(request: Request) -> Any:
+    state = _state(request)
+    payload, session_id, text, regenerate = await read_chat_request(request, answers=True)
+    session = await state.session(session_id)
+    if is_continuation(payload):
+        announced, complete = await record_answers(session, payload)
+        if not complete:  # other calls still wait: whoever decides the last one resumes
+            waiting = len(await pending_in_store(session))
+            return json_response({"recorded": True, "waiting": waiting}, 202)
+        return TurnResponse(
+            session,
+            "",
+            resume=True,
+            announced=announced,
+            keepalive=state.keepalive,
+            send_timeout=state.send_timeout,
+            background=state.background,
+        )
+    check_media(text, session.agent)
+    client_id = client_message_id(payload)
+    resend = (
+        "new"
+        if session.busy
+        else classify_resend(session.messages, client_id, text, regenerate=regenerate)
+    )
+    if resend == "retry":
+        return replay_response(session.messages)
+    return TurnResponse(
+        session,
+        text,
+        regenerate=regenerate or resend == "edit",
+        user_message_id=client_id,
+        keepalive=state.keepalive,
+        send_timeout=state.send_timeout,
+        background=state.background,
+    )
+
+
+async def list_sessions(request: Request) -> Response:
+    """The stored sessions, most recently updated first; a session whose first turn is
+    running (not saved yet) comes first."""
+    state = _state(request)
+    infos = await state.host.store.list_sessions()
+    open_sessions = state.host.sessions
+    stored = {info.session_id for info in infos}
+    unsaved = [
+        {
+            "session_id": sid,
+            "title": session.meta.get("title"),
+            "message_count": len(session.messages),
+            "busy": True,
+            "meta": dict(session.meta),
+        }
+        for sid, session in open_sessions.items()
+        if session.busy and sid not in stored
+    ]
+    return json_response(
+        {
+            "sessions": unsaved
+            + [
+                {
+                    "session_id": info.session_id,
+                    "title": info.meta.get("title"),
+                    "message_count": info.message_count,
+                    "busy": bool(
+                        info.session_id in open_sessions and open_sessions[info.session_id].busy
+                    ),
+                    "meta": info.meta,
+                }
+                for info in infos
+            ]
+        }
+    )
+
+
+async def get_session(request: Request) -> Response:
+    state = _state(request)
+    session_id = _session_id(request.path_params["session_id"])
+    record = await state.host.store.load(session_id)
+    if record is None:
+        raise ApiError(404, f"no session {session_id!r}")
+    open_session = state.host.sessions.get(session_id)
+    if open_session is not None:
+        state.host.touch(open_session)  # a read is a use: it keeps the session in memory
+    return json_response(
+        {
+            "session_id": session_id,
+            "title": record.meta.get("title"),
+            "busy": bool(open_session is not None and open_session.busy),
+            "meta": record.meta,
+            "messages": unstructure(list(record.messages)),
+            "ui_messages": ui_messages(record.messages),
+        }
+    )
+
+
+async def info(request: Request) -> Response:
+    return json_response(_state(request).info())
+
+
+CSP = (
+    "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
+    "connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'; "
+    "frame-ancestors 'none'"
+)
+
+
+def create_app(
+    host: Host,
+    agent: AgentSource,
+    *,
+    token: str | None = None,
+    cors_origins: Sequence[str] | None = None,
+    max_body: int = DEFAULT_MAX_BODY,
+    keepalive: float = KEEPALIVE,
+    allowed_hosts: Sequence[str] | None = None,
+    body_timeout: float | None = BODY_TIMEOUT,
+    send_timeout: float | None = SEND_TIMEOUT,
+    relay: Any = None,
+    cancel_hook: Callable[[str], Any] | None = None,
+    queue: Any = None,
+    protocols: Collection[str] = ("ai-sdk",),
+) -> Starlette:
+    """The web app for ``host``: every session runs ``agent`` (or ``agent(session_id)``).
+
+    ``token`` requires ``Authorization: Bearer <token>`` on ``/api/``; ``cors_origins``
+    allows those origins to call the API from a browser (none by default); ``max_body``
+    caps request bodies (413 above it); ``keepalive`` is the SSE comment interval (0: off).
+    ``allowed_hosts`` adds ``Host`` names to the loopback ones the app answers (see
+    :class:`~runtime.app.web.guard.HostPolicy`); ``body_timeout`` bounds the time a request
+    body takes to arrive (408), ``send_timeout`` the time a stream waits for a client that
+    takes no data before dropping it (``None``: no limit). ``relay`` (a
+    :class:`runtime.relay.Relay`) serves ``GET /api/chat/{id}/stream`` for turns running
+    anywhere; ``cancel_hook(turn_id)`` stops a turn running in another process.
+
+    With ``queue`` (a :class:`actors.stores.turns.TurnQueue`) and ``relay`` the app is a
+    stateless front end of a worker deployment (:mod:`runtime.app.web.frontend`): it queues
+    turns for the workers and streams them from the relay, and ``host`` only lends it
+    its store (it opens no session and runs no turn).
+
+    ``protocols`` names the endpoints mounted (:mod:`runtime.app.web.protocols`): ``ai-sdk``
+    the page and ``/api/``, ``openai`` ``/v1/`` (:mod:`runtime.app.web.openai_compat`).
+    """
+    page = (STATIC / "index.html").read_bytes()
+    icons = {name: (STATIC / name).read_bytes() for name in ICONS}
+    state = WebState(
+        host,
+        agent,
+        max_body=max_body,
+        keepalive=keepalive,
+        body_timeout=body_timeout,
+        send_timeout=send_timeout,
+    )
+    state.relay = relay
+    state.cancel_hook = cancel_hook
+    routes = {
+        "chat": chat,
+        "stream": resume_stream,
+        "stop": stop_turn,
+        "sessions": list_sessions,
+        "session": get_session,
+        "info": info,
+    }
+    if queue is not None:
+        if relay is None:
+            raise ValueError("a front end (queue=) needs the relay its workers write to")
+        state.front = FrontEnd(store=host.store, queue=queue, relay=relay)
+        routes.update(state.front.routes())
+
+    async def index(request: Request) -> Response:
+        return HTMLResponse(page, headers={"content-security-policy": CSP})
+
+    async def icon(request: Request) -> Response:
+        name = request.url.path.lstrip("/")
+        return Response(
+            icons[name],
+            media_type=ICONS[name],
+            headers={
+                "cache-control": "max-age=86400",
+                "content-security-policy": "default-src 'none'",
+            },
+        )
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        async with trio.open_nursery() as nursery:
+            state.background = nursery
+            try:
+                yield
+            finally:
+                state.background = None
+                nursery.cancel_scope.cancel()
+
+    middleware = [Middleware(SecurityHeaders)]
+    if cors_origins:
+        from starlette.middleware.cors import CORSMiddleware
+
+        middleware.append(
+            Middleware(
+                CORSMiddleware,
+                allow_origins=list(cors_origins),
+                allow_methods=["GET", "POST"],
+                allow_headers=["authorization", "content-type"],
+                expose_headers=["x-vercel-ai-ui-message-stream"],
+                max_age=600,
+            )
+        )
+    middleware.append(
+        Middleware(RequestGuard, allowed_hosts=allowed_hosts or (), cors_origins=cors_origins or ())
+    )
+    if token:
+        middleware.append(Middleware(BearerAuth, token=token))
+    app = Starlette(
+        routes=[
+            Route("/", index, methods=["GET"]),
+            *(Route("/" + name, icon, methods=["GET"]) for name in ICONS),
+            Route("/api/info", routes["info"], methods=["GET"]),
+            Route("/api/chat", routes["chat"], methods=["POST"]),
+            Route("/api/chat/{session_id}/stream", routes["stream"], methods=["GET"]),
+            Route("/api/chat/{session_id}/stop", routes["stop"], methods=["POST"]),
+            Route("/api/sessions", routes["sessions"], methods=["GET"]),
+            Route("/api/sessions/{session_id}", routes["session"], methods=["GET"]),
+        ],
+        middleware=middleware,
+        exception_handlers={ApiError: _api_error},
+        lifespan=lifespan,
+    )
+    app.state.axon = state
+    mount_protocols(app, state, protocols, token=token, stream=TurnResponse)
+    return app

@@ -1,0 +1,212 @@
+"""The JSON of a ``POST /api/chat`` body, cut down to what the server reads.
+
+:func:`reduce_chat_body` parses a body and keeps its top-level scalar fields (``id``,
+``trigger``, ``messageId``, ...) and its last user message, whose parts are counted
+against the part limits *before* any of them is decoded, and stripped to the keys a text
+or file part has. What it returns is small in structure whatever the body was: at most
+``max_parts`` parts of a few strings each.
+
+Parsing is where a hostile body costs most, and ``orjson`` holds the GIL for the whole
+parse: 48 MiB of ``[[],[],...]`` is 16 million lists, seconds of CPU during which no
+other request of the process would be answered, whatever thread ran it. So
+:mod:`runtime.app.web.chat_input` parses a large body in a child process that runs this file
+as a script (``python -P chat_body.py MAX_PARTS MAX_FILES`` with the body on stdin and the
+reduced body as JSON on stdout): the server's own work is then proportional to the
+reduced body's size, not to the JSON values the client sent. That is why this module
+imports nothing but the standard library and ``orjson``: the child starts in a few tens
+of milliseconds, without importing the runtime.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import orjson
+
+PART_KEYS = ("type", "text", "url", "mediaType", "filename")
+"""What a text or file part of a ``useChat`` message has that the server reads."""
+ANSWER_KEYS = ("type", "toolCallId", "state", "approval", "output", "errorText")
+"""What a tool part of a continuation's assistant message has that the server reads
+(:mod:`runtime.app.web.answers`): approvals and client tools' outputs, kept whole."""
+MESSAGE_KEYS = ("id", "role", "content")
+"""What the last user message has besides its parts that the server reads."""
+CHILD_MEMORY = 2 << 30
+"""Address space the parsing child may use (bytes): a body of nested empty arrays under
+the size limit still needs about a gigabyte of Python objects; past this it is refused."""
+
+
+class BodyRefused(Exception):
+    """A body the server will not take: ``status`` (400 or 413) and a one-line reason."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def _scalar(value: Any) -> Any:
+    """``value`` if it is a JSON scalar, else an empty container of its kind: the caller
+    still sees that it is not a string, without its contents."""
+    if isinstance(value, dict):
+        return {}
+    if isinstance(value, list):
+        return []
+    return value
+
+
+def _counted_parts(parts: list[Any], max_parts: int, max_files: int) -> list[dict[str, Any]]:
+    files = sum(1 for p in parts if type(p) is dict and p.get("type") == "file")
+    if files > max_files:
+        raise BodyRefused(
+            413,
+            f"the last user message has {files} file parts; the limit is {max_files} "
+            "images and files per message",
+        )
+    if len(parts) > max_parts:
+        raise BodyRefused(
+            413,
+            f"the last user message has {len(parts)} parts; the limit is {max_parts} "
+            "parts per message",
+        )
+    return [
+        {key: _scalar(p[key]) for key in PART_KEYS if key in p}
+        for p in parts
+        if type(p) is dict and p.get("type") in ("text", "file")
+    ]
+
+
+def _answers_message(message: dict[str, Any], max_parts: int) -> dict[str, Any]:
+    """A continuation's last (assistant) message: its tool parts, with what answers a
+    waiting turn (:data:`ANSWER_KEYS`); at most ``max_parts`` parts, as for a user's."""
+    parts = message.get("parts")
+    kept = {key: _scalar(message[key]) for key in MESSAGE_KEYS if key in message}
+    if type(parts) is not list:
+        return kept
+    if len(parts) > max_parts:
+        raise BodyRefused(
+            413,
+            f"the last assistant message has {len(parts)} parts; the limit is {max_parts} "
+            "parts per message",
+        )
+    kept["parts"] = [
+        {key: p[key] for key in ANSWER_KEYS if key in p}
+        for p in parts
+        if type(p) is dict and str(p.get("type", "")).startswith(("tool-", "dynamic"))
+    ]
+    return kept
+
+
+def reduce_chat_body(raw: bytes, max_parts: int, max_files: int) -> dict[str, Any]:
+    """``raw``'s top-level scalar fields and ``messages``: its last user message alone,
+    with its parts reduced to :data:`PART_KEYS` (only text and file parts kept); or,
+    when the last message is the assistant's (a continuation answering a waiting turn,
+    :mod:`runtime.app.web.answers`), that message alone with its tool parts.
+
+    Raises :class:`BodyRefused`: 400 for a body that is not a JSON object with a list of
+    messages holding a user message, 413 for a last user message with more than
+    ``max_parts`` parts or ``max_files`` file parts."""
+    try:
+        payload = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        raise BodyRefused(400, "the body is not JSON") from None
+    if type(payload) is not dict:
+        raise BodyRefused(400, "the body must be a JSON object")
+    if "id" not in payload:
+        raise BodyRefused(400, "'id' (the session id) is required")
+    reduced = {key: _scalar(value) for key, value in payload.items() if key != "messages"}
+    messages = payload.get("messages")
+    if type(messages) is not list:
+        raise BodyRefused(400, "'messages' must be a list")
+    if messages and type(messages[-1]) is dict and messages[-1].get("role") == "assistant":
+        reduced["messages"] = [_answers_message(messages[-1], max_parts)]
+        return reduced
+    for message in reversed(messages):
+        if type(message) is dict and message.get("role") == "user":
+            last = {key: _scalar(message[key]) for key in MESSAGE_KEYS if key in message}
+            parts = message.get("parts")
+            if type(parts) is list:
+                last["parts"] = _counted_parts(parts, max_parts, max_files)
+            reduced["messages"] = [last]
+            return reduced
+    raise BodyRefused(400, "no user message in 'messages'")
+
+
+BLOB_CHARS = 64 << 10
+"""Strings this long or longer travel from the child as raw UTF-8 after the JSON, not in
+it: decoding raw UTF-8 costs the server a copy, parsing a JSON string of tens of
+megabytes (escapes, validation) a tenth of a second with the GIL held."""
+
+
+def pack(value: Any) -> bytes:
+    """``value`` (a reduced body) as the child writes it: JSON in which every long string
+    is ``{"$blob": [start, end]}``, a newline, then those strings' UTF-8 bytes."""
+    blobs: list[bytes] = []
+    size = 0
+
+    def cut(item: Any) -> Any:
+        nonlocal size
+        if isinstance(item, str) and len(item) >= BLOB_CHARS:
+            data = item.encode("utf-8", "surrogatepass")
+            blobs.append(data)
+            size += len(data)
+            return {"$blob": [size - len(data), size]}
+        if isinstance(item, dict):
+            return {key: cut(v) for key, v in item.items()}
+        if isinstance(item, list):
+            return [cut(v) for v in item]
+        return item
+
+    head = orjson.dumps(cut(value))
+    return b"".join([head, b"\n", *blobs])
+
+
+def unpack(data: bytes | bytearray) -> Any:
+    """What :func:`pack` packed. A ``{"$blob": ...}`` can only be the child's: a reduced
+    body's dicts are its own (a client's objects arrive as ``{}``). The long strings are
+    decoded straight from ``data``, with no copy of it."""
+    end = data.index(b"\n")
+    head = bytes(data[:end])
+    blobs = memoryview(data)[end + 1 :]
+
+    def restore(item: Any) -> Any:
+        if isinstance(item, dict):
+            span = item.get("$blob")
+            if span is not None and len(item) == 1:
+                return str(blobs[span[0] : span[1]], "utf-8", "surrogatepass")
+            return {key: restore(v) for key, v in item.items()}
+        if isinstance(item, list):
+            return [restore(v) for v in item]
+        return item
+
+    return restore(orjson.loads(head))
+
+
+def _limit_memory() -> None:
+    try:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_AS, (CHILD_MEMORY, CHILD_MEMORY))
+    except (ImportError, ValueError, OSError):  # pragma: no cover - not on this platform
+        pass
+
+
+def main(argv: list[str]) -> int:
+    """The child: the body on stdin, ``{"body": reduced}`` or ``{"refused": [status,
+    message]}`` on stdout, as :func:`pack` writes it."""
+    _limit_memory()
+    max_parts, max_files = int(argv[0]), int(argv[1])
+    raw = sys.stdin.buffer.read()
+    try:
+        answer: dict[str, Any] = {"body": reduce_chat_body(raw, max_parts, max_files)}
+    except BodyRefused as refused:
+        answer = {"refused": [refused.status, refused.message]}
+    except (MemoryError, RecursionError):
+        answer = {"refused": [413, "the request body has too many JSON values to parse"]}
+    del raw
+    sys.stdout.buffer.write(pack(answer))
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover - run as a child by runtime.app.web.chat_input
+    sys.exit(main(sys.argv[1:]))

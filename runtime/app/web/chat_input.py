@@ -1,0 +1,238 @@
+"""What a ``POST /api/chat`` body says: the session, the last user input, the trigger.
+
+Shared by the embedded app (:mod:`runtime.app.web.app`), which runs the turn, and the front
+end of a worker deployment (:mod:`runtime.app.web.frontend`), which queues it: both must
+refuse the same bodies with the same errors and title a new session the same way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import trio
+from starlette.requests import Request
+
+from runtime.agent import Agent
+from runtime.app.web import chat_body
+from runtime.app.web.answers import is_continuation
+from runtime.app.web.http import ApiError, session_id_param, web_state
+from runtime.errors import InvalidMedia, MediaTooLarge
+from runtime.media import InputLimits, check_limits, user_content
+from runtime.messages import File, Image, TextPart, UserContent
+
+TITLE_CHARS = 80
+
+
+def _file_part(part: dict[str, Any]) -> Image | File:
+    """A ``useChat`` file part (``mediaType``, ``url``, ``filename``) as an image or file.
+
+    Only ``data:``, ``http:`` and ``https:`` URLs are taken, and an http(s) URL is passed
+    on for the provider to fetch: this server never fetches a URL it was given."""
+    url, media_type, filename = part.get("url"), part.get("mediaType"), part.get("filename")
+    if not isinstance(url, str) or not url:
+        raise ApiError(400, "a file part needs a 'url' (a data:, http: or https: URL)")
+    if media_type is not None and not isinstance(media_type, str):
+        raise ApiError(400, "a file part's 'mediaType' must be a string")
+    if filename is not None and not isinstance(filename, str):
+        raise ApiError(400, "a file part's 'filename' must be a string")
+    try:
+        if media_type is not None and media_type.lower().startswith("image/"):
+            return Image(url=url, media_type=media_type)
+        found = File(url=url, media_type=media_type, filename=filename)
+        if found.media_type.startswith("image/"):  # type: ignore[union-attr]
+            # no mediaType given, and the bytes (or the URL) say image
+            return Image(data=found.data, url=found.url, media_type=found.media_type)
+        return found
+    except InvalidMedia as exc:
+        label = f"file part {filename!r}" if filename else "file part"
+        raise ApiError(400, f"{label}: {exc}") from None
+
+
+def _last_user_input(messages: Any) -> UserContent:
+    """The last user message of a ``useChat`` body: its text, or its text and file parts."""
+    if not isinstance(messages, list):
+        raise ApiError(400, "'messages' must be a list")
+    for message in reversed(messages):
+        if not isinstance(message, dict) or message.get("role") != "user":
+            continue
+        parts = message.get("parts")
+        items: list[str | Image | File] = []
+        if isinstance(parts, list):
+            for p in parts:
+                if not isinstance(p, dict):
+                    continue
+                if p.get("type") == "text" and isinstance(p.get("text"), str):
+                    items.append(p["text"])
+                elif p.get("type") == "file":
+                    items.append(_file_part(p))
+        elif isinstance(message.get("content"), str):  # the pre-parts message shape
+            items.append(message["content"])
+        text = "".join(i for i in items if isinstance(i, str))
+        media = [i for i in items if not isinstance(i, str)]
+        if not media:
+            if not text.strip():
+                raise ApiError(400, "the last user message has no text")
+            return text
+        return user_content(items)
+    raise ApiError(400, "no user message in 'messages'")
+
+
+def title_of(content: UserContent) -> str:
+    """A session title from its first input: the text, else the attachments' names."""
+    if isinstance(content, str):
+        text = content
+    else:
+        text = "".join(p.text for p in content if isinstance(p, TextPart)) or " ".join(
+            getattr(p, "filename", None) or p.type for p in content if not isinstance(p, TextPart)
+        )
+    # The start is enough: splitting a pasted document of megabytes would hold the loop.
+    return " ".join(text[: TITLE_CHARS * 64].split())[:TITLE_CHARS]
+
+
+async def _read_body(request: Request, limit: int, within: float | None = None) -> bytes:
+    """The request body: 413 past ``limit`` bytes, 408 (and the connection closed) when
+    it has not arrived in full ``within`` seconds, so a client that announces a
+    body and never sends it cannot hold a connection open."""
+    length = request.headers.get("content-length")
+    if length is not None:
+        if not length.isdigit():
+            raise ApiError(400, "bad content-length")
+        if int(length) > limit:
+            raise ApiError(413, f"request body larger than {limit} bytes")
+    body = bytearray()
+    with trio.move_on_after(within if within and within > 0 else math.inf):
+        async for piece in request.stream():
+            body += piece
+            if len(body) > limit:
+                raise ApiError(413, f"request body larger than {limit} bytes")
+        return bytes(body)
+    raise ApiError(
+        408, f"the request body did not arrive within {within:g} s", {"connection": "close"}
+    )
+
+
+INLINE_BODY = 256 << 10
+"""Bodies up to this many bytes are parsed in the server's own process: whatever JSON
+they hold, parsing them takes the event loop a few tens of milliseconds at most. Larger
+ones are parsed in a child process (:mod:`runtime.app.web.chat_body`)."""
+PARSE_TIMEOUT = 60.0
+"""Seconds a child may take to parse a body before the request is refused (413)."""
+CHILD_PARSES = 2
+"""Children parsing bodies at once per app; more large requests wait their turn."""
+
+_CHILD = str(Path(chat_body.__file__).resolve())
+
+
+async def _exchange(child: trio.Process, raw: bytes, out: bytearray) -> None:
+    """Write ``raw`` to ``child``'s stdin while reading its stdout into ``out``, until it
+    exits."""
+    stdin, stdout = child.stdin, child.stdout
+    assert stdin is not None and stdout is not None
+
+    async def feed() -> None:
+        async with stdin:
+            with contextlib.suppress(trio.BrokenResourceError):
+                await stdin.send_all(raw)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(feed)
+        while piece := await stdout.receive_some(1 << 20):
+            out += piece
+    await child.wait()
+
+
+async def _reduced_in_child(raw: bytes, limits: InputLimits, limiter: trio.CapacityLimiter) -> Any:
+    """:func:`~runtime.app.web.chat_body.reduce_chat_body` of ``raw``, run in a child process
+    (see there why): meanwhile the event loop only moves bytes; then it decodes a body
+    whose structure is at most ``max_parts`` parts, its long strings straight from the
+    bytes the child wrote."""
+    command = [sys.executable, "-P", _CHILD, str(limits.max_parts), str(limits.max_files)]
+    out = bytearray()
+    async with limiter:
+        with trio.move_on_after(PARSE_TIMEOUT) as scope:
+            child = await trio.lowlevel.open_process(
+                command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+            )
+            try:
+                await _exchange(child, raw, out)
+            finally:
+                if child.returncode is None:
+                    child.kill()
+                with trio.CancelScope(shield=True):
+                    await child.wait()
+                    for pipe in (child.stdin, child.stdout):
+                        if pipe is not None:
+                            await pipe.aclose()
+    if scope.cancelled_caught:
+        raise ApiError(413, f"the request body took over {PARSE_TIMEOUT:g} s to parse")
+    if child.returncode != 0 or not out:
+        # Killed past its memory limit, most likely: a body of millions of JSON values.
+        raise ApiError(413, "the request body has too many JSON values to parse")
+    answer = chat_body.unpack(out)
+    if "refused" in answer:
+        status, message = answer["refused"]
+        raise ApiError(status, message)
+    return answer["body"]
+
+
+async def read_chat_request(
+    request: Request, *, answers: bool = False
+) -> tuple[dict[str, Any], str, UserContent, bool]:
+    """A ``POST /api/chat`` body: ``(payload, session_id, last user input, regenerate)``,
+    every bad part a 4xx. ``payload`` holds the body's top-level scalar fields and, in
+    ``messages``, its last user message alone (:mod:`runtime.app.web.chat_body`).
+
+    A body whose last message is the assistant's answers a turn waiting for input
+    (:mod:`runtime.app.web.answers`): taken only with ``answers`` (its input is then ``""``),
+    a 400 otherwise, never read as a new turn of the last user message.
+
+    A last user message with more parts, or more file parts, than the host's
+    ``input_limits`` is a 413 before any part is decoded. A large body is parsed in a
+    child process, and its parts are decoded in a thread, so that no body, however its
+    JSON is shaped, holds up the server's other requests while it is read."""
+    state = web_state(request)
+    raw = await _read_body(request, state.max_body, state.body_timeout)
+    limits: InputLimits = state.host.input_limits
+    large = len(raw) > INLINE_BODY
+    try:
+        if large:
+            payload = await _reduced_in_child(raw, limits, state.parse_limiter)
+        else:
+            payload = chat_body.reduce_chat_body(raw, limits.max_parts, limits.max_files)
+    except chat_body.BodyRefused as refused:
+        raise ApiError(refused.status, refused.message) from None
+    del raw
+    session_id = session_id_param(payload["id"])
+    messages = payload["messages"]
+    # An answer for a waiting turn ends with the assistant message (runtime.app.web.answers).
+    if is_continuation(payload):
+        if not answers:
+            raise ApiError(400, "answering a turn that waits for input is not supported here yet")
+        text: UserContent = ""
+    elif large:
+        text = await trio.to_thread.run_sync(_last_user_input, messages)
+    else:
+        text = _last_user_input(messages)
+    trigger = payload.get("trigger", "submit-message")
+    if trigger not in ("submit-message", "regenerate-message"):
+        raise ApiError(400, f"unknown trigger {trigger!r}")
+    return payload, session_id, text, trigger == "regenerate-message"
+
+
+def check_media(text: UserContent, agent: Agent) -> None:
+    """413 when ``text``'s attachments are over ``agent``'s media limits, 400 when one is
+    a URL and the agent takes none (``--media-urls off``)."""
+    try:
+        check_limits(text, agent.media_limits)
+    except MediaTooLarge as exc:
+        raise ApiError(413, exc.message) from None
+    except InvalidMedia as exc:
+        raise ApiError(400, exc.message) from None
+
+
+__all__ = ["TITLE_CHARS", "check_media", "read_chat_request", "title_of"]

@@ -1,0 +1,326 @@
+"""The web app as a stateless front end of a worker deployment.
+
+In a worker deployment (``python -m runtime worker``) turns run on worker processes:
+sessions live in PostgreSQL, turns are rows of its queue
+(:class:`actors.stores.turns.TurnQueue`), and a turn's live output goes through the
+relay (:mod:`runtime.relay`). A front end then holds no session in memory and runs no
+turn, so any number of them can stand behind a load balancer and a client can reconnect
+to any of them:
+
+``POST /api/chat``
+    Queues the turn (``queue.submit``) and answers with its UI message stream read from
+    the relay. The AI SDK's id of the last user message is the idempotency key: a client
+    that retries the same POST gets the same turn, never a second one; the same id with
+    other text is an edit, run in place of that message's turn when it is the session's
+    last and has ended, else a 409 (never the old turn's replay). A second POST
+    while the session is busy queues behind the first (per-session order); its stream
+    starts when its turn does. A POST over the queue's caps (``serve
+    --max-queued-per-session``, ``--max-queued``) is answered 429 with ``Retry-After``
+    and queues nothing. Leaving the stream does **not** cancel the turn: the
+    client is only a viewer; stopping is explicit (``POST /api/chat/{id}/stop``).
+``GET /api/chat/{id}/stream``
+    The turn streaming now (the relay's), else the session's running or oldest queued
+    turn (the queue's), waited for like ``POST`` does; 204 when there is none.
+``POST /api/chat/{id}/stop``
+    Cancels the session's running turn (its worker stops it, saved and marked
+    interrupted), else its oldest queued turn (cancelled at once, it never runs).
+``GET /api/sessions``, ``GET /api/sessions/{id}``
+    Read from the store.
+
+Until a worker claims a turn the relay has no stream for it: its viewers wait for the
+turn's status to move, all the viewers of one front end on one shared look at the queue
+(:class:`runtime.app.web.watch.TurnWatch`, one query for every waiting turn, so PostgreSQL's
+load does not grow with viewers), with the queue's row as the truth: a turn that ended
+with no stream (cancelled while queued, failed before it streamed anything) ends the
+HTTP stream with ``abort`` or ``error``; a finished turn whose stream the relay lost is
+rebuilt from the stored message.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+
+from actors.stores.turns import FINAL_STATUSES
+from runtime.app.web.chat_input import check_media, read_chat_request, title_of
+from runtime.app.web.http import ApiError, json_response, session_id_param, web_state
+from runtime.app.web.resume import (
+    STOPPED,
+    RelayEncoder,
+    RelayStreamResponse,
+    _unavailable_as_503,
+    parse_after_seq,
+    unavailable_event,
+)
+from runtime.app.web.ui_stream import error_text, sse, ui_messages
+from runtime.app.web.watch import POLL_FIRST, POLL_MAX, TurnWatch
+from runtime.errors import (
+    QueueFull,
+    RelayTurnGone,
+    RelayUnavailable,
+    StoreError,
+    StoreUnavailable,
+    TurnConflict,
+)
+from runtime.logging import get_logger
+from runtime.messages import UserContent
+from runtime.serde import unstructure
+
+
+def idempotency_key(session_id: str, payload: dict[str, Any], regenerate: bool) -> str | None:
+    """The key that makes a retried ``POST /api/chat`` the same turn.
+
+    A submit is keyed by the AI SDK's id of its last user message (the client generates
+    it once and sends it again on a retry, or with new text for an edit, which the queue
+    tells apart by the input). A regenerate carries the same user message as the turn it
+    replaces, so it is keyed by the id of the assistant message it regenerates
+    (``messageId``), which the new turn's message replaces; without one there is no key.
+    Keys are scoped by session: message ids are only the client's. The key is a hash of
+    the JSON list ``[session, kind, id]``: whole ids, and no separator an id could
+    contain, so two different tuples never share a key. An id with a NUL (which
+    PostgreSQL's text refuses) is a 400."""
+    if regenerate:
+        message_id = payload.get("messageId")
+        kind = "regenerate"
+    else:
+        messages = payload.get("messages")
+        users = [
+            m
+            for m in (messages if isinstance(messages, list) else [])
+            if isinstance(m, dict) and m.get("role") == "user"
+        ]
+        message_id = users[-1].get("id") if users else None
+        kind = "submit"
+    if not isinstance(message_id, str) or not message_id:
+        return None
+    if "\x00" in message_id:
+        raise ApiError(400, "a message id must not contain NUL characters")
+    return hashlib.sha256(orjson.dumps([session_id, kind, message_id])).hexdigest()
+
+
+class QueuedTurnResponse(RelayStreamResponse):
+    """Streams a queued turn from the relay once a worker streams it; the client leaving
+    only stops this stream, never the turn."""
+
+    def __init__(self, *args: Any, queue: Any, watch: TurnWatch | None = None, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.queue = queue
+        self.watch = watch if watch is not None else TurnWatch(queue)
+        """The front end's :class:`~runtime.app.web.watch.TurnWatch`, shared by its viewers."""
+
+    async def _body(self, write: Any, encoder: RelayEncoder) -> None:
+        delay = POLL_FIRST
+        status: Any = object()  # not looked at yet
+        try:
+            while True:
+                try:
+                    await self._relay_events(write, encoder)
+                    return
+                except RelayTurnGone as exc:
+                    if self.sent:  # lost mid-stream: the client must reload
+                        await write(await self._rebuilt(exc, replay=False))
+                        return
+                # Queued: nothing to stream until a worker claims it, so wait (with the
+                # front end's other viewers: one query for all) until its status moves.
+                # Claimed and not streaming yet: look at the relay again soon.
+                status = await self.watch.changed(
+                    self.turn_id, status, math.inf if status == "queued" else delay
+                )
+                if status is None:
+                    await write(_error(f"turn {self.turn_id!r} does not exist"))
+                    return
+                if status in FINAL_STATUSES:
+                    turn = await self.queue.get(self.turn_id)
+                    if turn is None:
+                        await write(_error(f"turn {self.turn_id!r} does not exist"))
+                        return
+                    await self._finished(turn, write, encoder)
+                    return
+                if status != "queued":
+                    delay = min(delay * 2, POLL_MAX)
+        except RelayUnavailable as exc:
+            await write(unavailable_event(exc))
+
+    async def _finished(self, turn: Any, write: Any, encoder: RelayEncoder) -> None:
+        """The end of a turn that finished while no stream of it was read: its stream
+        after all (it ended between two looks), else its stored message, else why it
+        ended (cancelled while queued, failed before it streamed)."""
+        try:
+            await self._relay_events(write, encoder)
+            return
+        except RelayTurnGone as exc:
+            if self.sent or self.after_seq is not None:
+                await write(await self._rebuilt(exc, replay=False))
+                return
+            gone = exc
+        record = await self.store.load(self.session_id)
+        if record is not None and any(
+            getattr(m, "id", None) == turn.message_id for m in record.messages
+        ):
+            await write(await self._rebuilt(gone, replay=True, message_id=turn.message_id))
+        elif turn.status == "cancelled":
+            await write(sse({"type": "abort", "reason": turn.cancel_reason or "cancelled"}))
+        elif turn.status == "failed":
+            await write(_error(turn.error or f"turn {turn.turn_id!r} failed"))
+        else:
+            await write(await self._rebuilt(gone, replay=False))
+
+
+def _one_line(exc: Exception) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+def _error(text: str) -> bytes:
+    return sse({"type": "error", "errorText": error_text("turn", text)})
+
+
+class FrontEnd:
+    """The endpoints of a front end: ``store`` (PostgreSQL, shared with the workers),
+    ``queue`` (its :class:`~actors.stores.turns.TurnQueue`) and ``relay`` (the one the
+    workers write to)."""
+
+    def __init__(self, *, store: Any, queue: Any, relay: Any) -> None:
+        self.store = store
+        self.queue = queue
+        self.relay = relay
+        self.watch = TurnWatch(queue)
+
+    def routes(self) -> dict[str, Callable[[Request], Any]]:
+        """The app's endpoints this mode replaces, by name (see :func:`create_app`)."""
+        return {
+            "chat": self.chat,
+            "stream": self.stream,
+            "stop": self.stop,
+            "sessions": self.list_sessions,
+            "session": self.get_session,
+            "info": self.info,
+        }
+
+    def _response(self, request: Request, turn: Any, after_seq: int | None) -> Any:
+        state = web_state(request)
+        return QueuedTurnResponse(
+            self.relay,
+            self.store,
+            turn.session_id,
+            turn.turn_id,
+            after_seq=after_seq,
+            keepalive=state.keepalive,
+            send_timeout=state.send_timeout,
+            background=state.background,
+            queue=self.queue,
+            watch=self.watch,
+        )
+
+    async def chat(self, request: Request) -> Any:
+        state = web_state(request)
+        payload, session_id, text, regenerate = await read_chat_request(request)
+        check_media(text, state.agent_for(session_id))
+        turn = await self._submit(
+            session_id,
+            text,
+            idempotency_key(session_id, payload, regenerate),
+            regenerate,
+        )
+        return self._response(request, turn, None)
+
+    async def _submit(
+        self,
+        session_id: str,
+        text: UserContent,
+        key: str | None,
+        regenerate: bool,
+    ) -> Any:
+        try:
+            record = await self.store.load(session_id)
+            meta = (
+                {} if record is not None and "title" in record.meta else {"title": title_of(text)}
+            )
+            return await self.queue.submit(
+                session_id, text, idempotency_key=key, meta=meta, regenerate=regenerate
+            )
+        except QueueFull as exc:
+            retry = str(max(1, math.ceil(exc.retry_after)))
+            raise ApiError(429, exc.message, {"retry-after": retry}) from None
+        except StoreUnavailable as exc:
+            raise ApiError(503, _one_line(exc), {"retry-after": "1"}) from None
+        except TurnConflict as exc:
+            raise ApiError(409, _one_line(exc)) from None
+        except StoreError as exc:  # whatever the store refused: a 4xx and one log line
+            get_logger("axon.web").warning(
+                "frontend.submit_refused", session_id=session_id, error=_one_line(exc)
+            )
+            raise ApiError(400, _one_line(exc)) from None
+
+    async def stream(self, request: Request) -> Any:
+        session_id = session_id_param(request.path_params["session_id"])
+        after_seq = parse_after_seq(request)
+        turn = await self._active(session_id)
+        if turn is None:
+            return Response(status_code=204)
+        return self._response(request, turn, after_seq)
+
+    async def _active(self, session_id: str) -> Any:
+        """The turn to show for the session: the one streaming, else its running or
+        oldest queued one."""
+        turn_id = await _unavailable_as_503(self.relay.active_turn(session_id))
+        if turn_id is not None:
+            turn = await self.queue.get_status(turn_id)
+            if turn is not None:
+                return turn
+        return await self.queue.active(session_id)
+
+    async def stop(self, request: Request) -> Response:
+        session_id = session_id_param(request.path_params["session_id"])
+        turn = await self.queue.active(session_id)
+        if turn is None:
+            return Response(status_code=204)
+        turn = await self.queue.request_cancel(turn.turn_id, STOPPED) or turn
+        if turn.status == "running":  # its worker also hears it on the relay, at once
+            await _unavailable_as_503(self.relay.request_cancel(turn.turn_id, STOPPED))
+        return json_response({"turn_id": turn.turn_id}, 202)
+
+    async def list_sessions(self, request: Request) -> Response:
+        infos = await self.store.list_sessions()
+        busy = await self.queue.busy_sessions()
+        return json_response(
+            {
+                "sessions": [
+                    {
+                        "session_id": info.session_id,
+                        "title": info.meta.get("title"),
+                        "message_count": info.message_count,
+                        "busy": info.session_id in busy,
+                        "meta": info.meta,
+                    }
+                    for info in infos
+                ]
+            }
+        )
+
+    async def get_session(self, request: Request) -> Response:
+        session_id = session_id_param(request.path_params["session_id"])
+        record = await self.store.load(session_id)
+        if record is None:
+            raise ApiError(404, f"no session {session_id!r}")
+        return json_response(
+            {
+                "session_id": session_id,
+                "title": record.meta.get("title"),
+                "busy": await self.queue.active(session_id) is not None,
+                "meta": record.meta,
+                "messages": unstructure(list(record.messages)),
+                "ui_messages": ui_messages(record.messages),
+            }
+        )
+
+    async def info(self, request: Request) -> Response:
+        return json_response({**web_state(request).info(), "mode": "front-end"})
+
+
+__all__ = ["FrontEnd", "QueuedTurnResponse", "idempotency_key"]

@@ -1,0 +1,198 @@
+"""What a browser page must not be able to make the server do: the request guard.
+
+The API runs an agent with tools and hands out stored conversations, on a loopback port
+with no token by default. A browser is the attacker here: any page the user visits can
+send requests to ``http://127.0.0.1:PORT``. :class:`RequestGuard` refuses, before any
+endpoint runs:
+
+* a ``Host`` that is not allowed (403), against **DNS rebinding**: a page on
+  ``http://attacker.example:PORT`` whose name the attacker re-points to 127.0.0.1 is
+  same-origin with the server as far as the browser knows, so it could read every
+  response; its requests still carry ``Host: attacker.example:PORT``. Allowed are the
+  loopback names (``localhost``, ``127.0.0.1`` and the rest of 127/8, ``[::1]``), IP
+  addresses when the server is bound to a wildcard address (an IP literal cannot be
+  rebound), and what ``allowed_hosts`` lists.
+* a state-changing request (anything but GET, HEAD, OPTIONS) from another origin (403),
+  against **CSRF**: a cross-origin ``<form>`` or ``no-cors`` fetch gets no response to
+  read, but its request still runs a turn. Browsers say where a request comes from in
+  ``Origin`` (and ``Sec-Fetch-Site``); it must be the page's own origin (the ``Host`` it
+  was served from) or one of ``cors_origins``. Clients that are not browsers send
+  neither header and pass.
+* a state-changing ``/api/`` request whose body is not ``application/json`` (415): a
+  page can send ``text/plain`` or form bodies cross-origin without asking, but JSON needs
+  a CORS preflight, which only the ``cors_origins`` pass.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Iterable
+from typing import Any
+from urllib.parse import urlsplit
+
+import orjson
+from starlette.responses import Response
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+"""Methods that change nothing: the Host check covers them, the Origin check does not."""
+
+LOOPBACK_NAMES = frozenset({"localhost"})
+WILDCARD_ADDRESSES = frozenset({"0.0.0.0", "::", "[::]", ""})
+"""Bind addresses that mean every address of the machine."""
+
+ANY_HOST = "*"
+"""An ``allowed_hosts`` entry that turns the Host check off (behind a proxy that checks)."""
+
+
+def split_host(value: str) -> tuple[str, int | None]:
+    """A ``Host`` header (or an ``allowed_hosts`` entry) as (lower-case name, port).
+
+    IPv6 literals keep no brackets: ``[::1]:8000`` is ``("::1", 8000)``. A port that is
+    not a number makes the whole value the name (and so, matching nothing, refused).
+    """
+    value = value.strip().lower()
+    if value.startswith("["):
+        name, _, rest = value[1:].partition("]")
+        port = rest[1:] if rest.startswith(":") else ""
+        return name, int(port) if port.isdigit() else None
+    name, colon, port = value.rpartition(":")
+    if colon and port.isdigit() and ":" not in name:
+        return name.rstrip("."), int(port)
+    return value.rstrip("."), None
+
+
+def _ip(name: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        return ipaddress.ip_address(name)
+    except ValueError:
+        return None
+
+
+def is_loopback(name: str) -> bool:
+    """``localhost`` or a loopback address (name as :func:`split_host` gives it)."""
+    if name in LOOPBACK_NAMES:
+        return True
+    ip = _ip(name)
+    return ip is not None and ip.is_loopback
+
+
+class HostPolicy:
+    """Which ``Host`` headers the server answers (see the module docstring).
+
+    ``allowed`` entries are host names or addresses, optionally with ``:port`` (then only
+    that port matches); a wildcard address (``0.0.0.0``, ``::``) allows any IP address,
+    ``*`` any host at all.
+    """
+
+    def __init__(self, allowed: Iterable[str] = ()) -> None:
+        self.any_host = False
+        self.any_ip = False
+        self.names: set[tuple[str, int | None]] = set()
+        for entry in allowed:
+            if entry.strip() == ANY_HOST:
+                self.any_host = True
+            elif entry.strip().lower() in WILDCARD_ADDRESSES:
+                self.any_ip = True
+            else:
+                self.names.add(split_host(entry))
+
+    def allows(self, host: str) -> bool:
+        if self.any_host:
+            return True
+        name, port = split_host(host)
+        if not name:
+            return False
+        if is_loopback(name) or (name, None) in self.names or (name, port) in self.names:
+            return True
+        return self.any_ip and _ip(name) is not None
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    for key, value in scope["headers"]:
+        if key == name:
+            return value.decode("latin-1")
+    return None
+
+
+def is_json(content_type: str | None) -> bool:
+    """``application/json``, with or without parameters (``; charset=utf-8``)."""
+    if content_type is None:
+        return False
+    return content_type.split(";", 1)[0].strip().lower() == "application/json"
+
+
+def refusal_body(path: str, message: str) -> dict[str, Any]:
+    """A refusal in the error shape of the protocol ``path`` belongs to: OpenAI's for
+    ``/v1/`` (:mod:`runtime.app.web.openai_compat`), so its SDK reads the reason; else
+    ``{"error": message}``."""
+    if path.startswith("/v1/"):
+        error = {"message": message, "type": "invalid_request_error", "param": None, "code": None}
+        return {"error": error}
+    return {"error": message}
+
+
+class RequestGuard:
+    """The ASGI middleware that refuses what :mod:`runtime.app.web.guard` describes, with a
+    JSON ``{"error": ...}`` that says why."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        allowed_hosts: Iterable[str] = (),
+        cors_origins: Iterable[str] = (),
+    ) -> None:
+        self.app = app
+        self.hosts = HostPolicy(allowed_hosts)
+        self.origins = {origin.rstrip("/").lower() for origin in cors_origins}
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            refusal = self.refusal(scope)
+            if refusal is not None:
+                status, message = refusal
+                body = orjson.dumps(refusal_body(scope["path"], message))
+                response = Response(body, status_code=status, media_type="application/json")
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+    def refusal(self, scope: Scope) -> tuple[int, str] | None:
+        """``(status, why)`` when the request must be refused, else ``None``."""
+        host = _header(scope, b"host")
+        if host is None:
+            return 403, "the request has no Host header"
+        if not self.hosts.allows(host):
+            name = split_host(host)[0]
+            return 403, (
+                f"host {host!r} is not allowed (DNS rebinding protection); "
+                f"serve with --allowed-host {name} to accept it"
+            )
+        if scope["method"] in SAFE_METHODS:
+            return None
+        origin = _header(scope, b"origin")
+        if origin is not None:
+            if not self._origin_allowed(origin, host):
+                return 403, (
+                    f"cross-origin request from {origin!r} refused (CSRF protection); "
+                    "serve with --cors-origin to allow an origin"
+                )
+        elif (_header(scope, b"sec-fetch-site") or "none") not in ("same-origin", "none"):
+            return 403, (
+                "cross-site request refused (CSRF protection); "
+                "serve with --cors-origin to allow an origin"
+            )
+        if scope["path"].startswith("/api/") and not is_json(_header(scope, b"content-type")):
+            return 415, "the body must be sent as content-type: application/json"
+        return None
+
+    def _origin_allowed(self, origin: str, host: str) -> bool:
+        origin = origin.strip().lower()
+        if origin in self.origins:
+            return True
+        parts = urlsplit(origin)
+        return parts.scheme in ("http", "https") and parts.netloc == host.strip().lower()
+
+
+__all__ = ["HostPolicy", "RequestGuard", "is_json", "is_loopback", "split_host"]

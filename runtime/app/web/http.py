@@ -1,0 +1,48 @@
+"""The HTTP pieces every route module shares: JSON answers, API errors, path parameters.
+
+:mod:`runtime.app.web.app` and :mod:`runtime.app.web.resume` both answer with these; keeping them
+here lets the app import its route modules without those importing the app back.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+
+from runtime.errors import InvalidSessionId
+from runtime.store import validate_session_id
+
+
+class ApiError(Exception):
+    """An error answered as ``{"error": message}`` with ``status``."""
+
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.headers = headers
+
+
+def json_response(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    body = orjson.dumps(data, default=str, option=orjson.OPT_NON_STR_KEYS)
+    return Response(body, status_code=status, headers=headers, media_type="application/json")
+
+
+def error_response(status: int, message: str, headers: dict[str, str] | None = None) -> Response:
+    return json_response({"error": message}, status, headers)
+
+
+def session_id_param(value: Any) -> str:
+    """A session id from a URL or body: a bad one is a 400, not a server error."""
+    try:
+        return validate_session_id(value)
+    except InvalidSessionId as exc:
+        raise ApiError(400, str(exc)) from None
+
+
+def web_state(request: Request) -> Any:
+    """The app's shared state (:class:`runtime.app.web.app.WebState`)."""
+    return request.app.state.axon

@@ -1,0 +1,83 @@
+"""Which outside protocols ``serve`` speaks: ``--protocols ai-sdk,openai``.
+
+Every protocol is a thin adapter over the same session and turn machinery, behind the
+same Host, Origin and token checks. :data:`PROTOCOLS` are the names the option accepts;
+:data:`BUILT` the ones this version can mount: naming another is refused in one line
+(:func:`unbuilt_refusal`) rather than served silently without it.
+
+* ``ai-sdk``: the chat page at ``/`` and the ``/api/`` endpoints (AI SDK UI message
+  stream, :mod:`runtime.app.web.app`);
+* ``openai``: ``/v1/chat/completions`` and ``/v1/models``
+  (:mod:`runtime.app.web.openai_compat`).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Collection
+from typing import Any
+
+PROTOCOLS: tuple[str, ...] = ("ai-sdk", "ag-ui", "a2a", "openai", "mcp")
+"""Every protocol name ``--protocols`` knows."""
+
+BUILT: frozenset[str] = frozenset({"ai-sdk", "openai"})
+"""The protocols this version serves."""
+
+DEFAULT: tuple[str, ...] = ("ai-sdk",)
+
+
+def parse_protocols(value: str) -> tuple[str, ...]:
+    """``--protocols``' value (comma-separated names, each once) as a tuple; an unknown
+    or empty name is an :class:`argparse.ArgumentTypeError`."""
+    names = [name.strip().lower() for name in value.split(",")]
+    for name in names:
+        if name not in PROTOCOLS:
+            raise argparse.ArgumentTypeError(
+                f"unknown protocol {name!r} (choose from {', '.join(PROTOCOLS)})"
+            )
+    return tuple(dict.fromkeys(names))
+
+
+def unbuilt_refusal(protocols: Collection[str]) -> str | None:
+    """Why ``protocols`` cannot be served (``None``: they can): one names a protocol this
+    version does not have yet."""
+    missing = [name for name in protocols if name not in BUILT]
+    if not missing:
+        return None
+    return (
+        f"--protocols {', '.join(missing)}: not available in this version "
+        f"(available: {', '.join(sorted(BUILT))})"
+    )
+
+
+def mount_protocols(
+    app: Any, state: Any, protocols: Collection[str], *, token: str | None, stream: Any
+) -> None:
+    """Keep or add the routes of ``protocols`` on ``app`` (made by
+    :func:`runtime.app.web.app.create_app` with the ``ai-sdk`` routes). ``stream`` is the
+    app's turn-streaming response class, which the other protocols stream through with
+    their own encoders (passed in: importing the app from here would be a cycle)."""
+    refusal = unbuilt_refusal(protocols)
+    if refusal is not None:
+        raise ValueError(refusal)
+    if "ai-sdk" not in protocols:
+        app.router.routes.clear()
+    if "openai" in protocols:
+        if state.front is not None:
+            raise ValueError(
+                "--protocols openai runs turns in this process: a worker deployment's "
+                "front end does not serve it yet (serve with --run-turns-here)"
+            )
+        # Here, not at the top: serve's argument parsing imports this module, and must
+        # not pay for Starlette and the adapter (as runtime.app.web.serve's own imports).
+        from starlette.routing import Mount
+
+        from runtime.app.web.openai_compat import openai_endpoint
+
+        endpoint, cancel_turns = openai_endpoint(state, token=token, stream=stream)
+        app.router.routes.append(Mount("/v1", app=endpoint))
+        # turns run outside the app's host: serve cancels them too when it shuts down
+        app.state.turn_cancellers = [*getattr(app.state, "turn_cancellers", ()), cancel_turns]
+
+
+__all__ = ["BUILT", "DEFAULT", "PROTOCOLS", "mount_protocols", "parse_protocols", "unbuilt_refusal"]

@@ -1,0 +1,73 @@
+"""A user message the embedded app has seen before: a retry, or the AI SDK's edit.
+
+The AI SDK's edit (``sendMessage({text, messageId})``) cuts the client's messages after
+that user message and posts it, with new text, as an ordinary ``submit-message``. Read as
+a new turn, the stored history would hold the old question, its answer, the edited one and
+its answer, while the client shows only the last two. So the app stores the client's id
+of each user message as the message's own id (when it is in the ids' alphabet) and, on a
+post of an id it has stored, follows the worker deployment's rule (docs/deployment.md):
+the last user message with other content is an edit, run in place of the last turn
+(``regenerate``); with the same content it is a retry, answered with the stored answer
+replayed, never a second turn; an earlier user message is a 409 and nothing is stored.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any, Literal
+
+from starlette.responses import Response
+
+from runtime.app.web.http import ApiError
+from runtime.app.web.resume import stored_turn_chunks
+from runtime.app.web.ui_stream import DONE, HEADERS, UIStreamEncoder
+from runtime.media import user_content
+from runtime.messages import UserContent, UserMessage
+
+_ID = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
+"""The ids a stored message may have (:func:`runtime.app.session.Session.stream`'s)."""
+
+Resend = Literal["new", "retry", "edit"]
+
+
+def client_message_id(payload: dict[str, Any]) -> str | None:
+    """The client's id of the body's last user message, when it can be the stored
+    message's id; ``None`` otherwise (the message then gets an id of the server's, and a
+    resend of it is a new turn, as before)."""
+    messages = payload.get("messages")
+    last = messages[-1] if isinstance(messages, list) and messages else None
+    value = last.get("id") if isinstance(last, dict) else None
+    return value if isinstance(value, str) and _ID.fullmatch(value) else None
+
+
+def classify_resend(
+    history: Sequence[Any], client_id: str | None, content: UserContent, *, regenerate: bool
+) -> Resend:
+    """What a post of user message ``client_id`` with ``content`` is to ``history``:
+    ``"new"`` (an id not stored), ``"retry"`` (the last user message again, same content,
+    not a regenerate), ``"edit"`` (the last user message, other content). An earlier user
+    message is a 409: only the last one can be edited or regenerated."""
+    users = [m for m in history if isinstance(m, UserMessage)]
+    if client_id is None or all(m.id != client_id for m in users):
+        return "new"
+    if users[-1].id != client_id:
+        raise ApiError(
+            409,
+            f"message {client_id!r} is not the session's last user message; only the last "
+            "message can be edited or regenerated",
+        )
+    if regenerate:
+        return "edit"
+    return "retry" if users[-1].content == user_content(content) else "edit"
+
+
+def replay_response(history: Sequence[Any]) -> Response:
+    """The session's last answer as a UI message stream, rebuilt from the history: what a
+    retried message gets instead of a second turn."""
+    encoder = UIStreamEncoder()
+    body = b"".join(encoder.events(c) for c in stored_turn_chunks(history))
+    return Response(body + DONE, headers=HEADERS)
+
+
+__all__ = ["Resend", "classify_resend", "client_message_id", "replay_response"]

@@ -1,0 +1,362 @@
+"""Streaming a turn from the relay: the AI SDK resume endpoint and "stop from anywhere".
+
+``GET /api/chat/{id}/stream``
+    The AI SDK's ``useChat({resume: true})`` reconnect. 204 when the session has no
+    turn streaming; otherwise the turn as a UI message stream, read from the relay
+    (:mod:`runtime.relay`), so it works on any front end, not only the one that runs the
+    turn. With no ``Last-Event-ID`` header and no ``?after_seq=`` the turn is replayed
+    from its start (what the AI SDK expects of a resume); with either, only the chunks
+    after that seq. Every event carries ``id: <seq>`` for the next reconnect. Leaving
+    this stream never cancels the turn: it is only a viewer.
+``POST /api/chat/{id}/stop``
+    Cancel the session's running turn wherever it runs (the partial output is saved,
+    marked interrupted): 202 ``{"turn_id": ...}``, or 204 when none is running.
+
+A restarted step (a takeover re-runs it) goes out as the AI SDK's ``reset-step`` chunk,
+which drops the current step's parts from the message; the re-run's own ``start-step``
+for that step is then not repeated. When the relay lost the turn or cannot prove what it
+has is the turn whole (expired, Redis restarted, a writer overflowed, a takeover started
+the stream over, junk in its keys: :mod:`actors.relays.redis_streams`) a full replay is
+rebuilt from the stored message; a resume after a seq gets an ``error`` chunk telling the
+client to reload the session.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import trio
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from runtime import output as o
+from runtime.app.web.http import ApiError, json_response, session_id_param, web_state
+from runtime.app.web.ui_stream import DONE, HEADERS, UIStreamEncoder, error_text, sse
+from runtime.app.web.writer import BodyWriter
+from runtime.chunks import Usage
+from runtime.errors import RelayTurnGone, RelayUnavailable
+from runtime.messages import AssistantMessage, ReasoningPart, TextPart, ToolCallPart, ToolMessage
+from runtime.relay import StepRestarted
+
+STOPPED = "stopped by user"
+"""The abort reason of a turn stopped through ``POST /api/chat/{id}/stop``."""
+
+
+def parse_after_seq(request: Request) -> int | None:
+    """The seq a reconnecting client saw last: ``?after_seq=`` or ``Last-Event-ID``."""
+    raw = request.query_params.get("after_seq") or request.headers.get("last-event-id")
+    if raw is None or raw == "":
+        return None
+    if not raw.isdigit() or len(raw) > 18:
+        raise ApiError(400, "after_seq / Last-Event-ID must be a non-negative integer")
+    return int(raw)
+
+
+class RelayEncoder(UIStreamEncoder):
+    """The UI message stream encoder, plus relay markers and SSE ids.
+
+    A turn taken over by another worker streams its ``start`` again (the new worker
+    starts the same message over): the client already has that message, and a second
+    ``start`` would open a second one, so a ``start`` for a message id already started is
+    dropped."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._reset_step: int | None = None
+        self._started: set[str] = set()
+
+    def encode(self, chunk: Any) -> list[dict[str, Any]]:
+        if type(chunk) is o.Start:
+            if chunk.message_id in self._started:
+                return []
+            self._started.add(chunk.message_id)
+        elif type(chunk) is StepRestarted:
+            self._reset_step = chunk.step
+            return [{"type": "reset-step"}]
+        if type(chunk) is o.StepStart and chunk.step == self._reset_step:
+            self._reset_step = None
+            return []  # ``reset-step`` kept the step's ``step-start`` part
+        return super().encode(chunk)
+
+    def events(self, chunk: Any) -> bytes:
+        seq = getattr(chunk, "seq", 0)
+        prefix = f"id: {seq}\n".encode() if seq else b""
+        return b"".join(prefix + sse(c) for c in self.encode(chunk))
+
+
+def stored_turn_chunks(messages: Any, message_id: str | None = None) -> list[Any]:
+    """An assistant message of a stored history as output chunks (a rebuilt turn): the
+    one with id ``message_id`` when it is stored, else the last one."""
+    messages = list(messages)
+    assistants = [i for i, m in enumerate(messages) if isinstance(m, AssistantMessage)]
+    index = next((i for i in assistants if messages[i].id == message_id), None)
+    if index is None and assistants:
+        index = assistants[-1]
+    if index is None:
+        return []
+    message = messages[index]
+    results = {m.tool_call_id: m for m in messages[index + 1 :] if isinstance(m, ToolMessage)}
+    usage = Usage(input_tokens=0, output_tokens=0, total_tokens=0)
+    out: list[Any] = [o.Start(message_id=message.id)]
+    suspended = False  # a call still waits for a decision (docs/approval.md)
+    n = 0
+    for step_parts in message.steps():
+        if not step_parts:
+            continue
+        step = step_parts[0].step
+        out.append(o.StepStart(step=step))
+        for part in step_parts:
+            n += 1
+            pid = f"{message.id}-p{n}"
+            if isinstance(part, TextPart):
+                out += [
+                    o.TextStart(step=step, part_id=pid),
+                    o.TextDelta(step=step, part_id=pid, text=part.text),
+                    o.TextFinish(step=step, part_id=pid),
+                ]
+            elif isinstance(part, ReasoningPart) and part.text:
+                out += [
+                    o.ReasoningStart(step=step, part_id=pid),
+                    o.ReasoningDelta(step=step, part_id=pid, text=part.text),
+                    o.ReasoningFinish(step=step, part_id=pid),
+                ]
+            elif isinstance(part, ToolCallPart):
+                name, call = part.tool_name, part.tool_call_id
+                out.append(
+                    o.ToolCall(step=step, tool_call_id=call, tool_name=name, input=part.input)
+                )
+                result = results.get(call)
+                waiting = part.awaiting
+                if waiting is not None and result is None and not waiting.decided:
+                    suspended = True
+                    if waiting.kind == "approval":
+                        out.append(
+                            o.ToolApprovalRequest(
+                                step=step, tool_call_id=call, tool_name=name, approval_id=waiting.id
+                            )
+                        )
+                elif waiting is not None and result is not None and waiting.approved is False:
+                    out.append(
+                        o.ToolOutputDenied(
+                            step=step, tool_call_id=call, tool_name=name, reason=waiting.reason
+                        )
+                    )
+                elif result is not None and result.error is not None:
+                    out.append(
+                        o.ToolError(
+                            step=step, tool_call_id=call, tool_name=name, error=result.error
+                        )
+                    )
+                elif result is not None:
+                    out.append(
+                        o.ToolResult(
+                            step=step, tool_call_id=call, tool_name=name, output=result.output
+                        )
+                    )
+        out.append(o.StepFinish(step=step, finish_reason="other", usage=usage))
+    if message.error is not None:
+        out.append(o.Error(error=message.error))
+    elif message.interrupted:
+        out.append(o.Abort(reason="interrupted"))
+    else:
+        reason = "awaiting-input" if suspended else "stop"
+        out.append(o.Finish(finish_reason=reason, usage=usage))
+    return out
+
+
+class RelayStreamResponse:
+    """Streams a turn from the relay; the client leaving only stops this stream."""
+
+    def __init__(
+        self,
+        relay: Any,
+        store: Any,
+        session_id: str,
+        turn_id: str,
+        *,
+        after_seq: int | None,
+        keepalive: float,
+        send_timeout: float | None,
+        background: trio.Nursery | None,
+    ) -> None:
+        self.relay = relay
+        self.store = store
+        self.session_id = session_id
+        self.turn_id = turn_id
+        self.after_seq = after_seq
+        self.keepalive = keepalive
+        self.send_timeout = send_timeout
+        self.background = background
+        self.sent = False
+        """Whether any of the turn's events went out."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        headers = [(k.encode(), v.encode()) for k, v in HEADERS.items()]
+        writer = BodyWriter(
+            send,
+            {"type": "http.response.start", "status": 200, "headers": headers},
+            timeout=self.send_timeout,
+        )
+        async with trio.open_nursery() as local:
+            (self.background or local).start_soon(writer.run)
+            ok = True
+            try:
+                ok = await self._pump(receive, writer)
+            except BaseException:
+                writer.abandon()
+                raise
+            if not ok or writer.stalled or not await writer.close():
+                writer.abandon()
+
+    async def _pump(self, receive: Receive, writer: BodyWriter) -> bool:
+        encoder = RelayEncoder()
+        alive = True
+        last_write = trio.current_time()
+
+        async def write(data: bytes) -> None:
+            nonlocal alive, last_write
+            if alive and not await writer.write(data):
+                alive = False
+                nursery.cancel_scope.cancel()
+            last_write = trio.current_time()
+
+        async def watch_disconnect() -> None:
+            nonlocal alive
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            alive = False
+            nursery.cancel_scope.cancel()
+
+        async def keep_alive() -> None:
+            while True:
+                await trio.sleep_until(last_write + self.keepalive)
+                if trio.current_time() >= last_write + self.keepalive:
+                    await write(b": keep-alive\n\n")
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(watch_disconnect)
+            if self.keepalive:
+                nursery.start_soon(keep_alive)
+            await self._body(write, encoder)
+            await write(DONE)
+            nursery.cancel_scope.cancel()
+        return alive
+
+    async def _body(self, write: Any, encoder: RelayEncoder) -> None:
+        """The turn's events, written with ``await write(data)`` (the relay's, else what
+        the store has)."""
+        try:
+            await self._relay_events(write, encoder)
+        except RelayTurnGone as exc:
+            replay = self.after_seq is None and not self.sent
+            await write(await self._rebuilt(exc, replay=replay))
+        except RelayUnavailable as exc:
+            await write(unavailable_event(exc))
+
+    async def _relay_events(self, write: Any, encoder: RelayEncoder) -> None:
+        """Write the turn's events from the relay until it ends (:attr:`sent` tells
+        whether any went out, also when this raised)."""
+        async for chunk in self.relay.read(self.turn_id, after_seq=self.after_seq):
+            data = encoder.events(chunk)
+            if data:
+                self.sent = True
+                await write(data)
+
+    async def _rebuilt(
+        self, exc: RelayTurnGone, *, replay: bool, message_id: str | None = None
+    ) -> bytes:
+        """What a client gets when the relay lost the turn: the stored message replayed
+        (a full replay not yet begun), else an error telling it to reload the session."""
+        if replay:
+            record = await self.store.load(self.session_id)
+            chunks = stored_turn_chunks(record.messages, message_id) if record is not None else []
+            if chunks:
+                encoder = UIStreamEncoder()
+                return b"".join(encoder.events(c) for c in chunks)
+        text = error_text(
+            exc.kind, f"{exc.message}; reload the session (GET /api/sessions/{self.session_id})"
+        )
+        return sse({"type": "error", "errorText": text})
+
+
+def unavailable_event(exc: RelayUnavailable) -> bytes:
+    """The ``error`` event of a stream whose relay stopped answering."""
+    return sse({"type": "error", "errorText": error_text(exc.kind, exc.message)})
+
+
+async def local_turn_id(host: Any, session_id: str) -> str | None:
+    """The id of the turn ``host`` itself runs for ``session_id``, if any."""
+    session = host.sessions.get(session_id)
+    current = session.current if session is not None else None
+    return current.turn_id if current is not None else None
+
+
+async def cancel_turn(state: Any, session_id: str) -> str | None:
+    """Cancel the session's running turn wherever it runs; the turn id, or ``None``.
+
+    Local first (this process runs it), then ``state.cancel_hook`` (a worker deployment's
+    ``request_cancel``), then the relay's cancel channel (another embedded host)."""
+    session = state.host.sessions.get(session_id)
+    current = session.current if session is not None else None
+    if current is not None:
+        current.cancel(STOPPED)
+        return current.turn_id or ""
+    relay = state.relay
+    turn_id = await relay.active_turn(session_id) if relay is not None else None
+    if turn_id is None:
+        return None
+    if state.cancel_hook is not None:
+        await state.cancel_hook(turn_id)
+    if relay is not None and hasattr(relay, "request_cancel"):
+        await relay.request_cancel(turn_id, STOPPED)
+    return turn_id
+
+
+async def _unavailable_as_503(call: Any) -> Any:
+    try:
+        return await call
+    except RelayUnavailable as exc:
+        raise ApiError(503, exc.message, {"retry-after": "1"}) from None
+
+
+async def resume_stream(request: Request) -> Any:
+    state = web_state(request)
+    session_id = session_id_param(request.path_params["session_id"])
+    after_seq = parse_after_seq(request)
+    relay = state.relay
+    if relay is None:
+        return Response(status_code=204)  # no relay: nothing can be resumed
+    turn_id = await _unavailable_as_503(relay.active_turn(session_id))
+    if turn_id is None:
+        return Response(status_code=204)
+    return RelayStreamResponse(
+        relay,
+        state.host.store,
+        session_id,
+        turn_id,
+        after_seq=after_seq,
+        keepalive=state.keepalive,
+        send_timeout=state.send_timeout,
+        background=state.background,
+    )
+
+
+async def stop_turn(request: Request) -> Response:
+    state = web_state(request)
+    session_id = session_id_param(request.path_params["session_id"])
+    turn_id = await _unavailable_as_503(cancel_turn(state, session_id))
+    if turn_id is None:
+        return Response(status_code=204)
+    return json_response({"turn_id": turn_id}, 202)
+
+
+__all__ = [
+    "RelayEncoder",
+    "RelayStreamResponse",
+    "cancel_turn",
+    "parse_after_seq",
+    "resume_stream",
+    "stop_turn",
+    "stored_turn_chunks",
+]

@@ -1,0 +1,467 @@
+"""``python -m runtime serve``: the web UI and the AI SDK chat API, in one Trio run.
+
+    python -m runtime serve                                  # offline demo agent
+    python -m runtime serve --store sessions.db --port 8000
+    python -m runtime serve --provider openai --model gpt-4o-mini --token s3cret
+    python -m runtime serve --agent myapp.agents:support     # your own Agent
+
+A :class:`~runtime.app.host.Host` and the Starlette app (:mod:`runtime.app.web.app`) share one
+Trio run: Hypercorn's Trio worker serves the app, so each request's turn runs in the
+same Trio world as the host's actors. Binds to 127.0.0.1 unless ``--host`` says
+otherwise; a non-loopback address needs ``--token`` (or ``--insecure``).
+SIGINT/SIGTERM stop it gracefully: running turns end with ``abort`` ("server shutdown")
+and are saved, marked interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import os
+import signal
+import socket
+import sys
+import threading
+from contextlib import AsyncExitStack
+from functools import partial
+from typing import Any
+
+import trio
+
+from actors.plugins.otel import OpenTelemetryActor, build_tracer_provider
+from actors.relays import RedisRelay, attach_relay
+from actors.relays.redis_streams import public_url
+from actors.stores.postgres import PostgresStore
+from actors.stores.turns import TurnQueue
+from runtime.app.commands import (
+    MCP_HELP,
+    add_agent_arguments,
+    add_input_limit_arguments,
+    add_log_level_argument,
+    input_limits,
+    make_agent,
+    positive,
+    report_bad_input,
+)
+from runtime.app.host import Host
+from runtime.app.web import BODY_TIMEOUT, DEFAULT_MAX_BODY, SEND_TIMEOUT
+from runtime.app.web.protocols import DEFAULT as DEFAULT_PROTOCOLS
+from runtime.app.web.protocols import parse_protocols, unbuilt_refusal
+from runtime.errors import ConfigurationError, RelayUnavailable, reraise, sole_exception
+from runtime.logging import configure_logging
+from runtime.redact import redact_url
+
+DEFAULT_PORT = 8000
+TOKEN_ENV = "AXON_WEB_TOKEN"
+DEFAULT_SESSION_TTL = 15 * 60.0
+"""Seconds an idle session stays in memory (its history stays in the store)."""
+DEFAULT_MAX_SESSIONS = 1000
+"""Sessions kept in memory at most; the least recently used idle ones are evicted."""
+
+
+def _cap(value: str) -> int:
+    """A queue cap on the command line: a positive integer, or ``off`` (0: no cap)."""
+    if value.strip().lower() == "off":
+        return 0
+    return int(positive(int)(value))
+
+
+def queue_caps(args: argparse.Namespace) -> dict[str, Any]:
+    """The :class:`~actors.stores.turns.TurnQueue` caps ``serve``'s options set: only
+    those given (the queue's defaults otherwise), ``off`` as ``None``."""
+    given = {
+        "max_queued_per_session": args.max_queued_per_session,
+        "max_queued": args.max_queued,
+    }
+    return {name: (value or None) for name, value in given.items() if value is not None}
+
+
+def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add the ``serve`` options to ``parser`` (imports nothing of the web stack)."""
+    add = parser.add_argument
+    add("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
+    add(
+        "--port",
+        type=int,
+        default=DEFAULT_PORT,
+        help=f"port (default {DEFAULT_PORT}; 0: any free port)",
+    )
+    add_agent_arguments(parser)
+    add(
+        "--delay",
+        type=float,
+        default=0.02,
+        help="scripted demo: seconds between chunks, so the page shows it typing (default 0.02)",
+    )
+    add(
+        "--store",
+        default=None,
+        help="session store: an SQLite file or a postgresql:// URL (default: memory)",
+    )
+    add("--mcp", action="append", default=[], metavar="SERVER", help=MCP_HELP)
+    add(
+        "--redis",
+        default=None,
+        metavar="URL",
+        help="publish turns live to this Redis (redis://host:port/db) so any front end can "
+        "stream, resume or stop them (docs/relay.md)",
+    )
+    add(
+        "--redis-prefix",
+        default=None,
+        metavar="PREFIX",
+        help="key prefix of the relay's streams (default 'axon:'; workers must agree)",
+    )
+    add(
+        "--run-turns-here",
+        action="store_true",
+        help="with a postgresql:// --store and --redis, run turns in this process as "
+        "without them, instead of serving as a front end of `python -m runtime worker`s",
+    )
+    add(
+        "--max-queued-per-session",
+        type=_cap,
+        default=None,
+        metavar="N",
+        help="front end: refuse a turn (429 with Retry-After) when its session already has N "
+        "turns queued (default 100; 'off': no cap)",
+    )
+    add(
+        "--max-queued",
+        type=_cap,
+        default=None,
+        metavar="N",
+        help="front end: refuse a turn (429 with Retry-After) when N turns are queued in "
+        "all (default 10000; 'off': no cap)",
+    )
+    add(
+        "--protocols",
+        type=parse_protocols,
+        default=DEFAULT_PROTOCOLS,
+        metavar="NAMES",
+        help="the protocols to serve, comma-separated: ai-sdk (the page and /api/), openai "
+        "(/v1/chat/completions, /v1/models); ag-ui, a2a and mcp are not available yet "
+        "(default: ai-sdk; docs/protocols.md)",
+    )
+    add(
+        "--token",
+        default=None,
+        help=f"require 'Authorization: Bearer TOKEN' on /api/ (or set ${TOKEN_ENV})",
+    )
+    add(
+        "--cors-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="allow this browser origin to call the API (repeatable; default none)",
+    )
+    add(
+        "--allowed-host",
+        action="append",
+        default=[],
+        metavar="HOST",
+        help="also answer requests for this Host name, e.g. behind a proxy (repeatable; "
+        "default: loopback names and the --host address; '*': any)",
+    )
+    add(
+        "--insecure",
+        action="store_true",
+        help="allow a non-loopback --host without --token",
+    )
+    add(
+        "--max-body",
+        type=int,
+        default=DEFAULT_MAX_BODY,
+        help=f"largest request body, bytes (default {DEFAULT_MAX_BODY}: "
+        f"{DEFAULT_MAX_BODY / 2**20:g} MiB, room for attachments)",
+    )
+    add_input_limit_arguments(parser)
+    add(
+        "--session-ttl",
+        type=positive(float),
+        default=DEFAULT_SESSION_TTL,
+        metavar="SECONDS",
+        help="free a session idle this long from memory; it reloads from the store on its "
+        f"next use (default {DEFAULT_SESSION_TTL:g})",
+    )
+    add(
+        "--max-sessions",
+        type=positive(int),
+        default=DEFAULT_MAX_SESSIONS,
+        metavar="N",
+        help="keep at most N sessions in memory, freeing the least recently used idle ones "
+        f"(default {DEFAULT_MAX_SESSIONS})",
+    )
+    add(
+        "--body-timeout",
+        type=float,
+        default=BODY_TIMEOUT,
+        help=f"seconds a request body may take to arrive (default {BODY_TIMEOUT:g})",
+    )
+    add(
+        "--send-timeout",
+        type=float,
+        default=SEND_TIMEOUT,
+        help="seconds a stream waits for a client that takes no data before dropping it "
+        f"and cancelling its turn (default {SEND_TIMEOUT:g})",
+    )
+    add_log_level_argument(parser, "warning")
+    add(
+        "--otel",
+        action="store_true",
+        help="export OpenTelemetry traces, configured by the OTEL_* variables (docs/telemetry.md)",
+    )
+    parser.set_defaults(jsonl=False)
+    return parser
+
+
+def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register the ``serve`` sub-command on ``build_parser()``'s subparsers."""
+    parser = subparsers.add_parser(
+        "serve",
+        help="serve the web UI and an AI SDK (useChat) compatible chat API",
+        description="Serve the chat page and POST /api/chat (Vercel AI SDK UI message stream).",
+    )
+    return add_serve_arguments(parser)
+
+
+def _bind(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
+
+
+def bind_address(host: str) -> str:
+    """The address binding ``host`` takes, resolved as Hypercorn binds it (IPv6 when the
+    name holds a ``:``, else IPv4; the first answer); ``OSError`` when it names none."""
+    name = host.replace("[", "").replace("]", "")
+    family = socket.AF_INET6 if ":" in name else socket.AF_INET
+    infos = socket.getaddrinfo(name or None, 0, family, socket.SOCK_STREAM, 0, socket.AI_PASSIVE)
+    return str(infos[0][4][0])
+
+
+def _is_loopback(host: str) -> bool:
+    """Whether ``host`` binds a loopback address: decided on the address it resolves to,
+    not its spelling (``127.0.0.1.`` resolves to nothing, ``127.example`` to anything)."""
+    try:
+        address = bind_address(host)
+    except OSError:
+        return False
+    return ipaddress.ip_address(address.partition("%")[0]).is_loopback
+
+
+def bind_problem(host: str, port: int) -> str | None:
+    """Why ``host``:``port`` cannot be bound (``None``: it can), found by binding it as
+    Hypercorn will, then letting go: a name that resolves to no address
+    (``127.0.0.1.``), an address this machine does not have, a port in use. Said in one
+    line before anything starts, instead of a traceback from inside the server."""
+    try:
+        address = bind_address(host)
+        family = socket.AF_INET6 if ":" in address else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind((address, port))
+    except (OSError, OverflowError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        return f"cannot serve on {_bind(host, port)}: {reason}"
+    return None
+
+
+def bind_refusal(host: str, token: str | None, insecure: bool) -> str | None:
+    """Why ``serve`` must not bind ``host`` (``None``: it may): a non-loopback address
+    with no token lets anyone who reaches it run the agent and its tools."""
+    if _is_loopback(host) or token or insecure:
+        return None
+    return (
+        f"refusing to serve on {host} without --token: anyone who can reach it could run "
+        f"the agent and its tools and read every session. Set --token (or ${TOKEN_ENV}), "
+        "or pass --insecure to serve it open anyway."
+    )
+
+
+async def _until_signal() -> None:
+    if threading.current_thread() is not threading.main_thread():
+        await trio.sleep_forever()  # signals reach only the main thread
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for _ in signals:
+            return
+
+
+async def serve_app(
+    app: Any,
+    *,
+    host: str = "127.0.0.1",
+    port: int = DEFAULT_PORT,
+    shutdown_trigger: Any = None,
+    access_log: bool = False,
+    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve ``app`` with Hypercorn's Trio worker in the current Trio run until
+    ``shutdown_trigger()`` returns (or the caller cancels); ``task_status`` gets the bound
+    URLs (``port=0`` picks a free port). An address it cannot bind (in use, not this
+    machine's) is the ``OSError`` itself, not wrapped in Hypercorn's exception groups."""
+    from hypercorn.config import Config  # Hypercorn: only when serving
+    from hypercorn.trio import serve
+
+    config = Config()
+    config.bind = [_bind(host, port)]
+    config.accesslog = "-" if access_log else None
+    config.errorlog = "-"
+    config.graceful_timeout = 5.0
+    config.include_server_header = False
+    try:
+        await serve(app, config, shutdown_trigger=shutdown_trigger, task_status=task_status)
+    except BaseExceptionGroup as group:  # Hypercorn's nurseries wrap e.g. a bind's OSError
+        sole = sole_exception(group)
+        if sole is None:
+            raise
+        reraise(sole)
+
+
+def is_front_end(args: argparse.Namespace) -> bool:
+    """Whether ``serve`` is a stateless front end of a worker deployment: its sessions in
+    PostgreSQL, its live output on a relay, and not told to run turns itself."""
+    store = str(args.store or "")
+    return (
+        store.startswith(("postgresql://", "postgres://"))
+        and bool(args.redis)
+        and not args.run_turns_here
+    )
+
+
+async def serve_command(args: argparse.Namespace) -> int:
+    """Run the ``serve`` command: a host, the app, until SIGINT/SIGTERM."""
+    from runtime.app.web.app import create_app  # Starlette: only when serving
+
+    token = args.token or os.environ.get(TOKEN_ENV) or None
+    protocols = getattr(args, "protocols", DEFAULT_PROTOCOLS)
+    refusal = unbuilt_refusal(protocols)
+    if refusal is None and "openai" in protocols and is_front_end(args):
+        refusal = "--protocols openai is not served by a worker deployment's front end yet"
+    if refusal is not None:
+        print(f"error: {refusal}", file=sys.stderr)
+        return 2
+    refusal = bind_problem(args.host, args.port) or bind_refusal(args.host, token, args.insecure)
+    if refusal is not None:
+        print(f"error: {refusal}", file=sys.stderr)
+        return 2
+    configure_logging(args.log_level)
+    agent = make_agent(args)
+    if not _is_loopback(args.host) and not token:
+        print(
+            f"warning: serving on {args.host} with no --token (--insecure): anyone who can "
+            "reach it can run the agent",
+            file=sys.stderr,
+        )
+    tracing = None
+    if args.otel:
+        try:
+            tracing = OpenTelemetryActor(tracer_provider=build_tracer_provider())
+        except ConfigurationError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+    async with AsyncExitStack() as stack:
+        relay = None
+        if args.redis:
+            try:
+                options = {"prefix": args.redis_prefix} if args.redis_prefix else {}
+                relay = await stack.enter_async_context(RedisRelay.open(args.redis, **options))
+            except (ConfigurationError, RelayUnavailable) as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                return 2
+        host = await stack.enter_async_context(
+            Host.open(
+                store=args.store,
+                idle_ttl=args.session_ttl,
+                max_sessions=args.max_sessions,
+                input_limits=input_limits(args),
+            )
+        )
+        queue = None
+        if is_front_end(args):  # the host only lends its store: it runs no turn
+            assert isinstance(host.store, PostgresStore)  # a postgresql:// URL opens one
+            queue = TurnQueue(host.store, **queue_caps(args))
+            stack.push_async_callback(queue.aclose)
+        elif relay is not None:
+            await attach_relay(host, relay)
+        if tracing is not None:
+            await host.start_actor(tracing)
+        app = create_app(
+            host,
+            agent,
+            token=token,
+            cors_origins=args.cors_origin,
+            max_body=args.max_body,
+            allowed_hosts=[args.host, *args.allowed_host],
+            body_timeout=args.body_timeout,
+            send_timeout=args.send_timeout,
+            relay=relay,
+            queue=queue,
+            protocols=protocols,
+        )
+
+        async def shutdown_trigger() -> None:
+            await _until_signal()
+            host.cancel_turns("server shutdown")  # end streams with a clean abort
+            for cancel_turns in getattr(app.state, "turn_cancellers", ()):
+                cancel_turns("server shutdown")  # turns of other hosts (runtime.app.web.protocols)
+
+        async with trio.open_nursery() as nursery:
+            try:
+                binds = await nursery.start(
+                    partial(
+                        serve_app,
+                        app,
+                        host=args.host,
+                        port=args.port,
+                        shutdown_trigger=shutdown_trigger,
+                        access_log=args.log_level in ("debug", "info"),
+                    )
+                )
+            except OSError as exc:  # raised before serving: the address is refused
+                where = _bind(args.host, args.port)
+                print(f"error: cannot serve on {where}: {exc.strerror or exc}", file=sys.stderr)
+                return 2
+            fragment = f"#token={args.token}" if args.token else ""  # not an env secret
+            mode = "front-end mode: turns run on workers; " if queue is not None else ""
+            for url in binds:
+                print(
+                    f"Axon web UI on {url}/{fragment}  "
+                    f"({mode}"
+                    f"{'agent ' + args.agent if args.agent else 'provider ' + args.provider}"
+                    f", store {redact_url(args.store or 'memory')}"
+                    f"{', relay ' + public_url(args.redis) if relay is not None else ''}"
+                    f"{', OpenTelemetry traces' if tracing is not None else ''}"
+                    f"{', OpenAI API ' + url + '/v1' if 'openai' in protocols else ''})",
+                    flush=True,
+                )
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m runtime.app.web.serve``: the same command without the ``runtime`` CLI."""
+    parser = add_serve_arguments(
+        argparse.ArgumentParser(prog="python -m runtime.app.web.serve", description=__doc__)
+    )
+    args = parser.parse_args(argv)
+
+    def serve() -> int:
+        try:
+            return trio.run(serve_command, args)
+        except KeyboardInterrupt:
+            return 130
+
+    return report_bad_input(serve)
+
+
+__all__ = [
+    "add_serve_arguments",
+    "add_serve_parser",
+    "bind_address",
+    "bind_problem",
+    "bind_refusal",
+    "main",
+    "serve_app",
+    "serve_command",
+]
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,113 @@
+"""One front end's shared look at the turns its viewers wait for.
+
+A viewer of a queued turn (``POST /api/chat`` or a resume of a session whose turn waits
+in the queue) has nothing to stream until a worker claims the turn. Each viewer asking
+PostgreSQL for its turn's row every half second made a front end's load grow with its
+viewers (300 viewers of queued turns: ~410 commits a second). Here the viewers of one
+front end share one look instead: :meth:`TurnWatch.changed` waits until the turn's status
+is no longer the one its caller saw, and while anyone waits one task at a time (a
+waiter, not a background task: nothing runs when nobody waits) reads the statuses of
+*every* watched turn in one query (:meth:`actors.stores.turns.TurnQueue.statuses`),
+then wakes them all. The look comes ``first`` seconds after a turn is first watched, then
+backs off to every ``most`` seconds while nothing changes: the queries a front end sends
+depend on time, not on how many viewers it has.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Final
+
+import trio
+
+POLL_FIRST: Final = 0.02
+"""Seconds from a turn's first watcher to the look that answers it."""
+POLL_MAX: Final = 0.5
+"""Seconds between looks at most, while no watched turn changes."""
+
+_UNSEEN: Final = object()
+
+
+class TurnWatch:
+    """The statuses of the turns a front end's viewers wait for, read for all at once
+    from ``queue`` (a :class:`~actors.stores.turns.TurnQueue`)."""
+
+    def __init__(self, queue: Any, *, first: float = POLL_FIRST, most: float = POLL_MAX) -> None:
+        self.queue = queue
+        self.first = first
+        self.most = most
+        self.looks = 0
+        """How many queries the watch sent (one per look, however many turns it read)."""
+        self._waiters: dict[str, int] = {}
+        self._status: dict[str, Any] = {}
+        self._looking = False
+        self._looked = trio.Event()
+        self._delay = first
+        self._next = -math.inf
+        """When the next look is due (Trio's clock): kept when the waiter that was to look
+        leaves, so waiters coming and going cannot put the look off."""
+        self._nap: trio.CancelScope | None = None
+
+    async def changed(self, turn_id: str, seen: Any, timeout: float = math.inf) -> str | None:  # noqa: ASYNC109
+        """The status of turn ``turn_id`` once it is not ``seen`` (``None``: there is no
+        such turn); ``seen`` itself if ``timeout`` seconds pass first. A caller that has
+        not seen a status yet passes anything that is not one (``object()``): the look
+        that answers it then comes within ``first`` seconds; a known status waits for the
+        watch's next regular look."""
+        self._waiters[turn_id] = self._waiters.get(turn_id, 0) + 1
+        if turn_id not in self._status:
+            if isinstance(seen, str):
+                self._status[turn_id] = seen
+            else:
+                self._status[turn_id] = _UNSEEN
+                self._delay = self.first
+                self._next = min(self._next, trio.current_time() + self.first)
+                if self._nap is not None:
+                    self._nap.deadline = self._next
+        try:
+            with trio.move_on_after(timeout):
+                while self._status[turn_id] is _UNSEEN or self._status[turn_id] == seen:
+                    if self._looking:
+                        await self._looked.wait()
+                    else:
+                        await self._look()
+            current = self._status[turn_id]
+        finally:
+            self._waiters[turn_id] -= 1
+            if not self._waiters[turn_id]:
+                del self._waiters[turn_id]
+                del self._status[turn_id]
+        return seen if current is _UNSEEN else current
+
+    async def _look(self) -> None:
+        """Wait until the next look is due, then read every watched turn's status in one
+        query and wake every waiter. Run by one waiter at a time; if it leaves (its
+        client went away, its timeout passed) the others wake and one of them looks
+        instead, when the same look is due."""
+        self._looking = True
+        looked = self._looked
+        try:
+            with trio.move_on_at(self._next) as self._nap:
+                await trio.sleep_forever()
+            self._nap = None
+            turn_ids = list(self._waiters)
+            found = await self.queue.statuses(turn_ids)
+            self.looks += 1
+            changed = False
+            for turn_id in turn_ids:
+                now = found.get(turn_id)
+                old = self._status.get(turn_id, _UNSEEN)
+                if old is not _UNSEEN and old != now:
+                    changed = True
+                if turn_id in self._waiters:
+                    self._status[turn_id] = now
+            self._delay = self.first if changed else min(self._delay * 2, self.most)
+            self._next = trio.current_time() + self._delay
+        finally:
+            self._nap = None
+            self._looking = False
+            self._looked = trio.Event()
+            looked.set()
+
+
+__all__ = ["POLL_FIRST", "POLL_MAX", "TurnWatch"]

@@ -1,0 +1,105 @@
+"""A streaming response written from a task of its own, so a stuck client cannot hold it.
+
+Hypercorn's ``send`` waits (shielded from cancellation) until the socket takes the data:
+a client that stops reading blocks whoever calls it, for good. If the request's own task
+called it, that task could neither notice nor give up, and the turn behind the stream
+would go on producing into memory. :class:`BodyWriter` makes the calls from another
+task instead, through a bounded queue. The request task hands it data; when the queue
+has stayed full for ``timeout`` seconds (the client took nothing in that time), the
+request task is told, cancels the turn and returns, and Hypercorn then closes the
+connection, which also frees the writer's blocked call.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import trio
+from starlette.types import Send
+
+QUEUED = 64
+"""Pieces (one SSE event each, usually) queued for the writer; what waits beyond that is
+held back by the turn's own bounded pipeline."""
+
+
+class BodyWriter:
+    """Sends ``start`` (an ``http.response.start`` message), then the queued body pieces,
+    merged into one ``send`` when several are waiting. Run :meth:`run` in a nursery that
+    outlives the request (see :attr:`runtime.app.web.app.WebState.background`)."""
+
+    def __init__(self, send: Send, start: dict[str, Any], *, timeout: float | None) -> None:
+        self.send = send
+        self.start = start
+        self.timeout = math.inf if timeout is None or timeout <= 0 else timeout
+        self.finished = trio.Event()
+        """Set when the writer is done: the body was completed, or it gave up."""
+        self.stalled = False
+        """A piece waited ``timeout`` seconds for room: the client is not reading."""
+        self._abandoned = False
+        self._queue, self._pieces = trio.open_memory_channel[bytes](QUEUED)
+
+    async def run(self) -> None:
+        try:
+            await self.send(self.start)
+            async with self._pieces:
+                while True:
+                    try:
+                        pieces = [await self._pieces.receive()]
+                    except trio.EndOfChannel:
+                        break
+                    while True:
+                        try:
+                            pieces.append(self._pieces.receive_nowait())
+                        except (trio.WouldBlock, trio.EndOfChannel):
+                            break
+                    if self._abandoned:
+                        return
+                    await self.send(
+                        {"type": "http.response.body", "body": b"".join(pieces), "more_body": True}
+                    )
+            if not self._abandoned:
+                await self.send({"type": "http.response.body", "body": b"", "more_body": False})
+        except Exception:  # the connection is gone: there is nothing left to write to
+            pass
+        finally:
+            self._abandoned = True
+            self.finished.set()
+
+    async def write(self, data: bytes) -> bool:
+        """Queue ``data``; ``False`` when it cannot be: the client took nothing for
+        ``timeout`` seconds (:attr:`stalled`), or the writer has stopped."""
+        if self._abandoned:
+            return False
+        try:
+            self._queue.send_nowait(data)
+            return True
+        except trio.WouldBlock:
+            pass
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            return False
+        with trio.move_on_after(self.timeout):
+            try:
+                await self._queue.send(data)
+                return True
+            except (trio.ClosedResourceError, trio.BrokenResourceError):
+                return False
+        self.stalled = True
+        return False
+
+    async def close(self) -> bool:
+        """Complete the body once everything queued is sent; ``False`` (and the rest
+        dropped) when that takes more than ``timeout`` seconds."""
+        self._queue.close()
+        with trio.move_on_after(self.timeout):
+            await self.finished.wait()
+            return True
+        self.stalled = True
+        self.abandon()
+        return False
+
+    def abandon(self) -> None:
+        """Write nothing more (the client is gone or stuck); the writer ends as soon as
+        its current ``send`` returns."""
+        self._abandoned = True
+        self._queue.close()

@@ -1,0 +1,692 @@
+"""Worker processes: run durable turns from PostgreSQL, stream them through the relay.
+
+A deployment past one machine has stateless front ends (``serve`` with a PostgreSQL
+store and a Redis relay) that *submit* turns, and any number of workers
+(``python -m runtime worker``) that *run* them::
+
+    front end --submit--> PostgreSQL (axon_turns) <--claim/lease/commit-- worker
+    front end <--read---- Redis Streams (axon:turn:*) <----append------- worker
+
+A :class:`Worker` claims turns from the :class:`~actors.stores.turns.TurnQueue`
+(``FOR UPDATE SKIP LOCKED``; never two running turns of one session), runs each on its
+own :class:`~runtime.app.host.Host` (the sessions load from and commit to the same
+PostgreSQL store), appends the turn's chunks to the relay, and marks the turn finished.
+
+**Leases and fencing.** A claim is a lease of ``lease`` seconds, renewed every third of
+it by a thread of the worker's own (:class:`LeaseKeeper`), which nothing the event loop
+does can hold up. Every commit of the session while the turn runs is fenced by the
+claim's ``(owner, epoch)`` (:meth:`~actors.stores.postgres.PostgresStore.fenced`): a
+worker that lost its lease (it was paused, partitioned, or too slow to renew, and another
+worker took the turn over) has its saves refused, and cancels its turn as soon as it
+notices (a refused save or a failed renewal). Its relay writes are dropped too.
+
+**Takeover.** A worker that dies mid-turn stops renewing; once the lease expires another
+worker claims the turn with ``takeover`` set and runs it with ``resume``: the turn runner
+keeps the committed steps and re-runs only the step in flight (tools see the same
+``ToolContext.idempotency_key`` for a repeated call). Readers of the relay are told the
+partial step is dropped (``restart_step``). A turn that keeps killing its workers is
+marked failed after ``max_attempts`` claims and blocks nothing else; while a worker runs
+a taken-over turn it claims no other, so a turn that kills workers burns no other turn's
+attempts past its first.
+
+**Stopping.** :meth:`Worker.stop` (SIGINT/SIGTERM in the command) stops claiming and
+gives the running turns ``grace`` seconds to finish; the ones still running then are cut
+at their last commit (the store refuses their later saves) and released, so another
+worker takes them over at once, as if this one had died, without waiting for the lease.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+import threading
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import attrs
+import trio
+
+from actors.relays.redis_streams import RedisRelay, public_url
+from actors.stores.postgres import PostgresStore, parse_url, redact_url
+from actors.stores.turns import Claim, Renewal, TurnQueue
+from runtime.agent import Agent
+from runtime.app.commands import (
+    MCP_HELP,
+    AgentSource,
+    add_agent_arguments,
+    add_input_limit_arguments,
+    add_log_level_argument,
+    input_limits,
+    make_agent,
+)
+from runtime.app.host import Host
+from runtime.errors import ConfigurationError, LeaseLost, RelayUnavailable, StoreError
+from runtime.logging import configure_logging, get_logger
+from runtime.media import InputLimits
+from runtime.output import StepStart
+from runtime.redact import redact
+
+DEFAULT_CONCURRENCY = 4
+DEFAULT_LEASE = 10.0
+DEFAULT_MAX_ATTEMPTS = 3
+DEFAULT_GRACE = 10.0
+BUSY_WAIT = 30.0
+"""Seconds a claimed turn waits for this worker's previous turn of its session to end."""
+DEFAULT_POLL = 1.0
+"""Seconds between claim attempts while nothing is notified (an expired lease notifies
+nobody: this is how soon a dead worker's turn is noticed after its lease ran out)."""
+
+
+def log() -> Any:
+    """The worker's logger, looked up at each (rare) use: the ``worker`` command
+    configures logging after this module is imported, and a logger bound at import would
+    keep structlog's unconfigured defaults."""
+    return get_logger("axon.worker")
+
+
+def default_owner() -> str:
+    """``host:pid:random``: unique per worker run, readable in ``axon_turns.owner``."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+
+
+@attrs.define(kw_only=True, slots=True, eq=False)
+class _Running:
+    """A turn this worker runs: its claim, its stream, and whether its lease is gone."""
+
+    claim: Claim
+    stream: Any = None
+    lost: bool = False
+
+    def cancel(self, reason: str) -> None:
+        if self.stream is not None:
+            self.stream.cancel(reason)
+
+    def lose(self, why: str) -> None:
+        """The lease is gone: write nothing more, stop the turn."""
+        if not self.lost:
+            self.lost = True
+            log().warning(
+                "worker.lease_lost",
+                turn_id=self.claim.turn.turn_id,
+                epoch=self.claim.epoch,
+                why=why,
+            )
+            self.cancel("lease lost")
+
+
+@attrs.define(kw_only=True, slots=True, eq=False)
+class _Lease:
+    """A claim whose lease the :class:`LeaseKeeper` renews, and the turn to tell."""
+
+    turn_id: str
+    owner: str
+    epoch: int
+    entry: _Running | None = None
+    """Set once the turn runs: the claim is held from the moment it is made, before its
+    input is decoded (which may take longer than the lease)."""
+
+
+class LeaseKeeper:
+    """Renews the leases of a worker's claimed turns from a thread of its own, on a
+    connection of its own.
+
+    A renewal task on the event loop is only as punctual as the loop: a turn whose input
+    takes seconds to decode, store or send (hundreds of thousands of parts) blocked it
+    past the lease, another claim took the turn over, and the turn ran twice. This
+    thread needs only the GIL, which Python hands it every few milliseconds whatever the
+    loop runs. A claim is held from the moment the queue grants it (``on_claimed``),
+    before its input is decoded. What a renewal learns goes back to the loop
+    (``run_sync_soon``): a refused renewal loses the turn (:meth:`_Running.lose`), a
+    requested cancellation cancels it. A renewal that fails (the server restarting) is
+    retried soon on a new connection; if the lease runs out meanwhile, the fence refuses
+    the worker's next commit.
+    """
+
+    RETRY = 0.25
+    """Seconds before a failed renewal is tried again."""
+
+    def __init__(self, queue: TurnQueue, interval: float) -> None:
+        self.queue = queue
+        self.interval = interval
+        self._held: dict[str, _Lease] = {}
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._token = trio.lowlevel.current_trio_token()
+        self._thread = threading.Thread(target=self._run, name="axon-leases", daemon=True)
+
+    def hold(self, turn_id: str, owner: str, epoch: int) -> None:
+        """Renew this claim's lease from now on (the queue's ``on_claimed``)."""
+        with self._lock:
+            self._held[turn_id] = _Lease(turn_id=turn_id, owner=owner, epoch=epoch)
+
+    def attach(self, entry: _Running) -> None:
+        """Tell ``entry`` what its renewals learn (it is held already, or is held now)."""
+        claim = entry.claim
+        with self._lock:
+            lease = self._held.get(claim.turn.turn_id)
+            if lease is None or lease.epoch != claim.epoch:
+                lease = self._held[claim.turn.turn_id] = _Lease(
+                    turn_id=claim.turn.turn_id, owner=claim.owner, epoch=claim.epoch
+                )
+            lease.entry = entry
+
+    def release(self, turn_id: str, epoch: int) -> None:
+        """Stop renewing that claim (before the turn is finished or released, so that the
+        refusal of a renewal that follows is not taken for a lost lease)."""
+        with self._lock:
+            lease = self._held.get(turn_id)
+            if lease is not None and lease.epoch == epoch:
+                del self._held[turn_id]
+
+    def start(self) -> None:
+        self._thread.start()
+
+    async def aclose(self) -> None:
+        """Stop the thread and wait for it (at most one renewal's time)."""
+        self._stopping.set()
+        if self._thread.is_alive():
+            await trio.to_thread.run_sync(self._thread.join)
+
+    def _run(self) -> None:
+        conn = None
+        delay = self.interval
+        try:
+            while not self._stopping.wait(delay):
+                delay = self.interval
+                with self._lock:
+                    leases = list(self._held.values())
+                for lease in leases:
+                    if self._stopping.is_set():
+                        break
+                    if lease.entry is not None and lease.entry.lost:
+                        continue
+                    try:
+                        if conn is None or conn.closed or conn.broken:
+                            conn = self.queue.connect()
+                        renewal = self.queue.renew_on(conn, lease.turn_id, lease.owner, lease.epoch)
+                    except Exception as exc:
+                        log().warning("worker.renew_failed", turn_id=lease.turn_id, error=str(exc))
+                        if conn is not None:
+                            conn.close()
+                        conn = None
+                        delay = self.RETRY
+                        continue
+                    if not renewal.held or renewal.cancel_requested:
+                        try:
+                            self._token.run_sync_soon(self._apply, lease, renewal)
+                        except trio.RunFinishedError:
+                            return
+        finally:
+            if conn is not None:
+                conn.close()
+
+    def _apply(self, lease: _Lease, renewal: Renewal) -> None:
+        """On the event loop: act on a renewal that was refused or asks to cancel."""
+        with self._lock:
+            if self._held.get(lease.turn_id) is not lease:
+                return  # released meanwhile: the turn ended here, the refusal says so
+            if not renewal.held:
+                del self._held[lease.turn_id]
+            entry = lease.entry
+        if entry is None:
+            return  # not running yet: its first fenced commit will be refused
+        if not renewal.held:
+            entry.lose("renewal refused")
+        else:
+            entry.cancel(renewal.cancel_reason or "cancelled")
+
+
+class Worker:
+    """Claims durable turns and runs them; see the module docstring.
+
+    ``store`` is an open :class:`PostgresStore` (the worker does not close it); ``relay``
+    a :class:`runtime.relay.Relay` or ``None`` (front ends then show a turn once it is
+    committed). Run with ``await nursery.start(worker.run)``; :attr:`done` counts the turns
+    it finished, by status.
+    """
+
+    def __init__(
+        self,
+        *,
+        store: PostgresStore,
+        relay: Any = None,
+        agent: AgentSource,
+        owner: str | None = None,
+        concurrency: int = DEFAULT_CONCURRENCY,
+        lease: float = DEFAULT_LEASE,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        grace: float = DEFAULT_GRACE,
+        poll: float = DEFAULT_POLL,
+        max_sessions: int = 1000,
+        input_limits: InputLimits | None = None,
+    ) -> None:
+        if not isinstance(store, PostgresStore):
+            raise ConfigurationError("a worker needs a PostgreSQL store (postgresql://...)")
+        if concurrency < 1:
+            raise ConfigurationError(f"concurrency must be >= 1, not {concurrency!r}")
+        if not lease > 0:
+            raise ConfigurationError(f"lease must be a positive number of seconds, not {lease!r}")
+        self.store = store
+        self.relay = relay
+        self.agent = agent
+        self.owner = owner or default_owner()
+        self.concurrency = concurrency
+        self.lease = lease
+        self.grace = grace
+        self.poll = poll
+        self.max_sessions = max_sessions
+        self.input_limits = input_limits
+        """The parts a turn's input may have (its host's); a turn with more fails."""
+        self.queue = TurnQueue(store, lease=lease, max_attempts=max_attempts)
+        self.running: dict[str, _Running] = {}
+        """The turns running now, by turn id."""
+        self.done: dict[str, int] = {}
+        """Turns finished by this worker, by status (``done``, ``failed``, ``cancelled``,
+        ``lost``: the lease went to another worker)."""
+        self.host: Host | None = None
+        self._leases: LeaseKeeper | None = None
+        self._stopping = trio.Event()
+        self._turn_ended = trio.Event()
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Stop claiming; running turns get ``grace`` seconds, then are cut and released."""
+        self._stopping.set()
+
+    async def run(self, *, task_status: trio.TaskStatus[Worker] = trio.TASK_STATUS_IGNORED) -> None:
+        """Claim and run turns until :meth:`stop` (then drain) or cancellation (then the
+        running turns are cut at their last commit, as if the process had died)."""
+        async with Host.open(
+            store=self.store, max_sessions=self.max_sessions, input_limits=self.input_limits
+        ) as host:
+            host.expects_other_writers = True  # a session's turns run on any worker
+            self.host = host
+            self._leases = LeaseKeeper(self.queue, self.lease / 3)
+            self._leases.start()
+            try:
+                async with trio.open_nursery() as nursery:
+                    watch = getattr(self.relay, "watch_cancels", None)
+                    if watch is not None:
+                        await nursery.start(watch, self._on_relay_cancel)
+                    async with trio.open_nursery() as turn_nursery:
+                        task_status.started(self)
+                        log().info("worker.started", owner=self.owner, concurrency=self.concurrency)
+                        await self._claim_until_stopped(turn_nursery)
+                        await self._drain(turn_nursery)
+                    nursery.cancel_scope.cancel()
+            finally:
+                with trio.CancelScope(shield=True):
+                    await self._leases.aclose()
+                await self._close()
+                self.host = None
+
+    async def _claim_until_stopped(self, nursery: trio.Nursery) -> None:
+        slots = trio.Semaphore(self.concurrency)
+        leases = self._leases
+        assert leases is not None
+        async with trio.open_nursery() as waiter:
+            waiter.start_soon(self._cancel_on_stop, waiter.cancel_scope)
+            while True:
+                await slots.acquire()
+                while any(entry.claim.takeover for entry in self.running.values()):
+                    # A taken-over turn may be what killed its last worker: while it
+                    # runs here, claim nothing else, so that if it kills this worker too
+                    # it takes no other turn's attempt down with it.
+                    await self._a_turn_ends()
+                try:
+                    claim = await self._claim(leases)
+                except StoreError as exc:
+                    slots.release()
+                    log().warning("worker.claim_failed", error=str(exc))
+                    await trio.sleep(self.poll)
+                    continue
+                if claim is None:
+                    slots.release()
+                    await self.queue.wait(self.poll)
+                    continue
+                entry = self.running[claim.turn.turn_id] = _Running(claim=claim)
+                nursery.start_soon(self._run_claim, entry, slots)
+
+    async def _claim(self, leases: LeaseKeeper) -> Claim | None:
+        """The next claim, its lease renewed from the moment it is made."""
+        claimed: list[tuple[str, int]] = []
+
+        def on_claimed(turn_id: str, owner: str, epoch: int) -> None:
+            claimed.append((turn_id, epoch))
+            leases.hold(turn_id, owner, epoch)
+
+        try:
+            return await self.queue.claim(self.owner, on_claimed=on_claimed)
+        except BaseException:  # after the claim, maybe: its input could not be read
+            for turn_id, epoch in claimed:
+                leases.release(turn_id, epoch)
+            raise
+
+    async def _a_turn_ends(self) -> None:
+        """Wait until one of the running turns ends."""
+        self._turn_ended = trio.Event()
+        await self._turn_ended.wait()
+
+    async def _cancel_on_stop(self, scope: trio.CancelScope) -> None:
+        await self._stopping.wait()
+        scope.cancel()
+
+    async def _drain(self, nursery: trio.Nursery) -> None:
+        """After :meth:`stop`: wait ``grace`` seconds for the running turns, then cut the
+        rest at their last commit and release them to other workers."""
+        with trio.move_on_after(self.grace):
+            while self.running:
+                await self._a_turn_ends()
+        if self.running:
+            self.store.close_fences()
+            for entry in list(self.running.values()):
+                entry.lost = True  # what the turn does from here is not this worker's
+                entry.cancel("worker stopping")
+            with trio.CancelScope(shield=True):
+                for entry in list(self.running.values()):
+                    try:
+                        await self.queue.release(entry.claim)
+                    except StoreError as exc:
+                        log().warning("worker.release_failed", error=str(exc))
+            nursery.cancel_scope.deadline = trio.current_time() + 5.0
+
+    async def _close(self) -> None:
+        with trio.CancelScope(shield=True):
+            try:
+                await self.queue.aclose()
+            except Exception as exc:  # closing: report, do not mask the real ending
+                log().warning("worker.close_failed", error=str(exc))
+
+    def _on_relay_cancel(self, turn_id: str, reason: str) -> None:
+        entry = self.running.get(turn_id)
+        if entry is not None:
+            entry.cancel(reason)
+
+    # -- one turn ----------------------------------------------------------------------------
+
+    def agent_for(self, session_id: str) -> Agent:
+        """The agent of ``session_id``: the one its session in memory runs (the host keeps
+        one agent per open session), else a new one from the factory. Nothing is kept
+        here: a worker sees unboundedly many sessions over its life, its host only keeps
+        ``max_sessions`` of them."""
+        if isinstance(self.agent, Agent):
+            return self.agent
+        existing = self.host.get_session(session_id) if self.host is not None else None
+        return existing.agent if existing is not None else self.agent(session_id)
+
+    async def _run_claim(self, entry: _Running, slots: trio.Semaphore) -> None:
+        turn = entry.claim.turn
+        leases = self._leases
+        assert leases is not None
+        leases.attach(entry)
+        try:
+            status = await self._run_turn(entry)
+        except Exception as exc:  # the turn could not even start: fail it, keep working
+            leases.release(turn.turn_id, entry.claim.epoch)
+            message = redact(f"{type(exc).__name__}: {exc}")
+            log().error("worker.turn_crashed", turn_id=turn.turn_id, error=message[:500])
+            status = "failed"
+            if not entry.lost:
+                with trio.CancelScope(shield=True):
+                    try:
+                        await self.queue.finish(
+                            entry.claim, status="failed", finish_reason="error", error=message
+                        )
+                    except StoreError as err:
+                        log().warning("worker.finish_failed", turn_id=turn.turn_id, error=str(err))
+        finally:
+            leases.release(turn.turn_id, entry.claim.epoch)
+            if self.running.get(turn.turn_id) is entry:  # not a later claim of the same turn
+                del self.running[turn.turn_id]
+            self._turn_ended.set()
+            slots.release()
+        self.done[status] = self.done.get(status, 0) + 1
+
+    async def _run_turn(self, entry: _Running) -> str:
+        claim = entry.claim
+        turn = claim.turn
+        host = self.host
+        assert host is not None
+        session = await host.open_session(self.agent_for(turn.session_id), turn.session_id)
+        current = session.current
+        if current is not None:
+            # This worker's earlier turn of the session, whose lease it lost (cancelled,
+            # finishing): the queue gave the session on, so let that one end first.
+            current.cancel("lease lost")
+            with trio.move_on_after(BUSY_WAIT):
+                await current.done.wait()
+        if turn.meta:
+            session.update_meta(turn.meta)
+        stream = entry.stream = session.stream(
+            turn.input,
+            regenerate=turn.regenerate,
+            turn_id=turn.turn_id,
+            message_id=turn.message_id,
+            resume=claim.takeover or turn.saved,
+        )
+        if turn.cancel_requested:
+            stream.cancel(turn.cancel_reason or "cancelled")
+        log().info(
+            "worker.turn",
+            turn_id=turn.turn_id,
+            session_id=turn.session_id,
+            epoch=claim.epoch,
+            takeover=claim.takeover,
+        )
+        writer = None
+        if self.relay is not None:
+            writer = self.relay.writer(
+                session_id=turn.session_id, turn_id=turn.turn_id, takeover=claim.takeover
+            )
+        fence = claim.fence(on_lost=lambda: entry.lose("a save was refused"))
+        status = "lost"
+        try:
+            with self.store.fenced(turn.session_id, fence):
+                try:
+                    async with stream as out:
+                        await self._relay(entry, out, writer)
+                finally:
+                    assert self._leases is not None
+                    # The lease is held from the claim to here.
+                    self._leases.release(turn.turn_id, claim.epoch)
+            status = await self._finish(entry)
+        finally:
+            # The stream ends for readers once the queue says the turn is over, so a
+            # client that sends its next message on ``[DONE]`` finds the session idle.
+            if writer is not None:
+                with trio.CancelScope(shield=True):
+                    await writer.aclose(final=status != "lost" and not entry.lost)
+        return status
+
+    async def _relay(self, entry: _Running, out: Any, writer: Any) -> None:
+        """The turn's chunks to the relay; on a takeover, the restarted step announced
+        before its first chunk. Nothing goes out once the lease is lost."""
+        restart = entry.claim.takeover
+        try:
+            async for chunk in out:
+                if writer is None or entry.lost:
+                    continue
+                if restart and type(chunk) is StepStart:
+                    restart = False
+                    await writer.restart_step(chunk.step)
+                writer.append(chunk)
+        except trio.Cancelled:
+            # The worker itself is being torn down (only that raises Cancelled here):
+            # keep the turn at its last commit, as if the process had died, so the turn
+            # that takes it over never finds a partial step saved as interrupted.
+            self.store.close_fences()
+            entry.lost = True
+            raise
+
+    async def _finish(self, entry: _Running) -> str:
+        """Mark the turn finished in the queue (fenced); the status it ended with."""
+        if entry.lost:
+            return "lost"
+        result = entry.stream.result
+        if result is None:
+            status, reason, error = "failed", "error", "the turn ended without a result"
+        elif result.finish_reason == "error":
+            status, reason = "failed", "error"
+            error = result.error.message if result.error is not None else "error"
+        elif result.finish_reason == "aborted":
+            status, reason, error = "cancelled", "aborted", result.abort_reason
+        else:
+            status, reason, error = "done", result.finish_reason, None
+        with trio.CancelScope(shield=True):
+            try:
+                if not await self.queue.finish(
+                    entry.claim, status=status, finish_reason=reason, error=error
+                ):
+                    return "lost"
+            except LeaseLost:
+                return "lost"
+        return status
+
+
+@asynccontextmanager
+async def open_worker(
+    store_url: str,
+    *,
+    redis_url: str | None = None,
+    agent: AgentSource,
+    relay_options: dict[str, Any] | None = None,
+    **options: Any,
+) -> AsyncIterator[Worker]:
+    """Open the store (and relay, with ``relay_options`` such as ``prefix``), start a
+    :class:`Worker` with ``options``, yield it; on exit stop it (draining its turns for
+    ``grace`` seconds) and close what it opened."""
+    # The relay first: a bad Redis URL fails before anything is created in PostgreSQL,
+    # and the relay outlives the worker, so its turns' last chunks are flushed.
+    async with _maybe_relay(redis_url, relay_options or {}) as relay:
+        store = await PostgresStore.open(store_url)
+        try:
+            async with trio.open_nursery() as nursery:
+                worker = Worker(store=store, relay=relay, agent=agent, **options)
+                await nursery.start(worker.run)
+                try:
+                    yield worker
+                finally:
+                    worker.stop()
+        finally:
+            with trio.CancelScope(shield=True):
+                await store.aclose()
+
+
+@asynccontextmanager
+async def _maybe_relay(url: str | None, options: dict[str, Any]) -> AsyncIterator[Any]:
+    if url is None:
+        yield None
+        return
+
+    async with RedisRelay.open(url, **options) as relay:
+        yield relay
+
+
+__all__ = ["AgentSource", "LeaseKeeper", "Worker", "default_owner", "open_worker"]
+
+
+# -- the command ------------------------------------------------------------------------
+
+
+def add_worker_parser(subparsers: Any) -> Any:
+    """``python -m runtime worker``: its options (imports nothing heavy)."""
+
+    worker = subparsers.add_parser(
+        "worker", help="run durable turns from PostgreSQL, streaming them through Redis"
+    )
+    add = worker.add_argument
+    add("--store", required=True, metavar="URL", help="postgresql://... (the sessions and turns)")
+    add("--redis", default=None, metavar="URL", help="redis://... (live output to front ends)")
+    add(
+        "--redis-prefix",
+        default=None,
+        metavar="PREFIX",
+        help="key prefix of the relay's streams (default 'axon:'; front ends must agree)",
+    )
+    add(
+        "--concurrency",
+        type=int,
+        default=DEFAULT_CONCURRENCY,
+        help=f"turns run at once (default {DEFAULT_CONCURRENCY})",
+    )
+    add(
+        "--lease",
+        type=float,
+        default=DEFAULT_LEASE,
+        help=f"seconds a claim holds unrenewed (default {DEFAULT_LEASE:g})",
+    )
+    add(
+        "--max-attempts",
+        type=int,
+        default=DEFAULT_MAX_ATTEMPTS,
+        help=f"claims before a turn is marked failed (default {DEFAULT_MAX_ATTEMPTS})",
+    )
+    add(
+        "--grace",
+        type=float,
+        default=DEFAULT_GRACE,
+        help=f"seconds to finish turns on SIGTERM (default {DEFAULT_GRACE:g})",
+    )
+    add(
+        "--poll",
+        type=float,
+        default=DEFAULT_POLL,
+        help=f"seconds between claims when idle (default {DEFAULT_POLL:g})",
+    )
+    add("--owner", default=None, help="this worker's name in axon_turns (default host:pid:rand)")
+    add_input_limit_arguments(worker)
+    add_agent_arguments(worker)
+    add("--delay", type=float, default=0.0, help="scripted demo: seconds between chunks")
+    add("--mcp", action="append", default=[], metavar="SERVER", help=MCP_HELP)
+    add_log_level_argument(worker, "warning")
+    worker.set_defaults(jsonl=False)
+    return worker
+
+
+async def worker_command(args: Any) -> int:
+    """Run a worker until SIGINT/SIGTERM, then drain it (``--grace``); a second signal
+    during the drain ends the process at once (its turns are taken over)."""
+
+    configure_logging(args.log_level)
+    try:
+        parse_url(args.store)
+        if args.concurrency < 1 or not args.lease > 0 or args.grace < 0 or args.max_attempts < 1:
+            raise ConfigurationError(
+                "--concurrency and --max-attempts must be >= 1, --lease > 0 and --grace >= 0"
+            )
+        agent = make_agent(args)
+        options = {
+            "concurrency": args.concurrency,
+            "lease": args.lease,
+            "max_attempts": args.max_attempts,
+            "grace": args.grace,
+            "poll": args.poll,
+            "owner": args.owner,
+            "input_limits": input_limits(args),
+        }
+        relay_options = {"prefix": args.redis_prefix} if args.redis_prefix else {}
+        async with open_worker(
+            args.store,
+            redis_url=args.redis,
+            agent=agent,
+            relay_options=relay_options,
+            **options,
+        ) as worker:
+            print(
+                f"Axon worker {worker.owner} on {redact_url(args.store)}"
+                f"{', relay ' + public_url(args.redis) if args.redis else ''} "
+                f"(concurrency {worker.concurrency}, lease {worker.lease:g} s)",
+                flush=True,
+            )
+            with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                async for _ in signals:
+                    break  # then leaving open_worker drains; a second signal kills
+    except (ConfigurationError, RelayUnavailable) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0

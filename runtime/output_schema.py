@@ -1,0 +1,243 @@
+"""Structured output: ``Agent(output_type=...)`` makes a turn's answer a typed object.
+
+Everything provider-neutral about it lives here, so the turn runner has one hook per
+concern and each provider only maps :class:`OutputSchema` onto its request:
+
+* :func:`output_schema` turns the agent's ``output_type`` (a pydantic model, a
+  ``TypedDict``, a dataclass, or a JSON schema ``dict``) into an :class:`OutputSchema`:
+  the JSON schema the provider asks for, and the validation of an answer against it
+  (pydantic for a type; ``jsonschema`` for a plain schema, whose references must stay
+  within it: a ``$ref`` to ``http:`` or ``file:`` is refused, nothing is fetched);
+* :func:`strict_schema` rewrites a schema for OpenAI's strict ``json_schema`` mode, and
+  refuses clearly what strict mode cannot express;
+* :class:`actors.turn.structured.StructuredTurn` (the actors' side) is one turn's state:
+  partial objects while the answer streams, then the verdict on the answer.
+
+Decisions, and why:
+
+* The answer is JSON *text*, for every provider: OpenAI's ``response_format`` answers in
+  text, and the Anthropic provider turns its forced ``final_output`` tool call into the
+  same text chunks. So the answer streams as a text part, is stored as a text part,
+  restores into either provider as plain assistant text (no ``tool_use`` left waiting
+  for a ``tool_result``), and the parts rebuilt from the stream equal the stored parts.
+* A rejected answer stays in the stored message (the user saw it stream). The retry
+  request shows the model its answer followed by a user message with the validation
+  error (:meth:`StructuredTurn.request_messages`); that feedback is not stored, so later
+  turns see every attempt of the turn, without the feedback between them.
+* A refusal (finish reason ``content-filter``) is not validated and not retried: the
+  turn ends as the model ended it, with ``output`` ``None``.
+* An answer that is one fenced block (```` ```json ```` or a bare ```` ``` ````, nothing
+  around it), as compatible servers without a JSON mode write it, is the JSON inside
+  (:func:`unfence`); asking again would get the same fence until the retries ran out.
+  Two blocks, or prose around one, are not an answer: they are rejected as before.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import attrs
+
+from runtime.errors import ConfigurationError, OutputValidationError
+from runtime.tools import InvalidJSONSchema, json_schema_validator
+
+OUTPUT_TOOL = "final_output"
+"""Name of the tool an Anthropic request is forced to call with the answer."""
+MAX_PROBLEMS = 20
+"""Validation problems listed in one retry prompt; the rest are counted."""
+
+
+@attrs.frozen(kw_only=True, slots=True, eq=False)
+class OutputSchema:
+    """What an agent's answer must be: a JSON schema (object at the root), and the
+    function that turns the answer's JSON text into the typed value."""
+
+    name: str
+    """A name for the schema (``[A-Za-z0-9_-]``, at most 64), as OpenAI requires."""
+    description: str | None
+    schema: dict[str, Any]
+    output_type: Any
+    """What the agent was given: a type, or the schema ``dict`` itself."""
+    _parse: Callable[[str], Any] = attrs.field(alias="parse")
+
+    def parse(self, text: str) -> Any:
+        """The typed value of ``text`` (or of the one fenced block it is:
+        :func:`unfence`); :class:`OutputValidationError` says why not."""
+        inner = unfence(text)
+        if inner is None:
+            return self._parse(text)
+        try:
+            return self._parse(inner)
+        except OutputValidationError as exc:
+            raise OutputValidationError(exc.message, text=text) from None
+
+
+_FENCE = re.compile(r"\A\s*```[ \t]*(?:json)?[ \t]*\r?\n(.*?)\r?\n?[ \t]*```\s*\Z", re.I | re.S)
+_OPENING = re.compile(r"\A\s*```[ \t]*(?:json)?[ \t]*\r?\n", re.I)
+_CLOSING = re.compile(r"\r?\n?[ \t]*```\s*\Z")
+
+
+def unfence(text: str) -> str | None:
+    """The inside of ``text`` if it is exactly one fenced block, ```` ```json ````
+    (any case) or a bare ```` ``` ````, with nothing but whitespace around it; else
+    ``None``. A fence inside the block is left in it (two blocks are then not JSON)."""
+    found = _FENCE.match(text)
+    return found.group(1) if found is not None else None
+
+
+def unfence_partial(text: str) -> str:
+    """The JSON so far of an answer still streaming: an opening fence line (and a
+    closing fence once it has come) taken off; other text as it is."""
+    opening = _OPENING.match(text)
+    if opening is None:
+        return text
+    return _CLOSING.sub("", text[opening.end() :])
+
+
+def output_schema(output_type: Any) -> OutputSchema | None:
+    """The :class:`OutputSchema` of an agent's ``output_type`` (``None`` stays ``None``).
+
+    Raises :class:`ConfigurationError` for a type pydantic cannot describe, an invalid
+    JSON schema, or one whose root is not an object (both providers need an object: a
+    tool's input is one; wrap a list in a model).
+    """
+    if output_type is None:
+        return None
+    if isinstance(output_type, dict):
+        schema, parse = _from_json_schema(output_type)
+        fallback = "output"
+    else:
+        schema, parse = _from_type(output_type)
+        fallback = getattr(output_type, "__name__", "output")
+    if schema.get("type") != "object":
+        raise ConfigurationError(
+            f"output_type must describe a JSON object (a pydantic model, a TypedDict, a "
+            f"dataclass or an object schema), not {schema.get('type') or 'this schema'}: "
+            "wrap it in a model with one field"
+        )
+    name = re.sub(r"[^A-Za-z0-9_-]", "_", str(schema.get("title") or fallback))[:64]
+    description = schema.get("description")
+    return OutputSchema(
+        name=name or "output",
+        description=description if isinstance(description, str) else None,
+        schema=schema,
+        output_type=output_type,
+        parse=parse,
+    )
+
+
+def _from_type(output_type: Any) -> tuple[dict[str, Any], Callable[[str], Any]]:
+    import pydantic
+
+    try:
+        adapter = pydantic.TypeAdapter(output_type)
+        schema = adapter.json_schema()
+    except (pydantic.PydanticSchemaGenerationError, pydantic.PydanticUserError, TypeError) as exc:
+        raise ConfigurationError(f"output_type {output_type!r} has no JSON schema: {exc}") from exc
+
+    def parse(text: str) -> Any:
+        try:
+            return adapter.validate_json(text)
+        except pydantic.ValidationError as exc:
+            problems = [
+                f"{'.'.join(str(x) for x in e['loc']) or '(root)'}: {e['msg']}"
+                for e in exc.errors(include_url=False)
+            ]
+            raise OutputValidationError(_problems(problems), text=text) from None
+
+    return schema, parse
+
+
+def _from_json_schema(schema: dict[str, Any]) -> tuple[dict[str, Any], Callable[[str], Any]]:
+    import orjson
+
+    try:
+        validator = json_schema_validator(schema)
+    except InvalidJSONSchema as exc:
+        raise ConfigurationError(f"output_type is not a usable JSON schema: {exc}") from None
+    schema = copy.deepcopy(schema)  # the agent's own copy: nobody mutates it from outside
+
+    def parse(text: str) -> Any:
+        try:
+            value = orjson.loads(text)
+        except orjson.JSONDecodeError as exc:
+            raise OutputValidationError(
+                _problems([f"(root): invalid JSON: {exc}"]), text=text
+            ) from None
+        problems = [
+            f"{'.'.join(str(x) for x in e.absolute_path) or '(root)'}: {e.message}"
+            for e in validator.iter_errors(value)
+        ]
+        if problems:
+            raise OutputValidationError(_problems(problems), text=text)
+        return value
+
+    return schema, parse
+
+
+def _problems(problems: Sequence[str]) -> str:
+    shown = list(problems[:MAX_PROBLEMS])
+    if len(problems) > MAX_PROBLEMS:
+        shown.append(f"... and {len(problems) - MAX_PROBLEMS} more")
+    return "the answer does not match the output schema: " + "; ".join(shown)
+
+
+# -- OpenAI strict mode ---------------------------------------------------------------------
+
+
+def strict_schema(schema: dict[str, Any]) -> dict[str, Any]:
+    """``schema`` rewritten for OpenAI's strict ``json_schema`` mode (a new dict).
+
+    The rules of the ``openai`` SDK's own ``to_strict_json_schema`` (private, and only
+    for pydantic types, so not imported): every object gets ``additionalProperties:
+    false`` and lists all its properties as ``required`` (a field with a default must
+    then be given; pydantic still accepts it); ``default: null`` is dropped; a ``$ref``
+    with sibling keys is inlined. An object that allows additional properties (a
+    ``dict[str, X]`` field) cannot be expressed in strict mode: that raises
+    :class:`ConfigurationError` before anything is sent.
+    """
+    root = copy.deepcopy(schema)
+    return _strict(root, root, "(root)")
+
+
+def _strict(node: Any, root: dict[str, Any], path: str) -> Any:
+    if not isinstance(node, dict):
+        return node
+    for key in ("$defs", "definitions"):
+        defs = node.get(key)
+        if isinstance(defs, dict):
+            for name, sub in defs.items():
+                _strict(sub, root, f"{path}.{key}.{name}")
+    if node.get("type") == "object":
+        extra = node.setdefault("additionalProperties", False)
+        if extra is not False:
+            raise ConfigurationError(
+                f"OpenAI strict structured output cannot express {path}: an object with "
+                "additional properties (a dict field); use a model with named fields"
+            )
+    props = node.get("properties")
+    if isinstance(props, dict):
+        node["required"] = list(props)
+        for name, sub in props.items():
+            _strict(sub, root, f"{path}.{name}")
+    if isinstance(node.get("items"), dict):
+        _strict(node["items"], root, f"{path}[]")
+    for key in ("anyOf", "allOf", "oneOf"):
+        for i, sub in enumerate(node.get(key) or ()):
+            _strict(sub, root, f"{path}.{key}[{i}]")
+    if "default" in node and node["default"] is None:
+        del node["default"]
+    ref = node.get("$ref")
+    if isinstance(ref, str) and len(node) > 1:
+        target: Any = root
+        for key in ref.removeprefix("#/").split("/"):
+            target = target[key]
+        node.pop("$ref")
+        merged = {**copy.deepcopy(target), **node}
+        node.clear()
+        node.update(merged)
+        _strict(node, root, path)
+    return node
