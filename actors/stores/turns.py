@@ -57,6 +57,7 @@ takes it over.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import threading
 import time
@@ -74,14 +75,19 @@ from runtime.errors import QueueFull, StoreCorrupt, StoreError, TurnConflict
 from runtime.logging import get_logger
 from runtime.messages import File, Image, TextPart, UserContent
 from runtime.store import validate_session_id
-
-QUEUED: Final = "queued"
-RUNNING: Final = "running"
-DONE: Final = "done"
-FAILED: Final = "failed"
-CANCELLED: Final = "cancelled"
-FINAL_STATUSES: Final = frozenset({DONE, FAILED, CANCELLED})
-"""The statuses a turn ends in; :meth:`TurnQueue.finish` accepts only these."""
+from runtime.turn_queue import (
+    CANCELLED,
+    DONE,
+    FAILED,
+    FINAL_STATUSES,
+    QUEUED,
+    RUNNING,
+    QueuedTurn,
+    Renewal,
+    TurnStatus,
+)
+from runtime.turn_queue import Claim as BaseClaim
+from runtime.turn_queue import TurnQueue as TurnQueueProtocol
 
 DEFAULT_MAX_QUEUED_PER_SESSION: Final = 100
 """Queued turns one session may hold (more than anyone types ahead of an answer)."""
@@ -111,72 +117,9 @@ in a thread, so decoding thousands of parts never holds up the loop (or a lease)
 
 
 @attrs.frozen(kw_only=True, slots=True)
-class TurnStatus:
-    """Where a turn stands, without its input: what front ends poll and show.
-
-    Read by :meth:`TurnQueue.get_status`, :meth:`~TurnQueue.active` and
-    :meth:`~TurnQueue.request_cancel`, which select only these columns: a turn's input may
-    be thousands of parts, and decoding it on every poll of every viewer kept a front
-    end's event loop busy for seconds. A :class:`QueuedTurn` is a status with its input."""
-
-    turn_id: str
-    session_id: str
-    seq: int
-    """Submission order across the whole queue (a sequence): orders a session's turns."""
-    status: str
-    """``queued``, ``running``, ``done``, ``failed`` or ``cancelled``."""
-    owner: str | None
-    epoch: int
-    """Bumped by every claim: the fence that tells the current worker from earlier ones."""
-    attempts: int
-    saved: bool
-    """A fenced save of this turn committed (it may have steps in the session)."""
-    cancel_requested: bool
-    cancel_reason: str | None
-    finish_reason: str | None
-    error: str | None
-
-    @property
-    def message_id(self) -> str:
-        """The id of the turn's assistant message: stable, so a worker taking the turn
-        over continues the message its predecessor saved instead of starting another."""
-        return f"msg_{self.turn_id}"
-
-    @property
-    def finished(self) -> bool:
-        """The turn ended (``done``, ``failed`` or ``cancelled``)."""
-        return self.status in FINAL_STATUSES
-
-
-@attrs.frozen(kw_only=True, slots=True)
-class QueuedTurn(TurnStatus):
-    """One row of ``axon_turns``: a user input and where its run stands."""
-
-    input: UserContent
-    meta: dict[str, Any]
-    """What the front end attached to the turn (merged into the session's meta by the runner)."""
-    regenerate: bool
-    """Replace the session's last answer instead of adding a new input."""
-    idempotency_key: str | None
-    """The queue's unique key of this submission (a hash of the caller's key, the input
-    and the turn an edit replaces), not the caller's key; ``None`` for an unkeyed one."""
-
-    @property
-    def finished(self) -> bool:
-        """The turn ended (``done``, ``failed`` or ``cancelled``)."""
-        return self.status in FINAL_STATUSES
-
-
-@attrs.frozen(kw_only=True, slots=True)
-class Claim:
-    """A worker's hold on a running turn: the turn as claimed and its ``(owner, epoch)``."""
-
-    turn: QueuedTurn
-    owner: str
-    epoch: int
-    takeover: bool
-    """Another worker held the turn before (its lease expired or it released the turn):
-    the session may already hold steps of this turn, which the runner resumes from."""
+class Claim(BaseClaim):
+    """A claim of this queue: the contract's :class:`~runtime.turn_queue.Claim`, and the
+    :class:`~actors.stores.postgres.Fence` its saves run under."""
 
     def fence(self, on_lost: Callable[[], None] | None = None) -> Fence:
         """The :class:`~actors.stores.postgres.Fence` the worker's saves of the session
@@ -184,14 +127,24 @@ class Claim:
         return Fence(turn_id=self.turn.turn_id, owner=self.owner, epoch=self.epoch, on_lost=on_lost)
 
 
-@attrs.frozen(kw_only=True, slots=True)
-class Renewal:
-    """What :meth:`TurnQueue.renew` learnt: whether the lease still holds, and whether
-    someone asked for the turn to be cancelled."""
+class _Renewer:
+    """A :class:`~runtime.turn_queue.LeaseRenewer` on a connection of its own, opened on
+    the first renewal and again after one broke (blocking: a lease thread's)."""
 
-    held: bool
-    cancel_requested: bool = False
-    cancel_reason: str | None = None
+    def __init__(self, queue: TurnQueue) -> None:
+        self.queue = queue
+        self.conn: Any = None
+
+    def renew(self, turn_id: str, owner: str, epoch: int) -> Renewal:
+        if self.conn is None or self.conn.closed or self.conn.broken:
+            self.close()
+            self.conn = self.queue.connect()
+        return self.queue.renew_on(self.conn, turn_id, owner, epoch)
+
+    def close(self) -> None:
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            conn.close()
 
 
 class _Listener:
@@ -543,7 +496,7 @@ class TurnQueue:
 
     # -- holding and ending a claim ------------------------------------------------------
 
-    async def renew(self, claim: Claim) -> Renewal:
+    async def renew(self, claim: BaseClaim) -> Renewal:
         """Extend the claim's lease by ``lease`` seconds from now, if the worker still
         holds the turn; ``held`` is false once another worker took it over (or it ended),
         and the worker must stop. Also reports a requested cancellation."""
@@ -580,9 +533,29 @@ class TurnQueue:
             raise
         return conn
 
+    def open_renewer(self) -> _Renewer:
+        """A lease renewer on a connection of its own (:class:`runtime.turn_queue.LeaseRenewer`),
+        which connects on its first renewal."""
+        return _Renewer(self)
+
+    def fenced(
+        self, claim: BaseClaim, on_lost: Callable[[], None] | None = None
+    ) -> contextlib.AbstractContextManager[None]:
+        """While inside, every save of the claimed turn's session checks, in its own
+        transaction, that the claim still holds the turn
+        (:meth:`PostgresStore.fenced <actors.stores.postgres.PostgresStore.fenced>`)."""
+        fence = Fence(
+            turn_id=claim.turn.turn_id, owner=claim.owner, epoch=claim.epoch, on_lost=on_lost
+        )
+        return self.store.fenced(claim.turn.session_id, fence)
+
+    def close_fences(self) -> None:
+        """Refuse every fenced save of the store from now on (a worker stopping at once)."""
+        self.store.close_fences()
+
     async def finish(
         self,
-        claim: Claim,
+        claim: BaseClaim,
         *,
         status: str,
         finish_reason: str | None = None,
@@ -619,7 +592,7 @@ class TurnQueue:
 
         return bool(await self.store.run(f"finish of turn {claim.turn.turn_id}", finish))
 
-    async def release(self, claim: Claim) -> bool:
+    async def release(self, claim: BaseClaim) -> bool:
         """Give the claimed turn back at once (a worker shutting down); ``False`` if the
         worker no longer held it.
 
@@ -973,3 +946,25 @@ def _wait_for_notify(listener: _Listener, prefix: str, timeout: float) -> bool:
             abandoned = listener.abandoned
         if abandoned:
             listener.conn.close()
+
+
+def as_protocol(queue: TurnQueue) -> TurnQueueProtocol:
+    """``queue`` as the contract's :class:`runtime.turn_queue.TurnQueue`: a function only so
+    that the type checker proves this queue satisfies the protocol."""
+    return queue
+
+
+__all__ = [
+    "CANCELLED",
+    "DONE",
+    "FAILED",
+    "FINAL_STATUSES",
+    "QUEUED",
+    "RUNNING",
+    "Claim",
+    "QueuedTurn",
+    "Renewal",
+    "TurnQueue",
+    "TurnStatus",
+    "as_protocol",
+]

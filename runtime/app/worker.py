@@ -7,15 +7,16 @@ store and a Redis relay) that *submit* turns, and any number of workers
     front end --submit--> PostgreSQL (axon_turns) <--claim/lease/commit-- worker
     front end <--read---- Redis Streams (axon:turn:*) <----append------- worker
 
-A :class:`Worker` claims turns from the :class:`~actors.stores.turns.TurnQueue`
-(``FOR UPDATE SKIP LOCKED``; never two running turns of one session), runs each on its
-own :class:`~runtime.app.host.Host` (the sessions load from and commit to the same
-PostgreSQL store), appends the turn's chunks to the relay, and marks the turn finished.
+A :class:`Worker` claims turns from a :class:`~runtime.turn_queue.TurnQueue` (the one in
+its store, :func:`actors.stores.turn_queue`: PostgreSQL's ``axon_turns``, never two
+running turns of one session), runs each on its own :class:`~runtime.app.host.Host` (the
+sessions load from and commit to the same store), appends the turn's chunks to the
+relay, and marks the turn finished.
 
 **Leases and fencing.** A claim is a lease of ``lease`` seconds, renewed every third of
 it by a thread of the worker's own (:class:`LeaseKeeper`), which nothing the event loop
 does can hold up. Every commit of the session while the turn runs is fenced by the
-claim's ``(owner, epoch)`` (:meth:`~actors.stores.postgres.PostgresStore.fenced`): a
+claim's ``(owner, epoch)`` (:meth:`~runtime.turn_queue.TurnQueue.fenced`): a
 worker that lost its lease (it was paused, partitioned, or too slow to renew, and another
 worker took the turn over) has its saves refused, and cancels its turn as soon as it
 notices (a refused save or a failed renewal). Its relay writes are dropped too.
@@ -51,8 +52,7 @@ import attrs
 import trio
 
 from actors.relays.redis_streams import RedisRelay, public_url
-from actors.stores.postgres import PostgresStore, parse_url, redact_url
-from actors.stores.turns import Claim, Renewal, TurnQueue
+from actors.stores import open_store, queue_scheme, turn_queue
 from runtime.agent import Agent
 from runtime.app.commands import (
     MCP_HELP,
@@ -68,7 +68,9 @@ from runtime.errors import ConfigurationError, LeaseLost, RelayUnavailable, Stor
 from runtime.logging import configure_logging, get_logger
 from runtime.media import InputLimits
 from runtime.output import StepStart
-from runtime.redact import redact
+from runtime.redact import redact, redact_url
+from runtime.store import Store
+from runtime.turn_queue import Claim, LeaseRenewer, Renewal, TurnQueue
 
 DEFAULT_CONCURRENCY = 4
 DEFAULT_LEASE = 10.0
@@ -192,7 +194,7 @@ class LeaseKeeper:
             await trio.to_thread.run_sync(self._thread.join)
 
     def _run(self) -> None:
-        conn = None
+        renewer: LeaseRenewer | None = None
         delay = self.interval
         try:
             while not self._stopping.wait(delay):
@@ -205,14 +207,14 @@ class LeaseKeeper:
                     if lease.entry is not None and lease.entry.lost:
                         continue
                     try:
-                        if conn is None or conn.closed or conn.broken:
-                            conn = self.queue.connect()
-                        renewal = self.queue.renew_on(conn, lease.turn_id, lease.owner, lease.epoch)
+                        if renewer is None:
+                            renewer = self.queue.open_renewer()
+                        renewal = renewer.renew(lease.turn_id, lease.owner, lease.epoch)
                     except Exception as exc:
                         log().warning("worker.renew_failed", turn_id=lease.turn_id, error=str(exc))
-                        if conn is not None:
-                            conn.close()
-                        conn = None
+                        if renewer is not None:
+                            renewer.close()
+                        renewer = None
                         delay = self.RETRY
                         continue
                     if not renewal.held or renewal.cancel_requested:
@@ -221,8 +223,8 @@ class LeaseKeeper:
                         except trio.RunFinishedError:
                             return
         finally:
-            if conn is not None:
-                conn.close()
+            if renewer is not None:
+                renewer.close()
 
     def _apply(self, lease: _Lease, renewal: Renewal) -> None:
         """On the event loop: act on a renewal that was refused or asks to cancel."""
@@ -243,7 +245,8 @@ class LeaseKeeper:
 class Worker:
     """Claims durable turns and runs them; see the module docstring.
 
-    ``store`` is an open :class:`PostgresStore` (the worker does not close it); ``relay``
+    ``store`` is an open store that holds a turn queue (PostgreSQL's: the worker does not
+    close it; a store without one is a :class:`~runtime.errors.ConfigurationError`); ``relay``
     a :class:`runtime.relay.Relay` or ``None`` (front ends then show a turn once it is
     committed). Run with ``await nursery.start(worker.run)``; :attr:`done` counts the turns
     it finished, by status.
@@ -252,7 +255,7 @@ class Worker:
     def __init__(
         self,
         *,
-        store: PostgresStore,
+        store: Store,
         relay: Any = None,
         agent: AgentSource,
         owner: str | None = None,
@@ -264,8 +267,6 @@ class Worker:
         max_sessions: int = 1000,
         input_limits: InputLimits | None = None,
     ) -> None:
-        if not isinstance(store, PostgresStore):
-            raise ConfigurationError("a worker needs a PostgreSQL store (postgresql://...)")
         if concurrency < 1:
             raise ConfigurationError(f"concurrency must be >= 1, not {concurrency!r}")
         if not lease > 0:
@@ -281,7 +282,7 @@ class Worker:
         self.max_sessions = max_sessions
         self.input_limits = input_limits
         """The parts a turn's input may have (its host's); a turn with more fails."""
-        self.queue = TurnQueue(store, lease=lease, max_attempts=max_attempts)
+        self.queue: TurnQueue = turn_queue(store, lease=lease, max_attempts=max_attempts)
         self.running: dict[str, _Running] = {}
         """The turns running now, by turn id."""
         self.done: dict[str, int] = {}
@@ -383,7 +384,7 @@ class Worker:
             while self.running:
                 await self._a_turn_ends()
         if self.running:
-            self.store.close_fences()
+            self.queue.close_fences()
             for entry in list(self.running.values()):
                 entry.lost = True  # what the turn does from here is not this worker's
                 entry.cancel("worker stopping")
@@ -483,10 +484,9 @@ class Worker:
             writer = self.relay.writer(
                 session_id=turn.session_id, turn_id=turn.turn_id, takeover=claim.takeover
             )
-        fence = claim.fence(on_lost=lambda: entry.lose("a save was refused"))
         status = "lost"
         try:
-            with self.store.fenced(turn.session_id, fence):
+            with self.queue.fenced(claim, on_lost=lambda: entry.lose("a save was refused")):
                 try:
                     async with stream as out:
                         await self._relay(entry, out, writer)
@@ -519,7 +519,7 @@ class Worker:
             # The worker itself is being torn down (only that raises Cancelled here):
             # keep the turn at its last commit, as if the process had died, so the turn
             # that takes it over never finds a partial step saved as interrupted.
-            self.store.close_fences()
+            self.queue.close_fences()
             entry.lost = True
             raise
 
@@ -563,7 +563,8 @@ async def open_worker(
     # The relay first: a bad Redis URL fails before anything is created in PostgreSQL,
     # and the relay outlives the worker, so its turns' last chunks are flushed.
     async with _maybe_relay(redis_url, relay_options or {}) as relay:
-        store = await PostgresStore.open(store_url)
+        queue_scheme(store_url)  # a store without a turn queue fails before it is opened
+        store = await open_store(store_url)
         try:
             async with trio.open_nursery() as nursery:
                 worker = Worker(store=store, relay=relay, agent=agent, **options)
@@ -654,7 +655,7 @@ async def worker_command(args: Any) -> int:
 
     configure_logging(args.log_level)
     try:
-        parse_url(args.store)
+        queue_scheme(args.store)
         if args.concurrency < 1 or not args.lease > 0 or args.grace < 0 or args.max_attempts < 1:
             raise ConfigurationError(
                 "--concurrency and --max-attempts must be >= 1, --lease > 0 and --grace >= 0"

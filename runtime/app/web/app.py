@@ -72,6 +72,7 @@ from runtime.app.web.writer import BodyWriter
 from runtime.errors import NothingToResume, SessionBusy
 from runtime.messages import UserContent
 from runtime.serde import unstructure
+from runtime.turn_queue import TurnQueue
 
 KEEPALIVE = 15.0
 """Seconds of silence after which a stream sends an SSE comment, so proxies keep it open."""
@@ -490,7 +491,7 @@ def create_app(
     send_timeout: float | None = SEND_TIMEOUT,
     relay: Any = None,
     cancel_hook: Callable[[str], Any] | None = None,
-    queue: Any = None,
+    queue: TurnQueue | None = None,
     protocols: Collection[str] = ("ai-sdk",),
 ) -> Starlette:
     """The web app for ``host``: every session runs ``agent`` (or ``agent(session_id)``).
@@ -505,7 +506,7 @@ def create_app(
     :class:`runtime.relay.Relay`) serves ``GET /api/chat/{id}/stream`` for turns running
     anywhere; ``cancel_hook(turn_id)`` stops a turn running in another process.
 
-    With ``queue`` (a :class:`actors.stores.turns.TurnQueue`) and ``relay`` the app is a
+    With ``queue`` (a :class:`runtime.turn_queue.TurnQueue`) and ``relay`` the app is a
     stateless front end of a worker deployment (:mod:`runtime.app.web.frontend`): it queues
     turns for the workers and streams them from the relay, and ``host`` only lends it
     its store (it opens no session and runs no turn).

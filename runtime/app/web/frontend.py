@@ -2,7 +2,7 @@
 
 In a worker deployment (``python -m runtime worker``) turns run on worker processes:
 sessions live in PostgreSQL, turns are rows of its queue
-(:class:`actors.stores.turns.TurnQueue`), and a turn's live output goes through the
+(a :class:`runtime.turn_queue.TurnQueue`), and a turn's live output goes through the
 relay (:mod:`runtime.relay`). A front end then holds no session in memory and runs no
 turn, so any number of them can stand behind a load balancer and a client can reconnect
 to any of them:
@@ -47,7 +47,6 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from actors.stores.turns import FINAL_STATUSES
 from runtime.app.web.chat_input import check_media, read_chat_request, title_of
 from runtime.app.web.http import ApiError, json_response, session_id_param, web_state
 from runtime.app.web.resume import (
@@ -71,6 +70,7 @@ from runtime.errors import (
 from runtime.logging import get_logger
 from runtime.messages import UserContent
 from runtime.serde import unstructure
+from runtime.turn_queue import FINAL_STATUSES, TurnQueue
 
 
 def idempotency_key(session_id: str, payload: dict[str, Any], regenerate: bool) -> str | None:
@@ -108,7 +108,7 @@ class QueuedTurnResponse(RelayStreamResponse):
     """Streams a queued turn from the relay once a worker streams it; the client leaving
     only stops this stream, never the turn."""
 
-    def __init__(self, *args: Any, queue: Any, watch: TurnWatch | None = None, **kwargs: Any):
+    def __init__(self, *args: Any, queue: TurnQueue, watch: TurnWatch | None = None, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.queue = queue
         self.watch = watch if watch is not None else TurnWatch(queue)
@@ -181,11 +181,11 @@ def _error(text: str) -> bytes:
 
 
 class FrontEnd:
-    """The endpoints of a front end: ``store`` (PostgreSQL, shared with the workers),
-    ``queue`` (its :class:`~actors.stores.turns.TurnQueue`) and ``relay`` (the one the
-    workers write to)."""
+    """The endpoints of a front end: ``store`` (shared with the workers), ``queue`` (the
+    :class:`~runtime.turn_queue.TurnQueue` in it) and ``relay`` (the one the workers
+    write to)."""
 
-    def __init__(self, *, store: Any, queue: Any, relay: Any) -> None:
+    def __init__(self, *, store: Any, queue: TurnQueue, relay: Any) -> None:
         self.store = store
         self.queue = queue
         self.relay = relay
