@@ -12,12 +12,13 @@ through :func:`actors.stores.turn_queue`, keyed by the store's URL.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from typing import Any, Final, Protocol, runtime_checkable
 
 import attrs
 
+from runtime.approval import AWAITING_INPUT, Decision, Recorded
 from runtime.messages import UserContent
 from runtime.store import Store
 
@@ -28,6 +29,11 @@ FAILED: Final = "failed"
 CANCELLED: Final = "cancelled"
 FINAL_STATUSES: Final = frozenset({DONE, FAILED, CANCELLED})
 """The statuses a turn ends in; :meth:`TurnQueue.finish` accepts only these."""
+WAITING: Final = AWAITING_INPUT
+"""A turn that suspended to wait for a person (docs/approval.md): no owner, no lease,
+nothing held; the decision that completes its calls puts it back to be claimed."""
+SUPERSEDED: Final = "superseded"
+"""The finish reason of a waiting turn that a later turn of its session replaced."""
 
 
 @attrs.frozen(kw_only=True, slots=True)
@@ -43,7 +49,7 @@ class TurnStatus:
     seq: int
     """Submission order across the whole queue: orders a session's turns."""
     status: str
-    """``queued``, ``running``, ``done``, ``failed`` or ``cancelled``."""
+    """``queued``, ``running``, ``done``, ``failed``, ``cancelled`` or ``awaiting-input``."""
     owner: str | None
     epoch: int
     """Bumped by every claim: the fence that tells the current worker from earlier ones."""
@@ -54,6 +60,11 @@ class TurnStatus:
     cancel_reason: str | None
     finish_reason: str | None
     error: str | None
+    resumes: int = 0
+    """How many times the turn went on after waiting for input: its continuation number
+    (the relay stream's pauses it follows)."""
+    expires_at: float | None = None
+    """While it waits: when the wait expires (wall-clock seconds since the epoch)."""
 
     @property
     def message_id(self) -> str:
@@ -65,6 +76,11 @@ class TurnStatus:
     def finished(self) -> bool:
         """The turn ended (``done``, ``failed`` or ``cancelled``)."""
         return self.status in FINAL_STATUSES
+
+    @property
+    def waiting(self) -> bool:
+        """The turn waits for a person's input (``awaiting-input``)."""
+        return self.status == WAITING
 
 
 @attrs.frozen(kw_only=True, slots=True)
@@ -91,6 +107,20 @@ class Claim:
     takeover: bool
     """Another worker held the turn before (its lease expired or it released the turn):
     the session may already hold steps of this turn, which the runner resumes from."""
+    resumed: bool = False
+    """The turn waited for input and its calls are decided now: this claim runs its
+    continuation (in the same assistant message, its relay stream going on after the
+    wait), not a takeover."""
+
+
+@attrs.frozen(kw_only=True, slots=True)
+class Decided:
+    """What :meth:`TurnQueue.decide` recorded: the decision, and the waiting turn's row
+    as it stands after it (put back to be claimed, ``resumes`` counted, when the
+    decision was the last its turn waited for)."""
+
+    recorded: Recorded
+    turn: TurnStatus
 
 
 @attrs.frozen(kw_only=True, slots=True)
@@ -230,6 +260,33 @@ class TurnQueue(Protocol):
         """Give the claimed turn back at once, to be taken over (a worker stopping)."""
         ...
 
+    # -- turns that wait for a person ---------------------------------------------------------
+
+    async def suspend(self, claim: Claim, *, expires_at: float | None = None) -> bool:
+        """The claimed turn suspended (its calls wait for a decision, all committed): it
+        becomes ``awaiting-input`` with no owner and no lease, until ``expires_at`` (wall
+        clock; ``None``: no deadline). ``False`` (nothing written) if no longer held."""
+        ...
+
+    async def decide(
+        self, session_id: str, key: str, decision: Decision, tools: Mapping[str, Any]
+    ) -> Decided:
+        """Record ``decision`` for the waiting call ``key`` of session ``session_id``
+        (:func:`runtime.approval.record_decision`) in one transaction with its turn's
+        row: refused (:class:`~runtime.errors.AlreadyDecided`) unless the turn still
+        waits, and when it decides the turn's last waiting call, the turn is put back to
+        be claimed (:attr:`Claim.resumed`), so whichever worker is free resumes it."""
+        ...
+
+    async def take_expired(self, now: float, limit: int = 100) -> list[TurnStatus]:
+        """Waiting turns whose deadline is at or before ``now``, each held back from
+        other callers for a while (so that two workers do not expire it at once)."""
+        ...
+
+    async def set_expiry(self, turn_id: str, expires_at: float | None) -> None:
+        """The waiting turn's next deadline (after some of its calls expired)."""
+        ...
+
     async def aclose(self) -> None:
         """Close what the queue opened (not its store: that is the caller's)."""
         ...
@@ -242,7 +299,10 @@ __all__ = [
     "FINAL_STATUSES",
     "QUEUED",
     "RUNNING",
+    "SUPERSEDED",
+    "WAITING",
     "Claim",
+    "Decided",
     "LeaseRenewer",
     "QueuedTurn",
     "Renewal",

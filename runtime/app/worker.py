@@ -30,6 +30,17 @@ marked failed after ``max_attempts`` claims and blocks nothing else; while a wor
 a taken-over turn it claims no other, so a turn that kills workers burns no other turn's
 attempts past its first.
 
+**Waiting for a person.** A turn that suspends for approval (or a client-side tool's
+output, docs/approval.md) ends here with its calls committed: the worker marks its row
+``awaiting-input`` (:meth:`~runtime.turn_queue.TurnQueue.suspend`: no owner, no lease,
+nothing held) and ends its relay stream with a pause. The decision, recorded from any
+front end through the queue, puts the row back; any worker's next claim is then
+``resumed`` and runs the continuation (``resume``: the approved calls run once, the model
+goes on in the same assistant message), its chunks going on in the same relay stream.
+Each worker also looks at the queue every ``poll`` seconds for waits whose deadline
+passed (``Agent(approval_timeout=...)``) and records them as denied ``timed out``,
+which resumes the turn the same way.
+
 **Stopping.** :meth:`Worker.stop` (SIGINT/SIGTERM in the command) stops claiming and
 gives the running turns ``grace`` seconds to finish; the ones still running then are cut
 at their last commit (the store refuses their later saves) and released, so another
@@ -44,7 +55,7 @@ import socket
 import sys
 import threading
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -63,14 +74,16 @@ from runtime.app.commands import (
     input_limits,
     make_agent,
 )
+from runtime.app.expiry import deadlines, expire_session
 from runtime.app.host import Host
+from runtime.approval import AWAITING_INPUT, Decision, Recorded
 from runtime.errors import ConfigurationError, LeaseLost, RelayUnavailable, StoreError
 from runtime.logging import configure_logging, get_logger
 from runtime.media import InputLimits
 from runtime.output import StepStart
 from runtime.redact import redact, redact_url
 from runtime.store import Store
-from runtime.turn_queue import Claim, LeaseRenewer, Renewal, TurnQueue
+from runtime.turn_queue import WAITING, Claim, LeaseRenewer, Renewal, TurnQueue, TurnStatus
 
 DEFAULT_CONCURRENCY = 4
 DEFAULT_LEASE = 10.0
@@ -287,7 +300,8 @@ class Worker:
         """The turns running now, by turn id."""
         self.done: dict[str, int] = {}
         """Turns finished by this worker, by status (``done``, ``failed``, ``cancelled``,
-        ``lost``: the lease went to another worker)."""
+        ``awaiting-input``: suspended for a person, ``lost``: the lease went to another
+        worker)."""
         self.host: Host | None = None
         self._leases: LeaseKeeper | None = None
         self._stopping = trio.Event()
@@ -314,6 +328,7 @@ class Worker:
                     watch = getattr(self.relay, "watch_cancels", None)
                     if watch is not None:
                         await nursery.start(watch, self._on_relay_cancel)
+                    nursery.start_soon(self._expire_waits)
                     async with trio.open_nursery() as turn_nursery:
                         task_status.started(self)
                         log().info("worker.started", owner=self.owner, concurrency=self.concurrency)
@@ -403,6 +418,43 @@ class Worker:
             except Exception as exc:  # closing: report, do not mask the real ending
                 log().warning("worker.close_failed", error=str(exc))
 
+    async def _expire_waits(self) -> None:
+        """Every ``poll`` seconds: the waiting turns whose deadline passed (as of the
+        host's clock), each expired here (one worker per turn: the queue holds it back
+        from the others meanwhile)."""
+        while True:
+            await trio.sleep(self.poll)
+            host = self.host
+            if host is None or self._stopping.is_set():
+                return
+            try:
+                due = await self.queue.take_expired(host.clock())
+            except StoreError as exc:
+                log().warning("worker.expiry_failed", error=str(exc))
+                continue
+            for turn in due:
+                await self._expire(host, turn)
+
+    async def _expire(self, host: Host, turn: TurnStatus) -> None:
+        """Record the expired calls of a waiting turn as denied ``timed out`` through the
+        queue: the one that decides the last call puts the turn back for any worker to
+        resume; otherwise the turn's next deadline goes back on its row."""
+        session_id = turn.session_id
+
+        async def record(key: str, decision: Decision, tools: Mapping[str, Any]) -> Recorded:
+            return (await self.queue.decide(session_id, key, decision, tools)).recorded
+
+        try:
+            agent = self.agent_for(session_id)
+            if await expire_session(host, session_id, agent, record=record):
+                log().info("worker.wait_expired", turn_id=turn.turn_id, session_id=session_id)
+                return
+            stored = await host.store.load(session_id)
+            due = deadlines(stored.messages) if stored is not None else {}
+            await self.queue.set_expiry(turn.turn_id, min(due.values(), default=None))
+        except Exception as exc:  # a store failure: the queue offers it again later
+            log().warning("worker.expiry_failed", turn_id=turn.turn_id, error=str(exc))
+
     def _on_relay_cancel(self, turn_id: str, reason: str) -> None:
         entry = self.running.get(turn_id)
         if entry is not None:
@@ -468,7 +520,7 @@ class Worker:
             regenerate=turn.regenerate,
             turn_id=turn.turn_id,
             message_id=turn.message_id,
-            resume=claim.takeover or turn.saved,
+            resume=claim.takeover or claim.resumed or turn.saved,
         )
         if turn.cancel_requested:
             stream.cancel(turn.cancel_reason or "cancelled")
@@ -478,11 +530,15 @@ class Worker:
             session_id=turn.session_id,
             epoch=claim.epoch,
             takeover=claim.takeover,
+            resumed=claim.resumed,
         )
         writer = None
         if self.relay is not None:
+            # A continuation goes on in the stream its turn paused (its seqs following on).
             writer = self.relay.writer(
-                session_id=turn.session_id, turn_id=turn.turn_id, takeover=claim.takeover
+                session_id=turn.session_id,
+                turn_id=turn.turn_id,
+                takeover=claim.takeover or claim.resumed,
             )
         status = "lost"
         try:
@@ -500,7 +556,9 @@ class Worker:
             # client that sends its next message on ``[DONE]`` finds the session idle.
             if writer is not None:
                 with trio.CancelScope(shield=True):
-                    await writer.aclose(final=status != "lost" and not entry.lost)
+                    await writer.aclose(
+                        final=status != "lost" and not entry.lost, paused=status == WAITING
+                    )
         return status
 
     async def _relay(self, entry: _Running, out: Any, writer: Any) -> None:
@@ -535,6 +593,8 @@ class Worker:
             error = result.error.message if result.error is not None else "error"
         elif result.finish_reason == "aborted":
             status, reason, error = "cancelled", "aborted", result.abort_reason
+        elif result.finish_reason == AWAITING_INPUT:
+            return await self._suspend(entry)
         else:
             status, reason, error = "done", result.finish_reason, None
         with trio.CancelScope(shield=True):
@@ -546,6 +606,20 @@ class Worker:
             except LeaseLost:
                 return "lost"
         return status
+
+    async def _suspend(self, entry: _Running) -> str:
+        """The turn waits for a person: its row holds nothing from here on (``WAITING``),
+        until the earliest deadline of its waiting calls, if any."""
+        due = deadlines(entry.stream.session.messages)
+        with trio.CancelScope(shield=True):
+            try:
+                if not await self.queue.suspend(
+                    entry.claim, expires_at=min(due.values(), default=None)
+                ):
+                    return "lost"
+            except LeaseLost:
+                return "lost"
+        return WAITING
 
 
 @asynccontextmanager

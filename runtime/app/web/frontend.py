@@ -18,9 +18,18 @@ to any of them:
     --max-queued-per-session``, ``--max-queued``) is answered 429 with ``Retry-After``
     and queues nothing. Leaving the stream does **not** cancel the turn: the
     client is only a viewer; stopping is explicit (``POST /api/chat/{id}/stop``).
+``POST /api/chat`` with the assistant message last (the AI SDK's answer to a turn that
+    waits for approval or a client tool's output, docs/approval.md)
+    Records the answers through the queue (:meth:`runtime.turn_queue.TurnQueue.decide`:
+    checked against the stored turn, compare-and-set in the store, refused unless the
+    turn's row still waits), which puts the turn back for any worker to resume when the
+    answers complete its decisions; the response then streams the continuation from the
+    relay (``start`` with the same message id, no input again for the answered calls).
+    Answers that leave calls waiting get 202, as in the embedded app.
 ``GET /api/chat/{id}/stream``
     The turn streaming now (the relay's), else the session's running or oldest queued
-    turn (the queue's), waited for like ``POST`` does; 204 when there is none.
+    turn (the queue's), waited for like ``POST`` does; 204 when there is none (a turn
+    that waits for input is none: it streams again once decided).
 ``POST /api/chat/{id}/stop``
     Cancels the session's running turn (its worker stops it, saved and marked
     interrupted), else its oldest queued turn (cancelled at once, it never runs).
@@ -47,6 +56,7 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
+from runtime.app.web.answers import awaited_calls, check_and_record, is_continuation, pending_in
 from runtime.app.web.chat_input import check_media, read_chat_request, title_of
 from runtime.app.web.http import ApiError, json_response, session_id_param, web_state
 from runtime.app.web.resume import (
@@ -59,6 +69,7 @@ from runtime.app.web.resume import (
 )
 from runtime.app.web.ui_stream import error_text, sse, ui_messages
 from runtime.app.web.watch import POLL_FIRST, POLL_MAX, TurnWatch
+from runtime.approval import Decision, Recorded
 from runtime.errors import (
     QueueFull,
     RelayTurnGone,
@@ -67,10 +78,11 @@ from runtime.errors import (
     StoreUnavailable,
     TurnConflict,
 )
+from runtime.events import ToolApprovalDecided
 from runtime.logging import get_logger
 from runtime.messages import UserContent
 from runtime.serde import unstructure
-from runtime.turn_queue import FINAL_STATUSES, TurnQueue
+from runtime.turn_queue import FINAL_STATUSES, WAITING, Decided, TurnQueue
 
 
 def idempotency_key(session_id: str, payload: dict[str, Any], regenerate: bool) -> str | None:
@@ -135,7 +147,7 @@ class QueuedTurnResponse(RelayStreamResponse):
                 if status is None:
                     await write(_error(f"turn {self.turn_id!r} does not exist"))
                     return
-                if status in FINAL_STATUSES:
+                if status in FINAL_STATUSES or status == WAITING:
                     turn = await self.queue.get(self.turn_id)
                     if turn is None:
                         await write(_error(f"turn {self.turn_id!r} does not exist"))
@@ -202,7 +214,15 @@ class FrontEnd:
             "info": self.info,
         }
 
-    def _response(self, request: Request, turn: Any, after_seq: int | None) -> Any:
+    def _response(
+        self,
+        request: Request,
+        turn: Any,
+        after_seq: int | None,
+        *,
+        after_pauses: int = 0,
+        announced: tuple[str, ...] = (),
+    ) -> Any:
         state = web_state(request)
         return QueuedTurnResponse(
             self.relay,
@@ -215,11 +235,15 @@ class FrontEnd:
             background=state.background,
             queue=self.queue,
             watch=self.watch,
+            after_pauses=after_pauses,
+            announced=announced,
         )
 
     async def chat(self, request: Request) -> Any:
         state = web_state(request)
-        payload, session_id, text, regenerate = await read_chat_request(request)
+        payload, session_id, text, regenerate = await read_chat_request(request, answers=True)
+        if is_continuation(payload):
+            return await self._continue(request, session_id, payload)
         check_media(text, state.agent_for(session_id))
         turn = await self._submit(
             session_id,
@@ -257,13 +281,52 @@ class FrontEnd:
             )
             raise ApiError(400, _one_line(exc)) from None
 
+    async def _continue(self, request: Request, session_id: str, payload: dict[str, Any]) -> Any:
+        """The AI SDK's answers for a waiting turn: recorded through the queue; the
+        request whose answers complete the turn's decisions streams its continuation."""
+        state = web_state(request)
+        tools = {t.name: t for t in state.agent_for(session_id).tools}
+        decided: list[Decided] = []
+
+        async def record(key: str, decision: Decision) -> Recorded:
+            try:
+                outcome = await self.queue.decide(session_id, key, decision, tools)
+            except StoreUnavailable as exc:
+                raise ApiError(503, _one_line(exc), {"retry-after": "1"}) from None
+            decided.append(outcome)
+            call = outcome.recorded.call
+            if call.kind == "approval":
+                await state.host.bus.publish(
+                    ToolApprovalDecided(
+                        session_id=session_id,
+                        tool_call_id=call.tool_call_id,
+                        approved=bool(decision.approved),
+                        reason=decision.reason,
+                        turn_id=call.turn_id,
+                        causation_id=call.approval_id,
+                    )
+                )
+            return outcome.recorded
+
+        announced, complete = await check_and_record(self.store, session_id, tools, payload, record)
+        if not complete:  # other calls still wait: whoever decides the last one resumes
+            waiting = len(await pending_in(self.store, session_id))
+            return json_response({"recorded": True, "waiting": waiting}, 202)
+        turn = decided[-1].turn
+        return self._response(request, turn, None, after_pauses=turn.resumes, announced=announced)
+
     async def stream(self, request: Request) -> Any:
         session_id = session_id_param(request.path_params["session_id"])
         after_seq = parse_after_seq(request)
         turn = await self._active(session_id)
         if turn is None:
             return Response(status_code=204)
-        return self._response(request, turn, after_seq)
+        announced: tuple[str, ...] = ()
+        if turn.resumes:  # a continuation: the calls it answers were streamed before it
+            record = await self.store.load(session_id)
+            messages = record.messages if record is not None else ()
+            announced = awaited_calls(messages, turn.message_id)
+        return self._response(request, turn, after_seq, announced=announced)
 
     async def _active(self, session_id: str) -> Any:
         """The turn to show for the session: the one streaming, else its running or
