@@ -53,6 +53,7 @@ from collections.abc import Callable
 from typing import Any
 
 import orjson
+import trio
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -82,7 +83,7 @@ from runtime.events import ToolApprovalDecided
 from runtime.logging import get_logger
 from runtime.messages import UserContent
 from runtime.serde import unstructure
-from runtime.turn_queue import FINAL_STATUSES, WAITING, Decided, TurnQueue
+from runtime.turn_queue import FINAL_STATUSES, RUNNING, WAITING, Decided, TurnQueue
 
 
 def idempotency_key(session_id: str, payload: dict[str, Any], regenerate: bool) -> str | None:
@@ -133,7 +134,13 @@ class QueuedTurnResponse(RelayStreamResponse):
             while True:
                 try:
                     await self._relay_events(write, encoder)
-                    return
+                    if self.sent or not await self._continuing():
+                        return
+                    # The stream ends at a wait whose continuation a worker is about
+                    # to stream (decided a moment ago): look at the relay again soon.
+                    await trio.sleep(delay)
+                    delay = min(delay * 2, POLL_MAX)
+                    continue
                 except RelayTurnGone as exc:
                     if self.sent:  # lost mid-stream: the client must reload
                         await write(await self._rebuilt(exc, replay=False))
@@ -158,6 +165,12 @@ class QueuedTurnResponse(RelayStreamResponse):
                     delay = min(delay * 2, POLL_MAX)
         except RelayUnavailable as exc:
             await write(unavailable_event(exc))
+
+    async def _continuing(self) -> bool:
+        """Whether the turn runs although its stream, read to its end, showed nothing:
+        it waited for input, and its continuation has not streamed yet."""
+        turn = await self.queue.get_status(self.turn_id)
+        return turn is not None and turn.status == RUNNING
 
     async def _finished(self, turn: Any, write: Any, encoder: RelayEncoder) -> None:
         """The end of a turn that finished while no stream of it was read: its stream
