@@ -40,6 +40,16 @@ A worker shutting down :meth:`~TurnQueue.release`\\ s its turn: the next claim t
 over at once, and the release gives the attempt back, so graceful restarts never fail a
 turn.
 
+**Turns that wait for a person.** A turn that suspends for approval (docs/approval.md)
+is :meth:`~TurnQueue.suspend`\ ed by its worker: ``awaiting-input``, no owner, no lease,
+so it holds nothing and its session's next turn may run (that claim marks the wait
+``done``, ``superseded``). :meth:`~TurnQueue.decide` records a decision in the session's
+save transaction together with the row (refused unless it still waits); the decision
+that completes the turn's calls puts the row back (``running``, no owner, a lapsed
+lease, ``resume_pending``), and the next claim is its continuation
+(:attr:`~runtime.turn_queue.Claim.resumed`). :meth:`~TurnQueue.take_expired` hands a
+wait whose ``expires_at`` passed to one worker at a time.
+
 **Waking workers.** Submitting or finishing a turn sends ``NOTIFY axon_turns`` in its
 transaction; :meth:`~TurnQueue.wait` blocks on a dedicated ``LISTEN`` connection until
 one arrives, so idle workers claim new work at once without polling the table.
