@@ -76,6 +76,7 @@ from runtime.actor_messages import (
     TurnDone,
     TurnEnd,
     TurnResult,
+    TurnSteering,
 )
 from runtime.agent import Agent
 from runtime.approval import APPROVAL, AWAITING_INPUT, SUPERSEDED, pending_calls, supersede
@@ -157,6 +158,8 @@ class _Turn:
     and its end neither changes nor saves the history."""
     held: dict[str, Awaiting] = attrs.field(factory=dict)
     """The step's calls that suspend the turn (docs/approval.md), by call id."""
+    steering: TurnSteering = attrs.field(factory=TurnSteering)
+    """User messages that join the turn at its next step boundary (``steer``)."""
 
 
 def _cut_last_turn(state: SessionState) -> None:
@@ -253,6 +256,7 @@ class TurnRunner(Suspending, Actor):
             message_id=message_id,
             meta={"agent": agent.name, **run.meta},
             deps=run.deps,
+            steering=run.steering,
         )
         if committed is None:
             state.messages.append(
@@ -292,6 +296,7 @@ class TurnRunner(Suspending, Actor):
                     causation_id=run.meta.get("parent_tool_call_id"),
                     provider=getattr(self.provider, "provider_name", None),
                     model=getattr(self.provider, "model", None) or None,
+                    resumed=committed is not None,
                 ),
                 agent.hooks.on_turn_start,
             )
@@ -362,6 +367,8 @@ class TurnRunner(Suspending, Actor):
         sid, ctrl = state.session_id, turn.ctrl
         while True:
             budget.check_step(turn.step)
+            if turn.steering.waiting and turn.parts.content:  # a step boundary is behind
+                await self._steer(turn)
             step = turn.parts.step = turn.step
             await ctrl.send(StepBegin(step=step))
             turn.step_open = True
@@ -420,6 +427,32 @@ class TurnRunner(Suspending, Actor):
                 ):
                     continue  # the answer did not validate: the model sees why, answers again
                 return
+
+    async def _steer(self, turn: _Turn) -> None:
+        """Insert the user messages handed to the running turn (the ``steer`` busy
+        strategy) where the model sees them: after the last step's tool results, before
+        the next model call. Each user input keeps its own assistant message, so the
+        steps from here on go to a new one (same turn, steps numbered on); the stored
+        history shows the messages where the model saw them."""
+        state = self.state
+        for item in turn.steering.take(turn.step):
+            state.messages.append(UserMessage(content=item.content, id=item.user_message_id))
+            await self.publish(
+                ev.TurnSteered(
+                    session_id=state.session_id,
+                    turn_id=turn.turn_id,
+                    step=turn.step,
+                    message_id=item.user_message_id,
+                    input=item.content,
+                )
+            )
+        turn.message_id = new_id("msg")
+        turn.a_index = len(state.messages)
+        state.messages.append(AssistantMessage(id=turn.message_id))
+        turn.parts = PartsManager()
+        if turn.output is not None:
+            turn.output.message_id = turn.message_id
+        self._publish_history()
 
     def _add_result(self, turn: _Turn, oc: ToolOutcome, step: int) -> None:
         msg = ToolMessage(
@@ -578,6 +611,7 @@ class TurnRunner(Suspending, Actor):
         (a call that completed keeps its result), save (shielded, bounded), then tell the
         controller and hand the result over."""
         state, agent, ctrl = self.state, self.agent, turn.ctrl
+        turn.steering.close()  # no step follows: a message still waiting starts a turn
         with trio.CancelScope(shield=True):
             closing: list[Any] = []
             turn.parts.close(closing)  # a part cut short ends here, in both outputs
