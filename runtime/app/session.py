@@ -141,8 +141,11 @@ class TurnStream:
         user_message_id: str | None = None,
         resume: bool = False,
         capacity: int = 256,
+        on_busy: OnBusy | None = None,
     ) -> None:
         self.session = session
+        self.on_busy = None if on_busy is None else check_on_busy(on_busy)
+        """This turn's busy strategy, if not the session's (:meth:`Session.stream`)."""
         self.input = text
         self.regenerate = regenerate
         self.message_id = _check_id(message_id, "message id")
@@ -241,7 +244,7 @@ class TurnStream:
         turn running (``enqueue``, ``interrupt``, a steered input the turn ended before
         taking, a ``regenerate`` under ``steer``)."""
         session = self.session
-        strategy = REJECT if self.resume else session.on_busy
+        strategy = REJECT if self.resume else self.on_busy or session.on_busy
         if strategy == REJECT:
             raise SessionBusy(f"session {session.id!r} is already running a turn")
         running = session.current
@@ -583,6 +586,7 @@ class Session:
         message_id: str | None = None,
         resume: bool = False,
         user_message_id: str | None = None,
+        on_busy: OnBusy | None = None,
     ) -> TurnStream:
         """Start a turn for user ``input``; use as ``async with session.stream(t) as out``.
 
@@ -595,8 +599,13 @@ class Session:
 
         With ``regenerate``, the turn replaces the session's last turn: the history is cut
         back to before its last user message first (in the store too, with the turn's
-        first save). A session runs one turn at a time: entering while a turn runs raises
-        :class:`~runtime.errors.SessionBusy`.
+        first save). A session runs one turn at a time: entering while a turn runs does
+        what the session's busy strategy says (:attr:`on_busy`, or ``on_busy`` here for
+        this input alone; :mod:`runtime.busy`): raise
+        :class:`~runtime.errors.SessionBusy` (``reject``), wait for the running turn to
+        end (``enqueue``), cancel it (``interrupt``), or join it at its next step boundary
+        (``steer``: then the stream's ``steered`` is set, it yields no chunks of its own,
+        and its ``result`` is the joined turn's).
 
         A durable turn (run by a worker, taken over by another if that one dies) names
         itself: ``turn_id`` is used instead of a new id, ``message_id`` becomes its
@@ -620,6 +629,7 @@ class Session:
             message_id=message_id,
             user_message_id=user_message_id,
             resume=resume,
+            on_busy=on_busy,
         )
 
     @property

@@ -20,7 +20,12 @@ Hypercorn's Trio worker, see :mod:`runtime.app.web.serve`):
     client that closes the connection cancels the turn (saved, marked interrupted). A
     body whose last message is the assistant's answers a turn waiting for input
     (approvals, client tools' outputs: :mod:`runtime.app.web.answers`) and streams its
-    continuation in the same message (docs/approval.md).
+    continuation in the same message (docs/approval.md). A message for a session whose
+    turn is running gets what the session's busy strategy says (``on_busy``,
+    :mod:`runtime.busy`): 409 (``reject``), its own stream once the running turn is
+    over (``enqueue``), the running turn cancelled and its own stream (``interrupt``),
+    or 202 ``{"steered": true, "turnId", "messageId"}`` once the running turn took it
+    at a step boundary, whose stream shows the answer (``steer``).
 ``GET /api/sessions``, ``GET /api/sessions/{id}``
     The stored sessions; one session's messages in the runtime's JSON form
     (``messages``) and as AI SDK ``UIMessage`` s (``ui_messages``).
@@ -69,6 +74,7 @@ from runtime.app.web.resend import classify_resend, client_message_id, replay_re
 from runtime.app.web.resume import resume_stream, stop_turn
 from runtime.app.web.ui_stream import DONE, HEADERS, UIStreamEncoder, ui_messages
 from runtime.app.web.writer import BodyWriter
+from runtime.busy import REJECT, OnBusy, check_on_busy
 from runtime.errors import NothingToResume, SessionBusy
 from runtime.messages import UserContent
 from runtime.serde import unstructure
@@ -178,6 +184,7 @@ class TurnResponse:
         encoder: Callable[[], Any] | None = None,
         headers: Mapping[str, str] = HEADERS,
         busy: Callable[[Any], Response] | None = None,
+        on_busy: OnBusy | None = None,
     ) -> None:
         self.session = session
         self.text = text
@@ -198,11 +205,14 @@ class TurnResponse:
         self.encoder = encoder
         self.headers = headers
         self.busy = busy or _busy
+        self.on_busy = on_busy
+        """This request's busy strategy, if not the session's (:mod:`runtime.busy`)."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         session = self.session
         await session.reopen()  # the host may have evicted it since the request looked it up
-        if session.busy:
+        strategy = REJECT if self.resume else self.on_busy or session.on_busy
+        if session.busy and strategy == REJECT:
             await self.busy(session)(scope, receive, send)
             return
         if "title" not in session.meta and not self.resume:
@@ -220,10 +230,14 @@ class TurnResponse:
                         self.text,
                         regenerate=self.regenerate,
                         user_message_id=self.user_message_id,
+                        on_busy=self.on_busy,
                     )
                 )
                 async with turn as out:
                     started = True
+                    if out.steered:  # the running turn took it: its stream shows the rest
+                        await _steered(out)(scope, receive, send)
+                        return
                     await self._stream(out, receive, send, self.background or local)
             except SessionBusy:
                 if started:
@@ -299,6 +313,14 @@ def _busy(session: Any) -> Response:
     return error_response(409, f"session {session.id!r} is already running a turn")
 
 
+def _steered(out: Any) -> Response:
+    """202: the message joined the running turn (``steer``), stored as ``messageId``
+    before that turn's next model call; the turn's own stream carries the answer."""
+    return json_response(
+        {"steered": True, "turnId": out.turn_id, "messageId": out.user_message_id}, 202
+    )
+
+
 # -- the app ------------------------------------------------------------------------------
 
 
@@ -314,9 +336,12 @@ class WebState:
         keepalive: float,
         body_timeout: float | None = BODY_TIMEOUT,
         send_timeout: float | None = SEND_TIMEOUT,
+        on_busy: OnBusy | None = None,
     ) -> None:
         self.host = host
         self.agent = agent
+        self.on_busy = on_busy
+        """The busy strategy of the sessions the app opens (``None``: their agent's)."""
         self.max_body = max_body
         self.keepalive = keepalive
         self.body_timeout = body_timeout
@@ -346,7 +371,9 @@ class WebState:
             session = self.host.get_session(session_id)
             if session is None:
                 agent = self.agent_for(session_id)
-                session = await self.host.open_session(agent, session_id=session_id)
+                session = await self.host.open_session(
+                    agent, session_id=session_id, on_busy=self.on_busy
+                )
             else:
                 await session.reopen()
         return session
@@ -492,6 +519,7 @@ def create_app(
     cancel_hook: Callable[[str], Any] | None = None,
     queue: Any = None,
     protocols: Collection[str] = ("ai-sdk",),
+    on_busy: OnBusy | None = None,
 ) -> Starlette:
     """The web app for ``host``: every session runs ``agent`` (or ``agent(session_id)``).
 
@@ -512,6 +540,10 @@ def create_app(
 
     ``protocols`` names the endpoints mounted (:mod:`runtime.app.web.protocols`): ``ai-sdk``
     the page and ``/api/``, ``openai`` ``/v1/`` (:mod:`runtime.app.web.openai_compat`).
+
+    ``on_busy`` is the busy strategy of every session the app opens, instead of its
+    agent's (:mod:`runtime.busy`): what ``POST /api/chat`` does with a message for a
+    session whose turn runs.
     """
     page = (STATIC / "index.html").read_bytes()
     icons = {name: (STATIC / name).read_bytes() for name in ICONS}
@@ -522,6 +554,7 @@ def create_app(
         keepalive=keepalive,
         body_timeout=body_timeout,
         send_timeout=send_timeout,
+        on_busy=None if on_busy is None else check_on_busy(on_busy),
     )
     state.relay = relay
     state.cancel_hook = cancel_hook
