@@ -79,7 +79,15 @@ from runtime.actor_messages import (
     TurnSteering,
 )
 from runtime.agent import Agent
-from runtime.approval import APPROVAL, AWAITING_INPUT, SUPERSEDED, pending_calls, supersede
+from runtime.approval import (
+    APPROVAL,
+    AWAITING_INPUT,
+    SUPERSEDED,
+    WAITING_META,
+    pending_calls,
+    supersede,
+    waiting_calls,
+)
 from runtime.chunks import (
     FinishChunk,
     ProviderDataChunk,
@@ -244,6 +252,8 @@ class TurnRunner(Suspending, Actor):
         if committed is None and run.regenerate:
             _cut_last_turn(state)
         superseded: tuple[Any, ...] = ()
+        # The stored meta may say a turn waits (docs/approval.md): this turn clears it.
+        was_waiting = bool(waiting_calls(state.messages)) or bool(run.meta.get(WAITING_META))
         if committed is None:
             superseded = pending_calls(state.messages)
             at = supersede(state.messages)  # a turn waiting for input gives way
@@ -254,7 +264,7 @@ class TurnRunner(Suspending, Actor):
             start_index=len(state.messages),
             ctrl=Batcher(self.controller.inbox, turn_id),
             message_id=message_id,
-            meta={"agent": agent.name, **run.meta},
+            meta={"agent": agent.name, **run.meta, **({WAITING_META: 0} if was_waiting else {})},
             deps=run.deps,
             steering=run.steering,
         )
@@ -413,6 +423,8 @@ class TurnRunner(Suspending, Actor):
                 ),
                 agent.hooks.on_message_added,
             )
+            if turn.held and not over:  # what the sessions list reads (docs/approval.md)
+                turn.meta = {**turn.meta, WAITING_META: len(turn.held)}
             await self._save(turn, step)
             if over:
                 raise BudgetExceeded(over)
@@ -618,6 +630,8 @@ class TurnRunner(Suspending, Actor):
             # Failed (an error ended it) and interrupted (cut from outside) are stored apart.
             cut = turn.abort_reason is not None or turn.budget == "deadline"
             cut = cut and turn.error is None
+            if turn.finish_reason != AWAITING_INPUT and turn.meta.get(WAITING_META):
+                turn.meta = {**turn.meta, WAITING_META: 0}  # cut after it was marked waiting
             if not turn.untouched:
                 self._pair_calls(turn, closing)
                 self._snapshot(turn, interrupted=cut, error=turn.error)

@@ -74,6 +74,7 @@ from runtime.app.web.resend import classify_resend, client_message_id, replay_re
 from runtime.app.web.resume import resume_stream, stop_turn
 from runtime.app.web.ui_stream import DONE, HEADERS, UIStreamEncoder, ui_messages
 from runtime.app.web.writer import BodyWriter
+from runtime.approval import WAITING_META, pending_calls
 from runtime.busy import REJECT, OnBusy, check_on_busy
 from runtime.errors import NothingToResume, SessionBusy
 from runtime.messages import UserContent
@@ -437,7 +438,9 @@ async def chat(request: Request) -> Any:
 
 async def list_sessions(request: Request) -> Response:
     """The stored sessions, most recently updated first; a session whose first turn is
-    running (not saved yet) comes first."""
+    running (not saved yet) comes first. ``busy``: a turn of it runs here; ``waiting``:
+    how many calls its last turn waits for (an approval, a client tool's output), as its
+    stored meta says (docs/approval.md)."""
     state = _state(request)
     infos = await state.host.store.list_sessions()
     open_sessions = state.host.sessions
@@ -448,6 +451,7 @@ async def list_sessions(request: Request) -> Response:
             "title": session.meta.get("title"),
             "message_count": len(session.messages),
             "busy": True,
+            "waiting": 0,
             "meta": dict(session.meta),
         }
         for sid, session in open_sessions.items()
@@ -464,12 +468,19 @@ async def list_sessions(request: Request) -> Response:
                     "busy": bool(
                         info.session_id in open_sessions and open_sessions[info.session_id].busy
                     ),
+                    "waiting": _waiting(info.meta),
                     "meta": info.meta,
                 }
                 for info in infos
             ]
         }
     )
+
+
+def _waiting(meta: Mapping[str, Any]) -> int:
+    """How many calls a stored session's last turn waits for, by its meta."""
+    value = meta.get(WAITING_META)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
 async def get_session(request: Request) -> Response:
@@ -486,6 +497,7 @@ async def get_session(request: Request) -> Response:
             "session_id": session_id,
             "title": record.meta.get("title"),
             "busy": bool(open_session is not None and open_session.busy),
+            "waiting": len(pending_calls(record.messages)),
             "meta": record.meta,
             "messages": unstructure(list(record.messages)),
             "ui_messages": ui_messages(record.messages),
