@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
+import attrs
 import pytest
 import trio
 import trio.testing
@@ -14,7 +15,7 @@ from actors.providers.anthropic import map_messages as anthropic_messages
 from actors.providers.openai import map_messages as openai_messages
 from actors.providers.openai_responses import map_messages as responses_messages
 from actors.providers.scripted import ScriptedProvider, Sleep, tool_call
-from runtime import Agent, ConfigurationError, Host, SessionBusy, ToolMessage, tool
+from runtime import Agent, ConfigurationError, Hooks, Host, SessionBusy, ToolMessage, tool
 from runtime.busy import INTERRUPTED_BY_NEW
 from runtime.events import ToolApprovalDecided, TurnQueued, TurnSteered
 from runtime.history import repair
@@ -204,6 +205,36 @@ async def test_interrupt_cancels_the_running_turn_saved_interrupted_and_runs_the
     assert "interrupted" in (record.messages[2].error or "")  # the call never completed
 
 
+async def test_interrupt_with_two_messages_waiting_lets_the_newest_one_answer():
+    script = Script(holding(), ["third done"])
+    ending = trio.Event()
+
+    async def slow_end(event: Any) -> None:  # the first turn takes its time to end
+        if not ending.is_set():
+            await ending.wait()
+
+    agent = attrs.evolve(agent_with(script, "interrupt"), hooks=Hooks(on_turn_finish=slow_end))
+    async with Host.open(log_tap=False) as host:
+        session = await host.open_session(agent, session_id="s")
+        results: dict = {}
+        async with trio.open_nursery() as nursery:
+            await run_in(nursery, session, "first", results)
+            await held["open"].wait()
+            await run_in(nursery, session, "second", results)
+            await trio.testing.wait_all_tasks_blocked()  # the first turn is ending
+            await run_in(nursery, session, "third", results)
+            await trio.testing.wait_all_tasks_blocked()
+            queued = session.queued
+            ending.set()
+    assert queued == 2
+    reasons = [(results[t].finish_reason, results[t].abort_reason) for t in ("first", "second")]
+    assert reasons == [("aborted", INTERRUPTED_BY_NEW)] * 2
+    assert results["third"].text == "third done"
+    assert len(script.requests) == 2  # the second turn was cut before its model call
+    users = [m.text for m in session.messages if isinstance(m, UserMessage)]
+    assert users == ["first", "second", "third"]  # every message is kept
+
+
 async def test_steer_arriving_during_step_1_is_seen_before_step_2s_model_call():
     script = Script(looking(), holding(), ["answer to both"])
     async with Host.open(log_tap=False) as host:
@@ -298,6 +329,50 @@ async def test_a_message_while_a_turn_waits_for_approval_supersedes_it(on_busy):
     assert denial.error == "the tool call was denied: superseded"
     assert [(e.approved, e.reason) for e in decided] == [(False, "superseded")]
     assert session.pending == ()
+
+
+@pytest.mark.parametrize("on_busy", ["enqueue", "steer"])
+async def test_a_message_during_a_turn_that_then_suspends_supersedes_its_wait(on_busy):
+    asks = [
+        *tool_call("hold", {}, tool_call_id="H"),
+        *tool_call("delete_file", {"path": "/x"}, tool_call_id="D"),
+    ]
+    script = Script(asks, ["new answer"])
+    async with Host.open(log_tap=False) as host:
+        session = await host.open_session(agent_with(script, on_busy), session_id="s")
+        results: dict = {}
+        async with trio.open_nursery() as nursery:
+            await run_in(nursery, session, "delete it", results)
+            await held["open"].wait()  # the step that asks runs its other tool
+            await run_in(nursery, session, "never mind", results)
+            await trio.testing.wait_all_tasks_blocked()
+            held["release"].set()
+    first, second = results["delete it"], results["never mind"]
+    assert first.finish_reason == "awaiting-input"
+    assert second.text == "new answer" and second.turn_id != first.turn_id
+    denial = next(m for m in session.messages if getattr(m, "tool_call_id", "") == "D")
+    assert denial.error == "the tool call was denied: superseded"
+    assert kinds(session.messages) == ["User", "Assistant", "Tool", "Tool", "User", "Assistant"]
+    assert session.pending == ()
+
+
+async def test_interrupt_cancels_a_turn_before_it_suspends_and_nothing_waits():
+    asks = [
+        *tool_call("hold", {}, tool_call_id="H"),
+        *tool_call("delete_file", {"path": "/x"}, tool_call_id="D"),
+    ]
+    script = Script(asks, ["new answer"])
+    async with Host.open(log_tap=False) as host:
+        session = await host.open_session(agent_with(script, "interrupt"), session_id="s")
+        results: dict = {}
+        async with trio.open_nursery() as nursery:
+            await run_in(nursery, session, "delete it", results)
+            await held["open"].wait()
+            second = await session.run("never mind")
+    assert results["delete it"].finish_reason == "aborted"
+    assert second.text == "new answer" and session.pending == ()
+    results_of = {m.tool_call_id: m.error for m in session.messages if isinstance(m, ToolMessage)}
+    assert set(results_of) == {"H", "D"}  # every call of the cut turn has its result
 
 
 async def test_a_session_strategy_overrides_the_agents():

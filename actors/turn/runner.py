@@ -311,6 +311,10 @@ class TurnRunner(Suspending, Actor):
                 agent.hooks.on_turn_start,
             )
             with scope:
+                # A turn cancelled before it began (an ``interrupt`` that a newer message
+                # overtook) ends here: the first model call may reach the provider before
+                # any other checkpoint.
+                await trio.lowlevel.checkpoint()
                 if committed is not None and self._already_finished(turn, committed):
                     turn.untouched = True
                 elif committed is not None and not await self._resolve(turn):

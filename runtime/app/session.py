@@ -146,6 +146,8 @@ class TurnStream:
         self.session = session
         self.on_busy = None if on_busy is None else check_on_busy(on_busy)
         """This turn's busy strategy, if not the session's (:meth:`Session.stream`)."""
+        self.on_busy_now: OnBusy | None = None
+        """The strategy that applied, when the session was busy as the turn began."""
         self.input = text
         self.regenerate = regenerate
         self.message_id = _check_id(message_id, "message id")
@@ -211,6 +213,10 @@ class TurnStream:
             session.leave_queue(self)
         if session.busy:
             raise SessionBusy(f"session {session.id!r} is already running a turn")
+        if queued and session.queued and self.on_busy_now == INTERRUPT:
+            # A newer message waits already: this turn is cut before its model call (a
+            # scope cancelled before it is entered cancels on entry). Its input is kept.
+            self._cancel.cancel(INTERRUPTED_BY_NEW)
         session.current = self
         session.changed()
         try:
@@ -244,7 +250,7 @@ class TurnStream:
         turn running (``enqueue``, ``interrupt``, a steered input the turn ended before
         taking, a ``regenerate`` under ``steer``)."""
         session = self.session
-        strategy = REJECT if self.resume else self.on_busy or session.on_busy
+        strategy = self.on_busy_now = REJECT if self.resume else self.on_busy or session.on_busy
         if strategy == REJECT:
             raise SessionBusy(f"session {session.id!r} is already running a turn")
         running = session.current
