@@ -300,6 +300,26 @@ async def test_a_turn_waiting_for_approval_is_input_required_and_a_decision_resu
     assert [m.role for m in stored.messages] == ["user", "assistant", "tool"]  # one turn
 
 
+async def test_a_client_side_tool_is_input_required_and_its_output_resumes_the_task():
+    from tests.support.approval_agents import client as client_tool_agent
+
+    async with web_server(client_tool_agent, protocols=BOTH) as server:
+
+        async def run(client: Any) -> tuple[Any, Any]:
+            (asked,) = await collect(client, user("where am I?", message_id="q"))
+            data = MessageToDict(asked.task.status.message.parts[1].data)["pending"]
+            output = {"decisions": [{"output": "Oslo"}]}  # one call waits: no id needed
+            (answered,) = await collect(
+                client, user(message_id="o", task_id=asked.task.id, data=output)
+            )
+            return data, answered
+
+        pending, answered = await sdk(server, run, streaming=False)
+    assert [(p["kind"], p["tool"]) for p in pending] == [("client", "locate")]
+    assert answered.task.status.state == TaskState.TASK_STATE_COMPLETED
+    assert "".join(p.text for p in answered.task.artifacts[0].parts) == "It is Oslo."
+
+
 async def test_an_answer_without_decisions_is_invalid_params_and_records_nothing():
     async with web_server(approval_agent, protocols=BOTH) as server:
 
@@ -348,12 +368,13 @@ def gated_agent(gate: trio.Event) -> Agent:
     return Agent(name="slow", provider=ScriptedProvider(responder=script), tools=[wait_here])
 
 
-async def test_subscribe_gives_the_running_task_then_its_updates_to_the_end():
+@pytest.mark.parametrize("binding", [JSONRPC, REST])
+async def test_subscribe_gives_the_running_task_then_its_updates_to_the_end(binding):
     gate = trio.Event()
     async with web_server(gated_agent(gate), protocols=BOTH) as server:
         request = user("go")
         request.configuration.CopyFrom(SendMessageConfiguration(return_immediately=True))
-        (sent,) = await sdk(server, lambda c: collect(c, request), streaming=False)
+        (sent,) = await sdk(server, lambda c: collect(c, request), streaming=False, binding=binding)
 
         async def follow(client: Any) -> list[Any]:
             events = []
@@ -363,7 +384,7 @@ async def test_subscribe_gives_the_running_task_then_its_updates_to_the_end():
                     trio.from_thread.run_sync(gate.set)
             return events
 
-        events = await sdk(server, follow)
+        events = await sdk(server, follow, binding=binding)
     assert sent.task.status.state in (TaskState.TASK_STATE_SUBMITTED, TaskState.TASK_STATE_WORKING)
     assert events[0].task.id == sent.task.id  # the current Task first
     assert events[0].task.status.state == TaskState.TASK_STATE_WORKING
@@ -594,6 +615,49 @@ async def test_only_the_named_protocols_are_mounted():
         async with httpx.AsyncClient(base_url=server.url) as http:
             assert (await http.get("/api/info")).status_code == 404
             assert (await http.get(wire.CARD_PATH)).status_code == 200
+
+
+async def test_finished_tasks_past_the_limit_are_read_back_from_the_store(monkeypatch):
+    from runtime.app.web import a2a_tasks
+
+    monkeypatch.setattr(a2a_tasks, "LIVE_TASKS", 1)
+    async with web_server(hello_agent("One.", "Two."), protocols=BOTH) as server:
+
+        async def send_two(client: Any) -> Any:
+            (first,) = await collect(client, user("1", message_id="1", context_id="c"))
+            await collect(client, user("2", message_id="2", context_id="c"))
+            return first.task
+
+        first = await sdk(server, send_two, streaming=False)
+        book = server.app.router.routes[-1].app.tasks  # the /a2a mount's task book
+        assert len(book.live) == 1 and first.id not in book.live
+        again = await sdk(server, lambda c: c.get_task(GetTaskRequest(id=first.id)))
+    assert again.status.state == TaskState.TASK_STATE_COMPLETED
+    assert "".join(p.text for p in again.artifacts[0].parts) == "One."
+    assert [m.message_id for m in again.history] == ["1"]
+
+
+async def test_another_protocol_version_is_version_not_supported():
+    async with web_server(hello_agent("Hi."), protocols=BOTH) as server:
+        async with httpx.AsyncClient(base_url=server.url) as http:
+            body = {"jsonrpc": "2.0", "id": 1, "method": "GetTask", "params": {"id": "c~t"}}
+            r = await http.post("/a2a/jsonrpc", json=body, headers={"a2a-version": "0.3"})
+    assert r.json()["error"]["code"] == -32009
+
+
+async def test_a_malformed_rest_body_is_a_google_rpc_status():
+    async with web_server(hello_agent("Hi."), protocols=BOTH) as server:
+        async with httpx.AsyncClient(base_url=server.url) as http:
+            bad = await http.post(
+                "/a2a/message:send", content=b"{nope", headers={"content-type": "application/json"}
+            )
+            wrong = await http.get("/a2a/message:send")
+            missing = await http.get("/a2a/nothing")
+        assert bad.status_code == 400 and bad.json()["error"]["status"] == "INVALID_ARGUMENT"
+        assert wrong.status_code == 405 and set(wrong.json()["error"]) >= {"code", "message"}
+        assert missing.status_code == 404
+        assert missing.json()["error"]["details"][0]["reason"] == "METHOD_NOT_FOUND"
+        assert server.host.sessions == {}
 
 
 def test_serve_refuses_a2a_as_a_worker_deployments_front_end():

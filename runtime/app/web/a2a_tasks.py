@@ -51,9 +51,11 @@ from runtime.store import validate_session_id
 CANCELED_REASON = "canceled by the A2A client"
 """The reason a canceled task's turn (or its waiting calls) is stopped with."""
 
-LIVE_TASKS = 1000
-"""Tasks kept in memory once they are over (the oldest go first); a task that is not
-kept is read back from its session's history."""
+LIVE_TASKS = 64
+"""Tasks kept in memory while no turn of theirs runs (the oldest go first): a task that
+is not kept is read back from its session's history when asked for. Running tasks are
+always kept; there is at most one per session. A kept task holds its client's messages
+(media included) and its events, so this bounds what finished tasks hold."""
 
 SEPARATOR = "~"
 """Between a task id's session id and message id: in neither id's alphabet."""
