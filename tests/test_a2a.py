@@ -48,7 +48,7 @@ from runtime import Agent, Host, ToolMessage, tool
 from runtime.actor_messages import InferRequest
 from tests.support.approval_agents import agent as approval_agent
 from tests.support.grammar import check_grammar
-from tests.web.harness import WebServer, web_server
+from tests.web.harness import WebServer, wait_idle, web_server
 
 BOTH = ("ai-sdk", "a2a")
 JSONRPC, REST = "JSONRPC", "HTTP+JSON"
@@ -252,6 +252,26 @@ async def test_a_resent_message_id_runs_no_second_turn():
     assert again[0].task.id == first[0].task.id
     assert answer_of(again) == "Only once."
     assert again[-1].task.status.state == TaskState.TASK_STATE_COMPLETED
+
+
+async def test_the_same_message_sent_twice_at_once_runs_one_turn():
+    gate = trio.Event()
+    async with web_server(gated_agent(gate), protocols=BOTH) as server:
+        request = user("go", message_id="twice", context_id="c")
+        request.configuration.CopyFrom(SendMessageConfiguration(return_immediately=True))
+        sent: list[Any] = []
+
+        async def send() -> None:
+            sent.extend(await sdk(server, lambda c: collect(c, request), streaming=False))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(send)
+            nursery.start_soon(send)
+        gate.set()
+        assert len({event.task.id for event in sent}) == 1
+        await wait_idle(server, "c")
+        stored = await server.host.store.load("c")
+    assert [m.role for m in stored.messages].count("user") == 1
 
 
 async def test_a_failed_turn_is_a_failed_task_with_the_error():
@@ -581,6 +601,19 @@ async def test_a_huge_message_is_refused_in_the_bindings_shape_and_stores_nothin
         assert rpc.status_code == 413 and rpc.json()["error"]["code"] == -32600
         assert rest.status_code == 413 and rest.json()["error"]["details"][0]["reason"]
         assert server.host.sessions == {} and await server.host.store.list_sessions() == []
+
+
+async def test_a_message_of_too_many_parts_is_invalid_params():
+    async with web_server(hello_agent("Hi."), protocols=BOTH) as server:
+        parts = [{"text": "x"}] * 5000
+        params = {"message": {"messageId": "m", "role": "ROLE_USER", "parts": parts}}
+        async with httpx.AsyncClient(base_url=server.url) as http:
+            r = await http.post(
+                "/a2a/jsonrpc",
+                json={"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": params},
+            )
+        assert r.json()["error"]["code"] == -32602 and "parts" in r.json()["error"]["message"]
+        assert server.host.sessions == {}
 
 
 async def test_media_over_the_agents_limits_is_invalid_params():

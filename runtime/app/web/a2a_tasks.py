@@ -331,9 +331,9 @@ class TaskBook:
         except InvalidSessionId as exc:
             raise wire.invalid_params(f"message.contextId: {exc}") from None
         stored_id = wire.stored_message_id(incoming.message_id)
-        for live in self.live.values():
-            if live.context_id == context_id and stored_id in live.seen:
-                return live
+        twin = self._sent_before(context_id, stored_id)
+        if twin is not None:
+            return twin
         try:
             content = user_content(wire.user_input(incoming.parts))
             check_counts(content, self.state.host.input_limits)
@@ -376,12 +376,22 @@ class TaskBook:
             await self._start(live, session, content, stored_id=stored_id)
         except BaseException:
             self.live.pop(live.id, None)
+            twin = self._sent_before(context_id, stored_id)
+            if twin is not None:  # the same message, sent twice at once: one turn
+                return twin
             raise
         for old in waiting:  # the new turn denied what they waited for: superseded
             old.set_state(
                 wire.CANCELED, _agent_note(old.id, context_id, f"superseded by task {live.id}")
             )
         return self._keep(live)
+
+    def _sent_before(self, context_id: str, stored_id: str) -> LiveTask | None:
+        """The live task that message ``stored_id`` of the context started, if any."""
+        return next(
+            (t for t in self.live.values() if t.context_id == context_id and stored_id in t.seen),
+            None,
+        )
 
     def _running_in(self, context_id: str) -> LiveTask | None:
         return next(
