@@ -586,6 +586,27 @@ async def test_a_message_naming_another_contexts_task_is_refused_and_runs_nothin
         assert [m.role for m in stored.messages] == ["user", "assistant"]
 
 
+async def test_a_cancel_naming_a_task_under_another_context_cancels_nothing():
+    gate = trio.Event()
+    async with web_server(gated_agent(gate), protocols=BOTH) as server:
+        request = user("go", message_id="1", context_id="alice")
+        request.configuration.CopyFrom(SendMessageConfiguration(return_immediately=True))
+        (sent,) = await sdk(server, lambda c: collect(c, request), streaming=False)
+        forged = "mallory~" + sent.task.id.split("~", 1)[1]  # alice's turn, mallory's context
+
+        async def cancel(client: Any) -> None:
+            with pytest.raises(TaskNotFoundError):
+                await client.cancel_task(CancelTaskRequest(id=forged))
+
+        await sdk(server, cancel)
+        assert server.host.sessions["alice"].busy  # alice's task runs on
+        gate.set()
+        await wait_idle(server, "alice")
+        got = await sdk(server, lambda c: c.get_task(GetTaskRequest(id=sent.task.id)))
+    assert got.status.state == TaskState.TASK_STATE_COMPLETED
+    assert "mallory" not in server.host.sessions
+
+
 async def test_a_huge_message_is_refused_in_the_bindings_shape_and_stores_nothing():
     limit = 64 << 10
     async with web_server(hello_agent("Hi."), protocols=BOTH, max_body=limit) as server:

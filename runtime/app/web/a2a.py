@@ -175,12 +175,13 @@ class A2AEndpoint:
             response = self._error(exc, rpc, None)
         await response(scope, receive, send)
 
-    def _error(
-        self, exc: wire.A2AError, rpc: bool, request_id: Any, *, status: int = 200
-    ) -> Response:
+    def _error(self, exc: wire.A2AError, rpc: bool, request_id: Any) -> Response:
+        """``exc`` in the binding's shape. A JSON-RPC error is an HTTP 200, but for what
+        is refused before the JSON-RPC request is read (the token, the body's size, time
+        and media type), which keeps its HTTP status."""
         headers = {"www-authenticate": "Bearer"} if exc.status == 401 else None
         if rpc:
-            http = exc.status if exc.status in (401, 408, 413, 415) else status
+            http = exc.status if exc.status in (401, 408, 413, 415) else 200
             return _json(exc.jsonrpc(request_id), http, headers)
         return _json(exc.rest(), exc.status, headers)
 
