@@ -607,6 +607,32 @@ async def test_a_cancel_naming_a_task_under_another_context_cancels_nothing():
     assert "mallory" not in server.host.sessions
 
 
+async def test_tasks_past_the_running_cap_are_refused_until_one_ends(monkeypatch):
+    from runtime.app.web import a2a_tasks
+
+    monkeypatch.setattr(a2a_tasks, "RUNNING_TASKS", 1)
+    gate = trio.Event()
+    async with web_server(gated_agent(gate), protocols=BOTH) as server:
+        first = user("go", message_id="1", context_id="a")
+        first.configuration.CopyFrom(SendMessageConfiguration(return_immediately=True))
+        await sdk(server, lambda c: collect(c, first), streaming=False)
+        async with httpx.AsyncClient(base_url=server.url) as http:
+            message = {
+                "messageId": "2",
+                "contextId": "b",
+                "role": "ROLE_USER",
+                "parts": [{"text": "x"}],
+            }
+            refused = await http.post("/a2a/message:send", json={"message": message})
+        assert refused.status_code == 429
+        assert refused.json()["error"]["details"][0]["reason"] == "UNSUPPORTED_OPERATION"
+        assert "b" not in server.host.sessions
+        gate.set()
+        await wait_idle(server, "a")
+        second = await sdk(server, lambda c: collect(c, user("x", message_id="2", context_id="b")))
+    assert last_state(second) == TaskState.TASK_STATE_COMPLETED
+
+
 async def test_a_huge_message_is_refused_in_the_bindings_shape_and_stores_nothing():
     limit = 64 << 10
     async with web_server(hello_agent("Hi."), protocols=BOTH, max_body=limit) as server:

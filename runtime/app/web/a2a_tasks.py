@@ -57,6 +57,12 @@ is not kept is read back from its session's history when asked for. Running task
 always kept; there is at most one per session. A kept task holds its client's messages
 (media included) and its events, so this bounds what finished tasks hold."""
 
+RUNNING_TASKS = 100
+"""Tasks that may run at once in one app. An A2A client need not hold a connection
+while its task runs (``returnImmediately``), so without a bound a client could start
+any number of turns; past it a new task is refused (``UnsupportedOperation``, HTTP 429
+on HTTP+JSON) until one ends."""
+
 SEPARATOR = "~"
 """Between a task id's session id and message id: in neither id's alphabet."""
 
@@ -357,6 +363,7 @@ class TaskBook:
                 )
                 if answer is not None:
                     return await self.find(task_id_of(context_id, answer.id))
+        self._check_capacity()  # before a session opens: a refused task leaves nothing
         session = await self.state.session(context_id)
         if session.busy:
             raise _busy(context_id, self._running_in(context_id))
@@ -385,6 +392,16 @@ class TaskBook:
                 wire.CANCELED, _agent_note(old.id, context_id, f"superseded by task {live.id}")
             )
         return self._keep(live)
+
+    def _check_capacity(self) -> None:
+        running = sum(t.running for t in self.live.values())
+        if running >= RUNNING_TASKS:
+            raise wire.A2AError(
+                "UnsupportedOperation",
+                f"{running} tasks are running, the most this agent runs at once: "
+                "try again when one has ended",
+                status=429,
+            )
 
     def _sent_before(self, context_id: str, stored_id: str) -> LiveTask | None:
         """The live task that message ``stored_id`` of the context started, if any."""
@@ -485,6 +502,7 @@ class TaskBook:
         """Run the task's turn (``content``), or its continuation (``None``), in the
         app's background nursery; returns once it runs. A turn that cannot start
         (the session is busy after all) raises here, and nothing runs."""
+        self._check_capacity()
         background = self.state.background
         if background is None:
             raise wire.A2AError(
