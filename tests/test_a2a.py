@@ -159,6 +159,7 @@ async def test_the_agent_card_names_the_agent_and_both_bindings():
     assert interfaces == {
         (JSONRPC, server.url + "/a2a/jsonrpc", "1.0"),
         (REST, server.url + "/a2a", "1.0"),
+        (JSONRPC, server.url + "/a2a/jsonrpc", "0.3"),  # A2A 0.3's methods, same endpoint
     }
     assert not card.security_schemes  # no --token: nothing to declare
 
@@ -283,6 +284,81 @@ async def test_a_failed_turn_is_a_failed_task_with_the_error():
         events = await sdk(server, lambda c: collect(c, user("hi")))
     assert last_state(events) == TaskState.TASK_STATE_FAILED
     assert "boom" in events[-1].status_update.status.message.parts[0].text
+
+
+def _run_legacy_sdk(url: str, fn: Any) -> Any:
+    """``fn(client)`` with the SDK's A2A 0.3 client: the card offered to the factory
+    keeps only the 0.3 interface, so the SDK speaks 0.3's methods and shapes."""
+    from a2a.client.card_resolver import parse_agent_card
+
+    async def main() -> Any:
+        async with httpx.AsyncClient(timeout=30) as http:
+            card = (await http.get(url + wire.CARD_PATH)).json()
+            card["supportedInterfaces"] = [
+                i for i in card["supportedInterfaces"] if i["protocolVersion"] == "0.3"
+            ]
+            config = ClientConfig(httpx_client=http, supported_protocol_bindings=[JSONRPC])
+            client = ClientFactory(config).create(parse_agent_card(card))
+            return await fn(client)
+
+    return asyncio.run(main())
+
+
+async def test_an_a2a_0_3_client_gets_the_same_tasks_through_0_3s_methods():
+    async with web_server(approval_agent, protocols=BOTH) as server:
+
+        async def run(client: Any) -> tuple[Any, Any, Any]:
+            from a2a.compat.v0_3.jsonrpc_transport import CompatJsonRpcTransport
+
+            assert isinstance(client._transport, CompatJsonRpcTransport)
+            asked = await collect(client, user("weather?", message_id="q", context_id="old"))
+            task = asked[0].task
+            pending = MessageToDict(asked[-1].status_update.status.message.parts[1].data)
+            decision = {"decisions": [{"id": pending["pending"][0]["id"], "approved": True}]}
+            answered = await collect(client, user(message_id="d", task_id=task.id, data=decision))
+            got = await client.get_task(GetTaskRequest(id=task.id))
+            return asked, answered, got
+
+        asked, answered, got = await trio.to_thread.run_sync(
+            partial(_run_legacy_sdk, server.url, run)
+        )
+    assert last_state(asked) == TaskState.TASK_STATE_INPUT_REQUIRED
+    assert answer_of(answered) == "It is sunny in Oslo."
+    assert last_state(answered) == TaskState.TASK_STATE_COMPLETED
+    assert got.id == asked[0].task.id and got.context_id == "old"
+    assert got.status.state == TaskState.TASK_STATE_COMPLETED
+    assert [m.parts[0].text for m in got.history if m.parts and m.parts[0].text] == ["weather?"]
+
+
+def test_legacy_shapes_translate_both_ways():
+    from actors.a2a import legacy
+
+    params = legacy.params_in(
+        "message/send",
+        {
+            "message": {
+                "kind": "message",
+                "messageId": "m",
+                "role": "user",
+                "parts": [
+                    {"kind": "text", "text": "hi"},
+                    {"kind": "file", "file": {"bytes": "aGk=", "mimeType": "text/plain"}},
+                    {"kind": "data", "data": {"a": 1}},
+                ],
+            },
+            "configuration": {"blocking": False},
+        },
+    )
+    request = wire.SendRequest(params)
+    assert request.return_immediately
+    assert request.message.parts == [
+        {"text": "hi"},
+        {"raw": "aGk=", "mediaType": "text/plain"},
+        {"data": {"a": 1}},
+    ]
+    update = legacy.event_out(wire.status_update("c~t", "c", wire.status(wire.INPUT_REQUIRED)))
+    assert update["kind"] == "status-update" and update["final"] is True
+    assert update["status"]["state"] == "input-required"
 
 
 # -- input-required: approvals and client tools ------------------------------------------
@@ -522,7 +598,8 @@ async def test_a_missing_or_wrong_token_is_401_and_the_right_one_works():
         (b'{"jsonrpc": "2.0", "id": 1}', -32600),
         (b'{"jsonrpc": "2.0", "id": {"x": 1}, "method": "GetTask"}', -32600),
         (b'{"jsonrpc": "2.0", "id": 1, "method": "Nope"}', -32601),
-        (b'{"jsonrpc": "2.0", "id": 1, "method": "message/send", "params": {}}', -32601),
+        (b'{"jsonrpc": "2.0", "id": 1, "method": "message/send", "params": {}}', -32602),
+        (b'{"jsonrpc": "2.0", "id": 1, "method": "tasks/get", "params": {"id": 1}}', -32602),
         (b'{"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": []}', -32602),
         (b'{"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {}}', -32602),
         (

@@ -1,4 +1,5 @@
-"""A2A (Agent2Agent): the protocol's wire shapes (:mod:`actors.a2a.wire`), shared by
+"""A2A (Agent2Agent): the protocol's wire shapes (:mod:`actors.a2a.wire`; 0.3's in
+:mod:`actors.a2a.legacy`), shared by
 ``serve --protocols a2a`` (:mod:`runtime.app.web.a2a`) and by :class:`A2AAgent`, the
 client that lets an Axon agent delegate to a remote A2A agent as a tool."""
 

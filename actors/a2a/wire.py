@@ -423,7 +423,9 @@ def agent_card(
     version: str,
 ) -> dict[str, Any]:
     """The Agent Card of an agent served at ``url`` (JSON-RPC at ``url + "/jsonrpc"``,
-    HTTP+JSON under ``url``), declaring bearer authentication when ``token``."""
+    HTTP+JSON under ``url``; A2A 0.3's JSON-RPC methods too, on the same endpoint, with
+    0.3's top-level fields for its clients), declaring bearer authentication when
+    ``token``."""
     card: dict[str, Any] = {
         "name": name,
         "description": description,
@@ -435,7 +437,12 @@ def agent_card(
                 "protocolVersion": PROTOCOL_VERSION,
             },
             {"url": url, "protocolBinding": HTTP_JSON, "protocolVersion": PROTOCOL_VERSION},
+            {"url": url + "/jsonrpc", "protocolBinding": JSONRPC, "protocolVersion": "0.3"},
         ],
+        # A2A 0.3's fields, for its clients (1.0 clients read supportedInterfaces)
+        "url": url + "/jsonrpc",
+        "preferredTransport": JSONRPC,
+        "protocolVersion": "0.3.0",
         "capabilities": {"streaming": True, "pushNotifications": False},
         "defaultInputModes": ["text/plain", "application/json", "image/*", "application/pdf"],
         "defaultOutputModes": ["text/plain"],

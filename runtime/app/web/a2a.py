@@ -8,7 +8,9 @@ Mounted by :mod:`runtime.app.web.protocols`, speaking A2A 1.0 (:mod:`actors.a2a.
     authentication when the server has a ``--token``.
 ``POST /a2a/jsonrpc``
     The JSON-RPC binding: ``SendMessage``, ``SendStreamingMessage`` (SSE), ``GetTask``,
-    ``CancelTask``, ``SubscribeToTask`` (SSE).
+    ``CancelTask``, ``SubscribeToTask`` (SSE); and A2A 0.3's ``message/send``,
+    ``message/stream``, ``tasks/get``, ``tasks/cancel``, ``tasks/resubscribe`` in 0.3's
+    shapes (:mod:`actors.a2a.legacy`).
 ``/a2a/...``
     The HTTP+JSON binding: ``POST /a2a/message:send``, ``POST /a2a/message:stream``,
     ``GET /a2a/tasks/{id}``, ``POST /a2a/tasks/{id}:cancel``,
@@ -37,7 +39,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from actors.a2a import wire
+from actors.a2a import legacy, wire
 from runtime.app.web.a2a_tasks import LiveTask, TaskBook
 from runtime.app.web.chat_input import _read_body
 from runtime.app.web.http import ApiError
@@ -63,14 +65,6 @@ NOT_SERVED = {
     "ListTaskPushNotificationConfigs": "PushNotificationNotSupported",
     "DeleteTaskPushNotificationConfig": "PushNotificationNotSupported",
 }
-LEGACY = {
-    "message/send": "SendMessage",
-    "message/stream": "SendStreamingMessage",
-    "tasks/get": "GetTask",
-    "tasks/cancel": "CancelTask",
-    "tasks/resubscribe": "SubscribeToTask",
-}
-"""A2A 0.3's method names, and the 1.0 names this server answers instead."""
 
 
 def _json(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
@@ -199,13 +193,8 @@ class A2AEndpoint:
                     "missing or wrong bearer token (the server's --token)",
                     status=401,
                 )
-        version = request.headers.get(wire.VERSION_HEADER.lower())
-        if version and version.split(".")[0] != wire.PROTOCOL_VERSION.split(".")[0]:
-            raise wire.A2AError(
-                "VersionNotSupported",
-                f"A2A version {version!r} is not supported "
-                f"(this server speaks {wire.PROTOCOL_VERSION})",
-            )
+        if not rpc:  # JSON-RPC: checked once the method says which version it is
+            self._check_version(request, wire.PROTOCOL_VERSION)
         if request.method == "POST":
             media = request.headers.get("content-type")
             empty = (
@@ -220,6 +209,17 @@ class A2AEndpoint:
                     "the body must be sent as content-type: application/json",
                     status=415,
                 )
+
+    @staticmethod
+    def _check_version(request: Request, speaks: str) -> None:
+        """The ``A2A-Version`` header must name ``speaks`` (its major version; a request
+        without the header is taken as that version)."""
+        version = request.headers.get(wire.VERSION_HEADER.lower())
+        if version and version.split(".")[0] != speaks.split(".")[0]:
+            raise wire.A2AError(
+                "VersionNotSupported",
+                f"A2A version {version!r} is not supported here (this method is A2A {speaks})",
+            )
 
     async def _body(self, request: Request) -> Any:
         try:
@@ -256,29 +256,39 @@ class A2AEndpoint:
             if "id" in body and body["id"] is not request_id:
                 raise wire.A2AError("InvalidRequest", "'id' must be a string, an integer or null")
             params = body.get("params", {})
-            if method in LEGACY:
-                raise wire.A2AError(
-                    "MethodNotFound",
-                    f"{method!r} is A2A 0.3; this server speaks A2A {wire.PROTOCOL_VERSION} "
-                    f"(use {LEGACY[method]!r})",
-                )
+            old = method in legacy.METHODS or method in legacy.NOT_SERVED
+            self._check_version(request, legacy.VERSION if old else wire.PROTOCOL_VERSION)
+            if method in legacy.NOT_SERVED:
+                raise wire.A2AError("PushNotificationNotSupported", f"{method} is not served")
+            task_out: Callable[[dict[str, Any]], Any] = lambda task: task  # noqa: E731
+            event_out: Callable[[dict[str, Any]], Any] = lambda event: event  # noqa: E731
+            if old:  # A2A 0.3: the same methods, in 0.3's shapes (actors.a2a.legacy)
+                params = legacy.params_in(method, params)
+                method = legacy.METHODS[method]
+                task_out, event_out = legacy.task_out, legacy.event_out
             if method in NOT_SERVED:
                 raise wire.A2AError(NOT_SERVED[method], f"{method} is not served by this agent")
-            encode = lambda event: wire.sse(wire.jsonrpc_result(request_id, event))  # noqa: E731
+
+            def encode(event: dict[str, Any]) -> bytes:
+                return wire.sse(wire.jsonrpc_result(request_id, event_out(event)))
+
             if method in ("SendMessage", "SendStreamingMessage"):
                 send = wire.SendRequest(params)
                 live = await self.tasks.send(send)
                 if method == "SendStreamingMessage":
                     return self._stream(live, encode)
-                return _json(wire.jsonrpc_result(request_id, await self._sent(live, send)))
+                sent = await self._sent(live, send)
+                result = task_out(sent["task"]) if old else sent
+                return _json(wire.jsonrpc_result(request_id, result))
             if method in ("GetTask", "CancelTask", "SubscribeToTask"):
                 task_id, history_length = wire.task_request(params)
                 if method == "GetTask":
                     live = await self.tasks.find(task_id)
-                    return _json(wire.jsonrpc_result(request_id, live.snapshot(history_length)))
+                    result = task_out(live.snapshot(history_length))
+                    return _json(wire.jsonrpc_result(request_id, result))
                 if method == "CancelTask":
                     live = await self.tasks.cancel(task_id)
-                    return _json(wire.jsonrpc_result(request_id, live.snapshot()))
+                    return _json(wire.jsonrpc_result(request_id, task_out(live.snapshot())))
                 return self._subscribe(await self.tasks.find(task_id), encode)
             raise wire.A2AError("MethodNotFound", f"no method {method!r}")
         except wire.A2AError as exc:
