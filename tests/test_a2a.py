@@ -545,6 +545,36 @@ async def test_cancel_of_a_task_waiting_for_input_denies_what_it_waits_for():
     assert call.awaiting.decided and call.awaiting.approved is False
 
 
+async def test_subscribing_to_a_turn_the_chat_page_runs_follows_it_to_its_end():
+    gate = trio.Event()
+    async with web_server(gated_agent(gate), protocols=BOTH) as server:
+        session = await server.app.state.axon.session("page")
+        events: list[Any] = []
+
+        async def page_turn() -> None:
+            async with session.stream("go") as out:
+                async for _ in out:
+                    pass
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(page_turn)
+            with trio.fail_after(10):  # until the page's turn has its assistant message
+                while not any(m.role == "assistant" for m in session.messages):
+                    await trio.sleep(0.01)
+            task_id = "page~" + next(m.id for m in session.messages if m.role == "assistant")
+
+            async def follow(client: Any) -> None:
+                async for event in client.subscribe(SubscribeToTaskRequest(id=task_id)):
+                    events.append(event)
+                    if len(events) == 1:
+                        trio.from_thread.run_sync(gate.set)
+
+            await sdk(server, follow)
+    assert events[0].task.status.state == TaskState.TASK_STATE_WORKING
+    assert answer_of(events) == "Working. Done."
+    assert last_state(events) == TaskState.TASK_STATE_COMPLETED
+
+
 # -- attacks -------------------------------------------------------------------------------
 
 

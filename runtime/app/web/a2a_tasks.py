@@ -209,8 +209,10 @@ class LiveTask:
 
     @property
     def settled(self) -> bool:
-        """Nothing runs and the task waits or is over: a stream of it ends here."""
-        return not self.running and self.state in wire.TERMINAL | wire.INTERRUPTED
+        """No turn of the task runs (it waits, or is over): a stream of it ends here.
+        A task this book runs is terminal or waits whenever its turn is not running; one
+        read back from the store whose turn nothing here runs shows as it is."""
+        return not self.running
 
     def snapshot(self, history_length: int | None = None) -> dict[str, Any]:
         """The ``Task`` as it is now."""
@@ -312,7 +314,36 @@ class TaskBook:
         if index is None:
             raise wire.task_not_found(task_id)
         live = derive(messages, index, task_id, context_id, running=running)
+        session = self.state.host.sessions.get(context_id)
+        current = session.current if session is not None and running else None
+        if live.state == wire.WORKING and current is not None and self.state.background:
+            live.running = True  # a turn this book did not start (the chat page's)
+            self.state.background.start_soon(self._watch, live, current)
         return self._keep(live)
+
+    async def _watch(self, live: LiveTask, current: Any) -> None:
+        """Follow a turn this book did not start to its end, for its subscribers: its
+        answer and its final state, as its history then tells them."""
+        await current.done.wait()
+        try:
+            found = await self._history(live.context_id)
+            messages = found[0] if found is not None else ()
+            index = next(
+                i
+                for i, m in enumerate(messages)
+                if isinstance(m, AssistantMessage) and m.id == live.message_id
+            )
+            fresh = derive(messages, index, live.id, live.context_id, running=False)
+        except Exception:  # gone from the store meanwhile: nothing more to tell
+            live.running = False
+            live.set_state(live.state)
+            return
+        live.running = False
+        text, sent = "".join(fresh.text), "".join(live.text)
+        if text.startswith(sent) and text != sent:
+            live.add_text(text[len(sent) :])
+        live.close_answer()
+        live.set_state(fresh.state, fresh.status_message)
 
     def _keep(self, live: LiveTask) -> LiveTask:
         self.live[live.id] = live
