@@ -551,16 +551,16 @@ async def test_subscribing_to_a_turn_the_chat_page_runs_follows_it_to_its_end():
         session = await server.app.state.axon.session("page")
         events: list[Any] = []
 
+        streaming = trio.Event()
+
         async def page_turn() -> None:
             async with session.stream("go") as out:
                 async for _ in out:
-                    pass
+                    streaming.set()  # its assistant message is in the history now
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(page_turn)
-            with trio.fail_after(10):  # until the page's turn has its assistant message
-                while not any(m.role == "assistant" for m in session.messages):
-                    await trio.sleep(0.01)
+            await streaming.wait()
             task_id = "page~" + next(m.id for m in session.messages if m.role == "assistant")
 
             async def follow(client: Any) -> None:
