@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any, Generic, Protocol, TypeAlias, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeAlias, TypeVar
 
 import attrs
 import trio
@@ -20,6 +20,9 @@ from runtime.inbox import Inbox
 from runtime.messages import Message, Part, UserContent
 from runtime.output import ErrorInfo, OutputChunk
 from runtime.redact import redact_text
+
+if TYPE_CHECKING:
+    from runtime.hosting import ToolHost  # type-only: hosting.py names TurnResult in its turn
 
 _now = time.perf_counter
 
@@ -205,7 +208,7 @@ class ExecuteTools:
     max_result_chars: int | None
     reply: Inbox[ToolOutcome | ToolProgress]
     cancel_scope: trio.CancelScope
-    host: Any = None
+    host: ToolHost | None = None
     """The host, handed to tools that take a :class:`~runtime.tools.ToolContext`."""
     deps: Any = None
     """The session's dependencies, handed to tools as ``ToolContext.deps``."""
