@@ -8,7 +8,8 @@ One module, four verbs, like every provider here:
 * :func:`parse_stream` turns the Chat Completions chunk stream (plain JSON dicts from
   :func:`json_chunks`, or the SDK's models) into
   :data:`runtime.chunks.StreamChunk` s;
-* :func:`map_finish_reason` and :func:`classify_error` map the SDK's words onto ours.
+* :func:`map_finish_reason` and :func:`classify_error` map the SDK's words onto ours (the
+  latter shared with the Responses provider: :mod:`actors.providers.openai_common`).
 
 The ``openai`` SDK is imported only inside functions, so importing this module (or
 ``runtime``) stays fast and works without the SDK configured; the client is created on
@@ -36,12 +37,9 @@ from typing import Any, ClassVar
 
 import trio
 
-from actors.providers.failures import (
-    classify_status,
-    classify_transport,
-    missing_key,
-    retry_after,
-)
+from actors.providers.failures import missing_key
+from actors.providers.openai_common import classify_error, json_schema_spec
+from actors.providers.openai_common import get_field as _get
 from runtime import errors
 from runtime.actor_messages import InferRequest
 from runtime.chunks import (
@@ -54,7 +52,7 @@ from runtime.chunks import (
     Usage,
     UsageChunk,
 )
-from runtime.errors import AxonError, ProviderError
+from runtime.errors import AxonError
 from runtime.history import (
     ForeignReasoning,
     Origin,
@@ -76,7 +74,6 @@ from runtime.messages import (
     UserMessage,
     is_media_output,
 )
-from runtime.output_schema import strict_schema
 from runtime.provider import Emit, Provider, ProviderOptions
 
 _FINISH_REASONS = {
@@ -288,35 +285,11 @@ def map_tools(tools: Iterable[Any]) -> list[dict[str, Any]]:
 
 def map_output(output: Any) -> dict[str, Any]:
     """The ``response_format`` for an agent's :class:`~runtime.output_schema.OutputSchema`:
-    ``json_schema`` in strict mode, the schema rewritten as strict mode needs
-    (:func:`~runtime.output_schema.strict_schema`, which refuses what it cannot express)."""
-    spec: dict[str, Any] = {"name": output.name, "schema": strict_schema(output.schema)}
-    if output.description:
-        spec["description"] = output.description
-    spec["strict"] = True
-    return {"type": "json_schema", "json_schema": spec}
+    ``json_schema`` in strict mode (:func:`~actors.providers.openai_common.json_schema_spec`)."""
+    return {"type": "json_schema", "json_schema": json_schema_spec(output)}
 
 
 # -- the stream: SDK chunks -> StreamChunk ------------------------------------------------
-
-
-def _get(obj: Any, key: str) -> Any:
-    """A field of an SDK model (declared or extra) or of a plain dict; ``None`` if absent."""
-    if obj is None:
-        return None
-    if isinstance(obj, dict):
-        return obj.get(key)
-    # Per chunk on the hot path: a declared field is in __dict__ and an extra one in
-    # __pydantic_extra__; getattr on a missing field takes pydantic's slow path (~3 us).
-    fields = getattr(obj, "__dict__", None)
-    if fields is not None and key in fields:
-        return fields[key]
-    extra = getattr(obj, "__pydantic_extra__", None)
-    if extra is not None:
-        return extra.get(key)
-    if fields is not None and hasattr(type(obj), "model_fields"):
-        return None
-    return getattr(obj, key, None)
 
 
 def _usage(raw: Any) -> Usage | None:
@@ -536,61 +509,6 @@ def _stream_error(body: Any, response: Any) -> Exception:
     if not message or not isinstance(message, str):
         message = "An error occurred during streaming"
     return openai.APIError(message=message, request=response.request, body=body)
-
-
-# -- errors -----------------------------------------------------------------------------
-
-
-def _status_of(body: Any) -> int | None:
-    # In-stream error objects carry no HTTP status; servers put it in the body instead
-    # (Groq ``status_code: 400``, OpenRouter ``code: 400``).
-    for key in ("status_code", "status", "code"):
-        value = _get(body, key)
-        if isinstance(value, int) or (isinstance(value, str) and value.isdigit()):
-            return int(value)
-    return None
-
-
-def classify_error(exc: BaseException, *, provider: str = "openai") -> AxonError:
-    """Map an exception from the SDK (or its transport) onto :mod:`runtime.errors`.
-
-    An ``APIError`` is classified by :func:`~actors.providers.failures.classify_status`
-    from its HTTP status, or for an error inside the stream (no status of its own) the
-    status the body names, with the body's ``type`` and ``code`` words and the
-    ``retry-after-ms`` / ``retry-after`` headers. The SDK's timeout ->
-    :class:`ProviderTimeout`; its connection error -> :class:`ConnectionLost`; the HTTP
-    library's errors while the stream is read, and undecodable data, by
-    :func:`~actors.providers.failures.classify_transport`. An :class:`AxonError` is
-    returned unchanged.
-    """
-    if isinstance(exc, AxonError):
-        return exc
-    import openai
-
-    if isinstance(exc, openai.APITimeoutError):
-        return errors.ProviderTimeout(str(exc), provider=provider)
-    if isinstance(exc, openai.APIConnectionError):
-        cause = exc.__cause__
-        detail = f": {type(cause).__name__}: {cause}" if cause is not None else ""
-        return errors.ConnectionLost(f"{exc}{detail}", provider=provider)
-    if isinstance(exc, openai.APIError):
-        body = exc.body
-        message = _get(body, "message")
-        if not isinstance(message, str) or not message:
-            message = exc.message
-        response = getattr(exc, "response", None)
-        return classify_status(
-            message,
-            provider=provider,
-            status=getattr(exc, "status_code", None) or _status_of(body),
-            error_type=exc.type,
-            code=exc.code,
-            retry_after=retry_after(response.headers if response is not None else None),
-        )
-    found = classify_transport(exc, provider=provider)
-    if found is not None:
-        return found
-    return ProviderError(f"{type(exc).__name__}: {exc}", provider=provider)
 
 
 # -- the provider actor ------------------------------------------------------------------

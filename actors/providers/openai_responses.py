@@ -50,8 +50,8 @@ from collections.abc import AsyncIterable, Iterable, Sequence
 from typing import Any, ClassVar
 
 from actors.providers.failures import classify_status, missing_key
-from actors.providers.openai import classify_error as _classify_openai
-from actors.providers.openai import map_output as chat_output
+from actors.providers.openai_common import classify_error as _classify_openai
+from actors.providers.openai_common import json_schema_spec
 from runtime import errors
 from runtime.actor_messages import InferRequest
 from runtime.chunks import (
@@ -344,7 +344,7 @@ def map_output(output: Any) -> dict[str, Any]:
     """The ``text.format`` for an agent's :class:`~runtime.output_schema.OutputSchema`:
     ``json_schema`` in strict mode, the schema rewritten as strict mode needs (the same
     rewrite as Chat Completions' ``response_format``; Responses takes the spec flat)."""
-    return {"type": "json_schema", **chat_output(output)["json_schema"]}
+    return {"type": "json_schema", **json_schema_spec(output)}
 
 
 def map_tools(tools: Iterable[Any]) -> list[dict[str, Any]]:
