@@ -37,8 +37,7 @@ from typing import Any, ClassVar
 
 import trio
 
-from actors.providers.failures import missing_key
-from actors.providers.openai_common import classify_error, json_schema_spec
+from actors.providers.openai_common import OpenAISDKProvider, classify_error, json_schema_spec
 from actors.providers.openai_common import get_field as _get
 from runtime import errors
 from runtime.actor_messages import InferRequest
@@ -74,7 +73,7 @@ from runtime.messages import (
     UserMessage,
     is_media_output,
 )
-from runtime.provider import Emit, Provider, ProviderOptions
+from runtime.provider import Emit, ProviderOptions
 
 _FINISH_REASONS = {
     "stop": "stop",
@@ -514,8 +513,11 @@ def _stream_error(body: Any, response: Any) -> Exception:
 # -- the provider actor ------------------------------------------------------------------
 
 
-class OpenAIProvider(Provider):
-    """Chat Completions over the ``openai`` SDK, for OpenAI and compatible servers."""
+class OpenAIProvider(OpenAISDKProvider):
+    """Chat Completions over the ``openai`` SDK, for OpenAI and compatible servers.
+
+    ``request_options`` are extra ``chat.completions.create`` arguments for every call
+    (``temperature``, ``max_completion_tokens``, ``extra_body``...)."""
 
     provider_name: ClassVar[str] = "openai"
     default_endpoint: ClassVar[str | None] = "https://api.openai.com/v1"
@@ -534,22 +536,19 @@ class OpenAIProvider(Provider):
         foreign_reasoning: ForeignReasoning = "drop",
         **request_options: Any,
     ) -> None:
-        super().__init__(model=model, max_concurrency=max_concurrency, name=name)
-        self.base_url = base_url
-        """Server root (``.../v1``); ``None``: the SDK's default (``OPENAI_BASE_URL`` or
-        api.openai.com)."""
-        self._api_key = api_key  # private: never logged, never in describe()
+        super().__init__(
+            model,
+            base_url=base_url,
+            api_key=api_key,
+            max_concurrency=max_concurrency,
+            timeout=timeout,
+            name=name,
+            foreign_reasoning=foreign_reasoning,
+            request_options=request_options,
+        )
         self.send_reasoning_content = send_reasoning_content
         """Send each step's unsigned reasoning back as ``reasoning_content`` (DeepSeek
         thinking mode requires it; other servers reject or ignore the field)."""
-        self.timeout = timeout
-        """Seconds to connect and between two reads of the stream; ``None``: no limit."""
-        self.request_options = request_options
-        """Extra ``chat.completions.create`` arguments for every call (``temperature``,
-        ``max_completion_tokens``, ``extra_body``...); a request's ``settings`` override
-        them key by key."""
-        self.foreign_reasoning = self.check_foreign_reasoning(foreign_reasoning)
-        self._client: Any = None
 
     @classmethod
     def from_options(cls, options: ProviderOptions) -> OpenAIProvider:
@@ -558,24 +557,6 @@ class OpenAIProvider(Provider):
         return cls(
             options.model or "gpt-4o-mini", base_url=options.base_url, api_key=options.api_key
         )
-
-    def _get_client(self) -> Any:
-        if self._client is None:
-            import openai
-
-            try:
-                self._client = openai.AsyncOpenAI(
-                    api_key=self._api_key,
-                    base_url=self.base_url,
-                    timeout=self.timeout,
-                    max_retries=0,  # retries belong to the runtime (it knows what was emitted)
-                )
-            except openai.OpenAIError as exc:  # no key given and none in the environment
-                raise missing_key(self.provider_name, "OPENAI_API_KEY") from exc
-            from runtime.redact import register_secret
-
-            register_secret(self._client.api_key)  # the resolved key: argument or env
-        return self._client
 
     def request_params(self, request: InferRequest) -> dict[str, Any]:
         """The ``chat.completions.create`` keyword arguments for ``request``."""
@@ -622,9 +603,3 @@ class OpenAIProvider(Provider):
             "send_reasoning_content": self.send_reasoning_content,
             "foreign_reasoning": self.foreign_reasoning,
         }
-
-    async def aclose(self) -> None:
-        """Close the HTTP client (its connection pool), if one was created."""
-        if self._client is not None:
-            client, self._client = self._client, None
-            await client.close()

@@ -9,17 +9,19 @@ common lives here, in a module of their family, so neither imports the other:
 * :func:`classify_error`: the SDK's exceptions mapped onto :mod:`runtime.errors`, through
   the ladder every provider shares (:mod:`actors.providers.failures`);
 * :func:`json_schema_spec`: an agent's answer schema as the strict ``json_schema`` both
-  APIs take (each wraps it its own way).
+  APIs take (each wraps it its own way);
+* :class:`OpenAISDKProvider`: the base of both providers, which builds the SDK's client.
 
-The ``openai`` SDK is imported inside :func:`classify_error` only, so importing this
-module stays fast and needs no SDK.
+The ``openai`` SDK is imported inside functions only, so importing this module stays fast
+and needs no SDK.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from actors.providers.failures import classify_status, classify_transport, retry_after
+from actors.providers.failures import classify_status, classify_transport, missing_key, retry_after
+from actors.providers.sdk import SDKProvider
 from runtime import errors
 from runtime.errors import AxonError, ProviderError
 from runtime.output_schema import strict_schema
@@ -106,3 +108,21 @@ def classify_error(exc: BaseException, *, provider: str = "openai") -> AxonError
     if found is not None:
         return found
     return ProviderError(f"{type(exc).__name__}: {exc}", provider=provider)
+
+
+class OpenAISDKProvider(SDKProvider):
+    """A provider over the ``openai`` SDK's ``AsyncOpenAI`` client (Chat Completions, or
+    the Responses API), for OpenAI and the servers that speak its API."""
+
+    def new_client(self) -> Any:
+        import openai  # the SDK: loaded by the first call, never by importing Axon
+
+        try:
+            return openai.AsyncOpenAI(
+                api_key=self._api_key,
+                base_url=self.base_url,
+                timeout=self.timeout,
+                max_retries=0,  # retries belong to the runtime (it knows what was emitted)
+            )
+        except openai.OpenAIError as exc:  # no key given and none in the environment
+            raise missing_key(self.provider_name, "OPENAI_API_KEY") from exc
