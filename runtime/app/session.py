@@ -59,6 +59,7 @@ if TYPE_CHECKING:
     from runtime.bus import Bus
     from runtime.store import Store
 
+
 class SessionOwner(Protocol):
     """What a :class:`Session` asks of the host that owns it, and nothing more.
 
