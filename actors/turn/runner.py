@@ -37,7 +37,6 @@ from typing import Any
 import attrs
 import trio
 
-from actors.mcp import agent_tools
 from actors.turn.parts import PartsManager
 from actors.turn.session_sync import Adopted, adopt_record, adopt_save
 from actors.turn.structured import StructuredTurn, observe, output_value, with_feedback
@@ -47,7 +46,6 @@ from actors.turn.suspension import (
     expiry_time,
     hold_context,
     hold_kind,
-    in_process_approver,
 )
 from actors.turn.takeover import Committed, find_committed
 from runtime import events as ev
@@ -92,6 +90,7 @@ from runtime.chunks import (
 )
 from runtime.errors import ActorFailed, AxonError, BudgetExceeded, ProviderError, StoreError
 from runtime.history import INTERRUPTED, RepairedHistory
+from runtime.hosting import ToolSource, TurnHost
 from runtime.ids import new_id
 from runtime.inbox import Inbox
 from runtime.logging import get_logger
@@ -187,7 +186,8 @@ class TurnRunner(Suspending, Actor):
         tool_executor: Actor,
         persister: Actor,
         stream_inbox: Inbox,
-        host: Any = None,
+        host: TurnHost,
+        tool_source: ToolSource,
     ) -> None:
         super().__init__(name="turn-runner", session_id=state.session_id)
         self.state = state
@@ -206,6 +206,9 @@ class TurnRunner(Suspending, Actor):
             1024, "block", name="tool-results"
         )
         self.host = host
+        """What the runner asks of its host (:class:`~runtime.hosting.TurnHost`)."""
+        self.tool_source = tool_source
+        """The tools of the agent's next model call (its own and its MCP servers')."""
         self._log = get_logger("axon.turn")
         self.save_replies: Inbox[SaveResult] = Inbox(8, "drop-oldest", name="save-replies")
         """The persister's answers; only the latest request's matters, so a backlog of
@@ -550,7 +553,7 @@ class TurnRunner(Suspending, Actor):
         if not adopted.concurrent:
             return
         state = self.state
-        expected = getattr(self.host, "expects_other_writers", False)
+        expected = self.host.expects_other_writers
         log = self._log.debug if expected else self._log.warning
         log(
             "session.concurrent-writer",
@@ -781,7 +784,7 @@ class TurnRunner(Suspending, Actor):
         """Ask the provider once and relay its chunks: the parts manager decides the
         parts, and what the stream shows goes on to the controller batch by batch."""
         state, agent = self.state, self.agent
-        tools = await agent_tools(self.host, agent)  # MCP servers' lists may have changed
+        tools = await self.tool_source(agent)  # MCP servers' lists may have changed
         request_id = new_id("req")
         await self._begin(request_id)
         request = InferRequest(
@@ -857,8 +860,8 @@ class TurnRunner(Suspending, Actor):
         refused: list[ToolOutcome] = []
         runnable: list[ToolCallSpec] = []
         over: str | None = None
-        tools = {t.name: t for t in await agent_tools(self.host, agent)}
-        approver = in_process_approver(self.host)
+        tools = {t.name: t for t in await self.tool_source(agent)}
+        approver = self.host.approves_in_process()
         for call in result.calls:
             await self._announce(
                 ev.ToolCallRequested(
