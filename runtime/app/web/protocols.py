@@ -1,4 +1,4 @@
-"""Which outside protocols ``serve`` speaks: ``--protocols ai-sdk,openai``.
+"""Which outside protocols ``serve`` speaks: ``--protocols ai-sdk,ag-ui,openai``.
 
 Every protocol is a thin adapter over the same session and turn machinery, behind the
 same Host, Origin and token checks. :data:`PROTOCOLS` are the names the option accepts;
@@ -8,7 +8,9 @@ same Host, Origin and token checks. :data:`PROTOCOLS` are the names the option a
 * ``ai-sdk``: the chat page at ``/`` and the ``/api/`` endpoints (AI SDK UI message
   stream, :mod:`runtime.app.web.app`);
 * ``openai``: ``/v1/chat/completions`` and ``/v1/models``
-  (:mod:`runtime.app.web.openai_compat`).
+  (:mod:`runtime.app.web.openai_compat`);
+* ``ag-ui``: ``POST /ag-ui``, a ``RunAgentInput`` answered with AG-UI events
+  (:mod:`runtime.app.web.agui`).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any
 PROTOCOLS: tuple[str, ...] = ("ai-sdk", "ag-ui", "a2a", "openai", "mcp")
 """Every protocol name ``--protocols`` knows."""
 
-BUILT: frozenset[str] = frozenset({"ai-sdk", "openai"})
+BUILT: frozenset[str] = frozenset({"ai-sdk", "ag-ui", "openai"})
 """The protocols this version serves."""
 
 DEFAULT: tuple[str, ...] = ("ai-sdk",)
@@ -62,14 +64,22 @@ def mount_protocols(
         raise ValueError(refusal)
     if "ai-sdk" not in protocols:
         app.router.routes.clear()
-    if "openai" in protocols:
-        if state.front is not None:
+    for name in ("openai", "ag-ui"):
+        if name in protocols and state.front is not None:
             raise ValueError(
-                "--protocols openai runs turns in this process: a worker deployment's "
+                f"--protocols {name} runs turns in this process: a worker deployment's "
                 "front end does not serve it yet (serve with --run-turns-here)"
             )
-        # Here, not at the top: serve's argument parsing imports this module, and must
-        # not pay for Starlette and the adapter (as runtime.app.web.serve's own imports).
+    # Here, not at the top: serve's argument parsing imports this module, and must not
+    # pay for Starlette and the adapters (as runtime.app.web.serve's own imports).
+    if "ag-ui" in protocols:
+        from starlette.routing import Route
+
+        from runtime.app.web.agui import PATH, agui_endpoint
+
+        run = agui_endpoint(state, token=token, stream=stream)
+        app.router.routes.append(Route(PATH, run, methods=["POST"]))
+    if "openai" in protocols:
         from starlette.routing import Mount
 
         from runtime.app.web.openai_compat import openai_endpoint
