@@ -891,11 +891,21 @@ JUNK = st.recursive(
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner),
     max_leaves=8,
 )
+PART_JUNK = st.fixed_dictionaries(
+    {
+        "type": st.sampled_from(["text", "image", "document", "audio", "x"]),
+        "text": JUNK,
+        "source": JUNK
+        | st.fixed_dictionaries(
+            {"type": st.sampled_from(["data", "url", "file"]), "value": JUNK, "mimeType": JUNK}
+        ),
+    }
+)
 MESSAGE_JUNK = st.fixed_dictionaries(
     {
         "id": JUNK,
         "role": st.sampled_from(["user", "assistant", "tool", "system", "x"]),
-        "content": JUNK,
+        "content": JUNK | st.lists(PART_JUNK, max_size=3),
         "toolCalls": JUNK,
         "toolCallId": JUNK,
     }
@@ -911,11 +921,43 @@ MESSAGE_JUNK = st.fixed_dictionaries(
         ),
     )
 )
-def test_any_json_body_parses_or_is_a_400(payload):
+def test_any_json_body_parses_and_converts_or_is_a_400(payload):
     try:
-        parse_run_input(payload)
+        history_of(parse_run_input(payload).messages)
     except AGUIError as exc:
         assert exc.status == 400 and exc.message
+
+
+PNG = "iVBORw0KGgoAAAAAAAAAAA=="  # the PNG signature and eight zero bytes
+
+
+async def test_a_user_messages_image_part_is_stored_as_an_image():
+    image = {"type": "image", "source": {"type": "data", "value": PNG, "mimeType": "image/png"}}
+    message = {
+        "id": "m1",
+        "role": "user",
+        "content": [{"type": "text", "text": "What is it?"}, image],
+    }
+    async with web_server(
+        Agent(provider=ScriptedProvider([["A PNG."]])), protocols=("ag-ui",)
+    ) as server:
+        await run(server, run_input("t", message))
+        record = await server.host.store.load("t")
+    text, stored = record.messages[0].content
+    assert text.text == "What is it?"
+    assert isinstance(stored, Image) and stored.media_type == "image/png"
+
+
+async def test_too_many_parts_are_413_before_any_is_decoded():
+    image = {
+        "type": "image",
+        "source": {"type": "data", "value": "not base64!", "mimeType": "image/png"},
+    }
+    message = {"id": "m1", "role": "user", "content": [image] * 101}
+    async with web_server(tool_agent(), protocols=("ag-ui",)) as server:
+        r = await post(server, run_input("t", message))
+        assert server.host.sessions == {}
+    assert r.status_code == 413 and r.json()["code"] == "too_many_parts"
 
 
 async def test_an_unknown_tool_result_is_404_and_records_nothing():

@@ -77,7 +77,9 @@ from runtime.errors import (
     InvalidMedia,
     InvalidSessionId,
     MediaTooLarge,
+    SessionBusy,
     SessionNotLoaded,
+    TooManyParts,
     UnknownApproval,
 )
 from runtime.media import check_limits
@@ -277,6 +279,21 @@ def _reasoning_count(messages: Sequence[Message], message_id: str) -> int:
     return 0
 
 
+MEDIA_PARTS = frozenset({"image", "audio", "video", "document"})
+
+
+def _check_counts(messages: Sequence[dict[str, Any]], limits: Any) -> None:
+    """413 when a user message has more parts (or media) than the host's
+    ``input_limits``, counted before any part is decoded."""
+    for m in messages:
+        content = m.get("content")
+        if m["role"] == "user" and isinstance(content, list):
+            try:
+                limits.check(len(content), sum(p["type"] in MEDIA_PARTS for p in content))
+            except TooManyParts as exc:
+                raise AGUIError(413, str(exc), "too_many_parts") from None
+
+
 def _valid_id(value: str) -> str | None:
     return value if _ID.fullmatch(value) else None
 
@@ -405,11 +422,12 @@ class AGUIRoutes:
         if approvals:  # the spec: pending interrupts block new input
             raise _pending_refusal(approvals)
         message = effective[-1]
+        earlier = effective[:-1]
+        _check_counts([message, *(earlier if new_thread else ())], state.host.input_limits)
         index = run.messages.index(message)
         text = user_input(message["content"], f"messages[{index}].content")
         if not (text.strip() if isinstance(text, str) else text):
             raise bad_input(f"'messages[{index}]' (the new user message) has no content")
-        earlier = effective[:-1]
         seed = history_of(earlier) if new_thread and earlier else None
         try:
             session = await state.session(session_id, history=seed)
@@ -476,6 +494,10 @@ class AGUIRoutes:
                 )
         except DecisionError as exc:
             raise AGUIError(_DECISION_STATUS.get(type(exc), 400), str(exc), exc.kind) from None
+        except SessionBusy:  # another request resumed it meanwhile
+            raise AGUIError(
+                409, f"thread {session_id!r} is running a run already", "thread_busy"
+            ) from None
         base = _reasoning_count(stored, waiting[0].message_id)
         return self.stream(  # type: ignore[no-any-return]
             session,
