@@ -503,6 +503,7 @@ async def test_the_next_runs_tool_message_answers_the_client_tool_and_the_turn_g
 async def test_a_client_tool_that_takes_an_agent_tools_name_is_refused():
     async with web_server(tool_agent(), protocols=("ag-ui",)) as server:
         r = await post(server, run_input("t", user("x"), tools=[{**COLOR_TOOL, "name": "lookup"}]))
+        assert server.host.sessions == {}  # refused before the thread opened
     assert r.status_code == 400 and r.json()["code"] == "tool_name_taken"
 
 

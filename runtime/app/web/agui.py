@@ -401,8 +401,14 @@ class AGUIRoutes:
 
         return make
 
-    def _check_tools(self, run: RunInput, session: Any) -> None:
-        taken = sorted({t.name for t in session.agent.tools} & {t.name for t in run.tools})
+    def _check_tools(self, run: RunInput, session_id: str) -> None:
+        """400 for a client tool named like one of the thread's agent's tools (checked
+        before the thread is opened: a refused run opens nothing)."""
+        if not run.tools:
+            return
+        known = self.state.host.get_session(session_id)
+        agent = known.agent if known is not None else self.state.agent_for(session_id)
+        taken = sorted({t.name for t in agent.tools} & {t.name for t in run.tools})
         if taken:
             raise bad_input(
                 f"'tools' {taken} take the name of the agent's own tools", "tool_name_taken"
@@ -429,11 +435,11 @@ class AGUIRoutes:
         if not (text.strip() if isinstance(text, str) else text):
             raise bad_input(f"'messages[{index}]' (the new user message) has no content")
         seed = history_of(earlier) if new_thread and earlier else None
+        self._check_tools(run, session_id)
         try:
             session = await state.session(session_id, history=seed)
         except InvalidHistory:  # another request started the thread meanwhile
             session = await state.session(session_id)
-        self._check_tools(run, session)
         try:
             check_limits(text, session.agent.media_limits)
         except MediaTooLarge as exc:
@@ -477,8 +483,8 @@ class AGUIRoutes:
         uncovered = _uncovered(waiting, answers)
         if uncovered:
             raise _pending_refusal(uncovered)
+        self._check_tools(run, session_id)
         session = await state.session(session_id)
-        self._check_tools(run, session)
         tools = {t.name: t for t in session.agent.tools}
         checked = stored
         try:

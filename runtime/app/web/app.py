@@ -532,7 +532,8 @@ def create_app(
     its store (it opens no session and runs no turn).
 
     ``protocols`` names the endpoints mounted (:mod:`runtime.app.web.protocols`): ``ai-sdk``
-    the page and ``/api/``, ``openai`` ``/v1/`` (:mod:`runtime.app.web.openai_compat`).
+    the page and ``/api/``, ``openai`` ``/v1/`` (:mod:`runtime.app.web.openai_compat`),
+    ``ag-ui`` ``POST /ag-ui`` (:mod:`runtime.app.web.agui`).
     """
     page = (STATIC / "index.html").read_bytes()
     icons = {name: (STATIC / name).read_bytes() for name in ICONS}
