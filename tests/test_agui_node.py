@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import trio
 
-from actors.providers.scripted import ScriptedProvider, tool_call
+from actors.providers.scripted import ScriptedProvider, Sleep, tool_call
 from runtime import Agent, ProviderError, ReasoningChunk, RetryPolicy, tool
 from tests.web.harness import NPM_TIMEOUT, web_server
 
@@ -168,3 +168,16 @@ async def test_the_official_client_surfaces_a_failed_run(node):
     assert result["runError"]["code"] == "ProviderError"
     assert "upstream exploded" in result["runError"]["message"]
     assert result["schemaErrors"] == [] and out["warnings"] == []
+
+
+async def test_the_official_client_reads_through_keep_alive_comments(node):
+    agent = Agent(provider=ScriptedProvider([["Slow", Sleep(0.5), " answer."]]))
+    async with web_server(agent, protocols=("ag-ui",), keepalive=0.05) as server:
+        out = await run_client(
+            node,
+            {"url": server.url + "/ag-ui", "threadId": "t", "runs": [{"userText": "go"}]},
+        )
+    (result,) = out["results"]
+    assert result["error"] is None and result["runError"] is None
+    assert result["outcome"]["type"] == "success"
+    assert result["messages"][-1]["content"] == "Slow answer."
