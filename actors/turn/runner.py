@@ -37,7 +37,6 @@ from typing import Any
 import attrs
 import trio
 
-from actors.mcp import agent_tools
 from actors.turn.parts import PartsManager
 from actors.turn.session_sync import Adopted, adopt_record, adopt_save
 from actors.turn.structured import StructuredTurn, observe, output_value, with_feedback
@@ -47,7 +46,6 @@ from actors.turn.suspension import (
     expiry_time,
     hold_context,
     hold_kind,
-    in_process_approver,
 )
 from actors.turn.takeover import Committed, find_committed
 from runtime import events as ev
@@ -99,6 +97,7 @@ from runtime.errors import (
     ToolDefinitionError,
 )
 from runtime.history import INTERRUPTED, RepairedHistory
+from runtime.hosting import ToolSource, TurnHost
 from runtime.ids import new_id
 from runtime.inbox import Inbox
 from runtime.logging import get_logger
@@ -199,7 +198,8 @@ class TurnRunner(Suspending, Actor):
         tool_executor: Actor,
         persister: Actor,
         stream_inbox: Inbox,
-        host: Any = None,
+        host: TurnHost,
+        tool_source: ToolSource,
     ) -> None:
         super().__init__(name="turn-runner", session_id=state.session_id)
         self.state = state
@@ -218,6 +218,9 @@ class TurnRunner(Suspending, Actor):
             1024, "block", name="tool-results"
         )
         self.host = host
+        """What the runner asks of its host (:class:`~runtime.hosting.TurnHost`)."""
+        self.tool_source = tool_source
+        """The tools of the agent's next model call (its own and its MCP servers')."""
         self._log = get_logger("axon.turn")
         self.save_replies: Inbox[SaveResult] = Inbox(8, "drop-oldest", name="save-replies")
         """The persister's answers; only the latest request's matters, so a backlog of
@@ -564,7 +567,7 @@ class TurnRunner(Suspending, Actor):
         if not adopted.concurrent:
             return
         state = self.state
-        expected = getattr(self.host, "expects_other_writers", False)
+        expected = self.host.expects_other_writers
         log = self._log.debug if expected else self._log.warning
         log(
             "session.concurrent-writer",
@@ -872,7 +875,7 @@ class TurnRunner(Suspending, Actor):
         runnable: list[ToolCallSpec] = []
         over: str | None = None
         tools = {t.name: t for t in await self._tools(turn)}
-        approver = in_process_approver(self.host)
+        approver = self.host.approves_in_process()
         for call in result.calls:
             await self._announce(
                 ev.ToolCallRequested(
@@ -922,7 +925,7 @@ class TurnRunner(Suspending, Actor):
         """The tools offered for the turn's next model call: the agent's (and its MCP
         servers' current ones), then the turn's own; a turn tool that takes an agent
         tool's name is a :class:`ToolDefinitionError`."""
-        tools = await agent_tools(self.host, self.agent)
+        tools = await self.tool_source(self.agent)
         if not turn.tools:
             return tools
         taken = {t.name for t in tools} & {t.name for t in turn.tools}
