@@ -492,6 +492,14 @@ class RunTurn:
     deps: Any = None
     """The session's dependencies (``Session.deps``): what the turn's tools get as
     ``ToolContext.deps``. Held, never copied or saved."""
+    tools: tuple[Any, ...] = ()
+    """Tools offered for this turn only, after the agent's own (and its MCP servers'):
+    the client-side tools a protocol's caller declares with its request (AG-UI's
+    ``tools``, :mod:`runtime.app.web.agui`). A name the agent already offers fails the
+    turn (``ToolDefinitionError``). Not saved: a continuation is given them again."""
+    instructions: str | None = None
+    """Added after the agent's instructions for this turn's model calls only (AG-UI's
+    ``context``); never saved."""
 
 
 ConsumerItem: TypeAlias = "Batch[OutputChunk] | TurnDone"

@@ -1,4 +1,4 @@
-"""Which outside protocols ``serve`` speaks: ``--protocols ai-sdk,openai``.
+"""Which outside protocols ``serve`` speaks: ``--protocols ai-sdk,ag-ui,openai``.
 
 Every protocol is a thin adapter over the same session and turn machinery, behind the
 same Host, Origin and token checks. :data:`PROTOCOLS` are the names the option accepts;
@@ -9,6 +9,8 @@ same Host, Origin and token checks. :data:`PROTOCOLS` are the names the option a
   stream, :mod:`runtime.app.web.app`);
 * ``openai``: ``/v1/chat/completions`` and ``/v1/models``
   (:mod:`runtime.app.web.openai_compat`);
+* ``ag-ui``: ``POST /ag-ui``, a ``RunAgentInput`` answered with AG-UI events
+  (:mod:`runtime.app.web.agui`);
 * ``a2a``: the Agent Card at ``/.well-known/agent-card.json`` and the A2A bindings under
   ``/a2a/`` (:mod:`runtime.app.web.a2a`).
 """
@@ -22,12 +24,12 @@ from typing import Any
 PROTOCOLS: tuple[str, ...] = ("ai-sdk", "ag-ui", "a2a", "openai", "mcp")
 """Every protocol name ``--protocols`` knows."""
 
-BUILT: frozenset[str] = frozenset({"ai-sdk", "openai", "a2a"})
+BUILT: frozenset[str] = frozenset({"ai-sdk", "ag-ui", "a2a", "openai"})
 """The protocols this version serves."""
 
 DEFAULT: tuple[str, ...] = ("ai-sdk",)
 
-EMBEDDED_ONLY: tuple[str, ...] = ("openai", "a2a")
+EMBEDDED_ONLY: tuple[str, ...] = ("openai", "ag-ui", "a2a")
 """Protocols that run turns in the serving process: a worker deployment's front end does
 not serve them yet."""
 
@@ -74,9 +76,16 @@ def mount_protocols(
                 f"--protocols {name} runs turns in this process: a worker deployment's "
                 "front end does not serve it yet (serve with --run-turns-here)"
             )
+    # Here, not at the top: serve's argument parsing imports this module, and must not
+    # pay for Starlette and the adapters (as runtime.app.web.serve's own imports).
+    if "ag-ui" in protocols:
+        from starlette.routing import Route
+
+        from runtime.app.web.agui import PATH, agui_endpoint
+
+        run = agui_endpoint(state, token=token, stream=stream)
+        app.router.routes.append(Route(PATH, run, methods=["POST"]))
     if "openai" in protocols:
-        # Here, not at the top: serve's argument parsing imports this module, and must
-        # not pay for Starlette and the adapter (as runtime.app.web.serve's own imports).
         from starlette.routing import Mount
 
         from runtime.app.web.openai_compat import openai_endpoint

@@ -139,10 +139,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
         type=parse_protocols,
         default=DEFAULT_PROTOCOLS,
         metavar="NAMES",
-        help="the protocols to serve, comma-separated: ai-sdk (the page and /api/), openai "
-        "(/v1/chat/completions, /v1/models), a2a (the Agent Card and /a2a/); ag-ui and mcp "
-        "are not available yet "
-        "(default: ai-sdk; docs/protocols.md)",
+        help="the protocols to serve, comma-separated: ai-sdk (the page and /api/), ag-ui "
+        "(POST /ag-ui), openai (/v1/chat/completions, /v1/models), a2a (the Agent Card and "
+        "/a2a/); mcp is not available yet (default: ai-sdk; docs/protocols.md)",
     )
     add(
         "--token",
@@ -436,6 +435,7 @@ async def serve_command(args: argparse.Namespace) -> int:
                     f"{', relay ' + public_url(args.redis) if relay is not None else ''}"
                     f"{', OpenTelemetry traces' if tracing is not None else ''}"
                     f"{', OpenAI API ' + url + '/v1' if 'openai' in protocols else ''}"
+                    f"{', AG-UI ' + url + '/ag-ui' if 'ag-ui' in protocols else ''}"
                     f"{', A2A agent ' + url if 'a2a' in protocols else ''})",
                     flush=True,
                 )
