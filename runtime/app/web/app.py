@@ -76,7 +76,7 @@ from runtime.app.web.ui_stream import DONE, HEADERS, UIStreamEncoder, ui_message
 from runtime.app.web.writer import BodyWriter
 from runtime.approval import WAITING_META, pending_calls
 from runtime.busy import REJECT, OnBusy, check_on_busy
-from runtime.errors import NothingToResume, SessionBusy
+from runtime.errors import InvalidHistory, NothingToResume, SessionBusy
 from runtime.messages import UserContent
 from runtime.serde import unstructure
 
@@ -186,6 +186,9 @@ class TurnResponse:
         headers: Mapping[str, str] = HEADERS,
         busy: Callable[[Any], Response] | None = None,
         on_busy: OnBusy | None = None,
+        turn_id: str | None = None,
+        tools: tuple[Any, ...] = (),
+        instructions: str | None = None,
     ) -> None:
         self.session = session
         self.text = text
@@ -208,6 +211,11 @@ class TurnResponse:
         self.busy = busy or _busy
         self.on_busy = on_busy
         """This request's busy strategy, if not the session's (:mod:`runtime.busy`)."""
+        # What another protocol's turn carries beyond the AI SDK's (runtime.app.web.agui):
+        # the client's run id as the turn's, and tools and instructions for this turn only.
+        self.turn_id = turn_id
+        self.tools = tools
+        self.instructions = instructions
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         session = self.session
@@ -225,13 +233,16 @@ class TurnResponse:
             # one, the fallback, is left only after the turn is over and saved.
             try:
                 turn = (
-                    session.resume()
+                    session.resume(tools=self.tools, instructions=self.instructions)
                     if self.resume
                     else session.stream(
                         self.text,
                         regenerate=self.regenerate,
                         user_message_id=self.user_message_id,
                         on_busy=self.on_busy,
+                        turn_id=self.turn_id,
+                        tools=self.tools,
+                        instructions=self.instructions,
                     )
                 )
                 async with turn as out:
@@ -303,10 +314,14 @@ class TurnResponse:
                 if data:
                     await write(data)
             # [DONE] once the turn is saved and the session idle: a client may reload the
-            # session or send its next message as soon as it sees it.
+            # session or send its next message as soon as it sees it. An encoder with a
+            # ``final(out)`` ends its protocol's stream its own way (AG-UI's RUN_FINISHED).
             with trio.move_on_after(FINAL_WAIT):
                 await out.done.wait()
-            await write(DONE)
+            final = getattr(encoder, "final", None)
+            ending = final(out) if final is not None else DONE
+            if ending:
+                await write(ending)
             nursery.cancel_scope.cancel()
 
 
@@ -361,11 +376,13 @@ class WebState:
         self.parse_limiter = trio.CapacityLimiter(CHILD_PARSES)
         """Bounds the child processes parsing large bodies (:mod:`runtime.app.web.chat_input`)."""
 
-    async def session(self, session_id: str) -> Any:
+    async def session(self, session_id: str, *, history: Any = None) -> Any:
         """The open session ``session_id``, opened (resumed from the store) if needed;
-        one the host evicted is loaded back into its ``Session`` object."""
+        one the host evicted is loaded back into its ``Session`` object. ``history``
+        starts a session that is neither open nor stored (AG-UI's first run on a thread
+        the client already holds messages of); a stored one raises ``InvalidHistory``."""
         session = self.host.sessions.get(session_id)
-        if session is not None:
+        if session is not None and history is None:
             self.host.touch(session)
             return session
         async with self._open_lock:
@@ -373,8 +390,10 @@ class WebState:
             if session is None:
                 agent = self.agent_for(session_id)
                 session = await self.host.open_session(
-                    agent, session_id=session_id, on_busy=self.on_busy
+                    agent, session_id=session_id, history=history, on_busy=self.on_busy
                 )
+            elif history is not None:
+                raise InvalidHistory(f"session {session_id!r} is open already")
             else:
                 await session.reopen()
         return session
@@ -551,7 +570,8 @@ def create_app(
     its store (it opens no session and runs no turn).
 
     ``protocols`` names the endpoints mounted (:mod:`runtime.app.web.protocols`): ``ai-sdk``
-    the page and ``/api/``, ``openai`` ``/v1/`` (:mod:`runtime.app.web.openai_compat`).
+    the page and ``/api/``, ``openai`` ``/v1/`` (:mod:`runtime.app.web.openai_compat`),
+    ``ag-ui`` ``POST /ag-ui`` (:mod:`runtime.app.web.agui`).
 
     ``on_busy`` is the busy strategy of every session the app opens, instead of its
     agent's (:mod:`runtime.busy`): what ``POST /api/chat`` does with a message for a
