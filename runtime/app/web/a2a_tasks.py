@@ -397,6 +397,11 @@ class TaskBook:
                     return await self.find(task_id_of(context_id, answer.id))
         self._check_capacity()  # before a session opens: a refused task leaves nothing
         session = await self.state.session(context_id)
+        # Looked for again after the last await: the same message sent twice at once may
+        # have started its task meanwhile (then the session is busy with it, not another).
+        twin = self._sent_before(context_id, stored_id)
+        if twin is not None:
+            return twin
         if session.busy:
             raise _busy(context_id, self._running_in(context_id))
         message_id = new_id("task")
