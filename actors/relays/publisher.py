@@ -21,6 +21,7 @@ import trio
 
 from runtime.actor import Actor
 from runtime.approval import AWAITING_INPUT
+from runtime.hosting import TurnCanceller
 from runtime.inbox import OverflowPolicy
 from runtime.output import OUTPUT_CHUNK_TYPES, Abort, Error, Finish, Start
 
@@ -60,13 +61,13 @@ class RelayPublisher(Actor):
             self.relay.nursery.start_soon(partial(writer.aclose, paused=paused))
 
 
-def cancel_local_turn(host: Any, turn_id: str, reason: str) -> bool:
+def cancel_local_turn(host: TurnCanceller, turn_id: str, reason: str) -> bool:
     """Cancel the turn ``turn_id`` if this host runs it (``Host.cancel_turn``); whether it
     did."""
-    return bool(host.cancel_turn(turn_id, reason))
+    return host.cancel_turn(turn_id, reason)
 
 
-async def attach_relay(host: Any, relay: Any) -> RelayPublisher:
+async def attach_relay(host: TurnCanceller, relay: Any) -> RelayPublisher:
     """Publish every turn ``host`` runs to ``relay`` and obey the relay's cancel requests
     for them; returns the running publisher."""
     publisher = await host.start_actor(RelayPublisher(relay))

@@ -41,7 +41,7 @@ over at once, and the release gives the attempt back, so graceful restarts never
 turn.
 
 **Turns that wait for a person.** A turn that suspends for approval (docs/approval.md)
-is :meth:`~TurnQueue.suspend`\ ed by its worker: ``awaiting-input``, no owner, no lease,
+is :meth:`~TurnQueue.suspend`\\ ed by its worker: ``awaiting-input``, no owner, no lease,
 so it holds nothing and its session's next turn may run (that claim marks the wait
 ``done``, ``superseded``). :meth:`~TurnQueue.decide` records a decision in the session's
 save transaction together with the row (refused unless it still waits); the decision
@@ -722,6 +722,7 @@ class TurnQueue:
             *,
             start: int,
             messages: Sequence[Message],
+            meta: Mapping[str, Any],
             expected_version: int,
             call: PendingCall,
             complete: bool,
@@ -732,7 +733,12 @@ class TurnQueue:
                 rows.append(_resume_if_decided(conn, session_id, call, complete))
 
             return await self.store.save(
-                session_id, start, messages, expected_version=expected_version, guard=guard
+                session_id,
+                start,
+                messages,
+                meta,
+                expected_version=expected_version,
+                guard=guard,
             )
 
         recorded = await record_decision(self.store, session_id, key, decision, tools, save=save)

@@ -20,6 +20,7 @@ from typing import Any
 
 from runtime.app.web.http import ApiError
 from runtime.approval import (
+    WAITING_META,
     Decision,
     PendingCall,
     Recorded,
@@ -169,6 +170,13 @@ async def pending_in(store: Store, session_id: str) -> tuple[PendingCall, ...]:
     return pending_calls(record.messages) if record is not None else ()
 
 
+def waiting_in_meta(meta: Mapping[str, Any]) -> int:
+    """How many calls a stored session's last turn waits for, by its meta
+    (:data:`runtime.approval.WAITING_META`): what lists of sessions show."""
+    value = meta.get(WAITING_META)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
 def awaited_calls(messages: Sequence[Message], message_id: str) -> tuple[str, ...]:
     """The ids of the calls of message ``message_id`` that waited for input: a client
     reading the turn's continuation knows them (their input is not streamed again)."""
@@ -188,4 +196,5 @@ __all__ = [
     "pending_in",
     "pending_in_store",
     "record_answers",
+    "waiting_in_meta",
 ]

@@ -57,7 +57,13 @@ import trio
 from starlette.requests import Request
 from starlette.responses import Response
 
-from runtime.app.web.answers import awaited_calls, check_and_record, is_continuation, pending_in
+from runtime.app.web.answers import (
+    awaited_calls,
+    check_and_record,
+    is_continuation,
+    pending_in,
+    waiting_in_meta,
+)
 from runtime.app.web.chat_input import check_media, read_chat_request, title_of
 from runtime.app.web.http import ApiError, json_response, session_id_param, web_state
 from runtime.app.web.resume import (
@@ -70,7 +76,7 @@ from runtime.app.web.resume import (
 )
 from runtime.app.web.ui_stream import error_text, sse, ui_messages
 from runtime.app.web.watch import POLL_FIRST, POLL_MAX, TurnWatch
-from runtime.approval import Decision, Recorded
+from runtime.approval import Decision, Recorded, pending_calls
 from runtime.errors import (
     QueueFull,
     RelayTurnGone,
@@ -372,6 +378,7 @@ class FrontEnd:
                         "title": info.meta.get("title"),
                         "message_count": info.message_count,
                         "busy": info.session_id in busy,
+                        "waiting": waiting_in_meta(info.meta),
                         "meta": info.meta,
                     }
                     for info in infos
@@ -389,6 +396,7 @@ class FrontEnd:
                 "session_id": session_id,
                 "title": record.meta.get("title"),
                 "busy": await self.queue.active(session_id) is not None,
+                "waiting": len(pending_calls(record.messages)),
                 "meta": record.meta,
                 "messages": unstructure(list(record.messages)),
                 "ui_messages": ui_messages(record.messages),
