@@ -144,6 +144,11 @@ async def test_a_suspended_turns_row_awaits_input_with_no_owner_and_no_lease(
         turn = await waiting_turn(d)
         status, owner, lease, resumes, reason = row(pg_url, turn.turn_id)
         running = dict(d.workers[0].running)
+        async with httpx.AsyncClient(base_url=d.urls[0], timeout=LIMIT) as client:
+            listed = (await client.get("/api/sessions")).json()["sessions"]
+            resumed = await client.get("/api/chat/s1/stream")
+    assert [(s["busy"], s["waiting"]) for s in listed] == [(False, 1)]
+    assert resumed.status_code == 204  # a waiting turn streams nothing until decided
     assert (status, owner, lease, resumes, reason) == (
         "awaiting-input",
         None,
