@@ -89,7 +89,14 @@ from runtime.events import ToolApprovalDecided
 from runtime.logging import get_logger
 from runtime.messages import UserContent
 from runtime.serde import unstructure
-from runtime.turn_queue import FINAL_STATUSES, RUNNING, WAITING, Decided, TurnQueue
+from runtime.turn_queue import (
+    FINAL_STATUSES,
+    RUNNING,
+    WAITING,
+    Decided,
+    TurnOptions,
+    TurnQueue,
+)
 
 
 def idempotency_key(session_id: str, payload: dict[str, Any], regenerate: bool) -> str | None:
@@ -264,7 +271,7 @@ class FrontEnd:
         if is_continuation(payload):
             return await self._continue(request, session_id, payload)
         check_media(text, state.agent_for(session_id))
-        turn = await self._submit(
+        turn = await self.submit(
             session_id,
             text,
             idempotency_key(session_id, payload, regenerate),
@@ -272,20 +279,35 @@ class FrontEnd:
         )
         return self._response(request, turn, None)
 
-    async def _submit(
+    async def submit(
         self,
         session_id: str,
         text: UserContent,
         key: str | None,
         regenerate: bool,
+        *,
+        turn_id: str | None = None,
+        options: TurnOptions | None = None,
+        titled: bool = True,
     ) -> Any:
+        """Queue the turn (``titled``: naming a session that has no title yet after its
+        input); a refusal is an :class:`ApiError` with the status the queue's error
+        means (429 over a cap, 503 while the store is unreachable, 409 for a key another
+        turn holds, 400 for anything else the store refused), and nothing is queued."""
         try:
-            record = await self.store.load(session_id)
-            meta = (
-                {} if record is not None and "title" in record.meta else {"title": title_of(text)}
-            )
+            meta: dict[str, Any] = {}
+            if titled:
+                record = await self.store.load(session_id)
+                if record is None or "title" not in record.meta:
+                    meta = {"title": title_of(text)}
             return await self.queue.submit(
-                session_id, text, idempotency_key=key, meta=meta, regenerate=regenerate
+                session_id,
+                text,
+                idempotency_key=key,
+                meta=meta,
+                regenerate=regenerate,
+                turn_id=turn_id,
+                options=options,
             )
         except QueueFull as exc:
             retry = str(max(1, math.ceil(exc.retry_after)))
