@@ -147,6 +147,8 @@ def test_importing_runtime_and_actors_loads_no_application_module_and_no_heavy_l
         "actors.turn.runner",
         "openai",
         "anthropic",
+        "google.genai",
+        "botocore",
         "httpx",
         "pydantic",
         "starlette",

@@ -26,6 +26,7 @@ BUILTIN: dict[str, str] = {
     "openai": "actors.providers.openai:OpenAIProvider",
     "anthropic": "actors.providers.anthropic:AnthropicProvider",
     "openai-responses": "actors.providers.openai_responses:OpenAIResponsesProvider",
+    "google": "actors.providers.gemini:GeminiProvider",
 }
 """The providers that ship with Axon, ``name -> "module:Class"``; a plug-in cannot
 replace them (an entry point with a built-in's name is ignored)."""
