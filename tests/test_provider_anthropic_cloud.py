@@ -426,5 +426,5 @@ async def test_vertex_replays_thinking_it_signed_itself():
 def test_the_cloud_providers_restore_like_anthropic():
     provider = bedrock("http://127.0.0.1:9")
     history = signed_history("http://127.0.0.1:9", BEDROCK_MODEL)
-    system, messages = anthropic.map_messages("Be brief.", history, origin=provider.origin)
+    _, messages = anthropic.map_messages("Be brief.", history, origin=provider.origin)
     assert messages[1]["content"][0]["signature"] == "SIG-X"
