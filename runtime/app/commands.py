@@ -39,8 +39,6 @@ DEFAULT_MODELS = {
     "openai-responses": "gpt-5-mini",
     "anthropic": "claude-sonnet-4-5",
     "google": "gemini-2.5-flash",
-    "anthropic-vertex": "claude-sonnet-4-5@20250929",
-    "anthropic-bedrock": "anthropic.claude-sonnet-4-5-20250929-v1:0",
 }
 """Each built-in real provider's model when ``--model`` is not given (what its
 ``from_options`` picks; listed here so ``--help`` says it without importing a provider)."""
@@ -107,7 +105,8 @@ def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
         "--model",
         default=None,
         help="model name, or provider:model to choose the provider too "
-        f"(openai:gpt-4o-mini, google:gemini-2.5-flash; default: {models})",
+        f"(openai:gpt-4o-mini, google:gemini-2.5-flash; default: {models}; "
+        "anthropic-vertex and anthropic-bedrock: Claude Sonnet 4.5's id on each platform)",
     )
     add("--base-url", default=None, help="provider endpoint (any compatible server)")
     add(
