@@ -62,6 +62,7 @@ from actors.providers.failures import (
     missing_key,
     retry_after,
 )
+from actors.providers.sdk import SDKProvider
 from runtime import errors
 from runtime.actor_messages import InferRequest
 from runtime.chunks import (
@@ -93,7 +94,7 @@ from runtime.messages import (
     is_media_output,
 )
 from runtime.output_schema import OUTPUT_TOOL
-from runtime.provider import Emit, Provider, ProviderOptions
+from runtime.provider import Emit, ProviderOptions
 
 PROVIDER = "google"
 """The provider tag on reasoning and provider data; only such parts are sent back here."""
@@ -632,9 +633,15 @@ def classify_error(exc: BaseException, *, streaming: bool = False) -> AxonError:
 # -- the provider actor ---------------------------------------------------------------------
 
 
-class GeminiProvider(Provider):
+class GeminiProvider(SDKProvider):
     """Google Gemini (the Gemini Developer API) over the ``google-genai`` SDK: streaming,
-    function calls, thought summaries, thought signatures kept and sent back, images."""
+    function calls, thought summaries, thought signatures kept and sent back, images.
+
+    ``request_options`` are extra ``GenerateContentConfig`` fields for every call
+    (``temperature``, ``max_output_tokens``, ``safety_settings``, ``thinking_config``...);
+    a request's ``settings`` override them key by key. ``tools`` are added to the agent's
+    functions (built-ins: ``[{"google_search": {}}]``). Names the SDK's config does not
+    know go in the request body as they are (``http_options.extra_body``)."""
 
     provider_name: ClassVar[str] = PROVIDER
     default_endpoint: ClassVar[str | None] = "https://generativelanguage.googleapis.com"
@@ -656,26 +663,23 @@ class GeminiProvider(Provider):
         foreign_reasoning: ForeignReasoning = "drop",
         **request_options: Any,
     ) -> None:
-        super().__init__(model=model, max_concurrency=max_concurrency, name=name)
-        self.base_url = base_url
-        """API root; ``None``: the SDK's (``GOOGLE_GEMINI_BASE_URL`` or Google's)."""
-        self._api_key = api_key  # private: never logged, never in describe()
+        super().__init__(
+            model,
+            base_url=base_url,
+            api_key=api_key,
+            max_concurrency=max_concurrency,
+            timeout=timeout,
+            name=name,
+            foreign_reasoning=foreign_reasoning,
+            request_options=request_options,
+        )
         self.include_thoughts = include_thoughts
         """Ask for thought summaries (``thinking_config.include_thoughts``), streamed as
         reasoning. Set ``False`` for a model that does not think."""
         self.thinking_budget = thinking_budget
         """``thinking_config.thinking_budget`` in tokens (``0`` turns thinking off where
         the model allows, ``-1`` lets it decide); ``None``: the model's default."""
-        self.timeout = timeout
-        """Seconds to connect and between two reads of the stream; ``None``: no limit."""
-        self.request_options = request_options
-        """Extra ``GenerateContentConfig`` fields for every call (``temperature``,
-        ``max_output_tokens``, ``safety_settings``, ``thinking_config``...); a request's
-        ``settings`` override them key by key. ``tools`` are added to the agent's
-        functions (built-ins: ``[{"google_search": {}}]``). Names the SDK's config does not
-        know go in the request body as they are (``http_options.extra_body``)."""
-        self.foreign_reasoning = self.check_foreign_reasoning(foreign_reasoning)
-        self._client: Any = None
+        self._key: str | None = None  # the key in use, given or from the environment
         self._http: Any = None
 
     @classmethod
@@ -696,30 +700,29 @@ class GeminiProvider(Provider):
             "foreign_reasoning": self.foreign_reasoning,
         }
 
-    def _get_client(self) -> Any:
-        """The ``genai.Client``, built on first use with an HTTP client of our own (see
-        the module docstring) and no SDK retries."""
-        if self._client is None:
-            key = self._api_key or next(
-                (os.environ[v] for v in self.key_env if os.environ.get(v)), None
-            )
-            if not key:
-                raise missing_key(PROVIDER, " or ".join(self.key_env))
-            from google import genai
-            from google.genai import types
+    def new_client(self) -> Any:
+        """The ``genai.Client``, with an HTTP client of our own (see the module
+        docstring) and no SDK retries."""
+        key = self._api_key or next(
+            (os.environ[v] for v in self.key_env if os.environ.get(v)), None
+        )
+        if not key:
+            raise missing_key(PROVIDER, " or ".join(self.key_env))
+        from google import genai  # the SDK: loaded by the first call only
+        from google.genai import types
 
-            from runtime.redact import register_secret
+        self._key = key
+        http = next(sys.modules[m] for m in ("httpx2", "httpx") if m in sys.modules)
+        self._http = http.AsyncClient(timeout=self.timeout, follow_redirects=True)
+        options = types.HttpOptions(
+            base_url=self.base_url,
+            timeout=None if self.timeout is None else int(self.timeout * 1000),
+            httpx_async_client=self._http,
+        )
+        return genai.Client(api_key=key, http_options=options)
 
-            register_secret(key)
-            http = next(sys.modules[m] for m in ("httpx2", "httpx") if m in sys.modules)
-            self._http = http.AsyncClient(timeout=self.timeout, follow_redirects=True)
-            options = types.HttpOptions(
-                base_url=self.base_url,
-                timeout=None if self.timeout is None else int(self.timeout * 1000),
-                httpx_async_client=self._http,
-            )
-            self._client = genai.Client(api_key=key, http_options=options)
-        return self._client
+    def client_secrets(self, client: Any) -> tuple[str | None, ...]:
+        return (self._key,)
 
     def request_params(self, request: InferRequest) -> dict[str, Any]:
         """The ``generate_content_stream`` keyword arguments (``model``, ``contents``,
