@@ -109,7 +109,7 @@ def test_listing_the_providers_imports_no_provider_module_and_no_sdk():
         "provider_names()\n"
         "bad = [m for m in ('actors.providers.openai', 'actors.providers.anthropic',"
         " 'actors.providers.openai_responses', 'actors.providers.gemini',"
-        " 'actors.providers.anthropic_cloud',"
+        " 'actors.providers.anthropic_platforms',"
         " 'openai', 'anthropic', 'google.genai', 'httpx2') if m in sys.modules]\n"
         "assert not bad, bad\n"
     )

@@ -33,8 +33,8 @@ BUILTIN: dict[str, str] = {
     "anthropic": "actors.providers.anthropic:AnthropicProvider",
     "openai-responses": "actors.providers.openai_responses:OpenAIResponsesProvider",
     "google": "actors.providers.gemini:GeminiProvider",
-    "anthropic-vertex": "actors.providers.anthropic_cloud:AnthropicVertexProvider",
-    "anthropic-bedrock": "actors.providers.anthropic_cloud:AnthropicBedrockProvider",
+    "anthropic-vertex": "actors.providers.anthropic:AnthropicVertexProvider",
+    "anthropic-bedrock": "actors.providers.anthropic:AnthropicBedrockProvider",
 }
 """The providers that ship with Axon, ``name -> "module:Class"``; a plug-in cannot
 replace them (an entry point with a built-in's name is ignored)."""

@@ -1,10 +1,16 @@
 """Claude on Google Cloud Vertex AI and on Amazon Bedrock, through the ``anthropic`` SDK's
-own clients (``AsyncAnthropicVertex``, ``AsyncAnthropicBedrock``).
+own clients (``AsyncAnthropicVertex``, ``AsyncAnthropicBedrock``): what the platforms add
+to the Anthropic provider, as the mixins :class:`VertexPlatform` and
+:class:`BedrockPlatform`.
 
 Both speak the Messages API: the request body is Anthropic's (the SDK moves ``model`` into
 the URL and adds ``anthropic_version``), and the events are Anthropic's, so everything
-but the client is the Anthropic provider's (:mod:`actors.providers.anthropic`): the
-restoration, the stream parser, the error ladder. What differs is small and lives here:
+but the client is the Anthropic provider's: the restoration, the stream parser, the error
+ladder. The providers themselves are the Anthropic provider with a mixin in front
+(``actors.providers.anthropic.AnthropicVertexProvider``, ``AnthropicBedrockProvider``):
+this module is a helper of the provider family and imports no provider, so the providers
+stay independent of each other (the import contracts). What differs is small and lives
+here:
 
 * **the client and its credentials**: Vertex takes a region and a project and an OAuth
   access token (``api_key`` here), else Google's Application Default Credentials (the
@@ -21,21 +27,26 @@ restoration, the stream parser, the error ladder. What differs is small and live
   ``bedrock-runtime`` service model gives each (:data:`BEDROCK_STREAM_ERRORS`), and a
   frame that does not decode (a bad checksum) is :class:`~runtime.errors.MalformedStream`.
 
-Nothing here imports an SDK at import time.
+Nothing here imports an SDK at import time; the Anthropic provider's own functions are
+reached through the mixed-in class (``super()``), never imported.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
-from actors.providers import anthropic
 from actors.providers.failures import classify_status
+from actors.providers.sdk import SDKProvider
 from runtime import errors
 from runtime.actor_messages import InferRequest
 from runtime.errors import AxonError
 from runtime.history import Origin, endpoint_of
 from runtime.provider import Emit, ProviderOptions
+
+ANTHROPIC = "anthropic"
+"""The tag the Anthropic provider puts on its reasoning and its errors: the events are
+Anthropic's on every platform, so the parts keep it."""
 
 BEDROCK_STREAM_ERRORS: dict[str, int] = {
     "throttlingException": 429,
@@ -54,13 +65,14 @@ stream. One exception: ``modelStreamErrorException`` is 424 there, but AWS docum
 "an error occurred while streaming the response: retry", so it is a server error here."""
 
 
-class _CloudAnthropic(anthropic.AnthropicProvider):
-    """The Anthropic provider with another client: what Vertex and Bedrock share."""
+class _Platform(SDKProvider):
+    """What Vertex and Bedrock add alike, for a class that also derives from the
+    Anthropic provider (after this one: its methods are reached through ``super()``)."""
 
     @property
     def origin(self) -> Origin:
         """The tag is Anthropic's (the events are), the endpoint this platform's."""
-        return Origin(provider=anthropic.PROVIDER, model=self.model or None, endpoint=self.endpoint)
+        return Origin(provider=ANTHROPIC, model=self.model or None, endpoint=self.endpoint)
 
     def platform_error(self, exc: BaseException) -> AxonError | None:
         """What this platform says differently from Anthropic (``None``: nothing)."""
@@ -69,7 +81,7 @@ class _CloudAnthropic(anthropic.AnthropicProvider):
     def classify_error(self, exc: BaseException) -> AxonError:
         if isinstance(exc, AxonError):
             return exc
-        found = self.platform_error(exc) or anthropic.classify_error(exc)
+        found = self.platform_error(exc) or super().classify_error(exc)
         if isinstance(found, errors.ProviderError):
             found.provider = self.provider_name
         return found
@@ -79,7 +91,7 @@ class _CloudAnthropic(anthropic.AnthropicProvider):
         try:
             await super().stream(request, emit)
         except errors.ProviderError as err:
-            if err.provider != anthropic.PROVIDER:
+            if err.provider != ANTHROPIC:
                 raise
             cause = err.__cause__
             if cause is not None and not isinstance(cause, AxonError):
@@ -116,8 +128,8 @@ def vertex_endpoint(region: str | None) -> str | None:
     return f"https://{region}-aiplatform.googleapis.com/v1"
 
 
-class AnthropicVertexProvider(_CloudAnthropic):
-    """Claude on Vertex AI (``AsyncAnthropicVertex``): Anthropic's provider otherwise."""
+class VertexPlatform(_Platform):
+    """Claude on Vertex AI (``AsyncAnthropicVertex``); mixed into the Anthropic provider."""
 
     provider_name: ClassVar[str] = "anthropic-vertex"
     endpoint_env: ClassVar[str | None] = "ANTHROPIC_VERTEX_BASE_URL"
@@ -134,14 +146,13 @@ class AnthropicVertexProvider(_CloudAnthropic):
     ) -> None:
         """``region`` (else ``CLOUD_ML_REGION``), ``project_id`` (else
         ``ANTHROPIC_VERTEX_PROJECT_ID``, else the credentials'), ``access_token`` (else
-        Application Default Credentials); the rest is :class:`AnthropicProvider`'s."""
-        super().__init__(model, base_url=base_url, **kw)
+        Application Default Credentials); the rest is the Anthropic provider's."""
+        super().__init__(model, base_url=base_url, api_key=access_token, **kw)
         self.region = region
         self.project_id = project_id
-        self._access_token = access_token  # private: never logged, never in describe()
 
     @classmethod
-    def from_options(cls, options: ProviderOptions) -> AnthropicVertexProvider:
+    def from_options(cls, options: ProviderOptions) -> Self:
         """``--provider anthropic-vertex``: ``--model`` (default
         ``claude-sonnet-4-5@20250929``), ``--api-key`` (an access token; default: ADC),
         ``--base-url``, ``--thinking-budget``; region and project from ``CLOUD_ML_REGION``
@@ -162,27 +173,26 @@ class AnthropicVertexProvider(_CloudAnthropic):
     def describe_settings(self) -> dict[str, Any]:
         return {**super().describe_settings(), "region": self.region, "project_id": self.project_id}
 
-    def _get_client(self) -> Any:
-        if self._client is None:
-            from anthropic import AsyncAnthropicVertex
+    def new_client(self) -> Any:
+        """The ``AsyncAnthropicVertex`` client, SDK retries off."""
+        from anthropic import AsyncAnthropicVertex  # the SDK: loaded by the first call only
 
-            kw: dict[str, Any] = {"max_retries": 0, "timeout": self.timeout}
-            for key, value in (
-                ("region", self.region),
-                ("project_id", self.project_id),
-                ("access_token", self._access_token),
-                ("base_url", self.base_url),
-            ):
-                if value is not None:
-                    kw[key] = value
-            try:
-                self._client = AsyncAnthropicVertex(**kw)
-            except ValueError as exc:  # no region given nor in the environment
-                raise errors.ConfigurationError(f"anthropic-vertex: {exc}") from exc
-            from runtime.redact import register_secret
+        kw: dict[str, Any] = {"max_retries": 0, "timeout": self.timeout}
+        for key, value in (
+            ("region", self.region),
+            ("project_id", self.project_id),
+            ("access_token", self._api_key),
+            ("base_url", self.base_url),
+        ):
+            if value is not None:
+                kw[key] = value
+        try:
+            return AsyncAnthropicVertex(**kw)
+        except ValueError as exc:  # no region given nor in the environment
+            raise errors.ConfigurationError(f"anthropic-vertex: {exc}") from exc
 
-            register_secret(self._access_token)
-        return self._client
+    def client_secrets(self, client: Any) -> tuple[str | None, ...]:
+        return (client.access_token,)  # given; credentials found later stay Google's
 
     def platform_error(self, exc: BaseException) -> AxonError | None:
         if isinstance(exc, RuntimeError) and "project_id" in str(exc):
@@ -193,9 +203,9 @@ class AnthropicVertexProvider(_CloudAnthropic):
 # -- Bedrock --------------------------------------------------------------------------------
 
 
-class AnthropicBedrockProvider(_CloudAnthropic):
-    """Claude on Amazon Bedrock (``AsyncAnthropicBedrock``): Anthropic's provider
-    otherwise, its stream in AWS event-stream frames."""
+class BedrockPlatform(_Platform):
+    """Claude on Amazon Bedrock (``AsyncAnthropicBedrock``), its stream in AWS event-stream
+    frames; mixed into the Anthropic provider."""
 
     provider_name: ClassVar[str] = "anthropic-bedrock"
     endpoint_env: ClassVar[str | None] = "ANTHROPIC_BEDROCK_BASE_URL"
@@ -215,19 +225,18 @@ class AnthropicBedrockProvider(_CloudAnthropic):
     ) -> None:
         """``region`` (else ``AWS_REGION`` / ``AWS_DEFAULT_REGION`` / the profile's);
         ``api_key`` a Bedrock API key (else ``AWS_BEARER_TOKEN_BEDROCK``) or the AWS
-        credentials (else boto3's usual chain); the rest is :class:`AnthropicProvider`'s."""
-        super().__init__(model, base_url=base_url, **kw)
+        credentials (else boto3's usual chain); the rest is the Anthropic provider's."""
+        super().__init__(model, base_url=base_url, api_key=api_key, **kw)
         self.region = region
         self.aws_profile = aws_profile
-        self._bearer = api_key  # private: never logged, never in describe()
-        self._aws = {
+        self._aws = {  # private: never logged, never in describe()
             "aws_access_key": aws_access_key,
             "aws_secret_key": aws_secret_key,
             "aws_session_token": aws_session_token,
         }
 
     @classmethod
-    def from_options(cls, options: ProviderOptions) -> AnthropicBedrockProvider:
+    def from_options(cls, options: ProviderOptions) -> Self:
         """``--provider anthropic-bedrock``: ``--model`` (default
         ``anthropic.claude-sonnet-4-5-20250929-v1:0``), ``--api-key`` (a Bedrock API key;
         default: ``AWS_BEARER_TOKEN_BEDROCK``, else the AWS credentials), ``--base-url``,
@@ -249,29 +258,27 @@ class AnthropicBedrockProvider(_CloudAnthropic):
     def describe_settings(self) -> dict[str, Any]:
         return {**super().describe_settings(), "region": self.region, "profile": self.aws_profile}
 
-    def _get_client(self) -> Any:
-        if self._client is None:
-            from anthropic import AsyncAnthropicBedrock
+    def new_client(self) -> Any:
+        """The ``AsyncAnthropicBedrock`` client, SDK retries off."""
+        from anthropic import AsyncAnthropicBedrock  # the SDK: loaded by the first call only
 
-            kw: dict[str, Any] = {"max_retries": 0, "timeout": self.timeout}
-            given = {
-                "aws_region": self.region,
-                "aws_profile": self.aws_profile,
-                "api_key": self._bearer,
-                "base_url": self.base_url,
-                **self._aws,
-            }
-            kw.update({key: value for key, value in given.items() if value is not None})
-            try:
-                self._client = AsyncAnthropicBedrock(**kw)
-            except ValueError as exc:  # no region anywhere, or a key and credentials both
-                raise errors.ConfigurationError(f"anthropic-bedrock: {exc}") from exc
-            from runtime.redact import register_secret
+        kw: dict[str, Any] = {"max_retries": 0, "timeout": self.timeout}
+        given = {
+            "aws_region": self.region,
+            "aws_profile": self.aws_profile,
+            "api_key": self._api_key,
+            "base_url": self.base_url,
+            **self._aws,
+        }
+        kw.update({key: value for key, value in given.items() if value is not None})
+        try:
+            return AsyncAnthropicBedrock(**kw)
+        except ValueError as exc:  # no region anywhere, or a key and credentials both
+            raise errors.ConfigurationError(f"anthropic-bedrock: {exc}") from exc
 
-            register_secret(self._client.api_key)  # the bearer key, given or from the env
-            register_secret(self._aws["aws_secret_key"])
-            register_secret(self._aws["aws_session_token"])
-        return self._client
+    def client_secrets(self, client: Any) -> tuple[str | None, ...]:
+        # the bearer key (given or AWS_BEARER_TOKEN_BEDROCK) and the AWS secrets given
+        return (client.api_key, self._aws["aws_secret_key"], self._aws["aws_session_token"])
 
     def platform_error(self, exc: BaseException) -> AxonError | None:
         import anthropic as sdk

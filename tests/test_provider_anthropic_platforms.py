@@ -15,11 +15,8 @@ import pytest
 import trio
 
 from actors.providers import anthropic
-from actors.providers.anthropic_cloud import (
-    BEDROCK_STREAM_ERRORS,
-    AnthropicBedrockProvider,
-    AnthropicVertexProvider,
-)
+from actors.providers.anthropic import AnthropicBedrockProvider, AnthropicVertexProvider
+from actors.providers.anthropic_platforms import BEDROCK_STREAM_ERRORS
 from actors.providers.registry import create_provider
 from runtime.actor_messages import InferRequest
 from runtime.chunks import FinishChunk, ReasoningChunk, TextChunk, ToolCallChunk
