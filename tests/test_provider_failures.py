@@ -273,6 +273,18 @@ def test_every_library_the_code_imports_is_a_declared_dependency():
     assert undeclared == {}, f"imported but not in pyproject dependencies: {undeclared}"
 
 
-def test_no_module_imports_the_sdks_http_library_directly():
-    imports = _third_party_imports()
-    assert "httpx2" not in imports and "httpx" not in imports
+def test_no_provider_imports_the_sdks_http_library_directly():
+    """The SDKs are built on ``httpx`` or ``httpx2`` depending on their version: a provider
+    that imported one would classify the other's transport errors wrongly."""
+    importers = []
+    for path in sorted(ROOT.glob("actors/providers/**/*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            else:
+                continue
+            if any(name.split(".")[0] in ("httpx", "httpx2") for name in names):
+                importers.append(f"{path.name}:{node.lineno}")
+    assert importers == []
