@@ -15,18 +15,19 @@ import openai
 import pytest
 import trio
 
-from actors.providers.scripted import ScriptedProvider
+from actors.providers.scripted import ScriptedProvider, tool_call
 from runtime import output as o
 from runtime.agent import Agent
 from runtime.app.web.queued_turn import RestartFilter
 from runtime.chunks import Usage
-from runtime.messages import AssistantMessage, SystemMessage, UserMessage
+from runtime.messages import AssistantMessage, SystemMessage, ToolMessage, UserMessage
 from runtime.relay import StepRestarted
 from tests.support import worker_agent
 from tests.support.redis import require_redis
+from tests.test_agui import check_sequence, parse_sse, run_input, types, user, valid
 from tests.test_frontend import LIMIT, Deployment, deployment, wait_for_turn
 
-ALL = ("ai-sdk", "openai")
+ALL = ("ai-sdk", "openai", "ag-ui")
 USAGE = Usage(input_tokens=10, output_tokens=3, total_tokens=13)
 
 
@@ -276,3 +277,216 @@ async def wait_for_turn_to_end(d: Deployment, session_id: str) -> Any:
         if turns and turns[-1].finished:
             return turns[-1]
         await trio.sleep(0.02)
+
+
+# -- AG-UI ----------------------------------------------------------------------------------
+
+COLOR_TOOL = {
+    "name": "pick_color",
+    "description": "Ask the user to pick a color.",
+    "parameters": {
+        "type": "object",
+        "properties": {"options": {"type": "array", "items": {"type": "string"}}},
+        "required": ["options"],
+    },
+}
+
+
+def agui_agent(delay: float = 0.0) -> Agent:
+    """The worker tests' agent, and ``pick ...``: a call of the client's ``pick_color``
+    tool, then an answer with its output."""
+
+    def respond(request: Any) -> list[Any]:
+        if worker_agent._last_input(request).startswith("pick"):
+            results = [m for m in request.messages if isinstance(m, ToolMessage)]
+            if not results:
+                return [
+                    "Let me ask. ",
+                    *tool_call("pick_color", {"options": ["red", "blue"]}, tool_call_id="c1"),
+                ]
+            return [f"You chose {results[-1].output}."]
+        return worker_agent.respond(request)
+
+    return Agent(
+        name="worker-test",
+        provider=ScriptedProvider(responder=respond, delay=delay, chunk_size=8, usage=USAGE),
+        instructions="test",
+        tools=[worker_agent.record, worker_agent.guarded],
+    )
+
+
+async def agui_post(url: str, body: Any) -> httpx.Response:
+    async with httpx.AsyncClient(base_url=url, timeout=LIMIT) as c:
+        return await c.post("/ag-ui", json=body)
+
+
+async def agui_run(url: str, body: Any) -> list[dict[str, Any]]:
+    """A run's events, each validated by the official models, the sequence checked."""
+    with trio.fail_after(LIMIT):
+        r = await agui_post(url, body)
+    assert r.status_code == 200, r.text
+    events = parse_sse(r.text)
+    for event in events:
+        valid(event)
+    check_sequence(events)
+    return events
+
+
+def text_of(events: list[dict[str, Any]]) -> str:
+    return "".join(e["delta"] for e in events if e["type"] == "TEXT_MESSAGE_CONTENT")
+
+
+async def test_an_agui_run_streams_a_queued_turn_as_valid_events_under_the_clients_ids(
+    pg_url: str, redis_url: str
+) -> None:
+    async with protocols_deployment(pg_url, redis_url, agui_agent()) as d:
+        events = await agui_run(d.urls[0], run_input("t1", user("tools go", "u1"), runId="r1"))
+        turns = await d.queue.turns("t1")
+        record = await d.store.load("t1")
+    assert (events[0]["type"], events[0]["threadId"], events[0]["runId"]) == (
+        "RUN_STARTED",
+        "t1",
+        "r1",
+    )
+    assert [t.turn_id for t in turns] == ["r1"] and turns[0].status == "done"
+    kinds = types(events)
+    assert kinds.count("STEP_STARTED") == 3 and "REASONING_MESSAGE_CONTENT" in kinds
+    assert [e["toolCallName"] for e in events if e["type"] == "TOOL_CALL_START"] == [
+        "record",
+        "record",
+    ]
+    assert text_of(events) == worker_agent.answer_text("tools go")
+    assert events[-1]["type"] == "RUN_FINISHED" and events[-1]["outcome"] == {"type": "success"}
+    assert record is not None and record.messages[0].id == "u1"  # the client's message id
+    assert record.messages[1].id == "msg_r1"
+
+
+async def test_a_new_agui_thread_starts_on_the_worker_from_the_messages_the_client_holds(
+    pg_url: str, redis_url: str
+) -> None:
+    agent = agui_agent()
+    async with protocols_deployment(pg_url, redis_url, agent) as d:
+        earlier = [
+            user("hello", "h1"),
+            {"id": "h2", "role": "assistant", "content": "Hi there."},
+        ]
+        events = await agui_run(d.urls[0], run_input("t6", *earlier, user("again", "h3")))
+        record = await d.store.load("t6")
+    assert text_of(events) == "echo: again"
+    sent = requests_of(agent)[-1].messages
+    assert [m.text if isinstance(m, AssistantMessage) else m.content for m in sent[:3]] == [
+        "hello",
+        "Hi there.",
+        "again",
+    ]
+    assert record is not None
+    assert [getattr(m, "text", None) or m.content for m in record.messages] == [
+        "hello",
+        "Hi there.",
+        "again",
+        "echo: again",
+    ]
+    assert record.messages[2].id == "h3"  # the new message keeps the client's id
+
+
+async def test_an_agui_client_tool_travels_to_the_worker_and_its_answer_resumes_the_turn(
+    pg_url: str, redis_url: str
+) -> None:
+    agent = agui_agent()
+    async with protocols_deployment(pg_url, redis_url, agent) as d:
+        context = [{"description": "The user", "value": "Ada"}]
+        body = run_input("t2", user("pick one", "m1"), tools=[COLOR_TOOL], context=context)
+        first = await agui_run(d.urls[0], body)
+        waiting = await d.queue.turns("t2")
+        message_id = next(e["messageId"] for e in first if e["type"] == "TEXT_MESSAGE_START")
+        history = [
+            user("pick one", "m1"),
+            {
+                "id": message_id,
+                "role": "assistant",
+                "content": "Let me ask. ",
+                "toolCalls": [
+                    {"id": "c1", "type": "function",
+                     "function": {"name": "pick_color", "arguments": "{}"}}
+                ],
+            },
+            {"id": "answer-1", "role": "tool", "toolCallId": "c1", "content": "blue"},
+        ]  # fmt: skip
+        second = await agui_run(
+            d.urls[0], run_input("t2", *history, tools=[COLOR_TOOL], runId="r2")
+        )
+        turns = await d.queue.turns("t2")
+        record = await d.store.load("t2")
+    offered = requests_of(agent)[0]
+    assert "pick_color" in [t.name for t in offered.tools]
+    assert "Ada" in (offered.instructions or "")
+    assert first[-1]["outcome"] == {"type": "success", "pendingToolCallIds": ["c1"]}
+    assert [t.status for t in waiting] == ["awaiting-input"]
+    assert text_of(second) == "You chose blue."
+    assert second[-1]["outcome"] == {"type": "success"}
+    assert [t.status for t in turns] == ["done"]  # the same turn, continued
+    assert record is not None
+    assert [type(m).__name__ for m in record.messages] == [
+        "UserMessage",
+        "AssistantMessage",
+        "ToolMessage",
+    ]
+
+
+async def test_an_agui_approval_interrupts_and_its_resume_runs_the_tool_on_a_worker(
+    pg_url: str, redis_url: str
+) -> None:
+    async with protocols_deployment(pg_url, redis_url, agui_agent()) as d:
+        first = await agui_run(d.urls[0], run_input("t3", user("approve it", "m1")))
+        (interrupt,) = first[-1]["outcome"]["interrupts"]
+        resume = [
+            {"interruptId": interrupt["id"], "status": "resolved", "payload": {"approved": True}}
+        ]
+        second = await agui_run(
+            d.urls[0], run_input("t3", user("approve it", "m1"), resume=resume, runId="r2")
+        )
+        replay = await agui_run(d.urls[0], run_input("t3", resume=resume, runId="r3"))
+        turns = await d.queue.turns("t3")
+    assert first[-1]["outcome"]["type"] == "interrupt"
+    assert interrupt["toolCallId"] == "call_a"
+    assert "TOOL_CALL_START" not in types(second)  # not re-emitted on resume
+    (result,) = [e for e in second if e["type"] == "TOOL_CALL_RESULT"]
+    assert result["content"] == "recorded 1"
+    assert text_of(second) == worker_agent.answer_text("approve it")
+    assert types(replay) == ["RUN_STARTED", "MESSAGES_SNAPSHOT", "RUN_FINISHED"]
+    assert [t.status for t in turns] == ["done"]
+
+
+async def test_agui_bad_input_in_a_worker_deployment_is_refused_in_its_shape_and_queues_nothing(
+    pg_url: str, redis_url: str
+) -> None:
+    async with protocols_deployment(pg_url, redis_url, agui_agent(delay=0.05)) as d:
+        url = d.urls[0]
+        malformed = await agui_post(url, {"threadId": "t4", "runId": "r", "messages": "no"})
+        forged = await agui_post(url, run_input("../t4", user("hi", "m0")))
+        unknown_call = await agui_post(
+            url,
+            run_input("t4", {"id": "x", "role": "tool", "toolCallId": "nope", "content": "1"}),
+        )
+        nothing_queued = await d.queue.turns("t4")
+        await agui_run(url, run_input("t4", user("approve it", "m1")))
+        while_waiting = await agui_post(
+            url, run_input("t4", user("approve it", "m1"), user("no", "m2"))
+        )
+        async with httpx.AsyncClient(base_url=url, timeout=LIMIT) as c:
+            async with c.stream("POST", "/ag-ui", json=run_input("t5", user("tools long", "n1"))):
+                await wait_for_turn(d.queue, "t5", "running")
+                busy = await c.post("/ag-ui", json=run_input("t5", user("again", "n2")))
+        turns = await d.queue.turns("t4")
+        stored = await d.store.load("t4")
+    assert (malformed.status_code, malformed.json()["code"]) == (400, "invalid_input")
+    assert (forged.status_code, forged.json()["code"]) == (400, "invalid_thread_id")
+    assert (unknown_call.status_code, unknown_call.json()["code"]) == (404, "unknown_tool_call")
+    assert nothing_queued == []
+    assert (while_waiting.status_code, while_waiting.json()["code"]) == (409, "interrupt_pending")
+    assert (busy.status_code, busy.json()["code"]) == (409, "thread_busy")
+    assert [t.status for t in turns] == ["awaiting-input"]  # the refused runs queued nothing
+    assert stored is not None and [type(m).__name__ for m in stored.messages] == [
+        "UserMessage",
+        "AssistantMessage",
+    ]

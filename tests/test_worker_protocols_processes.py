@@ -7,17 +7,19 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import httpx
 import openai
 import pytest
 import trio
 
 from tests.support.redis import require_redis, unique_prefix
-from tests.support.worker_agent import answer_text
+from tests.support.worker_agent import answer_text, read_ledger
+from tests.test_agui import check_sequence, parse_sse, run_input, types, user, valid
 from tests.test_worker_approval_processes import FrontEnds
 from tests.test_workers import Workers, sql
 
 LIMIT = 60.0
-PROTOCOLS = "ai-sdk,openai"
+PROTOCOLS = "ai-sdk,openai,ag-ui"
 
 
 @pytest.fixture
@@ -73,3 +75,41 @@ async def test_the_openai_sdk_streams_and_completes_turns_that_worker_processes_
     assert rows[0][0] == "p-oa"
     sessions = sql(pg_url, "SELECT session_id FROM axon_sessions")
     assert sessions == [("p-oa",)]  # the stateless turn's scratch session is gone
+
+
+async def agui_run(client: httpx.AsyncClient, body: dict) -> list[dict]:  # type: ignore[type-arg]
+    """A run's events, each validated by AG-UI's official models, the sequence checked."""
+    response = await client.post("/ag-ui", json=body)
+    assert response.status_code == 200, response.text
+    events = parse_sse(response.text)
+    for event in events:
+        valid(event)
+    check_sequence(events)
+    return events
+
+
+async def test_an_agui_approval_waits_on_the_queue_and_its_resume_runs_the_tool_once_on_a_worker(
+    pg_url: str, deployment: tuple[Workers, FrontEnds]
+) -> None:
+    workers, fronts = deployment
+    first_front, second_front = await fronts.start(), await fronts.start()
+    workers.start("w1", AXON_TEST_DELAY="0.01")
+    async with httpx.AsyncClient(base_url=first_front, timeout=LIMIT) as one:
+        with trio.fail_after(LIMIT):
+            first = await agui_run(one, run_input("p-ag", user("approve it", "m1"), runId="r1"))
+    (interrupt,) = first[-1]["outcome"]["interrupts"]
+    assert sql(pg_url, "SELECT status, owner FROM axon_turns") == [("awaiting-input", None)]
+    workers.start("w2", AXON_TEST_DELAY="0.01")
+    resume = [{"interruptId": interrupt["id"], "status": "resolved", "payload": {"approved": True}}]
+    async with httpx.AsyncClient(base_url=second_front, timeout=LIMIT) as two:
+        with trio.fail_after(LIMIT):
+            second = await agui_run(two, run_input("p-ag", resume=resume, runId="r2"))
+    effects, _ = read_ledger(pg_url)
+    assert first[-1]["outcome"]["type"] == "interrupt" and interrupt["toolCallId"] == "call_a"
+    assert "TOOL_CALL_START" not in types(second)
+    (result,) = [e for e in second if e["type"] == "TOOL_CALL_RESULT"]
+    assert result["content"] == "recorded 1"
+    text = "".join(e["delta"] for e in second if e["type"] == "TEXT_MESSAGE_CONTENT")
+    assert text == answer_text("approve it")
+    assert effects == {"r1:0:call_a": 1}  # the approved tool ran once
+    assert sql(pg_url, "SELECT turn_id, status FROM axon_turns") == [("r1", "done")]

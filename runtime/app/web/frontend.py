@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import orjson
@@ -330,23 +330,8 @@ class FrontEnd:
         decided: list[Decided] = []
 
         async def record(key: str, decision: Decision) -> Recorded:
-            try:
-                outcome = await self.queue.decide(session_id, key, decision, tools)
-            except StoreUnavailable as exc:
-                raise ApiError(503, _one_line(exc), {"retry-after": "1"}) from None
+            outcome = await self.decide(state.host.bus, session_id, key, decision, tools)
             decided.append(outcome)
-            call = outcome.recorded.call
-            if call.kind == "approval":
-                await state.host.bus.publish(
-                    ToolApprovalDecided(
-                        session_id=session_id,
-                        tool_call_id=call.tool_call_id,
-                        approved=bool(decision.approved),
-                        reason=decision.reason,
-                        turn_id=call.turn_id,
-                        causation_id=call.approval_id,
-                    )
-                )
             return outcome.recorded
 
         announced, complete = await check_and_record(self.store, session_id, tools, payload, record)
@@ -355,6 +340,33 @@ class FrontEnd:
             return json_response({"recorded": True, "waiting": waiting}, 202)
         turn = decided[-1].turn
         return self._response(request, turn, None, after_pauses=turn.resumes, announced=announced)
+
+    async def decide(
+        self, bus: Any, session_id: str, key: str, decision: Decision, tools: Mapping[str, Any]
+    ) -> Decided:
+        """Record one decision for a waiting call of ``session_id`` through the queue
+        (:meth:`runtime.turn_queue.TurnQueue.decide`: refused unless its turn still
+        waits; the decision that completes the turn's calls puts it back for a worker),
+        publishing on ``bus`` what ``session.decide`` publishes in the embedded app. A
+        store that cannot be reached is an :class:`ApiError` 503; a refused decision
+        raises its :class:`~runtime.errors.DecisionError`."""
+        try:
+            outcome = await self.queue.decide(session_id, key, decision, tools)
+        except StoreUnavailable as exc:
+            raise ApiError(503, _one_line(exc), {"retry-after": "1"}) from None
+        call = outcome.recorded.call
+        if call.kind == "approval":
+            await bus.publish(
+                ToolApprovalDecided(
+                    session_id=session_id,
+                    tool_call_id=call.tool_call_id,
+                    approved=bool(decision.approved),
+                    reason=decision.reason,
+                    turn_id=call.turn_id,
+                    causation_id=call.approval_id,
+                )
+            )
+        return outcome
 
     async def stream(self, request: Request) -> Any:
         session_id = session_id_param(request.path_params["session_id"])

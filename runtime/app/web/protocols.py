@@ -29,7 +29,7 @@ BUILT: frozenset[str] = frozenset({"ai-sdk", "ag-ui", "a2a", "openai"})
 
 DEFAULT: tuple[str, ...] = ("ai-sdk",)
 
-EMBEDDED_ONLY: tuple[str, ...] = ("ag-ui", "a2a")
+EMBEDDED_ONLY: tuple[str, ...] = ("a2a",)
 """Protocols that a worker deployment's front end does not serve yet. The others queue
 their turns for the workers and stream them from the relay
 (:mod:`runtime.app.web.queued_turn`)."""
