@@ -257,8 +257,11 @@ class TurnQueue(Protocol):
         """The sessions with a turn queued or running."""
         ...
 
-    async def request_cancel(self, turn_id: str, reason: str = "cancelled") -> TurnStatus | None:
-        """Cancel a turn: a queued one at once, a running one through its worker."""
+    async def request_cancel(
+        self, turn_id: str, reason: str = "cancelled", *, waiting: bool = False
+    ) -> TurnStatus | None:
+        """Cancel a turn: a queued one at once, a running one through its worker; with
+        ``waiting``, one that waits for input at once too (no decision resumes it then)."""
         ...
 
     async def turns(self, session_id: str) -> list[QueuedTurn]:

@@ -556,6 +556,25 @@ async def test_a_decision_for_a_turn_that_no_longer_waits_is_refused_and_not_sav
     assert await store.version("s1") == version
 
 
+async def test_a_waiting_turn_is_cancelled_only_when_asked_and_then_no_decision_resumes_it(
+    queue, store
+):
+    claim = await suspended(queue, store)
+    turn_id = claim.turn.turn_id
+    left = await queue.request_cancel(turn_id, "stop")
+    ended = await queue.request_cancel(turn_id, "canceled by the A2A client", waiting=True)
+    with pytest.raises(AlreadyDecided, match="cancelled"):
+        await queue.decide("s1", "ap1", Decision(approved=True), {})
+    assert left is not None and left.status == "awaiting-input"
+    assert ended is not None and (ended.status, ended.finish_reason, ended.expires_at) == (
+        "cancelled",
+        "aborted",
+        None,
+    )
+    assert ended.cancel_reason == "canceled by the A2A client"
+    assert await queue.claim("w2") is None  # nothing to resume
+
+
 async def test_a_decision_for_another_sessions_call_is_unknown(queue, store):
     await suspended(queue, store, "s1")
     await store.save("s2", 0, [UserMessage(content="hi")])

@@ -8,26 +8,49 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
 import openai
 import pytest
 import trio
+from a2a.types.a2a_pb2 import (
+    CancelTaskRequest,
+    GetTaskRequest,
+    SendMessageConfiguration,
+    SubscribeToTaskRequest,
+    TaskState,
+)
+from a2a.utils.errors import (
+    InvalidParamsError,
+    TaskNotCancelableError,
+    TaskNotFoundError,
+    UnsupportedOperationError,
+)
+from google.protobuf.json_format import MessageToDict
 
 from actors.providers.scripted import ScriptedProvider, tool_call
 from runtime import output as o
 from runtime.agent import Agent
 from runtime.app.web.queued_turn import RestartFilter
 from runtime.chunks import Usage
-from runtime.messages import AssistantMessage, SystemMessage, ToolMessage, UserMessage
+from runtime.messages import (
+    AssistantMessage,
+    SystemMessage,
+    ToolCallPart,
+    ToolMessage,
+    UserMessage,
+)
 from runtime.relay import StepRestarted
 from tests.support import worker_agent
 from tests.support.redis import require_redis
+from tests.test_a2a import answer_of, collect, last_state, sdk
+from tests.test_a2a import user as a2a_user
 from tests.test_agui import check_sequence, parse_sse, run_input, types, user, valid
 from tests.test_frontend import LIMIT, Deployment, deployment, wait_for_turn
 
-ALL = ("ai-sdk", "openai", "ag-ui")
+ALL = ("ai-sdk", "openai", "ag-ui", "a2a")
 USAGE = Usage(input_tokens=10, output_tokens=3, total_tokens=13)
 
 
@@ -490,3 +513,170 @@ async def test_agui_bad_input_in_a_worker_deployment_is_refused_in_its_shape_and
         "UserMessage",
         "AssistantMessage",
     ]
+
+
+# -- A2A ------------------------------------------------------------------------------------
+
+
+def at(url: str) -> Any:
+    """What :func:`tests.test_a2a.sdk` needs of a server: its URL."""
+    return SimpleNamespace(url=url)
+
+
+def returning_at_once(request: Any) -> Any:
+    request.configuration.CopyFrom(SendMessageConfiguration(return_immediately=True))
+    return request
+
+
+async def test_an_a2a_task_is_a_queued_turn_that_any_front_end_answers_for(
+    pg_url: str, redis_url: str
+) -> None:
+    async with protocols_deployment(pg_url, redis_url, fronts=2) as d:
+        one, two = at(d.urls[0]), at(d.urls[1])
+        with trio.fail_after(LIMIT):
+            events = await sdk(one, lambda c: collect(c, a2a_user("tools a2a", context_id="c1")))
+            task_id = events[0].task.id
+            again = await sdk(two, lambda c: c.get_task(GetTaskRequest(id=task_id)))
+            resent = await sdk(
+                two, lambda c: collect(c, a2a_user("tools a2a", context_id="c1")), streaming=False
+            )
+        turns = await d.queue.turns("c1")
+    assert [t.status for t in turns] == ["done"]  # the resent message ran nothing
+    assert task_id == f"c1~msg_{turns[0].turn_id}"
+    assert events[0].task.status.state in (
+        TaskState.TASK_STATE_SUBMITTED,
+        TaskState.TASK_STATE_WORKING,
+    )
+    assert answer_of(events) == worker_agent.answer_text("tools a2a")
+    assert last_state(events) == TaskState.TASK_STATE_COMPLETED
+    assert again.status.state == TaskState.TASK_STATE_COMPLETED
+    assert "".join(p.text for p in again.artifacts[0].parts) == answer_of(events)
+    assert [m.message_id for m in again.history] == ["m1"]
+    assert resent[0].task.id == task_id
+
+
+async def test_an_a2a_task_waiting_for_approval_resumes_on_a_worker_from_the_decision(
+    pg_url: str, redis_url: str
+) -> None:
+    async with protocols_deployment(pg_url, redis_url, fronts=2) as d:
+
+        async def ask(client: Any) -> list[Any]:
+            return await collect(client, a2a_user("approve it", message_id="q", context_id="c2"))
+
+        with trio.fail_after(LIMIT):
+            asked = await sdk(at(d.urls[0]), ask)
+            task = asked[0].task
+            status = asked[-1].status_update.status
+            pending = MessageToDict(status.message.parts[1].data)["pending"]
+            decision = {"decisions": [{"id": pending[0]["id"], "approved": True}]}
+            request = a2a_user(message_id="d", task_id=task.id, data=decision)
+            answered = await sdk(at(d.urls[1]), lambda c: collect(c, request))
+        turns = await d.queue.turns("c2")
+    assert last_state(asked) == TaskState.TASK_STATE_INPUT_REQUIRED
+    assert [(p["kind"], p["tool"]) for p in pending] == [("approval", "guarded")]
+    assert answered[0].task.id == task.id  # the same task goes on
+    # the Task carries the answer so far, then the continuation streams the rest
+    assert answer_of(answered) == "I need your approval. " + worker_agent.answer_text("approve it")
+    assert last_state(answered) == TaskState.TASK_STATE_COMPLETED
+    assert [t.status for t in turns] == ["done"]
+
+
+async def test_subscribing_on_another_front_end_gives_the_task_then_its_updates_to_the_end(
+    pg_url: str, redis_url: str
+) -> None:
+    async with protocols_deployment(pg_url, redis_url, scripted_agent(0.02), fronts=2) as d:
+        request = returning_at_once(a2a_user("tools follow", context_id="c3"))
+        with trio.fail_after(LIMIT):
+            (sent,) = await sdk(at(d.urls[0]), lambda c: collect(c, request), streaming=False)
+
+            async def follow(client: Any) -> list[Any]:
+                return [e async for e in client.subscribe(SubscribeToTaskRequest(id=sent.task.id))]
+
+            events = await sdk(at(d.urls[1]), follow)
+    assert events[0].task.id == sent.task.id  # the current Task first
+    assert events[0].task.status.state == TaskState.TASK_STATE_WORKING
+    assert answer_of(events) == worker_agent.answer_text("tools follow")
+    assert last_state(events) == TaskState.TASK_STATE_COMPLETED
+
+
+async def test_canceling_a_running_a2a_task_cancels_its_turn_and_is_idempotent(
+    pg_url: str, redis_url: str
+) -> None:
+    async with protocols_deployment(pg_url, redis_url, scripted_agent(0.05), fronts=2) as d:
+        request = returning_at_once(a2a_user("tools cancel me", context_id="c4"))
+        with trio.fail_after(LIMIT):
+            (sent,) = await sdk(at(d.urls[0]), lambda c: collect(c, request), streaming=False)
+            await wait_for_turn(d.queue, "c4", "running")
+            cancel = CancelTaskRequest(id=sent.task.id)
+            first = await sdk(at(d.urls[1]), lambda c: c.cancel_task(cancel), streaming=False)
+            turn = await wait_for_turn_to_end(d, "c4")
+            again = await sdk(at(d.urls[0]), lambda c: c.cancel_task(cancel), streaming=False)
+            later = await sdk(at(d.urls[1]), lambda c: c.get_task(GetTaskRequest(id=sent.task.id)))
+    assert first.status.state == again.status.state == TaskState.TASK_STATE_CANCELED
+    assert later.status.state == TaskState.TASK_STATE_CANCELED
+    assert turn.status == "cancelled"
+
+
+async def test_canceling_a_waiting_a2a_task_denies_its_calls_and_runs_no_continuation(
+    pg_url: str, redis_url: str
+) -> None:
+    agent = scripted_agent()
+    async with protocols_deployment(pg_url, redis_url, agent) as d:
+        with trio.fail_after(LIMIT):
+            asked = await sdk(
+                at(d.urls[0]), lambda c: collect(c, a2a_user("approve no", context_id="c5"))
+            )
+            cancel = CancelTaskRequest(id=asked[0].task.id)
+            canceled = await sdk(at(d.urls[0]), lambda c: c.cancel_task(cancel), streaming=False)
+            turn = await wait_for_turn_to_end(d, "c5")
+            record = await d.store.load("c5")
+    assert canceled.status.state == TaskState.TASK_STATE_CANCELED
+    assert turn.status == "cancelled"
+    assert len(requests_of(agent)) == 1  # no model call after the denial
+    assert record is not None
+    call = next(p for p in record.messages[1].content if isinstance(p, ToolCallPart))
+    assert call.awaiting is not None and call.awaiting.decided and not call.awaiting.approved
+
+
+async def test_a2a_bad_input_in_a_worker_deployment_is_answered_in_a2as_shape_and_queues_nothing(
+    pg_url: str, redis_url: str
+) -> None:
+    async with protocols_deployment(pg_url, redis_url, scripted_agent(0.05)) as d:
+        server = at(d.urls[0])
+
+        async def unknown(client: Any) -> None:
+            for task_id in ("nope", "ctx~missing", "ctx~msg_turn_nope", "a/b~c"):
+                with pytest.raises(TaskNotFoundError):
+                    await client.get_task(GetTaskRequest(id=task_id))
+                with pytest.raises(TaskNotFoundError):
+                    await client.cancel_task(CancelTaskRequest(id=task_id))
+
+        async def finished(client: Any) -> Any:
+            (done,) = await collect(client, a2a_user("hi", message_id="1", context_id="alice"))
+            with pytest.raises(TaskNotCancelableError):
+                await client.cancel_task(CancelTaskRequest(id=done.task.id))
+            with pytest.raises(InvalidParamsError, match="not the context"):
+                hijack = a2a_user("x", message_id="2", context_id="mallory", task_id=done.task.id)
+                await collect(client, hijack)
+            return done
+
+        async def subscribe_finished(client: Any) -> None:
+            with pytest.raises(UnsupportedOperationError, match="terminal"):
+                async for _ in client.subscribe(SubscribeToTaskRequest(id=done.task.id)):
+                    pass
+
+        async def busy(client: Any) -> None:
+            await collect(client, returning_at_once(a2a_user("tools", context_id="b")))
+            with pytest.raises(UnsupportedOperationError, match="one task runs per context"):
+                await collect(client, a2a_user("more", message_id="m2", context_id="b"))
+
+        with trio.fail_after(LIMIT):
+            await sdk(server, unknown)
+            done = await sdk(server, finished, streaming=False)
+            await sdk(server, subscribe_finished)
+            await sdk(server, busy, streaming=False)
+        sessions = sorted(s.session_id for s in await d.store.list_sessions())
+        mallory = await d.queue.turns("mallory")
+        b_turns = await d.queue.turns("b")
+    assert mallory == [] and len(b_turns) == 1
+    assert "ctx" not in sessions and "mallory" not in sessions

@@ -6,20 +6,32 @@ test run's own PostgreSQL and Redis, driven by the protocol's official client (t
 from __future__ import annotations
 
 from collections.abc import Iterator
+from types import SimpleNamespace
+from typing import Any
 
 import httpx
 import openai
 import pytest
 import trio
+from a2a.types.a2a_pb2 import (
+    CancelTaskRequest,
+    GetTaskRequest,
+    SendMessageConfiguration,
+    SubscribeToTaskRequest,
+    TaskState,
+)
+from a2a.utils.errors import TaskNotCancelableError, TaskNotFoundError
 
 from tests.support.redis import require_redis, unique_prefix
 from tests.support.worker_agent import answer_text, read_ledger
+from tests.test_a2a import answer_of, collect, last_state, sdk
+from tests.test_a2a import user as a2a_user
 from tests.test_agui import check_sequence, parse_sse, run_input, types, user, valid
 from tests.test_worker_approval_processes import FrontEnds
 from tests.test_workers import Workers, sql
 
 LIMIT = 60.0
-PROTOCOLS = "ai-sdk,openai,ag-ui"
+PROTOCOLS = "ai-sdk,openai,ag-ui,a2a"
 
 
 @pytest.fixture
@@ -113,3 +125,36 @@ async def test_an_agui_approval_waits_on_the_queue_and_its_resume_runs_the_tool_
     assert text == answer_text("approve it")
     assert effects == {"r1:0:call_a": 1}  # the approved tool ran once
     assert sql(pg_url, "SELECT turn_id, status FROM axon_turns") == [("r1", "done")]
+
+
+async def test_a2a_tasks_are_queue_rows_that_worker_processes_run_and_any_front_end_follows(
+    pg_url: str, deployment: tuple[Workers, FrontEnds]
+) -> None:
+    workers, fronts = deployment
+    one, two = SimpleNamespace(url=await fronts.start()), SimpleNamespace(url=await fronts.start())
+    workers.start("w1", AXON_TEST_DELAY="0.01")
+    request = a2a_user("tools by a2a", context_id="p-a2a")
+    request.configuration.CopyFrom(SendMessageConfiguration(return_immediately=True))
+    with trio.fail_after(LIMIT):
+        (sent,) = await sdk(one, lambda c: collect(c, request), streaming=False)
+
+        async def follow(client: Any) -> list[Any]:
+            return [e async for e in client.subscribe(SubscribeToTaskRequest(id=sent.task.id))]
+
+        events = await sdk(two, follow)  # subscribed on the other front end
+        task = await sdk(one, lambda c: c.get_task(GetTaskRequest(id=sent.task.id)))
+
+        async def refusals(client: Any) -> tuple[Any, Any]:
+            with pytest.raises(TaskNotCancelableError) as finished:
+                await client.cancel_task(CancelTaskRequest(id=sent.task.id))
+            with pytest.raises(TaskNotFoundError) as unknown:
+                await client.get_task(GetTaskRequest(id="p-a2a~msg_turn_unknown"))
+            return finished.value, unknown.value
+
+        await sdk(two, refusals, streaming=False)
+    assert answer_of(events) == answer_text("tools by a2a")
+    assert last_state(events) == TaskState.TASK_STATE_COMPLETED
+    assert task.status.state == TaskState.TASK_STATE_COMPLETED
+    assert "".join(p.text for p in task.artifacts[0].parts) == answer_text("tools by a2a")
+    rows = sql(pg_url, "SELECT turn_id, status, owner FROM axon_turns")
+    assert [(f"p-a2a~msg_{r[0]}", r[1], r[2]) for r in rows] == [(sent.task.id, "done", "w1")]

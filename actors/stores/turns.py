@@ -796,11 +796,16 @@ class TurnQueue:
             ),
         )
 
-    async def request_cancel(self, turn_id: str, reason: str = "cancelled") -> TurnStatus | None:
+    async def request_cancel(
+        self, turn_id: str, reason: str = "cancelled", *, waiting: bool = False
+    ) -> TurnStatus | None:
         """Cancel a turn: a queued one ends ``cancelled`` at once (finish reason
         ``aborted``); a running one is marked, and its worker stops it on its next renewal
-        (or at once, listening on ``axon_cancel``). A finished turn is left as it is.
-        Returns where the turn now stands, or ``None`` if there is no such turn."""
+        (or at once, listening on ``axon_cancel``). With ``waiting``, a turn that waits
+        for input ends ``cancelled`` at once too (nothing holds it, and no decision
+        resumes it any more); without, it is left waiting, as a finished turn is left as
+        it is. Returns where the turn now stands, or ``None`` if there is no such turn."""
+        ends_now = (QUEUED, WAITING) if waiting else (QUEUED,)
 
         def cancel(conn: Any) -> tuple[Any, ...] | None:
             row = conn.execute(
@@ -808,10 +813,11 @@ class TurnQueue:
             ).fetchone()
             if row is None:
                 return None
-            if row[0] == QUEUED:
+            if row[0] in ends_now:
                 conn.execute(
                     """UPDATE axon_turns SET status = 'cancelled', finish_reason = 'aborted',
-                        cancel_requested = true, cancel_reason = %s, finished_at = clock_timestamp()
+                        cancel_requested = true, cancel_reason = %s, expires_at = NULL,
+                        finished_at = clock_timestamp()
                     WHERE turn_id = %s""",
                     (reason, turn_id),
                 )

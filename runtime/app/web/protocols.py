@@ -29,9 +29,9 @@ BUILT: frozenset[str] = frozenset({"ai-sdk", "ag-ui", "a2a", "openai"})
 
 DEFAULT: tuple[str, ...] = ("ai-sdk",)
 
-EMBEDDED_ONLY: tuple[str, ...] = ("a2a",)
-"""Protocols that a worker deployment's front end does not serve yet. The others queue
-their turns for the workers and stream them from the relay
+EMBEDDED_ONLY: tuple[str, ...] = ()
+"""Protocols that a worker deployment's front end does not serve yet: none. Every one
+queues its turns for the workers and reads them back from the relay
 (:mod:`runtime.app.web.queued_turn`)."""
 
 
