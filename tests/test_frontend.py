@@ -83,6 +83,8 @@ class Deployment:
     """The front ends' ``send_timeout`` (``None``: the app's default)."""
     protocols: tuple[str, ...] = ("ai-sdk",)
     """What the front ends serve (``serve --protocols``)."""
+    queue_caps: dict[str, Any] = attrs.Factory(dict)
+    """The front ends' queue caps (``max_queued_per_session``, ``max_queued``)."""
 
     async def start_worker(self) -> Worker:
         return await self.nursery.start(self._worker)
@@ -121,7 +123,7 @@ class Deployment:
             RedisRelay.open(self.redis_url, prefix=self.prefix) as relay,
             Host.open(store=self.pg_url, log_tap=False) as host,
         ):
-            queue = TurnQueue(host.store)
+            queue = TurnQueue(host.store, **self.queue_caps)
             try:
                 limits = {} if self.send_timeout is None else {"send_timeout": self.send_timeout}
                 app = create_app(
@@ -152,6 +154,7 @@ async def deployment(
     worker: bool = True,
     send_timeout: float | None = None,
     protocols: tuple[str, ...] = ("ai-sdk",),
+    queue_caps: dict[str, Any] | None = None,
 ) -> AsyncIterator[Deployment]:
     store = await PostgresStore.open(pg_url)
     queue = TurnQueue(store)
@@ -161,6 +164,7 @@ async def deployment(
                 d = Deployment(pg_url, redis_url, unique_prefix(), agent, store, queue, nursery)
                 d.send_timeout = send_timeout
                 d.protocols = protocols
+                d.queue_caps = dict(queue_caps or {})
                 for _ in range(fronts):
                     await d.start_front_end()
                 if worker:

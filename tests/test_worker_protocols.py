@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from functools import partial
 from types import SimpleNamespace
 from typing import Any
 
@@ -49,6 +50,7 @@ from tests.test_a2a import answer_of, collect, last_state, sdk
 from tests.test_a2a import user as a2a_user
 from tests.test_agui import check_sequence, parse_sse, run_input, types, user, valid
 from tests.test_frontend import LIMIT, Deployment, deployment, wait_for_turn
+from tests.test_workers import sql, wait_for
 
 ALL = ("ai-sdk", "openai", "ag-ui", "a2a")
 USAGE = Usage(input_tokens=10, output_tokens=3, total_tokens=13)
@@ -270,6 +272,34 @@ async def test_a_forged_openai_session_header_is_400_in_openais_shape_and_queues
     assert refused.value.code == "invalid_session_id"
     assert refused.value.body["param"] == "x-axon-session"  # type: ignore[index]
     assert busy == set() and sessions == []
+
+
+async def test_a_full_queue_is_429_in_openais_shape_with_retry_after_and_queues_nothing(
+    pg_url: str, redis_url: str
+) -> None:
+    caps = {"max_queued": 1}
+    async with (
+        protocols_deployment(pg_url, redis_url, worker=False, queue_caps=caps) as d,
+        openai_client(d.urls[0]) as c,
+    ):
+        request = {"model": "worker-test", "messages": [{"role": "user", "content": "hi"}]}
+        with trio.fail_after(LIMIT):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(partial(c.chat.completions.create, **request))  # queued
+                await wait_for(d.queue.busy_sessions, LIMIT, "the first turn to be queued")
+                with pytest.raises(openai.RateLimitError) as refused:
+                    await c.chat.completions.with_raw_response.create(**request)
+                nursery.cancel_scope.cancel()  # the first client leaves: its turn is cancelled
+
+            async def idle() -> bool:
+                return not await d.queue.busy_sessions()
+
+            await wait_for(idle, LIMIT, "the first turn to be cancelled")
+        rows = sql(pg_url, "SELECT status, cancel_reason FROM axon_turns")
+    assert refused.value.status_code == 429
+    assert refused.value.response.headers["retry-after"] == "5"
+    assert refused.value.body["message"].startswith("the turn queue already holds")  # type: ignore[index]
+    assert rows == [("cancelled", "client disconnected")]  # the refused one queued nothing
 
 
 async def test_a_client_leaving_an_openai_stream_cancels_its_queued_turn(
@@ -650,6 +680,8 @@ async def test_a2a_bad_input_in_a_worker_deployment_is_answered_in_a2as_shape_an
                     await client.get_task(GetTaskRequest(id=task_id))
                 with pytest.raises(TaskNotFoundError):
                     await client.cancel_task(CancelTaskRequest(id=task_id))
+            with pytest.raises(InvalidParamsError, match="contextId"):
+                await collect(client, a2a_user("x", message_id="f", context_id="../forged"))
 
         async def finished(client: Any) -> Any:
             (done,) = await collect(client, a2a_user("hi", message_id="1", context_id="alice"))
