@@ -28,6 +28,8 @@ EXPECTED = {
     ("embedding.md", 7): "['You ', 'said', ': he', 'llo'] True",
     ("actors.md", 0): "1 turn, 11 tokens",  # read after the block: the drain delivered all
     ("actors.md", 1): "the tool call was denied: emails need a human",
+    ("actors.md", 2): "finished: stop 1 step\n"
+    "unknown plug-in 'turns'; registered plug-ins: otel, recorder\n",
     ("approval.md", 0): "awaiting-input send_email {'to': 'ceo@example.com'}\n"
     "stop Done: it is sent. True",
     ("mcp.md", 0): "add_note -> saved: buy milk (1 notes)\nNoted.",

@@ -596,4 +596,24 @@ def _reporting(exporter: Any, name: str) -> Any:
     return ReportingExporter()
 
 
-__all__ = ["OpenTelemetryActor", "build_tracer_provider"]
+# -- the ``otel`` plug-in ---------------------------------------------------------------
+
+CAPTURE_CONTENT = "capture-content"
+"""The ``otel`` plug-in's one option: record tool arguments and results on the spans."""
+
+
+def otel_plugin(options: str | None = None) -> OpenTelemetryActor:
+    """The ``otel`` plug-in (``--plugin otel``, ``--otel``): an actor exporting to what
+    the ``OTEL_*`` variables name (:func:`build_tracer_provider`);
+    ``--plugin otel:capture-content`` also records tool arguments and results."""
+    if options not in (None, "", CAPTURE_CONTENT):
+        raise ConfigurationError(
+            f"plug-in 'otel' takes no option but {CAPTURE_CONTENT!r}, not {options!r} "
+            "(the OTEL_* variables configure the export: docs/telemetry.md)"
+        )
+    return OpenTelemetryActor(
+        tracer_provider=build_tracer_provider(), capture_content=options == CAPTURE_CONTENT
+    )
+
+
+__all__ = ["OpenTelemetryActor", "build_tracer_provider", "otel_plugin"]

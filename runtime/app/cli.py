@@ -42,8 +42,7 @@ from typing import Any, TextIO
 import orjson
 import trio
 
-from actors.plugins.otel import OpenTelemetryActor, build_tracer_provider
-from actors.plugins.recorder import JsonlRecorder, read_jsonl
+from actors.plugins.recorder import read_jsonl
 from actors.stores import is_store_url, open_store
 from runtime.actor_messages import TurnResult
 from runtime.agent import Agent
@@ -52,7 +51,9 @@ from runtime.app.commands import (
     BadInput,
     add_agent_arguments,
     add_log_level_argument,
+    add_plugin_argument,
     make_agent,
+    make_plugins,
     report_bad_input,
 )
 from runtime.app.expiry import deadlines
@@ -132,13 +133,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="scripted demo: seconds between chunks (default 0.02 on a terminal)",
     )
     add_log_level_argument(run, "critical", "; the output already shows the turn's errors")
-    run.add_argument("--record", default=None, help="append every bus event to this JSONL file")
+    run.add_argument(
+        "--record",
+        default=None,
+        help="append every bus event to this JSONL file (--plugin recorder:FILE)",
+    )
     run.add_argument("--mcp", action="append", default=[], metavar="SERVER", help=MCP_HELP)
     run.add_argument(
         "--otel",
         action="store_true",
-        help="export OpenTelemetry traces, configured by the OTEL_* variables (docs/telemetry.md)",
+        help="export OpenTelemetry traces, configured by the OTEL_* variables "
+        "(docs/telemetry.md; --plugin otel)",
     )
+    add_plugin_argument(run)
 
     replay = sub.add_parser("replay", help="re-render a recorded session from a JSONL file")
     replay.add_argument("file", help="a JSONL event log (see --record)")
@@ -244,21 +251,13 @@ async def run_command(args: argparse.Namespace) -> int:
     if not args.jsonl:
         renderer = TerminalRenderer()
     out_stream = sys.stdout.buffer
-    tracing = None
-    if args.otel:
-        try:
-            tracing = OpenTelemetryActor(tracer_provider=build_tracer_provider())
-        except ConfigurationError as exc:
-            sys.stderr.write(f"error: {exc}\n")
-            return 2
+    plugins = make_plugins(args)  # a bad name or option: one error line, before any turn
     session_id = args.session or new_id("session")
     if not isinstance(agent, Agent):  # --agent named a function of the session id
         agent = agent(session_id)
     async with Host.open(store=args.store, handle_signals=True) as host:
-        if tracing is not None:
-            await host.start_actor(tracing)
-        if args.record:
-            await host.start_actor(JsonlRecorder(args.record))
+        for plugin in plugins:
+            await host.start_actor(plugin)
         session = await host.open_session(agent, session_id=session_id)
         result: TurnResult | None = None
         if args.input is None:  # no prompt: the session's waiting turn goes on

@@ -43,7 +43,7 @@ import socket
 import sys
 import threading
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -53,6 +53,7 @@ import trio
 from actors.relays.redis_streams import RedisRelay, public_url
 from actors.stores.postgres import PostgresStore, parse_url, redact_url
 from actors.stores.turns import Claim, Renewal, TurnQueue
+from runtime.actor import Actor
 from runtime.agent import Agent
 from runtime.app.commands import (
     MCP_HELP,
@@ -60,8 +61,10 @@ from runtime.app.commands import (
     add_agent_arguments,
     add_input_limit_arguments,
     add_log_level_argument,
+    add_plugin_argument,
     input_limits,
     make_agent,
+    make_plugins,
 )
 from runtime.app.host import Host
 from runtime.errors import ConfigurationError, LeaseLost, RelayUnavailable, StoreError
@@ -263,6 +266,7 @@ class Worker:
         poll: float = DEFAULT_POLL,
         max_sessions: int = 1000,
         input_limits: InputLimits | None = None,
+        plugins: Sequence[Actor] = (),
     ) -> None:
         if not isinstance(store, PostgresStore):
             raise ConfigurationError("a worker needs a PostgreSQL store (postgresql://...)")
@@ -281,6 +285,9 @@ class Worker:
         self.max_sessions = max_sessions
         self.input_limits = input_limits
         """The parts a turn's input may have (its host's); a turn with more fails."""
+        self.plugins = tuple(plugins)
+        """Actors started on the worker's host beside its own (``--plugin``: tracing,
+        recording), seeing the bus events of every turn the worker runs."""
         self.queue = TurnQueue(store, lease=lease, max_attempts=max_attempts)
         self.running: dict[str, _Running] = {}
         """The turns running now, by turn id."""
@@ -306,6 +313,8 @@ class Worker:
         ) as host:
             host.expects_other_writers = True  # a session's turns run on any worker
             self.host = host
+            for plugin in self.plugins:
+                await host.start_actor(plugin)
             self._leases = LeaseKeeper(self.queue, self.lease / 3)
             self._leases.start()
             try:
@@ -644,6 +653,7 @@ def add_worker_parser(subparsers: Any) -> Any:
     add("--delay", type=float, default=0.0, help="scripted demo: seconds between chunks")
     add("--mcp", action="append", default=[], metavar="SERVER", help=MCP_HELP)
     add_log_level_argument(worker, "warning")
+    add_plugin_argument(worker)
     worker.set_defaults(jsonl=False)
     return worker
 
@@ -668,6 +678,7 @@ async def worker_command(args: Any) -> int:
             "poll": args.poll,
             "owner": args.owner,
             "input_limits": input_limits(args),
+            "plugins": make_plugins(args),
         }
         relay_options = {"prefix": args.redis_prefix} if args.redis_prefix else {}
         async with open_worker(
