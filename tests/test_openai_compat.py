@@ -26,7 +26,7 @@ from runtime.app.web.openai_wire import (
     finish_reason,
     parse_chat_request,
 )
-from runtime.app.web.protocols import parse_protocols, unbuilt_refusal
+from runtime.app.web.protocols import BUILT, PROTOCOLS, parse_protocols, unbuilt_refusal
 from runtime.chunks import Usage
 from runtime.messages import AssistantMessage, SystemMessage, ToolMessage, UserMessage
 from tests.test_web_http import TWO_TOOLS, lookup
@@ -276,9 +276,10 @@ def test_protocols_parse_every_known_name_and_refuse_unbuilt_ones():
     )
     with pytest.raises(Exception, match="unknown protocol 'grpc'"):
         parse_protocols("ai-sdk,grpc")
-    assert unbuilt_refusal(("ai-sdk", "openai")) is None
-    refusal = unbuilt_refusal(("openai", "mcp"))
-    assert refusal is not None and "mcp" in refusal and "\n" not in refusal
+    assert unbuilt_refusal(("ai-sdk", "openai", "mcp")) is None
+    for unbuilt in sorted(set(PROTOCOLS) - BUILT):  # none, once every protocol is built
+        refusal = unbuilt_refusal(("openai", unbuilt))
+        assert refusal is not None and unbuilt in refusal and "\n" not in refusal
 
 
 def test_serve_refuses_an_unbuilt_protocol_in_one_line():

@@ -58,6 +58,7 @@ from runtime.app.commands import (
 )
 from runtime.app.expiry import deadlines
 from runtime.app.host import Host
+from runtime.app.mcp_server import add_mcp_server_parser, mcp_server_command
 from runtime.app.render import TerminalRenderer
 from runtime.app.web.serve import add_serve_parser, serve_command
 from runtime.app.worker import add_worker_parser, worker_command
@@ -162,6 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_serve_parser(sub)
     add_worker_parser(sub)
+    add_mcp_server_parser(sub)
     return parser
 
 
@@ -556,6 +558,8 @@ def _dispatch(args: argparse.Namespace) -> int:
             return trio.run(worker_command, args)
         except KeyboardInterrupt:
             return 130
+    if args.command == "mcp-server":
+        return trio.run(mcp_server_command, args)
     if args.command == "run":
         try:
             return trio.run(run_command, args)

@@ -124,11 +124,14 @@ def is_json(content_type: str | None) -> bool:
 
 def refusal_body(path: str, message: str) -> dict[str, Any]:
     """A refusal in the error shape of the protocol ``path`` belongs to: OpenAI's for
-    ``/v1/`` (:mod:`runtime.app.web.openai_compat`), so its SDK reads the reason; else
+    ``/v1/`` (:mod:`runtime.app.web.openai_compat`), so its SDK reads the reason, a
+    JSON-RPC error for ``/mcp`` (:mod:`runtime.app.web.mcp_endpoint`); else
     ``{"error": message}``."""
     if path.startswith("/v1/"):
         error = {"message": message, "type": "invalid_request_error", "param": None, "code": None}
         return {"error": error}
+    if path == "/mcp" or path.startswith("/mcp/"):  # a JSON-RPC error, as MCP's transport's
+        return {"jsonrpc": "2.0", "id": None, "error": {"code": -32600, "message": message}}
     return {"error": message}
 
 

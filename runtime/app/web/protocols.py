@@ -8,19 +8,22 @@ same Host, Origin and token checks. :data:`PROTOCOLS` are the names the option a
 * ``ai-sdk``: the chat page at ``/`` and the ``/api/`` endpoints (AI SDK UI message
   stream, :mod:`runtime.app.web.app`);
 * ``openai``: ``/v1/chat/completions`` and ``/v1/models``
-  (:mod:`runtime.app.web.openai_compat`).
+  (:mod:`runtime.app.web.openai_compat`);
+* ``mcp``: the agent as an MCP tool over streamable HTTP at ``/mcp``
+  (:mod:`runtime.app.web.mcp_endpoint`).
 """
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Collection
+from collections.abc import AsyncIterator, Collection
+from contextlib import asynccontextmanager
 from typing import Any
 
 PROTOCOLS: tuple[str, ...] = ("ai-sdk", "ag-ui", "a2a", "openai", "mcp")
 """Every protocol name ``--protocols`` knows."""
 
-BUILT: frozenset[str] = frozenset({"ai-sdk", "openai"})
+BUILT: frozenset[str] = frozenset({"ai-sdk", "openai", "mcp"})
 """The protocols this version serves."""
 
 DEFAULT: tuple[str, ...] = ("ai-sdk",)
@@ -78,6 +81,32 @@ def mount_protocols(
         app.router.routes.append(Mount("/v1", app=endpoint))
         # turns run outside the app's host: serve cancels them too when it shuts down
         app.state.turn_cancellers = [*getattr(app.state, "turn_cancellers", ()), cancel_turns]
+    if "mcp" in protocols:
+        _mount_mcp(app, state, token=token)
+
+
+def _mount_mcp(app: Any, state: Any, *, token: str | None) -> None:
+    """``/mcp`` (:mod:`runtime.app.web.mcp_endpoint`), its transport run for the app's
+    lifespan (wrapped around the app's own, inside it)."""
+    if state.front is not None:
+        raise ValueError(
+            "--protocols mcp runs turns in this process: a worker deployment's "
+            "front end does not serve it yet (serve with --run-turns-here)"
+        )
+    from starlette.routing import Route  # as for openai: only when serving
+
+    from runtime.app.web.mcp_endpoint import PATH, MCPEndpoint
+
+    endpoint = MCPEndpoint(state, token=token)
+    app.router.routes.append(Route(PATH, endpoint=endpoint))
+    inner = app.router.lifespan_context
+
+    @asynccontextmanager
+    async def lifespan(started: Any) -> AsyncIterator[Any]:
+        async with inner(started) as value, endpoint.running():
+            yield value
+
+    app.router.lifespan_context = lifespan
 
 
 __all__ = ["BUILT", "DEFAULT", "PROTOCOLS", "mount_protocols", "parse_protocols", "unbuilt_refusal"]

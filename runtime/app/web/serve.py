@@ -141,8 +141,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
         default=DEFAULT_PROTOCOLS,
         metavar="NAMES",
         help="the protocols to serve, comma-separated: ai-sdk (the page and /api/), openai "
-        "(/v1/chat/completions, /v1/models); ag-ui, a2a and mcp are not available yet "
-        "(default: ai-sdk; docs/protocols.md)",
+        "(/v1/chat/completions, /v1/models), mcp (the agent as an MCP tool at /mcp); ag-ui "
+        "and a2a are not available yet (default: ai-sdk; docs/protocols.md)",
     )
     add(
         "--token",
@@ -337,8 +337,11 @@ async def serve_command(args: argparse.Namespace) -> int:
     token = args.token or os.environ.get(TOKEN_ENV) or None
     protocols = getattr(args, "protocols", DEFAULT_PROTOCOLS)
     refusal = unbuilt_refusal(protocols)
-    if refusal is None and "openai" in protocols and is_front_end(args):
-        refusal = "--protocols openai is not served by a worker deployment's front end yet"
+    in_process = [name for name in ("openai", "mcp") if name in protocols]
+    if refusal is None and in_process and is_front_end(args):
+        refusal = (
+            f"--protocols {in_process[0]} is not served by a worker deployment's front end yet"
+        )
     if refusal is not None:
         print(f"error: {refusal}", file=sys.stderr)
         return 2
@@ -431,7 +434,8 @@ async def serve_command(args: argparse.Namespace) -> int:
                     f", store {redact_url(args.store or 'memory')}"
                     f"{', relay ' + public_url(args.redis) if relay is not None else ''}"
                     f"{plugins_banner(plugins)}"
-                    f"{', OpenAI API ' + url + '/v1' if 'openai' in protocols else ''})",
+                    f"{', OpenAI API ' + url + '/v1' if 'openai' in protocols else ''}"
+                    f"{', MCP ' + url + '/mcp' if 'mcp' in protocols else ''})",
                     flush=True,
                 )
     return 0
