@@ -10,16 +10,19 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any, Generic, Protocol, TypeAlias, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeAlias, TypeVar
 
 import attrs
 import trio
 
 from runtime.chunks import Usage
 from runtime.inbox import Inbox
-from runtime.messages import Message, Part, UserContent
+from runtime.messages import Message, Part, UserContent, UserMessage
 from runtime.output import ErrorInfo, OutputChunk
 from runtime.redact import redact_text
+
+if TYPE_CHECKING:
+    from runtime.hosting import ToolHost  # type-only: hosting.py names TurnResult in its turn
 
 _now = time.perf_counter
 
@@ -162,6 +165,16 @@ class InferRequest:
     answer that is JSON matching it (``None``: free text)."""
 
 
+@attrs.frozen(kw_only=True, slots=True)
+class RetryPrompt(UserMessage):
+    """The user message of a request that tells the model why its answer was rejected
+    (turn runner -> provider, in :attr:`InferRequest.messages`).
+
+    Only ever in a request's messages, never in the history; a type of its own so that
+    whatever counts the user's inputs in a request (the scripted provider) can skip it.
+    """
+
+
 @attrs.frozen(kw_only=True, slots=True, eq=False)  # internal: identity is enough
 class StreamFailed:
     """The model call failed; always the last item a provider sends for a request."""
@@ -205,7 +218,7 @@ class ExecuteTools:
     max_result_chars: int | None
     reply: Inbox[ToolOutcome | ToolProgress]
     cancel_scope: trio.CancelScope
-    host: Any = None
+    host: ToolHost | None = None
     """The host, handed to tools that take a :class:`~runtime.tools.ToolContext`."""
     deps: Any = None
     """The session's dependencies, handed to tools as ``ToolContext.deps``."""
@@ -296,6 +309,40 @@ class TurnBegin:
     message_id: str
     consumer: Inbox[ConsumerItem] | None
     """Where the turn's output goes: batches of output chunks, then :class:`TurnDone`."""
+
+
+TEXT = "text"
+"""The kind of a text part (:attr:`PartBegin.kind`)."""
+REASONING = "reasoning"
+"""The kind of a reasoning part (:attr:`PartBegin.kind`)."""
+
+
+@attrs.frozen(kw_only=True, slots=True, eq=False)  # internal: identity is enough
+class PartBegin:
+    """A text or reasoning part opens (turn runner -> stream controller); where, the
+    turn's parts manager decides (:mod:`actors.turn.parts`)."""
+
+    kind: str
+    """``"text"`` or ``"reasoning"``."""
+    part_id: str
+
+
+@attrs.frozen(kw_only=True, slots=True, eq=False)  # internal: identity is enough
+class PartEnd:
+    """The open part closes; the chunks between it and its :class:`PartBegin` are its
+    deltas, and the stored message holds the same part."""
+
+    kind: str
+    part_id: str
+
+
+@attrs.frozen(kw_only=True, slots=True, eq=False)  # internal: identity is enough
+class ObjectUpdate:
+    """The answer's JSON, parsed so far, changed (turn runner -> stream controller); the
+    controller renders it as an ``object-delta`` chunk of the text part ``part_id``."""
+
+    part_id: str
+    value: Any
 
 
 @attrs.frozen(kw_only=True, slots=True, eq=False)  # internal: identity is enough
@@ -445,6 +492,14 @@ class RunTurn:
     deps: Any = None
     """The session's dependencies (``Session.deps``): what the turn's tools get as
     ``ToolContext.deps``. Held, never copied or saved."""
+    tools: tuple[Any, ...] = ()
+    """Tools offered for this turn only, after the agent's own (and its MCP servers'):
+    the client-side tools a protocol's caller declares with its request (AG-UI's
+    ``tools``, :mod:`runtime.app.web.agui`). A name the agent already offers fails the
+    turn (``ToolDefinitionError``). Not saved: a continuation is given them again."""
+    instructions: str | None = None
+    """Added after the agent's instructions for this turn's model calls only (AG-UI's
+    ``context``); never saved."""
 
 
 ConsumerItem: TypeAlias = "Batch[OutputChunk] | TurnDone"
@@ -496,6 +551,8 @@ class SessionSnapshot:
 
 __all__ = [
     "MAX_BATCH",
+    "REASONING",
+    "TEXT",
     "ApprovalAsked",
     "Batch",
     "Batcher",
@@ -503,7 +560,11 @@ __all__ = [
     "ConsumerItem",
     "ExecuteTools",
     "InferRequest",
+    "ObjectUpdate",
     "Part",
+    "PartBegin",
+    "PartEnd",
+    "RetryPrompt",
     "RunTurn",
     "SaveRequest",
     "SaveResult",

@@ -162,6 +162,8 @@ class Agent:
                 raw = f"sub~{hashlib.sha256(raw.encode()).hexdigest()[:40]}"
             raw = "".join(c if c.isalnum() or c in "_.:-~" else "-" for c in raw).replace("~", ".")
             host = context.host
+            if host is None:
+                raise RuntimeError(f"agent tool {tool_name} runs sub-turns on a host; none runs it")
             session = await host.open_session(
                 agent,
                 session_id=raw,

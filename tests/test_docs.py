@@ -47,6 +47,14 @@ EXPECTED = {
     ("protocols.md", 0): "scripted: Let me check the weather. It is 22°C and clear skies in Oslo "
     "right now. (78 tokens)\nthought: The user asks about the weather in Oslo. ...\n"
     "Let me check the weather. It is 26°C and windy in Paris right now. stop\n",
+    ("protocols.md", 1): "2 steps, tools ['get_weather']: Let me check the weather. It is 22°C "
+    "and clear skies in Oslo right now.\nRUN_FINISHED success 78 tokens\n"
+    "['RUN_STARTED', 'MESSAGES_SNAPSHOT', 'RUN_FINISHED']\n"
+    "['user', 'reasoning', 'reasoning', 'assistant', 'tool']\n",
+    ("protocols.md", 2): "Let me check the weather. It is 22°C and clear skies in Oslo right now.\n"
+    "TASK_STATE_COMPLETED demo-1\n"
+    "scripted said: Let me check the weather. It is 26°C and windy in Paris right now.\n"
+    "Asked it.\n",
     ("asyncio.md", 0): "6 deltas: Paris is the capital of France. | stop\n"
     "Paris is the capital of France. ['user', 'assistant', 'user', 'assistant']\n",
     ("asyncio.md", 1): '3 text events, then event: done | data: "stop"\n',

@@ -282,15 +282,16 @@ def test_protocols_parse_every_known_name_and_refuse_unbuilt_ones():
         assert refusal is not None and unbuilt in refusal and "\n" not in refusal
 
 
-def test_serve_refuses_an_unbuilt_protocol_in_one_line():
-    proc = subprocess.run(
-        [sys.executable, "-m", "runtime.app.web.serve", "--protocols", "ai-sdk,a2a", "--port", "0"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert proc.returncode == 2
-    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: --protocols a2a")
+def test_serve_refuses_an_unbuilt_protocol_in_one_line(monkeypatch, capsys):
+    from runtime.app.cli import build_parser
+    from runtime.app.web import protocols
+    from runtime.app.web.serve import serve_command
+
+    monkeypatch.setattr(protocols, "BUILT", frozenset({"ai-sdk", "openai"}))  # as before mcp
+    args = build_parser().parse_args(["serve", "--protocols", "ai-sdk,mcp", "--port", "0"])
+    assert trio.run(serve_command, args) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: --protocols mcp: not available")
 
 
 JUNK = st.recursive(

@@ -37,7 +37,6 @@ from typing import Any
 import attrs
 import trio
 
-from actors.mcp import agent_tools
 from actors.turn.parts import PartsManager
 from actors.turn.session_sync import Adopted, adopt_record, adopt_save
 from actors.turn.structured import StructuredTurn, observe, output_value, with_feedback
@@ -47,7 +46,6 @@ from actors.turn.suspension import (
     expiry_time,
     hold_context,
     hold_kind,
-    in_process_approver,
 )
 from actors.turn.takeover import Committed, find_committed
 from runtime import events as ev
@@ -90,8 +88,16 @@ from runtime.chunks import (
     Usage,
     UsageChunk,
 )
-from runtime.errors import ActorFailed, AxonError, BudgetExceeded, ProviderError, StoreError
+from runtime.errors import (
+    ActorFailed,
+    AxonError,
+    BudgetExceeded,
+    ProviderError,
+    StoreError,
+    ToolDefinitionError,
+)
 from runtime.history import INTERRUPTED, RepairedHistory
+from runtime.hosting import ToolSource, TurnHost
 from runtime.ids import new_id
 from runtime.inbox import Inbox
 from runtime.logging import get_logger
@@ -104,6 +110,7 @@ from runtime.messages import (
 )
 from runtime.output import ErrorInfo
 from runtime.redact import redact
+from runtime.tools import Tool
 
 SAVE_TIMEOUT = 5.0
 """Seconds a turn waits (shielded) for its final save."""
@@ -149,6 +156,10 @@ class _Turn:
     """Saved with each of the turn's saves: the session's meta as the turn started."""
     deps: Any = None
     """The session's dependencies, for the turn's tool calls (``ToolContext.deps``)."""
+    tools: tuple[Tool, ...] = ()
+    """The turn's own tools (``RunTurn.tools``), offered after the agent's."""
+    instructions: str | None = None
+    """Added after the agent's instructions for this turn (``RunTurn.instructions``)."""
 
     output: StructuredTurn | None = None
     """The structured answer's state, for an agent with an ``output_type``."""
@@ -187,7 +198,8 @@ class TurnRunner(Suspending, Actor):
         tool_executor: Actor,
         persister: Actor,
         stream_inbox: Inbox,
-        host: Any = None,
+        host: TurnHost,
+        tool_source: ToolSource,
     ) -> None:
         super().__init__(name="turn-runner", session_id=state.session_id)
         self.state = state
@@ -206,6 +218,9 @@ class TurnRunner(Suspending, Actor):
             1024, "block", name="tool-results"
         )
         self.host = host
+        """What the runner asks of its host (:class:`~runtime.hosting.TurnHost`)."""
+        self.tool_source = tool_source
+        """The tools of the agent's next model call (its own and its MCP servers')."""
         self._log = get_logger("axon.turn")
         self.save_replies: Inbox[SaveResult] = Inbox(8, "drop-oldest", name="save-replies")
         """The persister's answers; only the latest request's matters, so a backlog of
@@ -253,6 +268,8 @@ class TurnRunner(Suspending, Actor):
             message_id=message_id,
             meta={"agent": agent.name, **run.meta},
             deps=run.deps,
+            tools=run.tools,
+            instructions=run.instructions,
         )
         if committed is None:
             state.messages.append(
@@ -550,7 +567,7 @@ class TurnRunner(Suspending, Actor):
         if not adopted.concurrent:
             return
         state = self.state
-        expected = getattr(self.host, "expects_other_writers", False)
+        expected = self.host.expects_other_writers
         log = self._log.debug if expected else self._log.warning
         log(
             "session.concurrent-writer",
@@ -781,7 +798,7 @@ class TurnRunner(Suspending, Actor):
         """Ask the provider once and relay its chunks: the parts manager decides the
         parts, and what the stream shows goes on to the controller batch by batch."""
         state, agent = self.state, self.agent
-        tools = await agent_tools(self.host, agent)  # MCP servers' lists may have changed
+        tools = await self._tools(turn)  # MCP servers' lists may have changed
         request_id = new_id("req")
         await self._begin(request_id)
         request = InferRequest(
@@ -789,7 +806,7 @@ class TurnRunner(Suspending, Actor):
             session_id=state.session_id,
             turn_id=turn.turn_id,
             step=turn.step,
-            instructions=agent.instructions,
+            instructions=_joined(agent.instructions, turn.instructions),
             # Repaired once here, so no provider has to remember to: every tool call
             # has a result (``interrupted`` if it never got one), no result lacks its call.
             messages=with_feedback(turn.output, self._repaired(state.messages)),
@@ -857,8 +874,8 @@ class TurnRunner(Suspending, Actor):
         refused: list[ToolOutcome] = []
         runnable: list[ToolCallSpec] = []
         over: str | None = None
-        tools = {t.name: t for t in await agent_tools(self.host, agent)}
-        approver = in_process_approver(self.host)
+        tools = {t.name: t for t in await self._tools(turn)}
+        approver = self.host.approves_in_process()
         for call in result.calls:
             await self._announce(
                 ev.ToolCallRequested(
@@ -903,6 +920,20 @@ class TurnRunner(Suspending, Actor):
             await self._tool_done(turn.turn_id, step, oc, ctrl)
         await self._execute(turn, step, runnable, tools)
         return over
+
+    async def _tools(self, turn: _Turn) -> tuple[Tool, ...]:
+        """The tools offered for the turn's next model call: the agent's (and its MCP
+        servers' current ones), then the turn's own; a turn tool that takes an agent
+        tool's name is a :class:`ToolDefinitionError`."""
+        tools = await self.tool_source(self.agent)
+        if not turn.tools:
+            return tools
+        taken = {t.name for t in tools} & {t.name for t in turn.tools}
+        if taken:
+            raise ToolDefinitionError(
+                f"the turn's tool(s) {sorted(taken)} take the name of one of the agent's tools"
+            )
+        return (*tools, *turn.tools)
 
     async def _execute(
         self, turn: _Turn, step: int, runnable: list[ToolCallSpec], tools: dict[str, Any]
@@ -1006,6 +1037,13 @@ def refuse_call(call: ToolCallChunk, finish: str, token_budget: str | None) -> s
     if token_budget is not None:
         return f"the tool call was not executed: budget {token_budget} exceeded"
     return None
+
+
+def _joined(instructions: str | None, more: str | None) -> str | None:
+    """The agent's instructions with a turn's own added after them."""
+    if not more:
+        return instructions
+    return f"{instructions}\n\n{more}" if instructions else more
 
 
 def _error_info(exc: BaseException) -> ErrorInfo:

@@ -23,6 +23,7 @@ import time
 import weakref
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
+from functools import partial
 from typing import Any
 
 import structlog
@@ -30,7 +31,7 @@ import trio
 
 from actors.engine import Engine
 from actors.log_tap import LogTap
-from actors.mcp import start_servers
+from actors.mcp import Servers, agent_tools, start_servers
 from actors.persister import Persister
 from actors.stores import open_store
 from actors.stream_controller import StreamController
@@ -97,7 +98,7 @@ class Host:
         """Every ``Session`` object still referenced, loaded or evicted: one per id."""
         self._opening: dict[str, trio.Event] = {}
         self._providers: dict[int, Actor] = {}
-        self.mcp_servers: dict[Any, Actor] = {}
+        self.mcp_servers: Servers = {}
         """The running MCP server actors, by configuration (see :mod:`actors.mcp`)."""
         self._actors: dict[Actor, None] = {}
         """The running actors (an ordered set: removing one is O(1))."""
@@ -223,6 +224,12 @@ class Host:
         self._actors[actor] = None
         await self.nursery.start(self._supervise, actor, policy)
         return actor
+
+    def approves_in_process(self) -> bool:
+        """Whether a running actor decides approvals in process (an
+        :class:`~actors.plugins.ApprovalActor`): a call that needs approval then waits
+        for it in memory instead of suspending its turn (docs/approval.md)."""
+        return any(a.decides_approvals and not a.stopped.is_set() for a in list(self._actors))
 
     async def _supervise(
         self,
@@ -364,7 +371,7 @@ class Host:
         assert agent.provider is not None  # refused by open_session
         provider_actor = await self.provider_actor(agent.provider)
         if agent.mcp_servers:  # started once per host, shared by sessions (actors.mcp)
-            await start_servers(self, agent)
+            await start_servers(self.mcp_servers, self, agent)
         stream_inbox: Inbox[Batch[Any]] = Inbox(1024, "block", name="engine-output")
         engine = Engine(stream_inbox, tags=agent.think_tags, session_id=sid)
         controller = StreamController(session_id=sid)
@@ -378,6 +385,7 @@ class Host:
             persister=self.persister,
             stream_inbox=stream_inbox,
             host=self,
+            tool_source=partial(agent_tools, self.mcp_servers),
         )
         actors: list[Actor] = [engine, controller, runner]
         for actor in actors:

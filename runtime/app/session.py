@@ -58,6 +58,8 @@ if TYPE_CHECKING:
     from runtime.agent import Agent
     from runtime.bus import Bus
     from runtime.store import Store
+    from runtime.tools import Tool
+
 
 class SessionOwner(Protocol):
     """What a :class:`Session` asks of the host that owns it, and nothing more.
@@ -135,6 +137,8 @@ class TurnStream:
         user_message_id: str | None = None,
         resume: bool = False,
         capacity: int = 256,
+        tools: tuple[Tool, ...] = (),
+        instructions: str | None = None,
     ) -> None:
         self.session = session
         self.input = text
@@ -145,6 +149,10 @@ class TurnStream:
         """The id the turn's user message gets (``None``: a new one)."""
         self.resume = resume
         """Whether the turn continues the committed steps of message :attr:`message_id`."""
+        self.tools = tools
+        """Tools offered for this turn only (``RunTurn.tools``)."""
+        self.instructions = instructions
+        """Instructions added for this turn only (``RunTurn.instructions``)."""
         if resume and message_id is None:
             raise InvalidTurnId("a turn to resume needs the message_id of its assistant message")
         self.result: TurnResult | None = None
@@ -198,6 +206,8 @@ class TurnStream:
                     user_message_id=self.user_message_id,
                     resume=self.resume,
                     deps=session.deps,
+                    tools=self.tools,
+                    instructions=self.instructions,
                 )
             )
         except BaseException:
@@ -292,8 +302,12 @@ class ResumeStream(TurnStream):
     it reads the waiting turn from the store, and runs it on from its suspended step,
     under its turn id and in its assistant message."""
 
-    def __init__(self, session: Session) -> None:
-        super().__init__(session, "", turn_id=None, resume=False)
+    def __init__(
+        self, session: Session, *, tools: tuple[Tool, ...] = (), instructions: str | None = None
+    ) -> None:
+        super().__init__(
+            session, "", turn_id=None, resume=False, tools=tools, instructions=instructions
+        )
 
     async def __aenter__(self) -> TurnStream:
         record = await self.session.host.store.load(self.session.id)
@@ -425,6 +439,8 @@ class Session:
         message_id: str | None = None,
         resume: bool = False,
         user_message_id: str | None = None,
+        tools: tuple[Tool, ...] = (),
+        instructions: str | None = None,
     ) -> TurnStream:
         """Start a turn for user ``input``; use as ``async with session.stream(t) as out``.
 
@@ -450,6 +466,10 @@ class Session:
         malformed id, or ``resume`` without ``message_id``, raises
         :class:`~runtime.errors.InvalidTurnId`. ``user_message_id`` is the id the turn's
         user message gets (the web app passes the client's, to recognise a resend of it).
+
+        ``tools`` are offered to the model for this turn only, after the agent's own (the
+        client-side tools a protocol's caller declares, :meth:`runtime.tools.Tool.client`);
+        ``instructions`` are added after the agent's for this turn only. Neither is saved.
         """
         content = user_content(input)
         check_counts(content, self.host.input_limits)
@@ -462,6 +482,8 @@ class Session:
             message_id=message_id,
             user_message_id=user_message_id,
             resume=resume,
+            tools=tools,
+            instructions=instructions,
         )
 
     @property
@@ -513,14 +535,17 @@ class Session:
             )
         return recorded
 
-    def resume(self) -> TurnStream:
+    def resume(
+        self, *, tools: tuple[Tool, ...] = (), instructions: str | None = None
+    ) -> TurnStream:
         """The continuation of the turn that waited, once every call it waits for is
         decided: ``async with session.resume() as out``. Approved calls run (once),
         denied ones give the model the denial, client tools' outputs are their results,
         and the model goes on in the same assistant message. Entering raises
         :class:`~runtime.errors.NothingToResume` when no turn waits or a call is still
-        undecided."""
-        return ResumeStream(self)
+        undecided. ``tools`` and ``instructions`` are :meth:`stream`'s, for the
+        continuation only."""
+        return ResumeStream(self, tools=tools, instructions=instructions)
 
     async def respond(
         self,

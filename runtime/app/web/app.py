@@ -69,7 +69,7 @@ from runtime.app.web.resend import classify_resend, client_message_id, replay_re
 from runtime.app.web.resume import resume_stream, stop_turn
 from runtime.app.web.ui_stream import DONE, HEADERS, UIStreamEncoder, ui_messages
 from runtime.app.web.writer import BodyWriter
-from runtime.errors import NothingToResume, SessionBusy
+from runtime.errors import InvalidHistory, NothingToResume, SessionBusy
 from runtime.messages import UserContent
 from runtime.serde import unstructure
 
@@ -178,6 +178,9 @@ class TurnResponse:
         encoder: Callable[[], Any] | None = None,
         headers: Mapping[str, str] = HEADERS,
         busy: Callable[[Any], Response] | None = None,
+        turn_id: str | None = None,
+        tools: tuple[Any, ...] = (),
+        instructions: str | None = None,
     ) -> None:
         self.session = session
         self.text = text
@@ -198,6 +201,11 @@ class TurnResponse:
         self.encoder = encoder
         self.headers = headers
         self.busy = busy or _busy
+        # What another protocol's turn carries beyond the AI SDK's (runtime.app.web.agui):
+        # the client's run id as the turn's, and tools and instructions for this turn only.
+        self.turn_id = turn_id
+        self.tools = tools
+        self.instructions = instructions
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         session = self.session
@@ -214,12 +222,15 @@ class TurnResponse:
             # one, the fallback, is left only after the turn is over and saved.
             try:
                 turn = (
-                    session.resume()
+                    session.resume(tools=self.tools, instructions=self.instructions)
                     if self.resume
                     else session.stream(
                         self.text,
                         regenerate=self.regenerate,
                         user_message_id=self.user_message_id,
+                        turn_id=self.turn_id,
+                        tools=self.tools,
+                        instructions=self.instructions,
                     )
                 )
                 async with turn as out:
@@ -288,10 +299,14 @@ class TurnResponse:
                 if data:
                     await write(data)
             # [DONE] once the turn is saved and the session idle: a client may reload the
-            # session or send its next message as soon as it sees it.
+            # session or send its next message as soon as it sees it. An encoder with a
+            # ``final(out)`` ends its protocol's stream its own way (AG-UI's RUN_FINISHED).
             with trio.move_on_after(FINAL_WAIT):
                 await out.done.wait()
-            await write(DONE)
+            final = getattr(encoder, "final", None)
+            ending = final(out) if final is not None else DONE
+            if ending:
+                await write(ending)
             nursery.cancel_scope.cancel()
 
 
@@ -335,18 +350,24 @@ class WebState:
         self.parse_limiter = trio.CapacityLimiter(CHILD_PARSES)
         """Bounds the child processes parsing large bodies (:mod:`runtime.app.web.chat_input`)."""
 
-    async def session(self, session_id: str) -> Any:
+    async def session(self, session_id: str, *, history: Any = None) -> Any:
         """The open session ``session_id``, opened (resumed from the store) if needed;
-        one the host evicted is loaded back into its ``Session`` object."""
+        one the host evicted is loaded back into its ``Session`` object. ``history``
+        starts a session that is neither open nor stored (AG-UI's first run on a thread
+        the client already holds messages of); a stored one raises ``InvalidHistory``."""
         session = self.host.sessions.get(session_id)
-        if session is not None:
+        if session is not None and history is None:
             self.host.touch(session)
             return session
         async with self._open_lock:
             session = self.host.get_session(session_id)
             if session is None:
                 agent = self.agent_for(session_id)
-                session = await self.host.open_session(agent, session_id=session_id)
+                session = await self.host.open_session(
+                    agent, session_id=session_id, history=history
+                )
+            elif history is not None:
+                raise InvalidHistory(f"session {session_id!r} is open already")
             else:
                 await session.reopen()
         return session
@@ -511,7 +532,8 @@ def create_app(
     its store (it opens no session and runs no turn).
 
     ``protocols`` names the endpoints mounted (:mod:`runtime.app.web.protocols`): ``ai-sdk``
-    the page and ``/api/``, ``openai`` ``/v1/`` (:mod:`runtime.app.web.openai_compat`).
+    the page and ``/api/``, ``openai`` ``/v1/`` (:mod:`runtime.app.web.openai_compat`),
+    ``ag-ui`` ``POST /ag-ui`` (:mod:`runtime.app.web.agui`).
     """
     page = (STATIC / "index.html").read_bytes()
     icons = {name: (STATIC / name).read_bytes() for name in ICONS}

@@ -47,7 +47,7 @@ from runtime.app.commands import (
 from runtime.app.host import Host
 from runtime.app.web import BODY_TIMEOUT, DEFAULT_MAX_BODY, SEND_TIMEOUT
 from runtime.app.web.protocols import DEFAULT as DEFAULT_PROTOCOLS
-from runtime.app.web.protocols import parse_protocols, unbuilt_refusal
+from runtime.app.web.protocols import EMBEDDED_ONLY, parse_protocols, unbuilt_refusal
 from runtime.errors import ConfigurationError, RelayUnavailable, reraise, sole_exception
 from runtime.logging import configure_logging
 from runtime.redact import redact_url
@@ -140,9 +140,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
         type=parse_protocols,
         default=DEFAULT_PROTOCOLS,
         metavar="NAMES",
-        help="the protocols to serve, comma-separated: ai-sdk (the page and /api/), openai "
-        "(/v1/chat/completions, /v1/models), mcp (the agent as an MCP tool at /mcp); ag-ui "
-        "and a2a are not available yet (default: ai-sdk; docs/protocols.md)",
+        help="the protocols to serve, comma-separated: ai-sdk (the page and /api/), ag-ui "
+        "(POST /ag-ui), openai (/v1/chat/completions, /v1/models), a2a (the Agent Card and "
+        "/a2a/), mcp (the agent as an MCP tool at /mcp) (default: ai-sdk; docs/protocols.md)",
     )
     add(
         "--token",
@@ -337,10 +337,11 @@ async def serve_command(args: argparse.Namespace) -> int:
     token = args.token or os.environ.get(TOKEN_ENV) or None
     protocols = getattr(args, "protocols", DEFAULT_PROTOCOLS)
     refusal = unbuilt_refusal(protocols)
-    in_process = [name for name in ("openai", "mcp") if name in protocols]
-    if refusal is None and in_process and is_front_end(args):
+    embedded_only = [name for name in EMBEDDED_ONLY if name in protocols]
+    if refusal is None and embedded_only and is_front_end(args):
         refusal = (
-            f"--protocols {in_process[0]} is not served by a worker deployment's front end yet"
+            f"--protocols {', '.join(embedded_only)} is not served by a worker deployment's "
+            "front end yet"
         )
     if refusal is not None:
         print(f"error: {refusal}", file=sys.stderr)
@@ -435,6 +436,8 @@ async def serve_command(args: argparse.Namespace) -> int:
                     f"{', relay ' + public_url(args.redis) if relay is not None else ''}"
                     f"{plugins_banner(plugins)}"
                     f"{', OpenAI API ' + url + '/v1' if 'openai' in protocols else ''}"
+                    f"{', AG-UI ' + url + '/ag-ui' if 'ag-ui' in protocols else ''}"
+                    f"{', A2A agent ' + url if 'a2a' in protocols else ''}"
                     f"{', MCP ' + url + '/mcp' if 'mcp' in protocols else ''})",
                     flush=True,
                 )
