@@ -55,6 +55,11 @@ EXPECTED = {
     "TASK_STATE_COMPLETED demo-1\n"
     "scripted said: Let me check the weather. It is 26°C and windy in Paris right now.\n"
     "Asked it.\n",
+    ("protocols.md", 3): "scripted: Let me check the weather. It is 22°C and clear skies in Oslo "
+    "right now. (17 progress notifications)\nsame session: True\n"
+    "stdio: Let me check the weather. It is 26°C and windy in Paris right now.\n",
+    ("protocols.md", 4): "scripted -> Let me check the weather. It is 22°C and clear skies in "
+    "Oslo right now.\nDone.\n",
     ("asyncio.md", 0): "6 deltas: Paris is the capital of France. | stop\n"
     "Paris is the capital of France. ['user', 'assistant', 'user', 'assistant']\n",
     ("asyncio.md", 1): '3 text events, then event: done | data: "stop"\n',

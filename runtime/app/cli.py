@@ -10,6 +10,7 @@ terminal, or print its chunks as JSON lines.
     python -m runtime run --store s.db --session ID --approve-all   # decide a waiting turn
 
     python -m runtime serve                              # web UI + AI SDK (useChat) API
+    python -m runtime mcp-server                         # the agent as an MCP tool (stdio)
 
 Real providers read their key from ``--api-key`` or the SDK's usual environment
 variable (``OPENAI_API_KEY``, ``ANTHROPIC_API_KEY``), only when the call is made. Their
