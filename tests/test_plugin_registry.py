@@ -228,8 +228,9 @@ async def test_worker_loads_a_plugin_an_installed_package_registered(probe_env, 
         ["run", "hi"],
         ["serve", "--port", "0"],
         ["worker", "--store", "postgresql://127.0.0.1:1/none"],  # refused before connecting
+        ["mcp-server"],  # refused before the protocol starts
     ],
-    ids=["run", "serve", "worker"],
+    ids=["run", "serve", "worker", "mcp-server"],
 )
 def test_an_unknown_plugin_is_one_error_line_on_each_command(probe_env, command):
     proc = subprocess.run(
@@ -239,5 +240,6 @@ def test_an_unknown_plugin_is_one_error_line_on_each_command(probe_env, command)
         timeout=60,
         cwd=ROOT,
         env=probe_env,
+        input="",
     )
     assert (proc.returncode, proc.stderr, proc.stdout) == (2, UNKNOWN + "\n", "")

@@ -124,6 +124,7 @@ class HostSessions:
                 agent = self.agent_for(session_id)
                 return await self.host.open_session(agent, session_id=session_id)
             await session.reopen()
+            self.host.touch(session)  # a use: the last to be evicted
             return session
 
 
