@@ -32,6 +32,8 @@ EXPECTED = {
     "unknown plug-in 'turns'; registered plug-ins: otel, recorder\n",
     ("approval.md", 0): "awaiting-input send_email {'to': 'ceo@example.com'}\n"
     "stop Done: it is sent. True",
+    ("approval.md", 1): "steered: True\n['user', 'assistant', 'tool', 'user', 'assistant']\n"
+    "3 flights (flights to Oslo), of which I keep those in June.\n",
     ("mcp.md", 0): "add_note -> saved: buy milk (1 notes)\nNoted.",
     ("providers.md", 0): "hello there actors 3",
     ("media.md", 0): "What is this? ['image/png', 'application/pdf']\n"

@@ -48,6 +48,7 @@ from runtime.app.host import Host
 from runtime.app.web import BODY_TIMEOUT, DEFAULT_MAX_BODY, SEND_TIMEOUT
 from runtime.app.web.protocols import DEFAULT as DEFAULT_PROTOCOLS
 from runtime.app.web.protocols import EMBEDDED_ONLY, parse_protocols, unbuilt_refusal
+from runtime.busy import STRATEGIES
 from runtime.errors import ConfigurationError, RelayUnavailable, reraise, sole_exception
 from runtime.logging import configure_logging
 from runtime.redact import redact_url
@@ -112,6 +113,15 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
         default=None,
         metavar="PREFIX",
         help="key prefix of the relay's streams (default 'axon:'; workers must agree)",
+    )
+    add(
+        "--on-busy",
+        choices=STRATEGIES,
+        default=None,
+        help="what a message for a session whose turn runs does: reject it (409), enqueue "
+        "its turn after the running one, interrupt the running turn, or steer it (the "
+        "message joins it at its next step) (default: the agent's on_busy, reject; "
+        "docs/approval.md)",
     )
     add(
         "--run-turns-here",
@@ -401,6 +411,7 @@ async def serve_command(args: argparse.Namespace) -> int:
             relay=relay,
             queue=queue,
             protocols=protocols,
+            on_busy=getattr(args, "on_busy", None),
         )
 
         async def shutdown_trigger() -> None:
