@@ -229,6 +229,32 @@ async def test_a_session_running_a_turn_answers_a_busy_tool_error():
     assert busy.is_error and busy.content[0].text == "session 's' is already running a turn"
 
 
+@pytest.mark.parametrize("on_busy", ["enqueue", "steer"])  # steer: a call needs its answer
+async def test_a_session_that_queues_runs_a_second_call_after_the_first(on_busy):
+    agent = Agent(
+        name="queue",
+        provider=ScriptedProvider(turns=[[["first ", Sleep(0.5), "answer"]], [["second answer"]]]),
+        on_busy=on_busy,
+    )
+    results: dict[str, Any] = {}
+    async with web_server(agent, protocols=MCP) as server, mcp_client(server) as client:
+
+        async def call(prompt: str) -> None:
+            results[prompt] = await client.call_tool("queue", {"prompt": prompt, "session_id": "q"})
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(call, "a")
+            await eventually(lambda: "q" in server.host.sessions and server.host.sessions["q"].busy)
+            nursery.start_soon(call, "b")
+        stored = await server.host.store.load("q")
+    assert results["a"].structured_content["answer"] == "first answer"
+    assert results["b"].structured_content["answer"] == "second answer"
+    assert stored is not None and [m.text for m in stored.messages if m.role == "user"] == [
+        "a",
+        "b",
+    ]
+
+
 @pytest.mark.parametrize("mode", ["auto", "legacy"])
 async def test_a_cancelled_call_cancels_the_turn_and_it_is_saved_interrupted(mode):
     async with web_server(slow_agent(), protocols=MCP) as server:

@@ -25,8 +25,11 @@ Bad input is answered in MCP's own shapes, before any session opens: an unknown 
 the JSON-RPC error ``-32602`` (``Unknown tool: NAME``), as the specification's example;
 arguments that do not fit the input schema (no prompt, a malformed ``session_id``) are a
 tool execution error (``isError: true``, the reason as text), which is where the
-specification puts input validation, so a model can correct itself; so is a session that
-is already running a turn. A turn that fails, is cut off (a server shutdown) or ends
+specification puts input validation, so a model can correct itself. A call on a session
+that is running a turn gets what the session's busy strategy says (:mod:`runtime.busy`):
+a tool execution error (``reject``, the default), its own turn after the running one
+(``enqueue``, and ``steer``: a call needs its own answer), or the running turn cancelled
+(``interrupt``). A turn that fails, is cut off (a server shutdown) or ends
 waiting for a decision (a tool that needs approval, docs/approval.md) is an ``isError``
 result saying so, and is stored as such.
 
@@ -46,6 +49,7 @@ from mcp.shared.exceptions import MCPError
 
 from runtime.agent import Agent
 from runtime.app.session import FINAL_WAIT
+from runtime.busy import ENQUEUE, REJECT, STEER, OnBusy
 from runtime.errors import InvalidSessionId, SessionBusy
 from runtime.ids import new_id
 from runtime.output import TextDelta, ToolCall
@@ -229,13 +233,14 @@ class AgentTools:
 async def run_turn(session: Any, prompt: str, report: Report) -> types.CallToolResult:
     """Run one turn of ``session`` on ``prompt``, reporting progress; its MCP result."""
     await session.reopen()  # the host may have evicted it since it was looked up
-    if session.busy:
+    strategy = one_answer_each(session)
+    if session.busy and strategy == REJECT:
         return _busy(session)
     if "title" not in session.meta:
         session.set_title(" ".join(prompt[: TITLE_CHARS * 64].split())[:TITLE_CHARS])
     progress = _Progress(report)
     try:
-        async with session.stream(prompt) as out:
+        async with session.stream(prompt, on_busy=strategy) as out:
             async for chunk in out:
                 await progress.chunk(chunk)
             with trio.move_on_after(FINAL_WAIT):
@@ -262,6 +267,14 @@ async def run_turn(session: Any, prompt: str, report: Report) -> types.CallToolR
         content=[types.TextContent(type="text", text=answer)],
         structured_content={"answer": answer, "session_id": session.id, "finish_reason": reason},
     )
+
+
+def one_answer_each(session: Any) -> OnBusy:
+    """A call's busy strategy (:mod:`runtime.busy`): the session's, except that ``steer``
+    becomes ``enqueue``: a call gets its own answer, and a steered message's answer would
+    go to the call whose turn took it."""
+    strategy: OnBusy = session.on_busy
+    return ENQUEUE if strategy == STEER else strategy
 
 
 def _busy(session: Any) -> types.CallToolResult:
