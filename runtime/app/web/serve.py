@@ -30,8 +30,7 @@ import trio
 
 from actors.relays import RedisRelay, attach_relay
 from actors.relays.redis_streams import public_url
-from actors.stores.postgres import PostgresStore
-from actors.stores.turns import TurnQueue
+from actors.stores import turn_queue
 from runtime.app.commands import (
     MCP_HELP,
     add_agent_arguments,
@@ -69,7 +68,7 @@ def _cap(value: str) -> int:
 
 
 def queue_caps(args: argparse.Namespace) -> dict[str, Any]:
-    """The :class:`~actors.stores.turns.TurnQueue` caps ``serve``'s options set: only
+    """The turn queue's caps ``serve``'s options set (:func:`actors.stores.turn_queue`): only
     those given (the queue's defaults otherwise), ``off`` as ``None``."""
     given = {
         "max_queued_per_session": args.max_queued_per_session,
@@ -392,8 +391,7 @@ async def serve_command(args: argparse.Namespace) -> int:
         )
         queue = None
         if is_front_end(args):  # the host only lends its store: it runs no turn
-            assert isinstance(host.store, PostgresStore)  # a postgresql:// URL opens one
-            queue = TurnQueue(host.store, **queue_caps(args))
+            queue = turn_queue(host.store, **queue_caps(args))
             stack.push_async_callback(queue.aclose)
         elif relay is not None:
             await attach_relay(host, relay)
