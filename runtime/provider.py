@@ -30,6 +30,7 @@ from runtime.actor_messages import Batch, Batcher, InferRequest, StreamFailed
 from runtime.chunks import StreamChunk
 from runtime.errors import ActorFailed, AxonError, ConfigurationError, ProviderError
 from runtime.history import FOREIGN_REASONING, ForeignReasoning, Origin, endpoint_of
+from runtime.pricing import PriceKey, is_local
 
 Emit = Callable[[StreamChunk], Awaitable[None]]
 
@@ -75,6 +76,12 @@ class Provider(ServingActor[InferRequest]):
     """The endpoint the SDK calls when no ``base_url`` is given (``None``: none)."""
     endpoint_env: ClassVar[str | None] = None
     """The environment variable the SDK reads a base URL from when none is given."""
+    price_vendor: ClassVar[str | None] = None
+    """The vendor's id in the price table (:mod:`runtime.pricing`) when calls go to its
+    own endpoint; ``None``: this provider's calls are not priced unless ``price_as``
+    says how."""
+    usage_input_includes_cache: ClassVar[bool] = True
+    """Whether the ``input_tokens`` this provider reports count the cached tokens."""
     hold_rounds: ClassVar[int] = 5
     """Scheduler rounds the provider's task yields each time: one per stage a chunk
     passes after it (engine, turn runner, stream controller, consumer) and one more,
@@ -100,6 +107,11 @@ class Provider(ServingActor[InferRequest]):
         """Reasoning another provider, model or endpoint produced cannot be replayed here:
         ``"drop"`` it (the default) or send its text as plain text (``"text"``), where
         this provider's API takes text in its place (see docs/providers.md)."""
+        self.price_as: str | None = None
+        """Price this provider's calls as this vendor's in the price table (its id:
+        ``"openai"``, ``"anthropic"``, ...), wherever they go: a gateway that forwards to
+        the vendor. ``None``: priced as the vendor's own at its endpoint, as whatever the
+        table knows another endpoint to be, and not at all elsewhere."""
 
     @staticmethod
     def check_foreign_reasoning(value: str) -> ForeignReasoning:
@@ -127,6 +139,25 @@ class Provider(ServingActor[InferRequest]):
         endpoint recorded on the reasoning and provider data it produces, and the only
         origin whose parts it sends back."""
         return Origin(provider=self.provider_name, model=self.model or None, endpoint=self.endpoint)
+
+    def price_key(self) -> PriceKey | None:
+        """How the price table finds this provider's calls (:mod:`runtime.pricing`), or
+        ``None`` when they cannot be priced: no model, an endpoint on this machine or a
+        private network, or a provider that names no vendor."""
+        model = self.model
+        if not model:
+            return None
+        cache = self.usage_input_includes_cache
+        if self.price_as is not None:
+            return PriceKey(model=model, provider_id=self.price_as, input_includes_cache=cache)
+        if self.price_vendor is None:
+            return None
+        endpoint, default = self.endpoint, self.default_endpoint
+        if endpoint is None or (default is not None and endpoint == endpoint_of(default)):
+            return PriceKey(model=model, provider_id=self.price_vendor, input_includes_cache=cache)
+        if is_local(endpoint):
+            return None
+        return PriceKey(model=model, api_url=endpoint, input_includes_cache=cache)
 
     @classmethod
     def from_options(cls, options: ProviderOptions) -> Provider:

@@ -85,6 +85,9 @@ USAGE_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
 USAGE_CACHE_READ = "gen_ai.usage.cache_read.input_tokens"
 USAGE_CACHE_CREATION = "gen_ai.usage.cache_creation.input_tokens"
 USAGE_REASONING = "gen_ai.usage.reasoning.output_tokens"
+USAGE_COST = "axon.usage.cost"
+"""What the usage cost in US dollars (:attr:`Usage.cost <runtime.chunks.Usage.cost>`);
+left out when unknown. The conventions define no cost attribute: Axon's own name."""
 TOOL_NAME = "gen_ai.tool.name"
 TOOL_CALL_ID = "gen_ai.tool.call.id"
 TOOL_TYPE = "gen_ai.tool.type"
@@ -455,6 +458,7 @@ def _set_usage(span: Any, usage: Usage) -> None:
         (USAGE_CACHE_READ, usage.cache_read),
         (USAGE_CACHE_CREATION, usage.cache_write),
         (USAGE_REASONING, usage.reasoning_tokens),
+        (USAGE_COST, usage.cost),
     ):
         if value is not None:
             span.set_attribute(key, value)

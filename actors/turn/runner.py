@@ -102,6 +102,7 @@ from runtime.messages import (
     UserMessage,
 )
 from runtime.output import ErrorInfo
+from runtime.pricing import priced
 from runtime.redact import redact
 
 SAVE_TIMEOUT = 5.0
@@ -340,10 +341,13 @@ class TurnRunner(Suspending, Actor):
         turn.step = committed.next_step
         turn.tool_calls_used = committed.calls
         turn.results = {t.tool_call_id: t for t in committed.tool_messages}
+        turn.usage = committed.usage  # the committed steps' calls count too
         if committed.finished:
             return  # the history is left as it is
         del state.messages[committed.assistant_index :]
-        state.messages.append(AssistantMessage(id=turn.message_id, content=committed.parts))
+        state.messages.append(
+            AssistantMessage(id=turn.message_id, content=committed.parts, usage=committed.usage)
+        )
         state.messages.extend(committed.tool_messages)
 
     @staticmethod
@@ -384,6 +388,7 @@ class TurnRunner(Suspending, Actor):
                     if oc.usage is not None:  # an agent used as a tool spent tokens
                         turn.usage = turn.usage + oc.usage
                     self._add_result(turn, oc, step)
+                over = over or budget.tokens_exceeded(turn.usage)  # sub-agents' too
                 await self._hold(turn, step)
             self._snapshot(turn)
             self._publish_history()
@@ -444,6 +449,7 @@ class TurnRunner(Suspending, Actor):
             content=tuple(turn.parts.content),
             interrupted=interrupted,
             error=error,
+            usage=turn.usage,
         )
 
     async def _save(self, turn: _Turn, step: int | None) -> SaveRequest:
@@ -727,6 +733,8 @@ class TurnRunner(Suspending, Actor):
             result = _Step()
             try:
                 await self._call_once(turn, result)
+                price_key = getattr(self.provider, "price_key", None)
+                result.usage = await priced(result.usage, price_key() if price_key else None)
                 return result
             except ProviderError as exc:
                 delay = None if result.produced else policy.delay(attempt, exc)
