@@ -19,7 +19,7 @@ SDKs are imported lazily inside subclasses so ``import runtime`` stays fast.
 from __future__ import annotations
 
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, ClassVar
 
 import attrs
@@ -28,7 +28,17 @@ import trio
 from runtime.actor import ServingActor
 from runtime.actor_messages import Batch, Batcher, InferRequest, StreamFailed
 from runtime.chunks import StreamChunk
-from runtime.errors import ActorFailed, AxonError, ConfigurationError, ProviderError
+from runtime.errors import (
+    ActorFailed,
+    AxonError,
+    ConfigurationError,
+    ConnectionLost,
+    Overloaded,
+    ProviderError,
+    ProviderTimeout,
+    ProviderUnavailable,
+    RateLimited,
+)
 from runtime.history import FOREIGN_REASONING, ForeignReasoning, Origin, endpoint_of
 from runtime.pricing import PriceKey, is_local
 
@@ -233,3 +243,65 @@ class Provider(ServingActor[InferRequest]):
                 await out.send(StreamFailed(error=err))
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 pass
+
+
+FALLBACK_ON: tuple[type[BaseException], ...] = (
+    RateLimited,
+    Overloaded,
+    ProviderUnavailable,
+    ProviderTimeout,
+    ConnectionLost,
+)
+"""The failures a :class:`FallbackProvider` falls back on by default: the provider is
+busy, down or unreachable. Not a bad request, a refused key or a context too long: the
+next provider would be sent the same thing (and a key problem is to be fixed, not hidden)."""
+
+
+def _providers(value: Iterable[Provider]) -> tuple[Provider, ...]:
+    providers = tuple(value)
+    if not providers:
+        raise ConfigurationError("FallbackProvider needs at least one provider")
+    for p in providers:
+        if not isinstance(p, Provider):
+            raise ConfigurationError(
+                f"FallbackProvider takes providers (OpenAIProvider(...), ...), not {p!r}"
+            )
+    return providers
+
+
+def _failure_classes(value: Iterable[type[BaseException]]) -> tuple[type[BaseException], ...]:
+    classes = tuple(value)
+    for c in classes:
+        if not (isinstance(c, type) and issubclass(c, BaseException)):
+            raise ConfigurationError(f"FallbackProvider(on=...) takes error classes, not {c!r}")
+    return classes
+
+
+@attrs.frozen(slots=True)
+class FallbackProvider:
+    """Providers a turn tries in order: when a model call fails after its retries with
+    one of the ``on`` errors, before it streamed anything, the same turn goes on with the
+    next provider, from the step that failed (the committed steps stay as they are). The
+    rest of the turn stays on that provider; the next turn starts with the first again.
+
+    ``Agent(provider=[primary, fallback])`` makes one. The stored message then holds
+    parts of several providers, each reasoning part bound to the one that made it
+    (:func:`runtime.history.replays_to`), so the history replays to any of them.
+    A call that fails after it streamed output is not handed on: the error ends the turn
+    as it would without a fallback.
+    """
+
+    providers: tuple[Provider, ...] = attrs.field(converter=_providers)
+    on: tuple[type[BaseException], ...] = attrs.field(
+        default=FALLBACK_ON, converter=_failure_classes, kw_only=True
+    )
+    """The failures (after retries) that hand the call on; :data:`FALLBACK_ON` by default."""
+
+    @property
+    def primary(self) -> Provider:
+        """The provider every turn starts with."""
+        return self.providers[0]
+
+    def falls_back_on(self, error: BaseException) -> bool:
+        """Whether ``error`` (a call's failure after its retries) hands the call on."""
+        return isinstance(error, self.on)

@@ -39,6 +39,7 @@ from runtime.chunks import Usage
 from runtime.errors import ConfigurationError
 from runtime.events import (
     Lagged,
+    ProviderFallback,
     ProviderRetry,
     StepFinished,
     StepStarted,
@@ -174,6 +175,7 @@ class OpenTelemetryActor(Actor):
         ToolCallRequested,
         ToolCallCompleted,
         ProviderRetry,
+        ProviderFallback,
     )
     """(The inbox itself hands the actor a :class:`Lagged` notice when it dropped events.)"""
     overflow: ClassVar[OverflowPolicy] = "drop-oldest"
@@ -237,6 +239,8 @@ class OpenTelemetryActor(Actor):
             self._turn_finished(event, now)
         elif kind is ProviderRetry:
             self._provider_retry(event, now)
+        elif kind is ProviderFallback:
+            self._provider_fallback(event, now)
         elif kind is Lagged:
             self.dropped += event.dropped
             for turn in self._turns.values():
@@ -399,6 +403,31 @@ class OpenTelemetryActor(Actor):
             },
             timestamp=now,
         )
+
+    def _provider_fallback(self, event: ProviderFallback, now: int) -> None:
+        """The turn goes on with another provider: an event on the step's chat span,
+        which (like the turn's later ones) names that provider and model from now on."""
+        turn = self._turns.get(event.turn_id)
+        if turn is None:
+            return
+        turn.provider, turn.model = event.provider or turn.provider, event.model
+        chat = turn.chats.get(event.step)
+        if chat is None:
+            return
+        chat.span.add_event(
+            "axon.provider.fallback",
+            attributes={
+                "axon.fallback.from": event.from_provider,
+                "axon.fallback.to": event.to_provider,
+                ERROR_TYPE: event.error.kind,
+            },
+            timestamp=now,
+        )
+        if turn.provider:
+            chat.span.set_attributes(provider_attributes(turn.provider))
+        if turn.model:
+            chat.span.set_attribute(REQUEST_MODEL, turn.model)
+            chat.span.update_name(f"chat {turn.model}")
 
     # -- tool calls --------------------------------------------------------------------
 

@@ -31,7 +31,7 @@ Rules from peers' bugs, enforced here:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -157,6 +157,9 @@ class _Turn:
     and its end neither changes nor saves the history."""
     held: dict[str, Awaiting] = attrs.field(factory=dict)
     """The step's calls that suspend the turn (docs/approval.md), by call id."""
+    provider: int = 0
+    """Which of the runner's providers the turn's calls go to: the primary, or the
+    fallback the turn went on with (``Agent(provider=[primary, fallback, ...])``)."""
 
 
 def _cut_last_turn(state: SessionState) -> None:
@@ -189,6 +192,7 @@ class TurnRunner(Suspending, Actor):
         stream_inbox: Inbox,
         host: TurnHost,
         tool_source: ToolSource,
+        fallbacks: Sequence[Actor] = (),
     ) -> None:
         super().__init__(name="turn-runner", session_id=state.session_id)
         self.state = state
@@ -197,6 +201,9 @@ class TurnRunner(Suspending, Actor):
         """The history as of its last change: an immutable value, replaced on change."""
         self.agent = agent
         self.provider = provider
+        self.providers: tuple[Actor, ...] = (provider, *fallbacks)
+        """The provider, then the fallbacks a turn goes on with when a call to the one
+        before fails (:class:`~runtime.provider.FallbackProvider`)."""
         self.engine = engine
         self.controller = controller
         self.tool_executor = tool_executor
@@ -725,7 +732,8 @@ class TurnRunner(Suspending, Actor):
 
     async def _infer(self, turn: _Turn) -> _Step:
         """One model call for the turn's current step, retried by the agent's policy
-        while the call has produced no output."""
+        while the call has produced no output; then, if the agent has fallbacks and the
+        failure is one they cover, made again with the next provider."""
         policy = self.agent.retry
         attempt = 0
         while True:
@@ -733,13 +741,16 @@ class TurnRunner(Suspending, Actor):
             result = _Step()
             try:
                 await self._call_once(turn, result)
-                price_key = getattr(self.provider, "price_key", None)
+                price_key = getattr(self.providers[turn.provider], "price_key", None)
                 result.usage = await priced(result.usage, price_key() if price_key else None)
                 return result
             except ProviderError as exc:
                 delay = None if result.produced else policy.delay(attempt, exc)
                 if delay is None:
-                    raise
+                    if result.produced or not await self._fall_back(turn, exc):
+                        raise
+                    attempt = 0  # the next provider's call gets retries of its own
+                    continue
                 await self.publish(
                     ev.ProviderRetry(
                         session_id=self.state.session_id,
@@ -760,6 +771,43 @@ class TurnRunner(Suspending, Actor):
                     error=redact(str(exc)),
                 )
                 await trio.sleep(delay)
+
+    async def _fall_back(self, turn: _Turn, exc: ProviderError) -> bool:
+        """Move the turn on to the next provider, if the agent has one left and its
+        :class:`~runtime.provider.FallbackProvider` covers ``exc``; say so (an event and
+        a warning). The turn stays on it: its later steps go there too."""
+        chain = self.agent.provider
+        falls_back_on = getattr(chain, "falls_back_on", None)
+        if falls_back_on is None or not falls_back_on(exc):
+            return False
+        if turn.provider + 1 >= len(self.providers):
+            return False
+        failed = self.providers[turn.provider]
+        turn.provider += 1
+        following = self.providers[turn.provider]
+        error = _error_info(exc)
+        self._log.warning(
+            "provider.fallback",
+            session_id=self.state.session_id,
+            turn_id=turn.turn_id,
+            step=turn.step,
+            from_provider=failed.name,
+            to_provider=following.name,
+            error=redact(str(exc)),
+        )
+        await self.publish(
+            ev.ProviderFallback(
+                session_id=self.state.session_id,
+                turn_id=turn.turn_id,
+                step=turn.step,
+                from_provider=failed.name,
+                to_provider=following.name,
+                error=error,
+                provider=getattr(following, "provider_name", None),
+                model=getattr(following, "model", None) or None,
+            )
+        )
+        return True
 
     async def _begin(self, request_id: str) -> None:
         """Tell the engine a model call starts.
@@ -810,9 +858,10 @@ class TurnRunner(Suspending, Actor):
             settings=agent.settings,
             output=agent.output_schema,
         )
-        await self._ask(self.provider, request)
+        provider = self.providers[turn.provider]
+        await self._ask(provider, request)
         inbox, parts, ctrl = self.stream_inbox, turn.parts, turn.ctrl
-        parts.origin = getattr(self.provider, "origin", None)  # recorded on signed parts
+        parts.origin = getattr(provider, "origin", None)  # recorded on signed parts
         try:
             while True:
                 batch = await inbox.get()

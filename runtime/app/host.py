@@ -57,7 +57,7 @@ from runtime.inbox import Inbox
 from runtime.logging import configure_logging, get_logger
 from runtime.media import InputLimits
 from runtime.messages import Message
-from runtime.provider import Provider
+from runtime.provider import FallbackProvider, Provider
 from runtime.store import Store, validate_session_id
 
 DRAIN_TIMEOUT = 5.0
@@ -369,7 +369,9 @@ class Host:
         if meta:
             session_meta.update(meta)
         assert agent.provider is not None  # refused by open_session
-        provider_actor = await self.provider_actor(agent.provider)
+        chain = agent.provider
+        providers = chain.providers if isinstance(chain, FallbackProvider) else (chain,)
+        provider_actors = [await self.provider_actor(p) for p in providers]
         if agent.mcp_servers:  # started once per host, shared by sessions (actors.mcp)
             await start_servers(self.mcp_servers, self, agent)
         stream_inbox: Inbox[Batch[Any]] = Inbox(1024, "block", name="engine-output")
@@ -378,7 +380,8 @@ class Host:
         runner = TurnRunner(
             state=state,
             agent=agent,
-            provider=provider_actor,
+            provider=provider_actors[0],
+            fallbacks=provider_actors[1:],  # Agent(provider=[primary, fallback, ...])
             engine=engine,
             controller=controller,
             tool_executor=self.tool_executor,

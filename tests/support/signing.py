@@ -38,6 +38,17 @@ class SigningAnthropic:
 
     def __call__(self, request: Recorded) -> Reply:
         body = request.json()
+        refusal = self.refusal(body)
+        if refusal is not None:
+            return refusal
+        n, signature = self.mint(body["model"])
+        return Reply(
+            body=_anthropic_answer(body["model"], f"thought {n}", signature, f"answer {n}")
+        )
+
+    def refusal(self, body: dict[str, Any]) -> Reply | None:
+        """The 400 for a request that replays a thinking block whose signature was not
+        minted here for the model it asks for; ``None`` when every signature is valid."""
         model = body["model"]
         for i, message in enumerate(body["messages"]):
             content = message["content"]
@@ -57,10 +68,14 @@ class SigningAnthropic:
                             },
                         }
                     )
+        return None
+
+    def mint(self, model: str) -> tuple[int, str]:
+        """A new signature for ``model``, and its number."""
         n = len(self.minted) + 1
         signature = f"sig:{model}:{n}"
         self.minted[signature] = model
-        return Reply(body=_anthropic_answer(model, f"thought {n}", signature, f"answer {n}"))
+        return n, signature
 
 
 def _anthropic_answer(model: str, thought: str, signature: str, text: str) -> bytes:
