@@ -177,6 +177,8 @@ class Suspending:
 
         async def publish(self, event: Any) -> None: ...
 
+        async def _tools(self, turn: Any) -> tuple[Tool, ...]: ...
+
         async def _execute(
             self, turn: Any, step: int, runnable: list[ToolCallSpec], tools: dict[str, Any]
         ) -> None: ...
@@ -254,7 +256,7 @@ class Suspending:
             denied = w is not None and w.kind == APPROVAL
             reason = w.reason if w is not None else None
             await self._tool_done(turn.turn_id, step, what, turn.ctrl, denied=denied, reason=reason)
-        tools = {t.name: t for t in await self.tool_source(self.agent)}
+        tools = {t.name: t for t in await self._tools(turn)}
         await self._execute(turn, step, to_run, tools)
         for part in waiting:
             self._add_result(turn, turn.outcomes[part.tool_call_id], part.step)

@@ -43,6 +43,7 @@ from runtime.agent import Agent
 from runtime.app.expiry import ExpiryWatch, expire_session, expired, resume_expired
 from runtime.app.session import Session, TurnStream
 from runtime.bus import Bus
+from runtime.busy import OnBusy, check_on_busy
 from runtime.errors import (
     ConfigurationError,
     InvalidHistory,
@@ -266,11 +267,14 @@ class Host:
         meta: dict[str, Any] | None = None,
         deps: Any = None,
         history: Sequence[Message] | None = None,
+        on_busy: OnBusy | None = None,
     ) -> Session:
         """Open (or resume, when ``session_id`` is stored) a session running ``agent``.
 
         ``deps``: the application's own objects, handed to the session's tools as
-        ``ToolContext.deps`` (:attr:`Session.deps`). ``history``: messages the new
+        ``ToolContext.deps`` (:attr:`Session.deps`). ``on_busy``: what a new user
+        message does while a turn runs, instead of the agent's ``on_busy``
+        (:attr:`Session.on_busy`, :mod:`runtime.busy`). ``history``: messages the new
         session starts from, instead of a stored history (a conversation the
         application keeps itself); saved with its first turn if the host has a store.
         Giving a history for a session that is stored or open already raises
@@ -286,6 +290,8 @@ class Host:
                 "Agent(provider=OpenAIProvider('gpt-4o-mini')), or "
                 "Agent(provider=ScriptedProvider.demo()) for the offline demo"
             )
+        if on_busy is not None:
+            check_on_busy(on_busy)
         sid = validate_session_id(session_id) if session_id is not None else new_id("session")
         seed = check_history(history) if history is not None else None
         while (pending := self._opening.get(sid)) is not None:  # one load per id at a time
@@ -300,6 +306,8 @@ class Host:
                 )
             if deps is not None:
                 existing.deps = deps
+            if on_busy is not None:
+                existing.on_busy = on_busy
             self.touch(existing)
             return existing
         handle = self._handles.get(sid)
@@ -313,6 +321,8 @@ class Host:
             opening.set()
         if deps is not None:
             session.deps = deps
+        if on_busy is not None:
+            session.on_busy = on_busy
         await self._announce(self._evict_over_capacity(keep=session))
         return session
 
@@ -416,7 +426,9 @@ class Host:
 
     def _evictable(self, session: Session) -> bool:
         """Idle and fully saved: evicting it loses nothing."""
-        return session.loaded and not session.busy and session.state.all_saved
+        return (
+            session.loaded and not session.busy and not session.queued and session.state.all_saved
+        )
 
     def _evict(self, session: Session, reason: str, now: float) -> SessionEvicted:
         """Stop the session's actors and drop its history (synchronously: no other task

@@ -31,8 +31,7 @@ import trio
 from actors.plugins.otel import OpenTelemetryActor, build_tracer_provider
 from actors.relays import RedisRelay, attach_relay
 from actors.relays.redis_streams import public_url
-from actors.stores.postgres import PostgresStore
-from actors.stores.turns import TurnQueue
+from actors.stores import turn_queue
 from runtime.app.commands import (
     MCP_HELP,
     add_agent_arguments,
@@ -46,7 +45,8 @@ from runtime.app.commands import (
 from runtime.app.host import Host
 from runtime.app.web import BODY_TIMEOUT, DEFAULT_MAX_BODY, SEND_TIMEOUT
 from runtime.app.web.protocols import DEFAULT as DEFAULT_PROTOCOLS
-from runtime.app.web.protocols import parse_protocols, unbuilt_refusal
+from runtime.app.web.protocols import EMBEDDED_ONLY, parse_protocols, unbuilt_refusal
+from runtime.busy import STRATEGIES
 from runtime.errors import ConfigurationError, RelayUnavailable, reraise, sole_exception
 from runtime.logging import configure_logging
 from runtime.redact import redact_url
@@ -67,7 +67,7 @@ def _cap(value: str) -> int:
 
 
 def queue_caps(args: argparse.Namespace) -> dict[str, Any]:
-    """The :class:`~actors.stores.turns.TurnQueue` caps ``serve``'s options set: only
+    """The turn queue's caps ``serve``'s options set (:func:`actors.stores.turn_queue`): only
     those given (the queue's defaults otherwise), ``off`` as ``None``."""
     given = {
         "max_queued_per_session": args.max_queued_per_session,
@@ -113,6 +113,15 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
         help="key prefix of the relay's streams (default 'axon:'; workers must agree)",
     )
     add(
+        "--on-busy",
+        choices=STRATEGIES,
+        default=None,
+        help="what a message for a session whose turn runs does: reject it (409), enqueue "
+        "its turn after the running one, interrupt the running turn, or steer it (the "
+        "message joins it at its next step) (default: the agent's on_busy, reject; "
+        "docs/approval.md)",
+    )
+    add(
         "--run-turns-here",
         action="store_true",
         help="with a postgresql:// --store and --redis, run turns in this process as "
@@ -139,9 +148,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
         type=parse_protocols,
         default=DEFAULT_PROTOCOLS,
         metavar="NAMES",
-        help="the protocols to serve, comma-separated: ai-sdk (the page and /api/), openai "
-        "(/v1/chat/completions, /v1/models); ag-ui, a2a and mcp are not available yet "
-        "(default: ai-sdk; docs/protocols.md)",
+        help="the protocols to serve, comma-separated: ai-sdk (the page and /api/), ag-ui "
+        "(POST /ag-ui), openai (/v1/chat/completions, /v1/models), a2a (the Agent Card and "
+        "/a2a/); mcp is not available yet (default: ai-sdk; docs/protocols.md)",
     )
     add(
         "--token",
@@ -334,8 +343,12 @@ async def serve_command(args: argparse.Namespace) -> int:
     token = args.token or os.environ.get(TOKEN_ENV) or None
     protocols = getattr(args, "protocols", DEFAULT_PROTOCOLS)
     refusal = unbuilt_refusal(protocols)
-    if refusal is None and "openai" in protocols and is_front_end(args):
-        refusal = "--protocols openai is not served by a worker deployment's front end yet"
+    embedded_only = [name for name in EMBEDDED_ONLY if name in protocols]
+    if refusal is None and embedded_only and is_front_end(args):
+        refusal = (
+            f"--protocols {', '.join(embedded_only)} is not served by a worker deployment's "
+            "front end yet"
+        )
     if refusal is not None:
         print(f"error: {refusal}", file=sys.stderr)
         return 2
@@ -377,8 +390,7 @@ async def serve_command(args: argparse.Namespace) -> int:
         )
         queue = None
         if is_front_end(args):  # the host only lends its store: it runs no turn
-            assert isinstance(host.store, PostgresStore)  # a postgresql:// URL opens one
-            queue = TurnQueue(host.store, **queue_caps(args))
+            queue = turn_queue(host.store, **queue_caps(args))
             stack.push_async_callback(queue.aclose)
         elif relay is not None:
             await attach_relay(host, relay)
@@ -396,6 +408,7 @@ async def serve_command(args: argparse.Namespace) -> int:
             relay=relay,
             queue=queue,
             protocols=protocols,
+            on_busy=getattr(args, "on_busy", None),
         )
 
         async def shutdown_trigger() -> None:
@@ -430,7 +443,9 @@ async def serve_command(args: argparse.Namespace) -> int:
                     f", store {redact_url(args.store or 'memory')}"
                     f"{', relay ' + public_url(args.redis) if relay is not None else ''}"
                     f"{', OpenTelemetry traces' if tracing is not None else ''}"
-                    f"{', OpenAI API ' + url + '/v1' if 'openai' in protocols else ''})",
+                    f"{', OpenAI API ' + url + '/v1' if 'openai' in protocols else ''}"
+                    f"{', AG-UI ' + url + '/ag-ui' if 'ag-ui' in protocols else ''}"
+                    f"{', A2A agent ' + url if 'a2a' in protocols else ''})",
                     flush=True,
                 )
     return 0
