@@ -361,3 +361,16 @@ async def test_show_prints_each_turns_usage_and_cost_and_the_sessions(tmp_path):
     mixed = show("mixed")
     assert "usage: 200 in / 20 out tokens, cost unknown" in mixed
     assert "session usage: 300 in / 30 out tokens, cost unknown" in mixed
+
+
+async def test_the_metrics_actor_sums_known_costs_and_counts_unpriced_steps():
+    from actors.plugins import MetricsActor
+
+    priced, _ = looping_agent(0.25, Budget(max_steps=2))
+    unpriced, _ = looping_agent(None, Budget(max_steps=1))
+    async with Host.open(log_tap=False) as host:
+        metrics = await host.start_actor(MetricsActor())
+        await (await host.open_session(priced, session_id="p")).run("go")
+        await (await host.open_session(unpriced, session_id="u")).run("go")
+    assert metrics.sessions["p"].cost == 0.5 and metrics.sessions["p"].unpriced_steps == 0
+    assert metrics.sessions["u"].cost == 0 and metrics.sessions["u"].unpriced_steps == 1
