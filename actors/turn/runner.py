@@ -224,9 +224,9 @@ class TurnRunner(Suspending, Actor):
         """The history as of its last change: an immutable value, replaced on change."""
         self.agent = agent
         self.provider = provider
-        self.providers: tuple[Actor, ...] = (provider, *fallbacks)
-        """The provider, then the fallbacks a turn goes on with when a call to the one
-        before fails (:class:`~runtime.provider.FallbackProvider`)."""
+        self.fallbacks: tuple[Actor, ...] = tuple(fallbacks)
+        """The providers a turn goes on with, in order, when a call to the one before
+        fails (:class:`~runtime.provider.FallbackProvider`)."""
         self.engine = engine
         self.controller = controller
         self.tool_executor = tool_executor
@@ -255,6 +255,10 @@ class TurnRunner(Suspending, Actor):
     async def handle(self, message: Any) -> None:
         if isinstance(message, RunTurn):
             await self.run_turn(message)
+
+    def _provider_at(self, index: int) -> Actor:
+        """Provider ``index`` of the turn's chain: the primary, then the fallbacks."""
+        return self.provider if index == 0 else self.fallbacks[index - 1]
 
     def _publish_history(self) -> None:
         """Replace :attr:`snapshot` with the history as it is now."""
@@ -807,7 +811,7 @@ class TurnRunner(Suspending, Actor):
             result = _Step()
             try:
                 await self._call_once(turn, result)
-                price_key = getattr(self.providers[turn.provider], "price_key", None)
+                price_key = getattr(self._provider_at(turn.provider), "price_key", None)
                 result.usage = await priced(result.usage, price_key() if price_key else None)
                 return result
             except ProviderError as exc:
@@ -846,11 +850,11 @@ class TurnRunner(Suspending, Actor):
         falls_back_on = getattr(chain, "falls_back_on", None)
         if falls_back_on is None or not falls_back_on(exc):
             return False
-        if turn.provider + 1 >= len(self.providers):
+        if turn.provider >= len(self.fallbacks):
             return False
-        failed = self.providers[turn.provider]
+        failed = self._provider_at(turn.provider)
         turn.provider += 1
-        following = self.providers[turn.provider]
+        following = self._provider_at(turn.provider)
         error = _error_info(exc)
         self._log.warning(
             "provider.fallback",
@@ -924,7 +928,7 @@ class TurnRunner(Suspending, Actor):
             settings=agent.settings,
             output=agent.output_schema,
         )
-        provider = self.providers[turn.provider]
+        provider = self._provider_at(turn.provider)
         await self._ask(provider, request)
         inbox, parts, ctrl = self.stream_inbox, turn.parts, turn.ctrl
         parts.origin = getattr(provider, "origin", None)  # recorded on signed parts
