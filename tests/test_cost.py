@@ -374,3 +374,20 @@ async def test_the_metrics_actor_sums_known_costs_and_counts_unpriced_steps():
         await (await host.open_session(unpriced, session_id="u")).run("go")
     assert metrics.sessions["p"].cost == 0.5 and metrics.sessions["p"].unpriced_steps == 0
     assert metrics.sessions["u"].cost == 0 and metrics.sessions["u"].unpriced_steps == 1
+
+
+def test_the_terminal_finish_line_shows_the_cost_only_when_it_is_known():
+    import io
+
+    from rich.console import Console
+
+    from runtime import output as o
+    from runtime.app.render import TerminalRenderer
+
+    console = Console(file=io.StringIO(), width=200)
+    renderer = TerminalRenderer(console)
+    priced = Usage(input_tokens=3, output_tokens=4, total_tokens=7, cost=0.0125)
+    renderer.render(o.Finish(finish_reason="stop", usage=priced))
+    renderer.render(o.Finish(finish_reason="stop", usage=Usage(input_tokens=3, output_tokens=4)))
+    lines = console.file.getvalue().splitlines()
+    assert lines == ["[stop · 3 in / 4 out tokens · $0.0125]", "[stop · 3 in / 4 out tokens]"]
