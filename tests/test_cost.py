@@ -391,3 +391,25 @@ def test_the_terminal_finish_line_shows_the_cost_only_when_it_is_known():
     renderer.render(o.Finish(finish_reason="stop", usage=Usage(input_tokens=3, output_tokens=4)))
     lines = console.file.getvalue().splitlines()
     assert lines == ["[stop · 3 in / 4 out tokens · $0.0125]", "[stop · 3 in / 4 out tokens]"]
+
+
+def test_gemini_and_claude_on_vertex_and_bedrock_are_priced_as_the_table_knows_them():
+    from actors.providers import AnthropicBedrockProvider, AnthropicVertexProvider, GeminiProvider
+
+    usage = Usage(input_tokens=1000, output_tokens=500)
+    gemini = GeminiProvider("gemini-2.5-flash").price_key()
+    assert gemini == PriceKey(model="gemini-2.5-flash", provider_id="google")
+    assert cost_of(usage, gemini) == table(
+        "gemini-2.5-flash", "google", input_tokens=1000, output_tokens=500
+    )
+    vertex = AnthropicVertexProvider(
+        "claude-sonnet-4-5@20250929", region="us-east5", project_id="p"
+    ).price_key()
+    assert vertex is not None and vertex.api_url == "https://us-east5-aiplatform.googleapis.com/v1"
+    assert cost_of(usage, vertex) == table(
+        "claude-sonnet-4-5@20250929", "google", input_tokens=1000, output_tokens=500
+    )
+    model = "us.anthropic.claude-sonnet-4-5-20250929-v1:0"
+    bedrock = AnthropicBedrockProvider(model, region="us-east-1").price_key()
+    assert bedrock is not None and not bedrock.input_includes_cache
+    assert cost_of(usage, bedrock) == table(model, "aws", input_tokens=1000, output_tokens=500)

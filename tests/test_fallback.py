@@ -196,7 +196,7 @@ class ToolAnthropic:
         invalid = _invalid(check_anthropic_body, body)
         if invalid is not None:
             return a_error_reply(400, "invalid_request_error", invalid)
-        refusal = self.signer.refusal(body)
+        refusal = self.signer.refusal(body, body["model"])
         if refusal is not None:
             return refusal
         what = self.script.pop(0) if self.script else "text"

@@ -79,10 +79,16 @@ USAGE_INPUT_TOKENS = "gen_ai.usage.input_tokens"
 AXON_PROVIDER = "axon.provider"
 """The provider's registry name, where it differs from ``gen_ai.provider.name``."""
 
-GENAI_PROVIDERS = {"openai-responses": "openai"}
+GENAI_PROVIDERS = {
+    "openai-responses": "openai",
+    "google": "gcp.gemini",
+    "anthropic-vertex": "gcp.vertex_ai",
+    "anthropic-bedrock": "aws.bedrock",
+}
 """Registry names whose ``gen_ai.provider.name`` is another: the conventions name the
-vendor (``openai``), whichever of its APIs is called; the API stays in
-:data:`AXON_PROVIDER`."""
+vendor (``openai``), whichever of its APIs is called, and the platform a model is served
+from (``gcp.gemini`` for the Gemini API, ``gcp.vertex_ai``, ``aws.bedrock``); the
+registry name stays in :data:`AXON_PROVIDER`."""
 
 
 def provider_attributes(provider: str) -> dict[str, str]:

@@ -411,10 +411,18 @@ class WebState:
     def info(self) -> dict[str, Any]:
         agent = self.agent if isinstance(self.agent, Agent) else None
         provider = getattr(agent, "provider", None)
+        named = agent.model.partition(":") if agent is not None and agent.model else None
+        provider_name: str | None
+        model: str | None
+        if provider is None and named is not None:  # Agent(model="provider:model")
+            provider_name, model = named[0], named[2]
+        else:
+            provider_name = getattr(provider, "provider_name", None) if provider else "scripted"
+            model = getattr(provider, "model", None) if provider else "scripted"
         return {
             "agent": agent.name if agent else None,
-            "provider": getattr(provider, "provider_name", None) if provider else "scripted",
-            "model": getattr(provider, "model", None) if provider else "scripted",
+            "provider": provider_name,
+            "model": model,
             "tools": [t.name for t in agent.tools] if agent else None,
         }
 
