@@ -53,6 +53,9 @@ class Sizes:
     store_rounds: int = 31
     aio_deltas: int = 10_000
     aio_rounds: int = 15
+    approval_rounds: int = 31
+    approval_sessions: int = 1000
+    approval_memory_rounds: int = 3
 
 
 FULL = Sizes()
@@ -81,6 +84,9 @@ QUICK = Sizes(
     store_rounds=2,
     aio_deltas=200,
     aio_rounds=2,
+    approval_rounds=2,
+    approval_sessions=20,
+    approval_memory_rounds=1,
 )
 
 
