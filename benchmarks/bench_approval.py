@@ -10,12 +10,31 @@ fresh session per side (off the clock) and times, sides alternating:
   (the step committed, the turn ends ``awaiting-input``), then at once
   ``session.decide(id, approved=True)`` and the continuation (``session.resume()``, what
   ``session.respond`` runs): the turn's own time, without the person's.
-* **commit**: a step commit as the turn runner makes it, ``store.save`` of one
-  assistant message (the call and 50 words) and its tool result, version-checked, into a
-  session that holds a user message: the unit the issue sets the cost in.
+* **commit**: a step commit as the turn runner makes the first one, ``store.save`` of
+  the user message, the assistant message with the call and the tool's result,
+  version-checked, into a new session: the unit the issue sets the cost in.
 
 The figures: approved / plain, informational, and (approved - plain) / commit: how many
 step commits suspending and resuming add (issue 21: at most one).
+
+**Time, workers on PostgreSQL.** One worker in process (a :class:`~runtime.app.worker.Worker`
+on PostgreSQL with the Redis relay, as ``python -m runtime worker`` runs it):
+
+* **plain**: the same turn, ``act`` needing no approval. Timed from the submit to the
+  queue's ``done``.
+* **approved**: ``act`` needing approval. Timed from the submit to the row
+  ``awaiting-input`` (the step committed, the row and relay stream paused), plus from the
+  decision's return (:meth:`~runtime.turn_queue.TurnQueue.decide`: the turn put back) to
+  ``done`` (a claim, the session reloaded, the tool run, the answer): the turn's time
+  without the person's.
+* **decide**: what the decision itself takes (the store read, the compare-and-set save
+  with the row's check and requeue, in one transaction).
+* **a step commit**: a ``PostgresStore.save`` of one assistant and one tool message
+  with its version check.
+
+Sides alternate per round; the figures are medians. The client looks at the turn's row
+every millisecond (both sides alike). Needs PostgreSQL and Redis (``AXON_BENCH_PG``,
+``AXON_BENCH_REDIS``); skipped, saying why, otherwise.
 
 **Memory.** Fresh child processes (``python -m benchmarks.bench_approval memory KIND N``):
 a host that keeps one session in memory (``max_sessions=1``: each session opened evicts
@@ -38,11 +57,19 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import trio
 
+from benchmarks.bench_workers import (
+    REDIS_URL,
+    _drop_schema,
+    _schema_url,
+    pg_unavailable,
+    redis_unavailable,
+)
 from benchmarks.common import (
     PROMPT,
     REPO,
@@ -62,7 +89,8 @@ COMMITS_TARGET = 1.0
 """Issue 21: suspending and resuming cost no more than a step commit."""
 MEMORY_TARGET = 1.0
 """Issue 21: N waiting turns grow the resident memory no more than N idle evicted sessions."""
-RESOLUTION = 2 * 4096
+PAGE = 4096
+RESOLUTION = 2 * PAGE
 """Bytes within which two RSS growths count as equal: two children of one kind differ by
 a page or two (RSS counts pages; the allocator's and SQLite's caches fill unevenly)."""
 WARM = 20
@@ -125,68 +153,62 @@ async def _embedded(sizes: Sizes, directory: str) -> list[Figure]:
     tags = itertools.count()
     phases: dict[str, list[float]] = {"suspend": [], "decide": [], "resume": []}
     cpu: dict[str, list[float]] = {"plain": [], "approved": [], "commit": []}
-    sink = LogSink(directory)
-    try:
-        async with Host.open(store=str(Path(directory) / "approval.db")) as host:
-            store = host.store
+    async with Host.open(store=str(Path(directory) / "approval.db")) as host:
+        store = host.store
 
-            async def plain() -> float:
-                session = await host.open_session(agents["plain"], f"plain-{next(tags)}")
-                t0, c0 = now(), time.process_time()
-                result = await session.run(PROMPT)
-                seconds = now() - t0
-                cpu["plain"].append(time.process_time() - c0)
-                _check(result, "stop", 2, "plain")
-                await session.close()
-                return seconds
+        async def plain() -> float:
+            session = await host.open_session(agents["plain"], f"plain-{next(tags)}")
+            t0, c0 = now(), time.process_time()
+            result = await session.run(PROMPT)
+            seconds = now() - t0
+            cpu["plain"].append(time.process_time() - c0)
+            _check(result, "stop", 2, "plain")
+            await session.close()
+            return seconds
 
-            async def approved() -> float:
-                session = await host.open_session(agents["asks"], f"ask-{next(tags)}")
-                t0, c0 = now(), time.process_time()
-                waiting = await session.run(PROMPT)
-                t1 = now()
-                _check(waiting, "awaiting-input", 1, "suspend")
-                recorded = await session.decide(waiting.pending[0].approval_id, approved=True)
-                t2 = now()
-                assert recorded.complete
-                async with session.resume() as out:
-                    async for _ in out:
-                        pass
-                t3 = now()
-                cpu["approved"].append(time.process_time() - c0)
-                _check(out.result, "stop", 2, "resume")
-                if out.result is None or out.result.message.id != waiting.message.id:
-                    raise RuntimeError("approval: the continuation is another message")
-                phases["suspend"].append(t1 - t0)
-                phases["decide"].append(t2 - t1)
-                phases["resume"].append(t3 - t2)
-                await session.close()
-                return t3 - t0
+        async def approved() -> float:
+            session = await host.open_session(agents["asks"], f"ask-{next(tags)}")
+            t0, c0 = now(), time.process_time()
+            waiting = await session.run(PROMPT)
+            t1 = now()
+            _check(waiting, "awaiting-input", 1, "suspend")
+            recorded = await session.decide(waiting.pending[0].approval_id, approved=True)
+            t2 = now()
+            assert recorded.complete
+            async with session.resume() as out:
+                async for _ in out:
+                    pass
+            t3 = now()
+            cpu["approved"].append(time.process_time() - c0)
+            _check(out.result, "stop", 2, "resume")
+            if out.result is None or out.result.message.id != waiting.message.id:
+                raise RuntimeError("approval: the continuation is another message")
+            phases["suspend"].append(t1 - t0)
+            phases["decide"].append(t2 - t1)
+            phases["resume"].append(t3 - t2)
+            await session.close()
+            return t3 - t0
 
-            async def commit() -> float:  # a turn's first step commit, as the runner's
-                message = AssistantMessage(
-                    id="m",
-                    content=(
-                        ToolCallPart(
-                            tool_call_id="call_act", tool_name="act", input={"n": 1}, step=0
-                        ),
-                    ),
-                )
-                result = ToolMessage(tool_call_id="call_act", tool_name="act", step=0, output="x")
-                step: list[Message] = [UserMessage(content=PROMPT), message, result]
-                t0, c0 = now(), time.process_time()
-                await store.save(f"commit-{next(tags)}", 0, step, {}, expected_version=0)
-                seconds = now() - t0
-                cpu["commit"].append(time.process_time() - c0)
-                return seconds
-
-            times = await alternate(
-                sizes.approval_rounds,
-                sizes.warmup,
-                {"plain": plain, "approved": approved, "commit": commit},
+        async def commit() -> float:  # a turn's first step commit, as the runner's
+            message = AssistantMessage(
+                id="m",
+                content=(
+                    ToolCallPart(tool_call_id="call_act", tool_name="act", input={"n": 1}, step=0),
+                ),
             )
-    finally:
-        sink.close()
+            result = ToolMessage(tool_call_id="call_act", tool_name="act", step=0, output="x")
+            step: list[Message] = [UserMessage(content=PROMPT), message, result]
+            t0, c0 = now(), time.process_time()
+            await store.save(f"commit-{next(tags)}", 0, step, {}, expected_version=0)
+            seconds = now() - t0
+            cpu["commit"].append(time.process_time() - c0)
+            return seconds
+
+        times = await alternate(
+            sizes.approval_rounds,
+            sizes.warmup,
+            {"plain": plain, "approved": approved, "commit": commit},
+        )
     rounds = sizes.approval_rounds
     for part in (phases, cpu):  # the measured rounds' (``alternate`` warms up first)
         for name in part:
@@ -226,6 +248,163 @@ async def _embedded(sizes: Sizes, directory: str) -> list[Figure]:
             data={"extra_s": extra, "commit_s": commit_s, "cpu_ms": cpu_ms},
         ),
     ]
+
+
+# -- time, workers on PostgreSQL ------------------------------------------------------------
+
+
+def _worker_agents() -> Callable[[str], Any]:
+    """The agent of a session: ``act`` needs approval in the ``ask-`` sessions only."""
+    from actors.providers.scripted import ScriptedProvider, current_step, tool_call
+    from runtime.agent import Agent
+    from runtime.chunks import TextChunk
+    from runtime.tools import tool
+
+    answer = [TextChunk(text=f" w{i}") for i in range(WORDS)]
+
+    def respond(request: Any) -> list[Any]:
+        if current_step(request.messages) == 0:
+            return tool_call("act", {"n": 1}, tool_call_id="call_act")
+        return answer
+
+    async def act(n: int) -> str:
+        """Do it."""
+        return f"done {n}"
+
+    plain = Agent(
+        name="plain",
+        provider=ScriptedProvider(responder=respond, keep_requests=0),
+        tools=[tool(act)],
+    )
+    asks = Agent(
+        name="asks",
+        provider=ScriptedProvider(responder=respond, keep_requests=0),
+        tools=[tool(needs_approval=True)(act)],
+    )
+    return lambda session_id: asks if session_id.startswith("ask-") else plain
+
+
+POLL = 0.001
+"""Seconds between the client's looks at the turn's row (a primary-key read of its status
+columns). Waiting on the queue's ``LISTEN`` wake-ups instead cost tens of milliseconds
+per wake-up on a loaded machine, and the approved side waits twice as often."""
+
+
+async def _until(queue: Any, turn_id: str, done: Callable[[Any], bool]) -> Any:
+    """The turn's status once ``done(status)``, looked at every :data:`POLL` seconds."""
+    with trio.fail_after(60):
+        while True:
+            status = await queue.get_status(turn_id)
+            if status is not None and done(status):
+                return status
+            await trio.sleep(POLL)
+
+
+async def _workers(sizes: Sizes) -> list[Figure]:
+    from actors.relays import RedisRelay
+    from actors.stores import open_store, turn_queue
+    from runtime.app.worker import Worker
+    from runtime.approval import Decision, pending_calls
+    from runtime.messages import AssistantMessage, TextPart, ToolMessage
+
+    schema, url = _schema_url()
+    tags = itertools.count()
+    agents = _worker_agents()
+    decide_s: list[float] = []
+    store = await open_store(url)
+    queue = turn_queue(store)
+    try:
+        async with (
+            RedisRelay.open(REDIS_URL, prefix=f"axon-bench-{schema}:") as relay,
+            trio.open_nursery() as nursery,
+        ):
+            worker = Worker(store=store, relay=relay, agent=agents, poll=0.5, concurrency=1)
+            await nursery.start(worker.run)
+
+            async def plain() -> float:
+                t0 = now()
+                turn = await queue.submit(f"plain-{next(tags)}", PROMPT)
+                await _until(queue, turn.turn_id, lambda s: s.finished)
+                return now() - t0
+
+            async def approved() -> float:
+                session_id = f"ask-{next(tags)}"
+                t0 = now()
+                turn = await queue.submit(session_id, PROMPT)
+                await _until(queue, turn.turn_id, lambda s: s.waiting)
+                t1 = now()
+                record = await store.load(session_id)
+                assert record is not None
+                (call,) = pending_calls(record.messages)
+                tools = {t.name: t for t in agents(session_id).tools}
+                await queue.decide(session_id, call.approval_id, Decision(approved=True), tools)
+                t2 = now()
+                await _until(queue, turn.turn_id, lambda s: s.finished)
+                decide_s.append(t2 - t1)
+                return (t1 - t0) + (now() - t2)
+
+            async def commit() -> float:
+                session_id = f"commit-{next(tags)}"
+                version = await store.save(session_id, 0, [])
+                message = AssistantMessage(id="m", content=(TextPart(text="w " * WORDS, step=0),))
+                result = ToolMessage(tool_call_id="c", tool_name="act", step=0, output="done")
+                t0 = now()
+                await store.save(session_id, 0, [message, result], expected_version=version)
+                return now() - t0
+
+            times = await alternate(
+                sizes.approval_rounds,
+                sizes.warmup,
+                {"plain": plain, "approved": approved, "commit": commit},
+            )
+            worker.stop()
+    finally:
+        await queue.aclose()
+        await store.aclose()
+        await trio.to_thread.run_sync(_drop_schema, schema)
+    rounds = sizes.approval_rounds
+    decide_s = decide_s[-rounds:]  # the measured rounds' (``alternate`` warms up first)
+    plain_s, approved_s = median(times["plain"]), median(times["approved"])
+    commit_s, decided_s = median(times["commit"]), median(decide_s)
+    overhead = approved_s - plain_s
+    return [
+        Figure(
+            key="approval.workers.overhead",
+            title="10. Workers: approved turn / (plain turn + a step commit)",
+            value=approved_s / (plain_s + commit_s),
+            unit="x",
+            target="<= 1",
+            passed=overhead <= commit_s,
+            detail=f"approved {approved_s * 1e3:.1f} ms (without the person's wait) vs plain "
+            f"{plain_s * 1e3:.1f} ms: +{overhead * 1e3:.1f} ms; a step commit "
+            f"{commit_s * 1e3:.2f} ms; median of {rounds} rounds",
+            data={k: v for k, v in times.items()},
+        ),
+        Figure(
+            key="approval.workers.decide",
+            title="10. Workers: recording the decision",
+            value=decided_s * 1e3,
+            unit="ms",
+            detail="load + compare-and-set save with the row's check and requeue; "
+            f"median of {len(decide_s)}",
+            data={"decide_s": decide_s},
+        ),
+    ]
+
+
+def _workers_figures(sizes: Sizes) -> list[Figure]:
+    why = pg_unavailable() or redis_unavailable()
+    if why:
+        return [
+            Figure(
+                key="approval.workers.overhead",
+                title="10. Workers: approved turn / (plain turn + a step commit)",
+                value=None,
+                unit="x",
+                detail=f"skipped: {why}",
+            )
+        ]
+    return trio.run(_workers, sizes)
 
 
 # -- memory, in child processes ------------------------------------------------------------
@@ -347,7 +526,8 @@ def _memory_figures(sizes: Sizes) -> list[Figure]:
     timed = _child("waiting-timeout", n)
     growth = {k: median([d["growth"] for d in v]) for k, v in runs.items()}
     kb = {k: g / n / 1024 for k, g in growth.items()}
-    ratio = growth["waiting"] / growth["idle"] if growth["idle"] > 0 else float("inf")
+    # A growth under a page counts as one page (RSS's resolution), so the ratio is defined.
+    ratio = max(growth["waiting"], PAGE) / max(growth["idle"], PAGE)
     left = max(d["session_objects_left"] for d in runs["waiting"])
     blocks = {k: median([d["python_blocks_growth"] for d in v]) for k, v in runs.items()}
     return [
@@ -379,7 +559,12 @@ def _memory_figures(sizes: Sizes) -> list[Figure]:
 
 def run(sizes: Sizes) -> list[Figure]:
     with tempfile.TemporaryDirectory(prefix="axon-bench-") as directory:
-        figures = trio.run(_embedded, sizes, directory)
+        sink = LogSink(directory)  # both timed parts log at info into a file
+        try:
+            figures = trio.run(_embedded, sizes, directory)
+            figures += _workers_figures(sizes)
+        finally:
+            sink.close()
     return [*figures, *_memory_figures(sizes)]
 
 

@@ -43,6 +43,7 @@ EXPECTED_KEYS = {
     "workers.store",
     "approval.embedded.commits",
     "approval.memory",
+    "approval.workers.overhead",
     "aio.ratio",
 }
 
