@@ -211,6 +211,20 @@ class ProviderRetry(_InTurn):
     error: ErrorInfo
 
 
+@_event("history.compacted")
+class HistoryCompacted(_InTurn):
+    """A history processor stored a summary before a model call (context compaction,
+    :mod:`runtime.compaction`): ``covered`` messages of the request are now sent as the
+    summary, which is saved with the turn. ``usage`` is the summary call's (it counts
+    toward the turn's); the token counts are the request's before and after."""
+
+    step: int
+    tokens_before: int
+    tokens_after: int
+    covered: int
+    usage: Usage
+
+
 @_event("tool.approval-requested")
 class ToolApprovalRequested(_InTurn):
     """A tool marked ``needs_approval`` waits for a :class:`ToolApprovalDecided`."""
@@ -257,6 +271,7 @@ LIFECYCLE_EVENT_TYPES: tuple[type, ...] = (
     ActorGaveUp,
     Lagged,
     ProviderRetry,
+    HistoryCompacted,
     ToolApprovalRequested,
     ToolApprovalDecided,
     ToolApprovalExpired,

@@ -19,7 +19,7 @@ SDKs are imported lazily inside subclasses so ``import runtime`` stays fast.
 from __future__ import annotations
 
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, ClassVar
 
 import attrs
@@ -30,6 +30,7 @@ from runtime.actor_messages import Batch, Batcher, InferRequest, StreamFailed
 from runtime.chunks import StreamChunk
 from runtime.errors import ActorFailed, AxonError, ConfigurationError, ProviderError
 from runtime.history import FOREIGN_REASONING, ForeignReasoning, Origin, endpoint_of
+from runtime.messages import Message
 
 Emit = Callable[[StreamChunk], Awaitable[None]]
 
@@ -141,6 +142,16 @@ class Provider(ServingActor[InferRequest]):
         """Make the model call for ``request`` and ``emit`` its chunks, ending with a
         :class:`~runtime.chunks.FinishChunk`. Raise to fail the call."""
         raise NotImplementedError
+
+    async def count_tokens(
+        self, instructions: str | None, messages: Sequence[Message], tools: Sequence[Any]
+    ) -> int | None:
+        """The input tokens of a request with ``instructions``, ``messages`` and
+        ``tools``, as this provider's API counts them: what context compaction measures
+        a request by (:mod:`runtime.compaction`). ``None`` (this default): the provider
+        has no count of its own, and :func:`~runtime.compaction.estimate_tokens` is used.
+        Raise as :meth:`stream` does; a failed count falls back to the estimate too."""
+        return None
 
     def classify_error(self, exc: BaseException) -> AxonError:
         """Map an exception raised by :meth:`stream` onto the error classes."""

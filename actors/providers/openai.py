@@ -598,6 +598,19 @@ class OpenAIProvider(OpenAISDKProvider):
     def classify_error(self, exc: BaseException) -> AxonError:
         return classify_error(exc, provider=self.provider_name)
 
+    def count_items(
+        self, instructions: str | None, messages: Sequence[Message], tools: Sequence[Any]
+    ) -> list[Any]:
+        """The request's ``messages`` and tool definitions (for :meth:`count_tokens`)."""
+        items: list[Any] = map_messages(
+            instructions,
+            messages,
+            send_reasoning_content=self.send_reasoning_content,
+            origin=self.origin,
+            foreign_reasoning=self.foreign_reasoning,
+        )
+        return [*items, map_tools(tools)] if tools else items
+
     def describe_settings(self) -> dict[str, Any]:
         return {
             "send_reasoning_content": self.send_reasoning_content,

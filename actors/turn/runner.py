@@ -37,6 +37,7 @@ from typing import Any
 import attrs
 import trio
 
+from actors.turn.compaction import compact
 from actors.turn.parts import PartsManager
 from actors.turn.session_sync import Adopted, adopt_record, adopt_save
 from actors.turn.structured import StructuredTurn, observe, output_value, with_feedback
@@ -104,6 +105,7 @@ from runtime.logging import get_logger
 from runtime.messages import (
     AssistantMessage,
     Awaiting,
+    Message,
     ToolCallPart,
     ToolMessage,
     UserMessage,
@@ -799,6 +801,12 @@ class TurnRunner(Suspending, Actor):
         parts, and what the stream shows goes on to the controller batch by batch."""
         state, agent = self.state, self.agent
         tools = await self._tools(turn)  # MCP servers' lists may have changed
+        instructions = _joined(agent.instructions, turn.instructions)
+        # Repaired once here, so no provider has to remember to: every tool call has a
+        # result (``interrupted`` if it never got one), no result lacks its call.
+        messages = self._repaired(state.messages)
+        if agent.history_processors:  # context compaction (actors/turn/compaction.py)
+            messages = await self._compact(turn, messages, instructions, tools)
         request_id = new_id("req")
         await self._begin(request_id)
         request = InferRequest(
@@ -806,10 +814,8 @@ class TurnRunner(Suspending, Actor):
             session_id=state.session_id,
             turn_id=turn.turn_id,
             step=turn.step,
-            instructions=_joined(agent.instructions, turn.instructions),
-            # Repaired once here, so no provider has to remember to: every tool call
-            # has a result (``interrupted`` if it never got one), no result lacks its call.
-            messages=with_feedback(turn.output, self._repaired(state.messages)),
+            instructions=instructions,
+            messages=with_feedback(turn.output, messages),
             tools=tools,
             reply=self.engine.inbox,
             cancel_scope=trio.CancelScope(),
@@ -863,6 +869,52 @@ class TurnRunner(Suspending, Actor):
                     return
         finally:
             request.cancel_scope.cancel()
+
+    async def _compact(
+        self,
+        turn: _Turn,
+        messages: tuple[Message, ...],
+        instructions: str | None,
+        tools: tuple[Tool, ...],
+    ) -> tuple[Message, ...]:
+        """The agent's history processors on the call's ``messages``; a summary they
+        stored goes into the history right before the turn's user message (saved with
+        the turn), and its call's usage into the turn's."""
+        done = await compact(
+            self.agent.history_processors,
+            messages,
+            provider=self.provider,
+            session_id=self.state.session_id,
+            turn_id=turn.turn_id,
+            step=turn.step,
+            instructions=instructions,
+            tools=tools,
+        )
+        history = self.state.messages
+        for stored in done.stored:
+            at = (
+                turn.a_index - 1
+                if isinstance(history[turn.a_index - 1], UserMessage)
+                else turn.a_index
+            )
+            history.insert(at, stored.message)
+            turn.a_index += 1
+        turn.usage = turn.usage + done.usage
+        if done.stored:
+            self._publish_history()
+            last = done.stored[-1]
+            await self.publish(
+                ev.HistoryCompacted(
+                    session_id=self.state.session_id,
+                    turn_id=turn.turn_id,
+                    step=turn.step,
+                    tokens_before=done.stored[0].tokens_before,
+                    tokens_after=last.tokens_after,
+                    covered=last.covered,
+                    usage=done.usage,
+                )
+            )
+        return done.messages
 
     # -- tools --------------------------------------------------------------------------
 
