@@ -102,3 +102,101 @@ async def test_a_200_turn_session_stays_under_the_window_and_replays_validly(kin
     assert sum(is_summary(m) for m in messages) == window.summaries  # each one stored once
     assert sum(isinstance(m, UserMessage) for m in messages) == TURNS  # the store keeps all
     check_history([m for m in messages if not is_summary(m)])
+
+
+# -- token counts ------------------------------------------------------------------------------
+
+HISTORY = (UserMessage(content="question 1: " + "tell me more " * 15),)
+
+
+async def test_anthropic_counts_with_its_count_tokens_endpoint():
+    window = AnthropicWindow(window=WINDOW)
+    async with loopback_server(respond=window) as server:
+        provider, _ = make("anthropic", server.url)
+        resolve_platform(provider)
+        counted = await provider.count_tokens("be brief", HISTORY, [lookup_tool()])
+        (request,) = server.requests
+    assert request.path == "/v1/messages/count_tokens"
+    body = request.json()
+    assert body["system"] == "be brief" and body["thinking"]["budget_tokens"] == 1024
+    assert [t["name"] for t in body["tools"]] == ["lookup"]
+    assert counted == window.tokens(body)
+
+
+@pytest.mark.parametrize("kind", ["openai", "openai-responses"])
+async def test_the_openai_providers_count_the_request_they_send_with_tiktoken(kind, tiktoken):
+    window = ChatWindow(window=WINDOW) if kind == "openai" else ResponsesWindow(window=WINDOW)
+    async with loopback_server(respond=window) as server:
+        provider, _ = make(kind, server.url)
+        resolve_platform(provider)
+        counted = await provider.count_tokens("be brief", HISTORY, [lookup_tool()])
+        from runtime.actor_messages import InferRequest
+
+        params = provider.request_params(
+            InferRequest(
+                request_id="r",
+                session_id="s",
+                turn_id="t",
+                step=0,
+                instructions="be brief",
+                messages=HISTORY,
+                tools=(lookup_tool(),),
+                reply=None,  # type: ignore[arg-type]
+                cancel_scope=trio.CancelScope(),
+            )
+        )
+    assert server.requests == []  # counted locally
+    assert counted == window.tokens(params)
+
+
+async def test_without_tiktoken_the_openai_count_is_left_to_the_estimate(monkeypatch):
+    monkeypatch.setitem(sys.modules, "tiktoken", None)  # import tiktoken raises ImportError
+    monkeypatch.setattr(openai_common, "_encodings", {})
+    provider = OpenAIProvider("gpt-4o", api_key="test")
+    assert await provider.count_tokens(None, HISTORY, []) is None
+    assert openai_common._encodings == {"gpt-4o": None}  # not tried again
+
+
+def lookup_tool():
+    from runtime.tools import tool
+
+    return tool(lookup)
+
+
+class FailingCount(AnthropicWindow):
+    def __call__(self, request):
+        if request.path.endswith("/count_tokens"):
+            from tests.support.faults import a_error_reply
+
+            return a_error_reply(404, "not_found_error", "no such endpoint")
+        return super().__call__(request)
+
+
+async def test_a_count_that_fails_falls_back_to_the_estimate_and_the_turn_goes_on():
+    window = FailingCount(window=WINDOW)
+    async with loopback_server(respond=window) as server:
+        provider, _ = make("anthropic", server.url)
+        resolve_platform(provider)
+        agent = Agent(provider=provider, history_processors=[Summarize(max_tokens=100)])
+        async with Host.open(log_tap=False) as host:
+            session = await host.open_session(agent)
+            first = await session.run("question 0: " + "tell me more " * 30)
+            second = await session.run("question 2: " + "tell me more " * 30)
+        paths = [r.path for r in server.requests]
+    assert (first.error, second.error) == (None, None)
+    assert "/v1/messages/count_tokens" in paths  # asked, refused, estimated instead
+    assert window.summaries == 1  # the estimate put the second turn over 100 tokens
+
+
+async def test_far_below_its_limit_a_request_is_not_counted_by_the_endpoint():
+    window = AnthropicWindow(window=WINDOW)
+    async with loopback_server(respond=window) as server:
+        provider, _ = make("anthropic", server.url)
+        resolve_platform(provider)
+        agent = Agent(provider=provider, history_processors=[Summarize(max_tokens=100_000)])
+        async with Host.open(log_tap=False) as host:
+            session = await host.open_session(agent)
+            result = await session.run("question 0: hello")
+        paths = [r.path for r in server.requests]
+    assert result.error is None
+    assert paths == ["/v1/messages"]
