@@ -40,6 +40,8 @@ EXPECTED = {
     ("providers.md", 3): "{'store': False, 'encrypted_reasoning': True, "
     "'foreign_reasoning': 'drop'}\n"
     "user -\nreasoning rs_1\nmessage msg_1\n",
+    ("providers.md", 4): "17 messages stored, 1 summaries\n"
+    "The user asked numbered questions; each got a long answer.\n",
     ("structured-output.md", 0): "Weather(city='Paris', temp=21.5)\n2 steps",
     ("web.md", 0): "support",
     ("protocols.md", 0): "scripted: Let me check the weather. It is 22°C and clear skies in Oslo "
