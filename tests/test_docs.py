@@ -30,6 +30,8 @@ EXPECTED = {
     ("actors.md", 1): "the tool call was denied: emails need a human",
     ("approval.md", 0): "awaiting-input send_email {'to': 'ceo@example.com'}\n"
     "stop Done: it is sent. True",
+    ("approval.md", 1): "steered: True\n['user', 'assistant', 'tool', 'user', 'assistant']\n"
+    "3 flights (flights to Oslo), of which I keep those in June.\n",
     ("mcp.md", 0): "add_note -> saved: buy milk (1 notes)\nNoted.",
     ("providers.md", 0): "hello there actors 3",
     ("media.md", 0): "What is this? ['image/png', 'application/pdf']\n"
@@ -40,7 +42,10 @@ EXPECTED = {
     ("providers.md", 3): "{'store': False, 'encrypted_reasoning': True, "
     "'foreign_reasoning': 'drop'}\n"
     "user -\nreasoning rs_1\nmessage msg_1\n",
-    ("providers.md", 4): "17 messages stored, 1 summaries\n"
+    ("providers.md", 4): "('google', 'gemini-2.5-flash')\n('openai', 'llama3:8b')\n"
+    "anthropic-bedrock:anthropic.claude-sonnet-4-5-20250929-v1:0\n"
+    "['text', 'thought']\n['function_call', 'thought_signature']\n",
+    ("providers.md", 5): "17 messages stored, 1 summaries\n"
     "The user asked numbered questions; each got a long answer.\n",
     ("structured-output.md", 0): "Weather(city='Paris', temp=21.5)\n2 steps",
     ("web.md", 0): "support",

@@ -75,9 +75,18 @@ from runtime.actor_messages import (
     TurnDone,
     TurnEnd,
     TurnResult,
+    TurnSteering,
 )
 from runtime.agent import Agent
-from runtime.approval import APPROVAL, AWAITING_INPUT, SUPERSEDED, pending_calls, supersede
+from runtime.approval import (
+    APPROVAL,
+    AWAITING_INPUT,
+    SUPERSEDED,
+    WAITING_META,
+    pending_calls,
+    supersede,
+    waiting_calls,
+)
 from runtime.chunks import (
     FinishChunk,
     ProviderDataChunk,
@@ -170,6 +179,8 @@ class _Turn:
     and its end neither changes nor saves the history."""
     held: dict[str, Awaiting] = attrs.field(factory=dict)
     """The step's calls that suspend the turn (docs/approval.md), by call id."""
+    steering: TurnSteering = attrs.field(factory=TurnSteering)
+    """User messages that join the turn at its next step boundary (``steer``)."""
 
 
 def _cut_last_turn(state: SessionState) -> None:
@@ -258,6 +269,8 @@ class TurnRunner(Suspending, Actor):
         if committed is None and run.regenerate:
             _cut_last_turn(state)
         superseded: tuple[Any, ...] = ()
+        # The stored meta may say a turn waits (docs/approval.md): this turn clears it.
+        was_waiting = bool(waiting_calls(state.messages)) or bool(run.meta.get(WAITING_META))
         if committed is None:
             superseded = pending_calls(state.messages)
             at = supersede(state.messages)  # a turn waiting for input gives way
@@ -268,8 +281,9 @@ class TurnRunner(Suspending, Actor):
             start_index=len(state.messages),
             ctrl=Batcher(self.controller.inbox, turn_id),
             message_id=message_id,
-            meta={"agent": agent.name, **run.meta},
+            meta={"agent": agent.name, **run.meta, **({WAITING_META: 0} if was_waiting else {})},
             deps=run.deps,
+            steering=run.steering,
             tools=run.tools,
             instructions=run.instructions,
         )
@@ -311,10 +325,15 @@ class TurnRunner(Suspending, Actor):
                     causation_id=run.meta.get("parent_tool_call_id"),
                     provider=getattr(self.provider, "provider_name", None),
                     model=getattr(self.provider, "model", None) or None,
+                    resumed=committed is not None,
                 ),
                 agent.hooks.on_turn_start,
             )
             with scope:
+                # A turn cancelled before it began (an ``interrupt`` that a newer message
+                # overtook) ends here: the first model call may reach the provider before
+                # any other checkpoint.
+                await trio.lowlevel.checkpoint()
                 if committed is not None and self._already_finished(turn, committed):
                     turn.untouched = True
                 elif committed is not None and not await self._resolve(turn):
@@ -381,6 +400,8 @@ class TurnRunner(Suspending, Actor):
         sid, ctrl = state.session_id, turn.ctrl
         while True:
             budget.check_step(turn.step)
+            if turn.steering.waiting and turn.parts.content:  # a step boundary is behind
+                await self._steer(turn)
             step = turn.parts.step = turn.step
             await ctrl.send(StepBegin(step=step))
             turn.step_open = True
@@ -425,6 +446,8 @@ class TurnRunner(Suspending, Actor):
                 ),
                 agent.hooks.on_message_added,
             )
+            if turn.held and not over:  # what the sessions list reads (docs/approval.md)
+                turn.meta = {**turn.meta, WAITING_META: len(turn.held)}
             await self._save(turn, step)
             if over:
                 raise BudgetExceeded(over)
@@ -439,6 +462,32 @@ class TurnRunner(Suspending, Actor):
                 ):
                     continue  # the answer did not validate: the model sees why, answers again
                 return
+
+    async def _steer(self, turn: _Turn) -> None:
+        """Insert the user messages handed to the running turn (the ``steer`` busy
+        strategy) where the model sees them: after the last step's tool results, before
+        the next model call. Each user input keeps its own assistant message, so the
+        steps from here on go to a new one (same turn, steps numbered on); the stored
+        history shows the messages where the model saw them."""
+        state = self.state
+        for item in turn.steering.take(turn.step):
+            state.messages.append(UserMessage(content=item.content, id=item.user_message_id))
+            await self.publish(
+                ev.TurnSteered(
+                    session_id=state.session_id,
+                    turn_id=turn.turn_id,
+                    step=turn.step,
+                    message_id=item.user_message_id,
+                    input=item.content,
+                )
+            )
+        turn.message_id = new_id("msg")
+        turn.a_index = len(state.messages)
+        state.messages.append(AssistantMessage(id=turn.message_id))
+        turn.parts = PartsManager()
+        if turn.output is not None:
+            turn.output.message_id = turn.message_id
+        self._publish_history()
 
     def _add_result(self, turn: _Turn, oc: ToolOutcome, step: int) -> None:
         msg = ToolMessage(
@@ -597,12 +646,15 @@ class TurnRunner(Suspending, Actor):
         (a call that completed keeps its result), save (shielded, bounded), then tell the
         controller and hand the result over."""
         state, agent, ctrl = self.state, self.agent, turn.ctrl
+        turn.steering.close()  # no step follows: a message still waiting starts a turn
         with trio.CancelScope(shield=True):
             closing: list[Any] = []
             turn.parts.close(closing)  # a part cut short ends here, in both outputs
             # Failed (an error ended it) and interrupted (cut from outside) are stored apart.
             cut = turn.abort_reason is not None or turn.budget == "deadline"
             cut = cut and turn.error is None
+            if turn.finish_reason != AWAITING_INPUT and turn.meta.get(WAITING_META):
+                turn.meta = {**turn.meta, WAITING_META: 0}  # cut after it was marked waiting
             if not turn.untouched:
                 self._pair_calls(turn, closing)
                 self._snapshot(turn, interrupted=cut, error=turn.error)

@@ -31,8 +31,7 @@ import trio
 from actors.plugins.otel import OpenTelemetryActor, build_tracer_provider
 from actors.relays import RedisRelay, attach_relay
 from actors.relays.redis_streams import public_url
-from actors.stores.postgres import PostgresStore
-from actors.stores.turns import TurnQueue
+from actors.stores import turn_queue
 from runtime.app.commands import (
     MCP_HELP,
     add_agent_arguments,
@@ -47,6 +46,7 @@ from runtime.app.host import Host
 from runtime.app.web import BODY_TIMEOUT, DEFAULT_MAX_BODY, SEND_TIMEOUT
 from runtime.app.web.protocols import DEFAULT as DEFAULT_PROTOCOLS
 from runtime.app.web.protocols import EMBEDDED_ONLY, parse_protocols, unbuilt_refusal
+from runtime.busy import STRATEGIES
 from runtime.errors import ConfigurationError, RelayUnavailable, reraise, sole_exception
 from runtime.logging import configure_logging
 from runtime.redact import redact_url
@@ -67,7 +67,7 @@ def _cap(value: str) -> int:
 
 
 def queue_caps(args: argparse.Namespace) -> dict[str, Any]:
-    """The :class:`~actors.stores.turns.TurnQueue` caps ``serve``'s options set: only
+    """The turn queue's caps ``serve``'s options set (:func:`actors.stores.turn_queue`): only
     those given (the queue's defaults otherwise), ``off`` as ``None``."""
     given = {
         "max_queued_per_session": args.max_queued_per_session,
@@ -111,6 +111,15 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
         default=None,
         metavar="PREFIX",
         help="key prefix of the relay's streams (default 'axon:'; workers must agree)",
+    )
+    add(
+        "--on-busy",
+        choices=STRATEGIES,
+        default=None,
+        help="what a message for a session whose turn runs does: reject it (409), enqueue "
+        "its turn after the running one, interrupt the running turn, or steer it (the "
+        "message joins it at its next step) (default: the agent's on_busy, reject; "
+        "docs/approval.md)",
     )
     add(
         "--run-turns-here",
@@ -381,8 +390,7 @@ async def serve_command(args: argparse.Namespace) -> int:
         )
         queue = None
         if is_front_end(args):  # the host only lends its store: it runs no turn
-            assert isinstance(host.store, PostgresStore)  # a postgresql:// URL opens one
-            queue = TurnQueue(host.store, **queue_caps(args))
+            queue = turn_queue(host.store, **queue_caps(args))
             stack.push_async_callback(queue.aclose)
         elif relay is not None:
             await attach_relay(host, relay)
@@ -400,6 +408,7 @@ async def serve_command(args: argparse.Namespace) -> int:
             relay=relay,
             queue=queue,
             protocols=protocols,
+            on_busy=getattr(args, "on_busy", None),
         )
 
         async def shutdown_trigger() -> None:
