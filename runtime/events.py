@@ -214,6 +214,19 @@ class ProviderRetry(_InTurn):
     error: ErrorInfo
 
 
+@_event("provider.throttled")
+class ProviderThrottled(_InTurn):
+    """A model call waits for its provider's rate limit (:mod:`runtime.ratelimit`):
+    about ``wait`` seconds, for ``reason`` ``requests``, ``tokens``, ``concurrency`` or
+    ``provider`` (``retry-after`` or an ``x-ratelimit-*`` header said so). ``key`` names
+    the limit (provider, model, endpoint)."""
+
+    step: int
+    wait: float
+    reason: str
+    key: str
+
+
 @_event("history.compacted")
 class HistoryCompacted(_InTurn):
     """A history processor stored a summary before a model call (context compaction,
@@ -296,6 +309,7 @@ LIFECYCLE_EVENT_TYPES: tuple[type, ...] = (
     ActorGaveUp,
     Lagged,
     ProviderRetry,
+    ProviderThrottled,
     HistoryCompacted,
     ToolApprovalRequested,
     ToolApprovalDecided,

@@ -120,6 +120,9 @@ GRANTED = Verdict()
 class LimitBackend(Protocol):
     """Holds the counts of every key; each call is one atomic step."""
 
+    clock: Clock
+    """The clock its limiters use unless their :class:`RateLimit` names one."""
+
     async def try_acquire(
         self, key: str, limit: RateLimit, now: float, call_id: str, tokens: int
     ) -> Verdict:
@@ -213,6 +216,8 @@ class MemoryBackend:
 
     def __init__(self) -> None:
         self._keys: dict[str, _Counts] = {}
+        self.clock: Clock = TrioClock()
+        """The clock its limiters use unless their :class:`RateLimit` names one."""
 
     async def try_acquire(
         self, key: str, limit: RateLimit, now: float, call_id: str, tokens: int

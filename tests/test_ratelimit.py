@@ -6,7 +6,10 @@ from __future__ import annotations
 import pytest
 import trio
 
-from runtime.errors import ConfigurationError
+from actors.providers import ScriptedProvider
+from runtime import Agent, Host
+from runtime.errors import ConfigurationError, RateLimited
+from runtime.events import ProviderThrottled
 from runtime.ratelimit import (
     WINDOW,
     Limiter,
@@ -16,6 +19,7 @@ from runtime.ratelimit import (
     Verdict,
     parse_rate_headers,
 )
+from tests.support.grammar import check_grammar
 
 
 def limiter(**limits: int) -> Limiter:
@@ -157,3 +161,113 @@ def test_the_longest_reset_of_the_exhausted_limits_wins():
         "x-ratelimit-reset-tokens": "1m30s",
     }
     assert parse_rate_headers(headers, now_epoch=NOW) == 90.0
+
+
+# -- in a session --------------------------------------------------------------------------------
+
+
+def drain(subscription) -> list:
+    out = []
+    while True:
+        try:
+            out.append(subscription.inbox.get_nowait())
+        except trio.WouldBlock:
+            return out
+
+
+async def test_a_turn_over_the_limit_waits_and_says_so_in_its_stream_and_on_the_bus(
+    autojump_clock,
+):
+    provider = ScriptedProvider(["ok"], rate_limit=RateLimit(requests_per_minute=2))
+    async with Host.open(log_tap=False) as host:
+        heard = host.bus.subscribe([ProviderThrottled], name="t")
+        session = await host.open_session(Agent(provider=provider))
+        await session.run("one")
+        await session.run("two")
+        start = trio.current_time()
+        async with session.stream("three") as out:
+            chunks = [chunk async for chunk in out]
+        waited = trio.current_time() - start
+    check_grammar(chunks)
+    (notice,) = [c for c in chunks if c.type == "throttled"]
+    assert (notice.reason, notice.wait) == ("requests", pytest.approx(WINDOW))
+    assert waited == pytest.approx(WINDOW)
+    (event,) = drain(heard)
+    assert (event.reason, event.key) == ("requests", "scripted|scripted|-")
+
+
+async def test_a_429_with_retry_after_pauses_the_other_sessions_too(autojump_clock):
+    calls = {"n": 0}
+
+    def model(request):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            return [RateLimited("slow down", retry_after=30, provider="scripted")]
+        return ["ok"]
+
+    provider = ScriptedProvider(responder=model, rate_limit=RateLimit(requests_per_minute=100))
+    async with Host.open(log_tap=False) as host:
+        heard = host.bus.subscribe([ProviderThrottled], name="t")
+        first = await host.open_session(Agent(provider=provider))
+        other = await host.open_session(Agent(provider=provider))
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(first.run, "one")
+            await trio.sleep(1)  # the 429 came back: the pause is on
+            start = trio.current_time()
+            result = await other.run("two")
+            waited = trio.current_time() - start
+    assert result.error is None
+    assert waited == pytest.approx(29)
+    assert "provider" in [e.reason for e in drain(heard)]
+
+
+class Response:
+    def __init__(self, headers: dict[str, str]) -> None:
+        self.headers = headers
+
+
+async def test_a_limit_the_provider_reports_spent_holds_the_next_call_until_its_reset(
+    autojump_clock,
+):
+    provider = ScriptedProvider(["ok"], rate_limit=RateLimit(requests_per_minute=100))
+    async with Host.open(log_tap=False) as host:
+        session = await host.open_session(Agent(provider=provider))
+        await session.run("one")
+        spent = {"x-ratelimit-remaining-requests": "0", "x-ratelimit-reset-requests": "20s"}
+        await provider.observe_headers(Response(spent))
+        start = trio.current_time()
+        await session.run("two")
+    assert trio.current_time() - start == pytest.approx(20)
+
+
+async def test_the_sdk_providers_feed_their_response_headers_to_the_limiter():
+    from actors.providers import OpenAIProvider
+    from tests.support.faults import oa_text, resolve_platform
+    from tests.support.loopback import Reply, loopback_server
+
+    headers = [("x-ratelimit-remaining-tokens", "0"), ("x-ratelimit-reset-tokens", "6m0s")]
+    async with loopback_server(Reply(body=oa_text("hi"), headers=headers)) as server:
+        provider = OpenAIProvider(
+            "gpt-4o",
+            base_url=server.url + "/v1",
+            api_key="test",
+            rate_limit=RateLimit(tokens_per_minute=10_000),
+        )
+        resolve_platform(provider)
+        async with Host.open(log_tap=False) as host:
+            session = await host.open_session(Agent(provider=provider))
+            assert (await session.run("hi")).text == "hi"
+            backend = host.rate_limits
+            verdict = await backend.try_acquire(
+                provider.limit_key, provider.rate_limit, trio.current_time(), "probe", 0
+            )
+    assert verdict.reason == "provider" and verdict.wait == pytest.approx(360, abs=5)
+
+
+def test_every_sdk_provider_takes_a_rate_limit():
+    from actors.providers import AnthropicProvider, OpenAIProvider, OpenAIResponsesProvider
+
+    limit = RateLimit(requests_per_minute=60)
+    for cls in (OpenAIProvider, OpenAIResponsesProvider, AnthropicProvider):
+        provider = cls("m", api_key="test", rate_limit=limit)
+        assert provider.rate_limit is limit and "rate_limit" not in provider.request_options

@@ -764,6 +764,7 @@ class AnthropicProvider(SDKProvider):
         try:
             client = self._get_client()
             events = await client.messages.create(**self.request_params(request))
+            await self.observe_headers(getattr(events, "response", None))  # rate limits
             try:
                 parsed = json_events(events)
                 async with aclosing(parsed):

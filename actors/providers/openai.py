@@ -590,6 +590,7 @@ class OpenAIProvider(OpenAISDKProvider):
             response = await client.chat.completions.create(**params)
         except Exception as exc:
             raise classify_error(exc, provider=self.provider_name) from exc
+        await self.observe_headers(getattr(response, "response", None))  # rate limits
         async with response:  # closes the HTTP response on error and on cancellation
             chunks = json_chunks(response)
             async with aclosing(chunks):

@@ -786,6 +786,7 @@ class OpenAIResponsesProvider(OpenAISDKProvider):
             raise
         except Exception as exc:
             raise classify_error(exc) from exc
+        await self.observe_headers(getattr(response, "response", None))  # rate limits
         async with response:  # closes the HTTP response on error and on cancellation
             await parse_stream(response, emit)
 

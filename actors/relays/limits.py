@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from runtime.ratelimit import LEASE, POLL, WINDOW, RateLimit, Verdict
+from runtime.ratelimit import LEASE, POLL, WINDOW, Clock, RateLimit, Verdict, WallClock
 
 _TTL_MS = int(2 * WINDOW * 1000)
 
@@ -106,6 +106,8 @@ class RedisLimitBackend:
         self.client = client
         self.prefix = f"{prefix}limit:"
         self.audit = audit
+        self.clock: Clock = WallClock()
+        """The wall clock: the one processes on several machines agree on."""
         self._scripts: dict[str, Any] = {}
 
     def keys(self, key: str) -> list[str]:

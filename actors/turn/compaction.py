@@ -18,6 +18,7 @@ from typing import Any
 import attrs
 import trio
 
+from actors.turn.throttle import acquire, limiter_of, release
 from runtime.actor import Actor
 from runtime.actor_messages import Batch, InferRequest, StreamFailed
 from runtime.chunks import FinishChunk, TextChunk, Usage, UsageChunk
@@ -25,6 +26,7 @@ from runtime.compaction import (
     CompactionContext,
     HistoryProcessor,
     StoredSummary,
+    estimate_text,
     run_processors,
 )
 from runtime.errors import ActorFailed, AxonError
@@ -137,12 +139,15 @@ async def ask(
         cancel_scope=trio.CancelScope(),
         settings=settings,
     )
+    limiter = limiter_of(provider)  # a summary call counts toward the rate limit too
+    grant = await acquire(limiter, lambda: estimate_text(instructions) + estimate_text(text))
+    pieces: list[str] = []
+    usage = Usage()
     try:
         await provider.send(request)
     except (trio.ClosedResourceError, trio.BrokenResourceError):
+        await release(limiter, grant, None)
         raise ActorFailed(f"{provider.name} is not running; no summary can be made") from None
-    pieces: list[str] = []
-    usage = Usage()
     try:
         while True:
             batch = await reply.get()
@@ -158,3 +163,4 @@ async def ask(
                     return "".join(pieces), usage
     finally:
         request.cancel_scope.cancel()
+        await release(limiter, grant, usage)

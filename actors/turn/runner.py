@@ -49,6 +49,7 @@ from actors.turn.suspension import (
     hold_kind,
 )
 from actors.turn.takeover import Committed, find_committed
+from actors.turn.throttle import acquire, limiter_of, release
 from runtime import events as ev
 from runtime.actor import Actor
 from runtime.actor_messages import (
@@ -65,6 +66,7 @@ from runtime.actor_messages import (
     StepBegin,
     StepEnd,
     StreamFailed,
+    ThrottleNotice,
     ToolCallSpec,
     ToolDenied,
     ToolDone,
@@ -98,6 +100,7 @@ from runtime.chunks import (
     Usage,
     UsageChunk,
 )
+from runtime.compaction import estimate_tokens
 from runtime.errors import (
     ActorFailed,
     AxonError,
@@ -120,6 +123,7 @@ from runtime.messages import (
     UserMessage,
 )
 from runtime.output import ErrorInfo
+from runtime.ratelimit import Verdict
 from runtime.redact import redact
 from runtime.tools import Tool
 
@@ -859,6 +863,12 @@ class TurnRunner(Suspending, Actor):
         messages = self._repaired(state.messages)
         if agent.history_processors:  # context compaction (actors/turn/compaction.py)
             messages = await self._compact(turn, messages, instructions, tools)
+        limiter = limiter_of(self.provider)  # a rate limit (actors/turn/throttle.py)
+        grant = await acquire(
+            limiter,
+            lambda: estimate_tokens(instructions, messages, tools),
+            lambda verdict: self._throttled(turn, verdict),
+        )
         request_id = new_id("req")
         await self._begin(request_id)
         request = InferRequest(
@@ -921,6 +931,23 @@ class TurnRunner(Suspending, Actor):
                     return
         finally:
             request.cancel_scope.cancel()
+            await release(limiter, grant, result.usage)
+
+    async def _throttled(self, turn: _Turn, verdict: Verdict) -> None:
+        """The call waits for a rate limit: say so in the stream and on the bus."""
+        wait, reason = verdict.wait, verdict.reason
+        await turn.ctrl.send(ThrottleNotice(step=turn.step, wait=wait, reason=reason))
+        limiter = limiter_of(self.provider)
+        await self.publish(
+            ev.ProviderThrottled(
+                session_id=self.state.session_id,
+                turn_id=turn.turn_id,
+                step=turn.step,
+                wait=wait,
+                reason=reason,
+                key=limiter.key if limiter is not None else "",
+            )
+        )
 
     async def _compact(
         self,
