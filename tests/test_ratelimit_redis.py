@@ -41,7 +41,7 @@ def limiter(backend, clock: ManualClock, **limits: int) -> Limiter:
 
 async def test_a_burst_goes_at_once_then_waits_for_the_minute_to_slide(relay):
     clock = ManualClock()
-    limit = limiter(relay.rate_limits(audit=True), clock, requests_per_minute=3)
+    limit = limiter(relay.rate_limits(), clock, requests_per_minute=3)
     grants = [await limit.acquire() for _ in range(7)]
     start = grants[0].granted_at
     assert [round(g.granted_at - start, 3) for g in grants] == [0, 0, 0, 60, 60, 60, 120]
@@ -79,7 +79,7 @@ async def test_concurrency_slots_are_shared_and_given_back(relay):
 
 async def test_time_never_goes_backwards_for_a_slower_clock(relay):
     ahead, behind = ManualClock(t=1_000_100.0), ManualClock(t=1_000_000.0)
-    backend = relay.rate_limits(audit=True)
+    backend = relay.rate_limits()
     fast = limiter(backend, ahead, requests_per_minute=2)
     slow = limiter(backend, behind, requests_per_minute=2)
     await fast.acquire()

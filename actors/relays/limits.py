@@ -16,7 +16,8 @@ backend does:
   no minute of that order ever holds more than the limit;
 * every key expires two minutes after its last use: nothing is left behind.
 
-``audit=True`` also appends each grant's time to ``…:log`` (tests read it back).
+``…:log`` keeps the times of the last :data:`AUDIT_SIZE` grants for an hour, for audits
+(:meth:`RedisLimitBackend.granted`: the tests check no minute of it exceeds the limit).
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ from typing import Any
 from runtime.ratelimit import LEASE, POLL, WINDOW, Clock, RateLimit, Verdict, WallClock
 
 _TTL_MS = int(2 * WINDOW * 1000)
+AUDIT_SIZE = 10_000
+"""Grant times kept per key in ``…:log`` (:meth:`RedisLimitBackend.granted`)."""
+_AUDIT_TTL_MS = 3600 * 1000
 
 _ACQUIRE = """
 local now = tonumber(ARGV[1])
@@ -68,10 +72,9 @@ end
 redis.call('ZADD', KEYS[1], now, call)
 redis.call('ZADD', KEYS[2], now, call .. ':' .. tokens)
 redis.call('ZADD', KEYS[3], now + lease, call)
-if ARGV[11] == '1' then
-  redis.call('RPUSH', KEYS[6], tostring(now))
-  redis.call('PEXPIRE', KEYS[6], ARGV[10])
-end
+redis.call('RPUSH', KEYS[6], tostring(now))
+redis.call('LTRIM', KEYS[6], -tonumber(ARGV[11]), -1)
+redis.call('PEXPIRE', KEYS[6], ARGV[12])
 for i = 1, 3 do redis.call('PEXPIRE', KEYS[i], ARGV[10]) end
 return {'', tostring(now)}
 """
@@ -102,10 +105,9 @@ class RedisLimitBackend:
     ``client`` is a ``coredis`` client (``decode_responses=False``); keys start with
     ``prefix`` (the relay's, then ``limit:``)."""
 
-    def __init__(self, client: Any, prefix: str = "axon:", *, audit: bool = False) -> None:
+    def __init__(self, client: Any, prefix: str = "axon:") -> None:
         self.client = client
         self.prefix = f"{prefix}limit:"
-        self.audit = audit
         self.clock: Clock = WallClock()
         """The wall clock: the one processes on several machines agree on."""
         self._scripts: dict[str, Any] = {}
@@ -148,7 +150,8 @@ class RedisLimitBackend:
                 LEASE,
                 POLL,
                 _TTL_MS,
-                "1" if self.audit else "0",
+                AUDIT_SIZE,
+                _AUDIT_TTL_MS,
             ],
         )
         reason = reason.decode() if isinstance(reason, bytes) else reason
@@ -171,7 +174,8 @@ class RedisLimitBackend:
         await self._run("pause", _PAUSE, [self.keys(key)[3]], [repr(until), _TTL_MS])
 
     async def granted(self, key: str) -> list[float]:
-        """The times of every grant of ``key`` (with ``audit=True``), in order."""
+        """The times of the last :data:`AUDIT_SIZE` grants of ``key`` (within the hour
+        after its last grant), in order: what an audit of the limit reads."""
         return [float(t) for t in await self.client.lrange(self.keys(key)[5], 0, -1)]
 
 
