@@ -41,6 +41,7 @@ class SDKProvider(Provider):
         foreign_reasoning: ForeignReasoning = "drop",
         request_options: dict[str, Any] | None = None,
         rate_limit: RateLimit | None = None,
+        price_as: str | None = None,
     ) -> None:
         request_options = dict(request_options or {})
         # Every SDK provider takes ``rate_limit=``; those that do not name it pass it on
@@ -59,6 +60,7 @@ class SDKProvider(Provider):
         """Extra arguments of the SDK's ``create`` for every call; a request's
         ``settings`` override them key by key."""
         self.foreign_reasoning = self.check_foreign_reasoning(foreign_reasoning)
+        self.price_as = price_as
         self._client: Any = None
         self._create_params: frozenset[str] | None = None
 

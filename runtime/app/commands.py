@@ -17,7 +17,9 @@ from typing import Any
 import attrs
 
 from actors.mcp import MCPServer
+from actors.plugins.registry import PluginSpec, create_plugin
 from actors.providers.registry import create_provider, provider_names, resolve_model
+from runtime.actor import Actor
 from runtime.agent import Agent
 from runtime.errors import (
     ConfigurationError,
@@ -198,6 +200,42 @@ def add_log_level_argument(parser: argparse.ArgumentParser, default: str, why: s
         default=default,
         help=f"structlog JSON lines on stderr from this level up (default: {default}{why})",
     )
+
+
+PLUGIN_HELP = (
+    "start this plug-in (an observer actor registered in the axon.plugins entry-point "
+    "group: otel, recorder:PATH, or an installed package's) on the host; repeatable "
+    "(docs/actors.md#plug-ins-by-name)"
+)
+
+
+def add_plugin_argument(parser: argparse.ArgumentParser) -> None:
+    """``--plugin NAME[:OPTIONS]``, the same on ``run``, ``serve`` and ``worker``: the
+    names resolve when the command starts (:func:`make_plugins`), not here, so ``--help``
+    imports no plug-in."""
+    parser.add_argument(
+        "--plugin", action="append", default=[], metavar="NAME[:OPTIONS]", help=PLUGIN_HELP
+    )
+
+
+def plugin_specs(args: argparse.Namespace) -> list[PluginSpec]:
+    """The plug-ins the options name: ``--otel`` (``otel``) and ``--record PATH``
+    (``recorder:PATH``), the older spellings where a command has them, then each
+    ``--plugin``."""
+    specs = []
+    if getattr(args, "otel", False):
+        specs.append(PluginSpec(name="otel"))
+    if getattr(args, "record", None):
+        specs.append(PluginSpec(name="recorder", options=args.record))
+    specs += [PluginSpec.parse(value) for value in getattr(args, "plugin", None) or ()]
+    return specs
+
+
+def make_plugins(args: argparse.Namespace) -> list[Actor]:
+    """The plug-in actors the options name, built before anything opens: an unknown
+    name or an option a plug-in refuses is a :class:`~runtime.errors.ConfigurationError`
+    (one ``error:`` line)."""
+    return [create_plugin(spec) for spec in plugin_specs(args)]
 
 
 def load_agent(spec: str) -> AgentSource:

@@ -55,7 +55,7 @@ import socket
 import sys
 import threading
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -64,6 +64,7 @@ import trio
 
 from actors.relays.redis_streams import RedisRelay, public_url
 from actors.stores import open_store, queue_scheme, turn_queue
+from runtime.actor import Actor
 from runtime.agent import Agent
 from runtime.app.commands import (
     MCP_HELP,
@@ -71,8 +72,10 @@ from runtime.app.commands import (
     add_agent_arguments,
     add_input_limit_arguments,
     add_log_level_argument,
+    add_plugin_argument,
     input_limits,
     make_agent,
+    make_plugins,
 )
 from runtime.app.expiry import deadlines, expire_session
 from runtime.app.host import Host
@@ -279,6 +282,7 @@ class Worker:
         poll: float = DEFAULT_POLL,
         max_sessions: int = 1000,
         input_limits: InputLimits | None = None,
+        plugins: Sequence[Actor] = (),
     ) -> None:
         if concurrency < 1:
             raise ConfigurationError(f"concurrency must be >= 1, not {concurrency!r}")
@@ -295,6 +299,9 @@ class Worker:
         self.max_sessions = max_sessions
         self.input_limits = input_limits
         """The parts a turn's input may have (its host's); a turn with more fails."""
+        self.plugins = tuple(plugins)
+        """Actors started on the worker's host beside its own (``--plugin``: tracing,
+        recording), seeing the bus events of every turn the worker runs."""
         self.queue: TurnQueue = turn_queue(store, lease=lease, max_attempts=max_attempts)
         self.running: dict[str, _Running] = {}
         """The turns running now, by turn id."""
@@ -324,6 +331,8 @@ class Worker:
             if shared is not None:  # rate limits kept by all the workers together
                 host.rate_limits = shared()
             self.host = host
+            for plugin in self.plugins:
+                await host.start_actor(plugin)
             self._leases = LeaseKeeper(self.queue, self.lease / 3)
             self._leases.start()
             try:
@@ -722,6 +731,7 @@ def add_worker_parser(subparsers: Any) -> Any:
     add("--delay", type=float, default=0.0, help="scripted demo: seconds between chunks")
     add("--mcp", action="append", default=[], metavar="SERVER", help=MCP_HELP)
     add_log_level_argument(worker, "warning")
+    add_plugin_argument(worker)
     worker.set_defaults(jsonl=False)
     return worker
 
@@ -746,6 +756,7 @@ async def worker_command(args: Any) -> int:
             "poll": args.poll,
             "owner": args.owner,
             "input_limits": input_limits(args),
+            "plugins": make_plugins(args),
         }
         relay_options = {"prefix": args.redis_prefix} if args.redis_prefix else {}
         async with open_worker(

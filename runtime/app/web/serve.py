@@ -28,7 +28,6 @@ from typing import Any
 
 import trio
 
-from actors.plugins.otel import OpenTelemetryActor, build_tracer_provider
 from actors.relays import RedisRelay, attach_relay
 from actors.relays.redis_streams import public_url
 from actors.stores import turn_queue
@@ -37,8 +36,10 @@ from runtime.app.commands import (
     add_agent_arguments,
     add_input_limit_arguments,
     add_log_level_argument,
+    add_plugin_argument,
     input_limits,
     make_agent,
+    make_plugins,
     positive,
     report_bad_input,
 )
@@ -150,7 +151,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
         metavar="NAMES",
         help="the protocols to serve, comma-separated: ai-sdk (the page and /api/), ag-ui "
         "(POST /ag-ui), openai (/v1/chat/completions, /v1/models), a2a (the Agent Card and "
-        "/a2a/); mcp is not available yet (default: ai-sdk; docs/protocols.md)",
+        "/a2a/), mcp (the agent as an MCP tool at /mcp) (default: ai-sdk; docs/protocols.md)",
     )
     add(
         "--token",
@@ -218,8 +219,10 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     add(
         "--otel",
         action="store_true",
-        help="export OpenTelemetry traces, configured by the OTEL_* variables (docs/telemetry.md)",
+        help="export OpenTelemetry traces, configured by the OTEL_* variables "
+        "(docs/telemetry.md; --plugin otel)",
     )
+    add_plugin_argument(parser)
     parser.set_defaults(jsonl=False)
     return parser
 
@@ -364,13 +367,11 @@ async def serve_command(args: argparse.Namespace) -> int:
             "reach it can run the agent",
             file=sys.stderr,
         )
-    tracing = None
-    if args.otel:
-        try:
-            tracing = OpenTelemetryActor(tracer_provider=build_tracer_provider())
-        except ConfigurationError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
+    try:
+        plugins = make_plugins(args)
+    except ConfigurationError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     async with AsyncExitStack() as stack:
         relay = None
         if args.redis:
@@ -394,8 +395,8 @@ async def serve_command(args: argparse.Namespace) -> int:
             stack.push_async_callback(queue.aclose)
         elif relay is not None:
             await attach_relay(host, relay)
-        if tracing is not None:
-            await host.start_actor(tracing)
+        for plugin in plugins:
+            await host.start_actor(plugin)
         app = create_app(
             host,
             agent,
@@ -442,13 +443,24 @@ async def serve_command(args: argparse.Namespace) -> int:
                     f"{'agent ' + args.agent if args.agent else 'provider ' + args.provider}"
                     f", store {redact_url(args.store or 'memory')}"
                     f"{', relay ' + public_url(args.redis) if relay is not None else ''}"
-                    f"{', OpenTelemetry traces' if tracing is not None else ''}"
+                    f"{plugins_banner(plugins)}"
                     f"{', OpenAI API ' + url + '/v1' if 'openai' in protocols else ''}"
                     f"{', AG-UI ' + url + '/ag-ui' if 'ag-ui' in protocols else ''}"
-                    f"{', A2A agent ' + url if 'a2a' in protocols else ''})",
+                    f"{', A2A agent ' + url if 'a2a' in protocols else ''}"
+                    f"{', MCP ' + url + '/mcp' if 'mcp' in protocols else ''})",
                     flush=True,
                 )
     return 0
+
+
+def plugins_banner(plugins: list[Any]) -> str:
+    """What the banner says of the running plug-ins (``OpenTelemetry traces`` for
+    ``otel``, as before plug-ins had names)."""
+    names = [
+        "OpenTelemetry traces" if plugin.name == "otel" else f"plug-in {plugin.name}"
+        for plugin in plugins
+    ]
+    return "".join(f", {name}" for name in names)
 
 
 def main(argv: list[str] | None = None) -> int:
