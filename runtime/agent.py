@@ -10,6 +10,7 @@ import attrs
 
 from runtime.budget import Budget
 from runtime.busy import REJECT, OnBusy, check_on_busy
+from runtime.compaction import HistoryProcessor, check_processors
 from runtime.errors import ConfigurationError
 from runtime.media import MediaLimits
 from runtime.output_schema import OutputSchema, output_schema
@@ -130,6 +131,13 @@ class Agent:
     ``max_completion_tokens`` on OpenAI Chat Completions, ``max_output_tokens`` on the
     Responses API, ``max_tokens`` on Anthropic). See docs/embedding.md."""
     media_limits: MediaLimits = attrs.field(factory=MediaLimits)
+    history_processors: tuple[HistoryProcessor, ...] = attrs.field(
+        default=(), converter=check_processors
+    )
+    """Run in order on the messages of every model call, before the request is built:
+    context compaction (``[DropToolResults(), Summarize(max_tokens=100_000)]``; see
+    :mod:`runtime.compaction` and docs/providers.md). Named apart from the ``history=``
+    of ``open_session``/``run_sync``, which seeds a session's messages."""
     """Largest image, file and per-message media a user input may carry (docs/media.md)."""
 
     mcp_servers: tuple[Any, ...] = ()

@@ -768,6 +768,7 @@ class AnthropicProvider(SDKProvider):
         try:
             client = self._get_client()
             events = await client.messages.create(**self.request_params(request))
+            await self.observe_headers(getattr(events, "response", None))  # rate limits
             try:
                 parsed = json_events(events)
                 async with aclosing(parsed):
@@ -786,6 +787,28 @@ class AnthropicProvider(SDKProvider):
 
     def classify_error(self, exc: BaseException) -> errors.AxonError:
         return classify_error(exc)
+
+    async def count_tokens(
+        self, instructions: str | None, messages: Sequence[Message], tools: Sequence[Any]
+    ) -> int | None:
+        """The request's input tokens from the API's own count (``messages.count_tokens``,
+        ``POST /v1/messages/count_tokens``: free, rate-limited apart from messages), for
+        the same system prompt, messages, tools and thinking setting as a call sends."""
+        system, mapped = map_messages(
+            instructions, messages, origin=self.origin, foreign_reasoning=self.foreign_reasoning
+        )
+        params: dict[str, Any] = {"model": self.model, "messages": mapped}
+        if system:
+            params["system"] = system
+        if tools:
+            params["tools"] = map_tools(tools)
+        if self.thinking_budget is not None:
+            params["thinking"] = {"type": "enabled", "budget_tokens": self.thinking_budget}
+        try:
+            counted = await self._get_client().messages.count_tokens(**params)
+        except Exception as exc:
+            raise classify_error(exc) from exc
+        return int(counted.input_tokens)
 
 
 # -- on other platforms -------------------------------------------------------------------

@@ -593,6 +593,7 @@ class OpenAIProvider(OpenAISDKProvider):
             response = await client.chat.completions.create(**params)
         except Exception as exc:
             raise classify_error(exc, provider=self.provider_name) from exc
+        await self.observe_headers(getattr(response, "response", None))  # rate limits
         async with response:  # closes the HTTP response on error and on cancellation
             chunks = json_chunks(response)
             async with aclosing(chunks):
@@ -600,6 +601,19 @@ class OpenAIProvider(OpenAISDKProvider):
 
     def classify_error(self, exc: BaseException) -> AxonError:
         return classify_error(exc, provider=self.provider_name)
+
+    def count_items(
+        self, instructions: str | None, messages: Sequence[Message], tools: Sequence[Any]
+    ) -> list[Any]:
+        """The request's ``messages`` and tool definitions (for :meth:`count_tokens`)."""
+        items: list[Any] = map_messages(
+            instructions,
+            messages,
+            send_reasoning_content=self.send_reasoning_content,
+            origin=self.origin,
+            foreign_reasoning=self.foreign_reasoning,
+        )
+        return [*items, map_tools(tools)] if tools else items
 
     def describe_settings(self) -> dict[str, Any]:
         return {

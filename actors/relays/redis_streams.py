@@ -565,6 +565,13 @@ class RedisRelay:
             for writer in list(self.live):
                 await writer.flushed()
 
+    def rate_limits(self) -> Any:
+        """A rate-limit backend over this relay's connection and prefix, which every
+        worker sharing the relay shares (:class:`actors.relays.limits.RedisLimitBackend`)."""
+        from actors.relays.limits import RedisLimitBackend
+
+        return RedisLimitBackend(self.client, self.prefix)
+
     # -- keys -------------------------------------------------------------------------------
 
     def turn_key(self, turn_id: str) -> str:

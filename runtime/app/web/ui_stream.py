@@ -23,6 +23,9 @@ stream closes with ``data: [DONE]\\n\\n``. The mapping:
   which the final result replaces; its other nested chunks are not forwarded;
 * ``tool-approval-request`` -> ``tool-approval-request`` (``approvalId``, ``toolCallId``);
 * ``tool-output-denied`` -> ``tool-output-denied`` (``toolCallId``);
+* ``throttled`` (the model call waits for a rate limit) -> ``data-throttled`` with
+  ``transient: true`` (``data``: ``wait`` seconds and ``reason``): ``useChat`` hands it
+  to ``onData`` and keeps it out of the message, so a UI can say "waiting for rate limit";
 * ``finish`` -> ``finish`` (``finishReason``, ``tool-calls`` for a turn that suspended
   waiting for input; ``messageMetadata``: the runtime's own finish reason and the summed
   ``usage``, its ``cost`` in US dollars when known);
@@ -121,6 +124,9 @@ class UIStreamEncoder:
             return [{"type": "text-delta", "id": chunk.part_id, "delta": chunk.text}]
         if t is o.ObjectDelta:
             return [{"type": "data-object", "id": chunk.part_id, "data": chunk.value}]
+        if t is o.Throttled:  # transient: the UI shows it while it waits, never stores it
+            data = {"wait": chunk.wait, "reason": chunk.reason}
+            return [{"type": "data-throttled", "data": data, "transient": True}]
         if t is o.ReasoningDelta:
             return [{"type": "reasoning-delta", "id": chunk.part_id, "delta": chunk.text}]
         if t is o.ToolInputStart:
