@@ -55,8 +55,13 @@ import attrs
 import orjson
 import trio
 
-from actors.stores.validation import check_save, decode_message, decode_meta
-from runtime import serde
+from actors.stores.validation import (
+    check_save,
+    decode_message,
+    decode_meta,
+    encode_meta,
+    encode_rows,
+)
 from runtime.errors import (
     ConfigurationError,
     LeaseLost,
@@ -464,8 +469,8 @@ class PostgresStore:
         versions and fences). Everything is serialized before the transaction begins, so
         a bad message fails the save before anything is written."""
         new = check_save(session_id, start, messages, meta, expected_version)
-        rows = _message_rows(session_id, start, new)
-        patch = _meta_patch(session_id, meta)
+        rows = encode_rows(session_id, start, new)
+        patch = encode_meta(session_id, meta)
         fence = self._fences.get(session_id)
         if fence is not None and self._fences_closed:
             raise LeaseLost(
@@ -630,34 +635,6 @@ def _check_fence(conn: Any, fence: Fence, session_id: str) -> None:
             f"save of session {session_id!r} refused: worker {fence.owner} (epoch "
             f"{fence.epoch}) no longer holds turn {fence.turn_id} ({held})"
         )
-
-
-def _message_rows(
-    session_id: str, start: int, messages: Sequence[Message]
-) -> list[tuple[str, int, str, bytes]]:
-    """The ``axon_messages`` rows of ``messages`` from index ``start``, serialized before
-    the transaction so a message that cannot be fails the save with nothing written."""
-    rows = []
-    for idx, message in enumerate(messages, start):
-        try:
-            body = serde.to_json(message)
-        except Exception as err:
-            raise StoreError(
-                f"save of session {session_id!r}: message {idx} cannot be serialized: {err}"
-            ) from err
-        rows.append((session_id, idx, message.role, body))
-    return rows
-
-
-def _meta_patch(session_id: str, meta: Mapping[str, Any] | None) -> bytes | None:
-    """``meta`` as JSON (``None`` when there is nothing to merge), checked before the
-    transaction begins."""
-    try:
-        return orjson.dumps(dict(meta)) if meta else None
-    except orjson.JSONEncodeError as err:
-        raise StoreError(
-            f"save of session {session_id!r}: meta is not JSON-serializable: {err}"
-        ) from err
 
 
 def _check_start(conn: Any, session_id: str, start: int) -> None:

@@ -103,3 +103,32 @@ def decode_meta(store: str, raw: Any, session_id: str) -> dict[str, Any]:
             f"session store {store}: meta of session {session_id!r} is not a JSON object"
         )
     return meta
+
+
+def encode_rows(
+    session_id: str, start: int, messages: Sequence[Message]
+) -> list[tuple[str, int, str, bytes]]:
+    """``(session_id, idx, role, body)`` rows of ``messages`` from index ``start``, bodies
+    in serde JSON: serialized before a store's transaction begins, so a message that cannot
+    be fails the save with nothing written."""
+    rows = []
+    for idx, message in enumerate(messages, start):
+        try:
+            body = serde.to_json(message)
+        except Exception as err:
+            raise StoreError(
+                f"save of session {session_id!r}: message {idx} cannot be serialized: {err}"
+            ) from err
+        rows.append((session_id, idx, message.role, body))
+    return rows
+
+
+def encode_meta(session_id: str, meta: Mapping[str, Any] | None) -> bytes | None:
+    """``meta`` as JSON (``None`` when there is nothing to merge), before a store's
+    transaction begins, so meta that is not JSON fails the save with nothing written."""
+    try:
+        return orjson.dumps(dict(meta)) if meta else None
+    except orjson.JSONEncodeError as err:
+        raise StoreError(
+            f"save of session {session_id!r}: meta is not JSON-serializable: {err}"
+        ) from err
