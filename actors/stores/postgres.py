@@ -57,6 +57,7 @@ import trio
 
 from actors.stores.validation import (
     check_save,
+    check_version,
     decode_message,
     decode_meta,
     encode_meta,
@@ -532,15 +533,7 @@ class PostgresStore:
             (session_id,),
         ).fetchone()
         current = 0 if row is None else row[1]
-        if expected_version is not None and expected_version != current:
-            raise StoreConflict(
-                f"save of session {session_id!r}: it is at version {current}, not the "
-                f"{expected_version} this save was based on: another writer saved it "
-                f"since (session store {self.url})",
-                session_id=session_id,
-                expected=expected_version,
-                actual=current,
-            )
+        check_version(self.url, session_id, current, expected_version)
         return row
 
     def _insert_session(

@@ -47,12 +47,13 @@ import trio
 
 from actors.stores.validation import (
     check_save,
+    check_version,
     decode_message,
     decode_meta,
     encode_meta,
     encode_rows,
 )
-from runtime.errors import StoreConflict, StoreCorrupt, StoreError
+from runtime.errors import StoreCorrupt, StoreError
 from runtime.messages import Message
 from runtime.store import SessionInfo, SessionRecord, validate_session_id
 
@@ -506,15 +507,7 @@ class SQLiteStore:
             "SELECT meta, version FROM sessions WHERE session_id = ?", (session_id,)
         ).fetchone()
         current = 0 if row is None else row[1]
-        if expected_version is not None and expected_version != current:
-            raise StoreConflict(
-                f"save of session {session_id!r}: it is at version {current}, not the "
-                f"{expected_version} this save was based on: another writer saved it "
-                f"since (session store {self._path})",
-                session_id=session_id,
-                expected=expected_version,
-                actual=current,
-            )
+        check_version(self._path, session_id, current, expected_version)
         # A re-created session starts above every version a deleted one had, so a
         # writer still holding the deleted session's version cannot match it.
         version = current + 1 if row is not None else _deleted_version(conn) + 1

@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 
 from runtime import serde
-from runtime.errors import StoreCorrupt, StoreError
+from runtime.errors import StoreConflict, StoreCorrupt, StoreError
 from runtime.messages import Message
 from runtime.store import validate_session_id
 
@@ -132,3 +132,18 @@ def encode_meta(session_id: str, meta: Mapping[str, Any] | None) -> bytes | None
         raise StoreError(
             f"save of session {session_id!r}: meta is not JSON-serializable: {err}"
         ) from err
+
+
+def check_version(store: str, session_id: str, current: int, expected: int | None) -> None:
+    """Refuse a save based on another version than the session's ``current`` one (the
+    version rule of :class:`~runtime.store.Store`; ``expected`` ``None``: any): another
+    writer saved it since. Checked by a store inside the save's transaction."""
+    if expected is not None and expected != current:
+        raise StoreConflict(
+            f"save of session {session_id!r}: it is at version {current}, not the "
+            f"{expected} this save was based on: another writer saved it "
+            f"since (session store {store})",
+            session_id=session_id,
+            expected=expected,
+            actual=current,
+        )
