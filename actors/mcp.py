@@ -28,13 +28,14 @@ import os
 import re
 import shlex
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, TypeAlias
 from urllib.parse import urlsplit
 
 import attrs
 import trio
 
 from runtime.actor import Actor
+from runtime.agent import Agent
 from runtime.errors import (
     ConfigurationError,
     MCPServerDied,
@@ -43,6 +44,7 @@ from runtime.errors import (
     MCPToolError,
     ToolDefinitionError,
 )
+from runtime.hosting import ActorStarter
 from runtime.logging import get_logger
 from runtime.tools import InvalidJSONSchema, Tool, ToolInputError, json_schema_validator
 
@@ -649,35 +651,42 @@ class _ClosingTransport:
 
 # -- what the host and the turn runner call ---------------------------------------------
 
+Servers: TypeAlias = dict[MCPServer, MCPServerActor]
+"""A host's running MCP server actors, by configuration: one per server, shared by the
+host's sessions."""
 
-async def start_servers(host: Any, agent: Any) -> None:
-    """Start each MCP server ``agent`` lists (once per host; a server that gave up is
-    started anew), wait until each has listed its tools, and check the tool names.
+
+async def start_servers(servers: Servers, host: ActorStarter, agent: Agent) -> None:
+    """Start each MCP server ``agent`` lists that ``servers`` lacks (once per host; a
+    server that gave up is started anew) under ``host``'s supervisor, wait until each has
+    listed its tools, and check the tool names.
 
     Raises :class:`MCPServerUnavailable` when a server cannot start, and
     :class:`ToolDefinitionError` when two tools would share a name."""
-    registry: dict[MCPServer, MCPServerActor] = host.mcp_servers
     for config in agent.mcp_servers:
-        actor = registry.get(config)
+        actor = servers.get(config)
         if actor is None or actor.stopped.is_set():
-            actor = registry[config] = MCPServerActor(config)
+            actor = servers[config] = MCPServerActor(config)
             await host.start_actor(actor)
     for config in agent.mcp_servers:
-        await registry[config].wait_ready()
-    await agent_tools(host, agent)
+        await servers[config].wait_ready()
+    await agent_tools(servers, agent)
 
 
-async def agent_tools(host: Any, agent: Any) -> tuple[Tool, ...]:
+async def agent_tools(
+    servers: Mapping[MCPServer, MCPServerActor], agent: Agent
+) -> tuple[Tool, ...]:
     """The tools to offer for the next model call: the agent's own, then each MCP
-    server's current ones (after any announced change). Names must be unique."""
-    servers = agent.mcp_servers
-    if not servers:
+    server's current ones (after any announced change). Names must be unique.
+
+    With ``servers`` bound (``functools.partial(agent_tools, servers)``) this is the
+    turn runner's :data:`~runtime.hosting.ToolSource`."""
+    if not agent.mcp_servers:
         return agent.tools
     tools = list(agent.tools)
     owner = {t.name: "a local tool" for t in tools}
-    registry = getattr(host, "mcp_servers", {})
-    for config in servers:
-        actor = registry.get(config)
+    for config in agent.mcp_servers:
+        actor = servers.get(config)
         if actor is None:
             raise MCPServerUnavailable(f"MCP server {config.name!r} is not started on this host")
         for t in await actor.current_tools():
@@ -696,6 +705,7 @@ __all__ = [
     "MCPServer",
     "MCPServerActor",
     "MCPTool",
+    "Servers",
     "agent_tools",
     "build_tool",
     "start_servers",

@@ -4,7 +4,8 @@ It receives the turn runner's raw items (stream chunks, part markers, step, tool
 turn markers) and turns them into :mod:`runtime.output` chunks. It does not decide where
 parts open and close: the turn runner's :class:`~actors.turn.parts.PartsManager` does, once
 for the stream and the stored message alike, and marks it with
-:class:`~actors.turn.parts.PartBegin` / :class:`~actors.turn.parts.PartEnd`; text and reasoning
+:class:`~runtime.actor_messages.PartBegin` / :class:`~runtime.actor_messages.PartEnd`; text and
+reasoning
 chunks between them are the deltas of that part. The controller stamps a session-wide
 ``seq``, and closes a part still open when another opens or the step or turn ends (only
 a crash in the middle of a part can leave one open), so the grammar always holds. Each
@@ -20,15 +21,17 @@ from typing import Any, ClassVar
 
 import trio
 
-from actors.turn.parts import TEXT, PartBegin, PartEnd
-from actors.turn.structured import ObjectUpdate
 from runtime import output as o
 from runtime.actor import Actor
 from runtime.actor_messages import (
+    TEXT,
     ApprovalAsked,
     Batch,
     Batcher,
     ConsumerItem,
+    ObjectUpdate,
+    PartBegin,
+    PartEnd,
     StepBegin,
     StepEnd,
     ToolDenied,

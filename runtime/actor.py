@@ -42,6 +42,10 @@ class Actor:
     inbox_capacity: ClassVar[int] = 256
     overflow: ClassVar[OverflowPolicy] = "block"
     subscribes_to: ClassVar[Iterable[type] | object | None] = None
+    decides_approvals: ClassVar[bool] = False
+    """Whether this actor, while it runs, decides tool approvals in process (the
+    :class:`~actors.plugins.ApprovalActor`): its host's turns then wait for its decision
+    in memory instead of suspending (``TurnHost.approves_in_process``)."""
 
     def __init__(self, *, name: str | None = None, session_id: str | None = None) -> None:
         self.name = name or type(self).__name__

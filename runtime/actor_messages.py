@@ -10,16 +10,19 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any, Generic, Protocol, TypeAlias, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeAlias, TypeVar
 
 import attrs
 import trio
 
 from runtime.chunks import Usage
 from runtime.inbox import Inbox
-from runtime.messages import Message, Part, UserContent
+from runtime.messages import Message, Part, UserContent, UserMessage
 from runtime.output import ErrorInfo, OutputChunk
 from runtime.redact import redact_text
+
+if TYPE_CHECKING:
+    from runtime.hosting import ToolHost  # type-only: hosting.py names TurnResult in its turn
 
 _now = time.perf_counter
 
@@ -162,6 +165,16 @@ class InferRequest:
     answer that is JSON matching it (``None``: free text)."""
 
 
+@attrs.frozen(kw_only=True, slots=True)
+class RetryPrompt(UserMessage):
+    """The user message of a request that tells the model why its answer was rejected
+    (turn runner -> provider, in :attr:`InferRequest.messages`).
+
+    Only ever in a request's messages, never in the history; a type of its own so that
+    whatever counts the user's inputs in a request (the scripted provider) can skip it.
+    """
+
+
 @attrs.frozen(kw_only=True, slots=True, eq=False)  # internal: identity is enough
 class StreamFailed:
     """The model call failed; always the last item a provider sends for a request."""
@@ -205,7 +218,7 @@ class ExecuteTools:
     max_result_chars: int | None
     reply: Inbox[ToolOutcome | ToolProgress]
     cancel_scope: trio.CancelScope
-    host: Any = None
+    host: ToolHost | None = None
     """The host, handed to tools that take a :class:`~runtime.tools.ToolContext`."""
     deps: Any = None
     """The session's dependencies, handed to tools as ``ToolContext.deps``."""
@@ -296,6 +309,40 @@ class TurnBegin:
     message_id: str
     consumer: Inbox[ConsumerItem] | None
     """Where the turn's output goes: batches of output chunks, then :class:`TurnDone`."""
+
+
+TEXT = "text"
+"""The kind of a text part (:attr:`PartBegin.kind`)."""
+REASONING = "reasoning"
+"""The kind of a reasoning part (:attr:`PartBegin.kind`)."""
+
+
+@attrs.frozen(kw_only=True, slots=True, eq=False)  # internal: identity is enough
+class PartBegin:
+    """A text or reasoning part opens (turn runner -> stream controller); where, the
+    turn's parts manager decides (:mod:`actors.turn.parts`)."""
+
+    kind: str
+    """``"text"`` or ``"reasoning"``."""
+    part_id: str
+
+
+@attrs.frozen(kw_only=True, slots=True, eq=False)  # internal: identity is enough
+class PartEnd:
+    """The open part closes; the chunks between it and its :class:`PartBegin` are its
+    deltas, and the stored message holds the same part."""
+
+    kind: str
+    part_id: str
+
+
+@attrs.frozen(kw_only=True, slots=True, eq=False)  # internal: identity is enough
+class ObjectUpdate:
+    """The answer's JSON, parsed so far, changed (turn runner -> stream controller); the
+    controller renders it as an ``object-delta`` chunk of the text part ``part_id``."""
+
+    part_id: str
+    value: Any
 
 
 @attrs.frozen(kw_only=True, slots=True, eq=False)  # internal: identity is enough
@@ -416,6 +463,62 @@ class TurnCancel:
             self.scope.cancel()
 
 
+@attrs.define(kw_only=True, slots=True, eq=False)
+class SteeredInput:
+    """A user message handed to a running turn (the ``steer`` busy strategy,
+    :mod:`runtime.busy`). ``taken`` is set once its fate is known: ``accepted`` when
+    the turn inserted it at a step boundary (its user message has ``user_message_id``),
+    not when the turn ended first (then the message starts a turn of its own)."""
+
+    content: UserContent
+    user_message_id: str
+    taken: trio.Event = attrs.field(factory=trio.Event)
+    accepted: bool = False
+    step: int | None = None
+    """The step the model first saw it before, once accepted."""
+
+
+@attrs.define(slots=True, eq=False)
+class TurnSteering:
+    """How user messages reach a running turn, as data in :class:`RunTurn` (like
+    :class:`TurnCancel`, shared by the turn's stream and its runner).
+
+    The session :meth:`offer` s a message; the runner :meth:`take` s what waits at each
+    step boundary, and :meth:`close` s the box when the turn's steps are over, which
+    hands back what it never took. All synchronous: no message is lost between a take
+    and a close, and none is offered to a closed box."""
+
+    waiting: list[SteeredInput] = attrs.field(factory=list)
+    closed: bool = False
+
+    def offer(self, item: SteeredInput) -> bool:
+        """Queue ``item`` for the turn's next step boundary; ``False`` if it is over."""
+        if self.closed:
+            return False
+        self.waiting.append(item)
+        return True
+
+    def withdraw(self, item: SteeredInput) -> None:
+        """Take back ``item`` if the turn has not taken it (its sender left)."""
+        if item in self.waiting:
+            self.waiting.remove(item)
+
+    def take(self, step: int) -> list[SteeredInput]:
+        """The messages that wait, marked accepted before ``step``'s model call."""
+        items, self.waiting = self.waiting, []
+        for item in items:
+            item.accepted, item.step = True, step
+            item.taken.set()
+        return items
+
+    def close(self) -> None:
+        """No step follows: every message still waiting is handed back, not accepted."""
+        self.closed = True
+        items, self.waiting = self.waiting, []
+        for item in items:
+            item.taken.set()
+
+
 @attrs.frozen(kw_only=True, slots=True, eq=False)  # internal: identity is enough
 class RunTurn:
     """Run one turn: what a :class:`~runtime.app.session.TurnStream` sends its session's
@@ -445,6 +548,16 @@ class RunTurn:
     deps: Any = None
     """The session's dependencies (``Session.deps``): what the turn's tools get as
     ``ToolContext.deps``. Held, never copied or saved."""
+    steering: TurnSteering = attrs.field(factory=TurnSteering)
+    """User messages that join the turn while it runs (the ``steer`` busy strategy)."""
+    tools: tuple[Any, ...] = ()
+    """Tools offered for this turn only, after the agent's own (and its MCP servers'):
+    the client-side tools a protocol's caller declares with its request (AG-UI's
+    ``tools``, :mod:`runtime.app.web.agui`). A name the agent already offers fails the
+    turn (``ToolDefinitionError``). Not saved: a continuation is given them again."""
+    instructions: str | None = None
+    """Added after the agent's instructions for this turn's model calls only (AG-UI's
+    ``context``); never saved."""
 
 
 ConsumerItem: TypeAlias = "Batch[OutputChunk] | TurnDone"
@@ -496,6 +609,8 @@ class SessionSnapshot:
 
 __all__ = [
     "MAX_BATCH",
+    "REASONING",
+    "TEXT",
     "ApprovalAsked",
     "Batch",
     "Batcher",
@@ -503,7 +618,11 @@ __all__ = [
     "ConsumerItem",
     "ExecuteTools",
     "InferRequest",
+    "ObjectUpdate",
     "Part",
+    "PartBegin",
+    "PartEnd",
+    "RetryPrompt",
     "RunTurn",
     "SaveRequest",
     "SaveResult",

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeGuard
 import attrs
 
 from runtime.budget import Budget
+from runtime.busy import REJECT, OnBusy, check_on_busy
 from runtime.errors import ConfigurationError
 from runtime.media import MediaLimits
 from runtime.output_schema import OutputSchema, output_schema
@@ -109,6 +110,17 @@ class Agent:
                 f"approval_timeout must be a positive number of seconds or None, not {value!r}"
             )
 
+    on_busy: OnBusy = attrs.field(default=REJECT)
+    """What a new user message does while a turn of a session runs: ``reject`` it
+    (:class:`~runtime.errors.SessionBusy`), ``enqueue`` its turn after the running one,
+    ``interrupt`` the running turn, or ``steer`` it (the message joins the running turn
+    at its next step boundary): :mod:`runtime.busy`, docs/approval.md. A session may
+    override it (``host.open_session(agent, on_busy=...)``)."""
+
+    @on_busy.validator
+    def _check_on_busy(self, _attribute: Any, value: Any) -> None:
+        check_on_busy(value)
+
     def __attrs_post_init__(self) -> None:
         servers = tuple(t for t in self.tools if _is_tool_server(t))
         if servers:  # frozen: set once, here, as attrs documents for derived fields
@@ -183,7 +195,10 @@ async def _run_sub_turn(agent: Agent, tool_name: str, input: str, context: ToolC
     """One call of ``agent`` as a tool: a turn in a sub-session of its own, streamed inside
     the call, its usage added to the parent turn's; its text, or an error the parent
     model sees."""
-    session = await context.host.open_session(
+    host = context.host
+    if host is None:
+        raise RuntimeError(f"agent tool {tool_name} runs sub-turns on a host; none runs it")
+    session = await host.open_session(
         agent,
         session_id=_sub_session_id(context, tool_name),
         meta={

@@ -39,6 +39,10 @@ AWAITING_INPUT = "awaiting-input"
 """The finish reason of a turn that suspended."""
 SUPERSEDED = "superseded"
 """The reason a waiting call is denied with when a new user message arrives instead."""
+WAITING_META = "awaiting_input"
+"""The session meta key that says, without loading the history, how many calls its last
+turn waits for (``0`` or absent: none): set by the save of a turn that suspends, counted
+down by each decision, cleared by the turn that follows. What lists of sessions read."""
 RECORD_ATTEMPTS = 8
 """Times :func:`record_decision` tries again after another writer's save came first."""
 
@@ -229,9 +233,14 @@ async def record_decision(
         if record is None:
             raise UnknownApproval(f"no call of this session waits for {key!r}")
         index, messages, call, complete = decide(record.messages, key, decision, tools)
+        left = len(pending_calls(messages))
         try:
             version = await store.save(
-                session_id, index, messages[index:], expected_version=record.version
+                session_id,
+                index,
+                messages[index:],
+                {WAITING_META: left},
+                expected_version=record.version,
             )
         except StoreConflict as exc:
             conflict = exc
@@ -306,6 +315,7 @@ __all__ = [
     "AWAITING_INPUT",
     "CLIENT",
     "SUPERSEDED",
+    "WAITING_META",
     "Decision",
     "PendingCall",
     "Recorded",

@@ -78,6 +78,9 @@ class TurnStarted(_InTurn):
     """The provider's name (``openai``, ``anthropic``, ...), for tracing."""
     model: str | None = None
     """The model the turn's calls ask for, for tracing."""
+    resumed: bool = False
+    """The turn goes on from committed steps: the continuation of a turn that waited
+    for input (docs/approval.md), or one taken over from a worker that died."""
 
 
 @_event("turn.finished")
@@ -241,6 +244,28 @@ class ToolApprovalExpired(_InSession):
     reason: str
 
 
+@_event("turn.steered")
+class TurnSteered(_InTurn):
+    """A user message joined the running turn (the ``steer`` busy strategy,
+    :mod:`runtime.busy`): stored as message ``message_id`` before step ``step``'s
+    model call, which is the first to see it."""
+
+    step: int
+    message_id: str
+    input: UserContent
+
+
+@_event("turn.queued")
+class TurnQueued(_InTurn):
+    """A user message arrived while a turn ran and waits for its turn (the ``enqueue``
+    and ``interrupt`` busy strategies, or a steered message the running turn ended
+    before taking); ``turn_id`` is the turn it will run as, ``ahead`` how many turns
+    (running or waiting) come first. ``turn.started`` follows when it runs."""
+
+    strategy: str
+    ahead: int
+
+
 LIFECYCLE_EVENT_TYPES: tuple[type, ...] = (
     TurnStarted,
     TurnFinished,
@@ -260,4 +285,6 @@ LIFECYCLE_EVENT_TYPES: tuple[type, ...] = (
     ToolApprovalRequested,
     ToolApprovalDecided,
     ToolApprovalExpired,
+    TurnSteered,
+    TurnQueued,
 )

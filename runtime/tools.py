@@ -23,8 +23,10 @@ import attrs
 from runtime.errors import ToolDefinitionError
 from runtime.media import tool_output
 
-if TYPE_CHECKING:  # pydantic is imported when the first tool is built, not with runtime
-    import pydantic
+if TYPE_CHECKING:
+    import pydantic  # imported when the first tool is built, not with runtime
+
+    from runtime.hosting import ToolHost  # type-only: hosting.py names Tool in its turn
 
 
 ApprovalRule = Callable[[dict[str, Any], "ToolContext[Any]"], bool]
@@ -60,7 +62,7 @@ class ToolContext(Generic[Deps]):
     def __init__(
         self,
         *,
-        host: Any,
+        host: ToolHost | None,
         session_id: str,
         turn_id: str,
         step: int,
@@ -70,7 +72,9 @@ class ToolContext(Generic[Deps]):
         deps: Deps = None,  # type: ignore[assignment]
     ) -> None:
         self.host = host
-        """The :class:`runtime.app.host.Host` running the call (to open sub-sessions)."""
+        """The host running the call: its bus, and sub-sessions
+        (:class:`~runtime.hosting.ToolHost`); ``None`` for a call made outside a host (a
+        test calling :meth:`Tool.call` itself)."""
         self.deps: Deps = deps
         """The session's dependencies: what ``host.open_session(agent, deps=...)`` (or
         ``run_sync(..., deps=...)``) was given, ``None`` if nothing was. The model never

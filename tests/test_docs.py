@@ -30,6 +30,8 @@ EXPECTED = {
     ("actors.md", 1): "the tool call was denied: emails need a human",
     ("approval.md", 0): "awaiting-input send_email {'to': 'ceo@example.com'}\n"
     "stop Done: it is sent. True",
+    ("approval.md", 1): "steered: True\n['user', 'assistant', 'tool', 'user', 'assistant']\n"
+    "3 flights (flights to Oslo), of which I keep those in June.\n",
     ("mcp.md", 0): "add_note -> saved: buy milk (1 notes)\nNoted.",
     ("providers.md", 0): "hello there actors 3",
     ("media.md", 0): "What is this? ['image/png', 'application/pdf']\n"
@@ -45,6 +47,14 @@ EXPECTED = {
     ("protocols.md", 0): "scripted: Let me check the weather. It is 22°C and clear skies in Oslo "
     "right now. (78 tokens)\nthought: The user asks about the weather in Oslo. ...\n"
     "Let me check the weather. It is 26°C and windy in Paris right now. stop\n",
+    ("protocols.md", 1): "2 steps, tools ['get_weather']: Let me check the weather. It is 22°C "
+    "and clear skies in Oslo right now.\nRUN_FINISHED success 78 tokens\n"
+    "['RUN_STARTED', 'MESSAGES_SNAPSHOT', 'RUN_FINISHED']\n"
+    "['user', 'reasoning', 'reasoning', 'assistant', 'tool']\n",
+    ("protocols.md", 2): "Let me check the weather. It is 22°C and clear skies in Oslo right now.\n"
+    "TASK_STATE_COMPLETED demo-1\n"
+    "scripted said: Let me check the weather. It is 26°C and windy in Paris right now.\n"
+    "Asked it.\n",
     ("asyncio.md", 0): "6 deltas: Paris is the capital of France. | stop\n"
     "Paris is the capital of France. ['user', 'assistant', 'user', 'assistant']\n",
     ("asyncio.md", 1): '3 text events, then event: done | data: "stop"\n',

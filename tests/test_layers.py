@@ -3,7 +3,8 @@
 
 The contracts live in ``pyproject.toml`` (``[tool.importlinter]``); these tests run
 ``lint-imports`` on the project, show that the contracts do fail on an upward import
-(in a copy of the sources), and check that no module escapes them by being in no layer.
+(in a copy of the sources), and check that no module escapes them by being in no layer,
+and no actor by being missing from the list of actors that may not import each other.
 """
 
 from __future__ import annotations
@@ -103,7 +104,37 @@ def test_two_web_modules_importing_each_other_is_a_cycle(tmp_path: Path):
     assert "No cycles are allowed in runtime.app.web" in result.stdout
 
 
+FAMILIES = ("plugins", "providers")
+"""Folders of actors/ each of whose modules is an actor of its own."""
+FAMILY_HELPERS = {
+    "actors.providers.failures",
+    "actors.providers.openai_common",
+    "actors.providers.registry",
+    "actors.providers.sdk",
+}
+"""Modules a family shares (its members import them); they are no actors."""
+
+
+def actor_modules() -> set[str]:
+    """Every actor of actors/, found in the tree: each top-level module or package, each
+    module of a family folder, less the families' shared helpers."""
+    found = set()
+    for path in (ROOT / "actors").iterdir():
+        if path.name.startswith(("_", ".")):
+            continue
+        if path.is_dir() and path.name in FAMILIES:
+            found |= {
+                f"actors.{path.name}.{m.stem}"
+                for m in path.glob("*.py")
+                if not m.name.startswith("_")
+            }
+        elif path.suffix == ".py" or (path / "__init__.py").exists():
+            found.add(f"actors.{path.stem}")
+    return found - FAMILY_HELPERS
+
+
 def test_the_contracts_name_folders_not_modules():
+    """Only the independence contract names modules, and only actors (one each)."""
     folders = {
         "runtime",
         "runtime.__main__",
@@ -114,9 +145,37 @@ def test_the_contracts_name_folders_not_modules():
     }
     named = set()
     for contract in contracts():
-        for key in ("layers", "protected_modules", "allowed_importers", "ancestors"):
+        for key in ("layers", "protected_modules", "allowed_importers", "ancestors", "modules"):
             named.update(contract.get(key, ()))
-    assert named <= folders, named - folders
+    allowed = folders | actor_modules()
+    assert named <= allowed, named - allowed
+
+
+def test_every_actor_is_in_the_independence_contract():
+    (independence,) = [c for c in contracts() if c["type"] == "independence"]
+    assert set(independence["modules"]) == actor_modules()
+
+
+@needs_linter
+def test_an_actor_importing_another_actor_is_refused(tmp_path: Path):
+    copy_sources(tmp_path)
+    controller = tmp_path / "actors" / "stream_controller.py"
+    controller.write_text(controller.read_text() + "\nfrom actors.turn.parts import PartsManager\n")
+    result = lint_imports(tmp_path)
+    assert result.returncode != 0
+    assert "actors.stream_controller -> actors.turn.parts " in result.stdout
+
+
+@needs_linter
+def test_a_provider_importing_another_provider_is_refused(tmp_path: Path):
+    copy_sources(tmp_path)
+    responses = tmp_path / "actors" / "providers" / "openai_responses.py"
+    responses.write_text(
+        responses.read_text() + "\nfrom actors.providers.openai import map_tools\n"
+    )
+    result = lint_imports(tmp_path)
+    assert result.returncode != 0
+    assert "actors.providers.openai_responses -> actors.providers.openai " in result.stdout
 
 
 @needs_linter

@@ -283,13 +283,13 @@ def test_protocols_parse_every_known_name_and_refuse_unbuilt_ones():
 
 def test_serve_refuses_an_unbuilt_protocol_in_one_line():
     proc = subprocess.run(
-        [sys.executable, "-m", "runtime.app.web.serve", "--protocols", "ai-sdk,a2a", "--port", "0"],
+        [sys.executable, "-m", "runtime.app.web.serve", "--protocols", "ai-sdk,mcp", "--port", "0"],
         capture_output=True,
         text=True,
         timeout=60,
     )
     assert proc.returncode == 2
-    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: --protocols a2a")
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: --protocols mcp")
 
 
 JUNK = st.recursive(

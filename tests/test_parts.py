@@ -14,7 +14,6 @@ from hypothesis import strategies as st
 from actors.providers.scripted import ScriptedProvider, Sleep, tool_call
 from actors.stores import MemoryStore
 from actors.stream_controller import StreamController
-from actors.turn.parts import PartBegin
 from runtime import (
     Agent,
     BadRequest,
@@ -31,6 +30,7 @@ from runtime import (
 from runtime.actor_messages import (
     Batch,
     ConsumerItem,
+    PartBegin,
     StepBegin,
     TurnBegin,
     TurnDone,

@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 
 from actors.providers.openai import map_messages as openai_messages
 from actors.providers.scripted import ScriptedProvider, Sleep, tool_call
-from actors.turn.parts import PartBegin, PartEnd
-from actors.turn.structured import ObjectUpdate, RetryPrompt, StructuredTurn
+from actors.turn.structured import StructuredTurn
 from runtime import Agent, Host, tool
+from runtime.actor_messages import ObjectUpdate, PartBegin, PartEnd, RetryPrompt
 from runtime.chunks import FinishChunk, TextChunk
 from runtime.errors import ConfigurationError, OutputValidationError
 from runtime.messages import AssistantMessage, TextPart, ToolMessage, UserMessage

@@ -14,7 +14,6 @@ first time an API key is read.
 
 from __future__ import annotations
 
-import inspect
 import json
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Sequence
 from contextlib import aclosing
@@ -28,6 +27,7 @@ from actors.providers.failures import (
     missing_key,
     retry_after,
 )
+from actors.providers.sdk import SDKProvider
 from runtime import errors
 from runtime.actor_messages import InferRequest
 from runtime.chunks import (
@@ -57,7 +57,7 @@ from runtime.messages import (
     is_media_output,
 )
 from runtime.output_schema import OUTPUT_TOOL
-from runtime.provider import Emit, Provider, ProviderOptions
+from runtime.provider import Emit, ProviderOptions
 
 PROVIDER = "anthropic"
 """The provider tag on reasoning and provider data; only such parts are sent back here."""
@@ -696,8 +696,12 @@ def classify_error(exc: BaseException) -> errors.AxonError:
 # -- the provider -------------------------------------------------------------------------
 
 
-class AnthropicProvider(Provider):
-    """Streams Anthropic Messages API calls (raw events) for any number of sessions."""
+class AnthropicProvider(SDKProvider):
+    """Streams Anthropic Messages API calls (raw events) for any number of sessions.
+
+    ``request_options`` are extra request fields on every call (``temperature``,
+    ``metadata``, ...), under the call's own ``InferRequest.settings``; fields the SDK's
+    ``create`` does not name go in ``extra_body``."""
 
     provider_name: ClassVar[str] = PROVIDER
     default_endpoint: ClassVar[str | None] = "https://api.anthropic.com"
@@ -722,23 +726,20 @@ class AnthropicProvider(Provider):
                 f"thinking_budget ({thinking_budget}) must be below max_tokens ({max_tokens}): "
                 "thinking tokens count towards max_tokens"
             )
-        super().__init__(model=model, max_concurrency=max_concurrency, name=name)
-        self.base_url = base_url
-        """API root; ``None`` lets the SDK decide (``ANTHROPIC_BASE_URL`` or the default)."""
-        self._api_key = api_key  # private: never logged, never in describe()
+        super().__init__(
+            model,
+            base_url=base_url,
+            api_key=api_key,
+            max_concurrency=max_concurrency,
+            timeout=timeout,
+            name=name,
+            foreign_reasoning=foreign_reasoning,
+            request_options=request_options,
+        )
         self.thinking_budget = thinking_budget
         """Extended-thinking budget in tokens; ``None`` leaves thinking off."""
         self.max_tokens = max_tokens
         """Output token limit per call (thinking included)."""
-        self.timeout = timeout
-        """Seconds for connect and for each read (so also between two events); ``None``: none."""
-        self.request_options = request_options
-        """Extra request fields on every call (``temperature``, ``metadata``, ...), under
-        the call's own ``InferRequest.settings``. Fields the SDK's ``create`` does not
-        name go in ``extra_body``, so new API fields work without an SDK upgrade."""
-        self.foreign_reasoning = self.check_foreign_reasoning(foreign_reasoning)
-        self._client: Any = None
-        self._create_params: frozenset[str] | None = None
 
     @classmethod
     def from_options(cls, options: ProviderOptions) -> AnthropicProvider:
@@ -758,30 +759,20 @@ class AnthropicProvider(Provider):
             "foreign_reasoning": self.foreign_reasoning,
         }
 
-    def _get_client(self) -> Any:
-        """The ``AsyncAnthropic`` client, built on first use with SDK retries off: the
-        turn runner retries, with the classification above, so retries never stack."""
-        if self._client is None:
-            from anthropic import AsyncAnthropic
+    def new_client(self) -> Any:
+        """The ``AsyncAnthropic`` client, with SDK retries off: the turn runner retries,
+        with the classification above, so retries never stack."""
+        from anthropic import AsyncAnthropic  # the SDK: loaded by the first call only
 
-            kw: dict[str, Any] = {"max_retries": 0, "timeout": self.timeout}
-            if self.base_url is not None:
-                kw["base_url"] = self.base_url
-            if self._api_key is not None:
-                kw["api_key"] = self._api_key
-            self._client = AsyncAnthropic(**kw)
-            from runtime.redact import register_secret
+        kw: dict[str, Any] = {"max_retries": 0, "timeout": self.timeout}
+        if self.base_url is not None:
+            kw["base_url"] = self.base_url
+        if self._api_key is not None:
+            kw["api_key"] = self._api_key
+        return AsyncAnthropic(**kw)
 
-            # The resolved credentials (argument or env): never in any error text.
-            register_secret(self._client.api_key)
-            register_secret(self._client.auth_token)
-        return self._client
-
-    async def aclose(self) -> None:
-        """Close the HTTP connection pool (the next call opens a new client)."""
-        client, self._client = self._client, None
-        if client is not None:
-            await client.close()
+    def client_secrets(self, client: Any) -> tuple[str | None, ...]:
+        return (client.api_key, client.auth_token)  # an API key, or a bearer token
 
     def request_params(self, request: InferRequest) -> dict[str, Any]:
         """The keyword arguments of ``messages.create`` for ``request`` (``stream=True``)."""
@@ -801,7 +792,7 @@ class AnthropicProvider(Provider):
             params["thinking"] = {"type": "enabled", "budget_tokens": self.thinking_budget}
         if request.output is not None:
             map_output(params, request.output, thinking=self.thinking_budget is not None)
-        known = self._known_params()
+        known = self._known_params(self._get_client().messages.create)
         extra_body: dict[str, Any] = {}
         for key, value in {**self.request_options, **request.settings}.items():
             if key in _RESERVED:
@@ -816,12 +807,6 @@ class AnthropicProvider(Provider):
             params["extra_body"] = extra_body
         params["stream"] = True
         return params
-
-    def _known_params(self) -> frozenset[str]:
-        if self._create_params is None:
-            create = self._get_client().messages.create
-            self._create_params = frozenset(inspect.signature(create).parameters)
-        return self._create_params
 
     async def stream(self, request: InferRequest, emit: Emit) -> None:
         """One model call: restore, request, parse. Failures raise classified errors."""

@@ -8,7 +8,8 @@ One module, four verbs, like every provider here:
 * :func:`parse_stream` turns the Chat Completions chunk stream (plain JSON dicts from
   :func:`json_chunks`, or the SDK's models) into
   :data:`runtime.chunks.StreamChunk` s;
-* :func:`map_finish_reason` and :func:`classify_error` map the SDK's words onto ours.
+* :func:`map_finish_reason` and :func:`classify_error` map the SDK's words onto ours (the
+  latter shared with the Responses provider: :mod:`actors.providers.openai_common`).
 
 The ``openai`` SDK is imported only inside functions, so importing this module (or
 ``runtime``) stays fast and works without the SDK configured; the client is created on
@@ -36,12 +37,8 @@ from typing import Any, ClassVar
 
 import trio
 
-from actors.providers.failures import (
-    classify_status,
-    classify_transport,
-    missing_key,
-    retry_after,
-)
+from actors.providers.openai_common import OpenAISDKProvider, classify_error, json_schema_spec
+from actors.providers.openai_common import get_field as _get
 from runtime import errors
 from runtime.actor_messages import InferRequest
 from runtime.chunks import (
@@ -54,7 +51,7 @@ from runtime.chunks import (
     Usage,
     UsageChunk,
 )
-from runtime.errors import AxonError, ProviderError
+from runtime.errors import AxonError
 from runtime.history import (
     ForeignReasoning,
     Origin,
@@ -76,8 +73,7 @@ from runtime.messages import (
     UserMessage,
     is_media_output,
 )
-from runtime.output_schema import strict_schema
-from runtime.provider import Emit, Provider, ProviderOptions
+from runtime.provider import Emit, ProviderOptions
 
 _FINISH_REASONS = {
     "stop": "stop",
@@ -288,35 +284,11 @@ def map_tools(tools: Iterable[Any]) -> list[dict[str, Any]]:
 
 def map_output(output: Any) -> dict[str, Any]:
     """The ``response_format`` for an agent's :class:`~runtime.output_schema.OutputSchema`:
-    ``json_schema`` in strict mode, the schema rewritten as strict mode needs
-    (:func:`~runtime.output_schema.strict_schema`, which refuses what it cannot express)."""
-    spec: dict[str, Any] = {"name": output.name, "schema": strict_schema(output.schema)}
-    if output.description:
-        spec["description"] = output.description
-    spec["strict"] = True
-    return {"type": "json_schema", "json_schema": spec}
+    ``json_schema`` in strict mode (:func:`~actors.providers.openai_common.json_schema_spec`)."""
+    return {"type": "json_schema", "json_schema": json_schema_spec(output)}
 
 
 # -- the stream: SDK chunks -> StreamChunk ------------------------------------------------
-
-
-def _get(obj: Any, key: str) -> Any:
-    """A field of an SDK model (declared or extra) or of a plain dict; ``None`` if absent."""
-    if obj is None:
-        return None
-    if isinstance(obj, dict):
-        return obj.get(key)
-    # Per chunk on the hot path: a declared field is in __dict__ and an extra one in
-    # __pydantic_extra__; getattr on a missing field takes pydantic's slow path (~3 us).
-    fields = getattr(obj, "__dict__", None)
-    if fields is not None and key in fields:
-        return fields[key]
-    extra = getattr(obj, "__pydantic_extra__", None)
-    if extra is not None:
-        return extra.get(key)
-    if fields is not None and hasattr(type(obj), "model_fields"):
-        return None
-    return getattr(obj, key, None)
 
 
 def _usage(raw: Any) -> Usage | None:
@@ -557,66 +529,14 @@ def _stream_error(body: Any, response: Any) -> Exception:
     return openai.APIError(message=message, request=response.request, body=body)
 
 
-# -- errors -----------------------------------------------------------------------------
-
-
-def _status_of(body: Any) -> int | None:
-    # In-stream error objects carry no HTTP status; servers put it in the body instead
-    # (Groq ``status_code: 400``, OpenRouter ``code: 400``).
-    for key in ("status_code", "status", "code"):
-        value = _get(body, key)
-        if isinstance(value, int) or (isinstance(value, str) and value.isdigit()):
-            return int(value)
-    return None
-
-
-def classify_error(exc: BaseException, *, provider: str = "openai") -> AxonError:
-    """Map an exception from the SDK (or its transport) onto :mod:`runtime.errors`.
-
-    An ``APIError`` is classified by :func:`~actors.providers.failures.classify_status`
-    from its HTTP status, or for an error inside the stream (no status of its own) the
-    status the body names, with the body's ``type`` and ``code`` words and the
-    ``retry-after-ms`` / ``retry-after`` headers. The SDK's timeout ->
-    :class:`ProviderTimeout`; its connection error -> :class:`ConnectionLost`; the HTTP
-    library's errors while the stream is read, and undecodable data, by
-    :func:`~actors.providers.failures.classify_transport`. An :class:`AxonError` is
-    returned unchanged.
-    """
-    if isinstance(exc, AxonError):
-        return exc
-    import openai
-
-    if isinstance(exc, openai.APITimeoutError):
-        return errors.ProviderTimeout(str(exc), provider=provider)
-    if isinstance(exc, openai.APIConnectionError):
-        cause = exc.__cause__
-        detail = f": {type(cause).__name__}: {cause}" if cause is not None else ""
-        return errors.ConnectionLost(f"{exc}{detail}", provider=provider)
-    if isinstance(exc, openai.APIError):
-        body = exc.body
-        message = _get(body, "message")
-        if not isinstance(message, str) or not message:
-            message = exc.message
-        response = getattr(exc, "response", None)
-        return classify_status(
-            message,
-            provider=provider,
-            status=getattr(exc, "status_code", None) or _status_of(body),
-            error_type=exc.type,
-            code=exc.code,
-            retry_after=retry_after(response.headers if response is not None else None),
-        )
-    found = classify_transport(exc, provider=provider)
-    if found is not None:
-        return found
-    return ProviderError(f"{type(exc).__name__}: {exc}", provider=provider)
-
-
 # -- the provider actor ------------------------------------------------------------------
 
 
-class OpenAIProvider(Provider):
-    """Chat Completions over the ``openai`` SDK, for OpenAI and compatible servers."""
+class OpenAIProvider(OpenAISDKProvider):
+    """Chat Completions over the ``openai`` SDK, for OpenAI and compatible servers.
+
+    ``request_options`` are extra ``chat.completions.create`` arguments for every call
+    (``temperature``, ``max_completion_tokens``, ``extra_body``...)."""
 
     provider_name: ClassVar[str] = "openai"
     default_endpoint: ClassVar[str | None] = "https://api.openai.com/v1"
@@ -635,22 +555,19 @@ class OpenAIProvider(Provider):
         foreign_reasoning: ForeignReasoning = "drop",
         **request_options: Any,
     ) -> None:
-        super().__init__(model=model, max_concurrency=max_concurrency, name=name)
-        self.base_url = base_url
-        """Server root (``.../v1``); ``None``: the SDK's default (``OPENAI_BASE_URL`` or
-        api.openai.com)."""
-        self._api_key = api_key  # private: never logged, never in describe()
+        super().__init__(
+            model,
+            base_url=base_url,
+            api_key=api_key,
+            max_concurrency=max_concurrency,
+            timeout=timeout,
+            name=name,
+            foreign_reasoning=foreign_reasoning,
+            request_options=request_options,
+        )
         self.send_reasoning_content = send_reasoning_content
         """Send each step's unsigned reasoning back as ``reasoning_content`` (DeepSeek
         thinking mode requires it; other servers reject or ignore the field)."""
-        self.timeout = timeout
-        """Seconds to connect and between two reads of the stream; ``None``: no limit."""
-        self.request_options = request_options
-        """Extra ``chat.completions.create`` arguments for every call (``temperature``,
-        ``max_completion_tokens``, ``extra_body``...); a request's ``settings`` override
-        them key by key."""
-        self.foreign_reasoning = self.check_foreign_reasoning(foreign_reasoning)
-        self._client: Any = None
 
     @classmethod
     def from_options(cls, options: ProviderOptions) -> OpenAIProvider:
@@ -659,24 +576,6 @@ class OpenAIProvider(Provider):
         return cls(
             options.model or "gpt-4o-mini", base_url=options.base_url, api_key=options.api_key
         )
-
-    def _get_client(self) -> Any:
-        if self._client is None:
-            import openai
-
-            try:
-                self._client = openai.AsyncOpenAI(
-                    api_key=self._api_key,
-                    base_url=self.base_url,
-                    timeout=self.timeout,
-                    max_retries=0,  # retries belong to the runtime (it knows what was emitted)
-                )
-            except openai.OpenAIError as exc:  # no key given and none in the environment
-                raise missing_key(self.provider_name, "OPENAI_API_KEY") from exc
-            from runtime.redact import register_secret
-
-            register_secret(self._client.api_key)  # the resolved key: argument or env
-        return self._client
 
     def request_params(self, request: InferRequest) -> dict[str, Any]:
         """The ``chat.completions.create`` keyword arguments for ``request``."""
@@ -723,9 +622,3 @@ class OpenAIProvider(Provider):
             "send_reasoning_content": self.send_reasoning_content,
             "foreign_reasoning": self.foreign_reasoning,
         }
-
-    async def aclose(self) -> None:
-        """Close the HTTP client (its connection pool), if one was created."""
-        if self._client is not None:
-            client, self._client = self._client, None
-            await client.close()

@@ -44,14 +44,13 @@ The ``openai`` SDK is imported only inside functions, so importing this module (
 
 from __future__ import annotations
 
-import inspect
 import json
 from collections.abc import AsyncIterable, Iterable, Sequence
 from typing import Any, ClassVar
 
-from actors.providers.failures import classify_status, missing_key
-from actors.providers.openai import classify_error as _classify_openai
-from actors.providers.openai import map_output as chat_output
+from actors.providers.failures import classify_status
+from actors.providers.openai_common import OpenAISDKProvider, json_schema_spec
+from actors.providers.openai_common import classify_error as _classify_openai
 from runtime import errors
 from runtime.actor_messages import InferRequest
 from runtime.chunks import (
@@ -89,7 +88,7 @@ from runtime.messages import (
     UserMessage,
     is_media_output,
 )
-from runtime.provider import Emit, Provider, ProviderOptions
+from runtime.provider import Emit, ProviderOptions
 
 PROVIDER = "openai-responses"
 """The provider tag on reasoning and provider data; only such parts are sent back here."""
@@ -344,7 +343,7 @@ def map_output(output: Any) -> dict[str, Any]:
     """The ``text.format`` for an agent's :class:`~runtime.output_schema.OutputSchema`:
     ``json_schema`` in strict mode, the schema rewritten as strict mode needs (the same
     rewrite as Chat Completions' ``response_format``; Responses takes the spec flat)."""
-    return {"type": "json_schema", **chat_output(output)["json_schema"]}
+    return {"type": "json_schema", **json_schema_spec(output)}
 
 
 def map_tools(tools: Iterable[Any]) -> list[dict[str, Any]]:
@@ -671,9 +670,16 @@ def classify_error(exc: BaseException) -> AxonError:
 # -- the provider actor ----------------------------------------------------------------------
 
 
-class OpenAIResponsesProvider(Provider):
+class OpenAIResponsesProvider(OpenAISDKProvider):
     """The OpenAI Responses API over the ``openai`` SDK: reasoning summaries, encrypted
-    reasoning kept across steps, function calls and built-in tools."""
+    reasoning kept across steps, function calls and built-in tools.
+
+    ``request_options`` are extra ``responses.create`` arguments for every call
+    (``reasoning={"effort": "low", "summary": "auto"}``, ``max_output_tokens``, ...).
+    ``tools`` are *added* to the agent's function tools (built-in tools: ``[{"type":
+    "web_search"}]``); ``include`` is merged with the provider's own; ``store`` replaces
+    :attr:`store` for the call (restoration and ``include`` follow it). Fields the SDK
+    does not name go in ``extra_body``."""
 
     provider_name: ClassVar[str] = PROVIDER
     default_endpoint: ClassVar[str | None] = "https://api.openai.com/v1"
@@ -693,11 +699,16 @@ class OpenAIResponsesProvider(Provider):
         foreign_reasoning: ForeignReasoning = "drop",
         **request_options: Any,
     ) -> None:
-        super().__init__(model=model, max_concurrency=max_concurrency, name=name)
-        self.base_url = base_url
-        """Server root (``.../v1``); ``None``: the SDK's default (``OPENAI_BASE_URL`` or
-        api.openai.com)."""
-        self._api_key = api_key  # private: never logged, never in describe()
+        super().__init__(
+            model,
+            base_url=base_url,
+            api_key=api_key,
+            max_concurrency=max_concurrency,
+            timeout=timeout,
+            name=name,
+            foreign_reasoning=foreign_reasoning,
+            request_options=request_options,
+        )
         self.store = store
         """Sent as ``store``: ``False`` keeps nothing on OpenAI's side, so reasoning
         travels encrypted in the history instead."""
@@ -705,19 +716,6 @@ class OpenAIResponsesProvider(Provider):
         """With ``store=False``, ask for ``reasoning.encrypted_content`` (set ``False`` for
         models without reasoning, which reject it with "Encrypted content is not
         supported with this model")."""
-        self.timeout = timeout
-        """Seconds to connect and between two reads of the stream; ``None``: no limit."""
-        self.request_options = request_options
-        """Extra ``responses.create`` arguments for every call (``reasoning={"effort":
-        "low", "summary": "auto"}``, ``max_output_tokens``, ...); a request's
-        ``settings`` override them key by key. ``tools`` are *added* to the agent's
-        function tools (built-in tools: ``[{"type": "web_search"}]``); ``include`` is
-        merged with the provider's own; ``store`` replaces :attr:`store` for the call
-        (restoration and ``include`` follow it). Fields the SDK does not name go in
-        ``extra_body``."""
-        self.foreign_reasoning = self.check_foreign_reasoning(foreign_reasoning)
-        self._client: Any = None
-        self._create_params: frozenset[str] | None = None
 
     @classmethod
     def from_options(cls, options: ProviderOptions) -> OpenAIResponsesProvider:
@@ -733,30 +731,6 @@ class OpenAIResponsesProvider(Provider):
             "encrypted_reasoning": self.encrypted_reasoning,
             "foreign_reasoning": self.foreign_reasoning,
         }
-
-    def _get_client(self) -> Any:
-        if self._client is None:
-            import openai
-
-            try:
-                self._client = openai.AsyncOpenAI(
-                    api_key=self._api_key,
-                    base_url=self.base_url,
-                    timeout=self.timeout,
-                    max_retries=0,  # retries belong to the runtime (it knows what was emitted)
-                )
-            except openai.OpenAIError as exc:  # no key given and none in the environment
-                raise missing_key(PROVIDER, "OPENAI_API_KEY") from exc
-            from runtime.redact import register_secret
-
-            register_secret(self._client.api_key)  # the resolved key: argument or env
-        return self._client
-
-    def _known_params(self) -> frozenset[str]:
-        if self._create_params is None:
-            create = self._get_client().responses.create
-            self._create_params = frozenset(inspect.signature(create).parameters)
-        return self._create_params
 
     def request_params(self, request: InferRequest) -> dict[str, Any]:
         """The ``responses.create`` keyword arguments for ``request`` (``stream=True``)."""
@@ -776,7 +750,7 @@ class OpenAIResponsesProvider(Provider):
             params["instructions"] = request.instructions
         tools = map_tools(request.tools)
         include = [ENCRYPTED_REASONING] if self.encrypted_reasoning and not store else []
-        known = self._known_params()
+        known = self._known_params(self._get_client().responses.create)
         extra_body: dict[str, Any] = {}
         for key, value in options.items():
             if key in _RESERVED:
@@ -817,9 +791,3 @@ class OpenAIResponsesProvider(Provider):
 
     def classify_error(self, exc: BaseException) -> AxonError:
         return classify_error(exc)
-
-    async def aclose(self) -> None:
-        """Close the HTTP client (its connection pool), if one was created."""
-        if self._client is not None:
-            client, self._client = self._client, None
-            await client.close()

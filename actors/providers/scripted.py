@@ -27,8 +27,7 @@ from typing import Any, ClassVar
 import attrs
 import trio
 
-from actors.turn.structured import RetryPrompt
-from runtime.actor_messages import InferRequest
+from runtime.actor_messages import InferRequest, RetryPrompt
 from runtime.chunks import (
     FinishChunk,
     ReasoningChunk,
@@ -77,7 +76,7 @@ def tool_call(
 def current_step(messages: Sequence[Message]) -> int:
     """How many model calls the current turn has made: the number of distinct steps in
     the assistant message after the last user message (a structured-output
-    :class:`~actors.turn.structured.RetryPrompt` is not the user's: skipped)."""
+    :class:`~runtime.actor_messages.RetryPrompt` is not the user's: skipped)."""
     for msg in reversed(messages):
         if isinstance(msg, RetryPrompt):
             continue

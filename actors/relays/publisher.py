@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 import trio
 
 from runtime.actor import Actor
+from runtime.hosting import TurnCanceller
 from runtime.inbox import OverflowPolicy
 from runtime.output import OUTPUT_CHUNK_TYPES, Abort, Error, Finish, Start
 
@@ -55,13 +56,13 @@ class RelayPublisher(Actor):
             self.relay.nursery.start_soon(writer.aclose)
 
 
-def cancel_local_turn(host: Any, turn_id: str, reason: str) -> bool:
+def cancel_local_turn(host: TurnCanceller, turn_id: str, reason: str) -> bool:
     """Cancel the turn ``turn_id`` if this host runs it (``Host.cancel_turn``); whether it
     did."""
-    return bool(host.cancel_turn(turn_id, reason))
+    return host.cancel_turn(turn_id, reason)
 
 
-async def attach_relay(host: Any, relay: Any) -> RelayPublisher:
+async def attach_relay(host: TurnCanceller, relay: Any) -> RelayPublisher:
     """Publish every turn ``host`` runs to ``relay`` and obey the relay's cancel requests
     for them; returns the running publisher."""
     publisher = await host.start_actor(RelayPublisher(relay))

@@ -37,8 +37,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import attrs
-
+from runtime.actor_messages import REASONING, TEXT, PartBegin, PartEnd
 from runtime.chunks import ProviderDataChunk, ReasoningChunk, TextChunk, ToolCallChunk
 from runtime.history import Origin
 from runtime.ids import new_id
@@ -49,27 +48,6 @@ from runtime.messages import (
     TextPart,
     ToolCallPart,
 )
-
-TEXT = "text"
-REASONING = "reasoning"
-
-
-@attrs.frozen(kw_only=True, slots=True, eq=False)  # internal: identity is enough
-class PartBegin:
-    """A text or reasoning part opens (turn runner -> stream controller)."""
-
-    kind: str
-    """``"text"`` or ``"reasoning"``."""
-    part_id: str
-
-
-@attrs.frozen(kw_only=True, slots=True, eq=False)  # internal: identity is enough
-class PartEnd:
-    """The open part closes; the chunks between it and its :class:`PartBegin` are its
-    deltas, and the stored message holds the same part."""
-
-    kind: str
-    part_id: str
 
 
 class PartsManager:

@@ -37,7 +37,6 @@ from typing import Any
 import attrs
 import trio
 
-from actors.mcp import agent_tools
 from actors.turn.parts import PartsManager
 from actors.turn.session_sync import Adopted, adopt_record, adopt_save
 from actors.turn.structured import StructuredTurn, observe, output_value, with_feedback
@@ -47,7 +46,6 @@ from actors.turn.suspension import (
     expiry_time,
     hold_context,
     hold_kind,
-    in_process_approver,
 )
 from actors.turn.takeover import Committed, find_committed
 from runtime import events as ev
@@ -76,9 +74,18 @@ from runtime.actor_messages import (
     TurnDone,
     TurnEnd,
     TurnResult,
+    TurnSteering,
 )
 from runtime.agent import Agent
-from runtime.approval import APPROVAL, AWAITING_INPUT, SUPERSEDED, pending_calls, supersede
+from runtime.approval import (
+    APPROVAL,
+    AWAITING_INPUT,
+    SUPERSEDED,
+    WAITING_META,
+    pending_calls,
+    supersede,
+    waiting_calls,
+)
 from runtime.chunks import (
     FinishChunk,
     ProviderDataChunk,
@@ -90,8 +97,16 @@ from runtime.chunks import (
     Usage,
     UsageChunk,
 )
-from runtime.errors import ActorFailed, AxonError, BudgetExceeded, ProviderError, StoreError
+from runtime.errors import (
+    ActorFailed,
+    AxonError,
+    BudgetExceeded,
+    ProviderError,
+    StoreError,
+    ToolDefinitionError,
+)
 from runtime.history import INTERRUPTED, RepairedHistory
+from runtime.hosting import ToolSource, TurnHost
 from runtime.ids import new_id
 from runtime.inbox import Inbox
 from runtime.logging import get_logger
@@ -104,6 +119,7 @@ from runtime.messages import (
 )
 from runtime.output import ErrorInfo
 from runtime.redact import redact
+from runtime.tools import Tool
 
 SAVE_TIMEOUT = 5.0
 """Seconds a turn waits (shielded) for its final save."""
@@ -149,6 +165,10 @@ class _Turn:
     """Saved with each of the turn's saves: the session's meta as the turn started."""
     deps: Any = None
     """The session's dependencies, for the turn's tool calls (``ToolContext.deps``)."""
+    tools: tuple[Tool, ...] = ()
+    """The turn's own tools (``RunTurn.tools``), offered after the agent's."""
+    instructions: str | None = None
+    """Added after the agent's instructions for this turn (``RunTurn.instructions``)."""
 
     output: StructuredTurn | None = None
     """The structured answer's state, for an agent with an ``output_type``."""
@@ -157,6 +177,8 @@ class _Turn:
     and its end neither changes nor saves the history."""
     held: dict[str, Awaiting] = attrs.field(factory=dict)
     """The step's calls that suspend the turn (docs/approval.md), by call id."""
+    steering: TurnSteering = attrs.field(factory=TurnSteering)
+    """User messages that join the turn at its next step boundary (``steer``)."""
 
 
 def _cut_last_turn(state: SessionState) -> None:
@@ -187,7 +209,8 @@ class TurnRunner(Suspending, Actor):
         tool_executor: Actor,
         persister: Actor,
         stream_inbox: Inbox,
-        host: Any = None,
+        host: TurnHost,
+        tool_source: ToolSource,
     ) -> None:
         super().__init__(name="turn-runner", session_id=state.session_id)
         self.state = state
@@ -206,6 +229,9 @@ class TurnRunner(Suspending, Actor):
             1024, "block", name="tool-results"
         )
         self.host = host
+        """What the runner asks of its host (:class:`~runtime.hosting.TurnHost`)."""
+        self.tool_source = tool_source
+        """The tools of the agent's next model call (its own and its MCP servers')."""
         self._log = get_logger("axon.turn")
         self.save_replies: Inbox[SaveResult] = Inbox(8, "drop-oldest", name="save-replies")
         """The persister's answers; only the latest request's matters, so a backlog of
@@ -241,6 +267,8 @@ class TurnRunner(Suspending, Actor):
         if committed is None and run.regenerate:
             _cut_last_turn(state)
         superseded: tuple[Any, ...] = ()
+        # The stored meta may say a turn waits (docs/approval.md): this turn clears it.
+        was_waiting = bool(waiting_calls(state.messages)) or bool(run.meta.get(WAITING_META))
         if committed is None:
             superseded = pending_calls(state.messages)
             at = supersede(state.messages)  # a turn waiting for input gives way
@@ -251,8 +279,11 @@ class TurnRunner(Suspending, Actor):
             start_index=len(state.messages),
             ctrl=Batcher(self.controller.inbox, turn_id),
             message_id=message_id,
-            meta={"agent": agent.name, **run.meta},
+            meta={"agent": agent.name, **run.meta, **({WAITING_META: 0} if was_waiting else {})},
             deps=run.deps,
+            steering=run.steering,
+            tools=run.tools,
+            instructions=run.instructions,
         )
         if committed is None:
             state.messages.append(
@@ -292,10 +323,15 @@ class TurnRunner(Suspending, Actor):
                     causation_id=run.meta.get("parent_tool_call_id"),
                     provider=getattr(self.provider, "provider_name", None),
                     model=getattr(self.provider, "model", None) or None,
+                    resumed=committed is not None,
                 ),
                 agent.hooks.on_turn_start,
             )
             with scope:
+                # A turn cancelled before it began (an ``interrupt`` that a newer message
+                # overtook) ends here: the first model call may reach the provider before
+                # any other checkpoint.
+                await trio.lowlevel.checkpoint()
                 if committed is not None and self._already_finished(turn, committed):
                     turn.untouched = True
                 elif committed is not None and not await self._resolve(turn):
@@ -362,6 +398,8 @@ class TurnRunner(Suspending, Actor):
         sid, ctrl = state.session_id, turn.ctrl
         while True:
             budget.check_step(turn.step)
+            if turn.steering.waiting and turn.parts.content:  # a step boundary is behind
+                await self._steer(turn)
             step = turn.parts.step = turn.step
             await ctrl.send(StepBegin(step=step))
             turn.step_open = True
@@ -406,6 +444,8 @@ class TurnRunner(Suspending, Actor):
                 ),
                 agent.hooks.on_message_added,
             )
+            if turn.held and not over:  # what the sessions list reads (docs/approval.md)
+                turn.meta = {**turn.meta, WAITING_META: len(turn.held)}
             await self._save(turn, step)
             if over:
                 raise BudgetExceeded(over)
@@ -420,6 +460,32 @@ class TurnRunner(Suspending, Actor):
                 ):
                     continue  # the answer did not validate: the model sees why, answers again
                 return
+
+    async def _steer(self, turn: _Turn) -> None:
+        """Insert the user messages handed to the running turn (the ``steer`` busy
+        strategy) where the model sees them: after the last step's tool results, before
+        the next model call. Each user input keeps its own assistant message, so the
+        steps from here on go to a new one (same turn, steps numbered on); the stored
+        history shows the messages where the model saw them."""
+        state = self.state
+        for item in turn.steering.take(turn.step):
+            state.messages.append(UserMessage(content=item.content, id=item.user_message_id))
+            await self.publish(
+                ev.TurnSteered(
+                    session_id=state.session_id,
+                    turn_id=turn.turn_id,
+                    step=turn.step,
+                    message_id=item.user_message_id,
+                    input=item.content,
+                )
+            )
+        turn.message_id = new_id("msg")
+        turn.a_index = len(state.messages)
+        state.messages.append(AssistantMessage(id=turn.message_id))
+        turn.parts = PartsManager()
+        if turn.output is not None:
+            turn.output.message_id = turn.message_id
+        self._publish_history()
 
     def _add_result(self, turn: _Turn, oc: ToolOutcome, step: int) -> None:
         msg = ToolMessage(
@@ -550,7 +616,7 @@ class TurnRunner(Suspending, Actor):
         if not adopted.concurrent:
             return
         state = self.state
-        expected = getattr(self.host, "expects_other_writers", False)
+        expected = self.host.expects_other_writers
         log = self._log.debug if expected else self._log.warning
         log(
             "session.concurrent-writer",
@@ -578,12 +644,15 @@ class TurnRunner(Suspending, Actor):
         (a call that completed keeps its result), save (shielded, bounded), then tell the
         controller and hand the result over."""
         state, agent, ctrl = self.state, self.agent, turn.ctrl
+        turn.steering.close()  # no step follows: a message still waiting starts a turn
         with trio.CancelScope(shield=True):
             closing: list[Any] = []
             turn.parts.close(closing)  # a part cut short ends here, in both outputs
             # Failed (an error ended it) and interrupted (cut from outside) are stored apart.
             cut = turn.abort_reason is not None or turn.budget == "deadline"
             cut = cut and turn.error is None
+            if turn.finish_reason != AWAITING_INPUT and turn.meta.get(WAITING_META):
+                turn.meta = {**turn.meta, WAITING_META: 0}  # cut after it was marked waiting
             if not turn.untouched:
                 self._pair_calls(turn, closing)
                 self._snapshot(turn, interrupted=cut, error=turn.error)
@@ -781,7 +850,7 @@ class TurnRunner(Suspending, Actor):
         """Ask the provider once and relay its chunks: the parts manager decides the
         parts, and what the stream shows goes on to the controller batch by batch."""
         state, agent = self.state, self.agent
-        tools = await agent_tools(self.host, agent)  # MCP servers' lists may have changed
+        tools = await self._tools(turn)  # MCP servers' lists may have changed
         request_id = new_id("req")
         await self._begin(request_id)
         request = InferRequest(
@@ -789,7 +858,7 @@ class TurnRunner(Suspending, Actor):
             session_id=state.session_id,
             turn_id=turn.turn_id,
             step=turn.step,
-            instructions=agent.instructions,
+            instructions=_joined(agent.instructions, turn.instructions),
             # Repaired once here, so no provider has to remember to: every tool call
             # has a result (``interrupted`` if it never got one), no result lacks its call.
             messages=with_feedback(turn.output, self._repaired(state.messages)),
@@ -857,8 +926,8 @@ class TurnRunner(Suspending, Actor):
         refused: list[ToolOutcome] = []
         runnable: list[ToolCallSpec] = []
         over: str | None = None
-        tools = {t.name: t for t in await agent_tools(self.host, agent)}
-        approver = in_process_approver(self.host)
+        tools = {t.name: t for t in await self._tools(turn)}
+        approver = self.host.approves_in_process()
         for call in result.calls:
             await self._announce(
                 ev.ToolCallRequested(
@@ -903,6 +972,20 @@ class TurnRunner(Suspending, Actor):
             await self._tool_done(turn.turn_id, step, oc, ctrl)
         await self._execute(turn, step, runnable, tools)
         return over
+
+    async def _tools(self, turn: _Turn) -> tuple[Tool, ...]:
+        """The tools offered for the turn's next model call: the agent's (and its MCP
+        servers' current ones), then the turn's own; a turn tool that takes an agent
+        tool's name is a :class:`ToolDefinitionError`."""
+        tools = await self.tool_source(self.agent)
+        if not turn.tools:
+            return tools
+        taken = {t.name for t in tools} & {t.name for t in turn.tools}
+        if taken:
+            raise ToolDefinitionError(
+                f"the turn's tool(s) {sorted(taken)} take the name of one of the agent's tools"
+            )
+        return (*tools, *turn.tools)
 
     async def _execute(
         self, turn: _Turn, step: int, runnable: list[ToolCallSpec], tools: dict[str, Any]
@@ -1006,6 +1089,13 @@ def refuse_call(call: ToolCallChunk, finish: str, token_budget: str | None) -> s
     if token_budget is not None:
         return f"the tool call was not executed: budget {token_budget} exceeded"
     return None
+
+
+def _joined(instructions: str | None, more: str | None) -> str | None:
+    """The agent's instructions with a turn's own added after them."""
+    if not more:
+        return instructions
+    return f"{instructions}\n\n{more}" if instructions else more
 
 
 def _error_info(exc: BaseException) -> ErrorInfo:

@@ -4,12 +4,13 @@
 ``output_type`` (:mod:`runtime.output_schema` has the schema side and the decisions). The
 turn runner makes it when the turn starts (:meth:`StructuredTurn.start`), hands its
 :func:`output_value` to the turn's result, and otherwise calls it at three spots and
-nowhere else: :func:`observe` on what it forwards
-to the stream controller (partial objects as :class:`ObjectUpdate` markers, rendered as
+nowhere else: :func:`observe` on what it forwards to the stream controller (partial
+objects as :class:`~runtime.actor_messages.ObjectUpdate` markers, rendered as
 ``object-delta`` chunks), :func:`with_feedback` on a request's messages (the validation
-error of a rejected answer), and :meth:`StructuredTurn.ask_again` when a step ends with
-no tool calls (accept, ask again, or fail with
-:class:`~runtime.errors.OutputValidationError` once ``output_retries`` are spent).
+error of a rejected answer, as a :class:`~runtime.actor_messages.RetryPrompt`), and
+:meth:`StructuredTurn.ask_again` when a step ends with no tool calls (accept, ask again,
+or fail with :class:`~runtime.errors.OutputValidationError` once ``output_retries`` are
+spent).
 """
 
 from __future__ import annotations
@@ -19,31 +20,13 @@ from typing import Any
 
 import attrs
 
-from actors.turn.parts import PartBegin, PartEnd
+from runtime.actor_messages import ObjectUpdate, PartBegin, PartEnd, RetryPrompt
 from runtime.chunks import TextChunk
 from runtime.errors import OutputValidationError
-from runtime.messages import AssistantMessage, Message, ToolCallPart, UserMessage
+from runtime.messages import AssistantMessage, Message, ToolCallPart
 from runtime.output_schema import OutputSchema, unfence_partial
 
 # -- one turn -----------------------------------------------------------------------------
-
-
-@attrs.frozen(kw_only=True, slots=True, eq=False)  # internal: identity is enough
-class ObjectUpdate:
-    """The answer's JSON, parsed so far, changed (turn runner -> stream controller); the
-    controller renders it as an ``object-delta`` chunk of the text part ``part_id``."""
-
-    part_id: str
-    value: Any
-
-
-@attrs.frozen(kw_only=True, slots=True)
-class RetryPrompt(UserMessage):
-    """The user message of a request that tells the model why its answer was rejected.
-
-    Only ever in a request's messages, never in the history; a type of its own so that
-    whatever counts the user's inputs in a request (the scripted provider) can skip it.
-    """
 
 
 class StructuredTurn:

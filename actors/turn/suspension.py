@@ -1,7 +1,7 @@
 """How a turn suspends for a person's input and how its continuation begins.
 
 The turn runner asks :func:`hold_kind` of each call a step makes: a call that needs
-approval (and no in-process approver decides it, see :func:`in_process_approver`) or
+approval (and no in-process approver decides it: ``TurnHost.approves_in_process``) or
 that runs on the client is *held*. The step's other calls run; the held ones are marked
 on their parts (:func:`mark_held`), the step is committed, and the turn ends with
 ``awaiting-input``. The store then holds all there is of the wait (docs/approval.md).
@@ -14,13 +14,11 @@ tool's output), before the step loop goes on after the suspended step.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from actors.mcp import agent_tools
 from runtime import events as ev
 from runtime.actor_messages import ApprovalAsked, ToolCallSpec, ToolOutcome
 from runtime.approval import APPROVAL, CLIENT, denial_text
@@ -31,17 +29,7 @@ from runtime.tools import Tool, ToolContext, ToolInputError
 if TYPE_CHECKING:
     from runtime.actor_messages import Batcher, SaveRequest, SessionState
     from runtime.agent import Agent
-
-
-def in_process_approver(host: Any) -> bool:
-    """Whether an actor on ``host`` decides approvals in process (the
-    :class:`~actors.plugins.ApprovalActor`, which says so with ``decides_approvals``):
-    then a call that needs approval waits for it in memory, as before durable approval,
-    instead of suspending its turn."""
-    actors = getattr(host, "_actors", None) or ()
-    return any(
-        getattr(a, "decides_approvals", False) and not a.stopped.is_set() for a in list(actors)
-    )
+    from runtime.hosting import ToolHost, ToolSource, TurnHost
 
 
 async def _no_emit(chunk: Any) -> None:
@@ -70,7 +58,7 @@ def hold_kind(
 
 
 def hold_context(
-    host: Any, session_id: str, turn_id: str, step: int, call: Any, deps: Any
+    host: ToolHost, session_id: str, turn_id: str, step: int, call: Any, deps: Any
 ) -> ToolContext[Any]:
     """The :class:`ToolContext` a per-call approval rule is given."""
     return ToolContext(
@@ -97,13 +85,13 @@ def awaiting(
     )
 
 
-def expiry_time(host: Any, agent: Agent) -> float | None:
-    """When a wait that starts now expires (wall clock), by ``agent.approval_timeout``."""
+def expiry_time(host: TurnHost, agent: Agent) -> float | None:
+    """When a wait that starts now expires (the host's wall clock), by
+    ``agent.approval_timeout``."""
     timeout = agent.approval_timeout
     if timeout is None:
         return None
-    clock = getattr(host, "clock", None) or time.time
-    return float(clock()) + timeout
+    return float(host.clock()) + timeout
 
 
 def mark_held(parts: list[Part], held: Mapping[str, Awaiting]) -> None:
@@ -184,9 +172,12 @@ class Suspending:
     if TYPE_CHECKING:  # provided by the turn runner
         state: SessionState
         agent: Agent
-        host: Any
+        host: TurnHost
+        tool_source: ToolSource
 
         async def publish(self, event: Any) -> None: ...
+
+        async def _tools(self, turn: Any) -> tuple[Tool, ...]: ...
 
         async def _execute(
             self, turn: Any, step: int, runnable: list[ToolCallSpec], tools: dict[str, Any]
@@ -229,9 +220,8 @@ class Suspending:
     async def _announce_waiting(self, turn: Any, step: int) -> None:
         """The bus hears of each approval the suspended turn waits for (once stored);
         the host's timer, of its deadline if it has one (:mod:`runtime.app.expiry`)."""
-        watch = getattr(self.host, "expiry", None)
-        if watch is not None and any(w.expires_at is not None for w in turn.held.values()):
-            watch.note(self.state.session_id, self.agent, self.state.messages)
+        if any(w.expires_at is not None for w in turn.held.values()):
+            self.host.expiry.note(self.state.session_id, self.agent, self.state.messages)
         for part, w in held_approvals(turn.parts.content, turn.held):
             await self.publish(
                 ev.ToolApprovalRequested(
@@ -266,7 +256,7 @@ class Suspending:
             denied = w is not None and w.kind == APPROVAL
             reason = w.reason if w is not None else None
             await self._tool_done(turn.turn_id, step, what, turn.ctrl, denied=denied, reason=reason)
-        tools = {t.name: t for t in await agent_tools(self.host, self.agent)}
+        tools = {t.name: t for t in await self._tools(turn)}
         await self._execute(turn, step, to_run, tools)
         for part in waiting:
             self._add_result(turn, turn.outcomes[part.tool_call_id], part.step)

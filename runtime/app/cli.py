@@ -60,7 +60,7 @@ from runtime.app.host import Host
 from runtime.app.render import TerminalRenderer
 from runtime.app.web.serve import add_serve_parser, serve_command
 from runtime.app.worker import add_worker_parser, worker_command
-from runtime.approval import APPROVAL, PendingCall, pending_calls, waiting_calls
+from runtime.approval import APPROVAL, WAITING_META, PendingCall, pending_calls, waiting_calls
 from runtime.errors import AlreadyDecided, ConfigurationError, InvalidMedia, UnknownApproval
 from runtime.events import Event
 from runtime.ids import new_id
@@ -452,7 +452,11 @@ async def sessions_command(args: argparse.Namespace) -> int:
         await store.aclose()
     for info in infos:
         agent = info.meta.get("agent", "")
-        sys.stdout.write(f"{info.session_id}\t{info.message_count} messages\t{agent}\n")
+        line = f"{info.session_id}\t{info.message_count} messages\t{agent}"
+        waiting = info.meta.get(WAITING_META)
+        if isinstance(waiting, int) and waiting > 0:  # docs/approval.md: `show` says what
+            line += f"\twaiting for input ({waiting} call{'s' if waiting > 1 else ''})"
+        sys.stdout.write(line + "\n")
     return 0
 
 

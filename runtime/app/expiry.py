@@ -149,7 +149,7 @@ class ExpiryWatch:
     def note(self, session_id: str, agent: Agent, messages: Sequence[Message]) -> None:
         """Watch session ``session_id`` (run by ``agent``) if its last turn waits with a
         deadline. A worker's host watches none: the turn queue owns resumption there."""
-        if getattr(self.host, "expects_other_writers", False):
+        if self.host.expects_other_writers:
             return
         due = deadlines(messages)
         if not due:

@@ -23,6 +23,7 @@ import time
 import weakref
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
+from functools import partial
 from typing import Any
 
 import structlog
@@ -30,7 +31,7 @@ import trio
 
 from actors.engine import Engine
 from actors.log_tap import LogTap
-from actors.mcp import start_servers
+from actors.mcp import Servers, agent_tools, start_servers
 from actors.persister import Persister
 from actors.stores import open_store
 from actors.stream_controller import StreamController
@@ -42,6 +43,7 @@ from runtime.agent import Agent
 from runtime.app.expiry import ExpiryWatch, expire_session, expired, resume_expired
 from runtime.app.session import Session, TurnStream
 from runtime.bus import Bus
+from runtime.busy import OnBusy, check_on_busy
 from runtime.errors import (
     ConfigurationError,
     InvalidHistory,
@@ -97,7 +99,7 @@ class Host:
         """Every ``Session`` object still referenced, loaded or evicted: one per id."""
         self._opening: dict[str, trio.Event] = {}
         self._providers: dict[int, Actor] = {}
-        self.mcp_servers: dict[Any, Actor] = {}
+        self.mcp_servers: Servers = {}
         """The running MCP server actors, by configuration (see :mod:`actors.mcp`)."""
         self._actors: dict[Actor, None] = {}
         """The running actors (an ordered set: removing one is O(1))."""
@@ -224,6 +226,12 @@ class Host:
         await self.nursery.start(self._supervise, actor, policy)
         return actor
 
+    def approves_in_process(self) -> bool:
+        """Whether a running actor decides approvals in process (an
+        :class:`~actors.plugins.ApprovalActor`): a call that needs approval then waits
+        for it in memory instead of suspending its turn (docs/approval.md)."""
+        return any(a.decides_approvals and not a.stopped.is_set() for a in list(self._actors))
+
     async def _supervise(
         self,
         actor: Actor,
@@ -259,11 +267,14 @@ class Host:
         meta: dict[str, Any] | None = None,
         deps: Any = None,
         history: Sequence[Message] | None = None,
+        on_busy: OnBusy | None = None,
     ) -> Session:
         """Open (or resume, when ``session_id`` is stored) a session running ``agent``.
 
         ``deps``: the application's own objects, handed to the session's tools as
-        ``ToolContext.deps`` (:attr:`Session.deps`). ``history``: messages the new
+        ``ToolContext.deps`` (:attr:`Session.deps`). ``on_busy``: what a new user
+        message does while a turn runs, instead of the agent's ``on_busy``
+        (:attr:`Session.on_busy`, :mod:`runtime.busy`). ``history``: messages the new
         session starts from, instead of a stored history (a conversation the
         application keeps itself); saved with its first turn if the host has a store.
         Giving a history for a session that is stored or open already raises
@@ -279,6 +290,8 @@ class Host:
                 "Agent(provider=OpenAIProvider('gpt-4o-mini')), or "
                 "Agent(provider=ScriptedProvider.demo()) for the offline demo"
             )
+        if on_busy is not None:
+            check_on_busy(on_busy)
         sid = validate_session_id(session_id) if session_id is not None else new_id("session")
         seed = check_history(history) if history is not None else None
         while (pending := self._opening.get(sid)) is not None:  # one load per id at a time
@@ -293,6 +306,8 @@ class Host:
                 )
             if deps is not None:
                 existing.deps = deps
+            if on_busy is not None:
+                existing.on_busy = on_busy
             self.touch(existing)
             return existing
         handle = self._handles.get(sid)
@@ -306,6 +321,8 @@ class Host:
             opening.set()
         if deps is not None:
             session.deps = deps
+        if on_busy is not None:
+            session.on_busy = on_busy
         await self._announce(self._evict_over_capacity(keep=session))
         return session
 
@@ -364,7 +381,7 @@ class Host:
         assert agent.provider is not None  # refused by open_session
         provider_actor = await self.provider_actor(agent.provider)
         if agent.mcp_servers:  # started once per host, shared by sessions (actors.mcp)
-            await start_servers(self, agent)
+            await start_servers(self.mcp_servers, self, agent)
         stream_inbox: Inbox[Batch[Any]] = Inbox(1024, "block", name="engine-output")
         engine = Engine(stream_inbox, tags=agent.think_tags, session_id=sid)
         controller = StreamController(session_id=sid)
@@ -378,6 +395,7 @@ class Host:
             persister=self.persister,
             stream_inbox=stream_inbox,
             host=self,
+            tool_source=partial(agent_tools, self.mcp_servers),
         )
         actors: list[Actor] = [engine, controller, runner]
         for actor in actors:
@@ -405,7 +423,9 @@ class Host:
 
     def _evictable(self, session: Session) -> bool:
         """Idle and fully saved: evicting it loses nothing."""
-        return session.loaded and not session.busy and session.state.all_saved
+        return (
+            session.loaded and not session.busy and not session.queued and session.state.all_saved
+        )
 
     def _evict(self, session: Session, reason: str, now: float) -> SessionEvicted:
         """Stop the session's actors and drop its history (synchronously: no other task

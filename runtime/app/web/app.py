@@ -20,7 +20,12 @@ Hypercorn's Trio worker, see :mod:`runtime.app.web.serve`):
     client that closes the connection cancels the turn (saved, marked interrupted). A
     body whose last message is the assistant's answers a turn waiting for input
     (approvals, client tools' outputs: :mod:`runtime.app.web.answers`) and streams its
-    continuation in the same message (docs/approval.md).
+    continuation in the same message (docs/approval.md). A message for a session whose
+    turn is running gets what the session's busy strategy says (``on_busy``,
+    :mod:`runtime.busy`): 409 (``reject``), its own stream once the running turn is
+    over (``enqueue``), the running turn cancelled and its own stream (``interrupt``),
+    or 202 ``{"steered": true, "turnId", "messageId"}`` once the running turn took it
+    at a step boundary, whose stream shows the answer (``steer``).
 ``GET /api/sessions``, ``GET /api/sessions/{id}``
     The stored sessions; one session's messages in the runtime's JSON form
     (``messages``) and as AI SDK ``UIMessage`` s (``ui_messages``).
@@ -69,7 +74,9 @@ from runtime.app.web.resend import classify_resend, client_message_id, replay_re
 from runtime.app.web.resume import resume_stream, stop_turn
 from runtime.app.web.ui_stream import DONE, HEADERS, UIStreamEncoder, ui_messages
 from runtime.app.web.writer import BodyWriter
-from runtime.errors import NothingToResume, SessionBusy
+from runtime.approval import WAITING_META, pending_calls
+from runtime.busy import REJECT, OnBusy, check_on_busy
+from runtime.errors import InvalidHistory, NothingToResume, SessionBusy
 from runtime.messages import UserContent
 from runtime.serde import unstructure
 
@@ -178,6 +185,10 @@ class TurnResponse:
         encoder: Callable[[], Any] | None = None,
         headers: Mapping[str, str] = HEADERS,
         busy: Callable[[Any], Response] | None = None,
+        on_busy: OnBusy | None = None,
+        turn_id: str | None = None,
+        tools: tuple[Any, ...] = (),
+        instructions: str | None = None,
     ) -> None:
         self.session = session
         self.text = text
@@ -198,11 +209,19 @@ class TurnResponse:
         self.encoder = encoder
         self.headers = headers
         self.busy = busy or _busy
+        self.on_busy = on_busy
+        """This request's busy strategy, if not the session's (:mod:`runtime.busy`)."""
+        # What another protocol's turn carries beyond the AI SDK's (runtime.app.web.agui):
+        # the client's run id as the turn's, and tools and instructions for this turn only.
+        self.turn_id = turn_id
+        self.tools = tools
+        self.instructions = instructions
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         session = self.session
         await session.reopen()  # the host may have evicted it since the request looked it up
-        if session.busy:
+        strategy = REJECT if self.resume else self.on_busy or session.on_busy
+        if session.busy and strategy == REJECT:
             await self.busy(session)(scope, receive, send)
             return
         if "title" not in session.meta and not self.resume:
@@ -214,16 +233,23 @@ class TurnResponse:
             # one, the fallback, is left only after the turn is over and saved.
             try:
                 turn = (
-                    session.resume()
+                    session.resume(tools=self.tools, instructions=self.instructions)
                     if self.resume
                     else session.stream(
                         self.text,
                         regenerate=self.regenerate,
                         user_message_id=self.user_message_id,
+                        on_busy=self.on_busy,
+                        turn_id=self.turn_id,
+                        tools=self.tools,
+                        instructions=self.instructions,
                     )
                 )
                 async with turn as out:
                     started = True
+                    if out.steered:  # the running turn took it: its stream shows the rest
+                        await _steered(out)(scope, receive, send)
+                        return
                     await self._stream(out, receive, send, self.background or local)
             except SessionBusy:
                 if started:
@@ -288,15 +314,27 @@ class TurnResponse:
                 if data:
                     await write(data)
             # [DONE] once the turn is saved and the session idle: a client may reload the
-            # session or send its next message as soon as it sees it.
+            # session or send its next message as soon as it sees it. An encoder with a
+            # ``final(out)`` ends its protocol's stream its own way (AG-UI's RUN_FINISHED).
             with trio.move_on_after(FINAL_WAIT):
                 await out.done.wait()
-            await write(DONE)
+            final = getattr(encoder, "final", None)
+            ending = final(out) if final is not None else DONE
+            if ending:
+                await write(ending)
             nursery.cancel_scope.cancel()
 
 
 def _busy(session: Any) -> Response:
     return error_response(409, f"session {session.id!r} is already running a turn")
+
+
+def _steered(out: Any) -> Response:
+    """202: the message joined the running turn (``steer``), stored as ``messageId``
+    before that turn's next model call; the turn's own stream carries the answer."""
+    return json_response(
+        {"steered": True, "turnId": out.turn_id, "messageId": out.user_message_id}, 202
+    )
 
 
 # -- the app ------------------------------------------------------------------------------
@@ -314,9 +352,12 @@ class WebState:
         keepalive: float,
         body_timeout: float | None = BODY_TIMEOUT,
         send_timeout: float | None = SEND_TIMEOUT,
+        on_busy: OnBusy | None = None,
     ) -> None:
         self.host = host
         self.agent = agent
+        self.on_busy = on_busy
+        """The busy strategy of the sessions the app opens (``None``: their agent's)."""
         self.max_body = max_body
         self.keepalive = keepalive
         self.body_timeout = body_timeout
@@ -335,18 +376,24 @@ class WebState:
         self.parse_limiter = trio.CapacityLimiter(CHILD_PARSES)
         """Bounds the child processes parsing large bodies (:mod:`runtime.app.web.chat_input`)."""
 
-    async def session(self, session_id: str) -> Any:
+    async def session(self, session_id: str, *, history: Any = None) -> Any:
         """The open session ``session_id``, opened (resumed from the store) if needed;
-        one the host evicted is loaded back into its ``Session`` object."""
+        one the host evicted is loaded back into its ``Session`` object. ``history``
+        starts a session that is neither open nor stored (AG-UI's first run on a thread
+        the client already holds messages of); a stored one raises ``InvalidHistory``."""
         session = self.host.sessions.get(session_id)
-        if session is not None:
+        if session is not None and history is None:
             self.host.touch(session)
             return session
         async with self._open_lock:
             session = self.host.get_session(session_id)
             if session is None:
                 agent = self.agent_for(session_id)
-                session = await self.host.open_session(agent, session_id=session_id)
+                session = await self.host.open_session(
+                    agent, session_id=session_id, history=history, on_busy=self.on_busy
+                )
+            elif history is not None:
+                raise InvalidHistory(f"session {session_id!r} is open already")
             else:
                 await session.reopen()
         return session
@@ -410,7 +457,9 @@ async def chat(request: Request) -> Any:
 
 async def list_sessions(request: Request) -> Response:
     """The stored sessions, most recently updated first; a session whose first turn is
-    running (not saved yet) comes first."""
+    running (not saved yet) comes first. ``busy``: a turn of it runs here; ``waiting``:
+    how many calls its last turn waits for (an approval, a client tool's output), as its
+    stored meta says (docs/approval.md)."""
     state = _state(request)
     infos = await state.host.store.list_sessions()
     open_sessions = state.host.sessions
@@ -421,6 +470,7 @@ async def list_sessions(request: Request) -> Response:
             "title": session.meta.get("title"),
             "message_count": len(session.messages),
             "busy": True,
+            "waiting": 0,
             "meta": dict(session.meta),
         }
         for sid, session in open_sessions.items()
@@ -437,12 +487,19 @@ async def list_sessions(request: Request) -> Response:
                     "busy": bool(
                         info.session_id in open_sessions and open_sessions[info.session_id].busy
                     ),
+                    "waiting": _waiting(info.meta),
                     "meta": info.meta,
                 }
                 for info in infos
             ]
         }
     )
+
+
+def _waiting(meta: Mapping[str, Any]) -> int:
+    """How many calls a stored session's last turn waits for, by its meta."""
+    value = meta.get(WAITING_META)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
 async def get_session(request: Request) -> Response:
@@ -459,6 +516,7 @@ async def get_session(request: Request) -> Response:
             "session_id": session_id,
             "title": record.meta.get("title"),
             "busy": bool(open_session is not None and open_session.busy),
+            "waiting": len(pending_calls(record.messages)),
             "meta": record.meta,
             "messages": unstructure(list(record.messages)),
             "ui_messages": ui_messages(record.messages),
@@ -583,6 +641,7 @@ def create_app(
     cancel_hook: Callable[[str], Any] | None = None,
     queue: Any = None,
     protocols: Collection[str] = ("ai-sdk",),
+    on_busy: OnBusy | None = None,
 ) -> Starlette:
     """The web app for ``host``: every session runs ``agent`` (or ``agent(session_id)``).
 
@@ -602,7 +661,12 @@ def create_app(
     its store (it opens no session and runs no turn).
 
     ``protocols`` names the endpoints mounted (:mod:`runtime.app.web.protocols`): ``ai-sdk``
-    the page and ``/api/``, ``openai`` ``/v1/`` (:mod:`runtime.app.web.openai_compat`).
+    the page and ``/api/``, ``openai`` ``/v1/`` (:mod:`runtime.app.web.openai_compat`),
+    ``ag-ui`` ``POST /ag-ui`` (:mod:`runtime.app.web.agui`).
+
+    ``on_busy`` is the busy strategy of every session the app opens, instead of its
+    agent's (:mod:`runtime.busy`): what ``POST /api/chat`` does with a message for a
+    session whose turn runs.
     """
     state = WebState(
         host,
@@ -611,6 +675,7 @@ def create_app(
         keepalive=keepalive,
         body_timeout=body_timeout,
         send_timeout=send_timeout,
+        on_busy=None if on_busy is None else check_on_busy(on_busy),
     )
     state.relay = relay
     state.cancel_hook = cancel_hook

@@ -124,11 +124,16 @@ def is_json(content_type: str | None) -> bool:
 
 def refusal_body(path: str, message: str) -> dict[str, Any]:
     """A refusal in the error shape of the protocol ``path`` belongs to: OpenAI's for
-    ``/v1/`` (:mod:`runtime.app.web.openai_compat`), so its SDK reads the reason; else
+    ``/v1/`` (:mod:`runtime.app.web.openai_compat`), A2A's for ``/a2a/``
+    (:mod:`runtime.app.web.a2a`), so their SDKs read the reason; else
     ``{"error": message}``."""
     if path.startswith("/v1/"):
         error = {"message": message, "type": "invalid_request_error", "param": None, "code": None}
         return {"error": error}
+    if path == "/a2a/jsonrpc":  # A2A's JSON-RPC binding (runtime.app.web.a2a)
+        return {"jsonrpc": "2.0", "id": None, "error": {"code": -32600, "message": message}}
+    if path.startswith("/a2a/"):  # A2A's HTTP+JSON binding: a google.rpc.Status
+        return {"error": {"code": 403, "status": "PERMISSION_DENIED", "message": message}}
     return {"error": message}
 
 

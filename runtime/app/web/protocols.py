@@ -1,4 +1,4 @@
-"""Which outside protocols ``serve`` speaks: ``--protocols ai-sdk,openai``.
+"""Which outside protocols ``serve`` speaks: ``--protocols ai-sdk,ag-ui,openai``.
 
 Every protocol is a thin adapter over the same session and turn machinery, behind the
 same Host, Origin and token checks. :data:`PROTOCOLS` are the names the option accepts;
@@ -8,7 +8,11 @@ same Host, Origin and token checks. :data:`PROTOCOLS` are the names the option a
 * ``ai-sdk``: the chat page at ``/`` and the ``/api/`` endpoints (AI SDK UI message
   stream, :mod:`runtime.app.web.app`);
 * ``openai``: ``/v1/chat/completions`` and ``/v1/models``
-  (:mod:`runtime.app.web.openai_compat`).
+  (:mod:`runtime.app.web.openai_compat`);
+* ``ag-ui``: ``POST /ag-ui``, a ``RunAgentInput`` answered with AG-UI events
+  (:mod:`runtime.app.web.agui`);
+* ``a2a``: the Agent Card at ``/.well-known/agent-card.json`` and the A2A bindings under
+  ``/a2a/`` (:mod:`runtime.app.web.a2a`).
 """
 
 from __future__ import annotations
@@ -20,10 +24,14 @@ from typing import Any
 PROTOCOLS: tuple[str, ...] = ("ai-sdk", "ag-ui", "a2a", "openai", "mcp")
 """Every protocol name ``--protocols`` knows."""
 
-BUILT: frozenset[str] = frozenset({"ai-sdk", "openai"})
+BUILT: frozenset[str] = frozenset({"ai-sdk", "ag-ui", "a2a", "openai"})
 """The protocols this version serves."""
 
 DEFAULT: tuple[str, ...] = ("ai-sdk",)
+
+EMBEDDED_ONLY: tuple[str, ...] = ("openai", "ag-ui", "a2a")
+"""Protocols that run turns in the serving process: a worker deployment's front end does
+not serve them yet."""
 
 
 def parse_protocols(value: str) -> tuple[str, ...]:
@@ -62,14 +70,22 @@ def mount_protocols(
         raise ValueError(refusal)
     if "ai-sdk" not in protocols:
         app.router.routes.clear()
-    if "openai" in protocols:
-        if state.front is not None:
+    for name in EMBEDDED_ONLY:
+        if name in protocols and state.front is not None:
             raise ValueError(
-                "--protocols openai runs turns in this process: a worker deployment's "
+                f"--protocols {name} runs turns in this process: a worker deployment's "
                 "front end does not serve it yet (serve with --run-turns-here)"
             )
-        # Here, not at the top: serve's argument parsing imports this module, and must
-        # not pay for Starlette and the adapter (as runtime.app.web.serve's own imports).
+    # Here, not at the top: serve's argument parsing imports this module, and must not
+    # pay for Starlette and the adapters (as runtime.app.web.serve's own imports).
+    if "ag-ui" in protocols:
+        from starlette.routing import Route
+
+        from runtime.app.web.agui import PATH, agui_endpoint
+
+        run = agui_endpoint(state, token=token, stream=stream)
+        app.router.routes.append(Route(PATH, run, methods=["POST"]))
+    if "openai" in protocols:
         from starlette.routing import Mount
 
         from runtime.app.web.openai_compat import openai_endpoint
@@ -78,6 +94,24 @@ def mount_protocols(
         app.router.routes.append(Mount("/v1", app=endpoint))
         # turns run outside the app's host: serve cancels them too when it shuts down
         app.state.turn_cancellers = [*getattr(app.state, "turn_cancellers", ()), cancel_turns]
+    if "a2a" in protocols:
+        from starlette.routing import Mount, Route
+
+        from actors.a2a.wire import CARD_PATH
+        from runtime.app.web.a2a import PREFIX, a2a_endpoint
+
+        a2a, _cancel_tasks = a2a_endpoint(state, token=token)
+        app.router.routes.append(Route(CARD_PATH, a2a.card, methods=["GET"]))
+        app.router.routes.append(Mount(PREFIX, app=a2a))
+        # its tasks run on the app's host, whose shutdown cancels them with the rest
 
 
-__all__ = ["BUILT", "DEFAULT", "PROTOCOLS", "mount_protocols", "parse_protocols", "unbuilt_refusal"]
+__all__ = [
+    "BUILT",
+    "DEFAULT",
+    "EMBEDDED_ONLY",
+    "PROTOCOLS",
+    "mount_protocols",
+    "parse_protocols",
+    "unbuilt_refusal",
+]

@@ -46,7 +46,8 @@ from runtime.app.commands import (
 from runtime.app.host import Host
 from runtime.app.web import BODY_TIMEOUT, DEFAULT_MAX_BODY, SEND_TIMEOUT
 from runtime.app.web.protocols import DEFAULT as DEFAULT_PROTOCOLS
-from runtime.app.web.protocols import parse_protocols, unbuilt_refusal
+from runtime.app.web.protocols import EMBEDDED_ONLY, parse_protocols, unbuilt_refusal
+from runtime.busy import STRATEGIES
 from runtime.errors import ConfigurationError, RelayUnavailable, reraise, sole_exception
 from runtime.logging import configure_logging
 from runtime.redact import redact_url
@@ -119,7 +120,8 @@ def _add_session_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_deployment_arguments(parser: argparse.ArgumentParser) -> None:
-    """The relay, and the front end of a worker deployment with its queue caps."""
+    """The relay, what a message for a busy session does, and the front end of a worker
+    deployment with its queue caps."""
     add = parser.add_argument
     add(
         "--redis",
@@ -133,6 +135,15 @@ def _add_deployment_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="PREFIX",
         help="key prefix of the relay's streams (default 'axon:'; workers must agree)",
+    )
+    add(
+        "--on-busy",
+        choices=STRATEGIES,
+        default=None,
+        help="what a message for a session whose turn runs does: reject it (409), enqueue "
+        "its turn after the running one, interrupt the running turn, or steer it (the "
+        "message joins it at its next step) (default: the agent's on_busy, reject; "
+        "docs/approval.md)",
     )
     add(
         "--run-turns-here",
@@ -166,9 +177,9 @@ def _add_access_arguments(parser: argparse.ArgumentParser) -> None:
         type=parse_protocols,
         default=DEFAULT_PROTOCOLS,
         metavar="NAMES",
-        help="the protocols to serve, comma-separated: ai-sdk (the page and /api/), openai "
-        "(/v1/chat/completions, /v1/models); ag-ui, a2a and mcp are not available yet "
-        "(default: ai-sdk; docs/protocols.md)",
+        help="the protocols to serve, comma-separated: ai-sdk (the page and /api/), ag-ui "
+        "(POST /ag-ui), openai (/v1/chat/completions, /v1/models), a2a (the Agent Card and "
+        "/a2a/); mcp is not available yet (default: ai-sdk; docs/protocols.md)",
     )
     add(
         "--token",
@@ -399,17 +410,22 @@ async def serve_command(args: argparse.Namespace) -> int:
             relay=relay,
             queue=queue,
             protocols=protocols,
+            on_busy=getattr(args, "on_busy", None),
         )
         served = _served(args, front_end=queue is not None, tracing=tracing is not None)
-        return await _serve_until_signal(app, host, args, served, openai="openai" in protocols)
+        return await _serve_until_signal(app, host, args, served, protocols=protocols)
 
 
 def _refusal(args: argparse.Namespace, token: str | None, protocols: Any) -> str | None:
     """Why ``serve`` must not start (``None``: it may), said before anything starts: a
     protocol not built or not served in this mode, an address it cannot or must not bind."""
     refusal = unbuilt_refusal(protocols)
-    if refusal is None and "openai" in protocols and is_front_end(args):
-        refusal = "--protocols openai is not served by a worker deployment's front end yet"
+    embedded_only = [name for name in EMBEDDED_ONLY if name in protocols]
+    if refusal is None and embedded_only and is_front_end(args):
+        refusal = (
+            f"--protocols {', '.join(embedded_only)} is not served by a worker deployment's "
+            "front end yet"
+        )
     if refusal is not None:
         return refusal
     return bind_problem(args.host, args.port) or bind_refusal(args.host, token, args.insecure)
@@ -455,12 +471,21 @@ def _served(args: argparse.Namespace, *, front_end: bool, tracing: bool) -> str:
     )
 
 
+def _endpoints(url: str, protocols: Any) -> str:
+    """The start-up line's endpoints of the protocols served beside the page, at ``url``."""
+    return (
+        f"{', OpenAI API ' + url + '/v1' if 'openai' in protocols else ''}"
+        f"{', AG-UI ' + url + '/ag-ui' if 'ag-ui' in protocols else ''}"
+        f"{', A2A agent ' + url if 'a2a' in protocols else ''}"
+    )
+
+
 async def _serve_until_signal(
-    app: Any, host: Host, args: argparse.Namespace, served: str, *, openai: bool
+    app: Any, host: Host, args: argparse.Namespace, served: str, *, protocols: Any
 ) -> int:
     """Serve ``app`` until SIGINT/SIGTERM, printing each bound URL with what is
-    ``served`` (and the OpenAI API's); 2 when the address is refused. The signal ends
-    every running turn with a clean abort before the server stops."""
+    ``served`` and the other ``protocols``' endpoints; 2 when the address is refused.
+    The signal ends every running turn with a clean abort before the server stops."""
 
     async def shutdown_trigger() -> None:
         await _until_signal()
@@ -487,8 +512,7 @@ async def _serve_until_signal(
         fragment = f"#token={args.token}" if args.token else ""  # not an env secret
         for url in binds:
             print(
-                f"Axon web UI on {url}/{fragment}  "
-                f"({served}{', OpenAI API ' + url + '/v1' if openai else ''})",
+                f"Axon web UI on {url}/{fragment}  ({served}{_endpoints(url, protocols)})",
                 flush=True,
             )
     return 0

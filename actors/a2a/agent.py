@@ -1,0 +1,423 @@
+"""``A2AAgent``: a remote agent that speaks A2A, usable as a tool like ``agent.as_tool()``.
+
+An Axon agent delegates to another agent wherever it runs and whatever it is built with,
+as long as it serves A2A 1.0 (an Axon ``serve --protocols a2a``, or any agent built on an
+A2A SDK): ``A2AAgent(url).as_tool()`` is a tool whose every call sends the remote agent
+one task (the call's ``input`` as a text message, in a context of its own) and streams
+it: the remote answer arrives inside the parent's output as ``tool-stream`` chunks nested
+under the call, a well-formed turn of their own (``start``, a step, the text, ``finish``),
+as a local sub-agent's do; the task's answer is the tool's result.
+
+The client speaks the wire itself (:mod:`actors.a2a.wire`, over ``httpx``, which runs
+under Trio), so it needs no A2A SDK. It reads the Agent Card at
+``<url>/.well-known/agent-card.json`` and uses its JSON-RPC interface (its HTTP+JSON one
+when the card has no JSON-RPC). A stream that breaks off before the task is over is
+picked up again with ``SubscribeToTask``; a parent turn that is cancelled cancels the
+remote task. A remote task that fails, is canceled, or stops to ask for input (which a
+tool call cannot give it: the task is canceled) is a tool error the parent model sees.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from contextlib import aclosing
+from typing import Any
+
+import orjson
+import trio
+
+from actors.a2a import wire
+from runtime.chunks import Usage
+from runtime.ids import new_id
+from runtime.output import (
+    Abort,
+    Error,
+    ErrorInfo,
+    Finish,
+    Start,
+    StepFinish,
+    StepStart,
+    TextDelta,
+    TextFinish,
+    TextStart,
+)
+from runtime.tools import Tool, ToolContext, tool
+
+CANCEL_WAIT = 5.0
+"""Seconds a cancelled call waits (shielded) for the remote agent to take its cancel."""
+RESUBSCRIBES = 3
+"""Times a broken stream is picked up again (``SubscribeToTask``) before the call fails."""
+
+
+class RemoteAgentError(RuntimeError):
+    """A remote A2A agent refused a request, or its task did not complete."""
+
+
+class _Nested:
+    """The remote task as one turn of output chunks (``start``, a step, its text,
+    ``finish``; or cut short by ``error`` / ``abort``), emitted under the tool call as a
+    local sub-agent's turn is; ``emit`` ``None`` keeps only the text."""
+
+    def __init__(self, emit: Any) -> None:
+        self.emit = emit
+        self.seq = 0
+        self.started = False
+        self.part_id: str | None = None
+        self.text: list[str] = []
+
+    async def _out(self, chunk_type: Any, **fields: Any) -> None:
+        self.seq += 1
+        if self.emit is not None:
+            await self.emit(chunk_type(seq=self.seq, **fields))
+
+    async def start(self, message_id: str) -> None:
+        if not self.started:
+            self.started = True
+            await self._out(Start, message_id=message_id or new_id("task"))
+            await self._out(StepStart, step=0)
+
+    async def text_delta(self, text: str) -> None:
+        if not text:
+            return
+        if self.part_id is None:
+            self.part_id = new_id("part")
+            await self._out(TextStart, step=0, part_id=self.part_id)
+        self.text.append(text)
+        await self._out(TextDelta, step=0, part_id=self.part_id, text=text)
+
+    async def _close_part(self) -> None:
+        await self.start("")
+        if self.part_id is not None:
+            await self._out(TextFinish, step=0, part_id=self.part_id)
+            self.part_id = None
+
+    async def finish(self) -> None:
+        await self._close_part()
+        await self._out(StepFinish, step=0, finish_reason="stop", usage=Usage())
+        await self._out(Finish, finish_reason="stop", usage=Usage())
+
+    async def fail(self, message: str) -> None:
+        await self._close_part()
+        await self._out(Error, error=ErrorInfo(kind="RemoteAgentError", message=message))
+
+    async def abort(self, reason: str) -> None:
+        await self._close_part()
+        await self._out(Abort, reason=reason)
+
+
+class _Tracker:
+    """What the events of a remote task said so far: its id, its state and status; the
+    answer's text goes to :class:`_Nested` as it comes."""
+
+    def __init__(self, nested: _Nested) -> None:
+        self.nested = nested
+        self.id = ""
+        self.state: str | None = None
+        self.status: Any = None
+
+    @property
+    def over(self) -> bool:
+        return self.state in wire.TERMINAL | wire.INTERRUPTED
+
+    async def consume(self, events: AsyncGenerator[dict[str, Any], None]) -> None:
+        """Take ``events`` until the task is over or waits (the stream is closed then)."""
+        async with aclosing(events) as stream:
+            async for event in stream:
+                await self.take(event)
+                if self.over:
+                    return
+
+    async def take(self, event: dict[str, Any]) -> None:
+        nested = self.nested
+        if isinstance(event.get("message"), dict):  # answered with a message, no task
+            await nested.start(str(event["message"].get("messageId", "")))
+            await nested.text_delta(_texts(event["message"].get("parts")))
+            self.state = wire.COMPLETED
+            return
+        task = event.get("task")
+        if isinstance(task, dict):
+            self.id = str(task.get("id", ""))
+            await nested.start(self.id)
+            sent, now = "".join(nested.text), _artifact_text(task)
+            if now.startswith(sent):  # a (re)subscription's snapshot: what is new in it
+                await nested.text_delta(now[len(sent) :])
+            self.status = task.get("status")
+        update = event.get("artifactUpdate")
+        if isinstance(update, dict):
+            await nested.start(self.id)
+            await nested.text_delta(_texts((update.get("artifact") or {}).get("parts")))
+        change = event.get("statusUpdate")
+        if isinstance(change, dict):
+            self.status = change.get("status")
+        if isinstance(self.status, dict):
+            self.state = wire.enum_name(self.status.get("state"), "state")
+
+
+def _texts(parts: Any) -> str:
+    if not isinstance(parts, list):
+        return ""
+    return "".join(
+        p["text"] for p in parts if isinstance(p, dict) and isinstance(p.get("text"), str)
+    )
+
+
+def _artifact_text(task: Mapping[str, Any]) -> str:
+    artifacts = wire.field(task, "artifacts") or []
+    return "".join(_texts(a.get("parts")) for a in artifacts if isinstance(a, dict))
+
+
+def _status_text(status: Any) -> str:
+    if not isinstance(status, dict):
+        return ""
+    message = status.get("message")
+    return _texts(message.get("parts")) if isinstance(message, dict) else ""
+
+
+async def _sse(response: Any) -> AsyncIterator[Any]:
+    """The JSON values of an SSE response's events (comments skipped)."""
+    data: list[str] = []
+    async for line in response.aiter_lines():
+        line = line.rstrip("\r")
+        if not line:
+            if data:
+                yield orjson.loads("\n".join(data))
+                data = []
+        elif line.startswith("data:"):
+            data.append(line[5:].removeprefix(" "))
+    if data:
+        yield orjson.loads("\n".join(data))
+
+
+class A2AAgent:
+    """A remote agent at ``url`` (its base URL: the Agent Card is at
+    ``<url>/.well-known/agent-card.json``; the card's own URL works too).
+
+    ``token`` is sent as ``Authorization: Bearer <token>`` (an Axon server's ``--token``),
+    ``headers`` on every request; ``timeout`` bounds the wait for each piece of a
+    response (seconds; a task may stream for longer). ``name`` and ``description`` are
+    the tool's (:meth:`as_tool`); without them the tool is named ``remote_agent``, or
+    use :meth:`discover`, which takes both from the Agent Card."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        name: str | None = None,
+        description: str | None = None,
+        token: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        timeout: float = 300.0,
+    ) -> None:
+        self.url = url.removesuffix(wire.CARD_PATH).rstrip("/")
+        self.name = name
+        self.description = description
+        self.headers = {wire.VERSION_HEADER: wire.PROTOCOL_VERSION, **(headers or {})}
+        if token:
+            self.headers["Authorization"] = f"Bearer {token}"
+        self.timeout = timeout
+        self._card: dict[str, Any] | None = None
+
+    @classmethod
+    async def discover(cls, url: str, **options: Any) -> A2AAgent:
+        """An :class:`A2AAgent` named and described by its Agent Card (fetched now)."""
+        agent = cls(url, **options)
+        card = await agent.card()
+        if agent.name is None and isinstance(card.get("name"), str):
+            agent.name = card["name"]
+        if agent.description is None and isinstance(card.get("description"), str):
+            agent.description = card["description"]
+        return agent
+
+    def _client(self) -> Any:
+        import httpx  # the OpenAI SDK's HTTP client: here whenever Axon is
+
+        return httpx.AsyncClient(headers=self.headers, timeout=httpx.Timeout(self.timeout))
+
+    async def card(self) -> dict[str, Any]:
+        """The remote agent's Agent Card (fetched once)."""
+        if self._card is None:
+            async with self._client() as client:
+                response = await client.get(self.url + wire.CARD_PATH)
+                if response.status_code != 200:
+                    raise RemoteAgentError(
+                        f"no Agent Card at {self.url + wire.CARD_PATH} "
+                        f"(HTTP {response.status_code})"
+                    )
+                card = response.json()
+            if not isinstance(card, dict):
+                raise RemoteAgentError("the Agent Card is not a JSON object")
+            self._card = card
+        return self._card
+
+    async def _endpoint(self) -> tuple[str, str]:
+        card = await self.card()
+        for binding in (wire.JSONRPC, wire.HTTP_JSON):
+            url = wire.card_interface(card, binding)
+            if url is not None:
+                return binding, url
+        raise RemoteAgentError("the Agent Card offers no A2A 1.0 JSON-RPC or HTTP+JSON interface")
+
+    async def _call(
+        self, client: Any, binding: str, url: str, method: str, params: dict[str, Any]
+    ) -> Any:
+        """One JSON-RPC call (or its HTTP+JSON form) answered whole."""
+        if binding == wire.JSONRPC:
+            body = {"jsonrpc": "2.0", "id": str(uuid.uuid4()), "method": method, "params": params}
+            response = await client.post(url, json=body)
+        elif method == "CancelTask":
+            response = await client.post(f"{url}/tasks/{params['id']}:cancel", json={})
+        elif method == "GetTask":
+            response = await client.get(f"{url}/tasks/{params['id']}")
+        else:
+            response = await client.post(url + "/message:send", json=params)
+        return self._result(response.content, response.status_code, binding)
+
+    @staticmethod
+    def _result(content: bytes, status: int, binding: str) -> Any:
+        try:
+            body = orjson.loads(content)
+        except orjson.JSONDecodeError:
+            raise RemoteAgentError(
+                f"the remote agent answered HTTP {status} with no JSON"
+            ) from None
+        error = wire.error_from(body)
+        if error is not None:
+            raise RemoteAgentError(f"the remote agent refused: {error.message} ({error.kind})")
+        if binding == wire.JSONRPC:
+            if not isinstance(body, dict) or "result" not in body:
+                raise RemoteAgentError("the remote agent's answer is not a JSON-RPC result")
+            return body["result"]
+        return body
+
+    async def _stream(
+        self, client: Any, binding: str, url: str, method: str, params: dict[str, Any]
+    ) -> AsyncGenerator[dict[str, Any], None]:
+        """The ``StreamResponse`` s of a streaming call."""
+        headers = {"accept": "text/event-stream"}
+        if binding == wire.JSONRPC:
+            body = {"jsonrpc": "2.0", "id": str(uuid.uuid4()), "method": method, "params": params}
+            request = client.build_request("POST", url, json=body, headers=headers)
+        elif method == "SubscribeToTask":
+            request = client.build_request(
+                "GET", f"{url}/tasks/{params['id']}:subscribe", headers=headers
+            )
+        else:
+            request = client.build_request(
+                "POST", url + "/message:stream", json=params, headers=headers
+            )
+        response = await client.send(request, stream=True)
+        try:
+            if "text/event-stream" not in response.headers.get("content-type", ""):
+                yield self._result(await response.aread(), response.status_code, binding)
+                return
+            async for event in _sse(response):
+                yield (
+                    self._result(orjson.dumps(event), 200, binding)
+                    if binding == wire.JSONRPC
+                    else event
+                )
+        finally:
+            await response.aclose()
+
+    async def run(self, text: str, *, emit: Any = None) -> str:
+        """Send the remote agent ``text`` as a new task and return its answer, streaming
+        it as output chunks through ``emit`` (``await emit(chunk)``) when given. Raises
+        :class:`RemoteAgentError` when the task does not complete."""
+        import httpx
+
+        binding, url = await self._endpoint()
+        capabilities = wire.field(self._card or {}, "capabilities") or {}
+        message = wire.message(wire.ROLE_USER, [wire.text_part(text)], message_id=str(uuid.uuid4()))
+        params = {"message": message}
+        task = _Tracker(_Nested(emit))
+        async with self._client() as client:
+            try:
+                if capabilities.get("streaming"):
+                    source = self._stream(client, binding, url, "SendStreamingMessage", params)
+                else:
+                    source = _one(await self._call(client, binding, url, "SendMessage", params))
+                attempts = 0
+                while True:
+                    try:
+                        await task.consume(source)
+                    except httpx.TransportError:
+                        if not task.id or attempts >= RESUBSCRIBES:
+                            raise
+                    if task.over or not task.id or attempts >= RESUBSCRIBES:
+                        break
+                    attempts += 1  # the stream broke off: pick the task up again
+                    source = self._stream(client, binding, url, "SubscribeToTask", {"id": task.id})
+            except trio.Cancelled:
+                if task.id and task.state not in wire.TERMINAL:
+                    await self._cancel_quietly(client, binding, url, task.id)
+                raise
+            except Exception as exc:
+                why = (
+                    str(exc)
+                    if isinstance(exc, RemoteAgentError)
+                    else f"the remote agent could not be reached: {type(exc).__name__}: {exc}"
+                )
+                await task.nested.fail(why)
+                raise RemoteAgentError(why) from None
+            if task.state == wire.COMPLETED:
+                await task.nested.finish()
+                return "".join(task.nested.text)
+            detail = _status_text(task.status)
+            if task.state in wire.INTERRUPTED:
+                await self._cancel_quietly(client, binding, url, task.id)
+                why = (
+                    f"the remote agent asked for input, which a tool call cannot give "
+                    f"({detail}); its task was canceled"
+                )
+            elif task.state == wire.CANCELED:
+                why = f"the remote agent's task was canceled{': ' + detail if detail else ''}"
+            elif task.state in wire.TERMINAL:
+                why = f"the remote agent's task failed{': ' + detail if detail else ''}"
+            else:
+                why = "the remote agent's stream ended before its task did"
+            await (task.nested.abort(why) if task.state == wire.CANCELED else task.nested.fail(why))
+            raise RemoteAgentError(why)
+
+    async def _cancel_quietly(self, client: Any, binding: str, url: str, task_id: str) -> None:
+        """Cancel the remote task, shielded and bounded: the call that ran it is over
+        either way, so a cancel that fails only leaves the remote task to its agent."""
+        with trio.CancelScope(shield=True), trio.move_on_after(CANCEL_WAIT):
+            try:
+                await self._call(client, binding, url, "CancelTask", {"id": task_id})
+            except Exception:  # best effort, as said
+                pass
+
+    def as_tool(
+        self,
+        *,
+        name: str | None = None,
+        description: str | None = None,
+        needs_approval: Any = False,
+    ) -> Tool:
+        """This remote agent as a tool another agent can call with a task (``input``):
+        each call is one A2A task, streamed under the call as ``tool-stream`` chunks, its
+        answer the tool's result (see the module docstring)."""
+        remote = self
+        tool_name = name or self.name or "remote_agent"
+
+        async def run_remote(input: str, context: ToolContext) -> str:
+            return await remote.run(input, emit=context.emit)
+
+        run_remote.__annotations__ = {"input": str, "context": ToolContext, "return": str}
+        run_remote.__doc__ = description or (
+            (self.description or f"Delegate a task to the remote agent at {self.url}.")
+            + "\n\nArgs:\n    input: The task or question for the agent, in plain words."
+        )
+        return tool(
+            run_remote, name=tool_name, description=description, needs_approval=needs_approval
+        )
+
+
+async def _one(result: Any) -> AsyncGenerator[dict[str, Any], None]:
+    """A ``SendMessageResponse`` as the one event of a stream."""
+    if isinstance(result, dict):
+        yield result
+
+
+__all__ = ["A2AAgent", "RemoteAgentError"]

@@ -1,0 +1,128 @@
+"""What the two OpenAI providers share: the same SDK, so the same errors and schemas.
+
+Chat Completions (:mod:`actors.providers.openai`) and the Responses API
+(:mod:`actors.providers.openai_responses`) are two actors over one SDK. What they have in
+common lives here, in a module of their family, so neither imports the other:
+
+* :func:`get_field`: a field of an SDK model or of a plain dict (the SDK leaves extra
+  fields on its models; servers that speak the API add their own);
+* :func:`classify_error`: the SDK's exceptions mapped onto :mod:`runtime.errors`, through
+  the ladder every provider shares (:mod:`actors.providers.failures`);
+* :func:`json_schema_spec`: an agent's answer schema as the strict ``json_schema`` both
+  APIs take (each wraps it its own way);
+* :class:`OpenAISDKProvider`: the base of both providers, which builds the SDK's client.
+
+The ``openai`` SDK is imported inside functions only, so importing this module stays fast
+and needs no SDK.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from actors.providers.failures import classify_status, classify_transport, missing_key, retry_after
+from actors.providers.sdk import SDKProvider
+from runtime import errors
+from runtime.errors import AxonError, ProviderError
+from runtime.output_schema import strict_schema
+
+
+def get_field(obj: Any, key: str) -> Any:
+    """A field of an SDK model (declared or extra) or of a plain dict; ``None`` if absent."""
+    if obj is None:
+        return None
+    if isinstance(obj, dict):
+        return obj.get(key)
+    # Per chunk on the hot path: a declared field is in __dict__ and an extra one in
+    # __pydantic_extra__; getattr on a missing field takes pydantic's slow path (~3 us).
+    fields = getattr(obj, "__dict__", None)
+    if fields is not None and key in fields:
+        return fields[key]
+    extra = getattr(obj, "__pydantic_extra__", None)
+    if extra is not None:
+        return extra.get(key)
+    if fields is not None and hasattr(type(obj), "model_fields"):
+        return None
+    return getattr(obj, key, None)
+
+
+def json_schema_spec(output: Any) -> dict[str, Any]:
+    """The strict ``json_schema`` spec for an agent's
+    :class:`~runtime.output_schema.OutputSchema`: its name, description and schema, the
+    schema rewritten as strict mode needs (:func:`~runtime.output_schema.strict_schema`,
+    which refuses what it cannot express)."""
+    spec: dict[str, Any] = {"name": output.name, "schema": strict_schema(output.schema)}
+    if output.description:
+        spec["description"] = output.description
+    spec["strict"] = True
+    return spec
+
+
+def _status_of(body: Any) -> int | None:
+    # In-stream error objects carry no HTTP status; servers put it in the body instead
+    # (Groq ``status_code: 400``, OpenRouter ``code: 400``).
+    for key in ("status_code", "status", "code"):
+        value = get_field(body, key)
+        if isinstance(value, int) or (isinstance(value, str) and value.isdigit()):
+            return int(value)
+    return None
+
+
+def classify_error(exc: BaseException, *, provider: str = "openai") -> AxonError:
+    """Map an exception from the SDK (or its transport) onto :mod:`runtime.errors`.
+
+    An ``APIError`` is classified by :func:`~actors.providers.failures.classify_status`
+    from its HTTP status, or for an error inside the stream (no status of its own) the
+    status the body names, with the body's ``type`` and ``code`` words and the
+    ``retry-after-ms`` / ``retry-after`` headers. The SDK's timeout ->
+    :class:`ProviderTimeout`; its connection error -> :class:`ConnectionLost`; the HTTP
+    library's errors while the stream is read, and undecodable data, by
+    :func:`~actors.providers.failures.classify_transport`. An :class:`AxonError` is
+    returned unchanged.
+    """
+    if isinstance(exc, AxonError):
+        return exc
+    import openai  # the SDK: loaded by the first call, never by importing Axon
+
+    if isinstance(exc, openai.APITimeoutError):
+        return errors.ProviderTimeout(str(exc), provider=provider)
+    if isinstance(exc, openai.APIConnectionError):
+        cause = exc.__cause__
+        detail = f": {type(cause).__name__}: {cause}" if cause is not None else ""
+        return errors.ConnectionLost(f"{exc}{detail}", provider=provider)
+    if isinstance(exc, openai.APIError):
+        body = exc.body
+        message = get_field(body, "message")
+        if not isinstance(message, str) or not message:
+            message = exc.message
+        response = getattr(exc, "response", None)
+        return classify_status(
+            message,
+            provider=provider,
+            status=getattr(exc, "status_code", None) or _status_of(body),
+            error_type=exc.type,
+            code=exc.code,
+            retry_after=retry_after(response.headers if response is not None else None),
+        )
+    found = classify_transport(exc, provider=provider)
+    if found is not None:
+        return found
+    return ProviderError(f"{type(exc).__name__}: {exc}", provider=provider)
+
+
+class OpenAISDKProvider(SDKProvider):
+    """A provider over the ``openai`` SDK's ``AsyncOpenAI`` client (Chat Completions, or
+    the Responses API), for OpenAI and the servers that speak its API."""
+
+    def new_client(self) -> Any:
+        import openai  # the SDK: loaded by the first call, never by importing Axon
+
+        try:
+            return openai.AsyncOpenAI(
+                api_key=self._api_key,
+                base_url=self.base_url,
+                timeout=self.timeout,
+                max_retries=0,  # retries belong to the runtime (it knows what was emitted)
+            )
+        except openai.OpenAIError as exc:  # no key given and none in the environment
+            raise missing_key(self.provider_name, "OPENAI_API_KEY") from exc

@@ -1,0 +1,90 @@
+"""What every provider over a vendor's SDK sets up the same way, written once.
+
+The OpenAI Chat Completions, OpenAI Responses and Anthropic providers each call their
+vendor through its Python SDK. :class:`SDKProvider` holds what they share: the
+constructor's common arguments (model, endpoint, key, timeout, concurrency, extra request
+options, foreign reasoning), the client built on the first call (with the SDK's own
+retries off: the turn runner retries, and it knows what was already streamed), the
+resolved credentials registered as secrets so no error text ever shows them, the names
+the SDK's ``create`` takes, and closing the client. A subclass builds its SDK's client
+(:meth:`SDKProvider.new_client`) and keeps the rest of what it knows: its request format
+and its stream.
+
+The SDK itself is imported by :meth:`~SDKProvider.new_client` only, so importing a
+provider module (or ``runtime``) loads no SDK.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from runtime.history import ForeignReasoning
+from runtime.provider import Provider
+from runtime.redact import register_secret
+
+
+class SDKProvider(Provider):
+    """A provider that calls its model through a vendor's SDK client (built lazily)."""
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        max_concurrency: int | None = None,
+        timeout: float | None = 60.0,
+        name: str | None = None,
+        foreign_reasoning: ForeignReasoning = "drop",
+        request_options: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(model=model, max_concurrency=max_concurrency, name=name)
+        self.base_url = base_url
+        """The API root; ``None``: the SDK's default (its :attr:`endpoint_env` variable,
+        else the vendor's :attr:`default_endpoint`)."""
+        self._api_key = api_key  # private: never logged, never in describe()
+        self.timeout = timeout
+        """Seconds to connect and between two reads of the stream; ``None``: no limit."""
+        self.request_options = dict(request_options or {})
+        """Extra arguments of the SDK's ``create`` for every call; a request's
+        ``settings`` override them key by key."""
+        self.foreign_reasoning = self.check_foreign_reasoning(foreign_reasoning)
+        self._client: Any = None
+        self._create_params: frozenset[str] | None = None
+
+    def new_client(self) -> Any:
+        """A new client of the SDK, with its retries off (imports the SDK). Raise
+        :func:`~actors.providers.failures.missing_key` when no key is given or found."""
+        raise NotImplementedError
+
+    def client_secrets(self, client: Any) -> Iterable[str | None]:
+        """The credentials ``client`` resolved (given, or read from the environment)."""
+        return (client.api_key,)
+
+    def _get_client(self) -> Any:
+        """The SDK client, built on first use; its credentials are then secrets, which
+        :mod:`runtime.redact` removes from every error and log line."""
+        if self._client is None:
+            self._client = self.new_client()
+            for secret in self.client_secrets(self._client):
+                register_secret(secret)
+        return self._client
+
+    def _known_params(self, create: Callable[..., Any]) -> frozenset[str]:
+        """The argument names of the SDK's ``create`` (read once): an option it does not
+        name goes in ``extra_body``, so new API fields work without an SDK upgrade."""
+        if self._create_params is None:
+            self._create_params = frozenset(inspect.signature(create).parameters)
+        return self._create_params
+
+    async def aclose(self) -> None:
+        """Close the HTTP client (its connection pool), if one was built; the next call
+        builds a new one."""
+        client, self._client = self._client, None
+        if client is not None:
+            await client.close()
+
+
+__all__ = ["SDKProvider"]

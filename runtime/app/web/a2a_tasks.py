@@ -1,0 +1,711 @@
+"""A2A tasks over the runtime's sessions and turns: task = turn, ``contextId`` = session.
+
+A task is one turn of the agent, with its continuations: a turn that waits for approval
+or for a client-side tool (docs/approval.md) is a task in ``TASK_STATE_INPUT_REQUIRED``,
+and the client's next message on the task carries the decisions that resume it, in the
+same assistant message. Its id is ``<session id>~<assistant message id>``: from the id
+alone any process on the store finds the turn again, so ``GetTask`` answers for turns
+that ran before a restart (and for turns the chat page ran: every turn is a task).
+
+Turns run in the app's background nursery, not in the request that started them: an
+A2A client may send with ``returnImmediately``, drop its stream and subscribe again, so
+a turn outlives its request. :class:`LiveTask` keeps what a subscriber needs while a task
+runs (its state, its answer so far, the events since it started); :class:`TaskBook`
+starts, finds, continues and cancels tasks. Tasks that are not live any more are read
+back from the session's history (:func:`derive`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import orjson
+import trio
+
+from actors.a2a import wire
+from runtime.app.session import FINAL_WAIT
+from runtime.app.web.chat_input import title_of
+from runtime.approval import (
+    APPROVAL,
+    SUPERSEDED,
+    Decision,
+    PendingCall,
+    decide,
+    pending_calls,
+)
+from runtime.busy import REJECT
+from runtime.errors import (
+    DecisionError,
+    InvalidMedia,
+    InvalidSessionId,
+    MediaTooLarge,
+    NothingToResume,
+    SessionBusy,
+    TooManyParts,
+)
+from runtime.ids import new_id
+from runtime.media import check_counts, check_limits, user_content
+from runtime.messages import AssistantMessage, Message, ToolCallPart, ToolMessage, UserMessage
+from runtime.store import validate_session_id
+
+CANCELED_REASON = "canceled by the A2A client"
+"""The reason a canceled task's turn (or its waiting calls) is stopped with."""
+
+LIVE_TASKS = 64
+"""Tasks kept in memory while no turn of theirs runs (the oldest go first): a task that
+is not kept is read back from its session's history when asked for. Running tasks are
+always kept; there is at most one per session. A kept task holds its client's messages
+(media included) and its events, so this bounds what finished tasks hold."""
+
+RUNNING_TASKS = 100
+"""Tasks that may run at once in one app. An A2A client need not hold a connection
+while its task runs (``returnImmediately``), so without a bound a client could start
+any number of turns; past it a new task is refused (``UnsupportedOperation``, HTTP 429
+on HTTP+JSON) until one ends."""
+
+SEPARATOR = "~"
+"""Between a task id's session id and message id: in neither id's alphabet."""
+
+
+def task_id_of(context_id: str, message_id: str) -> str:
+    return f"{context_id}{SEPARATOR}{message_id}"
+
+
+def split_task_id(task_id: str) -> tuple[str, str]:
+    """``(session id, assistant message id)`` of a task id; ``TaskNotFound`` for an id
+    this server never made."""
+    context_id, sep, message_id = task_id.rpartition(SEPARATOR)
+    try:
+        validate_session_id(context_id)
+        validate_session_id(message_id)  # the same alphabet as message ids
+    except InvalidSessionId:
+        raise wire.task_not_found(task_id) from None
+    if not sep:
+        raise wire.task_not_found(task_id)
+    return context_id, message_id
+
+
+# -- a task's state, from the history --------------------------------------------------
+
+
+def pending_message(
+    task_id: str, context_id: str, pending: Sequence[PendingCall]
+) -> dict[str, Any]:
+    """The status message of a task waiting for input: a line a person reads, and the
+    calls as data (what the answer's ``decisions`` name)."""
+    lines = [
+        f"{'approve' if c.kind == APPROVAL else 'run the client-side tool'} "
+        f"{c.tool_name}({orjson.dumps(c.input).decode()}) [id {c.approval_id}]"
+        for c in pending
+    ]
+    calls = [
+        {"id": c.approval_id, "kind": c.kind, "tool": c.tool_name, "input": c.input}
+        for c in pending
+    ]
+    parts = [
+        wire.text_part("waiting for input: " + "; ".join(lines)),
+        {"data": {"pending": calls}},
+    ]
+    return wire.message(
+        wire.ROLE_AGENT,
+        parts,
+        message_id=new_id("msg"),
+        context_id=context_id,
+        task_id=task_id,
+    )
+
+
+def _agent_note(task_id: str, context_id: str, text: str) -> dict[str, Any]:
+    return wire.message(
+        wire.ROLE_AGENT,
+        [wire.text_part(text)],
+        message_id=new_id("msg"),
+        context_id=context_id,
+        task_id=task_id,
+    )
+
+
+def user_message(m: UserMessage, context_id: str, task_id: str) -> dict[str, Any]:
+    return wire.message(
+        wire.ROLE_USER,
+        wire.parts_of(m.content),
+        message_id=m.id,
+        context_id=context_id,
+        task_id=task_id,
+    )
+
+
+def _stopped(part: ToolCallPart) -> bool:
+    """A waiting call that a new message superseded or the client canceled."""
+    w = part.awaiting
+    assert w is not None
+    return w.reason in (SUPERSEDED, CANCELED_REASON) or w.error in (SUPERSEDED, CANCELED_REASON)
+
+
+def derive(
+    messages: Sequence[Message], index: int, task_id: str, context_id: str, *, running: bool
+) -> LiveTask:
+    """The task of the assistant message at ``index``, as its history tells it
+    (``running``: the session runs a turn now, which is this one if it is the last)."""
+    message = messages[index]
+    assert isinstance(message, AssistantMessage)
+    user = next((m for m in reversed(messages[:index]) if isinstance(m, UserMessage)), None)
+    after = messages[index + 1 :]
+    nxt = next((i for i, m in enumerate(after) if isinstance(m, UserMessage)), len(after))
+    last = nxt == len(after)
+    answered = {m.tool_call_id for m in after[:nxt] if isinstance(m, ToolMessage)}
+    awaiting = [p for p in message.content if isinstance(p, ToolCallPart) and p.awaiting]
+    live = LiveTask(task_id, context_id, message.id)
+    live.text = [message.text] if message.text else []
+    if user is not None:
+        live.history.append(user_message(user, context_id, task_id))
+        live.seen.add(user.id)
+    note: dict[str, Any] | None = None
+    if message.error is not None:
+        state = wire.FAILED
+        note = _agent_note(task_id, context_id, message.error.message)
+    elif message.interrupted or any(_stopped(p) for p in awaiting):
+        state = wire.CANCELED
+    elif any(p.tool_call_id not in answered for p in awaiting):
+        pending = pending_calls(messages[: index + 1 + nxt]) if last else ()
+        if pending:
+            state = wire.INPUT_REQUIRED
+            note = pending_message(task_id, context_id, pending)
+        else:  # decided, its continuation not run (yet): about to resume, or given up
+            state = wire.WORKING if last else wire.CANCELED
+    elif last and running:
+        state = wire.WORKING
+    else:
+        state = wire.COMPLETED
+    live.state = state
+    live.status_message = note
+    return live
+
+
+# -- live tasks -------------------------------------------------------------------------
+
+
+class LiveTask:
+    """A task as subscribers follow it: its state, its answer so far, its history, and
+    the stream events (``StreamResponse`` s) since it was started here."""
+
+    def __init__(self, task_id: str, context_id: str, message_id: str) -> None:
+        self.id = task_id
+        self.context_id = context_id
+        self.message_id = message_id
+        self.state = wire.SUBMITTED
+        self.status_message: dict[str, Any] | None = None
+        self.timestamp = wire.now()
+        self.text: list[str] = []
+        self.history: list[dict[str, Any]] = []
+        self.seen: set[str] = set()
+        """Stored ids of the client messages this task took (a re-sent one is known)."""
+        self.events: list[dict[str, Any]] = []
+        self.running = False
+        """A turn (or a continuation) of the task runs now."""
+        self.out: Any = None
+        """The running turn's stream (to cancel it)."""
+        self._changed = trio.Event()
+
+    @property
+    def settled(self) -> bool:
+        """No turn of the task runs (it waits, or is over): a stream of it ends here.
+        A task this book runs is terminal or waits whenever its turn is not running; one
+        read back from the store whose turn nothing here runs shows as it is."""
+        return not self.running
+
+    def snapshot(self, history_length: int | None = None) -> dict[str, Any]:
+        """The ``Task`` as it is now."""
+        return wire.task(
+            self.id,
+            self.context_id,
+            wire.status(self.state, self.status_message, self.timestamp),
+            text="".join(self.text),
+            history=self.history,
+            history_length=history_length,
+        )
+
+    def _emit(self, event: dict[str, Any]) -> None:
+        self.events.append(event)
+        self._changed.set()
+        self._changed = trio.Event()
+
+    def set_state(self, state: str, note: dict[str, Any] | None = None) -> None:
+        self.state, self.status_message, self.timestamp = state, note, wire.now()
+        self._emit(wire.status_update(self.id, self.context_id, wire.status(state, note)))
+
+    def add_text(self, text: str) -> None:
+        append = bool(self.text)
+        self.text.append(text)
+        self._emit(wire.artifact_update(self.id, self.context_id, text, append=append))
+
+    def close_answer(self) -> None:
+        if self.text:
+            self._emit(wire.artifact_update(self.id, self.context_id, "", append=True, last=True))
+
+    async def wait_settled(self) -> None:
+        while not self.settled:
+            await self._changed.wait()
+
+    async def follow(self, cursor: int) -> AsyncIterator[dict[str, Any]]:
+        """The events from ``cursor`` on, as they come, until the task settles."""
+        while True:
+            while cursor < len(self.events):
+                cursor += 1
+                yield self.events[cursor - 1]
+            if self.settled:
+                return
+            await self._changed.wait()
+
+
+def _busy(context_id: str, running: LiveTask | None) -> wire.A2AError:
+    what = f"task {running.id!r}" if running is not None else "a turn"
+    return wire.A2AError(
+        "UnsupportedOperation",
+        f"context {context_id!r} is running {what}: one task runs per context at a time "
+        "(wait for it, cancel it, or use another contextId)",
+    )
+
+
+def _media_error(exc: Exception) -> wire.A2AError:
+    if isinstance(exc, MediaTooLarge | TooManyParts):
+        return wire.invalid_params(str(exc))
+    return wire.A2AError("ContentTypeNotSupported", str(exc))
+
+
+class TaskBook:
+    """The A2A tasks of one app (:class:`runtime.app.web.app.WebState`)."""
+
+    def __init__(self, state: Any) -> None:
+        self.state = state
+        self.live: dict[str, LiveTask] = {}
+
+    # -- reading ------------------------------------------------------------------------
+
+    async def _history(self, context_id: str) -> tuple[Sequence[Message], bool] | None:
+        """The session's messages and whether it runs a turn: from memory while it does
+        (its running turn is not all saved), else from the store (a decision recorded
+        through the store is not in memory yet); ``None`` for no such session."""
+        session = self.state.host.sessions.get(context_id)
+        if session is not None and session.loaded and session.busy:
+            return session.messages, True
+        record = await self.state.host.store.load(context_id)
+        return (record.messages, False) if record is not None else None
+
+    async def find(self, task_id: str) -> LiveTask:
+        """The task ``task_id``: live, or read back from its session (and kept live from
+        then on); ``TaskNotFound`` otherwise."""
+        live = self.live.get(task_id)
+        if live is not None:
+            return live
+        context_id, message_id = split_task_id(task_id)
+        found = await self._history(context_id)
+        if found is None:
+            raise wire.task_not_found(task_id)
+        messages, running = found
+        index = next(
+            (
+                i
+                for i, m in enumerate(messages)
+                if isinstance(m, AssistantMessage) and m.id == message_id
+            ),
+            None,
+        )
+        if index is None:
+            raise wire.task_not_found(task_id)
+        live = derive(messages, index, task_id, context_id, running=running)
+        session = self.state.host.sessions.get(context_id)
+        current = session.current if session is not None and running else None
+        if live.state == wire.WORKING and current is not None and self.state.background:
+            live.running = True  # a turn this book did not start (the chat page's)
+            self.state.background.start_soon(self._watch, live, current)
+        return self._keep(live)
+
+    async def _watch(self, live: LiveTask, current: Any) -> None:
+        """Follow a turn this book did not start to its end, for its subscribers: its
+        answer and its final state, as its history then tells them."""
+        await current.done.wait()
+        try:
+            found = await self._history(live.context_id)
+            messages = found[0] if found is not None else ()
+            index = next(
+                i
+                for i, m in enumerate(messages)
+                if isinstance(m, AssistantMessage) and m.id == live.message_id
+            )
+            fresh = derive(messages, index, live.id, live.context_id, running=False)
+        except Exception:  # gone from the store meanwhile: nothing more to tell
+            live.running = False
+            live.set_state(live.state)
+            return
+        live.running = False
+        text, sent = "".join(fresh.text), "".join(live.text)
+        if text.startswith(sent) and text != sent:
+            live.add_text(text[len(sent) :])
+        live.close_answer()
+        live.set_state(fresh.state, fresh.status_message)
+
+    def _keep(self, live: LiveTask) -> LiveTask:
+        self.live[live.id] = live
+        if len(self.live) > LIVE_TASKS:
+            for key in [k for k, t in self.live.items() if not t.running][
+                : len(self.live) - LIVE_TASKS
+            ]:
+                del self.live[key]
+        return live
+
+    # -- sending ------------------------------------------------------------------------
+
+    async def send(self, request: wire.SendRequest) -> LiveTask:
+        """Start the task a message asks for, or continue the one it names; a message
+        sent before (its ``messageId``) gives the task it started, and runs nothing."""
+        incoming = request.message
+        if incoming.task_id is not None:
+            return await self._continue(incoming)
+        context_id = incoming.context_id or new_id("ctx")
+        try:
+            validate_session_id(context_id)
+        except InvalidSessionId as exc:
+            raise wire.invalid_params(f"message.contextId: {exc}") from None
+        stored_id = wire.stored_message_id(incoming.message_id)
+        twin = self._sent_before(context_id, stored_id)
+        if twin is not None:
+            return twin
+        try:
+            content = user_content(wire.user_input(incoming.parts))
+            check_counts(content, self.state.host.input_limits)
+            check_limits(content, self.state.agent_for(context_id).media_limits)
+        except (InvalidMedia, MediaTooLarge, TooManyParts) as exc:
+            raise _media_error(exc) from None
+        found = await self._history(context_id)
+        if found is not None:
+            messages, _ = found
+            at = next(
+                (
+                    i
+                    for i, m in enumerate(messages)
+                    if isinstance(m, UserMessage) and m.id == stored_id
+                ),
+                None,
+            )
+            if at is not None:  # a re-sent message: the task it started
+                answer = next(
+                    (m for m in messages[at + 1 :] if isinstance(m, AssistantMessage)), None
+                )
+                if answer is not None:
+                    return await self.find(task_id_of(context_id, answer.id))
+        self._check_capacity()  # before a session opens: a refused task leaves nothing
+        session = await self.state.session(context_id)
+        # Looked for again after the last await: the same message sent twice at once may
+        # have started its task meanwhile (then the session is busy with it, not another).
+        twin = self._sent_before(context_id, stored_id)
+        if twin is not None:
+            return twin
+        if session.busy:
+            raise _busy(context_id, self._running_in(context_id))
+        message_id = new_id("task")
+        live = LiveTask(task_id_of(context_id, message_id), context_id, message_id)
+        live.seen.add(stored_id)
+        live.history.append(self._history_entry(incoming, context_id, live.id, stored_id))
+        if "title" not in session.meta:
+            session.set_title(title_of(content))
+        waiting = [
+            t
+            for t in self.live.values()
+            if t.context_id == context_id and t.state == wire.INPUT_REQUIRED
+        ]
+        self.live[live.id] = live
+        try:
+            await self._start(live, session, content, stored_id=stored_id)
+        except BaseException:
+            self.live.pop(live.id, None)
+            twin = self._sent_before(context_id, stored_id)
+            if twin is not None:  # the same message, sent twice at once: one turn
+                return twin
+            raise
+        for old in waiting:  # the new turn denied what they waited for: superseded
+            old.set_state(
+                wire.CANCELED, _agent_note(old.id, context_id, f"superseded by task {live.id}")
+            )
+        return self._keep(live)
+
+    def _check_capacity(self) -> None:
+        running = sum(t.running for t in self.live.values())
+        if running >= RUNNING_TASKS:
+            raise wire.A2AError(
+                "UnsupportedOperation",
+                f"{running} tasks are running, the most this agent runs at once: "
+                "try again when one has ended",
+                status=429,
+            )
+
+    def _sent_before(self, context_id: str, stored_id: str) -> LiveTask | None:
+        """The live task that message ``stored_id`` of the context started, if any."""
+        return next(
+            (t for t in self.live.values() if t.context_id == context_id and stored_id in t.seen),
+            None,
+        )
+
+    def _running_in(self, context_id: str) -> LiveTask | None:
+        return next(
+            (t for t in self.live.values() if t.context_id == context_id and t.running), None
+        )
+
+    @staticmethod
+    def _history_entry(
+        incoming: wire.Incoming, context_id: str, task_id: str, stored_id: str
+    ) -> dict[str, Any]:
+        return {
+            **incoming.raw,
+            "messageId": incoming.message_id,
+            "contextId": context_id,
+            "taskId": task_id,
+            "role": wire.ROLE_USER,
+        }
+
+    async def _continue(self, incoming: wire.Incoming) -> LiveTask:
+        """A message on a task: the answers of a task waiting for input."""
+        assert incoming.task_id is not None
+        live = await self.find(incoming.task_id)
+        if incoming.context_id is not None and incoming.context_id != live.context_id:
+            raise wire.invalid_params(
+                f"message.contextId {incoming.context_id!r} is not the context of task {live.id!r}"
+            )
+        stored_id = wire.stored_message_id(incoming.message_id)
+        if stored_id in live.seen:
+            return live
+        if live.state in wire.TERMINAL:
+            raise wire.A2AError(
+                "UnsupportedOperation",
+                f"task {live.id!r} is in a terminal state ({live.state}): send a message "
+                "without taskId to go on in its context",
+            )
+        if live.running or live.state not in wire.INTERRUPTED:
+            raise wire.A2AError(
+                "UnsupportedOperation",
+                f"task {live.id!r} is running: it takes a message only while it waits for input",
+            )
+        session = await self.state.session(live.context_id)
+        if session.busy:
+            raise _busy(live.context_id, self._running_in(live.context_id))
+        complete, remaining = await self._record(session, live, incoming)
+        live.seen.add(stored_id)
+        live.history.append(self._history_entry(incoming, live.context_id, live.id, stored_id))
+        if complete:
+            await self._start(live, session, None)
+        else:
+            live.set_state(
+                wire.INPUT_REQUIRED, pending_message(live.id, live.context_id, remaining)
+            )
+        return live
+
+    async def _record(
+        self, session: Any, live: LiveTask, incoming: wire.Incoming
+    ) -> tuple[bool, tuple[PendingCall, ...]]:
+        """Record the decisions a message carries (all checked first: a bad one records
+        nothing); whether they completed the turn's, and the calls still waiting."""
+        record = await session.host.store.load(session.id)
+        stored = record.messages if record is not None else ()
+        pending = pending_calls(stored)
+        if not pending or pending[0].message_id != live.message_id:
+            raise wire.A2AError(
+                "UnsupportedOperation", f"task {live.id!r} does not wait for input any more"
+            )
+        answers = _decisions(wire.data_parts(incoming.parts), pending)
+        tools = session.agent.tool_map
+        try:
+            for key, decision in answers:
+                _, stored, _, _ = decide(stored, key, decision, tools)
+            complete = False
+            for key, decision in answers:
+                recorded = await session.decide(
+                    key,
+                    approved=decision.approved,
+                    reason=decision.reason,
+                    error=decision.error,
+                    **({"output": decision.output} if decision.has_output else {}),
+                )
+                complete = recorded.complete
+        except DecisionError as exc:
+            raise wire.invalid_params(str(exc)) from None
+        except SessionBusy:
+            raise _busy(live.context_id, self._running_in(live.context_id)) from None
+        return complete, pending_calls(stored)
+
+    async def _start(
+        self, live: LiveTask, session: Any, content: Any, *, stored_id: str | None = None
+    ) -> None:
+        """Run the task's turn (``content``), or its continuation (``None``), in the
+        app's background nursery; returns once it runs. A turn that cannot start
+        (the session is busy after all) raises here, and nothing runs."""
+        self._check_capacity()
+        background = self.state.background
+        if background is None:
+            raise wire.A2AError(
+                "Internal",
+                "the A2A endpoint runs tasks in the app's lifespan, which is not running",
+            )
+        try:
+            await background.start(self._drive, live, session, content, stored_id)
+        except SessionBusy:
+            raise _busy(live.context_id, self._running_in(live.context_id)) from None
+        except NothingToResume as exc:
+            raise wire.A2AError("UnsupportedOperation", str(exc)) from None
+
+    async def _drive(
+        self,
+        live: LiveTask,
+        session: Any,
+        content: Any,
+        stored_id: str | None,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        turn = (
+            session.resume()
+            if content is None
+            else session.stream(  # a task is one turn: never queued behind or steered into
+                content, message_id=live.message_id, user_message_id=stored_id, on_busy=REJECT
+            )
+        )
+        started = False
+        try:
+            async with turn as out:
+                live.out, live.running, started = out, True, True
+                live.set_state(wire.WORKING)
+                task_status.started()
+                async for chunk in out:
+                    if chunk.type == "text-delta" and chunk.text:
+                        live.add_text(chunk.text)
+                with trio.move_on_after(FINAL_WAIT):
+                    await out.done.wait()
+            self._finish(live, out.result)
+        except Exception as exc:
+            if not started:
+                raise
+            live.running = False
+            live.set_state(
+                wire.FAILED,
+                _agent_note(live.id, live.context_id, f"internal error: {type(exc).__name__}"),
+            )
+        finally:
+            if live.running:  # cancelled from outside (the app shutting down)
+                live.running = False
+                live.set_state(
+                    wire.CANCELED, _agent_note(live.id, live.context_id, "server shutdown")
+                )
+            live.out = None
+
+    def _finish(self, live: LiveTask, result: Any) -> None:
+        live.running = False
+        live.close_answer()
+        ids = (live.id, live.context_id)
+        if result is None:
+            live.set_state(wire.FAILED, _agent_note(*ids, "the turn ended without a result"))
+        elif result.finish_reason == "awaiting-input":
+            live.set_state(wire.INPUT_REQUIRED, pending_message(*ids, result.pending))
+        elif result.finish_reason == "error":
+            why = result.error.message if result.error is not None else "the turn failed"
+            live.set_state(wire.FAILED, _agent_note(*ids, why))
+        elif result.finish_reason == "aborted":
+            live.set_state(wire.CANCELED, _agent_note(*ids, result.abort_reason or "canceled"))
+        else:
+            live.set_state(wire.COMPLETED)
+
+    # -- canceling ----------------------------------------------------------------------
+
+    async def cancel(self, task_id: str) -> LiveTask:
+        """Cancel a task: stop its running turn, or deny what it waits for. A canceled
+        task again gives the task as it is (idempotent); a completed or failed one
+        ``TaskNotCancelable``."""
+        live = await self.find(task_id)
+        if live.state == wire.CANCELED and not live.running:
+            return live
+        if live.state in wire.TERMINAL:
+            raise wire.A2AError(
+                "TaskNotCancelable", f"task {task_id!r} is {live.state}: it cannot be canceled"
+            )
+        if live.running and live.out is not None:
+            live.out.cancel(CANCELED_REASON)
+            with trio.move_on_after(FINAL_WAIT * 2):
+                await live.wait_settled()
+            return live
+        session = await self.state.session(live.context_id)
+        if session.busy:  # a turn this book does not run (the chat page's): stop it
+            current = session.current
+            if current is not None:
+                current.cancel(CANCELED_REASON)
+                with trio.move_on_after(FINAL_WAIT * 2):
+                    await current.done.wait()
+            self.live.pop(task_id, None)
+            return await self.find(task_id)
+        record = await session.host.store.load(session.id)
+        pending = pending_calls(record.messages) if record is not None else ()
+        for call in pending:
+            if call.message_id != live.message_id:
+                continue
+            try:
+                if call.kind == APPROVAL:
+                    await session.decide(call.approval_id, approved=False, reason=CANCELED_REASON)
+                else:
+                    await session.decide(call.approval_id, error=CANCELED_REASON)
+            except DecisionError:
+                pass  # decided meanwhile: the task goes on as that decision says
+        live.set_state(wire.CANCELED, _agent_note(live.id, live.context_id, CANCELED_REASON))
+        return live
+
+    def cancel_all(self, reason: str) -> int:
+        """Cancel every running task (a server shutting down); how many ran."""
+        running = [t for t in self.live.values() if t.running and t.out is not None]
+        for t in running:
+            t.out.cancel(reason)
+        return len(running)
+
+
+def _decisions(values: Sequence[Any], pending: Sequence[PendingCall]) -> list[tuple[str, Decision]]:
+    """The decisions in a message's ``data`` parts: ``{"decisions": [{"id", "approved",
+    "reason"} | {"id", "output"} | {"id", "error"}, ...]}`` (or one such decision alone;
+    ``id`` may be left out when one call waits)."""
+    found: list[Any] = []
+    for value in values:
+        if isinstance(value, dict) and isinstance(value.get("decisions"), list):
+            found.extend(value["decisions"])
+        elif isinstance(value, dict) and ({"approved", "output", "error"} & value.keys()):
+            found.append(value)
+    if not found:
+        raise wire.invalid_params(
+            "the task waits for input: answer with a data part "
+            '{"decisions": [{"id": ID, "approved": true}]} (an approval) or '
+            '{"decisions": [{"id": ID, "output": ...}]} (a client-side tool); the ids are '
+            "in the task's status message"
+        )
+    out: list[tuple[str, Decision]] = []
+    for i, d in enumerate(found):
+        if not isinstance(d, dict):
+            raise wire.invalid_params(f"decisions[{i}] must be an object")
+        key = d.get("id")
+        if key is None and len(pending) == 1:
+            key = pending[0].approval_id
+        if not isinstance(key, str):
+            raise wire.invalid_params(f"decisions[{i}].id must be the id of a waiting call")
+        approved, reason, error = d.get("approved"), d.get("reason"), d.get("error")
+        if approved is not None and not isinstance(approved, bool):
+            raise wire.invalid_params(f"decisions[{i}].approved must be true or false")
+        if not isinstance(reason, str | None) or not isinstance(error, str | None):
+            raise wire.invalid_params(f"decisions[{i}].reason and .error must be strings")
+        out.append(
+            (
+                key,
+                Decision(
+                    approved=approved,
+                    reason=reason,
+                    output=d.get("output"),
+                    error=error,
+                    has_output="output" in d,
+                ),
+            )
+        )
+    return out
+
+
+__all__ = ["CANCELED_REASON", "LiveTask", "TaskBook", "derive", "split_task_id", "task_id_of"]

@@ -1,0 +1,538 @@
+"""The AG-UI endpoint: CopilotKit and every other AG-UI client can run an Axon agent.
+
+Mounted at ``POST /ag-ui`` by ``serve --protocols ag-ui`` (:mod:`runtime.app.web.protocols`).
+The body is a ``RunAgentInput``; the answer streams the run as AG-UI events over SSE
+(:mod:`runtime.app.web.agui_wire` maps them). It is a thin adapter over the same turn
+machinery as ``POST /api/chat``: the turn runs through ``session.stream`` (or
+``session.resume``) and streams through the app's :class:`~runtime.app.web.app.TurnResponse`
+with AG-UI's encoder: keep-alive comments, a client that disconnects cancels the turn
+(saved, marked interrupted), a client that stops reading is dropped after
+``send_timeout``.
+
+``threadId`` is the session (stored like a chat-page session); ``runId`` the turn's id.
+The server keeps the history, so of ``messages`` it reads only what is new:
+
+* the last message is a user message the thread does not hold: a new turn with it (on a
+  thread that does not exist yet, the messages before it start its history);
+* the last message is a tool message, or ``resume`` is given: the answers for a turn that
+  waits (docs/approval.md): each tool message after the last user message answers a
+  client-side tool call (its text is the output; ``error`` makes it a failure), each
+  ``resume`` entry an approval's interrupt (``{"approved": bool, "reason"?: str}``, or
+  ``status: cancelled``, a denial). They must answer every call the turn waits for; all
+  are checked before any is recorded, then the turn's continuation streams;
+* anything else (no new message: a client reconnecting, a replayed request) is answered
+  with the thread as it is: ``RUN_STARTED``, ``MESSAGES_SNAPSHOT``, ``RUN_FINISHED``.
+
+``tools`` are client-side tools (:meth:`runtime.tools.Tool.client`) offered for this run
+only: a call to one ends the run with the success outcome naming it in
+``pendingToolCallIds`` (the spec's frontend-tool round trip), and the next run answers it
+with a tool message. A call that needs approval ends it with the interrupt outcome.
+``context`` is added to the agent's instructions for the run. ``state`` and
+``forwardedProps`` are accepted and not read.
+
+Input refused before the run starts is an HTTP error with no event stream (the HTTP
+binding's rule), ``{"error": message, "code": code}``, and records nothing: a malformed
+body 400, a missing or wrong token 401, a body not sent as JSON 415, an unknown tool
+call answered 404, a new message while an approval waits (or answers that leave a call
+waiting) 409 ``interrupt_pending``, a thread running a turn 409 ``thread_busy``. The Host
+and Origin checks of the whole app (:mod:`runtime.app.web.guard`) apply before these.
+
+Embedded deployments only, for now: a worker deployment's front end does not mount it.
+"""
+
+from __future__ import annotations
+
+import hmac
+import re
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.types import ASGIApp
+
+from runtime.app.web.agui_wire import (
+    AGUIError,
+    RunEncoder,
+    RunInput,
+    agui_messages,
+    approval_answer,
+    bad_input,
+    finished,
+    history_of,
+    parse_run_input,
+    sse,
+    tool_answer,
+    user_input,
+)
+from runtime.app.web.chat_input import _read_body
+from runtime.app.web.guard import is_json
+from runtime.app.web.http import ApiError
+from runtime.approval import APPROVAL, Decision, PendingCall, decide, waiting_calls
+from runtime.busy import REJECT
+from runtime.errors import (
+    AlreadyDecided,
+    DecisionError,
+    InvalidHistory,
+    InvalidMedia,
+    InvalidSessionId,
+    MediaTooLarge,
+    SessionBusy,
+    SessionNotLoaded,
+    TooManyParts,
+    UnknownApproval,
+)
+from runtime.media import check_limits
+from runtime.messages import (
+    AssistantMessage,
+    Awaiting,
+    Message,
+    ReasoningPart,
+    ToolCallPart,
+    ToolMessage,
+    UserMessage,
+)
+from runtime.store import validate_session_id
+
+PATH = "/ag-ui"
+
+HEADERS: dict[str, str] = {
+    "content-type": "text/event-stream",
+    "cache-control": "no-cache",
+    "x-accel-buffering": "no",
+}
+
+_ID = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
+"""What the runtime takes as a turn or message id (a client's that is not is replaced)."""
+
+_DECISION_STATUS: dict[type, int] = {UnknownApproval: 404, AlreadyDecided: 409}
+
+
+def error_response(error: AGUIError, headers: dict[str, str] | None = None) -> Response:
+    return Response(
+        orjson.dumps(error.body()),
+        status_code=error.status,
+        headers=headers,
+        media_type="application/json",
+    )
+
+
+def _busy(session: Any) -> Response:
+    return error_response(
+        AGUIError(409, f"thread {session.id!r} is running a run already", "thread_busy")
+    )
+
+
+class StreamEncoder(RunEncoder):
+    """The run's encoder as :class:`~runtime.app.web.app.TurnResponse` drives it: its
+    ``final`` ends the stream (``RUN_FINISHED``) once the turn is saved."""
+
+    def final(self, out: Any) -> bytes:
+        try:
+            messages: Sequence[Message] = out.session.messages
+        except SessionNotLoaded:
+            messages = ()
+        return b"".join(sse(e) for e in self.closing(out.result, messages))
+
+
+def snapshot_response(
+    run: RunInput, messages: Sequence[Message], metadata: dict[str, Any] | None
+) -> Response:
+    """A run with nothing new to run: the thread as it is (a client reconnecting or
+    replaying a request), ending as the thread's last turn ended (the interrupt outcome
+    while an approval waits, ``pendingToolCallIds`` while a client tool call does)."""
+    started: dict[str, Any] = {
+        "type": "RUN_STARTED",
+        "threadId": run.thread_id,
+        "runId": run.run_id,
+        "protocolVersion": "1.0",
+    }
+    if metadata:
+        started["metadata"] = metadata
+    pending = [c for c in waiting_calls(messages) if not c.decided]
+    ends = [
+        e
+        for e in finished(run.thread_id, run.run_id, pending, messages)
+        if e["type"] != "MESSAGES_SNAPSHOT"
+    ]
+    events = [started, {"type": "MESSAGES_SNAPSHOT", "messages": agui_messages(messages)}, *ends]
+    return Response(b"".join(sse(e) for e in events), headers=HEADERS)
+
+
+def _awaiting(messages: Sequence[Message]) -> dict[str, Awaiting]:
+    return {
+        p.tool_call_id: p.awaiting
+        for m in messages
+        if isinstance(m, AssistantMessage)
+        for p in m.content
+        if isinstance(p, ToolCallPart) and p.awaiting is not None
+    }
+
+
+def _echoes(held: Awaiting | None, decision: Decision) -> bool:
+    """Whether ``decision`` is the one recorded already: a replayed request repeats it."""
+    return (
+        held is not None
+        and held.decided
+        and (held.approved, held.output, held.error)
+        == (decision.approved, decision.output, decision.error)
+    )
+
+
+def _answers(
+    run: RunInput, messages: Sequence[Message], waiting: Sequence[PendingCall]
+) -> tuple[list[tuple[str, Decision]], list[str]]:
+    """The decisions the run's tool messages and resume entries carry for the waiting
+    calls, and the resume entries that name no interrupt of the thread (ignored, as the
+    spec says a producer does). A tool message for an unknown call is a 404; one for an
+    approval, or for a call that waits for nothing, a 409; an answer that differs from
+    one recorded already, a 409."""
+    effective = [m for m in run.messages if m["role"] not in ("reasoning", "activity")]
+    last_user = max((i for i, m in enumerate(effective) if m["role"] == "user"), default=-1)
+    by_call = {c.tool_call_id: c for c in waiting}
+    answered = {m.tool_call_id for m in messages if isinstance(m, ToolMessage)}
+    known = {
+        p.tool_call_id
+        for m in messages
+        if isinstance(m, AssistantMessage)
+        for p in m.content
+        if isinstance(p, ToolCallPart)
+    }
+    held = _awaiting(messages)
+    out: list[tuple[str, Decision]] = []
+    for message in effective[last_user + 1 :]:
+        if message["role"] != "tool":
+            continue
+        call_id = message["toolCallId"]
+        if call_id in answered:
+            continue  # a result the thread holds already, sent back with the history
+        call = by_call.get(call_id)
+        if call is None:
+            if call_id in known:
+                raise AGUIError(409, f"tool call {call_id!r} waits for no answer", "not_waiting")
+            raise AGUIError(404, f"no tool call {call_id!r} in this thread", "unknown_tool_call")
+        if call.kind == APPROVAL:
+            raise AGUIError(
+                409,
+                f"tool call {call_id!r} waits for approval: answer its interrupt "
+                f"({call.approval_id!r}) in 'resume'",
+                "interrupt_pending",
+            )
+        output, error = tool_answer(message)
+        decision = Decision(
+            output=output if error is None else None, error=error, has_output=error is None
+        )
+        if call.decided:
+            if _echoes(held.get(call_id), decision):
+                continue
+            raise AGUIError(409, f"tool call {call_id!r} was answered already", "already_answered")
+        out.append((call_id, decision))
+    ignored: list[str] = []
+    by_interrupt = {c.approval_id: c for c in waiting if c.kind == APPROVAL}
+    for entry in run.resume:
+        call = by_interrupt.get(entry.interrupt_id)
+        if call is None:
+            ignored.append(entry.interrupt_id)
+            continue
+        approved, reason = approval_answer(entry)
+        decision = Decision(approved=approved, reason=reason)
+        if call.decided:
+            if _echoes(held.get(call.tool_call_id), decision):
+                continue
+            raise AGUIError(
+                409, f"interrupt {entry.interrupt_id!r} was answered already", "already_answered"
+            )
+        out.append((entry.interrupt_id, decision))
+    return out, ignored
+
+
+def _uncovered(
+    waiting: Sequence[PendingCall], answers: Sequence[tuple[str, Decision]]
+) -> list[PendingCall]:
+    keys = {key for key, _ in answers}
+    return [
+        c
+        for c in waiting
+        if not c.decided and c.approval_id not in keys and c.tool_call_id not in keys
+    ]
+
+
+def _pending_refusal(calls: Sequence[PendingCall]) -> AGUIError:
+    approvals = [c.approval_id for c in calls if c.kind == APPROVAL]
+    client = [c.tool_call_id for c in calls if c.kind != APPROVAL]
+    said = []
+    if approvals:
+        said.append(f"interrupts {approvals} (answer them in 'resume')")
+    if client:
+        said.append(f"tool calls {client} (answer each with a tool message)")
+    return AGUIError(
+        409,
+        "the thread waits for " + " and ".join(said) + ": a run must answer all of them",
+        "interrupt_pending",
+    )
+
+
+def _reasoning_count(messages: Sequence[Message], message_id: str) -> int:
+    for m in messages:
+        if isinstance(m, AssistantMessage) and m.id == message_id:
+            return sum(isinstance(p, ReasoningPart) for p in m.content)
+    return 0
+
+
+MEDIA_PARTS = frozenset({"image", "audio", "video", "document"})
+
+
+def _check_counts(messages: Sequence[dict[str, Any]], limits: Any) -> None:
+    """413 when a user message has more parts (or media) than the host's
+    ``input_limits``, counted before any part is decoded."""
+    for m in messages:
+        content = m.get("content")
+        if m["role"] == "user" and isinstance(content, list):
+            try:
+                limits.check(len(content), sum(p["type"] in MEDIA_PARTS for p in content))
+            except TooManyParts as exc:
+                raise AGUIError(413, str(exc), "too_many_parts") from None
+
+
+def _valid_id(value: str) -> str | None:
+    return value if _ID.fullmatch(value) else None
+
+
+class AGUIRoutes:
+    """``POST /ag-ui`` over the app's :class:`~runtime.app.web.app.WebState`."""
+
+    def __init__(self, state: Any, stream: Any, token: str | None) -> None:
+        self.state = state
+        self.stream = stream
+        """The app's turn-streaming response (:class:`runtime.app.web.app.TurnResponse`)."""
+        self.token = token.encode() if token else None
+
+    async def endpoint(self, request: Request) -> Any:
+        try:
+            return await self.run(request)
+        except AGUIError as exc:
+            headers = {"www-authenticate": "Bearer"} if exc.status == 401 else None
+            return error_response(exc, headers)
+
+    def _check_request(self, request: Request) -> None:
+        if self.token is not None:
+            scheme, _, credentials = (
+                request.headers.get("authorization", "").encode("latin-1").partition(b" ")
+            )
+            if scheme.lower() != b"bearer" or not hmac.compare_digest(
+                credentials.strip(), self.token
+            ):
+                raise AGUIError(401, "missing or wrong bearer token", "unauthorized")
+        if not is_json(request.headers.get("content-type")):
+            raise AGUIError(415, "the body must be sent as content-type: application/json")
+
+    async def run(self, request: Request) -> Any:
+        state = self.state
+        self._check_request(request)
+        try:
+            raw = await _read_body(request, state.max_body, state.body_timeout)
+        except ApiError as exc:
+            raise AGUIError(exc.status, exc.message) from None
+        try:
+            payload = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            raise bad_input("the body is not JSON") from None
+        run = parse_run_input(payload)
+        try:
+            session_id = validate_session_id(run.thread_id)
+        except InvalidSessionId as exc:
+            raise bad_input(f"threadId: {exc}", "invalid_thread_id") from None
+        open_session = state.host.sessions.get(session_id)
+        if open_session is not None and open_session.busy:
+            raise AGUIError(409, f"thread {session_id!r} is running a run already", "thread_busy")
+        record = await state.host.store.load(session_id)
+        stored: tuple[Message, ...] = record.messages if record is not None else ()
+        effective = [m for m in run.messages if m["role"] not in ("reasoning", "activity")]
+        last = effective[-1] if effective else None
+        held_ids = {m.id for m in stored}
+        new_user = last is not None and last["role"] == "user" and last["id"] not in held_ids
+        if run.resume or (last is not None and last["role"] == "tool"):
+            if new_user:
+                raise bad_input(
+                    "a run that answers waiting calls carries no new user message: send it "
+                    "in the next run",
+                    "unexpected_user_message",
+                )
+            return await self._continue(run, session_id, stored)
+        if new_user:
+            assert last is not None
+            return await self._new_turn(run, session_id, stored, effective, record is None)
+        return snapshot_response(run, self._current(session_id, stored), None)
+
+    def _current(self, session_id: str, stored: tuple[Message, ...]) -> Sequence[Message]:
+        """The thread's history: the open session's (ahead of the store while a turn
+        runs), else the stored one."""
+        session = self.state.host.sessions.get(session_id)
+        if session is not None:
+            try:
+                return session.messages  # type: ignore[no-any-return]
+            except SessionNotLoaded:
+                pass
+        return stored
+
+    def _encoder(
+        self,
+        run: RunInput,
+        session: Any,
+        *,
+        reasoning_base: int = 0,
+        prelude: Sequence[dict[str, Any]] = (),
+        metadata: dict[str, Any] | None = None,
+        answered: Sequence[str] = (),
+    ) -> Callable[[], StreamEncoder]:
+        provider = session.agent.provider
+
+        def make() -> StreamEncoder:
+            return StreamEncoder(
+                run.thread_id,
+                run.run_id,
+                provider=getattr(provider, "provider_name", None),
+                model=getattr(provider, "model", None) or None,
+                reasoning_base=reasoning_base,
+                prelude=prelude,
+                metadata=metadata,
+                answered=answered,
+            )
+
+        return make
+
+    def _check_tools(self, run: RunInput, session_id: str) -> None:
+        """400 for a client tool named like one of the thread's agent's tools (checked
+        before the thread is opened: a refused run opens nothing)."""
+        if not run.tools:
+            return
+        known = self.state.host.get_session(session_id)
+        agent = known.agent if known is not None else self.state.agent_for(session_id)
+        taken = sorted({t.name for t in agent.tools} & {t.name for t in run.tools})
+        if taken:
+            raise bad_input(
+                f"'tools' {taken} take the name of the agent's own tools", "tool_name_taken"
+            )
+
+    async def _new_turn(
+        self,
+        run: RunInput,
+        session_id: str,
+        stored: tuple[Message, ...],
+        effective: list[dict[str, Any]],
+        new_thread: bool,
+    ) -> ASGIApp:
+        state = self.state
+        waiting = [c for c in waiting_calls(stored) if not c.decided]
+        approvals = [c for c in waiting if c.kind == APPROVAL]
+        if approvals:  # the spec: pending interrupts block new input
+            raise _pending_refusal(approvals)
+        message = effective[-1]
+        earlier = effective[:-1]
+        _check_counts([message, *(earlier if new_thread else ())], state.host.input_limits)
+        index = run.messages.index(message)
+        text = user_input(message["content"], f"messages[{index}].content")
+        if not (text.strip() if isinstance(text, str) else text):
+            raise bad_input(f"'messages[{index}]' (the new user message) has no content")
+        seed = history_of(earlier) if new_thread and earlier else None
+        self._check_tools(run, session_id)
+        try:
+            session = await state.session(session_id, history=seed)
+        except InvalidHistory:  # another request started the thread meanwhile
+            session = await state.session(session_id)
+        try:
+            check_limits(text, session.agent.media_limits)
+        except MediaTooLarge as exc:
+            raise AGUIError(413, exc.message, "media_too_large") from None
+        except InvalidMedia as exc:
+            raise bad_input(exc.message) from None
+        user_id = _valid_id(message["id"])
+        prelude: list[dict[str, Any]] = []
+        client_ids = {m["id"] for m in earlier}
+        held = [m for m in stored if isinstance(m, UserMessage | AssistantMessage)]
+        if any(m.id not in client_ids for m in held):
+            # the client holds another history than the thread's: resynchronise it
+            mine = {**message, "id": user_id} if user_id else message
+            prelude.append(
+                {"type": "MESSAGES_SNAPSHOT", "messages": [*agui_messages(stored), mine]}
+            )
+        return self.stream(  # type: ignore[no-any-return]
+            session,
+            text,
+            user_message_id=user_id,
+            turn_id=_valid_id(run.run_id),
+            tools=run.tools,
+            instructions=run.instructions,
+            keepalive=state.keepalive,
+            send_timeout=state.send_timeout,
+            background=state.background,
+            encoder=self._encoder(run, session, prelude=prelude),
+            headers=HEADERS,
+            busy=_busy,
+            on_busy=REJECT,  # a run is one turn: never queued behind or steered into
+        )
+
+    async def _continue(
+        self, run: RunInput, session_id: str, stored: tuple[Message, ...]
+    ) -> ASGIApp:
+        state = self.state
+        waiting = waiting_calls(stored)
+        answers, ignored = _answers(run, stored, waiting)
+        metadata = {"axon": {"ignoredResume": ignored}} if ignored else None
+        if not waiting:  # nothing waits (a replayed resume): the thread as it is
+            return snapshot_response(run, self._current(session_id, stored), metadata)
+        uncovered = _uncovered(waiting, answers)
+        if uncovered:
+            raise _pending_refusal(uncovered)
+        self._check_tools(run, session_id)
+        session = await state.session(session_id)
+        tools = {t.name: t for t in session.agent.tools}
+        checked = stored
+        try:
+            for key, decision in answers:  # all checked first: a bad one records nothing
+                _, checked, _, _ = decide(checked, key, decision, tools)
+            for key, decision in answers:
+                await session.decide(
+                    key,
+                    approved=decision.approved,
+                    reason=decision.reason,
+                    error=decision.error,
+                    **({"output": decision.output} if decision.has_output else {}),
+                )
+        except DecisionError as exc:
+            raise AGUIError(_DECISION_STATUS.get(type(exc), 400), str(exc), exc.kind) from None
+        except SessionBusy:  # another request resumed it meanwhile
+            raise AGUIError(
+                409, f"thread {session_id!r} is running a run already", "thread_busy"
+            ) from None
+        base = _reasoning_count(stored, waiting[0].message_id)
+        return self.stream(  # type: ignore[no-any-return]
+            session,
+            "",
+            resume=True,
+            tools=run.tools,
+            instructions=run.instructions,
+            keepalive=state.keepalive,
+            send_timeout=state.send_timeout,
+            background=state.background,
+            encoder=self._encoder(
+                run,
+                session,
+                reasoning_base=base,
+                metadata=metadata,
+                answered=[key for key, d in answers if d.approved is None],
+            ),
+            headers=HEADERS,
+            busy=_busy,
+            on_busy=REJECT,  # a run is one turn: never queued behind or steered into
+        )
+
+
+def agui_endpoint(state: Any, *, token: str | None, stream: Any) -> Callable[[Request], Any]:
+    """The ``POST /ag-ui`` endpoint over the app's ``state`` (mounted by
+    :func:`runtime.app.web.protocols.mount_protocols`), its turns streamed by ``stream``."""
+    return AGUIRoutes(state, stream, token).endpoint
+
+
+__all__ = ["HEADERS", "PATH", "agui_endpoint"]

@@ -1,0 +1,1056 @@
+"""The AG-UI wire format (protocol 1.0), for :mod:`runtime.app.web.agui`.
+
+A ``RunAgentInput`` body checked into a :class:`RunInput` (:func:`parse_run_input`), AG-UI
+messages read into runtime messages (:func:`user_input`, :func:`history_of`) and written
+back (:func:`agui_messages`, the ``MESSAGES_SNAPSHOT`` of a stored history), and one
+turn's output chunks mapped to AG-UI events (:class:`RunEncoder`). No web framework
+here, and no dependency on the ``ag-ui-protocol`` package: the tests validate every
+event this module makes against that package's models.
+
+The mapping of a turn (``runId`` is the run the client asked for, ``threadId`` the
+session):
+
+* ``start`` -> ``RUN_STARTED`` (``protocolVersion`` 1.0), then the ``prelude`` events;
+* ``step-start`` / ``step-finish`` -> ``STEP_STARTED`` / ``STEP_FINISHED``
+  (``stepName``: ``step-<n>``);
+* ``text-start/delta/finish`` -> ``TEXT_MESSAGE_START/CONTENT/END``; every text part of a
+  turn streams into its one assistant message (``messageId``: the runtime's message id),
+  which a text part of a later step reopens;
+* ``reasoning-start/delta/finish`` -> ``REASONING_START``, ``REASONING_MESSAGE_START``,
+  ``_CONTENT``, ``_END``, ``REASONING_END`` (one span per reasoning part; span and
+  message share the id ``<message id>.r<k>``, the k-th reasoning part of the message);
+  a signed or encrypted part's opaque value follows as ``REASONING_ENCRYPTED_VALUE``
+  (``subtype: message``) before the run ends;
+* ``tool-input-start/delta`` and ``tool-call`` -> ``TOOL_CALL_START`` (``parentMessageId``:
+  the assistant message), ``TOOL_CALL_ARGS``, ``TOOL_CALL_END``;
+* ``tool-result`` / ``tool-error`` / ``tool-output-denied`` -> ``TOOL_CALL_RESULT``
+  (``messageId``: ``<call id>.result``; an error or a denial as its text, flagged in
+  ``metadata.axon``);
+* ``tool-approval-request`` -> an ``Interrupt`` (``reason: tool_call``) of the run's
+  interrupt outcome;
+* ``tool-stream`` and ``object-delta`` -> ``CUSTOM`` (``axon.tool-stream``,
+  ``axon.object``);
+* ``finish`` -> ``RUN_FINISHED`` once the turn is saved: the success outcome (with
+  ``pendingToolCallIds`` for client tool calls left unanswered), the interrupt outcome
+  (after a ``MESSAGES_SNAPSHOT``) when an approval waits, the cancelled outcome for a
+  turn a budget cut; ``usage`` the turn's, ``result`` a structured answer;
+* ``error`` -> ``RUN_ERROR`` (``code``: the error kind); ``abort`` -> ``RUN_FINISHED``
+  with the cancelled outcome, after closing what was open.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import attrs
+import orjson
+
+from runtime import output as o
+from runtime.approval import APPROVAL, AWAITING_INPUT, CLIENT, PendingCall
+from runtime.chunks import Usage
+from runtime.errors import InvalidMedia, ToolDefinitionError
+from runtime.messages import (
+    AssistantMessage,
+    File,
+    Image,
+    Message,
+    ProviderDataPart,
+    ReasoningPart,
+    SystemMessage,
+    TextPart,
+    ToolCallPart,
+    ToolMessage,
+    UserContent,
+    UserMessage,
+    is_media_output,
+)
+from runtime.serde import unstructure
+from runtime.tools import InvalidJSONSchema, Tool
+
+PROTOCOL_VERSION = "1.0"
+"""The AG-UI protocol version these events follow (``RUN_STARTED.protocolVersion``)."""
+
+ROLES = frozenset({"developer", "system", "assistant", "user", "tool", "activity", "reasoning"})
+RESUME_STATUSES = frozenset({"resolved", "cancelled"})
+CANCELLED_REASON = "cancelled"
+"""The denial reason of an approval the client's resume entry cancelled."""
+
+APPROVAL_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "approved": {"type": "boolean"},
+        "reason": {"type": "string", "description": "Why, shown to the model with a denial."},
+    },
+    "required": ["approved"],
+}
+"""The ``responseSchema`` of an approval's interrupt: its resume ``payload``."""
+
+
+# -- errors -------------------------------------------------------------------------------
+
+
+class AGUIError(Exception):
+    """Input refused before the run starts: an HTTP error status with no event stream
+    (the HTTP binding's rule), the body ``{"error": message, "code": code}``."""
+
+    def __init__(self, status: int, message: str, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.code = code
+
+    def body(self) -> dict[str, Any]:
+        return {"error": self.message, "code": self.code}
+
+
+def bad_input(message: str, code: str = "invalid_input") -> AGUIError:
+    return AGUIError(400, message, code)
+
+
+# -- the request --------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True, slots=True)
+class ResumeAnswer:
+    """One ``resume`` entry: the answer to an interrupt of the run it continues."""
+
+    interrupt_id: str
+    status: str
+    payload: Any = None
+
+
+@attrs.frozen(kw_only=True, slots=True)
+class RunInput:
+    """A checked ``RunAgentInput``."""
+
+    thread_id: str
+    run_id: str
+    messages: tuple[dict[str, Any], ...]
+    """The client's conversation, each message's shape checked (reasoning and activity
+    messages included; they are never read)."""
+    tools: tuple[Tool, ...] = ()
+    """The client's tools, as client-side tools (:meth:`runtime.tools.Tool.client`)."""
+    instructions: str | None = None
+    """``context``, as instructions added for the run."""
+    resume: tuple[ResumeAnswer, ...] = ()
+    forwarded_props: Any = None
+
+
+def _str(value: Any, where: str, *, optional: bool = False) -> str | None:
+    if value is None and optional:
+        return None
+    if not isinstance(value, str) or (not optional and not value):
+        raise bad_input(f"'{where}' must be a {'' if optional else 'non-empty '}string")
+    return value
+
+
+def _list(value: Any, where: str) -> list[Any]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise bad_input(f"'{where}' must be a list")
+    return value
+
+
+def _object(value: Any, where: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise bad_input(f"'{where}' must be an object")
+    return value
+
+
+def _check_parts(content: list[Any], where: str) -> None:
+    for j, part in enumerate(content):
+        part = _object(part, f"{where}[{j}]")
+        kind = part.get("type")
+        if kind == "text":
+            if not isinstance(part.get("text"), str):
+                raise bad_input(f"'{where}[{j}].text' must be a string")
+        elif kind in ("image", "audio", "video", "document"):
+            source = _object(part.get("source"), f"{where}[{j}].source")
+            if source.get("type") not in ("data", "url", "file"):
+                raise bad_input(f"'{where}[{j}].source.type' must be data, url or file")
+            _str(source.get("value"), f"{where}[{j}].source.value")
+            _str(source.get("mimeType"), f"{where}[{j}].source.mimeType", optional=True)
+        else:
+            raise bad_input(f"'{where}[{j}].type' must be text, image, audio, video or document")
+
+
+def _check_message(message: Any, i: int) -> dict[str, Any]:
+    where = f"messages[{i}]"
+    message = _object(message, where)
+    _str(message.get("id"), f"{where}.id")
+    role = message.get("role")
+    if role not in ROLES:
+        raise bad_input(f"'{where}.role' must be one of {', '.join(sorted(ROLES))}")
+    content = message.get("content")
+    if role in ("developer", "system", "reasoning"):
+        if not isinstance(content, str):
+            raise bad_input(f"'{where}.content' must be a string")
+    elif role in ("user", "tool"):
+        if isinstance(content, list):
+            _check_parts(content, f"{where}.content")
+        elif not isinstance(content, str):
+            raise bad_input(f"'{where}.content' must be a string or a list of content parts")
+        if role == "tool":
+            _str(message.get("toolCallId"), f"{where}.toolCallId")
+            _str(message.get("error"), f"{where}.error", optional=True)
+    elif role == "assistant":
+        _str(content, f"{where}.content", optional=True)
+        for j, call in enumerate(_list(message.get("toolCalls"), f"{where}.toolCalls")):
+            call = _object(call, f"{where}.toolCalls[{j}]")
+            _str(call.get("id"), f"{where}.toolCalls[{j}].id")
+            function = _object(call.get("function"), f"{where}.toolCalls[{j}].function")
+            _str(function.get("name"), f"{where}.toolCalls[{j}].function.name")
+            _str(
+                function.get("arguments"),
+                f"{where}.toolCalls[{j}].function.arguments",
+                optional=True,
+            )
+            if not isinstance(function.get("arguments"), str):
+                raise bad_input(f"'{where}.toolCalls[{j}].function.arguments' must be a string")
+    else:  # activity: an object content, never read
+        _object(content, f"{where}.content")
+    return message
+
+
+def client_tools(tools: Any) -> tuple[Tool, ...]:
+    """The request's ``tools`` as client-side tools; a malformed one, a schema that is not
+    an object's, or a name given twice is a 400."""
+    out: list[Tool] = []
+    for i, spec in enumerate(_list(tools, "tools")):
+        where = f"tools[{i}]"
+        spec = _object(spec, where)
+        name = _str(spec.get("name"), f"{where}.name")
+        description = _str(spec.get("description"), f"{where}.description", optional=True) or ""
+        schema = spec.get("parameters")
+        if schema is None or schema == {}:
+            schema = {"type": "object", "properties": {}}
+        if not isinstance(schema, dict):
+            raise bad_input(f"'{where}.parameters' must be a JSON schema object")
+        try:
+            out.append(Tool.client(name, schema, description))  # type: ignore[arg-type]
+        except (ToolDefinitionError, InvalidJSONSchema) as exc:
+            raise bad_input(f"'{where}': {exc}") from None
+    names = [t.name for t in out]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise bad_input(f"'tools' names {twice} more than once")
+    return tuple(out)
+
+
+def _instructions(context: Any) -> str | None:
+    lines = []
+    for i, item in enumerate(_list(context, "context")):
+        item = _object(item, f"context[{i}]")
+        description = _str(item.get("description"), f"context[{i}].description", optional=True)
+        value = _str(item.get("value"), f"context[{i}].value", optional=True)
+        if description is None or value is None:
+            raise bad_input(f"'context[{i}]' needs a 'description' and a 'value' (strings)")
+        lines.append(f"- {description}: {value}")
+    if not lines:
+        return None
+    return "Context from the application:\n" + "\n".join(lines)
+
+
+def _resume(entries: Any) -> tuple[ResumeAnswer, ...]:
+    out = []
+    for i, entry in enumerate(_list(entries, "resume")):
+        entry = _object(entry, f"resume[{i}]")
+        interrupt_id = _str(entry.get("interruptId"), f"resume[{i}].interruptId")
+        status = entry.get("status")
+        if status not in RESUME_STATUSES:
+            raise bad_input(f"'resume[{i}].status' must be resolved or cancelled")
+        assert interrupt_id is not None
+        out.append(
+            ResumeAnswer(interrupt_id=interrupt_id, status=status, payload=entry.get("payload"))
+        )
+    ids = [a.interrupt_id for a in out]
+    if len(set(ids)) != len(ids):
+        raise bad_input("'resume' answers an interrupt more than once")
+    return tuple(out)
+
+
+def parse_run_input(payload: Any) -> RunInput:
+    """A ``POST /ag-ui`` body, checked; every fault an :class:`AGUIError` (400) naming
+    the field. ``state`` is accepted and not read (this agent keeps no shared state)."""
+    payload = _object(payload, "the body")
+    thread_id = _str(payload.get("threadId"), "threadId")
+    run_id = _str(payload.get("runId"), "runId")
+    if "messages" not in payload:
+        raise bad_input("'messages' is required (a list, possibly empty)")
+    messages = tuple(
+        _check_message(m, i) for i, m in enumerate(_list(payload["messages"], "messages"))
+    )
+    assert thread_id is not None and run_id is not None
+    return RunInput(
+        thread_id=thread_id,
+        run_id=run_id,
+        messages=messages,
+        tools=client_tools(payload.get("tools")),
+        instructions=_instructions(payload.get("context")),
+        resume=_resume(payload.get("resume")),
+        forwarded_props=payload.get("forwardedProps"),
+    )
+
+
+# -- AG-UI messages -> runtime messages ---------------------------------------------------
+
+
+def _media(part: dict[str, Any]) -> Image | File | None:
+    """An image or document part as the runtime's media (``None``: a part the runtime
+    cannot take, an audio or video part or a provider's file handle, which is dropped as
+    the spec says a producer does)."""
+    source = part["source"]
+    if part["type"] not in ("image", "document") or source["type"] == "file":
+        return None
+    mime = source.get("mimeType")
+    url = (
+        source["value"]
+        if source["type"] == "url"
+        else f"data:{mime or ''};base64,{source['value']}"
+    )
+    filename = (
+        (part.get("metadata") or {}).get("filename")
+        if isinstance(part.get("metadata"), dict)
+        else None
+    )
+    if part["type"] == "image":
+        return Image(url=url, media_type=mime)
+    return File(url=url, media_type=mime, filename=filename if isinstance(filename, str) else None)
+
+
+def user_input(content: str | list[dict[str, Any]], where: str) -> UserContent:
+    """A user message's content as user input: text, or text, images and documents."""
+    if isinstance(content, str):
+        return content
+    items: list[str | Image | File] = []
+    for j, part in enumerate(content):
+        if part["type"] == "text":
+            items.append(part["text"])
+            continue
+        try:
+            media = _media(part)
+        except InvalidMedia as exc:
+            raise bad_input(f"'{where}[{j}]': {exc}") from None
+        if media is not None:
+            items.append(media)
+    if all(isinstance(i, str) for i in items):
+        return "".join(i for i in items if isinstance(i, str))
+    return tuple(
+        TextPart(text=i, step=0) if isinstance(i, str) else i
+        for i in items
+        if not (isinstance(i, str) and not i)
+    )
+
+
+def _text_of(content: str | list[dict[str, Any]]) -> str:
+    if isinstance(content, str):
+        return content
+    return "".join(p["text"] for p in content if p["type"] == "text")
+
+
+def _arguments(text: str | None) -> Any:
+    try:
+        return orjson.loads(text or "{}")
+    except orjson.JSONDecodeError:
+        return text
+
+
+def history_of(messages: Iterable[dict[str, Any]]) -> tuple[Message, ...]:
+    """Checked AG-UI messages as a runtime history (the start of a new thread): system and
+    developer messages as system messages, assistant text and tool calls, tool results;
+    reasoning and activity messages are left out."""
+    names: dict[str, str] = {}
+    out: list[Message] = []
+    for i, m in enumerate(messages):
+        role = m["role"]
+        if role in ("system", "developer"):
+            out.append(SystemMessage(content=m["content"]))
+        elif role == "user":
+            out.append(UserMessage(content=user_input(m["content"], f"messages[{i}].content")))
+        elif role == "assistant":
+            parts: list[Any] = [TextPart(text=m["content"], step=0)] if m.get("content") else []
+            for call in m.get("toolCalls") or ():
+                function = call["function"]
+                names[call["id"]] = function["name"]
+                parts.append(
+                    ToolCallPart(
+                        tool_call_id=call["id"],
+                        tool_name=function["name"],
+                        input=_arguments(function["arguments"]),
+                        step=0,
+                    )
+                )
+            out.append(AssistantMessage(content=tuple(parts)))
+        elif role == "tool":
+            call_id = m["toolCallId"]
+            if call_id not in names:
+                raise bad_input(
+                    f"'messages[{i}].toolCallId' names no tool call of an earlier assistant message"
+                )
+            out.append(
+                ToolMessage(
+                    tool_call_id=call_id,
+                    tool_name=names[call_id],
+                    step=0,
+                    output=None if m.get("error") is not None else _text_of(m["content"]),
+                    error=m.get("error"),
+                )
+            )
+    return tuple(out)
+
+
+def tool_answer(message: dict[str, Any]) -> tuple[Any, str | None]:
+    """A tool message answering a client tool: ``(output, error)``. The output is the
+    message's text (a client tool's answer travels as text, as the spec says of
+    structured results); ``error`` is set for a failure."""
+    return _text_of(message["content"]), message.get("error")
+
+
+def approval_answer(answer: ResumeAnswer) -> tuple[bool, str | None]:
+    """A resume entry for an approval as ``(approved, reason)``: a cancelled entry is a
+    denial (reason ``cancelled``); a resolved one's payload must match
+    :data:`APPROVAL_SCHEMA` (``{"approved": bool, "reason"?: str}``)."""
+    if answer.status == "cancelled":
+        return False, CANCELLED_REASON
+    payload = answer.payload
+    if not isinstance(payload, dict) or not isinstance(payload.get("approved"), bool):
+        raise bad_input(
+            f"resume entry {answer.interrupt_id!r}: the payload must be "
+            '{"approved": true|false, "reason"?: string}',
+            "invalid_resume_payload",
+        )
+    if "editedArgs" in payload:
+        raise bad_input(
+            f"resume entry {answer.interrupt_id!r}: editedArgs is not supported (the "
+            "interrupt's responseSchema does not offer it)",
+            "invalid_resume_payload",
+        )
+    reason = payload.get("reason")
+    if reason is not None and not isinstance(reason, str):
+        raise bad_input(f"resume entry {answer.interrupt_id!r}: 'reason' must be a string")
+    return payload["approved"], reason
+
+
+# -- runtime messages -> AG-UI messages ---------------------------------------------------
+
+
+def _json_text(value: Any) -> str:
+    return value if isinstance(value, str) else orjson.dumps(value, default=str).decode()
+
+
+def content_parts(parts: Iterable[Any]) -> list[dict[str, Any]]:
+    """User content or a media tool output as AG-UI content parts."""
+    out: list[dict[str, Any]] = []
+    for p in parts:
+        if isinstance(p, TextPart):
+            out.append({"type": "text", "text": p.text})
+        elif isinstance(p, Image | File):
+            if p.data is not None:
+                source = {
+                    "type": "data",
+                    "value": base64.b64encode(p.data).decode("ascii"),
+                    "mimeType": p.media_type,
+                }
+            else:
+                source = {"type": "url", "value": p.url, "mimeType": p.media_type}
+            part: dict[str, Any] = {
+                "type": "image" if isinstance(p, Image) else "document",
+                "source": source,
+            }
+            if isinstance(p, File) and p.filename:
+                part["metadata"] = {"filename": p.filename}
+            out.append(part)
+        elif isinstance(p, str):
+            out.append({"type": "text", "text": p})
+    return out
+
+
+def result_content(output: Any) -> str | list[dict[str, Any]]:
+    """A tool's output as a ``TOOL_CALL_RESULT``'s content: text (structured data as
+    JSON), or content parts for media."""
+    if is_media_output(output):
+        return content_parts(output)
+    return _json_text(output)
+
+
+def result_message_id(tool_call_id: str) -> str:
+    """The id of the tool message a call's result mints (the same in the stream and in
+    a snapshot, so a snapshot updates what the stream built)."""
+    return f"{tool_call_id}.result"
+
+
+def reasoning_id(message_id: str, index: int) -> str:
+    """The id of the ``index``-th reasoning part of assistant message ``message_id``."""
+    return f"{message_id}.r{index}"
+
+
+def _encrypted(part: ReasoningPart) -> str | None:
+    return part.signature or part.redacted_data
+
+
+def _provider_encrypted(part: ProviderDataPart) -> str | None:
+    value = part.data.get("encrypted_content")
+    return value if isinstance(value, str) and value else None
+
+
+def _assistant(message: AssistantMessage) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    reasoning_by_step: dict[int, dict[str, Any]] = {}
+    carried: str | None = None
+    k = 0
+    for part in message.content:
+        if isinstance(part, ReasoningPart):
+            entry: dict[str, Any] = {
+                "id": reasoning_id(message.id, k),
+                "role": "reasoning",
+                "content": part.text,
+            }
+            k += 1
+            if _encrypted(part):
+                entry["encryptedValue"] = _encrypted(part)
+            reasoning_by_step.setdefault(part.step, entry)
+            out.append(entry)
+    for part in message.content:
+        if isinstance(part, ProviderDataPart) and _provider_encrypted(part):
+            entry = reasoning_by_step.get(part.step, {})
+            if entry and "encryptedValue" not in entry:
+                entry["encryptedValue"] = _provider_encrypted(part)
+            else:
+                carried = _provider_encrypted(part)
+    text = message.text
+    calls = [
+        {
+            "id": p.tool_call_id,
+            "type": "function",
+            "function": {"name": p.tool_name, "arguments": _json_text(p.input)},
+        }
+        for p in message.content
+        if isinstance(p, ToolCallPart)
+    ]
+    assistant: dict[str, Any] = {"id": message.id, "role": "assistant"}
+    if text:
+        assistant["content"] = text
+    if calls:
+        assistant["toolCalls"] = calls
+    if carried is not None:
+        assistant["encryptedValue"] = carried
+    axon = {"status": message.status} if message.status != "complete" else {}
+    if message.error is not None:
+        axon["error"] = f"{message.error.kind}: {message.error.message}"
+    if axon:
+        assistant["metadata"] = {"axon": axon}
+    if text or calls or carried is not None or axon:
+        out.append(assistant)
+    return out
+
+
+def agui_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
+    """A stored history as AG-UI messages (a ``MESSAGES_SNAPSHOT``'s): user and system
+    messages; for each assistant message its reasoning messages, then the message with
+    its text and tool calls; tool results as tool messages (a call that still waits has
+    none)."""
+    out: list[dict[str, Any]] = []
+    for m in messages:
+        if isinstance(m, UserMessage):
+            content = m.content if isinstance(m.content, str) else content_parts(m.content)
+            out.append({"id": m.id, "role": "user", "content": content})
+        elif isinstance(m, SystemMessage):
+            out.append({"id": m.id, "role": "system", "content": m.content})
+        elif isinstance(m, AssistantMessage):
+            out.extend(_assistant(m))
+        elif isinstance(m, ToolMessage):
+            tool: dict[str, Any] = {
+                "id": result_message_id(m.tool_call_id),
+                "role": "tool",
+                "toolCallId": m.tool_call_id,
+                "content": result_content(m.output) if m.error is None else m.error,
+            }
+            if m.error is not None:
+                tool["error"] = m.error
+            out.append(tool)
+    return out
+
+
+# -- the events ---------------------------------------------------------------------------
+
+
+def sse(event: dict[str, Any]) -> bytes:
+    """One Server-Sent Event carrying ``event`` as JSON."""
+    return b"data: " + orjson.dumps(event, default=str) + b"\n\n"
+
+
+def step_name(step: int) -> str:
+    return f"step-{step}"
+
+
+def token_usage(usage: Usage, provider: str | None, model: str | None) -> list[dict[str, Any]]:
+    """The turn's usage as AG-UI ``TokenUsage`` entries (none when nothing was counted).
+    AG-UI's ``inputTokens`` counts cached prompt tokens too: Anthropic reports them beside
+    its input count, so they are added in for it."""
+    if not (usage.input_tokens or usage.output_tokens or usage.total_tokens):
+        return []
+    inputs = usage.input_tokens
+    if provider == "anthropic":
+        inputs += (usage.cache_read or 0) + (usage.cache_write or 0)
+    entry: dict[str, Any] = {
+        "inputTokens": inputs,
+        "outputTokens": usage.output_tokens,
+        "totalTokens": inputs + usage.output_tokens,
+    }
+    if provider:
+        entry["provider"] = provider
+    if model:
+        entry["model"] = model
+    for key, value in (
+        ("reasoningTokens", usage.reasoning_tokens),
+        ("cachedInputTokens", usage.cache_read),
+        ("cacheWriteInputTokens", usage.cache_write),
+    ):
+        if value is not None:
+            entry[key] = value
+    return [entry]
+
+
+def _iso(seconds: float) -> str:
+    return datetime.datetime.fromtimestamp(seconds, datetime.UTC).isoformat()
+
+
+def interrupt(call: PendingCall, expires_at: float | None = None) -> dict[str, Any]:
+    """The ``Interrupt`` an approval the turn waits for is reported as."""
+    found: dict[str, Any] = {
+        "id": call.approval_id,
+        "reason": "tool_call",
+        "message": f"Approve {call.tool_name}({_json_text(call.input)})?",
+        "toolCallId": call.tool_call_id,
+        "responseSchema": APPROVAL_SCHEMA,
+    }
+    if expires_at is not None:
+        found["expiresAt"] = _iso(expires_at)
+    return found
+
+
+def _expiries(messages: Sequence[Message]) -> dict[str, float]:
+    return {
+        p.awaiting.id: p.awaiting.expires_at
+        for m in messages
+        if isinstance(m, AssistantMessage)
+        for p in m.content
+        if isinstance(p, ToolCallPart) and p.awaiting is not None and p.awaiting.expires_at
+    }
+
+
+def finished(
+    thread_id: str,
+    run_id: str,
+    pending: Sequence[PendingCall],
+    messages: Sequence[Message],
+) -> list[dict[str, Any]]:
+    """The end of a run that left ``pending`` calls waiting (none: plain success):
+    approvals make it the interrupt outcome, after a ``MESSAGES_SNAPSHOT`` of
+    ``messages`` (the spec's state at the interrupt boundary); client tool calls alone,
+    the success outcome naming them in ``pendingToolCallIds``."""
+    approvals = [c for c in pending if c.kind == APPROVAL]
+    if approvals:
+        expiries = _expiries(messages)
+        outcome: dict[str, Any] = {
+            "type": "interrupt",
+            "interrupts": [interrupt(c, expiries.get(c.approval_id)) for c in approvals],
+        }
+        snapshot = {"type": "MESSAGES_SNAPSHOT", "messages": agui_messages(messages)}
+        return [
+            snapshot,
+            {"type": "RUN_FINISHED", "threadId": thread_id, "runId": run_id, "outcome": outcome},
+        ]
+    outcome = {"type": "success"}
+    client = [c.tool_call_id for c in pending if c.kind == CLIENT]
+    if client:
+        outcome["pendingToolCallIds"] = client
+    return [{"type": "RUN_FINISHED", "threadId": thread_id, "runId": run_id, "outcome": outcome}]
+
+
+def _jsonable(value: Any) -> Any:
+    dump = getattr(value, "model_dump", None)
+    if callable(dump):
+        return dump(mode="json")
+    return orjson.loads(orjson.dumps(unstructure(value), default=str))
+
+
+class RunEncoder:
+    """Maps one turn's output chunks to AG-UI events (``encode``, ``events``), and ends
+    the run once the turn is over and saved (``closing``).
+
+    Stateful: it knows what is open (steps, the text message, reasoning, tool calls) so
+    a cut-off turn still closes everything before its ``RUN_FINISHED``, which calls it
+    has announced, and how the turn ended."""
+
+    def __init__(
+        self,
+        thread_id: str,
+        run_id: str,
+        *,
+        provider: str | None = None,
+        model: str | None = None,
+        reasoning_base: int = 0,
+        prelude: Sequence[dict[str, Any]] = (),
+        metadata: dict[str, Any] | None = None,
+        answered: Iterable[str] = (),
+    ) -> None:
+        self.thread_id = thread_id
+        self.run_id = run_id
+        self.provider = provider
+        self.model = model
+        self.prelude = list(prelude)
+        """Events sent right after ``RUN_STARTED`` (a snapshot that resynchronises the
+        client)."""
+        self.metadata = metadata
+        """``RUN_STARTED.metadata``, when there is something to say."""
+        self.answered = frozenset(answered)
+        """Client tool calls the client answered with this run's tool messages: their
+        results are the client's own messages already, and are not sent back."""
+        self.message_id = ""
+        self._reasoning_index = reasoning_base
+        self._reasoning: dict[str, str] = {}
+        """Open reasoning parts: part id -> reasoning message id."""
+        self._reasoning_ids: list[str] = []
+        """Every reasoning message id streamed, in order."""
+        self._text_open = False
+        self._steps: set[int] = set()
+        self._steps_open: set[int] = set()
+        self._calls_open: set[str] = set()
+        self._args_sent: set[str] = set()
+        self._announced: set[str] = set()
+        self.finish_reason: str | None = None
+        self.usage = Usage()
+        self.abort_reason: str | None = None
+        self.ended = False
+        """``RUN_ERROR`` was sent: nothing may follow."""
+
+    # -- the stream ---------------------------------------------------------------------
+
+    def encode(self, chunk: Any) -> list[dict[str, Any]]:
+        """The AG-UI events for one output chunk."""
+        if self.ended:
+            return []
+        t = type(chunk)
+        if t is o.Start:
+            self.message_id = chunk.message_id
+            started: dict[str, Any] = {
+                "type": "RUN_STARTED",
+                "threadId": self.thread_id,
+                "runId": self.run_id,
+                "protocolVersion": PROTOCOL_VERSION,
+            }
+            if self.metadata:
+                started["metadata"] = self.metadata
+            return [started, *self.prelude]
+        if t is o.StepStart:
+            self._steps.add(chunk.step)
+            self._steps_open.add(chunk.step)
+            return [{"type": "STEP_STARTED", "stepName": step_name(chunk.step)}]
+        if t is o.StepFinish:
+            self._steps_open.discard(chunk.step)
+            return [{"type": "STEP_FINISHED", "stepName": step_name(chunk.step)}]
+        if t is o.TextStart:
+            out = self._close_text()
+            self._text_open = True
+            return [
+                *out,
+                {"type": "TEXT_MESSAGE_START", "messageId": self.message_id, "role": "assistant"},
+            ]
+        if t is o.TextDelta:
+            if not self._text_open:  # never without its start; kept valid regardless
+                self._text_open = True
+                return [
+                    {
+                        "type": "TEXT_MESSAGE_START",
+                        "messageId": self.message_id,
+                        "role": "assistant",
+                    },
+                    {
+                        "type": "TEXT_MESSAGE_CONTENT",
+                        "messageId": self.message_id,
+                        "delta": chunk.text,
+                    },
+                ]
+            return [
+                {"type": "TEXT_MESSAGE_CONTENT", "messageId": self.message_id, "delta": chunk.text}
+            ]
+        if t is o.TextFinish:
+            return self._close_text()
+        if t is o.ReasoningStart:
+            rid = reasoning_id(self.message_id, self._reasoning_index)
+            self._reasoning_index += 1
+            self._reasoning[chunk.part_id] = rid
+            self._reasoning_ids.append(rid)
+            return [
+                {"type": "REASONING_START", "messageId": rid},
+                {"type": "REASONING_MESSAGE_START", "messageId": rid, "role": "reasoning"},
+            ]
+        if t is o.ReasoningDelta:
+            open_id = self._reasoning.get(chunk.part_id)
+            if open_id is None:
+                return []
+            return [
+                {"type": "REASONING_MESSAGE_CONTENT", "messageId": open_id, "delta": chunk.text}
+            ]
+        if t is o.ReasoningFinish:
+            return self._close_reasoning(chunk.part_id)
+        if t is o.ToolInputStart:
+            return self._start_call(chunk.tool_call_id, chunk.tool_name)
+        if t is o.ToolInputDelta:
+            if chunk.tool_call_id not in self._calls_open:
+                return []
+            self._args_sent.add(chunk.tool_call_id)
+            return [
+                {"type": "TOOL_CALL_ARGS", "toolCallId": chunk.tool_call_id, "delta": chunk.delta}
+            ]
+        if t is o.ToolCall:
+            out = self._start_call(chunk.tool_call_id, chunk.tool_name)
+            if chunk.tool_call_id not in self._args_sent:
+                out.append(
+                    {
+                        "type": "TOOL_CALL_ARGS",
+                        "toolCallId": chunk.tool_call_id,
+                        "delta": _json_text(chunk.input),
+                    }
+                )
+            return out + self._end_call(chunk.tool_call_id)
+        if (t is o.ToolResult or t is o.ToolError) and chunk.tool_call_id in self.answered:
+            return []
+        if t is o.ToolResult:
+            return [
+                *self._end_call(chunk.tool_call_id),
+                self._result(chunk.tool_call_id, result_content(chunk.output)),
+            ]
+        if t is o.ToolError:
+            return [
+                *self._end_call(chunk.tool_call_id),
+                self._result(chunk.tool_call_id, chunk.error, {"error": True}),
+            ]
+        if t is o.ToolOutputDenied:
+            text = (
+                f"the tool call was denied: {chunk.reason}"
+                if chunk.reason
+                else "the tool call was denied"
+            )
+            return [
+                *self._end_call(chunk.tool_call_id),
+                self._result(chunk.tool_call_id, text, {"denied": True, "reason": chunk.reason}),
+            ]
+        if t is o.ToolApprovalRequest:
+            return []  # reported as an interrupt when the run ends
+        if t is o.ToolStream:
+            return [
+                {
+                    "type": "CUSTOM",
+                    "name": "axon.tool-stream",
+                    "value": {
+                        "toolCallId": chunk.tool_call_id,
+                        "toolName": chunk.tool_name,
+                        "chunk": {
+                            "type": getattr(chunk.chunk, "type", None),
+                            **_plain(chunk.chunk),
+                        },
+                    },
+                }
+            ]
+        if t is o.ObjectDelta:
+            return [
+                {
+                    "type": "CUSTOM",
+                    "name": "axon.object",
+                    "value": {"messageId": self.message_id, "value": chunk.value},
+                }
+            ]
+        if t is o.Finish:
+            self.finish_reason = chunk.finish_reason
+            self.usage = chunk.usage
+            return []
+        if t is o.Abort:
+            self.abort_reason = chunk.reason
+            return []
+        if t is o.Error:
+            self.ended = True
+            error: dict[str, Any] = {
+                "type": "RUN_ERROR",
+                "message": f"{chunk.error.kind}: {chunk.error.message}",
+                "code": chunk.error.kind,
+            }
+            return [error]
+        return []
+
+    def events(self, chunk: Any) -> bytes:
+        """``chunk`` as SSE bytes, for :class:`runtime.app.web.app.TurnResponse`."""
+        return b"".join(sse(e) for e in self.encode(chunk))
+
+    def _close_text(self) -> list[dict[str, Any]]:
+        if not self._text_open:
+            return []
+        self._text_open = False
+        return [{"type": "TEXT_MESSAGE_END", "messageId": self.message_id}]
+
+    def _close_reasoning(self, part_id: str) -> list[dict[str, Any]]:
+        rid = self._reasoning.pop(part_id, None)
+        if rid is None:
+            return []
+        return [
+            {"type": "REASONING_MESSAGE_END", "messageId": rid},
+            {"type": "REASONING_END", "messageId": rid},
+        ]
+
+    def _start_call(self, call_id: str, name: str) -> list[dict[str, Any]]:
+        if call_id in self._announced:
+            return []
+        self._announced.add(call_id)
+        self._calls_open.add(call_id)
+        return [
+            {
+                "type": "TOOL_CALL_START",
+                "toolCallId": call_id,
+                "toolCallName": name,
+                "parentMessageId": self.message_id,
+            }
+        ]
+
+    def _end_call(self, call_id: str) -> list[dict[str, Any]]:
+        if call_id not in self._calls_open:
+            return []
+        self._calls_open.discard(call_id)
+        return [{"type": "TOOL_CALL_END", "toolCallId": call_id}]
+
+    def _result(
+        self, call_id: str, content: Any, axon: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        event: dict[str, Any] = {
+            "type": "TOOL_CALL_RESULT",
+            "messageId": result_message_id(call_id),
+            "toolCallId": call_id,
+            "content": content,
+            "role": "tool",
+        }
+        if axon:
+            event["metadata"] = {"axon": axon}
+        return event
+
+    def _close_all(self) -> list[dict[str, Any]]:
+        """Close what a cut-off turn left open, in the order a run must."""
+        out = self._close_text()
+        for part_id in list(self._reasoning):
+            out += self._close_reasoning(part_id)
+        for call_id in sorted(self._calls_open):
+            out += self._end_call(call_id)
+        for step in sorted(self._steps_open):
+            out.append({"type": "STEP_FINISHED", "stepName": step_name(step)})
+        self._steps_open.clear()
+        return out
+
+    # -- the end ------------------------------------------------------------------------
+
+    def encrypted_values(self, message: Any) -> list[dict[str, Any]]:
+        """``REASONING_ENCRYPTED_VALUE`` for each signed or encrypted reasoning part of
+        this run's steps of the saved ``message``, on the reasoning message it streamed as
+        (an encrypted reasoning item of a step that streamed no reasoning goes on the
+        assistant message)."""
+        if not isinstance(message, AssistantMessage):
+            return []
+        streamed = set(self._reasoning_ids)
+        out: list[dict[str, Any]] = []
+        for entry in _assistant(message):
+            if entry["role"] == "reasoning" and entry["id"] in streamed:
+                if entry.get("encryptedValue"):
+                    out.append(_encrypted_event(entry["id"], entry["encryptedValue"]))
+            elif entry["role"] == "assistant" and entry.get("encryptedValue"):
+                if any(
+                    isinstance(p, ProviderDataPart) and p.step in self._steps
+                    for p in message.content
+                ):
+                    out.append(_encrypted_event(entry["id"], entry["encryptedValue"]))
+        return out
+
+    def closing(self, result: Any, messages: Sequence[Message]) -> list[dict[str, Any]]:
+        """The events that end the run, once the turn is over and saved: ``result`` is
+        its :class:`~runtime.actor_messages.TurnResult` (``None`` if it never came),
+        ``messages`` the session's history after it."""
+        if self.ended:
+            return []
+        if not self.message_id:  # the turn never started: nothing was sent
+            return []
+        out = self._close_all()
+        if result is None and self.finish_reason is None and self.abort_reason is None:
+            self.ended = True
+            return [
+                *out,
+                {
+                    "type": "RUN_ERROR",
+                    "message": "the turn ended without a result",
+                    "code": "no_result",
+                },
+            ]
+        if result is not None:
+            out += self.encrypted_values(result.message)
+        usage = token_usage(self.usage, self.provider, self.model)
+        if self.abort_reason is not None or self.finish_reason == "budget":
+            why = self.abort_reason or f"budget {getattr(result, 'budget', None) or ''}".strip()
+            end: dict[str, Any] = {
+                "type": "RUN_FINISHED",
+                "threadId": self.thread_id,
+                "runId": self.run_id,
+                "outcome": {"type": "cancelled"},
+                "metadata": {"axon": {"reason": why}},
+            }
+            ends = [end]
+        elif self.finish_reason == AWAITING_INPUT and result is not None:
+            ends = finished(self.thread_id, self.run_id, result.pending, messages)
+        else:
+            ends = finished(self.thread_id, self.run_id, (), messages)
+            if result is not None and result.output is not None:
+                ends[-1]["result"] = _jsonable(result.output)
+        if usage:
+            ends[-1]["usage"] = usage
+        self.ended = True
+        return out + ends
+
+
+def _encrypted_event(entity_id: str, value: str) -> dict[str, Any]:
+    return {
+        "type": "REASONING_ENCRYPTED_VALUE",
+        "subtype": "message",
+        "entityId": entity_id,
+        "encryptedValue": value,
+    }
+
+
+def _plain(chunk: Any) -> dict[str, Any]:
+    """A nested output chunk's fields as JSON values."""
+    try:
+        value = unstructure(chunk)
+    except Exception:  # a tool may emit anything: it is passed on as text then
+        return {"value": str(chunk)}
+    return value if isinstance(value, dict) else {"value": value}
+
+
+__all__ = [
+    "APPROVAL_SCHEMA",
+    "PROTOCOL_VERSION",
+    "AGUIError",
+    "ResumeAnswer",
+    "RunEncoder",
+    "RunInput",
+    "agui_messages",
+    "approval_answer",
+    "bad_input",
+    "client_tools",
+    "finished",
+    "history_of",
+    "interrupt",
+    "parse_run_input",
+    "result_content",
+    "sse",
+    "token_usage",
+    "tool_answer",
+    "user_input",
+]

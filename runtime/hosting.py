@@ -1,0 +1,142 @@
+"""What an actor, or a tool, may ask of the host that runs it.
+
+The host (:class:`runtime.app.host.Host`) is the application: it assembles the actors,
+and no actor or contract module may import it. Those that need something of it name one
+of the small protocols below instead, each the few questions its user asks and nothing
+more; ``Host`` satisfies them all by its shape, and the type checker proves it where the
+host hands itself over (``TurnRunner(host=self)``, ``start_servers(..., self, ...)``).
+
+* :class:`ToolHost`: what a tool's :class:`~runtime.tools.ToolContext` gives it: the bus,
+  and sub-sessions (an agent used as a tool opens one per call);
+* :class:`TurnHost`: what a turn runner asks: a :class:`ToolHost` for its tools, plus
+  whether other writers share the store, the wall clock and the timer that approval
+  deadlines run on, and whether an actor decides approvals in process;
+* :class:`ActorStarter` and :class:`TurnCanceller`: starting an actor under the host's
+  supervisor (an MCP server, the relay publisher), and cancelling a turn the host runs;
+* :data:`ToolSource`: where a turn runner gets the tools of its agent's next model call;
+  the host builds it (from the agent's own tools and its MCP servers' current ones), so
+  the runner imports no MCP.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import AbstractAsyncContextManager
+from typing import Any, Protocol, TypeAlias, TypeVar
+
+import trio
+
+from runtime.actor import Actor, RestartPolicy
+from runtime.actor_messages import TurnResult
+from runtime.agent import Agent
+from runtime.bus import Bus
+from runtime.media import UserInput
+from runtime.messages import Message
+from runtime.output import OutputChunk
+from runtime.tools import Tool
+
+A = TypeVar("A", bound=Actor)
+
+
+class SubTurn(Protocol):
+    """A turn of a session a tool opened, as the tool reads it: ``async for`` its output
+    chunks, then :attr:`result`."""
+
+    @property
+    def result(self) -> TurnResult | None:
+        """Set once the turn is over (``None`` before, or if it never answered)."""
+
+    def __aiter__(self) -> AsyncIterator[OutputChunk]: ...
+
+
+class SubSession(Protocol):
+    """A session a tool opened (``ToolHost.open_session``): one turn, then closed."""
+
+    def stream(self, input: UserInput) -> AbstractAsyncContextManager[SubTurn]:
+        """Start a turn for ``input``; ``async with session.stream(task) as out``."""
+
+    async def close(self) -> None:
+        """Stop the session's actors (after any running turn ends)."""
+
+
+class ToolHost(Protocol):
+    """What a tool may ask of the host running its call (:attr:`ToolContext.host`)."""
+
+    @property
+    def bus(self) -> Bus:
+        """The host's bus: a tool may publish events of its own on it."""
+
+    async def open_session(
+        self,
+        agent: Agent,
+        session_id: str | None = None,
+        *,
+        meta: dict[str, Any] | None = None,
+        deps: Any = None,
+    ) -> SubSession:
+        """Open (or resume) a session running ``agent`` on this host."""
+
+
+class WaitWatch(Protocol):
+    """The host's timer of waits with a deadline (:mod:`runtime.app.expiry`)."""
+
+    def note(self, session_id: str, agent: Agent, messages: Sequence[Message]) -> None:
+        """Watch the session if its last turn waits with a deadline."""
+
+
+class TurnHost(ToolHost, Protocol):
+    """What a turn runner asks of its host, beyond what its tools may
+    (:class:`~actors.turn.runner.TurnRunner`)."""
+
+    @property
+    def expects_other_writers(self) -> bool:
+        """Whether other processes writing the host's sessions is normal operation (the
+        workers of one deployment): taking in their turns is then no warning."""
+
+    @property
+    def clock(self) -> Callable[[], float]:
+        """The wall clock (seconds since the epoch) approval deadlines are set by."""
+
+    @property
+    def expiry(self) -> WaitWatch:
+        """The timer that expires waits when their deadline passes."""
+
+    def approves_in_process(self) -> bool:
+        """Whether an actor on the host decides approvals in process (an
+        :class:`~actors.plugins.ApprovalActor` runs): a call that needs approval then
+        waits for it in memory instead of suspending its turn."""
+
+
+class ActorStarter(Protocol):
+    """Starts actors under the host's supervisor (MCP servers, the relay publisher)."""
+
+    async def start_actor(self, actor: A, *, policy: RestartPolicy | None = None) -> A:
+        """Run ``actor`` under the host's supervisor; returns it once started."""
+
+
+class TurnCanceller(ActorStarter, Protocol):
+    """What the relay publisher asks of the host whose turns it publishes."""
+
+    @property
+    def nursery(self) -> trio.Nursery:
+        """Where the publisher's background task (watching for cancel requests) runs."""
+
+    def cancel_turn(self, turn_id: str, reason: str) -> bool:
+        """Cancel the turn ``turn_id`` if the host runs it; whether it did."""
+
+
+ToolSource: TypeAlias = Callable[[Agent], Awaitable[tuple[Tool, ...]]]
+"""The tools to offer an agent's next model call: its own, then those of its MCP servers
+as they are now (a server may announce a change between two calls)."""
+
+
+__all__ = [
+    "ActorStarter",
+    "SubSession",
+    "SubTurn",
+    "ToolHost",
+    "ToolSource",
+    "TurnCanceller",
+    "TurnHost",
+    "WaitWatch",
+]
