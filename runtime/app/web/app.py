@@ -683,6 +683,18 @@ def create_app(
         if relay is None:
             raise ValueError("a front end (queue=) needs the relay its workers write to")
         state.front = FrontEnd(store=host.store, queue=queue, relay=relay)
+    return _app(state, token, cors_origins, allowed_hosts, protocols)
+
+
+def _app(
+    state: WebState,
+    token: str | None,
+    cors_origins: Sequence[str] | None,
+    allowed_hosts: Sequence[str] | None,
+    protocols: Collection[str],
+) -> Starlette:
+    """The Starlette app on ``state``: the page's and the API's routes behind the
+    middleware, and the other ``protocols``' endpoints."""
     app = Starlette(
         routes=[*_page_routes(), *_api_routes(state.front)],
         middleware=_middleware(token, cors_origins, allowed_hosts),
