@@ -74,8 +74,34 @@ class Agent:
 
     name: str = "assistant"
     provider: Provider | None = None
-    """The model's provider. Required to run: opening a session for an agent without
-    one is a ``ConfigurationError`` (``ScriptedProvider.demo()`` is the offline demo)."""
+    """The model's provider. Required to run, or :attr:`model`: opening a session for an
+    agent with neither is a ``ConfigurationError`` (``ScriptedProvider.demo()`` is the
+    offline demo)."""
+    model: str | None = attrs.field(default=None)
+    """The model as ``"provider:model"`` (``"openai:gpt-4o-mini"``,
+    ``"anthropic:claude-sonnet-4-5"``, ``"google:gemini-2.5-flash"``), instead of
+    :attr:`provider`: the host builds that provider (as ``--provider NAME --model MODEL``
+    would: the key from the SDK's variable) the first time a session opens, and shares it
+    between the sessions of every agent naming the same string. Giving both ``provider``
+    and ``model`` is a ``ConfigurationError``; so is a string without a ``provider:``
+    prefix, and an unknown provider once a session opens (the registered ones are named).
+    """
+
+    @model.validator
+    def _check_model(self, _attribute: Any, value: str | None) -> None:
+        if value is None:
+            return
+        if self.provider is not None:
+            raise ConfigurationError(
+                "give the agent provider= or model=, not both: model='provider:model' builds "
+                "the provider itself"
+            )
+        prefix, colon, name = value.partition(":") if isinstance(value, str) else ("", "", "")
+        if not (prefix and colon and name):
+            raise ConfigurationError(
+                f"model must be 'provider:model', e.g. 'openai:gpt-4o-mini', not {value!r}"
+            )
+
     instructions: str | None = None
     """The system prompt."""
     tools: tuple[Tool, ...] = attrs.field(default=(), converter=_tools)

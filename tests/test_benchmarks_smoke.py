@@ -41,6 +41,7 @@ EXPECTED_KEYS = {
     "workers.scaling.io",
     "workers.relay_first_delta",
     "workers.store",
+    "approval.workers.overhead",
     "aio.ratio",
 }
 

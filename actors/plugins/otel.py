@@ -78,10 +78,16 @@ USAGE_INPUT_TOKENS = "gen_ai.usage.input_tokens"
 AXON_PROVIDER = "axon.provider"
 """The provider's registry name, where it differs from ``gen_ai.provider.name``."""
 
-GENAI_PROVIDERS = {"openai-responses": "openai"}
+GENAI_PROVIDERS = {
+    "openai-responses": "openai",
+    "google": "gcp.gemini",
+    "anthropic-vertex": "gcp.vertex_ai",
+    "anthropic-bedrock": "aws.bedrock",
+}
 """Registry names whose ``gen_ai.provider.name`` is another: the conventions name the
-vendor (``openai``), whichever of its APIs is called; the API stays in
-:data:`AXON_PROVIDER`."""
+vendor (``openai``), whichever of its APIs is called, and the platform a model is served
+from (``gcp.gemini`` for the Gemini API, ``gcp.vertex_ai``, ``aws.bedrock``); the
+registry name stays in :data:`AXON_PROVIDER`."""
 
 
 def provider_attributes(provider: str) -> dict[str, str]:
@@ -740,4 +746,24 @@ def _reporting(exporter: Any, name: str) -> Any:
     return ReportingExporter()
 
 
-__all__ = ["OpenTelemetryActor", "build_tracer_provider"]
+# -- the ``otel`` plug-in ---------------------------------------------------------------
+
+CAPTURE_CONTENT = "capture-content"
+"""The ``otel`` plug-in's one option: record tool arguments and results on the spans."""
+
+
+def otel_plugin(options: str | None = None) -> OpenTelemetryActor:
+    """The ``otel`` plug-in (``--plugin otel``, ``--otel``): an actor exporting to what
+    the ``OTEL_*`` variables name (:func:`build_tracer_provider`);
+    ``--plugin otel:capture-content`` also records tool arguments and results."""
+    if options not in (None, "", CAPTURE_CONTENT):
+        raise ConfigurationError(
+            f"plug-in 'otel' takes no option but {CAPTURE_CONTENT!r}, not {options!r} "
+            "(the OTEL_* variables configure the export: docs/telemetry.md)"
+        )
+    return OpenTelemetryActor(
+        tracer_provider=build_tracer_provider(), capture_content=options == CAPTURE_CONTENT
+    )
+
+
+__all__ = ["OpenTelemetryActor", "build_tracer_provider", "otel_plugin"]

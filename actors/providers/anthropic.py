@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 
 import trio
 
+from actors.providers.anthropic_platforms import BedrockPlatform, VertexPlatform
 from actors.providers.failures import (
     classify_status,
     classify_transport,
@@ -831,3 +832,18 @@ class AnthropicProvider(SDKProvider):
 
     def classify_error(self, exc: BaseException) -> errors.AxonError:
         return classify_error(exc)
+
+
+# -- on other platforms -------------------------------------------------------------------
+
+
+class AnthropicVertexProvider(VertexPlatform, AnthropicProvider):
+    """Claude on Google Cloud Vertex AI through ``AsyncAnthropicVertex``: this provider
+    with Vertex's client, credentials and endpoint
+    (:class:`~actors.providers.anthropic_platforms.VertexPlatform`)."""
+
+
+class AnthropicBedrockProvider(BedrockPlatform, AnthropicProvider):
+    """Claude on Amazon Bedrock through ``AsyncAnthropicBedrock``: this provider with
+    Bedrock's client, credentials, endpoint and event-stream errors
+    (:class:`~actors.providers.anthropic_platforms.BedrockPlatform`)."""

@@ -115,7 +115,8 @@ _SCHEMA = (
         idempotency_key TEXT UNIQUE,
         input TEXT NOT NULL,
         status TEXT NOT NULL DEFAULT 'queued'
-            CHECK (status IN ('queued', 'running', 'done', 'failed', 'cancelled')),
+            CHECK (status IN ('queued', 'running', 'done', 'failed', 'cancelled',
+                              'awaiting-input')),
         owner TEXT,
         epoch BIGINT NOT NULL DEFAULT 0,
         lease_until TIMESTAMPTZ,
@@ -146,6 +147,12 @@ _TURN_COLUMNS = (
     ("input_hash", "TEXT"),  # what the turn was asked: an identical retry is a replay
     ("head", "BOOLEAN NOT NULL DEFAULT false"),
     ("head_seq", "BIGINT"),
+    # A turn that waits for a person (status 'awaiting-input', docs/approval.md): when
+    # its wait expires (wall-clock seconds since the epoch; NULL: never), how many times
+    # it was resumed after a wait, and whether the next claim runs its continuation.
+    ("expires_at", "DOUBLE PRECISION"),
+    ("resumes", "INTEGER NOT NULL DEFAULT 0"),
+    ("resume_pending", "BOOLEAN NOT NULL DEFAULT false"),
 )
 """Columns the turn queue (:mod:`actors.stores.turns`) added after schema 1 shipped: a
 store created before them gains them on open, in place, without a version change. Each
@@ -464,11 +471,17 @@ class PostgresStore:
         meta: Mapping[str, Any] | None = None,
         *,
         expected_version: int | None = None,
+        guard: Callable[[Any], None] | None = None,
     ) -> int:
         """Replace messages ``start..`` with ``messages`` and merge ``meta``, in one
         transaction; returns the session's new version (see the module docstring for
         versions and fences). Everything is serialized before the transaction begins, so
-        a bad message fails the save before anything is written."""
+        a bad message fails the save before anything is written.
+
+        ``guard(conn)`` (not part of the :class:`~runtime.store.Store` protocol) runs in
+        the save's transaction before anything is written: it may refuse the save by
+        raising, or write rows of its own that commit with the save or not at all (the
+        turn queue records a decision and puts the waiting turn back so, atomically)."""
         new = check_save(session_id, start, messages, meta, expected_version)
         rows = encode_rows(session_id, start, new)
         patch = encode_meta(session_id, meta)
@@ -480,7 +493,9 @@ class PostgresStore:
             )
 
         def save(conn: Any) -> int:
-            return self._save_in(conn, session_id, start, rows, patch, expected_version, fence)
+            return self._save_in(
+                conn, session_id, start, rows, patch, expected_version, fence, guard
+            )
 
         try:
             version = await self.run(f"save of session {session_id!r}", save)
@@ -501,11 +516,15 @@ class PostgresStore:
         patch: bytes | None,
         expected_version: int | None,
         fence: Fence | None,
+        guard: Callable[[Any], None] | None,
     ) -> int:
-        """The save's transaction: check the fence and the version, write the session row
-        (meta merged), replace the messages from ``start`` on; the new version."""
+        """The save's transaction: check the fence, run the guard, check the version, write
+        the session row (meta merged), replace the messages from ``start`` on; the new
+        version."""
         if fence is not None:
             _check_fence(conn, fence, session_id)
+        if guard is not None:
+            guard(conn)
         row = self._lock_session(conn, session_id, expected_version)
         _check_start(conn, session_id, start)
         merged = {} if row is None else decode_meta(self.url, bytes(row[0]), session_id)
@@ -766,6 +785,27 @@ def _add_turn_columns(conn: Any, schema: str) -> None:
                     "CREATE INDEX IF NOT EXISTS axon_turns_by_message_key "
                     "ON axon_turns (message_key, seq) WHERE message_key IS NOT NULL"
                 )
+            if column == "expires_at":  # the waits a worker looks at, and their status
+                conn.execute(
+                    "CREATE INDEX IF NOT EXISTS axon_turns_waiting "
+                    "ON axon_turns (expires_at) WHERE status = 'awaiting-input'"
+                )
+                _allow_waiting_status(conn)
+
+
+WAITING_CHECK = (
+    "CHECK (status IN ('queued', 'running', 'done', 'failed', 'cancelled', 'awaiting-input'))"
+)
+"""The statuses ``axon_turns`` allows since turns can wait for a person."""
+
+
+def _allow_waiting_status(conn: Any) -> None:
+    """A table created before turns could wait gets the status ``awaiting-input`` in its
+    CHECK (run once, with the ``expires_at`` column, in the same transaction)."""
+    conn.execute(
+        "ALTER TABLE axon_turns DROP CONSTRAINT IF EXISTS axon_turns_status_check, "
+        f"ADD CONSTRAINT axon_turns_status_check {WAITING_CHECK}"
+    )
 
 
 def _ensure_turn_heads(conn: Any) -> None:

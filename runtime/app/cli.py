@@ -10,6 +10,7 @@ terminal, or print its chunks as JSON lines.
     python -m runtime run --store s.db --session ID --approve-all   # decide a waiting turn
 
     python -m runtime serve                              # web UI + AI SDK (useChat) API
+    python -m runtime mcp-server                         # the agent as an MCP tool (stdio)
 
 Real providers read their key from ``--api-key`` or the SDK's usual environment
 variable (``OPENAI_API_KEY``, ``ANTHROPIC_API_KEY``), only when the call is made. Their
@@ -42,8 +43,7 @@ from typing import Any, TextIO
 import orjson
 import trio
 
-from actors.plugins.otel import OpenTelemetryActor, build_tracer_provider
-from actors.plugins.recorder import JsonlRecorder, read_jsonl
+from actors.plugins.recorder import read_jsonl
 from actors.stores import is_store_url, open_store
 from runtime.actor_messages import TurnResult
 from runtime.agent import Agent
@@ -52,11 +52,14 @@ from runtime.app.commands import (
     BadInput,
     add_agent_arguments,
     add_log_level_argument,
+    add_plugin_argument,
     make_agent,
+    make_plugins,
     report_bad_input,
 )
 from runtime.app.expiry import deadlines
 from runtime.app.host import Host
+from runtime.app.mcp_server import add_mcp_server_parser, mcp_server_command
 from runtime.app.render import TerminalRenderer
 from runtime.app.web.serve import add_serve_parser, serve_command
 from runtime.app.worker import add_worker_parser, worker_command
@@ -88,13 +91,14 @@ def program_name() -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``python -m runtime`` command line: ``run``, the stored sessions' commands,
-    ``serve`` and ``worker``."""
+    ``serve``, ``worker`` and ``mcp-server``."""
     parser = argparse.ArgumentParser(prog=program_name(), description="Axon agent runtime")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_run_parser(sub)
     _add_history_parsers(sub)
     add_serve_parser(sub)
     add_worker_parser(sub)
+    add_mcp_server_parser(sub)
     return parser
 
 
@@ -143,13 +147,19 @@ def _add_run_parser(sub: Any) -> None:
         help="scripted demo: seconds between chunks (default 0.02 on a terminal)",
     )
     add_log_level_argument(run, "critical", "; the output already shows the turn's errors")
-    run.add_argument("--record", default=None, help="append every bus event to this JSONL file")
+    run.add_argument(
+        "--record",
+        default=None,
+        help="append every bus event to this JSONL file (--plugin recorder:FILE)",
+    )
     run.add_argument("--mcp", action="append", default=[], metavar="SERVER", help=MCP_HELP)
     run.add_argument(
         "--otel",
         action="store_true",
-        help="export OpenTelemetry traces, configured by the OTEL_* variables (docs/telemetry.md)",
+        help="export OpenTelemetry traces, configured by the OTEL_* variables "
+        "(docs/telemetry.md; --plugin otel)",
     )
+    add_plugin_argument(run)
 
 
 def _add_history_parsers(sub: Any) -> None:
@@ -254,21 +264,13 @@ async def run_command(args: argparse.Namespace) -> int:
     if not args.jsonl:
         renderer = TerminalRenderer()
     out_stream = sys.stdout.buffer
-    tracing = None
-    if args.otel:
-        try:
-            tracing = OpenTelemetryActor(tracer_provider=build_tracer_provider())
-        except ConfigurationError as exc:
-            sys.stderr.write(f"error: {exc}\n")
-            return 2
+    plugins = make_plugins(args)  # a bad name or option: one error line, before any turn
     session_id = args.session or new_id("session")
     if not isinstance(agent, Agent):  # --agent named a function of the session id
         agent = agent(session_id)
     async with Host.open(store=args.store, handle_signals=True) as host:
-        if tracing is not None:
-            await host.start_actor(tracing)
-        if args.record:
-            await host.start_actor(JsonlRecorder(args.record))
+        for plugin in plugins:
+            await host.start_actor(plugin)
         session = await host.open_session(agent, session_id=session_id)
         result: TurnResult | None = None
         if args.input is None:  # no prompt: the session's waiting turn goes on
@@ -571,6 +573,8 @@ def _dispatch(args: argparse.Namespace) -> int:
             return trio.run(worker_command, args)
         except KeyboardInterrupt:
             return 130
+    if args.command == "mcp-server":
+        return trio.run(mcp_server_command, args)
     if args.command == "run":
         try:
             return trio.run(run_command, args)

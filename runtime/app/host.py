@@ -33,6 +33,7 @@ from actors.engine import Engine
 from actors.log_tap import LogTap
 from actors.mcp import Servers, agent_tools, start_servers
 from actors.persister import Persister
+from actors.providers.registry import provider_for_model
 from actors.stores import open_store
 from actors.stream_controller import StreamController
 from actors.tool_executor import ToolExecutor
@@ -99,6 +100,8 @@ class Host:
         """Every ``Session`` object still referenced, loaded or evicted: one per id."""
         self._opening: dict[str, trio.Event] = {}
         self._providers: dict[int, Actor] = {}
+        self._model_providers: dict[str, Provider] = {}
+        """The providers built for ``Agent(model="provider:model")``, by that string."""
         self.mcp_servers: Servers = {}
         """The running MCP server actors, by configuration (see :mod:`actors.mcp`)."""
         self._actors: dict[Actor, None] = {}
@@ -259,6 +262,28 @@ class Host:
             self._providers[id(provider)] = actor
         return actor
 
+    def provider_of(self, agent: Agent) -> Provider:
+        """The provider ``agent`` runs on: its own, or the one its ``model`` string names
+        (``"openai:gpt-4o-mini"``: built on first use, then shared by every agent naming
+        the same string, and closed with the host). An agent with neither, or a model
+        string whose provider is not registered, is a
+        :class:`~runtime.errors.ConfigurationError` (a silent stand-in model would answer
+        in its place)."""
+        if agent.provider is not None:
+            return agent.provider
+        if agent.model is None:
+            raise ConfigurationError(
+                f"agent {agent.name!r} has no provider: give it one, e.g. "
+                "Agent(model='openai:gpt-4o-mini'), "
+                "Agent(provider=OpenAIProvider('gpt-4o-mini')), or "
+                "Agent(provider=ScriptedProvider.demo()) for the offline demo"
+            )
+        provider = self._model_providers.get(agent.model)
+        if provider is None:
+            provider = provider_for_model(agent.model)
+            self._model_providers[agent.model] = provider
+        return provider
+
     async def open_session(
         self,
         agent: Agent,
@@ -284,12 +309,7 @@ class Host:
         object, so there is one object per session id. An agent with no provider is a
         :class:`~runtime.errors.ConfigurationError` (a silent stand-in model would answer
         in its place)."""
-        if agent.provider is None:
-            raise ConfigurationError(
-                f"agent {agent.name!r} has no provider: give it one, e.g. "
-                "Agent(provider=OpenAIProvider('gpt-4o-mini')), or "
-                "Agent(provider=ScriptedProvider.demo()) for the offline demo"
-            )
+        self.provider_of(agent)  # no provider, or an unknown one: refused before anything
         if on_busy is not None:
             check_on_busy(on_busy)
         sid = validate_session_id(session_id) if session_id is not None else new_id("session")
@@ -378,8 +398,7 @@ class Host:
             session_meta.update({k: v for k, v in record.meta.items() if k != "agent"})
         if meta:
             session_meta.update(meta)
-        assert agent.provider is not None  # refused by open_session
-        provider_actor = await self.provider_actor(agent.provider)
+        provider_actor = await self.provider_actor(self.provider_of(agent))
         if agent.mcp_servers:  # started once per host, shared by sessions (actors.mcp)
             await start_servers(self.mcp_servers, self, agent)
         stream_inbox: Inbox[Batch[Any]] = Inbox(1024, "block", name="engine-output")
@@ -544,6 +563,11 @@ class Host:
             # The persister drains what the turns queued before it stops.
             self.persister.stop()
             await self.persister.stopped.wait()
+        for provider in self._model_providers.values():  # built here: closed here
+            close = getattr(provider, "aclose", None)
+            if close is not None:
+                with trio.move_on_after(2):
+                    await close()
 
     async def _drain_observers(self) -> None:
         """Let every observer handle the events already in its inbox, for at most

@@ -386,7 +386,7 @@ class AGUIRoutes:
         metadata: dict[str, Any] | None = None,
         answered: Sequence[str] = (),
     ) -> Callable[[], StreamEncoder]:
-        provider = session.agent.provider
+        provider = self.state.host.provider_of(session.agent)  # its own, or its model's
 
         def make() -> StreamEncoder:
             return StreamEncoder(

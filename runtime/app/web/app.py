@@ -63,7 +63,12 @@ from runtime.agent import Agent
 from runtime.app.host import Host
 from runtime.app.session import FINAL_WAIT
 from runtime.app.web import BODY_TIMEOUT, DEFAULT_MAX_BODY, SEND_TIMEOUT
-from runtime.app.web.answers import is_continuation, pending_in_store, record_answers
+from runtime.app.web.answers import (
+    is_continuation,
+    pending_in_store,
+    record_answers,
+    waiting_in_meta,
+)
 from runtime.app.web.chat_input import CHILD_PARSES, check_media, read_chat_request, title_of
 from runtime.app.web.frontend import FrontEnd
 from runtime.app.web.guard import RequestGuard
@@ -74,11 +79,12 @@ from runtime.app.web.resend import classify_resend, client_message_id, replay_re
 from runtime.app.web.resume import resume_stream, stop_turn
 from runtime.app.web.ui_stream import DONE, HEADERS, UIStreamEncoder, ui_messages
 from runtime.app.web.writer import BodyWriter
-from runtime.approval import WAITING_META, pending_calls
+from runtime.approval import pending_calls
 from runtime.busy import REJECT, OnBusy, check_on_busy
 from runtime.errors import InvalidHistory, NothingToResume, SessionBusy
 from runtime.messages import UserContent
 from runtime.serde import unstructure
+from runtime.turn_queue import TurnQueue
 
 KEEPALIVE = 15.0
 """Seconds of silence after which a stream sends an SSE comment, so proxies keep it open."""
@@ -405,10 +411,18 @@ class WebState:
     def info(self) -> dict[str, Any]:
         agent = self.agent if isinstance(self.agent, Agent) else None
         provider = getattr(agent, "provider", None)
+        named = agent.model.partition(":") if agent is not None and agent.model else None
+        provider_name: str | None
+        model: str | None
+        if provider is None and named is not None:  # Agent(model="provider:model")
+            provider_name, model = named[0], named[2]
+        else:
+            provider_name = getattr(provider, "provider_name", None) if provider else "scripted"
+            model = getattr(provider, "model", None) if provider else "scripted"
         return {
             "agent": agent.name if agent else None,
-            "provider": getattr(provider, "provider_name", None) if provider else "scripted",
-            "model": getattr(provider, "model", None) if provider else "scripted",
+            "provider": provider_name,
+            "model": model,
             "tools": [t.name for t in agent.tools] if agent else None,
         }
 
@@ -487,19 +501,13 @@ async def list_sessions(request: Request) -> Response:
                     "busy": bool(
                         info.session_id in open_sessions and open_sessions[info.session_id].busy
                     ),
-                    "waiting": _waiting(info.meta),
+                    "waiting": waiting_in_meta(info.meta),
                     "meta": info.meta,
                 }
                 for info in infos
             ]
         }
     )
-
-
-def _waiting(meta: Mapping[str, Any]) -> int:
-    """How many calls a stored session's last turn waits for, by its meta."""
-    value = meta.get(WAITING_META)
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
 async def get_session(request: Request) -> Response:
@@ -639,7 +647,7 @@ def create_app(
     send_timeout: float | None = SEND_TIMEOUT,
     relay: Any = None,
     cancel_hook: Callable[[str], Any] | None = None,
-    queue: Any = None,
+    queue: TurnQueue | None = None,
     protocols: Collection[str] = ("ai-sdk",),
     on_busy: OnBusy | None = None,
 ) -> Starlette:
@@ -655,7 +663,7 @@ def create_app(
     :class:`runtime.relay.Relay`) serves ``GET /api/chat/{id}/stream`` for turns running
     anywhere; ``cancel_hook(turn_id)`` stops a turn running in another process.
 
-    With ``queue`` (a :class:`actors.stores.turns.TurnQueue`) and ``relay`` the app is a
+    With ``queue`` (a :class:`runtime.turn_queue.TurnQueue`) and ``relay`` the app is a
     stateless front end of a worker deployment (:mod:`runtime.app.web.frontend`): it queues
     turns for the workers and streams them from the relay, and ``host`` only lends it
     its store (it opens no session and runs no turn).

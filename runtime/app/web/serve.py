@@ -28,18 +28,18 @@ from typing import Any
 
 import trio
 
-from actors.plugins.otel import OpenTelemetryActor, build_tracer_provider
 from actors.relays import RedisRelay, attach_relay
 from actors.relays.redis_streams import public_url
-from actors.stores.postgres import PostgresStore
-from actors.stores.turns import TurnQueue
+from actors.stores import turn_queue
 from runtime.app.commands import (
     MCP_HELP,
     add_agent_arguments,
     add_input_limit_arguments,
     add_log_level_argument,
+    add_plugin_argument,
     input_limits,
     make_agent,
+    make_plugins,
     positive,
     report_bad_input,
 )
@@ -51,6 +51,7 @@ from runtime.busy import STRATEGIES
 from runtime.errors import ConfigurationError, RelayUnavailable, reraise, sole_exception
 from runtime.logging import configure_logging
 from runtime.redact import redact_url
+from runtime.turn_queue import TurnQueue
 
 DEFAULT_PORT = 8000
 TOKEN_ENV = "AXON_WEB_TOKEN"
@@ -68,7 +69,7 @@ def _cap(value: str) -> int:
 
 
 def queue_caps(args: argparse.Namespace) -> dict[str, Any]:
-    """The :class:`~actors.stores.turns.TurnQueue` caps ``serve``'s options set: only
+    """The turn queue's caps ``serve``'s options set (:func:`actors.stores.turn_queue`): only
     those given (the queue's defaults otherwise), ``off`` as ``None``."""
     given = {
         "max_queued_per_session": args.max_queued_per_session,
@@ -96,8 +97,10 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     add(
         "--otel",
         action="store_true",
-        help="export OpenTelemetry traces, configured by the OTEL_* variables (docs/telemetry.md)",
+        help="export OpenTelemetry traces, configured by the OTEL_* variables "
+        "(docs/telemetry.md; --plugin otel)",
     )
+    add_plugin_argument(parser)
     parser.set_defaults(jsonl=False)
     return parser
 
@@ -179,7 +182,7 @@ def _add_access_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="NAMES",
         help="the protocols to serve, comma-separated: ai-sdk (the page and /api/), ag-ui "
         "(POST /ag-ui), openai (/v1/chat/completions, /v1/models), a2a (the Agent Card and "
-        "/a2a/); mcp is not available yet (default: ai-sdk; docs/protocols.md)",
+        "/a2a/), mcp (the agent as an MCP tool at /mcp) (default: ai-sdk; docs/protocols.md)",
     )
     add(
         "--token",
@@ -380,11 +383,13 @@ async def serve_command(args: argparse.Namespace) -> int:
             "reach it can run the agent",
             file=sys.stderr,
         )
+    try:
+        plugins = make_plugins(args)
+    except ConfigurationError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     async with AsyncExitStack() as stack:
         try:
-            tracing = (
-                OpenTelemetryActor(tracer_provider=build_tracer_provider()) if args.otel else None
-            )
             relay = await _open_relay(stack, args)
         except (ConfigurationError, RelayUnavailable) as exc:
             print(f"error: {exc}", file=sys.stderr)
@@ -397,7 +402,7 @@ async def serve_command(args: argparse.Namespace) -> int:
                 input_limits=input_limits(args),
             )
         )
-        queue = await _start_deployment(stack, args, host, relay, tracing)
+        queue = await _start_deployment(stack, args, host, relay, plugins)
         app = create_app(
             host,
             agent,
@@ -412,7 +417,7 @@ async def serve_command(args: argparse.Namespace) -> int:
             protocols=protocols,
             on_busy=getattr(args, "on_busy", None),
         )
-        served = _served(args, front_end=queue is not None, tracing=tracing is not None)
+        served = _served(args, front_end=queue is not None, plugins=plugins)
         return await _serve_until_signal(app, host, args, served, protocols=protocols)
 
 
@@ -444,30 +449,29 @@ async def _start_deployment(
     args: argparse.Namespace,
     host: Host,
     relay: RedisRelay | None,
-    tracing: OpenTelemetryActor | None,
+    plugins: list[Any],
 ) -> TurnQueue | None:
     """A front end's turn queue (its host only lends it the store: it runs no turn), or
-    the relay attached to the host that runs turns here; the tracing actor started."""
+    the relay attached to the host that runs turns here (``None``); the plug-ins started."""
     queue = None
     if is_front_end(args):
-        assert isinstance(host.store, PostgresStore)  # a postgresql:// URL opens one
-        queue = TurnQueue(host.store, **queue_caps(args))
+        queue = turn_queue(host.store, **queue_caps(args))
         stack.push_async_callback(queue.aclose)
     elif relay is not None:
         await attach_relay(host, relay)
-    if tracing is not None:
-        await host.start_actor(tracing)
+    for plugin in plugins:
+        await host.start_actor(plugin)
     return queue
 
 
-def _served(args: argparse.Namespace, *, front_end: bool, tracing: bool) -> str:
-    """What the start-up line says is served: the mode, agent, store, relay, traces."""
+def _served(args: argparse.Namespace, *, front_end: bool, plugins: list[Any]) -> str:
+    """What the start-up line says is served: the mode, agent, store, relay, plug-ins."""
     return (
         f"{'front-end mode: turns run on workers; ' if front_end else ''}"
         f"{'agent ' + args.agent if args.agent else 'provider ' + args.provider}"
         f", store {redact_url(args.store or 'memory')}"
         f"{', relay ' + public_url(args.redis) if args.redis else ''}"
-        f"{', OpenTelemetry traces' if tracing else ''}"
+        f"{plugins_banner(plugins)}"
     )
 
 
@@ -477,6 +481,7 @@ def _endpoints(url: str, protocols: Any) -> str:
         f"{', OpenAI API ' + url + '/v1' if 'openai' in protocols else ''}"
         f"{', AG-UI ' + url + '/ag-ui' if 'ag-ui' in protocols else ''}"
         f"{', A2A agent ' + url if 'a2a' in protocols else ''}"
+        f"{', MCP ' + url + '/mcp' if 'mcp' in protocols else ''}"
     )
 
 
@@ -516,6 +521,16 @@ async def _serve_until_signal(
                 flush=True,
             )
     return 0
+
+
+def plugins_banner(plugins: list[Any]) -> str:
+    """What the banner says of the running plug-ins (``OpenTelemetry traces`` for
+    ``otel``, as before plug-ins had names)."""
+    names = [
+        "OpenTelemetry traces" if plugin.name == "otel" else f"plug-in {plugin.name}"
+        for plugin in plugins
+    ]
+    return "".join(f", {name}" for name in names)
 
 
 def main(argv: list[str] | None = None) -> int:
