@@ -153,6 +153,9 @@ _TURN_COLUMNS = (
     ("expires_at", "DOUBLE PRECISION"),
     ("resumes", "INTEGER NOT NULL DEFAULT 0"),
     ("resume_pending", "BOOLEAN NOT NULL DEFAULT false"),
+    # What a protocol's turn carries beyond its input (runtime.turn_queue.TurnOptions):
+    # a JSON object, '{}' for none.
+    ("options", "BYTEA NOT NULL DEFAULT '{}'"),
 )
 """Columns the turn queue (:mod:`actors.stores.turns`) added after schema 1 shipped: a
 store created before them gains them on open, in place, without a version change. Each

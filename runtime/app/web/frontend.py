@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import orjson
@@ -89,7 +89,14 @@ from runtime.events import ToolApprovalDecided
 from runtime.logging import get_logger
 from runtime.messages import UserContent
 from runtime.serde import unstructure
-from runtime.turn_queue import FINAL_STATUSES, RUNNING, WAITING, Decided, TurnQueue
+from runtime.turn_queue import (
+    FINAL_STATUSES,
+    RUNNING,
+    WAITING,
+    Decided,
+    TurnOptions,
+    TurnQueue,
+)
 
 
 def idempotency_key(session_id: str, payload: dict[str, Any], regenerate: bool) -> str | None:
@@ -264,7 +271,7 @@ class FrontEnd:
         if is_continuation(payload):
             return await self._continue(request, session_id, payload)
         check_media(text, state.agent_for(session_id))
-        turn = await self._submit(
+        turn = await self.submit(
             session_id,
             text,
             idempotency_key(session_id, payload, regenerate),
@@ -272,20 +279,35 @@ class FrontEnd:
         )
         return self._response(request, turn, None)
 
-    async def _submit(
+    async def submit(
         self,
         session_id: str,
         text: UserContent,
         key: str | None,
         regenerate: bool,
+        *,
+        turn_id: str | None = None,
+        options: TurnOptions | None = None,
+        titled: bool = True,
     ) -> Any:
+        """Queue the turn (``titled``: naming a session that has no title yet after its
+        input); a refusal is an :class:`ApiError` with the status the queue's error
+        means (429 over a cap, 503 while the store is unreachable, 409 for a key another
+        turn holds, 400 for anything else the store refused), and nothing is queued."""
         try:
-            record = await self.store.load(session_id)
-            meta = (
-                {} if record is not None and "title" in record.meta else {"title": title_of(text)}
-            )
+            meta: dict[str, Any] = {}
+            if titled:
+                record = await self.store.load(session_id)
+                if record is None or "title" not in record.meta:
+                    meta = {"title": title_of(text)}
             return await self.queue.submit(
-                session_id, text, idempotency_key=key, meta=meta, regenerate=regenerate
+                session_id,
+                text,
+                idempotency_key=key,
+                meta=meta,
+                regenerate=regenerate,
+                turn_id=turn_id,
+                options=options,
             )
         except QueueFull as exc:
             retry = str(max(1, math.ceil(exc.retry_after)))
@@ -308,23 +330,8 @@ class FrontEnd:
         decided: list[Decided] = []
 
         async def record(key: str, decision: Decision) -> Recorded:
-            try:
-                outcome = await self.queue.decide(session_id, key, decision, tools)
-            except StoreUnavailable as exc:
-                raise ApiError(503, _one_line(exc), {"retry-after": "1"}) from None
+            outcome = await self.decide(state.host.bus, session_id, key, decision, tools)
             decided.append(outcome)
-            call = outcome.recorded.call
-            if call.kind == "approval":
-                await state.host.bus.publish(
-                    ToolApprovalDecided(
-                        session_id=session_id,
-                        tool_call_id=call.tool_call_id,
-                        approved=bool(decision.approved),
-                        reason=decision.reason,
-                        turn_id=call.turn_id,
-                        causation_id=call.approval_id,
-                    )
-                )
             return outcome.recorded
 
         announced, complete = await check_and_record(self.store, session_id, tools, payload, record)
@@ -333,6 +340,33 @@ class FrontEnd:
             return json_response({"recorded": True, "waiting": waiting}, 202)
         turn = decided[-1].turn
         return self._response(request, turn, None, after_pauses=turn.resumes, announced=announced)
+
+    async def decide(
+        self, bus: Any, session_id: str, key: str, decision: Decision, tools: Mapping[str, Any]
+    ) -> Decided:
+        """Record one decision for a waiting call of ``session_id`` through the queue
+        (:meth:`runtime.turn_queue.TurnQueue.decide`: refused unless its turn still
+        waits; the decision that completes the turn's calls puts it back for a worker),
+        publishing on ``bus`` what ``session.decide`` publishes in the embedded app. A
+        store that cannot be reached is an :class:`ApiError` 503; a refused decision
+        raises its :class:`~runtime.errors.DecisionError`."""
+        try:
+            outcome = await self.queue.decide(session_id, key, decision, tools)
+        except StoreUnavailable as exc:
+            raise ApiError(503, _one_line(exc), {"retry-after": "1"}) from None
+        call = outcome.recorded.call
+        if call.kind == "approval":
+            await bus.publish(
+                ToolApprovalDecided(
+                    session_id=session_id,
+                    tool_call_id=call.tool_call_id,
+                    approved=bool(decision.approved),
+                    reason=decision.reason,
+                    turn_id=call.turn_id,
+                    causation_id=call.approval_id,
+                )
+            )
+        return outcome
 
     async def stream(self, request: Request) -> Any:
         session_id = session_id_param(request.path_params["session_id"])
