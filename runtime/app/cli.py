@@ -511,10 +511,11 @@ async def show_command(args: argparse.Namespace) -> int:
                 console.print(f"  [{_describe_media(item)}]", style="dim")
         else:
             console.print(f"{msg.role}: {msg.content}")
-    for line in waiting_lines(record.messages):
-        console.print(line, style="bold", soft_wrap=True)  # ids copied whole
     if (total := session_usage(record.messages)) is not None:
         console.print(f"session usage: {describe_usage(total)}", style="bold")
+    # Last, so what is still to be done (and the ids to do it with) ends the output.
+    for line in waiting_lines(record.messages):
+        console.print(line, style="bold", soft_wrap=True)  # ids copied whole
     return 0
 
 
