@@ -341,6 +341,9 @@ class Worker:
             store=self.store, max_sessions=self.max_sessions, input_limits=self.input_limits
         ) as host:
             host.expects_other_writers = True  # a session's turns run on any worker
+            shared = getattr(self.relay, "rate_limits", None)
+            if shared is not None:  # rate limits kept by all the workers together
+                host.rate_limits = shared()
             self.host = host
             for plugin in self.plugins:
                 await host.start_actor(plugin)
