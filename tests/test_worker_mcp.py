@@ -199,3 +199,24 @@ async def test_a_forged_mcp_session_id_is_404_as_a_jsonrpc_error_and_queues_noth
         "id": None,
         "error": {"code": -32600, "message": "Session not found"},
     }
+
+
+async def test_a_call_over_a_full_queue_is_a_tool_error_and_queues_nothing(
+    pg_url: str, redis_url: str
+) -> None:
+    caps = {"max_queued": 1}
+    async with (
+        mcp_deployment(pg_url, redis_url, worker=False, queue_caps=caps) as d,
+        mcp_client(d.urls[0]) as c,
+    ):
+        with trio.fail_after(LIMIT):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(c.call_tool, TOOL, {"prompt": "first", "session_id": "f1"})
+                await wait_for(d.queue.busy_sessions, LIMIT, "the first turn to be queued")
+                full = await c.call_tool(TOOL, {"prompt": "second", "session_id": "f2"})
+                nursery.cancel_scope.cancel()  # the first call is cancelled: so is its turn
+        refused = await d.queue.turns("f2")
+    assert full.is_error and full.content[0].text.startswith(
+        "the turn could not be queued: the turn queue already holds"
+    )
+    assert refused == []
