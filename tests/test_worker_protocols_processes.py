@@ -1,7 +1,8 @@
 """Each protocol a worker deployment's front end serves, with real processes: a
 ``serve --protocols ...`` front end and ``python -m runtime worker`` processes on the
 test run's own PostgreSQL and Redis, driven by the protocol's official client (the
-``openai`` SDK, the ``a2a-sdk`` client, AG-UI's ``ag_ui.core`` event models)."""
+``openai`` SDK, the ``a2a-sdk`` client, AG-UI's ``ag_ui.core`` event models, the
+``mcp`` client)."""
 
 from __future__ import annotations
 
@@ -27,11 +28,13 @@ from tests.support.worker_agent import answer_text, read_ledger
 from tests.test_a2a import answer_of, collect, last_state, sdk
 from tests.test_a2a import user as a2a_user
 from tests.test_agui import check_sequence, parse_sse, run_input, types, user, valid
+from tests.test_mcp_server import Progress
 from tests.test_worker_approval_processes import FrontEnds
+from tests.test_worker_mcp import mcp_client
 from tests.test_workers import Workers, sql
 
 LIMIT = 60.0
-PROTOCOLS = "ai-sdk,openai,ag-ui,a2a"
+PROTOCOLS = "ai-sdk,openai,ag-ui,a2a,mcp"
 
 
 @pytest.fixture
@@ -87,6 +90,33 @@ async def test_the_openai_sdk_streams_and_completes_turns_that_worker_processes_
     assert rows[0][0] == "p-oa"
     sessions = sql(pg_url, "SELECT session_id FROM axon_sessions")
     assert sessions == [("p-oa",)]  # the stateless turn's scratch session is gone
+
+
+async def test_an_mcp_tool_call_is_a_turn_a_worker_process_runs_with_progress_from_the_relay(
+    pg_url: str, deployment: tuple[Workers, FrontEnds]
+) -> None:
+    workers, fronts = deployment
+    url = await fronts.start()
+    workers.start("w1")
+    progress = Progress()
+    async with mcp_client(url) as client:
+        with trio.fail_after(LIMIT):
+            result = await client.call_tool(
+                "worker-test",
+                {"prompt": "tools via mcp", "session_id": "p-mcp"},
+                progress_callback=progress,
+            )
+    answer = answer_text("tools via mcp")
+    assert result.structured_content == {
+        "answer": answer,
+        "session_id": "p-mcp",
+        "finish_reason": "stop",
+    }
+    texts = [m for _, m in progress.seen if m is not None and not m.startswith("[tool")]
+    assert "".join(texts) == answer
+    assert sql(pg_url, "SELECT session_id, status, owner FROM axon_turns") == [
+        ("p-mcp", "done", "w1")
+    ]
 
 
 async def agui_run(client: httpx.AsyncClient, body: dict) -> list[dict]:  # type: ignore[type-arg]

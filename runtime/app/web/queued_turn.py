@@ -418,7 +418,7 @@ class QueuedStreamResponse:
             finally:
                 if self.left is not None and self.cancel_on_leave:
                     with trio.CancelScope(shield=True), trio.move_on_after(10):
-                        await _cancel_quietly(self.out, self.left)
+                        await cancel_quietly(self.out, self.left)
             if self.left is not None or writer.stalled or not await writer.close():
                 writer.abandon()
 
@@ -473,7 +473,9 @@ async def settle_quietly(out: QueuedTurnOutput) -> None:
         )
 
 
-async def _cancel_quietly(out: QueuedTurnOutput, reason: str) -> None:
+async def cancel_quietly(out: QueuedTurnOutput, reason: str) -> None:
+    """:meth:`QueuedTurnOutput.cancel`; a store or relay that cannot be reached is logged
+    (the turn goes on: its worker ends it, or a reaper does)."""
     try:
         await out.cancel(reason)
     except (StoreError, RelayUnavailable) as exc:
@@ -487,6 +489,7 @@ __all__ = [
     "QueuedTurnOutput",
     "RestartFilter",
     "StoredSession",
+    "cancel_quietly",
     "settle_quietly",
     "turn_result",
 ]

@@ -46,7 +46,7 @@ from runtime.app.commands import (
 from runtime.app.host import Host
 from runtime.app.web import BODY_TIMEOUT, DEFAULT_MAX_BODY, SEND_TIMEOUT
 from runtime.app.web.protocols import DEFAULT as DEFAULT_PROTOCOLS
-from runtime.app.web.protocols import EMBEDDED_ONLY, parse_protocols, unbuilt_refusal
+from runtime.app.web.protocols import parse_protocols, unbuilt_refusal
 from runtime.busy import STRATEGIES
 from runtime.errors import ConfigurationError, RelayUnavailable, reraise, sole_exception
 from runtime.logging import configure_logging
@@ -423,14 +423,8 @@ async def serve_command(args: argparse.Namespace) -> int:
 
 def _refusal(args: argparse.Namespace, token: str | None, protocols: Any) -> str | None:
     """Why ``serve`` must not start (``None``: it may), said before anything starts: a
-    protocol not built or not served in this mode, an address it cannot or must not bind."""
+    protocol not built, an address it cannot or must not bind."""
     refusal = unbuilt_refusal(protocols)
-    embedded_only = [name for name in EMBEDDED_ONLY if name in protocols]
-    if refusal is None and embedded_only and is_front_end(args):
-        refusal = (
-            f"--protocols {', '.join(embedded_only)} is not served by a worker deployment's "
-            "front end yet"
-        )
     if refusal is not None:
         return refusal
     return bind_problem(args.host, args.port) or bind_refusal(args.host, token, args.insecure)
