@@ -44,7 +44,6 @@ from runtime.app.web.a2a_tasks import (
     _decisions,
     _media_error,
     derive,
-    pending_message,
     split_task_id,
     task_id_of,
     user_message,
@@ -255,35 +254,13 @@ class QueuedTaskBook(TaskBook):
         raise _busy(context_id, self._running_in(context_id))
 
     async def _continue(self, incoming: wire.Incoming) -> LiveTask:
-        assert incoming.task_id is not None
-        live = await self.find(incoming.task_id)
-        if incoming.context_id is not None and incoming.context_id != live.context_id:
-            raise wire.invalid_params(
-                f"message.contextId {incoming.context_id!r} is not the context of task {live.id!r}"
-            )
-        stored_id = wire.stored_message_id(incoming.message_id)
-        if stored_id in live.seen:
+        live, stored_id = await self._task_waiting(incoming)
+        if stored_id is None:
             return live
-        if live.state in wire.TERMINAL:
-            raise wire.A2AError(
-                "UnsupportedOperation",
-                f"task {live.id!r} is in a terminal state ({live.state}): send a message "
-                "without taskId to go on in its context",
-            )
-        if live.running or live.state not in wire.INTERRUPTED:
-            raise wire.A2AError(
-                "UnsupportedOperation",
-                f"task {live.id!r} is running: it takes a message only while it waits for input",
-            )
         turn, remaining = await self._record_queued(live, incoming)
-        live.seen.add(stored_id)
-        live.history.append(self._history_entry(incoming, live.context_id, live.id, stored_id))
+        self._took_answers(live, incoming, stored_id, None if turn is not None else remaining)
         if turn is not None:
             self._follow(live, turn)
-        else:
-            live.set_state(
-                wire.INPUT_REQUIRED, pending_message(live.id, live.context_id, remaining)
-            )
         return live
 
     async def _record_queued(

@@ -464,8 +464,9 @@ class TaskBook:
             "role": wire.ROLE_USER,
         }
 
-    async def _continue(self, incoming: wire.Incoming) -> LiveTask:
-        """A message on a task: the answers of a task waiting for input."""
+    async def _task_waiting(self, incoming: wire.Incoming) -> tuple[LiveTask, str | None]:
+        """The task a message on a task answers, checked to wait for input, and the
+        message's stored id (``None``: the task has this message already, a resend)."""
         assert incoming.task_id is not None
         live = await self.find(incoming.task_id)
         if incoming.context_id is not None and incoming.context_id != live.context_id:
@@ -474,7 +475,7 @@ class TaskBook:
             )
         stored_id = wire.stored_message_id(incoming.message_id)
         if stored_id in live.seen:
-            return live
+            return live, None
         if live.state in wire.TERMINAL:
             raise wire.A2AError(
                 "UnsupportedOperation",
@@ -486,18 +487,37 @@ class TaskBook:
                 "UnsupportedOperation",
                 f"task {live.id!r} is running: it takes a message only while it waits for input",
             )
+        return live, stored_id
+
+    def _took_answers(
+        self,
+        live: LiveTask,
+        incoming: wire.Incoming,
+        stored_id: str,
+        remaining: Sequence[Any] | None,
+    ) -> None:
+        """Note the recorded answer message on its task; with the calls still
+        ``remaining`` (``None``: the answers put its turn back), the task waits for input
+        again."""
+        live.seen.add(stored_id)
+        live.history.append(self._history_entry(incoming, live.context_id, live.id, stored_id))
+        if remaining is not None:
+            live.set_state(
+                wire.INPUT_REQUIRED, pending_message(live.id, live.context_id, remaining)
+            )
+
+    async def _continue(self, incoming: wire.Incoming) -> LiveTask:
+        """A message on a task: the answers of a task waiting for input."""
+        live, stored_id = await self._task_waiting(incoming)
+        if stored_id is None:
+            return live
         session = await self.state.session(live.context_id)
         if session.busy:
             raise _busy(live.context_id, self._running_in(live.context_id))
         complete, remaining = await self._record(session, live, incoming)
-        live.seen.add(stored_id)
-        live.history.append(self._history_entry(incoming, live.context_id, live.id, stored_id))
+        self._took_answers(live, incoming, stored_id, None if complete else remaining)
         if complete:
             await self._start(live, session, None)
-        else:
-            live.set_state(
-                wire.INPUT_REQUIRED, pending_message(live.id, live.context_id, remaining)
-            )
         return live
 
     async def _record(
