@@ -37,7 +37,7 @@ from runtime.actor_messages import TurnResult
 from runtime.app.web.resume import STOPPED, stored_turn_chunks
 from runtime.app.web.ui_stream import DONE
 from runtime.app.web.watch import POLL_FIRST, POLL_MAX
-from runtime.app.web.writer import BodyWriter
+from runtime.app.web.writer import BodyPump, BodyWriter, Write
 from runtime.approval import pending_calls
 from runtime.chunks import Usage
 from runtime.errors import RelayTurnGone, RelayUnavailable, StoreError
@@ -366,10 +366,6 @@ def turn_result(
     )
 
 
-NOT_READING = "client not reading"
-DISCONNECTED = "client disconnected"
-
-
 class QueuedStreamResponse:
     """Streams a queued turn's output (:class:`QueuedTurnOutput`) with a protocol's
     ``encoder`` (``events(chunk) -> bytes``; a ``final(out) -> bytes`` ends the stream
@@ -411,7 +407,7 @@ class QueuedStreamResponse:
         async with trio.open_nursery() as local:
             (self.background or local).start_soon(writer.run)
             try:
-                await self._pump(receive, writer)
+                await self._pump(receive, BodyPump(writer, self.keepalive))
             except BaseException:
                 writer.abandon()
                 raise
@@ -422,34 +418,8 @@ class QueuedStreamResponse:
             if self.left is not None or writer.stalled or not await writer.close():
                 writer.abandon()
 
-    async def _pump(self, receive: Receive, writer: BodyWriter) -> None:
-        last_write = trio.current_time()
-
-        async def write(data: bytes) -> None:
-            nonlocal last_write
-            if self.left is not None:
-                return
-            if not await writer.write(data):
-                self.left = NOT_READING if writer.stalled else DISCONNECTED
-                nursery.cancel_scope.cancel()
-            last_write = trio.current_time()
-
-        async def watch_disconnect() -> None:
-            while (await receive())["type"] != "http.disconnect":
-                pass
-            self.left = self.left or DISCONNECTED
-            nursery.cancel_scope.cancel()
-
-        async def keep_alive() -> None:
-            while True:
-                await trio.sleep_until(last_write + self.keepalive)
-                if trio.current_time() >= last_write + self.keepalive:
-                    await write(b": keep-alive\n\n")
-
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(watch_disconnect)
-            if self.keepalive:
-                nursery.start_soon(keep_alive)
+    async def _pump(self, receive: Receive, pump: BodyPump) -> None:
+        async def body(write: Write) -> None:
             async for chunk in self.out:
                 data = self.encoder.events(chunk)
                 if data:
@@ -459,7 +429,11 @@ class QueuedStreamResponse:
             ending = final(self.out) if final is not None else DONE
             if ending:
                 await write(ending)
-            nursery.cancel_scope.cancel()
+
+        try:
+            await pump.run(receive, body)
+        finally:
+            self.left = pump.left
 
 
 async def settle_quietly(out: QueuedTurnOutput) -> None:

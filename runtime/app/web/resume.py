@@ -34,7 +34,7 @@ from starlette.types import Receive, Scope, Send
 from runtime import output as o
 from runtime.app.web.http import ApiError, json_response, session_id_param, web_state
 from runtime.app.web.ui_stream import DONE, HEADERS, UIStreamEncoder, error_text, sse
-from runtime.app.web.writer import BodyWriter
+from runtime.app.web.writer import BodyPump, BodyWriter, Write
 from runtime.chunks import Usage
 from runtime.errors import RelayTurnGone, RelayUnavailable
 from runtime.messages import AssistantMessage, ReasoningPart, TextPart, ToolCallPart, ToolMessage
@@ -232,37 +232,14 @@ class RelayStreamResponse:
 
     async def _pump(self, receive: Receive, writer: BodyWriter) -> bool:
         encoder = RelayEncoder(self.announced)
-        alive = True
-        last_write = trio.current_time()
 
-        async def write(data: bytes) -> None:
-            nonlocal alive, last_write
-            if alive and not await writer.write(data):
-                alive = False
-                nursery.cancel_scope.cancel()
-            last_write = trio.current_time()
-
-        async def watch_disconnect() -> None:
-            nonlocal alive
-            while (await receive())["type"] != "http.disconnect":
-                pass
-            alive = False
-            nursery.cancel_scope.cancel()
-
-        async def keep_alive() -> None:
-            while True:
-                await trio.sleep_until(last_write + self.keepalive)
-                if trio.current_time() >= last_write + self.keepalive:
-                    await write(b": keep-alive\n\n")
-
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(watch_disconnect)
-            if self.keepalive:
-                nursery.start_soon(keep_alive)
+        async def body(write: Write) -> None:
             await self._body(write, encoder)
             await write(DONE)
-            nursery.cancel_scope.cancel()
-        return alive
+
+        pump = BodyPump(writer, self.keepalive)
+        await pump.run(receive, body)
+        return pump.left is None
 
     async def _body(self, write: Any, encoder: RelayEncoder) -> None:
         """The turn's events, written with ``await write(data)`` (the relay's, else what

@@ -13,14 +13,21 @@ connection, which also frees the writer's blocked call.
 from __future__ import annotations
 
 import math
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
-from starlette.types import Send
+from starlette.types import Receive, Send
 
 QUEUED = 64
 """Pieces (one SSE event each, usually) queued for the writer; what waits beyond that is
 held back by the turn's own bounded pipeline."""
+
+NOT_READING = "client not reading"
+DISCONNECTED = "client disconnected"
+
+Write = Callable[[bytes], Awaitable[None]]
+"""``await write(data)``: one piece of a response's body, for a :class:`BodyPump`."""
 
 
 class BodyWriter:
@@ -103,3 +110,51 @@ class BodyWriter:
         its current ``send`` returns."""
         self._abandoned = True
         self._queue.close()
+
+
+class BodyPump:
+    """Writes a streaming body through a :class:`BodyWriter` while watching the client:
+    a keep-alive comment after ``keepalive`` seconds without a write (``0``: none), and
+    the body cut short (its task cancelled) when the client disconnects or stops reading
+    (:attr:`left` says which). Each streaming response that outlives its turn (a queued
+    turn's, a resumed one's) pumps its body this way."""
+
+    def __init__(self, writer: BodyWriter, keepalive: float) -> None:
+        self.writer = writer
+        self.keepalive = keepalive
+        self.left: str | None = None
+        """Why the client's stream ended early (it left, it stopped reading), if it did."""
+        self._last_write = trio.current_time()
+        self._scope = trio.CancelScope()
+
+    async def write(self, data: bytes) -> None:
+        """Queue ``data`` for the client; nothing once it has left."""
+        if self.left is not None:
+            return
+        if not await self.writer.write(data):
+            self.left = NOT_READING if self.writer.stalled else DISCONNECTED
+            self._scope.cancel()
+        self._last_write = trio.current_time()
+
+    async def run(self, receive: Receive, body: Callable[[Write], Awaitable[None]]) -> None:
+        """Run ``body(write)`` until it returns or the client leaves."""
+        self._last_write = trio.current_time()
+        async with trio.open_nursery() as nursery:
+            self._scope = nursery.cancel_scope
+            nursery.start_soon(self._watch_disconnect, receive)
+            if self.keepalive:
+                nursery.start_soon(self._keep_alive)
+            await body(self.write)
+            nursery.cancel_scope.cancel()
+
+    async def _watch_disconnect(self, receive: Receive) -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        self.left = self.left or DISCONNECTED
+        self._scope.cancel()
+
+    async def _keep_alive(self) -> None:
+        while True:
+            await trio.sleep_until(self._last_write + self.keepalive)
+            if trio.current_time() >= self._last_write + self.keepalive:
+                await self.write(b": keep-alive\n\n")
