@@ -78,6 +78,24 @@ class _Platform(SDKProvider):
         """What this platform says differently from Anthropic (``None``: nothing)."""
         return None
 
+    def _endpoint_or(self, default: str | None) -> str | None:
+        """The endpoint: ``base_url``, else the platform's :attr:`endpoint_env`, else
+        ``default`` (the SDK's for the region; ``None``: none known)."""
+        url = self.base_url or os.environ.get(self.endpoint_env or "") or None
+        url = url or default
+        return endpoint_of(url) if url else None
+
+    def _new_platform_client(self, client_class: Any, given: dict[str, Any]) -> Any:
+        """``client_class`` (the platform's SDK client) with the settings ``given`` that
+        are not ``None``, SDK retries off; the SDK's ``ValueError`` (a region or
+        credentials missing or clashing) is a configuration error."""
+        kw: dict[str, Any] = {"max_retries": 0, "timeout": self.timeout}
+        kw.update({key: value for key, value in given.items() if value is not None})
+        try:
+            return client_class(**kw)
+        except ValueError as exc:
+            raise errors.ConfigurationError(f"{self.provider_name}: {exc}") from exc
+
     def classify_error(self, exc: BaseException) -> AxonError:
         if isinstance(exc, AxonError):
             return exc
@@ -167,9 +185,7 @@ class VertexPlatform(_Platform):
 
     @property
     def endpoint(self) -> str | None:
-        url = self.base_url or os.environ.get("ANTHROPIC_VERTEX_BASE_URL") or None
-        url = url or vertex_endpoint(self.region or os.environ.get("CLOUD_ML_REGION"))
-        return endpoint_of(url) if url else None
+        return self._endpoint_or(vertex_endpoint(self.region or os.environ.get("CLOUD_ML_REGION")))
 
     def describe_settings(self) -> dict[str, Any]:
         return {**super().describe_settings(), "region": self.region, "project_id": self.project_id}
@@ -178,19 +194,13 @@ class VertexPlatform(_Platform):
         """The ``AsyncAnthropicVertex`` client, SDK retries off."""
         from anthropic import AsyncAnthropicVertex  # the SDK: loaded by the first call only
 
-        kw: dict[str, Any] = {"max_retries": 0, "timeout": self.timeout}
-        for key, value in (
-            ("region", self.region),
-            ("project_id", self.project_id),
-            ("access_token", self._api_key),
-            ("base_url", self.base_url),
-        ):
-            if value is not None:
-                kw[key] = value
-        try:
-            return AsyncAnthropicVertex(**kw)
-        except ValueError as exc:  # no region given nor in the environment
-            raise errors.ConfigurationError(f"anthropic-vertex: {exc}") from exc
+        given = {
+            "region": self.region,
+            "project_id": self.project_id,
+            "access_token": self._api_key,
+            "base_url": self.base_url,
+        }
+        return self._new_platform_client(AsyncAnthropicVertex, given)  # ValueError: no region
 
     def client_secrets(self, client: Any) -> tuple[str | None, ...]:
         return (client.access_token,)  # given; credentials found later stay Google's
@@ -252,10 +262,9 @@ class BedrockPlatform(_Platform):
 
     @property
     def endpoint(self) -> str | None:
-        url = self.base_url or os.environ.get("ANTHROPIC_BEDROCK_BASE_URL") or None
         region = self.region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
-        url = url or (f"https://bedrock-runtime.{region}.amazonaws.com" if region else None)
-        return endpoint_of(url) if url else None
+        default = f"https://bedrock-runtime.{region}.amazonaws.com" if region else None
+        return self._endpoint_or(default)
 
     def describe_settings(self) -> dict[str, Any]:
         return {**super().describe_settings(), "region": self.region, "profile": self.aws_profile}
@@ -264,7 +273,6 @@ class BedrockPlatform(_Platform):
         """The ``AsyncAnthropicBedrock`` client, SDK retries off."""
         from anthropic import AsyncAnthropicBedrock  # the SDK: loaded by the first call only
 
-        kw: dict[str, Any] = {"max_retries": 0, "timeout": self.timeout}
         given = {
             "aws_region": self.region,
             "aws_profile": self.aws_profile,
@@ -272,11 +280,8 @@ class BedrockPlatform(_Platform):
             "base_url": self.base_url,
             **self._aws,
         }
-        kw.update({key: value for key, value in given.items() if value is not None})
-        try:
-            return AsyncAnthropicBedrock(**kw)
-        except ValueError as exc:  # no region anywhere, or a key and credentials both
-            raise errors.ConfigurationError(f"anthropic-bedrock: {exc}") from exc
+        # ValueError: no region anywhere, or a key and credentials both
+        return self._new_platform_client(AsyncAnthropicBedrock, given)
 
     def client_secrets(self, client: Any) -> tuple[str | None, ...]:
         # the bearer key (given or AWS_BEARER_TOKEN_BEDROCK) and the AWS secrets given
