@@ -45,7 +45,6 @@ session ids validated (400), a client that stops reading a stream dropped after
 
 from __future__ import annotations
 
-import hmac
 from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -72,7 +71,7 @@ from runtime.app.web.answers import (
 from runtime.app.web.chat_input import CHILD_PARSES, check_media, read_chat_request, title_of
 from runtime.app.web.frontend import FrontEnd
 from runtime.app.web.guard import RequestGuard
-from runtime.app.web.http import ApiError, error_response, json_response
+from runtime.app.web.http import ApiError, error_response, has_bearer, json_response
 from runtime.app.web.http import session_id_param as _session_id
 from runtime.app.web.protocols import mount_protocols
 from runtime.app.web.resend import classify_resend, client_message_id, replay_response
@@ -131,14 +130,7 @@ class BearerAuth:
         await self.app(scope, receive, send)
 
     def _authorized(self, scope: Scope) -> bool:
-        for name, value in scope["headers"]:
-            if name == b"authorization":
-                scheme, _, credentials = value.partition(b" ")
-                if scheme.lower() == b"bearer" and hmac.compare_digest(
-                    credentials.strip(), self.token
-                ):
-                    return True
-        return False
+        return has_bearer(scope, self.token)
 
 
 class SecurityHeaders:

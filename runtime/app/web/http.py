@@ -6,11 +6,13 @@ here lets the app import its route modules without those importing the app back.
 
 from __future__ import annotations
 
+import hmac
 from typing import Any
 
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.types import Scope
 
 from runtime.errors import InvalidSessionId
 from runtime.store import validate_session_id
@@ -46,3 +48,14 @@ def session_id_param(value: Any) -> str:
 def web_state(request: Request) -> Any:
     """The app's shared state (:class:`runtime.app.web.app.WebState`)."""
     return request.app.state.axon
+
+
+def has_bearer(scope: Scope, token: bytes) -> bool:
+    """Whether the request carries ``Authorization: Bearer <token>`` (compared in
+    constant time, so the comparison tells nothing of the token)."""
+    for name, value in scope["headers"]:
+        if name == b"authorization":
+            scheme, _, credentials = value.partition(b" ")
+            if scheme.lower() == b"bearer" and hmac.compare_digest(credentials.strip(), token):
+                return True
+    return False

@@ -31,7 +31,6 @@ queued turn; bad input is refused before anything is queued, as in the embedded 
 
 from __future__ import annotations
 
-import hmac
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -52,7 +51,7 @@ from runtime.app.mcp_tools import (
     tool_result,
 )
 from runtime.app.web.guard import is_json
-from runtime.app.web.http import ApiError
+from runtime.app.web.http import ApiError, has_bearer
 from runtime.app.web.queued_turn import QueuedTurnOutput, cancel_quietly, settle_quietly
 from runtime.busy import REJECT
 
@@ -167,14 +166,7 @@ class MCPEndpoint:
 
     def _authorized(self, scope: Scope) -> bool:
         assert self.token is not None
-        for name, value in scope["headers"]:
-            if name == b"authorization":
-                scheme, _, credentials = value.partition(b" ")
-                if scheme.lower() == b"bearer" and hmac.compare_digest(
-                    credentials.strip(), self.token
-                ):
-                    return True
-        return False
+        return has_bearer(scope, self.token)
 
 
 __all__ = ["PATH", "MCPEndpoint", "QueuedAgentTools", "jsonrpc_error"]
