@@ -234,11 +234,16 @@ class TurnQueue(Protocol):
     async def renew(self, claim: Claim) -> Renewal: ...
 
     def fenced(
-        self, claim: Claim, on_lost: Callable[[], None] | None = None
+        self,
+        claim: Claim,
+        on_lost: Callable[[], None] | None = None,
+        on_suspended: Callable[[], None] | None = None,
     ) -> AbstractContextManager[None]:
         """While inside, every save of the claimed turn's session is refused
         (:class:`~runtime.errors.LeaseLost`) once the claim no longer holds the turn;
-        ``on_lost`` is called then."""
+        ``on_lost`` is called then. With ``on_suspended``, the save of the step that
+        makes the turn wait for a person also suspends it (:meth:`suspend`) in the save's
+        commit, and ``on_suspended`` is called once that committed."""
         ...
 
     def close_fences(self) -> None:

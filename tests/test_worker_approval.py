@@ -162,6 +162,28 @@ async def test_a_suspended_turns_row_awaits_input_with_no_owner_and_no_lease(
     assert ran == []
 
 
+async def test_the_step_that_asks_suspends_the_row_in_its_own_commit(
+    pg_url: str, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from actors.stores.turns import TurnQueue
+
+    separate: list[str] = []
+    original = TurnQueue.suspend
+
+    async def suspend(self: TurnQueue, claim: Any, **kw: Any) -> bool:
+        separate.append(claim.turn.turn_id)
+        return await original(self, claim, **kw)
+
+    monkeypatch.setattr(TurnQueue, "suspend", suspend)
+    async with deployment(pg_url, redis_url, approval_agent(timeout=600)) as d:
+        await first_part(d, d.urls[0])
+        turn = await waiting_turn(d)
+        status = await d.queue.get_status(turn.turn_id)
+    assert separate == []  # no transaction of its own: the step's save suspended it
+    assert status is not None and status.waiting and status.owner is None
+    assert status.expires_at is not None and status.expires_at > time.time() + 500
+
+
 async def test_approving_on_another_front_end_resumes_the_turn_in_the_same_message(
     pg_url: str, redis_url: str
 ) -> None:

@@ -247,6 +247,19 @@ class Fence:
     epoch: int
     on_lost: Callable[[], None] | None = attrs.field(default=None, eq=False)
     """Called (from the Trio thread) when a save was refused: the worker stops the turn."""
+    in_save: Callable[[Any, Sequence[Message], Mapping[str, Any] | None], bool] | None = (
+        attrs.field(default=None, eq=False)
+    )
+    """Run in each fenced save's transaction once the session is written, with the saved
+    messages and meta: it may write the turn's row in the same commit (the turn queue
+    suspends a turn that waits for a person with the step that asks, one transaction
+    instead of two). ``True`` when it wrote; then :attr:`on_commit` is called once the
+    save committed."""
+    saved: bool = False
+    """The turn's row says ``saved`` already (a continuation, a takeover after a save):
+    its saves need not mark it, one statement fewer in the first."""
+    on_commit: Callable[[], None] | None = attrs.field(default=None, eq=False)
+    """Called (from the Trio thread) after a save whose :attr:`in_save` wrote committed."""
 
 
 def parse_url(url: str) -> tuple[str, str]:
@@ -408,6 +421,8 @@ class PostgresStore:
     def fenced(self, session_id: str, fence: Fence) -> Iterator[None]:
         """While inside, every save of ``session_id`` is fenced by ``fence``."""
         self._fences[session_id] = fence
+        if fence.saved:
+            self._marked.add(fence.turn_id)
         try:
             yield
         finally:
@@ -499,7 +514,10 @@ class PostgresStore:
                 f"turn {fence.turn_id} keeps its committed steps"
             )
 
+        wrote: list[bool] = []
+
         def save(conn: Any) -> int:
+            wrote.clear()
             if fence is not None:
                 _check_fence(conn, fence, session_id)
             if guard is not None:
@@ -578,6 +596,8 @@ class PostgresStore:
                     "UPDATE axon_turns SET saved = true WHERE turn_id = %s AND NOT saved",
                     (fence.turn_id,),
                 )
+            if fence is not None and fence.in_save is not None:
+                wrote.append(fence.in_save(conn, new, meta))
             return version
 
         try:
@@ -588,6 +608,8 @@ class PostgresStore:
             raise
         if fence is not None:
             self._marked.add(fence.turn_id)  # later saves of the turn need not mark it
+            if any(wrote) and fence.on_commit is not None:
+                fence.on_commit()
         return version
 
     async def version(self, session_id: str) -> int:

@@ -81,7 +81,7 @@ import trio
 
 from actors.stores.postgres import CONNECT_TIMEOUT, Fence, PostgresStore
 from runtime import serde
-from runtime.approval import Decision, PendingCall, record_decision
+from runtime.approval import WAITING_META, Decision, PendingCall, pending_calls, record_decision
 from runtime.errors import (
     AlreadyDecided,
     QueueFull,
@@ -91,7 +91,15 @@ from runtime.errors import (
     UnknownApproval,
 )
 from runtime.logging import get_logger
-from runtime.messages import File, Image, Message, TextPart, UserContent
+from runtime.messages import (
+    AssistantMessage,
+    File,
+    Image,
+    Message,
+    TextPart,
+    ToolCallPart,
+    UserContent,
+)
 from runtime.store import validate_session_id
 from runtime.turn_queue import (
     CANCELLED,
@@ -459,13 +467,18 @@ class TurnQueue:
             # first claimable one. On a table PostgreSQL has not analyzed yet (a new
             # deployment's first burst) the planner would otherwise check every head and
             # sort them: measured 1.9 ms instead of 0.08 ms at 300 queued turns.
-            conn.execute("SET LOCAL enable_sort = off")
+            # The SET rides with the first look for expired leases: one round trip.
+            setting = "SET LOCAL enable_sort = off;"
             while True:  # expired leases first; poison turns fail and are skipped
-                row = conn.execute(
-                    """SELECT turn_id, attempts, resume_pending FROM axon_turns
+                cur = conn.execute(
+                    f"""{setting} SELECT turn_id, attempts, resume_pending FROM axon_turns
                     WHERE status = 'running' AND lease_until < clock_timestamp()
                     ORDER BY lease_until LIMIT 1 FOR UPDATE SKIP LOCKED"""
-                ).fetchone()
+                )
+                if setting:
+                    setting = ""
+                    cur.nextset()
+                row = cur.fetchone()
                 if row is None:
                     break
                 turn_id, attempts, resume_pending = row
@@ -584,13 +597,48 @@ class TurnQueue:
         return _Renewer(self)
 
     def fenced(
-        self, claim: BaseClaim, on_lost: Callable[[], None] | None = None
+        self,
+        claim: BaseClaim,
+        on_lost: Callable[[], None] | None = None,
+        on_suspended: Callable[[], None] | None = None,
     ) -> contextlib.AbstractContextManager[None]:
         """While inside, every save of the claimed turn's session checks, in its own
         transaction, that the claim still holds the turn
-        (:meth:`PostgresStore.fenced <actors.stores.postgres.PostgresStore.fenced>`)."""
+        (:meth:`PostgresStore.fenced <actors.stores.postgres.PostgresStore.fenced>`).
+
+        With ``on_suspended``, the save of the step that makes the turn wait for a person
+        (its meta counts waiting calls, :data:`~runtime.approval.WAITING_META`) also
+        suspends the row (:meth:`suspend`), in the same transaction: one commit where there were
+        two, and no moment where the step is stored and the row still holds a lease.
+        ``on_suspended`` is called once that save committed (the worker then has nothing
+        left to write to the row)."""
+        key = (claim.turn.turn_id, claim.owner, claim.epoch)
+
+        def suspend_if_waiting(
+            conn: Any, messages: Sequence[Message], meta: Mapping[str, Any] | None
+        ) -> bool:
+            if not (meta or {}).get(WAITING_META):
+                return False
+            row = conn.execute(
+                """UPDATE axon_turns SET status = 'awaiting-input', owner = NULL,
+                    lease_until = NULL, finish_reason = 'awaiting-input', expires_at = %s
+                WHERE turn_id = %s AND owner = %s AND epoch = %s AND status = 'running'
+                RETURNING turn_id""",
+                (_first_deadline(messages), *key),
+            ).fetchone()
+            if row is None:  # not held: the fence check before would have refused the save
+                return False
+            _notify_turns(conn, claim.turn.turn_id)
+            return True
+
         fence = Fence(
-            turn_id=claim.turn.turn_id, owner=claim.owner, epoch=claim.epoch, on_lost=on_lost
+            turn_id=claim.turn.turn_id,
+            owner=claim.owner,
+            epoch=claim.epoch,
+            on_lost=on_lost,
+            saved=claim.turn.saved,
+            in_save=None if on_suspended is None else suspend_if_waiting,
+            on_commit=on_suspended,
         )
         return self.store.fenced(claim.turn.session_id, fence)
 
@@ -1083,6 +1131,23 @@ def _resume_if_decided(conn: Any, session_id: str, call: PendingCall, complete: 
         ) from None
     _notify_turns(conn, turn_id)
     return _status(resumed)
+
+
+def _first_deadline(messages: Sequence[Message]) -> float | None:
+    """The earliest ``expires_at`` of the calls ``messages`` (a save's, from the turn's
+    user message on) still wait for, if any: the waiting row's ``expires_at``."""
+    waiting = {c.tool_call_id for c in pending_calls(messages)}
+    due = [
+        p.awaiting.expires_at
+        for m in messages
+        if isinstance(m, AssistantMessage)
+        for p in m.content
+        if isinstance(p, ToolCallPart)
+        and p.tool_call_id in waiting
+        and p.awaiting is not None
+        and p.awaiting.expires_at is not None
+    ]
+    return min(due, default=None)
 
 
 def _supersede_waiting(conn: Any, session_id: str) -> None:

@@ -118,6 +118,11 @@ class _Running:
     claim: Claim
     stream: Any = None
     lost: bool = False
+    suspended: bool = False
+    """The save of the step that made the turn wait also suspended its row (committed)."""
+
+    def suspend(self) -> None:
+        self.suspended = True
 
     def cancel(self, reason: str) -> None:
         if self.stream is not None:
@@ -551,7 +556,9 @@ class Worker:
             )
         status = "lost"
         try:
-            with self.queue.fenced(claim, on_lost=lambda: entry.lose("a save was refused")):
+            with self.queue.fenced(
+                claim, on_lost=lambda: entry.lose("a save was refused"), on_suspended=entry.suspend
+            ):
                 try:
                     async with stream as out:
                         await self._relay(entry, out, writer)
@@ -618,7 +625,10 @@ class Worker:
 
     async def _suspend(self, entry: _Running) -> str:
         """The turn waits for a person: its row holds nothing from here on (``WAITING``),
-        until the earliest deadline of its waiting calls, if any."""
+        until the earliest deadline of its waiting calls, if any. Usually the step's
+        save did it already, in its commit (:meth:`~runtime.turn_queue.TurnQueue.fenced`)."""
+        if entry.suspended:
+            return WAITING
         due = deadlines(entry.stream.session.messages)
         with trio.CancelScope(shield=True):
             try:
