@@ -238,6 +238,33 @@ async def test_a_denial_streams_tool_output_denied_and_runs_nothing(
     assert [r.error for r in results] == ["the tool call was denied: not now"]
 
 
+async def test_stop_denies_what_a_waiting_turn_waits_for_and_the_turn_ends(
+    pg_url: str, redis_url: str
+) -> None:
+    async with deployment(pg_url, redis_url, approval_agent(), fronts=2) as d:
+        await first_part(d, d.urls[0])
+        turn = await waiting_turn(d)
+        async with httpx.AsyncClient(timeout=LIMIT) as client:
+            stopped = await client.post(f"{d.urls[1]}/api/chat/s1/stop", json={})
+        finished = await d.queue.wait_finished(turn.turn_id, LIMIT)
+        record = await d.store.load("s1")
+    assert stopped.status_code == 202 and stopped.json() == {"turn_id": turn.turn_id}
+    assert finished is not None and finished.status == "done" and finished.resumes == 1
+    assert ran == []
+    assert record is not None
+    results = [m for m in record.messages if isinstance(m, ToolMessage)]
+    assert [r.error for r in results] == ["the tool call was denied: stopped"]
+
+
+async def test_stop_with_no_turn_running_queued_or_waiting_is_204(
+    pg_url: str, redis_url: str
+) -> None:
+    async with deployment(pg_url, redis_url, approval_agent()) as d:
+        async with httpx.AsyncClient(timeout=LIMIT) as client:
+            stopped = await client.post(f"{d.urls[0]}/api/chat/nobody/stop", json={})
+    assert stopped.status_code == 204
+
+
 async def test_two_racing_decisions_on_two_front_ends_record_exactly_one(
     pg_url: str, redis_url: str
 ) -> None:

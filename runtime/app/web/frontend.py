@@ -32,7 +32,8 @@ to any of them:
     that waits for input is none: it streams again once decided).
 ``POST /api/chat/{id}/stop``
     Cancels the session's running turn (its worker stops it, saved and marked
-    interrupted), else its oldest queued turn (cancelled at once, it never runs).
+    interrupted), else its oldest queued turn (cancelled at once, it never runs), else
+    denies what its waiting turn waits for (reason ``stopped``; the model is told).
 ``GET /api/sessions``, ``GET /api/sessions/{id}``
     Read from the store.
 
@@ -49,7 +50,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
@@ -58,8 +59,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from runtime.app.web.answers import (
+    STOPPED_WAIT,
     awaited_calls,
     check_and_record,
+    deny_pending,
     is_continuation,
     pending_in,
     waiting_in_meta,
@@ -303,9 +306,28 @@ class FrontEnd:
     async def _continue(self, request: Request, session_id: str, payload: dict[str, Any]) -> Any:
         """The AI SDK's answers for a waiting turn: recorded through the queue; the
         request whose answers complete the turn's decisions streams its continuation."""
-        state = web_state(request)
-        tools = {t.name: t for t in state.agent_for(session_id).tools}
         decided: list[Decided] = []
+        record = self._recorder(request, session_id, decided)
+        announced, complete = await check_and_record(
+            self.store, session_id, self._tools(request, session_id), payload, record
+        )
+        if not complete:  # other calls still wait: whoever decides the last one resumes
+            waiting = len(await pending_in(self.store, session_id))
+            return json_response({"recorded": True, "waiting": waiting}, 202)
+        turn = decided[-1].turn
+        return self._response(request, turn, None, after_pauses=turn.resumes, announced=announced)
+
+    @staticmethod
+    def _tools(request: Request, session_id: str) -> dict[str, Any]:
+        return {t.name: t for t in web_state(request).agent_for(session_id).tools}
+
+    def _recorder(
+        self, request: Request, session_id: str, decided: list[Decided]
+    ) -> Callable[[str, Decision], Awaitable[Recorded]]:
+        """Records one decision through the queue (appending its outcome to ``decided``)
+        and tells the bus of an approval's."""
+        state = web_state(request)
+        tools = self._tools(request, session_id)
 
         async def record(key: str, decision: Decision) -> Recorded:
             try:
@@ -327,12 +349,7 @@ class FrontEnd:
                 )
             return outcome.recorded
 
-        announced, complete = await check_and_record(self.store, session_id, tools, payload, record)
-        if not complete:  # other calls still wait: whoever decides the last one resumes
-            waiting = len(await pending_in(self.store, session_id))
-            return json_response({"recorded": True, "waiting": waiting}, 202)
-        turn = decided[-1].turn
-        return self._response(request, turn, None, after_pauses=turn.resumes, announced=announced)
+        return record
 
     async def stream(self, request: Request) -> Any:
         session_id = session_id_param(request.path_params["session_id"])
@@ -360,8 +377,12 @@ class FrontEnd:
     async def stop(self, request: Request) -> Response:
         session_id = session_id_param(request.path_params["session_id"])
         turn = await self.queue.active(session_id)
-        if turn is None:
-            return Response(status_code=204)
+        if turn is None:  # a turn that waits for input: its calls are denied, "stopped"
+            record = self._recorder(request, session_id, [])
+            waiting = await deny_pending(self.store, session_id, STOPPED_WAIT, record)
+            if waiting is None:
+                return Response(status_code=204)
+            return json_response({"turn_id": waiting}, 202)
         turn = await self.queue.request_cancel(turn.turn_id, STOPPED) or turn
         if turn.status == "running":  # its worker also hears it on the relay, at once
             await _unavailable_as_503(self.relay.request_cancel(turn.turn_id, STOPPED))
