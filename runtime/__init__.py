@@ -94,7 +94,7 @@ from runtime.messages import (
     UserPart,
 )
 from runtime.output import OutputChunk
-from runtime.provider import Provider
+from runtime.provider import FallbackProvider, Provider
 from runtime.retry import RetryPolicy
 from runtime.store import SessionInfo, SessionRecord, Store, validate_session_id
 from runtime.tools import Tool, ToolContext, tool
@@ -143,6 +143,7 @@ __all__ = [
     "ContextTooLong",
     "DecisionError",
     "Event",
+    "FallbackProvider",
     "File",
     "FinishChunk",
     "Hooks",

@@ -4,7 +4,7 @@ the type of its answer."""
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeGuard
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeGuard, cast
 
 import attrs
 
@@ -17,7 +17,7 @@ from runtime.retry import RetryPolicy
 from runtime.tools import Tool, ToolContext, tool
 
 if TYPE_CHECKING:
-    from runtime.provider import Provider
+    from runtime.provider import FallbackProvider, Provider
 
 Hook = Callable[[Any], Awaitable[None]]
 DEFAULT_THINK_TAGS: tuple[tuple[str, str], ...] = (("<think>", "</think>"),)
@@ -55,6 +55,17 @@ def _is_tool_server(value: object) -> TypeGuard[_ToolServer]:
     return getattr(type(value), "is_tool_server", False) is True
 
 
+def _provider(
+    value: Provider | FallbackProvider | Sequence[Provider] | None,
+) -> Provider | FallbackProvider | None:
+    """The ``provider`` converter: a list of providers is a :class:`FallbackProvider`."""
+    if isinstance(value, list | tuple):
+        from runtime.provider import FallbackProvider
+
+        return FallbackProvider(value)  # it refuses anything but providers
+    return cast("Provider | FallbackProvider | None", value)
+
+
 def _tools(value: Sequence[Tool | Callable[..., Any]]) -> tuple[Tool | _ToolServer, ...]:
     """The ``tools`` converter: functions wrapped as tools, servers kept as they are for
     :meth:`Agent.__attrs_post_init__` to move to ``mcp_servers`` (so the field holds
@@ -72,10 +83,12 @@ class Agent:
     """A configured agent. Immutable and shareable: any number of sessions may run it."""
 
     name: str = "assistant"
-    provider: Provider | None = None
+    provider: Provider | FallbackProvider | None = attrs.field(default=None, converter=_provider)
     """The model's provider. Required to run, or :attr:`model`: opening a session for an
     agent with neither is a ``ConfigurationError`` (``ScriptedProvider.demo()`` is the
-    offline demo)."""
+    offline demo). A list of providers (or a :class:`~runtime.provider.FallbackProvider`)
+    is tried in order: a call the first fails to make (overloaded, rate limited, down)
+    goes on with the next, in the same turn (docs/providers.md)."""
     model: str | None = attrs.field(default=None)
     """The model as ``"provider:model"`` (``"openai:gpt-4o-mini"``,
     ``"anthropic:claude-sonnet-4-5"``, ``"google:gemini-2.5-flash"``), instead of

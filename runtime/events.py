@@ -214,6 +214,25 @@ class ProviderRetry(_InTurn):
     error: ErrorInfo
 
 
+@_event("provider.fallback")
+class ProviderFallback(_InTurn):
+    """A model call failed after its retries, before producing output, with an error its
+    agent's :class:`~runtime.provider.FallbackProvider` covers: the turn goes on with the
+    next provider, from the same step."""
+
+    step: int
+    from_provider: str
+    """The actor name of the provider that failed (``anthropic:claude-sonnet-4-5``)."""
+    to_provider: str
+    """The actor name of the provider the turn goes on with."""
+    error: ErrorInfo
+    provider: str | None = None
+    """The registry name of the provider the turn goes on with (as in
+    :class:`TurnStarted`)."""
+    model: str | None = None
+    """Its model."""
+
+
 @_event("tool.approval-requested")
 class ToolApprovalRequested(_InTurn):
     """A tool marked ``needs_approval`` waits for a :class:`ToolApprovalDecided`."""
@@ -282,6 +301,7 @@ LIFECYCLE_EVENT_TYPES: tuple[type, ...] = (
     ActorGaveUp,
     Lagged,
     ProviderRetry,
+    ProviderFallback,
     ToolApprovalRequested,
     ToolApprovalDecided,
     ToolApprovalExpired,

@@ -218,6 +218,7 @@ def test_importing_runtime_and_actors_loads_no_application_module_and_no_heavy_l
         "mcp",
         "coredis",
         "psycopg",
+        "genai_prices",
         "runtime.testing",
         "pytest",
     )

@@ -49,6 +49,7 @@ from runtime.chunks import Usage
 from runtime.errors import ConfigurationError
 from runtime.events import (
     Lagged,
+    ProviderFallback,
     ProviderRetry,
     StepFinished,
     StepStarted,
@@ -105,6 +106,9 @@ USAGE_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
 USAGE_CACHE_READ = "gen_ai.usage.cache_read.input_tokens"
 USAGE_CACHE_CREATION = "gen_ai.usage.cache_creation.input_tokens"
 USAGE_REASONING = "gen_ai.usage.reasoning.output_tokens"
+USAGE_COST = "axon.usage.cost"
+"""What the usage cost in US dollars (:attr:`Usage.cost <runtime.chunks.Usage.cost>`);
+left out when unknown. The conventions define no cost attribute: Axon's own name."""
 TOOL_NAME = "gen_ai.tool.name"
 TOOL_CALL_ID = "gen_ai.tool.call.id"
 TOOL_TYPE = "gen_ai.tool.type"
@@ -208,6 +212,7 @@ class OpenTelemetryActor(Actor):
         ToolCallRequested,
         ToolCallCompleted,
         ProviderRetry,
+        ProviderFallback,
         ToolApprovalRequested,
         ToolApprovalDecided,
         ToolApprovalExpired,
@@ -277,6 +282,8 @@ class OpenTelemetryActor(Actor):
             self._turn_finished(event, now)
         elif kind is ProviderRetry:
             self._provider_retry(event, now)
+        elif kind is ProviderFallback:
+            self._provider_fallback(event, now)
         elif kind is ToolApprovalRequested:
             self._approval_requested(event, now)
         elif kind is ToolApprovalDecided or kind is ToolApprovalExpired:
@@ -506,6 +513,31 @@ class OpenTelemetryActor(Actor):
             timestamp=now,
         )
 
+    def _provider_fallback(self, event: ProviderFallback, now: int) -> None:
+        """The turn goes on with another provider: an event on the step's chat span,
+        which (like the turn's later ones) names that provider and model from now on."""
+        turn = self._turns.get(event.turn_id)
+        if turn is None:
+            return
+        turn.provider, turn.model = event.provider or turn.provider, event.model
+        chat = turn.chats.get(event.step)
+        if chat is None:
+            return
+        chat.span.add_event(
+            "axon.provider.fallback",
+            attributes={
+                "axon.fallback.from": event.from_provider,
+                "axon.fallback.to": event.to_provider,
+                ERROR_TYPE: event.error.kind,
+            },
+            timestamp=now,
+        )
+        if turn.provider:
+            chat.span.set_attributes(provider_attributes(turn.provider))
+        if turn.model:
+            chat.span.set_attribute(REQUEST_MODEL, turn.model)
+            chat.span.update_name(f"chat {turn.model}")
+
     # -- tool calls --------------------------------------------------------------------
 
     def _tool_requested(self, event: ToolCallRequested, now: int) -> None:
@@ -586,6 +618,7 @@ def _set_usage(span: Any, usage: Usage) -> None:
         (USAGE_CACHE_READ, usage.cache_read),
         (USAGE_CACHE_CREATION, usage.cache_write),
         (USAGE_REASONING, usage.reasoning_tokens),
+        (USAGE_COST, usage.cost),
     ):
         if value is not None:
             span.set_attribute(key, value)

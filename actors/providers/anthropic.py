@@ -657,6 +657,8 @@ class AnthropicProvider(SDKProvider):
     provider_name: ClassVar[str] = PROVIDER
     default_endpoint: ClassVar[str | None] = "https://api.anthropic.com"
     endpoint_env: ClassVar[str | None] = "ANTHROPIC_BASE_URL"
+    price_vendor: ClassVar[str | None] = "anthropic"
+    usage_input_includes_cache: ClassVar[bool] = False  # cache reads and writes apart
 
     def __init__(
         self,
@@ -670,6 +672,7 @@ class AnthropicProvider(SDKProvider):
         timeout: float | None = 60.0,
         name: str | None = None,
         foreign_reasoning: ForeignReasoning = "drop",
+        price_as: str | None = None,
         **request_options: Any,
     ) -> None:
         if thinking_budget is not None and thinking_budget >= max_tokens:
@@ -686,6 +689,7 @@ class AnthropicProvider(SDKProvider):
             name=name,
             foreign_reasoning=foreign_reasoning,
             request_options=request_options,
+            price_as=price_as,
         )
         self.thinking_budget = thinking_budget
         """Extended-thinking budget in tokens; ``None`` leaves thinking off."""

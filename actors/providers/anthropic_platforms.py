@@ -132,6 +132,7 @@ class VertexPlatform(_Platform):
     """Claude on Vertex AI (``AsyncAnthropicVertex``); mixed into the Anthropic provider."""
 
     provider_name: ClassVar[str] = "anthropic-vertex"
+    price_vendor: ClassVar[str | None] = "google"  # the price table's id for the platform
     endpoint_env: ClassVar[str | None] = "ANTHROPIC_VERTEX_BASE_URL"
 
     def __init__(
@@ -208,6 +209,7 @@ class BedrockPlatform(_Platform):
     frames; mixed into the Anthropic provider."""
 
     provider_name: ClassVar[str] = "anthropic-bedrock"
+    price_vendor: ClassVar[str | None] = "aws"  # the price table's id for the platform
     endpoint_env: ClassVar[str | None] = "ANTHROPIC_BEDROCK_BASE_URL"
 
     def __init__(

@@ -645,6 +645,7 @@ class GeminiProvider(SDKProvider):
 
     provider_name: ClassVar[str] = PROVIDER
     default_endpoint: ClassVar[str | None] = "https://generativelanguage.googleapis.com"
+    price_vendor: ClassVar[str | None] = "google"
     endpoint_env: ClassVar[str | None] = "GOOGLE_GEMINI_BASE_URL"
     key_env: ClassVar[tuple[str, ...]] = ("GOOGLE_API_KEY", "GEMINI_API_KEY")
     """Where the key is read when none is given, in the SDK's order."""
@@ -661,6 +662,7 @@ class GeminiProvider(SDKProvider):
         timeout: float | None = 60.0,
         name: str | None = None,
         foreign_reasoning: ForeignReasoning = "drop",
+        price_as: str | None = None,
         **request_options: Any,
     ) -> None:
         super().__init__(
@@ -672,6 +674,7 @@ class GeminiProvider(SDKProvider):
             name=name,
             foreign_reasoning=foreign_reasoning,
             request_options=request_options,
+            price_as=price_as,
         )
         self.include_thoughts = include_thoughts
         """Ask for thought summaries (``thinking_config.include_thoughts``), streamed as

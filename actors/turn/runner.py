@@ -31,7 +31,7 @@ Rules from peers' bugs, enforced here:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -118,6 +118,7 @@ from runtime.messages import (
     UserMessage,
 )
 from runtime.output import ErrorInfo
+from runtime.pricing import priced
 from runtime.redact import redact
 from runtime.tools import Tool
 
@@ -177,6 +178,9 @@ class _Turn:
     and its end neither changes nor saves the history."""
     held: dict[str, Awaiting] = attrs.field(factory=dict)
     """The step's calls that suspend the turn (docs/approval.md), by call id."""
+    provider: int = 0
+    """Which of the runner's providers the turn's calls go to: the primary, or the
+    fallback the turn went on with (``Agent(provider=[primary, fallback, ...])``)."""
     steering: TurnSteering = attrs.field(factory=TurnSteering)
     """User messages that join the turn at its next step boundary (``steer``)."""
 
@@ -211,6 +215,7 @@ class TurnRunner(Suspending, Actor):
         stream_inbox: Inbox,
         host: TurnHost,
         tool_source: ToolSource,
+        fallbacks: Sequence[Actor] = (),
     ) -> None:
         super().__init__(name="turn-runner", session_id=state.session_id)
         self.state = state
@@ -219,6 +224,9 @@ class TurnRunner(Suspending, Actor):
         """The history as of its last change: an immutable value, replaced on change."""
         self.agent = agent
         self.provider = provider
+        self.fallbacks: tuple[Actor, ...] = tuple(fallbacks)
+        """The providers a turn goes on with, in order, when a call to the one before
+        fails (:class:`~runtime.provider.FallbackProvider`)."""
         self.engine = engine
         self.controller = controller
         self.tool_executor = tool_executor
@@ -247,6 +255,10 @@ class TurnRunner(Suspending, Actor):
     async def handle(self, message: Any) -> None:
         if isinstance(message, RunTurn):
             await self.run_turn(message)
+
+    def _provider_at(self, index: int) -> Actor:
+        """Provider ``index`` of the turn's chain: the primary, then the fallbacks."""
+        return self.provider if index == 0 else self.fallbacks[index - 1]
 
     def _publish_history(self) -> None:
         """Replace :attr:`snapshot` with the history as it is now."""
@@ -373,10 +385,13 @@ class TurnRunner(Suspending, Actor):
         turn.step = committed.next_step
         turn.tool_calls_used = committed.calls
         turn.results = {t.tool_call_id: t for t in committed.tool_messages}
+        turn.usage = committed.usage  # the committed steps' calls count too
         if committed.finished:
             return  # the history is left as it is
         del state.messages[committed.assistant_index :]
-        state.messages.append(AssistantMessage(id=turn.message_id, content=committed.parts))
+        state.messages.append(
+            AssistantMessage(id=turn.message_id, content=committed.parts, usage=committed.usage)
+        )
         state.messages.extend(committed.tool_messages)
 
     @staticmethod
@@ -419,6 +434,7 @@ class TurnRunner(Suspending, Actor):
                     if oc.usage is not None:  # an agent used as a tool spent tokens
                         turn.usage = turn.usage + oc.usage
                     self._add_result(turn, oc, step)
+                over = over or budget.tokens_exceeded(turn.usage)  # sub-agents' too
                 await self._hold(turn, step)
             self._snapshot(turn)
             self._publish_history()
@@ -507,6 +523,7 @@ class TurnRunner(Suspending, Actor):
             content=tuple(turn.parts.content),
             interrupted=interrupted,
             error=error,
+            usage=turn.usage,
         )
 
     async def _save(self, turn: _Turn, step: int | None) -> SaveRequest:
@@ -791,7 +808,8 @@ class TurnRunner(Suspending, Actor):
 
     async def _infer(self, turn: _Turn) -> _Step:
         """One model call for the turn's current step, retried by the agent's policy
-        while the call has produced no output."""
+        while the call has produced no output; then, if the agent has fallbacks and the
+        failure is one they cover, made again with the next provider."""
         policy = self.agent.retry
         attempt = 0
         while True:
@@ -799,11 +817,16 @@ class TurnRunner(Suspending, Actor):
             result = _Step()
             try:
                 await self._call_once(turn, result)
+                price_key = getattr(self._provider_at(turn.provider), "price_key", None)
+                result.usage = await priced(result.usage, price_key() if price_key else None)
                 return result
             except ProviderError as exc:
                 delay = None if result.produced else policy.delay(attempt, exc)
                 if delay is None:
-                    raise
+                    if result.produced or not await self._fall_back(turn, exc):
+                        raise
+                    attempt = 0  # the next provider's call gets retries of its own
+                    continue
                 await self.publish(
                     ev.ProviderRetry(
                         session_id=self.state.session_id,
@@ -824,6 +847,43 @@ class TurnRunner(Suspending, Actor):
                     error=redact(str(exc)),
                 )
                 await trio.sleep(delay)
+
+    async def _fall_back(self, turn: _Turn, exc: ProviderError) -> bool:
+        """Move the turn on to the next provider, if the agent has one left and its
+        :class:`~runtime.provider.FallbackProvider` covers ``exc``; say so (an event and
+        a warning). The turn stays on it: its later steps go there too."""
+        chain = self.agent.provider
+        falls_back_on = getattr(chain, "falls_back_on", None)
+        if falls_back_on is None or not falls_back_on(exc):
+            return False
+        if turn.provider >= len(self.fallbacks):
+            return False
+        failed = self._provider_at(turn.provider)
+        turn.provider += 1
+        following = self._provider_at(turn.provider)
+        error = _error_info(exc)
+        self._log.warning(
+            "provider.fallback",
+            session_id=self.state.session_id,
+            turn_id=turn.turn_id,
+            step=turn.step,
+            from_provider=failed.name,
+            to_provider=following.name,
+            error=redact(str(exc)),
+        )
+        await self.publish(
+            ev.ProviderFallback(
+                session_id=self.state.session_id,
+                turn_id=turn.turn_id,
+                step=turn.step,
+                from_provider=failed.name,
+                to_provider=following.name,
+                error=error,
+                provider=getattr(following, "provider_name", None),
+                model=getattr(following, "model", None) or None,
+            )
+        )
+        return True
 
     async def _begin(self, request_id: str) -> None:
         """Tell the engine a model call starts.
@@ -874,9 +934,10 @@ class TurnRunner(Suspending, Actor):
             settings=agent.settings,
             output=agent.output_schema,
         )
-        await self._ask(self.provider, request)
+        provider = self._provider_at(turn.provider)
+        await self._ask(provider, request)
         inbox, parts, ctrl = self.stream_inbox, turn.parts, turn.ctrl
-        parts.origin = getattr(self.provider, "origin", None)  # recorded on signed parts
+        parts.origin = getattr(provider, "origin", None)  # recorded on signed parts
         try:
             while True:
                 batch = await inbox.get()

@@ -60,16 +60,17 @@ from runtime.app.commands import (
 from runtime.app.expiry import deadlines
 from runtime.app.host import Host
 from runtime.app.mcp_server import add_mcp_server_parser, mcp_server_command
-from runtime.app.render import TerminalRenderer
+from runtime.app.render import TerminalRenderer, describe_usage
 from runtime.app.web.serve import add_serve_parser, serve_command
 from runtime.app.worker import add_worker_parser, worker_command
 from runtime.approval import APPROVAL, WAITING_META, PendingCall, pending_calls, waiting_calls
+from runtime.chunks import Usage
 from runtime.errors import AlreadyDecided, ConfigurationError, InvalidMedia, UnknownApproval
 from runtime.events import Event
 from runtime.ids import new_id
 from runtime.logging import configure_logging
 from runtime.media import MediaLimits, check_limits, user_content
-from runtime.messages import File, Image, Message, is_media_output
+from runtime.messages import AssistantMessage, File, Image, Message, is_media_output
 from runtime.output_schema import output_schema
 from runtime.redact import redact_url
 from runtime.serde import converter, structure, unstructure
@@ -488,6 +489,8 @@ async def show_command(args: argparse.Namespace) -> int:
                     console.print(f"  [step {part.step}] {part.type}")
             if msg.error is not None:
                 console.print(f"  error: {msg.error.kind}: {msg.error.message}", style="red")
+            if msg.usage is not None:
+                console.print(f"  usage: {describe_usage(msg.usage)}", style="dim")
         elif msg.role == "tool":
             body = msg.error if msg.error else _describe_output(msg.output)
             label = "error" if msg.error else "result"
@@ -500,7 +503,16 @@ async def show_command(args: argparse.Namespace) -> int:
             console.print(f"{msg.role}: {msg.content}")
     for line in waiting_lines(record.messages):
         console.print(line, style="bold", soft_wrap=True)  # ids copied whole
+    if (total := session_usage(record.messages)) is not None:
+        console.print(f"session usage: {describe_usage(total)}", style="bold")
     return 0
+
+
+def session_usage(messages: Sequence[Message]) -> Usage | None:
+    """The usage of every turn of a stored conversation summed (its cost unknown if one
+    turn's is), or ``None`` if no turn recorded any (messages stored before usage was)."""
+    usages = [m.usage for m in messages if isinstance(m, AssistantMessage) and m.usage is not None]
+    return sum(usages[1:], usages[0]) if usages else None
 
 
 def waiting_lines(messages: Sequence[Message]) -> list[str]:

@@ -59,7 +59,7 @@ from runtime.inbox import Inbox
 from runtime.logging import configure_logging, get_logger
 from runtime.media import InputLimits
 from runtime.messages import Message
-from runtime.provider import Provider
+from runtime.provider import FallbackProvider, Provider
 from runtime.store import Store, validate_session_id
 
 DRAIN_TIMEOUT = 5.0
@@ -269,8 +269,16 @@ class Host:
         string whose provider is not registered, is a
         :class:`~runtime.errors.ConfigurationError` (a silent stand-in model would answer
         in its place)."""
-        if agent.provider is not None:
-            return agent.provider
+        return self.providers_of(agent)[0]
+
+    def providers_of(self, agent: Agent) -> tuple[Provider, ...]:
+        """The providers ``agent`` runs on, in order: the first (:meth:`provider_of`),
+        then the fallbacks of an ``Agent(provider=[primary, fallback, ...])``."""
+        chain = agent.provider
+        if isinstance(chain, FallbackProvider):
+            return chain.providers
+        if chain is not None:
+            return (chain,)
         if agent.model is None:
             raise ConfigurationError(
                 f"agent {agent.name!r} has no provider: give it one, e.g. "
@@ -282,7 +290,7 @@ class Host:
         if provider is None:
             provider = provider_for_model(agent.model)
             self._model_providers[agent.model] = provider
-        return provider
+        return (provider,)
 
     async def open_session(
         self,
@@ -398,7 +406,7 @@ class Host:
             session_meta.update({k: v for k, v in record.meta.items() if k != "agent"})
         if meta:
             session_meta.update(meta)
-        provider_actor = await self.provider_actor(self.provider_of(agent))
+        provider_actors = [await self.provider_actor(p) for p in self.providers_of(agent)]
         if agent.mcp_servers:  # started once per host, shared by sessions (actors.mcp)
             await start_servers(self.mcp_servers, self, agent)
         stream_inbox: Inbox[Batch[Any]] = Inbox(1024, "block", name="engine-output")
@@ -407,7 +415,8 @@ class Host:
         runner = TurnRunner(
             state=state,
             agent=agent,
-            provider=provider_actor,
+            provider=provider_actors[0],
+            fallbacks=provider_actors[1:],  # Agent(provider=[primary, fallback, ...])
             engine=engine,
             controller=controller,
             tool_executor=self.tool_executor,

@@ -53,6 +53,20 @@ class SigningAnthropic:
     def __call__(self, request: Recorded) -> Reply:
         body = request.json()
         model = body.get("model") or _model_in_path(request.path)
+        refusal = self.refusal(body, model)
+        if refusal is not None:
+            return refusal
+        n, signature = self.mint(model)
+        events = _anthropic_answer(model, f"thought {n}", signature, f"answer {n}")
+        if self.framing == "bedrock":
+            return Reply(
+                body=bedrock_stream(*events), content_type="application/vnd.amazon.eventstream"
+            )
+        return Reply(body=anthropic_sse(*events))
+
+    def refusal(self, body: dict[str, Any], model: str) -> Reply | None:
+        """The 400 for a request that replays a thinking block whose signature was not
+        minted here for ``model``; ``None`` when every signature is valid."""
         for i, message in enumerate(body["messages"]):
             content = message["content"]
             if message["role"] != "assistant" or isinstance(content, str):
@@ -71,15 +85,14 @@ class SigningAnthropic:
                             },
                         }
                     )
+        return None
+
+    def mint(self, model: str) -> tuple[int, str]:
+        """A new signature for ``model``, and its number."""
         n = len(self.minted) + 1
         signature = f"sig:{model}:{n}"
         self.minted[signature] = model
-        events = _anthropic_answer(model, f"thought {n}", signature, f"answer {n}")
-        if self.framing == "bedrock":
-            return Reply(
-                body=bedrock_stream(*events), content_type="application/vnd.amazon.eventstream"
-            )
-        return Reply(body=anthropic_sse(*events))
+        return n, signature
 
 
 def _model_in_path(path: str) -> str:
