@@ -19,6 +19,7 @@ from typing import Any, Final, Protocol, runtime_checkable
 import attrs
 
 from runtime.approval import AWAITING_INPUT, Decision, Recorded
+from runtime.busy import OnBusy
 from runtime.messages import UserContent
 from runtime.store import Store
 
@@ -177,11 +178,15 @@ class TurnQueue(Protocol):
         meta: dict[str, Any] | None = None,
         regenerate: bool = False,
         turn_id: str | None = None,
+        on_busy: OnBusy | None = None,
     ) -> QueuedTurn:
         """Queue a turn for ``session_id`` and wake the workers; a resubmit with the same
         ``idempotency_key`` and input returns the turn already queued. Raises
         :class:`~runtime.errors.QueueFull` over a cap, :class:`~runtime.errors.TurnConflict`
-        for a key another turn holds."""
+        for a key another turn holds. ``on_busy`` (``enqueue``, the default; ``reject``:
+        :class:`~runtime.errors.SessionBusy` while a turn of the session is queued or
+        running; ``interrupt``: those are cancelled first) is decided atomically with
+        the insert."""
         ...
 
     async def get(self, turn_id: str) -> QueuedTurn | None: ...

@@ -81,6 +81,8 @@ class Deployment:
     workers_ended: trio.Event = attrs.Factory(trio.Event)
     send_timeout: float | None = None
     """The front ends' ``send_timeout`` (``None``: the app's default)."""
+    on_busy: str | None = None
+    """The front ends' busy strategy (``serve --on-busy``; ``None``: enqueue)."""
 
     async def start_worker(self) -> Worker:
         return await self.nursery.start(self._worker)
@@ -122,7 +124,9 @@ class Deployment:
             queue = TurnQueue(host.store)
             try:
                 limits = {} if self.send_timeout is None else {"send_timeout": self.send_timeout}
-                app = create_app(host, self.agent, relay=relay, queue=queue, **limits)
+                app = create_app(
+                    host, self.agent, relay=relay, queue=queue, on_busy=self.on_busy, **limits
+                )
                 binds = await self.nursery.start(partial(serve_app, app, host="127.0.0.1", port=0))
                 task_status.started(binds[0])
                 await trio.sleep_forever()
@@ -147,6 +151,7 @@ async def deployment(
     fronts: int = 1,
     worker: bool = True,
     send_timeout: float | None = None,
+    on_busy: str | None = None,
 ) -> AsyncIterator[Deployment]:
     store = await PostgresStore.open(pg_url)
     queue = TurnQueue(store)
@@ -154,7 +159,7 @@ async def deployment(
         with trio.fail_after(LIMIT):
             async with trio.open_nursery() as nursery:
                 d = Deployment(pg_url, redis_url, unique_prefix(), agent, store, queue, nursery)
-                d.send_timeout = send_timeout
+                d.send_timeout, d.on_busy = send_timeout, on_busy
                 for _ in range(fronts):
                     await d.start_front_end()
                 if worker:

@@ -82,9 +82,11 @@ import trio
 from actors.stores.postgres import CONNECT_TIMEOUT, Fence, PostgresStore
 from runtime import serde
 from runtime.approval import WAITING_META, Decision, PendingCall, pending_calls, record_decision
+from runtime.busy import ENQUEUE, INTERRUPT, INTERRUPTED_BY_NEW, REJECT, OnBusy
 from runtime.errors import (
     AlreadyDecided,
     QueueFull,
+    SessionBusy,
     StoreCorrupt,
     StoreError,
     TurnConflict,
@@ -254,8 +256,20 @@ class TurnQueue:
         meta: dict[str, Any] | None = None,
         regenerate: bool = False,
         turn_id: str | None = None,
+        on_busy: OnBusy | None = None,
     ) -> QueuedTurn:
         """Queue a turn for ``session_id`` and wake the workers; returns its row.
+
+        ``on_busy`` is what the new turn does when the session has a turn queued or
+        running (a front end's ``serve --on-busy``, :mod:`runtime.busy`), decided in the
+        submit's transaction under the session's lock, so racing submits see each other:
+        ``enqueue`` (or ``None``) queues it behind them; ``reject`` raises
+        :class:`~runtime.errors.SessionBusy` and stores nothing; ``interrupt`` cancels
+        the session's queued turns (``cancelled`` at once) and asks its running one to
+        stop (abort reason ``interrupted by a new message``), then queues it: the newest
+        message wins. (A turn that waits for input is neither: the new turn supersedes
+        it.) ``steer`` is refused: a message cannot join a turn on another process. A
+        retry of a turn already stored returns it whatever the strategy.
 
         ``idempotency_key`` names what the caller submits (a front end: the client's id of
         the message): submitting it again with the same input and ``regenerate`` (a retry
@@ -296,8 +310,18 @@ class TurnQueue:
             else _sha256(idempotency_key.encode("utf-8", "surrogatepass"))
         )
 
+        if on_busy is not None and on_busy not in (ENQUEUE, REJECT, INTERRUPT):
+            raise StoreError(
+                f"submit to session {session_id!r}: on_busy {on_busy!r} is not one of "
+                "enqueue, reject, interrupt (a turn queue cannot steer another process's turn)"
+            )
+
         def insert(conn: Any, key: str | None, regenerate: bool) -> tuple[Any, ...]:
+            if on_busy == INTERRUPT:  # row locks first, as a claim takes them
+                _interrupt(conn, session_id)
             self._check_room(conn, session_id, key, turn_id)
+            if on_busy == REJECT and _busy(conn, session_id):
+                raise SessionBusy(f"session {session_id!r} is already running a turn")
             row = conn.execute(
                 f"""INSERT INTO axon_turns (turn_id, session_id, idempotency_key,
                     message_key, input_hash, input, meta, regenerate)
@@ -1148,6 +1172,56 @@ def _first_deadline(messages: Sequence[Message]) -> float | None:
         and p.awaiting.expires_at is not None
     ]
     return min(due, default=None)
+
+
+def _busy(conn: Any, session_id: str) -> bool:
+    """In a submit's transaction: whether the session has a turn queued or running,
+    read under the session's lock (the one the head trigger and the caps take), so two
+    racing ``reject`` submits see each other."""
+    conn.execute(
+        "SELECT pg_advisory_xact_lock("
+        "hashtextextended('axon_turns:' || current_schema() || ':' || %s, 0))",
+        (session_id,),
+    )
+    busy = conn.execute(
+        """SELECT 1 FROM axon_turns
+        WHERE session_id = %s AND status IN ('queued', 'running') LIMIT 1""",
+        (session_id,),
+    ).fetchone()
+    return busy is not None
+
+
+def _interrupt(conn: Any, session_id: str) -> None:
+    """In a submit's transaction, before its insert: cancel the session's queued turns
+    (``cancelled`` at once) and ask its running one to stop (its worker hears it on
+    ``axon_cancel``, or on its next renewal), the reason ``interrupted by a new
+    message``. The rows are locked first, in line order, as a claim locks a head before
+    the trigger takes the session's lock; each is then updated by a statement of its
+    own (the head trigger moves the head on to the next, which a later one cancels)."""
+    rows = conn.execute(
+        """SELECT turn_id, status FROM axon_turns
+        WHERE session_id = %s AND status IN ('queued', 'running')
+        ORDER BY seq FOR UPDATE""",
+        (session_id,),
+    ).fetchall()
+    for turn_id, status in rows:
+        if status == QUEUED:
+            conn.execute(
+                """UPDATE axon_turns SET status = 'cancelled', finish_reason = 'aborted',
+                    cancel_requested = true, cancel_reason = %s,
+                    finished_at = clock_timestamp()
+                WHERE turn_id = %s""",
+                (INTERRUPTED_BY_NEW, turn_id),
+            )
+            _notify_turns(conn, turn_id)
+        else:
+            conn.execute(
+                """UPDATE axon_turns SET cancel_requested = true,
+                    cancel_reason = coalesce(cancel_reason, %s)
+                WHERE turn_id = %s""",
+                (INTERRUPTED_BY_NEW, turn_id),
+            )
+        conn.execute("SELECT pg_notify(%s, %s)", (CANCEL_CHANNEL, turn_id))
 
 
 def _supersede_waiting(conn: Any, session_id: str) -> None:

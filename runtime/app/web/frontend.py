@@ -80,10 +80,12 @@ from runtime.app.web.resume import (
 from runtime.app.web.ui_stream import error_text, sse, ui_messages
 from runtime.app.web.watch import POLL_FIRST, POLL_MAX, TurnWatch
 from runtime.approval import Decision, Recorded, pending_calls
+from runtime.busy import INTERRUPT, INTERRUPTED_BY_NEW, OnBusy
 from runtime.errors import (
     QueueFull,
     RelayTurnGone,
     RelayUnavailable,
+    SessionBusy,
     StoreError,
     StoreUnavailable,
     TurnConflict,
@@ -267,12 +269,20 @@ class FrontEnd:
         if is_continuation(payload):
             return await self._continue(request, session_id, payload)
         check_media(text, state.agent_for(session_id))
+        # ``serve --on-busy`` (None: enqueue): the queue decides it with the insert.
+        running = await self.queue.active(session_id) if state.on_busy == INTERRUPT else None
         turn = await self._submit(
             session_id,
             text,
             idempotency_key(session_id, payload, regenerate),
             regenerate,
+            on_busy=state.on_busy,
         )
+        if running is not None and running.status == RUNNING and running.turn_id != turn.turn_id:
+            # Its worker hears it at once on the relay (the queue's mark is the truth).
+            await _unavailable_as_503(
+                self.relay.request_cancel(running.turn_id, INTERRUPTED_BY_NEW)
+            )
         return self._response(request, turn, None)
 
     async def _submit(
@@ -281,6 +291,7 @@ class FrontEnd:
         text: UserContent,
         key: str | None,
         regenerate: bool,
+        on_busy: OnBusy | None = None,
     ) -> Any:
         try:
             record = await self.store.load(session_id)
@@ -288,8 +299,15 @@ class FrontEnd:
                 {} if record is not None and "title" in record.meta else {"title": title_of(text)}
             )
             return await self.queue.submit(
-                session_id, text, idempotency_key=key, meta=meta, regenerate=regenerate
+                session_id,
+                text,
+                idempotency_key=key,
+                meta=meta,
+                regenerate=regenerate,
+                on_busy=on_busy,
             )
+        except SessionBusy as exc:  # ``--on-busy reject``
+            raise ApiError(409, _one_line(exc)) from None
         except QueueFull as exc:
             retry = str(max(1, math.ceil(exc.retry_after)))
             raise ApiError(429, exc.message, {"retry-after": retry}) from None

@@ -328,6 +328,12 @@ async def serve_app(
         reraise(sole)
 
 
+FRONT_END_STEER = (
+    "--on-busy steer is not served by a worker deployment's front end (a message cannot "
+    "join a turn running on another process); use reject, enqueue or interrupt"
+)
+
+
 def is_front_end(args: argparse.Namespace) -> bool:
     """Whether ``serve`` is a stateless front end of a worker deployment: its sessions in
     PostgreSQL, its live output on a relay, and not told to run turns itself."""
@@ -352,6 +358,8 @@ async def serve_command(args: argparse.Namespace) -> int:
             f"--protocols {', '.join(embedded_only)} is not served by a worker deployment's "
             "front end yet"
         )
+    if refusal is None and getattr(args, "on_busy", None) == "steer" and is_front_end(args):
+        refusal = FRONT_END_STEER
     if refusal is not None:
         print(f"error: {refusal}", file=sys.stderr)
         return 2
