@@ -490,18 +490,26 @@ class Host:
         ttl = self.idle_ttl
         assert ttl is not None
         while True:
-            now = trio.current_time()
-            wake = now + ttl
-            evicted = []
-            for session in list(self.sessions.values()):  # least recently used first
-                due = session.last_used + ttl
-                if due > now:
-                    wake = min(wake, due)
-                    break
-                if self._evictable(session) and not self.shutting_down:
-                    evicted.append(self._evict(session, "idle", now))
+            evicted, wake = self._evict_idle(ttl)
             await self._announce(evicted)
             await trio.sleep_until(wake)
+
+    def _evict_idle(self, ttl: float) -> tuple[list[SessionEvicted], float]:
+        """Evict the sessions idle for ``ttl``; the events, and when the next one is due.
+        A function of its own so that no variable of the sleeping loop holds the last
+        session it looked at (an evicted session, its meta and deps, would stay in memory
+        until the next wake-up)."""
+        now = trio.current_time()
+        wake = now + ttl
+        evicted = []
+        for session in list(self.sessions.values()):  # least recently used first
+            due = session.last_used + ttl
+            if due > now:
+                wake = min(wake, due)
+                break
+            if self._evictable(session) and not self.shutting_down:
+                evicted.append(self._evict(session, "idle", now))
+        return evicted, wake
 
     async def _announce(self, events: list[SessionEvicted]) -> None:
         for event in events:
