@@ -395,3 +395,14 @@ async def test_a_client_resuming_the_continuation_on_the_first_front_end_misses_
     assert streamed == "".join(getattr(p, "text", "") for p in stored.content)  # nothing missing
     outputs = [d for _, d in events if d["type"] == "tool-output-available"]
     assert len(outputs) == 1 and ran == ["/x"]
+
+
+def test_a_turn_whose_step_suspended_its_row_is_not_lost_to_a_late_renewal() -> None:
+    """The step's commit let the row go (``awaiting-input``): a renewal or a save of the
+    turn after it finds the row so, which must not cut the turn's relay stream short."""
+    from runtime.app.worker import _Running
+
+    entry = _Running(claim=None)  # type: ignore[arg-type]
+    entry.suspend()
+    entry.lose("the renewal found the row waiting")
+    assert not entry.lost

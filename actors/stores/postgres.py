@@ -481,6 +481,7 @@ class PostgresStore:
         *,
         expected_version: int | None = None,
         guard: Callable[[Any], None] | None = None,
+        unfenced: bool = False,
     ) -> int:
         """Replace messages ``start..`` with ``messages`` and merge ``meta``, in one
         transaction; returns the session's new version (see the module docstring for
@@ -490,7 +491,10 @@ class PostgresStore:
         ``guard(conn)`` (not part of the :class:`~runtime.store.Store` protocol) runs in
         the save's transaction before anything is written: it may refuse the save by
         raising, or write rows of its own that commit with the save or not at all (the
-        turn queue records a decision and puts the waiting turn back so, atomically)."""
+        turn queue records a decision and puts the waiting turn back so, atomically).
+        ``unfenced`` (not part of the protocol either) saves without the session's fence:
+        a write that is not the fenced turn's own (a decision for it, which its guard
+        checks against the turn's row), made by the process that runs the turn."""
         new = check_save(session_id, start, messages, meta, expected_version)
         rows = []
         for idx, message in enumerate(new, start):
@@ -507,7 +511,7 @@ class PostgresStore:
             raise StoreError(
                 f"save of session {session_id!r}: meta is not JSON-serializable: {err}"
             ) from err
-        fence = self._fences.get(session_id)
+        fence = None if unfenced else self._fences.get(session_id)
         if fence is not None and self._fences_closed:
             raise LeaseLost(
                 f"save of session {session_id!r} refused: worker {fence.owner} is stopping; "

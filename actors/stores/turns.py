@@ -811,6 +811,9 @@ class TurnQueue:
                 meta,
                 expected_version=expected_version,
                 guard=guard,
+                # Not the turn's own write: a worker running the turn (its step's commit
+                # suspended the row a moment ago) must not fence out the decision for it.
+                unfenced=True,
             )
 
         recorded = await record_decision(self.store, session_id, key, decision, tools, save=save)

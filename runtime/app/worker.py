@@ -129,8 +129,10 @@ class _Running:
             self.stream.cancel(reason)
 
     def lose(self, why: str) -> None:
-        """The lease is gone: write nothing more, stop the turn."""
-        if not self.lost:
+        """The lease is gone: write nothing more, stop the turn. Not once the turn
+        suspended (its step's commit let the row go: a renewal or a later save of the
+        turn then finds it waiting, which is no loss; the turn ends as committed)."""
+        if not self.lost and not self.suspended:
             self.lost = True
             log().warning(
                 "worker.lease_lost",
@@ -599,6 +601,8 @@ class Worker:
 
     async def _finish(self, entry: _Running) -> str:
         """Mark the turn finished in the queue (fenced); the status it ended with."""
+        if entry.suspended:  # its step's commit suspended the row: it waits, whatever came after
+            return WAITING
         if entry.lost:
             return "lost"
         result = entry.stream.result
