@@ -36,6 +36,7 @@ from runtime.chunks import (
     Usage,
     UsageChunk,
 )
+from runtime.compaction import CompactionContext, DropToolResults, KeepTurns, Summarize
 from runtime.errors import (
     ActorFailed,
     AlreadyDecided,
@@ -138,10 +139,12 @@ __all__ = [
     "Budget",
     "BudgetExceeded",
     "Bus",
+    "CompactionContext",
     "ConfigurationError",
     "ConnectionLost",
     "ContextTooLong",
     "DecisionError",
+    "DropToolResults",
     "Event",
     "FallbackProvider",
     "File",
@@ -156,6 +159,7 @@ __all__ = [
     "InvalidMedia",
     "InvalidSessionId",
     "InvalidTurnId",
+    "KeepTurns",
     "MalformedStream",
     "MediaError",
     "MediaLimits",
@@ -190,6 +194,7 @@ __all__ = [
     "StoreUnavailable",
     "StreamChunk",
     "Subscription",
+    "Summarize",
     "Supervisor",
     "SystemMessage",
     "TextChunk",

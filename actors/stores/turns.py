@@ -115,6 +115,7 @@ from runtime.turn_queue import (
     Decided,
     QueuedTurn,
     Renewal,
+    TurnOptions,
     TurnStatus,
 )
 from runtime.turn_queue import Claim as BaseClaim
@@ -136,7 +137,7 @@ CANCEL_CHANNEL: Final = "axon_cancel"
 _COLUMNS = (
     "turn_id, session_id, seq, input, meta, regenerate, status, owner, epoch, attempts, "
     "saved, cancel_requested, cancel_reason, finish_reason, error, idempotency_key, "
-    "resumes, expires_at"
+    "resumes, expires_at, options"
 )
 _STATUS_COLUMNS = (
     "turn_id, session_id, seq, status, owner, epoch, attempts, saved, cancel_requested, "
@@ -256,6 +257,7 @@ class TurnQueue:
         meta: dict[str, Any] | None = None,
         regenerate: bool = False,
         turn_id: str | None = None,
+        options: TurnOptions | None = None,
         on_busy: OnBusy | None = None,
     ) -> QueuedTurn:
         """Queue a turn for ``session_id`` and wake the workers; returns its row.
@@ -281,7 +283,9 @@ class TurnQueue:
         never reached the history);
         otherwise, and for a key already used by another session,
         :class:`~runtime.errors.TurnConflict` and nothing is queued. Meta is not part of
-        the input: a retry may carry another title.
+        the input: a retry may carry another title. Nor are ``options``
+        (:class:`~runtime.turn_queue.TurnOptions`: the client's message id, client-side
+        tools, instructions, a starting history), stored with the row for its worker.
         A submit over a cap (``max_queued_per_session``, ``max_queued``) is refused with
         :class:`~runtime.errors.QueueFull` and stores nothing.
         """
@@ -299,6 +303,11 @@ class TurnQueue:
                 _encoded_and_hashed, content, regenerate
             )
             meta_json = orjson.dumps(dict(meta or {}))
+            options_json = (
+                b"{}"
+                if options is None or options.empty
+                else await trio.to_thread.run_sync(serde.to_json, options)  # a history, maybe
+            )
         except (TypeError, ValueError, orjson.JSONEncodeError) as err:
             raise StoreError(
                 f"submit to session {session_id!r}: input or meta cannot be serialized: {err}"
@@ -324,10 +333,20 @@ class TurnQueue:
                 raise SessionBusy(f"session {session_id!r} is already running a turn")
             row = conn.execute(
                 f"""INSERT INTO axon_turns (turn_id, session_id, idempotency_key,
-                    message_key, input_hash, input, meta, regenerate)
-                VALUES (%s, %s, %s, %s, %s, %s, %s, %s)
+                    message_key, input_hash, input, meta, regenerate, options)
+                VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)
                 ON CONFLICT DO NOTHING RETURNING {_COLUMNS}""",
-                (turn_id, session_id, key, message_key, input_hash, body, meta_json, regenerate),
+                (
+                    turn_id,
+                    session_id,
+                    key,
+                    message_key,
+                    input_hash,
+                    body,
+                    meta_json,
+                    regenerate,
+                    options_json,
+                ),
             ).fetchone()
             if row is not None:
                 _notify_turns(conn, turn_id)
@@ -852,11 +871,16 @@ class TurnQueue:
             ),
         )
 
-    async def request_cancel(self, turn_id: str, reason: str = "cancelled") -> TurnStatus | None:
+    async def request_cancel(
+        self, turn_id: str, reason: str = "cancelled", *, waiting: bool = False
+    ) -> TurnStatus | None:
         """Cancel a turn: a queued one ends ``cancelled`` at once (finish reason
         ``aborted``); a running one is marked, and its worker stops it on its next renewal
-        (or at once, listening on ``axon_cancel``). A finished turn is left as it is.
-        Returns where the turn now stands, or ``None`` if there is no such turn."""
+        (or at once, listening on ``axon_cancel``). With ``waiting``, a turn that waits
+        for input ends ``cancelled`` at once too (nothing holds it, and no decision
+        resumes it any more); without, it is left waiting, as a finished turn is left as
+        it is. Returns where the turn now stands, or ``None`` if there is no such turn."""
+        ends_now = (QUEUED, WAITING) if waiting else (QUEUED,)
 
         def cancel(conn: Any) -> tuple[Any, ...] | None:
             row = conn.execute(
@@ -864,10 +888,11 @@ class TurnQueue:
             ).fetchone()
             if row is None:
                 return None
-            if row[0] == QUEUED:
+            if row[0] in ends_now:
                 conn.execute(
                     """UPDATE axon_turns SET status = 'cancelled', finish_reason = 'aborted',
-                        cancel_requested = true, cancel_reason = %s, finished_at = clock_timestamp()
+                        cancel_requested = true, cancel_reason = %s, expires_at = NULL,
+                        finished_at = clock_timestamp()
                     WHERE turn_id = %s""",
                     (reason, turn_id),
                 )
@@ -1058,7 +1083,7 @@ class TurnQueue:
 
     async def _decoded(self, row: tuple[Any, ...]) -> QueuedTurn:
         """:meth:`_decode`, in a thread when the input is large (see :data:`DECODE_INLINE`)."""
-        if len(row[3]) <= DECODE_INLINE:
+        if len(row[3]) + len(row[-1]) <= DECODE_INLINE:
             return self._decode(row)
         return await trio.to_thread.run_sync(self._decode, row)
 
@@ -1082,10 +1107,15 @@ class TurnQueue:
             idempotency_key,
             resumes,
             expires_at,
+            options,
         ) = row
         try:
             content = serde.from_json(body, UserContent)
             decoded_meta = orjson.loads(bytes(meta))
+            raw_options = bytes(options)
+            decoded_options = (
+                TurnOptions() if raw_options == b"{}" else serde.from_json(raw_options, TurnOptions)
+            )
         except Exception as err:
             raise StoreCorrupt(
                 f"turn store {self.store.url}: turn {turn_id!r} cannot be read: {err!r}"
@@ -1113,6 +1143,7 @@ class TurnQueue:
             idempotency_key=idempotency_key,
             resumes=resumes,
             expires_at=expires_at,
+            options=decoded_options,
         )
 
 

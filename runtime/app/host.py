@@ -60,6 +60,7 @@ from runtime.logging import configure_logging, get_logger
 from runtime.media import InputLimits
 from runtime.messages import Message
 from runtime.provider import FallbackProvider, Provider
+from runtime.ratelimit import LimitBackend, Limiter, MemoryBackend, TrioClock
 from runtime.store import Store, validate_session_id
 
 DRAIN_TIMEOUT = 5.0
@@ -121,6 +122,10 @@ class Host:
         """The wall clock waits expire by (``Agent(approval_timeout=...)``), in seconds
         since the epoch; replaceable (a test's fake clock)."""
         self.expiry = ExpiryWatch(self)
+        self.rate_limits: LimitBackend = MemoryBackend()
+        """Where the providers' rate limits are counted (:mod:`runtime.ratelimit`): this
+        process by default; a worker replaces it with its relay's Redis, shared by all
+        the workers, before any provider starts."""
         """The timer of the waiting sessions this host has seen (:mod:`runtime.app.expiry`)."""
 
     @classmethod
@@ -258,6 +263,10 @@ class Host:
         """The running actor for a provider configuration (started on first use)."""
         actor = self._providers.get(id(provider))
         if actor is None:
+            if provider.rate_limit is not None:  # counted where this host counts them
+                backend = self.rate_limits
+                clock = getattr(backend, "clock", None) or TrioClock()
+                provider.limiter = Limiter(provider.limit_key, provider.rate_limit, backend, clock)
             actor = await self.start_actor(provider)
             self._providers[id(provider)] = actor
         return actor

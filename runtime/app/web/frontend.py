@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import orjson
@@ -94,7 +94,14 @@ from runtime.events import ToolApprovalDecided
 from runtime.logging import get_logger
 from runtime.messages import UserContent
 from runtime.serde import unstructure
-from runtime.turn_queue import FINAL_STATUSES, RUNNING, WAITING, Decided, TurnQueue
+from runtime.turn_queue import (
+    FINAL_STATUSES,
+    RUNNING,
+    WAITING,
+    Decided,
+    TurnOptions,
+    TurnQueue,
+)
 
 
 def idempotency_key(session_id: str, payload: dict[str, Any], regenerate: bool) -> str | None:
@@ -271,7 +278,7 @@ class FrontEnd:
         check_media(text, state.agent_for(session_id))
         # ``serve --on-busy`` (None: enqueue): the queue decides it with the insert.
         running = await self.queue.active(session_id) if state.on_busy == INTERRUPT else None
-        turn = await self._submit(
+        turn = await self.submit(
             session_id,
             text,
             idempotency_key(session_id, payload, regenerate),
@@ -285,25 +292,36 @@ class FrontEnd:
             )
         return self._response(request, turn, None)
 
-    async def _submit(
+    async def submit(
         self,
         session_id: str,
         text: UserContent,
         key: str | None,
         regenerate: bool,
+        *,
+        turn_id: str | None = None,
+        options: TurnOptions | None = None,
+        titled: bool = True,
         on_busy: OnBusy | None = None,
     ) -> Any:
+        """Queue the turn (``titled``: naming a session that has no title yet after its
+        input); a refusal is an :class:`ApiError` with the status the queue's error
+        means (429 over a cap, 503 while the store is unreachable, 409 for a key another
+        turn holds, 400 for anything else the store refused), and nothing is queued."""
         try:
-            record = await self.store.load(session_id)
-            meta = (
-                {} if record is not None and "title" in record.meta else {"title": title_of(text)}
-            )
+            meta: dict[str, Any] = {}
+            if titled:
+                record = await self.store.load(session_id)
+                if record is None or "title" not in record.meta:
+                    meta = {"title": title_of(text)}
             return await self.queue.submit(
                 session_id,
                 text,
                 idempotency_key=key,
                 meta=meta,
                 regenerate=regenerate,
+                turn_id=turn_id,
+                options=options,
                 on_busy=on_busy,
             )
         except SessionBusy as exc:  # ``--on-busy reject``
@@ -348,26 +366,38 @@ class FrontEnd:
         tools = self._tools(request, session_id)
 
         async def record(key: str, decision: Decision) -> Recorded:
-            try:
-                outcome = await self.queue.decide(session_id, key, decision, tools)
-            except StoreUnavailable as exc:
-                raise ApiError(503, _one_line(exc), {"retry-after": "1"}) from None
+            outcome = await self.decide(state.host.bus, session_id, key, decision, tools)
             decided.append(outcome)
-            call = outcome.recorded.call
-            if call.kind == "approval":
-                await state.host.bus.publish(
-                    ToolApprovalDecided(
-                        session_id=session_id,
-                        tool_call_id=call.tool_call_id,
-                        approved=bool(decision.approved),
-                        reason=decision.reason,
-                        turn_id=call.turn_id,
-                        causation_id=call.approval_id,
-                    )
-                )
             return outcome.recorded
 
         return record
+
+    async def decide(
+        self, bus: Any, session_id: str, key: str, decision: Decision, tools: Mapping[str, Any]
+    ) -> Decided:
+        """Record one decision for a waiting call of ``session_id`` through the queue
+        (:meth:`runtime.turn_queue.TurnQueue.decide`: refused unless its turn still
+        waits; the decision that completes the turn's calls puts it back for a worker),
+        publishing on ``bus`` what ``session.decide`` publishes in the embedded app. A
+        store that cannot be reached is an :class:`ApiError` 503; a refused decision
+        raises its :class:`~runtime.errors.DecisionError`."""
+        try:
+            outcome = await self.queue.decide(session_id, key, decision, tools)
+        except StoreUnavailable as exc:
+            raise ApiError(503, _one_line(exc), {"retry-after": "1"}) from None
+        call = outcome.recorded.call
+        if call.kind == "approval":
+            await bus.publish(
+                ToolApprovalDecided(
+                    session_id=session_id,
+                    tool_call_id=call.tool_call_id,
+                    approved=bool(decision.approved),
+                    reason=decision.reason,
+                    turn_id=call.turn_id,
+                    causation_id=call.approval_id,
+                )
+            )
+        return outcome
 
     async def stream(self, request: Request) -> Any:
         session_id = session_id_param(request.path_params["session_id"])

@@ -32,9 +32,10 @@ BUILT: frozenset[str] = frozenset({"ai-sdk", "ag-ui", "a2a", "openai", "mcp"})
 
 DEFAULT: tuple[str, ...] = ("ai-sdk",)
 
-EMBEDDED_ONLY: tuple[str, ...] = ("openai", "ag-ui", "a2a", "mcp")
-"""Protocols that run turns in the serving process: a worker deployment's front end does
-not serve them yet."""
+EMBEDDED_ONLY: tuple[str, ...] = ("mcp",)
+"""Protocols that a worker deployment's front end does not serve yet. The others queue
+their turns for the workers and read them back from the relay
+(:mod:`runtime.app.web.queued_turn`)."""
 
 
 def parse_protocols(value: str) -> tuple[str, ...]:
