@@ -42,7 +42,6 @@ from runtime.app.web.a2a_tasks import (
     _agent_note,
     _busy,
     _decisions,
-    _media_error,
     derive,
     split_task_id,
     task_id_of,
@@ -51,17 +50,9 @@ from runtime.app.web.a2a_tasks import (
 from runtime.app.web.http import ApiError
 from runtime.app.web.queued_turn import QueuedTurnOutput, settle_quietly
 from runtime.approval import APPROVAL, Decision, decide, pending_calls, record_decision
-from runtime.errors import (
-    DecisionError,
-    InvalidMedia,
-    InvalidSessionId,
-    MediaTooLarge,
-    TooManyParts,
-)
+from runtime.errors import DecisionError
 from runtime.ids import new_id
-from runtime.media import check_counts, check_limits, user_content
 from runtime.messages import AssistantMessage, Message, UserMessage
-from runtime.store import validate_session_id
 from runtime.turn_queue import FINAL_STATUSES, QUEUED, RUNNING, TurnOptions, TurnStatus
 
 TURN_PREFIX = "msg_"
@@ -179,21 +170,10 @@ class QueuedTaskBook(TaskBook):
         incoming = request.message
         if incoming.task_id is not None:
             return await self._continue(incoming)
-        context_id = incoming.context_id or new_id("ctx")
-        try:
-            validate_session_id(context_id)
-        except InvalidSessionId as exc:
-            raise wire.invalid_params(f"message.contextId: {exc}") from None
-        stored_id = wire.stored_message_id(incoming.message_id)
-        twin = self._sent_before(context_id, stored_id)
-        if twin is not None:
-            return twin
-        try:
-            content = user_content(wire.user_input(incoming.parts))
-            check_counts(content, self.state.host.input_limits)
-            check_limits(content, self.state.agent_for(context_id).media_limits)
-        except (InvalidMedia, MediaTooLarge, TooManyParts) as exc:
-            raise _media_error(exc) from None
+        opened = self._opening(incoming)
+        if isinstance(opened, LiveTask):
+            return opened
+        context_id, stored_id, content = opened
         earlier = await self._sent_earlier(context_id, stored_id)
         if earlier is not None:
             return earlier

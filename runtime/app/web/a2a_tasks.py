@@ -46,7 +46,14 @@ from runtime.errors import (
 )
 from runtime.ids import new_id
 from runtime.media import check_counts, check_limits, user_content
-from runtime.messages import AssistantMessage, Message, ToolCallPart, ToolMessage, UserMessage
+from runtime.messages import (
+    AssistantMessage,
+    Message,
+    ToolCallPart,
+    ToolMessage,
+    UserContent,
+    UserMessage,
+)
 from runtime.store import validate_session_id
 
 CANCELED_REASON = "canceled by the A2A client"
@@ -363,21 +370,10 @@ class TaskBook:
         incoming = request.message
         if incoming.task_id is not None:
             return await self._continue(incoming)
-        context_id = incoming.context_id or new_id("ctx")
-        try:
-            validate_session_id(context_id)
-        except InvalidSessionId as exc:
-            raise wire.invalid_params(f"message.contextId: {exc}") from None
-        stored_id = wire.stored_message_id(incoming.message_id)
-        twin = self._sent_before(context_id, stored_id)
-        if twin is not None:
-            return twin
-        try:
-            content = user_content(wire.user_input(incoming.parts))
-            check_counts(content, self.state.host.input_limits)
-            check_limits(content, self.state.agent_for(context_id).media_limits)
-        except (InvalidMedia, MediaTooLarge, TooManyParts) as exc:
-            raise _media_error(exc) from None
+        opened = self._opening(incoming)
+        if isinstance(opened, LiveTask):
+            return opened
+        context_id, stored_id, content = opened
         found = await self._history(context_id)
         if found is not None:
             messages, _ = found
@@ -429,6 +425,26 @@ class TaskBook:
                 wire.CANCELED, _agent_note(old.id, context_id, f"superseded by task {live.id}")
             )
         return self._keep(live)
+
+    def _opening(self, incoming: wire.Incoming) -> LiveTask | tuple[str, str, UserContent]:
+        """A message that starts a task, checked: its context id, stored message id and
+        content; or the live task it started already (a resend, checked no further)."""
+        context_id = incoming.context_id or new_id("ctx")
+        try:
+            validate_session_id(context_id)
+        except InvalidSessionId as exc:
+            raise wire.invalid_params(f"message.contextId: {exc}") from None
+        stored_id = wire.stored_message_id(incoming.message_id)
+        twin = self._sent_before(context_id, stored_id)
+        if twin is not None:
+            return twin
+        try:
+            content = user_content(wire.user_input(incoming.parts))
+            check_counts(content, self.state.host.input_limits)
+            check_limits(content, self.state.agent_for(context_id).media_limits)
+        except (InvalidMedia, MediaTooLarge, TooManyParts) as exc:
+            raise _media_error(exc) from None
+        return context_id, stored_id, content
 
     def _check_capacity(self) -> None:
         running = sum(t.running for t in self.live.values())
