@@ -259,12 +259,7 @@ class TurnResponse:
     async def _stream(
         self, out: Any, receive: Receive, send: Send, background: trio.Nursery
     ) -> None:
-        headers = [(k.encode(), v.encode()) for k, v in self.headers.items()]
-        writer = BodyWriter(
-            send,
-            {"type": "http.response.start", "status": 200, "headers": headers},
-            timeout=self.send_timeout,
-        )
+        writer = BodyWriter.ok(send, self.headers, timeout=self.send_timeout)
         background.start_soon(writer.run)
         try:
             await self._pump(out, receive, writer)

@@ -398,12 +398,7 @@ class QueuedStreamResponse:
         """Why the client's stream ended early (it left, it stopped reading), if it did."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        headers = [(k.encode(), v.encode()) for k, v in self.headers.items()]
-        writer = BodyWriter(
-            send,
-            {"type": "http.response.start", "status": 200, "headers": headers},
-            timeout=self.send_timeout,
-        )
+        writer = BodyWriter.ok(send, self.headers, timeout=self.send_timeout)
         async with trio.open_nursery() as local:
             (self.background or local).start_soon(writer.run)
             try:

@@ -213,12 +213,7 @@ class RelayStreamResponse:
         """Whether any of the turn's events went out."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        headers = [(k.encode(), v.encode()) for k, v in HEADERS.items()]
-        writer = BodyWriter(
-            send,
-            {"type": "http.response.start", "status": 200, "headers": headers},
-            timeout=self.send_timeout,
-        )
+        writer = BodyWriter.ok(send, HEADERS, timeout=self.send_timeout)
         async with trio.open_nursery() as local:
             (self.background or local).start_soon(writer.run)
             ok = True

@@ -13,7 +13,7 @@ connection, which also frees the writer's blocked call.
 from __future__ import annotations
 
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import trio
@@ -45,6 +45,13 @@ class BodyWriter:
         """A piece waited ``timeout`` seconds for room: the client is not reading."""
         self._abandoned = False
         self._queue, self._pieces = trio.open_memory_channel[bytes](QUEUED)
+
+    @classmethod
+    def ok(cls, send: Send, headers: Mapping[str, str], *, timeout: float | None) -> BodyWriter:
+        """A writer of a ``200`` response with ``headers``."""
+        encoded = [(k.encode(), v.encode()) for k, v in headers.items()]
+        start = {"type": "http.response.start", "status": 200, "headers": encoded}
+        return cls(send, start, timeout=timeout)
 
     async def run(self) -> None:
         try:
