@@ -197,6 +197,20 @@ def _answers(
     spec says a producer does). A tool message for an unknown call is a 404; one for an
     approval, or for a call that waits for nothing, a 409; an answer that differs from
     one recorded already, a 409."""
+    held = _awaiting(messages)
+    answers = _tool_answers(run, messages, waiting, held)  # checked first: its errors win
+    resumed, ignored = _resume_answers(run, waiting, held)
+    return [*answers, *resumed], ignored
+
+
+def _tool_answers(
+    run: RunInput,
+    messages: Sequence[Message],
+    waiting: Sequence[PendingCall],
+    held: dict[str, Awaiting],
+) -> list[tuple[str, Decision]]:
+    """The decisions the tool messages after the run's last user message carry for the
+    waiting client tool calls (see :func:`_answers`)."""
     effective = [m for m in run.messages if m["role"] not in ("reasoning", "activity")]
     last_user = max((i for i, m in enumerate(effective) if m["role"] == "user"), default=-1)
     by_call = {c.tool_call_id: c for c in waiting}
@@ -208,7 +222,6 @@ def _answers(
         for p in m.content
         if isinstance(p, ToolCallPart)
     }
-    held = _awaiting(messages)
     out: list[tuple[str, Decision]] = []
     for message in effective[last_user + 1 :]:
         if message["role"] != "tool":
@@ -237,6 +250,15 @@ def _answers(
                 continue
             raise AGUIError(409, f"tool call {call_id!r} was answered already", "already_answered")
         out.append((call_id, decision))
+    return out
+
+
+def _resume_answers(
+    run: RunInput, waiting: Sequence[PendingCall], held: dict[str, Awaiting]
+) -> tuple[list[tuple[str, Decision]], list[str]]:
+    """The decisions the run's resume entries carry for the waiting approvals, and the
+    entries that name no interrupt of the thread (see :func:`_answers`)."""
+    out: list[tuple[str, Decision]] = []
     ignored: list[str] = []
     by_interrupt = {c.approval_id: c for c in waiting if c.kind == APPROVAL}
     for entry in run.resume:
