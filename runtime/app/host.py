@@ -67,6 +67,19 @@ DRAIN_TIMEOUT = 5.0
 """Seconds a closing host waits, at most, for its observers to handle what was published."""
 
 
+def _check_bounds(idle_ttl: float | None, max_sessions: int | None, drain_timeout: float) -> None:
+    """A :class:`~runtime.errors.ConfigurationError` for a bound :meth:`Host.open` cannot
+    keep, before anything starts."""
+    if idle_ttl is not None and not idle_ttl > 0:
+        raise ConfigurationError(f"idle_ttl must be a positive number of seconds, not {idle_ttl!r}")
+    if max_sessions is not None and not (isinstance(max_sessions, int) and max_sessions >= 1):
+        raise ConfigurationError(f"max_sessions must be an int >= 1, not {max_sessions!r}")
+    if not (isinstance(drain_timeout, int | float) and drain_timeout >= 0):
+        raise ConfigurationError(
+            f"drain_timeout must be a number of seconds >= 0, not {drain_timeout!r}"
+        )
+
+
 class Host:
     """Hosts sessions. Create with :meth:`Host.open`."""
 
@@ -171,17 +184,7 @@ class Host:
         images and files) caps the parts of one user input: ``session.stream`` refuses more
         with :class:`~runtime.errors.TooManyParts`, the web app with 413, before anything
         is stored or queued."""
-        if idle_ttl is not None and not idle_ttl > 0:
-            raise ConfigurationError(
-                f"idle_ttl must be a positive number of seconds, not {idle_ttl!r}"
-            )
-        if max_sessions is not None and not (isinstance(max_sessions, int) and max_sessions >= 1):
-            raise ConfigurationError(f"max_sessions must be an int >= 1, not {max_sessions!r}")
-        if not (isinstance(drain_timeout, int | float) and drain_timeout >= 0):
-            raise ConfigurationError(
-                f"drain_timeout must be a number of seconds >= 0, not {drain_timeout!r}"
-            )
-
+        _check_bounds(idle_ttl, max_sessions, drain_timeout)
         if not structlog.is_configured():  # quiet JSON on stderr unless the app configured it
             configure_logging("warning")
         the_store = await open_store(store)
@@ -199,14 +202,7 @@ class Host:
                     input_limits=input_limits,
                 )
                 try:
-                    host.persister = await host.start_actor(Persister(the_store))
-                    host.tool_executor = await host.start_actor(tool_executor or ToolExecutor())
-                    if log_tap:
-                        await host.start_actor(LogTap())
-                    if handle_signals:
-                        await nursery.start(host._watch_signals)
-                    if idle_ttl is not None:
-                        nursery.start_soon(host._expire_idle_sessions)
+                    await host._start_services(tool_executor, log_tap, handle_signals)
                     try:
                         yield host
                     finally:
@@ -227,6 +223,20 @@ class Host:
             if store is None or isinstance(store, str | os.PathLike):  # we opened it
                 with trio.CancelScope(shield=True):
                     await the_store.aclose()
+
+    async def _start_services(
+        self, tool_executor: Actor | None, log_tap: bool, handle_signals: bool
+    ) -> None:
+        """Start what every session shares: the persister, the tool executor, the log
+        tap, and the watchers of signals and of idle sessions, as :meth:`open` asks."""
+        self.persister = await self.start_actor(Persister(self.store))
+        self.tool_executor = await self.start_actor(tool_executor or ToolExecutor())
+        if log_tap:
+            await self.start_actor(LogTap())
+        if handle_signals:
+            await self.nursery.start(self._watch_signals)
+        if self.idle_ttl is not None:
+            self.nursery.start_soon(self._expire_idle_sessions)
 
     async def start_actor(self, actor: Actor, *, policy: RestartPolicy | None = None) -> Any:
         """Run ``actor`` under the host's supervisor; returns it once started."""
