@@ -61,7 +61,7 @@ from runtime.media import InputLimits
 from runtime.messages import Message
 from runtime.provider import FallbackProvider, Provider
 from runtime.ratelimit import LimitBackend, Limiter, MemoryBackend, TrioClock
-from runtime.store import Store, validate_session_id
+from runtime.store import SessionRecord, Store, validate_session_id
 
 DRAIN_TIMEOUT = 5.0
 """Seconds a closing host waits, at most, for its observers to handle what was published."""
@@ -78,6 +78,34 @@ def _check_bounds(idle_ttl: float | None, max_sessions: int | None, drain_timeou
         raise ConfigurationError(
             f"drain_timeout must be a number of seconds >= 0, not {drain_timeout!r}"
         )
+
+
+def _session_state(
+    sid: str,
+    record: SessionRecord | None,
+    history: tuple[Message, ...] | None,
+    meta: dict[str, Any] | None,
+) -> tuple[SessionState, dict[str, Any]]:
+    """A loading session's state and metadata: its stored record's, or ``history`` for a
+    new session (a stored one given a history is an
+    :class:`~runtime.errors.InvalidHistory`), with ``meta`` over the stored metadata."""
+    state = SessionState(session_id=sid)
+    session_meta: dict[str, Any] = {}
+    if history is not None:
+        if record is not None:
+            raise InvalidHistory(
+                f"session {sid!r} is stored already ({len(record.messages)} messages); "
+                "history= starts a new session: give another id, or none"
+            )
+        state.messages.extend(history)  # saved_upto stays 0: the first save writes it
+    if record is not None:
+        state.messages.extend(record.messages)
+        state.saved_upto = len(record.messages)
+        state.version = record.version
+        session_meta.update({k: v for k, v in record.meta.items() if k != "agent"})
+    if meta:
+        session_meta.update(meta)
+    return state, session_meta
 
 
 class Host:
@@ -409,22 +437,28 @@ class Host:
         if expires_here and record is not None and expired(record.messages, self.clock()):
             resume = await expire_session(self, sid, agent)  # decided before it is read
             record = await self.store.load(sid)
-        state = SessionState(session_id=sid)
-        session_meta: dict[str, Any] = {}
-        if history is not None:
-            if record is not None:
-                raise InvalidHistory(
-                    f"session {sid!r} is stored already ({len(record.messages)} messages); "
-                    "history= starts a new session: give another id, or none"
-                )
-            state.messages.extend(history)  # saved_upto stays 0: the first save writes it
-        if record is not None:
-            state.messages.extend(record.messages)
-            state.saved_upto = len(record.messages)
-            state.version = record.version
-            session_meta.update({k: v for k, v in record.meta.items() if k != "agent"})
-        if meta:
-            session_meta.update(meta)
+        state, session_meta = _session_state(sid, record, history, meta)
+        runner, actors = await self._start_session_actors(agent, sid, state)
+        if handle is None:
+            session = Session(self, agent, runner, session_id=sid)
+            self._handles[sid] = session
+        else:
+            session = handle
+        session.attach(runner, actors, session_meta)
+        self.sessions[sid] = session
+        session.last_used = trio.current_time()
+        if resume:
+            self.nursery.start_soon(resume_expired, session)
+        elif expires_here and record is not None:
+            self.expiry.note(sid, agent, record.messages)
+        return session
+
+    async def _start_session_actors(
+        self, agent: Agent, sid: str, state: SessionState
+    ) -> tuple[TurnRunner, list[Actor]]:
+        """Start a session's own actors (its engine, stream controller and turn runner)
+        over ``state``, and what they use that the host shares: ``agent``'s providers and
+        MCP servers."""
         provider_actors = [await self.provider_actor(p) for p in self.providers_of(agent)]
         if agent.mcp_servers:  # started once per host, shared by sessions (actors.mcp)
             await start_servers(self.mcp_servers, self, agent)
@@ -447,19 +481,7 @@ class Host:
         actors: list[Actor] = [engine, controller, runner]
         for actor in actors:
             await self.start_actor(actor)
-        if handle is None:
-            session = Session(self, agent, runner, session_id=sid)
-            self._handles[sid] = session
-        else:
-            session = handle
-        session.attach(runner, actors, session_meta)
-        self.sessions[sid] = session
-        session.last_used = trio.current_time()
-        if resume:
-            self.nursery.start_soon(resume_expired, session)
-        elif expires_here and record is not None:
-            self.expiry.note(sid, agent, record.messages)
-        return session
+        return runner, actors
 
     def touch(self, session: Session) -> None:
         """Mark ``session`` used now: the last to be evicted, its idle time restarted."""
