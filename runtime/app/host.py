@@ -108,6 +108,14 @@ def _session_state(
     return state, session_meta
 
 
+def _configure(session: Session, deps: Any, on_busy: OnBusy | None) -> None:
+    """Give ``session`` the ``deps`` and ``on_busy`` an open asked for (``None``: keep)."""
+    if deps is not None:
+        session.deps = deps
+    if on_busy is not None:
+        session.on_busy = on_busy
+
+
 class Host:
     """Hosts sessions. Create with :meth:`Host.open`."""
 
@@ -379,27 +387,32 @@ class Host:
                 raise InvalidHistory(
                     f"session {sid!r} is open already; history= starts a new session"
                 )
-            if deps is not None:
-                existing.deps = deps
-            if on_busy is not None:
-                existing.on_busy = on_busy
+            _configure(existing, deps, on_busy)
             self.touch(existing)
             return existing
+        session = await self._load_once(agent, sid, meta, seed)
+        _configure(session, deps, on_busy)
+        await self._announce(self._evict_over_capacity(keep=session))
+        return session
+
+    async def _load_once(
+        self,
+        agent: Agent,
+        sid: str,
+        meta: dict[str, Any] | None,
+        seed: tuple[Message, ...] | None,
+    ) -> Session:
+        """Load ``sid`` into memory, into its evicted ``Session`` object if one of
+        ``agent`` is still held; an open of the same id meanwhile waits for this one."""
         handle = self._handles.get(sid)
         if handle is not None and handle.agent is not agent:
             handle = None  # an evicted object of another agent: this open supersedes it
         opening = self._opening[sid] = trio.Event()
         try:
-            session = await self._load_session(agent, sid, meta, handle, seed)
+            return await self._load_session(agent, sid, meta, handle, seed)
         finally:
             del self._opening[sid]
             opening.set()
-        if deps is not None:
-            session.deps = deps
-        if on_busy is not None:
-            session.on_busy = on_busy
-        await self._announce(self._evict_over_capacity(keep=session))
-        return session
 
     async def reopen_session(self, session: Session) -> None:
         """Load an evicted (or closed) ``session`` back into memory, into the same object.
