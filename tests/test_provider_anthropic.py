@@ -51,7 +51,6 @@ from runtime.errors import (
     RateLimited,
 )
 from runtime.history import INTERRUPTED, repair
-from runtime.inbox import Inbox
 from runtime.messages import (
     AssistantMessage,
     ProviderDataPart,
@@ -63,7 +62,9 @@ from runtime.messages import (
     UserMessage,
 )
 from runtime.tools import tool
+from tests.support import provider_calls
 from tests.support.loopback import Reply, anthropic_sse, loopback_server
+from tests.support.provider_calls import Run, replay_with
 
 RECORDINGS = Path(__file__).parent / "recordings" / "anthropic"
 SHARED = (
@@ -78,47 +79,9 @@ def recording(name: str) -> bytes:
 
 
 def make_request(
-    messages: tuple[Any, ...] = (UserMessage(content="Hi"),),
-    *,
-    tools: tuple[Any, ...] = (),
-    instructions: str | None = "Be brief.",
-    settings: dict[str, Any] | None = None,
+    messages: tuple[Any, ...] = (UserMessage(content="Hi"),), **kw: Any
 ) -> InferRequest:
-    return InferRequest(
-        request_id="req-1",
-        session_id="s1",
-        turn_id="turn-1",
-        step=0,
-        instructions=instructions,
-        messages=messages,
-        tools=tools,
-        reply=Inbox(),
-        cancel_scope=trio.CancelScope(),
-        settings=settings or {},
-    )
-
-
-class Run:
-    """What one replayed call left behind: the chunks, the error, the server."""
-
-    def __init__(self) -> None:
-        self.chunks: list[Any] = []
-        self.error: BaseException | None = None
-        self.server: Any = None
-
-    async def emit(self, chunk: Any) -> None:
-        self.chunks.append(chunk)
-
-    def of(self, cls: type) -> list[Any]:
-        return [c for c in self.chunks if isinstance(c, cls)]
-
-    @property
-    def text(self) -> str:
-        return "".join(c.text for c in self.of(TextChunk))
-
-    @property
-    def body(self) -> Any:
-        return self.server.requests[-1].json()
+    return provider_calls.make_request(messages, **kw)
 
 
 async def replay(
@@ -127,20 +90,12 @@ async def replay(
     expect_error: bool = False,
     **provider_kw: Any,
 ) -> Run:
-    run = Run()
-    async with loopback_server(*replies) as server:
-        run.server = server
-        provider = AnthropicProvider(MODEL, base_url=server.url, api_key=KEY, **provider_kw)
-        try:
-            await provider.stream(request or make_request(), run.emit)
-        except ProviderError as exc:
-            if not expect_error:
-                raise
-            run.error = exc
-        finally:
-            await provider.aclose()
-    assert (run.error is not None) == expect_error
-    return run
+    return await replay_with(
+        lambda url: AnthropicProvider(MODEL, base_url=url, api_key=KEY, **provider_kw),
+        *replies,
+        request=request,
+        expect_error=expect_error,
+    )
 
 
 def sse_reply(name: str, **kw: Any) -> Reply:
