@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import trio
 
 from actors.providers.anthropic import (
     TRUNCATED_BY_MAX_TOKENS,
@@ -64,7 +63,12 @@ from runtime.messages import (
 from runtime.tools import tool
 from tests.support import provider_calls
 from tests.support.loopback import Reply, anthropic_sse, loopback_server
-from tests.support.provider_calls import Run, replay_with
+from tests.support.provider_calls import (
+    Run,
+    cancel_after_first_chunk,
+    replay_with,
+    served_items,
+)
 
 RECORDINGS = Path(__file__).parent / "recordings" / "anthropic"
 SHARED = (
@@ -458,35 +462,20 @@ async def test_no_next_event_within_the_timeout_is_provider_timeout():
 
 
 async def test_cancelling_the_request_stops_the_stream_promptly():
-    request = make_request()
-    chunks: list[Any] = []
-
-    async def emit(chunk: Any) -> None:
-        chunks.append(chunk)
-        request.cancel_scope.cancel()  # the requester gives up after the first chunk
-
     slow = sse_reply("text.sse", write_size=40, delay=0.05)
-    async with loopback_server(slow) as server:
-        provider = AnthropicProvider(MODEL, base_url=server.url, api_key=KEY)
-        with trio.fail_after(5):
-            with request.cancel_scope:
-                await provider.stream(request, emit)
-        await provider.aclose()
+    request, chunks = await cancel_after_first_chunk(
+        lambda url: AnthropicProvider(MODEL, base_url=url, api_key=KEY), slow
+    )
     assert request.cancel_scope.cancelled_caught
     assert chunks == [TextChunk(text="Hello")]
 
 
 async def test_a_failure_reaches_the_requester_as_stream_failed():
     """Through the actor path: chunks first, then StreamFailed as the last item."""
-    async with loopback_server(sse_reply("overloaded-midstream.sse")) as server:
-        provider = AnthropicProvider(MODEL, base_url=server.url, api_key=KEY)
-        request = make_request()
-        await provider.serve(request)
-        items: list[Any] = []
-        request.reply.drain_nowait(batches := [])
-        for batch in batches:
-            items.extend(batch)
-        await provider.aclose()
+    items = await served_items(
+        lambda url: AnthropicProvider(MODEL, base_url=url, api_key=KEY),
+        sse_reply("overloaded-midstream.sse"),
+    )
     assert [type(i).__name__ for i in items] == ["TextChunk", "TextChunk", "StreamFailed"]
     assert isinstance(items[-1], StreamFailed) and isinstance(items[-1].error, Overloaded)
 

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import trio
 
 from actors.providers.gemini import (
     SIGNATURE_SENTINEL,
@@ -71,7 +70,12 @@ from runtime.tools import tool
 from tests.recordings.google.generate import signature
 from tests.support import provider_calls
 from tests.support.loopback import Reply, loopback_server
-from tests.support.provider_calls import Run, replay_with
+from tests.support.provider_calls import (
+    Run,
+    cancel_after_first_chunk,
+    replay_with,
+    served_items,
+)
 
 RECORDINGS = Path(__file__).parent / "recordings" / "google"
 MODEL = "gemini-2.5-flash"
@@ -377,35 +381,20 @@ async def test_no_next_chunk_within_the_timeout_is_provider_timeout():
 
 
 async def test_cancelling_the_request_stops_the_stream_promptly():
-    request = make_request()
-    chunks: list[Any] = []
-
-    async def emit(chunk: Any) -> None:
-        chunks.append(chunk)
-        request.cancel_scope.cancel()  # the requester gives up after the first chunk
-
     slow = sse_reply("text.sse", write_size=40, delay=0.05)
-    async with loopback_server(slow) as server:
-        provider = GeminiProvider(MODEL, base_url=server.url, api_key=KEY)
-        with trio.fail_after(5):
-            with request.cancel_scope:
-                await provider.stream(request, emit)
-        await provider.aclose()
+    request, chunks = await cancel_after_first_chunk(
+        lambda url: GeminiProvider(MODEL, base_url=url, api_key=KEY), slow
+    )
     assert request.cancel_scope.cancelled_caught
     assert chunks == [TextChunk(text="Hello")]
 
 
 async def test_a_failure_reaches_the_requester_as_stream_failed():
     """Through the actor path: chunks first, then StreamFailed as the last item."""
-    async with loopback_server(sse_reply("overloaded-midstream.sse")) as server:
-        provider = GeminiProvider(MODEL, base_url=server.url, api_key=KEY)
-        request = make_request()
-        await provider.serve(request)
-        items: list[Any] = []
-        request.reply.drain_nowait(batches := [])
-        for batch in batches:
-            items.extend(batch)
-        await provider.aclose()
+    items = await served_items(
+        lambda url: GeminiProvider(MODEL, base_url=url, api_key=KEY),
+        sse_reply("overloaded-midstream.sse"),
+    )
     assert [type(i).__name__ for i in items] == ["TextChunk", "TextChunk", "StreamFailed"]
     assert isinstance(items[-1], StreamFailed) and isinstance(items[-1].error, Overloaded)
 

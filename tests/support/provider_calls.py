@@ -156,3 +156,39 @@ async def call_with(make: Callable[[str], Any], *replies: Reply, request: InferR
         finally:
             await provider.aclose()
         return Call(chunks, error, server.requests)
+
+
+async def cancel_after_first_chunk(
+    make: Callable[[str], Any], reply: Reply
+) -> tuple[InferRequest, list[Any]]:
+    """One call whose requester cancels it as soon as the first chunk comes: the request
+    (its cancel scope says whether the cancel was caught) and the chunks emitted."""
+    request = make_request()
+    chunks: list[Any] = []
+
+    async def emit(chunk: Any) -> None:
+        chunks.append(chunk)
+        request.cancel_scope.cancel()  # the requester gives up after the first chunk
+
+    async with loopback_server(reply) as server:
+        provider = make(server.url)
+        with trio.fail_after(5):
+            with request.cancel_scope:
+                await provider.stream(request, emit)
+        await provider.aclose()
+    return request, chunks
+
+
+async def served_items(make: Callable[[str], Any], reply: Reply) -> list[Any]:
+    """One request through the actor path (``provider.serve``): every item the requester's
+    inbox received, in order."""
+    async with loopback_server(reply) as server:
+        provider = make(server.url)
+        request = make_request()
+        await provider.serve(request)
+        items: list[Any] = []
+        request.reply.drain_nowait(batches := [])
+        for batch in batches:
+            items.extend(batch)
+        await provider.aclose()
+    return items
