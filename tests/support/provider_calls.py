@@ -187,7 +187,8 @@ async def served_items(make: Callable[[str], Any], reply: Reply) -> list[Any]:
         request = make_request()
         await provider.serve(request)
         items: list[Any] = []
-        request.reply.drain_nowait(batches := [])
+        batches: list[Any] = []
+        request.reply.drain_nowait(batches)
         for batch in batches:
             items.extend(batch)
         await provider.aclose()
