@@ -6,9 +6,6 @@ from __future__ import annotations
 
 import base64
 import json
-import sys
-
-import trio
 
 from actors.providers import (
     AnthropicBedrockProvider,
@@ -20,6 +17,7 @@ from actors.providers import (
 from runtime import Agent, Host, tool
 from tests.support.grammar import check_grammar
 from tests.support.loopback import Reply, anthropic_sse, loopback_server, sse
+from tests.support.provider_calls import cli_turn
 
 SIG = "EqQBCkYIBxgCIkB3mZ2a0cT1p0lXvYg8rW+QZ0s1mN4k6Jt7uY2h3Q9xZ8c1V5b0n2m4L6k8J0h2G4f6D8s0=="
 
@@ -302,31 +300,6 @@ async def test_anthropic_three_step_turn_restores_signed_thinking_and_results_ex
         {"role": "assistant", "content": [{"type": "text", "text": "all done"}]},
         {"role": "user", "content": "more"},
     ]
-
-
-async def cli_turn(reply: Reply, options) -> tuple[list[dict], list]:
-    """``python -m runtime run --jsonl`` with ``options(server_url)`` and a dummy key
-    against a loopback server giving ``reply``: it must exit 0; its JSONL chunks and the
-    requests the server got."""
-    async with loopback_server(reply) as server:
-        proc = await trio.run_process(
-            [
-                sys.executable,
-                "-m",
-                "runtime",
-                "run",
-                "--jsonl",
-                *options(server.url),
-                "--api-key",
-                "test",
-                "Hi",
-            ],
-            capture_stdout=True,
-            capture_stderr=True,
-            check=False,
-        )
-    assert proc.returncode == 0, proc.stderr.decode()
-    return [json.loads(x) for x in proc.stdout.decode().splitlines()], server.requests
 
 
 async def test_cli_runs_a_turn_against_an_openai_compatible_server():

@@ -68,7 +68,7 @@ from runtime.provider import ProviderOptions
 from tests.support import provider_calls
 from tests.support.grammar import check_grammar
 from tests.support.loopback import Reply, anthropic_sse, loopback_server, sse
-from tests.support.provider_calls import Call, call_with
+from tests.support.provider_calls import Call, call_with, cli_turn
 
 REPO = Path(__file__).resolve().parents[1]
 RECORDINGS = Path(__file__).resolve().parent / "recordings" / "openai-responses"
@@ -1154,32 +1154,14 @@ async def test_a_history_from_chat_completions_and_anthropic_is_restored_without
 
 
 async def test_the_cli_runs_a_turn_with_provider_openai_responses():
-    async with loopback_server(Reply(body=answer("hello from responses"))) as server:
-        proc = await trio.run_process(
-            [
-                sys.executable,
-                "-m",
-                "runtime",
-                "run",
-                "--jsonl",
-                "--provider",
-                "openai-responses",
-                "--base-url",
-                server.url + "/v1",
-                "--api-key",
-                "test",
-                "Hi",
-            ],
-            capture_stdout=True,
-            capture_stderr=True,
-            check=False,
-        )
-    assert proc.returncode == 0, proc.stderr.decode()
-    chunks = [json.loads(x) for x in proc.stdout.decode().splitlines()]
+    chunks, requests = await cli_turn(
+        Reply(body=answer("hello from responses")),
+        lambda url: ["--provider", "openai-responses", "--base-url", url + "/v1"],
+    )
     check_grammar(chunks)
     assert "".join(c["text"] for c in chunks if c["type"] == "text-delta") == "hello from responses"
-    assert server.requests[0].path == "/v1/responses"
-    assert server.requests[0].json()["model"] == "gpt-5-mini"
+    assert requests[0].path == "/v1/responses"
+    assert requests[0].json()["model"] == "gpt-5-mini"
 
 
 # -- images and files ------------------------------------------------------------------------

@@ -9,6 +9,8 @@ and :func:`call_with` (the error is kept for the test to look at).
 
 from __future__ import annotations
 
+import json
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -193,3 +195,28 @@ async def served_items(make: Callable[[str], Any], reply: Reply) -> list[Any]:
             items.extend(batch)
         await provider.aclose()
     return items
+
+
+async def cli_turn(reply: Reply, options: Callable[[str], list[str]]) -> tuple[list[dict], list]:
+    """``python -m runtime run --jsonl`` with ``options(server_url)`` and a dummy key
+    against a loopback server giving ``reply``: it must exit 0; its JSONL chunks and the
+    requests the server got."""
+    async with loopback_server(reply) as server:
+        proc = await trio.run_process(
+            [
+                sys.executable,
+                "-m",
+                "runtime",
+                "run",
+                "--jsonl",
+                *options(server.url),
+                "--api-key",
+                "test",
+                "Hi",
+            ],
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+        )
+    assert proc.returncode == 0, proc.stderr.decode()
+    return [json.loads(x) for x in proc.stdout.decode().splitlines()], server.requests
