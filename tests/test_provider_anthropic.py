@@ -61,11 +61,11 @@ from runtime.messages import (
     UserMessage,
 )
 from runtime.tools import tool
-from tests.support import provider_calls
 from tests.support.loopback import Reply, anthropic_sse, loopback_server
 from tests.support.provider_calls import (
     Run,
     cancel_after_first_chunk,
+    make_request,
     replay_with,
     served_items,
 )
@@ -80,12 +80,6 @@ KEY = "sk-ant-test-not-a-real-key"
 
 def recording(name: str) -> bytes:
     return (RECORDINGS / name).read_bytes()
-
-
-def make_request(
-    messages: tuple[Any, ...] = (UserMessage(content="Hi"),), **kw: Any
-) -> InferRequest:
-    return provider_calls.make_request(messages, **kw)
 
 
 async def replay(

@@ -68,11 +68,11 @@ from runtime.messages import (
 from runtime.output_schema import output_schema
 from runtime.tools import tool
 from tests.recordings.google.generate import signature
-from tests.support import provider_calls
 from tests.support.loopback import Reply, loopback_server
 from tests.support.provider_calls import (
     Run,
     cancel_after_first_chunk,
+    make_request,
     replay_with,
     served_items,
 )
@@ -90,12 +90,6 @@ def recording(name: str) -> bytes:
 def wire(sig: str) -> str:
     """How the SDK sends a signature back: the same bytes, URL-safe base64."""
     return base64.urlsafe_b64encode(base64.b64decode(sig)).decode()
-
-
-def make_request(
-    messages: tuple[Any, ...] = (UserMessage(content="Hi"),), **kw: Any
-) -> InferRequest:
-    return provider_calls.make_request(messages, **kw)
 
 
 async def replay(
