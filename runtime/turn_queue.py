@@ -19,6 +19,7 @@ from typing import Any, Final, Protocol, runtime_checkable
 import attrs
 
 from runtime.approval import AWAITING_INPUT, Decision, Recorded
+from runtime.busy import OnBusy
 from runtime.messages import Message, UserContent
 from runtime.store import Store
 from runtime.tools import Tool
@@ -231,12 +232,16 @@ class TurnQueue(Protocol):
         regenerate: bool = False,
         turn_id: str | None = None,
         options: TurnOptions | None = None,
+        on_busy: OnBusy | None = None,
     ) -> QueuedTurn:
         """Queue a turn for ``session_id`` and wake the workers; a resubmit with the same
         ``idempotency_key`` and input returns the turn already queued. ``options`` are
         what the turn carries beyond its input (:class:`TurnOptions`). Raises
         :class:`~runtime.errors.QueueFull` over a cap, :class:`~runtime.errors.TurnConflict`
-        for a key another turn holds."""
+        for a key another turn holds. ``on_busy`` (``enqueue``, the default; ``reject``:
+        :class:`~runtime.errors.SessionBusy` while a turn of the session is queued or
+        running; ``interrupt``: those are cancelled first) is decided atomically with
+        the insert."""
         ...
 
     async def get(self, turn_id: str) -> QueuedTurn | None: ...
@@ -292,11 +297,16 @@ class TurnQueue(Protocol):
     async def renew(self, claim: Claim) -> Renewal: ...
 
     def fenced(
-        self, claim: Claim, on_lost: Callable[[], None] | None = None
+        self,
+        claim: Claim,
+        on_lost: Callable[[], None] | None = None,
+        on_suspended: Callable[[], None] | None = None,
     ) -> AbstractContextManager[None]:
         """While inside, every save of the claimed turn's session is refused
         (:class:`~runtime.errors.LeaseLost`) once the claim no longer holds the turn;
-        ``on_lost`` is called then."""
+        ``on_lost`` is called then. With ``on_suspended``, the save of the step that
+        makes the turn wait for a person also suspends it (:meth:`suspend`) in the save's
+        commit, and ``on_suspended`` is called once that committed."""
         ...
 
     def close_fences(self) -> None:

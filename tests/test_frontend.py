@@ -85,6 +85,8 @@ class Deployment:
     """What the front ends serve (``serve --protocols``)."""
     queue_caps: dict[str, Any] = attrs.Factory(dict)
     """The front ends' queue caps (``max_queued_per_session``, ``max_queued``)."""
+    on_busy: str | None = None
+    """The front ends' busy strategy (``serve --on-busy``; ``None``: enqueue)."""
 
     async def start_worker(self) -> Worker:
         return await self.nursery.start(self._worker)
@@ -127,7 +129,13 @@ class Deployment:
             try:
                 limits = {} if self.send_timeout is None else {"send_timeout": self.send_timeout}
                 app = create_app(
-                    host, self.agent, relay=relay, queue=queue, protocols=self.protocols, **limits
+                    host,
+                    self.agent,
+                    relay=relay,
+                    queue=queue,
+                    protocols=self.protocols,
+                    on_busy=self.on_busy,
+                    **limits,
                 )
                 binds = await self.nursery.start(partial(serve_app, app, host="127.0.0.1", port=0))
                 task_status.started(binds[0])
@@ -155,6 +163,7 @@ async def deployment(
     send_timeout: float | None = None,
     protocols: tuple[str, ...] = ("ai-sdk",),
     queue_caps: dict[str, Any] | None = None,
+    on_busy: str | None = None,
 ) -> AsyncIterator[Deployment]:
     store = await PostgresStore.open(pg_url)
     queue = TurnQueue(store)
@@ -165,6 +174,7 @@ async def deployment(
                 d.send_timeout = send_timeout
                 d.protocols = protocols
                 d.queue_caps = dict(queue_caps or {})
+                d.on_busy = on_busy
                 for _ in range(fronts):
                     await d.start_front_end()
                 if worker:

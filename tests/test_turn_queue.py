@@ -15,7 +15,7 @@ import trio.lowlevel
 
 from actors.stores.postgres import PostgresStore
 from actors.stores.turns import Claim, QueuedTurn, Renewal, TurnQueue
-from runtime.approval import Decision
+from runtime.approval import WAITING_META, Decision
 from runtime.errors import AlreadyDecided, InvalidSessionId, LeaseLost, StoreError, UnknownApproval
 from runtime.messages import (
     AssistantMessage,
@@ -606,3 +606,36 @@ async def test_a_store_from_before_waiting_turns_gains_the_status_on_open(pg_url
         assert (await queue.get_status(claim.turn.turn_id)).waiting
     finally:
         await reopened.aclose()
+
+
+async def test_the_step_that_waits_suspends_the_row_in_its_fenced_save(queue, store):
+    await queue.submit("s1", "delete it")
+    claim = await queue.claim("w1")
+    assert claim is not None
+    call = ToolCallPart(
+        tool_call_id="c1",
+        tool_name="delete",
+        input={},
+        step=0,
+        awaiting=Awaiting(kind="approval", id="ap1", turn_id=claim.turn.turn_id, expires_at=900.0),
+    )
+    messages = [
+        UserMessage(content="delete it"),
+        AssistantMessage(id=claim.turn.message_id, content=(call,)),
+    ]
+    told: list[str] = []
+    with queue.fenced(claim, on_suspended=lambda: told.append("suspended")):
+        await store.save("s1", 0, messages[:1])  # a step that waits for nothing
+        assert told == []
+        await store.save("s1", 0, messages, {WAITING_META: 1})
+        (row,) = sql(
+            store,
+            "SELECT status, owner, lease_until, expires_at FROM axon_turns WHERE turn_id = %s",
+            (claim.turn.turn_id,),
+        )
+        # The decision for it, made while the worker still holds the fence (its turn
+        # is ending): not the turn's own write, so not refused.
+        decided = await queue.decide("s1", "ap1", Decision(approved=True), {})
+    assert told == ["suspended"]
+    assert row == ("awaiting-input", None, None, 900.0)
+    assert decided.recorded.complete and decided.turn.resumes == 1

@@ -256,6 +256,19 @@ class Fence:
     epoch: int
     on_lost: Callable[[], None] | None = attrs.field(default=None, eq=False)
     """Called (from the Trio thread) when a save was refused: the worker stops the turn."""
+    in_save: Callable[[Any, Sequence[Message], Mapping[str, Any] | None], bool] | None = (
+        attrs.field(default=None, eq=False)
+    )
+    """Run in each fenced save's transaction once the session is written, with the saved
+    messages and meta: it may write the turn's row in the same commit (the turn queue
+    suspends a turn that waits for a person with the step that asks, one transaction
+    instead of two). ``True`` when it wrote; then :attr:`on_commit` is called once the
+    save committed."""
+    saved: bool = False
+    """The turn's row says ``saved`` already (a continuation, a takeover after a save):
+    its saves need not mark it, one statement fewer in the first."""
+    on_commit: Callable[[], None] | None = attrs.field(default=None, eq=False)
+    """Called (from the Trio thread) after a save whose :attr:`in_save` wrote committed."""
 
 
 def parse_url(url: str) -> tuple[str, str]:
@@ -417,6 +430,8 @@ class PostgresStore:
     def fenced(self, session_id: str, fence: Fence) -> Iterator[None]:
         """While inside, every save of ``session_id`` is fenced by ``fence``."""
         self._fences[session_id] = fence
+        if fence.saved:
+            self._marked.add(fence.turn_id)
         try:
             yield
         finally:
@@ -475,6 +490,7 @@ class PostgresStore:
         *,
         expected_version: int | None = None,
         guard: Callable[[Any], None] | None = None,
+        unfenced: bool = False,
     ) -> int:
         """Replace messages ``start..`` with ``messages`` and merge ``meta``, in one
         transaction; returns the session's new version (see the module docstring for
@@ -484,21 +500,30 @@ class PostgresStore:
         ``guard(conn)`` (not part of the :class:`~runtime.store.Store` protocol) runs in
         the save's transaction before anything is written: it may refuse the save by
         raising, or write rows of its own that commit with the save or not at all (the
-        turn queue records a decision and puts the waiting turn back so, atomically)."""
+        turn queue records a decision and puts the waiting turn back so, atomically).
+        ``unfenced`` (not part of the protocol either) saves without the session's fence:
+        a write that is not the fenced turn's own (a decision for it, which its guard
+        checks against the turn's row), made by the process that runs the turn."""
         new = check_save(session_id, start, messages, meta, expected_version)
         rows = encode_rows(session_id, start, new)
         patch = encode_meta(session_id, meta)
-        fence = self._fences.get(session_id)
+        fence = None if unfenced else self._fences.get(session_id)
         if fence is not None and self._fences_closed:
             raise LeaseLost(
                 f"save of session {session_id!r} refused: worker {fence.owner} is stopping; "
                 f"turn {fence.turn_id} keeps its committed steps"
             )
 
+        wrote: list[bool] = []
+
         def save(conn: Any) -> int:
-            return self._save_in(
+            wrote.clear()
+            version = self._save_in(
                 conn, session_id, start, rows, patch, expected_version, fence, guard
             )
+            if fence is not None and fence.in_save is not None:
+                wrote.append(fence.in_save(conn, new, meta))
+            return version
 
         try:
             version = await self.run(f"save of session {session_id!r}", save)
@@ -508,6 +533,8 @@ class PostgresStore:
             raise
         if fence is not None:
             self._marked.add(fence.turn_id)  # later saves of the turn need not mark it
+            if any(wrote) and fence.on_commit is not None:
+                fence.on_commit()
         return version
 
     def _save_in(

@@ -277,7 +277,7 @@ class TurnRunner(Suspending, Actor):
         state, agent, budget = self.state, self.agent, self.agent.budget
         sid = state.session_id
         turn_id = run.turn_id
-        await self._sync(turn_id)
+        await self._sync(turn_id, reload=run.resume)
         message_id = run.message_id or new_id("msg")
         committed = None
         if run.resume and run.message_id is not None:
@@ -604,11 +604,15 @@ class TurnRunner(Suspending, Actor):
         await self._concurrent(adopted, "rebased", req.turn_id)
         return result
 
-    async def _sync(self, turn_id: str) -> None:
+    async def _sync(self, turn_id: str, *, reload: bool = False) -> None:
         """Before a turn: if another writer saved the session since this process last
         saw it, take its history (a version query; a load only when it moved), so the
         model sees that writer's turns. Bounded, and best effort: a save that meets the
-        other writer's turns is rebased anyway."""
+        other writer's turns is rebased anyway.
+
+        With ``reload`` (a turn resumed: its decisions were recorded by another writer,
+        or taken over from another worker) the session has almost surely moved: it is
+        loaded at once, one store round trip instead of a version query and a load."""
         state = self.state
         store = getattr(self.persister, "store", None)
         with trio.move_on_after(SAVE_TIMEOUT):
@@ -618,9 +622,11 @@ class TurnRunner(Suspending, Actor):
             if store is None:
                 return
             try:
-                if await store.version(state.session_id) == state.version:
+                if not reload and await store.version(state.session_id) == state.version:
                     return
                 record = await store.load(state.session_id)
+                if (0 if record is None else record.version) == state.version:
+                    return  # (``reload``) it had not moved after all
             except StoreError as exc:
                 self._log.warning(
                     "session.reload-failed",

@@ -61,10 +61,59 @@ from runtime.media import InputLimits
 from runtime.messages import Message
 from runtime.provider import FallbackProvider, Provider
 from runtime.ratelimit import LimitBackend, Limiter, MemoryBackend, TrioClock
-from runtime.store import Store, validate_session_id
+from runtime.store import SessionRecord, Store, validate_session_id
 
 DRAIN_TIMEOUT = 5.0
 """Seconds a closing host waits, at most, for its observers to handle what was published."""
+
+
+def _check_bounds(idle_ttl: float | None, max_sessions: int | None, drain_timeout: float) -> None:
+    """A :class:`~runtime.errors.ConfigurationError` for a bound :meth:`Host.open` cannot
+    keep, before anything starts."""
+    if idle_ttl is not None and not idle_ttl > 0:
+        raise ConfigurationError(f"idle_ttl must be a positive number of seconds, not {idle_ttl!r}")
+    if max_sessions is not None and not (isinstance(max_sessions, int) and max_sessions >= 1):
+        raise ConfigurationError(f"max_sessions must be an int >= 1, not {max_sessions!r}")
+    if not (isinstance(drain_timeout, int | float) and drain_timeout >= 0):
+        raise ConfigurationError(
+            f"drain_timeout must be a number of seconds >= 0, not {drain_timeout!r}"
+        )
+
+
+def _session_state(
+    sid: str,
+    record: SessionRecord | None,
+    history: tuple[Message, ...] | None,
+    meta: dict[str, Any] | None,
+) -> tuple[SessionState, dict[str, Any]]:
+    """A loading session's state and metadata: its stored record's, or ``history`` for a
+    new session (a stored one given a history is an
+    :class:`~runtime.errors.InvalidHistory`), with ``meta`` over the stored metadata."""
+    state = SessionState(session_id=sid)
+    session_meta: dict[str, Any] = {}
+    if history is not None:
+        if record is not None:
+            raise InvalidHistory(
+                f"session {sid!r} is stored already ({len(record.messages)} messages); "
+                "history= starts a new session: give another id, or none"
+            )
+        state.messages.extend(history)  # saved_upto stays 0: the first save writes it
+    if record is not None:
+        state.messages.extend(record.messages)
+        state.saved_upto = len(record.messages)
+        state.version = record.version
+        session_meta.update({k: v for k, v in record.meta.items() if k != "agent"})
+    if meta:
+        session_meta.update(meta)
+    return state, session_meta
+
+
+def _configure(session: Session, deps: Any, on_busy: OnBusy | None) -> None:
+    """Give ``session`` the ``deps`` and ``on_busy`` an open asked for (``None``: keep)."""
+    if deps is not None:
+        session.deps = deps
+    if on_busy is not None:
+        session.on_busy = on_busy
 
 
 class Host:
@@ -171,17 +220,7 @@ class Host:
         images and files) caps the parts of one user input: ``session.stream`` refuses more
         with :class:`~runtime.errors.TooManyParts`, the web app with 413, before anything
         is stored or queued."""
-        if idle_ttl is not None and not idle_ttl > 0:
-            raise ConfigurationError(
-                f"idle_ttl must be a positive number of seconds, not {idle_ttl!r}"
-            )
-        if max_sessions is not None and not (isinstance(max_sessions, int) and max_sessions >= 1):
-            raise ConfigurationError(f"max_sessions must be an int >= 1, not {max_sessions!r}")
-        if not (isinstance(drain_timeout, int | float) and drain_timeout >= 0):
-            raise ConfigurationError(
-                f"drain_timeout must be a number of seconds >= 0, not {drain_timeout!r}"
-            )
-
+        _check_bounds(idle_ttl, max_sessions, drain_timeout)
         if not structlog.is_configured():  # quiet JSON on stderr unless the app configured it
             configure_logging("warning")
         the_store = await open_store(store)
@@ -199,14 +238,7 @@ class Host:
                     input_limits=input_limits,
                 )
                 try:
-                    host.persister = await host.start_actor(Persister(the_store))
-                    host.tool_executor = await host.start_actor(tool_executor or ToolExecutor())
-                    if log_tap:
-                        await host.start_actor(LogTap())
-                    if handle_signals:
-                        await nursery.start(host._watch_signals)
-                    if idle_ttl is not None:
-                        nursery.start_soon(host._expire_idle_sessions)
+                    await host._start_services(tool_executor, log_tap, handle_signals)
                     try:
                         yield host
                     finally:
@@ -227,6 +259,20 @@ class Host:
             if store is None or isinstance(store, str | os.PathLike):  # we opened it
                 with trio.CancelScope(shield=True):
                     await the_store.aclose()
+
+    async def _start_services(
+        self, tool_executor: Actor | None, log_tap: bool, handle_signals: bool
+    ) -> None:
+        """Start what every session shares: the persister, the tool executor, the log
+        tap, and the watchers of signals and of idle sessions, as :meth:`open` asks."""
+        self.persister = await self.start_actor(Persister(self.store))
+        self.tool_executor = await self.start_actor(tool_executor or ToolExecutor())
+        if log_tap:
+            await self.start_actor(LogTap())
+        if handle_signals:
+            await self.nursery.start(self._watch_signals)
+        if self.idle_ttl is not None:
+            self.nursery.start_soon(self._expire_idle_sessions)
 
     async def start_actor(self, actor: Actor, *, policy: RestartPolicy | None = None) -> Any:
         """Run ``actor`` under the host's supervisor; returns it once started."""
@@ -341,27 +387,32 @@ class Host:
                 raise InvalidHistory(
                     f"session {sid!r} is open already; history= starts a new session"
                 )
-            if deps is not None:
-                existing.deps = deps
-            if on_busy is not None:
-                existing.on_busy = on_busy
+            _configure(existing, deps, on_busy)
             self.touch(existing)
             return existing
+        session = await self._load_once(agent, sid, meta, seed)
+        _configure(session, deps, on_busy)
+        await self._announce(self._evict_over_capacity(keep=session))
+        return session
+
+    async def _load_once(
+        self,
+        agent: Agent,
+        sid: str,
+        meta: dict[str, Any] | None,
+        seed: tuple[Message, ...] | None,
+    ) -> Session:
+        """Load ``sid`` into memory, into its evicted ``Session`` object if one of
+        ``agent`` is still held; an open of the same id meanwhile waits for this one."""
         handle = self._handles.get(sid)
         if handle is not None and handle.agent is not agent:
             handle = None  # an evicted object of another agent: this open supersedes it
         opening = self._opening[sid] = trio.Event()
         try:
-            session = await self._load_session(agent, sid, meta, handle, seed)
+            return await self._load_session(agent, sid, meta, handle, seed)
         finally:
             del self._opening[sid]
             opening.set()
-        if deps is not None:
-            session.deps = deps
-        if on_busy is not None:
-            session.on_busy = on_busy
-        await self._announce(self._evict_over_capacity(keep=session))
-        return session
 
     async def reopen_session(self, session: Session) -> None:
         """Load an evicted (or closed) ``session`` back into memory, into the same object.
@@ -399,22 +450,28 @@ class Host:
         if expires_here and record is not None and expired(record.messages, self.clock()):
             resume = await expire_session(self, sid, agent)  # decided before it is read
             record = await self.store.load(sid)
-        state = SessionState(session_id=sid)
-        session_meta: dict[str, Any] = {}
-        if history is not None:
-            if record is not None:
-                raise InvalidHistory(
-                    f"session {sid!r} is stored already ({len(record.messages)} messages); "
-                    "history= starts a new session: give another id, or none"
-                )
-            state.messages.extend(history)  # saved_upto stays 0: the first save writes it
-        if record is not None:
-            state.messages.extend(record.messages)
-            state.saved_upto = len(record.messages)
-            state.version = record.version
-            session_meta.update({k: v for k, v in record.meta.items() if k != "agent"})
-        if meta:
-            session_meta.update(meta)
+        state, session_meta = _session_state(sid, record, history, meta)
+        runner, actors = await self._start_session_actors(agent, sid, state)
+        if handle is None:
+            session = Session(self, agent, runner, session_id=sid)
+            self._handles[sid] = session
+        else:
+            session = handle
+        session.attach(runner, actors, session_meta)
+        self.sessions[sid] = session
+        session.last_used = trio.current_time()
+        if resume:
+            self.nursery.start_soon(resume_expired, session)
+        elif expires_here and record is not None:
+            self.expiry.note(sid, agent, record.messages)
+        return session
+
+    async def _start_session_actors(
+        self, agent: Agent, sid: str, state: SessionState
+    ) -> tuple[TurnRunner, list[Actor]]:
+        """Start a session's own actors (its engine, stream controller and turn runner)
+        over ``state``, and what they use that the host shares: ``agent``'s providers and
+        MCP servers."""
         provider_actors = [await self.provider_actor(p) for p in self.providers_of(agent)]
         if agent.mcp_servers:  # started once per host, shared by sessions (actors.mcp)
             await start_servers(self.mcp_servers, self, agent)
@@ -437,19 +494,7 @@ class Host:
         actors: list[Actor] = [engine, controller, runner]
         for actor in actors:
             await self.start_actor(actor)
-        if handle is None:
-            session = Session(self, agent, runner, session_id=sid)
-            self._handles[sid] = session
-        else:
-            session = handle
-        session.attach(runner, actors, session_meta)
-        self.sessions[sid] = session
-        session.last_used = trio.current_time()
-        if resume:
-            self.nursery.start_soon(resume_expired, session)
-        elif expires_here and record is not None:
-            self.expiry.note(sid, agent, record.messages)
-        return session
+        return runner, actors
 
     def touch(self, session: Session) -> None:
         """Mark ``session`` used now: the last to be evicted, its idle time restarted."""

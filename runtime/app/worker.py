@@ -132,14 +132,21 @@ class _Running:
     claim: Claim
     stream: Any = None
     lost: bool = False
+    suspended: bool = False
+    """The save of the step that made the turn wait also suspended its row (committed)."""
+
+    def suspend(self) -> None:
+        self.suspended = True
 
     def cancel(self, reason: str) -> None:
         if self.stream is not None:
             self.stream.cancel(reason)
 
     def lose(self, why: str) -> None:
-        """The lease is gone: write nothing more, stop the turn."""
-        if not self.lost:
+        """The lease is gone: write nothing more, stop the turn. Not once the turn
+        suspended (its step's commit let the row go: a renewal or a later save of the
+        turn then finds it waiting, which is no loss; the turn ends as committed)."""
+        if not self.lost and not self.suspended:
             self.lost = True
             log().warning(
                 "worker.lease_lost",
@@ -572,7 +579,9 @@ class Worker:
             )
         status = "lost"
         try:
-            with self.queue.fenced(claim, on_lost=lambda: entry.lose("a save was refused")):
+            with self.queue.fenced(
+                claim, on_lost=lambda: entry.lose("a save was refused"), on_suspended=entry.suspend
+            ):
                 try:
                     async with stream as out:
                         await self._relay(entry, out, writer)
@@ -637,6 +646,8 @@ class Worker:
 
     async def _finish(self, entry: _Running) -> str:
         """Mark the turn finished in the queue (fenced); the status it ended with."""
+        if entry.suspended:  # its step's commit suspended the row: it waits, whatever came after
+            return WAITING
         if entry.lost:
             return "lost"
         result = entry.stream.result
@@ -666,7 +677,10 @@ class Worker:
 
     async def _suspend(self, entry: _Running) -> str:
         """The turn waits for a person: its row holds nothing from here on (``WAITING``),
-        until the earliest deadline of its waiting calls, if any."""
+        until the earliest deadline of its waiting calls, if any. Usually the step's
+        save did it already, in its commit (:meth:`~runtime.turn_queue.TurnQueue.fenced`)."""
+        if entry.suspended:
+            return WAITING
         due = deadlines(entry.stream.session.messages)
         with trio.CancelScope(shield=True):
             try:

@@ -98,6 +98,7 @@ from runtime.messages import (
     ReasoningPart,
     ToolCallPart,
     ToolMessage,
+    UserContent,
     UserMessage,
 )
 from runtime.store import validate_session_id
@@ -196,6 +197,20 @@ def _answers(
     spec says a producer does). A tool message for an unknown call is a 404; one for an
     approval, or for a call that waits for nothing, a 409; an answer that differs from
     one recorded already, a 409."""
+    held = _awaiting(messages)
+    answers = _tool_answers(run, messages, waiting, held)  # checked first: its errors win
+    resumed, ignored = _resume_answers(run, waiting, held)
+    return [*answers, *resumed], ignored
+
+
+def _tool_answers(
+    run: RunInput,
+    messages: Sequence[Message],
+    waiting: Sequence[PendingCall],
+    held: dict[str, Awaiting],
+) -> list[tuple[str, Decision]]:
+    """The decisions the tool messages after the run's last user message carry for the
+    waiting client tool calls (see :func:`_answers`)."""
     effective = [m for m in run.messages if m["role"] not in ("reasoning", "activity")]
     last_user = max((i for i, m in enumerate(effective) if m["role"] == "user"), default=-1)
     by_call = {c.tool_call_id: c for c in waiting}
@@ -207,7 +222,6 @@ def _answers(
         for p in m.content
         if isinstance(p, ToolCallPart)
     }
-    held = _awaiting(messages)
     out: list[tuple[str, Decision]] = []
     for message in effective[last_user + 1 :]:
         if message["role"] != "tool":
@@ -236,6 +250,15 @@ def _answers(
                 continue
             raise AGUIError(409, f"tool call {call_id!r} was answered already", "already_answered")
         out.append((call_id, decision))
+    return out
+
+
+def _resume_answers(
+    run: RunInput, waiting: Sequence[PendingCall], held: dict[str, Awaiting]
+) -> tuple[list[tuple[str, Decision]], list[str]]:
+    """The decisions the run's resume entries carry for the waiting approvals, and the
+    entries that name no interrupt of the thread (see :func:`_answers`)."""
+    out: list[tuple[str, Decision]] = []
     ignored: list[str] = []
     by_interrupt = {c.approval_id: c for c in waiting if c.kind == APPROVAL}
     for entry in run.resume:
@@ -305,6 +328,41 @@ def _check_counts(messages: Sequence[dict[str, Any]], limits: Any) -> None:
 
 def _valid_id(value: str) -> str | None:
     return value if _ID.fullmatch(value) else None
+
+
+def _new_user_input(run: RunInput, message: dict[str, Any]) -> UserContent:
+    """The new user message's content as user input; 400 when it has none."""
+    index = run.messages.index(message)
+    text = user_input(message["content"], f"messages[{index}].content")
+    if not (text.strip() if isinstance(text, str) else text):
+        raise bad_input(f"'messages[{index}]' (the new user message) has no content")
+    return text
+
+
+def _check_media(text: UserContent, agent: Any) -> None:
+    """413 for media over the agent's limits, 400 for media that cannot be read."""
+    try:
+        check_limits(text, agent.media_limits)
+    except MediaTooLarge as exc:
+        raise AGUIError(413, exc.message, "media_too_large") from None
+    except InvalidMedia as exc:
+        raise bad_input(exc.message) from None
+
+
+def _resync(
+    stored: Sequence[Message],
+    earlier: Sequence[dict[str, Any]],
+    message: dict[str, Any],
+    user_id: str | None,
+) -> list[dict[str, Any]]:
+    """A ``MESSAGES_SNAPSHOT`` of the thread and its new message when the client holds
+    another history than the thread's (it resynchronises the client), else nothing."""
+    client_ids = {m["id"] for m in earlier}
+    held = [m for m in stored if isinstance(m, UserMessage | AssistantMessage)]
+    if all(m.id in client_ids for m in held):
+        return []
+    mine = {**message, "id": user_id} if user_id else message
+    return [{"type": "MESSAGES_SNAPSHOT", "messages": [*agui_messages(stored), mine]}]
 
 
 class AGUIRoutes:
@@ -447,57 +505,15 @@ class AGUIRoutes:
         message = effective[-1]
         earlier = effective[:-1]
         _check_counts([message, *(earlier if new_thread else ())], state.host.input_limits)
-        index = run.messages.index(message)
-        text = user_input(message["content"], f"messages[{index}].content")
-        if not (text.strip() if isinstance(text, str) else text):
-            raise bad_input(f"'messages[{index}]' (the new user message) has no content")
+        text = _new_user_input(run, message)
         seed = history_of(earlier) if new_thread and earlier else None
         self._check_tools(run, session_id)
-        session: Any = None
-        if state.front is not None:  # a worker deployment's front end: nothing opens here
-            agent = state.agent_for(session_id)
-        else:
-            try:
-                session = await state.session(session_id, history=seed)
-            except InvalidHistory:  # another request started the thread meanwhile
-                session = await state.session(session_id)
-            agent = session.agent
-        try:
-            check_limits(text, agent.media_limits)
-        except MediaTooLarge as exc:
-            raise AGUIError(413, exc.message, "media_too_large") from None
-        except InvalidMedia as exc:
-            raise bad_input(exc.message) from None
+        session, agent = await self._open_thread(session_id, seed)
+        _check_media(text, agent)
         user_id = _valid_id(message["id"])
-        prelude: list[dict[str, Any]] = []
-        client_ids = {m["id"] for m in earlier}
-        held = [m for m in stored if isinstance(m, UserMessage | AssistantMessage)]
-        if any(m.id not in client_ids for m in held):
-            # the client holds another history than the thread's: resynchronise it
-            mine = {**message, "id": user_id} if user_id else message
-            prelude.append(
-                {"type": "MESSAGES_SNAPSHOT", "messages": [*agui_messages(stored), mine]}
-            )
+        prelude = _resync(stored, earlier, message, user_id)
         if session is None:
-            options = TurnOptions(
-                user_message_id=user_id,
-                tools=tuple(ClientToolSpec.of(t) for t in run.tools),
-                instructions=run.instructions,
-                history=seed,
-            )
-            key = None if user_id is None else _run_key(session_id, user_id)
-            try:
-                turn = await state.front.submit(
-                    session_id,
-                    text,
-                    key,
-                    False,
-                    turn_id=_queue_turn_id(run.run_id),
-                    options=options,
-                )
-            except ApiError as exc:
-                raise AGUIError(exc.status, exc.message, _CODES.get(exc.status)) from None
-            return self._queued(run, QueuedTurnOutput(state.front, turn), agent, prelude=prelude)
+            return await self._submit(run, session_id, text, user_id, seed, agent, prelude)
         return self.stream(  # type: ignore[no-any-return]
             session,
             text,
@@ -513,6 +529,53 @@ class AGUIRoutes:
             busy=_busy,
             on_busy=REJECT,  # a run is one turn: never queued behind or steered into
         )
+
+    async def _open_thread(
+        self, session_id: str, seed: tuple[Message, ...] | None
+    ) -> tuple[Any, Any]:
+        """The thread's open session (started from ``seed`` when new) and its agent; in a
+        worker deployment's front end no session, as nothing opens here, and the agent."""
+        state = self.state
+        if state.front is not None:
+            return None, state.agent_for(session_id)
+        try:
+            session = await state.session(session_id, history=seed)
+        except InvalidHistory:  # another request started the thread meanwhile
+            session = await state.session(session_id)
+        return session, session.agent
+
+    async def _submit(
+        self,
+        run: RunInput,
+        session_id: str,
+        text: UserContent,
+        user_id: str | None,
+        seed: tuple[Message, ...] | None,
+        agent: Any,
+        prelude: list[dict[str, Any]],
+    ) -> ASGIApp:
+        """The new turn queued through a worker deployment's front end, its run streamed
+        from the queue."""
+        front = self.state.front
+        options = TurnOptions(
+            user_message_id=user_id,
+            tools=tuple(ClientToolSpec.of(t) for t in run.tools),
+            instructions=run.instructions,
+            history=seed,
+        )
+        key = None if user_id is None else _run_key(session_id, user_id)
+        try:
+            turn = await front.submit(
+                session_id,
+                text,
+                key,
+                False,
+                turn_id=_queue_turn_id(run.run_id),
+                options=options,
+            )
+        except ApiError as exc:
+            raise AGUIError(exc.status, exc.message, _CODES.get(exc.status)) from None
+        return self._queued(run, QueuedTurnOutput(front, turn), agent, prelude=prelude)
 
     async def _continue(
         self, run: RunInput, session_id: str, stored: tuple[Message, ...]

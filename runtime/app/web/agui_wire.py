@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import base64
 import datetime
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import attrs
@@ -732,156 +732,168 @@ class RunEncoder:
     # -- the stream ---------------------------------------------------------------------
 
     def encode(self, chunk: Any) -> list[dict[str, Any]]:
-        """The AG-UI events for one output chunk."""
+        """The AG-UI events for one output chunk.
+
+        This runs once per delta: a text delta inside an open message, most of a turn,
+        is encoded right here, any other chunk by one lookup of its type
+        (:data:`_ENCODERS`)."""
         if self.ended:
             return []
         t = type(chunk)
-        if t is o.Start:
-            self.message_id = chunk.message_id
-            started: dict[str, Any] = {
-                "type": "RUN_STARTED",
-                "threadId": self.thread_id,
-                "runId": self.run_id,
-                "protocolVersion": PROTOCOL_VERSION,
-            }
-            if self.metadata:
-                started["metadata"] = self.metadata
-            return [started, *self.prelude]
-        if t is o.StepStart:
-            self._steps.add(chunk.step)
-            self._steps_open.add(chunk.step)
-            return [{"type": "STEP_STARTED", "stepName": step_name(chunk.step)}]
-        if t is o.StepFinish:
-            self._steps_open.discard(chunk.step)
-            return [{"type": "STEP_FINISHED", "stepName": step_name(chunk.step)}]
-        if t is o.TextStart:
-            out = self._close_text()
-            self._text_open = True
-            return [
-                *out,
-                {"type": "TEXT_MESSAGE_START", "messageId": self.message_id, "role": "assistant"},
-            ]
-        if t is o.TextDelta:
-            if not self._text_open:  # never without its start; kept valid regardless
-                self._text_open = True
-                return [
-                    {
-                        "type": "TEXT_MESSAGE_START",
-                        "messageId": self.message_id,
-                        "role": "assistant",
-                    },
-                    {
-                        "type": "TEXT_MESSAGE_CONTENT",
-                        "messageId": self.message_id,
-                        "delta": chunk.text,
-                    },
-                ]
+        if t is o.TextDelta and self._text_open:
             return [
                 {"type": "TEXT_MESSAGE_CONTENT", "messageId": self.message_id, "delta": chunk.text}
             ]
-        if t is o.TextFinish:
-            return self._close_text()
-        if t is o.ReasoningStart:
-            rid = reasoning_id(self.message_id, self._reasoning_index)
-            self._reasoning_index += 1
-            self._reasoning[chunk.part_id] = rid
-            self._reasoning_ids.append(rid)
-            return [
-                {"type": "REASONING_START", "messageId": rid},
-                {"type": "REASONING_MESSAGE_START", "messageId": rid, "role": "reasoning"},
-            ]
-        if t is o.ReasoningDelta:
-            open_id = self._reasoning.get(chunk.part_id)
-            if open_id is None:
-                return []
-            return [
-                {"type": "REASONING_MESSAGE_CONTENT", "messageId": open_id, "delta": chunk.text}
-            ]
-        if t is o.ReasoningFinish:
-            return self._close_reasoning(chunk.part_id)
-        if t is o.ToolInputStart:
-            return self._start_call(chunk.tool_call_id, chunk.tool_name)
-        if t is o.ToolInputDelta:
-            if chunk.tool_call_id not in self._calls_open:
-                return []
-            self._args_sent.add(chunk.tool_call_id)
-            return [
-                {"type": "TOOL_CALL_ARGS", "toolCallId": chunk.tool_call_id, "delta": chunk.delta}
-            ]
-        if t is o.ToolCall:
-            out = self._start_call(chunk.tool_call_id, chunk.tool_name)
-            if chunk.tool_call_id not in self._args_sent:
-                out.append(
-                    {
-                        "type": "TOOL_CALL_ARGS",
-                        "toolCallId": chunk.tool_call_id,
-                        "delta": _json_text(chunk.input),
-                    }
-                )
-            return out + self._end_call(chunk.tool_call_id)
-        if (t is o.ToolResult or t is o.ToolError) and chunk.tool_call_id in self.answered:
+        encode = _ENCODERS.get(t)
+        return [] if encode is None else encode(self, chunk)
+
+    def _start(self, chunk: o.Start) -> list[dict[str, Any]]:
+        self.message_id = chunk.message_id
+        started: dict[str, Any] = {
+            "type": "RUN_STARTED",
+            "threadId": self.thread_id,
+            "runId": self.run_id,
+            "protocolVersion": PROTOCOL_VERSION,
+        }
+        if self.metadata:
+            started["metadata"] = self.metadata
+        return [started, *self.prelude]
+
+    def _step_start(self, chunk: o.StepStart) -> list[dict[str, Any]]:
+        self._steps.add(chunk.step)
+        self._steps_open.add(chunk.step)
+        return [{"type": "STEP_STARTED", "stepName": step_name(chunk.step)}]
+
+    def _step_finish(self, chunk: o.StepFinish) -> list[dict[str, Any]]:
+        self._steps_open.discard(chunk.step)
+        return [{"type": "STEP_FINISHED", "stepName": step_name(chunk.step)}]
+
+    def _text_start(self, chunk: o.TextStart) -> list[dict[str, Any]]:
+        out = self._close_text()
+        self._text_open = True
+        return [
+            *out,
+            {"type": "TEXT_MESSAGE_START", "messageId": self.message_id, "role": "assistant"},
+        ]
+
+    def _unopened_text_delta(self, chunk: o.TextDelta) -> list[dict[str, Any]]:
+        """A text delta with no message open: never without its start, kept valid
+        regardless by opening one (an open message's deltas are encoded in ``encode``)."""
+        self._text_open = True
+        return [
+            {"type": "TEXT_MESSAGE_START", "messageId": self.message_id, "role": "assistant"},
+            {"type": "TEXT_MESSAGE_CONTENT", "messageId": self.message_id, "delta": chunk.text},
+        ]
+
+    def _text_finish(self, chunk: o.TextFinish) -> list[dict[str, Any]]:
+        return self._close_text()
+
+    def _reasoning_start(self, chunk: o.ReasoningStart) -> list[dict[str, Any]]:
+        rid = reasoning_id(self.message_id, self._reasoning_index)
+        self._reasoning_index += 1
+        self._reasoning[chunk.part_id] = rid
+        self._reasoning_ids.append(rid)
+        return [
+            {"type": "REASONING_START", "messageId": rid},
+            {"type": "REASONING_MESSAGE_START", "messageId": rid, "role": "reasoning"},
+        ]
+
+    def _reasoning_delta(self, chunk: o.ReasoningDelta) -> list[dict[str, Any]]:
+        open_id = self._reasoning.get(chunk.part_id)
+        if open_id is None:
             return []
-        if t is o.ToolResult:
-            return [
-                *self._end_call(chunk.tool_call_id),
-                self._result(chunk.tool_call_id, result_content(chunk.output)),
-            ]
-        if t is o.ToolError:
-            return [
-                *self._end_call(chunk.tool_call_id),
-                self._result(chunk.tool_call_id, chunk.error, {"error": True}),
-            ]
-        if t is o.ToolOutputDenied:
-            text = (
-                f"the tool call was denied: {chunk.reason}"
-                if chunk.reason
-                else "the tool call was denied"
+        return [{"type": "REASONING_MESSAGE_CONTENT", "messageId": open_id, "delta": chunk.text}]
+
+    def _reasoning_finish(self, chunk: o.ReasoningFinish) -> list[dict[str, Any]]:
+        return self._close_reasoning(chunk.part_id)
+
+    def _tool_input_start(self, chunk: o.ToolInputStart) -> list[dict[str, Any]]:
+        return self._start_call(chunk.tool_call_id, chunk.tool_name)
+
+    def _tool_input_delta(self, chunk: o.ToolInputDelta) -> list[dict[str, Any]]:
+        if chunk.tool_call_id not in self._calls_open:
+            return []
+        self._args_sent.add(chunk.tool_call_id)
+        return [{"type": "TOOL_CALL_ARGS", "toolCallId": chunk.tool_call_id, "delta": chunk.delta}]
+
+    def _tool_call(self, chunk: o.ToolCall) -> list[dict[str, Any]]:
+        out = self._start_call(chunk.tool_call_id, chunk.tool_name)
+        if chunk.tool_call_id not in self._args_sent:
+            out.append(
+                {
+                    "type": "TOOL_CALL_ARGS",
+                    "toolCallId": chunk.tool_call_id,
+                    "delta": _json_text(chunk.input),
+                }
             )
-            return [
-                *self._end_call(chunk.tool_call_id),
-                self._result(chunk.tool_call_id, text, {"denied": True, "reason": chunk.reason}),
-            ]
-        if t is o.ToolApprovalRequest:
-            return []  # reported as an interrupt when the run ends
-        if t is o.ToolStream:
-            return [
-                {
-                    "type": "CUSTOM",
-                    "name": "axon.tool-stream",
-                    "value": {
-                        "toolCallId": chunk.tool_call_id,
-                        "toolName": chunk.tool_name,
-                        "chunk": {
-                            "type": getattr(chunk.chunk, "type", None),
-                            **_plain(chunk.chunk),
-                        },
-                    },
-                }
-            ]
-        if t is o.ObjectDelta:
-            return [
-                {
-                    "type": "CUSTOM",
-                    "name": "axon.object",
-                    "value": {"messageId": self.message_id, "value": chunk.value},
-                }
-            ]
-        if t is o.Finish:
-            self.finish_reason = chunk.finish_reason
-            self.usage = chunk.usage
+        return out + self._end_call(chunk.tool_call_id)
+
+    def _tool_result(self, chunk: o.ToolResult) -> list[dict[str, Any]]:
+        if chunk.tool_call_id in self.answered:  # the client's own message already
             return []
-        if t is o.Abort:
-            self.abort_reason = chunk.reason
+        return [
+            *self._end_call(chunk.tool_call_id),
+            self._result(chunk.tool_call_id, result_content(chunk.output)),
+        ]
+
+    def _tool_error(self, chunk: o.ToolError) -> list[dict[str, Any]]:
+        if chunk.tool_call_id in self.answered:  # the client's own message already
             return []
-        if t is o.Error:
-            self.ended = True
-            error: dict[str, Any] = {
-                "type": "RUN_ERROR",
-                "message": f"{chunk.error.kind}: {chunk.error.message}",
-                "code": chunk.error.kind,
+        return [
+            *self._end_call(chunk.tool_call_id),
+            self._result(chunk.tool_call_id, chunk.error, {"error": True}),
+        ]
+
+    def _tool_output_denied(self, chunk: o.ToolOutputDenied) -> list[dict[str, Any]]:
+        text = (
+            f"the tool call was denied: {chunk.reason}"
+            if chunk.reason
+            else "the tool call was denied"
+        )
+        return [
+            *self._end_call(chunk.tool_call_id),
+            self._result(chunk.tool_call_id, text, {"denied": True, "reason": chunk.reason}),
+        ]
+
+    def _tool_stream(self, chunk: o.ToolStream) -> list[dict[str, Any]]:
+        return [
+            {
+                "type": "CUSTOM",
+                "name": "axon.tool-stream",
+                "value": {
+                    "toolCallId": chunk.tool_call_id,
+                    "toolName": chunk.tool_name,
+                    "chunk": {"type": getattr(chunk.chunk, "type", None), **_plain(chunk.chunk)},
+                },
             }
-            return [error]
+        ]
+
+    def _object_delta(self, chunk: o.ObjectDelta) -> list[dict[str, Any]]:
+        return [
+            {
+                "type": "CUSTOM",
+                "name": "axon.object",
+                "value": {"messageId": self.message_id, "value": chunk.value},
+            }
+        ]
+
+    def _finish(self, chunk: o.Finish) -> list[dict[str, Any]]:
+        self.finish_reason = chunk.finish_reason
+        self.usage = chunk.usage
         return []
+
+    def _abort(self, chunk: o.Abort) -> list[dict[str, Any]]:
+        self.abort_reason = chunk.reason
+        return []
+
+    def _error(self, chunk: o.Error) -> list[dict[str, Any]]:
+        self.ended = True
+        error: dict[str, Any] = {
+            "type": "RUN_ERROR",
+            "message": f"{chunk.error.kind}: {chunk.error.message}",
+            "code": chunk.error.kind,
+        }
+        return [error]
 
     def events(self, chunk: Any) -> bytes:
         """``chunk`` as SSE bytes, for :class:`runtime.app.web.app.TurnResponse`."""
@@ -1013,6 +1025,41 @@ class RunEncoder:
             ends[-1]["usage"] = usage
         self.ended = True
         return out + ends
+
+
+_Encode = Callable[[RunEncoder, Any], list[dict[str, Any]]]
+
+
+def _nothing(encoder: RunEncoder, chunk: Any) -> list[dict[str, Any]]:
+    """A chunk with no event of its own: an approval request is reported as an
+    interrupt when the run ends."""
+    return []
+
+
+_ENCODERS: dict[type, _Encode] = {
+    o.Start: RunEncoder._start,
+    o.StepStart: RunEncoder._step_start,
+    o.StepFinish: RunEncoder._step_finish,
+    o.TextStart: RunEncoder._text_start,
+    o.TextDelta: RunEncoder._unopened_text_delta,
+    o.TextFinish: RunEncoder._text_finish,
+    o.ReasoningStart: RunEncoder._reasoning_start,
+    o.ReasoningDelta: RunEncoder._reasoning_delta,
+    o.ReasoningFinish: RunEncoder._reasoning_finish,
+    o.ToolInputStart: RunEncoder._tool_input_start,
+    o.ToolInputDelta: RunEncoder._tool_input_delta,
+    o.ToolCall: RunEncoder._tool_call,
+    o.ToolResult: RunEncoder._tool_result,
+    o.ToolError: RunEncoder._tool_error,
+    o.ToolOutputDenied: RunEncoder._tool_output_denied,
+    o.ToolApprovalRequest: _nothing,
+    o.ToolStream: RunEncoder._tool_stream,
+    o.ObjectDelta: RunEncoder._object_delta,
+    o.Finish: RunEncoder._finish,
+    o.Abort: RunEncoder._abort,
+    o.Error: RunEncoder._error,
+}
+"""Each output chunk type's encoding but an open message's text delta (``encode``)."""
 
 
 def _encrypted_event(entity_id: str, value: str) -> dict[str, Any]:

@@ -32,7 +32,8 @@ to any of them:
     that waits for input is none: it streams again once decided).
 ``POST /api/chat/{id}/stop``
     Cancels the session's running turn (its worker stops it, saved and marked
-    interrupted), else its oldest queued turn (cancelled at once, it never runs).
+    interrupted), else its oldest queued turn (cancelled at once, it never runs), else
+    denies what its waiting turn waits for (reason ``stopped``; the model is told).
 ``GET /api/sessions``, ``GET /api/sessions/{id}``
     Read from the store.
 
@@ -49,7 +50,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import orjson
@@ -58,8 +59,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from runtime.app.web.answers import (
+    STOPPED_WAIT,
     awaited_calls,
     check_and_record,
+    deny_pending,
     is_continuation,
     pending_in,
     waiting_in_meta,
@@ -77,10 +80,12 @@ from runtime.app.web.resume import (
 from runtime.app.web.ui_stream import error_text, sse, ui_messages
 from runtime.app.web.watch import POLL_FIRST, POLL_MAX, TurnWatch
 from runtime.approval import Decision, Recorded, pending_calls
+from runtime.busy import INTERRUPT, INTERRUPTED_BY_NEW, OnBusy
 from runtime.errors import (
     QueueFull,
     RelayTurnGone,
     RelayUnavailable,
+    SessionBusy,
     StoreError,
     StoreUnavailable,
     TurnConflict,
@@ -271,12 +276,20 @@ class FrontEnd:
         if is_continuation(payload):
             return await self._continue(request, session_id, payload)
         check_media(text, state.agent_for(session_id))
+        # ``serve --on-busy`` (None: enqueue): the queue decides it with the insert.
+        running = await self.queue.active(session_id) if state.on_busy == INTERRUPT else None
         turn = await self.submit(
             session_id,
             text,
             idempotency_key(session_id, payload, regenerate),
             regenerate,
+            on_busy=state.on_busy,
         )
+        if running is not None and running.status == RUNNING and running.turn_id != turn.turn_id:
+            # Its worker hears it at once on the relay (the queue's mark is the truth).
+            await _unavailable_as_503(
+                self.relay.request_cancel(running.turn_id, INTERRUPTED_BY_NEW)
+            )
         return self._response(request, turn, None)
 
     async def submit(
@@ -289,6 +302,7 @@ class FrontEnd:
         turn_id: str | None = None,
         options: TurnOptions | None = None,
         titled: bool = True,
+        on_busy: OnBusy | None = None,
     ) -> Any:
         """Queue the turn (``titled``: naming a session that has no title yet after its
         input); a refusal is an :class:`ApiError` with the status the queue's error
@@ -308,7 +322,10 @@ class FrontEnd:
                 regenerate=regenerate,
                 turn_id=turn_id,
                 options=options,
+                on_busy=on_busy,
             )
+        except SessionBusy as exc:  # ``--on-busy reject``
+            raise ApiError(409, _one_line(exc)) from None
         except QueueFull as exc:
             retry = str(max(1, math.ceil(exc.retry_after)))
             raise ApiError(429, exc.message, {"retry-after": retry}) from None
@@ -325,21 +342,35 @@ class FrontEnd:
     async def _continue(self, request: Request, session_id: str, payload: dict[str, Any]) -> Any:
         """The AI SDK's answers for a waiting turn: recorded through the queue; the
         request whose answers complete the turn's decisions streams its continuation."""
-        state = web_state(request)
-        tools = {t.name: t for t in state.agent_for(session_id).tools}
         decided: list[Decided] = []
+        record = self._recorder(request, session_id, decided)
+        announced, complete = await check_and_record(
+            self.store, session_id, self._tools(request, session_id), payload, record
+        )
+        if not complete:  # other calls still wait: whoever decides the last one resumes
+            waiting = len(await pending_in(self.store, session_id))
+            return json_response({"recorded": True, "waiting": waiting}, 202)
+        turn = decided[-1].turn
+        return self._response(request, turn, None, after_pauses=turn.resumes, announced=announced)
+
+    @staticmethod
+    def _tools(request: Request, session_id: str) -> dict[str, Any]:
+        return {t.name: t for t in web_state(request).agent_for(session_id).tools}
+
+    def _recorder(
+        self, request: Request, session_id: str, decided: list[Decided]
+    ) -> Callable[[str, Decision], Awaitable[Recorded]]:
+        """Records one decision through the queue (appending its outcome to ``decided``)
+        and tells the bus of an approval's."""
+        state = web_state(request)
+        tools = self._tools(request, session_id)
 
         async def record(key: str, decision: Decision) -> Recorded:
             outcome = await self.decide(state.host.bus, session_id, key, decision, tools)
             decided.append(outcome)
             return outcome.recorded
 
-        announced, complete = await check_and_record(self.store, session_id, tools, payload, record)
-        if not complete:  # other calls still wait: whoever decides the last one resumes
-            waiting = len(await pending_in(self.store, session_id))
-            return json_response({"recorded": True, "waiting": waiting}, 202)
-        turn = decided[-1].turn
-        return self._response(request, turn, None, after_pauses=turn.resumes, announced=announced)
+        return record
 
     async def decide(
         self, bus: Any, session_id: str, key: str, decision: Decision, tools: Mapping[str, Any]
@@ -394,8 +425,12 @@ class FrontEnd:
     async def stop(self, request: Request) -> Response:
         session_id = session_id_param(request.path_params["session_id"])
         turn = await self.queue.active(session_id)
-        if turn is None:
-            return Response(status_code=204)
+        if turn is None:  # a turn that waits for input: its calls are denied, "stopped"
+            record = self._recorder(request, session_id, [])
+            waiting = await deny_pending(self.store, session_id, STOPPED_WAIT, record)
+            if waiting is None:
+                return Response(status_code=204)
+            return json_response({"turn_id": waiting}, 202)
         turn = await self.queue.request_cancel(turn.turn_id, STOPPED) or turn
         if turn.status == "running":  # its worker also hears it on the relay, at once
             await _unavailable_as_503(self.relay.request_cancel(turn.turn_id, STOPPED))
