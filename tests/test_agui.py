@@ -10,7 +10,6 @@ from typing import Any
 
 import httpx
 import pytest
-import trio
 from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import BaseModel, TypeAdapter
@@ -39,7 +38,7 @@ from runtime.messages import (
 )
 from runtime.output import ErrorInfo
 from tests.test_web_http import TWO_TOOLS, lookup
-from tests.test_web_slow_clients import connect, read_to_end
+from tests.test_web_slow_clients import DELTAS, Flood, read_nothing_until_over
 from tests.web.harness import WebServer, web_server
 
 ag_ui = pytest.importorskip("ag_ui.core")
@@ -1003,44 +1002,18 @@ async def test_a_thread_running_a_run_answers_409_thread_busy():
     assert second.status_code == 409 and second.json()["code"] == "thread_busy"
 
 
-TEXT_DELTA = "word "
-DELTAS = 20_000
-
-
 async def test_a_client_that_never_reads_is_dropped_and_its_turn_saved_interrupted(monkeypatch):
     monkeypatch.setattr(Batcher, "max_items", 1)
-    pulled = [0]
-
-    def deltas() -> Iterator[str]:
-        for _ in range(DELTAS):
-            pulled[0] += 1
-            yield TEXT_DELTA
-
-    finished: list[Any] = []
-    over = trio.Event()
-
-    async def on_turn_finish(event: Any) -> None:
-        finished.append(event)
-        over.set()
-
-    agent = Agent(
-        provider=ScriptedProvider(responder=lambda request: deltas()),
-        hooks=Hooks(on_turn_finish=on_turn_finish),
-    )
-    async with web_server(agent, protocols=("ag-ui",), send_timeout=2) as server:
+    flood = Flood()
+    async with web_server(flood.agent, protocols=("ag-ui",), send_timeout=2) as server:
         payload = json.dumps(run_input("stuck", user("go", "m1"))).encode()
         host = server.url.removeprefix("http://")
         request = (
             f"POST /ag-ui HTTP/1.1\r\nhost: {host}\r\ncontent-type: application/json\r\n"
             f"content-length: {len(payload)}\r\n\r\n"
         ).encode() + payload
-        with trio.fail_after(60):
-            sock = await connect(server, receive_buffer=4096)
-            with sock:
-                await sock.send(request)
-                await over.wait()  # the client reads nothing meanwhile
-                response = await read_to_end(sock)
-            record = await server.host.store.load("stuck")
+        response, record = await read_nothing_until_over(server, flood, request, "stuck")
+    finished, pulled = flood.finished, flood.pulled
     assert [(e.finish_reason, e.abort_reason) for e in finished] == [
         ("aborted", "client not reading")
     ]

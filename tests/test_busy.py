@@ -4,6 +4,8 @@ turn runs, under each strategy: ``reject``, ``enqueue``, ``interrupt``, ``steer`
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import attrs
@@ -104,17 +106,28 @@ async def run_in(nursery: trio.Nursery, session: Any, text: str, into: dict) -> 
     nursery.start_soon(go)
 
 
-async def test_reject_refuses_a_message_while_a_turn_runs():
-    script = Script(holding(), ["first done"])
+@asynccontextmanager
+async def first_turn_held(
+    agent: Agent, first: str
+) -> AsyncIterator[tuple[Host, Any, trio.Nursery, dict]]:
+    """Session ``s`` of ``agent`` with turn ``first`` started in a nursery and held in its
+    ``hold`` tool: the block runs while it is held; the turns started in the nursery have
+    ended (their results in the dict, by input) when the block's ``async with`` is left."""
     async with Host.open(log_tap=False) as host:
-        session = await host.open_session(agent_with(script), session_id="s")
+        session = await host.open_session(agent, session_id="s")
         results: dict = {}
         async with trio.open_nursery() as nursery:
-            await run_in(nursery, session, "first", results)
+            await run_in(nursery, session, first, results)
             await held["open"].wait()
-            with pytest.raises(SessionBusy):
-                await session.run("second")
-            held["release"].set()
+            yield host, session, nursery, results
+
+
+async def test_reject_refuses_a_message_while_a_turn_runs():
+    script = Script(holding(), ["first done"])
+    async with first_turn_held(agent_with(script), "first") as (_, session, _, results):
+        with pytest.raises(SessionBusy):
+            await session.run("second")
+        held["release"].set()
     assert results["first"].text == "first done"
     assert [m.text for m in session.messages if isinstance(m, UserMessage)] == ["first"]
 
@@ -143,17 +156,13 @@ async def test_enqueue_runs_the_new_turn_after_the_running_one_with_its_own_resu
 
 async def test_enqueue_keeps_arrival_order_for_several_waiting_turns():
     script = Script(holding(), ["1 done"], ["2 done"], ["3 done"])
-    async with Host.open(log_tap=False) as host:
-        session = await host.open_session(agent_with(script, "enqueue"), session_id="s")
-        results: dict = {}
-        async with trio.open_nursery() as nursery:
-            await run_in(nursery, session, "1", results)
-            await held["open"].wait()
-            for text in ("2", "3"):
-                await run_in(nursery, session, text, results)
-                await trio.testing.wait_all_tasks_blocked()
-            assert session.queued == 2
-            held["release"].set()
+    held_turn = first_turn_held(agent_with(script, "enqueue"), "1")
+    async with held_turn as (_, session, nursery, results):
+        for text in ("2", "3"):
+            await run_in(nursery, session, text, results)
+            await trio.testing.wait_all_tasks_blocked()
+        assert session.queued == 2
+        held["release"].set()
     assert [results[t].text for t in ("1", "2", "3")] == ["1 done", "2 done", "3 done"]
     users = [m.text for m in session.messages if isinstance(m, UserMessage)]
     assert users == ["1", "2", "3"]
@@ -161,18 +170,14 @@ async def test_enqueue_keeps_arrival_order_for_several_waiting_turns():
 
 async def test_a_waiting_turn_whose_caller_leaves_gives_its_place_up():
     script = Script(holding(), ["1 done"], ["3 done"])
-    async with Host.open(log_tap=False) as host:
-        session = await host.open_session(agent_with(script, "enqueue"), session_id="s")
-        results: dict = {}
-        async with trio.open_nursery() as nursery:
-            await run_in(nursery, session, "1", results)
-            await held["open"].wait()
-            with trio.CancelScope() as leaving:
-                nursery.start_soon(lambda: _cancel_when_queued(session, leaving))
-                await session.run("2")
-            await run_in(nursery, session, "3", results)
-            await trio.testing.wait_all_tasks_blocked()
-            held["release"].set()
+    held_turn = first_turn_held(agent_with(script, "enqueue"), "1")
+    async with held_turn as (_, session, nursery, results):
+        with trio.CancelScope() as leaving:
+            nursery.start_soon(lambda: _cancel_when_queued(session, leaving))
+            await session.run("2")
+        await run_in(nursery, session, "3", results)
+        await trio.testing.wait_all_tasks_blocked()
+        held["release"].set()
     assert leaving.cancelled_caught
     assert [results[t].text for t in ("1", "3")] == ["1 done", "3 done"]
     assert [m.text for m in session.messages if isinstance(m, UserMessage)] == ["1", "3"]
@@ -214,18 +219,13 @@ async def test_interrupt_with_two_messages_waiting_lets_the_newest_one_answer():
             await ending.wait()
 
     agent = attrs.evolve(agent_with(script, "interrupt"), hooks=Hooks(on_turn_finish=slow_end))
-    async with Host.open(log_tap=False) as host:
-        session = await host.open_session(agent, session_id="s")
-        results: dict = {}
-        async with trio.open_nursery() as nursery:
-            await run_in(nursery, session, "first", results)
-            await held["open"].wait()
-            await run_in(nursery, session, "second", results)
-            await trio.testing.wait_all_tasks_blocked()  # the first turn is ending
-            await run_in(nursery, session, "third", results)
-            await trio.testing.wait_all_tasks_blocked()
-            queued = session.queued
-            ending.set()
+    async with first_turn_held(agent, "first") as (_, session, nursery, results):
+        await run_in(nursery, session, "second", results)
+        await trio.testing.wait_all_tasks_blocked()  # the first turn is ending
+        await run_in(nursery, session, "third", results)
+        await trio.testing.wait_all_tasks_blocked()
+        queued = session.queued
+        ending.set()
     assert queued == 2
     reasons = [(results[t].finish_reason, results[t].abort_reason) for t in ("first", "second")]
     assert reasons == [("aborted", INTERRUPTED_BY_NEW)] * 2
@@ -362,13 +362,9 @@ async def test_interrupt_cancels_a_turn_before_it_suspends_and_nothing_waits():
         *tool_call("delete_file", {"path": "/x"}, tool_call_id="D"),
     ]
     script = Script(asks, ["new answer"])
-    async with Host.open(log_tap=False) as host:
-        session = await host.open_session(agent_with(script, "interrupt"), session_id="s")
-        results: dict = {}
-        async with trio.open_nursery() as nursery:
-            await run_in(nursery, session, "delete it", results)
-            await held["open"].wait()
-            second = await session.run("never mind")
+    held_turn = first_turn_held(agent_with(script, "interrupt"), "delete it")
+    async with held_turn as (_, session, _, results):
+        second = await session.run("never mind")
     assert results["delete it"].finish_reason == "aborted"
     assert second.text == "new answer" and session.pending == ()
     results_of = {m.tool_call_id: m.error for m in session.messages if isinstance(m, ToolMessage)}

@@ -13,7 +13,6 @@ import os
 import subprocess
 import sys
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
@@ -40,12 +39,35 @@ CALLS = 3
 """Replies each server holds: the kit makes at most this many calls per test."""
 
 
-@asynccontextmanager
-async def serving(recording: str) -> AsyncIterator[str]:
-    """The loopback server's URL, replaying ``recording`` for each of :data:`CALLS` calls."""
+def recorded(recording: str) -> list[Reply]:
+    """The replies of a loopback server replaying ``recording`` for each of :data:`CALLS`
+    calls."""
     body = (RECORDINGS / recording).read_bytes()
-    async with loopback_server(*[Reply(body=body, write_events=True)] * CALLS) as server:
-        yield server.url
+    return [Reply(body=body, write_events=True)] * CALLS
+
+
+class LoopbackConformance(ProviderConformance):
+    """The kit over an SDK provider answering from the loopback server: a subclass gives
+    the server's replies and builds its provider against the server's URL."""
+
+    def replies(self) -> list[Reply]:
+        raise NotImplementedError
+
+    def build(self, url: str, secret: str) -> Provider:
+        raise NotImplementedError
+
+    @pytest.fixture
+    def provider_secret(self) -> str:
+        return KEY
+
+    @pytest.fixture
+    async def provider(self, provider_secret: str) -> AsyncIterator[Provider]:
+        async with loopback_server(*self.replies()) as server:
+            provider = self.build(server.url, provider_secret)
+            try:
+                yield provider
+            finally:
+                await provider.aclose()
 
 
 class TestScriptedProvider(ProviderConformance):
@@ -54,115 +76,72 @@ class TestScriptedProvider(ProviderConformance):
         return ScriptedProvider(["Hello there, how are you?"])
 
 
-class TestOpenAIProvider(ProviderConformance):
-    @pytest.fixture
-    def provider_secret(self) -> str:
-        return KEY
+class TestOpenAIProvider(LoopbackConformance):
+    def replies(self) -> list[Reply]:
+        return recorded("openai/text-plain.sse")
 
-    @pytest.fixture
-    async def provider(self, provider_secret: str) -> AsyncIterator[Provider]:
-        async with serving("openai/text-plain.sse") as url:
-            provider = OpenAIProvider("gpt-4o-mini", base_url=url + "/v1", api_key=provider_secret)
-            try:
-                yield provider
-            finally:
-                await provider.aclose()
+    def build(self, url: str, secret: str) -> Provider:
+        return OpenAIProvider("gpt-4o-mini", base_url=url + "/v1", api_key=secret)
 
 
-class TestOpenAIResponsesProvider(ProviderConformance):
-    @pytest.fixture
-    def provider_secret(self) -> str:
-        return KEY
+class TestOpenAIResponsesProvider(LoopbackConformance):
+    def replies(self) -> list[Reply]:
+        return recorded("openai-responses/text.sse")
 
-    @pytest.fixture
-    async def provider(self, provider_secret: str) -> AsyncIterator[Provider]:
-        async with serving("openai-responses/text.sse") as url:
-            provider = OpenAIResponsesProvider(
-                "gpt-5-mini", base_url=url + "/v1", api_key=provider_secret
-            )
-            try:
-                yield provider
-            finally:
-                await provider.aclose()
+    def build(self, url: str, secret: str) -> Provider:
+        return OpenAIResponsesProvider("gpt-5-mini", base_url=url + "/v1", api_key=secret)
 
 
-class TestAnthropicProvider(ProviderConformance):
-    @pytest.fixture
-    def provider_secret(self) -> str:
-        return KEY
+class TestAnthropicProvider(LoopbackConformance):
+    def replies(self) -> list[Reply]:
+        return recorded("anthropic/text.sse")
 
-    @pytest.fixture
-    async def provider(self, provider_secret: str) -> AsyncIterator[Provider]:
-        async with serving("anthropic/text.sse") as url:
-            provider = AnthropicProvider("claude-sonnet-4-5", base_url=url, api_key=provider_secret)
-            try:
-                yield provider
-            finally:
-                await provider.aclose()
+    def build(self, url: str, secret: str) -> Provider:
+        return AnthropicProvider("claude-sonnet-4-5", base_url=url, api_key=secret)
 
 
-class TestGeminiProvider(ProviderConformance):
-    @pytest.fixture
-    def provider_secret(self) -> str:
-        return KEY
+class TestGeminiProvider(LoopbackConformance):
+    def replies(self) -> list[Reply]:
+        return recorded("google/text.sse")
 
-    @pytest.fixture
-    async def provider(self, provider_secret: str) -> AsyncIterator[Provider]:
-        async with serving("google/text.sse") as url:
-            provider = GeminiProvider("gemini-2.5-flash", base_url=url, api_key=provider_secret)
-            try:
-                yield provider
-            finally:
-                await provider.aclose()
+    def build(self, url: str, secret: str) -> Provider:
+        return GeminiProvider("gemini-2.5-flash", base_url=url, api_key=secret)
 
 
-class TestAnthropicVertexProvider(ProviderConformance):
-    @pytest.fixture
-    def provider_secret(self) -> str:
-        return KEY
+class TestAnthropicVertexProvider(LoopbackConformance):
+    def replies(self) -> list[Reply]:
+        return recorded("anthropic/text.sse")
 
-    @pytest.fixture
-    async def provider(self, provider_secret: str) -> AsyncIterator[Provider]:
-        async with serving("anthropic/text.sse") as url:
-            provider = AnthropicVertexProvider(
-                "claude-sonnet-4-5@20250929",
-                base_url=url,
-                region="us-east5",
-                project_id="kit-project",
-                access_token=provider_secret,
-            )
-            try:
-                yield provider
-            finally:
-                await provider.aclose()
+    def build(self, url: str, secret: str) -> Provider:
+        return AnthropicVertexProvider(
+            "claude-sonnet-4-5@20250929",
+            base_url=url,
+            region="us-east5",
+            project_id="kit-project",
+            access_token=secret,
+        )
 
 
-class TestAnthropicBedrockProvider(ProviderConformance):
-    @pytest.fixture
-    def provider_secret(self) -> str:
-        return KEY
-
-    @pytest.fixture
-    async def provider(self, provider_secret: str) -> AsyncIterator[Provider]:
+class TestAnthropicBedrockProvider(LoopbackConformance):
+    def replies(self) -> list[Reply]:
         events = [
             json.loads(line.removeprefix("data: "))
             for line in (RECORDINGS / "anthropic/text.sse").read_text().splitlines()
             if line.startswith("data: ")
         ]
         body = bedrock_stream(*[e for e in events if e["type"] != "ping"])
-        reply = Reply(body=body, content_type="application/vnd.amazon.eventstream", write_size=64)
-        async with loopback_server(*[reply] * CALLS) as server:
-            provider = AnthropicBedrockProvider(
-                "anthropic.claude-sonnet-4-5-20250929-v1:0",
-                base_url=server.url,
-                region="us-east-1",
-                aws_access_key="AKIDEXAMPLE0123456789",
-                aws_secret_key=provider_secret,
-            )
-            try:
-                yield provider
-            finally:
-                await provider.aclose()
+        return [
+            Reply(body=body, content_type="application/vnd.amazon.eventstream", write_size=64)
+        ] * CALLS
+
+    def build(self, url: str, secret: str) -> Provider:
+        return AnthropicBedrockProvider(
+            "anthropic.claude-sonnet-4-5-20250929-v1:0",
+            base_url=url,
+            region="us-east-1",
+            aws_access_key="AKIDEXAMPLE0123456789",
+            aws_secret_key=secret,
+        )
 
 
 # -- the kit's own checks fail when they should -------------------------------------------

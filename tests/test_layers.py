@@ -47,6 +47,19 @@ def copy_sources(root: Path) -> Path:
     return root
 
 
+def lint_with_import(root: Path, module: str, line: str) -> str:
+    """Copy the sources into ``root``, append ``line`` to the module at ``module`` (a
+    path under ``root``; created when new) and run ``lint-imports`` on the copy: the
+    contracts must break, and what they say is returned for the test to check."""
+    copy_sources(root)
+    path = root / module
+    before = path.read_text() if path.exists() else ""
+    path.write_text(before + line)
+    result = lint_imports(root)
+    assert result.returncode != 0
+    return result.stdout
+
+
 @needs_linter
 def test_the_project_keeps_its_layer_contracts():
     result = lint_imports(ROOT)
@@ -56,52 +69,42 @@ def test_the_project_keeps_its_layer_contracts():
 
 @needs_linter
 def test_an_actor_importing_the_host_breaks_the_layers(tmp_path: Path):
-    copy_sources(tmp_path)
-    engine = tmp_path / "actors" / "engine.py"
-    engine.write_text(engine.read_text() + "\nfrom runtime.app.host import Host  # upward\n")
-    result = lint_imports(tmp_path)
-    assert result.returncode != 0
-    assert "actors.engine -> runtime.app.host" in result.stdout
+    stdout = lint_with_import(
+        tmp_path, "actors/engine.py", "\nfrom runtime.app.host import Host  # upward\n"
+    )
+    assert "actors.engine -> runtime.app.host" in stdout
 
 
 @needs_linter
 def test_a_contract_module_importing_the_facade_is_refused(tmp_path: Path):
-    copy_sources(tmp_path)
-    errors = tmp_path / "runtime" / "errors.py"
-    errors.write_text(errors.read_text() + "\nfrom runtime import Agent  # the facade\n")
-    result = lint_imports(tmp_path)
-    assert result.returncode != 0
-    assert "runtime.errors -> runtime" in result.stdout
+    stdout = lint_with_import(
+        tmp_path, "runtime/errors.py", "\nfrom runtime import Agent  # the facade\n"
+    )
+    assert "runtime.errors -> runtime" in stdout
 
 
 @needs_linter
 def test_a_contract_module_importing_the_kits_breaks_the_layers(tmp_path: Path):
-    copy_sources(tmp_path)
-    store = tmp_path / "runtime" / "store.py"
-    store.write_text(store.read_text() + "\nfrom runtime.testing.stores import turn  # a kit\n")
-    result = lint_imports(tmp_path)
-    assert result.returncode != 0
-    assert "runtime.store -> runtime.testing.stores" in result.stdout
+    stdout = lint_with_import(
+        tmp_path, "runtime/store.py", "\nfrom runtime.testing.stores import turn  # a kit\n"
+    )
+    assert "runtime.store -> runtime.testing.stores" in stdout
 
 
 @needs_linter
 def test_the_kits_importing_an_implementation_is_refused(tmp_path: Path):
-    copy_sources(tmp_path)
-    kit = tmp_path / "runtime" / "testing" / "stores.py"
-    kit.write_text(kit.read_text() + "\nfrom actors.stores import MemoryStore\n")
-    result = lint_imports(tmp_path)
-    assert result.returncode != 0
-    assert "runtime.testing.stores -> actors.stores" in result.stdout
+    stdout = lint_with_import(
+        tmp_path, "runtime/testing/stores.py", "\nfrom actors.stores import MemoryStore\n"
+    )
+    assert "runtime.testing.stores -> actors.stores" in stdout
 
 
 @needs_linter
 def test_two_web_modules_importing_each_other_is_a_cycle(tmp_path: Path):
-    copy_sources(tmp_path)
-    resume = tmp_path / "runtime" / "app" / "web" / "resume.py"
-    resume.write_text(resume.read_text() + "\nfrom runtime.app.web.app import create_app\n")
-    result = lint_imports(tmp_path)
-    assert result.returncode != 0
-    assert "No cycles are allowed in runtime.app.web" in result.stdout
+    stdout = lint_with_import(
+        tmp_path, "runtime/app/web/resume.py", "\nfrom runtime.app.web.app import create_app\n"
+    )
+    assert "No cycles are allowed in runtime.app.web" in stdout
 
 
 FAMILIES = ("plugins", "providers")
@@ -160,43 +163,36 @@ def test_every_actor_is_in_the_independence_contract():
 
 @needs_linter
 def test_an_actor_importing_another_actor_is_refused(tmp_path: Path):
-    copy_sources(tmp_path)
-    controller = tmp_path / "actors" / "stream_controller.py"
-    controller.write_text(controller.read_text() + "\nfrom actors.turn.parts import PartsManager\n")
-    result = lint_imports(tmp_path)
-    assert result.returncode != 0
-    assert "actors.stream_controller -> actors.turn.parts " in result.stdout
+    stdout = lint_with_import(
+        tmp_path, "actors/stream_controller.py", "\nfrom actors.turn.parts import PartsManager\n"
+    )
+    assert "actors.stream_controller -> actors.turn.parts " in stdout
 
 
 @needs_linter
 def test_a_provider_importing_another_provider_is_refused(tmp_path: Path):
-    copy_sources(tmp_path)
-    responses = tmp_path / "actors" / "providers" / "openai_responses.py"
-    responses.write_text(
-        responses.read_text() + "\nfrom actors.providers.openai import map_tools\n"
+    stdout = lint_with_import(
+        tmp_path,
+        "actors/providers/openai_responses.py",
+        "\nfrom actors.providers.openai import map_tools\n",
     )
-    result = lint_imports(tmp_path)
-    assert result.returncode != 0
-    assert "actors.providers.openai_responses -> actors.providers.openai " in result.stdout
+    assert "actors.providers.openai_responses -> actors.providers.openai " in stdout
 
 
 @needs_linter
 def test_a_new_contract_module_is_in_the_contract_layer_without_an_edit(tmp_path: Path):
-    copy_sources(tmp_path)
-    (tmp_path / "runtime" / "brand_new.py").write_text("from actors.engine import Engine\n")
-    result = lint_imports(tmp_path)
-    assert result.returncode != 0
-    assert "runtime.brand_new -> actors.engine" in result.stdout
+    stdout = lint_with_import(
+        tmp_path, "runtime/brand_new.py", "from actors.engine import Engine\n"
+    )
+    assert "runtime.brand_new -> actors.engine" in stdout
 
 
 @needs_linter
 def test_a_session_importing_its_host_is_a_cycle(tmp_path: Path):
-    copy_sources(tmp_path)
-    session = tmp_path / "runtime" / "app" / "session.py"
-    session.write_text(session.read_text() + "\nfrom runtime.app.host import Host\n")
-    result = lint_imports(tmp_path)
-    assert result.returncode != 0
-    assert "No cycles are allowed in runtime.app" in result.stdout
+    stdout = lint_with_import(
+        tmp_path, "runtime/app/session.py", "\nfrom runtime.app.host import Host\n"
+    )
+    assert "No cycles are allowed in runtime.app" in stdout
 
 
 def test_importing_runtime_and_actors_loads_no_application_module_and_no_heavy_library():

@@ -68,19 +68,37 @@ OPENAI_USER = {
 INPUT = ["what are these?", Image(data=PNG), Image(url=CAT), File(data=PDF, filename="report.pdf")]
 
 
-async def test_openai_request_carries_image_and_file_blocks_and_restores_them(tmp_path):
+async def bodies_across_a_reload(tmp_path, make_agent, session_id: str, *answers: bytes) -> list:
+    """Three turns of one session (the media input, then two plain ones), the third after
+    the session is reloaded from SQLite: the JSON body of each request the server got."""
     path = str(tmp_path / "s.db")
-    async with loopback_server(
-        Reply(body=oa_answer("a chart")), Reply(body=oa_answer("yes")), Reply(body=oa_answer("ok"))
-    ) as server:
+    async with loopback_server(*[Reply(body=a) for a in answers]) as server:
         async with Host.open(store=path, log_tap=False) as host:
-            session = await host.open_session(openai_agent(server), session_id="oa")
+            session = await host.open_session(make_agent(server), session_id=session_id)
             await session.run(INPUT)
             await session.run("sure?")
         async with Host.open(store=path, log_tap=False) as host:  # reloaded from SQLite
-            session = await host.open_session(openai_agent(server), session_id="oa")
+            session = await host.open_session(make_agent(server), session_id=session_id)
             await session.run("and now?")
-    first, second, third = (r.json()["messages"] for r in server.requests)
+    return [r.json() for r in server.requests]
+
+
+async def refusal(make_agent, answer: bytes, content: list):
+    """One streamed turn of ``content`` that the provider should refuse before any request:
+    its chunks, the server (to see no request came) and the session."""
+    async with loopback_server(Reply(body=answer)) as server:
+        async with Host.open(log_tap=False) as host:
+            session = await host.open_session(make_agent(server))
+            async with session.stream(content) as out:
+                chunks = [c async for c in out]
+    return chunks, server, session
+
+
+async def test_openai_request_carries_image_and_file_blocks_and_restores_them(tmp_path):
+    bodies = await bodies_across_a_reload(
+        tmp_path, openai_agent, "oa", oa_answer("a chart"), oa_answer("yes"), oa_answer("ok")
+    )
+    first, second, third = (b["messages"] for b in bodies)
     assert first == [OPENAI_USER]
     assert second[0] == OPENAI_USER and third[0] == OPENAI_USER
 
@@ -102,11 +120,9 @@ async def test_openai_tool_result_image_becomes_a_text_placeholder():
 
 
 async def test_openai_refuses_a_text_file_before_any_request():
-    async with loopback_server(Reply(body=oa_answer("never"))) as server:
-        async with Host.open(log_tap=False) as host:
-            session = await host.open_session(openai_agent(server))
-            async with session.stream(["read", File(data=b"notes", filename="n.txt")]) as out:
-                chunks = [c async for c in out]
+    chunks, server, session = await refusal(
+        openai_agent, oa_answer("never"), ["read", File(data=b"notes", filename="n.txt")]
+    )
     error = chunks[-1].error
     assert (error.kind, error.retryable) == ("UnsupportedMedia", False)
     assert error.message == (
@@ -134,18 +150,10 @@ ANTHROPIC_USER = {
 
 
 async def test_anthropic_request_carries_image_and_document_blocks_and_restores_them(tmp_path):
-    path = str(tmp_path / "s.db")
-    async with loopback_server(
-        Reply(body=an_answer("a chart")), Reply(body=an_answer("yes")), Reply(body=an_answer("k"))
-    ) as server:
-        async with Host.open(store=path, log_tap=False) as host:
-            session = await host.open_session(anthropic_agent(server), session_id="an")
-            await session.run(INPUT)
-            await session.run("sure?")
-        async with Host.open(store=path, log_tap=False) as host:
-            session = await host.open_session(anthropic_agent(server), session_id="an")
-            await session.run("and now?")
-    first, second, third = (r.json()["messages"] for r in server.requests)
+    bodies = await bodies_across_a_reload(
+        tmp_path, anthropic_agent, "an", an_answer("a chart"), an_answer("yes"), an_answer("k")
+    )
+    first, second, third = (b["messages"] for b in bodies)
     assert first == [ANTHROPIC_USER]
     assert second[0] == ANTHROPIC_USER and third[0] == ANTHROPIC_USER
 
@@ -191,11 +199,7 @@ async def test_anthropic_tool_result_carries_the_image_block():
 
 async def test_anthropic_refuses_an_image_format_it_cannot_take_before_any_request():
     bmp = b"BM" + b"\x00" * 30
-    async with loopback_server(Reply(body=an_answer("never"))) as server:
-        async with Host.open(log_tap=False) as host:
-            session = await host.open_session(anthropic_agent(server))
-            async with session.stream([Image(data=bmp)]) as out:
-                chunks = [c async for c in out]
+    chunks, server, _ = await refusal(anthropic_agent, an_answer("never"), [Image(data=bmp)])
     assert chunks[-1].error.kind == "UnsupportedMedia"
     assert chunks[-1].error.message.startswith("Anthropic cannot take image/bmp images")
     assert server.requests == []
@@ -225,18 +229,10 @@ def gemini_agent(server, **kw) -> Agent:
 
 
 async def test_gemini_request_carries_inline_and_file_data_and_restores_them(tmp_path):
-    path = str(tmp_path / "s.db")
-    async with loopback_server(
-        Reply(body=gm_answer("a chart")), Reply(body=gm_answer("yes")), Reply(body=gm_answer("k"))
-    ) as server:
-        async with Host.open(store=path, log_tap=False) as host:
-            session = await host.open_session(gemini_agent(server), session_id="gm")
-            await session.run(INPUT)
-            await session.run("sure?")
-        async with Host.open(store=path, log_tap=False) as host:  # reloaded from SQLite
-            session = await host.open_session(gemini_agent(server), session_id="gm")
-            await session.run("and now?")
-    first, second, third = (r.json()["contents"] for r in server.requests)
+    bodies = await bodies_across_a_reload(
+        tmp_path, gemini_agent, "gm", gm_answer("a chart"), gm_answer("yes"), gm_answer("k")
+    )
+    first, second, third = (b["contents"] for b in bodies)
     assert first == [GEMINI_USER]
     assert second[0] == GEMINI_USER and third[0] == GEMINI_USER
 
@@ -257,11 +253,7 @@ async def test_gemini_tool_result_image_becomes_a_text_placeholder():
 
 async def test_gemini_refuses_an_image_format_it_cannot_take_before_any_request():
     gif = b"GIF89a" + b"\x00" * 10
-    async with loopback_server(Reply(body=gm_answer("never"))) as server:
-        async with Host.open(log_tap=False) as host:
-            session = await host.open_session(gemini_agent(server))
-            async with session.stream([Image(data=gif)]) as out:
-                chunks = [c async for c in out]
+    chunks, server, _ = await refusal(gemini_agent, gm_answer("never"), [Image(data=gif)])
     assert chunks[-1].error.kind == "UnsupportedMedia"
     assert chunks[-1].error.message.startswith("Gemini cannot take image/gif images")
     assert server.requests == []

@@ -12,13 +12,11 @@ import json
 from typing import Any
 
 import pytest
-import trio
 
 from actors.providers import anthropic
 from actors.providers.anthropic import AnthropicBedrockProvider, AnthropicVertexProvider
 from actors.providers.anthropic_platforms import BEDROCK_STREAM_ERRORS
 from actors.providers.registry import create_provider
-from runtime.actor_messages import InferRequest
 from runtime.chunks import FinishChunk, ReasoningChunk, TextChunk, ToolCallChunk
 from runtime.errors import (
     AuthenticationFailed,
@@ -28,16 +26,15 @@ from runtime.errors import (
     ContextTooLong,
     MalformedStream,
     Overloaded,
-    ProviderError,
     ProviderUnavailable,
     RateLimited,
 )
 from runtime.history import Origin
-from runtime.inbox import Inbox
 from runtime.messages import AssistantMessage, ReasoningPart, TextPart, UserMessage
 from runtime.provider import ProviderOptions
 from tests.support.eventstream import bedrock_stream, exception, message
 from tests.support.loopback import Reply, anthropic_sse, loopback_server
+from tests.support.provider_calls import Run, make_request, replay_with
 from tests.test_provider_e2e import an_end, an_start, an_text, an_thinking, an_tool
 
 TOKEN = "ya29.test-not-a-real-access-token"
@@ -48,20 +45,6 @@ BEDROCK_MODEL = "anthropic.claude-sonnet-4-5-20250929-v1:0"
 EVENTSTREAM = "application/vnd.amazon.eventstream"
 
 
-def make_request(messages: tuple[Any, ...] = (UserMessage(content="Hi"),)) -> InferRequest:
-    return InferRequest(
-        request_id="req-1",
-        session_id="s1",
-        turn_id="turn-1",
-        step=0,
-        instructions="Be brief.",
-        messages=messages,
-        tools=(),
-        reply=Inbox(),
-        cancel_scope=trio.CancelScope(),
-    )
-
-
 def answer(*blocks: dict[str, Any], stop: str = "end_turn") -> list[dict[str, Any]]:
     return [an_start(), *blocks, *an_end(stop)]
 
@@ -69,41 +52,10 @@ def answer(*blocks: dict[str, Any], stop: str = "end_turn") -> list[dict[str, An
 THINKING_ANSWER = answer(*an_thinking(0, "plan", "SIG-1"), *an_text(1, "hello from the cloud"))
 
 
-class Run:
-    def __init__(self) -> None:
-        self.chunks: list[Any] = []
-        self.error: BaseException | None = None
-        self.server: Any = None
-
-    async def emit(self, chunk: Any) -> None:
-        self.chunks.append(chunk)
-
-    @property
-    def text(self) -> str:
-        return "".join(c.text for c in self.chunks if isinstance(c, TextChunk))
-
-    @property
-    def request(self) -> Any:
-        return self.server.requests[-1]
-
-
 async def replay(
     make: Any, *replies: Reply, request: Any = None, expect_error: bool = False
 ) -> Run:
-    run = Run()
-    async with loopback_server(*replies) as server:
-        run.server = server
-        provider = make(server.url)
-        try:
-            await provider.stream(request or make_request(), run.emit)
-        except ProviderError as exc:
-            if not expect_error:
-                raise
-            run.error = exc
-        finally:
-            await provider.aclose()
-    assert (run.error is not None) == expect_error
-    return run
+    return await replay_with(make, *replies, request=request, expect_error=expect_error)
 
 
 def vertex(url: str, **kw: Any) -> AnthropicVertexProvider:

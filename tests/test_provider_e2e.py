@@ -6,9 +6,6 @@ from __future__ import annotations
 
 import base64
 import json
-import sys
-
-import trio
 
 from actors.providers import (
     AnthropicBedrockProvider,
@@ -20,6 +17,7 @@ from actors.providers import (
 from runtime import Agent, Host, tool
 from tests.support.grammar import check_grammar
 from tests.support.loopback import Reply, anthropic_sse, loopback_server, sse
+from tests.support.provider_calls import cli_turn
 
 SIG = "EqQBCkYIBxgCIkB3mZ2a0cT1p0lXvYg8rW+QZ0s1mN4k6Jt7uY2h3Q9xZ8c1V5b0n2m4L6k8J0h2G4f6D8s0=="
 
@@ -305,65 +303,25 @@ async def test_anthropic_three_step_turn_restores_signed_thinking_and_results_ex
 
 
 async def test_cli_runs_a_turn_against_an_openai_compatible_server():
-    async with loopback_server(Reply(body=oa_answer("hello from the server"))) as server:
-        proc = await trio.run_process(
-            [
-                sys.executable,
-                "-m",
-                "runtime",
-                "run",
-                "--jsonl",
-                "--provider",
-                "openai",
-                "--base-url",
-                server.url + "/v1",
-                "--model",
-                "local-model",
-                "--api-key",
-                "test",
-                "Hi",
-            ],
-            capture_stdout=True,
-            capture_stderr=True,
-            check=False,
-        )
-    assert proc.returncode == 0, proc.stderr.decode()
-    chunks = [json.loads(x) for x in proc.stdout.decode().splitlines()]
+    chunks, requests = await cli_turn(
+        Reply(body=oa_answer("hello from the server")),
+        lambda url: ["--provider", "openai", "--base-url", url + "/v1", "--model", "local-model"],
+    )
     check_grammar(chunks)
     assert (
         "".join(c["text"] for c in chunks if c["type"] == "text-delta") == "hello from the server"
     )
-    assert server.requests[0].json()["model"] == "local-model"
+    assert requests[0].json()["model"] == "local-model"
 
 
 async def test_cli_runs_a_turn_against_an_anthropic_compatible_server():
     body = anthropic_sse(an_start(), *an_text(0, "hello from claude"), *an_end("end_turn"))
-    async with loopback_server(Reply(body=body)) as server:
-        proc = await trio.run_process(
-            [
-                sys.executable,
-                "-m",
-                "runtime",
-                "run",
-                "--jsonl",
-                "--provider",
-                "anthropic",
-                "--base-url",
-                server.url,
-                "--model",
-                "claude-x",
-                "--api-key",
-                "test",
-                "Hi",
-            ],
-            capture_stdout=True,
-            capture_stderr=True,
-            check=False,
-        )
-    assert proc.returncode == 0, proc.stderr.decode()
-    chunks = [json.loads(x) for x in proc.stdout.decode().splitlines()]
+    chunks, requests = await cli_turn(
+        Reply(body=body),
+        lambda url: ["--provider", "anthropic", "--base-url", url, "--model", "claude-x"],
+    )
     assert "".join(c["text"] for c in chunks if c["type"] == "text-delta") == "hello from claude"
-    assert server.requests[0].json()["model"] == "claude-x"
+    assert requests[0].json()["model"] == "claude-x"
 
 
 async def test_open_model_think_tags_split_across_deltas_become_reasoning_parts():
@@ -516,31 +474,13 @@ async def test_an_agent_named_by_a_model_string_runs_on_that_provider(monkeypatc
 
 
 async def test_cli_runs_a_turn_on_gemini_named_by_its_model_string():
-    async with loopback_server(Reply(body=gm_answer("hello from the cli"))) as server:
-        proc = await trio.run_process(
-            [
-                sys.executable,
-                "-m",
-                "runtime",
-                "run",
-                "--jsonl",
-                "--model",
-                "google:gemini-2.5-flash-lite",
-                "--base-url",
-                server.url,
-                "--api-key",
-                "test",
-                "Hi",
-            ],
-            capture_stdout=True,
-            capture_stderr=True,
-            check=False,
-        )
-    assert proc.returncode == 0, proc.stderr.decode()
-    chunks = [json.loads(x) for x in proc.stdout.decode().splitlines()]
+    chunks, requests = await cli_turn(
+        Reply(body=gm_answer("hello from the cli")),
+        lambda url: ["--model", "google:gemini-2.5-flash-lite", "--base-url", url],
+    )
     check_grammar(chunks)
     assert "".join(c["text"] for c in chunks if c["type"] == "text-delta") == "hello from the cli"
-    assert "gemini-2.5-flash-lite:streamGenerateContent" in server.requests[0].path
+    assert "gemini-2.5-flash-lite:streamGenerateContent" in requests[0].path
 
 
 # -- Claude on Vertex and Bedrock ------------------------------------------------------------

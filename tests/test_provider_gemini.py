@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import trio
 
 from actors.providers.gemini import (
     SIGNATURE_SENTINEL,
@@ -55,7 +54,6 @@ from runtime.errors import (
     UnsupportedMedia,
 )
 from runtime.history import INTERRUPTED, Origin, repair
-from runtime.inbox import Inbox
 from runtime.messages import (
     AssistantMessage,
     Image,
@@ -71,6 +69,13 @@ from runtime.output_schema import output_schema
 from runtime.tools import tool
 from tests.recordings.google.generate import signature
 from tests.support.loopback import Reply, loopback_server
+from tests.support.provider_calls import (
+    Run,
+    cancel_after_first_chunk,
+    make_request,
+    replay_with,
+    served_items,
+)
 
 RECORDINGS = Path(__file__).parent / "recordings" / "google"
 MODEL = "gemini-2.5-flash"
@@ -87,52 +92,6 @@ def wire(sig: str) -> str:
     return base64.urlsafe_b64encode(base64.b64decode(sig)).decode()
 
 
-def make_request(
-    messages: tuple[Any, ...] = (UserMessage(content="Hi"),),
-    *,
-    tools: tuple[Any, ...] = (),
-    instructions: str | None = "Be brief.",
-    settings: dict[str, Any] | None = None,
-    output: Any = None,
-) -> InferRequest:
-    return InferRequest(
-        request_id="req-1",
-        session_id="s1",
-        turn_id="turn-1",
-        step=0,
-        instructions=instructions,
-        messages=messages,
-        tools=tools,
-        reply=Inbox(),
-        cancel_scope=trio.CancelScope(),
-        settings=settings or {},
-        output=output,
-    )
-
-
-class Run:
-    """What one replayed call left behind: the chunks, the error, the server."""
-
-    def __init__(self) -> None:
-        self.chunks: list[Any] = []
-        self.error: BaseException | None = None
-        self.server: Any = None
-
-    async def emit(self, chunk: Any) -> None:
-        self.chunks.append(chunk)
-
-    def of(self, cls: type) -> list[Any]:
-        return [c for c in self.chunks if isinstance(c, cls)]
-
-    @property
-    def text(self) -> str:
-        return "".join(c.text for c in self.of(TextChunk))
-
-    @property
-    def body(self) -> Any:
-        return self.server.requests[-1].json()
-
-
 async def replay(
     *replies: Reply,
     request: InferRequest | None = None,
@@ -140,20 +99,12 @@ async def replay(
     model: str = MODEL,
     **provider_kw: Any,
 ) -> Run:
-    run = Run()
-    async with loopback_server(*replies) as server:
-        run.server = server
-        provider = GeminiProvider(model, base_url=server.url, api_key=KEY, **provider_kw)
-        try:
-            await provider.stream(request or make_request(), run.emit)
-        except ProviderError as exc:
-            if not expect_error:
-                raise
-            run.error = exc
-        finally:
-            await provider.aclose()
-    assert (run.error is not None) == expect_error
-    return run
+    return await replay_with(
+        lambda url: GeminiProvider(model, base_url=url, api_key=KEY, **provider_kw),
+        *replies,
+        request=request,
+        expect_error=expect_error,
+    )
 
 
 def sse_reply(name: str, **kw: Any) -> Reply:
@@ -424,35 +375,20 @@ async def test_no_next_chunk_within_the_timeout_is_provider_timeout():
 
 
 async def test_cancelling_the_request_stops_the_stream_promptly():
-    request = make_request()
-    chunks: list[Any] = []
-
-    async def emit(chunk: Any) -> None:
-        chunks.append(chunk)
-        request.cancel_scope.cancel()  # the requester gives up after the first chunk
-
     slow = sse_reply("text.sse", write_size=40, delay=0.05)
-    async with loopback_server(slow) as server:
-        provider = GeminiProvider(MODEL, base_url=server.url, api_key=KEY)
-        with trio.fail_after(5):
-            with request.cancel_scope:
-                await provider.stream(request, emit)
-        await provider.aclose()
+    request, chunks = await cancel_after_first_chunk(
+        lambda url: GeminiProvider(MODEL, base_url=url, api_key=KEY), slow
+    )
     assert request.cancel_scope.cancelled_caught
     assert chunks == [TextChunk(text="Hello")]
 
 
 async def test_a_failure_reaches_the_requester_as_stream_failed():
     """Through the actor path: chunks first, then StreamFailed as the last item."""
-    async with loopback_server(sse_reply("overloaded-midstream.sse")) as server:
-        provider = GeminiProvider(MODEL, base_url=server.url, api_key=KEY)
-        request = make_request()
-        await provider.serve(request)
-        items: list[Any] = []
-        request.reply.drain_nowait(batches := [])
-        for batch in batches:
-            items.extend(batch)
-        await provider.aclose()
+    items = await served_items(
+        lambda url: GeminiProvider(MODEL, base_url=url, api_key=KEY),
+        sse_reply("overloaded-midstream.sse"),
+    )
     assert [type(i).__name__ for i in items] == ["TextChunk", "TextChunk", "StreamFailed"]
     assert isinstance(items[-1], StreamFailed) and isinstance(items[-1].error, Overloaded)
 

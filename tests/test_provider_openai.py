@@ -16,7 +16,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import attrs
 import pytest
 import trio
 
@@ -40,7 +39,6 @@ from runtime.chunks import (
 )
 from runtime.errors import (
     AuthenticationFailed,
-    AxonError,
     BadRequest,
     ConnectionLost,
     ContextTooLong,
@@ -64,7 +62,9 @@ from runtime.messages import (
     UserMessage,
 )
 from runtime.tools import tool
+from tests.support import provider_calls
 from tests.support.loopback import Reply, loopback_server, sse
+from tests.support.provider_calls import Call, call_with
 
 REPO = Path(__file__).resolve().parents[1]
 RECORDINGS = Path(__file__).resolve().parent / "recordings" / "openai"
@@ -85,76 +85,25 @@ def recording(name: str) -> bytes:
 
 
 def make_request(messages=None, *, instructions=None, tools=(), settings=None) -> InferRequest:
-    return InferRequest(
-        request_id="req-1",
-        session_id="s1",
-        turn_id="t1",
-        step=0,
-        instructions=instructions,
-        messages=tuple(messages or (UserMessage(content="hi"),)),
+    return provider_calls.make_request(
+        tuple(messages or (UserMessage(content="hi"),)),
         tools=tuple(tools),
-        reply=Inbox(),
-        cancel_scope=trio.CancelScope(),
-        settings=settings or {},
+        instructions=instructions,
+        settings=settings,
+        turn_id="t1",
     )
 
 
-@attrs.define
-class Run:
-    """What one provider call emitted, how it failed, and what the server received."""
-
-    chunks: list[Any]
-    error: AxonError | None
-    requests: list[Any]
-
-    @property
-    def text(self) -> str:
-        return "".join(c.text for c in self.chunks if isinstance(c, TextChunk))
-
-    @property
-    def reasoning(self) -> str:
-        return "".join(c.text for c in self.chunks if isinstance(c, ReasoningChunk))
-
-    @property
-    def calls(self) -> list[ToolCallChunk]:
-        return [c for c in self.chunks if isinstance(c, ToolCallChunk)]
-
-    @property
-    def usage(self) -> Usage | None:
-        found = [c.usage for c in self.chunks if isinstance(c, UsageChunk)]
-        return found[-1] if found else None
-
-    @property
-    def finish(self) -> FinishChunk:
-        assert isinstance(self.chunks[-1], FinishChunk), self.chunks[-1:]
-        return self.chunks[-1]
-
-    def of(self, kind: type) -> list[Any]:
-        return [c for c in self.chunks if isinstance(c, kind)]
-
-    def body(self) -> dict[str, Any]:
-        return self.requests[-1].json()
+Run = Call
 
 
 async def run(*replies: Reply, request: InferRequest | None = None, **options: Any) -> Run:
     """Serve ``replies`` and make one ``provider.stream`` call against them."""
-    async with loopback_server(*replies) as server:
-        provider = OpenAIProvider(
-            "gpt-4o-mini", base_url=server.url + "/v1", api_key=API_KEY, **options
-        )
-        chunks: list[Any] = []
-
-        async def emit(chunk: Any) -> None:
-            chunks.append(chunk)
-
-        error = None
-        try:
-            await provider.stream(request or make_request(), emit)
-        except AxonError as exc:
-            error = exc
-        finally:
-            await provider.aclose()
-        return Run(chunks, error, server.requests)
+    return await call_with(
+        lambda url: OpenAIProvider("gpt-4o-mini", base_url=url + "/v1", api_key=API_KEY, **options),
+        *replies,
+        request=request or make_request(),
+    )
 
 
 async def replay(name: str, **reply: Any) -> Run:

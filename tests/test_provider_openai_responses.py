@@ -48,14 +48,12 @@ from runtime.chunks import (
 )
 from runtime.errors import (
     AuthenticationFailed,
-    AxonError,
     BadRequest,
     ConnectionLost,
     MalformedStream,
     ProviderUnavailable,
     RateLimited,
 )
-from runtime.inbox import Inbox
 from runtime.messages import (
     AssistantMessage,
     ProviderDataPart,
@@ -67,8 +65,10 @@ from runtime.messages import (
     UserMessage,
 )
 from runtime.provider import ProviderOptions
+from tests.support import provider_calls
 from tests.support.grammar import check_grammar
 from tests.support.loopback import Reply, anthropic_sse, loopback_server, sse
+from tests.support.provider_calls import Call, call_with, cli_turn
 
 REPO = Path(__file__).resolve().parents[1]
 RECORDINGS = Path(__file__).resolve().parent / "recordings" / "openai-responses"
@@ -193,71 +193,27 @@ def call(index: int, item_id: str, call_id: str, arguments: str, name: str = "lo
 
 
 def make_request(messages=None, *, instructions=None, tools=(), settings=None) -> InferRequest:
-    return InferRequest(
-        request_id="req-1",
-        session_id="s1",
-        turn_id="t1",
-        step=0,
-        instructions=instructions,
-        messages=tuple(messages or (UserMessage(content="hi"),)),
+    return provider_calls.make_request(
+        tuple(messages or (UserMessage(content="hi"),)),
         tools=tuple(tools),
-        reply=Inbox(),
-        cancel_scope=trio.CancelScope(),
-        settings=settings or {},
+        instructions=instructions,
+        settings=settings,
+        turn_id="t1",
     )
 
 
-@attrs.define
-class Run:
-    """What one provider call emitted, how it failed, and what the server received."""
-
-    chunks: list[Any]
-    error: AxonError | None
-    requests: list[Any]
-
-    @property
-    def text(self) -> str:
-        return "".join(c.text for c in self.chunks if isinstance(c, TextChunk))
-
-    @property
-    def reasoning(self) -> str:
-        return "".join(c.text for c in self.chunks if isinstance(c, ReasoningChunk))
-
-    @property
-    def calls(self) -> list[ToolCallChunk]:
-        return [c for c in self.chunks if isinstance(c, ToolCallChunk)]
-
-    @property
-    def finish(self) -> FinishChunk:
-        assert isinstance(self.chunks[-1], FinishChunk), self.chunks[-1:]
-        return self.chunks[-1]
-
-    def of(self, kind: type) -> list[Any]:
-        return [c for c in self.chunks if isinstance(c, kind)]
-
-    def body(self) -> dict[str, Any]:
-        return self.requests[-1].json()
+Run = Call
 
 
 async def run(*replies: Reply, request: InferRequest | None = None, **options: Any) -> Run:
     """Serve ``replies`` and make one ``provider.stream`` call against them."""
-    async with loopback_server(*replies) as server:
-        provider = OpenAIResponsesProvider(
-            "gpt-5-mini", base_url=server.url + "/v1", api_key=API_KEY, **options
-        )
-        chunks: list[Any] = []
-
-        async def emit(chunk: Any) -> None:
-            chunks.append(chunk)
-
-        error = None
-        try:
-            await provider.stream(request or make_request(), emit)
-        except AxonError as exc:
-            error = exc
-        finally:
-            await provider.aclose()
-        return Run(chunks, error, server.requests)
+    return await call_with(
+        lambda url: OpenAIResponsesProvider(
+            "gpt-5-mini", base_url=url + "/v1", api_key=API_KEY, **options
+        ),
+        *replies,
+        request=request or make_request(),
+    )
 
 
 async def replay(name: str, **reply: Any) -> Run:
@@ -1198,32 +1154,14 @@ async def test_a_history_from_chat_completions_and_anthropic_is_restored_without
 
 
 async def test_the_cli_runs_a_turn_with_provider_openai_responses():
-    async with loopback_server(Reply(body=answer("hello from responses"))) as server:
-        proc = await trio.run_process(
-            [
-                sys.executable,
-                "-m",
-                "runtime",
-                "run",
-                "--jsonl",
-                "--provider",
-                "openai-responses",
-                "--base-url",
-                server.url + "/v1",
-                "--api-key",
-                "test",
-                "Hi",
-            ],
-            capture_stdout=True,
-            capture_stderr=True,
-            check=False,
-        )
-    assert proc.returncode == 0, proc.stderr.decode()
-    chunks = [json.loads(x) for x in proc.stdout.decode().splitlines()]
+    chunks, requests = await cli_turn(
+        Reply(body=answer("hello from responses")),
+        lambda url: ["--provider", "openai-responses", "--base-url", url + "/v1"],
+    )
     check_grammar(chunks)
     assert "".join(c["text"] for c in chunks if c["type"] == "text-delta") == "hello from responses"
-    assert server.requests[0].path == "/v1/responses"
-    assert server.requests[0].json()["model"] == "gpt-5-mini"
+    assert requests[0].path == "/v1/responses"
+    assert requests[0].json()["model"] == "gpt-5-mini"
 
 
 # -- images and files ------------------------------------------------------------------------

@@ -74,33 +74,51 @@ DELTAS = 20_000
 an unbounded pipeline takes the whole turn long before the send timeout."""
 
 
+class Flood:
+    """An agent whose one answer is :data:`DELTAS` text deltas: how many its provider was
+    asked for (``pulled``), the turns that finished, and an event set when one has."""
+
+    def __init__(self) -> None:
+        self.pulled = [0]
+        self.finished: list[Any] = []
+        self.over = trio.Event()
+
+        def deltas() -> Iterator[str]:
+            for _ in range(DELTAS):
+                self.pulled[0] += 1
+                yield TEXT_DELTA
+
+        async def on_turn_finish(event: Any) -> None:
+            self.finished.append(event)
+            self.over.set()
+
+        provider = ScriptedProvider(responder=lambda request: deltas())
+        self.agent = Agent(provider=provider, hooks=Hooks(on_turn_finish=on_turn_finish))
+
+
+async def read_nothing_until_over(
+    server: WebServer, flood: Flood, request: bytes, session_id: str
+) -> tuple[bytes, Any]:
+    """Send ``request`` over a socket with a small receive buffer, read nothing until the
+    turn is over, then read what is left: the response and the session's saved record."""
+    with trio.fail_after(60):
+        sock = await connect(server, receive_buffer=4096)
+        with sock:
+            await sock.send(request)
+            await flood.over.wait()  # the client reads nothing meanwhile
+            response = await read_to_end(sock)
+        record = await server.host.store.load(session_id)
+    return response, record
+
+
 async def test_a_client_that_never_reads_is_dropped_and_its_turn_saved_interrupted(monkeypatch):
     # A small cap keeps the pipeline's bound (inbox capacities x cap) small for the test.
     monkeypatch.setattr(Batcher, "max_items", 1)
-    pulled = [0]
-
-    def deltas() -> Iterator[str]:
-        for _ in range(DELTAS):
-            pulled[0] += 1
-            yield TEXT_DELTA
-
-    finished: list[Any] = []
-    over = trio.Event()
-
-    async def on_turn_finish(event: Any) -> None:
-        finished.append(event)
-        over.set()
-
-    provider = ScriptedProvider(responder=lambda request: deltas())
-    agent = Agent(provider=provider, hooks=Hooks(on_turn_finish=on_turn_finish))
-    async with web_server(agent, send_timeout=2) as server:
-        with trio.fail_after(60):
-            sock = await connect(server, receive_buffer=4096)
-            with sock:
-                await sock.send(chat_request(server, json.dumps(body("stuck")).encode()))
-                await over.wait()  # the client reads nothing meanwhile
-                response = await read_to_end(sock)
-            record = await server.host.store.load("stuck")
+    flood = Flood()
+    async with web_server(flood.agent, send_timeout=2) as server:
+        request = chat_request(server, json.dumps(body("stuck")).encode())
+        response, record = await read_nothing_until_over(server, flood, request, "stuck")
+    finished, pulled = flood.finished, flood.pulled
 
     # the turn was cancelled because of the client, and saved with what it had produced
     assert [(e.finish_reason, e.abort_reason) for e in finished] == [

@@ -78,6 +78,40 @@ def anthropic_sse(*events: dict[str, Any]) -> bytes:
     return "".join(f"event: {e['type']}\ndata: {json.dumps(e)}\n\n" for e in events).encode()
 
 
+def responses_sse(model: str, n: int, events: list[dict[str, Any]]) -> bytes:
+    """OpenAI Responses SSE body of response ``resp_{n}``: ``response.created``, the
+    output ``events``, ``response.completed`` (10 tokens in, 5 out), each numbered."""
+    response = {
+        "id": f"resp_{n}",
+        "object": "response",
+        "created_at": 1,
+        "model": model,
+        "output": [],
+        "parallel_tool_calls": True,
+        "tool_choice": "auto",
+        "tools": [],
+    }
+    usage = {
+        "input_tokens": 10,
+        "input_tokens_details": {"cached_tokens": 0},
+        "output_tokens": 5,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": 15,
+    }
+    every = [
+        {"type": "response.created", "response": {**response, "status": "in_progress"}},
+        *events,
+        {
+            "type": "response.completed",
+            "response": {**response, "status": "completed", "usage": usage},
+        },
+    ]
+    return "".join(
+        f"event: {e['type']}\ndata: {json.dumps({**e, 'sequence_number': i})}\n\n"
+        for i, e in enumerate(every)
+    ).encode()
+
+
 async def _handle(stream: trio.SocketStream, server: LoopbackServer) -> None:
     conn = h11.Connection(h11.SERVER)
     try:

@@ -32,7 +32,7 @@ from urllib.parse import unquote
 import attrs
 
 from tests.support.eventstream import bedrock_stream
-from tests.support.loopback import Recorded, Reply, anthropic_sse
+from tests.support.loopback import Recorded, Reply, anthropic_sse, responses_sse
 
 
 def _refuse(error: dict[str, Any]) -> Reply:
@@ -172,30 +172,12 @@ class SealingResponses:
 
 
 def _responses_answer(model: str, n: int, content: str, text: str) -> bytes:
-    response = {
-        "id": f"resp_{n}",
-        "object": "response",
-        "created_at": 1,
-        "model": model,
-        "output": [],
-        "parallel_tool_calls": True,
-        "tool_choice": "auto",
-        "tools": [],
-    }
-    usage = {
-        "input_tokens": 10,
-        "input_tokens_details": {"cached_tokens": 0},
-        "output_tokens": 5,
-        "output_tokens_details": {"reasoning_tokens": 0},
-        "total_tokens": 15,
-    }
     summary = [{"type": "summary_text", "text": f"thought {n}"}]
     reasoning = {"id": f"rs_{n}", "type": "reasoning", "summary": summary}
     reasoning["encrypted_content"] = content
     head = {"id": f"msg_{n}", "type": "message", "role": "assistant"}
     part = {"type": "output_text", "text": text, "annotations": []}
     events: list[dict[str, Any]] = [
-        {"type": "response.created", "response": {**response, "status": "in_progress"}},
         {"type": "response.output_item.added", "output_index": 0, "item": reasoning},
         {"type": "response.output_item.done", "output_index": 0, "item": reasoning},
         {
@@ -216,15 +198,8 @@ def _responses_answer(model: str, n: int, content: str, text: str) -> bytes:
             "output_index": 1,
             "item": {**head, "status": "completed", "content": [part]},
         },
-        {
-            "type": "response.completed",
-            "response": {**response, "status": "completed", "usage": usage},
-        },
     ]
-    return "".join(
-        f"event: {e['type']}\ndata: {json.dumps({**e, 'sequence_number': i})}\n\n"
-        for i, e in enumerate(events)
-    ).encode()
+    return responses_sse(model, n, events)
 
 
 SENTINEL = "skip_thought_signature_validator"

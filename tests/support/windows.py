@@ -45,7 +45,7 @@ from tests.support.faults import (
     oa_text,
     oa_tool_calls,
 )
-from tests.support.loopback import Recorded, Reply
+from tests.support.loopback import Recorded, Reply, responses_sse
 
 ANSWER = "Here is a considered answer to that question, with some detail. " * 5
 """About 80 tokens of answer text."""
@@ -186,26 +186,7 @@ class ChatWindow(WindowServer):
 
 
 def _events(model: str, n: int, items: list[dict[str, Any]]) -> bytes:
-    response = {
-        "id": f"resp_{n}",
-        "object": "response",
-        "created_at": 1,
-        "model": model,
-        "output": [],
-        "parallel_tool_calls": True,
-        "tool_choice": "auto",
-        "tools": [],
-    }
-    usage = {
-        "input_tokens": 10,
-        "input_tokens_details": {"cached_tokens": 0},
-        "output_tokens": 5,
-        "output_tokens_details": {"reasoning_tokens": 0},
-        "total_tokens": 15,
-    }
-    events: list[dict[str, Any]] = [
-        {"type": "response.created", "response": {**response, "status": "in_progress"}}
-    ]
+    events: list[dict[str, Any]] = []
     for index, item in enumerate(items):
         events.append({"type": "response.output_item.added", "output_index": index, "item": item})
         if item["type"] == "message":
@@ -221,16 +202,7 @@ def _events(model: str, n: int, items: list[dict[str, Any]]) -> bytes:
                 }
             )
         events.append({"type": "response.output_item.done", "output_index": index, "item": item})
-    events.append(
-        {
-            "type": "response.completed",
-            "response": {**response, "status": "completed", "usage": usage},
-        }
-    )
-    return "".join(
-        f"event: {e['type']}\ndata: {json.dumps({**e, 'sequence_number': i})}\n\n"
-        for i, e in enumerate(events)
-    ).encode()
+    return responses_sse(model, n, events)
 
 
 @attrs.define
