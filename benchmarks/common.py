@@ -28,6 +28,8 @@ class Sizes:
 
     pipeline_deltas: int = 1000
     pipeline_rounds: int = 31
+    pipeline_long_deltas: int = 10_000
+    pipeline_long_rounds: int = 11
     warmup: int = 2
     ttfd_rounds: int = 21
     core_sizes: tuple[int, int] = (10_000, 100_000)
@@ -59,6 +61,8 @@ FULL = Sizes()
 QUICK = Sizes(
     pipeline_deltas=40,
     pipeline_rounds=2,
+    pipeline_long_deltas=120,
+    pipeline_long_rounds=2,
     warmup=1,
     ttfd_rounds=2,
     core_sizes=(200, 2000),

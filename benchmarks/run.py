@@ -145,7 +145,8 @@ def run_all(
     n = sizes.pipeline_deltas
     server: LoopbackServer | None = None
     if "pipeline" in only or "peers" in only:
-        server = LoopbackServer([("openai", n), ("anthropic", n)])
+        long_n = sizes.pipeline_long_deltas
+        server = LoopbackServer([(fmt, k) for fmt in ("openai", "anthropic") for k in (n, long_n)])
     try:
         for name in BENCHMARKS:
             if name not in only:
