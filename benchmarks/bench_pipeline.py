@@ -253,9 +253,7 @@ def _added_figure(
     )
 
 
-async def _whole_stream(
-    sizes: Sizes, server: ServerAddress, host: Any, fmt: str
-) -> tuple[list[Figure], dict[str, list[float]]]:
+async def _whole_stream(sizes: Sizes, server: ServerAddress, host: Any, fmt: str) -> list[Figure]:
     """Figures 1, 1f and 6b: the raw SDK, the floor and Axon on the burst body."""
     from runtime import Agent
 
@@ -325,7 +323,7 @@ async def _whole_stream(
             None,
         ),
     ]
-    return figures, times
+    return figures
 
 
 async def _first_delta(sizes: Sizes, server: ServerAddress, host: Any, fmt: str) -> list[Figure]:
@@ -372,17 +370,20 @@ async def _first_delta(sizes: Sizes, server: ServerAddress, host: Any, fmt: str)
     ]
 
 
-async def _long_stream(
-    sizes: Sizes, server: ServerAddress, host: Any, fmt: str, short: dict[str, list[float]]
-) -> list[Figure]:
+async def _long_stream(sizes: Sizes, server: ServerAddress, host: Any, fmt: str) -> list[Figure]:
     """Figure 1l (the floor and Axon on a long burst) and 1c: what Axon adds to the
-    floor, split into a per-turn and a per-delta part by the two lengths' medians."""
+    floor, split into a per-turn and a per-delta part. The short body is read again in
+    the same rounds (floor and Axon), so the split compares medians of one load."""
     from runtime import Agent
 
     n, long_n = sizes.pipeline_deltas, sizes.pipeline_long_deltas
-    url = server.url(fmt, long_n, "burst")
+    url, short_url = server.url(fmt, long_n, "burst"), server.url(fmt, n, "burst")
     floor, floor_close = floor_side(fmt, url)
+    short_floor, short_floor_close = floor_side(fmt, short_url)
     agent = Agent(name="bench", provider=make_provider(fmt, url), instructions=INSTRUCTIONS)
+    short_agent = Agent(
+        name="bench", provider=make_provider(fmt, short_url), instructions=INSTRUCTIONS
+    )
     seen: dict[str, list[Any]] = {}
     times = await alternate(
         sizes.pipeline_long_rounds,
@@ -390,10 +391,13 @@ async def _long_stream(
         {
             "floor": _timed(floor, seen, "floor", long_n),
             "axon": _timed(axon_side(host, agent, f"{fmt}-l"), seen, "axon", long_n),
+            "short_floor": _timed(short_floor, seen, "short_floor", n),
+            "short_axon": _timed(axon_side(host, short_agent, f"{fmt}-s"), seen, "short_axon", n),
         },
         collect=False,
     )
     await floor_close()
+    await short_floor_close()
     figure = _ratio_figure(
         f"pipeline_long.{fmt}",
         f"1l. Pipeline / floor, {fmt} ({long_n} deltas)",
@@ -406,7 +410,7 @@ async def _long_stream(
 
     def split(side: str) -> tuple[float, float]:
         """(ms per turn, us per delta) of ``side``, from the medians at both lengths."""
-        a, b = median(short[side]), median(times[side])
+        a, b = median(times["short_" + side]), median(times[side])
         per_delta = (b - a) / (long_n - n)
         return (a - per_delta * n) * 1e3, per_delta * 1e6
 
@@ -422,7 +426,7 @@ async def _long_stream(
             f"{added:+.1f} us/delta and {axon_fixed - floor_fixed:+.2f} ms/turn; "
             f"axon {axon_per:.1f} us/delta + {axon_fixed:.2f} ms, "
             f"floor {floor_per:.1f} us/delta + {floor_fixed:.2f} ms "
-            f"(medians at {n} and {long_n} deltas)"
+            f"(medians at {n} and {long_n} deltas, in the same rounds)"
         ),
         data={
             "axon_us_per_delta": axon_per,
@@ -438,16 +442,14 @@ async def _measure(sizes: Sizes, server: ServerAddress, directory: str) -> list[
     from runtime import Host
 
     figures: list[Figure] = []
-    short: dict[str, dict[str, list[float]]] = {}
     sink = LogSink(directory)
     try:
         async with Host.open(store=str(Path(directory) / "pipeline.db")) as host:
             for fmt in FORMATS:
-                got, short[fmt] = await _whole_stream(sizes, server, host, fmt)
-                figures += got
+                figures += await _whole_stream(sizes, server, host, fmt)
                 figures += await _first_delta(sizes, server, host, fmt)
             for fmt in FORMATS:
-                figures += await _long_stream(sizes, server, host, fmt, short[fmt])
+                figures += await _long_stream(sizes, server, host, fmt)
             lines = sink.lines()
     finally:
         sink.close()
