@@ -55,6 +55,7 @@ class Sizes:
     store_rounds: int = 31
     aio_deltas: int = 10_000
     aio_rounds: int = 15
+    approval_rounds: int = 31
 
 
 FULL = Sizes()
@@ -85,6 +86,7 @@ QUICK = Sizes(
     store_rounds=2,
     aio_deltas=200,
     aio_rounds=2,
+    approval_rounds=2,
 )
 
 

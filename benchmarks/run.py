@@ -31,7 +31,17 @@ from benchmarks.common import (
     python_env,
 )
 
-BENCHMARKS = ("startup", "pipeline", "core", "concurrency", "long", "workers", "peers", "aio")
+BENCHMARKS = (
+    "startup",
+    "pipeline",
+    "core",
+    "concurrency",
+    "long",
+    "workers",
+    "approval",
+    "peers",
+    "aio",
+)
 DEFAULT_OUTPUT = REPO / "benchmarks" / "results" / "latest.json"
 
 
@@ -105,6 +115,10 @@ def run_one(name: str, sizes: Sizes, port: int | None, peers_python: str | None)
         from benchmarks import bench_workers
 
         return bench_workers.run(sizes)
+    if name == "approval":
+        from benchmarks import bench_approval
+
+        return bench_approval.run(sizes)
     if name == "peers":
         from benchmarks import bench_peers
 

@@ -104,7 +104,7 @@ if TYPE_CHECKING:
         UserPart,
     )
     from runtime.output import OutputChunk
-    from runtime.provider import Provider
+    from runtime.provider import FallbackProvider, Provider
     from runtime.retry import RetryPolicy
     from runtime.store import SessionInfo, SessionRecord, Store, validate_session_id
     from runtime.tools import Tool, ToolContext, tool
@@ -186,7 +186,7 @@ _MODULES: dict[str, tuple[str, ...]] = {
         "UserPart",
     ),
     "runtime.output": ("OutputChunk",),
-    "runtime.provider": ("Provider",),
+    "runtime.provider": ("FallbackProvider", "Provider"),
     "runtime.retry": ("RetryPolicy",),
     "runtime.store": ("SessionInfo", "SessionRecord", "Store", "validate_session_id"),
     "runtime.tools": ("Tool", "ToolContext", "tool"),
@@ -231,6 +231,7 @@ __all__ = [
     "ContextTooLong",
     "DecisionError",
     "Event",
+    "FallbackProvider",
     "File",
     "FinishChunk",
     "Hooks",

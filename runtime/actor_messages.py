@@ -463,6 +463,62 @@ class TurnCancel:
             self.scope.cancel()
 
 
+@attrs.define(kw_only=True, slots=True, eq=False)
+class SteeredInput:
+    """A user message handed to a running turn (the ``steer`` busy strategy,
+    :mod:`runtime.busy`). ``taken`` is set once its fate is known: ``accepted`` when
+    the turn inserted it at a step boundary (its user message has ``user_message_id``),
+    not when the turn ended first (then the message starts a turn of its own)."""
+
+    content: UserContent
+    user_message_id: str
+    taken: trio.Event = attrs.field(factory=trio.Event)
+    accepted: bool = False
+    step: int | None = None
+    """The step the model first saw it before, once accepted."""
+
+
+@attrs.define(slots=True, eq=False)
+class TurnSteering:
+    """How user messages reach a running turn, as data in :class:`RunTurn` (like
+    :class:`TurnCancel`, shared by the turn's stream and its runner).
+
+    The session :meth:`offer` s a message; the runner :meth:`take` s what waits at each
+    step boundary, and :meth:`close` s the box when the turn's steps are over, which
+    hands back what it never took. All synchronous: no message is lost between a take
+    and a close, and none is offered to a closed box."""
+
+    waiting: list[SteeredInput] = attrs.field(factory=list)
+    closed: bool = False
+
+    def offer(self, item: SteeredInput) -> bool:
+        """Queue ``item`` for the turn's next step boundary; ``False`` if it is over."""
+        if self.closed:
+            return False
+        self.waiting.append(item)
+        return True
+
+    def withdraw(self, item: SteeredInput) -> None:
+        """Take back ``item`` if the turn has not taken it (its sender left)."""
+        if item in self.waiting:
+            self.waiting.remove(item)
+
+    def take(self, step: int) -> list[SteeredInput]:
+        """The messages that wait, marked accepted before ``step``'s model call."""
+        items, self.waiting = self.waiting, []
+        for item in items:
+            item.accepted, item.step = True, step
+            item.taken.set()
+        return items
+
+    def close(self) -> None:
+        """No step follows: every message still waiting is handed back, not accepted."""
+        self.closed = True
+        items, self.waiting = self.waiting, []
+        for item in items:
+            item.taken.set()
+
+
 @attrs.frozen(kw_only=True, slots=True, eq=False)  # internal: identity is enough
 class RunTurn:
     """Run one turn: what a :class:`~runtime.app.session.TurnStream` sends its session's
@@ -492,6 +548,8 @@ class RunTurn:
     deps: Any = None
     """The session's dependencies (``Session.deps``): what the turn's tools get as
     ``ToolContext.deps``. Held, never copied or saved."""
+    steering: TurnSteering = attrs.field(factory=TurnSteering)
+    """User messages that join the turn while it runs (the ``steer`` busy strategy)."""
     tools: tuple[Any, ...] = ()
     """Tools offered for this turn only, after the agent's own (and its MCP servers'):
     the client-side tools a protocol's caller declares with its request (AG-UI's

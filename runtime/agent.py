@@ -4,11 +4,12 @@ the type of its answer."""
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeGuard
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeGuard, cast
 
 import attrs
 
 from runtime.budget import Budget
+from runtime.busy import REJECT, OnBusy, check_on_busy
 from runtime.errors import ConfigurationError
 from runtime.media import MediaLimits
 from runtime.output_schema import OutputSchema, output_schema
@@ -16,7 +17,7 @@ from runtime.retry import RetryPolicy
 from runtime.tools import Tool, ToolContext, tool
 
 if TYPE_CHECKING:
-    from runtime.provider import Provider
+    from runtime.provider import FallbackProvider, Provider
 
 Hook = Callable[[Any], Awaitable[None]]
 DEFAULT_THINK_TAGS: tuple[tuple[str, str], ...] = (("<think>", "</think>"),)
@@ -54,6 +55,17 @@ def _is_tool_server(value: object) -> TypeGuard[_ToolServer]:
     return getattr(type(value), "is_tool_server", False) is True
 
 
+def _provider(
+    value: Provider | FallbackProvider | Sequence[Provider] | None,
+) -> Provider | FallbackProvider | None:
+    """The ``provider`` converter: a list of providers is a :class:`FallbackProvider`."""
+    if isinstance(value, list | tuple):
+        from runtime.provider import FallbackProvider
+
+        return FallbackProvider(value)  # it refuses anything but providers
+    return cast("Provider | FallbackProvider | None", value)
+
+
 def _tools(value: Sequence[Tool | Callable[..., Any]]) -> tuple[Tool | _ToolServer, ...]:
     """The ``tools`` converter: functions wrapped as tools, servers kept as they are for
     :meth:`Agent.__attrs_post_init__` to move to ``mcp_servers`` (so the field holds
@@ -71,9 +83,37 @@ class Agent:
     """A configured agent. Immutable and shareable: any number of sessions may run it."""
 
     name: str = "assistant"
-    provider: Provider | None = None
-    """The model's provider. Required to run: opening a session for an agent without
-    one is a ``ConfigurationError`` (``ScriptedProvider.demo()`` is the offline demo)."""
+    provider: Provider | FallbackProvider | None = attrs.field(default=None, converter=_provider)
+    """The model's provider. Required to run, or :attr:`model`: opening a session for an
+    agent with neither is a ``ConfigurationError`` (``ScriptedProvider.demo()`` is the
+    offline demo). A list of providers (or a :class:`~runtime.provider.FallbackProvider`)
+    is tried in order: a call the first fails to make (overloaded, rate limited, down)
+    goes on with the next, in the same turn (docs/providers.md)."""
+    model: str | None = attrs.field(default=None)
+    """The model as ``"provider:model"`` (``"openai:gpt-4o-mini"``,
+    ``"anthropic:claude-sonnet-4-5"``, ``"google:gemini-2.5-flash"``), instead of
+    :attr:`provider`: the host builds that provider (as ``--provider NAME --model MODEL``
+    would: the key from the SDK's variable) the first time a session opens, and shares it
+    between the sessions of every agent naming the same string. Giving both ``provider``
+    and ``model`` is a ``ConfigurationError``; so is a string without a ``provider:``
+    prefix, and an unknown provider once a session opens (the registered ones are named).
+    """
+
+    @model.validator
+    def _check_model(self, _attribute: Any, value: str | None) -> None:
+        if value is None:
+            return
+        if self.provider is not None:
+            raise ConfigurationError(
+                "give the agent provider= or model=, not both: model='provider:model' builds "
+                "the provider itself"
+            )
+        prefix, colon, name = value.partition(":") if isinstance(value, str) else ("", "", "")
+        if not (prefix and colon and name):
+            raise ConfigurationError(
+                f"model must be 'provider:model', e.g. 'openai:gpt-4o-mini', not {value!r}"
+            )
+
     instructions: str | None = None
     """The system prompt."""
     tools: tuple[Tool, ...] = attrs.field(default=(), converter=_tools)
@@ -107,6 +147,17 @@ class Agent:
             raise ConfigurationError(
                 f"approval_timeout must be a positive number of seconds or None, not {value!r}"
             )
+
+    on_busy: OnBusy = attrs.field(default=REJECT)
+    """What a new user message does while a turn of a session runs: ``reject`` it
+    (:class:`~runtime.errors.SessionBusy`), ``enqueue`` its turn after the running one,
+    ``interrupt`` the running turn, or ``steer`` it (the message joins the running turn
+    at its next step boundary): :mod:`runtime.busy`, docs/approval.md. A session may
+    override it (``host.open_session(agent, on_busy=...)``)."""
+
+    @on_busy.validator
+    def _check_on_busy(self, _attribute: Any, value: Any) -> None:
+        check_on_busy(value)
 
     def __attrs_post_init__(self) -> None:
         servers = tuple(t for t in self.tools if _is_tool_server(t))

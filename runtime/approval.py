@@ -12,7 +12,7 @@ version-checked save: of two decisions for one call, exactly one is recorded.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import attrs
 
@@ -39,6 +39,10 @@ AWAITING_INPUT = "awaiting-input"
 """The finish reason of a turn that suspended."""
 SUPERSEDED = "superseded"
 """The reason a waiting call is denied with when a new user message arrives instead."""
+WAITING_META = "awaiting_input"
+"""The session meta key that says, without loading the history, how many calls its last
+turn waits for (``0`` or absent: none): set by the save of a turn that suspends, counted
+down by each decision, cleared by the turn that follows. What lists of sessions read."""
 RECORD_ATTEMPTS = 8
 """Times :func:`record_decision` tries again after another writer's save came first."""
 
@@ -210,29 +214,64 @@ def _ever_waited(messages: Sequence[Message], key: str) -> bool:
     )
 
 
+class DecisionSave(Protocol):
+    """How :func:`record_decision` saves a decided history (by default ``store.save``):
+    a store that holds more than the session (a turn queue) saves the decision together
+    with what it means there, in one transaction, and may refuse it by raising."""
+
+    async def __call__(
+        self,
+        *,
+        start: int,
+        messages: Sequence[Message],
+        meta: Mapping[str, Any],
+        expected_version: int,
+        call: PendingCall,
+        complete: bool,
+    ) -> int: ...
+
+
 async def record_decision(
     store: Store,
     session_id: str,
     key: str,
     decision: Decision,
     tools: Mapping[str, Any],
+    *,
+    save: DecisionSave | None = None,
 ) -> Recorded:
     """Record ``decision`` for the waiting call ``key`` of session ``session_id`` in
     ``store``: load, check, save on top of the version loaded. When another writer saved
     in between (a concurrent decision), load again and check again: a call someone else
     decided meanwhile raises :class:`AlreadyDecided`, so of two decisions exactly one
     wins. Raises :class:`UnknownApproval` for an id the session does not wait for (one
-    of another session's is unknown here)."""
+    of another session's is unknown here). ``save`` replaces the version-checked
+    ``store.save`` (it must check ``expected_version`` the same way)."""
     conflict: StoreConflict | None = None
     for _ in range(RECORD_ATTEMPTS):
         record = await store.load(session_id)
         if record is None:
             raise UnknownApproval(f"no call of this session waits for {key!r}")
         index, messages, call, complete = decide(record.messages, key, decision, tools)
+        left = len(pending_calls(messages))
         try:
-            version = await store.save(
-                session_id, index, messages[index:], expected_version=record.version
-            )
+            if save is None:
+                version = await store.save(
+                    session_id,
+                    index,
+                    messages[index:],
+                    {WAITING_META: left},
+                    expected_version=record.version,
+                )
+            else:
+                version = await save(
+                    start=index,
+                    messages=messages[index:],
+                    meta={WAITING_META: left},
+                    expected_version=record.version,
+                    call=call,
+                    complete=complete,
+                )
         except StoreConflict as exc:
             conflict = exc
             continue
@@ -306,7 +345,9 @@ __all__ = [
     "AWAITING_INPUT",
     "CLIENT",
     "SUPERSEDED",
+    "WAITING_META",
     "Decision",
+    "DecisionSave",
     "PendingCall",
     "Recorded",
     "decide",

@@ -5,7 +5,7 @@
 that runs out raises :class:`~runtime.errors.BudgetExceeded`, which the turn runner
 turns into the turn's end: finish reason ``budget``, ``output.result.budget`` naming
 which one, everything streamed so far saved. A hook may raise it too, for a budget of
-its own (cost, say): the turn then ends the same way, with that name.
+its own: the turn then ends the same way, with that name.
 """
 
 from __future__ import annotations
@@ -36,6 +36,12 @@ class Budget:
     max_input_tokens: int | None = None
     max_output_tokens: int | None = None
     max_total_tokens: int | None = None
+    max_cost: float | None = None
+    """US dollars per turn: the turn's :attr:`Usage.cost <runtime.chunks.Usage.cost>`
+    (sub-agents included), each call priced from the ``genai-prices`` table
+    (:mod:`runtime.pricing`). A turn whose cost is unknown (a model or endpoint the table
+    does not list) cannot be held to it and ends as if it had gone over: a budget that
+    cannot be kept is never silently ignored."""
     deadline: float | None = None
     """Wall-clock seconds for the whole turn."""
     tool_timeout: float | None = 60.0
@@ -50,7 +56,8 @@ class Budget:
             raise BudgetExceeded("max_steps")
 
     def tokens_exceeded(self, usage: Usage) -> str | None:
-        """The name of the token budget the turn's ``usage`` so far exceeds, if any.
+        """The name of the token or cost budget the turn's ``usage`` so far exceeds (or,
+        for ``max_cost``, cannot be checked against: its cost is unknown), if any.
 
         Not raised at once: the step that went over has already been streamed, so the
         turn runner finishes it (its tool calls are refused) and then ends the turn.
@@ -61,6 +68,9 @@ class Budget:
             return "max_output_tokens"
         if self.max_total_tokens is not None and usage.total_tokens > self.max_total_tokens:
             return "max_total_tokens"
+        if self.max_cost is not None and not usage.empty:
+            if usage.cost is None or usage.cost > self.max_cost:
+                return "max_cost"
         return None
 
     def admits_tool_call(self, used: int) -> bool:

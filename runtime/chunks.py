@@ -98,7 +98,12 @@ class ProviderDataChunk:
 
 @attrs.frozen(kw_only=True, slots=True)
 class Usage:
-    """Token usage; summable. Optional counters stay ``None`` when the provider is silent."""
+    """Token usage and its cost; summable. Optional counters stay ``None`` when the
+    provider is silent.
+
+    Token counts are as the provider reports them: OpenAI's ``input_tokens`` include the
+    cached ones (``cache_read``), Anthropic's leave the cache reads and writes out.
+    """
 
     input_tokens: int = 0
     output_tokens: int = 0
@@ -106,11 +111,33 @@ class Usage:
     cache_read: int | None = None
     cache_write: int | None = None
     reasoning_tokens: int | None = None
+    cost: float | None = None
+    """What the tokens cost, in US dollars: each model call priced from the
+    ``genai-prices`` table for the provider, endpoint and model that made it
+    (:mod:`runtime.pricing`). ``None`` means unknown, never zero: a model, provider or
+    endpoint the table does not list (a local server, the scripted provider), and so any
+    sum holding such a call. Usage with no tokens at all adds nothing, priced or not."""
+
+    @property
+    def empty(self) -> bool:
+        """No tokens and no cost: what a sum starts from (``Usage()``)."""
+        return (
+            self.cost is None
+            and self.input_tokens == 0
+            and self.output_tokens == 0
+            and self.total_tokens == 0
+        )
 
     def __add__(self, other: Usage) -> Usage:
         def opt(a: int | None, b: int | None) -> int | None:
             return None if a is None and b is None else (a or 0) + (b or 0)
 
+        if self.cost is not None and other.cost is not None:
+            cost: float | None = self.cost + other.cost
+        elif self.empty or other.empty:
+            cost = other.cost if self.empty else self.cost
+        else:
+            cost = None  # a call of unknown price: the sum is unknown too
         return Usage(
             input_tokens=self.input_tokens + other.input_tokens,
             output_tokens=self.output_tokens + other.output_tokens,
@@ -118,6 +145,7 @@ class Usage:
             cache_read=opt(self.cache_read, other.cache_read),
             cache_write=opt(self.cache_write, other.cache_write),
             reasoning_tokens=opt(self.reasoning_tokens, other.reasoning_tokens),
+            cost=cost,
         )
 
 

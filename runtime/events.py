@@ -78,6 +78,9 @@ class TurnStarted(_InTurn):
     """The provider's name (``openai``, ``anthropic``, ...), for tracing."""
     model: str | None = None
     """The model the turn's calls ask for, for tracing."""
+    resumed: bool = False
+    """The turn goes on from committed steps: the continuation of a turn that waited
+    for input (docs/approval.md), or one taken over from a worker that died."""
 
 
 @_event("turn.finished")
@@ -211,6 +214,25 @@ class ProviderRetry(_InTurn):
     error: ErrorInfo
 
 
+@_event("provider.fallback")
+class ProviderFallback(_InTurn):
+    """A model call failed after its retries, before producing output, with an error its
+    agent's :class:`~runtime.provider.FallbackProvider` covers: the turn goes on with the
+    next provider, from the same step."""
+
+    step: int
+    from_provider: str
+    """The actor name of the provider that failed (``anthropic:claude-sonnet-4-5``)."""
+    to_provider: str
+    """The actor name of the provider the turn goes on with."""
+    error: ErrorInfo
+    provider: str | None = None
+    """The registry name of the provider the turn goes on with (as in
+    :class:`TurnStarted`)."""
+    model: str | None = None
+    """Its model."""
+
+
 @_event("tool.approval-requested")
 class ToolApprovalRequested(_InTurn):
     """A tool marked ``needs_approval`` waits for a :class:`ToolApprovalDecided`."""
@@ -241,6 +263,28 @@ class ToolApprovalExpired(_InSession):
     reason: str
 
 
+@_event("turn.steered")
+class TurnSteered(_InTurn):
+    """A user message joined the running turn (the ``steer`` busy strategy,
+    :mod:`runtime.busy`): stored as message ``message_id`` before step ``step``'s
+    model call, which is the first to see it."""
+
+    step: int
+    message_id: str
+    input: UserContent
+
+
+@_event("turn.queued")
+class TurnQueued(_InTurn):
+    """A user message arrived while a turn ran and waits for its turn (the ``enqueue``
+    and ``interrupt`` busy strategies, or a steered message the running turn ended
+    before taking); ``turn_id`` is the turn it will run as, ``ahead`` how many turns
+    (running or waiting) come first. ``turn.started`` follows when it runs."""
+
+    strategy: str
+    ahead: int
+
+
 LIFECYCLE_EVENT_TYPES: tuple[type, ...] = (
     TurnStarted,
     TurnFinished,
@@ -257,7 +301,10 @@ LIFECYCLE_EVENT_TYPES: tuple[type, ...] = (
     ActorGaveUp,
     Lagged,
     ProviderRetry,
+    ProviderFallback,
     ToolApprovalRequested,
     ToolApprovalDecided,
     ToolApprovalExpired,
+    TurnSteered,
+    TurnQueued,
 )

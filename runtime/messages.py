@@ -20,6 +20,7 @@ from urllib.parse import unquote_to_bytes, urlsplit
 
 import attrs
 
+from runtime.chunks import Usage
 from runtime.errors import InvalidMedia
 from runtime.ids import new_id
 from runtime.output import ErrorInfo
@@ -363,6 +364,12 @@ class AssistantMessage:
     """Why the turn failed (authentication, a bad request, a provider failure after its
     retries...), its message redacted; ``None`` unless it failed. Stored with the message,
     so a restored conversation still says the answer is missing because of an error."""
+    usage: Usage | None = None
+    """What the turn's model calls used and cost (:class:`~runtime.chunks.Usage`), as of
+    its last save: every step's calls, sub-agents' included, over every process that
+    ran a step of it (a worker that took the turn over, a continuation after an
+    approval). ``None`` in messages stored before it was recorded, and in those an
+    application built."""
 
     @property
     def failed(self) -> bool:

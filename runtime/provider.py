@@ -19,7 +19,7 @@ SDKs are imported lazily inside subclasses so ``import runtime`` stays fast.
 from __future__ import annotations
 
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, ClassVar
 
 import attrs
@@ -28,8 +28,19 @@ import trio
 from runtime.actor import ServingActor
 from runtime.actor_messages import Batch, Batcher, InferRequest, StreamFailed
 from runtime.chunks import StreamChunk
-from runtime.errors import ActorFailed, AxonError, ConfigurationError, ProviderError
+from runtime.errors import (
+    ActorFailed,
+    AxonError,
+    ConfigurationError,
+    ConnectionLost,
+    Overloaded,
+    ProviderError,
+    ProviderTimeout,
+    ProviderUnavailable,
+    RateLimited,
+)
 from runtime.history import FOREIGN_REASONING, ForeignReasoning, Origin, endpoint_of
+from runtime.pricing import PriceKey, is_local
 
 Emit = Callable[[StreamChunk], Awaitable[None]]
 
@@ -75,6 +86,12 @@ class Provider(ServingActor[InferRequest]):
     """The endpoint the SDK calls when no ``base_url`` is given (``None``: none)."""
     endpoint_env: ClassVar[str | None] = None
     """The environment variable the SDK reads a base URL from when none is given."""
+    price_vendor: ClassVar[str | None] = None
+    """The vendor's id in the price table (:mod:`runtime.pricing`) when calls go to its
+    own endpoint; ``None``: this provider's calls are not priced unless ``price_as``
+    says how."""
+    usage_input_includes_cache: ClassVar[bool] = True
+    """Whether the ``input_tokens`` this provider reports count the cached tokens."""
     hold_rounds: ClassVar[int] = 5
     """Scheduler rounds the provider's task yields each time: one per stage a chunk
     passes after it (engine, turn runner, stream controller, consumer) and one more,
@@ -100,6 +117,11 @@ class Provider(ServingActor[InferRequest]):
         """Reasoning another provider, model or endpoint produced cannot be replayed here:
         ``"drop"`` it (the default) or send its text as plain text (``"text"``), where
         this provider's API takes text in its place (see docs/providers.md)."""
+        self.price_as: str | None = None
+        """Price this provider's calls as this vendor's in the price table (its id:
+        ``"openai"``, ``"anthropic"``, ...), wherever they go: a gateway that forwards to
+        the vendor. ``None``: priced as the vendor's own at its endpoint, as whatever the
+        table knows another endpoint to be, and not at all elsewhere."""
 
     @staticmethod
     def check_foreign_reasoning(value: str) -> ForeignReasoning:
@@ -127,6 +149,25 @@ class Provider(ServingActor[InferRequest]):
         endpoint recorded on the reasoning and provider data it produces, and the only
         origin whose parts it sends back."""
         return Origin(provider=self.provider_name, model=self.model or None, endpoint=self.endpoint)
+
+    def price_key(self) -> PriceKey | None:
+        """How the price table finds this provider's calls (:mod:`runtime.pricing`), or
+        ``None`` when they cannot be priced: no model, an endpoint on this machine or a
+        private network, or a provider that names no vendor."""
+        model = self.model
+        if not model:
+            return None
+        cache = self.usage_input_includes_cache
+        if self.price_as is not None:
+            return PriceKey(model=model, provider_id=self.price_as, input_includes_cache=cache)
+        if self.price_vendor is None:
+            return None
+        endpoint, default = self.endpoint, self.default_endpoint
+        if endpoint is None or (default is not None and endpoint == endpoint_of(default)):
+            return PriceKey(model=model, provider_id=self.price_vendor, input_includes_cache=cache)
+        if is_local(endpoint):
+            return None
+        return PriceKey(model=model, api_url=endpoint, input_includes_cache=cache)
 
     @classmethod
     def from_options(cls, options: ProviderOptions) -> Provider:
@@ -202,3 +243,65 @@ class Provider(ServingActor[InferRequest]):
                 await out.send(StreamFailed(error=err))
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 pass
+
+
+FALLBACK_ON: tuple[type[BaseException], ...] = (
+    RateLimited,
+    Overloaded,
+    ProviderUnavailable,
+    ProviderTimeout,
+    ConnectionLost,
+)
+"""The failures a :class:`FallbackProvider` falls back on by default: the provider is
+busy, down or unreachable. Not a bad request, a refused key or a context too long: the
+next provider would be sent the same thing (and a key problem is to be fixed, not hidden)."""
+
+
+def _providers(value: Iterable[Provider]) -> tuple[Provider, ...]:
+    providers = tuple(value)
+    if not providers:
+        raise ConfigurationError("FallbackProvider needs at least one provider")
+    for p in providers:
+        if not isinstance(p, Provider):
+            raise ConfigurationError(
+                f"FallbackProvider takes providers (OpenAIProvider(...), ...), not {p!r}"
+            )
+    return providers
+
+
+def _failure_classes(value: Iterable[type[BaseException]]) -> tuple[type[BaseException], ...]:
+    classes = tuple(value)
+    for c in classes:
+        if not (isinstance(c, type) and issubclass(c, BaseException)):
+            raise ConfigurationError(f"FallbackProvider(on=...) takes error classes, not {c!r}")
+    return classes
+
+
+@attrs.frozen(slots=True)
+class FallbackProvider:
+    """Providers a turn tries in order: when a model call fails after its retries with
+    one of the ``on`` errors, before it streamed anything, the same turn goes on with the
+    next provider, from the step that failed (the committed steps stay as they are). The
+    rest of the turn stays on that provider; the next turn starts with the first again.
+
+    ``Agent(provider=[primary, fallback])`` makes one. The stored message then holds
+    parts of several providers, each reasoning part bound to the one that made it
+    (:func:`runtime.history.replays_to`), so the history replays to any of them.
+    A call that fails after it streamed output is not handed on: the error ends the turn
+    as it would without a fallback.
+    """
+
+    providers: tuple[Provider, ...] = attrs.field(converter=_providers)
+    on: tuple[type[BaseException], ...] = attrs.field(
+        default=FALLBACK_ON, converter=_failure_classes, kw_only=True
+    )
+    """The failures (after retries) that hand the call on; :data:`FALLBACK_ON` by default."""
+
+    @property
+    def primary(self) -> Provider:
+        """The provider every turn starts with."""
+        return self.providers[0]
+
+    def falls_back_on(self, error: BaseException) -> bool:
+        """Whether ``error`` (a call's failure after its retries) hands the call on."""
+        return isinstance(error, self.on)

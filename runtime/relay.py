@@ -47,8 +47,10 @@ class RelayWriter(Protocol):
         """Tell readers the partial ``step`` is dropped (a takeover re-runs it)."""
         ...
 
-    async def aclose(self, *, final: bool = True) -> None:
-        """Flush what is queued; with ``final``, mark the turn's stream ended."""
+    async def aclose(self, *, final: bool = True, paused: bool = False) -> None:
+        """Flush what is queued; with ``final``, mark the turn's stream ended, or with
+        ``paused`` too, the turn waiting for input (docs/approval.md): the process that
+        resumes it continues this stream, its seqs following on."""
         ...
 
 
@@ -63,8 +65,13 @@ class Relay(Protocol):
         rather than show the turn without what the earlier process streamed."""
         ...
 
-    def read(self, turn_id: str, *, after_seq: int | None = None) -> AsyncIterator[Any]:
-        """The turn's chunks with ``seq > after_seq`` (all when ``None``), live until it ends.
+    def read(
+        self, turn_id: str, *, after_seq: int | None = None, after_pauses: int = 0
+    ) -> AsyncIterator[Any]:
+        """The turn's chunks with ``seq > after_seq`` (all when ``None``), live until it ends
+        or waits for input. A wait that has its continuation after it is passed over (the
+        continuation's ``start`` comes again, same message id); ``after_pauses=k`` reads
+        only what follows the turn's k-th wait, waiting for it if need be.
 
         Raises :class:`LookupError` when the relay no longer has the turn, or cannot
         prove that what it has is the turn without a hole or a splice, including what a

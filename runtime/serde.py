@@ -29,7 +29,10 @@ converter = cattrs.Converter()
 _UNSTRUCTURE_OVERRIDES: dict[type, dict[str, Any]] = {
     # Only a failed message carries ``error``: every other stored message keeps the JSON
     # it always had, and data stored before the field existed loads with ``error=None``.
-    messages.AssistantMessage: {"error": override(omit_if_default=True)},
+    messages.AssistantMessage: {
+        "error": override(omit_if_default=True),
+        "usage": override(omit_if_default=True),  # messages stored before it, or built
+    },
     # Only a call that suspended its turn carries ``awaiting`` (docs/approval.md).
     messages.ToolCallPart: {"awaiting": override(omit_if_default=True)},
 }

@@ -51,6 +51,7 @@ EXPECTED_KEYS = {
     "workers.scaling.io",
     "workers.relay_first_delta",
     "workers.store",
+    "approval.workers.overhead",
     "aio.ratio",
 }
 

@@ -28,8 +28,12 @@ EXPECTED = {
     ("embedding.md", 7): "['You ', 'said', ': he', 'llo'] True",
     ("actors.md", 0): "1 turn, 11 tokens",  # read after the block: the drain delivered all
     ("actors.md", 1): "the tool call was denied: emails need a human",
+    ("actors.md", 2): "finished: stop 1 step\n"
+    "unknown plug-in 'turns'; registered plug-ins: otel, recorder\n",
     ("approval.md", 0): "awaiting-input send_email {'to': 'ceo@example.com'}\n"
     "stop Done: it is sent. True",
+    ("approval.md", 1): "steered: True\n['user', 'assistant', 'tool', 'user', 'assistant']\n"
+    "3 flights (flights to Oslo), of which I keep those in June.\n",
     ("mcp.md", 0): "add_note -> saved: buy milk (1 notes)\nNoted.",
     ("providers.md", 0): "hello there actors 3",
     ("media.md", 0): "What is this? ['image/png', 'application/pdf']\n"
@@ -40,6 +44,9 @@ EXPECTED = {
     ("providers.md", 3): "{'store': False, 'encrypted_reasoning': True, "
     "'foreign_reasoning': 'drop'}\n"
     "user -\nreasoning rs_1\nmessage msg_1\n",
+    ("providers.md", 4): "('google', 'gemini-2.5-flash')\n('openai', 'llama3:8b')\n"
+    "anthropic-bedrock:anthropic.claude-sonnet-4-5-20250929-v1:0\n"
+    "['text', 'thought']\n['function_call', 'thought_signature']\n",
     ("structured-output.md", 0): "Weather(city='Paris', temp=21.5)\n2 steps",
     ("web.md", 0): "support",
     ("protocols.md", 0): "scripted: Let me check the weather. It is 22°C and clear skies in Oslo "
@@ -53,6 +60,11 @@ EXPECTED = {
     "TASK_STATE_COMPLETED demo-1\n"
     "scripted said: Let me check the weather. It is 26°C and windy in Paris right now.\n"
     "Asked it.\n",
+    ("protocols.md", 3): "scripted: Let me check the weather. It is 22°C and clear skies in Oslo "
+    "right now. (17 progress notifications)\nsame session: True\n"
+    "stdio: Let me check the weather. It is 26°C and windy in Paris right now.\n",
+    ("protocols.md", 4): "scripted -> Let me check the weather. It is 22°C and clear skies in "
+    "Oslo right now.\nDone.\n",
     ("asyncio.md", 0): "6 deltas: Paris is the capital of France. | stop\n"
     "Paris is the capital of France. ['user', 'assistant', 'user', 'assistant']\n",
     ("asyncio.md", 1): '3 text events, then event: done | data: "stop"\n',

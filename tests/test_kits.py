@@ -8,6 +8,7 @@ script. The store kit runs over the built-in stores in tests/test_stores.py.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -18,7 +19,10 @@ from pathlib import Path
 import pytest
 
 from actors.providers import (
+    AnthropicBedrockProvider,
     AnthropicProvider,
+    AnthropicVertexProvider,
+    GeminiProvider,
     OpenAIProvider,
     OpenAIResponsesProvider,
     ScriptedProvider,
@@ -26,6 +30,7 @@ from actors.providers import (
 from runtime.chunks import FinishChunk, TextChunk, ToolInputDeltaChunk, ToolInputStartChunk
 from runtime.provider import Provider
 from runtime.testing.providers import ProviderConformance, check_stream
+from tests.support.eventstream import bedrock_stream
 from tests.support.loopback import Reply, loopback_server
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -90,6 +95,70 @@ class TestAnthropicProvider(ProviderConformance):
     async def provider(self, provider_secret: str) -> AsyncIterator[Provider]:
         async with serving("anthropic/text.sse") as url:
             provider = AnthropicProvider("claude-sonnet-4-5", base_url=url, api_key=provider_secret)
+            try:
+                yield provider
+            finally:
+                await provider.aclose()
+
+
+class TestGeminiProvider(ProviderConformance):
+    @pytest.fixture
+    def provider_secret(self) -> str:
+        return KEY
+
+    @pytest.fixture
+    async def provider(self, provider_secret: str) -> AsyncIterator[Provider]:
+        async with serving("google/text.sse") as url:
+            provider = GeminiProvider("gemini-2.5-flash", base_url=url, api_key=provider_secret)
+            try:
+                yield provider
+            finally:
+                await provider.aclose()
+
+
+class TestAnthropicVertexProvider(ProviderConformance):
+    @pytest.fixture
+    def provider_secret(self) -> str:
+        return KEY
+
+    @pytest.fixture
+    async def provider(self, provider_secret: str) -> AsyncIterator[Provider]:
+        async with serving("anthropic/text.sse") as url:
+            provider = AnthropicVertexProvider(
+                "claude-sonnet-4-5@20250929",
+                base_url=url,
+                region="us-east5",
+                project_id="kit-project",
+                access_token=provider_secret,
+            )
+            try:
+                yield provider
+            finally:
+                await provider.aclose()
+
+
+class TestAnthropicBedrockProvider(ProviderConformance):
+    @pytest.fixture
+    def provider_secret(self) -> str:
+        return KEY
+
+    @pytest.fixture
+    async def provider(self, provider_secret: str) -> AsyncIterator[Provider]:
+        events = [
+            json.loads(line.removeprefix("data: "))
+            for line in (RECORDINGS / "anthropic/text.sse").read_text().splitlines()
+            if line.startswith("data: ")
+        ]
+        body = bedrock_stream(*[e for e in events if e["type"] != "ping"])
+        reply = Reply(body=body, content_type="application/vnd.amazon.eventstream", write_size=64)
+        async with loopback_server(*[reply] * CALLS) as server:
+            provider = AnthropicBedrockProvider(
+                "anthropic.claude-sonnet-4-5-20250929-v1:0",
+                base_url=server.url,
+                region="us-east-1",
+                aws_access_key="AKIDEXAMPLE0123456789",
+                aws_secret_key=provider_secret,
+            )
             try:
                 yield provider
             finally:

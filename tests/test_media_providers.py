@@ -7,10 +7,20 @@ from __future__ import annotations
 
 import base64
 
-from actors.providers import AnthropicProvider, OpenAIProvider
+from actors.providers import AnthropicProvider, GeminiProvider, OpenAIProvider
 from runtime import Agent, File, Host, Image, tool
 from tests.support.loopback import Reply, anthropic_sse, loopback_server
-from tests.test_provider_e2e import an_end, an_start, an_text, an_tool, oa_answer, oa_tool_step
+from tests.test_provider_e2e import (
+    an_end,
+    an_start,
+    an_text,
+    an_tool,
+    gm_answer,
+    gm_body,
+    gm_chunk,
+    oa_answer,
+    oa_tool_step,
+)
 
 PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 8
 PDF = b"%PDF-1.7\n%%EOF"
@@ -188,4 +198,70 @@ async def test_anthropic_refuses_an_image_format_it_cannot_take_before_any_reque
                 chunks = [c async for c in out]
     assert chunks[-1].error.kind == "UnsupportedMedia"
     assert chunks[-1].error.message.startswith("Anthropic cannot take image/bmp images")
+    assert server.requests == []
+
+
+# -- Gemini ---------------------------------------------------------------------------------
+
+GEMINI_USER = {  # as the SDK writes it: the Part's keys camelCase, a Blob's as named
+    "parts": [
+        {"text": "what are these?"},
+        {"inlineData": {"data": base64.urlsafe_b64encode(PNG).decode(), "mime_type": "image/png"}},
+        {"fileData": {"file_uri": CAT, "mime_type": "image/jpeg"}},
+        {
+            "inlineData": {
+                "data": base64.urlsafe_b64encode(PDF).decode(),
+                "mime_type": "application/pdf",
+            }
+        },
+    ],
+    "role": "user",
+}
+
+
+def gemini_agent(server, **kw) -> Agent:
+    provider = GeminiProvider("gemini-2.5-flash", base_url=server.url, api_key="test")
+    return Agent(provider=provider, **kw)
+
+
+async def test_gemini_request_carries_inline_and_file_data_and_restores_them(tmp_path):
+    path = str(tmp_path / "s.db")
+    async with loopback_server(
+        Reply(body=gm_answer("a chart")), Reply(body=gm_answer("yes")), Reply(body=gm_answer("k"))
+    ) as server:
+        async with Host.open(store=path, log_tap=False) as host:
+            session = await host.open_session(gemini_agent(server), session_id="gm")
+            await session.run(INPUT)
+            await session.run("sure?")
+        async with Host.open(store=path, log_tap=False) as host:  # reloaded from SQLite
+            session = await host.open_session(gemini_agent(server), session_id="gm")
+            await session.run("and now?")
+    first, second, third = (r.json()["contents"] for r in server.requests)
+    assert first == [GEMINI_USER]
+    assert second[0] == GEMINI_USER and third[0] == GEMINI_USER
+
+
+async def test_gemini_tool_result_image_becomes_a_text_placeholder():
+    step1 = gm_body(
+        gm_chunk([{"functionCall": {"name": "lookup", "args": {"key": "sales"}}}], "STOP")
+    )
+    async with loopback_server(Reply(body=step1), Reply(body=gm_answer("done"))) as server:
+        async with Host.open(log_tap=False) as host:
+            session = await host.open_session(gemini_agent(server, tools=[lookup]))
+            await session.run("chart?")
+    response = server.requests[1].json()["contents"][-1]["parts"][0]["functionResponse"]
+    assert response["response"] == {
+        "output": "chart for sales\n[image image/png omitted: function responses carry text only]"
+    }
+
+
+async def test_gemini_refuses_an_image_format_it_cannot_take_before_any_request():
+    gif = b"GIF89a" + b"\x00" * 10
+    async with loopback_server(Reply(body=gm_answer("never"))) as server:
+        async with Host.open(log_tap=False) as host:
+            session = await host.open_session(gemini_agent(server))
+            async with session.stream([Image(data=gif)]) as out:
+                chunks = [c async for c in out]
+    assert chunks[-1].error.kind == "UnsupportedMedia"
+    assert chunks[-1].error.message.startswith("Gemini cannot take image/gif images")
     assert server.requests == []

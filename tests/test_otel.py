@@ -126,6 +126,24 @@ async def test_the_responses_provider_is_named_openai_as_the_conventions_require
         assert span.attributes["axon.provider"] == "openai-responses"
 
 
+def test_the_new_providers_are_named_by_the_conventions_platform_values():
+    from opentelemetry.semconv._incubating.attributes.gen_ai_attributes import (
+        GenAiProviderNameValues as Names,
+    )
+
+    from actors.plugins.otel import provider_attributes
+
+    for registry_name, value in [
+        ("google", Names.GCP_GEMINI.value),
+        ("anthropic-vertex", Names.GCP_VERTEX_AI.value),
+        ("anthropic-bedrock", Names.AWS_BEDROCK.value),
+        ("anthropic", Names.ANTHROPIC.value),
+    ]:
+        attributes = provider_attributes(registry_name)
+        assert attributes["gen_ai.provider.name"] == value
+        assert attributes.get("axon.provider", registry_name) == registry_name
+
+
 async def test_the_tool_span_names_the_tool_and_call_and_ends_before_the_next_model_call():
     _, spans = await traced(two_step_agent())
     (call,) = named(spans, "execute_tool")

@@ -1,14 +1,22 @@
 """Three-step turns through the whole host with the real SDK clients: the second and third
-request bodies restore exactly what the model saw, for OpenAI and for Anthropic."""
+request bodies restore exactly what the model saw, for OpenAI, Anthropic (first party, on
+Vertex, on Bedrock) and Gemini."""
 
 from __future__ import annotations
 
+import base64
 import json
 import sys
 
 import trio
 
-from actors.providers import AnthropicProvider, OpenAIProvider
+from actors.providers import (
+    AnthropicBedrockProvider,
+    AnthropicProvider,
+    AnthropicVertexProvider,
+    GeminiProvider,
+    OpenAIProvider,
+)
 from runtime import Agent, Host, tool
 from tests.support.grammar import check_grammar
 from tests.support.loopback import Reply, anthropic_sse, loopback_server, sse
@@ -400,3 +408,206 @@ async def test_shared_groq_recording_with_think_tags_yields_reasoning_then_answe
     assert parts[0].type == "reasoning" and parts[0].text.strip()
     assert "<think>" not in result.text and "</think>" not in result.text
     assert result.text.strip() and result.usage.total_tokens == 1009
+
+
+# -- Gemini wire format ----------------------------------------------------------------------
+
+GEMINI_SIG = "EhRnZW1pbmktdGVzdC1zaWduYXR1cmUtMRoE/v8AAQ=="
+
+
+def gm_chunk(parts: list[dict] | None, finish: str | None = None) -> dict:
+    candidate: dict = {"index": 0}
+    if parts is not None:
+        candidate["content"] = {"role": "model", "parts": parts}
+    if finish is not None:
+        candidate["finishReason"] = finish
+    usage = {"promptTokenCount": 10, "candidatesTokenCount": 5, "totalTokenCount": 15}
+    return {"candidates": [candidate], "usageMetadata": usage, "modelVersion": "gemini-2.5-flash"}
+
+
+def gm_body(*chunks: dict) -> bytes:
+    return "".join(f"data: {json.dumps(c)}\r\n\r\n" for c in chunks).encode()
+
+
+def gm_tool_step(thought: str, key: str, sig: str) -> bytes:
+    call = {"functionCall": {"name": "lookup", "args": {"key": key}}, "thoughtSignature": sig}
+    return gm_body(
+        gm_chunk([{"text": thought, "thought": True}]),
+        gm_chunk([call], "STOP"),
+    )
+
+
+def gm_answer(text: str) -> bytes:
+    return gm_body(gm_chunk([{"text": text}]), gm_chunk([{"text": ""}], "STOP"))
+
+
+async def test_gemini_three_step_turn_restores_thoughts_calls_and_signatures_exactly():
+    sig_b = GEMINI_SIG.replace("MS", "Mi")
+    replies = [
+        Reply(body=gm_tool_step("plan A", "a", GEMINI_SIG), write_size=11),
+        Reply(body=gm_tool_step("plan B", "b", sig_b)),
+        Reply(body=gm_answer("all done")),
+    ]
+    async with loopback_server(*replies) as server:
+        provider = GeminiProvider("gemini-2.5-flash", base_url=server.url, api_key="test")
+        agent = Agent(provider=provider, instructions="Be brief.", tools=[lookup])
+        async with Host.open(log_tap=False) as host:
+            session = await host.open_session(agent)
+            async with session.stream("go") as out:
+                chunks = [c async for c in out]
+            server.add(Reply(body=gm_answer("again")))
+            await session.run("more")
+        await provider.aclose()
+    check_grammar(chunks)
+    assert out.result.text == "all done" and out.result.steps == 3
+    assert [c.type for c in chunks].count("reasoning-start") == 2
+    second, third, fourth = (r.json() for r in server.requests[1:4])
+    assert second["systemInstruction"] == {"parts": [{"text": "Be brief."}], "role": "user"}
+
+    def wire(sig: str) -> str:
+        return base64.urlsafe_b64encode(base64.b64decode(sig)).decode()
+
+    def step(thought: str, key: str, sig: str) -> list[dict]:
+        return [
+            {
+                "parts": [
+                    {"text": thought, "thought": True},
+                    {
+                        "functionCall": {"name": "lookup", "args": {"key": key}},
+                        "thoughtSignature": wire(sig),
+                    },
+                ],
+                "role": "model",
+            },
+            {
+                "parts": [
+                    {
+                        "functionResponse": {
+                            "name": "lookup",
+                            "response": {"output": f"value-{key}"},
+                        }
+                    }
+                ],
+                "role": "user",
+            },
+        ]
+
+    go = {"parts": [{"text": "go"}], "role": "user"}
+    assert second["contents"] == [go, *step("plan A", "a", GEMINI_SIG)]
+    assert third["contents"] == [go, *step("plan A", "a", GEMINI_SIG), *step("plan B", "b", sig_b)]
+    assert fourth["contents"][-2:] == [
+        {"parts": [{"text": "all done"}], "role": "model"},
+        {"parts": [{"text": "more"}], "role": "user"},
+    ]
+    assert [d["name"] for d in second["tools"][0]["functionDeclarations"]] == ["lookup"]
+
+
+async def test_an_agent_named_by_a_model_string_runs_on_that_provider(monkeypatch):
+    async with loopback_server(Reply(body=gm_answer("hello from gemini"))) as server:
+        monkeypatch.setenv("GOOGLE_GEMINI_BASE_URL", server.url)
+        monkeypatch.setenv("GEMINI_API_KEY", "test")
+        monkeypatch.delenv("GOOGLE_API_KEY", raising=False)
+        async with Host.open(log_tap=False) as host:
+            session = await host.open_session(Agent(model="google:gemini-2.5-pro"))
+            result = await session.run("Hi")
+    assert result.text == "hello from gemini"
+    assert server.requests[0].path == "/v1/models/gemini-2.5-pro:streamGenerateContent?alt=sse"
+    assert server.requests[0].headers["x-goog-api-key"] == "test"
+
+
+async def test_cli_runs_a_turn_on_gemini_named_by_its_model_string():
+    async with loopback_server(Reply(body=gm_answer("hello from the cli"))) as server:
+        proc = await trio.run_process(
+            [
+                sys.executable,
+                "-m",
+                "runtime",
+                "run",
+                "--jsonl",
+                "--model",
+                "google:gemini-2.5-flash-lite",
+                "--base-url",
+                server.url,
+                "--api-key",
+                "test",
+                "Hi",
+            ],
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+        )
+    assert proc.returncode == 0, proc.stderr.decode()
+    chunks = [json.loads(x) for x in proc.stdout.decode().splitlines()]
+    check_grammar(chunks)
+    assert "".join(c["text"] for c in chunks if c["type"] == "text-delta") == "hello from the cli"
+    assert "gemini-2.5-flash-lite:streamGenerateContent" in server.requests[0].path
+
+
+# -- Claude on Vertex and Bedrock ------------------------------------------------------------
+
+
+async def test_vertex_two_step_turn_replays_its_signed_thinking_to_itself():
+    step1 = anthropic_sse(
+        an_start(),
+        *an_thinking(0, "plan A", SIG + "1"),
+        *an_tool(1, "toolu_A", "a"),
+        *an_end("tool_use"),
+    )
+    step2 = anthropic_sse(an_start(), *an_text(0, "done"), *an_end("end_turn"))
+    async with loopback_server(Reply(body=step1), Reply(body=step2)) as server:
+        provider = AnthropicVertexProvider(
+            "claude-sonnet-4-5@20250929",
+            base_url=server.url,
+            region="us-east5",
+            project_id="p",
+            access_token="test",
+            thinking_budget=1024,
+            max_tokens=2048,
+        )
+        async with Host.open(log_tap=False) as host:
+            session = await host.open_session(Agent(provider=provider, tools=[lookup]))
+            result = await session.run("go")
+        await provider.aclose()
+    assert result.text == "done" and result.steps == 2
+    assistant = server.requests[1].json()["messages"][1]
+    assert assistant["content"][0] == {
+        "type": "thinking",
+        "thinking": "plan A",
+        "signature": SIG + "1",
+    }
+
+
+async def test_bedrock_two_step_turn_through_the_host():
+    from tests.support.eventstream import bedrock_stream
+
+    step1 = bedrock_stream(
+        an_start(),
+        *an_thinking(0, "plan A", SIG + "1"),
+        *an_tool(1, "toolu_A", "a"),
+        *an_end("tool_use"),
+    )
+    step2 = bedrock_stream(an_start(), *an_text(0, "done"), *an_end("end_turn"))
+    kind = "application/vnd.amazon.eventstream"
+    async with loopback_server(
+        Reply(body=step1, content_type=kind, write_size=17), Reply(body=step2, content_type=kind)
+    ) as server:
+        provider = AnthropicBedrockProvider(
+            "anthropic.claude-sonnet-4-5-20250929-v1:0",
+            base_url=server.url,
+            region="us-east-1",
+            api_key="test",
+            thinking_budget=1024,
+            max_tokens=2048,
+        )
+        async with Host.open(log_tap=False) as host:
+            session = await host.open_session(Agent(provider=provider, tools=[lookup]))
+            async with session.stream("go") as out:
+                chunks = [c async for c in out]
+        await provider.aclose()
+    check_grammar(chunks)
+    assert out.result.text == "done" and out.result.steps == 2
+    sent = server.requests[1].json()["messages"]
+    assert sent[1]["content"][0]["signature"] == SIG + "1"
+    assert sent[2]["content"] == [
+        {"type": "tool_result", "tool_use_id": "toolu_A", "content": "value-a"}
+    ]

@@ -23,6 +23,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from actors.providers import anthropic as anthropic_provider
+from actors.providers import gemini as gemini_provider
 from actors.providers import openai as openai_provider
 from actors.providers.failures import classify_status, classify_transport, retry_after
 from runtime import errors
@@ -116,6 +117,8 @@ def test_insufficient_quota_is_a_rate_limit_that_waiting_cannot_fix():
         "prompt is too long: 210000 tokens > 200000 maximum",
         "This model's maximum context length is 8192 tokens",
         "input exceeds the context window",
+        "The input token count (1048577) exceeds the maximum number of tokens allowed (1048576).",
+        "Input is too long for requested model.",
     ],
 )
 def test_a_400_saying_the_context_is_too_long_is_context_too_long(message):
@@ -156,6 +159,25 @@ def test_openai_and_anthropic_give_the_same_class_for_the_same_status(status):
     assert from_openai.status_code == from_anthropic.status_code == status
     assert from_openai.retry_after == from_anthropic.retry_after == 3.0
     assert (from_openai.provider, from_anthropic.provider) == ("openai", "anthropic")
+
+
+def _gemini_error(status: int, message: str, headers: dict[str, str]) -> BaseException:
+    from google.genai import errors as genai_errors
+
+    request = httpx2.Request("POST", "http://127.0.0.1/v1/models/m:streamGenerateContent")
+    response = httpx2.Response(status, headers=headers, request=request)
+    body = {"error": {"code": status, "message": message, "status": "SOME_STATUS"}}
+    return genai_errors.APIError(status, body, response)
+
+
+@pytest.mark.parametrize("status", [400, 401, 403, 404, 408, 413, 422, 429, 500, 502, 503, 529])
+def test_gemini_gives_the_same_class_as_the_others_for_the_same_status(status):
+    headers = {"retry-after": "3"}
+    from_openai = openai_provider.classify_error(_openai_error(status, "failed", headers))
+    from_gemini = gemini_provider.classify_error(_gemini_error(status, "failed", headers))
+    assert type(from_gemini) is type(from_openai)
+    assert (from_gemini.status_code, from_gemini.retry_after) == (status, 3.0)
+    assert from_gemini.provider == "google"
 
 
 def test_both_sdks_read_context_too_long_from_the_message():
@@ -201,7 +223,9 @@ def test_anything_else_is_left_to_the_provider():
 
 
 @pytest.mark.parametrize(
-    "module", [openai_provider, anthropic_provider], ids=["openai", "anthropic"]
+    "module",
+    [openai_provider, anthropic_provider, gemini_provider],
+    ids=["openai", "anthropic", "google"],
 )
 def test_providers_report_an_unknown_exception_with_its_type(module):
     err = module.classify_error(RuntimeError("boom"))
@@ -249,6 +273,18 @@ def test_every_library_the_code_imports_is_a_declared_dependency():
     assert undeclared == {}, f"imported but not in pyproject dependencies: {undeclared}"
 
 
-def test_no_module_imports_the_sdks_http_library_directly():
-    imports = _third_party_imports()
-    assert "httpx2" not in imports and "httpx" not in imports
+def test_no_provider_imports_the_sdks_http_library_directly():
+    """The SDKs are built on ``httpx`` or ``httpx2`` depending on their version: a provider
+    that imported one would classify the other's transport errors wrongly."""
+    importers = []
+    for path in sorted(ROOT.glob("actors/providers/**/*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            else:
+                continue
+            if any(name.split(".")[0] in ("httpx", "httpx2") for name in names):
+                importers.append(f"{path.name}:{node.lineno}")
+    assert importers == []

@@ -14,7 +14,10 @@ from typing import Any
 import pytest
 
 from actors.providers import (
+    AnthropicBedrockProvider,
     AnthropicProvider,
+    AnthropicVertexProvider,
+    GeminiProvider,
     OpenAIProvider,
     OpenAIResponsesProvider,
     anthropic,
@@ -24,7 +27,7 @@ from actors.providers import (
 from actors.stores import MemoryStore
 from actors.turn.parts import PartsManager
 from runtime import Agent, Host
-from runtime.chunks import ProviderDataChunk, ReasoningChunk
+from runtime.chunks import ProviderDataChunk, ReasoningChunk, ToolCallChunk
 from runtime.errors import ConfigurationError
 from runtime.history import Origin, endpoint_of, replays_to
 from runtime.messages import (
@@ -33,11 +36,13 @@ from runtime.messages import (
     ProviderDataPart,
     ReasoningPart,
     TextPart,
+    ToolMessage,
     UserMessage,
 )
 from runtime.serde import structure
+from runtime.testing.providers import request as kit_request
 from tests.support.loopback import loopback_server
-from tests.support.signing import SealingResponses, SigningAnthropic
+from tests.support.signing import SealingResponses, SigningAnthropic, SigningGemini
 
 
 def claude(model: str, url: str, **kw: Any) -> AnthropicProvider:
@@ -330,3 +335,176 @@ def test_an_untagged_part_still_replays_to_its_provider_whatever_the_model():
     old = structure(OLD_STORED, Message).content[0]
     assert replays_to(old, Origin(provider="anthropic", model="any", endpoint="https://x"))
     assert not replays_to(old, Origin(provider="openai-responses", model="any"))
+
+
+# -- Gemini: thought signatures bound to their model and server --------------------------------
+
+
+def gemini(model: str, url: str, **kw: Any) -> GeminiProvider:
+    return GeminiProvider(model, base_url=url, api_key="test", **kw)
+
+
+def signatures_sent(request: Any) -> list[str]:
+    return [
+        part["thoughtSignature"]
+        for content in request.json()["contents"]
+        for part in content["parts"]
+        if "thoughtSignature" in part
+    ]
+
+
+async def test_a_gemini_session_moved_to_another_model_drops_its_signatures_and_succeeds():
+    signer = SigningGemini()
+    async with loopback_server(respond=signer) as server:
+        results = await turns(
+            MemoryStore(),
+            (gemini("gemini-2.5-flash", server.url), "one"),
+            (gemini("gemini-2.5-pro", server.url), "two"),
+            (gemini("gemini-2.5-flash", server.url), "three"),
+        )
+    assert [r.error for r in results] == [None, None, None]
+    assert signer.refused == []
+    assert signatures_sent(server.requests[1]) == []
+    assert len(signatures_sent(server.requests[2])) == 2  # back home: thought and text signed
+
+
+async def test_a_gemini_session_moved_to_another_base_url_drops_its_signatures():
+    here, there = SigningGemini(), SigningGemini()
+    async with (
+        loopback_server(respond=here) as first,
+        loopback_server(respond=there) as second,
+    ):
+        results = await turns(
+            MemoryStore(),
+            (gemini("gemini-2.5-flash", first.url), "one"),
+            (gemini("gemini-2.5-flash", second.url), "two"),
+        )
+    assert [r.error for r in results] == [None, None]
+    assert (here.refused, there.refused) == ([], [])
+    assert signatures_sent(second.requests[0]) == []
+
+
+async def test_gemini_parts_record_their_model_and_endpoint():
+    async with loopback_server(respond=SigningGemini()) as server:
+        store = MemoryStore()
+        await turns(store, (gemini("gemini-2.5-flash", server.url), "one"))
+    record = await store.load("s1")
+    thought, text, signed = record.messages[1].content
+    assert (thought.provider, thought.model, thought.endpoint) == (
+        "google",
+        "gemini-2.5-flash",
+        server.url,
+    )
+    assert text.text == "answer 1"
+    assert (signed.provider, signed.model, signed.data["of"]) == (
+        "google",
+        "gemini-2.5-flash",
+        "text",
+    )
+
+
+async def test_a_gemini_3_turn_continued_from_another_models_call_signs_it_with_the_sentinel():
+    """A step whose call another model made (a turn moved mid-way) has no signature that
+    may go back: Gemini 3 refuses an unsigned current-turn call, so the sentinel goes."""
+    signer = SigningGemini(calls=1)
+    async with loopback_server(respond=signer) as server:
+        older = gemini("gemini-2.5-flash", server.url)
+        chunks: list[Any] = []
+
+        async def emit(chunk: Any) -> None:
+            chunks.append(chunk)
+
+        user = UserMessage(content="look it up")
+        await older.stream(kit_request((user,)), emit)
+        parts = PartsManager()
+        parts.origin = older.origin
+        for chunk in chunks:
+            if isinstance(chunk, ReasoningChunk):
+                parts.reasoning(chunk, [])
+            elif isinstance(chunk, ToolCallChunk):
+                parts.tool_call(chunk, [])
+            elif isinstance(chunk, ProviderDataChunk):
+                parts.provider_data(chunk, [])
+        parts.close([])
+        call = next(p for p in parts.content if p.type == "tool-call")
+        history = (
+            user,
+            AssistantMessage(content=tuple(parts.content)),
+            ToolMessage(
+                tool_call_id=call.tool_call_id, tool_name="lookup", output="value-1", step=0
+            ),
+        )
+        newer = gemini("gemini-3-pro-preview", server.url)
+        answer: list[Any] = []
+
+        async def keep(chunk: Any) -> None:
+            answer.append(chunk)
+
+        await newer.stream(kit_request(history), keep)
+        await older.aclose()
+        await newer.aclose()
+    assert signer.refused == []
+    sent = server.requests[1].json()["contents"][1]["parts"]
+    assert [p.get("thoughtSignature") for p in sent] == ["skip_thought_signature_validator"]
+    assert "".join(c.text for c in answer if hasattr(c, "text") and c.type == "text") == (
+        "answer 2"
+    )
+
+
+# -- Claude on Vertex and Bedrock: one platform's signature is not another's ------------------
+
+
+async def test_a_session_moved_from_anthropic_to_vertex_and_back_keeps_each_platforms_thinking():
+    first_party, on_vertex = SigningAnthropic(), SigningAnthropic()
+    async with (
+        loopback_server(respond=first_party) as first,
+        loopback_server(respond=on_vertex) as second,
+    ):
+        vertex = AnthropicVertexProvider(
+            "claude-a",
+            base_url=second.url,
+            region="us-east5",
+            project_id="p",
+            access_token="test",
+            thinking_budget=1024,
+            max_tokens=2048,
+        )
+        results = await turns(
+            MemoryStore(),
+            (claude("claude-a", first.url), "one"),
+            (vertex, "two"),
+            (claude("claude-a", first.url), "three"),
+        )
+    assert [r.error for r in results] == [None, None, None]
+    assert (first_party.refused, on_vertex.refused) == ([], [])
+    assert thinking_sent(second.requests[0]) == []
+    assert thinking_sent(first.requests[1]) == ["sig:claude-a:1"]
+
+
+async def test_bedrock_replays_its_own_thinking_and_drops_first_party_thinking():
+    first_party, on_bedrock = SigningAnthropic(), SigningAnthropic(framing="bedrock")
+    async with (
+        loopback_server(respond=first_party) as first,
+        loopback_server(respond=on_bedrock) as second,
+    ):
+
+        def bedrock() -> AnthropicBedrockProvider:
+            return AnthropicBedrockProvider(
+                "claude-a",
+                base_url=second.url,
+                region="us-east-1",
+                api_key="test",
+                thinking_budget=1024,
+                max_tokens=2048,
+            )
+
+        results = await turns(
+            MemoryStore(),
+            (claude("claude-a", first.url), "one"),
+            (bedrock(), "two"),
+            (bedrock(), "three"),
+        )
+    assert [r.error for r in results] == [None, None, None]
+    assert (first_party.refused, on_bedrock.refused) == ([], [])
+    assert thinking_sent(second.requests[0]) == []
+    assert thinking_sent(second.requests[1]) == ["sig:claude-a:1"]

@@ -456,3 +456,71 @@ async def test_a_writer_continues_after_junk_and_readers_are_told(redis_url: str
         assert writer.flushes == 1 and writer.lost == 0
         with pytest.raises(RelayTurnGone):
             await read_all(relay, "t")
+
+
+# -- a turn that waits for input: a pause in its stream ------------------------------------
+
+
+async def paused_then_resumed(relay: Any) -> tuple[list[Any], list[Any]]:
+    """A turn's first part, ended by a pause, and its continuation by another writer
+    (another worker) in the same stream; the chunks each wrote."""
+    first = text_turn(["asks"])
+    writer = relay.writer(session_id="s", turn_id="t")
+    for chunk in first:
+        writer.append(chunk)
+    await writer.aclose(paused=True)
+    second = text_turn(["goes on"])
+    writer = relay.writer(session_id="s", turn_id="t", takeover=True)
+    for chunk in second:
+        writer.append(chunk)
+    await writer.aclose()
+    return first, second
+
+
+async def test_a_read_stops_at_a_pause_with_nothing_after_it(redis_url: str) -> None:
+    async with opened(redis_url) as relay:
+        writer = relay.writer(session_id="s", turn_id="t")
+        for chunk in text_turn(["asks"]):
+            writer.append(chunk)
+        await writer.aclose(paused=True)
+        got = await read_all(relay, "t")
+        active = await relay.active_turn("s")
+    assert [c.type for c in got] == [c.type for c in text_turn(["asks"])]
+    assert active is None  # a waiting turn streams nothing now
+
+
+async def test_a_continuation_goes_on_in_the_same_stream_with_its_seqs_following(
+    redis_url: str,
+) -> None:
+    async with opened(redis_url) as relay:
+        first, second = await paused_then_resumed(relay)
+        whole = await read_all(relay, "t")
+        after_first = await read_all(relay, "t", after_seq=len(first))
+    seqs = [c.seq for c in whole]
+    assert seqs == [*range(1, len(first) + 1), *range(len(first) + 2, len(first) + len(second) + 2)]
+    assert [c.type for c in whole] == [c.type for c in first + second]  # the start again
+    assert after_first == whole[len(first) :]  # the client that saw the first part
+
+
+async def test_a_read_after_the_first_pause_waits_for_the_continuation(redis_url: str) -> None:
+    async with opened(redis_url, block_ms=50) as relay:
+        writer = relay.writer(session_id="s", turn_id="t")
+        for chunk in text_turn(["asks"]):
+            writer.append(chunk)
+        await writer.aclose(paused=True)
+        got: list[Any] = []
+
+        async def read() -> None:
+            with trio.fail_after(10):
+                got.extend([c async for c in relay.read("t", after_pauses=1)])
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(read)
+            await trio.sleep(0.2)  # the reader waits live: nothing after the pause yet
+            assert got == []
+            writer = relay.writer(session_id="s", turn_id="t", takeover=True)
+            for chunk in text_turn(["goes on"]):
+                writer.append(chunk)
+            await writer.aclose()
+    assert [getattr(c, "text", None) for c in got if c.type == "text-delta"] == ["goes on"]
+    assert got[0].type == "start" and got[0].message_id == "m1"

@@ -15,8 +15,17 @@ import trio.lowlevel
 
 from actors.stores.postgres import PostgresStore
 from actors.stores.turns import Claim, QueuedTurn, Renewal, TurnQueue
-from runtime.errors import InvalidSessionId, LeaseLost, StoreError
-from runtime.messages import File, Image, TextPart, UserMessage
+from runtime.approval import Decision
+from runtime.errors import AlreadyDecided, InvalidSessionId, LeaseLost, StoreError, UnknownApproval
+from runtime.messages import (
+    AssistantMessage,
+    Awaiting,
+    File,
+    Image,
+    TextPart,
+    ToolCallPart,
+    UserMessage,
+)
 from tests.support.pg import drop_schema, pg_base_url, pg_connect, restart_postgres
 
 LEASE = 0.3
@@ -454,3 +463,109 @@ async def test_a_submit_repeated_with_its_turn_id_returns_the_first_turn(queue):
     assert again == first
     with pytest.raises(StoreError, match="turn id 'turn-a' already names"):
         await queue.submit("s2", "hello", turn_id="turn-a")
+
+
+# -- turns that wait for a person --------------------------------------------------------
+
+
+async def suspended(queue: TurnQueue, store: PostgresStore, session_id: str = "s1") -> Claim:
+    """A claimed turn whose stored step waits for approval ``ap1`` (call ``c1``), and
+    which its worker then suspended."""
+    await queue.submit(session_id, "delete it")
+    claim = await queue.claim("w1")
+    assert claim is not None
+    call = ToolCallPart(
+        tool_call_id="c1",
+        tool_name="delete",
+        input={},
+        step=0,
+        awaiting=Awaiting(kind="approval", id="ap1", turn_id=claim.turn.turn_id),
+    )
+    messages = [
+        UserMessage(content="delete it"),
+        AssistantMessage(id=claim.turn.message_id, content=(call,)),
+    ]
+    await store.save(session_id, 0, messages)
+    assert await queue.suspend(claim, expires_at=1000.0)
+    return claim
+
+
+async def test_a_suspended_turn_holds_no_owner_no_lease_and_not_its_session(queue, store):
+    claim = await suspended(queue, store)
+    later = await queue.submit("s1", "never mind")
+    (row,) = sql(
+        store,
+        "SELECT status, owner, lease_until, expires_at FROM axon_turns WHERE turn_id = %s",
+        (claim.turn.turn_id,),
+    )
+    assert row == ("awaiting-input", None, None, 1000.0)
+    assert await queue.active("s1") == await queue.get_status(later.turn_id)  # the wait is not
+    next_claim = await queue.claim("w2")  # the session's next turn runs, superseding the wait
+    assert next_claim is not None and next_claim.turn.turn_id == later.turn_id
+    waited = await queue.get_status(claim.turn.turn_id)
+    assert (waited.status, waited.finish_reason) == ("done", "superseded")
+
+
+async def test_a_stale_claim_cannot_suspend_the_turn(queue, store):
+    turn = await queue.submit("s1", "one")
+    old = await queue.claim("w1")
+    expire(store, turn.turn_id)
+    await queue.claim("w2")  # taken over
+    assert not await queue.suspend(old)
+    assert (await queue.get_status(turn.turn_id)).status == "running"
+
+
+async def test_the_decision_that_completes_a_wait_makes_the_next_claim_its_continuation(
+    queue, store
+):
+    claim = await suspended(queue, store)
+    decided = await queue.decide("s1", "ap1", Decision(approved=True), {})
+    resumed = await queue.claim("w2")
+    assert decided.recorded.complete and decided.turn.resumes == 1
+    assert decided.turn.status == "running" and decided.turn.owner is None
+    assert resumed is not None and resumed.turn.turn_id == claim.turn.turn_id
+    assert (resumed.resumed, resumed.takeover, resumed.turn.resumes) == (True, False, 1)
+    assert resumed.turn.expires_at is None
+
+
+async def test_a_decision_for_a_turn_that_no_longer_waits_is_refused_and_not_saved(queue, store):
+    await suspended(queue, store)
+    await queue.submit("s1", "never mind")
+    await queue.claim("w2")  # supersedes the wait
+    version = await store.version("s1")
+    with pytest.raises(AlreadyDecided, match="superseded"):
+        await queue.decide("s1", "ap1", Decision(approved=True), {})
+    assert await store.version("s1") == version
+
+
+async def test_a_decision_for_another_sessions_call_is_unknown(queue, store):
+    await suspended(queue, store, "s1")
+    await store.save("s2", 0, [UserMessage(content="hi")])
+    with pytest.raises(UnknownApproval):
+        await queue.decide("s2", "ap1", Decision(approved=True), {})
+
+
+async def test_an_expired_wait_is_handed_to_one_caller_at_a_time(queue, store):
+    claim = await suspended(queue, store)
+    assert await queue.take_expired(999.0) == []  # not due yet
+    (due,) = await queue.take_expired(1000.0)
+    again = await queue.take_expired(1000.0)  # held back from a second worker
+    await queue.set_expiry(claim.turn.turn_id, 2000.0)
+    later = await queue.take_expired(1999.0)
+    assert due.turn_id == claim.turn.turn_id and again == [] and later == []
+    assert (await queue.get_status(claim.turn.turn_id)).expires_at == 2000.0
+
+
+async def test_a_store_from_before_waiting_turns_gains_the_status_on_open(pg_url, store):
+    sql(store, "ALTER TABLE axon_turns DROP CONSTRAINT axon_turns_status_check, "
+        "ADD CONSTRAINT axon_turns_status_check CHECK (status IN "
+        "('queued', 'running', 'done', 'failed', 'cancelled'))")  # fmt: skip
+    sql(store, "ALTER TABLE axon_turns DROP COLUMN expires_at, DROP COLUMN resumes, "
+        "DROP COLUMN resume_pending")  # fmt: skip
+    reopened = await PostgresStore.open(pg_url)
+    try:
+        queue = TurnQueue(reopened)
+        claim = await suspended(queue, reopened)
+        assert (await queue.get_status(claim.turn.turn_id)).waiting
+    finally:
+        await reopened.aclose()

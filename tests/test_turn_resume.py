@@ -25,6 +25,7 @@ from runtime import (
     TextPart,
     ToolCallPart,
     ToolMessage,
+    Usage,
     UserMessage,
     tool,
 )
@@ -39,6 +40,8 @@ STEPS = [
     [*tool_call("charge", {"n": 2}, tool_call_id="c1")],
     ["paid twice"],
 ]
+CALL = Usage(input_tokens=10, output_tokens=5, total_tokens=15, cost=0.25)
+"""What each model call uses and costs."""
 
 
 class Charger:
@@ -64,7 +67,7 @@ class Charger:
 
 
 def agent_with(charger: Charger, **kwargs: object) -> tuple[Agent, ScriptedProvider]:
-    provider = ScriptedProvider(STEPS)
+    provider = ScriptedProvider(STEPS, usage=CALL)
     return Agent(provider=provider, tools=[charger.tool()], **kwargs), provider
 
 
@@ -127,6 +130,15 @@ async def test_the_rerun_step_continues_the_step_numbers_and_the_message(autojum
     steps = [c.step for c in chunks if c.type == "step-start"]
     assert steps == [1, 2]
     assert result.steps == 3 and result.message.id == M
+
+
+async def test_the_taken_over_turn_counts_the_usage_of_its_committed_steps(autojump_clock):
+    store = MemoryStore()
+    await commit_step_0(store)
+    _, result, provider = await take_over(store, Charger())
+    assert len(provider.requests) == 2  # steps 1 and 2; step 0 was the first worker's
+    assert result.usage.input_tokens == 30 and result.usage.cost == 0.75
+    assert (await store.load(SID)).messages[1].usage == result.usage
 
 
 async def test_the_rerun_tool_call_gets_the_idempotency_key_of_its_step(autojump_clock):

@@ -181,3 +181,20 @@ async def test_a_new_message_while_a_call_waits_marks_its_card_denied_as_superse
     assert seen["page_errors"] == []
     assert seen["buttons"] == 0
     assert deleted == []
+
+
+async def test_the_sidebar_marks_the_session_while_its_turn_waits(playwright_sync):
+    def act(page: Any, expect: Any, seen: dict[str, Any]) -> None:
+        card = ask(page, expect, "please delete /tmp/x")
+        badge = page.locator("#sessions li .s-wait")
+        expect(badge).to_have_text("waiting")
+        seen["title"] = badge.get_attribute("title")
+        card.get_by_role("button", name="Approve").click()
+        expect(card).to_have_attribute("data-state", "output-available")
+        expect(page.locator(".turn-foot")).to_contain_text("stop")
+        expect(page.locator("#sessions li .s-wait")).to_have_count(0)
+        expect(page.locator("#sessions li")).to_have_count(1)
+
+    seen = await drive(playwright_sync, act)
+    assert seen["page_errors"] == []
+    assert seen["title"] == "waits for input: 1 call"

@@ -486,6 +486,13 @@ async def test_a_factory_gives_each_new_session_its_agent():
         assert (await client.get("/api/info")).json()["agent"] is None
 
 
+async def test_info_names_the_provider_and_model_of_a_model_string():
+    agent = Agent(name="g", model="google:gemini-2.5-flash")
+    async with web_server(agent) as server, httpx.AsyncClient(base_url=server.url) as client:
+        info = (await client.get("/api/info")).json()
+    assert (info["provider"], info["model"]) == ("google", "gemini-2.5-flash")
+
+
 async def test_the_page_is_served_with_a_strict_policy():
     agent = Agent(provider=ScriptedProvider(steps=[["x"]]))
     async with web_server(agent) as server, httpx.AsyncClient(base_url=server.url) as client:

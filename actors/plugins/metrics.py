@@ -21,6 +21,11 @@ class SessionMetrics:
     input_tokens: int = 0
     output_tokens: int = 0
     total_tokens: int = 0
+    cost: float = 0.0
+    """US dollars of the steps whose cost is known (:attr:`Usage.cost
+    <runtime.chunks.Usage.cost>`)."""
+    unpriced_steps: int = 0
+    """Steps with tokens whose cost is unknown: :attr:`cost` leaves them out."""
     turn_latencies: list[float] = attrs.field(factory=list)
     """Seconds from ``turn.started`` to ``turn.finished``, per turn (Trio clock)."""
 
@@ -54,6 +59,10 @@ class MetricsActor(Actor):
             m.input_tokens += event.usage.input_tokens
             m.output_tokens += event.usage.output_tokens
             m.total_tokens += event.usage.total_tokens
+            if event.usage.cost is not None:
+                m.cost += event.usage.cost
+            elif not event.usage.empty:
+                m.unpriced_steps += 1
         elif isinstance(event, ToolCallCompleted):
             m.tool_calls += 1
             m.tool_errors += event.error is not None

@@ -9,9 +9,18 @@ stalls an agent) and builds, per turn, the span tree the GenAI conventions descr
     └── chat {model}
 
 with token usage, finish reasons, errors (``error.type`` and status ``ERROR``) and aborts
-(``axon.turn.aborted``). The actor handles events after the fact, so spans are never
-"current": each is started and ended with explicit times. Events carry no clock, so the
-actor's inbox stamps each one the moment it is published (:class:`_StampingInbox`).
+(``axon.turn.aborted``). A turn that suspends for input (docs/approval.md) ends its span
+there, status OK, with ``axon.turn.awaiting_input`` and an ``axon.turn.suspended`` event
+(each approval asked is an ``axon.approval.requested`` event before it); its
+continuation is a new ``invoke_agent`` span (``axon.turn.resumed``) with a span *link*
+to the suspended one, and the decisions recorded meanwhile as its first events
+(``axon.approval.decided``, ``axon.approval.expired``). A wait holds no span open: the
+link is how a trace viewer joins the two, however long the wait (within one process:
+the actor remembers the last :data:`SUSPENDED_KEPT` suspended spans).
+
+The actor handles events after the fact, so spans are never "current": each is started
+and ended with explicit times. Events carry no clock, so the actor's inbox stamps each
+one the moment it is published (:class:`_StampingInbox`).
 
 OpenTelemetry is an optional dependency (``pip install 'axon-runtime[otel]'``), imported
 only when an actor is created: ``import actors.plugins`` does not import it. Error texts
@@ -28,6 +37,7 @@ import os
 import re
 import sys
 import time
+from collections import OrderedDict
 from typing import Any, ClassVar
 
 import attrs
@@ -39,13 +49,18 @@ from runtime.chunks import Usage
 from runtime.errors import ConfigurationError
 from runtime.events import (
     Lagged,
+    ProviderFallback,
     ProviderRetry,
     StepFinished,
     StepStarted,
+    ToolApprovalDecided,
+    ToolApprovalExpired,
+    ToolApprovalRequested,
     ToolCallCompleted,
     ToolCallRequested,
     TurnFinished,
     TurnStarted,
+    TurnSteered,
 )
 from runtime.inbox import Inbox, OverflowPolicy
 from runtime.logging import get_logger
@@ -64,10 +79,16 @@ USAGE_INPUT_TOKENS = "gen_ai.usage.input_tokens"
 AXON_PROVIDER = "axon.provider"
 """The provider's registry name, where it differs from ``gen_ai.provider.name``."""
 
-GENAI_PROVIDERS = {"openai-responses": "openai"}
+GENAI_PROVIDERS = {
+    "openai-responses": "openai",
+    "google": "gcp.gemini",
+    "anthropic-vertex": "gcp.vertex_ai",
+    "anthropic-bedrock": "aws.bedrock",
+}
 """Registry names whose ``gen_ai.provider.name`` is another: the conventions name the
-vendor (``openai``), whichever of its APIs is called; the API stays in
-:data:`AXON_PROVIDER`."""
+vendor (``openai``), whichever of its APIs is called, and the platform a model is served
+from (``gcp.gemini`` for the Gemini API, ``gcp.vertex_ai``, ``aws.bedrock``); the
+registry name stays in :data:`AXON_PROVIDER`."""
 
 
 def provider_attributes(provider: str) -> dict[str, str]:
@@ -85,6 +106,9 @@ USAGE_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
 USAGE_CACHE_READ = "gen_ai.usage.cache_read.input_tokens"
 USAGE_CACHE_CREATION = "gen_ai.usage.cache_creation.input_tokens"
 USAGE_REASONING = "gen_ai.usage.reasoning.output_tokens"
+USAGE_COST = "axon.usage.cost"
+"""What the usage cost in US dollars (:attr:`Usage.cost <runtime.chunks.Usage.cost>`);
+left out when unknown. The conventions define no cost attribute: Axon's own name."""
 TOOL_NAME = "gen_ai.tool.name"
 TOOL_CALL_ID = "gen_ai.tool.call.id"
 TOOL_TYPE = "gen_ai.tool.type"
@@ -93,6 +117,11 @@ TOOL_CALL_RESULT = "gen_ai.tool.call.result"
 ERROR_TYPE = "error.type"
 
 TRACER_NAME = "axon.runtime"
+SUSPENDED_KEPT = 10_000
+"""Suspended turn spans the actor remembers, to link their continuations to (the oldest
+are forgotten first: a continuation after that starts unlinked, ``axon.turn.resumed``
+still set)."""
+AWAITING_INPUT = "awaiting-input"
 FLUSH_TIMEOUT = 5.0
 """Seconds the actor waits, when it ends, for the exporter to send what is buffered."""
 EXPORT_TIMEOUT = 2.0
@@ -151,6 +180,18 @@ class _Turn:
     tools: dict[str, Any] = attrs.field(factory=dict)
     incomplete: bool = False
     """Events of this turn may have been dropped (the actor lagged)."""
+    resumed: bool = False
+    """The continuation of a turn that waited (or one taken over): its approved calls'
+    ``execute_tool`` spans are made from their completion (they were asked before)."""
+
+
+@attrs.define(slots=True, eq=False)
+class _Suspended:
+    """A turn span that ended waiting for input: what its continuation links to, and
+    the decisions recorded meanwhile (``(time, event)``), for the continuation's span."""
+
+    context: Any
+    decisions: list[tuple[int, Any]] = attrs.field(factory=list)
 
 
 class OpenTelemetryActor(Actor):
@@ -171,6 +212,11 @@ class OpenTelemetryActor(Actor):
         ToolCallRequested,
         ToolCallCompleted,
         ProviderRetry,
+        ProviderFallback,
+        ToolApprovalRequested,
+        ToolApprovalDecided,
+        ToolApprovalExpired,
+        TurnSteered,
     )
     """(The inbox itself hands the actor a :class:`Lagged` notice when it dropped events.)"""
     overflow: ClassVar[OverflowPolicy] = "drop-oldest"
@@ -196,6 +242,8 @@ class OpenTelemetryActor(Actor):
         self._session_turn: dict[str, str] = {}
         self._tool_spans: dict[str, Any] = {}
         """Open execute_tool spans by call id: where a sub-agent's turn nests."""
+        self._suspended: OrderedDict[str, _Suspended] = OrderedDict()
+        """Turn spans that ended waiting for input, by turn id, oldest first."""
 
     # -- actor plumbing ----------------------------------------------------------------
 
@@ -234,6 +282,14 @@ class OpenTelemetryActor(Actor):
             self._turn_finished(event, now)
         elif kind is ProviderRetry:
             self._provider_retry(event, now)
+        elif kind is ProviderFallback:
+            self._provider_fallback(event, now)
+        elif kind is ToolApprovalRequested:
+            self._approval_requested(event, now)
+        elif kind is ToolApprovalDecided or kind is ToolApprovalExpired:
+            self._approval_decided(event, now)
+        elif kind is TurnSteered:
+            self._steered(event, now)
         elif kind is Lagged:
             self.dropped += event.dropped
             for turn in self._turns.values():
@@ -276,19 +332,30 @@ class OpenTelemetryActor(Actor):
             attributes.update(provider_attributes(event.provider))
         if event.model:
             attributes[REQUEST_MODEL] = event.model
+        suspended = self._suspended.pop(event.turn_id, None)
+        links = []
+        if event.resumed:
+            attributes["axon.turn.resumed"] = True
+            if suspended is not None:  # the wait it goes on from
+                links.append(trace.Link(suspended.context, {"axon.link.type": "resumes"}))
         span = self.tracer.start_span(
             f"invoke_agent {event.agent}",
             context=context,
             kind=trace.SpanKind.INTERNAL,
             attributes=attributes,
+            links=links,
             start_time=now,
         )
+        if event.resumed and suspended is not None:
+            for at, decided in suspended.decisions:
+                span.add_event(*_decision_event(decided), timestamp=at)
         self._turns[event.turn_id] = _Turn(
             span=span,
             session_id=event.session_id,
             agent=event.agent,
             provider=event.provider,
             model=event.model,
+            resumed=event.resumed,
         )
         self._session_turn[event.session_id] = event.turn_id
 
@@ -307,6 +374,8 @@ class OpenTelemetryActor(Actor):
             error_type, message = event.error.kind, redact(event.error.message)
         elif event.finish_reason == "error":
             error_type, message = "_OTHER", "the turn failed"
+        elif event.finish_reason == AWAITING_INPUT:
+            self._suspend(event.turn_id, turn, now)
         self._end_turn(
             event.turn_id,
             now,
@@ -346,6 +415,53 @@ class OpenTelemetryActor(Actor):
             span.end(end_time=now)
             self._tool_spans.pop(call_id, None)
         turn.span.end(end_time=now)
+
+    def _suspend(self, turn_id: str, turn: _Turn, now: int) -> None:
+        """The turn waits for input: its span ends here, status OK (a wait is no error),
+        and is remembered for the continuation to link to. Its held calls' tool spans
+        end with it, marked waiting (they run, if approved, in the continuation)."""
+        span = turn.span
+        span.set_attribute("axon.turn.awaiting_input", True)
+        span.add_event(
+            "axon.turn.suspended", attributes={"axon.turn.waiting": len(turn.tools)}, timestamp=now
+        )
+        span.set_status(self._trace.Status(self._trace.StatusCode.OK))
+        for tool_span in turn.tools.values():
+            tool_span.set_attribute("axon.tool.awaiting_input", True)
+        self._suspended[turn_id] = _Suspended(context=span.get_span_context())
+        self._suspended.move_to_end(turn_id)
+        while len(self._suspended) > SUSPENDED_KEPT:
+            self._suspended.popitem(last=False)
+
+    def _approval_requested(self, event: ToolApprovalRequested, now: int) -> None:
+        turn = self._turns.get(event.turn_id)
+        if turn is None:
+            return
+        turn.span.add_event(
+            "axon.approval.requested",
+            attributes={
+                TOOL_NAME: event.tool_name,
+                TOOL_CALL_ID: event.tool_call_id,
+                "axon.approval.id": event.causation_id or "",
+            },
+            timestamp=now,
+        )
+
+    def _approval_decided(self, event: ToolApprovalDecided | ToolApprovalExpired, now: int) -> None:
+        """A decision (or an expiry) for a suspended turn: kept for its continuation's
+        span (none is open meanwhile)."""
+        suspended = self._suspended.get(event.turn_id or "")
+        if suspended is not None:
+            suspended.decisions.append((now, event))
+
+    def _steered(self, event: TurnSteered, now: int) -> None:
+        turn = self._turns.get(event.turn_id)
+        if turn is not None:
+            turn.span.add_event(
+                "axon.turn.steered",
+                attributes={"axon.step": event.step, "axon.message.id": event.message_id},
+                timestamp=now,
+            )
 
     # -- model calls -------------------------------------------------------------------
 
@@ -397,6 +513,31 @@ class OpenTelemetryActor(Actor):
             timestamp=now,
         )
 
+    def _provider_fallback(self, event: ProviderFallback, now: int) -> None:
+        """The turn goes on with another provider: an event on the step's chat span,
+        which (like the turn's later ones) names that provider and model from now on."""
+        turn = self._turns.get(event.turn_id)
+        if turn is None:
+            return
+        turn.provider, turn.model = event.provider or turn.provider, event.model
+        chat = turn.chats.get(event.step)
+        if chat is None:
+            return
+        chat.span.add_event(
+            "axon.provider.fallback",
+            attributes={
+                "axon.fallback.from": event.from_provider,
+                "axon.fallback.to": event.to_provider,
+                ERROR_TYPE: event.error.kind,
+            },
+            timestamp=now,
+        )
+        if turn.provider:
+            chat.span.set_attributes(provider_attributes(turn.provider))
+        if turn.model:
+            chat.span.set_attribute(REQUEST_MODEL, turn.model)
+            chat.span.update_name(f"chat {turn.model}")
+
     # -- tool calls --------------------------------------------------------------------
 
     def _tool_requested(self, event: ToolCallRequested, now: int) -> None:
@@ -430,6 +571,8 @@ class OpenTelemetryActor(Actor):
     def _tool_completed(self, event: ToolCallCompleted, now: int) -> None:
         turn = self._turns.get(event.turn_id)
         span: Any = turn.tools.pop(event.tool_call_id, None) if turn is not None else None
+        if span is None and turn is not None and turn.resumed:
+            span = self._resumed_tool_span(turn, event, now)
         if span is None:
             return
         if self._tool_spans.get(event.tool_call_id) is span:
@@ -440,6 +583,26 @@ class OpenTelemetryActor(Actor):
         elif self.capture_content:
             span.set_attribute(TOOL_CALL_RESULT, _json(event.output))
         span.end(end_time=now)
+
+    def _resumed_tool_span(self, turn: _Turn, event: ToolCallCompleted, now: int) -> Any:
+        """The ``execute_tool`` span of a call a continuation ran (approved while the
+        turn waited: it was asked, and its span ended, before the wait)."""
+        trace = self._trace
+        start = now - int(event.duration * 1e9)
+        return self.tracer.start_span(
+            f"execute_tool {event.tool_name}",
+            context=trace.set_span_in_context(turn.span),
+            kind=trace.SpanKind.INTERNAL,
+            attributes={
+                OPERATION_NAME: "execute_tool",
+                TOOL_NAME: event.tool_name,
+                TOOL_CALL_ID: event.tool_call_id,
+                TOOL_TYPE: "function",
+                CONVERSATION_ID: turn.session_id,
+                "axon.step": event.step,
+            },
+            start_time=max(start, 0),
+        )
 
     # -- helpers -----------------------------------------------------------------------
 
@@ -455,6 +618,7 @@ def _set_usage(span: Any, usage: Usage) -> None:
         (USAGE_CACHE_READ, usage.cache_read),
         (USAGE_CACHE_CREATION, usage.cache_write),
         (USAGE_REASONING, usage.reasoning_tokens),
+        (USAGE_COST, usage.cost),
     ):
         if value is not None:
             span.set_attribute(key, value)
@@ -466,6 +630,19 @@ def _json(value: Any) -> str:
         return orjson.dumps(redact(value), default=str).decode()
     except TypeError:
         return str(redact(str(value)))
+
+
+def _decision_event(event: ToolApprovalDecided | ToolApprovalExpired) -> tuple[str, dict]:
+    """The span event (name, attributes) of a decision recorded while a turn waited."""
+    attributes: dict[str, Any] = {TOOL_CALL_ID: event.tool_call_id}
+    if event.causation_id:
+        attributes["axon.approval.id"] = event.causation_id
+    if event.reason is not None:
+        attributes["axon.approval.reason"] = redact(event.reason)
+    if isinstance(event, ToolApprovalExpired):
+        return "axon.approval.expired", attributes
+    attributes["axon.approval.approved"] = event.approved
+    return "axon.approval.decided", attributes
 
 
 def _root_context() -> Any:
@@ -596,4 +773,24 @@ def _reporting(exporter: Any, name: str) -> Any:
     return ReportingExporter()
 
 
-__all__ = ["OpenTelemetryActor", "build_tracer_provider"]
+# -- the ``otel`` plug-in ---------------------------------------------------------------
+
+CAPTURE_CONTENT = "capture-content"
+"""The ``otel`` plug-in's one option: record tool arguments and results on the spans."""
+
+
+def otel_plugin(options: str | None = None) -> OpenTelemetryActor:
+    """The ``otel`` plug-in (``--plugin otel``, ``--otel``): an actor exporting to what
+    the ``OTEL_*`` variables name (:func:`build_tracer_provider`);
+    ``--plugin otel:capture-content`` also records tool arguments and results."""
+    if options not in (None, "", CAPTURE_CONTENT):
+        raise ConfigurationError(
+            f"plug-in 'otel' takes no option but {CAPTURE_CONTENT!r}, not {options!r} "
+            "(the OTEL_* variables configure the export: docs/telemetry.md)"
+        )
+    return OpenTelemetryActor(
+        tracer_provider=build_tracer_provider(), capture_content=options == CAPTURE_CONTENT
+    )
+
+
+__all__ = ["OpenTelemetryActor", "build_tracer_provider", "otel_plugin"]

@@ -14,6 +14,7 @@ import orjson
 import trio
 
 from runtime.actor import Actor
+from runtime.errors import ConfigurationError
 from runtime.inbox import OverflowPolicy
 from runtime.redact import redact
 from runtime.serde import event_to_dict
@@ -70,3 +71,11 @@ def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """The recorded events of a JSONL file, as dicts."""
     with open(path, "rb") as f:
         return [orjson.loads(line) for line in f if line.strip()]
+
+
+def recorder_plugin(options: str | None = None) -> JsonlRecorder:
+    """The ``recorder`` plug-in (``--plugin recorder:PATH``, ``run --record PATH``): every
+    bus event appended to the JSONL file ``PATH``."""
+    if not options:
+        raise ConfigurationError("plug-in 'recorder' needs a file: --plugin recorder:PATH")
+    return JsonlRecorder(options)

@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 
 import trio
 
+from actors.providers.anthropic_platforms import BedrockPlatform, VertexPlatform
 from actors.providers.failures import (
     classify_status,
     classify_transport,
@@ -656,6 +657,8 @@ class AnthropicProvider(SDKProvider):
     provider_name: ClassVar[str] = PROVIDER
     default_endpoint: ClassVar[str | None] = "https://api.anthropic.com"
     endpoint_env: ClassVar[str | None] = "ANTHROPIC_BASE_URL"
+    price_vendor: ClassVar[str | None] = "anthropic"
+    usage_input_includes_cache: ClassVar[bool] = False  # cache reads and writes apart
 
     def __init__(
         self,
@@ -669,6 +672,7 @@ class AnthropicProvider(SDKProvider):
         timeout: float | None = 60.0,
         name: str | None = None,
         foreign_reasoning: ForeignReasoning = "drop",
+        price_as: str | None = None,
         **request_options: Any,
     ) -> None:
         if thinking_budget is not None and thinking_budget >= max_tokens:
@@ -685,6 +689,7 @@ class AnthropicProvider(SDKProvider):
             name=name,
             foreign_reasoning=foreign_reasoning,
             request_options=request_options,
+            price_as=price_as,
         )
         self.thinking_budget = thinking_budget
         """Extended-thinking budget in tokens; ``None`` leaves thinking off."""
@@ -781,3 +786,18 @@ class AnthropicProvider(SDKProvider):
 
     def classify_error(self, exc: BaseException) -> errors.AxonError:
         return classify_error(exc)
+
+
+# -- on other platforms -------------------------------------------------------------------
+
+
+class AnthropicVertexProvider(VertexPlatform, AnthropicProvider):
+    """Claude on Google Cloud Vertex AI through ``AsyncAnthropicVertex``: this provider
+    with Vertex's client, credentials and endpoint
+    (:class:`~actors.providers.anthropic_platforms.VertexPlatform`)."""
+
+
+class AnthropicBedrockProvider(BedrockPlatform, AnthropicProvider):
+    """Claude on Amazon Bedrock through ``AsyncAnthropicBedrock``: this provider with
+    Bedrock's client, credentials, endpoint and event-stream errors
+    (:class:`~actors.providers.anthropic_platforms.BedrockPlatform`)."""

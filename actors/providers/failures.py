@@ -28,12 +28,13 @@ from runtime import errors
 
 CONTEXT_TOO_LONG = re.compile(
     r"context_length_exceeded|prompt is too long|maximum context|context (window|length|limit)"
-    r"|exceeds? .*context",
+    r"|exceeds? .*context|input token count .*exceeds|input is too long",
     re.IGNORECASE,
 )
 """Words in an error's code or message meaning the conversation is over the model's
 context window (OpenAI's ``context_length_exceeded``, Anthropic's "prompt is too long",
-and what compatible servers say)."""
+Gemini's "The input token count (N) exceeds the maximum number of tokens allowed",
+Bedrock's "Input is too long for requested model", and what compatible servers say)."""
 
 _TRANSPORT_LIBRARIES = ("httpx2", "httpx")
 """The HTTP libraries the ``openai`` and ``anthropic`` SDKs are built on (``httpx2`` in

@@ -522,6 +522,7 @@ class OpenAIProvider(OpenAISDKProvider):
     provider_name: ClassVar[str] = "openai"
     default_endpoint: ClassVar[str | None] = "https://api.openai.com/v1"
     endpoint_env: ClassVar[str | None] = "OPENAI_BASE_URL"
+    price_vendor: ClassVar[str | None] = "openai"
 
     def __init__(
         self,
@@ -534,6 +535,7 @@ class OpenAIProvider(OpenAISDKProvider):
         timeout: float | None = 60.0,
         name: str | None = None,
         foreign_reasoning: ForeignReasoning = "drop",
+        price_as: str | None = None,
         **request_options: Any,
     ) -> None:
         super().__init__(
@@ -545,6 +547,7 @@ class OpenAIProvider(OpenAISDKProvider):
             name=name,
             foreign_reasoning=foreign_reasoning,
             request_options=request_options,
+            price_as=price_as,
         )
         self.send_reasoning_content = send_reasoning_content
         """Send each step's unsigned reasoning back as ``reasoning_content`` (DeepSeek

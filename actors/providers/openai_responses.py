@@ -684,6 +684,7 @@ class OpenAIResponsesProvider(OpenAISDKProvider):
     provider_name: ClassVar[str] = PROVIDER
     default_endpoint: ClassVar[str | None] = "https://api.openai.com/v1"
     endpoint_env: ClassVar[str | None] = "OPENAI_BASE_URL"
+    price_vendor: ClassVar[str | None] = "openai"
 
     def __init__(
         self,
@@ -697,6 +698,7 @@ class OpenAIResponsesProvider(OpenAISDKProvider):
         timeout: float | None = 60.0,
         name: str | None = None,
         foreign_reasoning: ForeignReasoning = "drop",
+        price_as: str | None = None,
         **request_options: Any,
     ) -> None:
         super().__init__(
@@ -708,6 +710,7 @@ class OpenAIResponsesProvider(OpenAISDKProvider):
             name=name,
             foreign_reasoning=foreign_reasoning,
             request_options=request_options,
+            price_as=price_as,
         )
         self.store = store
         """Sent as ``store``: ``False`` keeps nothing on OpenAI's side, so reasoning

@@ -39,6 +39,7 @@ class SDKProvider(Provider):
         name: str | None = None,
         foreign_reasoning: ForeignReasoning = "drop",
         request_options: dict[str, Any] | None = None,
+        price_as: str | None = None,
     ) -> None:
         super().__init__(model=model, max_concurrency=max_concurrency, name=name)
         self.base_url = base_url
@@ -51,6 +52,7 @@ class SDKProvider(Provider):
         """Extra arguments of the SDK's ``create`` for every call; a request's
         ``settings`` override them key by key."""
         self.foreign_reasoning = self.check_foreign_reasoning(foreign_reasoning)
+        self.price_as = price_as
         self._client: Any = None
         self._create_params: frozenset[str] | None = None
 

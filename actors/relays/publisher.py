@@ -14,11 +14,13 @@ A Redis that is down therefore never stalls a turn.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, ClassVar
 
 import trio
 
 from runtime.actor import Actor
+from runtime.approval import AWAITING_INPUT
 from runtime.hosting import TurnCanceller
 from runtime.inbox import OverflowPolicy
 from runtime.output import OUTPUT_CHUNK_TYPES, Abort, Error, Finish, Start
@@ -53,7 +55,10 @@ class RelayPublisher(Actor):
         writer.append(chunk)
         if type(chunk) in _ENDS:
             del self.writers[turn_id]
-            self.relay.nursery.start_soon(writer.aclose)
+            # A turn that waits for input pauses its stream: its continuation (same turn
+            # id, docs/approval.md) goes on in it, readers passing over the pause.
+            paused = type(chunk) is Finish and chunk.finish_reason == AWAITING_INPUT
+            self.relay.nursery.start_soon(partial(writer.aclose, paused=paused))
 
 
 def cancel_local_turn(host: TurnCanceller, turn_id: str, reason: str) -> bool:

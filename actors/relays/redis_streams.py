@@ -40,6 +40,15 @@ drop what the step streamed so far) and the end of the turn (not yielded; iterat
 stops). A reader that replays a backlog drops the restarted step's chunks itself and
 yields the marker only when the reader's client had already seen some of them.
 
+**Pauses.** A turn that suspends to wait for a person (docs/approval.md) ends its part of
+the stream with a *paused* end (``{"type": "relay.end", "paused": true}``, which an older
+reader takes for the end); the worker that resumes it later continues the same stream,
+its seqs following on, so one ``Last-Event-ID`` space covers the whole turn. A read stops
+at a pause that is the stream's last item (the turn waits), and passes over one that has
+more after it (the continuation), yielding that continuation's ``start`` again (same
+message id). ``read(after_pauses=k)`` starts after the turn's k-th pause, waiting for it
+if need be: what the front end that recorded the decisions streams as the continuation.
+
 **Coalescing and failure.** :meth:`RedisRelayWriter.append` only queues: one background
 task per writer flushes whatever is queued as one pipeline (``XADD`` + ``EXPIRE``), as
 soon as the previous flush is done, never waiting for more. While Redis is down the
@@ -185,7 +194,7 @@ class _Cursor:
     message_id: str | None = None
     """The message the stream's ``start`` opened: a takeover's repeat of it is dropped."""
     ended: bool = False
-    """The turn's end was read."""
+    """The turn's end was read (a pause is not its end)."""
 
     def accept(self, raw: Any) -> list[tuple[int, dict[str, Any]]]:
         """The ``(seq, item)`` pairs of the stream's next entry ``raw``, repeated
@@ -214,7 +223,10 @@ class _Cursor:
                     f"the relay lost part of turn {turn!r} (Redis was unreachable or lost it)"
                 )
             if kind == END:
-                self.ended = True
+                if item.get("paused") is True:
+                    self.message_id = None  # the continuation starts the message again
+                else:
+                    self.ended = True
             elif kind == "start":
                 message_id = item.get("message_id")
                 if self.message_id is not None and message_id == self.message_id:
@@ -224,6 +236,24 @@ class _Cursor:
         self.position = entry.last
         self.writer = entry.writer
         return pairs
+
+
+@attrs.define
+class _Place:
+    """Where a read starts: after seq ``seen``, and after the turn's ``pauses``-th pause
+    (counted down as the reader passes them)."""
+
+    seen: int
+    pauses: int
+
+    def skip_pauses(self, backlog: list[tuple[int, Any]]) -> None:
+        """Move past the pauses the read starts after that the backlog already holds."""
+        for seq, item in backlog:
+            if not self.pauses:
+                return
+            if item.get("type") == END and item.get("paused") is True:
+                self.pauses -= 1
+                self.seen = max(self.seen, seq)
 
 
 def _tail(last: list[Any], *, takeover: bool) -> tuple[int, bytes | None, bool]:
@@ -291,14 +321,15 @@ class RedisRelayWriter:
         with trio.move_on_after(self.relay.close_timeout):
             await self.flushed()
 
-    async def aclose(self, *, final: bool = True) -> None:
+    async def aclose(self, *, final: bool = True, paused: bool = False) -> None:
         """Flush what is queued; with ``final`` the stream ends (readers stop) and expires
-        after ``end_ttl``. Bounded by ``close_timeout``: a Redis that stays down does not
-        hold the turn's end."""
+        after ``end_ttl``; with ``paused`` too, the turn waits for a person instead: the
+        stream stays for ``live_ttl`` and the turn's continuation goes on in it. Bounded by
+        ``close_timeout``: a Redis that stays down does not hold the turn's end."""
         if self._closing:
             return
         if final:
-            self._put({"type": END})
+            self._put({"type": END, "paused": True} if paused else {"type": END})
         self._closing = True
         self._wake.set()
         with trio.move_on_after(self.relay.close_timeout):
@@ -408,7 +439,8 @@ class RedisRelayWriter:
                     batch.insert(0, {"type": GAP})
                     log.warning("relay.takeover_lost_stream", turn_id=self.turn_id)
             first = self._next_seq
-            ended = batch[-1].get("type") == END
+            ended = batch[-1].get("type") == END and batch[-1].get("paused") is not True
+            opening = self.flushes == 0  # a continuation's or a takeover's first entry too
             fields: dict[str, str | bytes] = {
                 "first": str(first),
                 "items": orjson.dumps(batch, default=str),
@@ -419,7 +451,7 @@ class RedisRelayWriter:
             now = trio.current_time()
             # The TTLs are set by the first flush and the last, and refreshed at most every
             # TTL_REFRESH seconds: a flush in between is one XADD, not a pipeline of three.
-            touch = ended or first == 1 or now - self._touched > TTL_REFRESH
+            touch = ended or opening or now - self._touched > TTL_REFRESH
             try:
                 if not touch:
                     await client.xadd(self.key, fields, identifier=f"{first}-1")
@@ -428,7 +460,7 @@ class RedisRelayWriter:
                         added = pipe.xadd(self.key, fields, identifier=f"{first}-1")
                         pipe.expire(self.key, relay.end_ttl if ended else relay.live_ttl)
                         active = relay.active_key(self.session_id)
-                        if first == 1:
+                        if opening:
                             pipe.set(active, self.turn_id, ex=relay.live_ttl)
                         elif ended:
                             pipe.expire(active, relay.end_ttl)
@@ -624,9 +656,13 @@ class RedisRelay:
             return turn_id
         return None if ended else turn_id
 
-    async def read(self, turn_id: str, *, after_seq: int | None = None) -> AsyncIterator[Any]:
+    async def read(
+        self, turn_id: str, *, after_seq: int | None = None, after_pauses: int = 0
+    ) -> AsyncIterator[Any]:
         """The turn's chunks with ``seq > after_seq`` (all when ``None``), live until the
-        turn ends; :class:`StepRestarted` markers among them (see the module doc).
+        turn ends or waits; :class:`StepRestarted` markers among them (see the module doc).
+        With ``after_pauses=k``, only what follows the turn's k-th pause (the continuation
+        after k waits), waiting for that pause if it was not written yet.
 
         Raises :class:`~runtime.errors.RelayTurnGone` (a :class:`LookupError`) when the
         relay does not have the turn, lost part of it, or cannot prove that what it has
@@ -663,14 +699,15 @@ class RedisRelay:
                 f"the relay's stream of turn {turn_id!r} ends at seq {cursor.position}, "
                 f"before seq {seen} the client saw: it was lost and started again"
             )
-        for seq, item in _drop_restarted(backlog, seen):
-            if seq <= seen:
-                continue
-            done = self._item(turn_id, seq, item)
+        place = _Place(seen=seen, pauses=after_pauses)
+        place.skip_pauses(backlog)
+        backlog = _drop_restarted(backlog, place.seen)
+        for index, (seq, item) in enumerate(backlog):
+            done = self._next(place, turn_id, seq, item, tail=index == len(backlog) - 1)
             if done is _END:
                 return
-            yield done
-            seen = seq
+            if done is not None:
+                yield done
         if cursor.ended:
             return
         # Live: block on new entries after the last one.
@@ -690,14 +727,37 @@ class RedisRelay:
                         f"the relay's stream of turn {turn_id!r} expired or was lost"
                     )
                 continue
+            pairs: list[tuple[int, Any]] = []
             for entry in entries:
-                pairs = cursor.accept(entry)
+                pairs.extend(cursor.accept(entry))
                 last_id = entry.identifier
-                for seq, item in pairs:
-                    done = self._item(turn_id, seq, item)
-                    if done is _END:
-                        return
+            for index, (seq, item) in enumerate(pairs):
+                done = self._next(place, turn_id, seq, item, tail=index == len(pairs) - 1)
+                if done is _END:
+                    return
+                if done is not None:
                     yield done
+
+    def _next(
+        self, place: _Place, turn_id: str, seq: int, item: dict[str, Any], *, tail: bool
+    ) -> Any:
+        """What the reader does with the stream's next item: the chunk (or marker) to
+        yield, ``None`` to go on, ``_END`` to stop (the turn ended, or waits)."""
+        if item["type"] == END:
+            if item.get("paused") is not True:
+                return _END if seq > place.seen or place.pauses else None
+            if seq <= place.seen:
+                return None
+            if place.pauses:  # the pause the reader starts after (or one before it)
+                place.pauses -= 1
+                place.seen = seq
+                return None
+            # A pause with nothing after it: the turn waits, this read is over. One with
+            # more after it is passed over: its continuation follows.
+            return _END if tail else None
+        if place.pauses or seq <= place.seen:
+            return None
+        return self._item(turn_id, seq, item)
 
     def _item(self, turn_id: str, seq: int, item: dict[str, Any]) -> Any:
         """The chunk (or marker) an accepted item stands for; ``_END`` at the turn's end;

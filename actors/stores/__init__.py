@@ -6,7 +6,10 @@
 * a plug-in adds a store for a URL scheme through the ``axon.stores`` entry-point group
   (:data:`STORES`): one new module, no edit here.
 
-:func:`open_store` turns a host's ``store=`` setting into a store. This folder sits under
+:func:`open_store` turns a host's ``store=`` setting into a store; :func:`turn_queue` gives
+the durable turn queue (:class:`runtime.turn_queue.TurnQueue`) that lives in a store
+(PostgreSQL's, :class:`actors.stores.turns.TurnQueue`), keyed by the store's URL scheme
+(:data:`QUEUES`), so that the worker deployment names no database. This folder sits under
 ``runtime/`` beside the protocol it implements, but it is implementation-layer code: it
 imports the contract (``runtime.store``, ``runtime.messages``, ...), never the host.
 """
@@ -20,8 +23,10 @@ from typing import Any
 from actors.stores.memory import MemoryStore
 from actors.stores.sqlite import SQLiteStore
 from runtime.errors import ConfigurationError
+from runtime.redact import redact_url
 from runtime.registry import Registry
 from runtime.store import Store, validate_session_id
+from runtime.turn_queue import TurnQueue
 
 ENTRY_POINT_GROUP = "axon.stores"
 
@@ -35,6 +40,17 @@ BUILTIN: dict[str, str] = {
 STORES = Registry(group=ENTRY_POINT_GROUP, kind="store", builtin=BUILTIN)
 """Stores by URL scheme. A registered class is opened with ``await cls.open(spec)``
 (``spec`` is the whole URL) and must return a :class:`~runtime.store.Store`."""
+
+QUEUE_BUILTIN: dict[str, str] = {
+    "postgresql": "actors.stores.turns:TurnQueue",
+    "postgres": "actors.stores.turns:TurnQueue",
+}
+"""The turn queues that ship with Axon, by the URL scheme of the store they live in."""
+
+QUEUES = Registry(group="axon.turn_queues", kind="turn queue", builtin=QUEUE_BUILTIN)
+"""Turn queues by their store's URL scheme (entry-point group ``axon.turn_queues``). A
+registered class is called as ``cls(store, **options)`` with an open store of that
+scheme and must return a :class:`~runtime.turn_queue.TurnQueue`."""
 
 _URL = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
 _STORE_METHODS = ("load", "save", "version", "list_sessions", "delete", "aclose")
@@ -96,11 +112,61 @@ async def _open_registered(scheme: str, spec: str) -> Store:
     return store
 
 
+def queue_scheme(spec: Any) -> str:
+    """The URL scheme of a store that holds a turn queue (``postgresql``), or a
+    :class:`~runtime.errors.ConfigurationError` saying which stores do: checked before
+    anything is opened, so a file path never becomes an SQLite file a worker cannot use."""
+    url = _URL.match(spec) if isinstance(spec, str) else None
+    scheme = url.group(1).lower() if url is not None else None
+    if scheme is None or scheme not in QUEUES.entries():
+        shown = redact_url(spec) if isinstance(spec, str) else type(spec).__name__
+        raise ConfigurationError(
+            "the worker deployment needs a store with a turn queue: a PostgreSQL URL "
+            f"(postgresql://...){_plugins()}, not {shown!r}"
+        )
+    return scheme
+
+
+def _plugins() -> str:
+    others = [name for name in QUEUES.names() if name not in QUEUE_BUILTIN]
+    return f" or {', '.join(s + '://' for s in others)}" if others else ""
+
+
+def turn_queue(store: Store, **options: Any) -> TurnQueue:
+    """The durable turn queue that lives in ``store``, chosen by the scheme of the URL the
+    store was opened with (``store.url``): ``postgresql://`` gives
+    :class:`actors.stores.turns.TurnQueue`. ``options`` go to the queue (``lease``,
+    ``max_attempts``, caps...). The store stays the caller's to close."""
+    cls = QUEUES.load(queue_scheme(getattr(store, "url", None)))
+    queue = cls(store, **options)
+    if not isinstance(queue, TurnQueue):
+        raise ConfigurationError(
+            f"turn queue {type(queue).__name__} is not a runtime.turn_queue.TurnQueue"
+        )
+    return queue
+
+
+async def open_turn_queue(url: str, **options: Any) -> TurnQueue:
+    """Open the store ``url`` names and the turn queue in it (:func:`turn_queue`); the
+    caller closes both (``await queue.aclose()``, then ``await queue.store.aclose()``)."""
+    queue_scheme(url)
+    store = await open_store(url)
+    try:
+        return turn_queue(store, **options)
+    except BaseException:
+        await store.aclose()
+        raise
+
+
 __all__ = [
+    "QUEUES",
     "STORES",
     "MemoryStore",
     "SQLiteStore",
     "is_store_url",
     "open_store",
+    "open_turn_queue",
+    "queue_scheme",
+    "turn_queue",
     "validate_session_id",
 ]

@@ -109,7 +109,8 @@ _SCHEMA = (
         idempotency_key TEXT UNIQUE,
         input TEXT NOT NULL,
         status TEXT NOT NULL DEFAULT 'queued'
-            CHECK (status IN ('queued', 'running', 'done', 'failed', 'cancelled')),
+            CHECK (status IN ('queued', 'running', 'done', 'failed', 'cancelled',
+                              'awaiting-input')),
         owner TEXT,
         epoch BIGINT NOT NULL DEFAULT 0,
         lease_until TIMESTAMPTZ,
@@ -140,6 +141,12 @@ _TURN_COLUMNS = (
     ("input_hash", "TEXT"),  # what the turn was asked: an identical retry is a replay
     ("head", "BOOLEAN NOT NULL DEFAULT false"),
     ("head_seq", "BIGINT"),
+    # A turn that waits for a person (status 'awaiting-input', docs/approval.md): when
+    # its wait expires (wall-clock seconds since the epoch; NULL: never), how many times
+    # it was resumed after a wait, and whether the next claim runs its continuation.
+    ("expires_at", "DOUBLE PRECISION"),
+    ("resumes", "INTEGER NOT NULL DEFAULT 0"),
+    ("resume_pending", "BOOLEAN NOT NULL DEFAULT false"),
 )
 """Columns the turn queue (:mod:`actors.stores.turns`) added after schema 1 shipped: a
 store created before them gains them on open, in place, without a version change. Each
@@ -458,11 +465,17 @@ class PostgresStore:
         meta: Mapping[str, Any] | None = None,
         *,
         expected_version: int | None = None,
+        guard: Callable[[Any], None] | None = None,
     ) -> int:
         """Replace messages ``start..`` with ``messages`` and merge ``meta``, in one
         transaction; returns the session's new version (see the module docstring for
         versions and fences). Everything is serialized before the transaction begins, so
-        a bad message fails the save before anything is written."""
+        a bad message fails the save before anything is written.
+
+        ``guard(conn)`` (not part of the :class:`~runtime.store.Store` protocol) runs in
+        the save's transaction before anything is written: it may refuse the save by
+        raising, or write rows of its own that commit with the save or not at all (the
+        turn queue records a decision and puts the waiting turn back so, atomically)."""
         new = check_save(session_id, start, messages, meta, expected_version)
         rows = []
         for idx, message in enumerate(new, start):
@@ -489,6 +502,8 @@ class PostgresStore:
         def save(conn: Any) -> int:
             if fence is not None:
                 _check_fence(conn, fence, session_id)
+            if guard is not None:
+                guard(conn)
             row = conn.execute(
                 "SELECT meta, version FROM axon_sessions WHERE session_id = %s FOR UPDATE",
                 (session_id,),
@@ -721,12 +736,33 @@ def _first_connect(libpq: str, schema: str) -> None:
                         "CREATE INDEX IF NOT EXISTS axon_turns_by_message_key "
                         "ON axon_turns (message_key, seq) WHERE message_key IS NOT NULL"
                     )
+                if column == "expires_at":  # the waits a worker looks at, and their status
+                    conn.execute(
+                        "CREATE INDEX IF NOT EXISTS axon_turns_waiting "
+                        "ON axon_turns (expires_at) WHERE status = 'awaiting-input'"
+                    )
+                    _allow_waiting_status(conn)
         _ensure_turn_heads(conn)
         conn.execute(
             """INSERT INTO axon_meta (key, value) VALUES ('magic', %s), ('schema_version', %s)
             ON CONFLICT (key) DO NOTHING""",
             (MAGIC, str(SCHEMA_VERSION)),
         )
+
+
+WAITING_CHECK = (
+    "CHECK (status IN ('queued', 'running', 'done', 'failed', 'cancelled', 'awaiting-input'))"
+)
+"""The statuses ``axon_turns`` allows since turns can wait for a person."""
+
+
+def _allow_waiting_status(conn: Any) -> None:
+    """A table created before turns could wait gets the status ``awaiting-input`` in its
+    CHECK (run once, with the ``expires_at`` column, in the same transaction)."""
+    conn.execute(
+        "ALTER TABLE axon_turns DROP CONSTRAINT IF EXISTS axon_turns_status_check, "
+        f"ADD CONSTRAINT axon_turns_status_check {WAITING_CHECK}"
+    )
 
 
 def _ensure_turn_heads(conn: Any) -> None:

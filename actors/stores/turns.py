@@ -40,6 +40,16 @@ A worker shutting down :meth:`~TurnQueue.release`\\ s its turn: the next claim t
 over at once, and the release gives the attempt back, so graceful restarts never fail a
 turn.
 
+**Turns that wait for a person.** A turn that suspends for approval (docs/approval.md)
+is :meth:`~TurnQueue.suspend`\\ ed by its worker: ``awaiting-input``, no owner, no lease,
+so it holds nothing and its session's next turn may run (that claim marks the wait
+``done``, ``superseded``). :meth:`~TurnQueue.decide` records a decision in the session's
+save transaction together with the row (refused unless it still waits); the decision
+that completes the turn's calls puts the row back (``running``, no owner, a lapsed
+lease, ``resume_pending``), and the next claim is its continuation
+(:attr:`~runtime.turn_queue.Claim.resumed`). :meth:`~TurnQueue.take_expired` hands a
+wait whose ``expires_at`` passed to one worker at a time.
+
 **Waking workers.** Submitting or finishing a turn sends ``NOTIFY axon_turns`` in its
 transaction; :meth:`~TurnQueue.wait` blocks on a dedicated ``LISTEN`` connection until
 one arrives, so idle workers claim new work at once without polling the table.
@@ -57,11 +67,12 @@ takes it over.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 import attrs
@@ -70,18 +81,34 @@ import trio
 
 from actors.stores.postgres import CONNECT_TIMEOUT, Fence, PostgresStore
 from runtime import serde
-from runtime.errors import QueueFull, StoreCorrupt, StoreError, TurnConflict
+from runtime.approval import Decision, PendingCall, record_decision
+from runtime.errors import (
+    AlreadyDecided,
+    QueueFull,
+    StoreCorrupt,
+    StoreError,
+    TurnConflict,
+    UnknownApproval,
+)
 from runtime.logging import get_logger
-from runtime.messages import File, Image, TextPart, UserContent
+from runtime.messages import File, Image, Message, TextPart, UserContent
 from runtime.store import validate_session_id
-
-QUEUED: Final = "queued"
-RUNNING: Final = "running"
-DONE: Final = "done"
-FAILED: Final = "failed"
-CANCELLED: Final = "cancelled"
-FINAL_STATUSES: Final = frozenset({DONE, FAILED, CANCELLED})
-"""The statuses a turn ends in; :meth:`TurnQueue.finish` accepts only these."""
+from runtime.turn_queue import (
+    CANCELLED,
+    DONE,
+    FAILED,
+    FINAL_STATUSES,
+    QUEUED,
+    RUNNING,
+    SUPERSEDED,
+    WAITING,
+    Decided,
+    QueuedTurn,
+    Renewal,
+    TurnStatus,
+)
+from runtime.turn_queue import Claim as BaseClaim
+from runtime.turn_queue import TurnQueue as TurnQueueProtocol
 
 DEFAULT_MAX_QUEUED_PER_SESSION: Final = 100
 """Queued turns one session may hold (more than anyone types ahead of an answer)."""
@@ -98,85 +125,29 @@ CANCEL_CHANNEL: Final = "axon_cancel"
 
 _COLUMNS = (
     "turn_id, session_id, seq, input, meta, regenerate, status, owner, epoch, attempts, "
-    "saved, cancel_requested, cancel_reason, finish_reason, error, idempotency_key"
+    "saved, cancel_requested, cancel_reason, finish_reason, error, idempotency_key, "
+    "resumes, expires_at"
 )
 _STATUS_COLUMNS = (
     "turn_id, session_id, seq, status, owner, epoch, attempts, saved, cancel_requested, "
-    "cancel_reason, finish_reason, error"
+    "cancel_reason, finish_reason, error, resumes, expires_at"
 )
 """What a status read selects: never ``input`` or ``meta``, which may be megabytes."""
+STARTED, TAKEOVER, RESUMED = "started", "takeover", "resumed"
+"""How a claim got its turn: a queued turn started, a running one taken over, a waiting
+one's continuation (its calls decided)."""
+EXPIRY_HOLD: Final = 60.0
+"""Seconds a waiting turn handed out by :meth:`TurnQueue.take_expired` is held back from
+other workers (one that died meanwhile leaves it to the next look after that)."""
 DECODE_INLINE = 64 << 10
 """A turn input up to this many bytes of JSON is decoded on the event loop; a larger one
 in a thread, so decoding thousands of parts never holds up the loop (or a lease)."""
 
 
 @attrs.frozen(kw_only=True, slots=True)
-class TurnStatus:
-    """Where a turn stands, without its input: what front ends poll and show.
-
-    Read by :meth:`TurnQueue.get_status`, :meth:`~TurnQueue.active` and
-    :meth:`~TurnQueue.request_cancel`, which select only these columns: a turn's input may
-    be thousands of parts, and decoding it on every poll of every viewer kept a front
-    end's event loop busy for seconds. A :class:`QueuedTurn` is a status with its input."""
-
-    turn_id: str
-    session_id: str
-    seq: int
-    """Submission order across the whole queue (a sequence): orders a session's turns."""
-    status: str
-    """``queued``, ``running``, ``done``, ``failed`` or ``cancelled``."""
-    owner: str | None
-    epoch: int
-    """Bumped by every claim: the fence that tells the current worker from earlier ones."""
-    attempts: int
-    saved: bool
-    """A fenced save of this turn committed (it may have steps in the session)."""
-    cancel_requested: bool
-    cancel_reason: str | None
-    finish_reason: str | None
-    error: str | None
-
-    @property
-    def message_id(self) -> str:
-        """The id of the turn's assistant message: stable, so a worker taking the turn
-        over continues the message its predecessor saved instead of starting another."""
-        return f"msg_{self.turn_id}"
-
-    @property
-    def finished(self) -> bool:
-        """The turn ended (``done``, ``failed`` or ``cancelled``)."""
-        return self.status in FINAL_STATUSES
-
-
-@attrs.frozen(kw_only=True, slots=True)
-class QueuedTurn(TurnStatus):
-    """One row of ``axon_turns``: a user input and where its run stands."""
-
-    input: UserContent
-    meta: dict[str, Any]
-    """What the front end attached to the turn (merged into the session's meta by the runner)."""
-    regenerate: bool
-    """Replace the session's last answer instead of adding a new input."""
-    idempotency_key: str | None
-    """The queue's unique key of this submission (a hash of the caller's key, the input
-    and the turn an edit replaces), not the caller's key; ``None`` for an unkeyed one."""
-
-    @property
-    def finished(self) -> bool:
-        """The turn ended (``done``, ``failed`` or ``cancelled``)."""
-        return self.status in FINAL_STATUSES
-
-
-@attrs.frozen(kw_only=True, slots=True)
-class Claim:
-    """A worker's hold on a running turn: the turn as claimed and its ``(owner, epoch)``."""
-
-    turn: QueuedTurn
-    owner: str
-    epoch: int
-    takeover: bool
-    """Another worker held the turn before (its lease expired or it released the turn):
-    the session may already hold steps of this turn, which the runner resumes from."""
+class Claim(BaseClaim):
+    """A claim of this queue: the contract's :class:`~runtime.turn_queue.Claim`, and the
+    :class:`~actors.stores.postgres.Fence` its saves run under."""
 
     def fence(self, on_lost: Callable[[], None] | None = None) -> Fence:
         """The :class:`~actors.stores.postgres.Fence` the worker's saves of the session
@@ -184,14 +155,24 @@ class Claim:
         return Fence(turn_id=self.turn.turn_id, owner=self.owner, epoch=self.epoch, on_lost=on_lost)
 
 
-@attrs.frozen(kw_only=True, slots=True)
-class Renewal:
-    """What :meth:`TurnQueue.renew` learnt: whether the lease still holds, and whether
-    someone asked for the turn to be cancelled."""
+class _Renewer:
+    """A :class:`~runtime.turn_queue.LeaseRenewer` on a connection of its own, opened on
+    the first renewal and again after one broke (blocking: a lease thread's)."""
 
-    held: bool
-    cancel_requested: bool = False
-    cancel_reason: str | None = None
+    def __init__(self, queue: TurnQueue) -> None:
+        self.queue = queue
+        self.conn: Any = None
+
+    def renew(self, turn_id: str, owner: str, epoch: int) -> Renewal:
+        if self.conn is None or self.conn.closed or self.conn.broken:
+            self.close()
+            self.conn = self.queue.connect()
+        return self.queue.renew_on(self.conn, turn_id, owner, epoch)
+
+    def close(self) -> None:
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            conn.close()
 
 
 class _Listener:
@@ -473,7 +454,7 @@ class TurnQueue:
         max_attempts = self.max_attempts
         lease = self.lease
 
-        def claim(conn: Any) -> tuple[tuple[Any, ...], bool] | None:
+        def claim(conn: Any) -> tuple[tuple[Any, ...], str] | None:
             # Walk the heads (one per session with queued turns) in line and stop at the
             # first claimable one. On a table PostgreSQL has not analyzed yet (a new
             # deployment's first burst) the planner would otherwise check every head and
@@ -481,13 +462,22 @@ class TurnQueue:
             conn.execute("SET LOCAL enable_sort = off")
             while True:  # expired leases first; poison turns fail and are skipped
                 row = conn.execute(
-                    """SELECT turn_id, attempts FROM axon_turns
+                    """SELECT turn_id, attempts, resume_pending FROM axon_turns
                     WHERE status = 'running' AND lease_until < clock_timestamp()
                     ORDER BY lease_until LIMIT 1 FOR UPDATE SKIP LOCKED"""
                 ).fetchone()
                 if row is None:
                     break
-                turn_id, attempts = row
+                turn_id, attempts, resume_pending = row
+                if resume_pending:  # decided: its continuation's first run, not a takeover
+                    resumed = conn.execute(
+                        f"""UPDATE axon_turns SET owner = %s, epoch = epoch + 1, attempts = 1,
+                            resume_pending = false,
+                            lease_until = clock_timestamp() + make_interval(secs => %s)
+                        WHERE turn_id = %s RETURNING {_COLUMNS}""",
+                        (owner, lease, turn_id),
+                    ).fetchone()
+                    return resumed, RESUMED
                 if attempts < max_attempts:
                     taken = conn.execute(
                         f"""UPDATE axon_turns SET owner = %s, epoch = epoch + 1,
@@ -496,7 +486,7 @@ class TurnQueue:
                         WHERE turn_id = %s RETURNING {_COLUMNS}""",
                         (owner, lease, turn_id),
                     ).fetchone()
-                    return taken, True
+                    return taken, TAKEOVER
                 conn.execute(
                     """UPDATE axon_turns SET status = 'failed', finish_reason = 'error',
                         error = %s, lease_until = NULL, finished_at = clock_timestamp()
@@ -529,9 +519,11 @@ class TurnQueue:
                         WHERE turn_id = %s AND status = 'queued' RETURNING {_COLUMNS}""",
                         (owner, lease, row[0]),
                     ).fetchone()
+                    if started is not None:
+                        _supersede_waiting(conn, started[1])
             except psycopg.errors.UniqueViolation:
                 return None
-            return None if started is None else (started, False)
+            return None if started is None else (started, STARTED)
 
         found = await self.store.run(f"claim by {owner!r}", claim)
         if found is None:
@@ -539,11 +531,17 @@ class TurnQueue:
         if on_claimed is not None:
             on_claimed(found[0][0], owner, found[0][8])  # turn_id, epoch: see _COLUMNS
         turn = await self._decoded(found[0])
-        return Claim(turn=turn, owner=owner, epoch=turn.epoch, takeover=found[1])
+        return Claim(
+            turn=turn,
+            owner=owner,
+            epoch=turn.epoch,
+            takeover=found[1] == TAKEOVER,
+            resumed=found[1] == RESUMED,
+        )
 
     # -- holding and ending a claim ------------------------------------------------------
 
-    async def renew(self, claim: Claim) -> Renewal:
+    async def renew(self, claim: BaseClaim) -> Renewal:
         """Extend the claim's lease by ``lease`` seconds from now, if the worker still
         holds the turn; ``held`` is false once another worker took it over (or it ended),
         and the worker must stop. Also reports a requested cancellation."""
@@ -580,9 +578,29 @@ class TurnQueue:
             raise
         return conn
 
+    def open_renewer(self) -> _Renewer:
+        """A lease renewer on a connection of its own (:class:`runtime.turn_queue.LeaseRenewer`),
+        which connects on its first renewal."""
+        return _Renewer(self)
+
+    def fenced(
+        self, claim: BaseClaim, on_lost: Callable[[], None] | None = None
+    ) -> contextlib.AbstractContextManager[None]:
+        """While inside, every save of the claimed turn's session checks, in its own
+        transaction, that the claim still holds the turn
+        (:meth:`PostgresStore.fenced <actors.stores.postgres.PostgresStore.fenced>`)."""
+        fence = Fence(
+            turn_id=claim.turn.turn_id, owner=claim.owner, epoch=claim.epoch, on_lost=on_lost
+        )
+        return self.store.fenced(claim.turn.session_id, fence)
+
+    def close_fences(self) -> None:
+        """Refuse every fenced save of the store from now on (a worker stopping at once)."""
+        self.store.close_fences()
+
     async def finish(
         self,
-        claim: Claim,
+        claim: BaseClaim,
         *,
         status: str,
         finish_reason: str | None = None,
@@ -619,7 +637,7 @@ class TurnQueue:
 
         return bool(await self.store.run(f"finish of turn {claim.turn.turn_id}", finish))
 
-    async def release(self, claim: Claim) -> bool:
+    async def release(self, claim: BaseClaim) -> bool:
         """Give the claimed turn back at once (a worker shutting down); ``False`` if the
         worker no longer held it.
 
@@ -652,6 +670,112 @@ class TurnQueue:
             return again is not None
 
         return bool(await self.store.run(f"release of turn {claim.turn.turn_id}", release))
+
+    # -- turns that wait for a person ------------------------------------------------------
+
+    async def suspend(self, claim: BaseClaim, *, expires_at: float | None = None) -> bool:
+        """The claimed turn suspended for input (docs/approval.md): its row becomes
+        ``awaiting-input`` with no owner and no lease, holding nothing (a later turn of
+        the session may run: it supersedes the wait), until a decision puts it back
+        (:meth:`decide`) or, past ``expires_at``, a worker expires it
+        (:meth:`take_expired`). ``False`` (nothing written) if the worker no longer held
+        the turn. A retry whose first COMMIT went through finds its write."""
+        key = (claim.turn.turn_id, claim.owner, claim.epoch)
+
+        def suspend(conn: Any) -> bool:
+            row = conn.execute(
+                """UPDATE axon_turns SET status = 'awaiting-input', owner = NULL,
+                    lease_until = NULL, finish_reason = 'awaiting-input', expires_at = %s
+                WHERE turn_id = %s AND owner = %s AND epoch = %s AND status = 'running'
+                RETURNING turn_id""",
+                (expires_at, *key),
+            ).fetchone()
+            if row is not None:
+                _notify_turns(conn, claim.turn.turn_id)
+                return True
+            again = conn.execute(
+                "SELECT 1 FROM axon_turns WHERE turn_id = %s AND epoch = %s "
+                "AND status = 'awaiting-input'",
+                (claim.turn.turn_id, claim.epoch),
+            ).fetchone()
+            return again is not None
+
+        return bool(await self.store.run(f"suspend of turn {claim.turn.turn_id}", suspend))
+
+    async def decide(
+        self, session_id: str, key: str, decision: Decision, tools: Mapping[str, Any]
+    ) -> Decided:
+        """Record ``decision`` for the waiting call ``key`` of session ``session_id``
+        together with its turn's row, in the save's transaction (the row locked first,
+        as a fenced save locks it): refused with :class:`~runtime.errors.AlreadyDecided`
+        unless the turn still waits (a later turn superseded it, a decision resumed it),
+        :class:`~runtime.errors.UnknownApproval` when the call is not this session's.
+        When the decision is the last its turn waited for, the row goes back to
+        ``running`` with no owner, a lapsed lease and ``resume_pending``: the next claim
+        of any worker runs the continuation (:attr:`~runtime.turn_queue.Claim.resumed`).
+        Of two decisions for one call exactly one is recorded (the session's version
+        check), and exactly one decision completes a turn's set, so one resumes it."""
+        validate_session_id(session_id)
+        rows: list[TurnStatus] = []
+
+        async def save(
+            *,
+            start: int,
+            messages: Sequence[Message],
+            meta: Mapping[str, Any],
+            expected_version: int,
+            call: PendingCall,
+            complete: bool,
+        ) -> int:
+            rows.clear()
+
+            def guard(conn: Any) -> None:
+                rows.append(_resume_if_decided(conn, session_id, call, complete))
+
+            return await self.store.save(
+                session_id,
+                start,
+                messages,
+                meta,
+                expected_version=expected_version,
+                guard=guard,
+            )
+
+        recorded = await record_decision(self.store, session_id, key, decision, tools, save=save)
+        return Decided(recorded=recorded, turn=rows[-1])
+
+    async def take_expired(self, now: float, limit: int = 100) -> list[TurnStatus]:
+        """Waiting turns whose ``expires_at`` is at or before ``now`` (the caller's wall
+        clock, as the deadline was stored), oldest deadline first. Each is held back from
+        other callers for :data:`EXPIRY_HOLD` seconds (its deadline moved on by that
+        much), so two workers looking at once do not both expire it; the one that does
+        sets its next deadline (:meth:`set_expiry`) or resumes it."""
+
+        def take(conn: Any) -> list[tuple[Any, ...]]:
+            rows: list[tuple[Any, ...]] = conn.execute(
+                f"""UPDATE axon_turns SET expires_at = %s
+                WHERE turn_id IN (SELECT turn_id FROM axon_turns
+                    WHERE status = 'awaiting-input' AND expires_at <= %s
+                    ORDER BY expires_at LIMIT %s FOR UPDATE SKIP LOCKED)
+                RETURNING {_STATUS_COLUMNS}""",
+                (now + EXPIRY_HOLD, now, limit),
+            ).fetchall()
+            return rows
+
+        rows = await self.store.run("expired waits", take)
+        return [_status(row) for row in rows]
+
+    async def set_expiry(self, turn_id: str, expires_at: float | None) -> None:
+        """The waiting turn's next deadline (``None``: none), once some of its calls
+        expired and others still wait; a turn that no longer waits is left alone."""
+        await self.store.run(
+            f"expiry of turn {turn_id}",
+            lambda conn: conn.execute(
+                "UPDATE axon_turns SET expires_at = %s "
+                "WHERE turn_id = %s AND status = 'awaiting-input'",
+                (expires_at, turn_id),
+            ),
+        )
 
     async def request_cancel(self, turn_id: str, reason: str = "cancelled") -> TurnStatus | None:
         """Cancel a turn: a queued one ends ``cancelled`` at once (finish reason
@@ -881,6 +1005,8 @@ class TurnQueue:
             finish_reason,
             error,
             idempotency_key,
+            resumes,
+            expires_at,
         ) = row
         try:
             content = serde.from_json(body, UserContent)
@@ -910,11 +1036,67 @@ class TurnQueue:
             finish_reason=finish_reason,
             error=error,
             idempotency_key=idempotency_key,
+            resumes=resumes,
+            expires_at=expires_at,
         )
 
 
 def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+def _resume_if_decided(conn: Any, session_id: str, call: PendingCall, complete: bool) -> TurnStatus:
+    """In a decision's save: lock the waiting turn's row, refuse the decision unless the
+    turn still waits, and put the turn back to be claimed when the decision completes
+    its calls. The row as it stands after."""
+    import psycopg
+
+    turn_id = call.turn_id
+    row = conn.execute(
+        f"SELECT {_STATUS_COLUMNS} FROM axon_turns WHERE turn_id = %s FOR UPDATE", (turn_id,)
+    ).fetchone()
+    if row is None or row[1] != session_id:
+        raise UnknownApproval(f"no turn of this session waits for {call.approval_id!r}")
+    status = _status(row)
+    if not status.waiting:
+        why = (
+            "a later message superseded it"
+            if status.finish_reason == SUPERSEDED
+            else f"its turn is {status.status} now"
+        )
+        raise AlreadyDecided(f"{call.approval_id!r} can no longer be decided: {why}")
+    if not complete:
+        return status
+    try:
+        with conn.transaction():
+            resumed = conn.execute(
+                f"""UPDATE axon_turns SET status = 'running', owner = NULL,
+                    lease_until = clock_timestamp() - interval '1 second',
+                    resume_pending = true, resumes = resumes + 1, expires_at = NULL,
+                    finish_reason = NULL
+                WHERE turn_id = %s RETURNING {_STATUS_COLUMNS}""",
+                (turn_id,),
+            ).fetchone()
+    except psycopg.errors.UniqueViolation:  # another turn of the session runs: it won
+        raise AlreadyDecided(
+            f"{call.approval_id!r} can no longer be decided: a later message superseded it"
+        ) from None
+    _notify_turns(conn, turn_id)
+    return _status(resumed)
+
+
+def _supersede_waiting(conn: Any, session_id: str) -> None:
+    """A later turn of the session starts: the turn that waits for a decision there is
+    over (its runner denies what still waits, reason ``superseded``, as the embedded
+    host does), so no decision resumes it any more."""
+    rows = conn.execute(
+        """UPDATE axon_turns SET status = 'done', finish_reason = 'superseded',
+            expires_at = NULL, finished_at = clock_timestamp()
+        WHERE session_id = %s AND status = 'awaiting-input' RETURNING turn_id""",
+        (session_id,),
+    ).fetchall()
+    for (turn_id,) in rows:
+        _notify_turns(conn, turn_id)
 
 
 _STATUS_FIELDS = tuple(name.strip() for name in _STATUS_COLUMNS.split(","))
@@ -973,3 +1155,28 @@ def _wait_for_notify(listener: _Listener, prefix: str, timeout: float) -> bool:
             abandoned = listener.abandoned
         if abandoned:
             listener.conn.close()
+
+
+def as_protocol(queue: TurnQueue) -> TurnQueueProtocol:
+    """``queue`` as the contract's :class:`runtime.turn_queue.TurnQueue`: a function only so
+    that the type checker proves this queue satisfies the protocol."""
+    return queue
+
+
+__all__ = [
+    "CANCELLED",
+    "DONE",
+    "FAILED",
+    "FINAL_STATUSES",
+    "QUEUED",
+    "RUNNING",
+    "SUPERSEDED",
+    "WAITING",
+    "Claim",
+    "Decided",
+    "QueuedTurn",
+    "Renewal",
+    "TurnQueue",
+    "TurnStatus",
+    "as_protocol",
+]

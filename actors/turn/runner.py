@@ -31,7 +31,7 @@ Rules from peers' bugs, enforced here:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -74,9 +74,18 @@ from runtime.actor_messages import (
     TurnDone,
     TurnEnd,
     TurnResult,
+    TurnSteering,
 )
 from runtime.agent import Agent
-from runtime.approval import APPROVAL, AWAITING_INPUT, SUPERSEDED, pending_calls, supersede
+from runtime.approval import (
+    APPROVAL,
+    AWAITING_INPUT,
+    SUPERSEDED,
+    WAITING_META,
+    pending_calls,
+    supersede,
+    waiting_calls,
+)
 from runtime.chunks import (
     FinishChunk,
     ProviderDataChunk,
@@ -109,6 +118,7 @@ from runtime.messages import (
     UserMessage,
 )
 from runtime.output import ErrorInfo
+from runtime.pricing import priced
 from runtime.redact import redact
 from runtime.tools import Tool
 
@@ -168,6 +178,11 @@ class _Turn:
     and its end neither changes nor saves the history."""
     held: dict[str, Awaiting] = attrs.field(factory=dict)
     """The step's calls that suspend the turn (docs/approval.md), by call id."""
+    provider: int = 0
+    """Which of the runner's providers the turn's calls go to: the primary, or the
+    fallback the turn went on with (``Agent(provider=[primary, fallback, ...])``)."""
+    steering: TurnSteering = attrs.field(factory=TurnSteering)
+    """User messages that join the turn at its next step boundary (``steer``)."""
 
 
 def _cut_last_turn(state: SessionState) -> None:
@@ -200,6 +215,7 @@ class TurnRunner(Suspending, Actor):
         stream_inbox: Inbox,
         host: TurnHost,
         tool_source: ToolSource,
+        fallbacks: Sequence[Actor] = (),
     ) -> None:
         super().__init__(name="turn-runner", session_id=state.session_id)
         self.state = state
@@ -208,6 +224,9 @@ class TurnRunner(Suspending, Actor):
         """The history as of its last change: an immutable value, replaced on change."""
         self.agent = agent
         self.provider = provider
+        self.fallbacks: tuple[Actor, ...] = tuple(fallbacks)
+        """The providers a turn goes on with, in order, when a call to the one before
+        fails (:class:`~runtime.provider.FallbackProvider`)."""
         self.engine = engine
         self.controller = controller
         self.tool_executor = tool_executor
@@ -237,6 +256,10 @@ class TurnRunner(Suspending, Actor):
         if isinstance(message, RunTurn):
             await self.run_turn(message)
 
+    def _provider_at(self, index: int) -> Actor:
+        """Provider ``index`` of the turn's chain: the primary, then the fallbacks."""
+        return self.provider if index == 0 else self.fallbacks[index - 1]
+
     def _publish_history(self) -> None:
         """Replace :attr:`snapshot` with the history as it is now."""
         self.snapshot = self.state.snapshot()
@@ -256,6 +279,8 @@ class TurnRunner(Suspending, Actor):
         if committed is None and run.regenerate:
             _cut_last_turn(state)
         superseded: tuple[Any, ...] = ()
+        # The stored meta may say a turn waits (docs/approval.md): this turn clears it.
+        was_waiting = bool(waiting_calls(state.messages)) or bool(run.meta.get(WAITING_META))
         if committed is None:
             superseded = pending_calls(state.messages)
             at = supersede(state.messages)  # a turn waiting for input gives way
@@ -266,8 +291,9 @@ class TurnRunner(Suspending, Actor):
             start_index=len(state.messages),
             ctrl=Batcher(self.controller.inbox, turn_id),
             message_id=message_id,
-            meta={"agent": agent.name, **run.meta},
+            meta={"agent": agent.name, **run.meta, **({WAITING_META: 0} if was_waiting else {})},
             deps=run.deps,
+            steering=run.steering,
             tools=run.tools,
             instructions=run.instructions,
         )
@@ -309,10 +335,15 @@ class TurnRunner(Suspending, Actor):
                     causation_id=run.meta.get("parent_tool_call_id"),
                     provider=getattr(self.provider, "provider_name", None),
                     model=getattr(self.provider, "model", None) or None,
+                    resumed=committed is not None,
                 ),
                 agent.hooks.on_turn_start,
             )
             with scope:
+                # A turn cancelled before it began (an ``interrupt`` that a newer message
+                # overtook) ends here: the first model call may reach the provider before
+                # any other checkpoint.
+                await trio.lowlevel.checkpoint()
                 if committed is not None and self._already_finished(turn, committed):
                     turn.untouched = True
                 elif committed is not None and not await self._resolve(turn):
@@ -354,10 +385,13 @@ class TurnRunner(Suspending, Actor):
         turn.step = committed.next_step
         turn.tool_calls_used = committed.calls
         turn.results = {t.tool_call_id: t for t in committed.tool_messages}
+        turn.usage = committed.usage  # the committed steps' calls count too
         if committed.finished:
             return  # the history is left as it is
         del state.messages[committed.assistant_index :]
-        state.messages.append(AssistantMessage(id=turn.message_id, content=committed.parts))
+        state.messages.append(
+            AssistantMessage(id=turn.message_id, content=committed.parts, usage=committed.usage)
+        )
         state.messages.extend(committed.tool_messages)
 
     @staticmethod
@@ -379,6 +413,8 @@ class TurnRunner(Suspending, Actor):
         sid, ctrl = state.session_id, turn.ctrl
         while True:
             budget.check_step(turn.step)
+            if turn.steering.waiting and turn.parts.content:  # a step boundary is behind
+                await self._steer(turn)
             step = turn.parts.step = turn.step
             await ctrl.send(StepBegin(step=step))
             turn.step_open = True
@@ -398,6 +434,7 @@ class TurnRunner(Suspending, Actor):
                     if oc.usage is not None:  # an agent used as a tool spent tokens
                         turn.usage = turn.usage + oc.usage
                     self._add_result(turn, oc, step)
+                over = over or budget.tokens_exceeded(turn.usage)  # sub-agents' too
                 await self._hold(turn, step)
             self._snapshot(turn)
             self._publish_history()
@@ -423,6 +460,8 @@ class TurnRunner(Suspending, Actor):
                 ),
                 agent.hooks.on_message_added,
             )
+            if turn.held and not over:  # what the sessions list reads (docs/approval.md)
+                turn.meta = {**turn.meta, WAITING_META: len(turn.held)}
             await self._save(turn, step)
             if over:
                 raise BudgetExceeded(over)
@@ -437,6 +476,32 @@ class TurnRunner(Suspending, Actor):
                 ):
                     continue  # the answer did not validate: the model sees why, answers again
                 return
+
+    async def _steer(self, turn: _Turn) -> None:
+        """Insert the user messages handed to the running turn (the ``steer`` busy
+        strategy) where the model sees them: after the last step's tool results, before
+        the next model call. Each user input keeps its own assistant message, so the
+        steps from here on go to a new one (same turn, steps numbered on); the stored
+        history shows the messages where the model saw them."""
+        state = self.state
+        for item in turn.steering.take(turn.step):
+            state.messages.append(UserMessage(content=item.content, id=item.user_message_id))
+            await self.publish(
+                ev.TurnSteered(
+                    session_id=state.session_id,
+                    turn_id=turn.turn_id,
+                    step=turn.step,
+                    message_id=item.user_message_id,
+                    input=item.content,
+                )
+            )
+        turn.message_id = new_id("msg")
+        turn.a_index = len(state.messages)
+        state.messages.append(AssistantMessage(id=turn.message_id))
+        turn.parts = PartsManager()
+        if turn.output is not None:
+            turn.output.message_id = turn.message_id
+        self._publish_history()
 
     def _add_result(self, turn: _Turn, oc: ToolOutcome, step: int) -> None:
         msg = ToolMessage(
@@ -458,6 +523,7 @@ class TurnRunner(Suspending, Actor):
             content=tuple(turn.parts.content),
             interrupted=interrupted,
             error=error,
+            usage=turn.usage,
         )
 
     async def _save(self, turn: _Turn, step: int | None) -> SaveRequest:
@@ -595,12 +661,15 @@ class TurnRunner(Suspending, Actor):
         (a call that completed keeps its result), save (shielded, bounded), then tell the
         controller and hand the result over."""
         state, agent, ctrl = self.state, self.agent, turn.ctrl
+        turn.steering.close()  # no step follows: a message still waiting starts a turn
         with trio.CancelScope(shield=True):
             closing: list[Any] = []
             turn.parts.close(closing)  # a part cut short ends here, in both outputs
             # Failed (an error ended it) and interrupted (cut from outside) are stored apart.
             cut = turn.abort_reason is not None or turn.budget == "deadline"
             cut = cut and turn.error is None
+            if turn.finish_reason != AWAITING_INPUT and turn.meta.get(WAITING_META):
+                turn.meta = {**turn.meta, WAITING_META: 0}  # cut after it was marked waiting
             if not turn.untouched:
                 self._pair_calls(turn, closing)
                 self._snapshot(turn, interrupted=cut, error=turn.error)
@@ -733,7 +802,8 @@ class TurnRunner(Suspending, Actor):
 
     async def _infer(self, turn: _Turn) -> _Step:
         """One model call for the turn's current step, retried by the agent's policy
-        while the call has produced no output."""
+        while the call has produced no output; then, if the agent has fallbacks and the
+        failure is one they cover, made again with the next provider."""
         policy = self.agent.retry
         attempt = 0
         while True:
@@ -741,11 +811,16 @@ class TurnRunner(Suspending, Actor):
             result = _Step()
             try:
                 await self._call_once(turn, result)
+                price_key = getattr(self._provider_at(turn.provider), "price_key", None)
+                result.usage = await priced(result.usage, price_key() if price_key else None)
                 return result
             except ProviderError as exc:
                 delay = None if result.produced else policy.delay(attempt, exc)
                 if delay is None:
-                    raise
+                    if result.produced or not await self._fall_back(turn, exc):
+                        raise
+                    attempt = 0  # the next provider's call gets retries of its own
+                    continue
                 await self.publish(
                     ev.ProviderRetry(
                         session_id=self.state.session_id,
@@ -766,6 +841,43 @@ class TurnRunner(Suspending, Actor):
                     error=redact(str(exc)),
                 )
                 await trio.sleep(delay)
+
+    async def _fall_back(self, turn: _Turn, exc: ProviderError) -> bool:
+        """Move the turn on to the next provider, if the agent has one left and its
+        :class:`~runtime.provider.FallbackProvider` covers ``exc``; say so (an event and
+        a warning). The turn stays on it: its later steps go there too."""
+        chain = self.agent.provider
+        falls_back_on = getattr(chain, "falls_back_on", None)
+        if falls_back_on is None or not falls_back_on(exc):
+            return False
+        if turn.provider >= len(self.fallbacks):
+            return False
+        failed = self._provider_at(turn.provider)
+        turn.provider += 1
+        following = self._provider_at(turn.provider)
+        error = _error_info(exc)
+        self._log.warning(
+            "provider.fallback",
+            session_id=self.state.session_id,
+            turn_id=turn.turn_id,
+            step=turn.step,
+            from_provider=failed.name,
+            to_provider=following.name,
+            error=redact(str(exc)),
+        )
+        await self.publish(
+            ev.ProviderFallback(
+                session_id=self.state.session_id,
+                turn_id=turn.turn_id,
+                step=turn.step,
+                from_provider=failed.name,
+                to_provider=following.name,
+                error=error,
+                provider=getattr(following, "provider_name", None),
+                model=getattr(following, "model", None) or None,
+            )
+        )
+        return True
 
     async def _begin(self, request_id: str) -> None:
         """Tell the engine a model call starts.
@@ -816,9 +928,10 @@ class TurnRunner(Suspending, Actor):
             settings=agent.settings,
             output=agent.output_schema,
         )
-        await self._ask(self.provider, request)
+        provider = self._provider_at(turn.provider)
+        await self._ask(provider, request)
         inbox, parts, ctrl = self.stream_inbox, turn.parts, turn.ctrl
-        parts.origin = getattr(self.provider, "origin", None)  # recorded on signed parts
+        parts.origin = getattr(provider, "origin", None)  # recorded on signed parts
         try:
             while True:
                 batch = await inbox.get()

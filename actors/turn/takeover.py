@@ -21,6 +21,7 @@ from collections.abc import Sequence
 
 import attrs
 
+from runtime.chunks import Usage
 from runtime.history import INTERRUPTED
 from runtime.messages import (
     AssistantMessage,
@@ -49,6 +50,10 @@ class Committed:
     finished: bool
     """The turn needs no more steps: its last committed step made no tool calls, or
     later turns follow it in the history. Nothing is to be changed then."""
+    usage: Usage = attrs.field(factory=Usage)
+    """What the turn's model calls used (and cost) as of its last save: every call that
+    had ended by then, sub-agents' included, a cut step's too (it was paid for, and is
+    run again). ``Usage()`` for a message stored before usage was."""
 
     @property
     def calls(self) -> int:
@@ -90,6 +95,7 @@ def find_committed(messages: Sequence[Message], message_id: str) -> Committed | 
         tool_messages=tools,
         next_step=steps[-1] + 1 if steps else 0,
         finished=over or (bool(steps) and not last_calls),
+        usage=msg.usage or Usage(),
     )
 
 

@@ -78,6 +78,7 @@ from runtime.agent import Agent
 from runtime.app.host import Host
 from runtime.app.session import FINAL_WAIT, Session, TurnStream
 from runtime.approval import PendingCall, Recorded
+from runtime.busy import OnBusy
 from runtime.errors import AxonError, ConfigurationError
 from runtime.logging import get_logger
 from runtime.media import UserInput
@@ -324,12 +325,13 @@ class AsyncHost:
         meta: dict[str, Any] | None = None,
         deps: Any = None,
         history: Sequence[Message] | None = None,
+        on_busy: OnBusy | None = None,
     ) -> AsyncSession:
         """:meth:`Host.open_session <runtime.app.host.Host.open_session>`, from asyncio."""
 
         async def open_it() -> Session:
             return await self.host.open_session(
-                agent, session_id, meta=meta, deps=deps, history=history
+                agent, session_id, meta=meta, deps=deps, history=history, on_busy=on_busy
             )
 
         return AsyncSession(self, await self.call(open_it))
@@ -357,7 +359,8 @@ class AsyncSession:
         """Start a turn for ``input``: ``async with session.stream(text) as out``, then
         ``async for chunk in out``. Takes :meth:`Session.stream
         <runtime.app.session.Session.stream>`'s options (``regenerate``, ``turn_id``,
-        ``message_id``, ``resume``); its errors are raised on entering the block."""
+        ``message_id``, ``resume``, ``on_busy``); its errors are raised on entering the
+        block."""
         return AsyncTurnStream(self, lambda: self.session.stream(input, **options))
 
     async def run(self, input: UserInput) -> TurnResult:

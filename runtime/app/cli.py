@@ -10,6 +10,7 @@ terminal, or print its chunks as JSON lines.
     python -m runtime run --store s.db --session ID --approve-all   # decide a waiting turn
 
     python -m runtime serve                              # web UI + AI SDK (useChat) API
+    python -m runtime mcp-server                         # the agent as an MCP tool (stdio)
 
 Real providers read their key from ``--api-key`` or the SDK's usual environment
 variable (``OPENAI_API_KEY``, ``ANTHROPIC_API_KEY``), only when the call is made. Their
@@ -42,8 +43,7 @@ from typing import Any, TextIO
 import orjson
 import trio
 
-from actors.plugins.otel import OpenTelemetryActor, build_tracer_provider
-from actors.plugins.recorder import JsonlRecorder, read_jsonl
+from actors.plugins.recorder import read_jsonl
 from actors.stores import is_store_url, open_store
 from runtime.actor_messages import TurnResult
 from runtime.agent import Agent
@@ -52,21 +52,25 @@ from runtime.app.commands import (
     BadInput,
     add_agent_arguments,
     add_log_level_argument,
+    add_plugin_argument,
     make_agent,
+    make_plugins,
     report_bad_input,
 )
 from runtime.app.expiry import deadlines
 from runtime.app.host import Host
-from runtime.app.render import TerminalRenderer
+from runtime.app.mcp_server import add_mcp_server_parser, mcp_server_command
+from runtime.app.render import TerminalRenderer, describe_usage
 from runtime.app.web.serve import add_serve_parser, serve_command
 from runtime.app.worker import add_worker_parser, worker_command
-from runtime.approval import APPROVAL, PendingCall, pending_calls, waiting_calls
+from runtime.approval import APPROVAL, WAITING_META, PendingCall, pending_calls, waiting_calls
+from runtime.chunks import Usage
 from runtime.errors import AlreadyDecided, ConfigurationError, InvalidMedia, UnknownApproval
 from runtime.events import Event
 from runtime.ids import new_id
 from runtime.logging import configure_logging
 from runtime.media import MediaLimits, check_limits, user_content
-from runtime.messages import File, Image, Message, is_media_output
+from runtime.messages import AssistantMessage, File, Image, Message, is_media_output
 from runtime.output_schema import output_schema
 from runtime.redact import redact_url
 from runtime.serde import converter, structure, unstructure
@@ -132,13 +136,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="scripted demo: seconds between chunks (default 0.02 on a terminal)",
     )
     add_log_level_argument(run, "critical", "; the output already shows the turn's errors")
-    run.add_argument("--record", default=None, help="append every bus event to this JSONL file")
+    run.add_argument(
+        "--record",
+        default=None,
+        help="append every bus event to this JSONL file (--plugin recorder:FILE)",
+    )
     run.add_argument("--mcp", action="append", default=[], metavar="SERVER", help=MCP_HELP)
     run.add_argument(
         "--otel",
         action="store_true",
-        help="export OpenTelemetry traces, configured by the OTEL_* variables (docs/telemetry.md)",
+        help="export OpenTelemetry traces, configured by the OTEL_* variables "
+        "(docs/telemetry.md; --plugin otel)",
     )
+    add_plugin_argument(run)
 
     replay = sub.add_parser("replay", help="re-render a recorded session from a JSONL file")
     replay.add_argument("file", help="a JSONL event log (see --record)")
@@ -155,6 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_serve_parser(sub)
     add_worker_parser(sub)
+    add_mcp_server_parser(sub)
     return parser
 
 
@@ -244,21 +255,13 @@ async def run_command(args: argparse.Namespace) -> int:
     if not args.jsonl:
         renderer = TerminalRenderer()
     out_stream = sys.stdout.buffer
-    tracing = None
-    if args.otel:
-        try:
-            tracing = OpenTelemetryActor(tracer_provider=build_tracer_provider())
-        except ConfigurationError as exc:
-            sys.stderr.write(f"error: {exc}\n")
-            return 2
+    plugins = make_plugins(args)  # a bad name or option: one error line, before any turn
     session_id = args.session or new_id("session")
     if not isinstance(agent, Agent):  # --agent named a function of the session id
         agent = agent(session_id)
     async with Host.open(store=args.store, handle_signals=True) as host:
-        if tracing is not None:
-            await host.start_actor(tracing)
-        if args.record:
-            await host.start_actor(JsonlRecorder(args.record))
+        for plugin in plugins:
+            await host.start_actor(plugin)
         session = await host.open_session(agent, session_id=session_id)
         result: TurnResult | None = None
         if args.input is None:  # no prompt: the session's waiting turn goes on
@@ -442,7 +445,11 @@ async def sessions_command(args: argparse.Namespace) -> int:
         await store.aclose()
     for info in infos:
         agent = info.meta.get("agent", "")
-        sys.stdout.write(f"{info.session_id}\t{info.message_count} messages\t{agent}\n")
+        line = f"{info.session_id}\t{info.message_count} messages\t{agent}"
+        waiting = info.meta.get(WAITING_META)
+        if isinstance(waiting, int) and waiting > 0:  # docs/approval.md: `show` says what
+            line += f"\twaiting for input ({waiting} call{'s' if waiting > 1 else ''})"
+        sys.stdout.write(line + "\n")
     return 0
 
 
@@ -482,6 +489,8 @@ async def show_command(args: argparse.Namespace) -> int:
                     console.print(f"  [step {part.step}] {part.type}")
             if msg.error is not None:
                 console.print(f"  error: {msg.error.kind}: {msg.error.message}", style="red")
+            if msg.usage is not None:
+                console.print(f"  usage: {describe_usage(msg.usage)}", style="dim")
         elif msg.role == "tool":
             body = msg.error if msg.error else _describe_output(msg.output)
             label = "error" if msg.error else "result"
@@ -494,7 +503,16 @@ async def show_command(args: argparse.Namespace) -> int:
             console.print(f"{msg.role}: {msg.content}")
     for line in waiting_lines(record.messages):
         console.print(line, style="bold", soft_wrap=True)  # ids copied whole
+    if (total := session_usage(record.messages)) is not None:
+        console.print(f"session usage: {describe_usage(total)}", style="bold")
     return 0
+
+
+def session_usage(messages: Sequence[Message]) -> Usage | None:
+    """The usage of every turn of a stored conversation summed (its cost unknown if one
+    turn's is), or ``None`` if no turn recorded any (messages stored before usage was)."""
+    usages = [m.usage for m in messages if isinstance(m, AssistantMessage) and m.usage is not None]
+    return sum(usages[1:], usages[0]) if usages else None
 
 
 def waiting_lines(messages: Sequence[Message]) -> list[str]:
@@ -557,6 +575,8 @@ def _dispatch(args: argparse.Namespace) -> int:
             return trio.run(worker_command, args)
         except KeyboardInterrupt:
             return 130
+    if args.command == "mcp-server":
+        return trio.run(mcp_server_command, args)
     if args.command == "run":
         try:
             return trio.run(run_command, args)

@@ -17,7 +17,9 @@ from typing import Any
 import attrs
 
 from actors.mcp import MCPServer
-from actors.providers.registry import create_provider, provider_names
+from actors.plugins.registry import PluginSpec, create_plugin
+from actors.providers.registry import create_provider, provider_names, resolve_model
+from runtime.actor import Actor
 from runtime.agent import Agent
 from runtime.errors import (
     ConfigurationError,
@@ -38,6 +40,7 @@ DEFAULT_MODELS = {
     "openai": "gpt-4o-mini",
     "openai-responses": "gpt-5-mini",
     "anthropic": "claude-sonnet-4-5",
+    "google": "gemini-2.5-flash",
 }
 """Each built-in real provider's model when ``--model`` is not given (what its
 ``from_options`` picks; listed here so ``--help`` says it without importing a provider)."""
@@ -96,17 +99,31 @@ def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
         default="scripted",
         help="the model's provider: scripted (the offline demo: no key, no network), "
         "openai (Chat Completions, or any compatible server with --base-url), "
-        "openai-responses, anthropic, or a plug-in's (default: scripted)",
+        "openai-responses, anthropic, google (Gemini), anthropic-vertex, anthropic-bedrock, "
+        "or a plug-in's (default: the one a provider: prefix of --model names, else scripted)",
     )
     models = ", ".join(f"{model} for {name}" for name, model in DEFAULT_MODELS.items())
-    add("--model", default=None, help=f"model name (default: {models})")
+    add(
+        "--model",
+        default=None,
+        help="model name, or provider:model to choose the provider too "
+        f"(openai:gpt-4o-mini, google:gemini-2.5-flash; default: {models}; "
+        "anthropic-vertex and anthropic-bedrock: Claude Sonnet 4.5's id on each platform)",
+    )
     add("--base-url", default=None, help="provider endpoint (any compatible server)")
     add(
         "--api-key",
         default=None,
-        help="API key (default: the SDK's variable, OPENAI_API_KEY or ANTHROPIC_API_KEY)",
+        help="API key (default: the SDK's variable, OPENAI_API_KEY, ANTHROPIC_API_KEY, "
+        "GEMINI_API_KEY; for anthropic-vertex an access token, for anthropic-bedrock a "
+        "Bedrock API key: default their platform's credentials)",
     )
-    add("--thinking-budget", type=int, default=None, help="Anthropic thinking tokens")
+    add(
+        "--thinking-budget",
+        type=int,
+        default=None,
+        help="thinking tokens (Anthropic, Gemini)",
+    )
     add(
         "--instructions",
         default=None,
@@ -185,6 +202,42 @@ def add_log_level_argument(parser: argparse.ArgumentParser, default: str, why: s
     )
 
 
+PLUGIN_HELP = (
+    "start this plug-in (an observer actor registered in the axon.plugins entry-point "
+    "group: otel, recorder:PATH, or an installed package's) on the host; repeatable "
+    "(docs/actors.md#plug-ins-by-name)"
+)
+
+
+def add_plugin_argument(parser: argparse.ArgumentParser) -> None:
+    """``--plugin NAME[:OPTIONS]``, the same on ``run``, ``serve`` and ``worker``: the
+    names resolve when the command starts (:func:`make_plugins`), not here, so ``--help``
+    imports no plug-in."""
+    parser.add_argument(
+        "--plugin", action="append", default=[], metavar="NAME[:OPTIONS]", help=PLUGIN_HELP
+    )
+
+
+def plugin_specs(args: argparse.Namespace) -> list[PluginSpec]:
+    """The plug-ins the options name: ``--otel`` (``otel``) and ``--record PATH``
+    (``recorder:PATH``), the older spellings where a command has them, then each
+    ``--plugin``."""
+    specs = []
+    if getattr(args, "otel", False):
+        specs.append(PluginSpec(name="otel"))
+    if getattr(args, "record", None):
+        specs.append(PluginSpec(name="recorder", options=args.record))
+    specs += [PluginSpec.parse(value) for value in getattr(args, "plugin", None) or ()]
+    return specs
+
+
+def make_plugins(args: argparse.Namespace) -> list[Actor]:
+    """The plug-in actors the options name, built before anything opens: an unknown
+    name or an option a plug-in refuses is a :class:`~runtime.errors.ConfigurationError`
+    (one ``error:`` line)."""
+    return [create_plugin(spec) for spec in plugin_specs(args)]
+
+
 def load_agent(spec: str) -> AgentSource:
     """The object ``module:name`` names: an :class:`Agent` or a callable returning one."""
     module_name, _, name = spec.partition(":")
@@ -251,11 +304,27 @@ def _with_servers(source: AgentSource, servers: tuple[MCPServer, ...]) -> AgentS
     return lambda session_id: add(factory(session_id))
 
 
+def choose_provider(args: argparse.Namespace) -> None:
+    """Read ``--provider`` and ``--model`` together, in place: a ``provider:`` prefix in
+    ``--model`` (``openai:gpt-4o-mini``) names the provider, which ``--provider`` may
+    repeat but not contradict (the default, ``scripted``, gives way to it); with neither,
+    the scripted demo. A contradiction, or a ``:`` in ``--model`` that names no registered
+    provider while no other ``--provider`` is given, is bad input
+    (:func:`actors.providers.registry.resolve_model` says which)."""
+    given = None if args.provider == "scripted" else args.provider
+    try:
+        provider, model = resolve_model(args.model, given)
+    except ConfigurationError as exc:
+        raise BadInput(f"--model: {exc}") from None
+    args.provider, args.model = provider or "scripted", model
+
+
 def _provider_agent(args: argparse.Namespace) -> Agent:
     """The agent for ``--provider`` (:mod:`actors.providers.registry`). The scripted
     demo gets the demo's tools and instructions; a real provider gets neither unless asked
     (``--demo-tools``, ``--instructions``): a real model must not be handed a tool that
     invents the weather."""
+    choose_provider(args)
     delay = (
         args.delay
         if args.delay is not None

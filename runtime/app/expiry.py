@@ -10,6 +10,10 @@ across restarts; a record stored without one never expires). Nothing runs for a 
 - while a host is up, one task (:class:`ExpiryWatch`) sleeps until the earliest deadline
   of the waiting sessions the host has seen, then decides what expired there.
 
+(A worker's host does neither: there a worker notices a waiting turn's deadline from the
+turn queue, :meth:`runtime.turn_queue.TurnQueue.take_expired`, and records the expiry
+through the queue, ``expire_session(record=...)``, which resumes the turn on any worker.)
+
 Either way the expiry is recorded through the same version-checked save as a person's
 decision (:func:`runtime.approval.record_decision`), so of an expiry and a concurrent
 decision exactly one is recorded; the expiry is published as
@@ -20,13 +24,20 @@ waiting call the turn resumes, as after ``session.respond``.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import structlog
 import trio
 
-from runtime.approval import APPROVAL, Decision, PendingCall, pending_calls, record_decision
+from runtime.approval import (
+    APPROVAL,
+    Decision,
+    PendingCall,
+    Recorded,
+    pending_calls,
+    record_decision,
+)
 from runtime.errors import AlreadyDecided, NothingToResume, SessionBusy, UnknownApproval
 from runtime.events import ToolApprovalDecided, ToolApprovalExpired
 from runtime.messages import AssistantMessage, Message, ToolCallPart
@@ -78,22 +89,33 @@ def _timed_out(call: PendingCall) -> Decision:
     return Decision(error=TIMED_OUT)
 
 
-async def expire_session(host: Host, session_id: str, agent: Agent) -> bool:
+RecordDecision = Callable[[str, Decision, Mapping[str, Any]], Awaitable[Recorded]]
+"""``await record(key, decision, tools)``: how an expiry is recorded (by default
+:func:`runtime.approval.record_decision` on the host's store; a worker's goes through
+its turn queue, which resumes the turn on any worker)."""
+
+
+async def expire_session(
+    host: Host, session_id: str, agent: Agent, *, record: RecordDecision | None = None
+) -> bool:
     """Decide the calls of session ``session_id`` whose wait has expired (as of
     ``host.clock()``), each as denied with reason ``timed out``; a call someone decided
     first keeps that decision. Publishes :class:`ToolApprovalExpired` (and, for an
     approval, :class:`ToolApprovalDecided`) for each one recorded. Returns whether an
     expiry decided the turn's last waiting call: then the turn is to resume."""
-    record = await host.store.load(session_id)
-    if record is None:
+    stored = await host.store.load(session_id)
+    if stored is None:
         return False
+
+    async def in_store(key: str, decision: Decision, tools: Mapping[str, Any]) -> Recorded:
+        return await record_decision(host.store, session_id, key, decision, tools)
+
+    save = record or in_store
     tools = {t.name: t for t in agent.tools}
     complete = False
-    for call in expired(record.messages, host.clock()):
+    for call in expired(stored.messages, host.clock()):
         try:
-            recorded = await record_decision(
-                host.store, session_id, call.approval_id, _timed_out(call), tools
-            )
+            recorded = await save(call.approval_id, _timed_out(call), tools)
         except (AlreadyDecided, UnknownApproval):
             continue  # decided (or superseded) first: that decision stands
         complete = complete or recorded.complete

@@ -33,6 +33,7 @@ from actors.engine import Engine
 from actors.log_tap import LogTap
 from actors.mcp import Servers, agent_tools, start_servers
 from actors.persister import Persister
+from actors.providers.registry import provider_for_model
 from actors.stores import open_store
 from actors.stream_controller import StreamController
 from actors.tool_executor import ToolExecutor
@@ -43,6 +44,7 @@ from runtime.agent import Agent
 from runtime.app.expiry import ExpiryWatch, expire_session, expired, resume_expired
 from runtime.app.session import Session, TurnStream
 from runtime.bus import Bus
+from runtime.busy import OnBusy, check_on_busy
 from runtime.errors import (
     ConfigurationError,
     InvalidHistory,
@@ -57,7 +59,7 @@ from runtime.inbox import Inbox
 from runtime.logging import configure_logging, get_logger
 from runtime.media import InputLimits
 from runtime.messages import Message
-from runtime.provider import Provider
+from runtime.provider import FallbackProvider, Provider
 from runtime.store import Store, validate_session_id
 
 DRAIN_TIMEOUT = 5.0
@@ -98,6 +100,8 @@ class Host:
         """Every ``Session`` object still referenced, loaded or evicted: one per id."""
         self._opening: dict[str, trio.Event] = {}
         self._providers: dict[int, Actor] = {}
+        self._model_providers: dict[str, Provider] = {}
+        """The providers built for ``Agent(model="provider:model")``, by that string."""
         self.mcp_servers: Servers = {}
         """The running MCP server actors, by configuration (see :mod:`actors.mcp`)."""
         self._actors: dict[Actor, None] = {}
@@ -258,6 +262,36 @@ class Host:
             self._providers[id(provider)] = actor
         return actor
 
+    def provider_of(self, agent: Agent) -> Provider:
+        """The provider ``agent`` runs on: its own, or the one its ``model`` string names
+        (``"openai:gpt-4o-mini"``: built on first use, then shared by every agent naming
+        the same string, and closed with the host). An agent with neither, or a model
+        string whose provider is not registered, is a
+        :class:`~runtime.errors.ConfigurationError` (a silent stand-in model would answer
+        in its place)."""
+        return self.providers_of(agent)[0]
+
+    def providers_of(self, agent: Agent) -> tuple[Provider, ...]:
+        """The providers ``agent`` runs on, in order: the first (:meth:`provider_of`),
+        then the fallbacks of an ``Agent(provider=[primary, fallback, ...])``."""
+        chain = agent.provider
+        if isinstance(chain, FallbackProvider):
+            return chain.providers
+        if chain is not None:
+            return (chain,)
+        if agent.model is None:
+            raise ConfigurationError(
+                f"agent {agent.name!r} has no provider: give it one, e.g. "
+                "Agent(model='openai:gpt-4o-mini'), "
+                "Agent(provider=OpenAIProvider('gpt-4o-mini')), or "
+                "Agent(provider=ScriptedProvider.demo()) for the offline demo"
+            )
+        provider = self._model_providers.get(agent.model)
+        if provider is None:
+            provider = provider_for_model(agent.model)
+            self._model_providers[agent.model] = provider
+        return (provider,)
+
     async def open_session(
         self,
         agent: Agent,
@@ -266,11 +300,14 @@ class Host:
         meta: dict[str, Any] | None = None,
         deps: Any = None,
         history: Sequence[Message] | None = None,
+        on_busy: OnBusy | None = None,
     ) -> Session:
         """Open (or resume, when ``session_id`` is stored) a session running ``agent``.
 
         ``deps``: the application's own objects, handed to the session's tools as
-        ``ToolContext.deps`` (:attr:`Session.deps`). ``history``: messages the new
+        ``ToolContext.deps`` (:attr:`Session.deps`). ``on_busy``: what a new user
+        message does while a turn runs, instead of the agent's ``on_busy``
+        (:attr:`Session.on_busy`, :mod:`runtime.busy`). ``history``: messages the new
         session starts from, instead of a stored history (a conversation the
         application keeps itself); saved with its first turn if the host has a store.
         Giving a history for a session that is stored or open already raises
@@ -280,12 +317,9 @@ class Host:
         object, so there is one object per session id. An agent with no provider is a
         :class:`~runtime.errors.ConfigurationError` (a silent stand-in model would answer
         in its place)."""
-        if agent.provider is None:
-            raise ConfigurationError(
-                f"agent {agent.name!r} has no provider: give it one, e.g. "
-                "Agent(provider=OpenAIProvider('gpt-4o-mini')), or "
-                "Agent(provider=ScriptedProvider.demo()) for the offline demo"
-            )
+        self.provider_of(agent)  # no provider, or an unknown one: refused before anything
+        if on_busy is not None:
+            check_on_busy(on_busy)
         sid = validate_session_id(session_id) if session_id is not None else new_id("session")
         seed = check_history(history) if history is not None else None
         while (pending := self._opening.get(sid)) is not None:  # one load per id at a time
@@ -300,6 +334,8 @@ class Host:
                 )
             if deps is not None:
                 existing.deps = deps
+            if on_busy is not None:
+                existing.on_busy = on_busy
             self.touch(existing)
             return existing
         handle = self._handles.get(sid)
@@ -313,6 +349,8 @@ class Host:
             opening.set()
         if deps is not None:
             session.deps = deps
+        if on_busy is not None:
+            session.on_busy = on_busy
         await self._announce(self._evict_over_capacity(keep=session))
         return session
 
@@ -368,8 +406,7 @@ class Host:
             session_meta.update({k: v for k, v in record.meta.items() if k != "agent"})
         if meta:
             session_meta.update(meta)
-        assert agent.provider is not None  # refused by open_session
-        provider_actor = await self.provider_actor(agent.provider)
+        provider_actors = [await self.provider_actor(p) for p in self.providers_of(agent)]
         if agent.mcp_servers:  # started once per host, shared by sessions (actors.mcp)
             await start_servers(self.mcp_servers, self, agent)
         stream_inbox: Inbox[Batch[Any]] = Inbox(1024, "block", name="engine-output")
@@ -378,7 +415,8 @@ class Host:
         runner = TurnRunner(
             state=state,
             agent=agent,
-            provider=provider_actor,
+            provider=provider_actors[0],
+            fallbacks=provider_actors[1:],  # Agent(provider=[primary, fallback, ...])
             engine=engine,
             controller=controller,
             tool_executor=self.tool_executor,
@@ -413,7 +451,9 @@ class Host:
 
     def _evictable(self, session: Session) -> bool:
         """Idle and fully saved: evicting it loses nothing."""
-        return session.loaded and not session.busy and session.state.all_saved
+        return (
+            session.loaded and not session.busy and not session.queued and session.state.all_saved
+        )
 
     def _evict(self, session: Session, reason: str, now: float) -> SessionEvicted:
         """Stop the session's actors and drop its history (synchronously: no other task
@@ -532,6 +572,11 @@ class Host:
             # The persister drains what the turns queued before it stops.
             self.persister.stop()
             await self.persister.stopped.wait()
+        for provider in self._model_providers.values():  # built here: closed here
+            close = getattr(provider, "aclose", None)
+            if close is not None:
+                with trio.move_on_after(2):
+                    await close()
 
     async def _drain_observers(self) -> None:
         """Let every observer handle the events already in its inbox, for at most

@@ -14,6 +14,8 @@ from rich.console import Console
 from rich.panel import Panel
 from rich.text import Text
 
+from runtime.chunks import Usage
+
 
 class TerminalRenderer:
     """Feed it :data:`~runtime.output.OutputChunk` s with :meth:`render`."""
@@ -96,9 +98,11 @@ class TerminalRenderer:
         elif t == "finish":
             self._newline()
             u = chunk.usage
+            cost = "" if u.cost is None else f" · {format_cost(u.cost)}"
             self.console.print(
                 Text(
-                    f"[{chunk.finish_reason} · {u.input_tokens} in / {u.output_tokens} out tokens]",
+                    f"[{chunk.finish_reason} · {u.input_tokens} in / {u.output_tokens} out tokens"
+                    f"{cost}]",
                     style="dim",
                 )
             )
@@ -111,6 +115,20 @@ class TerminalRenderer:
         elif t == "abort":
             self._newline()
             self.console.print(Text(f"aborted: {chunk.reason}", style="bold yellow"))
+
+
+def format_cost(cost: float) -> str:
+    """US dollars, to the millionth (a short answer costs fractions of a cent),
+    without trailing zeros: ``$0.000435``, ``$1.25``."""
+    text = f"{cost:,.6f}".rstrip("0").rstrip(".")
+    return f"${text}"
+
+
+def describe_usage(usage: Usage) -> str:
+    """Tokens and cost in one phrase: ``10 in / 5 out tokens, $0.000435`` (or ``cost
+    unknown``: a model the price table does not list, never a guess)."""
+    cost = "cost unknown" if usage.cost is None else format_cost(usage.cost)
+    return f"{usage.input_tokens} in / {usage.output_tokens} out tokens, {cost}"
 
 
 def _fmt(value: Any) -> str:

@@ -34,8 +34,10 @@ from runtime.actor_messages import (
     ConsumerItem,
     RunTurn,
     SessionSnapshot,
+    SteeredInput,
     TurnCancel,
     TurnResult,
+    TurnSteering,
 )
 from runtime.approval import (
     Decision,
@@ -45,8 +47,9 @@ from runtime.approval import (
     record_decision,
     waiting_calls,
 )
+from runtime.busy import INTERRUPT, INTERRUPTED_BY_NEW, REJECT, STEER, OnBusy, check_on_busy
 from runtime.errors import InvalidTurnId, NothingToResume, SessionBusy, SessionNotLoaded
-from runtime.events import ToolApprovalDecided
+from runtime.events import ToolApprovalDecided, TurnQueued
 from runtime.ids import new_id
 from runtime.inbox import Inbox
 from runtime.media import InputLimits, UserInput, check_counts, check_limits, user_content
@@ -77,6 +80,8 @@ class SessionOwner(Protocol):
     """The limits a user message's parts and media are checked against."""
     sessions: dict[str, Session]
     """The sessions in memory, by id (an evicted session is not among them)."""
+    shutting_down: bool
+    """Set once the host is closing: a turn waiting for its session refuses to start."""
 
     def touch(self, session: Session) -> None:
         """Mark the session used now (its idle age starts again)."""
@@ -137,10 +142,15 @@ class TurnStream:
         user_message_id: str | None = None,
         resume: bool = False,
         capacity: int = 256,
+        on_busy: OnBusy | None = None,
         tools: tuple[Tool, ...] = (),
         instructions: str | None = None,
     ) -> None:
         self.session = session
+        self.on_busy = None if on_busy is None else check_on_busy(on_busy)
+        """This turn's busy strategy, if not the session's (:meth:`Session.stream`)."""
+        self.on_busy_now: OnBusy | None = None
+        """The strategy that applied, when the session was busy as the turn began."""
         self.input = text
         self.regenerate = regenerate
         self.message_id = _check_id(message_id, "message id")
@@ -162,6 +172,14 @@ class TurnStream:
         self.done = trio.Event()
         """Set with :attr:`result` (or when the turn's runner never answered)."""
         self._cancel = TurnCancel()
+        self._steering = TurnSteering()
+        self.steered = False
+        """Whether the input joined the turn that was running (the ``steer`` busy
+        strategy) instead of starting one: then this stream yields no chunks (the
+        running turn's stream shows them), :attr:`turn_id` is that turn's, and
+        :attr:`result` its result once it is over."""
+        self._host_stream: TurnStream | None = None
+        """The running turn's stream the input joined, when :attr:`steered`."""
         self._inbox: Inbox[ConsumerItem] = Inbox(capacity, "block", name="consumer")
         self._buffer: deque[OutputChunk] = deque()
         self._ended = False
@@ -172,8 +190,11 @@ class TurnStream:
         return self._cancel.reason
 
     def cancel(self, reason: str = "cancelled") -> None:
-        """Stop the turn: it ends with an ``abort`` chunk carrying ``reason``."""
-        if not self.done.is_set():
+        """Stop the turn: it ends with an ``abort`` chunk carrying ``reason`` (a steered
+        input's stream stops the turn it joined)."""
+        if self._host_stream is not None:
+            self._host_stream.cancel(reason)
+        elif not self.done.is_set():
             self._cancel.cancel(reason)
 
     def end_orphaned(self) -> None:
@@ -186,13 +207,25 @@ class TurnStream:
         session = self.session
         if not session.loaded:
             await session.reopen()
+        queued = False
+        if session.busy or session.queued:
+            queued = await self._when_busy()
+            if self.steered:
+                return self
         # From here to ``current = self`` nothing yields: an idle host cannot evict it between.
         runner = session.runner
         assert runner is not None
         session.host.touch(session)
+        if queued:
+            session.leave_queue(self)
         if session.busy:
             raise SessionBusy(f"session {session.id!r} is already running a turn")
+        if queued and session.queued and self.on_busy_now == INTERRUPT:
+            # A newer message waits already: this turn is cut before its model call (a
+            # scope cancelled before it is entered cancels on entry). Its input is kept.
+            self._cancel.cancel(INTERRUPTED_BY_NEW)
         session.current = self
+        session.changed()
         try:
             await runner.send(
                 RunTurn(
@@ -206,16 +239,96 @@ class TurnStream:
                     user_message_id=self.user_message_id,
                     resume=self.resume,
                     deps=session.deps,
+                    steering=self._steering,
                     tools=self.tools,
                     instructions=self.instructions,
                 )
             )
         except BaseException:
             session.current = None
+            session.changed()
             raise
         return self
 
+    async def _when_busy(self) -> bool:
+        """A turn runs (or others wait for one): what the session's busy strategy says
+        (:mod:`runtime.busy`). Raises :class:`~runtime.errors.SessionBusy` (``reject``;
+        always for the continuation of a turn that waited, which has no new input);
+        returns ``False`` once the input joined the running turn (``steer``: then
+        :attr:`steered`), ``True`` once this stream heads the session's queue with no
+        turn running (``enqueue``, ``interrupt``, a steered input the turn ended before
+        taking, a ``regenerate`` under ``steer``)."""
+        session = self.session
+        strategy = self.on_busy_now = REJECT if self.resume else self.on_busy or session.on_busy
+        if strategy == REJECT:
+            raise SessionBusy(f"session {session.id!r} is already running a turn")
+        running = session.current
+        if strategy == STEER and running is not None and not self.regenerate:
+            if await self._steer_into(running):
+                return False
+        await self._wait_in_queue(strategy)
+        return True
+
+    async def _steer_into(self, running: TurnStream) -> bool:
+        """Hand the input to the running turn, and wait until it takes it at a step
+        boundary (``True``) or ends without another step (``False``: the input then
+        waits for a turn of its own, with the same user message id)."""
+        item = SteeredInput(
+            content=self.input, user_message_id=self.user_message_id or new_id("msg")
+        )
+        self.user_message_id = item.user_message_id
+        if not running._steering.offer(item):
+            return False
+        try:
+            await item.taken.wait()
+        except BaseException:
+            running._steering.withdraw(item)  # the caller left first: it never joins
+            raise
+        if not item.accepted:
+            return False
+        self.steered, self._host_stream, self.turn_id = True, running, running.turn_id
+        return True
+
+    async def _wait_in_queue(self, strategy: OnBusy) -> None:
+        """Wait in the session's queue (in arrival order) until no turn runs and none
+        waits ahead of this one; under ``interrupt``, cancel each turn that runs
+        meanwhile (the newest message wins). Left at the queue's head: the caller starts
+        the turn without yielding, then leaves the queue."""
+        session = self.session
+        ahead = session.queued + int(session.busy)
+        session.join_queue(self)
+        try:
+            await session.host.bus.publish(
+                TurnQueued(
+                    session_id=session.id, turn_id=self.turn_id, strategy=strategy, ahead=ahead
+                )
+            )
+            while True:
+                if session.host.shutting_down:
+                    raise SessionBusy(
+                        f"session {session.id!r}: the host is shutting down; the waiting turn "
+                        "did not start"
+                    )
+                running = session.current
+                if running is None and session.queue_head is self:
+                    if session.loaded:
+                        return
+                    await session.reopen()
+                    continue
+                if running is not None and strategy == INTERRUPT:
+                    running.cancel(INTERRUPTED_BY_NEW)
+                await session.wait_changed()
+        except BaseException:
+            session.leave_queue(self)
+            raise
+
     async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if self.steered:  # the turn it joined is not this stream's to end
+            host = self._host_stream
+            if not self.done.is_set():
+                self._end(host.result if host is not None else None)
+            self._inbox.close_receiver()
+            return
         if not self.done.is_set():
             if exc_type is not None and issubclass(exc_type, trio.Cancelled):
                 self.cancel("cancelled")
@@ -236,9 +349,11 @@ class TurnStream:
             return
         self._ended = True
         self.result = result
+        self._steering.close()  # an input still waiting to join starts a turn of its own
         session = self.session
         if session.current is self:
             session.current = None
+            session.changed()
         session.host.touch(session)  # an idle session's age counts from here
         self.done.set()
 
@@ -278,6 +393,11 @@ class TurnStream:
 
     async def _receive(self) -> None:
         """Take the next inbox item: a batch into the buffer, or the turn's end."""
+        if self._host_stream is not None:  # steered: nothing of its own, the turn's result
+            host = self._host_stream
+            await host.done.wait()
+            self._end(host.result)
+            return
         try:
             item = await self._inbox.get()
         except trio.EndOfChannel:  # closed without a result: only if the runner failed
@@ -338,9 +458,15 @@ class Session:
         session_id: str,
         meta: Mapping[str, Any] | None = None,
         deps: Any = None,
+        on_busy: OnBusy | None = None,
     ) -> None:
         self.host = host
         self.agent = agent
+        self._on_busy: OnBusy | None = None if on_busy is None else check_on_busy(on_busy)
+        self._queue: deque[TurnStream] = deque()
+        """Turns waiting to start, in arrival order (``enqueue``, ``interrupt``)."""
+        self._changed = trio.Event()
+        """Set (and replaced) when a turn starts or ends, or one leaves the queue."""
         self.deps = deps
         """The application's own dependencies, handed to every tool call of the session's
         turns as ``ToolContext.deps`` (read when a turn starts; reassign it freely between
@@ -387,6 +513,46 @@ class Session:
     def busy(self) -> bool:
         """Whether a turn is running (from its start until its stream has the result)."""
         return self.current is not None
+
+    @property
+    def on_busy(self) -> OnBusy:
+        """What a new user message does while a turn runs (:mod:`runtime.busy`): the
+        session's own strategy if it was given one (``host.open_session(on_busy=)``, or
+        set here), else its agent's (``Agent(on_busy=)``, ``reject`` by default)."""
+        return self._on_busy or self.agent.on_busy
+
+    @on_busy.setter
+    def on_busy(self, value: OnBusy | None) -> None:
+        self._on_busy = None if value is None else check_on_busy(value)
+
+    @property
+    def queued(self) -> int:
+        """How many turns wait for the running one to end (``enqueue``, ``interrupt``)."""
+        return len(self._queue)
+
+    @property
+    def queue_head(self) -> TurnStream | None:
+        """The turn that starts next, if any waits."""
+        return self._queue[0] if self._queue else None
+
+    def join_queue(self, stream: TurnStream) -> None:
+        """Called by a waiting turn's stream: it waits behind those queued before."""
+        self._queue.append(stream)
+
+    def leave_queue(self, stream: TurnStream) -> None:
+        """Called by a waiting turn's stream as it starts, or gives up waiting."""
+        if stream in self._queue:
+            self._queue.remove(stream)
+            self.changed()
+
+    def changed(self) -> None:
+        """Wake whatever waits for the session's turns to change."""
+        self._changed.set()
+        self._changed = trio.Event()
+
+    async def wait_changed(self) -> None:
+        """Until a turn starts or ends, or one leaves the queue."""
+        await self._changed.wait()
 
     @property
     def meta(self) -> Mapping[str, Any]:
@@ -439,6 +605,7 @@ class Session:
         message_id: str | None = None,
         resume: bool = False,
         user_message_id: str | None = None,
+        on_busy: OnBusy | None = None,
         tools: tuple[Tool, ...] = (),
         instructions: str | None = None,
     ) -> TurnStream:
@@ -453,8 +620,13 @@ class Session:
 
         With ``regenerate``, the turn replaces the session's last turn: the history is cut
         back to before its last user message first (in the store too, with the turn's
-        first save). A session runs one turn at a time: entering while a turn runs raises
-        :class:`~runtime.errors.SessionBusy`.
+        first save). A session runs one turn at a time: entering while a turn runs does
+        what the session's busy strategy says (:attr:`on_busy`, or ``on_busy`` here for
+        this input alone; :mod:`runtime.busy`): raise
+        :class:`~runtime.errors.SessionBusy` (``reject``), wait for the running turn to
+        end (``enqueue``), cancel it (``interrupt``), or join it at its next step boundary
+        (``steer``: then the stream's ``steered`` is set, it yields no chunks of its own,
+        and its ``result`` is the joined turn's).
 
         A durable turn (run by a worker, taken over by another if that one dies) names
         itself: ``turn_id`` is used instead of a new id, ``message_id`` becomes its
@@ -482,6 +654,7 @@ class Session:
             message_id=message_id,
             user_message_id=user_message_id,
             resume=resume,
+            on_busy=on_busy,
             tools=tools,
             instructions=instructions,
         )

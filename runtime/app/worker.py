@@ -7,15 +7,16 @@ store and a Redis relay) that *submit* turns, and any number of workers
     front end --submit--> PostgreSQL (axon_turns) <--claim/lease/commit-- worker
     front end <--read---- Redis Streams (axon:turn:*) <----append------- worker
 
-A :class:`Worker` claims turns from the :class:`~actors.stores.turns.TurnQueue`
-(``FOR UPDATE SKIP LOCKED``; never two running turns of one session), runs each on its
-own :class:`~runtime.app.host.Host` (the sessions load from and commit to the same
-PostgreSQL store), appends the turn's chunks to the relay, and marks the turn finished.
+A :class:`Worker` claims turns from a :class:`~runtime.turn_queue.TurnQueue` (the one in
+its store, :func:`actors.stores.turn_queue`: PostgreSQL's ``axon_turns``, never two
+running turns of one session), runs each on its own :class:`~runtime.app.host.Host` (the
+sessions load from and commit to the same store), appends the turn's chunks to the
+relay, and marks the turn finished.
 
 **Leases and fencing.** A claim is a lease of ``lease`` seconds, renewed every third of
 it by a thread of the worker's own (:class:`LeaseKeeper`), which nothing the event loop
 does can hold up. Every commit of the session while the turn runs is fenced by the
-claim's ``(owner, epoch)`` (:meth:`~actors.stores.postgres.PostgresStore.fenced`): a
+claim's ``(owner, epoch)`` (:meth:`~runtime.turn_queue.TurnQueue.fenced`): a
 worker that lost its lease (it was paused, partitioned, or too slow to renew, and another
 worker took the turn over) has its saves refused, and cancels its turn as soon as it
 notices (a refused save or a failed renewal). Its relay writes are dropped too.
@@ -28,6 +29,17 @@ partial step is dropped (``restart_step``). A turn that keeps killing its worker
 marked failed after ``max_attempts`` claims and blocks nothing else; while a worker runs
 a taken-over turn it claims no other, so a turn that kills workers burns no other turn's
 attempts past its first.
+
+**Waiting for a person.** A turn that suspends for approval (or a client-side tool's
+output, docs/approval.md) ends here with its calls committed: the worker marks its row
+``awaiting-input`` (:meth:`~runtime.turn_queue.TurnQueue.suspend`: no owner, no lease,
+nothing held) and ends its relay stream with a pause. The decision, recorded from any
+front end through the queue, puts the row back; any worker's next claim is then
+``resumed`` and runs the continuation (``resume``: the approved calls run once, the model
+goes on in the same assistant message), its chunks going on in the same relay stream.
+Each worker also looks at the queue every ``poll`` seconds for waits whose deadline
+passed (``Agent(approval_timeout=...)``) and records them as denied ``timed out``,
+which resumes the turn the same way.
 
 **Stopping.** :meth:`Worker.stop` (SIGINT/SIGTERM in the command) stops claiming and
 gives the running turns ``grace`` seconds to finish; the ones still running then are cut
@@ -43,7 +55,7 @@ import socket
 import sys
 import threading
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -51,8 +63,8 @@ import attrs
 import trio
 
 from actors.relays.redis_streams import RedisRelay, public_url
-from actors.stores.postgres import PostgresStore, parse_url, redact_url
-from actors.stores.turns import Claim, Renewal, TurnQueue
+from actors.stores import open_store, queue_scheme, turn_queue
+from runtime.actor import Actor
 from runtime.agent import Agent
 from runtime.app.commands import (
     MCP_HELP,
@@ -60,15 +72,21 @@ from runtime.app.commands import (
     add_agent_arguments,
     add_input_limit_arguments,
     add_log_level_argument,
+    add_plugin_argument,
     input_limits,
     make_agent,
+    make_plugins,
 )
+from runtime.app.expiry import deadlines, expire_session
 from runtime.app.host import Host
+from runtime.approval import AWAITING_INPUT, Decision, Recorded
 from runtime.errors import ConfigurationError, LeaseLost, RelayUnavailable, StoreError
 from runtime.logging import configure_logging, get_logger
 from runtime.media import InputLimits
 from runtime.output import StepStart
-from runtime.redact import redact
+from runtime.redact import redact, redact_url
+from runtime.store import Store
+from runtime.turn_queue import WAITING, Claim, LeaseRenewer, Renewal, TurnQueue, TurnStatus
 
 DEFAULT_CONCURRENCY = 4
 DEFAULT_LEASE = 10.0
@@ -192,7 +210,7 @@ class LeaseKeeper:
             await trio.to_thread.run_sync(self._thread.join)
 
     def _run(self) -> None:
-        conn = None
+        renewer: LeaseRenewer | None = None
         delay = self.interval
         try:
             while not self._stopping.wait(delay):
@@ -205,14 +223,14 @@ class LeaseKeeper:
                     if lease.entry is not None and lease.entry.lost:
                         continue
                     try:
-                        if conn is None or conn.closed or conn.broken:
-                            conn = self.queue.connect()
-                        renewal = self.queue.renew_on(conn, lease.turn_id, lease.owner, lease.epoch)
+                        if renewer is None:
+                            renewer = self.queue.open_renewer()
+                        renewal = renewer.renew(lease.turn_id, lease.owner, lease.epoch)
                     except Exception as exc:
                         log().warning("worker.renew_failed", turn_id=lease.turn_id, error=str(exc))
-                        if conn is not None:
-                            conn.close()
-                        conn = None
+                        if renewer is not None:
+                            renewer.close()
+                        renewer = None
                         delay = self.RETRY
                         continue
                     if not renewal.held or renewal.cancel_requested:
@@ -221,8 +239,8 @@ class LeaseKeeper:
                         except trio.RunFinishedError:
                             return
         finally:
-            if conn is not None:
-                conn.close()
+            if renewer is not None:
+                renewer.close()
 
     def _apply(self, lease: _Lease, renewal: Renewal) -> None:
         """On the event loop: act on a renewal that was refused or asks to cancel."""
@@ -243,7 +261,8 @@ class LeaseKeeper:
 class Worker:
     """Claims durable turns and runs them; see the module docstring.
 
-    ``store`` is an open :class:`PostgresStore` (the worker does not close it); ``relay``
+    ``store`` is an open store that holds a turn queue (PostgreSQL's: the worker does not
+    close it; a store without one is a :class:`~runtime.errors.ConfigurationError`); ``relay``
     a :class:`runtime.relay.Relay` or ``None`` (front ends then show a turn once it is
     committed). Run with ``await nursery.start(worker.run)``; :attr:`done` counts the turns
     it finished, by status.
@@ -252,7 +271,7 @@ class Worker:
     def __init__(
         self,
         *,
-        store: PostgresStore,
+        store: Store,
         relay: Any = None,
         agent: AgentSource,
         owner: str | None = None,
@@ -263,9 +282,8 @@ class Worker:
         poll: float = DEFAULT_POLL,
         max_sessions: int = 1000,
         input_limits: InputLimits | None = None,
+        plugins: Sequence[Actor] = (),
     ) -> None:
-        if not isinstance(store, PostgresStore):
-            raise ConfigurationError("a worker needs a PostgreSQL store (postgresql://...)")
         if concurrency < 1:
             raise ConfigurationError(f"concurrency must be >= 1, not {concurrency!r}")
         if not lease > 0:
@@ -281,12 +299,16 @@ class Worker:
         self.max_sessions = max_sessions
         self.input_limits = input_limits
         """The parts a turn's input may have (its host's); a turn with more fails."""
-        self.queue = TurnQueue(store, lease=lease, max_attempts=max_attempts)
+        self.plugins = tuple(plugins)
+        """Actors started on the worker's host beside its own (``--plugin``: tracing,
+        recording), seeing the bus events of every turn the worker runs."""
+        self.queue: TurnQueue = turn_queue(store, lease=lease, max_attempts=max_attempts)
         self.running: dict[str, _Running] = {}
         """The turns running now, by turn id."""
         self.done: dict[str, int] = {}
         """Turns finished by this worker, by status (``done``, ``failed``, ``cancelled``,
-        ``lost``: the lease went to another worker)."""
+        ``awaiting-input``: suspended for a person, ``lost``: the lease went to another
+        worker)."""
         self.host: Host | None = None
         self._leases: LeaseKeeper | None = None
         self._stopping = trio.Event()
@@ -306,6 +328,8 @@ class Worker:
         ) as host:
             host.expects_other_writers = True  # a session's turns run on any worker
             self.host = host
+            for plugin in self.plugins:
+                await host.start_actor(plugin)
             self._leases = LeaseKeeper(self.queue, self.lease / 3)
             self._leases.start()
             try:
@@ -313,6 +337,7 @@ class Worker:
                     watch = getattr(self.relay, "watch_cancels", None)
                     if watch is not None:
                         await nursery.start(watch, self._on_relay_cancel)
+                    nursery.start_soon(self._expire_waits)
                     async with trio.open_nursery() as turn_nursery:
                         task_status.started(self)
                         log().info("worker.started", owner=self.owner, concurrency=self.concurrency)
@@ -383,7 +408,7 @@ class Worker:
             while self.running:
                 await self._a_turn_ends()
         if self.running:
-            self.store.close_fences()
+            self.queue.close_fences()
             for entry in list(self.running.values()):
                 entry.lost = True  # what the turn does from here is not this worker's
                 entry.cancel("worker stopping")
@@ -401,6 +426,43 @@ class Worker:
                 await self.queue.aclose()
             except Exception as exc:  # closing: report, do not mask the real ending
                 log().warning("worker.close_failed", error=str(exc))
+
+    async def _expire_waits(self) -> None:
+        """Every ``poll`` seconds: the waiting turns whose deadline passed (as of the
+        host's clock), each expired here (one worker per turn: the queue holds it back
+        from the others meanwhile)."""
+        while True:
+            await trio.sleep(self.poll)
+            host = self.host
+            if host is None or self._stopping.is_set():
+                return
+            try:
+                due = await self.queue.take_expired(host.clock())
+            except StoreError as exc:
+                log().warning("worker.expiry_failed", error=str(exc))
+                continue
+            for turn in due:
+                await self._expire(host, turn)
+
+    async def _expire(self, host: Host, turn: TurnStatus) -> None:
+        """Record the expired calls of a waiting turn as denied ``timed out`` through the
+        queue: the one that decides the last call puts the turn back for any worker to
+        resume; otherwise the turn's next deadline goes back on its row."""
+        session_id = turn.session_id
+
+        async def record(key: str, decision: Decision, tools: Mapping[str, Any]) -> Recorded:
+            return (await self.queue.decide(session_id, key, decision, tools)).recorded
+
+        try:
+            agent = self.agent_for(session_id)
+            if await expire_session(host, session_id, agent, record=record):
+                log().info("worker.wait_expired", turn_id=turn.turn_id, session_id=session_id)
+                return
+            stored = await host.store.load(session_id)
+            due = deadlines(stored.messages) if stored is not None else {}
+            await self.queue.set_expiry(turn.turn_id, min(due.values(), default=None))
+        except Exception as exc:  # a store failure: the queue offers it again later
+            log().warning("worker.expiry_failed", turn_id=turn.turn_id, error=str(exc))
 
     def _on_relay_cancel(self, turn_id: str, reason: str) -> None:
         entry = self.running.get(turn_id)
@@ -467,7 +529,7 @@ class Worker:
             regenerate=turn.regenerate,
             turn_id=turn.turn_id,
             message_id=turn.message_id,
-            resume=claim.takeover or turn.saved,
+            resume=claim.takeover or claim.resumed or turn.saved,
         )
         if turn.cancel_requested:
             stream.cancel(turn.cancel_reason or "cancelled")
@@ -477,16 +539,19 @@ class Worker:
             session_id=turn.session_id,
             epoch=claim.epoch,
             takeover=claim.takeover,
+            resumed=claim.resumed,
         )
         writer = None
         if self.relay is not None:
+            # A continuation goes on in the stream its turn paused (its seqs following on).
             writer = self.relay.writer(
-                session_id=turn.session_id, turn_id=turn.turn_id, takeover=claim.takeover
+                session_id=turn.session_id,
+                turn_id=turn.turn_id,
+                takeover=claim.takeover or claim.resumed,
             )
-        fence = claim.fence(on_lost=lambda: entry.lose("a save was refused"))
         status = "lost"
         try:
-            with self.store.fenced(turn.session_id, fence):
+            with self.queue.fenced(claim, on_lost=lambda: entry.lose("a save was refused")):
                 try:
                     async with stream as out:
                         await self._relay(entry, out, writer)
@@ -500,7 +565,9 @@ class Worker:
             # client that sends its next message on ``[DONE]`` finds the session idle.
             if writer is not None:
                 with trio.CancelScope(shield=True):
-                    await writer.aclose(final=status != "lost" and not entry.lost)
+                    await writer.aclose(
+                        final=status != "lost" and not entry.lost, paused=status == WAITING
+                    )
         return status
 
     async def _relay(self, entry: _Running, out: Any, writer: Any) -> None:
@@ -519,7 +586,7 @@ class Worker:
             # The worker itself is being torn down (only that raises Cancelled here):
             # keep the turn at its last commit, as if the process had died, so the turn
             # that takes it over never finds a partial step saved as interrupted.
-            self.store.close_fences()
+            self.queue.close_fences()
             entry.lost = True
             raise
 
@@ -535,6 +602,8 @@ class Worker:
             error = result.error.message if result.error is not None else "error"
         elif result.finish_reason == "aborted":
             status, reason, error = "cancelled", "aborted", result.abort_reason
+        elif result.finish_reason == AWAITING_INPUT:
+            return await self._suspend(entry)
         else:
             status, reason, error = "done", result.finish_reason, None
         with trio.CancelScope(shield=True):
@@ -546,6 +615,20 @@ class Worker:
             except LeaseLost:
                 return "lost"
         return status
+
+    async def _suspend(self, entry: _Running) -> str:
+        """The turn waits for a person: its row holds nothing from here on (``WAITING``),
+        until the earliest deadline of its waiting calls, if any."""
+        due = deadlines(entry.stream.session.messages)
+        with trio.CancelScope(shield=True):
+            try:
+                if not await self.queue.suspend(
+                    entry.claim, expires_at=min(due.values(), default=None)
+                ):
+                    return "lost"
+            except LeaseLost:
+                return "lost"
+        return WAITING
 
 
 @asynccontextmanager
@@ -563,7 +646,8 @@ async def open_worker(
     # The relay first: a bad Redis URL fails before anything is created in PostgreSQL,
     # and the relay outlives the worker, so its turns' last chunks are flushed.
     async with _maybe_relay(redis_url, relay_options or {}) as relay:
-        store = await PostgresStore.open(store_url)
+        queue_scheme(store_url)  # a store without a turn queue fails before it is opened
+        store = await open_store(store_url)
         try:
             async with trio.open_nursery() as nursery:
                 worker = Worker(store=store, relay=relay, agent=agent, **options)
@@ -644,6 +728,7 @@ def add_worker_parser(subparsers: Any) -> Any:
     add("--delay", type=float, default=0.0, help="scripted demo: seconds between chunks")
     add("--mcp", action="append", default=[], metavar="SERVER", help=MCP_HELP)
     add_log_level_argument(worker, "warning")
+    add_plugin_argument(worker)
     worker.set_defaults(jsonl=False)
     return worker
 
@@ -654,7 +739,7 @@ async def worker_command(args: Any) -> int:
 
     configure_logging(args.log_level)
     try:
-        parse_url(args.store)
+        queue_scheme(args.store)
         if args.concurrency < 1 or not args.lease > 0 or args.grace < 0 or args.max_attempts < 1:
             raise ConfigurationError(
                 "--concurrency and --max-attempts must be >= 1, --lease > 0 and --grace >= 0"
@@ -668,6 +753,7 @@ async def worker_command(args: Any) -> int:
             "poll": args.poll,
             "owner": args.owner,
             "input_limits": input_limits(args),
+            "plugins": make_plugins(args),
         }
         relay_options = {"prefix": args.redis_prefix} if args.redis_prefix else {}
         async with open_worker(

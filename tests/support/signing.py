@@ -10,16 +10,28 @@ request that replays reasoning it did not make for that request:
   another model, or from another server (another instance), fails;
 * :class:`SealingResponses` seals each reasoning item's ``encrypted_content`` for itself
   and refuses content it did not seal (``invalid_encrypted_content``), as OpenAI does
-  for content of another organization.
+  for content of another organization;
+* :class:`SigningGemini` signs each answer's thought and text for the model requested
+  and refuses a ``thoughtSignature`` it did not mint for it ("Corrupted thought
+  signature."); for a Gemini 3 model it also refuses a current-turn step whose first
+  function call carries no signature ("Function call is missing a thought_signature"),
+  accepting the documented sentinel in its place.
+
+``SigningAnthropic`` answers as Claude on Vertex (the model in the URL) and on Bedrock
+(``framing="bedrock"``: AWS event-stream frames) as well.
 """
 
 from __future__ import annotations
 
+import base64
 import json
+import re
 from typing import Any
+from urllib.parse import unquote
 
 import attrs
 
+from tests.support.eventstream import bedrock_stream
 from tests.support.loopback import Recorded, Reply, anthropic_sse
 
 
@@ -35,10 +47,26 @@ class SigningAnthropic:
     """Signature -> the model it was minted for."""
     refused: list[str] = attrs.field(factory=list)
     """The signatures refused, in order."""
+    framing: str = "sse"
+    """``"sse"`` (Anthropic, Vertex) or ``"bedrock"`` (AWS event-stream frames)."""
 
     def __call__(self, request: Recorded) -> Reply:
         body = request.json()
-        model = body["model"]
+        model = body.get("model") or _model_in_path(request.path)
+        refusal = self.refusal(body, model)
+        if refusal is not None:
+            return refusal
+        n, signature = self.mint(model)
+        events = _anthropic_answer(model, f"thought {n}", signature, f"answer {n}")
+        if self.framing == "bedrock":
+            return Reply(
+                body=bedrock_stream(*events), content_type="application/vnd.amazon.eventstream"
+            )
+        return Reply(body=anthropic_sse(*events))
+
+    def refusal(self, body: dict[str, Any], model: str) -> Reply | None:
+        """The 400 for a request that replays a thinking block whose signature was not
+        minted here for ``model``; ``None`` when every signature is valid."""
         for i, message in enumerate(body["messages"]):
             content = message["content"]
             if message["role"] != "assistant" or isinstance(content, str):
@@ -57,13 +85,25 @@ class SigningAnthropic:
                             },
                         }
                     )
+        return None
+
+    def mint(self, model: str) -> tuple[int, str]:
+        """A new signature for ``model``, and its number."""
         n = len(self.minted) + 1
         signature = f"sig:{model}:{n}"
         self.minted[signature] = model
-        return Reply(body=_anthropic_answer(model, f"thought {n}", signature, f"answer {n}"))
+        return n, signature
 
 
-def _anthropic_answer(model: str, thought: str, signature: str, text: str) -> bytes:
+def _model_in_path(path: str) -> str:
+    """The model of a Vertex (``.../models/<model>:streamRawPredict``) or Bedrock
+    (``/model/<model>/invoke-with-response-stream``) request."""
+    found = re.search(r"/models?/([^/]+?)(?::streamRawPredict|:rawPredict|/invoke)", path)
+    assert found is not None, path
+    return unquote(found.group(1))
+
+
+def _anthropic_answer(model: str, thought: str, signature: str, text: str) -> list[dict[str, Any]]:
     def block(index: int, start: dict[str, Any], *deltas: dict[str, Any]) -> list[dict]:
         return [
             {"type": "content_block_start", "index": index, "content_block": start},
@@ -81,7 +121,7 @@ def _anthropic_answer(model: str, thought: str, signature: str, text: str) -> by
         "stop_sequence": None,
         "usage": {"input_tokens": 10, "output_tokens": 1},
     }
-    return anthropic_sse(
+    return [
         {"type": "message_start", "message": message},
         *block(
             0,
@@ -96,7 +136,7 @@ def _anthropic_answer(model: str, thought: str, signature: str, text: str) -> by
             "usage": {"output_tokens": 5},
         },
         {"type": "message_stop"},
-    )
+    ]
 
 
 @attrs.define
@@ -185,3 +225,87 @@ def _responses_answer(model: str, n: int, content: str, text: str) -> bytes:
         f"event: {e['type']}\ndata: {json.dumps({**e, 'sequence_number': i})}\n\n"
         for i, e in enumerate(events)
     ).encode()
+
+
+SENTINEL = "skip_thought_signature_validator"
+
+
+@attrs.define
+class SigningGemini:
+    """A Gemini server whose thought signatures are bound to their model."""
+
+    minted: dict[bytes, str] = attrs.field(factory=dict)
+    """A signature's bytes -> the model it was minted for."""
+    refused: list[str] = attrs.field(factory=list)
+    """What was refused, in order: a signature, or ``missing`` for an unsigned call."""
+    calls: int = 0
+    """Answer the first this many requests with a function call (then text)."""
+    answered: int = 0
+
+    def __call__(self, request: Recorded) -> Reply:
+        body = request.json()
+        found = re.search(r"/models/([^/:]+):streamGenerateContent", request.path)
+        assert found is not None, request.path
+        model = found.group(1)
+        contents = body["contents"]
+        for content in contents:
+            for part in content.get("parts", ()):
+                sig = part.get("thoughtSignature")
+                if sig is not None and sig != SENTINEL and self.minted.get(_same(sig)) != model:
+                    self.refused.append(sig)
+                    return _refuse_gemini("Corrupted thought signature.")
+        if re.search(r"gemini-([3-9]|\d\d)", model) and _unsigned_current_call(contents):
+            self.refused.append("missing")
+            return _refuse_gemini(
+                "Function call is missing a thought_signature in functionCall parts."
+            )
+        self.answered += 1
+        n = self.answered
+        thought_sig = base64.b64encode(f"thought:{model}:{n}".encode()).decode()
+        text_sig = base64.b64encode(f"text:{model}:{n}".encode()).decode()
+        self.minted[_same(thought_sig)] = self.minted[_same(text_sig)] = model
+        thought = {"text": f"thought {n}", "thought": True, "thoughtSignature": thought_sig}
+        if self.calls > 0:
+            self.calls -= 1
+            answer = {"functionCall": {"name": "lookup", "args": {"key": str(n)}}}
+        else:
+            answer = {"text": f"answer {n}"}
+        answer["thoughtSignature"] = text_sig
+        chunk = {
+            "candidates": [
+                {
+                    "content": {"role": "model", "parts": [thought, answer]},
+                    "finishReason": "STOP",
+                    "index": 0,
+                }
+            ],
+            "usageMetadata": {
+                "promptTokenCount": 10,
+                "candidatesTokenCount": 5,
+                "totalTokenCount": 15,
+            },
+            "modelVersion": model,
+        }
+        return Reply(body=f"data: {json.dumps(chunk)}\r\n\r\n".encode())
+
+
+def _same(sig: str) -> bytes:
+    """A signature's bytes, whichever base64 alphabet carried them."""
+    return base64.urlsafe_b64decode(sig.replace("+", "-").replace("/", "_"))
+
+
+def _unsigned_current_call(contents: list[dict[str, Any]]) -> bool:
+    """Whether a model content after the last user text has a first call unsigned."""
+    start = 0
+    for i, content in enumerate(contents):
+        if content["role"] == "user" and any("text" in p for p in content["parts"]):
+            start = i + 1
+    for content in contents[start:]:
+        calls = [p for p in content["parts"] if "functionCall" in p]
+        if content["role"] == "model" and calls and "thoughtSignature" not in calls[0]:
+            return True
+    return False
+
+
+def _refuse_gemini(message: str) -> Reply:
+    return _refuse({"error": {"code": 400, "message": message, "status": "INVALID_ARGUMENT"}})

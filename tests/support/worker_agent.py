@@ -6,6 +6,9 @@ worker that takes a turn over replays exactly what the dead worker's step would 
 * input ``tools ...``: step 0 calls ``record(n=1)``, step 1 calls ``record(n=2)``, step 2
   answers in ``ANSWER_WORDS`` words;
 * input ``crash ...``: step 0 calls ``die``, which SIGKILLs the worker (a poison turn);
+* input ``approve ...``: step 0 calls ``guarded(n=1)``, which needs a person's approval
+  (the turn waits, docs/approval.md) and then records its effect like ``record``; step 1
+  answers as a ``tools`` turn does (the denial's reason in it when denied);
 * any other input: one step answering ``echo: <input>``.
 
 An input of parts is read as its text parts joined (its images and files are ignored).
@@ -105,6 +108,15 @@ async def record(n: int, ctx: ToolContext) -> str:
     return f"recorded {n}"
 
 
+@tool(needs_approval=True)
+async def guarded(n: int, ctx: ToolContext) -> str:
+    """Record effect number ``n`` once a person approved it (once per idempotency key)."""
+    url = os.environ.get("AXON_TEST_LEDGER")
+    if url:
+        await trio.to_thread.run_sync(write_effect, url, ctx.idempotency_key)
+    return f"recorded {n}"
+
+
 @tool
 async def die() -> str:
     """Kill the worker process running this call (a turn that kills its workers)."""
@@ -132,6 +144,15 @@ def respond(request: InferRequest) -> list:  # type: ignore[type-arg]
     user = _last_input(request)
     if user.startswith("crash"):
         return tool_call("die", {}, tool_call_id="call_die")
+    if user.startswith("approve"):
+        if current_step(request.messages) == 0:
+            return [
+                "I need your approval. ",
+                *tool_call("guarded", {"n": 1}, tool_call_id="call_a"),
+            ]
+        result = request.messages[-1]
+        denied = getattr(result, "error", None)
+        return [answer_text(user) if denied is None else f"not done: {denied}"]
     if not user.startswith("tools"):
         return [f"echo: {user}"]
     step = current_step(request.messages)
@@ -154,6 +175,6 @@ agent = Agent(
         chunk_size=8,
     ),
     instructions="test",
-    tools=[record, die],
+    tools=[record, guarded, die],
 )
 """The worker tests' agent, for every session."""

@@ -34,6 +34,7 @@ from runtime.approval import (
     decide,
     pending_calls,
 )
+from runtime.busy import REJECT
 from runtime.errors import (
     DecisionError,
     InvalidMedia,
@@ -563,7 +564,9 @@ class TaskBook:
         turn = (
             session.resume()
             if content is None
-            else session.stream(content, message_id=live.message_id, user_message_id=stored_id)
+            else session.stream(  # a task is one turn: never queued behind or steered into
+                content, message_id=live.message_id, user_message_id=stored_id, on_busy=REJECT
+            )
         )
         started = False
         try:

@@ -70,6 +70,7 @@ from runtime.app.web.chat_input import _read_body
 from runtime.app.web.guard import is_json
 from runtime.app.web.http import ApiError
 from runtime.approval import APPROVAL, Decision, PendingCall, decide, waiting_calls
+from runtime.busy import REJECT
 from runtime.errors import (
     AlreadyDecided,
     DecisionError,
@@ -385,7 +386,7 @@ class AGUIRoutes:
         metadata: dict[str, Any] | None = None,
         answered: Sequence[str] = (),
     ) -> Callable[[], StreamEncoder]:
-        provider = session.agent.provider
+        provider = self.state.host.provider_of(session.agent)  # its own, or its model's
 
         def make() -> StreamEncoder:
             return StreamEncoder(
@@ -469,6 +470,7 @@ class AGUIRoutes:
             encoder=self._encoder(run, session, prelude=prelude),
             headers=HEADERS,
             busy=_busy,
+            on_busy=REJECT,  # a run is one turn: never queued behind or steered into
         )
 
     async def _continue(
@@ -523,6 +525,7 @@ class AGUIRoutes:
             ),
             headers=HEADERS,
             busy=_busy,
+            on_busy=REJECT,  # a run is one turn: never queued behind or steered into
         )
 
 

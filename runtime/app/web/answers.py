@@ -7,20 +7,30 @@ id): each approval it answered is a tool part in state ``approval-responded`` wi
 state ``output-available`` (``output``) or ``output-error`` (``errorText``).
 :func:`record_answers` reads those answers, checks them all against the stored turn
 first (an unknown, foreign or decided id, or an answer of the wrong kind, is a 4xx and
-nothing is recorded), then records each (:meth:`runtime.app.session.Session.decide`). The
+nothing is recorded), then records each (:meth:`runtime.app.session.Session.decide`; in a
+worker deployment's front end, :meth:`runtime.turn_queue.TurnQueue.decide`). The
 request whose answers complete the turn's decisions streams its continuation; one that
 leaves calls waiting gets 202 (``{"recorded": n, "waiting": m}``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from runtime.app.web.http import ApiError
-from runtime.approval import Decision, PendingCall, decide, pending_calls, waiting_calls
+from runtime.approval import (
+    WAITING_META,
+    Decision,
+    PendingCall,
+    Recorded,
+    decide,
+    pending_calls,
+    waiting_calls,
+)
 from runtime.errors import AlreadyDecided, DecisionError, InvalidDecision, UnknownApproval
 from runtime.messages import AssistantMessage, Awaiting, Message, ToolCallPart
+from runtime.store import Store
 
 _STATUS: dict[type, int] = {UnknownApproval: 404, AlreadyDecided: 409, InvalidDecision: 400}
 
@@ -87,17 +97,47 @@ def _echoes(held: Awaiting | None, decision: Decision) -> bool:
     )
 
 
+RecordAnswer = Callable[[str, Decision], Awaitable[Recorded]]
+"""``await record(key, decision)``: how one checked answer is recorded (the embedded
+app's ``session.decide``; a worker deployment's front end, the turn queue's ``decide``)."""
+
+
 async def record_answers(session: Any, payload: dict[str, Any]) -> tuple[tuple[str, ...], bool]:
     """Record the answers of a continuation body for ``session``; returns the ids of the
     calls the turn waited for (the client knows them: their input is not sent again) and
     whether this body's answers completed the turn's decisions: only then does this
     request resume the turn (two requests never both resume it). Every answer is checked
     before any is recorded."""
-    message = payload["messages"][-1]
     if session.busy:
         raise ApiError(409, f"session {session.id!r} is already running a turn")
-    record = await session.host.store.load(session.id)
-    stored = record.messages if record is not None else ()
+
+    async def record(key: str, decision: Decision) -> Recorded:
+        recorded: Recorded = await session.decide(
+            key,
+            approved=decision.approved,
+            reason=decision.reason,
+            error=decision.error,
+            **({"output": decision.output} if decision.has_output else {}),
+        )
+        return recorded
+
+    tools = {t.name: t for t in session.agent.tools}
+    return await check_and_record(session.host.store, session.id, tools, payload, record)
+
+
+async def check_and_record(
+    store: Store,
+    session_id: str,
+    tools: Mapping[str, Any],
+    payload: dict[str, Any],
+    record: RecordAnswer,
+) -> tuple[tuple[str, ...], bool]:
+    """:func:`record_answers` for session ``session_id`` of ``store``, each answer recorded
+    with ``record`` once all are checked against the stored turn; the ids of the calls
+    the turn waited for, and whether the answers completed its decisions."""
+    message = payload["messages"][-1]
+    stored_record = await store.load(session_id)
+    stored = stored_record.messages if stored_record is not None else ()
     waiting = waiting_calls(stored)
     message_id = payload.get("messageId", message.get("id"))
     if waiting and message_id not in (None, waiting[0].message_id):
@@ -107,19 +147,12 @@ async def record_answers(session: Any, payload: dict[str, Any]) -> tuple[tuple[s
     answers = [(key, d) for key, d in answers if not _echoes(held.get(key), d)]
     if not answers:
         raise ApiError(400, "the assistant message answers no call the turn waits for")
-    tools = {t.name: t for t in session.agent.tools}
     try:
         for key, decision in answers:  # all checked first: a bad one records nothing
             _, stored, _, _ = decide(stored, key, decision, tools)
         complete = False
         for key, decision in answers:
-            recorded = await session.decide(
-                key,
-                approved=decision.approved,
-                reason=decision.reason,
-                error=decision.error,
-                **({"output": decision.output} if decision.has_output else {}),
-            )
+            recorded = await record(key, decision)
             complete = recorded.complete
     except DecisionError as exc:
         raise ApiError(_STATUS.get(type(exc), 400), str(exc)) from None
@@ -128,8 +161,40 @@ async def record_answers(session: Any, payload: dict[str, Any]) -> tuple[tuple[s
 
 async def pending_in_store(session: Any) -> tuple[PendingCall, ...]:
     """The calls ``session``'s stored last turn still waits for, undecided."""
-    record = await session.host.store.load(session.id)
+    return await pending_in(session.host.store, session.id)
+
+
+async def pending_in(store: Store, session_id: str) -> tuple[PendingCall, ...]:
+    """The calls session ``session_id``'s stored last turn still waits for, undecided."""
+    record = await store.load(session_id)
     return pending_calls(record.messages) if record is not None else ()
 
 
-__all__ = ["is_continuation", "pending_in_store", "record_answers"]
+def waiting_in_meta(meta: Mapping[str, Any]) -> int:
+    """How many calls a stored session's last turn waits for, by its meta
+    (:data:`runtime.approval.WAITING_META`): what lists of sessions show."""
+    value = meta.get(WAITING_META)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def awaited_calls(messages: Sequence[Message], message_id: str) -> tuple[str, ...]:
+    """The ids of the calls of message ``message_id`` that waited for input: a client
+    reading the turn's continuation knows them (their input is not streamed again)."""
+    return tuple(
+        p.tool_call_id
+        for m in messages
+        if isinstance(m, AssistantMessage) and m.id == message_id
+        for p in m.content
+        if isinstance(p, ToolCallPart) and p.awaiting is not None
+    )
+
+
+__all__ = [
+    "awaited_calls",
+    "check_and_record",
+    "is_continuation",
+    "pending_in",
+    "pending_in_store",
+    "record_answers",
+    "waiting_in_meta",
+]

@@ -20,7 +20,12 @@ Hypercorn's Trio worker, see :mod:`runtime.app.web.serve`):
     client that closes the connection cancels the turn (saved, marked interrupted). A
     body whose last message is the assistant's answers a turn waiting for input
     (approvals, client tools' outputs: :mod:`runtime.app.web.answers`) and streams its
-    continuation in the same message (docs/approval.md).
+    continuation in the same message (docs/approval.md). A message for a session whose
+    turn is running gets what the session's busy strategy says (``on_busy``,
+    :mod:`runtime.busy`): 409 (``reject``), its own stream once the running turn is
+    over (``enqueue``), the running turn cancelled and its own stream (``interrupt``),
+    or 202 ``{"steered": true, "turnId", "messageId"}`` once the running turn took it
+    at a step boundary, whose stream shows the answer (``steer``).
 ``GET /api/sessions``, ``GET /api/sessions/{id}``
     The stored sessions; one session's messages in the runtime's JSON form
     (``messages``) and as AI SDK ``UIMessage`` s (``ui_messages``).
@@ -58,7 +63,12 @@ from runtime.agent import Agent
 from runtime.app.host import Host
 from runtime.app.session import FINAL_WAIT
 from runtime.app.web import BODY_TIMEOUT, DEFAULT_MAX_BODY, SEND_TIMEOUT
-from runtime.app.web.answers import is_continuation, pending_in_store, record_answers
+from runtime.app.web.answers import (
+    is_continuation,
+    pending_in_store,
+    record_answers,
+    waiting_in_meta,
+)
 from runtime.app.web.chat_input import CHILD_PARSES, check_media, read_chat_request, title_of
 from runtime.app.web.frontend import FrontEnd
 from runtime.app.web.guard import RequestGuard
@@ -69,9 +79,12 @@ from runtime.app.web.resend import classify_resend, client_message_id, replay_re
 from runtime.app.web.resume import resume_stream, stop_turn
 from runtime.app.web.ui_stream import DONE, HEADERS, UIStreamEncoder, ui_messages
 from runtime.app.web.writer import BodyWriter
+from runtime.approval import pending_calls
+from runtime.busy import REJECT, OnBusy, check_on_busy
 from runtime.errors import InvalidHistory, NothingToResume, SessionBusy
 from runtime.messages import UserContent
 from runtime.serde import unstructure
+from runtime.turn_queue import TurnQueue
 
 KEEPALIVE = 15.0
 """Seconds of silence after which a stream sends an SSE comment, so proxies keep it open."""
@@ -178,6 +191,7 @@ class TurnResponse:
         encoder: Callable[[], Any] | None = None,
         headers: Mapping[str, str] = HEADERS,
         busy: Callable[[Any], Response] | None = None,
+        on_busy: OnBusy | None = None,
         turn_id: str | None = None,
         tools: tuple[Any, ...] = (),
         instructions: str | None = None,
@@ -201,6 +215,8 @@ class TurnResponse:
         self.encoder = encoder
         self.headers = headers
         self.busy = busy or _busy
+        self.on_busy = on_busy
+        """This request's busy strategy, if not the session's (:mod:`runtime.busy`)."""
         # What another protocol's turn carries beyond the AI SDK's (runtime.app.web.agui):
         # the client's run id as the turn's, and tools and instructions for this turn only.
         self.turn_id = turn_id
@@ -210,7 +226,8 @@ class TurnResponse:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         session = self.session
         await session.reopen()  # the host may have evicted it since the request looked it up
-        if session.busy:
+        strategy = REJECT if self.resume else self.on_busy or session.on_busy
+        if session.busy and strategy == REJECT:
             await self.busy(session)(scope, receive, send)
             return
         if "title" not in session.meta and not self.resume:
@@ -228,6 +245,7 @@ class TurnResponse:
                         self.text,
                         regenerate=self.regenerate,
                         user_message_id=self.user_message_id,
+                        on_busy=self.on_busy,
                         turn_id=self.turn_id,
                         tools=self.tools,
                         instructions=self.instructions,
@@ -235,6 +253,9 @@ class TurnResponse:
                 )
                 async with turn as out:
                     started = True
+                    if out.steered:  # the running turn took it: its stream shows the rest
+                        await _steered(out)(scope, receive, send)
+                        return
                     await self._stream(out, receive, send, self.background or local)
             except SessionBusy:
                 if started:
@@ -314,6 +335,14 @@ def _busy(session: Any) -> Response:
     return error_response(409, f"session {session.id!r} is already running a turn")
 
 
+def _steered(out: Any) -> Response:
+    """202: the message joined the running turn (``steer``), stored as ``messageId``
+    before that turn's next model call; the turn's own stream carries the answer."""
+    return json_response(
+        {"steered": True, "turnId": out.turn_id, "messageId": out.user_message_id}, 202
+    )
+
+
 # -- the app ------------------------------------------------------------------------------
 
 
@@ -329,9 +358,12 @@ class WebState:
         keepalive: float,
         body_timeout: float | None = BODY_TIMEOUT,
         send_timeout: float | None = SEND_TIMEOUT,
+        on_busy: OnBusy | None = None,
     ) -> None:
         self.host = host
         self.agent = agent
+        self.on_busy = on_busy
+        """The busy strategy of the sessions the app opens (``None``: their agent's)."""
         self.max_body = max_body
         self.keepalive = keepalive
         self.body_timeout = body_timeout
@@ -364,7 +396,7 @@ class WebState:
             if session is None:
                 agent = self.agent_for(session_id)
                 session = await self.host.open_session(
-                    agent, session_id=session_id, history=history
+                    agent, session_id=session_id, history=history, on_busy=self.on_busy
                 )
             elif history is not None:
                 raise InvalidHistory(f"session {session_id!r} is open already")
@@ -379,10 +411,18 @@ class WebState:
     def info(self) -> dict[str, Any]:
         agent = self.agent if isinstance(self.agent, Agent) else None
         provider = getattr(agent, "provider", None)
+        named = agent.model.partition(":") if agent is not None and agent.model else None
+        provider_name: str | None
+        model: str | None
+        if provider is None and named is not None:  # Agent(model="provider:model")
+            provider_name, model = named[0], named[2]
+        else:
+            provider_name = getattr(provider, "provider_name", None) if provider else "scripted"
+            model = getattr(provider, "model", None) if provider else "scripted"
         return {
             "agent": agent.name if agent else None,
-            "provider": getattr(provider, "provider_name", None) if provider else "scripted",
-            "model": getattr(provider, "model", None) if provider else "scripted",
+            "provider": provider_name,
+            "model": model,
             "tools": [t.name for t in agent.tools] if agent else None,
         }
 
@@ -431,7 +471,9 @@ async def chat(request: Request) -> Any:
 
 async def list_sessions(request: Request) -> Response:
     """The stored sessions, most recently updated first; a session whose first turn is
-    running (not saved yet) comes first."""
+    running (not saved yet) comes first. ``busy``: a turn of it runs here; ``waiting``:
+    how many calls its last turn waits for (an approval, a client tool's output), as its
+    stored meta says (docs/approval.md)."""
     state = _state(request)
     infos = await state.host.store.list_sessions()
     open_sessions = state.host.sessions
@@ -442,6 +484,7 @@ async def list_sessions(request: Request) -> Response:
             "title": session.meta.get("title"),
             "message_count": len(session.messages),
             "busy": True,
+            "waiting": 0,
             "meta": dict(session.meta),
         }
         for sid, session in open_sessions.items()
@@ -458,6 +501,7 @@ async def list_sessions(request: Request) -> Response:
                     "busy": bool(
                         info.session_id in open_sessions and open_sessions[info.session_id].busy
                     ),
+                    "waiting": waiting_in_meta(info.meta),
                     "meta": info.meta,
                 }
                 for info in infos
@@ -480,6 +524,7 @@ async def get_session(request: Request) -> Response:
             "session_id": session_id,
             "title": record.meta.get("title"),
             "busy": bool(open_session is not None and open_session.busy),
+            "waiting": len(pending_calls(record.messages)),
             "meta": record.meta,
             "messages": unstructure(list(record.messages)),
             "ui_messages": ui_messages(record.messages),
@@ -511,8 +556,9 @@ def create_app(
     send_timeout: float | None = SEND_TIMEOUT,
     relay: Any = None,
     cancel_hook: Callable[[str], Any] | None = None,
-    queue: Any = None,
+    queue: TurnQueue | None = None,
     protocols: Collection[str] = ("ai-sdk",),
+    on_busy: OnBusy | None = None,
 ) -> Starlette:
     """The web app for ``host``: every session runs ``agent`` (or ``agent(session_id)``).
 
@@ -526,7 +572,7 @@ def create_app(
     :class:`runtime.relay.Relay`) serves ``GET /api/chat/{id}/stream`` for turns running
     anywhere; ``cancel_hook(turn_id)`` stops a turn running in another process.
 
-    With ``queue`` (a :class:`actors.stores.turns.TurnQueue`) and ``relay`` the app is a
+    With ``queue`` (a :class:`runtime.turn_queue.TurnQueue`) and ``relay`` the app is a
     stateless front end of a worker deployment (:mod:`runtime.app.web.frontend`): it queues
     turns for the workers and streams them from the relay, and ``host`` only lends it
     its store (it opens no session and runs no turn).
@@ -534,6 +580,10 @@ def create_app(
     ``protocols`` names the endpoints mounted (:mod:`runtime.app.web.protocols`): ``ai-sdk``
     the page and ``/api/``, ``openai`` ``/v1/`` (:mod:`runtime.app.web.openai_compat`),
     ``ag-ui`` ``POST /ag-ui`` (:mod:`runtime.app.web.agui`).
+
+    ``on_busy`` is the busy strategy of every session the app opens, instead of its
+    agent's (:mod:`runtime.busy`): what ``POST /api/chat`` does with a message for a
+    session whose turn runs.
     """
     page = (STATIC / "index.html").read_bytes()
     icons = {name: (STATIC / name).read_bytes() for name in ICONS}
@@ -544,6 +594,7 @@ def create_app(
         keepalive=keepalive,
         body_timeout=body_timeout,
         send_timeout=send_timeout,
+        on_busy=None if on_busy is None else check_on_busy(on_busy),
     )
     state.relay = relay
     state.cancel_hook = cancel_hook

@@ -2,7 +2,7 @@
 
 In a worker deployment (``python -m runtime worker``) turns run on worker processes:
 sessions live in PostgreSQL, turns are rows of its queue
-(:class:`actors.stores.turns.TurnQueue`), and a turn's live output goes through the
+(a :class:`runtime.turn_queue.TurnQueue`), and a turn's live output goes through the
 relay (:mod:`runtime.relay`). A front end then holds no session in memory and runs no
 turn, so any number of them can stand behind a load balancer and a client can reconnect
 to any of them:
@@ -18,9 +18,18 @@ to any of them:
     --max-queued-per-session``, ``--max-queued``) is answered 429 with ``Retry-After``
     and queues nothing. Leaving the stream does **not** cancel the turn: the
     client is only a viewer; stopping is explicit (``POST /api/chat/{id}/stop``).
+``POST /api/chat`` with the assistant message last (the AI SDK's answer to a turn that
+    waits for approval or a client tool's output, docs/approval.md)
+    Records the answers through the queue (:meth:`runtime.turn_queue.TurnQueue.decide`:
+    checked against the stored turn, compare-and-set in the store, refused unless the
+    turn's row still waits), which puts the turn back for any worker to resume when the
+    answers complete its decisions; the response then streams the continuation from the
+    relay (``start`` with the same message id, no input again for the answered calls).
+    Answers that leave calls waiting get 202, as in the embedded app.
 ``GET /api/chat/{id}/stream``
     The turn streaming now (the relay's), else the session's running or oldest queued
-    turn (the queue's), waited for like ``POST`` does; 204 when there is none.
+    turn (the queue's), waited for like ``POST`` does; 204 when there is none (a turn
+    that waits for input is none: it streams again once decided).
 ``POST /api/chat/{id}/stop``
     Cancels the session's running turn (its worker stops it, saved and marked
     interrupted), else its oldest queued turn (cancelled at once, it never runs).
@@ -44,10 +53,17 @@ from collections.abc import Callable
 from typing import Any
 
 import orjson
+import trio
 from starlette.requests import Request
 from starlette.responses import Response
 
-from actors.stores.turns import FINAL_STATUSES
+from runtime.app.web.answers import (
+    awaited_calls,
+    check_and_record,
+    is_continuation,
+    pending_in,
+    waiting_in_meta,
+)
 from runtime.app.web.chat_input import check_media, read_chat_request, title_of
 from runtime.app.web.http import ApiError, json_response, session_id_param, web_state
 from runtime.app.web.resume import (
@@ -60,6 +76,7 @@ from runtime.app.web.resume import (
 )
 from runtime.app.web.ui_stream import error_text, sse, ui_messages
 from runtime.app.web.watch import POLL_FIRST, POLL_MAX, TurnWatch
+from runtime.approval import Decision, Recorded, pending_calls
 from runtime.errors import (
     QueueFull,
     RelayTurnGone,
@@ -68,9 +85,11 @@ from runtime.errors import (
     StoreUnavailable,
     TurnConflict,
 )
+from runtime.events import ToolApprovalDecided
 from runtime.logging import get_logger
 from runtime.messages import UserContent
 from runtime.serde import unstructure
+from runtime.turn_queue import FINAL_STATUSES, RUNNING, WAITING, Decided, TurnQueue
 
 
 def idempotency_key(session_id: str, payload: dict[str, Any], regenerate: bool) -> str | None:
@@ -108,7 +127,7 @@ class QueuedTurnResponse(RelayStreamResponse):
     """Streams a queued turn from the relay once a worker streams it; the client leaving
     only stops this stream, never the turn."""
 
-    def __init__(self, *args: Any, queue: Any, watch: TurnWatch | None = None, **kwargs: Any):
+    def __init__(self, *args: Any, queue: TurnQueue, watch: TurnWatch | None = None, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.queue = queue
         self.watch = watch if watch is not None else TurnWatch(queue)
@@ -121,7 +140,13 @@ class QueuedTurnResponse(RelayStreamResponse):
             while True:
                 try:
                     await self._relay_events(write, encoder)
-                    return
+                    if self.sent or not await self._continuing():
+                        return
+                    # The stream ends at a wait whose continuation a worker is about
+                    # to stream (decided a moment ago): look at the relay again soon.
+                    await trio.sleep(delay)
+                    delay = min(delay * 2, POLL_MAX)
+                    continue
                 except RelayTurnGone as exc:
                     if self.sent:  # lost mid-stream: the client must reload
                         await write(await self._rebuilt(exc, replay=False))
@@ -135,7 +160,7 @@ class QueuedTurnResponse(RelayStreamResponse):
                 if status is None:
                     await write(_error(f"turn {self.turn_id!r} does not exist"))
                     return
-                if status in FINAL_STATUSES:
+                if status in FINAL_STATUSES or status == WAITING:
                     turn = await self.queue.get(self.turn_id)
                     if turn is None:
                         await write(_error(f"turn {self.turn_id!r} does not exist"))
@@ -146,6 +171,12 @@ class QueuedTurnResponse(RelayStreamResponse):
                     delay = min(delay * 2, POLL_MAX)
         except RelayUnavailable as exc:
             await write(unavailable_event(exc))
+
+    async def _continuing(self) -> bool:
+        """Whether the turn runs although its stream, read to its end, showed nothing:
+        it waited for input, and its continuation has not streamed yet."""
+        turn = await self.queue.get_status(self.turn_id)
+        return turn is not None and turn.status == RUNNING
 
     async def _finished(self, turn: Any, write: Any, encoder: RelayEncoder) -> None:
         """The end of a turn that finished while no stream of it was read: its stream
@@ -181,11 +212,11 @@ def _error(text: str) -> bytes:
 
 
 class FrontEnd:
-    """The endpoints of a front end: ``store`` (PostgreSQL, shared with the workers),
-    ``queue`` (its :class:`~actors.stores.turns.TurnQueue`) and ``relay`` (the one the
-    workers write to)."""
+    """The endpoints of a front end: ``store`` (shared with the workers), ``queue`` (the
+    :class:`~runtime.turn_queue.TurnQueue` in it) and ``relay`` (the one the workers
+    write to)."""
 
-    def __init__(self, *, store: Any, queue: Any, relay: Any) -> None:
+    def __init__(self, *, store: Any, queue: TurnQueue, relay: Any) -> None:
         self.store = store
         self.queue = queue
         self.relay = relay
@@ -202,7 +233,15 @@ class FrontEnd:
             "info": self.info,
         }
 
-    def _response(self, request: Request, turn: Any, after_seq: int | None) -> Any:
+    def _response(
+        self,
+        request: Request,
+        turn: Any,
+        after_seq: int | None,
+        *,
+        after_pauses: int = 0,
+        announced: tuple[str, ...] = (),
+    ) -> Any:
         state = web_state(request)
         return QueuedTurnResponse(
             self.relay,
@@ -215,11 +254,15 @@ class FrontEnd:
             background=state.background,
             queue=self.queue,
             watch=self.watch,
+            after_pauses=after_pauses,
+            announced=announced,
         )
 
     async def chat(self, request: Request) -> Any:
         state = web_state(request)
-        payload, session_id, text, regenerate = await read_chat_request(request)
+        payload, session_id, text, regenerate = await read_chat_request(request, answers=True)
+        if is_continuation(payload):
+            return await self._continue(request, session_id, payload)
         check_media(text, state.agent_for(session_id))
         turn = await self._submit(
             session_id,
@@ -257,13 +300,52 @@ class FrontEnd:
             )
             raise ApiError(400, _one_line(exc)) from None
 
+    async def _continue(self, request: Request, session_id: str, payload: dict[str, Any]) -> Any:
+        """The AI SDK's answers for a waiting turn: recorded through the queue; the
+        request whose answers complete the turn's decisions streams its continuation."""
+        state = web_state(request)
+        tools = {t.name: t for t in state.agent_for(session_id).tools}
+        decided: list[Decided] = []
+
+        async def record(key: str, decision: Decision) -> Recorded:
+            try:
+                outcome = await self.queue.decide(session_id, key, decision, tools)
+            except StoreUnavailable as exc:
+                raise ApiError(503, _one_line(exc), {"retry-after": "1"}) from None
+            decided.append(outcome)
+            call = outcome.recorded.call
+            if call.kind == "approval":
+                await state.host.bus.publish(
+                    ToolApprovalDecided(
+                        session_id=session_id,
+                        tool_call_id=call.tool_call_id,
+                        approved=bool(decision.approved),
+                        reason=decision.reason,
+                        turn_id=call.turn_id,
+                        causation_id=call.approval_id,
+                    )
+                )
+            return outcome.recorded
+
+        announced, complete = await check_and_record(self.store, session_id, tools, payload, record)
+        if not complete:  # other calls still wait: whoever decides the last one resumes
+            waiting = len(await pending_in(self.store, session_id))
+            return json_response({"recorded": True, "waiting": waiting}, 202)
+        turn = decided[-1].turn
+        return self._response(request, turn, None, after_pauses=turn.resumes, announced=announced)
+
     async def stream(self, request: Request) -> Any:
         session_id = session_id_param(request.path_params["session_id"])
         after_seq = parse_after_seq(request)
         turn = await self._active(session_id)
         if turn is None:
             return Response(status_code=204)
-        return self._response(request, turn, after_seq)
+        announced: tuple[str, ...] = ()
+        if turn.resumes:  # a continuation: the calls it answers were streamed before it
+            record = await self.store.load(session_id)
+            messages = record.messages if record is not None else ()
+            announced = awaited_calls(messages, turn.message_id)
+        return self._response(request, turn, after_seq, announced=announced)
 
     async def _active(self, session_id: str) -> Any:
         """The turn to show for the session: the one streaming, else its running or
@@ -296,6 +378,7 @@ class FrontEnd:
                         "title": info.meta.get("title"),
                         "message_count": info.message_count,
                         "busy": info.session_id in busy,
+                        "waiting": waiting_in_meta(info.meta),
                         "meta": info.meta,
                     }
                     for info in infos
@@ -313,6 +396,7 @@ class FrontEnd:
                 "session_id": session_id,
                 "title": record.meta.get("title"),
                 "busy": await self.queue.active(session_id) is not None,
+                "waiting": len(pending_calls(record.messages)),
                 "meta": record.meta,
                 "messages": unstructure(list(record.messages)),
                 "ui_messages": ui_messages(record.messages),

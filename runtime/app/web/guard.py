@@ -125,7 +125,8 @@ def is_json(content_type: str | None) -> bool:
 def refusal_body(path: str, message: str) -> dict[str, Any]:
     """A refusal in the error shape of the protocol ``path`` belongs to: OpenAI's for
     ``/v1/`` (:mod:`runtime.app.web.openai_compat`), A2A's for ``/a2a/``
-    (:mod:`runtime.app.web.a2a`), so their SDKs read the reason; else
+    (:mod:`runtime.app.web.a2a`), so their SDKs read the reason, a JSON-RPC error for
+    ``/mcp`` (:mod:`runtime.app.web.mcp_endpoint`); else
     ``{"error": message}``."""
     if path.startswith("/v1/"):
         error = {"message": message, "type": "invalid_request_error", "param": None, "code": None}
@@ -134,6 +135,8 @@ def refusal_body(path: str, message: str) -> dict[str, Any]:
         return {"jsonrpc": "2.0", "id": None, "error": {"code": -32600, "message": message}}
     if path.startswith("/a2a/"):  # A2A's HTTP+JSON binding: a google.rpc.Status
         return {"error": {"code": 403, "status": "PERMISSION_DENIED", "message": message}}
+    if path == "/mcp" or path.startswith("/mcp/"):  # a JSON-RPC error, as MCP's transport's
+        return {"jsonrpc": "2.0", "id": None, "error": {"code": -32600, "message": message}}
     return {"error": message}
 
 

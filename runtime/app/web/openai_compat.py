@@ -70,6 +70,7 @@ from runtime.app.web.openai_wire import (
     bad_request,
     parse_chat_request,
 )
+from runtime.busy import ENQUEUE, REJECT, STEER, OnBusy
 from runtime.errors import (
     InvalidHistory,
     InvalidMedia,
@@ -112,6 +113,14 @@ def error_response(error: OpenAIError, headers: dict[str, str] | None = None) ->
 # -- the responses ------------------------------------------------------------------------
 
 
+def one_answer_each(session: Any) -> OnBusy:
+    """The busy strategy of a completion request: the session's, except that ``steer``
+    becomes ``enqueue``: a request of this API gets its own answer, and a steered
+    message's answer would go to another request's (:mod:`runtime.busy`)."""
+    strategy: OnBusy = session.on_busy
+    return ENQUEUE if strategy == STEER else strategy
+
+
 def _busy(session: Any) -> Response:
     busy = OpenAIError(
         409, f"session {session.id!r} is already running a turn", code="session_busy"
@@ -134,7 +143,8 @@ class CompletionWhole:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         session = self.session
         await session.reopen()
-        if session.busy:
+        strategy = one_answer_each(session)
+        if session.busy and strategy == REJECT:
             await _busy(session)(scope, receive, send)
             return
         if "title" not in session.meta:
@@ -142,7 +152,7 @@ class CompletionWhole:
         busy = False
         async with trio.open_nursery() as nursery:
             try:
-                async with session.stream(self.text) as out:
+                async with session.stream(self.text, on_busy=strategy) as out:
                     nursery.start_soon(_watch_disconnect, receive, out)
                     async for chunk in out:
                         self.encoder.chunks(chunk)
@@ -303,6 +313,7 @@ class OpenAIRoutes:
                     encoder=lambda: encoder,
                     headers={**STREAM_HEADERS, **_session_header(session, named)},
                     busy=_busy,
+                    on_busy=one_answer_each(session),
                 )
             return CompletionWhole(session, chat.input, encoder, named=named)
 

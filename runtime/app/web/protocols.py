@@ -1,4 +1,4 @@
-"""Which outside protocols ``serve`` speaks: ``--protocols ai-sdk,ag-ui,openai``.
+"""Which outside protocols ``serve`` speaks: ``--protocols ai-sdk,ag-ui,openai,mcp``.
 
 Every protocol is a thin adapter over the same session and turn machinery, behind the
 same Host, Origin and token checks. :data:`PROTOCOLS` are the names the option accepts;
@@ -12,24 +12,27 @@ same Host, Origin and token checks. :data:`PROTOCOLS` are the names the option a
 * ``ag-ui``: ``POST /ag-ui``, a ``RunAgentInput`` answered with AG-UI events
   (:mod:`runtime.app.web.agui`);
 * ``a2a``: the Agent Card at ``/.well-known/agent-card.json`` and the A2A bindings under
-  ``/a2a/`` (:mod:`runtime.app.web.a2a`).
+  ``/a2a/`` (:mod:`runtime.app.web.a2a`);
+* ``mcp``: the agent as an MCP tool over streamable HTTP at ``/mcp``
+  (:mod:`runtime.app.web.mcp_endpoint`).
 """
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Collection
+from collections.abc import AsyncIterator, Collection
+from contextlib import asynccontextmanager
 from typing import Any
 
 PROTOCOLS: tuple[str, ...] = ("ai-sdk", "ag-ui", "a2a", "openai", "mcp")
 """Every protocol name ``--protocols`` knows."""
 
-BUILT: frozenset[str] = frozenset({"ai-sdk", "ag-ui", "a2a", "openai"})
+BUILT: frozenset[str] = frozenset({"ai-sdk", "ag-ui", "a2a", "openai", "mcp"})
 """The protocols this version serves."""
 
 DEFAULT: tuple[str, ...] = ("ai-sdk",)
 
-EMBEDDED_ONLY: tuple[str, ...] = ("openai", "ag-ui", "a2a")
+EMBEDDED_ONLY: tuple[str, ...] = ("openai", "ag-ui", "a2a", "mcp")
 """Protocols that run turns in the serving process: a worker deployment's front end does
 not serve them yet."""
 
@@ -104,6 +107,27 @@ def mount_protocols(
         app.router.routes.append(Route(CARD_PATH, a2a.card, methods=["GET"]))
         app.router.routes.append(Mount(PREFIX, app=a2a))
         # its tasks run on the app's host, whose shutdown cancels them with the rest
+    if "mcp" in protocols:
+        _mount_mcp(app, state, token=token)
+
+
+def _mount_mcp(app: Any, state: Any, *, token: str | None) -> None:
+    """``/mcp`` (:mod:`runtime.app.web.mcp_endpoint`), its transport run for the app's
+    lifespan (wrapped around the app's own, inside it)."""
+    from starlette.routing import Route  # as for openai: only when serving
+
+    from runtime.app.web.mcp_endpoint import PATH, MCPEndpoint
+
+    endpoint = MCPEndpoint(state, token=token)
+    app.router.routes.append(Route(PATH, endpoint=endpoint))
+    inner = app.router.lifespan_context
+
+    @asynccontextmanager
+    async def lifespan(started: Any) -> AsyncIterator[Any]:
+        async with inner(started) as value, endpoint.running():
+            yield value
+
+    app.router.lifespan_context = lifespan
 
 
 __all__ = [

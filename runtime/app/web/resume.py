@@ -23,6 +23,7 @@ client to reload the session.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import trio
@@ -61,8 +62,8 @@ class RelayEncoder(UIStreamEncoder):
     ``start`` would open a second one, so a ``start`` for a message id already started is
     dropped."""
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, announced: Iterable[str] = ()) -> None:
+        super().__init__(announced)
         self._reset_step: int | None = None
         self._started: set[str] = set()
 
@@ -179,12 +180,19 @@ class RelayStreamResponse:
         keepalive: float,
         send_timeout: float | None,
         background: trio.Nursery | None,
+        after_pauses: int = 0,
+        announced: Iterable[str] = (),
     ) -> None:
         self.relay = relay
         self.store = store
         self.session_id = session_id
         self.turn_id = turn_id
         self.after_seq = after_seq
+        self.after_pauses = after_pauses
+        """Stream only what follows the turn's ``after_pauses``-th wait for input (the
+        continuation a decision started)."""
+        self.announced = tuple(announced)
+        """Calls the client knows (a continuation's waiting calls): no input for them again."""
         self.keepalive = keepalive
         self.send_timeout = send_timeout
         self.background = background
@@ -210,7 +218,7 @@ class RelayStreamResponse:
                 writer.abandon()
 
     async def _pump(self, receive: Receive, writer: BodyWriter) -> bool:
-        encoder = RelayEncoder()
+        encoder = RelayEncoder(self.announced)
         alive = True
         last_write = trio.current_time()
 
@@ -257,7 +265,8 @@ class RelayStreamResponse:
     async def _relay_events(self, write: Any, encoder: RelayEncoder) -> None:
         """Write the turn's events from the relay until it ends (:attr:`sent` tells
         whether any went out, also when this raised)."""
-        async for chunk in self.relay.read(self.turn_id, after_seq=self.after_seq):
+        pauses = {"after_pauses": self.after_pauses} if self.after_pauses else {}
+        async for chunk in self.relay.read(self.turn_id, after_seq=self.after_seq, **pauses):
             data = encoder.events(chunk)
             if data:
                 self.sent = True

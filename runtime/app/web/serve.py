@@ -28,18 +28,18 @@ from typing import Any
 
 import trio
 
-from actors.plugins.otel import OpenTelemetryActor, build_tracer_provider
 from actors.relays import RedisRelay, attach_relay
 from actors.relays.redis_streams import public_url
-from actors.stores.postgres import PostgresStore
-from actors.stores.turns import TurnQueue
+from actors.stores import turn_queue
 from runtime.app.commands import (
     MCP_HELP,
     add_agent_arguments,
     add_input_limit_arguments,
     add_log_level_argument,
+    add_plugin_argument,
     input_limits,
     make_agent,
+    make_plugins,
     positive,
     report_bad_input,
 )
@@ -47,6 +47,7 @@ from runtime.app.host import Host
 from runtime.app.web import BODY_TIMEOUT, DEFAULT_MAX_BODY, SEND_TIMEOUT
 from runtime.app.web.protocols import DEFAULT as DEFAULT_PROTOCOLS
 from runtime.app.web.protocols import EMBEDDED_ONLY, parse_protocols, unbuilt_refusal
+from runtime.busy import STRATEGIES
 from runtime.errors import ConfigurationError, RelayUnavailable, reraise, sole_exception
 from runtime.logging import configure_logging
 from runtime.redact import redact_url
@@ -67,7 +68,7 @@ def _cap(value: str) -> int:
 
 
 def queue_caps(args: argparse.Namespace) -> dict[str, Any]:
-    """The :class:`~actors.stores.turns.TurnQueue` caps ``serve``'s options set: only
+    """The turn queue's caps ``serve``'s options set (:func:`actors.stores.turn_queue`): only
     those given (the queue's defaults otherwise), ``off`` as ``None``."""
     given = {
         "max_queued_per_session": args.max_queued_per_session,
@@ -113,6 +114,15 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
         help="key prefix of the relay's streams (default 'axon:'; workers must agree)",
     )
     add(
+        "--on-busy",
+        choices=STRATEGIES,
+        default=None,
+        help="what a message for a session whose turn runs does: reject it (409), enqueue "
+        "its turn after the running one, interrupt the running turn, or steer it (the "
+        "message joins it at its next step) (default: the agent's on_busy, reject; "
+        "docs/approval.md)",
+    )
+    add(
         "--run-turns-here",
         action="store_true",
         help="with a postgresql:// --store and --redis, run turns in this process as "
@@ -141,7 +151,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
         metavar="NAMES",
         help="the protocols to serve, comma-separated: ai-sdk (the page and /api/), ag-ui "
         "(POST /ag-ui), openai (/v1/chat/completions, /v1/models), a2a (the Agent Card and "
-        "/a2a/); mcp is not available yet (default: ai-sdk; docs/protocols.md)",
+        "/a2a/), mcp (the agent as an MCP tool at /mcp) (default: ai-sdk; docs/protocols.md)",
     )
     add(
         "--token",
@@ -209,8 +219,10 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     add(
         "--otel",
         action="store_true",
-        help="export OpenTelemetry traces, configured by the OTEL_* variables (docs/telemetry.md)",
+        help="export OpenTelemetry traces, configured by the OTEL_* variables "
+        "(docs/telemetry.md; --plugin otel)",
     )
+    add_plugin_argument(parser)
     parser.set_defaults(jsonl=False)
     return parser
 
@@ -355,13 +367,11 @@ async def serve_command(args: argparse.Namespace) -> int:
             "reach it can run the agent",
             file=sys.stderr,
         )
-    tracing = None
-    if args.otel:
-        try:
-            tracing = OpenTelemetryActor(tracer_provider=build_tracer_provider())
-        except ConfigurationError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
+    try:
+        plugins = make_plugins(args)
+    except ConfigurationError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     async with AsyncExitStack() as stack:
         relay = None
         if args.redis:
@@ -381,13 +391,12 @@ async def serve_command(args: argparse.Namespace) -> int:
         )
         queue = None
         if is_front_end(args):  # the host only lends its store: it runs no turn
-            assert isinstance(host.store, PostgresStore)  # a postgresql:// URL opens one
-            queue = TurnQueue(host.store, **queue_caps(args))
+            queue = turn_queue(host.store, **queue_caps(args))
             stack.push_async_callback(queue.aclose)
         elif relay is not None:
             await attach_relay(host, relay)
-        if tracing is not None:
-            await host.start_actor(tracing)
+        for plugin in plugins:
+            await host.start_actor(plugin)
         app = create_app(
             host,
             agent,
@@ -400,6 +409,7 @@ async def serve_command(args: argparse.Namespace) -> int:
             relay=relay,
             queue=queue,
             protocols=protocols,
+            on_busy=getattr(args, "on_busy", None),
         )
 
         async def shutdown_trigger() -> None:
@@ -433,13 +443,24 @@ async def serve_command(args: argparse.Namespace) -> int:
                     f"{'agent ' + args.agent if args.agent else 'provider ' + args.provider}"
                     f", store {redact_url(args.store or 'memory')}"
                     f"{', relay ' + public_url(args.redis) if relay is not None else ''}"
-                    f"{', OpenTelemetry traces' if tracing is not None else ''}"
+                    f"{plugins_banner(plugins)}"
                     f"{', OpenAI API ' + url + '/v1' if 'openai' in protocols else ''}"
                     f"{', AG-UI ' + url + '/ag-ui' if 'ag-ui' in protocols else ''}"
-                    f"{', A2A agent ' + url if 'a2a' in protocols else ''})",
+                    f"{', A2A agent ' + url if 'a2a' in protocols else ''}"
+                    f"{', MCP ' + url + '/mcp' if 'mcp' in protocols else ''})",
                     flush=True,
                 )
     return 0
+
+
+def plugins_banner(plugins: list[Any]) -> str:
+    """What the banner says of the running plug-ins (``OpenTelemetry traces`` for
+    ``otel``, as before plug-ins had names)."""
+    names = [
+        "OpenTelemetry traces" if plugin.name == "otel" else f"plug-in {plugin.name}"
+        for plugin in plugins
+    ]
+    return "".join(f", {name}" for name in names)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -25,7 +25,7 @@ stream closes with ``data: [DONE]\\n\\n``. The mapping:
 * ``tool-output-denied`` -> ``tool-output-denied`` (``toolCallId``);
 * ``finish`` -> ``finish`` (``finishReason``, ``tool-calls`` for a turn that suspended
   waiting for input; ``messageMetadata``: the runtime's own finish reason and the summed
-  ``usage``);
+  ``usage``, its ``cost`` in US dollars when known);
 * ``error`` -> ``error`` (``errorText``: ``"Kind: message"``);
 * ``abort`` -> ``abort`` (``reason``).
 
@@ -284,6 +284,8 @@ def _assistant(message: AssistantMessage, results: dict[str, ToolMessage]) -> di
     if message.error is not None:  # failed: not interrupted, and the UI can say why
         metadata["failed"] = True
         metadata["errorText"] = error_text(message.error.kind, message.error.message)
+    if message.usage is not None:  # as the stream's finish gave it (tokens and cost)
+        metadata["usage"] = _usage(message.usage)
     return {"id": message.id, "role": "assistant", "parts": parts, "metadata": metadata}
 
 

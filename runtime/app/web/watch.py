@@ -7,7 +7,7 @@ viewers (300 viewers of queued turns: ~410 commits a second). Here the viewers o
 front end share one look instead: :meth:`TurnWatch.changed` waits until the turn's status
 is no longer the one its caller saw, and while anyone waits one task at a time (a
 waiter, not a background task: nothing runs when nobody waits) reads the statuses of
-*every* watched turn in one query (:meth:`actors.stores.turns.TurnQueue.statuses`),
+*every* watched turn in one query (:meth:`runtime.turn_queue.TurnQueue.statuses`),
 then wakes them all. The look comes ``first`` seconds after a turn is first watched, then
 backs off to every ``most`` seconds while nothing changes: the queries a front end sends
 depend on time, not on how many viewers it has.
@@ -20,6 +20,8 @@ from typing import Any, Final
 
 import trio
 
+from runtime.turn_queue import TurnQueue
+
 POLL_FIRST: Final = 0.02
 """Seconds from a turn's first watcher to the look that answers it."""
 POLL_MAX: Final = 0.5
@@ -30,9 +32,11 @@ _UNSEEN: Final = object()
 
 class TurnWatch:
     """The statuses of the turns a front end's viewers wait for, read for all at once
-    from ``queue`` (a :class:`~actors.stores.turns.TurnQueue`)."""
+    from ``queue`` (a :class:`~runtime.turn_queue.TurnQueue`)."""
 
-    def __init__(self, queue: Any, *, first: float = POLL_FIRST, most: float = POLL_MAX) -> None:
+    def __init__(
+        self, queue: TurnQueue, *, first: float = POLL_FIRST, most: float = POLL_MAX
+    ) -> None:
         self.queue = queue
         self.first = first
         self.most = most

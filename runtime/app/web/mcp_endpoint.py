@@ -1,0 +1,126 @@
+"""``serve --protocols mcp``: the served agent as an MCP tool, over streamable HTTP at ``/mcp``.
+
+Mounted by :func:`runtime.app.web.protocols.mount_protocols`. The MCP side (the tool, its
+calls, progress and errors) is :mod:`runtime.app.mcp_tools`, shared with the stdio server;
+this module puts it behind the web app: the official ``mcp`` package's
+``StreamableHTTPSessionManager`` speaks the transport (both protocol eras: the
+``initialize`` handshake with an ``Mcp-Session-Id``, and the 2026 per-request envelope),
+run for the app's lifespan, and every turn runs on the app's host through its
+:class:`~runtime.app.web.app.WebState`, so MCP calls and chat-page turns share sessions,
+store and observers.
+
+The checks are the app's: the app-wide guard (:mod:`runtime.app.web.guard`) refuses a
+``Host`` it does not answer and a state-changing request from another origin (403, here
+as a JSON-RPC error body), before the transport sees it, so the package's own
+DNS-rebinding settings are left off rather than kept as a second, different list; with
+``--token`` every request needs ``Authorization: Bearer <token>`` (401 in the shape the
+``mcp`` package's own bearer-auth middleware answers: ``{"error": "invalid_token",
+"error_description": ...}`` and a ``WWW-Authenticate: Bearer`` challenge), and a POST
+whose body is not sent as ``application/json`` 415 (a page can send ``text/plain``
+cross-origin without asking; JSON needs a CORS preflight). The transport
+itself answers a missing ``Accept`` (406), an unknown or
+forged ``Mcp-Session-Id`` (404) and a body over ``--max-body`` (413), each as a JSON-RPC
+error.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import orjson
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from runtime.app.mcp_tools import AgentTools, build_server
+from runtime.app.web.guard import is_json
+
+PATH = "/mcp"
+
+
+def jsonrpc_error(status: int, message: str, code: int = -32600) -> Response:
+    """A JSON-RPC error with no id (an HTTP-level refusal), as the transport answers."""
+    body = {"jsonrpc": "2.0", "id": None, "error": {"code": code, "message": message}}
+    return Response(orjson.dumps(body), status_code=status, media_type="application/json")
+
+
+def token_refusal(description: str) -> Response:
+    """401 as the ``mcp`` package's ``RequireAuthMiddleware`` answers it."""
+    challenge = f'Bearer error="invalid_token", error_description="{description}"'
+    return Response(
+        orjson.dumps({"error": "invalid_token", "error_description": description}),
+        status_code=401,
+        headers={"www-authenticate": challenge},
+        media_type="application/json",
+    )
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    for key, value in scope["headers"]:
+        if key == name:
+            return str(value.decode("latin-1"))
+    return None
+
+
+class MCPEndpoint:
+    """The ASGI app at ``/mcp`` over the web app's ``state``; :meth:`running` is entered
+    for the app's lifespan (the session manager's task group lives there)."""
+
+    def __init__(self, state: Any, *, token: str | None) -> None:
+        from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+
+        self.tools = AgentTools(state)
+        self.server = build_server(self.tools)
+        self.manager = StreamableHTTPSessionManager(
+            app=self.server,
+            security_settings=None,  # the app's guard checks Host and Origin (module doc)
+            max_request_body_size=state.max_body,
+        )
+        self.token = token.encode() if token else None
+        self.started = False
+
+    @asynccontextmanager
+    async def running(self) -> AsyncIterator[None]:
+        """Run the transport's sessions for the time of the block (the app's lifespan)."""
+        async with self.manager.run():
+            self.started = True
+            try:
+                yield
+            finally:
+                self.started = False
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":  # pragma: no cover - Starlette routes only HTTP here
+            return
+        if self.token is not None and not self._authorized(scope):
+            await token_refusal("missing or wrong bearer token")(scope, receive, send)
+            return
+        if scope["method"] == "POST" and not is_json(_header(scope, b"content-type")):
+            # Before the transport, whose own check answers 400 in plain text for some
+            # types: a form or a no-cors fetch from a page sends text/plain.
+            refusal = jsonrpc_error(
+                415, "Unsupported Media Type: Content-Type must be application/json"
+            )
+            await refusal(scope, receive, send)
+            return
+        if not self.started:
+            refusal = jsonrpc_error(503, "the MCP endpoint runs while the app's lifespan does")
+            await refusal(scope, receive, send)
+            return
+        await self.manager.handle_request(scope, receive, send)
+
+    def _authorized(self, scope: Scope) -> bool:
+        assert self.token is not None
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                scheme, _, credentials = value.partition(b" ")
+                if scheme.lower() == b"bearer" and hmac.compare_digest(
+                    credentials.strip(), self.token
+                ):
+                    return True
+        return False
+
+
+__all__ = ["PATH", "MCPEndpoint", "jsonrpc_error"]

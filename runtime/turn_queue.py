@@ -1,0 +1,311 @@
+"""The durable turn queue contract: turns as rows any worker may claim, run and commit.
+
+In the worker deployment (docs/deployment.md) front ends *submit* user inputs to a queue
+that lives in the shared store, and worker processes *claim* them, run them under a
+lease, commit every step fenced by their claim, and *finish* them. This module states
+what a front end and a worker need of that queue (:class:`TurnQueue`) and the values it
+hands out (:class:`TurnStatus`, :class:`QueuedTurn`, :class:`Claim`, :class:`Renewal`),
+so that the worker and the front end depend on no particular database. PostgreSQL's
+implementation is :class:`actors.stores.turns.TurnQueue`; the application obtains one
+through :func:`actors.stores.turn_queue`, keyed by the store's URL.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
+from typing import Any, Final, Protocol, runtime_checkable
+
+import attrs
+
+from runtime.approval import AWAITING_INPUT, Decision, Recorded
+from runtime.messages import UserContent
+from runtime.store import Store
+
+QUEUED: Final = "queued"
+RUNNING: Final = "running"
+DONE: Final = "done"
+FAILED: Final = "failed"
+CANCELLED: Final = "cancelled"
+FINAL_STATUSES: Final = frozenset({DONE, FAILED, CANCELLED})
+"""The statuses a turn ends in; :meth:`TurnQueue.finish` accepts only these."""
+WAITING: Final = AWAITING_INPUT
+"""A turn that suspended to wait for a person (docs/approval.md): no owner, no lease,
+nothing held; the decision that completes its calls puts it back to be claimed."""
+SUPERSEDED: Final = "superseded"
+"""The finish reason of a waiting turn that a later turn of its session replaced."""
+
+
+@attrs.frozen(kw_only=True, slots=True)
+class TurnStatus:
+    """Where a turn stands, without its input: what front ends poll and show.
+
+    Status reads (:meth:`TurnQueue.get_status`, :meth:`~TurnQueue.active`,
+    :meth:`~TurnQueue.request_cancel`) never decode a turn's input, which may be
+    thousands of parts. A :class:`QueuedTurn` is a status with its input."""
+
+    turn_id: str
+    session_id: str
+    seq: int
+    """Submission order across the whole queue: orders a session's turns."""
+    status: str
+    """``queued``, ``running``, ``done``, ``failed``, ``cancelled`` or ``awaiting-input``."""
+    owner: str | None
+    epoch: int
+    """Bumped by every claim: the fence that tells the current worker from earlier ones."""
+    attempts: int
+    saved: bool
+    """A fenced save of this turn committed (it may have steps in the session)."""
+    cancel_requested: bool
+    cancel_reason: str | None
+    finish_reason: str | None
+    error: str | None
+    resumes: int = 0
+    """How many times the turn went on after waiting for input: its continuation number
+    (the relay stream's pauses it follows)."""
+    expires_at: float | None = None
+    """While it waits: when the wait expires (wall-clock seconds since the epoch)."""
+
+    @property
+    def message_id(self) -> str:
+        """The id of the turn's assistant message: stable, so a worker taking the turn
+        over continues the message its predecessor saved instead of starting another."""
+        return f"msg_{self.turn_id}"
+
+    @property
+    def finished(self) -> bool:
+        """The turn ended (``done``, ``failed`` or ``cancelled``)."""
+        return self.status in FINAL_STATUSES
+
+    @property
+    def waiting(self) -> bool:
+        """The turn waits for a person's input (``awaiting-input``)."""
+        return self.status == WAITING
+
+
+@attrs.frozen(kw_only=True, slots=True)
+class QueuedTurn(TurnStatus):
+    """One queued turn: a user input and where its run stands."""
+
+    input: UserContent
+    meta: dict[str, Any]
+    """What the front end attached to the turn (merged into the session's meta by the runner)."""
+    regenerate: bool
+    """Replace the session's last answer instead of adding a new input."""
+    idempotency_key: str | None
+    """The queue's unique key of this submission (a hash of the caller's key, the input
+    and the turn an edit replaces), not the caller's key; ``None`` for an unkeyed one."""
+
+
+@attrs.frozen(kw_only=True, slots=True)
+class Claim:
+    """A worker's hold on a running turn: the turn as claimed and its ``(owner, epoch)``."""
+
+    turn: QueuedTurn
+    owner: str
+    epoch: int
+    takeover: bool
+    """Another worker held the turn before (its lease expired or it released the turn):
+    the session may already hold steps of this turn, which the runner resumes from."""
+    resumed: bool = False
+    """The turn waited for input and its calls are decided now: this claim runs its
+    continuation (in the same assistant message, its relay stream going on after the
+    wait), not a takeover."""
+
+
+@attrs.frozen(kw_only=True, slots=True)
+class Decided:
+    """What :meth:`TurnQueue.decide` recorded: the decision, and the waiting turn's row
+    as it stands after it (put back to be claimed, ``resumes`` counted, when the
+    decision was the last its turn waited for)."""
+
+    recorded: Recorded
+    turn: TurnStatus
+
+
+@attrs.frozen(kw_only=True, slots=True)
+class Renewal:
+    """What a lease renewal learnt: whether the lease still holds, and whether someone
+    asked for the turn to be cancelled."""
+
+    held: bool
+    cancel_requested: bool = False
+    cancel_reason: str | None = None
+
+
+class LeaseRenewer(Protocol):
+    """Renews leases from a thread of the worker's own (:class:`runtime.app.worker.LeaseKeeper`),
+    on a connection of its own, so that nothing the event loop does can delay a renewal.
+    Blocking; a renewal that raises is retried on a new renewer."""
+
+    def renew(self, turn_id: str, owner: str, epoch: int) -> Renewal:
+        """Extend the lease of the claim ``(turn_id, owner, epoch)``, if it still holds."""
+        ...
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class TurnQueue(Protocol):
+    """Durable turns in a shared store: what a front end submits and reads, and what a
+    worker claims, holds and ends.
+
+    Turns of one session run one at a time, in submission order; turns of different
+    sessions run in parallel on any workers. A claim is a lease of :attr:`lease`
+    seconds: a worker that stops renewing loses the turn, and the next claim takes it
+    over (``epoch + 1``); every save of the session made inside :meth:`fenced` is refused
+    once the claim no longer holds the turn."""
+
+    @property
+    def store(self) -> Store:
+        """The store the queue lives in: the sessions its turns run on."""
+        ...
+
+    @property
+    def lease(self) -> float:
+        """Seconds a claim or renewal holds a turn."""
+        ...
+
+    # -- front ends -------------------------------------------------------------------------
+
+    async def submit(
+        self,
+        session_id: str,
+        input: UserContent,
+        *,
+        idempotency_key: str | None = None,
+        meta: dict[str, Any] | None = None,
+        regenerate: bool = False,
+        turn_id: str | None = None,
+    ) -> QueuedTurn:
+        """Queue a turn for ``session_id`` and wake the workers; a resubmit with the same
+        ``idempotency_key`` and input returns the turn already queued. Raises
+        :class:`~runtime.errors.QueueFull` over a cap, :class:`~runtime.errors.TurnConflict`
+        for a key another turn holds."""
+        ...
+
+    async def get(self, turn_id: str) -> QueuedTurn | None: ...
+
+    async def get_status(self, turn_id: str) -> TurnStatus | None:
+        """Where the turn stands, its input not read."""
+        ...
+
+    async def active(self, session_id: str) -> TurnStatus | None:
+        """The session's running turn, else its oldest queued one, else ``None``."""
+        ...
+
+    async def statuses(self, turn_ids: list[str]) -> dict[str, str]:
+        """The status of each of ``turn_ids`` that exists, in one read."""
+        ...
+
+    async def busy_sessions(self) -> set[str]:
+        """The sessions with a turn queued or running."""
+        ...
+
+    async def request_cancel(self, turn_id: str, reason: str = "cancelled") -> TurnStatus | None:
+        """Cancel a turn: a queued one at once, a running one through its worker."""
+        ...
+
+    async def turns(self, session_id: str) -> list[QueuedTurn]:
+        """Every turn of the session, in submission order."""
+        ...
+
+    async def wait_finished(self, turn_id: str, timeout: float) -> QueuedTurn | None:  # noqa: ASYNC109
+        """The turn once it finished, or ``None`` after ``timeout`` seconds."""
+        ...
+
+    # -- workers ----------------------------------------------------------------------------
+
+    async def claim(
+        self, owner: str, *, on_claimed: Callable[[str, str, int], None] | None = None
+    ) -> Claim | None:
+        """The next turn for worker ``owner`` to run, or ``None``; ``on_claimed(turn_id,
+        owner, epoch)`` is called as soon as it is claimed, before its input is decoded."""
+        ...
+
+    async def wait(self, timeout: float) -> bool:  # noqa: ASYNC109
+        """Block until the queue may have work (or a turn ended), or ``timeout`` passes."""
+        ...
+
+    def open_renewer(self) -> LeaseRenewer:
+        """A renewer on a connection of its own (blocking: call it from a thread)."""
+        ...
+
+    async def renew(self, claim: Claim) -> Renewal: ...
+
+    def fenced(
+        self, claim: Claim, on_lost: Callable[[], None] | None = None
+    ) -> AbstractContextManager[None]:
+        """While inside, every save of the claimed turn's session is refused
+        (:class:`~runtime.errors.LeaseLost`) once the claim no longer holds the turn;
+        ``on_lost`` is called then."""
+        ...
+
+    def close_fences(self) -> None:
+        """Refuse every fenced save from now on (a worker stopping at once)."""
+        ...
+
+    async def finish(
+        self,
+        claim: Claim,
+        *,
+        status: str,
+        finish_reason: str | None = None,
+        error: str | None = None,
+    ) -> bool:
+        """End the claimed turn with a final ``status``; ``False`` if no longer held."""
+        ...
+
+    async def release(self, claim: Claim) -> bool:
+        """Give the claimed turn back at once, to be taken over (a worker stopping)."""
+        ...
+
+    # -- turns that wait for a person ---------------------------------------------------------
+
+    async def suspend(self, claim: Claim, *, expires_at: float | None = None) -> bool:
+        """The claimed turn suspended (its calls wait for a decision, all committed): it
+        becomes ``awaiting-input`` with no owner and no lease, until ``expires_at`` (wall
+        clock; ``None``: no deadline). ``False`` (nothing written) if no longer held."""
+        ...
+
+    async def decide(
+        self, session_id: str, key: str, decision: Decision, tools: Mapping[str, Any]
+    ) -> Decided:
+        """Record ``decision`` for the waiting call ``key`` of session ``session_id``
+        (:func:`runtime.approval.record_decision`) in one transaction with its turn's
+        row: refused (:class:`~runtime.errors.AlreadyDecided`) unless the turn still
+        waits, and when it decides the turn's last waiting call, the turn is put back to
+        be claimed (:attr:`Claim.resumed`), so whichever worker is free resumes it."""
+        ...
+
+    async def take_expired(self, now: float, limit: int = 100) -> list[TurnStatus]:
+        """Waiting turns whose deadline is at or before ``now``, each held back from
+        other callers for a while (so that two workers do not expire it at once)."""
+        ...
+
+    async def set_expiry(self, turn_id: str, expires_at: float | None) -> None:
+        """The waiting turn's next deadline (after some of its calls expired)."""
+        ...
+
+    async def aclose(self) -> None:
+        """Close what the queue opened (not its store: that is the caller's)."""
+        ...
+
+
+__all__ = [
+    "CANCELLED",
+    "DONE",
+    "FAILED",
+    "FINAL_STATUSES",
+    "QUEUED",
+    "RUNNING",
+    "SUPERSEDED",
+    "WAITING",
+    "Claim",
+    "Decided",
+    "LeaseRenewer",
+    "QueuedTurn",
+    "Renewal",
+    "TurnQueue",
+    "TurnStatus",
+]

@@ -1,0 +1,148 @@
+"""Busy sessions over HTTP (docs/approval.md): ``POST /api/chat`` for a session whose turn
+runs answers by the session's strategy: 409, its own stream after the running turn, the
+running turn interrupted, or 202 once the running turn took the message (steer)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+import httpx
+import pytest
+import trio
+import trio.testing
+
+from actors.providers.scripted import ScriptedProvider
+from runtime import Agent, ConfigurationError
+from runtime.app.web.serve import add_serve_arguments
+from runtime.busy import INTERRUPTED_BY_NEW
+from runtime.events import TurnQueued
+from tests.test_busy import Script, hold, holding, look, looking
+from tests.test_web_http import body, events
+from tests.web.harness import wait_idle, web_server
+
+held: dict[str, trio.Event] = {}
+
+
+@pytest.fixture(autouse=True)
+def _fresh_gate() -> None:
+    from tests import test_busy
+
+    test_busy.held["open"], test_busy.held["release"] = trio.Event(), trio.Event()
+    held.update(test_busy.held)
+
+
+def agent_of(script: Script, on_busy: str = "reject") -> Agent:
+    return Agent(
+        provider=ScriptedProvider(responder=script),
+        tools=[hold, look],
+        on_busy=on_busy,  # type: ignore[arg-type]
+    )
+
+
+async def post(client: httpx.AsyncClient, session_id: str, text: str, into: dict) -> None:
+    into[text] = await client.post("/api/chat", json=body(session_id, text), timeout=30)
+
+
+async def test_enqueue_streams_the_second_message_after_the_first_turn():
+    script = Script(holding(), ["first done"], ["second done"])
+    agent = agent_of(script)
+    async with (
+        web_server(agent, on_busy="enqueue") as server,
+        httpx.AsyncClient(base_url=server.url) as client,
+    ):
+        replies: dict = {}
+        queueing = server.host.bus.subscribe([TurnQueued])
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(post, client, "s", "first", replies)
+            await held["open"].wait()
+            nursery.start_soon(post, client, "s", "second", replies)
+            queued = await queueing.inbox.get()
+            held["release"].set()
+        await wait_idle(server, "s")
+        stored = (await client.get("/api/sessions/s")).json()
+    first, second = (events(replies[t].content) for t in ("first", "second"))
+    assert replies["second"].status_code == 200 and queued.ahead == 1
+    assert _text(first) == "first done" and _text(second) == "second done"
+    assert [m["role"] for m in stored["ui_messages"]] == ["user", "assistant"] * 2
+
+
+async def test_interrupt_aborts_the_running_stream_and_answers_the_new_message():
+    script = Script(holding(), ["second done"])
+    async with (
+        web_server(agent_of(script, "interrupt")) as server,
+        httpx.AsyncClient(base_url=server.url) as client,
+    ):
+        replies: dict = {}
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(post, client, "s", "first", replies)
+            await held["open"].wait()
+            nursery.start_soon(post, client, "s", "second", replies)
+        await wait_idle(server, "s")
+    first, second = (events(replies[t].content) for t in ("first", "second"))
+    assert [c for c in first if isinstance(c, dict) and c["type"] == "abort"] == [
+        {"type": "abort", "reason": INTERRUPTED_BY_NEW}
+    ]
+    assert _text(second) == "second done"
+
+
+async def test_steer_answers_202_and_the_running_stream_answers_the_message():
+    script = Script(looking(), holding(), ["answer to both"])
+    async with (
+        web_server(agent_of(script, "steer")) as server,
+        httpx.AsyncClient(base_url=server.url) as client,
+    ):
+        replies: dict = {}
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(post, client, "s", "first", replies)
+            await held["open"].wait()
+            nursery.start_soon(post, client, "s", "also this", replies)
+            await trio.testing.wait_all_tasks_blocked(0.05)
+            held["release"].set()
+        await wait_idle(server, "s")
+        stored = (await client.get("/api/sessions/s")).json()
+    steered = replies["also this"]
+    assert steered.status_code == 202
+    answer = steered.json()
+    assert answer["steered"] is True and answer["messageId"].startswith("u")
+    first = events(replies["first"].content)
+    assert answer["turnId"] and _text(first) == "answer to both"
+    roles = [m["role"] for m in stored["ui_messages"]]
+    assert roles == ["user", "assistant", "user", "assistant"]
+    assert stored["ui_messages"][2]["id"] == answer["messageId"]
+
+
+async def test_reject_is_the_default_409():
+    script = Script(holding(), ["first done"])
+    async with (
+        web_server(agent_of(script)) as server,
+        httpx.AsyncClient(base_url=server.url) as client,
+    ):
+        replies: dict = {}
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(post, client, "s", "first", replies)
+            await held["open"].wait()
+            await post(client, "s", "second", replies)
+            held["release"].set()
+    assert replies["second"].status_code == 409
+
+
+def test_serve_takes_a_busy_strategy():
+    parser = add_serve_arguments(argparse.ArgumentParser())
+    assert parser.parse_args(["--on-busy", "steer"]).on_busy == "steer"
+    assert parser.parse_args([]).on_busy is None
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--on-busy", "later"])
+
+
+async def test_create_app_refuses_an_unknown_strategy():
+    from runtime import Host
+    from runtime.app.web.app import create_app
+
+    async with Host.open(log_tap=False) as host:
+        with pytest.raises(ConfigurationError, match="on_busy"):
+            create_app(host, agent_of(Script()), on_busy="later")  # type: ignore[arg-type]
+
+
+def _text(chunks: list[Any]) -> str:
+    return "".join(c["delta"] for c in chunks if isinstance(c, dict) and c["type"] == "text-delta")

@@ -1,0 +1,348 @@
+"""Turns that wait for a person in the worker deployment, in process: real PostgreSQL and
+Redis, front ends and a worker in this process (tests/test_worker_approval_processes.py
+runs real worker and front-end processes).
+
+A turn that suspends for approval leaves its queue row ``awaiting-input`` with nothing
+held; a decision posted to any front end is recorded through the queue, which puts the
+row back; a worker resumes the turn, and its continuation streams through the relay in
+the same assistant message."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import httpx
+import pytest
+import trio
+
+from actors.providers.scripted import ScriptedProvider, current_step, tool_call
+from actors.stores.postgres import parse_url
+from runtime import Agent, tool
+from runtime.actor_messages import InferRequest
+from runtime.messages import AssistantMessage, ToolCallPart, ToolMessage, UserMessage
+from tests.support.redis import require_redis
+from tests.test_frontend import LIMIT, Deployment, EventReader, deployment
+from tests.test_relay_web import sse_events
+
+ran: list[str] = []
+
+
+@tool(needs_approval=True)
+async def delete_file(path: str) -> str:
+    """Delete a file (it needs a person's approval)."""
+    ran.append(path)
+    return f"deleted {path}"
+
+
+def respond(request: InferRequest) -> list[Any]:
+    """For ``delete ...``: step 0 asks to delete ``/x``, then an answer naming the result
+    or the denial; any other input is answered ``ok``."""
+    users = [m for m in request.messages if isinstance(m, UserMessage)]
+    if users[-1].content != "delete /x":
+        return ["ok"]
+    if current_step(request.messages) == 0:
+        return ["I will delete it. ", *tool_call("delete_file", {"path": "/x"}, tool_call_id="D")]
+    last = request.messages[-1]
+    assert isinstance(last, ToolMessage)
+    said = last.error if last.error is not None else last.output
+    return [f"Result: {said}. " + " ".join(f"w{i}" for i in range(40))]
+
+
+def approval_agent(*, delay: float = 0.0, timeout: float | None = None) -> Agent:
+    return Agent(
+        name="asks",
+        provider=ScriptedProvider(responder=respond, delay=delay, chunk_size=4),
+        tools=[delete_file],
+        approval_timeout=timeout,
+    )
+
+
+@pytest.fixture
+def redis_url() -> str:
+    return require_redis()
+
+
+@pytest.fixture(autouse=True)
+def _clear_ran() -> None:
+    ran.clear()
+
+
+def chat(session_id: str, text: str = "delete /x", message_id: str = "u1") -> dict[str, Any]:
+    return {
+        "id": session_id,
+        "messages": [{"id": message_id, "role": "user", "parts": [{"type": "text", "text": text}]}],
+        "trigger": "submit-message",
+    }
+
+
+def answer(
+    session_id: str, message_id: str, approval_id: str, approved: bool, **extra: Any
+) -> dict[str, Any]:
+    """The continuation ``useChat`` sends: the conversation, the answered assistant
+    message last (``approval-responded``)."""
+    sent = chat(session_id)
+    part = {
+        "type": "tool-delete_file",
+        "toolCallId": "D",
+        "state": "approval-responded",
+        "input": {"path": "/x"},
+        "approval": {"id": approval_id, "approved": approved, **extra},
+    }
+    sent["messages"].append(
+        {"id": message_id, "role": "assistant", "parts": [{"type": "step-start"}, part]}
+    )
+    sent["messageId"] = message_id
+    return sent
+
+
+def payloads(events: list[tuple[str | None, Any]]) -> list[Any]:
+    return [d for _, d in events if d != "[DONE]"]
+
+
+def asked(events: list[tuple[str | None, Any]]) -> dict[str, Any]:
+    return next(d for d in payloads(events) if d["type"] == "tool-approval-request")
+
+
+def row(pg_url: str, turn_id: str) -> tuple[Any, ...]:
+    import psycopg
+
+    libpq, schema = parse_url(pg_url)
+    with psycopg.connect(libpq, autocommit=True) as conn:
+        conn.execute(f"SET search_path TO {schema}")
+        found = conn.execute(
+            "SELECT status, owner, lease_until, resumes, finish_reason FROM axon_turns "
+            "WHERE turn_id = %s",
+            (turn_id,),
+        ).fetchone()
+    assert found is not None
+    return tuple(found)
+
+
+async def first_part(d: Deployment, url: str, session_id: str = "s1") -> list[Any]:
+    """POST a turn that asks for approval; its events once the turn waits."""
+    async with httpx.AsyncClient(timeout=LIMIT) as client:
+        response = await client.post(f"{url}/api/chat", json=chat(session_id))
+    assert response.status_code == 200
+    return sse_events(response.text)
+
+
+async def waiting_turn(d: Deployment, session_id: str = "s1") -> Any:
+    with trio.fail_after(LIMIT):
+        while True:
+            turns = await d.queue.turns(session_id)
+            if turns and turns[-1].waiting:
+                return turns[-1]
+            await trio.sleep(0.02)
+
+
+async def test_a_suspended_turns_row_awaits_input_with_no_owner_and_no_lease(
+    pg_url: str, redis_url: str
+) -> None:
+    async with deployment(pg_url, redis_url, approval_agent()) as d:
+        events = await first_part(d, d.urls[0])
+        turn = await waiting_turn(d)
+        status, owner, lease, resumes, reason = row(pg_url, turn.turn_id)
+        running = dict(d.workers[0].running)
+        async with httpx.AsyncClient(base_url=d.urls[0], timeout=LIMIT) as client:
+            listed = (await client.get("/api/sessions")).json()["sessions"]
+            resumed = await client.get("/api/chat/s1/stream")
+    assert [(s["busy"], s["waiting"]) for s in listed] == [(False, 1)]
+    assert resumed.status_code == 204  # a waiting turn streams nothing until decided
+    assert (status, owner, lease, resumes, reason) == (
+        "awaiting-input",
+        None,
+        None,
+        0,
+        "awaiting-input",
+    )
+    assert running == {}  # nothing of it held in the worker
+    assert asked(events)["toolCallId"] == "D"
+    assert payloads(events)[-1]["messageMetadata"]["finishReason"] == "awaiting-input"
+    assert ran == []
+
+
+async def test_approving_on_another_front_end_resumes_the_turn_in_the_same_message(
+    pg_url: str, redis_url: str
+) -> None:
+    async with deployment(pg_url, redis_url, approval_agent(), fronts=2) as d:
+        a, b = d.urls
+        first = await first_part(d, a)
+        message_id = payloads(first)[0]["messageId"]
+        request = asked(first)
+        async with httpx.AsyncClient(timeout=LIMIT) as client:
+            response = await client.post(
+                f"{b}/api/chat", json=answer("s1", message_id, request["approvalId"], True)
+            )
+        turn = await d.queue.wait_finished((await d.queue.turns("s1"))[0].turn_id, LIMIT)
+        record = await d.store.load("s1")
+    second = payloads(sse_events(response.text))
+    types = [c["type"] for c in second]
+    assert response.status_code == 200
+    assert second[0] == {"type": "start", "messageId": message_id}
+    assert "tool-input-available" not in types and "tool-input-start" not in types
+    assert {"type": "tool-output-available", "toolCallId": "D", "output": "deleted /x"} in second
+    assert types[-1] == "finish" and second[-1]["finishReason"] == "stop"
+    assert ran == ["/x"]  # once
+    assert turn is not None and turn.status == "done" and turn.resumes == 1
+    assert record is not None
+    assistant = [m for m in record.messages if isinstance(m, AssistantMessage)]
+    assert [m.id for m in assistant] == [message_id]
+    call = next(p for p in assistant[0].content if isinstance(p, ToolCallPart))
+    assert call.awaiting is not None and call.awaiting.id == request["approvalId"]
+    assert call.awaiting.decided and call.awaiting.approved  # the request and the decision
+    results = [m for m in record.messages if isinstance(m, ToolMessage)]
+    assert [(r.tool_call_id, r.output) for r in results] == [("D", "deleted /x")]
+
+
+async def test_a_denial_streams_tool_output_denied_and_runs_nothing(
+    pg_url: str, redis_url: str
+) -> None:
+    async with deployment(pg_url, redis_url, approval_agent(), fronts=2) as d:
+        a, b = d.urls
+        first = await first_part(d, a)
+        message_id = payloads(first)[0]["messageId"]
+        sent = answer("s1", message_id, asked(first)["approvalId"], False, reason="not now")
+        async with httpx.AsyncClient(timeout=LIMIT) as client:
+            response = await client.post(f"{b}/api/chat", json=sent)
+        record = await d.store.load("s1")
+    second = payloads(sse_events(response.text))
+    assert {"type": "tool-output-denied", "toolCallId": "D"} in second
+    text = "".join(c["delta"] for c in second if c["type"] == "text-delta")
+    assert text.startswith("Result: the tool call was denied: not now.")
+    assert ran == []
+    assert record is not None
+    results = [m for m in record.messages if isinstance(m, ToolMessage)]
+    assert [r.error for r in results] == ["the tool call was denied: not now"]
+
+
+async def test_two_racing_decisions_on_two_front_ends_record_exactly_one(
+    pg_url: str, redis_url: str
+) -> None:
+    async with deployment(pg_url, redis_url, approval_agent(), fronts=2) as d:
+        first = await first_part(d, d.urls[0])
+        message_id = payloads(first)[0]["messageId"]
+        approval_id = asked(first)["approvalId"]
+        answers: dict[str, httpx.Response] = {}
+
+        async def decide(url: str, approved: bool) -> None:
+            async with httpx.AsyncClient(timeout=LIMIT) as client:
+                sent = answer("s1", message_id, approval_id, approved)
+                answers[url] = await client.post(f"{url}/api/chat", json=sent)
+
+        async with trio.open_nursery() as nursery:
+            for url, approved in zip(d.urls, (True, False), strict=True):
+                nursery.start_soon(decide, url, approved)
+        turn = await d.queue.wait_finished((await d.queue.turns("s1"))[0].turn_id, LIMIT)
+        record = await d.store.load("s1")
+    codes = sorted(r.status_code for r in answers.values())
+    assert codes == [200, 409]
+    assert turn is not None and turn.resumes == 1  # resumed once
+    assert record is not None
+    call = next(
+        p for m in record.messages if isinstance(m, AssistantMessage) for p in m.content
+        if isinstance(p, ToolCallPart)
+    )  # fmt: skip
+    winner = next(u for u, r in answers.items() if r.status_code == 200)
+    assert call.awaiting is not None and call.awaiting.approved is (winner == d.urls[0])
+    assert len([m for m in record.messages if isinstance(m, ToolMessage)]) == 1
+    assert ran == (["/x"] if winner == d.urls[0] else [])
+
+
+async def test_a_decision_for_another_sessions_approval_is_refused_and_changes_nothing(
+    pg_url: str, redis_url: str
+) -> None:
+    async with deployment(pg_url, redis_url, approval_agent(), fronts=2) as d:
+        theirs = await first_part(d, d.urls[0], "victim")
+        await first_part(d, d.urls[0], "attacker")
+        before = await d.store.load("victim")
+        sent = answer(
+            "attacker", payloads(theirs)[0]["messageId"], asked(theirs)["approvalId"], True
+        )
+        sent["messageId"] = None  # whatever message id: the approval is not this session's
+        async with httpx.AsyncClient(timeout=LIMIT) as client:
+            refused = await client.post(f"{d.urls[1]}/api/chat", json=sent)
+        after = await d.store.load("victim")
+        victim = (await d.queue.turns("victim"))[-1]
+    assert refused.status_code == 404, refused.text
+    assert before is not None and after is not None and after.version == before.version
+    assert victim.waiting and ran == []
+
+
+async def test_a_new_message_supersedes_the_waiting_turn(pg_url: str, redis_url: str) -> None:
+    async with deployment(pg_url, redis_url, approval_agent(), fronts=2) as d:
+        first = await first_part(d, d.urls[0])
+        waited = await waiting_turn(d)
+        async with httpx.AsyncClient(timeout=LIMIT) as client:
+            other = await client.post(
+                f"{d.urls[1]}/api/chat", json=chat("s1", "never mind", message_id="u2")
+            )
+            late = await client.post(
+                f"{d.urls[1]}/api/chat",
+                json=answer(
+                    "s1", payloads(first)[0]["messageId"], asked(first)["approvalId"], True
+                ),
+            )
+        turns = await d.queue.turns("s1")
+        record = await d.store.load("s1")
+    assert other.status_code == 200
+    assert (turns[0].turn_id, turns[0].status, turns[0].finish_reason) == (
+        waited.turn_id,
+        "done",
+        "superseded",
+    )
+    assert late.status_code == 409 and ran == [], late.text
+    assert record is not None
+    results = [m for m in record.messages if isinstance(m, ToolMessage)]
+    assert [r.error for r in results] == ["the tool call was denied: superseded"]
+    assert [m.content for m in record.messages if isinstance(m, UserMessage)] == [
+        "delete /x",
+        "never mind",
+    ]
+
+
+async def test_a_worker_notices_an_expired_wait_from_the_queue_and_resumes_it_denied(
+    pg_url: str, redis_url: str
+) -> None:
+    async with deployment(pg_url, redis_url, approval_agent(timeout=600)) as d:
+        await first_part(d, d.urls[0])
+        waited = await waiting_turn(d)
+        assert waited.expires_at is not None and waited.expires_at > time.time() + 500
+        host = d.workers[0].host
+        assert host is not None
+        host.clock = lambda: time.time() + 601  # the wall clock, ten minutes on
+        turn = await d.queue.wait_finished(waited.turn_id, LIMIT)
+        record = await d.store.load("s1")
+    assert turn is not None and turn.status == "done" and turn.resumes == 1
+    assert record is not None
+    results = [m for m in record.messages if isinstance(m, ToolMessage)]
+    assert [r.error for r in results] == ["the tool call was denied: timed out"]
+    assert ran == []
+
+
+async def test_a_client_resuming_the_continuation_on_the_first_front_end_misses_and_repeats_nothing(
+    pg_url: str, redis_url: str
+) -> None:
+    async with deployment(pg_url, redis_url, approval_agent(delay=0.01), fronts=2) as d:
+        a, b = d.urls
+        first = await first_part(d, a)
+        message_id = payloads(first)[0]["messageId"]
+        sent = answer("s1", message_id, asked(first)["approvalId"], True)
+        async with httpx.AsyncClient(timeout=LIMIT) as client:
+            async with client.stream("POST", f"{b}/api/chat", json=sent) as response:
+                seen = await EventReader(response).until(5)  # then the client drops B
+            last = seen[-1][0]
+            assert last is not None
+            rest = await client.get(f"{a}/api/chat/s1/stream", headers={"last-event-id": last})
+        await d.queue.wait_finished((await d.queue.turns("s1"))[0].turn_id, LIMIT)
+        record = await d.store.load("s1")
+    events = [e for e in first if e[0] is not None] + seen
+    events += [e for e in sse_events(rest.text) if e[0] is not None]
+    ids = [int(i) for i, _ in events if i is not None]
+    assert ids == sorted(set(ids))  # nothing repeated
+    assert record is not None
+    stored = next(m for m in record.messages if isinstance(m, AssistantMessage))
+    streamed = "".join(d["delta"] for _, d in events if d["type"] == "text-delta")
+    assert streamed == "".join(getattr(p, "text", "") for p in stored.content)  # nothing missing
+    outputs = [d for _, d in events if d["type"] == "tool-output-available"]
+    assert len(outputs) == 1 and ran == ["/x"]
