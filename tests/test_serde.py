@@ -288,5 +288,5 @@ def test_a_round_trip_generates_hooks_for_the_classes_it_uses_only():
     joined = " ".join(generated)
     assert "runtime.messages.AssistantMessage" in joined
     assert "runtime.messages.TextPart" in joined
-    assert "runtime.events" not in joined and "runtime.chunks" not in joined
+    assert "runtime.events" not in joined and "TextDelta" not in joined
     assert len(generated) < 10  # of about 200 hooks the converter can make
