@@ -113,6 +113,7 @@ FAMILY_HELPERS = {
     "actors.providers.openai_common",
     "actors.providers.registry",
     "actors.providers.sdk",
+    "actors.providers.sse",
 }
 """Modules a family shares (its members import them); they are no actors."""
 

@@ -39,6 +39,7 @@ import trio
 
 from actors.providers.openai_common import OpenAISDKProvider, classify_error, json_schema_spec
 from actors.providers.openai_common import get_field as _get
+from actors.providers.sse import event_batches
 from runtime import errors
 from runtime.actor_messages import InferRequest
 from runtime.chunks import (
@@ -466,15 +467,18 @@ reused), as the SDK's own stream does; a server that keeps the body open is cut 
 async def json_chunks(stream: Any) -> AsyncGenerator[Any, None]:
     """The chunks of an SDK ``AsyncStream`` as plain dicts, decoded by orjson.
 
-    Why: the SDK builds a pydantic model of every chunk, and that is most of what a
-    stream costs on the client (about three quarters of the SDK's time in a 1,000-delta
-    profile), while :func:`parse_stream` reads a handful of fields. So the request, the
-    HTTP status errors, the SSE decoding and the transport error mapping stay the SDK's
-    (its ``_iter_events``), and only the per-chunk model is skipped; this does what the
-    SDK's stream does with each event: stop at ``[DONE]`` (then read the rest of the
-    body, briefly, so the connection is reused) and raise ``openai.APIError`` for an
-    ``error`` object in the data, with the same message and body. A stream object without
-    that iterator (another SDK version, a test double) is read as it is.
+    Why: the SDK builds a pydantic model of every chunk, and decodes the SSE lines in
+    Python, one ``str`` and one event object at a time; those were most of what a stream
+    costs on the client, while :func:`parse_stream` reads a handful of fields. So the
+    request, the HTTP status errors and the connection stay the SDK's, the body's events
+    are read from its bytes (:func:`~actors.providers.sse.sse_batches`, the SDK's own SSE
+    rules), and this does what the SDK's stream does with each event: stop at ``[DONE]``
+    (then read the rest of the body, briefly, so the connection is reused) and raise
+    ``openai.APIError`` for an ``error`` object in the data, with the same message and
+    body. Transport errors come from the HTTP library as they are (the SDK would wrap
+    them; :func:`classify_error` maps both the same way). A stream the SDK does not
+    decode as plain SSE goes through its ``_iter_events``; one without that iterator
+    (another SDK version, a test double) is read as it is.
     """
     iter_events = getattr(stream, "_iter_events", None)
     response = getattr(stream, "response", None)
@@ -485,19 +489,19 @@ async def json_chunks(stream: Any) -> AsyncGenerator[Any, None]:
     import orjson
 
     loads = orjson.loads
-    events = iter_events()
+    events = event_batches(stream)
     async with aclosing(events):
-        async for sse in events:
-            data = sse.data
-            if data.startswith("[DONE]"):
-                with trio.move_on_after(DRAIN_AFTER_DONE):
-                    async for _ in events:
-                        pass
-                return
-            chunk = loads(data)
-            if type(chunk) is dict and chunk.get("error"):
-                raise _stream_error(chunk["error"], response)
-            yield chunk
+        async for batch in events:
+            for _name, data in batch:
+                if data.startswith(b"[DONE]"):
+                    with trio.move_on_after(DRAIN_AFTER_DONE):
+                        async for _ in events:
+                            pass
+                    return
+                chunk = loads(data)
+                if type(chunk) is dict and chunk.get("error"):
+                    raise _stream_error(chunk["error"], response)
+                yield chunk
 
 
 def _stream_error(body: Any, response: Any) -> Exception:
