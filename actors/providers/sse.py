@@ -72,6 +72,7 @@ class SSEDecoder:
     def _lines(self, lines: list[bytes]) -> list[Event]:
         out: list[Event] = []
         data = self._data
+        names = _NAMES
         for line in lines:
             if line.startswith(b"data:"):
                 value = line[5:]
@@ -81,6 +82,8 @@ class SSEDecoder:
                     out.append((self._event, data[0] if len(data) == 1 else b"\n".join(data)))
                     self._event, self._retry = None, None
                     data = self._data = []
+            elif line.startswith(b"event: ") and line[7:] in names:  # a name seen before
+                self._event = names[line[7:]]
             elif line[0] != 58:  # not a ":" comment
                 self._field(line)
         return out
@@ -90,12 +93,10 @@ class SSEDecoder:
         if value[:1] == b" ":
             value = value[1:]
         if name == b"event":
-            event = _NAMES.get(value)
-            if event is None:
-                event = value.decode("utf-8")
-                if len(_NAMES) < 256:
-                    _NAMES[value] = event
-            self._event = event or None  # as the SDKs' events: an empty name is none
+            event = value.decode("utf-8") or None  # as the SDKs' events: "" is no name
+            if event is not None and len(_NAMES) < 256:
+                _NAMES[value] = event
+            self._event = event
         elif name == b"data":  # "data" alone: an empty data line
             self._data.append(value)
         elif name == b"id":
