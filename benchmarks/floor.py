@@ -26,8 +26,9 @@ PROMPT = "Tell me about the weather in Paris."
 OPENAI_MODEL = "gpt-4o-mini"
 ANTHROPIC_MODEL = "claude-sonnet-4-5"
 
-FloorRun = Callable[[], Awaitable[tuple[float, float, list[str]]]]
-"""One read: (total seconds, seconds to the first text delta, the text deltas)."""
+FloorRun = Callable[[], Awaitable[tuple[float, float, list[str], float]]]
+"""One read: (total seconds, seconds to the first text delta, the text deltas, the
+``perf_counter`` time its clock started)."""
 
 
 def http_library() -> Any:
@@ -80,7 +81,7 @@ def floor_side(fmt: str, base_url: str) -> tuple[FloorRun, Callable[[], Awaitabl
     url, body, headers = request(fmt, base_url)
     openai = fmt == "openai"
 
-    async def run() -> tuple[float, float, list[str]]:
+    async def run() -> tuple[float, float, list[str], float]:
         first = 0.0
         texts: list[str] = []
         t0 = now()
@@ -108,6 +109,6 @@ def floor_side(fmt: str, base_url: str) -> tuple[FloorRun, Callable[[], Awaitabl
                         if not texts:
                             first = now() - t0
                         texts.append(text)
-        return now() - t0, first, texts
+        return now() - t0, first, texts, t0
 
     return run, client.aclose

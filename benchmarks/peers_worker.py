@@ -206,7 +206,7 @@ def _text_of(floor):
     """The floor's read as a side of this worker: the text it streamed."""
 
     async def run() -> str:
-        _total, _first, texts = await floor()
+        _total, _first, texts, _t0 = await floor()
         return "".join(texts)
 
     return run

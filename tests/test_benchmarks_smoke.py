@@ -42,6 +42,8 @@ EXPECTED_KEYS = {
     "ttfd_burst.anthropic",
     "ttfd_floor.openai",
     "ttfd_floor.anthropic",
+    "ttfd_byte.openai",
+    "ttfd_byte.anthropic",
     "core.linearity",
     "concurrency.scaling",
     "concurrency.memory_per_idle_session",
