@@ -34,6 +34,7 @@ from runtime.actor_messages import (
     PartEnd,
     StepBegin,
     StepEnd,
+    ThrottleNotice,
     ToolDenied,
     ToolDone,
     ToolStreamed,
@@ -187,6 +188,9 @@ class StreamController(Actor):
         ids = {"tool_call_id": pr.tool_call_id, "tool_name": pr.tool_name}
         out.append(self._chunk(o.ToolStream, step=item.step, **ids, chunk=pr.chunk))
 
+    def _throttled(self, item: ThrottleNotice, out: list[Any]) -> None:
+        out.append(self._chunk(o.Throttled, step=item.step, wait=item.wait, reason=item.reason))
+
     def _step_begin(self, item: StepBegin, out: list[Any]) -> None:
         self._step = item.step
         out.append(self._chunk(o.StepStart, step=item.step))
@@ -237,6 +241,7 @@ class StreamController(Actor):
         ApprovalAsked: _waiting,
         ToolDenied: _waiting,
         ToolStreamed: _tool_streamed,
+        ThrottleNotice: _throttled,
         StepBegin: _step_begin,
         StepEnd: _step_end,
         TurnBegin: _turn_begin,

@@ -1,12 +1,28 @@
-"""10. A turn that waits for approval, in the worker deployment (issue 21).
+"""10. A turn that waits for approval (issue 21): what suspending and resuming cost.
 
-What suspending and resuming costs, against the same turn without approval, on one
-worker in process (a :class:`~runtime.app.worker.Worker` on PostgreSQL with the Redis
-relay, as ``python -m runtime worker`` runs it):
+**Time, embedded on SQLite.** One host (``Host.open(store=<SQLite file>)``, log tap at
+``info`` into a file, as the other benchmarks run it) and the same scripted stream on
+both sides: the model calls ``act``, then answers in 50 text deltas. Each round opens a
+fresh session per side (off the clock) and times, sides alternating:
 
-* **plain**: a turn whose model calls ``act`` (no approval), then answers in 50 deltas.
-  Timed from the submit to the queue's ``done``.
-* **approved**: the same turn, ``act`` needing approval. Timed from the submit to the row
+* **plain**: ``session.run(...)``, ``act`` needing no approval: two steps, two commits.
+* **approved**: the same turn, ``act`` with ``needs_approval=True``: ``session.run(...)``
+  (the step committed, the turn ends ``awaiting-input``), then at once
+  ``session.decide(id, approved=True)`` and the continuation (``session.resume()``, what
+  ``session.respond`` runs): the turn's own time, without the person's.
+* **commit**: a step commit as the turn runner makes the first one, ``store.save`` of
+  the user message, the assistant message with the call and the tool's result,
+  version-checked, into a new session: the unit the issue sets the cost in.
+
+The figures: approved / plain, informational, and (approved - plain) / commit: how many
+step commits suspending and resuming add (issue 21: at most one).
+
+**Time, workers on PostgreSQL.** One worker in process (a :class:`~runtime.app.worker.Worker`
+on PostgreSQL with the Redis relay, as ``python -m runtime worker`` runs it):
+
+* **plain**: the same turn, ``act`` needing no approval. Timed from the submit to the
+  queue's ``done``.
+* **approved**: ``act`` needing approval. Timed from the submit to the row
   ``awaiting-input`` (the step committed, the row and relay stream paused), plus from the
   decision's return (:meth:`~runtime.turn_queue.TurnQueue.decide`: the turn put back) to
   ``done`` (a claim, the session reloaded, the tool run, the answer): the turn's time
@@ -14,17 +30,35 @@ relay, as ``python -m runtime worker`` runs it):
 * **decide**: what the decision itself takes (the store read, the compare-and-set save
   with the row's check and requeue, in one transaction).
 * **a step commit**: a ``PostgresStore.save`` of one assistant and one tool message
-  with its version check, the unit the issue measures the overhead in.
+  with its version check.
 
 Sides alternate per round; the figures are medians. The client looks at the turn's row
 every millisecond (both sides alike). Needs PostgreSQL and Redis (``AXON_BENCH_PG``,
 ``AXON_BENCH_REDIS``); skipped, saying why, otherwise.
+
+**Memory.** Fresh child processes (``python -m benchmarks.bench_approval memory KIND N``):
+a host that keeps one session in memory (``max_sessions=1``: each session opened evicts
+the one before, as a long-running server evicts idle ones), warmed up with 20 turns of
+each kind, then N sessions each run one turn and are let go: **waiting** (the turn
+suspends for approval: N waiting turns) or **idle** (a turn with the same stored history
+size that ends, the idle evicted sessions the issue compares with). Resident memory
+(``/proc/self/statm``) after a full collection, before and after the N; the figure is
+waiting growth / idle growth (issue 21: at most 1). A third child runs the waiting turns
+with ``approval_timeout`` set, informational: the host's expiry timer then keeps one
+entry (the session id, its deadline) per waiting session.
 """
 
 from __future__ import annotations
 
+import gc
 import itertools
+import json
+import subprocess
+import sys
+import tempfile
+import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import trio
@@ -36,12 +70,190 @@ from benchmarks.bench_workers import (
     pg_unavailable,
     redis_unavailable,
 )
-from benchmarks.common import PROMPT, Figure, Sizes, alternate, median, now
+from benchmarks.common import (
+    PROMPT,
+    REPO,
+    Figure,
+    LogSink,
+    Sizes,
+    alternate,
+    median,
+    now,
+    python_env,
+    rss_bytes,
+)
 
 WORDS = 50
+"""Text deltas of the answer (the second step)."""
+COMMITS_TARGET = 1.0
+"""Issue 21: suspending and resuming cost no more than a step commit."""
+MEMORY_TARGET = 1.0
+"""Issue 21: N waiting turns grow the resident memory no more than N idle evicted sessions."""
+PAGE = 4096
+RESOLUTION = 2 * PAGE
+"""Bytes within which two RSS growths count as equal: two children of one kind differ by
+a page or two (RSS counts pages; the allocator's and SQLite's caches fill unevenly)."""
+WARM = 20
 
 
-def _agents() -> Callable[[str], Any]:
+def _answer() -> list[Any]:
+    from runtime import TextChunk
+
+    return [TextChunk(text=f" w{i}") for i in range(WORDS)]
+
+
+def _agents(approval_timeout: float | None = None) -> dict[str, Any]:
+    """``plain`` (``act`` runs at once), ``asks`` (``act`` needs approval) and ``idle``
+    (one step whose text is as long as a waiting turn's stored call, for the memory
+    baseline)."""
+    from actors.providers.scripted import ScriptedProvider, current_step, tool_call
+    from runtime import Agent, tool
+
+    answer = _answer()
+
+    def respond(request: Any) -> list[Any]:
+        if current_step(request.messages) == 0:
+            return tool_call("act", {"n": 1}, tool_call_id="call_act")
+        return answer
+
+    async def act(n: int) -> str:
+        """Do it."""
+        return f"done {n}"
+
+    def agent(name: str, **kw: Any) -> Any:
+        return Agent(name=name, provider=ScriptedProvider(responder=respond, keep_requests=0), **kw)
+
+    return {
+        "plain": agent("plain", tools=[tool(act)]),
+        "asks": agent(
+            "asks", tools=[tool(needs_approval=True)(act)], approval_timeout=approval_timeout
+        ),
+    }
+
+
+def _check(result: Any, finish: str, steps: int, side: str) -> None:
+    if result is None or result.finish_reason != finish or result.steps != steps:
+        raise RuntimeError(f"approval ({side}): the turn ended {result}")
+
+
+# -- time, embedded ----------------------------------------------------------------------
+
+
+async def _embedded(sizes: Sizes, directory: str) -> list[Figure]:
+    from runtime import Host
+    from runtime.messages import (
+        AssistantMessage,
+        Message,
+        ToolCallPart,
+        ToolMessage,
+        UserMessage,
+    )
+
+    agents = _agents()
+    tags = itertools.count()
+    phases: dict[str, list[float]] = {"suspend": [], "decide": [], "resume": []}
+    cpu: dict[str, list[float]] = {"plain": [], "approved": [], "commit": []}
+    async with Host.open(store=str(Path(directory) / "approval.db")) as host:
+        store = host.store
+
+        async def plain() -> float:
+            session = await host.open_session(agents["plain"], f"plain-{next(tags)}")
+            t0, c0 = now(), time.process_time()
+            result = await session.run(PROMPT)
+            seconds = now() - t0
+            cpu["plain"].append(time.process_time() - c0)
+            _check(result, "stop", 2, "plain")
+            await session.close()
+            return seconds
+
+        async def approved() -> float:
+            session = await host.open_session(agents["asks"], f"ask-{next(tags)}")
+            t0, c0 = now(), time.process_time()
+            waiting = await session.run(PROMPT)
+            t1 = now()
+            _check(waiting, "awaiting-input", 1, "suspend")
+            recorded = await session.decide(waiting.pending[0].approval_id, approved=True)
+            t2 = now()
+            assert recorded.complete
+            async with session.resume() as out:
+                async for _ in out:
+                    pass
+            t3 = now()
+            cpu["approved"].append(time.process_time() - c0)
+            _check(out.result, "stop", 2, "resume")
+            if out.result is None or out.result.message.id != waiting.message.id:
+                raise RuntimeError("approval: the continuation is another message")
+            phases["suspend"].append(t1 - t0)
+            phases["decide"].append(t2 - t1)
+            phases["resume"].append(t3 - t2)
+            await session.close()
+            return t3 - t0
+
+        async def commit() -> float:  # a turn's first step commit, as the runner's
+            message = AssistantMessage(
+                id="m",
+                content=(
+                    ToolCallPart(tool_call_id="call_act", tool_name="act", input={"n": 1}, step=0),
+                ),
+            )
+            result = ToolMessage(tool_call_id="call_act", tool_name="act", step=0, output="x")
+            step: list[Message] = [UserMessage(content=PROMPT), message, result]
+            t0, c0 = now(), time.process_time()
+            await store.save(f"commit-{next(tags)}", 0, step, {}, expected_version=0)
+            seconds = now() - t0
+            cpu["commit"].append(time.process_time() - c0)
+            return seconds
+
+        times = await alternate(
+            sizes.approval_rounds,
+            sizes.warmup,
+            {"plain": plain, "approved": approved, "commit": commit},
+        )
+    rounds = sizes.approval_rounds
+    for part in (phases, cpu):  # the measured rounds' (``alternate`` warms up first)
+        for name in part:
+            part[name] = part[name][-rounds:]
+    plain_s, approved_s, commit_s = (median(times[k]) for k in ("plain", "approved", "commit"))
+    extra = approved_s - plain_s
+    commits = extra / commit_s
+    ratios = [a / p for a, p in zip(times["approved"], times["plain"], strict=True)]
+    ms = {k: median(v) * 1e3 for k, v in phases.items()}
+    cpu_ms = {k: median(v) * 1e3 for k, v in cpu.items()}
+    cpu_commits = (cpu_ms["approved"] - cpu_ms["plain"]) / cpu_ms["commit"]
+    return [
+        Figure(
+            key="approval.embedded.ratio",
+            title="10. Embedded: approved turn (suspend + resume) / plain turn",
+            value=median(ratios),
+            unit="x",
+            detail=f"approved {approved_s * 1e3:.2f} ms (suspend {ms['suspend']:.2f}, decide "
+            f"{ms['decide']:.2f}, resume {ms['resume']:.2f}) vs plain "
+            f"{plain_s * 1e3:.2f} ms; SQLite, median of {rounds} rounds",
+            data={
+                **times,
+                **{f"{k}_s": v for k, v in phases.items()},
+                **{f"{k}_cpu_s": v for k, v in cpu.items()},
+            },
+        ),
+        Figure(
+            key="approval.embedded.commits",
+            title="10. Embedded: (approved - plain) in step commits",
+            value=commits,
+            unit="x",
+            target=f"<= {COMMITS_TARGET:g}",
+            passed=commits <= COMMITS_TARGET,
+            detail=f"+{extra * 1e3:.2f} ms; a step commit (store.save) "
+            f"{commit_s * 1e3:.2f} ms; plain's per step {plain_s / 2 * 1e3:.2f} ms; "
+            f"CPU: +{cpu_ms['approved'] - cpu_ms['plain']:.2f} ms, {cpu_commits:.1f} commits",
+            data={"extra_s": extra, "commit_s": commit_s, "cpu_ms": cpu_ms},
+        ),
+    ]
+
+
+# -- time, workers on PostgreSQL ------------------------------------------------------------
+
+
+def _worker_agents() -> Callable[[str], Any]:
     """The agent of a session: ``act`` needs approval in the ``ask-`` sessions only."""
     from actors.providers.scripted import ScriptedProvider, current_step, tool_call
     from runtime.agent import Agent
@@ -88,7 +300,7 @@ async def _until(queue: Any, turn_id: str, done: Callable[[Any], bool]) -> Any:
             await trio.sleep(POLL)
 
 
-async def _measure(sizes: Sizes) -> list[Figure]:
+async def _workers(sizes: Sizes) -> list[Figure]:
     from actors.relays import RedisRelay
     from actors.stores import open_store, turn_queue
     from runtime.app.worker import Worker
@@ -97,7 +309,7 @@ async def _measure(sizes: Sizes) -> list[Figure]:
 
     schema, url = _schema_url()
     tags = itertools.count()
-    agents = _agents()
+    agents = _worker_agents()
     decide_s: list[float] = []
     store = await open_store(url)
     queue = turn_queue(store)
@@ -180,7 +392,7 @@ async def _measure(sizes: Sizes) -> list[Figure]:
     ]
 
 
-def run(sizes: Sizes) -> list[Figure]:
+def _workers_figures(sizes: Sizes) -> list[Figure]:
     why = pg_unavailable() or redis_unavailable()
     if why:
         return [
@@ -192,7 +404,172 @@ def run(sizes: Sizes) -> list[Figure]:
                 detail=f"skipped: {why}",
             )
         ]
-    return trio.run(_measure, sizes)
+    return trio.run(_workers, sizes)
 
 
-__all__ = ["run"]
+# -- memory, in child processes ------------------------------------------------------------
+
+
+async def _memory(kind: str, n: int, directory: str) -> dict[str, Any]:
+    """RSS growth of ``n`` sessions of ``kind`` (waiting, idle), each run and let go."""
+    from runtime import Host
+
+    timeout = 86_400.0 if kind == "waiting-timeout" else None
+    agents = _agents(approval_timeout=timeout)
+    idle = _idle_agent(agents)
+    tags = itertools.count()
+
+    async def waiting_turn(host: Any, session_id: str) -> None:
+        session = await host.open_session(agents["asks"], session_id)
+        _check(await session.run(PROMPT), "awaiting-input", 1, "waiting")
+
+    async def idle_turn(host: Any, session_id: str) -> None:
+        # The meta a waiting session stores ({"awaiting_input": 1}), in as many bytes.
+        session = await host.open_session(idle, session_id, meta={"as_much_stored": 1})
+        _check(await session.run(PROMPT), "stop", 1, "idle")
+
+    turn = idle_turn if kind == "idle" else waiting_turn
+    async with Host.open(store=str(Path(directory) / "memory.db"), max_sessions=1) as host:
+        # Warm up both kinds (every code path and lazy import has run, caches are filled).
+        for _ in range(WARM):
+            await waiting_turn(host, f"warm-{next(tags)}")
+            await idle_turn(host, f"warm-{next(tags)}")
+        gc.collect()
+        before, blocks = rss_bytes(), sys.getallocatedblocks()
+        for i in range(n):  # ids of one length on every side: the same bytes stored
+            await turn(host, f"{kind[0]}-{i:07d}")
+        gc.collect()
+        after, blocks = rss_bytes(), sys.getallocatedblocks() - blocks
+        from runtime.app.session import Session
+
+        sessions = sum(isinstance(o, Session) for o in gc.get_objects())
+        loaded = len(host.sessions)
+        watched = len(host.expiry._due)
+    stored = await _stored_bytes(Path(directory) / "memory.db", kind)
+    return {
+        "kind": kind,
+        "sessions": n,
+        "rss_before": before,
+        "rss_after": after,
+        "growth": after - before,
+        "python_blocks_growth": blocks,
+        "session_objects_left": sessions,
+        "sessions_loaded": loaded,
+        "expiry_watched": watched,
+        "stored_bytes_per_session": stored,
+    }
+
+
+def _idle_agent(agents: dict[str, Any]) -> Any:
+    """One step whose text stands for the waiting turn's call (see :func:`_stored_bytes`):
+    the same number of messages, about the same bytes stored."""
+    from actors.providers.scripted import ScriptedProvider
+    from runtime import Agent, TextChunk
+
+    text = [TextChunk(text=" w" * 102)]
+    provider = ScriptedProvider([text], keep_requests=0)
+    return Agent(name="idle", provider=provider, tools=agents["plain"].tools)
+
+
+async def _stored_bytes(db: Path, kind: str) -> float:
+    """Mean bytes of stored messages per session of ``kind``, to check both sides store
+    histories of the same size."""
+    import sqlite3
+
+    def read() -> float:
+        with sqlite3.connect(db) as conn:
+            tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
+            if "messages" not in tables:
+                return 0.0
+            row = conn.execute(
+                "SELECT sum(length(body)), count(DISTINCT session_id) FROM messages "
+                "WHERE session_id LIKE ?",
+                (f"{kind[0]}-%",),
+            ).fetchone()
+            return (row[0] or 0) / max(1, row[1])
+
+    try:
+        return await trio.to_thread.run_sync(read)
+    except Exception:  # the schema changed: informational only
+        return 0.0
+
+
+def _memory_child(kind: str, n: int) -> None:
+    with tempfile.TemporaryDirectory(prefix="axon-bench-") as directory:
+        sink = LogSink(directory)
+        try:
+            result = trio.run(_memory, kind, n, directory)
+        finally:
+            sink.close()
+    print(json.dumps(result))
+
+
+def _child(kind: str, n: int) -> dict[str, Any]:
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.bench_approval", "memory", kind, str(n)],
+        cwd=REPO,
+        env=python_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=True,
+    )
+    return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+
+
+def _memory_figures(sizes: Sizes) -> list[Figure]:
+    n = sizes.approval_sessions
+    runs: dict[str, list[dict[str, Any]]] = {"waiting": [], "idle": []}
+    for r in range(sizes.approval_memory_rounds):  # alternating which child runs first
+        for kind in ("waiting", "idle") if r % 2 == 0 else ("idle", "waiting"):
+            runs[kind].append(_child(kind, n))
+    timed = _child("waiting-timeout", n)
+    growth = {k: median([d["growth"] for d in v]) for k, v in runs.items()}
+    kb = {k: g / n / 1024 for k, g in growth.items()}
+    # A growth under a page counts as one page (RSS's resolution), so the ratio is defined.
+    ratio = max(growth["waiting"], PAGE) / max(growth["idle"], PAGE)
+    left = max(d["session_objects_left"] for d in runs["waiting"])
+    blocks = {k: median([d["python_blocks_growth"] for d in v]) for k, v in runs.items()}
+    return [
+        Figure(
+            key="approval.memory",
+            title=f"10. {n:,} waiting turns / {n:,} idle evicted sessions, RSS growth",
+            value=ratio,
+            unit="x",
+            target=f"<= {MEMORY_TARGET:g}",
+            passed=growth["waiting"] <= growth["idle"] + RESOLUTION,
+            detail=f"waiting +{growth['waiting'] / 1024:.0f} KB ({kb['waiting']:.2f} KB each), "
+            f"idle +{growth['idle'] / 1024:.0f} KB ({kb['idle']:.2f} KB each); "
+            f"Python heap +{blocks['waiting']:.0f} / +{blocks['idle']:.0f} blocks; {left} "
+            f"Session object left; median of {sizes.approval_memory_rounds} children each; "
+            f"equal within {RESOLUTION // 1024} KB passes",
+            data={"runs": runs},
+        ),
+        Figure(
+            key="approval.memory_with_timeout",
+            title=f"10. {n:,} waiting turns with approval_timeout, RSS growth",
+            value=timed["growth"] / n / 1024,
+            unit="KB",
+            detail=f"the expiry timer watches {timed['expiry_watched']:,} sessions; "
+            f"+{timed['growth'] / 1024:.0f} KB in all; one child",
+            data=timed,
+        ),
+    ]
+
+
+def run(sizes: Sizes) -> list[Figure]:
+    with tempfile.TemporaryDirectory(prefix="axon-bench-") as directory:
+        sink = LogSink(directory)  # both timed parts log at info into a file
+        try:
+            figures = trio.run(_embedded, sizes, directory)
+            figures += _workers_figures(sizes)
+        finally:
+            sink.close()
+    return [*figures, *_memory_figures(sizes)]
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 4 and sys.argv[1] == "memory":
+        _memory_child(sys.argv[2], int(sys.argv[3]))
+    else:  # pragma: no cover
+        sys.exit("usage: python -m benchmarks.bench_approval memory KIND N")

@@ -58,6 +58,8 @@ class Sizes:
     aio_deltas: int = 10_000
     aio_rounds: int = 15
     approval_rounds: int = 31
+    approval_sessions: int = 1000
+    approval_memory_rounds: int = 3
 
 
 FULL = Sizes()
@@ -89,6 +91,8 @@ QUICK = Sizes(
     aio_deltas=200,
     aio_rounds=2,
     approval_rounds=2,
+    approval_sessions=20,
+    approval_memory_rounds=1,
 )
 
 

@@ -46,6 +46,7 @@ if TYPE_CHECKING:
         Usage,
         UsageChunk,
     )
+    from runtime.compaction import CompactionContext, DropToolResults, KeepTurns, Summarize
     from runtime.errors import (
         ActorFailed,
         AlreadyDecided,
@@ -128,6 +129,7 @@ _MODULES: dict[str, tuple[str, ...]] = {
         "Usage",
         "UsageChunk",
     ),
+    "runtime.compaction": ("CompactionContext", "DropToolResults", "KeepTurns", "Summarize"),
     "runtime.errors": (
         "ActorFailed",
         "AlreadyDecided",
@@ -226,10 +228,12 @@ __all__ = [
     "Budget",
     "BudgetExceeded",
     "Bus",
+    "CompactionContext",
     "ConfigurationError",
     "ConnectionLost",
     "ContextTooLong",
     "DecisionError",
+    "DropToolResults",
     "Event",
     "FallbackProvider",
     "File",
@@ -244,6 +248,7 @@ __all__ = [
     "InvalidMedia",
     "InvalidSessionId",
     "InvalidTurnId",
+    "KeepTurns",
     "MalformedStream",
     "MediaError",
     "MediaLimits",
@@ -278,6 +283,7 @@ __all__ = [
     "StoreUnavailable",
     "StreamChunk",
     "Subscription",
+    "Summarize",
     "Supervisor",
     "SystemMessage",
     "TextChunk",

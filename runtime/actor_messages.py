@@ -165,6 +165,16 @@ class InferRequest:
     answer that is JSON matching it (``None``: free text)."""
 
 
+@attrs.frozen(kw_only=True, slots=True, eq=False)  # internal: identity is enough
+class ThrottleNotice:
+    """Turn runner -> stream controller: the step's model call waits for a rate limit
+    (becomes a ``throttled`` output chunk)."""
+
+    step: int
+    wait: float
+    reason: str
+
+
 @attrs.frozen(kw_only=True, slots=True)
 class RetryPrompt(UserMessage):
     """The user message of a request that tells the model why its answer was rejected
@@ -631,6 +641,7 @@ __all__ = [
     "StepBegin",
     "StepEnd",
     "StreamFailed",
+    "ThrottleNotice",
     "ToolCallSpec",
     "ToolDenied",
     "ToolDone",

@@ -3,6 +3,7 @@ the type of its answer."""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeGuard, cast
 
@@ -10,6 +11,7 @@ import attrs
 
 from runtime.budget import Budget
 from runtime.busy import REJECT, OnBusy, check_on_busy
+from runtime.compaction import HistoryProcessor, check_processors
 from runtime.errors import ConfigurationError
 from runtime.media import MediaLimits
 from runtime.output_schema import OutputSchema, output_schema
@@ -130,6 +132,13 @@ class Agent:
     ``max_completion_tokens`` on OpenAI Chat Completions, ``max_output_tokens`` on the
     Responses API, ``max_tokens`` on Anthropic). See docs/embedding.md."""
     media_limits: MediaLimits = attrs.field(factory=MediaLimits)
+    history_processors: tuple[HistoryProcessor, ...] = attrs.field(
+        default=(), converter=check_processors
+    )
+    """Run in order on the messages of every model call, before the request is built:
+    context compaction (``[DropToolResults(), Summarize(max_tokens=100_000)]``; see
+    :mod:`runtime.compaction` and docs/providers.md). Named apart from the ``history=``
+    of ``open_session``/``run_sync``, which seeds a session's messages."""
     """Largest image, file and per-message media a user input may carry (docs/media.md)."""
 
     mcp_servers: tuple[Any, ...] = ()
@@ -206,38 +215,7 @@ class Agent:
         tool_name = name or self.name
 
         async def run_agent(input: str, context: ToolContext) -> str:
-            import hashlib
-
-            raw = f"{context.session_id}~{tool_name}~{context.tool_call_id}"
-            if len(raw) > 128:
-                raw = f"sub~{hashlib.sha256(raw.encode()).hexdigest()[:40]}"
-            raw = "".join(c if c.isalnum() or c in "_.:-~" else "-" for c in raw).replace("~", ".")
-            host = context.host
-            if host is None:
-                raise RuntimeError(f"agent tool {tool_name} runs sub-turns on a host; none runs it")
-            session = await host.open_session(
-                agent,
-                session_id=raw,
-                meta={
-                    "parent_session_id": context.session_id,
-                    "parent_tool_call_id": context.tool_call_id,
-                    "parent_turn_id": context.turn_id,
-                },
-                deps=context.deps,  # the sub-agent's tools reach the same objects
-            )
-            try:
-                async with session.stream(input) as out:
-                    async for chunk in out:
-                        await context.emit(chunk)
-            finally:
-                await session.close()
-            result = out.result
-            assert result is not None
-            context.add_usage(result.usage)
-            if result.finish_reason in ("error", "aborted"):
-                why = result.error.message if result.error else result.abort_reason
-                raise RuntimeError(f"sub-agent {tool_name} failed: {why}")
-            return result.text
+            return await _run_sub_turn(agent, tool_name, input, context)
 
         # resolved here: this module's annotations are strings (PEP 563)
         run_agent.__annotations__ = {"input": str, "context": ToolContext, "return": str}
@@ -248,3 +226,45 @@ class Agent:
         return tool(
             run_agent, name=tool_name, description=description, needs_approval=needs_approval
         )
+
+
+def _sub_session_id(context: ToolContext, tool_name: str) -> str:
+    """The id of the session one call of an agent used as a tool runs in:
+    ``<parent>.<name>.<call id>``, hashed when that is too long, with the characters a
+    session id may not hold replaced."""
+    raw = f"{context.session_id}~{tool_name}~{context.tool_call_id}"
+    if len(raw) > 128:
+        raw = f"sub~{hashlib.sha256(raw.encode()).hexdigest()[:40]}"
+    return "".join(c if c.isalnum() or c in "_.:-~" else "-" for c in raw).replace("~", ".")
+
+
+async def _run_sub_turn(agent: Agent, tool_name: str, input: str, context: ToolContext) -> str:
+    """One call of ``agent`` as a tool: a turn in a sub-session of its own, streamed inside
+    the call, its usage added to the parent turn's; its text, or an error the parent
+    model sees."""
+    host = context.host
+    if host is None:
+        raise RuntimeError(f"agent tool {tool_name} runs sub-turns on a host; none runs it")
+    session = await host.open_session(
+        agent,
+        session_id=_sub_session_id(context, tool_name),
+        meta={
+            "parent_session_id": context.session_id,
+            "parent_tool_call_id": context.tool_call_id,
+            "parent_turn_id": context.turn_id,
+        },
+        deps=context.deps,  # the sub-agent's tools reach the same objects
+    )
+    try:
+        async with session.stream(input) as out:
+            async for chunk in out:
+                await context.emit(chunk)
+    finally:
+        await session.close()
+    result = out.result
+    assert result is not None
+    context.add_usage(result.usage)
+    if result.finish_reason in ("error", "aborted"):
+        why = result.error.message if result.error else result.abort_reason
+        raise RuntimeError(f"sub-agent {tool_name} failed: {why}")
+    return result.text

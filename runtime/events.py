@@ -214,6 +214,33 @@ class ProviderRetry(_InTurn):
     error: ErrorInfo
 
 
+@_event("provider.throttled")
+class ProviderThrottled(_InTurn):
+    """A model call waits for its provider's rate limit (:mod:`runtime.ratelimit`):
+    about ``wait`` seconds, for ``reason`` ``requests``, ``tokens``, ``concurrency`` or
+    ``provider`` (``retry-after`` or an ``x-ratelimit-*`` header said so). ``key`` names
+    the limit (provider, model, endpoint)."""
+
+    step: int
+    wait: float
+    reason: str
+    key: str
+
+
+@_event("history.compacted")
+class HistoryCompacted(_InTurn):
+    """A history processor stored a summary before a model call (context compaction,
+    :mod:`runtime.compaction`): ``covered`` messages of the request are now sent as the
+    summary, which is saved with the turn. ``usage`` is the summary call's (it counts
+    toward the turn's); the token counts are the request's before and after."""
+
+    step: int
+    tokens_before: int
+    tokens_after: int
+    covered: int
+    usage: Usage
+
+
 @_event("provider.fallback")
 class ProviderFallback(_InTurn):
     """A model call failed after its retries, before producing output, with an error its
@@ -301,6 +328,8 @@ LIFECYCLE_EVENT_TYPES: tuple[type, ...] = (
     ActorGaveUp,
     Lagged,
     ProviderRetry,
+    ProviderThrottled,
+    HistoryCompacted,
     ProviderFallback,
     ToolApprovalRequested,
     ToolApprovalDecided,

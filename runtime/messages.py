@@ -321,9 +321,17 @@ def is_media_output(value: Any) -> bool:
 
 @attrs.frozen(kw_only=True, slots=True)
 class SystemMessage:
+    """A system message where it stands in the history; or, with
+    :attr:`summarizes_before`, a stored summary made by context compaction."""
+
     role: ClassVar[str] = "system"
     content: str
     id: str = attrs.field(factory=_new_id)
+    summarizes_before: str | None = None
+    """Set on a summary that context compaction stored (:mod:`runtime.compaction`): the id
+    of the first message it does *not* stand for. Every request then sends this message
+    in place of all the messages before that one (the store keeps them all); ``None``: an
+    ordinary system message."""
 
 
 @attrs.frozen(kw_only=True, slots=True)

@@ -232,6 +232,18 @@ class ToolStream(_Base):
     chunk: Any
 
 
+@_out("throttled")
+class Throttled(_Base):
+    """The step's model call waits for a rate limit (:mod:`runtime.ratelimit`): about
+    ``wait`` seconds (another caller may take the slot first: it may come again), for
+    ``reason`` ``requests``, ``tokens``, ``concurrency`` or ``provider`` (a pause the
+    provider asked for). A notice for the UI; nothing of it is stored."""
+
+    step: int
+    wait: float
+    reason: str
+
+
 @_out("step-finish")
 class StepFinish(_Base):
     step: int
@@ -275,6 +287,7 @@ OutputChunk = (
     | ToolApprovalRequest
     | ToolOutputDenied
     | ToolStream
+    | Throttled
     | StepFinish
     | Finish
     | Error

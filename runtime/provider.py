@@ -19,7 +19,7 @@ SDKs are imported lazily inside subclasses so ``import runtime`` stays fast.
 from __future__ import annotations
 
 import os
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, ClassVar
 
 import attrs
@@ -40,7 +40,9 @@ from runtime.errors import (
     RateLimited,
 )
 from runtime.history import FOREIGN_REASONING, ForeignReasoning, Origin, endpoint_of
+from runtime.messages import Message
 from runtime.pricing import PriceKey, is_local
+from runtime.ratelimit import Limiter, RateLimit, limit_key, parse_rate_headers
 
 Emit = Callable[[StreamChunk], Awaitable[None]]
 
@@ -99,13 +101,24 @@ class Provider(ServingActor[InferRequest]):
     a held delta reaches the consumer before parsing resumes."""
 
     def __init__(
-        self, *, model: str = "", max_concurrency: int | None = None, name: str | None = None
+        self,
+        *,
+        model: str = "",
+        max_concurrency: int | None = None,
+        name: str | None = None,
+        rate_limit: RateLimit | None = None,
     ) -> None:
         default = f"{self.provider_name}:{model}" if model else None
         super().__init__(name=name or default)
         self.model = model
         self.max_concurrency = max_concurrency
-        """At most this many calls in flight at once (to respect a rate limit)."""
+        """At most this many calls in flight at once in this process."""
+        self.rate_limit = rate_limit
+        """Limits of this configuration for all processes together (requests and tokens
+        per minute, concurrency): kept by :attr:`limiter` (see :mod:`runtime.ratelimit`)."""
+        self.limiter: Limiter | None = None
+        """What keeps :attr:`rate_limit`: set by the host that starts this provider
+        (in-process, or in Redis on a worker); ``None`` without a rate limit."""
         self._limiter = trio.CapacityLimiter(max_concurrency) if max_concurrency else None
         self.base_url: str | None = None
         """The endpoint, for providers that call one (``None``: the SDK's default)."""
@@ -183,6 +196,31 @@ class Provider(ServingActor[InferRequest]):
         :class:`~runtime.chunks.FinishChunk`. Raise to fail the call."""
         raise NotImplementedError
 
+    @property
+    def limit_key(self) -> str:
+        """The key :attr:`rate_limit` is counted under: provider, model and endpoint."""
+        return limit_key(self.provider_name, self.model, self.endpoint)
+
+    async def observe_headers(self, response: Any) -> None:
+        """Feed the limiter what a response's headers say (``x-ratelimit-*``,
+        ``anthropic-ratelimit-*``, ``retry-after``): a limit the provider reports spent
+        pauses every caller of this configuration until its reset. ``response`` is the
+        HTTP response (anything with ``headers``) or ``None``."""
+        limiter = self.limiter
+        headers = getattr(response, "headers", None)
+        if limiter is not None and headers is not None:
+            await limiter.pause_for(parse_rate_headers(headers))
+
+    async def count_tokens(
+        self, instructions: str | None, messages: Sequence[Message], tools: Sequence[Any]
+    ) -> int | None:
+        """The input tokens of a request with ``instructions``, ``messages`` and
+        ``tools``, as this provider's API counts them: what context compaction measures
+        a request by (:mod:`runtime.compaction`). ``None`` (this default): the provider
+        has no count of its own, and :func:`~runtime.compaction.estimate_tokens` is used.
+        Raise as :meth:`stream` does; a failed count falls back to the estimate too."""
+        return None
+
     def classify_error(self, exc: BaseException) -> AxonError:
         """Map an exception raised by :meth:`stream` onto the error classes."""
         if isinstance(exc, AxonError):
@@ -239,10 +277,19 @@ class Provider(ServingActor[InferRequest]):
                     await self.stream(request, out.send)
         except Exception as exc:  # the call failed: tell the requester, stay alive
             err = self.classify_error(exc)
+            await self._paused_by(err)
             try:
                 await out.send(StreamFailed(error=err))
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 pass
+
+    async def _paused_by(self, err: AxonError) -> None:
+        """A 429 whose ``retry-after`` says how long: every caller of this configuration
+        (every worker, through a shared limiter) waits that long, not just this turn."""
+        limiter, wait = self.limiter, getattr(err, "retry_after", None)
+        if limiter is not None and isinstance(err, RateLimited) and wait:
+            with trio.move_on_after(2):
+                await limiter.pause_for(float(wait))
 
 
 FALLBACK_ON: tuple[type[BaseException], ...] = (

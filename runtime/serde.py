@@ -35,6 +35,8 @@ _UNSTRUCTURE_OVERRIDES: dict[type, dict[str, Any]] = {
     },
     # Only a call that suspended its turn carries ``awaiting`` (docs/approval.md).
     messages.ToolCallPart: {"awaiting": override(omit_if_default=True)},
+    # Only a compaction summary carries ``summarizes_before`` (runtime/compaction.py).
+    messages.SystemMessage: {"summarizes_before": override(omit_if_default=True)},
 }
 _Dict = dict[str, Any]
 

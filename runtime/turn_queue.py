@@ -19,8 +19,10 @@ from typing import Any, Final, Protocol, runtime_checkable
 import attrs
 
 from runtime.approval import AWAITING_INPUT, Decision, Recorded
-from runtime.messages import UserContent
+from runtime.busy import OnBusy
+from runtime.messages import Message, UserContent
 from runtime.store import Store
+from runtime.tools import Tool
 
 QUEUED: Final = "queued"
 RUNNING: Final = "running"
@@ -34,6 +36,56 @@ WAITING: Final = AWAITING_INPUT
 nothing held; the decision that completes its calls puts it back to be claimed."""
 SUPERSEDED: Final = "superseded"
 """The finish reason of a waiting turn that a later turn of its session replaced."""
+
+
+@attrs.frozen(kw_only=True, slots=True)
+class ClientToolSpec:
+    """A client-side tool as a queued turn carries it (:meth:`runtime.tools.Tool.client`
+    is rebuilt from it by the worker): a protocol's caller declares its own tools per
+    request (AG-UI's ``tools``), and the worker that runs the turn is another process."""
+
+    name: str
+    schema: dict[str, Any]
+    """The JSON schema of the arguments object."""
+    description: str = ""
+
+    @classmethod
+    def of(cls, tool: Tool) -> ClientToolSpec:
+        """The spec of a client-side tool (:meth:`runtime.tools.Tool.client`)."""
+        return cls(name=tool.name, schema=dict(tool.parameters), description=tool.description)
+
+    def tool(self) -> Tool:
+        return Tool.client(self.name, self.schema, self.description)
+
+
+@attrs.frozen(kw_only=True, slots=True)
+class TurnOptions:
+    """What a queued turn carries beyond its input: what a protocol's request says of
+    this turn alone (AG-UI, the OpenAI endpoint, A2A), which the embedded app hands to
+    ``session.stream`` directly and a worker deployment's front end puts in the row.
+    None of it is part of the input a retry is compared by."""
+
+    user_message_id: str | None = None
+    """The id the turn's user message is stored under (the client's), so the protocol
+    recognises it again (a replayed AG-UI run, an A2A ``messageId`` sent twice)."""
+    tools: tuple[ClientToolSpec, ...] = ()
+    """Client-side tools offered to the model for this turn only (continuations too)."""
+    instructions: str | None = None
+    """Added after the agent's instructions for this turn only."""
+    history: tuple[Message, ...] | None = None
+    """Messages a session that is not stored yet starts from (an AG-UI thread the client
+    already holds, a stateless OpenAI request's conversation)."""
+    ephemeral: bool = False
+    """The session is only this turn's: the worker deletes it once the turn is over (a
+    stateless OpenAI request), and a turn that would wait for input ends instead, since
+    nobody can answer it."""
+
+    @property
+    def empty(self) -> bool:
+        return self == NO_OPTIONS
+
+
+NO_OPTIONS: Final = TurnOptions()
 
 
 @attrs.frozen(kw_only=True, slots=True)
@@ -95,6 +147,8 @@ class QueuedTurn(TurnStatus):
     idempotency_key: str | None
     """The queue's unique key of this submission (a hash of the caller's key, the input
     and the turn an edit replaces), not the caller's key; ``None`` for an unkeyed one."""
+    options: TurnOptions = NO_OPTIONS
+    """What the turn carries beyond its input (:class:`TurnOptions`)."""
 
 
 @attrs.frozen(kw_only=True, slots=True)
@@ -177,11 +231,17 @@ class TurnQueue(Protocol):
         meta: dict[str, Any] | None = None,
         regenerate: bool = False,
         turn_id: str | None = None,
+        options: TurnOptions | None = None,
+        on_busy: OnBusy | None = None,
     ) -> QueuedTurn:
         """Queue a turn for ``session_id`` and wake the workers; a resubmit with the same
-        ``idempotency_key`` and input returns the turn already queued. Raises
+        ``idempotency_key`` and input returns the turn already queued. ``options`` are
+        what the turn carries beyond its input (:class:`TurnOptions`). Raises
         :class:`~runtime.errors.QueueFull` over a cap, :class:`~runtime.errors.TurnConflict`
-        for a key another turn holds."""
+        for a key another turn holds. ``on_busy`` (``enqueue``, the default; ``reject``:
+        :class:`~runtime.errors.SessionBusy` while a turn of the session is queued or
+        running; ``interrupt``: those are cancelled first) is decided atomically with
+        the insert."""
         ...
 
     async def get(self, turn_id: str) -> QueuedTurn | None: ...
@@ -202,8 +262,11 @@ class TurnQueue(Protocol):
         """The sessions with a turn queued or running."""
         ...
 
-    async def request_cancel(self, turn_id: str, reason: str = "cancelled") -> TurnStatus | None:
-        """Cancel a turn: a queued one at once, a running one through its worker."""
+    async def request_cancel(
+        self, turn_id: str, reason: str = "cancelled", *, waiting: bool = False
+    ) -> TurnStatus | None:
+        """Cancel a turn: a queued one at once, a running one through its worker; with
+        ``waiting``, one that waits for input at once too (no decision resumes it then)."""
         ...
 
     async def turns(self, session_id: str) -> list[QueuedTurn]:
@@ -234,11 +297,16 @@ class TurnQueue(Protocol):
     async def renew(self, claim: Claim) -> Renewal: ...
 
     def fenced(
-        self, claim: Claim, on_lost: Callable[[], None] | None = None
+        self,
+        claim: Claim,
+        on_lost: Callable[[], None] | None = None,
+        on_suspended: Callable[[], None] | None = None,
     ) -> AbstractContextManager[None]:
         """While inside, every save of the claimed turn's session is refused
         (:class:`~runtime.errors.LeaseLost`) once the claim no longer holds the turn;
-        ``on_lost`` is called then."""
+        ``on_lost`` is called then. With ``on_suspended``, the save of the step that
+        makes the turn wait for a person also suspends it (:meth:`suspend`) in the save's
+        commit, and ``on_suspended`` is called once that committed."""
         ...
 
     def close_fences(self) -> None:
@@ -297,15 +365,18 @@ __all__ = [
     "DONE",
     "FAILED",
     "FINAL_STATUSES",
+    "NO_OPTIONS",
     "QUEUED",
     "RUNNING",
     "SUPERSEDED",
     "WAITING",
     "Claim",
+    "ClientToolSpec",
     "Decided",
     "LeaseRenewer",
     "QueuedTurn",
     "Renewal",
+    "TurnOptions",
     "TurnQueue",
     "TurnStatus",
 ]

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
 import pytest
+import structlog
 from hypothesis import HealthCheck, settings
 from trio.testing import MockClock
 
@@ -26,6 +28,21 @@ def autojump_clock() -> MockClock:
     """pytest-trio's ``autojump_clock``, except that virtual time does not pass while a
     worker thread runs (a SQLite store call): see :mod:`tests.support.clock`."""
     return thread_aware_autojump_clock()
+
+
+@pytest.fixture(autouse=True)
+def _logging_configuration_restored():
+    """Each test leaves structlog (and the library loggers it routes) as it found them. A
+    test that runs a command configures logging onto its own captured stderr, which is
+    closed once it ends; a later test that logs would write into that closed file."""
+    from runtime.logging import LIBRARY_LOGGERS
+
+    saved = structlog.get_config()
+    handlers = {name: list(logging.getLogger(name).handlers) for name in LIBRARY_LOGGERS}
+    yield
+    structlog.configure(**saved)
+    for name, kept in handlers.items():
+        logging.getLogger(name).handlers[:] = kept
 
 
 SHARED_STREAMS = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "streams"

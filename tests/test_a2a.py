@@ -7,8 +7,6 @@ worker thread with an asyncio loop of its own (:func:`sdk`)."""
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
 from functools import partial
 from typing import Any
 
@@ -845,20 +843,6 @@ async def test_a_malformed_rest_body_is_a_google_rpc_status():
         assert missing.status_code == 404
         assert missing.json()["error"]["details"][0]["reason"] == "METHOD_NOT_FOUND"
         assert server.host.sessions == {}
-
-
-def test_serve_refuses_a2a_as_a_worker_deployments_front_end():
-    front_end = ["--store", "postgresql://nobody@127.0.0.1:1/x", "--redis", "redis://127.0.0.1:1"]
-    proc = subprocess.run(
-        [sys.executable, "-m", "runtime.app.web.serve", "--protocols", "a2a", *front_end],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert proc.returncode == 2
-    assert proc.stderr == (
-        "error: --protocols a2a is not served by a worker deployment's front end yet\n"
-    )
 
 
 JUNK = st.recursive(

@@ -5,8 +5,6 @@ stream's sequence against the spec's rules; then the attacks."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -1062,18 +1060,3 @@ async def test_the_endpoint_is_mounted_only_when_named():
         async with httpx.AsyncClient(base_url=server.url) as c:
             assert (await c.get("/api/info")).status_code == 404
             assert (await c.get("/ag-ui")).status_code == 405
-
-
-def test_serve_refuses_ag_ui_as_a_worker_deployments_front_end():
-    front_end = ["--store", "postgresql://nobody@127.0.0.1:1/x", "--redis", "redis://127.0.0.1:1"]
-    proc = subprocess.run(
-        [sys.executable, "-m", "runtime.app.web.serve", "--protocols", "ag-ui", *front_end],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert proc.returncode == 2
-    assert (
-        proc.stderr
-        == "error: --protocols ag-ui is not served by a worker deployment's front end yet\n"
-    )

@@ -53,6 +53,8 @@ EXPECTED_KEYS = {
     "workers.scaling.io",
     "workers.relay_first_delta",
     "workers.store",
+    "approval.embedded.commits",
+    "approval.memory",
     "approval.workers.overhead",
     "aio.ratio",
 }

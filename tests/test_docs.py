@@ -47,6 +47,9 @@ EXPECTED = {
     ("providers.md", 4): "('google', 'gemini-2.5-flash')\n('openai', 'llama3:8b')\n"
     "anthropic-bedrock:anthropic.claude-sonnet-4-5-20250929-v1:0\n"
     "['text', 'thought']\n['function_call', 'thought_signature']\n",
+    ("providers.md", 5): "17 messages stored, 1 summaries\n"
+    "The user asked numbered questions; each got a long answer.\n",
+    ("providers.md", 6): "scripted|scripted|- 500\n",
     ("structured-output.md", 0): "Weather(city='Paris', temp=21.5)\n2 steps",
     ("web.md", 0): "support",
     ("protocols.md", 0): "scripted: Let me check the weather. It is 22°C and clear skies in Oslo "

@@ -279,3 +279,58 @@ async def test_the_demo_agent_serve_runs_keeps_no_prompt_once_its_session_is_evi
         gc.collect()
         assert not session.loaded
         assert message() is None
+
+
+def waiting_agent(argument: str, *, approval_timeout: float | None = None) -> Agent:
+    """A turn that calls ``act(argument)``, which needs approval: the turn suspends."""
+    from actors.providers.scripted import tool_call
+    from runtime import tool
+
+    @tool(needs_approval=True)
+    async def act(text: str) -> str:
+        """Act on the text."""
+        return "done"
+
+    provider = ScriptedProvider(steps=[tool_call("act", {"text": argument})], keep_requests=0)
+    return Agent(name="asks", provider=provider, tools=[act], approval_timeout=approval_timeout)
+
+
+async def test_an_evicted_waiting_turn_leaves_neither_its_session_nor_its_call_in_memory(
+    autojump_clock,
+):
+    """A turn that waits for a person is a record in the store (docs/approval.md): once
+    its session is evicted the host holds no reference to the session or its history."""
+    agent = waiting_agent("y" * 2**20)
+    async with Host.open(store=CopyingStore(), idle_ttl=60) as host:
+        session = await host.open_session(agent, session_id="waits")
+        result = await session.run("go")
+        assert result.finish_reason == "awaiting-input"
+        call = weakref.ref(session.messages[1].content[0])
+        held = weakref.ref(session)
+        assert call().input["text"] == "y" * 2**20
+        del result, session
+        await trio.sleep(61)
+        gc.collect()
+        assert held() is None
+        assert call() is None
+        assert host.get_session("waits") is None
+        assert [p.tool_name for p in (await host.open_session(agent, "waits")).pending] == ["act"]
+
+
+async def test_an_evicted_turn_waiting_with_a_deadline_leaves_only_the_deadline_in_memory(
+    autojump_clock,
+):
+    """With ``approval_timeout`` the host's timer watches the wait: by its session id and
+    deadline, never by the session or its history."""
+    agent = waiting_agent("z" * 2**20, approval_timeout=3600)
+    async with Host.open(store=CopyingStore(), idle_ttl=60) as host:
+        session = await host.open_session(agent, session_id="waits")
+        await session.run("go")
+        call = weakref.ref(session.messages[1].content[0])
+        held = weakref.ref(session)
+        del session
+        await trio.sleep(61)
+        gc.collect()
+        assert held() is None
+        assert call() is None
+        assert list(host.expiry._due) == ["waits"]

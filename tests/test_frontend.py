@@ -81,6 +81,12 @@ class Deployment:
     workers_ended: trio.Event = attrs.Factory(trio.Event)
     send_timeout: float | None = None
     """The front ends' ``send_timeout`` (``None``: the app's default)."""
+    protocols: tuple[str, ...] = ("ai-sdk",)
+    """What the front ends serve (``serve --protocols``)."""
+    queue_caps: dict[str, Any] = attrs.Factory(dict)
+    """The front ends' queue caps (``max_queued_per_session``, ``max_queued``)."""
+    on_busy: str | None = None
+    """The front ends' busy strategy (``serve --on-busy``; ``None``: enqueue)."""
 
     async def start_worker(self) -> Worker:
         return await self.nursery.start(self._worker)
@@ -119,10 +125,18 @@ class Deployment:
             RedisRelay.open(self.redis_url, prefix=self.prefix) as relay,
             Host.open(store=self.pg_url, log_tap=False) as host,
         ):
-            queue = TurnQueue(host.store)
+            queue = TurnQueue(host.store, **self.queue_caps)
             try:
                 limits = {} if self.send_timeout is None else {"send_timeout": self.send_timeout}
-                app = create_app(host, self.agent, relay=relay, queue=queue, **limits)
+                app = create_app(
+                    host,
+                    self.agent,
+                    relay=relay,
+                    queue=queue,
+                    protocols=self.protocols,
+                    on_busy=self.on_busy,
+                    **limits,
+                )
                 binds = await self.nursery.start(partial(serve_app, app, host="127.0.0.1", port=0))
                 task_status.started(binds[0])
                 await trio.sleep_forever()
@@ -147,6 +161,9 @@ async def deployment(
     fronts: int = 1,
     worker: bool = True,
     send_timeout: float | None = None,
+    protocols: tuple[str, ...] = ("ai-sdk",),
+    queue_caps: dict[str, Any] | None = None,
+    on_busy: str | None = None,
 ) -> AsyncIterator[Deployment]:
     store = await PostgresStore.open(pg_url)
     queue = TurnQueue(store)
@@ -155,6 +172,9 @@ async def deployment(
             async with trio.open_nursery() as nursery:
                 d = Deployment(pg_url, redis_url, unique_prefix(), agent, store, queue, nursery)
                 d.send_timeout = send_timeout
+                d.protocols = protocols
+                d.queue_caps = dict(queue_caps or {})
+                d.on_busy = on_busy
                 for _ in range(fronts):
                     await d.start_front_end()
                 if worker:

@@ -168,20 +168,25 @@ async def test_a_store_error_on_submit_is_an_answer_of_one_line(
     refusing = _Refusing(error)
     front = FrontEnd(store=refusing, queue=refusing, relay=None)
     with pytest.raises(ApiError) as raised:
-        await front._submit("s1", "hi", "k", False)
+        await front.submit("s1", "hi", "k", False)
     assert raised.value.status == status
     assert raised.value.message == str(error).splitlines()[0]
 
 
 async def test_a_store_from_before_the_key_columns_gains_them_on_open(pg_url: str) -> None:
     store = await PostgresStore.open(pg_url)
-    sql(store, "ALTER TABLE axon_turns DROP COLUMN message_key, DROP COLUMN input_hash")
+    sql(
+        store,
+        "ALTER TABLE axon_turns DROP COLUMN message_key, DROP COLUMN input_hash, "
+        "DROP COLUMN options",
+    )
     await store.aclose()
     store = await PostgresStore.open(pg_url)
     queue = TurnQueue(store)
     try:
         first = await queue.submit("s1", "hi", idempotency_key="k")
         assert (await queue.submit("s1", "hi", idempotency_key="k")).turn_id == first.turn_id
+        assert first.options.empty  # the options column is back, '{}' for the old rows too
         indexes = sql(
             store,
             "SELECT indexname FROM pg_indexes WHERE tablename = 'axon_turns' "

@@ -272,3 +272,22 @@ def test_every_facade_name_is_the_object_of_its_module():
             assert getattr(runtime, name) is getattr(importlib.import_module(module), name)
     assert set(runtime.__all__) == set(runtime._WHERE)
     assert set(runtime.__all__) <= set(dir(runtime))
+
+
+def test_the_architecture_drawing_shows_every_module_in_its_folder():
+    """docs/architecture.md draws the three folders with their modules: a module added,
+    moved or renamed without the drawing following fails here."""
+    doc = (ROOT / "docs" / "architecture.md").read_text()
+    section = doc[doc.index("## The three layers") :]
+    drawing = section[section.index("```") + 3 :]
+    drawing = drawing[: drawing.index("```")]
+    tokens = drawing.replace("/", " ").replace("(", " ").replace(")", " ").split()
+    words = {token.strip(",:").removesuffix(".py") for token in tokens}
+    missing = []
+    for path in sorted([*(ROOT / "runtime").rglob("*.py"), *(ROOT / "actors").rglob("*.py")]):
+        rel = path.relative_to(ROOT)
+        if path.name == "__init__.py" or rel.parts[:2] == ("runtime", "testing"):
+            continue
+        if path.stem not in words:
+            missing.append(str(rel))
+    assert missing == []

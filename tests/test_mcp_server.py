@@ -46,7 +46,6 @@ INIT = {
     },
 }
 SERVE = [sys.executable, "-m", "runtime", "serve", "--port", "0", "--protocols"]
-FRONT_END = ["--store", "postgresql://127.0.0.1:1/x", "--redis", "redis://127.0.0.1:1/0"]
 ACCEPT = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
 
 
@@ -365,20 +364,6 @@ async def test_a_cross_site_request_is_refused_and_runs_nothing():
 async def test_only_the_named_protocols_serve_mcp():
     async with web_server(echo) as server, httpx.AsyncClient(base_url=server.url) as raw:
         assert (await raw.post("/mcp", json=INIT, headers=ACCEPT)).status_code == 404
-
-
-def test_serve_refuses_mcp_as_a_worker_deployments_front_end():
-    proc = subprocess.run(
-        [*SERVE, "ai-sdk,mcp", *FRONT_END],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=ROOT,
-    )
-    assert proc.returncode == 2
-    assert proc.stderr == (
-        "error: --protocols mcp is not served by a worker deployment's front end yet\n"
-    )
 
 
 # -- in other processes: serve, mcp-server over stdio, Axon's own client -------------------------

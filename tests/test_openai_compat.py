@@ -488,20 +488,6 @@ async def test_a_shutdown_ends_a_stateless_stream_with_an_aborted_error():
                 pass
 
 
-def test_serve_refuses_openai_as_a_worker_deployments_front_end():
-    front_end = ["--store", "postgresql://nobody@127.0.0.1:1/x", "--redis", "redis://127.0.0.1:1"]
-    proc = subprocess.run(
-        [sys.executable, "-m", "runtime.app.web.serve", "--protocols", "openai", *front_end],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert proc.returncode == 2
-    assert proc.stderr == (
-        "error: --protocols openai is not served by a worker deployment's front end yet\n"
-    )
-
-
 async def test_an_unknown_route_or_method_is_answered_in_openais_shape():
     async with web_server(tool_agent(), protocols=BOTH) as server:
         async with httpx.AsyncClient(base_url=server.url) as raw:

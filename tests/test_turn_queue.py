@@ -15,7 +15,7 @@ import trio.lowlevel
 
 from actors.stores.postgres import PostgresStore
 from actors.stores.turns import Claim, QueuedTurn, Renewal, TurnQueue
-from runtime.approval import Decision
+from runtime.approval import WAITING_META, Decision
 from runtime.errors import AlreadyDecided, InvalidSessionId, LeaseLost, StoreError, UnknownApproval
 from runtime.messages import (
     AssistantMessage,
@@ -26,6 +26,7 @@ from runtime.messages import (
     ToolCallPart,
     UserMessage,
 )
+from runtime.turn_queue import ClientToolSpec, TurnOptions
 from tests.support.pg import drop_schema, pg_base_url, pg_connect, restart_postgres
 
 LEASE = 0.3
@@ -81,6 +82,23 @@ async def test_submit_queues_a_turn_with_its_input_and_meta(queue):
     assert (turn.status, turn.owner, turn.epoch, turn.attempts) == ("queued", None, 0, 0)
     assert turn.message_id == f"msg_{turn.turn_id}"
     assert await queue.get(turn.turn_id) == turn
+
+
+async def test_a_turns_options_travel_with_its_row_to_the_worker_that_claims_it(queue):
+    options = TurnOptions(
+        user_message_id="client-1",
+        tools=(ClientToolSpec(name="pick", schema={"type": "object"}, description="Pick."),),
+        instructions="Be brief.",
+        history=(UserMessage(content="earlier"),),
+        ephemeral=True,
+    )
+    turn = await queue.submit("s1", "hello", options=options)
+    claim = await queue.claim("w1")
+    plain = await queue.submit("s2", "hello")
+    assert turn.options == options
+    assert claim is not None and claim.turn.options == options
+    assert plain.options == TurnOptions() and plain.options.empty
+    assert options.tools[0].tool().is_client
 
 
 async def test_submit_round_trips_images_and_files(queue):
@@ -538,6 +556,25 @@ async def test_a_decision_for_a_turn_that_no_longer_waits_is_refused_and_not_sav
     assert await store.version("s1") == version
 
 
+async def test_a_waiting_turn_is_cancelled_only_when_asked_and_then_no_decision_resumes_it(
+    queue, store
+):
+    claim = await suspended(queue, store)
+    turn_id = claim.turn.turn_id
+    left = await queue.request_cancel(turn_id, "stop")
+    ended = await queue.request_cancel(turn_id, "canceled by the A2A client", waiting=True)
+    with pytest.raises(AlreadyDecided, match="cancelled"):
+        await queue.decide("s1", "ap1", Decision(approved=True), {})
+    assert left is not None and left.status == "awaiting-input"
+    assert ended is not None and (ended.status, ended.finish_reason, ended.expires_at) == (
+        "cancelled",
+        "aborted",
+        None,
+    )
+    assert ended.cancel_reason == "canceled by the A2A client"
+    assert await queue.claim("w2") is None  # nothing to resume
+
+
 async def test_a_decision_for_another_sessions_call_is_unknown(queue, store):
     await suspended(queue, store, "s1")
     await store.save("s2", 0, [UserMessage(content="hi")])
@@ -569,3 +606,36 @@ async def test_a_store_from_before_waiting_turns_gains_the_status_on_open(pg_url
         assert (await queue.get_status(claim.turn.turn_id)).waiting
     finally:
         await reopened.aclose()
+
+
+async def test_the_step_that_waits_suspends_the_row_in_its_fenced_save(queue, store):
+    await queue.submit("s1", "delete it")
+    claim = await queue.claim("w1")
+    assert claim is not None
+    call = ToolCallPart(
+        tool_call_id="c1",
+        tool_name="delete",
+        input={},
+        step=0,
+        awaiting=Awaiting(kind="approval", id="ap1", turn_id=claim.turn.turn_id, expires_at=900.0),
+    )
+    messages = [
+        UserMessage(content="delete it"),
+        AssistantMessage(id=claim.turn.message_id, content=(call,)),
+    ]
+    told: list[str] = []
+    with queue.fenced(claim, on_suspended=lambda: told.append("suspended")):
+        await store.save("s1", 0, messages[:1])  # a step that waits for nothing
+        assert told == []
+        await store.save("s1", 0, messages, {WAITING_META: 1})
+        (row,) = sql(
+            store,
+            "SELECT status, owner, lease_until, expires_at FROM axon_turns WHERE turn_id = %s",
+            (claim.turn.turn_id,),
+        )
+        # The decision for it, made while the worker still holds the fence (its turn
+        # is ending): not the turn's own write, so not refused.
+        decided = await queue.decide("s1", "ap1", Decision(approved=True), {})
+    assert told == ["suspended"]
+    assert row == ("awaiting-input", None, None, 900.0)
+    assert decided.recorded.complete and decided.turn.resumes == 1

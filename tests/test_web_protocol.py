@@ -42,6 +42,7 @@ SCHEMA_FIELDS = {
     "text-delta": {"id", "delta"},
     "text-end": {"id"},
     "data-object": {"id", "data"},
+    "data-throttled": {"data", "transient"},
     "reasoning-start": {"id"},
     "reasoning-delta": {"id", "delta"},
     "reasoning-end": {"id"},
@@ -126,6 +127,16 @@ CASES = [
                 "toolCallId": "c1",
                 "output": "partial",
                 "preliminary": True,
+            }
+        ],
+    ),
+    (
+        o.Throttled(step=0, wait=2.5, reason="requests"),
+        [
+            {
+                "type": "data-throttled",
+                "data": {"wait": 2.5, "reason": "requests"},
+                "transient": True,
             }
         ],
     ),

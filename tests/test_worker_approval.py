@@ -162,6 +162,28 @@ async def test_a_suspended_turns_row_awaits_input_with_no_owner_and_no_lease(
     assert ran == []
 
 
+async def test_the_step_that_asks_suspends_the_row_in_its_own_commit(
+    pg_url: str, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from actors.stores.turns import TurnQueue
+
+    separate: list[str] = []
+    original = TurnQueue.suspend
+
+    async def suspend(self: TurnQueue, claim: Any, **kw: Any) -> bool:
+        separate.append(claim.turn.turn_id)
+        return await original(self, claim, **kw)
+
+    monkeypatch.setattr(TurnQueue, "suspend", suspend)
+    async with deployment(pg_url, redis_url, approval_agent(timeout=600)) as d:
+        await first_part(d, d.urls[0])
+        turn = await waiting_turn(d)
+        status = await d.queue.get_status(turn.turn_id)
+    assert separate == []  # no transaction of its own: the step's save suspended it
+    assert status is not None and status.waiting and status.owner is None
+    assert status.expires_at is not None and status.expires_at > time.time() + 500
+
+
 async def test_approving_on_another_front_end_resumes_the_turn_in_the_same_message(
     pg_url: str, redis_url: str
 ) -> None:
@@ -214,6 +236,33 @@ async def test_a_denial_streams_tool_output_denied_and_runs_nothing(
     assert record is not None
     results = [m for m in record.messages if isinstance(m, ToolMessage)]
     assert [r.error for r in results] == ["the tool call was denied: not now"]
+
+
+async def test_stop_denies_what_a_waiting_turn_waits_for_and_the_turn_ends(
+    pg_url: str, redis_url: str
+) -> None:
+    async with deployment(pg_url, redis_url, approval_agent(), fronts=2) as d:
+        await first_part(d, d.urls[0])
+        turn = await waiting_turn(d)
+        async with httpx.AsyncClient(timeout=LIMIT) as client:
+            stopped = await client.post(f"{d.urls[1]}/api/chat/s1/stop", json={})
+        finished = await d.queue.wait_finished(turn.turn_id, LIMIT)
+        record = await d.store.load("s1")
+    assert stopped.status_code == 202 and stopped.json() == {"turn_id": turn.turn_id}
+    assert finished is not None and finished.status == "done" and finished.resumes == 1
+    assert ran == []
+    assert record is not None
+    results = [m for m in record.messages if isinstance(m, ToolMessage)]
+    assert [r.error for r in results] == ["the tool call was denied: stopped"]
+
+
+async def test_stop_with_no_turn_running_queued_or_waiting_is_204(
+    pg_url: str, redis_url: str
+) -> None:
+    async with deployment(pg_url, redis_url, approval_agent()) as d:
+        async with httpx.AsyncClient(timeout=LIMIT) as client:
+            stopped = await client.post(f"{d.urls[0]}/api/chat/nobody/stop", json={})
+    assert stopped.status_code == 204
 
 
 async def test_two_racing_decisions_on_two_front_ends_record_exactly_one(
@@ -346,3 +395,14 @@ async def test_a_client_resuming_the_continuation_on_the_first_front_end_misses_
     assert streamed == "".join(getattr(p, "text", "") for p in stored.content)  # nothing missing
     outputs = [d for _, d in events if d["type"] == "tool-output-available"]
     assert len(outputs) == 1 and ran == ["/x"]
+
+
+def test_a_turn_whose_step_suspended_its_row_is_not_lost_to_a_late_renewal() -> None:
+    """The step's commit let the row go (``awaiting-input``): a renewal or a save of the
+    turn after it finds the row so, which must not cut the turn's relay stream short."""
+    from runtime.app.worker import _Running
+
+    entry = _Running(claim=None)  # type: ignore[arg-type]
+    entry.suspend()
+    entry.lose("the renewal found the row waiting")
+    assert not entry.lost

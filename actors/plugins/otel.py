@@ -711,29 +711,35 @@ def build_tracer_provider(*, service_name: str = "axon") -> Any:
         if name == "console":
             provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter(out=sys.stderr)))
             continue
-        if name == "otlp":
-            protocol = env.get(
-                "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
-                env.get("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
-            )
-            if protocol not in _PROTOCOLS:
-                raise ConfigurationError(
-                    f"unknown OTLP protocol {protocol!r}; use one of {sorted(_PROTOCOLS)}"
-                )
-            name = _PROTOCOLS[protocol]
-        if name not in installed:
-            raise ConfigurationError(
-                f"OTEL_TRACES_EXPORTER names {name!r}, which is not installed "
-                f"(installed: {', '.join(sorted(installed)) or 'none'})"
-            )
-        options: dict[str, Any] = {}
-        if name in _PROTOCOLS.values():
-            logging.getLogger(_EXPORTER_LOGGERS).setLevel(logging.CRITICAL)
-            if not any(env.get(v) for v in _TIMEOUT_VARIABLES):
-                options["timeout"] = EXPORT_TIMEOUT
-        exporter = installed[name].load()(**options)
-        provider.add_span_processor(BatchSpanProcessor(_reporting(exporter, name)))
+        provider.add_span_processor(BatchSpanProcessor(_installed_exporter(name, installed)))
     return provider
+
+
+def _installed_exporter(name: str, installed: dict[str, Any]) -> Any:
+    """The exporter ``OTEL_TRACES_EXPORTER`` names, from its entry point (``otlp``: the
+    one of the configured protocol), reporting failed exports (:func:`_reporting`)."""
+    env = os.environ
+    if name == "otlp":
+        protocol = env.get(
+            "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+            env.get("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
+        )
+        if protocol not in _PROTOCOLS:
+            raise ConfigurationError(
+                f"unknown OTLP protocol {protocol!r}; use one of {sorted(_PROTOCOLS)}"
+            )
+        name = _PROTOCOLS[protocol]
+    if name not in installed:
+        raise ConfigurationError(
+            f"OTEL_TRACES_EXPORTER names {name!r}, which is not installed "
+            f"(installed: {', '.join(sorted(installed)) or 'none'})"
+        )
+    options: dict[str, Any] = {}
+    if name in _PROTOCOLS.values():
+        logging.getLogger(_EXPORTER_LOGGERS).setLevel(logging.CRITICAL)
+        if not any(env.get(v) for v in _TIMEOUT_VARIABLES):
+            options["timeout"] = EXPORT_TIMEOUT
+    return _reporting(installed[name].load()(**options), name)
 
 
 def _reporting(exporter: Any, name: str) -> Any:

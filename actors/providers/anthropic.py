@@ -15,7 +15,7 @@ first time an API key is read.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncGenerator, Iterable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Sequence
 from contextlib import aclosing
 from typing import Any, ClassVar
 
@@ -392,79 +392,134 @@ async def parse_stream(stream: Any, emit: Emit, *, answer_tool: str | None = Non
     input JSON is emitted as text chunks, and a ``tool_use`` stop reason with no other
     call is ``stop``.
     """
-    blocks: dict[int, _Block] = {}
-    calls = 0  # tool_use blocks that are calls (not the answer)
-    stop_reason: str | None = None
-    stopped = False
-    usage: dict[str, int | None] = {}
+    parse = _MessageParse(emit, answer_tool)
+    on_event = parse.handlers()
     async for event in stream:
         etype = event.get("type")
         if etype == "content_block_delta":
             delta = event.get("delta") or {}
             dtype = delta.get("type")
-            if dtype == "text_delta":
+            if dtype == "text_delta":  # most of a stream: one per token, inline
                 text = delta.get("text")
                 if text:
                     await emit(TextChunk(text=text))
                 continue
-            index = event.get("index")
-            block = blocks.get(index)  # type: ignore[arg-type]
-            if block is None:
-                raise errors.MalformedStream(
-                    f"content_block_delta for block {index}, which was never started",
-                    provider=PROVIDER,
-                )
-            if dtype == "input_json_delta":
-                fragment = delta.get("partial_json")
-                if fragment:
-                    block.json.append(fragment)
-                    if block.kind == "tool_use":
-                        await emit(ToolInputDeltaChunk(tool_call_id=block.id, delta=fragment))
-                    elif block.kind == "answer":
-                        await emit(TextChunk(text=fragment))
-            elif dtype == "thinking_delta":
-                thinking = delta.get("thinking")
-                if thinking:
-                    await emit(ReasoningChunk(text=thinking, provider=PROVIDER))
-            elif dtype == "signature_delta":
-                block.signed = True
-                await emit(ReasoningChunk(signature=delta.get("signature"), provider=PROVIDER))
-            # citations_delta: citations are not part of the chunk vocabulary (yet)
-        elif etype == "content_block_start":
-            content = event.get("content_block") or {}
-            if content.get("type") == "tool_use" and content.get("name") == answer_tool:
-                blocks[event.get("index")] = _Block("answer", data=content.get("input"))  # type: ignore[index]
-            else:
-                calls += content.get("type") == "tool_use"
-                await _start_block(event.get("index"), content, blocks, emit)
-        elif etype == "content_block_stop":
-            block = blocks.pop(event.get("index"), None)  # type: ignore[arg-type]
-            if block is not None:
-                await _stop_block(block, emit)
-        elif etype == "message_start":
-            _take_usage(usage, (event.get("message") or {}).get("usage"))
-        elif etype == "message_delta":
-            stop_reason = (event.get("delta") or {}).get("stop_reason") or stop_reason
-            _take_usage(usage, event.get("usage"))
-        elif etype == "message_stop":
-            stopped = True
-        # anything else (ping never gets here: it is dropped as the SDK drops it) is ignored
-    if not stopped or stop_reason is None:
-        missing = "message_stop" if not stopped else "a stop_reason"
-        raise errors.MalformedStream(
-            f"the response stream ended without {missing} (cut short)", provider=PROVIDER
-        )
-    # Blocks the stop reason cut off before their end: a tool call is reported, never
-    # parsed (a JSON prefix may parse and be wrong); an open thinking block stays
-    # unsigned; an open server block cannot be replayed and is dropped.
-    for block in blocks.values():
-        if block.kind == "tool_use":
-            cut = TRUNCATED_BY_MAX_TOKENS
-            if stop_reason != "max_tokens":
-                cut = f"the tool input was cut off ({stop_reason}); the call was not executed"
-            await emit(_tool_call(block, cut))
+            chunk = parse.block_delta(event.get("index"), dtype, delta)
+            if chunk is not None:
+                await emit(chunk)
+        else:
+            # any other event is ignored (ping never gets here: it is dropped as the SDK does)
+            handler = on_event.get(etype)
+            if handler is not None:
+                await handler(event)
+    await parse.finish()
+
+
+class _MessageParse:
+    """What :func:`parse_stream` has read of one message: its open blocks, how many tool
+    calls it made, its stop reason and usage so far; a method per event type."""
+
+    __slots__ = ("answer_tool", "blocks", "calls", "emit", "stop_reason", "stopped", "usage")
+
+    def __init__(self, emit: Emit, answer_tool: str | None) -> None:
+        self.emit = emit
+        self.answer_tool = answer_tool
+        self.blocks: dict[int, _Block] = {}
+        self.calls = 0
+        """``tool_use`` blocks that are calls (not the answer)."""
+        self.stop_reason: str | None = None
+        self.stopped = False
+        self.usage: dict[str, int | None] = {}
+
+    def handlers(self) -> dict[str, Callable[[dict[str, Any]], Awaitable[None]]]:
+        """The events other than ``content_block_delta`` this reads, by type."""
+        return {
+            "content_block_start": self.block_start,
+            "content_block_stop": self.block_stop,
+            "message_start": self.message_start,
+            "message_delta": self.message_delta,
+            "message_stop": self.message_stop,
+        }
+
+    def block_delta(self, index: Any, dtype: Any, delta: dict[str, Any]) -> Any:
+        """The chunk of a delta of type ``dtype`` (not a text delta) to block ``index``
+        (``None``: none)."""
+        block = self.blocks.get(index)
+        if block is None:
+            raise errors.MalformedStream(
+                f"content_block_delta for block {index}, which was never started",
+                provider=PROVIDER,
+            )
+        if dtype == "input_json_delta":
+            fragment = delta.get("partial_json")
+            if fragment:
+                block.json.append(fragment)
+                if block.kind == "tool_use":
+                    return ToolInputDeltaChunk(tool_call_id=block.id, delta=fragment)
+                if block.kind == "answer":
+                    return TextChunk(text=fragment)
+        elif dtype == "thinking_delta":
+            thinking = delta.get("thinking")
+            if thinking:
+                return ReasoningChunk(text=thinking, provider=PROVIDER)
+        elif dtype == "signature_delta":
+            block.signed = True
+            return ReasoningChunk(signature=delta.get("signature"), provider=PROVIDER)
+        # citations_delta: citations are not part of the chunk vocabulary (yet)
+        return None
+
+    async def block_start(self, event: dict[str, Any]) -> None:
+        content = event.get("content_block") or {}
+        if content.get("type") == "tool_use" and content.get("name") == self.answer_tool:
+            self.blocks[event.get("index")] = _Block("answer", data=content.get("input"))  # type: ignore[index]
+        else:
+            self.calls += content.get("type") == "tool_use"
+            await _start_block(event.get("index"), content, self.blocks, self.emit)
+
+    async def block_stop(self, event: dict[str, Any]) -> None:
+        block = self.blocks.pop(event.get("index"), None)  # type: ignore[arg-type]
+        if block is not None:
+            await _stop_block(block, self.emit)
+
+    async def message_start(self, event: dict[str, Any]) -> None:
+        _take_usage(self.usage, (event.get("message") or {}).get("usage"))
+
+    async def message_delta(self, event: dict[str, Any]) -> None:
+        self.stop_reason = (event.get("delta") or {}).get("stop_reason") or self.stop_reason
+        _take_usage(self.usage, event.get("usage"))
+
+    async def message_stop(self, event: dict[str, Any]) -> None:
+        self.stopped = True
+
+    async def finish(self) -> None:
+        """After the last event: the calls cut short, the usage, the finish; or
+        :class:`MalformedStream` for a stream that was cut itself."""
+        stop_reason = self.stop_reason
+        if not self.stopped or stop_reason is None:
+            missing = "message_stop" if not self.stopped else "a stop_reason"
+            raise errors.MalformedStream(
+                f"the response stream ended without {missing} (cut short)", provider=PROVIDER
+            )
+        # Blocks the stop reason cut off before their end: a tool call is reported, never
+        # parsed (a JSON prefix may parse and be wrong); an open thinking block stays
+        # unsigned; an open server block cannot be replayed and is dropped.
+        for block in self.blocks.values():
+            if block.kind == "tool_use":
+                cut = TRUNCATED_BY_MAX_TOKENS
+                if stop_reason != "max_tokens":
+                    cut = f"the tool input was cut off ({stop_reason}); the call was not executed"
+                await self.emit(_tool_call(block, cut))
+        await self.emit(UsageChunk(usage=_total_usage(self.usage)))
+        reason = map_finish_reason(stop_reason)
+        if reason == "tool-calls" and not self.calls and self.answer_tool is not None:
+            reason = "stop"  # the only tool used was the answer's
+        await self.emit(FinishChunk(reason=reason, raw_reason=stop_reason))
+
+
+def _total_usage(usage: dict[str, int | None]) -> Usage:
+    """The message's usage from the counters its events gave."""
     inp, out = usage.get("input_tokens") or 0, usage.get("output_tokens") or 0
-    total = Usage(
+    return Usage(
         input_tokens=inp,
         output_tokens=out,
         total_tokens=inp + out,
@@ -472,11 +527,6 @@ async def parse_stream(stream: Any, emit: Emit, *, answer_tool: str | None = Non
         cache_write=usage.get("cache_creation_input_tokens"),
         reasoning_tokens=usage.get("thinking_tokens"),
     )
-    await emit(UsageChunk(usage=total))
-    reason = map_finish_reason(stop_reason)
-    if reason == "tool-calls" and not calls and answer_tool is not None:
-        reason = "stop"  # the only tool used was the answer's
-    await emit(FinishChunk(reason=reason, raw_reason=stop_reason))
 
 
 async def _start_block(index: Any, content: dict[str, Any], blocks: dict, emit: Emit) -> None:
@@ -773,6 +823,7 @@ class AnthropicProvider(SDKProvider):
         try:
             client = self._get_client()
             events = await client.messages.create(**self.request_params(request))
+            await self.observe_headers(getattr(events, "response", None))  # rate limits
             try:
                 parsed = json_events(events)
                 async with aclosing(parsed):
@@ -791,6 +842,28 @@ class AnthropicProvider(SDKProvider):
 
     def classify_error(self, exc: BaseException) -> errors.AxonError:
         return classify_error(exc)
+
+    async def count_tokens(
+        self, instructions: str | None, messages: Sequence[Message], tools: Sequence[Any]
+    ) -> int | None:
+        """The request's input tokens from the API's own count (``messages.count_tokens``,
+        ``POST /v1/messages/count_tokens``: free, rate-limited apart from messages), for
+        the same system prompt, messages, tools and thinking setting as a call sends."""
+        system, mapped = map_messages(
+            instructions, messages, origin=self.origin, foreign_reasoning=self.foreign_reasoning
+        )
+        params: dict[str, Any] = {"model": self.model, "messages": mapped}
+        if system:
+            params["system"] = system
+        if tools:
+            params["tools"] = map_tools(tools)
+        if self.thinking_budget is not None:
+            params["thinking"] = {"type": "enabled", "budget_tokens": self.thinking_budget}
+        try:
+            counted = await self._get_client().messages.count_tokens(**params)
+        except Exception as exc:
+            raise classify_error(exc) from exc
+        return int(counted.input_tokens)
 
 
 # -- on other platforms -------------------------------------------------------------------

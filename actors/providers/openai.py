@@ -359,6 +359,19 @@ class _ToolCalls:
             out.append(ToolInputDeltaChunk(tool_call_id=call.id, delta="".join(call.args)))
         return out
 
+    def feed_delta(self, tool_calls: Any, legacy: Any) -> list:
+        """The chunks of one delta's ``tool_calls`` fragments, then of its deprecated
+        single ``function_call``."""
+        out: list[Any] = []
+        for tc in tool_calls or ():
+            fn = _get(tc, "function")
+            out += self.feed(
+                _get(tc, "id"), _get(tc, "index"), _get(fn, "name"), _get(fn, "arguments")
+            )
+        if legacy is not None:
+            out += self.feed(None, "function_call", _get(legacy, "name"), _get(legacy, "arguments"))
+        return out
+
     def finish(self, raw_reason: str | None, reason: str) -> list:
         """The complete calls, in call order; ``input_error`` when unusable."""
         out: list[Any] = []
@@ -434,19 +447,25 @@ async def parse_stream(stream: AsyncIterable[Any], emit: Emit, *, provider: str 
             if refusal:
                 refused = True
                 await emit(TextChunk(text=refusal, refusal=True))
-            for tc in _get(delta, "tool_calls") or ():
-                fn = _get(tc, "function")
-                out = calls.feed(
-                    _get(tc, "id"), _get(tc, "index"), _get(fn, "name"), _get(fn, "arguments")
-                )
-                for item in out:
-                    await emit(item)
+            tool_calls = _get(delta, "tool_calls")
             legacy = _get(delta, "function_call")  # deprecated single function call
-            if legacy is not None:
-                for item in calls.feed(
-                    None, "function_call", _get(legacy, "name"), _get(legacy, "arguments")
-                ):
+            if tool_calls or legacy is not None:
+                for item in calls.feed_delta(tool_calls, legacy):
                     await emit(item)
+    await _emit_end(emit, calls, usage, raw_reason, refused=refused, provider=provider)
+
+
+async def _emit_end(
+    emit: Emit,
+    calls: _ToolCalls,
+    usage: Usage | None,
+    raw_reason: str | None,
+    *,
+    refused: bool,
+    provider: str,
+) -> None:
+    """After the last chunk: the usage, the complete calls and the finish; or
+    :class:`MalformedStream` when no chunk gave a finish reason (the stream was cut)."""
     if raw_reason is None:
         raise errors.MalformedStream(
             "the stream ended without a finish_reason (the response was cut)", provider=provider
@@ -597,6 +616,7 @@ class OpenAIProvider(OpenAISDKProvider):
             response = await client.chat.completions.create(**params)
         except Exception as exc:
             raise classify_error(exc, provider=self.provider_name) from exc
+        await self.observe_headers(getattr(response, "response", None))  # rate limits
         async with response:  # closes the HTTP response on error and on cancellation
             chunks = json_chunks(response)
             async with aclosing(chunks):
@@ -604,6 +624,19 @@ class OpenAIProvider(OpenAISDKProvider):
 
     def classify_error(self, exc: BaseException) -> AxonError:
         return classify_error(exc, provider=self.provider_name)
+
+    def count_items(
+        self, instructions: str | None, messages: Sequence[Message], tools: Sequence[Any]
+    ) -> list[Any]:
+        """The request's ``messages`` and tool definitions (for :meth:`count_tokens`)."""
+        items: list[Any] = map_messages(
+            instructions,
+            messages,
+            send_reasoning_content=self.send_reasoning_content,
+            origin=self.origin,
+            foreign_reasoning=self.foreign_reasoning,
+        )
+        return [*items, map_tools(tools)] if tools else items
 
     def describe_settings(self) -> dict[str, Any]:
         return {

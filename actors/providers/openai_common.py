@@ -10,7 +10,10 @@ common lives here, in a module of their family, so neither imports the other:
   the ladder every provider shares (:mod:`actors.providers.failures`);
 * :func:`json_schema_spec`: an agent's answer schema as the strict ``json_schema`` both
   APIs take (each wraps it its own way);
-* :class:`OpenAISDKProvider`: the base of both providers, which builds the SDK's client.
+* :func:`tiktoken_encoding` / :func:`count_payload`: token counts of a request with
+  ``tiktoken`` (an optional dependency), for context compaction;
+* :class:`OpenAISDKProvider`: the base of both providers, which builds the SDK's client
+  and counts tokens.
 
 The ``openai`` SDK is imported inside functions only, so importing this module stays fast
 and needs no SDK.
@@ -18,12 +21,17 @@ and needs no SDK.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
+
+import trio
 
 from actors.providers.failures import classify_status, classify_transport, missing_key, retry_after
 from actors.providers.sdk import SDKProvider
 from runtime import errors
 from runtime.errors import AxonError, ProviderError
+from runtime.logging import get_logger
+from runtime.messages import Message
 from runtime.output_schema import strict_schema
 
 
@@ -110,9 +118,99 @@ def classify_error(exc: BaseException, *, provider: str = "openai") -> AxonError
     return ProviderError(f"{type(exc).__name__}: {exc}", provider=provider)
 
 
+# -- token counts (context compaction) ------------------------------------------------------
+
+TIKTOKEN_LOAD_TIMEOUT = 10.0
+"""Seconds loading a ``tiktoken`` encoding may take. The first load of an encoding
+downloads its file (then cached in ``TIKTOKEN_CACHE_DIR``); offline, it never comes."""
+FALLBACK_ENCODING = "o200k_base"
+"""The encoding of models ``tiktoken`` does not know (a compatible server's): the one of
+the GPT-4o, GPT-4.1, GPT-5 and o-series models."""
+IMAGE_TOKENS = 765
+"""Tokens counted per image: a high-detail 1024x1024 image (OpenAI's table)."""
+MESSAGE_TOKENS = 3
+"""Tokens every message or input item adds (its role and framing), as OpenAI's cookbook
+counts them; three more prime the reply."""
+_NOT_COUNTED = frozenset({"id", "call_id", "tool_call_id", "encrypted_content", "status"})
+"""Keys whose values are not text the model reads (ids, opaque reasoning)."""
+
+_encodings: dict[str, Any] = {}
+"""Model -> its encoding, or ``None`` when ``tiktoken`` could not give one (not tried again)."""
+
+
+def _load_encoding(model: str) -> Any:
+    import tiktoken  # optional: pip install tiktoken
+
+    try:
+        return tiktoken.encoding_for_model(model)
+    except KeyError:
+        return tiktoken.get_encoding(FALLBACK_ENCODING)
+
+
+async def tiktoken_encoding(model: str) -> Any | None:
+    """The ``tiktoken`` encoding of ``model`` (:data:`FALLBACK_ENCODING` for one it does
+    not know), loaded once per process in a thread; ``None`` when ``tiktoken`` is not
+    installed or cannot load the encoding (offline, its file was never downloaded), said
+    once in a log line: the caller falls back to the estimate."""
+    if model in _encodings:
+        return _encodings[model]
+    encoding = None
+    with trio.move_on_after(TIKTOKEN_LOAD_TIMEOUT):
+        try:
+            encoding = await trio.to_thread.run_sync(_load_encoding, model, abandon_on_cancel=True)
+        except Exception as exc:  # ImportError, or the download failed
+            get_logger("axon.compaction").warning(
+                "compaction.tiktoken-unavailable",
+                model=model,
+                error=f"{type(exc).__name__}: {exc}",
+                fallback="estimate",
+            )
+    _encodings[model] = encoding
+    return encoding
+
+
+def count_payload(encoding: Any, items: Sequence[Any]) -> int:
+    """The tokens of a request's ``items`` (messages or input items, and tool
+    definitions), as OpenAI's cookbook counts them: the text of every string value
+    (ids and encrypted reasoning left out), :data:`MESSAGE_TOKENS` per item and for the
+    reply, :data:`IMAGE_TOKENS` per image or file given as a data URL. Close to what the
+    API bills for text; tool definitions are counted as their JSON, which the API
+    formats otherwise (a few tokens off per tool)."""
+
+    def walk(value: Any) -> int:
+        if isinstance(value, str):
+            if value.startswith("data:"):
+                return IMAGE_TOKENS
+            return len(encoding.encode(value, disallowed_special=()))
+        if isinstance(value, dict):
+            return sum(walk(v) for k, v in value.items() if k not in _NOT_COUNTED)
+        if isinstance(value, list | tuple):
+            return sum(walk(v) for v in value)
+        return 0 if value is None or isinstance(value, bool) else walk(str(value))
+
+    return MESSAGE_TOKENS + sum(MESSAGE_TOKENS + walk(item) for item in items)
+
+
 class OpenAISDKProvider(SDKProvider):
     """A provider over the ``openai`` SDK's ``AsyncOpenAI`` client (Chat Completions, or
     the Responses API), for OpenAI and the servers that speak its API."""
+
+    def count_items(
+        self, instructions: str | None, messages: Sequence[Message], tools: Sequence[Any]
+    ) -> list[Any]:
+        """What :meth:`count_tokens` counts: the request's messages (or input items),
+        instructions and tool definitions, as this API sends them."""
+        raise NotImplementedError
+
+    async def count_tokens(
+        self, instructions: str | None, messages: Sequence[Message], tools: Sequence[Any]
+    ) -> int | None:
+        """The request's tokens counted with ``tiktoken`` (:func:`count_payload`);
+        ``None`` (the caller estimates) when ``tiktoken`` is not available."""
+        encoding = await tiktoken_encoding(self.model)
+        if encoding is None:
+            return None
+        return count_payload(encoding, self.count_items(instructions, messages, tools))
 
     def new_client(self) -> Any:
         import openai  # the SDK: loaded by the first call, never by importing Axon

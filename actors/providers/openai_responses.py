@@ -789,8 +789,20 @@ class OpenAIResponsesProvider(OpenAISDKProvider):
             raise
         except Exception as exc:
             raise classify_error(exc) from exc
+        await self.observe_headers(getattr(response, "response", None))  # rate limits
         async with response:  # closes the HTTP response on error and on cancellation
             await parse_stream(response, emit)
 
     def classify_error(self, exc: BaseException) -> AxonError:
         return classify_error(exc)
+
+    def count_items(
+        self, instructions: str | None, messages: Sequence[Message], tools: Sequence[Any]
+    ) -> list[Any]:
+        """The request's instructions, ``input`` items and tool definitions (for
+        :meth:`count_tokens`)."""
+        items: list[Any] = [instructions] if instructions else []
+        items += map_messages(
+            messages, store=self.store, origin=self.origin, foreign_reasoning=self.foreign_reasoning
+        )
+        return [*items, map_tools(tools)] if tools else items

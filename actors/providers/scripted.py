@@ -42,6 +42,7 @@ from runtime.chunks import (
 from runtime.errors import ProviderError
 from runtime.messages import AssistantMessage, Message, ToolMessage, UserMessage
 from runtime.provider import Emit, Provider, ProviderOptions
+from runtime.ratelimit import RateLimit
 
 
 @attrs.frozen
@@ -114,10 +115,13 @@ class ScriptedProvider(Provider):
         max_concurrency: int | None = None,
         name: str | None = None,
         keep_requests: int | None = None,
+        rate_limit: RateLimit | None = None,
     ) -> None:
         if sum(x is not None for x in (steps, turns, responder)) != 1:
             raise ValueError("give exactly one of steps=, turns= or responder=")
-        super().__init__(model=model, max_concurrency=max_concurrency, name=name)
+        super().__init__(
+            model=model, max_concurrency=max_concurrency, name=name, rate_limit=rate_limit
+        )
         self.steps = list(steps) if steps is not None else None
         self.turns = [list(t) for t in turns] if turns is not None else None
         self.responder = responder

@@ -22,6 +22,7 @@ from typing import Any
 
 from runtime.history import ForeignReasoning
 from runtime.provider import Provider
+from runtime.ratelimit import RateLimit
 from runtime.redact import register_secret
 
 
@@ -39,9 +40,16 @@ class SDKProvider(Provider):
         name: str | None = None,
         foreign_reasoning: ForeignReasoning = "drop",
         request_options: dict[str, Any] | None = None,
+        rate_limit: RateLimit | None = None,
         price_as: str | None = None,
     ) -> None:
-        super().__init__(model=model, max_concurrency=max_concurrency, name=name)
+        request_options = dict(request_options or {})
+        # Every SDK provider takes ``rate_limit=``; those that do not name it pass it on
+        # among their extra request options (no API has a field of that name).
+        rate_limit = rate_limit or request_options.pop("rate_limit", None)
+        super().__init__(
+            model=model, max_concurrency=max_concurrency, name=name, rate_limit=rate_limit
+        )
         self.base_url = base_url
         """The API root; ``None``: the SDK's default (its :attr:`endpoint_env` variable,
         else the vendor's :attr:`default_endpoint`)."""

@@ -565,6 +565,13 @@ class RedisRelay:
             for writer in list(self.live):
                 await writer.flushed()
 
+    def rate_limits(self) -> Any:
+        """A rate-limit backend over this relay's connection and prefix, which every
+        worker sharing the relay shares (:class:`actors.relays.limits.RedisLimitBackend`)."""
+        from actors.relays.limits import RedisLimitBackend
+
+        return RedisLimitBackend(self.client, self.prefix)
+
     # -- keys -------------------------------------------------------------------------------
 
     def turn_key(self, turn_id: str) -> str:
@@ -673,24 +680,7 @@ class RedisRelay:
         key = self.turn_key(turn_id)
         seen = after_seq if after_seq is not None else 0
         cursor = _Cursor(turn_id=turn_id)
-        # The backlog, from the start: restarted steps are dropped before anything goes out.
-        # Seqs are the writer's, so a stream that lost its head (Redis restarted without
-        # its data while the turn went on) shows as a hole, never as a shorter turn.
-        backlog: list[tuple[int, Any]] = []
-        start = "-"
-        last_id: bytes | str = "0-0"
-        while True:
-            page = await self._read_call(
-                turn_id,
-                "replay",
-                functools.partial(self.client.xrange, key, start, "+", count=PAGE),
-            )
-            for entry in page:
-                backlog.extend(cursor.accept(entry))
-                last_id = entry.identifier
-            if len(page) < PAGE:
-                break
-            start = f"({_identifier(last_id)}"
+        backlog, last_id = await self._replay(turn_id, key, cursor)
         if not cursor.position:
             raise RelayTurnGone(f"the relay has no stream for turn {turn_id!r}")
         if seen > cursor.position:
@@ -710,7 +700,46 @@ class RedisRelay:
                 yield done
         if cursor.ended:
             return
-        # Live: block on new entries after the last one.
+        while True:  # live: block on new entries after the last one
+            pairs: list[tuple[int, Any]] = []
+            for entry in await self._next_entries(turn_id, key, last_id):
+                pairs.extend(cursor.accept(entry))
+                last_id = entry.identifier
+            for index, (seq, item) in enumerate(pairs):
+                done = self._next(place, turn_id, seq, item, tail=index == len(pairs) - 1)
+                if done is _END:
+                    return
+                if done is not None:
+                    yield done
+
+    async def _replay(
+        self, turn_id: str, key: str, cursor: _Cursor
+    ) -> tuple[list[tuple[int, Any]], bytes | str]:
+        """The turn's stream from the start, page by page, as ``cursor`` accepts it (seq,
+        item pairs), and the id of its last entry, where live reading goes on.
+
+        From the start, so restarted steps are dropped before anything goes out. Seqs are
+        the writer's, so a stream that lost its head (Redis restarted without its data
+        while the turn went on) shows as a hole, never as a shorter turn."""
+        backlog: list[tuple[int, Any]] = []
+        start = "-"
+        last_id: bytes | str = "0-0"
+        while True:
+            page = await self._read_call(
+                turn_id,
+                "replay",
+                functools.partial(self.client.xrange, key, start, "+", count=PAGE),
+            )
+            for entry in page:
+                backlog.extend(cursor.accept(entry))
+                last_id = entry.identifier
+            if len(page) < PAGE:
+                return backlog, last_id
+            start = f"({_identifier(last_id)}"
+
+    async def _next_entries(self, turn_id: str, key: str, last_id: bytes | str) -> Any:
+        """The stream's next entries after ``last_id``, blocking until there are some;
+        :class:`~runtime.errors.RelayTurnGone` when the stream expired meanwhile."""
         while True:
             result = await self._read_call(
                 turn_id,
@@ -720,23 +749,11 @@ class RedisRelay:
                 ),
             )
             entries = next(iter(result.values()), ()) if result else ()
-            if not entries:
-                exists = await self._call("exists", lambda: self.client.exists([key]))
-                if not exists:
-                    raise RelayTurnGone(
-                        f"the relay's stream of turn {turn_id!r} expired or was lost"
-                    )
-                continue
-            pairs: list[tuple[int, Any]] = []
-            for entry in entries:
-                pairs.extend(cursor.accept(entry))
-                last_id = entry.identifier
-            for index, (seq, item) in enumerate(pairs):
-                done = self._next(place, turn_id, seq, item, tail=index == len(pairs) - 1)
-                if done is _END:
-                    return
-                if done is not None:
-                    yield done
+            if entries:
+                return entries
+            exists = await self._call("exists", lambda: self.client.exists([key]))
+            if not exists:
+                raise RelayTurnGone(f"the relay's stream of turn {turn_id!r} expired or was lost")
 
     def _next(
         self, place: _Place, turn_id: str, seq: int, item: dict[str, Any], *, tail: bool

@@ -55,8 +55,14 @@ import attrs
 import orjson
 import trio
 
-from actors.stores.validation import check_save, decode_message, decode_meta
-from runtime import serde
+from actors.stores.validation import (
+    check_save,
+    check_version,
+    decode_message,
+    decode_meta,
+    encode_meta,
+    encode_rows,
+)
 from runtime.errors import (
     ConfigurationError,
     LeaseLost,
@@ -147,6 +153,9 @@ _TURN_COLUMNS = (
     ("expires_at", "DOUBLE PRECISION"),
     ("resumes", "INTEGER NOT NULL DEFAULT 0"),
     ("resume_pending", "BOOLEAN NOT NULL DEFAULT false"),
+    # What a protocol's turn carries beyond its input (runtime.turn_queue.TurnOptions):
+    # a JSON object, '{}' for none.
+    ("options", "BYTEA NOT NULL DEFAULT '{}'"),
 )
 """Columns the turn queue (:mod:`actors.stores.turns`) added after schema 1 shipped: a
 store created before them gains them on open, in place, without a version change. Each
@@ -247,6 +256,19 @@ class Fence:
     epoch: int
     on_lost: Callable[[], None] | None = attrs.field(default=None, eq=False)
     """Called (from the Trio thread) when a save was refused: the worker stops the turn."""
+    in_save: Callable[[Any, Sequence[Message], Mapping[str, Any] | None], bool] | None = (
+        attrs.field(default=None, eq=False)
+    )
+    """Run in each fenced save's transaction once the session is written, with the saved
+    messages and meta: it may write the turn's row in the same commit (the turn queue
+    suspends a turn that waits for a person with the step that asks, one transaction
+    instead of two). ``True`` when it wrote; then :attr:`on_commit` is called once the
+    save committed."""
+    saved: bool = False
+    """The turn's row says ``saved`` already (a continuation, a takeover after a save):
+    its saves need not mark it, one statement fewer in the first."""
+    on_commit: Callable[[], None] | None = attrs.field(default=None, eq=False)
+    """Called (from the Trio thread) after a save whose :attr:`in_save` wrote committed."""
 
 
 def parse_url(url: str) -> tuple[str, str]:
@@ -408,6 +430,8 @@ class PostgresStore:
     def fenced(self, session_id: str, fence: Fence) -> Iterator[None]:
         """While inside, every save of ``session_id`` is fenced by ``fence``."""
         self._fences[session_id] = fence
+        if fence.saved:
+            self._marked.add(fence.turn_id)
         try:
             yield
         finally:
@@ -466,6 +490,7 @@ class PostgresStore:
         *,
         expected_version: int | None = None,
         guard: Callable[[Any], None] | None = None,
+        unfenced: bool = False,
     ) -> int:
         """Replace messages ``start..`` with ``messages`` and merge ``meta``, in one
         transaction; returns the session's new version (see the module docstring for
@@ -475,109 +500,29 @@ class PostgresStore:
         ``guard(conn)`` (not part of the :class:`~runtime.store.Store` protocol) runs in
         the save's transaction before anything is written: it may refuse the save by
         raising, or write rows of its own that commit with the save or not at all (the
-        turn queue records a decision and puts the waiting turn back so, atomically)."""
+        turn queue records a decision and puts the waiting turn back so, atomically).
+        ``unfenced`` (not part of the protocol either) saves without the session's fence:
+        a write that is not the fenced turn's own (a decision for it, which its guard
+        checks against the turn's row), made by the process that runs the turn."""
         new = check_save(session_id, start, messages, meta, expected_version)
-        rows = []
-        for idx, message in enumerate(new, start):
-            try:
-                body = serde.to_json(message)
-            except Exception as err:
-                raise StoreError(
-                    f"save of session {session_id!r}: message {idx} cannot be serialized: {err}"
-                ) from err
-            rows.append((session_id, idx, message.role, body))
-        try:
-            patch = orjson.dumps(dict(meta)) if meta else None
-        except orjson.JSONEncodeError as err:
-            raise StoreError(
-                f"save of session {session_id!r}: meta is not JSON-serializable: {err}"
-            ) from err
-        fence = self._fences.get(session_id)
+        rows = encode_rows(session_id, start, new)
+        patch = encode_meta(session_id, meta)
+        fence = None if unfenced else self._fences.get(session_id)
         if fence is not None and self._fences_closed:
             raise LeaseLost(
                 f"save of session {session_id!r} refused: worker {fence.owner} is stopping; "
                 f"turn {fence.turn_id} keeps its committed steps"
             )
 
-        def save(conn: Any) -> int:
-            if fence is not None:
-                _check_fence(conn, fence, session_id)
-            if guard is not None:
-                guard(conn)
-            row = conn.execute(
-                "SELECT meta, version FROM axon_sessions WHERE session_id = %s FOR UPDATE",
-                (session_id,),
-            ).fetchone()
-            current = 0 if row is None else row[1]
-            if expected_version is not None and expected_version != current:
-                raise StoreConflict(
-                    f"save of session {session_id!r}: it is at version {current}, not the "
-                    f"{expected_version} this save was based on: another writer saved it "
-                    f"since (session store {self.url})",
-                    session_id=session_id,
-                    expected=expected_version,
-                    actual=current,
-                )
-            (count,) = conn.execute(
-                "SELECT coalesce(max(idx) + 1, 0) FROM axon_messages WHERE session_id = %s",
-                (session_id,),
-            ).fetchone()
-            if start > count:
-                raise StoreError(
-                    f"save of session {session_id!r}: start {start} is beyond its end "
-                    f"({count} messages)"
-                )
-            merged = {} if row is None else decode_meta(self.url, bytes(row[0]), session_id)
-            if patch is not None:
-                merged.update(orjson.loads(patch))
-            if row is None:
-                # A concurrent creator makes this INSERT fail on the primary key; with
-                # expected_version that is a conflict, without it the retry sees the row.
-                import psycopg
+        wrote: list[bool] = []
 
-                try:
-                    with conn.transaction():
-                        (version,) = conn.execute(
-                            """INSERT INTO axon_sessions (session_id, meta, update_seq, version)
-                            VALUES (%s, %s, nextval('axon_update_seq'), nextval('axon_versions'))
-                            RETURNING version""",
-                            (session_id, orjson.dumps(merged)),
-                        ).fetchone()
-                except psycopg.errors.UniqueViolation:
-                    actual = conn.execute(
-                        "SELECT version FROM axon_sessions WHERE session_id = %s", (session_id,)
-                    ).fetchone()[0]
-                    raise StoreConflict(
-                        f"save of session {session_id!r}: another writer created it "
-                        f"meanwhile (session store {self.url})",
-                        session_id=session_id,
-                        expected=expected_version or 0,
-                        actual=actual,
-                    ) from None
-            else:
-                (version,) = conn.execute(
-                    """UPDATE axon_sessions SET meta = %s, updated_at = now(),
-                        update_seq = nextval('axon_update_seq'),
-                        version = nextval('axon_versions')
-                    WHERE session_id = %s RETURNING version""",
-                    (orjson.dumps(merged), session_id),
-                ).fetchone()
-            conn.execute(
-                "DELETE FROM axon_messages WHERE session_id = %s AND idx >= %s",
-                (session_id, start),
+        def save(conn: Any) -> int:
+            wrote.clear()
+            version = self._save_in(
+                conn, session_id, start, rows, patch, expected_version, fence, guard
             )
-            if rows:
-                with conn.cursor() as cur:
-                    cur.executemany(
-                        "INSERT INTO axon_messages (session_id, idx, role, body) "
-                        "VALUES (%s, %s, %s, %s)",
-                        rows,
-                    )
-            if fence is not None and fence.turn_id not in self._marked:
-                conn.execute(
-                    "UPDATE axon_turns SET saved = true WHERE turn_id = %s AND NOT saved",
-                    (fence.turn_id,),
-                )
+            if fence is not None and fence.in_save is not None:
+                wrote.append(fence.in_save(conn, new, meta))
             return version
 
         try:
@@ -588,6 +533,85 @@ class PostgresStore:
             raise
         if fence is not None:
             self._marked.add(fence.turn_id)  # later saves of the turn need not mark it
+            if any(wrote) and fence.on_commit is not None:
+                fence.on_commit()
+        return version
+
+    def _save_in(
+        self,
+        conn: Any,
+        session_id: str,
+        start: int,
+        rows: list[tuple[str, int, str, bytes]],
+        patch: bytes | None,
+        expected_version: int | None,
+        fence: Fence | None,
+        guard: Callable[[Any], None] | None,
+    ) -> int:
+        """The save's transaction: check the fence, run the guard, check the version, write
+        the session row (meta merged), replace the messages from ``start`` on; the new
+        version."""
+        if fence is not None:
+            _check_fence(conn, fence, session_id)
+        if guard is not None:
+            guard(conn)
+        row = self._lock_session(conn, session_id, expected_version)
+        _check_start(conn, session_id, start)
+        merged = {} if row is None else decode_meta(self.url, bytes(row[0]), session_id)
+        if patch is not None:
+            merged.update(orjson.loads(patch))
+        if row is None:
+            version = self._insert_session(conn, session_id, merged, expected_version)
+        else:
+            version = _update_session(conn, session_id, merged)
+        _replace_messages(conn, session_id, start, rows)
+        if fence is not None and fence.turn_id not in self._marked:
+            conn.execute(
+                "UPDATE axon_turns SET saved = true WHERE turn_id = %s AND NOT saved",
+                (fence.turn_id,),
+            )
+        return version
+
+    def _lock_session(
+        self, conn: Any, session_id: str, expected_version: int | None
+    ) -> tuple[Any, int] | None:
+        """The session row (meta, version), locked until the transaction ends (``None``
+        when there is none); :class:`StoreConflict` when it is not at ``expected_version``."""
+        row = conn.execute(
+            "SELECT meta, version FROM axon_sessions WHERE session_id = %s FOR UPDATE",
+            (session_id,),
+        ).fetchone()
+        current = 0 if row is None else row[1]
+        check_version(self.url, session_id, current, expected_version)
+        return row
+
+    def _insert_session(
+        self, conn: Any, session_id: str, meta: dict[str, Any], expected_version: int | None
+    ) -> int:
+        """Create the session row; its version. A concurrent creator makes the INSERT fail
+        on the primary key: with ``expected_version`` that is a conflict, without it the
+        retry sees the row."""
+        import psycopg
+
+        try:
+            with conn.transaction():
+                (version,) = conn.execute(
+                    """INSERT INTO axon_sessions (session_id, meta, update_seq, version)
+                    VALUES (%s, %s, nextval('axon_update_seq'), nextval('axon_versions'))
+                    RETURNING version""",
+                    (session_id, orjson.dumps(meta)),
+                ).fetchone()
+        except psycopg.errors.UniqueViolation:
+            actual = conn.execute(
+                "SELECT version FROM axon_sessions WHERE session_id = %s", (session_id,)
+            ).fetchone()[0]
+            raise StoreConflict(
+                f"save of session {session_id!r}: another writer created it "
+                f"meanwhile (session store {self.url})",
+                session_id=session_id,
+                expected=expected_version or 0,
+                actual=actual,
+            ) from None
         return version
 
     async def version(self, session_id: str) -> int:
@@ -655,6 +679,47 @@ def _check_fence(conn: Any, fence: Fence, session_id: str) -> None:
         )
 
 
+def _check_start(conn: Any, session_id: str, start: int) -> None:
+    """A save may append (``start`` = the message count) but leave no hole."""
+    (count,) = conn.execute(
+        "SELECT coalesce(max(idx) + 1, 0) FROM axon_messages WHERE session_id = %s",
+        (session_id,),
+    ).fetchone()
+    if start > count:
+        raise StoreError(
+            f"save of session {session_id!r}: start {start} is beyond its end ({count} messages)"
+        )
+
+
+def _update_session(conn: Any, session_id: str, meta: dict[str, Any]) -> int:
+    """Write the (locked) session row's merged meta and its next version and place in
+    recency order; the new version."""
+    (version,) = conn.execute(
+        """UPDATE axon_sessions SET meta = %s, updated_at = now(),
+            update_seq = nextval('axon_update_seq'),
+            version = nextval('axon_versions')
+        WHERE session_id = %s RETURNING version""",
+        (orjson.dumps(meta), session_id),
+    ).fetchone()
+    return version
+
+
+def _replace_messages(
+    conn: Any, session_id: str, start: int, rows: list[tuple[str, int, str, bytes]]
+) -> None:
+    """Delete the session's messages from ``start`` on and insert ``rows``."""
+    conn.execute(
+        "DELETE FROM axon_messages WHERE session_id = %s AND idx >= %s",
+        (session_id, start),
+    )
+    if rows:
+        with conn.cursor() as cur:
+            cur.executemany(
+                "INSERT INTO axon_messages (session_id, idx, role, body) VALUES (%s, %s, %s, %s)",
+                rows,
+            )
+
+
 CHECK_IDLE = 1.0
 """Seconds a pooled connection may sit unused before the pool checks it (a round trip)
 when it is handed out again."""
@@ -689,65 +754,73 @@ def _first_connect(libpq: str, schema: str) -> None:
         conn.execute("SELECT pg_advisory_xact_lock(hashtext('axon-schema'))")
         conn.execute(f"CREATE SCHEMA IF NOT EXISTS {schema}")
         conn.execute(f"SET LOCAL search_path TO {schema}")
-        tables = {
-            name
-            for (name,) in conn.execute(
-                "SELECT table_name FROM information_schema.tables WHERE table_schema = %s",
-                (schema,),
-            )
-        }
-        if tables and "axon_meta" not in tables and tables & {"axon_sessions", "axon_messages"}:
-            raise StoreCorrupt(
-                f"schema {schema!r} has axon tables but no axon_meta: it is not an Axon store "
-                "(refusing to touch it)"
-            )
-        if "axon_meta" in tables:
-            marker: dict[str, str] = dict(
-                conn.execute("SELECT key, value FROM axon_meta").fetchall()
-            )
-            if marker.get("magic") != MAGIC:
-                raise StoreCorrupt(
-                    f"schema {schema!r}: axon_meta magic is {marker.get('magic')!r}, "
-                    f"expected {MAGIC!r}; refusing to touch it"
-                )
-            found = int(marker.get("schema_version", "0"))
-            if found > SCHEMA_VERSION:
-                raise StoreError(
-                    f"schema {schema!r} has Axon schema version {found}, newer than the "
-                    f"{SCHEMA_VERSION} this version understands; upgrade axon-runtime"
-                )
+        _check_schema_is_ours(conn, schema)
         for statement in _SCHEMA:
             conn.execute(statement)
-        present = {
-            name
-            for (name,) in conn.execute(
-                "SELECT column_name FROM information_schema.columns "
-                "WHERE table_schema = %s AND table_name = 'axon_turns'",
-                (schema,),
-            )
-        }
-        for column, definition in _TURN_COLUMNS:
-            if column not in present:
-                conn.execute(
-                    f"ALTER TABLE axon_turns ADD COLUMN IF NOT EXISTS {column} {definition}"
-                )
-                if column == "message_key":  # its index, in the same transaction
-                    conn.execute(
-                        "CREATE INDEX IF NOT EXISTS axon_turns_by_message_key "
-                        "ON axon_turns (message_key, seq) WHERE message_key IS NOT NULL"
-                    )
-                if column == "expires_at":  # the waits a worker looks at, and their status
-                    conn.execute(
-                        "CREATE INDEX IF NOT EXISTS axon_turns_waiting "
-                        "ON axon_turns (expires_at) WHERE status = 'awaiting-input'"
-                    )
-                    _allow_waiting_status(conn)
+        _add_turn_columns(conn, schema)
         _ensure_turn_heads(conn)
         conn.execute(
             """INSERT INTO axon_meta (key, value) VALUES ('magic', %s), ('schema_version', %s)
             ON CONFLICT (key) DO NOTHING""",
             (MAGIC, str(SCHEMA_VERSION)),
         )
+
+
+def _check_schema_is_ours(conn: Any, schema: str) -> None:
+    """Refuse, untouched, a schema holding another program's ``axon_`` tables or a newer
+    Axon schema; an empty schema or an Axon one of this version or older passes."""
+    tables = {
+        name
+        for (name,) in conn.execute(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = %s",
+            (schema,),
+        )
+    }
+    if tables and "axon_meta" not in tables and tables & {"axon_sessions", "axon_messages"}:
+        raise StoreCorrupt(
+            f"schema {schema!r} has axon tables but no axon_meta: it is not an Axon store "
+            "(refusing to touch it)"
+        )
+    if "axon_meta" not in tables:
+        return
+    marker: dict[str, str] = dict(conn.execute("SELECT key, value FROM axon_meta").fetchall())
+    if marker.get("magic") != MAGIC:
+        raise StoreCorrupt(
+            f"schema {schema!r}: axon_meta magic is {marker.get('magic')!r}, "
+            f"expected {MAGIC!r}; refusing to touch it"
+        )
+    found = int(marker.get("schema_version", "0"))
+    if found > SCHEMA_VERSION:
+        raise StoreError(
+            f"schema {schema!r} has Axon schema version {found}, newer than the "
+            f"{SCHEMA_VERSION} this version understands; upgrade axon-runtime"
+        )
+
+
+def _add_turn_columns(conn: Any, schema: str) -> None:
+    """Add the :data:`_TURN_COLUMNS` an older store lacks (only those: see there)."""
+    present = {
+        name
+        for (name,) in conn.execute(
+            "SELECT column_name FROM information_schema.columns "
+            "WHERE table_schema = %s AND table_name = 'axon_turns'",
+            (schema,),
+        )
+    }
+    for column, definition in _TURN_COLUMNS:
+        if column not in present:
+            conn.execute(f"ALTER TABLE axon_turns ADD COLUMN IF NOT EXISTS {column} {definition}")
+            if column == "message_key":  # its index, in the same transaction
+                conn.execute(
+                    "CREATE INDEX IF NOT EXISTS axon_turns_by_message_key "
+                    "ON axon_turns (message_key, seq) WHERE message_key IS NOT NULL"
+                )
+            if column == "expires_at":  # the waits a worker looks at, and their status
+                conn.execute(
+                    "CREATE INDEX IF NOT EXISTS axon_turns_waiting "
+                    "ON axon_turns (expires_at) WHERE status = 'awaiting-input'"
+                )
+                _allow_waiting_status(conn)
 
 
 WAITING_CHECK = (

@@ -45,9 +45,15 @@ from typing import Any, TypeVar
 import orjson
 import trio
 
-from actors.stores.validation import check_save, decode_message, decode_meta
-from runtime import serde
-from runtime.errors import StoreConflict, StoreCorrupt, StoreError
+from actors.stores.validation import (
+    check_save,
+    check_version,
+    decode_message,
+    decode_meta,
+    encode_meta,
+    encode_rows,
+)
+from runtime.errors import StoreCorrupt, StoreError
 from runtime.messages import Message
 from runtime.store import SessionInfo, SessionRecord, validate_session_id
 
@@ -300,6 +306,38 @@ def _deleted_version(conn: sqlite3.Connection) -> int:
     return 0 if row is None else int(row[0])
 
 
+def _check_start(conn: sqlite3.Connection, session_id: str, start: int) -> None:
+    """A save may append (``start`` = the message count) but leave no hole."""
+    # max(idx) is one index probe; count(*) would scan the whole session.
+    (count,) = conn.execute(
+        "SELECT coalesce(max(idx) + 1, 0) FROM messages WHERE session_id = ?",
+        (session_id,),
+    ).fetchone()
+    if start > count:
+        raise StoreError(
+            f"save of session {session_id!r}: start {start} is beyond its end ({count} messages)"
+        )
+
+
+def _upsert_session(
+    conn: sqlite3.Connection, session_id: str, meta: dict[str, Any], version: int, now: float
+) -> None:
+    """Write the session row: its merged meta, ``version``, and the next place in recency
+    order. ``update_seq``, not ``updated_at``, orders list_sessions: it is strictly
+    increasing per write, where two wall-clock readings can tie or step backwards."""
+    conn.execute(
+        """INSERT INTO sessions
+            (session_id, meta, created_at, updated_at, update_seq, version)
+        VALUES (?, ?, ?, ?, (SELECT coalesce(max(update_seq), 0) + 1 FROM sessions), ?)
+        ON CONFLICT (session_id) DO UPDATE SET
+            meta = excluded.meta,
+            updated_at = excluded.updated_at,
+            update_seq = excluded.update_seq,
+            version = excluded.version""",
+        (session_id, orjson.dumps(meta), now, now, version),
+    )
+
+
 class SQLiteStore:
     """Sessions in one SQLite file; create with ``await SQLiteStore.open(path)``.
 
@@ -442,78 +480,49 @@ class SQLiteStore:
         meta: Mapping[str, Any] | None,
         expected_version: int | None,
     ) -> int:
-        rows = []
-        for idx, message in enumerate(messages, start):
-            try:
-                body = serde.to_json(message)
-            except Exception as err:
-                raise StoreError(
-                    f"save of session {session_id!r}: message {idx} cannot be serialized: {err}"
-                ) from err
-            rows.append((session_id, idx, message.role, body))
-        if meta:
-            try:
-                orjson.dumps(dict(meta))  # fail before the transaction, not inside it
-            except orjson.JSONEncodeError as err:
-                raise StoreError(
-                    f"save of session {session_id!r}: meta is not JSON-serializable: {err}"
-                ) from err
+        rows = encode_rows(session_id, start, messages)
+        encode_meta(session_id, meta)  # fail before the transaction, not inside it
         now = time.time()
         conn = self._conn
         conn.execute("BEGIN IMMEDIATE")
         try:
-            row = conn.execute(
-                "SELECT meta, version FROM sessions WHERE session_id = ?", (session_id,)
-            ).fetchone()
-            current = 0 if row is None else row[1]
-            if expected_version is not None and expected_version != current:
-                raise StoreConflict(
-                    f"save of session {session_id!r}: it is at version {current}, not the "
-                    f"{expected_version} this save was based on: another writer saved it "
-                    f"since (session store {self._path})",
-                    session_id=session_id,
-                    expected=expected_version,
-                    actual=current,
-                )
-            # A re-created session starts above every version a deleted one had, so a
-            # writer still holding the deleted session's version cannot match it.
-            version = current + 1 if row is not None else _deleted_version(conn) + 1
-            # max(idx) is one index probe; count(*) would scan the whole session.
-            (count,) = conn.execute(
-                "SELECT coalesce(max(idx) + 1, 0) FROM messages WHERE session_id = ?",
-                (session_id,),
-            ).fetchone()
-            if start > count:
-                raise StoreError(
-                    f"save of session {session_id!r}: start {start} is beyond its end "
-                    f"({count} messages)"
-                )
-            merged = {} if row is None else decode_meta(self._path, row[0], session_id)
-            if meta:
-                merged.update(meta)
-            # update_seq, not updated_at, orders list_sessions: it is strictly increasing
-            # per write, where two wall-clock readings can tie or step backwards.
-            conn.execute(
-                """INSERT INTO sessions
-                    (session_id, meta, created_at, updated_at, update_seq, version)
-                VALUES (?, ?, ?, ?, (SELECT coalesce(max(update_seq), 0) + 1 FROM sessions), ?)
-                ON CONFLICT (session_id) DO UPDATE SET
-                    meta = excluded.meta,
-                    updated_at = excluded.updated_at,
-                    update_seq = excluded.update_seq,
-                    version = excluded.version""",
-                (session_id, orjson.dumps(merged), now, now, version),
-            )
-            conn.execute(
-                "DELETE FROM messages WHERE session_id = ? AND idx >= ?", (session_id, start)
-            )
-            conn.executemany(
-                "INSERT INTO messages (session_id, idx, role, body) VALUES (?, ?, ?, ?)", rows
-            )
+            version = self._write(conn, session_id, start, rows, meta, expected_version, now)
             conn.execute("COMMIT")
         except BaseException:
             _rollback(conn)
             raise
+        return version
+
+    def _write(
+        self,
+        conn: sqlite3.Connection,
+        session_id: str,
+        start: int,
+        rows: list[tuple[str, int, str, bytes]],
+        meta: Mapping[str, Any] | None,
+        expected_version: int | None,
+        now: float,
+    ) -> int:
+        """The save's statements, inside its transaction: check the version and
+        ``start``, upsert the session row with the merged meta and the next version,
+        replace the messages from ``start`` on; the new version."""
+        row = conn.execute(
+            "SELECT meta, version FROM sessions WHERE session_id = ?", (session_id,)
+        ).fetchone()
+        current = 0 if row is None else row[1]
+        check_version(self._path, session_id, current, expected_version)
+        # A re-created session starts above every version a deleted one had, so a
+        # writer still holding the deleted session's version cannot match it.
+        version = current + 1 if row is not None else _deleted_version(conn) + 1
+        _check_start(conn, session_id, start)
+        merged = {} if row is None else decode_meta(self._path, row[0], session_id)
+        if meta:
+            merged.update(meta)
+        _upsert_session(conn, session_id, merged, version, now)
+        conn.execute("DELETE FROM messages WHERE session_id = ? AND idx >= ?", (session_id, start))
+        conn.executemany(
+            "INSERT INTO messages (session_id, idx, role, body) VALUES (?, ?, ?, ?)", rows
+        )
         return version
 
     # -- version -------------------------------------------------------------------------

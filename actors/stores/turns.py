@@ -81,17 +81,27 @@ import trio
 
 from actors.stores.postgres import CONNECT_TIMEOUT, Fence, PostgresStore
 from runtime import serde
-from runtime.approval import Decision, PendingCall, record_decision
+from runtime.approval import WAITING_META, Decision, PendingCall, pending_calls, record_decision
+from runtime.busy import ENQUEUE, INTERRUPT, INTERRUPTED_BY_NEW, REJECT, OnBusy
 from runtime.errors import (
     AlreadyDecided,
     QueueFull,
+    SessionBusy,
     StoreCorrupt,
     StoreError,
     TurnConflict,
     UnknownApproval,
 )
 from runtime.logging import get_logger
-from runtime.messages import File, Image, Message, TextPart, UserContent
+from runtime.messages import (
+    AssistantMessage,
+    File,
+    Image,
+    Message,
+    TextPart,
+    ToolCallPart,
+    UserContent,
+)
 from runtime.store import validate_session_id
 from runtime.turn_queue import (
     CANCELLED,
@@ -105,6 +115,7 @@ from runtime.turn_queue import (
     Decided,
     QueuedTurn,
     Renewal,
+    TurnOptions,
     TurnStatus,
 )
 from runtime.turn_queue import Claim as BaseClaim
@@ -126,7 +137,7 @@ CANCEL_CHANNEL: Final = "axon_cancel"
 _COLUMNS = (
     "turn_id, session_id, seq, input, meta, regenerate, status, owner, epoch, attempts, "
     "saved, cancel_requested, cancel_reason, finish_reason, error, idempotency_key, "
-    "resumes, expires_at"
+    "resumes, expires_at, options"
 )
 _STATUS_COLUMNS = (
     "turn_id, session_id, seq, status, owner, epoch, attempts, saved, cancel_requested, "
@@ -246,8 +257,21 @@ class TurnQueue:
         meta: dict[str, Any] | None = None,
         regenerate: bool = False,
         turn_id: str | None = None,
+        options: TurnOptions | None = None,
+        on_busy: OnBusy | None = None,
     ) -> QueuedTurn:
         """Queue a turn for ``session_id`` and wake the workers; returns its row.
+
+        ``on_busy`` is what the new turn does when the session has a turn queued or
+        running (a front end's ``serve --on-busy``, :mod:`runtime.busy`), decided in the
+        submit's transaction under the session's lock, so racing submits see each other:
+        ``enqueue`` (or ``None``) queues it behind them; ``reject`` raises
+        :class:`~runtime.errors.SessionBusy` and stores nothing; ``interrupt`` cancels
+        the session's queued turns (``cancelled`` at once) and asks its running one to
+        stop (abort reason ``interrupted by a new message``), then queues it: the newest
+        message wins. (A turn that waits for input is neither: the new turn supersedes
+        it.) ``steer`` is refused: a message cannot join a turn on another process. A
+        retry of a turn already stored returns it whatever the strategy.
 
         ``idempotency_key`` names what the caller submits (a front end: the client's id of
         the message): submitting it again with the same input and ``regenerate`` (a retry
@@ -259,7 +283,9 @@ class TurnQueue:
         never reached the history);
         otherwise, and for a key already used by another session,
         :class:`~runtime.errors.TurnConflict` and nothing is queued. Meta is not part of
-        the input: a retry may carry another title.
+        the input: a retry may carry another title. Nor are ``options``
+        (:class:`~runtime.turn_queue.TurnOptions`: the client's message id, client-side
+        tools, instructions, a starting history), stored with the row for its worker.
         A submit over a cap (``max_queued_per_session``, ``max_queued``) is refused with
         :class:`~runtime.errors.QueueFull` and stores nothing.
         """
@@ -277,6 +303,11 @@ class TurnQueue:
                 _encoded_and_hashed, content, regenerate
             )
             meta_json = orjson.dumps(dict(meta or {}))
+            options_json = (
+                b"{}"
+                if options is None or options.empty
+                else await trio.to_thread.run_sync(serde.to_json, options)  # a history, maybe
+            )
         except (TypeError, ValueError, orjson.JSONEncodeError) as err:
             raise StoreError(
                 f"submit to session {session_id!r}: input or meta cannot be serialized: {err}"
@@ -288,14 +319,34 @@ class TurnQueue:
             else _sha256(idempotency_key.encode("utf-8", "surrogatepass"))
         )
 
+        if on_busy is not None and on_busy not in (ENQUEUE, REJECT, INTERRUPT):
+            raise StoreError(
+                f"submit to session {session_id!r}: on_busy {on_busy!r} is not one of "
+                "enqueue, reject, interrupt (a turn queue cannot steer another process's turn)"
+            )
+
         def insert(conn: Any, key: str | None, regenerate: bool) -> tuple[Any, ...]:
+            if on_busy == INTERRUPT:  # row locks first, as a claim takes them
+                _interrupt(conn, session_id)
             self._check_room(conn, session_id, key, turn_id)
+            if on_busy == REJECT and _busy(conn, session_id):
+                raise SessionBusy(f"session {session_id!r} is already running a turn")
             row = conn.execute(
                 f"""INSERT INTO axon_turns (turn_id, session_id, idempotency_key,
-                    message_key, input_hash, input, meta, regenerate)
-                VALUES (%s, %s, %s, %s, %s, %s, %s, %s)
+                    message_key, input_hash, input, meta, regenerate, options)
+                VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)
                 ON CONFLICT DO NOTHING RETURNING {_COLUMNS}""",
-                (turn_id, session_id, key, message_key, input_hash, body, meta_json, regenerate),
+                (
+                    turn_id,
+                    session_id,
+                    key,
+                    message_key,
+                    input_hash,
+                    body,
+                    meta_json,
+                    regenerate,
+                    options_json,
+                ),
             ).fetchone()
             if row is not None:
                 _notify_turns(conn, turn_id)
@@ -459,13 +510,18 @@ class TurnQueue:
             # first claimable one. On a table PostgreSQL has not analyzed yet (a new
             # deployment's first burst) the planner would otherwise check every head and
             # sort them: measured 1.9 ms instead of 0.08 ms at 300 queued turns.
-            conn.execute("SET LOCAL enable_sort = off")
+            # The SET rides with the first look for expired leases: one round trip.
+            setting = "SET LOCAL enable_sort = off;"
             while True:  # expired leases first; poison turns fail and are skipped
-                row = conn.execute(
-                    """SELECT turn_id, attempts, resume_pending FROM axon_turns
+                cur = conn.execute(
+                    f"""{setting} SELECT turn_id, attempts, resume_pending FROM axon_turns
                     WHERE status = 'running' AND lease_until < clock_timestamp()
                     ORDER BY lease_until LIMIT 1 FOR UPDATE SKIP LOCKED"""
-                ).fetchone()
+                )
+                if setting:
+                    setting = ""
+                    cur.nextset()
+                row = cur.fetchone()
                 if row is None:
                     break
                 turn_id, attempts, resume_pending = row
@@ -584,13 +640,48 @@ class TurnQueue:
         return _Renewer(self)
 
     def fenced(
-        self, claim: BaseClaim, on_lost: Callable[[], None] | None = None
+        self,
+        claim: BaseClaim,
+        on_lost: Callable[[], None] | None = None,
+        on_suspended: Callable[[], None] | None = None,
     ) -> contextlib.AbstractContextManager[None]:
         """While inside, every save of the claimed turn's session checks, in its own
         transaction, that the claim still holds the turn
-        (:meth:`PostgresStore.fenced <actors.stores.postgres.PostgresStore.fenced>`)."""
+        (:meth:`PostgresStore.fenced <actors.stores.postgres.PostgresStore.fenced>`).
+
+        With ``on_suspended``, the save of the step that makes the turn wait for a person
+        (its meta counts waiting calls, :data:`~runtime.approval.WAITING_META`) also
+        suspends the row (:meth:`suspend`), in the same transaction: one commit where there were
+        two, and no moment where the step is stored and the row still holds a lease.
+        ``on_suspended`` is called once that save committed (the worker then has nothing
+        left to write to the row)."""
+        key = (claim.turn.turn_id, claim.owner, claim.epoch)
+
+        def suspend_if_waiting(
+            conn: Any, messages: Sequence[Message], meta: Mapping[str, Any] | None
+        ) -> bool:
+            if not (meta or {}).get(WAITING_META):
+                return False
+            row = conn.execute(
+                """UPDATE axon_turns SET status = 'awaiting-input', owner = NULL,
+                    lease_until = NULL, finish_reason = 'awaiting-input', expires_at = %s
+                WHERE turn_id = %s AND owner = %s AND epoch = %s AND status = 'running'
+                RETURNING turn_id""",
+                (_first_deadline(messages), *key),
+            ).fetchone()
+            if row is None:  # not held: the fence check before would have refused the save
+                return False
+            _notify_turns(conn, claim.turn.turn_id)
+            return True
+
         fence = Fence(
-            turn_id=claim.turn.turn_id, owner=claim.owner, epoch=claim.epoch, on_lost=on_lost
+            turn_id=claim.turn.turn_id,
+            owner=claim.owner,
+            epoch=claim.epoch,
+            on_lost=on_lost,
+            saved=claim.turn.saved,
+            in_save=None if on_suspended is None else suspend_if_waiting,
+            on_commit=on_suspended,
         )
         return self.store.fenced(claim.turn.session_id, fence)
 
@@ -739,6 +830,9 @@ class TurnQueue:
                 meta,
                 expected_version=expected_version,
                 guard=guard,
+                # Not the turn's own write: a worker running the turn (its step's commit
+                # suspended the row a moment ago) must not fence out the decision for it.
+                unfenced=True,
             )
 
         recorded = await record_decision(self.store, session_id, key, decision, tools, save=save)
@@ -777,11 +871,16 @@ class TurnQueue:
             ),
         )
 
-    async def request_cancel(self, turn_id: str, reason: str = "cancelled") -> TurnStatus | None:
+    async def request_cancel(
+        self, turn_id: str, reason: str = "cancelled", *, waiting: bool = False
+    ) -> TurnStatus | None:
         """Cancel a turn: a queued one ends ``cancelled`` at once (finish reason
         ``aborted``); a running one is marked, and its worker stops it on its next renewal
-        (or at once, listening on ``axon_cancel``). A finished turn is left as it is.
-        Returns where the turn now stands, or ``None`` if there is no such turn."""
+        (or at once, listening on ``axon_cancel``). With ``waiting``, a turn that waits
+        for input ends ``cancelled`` at once too (nothing holds it, and no decision
+        resumes it any more); without, it is left waiting, as a finished turn is left as
+        it is. Returns where the turn now stands, or ``None`` if there is no such turn."""
+        ends_now = (QUEUED, WAITING) if waiting else (QUEUED,)
 
         def cancel(conn: Any) -> tuple[Any, ...] | None:
             row = conn.execute(
@@ -789,10 +888,11 @@ class TurnQueue:
             ).fetchone()
             if row is None:
                 return None
-            if row[0] == QUEUED:
+            if row[0] in ends_now:
                 conn.execute(
                     """UPDATE axon_turns SET status = 'cancelled', finish_reason = 'aborted',
-                        cancel_requested = true, cancel_reason = %s, finished_at = clock_timestamp()
+                        cancel_requested = true, cancel_reason = %s, expires_at = NULL,
+                        finished_at = clock_timestamp()
                     WHERE turn_id = %s""",
                     (reason, turn_id),
                 )
@@ -983,7 +1083,7 @@ class TurnQueue:
 
     async def _decoded(self, row: tuple[Any, ...]) -> QueuedTurn:
         """:meth:`_decode`, in a thread when the input is large (see :data:`DECODE_INLINE`)."""
-        if len(row[3]) <= DECODE_INLINE:
+        if len(row[3]) + len(row[-1]) <= DECODE_INLINE:
             return self._decode(row)
         return await trio.to_thread.run_sync(self._decode, row)
 
@@ -1007,10 +1107,15 @@ class TurnQueue:
             idempotency_key,
             resumes,
             expires_at,
+            options,
         ) = row
         try:
             content = serde.from_json(body, UserContent)
             decoded_meta = orjson.loads(bytes(meta))
+            raw_options = bytes(options)
+            decoded_options = (
+                TurnOptions() if raw_options == b"{}" else serde.from_json(raw_options, TurnOptions)
+            )
         except Exception as err:
             raise StoreCorrupt(
                 f"turn store {self.store.url}: turn {turn_id!r} cannot be read: {err!r}"
@@ -1038,6 +1143,7 @@ class TurnQueue:
             idempotency_key=idempotency_key,
             resumes=resumes,
             expires_at=expires_at,
+            options=decoded_options,
         )
 
 
@@ -1083,6 +1189,73 @@ def _resume_if_decided(conn: Any, session_id: str, call: PendingCall, complete: 
         ) from None
     _notify_turns(conn, turn_id)
     return _status(resumed)
+
+
+def _first_deadline(messages: Sequence[Message]) -> float | None:
+    """The earliest ``expires_at`` of the calls ``messages`` (a save's, from the turn's
+    user message on) still wait for, if any: the waiting row's ``expires_at``."""
+    waiting = {c.tool_call_id for c in pending_calls(messages)}
+    due = [
+        p.awaiting.expires_at
+        for m in messages
+        if isinstance(m, AssistantMessage)
+        for p in m.content
+        if isinstance(p, ToolCallPart)
+        and p.tool_call_id in waiting
+        and p.awaiting is not None
+        and p.awaiting.expires_at is not None
+    ]
+    return min(due, default=None)
+
+
+def _busy(conn: Any, session_id: str) -> bool:
+    """In a submit's transaction: whether the session has a turn queued or running,
+    read under the session's lock (the one the head trigger and the caps take), so two
+    racing ``reject`` submits see each other."""
+    conn.execute(
+        "SELECT pg_advisory_xact_lock("
+        "hashtextextended('axon_turns:' || current_schema() || ':' || %s, 0))",
+        (session_id,),
+    )
+    busy = conn.execute(
+        """SELECT 1 FROM axon_turns
+        WHERE session_id = %s AND status IN ('queued', 'running') LIMIT 1""",
+        (session_id,),
+    ).fetchone()
+    return busy is not None
+
+
+def _interrupt(conn: Any, session_id: str) -> None:
+    """In a submit's transaction, before its insert: cancel the session's queued turns
+    (``cancelled`` at once) and ask its running one to stop (its worker hears it on
+    ``axon_cancel``, or on its next renewal), the reason ``interrupted by a new
+    message``. The rows are locked first, in line order, as a claim locks a head before
+    the trigger takes the session's lock; each is then updated by a statement of its
+    own (the head trigger moves the head on to the next, which a later one cancels)."""
+    rows = conn.execute(
+        """SELECT turn_id, status FROM axon_turns
+        WHERE session_id = %s AND status IN ('queued', 'running')
+        ORDER BY seq FOR UPDATE""",
+        (session_id,),
+    ).fetchall()
+    for turn_id, status in rows:
+        if status == QUEUED:
+            conn.execute(
+                """UPDATE axon_turns SET status = 'cancelled', finish_reason = 'aborted',
+                    cancel_requested = true, cancel_reason = %s,
+                    finished_at = clock_timestamp()
+                WHERE turn_id = %s""",
+                (INTERRUPTED_BY_NEW, turn_id),
+            )
+            _notify_turns(conn, turn_id)
+        else:
+            conn.execute(
+                """UPDATE axon_turns SET cancel_requested = true,
+                    cancel_reason = coalesce(cancel_reason, %s)
+                WHERE turn_id = %s""",
+                (INTERRUPTED_BY_NEW, turn_id),
+            )
+        conn.execute("SELECT pg_notify(%s, %s)", (CANCEL_CHANNEL, turn_id))
 
 
 def _supersede_waiting(conn: Any, session_id: str) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 
 from runtime import serde
-from runtime.errors import StoreCorrupt, StoreError
+from runtime.errors import StoreConflict, StoreCorrupt, StoreError
 from runtime.messages import Message
 from runtime.store import validate_session_id
 
@@ -103,3 +103,47 @@ def decode_meta(store: str, raw: Any, session_id: str) -> dict[str, Any]:
             f"session store {store}: meta of session {session_id!r} is not a JSON object"
         )
     return meta
+
+
+def encode_rows(
+    session_id: str, start: int, messages: Sequence[Message]
+) -> list[tuple[str, int, str, bytes]]:
+    """``(session_id, idx, role, body)`` rows of ``messages`` from index ``start``, bodies
+    in serde JSON: serialized before a store's transaction begins, so a message that cannot
+    be fails the save with nothing written."""
+    rows = []
+    for idx, message in enumerate(messages, start):
+        try:
+            body = serde.to_json(message)
+        except Exception as err:
+            raise StoreError(
+                f"save of session {session_id!r}: message {idx} cannot be serialized: {err}"
+            ) from err
+        rows.append((session_id, idx, message.role, body))
+    return rows
+
+
+def encode_meta(session_id: str, meta: Mapping[str, Any] | None) -> bytes | None:
+    """``meta`` as JSON (``None`` when there is nothing to merge), before a store's
+    transaction begins, so meta that is not JSON fails the save with nothing written."""
+    try:
+        return orjson.dumps(dict(meta)) if meta else None
+    except orjson.JSONEncodeError as err:
+        raise StoreError(
+            f"save of session {session_id!r}: meta is not JSON-serializable: {err}"
+        ) from err
+
+
+def check_version(store: str, session_id: str, current: int, expected: int | None) -> None:
+    """Refuse a save based on another version than the session's ``current`` one (the
+    version rule of :class:`~runtime.store.Store`; ``expected`` ``None``: any): another
+    writer saved it since. Checked by a store inside the save's transaction."""
+    if expected is not None and expected != current:
+        raise StoreConflict(
+            f"save of session {session_id!r}: it is at version {current}, not the "
+            f"{expected} this save was based on: another writer saved it "
+            f"since (session store {store})",
+            session_id=session_id,
+            expected=expected,
+            actual=current,
+        )

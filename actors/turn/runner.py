@@ -37,6 +37,7 @@ from typing import Any
 import attrs
 import trio
 
+from actors.turn.compaction import compact
 from actors.turn.parts import PartsManager
 from actors.turn.session_sync import Adopted, adopt_record, adopt_save
 from actors.turn.structured import StructuredTurn, observe, output_value, with_feedback
@@ -48,6 +49,7 @@ from actors.turn.suspension import (
     hold_kind,
 )
 from actors.turn.takeover import Committed, find_committed
+from actors.turn.throttle import acquire, limiter_of, release
 from runtime import events as ev
 from runtime.actor import Actor
 from runtime.actor_messages import (
@@ -64,6 +66,7 @@ from runtime.actor_messages import (
     StepBegin,
     StepEnd,
     StreamFailed,
+    ThrottleNotice,
     ToolCallSpec,
     ToolDenied,
     ToolDone,
@@ -97,6 +100,7 @@ from runtime.chunks import (
     Usage,
     UsageChunk,
 )
+from runtime.compaction import estimate_tokens
 from runtime.errors import (
     ActorFailed,
     AxonError,
@@ -113,12 +117,14 @@ from runtime.logging import get_logger
 from runtime.messages import (
     AssistantMessage,
     Awaiting,
+    Message,
     ToolCallPart,
     ToolMessage,
     UserMessage,
 )
 from runtime.output import ErrorInfo
 from runtime.pricing import priced
+from runtime.ratelimit import Limiter, Verdict
 from runtime.redact import redact
 from runtime.tools import Tool
 
@@ -271,7 +277,7 @@ class TurnRunner(Suspending, Actor):
         state, agent, budget = self.state, self.agent, self.agent.budget
         sid = state.session_id
         turn_id = run.turn_id
-        await self._sync(turn_id)
+        await self._sync(turn_id, reload=run.resume)
         message_id = run.message_id or new_id("msg")
         committed = None
         if run.resume and run.message_id is not None:
@@ -598,11 +604,15 @@ class TurnRunner(Suspending, Actor):
         await self._concurrent(adopted, "rebased", req.turn_id)
         return result
 
-    async def _sync(self, turn_id: str) -> None:
+    async def _sync(self, turn_id: str, *, reload: bool = False) -> None:
         """Before a turn: if another writer saved the session since this process last
         saw it, take its history (a version query; a load only when it moved), so the
         model sees that writer's turns. Bounded, and best effort: a save that meets the
-        other writer's turns is rebased anyway."""
+        other writer's turns is rebased anyway.
+
+        With ``reload`` (a turn resumed: its decisions were recorded by another writer,
+        or taken over from another worker) the session has almost surely moved: it is
+        loaded at once, one store round trip instead of a version query and a load."""
         state = self.state
         store = getattr(self.persister, "store", None)
         with trio.move_on_after(SAVE_TIMEOUT):
@@ -612,9 +622,11 @@ class TurnRunner(Suspending, Actor):
             if store is None:
                 return
             try:
-                if await store.version(state.session_id) == state.version:
+                if not reload and await store.version(state.session_id) == state.version:
                     return
                 record = await store.load(state.session_id)
+                if (0 if record is None else record.version) == state.version:
+                    return  # (``reload``) it had not moved after all
             except StoreError as exc:
                 self._log.warning(
                     "session.reload-failed",
@@ -911,6 +923,19 @@ class TurnRunner(Suspending, Actor):
         parts, and what the stream shows goes on to the controller batch by batch."""
         state, agent = self.state, self.agent
         tools = await self._tools(turn)  # MCP servers' lists may have changed
+        instructions = _joined(agent.instructions, turn.instructions)
+        # Repaired once here, so no provider has to remember to: every tool call has a
+        # result (``interrupted`` if it never got one), no result lacks its call.
+        messages = self._repaired(state.messages)
+        provider = self._provider_at(turn.provider)
+        if agent.history_processors:  # context compaction (actors/turn/compaction.py)
+            messages = await self._compact(turn, provider, messages, instructions, tools)
+        limiter = limiter_of(provider)  # a rate limit (actors/turn/throttle.py)
+        grant = await acquire(
+            limiter,
+            lambda: estimate_tokens(instructions, messages, tools),
+            lambda verdict: self._throttled(turn, limiter, verdict),
+        )
         request_id = new_id("req")
         await self._begin(request_id)
         request = InferRequest(
@@ -918,17 +943,14 @@ class TurnRunner(Suspending, Actor):
             session_id=state.session_id,
             turn_id=turn.turn_id,
             step=turn.step,
-            instructions=_joined(agent.instructions, turn.instructions),
-            # Repaired once here, so no provider has to remember to: every tool call
-            # has a result (``interrupted`` if it never got one), no result lacks its call.
-            messages=with_feedback(turn.output, self._repaired(state.messages)),
+            instructions=instructions,
+            messages=with_feedback(turn.output, messages),
             tools=tools,
             reply=self.engine.inbox,
             cancel_scope=trio.CancelScope(),
             settings=agent.settings,
             output=agent.output_schema,
         )
-        provider = self._provider_at(turn.provider)
         await self._ask(provider, request)
         inbox, parts, ctrl = self.stream_inbox, turn.parts, turn.ctrl
         parts.origin = getattr(provider, "origin", None)  # recorded on signed parts
@@ -976,6 +998,69 @@ class TurnRunner(Suspending, Actor):
                     return
         finally:
             request.cancel_scope.cancel()
+            await release(limiter, grant, result.usage)
+
+    async def _throttled(self, turn: _Turn, limiter: Limiter | None, verdict: Verdict) -> None:
+        """The call waits for a rate limit: say so in the stream and on the bus."""
+        wait, reason = verdict.wait, verdict.reason
+        await turn.ctrl.send(ThrottleNotice(step=turn.step, wait=wait, reason=reason))
+        await self.publish(
+            ev.ProviderThrottled(
+                session_id=self.state.session_id,
+                turn_id=turn.turn_id,
+                step=turn.step,
+                wait=wait,
+                reason=reason,
+                key=limiter.key if limiter is not None else "",
+            )
+        )
+
+    async def _compact(
+        self,
+        turn: _Turn,
+        provider: Actor,
+        messages: tuple[Message, ...],
+        instructions: str | None,
+        tools: tuple[Tool, ...],
+    ) -> tuple[Message, ...]:
+        """The agent's history processors on the call's ``messages``; a summary they
+        stored goes into the history right before the turn's user message (saved with
+        the turn), and its call's usage into the turn's."""
+        done = await compact(
+            self.agent.history_processors,
+            messages,
+            provider=provider,
+            session_id=self.state.session_id,
+            turn_id=turn.turn_id,
+            step=turn.step,
+            instructions=instructions,
+            tools=tools,
+        )
+        history = self.state.messages
+        for stored in done.stored:
+            at = (
+                turn.a_index - 1
+                if isinstance(history[turn.a_index - 1], UserMessage)
+                else turn.a_index
+            )
+            history.insert(at, stored.message)
+            turn.a_index += 1
+        turn.usage = turn.usage + done.usage
+        if done.stored:
+            self._publish_history()
+            last = done.stored[-1]
+            await self.publish(
+                ev.HistoryCompacted(
+                    session_id=self.state.session_id,
+                    turn_id=turn.turn_id,
+                    step=turn.step,
+                    tokens_before=done.stored[0].tokens_before,
+                    tokens_after=last.tokens_after,
+                    covered=last.covered,
+                    usage=done.usage,
+                )
+            )
+        return done.messages
 
     # -- tools --------------------------------------------------------------------------
 

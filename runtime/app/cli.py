@@ -91,8 +91,20 @@ def program_name() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``python -m runtime`` command line: ``run``, the stored sessions' commands,
+    ``serve``, ``worker`` and ``mcp-server``."""
     parser = argparse.ArgumentParser(prog=program_name(), description="Axon agent runtime")
     sub = parser.add_subparsers(dest="command", required=True)
+    _add_run_parser(sub)
+    _add_history_parsers(sub)
+    add_serve_parser(sub)
+    add_worker_parser(sub)
+    add_mcp_server_parser(sub)
+    return parser
+
+
+def _add_run_parser(sub: Any) -> None:
+    """``run``: one turn, rendered (or as JSON lines), with its agent's options."""
     run = sub.add_parser("run", help="run one turn and render it")
     run.add_argument(
         "prompt",
@@ -150,6 +162,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_plugin_argument(run)
 
+
+def _add_history_parsers(sub: Any) -> None:
+    """``replay``, ``sessions`` and ``show``: what was recorded or stored."""
     replay = sub.add_parser("replay", help="re-render a recorded session from a JSONL file")
     replay.add_argument("file", help="a JSONL event log (see --record)")
     replay.add_argument("--session", default=None, help="only this session's output")
@@ -162,11 +177,6 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("session_id")
     show.add_argument("--store", required=True, help=STORE_HELP)
     show.add_argument("--json", action="store_true", help="print the messages as JSON")
-
-    add_serve_parser(sub)
-    add_worker_parser(sub)
-    add_mcp_server_parser(sub)
-    return parser
 
 
 def load_attachment(source: str) -> Any:
@@ -501,10 +511,11 @@ async def show_command(args: argparse.Namespace) -> int:
                 console.print(f"  [{_describe_media(item)}]", style="dim")
         else:
             console.print(f"{msg.role}: {msg.content}")
-    for line in waiting_lines(record.messages):
-        console.print(line, style="bold", soft_wrap=True)  # ids copied whole
     if (total := session_usage(record.messages)) is not None:
         console.print(f"session usage: {describe_usage(total)}", style="bold")
+    # Last, so what is still to be done (and the ids to do it with) ends the output.
+    for line in waiting_lines(record.messages):
+        console.print(line, style="bold", soft_wrap=True)  # ids copied whole
     return 0
 
 

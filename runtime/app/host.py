@@ -60,6 +60,7 @@ from runtime.logging import configure_logging, get_logger
 from runtime.media import InputLimits
 from runtime.messages import Message
 from runtime.provider import FallbackProvider, Provider
+from runtime.ratelimit import LimitBackend, Limiter, MemoryBackend, TrioClock
 from runtime.store import Store, validate_session_id
 
 DRAIN_TIMEOUT = 5.0
@@ -121,6 +122,10 @@ class Host:
         """The wall clock waits expire by (``Agent(approval_timeout=...)``), in seconds
         since the epoch; replaceable (a test's fake clock)."""
         self.expiry = ExpiryWatch(self)
+        self.rate_limits: LimitBackend = MemoryBackend()
+        """Where the providers' rate limits are counted (:mod:`runtime.ratelimit`): this
+        process by default; a worker replaces it with its relay's Redis, shared by all
+        the workers, before any provider starts."""
         """The timer of the waiting sessions this host has seen (:mod:`runtime.app.expiry`)."""
 
     @classmethod
@@ -258,6 +263,10 @@ class Host:
         """The running actor for a provider configuration (started on first use)."""
         actor = self._providers.get(id(provider))
         if actor is None:
+            if provider.rate_limit is not None:  # counted where this host counts them
+                backend = self.rate_limits
+                clock = getattr(backend, "clock", None) or TrioClock()
+                provider.limiter = Limiter(provider.limit_key, provider.rate_limit, backend, clock)
             actor = await self.start_actor(provider)
             self._providers[id(provider)] = actor
         return actor
@@ -490,18 +499,26 @@ class Host:
         ttl = self.idle_ttl
         assert ttl is not None
         while True:
-            now = trio.current_time()
-            wake = now + ttl
-            evicted = []
-            for session in list(self.sessions.values()):  # least recently used first
-                due = session.last_used + ttl
-                if due > now:
-                    wake = min(wake, due)
-                    break
-                if self._evictable(session) and not self.shutting_down:
-                    evicted.append(self._evict(session, "idle", now))
+            evicted, wake = self._evict_idle(ttl)
             await self._announce(evicted)
             await trio.sleep_until(wake)
+
+    def _evict_idle(self, ttl: float) -> tuple[list[SessionEvicted], float]:
+        """Evict the sessions idle for ``ttl``; the events, and when the next one is due.
+        A function of its own so that no variable of the sleeping loop holds the last
+        session it looked at (an evicted session, its meta and deps, would stay in memory
+        until the next wake-up)."""
+        now = trio.current_time()
+        wake = now + ttl
+        evicted = []
+        for session in list(self.sessions.values()):  # least recently used first
+            due = session.last_used + ttl
+            if due > now:
+                wake = min(wake, due)
+                break
+            if self._evictable(session) and not self.shutting_down:
+                evicted.append(self._evict(session, "idle", now))
+        return evicted, wake
 
     async def _announce(self, events: list[SessionEvicted]) -> None:
         for event in events:

@@ -4,7 +4,10 @@
 and ``python -m runtime mcp-server`` (stdio, :mod:`runtime.app.mcp_server`) serve the same
 MCP server (:func:`build_server`, on the official ``mcp`` package's low-level ``Server``):
 the served agent is one tool, and a call is one turn of it, run through ``session.stream``
-like a ``POST /api/chat`` (no second turn loop):
+like a ``POST /api/chat`` (no second turn loop); in a worker deployment's front end the
+turn is queued for the workers instead and its chunks read back from the relay
+(:class:`~runtime.app.web.mcp_endpoint.QueuedAgentTools` overrides :meth:`AgentTools.run`),
+with the same progress and results (:func:`tool_result`):
 
 ``tools/list``
     One tool named after the agent (its name with anything outside ``[A-Za-z0-9_-]``
@@ -47,6 +50,7 @@ import mcp_types as types
 import trio
 from mcp.shared.exceptions import MCPError
 
+from runtime.actor_messages import TurnResult
 from runtime.agent import Agent
 from runtime.app.session import FINAL_WAIT
 from runtime.busy import ENQUEUE, REJECT, STEER, OnBusy
@@ -218,12 +222,18 @@ class AgentTools:
         self.calls += 1
         self._idle = trio.Event() if self.calls == 1 else self._idle
         try:
-            session = await self.sessions.session(session_id or new_id("session"))
-            return await run_turn(session, prompt, report)
+            return await self.run(session_id or new_id("session"), prompt, report)
         finally:
             self.calls -= 1
             if not self.calls:
                 self._idle.set()
+
+    async def run(self, session_id: str, prompt: str, report: Report) -> types.CallToolResult:
+        """One turn of ``session_id`` on ``prompt`` (the arguments checked), as its MCP
+        result: here, on the host's session. A worker deployment's front end runs none
+        and overrides this to queue it (:mod:`runtime.app.web.mcp_endpoint`)."""
+        session = await self.sessions.session(session_id)
+        return await run_turn(session, prompt, report)
 
     async def idle(self) -> None:
         """Wait until no call is running (a shutdown lets them answer first)."""
@@ -238,7 +248,7 @@ async def run_turn(session: Any, prompt: str, report: Report) -> types.CallToolR
         return _busy(session)
     if "title" not in session.meta:
         session.set_title(" ".join(prompt[: TITLE_CHARS * 64].split())[:TITLE_CHARS])
-    progress = _Progress(report)
+    progress = Progress(report)
     try:
         async with session.stream(prompt, on_busy=strategy) as out:
             async for chunk in out:
@@ -247,25 +257,31 @@ async def run_turn(session: Any, prompt: str, report: Report) -> types.CallToolR
                 await out.done.wait()  # saved: the session's next call sees this turn
     except SessionBusy:
         return _busy(session)
-    result = out.result
-    if result is None:  # pragma: no cover - a stream that ran always has its result
-        return _error(f"the turn ended without a result (session {session.id})")
+    return tool_result(out.result, session.id)
+
+
+def tool_result(result: TurnResult | None, session_id: str) -> types.CallToolResult:
+    """A turn's MCP result, however it ran (here or on a worker): its answer, or an
+    ``isError`` result saying why there is none (failed, cut off, waiting for a
+    decision on the calls it names)."""
+    if result is None:  # a turn whose end nothing tells (a store that could not be read)
+        return _error(f"the turn ended without a result (session {session_id})")
     reason = result.finish_reason
     if reason == "error":
         why = result.error.message if result.error is not None else "the turn failed"
-        return _error(f"the turn failed: {why} (session {session.id})")
+        return _error(f"the turn failed: {why} (session {session_id})")
     if reason == "aborted":
-        return _error(f"the turn was cut off: {result.abort_reason} (session {session.id})")
+        return _error(f"the turn was cut off: {result.abort_reason} (session {session_id})")
     if reason == "awaiting-input":
         waiting = ", ".join(f"{call.tool_name} ({call.approval_id})" for call in result.pending)
         return _error(
-            f"the turn waits for a decision on {waiting} (session {session.id}); "
+            f"the turn waits for a decision on {waiting} (session {session_id}); "
             "decide it on the chat page or with `python -m runtime run --session`"
         )
     answer = result.text
     return types.CallToolResult(
         content=[types.TextContent(type="text", text=answer)],
-        structured_content={"answer": answer, "session_id": session.id, "finish_reason": reason},
+        structured_content={"answer": answer, "session_id": session_id, "finish_reason": reason},
     )
 
 
@@ -278,10 +294,20 @@ def one_answer_each(session: Any) -> OnBusy:
 
 
 def _busy(session: Any) -> types.CallToolResult:
-    return _error(f"session {session.id!r} is already running a turn")
+    return busy_result(session.id)
 
 
-class _Progress:
+def busy_result(session_id: str) -> types.CallToolResult:
+    """What a call on a session running a turn gets under the ``reject`` strategy."""
+    return _error(f"session {session_id!r} is already running a turn")
+
+
+def error_result(text: str) -> types.CallToolResult:
+    """A tool execution error (``isError: true``) saying ``text``."""
+    return _error(text)
+
+
+class Progress:
     """Turns the turn's output chunks into progress notifications. A notification that
     cannot be sent (the client went away) stops the notifications, not the turn: a
     call is cancelled by ``notifications/cancelled``, and the turn is stored either way."""
@@ -332,4 +358,15 @@ def build_server(tools: AgentTools) -> Any:
     )
 
 
-__all__ = ["AgentTools", "HostSessions", "build_server", "parse_arguments", "tool_name"]
+__all__ = [
+    "AgentTools",
+    "HostSessions",
+    "Progress",
+    "build_server",
+    "busy_result",
+    "error_result",
+    "one_answer_each",
+    "parse_arguments",
+    "tool_name",
+    "tool_result",
+]

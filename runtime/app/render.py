@@ -8,6 +8,7 @@ so it works for any provider.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from rich.console import Console
@@ -48,73 +49,101 @@ class TerminalRenderer:
             self._at_line_start = text.endswith("\n")
 
     def render(self, chunk: Any) -> None:
-        t = chunk.type
-        if t == "reasoning-start":
-            self._newline()
-            self._write("thinking: ", "dim bold")
-        elif t == "reasoning-delta":
-            self._write(chunk.text, "dim italic")
-        elif t == "reasoning-finish" or t == "text-finish":
-            self._newline()
-        elif t == "text-delta":
-            self._write(chunk.text)
-        elif t == "tool-input-start":
-            self._newline()
-            self._names[chunk.tool_call_id] = chunk.tool_name
-            self._write(f"→ calling {chunk.tool_name}…\n", "cyan")
-        elif t == "tool-call":
-            self._inputs[chunk.tool_call_id] = chunk.input
-            self._names[chunk.tool_call_id] = chunk.tool_name
-        elif t in ("tool-result", "tool-error"):
-            self._newline()
-            args = json.dumps(self._inputs.get(chunk.tool_call_id, {}), ensure_ascii=False)
-            if t == "tool-result":
-                body = Text.assemble(
-                    ("input  ", "bold"), args, "\n", ("result ", "bold green"), _fmt(chunk.output)
-                )
-                border = "green"
-            else:
-                body = Text.assemble(
-                    ("input  ", "bold"), args, "\n", ("error  ", "bold red"), chunk.error
-                )
-                border = "red"
-            self.console.print(
-                Panel(
-                    body,
-                    title=f"tool · {chunk.tool_name}",
-                    title_align="left",
-                    border_style=border,
-                    expand=False,
-                )
+        """Show one chunk (by its ``type``: :data:`_RENDER`); other chunks show nothing."""
+        render = _RENDER.get(chunk.type)
+        if render is not None:
+            render(self, chunk)
+
+    def _end_part(self, chunk: Any) -> None:
+        self._newline()
+
+    def _reasoning_start(self, chunk: Any) -> None:
+        self._newline()
+        self._write("thinking: ", "dim bold")
+
+    def _reasoning_delta(self, chunk: Any) -> None:
+        self._write(chunk.text, "dim italic")
+
+    def _text_delta(self, chunk: Any) -> None:
+        self._write(chunk.text)
+
+    def _tool_input_start(self, chunk: Any) -> None:
+        self._newline()
+        self._names[chunk.tool_call_id] = chunk.tool_name
+        self._write(f"→ calling {chunk.tool_name}…\n", "cyan")
+
+    def _tool_call(self, chunk: Any) -> None:
+        self._inputs[chunk.tool_call_id] = chunk.input
+        self._names[chunk.tool_call_id] = chunk.tool_name
+
+    def _tool_outcome(self, chunk: Any) -> None:
+        """A call's card: its input, and its result (green) or error (red)."""
+        self._newline()
+        args = json.dumps(self._inputs.get(chunk.tool_call_id, {}), ensure_ascii=False)
+        if chunk.type == "tool-result":
+            label, value, border = ("result ", "bold green"), _fmt(chunk.output), "green"
+        else:
+            label, value, border = ("error  ", "bold red"), chunk.error, "red"
+        self.console.print(
+            Panel(
+                Text.assemble(("input  ", "bold"), args, "\n", label, value),
+                title=f"tool · {chunk.tool_name}",
+                title_align="left",
+                border_style=border,
+                expand=False,
             )
-        elif t == "tool-approval-request":
-            self._newline()
-            self._write(f"⏸ {chunk.tool_name} waits for approval ({chunk.approval_id})\n", "yellow")
-        elif t == "tool-output-denied":
-            self._newline()
-            self._write(f"✗ {chunk.tool_name} denied: {chunk.reason or 'no reason'}\n", "red")
-        elif t == "step-finish":
-            self._newline()
-        elif t == "finish":
-            self._newline()
-            u = chunk.usage
-            cost = "" if u.cost is None else f" · {format_cost(u.cost)}"
-            self.console.print(
-                Text(
-                    f"[{chunk.finish_reason} · {u.input_tokens} in / {u.output_tokens} out tokens"
-                    f"{cost}]",
-                    style="dim",
-                )
+        )
+
+    def _approval_request(self, chunk: Any) -> None:
+        self._newline()
+        self._write(f"⏸ {chunk.tool_name} waits for approval ({chunk.approval_id})\n", "yellow")
+
+    def _output_denied(self, chunk: Any) -> None:
+        self._newline()
+        self._write(f"✗ {chunk.tool_name} denied: {chunk.reason or 'no reason'}\n", "red")
+
+    def _finish(self, chunk: Any) -> None:
+        self._newline()
+        u = chunk.usage
+        cost = "" if u.cost is None else f" · {format_cost(u.cost)}"
+        self.console.print(
+            Text(
+                f"[{chunk.finish_reason} · {u.input_tokens} in / {u.output_tokens} out tokens"
+                f"{cost}]",
+                style="dim",
             )
-        elif t == "error":
-            self._newline()
-            e = chunk.error
-            retry = " (retryable)" if e.retryable else ""
-            line = Text(f"error: {e.kind}: {e.message}{retry}", style="bold red")
-            self.console.print(line, soft_wrap=True)  # one line: the terminal wraps it
-        elif t == "abort":
-            self._newline()
-            self.console.print(Text(f"aborted: {chunk.reason}", style="bold yellow"))
+        )
+
+    def _error(self, chunk: Any) -> None:
+        self._newline()
+        e = chunk.error
+        retry = " (retryable)" if e.retryable else ""
+        line = Text(f"error: {e.kind}: {e.message}{retry}", style="bold red")
+        self.console.print(line, soft_wrap=True)  # one line: the terminal wraps it
+
+    def _abort(self, chunk: Any) -> None:
+        self._newline()
+        self.console.print(Text(f"aborted: {chunk.reason}", style="bold yellow"))
+
+
+_RENDER: dict[str, Callable[[TerminalRenderer, Any], None]] = {
+    "reasoning-start": TerminalRenderer._reasoning_start,
+    "reasoning-delta": TerminalRenderer._reasoning_delta,
+    "reasoning-finish": TerminalRenderer._end_part,
+    "text-delta": TerminalRenderer._text_delta,
+    "text-finish": TerminalRenderer._end_part,
+    "tool-input-start": TerminalRenderer._tool_input_start,
+    "tool-call": TerminalRenderer._tool_call,
+    "tool-result": TerminalRenderer._tool_outcome,
+    "tool-error": TerminalRenderer._tool_outcome,
+    "tool-approval-request": TerminalRenderer._approval_request,
+    "tool-output-denied": TerminalRenderer._output_denied,
+    "step-finish": TerminalRenderer._end_part,
+    "finish": TerminalRenderer._finish,
+    "error": TerminalRenderer._error,
+    "abort": TerminalRenderer._abort,
+}
+"""How each output chunk type is shown."""
 
 
 def format_cost(cost: float) -> str:

@@ -80,13 +80,27 @@ from runtime.app.commands import (
 from runtime.app.expiry import deadlines, expire_session
 from runtime.app.host import Host
 from runtime.approval import AWAITING_INPUT, Decision, Recorded
-from runtime.errors import ConfigurationError, LeaseLost, RelayUnavailable, StoreError
+from runtime.errors import (
+    ConfigurationError,
+    InvalidHistory,
+    LeaseLost,
+    RelayUnavailable,
+    StoreError,
+)
 from runtime.logging import configure_logging, get_logger
 from runtime.media import InputLimits
 from runtime.output import StepStart
 from runtime.redact import redact, redact_url
 from runtime.store import Store
-from runtime.turn_queue import WAITING, Claim, LeaseRenewer, Renewal, TurnQueue, TurnStatus
+from runtime.turn_queue import (
+    WAITING,
+    Claim,
+    LeaseRenewer,
+    QueuedTurn,
+    Renewal,
+    TurnQueue,
+    TurnStatus,
+)
 
 DEFAULT_CONCURRENCY = 4
 DEFAULT_LEASE = 10.0
@@ -118,14 +132,21 @@ class _Running:
     claim: Claim
     stream: Any = None
     lost: bool = False
+    suspended: bool = False
+    """The save of the step that made the turn wait also suspended its row (committed)."""
+
+    def suspend(self) -> None:
+        self.suspended = True
 
     def cancel(self, reason: str) -> None:
         if self.stream is not None:
             self.stream.cancel(reason)
 
     def lose(self, why: str) -> None:
-        """The lease is gone: write nothing more, stop the turn."""
-        if not self.lost:
+        """The lease is gone: write nothing more, stop the turn. Not once the turn
+        suspended (its step's commit let the row go: a renewal or a later save of the
+        turn then finds it waiting, which is no loss; the turn ends as committed)."""
+        if not self.lost and not self.suspended:
             self.lost = True
             log().warning(
                 "worker.lease_lost",
@@ -327,6 +348,9 @@ class Worker:
             store=self.store, max_sessions=self.max_sessions, input_limits=self.input_limits
         ) as host:
             host.expects_other_writers = True  # a session's turns run on any worker
+            shared = getattr(self.relay, "rate_limits", None)
+            if shared is not None:  # rate limits kept by all the workers together
+                host.rate_limits = shared()
             self.host = host
             for plugin in self.plugins:
                 await host.start_actor(plugin)
@@ -514,7 +538,7 @@ class Worker:
         turn = claim.turn
         host = self.host
         assert host is not None
-        session = await host.open_session(self.agent_for(turn.session_id), turn.session_id)
+        session = await self._open_session(host, turn)
         current = session.current
         if current is not None:
             # This worker's earlier turn of the session, whose lease it lost (cancelled,
@@ -524,12 +548,16 @@ class Worker:
                 await current.done.wait()
         if turn.meta:
             session.update_meta(turn.meta)
+        options = turn.options
         stream = entry.stream = session.stream(
             turn.input,
             regenerate=turn.regenerate,
             turn_id=turn.turn_id,
             message_id=turn.message_id,
             resume=claim.takeover or claim.resumed or turn.saved,
+            user_message_id=options.user_message_id,
+            tools=tuple(spec.tool() for spec in options.tools),
+            instructions=options.instructions,
         )
         if turn.cancel_requested:
             stream.cancel(turn.cancel_reason or "cancelled")
@@ -551,7 +579,9 @@ class Worker:
             )
         status = "lost"
         try:
-            with self.queue.fenced(claim, on_lost=lambda: entry.lose("a save was refused")):
+            with self.queue.fenced(
+                claim, on_lost=lambda: entry.lose("a save was refused"), on_suspended=entry.suspend
+            ):
                 try:
                     async with stream as out:
                         await self._relay(entry, out, writer)
@@ -568,7 +598,31 @@ class Worker:
                     await writer.aclose(
                         final=status != "lost" and not entry.lost, paused=status == WAITING
                     )
+        if options.ephemeral and status != "lost":
+            await self._forget(session)
         return status
+
+    async def _open_session(self, host: Host, turn: QueuedTurn) -> Any:
+        """The turn's session, loaded from the store; one that is not stored yet starts
+        from the history the turn carries, if any (``TurnOptions.history``)."""
+        agent = self.agent_for(turn.session_id)
+        history = turn.options.history
+        if history is not None:
+            try:
+                return await host.open_session(agent, turn.session_id, history=history)
+            except InvalidHistory:  # stored (or open) already: an earlier claim saved it
+                pass
+        return await host.open_session(agent, turn.session_id)
+
+    async def _forget(self, session: Any) -> None:
+        """Delete an ephemeral turn's session once the turn is over
+        (``TurnOptions.ephemeral``: a stateless request's scratch session)."""
+        with trio.CancelScope(shield=True):
+            try:
+                await session.close()
+                await self.queue.store.delete(session.id)
+            except StoreError as exc:
+                log().warning("worker.forget_failed", session_id=session.id, error=str(exc))
 
     async def _relay(self, entry: _Running, out: Any, writer: Any) -> None:
         """The turn's chunks to the relay; on a takeover, the restarted step announced
@@ -592,6 +646,8 @@ class Worker:
 
     async def _finish(self, entry: _Running) -> str:
         """Mark the turn finished in the queue (fenced); the status it ended with."""
+        if entry.suspended:  # its step's commit suspended the row: it waits, whatever came after
+            return WAITING
         if entry.lost:
             return "lost"
         result = entry.stream.result
@@ -602,6 +658,9 @@ class Worker:
             error = result.error.message if result.error is not None else "error"
         elif result.finish_reason == "aborted":
             status, reason, error = "cancelled", "aborted", result.abort_reason
+        elif result.finish_reason == AWAITING_INPUT and entry.claim.turn.options.ephemeral:
+            # nobody can answer an ephemeral turn's wait: it is over as it stands
+            status, reason, error = "done", AWAITING_INPUT, None
         elif result.finish_reason == AWAITING_INPUT:
             return await self._suspend(entry)
         else:
@@ -618,7 +677,10 @@ class Worker:
 
     async def _suspend(self, entry: _Running) -> str:
         """The turn waits for a person: its row holds nothing from here on (``WAITING``),
-        until the earliest deadline of its waiting calls, if any."""
+        until the earliest deadline of its waiting calls, if any. Usually the step's
+        save did it already, in its commit (:meth:`~runtime.turn_queue.TurnQueue.fenced`)."""
+        if entry.suspended:
+            return WAITING
         due = deadlines(entry.stream.session.messages)
         with trio.CancelScope(shield=True):
             try:

@@ -473,3 +473,31 @@ async def rig(
         finally:
             with trio.CancelScope(shield=True):
                 await the_provider.aclose()
+
+
+def check_responses_body(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """Assert a Responses request's ``input`` answers every ``function_call`` with
+    exactly one ``function_call_output`` after it and before the next user message, holds
+    no output without its call, and follows every ``reasoning`` item with another item
+    (the API refuses one "provided without its required following item"). Returns it."""
+    items = body["input"]
+    open_calls: list[str] = []
+    seen: set[str] = set()
+    for k, item in enumerate(items):
+        kind = item.get("type", "message")
+        if kind == "reasoning":
+            assert k + 1 < len(items) and items[k + 1].get("type") != "reasoning", (
+                f"reasoning item {item.get('id')} without its following item"
+            )
+        elif kind == "function_call":
+            assert item["call_id"] not in seen, f"call {item['call_id']} twice"
+            assert isinstance(item["arguments"], str), item
+            seen.add(item["call_id"])
+            open_calls.append(item["call_id"])
+        elif kind == "function_call_output":
+            assert item["call_id"] in open_calls, f"output {item['call_id']} without its call"
+            open_calls.remove(item["call_id"])
+        elif item.get("role") == "user":
+            assert not open_calls, f"calls {open_calls} unanswered before a user message"
+    assert not open_calls, f"calls {open_calls} unanswered"
+    return items

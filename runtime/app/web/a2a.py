@@ -24,7 +24,8 @@ is answered in the binding's own error shape (a JSON-RPC error object; a
 check (401) is here; the Host and Origin checks of the whole app
 (:mod:`runtime.app.web.guard`) apply before it.
 
-Embedded deployments only, for now: a worker deployment's front end does not mount it.
+In a worker deployment's front end a task is a row of the turn queue, run by the workers
+and followed from the relay (:mod:`runtime.app.web.a2a_queued`), with the same answers.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from actors.a2a import legacy, wire
+from runtime.app.web.a2a_queued import QueuedTaskBook
 from runtime.app.web.a2a_tasks import LiveTask, TaskBook
 from runtime.app.web.chat_input import _read_body
 from runtime.app.web.http import ApiError
@@ -138,7 +140,8 @@ class A2AEndpoint:
     def __init__(self, state: Any, token: str | None) -> None:
         self.state = state
         self.token = token.encode() if token else None
-        self.tasks = TaskBook(state)
+        # a worker deployment's front end: tasks are rows of the turn queue
+        self.tasks = QueuedTaskBook(state) if state.front is not None else TaskBook(state)
 
     # -- the card -----------------------------------------------------------------------
 

@@ -37,11 +37,17 @@ call answered 404, a new message while an approval waits (or answers that leave 
 waiting) 409 ``interrupt_pending``, a thread running a turn 409 ``thread_busy``. The Host
 and Origin checks of the whole app (:mod:`runtime.app.web.guard`) apply before these.
 
-Embedded deployments only, for now: a worker deployment's front end does not mount it.
+In a worker deployment's front end (``state.front``) no session opens here: a new turn
+is queued for the workers, carrying the run's client tools, ``context``, the client's id
+of its user message and a new thread's history (:class:`runtime.turn_queue.TurnOptions`),
+answers are recorded through the queue, and the run streams from the relay through the
+same encoder (:mod:`runtime.app.web.queued_turn`). The continuation of a turn that
+waited is offered the tools of the run that started it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import re
 from collections.abc import Callable, Sequence
@@ -69,6 +75,7 @@ from runtime.app.web.agui_wire import (
 from runtime.app.web.chat_input import _read_body
 from runtime.app.web.guard import is_json
 from runtime.app.web.http import ApiError
+from runtime.app.web.queued_turn import QueuedStreamResponse, QueuedTurnOutput
 from runtime.approval import APPROVAL, Decision, PendingCall, decide, waiting_calls
 from runtime.busy import REJECT
 from runtime.errors import (
@@ -94,6 +101,7 @@ from runtime.messages import (
     UserMessage,
 )
 from runtime.store import validate_session_id
+from runtime.turn_queue import ClientToolSpec, TurnOptions
 
 PATH = "/ag-ui"
 
@@ -343,8 +351,7 @@ class AGUIRoutes:
             session_id = validate_session_id(run.thread_id)
         except InvalidSessionId as exc:
             raise bad_input(f"threadId: {exc}", "invalid_thread_id") from None
-        open_session = state.host.sessions.get(session_id)
-        if open_session is not None and open_session.busy:
+        if await self._busy(session_id):
             raise AGUIError(409, f"thread {session_id!r} is running a run already", "thread_busy")
         record = await state.host.store.load(session_id)
         stored: tuple[Message, ...] = record.messages if record is not None else ()
@@ -365,6 +372,15 @@ class AGUIRoutes:
             return await self._new_turn(run, session_id, stored, effective, record is None)
         return snapshot_response(run, self._current(session_id, stored), None)
 
+    async def _busy(self, session_id: str) -> bool:
+        """Whether the thread runs a turn: here, or (a worker deployment's front end)
+        queued or running on the workers."""
+        front = self.state.front
+        if front is not None:
+            return await front.queue.active(session_id) is not None
+        open_session = self.state.host.sessions.get(session_id)
+        return open_session is not None and bool(open_session.busy)
+
     def _current(self, session_id: str, stored: tuple[Message, ...]) -> Sequence[Message]:
         """The thread's history: the open session's (ahead of the store while a turn
         runs), else the stored one."""
@@ -379,14 +395,14 @@ class AGUIRoutes:
     def _encoder(
         self,
         run: RunInput,
-        session: Any,
+        agent: Any,
         *,
         reasoning_base: int = 0,
         prelude: Sequence[dict[str, Any]] = (),
         metadata: dict[str, Any] | None = None,
         answered: Sequence[str] = (),
     ) -> Callable[[], StreamEncoder]:
-        provider = self.state.host.provider_of(session.agent)  # its own, or its model's
+        provider = self.state.host.provider_of(agent)  # its own, or its model's
 
         def make() -> StreamEncoder:
             return StreamEncoder(
@@ -437,12 +453,17 @@ class AGUIRoutes:
             raise bad_input(f"'messages[{index}]' (the new user message) has no content")
         seed = history_of(earlier) if new_thread and earlier else None
         self._check_tools(run, session_id)
+        session: Any = None
+        if state.front is not None:  # a worker deployment's front end: nothing opens here
+            agent = state.agent_for(session_id)
+        else:
+            try:
+                session = await state.session(session_id, history=seed)
+            except InvalidHistory:  # another request started the thread meanwhile
+                session = await state.session(session_id)
+            agent = session.agent
         try:
-            session = await state.session(session_id, history=seed)
-        except InvalidHistory:  # another request started the thread meanwhile
-            session = await state.session(session_id)
-        try:
-            check_limits(text, session.agent.media_limits)
+            check_limits(text, agent.media_limits)
         except MediaTooLarge as exc:
             raise AGUIError(413, exc.message, "media_too_large") from None
         except InvalidMedia as exc:
@@ -457,6 +478,26 @@ class AGUIRoutes:
             prelude.append(
                 {"type": "MESSAGES_SNAPSHOT", "messages": [*agui_messages(stored), mine]}
             )
+        if session is None:
+            options = TurnOptions(
+                user_message_id=user_id,
+                tools=tuple(ClientToolSpec.of(t) for t in run.tools),
+                instructions=run.instructions,
+                history=seed,
+            )
+            key = None if user_id is None else _run_key(session_id, user_id)
+            try:
+                turn = await state.front.submit(
+                    session_id,
+                    text,
+                    key,
+                    False,
+                    turn_id=_queue_turn_id(run.run_id),
+                    options=options,
+                )
+            except ApiError as exc:
+                raise AGUIError(exc.status, exc.message, _CODES.get(exc.status)) from None
+            return self._queued(run, QueuedTurnOutput(state.front, turn), agent, prelude=prelude)
         return self.stream(  # type: ignore[no-any-return]
             session,
             text,
@@ -467,7 +508,7 @@ class AGUIRoutes:
             keepalive=state.keepalive,
             send_timeout=state.send_timeout,
             background=state.background,
-            encoder=self._encoder(run, session, prelude=prelude),
+            encoder=self._encoder(run, session.agent, prelude=prelude),
             headers=HEADERS,
             busy=_busy,
             on_busy=REJECT,  # a run is one turn: never queued behind or steered into
@@ -486,6 +527,16 @@ class AGUIRoutes:
         if uncovered:
             raise _pending_refusal(uncovered)
         self._check_tools(run, session_id)
+        base = _reasoning_count(stored, waiting[0].message_id)
+        metadata_and_answered: dict[str, Any] = {
+            "reasoning_base": base,
+            "metadata": metadata,
+            "answered": [key for key, d in answers if d.approved is None],
+        }
+        if state.front is not None:
+            out = await self._decide_queued(session_id, stored, waiting, answers)
+            agent = state.agent_for(session_id)
+            return self._queued(run, out, agent, **metadata_and_answered)
         session = await state.session(session_id)
         tools = {t.name: t for t in session.agent.tools}
         checked = stored
@@ -506,7 +557,6 @@ class AGUIRoutes:
             raise AGUIError(
                 409, f"thread {session_id!r} is running a run already", "thread_busy"
             ) from None
-        base = _reasoning_count(stored, waiting[0].message_id)
         return self.stream(  # type: ignore[no-any-return]
             session,
             "",
@@ -516,17 +566,71 @@ class AGUIRoutes:
             keepalive=state.keepalive,
             send_timeout=state.send_timeout,
             background=state.background,
-            encoder=self._encoder(
-                run,
-                session,
-                reasoning_base=base,
-                metadata=metadata,
-                answered=[key for key, d in answers if d.approved is None],
-            ),
+            encoder=self._encoder(run, session.agent, **metadata_and_answered),
             headers=HEADERS,
             busy=_busy,
             on_busy=REJECT,  # a run is one turn: never queued behind or steered into
         )
+
+    async def _decide_queued(
+        self,
+        session_id: str,
+        stored: tuple[Message, ...],
+        waiting: Sequence[PendingCall],
+        answers: Sequence[tuple[str, Decision]],
+    ) -> QueuedTurnOutput:
+        """The run's answers recorded through the queue (all checked first: a bad one
+        records nothing), and the continuation they start, as the workers stream it."""
+        state = self.state
+        front = state.front
+        tools = {t.name: t for t in state.agent_for(session_id).tools}
+        checked = stored
+        decided = []
+        try:
+            for key, decision in answers:
+                _, checked, _, _ = decide(checked, key, decision, tools)
+            for key, decision in answers:
+                decided.append(await front.decide(state.host.bus, session_id, key, decision, tools))
+        except DecisionError as exc:
+            raise AGUIError(_DECISION_STATUS.get(type(exc), 400), str(exc), exc.kind) from None
+        except ApiError as exc:
+            raise AGUIError(exc.status, exc.message, _CODES.get(exc.status)) from None
+        # decided before (a replayed run): the continuation those decisions started
+        turn = decided[-1].turn if decided else await front.queue.get_status(waiting[0].turn_id)
+        if turn is None or turn.waiting:
+            raise _pending_refusal([c for c in waiting_calls(checked) if not c.decided])
+        return QueuedTurnOutput(front, turn, after_pauses=turn.resumes)
+
+    def _queued(
+        self, run: RunInput, out: QueuedTurnOutput, agent: Any, **encoding: Any
+    ) -> QueuedStreamResponse:
+        """A queued turn (a worker deployment's front end), streamed from the relay with
+        the run's encoder; a client that leaves cancels it, as in the embedded app."""
+        state = self.state
+        return QueuedStreamResponse(
+            out,
+            self._encoder(run, agent, **encoding)(),
+            headers=HEADERS,
+            keepalive=state.keepalive,
+            send_timeout=state.send_timeout,
+            background=state.background,
+        )
+
+
+_CODES = {429: "queue_full", 503: "unavailable", 409: "conflict"}
+"""The ``code`` of a queue's refusal, by its status."""
+
+
+def _run_key(session_id: str, user_id: str) -> str:
+    """The idempotency key of a run's new user message in the queue: a run sent again
+    (the same message id, the same content) is the same turn."""
+    return hashlib.sha256(orjson.dumps([session_id, "ag-ui", user_id])).hexdigest()
+
+
+def _queue_turn_id(run_id: str) -> str | None:
+    """The client's ``runId`` as the queued turn's id when its assistant message's id
+    (``msg_<turn id>``) stays a valid id, else ``None`` (a new one)."""
+    return run_id if _valid_id(f"msg_{run_id}") else None
 
 
 def agui_endpoint(state: Any, *, token: str | None, stream: Any) -> Callable[[Request], Any]:

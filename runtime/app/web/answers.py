@@ -32,6 +32,9 @@ from runtime.errors import AlreadyDecided, DecisionError, InvalidDecision, Unkno
 from runtime.messages import AssistantMessage, Awaiting, Message, ToolCallPart
 from runtime.store import Store
 
+STOPPED_WAIT = "stopped"
+"""The reason a waiting turn's calls are denied with when the session is stopped."""
+
 _STATUS: dict[type, int] = {UnknownApproval: 404, AlreadyDecided: 409, InvalidDecision: 400}
 
 
@@ -168,6 +171,33 @@ async def pending_in(store: Store, session_id: str) -> tuple[PendingCall, ...]:
     """The calls session ``session_id``'s stored last turn still waits for, undecided."""
     record = await store.load(session_id)
     return pending_calls(record.messages) if record is not None else ()
+
+
+async def deny_pending(
+    store: Store,
+    session_id: str,
+    reason: str,
+    record: Callable[[str, Decision], Awaitable[Recorded]],
+) -> str | None:
+    """Deny every call the session's waiting turn waits for, with ``reason`` (an approval
+    denied, a client tool answered with the error ``reason``), each through ``record``;
+    the id of that turn, or ``None`` when nothing waits. A call someone decided first
+    keeps that decision. What ``POST /api/chat/{id}/stop`` does to a turn that waits in
+    a worker deployment: the decision that completes it resumes the turn, whose model
+    is told, as after any denial."""
+    turn_id = None
+    for call in await pending_in(store, session_id):
+        decision = (
+            Decision(approved=False, reason=reason)
+            if call.kind == "approval"
+            else Decision(error=reason)
+        )
+        try:
+            await record(call.approval_id, decision)
+        except (AlreadyDecided, UnknownApproval):
+            continue  # decided (or superseded) first: that decision stands
+        turn_id = call.turn_id
+    return turn_id
 
 
 def waiting_in_meta(meta: Mapping[str, Any]) -> int:

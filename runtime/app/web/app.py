@@ -80,8 +80,8 @@ from runtime.app.web.resume import resume_stream, stop_turn
 from runtime.app.web.ui_stream import DONE, HEADERS, UIStreamEncoder, ui_messages
 from runtime.app.web.writer import BodyWriter
 from runtime.approval import pending_calls
-from runtime.busy import REJECT, OnBusy, check_on_busy
-from runtime.errors import InvalidHistory, NothingToResume, SessionBusy
+from runtime.busy import REJECT, STEER, OnBusy, check_on_busy
+from runtime.errors import ConfigurationError, InvalidHistory, NothingToResume, SessionBusy
 from runtime.messages import UserContent
 from runtime.serde import unstructure
 from runtime.turn_queue import TurnQueue
@@ -543,6 +543,97 @@ CSP = (
 )
 
 
+def _page_routes() -> list[Route]:
+    """``GET /`` (the chat page) and its icons, read once."""
+    page = (STATIC / "index.html").read_bytes()
+    icons = {name: (STATIC / name).read_bytes() for name in ICONS}
+
+    async def index(request: Request) -> Response:
+        return HTMLResponse(page, headers={"content-security-policy": CSP})
+
+    async def icon(request: Request) -> Response:
+        name = request.url.path.lstrip("/")
+        return Response(
+            icons[name],
+            media_type=ICONS[name],
+            headers={
+                "cache-control": "max-age=86400",
+                "content-security-policy": "default-src 'none'",
+            },
+        )
+
+    return [
+        Route("/", index, methods=["GET"]),
+        *(Route("/" + name, icon, methods=["GET"]) for name in ICONS),
+    ]
+
+
+def _api_routes(front: FrontEnd | None) -> list[Route]:
+    """The ``/api/`` endpoints: this process's, or those of a worker deployment's front
+    end, which replaces them by name."""
+    handlers: dict[str, Callable[[Request], Any]] = {
+        "chat": chat,
+        "stream": resume_stream,
+        "stop": stop_turn,
+        "sessions": list_sessions,
+        "session": get_session,
+        "info": info,
+    }
+    if front is not None:
+        handlers.update(front.routes())
+    return [
+        Route("/api/info", handlers["info"], methods=["GET"]),
+        Route("/api/chat", handlers["chat"], methods=["POST"]),
+        Route("/api/chat/{session_id}/stream", handlers["stream"], methods=["GET"]),
+        Route("/api/chat/{session_id}/stop", handlers["stop"], methods=["POST"]),
+        Route("/api/sessions", handlers["sessions"], methods=["GET"]),
+        Route("/api/sessions/{session_id}", handlers["session"], methods=["GET"]),
+    ]
+
+
+def _middleware(
+    token: str | None, cors_origins: Sequence[str] | None, allowed_hosts: Sequence[str] | None
+) -> list[Middleware]:
+    """Security headers, CORS (only for ``cors_origins``), the request guard, and the
+    bearer token check when there is a token; outermost first."""
+    middleware = [Middleware(SecurityHeaders)]
+    if cors_origins:
+        from starlette.middleware.cors import CORSMiddleware
+
+        middleware.append(
+            Middleware(
+                CORSMiddleware,
+                allow_origins=list(cors_origins),
+                allow_methods=["GET", "POST"],
+                allow_headers=["authorization", "content-type"],
+                expose_headers=["x-vercel-ai-ui-message-stream"],
+                max_age=600,
+            )
+        )
+    middleware.append(
+        Middleware(RequestGuard, allowed_hosts=allowed_hosts or (), cors_origins=cors_origins or ())
+    )
+    if token:
+        middleware.append(Middleware(BearerAuth, token=token))
+    return middleware
+
+
+def _lifespan(state: WebState) -> Callable[[Starlette], Any]:
+    """The app's lifespan: the nursery response writers run in (``state.background``)."""
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        async with trio.open_nursery() as nursery:
+            state.background = nursery
+            try:
+                yield
+            finally:
+                state.background = None
+                nursery.cancel_scope.cancel()
+
+    return lifespan
+
+
 def create_app(
     host: Host,
     agent: AgentSource,
@@ -585,8 +676,6 @@ def create_app(
     agent's (:mod:`runtime.busy`): what ``POST /api/chat`` does with a message for a
     session whose turn runs.
     """
-    page = (STATIC / "index.html").read_bytes()
-    icons = {name: (STATIC / name).read_bytes() for name in ICONS}
     state = WebState(
         host,
         agent,
@@ -598,77 +687,32 @@ def create_app(
     )
     state.relay = relay
     state.cancel_hook = cancel_hook
-    routes = {
-        "chat": chat,
-        "stream": resume_stream,
-        "stop": stop_turn,
-        "sessions": list_sessions,
-        "session": get_session,
-        "info": info,
-    }
     if queue is not None:
         if relay is None:
             raise ValueError("a front end (queue=) needs the relay its workers write to")
-        state.front = FrontEnd(store=host.store, queue=queue, relay=relay)
-        routes.update(state.front.routes())
-
-    async def index(request: Request) -> Response:
-        return HTMLResponse(page, headers={"content-security-policy": CSP})
-
-    async def icon(request: Request) -> Response:
-        name = request.url.path.lstrip("/")
-        return Response(
-            icons[name],
-            media_type=ICONS[name],
-            headers={
-                "cache-control": "max-age=86400",
-                "content-security-policy": "default-src 'none'",
-            },
-        )
-
-    @asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        async with trio.open_nursery() as nursery:
-            state.background = nursery
-            try:
-                yield
-            finally:
-                state.background = None
-                nursery.cancel_scope.cancel()
-
-    middleware = [Middleware(SecurityHeaders)]
-    if cors_origins:
-        from starlette.middleware.cors import CORSMiddleware
-
-        middleware.append(
-            Middleware(
-                CORSMiddleware,
-                allow_origins=list(cors_origins),
-                allow_methods=["GET", "POST"],
-                allow_headers=["authorization", "content-type"],
-                expose_headers=["x-vercel-ai-ui-message-stream"],
-                max_age=600,
+        if state.on_busy == STEER:
+            raise ConfigurationError(
+                "on_busy='steer' is not served by a worker deployment's front end (a message "
+                "cannot join a turn running on another process)"
             )
-        )
-    middleware.append(
-        Middleware(RequestGuard, allowed_hosts=allowed_hosts or (), cors_origins=cors_origins or ())
-    )
-    if token:
-        middleware.append(Middleware(BearerAuth, token=token))
+        state.front = FrontEnd(store=host.store, queue=queue, relay=relay)
+    return _app(state, token, cors_origins, allowed_hosts, protocols)
+
+
+def _app(
+    state: WebState,
+    token: str | None,
+    cors_origins: Sequence[str] | None,
+    allowed_hosts: Sequence[str] | None,
+    protocols: Collection[str],
+) -> Starlette:
+    """The Starlette app on ``state``: the page's and the API's routes behind the
+    middleware, and the other ``protocols``' endpoints."""
     app = Starlette(
-        routes=[
-            Route("/", index, methods=["GET"]),
-            *(Route("/" + name, icon, methods=["GET"]) for name in ICONS),
-            Route("/api/info", routes["info"], methods=["GET"]),
-            Route("/api/chat", routes["chat"], methods=["POST"]),
-            Route("/api/chat/{session_id}/stream", routes["stream"], methods=["GET"]),
-            Route("/api/chat/{session_id}/stop", routes["stop"], methods=["POST"]),
-            Route("/api/sessions", routes["sessions"], methods=["GET"]),
-            Route("/api/sessions/{session_id}", routes["session"], methods=["GET"]),
-        ],
-        middleware=middleware,
+        routes=[*_page_routes(), *_api_routes(state.front)],
+        middleware=_middleware(token, cors_origins, allowed_hosts),
         exception_handlers={ApiError: _api_error},
-        lifespan=lifespan,
+        lifespan=_lifespan(state),
     )
     app.state.axon = state
     mount_protocols(app, state, protocols, token=token, stream=TurnResponse)

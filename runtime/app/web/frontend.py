@@ -32,7 +32,8 @@ to any of them:
     that waits for input is none: it streams again once decided).
 ``POST /api/chat/{id}/stop``
     Cancels the session's running turn (its worker stops it, saved and marked
-    interrupted), else its oldest queued turn (cancelled at once, it never runs).
+    interrupted), else its oldest queued turn (cancelled at once, it never runs), else
+    denies what its waiting turn waits for (reason ``stopped``; the model is told).
 ``GET /api/sessions``, ``GET /api/sessions/{id}``
     Read from the store.
 
@@ -49,7 +50,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import orjson
@@ -58,8 +59,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from runtime.app.web.answers import (
+    STOPPED_WAIT,
     awaited_calls,
     check_and_record,
+    deny_pending,
     is_continuation,
     pending_in,
     waiting_in_meta,
@@ -77,10 +80,12 @@ from runtime.app.web.resume import (
 from runtime.app.web.ui_stream import error_text, sse, ui_messages
 from runtime.app.web.watch import POLL_FIRST, POLL_MAX, TurnWatch
 from runtime.approval import Decision, Recorded, pending_calls
+from runtime.busy import INTERRUPT, INTERRUPTED_BY_NEW, OnBusy
 from runtime.errors import (
     QueueFull,
     RelayTurnGone,
     RelayUnavailable,
+    SessionBusy,
     StoreError,
     StoreUnavailable,
     TurnConflict,
@@ -89,7 +94,14 @@ from runtime.events import ToolApprovalDecided
 from runtime.logging import get_logger
 from runtime.messages import UserContent
 from runtime.serde import unstructure
-from runtime.turn_queue import FINAL_STATUSES, RUNNING, WAITING, Decided, TurnQueue
+from runtime.turn_queue import (
+    FINAL_STATUSES,
+    RUNNING,
+    WAITING,
+    Decided,
+    TurnOptions,
+    TurnQueue,
+)
 
 
 def idempotency_key(session_id: str, payload: dict[str, Any], regenerate: bool) -> str | None:
@@ -264,29 +276,56 @@ class FrontEnd:
         if is_continuation(payload):
             return await self._continue(request, session_id, payload)
         check_media(text, state.agent_for(session_id))
-        turn = await self._submit(
+        # ``serve --on-busy`` (None: enqueue): the queue decides it with the insert.
+        running = await self.queue.active(session_id) if state.on_busy == INTERRUPT else None
+        turn = await self.submit(
             session_id,
             text,
             idempotency_key(session_id, payload, regenerate),
             regenerate,
+            on_busy=state.on_busy,
         )
+        if running is not None and running.status == RUNNING and running.turn_id != turn.turn_id:
+            # Its worker hears it at once on the relay (the queue's mark is the truth).
+            await _unavailable_as_503(
+                self.relay.request_cancel(running.turn_id, INTERRUPTED_BY_NEW)
+            )
         return self._response(request, turn, None)
 
-    async def _submit(
+    async def submit(
         self,
         session_id: str,
         text: UserContent,
         key: str | None,
         regenerate: bool,
+        *,
+        turn_id: str | None = None,
+        options: TurnOptions | None = None,
+        titled: bool = True,
+        on_busy: OnBusy | None = None,
     ) -> Any:
+        """Queue the turn (``titled``: naming a session that has no title yet after its
+        input); a refusal is an :class:`ApiError` with the status the queue's error
+        means (429 over a cap, 503 while the store is unreachable, 409 for a key another
+        turn holds, 400 for anything else the store refused), and nothing is queued."""
         try:
-            record = await self.store.load(session_id)
-            meta = (
-                {} if record is not None and "title" in record.meta else {"title": title_of(text)}
-            )
+            meta: dict[str, Any] = {}
+            if titled:
+                record = await self.store.load(session_id)
+                if record is None or "title" not in record.meta:
+                    meta = {"title": title_of(text)}
             return await self.queue.submit(
-                session_id, text, idempotency_key=key, meta=meta, regenerate=regenerate
+                session_id,
+                text,
+                idempotency_key=key,
+                meta=meta,
+                regenerate=regenerate,
+                turn_id=turn_id,
+                options=options,
+                on_busy=on_busy,
             )
+        except SessionBusy as exc:  # ``--on-busy reject``
+            raise ApiError(409, _one_line(exc)) from None
         except QueueFull as exc:
             retry = str(max(1, math.ceil(exc.retry_after)))
             raise ApiError(429, exc.message, {"retry-after": retry}) from None
@@ -303,36 +342,62 @@ class FrontEnd:
     async def _continue(self, request: Request, session_id: str, payload: dict[str, Any]) -> Any:
         """The AI SDK's answers for a waiting turn: recorded through the queue; the
         request whose answers complete the turn's decisions streams its continuation."""
-        state = web_state(request)
-        tools = {t.name: t for t in state.agent_for(session_id).tools}
         decided: list[Decided] = []
-
-        async def record(key: str, decision: Decision) -> Recorded:
-            try:
-                outcome = await self.queue.decide(session_id, key, decision, tools)
-            except StoreUnavailable as exc:
-                raise ApiError(503, _one_line(exc), {"retry-after": "1"}) from None
-            decided.append(outcome)
-            call = outcome.recorded.call
-            if call.kind == "approval":
-                await state.host.bus.publish(
-                    ToolApprovalDecided(
-                        session_id=session_id,
-                        tool_call_id=call.tool_call_id,
-                        approved=bool(decision.approved),
-                        reason=decision.reason,
-                        turn_id=call.turn_id,
-                        causation_id=call.approval_id,
-                    )
-                )
-            return outcome.recorded
-
-        announced, complete = await check_and_record(self.store, session_id, tools, payload, record)
+        record = self._recorder(request, session_id, decided)
+        announced, complete = await check_and_record(
+            self.store, session_id, self._tools(request, session_id), payload, record
+        )
         if not complete:  # other calls still wait: whoever decides the last one resumes
             waiting = len(await pending_in(self.store, session_id))
             return json_response({"recorded": True, "waiting": waiting}, 202)
         turn = decided[-1].turn
         return self._response(request, turn, None, after_pauses=turn.resumes, announced=announced)
+
+    @staticmethod
+    def _tools(request: Request, session_id: str) -> dict[str, Any]:
+        return {t.name: t for t in web_state(request).agent_for(session_id).tools}
+
+    def _recorder(
+        self, request: Request, session_id: str, decided: list[Decided]
+    ) -> Callable[[str, Decision], Awaitable[Recorded]]:
+        """Records one decision through the queue (appending its outcome to ``decided``)
+        and tells the bus of an approval's."""
+        state = web_state(request)
+        tools = self._tools(request, session_id)
+
+        async def record(key: str, decision: Decision) -> Recorded:
+            outcome = await self.decide(state.host.bus, session_id, key, decision, tools)
+            decided.append(outcome)
+            return outcome.recorded
+
+        return record
+
+    async def decide(
+        self, bus: Any, session_id: str, key: str, decision: Decision, tools: Mapping[str, Any]
+    ) -> Decided:
+        """Record one decision for a waiting call of ``session_id`` through the queue
+        (:meth:`runtime.turn_queue.TurnQueue.decide`: refused unless its turn still
+        waits; the decision that completes the turn's calls puts it back for a worker),
+        publishing on ``bus`` what ``session.decide`` publishes in the embedded app. A
+        store that cannot be reached is an :class:`ApiError` 503; a refused decision
+        raises its :class:`~runtime.errors.DecisionError`."""
+        try:
+            outcome = await self.queue.decide(session_id, key, decision, tools)
+        except StoreUnavailable as exc:
+            raise ApiError(503, _one_line(exc), {"retry-after": "1"}) from None
+        call = outcome.recorded.call
+        if call.kind == "approval":
+            await bus.publish(
+                ToolApprovalDecided(
+                    session_id=session_id,
+                    tool_call_id=call.tool_call_id,
+                    approved=bool(decision.approved),
+                    reason=decision.reason,
+                    turn_id=call.turn_id,
+                    causation_id=call.approval_id,
+                )
+            )
+        return outcome
 
     async def stream(self, request: Request) -> Any:
         session_id = session_id_param(request.path_params["session_id"])
@@ -360,8 +425,12 @@ class FrontEnd:
     async def stop(self, request: Request) -> Response:
         session_id = session_id_param(request.path_params["session_id"])
         turn = await self.queue.active(session_id)
-        if turn is None:
-            return Response(status_code=204)
+        if turn is None:  # a turn that waits for input: its calls are denied, "stopped"
+            record = self._recorder(request, session_id, [])
+            waiting = await deny_pending(self.store, session_id, STOPPED_WAIT, record)
+            if waiting is None:
+                return Response(status_code=204)
+            return json_response({"turn_id": waiting}, 202)
         turn = await self.queue.request_cancel(turn.turn_id, STOPPED) or turn
         if turn.status == "running":  # its worker also hears it on the relay, at once
             await _unavailable_as_503(self.relay.request_cancel(turn.turn_id, STOPPED))

@@ -21,6 +21,12 @@ cross-origin without asking; JSON needs a CORS preflight). The transport
 itself answers a missing ``Accept`` (406), an unknown or
 forged ``Mcp-Session-Id`` (404) and a body over ``--max-body`` (413), each as a JSON-RPC
 error.
+
+In a worker deployment's front end (``state.front``) no turn runs here: a call is queued
+for the workers (:class:`QueuedAgentTools`) and its progress and answer read back from the
+relay (:mod:`runtime.app.web.queued_turn`), the same chunks the embedded call reads from
+``session.stream``; a call that is cancelled (``notifications/cancelled``) cancels the
+queued turn; bad input is refused before anything is queued, as in the embedded app.
 """
 
 from __future__ import annotations
@@ -30,12 +36,25 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import mcp_types as types
 import orjson
+import trio
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from runtime.app.mcp_tools import AgentTools, build_server
+from runtime.app.mcp_tools import (
+    AgentTools,
+    Progress,
+    Report,
+    build_server,
+    busy_result,
+    error_result,
+    tool_result,
+)
 from runtime.app.web.guard import is_json
+from runtime.app.web.http import ApiError
+from runtime.app.web.queued_turn import QueuedTurnOutput, cancel_quietly, settle_quietly
+from runtime.busy import REJECT
 
 PATH = "/mcp"
 
@@ -64,6 +83,40 @@ def _header(scope: Scope, name: bytes) -> str | None:
     return None
 
 
+CANCELLED = "the MCP client cancelled the call"
+"""The cancel reason of a queued turn whose call was cancelled."""
+
+
+class QueuedAgentTools(AgentTools):
+    """The tool in a worker deployment's front end: a call's turn is queued for the
+    workers and read back from the relay, with the same progress and result as a turn
+    run here. The session's busy strategy is the queue's: ``reject`` refuses a call on
+    a session with a turn queued or running; any other queues it behind that turn (a
+    call needs its own answer, so nothing is steered into or cut off)."""
+
+    async def run(self, session_id: str, prompt: str, report: Report) -> types.CallToolResult:
+        state = self.sessions
+        front = state.front  # type: ignore[attr-defined]
+        strategy = state.on_busy or state.agent_for(session_id).on_busy  # type: ignore[attr-defined]
+        if strategy == REJECT and await front.queue.active(session_id) is not None:
+            return busy_result(session_id)
+        try:
+            turn = await front.submit(session_id, prompt, None, False)
+        except ApiError as exc:  # a full queue, a store that cannot be reached, ...
+            return error_result(f"the turn could not be queued: {exc.message}")
+        out = QueuedTurnOutput(front, turn)
+        progress = Progress(report)
+        try:
+            async for chunk in out:
+                await progress.chunk(chunk)
+        except BaseException:  # the call was cancelled (or the server shuts down)
+            with trio.CancelScope(shield=True), trio.move_on_after(10):
+                await cancel_quietly(out, CANCELLED)
+            raise
+        await settle_quietly(out)
+        return tool_result(out.result, session_id)
+
+
 class MCPEndpoint:
     """The ASGI app at ``/mcp`` over the web app's ``state``; :meth:`running` is entered
     for the app's lifespan (the session manager's task group lives there)."""
@@ -71,7 +124,8 @@ class MCPEndpoint:
     def __init__(self, state: Any, *, token: str | None) -> None:
         from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 
-        self.tools = AgentTools(state)
+        queued = getattr(state, "front", None) is not None  # a worker deployment's front end
+        self.tools = (QueuedAgentTools if queued else AgentTools)(state)
         self.server = build_server(self.tools)
         self.manager = StreamableHTTPSessionManager(
             app=self.server,
@@ -123,4 +177,4 @@ class MCPEndpoint:
         return False
 
 
-__all__ = ["PATH", "MCPEndpoint", "jsonrpc_error"]
+__all__ = ["PATH", "MCPEndpoint", "QueuedAgentTools", "jsonrpc_error"]

@@ -41,7 +41,10 @@ Bad input is answered in OpenAI's error shape, ``{"error": {"message", "type", "
 or wrong token 401 (``invalid_api_key``), a session already running a turn 409. The Host
 and Origin checks of the whole app (:mod:`runtime.app.web.guard`) apply before these.
 
-Embedded deployments only, for now: a worker deployment's front end does not mount it.
+In a worker deployment's front end (``state.front``) the turn is queued for the workers
+instead and its chunks read back from the relay (:mod:`runtime.app.web.queued_turn`),
+through the same encoder; a stateless request's conversation travels in the queued row
+(:class:`runtime.turn_queue.TurnOptions`) and its scratch session is deleted by its worker.
 """
 
 from __future__ import annotations
@@ -70,6 +73,7 @@ from runtime.app.web.openai_wire import (
     bad_request,
     parse_chat_request,
 )
+from runtime.app.web.queued_turn import QueuedStreamResponse, QueuedTurnOutput
 from runtime.busy import ENQUEUE, REJECT, STEER, OnBusy
 from runtime.errors import (
     InvalidHistory,
@@ -86,6 +90,7 @@ from runtime.messages import (
     UserContent,
 )
 from runtime.store import validate_session_id
+from runtime.turn_queue import TurnOptions
 
 SESSION_HEADER = "x-axon-session"
 """The request header naming the session a turn runs on (none: stateless)."""
@@ -101,11 +106,12 @@ STREAM_HEADERS: dict[str, str] = {
 
 
 def error_response(error: OpenAIError, headers: dict[str, str] | None = None) -> Response:
-    """``error`` answered in OpenAI's shape with its status."""
+    """``error`` answered in OpenAI's shape with its status (and its own headers, a
+    ``retry-after``)."""
     return Response(
         orjson.dumps(error.body()),
         status_code=error.status,
-        headers=headers,
+        headers={**error.headers, **(headers or {})},
         media_type="application/json",
     )
 
@@ -122,10 +128,7 @@ def one_answer_each(session: Any) -> OnBusy:
 
 
 def _busy(session: Any) -> Response:
-    busy = OpenAIError(
-        409, f"session {session.id!r} is already running a turn", code="session_busy"
-    )
-    return error_response(busy)
+    return error_response(_busy_error(session.id))
 
 
 class CompletionWhole:
@@ -301,6 +304,8 @@ class OpenAIRoutes:
                 code="model_not_found",
             )
         encoder = CompletionEncoder(chat.model, include_usage=chat.include_usage)
+        if state.front is not None:  # a worker deployment's front end: queue it
+            return await self._queued(request, chat, encoder)
 
         def respond(session: Any, named: bool) -> ASGIApp:
             if chat.stream:
@@ -327,15 +332,106 @@ class OpenAIRoutes:
             except InvalidHistory as exc:
                 raise bad_request(str(exc), "messages") from None
             return Stateless(self.scratch, agent, scratch_id, history, respond)
-        try:
-            session_id = validate_session_id(header)
-        except InvalidSessionId as exc:
-            raise OpenAIError(
-                400, f"X-Axon-Session: {exc}", param=SESSION_HEADER, code="invalid_session_id"
-            ) from None
+        session_id = _session_id(header)
         session = await state.session(session_id)
         _check_media(chat.input, session.agent)
         return respond(session, True)
+
+    async def _queued(self, request: Request, chat: Any, encoder: CompletionEncoder) -> Any:
+        """The completion in a worker deployment's front end: the turn is queued for the
+        workers (on the named session; without the header on a scratch session that
+        starts from the request's ``messages`` and that its worker deletes once the turn
+        is over) and its output read back from the relay, through the same encoder."""
+        state, front = self.state, self.state.front
+        header = request.headers.get(SESSION_HEADER)
+        named = header is not None
+        options: TurnOptions | None = None
+        if header is None:
+            session_id = new_id("session")
+            _check_media(chat.input, state.agent_for(session_id))
+            try:
+                history = check_history(chat.history)
+            except InvalidHistory as exc:
+                raise bad_request(str(exc), "messages") from None
+            options = TurnOptions(history=history or None, ephemeral=True)
+        else:
+            session_id = _session_id(header)
+            agent = state.agent_for(session_id)
+            _check_media(chat.input, agent)
+            strategy = state.on_busy or agent.on_busy
+            if strategy == REJECT and await front.queue.active(session_id) is not None:
+                raise _busy_error(session_id)
+        try:
+            turn = await front.submit(
+                session_id, chat.input, None, False, options=options, titled=named
+            )
+        except ApiError as exc:
+            raise OpenAIError(exc.status, exc.message, headers=exc.headers) from None
+        out = QueuedTurnOutput(front, turn)
+        headers = {SESSION_HEADER: session_id} if named else {}
+        if chat.stream:
+            return QueuedStreamResponse(
+                out,
+                encoder,
+                headers={**STREAM_HEADERS, **headers},
+                keepalive=state.keepalive,
+                send_timeout=state.send_timeout,
+                background=state.background,
+            )
+        return QueuedCompletionWhole(out, encoder, headers)
+
+
+class QueuedCompletionWhole:
+    """A queued turn answered as one ``chat.completion`` once it is over; a client that
+    leaves first cancels it, as in the embedded app."""
+
+    def __init__(
+        self, out: QueuedTurnOutput, encoder: CompletionEncoder, headers: dict[str, str]
+    ) -> None:
+        self.out = out
+        self.encoder = encoder
+        self.headers = headers
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        left = False
+        async with trio.open_nursery() as nursery:
+
+            async def watch_disconnect() -> None:
+                nonlocal left
+                while (await receive())["type"] != "http.disconnect":
+                    pass
+                left = True
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(watch_disconnect)
+            async for chunk in self.out:
+                self.encoder.chunks(chunk)
+            nursery.cancel_scope.cancel()
+        if left:
+            with trio.CancelScope(shield=True), trio.move_on_after(10):
+                await self.out.cancel("client disconnected")
+            return
+        if self.encoder.error is not None:
+            response = error_response(self.encoder.error, self.headers)
+        else:
+            body = orjson.dumps(self.encoder.completion())
+            response = Response(body, headers=self.headers, media_type="application/json")
+        await response(scope, receive, send)
+
+
+def _session_id(header: str) -> str:
+    try:
+        return validate_session_id(header)
+    except InvalidSessionId as exc:
+        raise OpenAIError(
+            400, f"X-Axon-Session: {exc}", param=SESSION_HEADER, code="invalid_session_id"
+        ) from None
+
+
+def _busy_error(session_id: str) -> OpenAIError:
+    return OpenAIError(
+        409, f"session {session_id!r} is already running a turn", code="session_busy"
+    )
 
 
 def _check_media(text: UserContent, agent: Agent) -> None:

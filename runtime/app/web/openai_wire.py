@@ -52,10 +52,13 @@ class OpenAIError(Exception):
         type: str = "invalid_request_error",
         param: str | None = None,
         code: str | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
+        self.headers = dict(headers or {})
+        """Headers of the answer (a queue's 429 carries ``retry-after``)."""
         self.type = type
         self.param = param
         self.code = code

@@ -1,7 +1,9 @@
 """Which outside protocols ``serve`` speaks: ``--protocols ai-sdk,ag-ui,openai,mcp``.
 
 Every protocol is a thin adapter over the same session and turn machinery, behind the
-same Host, Origin and token checks. :data:`PROTOCOLS` are the names the option accepts;
+same Host, Origin and token checks, and each is served by a worker deployment's front
+end too, which queues its turns for the workers and reads them back from the relay
+(:mod:`runtime.app.web.queued_turn`). :data:`PROTOCOLS` are the names the option accepts;
 :data:`BUILT` the ones this version can mount: naming another is refused in one line
 (:func:`unbuilt_refusal`) rather than served silently without it.
 
@@ -31,10 +33,6 @@ BUILT: frozenset[str] = frozenset({"ai-sdk", "ag-ui", "a2a", "openai", "mcp"})
 """The protocols this version serves."""
 
 DEFAULT: tuple[str, ...] = ("ai-sdk",)
-
-EMBEDDED_ONLY: tuple[str, ...] = ("openai", "ag-ui", "a2a", "mcp")
-"""Protocols that run turns in the serving process: a worker deployment's front end does
-not serve them yet."""
 
 
 def parse_protocols(value: str) -> tuple[str, ...]:
@@ -73,12 +71,6 @@ def mount_protocols(
         raise ValueError(refusal)
     if "ai-sdk" not in protocols:
         app.router.routes.clear()
-    for name in EMBEDDED_ONLY:
-        if name in protocols and state.front is not None:
-            raise ValueError(
-                f"--protocols {name} runs turns in this process: a worker deployment's "
-                "front end does not serve it yet (serve with --run-turns-here)"
-            )
     # Here, not at the top: serve's argument parsing imports this module, and must not
     # pay for Starlette and the adapters (as runtime.app.web.serve's own imports).
     if "ag-ui" in protocols:
@@ -133,7 +125,6 @@ def _mount_mcp(app: Any, state: Any, *, token: str | None) -> None:
 __all__ = [
     "BUILT",
     "DEFAULT",
-    "EMBEDDED_ONLY",
     "PROTOCOLS",
     "mount_protocols",
     "parse_protocols",

@@ -109,52 +109,8 @@ def stored_turn_chunks(messages: Any, message_id: str | None = None) -> list[Any
         out.append(o.StepStart(step=step))
         for part in step_parts:
             n += 1
-            pid = f"{message.id}-p{n}"
-            if isinstance(part, TextPart):
-                out += [
-                    o.TextStart(step=step, part_id=pid),
-                    o.TextDelta(step=step, part_id=pid, text=part.text),
-                    o.TextFinish(step=step, part_id=pid),
-                ]
-            elif isinstance(part, ReasoningPart) and part.text:
-                out += [
-                    o.ReasoningStart(step=step, part_id=pid),
-                    o.ReasoningDelta(step=step, part_id=pid, text=part.text),
-                    o.ReasoningFinish(step=step, part_id=pid),
-                ]
-            elif isinstance(part, ToolCallPart):
-                name, call = part.tool_name, part.tool_call_id
-                out.append(
-                    o.ToolCall(step=step, tool_call_id=call, tool_name=name, input=part.input)
-                )
-                result = results.get(call)
-                waiting = part.awaiting
-                if waiting is not None and result is None and not waiting.decided:
-                    suspended = True
-                    if waiting.kind == "approval":
-                        out.append(
-                            o.ToolApprovalRequest(
-                                step=step, tool_call_id=call, tool_name=name, approval_id=waiting.id
-                            )
-                        )
-                elif waiting is not None and result is not None and waiting.approved is False:
-                    out.append(
-                        o.ToolOutputDenied(
-                            step=step, tool_call_id=call, tool_name=name, reason=waiting.reason
-                        )
-                    )
-                elif result is not None and result.error is not None:
-                    out.append(
-                        o.ToolError(
-                            step=step, tool_call_id=call, tool_name=name, error=result.error
-                        )
-                    )
-                elif result is not None:
-                    out.append(
-                        o.ToolResult(
-                            step=step, tool_call_id=call, tool_name=name, output=result.output
-                        )
-                    )
+            out += _part_chunks(part, step, f"{message.id}-p{n}", results)
+            suspended = suspended or _undecided(part, results)
         out.append(o.StepFinish(step=step, finish_reason="other", usage=usage))
     if message.error is not None:
         out.append(o.Error(error=message.error))
@@ -164,6 +120,63 @@ def stored_turn_chunks(messages: Any, message_id: str | None = None) -> list[Any
         reason = "awaiting-input" if suspended else "stop"
         out.append(o.Finish(finish_reason=reason, usage=usage))
     return out
+
+
+def _part_chunks(part: Any, step: int, pid: str, results: dict[str, ToolMessage]) -> list[Any]:
+    """One stored part as the chunks that streamed it (whole, one delta each): a text or
+    reasoning part's start, delta and finish; a tool call and what became of it."""
+    if isinstance(part, TextPart):
+        return [
+            o.TextStart(step=step, part_id=pid),
+            o.TextDelta(step=step, part_id=pid, text=part.text),
+            o.TextFinish(step=step, part_id=pid),
+        ]
+    if isinstance(part, ReasoningPart) and part.text:
+        return [
+            o.ReasoningStart(step=step, part_id=pid),
+            o.ReasoningDelta(step=step, part_id=pid, text=part.text),
+            o.ReasoningFinish(step=step, part_id=pid),
+        ]
+    if isinstance(part, ToolCallPart):
+        call = o.ToolCall(
+            step=step, tool_call_id=part.tool_call_id, tool_name=part.tool_name, input=part.input
+        )
+        return [call, *_call_outcome(part, step, results)]
+    return []
+
+
+def _undecided(part: Any, results: dict[str, ToolMessage]) -> bool:
+    """Whether ``part`` is a call that still waits for a decision (no result yet)."""
+    if not isinstance(part, ToolCallPart):
+        return False
+    waiting = part.awaiting
+    return waiting is not None and part.tool_call_id not in results and not waiting.decided
+
+
+def _call_outcome(part: ToolCallPart, step: int, results: dict[str, ToolMessage]) -> list[Any]:
+    """What became of a stored call: its approval request while it waits for one, its
+    denial, its error or its result (nothing while it runs or waits for the client)."""
+    name, call = part.tool_name, part.tool_call_id
+    result = results.get(call)
+    waiting = part.awaiting
+    if _undecided(part, results):
+        assert waiting is not None
+        if waiting.kind != "approval":
+            return []
+        return [
+            o.ToolApprovalRequest(
+                step=step, tool_call_id=call, tool_name=name, approval_id=waiting.id
+            )
+        ]
+    if waiting is not None and result is not None and waiting.approved is False:
+        return [
+            o.ToolOutputDenied(step=step, tool_call_id=call, tool_name=name, reason=waiting.reason)
+        ]
+    if result is not None and result.error is not None:
+        return [o.ToolError(step=step, tool_call_id=call, tool_name=name, error=result.error)]
+    if result is not None:
+        return [o.ToolResult(step=step, tool_call_id=call, tool_name=name, output=result.output)]
+    return []
 
 
 class RelayStreamResponse:

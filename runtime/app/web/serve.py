@@ -46,11 +46,12 @@ from runtime.app.commands import (
 from runtime.app.host import Host
 from runtime.app.web import BODY_TIMEOUT, DEFAULT_MAX_BODY, SEND_TIMEOUT
 from runtime.app.web.protocols import DEFAULT as DEFAULT_PROTOCOLS
-from runtime.app.web.protocols import EMBEDDED_ONLY, parse_protocols, unbuilt_refusal
+from runtime.app.web.protocols import parse_protocols, unbuilt_refusal
 from runtime.busy import STRATEGIES
 from runtime.errors import ConfigurationError, RelayUnavailable, reraise, sole_exception
 from runtime.logging import configure_logging
 from runtime.redact import redact_url
+from runtime.turn_queue import TurnQueue
 
 DEFAULT_PORT = 8000
 TOKEN_ENV = "AXON_WEB_TOKEN"
@@ -88,6 +89,25 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
         help=f"port (default {DEFAULT_PORT}; 0: any free port)",
     )
     add_agent_arguments(parser)
+    _add_session_arguments(parser)
+    _add_deployment_arguments(parser)
+    _add_access_arguments(parser)
+    _add_limit_arguments(parser)
+    add_log_level_argument(parser, "warning")
+    add(
+        "--otel",
+        action="store_true",
+        help="export OpenTelemetry traces, configured by the OTEL_* variables "
+        "(docs/telemetry.md; --plugin otel)",
+    )
+    add_plugin_argument(parser)
+    parser.set_defaults(jsonl=False)
+    return parser
+
+
+def _add_session_arguments(parser: argparse.ArgumentParser) -> None:
+    """What a session runs with: the demo's pace, the store, MCP servers."""
+    add = parser.add_argument
     add(
         "--delay",
         type=float,
@@ -100,6 +120,12 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
         help="session store: an SQLite file or a postgresql:// URL (default: memory)",
     )
     add("--mcp", action="append", default=[], metavar="SERVER", help=MCP_HELP)
+
+
+def _add_deployment_arguments(parser: argparse.ArgumentParser) -> None:
+    """The relay, what a message for a busy session does, and the front end of a worker
+    deployment with its queue caps."""
+    add = parser.add_argument
     add(
         "--redis",
         default=None,
@@ -144,6 +170,11 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
         help="front end: refuse a turn (429 with Retry-After) when N turns are queued in "
         "all (default 10000; 'off': no cap)",
     )
+
+
+def _add_access_arguments(parser: argparse.ArgumentParser) -> None:
+    """Who may call what: the protocols served, the token, origins and host names."""
+    add = parser.add_argument
     add(
         "--protocols",
         type=parse_protocols,
@@ -178,6 +209,11 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
         action="store_true",
         help="allow a non-loopback --host without --token",
     )
+
+
+def _add_limit_arguments(parser: argparse.ArgumentParser) -> None:
+    """What one request, one client and the memory may take."""
+    add = parser.add_argument
     add(
         "--max-body",
         type=int,
@@ -215,16 +251,6 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
         help="seconds a stream waits for a client that takes no data before dropping it "
         f"and cancelling its turn (default {SEND_TIMEOUT:g})",
     )
-    add_log_level_argument(parser, "warning")
-    add(
-        "--otel",
-        action="store_true",
-        help="export OpenTelemetry traces, configured by the OTEL_* variables "
-        "(docs/telemetry.md; --plugin otel)",
-    )
-    add_plugin_argument(parser)
-    parser.set_defaults(jsonl=False)
-    return parser
 
 
 def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -328,6 +354,12 @@ async def serve_app(
         reraise(sole)
 
 
+FRONT_END_STEER = (
+    "--on-busy steer is not served by a worker deployment's front end (a message cannot "
+    "join a turn running on another process); use reject, enqueue or interrupt"
+)
+
+
 def is_front_end(args: argparse.Namespace) -> bool:
     """Whether ``serve`` is a stateless front end of a worker deployment: its sessions in
     PostgreSQL, its live output on a relay, and not told to run turns itself."""
@@ -345,17 +377,7 @@ async def serve_command(args: argparse.Namespace) -> int:
 
     token = args.token or os.environ.get(TOKEN_ENV) or None
     protocols = getattr(args, "protocols", DEFAULT_PROTOCOLS)
-    refusal = unbuilt_refusal(protocols)
-    embedded_only = [name for name in EMBEDDED_ONLY if name in protocols]
-    if refusal is None and embedded_only and is_front_end(args):
-        refusal = (
-            f"--protocols {', '.join(embedded_only)} is not served by a worker deployment's "
-            "front end yet"
-        )
-    if refusal is not None:
-        print(f"error: {refusal}", file=sys.stderr)
-        return 2
-    refusal = bind_problem(args.host, args.port) or bind_refusal(args.host, token, args.insecure)
+    refusal = _refusal(args, token, protocols)
     if refusal is not None:
         print(f"error: {refusal}", file=sys.stderr)
         return 2
@@ -373,14 +395,11 @@ async def serve_command(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     async with AsyncExitStack() as stack:
-        relay = None
-        if args.redis:
-            try:
-                options = {"prefix": args.redis_prefix} if args.redis_prefix else {}
-                relay = await stack.enter_async_context(RedisRelay.open(args.redis, **options))
-            except (ConfigurationError, RelayUnavailable) as exc:
-                print(f"error: {exc}", file=sys.stderr)
-                return 2
+        try:
+            relay = await _open_relay(stack, args)
+        except (ConfigurationError, RelayUnavailable) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
         host = await stack.enter_async_context(
             Host.open(
                 store=args.store,
@@ -389,14 +408,7 @@ async def serve_command(args: argparse.Namespace) -> int:
                 input_limits=input_limits(args),
             )
         )
-        queue = None
-        if is_front_end(args):  # the host only lends its store: it runs no turn
-            queue = turn_queue(host.store, **queue_caps(args))
-            stack.push_async_callback(queue.aclose)
-        elif relay is not None:
-            await attach_relay(host, relay)
-        for plugin in plugins:
-            await host.start_actor(plugin)
+        queue = await _start_deployment(stack, args, host, relay, plugins)
         app = create_app(
             host,
             agent,
@@ -411,45 +423,105 @@ async def serve_command(args: argparse.Namespace) -> int:
             protocols=protocols,
             on_busy=getattr(args, "on_busy", None),
         )
+        served = _served(args, front_end=queue is not None, plugins=plugins)
+        return await _serve_until_signal(app, host, args, served, protocols=protocols)
 
-        async def shutdown_trigger() -> None:
-            await _until_signal()
-            host.cancel_turns("server shutdown")  # end streams with a clean abort
-            for cancel_turns in getattr(app.state, "turn_cancellers", ()):
-                cancel_turns("server shutdown")  # turns of other hosts (runtime.app.web.protocols)
 
-        async with trio.open_nursery() as nursery:
-            try:
-                binds = await nursery.start(
-                    partial(
-                        serve_app,
-                        app,
-                        host=args.host,
-                        port=args.port,
-                        shutdown_trigger=shutdown_trigger,
-                        access_log=args.log_level in ("debug", "info"),
-                    )
+def _refusal(args: argparse.Namespace, token: str | None, protocols: Any) -> str | None:
+    """Why ``serve`` must not start (``None``: it may), said before anything starts: a
+    protocol not built, an address it cannot or must not bind."""
+    refusal = unbuilt_refusal(protocols)
+    if refusal is None and getattr(args, "on_busy", None) == "steer" and is_front_end(args):
+        refusal = FRONT_END_STEER
+    if refusal is not None:
+        return refusal
+    return bind_problem(args.host, args.port) or bind_refusal(args.host, token, args.insecure)
+
+
+async def _open_relay(stack: AsyncExitStack, args: argparse.Namespace) -> RedisRelay | None:
+    """The ``--redis`` relay, open until ``stack`` closes (``None`` without one)."""
+    if not args.redis:
+        return None
+    options = {"prefix": args.redis_prefix} if args.redis_prefix else {}
+    return await stack.enter_async_context(RedisRelay.open(args.redis, **options))
+
+
+async def _start_deployment(
+    stack: AsyncExitStack,
+    args: argparse.Namespace,
+    host: Host,
+    relay: RedisRelay | None,
+    plugins: list[Any],
+) -> TurnQueue | None:
+    """A front end's turn queue (its host only lends it the store: it runs no turn), or
+    the relay attached to the host that runs turns here (``None``); the plug-ins started."""
+    queue = None
+    if is_front_end(args):
+        queue = turn_queue(host.store, **queue_caps(args))
+        stack.push_async_callback(queue.aclose)
+    elif relay is not None:
+        await attach_relay(host, relay)
+    for plugin in plugins:
+        await host.start_actor(plugin)
+    return queue
+
+
+def _served(args: argparse.Namespace, *, front_end: bool, plugins: list[Any]) -> str:
+    """What the start-up line says is served: the mode, agent, store, relay, plug-ins."""
+    return (
+        f"{'front-end mode: turns run on workers; ' if front_end else ''}"
+        f"{'agent ' + args.agent if args.agent else 'provider ' + args.provider}"
+        f", store {redact_url(args.store or 'memory')}"
+        f"{', relay ' + public_url(args.redis) if args.redis else ''}"
+        f"{plugins_banner(plugins)}"
+    )
+
+
+def _endpoints(url: str, protocols: Any) -> str:
+    """The start-up line's endpoints of the protocols served beside the page, at ``url``."""
+    return (
+        f"{', OpenAI API ' + url + '/v1' if 'openai' in protocols else ''}"
+        f"{', AG-UI ' + url + '/ag-ui' if 'ag-ui' in protocols else ''}"
+        f"{', A2A agent ' + url if 'a2a' in protocols else ''}"
+        f"{', MCP ' + url + '/mcp' if 'mcp' in protocols else ''}"
+    )
+
+
+async def _serve_until_signal(
+    app: Any, host: Host, args: argparse.Namespace, served: str, *, protocols: Any
+) -> int:
+    """Serve ``app`` until SIGINT/SIGTERM, printing each bound URL with what is
+    ``served`` and the other ``protocols``' endpoints; 2 when the address is refused.
+    The signal ends every running turn with a clean abort before the server stops."""
+
+    async def shutdown_trigger() -> None:
+        await _until_signal()
+        host.cancel_turns("server shutdown")  # end streams with a clean abort
+        for cancel_turns in getattr(app.state, "turn_cancellers", ()):
+            cancel_turns("server shutdown")  # turns of other hosts (runtime.app.web.protocols)
+
+    async with trio.open_nursery() as nursery:
+        try:
+            binds = await nursery.start(
+                partial(
+                    serve_app,
+                    app,
+                    host=args.host,
+                    port=args.port,
+                    shutdown_trigger=shutdown_trigger,
+                    access_log=args.log_level in ("debug", "info"),
                 )
-            except OSError as exc:  # raised before serving: the address is refused
-                where = _bind(args.host, args.port)
-                print(f"error: cannot serve on {where}: {exc.strerror or exc}", file=sys.stderr)
-                return 2
-            fragment = f"#token={args.token}" if args.token else ""  # not an env secret
-            mode = "front-end mode: turns run on workers; " if queue is not None else ""
-            for url in binds:
-                print(
-                    f"Axon web UI on {url}/{fragment}  "
-                    f"({mode}"
-                    f"{'agent ' + args.agent if args.agent else 'provider ' + args.provider}"
-                    f", store {redact_url(args.store or 'memory')}"
-                    f"{', relay ' + public_url(args.redis) if relay is not None else ''}"
-                    f"{plugins_banner(plugins)}"
-                    f"{', OpenAI API ' + url + '/v1' if 'openai' in protocols else ''}"
-                    f"{', AG-UI ' + url + '/ag-ui' if 'ag-ui' in protocols else ''}"
-                    f"{', A2A agent ' + url if 'a2a' in protocols else ''}"
-                    f"{', MCP ' + url + '/mcp' if 'mcp' in protocols else ''})",
-                    flush=True,
-                )
+            )
+        except OSError as exc:  # raised before serving: the address is refused
+            where = _bind(args.host, args.port)
+            print(f"error: cannot serve on {where}: {exc.strerror or exc}", file=sys.stderr)
+            return 2
+        fragment = f"#token={args.token}" if args.token else ""  # not an env secret
+        for url in binds:
+            print(
+                f"Axon web UI on {url}/{fragment}  ({served}{_endpoints(url, protocols)})",
+                flush=True,
+            )
     return 0
 
 

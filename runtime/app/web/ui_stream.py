@@ -23,6 +23,9 @@ stream closes with ``data: [DONE]\\n\\n``. The mapping:
   which the final result replaces; its other nested chunks are not forwarded;
 * ``tool-approval-request`` -> ``tool-approval-request`` (``approvalId``, ``toolCallId``);
 * ``tool-output-denied`` -> ``tool-output-denied`` (``toolCallId``);
+* ``throttled`` (the model call waits for a rate limit) -> ``data-throttled`` with
+  ``transient: true`` (``data``: ``wait`` seconds and ``reason``): ``useChat`` hands it
+  to ``onData`` and keeps it out of the message, so a UI can say "waiting for rate limit";
 * ``finish`` -> ``finish`` (``finishReason``, ``tool-calls`` for a turn that suspended
   waiting for input; ``messageMetadata``: the runtime's own finish reason and the summed
   ``usage``, its ``cost`` in US dollars when known);
@@ -35,7 +38,7 @@ stream closes with ``data: [DONE]\\n\\n``. The mapping:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import orjson
@@ -72,13 +75,6 @@ DONE = b"data: [DONE]\n\n"
 FINISH_REASONS = frozenset({"stop", "length", "content-filter", "tool-calls", "error", "other"})
 """The ``finishReason`` values the protocol knows; others (``budget``, ...) go as ``other``."""
 
-_SIMPLE: dict[type, str] = {
-    o.TextStart: "text-start",
-    o.TextFinish: "text-end",
-    o.ReasoningStart: "reasoning-start",
-    o.ReasoningFinish: "reasoning-end",
-}
-
 
 def _json(value: Any) -> bytes:
     return orjson.dumps(value, default=str, option=orjson.OPT_NON_STR_KEYS)
@@ -112,106 +108,126 @@ class UIStreamEncoder:
         self._streamed: dict[str, str] = {}
 
     def encode(self, chunk: Any) -> list[dict[str, Any]]:
-        """The UI message stream chunks for one ``OutputChunk`` (usually exactly one)."""
+        """The UI message stream chunks for one ``OutputChunk`` (usually exactly one).
+
+        This runs once per delta: a text delta, most of a turn, is encoded right here, any
+        other chunk by one lookup of its type (:data:`_ENCODERS`)."""
         t = type(chunk)
-        simple = _SIMPLE.get(t)
-        if simple is not None:
-            return [{"type": simple, "id": chunk.part_id}]
         if t is o.TextDelta:
             return [{"type": "text-delta", "id": chunk.part_id, "delta": chunk.text}]
-        if t is o.ObjectDelta:
-            return [{"type": "data-object", "id": chunk.part_id, "data": chunk.value}]
-        if t is o.ReasoningDelta:
-            return [{"type": "reasoning-delta", "id": chunk.part_id, "delta": chunk.text}]
-        if t is o.ToolInputStart:
-            return [
-                {
-                    "type": "tool-input-start",
-                    "toolCallId": chunk.tool_call_id,
-                    "toolName": chunk.tool_name,
-                }
-            ]
-        if t is o.ToolInputDelta:
-            return [
-                {
-                    "type": "tool-input-delta",
-                    "toolCallId": chunk.tool_call_id,
-                    "inputTextDelta": chunk.delta,
-                }
-            ]
-        if t is o.ToolCall:
-            self._announced.add(chunk.tool_call_id)
-            return [self._input_available(chunk.tool_call_id, chunk.tool_name, chunk.input)]
-        if t is o.ToolResult or t is o.ToolError:
-            out: list[dict[str, Any]] = []
-            if chunk.tool_call_id not in self._announced:
-                self._announced.add(chunk.tool_call_id)
-                out.append(self._input_available(chunk.tool_call_id, chunk.tool_name, None))
-            if t is o.ToolResult:
-                out.append(
-                    {
-                        "type": "tool-output-available",
-                        "toolCallId": chunk.tool_call_id,
-                        "output": ui_output(chunk.output),
-                    }
-                )
-            else:
-                out.append(
-                    {
-                        "type": "tool-output-error",
-                        "toolCallId": chunk.tool_call_id,
-                        "errorText": chunk.error,
-                    }
-                )
-            return out
-        if t is o.ToolApprovalRequest:
-            return [
-                {
-                    "type": "tool-approval-request",
-                    "approvalId": chunk.approval_id,
-                    "toolCallId": chunk.tool_call_id,
-                }
-            ]
-        if t is o.ToolOutputDenied:
-            return [{"type": "tool-output-denied", "toolCallId": chunk.tool_call_id}]
-        if t is o.ToolStream:
-            # A running tool's own stream (an agent used as a tool): its text so far, as
-            # the AI SDK's preliminary tool output; the final result replaces it.
-            inner = chunk.chunk
-            if type(inner) is not o.TextDelta:
-                return []
-            text = self._streamed.get(chunk.tool_call_id, "") + inner.text
-            self._streamed[chunk.tool_call_id] = text
-            return [
-                {
-                    "type": "tool-output-available",
-                    "toolCallId": chunk.tool_call_id,
-                    "output": text,
-                    "preliminary": True,
-                }
-            ]
-        if t is o.StepStart:
-            return [{"type": "start-step"}]
-        if t is o.StepFinish:
-            return [{"type": "finish-step"}]
-        if t is o.Start:
-            return [{"type": "start", "messageId": chunk.message_id}]
-        if t is o.Finish:
-            reason = chunk.finish_reason
-            ui_reason = "tool-calls" if reason == AWAITING_INPUT else reason
-            return [
-                {
-                    "type": "finish",
-                    "finishReason": ui_reason if ui_reason in FINISH_REASONS else "other",
-                    "messageMetadata": {"finishReason": reason, "usage": _usage(chunk.usage)},
-                }
-            ]
-        if t is o.Error:
-            info = chunk.error
-            return [{"type": "error", "errorText": error_text(info.kind, info.message)}]
-        if t is o.Abort:
-            return [{"type": "abort", "reason": chunk.reason}]
-        return []  # pragma: no cover - every OutputChunk type is mapped above
+        encode = _ENCODERS.get(t)
+        return [] if encode is None else encode(self, chunk)
+
+    def _object_delta(self, chunk: o.ObjectDelta) -> list[dict[str, Any]]:
+        return [{"type": "data-object", "id": chunk.part_id, "data": chunk.value}]
+
+    def _throttled(self, chunk: o.Throttled) -> list[dict[str, Any]]:
+        # transient: the UI shows it while it waits, never stores it
+        data = {"wait": chunk.wait, "reason": chunk.reason}
+        return [{"type": "data-throttled", "data": data, "transient": True}]
+
+    def _reasoning_delta(self, chunk: o.ReasoningDelta) -> list[dict[str, Any]]:
+        return [{"type": "reasoning-delta", "id": chunk.part_id, "delta": chunk.text}]
+
+    def _tool_input_start(self, chunk: o.ToolInputStart) -> list[dict[str, Any]]:
+        return [
+            {
+                "type": "tool-input-start",
+                "toolCallId": chunk.tool_call_id,
+                "toolName": chunk.tool_name,
+            }
+        ]
+
+    def _tool_input_delta(self, chunk: o.ToolInputDelta) -> list[dict[str, Any]]:
+        return [
+            {
+                "type": "tool-input-delta",
+                "toolCallId": chunk.tool_call_id,
+                "inputTextDelta": chunk.delta,
+            }
+        ]
+
+    def _tool_call(self, chunk: o.ToolCall) -> list[dict[str, Any]]:
+        self._announced.add(chunk.tool_call_id)
+        return [self._input_available(chunk.tool_call_id, chunk.tool_name, chunk.input)]
+
+    def _tool_result(self, chunk: o.ToolResult) -> list[dict[str, Any]]:
+        return [
+            *self._announce(chunk),
+            {
+                "type": "tool-output-available",
+                "toolCallId": chunk.tool_call_id,
+                "output": ui_output(chunk.output),
+            },
+        ]
+
+    def _tool_error(self, chunk: o.ToolError) -> list[dict[str, Any]]:
+        return [
+            *self._announce(chunk),
+            {
+                "type": "tool-output-error",
+                "toolCallId": chunk.tool_call_id,
+                "errorText": chunk.error,
+            },
+        ]
+
+    def _announce(self, chunk: o.ToolResult | o.ToolError) -> list[dict[str, Any]]:
+        """A ``tool-input-available`` for a call the stream never announced (the AI SDK
+        rejects a result for an unknown call), else nothing."""
+        if chunk.tool_call_id in self._announced:
+            return []
+        self._announced.add(chunk.tool_call_id)
+        return [self._input_available(chunk.tool_call_id, chunk.tool_name, None)]
+
+    def _tool_approval_request(self, chunk: o.ToolApprovalRequest) -> list[dict[str, Any]]:
+        return [
+            {
+                "type": "tool-approval-request",
+                "approvalId": chunk.approval_id,
+                "toolCallId": chunk.tool_call_id,
+            }
+        ]
+
+    def _tool_output_denied(self, chunk: o.ToolOutputDenied) -> list[dict[str, Any]]:
+        return [{"type": "tool-output-denied", "toolCallId": chunk.tool_call_id}]
+
+    def _tool_stream(self, chunk: o.ToolStream) -> list[dict[str, Any]]:
+        """A running tool's own stream (an agent used as a tool): its text so far, as the
+        AI SDK's preliminary tool output; the final result replaces it."""
+        inner = chunk.chunk
+        if type(inner) is not o.TextDelta:
+            return []
+        text = self._streamed.get(chunk.tool_call_id, "") + inner.text
+        self._streamed[chunk.tool_call_id] = text
+        return [
+            {
+                "type": "tool-output-available",
+                "toolCallId": chunk.tool_call_id,
+                "output": text,
+                "preliminary": True,
+            }
+        ]
+
+    def _start(self, chunk: o.Start) -> list[dict[str, Any]]:
+        return [{"type": "start", "messageId": chunk.message_id}]
+
+    def _finish(self, chunk: o.Finish) -> list[dict[str, Any]]:
+        reason = chunk.finish_reason
+        ui_reason = "tool-calls" if reason == AWAITING_INPUT else reason
+        return [
+            {
+                "type": "finish",
+                "finishReason": ui_reason if ui_reason in FINISH_REASONS else "other",
+                "messageMetadata": {"finishReason": reason, "usage": _usage(chunk.usage)},
+            }
+        ]
+
+    def _error(self, chunk: o.Error) -> list[dict[str, Any]]:
+        info = chunk.error
+        return [{"type": "error", "errorText": error_text(info.kind, info.message)}]
+
+    def _abort(self, chunk: o.Abort) -> list[dict[str, Any]]:
+        return [{"type": "abort", "reason": chunk.reason}]
 
     @staticmethod
     def _input_available(call_id: str, name: str, input: Any) -> dict[str, Any]:
@@ -225,6 +241,46 @@ class UIStreamEncoder:
     def events(self, chunk: Any) -> bytes:
         """The SSE bytes for one ``OutputChunk`` (``b""`` when it maps to nothing)."""
         return b"".join(sse(c) for c in self.encode(chunk))
+
+
+_Encode = Callable[[UIStreamEncoder, Any], list[dict[str, Any]]]
+
+
+def _only_type(ui_type: str) -> _Encode:
+    """The encoding of a chunk that maps to a bare UI chunk of ``ui_type``."""
+    return lambda encoder, chunk: [{"type": ui_type}]
+
+
+def _part_edge(ui_type: str) -> _Encode:
+    """The encoding of a part's start or end: ``ui_type`` with the part's id."""
+    return lambda encoder, chunk: [{"type": ui_type, "id": chunk.part_id}]
+
+
+_ENCODERS: dict[type, _Encode] = {
+    o.Start: UIStreamEncoder._start,
+    o.StepStart: _only_type("start-step"),
+    o.TextStart: _part_edge("text-start"),
+    o.TextFinish: _part_edge("text-end"),
+    o.ObjectDelta: UIStreamEncoder._object_delta,
+    o.Throttled: UIStreamEncoder._throttled,
+    o.ReasoningStart: _part_edge("reasoning-start"),
+    o.ReasoningDelta: UIStreamEncoder._reasoning_delta,
+    o.ReasoningFinish: _part_edge("reasoning-end"),
+    o.ToolInputStart: UIStreamEncoder._tool_input_start,
+    o.ToolInputDelta: UIStreamEncoder._tool_input_delta,
+    o.ToolCall: UIStreamEncoder._tool_call,
+    o.ToolResult: UIStreamEncoder._tool_result,
+    o.ToolError: UIStreamEncoder._tool_error,
+    o.ToolApprovalRequest: UIStreamEncoder._tool_approval_request,
+    o.ToolOutputDenied: UIStreamEncoder._tool_output_denied,
+    o.ToolStream: UIStreamEncoder._tool_stream,
+    o.StepFinish: _only_type("finish-step"),
+    o.Finish: UIStreamEncoder._finish,
+    o.Error: UIStreamEncoder._error,
+    o.Abort: UIStreamEncoder._abort,
+}
+"""How each ``OutputChunk`` type is encoded (the mapping in the module docstring); a type
+not here maps to nothing."""
 
 
 def encode_turn(chunks: Iterable[Any]) -> list[dict[str, Any]]:

@@ -1,0 +1,189 @@
+"""``serve --on-busy`` in a worker deployment's front end: what a message for a session
+whose turn is queued or running does, decided by the turn queue in the submit's
+transaction (real PostgreSQL and Redis, front ends and a worker in this process, as
+tests/test_frontend.py runs them).
+
+``reject`` is a 409 that queues nothing; ``enqueue`` queues behind (the default, covered
+by tests/test_frontend.py); ``interrupt`` cancels the queued and running turns and runs
+the new one; ``steer`` is refused at start (a message cannot join a turn running on
+another process)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+import httpx
+import pytest
+import trio
+
+from actors.stores.turns import TurnQueue
+from runtime.app.web.serve import add_serve_arguments, serve_command
+from runtime.busy import INTERRUPTED_BY_NEW
+from runtime.errors import ConfigurationError, SessionBusy
+from runtime.messages import AssistantMessage, UserMessage
+from tests.support.redis import require_redis
+from tests.test_frontend import (
+    LIMIT,
+    body,
+    data,
+    deployment,
+    slow_agent,
+    stored_text,
+    streamed_text,
+    wait_for_turn,
+)
+from tests.test_relay_web import sse_events
+
+
+@pytest.fixture
+def redis_url() -> str:
+    return require_redis()
+
+
+async def test_reject_answers_409_while_a_turn_runs_and_queues_nothing(
+    pg_url: str, redis_url: str
+) -> None:
+    async with deployment(pg_url, redis_url, slow_agent(60), on_busy="reject") as d:
+        async with httpx.AsyncClient(base_url=d.urls[0], timeout=LIMIT) as client:
+            async with trio.open_nursery() as nursery:
+                first: list[httpx.Response] = []
+
+                async def post() -> None:
+                    first.append(await client.post("/api/chat", json=body("s1", "one", "u1")))
+
+                nursery.start_soon(post)
+                await wait_for_turn(d.queue, "s1", "running")
+                second = await client.post("/api/chat", json=body("s1", "two", "u2"))
+                retry = await client.post("/api/chat", json=body("s1", "one", "u1"))
+        turns = await d.queue.turns("s1")
+    assert second.status_code == 409 and "already running a turn" in second.json()["error"]
+    assert retry.status_code == 200  # a retry of the running turn is that turn, not a 409
+    assert first[0].status_code == 200
+    assert [(t.input, t.status) for t in turns] == [("one", "done")]
+
+
+async def test_reject_answers_409_while_a_turn_is_queued(pg_url: str, redis_url: str) -> None:
+    async with deployment(pg_url, redis_url, slow_agent(3), worker=False, on_busy="reject") as d:
+        await d.queue.submit("s1", "queued first")
+        async with httpx.AsyncClient(base_url=d.urls[0], timeout=LIMIT) as client:
+            refused = await client.post("/api/chat", json=body("s1", "two", "u2"))
+        turns = await d.queue.turns("s1")
+    assert refused.status_code == 409
+    assert [t.input for t in turns] == ["queued first"]
+
+
+async def test_interrupt_cancels_the_running_turn_and_runs_the_new_one(
+    pg_url: str, redis_url: str
+) -> None:
+    async with deployment(pg_url, redis_url, slow_agent(150), on_busy="interrupt") as d:
+        async with httpx.AsyncClient(base_url=d.urls[0], timeout=LIMIT) as client:
+            async with trio.open_nursery() as nursery:
+                answers: dict[str, httpx.Response] = {}
+
+                async def post(text: str, message_id: str) -> None:
+                    answers[text] = await client.post(
+                        "/api/chat", json=body("s1", text, message_id)
+                    )
+
+                nursery.start_soon(post, "first", "u1")
+                running = await wait_for_turn(d.queue, "s1", "running")
+                nursery.start_soon(post, "second", "u2")
+        turns = await d.queue.turns("s1")
+        record = await d.store.load("s1")
+    first = data(sse_events(answers["first"].text))
+    assert {"type": "abort", "reason": INTERRUPTED_BY_NEW} in first
+    assert [(t.turn_id == running.turn_id, t.status) for t in turns] == [
+        (True, "cancelled"),
+        (False, "done"),
+    ]
+    assert turns[0].cancel_reason == INTERRUPTED_BY_NEW
+    assert record is not None
+    assistants = [m for m in record.messages if isinstance(m, AssistantMessage)]
+    assert [m.interrupted for m in assistants] == [True, False]
+    assert streamed_text(sse_events(answers["second"].text)) == stored_text(assistants[1])
+
+
+async def test_interrupt_cancels_the_queued_turns_so_only_the_newest_runs(
+    pg_url: str, redis_url: str
+) -> None:
+    async with deployment(
+        pg_url, redis_url, slow_agent(3, 0.0), worker=False, on_busy="interrupt"
+    ) as d:
+        older = [await d.queue.submit("s1", text) for text in ("a", "b")]
+        async with httpx.AsyncClient(base_url=d.urls[0], timeout=LIMIT) as client:
+            async with trio.open_nursery() as nursery:
+                newest: list[httpx.Response] = []
+
+                async def post() -> None:
+                    newest.append(await client.post("/api/chat", json=body("s1", "c", "u3")))
+
+                nursery.start_soon(post)
+                with trio.fail_after(LIMIT):
+                    while len(await d.queue.turns("s1")) < 3:  # noqa: ASYNC110 - "c" submitted
+                        await trio.sleep(0.02)
+                await d.start_worker()
+        turns = await d.queue.turns("s1")
+        record = await d.store.load("s1")
+    assert [(t.input, t.status) for t in turns] == [
+        ("a", "cancelled"),
+        ("b", "cancelled"),
+        ("c", "done"),
+    ]
+    assert all(t.cancel_reason == INTERRUPTED_BY_NEW for t in turns[:2])
+    assert [t.turn_id for t in turns[:2]] == [t.turn_id for t in older]
+    assert newest[0].status_code == 200
+    assert record is not None
+    assert [m.content for m in record.messages if isinstance(m, UserMessage)] == ["c"]
+
+
+async def test_the_queue_refuses_to_steer(pg_url: str) -> None:
+    from actors.stores.postgres import PostgresStore
+
+    store = await PostgresStore.open(pg_url)
+    try:
+        with pytest.raises(Exception, match="cannot steer"):
+            await TurnQueue(store).submit("s1", "x", on_busy="steer")  # type: ignore[arg-type]
+    finally:
+        await store.aclose()
+
+
+async def test_a_reject_submit_on_the_queue_raises_session_busy(pg_url: str) -> None:
+    from actors.stores.postgres import PostgresStore
+
+    store = await PostgresStore.open(pg_url)
+    queue = TurnQueue(store)
+    try:
+        await queue.submit("s1", "first")
+        with pytest.raises(SessionBusy):
+            await queue.submit("s1", "second", on_busy="reject")
+        other = await queue.submit("s2", "elsewhere", on_busy="reject")
+        turns = await queue.turns("s1")
+    finally:
+        await queue.aclose()
+        await store.aclose()
+    assert [t.input for t in turns] == ["first"]
+    assert other.session_id == "s2"
+
+
+async def test_serve_refuses_on_busy_steer_in_a_front_end(capsys: Any) -> None:
+    args = add_serve_arguments(argparse.ArgumentParser()).parse_args(
+        [
+            *("--store", "postgresql://nobody@127.0.0.1:1/x"),
+            *("--redis", "redis://127.0.0.1:1/0"),
+            *("--on-busy", "steer"),
+        ]
+    )
+    assert await serve_command(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --on-busy steer is not served by a worker deployment's front end")
+    assert len(err.strip().splitlines()) == 1
+
+
+async def test_create_app_refuses_steer_for_a_front_end() -> None:
+    from runtime import Host
+    from runtime.app.web.app import create_app
+
+    async with Host.open() as host:
+        with pytest.raises(ConfigurationError, match="steer"):
+            create_app(host, slow_agent(), relay=object(), queue=object(), on_busy="steer")  # type: ignore[arg-type]
