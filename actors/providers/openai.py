@@ -428,6 +428,11 @@ async def parse_stream(stream: AsyncIterable[Any], emit: Emit, *, provider: str 
             break
         except Exception as exc:
             raise classify_error(exc, provider=provider) from exc
+        text = _text_only(chunk) if type(chunk) is dict else None
+        if text is not None:  # the common chunk, read without the general path's look-ups
+            if text:
+                await emit(TextChunk(text=text))
+            continue
         found = _usage(_get(chunk, "usage")) or _usage(_get(_get(chunk, "x_groq"), "usage"))
         usage = found or usage
         for choice in _get(chunk, "choices") or ():
@@ -453,6 +458,30 @@ async def parse_stream(stream: AsyncIterable[Any], emit: Emit, *, provider: str 
                 for item in calls.feed_delta(tool_calls, legacy):
                     await emit(item)
     await _emit_end(emit, calls, usage, raw_reason, refused=refused, provider=provider)
+
+
+_TEXT_DELTA_KEYS = frozenset({"content", "role"})
+
+
+def _text_only(chunk: dict[str, Any]) -> str | None:
+    """The text of a chunk that carries nothing else this parser reads: no usage, one
+    choice (the first), no finish reason, a delta of ``content`` (and ``role``) only. That
+    is almost every chunk of an answer, and reading it here skips the general path's
+    dozen look-ups (issue 24). ``None`` for any other chunk, which the general path reads
+    (a dict without ``content`` too: there, nothing is emitted either)."""
+    if chunk.get("usage") is not None or "x_groq" in chunk:
+        return None
+    choices = chunk.get("choices")
+    if type(choices) is not list or len(choices) != 1:
+        return None
+    choice = choices[0]
+    if type(choice) is not dict or choice.get("index") or choice.get("finish_reason") is not None:
+        return None
+    delta = choice.get("delta")
+    if type(delta) is not dict or not delta.keys() <= _TEXT_DELTA_KEYS:
+        return None
+    text = delta.get("content")
+    return text if type(text) is str else None
 
 
 async def _emit_end(
