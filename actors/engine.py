@@ -27,13 +27,15 @@ class ThinkTagSplitter:
     text. Empty pieces are never returned, so ``<think></think>`` yields nothing.
     """
 
-    __slots__ = ("_buf", "_close", "_first_chars", "_inside", "_tags")
+    __slots__ = ("_buf", "_close", "_first", "_first_chars", "_inside", "_tags")
 
     def __init__(self, tags: Sequence[tuple[str, str]] = DEFAULT_THINK_TAGS) -> None:
         if not tags or any(not o or not c for o, c in tags):
             raise ValueError("think tags need a non-empty open and close string")
         self._tags = tuple(tags)
         self._first_chars = frozenset(o[0] for o, _ in self._tags)
+        self._first = next(iter(self._first_chars)) if len(self._first_chars) == 1 else None
+        """The one character every open tag begins with (``<``), if they share it."""
         self._inside = False
         self._close = ""
         self._buf = ""
@@ -55,7 +57,12 @@ class ThinkTagSplitter:
         while s:
             if not self._inside:
                 # Fast path: no character that can begin a tag -> all of it is text.
-                if not any(c in s for c in self._first_chars):
+                first = self._first
+                if first is not None:
+                    plain = first not in s
+                else:
+                    plain = not any(c in s for c in self._first_chars)
+                if plain:
                     out.append((False, s))
                     return out
                 best = -1

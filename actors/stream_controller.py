@@ -255,8 +255,13 @@ class StreamController(Actor):
         bus = self.bus
         if bus is not None and bus.has_subscribers():  # observers only pay when they exist
             sid = self.session_id
+            wanted: dict[type, bool] = {}  # per batch: a batch is mostly one type (deltas)
             for chunk in out:
-                if bus.wants(type(chunk), sid):
+                t = type(chunk)
+                wants = wanted.get(t)
+                if wants is None:
+                    wants = wanted[t] = bus.wants(t, sid)
+                if wants:
                     await bus.publish(chunk)
         consumer = self._consumer
         if consumer is not None:

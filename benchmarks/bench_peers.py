@@ -5,7 +5,8 @@ They run on asyncio with their own dependencies, so they live in a separate virt
 pydantic-ai-slim[openai,anthropic] openai-agents``). :mod:`benchmarks.peers_worker` runs
 there against the same loopback server process and bytes as Axon's pipeline benchmark,
 and compares each framework with the raw SDK read in its own process, alternating, the
-same way; so each peer's figure is a ratio to the raw SDK like Axon's. Missing: skipped.
+same way; so each peer's figure is a ratio to the raw SDK like Axon's, and to the floor
+(bare httpx + orjson, :mod:`benchmarks.floor`) read in the same rounds. Missing: skipped.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from pathlib import Path
 from benchmarks.common import REPO, Figure, ServerAddress, Sizes, median, python_env
 
 DEFAULT_VENV = Path("/tmp/peers")
-PACKAGES = ("pydantic-ai-slim[openai,anthropic]", "openai-agents")
+PACKAGES = ("pydantic-ai-slim[openai,anthropic]", "openai-agents", "orjson")
+"""The peers, and orjson for the floor the worker reads beside them."""
 
 
 def peers_python(explicit: str | None = None) -> Path | None:
@@ -94,6 +96,21 @@ def run(sizes: Sizes, server: ServerAddress, python: Path | None) -> list[Figure
                 data={**item, "ratios": ratios, "versions": versions},
             )
         )
+        if "floor_s" in item:
+            floor_ratios = [p / f for p, f in zip(item["peer_s"], item["floor_s"], strict=True)]
+            figures.append(
+                Figure(
+                    key=f"peers_floor.{slug}.{item['format']}",
+                    title=f"7f. {item['framework']} / floor, {item['format']} (asyncio)",
+                    value=median(floor_ratios),
+                    unit="x",
+                    detail=(
+                        f"floor {median(item['floor_s']) * 1e3:.1f} ms, "
+                        f"peer {median(item['peer_s']) * 1e3:.1f} ms"
+                    ),
+                    data={"ratios": floor_ratios},
+                )
+            )
     for reason in report.get("skipped", []):
         figures.append(
             Figure(key="peers.skipped", title="7. Peer skipped", value=None, unit="", detail=reason)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -28,6 +30,8 @@ class Sizes:
 
     pipeline_deltas: int = 1000
     pipeline_rounds: int = 31
+    pipeline_long_deltas: int = 10_000
+    pipeline_long_rounds: int = 11
     warmup: int = 2
     ttfd_rounds: int = 21
     core_sizes: tuple[int, int] = (10_000, 100_000)
@@ -62,6 +66,8 @@ FULL = Sizes()
 QUICK = Sizes(
     pipeline_deltas=40,
     pipeline_rounds=2,
+    pipeline_long_deltas=120,
+    pipeline_long_rounds=2,
     warmup=1,
     ttfd_rounds=2,
     core_sizes=(200, 2000),
@@ -181,10 +187,23 @@ def python_env() -> dict[str, str]:
 
 
 class ServerAddress:
-    """Where the replay server listens (a benchmark child gets only the port)."""
+    """Where the replay server listens (a benchmark child gets the port and the file
+    where the server notes when it sends each paced response)."""
 
-    def __init__(self, port: int) -> None:
+    def __init__(self, port: int, sent_log: str | None = None) -> None:
         self.port = port
+        self.sent_log = sent_log
+
+    def sent_times(self) -> list[float]:
+        """When each paced response's first events were sent (``perf_counter``), in
+        order; ``[]`` without a log."""
+        if not self.sent_log:
+            return []
+        try:
+            with open(self.sent_log, encoding="ascii") as f:
+                return [float(line) for line in f if line.strip()]
+        except FileNotFoundError:
+            return []
 
     def url(self, fmt: str, n: int, mode: str = "burst") -> str:
         """The SDK ``base_url`` serving ``n`` deltas in ``fmt`` (openai: with ``/v1``)."""
@@ -197,12 +216,14 @@ class LoopbackServer(ServerAddress):
 
     def __init__(self, specs: Sequence[tuple[str, int]]) -> None:
         args = [f"{fmt}:{n}" for fmt, n in specs]
+        fd, sent_log = tempfile.mkstemp(prefix="axon-bench-sent-", suffix=".log")
+        os.close(fd)
         self._proc = subprocess.Popen(
             [sys.executable, "-m", "benchmarks.server", *args],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             cwd=REPO,
-            env=python_env(),
+            env={**python_env(), "AXON_BENCH_SENT_LOG": sent_log},
             text=True,
         )
         assert self._proc.stdout is not None
@@ -210,7 +231,7 @@ class LoopbackServer(ServerAddress):
         if not line.startswith("PORT "):
             self.close()
             raise RuntimeError(f"the loopback server did not start: {line!r}")
-        super().__init__(int(line.split()[1]))
+        super().__init__(int(line.split()[1]), sent_log)
 
     def close(self) -> None:
         if self._proc.poll() is None:
@@ -221,6 +242,9 @@ class LoopbackServer(ServerAddress):
             except subprocess.TimeoutExpired:  # pragma: no cover
                 self._proc.kill()
                 self._proc.wait()
+        if self.sent_log:
+            with contextlib.suppress(OSError):
+                os.unlink(self.sent_log)
 
     def __enter__(self) -> LoopbackServer:
         return self

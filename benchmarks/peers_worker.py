@@ -1,10 +1,12 @@
 """7. The peers' pipeline benchmark; runs inside the peers' own virtualenv, under asyncio.
 
 ``<peers python> benchmarks/peers_worker.py PORT DELTAS ROUNDS WARMUP`` prints one JSON
-object: for each framework and wire format, the seconds of each round for the framework
-and for the raw SDK read in the same process (same loopback server, same bytes as Axon's
-benchmark). Frameworks that are not installed are reported as skipped. Needs only the
-standard library, the peers and their SDKs (it imports ``benchmarks.sse`` by path).
+object: for each framework and wire format, the seconds of each round for the framework,
+for the raw SDK and for the floor (bare httpx + orjson, :mod:`benchmarks.floor`) read in
+the same process (same loopback server, same bytes as Axon's benchmark). Frameworks that
+are not installed are reported as skipped; so is the floor without ``orjson``. Needs only
+the standard library, the peers and their SDKs (it imports ``benchmarks.sse`` and
+``benchmarks.floor`` by path).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.floor import floor_side
 from benchmarks.sse import delta_texts
 
 API_KEY = "sk-bench-not-a-real-key"
@@ -160,11 +163,18 @@ async def main(port: int, n: int, rounds: int, warmup: int) -> dict:
                 report["skipped"].append(f"{framework} on {fmt}: {exc}")
                 continue
             sides = {"raw": raw, "peer": peer}
-            times: dict[str, list[float]] = {"raw": [], "peer": []}
+            try:
+                floor, floor_close = floor_side(fmt, base)
+            except ImportError as exc:
+                report["skipped"].append(f"the floor beside {framework} on {fmt}: {exc}")
+            else:
+                sides["floor"] = _text_of(floor)
+            names = list(sides)
+            times: dict[str, list[float]] = {name: [] for name in names}
             try:
                 for r in range(warmup + rounds):
-                    order = ["raw", "peer"] if r % 2 == 0 else ["peer", "raw"]
-                    for name in order:
+                    shift = r % len(names)
+                    for name in names[shift:] + names[:shift]:
                         gc.collect()
                         t0 = time.perf_counter()
                         text = await sides[name]()
@@ -181,15 +191,25 @@ async def main(port: int, n: int, rounds: int, warmup: int) -> dict:
                 )
                 traceback.print_exc()
                 continue
-            report["results"].append(
-                {
-                    "framework": framework,
-                    "format": fmt,
-                    "raw_s": times["raw"],
-                    "peer_s": times["peer"],
-                }
-            )
+            finally:
+                if "floor" in sides:
+                    await floor_close()
+            result = {"framework": framework, "format": fmt, "raw_s": times["raw"]}
+            result["peer_s"] = times["peer"]
+            if "floor" in times:
+                result["floor_s"] = times["floor"]
+            report["results"].append(result)
     return report
+
+
+def _text_of(floor):
+    """The floor's read as a side of this worker: the text it streamed."""
+
+    async def run() -> str:
+        _total, _first, texts, _t0 = await floor()
+        return "".join(texts)
+
+    return run
 
 
 def _installed(md, name: str) -> bool:

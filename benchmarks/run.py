@@ -85,11 +85,17 @@ def _ahead_of_peers(figures: list[Figure]) -> list[Figure]:
     return out
 
 
-def run_one(name: str, sizes: Sizes, port: int | None, peers_python: str | None) -> list[Figure]:
+def run_one(
+    name: str,
+    sizes: Sizes,
+    port: int | None,
+    peers_python: str | None,
+    sent_log: str | None = None,
+) -> list[Figure]:
     """One benchmark, in this process."""
     from benchmarks.common import ServerAddress
 
-    server = ServerAddress(port) if port is not None else None
+    server = ServerAddress(port, sent_log) if port is not None else None
     if name == "startup":
         from benchmarks import bench_startup
 
@@ -131,7 +137,13 @@ def run_one(name: str, sizes: Sizes, port: int | None, peers_python: str | None)
     raise ValueError(name)
 
 
-def _child(name: str, quick: bool, port: int | None, peers_python: str | None) -> list[Figure]:
+def _child(
+    name: str,
+    quick: bool,
+    port: int | None,
+    peers_python: str | None,
+    sent_log: str | None = None,
+) -> list[Figure]:
     """Run one benchmark in a fresh interpreter: no benchmark sees another's heap (whose
     size changes what a garbage collection costs), imports or logging set-up."""
     cmd = [sys.executable, "-m", "benchmarks.run", "--child", name]
@@ -141,6 +153,8 @@ def _child(name: str, quick: bool, port: int | None, peers_python: str | None) -
         cmd += ["--port", str(port)]
     if peers_python:
         cmd += ["--peers-python", peers_python]
+    if sent_log:
+        cmd += ["--sent-log", sent_log]
     proc = subprocess.run(
         cmd, cwd=REPO, env=python_env(), stdout=subprocess.PIPE, text=True, timeout=900
     )
@@ -159,7 +173,8 @@ def run_all(
     n = sizes.pipeline_deltas
     server: LoopbackServer | None = None
     if "pipeline" in only or "peers" in only:
-        server = LoopbackServer([("openai", n), ("anthropic", n)])
+        long_n = sizes.pipeline_long_deltas
+        server = LoopbackServer([(fmt, k) for fmt in ("openai", "anthropic") for k in (n, long_n)])
     try:
         for name in BENCHMARKS:
             if name not in only:
@@ -167,7 +182,13 @@ def run_all(
             started = time.perf_counter()
             print(f"[{name}] running...", file=sys.stderr, flush=True)
             try:
-                got = _child(name, quick, server.port if server else None, peers_python)
+                got = _child(
+                    name,
+                    quick,
+                    server.port if server else None,
+                    peers_python,
+                    server.sent_log if server else None,
+                )
             except Exception as exc:
                 errors.append({"benchmark": name, "error": f"{type(exc).__name__}: {exc}"})
                 figures.append(
@@ -243,10 +264,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--child", help=argparse.SUPPRESS)  # run one benchmark, print JSON
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--sent-log", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         sizes = QUICK if args.quick else FULL
-        got = run_one(args.child, sizes, args.port, args.peers_python)
+        got = run_one(args.child, sizes, args.port, args.peers_python, args.sent_log)
         print(json.dumps([f.to_json() for f in got]))
         return 0
     only = tuple(x.strip() for x in args.only.split(",") if x.strip())

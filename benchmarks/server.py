@@ -20,6 +20,7 @@ measured; the bodies are built once, before the first request, and cached.
 
 from __future__ import annotations
 
+import os
 import socket
 import sys
 import threading
@@ -31,6 +32,18 @@ from benchmarks.sse import body, split_events
 PACE_HEAD_EVENTS = 3
 """Events written before the pause in ``paced`` mode (role/start events + first delta)."""
 PACE_PAUSE = 0.05
+SENT_LOG_ENV = "AXON_BENCH_SENT_LOG"
+"""A file the server appends ``time.perf_counter()`` to, one line per paced response,
+just before it writes the first events: where the clocks of a first delta start from
+(``perf_counter`` is the system's monotonic clock, the same in every process on Linux)."""
+_sent_lock = threading.Lock()
+
+
+def _note_sent() -> None:
+    path = os.environ.get(SENT_LOG_ENV)
+    if path:
+        with _sent_lock, open(path, "a", encoding="ascii") as f:
+            f.write(f"{time.perf_counter()!r}\n")
 
 
 @cache
@@ -104,6 +117,7 @@ def _serve(conn: socket.socket) -> None:
                 conn.sendall(head + _chunk(_body(fmt, count)) + b"0\r\n\r\n")
             else:
                 first, rest = _paced(fmt, count)
+                _note_sent()
                 conn.sendall(head + _chunk(first))
                 time.sleep(PACE_PAUSE)
                 conn.sendall(_chunk(rest) + b"0\r\n\r\n")

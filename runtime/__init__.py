@@ -6,11 +6,16 @@ types of the three vocabularies (stream chunks, output chunks, messages and part
 This package holds the contract layer (events, chunks, messages, bus, actor base,
 protocols), the application layer (:mod:`runtime.app.host`, :mod:`runtime.app.session`, the CLI,
 :mod:`runtime.app.web`, the demo) and the stores (:mod:`actors.stores`); see
-docs/architecture.md. Importing any ``runtime.x`` runs this file first, so it imports only
-the contract eagerly: the application names (``Host``, ``Session``, ``TurnStream``,
-``run_sync``, ``AsyncHost``) are resolved on first use (:pep:`562`). Otherwise every actor,
-which imports the contract, would import the host that assembles it, and the layers would be
-one import cycle.
+docs/architecture.md. Importing any ``runtime.x`` runs this file first, so it imports
+nothing: every name is resolved on first use (:pep:`562`), from the module :data:`_MODULES`
+says. Two reasons. The application names (``Host``, ``Session``, ``TurnStream``,
+``run_sync``, ``AsyncHost``): otherwise every actor, which imports the contract, would
+import the host that assembles it, and the layers would be one import cycle. The contract's
+names: its modules define about a hundred attrs classes, and creating one (attrs compiles
+its methods) costs about as much as importing a small module, so a program pays only for
+the part of the vocabulary it uses (``from runtime import Agent, tool`` builds none of the
+stream's, events' or actors' messages), and an actor that imports ``runtime.chunks`` does
+not build the whole facade first (issue 24).
 """
 
 from __future__ import annotations
@@ -18,111 +23,195 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from runtime.actor import Actor, RestartPolicy, Supervisor
-from runtime.actor_messages import TurnResult
-from runtime.agent import Agent, Hooks
-from runtime.approval import PendingCall
-from runtime.budget import Budget
-from runtime.bus import Bus, Subscription
-from runtime.chunks import (
-    FinishChunk,
-    ProviderDataChunk,
-    ReasoningChunk,
-    StreamChunk,
-    TextChunk,
-    ToolCallChunk,
-    ToolInputDeltaChunk,
-    ToolInputStartChunk,
-    Usage,
-    UsageChunk,
-)
-from runtime.compaction import CompactionContext, DropToolResults, KeepTurns, Summarize
-from runtime.errors import (
-    ActorFailed,
-    AlreadyDecided,
-    AuthenticationFailed,
-    AxonError,
-    BadRequest,
-    BudgetExceeded,
-    ConfigurationError,
-    ConnectionLost,
-    ContextTooLong,
-    DecisionError,
-    InvalidDecision,
-    InvalidHistory,
-    InvalidMedia,
-    InvalidSessionId,
-    InvalidTurnId,
-    MalformedStream,
-    MediaError,
-    MediaTooLarge,
-    NothingToResume,
-    Overloaded,
-    ProviderError,
-    ProviderTimeout,
-    ProviderUnavailable,
-    RateLimited,
-    SessionBusy,
-    SessionError,
-    SessionNotLoaded,
-    StoreConflict,
-    StoreCorrupt,
-    StoreError,
-    StoreUnavailable,
-    ToolDefinitionError,
-    TooManyParts,
-    UnknownApproval,
-    UnsupportedMedia,
-)
-from runtime.events import Event
-from runtime.inbox import Inbox
-from runtime.logging import configure_logging
-from runtime.media import InputLimits, MediaLimits
-from runtime.messages import (
-    AssistantMessage,
-    Awaiting,
-    File,
-    Image,
-    Message,
-    Part,
-    ProviderDataPart,
-    ReasoningPart,
-    SystemMessage,
-    TextPart,
-    ToolCallPart,
-    ToolMessage,
-    UserMessage,
-    UserPart,
-)
-from runtime.output import OutputChunk
-from runtime.provider import FallbackProvider, Provider
-from runtime.retry import RetryPolicy
-from runtime.store import SessionInfo, SessionRecord, Store, validate_session_id
-from runtime.tools import Tool, ToolContext, tool
-
 if TYPE_CHECKING:
+    from runtime.actor import Actor, RestartPolicy, Supervisor
+    from runtime.actor_messages import TurnResult
+    from runtime.agent import Agent, Hooks
     from runtime.app.aio import AsyncHost
     from runtime.app.blocking import run_sync
     from runtime.app.host import Host
     from runtime.app.session import Session, TurnStream
+    from runtime.approval import PendingCall
+    from runtime.budget import Budget
+    from runtime.bus import Bus, Subscription
+    from runtime.chunks import (
+        FinishChunk,
+        ProviderDataChunk,
+        ReasoningChunk,
+        StreamChunk,
+        TextChunk,
+        ToolCallChunk,
+        ToolInputDeltaChunk,
+        ToolInputStartChunk,
+        Usage,
+        UsageChunk,
+    )
+    from runtime.compaction import CompactionContext, DropToolResults, KeepTurns, Summarize
+    from runtime.errors import (
+        ActorFailed,
+        AlreadyDecided,
+        AuthenticationFailed,
+        AxonError,
+        BadRequest,
+        BudgetExceeded,
+        ConfigurationError,
+        ConnectionLost,
+        ContextTooLong,
+        DecisionError,
+        InvalidDecision,
+        InvalidHistory,
+        InvalidMedia,
+        InvalidSessionId,
+        InvalidTurnId,
+        MalformedStream,
+        MediaError,
+        MediaTooLarge,
+        NothingToResume,
+        Overloaded,
+        ProviderError,
+        ProviderTimeout,
+        ProviderUnavailable,
+        RateLimited,
+        SessionBusy,
+        SessionError,
+        SessionNotLoaded,
+        StoreConflict,
+        StoreCorrupt,
+        StoreError,
+        StoreUnavailable,
+        ToolDefinitionError,
+        TooManyParts,
+        UnknownApproval,
+        UnsupportedMedia,
+    )
+    from runtime.events import Event
+    from runtime.inbox import Inbox
+    from runtime.logging import configure_logging
+    from runtime.media import InputLimits, MediaLimits
+    from runtime.messages import (
+        AssistantMessage,
+        Awaiting,
+        File,
+        Image,
+        Message,
+        Part,
+        ProviderDataPart,
+        ReasoningPart,
+        SystemMessage,
+        TextPart,
+        ToolCallPart,
+        ToolMessage,
+        UserMessage,
+        UserPart,
+    )
+    from runtime.output import OutputChunk
+    from runtime.provider import FallbackProvider, Provider
+    from runtime.retry import RetryPolicy
+    from runtime.store import SessionInfo, SessionRecord, Store, validate_session_id
+    from runtime.tools import Tool, ToolContext, tool
 
-_APPLICATION = {
-    "AsyncHost": "runtime.app.aio",
-    "Host": "runtime.app.host",
-    "Session": "runtime.app.session",
-    "TurnStream": "runtime.app.session",
-    "run_sync": "runtime.app.blocking",
+_MODULES: dict[str, tuple[str, ...]] = {
+    "runtime.actor": ("Actor", "RestartPolicy", "Supervisor"),
+    "runtime.actor_messages": ("TurnResult",),
+    "runtime.agent": ("Agent", "Hooks"),
+    "runtime.approval": ("PendingCall",),
+    "runtime.budget": ("Budget",),
+    "runtime.bus": ("Bus", "Subscription"),
+    "runtime.chunks": (
+        "FinishChunk",
+        "ProviderDataChunk",
+        "ReasoningChunk",
+        "StreamChunk",
+        "TextChunk",
+        "ToolCallChunk",
+        "ToolInputDeltaChunk",
+        "ToolInputStartChunk",
+        "Usage",
+        "UsageChunk",
+    ),
+    "runtime.compaction": ("CompactionContext", "DropToolResults", "KeepTurns", "Summarize"),
+    "runtime.errors": (
+        "ActorFailed",
+        "AlreadyDecided",
+        "AuthenticationFailed",
+        "AxonError",
+        "BadRequest",
+        "BudgetExceeded",
+        "ConfigurationError",
+        "ConnectionLost",
+        "ContextTooLong",
+        "DecisionError",
+        "InvalidDecision",
+        "InvalidHistory",
+        "InvalidMedia",
+        "InvalidSessionId",
+        "InvalidTurnId",
+        "MalformedStream",
+        "MediaError",
+        "MediaTooLarge",
+        "NothingToResume",
+        "Overloaded",
+        "ProviderError",
+        "ProviderTimeout",
+        "ProviderUnavailable",
+        "RateLimited",
+        "SessionBusy",
+        "SessionError",
+        "SessionNotLoaded",
+        "StoreConflict",
+        "StoreCorrupt",
+        "StoreError",
+        "StoreUnavailable",
+        "ToolDefinitionError",
+        "TooManyParts",
+        "UnknownApproval",
+        "UnsupportedMedia",
+    ),
+    "runtime.events": ("Event",),
+    "runtime.inbox": ("Inbox",),
+    "runtime.logging": ("configure_logging",),
+    "runtime.media": ("InputLimits", "MediaLimits"),
+    "runtime.messages": (
+        "AssistantMessage",
+        "Awaiting",
+        "File",
+        "Image",
+        "Message",
+        "Part",
+        "ProviderDataPart",
+        "ReasoningPart",
+        "SystemMessage",
+        "TextPart",
+        "ToolCallPart",
+        "ToolMessage",
+        "UserMessage",
+        "UserPart",
+    ),
+    "runtime.output": ("OutputChunk",),
+    "runtime.provider": ("FallbackProvider", "Provider"),
+    "runtime.retry": ("RetryPolicy",),
+    "runtime.store": ("SessionInfo", "SessionRecord", "Store", "validate_session_id"),
+    "runtime.tools": ("Tool", "ToolContext", "tool"),
+    "runtime.app.aio": ("AsyncHost",),
+    "runtime.app.blocking": ("run_sync",),
+    "runtime.app.host": ("Host",),
+    "runtime.app.session": ("Session", "TurnStream"),
 }
-"""The facade's names from the application layer, imported when first asked for."""
+"""Where each name of the facade lives, by module; imported on first use."""
+_WHERE = {name: module for module, names in _MODULES.items() for name in names}
 
 
 def __getattr__(name: str) -> Any:
-    module = _APPLICATION.get(name)
+    module = _WHERE.get(name)
     if module is None:
         raise AttributeError(f"module 'runtime' has no attribute {name!r}")
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value  # later look-ups skip this function
     return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
 
 
 __all__ = [

@@ -56,6 +56,10 @@ class Bus:
         """``bool(self._subs)``, kept up to date by :meth:`subscribe` / :meth:`unsubscribe`."""
         # (session_id or None, event class) -> subscriptions; rebuilt lazily on change.
         self._routes: dict[tuple[str | None, type], tuple[Subscription, ...]] = {}
+        # event class -> the subscriptions to it, of any session: what a new session's
+        # routes are filtered from (matching a class against every subscription's kinds
+        # is the expensive part, and the same for every session).
+        self._by_class: dict[type, tuple[Subscription, ...]] = {}
 
     def subscribe(
         self,
@@ -75,6 +79,7 @@ class Bus:
         self._subs.append(sub)
         self._any = True
         self._routes.clear()
+        self._by_class.clear()
         return sub
 
     def unsubscribe(self, sub: Subscription) -> None:
@@ -84,16 +89,16 @@ class Bus:
             return
         self._any = bool(self._subs)
         self._routes.clear()
+        self._by_class.clear()
 
     def _route(self, session_id: str | None, cls: type) -> tuple[Subscription, ...]:
         key = (session_id, cls)
         subs = self._routes.get(key)
         if subs is None:
-            subs = tuple(
-                s
-                for s in self._subs
-                if (s.session_id is None or s.session_id == session_id) and s.matches(cls)
-            )
+            of_class = self._by_class.get(cls)
+            if of_class is None:
+                of_class = self._by_class[cls] = tuple(s for s in self._subs if s.matches(cls))
+            subs = tuple(s for s in of_class if s.session_id is None or s.session_id == session_id)
             self._routes[key] = subs
         return subs
 

@@ -192,15 +192,38 @@ def tool_output(value: Any) -> Any:
 def elide_media(value: Any) -> Any:
     """``value`` (unstructured JSON data) with the base64 ``data`` of every image and file
     part replaced by ``"<N bytes>"``: for log lines, which must not carry megabytes of an
-    image per event. Containers without media are returned as they are (not copied)."""
+    image per event. Containers without media are returned as they are (not copied).
+
+    Every log line passes through here, so scalars are skipped without a call and a
+    container is copied only once something in it changed."""
     if isinstance(value, dict):
         if value.get("type") in ("image", "file") and isinstance(value.get("data"), str):
             data = value["data"]
             size = len(data) * 3 // 4 - (len(data) - len(data.rstrip("=")))
             return {**value, "data": f"<{size} bytes>"}
-        items = {k: elide_media(v) for k, v in value.items()}
-        return value if all(items[k] is value[k] for k in value) else items
-    if isinstance(value, list | tuple):
-        elided = [elide_media(v) for v in value]
-        return value if all(a is b for a, b in zip(elided, value, strict=True)) else elided
+        copy: Any = None
+        for k, v in value.items():
+            if type(v) in _SCALARS:
+                continue
+            e = elide_media(v)
+            if e is not v:
+                if copy is None:
+                    copy = dict(value)
+                copy[k] = e
+        return value if copy is None else copy
+    if isinstance(value, (list, tuple)):
+        copy = None
+        for i, v in enumerate(value):
+            if type(v) in _SCALARS:
+                continue
+            e = elide_media(v)
+            if e is not v:
+                if copy is None:
+                    copy = list(value)
+                copy[i] = e
+        return value if copy is None else copy
     return value
+
+
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+"""Exact types :func:`elide_media` need not look into."""

@@ -107,7 +107,7 @@ def register_secret(value: str | None) -> None:
     shape. Providers call this when they resolve their key; registering is idempotent
     and lasts for the process. ``None``, non-strings and values shorter than
     :data:`MIN_SECRET_LENGTH` are ignored."""
-    global _secrets, _pattern
+    global _secrets, _pattern, _checked
     if not isinstance(value, str):
         return
     value = value.strip()
@@ -121,6 +121,7 @@ def register_secret(value: str | None) -> None:
         # Registered secrets first: a pattern must not redact half of one and leave the rest.
         _pattern = re.compile(f"(?P<secret>{literal})|{_PATTERN_SOURCE}")
         _secrets = secrets
+        _checked = {}  # after _secrets: a reader that sees this dict sees the new secrets
 
 
 def _replace(match: re.Match[str]) -> str:
@@ -137,7 +138,28 @@ _TRIGGERS = (
 )
 
 
+_checked: dict[str, bool] = {}
+"""Short strings already tested, to the answer: a log line's ids, kinds and words come
+back line after line, and every line is tested twice (the log tap, then the processor).
+A new dict whenever a secret is registered, so no answer outlives the secrets it saw."""
+_CHECKED_LENGTH = 256
+_CHECKED_MAX = 8192
+
+
 def _may_hold_secret(text: str) -> bool:
+    if len(text) > _CHECKED_LENGTH:
+        return _scan(text)
+    cache = _checked  # before the secrets (see register_secret)
+    found = cache.get(text)
+    if found is None:
+        found = _scan(text)
+        if len(cache) >= _CHECKED_MAX:
+            cache.clear()
+        cache[text] = found
+    return found
+
+
+def _scan(text: str) -> bool:
     for secret in _secrets:
         if secret in text:
             return True
@@ -166,11 +188,16 @@ def redact(value: Any) -> Any:
     """``value`` with credentials replaced, recursively: the value of any key named like
     a credential (``api_key``, ``authorization``...), and in every string, what
     :func:`redact_text` replaces."""
-    if isinstance(value, str):
+    kind = type(value)
+    if kind is str:
+        return redact_text(value)
+    if kind is int or kind is float or kind is bool or value is None:
+        return value
+    if isinstance(value, str):  # a subclass
         return redact_text(value)
     if isinstance(value, dict):
         return {k: (REDACTED if _is_secret_key(k) else redact(v)) for k, v in value.items()}
-    if isinstance(value, list | tuple):
+    if isinstance(value, (list, tuple)):
         return [redact(v) for v in value]
     return value
 
@@ -249,11 +276,16 @@ _PLAIN = (str, int, float, bool, type(None), dict, list, tuple)
 
 
 def _redact_log_value(value: Any) -> Any:
+    kind = type(value)  # every log line's every field comes here: the common types first
+    if kind is str:
+        return redact_text(value)
+    if kind is int or kind is float or kind is bool or value is None:
+        return value
     if isinstance(value, dict):
         return {
             k: (REDACTED if _is_secret_key(k) else _redact_log_value(v)) for k, v in value.items()
         }
-    if isinstance(value, list | tuple):
+    if isinstance(value, (list, tuple)):
         return [_redact_log_value(v) for v in value]
     if not isinstance(value, _PLAIN):
         value = str(value)  # an exception or object would be rendered by str() anyway

@@ -4,6 +4,10 @@ The JSON form of a value is its fields by name plus its tag: ``type`` for chunks
 parts, ``role`` for messages, ``kind`` for lifecycle events. Structuring dispatches on
 the tag, so a heterogeneous list (a history, an event log) round-trips losslessly.
 The models know nothing of this module: converters are kept apart from the models.
+
+Every hook that cattrs generates (it compiles a function per class) is made on first use
+of its class, not when this module is imported: a process that saves a text turn builds
+the few it needs, not one for each of the hundred-odd classes (issue 24, start-up).
 """
 
 from __future__ import annotations
@@ -16,7 +20,6 @@ import attrs
 import cattrs
 import orjson
 from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, override
-from cattrs.strategies import configure_tagged_union
 
 from runtime import chunks, events, messages, output
 
@@ -38,55 +41,70 @@ _UNSTRUCTURE_OVERRIDES: dict[type, dict[str, Any]] = {
 _Dict = dict[str, Any]
 
 # A wait without a deadline stores the JSON it always had (docs/approval.md).
-converter.register_unstructure_hook(
-    messages.Awaiting,
-    make_dict_unstructure_fn(
-        messages.Awaiting, converter, expires_at=override(omit_if_default=True)
-    ),
+converter.register_unstructure_hook_factory(
+    lambda t: t is messages.Awaiting,
+    lambda t: make_dict_unstructure_fn(t, converter, expires_at=override(omit_if_default=True)),
+)
+
+_TAGS: dict[type, str] = {}
+"""The classes unstructured with their tag, each to the name of its tag field."""
+
+
+def _tagged_class(t: Any) -> type | None:
+    """The class of :data:`_TAGS` that ``t`` is or derives from (a ``RetryPrompt`` is a
+    ``UserMessage``), or ``None``."""
+    if not isinstance(t, type):
+        return None
+    return next((c for c in t.__mro__ if c in _TAGS), None)
+
+
+def _tagged_unstructure(t: type) -> Callable[[Any], _Dict]:
+    """``t``'s unstructure hook, made on its first use: its fields, then its tag."""
+    cls = _tagged_class(t)
+    assert cls is not None
+    field = _TAGS[cls]
+    fields: Callable[[Any], _Dict] = make_dict_unstructure_fn(
+        t, converter, **_UNSTRUCTURE_OVERRIDES.get(cls, {})
+    )
+    value = getattr(cls, field)
+
+    def unstructure(obj: Any) -> _Dict:
+        d = fields(obj)
+        d[field] = value
+        return d
+
+    return unstructure
+
+
+converter.register_unstructure_hook_factory(
+    lambda t: _tagged_class(t) is not None, _tagged_unstructure
 )
 
 
 def _tag_each(tag_field: str, classes: tuple[type, ...]) -> None:
     """Unstructure each of ``classes`` with its tag (last, after its fields), however it
-    is reached: cattrs' tagged-union strategy adds the tag only to a value unstructured
-    *as the union*, and a stored history, a ``run --jsonl`` line or an event log holds
-    values unstructured on their own, all tagged."""
+    is reached: a tagged union's tag only on a value unstructured *as the union* would not
+    do, since a stored history, a ``run --jsonl`` line or an event log holds values
+    unstructured on their own, all tagged."""
     for cls in classes:
-        fields: Callable[[Any], _Dict] = make_dict_unstructure_fn(
-            cls, converter, **_UNSTRUCTURE_OVERRIDES.get(cls, {})
-        )
-
-        def unstructure(
-            obj: Any,
-            _f: Callable[[Any], _Dict] = fields,
-            _field: str = tag_field,
-            _value: Any = getattr(cls, tag_field),
-        ) -> _Dict:
-            d = _f(obj)
-            d[_field] = _value
-            return d
-
-        converter.register_unstructure_hook(cls, unstructure)
+        _TAGS[cls] = tag_field
 
 
 def _tagged_union(union: Any, tag_field: str) -> None:
-    """Structure ``union`` by the tag its members carry (cattrs' strategy), an unknown
-    tag being a one-line ``ValueError`` that names it (cattrs says only ``KeyError``).
+    """Structure ``union`` by the tag its members carry, an unknown tag being a one-line
+    ``ValueError`` that names it. What cattrs' tagged-union strategy does, except that a
+    member's hook is made when a value of it is first read, not when this module loads."""
+    by_tag = {getattr(cls, tag_field): cls for cls in union.__args__}
 
-    Call it after every hook of the members is registered: the strategy takes them then."""
-    configure_tagged_union(
-        union, converter, tag_generator=lambda cls: getattr(cls, tag_field), tag_name=tag_field
-    )
-    by_tag: Callable[[_Dict, Any], Any] = converter.get_structure_hook(union)
-    tags = frozenset(getattr(cls, tag_field) for cls in union.__args__)
-
-    def structure(d: _Dict, t: Any) -> Any:
+    def structure(d: _Dict, _t: Any) -> Any:
         try:
-            return by_tag(d, t)
-        except KeyError:
-            if d.get(tag_field) in tags:
-                raise
-            raise ValueError(f"unknown {tag_field} {d.get(tag_field)!r} for {union}") from None
+            cls = by_tag[d[tag_field]]
+        except (KeyError, TypeError):
+            tag = d.get(tag_field) if isinstance(d, dict) else None
+            raise ValueError(f"unknown {tag_field} {tag!r} for {union}") from None
+        value = dict(d)
+        del value[tag_field]
+        return converter.structure(value, cls)
 
     converter.register_structure_hook(union, structure)
 
@@ -131,16 +149,20 @@ def _media_output(output: Any) -> Any:
     return tuple(converter.structure(p, _USER_PART) for p in output)
 
 
-_tool_message_base = converter.get_structure_hook(messages.ToolMessage)
+def _structure_tool_message(t: type) -> Callable[[_Dict, Any], Any]:
+    base: Callable[[_Dict, Any], Any] = make_dict_structure_fn(t, converter)
+
+    def structure(d: _Dict, _t: Any) -> Any:
+        value = base(d, _t)
+        output = _media_output(value.output)
+        return value if output is value.output else attrs.evolve(value, output=output)
+
+    return structure
 
 
-def _structure_tool_message(d: _Dict, _t: Any) -> Any:
-    value = _tool_message_base(d, _t)
-    output = _media_output(value.output)
-    return value if output is value.output else attrs.evolve(value, output=output)
-
-
-converter.register_structure_hook(messages.ToolMessage, _structure_tool_message)
+converter.register_structure_hook_factory(
+    lambda t: t is messages.ToolMessage, _structure_tool_message
+)
 
 
 # Every bus event (lifecycle and output) structures through the Event base by kind. Not
@@ -165,25 +187,27 @@ def _structure_event(d: _Dict, _t: Any) -> Any:
 # event class too (each is an ``Event``), and structuring one would come back here.
 converter.register_structure_hook_func(lambda t: t is events.Event, _structure_event)
 
-_tool_stream_base = make_dict_structure_fn(output.ToolStream, converter)
+
+def _structure_tool_stream(t: type) -> Callable[[_Dict, Any], Any]:
+    base: Callable[[_Dict, Any], Any] = make_dict_structure_fn(t, converter)
+
+    def structure(d: _Dict, _t: Any) -> Any:
+        inner = d.get("chunk")
+        value: output.ToolStream = base({**d, "chunk": None}, _t)
+        if isinstance(inner, dict):
+            inner = _structure_event(inner, events.Event)
+        return attrs.evolve(value, chunk=inner)  # type: ignore[misc]  # attrs via @_out
+
+    return structure
 
 
-def _structure_tool_stream(d: _Dict, _t: Any) -> Any:
-    inner = d.get("chunk")
-    value: output.ToolStream = _tool_stream_base({**d, "chunk": None}, _t)
-    if isinstance(inner, dict):
-        inner = _structure_event(inner, events.Event)
-    return attrs.evolve(value, chunk=inner)  # type: ignore[misc]  # attrs via @_out
-
-
-converter.register_structure_hook(output.ToolStream, _structure_tool_stream)
+converter.register_structure_hook_factory(lambda t: t is output.ToolStream, _structure_tool_stream)
 
 _tag_each("type", tuple(dict.fromkeys(messages.Part.__args__ + messages.UserPart.__args__)))
 _tag_each("role", messages.Message.__args__)
 _tag_each("type", chunks.StreamChunk.__args__)
 _tag_each("type", output.OUTPUT_CHUNK_TYPES)
 _tag_each("kind", events.LIFECYCLE_EVENT_TYPES)
-# Parts first: a message's hook, made when its union is configured, takes theirs.
 _tagged_union(messages.UserPart, "type")
 _tagged_union(messages.Part, "type")
 _tagged_union(messages.Message, "role")

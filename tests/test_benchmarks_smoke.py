@@ -28,10 +28,22 @@ EXPECTED_KEYS = {
     "startup.no_sdk",
     "pipeline.openai",
     "pipeline.anthropic",
+    "pipeline_floor.openai",
+    "pipeline_floor.anthropic",
+    "pipeline_long.openai",
+    "pipeline_long.anthropic",
+    "pipeline_cost.openai",
+    "pipeline_cost.anthropic",
+    "raw_floor.openai",
+    "raw_floor.anthropic",
     "ttfd.openai",
     "ttfd.anthropic",
     "ttfd_burst.openai",
     "ttfd_burst.anthropic",
+    "ttfd_floor.openai",
+    "ttfd_floor.anthropic",
+    "ttfd_byte.openai",
+    "ttfd_byte.anthropic",
     "core.linearity",
     "concurrency.scaling",
     "concurrency.memory_per_idle_session",
@@ -90,13 +102,17 @@ def test_every_benchmark_runs_at_a_tiny_size(tmp_path: Path) -> None:
         if fig["target"]:
             assert isinstance(fig["passed"], bool), fig["key"]
         if fig["value"] is not None and fig["key"] != "startup.no_sdk":
-            assert (math.isfinite(fig["value"]) and fig["value"] > 0) or "ttfd" in fig["key"]
+            # differences (first delta, the cost split) may be negative at tiny sizes
+            difference = "ttfd" in fig["key"] or "cost" in fig["key"]
+            assert (math.isfinite(fig["value"]) and fig["value"] > 0) or difference
     # sanity of what was measured, not how fast
     assert figures["startup.no_sdk"]["data"]["loaded"] == []
     assert figures["startup.no_sdk"]["passed"] is True
     pipe = figures["pipeline.openai"]["data"]
     assert pipe["log_lines_written"] > 0  # the log tap really wrote JSON lines
     assert len(pipe["raw_s"]) == len(pipe["axon_s"]) == pipe["rounds"]
+    floor = figures["pipeline_floor.anthropic"]["data"]  # the floor ran in the same rounds
+    assert len(floor["floor_s"]) == len(floor["axon_s"]) == pipe["rounds"]
     memory = figures["concurrency.memory_per_idle_session"]["data"]
     assert memory["sessions"] > 0 and memory["rss_opened"] > 0
     assert report["versions"]["trio"] != "missing"

@@ -116,6 +116,7 @@ FAMILY_HELPERS = {
     "actors.providers.openai_common",
     "actors.providers.registry",
     "actors.providers.sdk",
+    "actors.providers.sse",
 }
 """Modules a family shares (its members import them); they are no actors."""
 
@@ -242,6 +243,31 @@ def test_an_unknown_facade_name_is_an_attribute_error():
 
     with pytest.raises(AttributeError, match="no attribute 'Hots'"):
         runtime.Hots  # noqa: B018
+
+
+def test_importing_runtime_and_actors_builds_no_contract_module():
+    """The facade resolves its names on first use (issue 24, start-up): a program pays
+    for the part of the contract it uses, not for every class of it."""
+    code = (
+        "import sys, runtime, actors\n"
+        "print(' '.join(m for m in sys.modules if m.startswith(('runtime.', 'actors.'))))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == ""
+
+
+def test_every_facade_name_is_the_object_of_its_module():
+    import importlib
+
+    import runtime
+
+    for module, names in runtime._MODULES.items():
+        for name in names:
+            assert getattr(runtime, name) is getattr(importlib.import_module(module), name)
+    assert set(runtime.__all__) == set(runtime._WHERE)
+    assert set(runtime.__all__) <= set(dir(runtime))
 
 
 def test_the_architecture_drawing_shows_every_module_in_its_folder():

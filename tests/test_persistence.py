@@ -77,3 +77,55 @@ async def test_two_sessions_on_one_store_stay_separate(tmp_path):
         sessions = await host.store.list_sessions()
         counts = {s.session_id: s.message_count for s in sessions}
     assert counts == {"a": 2, "b": 4}
+
+
+async def test_a_version_read_runs_on_the_loop_without_a_thread(tmp_path, monkeypatch):
+    """Every turn starts with a version read: it costs microseconds on the loop, where a
+    worker thread's round trip costs hundreds (issue 24)."""
+    from runtime.messages import UserMessage
+
+    store = await SQLiteStore.open(str(tmp_path / "sessions.db"))
+    try:
+        version = await store.save("v", 0, [UserMessage(content="hi")])
+
+        def no_thread(*args: object, **kwargs: object) -> None:
+            raise AssertionError("the version read went to a thread")
+
+        monkeypatch.setattr(trio.to_thread, "run_sync", no_thread)
+        assert await store.version("v") == version
+        assert await store.version("never-saved") == 0
+    finally:
+        monkeypatch.undo()
+        await store.aclose()
+
+
+async def test_a_version_read_that_would_wait_goes_to_a_thread(tmp_path, monkeypatch):
+    """When SQLite says the read would have to wait (busy), it is made again in a worker
+    thread, which may wait, and the answer is the same."""
+    import sqlite3
+
+    from runtime.messages import UserMessage
+
+    store = await SQLiteStore.open(str(tmp_path / "sessions.db"))
+    try:
+        version = await store.save("v", 0, [UserMessage(content="hi")])
+
+        def busy(session_id: str) -> int:
+            err = sqlite3.OperationalError("database is locked")
+            err.sqlite_errorcode = sqlite3.SQLITE_BUSY  # type: ignore[attr-defined]
+            raise err
+
+        threads: list[object] = []
+        run_sync = trio.to_thread.run_sync
+
+        async def counted(fn: object, *args: object) -> object:
+            threads.append(fn)
+            return await run_sync(fn, *args)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(store, "_version_without_waiting", busy)
+        monkeypatch.setattr(trio.to_thread, "run_sync", counted)
+        assert await store.version("v") == version
+        assert len(threads) == 1
+    finally:
+        monkeypatch.undo()
+        await store.aclose()

@@ -220,3 +220,14 @@ def test_the_credentials_of_an_opened_url_are_redacted_wherever_they_turn_up_lat
     redaction.register_url_secrets("postgresql://u:first-pw-1234@db/x?sslpassword=second%2Fpw99")
     text = "libpq: bad option near first-pw-1234 and second/pw99"
     assert redact_text(text) == "libpq: bad option near [redacted] and [redacted]"
+
+
+def test_a_string_tested_before_a_secret_was_registered_is_tested_again():
+    """Short strings' answers are remembered (log lines repeat them); registering a
+    secret forgets them, so a value seen as clean before is redacted after."""
+    from runtime.redact import redact_text, register_secret
+
+    line = "value qq-remembered-7731"
+    assert redact_text(line) == line
+    register_secret("qq-remembered-7731")
+    assert "qq-remembered-7731" not in redact_text(line)

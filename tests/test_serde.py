@@ -253,3 +253,40 @@ def test_user_text_stored_before_media_existed_loads_as_str():
     assert serde.from_json(stored, messages.Message) == messages.UserMessage(
         content="hi", id="msg_1"
     )
+
+
+def _generated_after(code: str) -> list[str]:
+    """The cattrs hooks (compiled functions, each in linecache) that exist after running
+    ``code`` in a fresh interpreter that imported :mod:`runtime.serde`."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import linecache, runtime.serde as serde\n"
+        f"{code}\n"
+        "print('\\n'.join(k for k in linecache.cache if k.startswith('<cattrs generated')))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True
+    ).stdout
+    return [line for line in out.splitlines() if line]
+
+
+def test_importing_serde_generates_no_hook():
+    """Issue 24: the converter's hooks are made on first use of their class, so an
+    import (start-up) compiles none of them."""
+    assert _generated_after("") == []
+
+
+def test_a_round_trip_generates_hooks_for_the_classes_it_uses_only():
+    code = (
+        "from runtime.messages import AssistantMessage, Message, TextPart\n"
+        "m = AssistantMessage(content=(TextPart(text='hi', step=0),))\n"
+        "assert serde.from_json(serde.to_json(m), Message) == m"
+    )
+    generated = _generated_after(code)
+    joined = " ".join(generated)
+    assert "runtime.messages.AssistantMessage" in joined
+    assert "runtime.messages.TextPart" in joined
+    assert "runtime.events" not in joined and "TextDelta" not in joined
+    assert len(generated) < 10  # of about 200 hooks the converter can make

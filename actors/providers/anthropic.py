@@ -29,6 +29,7 @@ from actors.providers.failures import (
     retry_after,
 )
 from actors.providers.sdk import SDKProvider
+from actors.providers.sse import event_batches
 from runtime import errors
 from runtime.actor_messages import InferRequest
 from runtime.chunks import (
@@ -599,15 +600,17 @@ def _take_usage(usage: dict[str, int | None], raw: Any) -> None:
 async def json_events(stream: Any) -> AsyncGenerator[dict[str, Any], None]:
     """The events of an SDK ``AsyncStream`` as plain dicts, decoded by orjson.
 
-    Why: the SDK validates every event into a pydantic model, and that is most of what a
-    stream costs on the client (two thirds of the SDK's time in a 1,000-delta profile),
-    while :func:`parse_stream` reads a few fields. So the request, the HTTP status
-    errors, the SSE decoding and the transport error mapping stay the SDK's (its
-    ``_iter_events``), and this does what the SDK's stream does with each event: skip
-    ``ping`` s, events without a name and empty data, and raise the SDK's status error for
-    ``event: error`` (same message, body and response). A stream without that iterator
-    (another SDK version) or with the SDK's tracing observer on is read through the SDK,
-    its events turned into dicts.
+    Why: the SDK validates every event into a pydantic model, and decodes the SSE lines
+    in Python, one ``str`` and one event object at a time; those were most of what a
+    stream costs on the client, while :func:`parse_stream` reads a few fields. So the
+    request, the HTTP status errors and the connection stay the SDK's, the body's events
+    are read from its bytes (:func:`~actors.providers.sse.event_batches`, the SDK's own
+    SSE rules; a stream it does not decode as plain SSE goes through the SDK), and this
+    does what the SDK's stream does with each event: skip ``ping`` s, events without a
+    name and empty data, and raise the SDK's status error for ``event: error`` (same
+    message, body and response). A stream without that iterator (another SDK version)
+    or with the SDK's tracing observer on is read through the SDK, its events turned
+    into dicts.
     """
     iter_events = getattr(stream, "_iter_events", None)
     if iter_events is None or getattr(stream, "_observer", None) is not None:
@@ -618,33 +621,35 @@ async def json_events(stream: Any) -> AsyncGenerator[dict[str, Any], None]:
 
     loads = orjson.loads
     response = stream.response
-    events = iter_events()
+    events = event_batches(stream)
     async with aclosing(events):
-        async for sse in events:
-            name = sse.event
-            if name == "ping" or name is None:
-                continue
-            if name == "error":
-                raise _stream_error(stream, sse, response)
-            data = sse.data
-            if not data:
-                continue
-            event = loads(data)
-            if type(event) is not dict:
-                raise errors.MalformedStream(
-                    f"an event's data is not a JSON object: {data[:200]!r}", provider=PROVIDER
-                )
-            yield event
+        async for batch in events:
+            for name, data in batch:
+                if name == "ping" or name is None:
+                    continue
+                if name == "error":
+                    raise _stream_error(stream, data, response)
+                if not data:
+                    continue
+                event = loads(data)
+                if type(event) is not dict:
+                    raise errors.MalformedStream(
+                        "an event's data is not a JSON object: "
+                        f"{data[:200].decode('utf-8', 'replace')!r}",
+                        provider=PROVIDER,
+                    )
+                yield event
 
 
-def _stream_error(stream: Any, sse: Any, response: Any) -> Exception:
+def _stream_error(stream: Any, data: bytes, response: Any) -> Exception:
     """The status error the SDK raises for an ``event: error`` (see its ``__stream__``)."""
-    body: Any = sse.data
+    text = data.decode("utf-8", errors="replace")
+    body: Any = text
     try:
-        body = sse.json()
+        body = json.loads(text)
         message = f"{body}"
     except Exception:
-        message = sse.data or f"Error code: {response.status_code}"
+        message = text or f"Error code: {response.status_code}"
     return stream._client._make_status_error(message, body=body, response=response)
 
 

@@ -39,6 +39,7 @@ import trio
 
 from actors.providers.openai_common import OpenAISDKProvider, classify_error, json_schema_spec
 from actors.providers.openai_common import get_field as _get
+from actors.providers.sse import event_batches
 from runtime import errors
 from runtime.actor_messages import InferRequest
 from runtime.chunks import (
@@ -427,6 +428,11 @@ async def parse_stream(stream: AsyncIterable[Any], emit: Emit, *, provider: str 
             break
         except Exception as exc:
             raise classify_error(exc, provider=provider) from exc
+        text = _text_only(chunk) if type(chunk) is dict else None
+        if text is not None:  # the common chunk, read without the general path's look-ups
+            if text:
+                await emit(TextChunk(text=text))
+            continue
         found = _usage(_get(chunk, "usage")) or _usage(_get(_get(chunk, "x_groq"), "usage"))
         usage = found or usage
         for choice in _get(chunk, "choices") or ():
@@ -452,6 +458,30 @@ async def parse_stream(stream: AsyncIterable[Any], emit: Emit, *, provider: str 
                 for item in calls.feed_delta(tool_calls, legacy):
                     await emit(item)
     await _emit_end(emit, calls, usage, raw_reason, refused=refused, provider=provider)
+
+
+_TEXT_DELTA_KEYS = frozenset({"content", "role"})
+
+
+def _text_only(chunk: dict[str, Any]) -> str | None:
+    """The text of a chunk that carries nothing else this parser reads: no usage, one
+    choice (the first), no finish reason, a delta of ``content`` (and ``role``) only. That
+    is almost every chunk of an answer, and reading it here skips the general path's
+    dozen look-ups (issue 24). ``None`` for any other chunk, which the general path reads
+    (a dict without ``content`` too: there, nothing is emitted either)."""
+    if chunk.get("usage") is not None or "x_groq" in chunk:
+        return None
+    choices = chunk.get("choices")
+    if type(choices) is not list or len(choices) != 1:
+        return None
+    choice = choices[0]
+    if type(choice) is not dict or choice.get("index") or choice.get("finish_reason") is not None:
+        return None
+    delta = choice.get("delta")
+    if type(delta) is not dict or not delta.keys() <= _TEXT_DELTA_KEYS:
+        return None
+    text = delta.get("content")
+    return text if type(text) is str else None
 
 
 async def _emit_end(
@@ -485,15 +515,18 @@ reused), as the SDK's own stream does; a server that keeps the body open is cut 
 async def json_chunks(stream: Any) -> AsyncGenerator[Any, None]:
     """The chunks of an SDK ``AsyncStream`` as plain dicts, decoded by orjson.
 
-    Why: the SDK builds a pydantic model of every chunk, and that is most of what a
-    stream costs on the client (about three quarters of the SDK's time in a 1,000-delta
-    profile), while :func:`parse_stream` reads a handful of fields. So the request, the
-    HTTP status errors, the SSE decoding and the transport error mapping stay the SDK's
-    (its ``_iter_events``), and only the per-chunk model is skipped; this does what the
-    SDK's stream does with each event: stop at ``[DONE]`` (then read the rest of the
-    body, briefly, so the connection is reused) and raise ``openai.APIError`` for an
-    ``error`` object in the data, with the same message and body. A stream object without
-    that iterator (another SDK version, a test double) is read as it is.
+    Why: the SDK builds a pydantic model of every chunk, and decodes the SSE lines in
+    Python, one ``str`` and one event object at a time; those were most of what a stream
+    costs on the client, while :func:`parse_stream` reads a handful of fields. So the
+    request, the HTTP status errors and the connection stay the SDK's, the body's events
+    are read from its bytes (:func:`~actors.providers.sse.sse_batches`, the SDK's own SSE
+    rules), and this does what the SDK's stream does with each event: stop at ``[DONE]``
+    (then read the rest of the body, briefly, so the connection is reused) and raise
+    ``openai.APIError`` for an ``error`` object in the data, with the same message and
+    body. Transport errors come from the HTTP library as they are (the SDK would wrap
+    them; :func:`classify_error` maps both the same way). A stream the SDK does not
+    decode as plain SSE goes through its ``_iter_events``; one without that iterator
+    (another SDK version, a test double) is read as it is.
     """
     iter_events = getattr(stream, "_iter_events", None)
     response = getattr(stream, "response", None)
@@ -504,19 +537,19 @@ async def json_chunks(stream: Any) -> AsyncGenerator[Any, None]:
     import orjson
 
     loads = orjson.loads
-    events = iter_events()
+    events = event_batches(stream)
     async with aclosing(events):
-        async for sse in events:
-            data = sse.data
-            if data.startswith("[DONE]"):
-                with trio.move_on_after(DRAIN_AFTER_DONE):
-                    async for _ in events:
-                        pass
-                return
-            chunk = loads(data)
-            if type(chunk) is dict and chunk.get("error"):
-                raise _stream_error(chunk["error"], response)
-            yield chunk
+        async for batch in events:
+            for _name, data in batch:
+                if data.startswith(b"[DONE]"):
+                    with trio.move_on_after(DRAIN_AFTER_DONE):
+                        async for _ in events:
+                            pass
+                    return
+                chunk = loads(data)
+                if type(chunk) is dict and chunk.get("error"):
+                    raise _stream_error(chunk["error"], response)
+                yield chunk
 
 
 def _stream_error(body: Any, response: Any) -> Exception:

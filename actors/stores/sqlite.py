@@ -70,6 +70,9 @@ _SQLITE_HEADER = b"SQLite format 3\x00"
 _HEADER_SIZE = 100
 _CORRUPT_CODES = frozenset({sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB})
 _BUSY_TIMEOUT = 10.0
+_BUSY_CODES = frozenset({sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED})
+"""The primary result codes of a statement that would have had to wait (extended codes,
+such as ``SQLITE_BUSY_RECOVERY``, keep their primary code in the low byte)."""
 """Seconds a write waits for another process's write lock before failing."""
 
 _SCHEMA = (
@@ -525,9 +528,35 @@ class SQLiteStore:
     # -- version -------------------------------------------------------------------------
 
     async def version(self, session_id: str) -> int:
-        """The session's version (``0`` if it does not exist): one primary-key lookup."""
+        """The session's version (``0`` if it does not exist): one primary-key lookup.
+
+        Every turn starts with this, so it runs on the calling thread when it can: a read
+        of a WAL database does not wait for writers, and the lookup takes microseconds,
+        where handing it to a worker thread and back costs a few hundred (issue 24: the
+        turn's fixed cost). SQLite is told not to wait at all; should the read be busy
+        (a checkpoint or a recovery holding the file), it goes to a thread as every other
+        call does, and waits there."""
         validate_session_id(session_id)
-        return await self._run(f"version of session {session_id!r}", self._version, session_id)
+        action = f"version of session {session_id!r}"
+        async with self._lock:
+            if self._closed:
+                raise StoreError(f"session store {self._path} is closed")
+            try:
+                return self._version_without_waiting(session_id)
+            except sqlite3.OperationalError as err:
+                if (getattr(err, "sqlite_errorcode", None) or 0) & 0xFF not in _BUSY_CODES:
+                    raise _error(self._path, action, err) from err
+            except sqlite3.Error as err:
+                raise _error(self._path, action, err) from err
+        return await self._run(action, self._version, session_id)
+
+    def _version_without_waiting(self, session_id: str) -> int:
+        conn = self._conn
+        conn.execute("PRAGMA busy_timeout = 0")
+        try:
+            return self._version(session_id)
+        finally:
+            conn.execute(f"PRAGMA busy_timeout = {int(_BUSY_TIMEOUT * 1000)}")
 
     def _version(self, session_id: str) -> int:
         row = self._conn.execute(

@@ -1,0 +1,156 @@
+"""Server-sent events read from an SDK response's bytes, for the providers' hot path.
+
+The OpenAI and Anthropic SDKs decode a stream line by line in Python: each line decoded
+to ``str``, each event an object, and three async generators between the socket and
+the provider. On a stream of word-sized deltas that was the largest single cost of a
+turn (issue 24: about half of the provider's time), while the floor it is compared with
+(bare httpx + orjson) splits bytes into lines and decodes each ``data`` line. So the
+providers keep the SDK for the request, the status errors and the connection, and read
+the response body here: :func:`sse_batches` gives, per network read, the events it
+completed as ``(event name, data bytes)`` pairs, and orjson reads the data bytes as
+they are.
+
+The decoding is the SSE specification's (and the SDKs'): lines end at CRLF, LF or CR
+(a CR at the end of a read waits for the next read, which may begin with its LF); a
+line starting with ``:`` is a comment; ``field: value`` loses one space after the
+colon, a line without a colon is a field with an empty value; ``data`` lines join with
+``\\n``; a blank line dispatches the event when it has an ``event`` name, ``data``, a
+``retry`` or an ``id`` was ever given (the ``id`` is never reset, as the SDKs do); an
+empty event name is none; other fields are ignored, and a last line without its blank
+line is not an event.
+
+Only a stream the SDK would decode as plain SSE is read this way
+(:func:`sdk_sse_response`); another decoder (Bedrock's binary event stream) or a test
+double goes through the SDK.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, AsyncIterable
+from contextlib import aclosing
+from typing import Any
+
+Event = tuple[str | None, bytes]
+"""One event: its ``event`` field (``None`` when it has none) and its data."""
+
+_NAMES: dict[bytes, str] = {}
+"""Event names already decoded (a stream repeats a handful of them)."""
+
+
+class SSEDecoder:
+    """Bytes in, events out, incrementally: :meth:`feed` each read, :meth:`finish` at
+    the end of the body."""
+
+    __slots__ = ("_data", "_event", "_last_id", "_rest", "_retry")
+
+    def __init__(self) -> None:
+        self._rest = b""
+        self._event: str | None = None
+        self._data: list[bytes] = []
+        self._last_id = ""
+        self._retry: int | None = None
+
+    def feed(self, chunk: bytes) -> list[Event]:
+        """The events that ``chunk`` completes, in order."""
+        buf = self._rest + chunk if self._rest else chunk
+        tail = b""
+        if b"\r" in buf:
+            if buf[-1] == 13:  # a CR at the end: its LF may start the next read
+                buf, tail = buf[:-1], b"\r"
+            buf = buf.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        lines = buf.split(b"\n")
+        self._rest = lines.pop() + tail
+        return self._lines(lines)
+
+    def finish(self) -> list[Event]:
+        """The events the end of the body completes: only a last line ended by a CR."""
+        rest, self._rest = self._rest, b""
+        if rest.endswith(b"\r"):
+            return self._lines(rest[:-1].replace(b"\r\n", b"\n").replace(b"\r", b"\n").split(b"\n"))
+        return []
+
+    def _lines(self, lines: list[bytes]) -> list[Event]:
+        out: list[Event] = []
+        data = self._data
+        names = _NAMES
+        for line in lines:
+            if line.startswith(b"data:"):
+                value = line[5:]
+                data.append(value[1:] if value[:1] == b" " else value)
+            elif not line:
+                if data or self._event or self._last_id or self._retry is not None:
+                    out.append((self._event, data[0] if len(data) == 1 else b"\n".join(data)))
+                    self._event, self._retry = None, None
+                    data = self._data = []
+            elif line.startswith(b"event: ") and line[7:] in names:  # a name seen before
+                self._event = names[line[7:]]
+            elif line[0] != 58:  # not a ":" comment
+                self._field(line)
+        return out
+
+    def _field(self, line: bytes) -> None:
+        name, _, value = line.partition(b":")
+        if value[:1] == b" ":
+            value = value[1:]
+        if name == b"event":
+            event = value.decode("utf-8") or None  # as the SDKs' events: "" is no name
+            if event is not None and len(_NAMES) < 256:
+                _NAMES[value] = event
+            self._event = event
+        elif name == b"data":  # "data" alone: an empty data line
+            self._data.append(value)
+        elif name == b"id":
+            if b"\0" not in value:
+                self._last_id = value.decode("utf-8")
+        elif name == b"retry":
+            try:
+                self._retry = int(value)
+            except ValueError:
+                pass
+
+
+async def sse_batches(chunks: AsyncIterable[bytes]) -> AsyncGenerator[list[Event], None]:
+    """The events of a body, one list per read that completed any."""
+    decoder = SSEDecoder()
+    async for chunk in chunks:
+        events = decoder.feed(chunk)
+        if events:
+            yield events
+    events = decoder.finish()
+    if events:
+        yield events
+
+
+async def _through_sdk(stream: Any) -> AsyncGenerator[list[Event], None]:
+    """The events of ``stream`` as its SDK decodes them, in the same form."""
+    events = stream._iter_events()
+    async with aclosing(events):
+        async for sse in events:
+            yield [(sse.event, sse.data.encode("utf-8"))]
+
+
+def event_batches(stream: Any) -> AsyncGenerator[list[Event], None]:
+    """The events of an SDK ``AsyncStream``: read from its body's bytes when the SDK
+    would decode them as plain SSE (:func:`sdk_sse_response`), else through the SDK's
+    own ``_iter_events`` (which ``stream`` must have)."""
+    response = sdk_sse_response(stream)
+    if response is None:
+        return _through_sdk(stream)
+    return sse_batches(response.aiter_bytes())
+
+
+def sdk_sse_response(stream: Any) -> Any:
+    """The HTTP response of an SDK ``AsyncStream`` whose body the SDK would decode as
+    plain SSE (its own ``SSEDecoder``), to read with :func:`sse_batches`; ``None`` for
+    anything else (another decoder, a test double), which is read through the SDK."""
+    decoder = getattr(stream, "_decoder", None)
+    response = getattr(stream, "response", None)
+    if decoder is None or response is None or not hasattr(response, "aiter_bytes"):
+        return None
+    cls = type(decoder)
+    if cls.__name__ != "SSEDecoder" or not cls.__module__.endswith("._streaming"):
+        return None
+    return response
+
+
+__all__ = ["Event", "SSEDecoder", "event_batches", "sdk_sse_response", "sse_batches"]

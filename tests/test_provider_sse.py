@@ -1,0 +1,122 @@
+"""The providers' SSE decoder (:mod:`actors.providers.sse`) reads what the SDKs read.
+
+The OpenAI and Anthropic providers read a response's events from its bytes instead of
+through the SDK's line decoder (issue 24: that decoder was the largest single cost of a
+stream). These tests hold it to the SDK's decoder on any body, however its lines end and
+however the network cuts it, and check which streams it is used for.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import trio
+from hypothesis import given
+from hypothesis import strategies as st
+
+from actors.providers.sse import SSEDecoder, event_batches, sdk_sse_response, sse_batches
+
+openai_streaming = pytest.importorskip("openai._streaming")
+
+_TEXT = st.text(
+    alphabet=st.characters(blacklist_characters="\r\n\x00", blacklist_categories=("Cs",)),
+    max_size=12,
+)
+_LINE = st.one_of(
+    st.builds(lambda v: f"data: {v}", _TEXT),
+    st.builds(lambda v: f"data:{v}", _TEXT),
+    st.just("data"),
+    st.builds(lambda v: f"event: {v}", _TEXT),
+    st.builds(lambda v: f": {v}", _TEXT),
+    st.builds(lambda v: f"id: {v}", _TEXT),
+    st.builds(lambda v: f"retry: {v}", st.one_of(st.integers(0, 9999).map(str), _TEXT)),
+    st.builds(lambda v: f"other: {v}", _TEXT),
+)
+_EVENT = st.lists(_LINE, max_size=4)
+
+
+@st.composite
+def bodies(draw: Any) -> tuple[bytes, list[bytes]]:
+    """A body of events (each ended by a blank line, the last maybe not) with each line
+    ended by LF, CRLF or CR at random, cut into reads at random places."""
+    events = draw(st.lists(_EVENT, max_size=6))
+    lines = [line for event in events for line in [*event, ""]]
+    if lines and draw(st.booleans()):
+        lines.pop()  # a body that ends inside its last event
+    ends = draw(st.lists(st.sampled_from(["\n", "\r\n", "\r"]), min_size=len(lines)))
+    body = "".join(line + end for line, end in zip(lines, ends, strict=False)).encode()
+    cuts = sorted(draw(st.lists(st.integers(0, len(body)), max_size=6)))
+    chunks = [body[a:b] for a, b in zip([0, *cuts], [*cuts, len(body)], strict=True)]
+    return body, [c for c in chunks if c]
+
+
+def _decode(chunks: list[bytes]) -> list[tuple[str | None, bytes]]:
+    decoder = SSEDecoder()
+    out = [event for chunk in chunks for event in decoder.feed(chunk)]
+    return out + decoder.finish()
+
+
+def _sdk(chunks: list[bytes]) -> list[tuple[str | None, bytes]]:
+    events = openai_streaming.SSEDecoder().iter_bytes(iter(chunks))
+    return [(sse.event, sse.data.encode()) for sse in events]
+
+
+@given(bodies())
+def test_the_events_are_the_sdks_however_the_lines_end_and_the_reads_fall(body: Any) -> None:
+    _, chunks = body
+    assert _decode(chunks) == _sdk(chunks)
+
+
+def test_a_cr_at_the_end_of_a_read_and_its_lf_at_the_start_of_the_next_end_one_line():
+    assert _decode([b"data: a\r", b"\n\r", b"\ndata: b\r\n\r\n"]) == [(None, b"a"), (None, b"b")]
+
+
+def test_data_lines_join_with_a_newline_and_keep_their_bytes():
+    chunks = ['event: delta\ndata: {"t": "é"}\ndata: x\n\n'.encode()]
+    assert _decode(chunks) == [("delta", '{"t": "é"}\nx'.encode())]
+
+
+def test_a_last_event_without_its_blank_line_is_not_an_event():
+    assert _decode([b"data: a\n\ndata: b\n"]) == [(None, b"a")]
+
+
+async def test_the_batches_hold_the_events_each_read_completed():
+    async def reads() -> Any:
+        for chunk in (b"data: 1\n\ndata: 2\n\nda", b"ta: 3\n", b"\n"):
+            yield chunk
+            await trio.lowlevel.checkpoint()
+
+    got = [batch async for batch in sse_batches(reads())]
+    assert got == [[(None, b"1"), (None, b"2")], [(None, b"3")]]
+
+
+class _Stream:
+    """An SDK stream's shape: a decoder, a response and the SDK's iterator."""
+
+    def __init__(self, decoder: Any) -> None:
+        self._decoder = decoder
+        self.response = _Response()
+
+    async def _iter_events(self) -> Any:
+        yield openai_streaming.ServerSentEvent(event="through-sdk", data="x")
+
+
+class _Response:
+    async def aiter_bytes(self) -> Any:
+        yield b"event: from-bytes\ndata: x\n\n"
+
+
+async def test_a_stream_the_sdk_decodes_as_sse_is_read_from_its_bytes():
+    stream = _Stream(openai_streaming.SSEDecoder())
+    assert sdk_sse_response(stream) is stream.response
+    assert [b async for b in event_batches(stream)] == [[("from-bytes", b"x")]]
+
+
+async def test_a_stream_with_another_decoder_goes_through_the_sdk():
+    class AWSEventStreamDecoder:  # Bedrock's binary event stream, say
+        pass
+
+    stream = _Stream(AWSEventStreamDecoder())
+    assert sdk_sse_response(stream) is None
+    assert [b async for b in event_batches(stream)] == [[("through-sdk", b"x")]]
