@@ -62,6 +62,8 @@ def _provider(
 ) -> Provider | FallbackProvider | None:
     """The ``provider`` converter: a list of providers is a :class:`FallbackProvider`."""
     if isinstance(value, list | tuple):
+        # Here, not at the top: runtime.provider imports the actor messages, which name
+        # the agent (a module-level import would be a cycle).
         from runtime.provider import FallbackProvider
 
         return FallbackProvider(value)  # it refuses anything but providers

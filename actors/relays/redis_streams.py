@@ -77,6 +77,7 @@ import structlog
 import trio
 from cattrs.errors import BaseValidationError
 
+from actors.relays.limits import RedisLimitBackend
 from runtime.errors import ConfigurationError, RelayTurnGone, RelayUnavailable
 from runtime.output import OutputChunk
 from runtime.redact import redact_url, register_url_secrets
@@ -568,8 +569,6 @@ class RedisRelay:
     def rate_limits(self) -> Any:
         """A rate-limit backend over this relay's connection and prefix, which every
         worker sharing the relay shares (:class:`actors.relays.limits.RedisLimitBackend`)."""
-        from actors.relays.limits import RedisLimitBackend
-
         return RedisLimitBackend(self.client, self.prefix)
 
     # -- keys -------------------------------------------------------------------------------
