@@ -662,13 +662,7 @@ class TurnQueue:
         ) -> bool:
             if not (meta or {}).get(WAITING_META):
                 return False
-            row = conn.execute(
-                """UPDATE axon_turns SET status = 'awaiting-input', owner = NULL,
-                    lease_until = NULL, finish_reason = 'awaiting-input', expires_at = %s
-                WHERE turn_id = %s AND owner = %s AND epoch = %s AND status = 'running'
-                RETURNING turn_id""",
-                (_first_deadline(messages), *key),
-            ).fetchone()
+            row = conn.execute(_SUSPEND, (_first_deadline(messages), *key)).fetchone()
             if row is None:  # not held: the fence check before would have refused the save
                 return False
             _notify_turns(conn, claim.turn.turn_id)
@@ -708,23 +702,17 @@ class TurnQueue:
         key = (claim.turn.turn_id, claim.owner, claim.epoch)
 
         def finish(conn: Any) -> bool:
-            row = conn.execute(
+            return _write_once(
+                conn,
                 """UPDATE axon_turns SET status = %s, finish_reason = %s, error = %s,
                     lease_until = NULL, finished_at = clock_timestamp()
                 WHERE turn_id = %s AND owner = %s AND epoch = %s AND status = 'running'
                 RETURNING turn_id""",
                 (status, finish_reason, error, *key),
-            ).fetchone()
-            if row is not None:
-                _notify_turns(conn, claim.turn.turn_id)
-                return True
-            # A retry whose first COMMIT went through (its answer was lost) finds its write.
-            again = conn.execute(
                 "SELECT 1 FROM axon_turns WHERE turn_id = %s AND owner = %s AND epoch = %s "
                 "AND status = %s AND finished_at IS NOT NULL",
                 (*key, status),
-            ).fetchone()
-            return again is not None
+            )
 
         return bool(await self.store.run(f"finish of turn {claim.turn.turn_id}", finish))
 
@@ -741,24 +729,19 @@ class TurnQueue:
         key = (claim.turn.turn_id, claim.owner, claim.epoch)
 
         def release(conn: Any) -> bool:
-            row = conn.execute(
+            return _write_once(
+                conn,
                 """UPDATE axon_turns SET owner = NULL,
                     lease_until = clock_timestamp() - interval '1 second',
                     attempts = greatest(attempts - 1, 0)
                 WHERE turn_id = %s AND owner = %s AND epoch = %s AND status = 'running'
                 RETURNING turn_id""",
                 key,
-            ).fetchone()
-            if row is not None:
-                _notify_turns(conn, claim.turn.turn_id)
-                return True
-            # A retried release whose first COMMIT went through: same epoch, no owner.
-            again = conn.execute(
+                # a retried release finds the same epoch with no owner
                 "SELECT 1 FROM axon_turns WHERE turn_id = %s AND owner IS NULL AND epoch = %s "
                 "AND status = 'running'",
                 (claim.turn.turn_id, claim.epoch),
-            ).fetchone()
-            return again is not None
+            )
 
         return bool(await self.store.run(f"release of turn {claim.turn.turn_id}", release))
 
@@ -774,22 +757,14 @@ class TurnQueue:
         key = (claim.turn.turn_id, claim.owner, claim.epoch)
 
         def suspend(conn: Any) -> bool:
-            row = conn.execute(
-                """UPDATE axon_turns SET status = 'awaiting-input', owner = NULL,
-                    lease_until = NULL, finish_reason = 'awaiting-input', expires_at = %s
-                WHERE turn_id = %s AND owner = %s AND epoch = %s AND status = 'running'
-                RETURNING turn_id""",
+            return _write_once(
+                conn,
+                _SUSPEND,
                 (expires_at, *key),
-            ).fetchone()
-            if row is not None:
-                _notify_turns(conn, claim.turn.turn_id)
-                return True
-            again = conn.execute(
                 "SELECT 1 FROM axon_turns WHERE turn_id = %s AND epoch = %s "
                 "AND status = 'awaiting-input'",
                 (claim.turn.turn_id, claim.epoch),
-            ).fetchone()
-            return again is not None
+            )
 
         return bool(await self.store.run(f"suspend of turn {claim.turn.turn_id}", suspend))
 
@@ -1303,6 +1278,28 @@ def _check_input(input: Any) -> UserContent:
                 )
         return parts
     raise StoreError(f"turn input must be text or a sequence of parts, not {type(input).__name__}")
+
+
+_SUSPEND = """UPDATE axon_turns SET status = 'awaiting-input', owner = NULL,
+        lease_until = NULL, finish_reason = 'awaiting-input', expires_at = %s
+    WHERE turn_id = %s AND owner = %s AND epoch = %s AND status = 'running'
+    RETURNING turn_id"""
+"""A held turn's row becomes ``awaiting-input`` with no owner and no lease (params: the
+wait's expiry, then turn id, owner, epoch): in the step's own save, or on its own."""
+
+
+def _write_once(
+    conn: Any, update: str, params: Sequence[Any], retried: str, retried_params: Sequence[Any]
+) -> bool:
+    """One guarded write of a claimed turn's row (its end, release or suspension), made
+    once even when retried. ``update`` (owner and epoch in its ``WHERE``, ``RETURNING
+    turn_id``) wakes the workers when it wrote; when it found nothing, ``retried`` says
+    whether a retry's first COMMIT, whose answer was lost, already wrote it."""
+    row = conn.execute(update, params).fetchone()
+    if row is not None:
+        _notify_turns(conn, row[0])
+        return True
+    return conn.execute(retried, retried_params).fetchone() is not None
 
 
 def _notify_turns(conn: Any, turn_id: str) -> None:
