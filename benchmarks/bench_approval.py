@@ -33,8 +33,9 @@ on PostgreSQL with the Redis relay, as ``python -m runtime worker`` runs it):
   with its version check.
 
 Sides alternate per round; the figures are medians. The client looks at the turn's row
-every millisecond (both sides alike). Needs PostgreSQL and Redis (``AXON_BENCH_PG``,
-``AXON_BENCH_REDIS``); skipped, saying why, otherwise.
+every millisecond (both sides alike). Runs on the throwaway PostgreSQL and
+Redis the benchmark starts (or ``AXON_BENCH_PG`` / ``AXON_BENCH_REDIS``); skipped, saying
+why, if they cannot start.
 
 **Memory.** Fresh child processes (``python -m benchmarks.bench_approval memory KIND N``):
 a host that keeps one session in memory (``max_sessions=1``: each session opened evicts

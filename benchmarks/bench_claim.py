@@ -1,10 +1,10 @@
 """The cost of a claim behind one session's backlog (issue 18, item 5), by hand.
 
 Not one of the numbered figures (``python3 -m benchmarks`` does not run it): run it as
-``python3 -m benchmarks.bench_claim [--own-pg] [--rounds N] [BACKLOG ...]`` (default
-backlogs 0 and 50000). It needs a PostgreSQL: ``AXON_BENCH_PG`` (default
-``postgresql://postgres@127.0.0.1/test``), or ``--own-pg`` to start a throwaway one the
-way the test suite does (:mod:`tests.support.services`).
+``python3 -m benchmarks.bench_claim [--rounds N] [BACKLOG ...]`` (default backlogs 0 and
+50000). It starts a throwaway PostgreSQL the way the test suite does
+(:mod:`tests.support.services`), or uses the one ``AXON_BENCH_PG`` names on purpose; never
+the machine's own.
 
 Each backlog gets a fresh schema (dropped after): one session ("the flooder") gets
 BACKLOG queued turns, inserted in one statement, behind a turn of its own that runs (so
@@ -28,7 +28,9 @@ from typing import Any
 
 import trio
 
-PG_URL = os.environ.get("AXON_BENCH_PG", "postgresql://postgres@127.0.0.1/test")
+from benchmarks.common import bench_server_urls
+
+PG_URL = os.environ.get("AXON_BENCH_PG")
 ROUNDS = 300
 
 
@@ -108,13 +110,9 @@ async def measure(base_url: str, backlogs: list[int], rounds: int) -> None:
 
 
 def main(argv: list[str]) -> int:
-    url = PG_URL
     rounds = ROUNDS
-    if "--own-pg" in argv:
-        argv = [a for a in argv if a != "--own-pg"]
-        from tests.support.services import own_postgres
-
-        url = own_postgres().url
+    argv = [a for a in argv if a != "--own-pg"]  # the default now; kept for old commands
+    url = PG_URL or bench_server_urls()[0]
     if "--rounds" in argv:
         at = argv.index("--rounds")
         rounds = int(argv[at + 1])

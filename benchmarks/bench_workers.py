@@ -23,9 +23,9 @@ Three figures, each a ratio or difference measured side by side in one run:
   a 50-delta answer) on ``Host.open(store="postgresql://...")`` and on
   ``Host.open(store=<SQLite file>)``, alternated; the ratio of medians.
 
-Each figure needs its servers (``AXON_BENCH_PG``, default
-``postgresql://postgres@127.0.0.1/test``; ``AXON_BENCH_REDIS``, default
-``redis://127.0.0.1:6379/0``) and is *skipped*, saying which did not answer, otherwise.
+Each figure needs its servers: throwaway PostgreSQL and Redis servers the run starts
+(never the machine's own), or the ones ``AXON_BENCH_PG`` / ``AXON_BENCH_REDIS`` name on
+purpose; a figure whose server does not answer is *skipped*, saying which.
 """
 
 from __future__ import annotations
@@ -53,13 +53,13 @@ from benchmarks.common import (
     LogSink,
     Sizes,
     alternate,
+    bench_server_urls,
     median,
     now,
     python_env,
 )
 
-PG_URL = os.environ.get("AXON_BENCH_PG", "postgresql://postgres@127.0.0.1/test")
-REDIS_URL = os.environ.get("AXON_BENCH_REDIS", "redis://127.0.0.1:6379/0")
+PG_URL, REDIS_URL = bench_server_urls()
 SCALING_TARGET = 1.7
 RELAY_TARGET_MS = 5.0
 POLL = 0.1

@@ -174,6 +174,37 @@ def rss_bytes() -> int:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def bench_server_urls() -> tuple[str, str]:
+    """The PostgreSQL and Redis the worker benchmarks use: ``AXON_BENCH_PG`` /
+    ``AXON_BENCH_REDIS`` when the user names servers on purpose, otherwise throwaway
+    servers this run starts (own data directory, free port, deleted at exit, as the tests'
+    ``tests/support/services.py``). Never the machine's own servers: the benchmark writes
+    schemas and keys, and a user's database is not ours to write into.
+
+    The URLs go into this process's environment, so the benchmark children (started with
+    :func:`python_env`) use the same servers instead of starting their own. A server that
+    cannot start here gives a closed port, so its figures are skipped, saying why.
+    """
+    pg = os.environ.get("AXON_BENCH_PG")
+    redis = os.environ.get("AXON_BENCH_REDIS")
+    if pg is None or redis is None:
+        from tests.support.services import ServiceUnavailable, free_port, own_postgres, own_redis
+
+        closed = free_port()
+        if pg is None:
+            try:
+                pg = own_postgres().url
+            except ServiceUnavailable:
+                pg = f"postgresql://postgres@127.0.0.1:{closed}/none"
+        if redis is None:
+            try:
+                redis = own_redis().url
+            except ServiceUnavailable:
+                redis = f"redis://127.0.0.1:{closed}/0"
+        os.environ["AXON_BENCH_PG"], os.environ["AXON_BENCH_REDIS"] = pg, redis
+    return pg, redis
+
+
 def python_env() -> dict[str, str]:
     """The environment for child Python processes: the repo importable, no SDK config."""
     env = dict(os.environ)

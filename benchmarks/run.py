@@ -28,6 +28,7 @@ from benchmarks.common import (
     Figure,
     LoopbackServer,
     Sizes,
+    bench_server_urls,
     python_env,
 )
 
@@ -172,6 +173,8 @@ def run_all(
     errors: list[dict[str, str]] = []
     n = sizes.pipeline_deltas
     server: LoopbackServer | None = None
+    if "workers" in only or "approval" in only:
+        bench_server_urls()  # throwaway servers shared by the children, never the machine's
     if "pipeline" in only or "peers" in only:
         long_n = sizes.pipeline_long_deltas
         server = LoopbackServer([(fmt, k) for fmt in ("openai", "anthropic") for k in (n, long_n)])

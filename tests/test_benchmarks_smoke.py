@@ -143,3 +143,24 @@ def test_the_script_entry_point_works() -> None:
         timeout=60,
     )
     assert proc.returncode == 0 and "--quick" in proc.stdout
+
+
+def test_the_worker_benchmarks_start_their_own_servers_not_the_machines(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Without ``AXON_BENCH_PG`` / ``AXON_BENCH_REDIS`` the benchmarks write into servers
+    they started (free ports, throwaway directories), never the ones on 5432 / 6379."""
+    from benchmarks.common import bench_server_urls
+    from tests.support.services import ServiceUnavailable, own_postgres, own_redis
+
+    for var in ("AXON_BENCH_PG", "AXON_BENCH_REDIS"):
+        monkeypatch.setenv(var, "")  # recorded, so the URLs set below are undone after
+        monkeypatch.delenv(var)
+    pg, redis = bench_server_urls()
+    assert ":5432/" not in pg and ":6379/" not in redis
+    try:
+        assert pg == own_postgres().url
+        assert redis == own_redis().url
+    except ServiceUnavailable:  # no server binaries here: a closed port, so figures skip
+        pass
+    assert os.environ["AXON_BENCH_PG"] == pg  # the children inherit the same servers
