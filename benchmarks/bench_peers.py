@@ -1,8 +1,9 @@
 """7. Peers: the pipeline benchmark for Pydantic AI and the OpenAI Agents SDK.
 
 They run on asyncio with their own dependencies, so they live in a separate virtualenv
-(``--setup-peers`` creates it: ``python -m venv /tmp/peers`` and ``pip install
-pydantic-ai-slim[openai,anthropic] openai-agents``). :mod:`benchmarks.peers_worker` runs
+(``--peers`` creates it when it is missing, ``--setup-peers`` reinstalls it:
+``python -m venv /tmp/peers`` and ``pip install pydantic-ai-slim[openai,anthropic]
+openai-agents orjson``). :mod:`benchmarks.peers_worker` runs
 there against the same loopback server process and bytes as Axon's pipeline benchmark,
 and compares each framework with the raw SDK read in its own process, alternating, the
 same way; so each peer's figure is a ratio to the raw SDK like Axon's, and to the floor
@@ -40,6 +41,10 @@ def setup(venv: Path = DEFAULT_VENV) -> Path:
     return python
 
 
+def _spread(ratios: list[float]) -> str:
+    return f"ratios min {min(ratios):.2f} / max {max(ratios):.2f} ({len(ratios)} rounds)"
+
+
 def run(sizes: Sizes, server: ServerAddress, python: Path | None) -> list[Figure]:
     if python is None or not python.exists():
         return [
@@ -48,7 +53,7 @@ def run(sizes: Sizes, server: ServerAddress, python: Path | None) -> list[Figure
                 title="7. Peers (Pydantic AI, OpenAI Agents SDK)",
                 value=None,
                 unit="",
-                detail="skipped: no peers virtualenv (run with --setup-peers)",
+                detail="skipped: no peers virtualenv (run with --peers)",
             )
         ]
     proc = subprocess.run(
@@ -91,7 +96,7 @@ def run(sizes: Sizes, server: ServerAddress, python: Path | None) -> list[Figure
                 unit="x",
                 detail=(
                     f"raw {median(item['raw_s']) * 1e3:.1f} ms, "
-                    f"peer {median(item['peer_s']) * 1e3:.1f} ms"
+                    f"peer {median(item['peer_s']) * 1e3:.1f} ms; {_spread(ratios)}"
                 ),
                 data={**item, "ratios": ratios, "versions": versions},
             )
@@ -106,7 +111,7 @@ def run(sizes: Sizes, server: ServerAddress, python: Path | None) -> list[Figure
                     unit="x",
                     detail=(
                         f"floor {median(item['floor_s']) * 1e3:.1f} ms, "
-                        f"peer {median(item['peer_s']) * 1e3:.1f} ms"
+                        f"peer {median(item['peer_s']) * 1e3:.1f} ms; {_spread(floor_ratios)}"
                     ),
                     data={"ratios": floor_ratios},
                 )
