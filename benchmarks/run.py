@@ -157,7 +157,7 @@ def _child(
     if sent_log:
         cmd += ["--sent-log", sent_log]
     proc = subprocess.run(
-        cmd, cwd=REPO, env=python_env(), stdout=subprocess.PIPE, text=True, timeout=900
+        cmd, cwd=REPO, env=python_env(), stdout=subprocess.PIPE, text=True, timeout=1800
     )
     lines = proc.stdout.strip().splitlines()
     if proc.returncode != 0 or not lines:
