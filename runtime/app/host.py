@@ -61,8 +61,8 @@ if TYPE_CHECKING:
 # The actors (the implementations the host assembles) are imported where the host starts
 # them, not here: ``from runtime import Host`` is an application's first line, and the
 # actors' modules (the turn runner, the stores, the MCP client, the provider registry) are
-# about a third of what it cost; a program pays for them when it opens a host (issue 24;
-# tests/test_import_structure.py keeps it so).
+# about a fifth of what it cost; a program pays for them when it opens a host (issue 24;
+# tests/test_layers.py keeps it so).
 
 DRAIN_TIMEOUT = 5.0
 """Seconds a closing host waits, at most, for its observers to handle what was published."""
