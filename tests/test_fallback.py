@@ -10,6 +10,7 @@ without its result)."""
 from __future__ import annotations
 
 import json
+from itertools import groupby
 from typing import Any
 
 import attrs
@@ -147,12 +148,64 @@ async def test_on_names_the_failures_that_fall_back():
     assert len(backup.requests) == 0
 
 
-async def test_a_call_that_failed_after_streaming_output_is_not_handed_on():
+async def test_a_call_that_failed_after_streaming_output_starts_its_step_over_on_the_fallback():
+    primary = ScriptedProvider([TOOL_STEP, ["Half an ", "answer", busy()]], name="primary")
+    backup = ScriptedProvider([["unused"], ["A whole answer"]], name="backup")
+    async with Host.open(log_tap=False) as host:
+        watch = host.bus.subscribe([ev.ProviderFallback])
+        session = await host.open_session(agent_of(primary, backup), session_id="s")
+        async with session.stream("go") as out:
+            chunks = [c async for c in out]
+        fallback = watch.inbox.get_nowait()
+        messages = session.messages
+    result = out.result
+    assert result.finish_reason == "stop" and result.text == "A whole answer"
+    types = [k for k, _ in groupby(c.type for c in chunks if getattr(c, "step", None) == 1)]
+    assert types == [
+        "step-start",
+        "text-start",
+        "text-delta",
+        "text-finish",
+        "reset-step",
+        "text-start",
+        "text-delta",
+        "text-finish",
+        "step-finish",
+    ]
+    (reset,) = [c for c in chunks if c.type == "reset-step"]
+    assert (reset.step, reset.provider, reset.error.kind) == (1, "backup", "Overloaded")
+    ids = [c.part_id for c in chunks if c.type == "text-start"]
+    assert len(ids) == len(set(ids)) == 2  # the re-run step's part is new
+    assert fallback.reset is True and fallback.step == 1
+    # the stored message holds the committed step and the fallback's answer, nothing else
+    assert [(type(p).__name__, p.step) for p in messages[1].content] == [
+        ("ToolCallPart", 0),
+        ("TextPart", 1),
+    ]
+    assert messages[1].text == "A whole answer"
+    shown = "".join(c.text for c in chunks if c.type == "text-delta")
+    assert shown == "Half an answerA whole answer"  # the consumer saw both, then the reset
+
+
+async def test_a_reset_step_drops_the_tool_input_and_reasoning_the_failed_call_streamed():
+    from runtime import ReasoningChunk
+
+    primary = ScriptedProvider(
+        [[ReasoningChunk(text="thinking"), *tool_call("echo", {"text": "x"})[:2], busy()]],
+        name="primary",
+    )
+    backup = ScriptedProvider([["fine"]], name="backup")
+    (result,), messages, events = await run(agent_of(primary, backup), "go")
+    assert result.text == "fine" and events[0].reset
+    assert [type(p).__name__ for p in messages[1].content] == ["TextPart"]
+
+
+async def test_a_call_that_streamed_output_and_has_no_fallback_left_keeps_what_was_shown():
     primary = ScriptedProvider([["Half an answer", busy()]], name="primary")
-    backup = ScriptedProvider([["never"]], name="backup")
+    backup = ScriptedProvider([["Half again", busy()]], name="backup")
     (result,), messages, _ = await run(agent_of(primary, backup), "go")
-    assert result.finish_reason == "error" and len(backup.requests) == 0
-    assert messages[1].text == "Half an answer"  # what the user saw is kept
+    assert result.finish_reason == "error" and len(backup.requests) == 1
+    assert messages[1].text == "Half again"  # what the user saw last is kept
 
 
 def test_a_list_of_providers_is_a_fallback_provider_with_the_default_failures():
