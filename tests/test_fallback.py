@@ -1,11 +1,12 @@
 """Fallback at a step boundary: ``Agent(provider=[primary, fallback, ...])``.
 
-A call the primary fails to make (after its retries, with a failure the fallback covers,
-before anything of it was shown) is made again by the next provider, in the same turn and
-step; the stored message then holds parts of both, and the next turn replays it to any
-provider without a 400: the loopback servers refuse what the real APIs refuse (a thinking
-signature not minted for the model, encrypted reasoning sealed elsewhere, a tool call
-without its result)."""
+A call the primary fails to make (after its retries, with a failure the fallback covers)
+is made again by the next provider, in the same turn and step (after a ``reset-step`` if
+it had streamed output: tests/test_fallback_reset.py for the encoders); the stored
+message then holds parts of both, and the next turn replays it to any provider without a
+400: the loopback servers refuse what the real APIs refuse (a thinking signature not
+minted for the model, encrypted reasoning sealed elsewhere, a tool call without its
+result)."""
 
 from __future__ import annotations
 

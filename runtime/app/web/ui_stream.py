@@ -131,7 +131,7 @@ class UIStreamEncoder:
         data = {"wait": chunk.wait, "reason": chunk.reason}
         return [{"type": "data-throttled", "data": data, "transient": True}]
 
-    def _reset_step(self, chunk: o.ResetStep) -> list[dict[str, Any]]:
+    def _reset(self, chunk: o.ResetStep) -> list[dict[str, Any]]:
         # the AI SDK drops the step's parts itself; the reason goes to onData only
         info = chunk.error
         data = {
@@ -281,7 +281,7 @@ _ENCODERS: dict[type, _Encode] = {
     o.TextFinish: _part_edge("text-end"),
     o.ObjectDelta: UIStreamEncoder._object_delta,
     o.Throttled: UIStreamEncoder._throttled,
-    o.ResetStep: UIStreamEncoder._reset_step,
+    o.ResetStep: UIStreamEncoder._reset,
     o.ReasoningStart: _part_edge("reasoning-start"),
     o.ReasoningDelta: UIStreamEncoder._reasoning_delta,
     o.ReasoningFinish: _part_edge("reasoning-end"),
