@@ -283,7 +283,8 @@ class CompletionEncoder:
     on a fallback provider) drops the step's text and reasoning from the completion.
     A stream cannot take back what it sent: if the step had streamed any, the stream
     ends there with an error event (``code`` ``step_reset``) and sends nothing more;
-    the turn goes on and is stored whole. A step that had streamed nothing the client
+    the turn goes on and is stored whole, even if the client leaves then (``cut``: the
+    app does not cancel a turn whose stream was ended this way). A step that had streamed nothing the client
     sees (tool input only) streams on unharmed."""
 
     def __init__(self, model: str, *, include_usage: bool = False) -> None:
