@@ -454,3 +454,25 @@ async def test_the_chat_span_of_a_step_that_fell_back_names_the_fallback_and_say
     assert event.name == "axon.provider.fallback"
     assert event.attributes["axon.fallback.to"] == "backup"
     assert event.attributes["error.type"] == "Overloaded"
+
+
+async def test_a_structured_answer_that_started_over_is_parsed_from_the_fallback_alone():
+    import pydantic
+
+    class City(pydantic.BaseModel):
+        name: str
+        population: int
+
+    primary = ScriptedProvider([['{"name": "Atlan', busy()]], name="primary")
+    backup = ScriptedProvider([['{"name": "Paris", "population": 2100000}']], name="backup")
+    agent = Agent(provider=[primary, backup], output_type=City, retry=NO_RETRY)
+    async with Host.open(log_tap=False) as host:
+        session = await host.open_session(agent)
+        async with session.stream("go") as out:
+            chunks = [c async for c in out]
+    assert out.result.output == City(name="Paris", population=2100000)
+    kinds = [c.type for c in chunks]
+    after = kinds[kinds.index("reset-step") :]
+    objects = [c.value for c in chunks[len(kinds) - len(after) :] if c.type == "object-delta"]
+    assert objects and all(v.get("name") != "Atlan" for v in objects)
+    assert objects[-1] == {"name": "Paris", "population": 2100000}
