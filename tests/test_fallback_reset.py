@@ -335,3 +335,12 @@ def test_a_relayed_stream_passes_the_reset_on_and_forgets_the_void_parts():
     out = [c for chunk in _turn() for c in keep(chunk)]
     assert [c.type for c in out] == [c.type for c in _turn()]
     assert keep._parts[0].part_id == "p2"  # only the re-run's part is the step's now
+
+
+def test_a_reset_step_survives_the_relay_s_serialisation():
+    from runtime import serde
+
+    (reset,) = [c for c in _turn() if isinstance(c, o.ResetStep)]
+    data = serde.unstructure(reset)
+    assert data["type"] == "reset-step" and data["error"]["kind"] == "Overloaded"
+    assert serde.structure(data, o.OutputChunk) == reset
