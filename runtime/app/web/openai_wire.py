@@ -284,8 +284,8 @@ class CompletionEncoder:
     A stream cannot take back what it sent: if the step had streamed any, the stream
     ends there with an error event (``code`` ``step_reset``) and sends nothing more;
     the turn goes on and is stored whole, even if the client leaves then (``cut``: the
-    app does not cancel a turn whose stream was ended this way). A step that had streamed nothing the client
-    sees (tool input only) streams on unharmed."""
+    app does not cancel a turn whose stream was ended this way). A step that had
+    streamed nothing the client sees (tool input only) streams on unharmed."""
 
     def __init__(self, model: str, *, include_usage: bool = False) -> None:
         self.model = model
