@@ -63,6 +63,7 @@ from actors.providers.failures import (
     retry_after,
 )
 from actors.providers.gemini_wire import (
+    count_request,
     open_stream,
     sdk_chunks,
     standard_b64,
@@ -838,6 +839,47 @@ class GeminiProvider(SDKProvider):
 
     def classify_error(self, exc: BaseException) -> AxonError:
         return classify_error(exc)
+
+    async def count_tokens(
+        self, instructions: str | None, messages: Sequence[Message], tools: Sequence[Any]
+    ) -> int | None:
+        """The request's input tokens from the API's own count (``models.countTokens``:
+        free, rate-limited apart from generation), for the same system instruction,
+        contents and tools as a call sends.
+
+        The SDK's ``count_tokens`` sends ``contents`` only on the Gemini Developer API
+        (it refuses a system instruction and tools there), which would undercount a
+        request by its instructions and tool declarations; the endpoint also takes the
+        whole request as ``generateContentRequest``, which is what is sent here, its
+        parts converted by the SDK exactly as :meth:`stream` sends them, through the
+        SDK's client (its key, base URL and status errors). ``None`` (the estimate)
+        where the SDK lacks what that takes (:func:`~actors.providers.gemini_wire
+        .wire_request`)."""
+        system, contents = map_messages(
+            instructions,
+            messages,
+            origin=self.origin,
+            foreign_reasoning=self.foreign_reasoning,
+            sentinel=validates_signatures(self.model),
+        )
+        config: dict[str, Any] = {}
+        if system:
+            config["system_instruction"] = system
+        declared = map_tools(tools)
+        if declared:
+            config["tools"] = declared
+        try:
+            client = self._get_client()
+            params = {"model": self.model, "contents": contents, "config": config}
+            wire = wire_request(client, params)
+            if wire is None:
+                return None
+            counted = await count_request(wire)
+        except AxonError:
+            raise
+        except Exception as exc:
+            raise classify_error(exc) from exc
+        return counted
 
     async def aclose(self) -> None:
         """Close the HTTP connection pool (the next call opens a new client)."""

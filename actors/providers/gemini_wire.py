@@ -100,6 +100,25 @@ async def open_stream(wire: WireRequest) -> tuple[Any, Any]:
     return response, (raw if hasattr(raw, "aiter_bytes") else None)
 
 
+_COUNTED = ("contents", "systemInstruction", "tools", "toolConfig")
+"""The parts of a request ``countTokens`` counts (the generation settings are not)."""
+
+
+async def count_request(wire: WireRequest) -> int:
+    """``POST {model}:countTokens`` with ``{"generateContentRequest": ...}`` (the
+    request as a call sends it), through the SDK's client: ``totalTokens``."""
+    request = {key: wire.body[key] for key in _COUNTED if key in wire.body}
+    body = {"generateContentRequest": {"model": wire.model, **request}}
+    response = await wire.api.async_request("post", f"{wire.model}:countTokens", body, None)
+    answer = _decode(response.body.encode("utf-8")) if response.body else {}
+    total = answer.get("totalTokens", 0) if type(answer) is dict else None  # proto3: 0 omitted
+    if not isinstance(total, int) or isinstance(total, bool):
+        raise errors.MalformedStream(
+            f"countTokens answered without totalTokens: {str(answer)[:200]}", provider=PROVIDER
+        )
+    return total
+
+
 class LineDecoder:
     """The SDK's stream framing, on bytes: lines end at CR, LF or CRLF; a ``data: ``
     line (with its space) adds to the chunk, which a blank line ends (lines joined with
@@ -314,6 +333,7 @@ def standard_b64(text: str) -> str:
 __all__ = [
     "LineDecoder",
     "WireRequest",
+    "count_request",
     "open_stream",
     "sdk_chunks",
     "standard_b64",
