@@ -5,8 +5,9 @@ The same verbs as the other providers:
 * :func:`map_messages` / :func:`map_tools` restore the session's history into Gemini
   ``contents``: one ``model`` content per step, its parts in the order they were produced,
   then one ``user`` content with that step's ``function_response`` s in call order;
-* :func:`parse_stream` turns the SDK's ``GenerateContentResponse`` chunks
-  (``client.aio.models.generate_content_stream``) into :data:`runtime.chunks.StreamChunk` s;
+* :func:`parse_stream` turns the response chunks, the API's JSON as dicts (read from the
+  body's bytes by :mod:`actors.providers.gemini_wire`, the SDK still building and
+  sending the request), into :data:`runtime.chunks.StreamChunk` s;
 * :func:`map_finish_reason` and :func:`classify_error` map the API's words onto ours,
   errors through the shared ladder (:mod:`actors.providers.failures`).
 
@@ -35,6 +36,12 @@ thought_signature"); where the signature may not go back (the turn began on anot
 model or provider), the first call of each step of the current turn carries the
 documented :data:`SIGNATURE_SENTINEL` instead, for models that validate
 (:func:`validates_signatures`).
+
+The rate limiter hears what Gemini says: a 429 ``RESOURCE_EXHAUSTED`` (as the HTTP
+status, or an error object inside the stream) with a ``google.rpc.RetryInfo``
+``retryDelay`` in its details (else ``retry-after``) pauses every caller of the
+configuration for that long; a ``retry-after`` on a streamed answer does too. Compaction
+counts with the API's own ``models.countTokens`` (:meth:`GeminiProvider.count_tokens`).
 
 The SDK is imported only inside functions, so importing this module (or ``runtime``)
 loads none of it; the client is built on the first call. The SDK's own async HTTP client
