@@ -112,7 +112,35 @@ def anthropic_body(n: int) -> bytes:
     return "".join(out).encode()
 
 
-BODIES = {"openai": openai_body, "anthropic": anthropic_body}
+def gemini_body(n: int) -> bytes:
+    """A ``streamGenerateContent?alt=sse`` stream of ``n`` text deltas, shaped like the
+    Gemini API's: one chunk per delta (its candidate, the running ``usageMetadata``, the
+    model version and response id), the last with ``finishReason``; CRLF framing."""
+
+    def chunk(parts: list[dict], k: int, finish: str | None = None) -> str:
+        candidate: dict = {"content": {"parts": parts, "role": "model"}, "index": 0}
+        if finish is not None:
+            candidate["finishReason"] = finish
+        usage = {
+            "promptTokenCount": 25,
+            "candidatesTokenCount": k,
+            "totalTokenCount": 25 + k,
+            "promptTokensDetails": [{"modality": "TEXT", "tokenCount": 25}],
+        }
+        obj = {
+            "candidates": [candidate],
+            "usageMetadata": usage,
+            "modelVersion": "gemini-2.5-flash",
+            "responseId": "BENCHgemini000000000000",
+        }
+        return "data: " + _dumps(obj) + "\r\n\r\n"
+
+    out = [chunk([{"text": t}], k + 1) for k, t in enumerate(delta_texts(n))]
+    out.append(chunk([{"text": ""}], n, "STOP"))
+    return "".join(out).encode()
+
+
+BODIES = {"openai": openai_body, "anthropic": anthropic_body, "gemini": gemini_body}
 
 
 def body(fmt: str, n: int) -> bytes:

@@ -133,15 +133,21 @@ class _Body(httpx.AsyncByteStream):
             yield read
 
 
-def _client(reads: list[bytes]) -> Any:
-    """A real SDK client whose one socket-facing call serves ``reads``."""
+def _client(*hops: list[bytes], sent: list[Any] | None = None) -> Any:
+    """A real SDK client whose one socket-facing call serves ``hops`` in turn (the
+    reads of each request's body; the last again once they run out), keeping each
+    request's body in ``sent``."""
     from google import genai
     from google.genai._api_client import HttpResponse
 
     client = genai.Client(api_key="test")
     api = client.aio.models._api_client
+    served = iter(range(10**6))
 
     async def serve(*, http_request: Any, http_options: Any = None, stream: bool = False) -> Any:
+        if sent is not None:
+            sent.append(http_request.data)
+        reads = hops[min(next(served), len(hops) - 1)]
         raw = httpx.Response(
             200, stream=_Body(reads), headers={"content-type": "text/event-stream"}
         )
@@ -183,17 +189,18 @@ def _fields(chunk: Any) -> dict[str, Any]:
     return {a.name: getattr(chunk, a.name) for a in attrs.fields(type(chunk)) if a.init}
 
 
-async def _three_ways(reads: list[bytes]) -> list[tuple[list[Any], type | None]]:
-    client = _client(reads)
+async def _three_ways(*hops: list[bytes]) -> list[tuple[list[Any], type | None]]:
+    client = _client(*hops)
     sdk_stream = await client.aio.models.generate_content_stream(**PARAMS)
     oracle = await _run(gemini_reference.parse_stream, sdk_stream)
-    wire = wire_request(client, PARAMS)
+    wire = wire_request(_client(*hops), PARAMS)
     assert wire is not None
 
     async def heard(_: Any) -> None:
         return None
 
     fast = await _run(parse_stream, wire_chunks(wire, open_stream, heard))
+    client = _client(*hops)
     fallback_stream = await client.aio.models.generate_content_stream(**PARAMS)
     fallback = await _run(parse_stream, sdk_chunks(fallback_stream))
     return [oracle, fast, fallback]
@@ -237,3 +244,46 @@ def test_a_body_of_text_deltas_is_read_without_the_sdks_types() -> None:
         types.GenerateContentResponse._from_response = original  # type: ignore[method-assign]
     assert error is None and [getattr(c, "text", None) for c in chunks[:2]] == ["a", "b"]
     assert built == []
+
+
+def _sse(*chunks: dict[str, Any]) -> list[bytes]:
+    return [b"".join(f"data: {json.dumps(c)}\r\n\r\n".encode() for c in chunks)]
+
+
+def test_a_continuation_hop_is_followed_as_the_sdk_follows_it() -> None:
+    """``finishReason: CONTINUATION`` with a token: the next request resumes from it,
+    the usage adds up, the intermediate finish reason is not the turn's."""
+    token = base64.b64encode(b"resume-here").decode()
+    first = _sse(
+        {"candidates": [{"content": {"role": "model", "parts": [{"text": "Part one. "}]}}]},
+        {
+            "candidates": [{"finishReason": "CONTINUATION", "continuationToken": token}],
+            "usageMetadata": {"promptTokenCount": 10, "candidatesTokenCount": 5},
+        },
+    )
+    second = _sse(
+        {"candidates": [{"content": {"role": "model", "parts": [{"text": "Part two."}]}}]},
+        {
+            "candidates": [{"finishReason": "STOP"}],
+            "usageMetadata": {"promptTokenCount": 3, "candidatesTokenCount": 4},
+        },
+    )
+    oracle, fast, fallback = trio.run(_three_ways, first, second)
+    assert fast == oracle == fallback
+    chunks, error = fast
+    assert error is None
+    assert [getattr(c, "text", None) for c in chunks[:2]] == ["Part one. ", "Part two."]
+    assert chunks[-2].usage.input_tokens == 13 and chunks[-2].usage.output_tokens == 9
+    assert chunks[-1].reason == "stop"
+    sent: list[Any] = []
+    client = _client(first, second, sent=sent)
+    wire = wire_request(client, PARAMS)
+    assert wire is not None
+
+    async def heard(_: Any) -> None:
+        return None
+
+    trio.run(_run, parse_stream, wire_chunks(wire, open_stream, heard))
+    bodies = [b if isinstance(b, dict) else json.loads(b) for b in sent]
+    assert "continuationToken" not in bodies[0]
+    assert base64.urlsafe_b64decode(bodies[1]["continuationToken"] + "==") == b"resume-here"

@@ -485,24 +485,36 @@ class _Parser:
         self.calls = 0
         self.finish: str | None = None
         self.blocked: str | None = None
-        self.usage: Usage | None = None
+        self.usage: dict[str, Any] | None = None
+        """The last ``usageMetadata`` (running totals: only the last one counts, so it
+        becomes a :class:`Usage` once, at the end)."""
 
     async def feed(self, response: dict[str, Any]) -> None:
-        usage = response.get("usageMetadata")
+        get = response.get
+        usage = get("usageMetadata")
         if usage is not None:
-            self.usage = _usage(usage)
-        feedback = response.get("promptFeedback")
+            self.usage = usage
+        feedback = get("promptFeedback")
         if feedback and feedback.get("blockReason") is not None:
             self.blocked = str(feedback["blockReason"])
-        candidates = response.get("candidates")
+        candidates = get("candidates")
         if not candidates:
             return
         candidate = candidates[0]  # one candidate is asked for; others are not this turn's
         content = candidate.get("content")
-        for part in (content.get("parts") if content else None) or ():
-            await self.part(part)
-        if candidate.get("finishReason") is not None:
-            self.finish = str(candidate["finishReason"])
+        parts = content.get("parts") if content else None
+        if parts:
+            emit = self.emit
+            for part in parts:
+                text = part.get("text")
+                if text is not None and len(part) == 1:  # most parts: plain text
+                    if text:
+                        await emit(TextChunk(text=text))
+                else:
+                    await self.part(part)
+        finish = candidate.get("finishReason")
+        if finish is not None:
+            self.finish = str(finish)
 
     async def part(self, part: dict[str, Any]) -> None:
         emit = self.emit
@@ -562,7 +574,7 @@ class _Parser:
         else:
             reason = map_finish_reason(raw, tool_calls=self.calls > 0)
         if self.usage is not None:
-            await self.emit(UsageChunk(usage=self.usage))
+            await self.emit(UsageChunk(usage=_usage(self.usage)))
         await self.emit(FinishChunk(reason=reason, raw_reason=raw))
 
 
@@ -599,6 +611,12 @@ async def parse_stream(
             await parser.feed(response)
         except (AttributeError, TypeError, IndexError) as exc:  # a chunk of the wrong shape
             raise _malformed(f"{type(exc).__name__}: {exc}") from exc
+    try:
+        usage = parser.usage
+        if usage is not None and type(usage) is not dict:
+            raise TypeError(f"usageMetadata is {type(usage).__name__}")
+    except TypeError as exc:
+        raise _malformed(str(exc)) from exc
     await parser.end()
 
 

@@ -249,14 +249,12 @@ async def _chunks_of(response: Any, raw: Any) -> AsyncGenerator[dict[str, Any], 
             yield value
 
 
-def _hop_state(chunk: dict[str, Any], hop: dict[str, Any]) -> None:
-    candidates = chunk.get("candidates")
-    if candidates and type(candidates[0]) is dict:
-        first = candidates[0]
-        if first.get("finishReason") is not None:
-            hop["finish"] = first["finishReason"]
-        if first.get("continuationToken"):
-            hop["token"] = first["continuationToken"]
+def _hop_state(first: dict[str, Any], hop: dict[str, Any]) -> None:
+    """What the first candidate says of the hop: its finish reason, a resume token."""
+    if first.get("finishReason") is not None:
+        hop["finish"] = first["finishReason"]
+    if first.get("continuationToken"):
+        hop["token"] = first["continuationToken"]
 
 
 def _add_usage(before: dict[str, Any], usage: dict[str, Any]) -> dict[str, Any]:
@@ -289,13 +287,20 @@ async def wire_chunks(
         usage = None
         try:
             async for chunk in _chunks_of(response, raw):
-                _hop_state(chunk, hop)
-                if hop["finish"] == "CONTINUATION" and hop["token"]:
-                    chunk["candidates"][0].pop("finishReason", None)
-                if "usageMetadata" in chunk:
+                candidates = chunk.get("candidates")
+                first = candidates[0] if candidates else None
+                if type(first) is dict and (
+                    "finishReason" in first or "continuationToken" in first
+                ):
+                    _hop_state(first, hop)
+                    if hop["finish"] == "CONTINUATION" and hop["token"]:
+                        first.pop("finishReason", None)
+                if before is not None and "usageMetadata" in chunk:
                     usage = chunk["usageMetadata"]
-                    if before is not None and isinstance(usage, dict):
+                    if isinstance(usage, dict):
                         usage = chunk["usageMetadata"] = _add_usage(before, usage)
+                elif "usageMetadata" in chunk:
+                    usage = chunk["usageMetadata"]
                 yield chunk
         finally:
             await raw.aclose()
