@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import attrs
@@ -268,8 +268,14 @@ def _add_usage(before: dict[str, Any], usage: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+OpenHop = Callable[[WireRequest], Awaitable[tuple[Any, Any]]]
+"""Opens one hop: ``(the SDK's HttpResponse, the httpx response)`` (:func:`open_stream`)."""
+OnResponse = Callable[[Any], Awaitable[None]]
+"""Hears each hop's HTTP response (``Provider.observe_headers``)."""
+
+
 async def wire_chunks(
-    wire: WireRequest, open_hop: Any, on_response: Any
+    wire: WireRequest, open_hop: OpenHop, on_response: OnResponse
 ) -> AsyncGenerator[dict[str, Any], None]:
     """Every chunk of the call as the API's JSON, following continuation hops.
 
@@ -282,10 +288,10 @@ async def wire_chunks(
     start_token: str | None = None
     while True:
         response, raw = await open_hop(wire)
-        await on_response(raw)
         hop: dict[str, Any] = {"finish": None, "token": None}
         usage = None
         try:
+            await on_response(raw)
             async for chunk in _chunks_of(response, raw):
                 candidates = chunk.get("candidates")
                 first = candidates[0] if candidates else None
@@ -337,6 +343,8 @@ def standard_b64(text: str) -> str:
 
 __all__ = [
     "LineDecoder",
+    "OnResponse",
+    "OpenHop",
     "WireRequest",
     "count_request",
     "open_stream",
