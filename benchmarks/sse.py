@@ -148,6 +148,8 @@ def body(fmt: str, n: int) -> bytes:
 
 
 def split_events(data: bytes) -> list[bytes]:
-    """The body cut after each SSE event (blank-line terminated), bytes unchanged."""
-    parts = data.split(b"\n\n")
-    return [p + b"\n\n" for p in parts[:-1]] + ([parts[-1]] if parts[-1] else [])
+    """The body cut after each SSE event (blank-line terminated: LF, or CRLF as
+    Gemini's), bytes unchanged."""
+    end = b"\r\n\r\n" if b"\r\n\r\n" in data[:4096] else b"\n\n"
+    parts = data.split(end)
+    return [p + end for p in parts[:-1]] + ([parts[-1]] if parts[-1] else [])
