@@ -44,6 +44,8 @@ EXPECTED_KEYS = {
     "ttfd_floor.anthropic",
     "ttfd_byte.openai",
     "ttfd_byte.anthropic",
+    *(f"{k}.gemini" for k in ("pipeline", "pipeline_floor", "pipeline_long", "pipeline_cost")),
+    *(f"{k}.gemini" for k in ("raw_floor", "ttfd", "ttfd_burst", "ttfd_floor", "ttfd_byte")),
     "core.linearity",
     "concurrency.scaling",
     "concurrency.memory_per_idle_session",
@@ -165,6 +167,13 @@ def test_the_bodies_carry_exactly_the_deltas() -> None:
         assert b"".join(events) == body
         assert sum(marker in e for e in events) == 7
     assert "".join(sse.delta_texts(3)) == " the quick brown"
+    body = sse.body("gemini", 7)
+    events = sse.split_events(body)
+    assert b"".join(events) == body and all(e.endswith(b"\r\n\r\n") for e in events)
+    chunks = [json.loads(e.removeprefix(b"data: ")) for e in events]
+    texts = [c["candidates"][0]["content"]["parts"][0]["text"] for c in chunks]
+    assert [t for t in texts if t] == sse.delta_texts(7)
+    assert chunks[-1]["candidates"][0]["finishReason"] == "STOP"
 
 
 def test_the_script_entry_point_works() -> None:
