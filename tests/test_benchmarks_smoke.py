@@ -106,7 +106,9 @@ def test_every_benchmark_runs_at_a_tiny_size(tmp_path: Path) -> None:
         if fig["value"] is not None and fig["key"] != "startup.no_sdk":
             # differences (first delta, the cost split) may be negative at tiny sizes
             difference = "ttfd" in fig["key"] or "cost" in fig["key"]
-            assert (math.isfinite(fig["value"]) and fig["value"] > 0) or difference
+            # resident memory grows by whole pages: a tiny run may grow by none at all
+            pages = "memory" in fig["key"] and fig["value"] == 0
+            assert (math.isfinite(fig["value"]) and fig["value"] > 0) or difference or pages
     # sanity of what was measured, not how fast
     assert figures["startup.no_sdk"]["data"]["loaded"] == []
     assert figures["startup.no_sdk"]["passed"] is True
