@@ -10,6 +10,7 @@ from collections import Counter
 from typing import Any
 
 import pytest
+import trio
 
 from actors.providers.scripted import ScriptedProvider, tool_call
 from runtime import AlreadyDecided, Host, NothingToResume, tool
@@ -129,3 +130,73 @@ async def test_a_continuation_does_not_trust_a_decision_another_writer_overtook(
             async with session.resume():
                 pass
     assert calls["load"] == 1 and ran == []
+
+
+async def test_a_continuations_claim_reads_the_session_and_the_worker_does_not_again(
+    pg_url: str,
+) -> None:
+    """On workers the decision is recorded elsewhere (a front end), so the continuation
+    must read the session: the claim does, in its own transaction, and the turn starts
+    from that record instead of loading it in a round trip of its own."""
+    from actors.providers.scripted import current_step
+    from actors.stores import open_store, turn_queue
+    from runtime import Agent
+    from runtime.app.worker import Worker
+
+    def respond(request: Any) -> list[Any]:
+        if current_step(request.messages) == 0:
+            return tool_call("delete_file", {"path": "/x"}, tool_call_id="D")
+        return ["done"]
+
+    agent = Agent(provider=ScriptedProvider(responder=respond), tools=[delete_file])
+    store = await open_store(pg_url)
+    queue = turn_queue(store)
+    claims: list[Any] = []
+    try:
+        async with trio.open_nursery() as nursery:
+            worker = Worker(store=store, agent=agent, poll=0.05, concurrency=1)
+            claim = worker.queue.claim
+
+            async def claim_and_keep(*args: Any, **kw: Any) -> Any:
+                found = await claim(*args, **kw)
+                if found is not None:
+                    claims.append(found)
+                return found
+
+            worker.queue.claim = claim_and_keep  # type: ignore[method-assign]
+            await nursery.start(worker.run)
+            turn = await queue.submit("w1", "go")
+            await until(queue, turn.turn_id, lambda s: s.waiting)
+            record = await store.load("w1")
+            assert record is not None
+            tools = {t.name: t for t in agent.tools}
+            (call,) = [c for c in record.messages[1].content if c.awaiting is not None]
+            calls = count_calls(store)
+            await queue.decide("w1", call.awaiting.id, Decision(approved=True), tools)
+            decided = calls["load"]
+            await until(queue, turn.turn_id, lambda s: s.finished)
+            loads = calls["load"] - decided
+            worker.stop()
+        stored = await store.load("w1")
+    finally:
+        await queue.aclose()
+    resumed = claims[-1]
+    assert resumed.resumed and resumed.stored is not None
+    assert resumed.stored.messages[1].content[0].awaiting.approved is True  # decided
+    assert loads == 0  # the worker's turn started from the claim's record
+    assert ran == ["/x"] and stored is not None
+    assert [type(m).__name__ for m in stored.messages] == [
+        "UserMessage",
+        "AssistantMessage",
+        "ToolMessage",
+    ]
+    assert stored.messages[1].content[-1].text == "done"
+
+
+async def until(queue: Any, turn_id: str, done: Any) -> Any:
+    with trio.fail_after(30):
+        while True:
+            status = await queue.get_status(turn_id)
+            if status is not None and done(status):
+                return status
+            await trio.sleep(0.01)
