@@ -652,6 +652,7 @@ class Session:
         client-side tools a protocol's caller declares, :meth:`runtime.tools.Tool.client`);
         ``instructions`` are added after the agent's for this turn only. Neither is saved.
         """
+        self._decided = None  # a new input supersedes what waited: nothing to resume
         content = user_content(input)
         check_counts(content, self.host.input_limits)
         check_limits(content, self.agent.media_limits)
