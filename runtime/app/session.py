@@ -423,8 +423,10 @@ class TurnStream:
 
 class ResumeStream(TurnStream):
     """The continuation of a turn that waited for input (``session.resume()``): entering
-    it reads the waiting turn from the store, and runs it on from its suspended step,
-    under its turn id and in its assistant message."""
+    it reads the waiting turn from the store (or takes what this process's decision
+    stored, if a version query shows nobody wrote since), and runs it on from its
+    suspended step, under its turn id and in its assistant message; the turn runner
+    starts from that record instead of reading the session again."""
 
     def __init__(
         self, session: Session, *, tools: tuple[Tool, ...] = (), instructions: str | None = None
