@@ -127,6 +127,7 @@ from runtime.output import ErrorInfo
 from runtime.pricing import priced
 from runtime.ratelimit import Limiter, Verdict
 from runtime.redact import redact
+from runtime.store import SessionRecord
 from runtime.tools import Tool
 
 SAVE_TIMEOUT = 5.0
@@ -278,7 +279,7 @@ class TurnRunner(Suspending, Actor):
         state, agent, budget = self.state, self.agent, self.agent.budget
         sid = state.session_id
         turn_id = run.turn_id
-        await self._sync(turn_id, reload=run.resume)
+        await self._sync(turn_id, reload=run.resume, stored=run.stored if run.resume else None)
         message_id = run.message_id or new_id("msg")
         committed = None
         if run.resume and run.message_id is not None:
@@ -605,7 +606,9 @@ class TurnRunner(Suspending, Actor):
         await self._concurrent(adopted, "rebased", req.turn_id)
         return result
 
-    async def _sync(self, turn_id: str, *, reload: bool = False) -> None:
+    async def _sync(
+        self, turn_id: str, *, reload: bool = False, stored: SessionRecord | None = None
+    ) -> None:
         """Before a turn: if another writer saved the session since this process last
         saw it, take its history (a version query; a load only when it moved), so the
         model sees that writer's turns. Bounded, and best effort: a save that meets the
@@ -613,7 +616,9 @@ class TurnRunner(Suspending, Actor):
 
         With ``reload`` (a turn resumed: its decisions were recorded by another writer,
         or taken over from another worker) the session has almost surely moved: it is
-        loaded at once, one store round trip instead of a version query and a load."""
+        loaded at once, one store round trip instead of a version query and a load; and
+        when its caller hands the session as it just read or wrote it (``stored``: a
+        continuation started in the process that recorded its decisions), none."""
         state = self.state
         store = getattr(self.persister, "store", None)
         with trio.move_on_after(SAVE_TIMEOUT):
@@ -623,9 +628,12 @@ class TurnRunner(Suspending, Actor):
             if store is None:
                 return
             try:
-                if not reload and await store.version(state.session_id) == state.version:
+                if stored is not None and stored.version >= state.version:
+                    record: SessionRecord | None = stored  # (not older than ours)
+                elif not reload and await store.version(state.session_id) == state.version:
                     return
-                record = await store.load(state.session_id)
+                else:
+                    record = await store.load(state.session_id)
                 if (0 if record is None else record.version) == state.version:
                     return  # (``reload``) it had not moved after all
             except StoreError as exc:
