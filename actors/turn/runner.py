@@ -419,8 +419,10 @@ class TurnRunner(Suspending, Actor):
         sid, ctrl = state.session_id, turn.ctrl
         while True:
             budget.check_step(turn.step)
-            if turn.steering.waiting and turn.parts.content:  # a step boundary is behind
-                await self._steer(turn)
+            if turn.parts.content:  # a step boundary is behind
+                await turn.steering.pull_waiting()  # another process's messages, if any
+                if turn.steering.waiting:
+                    await self._steer(turn)
             step = turn.parts.step = turn.step
             await ctrl.send(StepBegin(step=step))
             turn.step_open = True
