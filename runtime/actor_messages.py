@@ -176,6 +176,16 @@ class ThrottleNotice:
 
 
 @attrs.frozen(kw_only=True, slots=True)
+class SteeredNotice:
+    """Turn runner -> stream controller: a user message joined the turn before step
+    ``step`` (becomes a ``steered`` output chunk)."""
+
+    step: int
+    message_id: str
+    text: str
+
+
+@attrs.frozen(kw_only=True, slots=True)
 class RetryPrompt(UserMessage):
     """The user message of a request that tells the model why its answer was rejected
     (turn runner -> provider, in :attr:`InferRequest.messages`).
@@ -649,6 +659,7 @@ __all__ = [
     "SaveResult",
     "SessionSnapshot",
     "SessionState",
+    "SteeredNotice",
     "StepBegin",
     "StepEnd",
     "StreamFailed",

@@ -79,9 +79,15 @@ async def test_a_message_steered_during_step_1_is_seen_before_step_2s_model_call
     seen = out["script"].requests[2].messages
     assert kinds(seen) == ["User", "Assistant", "Tool", "Tool", "User", "Assistant"]
     assert seen[4].text == "also this" and seen[4].id == "u2"
-    # the first POST streamed the whole turn, answer included
+    # the first POST streamed the whole turn, answer included, and the steered message
+    # live (through the relay), before the step that first saw it
     chunks = data(sse_events(out["first"].text))
     assert "".join(c["delta"] for c in chunks if c["type"] == "text-delta") == "answer to both"
+    types = [c["type"] for c in chunks]
+    at = types.index("data-steered")
+    assert types[at + 1] == "start-step" and types[:at].count("start-step") == 2
+    assert chunks[at]["data"] == {"messageId": "u2", "text": "also this", "step": 2}
+    assert chunks[at]["transient"] is True
     record = out["record"]
     assert record is not None and kinds(record.messages) == kinds(seen)
     assert isinstance(record.messages[4], UserMessage) and record.messages[4].id == "u2"

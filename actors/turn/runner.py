@@ -63,6 +63,7 @@ from runtime.actor_messages import (
     SaveResult,
     SessionSnapshot,
     SessionState,
+    SteeredNotice,
     StepBegin,
     StepEnd,
     StreamFailed,
@@ -493,7 +494,11 @@ class TurnRunner(Suspending, Actor):
         history shows the messages where the model saw them."""
         state = self.state
         for item in turn.steering.take(turn.step):
-            state.messages.append(UserMessage(content=item.content, id=item.user_message_id))
+            message = UserMessage(content=item.content, id=item.user_message_id)
+            state.messages.append(message)
+            await turn.ctrl.send(
+                SteeredNotice(step=turn.step, message_id=message.id, text=message.text)
+            )
             await self.publish(
                 ev.TurnSteered(
                     session_id=state.session_id,
