@@ -711,7 +711,7 @@ class TurnQueue:
             ).fetchall()
 
         rows = await self.store.run(f"steering of turn {turn.turn_id}", take, transaction=False)
-        return [self._decode(tuple(row)) for row in rows]
+        return [await self._decoded(tuple(row)) for row in rows]
 
     def close_fences(self) -> None:
         """Refuse every fenced save of the store from now on (a worker stopping at once)."""
