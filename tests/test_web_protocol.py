@@ -44,6 +44,8 @@ SCHEMA_FIELDS = {
     "data-object": {"id", "data"},
     "data-throttled": {"data", "transient"},
     "data-steered": {"id", "data", "transient"},
+    "reset-step": set(),
+    "data-reset-step": {"data", "transient"},
     "reasoning-start": {"id"},
     "reasoning-delta": {"id", "delta"},
     "reasoning-end": {"id"},
@@ -150,6 +152,17 @@ CASES = [
                 "data": {"messageId": "u2", "text": "also this", "step": 2},
                 "transient": True,
             }
+        ],
+    ),
+    (
+        o.ResetStep(step=0, provider="backup", error=ErrorInfo(kind="Overloaded", message="busy")),
+        [
+            {"type": "reset-step"},
+            {
+                "type": "data-reset-step",
+                "data": {"step": 0, "provider": "backup", "errorText": "Overloaded: busy"},
+                "transient": True,
+            },
         ],
     ),
     (o.StepFinish(step=0, finish_reason="stop", usage=U), [{"type": "finish-step"}]),

@@ -30,6 +30,11 @@ stream closes with ``data: [DONE]\\n\\n``. The mapping:
   ``data-steered`` with ``transient: true`` (``id`` and ``data.messageId``: the stored
   user message's id; ``data.text``, ``data.step``), before the step that first sees it:
   ``onData`` gets it and the page shows it as the user's bubble at once;
+* ``reset-step`` (the step's model call failed mid-stream and the step starts over on a
+  fallback provider) -> ``reset-step``, the AI SDK's own chunk (``ai`` 7): its
+  ``readUIMessageStream`` removes every part added since the step's ``start-step``;
+  then a transient ``data-reset-step`` (``data``: the ``step``, the ``provider`` it
+  goes on with and the ``errorText``) for ``onData``, kept out of the message;
 * ``finish`` -> ``finish`` (``finishReason``, ``tool-calls`` for a turn that suspended
   waiting for input; ``messageMetadata``: the runtime's own finish reason and the summed
   ``usage``, its ``cost`` in US dollars when known);
@@ -136,6 +141,19 @@ class UIStreamEncoder:
         page shows as the user's bubble; the stored session has it as a user message."""
         data = {"messageId": chunk.message_id, "text": chunk.text, "step": chunk.step}
         return [{"type": "data-steered", "id": chunk.message_id, "data": data, "transient": True}]
+
+    def _reset(self, chunk: o.ResetStep) -> list[dict[str, Any]]:
+        # the AI SDK drops the step's parts itself; the reason goes to onData only
+        info = chunk.error
+        data = {
+            "step": chunk.step,
+            "provider": chunk.provider,
+            "errorText": error_text(info.kind, info.message),
+        }
+        return [
+            {"type": "reset-step"},
+            {"type": "data-reset-step", "data": data, "transient": True},
+        ]
 
     def _reasoning_delta(self, chunk: o.ReasoningDelta) -> list[dict[str, Any]]:
         return [{"type": "reasoning-delta", "id": chunk.part_id, "delta": chunk.text}]
@@ -275,6 +293,7 @@ _ENCODERS: dict[type, _Encode] = {
     o.ObjectDelta: UIStreamEncoder._object_delta,
     o.Throttled: UIStreamEncoder._throttled,
     o.Steered: UIStreamEncoder._steered,
+    o.ResetStep: UIStreamEncoder._reset,
     o.ReasoningStart: _part_edge("reasoning-start"),
     o.ReasoningDelta: UIStreamEncoder._reasoning_delta,
     o.ReasoningFinish: _part_edge("reasoning-end"),
