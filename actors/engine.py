@@ -156,8 +156,17 @@ class Engine(Actor):
             await self._out.send_all(message)
             return
         out: list[Any] = []
+        first = splitter._first  # the character every open tag begins with, if one
         for chunk in message:
             if type(chunk) is TextChunk and not chunk.refusal:
+                if (
+                    first is not None
+                    and first not in chunk.text
+                    and not splitter._buf
+                    and not splitter._inside
+                ):
+                    out.append(chunk)  # no tag can begin here, none is open: as it is
+                    continue
                 pieces = splitter.feed(chunk.text)
                 if len(pieces) == 1 and not pieces[0][0] and pieces[0][1] is chunk.text:
                     out.append(chunk)  # nothing split or held: forward it as it is

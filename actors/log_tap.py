@@ -2,8 +2,11 @@
 
 Each line has ``event`` (the kind) and the correlation ids ``session_id``, ``turn_id``,
 ``step``, ``part_id``, ``seq`` and ``causation_id`` when the event has them. Deltas are
-logged at debug level; when debug is off the tap does not even subscribe to them, so a
-delta that is not logged costs nothing. Its inbox is ``drop-oldest``: a slow log sink
+logged at debug level, and so are the output chunks that only frame the stream (start,
+step, part and finish chunks: the lifecycle events ``turn.*`` and ``step.*`` say the
+same at info, so an info log had every turn twice, twelve lines where six tell it,
+issue 24); when debug is off the tap does not even subscribe to them, so a chunk that is
+not logged costs nothing. Its inbox is ``drop-oldest``: a slow log sink
 makes the tap lag (and say so), never an agent wait.
 """
 
@@ -16,12 +19,28 @@ from runtime.events import LIFECYCLE_EVENT_TYPES, ActorCrashed, ActorGaveUp, Lag
 from runtime.inbox import OverflowPolicy
 from runtime.logging import get_logger, level_enabled
 from runtime.media import elide_media
-from runtime.output import DELTA_TYPES, OUTPUT_CHUNK_TYPES, Error
+from runtime.output import (
+    DELTA_TYPES,
+    OUTPUT_CHUNK_TYPES,
+    Error,
+    Finish,
+    ReasoningFinish,
+    ReasoningStart,
+    Start,
+    StepFinish,
+    StepStart,
+    TextFinish,
+    TextStart,
+)
 from runtime.redact import redact
 from runtime.serde import converter
 
 _WARN = (ActorCrashed, Lagged)
 _ERROR = (ActorGaveUp, Error)
+_FRAMES = (Start, StepStart, TextStart, TextFinish, ReasoningStart, ReasoningFinish, StepFinish)
+DEBUG_TYPES: tuple[type, ...] = (*DELTA_TYPES, *_FRAMES, Finish)
+"""Output chunks logged at debug: the deltas, and the chunks that frame the stream (what
+the ``turn.*`` / ``step.*`` lifecycle events already say at info)."""
 
 
 class LogTap(Actor):
@@ -38,12 +57,12 @@ class LogTap(Actor):
         debug = level_enabled(self.log, "debug")
         kinds = [*LIFECYCLE_EVENT_TYPES, *OUTPUT_CHUNK_TYPES]
         if not debug:
-            kinds = [k for k in kinds if k not in DELTA_TYPES]
+            kinds = [k for k in kinds if k not in DEBUG_TYPES]
         self.subscribes_to = tuple(kinds)  # type: ignore[misc]
         super().attach(bus)
 
     async def handle(self, event: Any) -> None:
-        if isinstance(event, DELTA_TYPES):
+        if isinstance(event, DEBUG_TYPES):
             level = "debug"
         elif isinstance(event, _ERROR):
             level = "error"

@@ -67,6 +67,8 @@ LONG_FLOOR_TARGET = 1.5
 TTFD_FLOOR_TARGET_MS = 0.5
 """Issue 24: milliseconds a first delta may arrive after the floor's (paced body)."""
 FORMATS = ("openai", "anthropic", "gemini")
+COALESCING = ("openai", "anthropic")
+"""The formats whose providers can coalesce deltas (rows 1fc, 1lc)."""
 """Gemini's figures have no target (issue 23: measured, not yet held to one)."""
 
 
@@ -170,7 +172,10 @@ def raw_side(fmt: str, base_url: str) -> tuple[Run, Callable[[], Awaitable[None]
     return run_anthropic, aclient.close
 
 
-def make_provider(fmt: str, base_url: str) -> Any:
+def make_provider(fmt: str, base_url: str, *, coalesce: bool = False) -> Any:
+    """The provider of ``fmt`` at ``base_url``; ``coalesce`` turns on
+    :attr:`~runtime.provider.Provider.coalesce_deltas` (the rows marked "coalesced";
+    the providers of :data:`COALESCING` only)."""
     if fmt == "gemini":
         from actors.providers.gemini import GeminiProvider
 
@@ -178,10 +183,13 @@ def make_provider(fmt: str, base_url: str) -> Any:
     if fmt == "openai":
         from actors.providers.openai import OpenAIProvider
 
-        return OpenAIProvider(OPENAI_MODEL, base_url=base_url, api_key=API_KEY)
-    from actors.providers.anthropic import AnthropicProvider
+        provider: Any = OpenAIProvider(OPENAI_MODEL, base_url=base_url, api_key=API_KEY)
+    else:
+        from actors.providers.anthropic import AnthropicProvider
 
-    return AnthropicProvider(ANTHROPIC_MODEL, base_url=base_url, api_key=API_KEY)
+        provider = AnthropicProvider(ANTHROPIC_MODEL, base_url=base_url, api_key=API_KEY)
+    provider.coalesce_deltas = coalesce
+    return provider
 
 
 def axon_side(host: Any, agent: Any, prefix: str) -> Run:
@@ -223,9 +231,12 @@ def _timed(
     name: str,
     expect: int,
     server: ServerAddress | None = None,
+    *,
+    coalesced: bool = False,
 ) -> Callable:
     """``run`` as an :func:`alternate` side that checks it streamed exactly the text of
-    the body's ``expect`` deltas (count and characters). It keeps (total, first delta)
+    the body's ``expect`` deltas (count and characters; ``coalesced``: the characters,
+    in at most that many deltas, and the count is kept). It keeps (total, first delta)
     per round and, given the ``server`` of a paced body that notes its sends, the time
     from the server's first write to the first delta (``None`` when unknown)."""
     want = "".join(delta_texts(expect))
@@ -233,10 +244,13 @@ def _timed(
     async def side() -> float:
         before = len(server.sent_times()) if server is not None else 0
         total, first, texts, t0 = await run()
-        if len(texts) != expect or "".join(texts) != want:
+        count_ok = len(texts) <= expect if coalesced else len(texts) == expect
+        if not count_ok or "".join(texts) != want:
             raise RuntimeError(
                 f"{name}: streamed {len(texts)} text deltas that differ from the {expect} sent"
             )
+        if coalesced:
+            keep.setdefault(name + ":deltas", []).append(len(texts))
         sent = server.sent_times()[before:] if server is not None else []
         from_byte = t0 + first - sent[0] if len(sent) == 1 else None
         keep.setdefault(name, []).append((total, first, from_byte))
@@ -283,6 +297,24 @@ def _ratio_figure(
     )
 
 
+def _coalesced_figure(
+    key: str,
+    title: str,
+    times: dict[str, list[float]],
+    seen: dict[str, list[Any]],
+    n: int,
+    target: float,
+) -> Figure:
+    """The whole turn with :attr:`~runtime.provider.Provider.coalesce_deltas` against
+    the floor, and how many deltas the consumer got for the ``n`` sent."""
+    figure = _ratio_figure(key, title, times, "coalesced", "floor", n, target)
+    counts = seen.get("coalesced:deltas", [])
+    if counts:
+        figure.detail += f"; the consumer got {median(counts):.0f} deltas for {n}"
+        figure.data["deltas_received"] = counts
+    return figure
+
+
 def _added_figure(
     key: str,
     title: str,
@@ -322,16 +354,19 @@ async def _whole_stream(sizes: Sizes, server: ServerAddress, host: Any, fmt: str
     floor, floor_close = floor_side(fmt, url)
     agent = Agent(name="bench", provider=make_provider(fmt, url), instructions=INSTRUCTIONS)
     seen: dict[str, list[Any]] = {}
-    times = await alternate(
-        sizes.pipeline_rounds,
-        sizes.warmup,
-        {
-            "raw": _timed(raw, seen, "raw", n),
-            "floor": _timed(floor, seen, "floor", n),
-            "axon": _timed(axon_side(host, agent, f"{fmt}-b"), seen, "axon", n),
-        },
-        collect=False,
-    )
+    sides = {
+        "raw": _timed(raw, seen, "raw", n),
+        "floor": _timed(floor, seen, "floor", n),
+        "axon": _timed(axon_side(host, agent, f"{fmt}-b"), seen, "axon", n),
+    }
+    if fmt in COALESCING:
+        joined = Agent(
+            name="bench", provider=make_provider(fmt, url, coalesce=True), instructions=INSTRUCTIONS
+        )
+        sides["coalesced"] = _timed(
+            axon_side(host, joined, f"{fmt}-bc"), seen, "coalesced", n, coalesced=True
+        )
+    times = await alternate(sizes.pipeline_rounds, sizes.warmup, sides, collect=False)
     await raw_close()
     await floor_close()
     figures = [
@@ -382,6 +417,18 @@ async def _whole_stream(sizes: Sizes, server: ServerAddress, host: Any, fmt: str
             None,
         ),
     ]
+    if fmt in COALESCING:
+        figures.insert(
+            2,
+            _coalesced_figure(
+                f"pipeline_floor_coalesced.{fmt}",
+                f"1fc. Pipeline / floor, deltas coalesced, {fmt} ({n} deltas)",
+                times,
+                seen,
+                n,
+                FLOOR_TARGET,
+            ),
+        )
     return figures
 
 
@@ -478,17 +525,20 @@ async def _long_stream(sizes: Sizes, server: ServerAddress, host: Any, fmt: str)
         name="bench", provider=make_provider(fmt, short_url), instructions=INSTRUCTIONS
     )
     seen: dict[str, list[Any]] = {}
-    times = await alternate(
-        sizes.pipeline_long_rounds,
-        sizes.warmup,
-        {
-            "floor": _timed(floor, seen, "floor", long_n),
-            "axon": _timed(axon_side(host, agent, f"{fmt}-l"), seen, "axon", long_n),
-            "short_floor": _timed(short_floor, seen, "short_floor", n),
-            "short_axon": _timed(axon_side(host, short_agent, f"{fmt}-s"), seen, "short_axon", n),
-        },
-        collect=False,
-    )
+    sides = {
+        "floor": _timed(floor, seen, "floor", long_n),
+        "axon": _timed(axon_side(host, agent, f"{fmt}-l"), seen, "axon", long_n),
+        "short_floor": _timed(short_floor, seen, "short_floor", n),
+        "short_axon": _timed(axon_side(host, short_agent, f"{fmt}-s"), seen, "short_axon", n),
+    }
+    if fmt in COALESCING:
+        joined = Agent(
+            name="bench", provider=make_provider(fmt, url, coalesce=True), instructions=INSTRUCTIONS
+        )
+        sides["coalesced"] = _timed(
+            axon_side(host, joined, f"{fmt}-lc"), seen, "coalesced", long_n, coalesced=True
+        )
+    times = await alternate(sizes.pipeline_long_rounds, sizes.warmup, sides, collect=False)
     await floor_close()
     await short_floor_close()
     figure = _ratio_figure(
@@ -499,6 +549,20 @@ async def _long_stream(sizes: Sizes, server: ServerAddress, host: Any, fmt: str)
         "floor",
         long_n,
         _held(fmt, LONG_FLOOR_TARGET),
+    )
+    joined_figures = (
+        [
+            _coalesced_figure(
+                f"pipeline_long_coalesced.{fmt}",
+                f"1lc. Pipeline / floor, deltas coalesced, {fmt} ({long_n} deltas)",
+                times,
+                seen,
+                long_n,
+                LONG_FLOOR_TARGET,
+            )
+        ]
+        if fmt in COALESCING
+        else []
     )
 
     def split(side: str) -> tuple[float, float]:
@@ -528,7 +592,7 @@ async def _long_stream(sizes: Sizes, server: ServerAddress, host: Any, fmt: str)
             "floor_ms_per_turn": floor_fixed,
         },
     )
-    return [figure, cost]
+    return [figure, *joined_figures, cost]
 
 
 async def _measure(sizes: Sizes, server: ServerAddress, directory: str) -> list[Figure]:

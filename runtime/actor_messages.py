@@ -115,20 +115,29 @@ class Batcher(Generic[T]):
                 await self._yield()  # the first delta goes through before parsing goes on
             self._since = _now()
 
+    __call__ = send
+    """A batcher is a provider's ``emit`` (:data:`runtime.provider.Emit`), which also
+    offers :meth:`send_all` to a provider that parses a network read at a time."""
+
     async def _yield(self) -> None:
         for _ in range(self.hold_rounds):
             await trio.lowlevel.checkpoint()
         self._since = _now()
 
     async def send_all(self, items: Sequence[T]) -> None:
+        """:meth:`send` for each of ``items``, in one go; with ``max_hold``, the same
+        yields (after the first batch, and when the receiver left a batch waiting)."""
         if not items:
             return
         limit = self.max_items
         pending = self._pending
+        first = pending is None
         if pending is not None and not pending.taken:
             room = limit - len(pending)
             if len(items) <= room:
                 pending.extend(items)
+                if self.max_hold is not None and _now() - self._since > self.max_hold:
+                    await self._yield()
                 return
             if room > 0:
                 pending.extend(items[:room])
@@ -138,6 +147,10 @@ class Batcher(Generic[T]):
             batch.extend(items[start : start + limit])
             await self.inbox.put(batch)
             self._pending = batch
+        if self.max_hold is not None:
+            if first:
+                await self._yield()  # the first delta goes through before parsing goes on
+            self._since = _now()
 
 
 # -- provider requests ------------------------------------------------------------------

@@ -46,6 +46,20 @@ from runtime.ratelimit import Limiter, RateLimit, limit_key, parse_rate_headers
 
 Emit = Callable[[StreamChunk], Awaitable[None]]
 
+
+async def emit_all(emit: Emit, chunks: Sequence[StreamChunk]) -> None:
+    """``emit`` each of ``chunks`` in order; in one go when ``emit`` takes a list
+    (``send_all``: the :class:`~runtime.actor_messages.Batcher` a provider actor is
+    given), so that a provider that parses a network read at a time pays one call per
+    read, not one per delta."""
+    send_all = getattr(emit, "send_all", None)
+    if send_all is not None:
+        await send_all(chunks)
+        return
+    for chunk in chunks:
+        await emit(chunk)
+
+
 DESCRIBE_KEYS = (
     "provider",
     "name",
@@ -94,6 +108,15 @@ class Provider(ServingActor[InferRequest]):
     says how."""
     usage_input_includes_cache: ClassVar[bool] = True
     """Whether the ``input_tokens`` this provider reports count the cached tokens."""
+    coalesce_deltas: bool = False
+    """Join the consecutive text deltas of one part that arrive in one network read into
+    one :class:`~runtime.chunks.TextChunk` (providers that read their stream a read at a
+    time: OpenAI Chat Completions and Anthropic). The text and the part boundaries are
+    the same, nothing waits for more (only what already arrived together is joined), and
+    a stream's first delta always goes alone; a consumer gets fewer, longer deltas, which
+    makes a long answer's stream cost about one pass per read instead of one per token
+    (see benchmarks/README.md, figure 1). Off by default: set it on the instance
+    (``provider.coalesce_deltas = True``)."""
     hold_rounds: ClassVar[int] = 5
     """Scheduler rounds the provider's task yields each time: one per stage a chunk
     passes after it (engine, turn runner, stream controller, consumer) and one more,
@@ -272,9 +295,9 @@ class Provider(ServingActor[InferRequest]):
             with request.cancel_scope:
                 if self._limiter is not None:
                     async with self._limiter:
-                        await self.stream(request, out.send)
+                        await self.stream(request, out)
                 else:
-                    await self.stream(request, out.send)
+                    await self.stream(request, out)
         except Exception as exc:  # the call failed: tell the requester, stay alive
             err = self.classify_error(exc)
             await self._paused_by(err)

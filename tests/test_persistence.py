@@ -99,6 +99,67 @@ async def test_a_version_read_runs_on_the_loop_without_a_thread(tmp_path, monkey
         await store.aclose()
 
 
+async def test_a_small_save_runs_on_the_loop_and_a_large_one_in_a_thread(tmp_path, monkeypatch):
+    """A turn's save is written on the loop when it is small (issue 24: the thread's
+    round trip was part of every turn's fixed cost); a large one still goes to a thread."""
+    from actors.stores.sqlite import INLINE_SAVE_BYTES
+    from runtime.messages import UserMessage
+
+    store = await SQLiteStore.open(str(tmp_path / "sessions.db"))
+    threads: list[object] = []
+    run_sync = trio.to_thread.run_sync
+
+    async def counted(fn: object, *args: object) -> object:
+        threads.append(fn)
+        return await run_sync(fn, *args)  # type: ignore[arg-type]
+
+    try:
+        monkeypatch.setattr(trio.to_thread, "run_sync", counted)
+        first = await store.save("v", 0, [UserMessage(content="hi")])
+        assert threads == []
+        big = UserMessage(content="x" * (INLINE_SAVE_BYTES + 1))
+        second = await store.save("v", 1, [big], expected_version=first)
+        assert len(threads) == 1 and second == first + 1
+        record = await store.load("v")
+        assert record is not None and [m.content for m in record.messages] == ["hi", big.content]
+    finally:
+        monkeypatch.undo()
+        await store.aclose()
+
+
+async def test_a_save_while_another_process_writes_waits_in_a_thread(tmp_path):
+    """Another connection holds the write lock: the save must not block the loop waiting
+    for it (it goes to a worker thread, which waits) and is written once the lock is free."""
+    import sqlite3
+
+    from runtime.messages import UserMessage
+
+    path = str(tmp_path / "sessions.db")
+    store = await SQLiteStore.open(path)
+    other = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    try:
+        other.execute("BEGIN IMMEDIATE")
+        ticks = 0
+        saved: list[int] = []
+
+        async def save() -> None:
+            saved.append(await store.save("w", 0, [UserMessage(content="hi")]))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(save)
+            for _ in range(5):  # the loop keeps running while the save waits
+                await trio.sleep(0.02)
+                ticks += 1
+            assert saved == []
+            other.execute("COMMIT")
+        assert ticks == 5 and saved == [1]
+        record = await store.load("w")
+        assert record is not None and record.messages[0].content == "hi"
+    finally:
+        other.close()
+        await store.aclose()
+
+
 async def test_a_version_read_that_would_wait_goes_to_a_thread(tmp_path, monkeypatch):
     """When SQLite says the read would have to wait (busy), it is made again in a worker
     thread, which may wait, and the answer is the same."""

@@ -15,7 +15,7 @@ first time an API key is read.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterable, Awaitable, Callable, Iterable, Sequence
 from contextlib import aclosing
 from typing import Any, ClassVar
 
@@ -28,6 +28,7 @@ from actors.providers.failures import (
     missing_key,
     retry_after,
 )
+from actors.providers.read_batch import ReadBatch
 from actors.providers.sdk import SDKProvider
 from actors.providers.sse import event_batches
 from runtime import errors
@@ -392,34 +393,84 @@ async def parse_stream(stream: Any, emit: Emit, *, answer_tool: str | None = Non
     input JSON is emitted as text chunks, and a ``tool_use`` stop reason with no other
     call is ``stop``.
     """
-    parse = _MessageParse(emit, answer_tool)
-    on_event = parse.handlers()
+    await parse_batches(_one_by_one(stream), emit, answer_tool=answer_tool)
+
+
+async def _one_by_one(stream: Any) -> AsyncGenerator[list[dict[str, Any]], None]:
     async for event in stream:
-        etype = event.get("type")
+        yield [event]
+
+
+async def parse_batches(
+    batches: AsyncIterable[list[dict[str, Any]]],
+    emit: Emit,
+    *,
+    answer_tool: str | None = None,
+    coalesce: bool = False,
+) -> None:
+    """:func:`parse_stream` of events that come a network read at a time
+    (:func:`json_event_batches`): each read's chunks are sent together
+    (:class:`~actors.providers.read_batch.ReadBatch`; with ``coalesce``, a read's
+    consecutive text deltas of one block join into one chunk)."""
+    parse = _MessageParse(emit, answer_tool)
+    out = ReadBatch(emit, coalesce=coalesce)
+    async for batch in batches:
+        try:
+            await _parse_read(batch, parse, out)
+        except Exception:
+            await out.flush()  # what the read gave before the failure stays emitted
+            raise
+        await out.flush()
+    await parse.finish()
+
+
+async def _parse_read(batch: list[dict[str, Any]], parse: _MessageParse, out: ReadBatch) -> None:
+    """The events of one read into ``out`` (text deltas inline: most of a stream)."""
+    on_event = parse.on_event
+    for event in batch:
+        etype: Any = event.get("type")
         if etype == "content_block_delta":
             delta = event.get("delta") or {}
             dtype = delta.get("type")
-            if dtype == "text_delta":  # most of a stream: one per token, inline
+            if dtype == "text_delta":
                 text = delta.get("text")
                 if text:
-                    await emit(TextChunk(text=text))
+                    index = event.get("index")
+                    if index != parse.run_index:  # another block: another part
+                        out.end_run()
+                        parse.run_index = index
+                    out.text(text)
+                    if out.urgent:
+                        await out.flush()
                 continue
             chunk = parse.block_delta(event.get("index"), dtype, delta)
             if chunk is not None:
-                await emit(chunk)
+                out.add(chunk)
+                if out.urgent:
+                    await out.flush()
         else:
             # any other event is ignored (ping never gets here: it is dropped as the SDK does)
             handler = on_event.get(etype)
             if handler is not None:
+                await out.flush()  # what came before goes first
                 await handler(event)
-    await parse.finish()
 
 
 class _MessageParse:
     """What :func:`parse_stream` has read of one message: its open blocks, how many tool
     calls it made, its stop reason and usage so far; a method per event type."""
 
-    __slots__ = ("answer_tool", "blocks", "calls", "emit", "stop_reason", "stopped", "usage")
+    __slots__ = (
+        "answer_tool",
+        "blocks",
+        "calls",
+        "emit",
+        "on_event",
+        "run_index",
+        "stop_reason",
+        "stopped",
+        "usage",
+    )
 
     def __init__(self, emit: Emit, answer_tool: str | None) -> None:
         self.emit = emit
@@ -430,6 +481,9 @@ class _MessageParse:
         self.stop_reason: str | None = None
         self.stopped = False
         self.usage: dict[str, int | None] = {}
+        self.on_event = self.handlers()
+        self.run_index: Any = None
+        """The block of the last text delta (a text run never spans two blocks)."""
 
     def handlers(self) -> dict[str, Callable[[dict[str, Any]], Awaitable[None]]]:
         """The events other than ``content_block_delta`` this reads, by type."""
@@ -598,7 +652,18 @@ def _take_usage(usage: dict[str, int | None], raw: Any) -> None:
 
 
 async def json_events(stream: Any) -> AsyncGenerator[dict[str, Any], None]:
-    """The events of an SDK ``AsyncStream`` as plain dicts, decoded by orjson.
+    """The events of an SDK ``AsyncStream`` as plain dicts, one at a time (the events of
+    :func:`json_event_batches`)."""
+    batches = json_event_batches(stream)
+    async with aclosing(batches):
+        async for batch in batches:
+            for event in batch:
+                yield event
+
+
+async def json_event_batches(stream: Any) -> AsyncGenerator[list[dict[str, Any]], None]:
+    """The events of an SDK ``AsyncStream`` as plain dicts, decoded by orjson, a list per
+    network read.
 
     Why: the SDK validates every event into a pydantic model, and decodes the SSE lines
     in Python, one ``str`` and one event object at a time; those were most of what a
@@ -608,14 +673,14 @@ async def json_events(stream: Any) -> AsyncGenerator[dict[str, Any], None]:
     SSE rules; a stream it does not decode as plain SSE goes through the SDK), and this
     does what the SDK's stream does with each event: skip ``ping`` s, events without a
     name and empty data, and raise the SDK's status error for ``event: error`` (same
-    message, body and response). A stream without that iterator (another SDK version)
-    or with the SDK's tracing observer on is read through the SDK, its events turned
-    into dicts.
+    message, body and response), after the events of the same read that came before
+    it. A stream without that iterator (another SDK version) or with the SDK's tracing
+    observer on is read through the SDK, its events turned into dicts.
     """
     iter_events = getattr(stream, "_iter_events", None)
     if iter_events is None or getattr(stream, "_observer", None) is not None:
         async for event in stream:
-            yield event if isinstance(event, dict) else event.to_dict()
+            yield [event if isinstance(event, dict) else event.to_dict()]
         return
     import orjson
 
@@ -624,21 +689,33 @@ async def json_events(stream: Any) -> AsyncGenerator[dict[str, Any], None]:
     events = event_batches(stream)
     async with aclosing(events):
         async for batch in events:
+            out: list[dict[str, Any]] = []
+            failure: Exception | None = None
             for name, data in batch:
                 if name == "ping" or name is None:
                     continue
                 if name == "error":
-                    raise _stream_error(stream, data, response)
+                    failure = _stream_error(stream, data, response)
+                    break
                 if not data:
                     continue
-                event = loads(data)
+                try:
+                    event = loads(data)
+                except ValueError as exc:
+                    failure = exc
+                    break
                 if type(event) is not dict:
-                    raise errors.MalformedStream(
+                    failure = errors.MalformedStream(
                         "an event's data is not a JSON object: "
                         f"{data[:200].decode('utf-8', 'replace')!r}",
                         provider=PROVIDER,
                     )
-                yield event
+                    break
+                out.append(event)
+            if out:
+                yield out  # what came before a failure is the stream's
+            if failure is not None:
+                raise failure
 
 
 def _stream_error(stream: Any, data: bytes, response: Any) -> Exception:
@@ -825,12 +902,13 @@ class AnthropicProvider(SDKProvider):
             events = await client.messages.create(**self.request_params(request))
             await self.observe_headers(getattr(events, "response", None))  # rate limits
             try:
-                parsed = json_events(events)
+                parsed = json_event_batches(events)
                 async with aclosing(parsed):
-                    await parse_stream(
+                    await parse_batches(
                         parsed,
                         emit,
                         answer_tool=OUTPUT_TOOL if request.output is not None else None,
+                        coalesce=self.coalesce_deltas,
                     )
             finally:
                 # release the connection even when cancelled or failed mid-stream

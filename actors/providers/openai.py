@@ -39,6 +39,7 @@ import trio
 
 from actors.providers.openai_common import OpenAISDKProvider, classify_error, json_schema_spec
 from actors.providers.openai_common import get_field as _get
+from actors.providers.read_batch import ReadBatch
 from actors.providers.sse import event_batches
 from runtime import errors
 from runtime.actor_messages import InferRequest
@@ -416,48 +417,99 @@ async def parse_stream(stream: AsyncIterable[Any], emit: Emit, *, provider: str 
     that ended with no ``finish_reason`` at all (:class:`MalformedStream`). Whatever was
     emitted before stays emitted; no :class:`FinishChunk` follows an error.
     """
-    calls = _ToolCalls()
-    usage: Usage | None = None
-    raw_reason: str | None = None
-    refused = False
+    await parse_batches(_one_by_one(stream), emit, provider=provider)
+
+
+async def _one_by_one(stream: AsyncIterable[Any]) -> AsyncGenerator[list[Any], None]:
     iterator = aiter(stream)
     while True:
         try:
             chunk = await anext(iterator)
         except StopAsyncIteration:
+            return
+        yield [chunk]
+
+
+async def parse_batches(
+    batches: AsyncIterable[list[Any]],
+    emit: Emit,
+    *,
+    provider: str = "openai",
+    coalesce: bool = False,
+) -> None:
+    """:func:`parse_stream` of chunks that come a network read at a time
+    (:func:`json_chunk_batches`): each read's text chunks are sent together
+    (:class:`~actors.providers.read_batch.ReadBatch`; with ``coalesce``, a read's
+    consecutive text deltas join into one chunk). Errors, as there, are raised
+    classified, after the chunks that came before them."""
+    state = _StreamState(emit, provider)
+    out = ReadBatch(emit, coalesce=coalesce)
+    iterator = aiter(batches)
+    while True:
+        try:
+            batch = await anext(iterator)
+        except StopAsyncIteration:
             break
         except Exception as exc:
+            await out.flush()
             raise classify_error(exc, provider=provider) from exc
-        text = _text_only(chunk) if type(chunk) is dict else None
-        if text is not None:  # the common chunk, read without the general path's look-ups
-            if text:
-                await emit(TextChunk(text=text))
-            continue
+        for chunk in batch:
+            text = _text_only(chunk) if type(chunk) is dict else None
+            if text is not None:  # the common chunk, read without the general path's look-ups
+                if text:
+                    out.text(text)
+                    if out.urgent:
+                        await out.flush()
+                continue
+            await out.flush()  # what came before goes first
+            await state.read(chunk)
+        await out.flush()
+    await _emit_end(
+        emit, state.calls, state.usage, state.raw_reason, refused=state.refused, provider=provider
+    )
+
+
+class _StreamState:
+    """What the general path has read of a stream: calls, usage, finish, refusal."""
+
+    __slots__ = ("calls", "emit", "provider", "raw_reason", "refused", "usage")
+
+    def __init__(self, emit: Emit, provider: str) -> None:
+        self.emit = emit
+        self.provider = provider
+        self.calls = _ToolCalls()
+        self.usage: Usage | None = None
+        self.raw_reason: str | None = None
+        self.refused = False
+
+    async def read(self, chunk: Any) -> None:
+        """A chunk that is not plain text: usage, choice 0's finish, reasoning, text,
+        refusal and tool-call fragments, emitted in that order."""
+        emit = self.emit
         found = _usage(_get(chunk, "usage")) or _usage(_get(_get(chunk, "x_groq"), "usage"))
-        usage = found or usage
+        self.usage = found or self.usage
         for choice in _get(chunk, "choices") or ():
             if (_get(choice, "index") or 0) != 0:
                 continue  # n > 1: only the first choice is this turn's answer
-            raw_reason = _get(choice, "finish_reason") or raw_reason
+            self.raw_reason = _get(choice, "finish_reason") or self.raw_reason
             delta = _get(choice, "delta")
             if delta is None:
                 continue
             reasoning = _get(delta, "reasoning_content") or _get(delta, "reasoning")
             if reasoning and isinstance(reasoning, str):
-                await emit(ReasoningChunk(text=reasoning, provider=provider))
+                await emit(ReasoningChunk(text=reasoning, provider=self.provider))
             text = _get(delta, "content")
             if text and isinstance(text, str):
                 await emit(TextChunk(text=text))
             refusal = _get(delta, "refusal")
             if refusal:
-                refused = True
+                self.refused = True
                 await emit(TextChunk(text=refusal, refusal=True))
             tool_calls = _get(delta, "tool_calls")
             legacy = _get(delta, "function_call")  # deprecated single function call
             if tool_calls or legacy is not None:
-                for item in calls.feed_delta(tool_calls, legacy):
+                for item in self.calls.feed_delta(tool_calls, legacy):
                     await emit(item)
-    await _emit_end(emit, calls, usage, raw_reason, refused=refused, provider=provider)
 
 
 _TEXT_DELTA_KEYS = frozenset({"content", "role"})
@@ -513,7 +565,18 @@ reused), as the SDK's own stream does; a server that keeps the body open is cut 
 
 
 async def json_chunks(stream: Any) -> AsyncGenerator[Any, None]:
-    """The chunks of an SDK ``AsyncStream`` as plain dicts, decoded by orjson.
+    """The chunks of an SDK ``AsyncStream`` as plain dicts, one at a time (the chunks of
+    :func:`json_chunk_batches`)."""
+    batches = json_chunk_batches(stream)
+    async with aclosing(batches):
+        async for batch in batches:
+            for chunk in batch:
+                yield chunk
+
+
+async def json_chunk_batches(stream: Any) -> AsyncGenerator[list[Any], None]:
+    """The chunks of an SDK ``AsyncStream`` as plain dicts, decoded by orjson, a list per
+    network read.
 
     Why: the SDK builds a pydantic model of every chunk, and decodes the SSE lines in
     Python, one ``str`` and one event object at a time; those were most of what a stream
@@ -523,16 +586,17 @@ async def json_chunks(stream: Any) -> AsyncGenerator[Any, None]:
     rules), and this does what the SDK's stream does with each event: stop at ``[DONE]``
     (then read the rest of the body, briefly, so the connection is reused) and raise
     ``openai.APIError`` for an ``error`` object in the data, with the same message and
-    body. Transport errors come from the HTTP library as they are (the SDK would wrap
-    them; :func:`classify_error` maps both the same way). A stream the SDK does not
-    decode as plain SSE goes through its ``_iter_events``; one without that iterator
-    (another SDK version, a test double) is read as it is.
+    body, after the chunks of the same read that came before it. Transport errors come
+    from the HTTP library as they are (the SDK would wrap them; :func:`classify_error`
+    maps both the same way). A stream the SDK does not decode as plain SSE goes through
+    its ``_iter_events``; one without that iterator (another SDK version, a test double)
+    is read as it is, a chunk per list.
     """
     iter_events = getattr(stream, "_iter_events", None)
     response = getattr(stream, "response", None)
     if iter_events is None or response is None:
         async for chunk in stream:
-            yield chunk
+            yield [chunk]
         return
     import orjson
 
@@ -540,16 +604,31 @@ async def json_chunks(stream: Any) -> AsyncGenerator[Any, None]:
     events = event_batches(stream)
     async with aclosing(events):
         async for batch in events:
+            out: list[Any] = []
+            failure: Exception | None = None
+            done = False
             for _name, data in batch:
                 if data.startswith(b"[DONE]"):
-                    with trio.move_on_after(DRAIN_AFTER_DONE):
-                        async for _ in events:
-                            pass
-                    return
-                chunk = loads(data)
+                    done = True
+                    break
+                try:
+                    chunk = loads(data)
+                except ValueError as exc:
+                    failure = exc
+                    break
                 if type(chunk) is dict and chunk.get("error"):
-                    raise _stream_error(chunk["error"], response)
-                yield chunk
+                    failure = _stream_error(chunk["error"], response)
+                    break
+                out.append(chunk)
+            if out:
+                yield out  # what came before a failure or the end is the stream's
+            if failure is not None:
+                raise failure
+            if done:
+                with trio.move_on_after(DRAIN_AFTER_DONE):
+                    async for _ in events:
+                        pass
+                return
 
 
 def _stream_error(body: Any, response: Any) -> Exception:
@@ -647,9 +726,11 @@ class OpenAIProvider(OpenAISDKProvider):
             raise classify_error(exc, provider=self.provider_name) from exc
         await self.observe_headers(getattr(response, "response", None))  # rate limits
         async with response:  # closes the HTTP response on error and on cancellation
-            chunks = json_chunks(response)
-            async with aclosing(chunks):
-                await parse_stream(chunks, emit, provider=self.provider_name)
+            batches = json_chunk_batches(response)
+            async with aclosing(batches):
+                await parse_batches(
+                    batches, emit, provider=self.provider_name, coalesce=self.coalesce_deltas
+                )
 
     def classify_error(self, exc: BaseException) -> AxonError:
         return classify_error(exc, provider=self.provider_name)

@@ -70,10 +70,17 @@ _SQLITE_HEADER = b"SQLite format 3\x00"
 _HEADER_SIZE = 100
 _CORRUPT_CODES = frozenset({sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB})
 _BUSY_TIMEOUT = 10.0
+"""Seconds a write waits for another process's write lock before failing."""
+INLINE_SAVE_BYTES = 256 * 1024
+"""A save whose messages serialize to at most this many bytes runs on the calling thread
+when the write lock is free: with WAL and ``synchronous = NORMAL`` a commit writes the
+log without syncing it, and a turn's save takes a fraction of a millisecond, where the
+hop to a worker thread and back cost a few hundred microseconds, and, on a loaded
+machine, milliseconds waiting for the thread to be scheduled (issue 24: the turn's fixed
+cost). Larger saves, and any save that would wait for another process, go to a thread."""
 _BUSY_CODES = frozenset({sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED})
 """The primary result codes of a statement that would have had to wait (extended codes,
 such as ``SQLITE_BUSY_RECOVERY``, keep their primary code in the low byte)."""
-"""Seconds a write waits for another process's write lock before failing."""
 
 _SCHEMA = (
     """CREATE TABLE axon_meta (
@@ -342,7 +349,9 @@ class SQLiteStore:
     """Sessions in one SQLite file; create with ``await SQLiteStore.open(path)``.
 
     sqlite3 calls block, so each one runs in a worker thread
-    (:func:`trio.to_thread.run_sync`) on the store's single connection, and a
+    (:func:`trio.to_thread.run_sync`) on the store's single connection (except the
+    version lookup that starts a turn and a small save, which run on the calling thread
+    when they need not wait: :data:`INLINE_SAVE_BYTES`), and a
     :class:`trio.Lock` lets only one run at a time: a connection is not safe for
     concurrent use, and one writer per process is all SQLite allows anyway. Worker threads
     are never abandoned on cancellation (a cancelled call waits for its statement to
@@ -462,29 +471,46 @@ class SQLiteStore:
         lock together, so no other writer can slip in between.
         """
         new = check_save(session_id, start, messages, meta, expected_version)
+        rows = encode_rows(session_id, start, new)
+        encode_meta(session_id, meta)  # fail before the transaction, not inside it
+        action = f"save of session {session_id!r}"
+        if sum(len(row[3]) for row in rows) <= INLINE_SAVE_BYTES:
+            async with self._lock:
+                if self._closed:
+                    raise StoreError(f"session store {self._path} is closed")
+                try:
+                    return self._save_rows(session_id, start, rows, meta, expected_version, False)
+                except sqlite3.OperationalError as err:
+                    if (getattr(err, "sqlite_errorcode", None) or 0) & 0xFF not in _BUSY_CODES:
+                        raise _error(self._path, action, err) from err
+                except sqlite3.Error as err:
+                    raise _error(self._path, action, err) from err
         return await self._run(
-            f"save of session {session_id!r}",
-            self._save,
-            session_id,
-            start,
-            new,
-            meta,
-            expected_version,
+            action, self._save_rows, session_id, start, rows, meta, expected_version, True
         )
 
-    def _save(
+    def _save_rows(
         self,
         session_id: str,
         start: int,
-        messages: tuple[Message, ...],
+        rows: list[tuple[str, int, str, bytes]],
         meta: Mapping[str, Any] | None,
         expected_version: int | None,
+        wait: bool,
     ) -> int:
-        rows = encode_rows(session_id, start, messages)
-        encode_meta(session_id, meta)  # fail before the transaction, not inside it
+        """The save's transaction. Without ``wait``, SQLite is told not to wait for the
+        write lock: another process holding it raises ``SQLITE_BUSY`` before anything is
+        written, and the caller retries in a worker thread, which waits."""
         now = time.time()
         conn = self._conn
-        conn.execute("BEGIN IMMEDIATE")
+        if wait:
+            conn.execute("BEGIN IMMEDIATE")
+        else:
+            conn.execute("PRAGMA busy_timeout = 0")
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+            finally:
+                conn.execute(f"PRAGMA busy_timeout = {int(_BUSY_TIMEOUT * 1000)}")
         try:
             version = self._write(conn, session_id, start, rows, meta, expected_version, now)
             conn.execute("COMMIT")

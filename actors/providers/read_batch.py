@@ -1,0 +1,86 @@
+"""The chunks a provider parses from one network read, sent downstream together.
+
+Why: a provider that awaits ``emit`` once per delta pays a coroutine call and a
+:class:`~runtime.actor_messages.Batcher` append per token, on top of the parse; on a
+stream of word-sized deltas that was a good part of what the whole turn added to the
+floor (bare httpx + orjson, issue 24). The OpenAI and Anthropic providers read their
+body a network read at a time (:func:`~actors.providers.sse.sse_batches`), so they
+collect a read's chunks here and send them in one call
+(:func:`runtime.provider.emit_all`).
+
+Latency stays what it was: the stream's first text delta is sent alone, at once (the
+provider's batcher then yields so that it reaches the consumer before parsing goes on),
+and a read's chunks go as soon as the read is parsed, or every
+:data:`~runtime.actor_messages.MAX_BATCH` chunks of a very large read. A chunk of
+another kind than text (a tool call's start, a finish) is added in its place, so the
+order is the stream's.
+
+With ``coalesce`` (:attr:`runtime.provider.Provider.coalesce_deltas`), consecutive text
+deltas of one read join into one :class:`~runtime.chunks.TextChunk`: the same text, the
+same part boundaries (any other chunk, or :meth:`ReadBatch.end_run` where the provider
+sees a new part, ends the run), fewer and longer deltas.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from runtime.actor_messages import MAX_BATCH
+from runtime.chunks import TextChunk
+from runtime.provider import Emit, emit_all
+
+
+class ReadBatch:
+    """Chunks of the current read, waiting to be sent; :attr:`urgent` says "flush now"."""
+
+    __slots__ = ("_coalesce", "_emit", "_first", "_run", "out", "urgent")
+
+    def __init__(self, emit: Emit, *, coalesce: bool = False) -> None:
+        self._emit = emit
+        self._coalesce = coalesce
+        self._first = True
+        self._run: list[str] = []
+        self.out: list[Any] = []
+        self.urgent = False
+        """Set when the chunks should go before parsing goes on: the stream's first text
+        delta, or a full batch."""
+
+    def text(self, text: str) -> None:
+        """A text delta (not a refusal) of the part the run belongs to."""
+        if self._first:
+            self._first = False
+            self.out.append(TextChunk(text=text))
+            self.urgent = True
+        elif self._coalesce:
+            self._run.append(text)
+        else:
+            out = self.out
+            out.append(TextChunk(text=text))
+            if len(out) >= MAX_BATCH:
+                self.urgent = True
+
+    def add(self, chunk: Any) -> None:
+        """Any other chunk: it ends the text run and takes its place in the order."""
+        self.end_run()
+        self.out.append(chunk)
+        if len(self.out) >= MAX_BATCH:
+            self.urgent = True
+
+    def end_run(self) -> None:
+        """The text run so far becomes one chunk (the next text starts a new one)."""
+        run = self._run
+        if run:
+            self.out.append(TextChunk(text=run[0] if len(run) == 1 else "".join(run)))
+            self._run = []
+
+    async def flush(self) -> None:
+        """Send what is waiting, in order."""
+        self.end_run()
+        out = self.out
+        self.urgent = False
+        if out:
+            self.out = []
+            await emit_all(self._emit, out)
+
+
+__all__ = ["ReadBatch"]
