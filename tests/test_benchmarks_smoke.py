@@ -46,6 +46,8 @@ EXPECTED_KEYS = {
     "ttfd_byte.anthropic",
     "core.linearity",
     "concurrency.scaling",
+    "concurrency.worst_stall",
+    "concurrency.worst_lateness",
     "concurrency.memory_per_idle_session",
     "long.save",
     "long.turn",
@@ -115,6 +117,8 @@ def test_every_benchmark_runs_at_a_tiny_size(tmp_path: Path) -> None:
     assert len(floor["floor_s"]) == len(floor["axon_s"]) == pipe["rounds"]
     memory = figures["concurrency.memory_per_idle_session"]["data"]
     assert memory["sessions"] > 0 and memory["rss_opened"] > 0
+    stall = figures["concurrency.worst_stall"]["data"]["rounds"][0]
+    assert stall["longest_step_task"]  # a task was watched stepping
     assert report["versions"]["trio"] != "missing"
 
 
