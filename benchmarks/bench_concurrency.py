@@ -192,6 +192,7 @@ def _stall_figures(seen: list[dict[str, Any]], top: int) -> list[Figure]:
     step = worst["longest_step_ms"]
     steps = [s["longest_step_ms"] for s in seen]
     late = [s["worst_lateness_ms"] for s in seen]
+    own = [s["longest_step_without_gc_ms"] for s in seen]
     return [
         Figure(
             key="concurrency.worst_stall",
@@ -202,7 +203,8 @@ def _stall_figures(seen: list[dict[str, Any]], top: int) -> list[Figure]:
             passed=step <= STALL_TARGET_MS,
             detail=f"in {worst['longest_step_task']}; per round "
             + ", ".join(f"{x:.1f}" for x in steps)
-            + f"; longest collection {max(s['longest_gc_ms'] for s in seen):.1f} ms",
+            + f"; longest collection {max(s['longest_gc_ms'] for s in seen):.1f} ms; longest "
+            f"step with no collection in it {max(own):.1f} ms",
             data={"rounds": seen},
         ),
         Figure(

@@ -31,29 +31,39 @@ class StallWatch(trio.abc.Instrument):
         self.worst_lateness = 0.0
         self.longest_gc = 0.0
         self.longest_gc_generation = -1
+        self.longest_step_without_gc = 0.0
+        self.longest_task_without_gc = ""
         self._step_start = 0.0
         self._gc_start = 0.0
+        self._collected = False
+        """Whether a collection ran inside the step in progress."""
 
     def on_gc(self, phase: str, info: dict[str, int]) -> None:
         """A ``gc.callbacks`` hook: the longest collection, and its generation."""
         if phase == "start":
             self._gc_start = time.perf_counter()
+            self._collected = True
             return
         took = time.perf_counter() - self._gc_start
         if took > self.longest_gc:
             self.longest_gc, self.longest_gc_generation = took, info["generation"]
 
     def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        self._collected = False
         self._step_start = time.perf_counter()
 
     def after_task_step(self, task: trio.lowlevel.Task) -> None:
         took = time.perf_counter() - self._step_start
         if took > self.longest_step:
             self.longest_step, self.longest_task = took, task.name
+        if not self._collected and took > self.longest_step_without_gc:
+            self.longest_step_without_gc, self.longest_task_without_gc = took, task.name
 
     def reset(self) -> None:
         self.longest_step, self.longest_task, self.worst_lateness = 0.0, "", 0.0
         self.longest_gc, self.longest_gc_generation = 0.0, -1
+        self.longest_step_without_gc, self.longest_task_without_gc = 0.0, ""
+        self._collected = False
         self._step_start = time.perf_counter()  # the step in progress counts from here
 
     def snapshot(self) -> dict[str, Any]:
@@ -61,6 +71,8 @@ class StallWatch(trio.abc.Instrument):
             "longest_step_ms": self.longest_step * 1e3,
             "longest_step_task": self.longest_task,
             "worst_lateness_ms": self.worst_lateness * 1e3,
+            "longest_step_without_gc_ms": self.longest_step_without_gc * 1e3,
+            "longest_step_without_gc_task": self.longest_task_without_gc,
             "longest_gc_ms": self.longest_gc * 1e3,
             "longest_gc_generation": self.longest_gc_generation,
         }
@@ -80,8 +92,11 @@ def worst_of(*seen: dict[str, Any]) -> dict[str, Any]:
     """The worst of several :meth:`StallWatch.snapshot` s (phases of one measurement)."""
     step = max(seen, key=lambda s: s["longest_step_ms"])
     collection = max(seen, key=lambda s: s["longest_gc_ms"])
+    own = max(seen, key=lambda s: s["longest_step_without_gc_ms"])
     return {
         **step,
+        "longest_step_without_gc_ms": own["longest_step_without_gc_ms"],
+        "longest_step_without_gc_task": own["longest_step_without_gc_task"],
         "worst_lateness_ms": max(s["worst_lateness_ms"] for s in seen),
         "longest_gc_ms": collection["longest_gc_ms"],
         "longest_gc_generation": collection["longest_gc_generation"],
