@@ -2,7 +2,9 @@
 
 The host owns the bus, the supervisor and the host-wide actors (persister, tool
 executor, log tap, one actor per provider configuration); each session adds its own
-turn runner, engine and stream controller. ``async with Host.open() as host`` starts
+turn runner, engine and stream controller, which run only while a turn does: between
+turns they rest, with no task and no channel (:meth:`Host.wake`, :meth:`Host.rest`), so
+ten thousand idle sessions cost a few kilobytes each. ``async with Host.open() as host`` starts
 them; leaving the block cancels running turns (they are saved, marked interrupted),
 lets every observer (an actor subscribed to bus events: the log tap, a recorder, metrics)
 handle the events already published to it, bounded by ``drain_timeout``, and stops every
