@@ -175,6 +175,17 @@ class ThrottleNotice:
     reason: str
 
 
+@attrs.frozen(kw_only=True, slots=True, eq=False)  # internal: identity is enough
+class StepReset:
+    """Turn runner -> stream controller: the step's model call failed after it streamed
+    output and the step starts over on ``provider`` (becomes a ``reset-step`` chunk)."""
+
+    step: int
+    provider: str
+    error: ErrorInfo
+    """The failure that made the step start over."""
+
+
 @attrs.frozen(kw_only=True, slots=True)
 class RetryPrompt(UserMessage):
     """The user message of a request that tells the model why its answer was rejected

@@ -65,6 +65,7 @@ from runtime.actor_messages import (
     SessionState,
     StepBegin,
     StepEnd,
+    StepReset,
     StreamFailed,
     ThrottleNotice,
     ToolCallSpec,
@@ -820,9 +821,11 @@ class TurnRunner(Suspending, Actor):
     async def _infer(self, turn: _Turn) -> _Step:
         """One model call for the turn's current step, retried by the agent's policy
         while the call has produced no output; then, if the agent has fallbacks and the
-        failure is one they cover, made again with the next provider."""
+        failure is one they cover, made again with the next provider: after a
+        ``reset-step`` (:meth:`_reset_step`) if the failed call had streamed output."""
         policy = self.agent.retry
         attempt = 0
+        mark = len(turn.parts.content)  # the step's parts start here
         while True:
             attempt += 1
             result = _Step()
@@ -834,8 +837,10 @@ class TurnRunner(Suspending, Actor):
             except ProviderError as exc:
                 delay = None if result.produced else policy.delay(attempt, exc)
                 if delay is None:
-                    if result.produced or not await self._fall_back(turn, exc):
+                    if not await self._fall_back(turn, exc, reset=result.produced):
                         raise
+                    if result.produced:
+                        await self._reset_step(turn, mark, exc)
                     attempt = 0  # the next provider's call gets retries of its own
                     continue
                 await self.publish(
@@ -859,10 +864,24 @@ class TurnRunner(Suspending, Actor):
                 )
                 await trio.sleep(delay)
 
-    async def _fall_back(self, turn: _Turn, exc: ProviderError) -> bool:
+    async def _reset_step(self, turn: _Turn, mark: int, exc: ProviderError) -> None:
+        """Void what the failed call of the step streamed, before the next provider makes
+        the step again: its parts leave the turn's message (they are never stored: the
+        step's save comes after its call succeeds), the structured answer's parser forgets
+        them, and the stream says ``reset-step`` so every consumer drops them too."""
+        turn.parts.discard(mark)
+        if turn.output is not None:
+            turn.output.discard()
+        following = self._provider_at(turn.provider)
+        await turn.ctrl.send(
+            StepReset(step=turn.step, provider=following.name, error=_error_info(exc))
+        )
+
+    async def _fall_back(self, turn: _Turn, exc: ProviderError, *, reset: bool = False) -> bool:
         """Move the turn on to the next provider, if the agent has one left and its
         :class:`~runtime.provider.FallbackProvider` covers ``exc``; say so (an event and
-        a warning). The turn stays on it: its later steps go there too."""
+        a warning; ``reset``: the failed call had streamed output). The turn stays on
+        it: its later steps go there too."""
         chain = self.agent.provider
         falls_back_on = getattr(chain, "falls_back_on", None)
         if falls_back_on is None or not falls_back_on(exc):
@@ -881,6 +900,7 @@ class TurnRunner(Suspending, Actor):
             from_provider=failed.name,
             to_provider=following.name,
             error=redact(str(exc)),
+            reset=reset,
         )
         await self.publish(
             ev.ProviderFallback(
@@ -892,6 +912,7 @@ class TurnRunner(Suspending, Actor):
                 error=error,
                 provider=getattr(following, "provider_name", None),
                 model=getattr(following, "model", None) or None,
+                reset=reset,
             )
         )
         return True
