@@ -9,6 +9,11 @@ crashes within ``period`` seconds and it gives up. Every crash, restart and give
 event on the bus, and so a log line.
 
 Cancellation is never a crash: ``trio.Cancelled`` always propagates.
+
+An actor may *rest* between bursts of work (a session's actors while the session is
+idle): given :attr:`Actor.rests_when`, the :data:`REST` message ends its task when that
+says so and nothing else is queued, without stopping it; its owner starts it again
+(:attr:`Actor.resting`) before its next work. A resting actor holds no task and no channel.
 """
 
 from __future__ import annotations
@@ -16,8 +21,8 @@ from __future__ import annotations
 import math
 import random
 from collections import deque
-from collections.abc import Iterable
-from typing import Any, ClassVar, Generic, TypeVar, cast
+from collections.abc import Callable, Iterable
+from typing import Any, ClassVar, Final, Generic, TypeVar, cast
 
 import attrs
 import trio
@@ -27,6 +32,21 @@ from runtime.events import ActorCrashed, ActorGaveUp, ActorRestarted
 from runtime.inbox import Inbox, OverflowPolicy
 from runtime.logging import get_logger
 from runtime.redact import redact
+
+
+class _Rest:
+    """The type of :data:`REST` (a singleton)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "REST"
+
+
+REST: Final = _Rest()
+"""Sent by an actor's owner when the actor may rest: it ends its task if
+:attr:`Actor.rests_when` still says so once it reads this and nothing else is queued, and
+is ignored otherwise."""
 
 
 class Actor:
@@ -58,6 +78,11 @@ class Actor:
         self.stopped = trio.Event()
         """Set when the actor has ended for good (inbox drained, or given up)."""
         self._subscription: Subscription | None = None
+        self.rests_when: Callable[[], bool] | None = None
+        """Whether the actor may rest now (its task ends on :data:`REST`); ``None``: never."""
+        self.resting = False
+        """Set while the actor has no task but is not stopped: its owner starts it again
+        before its next work (a message sent meanwhile waits in its inbox)."""
 
     # -- life cycle hooks ------------------------------------------------------------
 
@@ -73,6 +98,9 @@ class Actor:
 
     def on_give_up(self, exc: BaseException) -> None:
         """Called when the supervisor stops restarting this actor."""
+
+    def on_rest(self) -> None:
+        """Called as the actor starts resting: let go of what only its work needs."""
 
     # -- plumbing --------------------------------------------------------------------
 
@@ -96,8 +124,12 @@ class Actor:
         await self.inbox.put(message)
 
     async def run(self) -> None:
-        """Handle messages until the inbox is closed and drained."""
+        """Handle messages until the inbox is closed and drained (or the actor rests)."""
         async for message in self.inbox:
+            if message is REST:
+                if self._rest():
+                    return
+                continue
             self.current_message = message
             await self.handle(message)
             # Not kept once handled (the loop variable neither): an idle actor must not pin
@@ -105,12 +137,26 @@ class Actor:
             # session's history alive.
             self.current_message = message = None
 
+    def _rest(self) -> bool:
+        """Start resting if :attr:`rests_when` says so and nothing else is queued (no
+        yield from here to the end of the task: its owner never sees it half-ended)."""
+        may = self.rests_when
+        if may is None or self.inbox.closed or len(self.inbox) or not may():
+            return False
+        self.resting = True
+        self.on_rest()
+        self.inbox.park()
+        return True
+
     def stop(self) -> None:
-        """Close the inbox: the actor finishes what is queued, then ends."""
+        """Close the inbox: the actor finishes what is queued, then ends (a resting
+        actor, which has no task, ends at once)."""
         if self._subscription is not None:
             self._subscription.bus.unsubscribe(self._subscription)
             self._subscription = None
         self.inbox.close()
+        if self.resting:
+            self.stopped.set()
 
 
 Request = TypeVar("Request")
@@ -238,7 +284,8 @@ class Supervisor:
         try:
             await self._supervise(actor, policy, task_status)
         finally:
-            actor.stopped.set()
+            if not actor.resting:
+                actor.stopped.set()
 
     async def _supervise(self, actor: Actor, policy: RestartPolicy, task_status: Any) -> None:
         log = get_logger("axon.supervisor")

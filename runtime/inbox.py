@@ -27,6 +27,10 @@ class Inbox(Generic[T]):
     Generic like the Trio memory channel it wraps (``Inbox[SaveResult]``), so a reader
     and a type checker can follow what travels where. Under ``drop-oldest`` the receiver
     may also get a :class:`~runtime.events.Lagged` notice (see :meth:`get`).
+
+    The channel is opened on first use, and :meth:`park` drops it while nothing is queued
+    or waiting: an idle session's inboxes (ten thousand sessions in one host) then cost
+    a small object each, not a channel with its queues of waiting tasks.
     """
 
     __slots__ = ("_closed", "_recv", "_send", "capacity", "dropped", "name", "policy")
@@ -43,9 +47,39 @@ class Inbox(Generic[T]):
         self.policy: OverflowPolicy = policy
         self.dropped = 0
         self._closed = False
-        self._send: trio.MemorySendChannel[T]
-        self._recv: trio.MemoryReceiveChannel[T]
-        self._send, self._recv = trio.open_memory_channel[T](capacity)
+        self._send: trio.MemorySendChannel[T] | None = None
+        self._recv: trio.MemoryReceiveChannel[T] | None = None
+
+    def _open(self) -> tuple[trio.MemorySendChannel[T], trio.MemoryReceiveChannel[T]]:
+        """The channel, opened now if it was not (or was parked)."""
+        if self._send is None or self._recv is None:
+            self._send, self._recv = trio.open_memory_channel[T](self.capacity)
+        return self._send, self._recv
+
+    def park(self) -> bool:
+        """Drop the channel if it is open, empty, and no task waits on it (the next
+        message opens a new one); whether it is dropped. A closed inbox, or one whose
+        receiver is closed or owes a :class:`Lagged` notice, keeps its channel."""
+        recv = self._recv
+        if recv is None:
+            return True
+        if self._closed or self.dropped:
+            return False
+        stats = recv.statistics()
+        if (
+            stats.current_buffer_used
+            or stats.tasks_waiting_receive
+            or stats.tasks_waiting_send
+            or not stats.open_receive_channels
+        ):
+            return False
+        self._send = self._recv = None
+        return True
+
+    @property
+    def parked(self) -> bool:
+        """Whether the inbox holds no channel now (never used, or :meth:`park` ed)."""
+        return self._recv is None
 
     # -- sending -----------------------------------------------------------------------
 
@@ -55,31 +89,34 @@ class Inbox(Generic[T]):
         Under ``block`` this does not yield when there is room: a producer keeps going
         and the consumer picks up whatever has accumulated in one go (batching).
         """
+        send = self._send or self._open()[0]
         try:
-            self._send.send_nowait(message)
+            send.send_nowait(message)
         except trio.WouldBlock:
             if self.policy == "block":
-                await self._send.send(message)
+                await send.send(message)
             else:
                 self._drop_one_and_put(message)
 
     def put_nowait(self, message: T) -> None:
         """Deliver without waiting: drops the oldest under ``drop-oldest``, raises
         :class:`trio.WouldBlock` when a ``block`` inbox is full."""
+        send = self._send or self._open()[0]
         try:
-            self._send.send_nowait(message)
+            send.send_nowait(message)
         except trio.WouldBlock:
             if self.policy == "block":
                 raise
             self._drop_one_and_put(message)
 
     def _drop_one_and_put(self, message: T) -> None:
+        send, recv = self._open()
         try:
-            self._recv.receive_nowait()
+            recv.receive_nowait()
             self.dropped += 1
         except trio.WouldBlock:  # pragma: no cover - full yet empty cannot happen
             pass
-        self._send.send_nowait(message)
+        send.send_nowait(message)
 
     # -- receiving ---------------------------------------------------------------------
 
@@ -89,16 +126,18 @@ class Inbox(Generic[T]):
         are observers that take any event)."""
         if self.dropped:
             return self._lagged()
-        return await self._recv.receive()
+        return await (self._recv or self._open()[1]).receive()
 
     def get_nowait(self) -> T:
         if self.dropped:
             return self._lagged()
-        return self._recv.receive_nowait()
+        return (self._recv or self._open()[1]).receive_nowait()
 
     def drain_nowait(self, into: list[T], limit: int = 4096) -> None:
         """Append every message already waiting (up to ``limit``) to ``into``."""
         recv = self._recv
+        if recv is None:
+            return
         try:
             for _ in range(limit):
                 into.append(recv.receive_nowait())
@@ -112,11 +151,11 @@ class Inbox(Generic[T]):
     def close(self) -> None:
         """No more messages will be accepted; the receiver ends after draining."""
         self._closed = True
-        self._send.close()
+        self._open()[0].close()
 
     def close_receiver(self) -> None:
         """The receiver is gone: further sends raise :class:`trio.BrokenResourceError`."""
-        self._recv.close()
+        self._open()[1].close()
 
     @property
     def closed(self) -> bool:
@@ -133,4 +172,5 @@ class Inbox(Generic[T]):
             raise StopAsyncIteration from None
 
     def __len__(self) -> int:
-        return self._recv.statistics().current_buffer_used
+        recv = self._recv
+        return 0 if recv is None else recv.statistics().current_buffer_used

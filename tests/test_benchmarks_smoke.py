@@ -52,6 +52,8 @@ EXPECTED_KEYS = {
     *(f"{k}.gemini" for k in ("raw_floor", "ttfd", "ttfd_burst", "ttfd_floor", "ttfd_byte")),
     "core.linearity",
     "concurrency.scaling",
+    "concurrency.worst_stall",
+    "concurrency.worst_lateness",
     "concurrency.memory_per_idle_session",
     "long.save",
     "long.turn",
@@ -123,6 +125,8 @@ def test_every_benchmark_runs_at_a_tiny_size(tmp_path: Path) -> None:
     assert len(floor["floor_s"]) == len(floor["axon_s"]) == pipe["rounds"]
     memory = figures["concurrency.memory_per_idle_session"]["data"]
     assert memory["sessions"] > 0 and memory["rss_opened"] > 0
+    stall = figures["concurrency.worst_stall"]["data"]["rounds"][0]
+    assert stall["longest_step_task"]  # a task was watched stepping
     assert report["versions"]["trio"] != "missing"
 
 

@@ -279,6 +279,11 @@ class TurnRunner(Suspending, Actor):
         if isinstance(message, RunTurn):
             await self.run_turn(message)
 
+    def on_rest(self) -> None:
+        """The session is idle: the inboxes only a turn uses let go of their channels."""
+        for inbox in (self.stream_inbox, self.tool_inbox, self.save_replies):
+            inbox.park()
+
     def _provider_at(self, index: int) -> Actor:
         """Provider ``index`` of the turn's chain: the primary, then the fallbacks."""
         return self.provider if index == 0 else self.fallbacks[index - 1]

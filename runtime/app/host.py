@@ -2,7 +2,9 @@
 
 The host owns the bus, the supervisor and the host-wide actors (persister, tool
 executor, log tap, one actor per provider configuration); each session adds its own
-turn runner, engine and stream controller. ``async with Host.open() as host`` starts
+turn runner, engine and stream controller, which run only while a turn does: between
+turns they rest, with no task and no channel (:meth:`Host.wake`, :meth:`Host.rest`), so
+ten thousand idle sessions cost a few kilobytes each. ``async with Host.open() as host`` starts
 them; leaving the block cancels running turns (they are saved, marked interrupted),
 lets every observer (an actor subscribed to bus events: the log tap, a recorder, metrics)
 handle the events already published to it, bounded by ``drain_timeout``, and stops every
@@ -29,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 import trio
 
-from runtime.actor import Actor, RestartPolicy, Supervisor
+from runtime.actor import REST, Actor, RestartPolicy, Supervisor
 from runtime.actor_messages import Batch, SessionState
 from runtime.agent import Agent
 from runtime.app.expiry import ExpiryWatch, expire_session, expired, resume_expired
@@ -109,6 +111,18 @@ def _session_state(
     return state, session_meta
 
 
+def _idle_check(session: Session) -> Callable[[], bool]:
+    """Whether ``session`` is idle (no turn running or waiting): when its actors may
+    rest. Holds the session weakly, so its actors keep no evicted session alive."""
+    ref = weakref.ref(session)
+
+    def idle() -> bool:
+        s = ref()
+        return s is not None and s.current is None and not s.queued
+
+    return idle
+
+
 def _configure(session: Session, deps: Any, on_busy: OnBusy | None) -> None:
     """Give ``session`` the ``deps`` and ``on_busy`` an open asked for (``None``: keep)."""
     if deps is not None:
@@ -156,7 +170,10 @@ class Host:
         self.mcp_servers: Servers = {}
         """The running MCP server actors, by configuration (see :mod:`actors.mcp`)."""
         self._actors: dict[Actor, None] = {}
-        """The running actors (an ordered set: removing one is O(1))."""
+        """The running actors, and the loaded sessions' resting ones (an ordered set:
+        removing one is O(1))."""
+        self._deciders: dict[Actor, None] = {}
+        """The started actors that decide approvals in process (few: checked per call)."""
         self._observer_scopes: dict[Actor, trio.CancelScope] = {}
         """The running observers' shielded scopes: only the host cancels them, once drained."""
         self.persister: Actor
@@ -284,6 +301,8 @@ class Host:
     async def start_actor(self, actor: Actor, *, policy: RestartPolicy | None = None) -> Any:
         """Run ``actor`` under the host's supervisor; returns it once started."""
         self._actors[actor] = None
+        if actor.decides_approvals:
+            self._deciders[actor] = None
         await self.nursery.start(self._supervise, actor, policy)
         return actor
 
@@ -291,7 +310,7 @@ class Host:
         """Whether a running actor decides approvals in process (an
         :class:`~actors.plugins.ApprovalActor`): a call that needs approval then waits
         for it in memory instead of suspending its turn (docs/approval.md)."""
-        return any(a.decides_approvals and not a.stopped.is_set() for a in list(self._actors))
+        return any(not a.stopped.is_set() for a in self._deciders)
 
     async def _supervise(
         self,
@@ -467,6 +486,9 @@ class Host:
         else:
             session = handle
         session.attach(runner, actors, session_meta)
+        idle = _idle_check(session)
+        for actor in actors:
+            actor.rests_when = idle
         self.sessions[sid] = session
         session.last_used = trio.current_time()
         if resume:
@@ -506,9 +528,30 @@ class Host:
             tool_source=partial(agent_tools, self.mcp_servers),
         )
         actors: list[Actor] = [engine, controller, runner]
-        for actor in actors:
-            await self.start_actor(actor)
+        for actor in actors:  # resting: the session's first turn starts them (wake)
+            actor.resting = True
+            actor.attach(self.bus)
+            self._actors[actor] = None
         return runner, actors
+
+    def wake(self, session: Session) -> None:
+        """Start the session's resting actors, before its turn is sent to them (without
+        yielding: the caller starts the turn in the same step). An idle session's actors
+        rest (:meth:`rest`): ten thousand idle sessions hold no task and no channel."""
+        for actor in session.actors:
+            if actor.resting and not actor.inbox.closed:
+                actor.resting = False
+                self.nursery.start_soon(self._supervise, actor, None)
+
+    def rest(self, session: Session) -> None:
+        """Let the session's actors rest, now that no turn runs or waits: each ends its
+        task once it has handled what is queued, if the session is still idle then."""
+        for actor in session.actors:
+            if not actor.resting:
+                try:
+                    actor.inbox.put_nowait(REST)
+                except (trio.WouldBlock, trio.ClosedResourceError, trio.BrokenResourceError):
+                    pass  # full (it is busy, and rests after a later turn) or stopped
 
     def touch(self, session: Session) -> None:
         """Mark ``session`` used now: the last to be evicted, its idle time restarted."""

@@ -93,6 +93,12 @@ class SessionOwner(Protocol):
     async def close_session(self, session: Session) -> None:
         """Stop the session's actors and drop it from memory."""
 
+    def wake(self, session: Session) -> None:
+        """Start the session's resting actors (without yielding), before a turn."""
+
+    def rest(self, session: Session) -> None:
+        """Let the session's actors rest: no turn runs or waits."""
+
 
 FINAL_WAIT = 10.0
 """Seconds a leaving consumer waits (shielded) for the cancelled turn to be saved."""
@@ -227,6 +233,7 @@ class TurnStream:
             # A newer message waits already: this turn is cut before its model call (a
             # scope cancelled before it is entered cancels on entry). Its input is kept.
             self._cancel.cancel(INTERRUPTED_BY_NEW)
+        session.host.wake(session)
         session.current = self
         session.changed()
         try:
@@ -364,6 +371,8 @@ class TurnStream:
         if session.current is self:
             session.current = None
             session.changed()
+            if not session.queued:  # idle: its actors rest until its next turn
+                session.host.rest(session)
         session.host.touch(session)  # an idle session's age counts from here
         self.done.set()
 
