@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -176,8 +177,12 @@ async def worker_round(turns: int, warm: int, logs: Path) -> dict[str, float]:
         await _submit_held(url, warm, turns)
         with _worker_processes(1, url, prefix, CONCURRENCY, 0.0, logs) as [proc]:
             await _release(url, schema, "w", warm)
+            spy = _py_spy(proc.pid)
             before = (process_cpu(proc.pid), tree_cpu(pg), process_cpu(redis), time.monotonic())
             await _release(url, schema, "m", warm + turns)
+            if spy is not None:
+                spy.send_signal(signal.SIGINT)
+                spy.wait(30)
             after = (process_cpu(proc.pid), tree_cpu(pg), process_cpu(redis), time.monotonic())
     finally:
         await trio.to_thread.run_sync(_drop_schema, schema)
@@ -189,6 +194,21 @@ async def worker_round(turns: int, warm: int, logs: Path) -> dict[str, float]:
         "redis": redis_s / turns,
         "wall": wall / turns,
     }
+
+
+def _py_spy(pid: int) -> subprocess.Popen[bytes] | None:
+    """With ``AXON_BENCH_PYSPY=<file>`` (by hand): py-spy samples the worker's measured
+    batch into that file (raw stacks; gently, without stopping the process)."""
+    out = os.environ.get("AXON_BENCH_PYSPY")
+    if not out:
+        return None
+    spy = subprocess.Popen(
+        ["py-spy", "record", "-r", "200", "--nonblocking", "--format", "raw", "-o", out,
+         "--pid", str(pid)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    time.sleep(1.0)  # attached before the batch starts
+    return spy
 
 
 # -- the embedded side (a child process) ----------------------------------------------------
@@ -259,9 +279,7 @@ async def measure(turns: int, warm: int, rounds: int, logs: Path) -> dict[str, A
                 for key, value in (await worker_round(turns, warm, logs)).items():
                     sides[key].append(value)
             else:
-                sides["embedded"].append(
-                    await trio.to_thread.run_sync(embedded_round, turns, warm)
-                )
+                sides["embedded"].append(await trio.to_thread.run_sync(embedded_round, turns, warm))
     ratios = [w / e for w, e in zip(sides["worker"], sides["embedded"], strict=True)]
     return {"sides": sides, "ratios": ratios, "load": os.getloadavg()[0], "turns": turns}
 
