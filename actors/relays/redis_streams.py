@@ -271,78 +271,6 @@ def _tail(last: list[Any], *, takeover: bool) -> tuple[int, bytes | None, bool]:
     return entry.last + 1, entry.writer or b"", False
 
 
-@attrs.define(slots=True, eq=False)
-class _Append:
-    key: str
-    fields: dict[str, Any]
-    identifier: str
-    done: bool = False
-    error: BaseException | None = None
-
-
-class _Appends:
-    """The plain ``XADD`` flushes of a relay's writers, sent as one pipeline per round.
-
-    A worker streams many turns at once, and each writer flushing alone paid a round trip
-    and the client's per-command work (about 0.3 ms of CPU) for every few chunks. Here the
-    first writer to flush leads: it yields once, so that every writer woken meanwhile adds
-    its entry, then sends them all in one pipeline and hands each its own outcome (an
-    ``XADD`` refused alone, e.g. a retried one Redis already has, fails only its writer).
-    Writers that come while a pipeline is out wait for it and send the next; a first flush
-    or a last one (with its TTLs) still goes alone.
-    """
-
-    def __init__(self, client: Any) -> None:
-        self.client = client
-        self.pending: list[_Append] = []
-        self.sending = False
-        self.idle = trio.Event()
-        self.pipelines = 0
-        """Pipelines sent (observable: how much the batching merges)."""
-
-    async def xadd(self, key: str, fields: dict[str, Any], identifier: str) -> None:
-        item = _Append(key=key, fields=fields, identifier=identifier)
-        self.pending.append(item)
-        try:
-            while not item.done:
-                if self.sending:
-                    await self.idle.wait()
-                else:
-                    await self._send()
-        finally:
-            if not item.done and item in self.pending:  # cancelled before it was sent
-                self.pending.remove(item)
-        if item.error is not None:
-            raise item.error
-
-    async def _send(self) -> None:
-        self.sending = True
-        try:
-            await trio.lowlevel.checkpoint()  # the writers woken meanwhile add theirs
-            batch, self.pending = self.pending, []
-            self.pipelines += 1
-            try:
-                async with self.client.pipeline(transaction=False, raise_on_error=False) as pipe:
-                    results = [pipe.xadd(i.key, i.fields, identifier=i.identifier) for i in batch]
-            except BaseException as exc:
-                # The others retry (a transient error); the leader's own error, a
-                # cancellation included, goes up its own task.
-                shared = exc if isinstance(exc, Exception) else TimeoutError(str(exc))
-                for item in batch:
-                    item.done, item.error = True, shared
-                raise
-            for item, result in zip(batch, results, strict=True):
-                try:
-                    await result
-                except Exception as exc:
-                    item.error = exc
-                item.done = True
-        finally:
-            self.sending = False
-            self.idle.set()
-            self.idle = trio.Event()
-
-
 class RedisRelayWriter:
     """One turn's outgoing side (:class:`runtime.relay.RelayWriter`) on a Redis Stream."""
 
@@ -527,7 +455,7 @@ class RedisRelayWriter:
             touch = ended or opening or now - self._touched > TTL_REFRESH
             try:
                 if not touch:
-                    await relay.appends.xadd(self.key, fields, f"{first}-1")
+                    await client.xadd(self.key, fields, identifier=f"{first}-1")
                 else:
                     async with client.pipeline(transaction=False, raise_on_error=False) as pipe:
                         added = pipe.xadd(self.key, fields, identifier=f"{first}-1")
@@ -583,8 +511,6 @@ class RedisRelay:
         self.block_ms = block_ms
         self.live: set[RedisRelayWriter] = set()
         """Writers whose flush task runs."""
-        self.appends = _Appends(client)
-        """The writers' plain flushes, sent together (one pipeline per round)."""
 
     @classmethod
     @asynccontextmanager
