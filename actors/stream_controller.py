@@ -34,6 +34,7 @@ from runtime.actor_messages import (
     PartEnd,
     StepBegin,
     StepEnd,
+    StepReset,
     ThrottleNotice,
     ToolDenied,
     ToolDone,
@@ -195,6 +196,14 @@ class StreamController(Actor):
         self._step = item.step
         out.append(self._chunk(o.StepStart, step=item.step))
 
+    def _step_reset(self, item: StepReset, out: list[Any]) -> None:
+        """The step starts over on another provider: its open part is closed (the
+        grammar holds for consumers that do not know ``reset-step``), then voided."""
+        self._close_part(out)
+        out.append(
+            self._chunk(o.ResetStep, step=item.step, provider=item.provider, error=item.error)
+        )
+
     def _step_end(self, item: StepEnd, out: list[Any]) -> None:
         self._close_part(out)
         out.append(
@@ -244,6 +253,7 @@ class StreamController(Actor):
         ThrottleNotice: _throttled,
         StepBegin: _step_begin,
         StepEnd: _step_end,
+        StepReset: _step_reset,
         TurnBegin: _turn_begin,
         TurnEnd: _turn_end,
         TurnDone: _turn_done,

@@ -153,6 +153,7 @@ async def _embedded(sizes: Sizes, directory: str) -> list[Figure]:
     agents = _agents()
     tags = itertools.count()
     phases: dict[str, list[float]] = {"suspend": [], "decide": [], "resume": []}
+    phases_cpu: dict[str, list[float]] = {"suspend": [], "decide": [], "resume": []}
     cpu: dict[str, list[float]] = {"plain": [], "approved": [], "commit": []}
     async with Host.open(store=str(Path(directory) / "approval.db")) as host:
         store = host.store
@@ -171,16 +172,18 @@ async def _embedded(sizes: Sizes, directory: str) -> list[Figure]:
             session = await host.open_session(agents["asks"], f"ask-{next(tags)}")
             t0, c0 = now(), time.process_time()
             waiting = await session.run(PROMPT)
-            t1 = now()
+            t1, c1 = now(), time.process_time()
             _check(waiting, "awaiting-input", 1, "suspend")
             recorded = await session.decide(waiting.pending[0].approval_id, approved=True)
-            t2 = now()
+            t2, c2 = now(), time.process_time()
             assert recorded.complete
             async with session.resume() as out:
                 async for _ in out:
                     pass
-            t3 = now()
-            cpu["approved"].append(time.process_time() - c0)
+            t3, c3 = now(), time.process_time()
+            cpu["approved"].append(c3 - c0)
+            for name, spent in (("suspend", c1 - c0), ("decide", c2 - c1), ("resume", c3 - c2)):
+                phases_cpu[name].append(spent)
             _check(out.result, "stop", 2, "resume")
             if out.result is None or out.result.message.id != waiting.message.id:
                 raise RuntimeError("approval: the continuation is another message")
@@ -211,7 +214,7 @@ async def _embedded(sizes: Sizes, directory: str) -> list[Figure]:
             {"plain": plain, "approved": approved, "commit": commit},
         )
     rounds = sizes.approval_rounds
-    for part in (phases, cpu):  # the measured rounds' (``alternate`` warms up first)
+    for part in (phases, phases_cpu, cpu):  # the measured rounds' (``alternate`` warms up first)
         for name in part:
             part[name] = part[name][-rounds:]
     plain_s, approved_s, commit_s = (median(times[k]) for k in ("plain", "approved", "commit"))
@@ -221,6 +224,7 @@ async def _embedded(sizes: Sizes, directory: str) -> list[Figure]:
     ms = {k: median(v) * 1e3 for k, v in phases.items()}
     cpu_ms = {k: median(v) * 1e3 for k, v in cpu.items()}
     cpu_commits = (cpu_ms["approved"] - cpu_ms["plain"]) / cpu_ms["commit"]
+    phase_cpu_ms = {k: median(v) * 1e3 for k, v in phases_cpu.items()}
     return [
         Figure(
             key="approval.embedded.ratio",
@@ -245,8 +249,16 @@ async def _embedded(sizes: Sizes, directory: str) -> list[Figure]:
             passed=commits <= COMMITS_TARGET,
             detail=f"+{extra * 1e3:.2f} ms; a step commit (store.save) "
             f"{commit_s * 1e3:.2f} ms; plain's per step {plain_s / 2 * 1e3:.2f} ms; "
-            f"CPU: +{cpu_ms['approved'] - cpu_ms['plain']:.2f} ms, {cpu_commits:.1f} commits",
-            data={"extra_s": extra, "commit_s": commit_s, "cpu_ms": cpu_ms},
+            f"CPU: +{cpu_ms['approved'] - cpu_ms['plain']:.2f} ms, {cpu_commits:.1f} commits "
+            f"(plain {cpu_ms['plain']:.2f}; suspend {phase_cpu_ms['suspend']:.2f}, decide "
+            f"{phase_cpu_ms['decide']:.2f}, resume {phase_cpu_ms['resume']:.2f}; a commit "
+            f"{cpu_ms['commit']:.2f})",
+            data={
+                "extra_s": extra,
+                "commit_s": commit_s,
+                "cpu_ms": cpu_ms,
+                "phase_cpu_ms": phase_cpu_ms,
+            },
         ),
     ]
 

@@ -20,8 +20,10 @@ actors.providers``.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import tempfile
 from collections import defaultdict
 
 from benchmarks.common import REPO, Figure, Sizes, median, python_env
@@ -44,14 +46,35 @@ def contract() -> str:
 
 
 SDKS = ("openai", "anthropic", "httpx2", "httpx", "httpcore", "httpcore2", "anyio")
-_TIMER = "import time; t = time.perf_counter(); {stmt}; print(time.perf_counter() - t)"
+_TIMER = (
+    "import time; t = time.perf_counter(); c = time.process_time(); {stmt}; "
+    "print(time.perf_counter() - t, time.process_time() - c)"
+)
+"""Wall and CPU time of the imports: on a loaded machine the CPU time swings less."""
+_CPU: dict[str, list[float]] = {}
+"""CPU seconds of each statement's samples, beside the wall seconds :func:`run` keeps."""
+
+
+PYCACHE = os.path.join(tempfile.gettempdir(), "axon-bench-pycache")
+"""Where the children keep their bytecode: both sides import compiled modules, as an
+installed package does (pip compiles at install; a source tree writes ``__pycache__`` on
+first import). ``PYTHONDONTWRITEBYTECODE`` (set in some sandboxes and CI) would make
+every child recompile Axon's modules from source while the dependencies read the
+bytecode pip wrote: a third of figure 5c was that. The prefix keeps the repository clean."""
+
+
+def _env() -> dict[str, str]:
+    env = python_env()
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    env["PYTHONPYCACHEPREFIX"] = PYCACHE
+    return env
 
 
 def _child(code: str, *flags: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, *flags, "-c", code],
         cwd=REPO,
-        env=python_env(),
+        env=_env(),
         capture_output=True,
         text=True,
         timeout=120,
@@ -61,7 +84,9 @@ def _child(code: str, *flags: str) -> subprocess.CompletedProcess[str]:
 
 def _import_seconds(mods: str) -> float:
     stmt = mods if mods.startswith("from ") else f"import {mods}"
-    return float(_child(_TIMER.format(stmt=stmt)).stdout.strip())
+    wall, cpu = (float(x) for x in _child(_TIMER.format(stmt=stmt)).stdout.split())
+    _CPU.setdefault(mods, []).append(cpu)
+    return wall
 
 
 def _by_package(mods: str) -> dict[str, float]:
@@ -77,11 +102,20 @@ def _by_package(mods: str) -> dict[str, float]:
     return dict(sorted(totals.items(), key=lambda kv: -kv[1]))
 
 
+def _cpu_ratios(mods: str) -> list[float]:
+    """Per-round CPU-time ratios of ``mods`` to the dependencies (same rounds)."""
+    return [a / d for a, d in zip(_CPU[mods], _CPU[DEPS], strict=True)]
+
+
+def _cpu_detail(ratios: list[float]) -> str:
+    return f"CPU {median(ratios):.2f}x (min {min(ratios):.2f} / max {max(ratios):.2f})"
+
+
 def run(sizes: Sizes) -> list[Figure]:
-    _import_seconds(AXON)  # warm the file cache and bytecode for both sides
-    _import_seconds(DEPS)
-    _import_seconds(APP)
     whole = contract()
+    for mods in (AXON, DEPS, APP, whole):  # warm the file cache and write the bytecode
+        _import_seconds(mods)
+    _CPU.clear()
     axon: list[float] = []
     deps: list[float] = []
     app: list[float] = []
@@ -100,6 +134,7 @@ def run(sizes: Sizes) -> list[Figure]:
     extra = {k: v - dep_packages.get(k, 0.0) for k, v in packages.items()}
     extra = dict(sorted(((k, v) for k, v in extra.items() if v >= 0.5), key=lambda kv: -kv[1]))
     top = ", ".join(f"{k} +{v:.0f} ms" for k, v in list(extra.items())[:4])
+    full_cpu, app_cpu = _cpu_ratios(whole), _cpu_ratios(APP)
     figures = [
         Figure(
             key="startup.ratio",
@@ -125,13 +160,14 @@ def run(sizes: Sizes) -> list[Figure]:
             detail=(
                 f"{median(full) * 1e3:.0f} ms vs {median(deps) * 1e3:.0f} ms; beyond those: "
                 f"{top or 'nothing'}; ratios min {min(full_ratios):.2f} / "
-                f"max {max(full_ratios):.2f}"
+                f"max {max(full_ratios):.2f}; {_cpu_detail(full_cpu)}"
             ),
             data={
                 "statement": f"import {whole}",
                 "contract_s": full,
                 "deps_s": deps,
                 "ratios": full_ratios,
+                "cpu_ratios": full_cpu,
                 "added_self_ms_by_package": {k: round(v, 2) for k, v in extra.items()},
             },
         ),
@@ -142,9 +178,10 @@ def run(sizes: Sizes) -> list[Figure]:
             unit="x",
             detail=(
                 f"{median(app) * 1e3:.0f} ms vs {median(deps) * 1e3:.0f} ms; "
-                f"ratios min {min(app_ratios):.2f} / max {max(app_ratios):.2f}"
+                f"ratios min {min(app_ratios):.2f} / max {max(app_ratios):.2f}; "
+                f"{_cpu_detail(app_cpu)}"
             ),
-            data={"app_s": app, "deps_s": deps, "ratios": app_ratios},
+            data={"app_s": app, "deps_s": deps, "ratios": app_ratios, "cpu_ratios": app_cpu},
         ),
     ]
     probe = (

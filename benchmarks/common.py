@@ -21,6 +21,7 @@ INSTRUCTIONS = "You are concise."
 PROMPT = "Tell me about the weather in Paris."
 OPENAI_MODEL = "gpt-4o-mini"
 ANTHROPIC_MODEL = "claude-sonnet-4-5"
+GEMINI_MODEL = "gemini-2.5-flash"
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ INSTRUCTIONS = "You are concise."
 PROMPT = "Tell me about the weather in Paris."
 OPENAI_MODEL = "gpt-4o-mini"
 ANTHROPIC_MODEL = "claude-sonnet-4-5"
+GEMINI_MODEL = "gemini-2.5-flash"
 
 FloorRun = Callable[[], Awaitable[tuple[float, float, list[str], float]]]
 """One read: (total seconds, seconds to the first text delta, the text deltas, the
@@ -55,6 +56,13 @@ def request(fmt: str, base_url: str) -> tuple[str, bytes, dict[str, str]]:
         }
         url = base_url + "/chat/completions"
         headers = {"authorization": f"Bearer {API_KEY}"}
+    elif fmt == "gemini":
+        payload = {
+            "contents": [{"role": "user", "parts": [{"text": PROMPT}]}],
+            "systemInstruction": {"parts": [{"text": INSTRUCTIONS}], "role": "user"},
+        }
+        url = base_url + f"/v1beta/models/{GEMINI_MODEL}:streamGenerateContent?alt=sse"
+        headers = {"x-goog-api-key": API_KEY}
     else:
         payload = {
             "model": ANTHROPIC_MODEL,
@@ -79,7 +87,7 @@ def floor_side(fmt: str, base_url: str) -> tuple[FloorRun, Callable[[], Awaitabl
     now = time.perf_counter
     client = httpx.AsyncClient(timeout=60.0)
     url, body, headers = request(fmt, base_url)
-    openai = fmt == "openai"
+    openai, gemini = fmt == "openai", fmt == "gemini"
 
     async def run() -> tuple[float, float, list[str], float]:
         first = 0.0
@@ -101,6 +109,9 @@ def floor_side(fmt: str, base_url: str) -> tuple[FloorRun, Callable[[], Awaitabl
                     if openai:
                         choices = event["choices"]
                         text = choices[0]["delta"].get("content") if choices else None
+                    elif gemini:  # lines end with CR here (CRLF framing): orjson skips it
+                        parts = event["candidates"][0].get("content", {}).get("parts")
+                        text = parts[0].get("text") if parts else None
                     elif event["type"] == "content_block_delta":
                         text = event["delta"].get("text")
                     else:

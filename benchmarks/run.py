@@ -157,7 +157,7 @@ def _child(
     if sent_log:
         cmd += ["--sent-log", sent_log]
     proc = subprocess.run(
-        cmd, cwd=REPO, env=python_env(), stdout=subprocess.PIPE, text=True, timeout=900
+        cmd, cwd=REPO, env=python_env(), stdout=subprocess.PIPE, text=True, timeout=1800
     )
     lines = proc.stdout.strip().splitlines()
     if proc.returncode != 0 or not lines:
@@ -249,6 +249,22 @@ def render(figures: list[Figure], title: str) -> None:
     Console(width=max(160, Console().width)).print(table)
 
 
+def _peers_python(
+    explicit: str | None, peers: bool, reinstall: bool, only: tuple[str, ...]
+) -> str | None:
+    """The peers' python: ``--peers`` creates their throwaway virtualenv when it is
+    missing (``--setup-peers`` reinstalls it); otherwise an existing one is used, or the
+    peers are skipped."""
+    if "peers" not in only or explicit:
+        return explicit
+    from benchmarks import bench_peers
+
+    found = bench_peers.peers_python()
+    if reinstall or (peers and found is None):
+        return str(bench_peers.setup())
+    return str(found) if found else None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python3 -m benchmarks", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="tiny sizes (smoke test)")
@@ -261,9 +277,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--peers-python", help="python of the peers' virtualenv")
     parser.add_argument("--no-peers", action="store_true", help="skip the peers")
     parser.add_argument(
+        "--peers",
+        action="store_true",
+        help="run the peers (Pydantic AI, OpenAI Agents SDK), creating their throwaway "
+        "virtualenv /tmp/peers first if it is missing (needs PyPI)",
+    )
+    parser.add_argument(
         "--setup-peers",
         action="store_true",
-        help="create /tmp/peers and pip install the peers first (needs PyPI)",
+        help="(re)install the peers' virtualenv /tmp/peers, then run them (needs PyPI)",
     )
     parser.add_argument("--child", help=argparse.SUPPRESS)  # run one benchmark, print JSON
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
@@ -278,13 +300,13 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(only) - set(BENCHMARKS)
     if unknown:
         parser.error(f"unknown benchmark(s): {', '.join(sorted(unknown))}")
+    if args.no_peers and (args.peers or args.setup_peers):
+        parser.error("--no-peers contradicts --peers / --setup-peers")
     if args.no_peers:
         only = tuple(x for x in only if x != "peers")
-    peers_python = args.peers_python
-    if args.setup_peers and "peers" in only:
-        from benchmarks.bench_peers import setup
-
-        peers_python = str(setup())
+    elif (args.peers or args.setup_peers) and "peers" not in only:
+        only = (*only, "peers")
+    peers_python = _peers_python(args.peers_python, args.peers, args.setup_peers, only)
     sizes = QUICK if args.quick else FULL
     started = time.perf_counter()
     load_before = os.getloadavg()

@@ -54,8 +54,9 @@ def _body(fmt: str, n: int) -> bytes:
 @cache
 def _paced(fmt: str, n: int) -> tuple[bytes, bytes]:
     events = split_events(_body(fmt, n))
-    # Anthropic: message_start, content_block_start, ping precede the first delta.
-    k = PACE_HEAD_EVENTS + (1 if fmt == "anthropic" else 0)
+    # Anthropic: message_start, content_block_start, ping precede the first delta;
+    # Gemini: the first chunk is the first delta.
+    k = {"anthropic": PACE_HEAD_EVENTS + 1, "gemini": 1}.get(fmt, PACE_HEAD_EVENTS)
     return b"".join(events[:k]), b"".join(events[k:])
 
 
@@ -99,7 +100,7 @@ def _serve(conn: socket.socket) -> None:
             try:
                 fmt, n, mode = path.strip("/").split("/")[:3]
                 count = int(n)
-                if fmt not in ("openai", "anthropic") or mode not in ("burst", "paced"):
+                if fmt not in ("openai", "anthropic", "gemini") or mode not in ("burst", "paced"):
                     raise ValueError(path)
             except ValueError:
                 msg = b"unknown path"

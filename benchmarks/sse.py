@@ -112,7 +112,35 @@ def anthropic_body(n: int) -> bytes:
     return "".join(out).encode()
 
 
-BODIES = {"openai": openai_body, "anthropic": anthropic_body}
+def gemini_body(n: int) -> bytes:
+    """A ``streamGenerateContent?alt=sse`` stream of ``n`` text deltas, shaped like the
+    Gemini API's: one chunk per delta (its candidate, the running ``usageMetadata``, the
+    model version and response id), the last with ``finishReason``; CRLF framing."""
+
+    def chunk(parts: list[dict], k: int, finish: str | None = None) -> str:
+        candidate: dict = {"content": {"parts": parts, "role": "model"}, "index": 0}
+        if finish is not None:
+            candidate["finishReason"] = finish
+        usage = {
+            "promptTokenCount": 25,
+            "candidatesTokenCount": k,
+            "totalTokenCount": 25 + k,
+            "promptTokensDetails": [{"modality": "TEXT", "tokenCount": 25}],
+        }
+        obj = {
+            "candidates": [candidate],
+            "usageMetadata": usage,
+            "modelVersion": "gemini-2.5-flash",
+            "responseId": "BENCHgemini000000000000",
+        }
+        return "data: " + _dumps(obj) + "\r\n\r\n"
+
+    out = [chunk([{"text": t}], k + 1) for k, t in enumerate(delta_texts(n))]
+    out.append(chunk([{"text": ""}], n, "STOP"))
+    return "".join(out).encode()
+
+
+BODIES = {"openai": openai_body, "anthropic": anthropic_body, "gemini": gemini_body}
 
 
 def body(fmt: str, n: int) -> bytes:
@@ -120,6 +148,8 @@ def body(fmt: str, n: int) -> bytes:
 
 
 def split_events(data: bytes) -> list[bytes]:
-    """The body cut after each SSE event (blank-line terminated), bytes unchanged."""
-    parts = data.split(b"\n\n")
-    return [p + b"\n\n" for p in parts[:-1]] + ([parts[-1]] if parts[-1] else [])
+    """The body cut after each SSE event (blank-line terminated: LF, or CRLF as
+    Gemini's), bytes unchanged."""
+    end = b"\r\n\r\n" if b"\r\n\r\n" in data[:4096] else b"\n\n"
+    parts = data.split(end)
+    return [p + end for p in parts[:-1]] + ([parts[-1]] if parts[-1] else [])

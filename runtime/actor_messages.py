@@ -20,6 +20,7 @@ from runtime.inbox import Inbox
 from runtime.messages import Message, Part, UserContent, UserMessage
 from runtime.output import ErrorInfo, OutputChunk
 from runtime.redact import redact_text
+from runtime.store import SessionRecord
 
 if TYPE_CHECKING:
     from runtime.hosting import ToolHost  # type-only: hosting.py names TurnResult in its turn
@@ -173,6 +174,17 @@ class ThrottleNotice:
     step: int
     wait: float
     reason: str
+
+
+@attrs.frozen(kw_only=True, slots=True, eq=False)  # internal: identity is enough
+class StepReset:
+    """Turn runner -> stream controller: the step's model call failed after it streamed
+    output and the step starts over on ``provider`` (becomes a ``reset-step`` chunk)."""
+
+    step: int
+    provider: str
+    error: ErrorInfo
+    """The failure that made the step start over."""
 
 
 @attrs.frozen(kw_only=True, slots=True)
@@ -568,6 +580,10 @@ class RunTurn:
     instructions: str | None = None
     """Added after the agent's instructions for this turn's model calls only (AG-UI's
     ``context``); never saved."""
+    stored: SessionRecord | None = None
+    """The session as its caller just read it from the store, or wrote it (a
+    continuation: the waiting turn, its decisions recorded): with ``resume``, the turn
+    starts from it instead of reading the session again."""
 
 
 ConsumerItem: TypeAlias = "Batch[OutputChunk] | TurnDone"

@@ -30,7 +30,7 @@ from runtime.messages import (
     ToolMessage,
     UserMessage,
 )
-from runtime.store import Store
+from runtime.store import SessionRecord, Store
 from runtime.tools import ToolInputError
 
 APPROVAL = "approval"
@@ -87,6 +87,9 @@ class Recorded:
     call: PendingCall
     complete: bool
     version: int
+    messages: tuple[Message, ...] | None = None
+    """The session's whole history as the decision stored it (at ``version``): a
+    continuation started in the same process takes it instead of reading it back."""
 
 
 def _last_turn(messages: Sequence[Message]) -> tuple[int, AssistantMessage] | None:
@@ -239,6 +242,7 @@ async def record_decision(
     tools: Mapping[str, Any],
     *,
     save: DecisionSave | None = None,
+    known: SessionRecord | None = None,
 ) -> Recorded:
     """Record ``decision`` for the waiting call ``key`` of session ``session_id`` in
     ``store``: load, check, save on top of the version loaded. When another writer saved
@@ -246,13 +250,26 @@ async def record_decision(
     decided meanwhile raises :class:`AlreadyDecided`, so of two decisions exactly one
     wins. Raises :class:`UnknownApproval` for an id the session does not wait for (one
     of another session's is unknown here). ``save`` replaces the version-checked
-    ``store.save`` (it must check ``expected_version`` the same way)."""
+    ``store.save`` (it must check ``expected_version`` the same way).
+
+    ``known`` is the session as the caller holds it in memory (a loaded session whose
+    history is all saved, at the version it was saved with): the first attempt decides
+    on it instead of loading, one store round trip fewer. Nothing is lost if it is
+    stale: its version no longer matches, the save conflicts, and the next attempt
+    loads, as it would after any concurrent write."""
     conflict: StoreConflict | None = None
     for _ in range(RECORD_ATTEMPTS):
-        record = await store.load(session_id)
+        record = known if known is not None else await store.load(session_id)
         if record is None:
             raise UnknownApproval(f"no call of this session waits for {key!r}")
-        index, messages, call, complete = decide(record.messages, key, decision, tools)
+        try:
+            index, messages, call, complete = decide(record.messages, key, decision, tools)
+        except (UnknownApproval, AlreadyDecided):
+            if known is None:
+                raise
+            known = None  # the caller's view may be behind the store's: read it
+            continue
+        known = None
         left = len(pending_calls(messages))
         try:
             if save is None:
@@ -275,7 +292,7 @@ async def record_decision(
         except StoreConflict as exc:
             conflict = exc
             continue
-        return Recorded(call=call, complete=complete, version=version)
+        return Recorded(call=call, complete=complete, version=version, messages=messages)
     assert conflict is not None
     raise conflict
 

@@ -243,9 +243,10 @@ class HistoryCompacted(_InTurn):
 
 @_event("provider.fallback")
 class ProviderFallback(_InTurn):
-    """A model call failed after its retries, before producing output, with an error its
-    agent's :class:`~runtime.provider.FallbackProvider` covers: the turn goes on with the
-    next provider, from the same step."""
+    """A model call failed after its retries with an error its agent's
+    :class:`~runtime.provider.FallbackProvider` covers: the turn goes on with the next
+    provider, from the same step. If the call had streamed output, ``reset`` is true and
+    the stream carried a ``reset-step`` chunk (:class:`~runtime.output.ResetStep`)."""
 
     step: int
     from_provider: str
@@ -258,6 +259,8 @@ class ProviderFallback(_InTurn):
     :class:`TurnStarted`)."""
     model: str | None = None
     """Its model."""
+    reset: bool = False
+    """Whether the failed call had streamed output that the step's restart discarded."""
 
 
 @_event("tool.approval-requested")

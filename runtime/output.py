@@ -2,7 +2,11 @@
 
 Grammar of one turn::
 
-    start (step-start CONTENT* step-finish)+ finish      -- or cut short by error / abort
+    start (step-start CONTENT* (reset-step CONTENT*)* step-finish)+ finish
+                                                          -- or cut short by error / abort
+
+A ``reset-step`` voids the step's content so far (its model call failed mid-stream and
+the step starts over on a fallback provider, docs/providers.md): a consumer drops it.
 
 A turn that suspends (docs/approval.md) has ``tool-approval-request`` s in its last step
 and ends with ``finish`` (``awaiting-input``); its continuation starts with the results of
@@ -244,6 +248,22 @@ class Throttled(_Base):
     reason: str
 
 
+@_out("reset-step")
+class ResetStep(_Base):
+    """Discard everything of step ``step`` shown so far: its model call failed after it
+    had streamed output, and the step starts over on the next provider of the agent's
+    :class:`~runtime.provider.FallbackProvider` (``provider``, its actor name), from
+    the last committed step. A consumer drops the step's text, reasoning, object and
+    tool-input parts it received since the step's ``step-start``; nothing of them is
+    stored. The open part (if any) was closed by its ``*-finish`` just before; no new
+    ``step-start`` follows: the step's new parts come next, with new ``part_id`` s.
+    ``error`` is the failure that made the step start over."""
+
+    step: int
+    provider: str
+    error: ErrorInfo
+
+
 @_out("step-finish")
 class StepFinish(_Base):
     step: int
@@ -288,6 +308,7 @@ OutputChunk = (
     | ToolOutputDenied
     | ToolStream
     | Throttled
+    | ResetStep
     | StepFinish
     | Finish
     | Error

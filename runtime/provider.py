@@ -327,15 +327,16 @@ def _failure_classes(value: Iterable[type[BaseException]]) -> tuple[type[BaseExc
 @attrs.frozen(slots=True)
 class FallbackProvider:
     """Providers a turn tries in order: when a model call fails after its retries with
-    one of the ``on`` errors, before it streamed anything, the same turn goes on with the
-    next provider, from the step that failed (the committed steps stay as they are). The
-    rest of the turn stays on that provider; the next turn starts with the first again.
+    one of the ``on`` errors, the same turn goes on with the next provider, from the step
+    that failed (the committed steps stay as they are). The rest of the turn stays on
+    that provider; the next turn starts with the first again.
 
     ``Agent(provider=[primary, fallback])`` makes one. The stored message then holds
     parts of several providers, each reasoning part bound to the one that made it
     (:func:`runtime.history.replays_to`), so the history replays to any of them.
-    A call that fails after it streamed output is not handed on: the error ends the turn
-    as it would without a fallback.
+    A call that fails after it streamed output (it is not retried then) is handed on
+    too, after a ``reset-step`` chunk (:class:`~runtime.output.ResetStep`) that tells
+    every consumer to drop what the step streamed; none of it is stored.
     """
 
     providers: tuple[Provider, ...] = attrs.field(converter=_providers)

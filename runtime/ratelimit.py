@@ -15,8 +15,10 @@ wherever it starts, ever holds more. A call that must wait is told how long; the
 publishes a ``provider.throttled`` event and streams a ``throttled`` chunk (the AI SDK
 stream's transient ``data-throttled``) so a UI can say so.
 
-The provider's own word comes first: ``retry-after`` on a 429, and the
-``x-ratelimit-*`` / ``anthropic-ratelimit-*`` headers of every response
+The provider's own word comes first: ``retry-after`` on a 429 (Gemini's: the
+``google.rpc.RetryInfo`` ``retryDelay`` of its ``RESOURCE_EXHAUSTED`` error body, which
+the provider reads into the error's ``retry_after``), and the ``x-ratelimit-*`` /
+``anthropic-ratelimit-*`` headers and ``retry-after`` of every response
 (:func:`parse_rate_headers`), pause every caller of the key until the reset they name.
 
 Time is a :class:`Clock`: Trio's for the in-process backend, the wall clock for Redis

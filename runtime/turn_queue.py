@@ -21,7 +21,7 @@ import attrs
 from runtime.approval import AWAITING_INPUT, Decision, Recorded
 from runtime.busy import OnBusy
 from runtime.messages import Message, UserContent
-from runtime.store import Store
+from runtime.store import SessionRecord, Store
 from runtime.tools import Tool
 
 QUEUED: Final = "queued"
@@ -165,6 +165,10 @@ class Claim:
     """The turn waited for input and its calls are decided now: this claim runs its
     continuation (in the same assistant message, its relay stream going on after the
     wait), not a takeover."""
+    stored: SessionRecord | None = None
+    """The session as the claim read it, in the claim's transaction (a continuation's:
+    its decisions were recorded elsewhere), for the turn to start from without reading
+    it again (``RunTurn.stored``); ``None``: the turn reads it."""
 
 
 @attrs.frozen(kw_only=True, slots=True)

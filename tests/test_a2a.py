@@ -984,3 +984,24 @@ def test_a_task_dict_parses_as_the_sdks_task():
     task = ParseDict(data, Task())
     assert task.status.state == TaskState.TASK_STATE_INPUT_REQUIRED
     assert task.artifacts[0].parts[0].text == "partial"
+
+
+async def test_a_step_that_started_over_replaces_the_answer_artifact_without_its_text():
+    from runtime import RetryPolicy
+    from runtime.errors import Overloaded
+
+    busy = Overloaded("overloaded", provider="scripted", status_code=529)
+    primary = ScriptedProvider([["Half an ans", busy]], name="primary")
+    backup = ScriptedProvider([["The whole answer."]], name="backup")
+    agent = Agent(name="fb", provider=[primary, backup], retry=RetryPolicy(max_attempts=1))
+    async with web_server(agent, protocols=BOTH) as server:
+        events = await sdk(server, lambda c: collect(c, user("hi")))
+    updates = [e.artifact_update for e in events if e.HasField("artifact_update")]
+    texts = [("".join(p.text for p in u.artifact.parts), u.append) for u in updates]
+    reset = texts.index(("", False))  # the artifact, whole again, without the void text
+    assert reset > 0 and "".join(t for t, _ in texts[:reset]) == "Half an ans"
+    answer = ""  # as the spec reads them: an update without append replaces the artifact
+    for text, append in texts:
+        answer = answer + text if append else text
+    assert answer == "The whole answer."
+    assert last_state(events) == TaskState.TASK_STATE_COMPLETED

@@ -181,3 +181,32 @@ async def test_the_official_client_reads_through_keep_alive_comments(node):
     assert result["error"] is None and result["runError"] is None
     assert result["outcome"]["type"] == "success"
     assert result["messages"][-1]["content"] == "Slow answer."
+
+
+async def test_the_official_client_ends_without_the_text_of_a_step_that_started_over(node):
+    from runtime.errors import Overloaded
+
+    busy = Overloaded("overloaded", provider="scripted", status_code=529)
+    primary = ScriptedProvider([["Half an ans", busy]], name="primary")
+    backup = ScriptedProvider([["The whole answer."]], name="backup")
+    agent = Agent(name="helper", provider=[primary, backup], retry=RetryPolicy(max_attempts=1))
+    async with web_server(agent, protocols=("ag-ui",), token="tok") as server:
+        out = await run_client(
+            node,
+            {
+                "url": server.url + "/ag-ui",
+                "token": "tok",
+                "threadId": "thread-r",
+                "runs": [{"userText": "Go"}],
+            },
+        )
+    (result,) = out["results"]
+    assert out["warnings"] == []
+    assert result["error"] is None and result["schemaErrors"] == []
+    types = result["types"]
+    assert "CUSTOM" in types and types[-2:] == ["MESSAGES_SNAPSHOT", "RUN_FINISHED"]
+    # the client built "Half an ansThe whole answer." from the stream; the snapshot wins
+    assert [(m["role"], m.get("content")) for m in result["messages"]] == [
+        ("user", "Go"),
+        ("assistant", "The whole answer."),
+    ]

@@ -5,6 +5,7 @@ loop that went missing, as the real APIs do."""
 
 from __future__ import annotations
 
+import json
 import sys
 from typing import Any
 
@@ -13,18 +14,21 @@ import trio
 
 from actors.providers import (
     AnthropicProvider,
+    GeminiProvider,
     OpenAIProvider,
     OpenAIResponsesProvider,
     openai_common,
 )
 from runtime import Agent, DropToolResults, Host, Summarize
 from runtime.compaction import is_summary
+from runtime.errors import AuthenticationFailed
 from runtime.messages import Message, UserMessage
 from tests.support.faults import check_history, resolve_platform
 from tests.support.loopback import loopback_server
 from tests.support.windows import (
     AnthropicWindow,
     ChatWindow,
+    GeminiWindow,
     ResponsesWindow,
     WindowServer,
     fake_tiktoken,
@@ -55,6 +59,10 @@ def make(kind: str, url: str) -> tuple[Any, WindowServer]:
         return provider, AnthropicWindow(window=WINDOW)
     if kind == "openai":
         return OpenAIProvider("gpt-4o", base_url=url + "/v1", api_key="test"), ChatWindow(
+            window=WINDOW
+        )
+    if kind == "gemini":
+        return GeminiProvider("gemini-2.5-flash", base_url=url, api_key="test"), GeminiWindow(
             window=WINDOW
         )
     provider = OpenAIResponsesProvider("gpt-5-mini", base_url=url + "/v1", api_key="test")
@@ -92,7 +100,7 @@ async def long_session(
     return window, results, messages
 
 
-@pytest.mark.parametrize("kind", ["anthropic", "openai", "openai-responses"])
+@pytest.mark.parametrize("kind", ["anthropic", "openai", "openai-responses", "gemini"])
 async def test_a_200_turn_session_stays_under_the_window_and_replays_validly(kind, tiktoken):
     window, results, messages = await long_session(kind, TURNS)
     assert window.refused == []
@@ -102,6 +110,8 @@ async def test_a_200_turn_session_stays_under_the_window_and_replays_validly(kin
     assert sum(is_summary(m) for m in messages) == window.summaries  # each one stored once
     assert sum(isinstance(m, UserMessage) for m in messages) == TURNS  # the store keeps all
     check_history([m for m in messages if not is_summary(m)])
+    if isinstance(window, GeminiWindow):
+        assert window.counted > 0  # measured by the API's count, not the estimate
 
 
 # -- token counts ------------------------------------------------------------------------------
@@ -121,6 +131,32 @@ async def test_anthropic_counts_with_its_count_tokens_endpoint():
     assert body["system"] == "be brief" and body["thinking"]["budget_tokens"] == 1024
     assert [t["name"] for t in body["tools"]] == ["lookup"]
     assert counted == window.tokens(body)
+
+
+async def test_gemini_counts_the_request_it_sends_with_its_count_tokens_endpoint():
+    window = GeminiWindow(window=WINDOW)
+    async with loopback_server(respond=window) as server:
+        provider, _ = make("gemini", server.url)
+        counted = await provider.count_tokens("be brief", HISTORY, [lookup_tool()])
+        (request,) = server.requests
+    assert request.path.endswith("/models/gemini-2.5-flash:countTokens")
+    asked = request.json()["generateContentRequest"]  # the whole request, as documented
+    assert asked["model"] == "models/gemini-2.5-flash"
+    assert asked["systemInstruction"]["parts"] == [{"text": "be brief"}]
+    assert [f["name"] for f in asked["tools"][0]["functionDeclarations"]] == ["lookup"]
+    assert asked["contents"] == [{"role": "user", "parts": [{"text": HISTORY[0].content}]}]
+    assert counted == window.tokens(asked) > window.tokens({"contents": asked["contents"]})
+
+
+async def test_a_gemini_count_the_api_refuses_is_a_classified_error():
+    from tests.support.loopback import Reply
+
+    error = {"error": {"code": 403, "message": "no", "status": "PERMISSION_DENIED"}}
+    reply = Reply(status=403, content_type="application/json", body=json.dumps(error).encode())
+    async with loopback_server(reply) as server:
+        provider, _ = make("gemini", server.url)
+        with pytest.raises(AuthenticationFailed):
+            await provider.count_tokens(None, HISTORY, [])
 
 
 @pytest.mark.parametrize("kind", ["openai", "openai-responses"])

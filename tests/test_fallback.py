@@ -1,15 +1,17 @@
 """Fallback at a step boundary: ``Agent(provider=[primary, fallback, ...])``.
 
-A call the primary fails to make (after its retries, with a failure the fallback covers,
-before anything of it was shown) is made again by the next provider, in the same turn and
-step; the stored message then holds parts of both, and the next turn replays it to any
-provider without a 400: the loopback servers refuse what the real APIs refuse (a thinking
-signature not minted for the model, encrypted reasoning sealed elsewhere, a tool call
-without its result)."""
+A call the primary fails to make (after its retries, with a failure the fallback covers)
+is made again by the next provider, in the same turn and step (after a ``reset-step`` if
+it had streamed output: tests/test_fallback_reset.py for the encoders); the stored
+message then holds parts of both, and the next turn replays it to any provider without a
+400: the loopback servers refuse what the real APIs refuse (a thinking signature not
+minted for the model, encrypted reasoning sealed elsewhere, a tool call without its
+result)."""
 
 from __future__ import annotations
 
 import json
+from itertools import groupby
 from typing import Any
 
 import attrs
@@ -147,12 +149,64 @@ async def test_on_names_the_failures_that_fall_back():
     assert len(backup.requests) == 0
 
 
-async def test_a_call_that_failed_after_streaming_output_is_not_handed_on():
+async def test_a_call_that_failed_after_streaming_output_starts_its_step_over_on_the_fallback():
+    primary = ScriptedProvider([TOOL_STEP, ["Half an ", "answer", busy()]], name="primary")
+    backup = ScriptedProvider([["unused"], ["A whole answer"]], name="backup")
+    async with Host.open(log_tap=False) as host:
+        watch = host.bus.subscribe([ev.ProviderFallback])
+        session = await host.open_session(agent_of(primary, backup), session_id="s")
+        async with session.stream("go") as out:
+            chunks = [c async for c in out]
+        fallback = watch.inbox.get_nowait()
+        messages = session.messages
+    result = out.result
+    assert result.finish_reason == "stop" and result.text == "A whole answer"
+    types = [k for k, _ in groupby(c.type for c in chunks if getattr(c, "step", None) == 1)]
+    assert types == [
+        "step-start",
+        "text-start",
+        "text-delta",
+        "text-finish",
+        "reset-step",
+        "text-start",
+        "text-delta",
+        "text-finish",
+        "step-finish",
+    ]
+    (reset,) = [c for c in chunks if c.type == "reset-step"]
+    assert (reset.step, reset.provider, reset.error.kind) == (1, "backup", "Overloaded")
+    ids = [c.part_id for c in chunks if c.type == "text-start"]
+    assert len(ids) == len(set(ids)) == 2  # the re-run step's part is new
+    assert fallback.reset is True and fallback.step == 1
+    # the stored message holds the committed step and the fallback's answer, nothing else
+    assert [(type(p).__name__, p.step) for p in messages[1].content] == [
+        ("ToolCallPart", 0),
+        ("TextPart", 1),
+    ]
+    assert messages[1].text == "A whole answer"
+    shown = "".join(c.text for c in chunks if c.type == "text-delta")
+    assert shown == "Half an answerA whole answer"  # the consumer saw both, then the reset
+
+
+async def test_a_reset_step_drops_the_tool_input_and_reasoning_the_failed_call_streamed():
+    from runtime import ReasoningChunk
+
+    primary = ScriptedProvider(
+        [[ReasoningChunk(text="thinking"), *tool_call("echo", {"text": "x"})[:2], busy()]],
+        name="primary",
+    )
+    backup = ScriptedProvider([["fine"]], name="backup")
+    (result,), messages, events = await run(agent_of(primary, backup), "go")
+    assert result.text == "fine" and events[0].reset
+    assert [type(p).__name__ for p in messages[1].content] == ["TextPart"]
+
+
+async def test_a_call_that_streamed_output_and_has_no_fallback_left_keeps_what_was_shown():
     primary = ScriptedProvider([["Half an answer", busy()]], name="primary")
-    backup = ScriptedProvider([["never"]], name="backup")
+    backup = ScriptedProvider([["Half again", busy()]], name="backup")
     (result,), messages, _ = await run(agent_of(primary, backup), "go")
-    assert result.finish_reason == "error" and len(backup.requests) == 0
-    assert messages[1].text == "Half an answer"  # what the user saw is kept
+    assert result.finish_reason == "error" and len(backup.requests) == 1
+    assert messages[1].text == "Half again"  # what the user saw last is kept
 
 
 def test_a_list_of_providers_is_a_fallback_provider_with_the_default_failures():
@@ -400,3 +454,25 @@ async def test_the_chat_span_of_a_step_that_fell_back_names_the_fallback_and_say
     assert event.name == "axon.provider.fallback"
     assert event.attributes["axon.fallback.to"] == "backup"
     assert event.attributes["error.type"] == "Overloaded"
+
+
+async def test_a_structured_answer_that_started_over_is_parsed_from_the_fallback_alone():
+    import pydantic
+
+    class City(pydantic.BaseModel):
+        name: str
+        population: int
+
+    primary = ScriptedProvider([['{"name": "Atlan', busy()]], name="primary")
+    backup = ScriptedProvider([['{"name": "Paris", "population": 2100000}']], name="backup")
+    agent = Agent(provider=[primary, backup], output_type=City, retry=NO_RETRY)
+    async with Host.open(log_tap=False) as host:
+        session = await host.open_session(agent)
+        async with session.stream("go") as out:
+            chunks = [c async for c in out]
+    assert out.result.output == City(name="Paris", population=2100000)
+    kinds = [c.type for c in chunks]
+    after = kinds[kinds.index("reset-step") :]
+    objects = [c.value for c in chunks[len(kinds) - len(after) :] if c.type == "object-delta"]
+    assert objects and all(v.get("name") != "Atlan" for v in objects)
+    assert objects[-1] == {"name": "Paris", "population": 2100000}

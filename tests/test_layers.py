@@ -258,6 +258,20 @@ def test_importing_runtime_and_actors_builds_no_contract_module():
     assert out.stdout.strip() == ""
 
 
+def test_an_applications_first_line_imports_no_actor():
+    """``from runtime import Agent, Host, tool`` is what an application starts with; the
+    host imports the actors it assembles when it opens (issue 24, start-up), so a program
+    that only builds its agent, or prints its --help, does not pay for them."""
+    code = (
+        "import sys\nfrom runtime import Agent, Host, tool\n"
+        "print(' '.join(m for m in sys.modules if m.split('.')[0] == 'actors'))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == ""
+
+
 def test_every_facade_name_is_the_object_of_its_module():
     import importlib
 

@@ -30,7 +30,7 @@ from runtime.app.web.protocols import BUILT, PROTOCOLS, parse_protocols, unbuilt
 from runtime.chunks import Usage
 from runtime.messages import AssistantMessage, SystemMessage, ToolMessage, UserMessage
 from tests.test_web_http import TWO_TOOLS, lookup
-from tests.web.harness import WebServer, web_server
+from tests.web.harness import WebServer, wait_idle, web_server
 
 BOTH = ("ai-sdk", "openai")
 
@@ -256,6 +256,38 @@ async def test_a_failed_turn_raises_in_the_sdk_from_the_stream_and_the_whole_ans
                 pass
 
 
+async def test_a_step_that_started_over_ends_the_stream_with_an_error_and_not_the_answer():
+    from runtime import RetryPolicy
+    from runtime.errors import Overloaded
+
+    def busy() -> Overloaded:
+        return Overloaded("overloaded", provider="scripted", status_code=529)
+
+    primary = ScriptedProvider(responder=lambda request: ["Half an ans", busy()])
+    backup = ScriptedProvider(responder=lambda request: ["The whole answer."], name="b")
+    agent = Agent(name="fb", provider=[primary, backup], retry=RetryPolicy(max_attempts=1))
+    async with web_server(agent, protocols=BOTH) as server, openai_client(server) as c:
+        # answered whole: only the fallback's text
+        whole = await c.chat.completions.create(model="fb", messages=USER("x"))
+        assert whole.choices[0].message.content == "The whole answer."
+        # streamed: the half answer went out and cannot be taken back: an error ends it;
+        # the turn goes on while the client stays, and is stored whole
+        header = {"X-Axon-Session": "fb-1"}
+        stream = await c.chat.completions.create(
+            model="fb", messages=USER("y"), stream=True, extra_headers=header
+        )
+        got: list[str] = []
+        with pytest.raises(openai.APIError, match="cannot retract"):
+            async for chunk in stream:
+                if chunk.choices and chunk.choices[0].delta.content:
+                    got.append(chunk.choices[0].delta.content)
+        assert "".join(got) == "Half an ans"
+        await wait_idle(server, "fb-1")
+        await stream.close()
+        stored = (await server.host.store.load("fb-1")).messages
+        assert stored[-1].text == "The whole answer." and stored[-1].status == "complete"
+
+
 async def test_only_the_named_protocols_are_mounted():
     async with web_server(tool_agent()) as server, httpx.AsyncClient(base_url=server.url) as c:
         assert (await c.get("/v1/models")).status_code == 404  # default: ai-sdk only
@@ -384,7 +416,7 @@ async def test_a_session_running_a_turn_answers_409_session_busy():
         with pytest.raises(openai.ConflictError) as caught:
             await c.chat.completions.create(model="slow", messages=USER("y"), extra_headers=header)
         assert caught.value.code == "session_busy"
-        await stream.close()
+        await stream.close()  # the turn goes on (and ends) without the client
 
 
 async def test_a_body_not_sent_as_json_is_415_and_runs_nothing():

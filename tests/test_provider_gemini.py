@@ -856,3 +856,80 @@ async def test_with_tools_the_answer_comes_as_the_output_function_streamed_as_te
     assert run.body["toolConfig"] == {"functionCallingConfig": {"mode": "ANY"}}
     assert run.text == '{"city": "Paris"}' and run.of(ToolCallChunk) == []
     assert run.chunks[-1] == FinishChunk(reason="stop", raw_reason="STOP")
+
+
+# -- the rate limiter hears what Gemini says --------------------------------------------
+
+
+def limited(url: str) -> GeminiProvider:
+    """A provider with a rate limit, its limiter in this process (a host sets one)."""
+    from runtime.ratelimit import Limiter, MemoryBackend, RateLimit
+
+    provider = GeminiProvider(
+        MODEL, base_url=url, api_key=KEY, rate_limit=RateLimit(requests_per_minute=100)
+    )
+    backend = MemoryBackend()
+    provider.limiter = Limiter(provider.limit_key, provider.rate_limit, backend, backend.clock)
+    return provider
+
+
+async def pause_of(provider: GeminiProvider) -> Any:
+    """What the limiter answers the next caller of this configuration."""
+    import trio
+
+    limiter = provider.limiter
+    return await limiter.backend.try_acquire(
+        limiter.key, limiter.limit, trio.current_time(), "probe", 0
+    )
+
+
+async def serve_limited(reply: Reply) -> tuple[list[Any], GeminiProvider]:
+    made: list[GeminiProvider] = []
+
+    def make(url: str) -> GeminiProvider:
+        made.append(limited(url))
+        return made[0]
+
+    items = await served_items(make, reply)
+    return items, made[0]
+
+
+async def test_a_429_with_retry_info_pauses_every_caller_for_the_delay():
+    retry = {"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": "37s"}
+    reply = json_error(429, "RESOURCE_EXHAUSTED", "You exceeded your current quota", [retry])
+    items, provider = await serve_limited(reply)
+    (failed,) = [i for i in items if isinstance(i, StreamFailed)]
+    assert isinstance(failed.error, RateLimited) and failed.error.retry_after == 37.0
+    verdict = await pause_of(provider)
+    assert verdict.reason == "provider" and verdict.wait == pytest.approx(37, abs=1)
+
+
+async def test_a_429_with_only_retry_after_pauses_for_it():
+    reply = json_error(429, "RESOURCE_EXHAUSTED", "slow down", headers=[("retry-after", "12")])
+    _, provider = await serve_limited(reply)
+    verdict = await pause_of(provider)
+    assert verdict.reason == "provider" and verdict.wait == pytest.approx(12, abs=1)
+
+
+async def test_a_resource_exhausted_error_inside_the_stream_pauses_for_its_retry_info():
+    retry = {"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": "1.5s"}
+    error = {"code": 429, "message": "quota", "status": "RESOURCE_EXHAUSTED", "details": [retry]}
+    reply = inline(candidate([{"text": "Partial"}]), {"error": error})
+    items, provider = await serve_limited(reply)
+    (failed,) = [i for i in items if isinstance(i, StreamFailed)]
+    assert isinstance(failed.error, RateLimited) and failed.error.retry_after == 1.5
+    verdict = await pause_of(provider)
+    assert verdict.reason == "provider" and verdict.wait == pytest.approx(1.5, abs=0.5)
+
+
+async def test_a_retry_after_on_a_streamed_answer_pauses_the_next_call():
+    reply = Reply(body=recording("text.sse"), headers=[("retry-after", "20")])
+    items, provider = await serve_limited(reply)
+    assert not [i for i in items if isinstance(i, StreamFailed)]
+    verdict = await pause_of(provider)
+    assert verdict.reason == "provider" and verdict.wait == pytest.approx(20, abs=1)
+
+
+async def test_without_a_word_from_the_api_nothing_is_paused():
+    _, provider = await serve_limited(sse_reply("text.sse"))
+    assert (await pause_of(provider)).granted

@@ -265,9 +265,14 @@ async def test_the_sdk_providers_feed_their_response_headers_to_the_limiter():
 
 
 def test_every_sdk_provider_takes_a_rate_limit():
-    from actors.providers import AnthropicProvider, OpenAIProvider, OpenAIResponsesProvider
+    from actors.providers import (
+        AnthropicProvider,
+        GeminiProvider,
+        OpenAIProvider,
+        OpenAIResponsesProvider,
+    )
 
     limit = RateLimit(requests_per_minute=60)
-    for cls in (OpenAIProvider, OpenAIResponsesProvider, AnthropicProvider):
+    for cls in (OpenAIProvider, OpenAIResponsesProvider, AnthropicProvider, GeminiProvider):
         provider = cls("m", api_key="test", rate_limit=limit)
         assert provider.rate_limit is limit and "rate_limit" not in provider.request_options

@@ -43,6 +43,8 @@ SCHEMA_FIELDS = {
     "text-end": {"id"},
     "data-object": {"id", "data"},
     "data-throttled": {"data", "transient"},
+    "reset-step": set(),
+    "data-reset-step": {"data", "transient"},
     "reasoning-start": {"id"},
     "reasoning-delta": {"id", "delta"},
     "reasoning-end": {"id"},
@@ -138,6 +140,17 @@ CASES = [
                 "data": {"wait": 2.5, "reason": "requests"},
                 "transient": True,
             }
+        ],
+    ),
+    (
+        o.ResetStep(step=0, provider="backup", error=ErrorInfo(kind="Overloaded", message="busy")),
+        [
+            {"type": "reset-step"},
+            {
+                "type": "data-reset-step",
+                "data": {"step": 0, "provider": "backup", "errorText": "Overloaded: busy"},
+                "transient": True,
+            },
         ],
     ),
     (o.StepFinish(step=0, finish_reason="stop", usage=U), [{"type": "finish-step"}]),

@@ -35,6 +35,7 @@ from runtime.output import (
     Error,
     ErrorInfo,
     Finish,
+    ResetStep,
     Start,
     StepFinish,
     StepStart,
@@ -85,6 +86,15 @@ class _Nested:
             await self._out(TextStart, step=0, part_id=self.part_id)
         self.text.append(text)
         await self._out(TextDelta, step=0, part_id=self.part_id, text=text)
+
+    async def replace(self, text: str) -> None:
+        """The remote agent replaced its answer artifact (an update without ``append``,
+        as Axon's A2A endpoint sends after a ``reset-step``): the text so far is void."""
+        await self._close_part()
+        error = ErrorInfo(kind="ArtifactReplaced", message="the remote agent replaced its answer")
+        await self._out(ResetStep, step=0, provider="remote", error=error)
+        self.text = []
+        await self.text_delta(text)
 
     async def _close_part(self) -> None:
         await self.start("")
@@ -146,7 +156,11 @@ class _Tracker:
         update = event.get("artifactUpdate")
         if isinstance(update, dict):
             await nested.start(self.id)
-            await nested.text_delta(_texts((update.get("artifact") or {}).get("parts")))
+            text = _texts((update.get("artifact") or {}).get("parts"))
+            if nested.text and not update.get("append"):
+                await nested.replace(text)  # the artifact is sent whole again
+            else:
+                await nested.text_delta(text)
         change = event.get("statusUpdate")
         if isinstance(change, dict):
             self.status = change.get("status")

@@ -5,8 +5,9 @@ The same verbs as the other providers:
 * :func:`map_messages` / :func:`map_tools` restore the session's history into Gemini
   ``contents``: one ``model`` content per step, its parts in the order they were produced,
   then one ``user`` content with that step's ``function_response`` s in call order;
-* :func:`parse_stream` turns the SDK's ``GenerateContentResponse`` chunks
-  (``client.aio.models.generate_content_stream``) into :data:`runtime.chunks.StreamChunk` s;
+* :func:`parse_stream` turns the response chunks, the API's JSON as dicts (read from the
+  body's bytes by :mod:`actors.providers.gemini_wire`, the SDK still building and
+  sending the request), into :data:`runtime.chunks.StreamChunk` s;
 * :func:`map_finish_reason` and :func:`classify_error` map the API's words onto ours,
   errors through the shared ladder (:mod:`actors.providers.failures`).
 
@@ -36,6 +37,12 @@ model or provider), the first call of each step of the current turn carries the
 documented :data:`SIGNATURE_SENTINEL` instead, for models that validate
 (:func:`validates_signatures`).
 
+The rate limiter hears what Gemini says: a 429 ``RESOURCE_EXHAUSTED`` (as the HTTP
+status, or an error object inside the stream) with a ``google.rpc.RetryInfo``
+``retryDelay`` in its details (else ``retry-after``) pauses every caller of the
+configuration for that long; a ``retry-after`` on a streamed answer does too. Compaction
+counts with the API's own ``models.countTokens`` (:meth:`GeminiProvider.count_tokens`).
+
 The SDK is imported only inside functions, so importing this module (or ``runtime``)
 loads none of it; the client is built on the first call. The SDK's own async HTTP client
 keeps one pool per *asyncio* loop (``asyncio.get_running_loop()``, which Trio has not),
@@ -61,6 +68,14 @@ from actors.providers.failures import (
     classify_transport,
     missing_key,
     retry_after,
+)
+from actors.providers.gemini_wire import (
+    count_request,
+    open_stream,
+    sdk_chunks,
+    standard_b64,
+    wire_chunks,
+    wire_request,
 )
 from actors.providers.sdk import SDKProvider
 from runtime import errors
@@ -424,30 +439,41 @@ def map_output(config: dict[str, Any], output: Any) -> None:
 # -- parsing: response chunks -> StreamChunk ------------------------------------------------
 
 
-def _signature(part: Any) -> str | None:
-    raw = getattr(part, "thought_signature", None)
-    return base64.b64encode(raw).decode("ascii") if raw else None
+def _signature(part: dict[str, Any]) -> str | None:
+    raw = part.get("thoughtSignature")
+    return standard_b64(raw) if raw else None
 
 
-def _usage(raw: Any) -> Usage | None:
-    if raw is None:
-        return None
-    prompt = (raw.prompt_token_count or 0) + (raw.tool_use_prompt_token_count or 0)
-    thoughts = raw.thoughts_token_count
-    output = (raw.candidates_token_count or 0) + (thoughts or 0)
+def _usage(raw: dict[str, Any]) -> Usage:
+    get = raw.get
+    prompt = (get("promptTokenCount") or 0) + (get("toolUsePromptTokenCount") or 0)
+    thoughts = get("thoughtsTokenCount")
+    output = (get("candidatesTokenCount") or 0) + (thoughts or 0)
     return Usage(
         input_tokens=prompt,
         output_tokens=output,
-        total_tokens=raw.total_token_count or prompt + output,
-        cache_read=raw.cached_content_token_count,
+        total_tokens=get("totalTokenCount") or prompt + output,
+        cache_read=get("cachedContentTokenCount"),
         reasoning_tokens=thoughts,
     )
 
 
-def _enum_value(value: Any) -> str | None:
-    if value is None:
-        return None
-    return str(getattr(value, "value", value))
+def _other_part(part: dict[str, Any]) -> dict[str, Any]:
+    """A part kept whole (code, its result, an image the model made...) in the form the
+    SDK's ``Part`` dumps (snake_case keys; bytes URL-safe base64), which is what the
+    next request's ``contents`` take back; as it came if the SDK cannot read it."""
+    from google.genai import types
+
+    try:
+        model = types.Part._from_response(response=dict(part), kwargs={})
+    except (AttributeError, ValueError):
+        return part
+    dumped: dict[str, Any] = model.model_dump(mode="json", exclude_none=True)
+    return dumped
+
+
+def _malformed(what: str) -> errors.MalformedStream:
+    return errors.MalformedStream(f"unreadable response chunk: {what}", provider=PROVIDER)
 
 
 class _Parser:
@@ -459,60 +485,77 @@ class _Parser:
         self.calls = 0
         self.finish: str | None = None
         self.blocked: str | None = None
-        self.usage: Usage | None = None
+        self.usage: dict[str, Any] | None = None
+        """The last ``usageMetadata`` (running totals: only the last one counts, so it
+        becomes a :class:`Usage` once, at the end)."""
 
-    async def feed(self, response: Any) -> None:
-        self.usage = _usage(response.usage_metadata) or self.usage
-        feedback = response.prompt_feedback
-        if feedback is not None and feedback.block_reason is not None:
-            self.blocked = _enum_value(feedback.block_reason)
-        candidates = response.candidates
+    async def feed(self, response: dict[str, Any]) -> None:
+        get = response.get
+        usage = get("usageMetadata")
+        if usage is not None:
+            self.usage = usage
+        feedback = get("promptFeedback")
+        if feedback and feedback.get("blockReason") is not None:
+            self.blocked = str(feedback["blockReason"])
+        candidates = get("candidates")
         if not candidates:
             return
         candidate = candidates[0]  # one candidate is asked for; others are not this turn's
-        content = candidate.content
-        for part in (content.parts if content is not None else None) or ():
-            await self.part(part)
-        if candidate.finish_reason is not None:
-            self.finish = _enum_value(candidate.finish_reason)
+        content = candidate.get("content")
+        parts = content.get("parts") if content else None
+        if parts:
+            emit = self.emit
+            for part in parts:
+                text = part.get("text")
+                if text is not None and len(part) == 1:  # most parts: plain text
+                    if text:
+                        await emit(TextChunk(text=text))
+                else:
+                    await self.part(part)
+        finish = candidate.get("finishReason")
+        if finish is not None:
+            self.finish = str(finish)
 
-    async def part(self, part: Any) -> None:
+    async def part(self, part: dict[str, Any]) -> None:
         emit = self.emit
         signature = _signature(part)
-        if part.thought:
-            if part.text:
-                await emit(ReasoningChunk(text=part.text, provider=PROVIDER))
+        text = part.get("text")
+        if part.get("thought"):
+            if text:
+                await emit(ReasoningChunk(text=text, provider=PROVIDER))
             if signature:
                 await emit(ReasoningChunk(signature=signature, provider=PROVIDER))
             return
-        call = part.function_call
+        call = part.get("functionCall")
         if call is not None:
             await self.call(call)
             if signature:
                 await self.signed(signature, "function_call")
             return
-        if part.text is not None:  # a part holds one kind of data; text is text
-            if part.text:
-                await emit(TextChunk(text=part.text))
+        if text is not None:  # a part holds one kind of data; text is text
+            if text:
+                await emit(TextChunk(text=text))
             if signature:
-                await self.signed(signature, "text" if part.text else "empty")
+                await self.signed(signature, "text" if text else "empty")
             return
-        # executable_code, code_execution_result, an image the model made...: kept whole
-        data = part.model_dump(mode="json", exclude_none=True)
-        await emit(ProviderDataChunk(provider=PROVIDER, data=data))
+        await emit(ProviderDataChunk(provider=PROVIDER, data=_other_part(part)))
 
     async def signed(self, signature: str, of: str) -> None:
         data = {"thought_signature": signature, "of": of}
         await self.emit(ProviderDataChunk(provider=PROVIDER, data=data))
 
-    async def call(self, call: Any) -> None:
-        name = call.name or ""
-        args = call.args if call.args is not None else {}
+    async def call(self, call: dict[str, Any]) -> None:
+        name = call.get("name") or ""
+        args = call.get("args")
+        if args is None:
+            args = {}
+        elif type(args) is not dict:
+            raise _malformed(f"function call arguments are not an object: {args!r:.200}")
         if self.answer_tool is not None and name == self.answer_tool:
             await self.emit(TextChunk(text=json.dumps(args, ensure_ascii=False)))
             return
         self.calls += 1
-        call_id = call.id or new_id(GENERATED_ID)
+        call_id = call.get("id") or new_id(GENERATED_ID)
         await self.emit(ToolInputStartChunk(tool_call_id=call_id, tool_name=name))
         await self.emit(
             ToolInputDeltaChunk(tool_call_id=call_id, delta=json.dumps(args, ensure_ascii=False))
@@ -531,28 +574,29 @@ class _Parser:
         else:
             reason = map_finish_reason(raw, tool_calls=self.calls > 0)
         if self.usage is not None:
-            await self.emit(UsageChunk(usage=self.usage))
+            await self.emit(UsageChunk(usage=_usage(self.usage)))
         await self.emit(FinishChunk(reason=reason, raw_reason=raw))
 
 
 async def parse_stream(
-    stream: AsyncIterable[Any], emit: Emit, *, answer_tool: str | None = None
+    stream: AsyncIterable[dict[str, Any]], emit: Emit, *, answer_tool: str | None = None
 ) -> None:
-    """Read a Gemini response stream (the SDK's ``GenerateContentResponse`` s) and
-    ``emit`` :data:`StreamChunk` s.
+    """Read a Gemini response stream (its chunks as the API's JSON, dicts: from the
+    bytes, :func:`~actors.providers.gemini_wire.wire_chunks`, or from the SDK's types,
+    :func:`~actors.providers.gemini_wire.sdk_chunks`) and ``emit`` :data:`StreamChunk` s.
 
     Thought, text and call parts go out as they arrive, in part order (see the module
     docstring for how each is kept); only the first candidate is read. After the stream
-    come one :class:`UsageChunk` (the last ``usage_metadata``: Gemini's counts are
+    come one :class:`UsageChunk` (the last ``usageMetadata``: Gemini's counts are
     running totals; output tokens include the thoughts) and the :class:`FinishChunk`. A
-    prompt the API blocked (``prompt_feedback.block_reason``, no candidate) finishes with
-    ``content-filter``. A ``function_call`` of ``answer_tool`` (structured output) is the
+    prompt the API blocked (``promptFeedback.blockReason``, no candidate) finishes with
+    ``content-filter``. A ``functionCall`` of ``answer_tool`` (structured output) is the
     answer: its arguments are emitted as text.
 
     Errors are raised classified (:func:`classify_error`): an error object in the stream
-    or an HTTP error, a dropped connection, undecodable data, and a stream that ended
-    without a ``finishReason`` (:class:`MalformedStream`). What was emitted before stays
-    emitted; no :class:`FinishChunk` follows an error.
+    or an HTTP error, a dropped connection, undecodable data, a chunk of the wrong
+    shape, and a stream that ended without a ``finishReason`` (:class:`MalformedStream`).
+    What was emitted before stays emitted; no :class:`FinishChunk` follows an error.
     """
     parser = _Parser(emit, answer_tool)
     iterator = aiter(stream)
@@ -563,7 +607,16 @@ async def parse_stream(
             break
         except Exception as exc:
             raise classify_error(exc, streaming=True) from exc
-        await parser.feed(response)
+        try:
+            await parser.feed(response)
+        except (AttributeError, TypeError, IndexError) as exc:  # a chunk of the wrong shape
+            raise _malformed(f"{type(exc).__name__}: {exc}") from exc
+    try:
+        usage = parser.usage
+        if usage is not None and type(usage) is not dict:
+            raise TypeError(f"usageMetadata is {type(usage).__name__}")
+    except TypeError as exc:
+        raise _malformed(str(exc)) from exc
     await parser.end()
 
 
@@ -772,28 +825,86 @@ class GeminiProvider(SDKProvider):
         return {"model": self.model, "contents": contents, "config": config}
 
     async def stream(self, request: InferRequest, emit: Emit) -> None:
-        """One streamed call: restore, request, parse. Failures raise classified errors."""
+        """One streamed call: restore, request, parse. The body is read from its bytes
+        (:mod:`~actors.providers.gemini_wire`), or through the SDK's types where that
+        cannot be. Failures raise classified errors."""
         try:
             client = self._get_client()
             params = self.request_params(request)
-            responses = await client.aio.models.generate_content_stream(**params)
+            wire = wire_request(client, params)
+            if wire is None:
+                responses = await client.aio.models.generate_content_stream(**params)
+                chunks = sdk_chunks(responses)
+            else:
+                chunks = wire_chunks(wire, self._open_hop, self.observe_headers)
         except AxonError:
             raise
         except Exception as exc:
             raise classify_error(exc) from exc
         answers_by_call = request.output is not None and "tool_config" in params["config"]
         try:
-            await parse_stream(
-                responses, emit, answer_tool=OUTPUT_TOOL if answers_by_call else None
-            )
+            await parse_stream(chunks, emit, answer_tool=OUTPUT_TOOL if answers_by_call else None)
         finally:
             # release the connection even when cancelled or failed mid-stream
             with trio.move_on_after(2) as scope:
                 scope.shield = True
-                await responses.aclose()
+                await chunks.aclose()
+                if wire is None:
+                    await responses.aclose()
+
+    async def _open_hop(self, wire: Any) -> tuple[Any, Any]:
+        """One hop of :func:`~actors.providers.gemini_wire.wire_chunks`; a response
+        whose body is not httpx's is refused (never seen with this provider's client)."""
+        response, raw = await open_stream(wire)
+        if raw is None:
+            raise errors.ProviderError(
+                "the SDK's HTTP response has no byte stream to read", provider=PROVIDER
+            )
+        return response, raw
 
     def classify_error(self, exc: BaseException) -> AxonError:
         return classify_error(exc)
+
+    async def count_tokens(
+        self, instructions: str | None, messages: Sequence[Message], tools: Sequence[Any]
+    ) -> int | None:
+        """The request's input tokens from the API's own count (``models.countTokens``:
+        free, rate-limited apart from generation), for the same system instruction,
+        contents and tools as a call sends.
+
+        The SDK's ``count_tokens`` sends ``contents`` only on the Gemini Developer API
+        (it refuses a system instruction and tools there), which would undercount a
+        request by its instructions and tool declarations; the endpoint also takes the
+        whole request as ``generateContentRequest``, which is what is sent here, its
+        parts converted by the SDK exactly as :meth:`stream` sends them, through the
+        SDK's client (its key, base URL and status errors). ``None`` (the estimate)
+        where the SDK lacks what that takes (:func:`~actors.providers.gemini_wire
+        .wire_request`)."""
+        system, contents = map_messages(
+            instructions,
+            messages,
+            origin=self.origin,
+            foreign_reasoning=self.foreign_reasoning,
+            sentinel=validates_signatures(self.model),
+        )
+        config: dict[str, Any] = {}
+        if system:
+            config["system_instruction"] = system
+        declared = map_tools(tools)
+        if declared:
+            config["tools"] = declared
+        try:
+            client = self._get_client()
+            params = {"model": self.model, "contents": contents, "config": config}
+            wire = wire_request(client, params)
+            if wire is None:
+                return None
+            counted = await count_request(wire)
+        except AxonError:
+            raise
+        except Exception as exc:
+            raise classify_error(exc) from exc
+        return counted
 
     async def aclose(self) -> None:
         """Close the HTTP connection pool (the next call opens a new client)."""

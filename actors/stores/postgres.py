@@ -449,19 +449,15 @@ class PostgresStore:
     async def load(self, session_id: str) -> SessionRecord | None:
         """The session with its messages in index order, or ``None`` if it was never saved."""
         validate_session_id(session_id)
+        joined = await self.run(
+            f"load of session {session_id!r}",
+            lambda conn: load_rows(conn, session_id),
+            transaction=False,
+        )
+        return self.record(session_id, joined)
 
-        def load(conn: Any) -> Any:
-            # One statement: the session row and its messages from one snapshot, in one
-            # round trip (a session without messages is one row of NULLs).
-            return conn.execute(
-                """SELECT s.meta, s.version, m.idx, m.role, m.body
-                FROM axon_sessions AS s
-                LEFT JOIN axon_messages AS m ON m.session_id = s.session_id
-                WHERE s.session_id = %s ORDER BY m.idx""",
-                (session_id,),
-            ).fetchall()
-
-        joined = await self.run(f"load of session {session_id!r}", load, transaction=False)
+    def record(self, session_id: str, joined: list[Any]) -> SessionRecord | None:
+        """The session from the rows :func:`load_rows` read (``None``: it was never saved)."""
         if not joined:
             return None
         row = joined[0][:2]
@@ -906,6 +902,21 @@ def _ensure_turn_heads(conn: Any) -> None:
     if found is None:
         for statement in (*_HEAD_SCHEMA, *_QUEUE_INDEXES):
             conn.execute(statement)
+
+
+def load_rows(conn: Any, session_id: str) -> list[Any]:
+    """A session's row and its messages, from one snapshot in one statement (a session
+    without messages is one row of NULLs): :meth:`PostgresStore.record` decodes them.
+    The turn queue runs it in a claim's transaction too."""
+    return list(
+        conn.execute(
+            """SELECT s.meta, s.version, m.idx, m.role, m.body
+            FROM axon_sessions AS s
+            LEFT JOIN axon_messages AS m ON m.session_id = s.session_id
+            WHERE s.session_id = %s ORDER BY m.idx""",
+            (session_id,),
+        ).fetchall()
+    )
 
 
 async def _retrying(

@@ -187,6 +187,17 @@ class PartsManager:
         self._refusal = False
         self._signature = self._redacted = self._provider = None
 
+    def discard(self, mark: int) -> None:
+        """Forget what a failed model call made: the open part (no :class:`PartEnd`:
+        the stream controller closes it before its ``reset-step``) and every part
+        stored after the first ``mark``. The step starts over; its new parts get new
+        ids, so no id of a discarded part comes back."""
+        del self.content[mark:]
+        self._kind = None
+        self._pieces = []
+        self._refusal = False
+        self._signature = self._redacted = self._provider = None
+
     def _open(self, kind: str, out: list[Any]) -> None:
         self.close(out)
         self._kind = kind

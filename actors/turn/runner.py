@@ -65,6 +65,7 @@ from runtime.actor_messages import (
     SessionState,
     StepBegin,
     StepEnd,
+    StepReset,
     StreamFailed,
     ThrottleNotice,
     ToolCallSpec,
@@ -126,6 +127,7 @@ from runtime.output import ErrorInfo
 from runtime.pricing import priced
 from runtime.ratelimit import Limiter, Verdict
 from runtime.redact import redact
+from runtime.store import SessionRecord
 from runtime.tools import Tool
 
 SAVE_TIMEOUT = 5.0
@@ -277,7 +279,7 @@ class TurnRunner(Suspending, Actor):
         state, agent, budget = self.state, self.agent, self.agent.budget
         sid = state.session_id
         turn_id = run.turn_id
-        await self._sync(turn_id, reload=run.resume)
+        await self._sync(turn_id, reload=run.resume, stored=run.stored if run.resume else None)
         message_id = run.message_id or new_id("msg")
         committed = None
         if run.resume and run.message_id is not None:
@@ -604,7 +606,9 @@ class TurnRunner(Suspending, Actor):
         await self._concurrent(adopted, "rebased", req.turn_id)
         return result
 
-    async def _sync(self, turn_id: str, *, reload: bool = False) -> None:
+    async def _sync(
+        self, turn_id: str, *, reload: bool = False, stored: SessionRecord | None = None
+    ) -> None:
         """Before a turn: if another writer saved the session since this process last
         saw it, take its history (a version query; a load only when it moved), so the
         model sees that writer's turns. Bounded, and best effort: a save that meets the
@@ -612,7 +616,9 @@ class TurnRunner(Suspending, Actor):
 
         With ``reload`` (a turn resumed: its decisions were recorded by another writer,
         or taken over from another worker) the session has almost surely moved: it is
-        loaded at once, one store round trip instead of a version query and a load."""
+        loaded at once, one store round trip instead of a version query and a load; and
+        when its caller hands the session as it just read or wrote it (``stored``: a
+        continuation started in the process that recorded its decisions), none."""
         state = self.state
         store = getattr(self.persister, "store", None)
         with trio.move_on_after(SAVE_TIMEOUT):
@@ -622,9 +628,12 @@ class TurnRunner(Suspending, Actor):
             if store is None:
                 return
             try:
-                if not reload and await store.version(state.session_id) == state.version:
+                if stored is not None and stored.version >= state.version:
+                    record: SessionRecord | None = stored  # (not older than ours)
+                elif not reload and await store.version(state.session_id) == state.version:
                     return
-                record = await store.load(state.session_id)
+                else:
+                    record = await store.load(state.session_id)
                 if (0 if record is None else record.version) == state.version:
                     return  # (``reload``) it had not moved after all
             except StoreError as exc:
@@ -815,9 +824,11 @@ class TurnRunner(Suspending, Actor):
     async def _infer(self, turn: _Turn) -> _Step:
         """One model call for the turn's current step, retried by the agent's policy
         while the call has produced no output; then, if the agent has fallbacks and the
-        failure is one they cover, made again with the next provider."""
+        failure is one they cover, made again with the next provider: after a
+        ``reset-step`` (:meth:`_reset_step`) if the failed call had streamed output."""
         policy = self.agent.retry
         attempt = 0
+        mark = len(turn.parts.content)  # the step's parts start here
         while True:
             attempt += 1
             result = _Step()
@@ -829,8 +840,10 @@ class TurnRunner(Suspending, Actor):
             except ProviderError as exc:
                 delay = None if result.produced else policy.delay(attempt, exc)
                 if delay is None:
-                    if result.produced or not await self._fall_back(turn, exc):
+                    if not await self._fall_back(turn, exc, reset=result.produced):
                         raise
+                    if result.produced:
+                        await self._reset_step(turn, mark, exc)
                     attempt = 0  # the next provider's call gets retries of its own
                     continue
                 await self.publish(
@@ -854,10 +867,24 @@ class TurnRunner(Suspending, Actor):
                 )
                 await trio.sleep(delay)
 
-    async def _fall_back(self, turn: _Turn, exc: ProviderError) -> bool:
+    async def _reset_step(self, turn: _Turn, mark: int, exc: ProviderError) -> None:
+        """Void what the failed call of the step streamed, before the next provider makes
+        the step again: its parts leave the turn's message (they are never stored: the
+        step's save comes after its call succeeds), the structured answer's parser forgets
+        them, and the stream says ``reset-step`` so every consumer drops them too."""
+        turn.parts.discard(mark)
+        if turn.output is not None:
+            turn.output.discard()
+        following = self._provider_at(turn.provider)
+        await turn.ctrl.send(
+            StepReset(step=turn.step, provider=following.name, error=_error_info(exc))
+        )
+
+    async def _fall_back(self, turn: _Turn, exc: ProviderError, *, reset: bool = False) -> bool:
         """Move the turn on to the next provider, if the agent has one left and its
         :class:`~runtime.provider.FallbackProvider` covers ``exc``; say so (an event and
-        a warning). The turn stays on it: its later steps go there too."""
+        a warning; ``reset``: the failed call had streamed output). The turn stays on
+        it: its later steps go there too."""
         chain = self.agent.provider
         falls_back_on = getattr(chain, "falls_back_on", None)
         if falls_back_on is None or not falls_back_on(exc):
@@ -876,6 +903,7 @@ class TurnRunner(Suspending, Actor):
             from_provider=failed.name,
             to_provider=following.name,
             error=redact(str(exc)),
+            reset=reset,
         )
         await self.publish(
             ev.ProviderFallback(
@@ -887,6 +915,7 @@ class TurnRunner(Suspending, Actor):
                 error=error,
                 provider=getattr(following, "provider_name", None),
                 model=getattr(following, "model", None) or None,
+                reset=reset,
             )
         )
         return True

@@ -97,6 +97,11 @@ class StructuredTurn:
         self._flush(out)
         return out
 
+    def discard(self) -> None:
+        """Forget the part being parsed: its model call failed and the step starts
+        over (a ``reset-step``); the next call's text is parsed afresh."""
+        self._part, self._text, self._last, self._dirty = None, [], None, False
+
     def _flush(self, out: list[Any]) -> None:
         if not self._dirty or self._part is None:
             return

@@ -24,20 +24,11 @@ import weakref
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 import trio
 
-from actors.engine import Engine
-from actors.log_tap import LogTap
-from actors.mcp import Servers, agent_tools, start_servers
-from actors.persister import Persister
-from actors.providers.registry import provider_for_model
-from actors.stores import open_store
-from actors.stream_controller import StreamController
-from actors.tool_executor import ToolExecutor
-from actors.turn.runner import TurnRunner
 from runtime.actor import Actor, RestartPolicy, Supervisor
 from runtime.actor_messages import Batch, SessionState
 from runtime.agent import Agent
@@ -62,6 +53,16 @@ from runtime.messages import Message
 from runtime.provider import FallbackProvider, Provider
 from runtime.ratelimit import LimitBackend, Limiter, MemoryBackend, TrioClock
 from runtime.store import SessionRecord, Store, validate_session_id
+
+if TYPE_CHECKING:
+    from actors.mcp import Servers
+    from actors.turn.runner import TurnRunner
+
+# The actors (the implementations the host assembles) are imported where the host starts
+# them, not here: ``from runtime import Host`` is an application's first line, and the
+# actors' modules (the turn runner, the stores, the MCP client, the provider registry) are
+# about a fifth of what it cost; a program pays for them when it opens a host (issue 24;
+# tests/test_layers.py keeps it so).
 
 DRAIN_TIMEOUT = 5.0
 """Seconds a closing host waits, at most, for its observers to handle what was published."""
@@ -221,6 +222,8 @@ class Host:
         with :class:`~runtime.errors.TooManyParts`, the web app with 413, before anything
         is stored or queued."""
         _check_bounds(idle_ttl, max_sessions, drain_timeout)
+        from actors.stores import open_store  # see the note on the imports
+
         if not structlog.is_configured():  # quiet JSON on stderr unless the app configured it
             configure_logging("warning")
         the_store = await open_store(store)
@@ -265,6 +268,10 @@ class Host:
     ) -> None:
         """Start what every session shares: the persister, the tool executor, the log
         tap, and the watchers of signals and of idle sessions, as :meth:`open` asks."""
+        from actors.log_tap import LogTap  # see the note on the imports
+        from actors.persister import Persister
+        from actors.tool_executor import ToolExecutor
+
         self.persister = await self.start_actor(Persister(self.store))
         self.tool_executor = await self.start_actor(tool_executor or ToolExecutor())
         if log_tap:
@@ -343,6 +350,8 @@ class Host:
             )
         provider = self._model_providers.get(agent.model)
         if provider is None:
+            from actors.providers.registry import provider_for_model  # see the imports
+
             provider = provider_for_model(agent.model)
             self._model_providers[agent.model] = provider
         return (provider,)
@@ -472,6 +481,11 @@ class Host:
         """Start a session's own actors (its engine, stream controller and turn runner)
         over ``state``, and what they use that the host shares: ``agent``'s providers and
         MCP servers."""
+        from actors.engine import Engine  # see the note on the imports
+        from actors.mcp import agent_tools, start_servers
+        from actors.stream_controller import StreamController
+        from actors.turn.runner import TurnRunner
+
         provider_actors = [await self.provider_actor(p) for p in self.providers_of(agent)]
         if agent.mcp_servers:  # started once per host, shared by sessions (actors.mcp)
             await start_servers(self.mcp_servers, self, agent)

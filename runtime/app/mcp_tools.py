@@ -21,8 +21,9 @@ with the same progress and results (:func:`tool_result`):
     While it streams, a call that asked for progress (a ``progressToken``) gets
     ``notifications/progress``: one per text delta (its ``message`` is the delta) and one
     per tool call the agent makes (``message`` ``[tool NAME]``), ``progress`` counting
-    them. A client that cancels the call (``notifications/cancelled``) cancels the turn:
-    saved, marked interrupted, as when a chat client leaves.
+    them; a ``reset-step`` (a fallback after output) gets one saying so. A client that
+    cancels the call (``notifications/cancelled``) cancels the turn: saved, marked
+    interrupted, as when a chat client leaves.
 
 Bad input is answered in MCP's own shapes, before any session opens: an unknown tool is
 the JSON-RPC error ``-32602`` (``Unknown tool: NAME``), as the specification's example;
@@ -56,7 +57,7 @@ from runtime.app.session import FINAL_WAIT
 from runtime.busy import ENQUEUE, REJECT, STEER, OnBusy
 from runtime.errors import InvalidSessionId, SessionBusy
 from runtime.ids import new_id
-from runtime.output import TextDelta, ToolCall
+from runtime.output import ResetStep, TextDelta, ToolCall
 from runtime.store import validate_session_id
 
 TOOL_NAME_CHARS = re.compile(r"[^A-Za-z0-9_-]")
@@ -322,6 +323,10 @@ class Progress:
             message = chunk.text
         elif isinstance(chunk, ToolCall):
             message = f"[tool {chunk.tool_name}]"
+        elif isinstance(chunk, ResetStep):
+            # a notification cannot be taken back: say the text since the step began
+            # is void (the call's result, the stored answer, never holds it)
+            message = f"[reset-step {chunk.step}: the step starts over on {chunk.provider}]"
         else:
             return
         if self.broken or not message:

@@ -102,6 +102,20 @@ class TerminalRenderer:
         self._newline()
         self._write(f"✗ {chunk.tool_name} denied: {chunk.reason or 'no reason'}\n", "red")
 
+    def _reset_step(self, chunk: Any) -> None:
+        """A terminal cannot take printed text back: the reset is said where it happens,
+        and what follows is the step as it is stored."""
+        self._newline()
+        e = chunk.error
+        self.console.print(
+            Text(
+                f"↺ {e.kind}: step {chunk.step} starts over on {chunk.provider} "
+                "(disregard its output above)",
+                style="yellow",
+            ),
+            soft_wrap=True,
+        )
+
     def _finish(self, chunk: Any) -> None:
         self._newline()
         u = chunk.usage
@@ -139,6 +153,7 @@ _RENDER: dict[str, Callable[[TerminalRenderer, Any], None]] = {
     "tool-approval-request": TerminalRenderer._approval_request,
     "tool-output-denied": TerminalRenderer._output_denied,
     "step-finish": TerminalRenderer._end_part,
+    "reset-step": TerminalRenderer._reset_step,
     "finish": TerminalRenderer._finish,
     "error": TerminalRenderer._error,
     "abort": TerminalRenderer._abort,

@@ -55,6 +55,7 @@ from runtime.inbox import Inbox
 from runtime.media import InputLimits, UserInput, check_counts, check_limits, user_content
 from runtime.messages import Message, UserContent
 from runtime.output import OutputChunk
+from runtime.store import SessionRecord
 
 if TYPE_CHECKING:
     from runtime.actor import Actor
@@ -163,6 +164,8 @@ class TurnStream:
         """Tools offered for this turn only (``RunTurn.tools``)."""
         self.instructions = instructions
         """Instructions added for this turn only (``RunTurn.instructions``)."""
+        self.stored: SessionRecord | None = None
+        """The session as just read from the store, for a continuation (``RunTurn.stored``)."""
         if resume and message_id is None:
             raise InvalidTurnId("a turn to resume needs the message_id of its assistant message")
         self.result: TurnResult | None = None
@@ -242,6 +245,7 @@ class TurnStream:
                     steering=self._steering,
                     tools=self.tools,
                     instructions=self.instructions,
+                    stored=self.stored,
                 )
             )
         except BaseException:
@@ -419,8 +423,10 @@ class TurnStream:
 
 class ResumeStream(TurnStream):
     """The continuation of a turn that waited for input (``session.resume()``): entering
-    it reads the waiting turn from the store, and runs it on from its suspended step,
-    under its turn id and in its assistant message."""
+    it reads the waiting turn from the store (or takes what this process's decision
+    stored, if a version query shows nobody wrote since), and runs it on from its
+    suspended step, under its turn id and in its assistant message; the turn runner
+    starts from that record instead of reading the session again."""
 
     def __init__(
         self, session: Session, *, tools: tuple[Tool, ...] = (), instructions: str | None = None
@@ -430,7 +436,7 @@ class ResumeStream(TurnStream):
         )
 
     async def __aenter__(self) -> TurnStream:
-        record = await self.session.host.store.load(self.session.id)
+        record = await self.session.decided_record()
         waiting = waiting_calls(record.messages) if record is not None else ()
         if not waiting or not all(c.decided for c in waiting):
             left = sum(not c.decided for c in waiting)
@@ -440,6 +446,7 @@ class ResumeStream(TurnStream):
                 else f"session {self.session.id!r}: {left} waiting call(s) not decided yet"
             )
         self.message_id, self.turn_id, self.resume = waiting[0].message_id, waiting[0].turn_id, True
+        self.stored = record  # the turn runner starts from it: no second read
         return await super().__aenter__()
 
 
@@ -481,6 +488,9 @@ class Session:
         self._meta: Mapping[str, Any] = MappingProxyType(dict(meta or {}))
         self._saved_anything = True
         """Whether the store held any of the session when it was last evicted."""
+        self._decided: SessionRecord | None = None
+        """The session as this process's last decision stored it, until a continuation
+        takes it (:meth:`decided_record`)."""
 
     @property
     def id(self) -> str:
@@ -595,6 +605,7 @@ class Session:
         self.runner = None
         self.actors = []
         self.current = None
+        self._decided = None
 
     def stream(
         self,
@@ -643,6 +654,7 @@ class Session:
         client-side tools a protocol's caller declares, :meth:`runtime.tools.Tool.client`);
         ``instructions`` are added after the agent's for this turn only. Neither is saved.
         """
+        self._decided = None  # a new input supersedes what waited: nothing to resume
         content = user_content(input)
         check_counts(content, self.host.input_limits)
         check_limits(content, self.agent.media_limits)
@@ -693,7 +705,14 @@ class Session:
             has_output=output is not _UNSET,
         )
         tools = {t.name: t for t in self.agent.tools}
-        recorded = await record_decision(self.host.store, self._id, id, decision, tools)
+        self._decided = None
+        recorded = await record_decision(
+            self.host.store, self._id, id, decision, tools, known=self._saved_view()
+        )
+        if recorded.messages is not None:
+            self._decided = SessionRecord(
+                session_id=self._id, messages=recorded.messages, version=recorded.version
+            )
         call = recorded.call
         if call.kind == "approval":
             await self.host.bus.publish(
@@ -707,6 +726,25 @@ class Session:
                 )
             )
         return recorded
+
+    def _saved_view(self) -> SessionRecord | None:
+        """The history in memory as a stored record, when it is all saved (at the
+        version the turn runner last saw): a decision can be checked against it without
+        reading the store (a stale one only costs that read after all)."""
+        if self.runner is None or not self.loaded:
+            return None
+        snap = self.runner.snapshot
+        if snap.version <= 0 or not snap.all_saved:
+            return None
+        return SessionRecord(session_id=self._id, messages=snap.messages, version=snap.version)
+
+    async def decided_record(self) -> SessionRecord | None:
+        """The stored session, for a continuation: what this process's last decision
+        stored if the store is still at its version (a version query), else read."""
+        store, decided, self._decided = self.host.store, self._decided, None
+        if decided is not None and await store.version(self._id) == decided.version:
+            return decided
+        return await store.load(self._id)
 
     def resume(
         self, *, tools: tuple[Tool, ...] = (), instructions: str | None = None

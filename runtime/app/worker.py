@@ -559,6 +559,7 @@ class Worker:
             tools=tuple(spec.tool() for spec in options.tools),
             instructions=options.instructions,
         )
+        stream.stored = claim.stored  # a continuation starts from the session its claim read
         if turn.cancel_requested:
             stream.cancel(turn.cancel_reason or "cancelled")
         log().info(

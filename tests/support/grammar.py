@@ -14,7 +14,8 @@ RESUMED_RESULTS = ("tool-result", "tool-error", "tool-output-denied")
 
 
 def check_grammar(chunks: list[Any], *, ending: str = "finish") -> None:
-    """Assert ``start RESULT* (step-start CONTENT* step-finish)+ finish`` (RESULT: what a
+    """Assert ``start RESULT* (step-start CONTENT* (reset-step CONTENT*)* step-finish)+
+    finish`` (RESULT: what a
     resumed turn's waiting calls give, docs/approval.md; or cut short by
     ``error`` / ``abort`` when ``ending`` says so), matched part starts/finishes, unique
     part ids, ``object-delta`` only inside the text part it parses, and strictly
@@ -41,7 +42,9 @@ def check_grammar(chunks: list[Any], *, ending: str = "finish") -> None:
             in_step = False
         else:
             assert in_step, f"{t} outside a step"
-            if t.endswith("-start") and t.split("-")[0] in ("text", "reasoning"):
+            if t == "reset-step":
+                assert open_part is None, "reset-step with a part open"
+            elif t.endswith("-start") and t.split("-")[0] in ("text", "reasoning"):
                 assert open_part is None, "a part opened while another is open"
                 pid = _get(c, "part_id")
                 assert pid not in seen_parts, f"part id {pid} reused"

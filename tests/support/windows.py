@@ -23,6 +23,7 @@ answers with the same count the window is checked by.
 
 from __future__ import annotations
 
+import base64
 import json
 import math
 import re
@@ -265,3 +266,100 @@ class ResponsesWindow(WindowServer):
                 assert k > 0 and current[k - 1].get("type") == "reasoning", (
                     f"function_call {item['call_id']} of the current turn lost its reasoning"
                 )
+
+
+# -- Gemini -------------------------------------------------------------------------------------
+
+
+def _gemini_sse(*chunks: dict[str, Any]) -> bytes:
+    return "".join(f"data: {json.dumps(c)}\r\n\r\n" for c in chunks).encode()
+
+
+def _signature_bytes(text: str) -> bytes:
+    """A signature's bytes, however it is base64-encoded (the SDK sends URL-safe)."""
+    return base64.urlsafe_b64decode(
+        text.replace("+", "-").replace("/", "_") + "=" * (-len(text) % 4)
+    )
+
+
+@attrs.define
+class GeminiWindow(WindowServer):
+    """A Gemini ``streamGenerateContent`` server (a thought summary, and a signature on
+    the call or the answer it mints), refusing a request over its window with the API's
+    400 ``INVALID_ARGUMENT`` and a call sent back without its response or its signature.
+    ``models.countTokens`` answers as documented: the body holds ``contents`` or a
+    whole ``generateContentRequest``; the answer is ``{"totalTokens": n}``."""
+
+    counted: int = 0
+    """How many ``countTokens`` requests came."""
+
+    def tokens(self, body: dict[str, Any]) -> int:
+        return count_payload(
+            Chars4(), [body.get("systemInstruction"), *body.get("contents", []), body.get("tools")]
+        )
+
+    def __call__(self, request: Recorded) -> Reply:
+        body = request.json()
+        if request.path.endswith(":countTokens"):
+            self.counted += 1
+            counted = body.get("generateContentRequest") or {"contents": body.get("contents")}
+            answer = {"totalTokens": self.tokens(counted)}
+            return Reply(content_type="application/json", body=json.dumps(answer).encode())
+        tokens = self.tokens(body)
+        why = self.check(tokens, self.validate, body)
+        if why is not None:
+            self.refuse(why)
+            if "too long" in why:
+                why = (
+                    f"The input token count ({tokens}) exceeds the maximum number of tokens "
+                    f"allowed ({self.window})."
+                )
+            error = {"code": 400, "message": why, "status": "INVALID_ARGUMENT"}
+            return _refuse({"error": error})
+        n = len(self.counts)
+        signature = base64.b64encode(f"sig-{n}".encode()).decode()
+        self.minted.add(f"sig-{n}")
+        thought = {"text": "thinking it over", "thought": True}
+        system = " ".join(
+            p.get("text", "") for p in body.get("systemInstruction", {}).get("parts", [])
+        )
+        last = body["contents"][-1]
+        text = " ".join(p.get("text", "") for p in last["parts"])
+        if SUMMARY_INSTRUCTIONS in system:
+            self.summaries += 1
+            part: dict[str, Any] = {"text": f"summary {n}"}
+        elif last["role"] == "user" and text and _question(text) % 2:
+            part = {"functionCall": {"name": "lookup", "args": {"q": text[:20]}}}
+        else:
+            part = {"text": ANSWER}
+        part["thoughtSignature"] = signature
+        usage = {
+            "promptTokenCount": tokens,
+            "candidatesTokenCount": 20,
+            "totalTokenCount": tokens + 20,
+        }
+        return Reply(
+            body=_gemini_sse(
+                {"candidates": [{"content": {"role": "model", "parts": [thought, part]}}]},
+                {"candidates": [{"finishReason": "STOP"}], "usageMetadata": usage},
+            )
+        )
+
+    def validate(self, body: dict[str, Any]) -> None:
+        contents = body["contents"]
+        for k, content in enumerate(contents):
+            parts = content["parts"]
+            calls = [p["functionCall"]["name"] for p in parts if "functionCall" in p]
+            answered = [p["functionResponse"]["name"] for p in parts if "functionResponse" in p]
+            if answered:
+                before = contents[k - 1]["parts"] if k else []
+                asked = [p["functionCall"]["name"] for p in before if "functionCall" in p]
+                assert asked == answered, f"function responses {answered} without their calls"
+            if calls:
+                after = contents[k + 1]["parts"] if k + 1 < len(contents) else []
+                got = [p["functionResponse"]["name"] for p in after if "functionResponse" in p]
+                assert got == calls, f"function calls {calls} without their responses"
+            for p in parts:
+                if "thoughtSignature" in p:
+                    seen = _signature_bytes(p["thoughtSignature"]).decode("utf-8", "replace")
+                    assert seen in self.minted, "Corrupted thought signature."

@@ -148,8 +148,7 @@ class QueuedTaskBook(TaskBook):
         out = QueuedTurnOutput(self.front, turn, after_pauses=turn.resumes)
         try:
             async for chunk in out:
-                if chunk.type == "text-delta" and chunk.text:
-                    live.add_text(chunk.text)
+                live.take(chunk)
             await settle_quietly(out)
             self._finish(live, out.result)
             if out.status is not None and out.status.finished:

@@ -213,6 +213,8 @@ class LiveTask:
         """A turn (or a continuation) of the task runs now."""
         self.out: Any = None
         """The running turn's stream (to cancel it)."""
+        self._step_mark = 0
+        """Where the current step's text starts in :attr:`text` (a reset cuts it there)."""
         self._changed = trio.Event()
 
     @property
@@ -246,6 +248,23 @@ class LiveTask:
         append = bool(self.text)
         self.text.append(text)
         self._emit(wire.artifact_update(self.id, self.context_id, text, append=append))
+
+    def take(self, chunk: Any) -> None:
+        """One output chunk of the task's turn: its text goes into the answer artifact;
+        a ``reset-step`` (the step starts over on a fallback provider) takes the step's
+        text out again: the artifact is sent whole, without it, and without ``append``,
+        which replaces the artifact the client holds (A2A has no other way to retract)."""
+        kind = chunk.type
+        if kind == "text-delta" and chunk.text:
+            self.add_text(chunk.text)
+        elif kind == "step-start":
+            self._step_mark = len(self.text)
+        elif kind == "reset-step":
+            del self.text[self._step_mark :]
+            whole = "".join(self.text)
+            self.text = [whole] if whole else []
+            self._step_mark = len(self.text)
+            self._emit(wire.artifact_update(self.id, self.context_id, whole, append=False))
 
     def close_answer(self) -> None:
         if self.text:
@@ -611,8 +630,7 @@ class TaskBook:
                 live.set_state(wire.WORKING)
                 task_status.started()
                 async for chunk in out:
-                    if chunk.type == "text-delta" and chunk.text:
-                        live.add_text(chunk.text)
+                    live.take(chunk)
                 with trio.move_on_after(FINAL_WAIT):
                     await out.done.wait()
             self._finish(live, out.result)

@@ -30,6 +30,12 @@ session):
   interrupt outcome;
 * ``tool-stream`` and ``object-delta`` -> ``CUSTOM`` (``axon.tool-stream``,
   ``axon.object``);
+* ``reset-step`` (the step's model call failed mid-stream and the step starts over on a
+  fallback provider) -> what the failed call left open is closed, then ``CUSTOM``
+  ``axon.reset-step`` (``value``: ``messageId``, ``step``, ``provider``, ``errorText``);
+  AG-UI has no event that retracts streamed content, so the run ends with a
+  ``MESSAGES_SNAPSHOT`` of the saved history before ``RUN_FINISHED``: a client that
+  ignores the custom event still ends with the stored message (without the void text);
 * ``finish`` -> ``RUN_FINISHED`` once the turn is saved: the success outcome (with
   ``pendingToolCallIds`` for client tool calls left unanswered), the interrupt outcome
   (after a ``MESSAGES_SNAPSHOT``) when an approval waits, the cancelled outcome for a
@@ -728,6 +734,8 @@ class RunEncoder:
         self.abort_reason: str | None = None
         self.ended = False
         """``RUN_ERROR`` was sent: nothing may follow."""
+        self.reset = False
+        """A step started over (``reset-step``): the run ends with a snapshot."""
 
     # -- the stream ---------------------------------------------------------------------
 
@@ -877,6 +885,24 @@ class RunEncoder:
             }
         ]
 
+    def _reset_step(self, chunk: o.ResetStep) -> list[dict[str, Any]]:
+        """Close what the failed call left open and say the step starts over; the
+        run's closing snapshot replaces what the client built of it."""
+        self.reset = True
+        out = self._close_text()
+        for part_id in list(self._reasoning):
+            out += self._close_reasoning(part_id)
+        for call_id in sorted(self._calls_open):
+            out += self._end_call(call_id)
+        info = chunk.error
+        value = {
+            "messageId": self.message_id,
+            "step": chunk.step,
+            "provider": chunk.provider,
+            "errorText": f"{info.kind}: {info.message}",
+        }
+        return [*out, {"type": "CUSTOM", "name": "axon.reset-step", "value": value}]
+
     def _finish(self, chunk: o.Finish) -> list[dict[str, Any]]:
         self.finish_reason = chunk.finish_reason
         self.usage = chunk.usage
@@ -1021,6 +1047,8 @@ class RunEncoder:
             ends = finished(self.thread_id, self.run_id, (), messages)
             if result is not None and result.output is not None:
                 ends[-1]["result"] = _jsonable(result.output)
+        if self.reset and ends[0]["type"] != "MESSAGES_SNAPSHOT":
+            ends.insert(0, {"type": "MESSAGES_SNAPSHOT", "messages": agui_messages(messages)})
         if usage:
             ends[-1]["usage"] = usage
         self.ended = True
@@ -1055,6 +1083,7 @@ _ENCODERS: dict[type, _Encode] = {
     o.ToolApprovalRequest: _nothing,
     o.ToolStream: RunEncoder._tool_stream,
     o.ObjectDelta: RunEncoder._object_delta,
+    o.ResetStep: RunEncoder._reset_step,
     o.Finish: RunEncoder._finish,
     o.Abort: RunEncoder._abort,
     o.Error: RunEncoder._error,

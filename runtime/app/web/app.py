@@ -279,16 +279,25 @@ class TurnResponse:
             if self.disconnected or writer.stalled:
                 return
             if not await writer.write(data):
+                if cut():  # the client was told the stream is over: the turn goes on
+                    self.disconnected = True
+                    return
                 out.cancel(NOT_READING if writer.stalled else "client disconnected")
                 nursery.cancel_scope.cancel()  # leave: the stream's exit waits for the save
             last_write = trio.current_time()
+
+        def cut() -> bool:
+            """Whether the encoder ended the client's stream early (a chat.completions
+            stream after a ``reset-step``): the turn is no longer the client's to cancel."""
+            return bool(getattr(encoder, "cut", False))
 
         async def watch_disconnect() -> None:
             while True:
                 message = await receive()
                 if message["type"] == "http.disconnect":
                     self.disconnected = True
-                    out.cancel("client disconnected")
+                    if not cut():
+                        out.cancel("client disconnected")
                     return
 
         async def keep_alive() -> None:

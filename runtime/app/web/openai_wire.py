@@ -277,7 +277,15 @@ def finish_reason(reason: str) -> str:
 
 class CompletionEncoder:
     """Maps one turn's output chunks to ``chat.completion.chunk`` s (``events``, for a
-    stream) while gathering what the whole ``chat.completion`` says (``completion``)."""
+    stream) while gathering what the whole ``chat.completion`` says (``completion``).
+
+    A ``reset-step`` (the step's model call failed mid-stream and the step starts over
+    on a fallback provider) drops the step's text and reasoning from the completion.
+    A stream cannot take back what it sent: if the step had streamed any, the stream
+    ends there with an error event (``code`` ``step_reset``) and sends nothing more;
+    the turn goes on and is stored whole, even if the client leaves then (``cut``: the
+    app does not cancel a turn whose stream was ended this way). A step that had
+    streamed nothing the client sees (tool input only) streams on unharmed."""
 
     def __init__(self, model: str, *, include_usage: bool = False) -> None:
         self.model = model
@@ -289,6 +297,10 @@ class CompletionEncoder:
         self.usage = Usage()
         self.finish_reason: str | None = None
         self.error: OpenAIError | None = None
+        self.cut = False
+        """A reset step had streamed content: the stream ended with an error event."""
+        self._marks = (0, 0)
+        """Where the current step's content and reasoning start."""
 
     def _chunk(self, delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
         chunk: dict[str, Any] = {
@@ -305,6 +317,31 @@ class CompletionEncoder:
 
     def chunks(self, chunk: Any) -> list[dict[str, Any]]:
         """The Chat Completions chunks (or error events) ``chunk`` maps to."""
+        out = self._chunks(chunk)
+        return [] if self.cut and not isinstance(chunk, o.ResetStep) else out
+
+    def _reset(self, chunk: o.ResetStep) -> list[dict[str, Any]]:
+        content, reasoning = self._marks
+        shown = len(self.content) > content or len(self.reasoning) > reasoning
+        del self.content[content:], self.reasoning[reasoning:]
+        if not shown or self.cut:
+            return []
+        self.cut = True
+        why = OpenAIError(
+            500,
+            f"the answer was restarted on another provider ({chunk.provider}) after "
+            f"{chunk.error.kind}; a chat.completions stream cannot retract the text it sent",
+            type="server_error",
+            code="step_reset",
+        )
+        return [why.body()]
+
+    def _chunks(self, chunk: Any) -> list[dict[str, Any]]:
+        if isinstance(chunk, o.StepStart):
+            self._marks = (len(self.content), len(self.reasoning))
+            return []
+        if isinstance(chunk, o.ResetStep):
+            return self._reset(chunk)
         if isinstance(chunk, o.Start):
             if chunk.turn_id:
                 self.id = "chatcmpl-" + chunk.turn_id

@@ -100,6 +100,9 @@ class RestartFilter:
             self._step, self._parts, self._step_finished = chunk.step, [], False
             self._replay, self._ids = None, {}
             return [chunk]
+        if kind is o.ResetStep:  # the step starts over (a fallback): its parts are void
+            self._parts, self._replay, self._ids = [], None, {}
+            return [chunk]
         if kind is o.StepFinish:
             if self._replay is not None and self._step_finished:
                 return []

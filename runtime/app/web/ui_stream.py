@@ -26,6 +26,11 @@ stream closes with ``data: [DONE]\\n\\n``. The mapping:
 * ``throttled`` (the model call waits for a rate limit) -> ``data-throttled`` with
   ``transient: true`` (``data``: ``wait`` seconds and ``reason``): ``useChat`` hands it
   to ``onData`` and keeps it out of the message, so a UI can say "waiting for rate limit";
+* ``reset-step`` (the step's model call failed mid-stream and the step starts over on a
+  fallback provider) -> ``reset-step``, the AI SDK's own chunk (``ai`` 7): its
+  ``readUIMessageStream`` removes every part added since the step's ``start-step``;
+  then a transient ``data-reset-step`` (``data``: the ``step``, the ``provider`` it
+  goes on with and the ``errorText``) for ``onData``, kept out of the message;
 * ``finish`` -> ``finish`` (``finishReason``, ``tool-calls`` for a turn that suspended
   waiting for input; ``messageMetadata``: the runtime's own finish reason and the summed
   ``usage``, its ``cost`` in US dollars when known);
@@ -125,6 +130,19 @@ class UIStreamEncoder:
         # transient: the UI shows it while it waits, never stores it
         data = {"wait": chunk.wait, "reason": chunk.reason}
         return [{"type": "data-throttled", "data": data, "transient": True}]
+
+    def _reset(self, chunk: o.ResetStep) -> list[dict[str, Any]]:
+        # the AI SDK drops the step's parts itself; the reason goes to onData only
+        info = chunk.error
+        data = {
+            "step": chunk.step,
+            "provider": chunk.provider,
+            "errorText": error_text(info.kind, info.message),
+        }
+        return [
+            {"type": "reset-step"},
+            {"type": "data-reset-step", "data": data, "transient": True},
+        ]
 
     def _reasoning_delta(self, chunk: o.ReasoningDelta) -> list[dict[str, Any]]:
         return [{"type": "reasoning-delta", "id": chunk.part_id, "delta": chunk.text}]
@@ -263,6 +281,7 @@ _ENCODERS: dict[type, _Encode] = {
     o.TextFinish: _part_edge("text-end"),
     o.ObjectDelta: UIStreamEncoder._object_delta,
     o.Throttled: UIStreamEncoder._throttled,
+    o.ResetStep: UIStreamEncoder._reset,
     o.ReasoningStart: _part_edge("reasoning-start"),
     o.ReasoningDelta: UIStreamEncoder._reasoning_delta,
     o.ReasoningFinish: _part_edge("reasoning-end"),

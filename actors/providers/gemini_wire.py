@@ -1,0 +1,355 @@
+"""Gemini's ``streamGenerateContent?alt=sse`` read from the response bytes, as dicts.
+
+Why: the ``google-genai`` SDK turns every streamed chunk into a pydantic
+``GenerateContentResponse`` (after decoding each SSE line to ``str``, ``json.loads``,
+``json.dumps`` and ``json.loads`` again, and a key-renaming pass); on a stream of
+word-sized deltas that made Gemini's parse path about twenty times as costly per chunk
+as Anthropic's, while :func:`actors.providers.gemini.parse_stream` reads a handful of
+fields. So, as the other providers do (:mod:`actors.providers.sse`), the SDK keeps the
+request (its own request body converter, URL, key header, timeout, ``extra_body``) and
+the HTTP status errors (its ``APIError`` s, raised by its own client), and this module
+reads the response body: its lines split and joined by the SDK's own rules
+(:class:`LineDecoder`), each chunk decoded by orjson into the API's JSON as it came
+(camelCase keys, base64 text for bytes). An error object in the stream raises the SDK's
+``APIError`` as the SDK does.
+
+The SDK's automatic continuation is kept too (:func:`wire_chunks`): a hop that ends with
+``finishReason: CONTINUATION`` and a new ``continuationToken`` is followed by a request
+resuming from that token, its usage added to the previous hops', the intermediate
+finish reason dropped. What is not kept: the SDK's silent reconnection of a dropped hop
+(the turn runner decides about retries; it knows what was already streamed).
+
+Everything private of the SDK this uses is looked up in :func:`wire_request`; when it is
+missing (another SDK version), on Vertex AI, or when the SDK's HTTP response is not
+httpx's, ``None`` sends the call through the SDK's own ``generate_content_stream``,
+whose pydantic chunks :func:`sdk_chunks` turns into the same dicts.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import attrs
+
+from runtime import errors
+
+PROVIDER = "google"
+
+_DATA = b"data: "
+
+
+@attrs.frozen(kw_only=True, slots=True)
+class WireRequest:
+    """One ``streamGenerateContent`` request as the SDK would send it."""
+
+    api: Any
+    """The SDK's ``BaseApiClient`` (key, base URL, headers, HTTP client)."""
+    model: str
+    """The model's resource path (``models/gemini-2.5-flash``)."""
+    body: dict[str, Any]
+    """The request body, converted by the SDK (camelCase, bytes as base64)."""
+    http_options: Any
+    """The call's ``HttpOptions`` (``extra_body``...) or ``None``."""
+
+
+def wire_request(client: Any, params: dict[str, Any]) -> WireRequest | None:
+    """The request the SDK's ``generate_content_stream`` would send for ``params``
+    (``model``, ``contents``, ``config``), built by the SDK's own converters; ``None``
+    when they are not there (another SDK version) or the client is Vertex AI's."""
+    try:
+        from google.genai import _common, models, types
+
+        api = client.aio.models._api_client
+        if getattr(api, "vertexai", False):
+            return None
+        to_mldev = models._GenerateContentParameters_to_mldev
+        convert, encode = _common.convert_to_dict, _common.encode_unserializable_types
+        parameters = types._GenerateContentParameters(**params)
+        for name in ("_build_request", "_async_request"):
+            getattr(api, name)
+    except (ImportError, AttributeError):
+        return None
+    body = to_mldev(api, parameters, None, parameters)
+    url = body.get("_url") or {}
+    if body.get("_query"):
+        return None  # not one this provider sends: let the SDK build its URL
+    body.pop("config", None)
+    config = parameters.config
+    return WireRequest(
+        api=api,
+        model=str(url.get("model", params["model"])),
+        body=encode(convert(body)),
+        http_options=config.http_options if config is not None else None,
+    )
+
+
+async def open_stream(wire: WireRequest) -> tuple[Any, Any]:
+    """Send ``wire`` through the SDK's HTTP client (its status errors raise as there):
+    ``(the SDK's HttpResponse, the httpx response)``, the second ``None`` when the body
+    is not httpx's to read (then read it with ``async for`` through the SDK)."""
+    api = wire.api
+    path = f"{wire.model}:streamGenerateContent?alt=sse"
+    request = api._build_request("post", path, dict(wire.body), wire.http_options)
+    response = await api._async_request(
+        http_request=request, http_options=wire.http_options, stream=True
+    )
+    raw = getattr(response, "response_stream", None)
+    return response, (raw if hasattr(raw, "aiter_bytes") else None)
+
+
+_COUNTED = ("contents", "systemInstruction", "tools", "toolConfig")
+"""The parts of a request ``countTokens`` counts (the generation settings are not)."""
+
+
+async def count_request(wire: WireRequest) -> int:
+    """``POST {model}:countTokens`` with ``{"generateContentRequest": ...}`` (the
+    request as a call sends it), through the SDK's client: ``totalTokens``."""
+    request = {key: wire.body[key] for key in _COUNTED if key in wire.body}
+    body = {"generateContentRequest": {"model": wire.model, **request}}
+    response = await wire.api.async_request("post", f"{wire.model}:countTokens", body, None)
+    answer = _decode(response.body.encode("utf-8")) if response.body else {}
+    total = answer.get("totalTokens", 0) if type(answer) is dict else None  # proto3: 0 omitted
+    if not isinstance(total, int) or isinstance(total, bool):
+        raise errors.MalformedStream(
+            f"countTokens answered without totalTokens: {str(answer)[:200]}", provider=PROVIDER
+        )
+    return total
+
+
+class LineDecoder:
+    """The SDK's stream framing, on bytes: lines end at CR, LF or CRLF; a ``data: ``
+    line (with its space) adds to the chunk, which a blank line ends (lines joined with
+    ``\\n``); any other line is raw JSON (an error the API wrote without SSE framing),
+    buffered until its braces balance outside strings. At the end of the body: the last
+    unended line, the raw buffer, then an unended chunk."""
+
+    __slots__ = ("_data", "_raw", "_rest")
+
+    def __init__(self) -> None:
+        self._rest = b""
+        self._data: list[bytes] = []
+        self._raw = _RawJson()
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        buf = self._rest + chunk if self._rest else chunk
+        lines = buf.splitlines()  # bytes: breaks at CR, LF, CRLF only
+        if buf and buf[-1] == 13:  # a CR at the end: its LF may start the next read
+            self._rest = lines.pop() + b"\r" if lines else b"\r"
+        elif buf and buf[-1] != 10:
+            self._rest = lines.pop()
+        else:
+            self._rest = b""
+        return self._lines(lines)
+
+    def finish(self) -> list[bytes]:
+        rest, self._rest = self._rest, b""
+        out = self._lines(rest.splitlines() or ([b""] if rest else []))
+        raw = self._raw.flush()
+        if raw:
+            out.append(raw)
+        if self._data:
+            out.append(b"\n".join(self._data))
+            self._data = []
+        return out
+
+    def _lines(self, lines: list[bytes]) -> list[bytes]:
+        out: list[bytes] = []
+        data = self._data
+        for line in lines:
+            if line[:6] == _DATA:
+                data.append(line[6:])
+            elif not line:
+                if data:
+                    out.append(data[0] if len(data) == 1 else b"\n".join(data))
+                    data = self._data = []
+            else:
+                raw = self._raw.add(line)
+                if raw is not None:
+                    out.append(raw)
+        return out
+
+
+class _RawJson:
+    """Raw JSON lines until their braces balance outside strings (the SDK's rule)."""
+
+    __slots__ = ("_depth", "_escaped", "_in_string", "_lines")
+
+    def __init__(self) -> None:
+        self._lines: list[bytes] = []
+        self._depth, self._in_string, self._escaped = 0, False, False
+
+    def add(self, line: bytes) -> bytes | None:
+        for c in line.decode("utf-8", errors="replace"):
+            if self._in_string:
+                if self._escaped:
+                    self._escaped = False
+                elif c == "\\":
+                    self._escaped = True
+                elif c == '"':
+                    self._in_string = False
+            elif c == '"':
+                self._in_string = True
+            elif c == "{":
+                self._depth += 1
+            elif c == "}":
+                self._depth -= 1
+        self._lines.append(line)
+        return self.flush() if self._depth == 0 else None
+
+    def flush(self) -> bytes:
+        out = b"".join(self._lines)
+        self._lines = []
+        self._depth, self._in_string, self._escaped = 0, False, False
+        return out
+
+
+def _decode(data: bytes) -> Any:
+    """A chunk's JSON; the SDK decodes bytes as UTF-8 with replacement first, so bytes
+    orjson refuses are given that chance before the chunk counts as undecodable."""
+    import orjson
+
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        try:
+            return json.loads(data.decode("utf-8", errors="replace"))
+        except ValueError as exc:
+            raise errors.MalformedStream(
+                f"undecodable stream data: {data[:200].decode('utf-8', 'replace')!r}",
+                provider=PROVIDER,
+            ) from exc
+
+
+async def _chunks_of(response: Any, raw: Any) -> AsyncGenerator[dict[str, Any], None]:
+    """The chunks of one hop's body as dicts; an error object raises the SDK's error."""
+    from google.genai import errors as genai_errors
+
+    decoder = LineDecoder()
+    batches: AsyncIterator[bytes] = raw.aiter_bytes()
+    ended = False
+    while not ended:
+        try:
+            chunk = await anext(batches)
+            found = decoder.feed(chunk)
+        except StopAsyncIteration:
+            found, ended = decoder.finish(), True
+        for data in found:
+            value = _decode(data)
+            if type(value) is not dict:
+                raise errors.MalformedStream(
+                    f"a chunk is not a JSON object: {data[:200]!r}", provider=PROVIDER
+                )
+            if next(iter(value), None) == "error":  # the SDK: '{"error":' starts it
+                error = value["error"]
+                code = error.get("code") if isinstance(error, dict) else None
+                await genai_errors.APIError.raise_error_async(code, value, response)  # type: ignore[arg-type]
+            yield value
+
+
+def _hop_state(first: dict[str, Any], hop: dict[str, Any]) -> None:
+    """What the first candidate says of the hop: its finish reason, a resume token."""
+    if first.get("finishReason") is not None:
+        hop["finish"] = first["finishReason"]
+    if first.get("continuationToken"):
+        hop["token"] = first["continuationToken"]
+
+
+def _add_usage(before: dict[str, Any], usage: dict[str, Any]) -> dict[str, Any]:
+    """A hop's usage plus the previous hops' (numbers added, as the SDK merges)."""
+    out = dict(usage)
+    for key, value in before.items():
+        if isinstance(value, int) and isinstance(out.get(key, 0), int):
+            out[key] = out.get(key, 0) + value
+        elif key not in out:
+            out[key] = value
+    return out
+
+
+OpenHop = Callable[[WireRequest], Awaitable[tuple[Any, Any]]]
+"""Opens one hop: ``(the SDK's HttpResponse, the httpx response)`` (:func:`open_stream`)."""
+OnResponse = Callable[[Any], Awaitable[None]]
+"""Hears each hop's HTTP response (``Provider.observe_headers``)."""
+
+
+async def wire_chunks(
+    wire: WireRequest, open_hop: OpenHop, on_response: OnResponse
+) -> AsyncGenerator[dict[str, Any], None]:
+    """Every chunk of the call as the API's JSON, following continuation hops.
+
+    ``open_hop(wire)`` opens one hop (:func:`open_stream`); ``on_response`` hears each
+    hop's HTTP response (its rate-limit headers). A hop whose last ``finishReason`` is
+    ``CONTINUATION`` with a new token has that finish reason dropped from its chunks and
+    is followed by a hop resuming from the token; usage is summed across hops.
+    """
+    before: dict[str, Any] | None = None
+    start_token: str | None = None
+    while True:
+        response, raw = await open_hop(wire)
+        hop: dict[str, Any] = {"finish": None, "token": None}
+        usage = None
+        try:
+            await on_response(raw)
+            async for chunk in _chunks_of(response, raw):
+                candidates = chunk.get("candidates")
+                first = candidates[0] if candidates else None
+                if type(first) is dict and (
+                    "finishReason" in first or "continuationToken" in first
+                ):
+                    _hop_state(first, hop)
+                    if hop["finish"] == "CONTINUATION" and hop["token"]:
+                        first.pop("finishReason", None)
+                if before is not None and "usageMetadata" in chunk:
+                    usage = chunk["usageMetadata"]
+                    if isinstance(usage, dict):
+                        usage = chunk["usageMetadata"] = _add_usage(before, usage)
+                elif "usageMetadata" in chunk:
+                    usage = chunk["usageMetadata"]
+                yield chunk
+        finally:
+            await raw.aclose()
+        token = hop["token"]
+        if hop["finish"] != "CONTINUATION" or not token or token == start_token:
+            return
+        before, start_token = usage if isinstance(usage, dict) else before, token
+        wire = _resumed(wire, token)
+
+
+def _resumed(wire: WireRequest, token: str) -> WireRequest:
+    """``wire`` resuming from ``token`` (the body's ``continuationToken``, where the
+    SDK's converter puts the config's ``continuation_token``)."""
+    return attrs.evolve(wire, body={**wire.body, "continuationToken": token})
+
+
+async def sdk_chunks(stream: AsyncIterator[Any]) -> AsyncGenerator[dict[str, Any], None]:
+    """The SDK's ``GenerateContentResponse`` s as the API's JSON (camelCase keys; bytes
+    as base64, URL-safe as pydantic writes them, which the parser reads as well)."""
+    async for response in stream:
+        yield response.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+def standard_b64(text: str) -> str:
+    """Standard padded base64 of the bytes ``text`` holds (standard or URL-safe, padded
+    or not): signatures are kept as the SDK would give them, ``b64encode`` of the bytes."""
+    if "-" not in text and "_" not in text and not len(text) % 4:
+        return text
+    raw = base64.urlsafe_b64decode(
+        text.replace("+", "-").replace("/", "_") + "=" * (-len(text) % 4)
+    )
+    return base64.b64encode(raw).decode("ascii")
+
+
+__all__ = [
+    "LineDecoder",
+    "OnResponse",
+    "OpenHop",
+    "WireRequest",
+    "count_request",
+    "open_stream",
+    "sdk_chunks",
+    "standard_b64",
+    "wire_chunks",
+    "wire_request",
+]
