@@ -32,6 +32,7 @@ from runtime.actor_messages import (
     ObjectUpdate,
     PartBegin,
     PartEnd,
+    SteeredNotice,
     StepBegin,
     StepEnd,
     StepReset,
@@ -192,6 +193,12 @@ class StreamController(Actor):
     def _throttled(self, item: ThrottleNotice, out: list[Any]) -> None:
         out.append(self._chunk(o.Throttled, step=item.step, wait=item.wait, reason=item.reason))
 
+    def _steered(self, item: SteeredNotice, out: list[Any]) -> None:
+        self._close_part(out)
+        out.append(
+            self._chunk(o.Steered, step=item.step, message_id=item.message_id, text=item.text)
+        )
+
     def _step_begin(self, item: StepBegin, out: list[Any]) -> None:
         self._step = item.step
         out.append(self._chunk(o.StepStart, step=item.step))
@@ -251,6 +258,7 @@ class StreamController(Actor):
         ToolDenied: _waiting,
         ToolStreamed: _tool_streamed,
         ThrottleNotice: _throttled,
+        SteeredNotice: _steered,
         StepBegin: _step_begin,
         StepEnd: _step_end,
         StepReset: _step_reset,

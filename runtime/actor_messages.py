@@ -9,7 +9,7 @@ more. That keeps the per-delta cost of a stage to an append.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeAlias, TypeVar
 
 import attrs
@@ -185,6 +185,16 @@ class StepReset:
     provider: str
     error: ErrorInfo
     """The failure that made the step start over."""
+
+
+@attrs.frozen(kw_only=True, slots=True)
+class SteeredNotice:
+    """Turn runner -> stream controller: a user message joined the turn before step
+    ``step`` (becomes a ``steered`` output chunk)."""
+
+    step: int
+    message_id: str
+    text: str
 
 
 @attrs.frozen(kw_only=True, slots=True)
@@ -512,6 +522,11 @@ class TurnSteering:
 
     waiting: list[SteeredInput] = attrs.field(factory=list)
     closed: bool = False
+    pull: Callable[[], Awaitable[Sequence[SteeredInput]]] | None = None
+    """Where messages for the turn wait besides :meth:`offer`: asked by the runner at
+    each step boundary, before it takes what waits (a worker's turn queue, where a front
+    end on another process records a message that steers this turn). ``None``: only
+    what is offered in this process."""
 
     def offer(self, item: SteeredInput) -> bool:
         """Queue ``item`` for the turn's next step boundary; ``False`` if it is over."""
@@ -524,6 +539,12 @@ class TurnSteering:
         """Take back ``item`` if the turn has not taken it (its sender left)."""
         if item in self.waiting:
             self.waiting.remove(item)
+
+    async def pull_waiting(self) -> None:
+        """Offer what :attr:`pull` finds (nothing without one): at a step boundary."""
+        if self.pull is not None and not self.closed:
+            for item in await self.pull():
+                self.offer(item)
 
     def take(self, step: int) -> list[SteeredInput]:
         """The messages that wait, marked accepted before ``step``'s model call."""
@@ -654,6 +675,7 @@ __all__ = [
     "SaveResult",
     "SessionSnapshot",
     "SessionState",
+    "SteeredNotice",
     "StepBegin",
     "StepEnd",
     "StreamFailed",

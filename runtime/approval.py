@@ -43,6 +43,12 @@ WAITING_META = "awaiting_input"
 """The session meta key that says, without loading the history, how many calls its last
 turn waits for (``0`` or absent: none): set by the save of a turn that suspends, counted
 down by each decision, cleared by the turn that follows. What lists of sessions read."""
+SUSPENDED_TRACE_META = "suspended_trace"
+"""The session meta key under which a turn that suspends stores its trace context
+(``turn_id``, ``trace_id``, ``span_id``; from :attr:`runtime.bus.Bus.trace_contexts`,
+when a tracing plug-in gave one): its continuation's ``turn.started`` carries it
+(:attr:`runtime.events.TurnStarted.suspended_trace`), so the continuation's span links
+to the suspended one whichever process resumes it, after any restart."""
 RECORD_ATTEMPTS = 8
 """Times :func:`record_decision` tries again after another writer's save came first."""
 
@@ -362,6 +368,7 @@ __all__ = [
     "AWAITING_INPUT",
     "CLIENT",
     "SUPERSEDED",
+    "SUSPENDED_TRACE_META",
     "WAITING_META",
     "Decision",
     "DecisionSave",

@@ -60,6 +60,12 @@ class Bus:
         # routes are filtered from (matching a class against every subscription's kinds
         # is the expensive part, and the same for every session).
         self._by_class: dict[type, tuple[Subscription, ...]] = {}
+        self.trace_contexts: dict[str, dict[str, str]] = {}
+        """The trace context an observer gave each running turn (turn id -> ``trace_id``
+        and ``span_id``, hex): the tracing plug-in sets it when the turn starts and drops
+        it when the turn ends; a turn that suspends stores it with the wait
+        (:data:`runtime.approval.SUSPENDED_TRACE_META`), so that its continuation, in
+        any process, links to the suspended span."""
 
     def subscribe(
         self,

@@ -66,6 +66,15 @@ class _Anywhere(Event):
     causation_id: str | None = None
 
 
+@attrs.frozen(kw_only=True, slots=True)
+class TraceContext:
+    """A span's ids as a tracer gave them (hex: 32 digits of trace id, 16 of span id),
+    kept in the store so that a span made in another process can link to it."""
+
+    trace_id: str
+    span_id: str
+
+
 @_event("turn.started")
 class TurnStarted(_InTurn):
     """A turn began. For a sub-agent's turn (``agent.as_tool()``), ``causation_id`` is the
@@ -81,6 +90,10 @@ class TurnStarted(_InTurn):
     resumed: bool = False
     """The turn goes on from committed steps: the continuation of a turn that waited
     for input (docs/approval.md), or one taken over from a worker that died."""
+    suspended_trace: TraceContext | None = None
+    """The continuation of a turn that waited: the trace context its suspended span had,
+    as stored with the wait (:data:`runtime.approval.SUSPENDED_TRACE_META`), for a
+    tracer to link to."""
 
 
 @_event("turn.finished")

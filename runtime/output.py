@@ -248,6 +248,20 @@ class Throttled(_Base):
     reason: str
 
 
+@_out("steered")
+class Steered(_Base):
+    """A user message joined the running turn (the ``steer`` busy strategy,
+    :mod:`runtime.busy`): stored as message ``message_id`` before step ``step``, whose
+    model call is the first to see it. Sent before that step's ``step-start``, so a UI
+    shows the message where the model saw it, without a reload. ``text`` is the
+    message's text (its text parts joined; its images and files are in the stored
+    message only)."""
+
+    step: int
+    message_id: str
+    text: str
+
+
 @_out("reset-step")
 class ResetStep(_Base):
     """Discard everything of step ``step`` shown so far: its model call failed after it
@@ -308,6 +322,7 @@ OutputChunk = (
     | ToolOutputDenied
     | ToolStream
     | Throttled
+    | Steered
     | ResetStep
     | StepFinish
     | Finish

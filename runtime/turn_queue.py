@@ -12,7 +12,7 @@ through :func:`actors.stores.turn_queue`, keyed by the store's URL.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Final, Protocol, runtime_checkable
 
@@ -36,6 +36,10 @@ WAITING: Final = AWAITING_INPUT
 nothing held; the decision that completes its calls puts it back to be claimed."""
 SUPERSEDED: Final = "superseded"
 """The finish reason of a waiting turn that a later turn of its session replaced."""
+STEERED: Final = "steered"
+"""The finish reason of a queued message that joined the running turn it was submitted
+to steer (``on_busy="steer"``): it is ``done`` without running, its input stored in that
+turn (before the step whose model call first saw it)."""
 
 
 @attrs.frozen(kw_only=True, slots=True)
@@ -149,6 +153,17 @@ class QueuedTurn(TurnStatus):
     and the turn an edit replaces), not the caller's key; ``None`` for an unkeyed one."""
     options: TurnOptions = NO_OPTIONS
     """What the turn carries beyond its input (:class:`TurnOptions`)."""
+    steer_of: str | None = None
+    """The running turn this message was submitted to steer (``on_busy="steer"``): that
+    turn's worker takes it at its next step boundary (:meth:`TurnQueue.take_steering`);
+    if the turn ends first, this row runs as a turn of its own, in its place in line."""
+
+    @property
+    def user_message_id(self) -> str:
+        """The id of the turn's user message when it steers another turn: the client's,
+        else one derived from the turn id (stable: a worker taking that turn over stores
+        the same message)."""
+        return self.options.user_message_id or f"msg_user_{self.turn_id}"
 
 
 @attrs.frozen(kw_only=True, slots=True)
@@ -244,8 +259,9 @@ class TurnQueue(Protocol):
         :class:`~runtime.errors.QueueFull` over a cap, :class:`~runtime.errors.TurnConflict`
         for a key another turn holds. ``on_busy`` (``enqueue``, the default; ``reject``:
         :class:`~runtime.errors.SessionBusy` while a turn of the session is queued or
-        running; ``interrupt``: those are cancelled first) is decided atomically with
-        the insert."""
+        running; ``interrupt``: those are cancelled first; ``steer``: the row names the
+        session's running turn in :attr:`QueuedTurn.steer_of`, whose worker takes it at
+        its next step boundary) is decided atomically with the insert."""
         ...
 
     async def get(self, turn_id: str) -> QueuedTurn | None: ...
@@ -305,12 +321,22 @@ class TurnQueue(Protocol):
         claim: Claim,
         on_lost: Callable[[], None] | None = None,
         on_suspended: Callable[[], None] | None = None,
+        steered: Sequence[str] = (),
     ) -> AbstractContextManager[None]:
         """While inside, every save of the claimed turn's session is refused
         (:class:`~runtime.errors.LeaseLost`) once the claim no longer holds the turn;
         ``on_lost`` is called then. With ``on_suspended``, the save of the step that
         makes the turn wait for a person also suspends it (:meth:`suspend`) in the save's
-        commit, and ``on_suspended`` is called once that committed."""
+        commit, and ``on_suspended`` is called once that committed. ``steered`` (read at
+        each save: the worker appends to it) names the messages the turn took from
+        :meth:`take_steering`: each save marks those still queued ``done``
+        (:data:`STEERED`) in its commit, the one that stores them in the session."""
+        ...
+
+    async def take_steering(self, claim: Claim) -> list[QueuedTurn]:
+        """The messages submitted to steer the claimed turn that are still queued, in
+        order: what its worker inserts at a step boundary (one indexed read). Nothing is
+        written: the save that stores them marks them (:meth:`fenced`'s ``steered``)."""
         ...
 
     def close_fences(self) -> None:
@@ -372,6 +398,7 @@ __all__ = [
     "NO_OPTIONS",
     "QUEUED",
     "RUNNING",
+    "STEERED",
     "SUPERSEDED",
     "WAITING",
     "Claim",

@@ -107,6 +107,17 @@ async def test_steer_answers_202_and_the_running_stream_answers_the_message():
     assert answer["steered"] is True and answer["messageId"].startswith("u")
     first = events(replies["first"].content)
     assert answer["turnId"] and _text(first) == "answer to both"
+    # the running stream shows the steered message live, before the step that sees it
+    types = [c["type"] for c in first if isinstance(c, dict)]
+    at = types.index("data-steered")
+    assert types[at + 1] == "start-step" and types.count("start-step") == 3
+    assert types[:at].count("start-step") == 2
+    assert first[at] == {
+        "type": "data-steered",
+        "id": answer["messageId"],
+        "data": {"messageId": answer["messageId"], "text": "also this", "step": 2},
+        "transient": True,
+    }
     roles = [m["role"] for m in stored["ui_messages"]]
     assert roles == ["user", "assistant", "user", "assistant"]
     assert stored["ui_messages"][2]["id"] == answer["messageId"]

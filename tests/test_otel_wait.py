@@ -13,6 +13,7 @@ from opentelemetry.trace import StatusCode
 from actors.plugins import OpenTelemetryActor
 from actors.providers.scripted import ScriptedProvider, tool_call
 from runtime import Agent, Host, tool
+from runtime.approval import SUSPENDED_TRACE_META
 from tests import test_busy
 
 
@@ -117,3 +118,44 @@ async def test_a_steered_message_is_an_event_on_the_running_turns_span():
     (turn,) = turn_spans(exporter.get_finished_spans())
     steered = [e for e in turn.events if e.name == "axon.turn.steered"]
     assert len(steered) == 1 and steered[0].attributes["axon.step"] == 1
+
+
+async def test_a_continuation_on_a_fresh_host_links_to_the_span_suspended_on_another(tmp_path):
+    """The suspension stores its span's context with the session: a continuation on
+    another host (another process, or after a restart) links to it, though that host's
+    tracing actor never saw the suspended span."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    db = tmp_path / "s.db"
+    async with Host.open(store=db, log_tap=False) as host:
+        await host.start_actor(OpenTelemetryActor(tracer_provider=provider))
+        session = await host.open_session(asking(), session_id="s")
+        first = await session.run("delete /x")
+    (waited,) = turn_spans(exporter.get_finished_spans())
+    exporter.clear()
+    async with Host.open(store=db, log_tap=False) as host:
+        await host.start_actor(OpenTelemetryActor(tracer_provider=provider))
+        session = await host.open_session(asking(), session_id="s")
+        await session.respond(first.pending[0].approval_id, approved=True, reason="ok")
+        assert SUSPENDED_TRACE_META in session.meta  # stored with the wait
+    (resumed,) = turn_spans(exporter.get_finished_spans())
+    assert first.finish_reason == "awaiting-input"
+    assert resumed.attributes["axon.turn.resumed"] is True
+    (link,) = resumed.links
+    assert link.context.trace_id == waited.context.trace_id
+    assert link.context.span_id == waited.context.span_id
+    assert link.attributes["axon.link.type"] == "resumes"
+    assert resumed.attributes["axon.turn.finish_reason"] == "stop"
+
+
+async def test_a_takeover_of_a_turn_that_never_waited_links_to_nothing():
+    from actors.turn.runner import _suspended_trace
+    from runtime.events import TraceContext
+
+    stored = {SUSPENDED_TRACE_META: {"turn_id": "t1", "trace_id": "ab", "span_id": "cd"}}
+    assert _suspended_trace(stored, "t1", committed=object()) == TraceContext(
+        trace_id="ab", span_id="cd"
+    )
+    assert _suspended_trace(stored, "t2", committed=object()) is None  # another turn's
+    assert _suspended_trace(stored, "t1", committed=None) is None  # a new turn

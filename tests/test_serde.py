@@ -89,6 +89,8 @@ def _strategy_for(tp: typing.Any) -> st.SearchStrategy:
         return st.lists(st.sampled_from(_sample_parts()), max_size=4).map(tuple)
     if origin is dict:
         return st.dictionaries(st.text(max_size=4), json_values, max_size=3)
+    if attrs.has(tp):  # a value class nested in an event (TurnStarted's TraceContext)
+        return _builds(tp)
     raise NotImplementedError(tp)
 
 

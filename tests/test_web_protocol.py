@@ -43,6 +43,7 @@ SCHEMA_FIELDS = {
     "text-end": {"id"},
     "data-object": {"id", "data"},
     "data-throttled": {"data", "transient"},
+    "data-steered": {"id", "data", "transient"},
     "reset-step": set(),
     "data-reset-step": {"data", "transient"},
     "reasoning-start": {"id"},
@@ -138,6 +139,17 @@ CASES = [
             {
                 "type": "data-throttled",
                 "data": {"wait": 2.5, "reason": "requests"},
+                "transient": True,
+            }
+        ],
+    ),
+    (
+        o.Steered(step=2, message_id="u2", text="also this"),
+        [
+            {
+                "type": "data-steered",
+                "id": "u2",
+                "data": {"messageId": "u2", "text": "also this", "step": 2},
                 "transient": True,
             }
         ],

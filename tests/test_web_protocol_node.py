@@ -194,3 +194,49 @@ async def test_every_mapped_chunk_passes_the_ai_package_chunk_schema(node):
     assert [p.get("error") for p in parsed] == [None] * len(sent)
     assert [p["value"] for p in parsed] == sent
     assert {ui["type"] for ui in sent} >= {"abort", "error", "finish", "tool-output-error"}
+
+
+async def test_the_ai_package_reads_a_steered_message_as_transient_data(node):
+    """A ``data-steered`` chunk between two steps passes the chunk schema, and
+    ``readUIMessageStream`` builds the assistant message around it: the steered text is
+    no part of it (the stored session has it as a user message of its own)."""
+    from runtime import output as o
+    from runtime.app.web.ui_stream import DONE, UIStreamEncoder, sse
+    from runtime.chunks import Usage
+
+    u = Usage()
+    chunks = [
+        o.Start(message_id="msg_1"),
+        o.StepStart(step=0),
+        o.TextStart(step=0, part_id="t0"),
+        o.TextDelta(step=0, part_id="t0", text="looking"),
+        o.TextFinish(step=0, part_id="t0"),
+        o.StepFinish(step=0, finish_reason="stop", usage=u),
+        o.Steered(step=1, message_id="u2", text="also this"),
+        o.StepStart(step=1),
+        o.TextStart(step=1, part_id="t1"),
+        o.TextDelta(step=1, part_id="t1", text="answer to both"),
+        o.TextFinish(step=1, part_id="t1"),
+        o.StepFinish(step=1, finish_reason="stop", usage=u),
+        o.Finish(finish_reason="stop", usage=u),
+    ]
+    encoder = UIStreamEncoder()
+    sent = [ui for chunk in chunks for ui in encoder.encode(chunk)]
+    body = b"".join(sse(ui) for ui in sent) + DONE
+    with trio.fail_after(60):
+        proc = await trio.run_process(
+            [node, str(WEB / "read_stream.mjs"), json.dumps({"sse": body.decode(), "read": True})],
+            cwd=WEB,
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+        )
+    assert proc.returncode == 0, proc.stderr.decode()
+    out = json.loads(proc.stdout)
+    assert [p.get("error") for p in out["parsed"]] == [None] * len(sent)
+    (steered,) = [p["value"] for p in out["parsed"] if p["value"]["type"] == "data-steered"]
+    assert steered["data"] == {"messageId": "u2", "text": "also this", "step": 1}
+    assert out["error"] is None
+    parts = out["message"]["parts"]
+    assert [p["type"] for p in parts] == ["step-start", "text", "step-start", "text"]
+    assert parts[3]["text"] == "answer to both"

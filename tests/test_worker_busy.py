@@ -5,22 +5,18 @@ tests/test_frontend.py runs them).
 
 ``reject`` is a 409 that queues nothing; ``enqueue`` queues behind (the default, covered
 by tests/test_frontend.py); ``interrupt`` cancels the queued and running turns and runs
-the new one; ``steer`` is refused at start (a message cannot join a turn running on
-another process)."""
+the new one; ``steer`` queues the message naming the running turn, whose worker inserts
+it at its next step boundary (tests/test_worker_steer.py)."""
 
 from __future__ import annotations
-
-import argparse
-from typing import Any
 
 import httpx
 import pytest
 import trio
 
 from actors.stores.turns import TurnQueue
-from runtime.app.web.serve import add_serve_arguments, serve_command
 from runtime.busy import INTERRUPTED_BY_NEW
-from runtime.errors import ConfigurationError, SessionBusy
+from runtime.errors import SessionBusy
 from runtime.messages import AssistantMessage, UserMessage
 from tests.support.redis import require_redis
 from tests.test_frontend import (
@@ -137,15 +133,23 @@ async def test_interrupt_cancels_the_queued_turns_so_only_the_newest_runs(
     assert [m.content for m in record.messages if isinstance(m, UserMessage)] == ["c"]
 
 
-async def test_the_queue_refuses_to_steer(pg_url: str) -> None:
+async def test_a_steer_submit_names_the_running_turn_and_none_when_idle(pg_url: str) -> None:
     from actors.stores.postgres import PostgresStore
 
     store = await PostgresStore.open(pg_url)
+    queue = TurnQueue(store)
     try:
-        with pytest.raises(Exception, match="cannot steer"):
-            await TurnQueue(store).submit("s1", "x", on_busy="steer")  # type: ignore[arg-type]
+        idle = await queue.submit("s1", "first", on_busy="steer")
+        claim = await queue.claim("w1")
+        assert claim is not None and claim.turn.turn_id == idle.turn_id
+        steering = await queue.submit("s1", "also", on_busy="steer")
+        taken = await queue.take_steering(claim)
     finally:
+        await queue.aclose()
         await store.aclose()
+    assert idle.steer_of is None  # nothing ran: an ordinary turn
+    assert steering.steer_of == idle.turn_id and steering.status == "queued"
+    assert [t.turn_id for t in taken] == [steering.turn_id]
 
 
 async def test_a_reject_submit_on_the_queue_raises_session_busy(pg_url: str) -> None:
@@ -164,26 +168,3 @@ async def test_a_reject_submit_on_the_queue_raises_session_busy(pg_url: str) -> 
         await store.aclose()
     assert [t.input for t in turns] == ["first"]
     assert other.session_id == "s2"
-
-
-async def test_serve_refuses_on_busy_steer_in_a_front_end(capsys: Any) -> None:
-    args = add_serve_arguments(argparse.ArgumentParser()).parse_args(
-        [
-            *("--store", "postgresql://nobody@127.0.0.1:1/x"),
-            *("--redis", "redis://127.0.0.1:1/0"),
-            *("--on-busy", "steer"),
-        ]
-    )
-    assert await serve_command(args) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("error: --on-busy steer is not served by a worker deployment's front end")
-    assert len(err.strip().splitlines()) == 1
-
-
-async def test_create_app_refuses_steer_for_a_front_end() -> None:
-    from runtime import Host
-    from runtime.app.web.app import create_app
-
-    async with Host.open() as host:
-        with pytest.raises(ConfigurationError, match="steer"):
-            create_app(host, slow_agent(), relay=object(), queue=object(), on_busy="steer")  # type: ignore[arg-type]

@@ -16,7 +16,9 @@ continuation is a new ``invoke_agent`` span (``axon.turn.resumed``) with a span 
 to the suspended one, and the decisions recorded meanwhile as its first events
 (``axon.approval.decided``, ``axon.approval.expired``). A wait holds no span open: the
 link is how a trace viewer joins the two, however long the wait (within one process:
-the actor remembers the last :data:`SUSPENDED_KEPT` suspended spans).
+the actor remembers the last :data:`SUSPENDED_KEPT` suspended spans; across processes
+and restarts, the suspension stores the span's trace and span ids with the session,
+:data:`runtime.approval.SUSPENDED_TRACE_META`, and the continuation links to those).
 
 The actor handles events after the fact, so spans are never "current": each is started
 and ended with explicit times. Events carry no clock, so the actor's inbox stamps each
@@ -58,6 +60,7 @@ from runtime.events import (
     ToolApprovalRequested,
     ToolCallCompleted,
     ToolCallRequested,
+    TraceContext,
     TurnFinished,
     TurnStarted,
     TurnSteered,
@@ -336,8 +339,11 @@ class OpenTelemetryActor(Actor):
         links = []
         if event.resumed:
             attributes["axon.turn.resumed"] = True
-            if suspended is not None:  # the wait it goes on from
-                links.append(trace.Link(suspended.context, {"axon.link.type": "resumes"}))
+            waited = suspended.context if suspended is not None else None
+            if waited is None:  # suspended in another process, or before a restart
+                waited = _stored_context(trace, event.suspended_trace)
+            if waited is not None:  # the wait it goes on from
+                links.append(trace.Link(waited, {"axon.link.type": "resumes"}))
         span = self.tracer.start_span(
             f"invoke_agent {event.agent}",
             context=context,
@@ -349,6 +355,12 @@ class OpenTelemetryActor(Actor):
         if event.resumed and suspended is not None:
             for at, decided in suspended.decisions:
                 span.add_event(*_decision_event(decided), timestamp=at)
+        context = span.get_span_context()
+        if context.is_valid and self.bus is not None:  # stored with its suspension, if any
+            self.bus.trace_contexts[event.turn_id] = {
+                "trace_id": f"{context.trace_id:032x}",
+                "span_id": f"{context.span_id:016x}",
+            }
         self._turns[event.turn_id] = _Turn(
             span=span,
             session_id=event.session_id,
@@ -396,6 +408,8 @@ class OpenTelemetryActor(Actor):
         """End the turn's span and every child still open: a failure or an abort marks
         them all, since it is what cut them short."""
         turn = self._turns.pop(turn_id)
+        if self.bus is not None:
+            self.bus.trace_contexts.pop(turn_id, None)
         if self._session_turn.get(turn.session_id) == turn_id:
             del self._session_turn[turn.session_id]
         children = [chat.span for chat in turn.chats.values()]
@@ -800,3 +814,20 @@ def otel_plugin(options: str | None = None) -> OpenTelemetryActor:
 
 
 __all__ = ["OpenTelemetryActor", "build_tracer_provider", "otel_plugin"]
+
+
+def _stored_context(trace: Any, stored: TraceContext | None) -> Any:
+    """The span context a suspension stored (hex ids), as a remote one to link to;
+    ``None`` when there is none or it does not parse."""
+    if stored is None:
+        return None
+    try:
+        context = trace.SpanContext(
+            trace_id=int(stored.trace_id, 16),
+            span_id=int(stored.span_id, 16),
+            is_remote=True,
+            trace_flags=trace.TraceFlags(trace.TraceFlags.SAMPLED),
+        )
+    except (KeyError, TypeError, ValueError):
+        return None
+    return context if context.is_valid else None

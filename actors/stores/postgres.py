@@ -156,6 +156,9 @@ _TURN_COLUMNS = (
     # What a protocol's turn carries beyond its input (runtime.turn_queue.TurnOptions):
     # a JSON object, '{}' for none.
     ("options", "BYTEA NOT NULL DEFAULT '{}'"),
+    # A message submitted to steer the session's running turn (on_busy='steer'): that
+    # turn's id. Its worker takes the row at a step boundary; else it runs as a turn.
+    ("steer_of", "TEXT"),
 )
 """Columns the turn queue (:mod:`actors.stores.turns`) added after schema 1 shipped: a
 store created before them gains them on open, in place, without a version change. Each

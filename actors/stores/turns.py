@@ -82,7 +82,7 @@ import trio
 from actors.stores.postgres import CONNECT_TIMEOUT, Fence, PostgresStore, load_rows
 from runtime import serde
 from runtime.approval import WAITING_META, Decision, PendingCall, pending_calls, record_decision
-from runtime.busy import ENQUEUE, INTERRUPT, INTERRUPTED_BY_NEW, REJECT, OnBusy
+from runtime.busy import ENQUEUE, INTERRUPT, INTERRUPTED_BY_NEW, REJECT, STEER, OnBusy
 from runtime.errors import (
     AlreadyDecided,
     QueueFull,
@@ -110,6 +110,7 @@ from runtime.turn_queue import (
     FINAL_STATUSES,
     QUEUED,
     RUNNING,
+    STEERED,
     SUPERSEDED,
     WAITING,
     Decided,
@@ -137,7 +138,7 @@ CANCEL_CHANNEL: Final = "axon_cancel"
 _COLUMNS = (
     "turn_id, session_id, seq, input, meta, regenerate, status, owner, epoch, attempts, "
     "saved, cancel_requested, cancel_reason, finish_reason, error, idempotency_key, "
-    "resumes, expires_at, options"
+    "resumes, expires_at, steer_of, options"
 )
 _STATUS_COLUMNS = (
     "turn_id, session_id, seq, status, owner, epoch, attempts, saved, cancel_requested, "
@@ -270,7 +271,10 @@ class TurnQueue:
         the session's queued turns (``cancelled`` at once) and asks its running one to
         stop (abort reason ``interrupted by a new message``), then queues it: the newest
         message wins. (A turn that waits for input is neither: the new turn supersedes
-        it.) ``steer`` is refused: a message cannot join a turn on another process. A
+        it.) ``steer`` queues it naming the session's running turn (``steer_of``; none
+        running: an ordinary queued turn): that turn's worker takes it at its next step
+        boundary (:meth:`take_steering`) and its save marks it ``done`` (``steered``);
+        a turn that ends first leaves it queued, to run as a turn of its own. A
         retry of a turn already stored returns it whatever the strategy.
 
         ``idempotency_key`` names what the caller submits (a front end: the client's id of
@@ -319,10 +323,10 @@ class TurnQueue:
             else _sha256(idempotency_key.encode("utf-8", "surrogatepass"))
         )
 
-        if on_busy is not None and on_busy not in (ENQUEUE, REJECT, INTERRUPT):
+        if on_busy is not None and on_busy not in (ENQUEUE, REJECT, INTERRUPT, STEER):
             raise StoreError(
                 f"submit to session {session_id!r}: on_busy {on_busy!r} is not one of "
-                "enqueue, reject, interrupt (a turn queue cannot steer another process's turn)"
+                "enqueue, reject, interrupt, steer"
             )
 
         def insert(conn: Any, key: str | None, regenerate: bool) -> tuple[Any, ...]:
@@ -331,10 +335,11 @@ class TurnQueue:
             self._check_room(conn, session_id, key, turn_id)
             if on_busy == REJECT and _busy(conn, session_id):
                 raise SessionBusy(f"session {session_id!r} is already running a turn")
+            steer_of = _running(conn, session_id) if on_busy == STEER and not regenerate else None
             row = conn.execute(
                 f"""INSERT INTO axon_turns (turn_id, session_id, idempotency_key,
-                    message_key, input_hash, input, meta, regenerate, options)
-                VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)
+                    message_key, input_hash, input, meta, regenerate, options, steer_of)
+                VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
                 ON CONFLICT DO NOTHING RETURNING {_COLUMNS}""",
                 (
                     turn_id,
@@ -346,6 +351,7 @@ class TurnQueue:
                     meta_json,
                     regenerate,
                     options_json,
+                    steer_of,
                 ),
             ).fetchone()
             if row is not None:
@@ -568,8 +574,9 @@ class TurnQueue:
             ).fetchone()
             if row is None:
                 return None
-            # The start and the supersession of a turn of the session that waits for
-            # a decision (:func:`_supersede_waiting`) in one statement.
+            # The start, and in the same statement the end of a turn of the session that
+            # waits for a decision: superseded (its runner denies what still waits, as
+            # the embedded host does), so no decision resumes it any more.
             started = conn.execute(
                 f"""WITH started AS (
                     UPDATE axon_turns SET status = 'running', owner = %s,
@@ -670,6 +677,7 @@ class TurnQueue:
         claim: BaseClaim,
         on_lost: Callable[[], None] | None = None,
         on_suspended: Callable[[], None] | None = None,
+        steered: Sequence[str] = (),
     ) -> contextlib.AbstractContextManager[None]:
         """While inside, every save of the claimed turn's session checks, in its own
         transaction, that the claim still holds the turn
@@ -680,13 +688,21 @@ class TurnQueue:
         suspends the row (:meth:`suspend`), in the same transaction: one commit where there were
         two, and no moment where the step is stored and the row still holds a lease.
         ``on_suspended`` is called once that save committed (the worker then has nothing
-        left to write to the row)."""
+        left to write to the row).
+
+        ``steered`` (read at every save; the worker appends to it) names the messages the
+        turn took from :meth:`take_steering`: the save that stores them marks their rows
+        ``done`` (:data:`~runtime.turn_queue.STEERED`) in its commit, so a worker that
+        dies before that save leaves them queued, for the turn's next worker to take
+        again or to run as turns of their own."""
         key = (claim.turn.turn_id, claim.owner, claim.epoch)
 
         def suspend_if_waiting(
             conn: Any, messages: Sequence[Message], meta: Mapping[str, Any] | None
         ) -> bool:
-            if not (meta or {}).get(WAITING_META):
+            if steered:
+                _mark_steered(conn, claim.turn.turn_id, list(steered))
+            if on_suspended is None or not (meta or {}).get(WAITING_META):
                 return False
             row = conn.execute(_SUSPEND, (_first_deadline(messages), *key)).fetchone()
             if row is None:  # not held: the fence check before would have refused the save
@@ -700,10 +716,29 @@ class TurnQueue:
             epoch=claim.epoch,
             on_lost=on_lost,
             saved=claim.turn.saved,
-            in_save=None if on_suspended is None else suspend_if_waiting,
+            in_save=None if on_suspended is None and steered == () else suspend_if_waiting,
             on_commit=on_suspended,
         )
         return self.store.fenced(claim.turn.session_id, fence)
+
+    async def take_steering(self, claim: BaseClaim) -> list[QueuedTurn]:
+        """The messages submitted to steer the claimed turn (``on_busy="steer"``) that
+        are still queued, in order: one read of the ``axon_turns_queued`` index, made at
+        each step boundary. Nothing is written here: the save that stores them marks
+        them (:meth:`fenced`)."""
+        turn = claim.turn
+
+        def take(conn: Any) -> list[tuple[Any, ...]]:
+            return conn.execute(
+                f"""SELECT {_COLUMNS} FROM axon_turns
+                WHERE session_id = %s AND status = 'queued' AND steer_of = %s
+                  AND NOT cancel_requested
+                ORDER BY seq""",
+                (turn.session_id, turn.turn_id),
+            ).fetchall()
+
+        rows = await self.store.run(f"steering of turn {turn.turn_id}", take, transaction=False)
+        return [await self._decoded(tuple(row)) for row in rows]
 
     def close_fences(self) -> None:
         """Refuse every fenced save of the store from now on (a worker stopping at once)."""
@@ -1115,6 +1150,7 @@ class TurnQueue:
             idempotency_key,
             resumes,
             expires_at,
+            steer_of,
             options,
         ) = row
         try:
@@ -1152,6 +1188,7 @@ class TurnQueue:
             resumes=resumes,
             expires_at=expires_at,
             options=decoded_options,
+            steer_of=steer_of,
         )
 
 
@@ -1271,17 +1308,27 @@ _SUPERSEDE = """UPDATE axon_turns AS w SET status = 'done', finish_reason = 'sup
 """The waiting turn a later turn of its session supersedes (its ``WHERE`` follows)."""
 
 
-def _supersede_waiting(conn: Any, session_id: str) -> None:
-    """A later turn of the session starts: the turn that waits for a decision there is
-    over (its runner denies what still waits, reason ``superseded``, as the embedded
-    host does), so no decision resumes it any more."""
-    rows = conn.execute(
-        f"""{_SUPERSEDE} WHERE w.session_id = %s AND w.status = 'awaiting-input'
-        RETURNING w.turn_id""",
+def _running(conn: Any, session_id: str) -> str | None:
+    """The session's running turn, if any (what a ``steer`` submit steers)."""
+    row = conn.execute(
+        "SELECT turn_id FROM axon_turns WHERE session_id = %s AND status = 'running'",
         (session_id,),
+    ).fetchone()
+    return None if row is None else str(row[0])
+
+
+def _mark_steered(conn: Any, turn_id: str, steered: list[str]) -> None:
+    """In the save that stores them: the messages turn ``turn_id`` took are ``done``
+    (``steered``), and whoever waits for them (their front end) is woken."""
+    rows = conn.execute(
+        """UPDATE axon_turns SET status = 'done', finish_reason = %s,
+            finished_at = clock_timestamp()
+        WHERE turn_id = ANY(%s) AND steer_of = %s AND status = 'queued'
+        RETURNING turn_id""",
+        (STEERED, steered, turn_id),
     ).fetchall()
-    for (turn_id,) in rows:
-        _notify_turns(conn, turn_id)
+    for (done,) in rows:
+        _notify_turns(conn, done)
 
 
 _STATUS_FIELDS = tuple(name.strip() for name in _STATUS_COLUMNS.split(","))

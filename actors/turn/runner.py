@@ -63,6 +63,7 @@ from runtime.actor_messages import (
     SaveResult,
     SessionSnapshot,
     SessionState,
+    SteeredNotice,
     StepBegin,
     StepEnd,
     StepReset,
@@ -85,6 +86,7 @@ from runtime.approval import (
     APPROVAL,
     AWAITING_INPUT,
     SUPERSEDED,
+    SUSPENDED_TRACE_META,
     WAITING_META,
     pending_calls,
     supersede,
@@ -191,6 +193,19 @@ class _Turn:
     fallback the turn went on with (``Agent(provider=[primary, fallback, ...])``)."""
     steering: TurnSteering = attrs.field(factory=TurnSteering)
     """User messages that join the turn at its next step boundary (``steer``)."""
+
+
+def _suspended_trace(
+    meta: Mapping[str, Any], turn_id: str, committed: Any
+) -> ev.TraceContext | None:
+    """The trace context this turn's suspension stored, when the turn is its
+    continuation (a takeover of a turn that never waited finds another turn's, or none)."""
+    stored = meta.get(SUSPENDED_TRACE_META)
+    if committed is None or not isinstance(stored, dict) or stored.get("turn_id") != turn_id:
+        return None
+    return ev.TraceContext(
+        trace_id=str(stored.get("trace_id", "")), span_id=str(stored.get("span_id", ""))
+    )
 
 
 def _cut_last_turn(state: SessionState) -> None:
@@ -344,6 +359,7 @@ class TurnRunner(Suspending, Actor):
                     provider=getattr(self.provider, "provider_name", None),
                     model=getattr(self.provider, "model", None) or None,
                     resumed=committed is not None,
+                    suspended_trace=_suspended_trace(run.meta, turn_id, committed),
                 ),
                 agent.hooks.on_turn_start,
             )
@@ -421,8 +437,10 @@ class TurnRunner(Suspending, Actor):
         sid, ctrl = state.session_id, turn.ctrl
         while True:
             budget.check_step(turn.step)
-            if turn.steering.waiting and turn.parts.content:  # a step boundary is behind
-                await self._steer(turn)
+            if turn.parts.content:  # a step boundary is behind
+                await turn.steering.pull_waiting()  # another process's messages, if any
+                if turn.steering.waiting:
+                    await self._steer(turn)
             step = turn.parts.step = turn.step
             await ctrl.send(StepBegin(step=step))
             turn.step_open = True
@@ -469,7 +487,7 @@ class TurnRunner(Suspending, Actor):
                 agent.hooks.on_message_added,
             )
             if turn.held and not over:  # what the sessions list reads (docs/approval.md)
-                turn.meta = {**turn.meta, WAITING_META: len(turn.held)}
+                turn.meta = {**turn.meta, WAITING_META: len(turn.held), **self._trace_meta(turn)}
             await self._save(turn, step)
             if over:
                 raise BudgetExceeded(over)
@@ -485,6 +503,14 @@ class TurnRunner(Suspending, Actor):
                     continue  # the answer did not validate: the model sees why, answers again
                 return
 
+    def _trace_meta(self, turn: _Turn) -> dict[str, Any]:
+        """What the suspending save stores of the turn's trace context (a tracing
+        plug-in's, :attr:`runtime.bus.Bus.trace_contexts`): its continuation links to it."""
+        context = None if self.bus is None else self.bus.trace_contexts.get(turn.turn_id)
+        if context is None:
+            return {}
+        return {SUSPENDED_TRACE_META: {**context, "turn_id": turn.turn_id}}
+
     async def _steer(self, turn: _Turn) -> None:
         """Insert the user messages handed to the running turn (the ``steer`` busy
         strategy) where the model sees them: after the last step's tool results, before
@@ -493,7 +519,11 @@ class TurnRunner(Suspending, Actor):
         history shows the messages where the model saw them."""
         state = self.state
         for item in turn.steering.take(turn.step):
-            state.messages.append(UserMessage(content=item.content, id=item.user_message_id))
+            message = UserMessage(content=item.content, id=item.user_message_id)
+            state.messages.append(message)
+            await turn.ctrl.send(
+                SteeredNotice(step=turn.step, message_id=message.id, text=message.text)
+            )
             await self.publish(
                 ev.TurnSteered(
                     session_id=state.session_id,

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import re
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -253,6 +253,12 @@ class TurnStream:
             session.changed()
             raise
         return self
+
+    def steer_from(self, pull: Callable[[], Awaitable[Sequence[SteeredInput]]]) -> None:
+        """Have the turn also take the messages ``pull`` returns at each step boundary
+        (before entering): a worker's turn, steered by messages a front end on another
+        process recorded in the turn queue (:attr:`TurnSteering.pull`)."""
+        self._steering.pull = pull
 
     async def _when_busy(self) -> bool:
         """A turn runs (or others wait for one): what the session's busy strategy says

@@ -57,6 +57,7 @@ import threading
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
+from functools import partial
 from typing import Any
 
 import attrs
@@ -65,6 +66,7 @@ import trio
 from actors.relays.redis_streams import RedisRelay, public_url
 from actors.stores import open_store, queue_scheme, turn_queue
 from runtime.actor import Actor
+from runtime.actor_messages import SteeredInput
 from runtime.agent import Agent
 from runtime.app.commands import (
     MCP_HELP,
@@ -560,6 +562,8 @@ class Worker:
             instructions=options.instructions,
         )
         stream.stored = claim.stored  # a continuation starts from the session its claim read
+        steered: list[str] = []
+        stream.steer_from(partial(self._take_steering, claim, steered))
         if turn.cancel_requested:
             stream.cancel(turn.cancel_reason or "cancelled")
         log().info(
@@ -581,7 +585,10 @@ class Worker:
         status = "lost"
         try:
             with self.queue.fenced(
-                claim, on_lost=lambda: entry.lose("a save was refused"), on_suspended=entry.suspend
+                claim,
+                on_lost=lambda: entry.lose("a save was refused"),
+                on_suspended=entry.suspend,
+                steered=steered,
             ):
                 try:
                     async with stream as out:
@@ -602,6 +609,14 @@ class Worker:
         if options.ephemeral and status != "lost":
             await self._forget(session)
         return status
+
+    async def _take_steering(self, claim: Claim, taken: list[str]) -> list[SteeredInput]:
+        """At a step boundary of the claimed turn: the messages a front end queued to
+        steer it (``on_busy="steer"``), each once. Their ids go to ``taken``, which the
+        turn's fenced saves mark ``done`` in the commit that stores them."""
+        found = [t for t in await self.queue.take_steering(claim) if t.turn_id not in taken]
+        taken.extend(t.turn_id for t in found)
+        return [SteeredInput(content=t.input, user_message_id=t.user_message_id) for t in found]
 
     async def _open_session(self, host: Host, turn: QueuedTurn) -> Any:
         """The turn's session, loaded from the store; one that is not stored yet starts

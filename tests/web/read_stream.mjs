@@ -12,7 +12,8 @@
 //   node read_stream.mjs '{"sse": "data: {...}\n\n..."}'
 //
 // parses an SSE body with the package's parseJsonEventStream and uiMessageChunkSchema and
-// prints, per event, whether the schema accepted it.
+// prints, per event, whether the schema accepted it; with "read": true, also the UI
+// message readUIMessageStream builds from the accepted chunks, and its error.
 import {
   DefaultChatTransport,
   UI_MESSAGE_STREAM_HEADERS,
@@ -33,6 +34,25 @@ if (config.sse !== undefined) {
         ? { success: true, value: result.value }
         : { success: false, error: String(result.error && result.error.message) },
     );
+  }
+  if (config.read) {
+    // and builds the UI message from the accepted chunks, as useChat does
+    const chunks = parsed.filter((p) => p.success).map((p) => p.value);
+    const stream = new ReadableStream({
+      start(controller) {
+        for (const chunk of chunks) controller.enqueue(chunk);
+        controller.close();
+      },
+    });
+    let message = null;
+    let error = null;
+    try {
+      for await (const m of readUIMessageStream({ stream, terminateOnError: true })) message = m;
+    } catch (e) {
+      error = String((e && e.message) || e);
+    }
+    console.log(JSON.stringify({ parsed, message, error }));
+    process.exit(0);
   }
   console.log(JSON.stringify(parsed));
   process.exit(0);

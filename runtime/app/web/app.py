@@ -79,8 +79,8 @@ from runtime.app.web.resume import resume_stream, stop_turn
 from runtime.app.web.ui_stream import DONE, HEADERS, UIStreamEncoder, ui_messages
 from runtime.app.web.writer import BodyWriter
 from runtime.approval import pending_calls
-from runtime.busy import REJECT, STEER, OnBusy, check_on_busy
-from runtime.errors import ConfigurationError, InvalidHistory, NothingToResume, SessionBusy
+from runtime.busy import REJECT, OnBusy, check_on_busy
+from runtime.errors import InvalidHistory, NothingToResume, SessionBusy
 from runtime.messages import UserContent
 from runtime.serde import unstructure
 from runtime.turn_queue import TurnQueue
@@ -686,11 +686,6 @@ def create_app(
     if queue is not None:
         if relay is None:
             raise ValueError("a front end (queue=) needs the relay its workers write to")
-        if state.on_busy == STEER:
-            raise ConfigurationError(
-                "on_busy='steer' is not served by a worker deployment's front end (a message "
-                "cannot join a turn running on another process)"
-            )
         state.front = FrontEnd(store=host.store, queue=queue, relay=relay)
     return _app(state, token, cors_origins, allowed_hosts, protocols)
 

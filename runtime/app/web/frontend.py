@@ -14,7 +14,10 @@ to any of them:
     other text is an edit, run in place of that message's turn when it is the session's
     last and has ended, else a 409 (never the old turn's replay). A second POST
     while the session is busy queues behind the first (per-session order); its stream
-    starts when its turn does. A POST over the queue's caps (``serve
+    starts when its turn does. Under ``serve --on-busy steer`` it is queued naming the
+    running turn, whose worker inserts it at its next step boundary: the POST answers
+    202 ``{"steered": true, "turnId", "messageId"}`` once that save stored it, or streams
+    it as a turn of its own when the running turn ended first. A POST over the queue's caps (``serve
     --max-queued-per-session``, ``--max-queued``) is answered 429 with ``Retry-After``
     and queues nothing. Leaving the stream does **not** cancel the turn: the
     client is only a viewer; stopping is explicit (``POST /api/chat/{id}/stop``).
@@ -69,6 +72,7 @@ from runtime.app.web.answers import (
 )
 from runtime.app.web.chat_input import check_media, read_chat_request, title_of
 from runtime.app.web.http import ApiError, json_response, session_id_param, web_state
+from runtime.app.web.resend import client_message_id
 from runtime.app.web.resume import (
     STOPPED,
     RelayEncoder,
@@ -80,7 +84,7 @@ from runtime.app.web.resume import (
 from runtime.app.web.ui_stream import error_text, sse, ui_messages
 from runtime.app.web.watch import POLL_FIRST, POLL_MAX, TurnWatch
 from runtime.approval import Decision, Recorded, pending_calls
-from runtime.busy import INTERRUPT, INTERRUPTED_BY_NEW, OnBusy
+from runtime.busy import INTERRUPT, INTERRUPTED_BY_NEW, STEER, OnBusy
 from runtime.errors import (
     QueueFull,
     RelayTurnGone,
@@ -91,14 +95,19 @@ from runtime.errors import (
     TurnConflict,
 )
 from runtime.events import ToolApprovalDecided
+from runtime.ids import new_id
 from runtime.logging import get_logger
 from runtime.messages import UserContent
 from runtime.serde import unstructure
 from runtime.turn_queue import (
+    DONE,
     FINAL_STATUSES,
+    QUEUED,
     RUNNING,
+    STEERED,
     WAITING,
     Decided,
+    QueuedTurn,
     TurnOptions,
     TurnQueue,
 )
@@ -278,19 +287,41 @@ class FrontEnd:
         check_media(text, state.agent_for(session_id))
         # ``serve --on-busy`` (None: enqueue): the queue decides it with the insert.
         running = await self.queue.active(session_id) if state.on_busy == INTERRUPT else None
+        steer = state.on_busy == STEER and not regenerate
         turn = await self.submit(
             session_id,
             text,
             idempotency_key(session_id, payload, regenerate),
             regenerate,
             on_busy=state.on_busy,
+            # a steering message's id is the client's, whichever turn stores it
+            options=TurnOptions(user_message_id=client_message_id(payload) or new_id("msg"))
+            if steer
+            else None,
         )
         if running is not None and running.status == RUNNING and running.turn_id != turn.turn_id:
             # Its worker hears it at once on the relay (the queue's mark is the truth).
             await _unavailable_as_503(
                 self.relay.request_cancel(running.turn_id, INTERRUPTED_BY_NEW)
             )
+        if turn.steer_of is not None and await self._steered(turn):
+            return json_response(
+                {"steered": True, "turnId": turn.steer_of, "messageId": turn.user_message_id},
+                202,
+            )
         return self._response(request, turn, None)
+
+    async def _steered(self, turn: QueuedTurn) -> bool:
+        """Wait until the turn ``turn`` was submitted to steer took it at a step boundary
+        (``True``: its stream shows the answer), or it is a turn of its own (``False``:
+        that turn ended first, and this one is claimed or ends like any queued turn)."""
+        status: Any = turn.status
+        while status == QUEUED:
+            status = await self.watch.changed(turn.turn_id, status)
+        if status != DONE:
+            return False
+        done = await self.queue.get_status(turn.turn_id)
+        return done is not None and done.finish_reason == STEERED
 
     async def submit(
         self,

@@ -354,12 +354,6 @@ async def serve_app(
         reraise(sole)
 
 
-FRONT_END_STEER = (
-    "--on-busy steer is not served by a worker deployment's front end (a message cannot "
-    "join a turn running on another process); use reject, enqueue or interrupt"
-)
-
-
 def is_front_end(args: argparse.Namespace) -> bool:
     """Whether ``serve`` is a stateless front end of a worker deployment: its sessions in
     PostgreSQL, its live output on a relay, and not told to run turns itself."""
@@ -431,8 +425,6 @@ def _refusal(args: argparse.Namespace, token: str | None, protocols: Any) -> str
     """Why ``serve`` must not start (``None``: it may), said before anything starts: a
     protocol not built, an address it cannot or must not bind."""
     refusal = unbuilt_refusal(protocols)
-    if refusal is None and getattr(args, "on_busy", None) == "steer" and is_front_end(args):
-        refusal = FRONT_END_STEER
     if refusal is not None:
         return refusal
     return bind_problem(args.host, args.port) or bind_refusal(args.host, token, args.insecure)

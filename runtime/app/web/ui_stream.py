@@ -26,6 +26,10 @@ stream closes with ``data: [DONE]\\n\\n``. The mapping:
 * ``throttled`` (the model call waits for a rate limit) -> ``data-throttled`` with
   ``transient: true`` (``data``: ``wait`` seconds and ``reason``): ``useChat`` hands it
   to ``onData`` and keeps it out of the message, so a UI can say "waiting for rate limit";
+* ``steered`` (a user message joined the running turn, ``on_busy="steer"``) ->
+  ``data-steered`` with ``transient: true`` (``id`` and ``data.messageId``: the stored
+  user message's id; ``data.text``, ``data.step``), before the step that first sees it:
+  ``onData`` gets it and the page shows it as the user's bubble at once;
 * ``reset-step`` (the step's model call failed mid-stream and the step starts over on a
   fallback provider) -> ``reset-step``, the AI SDK's own chunk (``ai`` 7): its
   ``readUIMessageStream`` removes every part added since the step's ``start-step``;
@@ -130,6 +134,13 @@ class UIStreamEncoder:
         # transient: the UI shows it while it waits, never stores it
         data = {"wait": chunk.wait, "reason": chunk.reason}
         return [{"type": "data-throttled", "data": data, "transient": True}]
+
+    def _steered(self, chunk: o.Steered) -> list[dict[str, Any]]:
+        """A user message that joined the running turn: a transient data part (the AI
+        SDK hands it to ``onData``, it is no part of the assistant message), which the
+        page shows as the user's bubble; the stored session has it as a user message."""
+        data = {"messageId": chunk.message_id, "text": chunk.text, "step": chunk.step}
+        return [{"type": "data-steered", "id": chunk.message_id, "data": data, "transient": True}]
 
     def _reset(self, chunk: o.ResetStep) -> list[dict[str, Any]]:
         # the AI SDK drops the step's parts itself; the reason goes to onData only
@@ -281,6 +292,7 @@ _ENCODERS: dict[type, _Encode] = {
     o.TextFinish: _part_edge("text-end"),
     o.ObjectDelta: UIStreamEncoder._object_delta,
     o.Throttled: UIStreamEncoder._throttled,
+    o.Steered: UIStreamEncoder._steered,
     o.ResetStep: UIStreamEncoder._reset,
     o.ReasoningStart: _part_edge("reasoning-start"),
     o.ReasoningDelta: UIStreamEncoder._reasoning_delta,

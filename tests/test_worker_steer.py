@@ -1,0 +1,150 @@
+"""``serve --on-busy steer`` in a worker deployment (real PostgreSQL and Redis, a front end
+and a worker as tests/test_frontend.py runs them): a message for a session whose turn runs
+on a worker is queued naming that turn, the worker takes it at its next step boundary,
+the model sees it before its next call, and the store holds it where the model saw it.
+A turn that ends before a boundary leaves it to run as a turn of its own."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+import trio
+
+from actors.providers.anthropic import map_messages as anthropic_messages
+from actors.providers.openai import map_messages as openai_messages
+from actors.providers.openai_responses import map_messages as responses_messages
+from runtime.history import repair
+from runtime.messages import AssistantMessage, UserMessage
+from tests import test_busy
+from tests.support.redis import require_redis
+from tests.test_busy import Script, agent_with, holding, kinds, looking
+from tests.test_frontend import LIMIT, body, data, deployment
+from tests.test_relay_web import sse_events
+
+
+@pytest.fixture
+def redis_url() -> str:
+    return require_redis()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_gate() -> None:
+    test_busy.held["open"], test_busy.held["release"] = trio.Event(), trio.Event()
+
+
+async def queued(queue: Any, session_id: str, count: int) -> list[Any]:
+    while True:
+        turns = await queue.turns(session_id)
+        if len(turns) >= count:
+            return turns
+        await trio.sleep(0.02)
+
+
+async def steer_during_step_1(pg_url: str, redis_url: str) -> dict[str, Any]:
+    """Run ``first`` (look, hold, answer) on a worker; post ``also this`` while step 1's
+    tool holds; what came back and what was stored."""
+    script = Script(looking("call_L"), holding("call_H"), ["answer to both"])
+    out: dict[str, Any] = {"script": script}
+    async with deployment(pg_url, redis_url, agent_with(script, "steer"), on_busy="steer") as d:
+        async with httpx.AsyncClient(base_url=d.urls[0], timeout=LIMIT) as client:
+            async with trio.open_nursery() as nursery:
+
+                async def post(name: str, text: str, message_id: str) -> None:
+                    out[name] = await client.post("/api/chat", json=body("s1", text, message_id))
+
+                nursery.start_soon(post, "first", "first", "u1")
+                await test_busy.held["open"].wait()  # step 1 is open: its tool runs
+                nursery.start_soon(post, "steered", "also this", "u2")
+                await queued(d.queue, "s1", 2)
+                assert len(script.requests) == 2  # no model call until the boundary
+                test_busy.held["release"].set()
+        out["turns"] = await d.queue.turns("s1")
+        out["record"] = await d.store.load("s1")
+    return out
+
+
+async def test_a_message_steered_during_step_1_is_seen_before_step_2s_model_call(
+    pg_url: str, redis_url: str
+) -> None:
+    out = await steer_during_step_1(pg_url, redis_url)
+    first, steering = out["turns"]
+    assert (first.status, first.finish_reason) == ("done", "stop")
+    assert (steering.status, steering.finish_reason) == ("done", "steered")
+    assert steering.steer_of == first.turn_id
+    assert out["steered"].status_code == 202
+    assert out["steered"].json() == {"steered": True, "turnId": first.turn_id, "messageId": "u2"}
+    # step 2's request: the steered message after step 1's tool result
+    seen = out["script"].requests[2].messages
+    assert kinds(seen) == ["User", "Assistant", "Tool", "Tool", "User", "Assistant"]
+    assert seen[4].text == "also this" and seen[4].id == "u2"
+    # the first POST streamed the whole turn, answer included, and the steered message
+    # live (through the relay), before the step that first saw it
+    chunks = data(sse_events(out["first"].text))
+    assert "".join(c["delta"] for c in chunks if c["type"] == "text-delta") == "answer to both"
+    types = [c["type"] for c in chunks]
+    at = types.index("data-steered")
+    assert types[at + 1] == "start-step" and types[:at].count("start-step") == 2
+    assert chunks[at]["data"] == {"messageId": "u2", "text": "also this", "step": 2}
+    assert chunks[at]["transient"] is True
+    record = out["record"]
+    assert record is not None and kinds(record.messages) == kinds(seen)
+    assert isinstance(record.messages[4], UserMessage) and record.messages[4].id == "u2"
+    answer = record.messages[5]
+    assert isinstance(answer, AssistantMessage) and answer.text == "answer to both"
+
+
+async def test_the_steered_history_a_worker_stored_replays_to_each_provider(
+    pg_url: str, redis_url: str
+) -> None:
+    out = await steer_during_step_1(pg_url, redis_url)
+    history = tuple(repair(out["record"].messages))
+    chat = openai_messages(None, history)
+    assert [m["role"] for m in chat] == [
+        *("user", "assistant", "tool", "assistant", "tool", "user", "assistant"),
+    ]
+    assert chat[5]["content"] == "also this" or chat[5]["content"][0]["text"] == "also this"
+    items = responses_messages(history)
+    assert [i.get("type") or i["role"] for i in items][-2:] == ["user", "assistant"]
+    _system, messages = anthropic_messages(None, history)
+    assert [m["role"] for m in messages] == ["user", "assistant"] * 3
+    last_user = messages[4]["content"]
+    assert [b["type"] for b in last_user] == ["tool_result", "text"]
+    assert last_user[1]["text"] == "also this"
+
+
+async def test_a_steering_message_the_turn_ends_without_taking_runs_as_its_own_turn(
+    pg_url: str, redis_url: str
+) -> None:
+    script = Script(["first done"], ["second done"])
+    async with deployment(
+        pg_url, redis_url, agent_with(script, "steer"), on_busy="steer", worker=False
+    ) as d:
+        async with httpx.AsyncClient(base_url=d.urls[0], timeout=LIMIT) as client:
+            async with trio.open_nursery() as nursery:
+                out: dict[str, Any] = {}
+
+                async def post(name: str, text: str, message_id: str) -> None:
+                    out[name] = await client.post("/api/chat", json=body("s1", text, message_id))
+
+                nursery.start_soon(post, "first", "first", "u1")
+                # claimed by hand ("nobody" never reaches a boundary), then released:
+                # the worker takes it over and ends it in one step, taking nothing
+                await queued(d.queue, "s1", 1)
+                claim = await d.queue.claim("nobody")
+                assert claim is not None
+                nursery.start_soon(post, "second", "second", "u2")
+                turns = await queued(d.queue, "s1", 2)
+                assert turns[1].steer_of == claim.turn.turn_id
+                await d.queue.release(claim)  # a worker takes the turn over
+                await d.start_worker()
+        turns = await d.queue.turns("s1")
+        record = await d.store.load("s1")
+    assert [(t.status, t.finish_reason) for t in turns] == [("done", "stop"), ("done", "stop")]
+    assert out["second"].status_code == 200
+    streamed = data(sse_events(out["second"].text))
+    assert "".join(c["delta"] for c in streamed if c["type"] == "text-delta") == "second done"
+    assert record is not None
+    assert [m.text for m in record.messages if isinstance(m, UserMessage)] == ["first", "second"]
+    assert kinds(record.messages) == ["User", "Assistant", "User", "Assistant"]

@@ -1,0 +1,101 @@
+"""``serve --on-busy steer`` with real processes: a ``serve`` front end and a ``python -m
+runtime worker`` process on the test run's own PostgreSQL and Redis.
+
+A ``tools`` turn (tests/support/worker_agent.py) records effect 1 in step 0 and effect 2 in
+step 1, each tool holding a while; a message posted while step 1's tool holds is queued
+naming the running turn, the worker inserts it at the step boundary, and step 2's model
+call is the first to see it: the agent answers the last user message it was sent
+(``echo: ...``), so the answer proves the request held it. The running stream shows it
+live (``data-steered``), the POST gets 202, the store holds it where the model saw it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+import trio
+
+from actors.stores.postgres import PostgresStore
+from runtime.messages import AssistantMessage, UserMessage
+from tests.support.redis import require_redis, unique_prefix
+from tests.test_relay_web import sse_events
+from tests.test_worker_approval_processes import FrontEnds, chat
+from tests.test_workers import Workers, sql
+
+LIMIT = 60.0
+
+
+@pytest.fixture
+def deployment(pg_url: str) -> Iterator[tuple[Workers, FrontEnds]]:
+    redis_url = require_redis()
+    prefix = unique_prefix()
+    workers = Workers(pg_url, redis_url, prefix)
+    fronts = FrontEnds(pg_url, redis_url, prefix)
+    fronts.args += ["--on-busy", "steer"]
+    try:
+        yield workers, fronts
+    finally:
+        workers.close()
+        fronts.close()
+
+
+def steering(session_id: str, text: str) -> dict[str, Any]:
+    sent = chat(session_id, text)
+    sent["messages"][0]["id"] = "u2"
+    return sent
+
+
+async def test_a_message_steered_into_a_workers_turn_reaches_its_next_model_call(
+    pg_url: str, deployment: tuple[Workers, FrontEnds]
+) -> None:
+    workers, fronts = deployment
+    front = await fronts.start()
+    workers.start("w1", AXON_TEST_TOOL_HOLD="1.5")
+    raw = ""
+    async with httpx.AsyncClient(timeout=LIMIT) as client:
+        with trio.fail_after(LIMIT):
+            async with client.stream(
+                "POST", f"{front}/api/chat", json=chat("s1", "tools please")
+            ) as response:
+                assert response.status_code == 200
+                chunks = response.aiter_text()
+                async for text in chunks:  # until step 1's tool call: its tool holds
+                    raw += text
+                    if '"toolCallId":"call_2"' in raw.replace(" ", ""):
+                        break
+                steered = await client.post(f"{front}/api/chat", json=steering("s1", "also this"))
+                async for text in chunks:
+                    raw += text
+    events = [d for _, d in sse_events(raw) if d != "[DONE]"]
+    turn_id = events[0]["messageId"].removeprefix("msg_")
+    rows = sql(
+        pg_url,
+        "SELECT status, finish_reason, steer_of FROM axon_turns WHERE session_id = %s ORDER BY seq",
+        "s1",
+    )
+    store = await PostgresStore.open(pg_url)
+    try:
+        record = await store.load("s1")
+    finally:
+        await store.aclose()
+    assert steered.status_code == 202, steered.text
+    assert steered.json() == {"steered": True, "turnId": turn_id, "messageId": "u2"}
+    assert rows == [("done", "stop", None), ("done", "steered", turn_id)]
+    types = [e["type"] for e in events]
+    at = types.index("data-steered")
+    assert types[:at].count("start-step") == 2 and types[at + 1] == "start-step"
+    assert events[at]["data"] == {"messageId": "u2", "text": "also this", "step": 2}
+    answer = "".join(e["delta"] for e in events[at:] if e["type"] == "text-delta")
+    assert answer == "echo: also this"  # step 2's request ended with the steered message
+    assert record is not None
+    kinds = [type(m).__name__ for m in record.messages]
+    assert kinds == [
+        *("UserMessage", "AssistantMessage", "ToolMessage", "ToolMessage"),
+        *("UserMessage", "AssistantMessage"),
+    ]
+    steered_message, last = record.messages[4], record.messages[5]
+    assert isinstance(steered_message, UserMessage) and steered_message.id == "u2"
+    assert steered_message.content == "also this"
+    assert isinstance(last, AssistantMessage) and last.text == "echo: also this"
