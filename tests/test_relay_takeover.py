@@ -41,9 +41,10 @@ def redis_url() -> str:
 
 @asynccontextmanager
 async def front_end_and_workers(
-    pg_url: str, redis_url: str
+    pg_url: str, redis_url: str, protocols: tuple[str, ...] = ("ai-sdk",)
 ) -> AsyncIterator[tuple[Deployment, Workers]]:
-    """One front end (in this process) and worker processes, on one schema and prefix."""
+    """One front end (in this process) serving ``protocols``, and worker processes, on
+    one schema and prefix."""
     from tests.support.worker_agent import agent
 
     store = await PostgresStore.open(pg_url)
@@ -53,7 +54,9 @@ async def front_end_and_workers(
     try:
         with trio.fail_after(LIMIT):
             async with trio.open_nursery() as nursery:
-                d = Deployment(pg_url, redis_url, prefix, agent, store, queue, nursery)
+                d = Deployment(
+                    pg_url, redis_url, prefix, agent, store, queue, nursery, protocols=protocols
+                )
                 await d.start_front_end()
                 yield d, workers
                 nursery.cancel_scope.cancel()
@@ -232,3 +235,81 @@ async def test_a_takeover_that_answers_otherwise_takes_back_the_dead_worker_s_te
         message = await read_ui_message(node, as_sse(events))
         assert "first-" not in orjson.dumps(message).decode()
         assert shape(message["parts"]) == shape(stored["parts"])
+
+
+async def test_an_agui_run_taken_over_mid_answer_ends_with_the_re_run_s_answer_only(
+    pg_url: str, redis_url: str
+) -> None:
+    """The same takeover through AG-UI (a front end reading the relay for a protocol
+    that cannot take text back): valid events in a valid sequence, the reset said, and
+    the closing snapshot holds the stored answer, none of the dead worker's text."""
+    from tests.test_agui import check_sequence, parse_sse, run_input, user, valid
+
+    async with front_end_and_workers(pg_url, redis_url, ("ag-ui",)) as (d, workers):
+        workers.start("a", AXON_TEST_DELAY="0.05", AXON_TEST_ANSWER_TAG="first-")
+        response: list[httpx.Response] = []
+
+        async def post() -> None:
+            async with httpx.AsyncClient(base_url=d.urls[0], timeout=LIMIT) as c:
+                body = run_input("t1", user("tools one", "u1"), runId="r1")
+                response.append(await c.post("/ag-ui", json=body))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(post)
+            await wait_for_seq(redis_url, d.prefix, "r1", 28)  # into the answer
+            workers.signal("a", signal.SIGKILL)
+            workers.start("b", AXON_TEST_DELAY="0.01", AXON_TEST_ANSWER_TAG="second-")
+        record = await d.store.load("t1")
+        assert record is not None
+    [r] = response
+    assert r.status_code == 200, r.text
+    events = parse_sse(r.text)
+    for event in events:
+        valid(event)
+    check_sequence(events)
+    shown = "".join(e["delta"] for e in events if e["type"] == "TEXT_MESSAGE_CONTENT")
+    assert "first-w0" in shown  # the dead worker's text went out
+    [reset] = [e for e in events if e.get("name") == "axon.reset-step"]
+    assert reset["value"]["step"] == 2 and reset["value"]["errorText"].startswith("Takeover")
+    snapshot = next(e for e in reversed(events) if e["type"] == "MESSAGES_SNAPSHOT")
+    [answer] = [m for m in snapshot["messages"] if m["role"] == "assistant" and m.get("content")]
+    [stored] = [m for m in record.messages if isinstance(m, AssistantMessage)]
+    text = "".join(p.text for p in stored.content if isinstance(p, TextPart))
+    assert answer["content"] == text and "second-w0" in text
+    assert "first-" not in orjson.dumps(snapshot).decode()
+
+
+async def test_an_openai_completion_taken_over_mid_answer_holds_the_re_run_s_answer(
+    pg_url: str, redis_url: str
+) -> None:
+    """Through the OpenAI-compatible endpoint, answered whole: the completion is the
+    stored answer, none of the dead worker's text."""
+    async with front_end_and_workers(pg_url, redis_url, ("openai",)) as (d, workers):
+        workers.start("a", AXON_TEST_DELAY="0.05", AXON_TEST_ANSWER_TAG="first-")
+        response: list[httpx.Response] = []
+
+        async def post() -> None:
+            async with httpx.AsyncClient(base_url=d.urls[0], timeout=LIMIT) as c:
+                body = {
+                    "model": "worker-test",
+                    "messages": [{"role": "user", "content": "tools one"}],
+                }
+                headers = {"X-Axon-Session": "oa"}
+                response.append(await c.post("/v1/chat/completions", json=body, headers=headers))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(post)
+            while not (turns := await d.queue.turns("oa")):
+                assert not response, response[0].text
+                await trio.sleep(0.02)
+            await wait_for_seq(redis_url, d.prefix, turns[0].turn_id, 28)  # into the answer
+            workers.signal("a", signal.SIGKILL)
+            workers.start("b", AXON_TEST_DELAY="0.01", AXON_TEST_ANSWER_TAG="second-")
+        record = await d.store.load("oa")
+        assert record is not None
+    [r] = response
+    assert r.status_code == 200, r.text
+    [stored] = [m for m in record.messages if isinstance(m, AssistantMessage)]
+    text = "".join(p.text for p in stored.content if isinstance(p, TextPart))
+    assert r.json()["choices"][0]["message"]["content"] == text
+    assert "second-w0" in text and "first-" not in r.text
