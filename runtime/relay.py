@@ -44,7 +44,19 @@ class RelayWriter(Protocol):
         ...
 
     async def restart_step(self, step: int) -> None:
-        """Tell readers the partial ``step`` is dropped (a takeover re-runs it)."""
+        """Tell readers the partial ``step`` is dropped with a relay-only marker
+        (:class:`StepRestarted`). Workers now send the public ``reset-step`` chunk instead
+        (see :meth:`shown`); readers still take the marker from streams older workers
+        wrote."""
+        ...
+
+    async def shown(self, step: int) -> list[Any] | None:
+        """What an earlier process streamed of ``step`` (a takeover asks before it re-runs
+        the step): ``None`` when the turn's stream holds nothing of it; otherwise the
+        ``*-finish`` chunks that close the text and reasoning parts it left open (empty
+        when none), which the caller appends before its ``reset-step``
+        (:class:`~runtime.output.ResetStep`). When the relay cannot tell, the writer
+        makes readers rebuild the turn from the store and returns ``None``."""
         ...
 
     async def aclose(self, *, final: bool = True, paused: bool = False) -> None:
