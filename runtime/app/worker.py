@@ -581,6 +581,8 @@ class Worker:
                 session_id=turn.session_id,
                 turn_id=turn.turn_id,
                 takeover=claim.takeover or claim.resumed,
+                # the turn's first claim: no stream to continue, no tail to read
+                fresh=not (claim.takeover or claim.resumed or turn.saved),
             )
         status = "lost"
         try:
