@@ -70,11 +70,17 @@ class RelayWriter(Protocol):
 class Relay(Protocol):
     """Opens writers for turns this process runs and reads turns any process runs."""
 
-    def writer(self, *, session_id: str, turn_id: str, takeover: bool = False) -> RelayWriter:
+    def writer(
+        self, *, session_id: str, turn_id: str, takeover: bool = False, fresh: bool = False
+    ) -> RelayWriter:
         """The writer of a turn this process runs. ``takeover``: another process ran
         the turn before (its stream may hold part of it): the writer continues that
         stream, and when the relay has lost it, makes readers rebuild from the store
-        rather than show the turn without what the earlier process streamed."""
+        rather than show the turn without what the earlier process streamed. ``fresh``:
+        the caller knows nothing streamed the turn before (a worker's first claim of
+        it: no takeover, no continuation), so the writer need not look for a stream
+        to continue; by default it looks (an in-process continuation after a wait
+        reuses its turn's stream without saying so)."""
         ...
 
     def read(

@@ -221,6 +221,31 @@ async def test_a_takeover_writer_continues_the_seqs(redis_url: str) -> None:
     assert [c.seq for c in got] == list(range(1, len(chunks) + 1))
 
 
+async def test_a_fresh_writer_reads_no_tail_and_its_turn_reads_back_whole(
+    redis_url: str,
+) -> None:
+    """A worker's first claim of a turn says ``fresh``: the first flush is the XADD
+    alone (no XREVRANGE of a tail there cannot be), and the seqs still start at 1."""
+    async with opened(redis_url) as relay:
+        tails: list[Any] = []
+        xrevrange = relay.client.xrevrange
+
+        async def counted(*args: Any, **kwargs: Any) -> Any:
+            tails.append(args)
+            return await xrevrange(*args, **kwargs)
+
+        relay.client.xrevrange = counted
+        writer = relay.writer(session_id="s", turn_id="t", fresh=True)
+        chunks = text_turn(["x", "y"])
+        for chunk in chunks:
+            writer.append(chunk)
+        await writer.aclose()
+        relay.client.xrevrange = xrevrange
+        got = await read_all(relay, "t")
+    assert tails == []
+    assert [c.seq for c in got] == list(range(1, len(chunks) + 1))
+
+
 async def test_an_unknown_turn_is_a_lookup_error(redis_url: str) -> None:
     async with opened(redis_url) as relay:
         with pytest.raises(LookupError, match="no stream for turn 'nope'"):

@@ -234,6 +234,14 @@ async def test_a_stateless_openai_turn_runs_on_a_worker_from_its_history_and_lea
         completion = raw.parse()
         turn_id = completion.id.removeprefix("chatcmpl-")
         row = await d.queue.get_status(turn_id)
+        # The worker deletes the scratch session after the turn's stream ended (the
+        # client, who never learns its id, is not held up by the delete): wait for it,
+        # bounded, rather than race it.
+        with trio.move_on_after(LIMIT):
+            for _ in range(int(LIMIT / 0.02)):
+                if not await d.store.list_sessions():
+                    break
+                await trio.sleep(0.02)
         sessions = await d.store.list_sessions()
         stored = await d.store.load(row.session_id) if row is not None else None
     assert "x-axon-session" not in raw.headers

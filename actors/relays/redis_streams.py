@@ -349,6 +349,13 @@ class RedisRelayWriter:
         self.failures = 0
         """Flush attempts that failed (Redis down or slow)."""
 
+    def start_fresh(self) -> None:
+        """Number from seq 1 without reading the stream's tail on the first flush: the
+        turn never streamed before (see :meth:`RedisRelay.writer`'s ``fresh``). Only
+        for such a turn: a stream there already would refuse this writer's entries
+        below its top (``XADD`` ids are the seqs)."""
+        self._next_seq, self._prev = 1, None
+
     # -- the producer's side (never blocks) ----------------------------------------------
 
     def append(self, chunk: Any) -> None:
@@ -500,7 +507,7 @@ class RedisRelayWriter:
         relay = self.relay
         client = relay.client
         with trio.fail_after(relay.op_timeout):
-            if self._next_seq is None:  # first flush (or a takeover): continue the numbering
+            if self._next_seq is None:  # first flush, not fresh: continue the numbering
                 last = await client.xrevrange(self.key, "+", "-", count=1)
                 self._next_seq, self._prev, lost = _tail(last, takeover=self.takeover)
                 if lost:
@@ -654,11 +661,19 @@ class RedisRelay:
 
     # -- writing ----------------------------------------------------------------------------
 
-    def writer(self, *, session_id: str, turn_id: str, takeover: bool = False) -> RedisRelayWriter:
+    def writer(
+        self, *, session_id: str, turn_id: str, takeover: bool = False, fresh: bool = False
+    ) -> RedisRelayWriter:
         """A writer for a turn this process runs; its flush task runs in the relay's
         nursery. A second writer for the same turn (a ``takeover``) continues its seqs; a
-        takeover that finds no stream starts one readers cannot take for the whole turn."""
-        writer = RedisRelayWriter(self, session_id=session_id, turn_id=turn_id, takeover=takeover)
+        takeover that finds no stream starts one readers cannot take for the whole turn.
+        A ``fresh`` writer (nothing streamed the turn before) starts at seq 1 without
+        reading the stream's tail: one ``XREVRANGE`` fewer per turn."""
+        writer = RedisRelayWriter(
+            self, session_id=session_id, turn_id=turn_id, takeover=takeover and not fresh
+        )
+        if fresh:
+            writer.start_fresh()
         self.live.add(writer)
         self.nursery.start_soon(writer.run)
         return writer

@@ -101,6 +101,7 @@ from runtime.turn_queue import (
     LeaseRenewer,
     QueuedTurn,
     Renewal,
+    SteerWatch,
     TurnQueue,
     TurnStatus,
 )
@@ -570,7 +571,9 @@ class Worker:
         )
         stream.stored = claim.stored  # a continuation starts from the session its claim read
         steered: list[str] = []
-        stream.steer_from(partial(self._take_steering, claim, steered))
+        # A takeover may find steering its turn's earlier worker never took: read once.
+        watch = SteerWatch(taken=-1 if claim.takeover else 0)
+        stream.steer_from(partial(self._take_steering, claim, steered, watch))
         if turn.cancel_requested:
             stream.cancel(turn.cancel_reason or "cancelled")
         log().info(
@@ -588,6 +591,8 @@ class Worker:
                 session_id=turn.session_id,
                 turn_id=turn.turn_id,
                 takeover=claim.takeover or claim.resumed,
+                # the turn's first claim: no stream to continue, no tail to read
+                fresh=not (claim.takeover or claim.resumed or turn.saved),
             )
         status = "lost"
         try:
@@ -596,6 +601,7 @@ class Worker:
                 on_lost=lambda: entry.lose("a save was refused"),
                 on_suspended=entry.suspend,
                 steered=steered,
+                watch=watch,
             ):
                 try:
                     async with stream as out:
@@ -617,11 +623,20 @@ class Worker:
             await self._forget(session)
         return status
 
-    async def _take_steering(self, claim: Claim, taken: list[str]) -> list[SteeredInput]:
+    async def _take_steering(
+        self, claim: Claim, taken: list[str], watch: SteerWatch
+    ) -> list[SteeredInput]:
         """At a step boundary of the claimed turn: the messages a front end queued to
         steer it (``on_busy="steer"``), each once. Their ids go to ``taken``, which the
-        turn's fenced saves mark ``done`` in the commit that stores them."""
-        found = [t for t in await self.queue.take_steering(claim) if t.turn_id not in taken]
+        turn's fenced saves mark ``done`` in the commit that stores them.
+
+        Read only when the turn's saves saw a steering submit since the last read
+        (:class:`~runtime.turn_queue.SteerWatch`): a turn nobody steers reads nothing.
+        The runner asks once the previous step's save is answered, so what was
+        submitted before that save's commit is taken at this boundary."""
+        if not watch.pending:
+            return []
+        found = [t for t in await self.queue.take_steering(claim, watch) if t.turn_id not in taken]
         taken.extend(t.turn_id for t in found)
         return [SteeredInput(content=t.input, user_message_id=t.user_message_id) for t in found]
 
