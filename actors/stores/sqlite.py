@@ -406,7 +406,12 @@ class SQLiteStore:
         stored message cannot be structured back into a ``Message`` or an index is missing.
         """
         validate_session_id(session_id)
-        return await self._run(f"load of session {session_id!r}", self._load, session_id)
+        action = f"load of session {session_id!r}"
+        if await self._version_on_loop(action, session_id) == 0:
+            # Never saved: the lookup on the loop said so (every new conversation's
+            # first load; a thread's hand-off and back cost more, issue 24).
+            return None
+        return await self._run(action, self._load, session_id)
 
     def _load(self, session_id: str) -> SessionRecord | None:
         conn = self._conn
@@ -564,6 +569,14 @@ class SQLiteStore:
         call does, and waits there."""
         validate_session_id(session_id)
         action = f"version of session {session_id!r}"
+        version = await self._version_on_loop(action, session_id)
+        if version is not None:
+            return version
+        return await self._run(action, self._version, session_id)
+
+    async def _version_on_loop(self, action: str, session_id: str) -> int | None:
+        """The session's version looked up on the calling thread, or ``None`` if that
+        read would have to wait (the caller then asks a thread, which waits)."""
         async with self._lock:
             if self._closed:
                 raise StoreError(f"session store {self._path} is closed")
@@ -574,7 +587,7 @@ class SQLiteStore:
                     raise _error(self._path, action, err) from err
             except sqlite3.Error as err:
                 raise _error(self._path, action, err) from err
-        return await self._run(action, self._version, session_id)
+        return None
 
     def _version_without_waiting(self, session_id: str) -> int:
         conn = self._conn
