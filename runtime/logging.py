@@ -7,8 +7,10 @@ slow sink delays only the tap, never an agent.
 
 from __future__ import annotations
 
+import datetime
 import logging
 import sys
+import time
 from typing import Any, TextIO
 
 import structlog
@@ -41,7 +43,7 @@ def configure_logging(
         processors=[
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            UtcStamper(),
             # Tracebacks are rendered to text first, so the redaction below covers them too:
             # a provider error's __cause__ is the SDK's exception, which may quote the key.
             structlog.processors.format_exc_info,
@@ -98,9 +100,52 @@ def _orjson_dumps(obj: Any, **_: Any) -> str:
     return orjson.dumps(obj, default=str).decode()
 
 
+class UtcStamper:
+    """``timestamp``: the time in ISO 8601, UTC, as structlog's
+    ``TimeStamper(fmt="iso", utc=True)`` writes it (``2026-12-03T18:20:28.844091Z``), at a
+    third of the cost: the date and time up to the second are formatted once a second,
+    not once a line (every turn writes six lines, issue 24)."""
+
+    __slots__ = ("_second",)
+
+    def __init__(self) -> None:
+        self._second: tuple[int, str] = (-1, "")  # one attribute: replaced whole, thread-safe
+
+    def __call__(self, _logger: Any, _method: str, event_dict: Any) -> Any:
+        now = time.time()
+        second = int(now)
+        cached = self._second
+        if cached[0] != second:
+            utc = datetime.datetime.fromtimestamp(second, datetime.UTC)
+            cached = self._second = (second, utc.strftime("%Y-%m-%dT%H:%M:%S"))
+        micros = int((now - second) * 1_000_000)
+        event_dict["timestamp"] = f"{cached[1]}.{micros:06d}Z" if micros else f"{cached[1]}Z"
+        return event_dict
+
+
+_bound: dict[str, tuple[tuple[Any, ...], Any]] = {}
+
+
 def get_logger(name: str = "axon") -> Any:
-    """A structlog logger bound with ``logger=name``."""
-    return structlog.get_logger(name).bind(logger=name)
+    """A structlog logger bound with ``logger=name``.
+
+    Made once per name and structlog configuration, not once per call: every session's
+    actors ask for theirs as they start (issue 24). A bound logger is immutable (binding
+    makes a new one), so sharing it is safe; a new configuration makes a new one (the
+    objects of the one it was made with are compared by identity, and kept alive)."""
+    config = structlog.get_config()
+    key = (
+        config["processors"],
+        config["wrapper_class"],
+        config["logger_factory"],
+        config["context_class"],
+    )
+    cached = _bound.get(name)
+    if cached is not None and all(a is b for a, b in zip(cached[0], key, strict=True)):
+        return cached[1]
+    logger = structlog.get_logger(name).bind(logger=name)
+    _bound[name] = (key, logger)
+    return logger
 
 
 def level_enabled(logger: Any, level: str) -> bool:

@@ -32,7 +32,7 @@ import functools
 import re
 import threading
 import urllib.parse
-from collections.abc import MutableMapping
+from collections.abc import Mapping, MutableMapping
 from typing import Any
 
 REDACTED = "[redacted]"
@@ -140,7 +140,7 @@ _TRIGGERS = (
 
 _checked: dict[str, bool] = {}
 """Short strings already tested, to the answer: a log line's ids, kinds and words come
-back line after line, and every line is tested twice (the log tap, then the processor).
+back line after line.
 A new dict whenever a secret is registered, so no answer outlives the secrets it saw."""
 _CHECKED_LENGTH = 256
 _CHECKED_MAX = 8192
@@ -282,9 +282,7 @@ def _redact_log_value(value: Any) -> Any:
     if kind is int or kind is float or kind is bool or value is None:
         return value
     if isinstance(value, dict):
-        return {
-            k: (REDACTED if _is_secret_key(k) else _redact_log_value(v)) for k, v in value.items()
-        }
+        return _redact_log_dict(value)
     if isinstance(value, (list, tuple)):
         return [_redact_log_value(v) for v in value]
     if not isinstance(value, _PLAIN):
@@ -292,10 +290,26 @@ def _redact_log_value(value: Any) -> Any:
     return redact_text(value) if isinstance(value, str) else value
 
 
+def _redact_log_dict(value: Mapping[Any, Any]) -> dict[Any, Any]:
+    """:func:`_redact_log_value` of a mapping, with the common values (strings, numbers,
+    ``None``: nearly all of a line's) handled here rather than in a call each."""
+    out: dict[Any, Any] = {}
+    for k, v in value.items():
+        kind = type(v)
+        if _is_secret_key(k):
+            out[k] = REDACTED
+        elif kind is str:
+            out[k] = redact_text(v)
+        elif v is None or kind is int or kind is float or kind is bool:
+            out[k] = v
+        else:
+            out[k] = _redact_log_value(v)
+    return out
+
+
 def redact_processor(
     _logger: Any, _method: str, event_dict: MutableMapping[str, Any]
 ) -> dict[str, Any]:
     """A structlog processor: every log line leaves with its credentials redacted (objects,
     such as an exception passed as a field, are rendered with ``str`` first)."""
-    redacted: dict[str, Any] = _redact_log_value(event_dict)
-    return redacted
+    return _redact_log_dict(event_dict)

@@ -56,3 +56,37 @@ def test_a_library_line_is_redacted_like_every_line():
     finally:
         configure_logging("warning")
     assert key not in out.getvalue() and "auth failed" in out.getvalue()
+
+
+def test_the_timestamp_is_iso_utc_like_structlogs_to_the_microsecond(monkeypatch):
+    import datetime
+    import time
+
+    from runtime.logging import UtcStamper
+
+    stamper = UtcStamper()
+    for now in (1764786028.844091, 1764786028.0, 1764786029.5):
+        monkeypatch.setattr(time, "time", lambda now=now: now)
+        got = stamper(None, "info", {})["timestamp"]
+        expected = datetime.datetime.fromtimestamp(now, datetime.UTC)
+        parsed = datetime.datetime.fromisoformat(got.replace("Z", "+00:00"))
+        assert got.endswith("Z") and abs((parsed - expected).total_seconds()) < 2e-6
+        assert ("." in got) == (expected.microsecond != 0)
+
+
+def test_a_logger_is_made_once_per_name_and_again_after_reconfiguring():
+    from runtime.logging import get_logger
+
+    configure_logging("info", stream=io.StringIO())
+    try:
+        first = get_logger("axon.cached")
+        assert get_logger("axon.cached") is first
+        assert get_logger("axon.other") is not first
+        out = io.StringIO()
+        configure_logging("info", stream=out)
+        again = get_logger("axon.cached")
+        assert again is not first
+        again.info("fresh")
+        assert '"event":"fresh"' in out.getvalue()  # the new configuration's stream
+    finally:
+        configure_logging("warning")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import itertools
 
 import structlog
@@ -79,6 +80,49 @@ async def test_deltas_are_not_logged_at_info_and_errors_are_logged_at_error():
     assert levels["turn.finished"] == "info"
     tap = LogTap(logger=structlog.get_logger("x").bind())
     assert tap  # constructing a tap with any logger works
+
+
+async def _count_redactions_of_the_prompt(monkeypatch, prompt: str) -> int:
+    """How many times the redactor was handed the turn's prompt (logged once, in the
+    ``turn.started`` line's ``input``), by anyone."""
+    import runtime.redact as redact_module
+
+    real = redact_module.redact_text
+    calls = []
+
+    def counting(text):
+        if isinstance(text, str) and prompt in text:
+            calls.append(text)
+        return real(text)
+
+    monkeypatch.setattr(redact_module, "redact_text", counting)
+    async with Host.open() as host:
+        session = await host.open_session(agent(), session_id="once")
+        await session.run(prompt)
+        await trio.sleep(0.05)  # let the tap drain
+    return len(calls)
+
+
+async def test_a_line_through_configure_logging_is_redacted_exactly_once(monkeypatch):
+    out = io.StringIO()
+    configure_logging("info", stream=out)
+    try:
+        count = await _count_redactions_of_the_prompt(monkeypatch, "once-marker-4711")
+    finally:
+        configure_logging("warning")
+    assert '"input":"once-marker-4711"' in out.getvalue()  # the line was written
+    assert count == 1  # by the processor chain only, not by the tap as well
+
+
+async def test_a_tap_whose_logger_does_not_redact_redacts_the_line_itself(monkeypatch):
+    configure_logging("info")
+    try:
+        with capture_logs() as logs:  # its chain has no redaction processor
+            count = await _count_redactions_of_the_prompt(monkeypatch, "once-marker-4712")
+    finally:
+        configure_logging("warning")
+    assert any(line.get("input") == "once-marker-4712" for line in logs)
+    assert count == 1
 
 
 def test_redact_scrubs_credential_keys_and_key_shaped_values():

@@ -190,3 +190,29 @@ async def test_a_version_read_that_would_wait_goes_to_a_thread(tmp_path, monkeyp
     finally:
         monkeypatch.undo()
         await store.aclose()
+
+
+async def test_a_session_never_saved_is_loaded_without_a_thread(tmp_path, monkeypatch):
+    """A new conversation's first load finds nothing on the loop (no thread hand-off); a
+    saved one is still loaded, whole, by a thread."""
+    from runtime.messages import UserMessage
+
+    store = await SQLiteStore.open(str(tmp_path / "sessions.db"))
+    try:
+        await store.save("saved", 0, [UserMessage(content="hi")])
+        threads: list[object] = []
+        run_sync = trio.to_thread.run_sync
+
+        async def counted(fn: object, *args: object) -> object:
+            threads.append(fn)
+            return await run_sync(fn, *args)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(trio.to_thread, "run_sync", counted)
+        assert await store.load("new") is None
+        assert threads == []
+        record = await store.load("saved")
+        assert record is not None and record.messages[0].content == "hi"
+        assert len(threads) == 1
+    finally:
+        monkeypatch.undo()
+        await store.aclose()

@@ -298,6 +298,10 @@ def _connect(path: str) -> sqlite3.Connection:
         # Only now that the file is known to be ours may its header be written.
         conn.execute("PRAGMA journal_mode = WAL").fetchone()
         conn.execute("PRAGMA synchronous = NORMAL")
+        # The connection rests not waiting for locks: the calls made on the event loop
+        # must not wait, and those given to a thread set the wait around themselves
+        # (SQLiteStore._waiting), two statements where every loop call had two.
+        conn.execute("PRAGMA busy_timeout = 0")
     except sqlite3.Error as err:
         conn.close()
         raise _error(path, "open", err) from err
@@ -350,8 +354,9 @@ class SQLiteStore:
 
     sqlite3 calls block, so each one runs in a worker thread
     (:func:`trio.to_thread.run_sync`) on the store's single connection (except the
-    version lookup that starts a turn and a small save, which run on the calling thread
-    when they need not wait: :data:`INLINE_SAVE_BYTES`), and a
+    version lookup that starts a turn, the load of a session never saved, and a small
+    save, which run on the calling thread when they need not wait:
+    :data:`INLINE_SAVE_BYTES`), and a
     :class:`trio.Lock` lets only one run at a time: a connection is not safe for
     concurrent use, and one writer per process is all SQLite allows anyway. Worker threads
     are never abandoned on cancellation (a cancelled call waits for its statement to
@@ -393,9 +398,19 @@ class SQLiteStore:
             if self._closed:
                 raise StoreError(f"session store {self._path} is closed")
             try:
-                return await trio.to_thread.run_sync(fn, *args)
+                return await trio.to_thread.run_sync(self._waiting, fn, *args)
             except sqlite3.Error as err:
                 raise _error(self._path, action, err) from err
+
+    def _waiting(self, fn: Callable[..., _T], *args: Any) -> _T:
+        """``fn(*args)`` (in a worker thread) with SQLite waiting up to ten seconds for
+        another process's lock; the connection rests not waiting (see ``_connect``)."""
+        conn = self._conn
+        conn.execute(f"PRAGMA busy_timeout = {int(_BUSY_TIMEOUT * 1000)}")
+        try:
+            return fn(*args)
+        finally:
+            conn.execute("PRAGMA busy_timeout = 0")
 
     # -- load --------------------------------------------------------------------------
 
@@ -406,7 +421,12 @@ class SQLiteStore:
         stored message cannot be structured back into a ``Message`` or an index is missing.
         """
         validate_session_id(session_id)
-        return await self._run(f"load of session {session_id!r}", self._load, session_id)
+        action = f"load of session {session_id!r}"
+        if await self._version_on_loop(action, session_id) == 0:
+            # Never saved: the lookup on the loop said so (every new conversation's
+            # first load; a thread's hand-off and back cost more, issue 24).
+            return None
+        return await self._run(action, self._load, session_id)
 
     def _load(self, session_id: str) -> SessionRecord | None:
         conn = self._conn
@@ -479,14 +499,14 @@ class SQLiteStore:
                 if self._closed:
                     raise StoreError(f"session store {self._path} is closed")
                 try:
-                    return self._save_rows(session_id, start, rows, meta, expected_version, False)
+                    return self._save_rows(session_id, start, rows, meta, expected_version)
                 except sqlite3.OperationalError as err:
                     if (getattr(err, "sqlite_errorcode", None) or 0) & 0xFF not in _BUSY_CODES:
                         raise _error(self._path, action, err) from err
                 except sqlite3.Error as err:
                     raise _error(self._path, action, err) from err
         return await self._run(
-            action, self._save_rows, session_id, start, rows, meta, expected_version, True
+            action, self._save_rows, session_id, start, rows, meta, expected_version
         )
 
     def _save_rows(
@@ -496,21 +516,13 @@ class SQLiteStore:
         rows: list[tuple[str, int, str, bytes]],
         meta: Mapping[str, Any] | None,
         expected_version: int | None,
-        wait: bool,
     ) -> int:
-        """The save's transaction. Without ``wait``, SQLite is told not to wait for the
-        write lock: another process holding it raises ``SQLITE_BUSY`` before anything is
-        written, and the caller retries in a worker thread, which waits."""
+        """The save's transaction. On the event loop SQLite does not wait for the write
+        lock: another process holding it raises ``SQLITE_BUSY`` before anything is
+        written, and the caller retries in a worker thread, which waits (``_waiting``)."""
         now = time.time()
         conn = self._conn
-        if wait:
-            conn.execute("BEGIN IMMEDIATE")
-        else:
-            conn.execute("PRAGMA busy_timeout = 0")
-            try:
-                conn.execute("BEGIN IMMEDIATE")
-            finally:
-                conn.execute(f"PRAGMA busy_timeout = {int(_BUSY_TIMEOUT * 1000)}")
+        conn.execute("BEGIN IMMEDIATE")
         try:
             version = self._write(conn, session_id, start, rows, meta, expected_version, now)
             conn.execute("COMMIT")
@@ -564,6 +576,14 @@ class SQLiteStore:
         call does, and waits there."""
         validate_session_id(session_id)
         action = f"version of session {session_id!r}"
+        version = await self._version_on_loop(action, session_id)
+        if version is not None:
+            return version
+        return await self._run(action, self._version, session_id)
+
+    async def _version_on_loop(self, action: str, session_id: str) -> int | None:
+        """The session's version looked up on the calling thread, or ``None`` if that
+        read would have to wait (the caller then asks a thread, which waits)."""
         async with self._lock:
             if self._closed:
                 raise StoreError(f"session store {self._path} is closed")
@@ -574,15 +594,12 @@ class SQLiteStore:
                     raise _error(self._path, action, err) from err
             except sqlite3.Error as err:
                 raise _error(self._path, action, err) from err
-        return await self._run(action, self._version, session_id)
+        return None
 
     def _version_without_waiting(self, session_id: str) -> int:
-        conn = self._conn
-        conn.execute("PRAGMA busy_timeout = 0")
-        try:
-            return self._version(session_id)
-        finally:
-            conn.execute(f"PRAGMA busy_timeout = {int(_BUSY_TIMEOUT * 1000)}")
+        """:meth:`_version` on the event loop: the connection rests not waiting, so a
+        busy file raises ``SQLITE_BUSY`` at once."""
+        return self._version(session_id)
 
     def _version(self, session_id: str) -> int:
         row = self._conn.execute(
