@@ -1,6 +1,6 @@
 """8. The worker deployment: PostgreSQL turn queue, worker processes, Redis relay (issue 10).
 
-Three figures, each a ratio or difference measured side by side in one run:
+Four figures, each a ratio or difference measured side by side in one run:
 
 * **Workers: 2 processes / 1.** Real ``python -m runtime worker`` processes
   (``--concurrency`` 8 each, agent :mod:`benchmarks.workers_agent`, relay on) against one
@@ -22,6 +22,9 @@ Three figures, each a ratio or difference measured side by side in one run:
 * **Store: PostgreSQL / SQLite.** The same multi-step tool turn (two ``lookup`` steps and
   a 50-delta answer) on ``Host.open(store="postgresql://...")`` and on
   ``Host.open(store=<SQLite file>)``, alternated; the ratio of medians.
+
+* **CPU per turn** (8c): a worker's, its PostgreSQL's and Redis's, against the same turns
+  embedded on SQLite, read from ``/proc``: :mod:`benchmarks.bench_turn_cpu`.
 
 Each figure needs its servers: throwaway PostgreSQL and Redis servers the run starts
 (never the machine's own), or the ones ``AXON_BENCH_PG`` / ``AXON_BENCH_REDIS`` name on
@@ -61,7 +64,7 @@ from benchmarks.common import (
 
 PG_URL, REDIS_URL = bench_server_urls()
 SCALING_TARGET = 1.7
-RELAY_TARGET_MS = 5.0
+RELAY_TARGET_MS = 3.0
 POLL = 0.1
 """Seconds between the submitter's checks for finished turns."""
 FIRST_TEXT_PAUSE = 0.03
@@ -500,6 +503,7 @@ async def _measure(sizes: Sizes, directory: str) -> list[Figure]:
             figures.append(_skipped(f"workers.scaling.{kind}", title, "x", why))
         else:
             figures += await _scaling(sizes, delay, logs)
+    figures += await _cpu_figures(sizes, logs, pg_why or redis_why)
     if redis_why:
         figures.append(
             _skipped("workers.relay_first_delta", "8. Relay: first delta added", "ms", redis_why)
@@ -527,6 +531,24 @@ async def _measure(sizes: Sizes, directory: str) -> list[Figure]:
     else:
         figures.append(await _store_ratio(sizes, directory))
     return figures
+
+
+async def _cpu_figures(sizes: Sizes, logs: Path, why: str | None) -> list[Figure]:
+    """8c: CPU per turn of a worker, PostgreSQL and Redis against the embedded host
+    (:mod:`benchmarks.bench_turn_cpu`)."""
+    from benchmarks import bench_turn_cpu as cpu
+
+    if why is None:
+        try:
+            cpu.postmaster_pid(PG_URL), cpu.redis_pid(REDIS_URL)
+        except (OSError, ValueError, StopIteration) as err:
+            why = f"the servers' processes cannot be read here ({err})"
+    if why is not None:
+        title = "8c. CPU per turn: worker / embedded (SQLite)"
+        return [_skipped("workers.cpu.worker_over_embedded", title, "x", why)]
+    turns = sizes.workers_turns
+    got = await cpu.measure(turns, max(turns // 10, 1), sizes.workers_rounds, logs)
+    return cpu.figures(got)
 
 
 def run(sizes: Sizes) -> list[Figure]:

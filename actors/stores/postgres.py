@@ -549,25 +549,36 @@ class PostgresStore:
     ) -> int:
         """The save's transaction: check the fence, run the guard, check the version, write
         the session row (meta merged), replace the messages from ``start`` on; the new
-        version."""
-        if fence is not None:
-            _check_fence(conn, fence, session_id)
-        if guard is not None:
+        version.
+
+        Few statements, because every one costs a round trip and a parse on both sides
+        and a worker saves every step: without a guard, the fence check (and the turn's
+        ``saved`` mark) and the session's lock are one statement, the hole check rides on
+        the ``DELETE``, and the session row's update inserts the messages with it."""
+        mark = fence is not None and fence.turn_id not in self._marked
+        if guard is not None:  # the guard runs between the fence check and the lock
+            if fence is not None:
+                _check_fence(conn, fence, session_id)
             guard(conn)
-        row = self._lock_session(conn, session_id, expected_version)
-        _check_start(conn, session_id, start)
+            row = self._lock_session(conn, session_id, expected_version)
+        else:
+            row = self._lock_fenced(conn, session_id, expected_version, fence, mark=mark)
+            mark = False
         merged = {} if row is None else decode_meta(self.url, bytes(row[0]), session_id)
         if patch is not None:
             merged.update(orjson.loads(patch))
-        if row is None:
+        if row is None:  # a session that does not exist has no messages to replace
+            if start > 0:
+                _beyond_end(session_id, start, 0)
             version = self._insert_session(conn, session_id, merged, expected_version)
+            _insert_messages(conn, session_id, rows)
         else:
-            version = _update_session(conn, session_id, merged)
-        _replace_messages(conn, session_id, start, rows)
-        if fence is not None and fence.turn_id not in self._marked:
+            _delete_from(conn, session_id, start)
+            version = _update_session(conn, session_id, merged, rows)
+        if mark:
             conn.execute(
                 "UPDATE axon_turns SET saved = true WHERE turn_id = %s AND NOT saved",
-                (fence.turn_id,),
+                (fence.turn_id,),  # type: ignore[union-attr]
             )
         return version
 
@@ -584,23 +595,48 @@ class PostgresStore:
         check_version(self.url, session_id, current, expected_version)
         return row
 
+    def _lock_fenced(
+        self,
+        conn: Any,
+        session_id: str,
+        expected_version: int | None,
+        fence: Fence | None,
+        *,
+        mark: bool,
+    ) -> tuple[Any, int] | None:
+        """:func:`_check_fence` (marking the turn ``saved`` when ``mark``) and
+        :meth:`_lock_session` in one statement: the turn's row is locked first, then the
+        session's, as when they were two."""
+        if fence is None:
+            return self._lock_session(conn, session_id, expected_version)
+        turn = _MARK_TURN if mark else _SHARE_TURN
+        got = conn.execute(
+            f"""WITH f AS ({turn})
+            SELECT f.owner, f.epoch, f.status, s.meta, s.version
+            FROM (VALUES (1)) AS one
+            LEFT JOIN f ON true
+            LEFT JOIN LATERAL (
+                SELECT meta, version FROM axon_sessions WHERE session_id = %s FOR UPDATE
+            ) AS s ON true""",
+            (fence.turn_id, session_id),
+        ).fetchone()
+        _check_fence_row(got[:3] if got[2] is not None else None, fence, session_id)
+        row = None if got[4] is None else (got[3], got[4])
+        check_version(self.url, session_id, 0 if row is None else row[1], expected_version)
+        return row
+
     def _insert_session(
         self, conn: Any, session_id: str, meta: dict[str, Any], expected_version: int | None
     ) -> int:
-        """Create the session row; its version. A concurrent creator makes the INSERT fail
-        on the primary key: with ``expected_version`` that is a conflict, without it the
-        retry sees the row."""
-        import psycopg
-
-        try:
-            with conn.transaction():
-                (version,) = conn.execute(
-                    """INSERT INTO axon_sessions (session_id, meta, update_seq, version)
-                    VALUES (%s, %s, nextval('axon_update_seq'), nextval('axon_versions'))
-                    RETURNING version""",
-                    (session_id, orjson.dumps(meta)),
-                ).fetchone()
-        except psycopg.errors.UniqueViolation:
+        """Create the session row; its version. A concurrent creator (committed after this
+        transaction found no row) makes the insert find the key taken: a conflict."""
+        got = conn.execute(
+            """INSERT INTO axon_sessions (session_id, meta, update_seq, version)
+            VALUES (%s, %s, nextval('axon_update_seq'), nextval('axon_versions'))
+            ON CONFLICT (session_id) DO NOTHING RETURNING version""",
+            (session_id, orjson.dumps(meta)),
+        ).fetchone()
+        if got is None:
             actual = conn.execute(
                 "SELECT version FROM axon_sessions WHERE session_id = %s", (session_id,)
             ).fetchone()[0]
@@ -610,8 +646,8 @@ class PostgresStore:
                 session_id=session_id,
                 expected=expected_version or 0,
                 actual=actual,
-            ) from None
-        return version
+            )
+        return int(got[0])
 
     async def version(self, session_id: str) -> int:
         """The session's version (``0`` if it does not exist): one primary-key lookup."""
@@ -663,13 +699,20 @@ class PostgresStore:
         await trio.to_thread.run_sync(self._pool.close)
 
 
+_SHARE_TURN = "SELECT owner, epoch, status FROM axon_turns WHERE turn_id = %s FOR SHARE"
+_MARK_TURN = "UPDATE axon_turns SET saved = true WHERE turn_id = %s RETURNING owner, epoch, status"
+"""The fence's look at its turn's row, locked: plain, or marking the turn ``saved`` (its
+first save; a refused save rolls the mark back with everything else)."""
+
+
 def _check_fence(conn: Any, fence: Fence, session_id: str) -> None:
     """Raise :class:`LeaseLost` unless ``fence`` still holds its turn (row-locked, so a
     takeover's epoch bump waits for this transaction, or this one sees it)."""
-    row = conn.execute(
-        """SELECT owner, epoch, status FROM axon_turns WHERE turn_id = %s FOR SHARE""",
-        (fence.turn_id,),
-    ).fetchone()
+    row = conn.execute(_SHARE_TURN, (fence.turn_id,)).fetchone()
+    _check_fence_row(row, fence, session_id)
+
+
+def _check_fence_row(row: Any, fence: Fence, session_id: str) -> None:
     if row is None or (row[0], row[1], row[2]) != (fence.owner, fence.epoch, "running"):
         held = "no such turn" if row is None else f"owner {row[0]}, epoch {row[1]}, {row[2]}"
         raise LeaseLost(
@@ -678,45 +721,61 @@ def _check_fence(conn: Any, fence: Fence, session_id: str) -> None:
         )
 
 
-def _check_start(conn: Any, session_id: str, start: int) -> None:
-    """A save may append (``start`` = the message count) but leave no hole."""
-    (count,) = conn.execute(
-        "SELECT coalesce(max(idx) + 1, 0) FROM axon_messages WHERE session_id = %s",
-        (session_id,),
+def _beyond_end(session_id: str, start: int, count: int) -> None:
+    raise StoreError(
+        f"save of session {session_id!r}: start {start} is beyond its end ({count} messages)"
+    )
+
+
+def _delete_from(conn: Any, session_id: str, start: int) -> None:
+    """Delete the session's messages from ``start`` on, and refuse a hole: a save may
+    append (``start`` = the message count) but not beyond. One statement: the check reads
+    message ``start - 1``, which the delete leaves alone."""
+    if start == 0:
+        conn.execute("DELETE FROM axon_messages WHERE session_id = %s", (session_id,))
+        return
+    (there,) = conn.execute(
+        """WITH gone AS (DELETE FROM axon_messages WHERE session_id = %s AND idx >= %s)
+        SELECT EXISTS (SELECT 1 FROM axon_messages WHERE session_id = %s AND idx = %s)""",
+        (session_id, start, session_id, start - 1),
     ).fetchone()
-    if start > count:
-        raise StoreError(
-            f"save of session {session_id!r}: start {start} is beyond its end ({count} messages)"
-        )
+    if not there:
+        (count,) = conn.execute(
+            "SELECT coalesce(max(idx) + 1, 0) FROM axon_messages WHERE session_id = %s",
+            (session_id,),
+        ).fetchone()
+        _beyond_end(session_id, start, count)
 
 
-def _update_session(conn: Any, session_id: str, meta: dict[str, Any]) -> int:
-    """Write the (locked) session row's merged meta and its next version and place in
-    recency order; the new version."""
+_INSERT_ROWS = """INSERT INTO axon_messages (session_id, idx, role, body)
+    SELECT %s, u.idx, u.role, u.body
+    FROM unnest(%s::int[], %s::text[], %s::bytea[]) AS u(idx, role, body)"""
+"""The messages of a save, all in one statement (arrays of index, role, body)."""
+
+
+def _columns(rows: list[tuple[str, int, str, bytes]]) -> tuple[list[int], list[str], list[bytes]]:
+    return [r[1] for r in rows], [r[2] for r in rows], [r[3] for r in rows]
+
+
+def _insert_messages(conn: Any, session_id: str, rows: list[tuple[str, int, str, bytes]]) -> None:
+    if rows:
+        conn.execute(_INSERT_ROWS, (session_id, *_columns(rows)))
+
+
+def _update_session(
+    conn: Any, session_id: str, meta: dict[str, Any], rows: list[tuple[str, int, str, bytes]]
+) -> int:
+    """Write the (locked) session row's merged meta, its next version and place in recency
+    order, and insert ``rows``, in one statement; the new version."""
     (version,) = conn.execute(
-        """UPDATE axon_sessions SET meta = %s, updated_at = now(),
+        f"""WITH m AS ({_INSERT_ROWS})
+        UPDATE axon_sessions SET meta = %s, updated_at = now(),
             update_seq = nextval('axon_update_seq'),
             version = nextval('axon_versions')
         WHERE session_id = %s RETURNING version""",
-        (orjson.dumps(meta), session_id),
+        (session_id, *_columns(rows), orjson.dumps(meta), session_id),
     ).fetchone()
-    return version
-
-
-def _replace_messages(
-    conn: Any, session_id: str, start: int, rows: list[tuple[str, int, str, bytes]]
-) -> None:
-    """Delete the session's messages from ``start`` on and insert ``rows``."""
-    conn.execute(
-        "DELETE FROM axon_messages WHERE session_id = %s AND idx >= %s",
-        (session_id, start),
-    )
-    if rows:
-        with conn.cursor() as cur:
-            cur.executemany(
-                "INSERT INTO axon_messages (session_id, idx, role, body) VALUES (%s, %s, %s, %s)",
-                rows,
-            )
+    return int(version)
 
 
 CHECK_IDLE = 1.0

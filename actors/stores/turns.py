@@ -574,25 +574,36 @@ class TurnQueue:
             ).fetchone()
             if row is None:
                 return None
-            try:
-                # A concurrent claim may have started another turn of this session since
-                # this statement's snapshot: the unique index refuses the second one.
-                with conn.transaction():
-                    started = conn.execute(
-                        f"""UPDATE axon_turns SET status = 'running', owner = %s,
-                            epoch = epoch + 1, attempts = attempts + 1,
-                            lease_until = clock_timestamp() + make_interval(secs => %s),
-                            started_at = coalesce(started_at, clock_timestamp())
-                        WHERE turn_id = %s AND status = 'queued' RETURNING {_COLUMNS}""",
-                        (owner, lease, row[0]),
-                    ).fetchone()
-                    if started is not None:
-                        _supersede_waiting(conn, started[1])
-            except psycopg.errors.UniqueViolation:
-                return None
+            # The start, and in the same statement the end of a turn of the session that
+            # waits for a decision: superseded (its runner denies what still waits, as
+            # the embedded host does), so no decision resumes it any more.
+            started = conn.execute(
+                f"""WITH started AS (
+                    UPDATE axon_turns SET status = 'running', owner = %s,
+                        epoch = epoch + 1, attempts = attempts + 1,
+                        lease_until = clock_timestamp() + make_interval(secs => %s),
+                        started_at = coalesce(started_at, clock_timestamp())
+                    WHERE turn_id = %s AND status = 'queued' RETURNING {_COLUMNS}
+                ), superseded AS ({_SUPERSEDE} FROM started AS s
+                    WHERE w.session_id = s.session_id AND w.status = 'awaiting-input'
+                    RETURNING pg_notify(%s, current_schema() || ':' || w.turn_id)
+                )
+                SELECT {_COLUMNS} FROM started""",
+                (owner, lease, row[0], TURNS_CHANNEL),
+            ).fetchone()
             return None if started is None else (started, STARTED, None)
 
-        found = await self.store.run(f"claim by {owner!r}", claim)
+        def claim_once(conn: Any) -> tuple[tuple[Any, ...], str, list[Any] | None] | None:
+            # A concurrent claim may have started another turn of this session since the
+            # look's snapshot: the unique index refuses the second one, and this claim,
+            # rolled back, found nothing (no savepoint: two statements fewer per claim).
+            try:
+                with conn.transaction():
+                    return claim(conn)
+            except psycopg.errors.UniqueViolation:
+                return None
+
+        found = await self.store.run(f"claim by {owner!r}", claim_once, transaction=False)
         if found is None:
             return None
         if on_claimed is not None:
@@ -764,7 +775,11 @@ class TurnQueue:
                 (*key, status),
             )
 
-        return bool(await self.store.run(f"finish of turn {claim.turn.turn_id}", finish))
+        # One statement when it writes (``_write_once``): no BEGIN and COMMIT around it.
+        done = await self.store.run(
+            f"finish of turn {claim.turn.turn_id}", finish, transaction=False
+        )
+        return bool(done)
 
     async def release(self, claim: BaseClaim) -> bool:
         """Give the claimed turn back at once (a worker shutting down); ``False`` if the
@@ -793,7 +808,10 @@ class TurnQueue:
                 (claim.turn.turn_id, claim.epoch),
             )
 
-        return bool(await self.store.run(f"release of turn {claim.turn.turn_id}", release))
+        done = await self.store.run(
+            f"release of turn {claim.turn.turn_id}", release, transaction=False
+        )
+        return bool(done)
 
     # -- turns that wait for a person ------------------------------------------------------
 
@@ -1285,6 +1303,11 @@ def _interrupt(conn: Any, session_id: str) -> None:
         conn.execute("SELECT pg_notify(%s, %s)", (CANCEL_CHANNEL, turn_id))
 
 
+_SUPERSEDE = """UPDATE axon_turns AS w SET status = 'done', finish_reason = 'superseded',
+    expires_at = NULL, finished_at = clock_timestamp()"""
+"""The waiting turn a later turn of its session supersedes (its ``WHERE`` follows)."""
+
+
 def _running(conn: Any, session_id: str) -> str | None:
     """The session's running turn, if any (what a ``steer`` submit steers)."""
     row = conn.execute(
@@ -1306,20 +1329,6 @@ def _mark_steered(conn: Any, turn_id: str, steered: list[str]) -> None:
     ).fetchall()
     for (done,) in rows:
         _notify_turns(conn, done)
-
-
-def _supersede_waiting(conn: Any, session_id: str) -> None:
-    """A later turn of the session starts: the turn that waits for a decision there is
-    over (its runner denies what still waits, reason ``superseded``, as the embedded
-    host does), so no decision resumes it any more."""
-    rows = conn.execute(
-        """UPDATE axon_turns SET status = 'done', finish_reason = 'superseded',
-            expires_at = NULL, finished_at = clock_timestamp()
-        WHERE session_id = %s AND status = 'awaiting-input' RETURNING turn_id""",
-        (session_id,),
-    ).fetchall()
-    for (turn_id,) in rows:
-        _notify_turns(conn, turn_id)
 
 
 _STATUS_FIELDS = tuple(name.strip() for name in _STATUS_COLUMNS.split(","))
@@ -1370,9 +1379,13 @@ def _write_once(
     once even when retried. ``update`` (owner and epoch in its ``WHERE``, ``RETURNING
     turn_id``) wakes the workers when it wrote; when it found nothing, ``retried`` says
     whether a retry's first COMMIT, whose answer was lost, already wrote it."""
-    row = conn.execute(update, params).fetchone()
+    # The wake-up rides on the write: one statement, so a caller may run it alone, in
+    # autocommit (its effect and its notification commit together either way).
+    row = conn.execute(
+        f"WITH w AS ({update}) SELECT pg_notify(%s, current_schema() || ':' || w.turn_id) FROM w",
+        (*params, TURNS_CHANNEL),
+    ).fetchone()
     if row is not None:
-        _notify_turns(conn, row[0])
         return True
     return conn.execute(retried, retried_params).fetchone() is not None
 

@@ -1,0 +1,344 @@
+"""8c. CPU per turn: a worker, its PostgreSQL and Redis, against the embedded host (issue 24).
+
+Throughput ratios say how two workers share two cores; this says where the cores go.
+Each round measures, side by side:
+
+* **Worker.** One real ``python -m runtime worker`` process (concurrency 8, relay on, log
+  lines at ``info`` into a file, agent :mod:`benchmarks.workers_agent`) on a fresh schema.
+  All turns (one per session: a ``lookup`` step, then 20 deltas) are submitted before it
+  starts; a warm-up batch is released first (imports, caches, connections), then the
+  measured batch. Around the measured batch this process reads, from ``/proc``:
+
+  - the worker's CPU (``utime + stime`` of ``/proc/<pid>/stat``: every thread);
+  - PostgreSQL's: the postmaster's own and reaped children's (``cutime + cstime``) plus
+    every live child's. The server is the run's own throwaway one, so all of its
+    processes (backends, WAL writer, autovacuum, ...) are the turns' cost;
+  - Redis's (``redis-server``, one process).
+
+  The submitter polls one ``count(*)`` every 0.2 s meanwhile, on one kept connection (its
+  statements are PostgreSQL's cost too: a few per second, about 0.1 % of the total).
+* **Embedded.** The same turns in a child process: ``Host.open(store=<SQLite file>)``,
+  logging at ``info`` into a file, 8 turns at once, the same warm-up; the child's CPU
+  (``time.process_time``: every thread, so SQLite's too) over the measured batch.
+
+Figures: each side's CPU per turn (median of the rounds), and worker / embedded. Needs a
+local PostgreSQL whose data directory this user can read (``SHOW data_directory``, then
+``postmaster.pid``) and Redis's ``INFO`` ``process_id``: the throwaway servers are.
+
+By hand: ``python3 -m benchmarks.bench_turn_cpu [--turns N] [--rounds R]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from benchmarks.common import PROMPT, REPO, Figure, median, python_env
+
+TICK = os.sysconf("SC_CLK_TCK")
+CONCURRENCY = 8
+WORKER_CPU_TARGET = 1.5
+PG_CPU_TARGET_MS = 2.0
+
+
+# -- /proc ----------------------------------------------------------------------------------
+
+
+def _stat(pid: int) -> list[str]:
+    """``/proc/<pid>/stat``'s fields after the command name (field 3 is index 0)."""
+    raw = Path(f"/proc/{pid}/stat").read_text()
+    return raw[raw.rindex(")") + 2 :].split()
+
+
+def process_cpu(pid: int, *, reaped: bool = False) -> float:
+    """Seconds of CPU ``pid`` used (all its threads), plus its reaped children's."""
+    fields = _stat(pid)
+    ticks = int(fields[11]) + int(fields[12])  # utime, stime
+    if reaped:
+        ticks += int(fields[13]) + int(fields[14])  # cutime, cstime
+    return ticks / TICK
+
+
+def tree_cpu(root: int) -> float:
+    """``root``'s CPU with its reaped children's, plus every live child's."""
+    total = process_cpu(root, reaped=True)
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = _stat(int(entry.name))
+            if int(fields[1]) == root:
+                total += process_cpu(int(entry.name), reaped=True)
+        except (OSError, ValueError, IndexError):
+            continue  # exited meanwhile
+    return total
+
+
+def postmaster_pid(pg_url: str) -> int:
+    import psycopg
+
+    with psycopg.connect(pg_url, connect_timeout=10) as conn:
+        [(data,)] = conn.execute("SHOW data_directory").fetchall()
+    return int(Path(data, "postmaster.pid").read_text().split()[0])
+
+
+def redis_pid(redis_url: str) -> int:
+    import socket
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(redis_url)
+    with socket.create_connection((parts.hostname, parts.port or 6379), timeout=5) as sock:
+        sock.sendall(b"INFO server\r\n")
+        got = b""
+        while b"process_id:" not in got or not got.endswith(b"\r\n"):
+            got += sock.recv(65536)
+    line = next(x for x in got.decode().splitlines() if x.startswith("process_id:"))
+    return int(line.split(":")[1])
+
+
+# -- the worker side ------------------------------------------------------------------------
+
+
+async def _submit_held(url: str, warm: int, turns: int) -> None:
+    """Queue ``warm + turns`` one-turn sessions, every one held (``cancel_requested``)."""
+    from actors.stores.postgres import PostgresStore
+    from actors.stores.turns import TurnQueue
+    from benchmarks.bench_workers import _sql
+
+    store = await PostgresStore.open(url)
+    try:
+        queue = TurnQueue(store)
+        for i in range(warm + turns):
+            await queue.submit(f"{'w' if i < warm else 'm'}{i}", PROMPT)
+    finally:
+        await store.aclose()
+    await trio.to_thread.run_sync(
+        _sql, url, "ANALYZE axon_turns", "UPDATE axon_turns SET cancel_requested = true"
+    )
+
+
+async def _release(url: str, schema: str, prefix: str, expected: int) -> None:
+    """Release the held sessions starting with ``prefix``; return when ``expected`` turns
+    (released before or now) are done."""
+    from benchmarks.bench_workers import _sql
+
+    await trio.to_thread.run_sync(
+        _sql,
+        url,
+        f"UPDATE axon_turns SET cancel_requested = false WHERE session_id LIKE '{prefix}%'",
+        f"NOTIFY axon_turns, '{schema}:go'",
+    )
+    import psycopg
+
+    from actors.stores.postgres import parse_url
+
+    libpq, search = parse_url(url)
+    with psycopg.connect(libpq, autocommit=True) as conn:
+        conn.execute(f"SET search_path TO {search}")
+        while True:
+            [(done, ended)] = conn.execute(
+                "SELECT count(*) FILTER (WHERE status = 'done'), "
+                "count(*) FILTER (WHERE status IN ('done', 'failed', 'cancelled')) "
+                "FROM axon_turns WHERE NOT cancel_requested"
+            ).fetchall()
+            if ended >= expected:
+                if done != ended:
+                    raise RuntimeError(f"turn cpu: {ended - done} turns did not end 'done'")
+                return
+            await trio.sleep(0.2)
+
+
+async def worker_round(turns: int, warm: int, logs: Path) -> dict[str, float]:
+    """CPU seconds per turn of the worker, PostgreSQL and Redis over ``turns`` turns."""
+    from benchmarks.bench_workers import (
+        PG_URL,
+        REDIS_URL,
+        _delete_keys,
+        _drop_schema,
+        _schema_url,
+        _worker_processes,
+    )
+
+    schema, url = _schema_url()
+    prefix = f"axonbench:{uuid.uuid4().hex[:10]}:"
+    pg, redis = postmaster_pid(PG_URL), redis_pid(REDIS_URL)
+    try:
+        await _submit_held(url, warm, turns)
+        with _worker_processes(1, url, prefix, CONCURRENCY, 0.0, logs) as [proc]:
+            await _release(url, schema, "w", warm)
+            spy = _py_spy(proc.pid)
+            before = (process_cpu(proc.pid), tree_cpu(pg), process_cpu(redis), time.monotonic())
+            await _release(url, schema, "m", warm + turns)
+            if spy is not None:
+                spy.send_signal(signal.SIGINT)
+                spy.wait(30)
+            after = (process_cpu(proc.pid), tree_cpu(pg), process_cpu(redis), time.monotonic())
+    finally:
+        await trio.to_thread.run_sync(_drop_schema, schema)
+        await _delete_keys(prefix)
+    worker, postgres, redis_s, wall = (b - a for a, b in zip(before, after, strict=True))
+    return {
+        "worker": worker / turns,
+        "postgresql": postgres / turns,
+        "redis": redis_s / turns,
+        "wall": wall / turns,
+    }
+
+
+def _py_spy(pid: int) -> subprocess.Popen[bytes] | None:
+    """With ``AXON_BENCH_PYSPY=<file>`` (by hand): py-spy samples the worker's measured
+    batch into that file (raw stacks; gently, without stopping the process)."""
+    out = os.environ.get("AXON_BENCH_PYSPY")
+    if not out:
+        return None
+    spy = subprocess.Popen(
+        ["py-spy", "record", "-r", "200", "--nonblocking", "--format", "raw", "-o", out,
+         "--pid", str(pid)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    time.sleep(1.0)  # attached before the batch starts
+    return spy
+
+
+# -- the embedded side (a child process) ----------------------------------------------------
+
+
+async def _embedded_turns(directory: str, warm: int, turns: int) -> float:
+    """CPU seconds per turn of this process running ``turns`` turns, 8 at once."""
+    from benchmarks.workers_agent import agent
+    from runtime import Host
+
+    async with Host.open(store=str(Path(directory) / "embedded.db")) as host:
+
+        async def batch(tag: str, n: int) -> None:
+            limit = trio.Semaphore(CONCURRENCY)
+
+            async def one(i: int) -> None:
+                async with limit:
+                    session = await host.open_session(agent, session_id=f"{tag}{i}")
+                    async with session.stream(PROMPT) as out:
+                        async for _ in out:
+                            pass
+                    if out.result is None or out.result.finish_reason != "stop":
+                        raise RuntimeError(f"embedded: the turn ended {out.result}")
+                    await session.close()
+
+            async with trio.open_nursery() as nursery:
+                for i in range(n):
+                    nursery.start_soon(one, i)
+
+        await batch("w", warm)
+        t0 = time.process_time()
+        await batch("m", turns)
+        return (time.process_time() - t0) / turns
+
+
+def embedded_round(turns: int, warm: int) -> float:
+    """:func:`_embedded_turns` in a fresh child process (as the worker is one)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.bench_turn_cpu", "--embedded-child",
+         "--turns", str(turns), "--warm", str(warm)],
+        cwd=REPO, env=python_env(), capture_output=True, check=True, timeout=600,
+    )  # fmt: skip
+    return float(json.loads(done.stdout.decode().strip().splitlines()[-1])["cpu_per_turn"])
+
+
+def _child(turns: int, warm: int) -> None:
+    from runtime import configure_logging
+
+    with tempfile.TemporaryDirectory(prefix="axon-bench-") as directory:
+        with open(Path(directory) / "axon.log.jsonl", "w", encoding="utf-8") as log:
+            configure_logging("info", stream=log)
+            cpu = trio.run(_embedded_turns, directory, warm, turns)
+    print(json.dumps({"cpu_per_turn": cpu}))
+
+
+# -- the figures ----------------------------------------------------------------------------
+
+
+async def measure(turns: int, warm: int, rounds: int, logs: Path) -> dict[str, Any]:
+    """Alternate a worker round and an embedded round ``rounds`` times."""
+    sides: dict[str, list[float]] = {
+        "worker": [], "postgresql": [], "redis": [], "wall": [], "embedded": []
+    }  # fmt: skip
+    for r in range(rounds):
+        order = ("worker", "embedded") if r % 2 == 0 else ("embedded", "worker")
+        for side in order:
+            if side == "worker":
+                for key, value in (await worker_round(turns, warm, logs)).items():
+                    sides[key].append(value)
+            else:
+                sides["embedded"].append(await trio.to_thread.run_sync(embedded_round, turns, warm))
+    ratios = [w / e for w, e in zip(sides["worker"], sides["embedded"], strict=True)]
+    return {"sides": sides, "ratios": ratios, "load": os.getloadavg()[0], "turns": turns}
+
+
+def figures(got: dict[str, Any]) -> list[Figure]:
+    sides, ratios = got["sides"], got["ratios"]
+    ms = {k: median(v) * 1e3 for k, v in sides.items()}
+    span = {k: f"{min(v) * 1e3:.2f}-{max(v) * 1e3:.2f}" for k, v in sides.items()}
+    detail = f"{got['turns']} turns x {len(ratios)} rounds; load {got['load']:.2f}"
+    ratio = median(ratios)
+    return [
+        Figure(
+            key="workers.cpu.worker_over_embedded",
+            title="8c. CPU per turn: worker / embedded (SQLite)",
+            value=ratio,
+            unit="x",
+            target=f"<= {WORKER_CPU_TARGET:g}",
+            passed=ratio <= WORKER_CPU_TARGET,
+            detail=f"{ms['worker']:.2f} ms ({span['worker']}) vs {ms['embedded']:.2f} ms "
+            f"({span['embedded']}); ratios {min(ratios):.2f}-{max(ratios):.2f}; {detail}",
+            data=got,
+        ),
+        Figure(
+            key="workers.cpu.postgresql",
+            title="8c. CPU per turn: PostgreSQL (all server processes)",
+            value=ms["postgresql"],
+            unit="ms",
+            target=f"<= {PG_CPU_TARGET_MS:g} ms",
+            passed=ms["postgresql"] <= PG_CPU_TARGET_MS,
+            detail=f"{span['postgresql']} ms; {detail}",
+        ),
+        Figure(
+            key="workers.cpu.redis",
+            title="8c. CPU per turn: Redis",
+            value=ms["redis"],
+            unit="ms",
+            detail=f"{span['redis']} ms; {detail}",
+        ),
+    ]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--turns", type=int, default=400)
+    parser.add_argument("--warm", type=int, default=40)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--embedded-child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.embedded_child:
+        _child(args.turns, args.warm)
+        return
+    with tempfile.TemporaryDirectory(prefix="axon-bench-") as directory:
+        got = trio.run(measure, args.turns, args.warm, args.rounds, Path(directory))
+    for figure in figures(got):
+        print(f"{figure.title}: {figure.value:.2f} {figure.unit}  [{figure.detail}]")
+    sides = got["sides"]
+    for key in sides:
+        print(f"  {key}: " + ", ".join(f"{v * 1e3:.2f}" for v in sides[key]) + " ms")
+
+
+if __name__ == "__main__":
+    main()
