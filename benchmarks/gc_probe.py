@@ -39,6 +39,7 @@ class Collections:
     def __init__(self) -> None:
         self.wall: dict[int, list[float]] = collections.defaultdict(list)
         self.cpu: dict[int, list[float]] = collections.defaultdict(list)
+        self.collected: dict[int, list[int]] = collections.defaultdict(list)
         self._start = (0.0, 0.0)
 
     def __call__(self, phase: str, info: dict[str, int]) -> None:
@@ -48,11 +49,14 @@ class Collections:
         wall, cpu = self._start
         self.wall[info["generation"]].append((time.perf_counter() - wall) * 1e3)
         self.cpu[info["generation"]].append((time.thread_time() - cpu) * 1e3)
+        self.collected[info["generation"]].append(info["collected"])
 
     def lines(self) -> list[str]:
         return [
             f"  gen{g}: n={len(w)} total={sum(w):.0f} ms longest={max(w):.1f} ms "
-            f"cpu total={sum(self.cpu[g]):.0f} ms cpu longest={max(self.cpu[g]):.1f} ms"
+            f"cpu total={sum(self.cpu[g]):.0f} ms cpu longest={max(self.cpu[g]):.1f} ms, "
+            f"which freed {self.collected[g][w.index(max(w))]} cyclic objects "
+            f"(most freed by one: {max(self.collected[g])})"
             for g, w in sorted(self.wall.items())
         ]
 
