@@ -537,8 +537,9 @@ class TurnSteering:
     closed: bool = False
     pull: Callable[[], Awaitable[Sequence[SteeredInput]]] | None = None
     """Where messages for the turn wait besides :meth:`offer`: asked by the runner at
-    each step boundary, before it takes what waits (a worker's turn queue, where a front
-    end on another process records a message that steers this turn). ``None``: only
+    each step boundary, once the previous step's save is answered, before it takes what
+    waits (a worker's turn queue, where a front end on another process records a message
+    that steers this turn: that save tells the worker whether one did). ``None``: only
     what is offered in this process."""
 
     def offer(self, item: SteeredInput) -> bool:

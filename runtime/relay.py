@@ -44,7 +44,19 @@ class RelayWriter(Protocol):
         ...
 
     async def restart_step(self, step: int) -> None:
-        """Tell readers the partial ``step`` is dropped (a takeover re-runs it)."""
+        """Tell readers the partial ``step`` is dropped with a relay-only marker
+        (:class:`StepRestarted`). Workers now send the public ``reset-step`` chunk instead
+        (see :meth:`shown`); readers still take the marker from streams older workers
+        wrote."""
+        ...
+
+    async def shown(self, step: int) -> list[Any] | None:
+        """What an earlier process streamed of ``step`` (a takeover asks before it re-runs
+        the step): ``None`` when the turn's stream holds nothing of it; otherwise the
+        ``*-finish`` chunks that close the text and reasoning parts it left open (empty
+        when none), which the caller appends before its ``reset-step``
+        (:class:`~runtime.output.ResetStep`). When the relay cannot tell, the writer
+        makes readers rebuild the turn from the store and returns ``None``."""
         ...
 
     async def aclose(self, *, final: bool = True, paused: bool = False) -> None:
@@ -58,11 +70,17 @@ class RelayWriter(Protocol):
 class Relay(Protocol):
     """Opens writers for turns this process runs and reads turns any process runs."""
 
-    def writer(self, *, session_id: str, turn_id: str, takeover: bool = False) -> RelayWriter:
+    def writer(
+        self, *, session_id: str, turn_id: str, takeover: bool = False, fresh: bool = False
+    ) -> RelayWriter:
         """The writer of a turn this process runs. ``takeover``: another process ran
         the turn before (its stream may hold part of it): the writer continues that
         stream, and when the relay has lost it, makes readers rebuild from the store
-        rather than show the turn without what the earlier process streamed."""
+        rather than show the turn without what the earlier process streamed. ``fresh``:
+        the caller knows nothing streamed the turn before (a worker's first claim of
+        it: no takeover, no continuation), so the writer need not look for a stream
+        to continue; by default it looks (an in-process continuation after a wait
+        reuses its turn's stream without saying so)."""
         ...
 
     def read(

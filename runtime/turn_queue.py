@@ -218,6 +218,37 @@ class LeaseRenewer(Protocol):
     def close(self) -> None: ...
 
 
+@attrs.define(eq=False)
+class SteerWatch:
+    """What a claimed turn's fenced saves learn of the steering submitted to it, so its
+    worker reads the queue's steering rows only when there are new ones.
+
+    A ``steer`` submit counts itself on the running turn's row (``steers``) in the
+    transaction that queues its message; every fenced save reads the count with the
+    fence check it makes anyway (no statement more) and leaves it in :attr:`steers`.
+    At a step boundary (the runner waits for the previous step's save first) the worker
+    reads the rows only when :attr:`steers` passed :attr:`taken`, the count its last read
+    of them saw. That read returns the count from its own snapshot, so a message
+    submitted after it is counted past it: taken at a later boundary, or run as a turn
+    of its own if the turn ends first."""
+
+    steers: int = 0
+    """The highest count a committed fenced save of the turn read on its row."""
+    taken: int = 0
+    """The count as of the last read of the steering rows (``-1``: read at the first
+    boundary whatever the saves say: a takeover, whose turn may hold steering its
+    earlier worker never took)."""
+
+    @property
+    def pending(self) -> bool:
+        """Steering submitted since the last read of the rows, as far as saves tell."""
+        return self.steers > self.taken
+
+    def saw(self, steers: int) -> None:
+        """A fenced save of the turn committed, having read ``steers`` on its row."""
+        self.steers = max(self.steers, steers)
+
+
 @runtime_checkable
 class TurnQueue(Protocol):
     """Durable turns in a shared store: what a front end submits and reads, and what a
@@ -322,6 +353,7 @@ class TurnQueue(Protocol):
         on_lost: Callable[[], None] | None = None,
         on_suspended: Callable[[], None] | None = None,
         steered: Sequence[str] = (),
+        watch: SteerWatch | None = None,
     ) -> AbstractContextManager[None]:
         """While inside, every save of the claimed turn's session is refused
         (:class:`~runtime.errors.LeaseLost`) once the claim no longer holds the turn;
@@ -330,13 +362,18 @@ class TurnQueue(Protocol):
         commit, and ``on_suspended`` is called once that committed. ``steered`` (read at
         each save: the worker appends to it) names the messages the turn took from
         :meth:`take_steering`: each save marks those still queued ``done``
-        (:data:`STEERED`) in its commit, the one that stores them in the session."""
+        (:data:`STEERED`) in its commit, the one that stores them in the session.
+        ``watch`` learns from each save the turn's count of steering submits
+        (:class:`SteerWatch`)."""
         ...
 
-    async def take_steering(self, claim: Claim) -> list[QueuedTurn]:
+    async def take_steering(
+        self, claim: Claim, watch: SteerWatch | None = None
+    ) -> list[QueuedTurn]:
         """The messages submitted to steer the claimed turn that are still queued, in
         order: what its worker inserts at a step boundary (one indexed read). Nothing is
-        written: the save that stores them marks them (:meth:`fenced`'s ``steered``)."""
+        written: the save that stores them marks them (:meth:`fenced`'s ``steered``).
+        ``watch.taken`` gets the turn's count of steering submits as of that read."""
         ...
 
     def close_fences(self) -> None:
@@ -407,6 +444,7 @@ __all__ = [
     "LeaseRenewer",
     "QueuedTurn",
     "Renewal",
+    "SteerWatch",
     "TurnOptions",
     "TurnQueue",
     "TurnStatus",

@@ -159,6 +159,53 @@ async def test_a_restarted_step_is_dropped_from_a_replay(redis_url: str) -> None
     assert [c.text for c in resumed if c.type == "text-delta"] == ["final"]
 
 
+TAKEN_OVER = o.ErrorInfo(kind="Takeover", message="another worker runs it again")
+
+
+async def test_a_takeover_finds_what_the_dead_writer_showed_of_its_step(redis_url: str) -> None:
+    """``shown``: nothing of a step the stream does not hold; the parts it left open
+    otherwise; only what followed the step's last reset."""
+    async with opened(redis_url) as relay:
+        dead = relay.writer(session_id="s", turn_id="t")
+        for chunk in [*text_turn(["done"])[:-1], o.StepStart(step=1)]:
+            dead.append(chunk)
+        dead.append(o.ReasoningStart(step=1, part_id="r"))
+        dead.append(o.ReasoningFinish(step=1, part_id="r"))
+        dead.append(o.TextStart(step=1, part_id="p"))
+        dead.append(o.TextDelta(step=1, part_id="p", text="half"))
+        await dead.aclose(final=False)
+        taker = relay.writer(session_id="s", turn_id="t", takeover=True)
+        assert await taker.shown(2) is None  # nothing of step 2 went out
+        assert await taker.shown(1) == [o.TextFinish(step=1, part_id="p")]
+        taker.append(o.TextFinish(step=1, part_id="p"))
+        taker.append(o.ResetStep(step=1, provider="x", error=TAKEN_OVER))
+        await taker.aclose(final=False)
+        again = relay.writer(session_id="s", turn_id="t", takeover=True)
+        assert await again.shown(1) == []  # reset, nothing since: still shown, none open
+        await again.aclose()
+
+
+async def test_a_reset_step_drops_the_void_chunks_from_a_replay_but_keeps_the_step_start(
+    redis_url: str,
+) -> None:
+    async with opened(redis_url) as relay:
+        writer = relay.writer(session_id="s", turn_id="t")
+        for chunk in text_turn(["partial"])[:4]:  # start, step-start, text-start, "partial"
+            writer.append(chunk)
+        writer.append(o.TextFinish(step=0, part_id="p0"))
+        writer.append(o.ResetStep(step=0, provider="x", error=TAKEN_OVER))
+        for chunk in text_turn(["final"])[2:]:
+            writer.append(chunk)
+        await writer.aclose()
+        replay = await read_all(relay, "t")
+        resumed = await read_all(relay, "t", after_seq=3)  # had seen start..text-start
+    assert [c.type for c in replay[:3]] == ["start", "step-start", "text-start"]
+    assert [c.text for c in replay if c.type == "text-delta"] == ["final"]
+    assert not any(c.type == "reset-step" for c in replay)
+    assert resumed[0].type == "reset-step"
+    assert [c.text for c in resumed if c.type == "text-delta"] == ["final"]
+
+
 async def test_a_takeover_writer_continues_the_seqs(redis_url: str) -> None:
     async with opened(redis_url) as relay:
         first = relay.writer(session_id="s", turn_id="t")
@@ -171,6 +218,31 @@ async def test_a_takeover_writer_continues_the_seqs(redis_url: str) -> None:
             second.append(chunk)
         await second.aclose()
         got = await read_all(relay, "t")
+    assert [c.seq for c in got] == list(range(1, len(chunks) + 1))
+
+
+async def test_a_fresh_writer_reads_no_tail_and_its_turn_reads_back_whole(
+    redis_url: str,
+) -> None:
+    """A worker's first claim of a turn says ``fresh``: the first flush is the XADD
+    alone (no XREVRANGE of a tail there cannot be), and the seqs still start at 1."""
+    async with opened(redis_url) as relay:
+        tails: list[Any] = []
+        xrevrange = relay.client.xrevrange
+
+        async def counted(*args: Any, **kwargs: Any) -> Any:
+            tails.append(args)
+            return await xrevrange(*args, **kwargs)
+
+        relay.client.xrevrange = counted
+        writer = relay.writer(session_id="s", turn_id="t", fresh=True)
+        chunks = text_turn(["x", "y"])
+        for chunk in chunks:
+            writer.append(chunk)
+        await writer.aclose()
+        relay.client.xrevrange = xrevrange
+        got = await read_all(relay, "t")
+    assert tails == []
     assert [c.seq for c in got] == list(range(1, len(chunks) + 1))
 
 

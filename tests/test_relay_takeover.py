@@ -18,6 +18,7 @@ import trio
 from actors.relays import RedisRelay
 from actors.stores.postgres import PostgresStore
 from actors.stores.turns import TurnQueue
+from runtime.app.web.ui_stream import ui_messages
 from runtime.messages import AssistantMessage, TextPart, ToolCallPart
 from tests.support.redis import (
     redis_restored,
@@ -28,6 +29,7 @@ from tests.support.redis import (
 )
 from tests.test_frontend import Deployment, EventReader
 from tests.test_workers import Workers
+from tests.web.harness import WEB, ensure_ai_package
 
 LIMIT = 90
 
@@ -39,9 +41,10 @@ def redis_url() -> str:
 
 @asynccontextmanager
 async def front_end_and_workers(
-    pg_url: str, redis_url: str
+    pg_url: str, redis_url: str, protocols: tuple[str, ...] = ("ai-sdk",)
 ) -> AsyncIterator[tuple[Deployment, Workers]]:
-    """One front end (in this process) and worker processes, on one schema and prefix."""
+    """One front end (in this process) serving ``protocols``, and worker processes, on
+    one schema and prefix."""
     from tests.support.worker_agent import agent
 
     store = await PostgresStore.open(pg_url)
@@ -51,7 +54,9 @@ async def front_end_and_workers(
     try:
         with trio.fail_after(LIMIT):
             async with trio.open_nursery() as nursery:
-                d = Deployment(pg_url, redis_url, prefix, agent, store, queue, nursery)
+                d = Deployment(
+                    pg_url, redis_url, prefix, agent, store, queue, nursery, protocols=protocols
+                )
                 await d.start_front_end()
                 yield d, workers
                 nursery.cancel_scope.cancel()
@@ -142,3 +147,169 @@ async def test_a_stream_lost_before_a_takeover_is_rebuilt_or_an_error_never_spli
     assert shows_whole(got["fresh"], stored) and not errors(got["fresh"])  # rebuilt
     assert errors(got["resumed"]) and not shows_whole(got["resumed"], stored)
     assert errors(got["live"]) and min(int(i) for i, _ in got["live"] if i) == 25
+
+
+def as_sse(events: list[tuple[str | None, Any]]) -> str:
+    """Parsed SSE events back as an SSE body."""
+    out = []
+    for event_id, data in events:
+        head = f"id: {event_id}\n" if event_id is not None else ""
+        body = data if data == "[DONE]" else orjson.dumps(data).decode()
+        out.append(f"{head}data: {body}\n\n")
+    return "".join(out)
+
+
+async def read_ui_message(node: str, sse: str) -> dict[str, Any]:
+    """The UI message the `ai` package's readUIMessageStream builds from ``sse``."""
+    config = orjson.dumps({"sse": sse, "read": True}).decode()
+    with trio.fail_after(60):
+        proc = await trio.run_process(
+            [node, str(WEB / "read_stream.mjs"), config],
+            cwd=WEB,
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+        )
+    assert proc.returncode == 0, proc.stderr.decode()
+    read = orjson.loads(proc.stdout)
+    assert all(p["success"] for p in read["parsed"]), read["parsed"]
+    assert read["error"] is None, read["error"]
+    message: dict[str, Any] = read["message"]
+    return message
+
+
+def shape(parts: list[dict[str, Any]]) -> list[tuple[str, Any]]:
+    """A UI message's parts as what a viewer sees: type, and text or call id."""
+    return [(p["type"], p.get("text", p.get("toolCallId"))) for p in parts]
+
+
+async def test_a_takeover_that_answers_otherwise_takes_back_the_dead_worker_s_text(
+    pg_url: str, redis_url: str
+) -> None:
+    """Worker ``a`` streams part of the answer and is SIGKILLed; ``b`` re-runs the step
+    and answers otherwise. The AI SDK client that watched it live, one that resumes with
+    ``Last-Event-ID`` from the middle of the dead worker's answer, and one that comes
+    after, all end (through the `ai` package) with the stored message, none of ``a``'s
+    text in it."""
+    node = ensure_ai_package()
+    got: dict[str, list[tuple[str | None, Any]]] = {}
+    async with front_end_and_workers(pg_url, redis_url) as (d, workers):
+        workers.start("a", AXON_TEST_DELAY="0.05", AXON_TEST_ANSWER_TAG="first-")
+        turn = await d.queue.submit("s1", "tools one")
+        async with httpx.AsyncClient(base_url=d.urls[0], timeout=LIMIT) as client:
+
+            async def read(
+                name: str,
+                headers: dict[str, str],
+                task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+            ) -> None:
+                async with client.stream("GET", "/api/chat/s1/stream", headers=headers) as r:
+                    assert r.status_code == 200
+                    reader = EventReader(r)
+                    await reader.until(1)
+                    task_status.started()
+                    got[name] = await reader.all()
+
+            await wait_for_seq(redis_url, d.prefix, turn.turn_id, 28)  # into the answer
+            async with trio.open_nursery() as nursery:
+                await nursery.start(read, "live", {})
+                workers.signal("a", signal.SIGKILL)
+                async with RedisRelay.open(redis_url, prefix=d.prefix) as relay:
+                    dead = await last_seq(relay, turn.turn_id)
+                workers.start("b", AXON_TEST_DELAY="0.03", AXON_TEST_ANSWER_TAG="second-")
+                await wait_for_seq(redis_url, d.prefix, turn.turn_id, dead + 6)  # b's reset in
+                await nursery.start(read, "resumed", {"last-event-id": "26"})
+                await nursery.start(read, "after", {})
+        done = await d.queue.get(turn.turn_id)
+        assert done is not None and done.status == "done" and done.attempts == 2
+        record = await d.store.load("s1")
+        assert record is not None
+    [stored] = [m for m in ui_messages(record.messages) if m["id"] == turn.message_id]
+    assert "first-" not in orjson.dumps(stored).decode()
+    assert "second-w0" in orjson.dumps(stored).decode()
+    live = [data for _, data in got["live"]]
+    assert any(d != "[DONE]" and "first-" in d.get("delta", "") for d in live)  # a's text shown
+    assert [d["type"] for d in live if d != "[DONE]"].count("reset-step") == 1
+    resumed = [e for e in got["live"] if e[0] is not None and int(e[0]) <= 26] + got["resumed"]
+    for events in (got["live"], resumed, got["after"]):
+        message = await read_ui_message(node, as_sse(events))
+        assert "first-" not in orjson.dumps(message).decode()
+        assert shape(message["parts"]) == shape(stored["parts"])
+
+
+async def test_an_agui_run_taken_over_mid_answer_ends_with_the_re_run_s_answer_only(
+    pg_url: str, redis_url: str
+) -> None:
+    """The same takeover through AG-UI (a front end reading the relay for a protocol
+    that cannot take text back): valid events in a valid sequence, the reset said, and
+    the closing snapshot holds the stored answer, none of the dead worker's text."""
+    from tests.test_agui import check_sequence, parse_sse, run_input, user, valid
+
+    async with front_end_and_workers(pg_url, redis_url, ("ag-ui",)) as (d, workers):
+        workers.start("a", AXON_TEST_DELAY="0.05", AXON_TEST_ANSWER_TAG="first-")
+        response: list[httpx.Response] = []
+
+        async def post() -> None:
+            async with httpx.AsyncClient(base_url=d.urls[0], timeout=LIMIT) as c:
+                body = run_input("t1", user("tools one", "u1"), runId="r1")
+                response.append(await c.post("/ag-ui", json=body))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(post)
+            await wait_for_seq(redis_url, d.prefix, "r1", 28)  # into the answer
+            workers.signal("a", signal.SIGKILL)
+            workers.start("b", AXON_TEST_DELAY="0.01", AXON_TEST_ANSWER_TAG="second-")
+        record = await d.store.load("t1")
+        assert record is not None
+    [r] = response
+    assert r.status_code == 200, r.text
+    events = parse_sse(r.text)
+    for event in events:
+        valid(event)
+    check_sequence(events)
+    shown = "".join(e["delta"] for e in events if e["type"] == "TEXT_MESSAGE_CONTENT")
+    assert "first-w0" in shown  # the dead worker's text went out
+    [reset] = [e for e in events if e.get("name") == "axon.reset-step"]
+    assert reset["value"]["step"] == 2 and reset["value"]["errorText"].startswith("Takeover")
+    snapshot = next(e for e in reversed(events) if e["type"] == "MESSAGES_SNAPSHOT")
+    [answer] = [m for m in snapshot["messages"] if m["role"] == "assistant" and m.get("content")]
+    [stored] = [m for m in record.messages if isinstance(m, AssistantMessage)]
+    text = "".join(p.text for p in stored.content if isinstance(p, TextPart))
+    assert answer["content"] == text and "second-w0" in text
+    assert "first-" not in orjson.dumps(snapshot).decode()
+
+
+async def test_an_openai_completion_taken_over_mid_answer_holds_the_re_run_s_answer(
+    pg_url: str, redis_url: str
+) -> None:
+    """Through the OpenAI-compatible endpoint, answered whole: the completion is the
+    stored answer, none of the dead worker's text."""
+    async with front_end_and_workers(pg_url, redis_url, ("openai",)) as (d, workers):
+        workers.start("a", AXON_TEST_DELAY="0.05", AXON_TEST_ANSWER_TAG="first-")
+        response: list[httpx.Response] = []
+
+        async def post() -> None:
+            async with httpx.AsyncClient(base_url=d.urls[0], timeout=LIMIT) as c:
+                body = {
+                    "model": "worker-test",
+                    "messages": [{"role": "user", "content": "tools one"}],
+                }
+                headers = {"X-Axon-Session": "oa"}
+                response.append(await c.post("/v1/chat/completions", json=body, headers=headers))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(post)
+            while not (turns := await d.queue.turns("oa")):
+                assert not response, response[0].text
+                await trio.sleep(0.02)
+            await wait_for_seq(redis_url, d.prefix, turns[0].turn_id, 28)  # into the answer
+            workers.signal("a", signal.SIGKILL)
+            workers.start("b", AXON_TEST_DELAY="0.01", AXON_TEST_ANSWER_TAG="second-")
+        record = await d.store.load("oa")
+        assert record is not None
+    [r] = response
+    assert r.status_code == 200, r.text
+    [stored] = [m for m in record.messages if isinstance(m, AssistantMessage)]
+    text = "".join(p.text for p in stored.content if isinstance(p, TextPart))
+    assert r.json()["choices"][0]["message"]["content"] == text
+    assert "second-w0" in text and "first-" not in r.text

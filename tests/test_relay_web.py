@@ -212,6 +212,18 @@ async def test_a_junk_relay_stream_is_an_error_chunk_never_a_500(
     assert events[-1] == "[DONE]"
 
 
+async def written_active_turn(relay: RedisRelay, session_id: str) -> str:
+    """The session's turn id in the relay's active key. The publisher flushes on its own
+    task, so the key may land a moment after the session is idle: wait for it (bounded)."""
+    with trio.fail_after(10):
+        for _ in range(1000):  # the Redis key is polled: nothing here can signal it
+            raw = await relay.client.get(relay.active_key(session_id))
+            if raw is not None:
+                return bytes(raw).decode()
+            await trio.sleep(0.01)
+    raise AssertionError(f"no active turn of {session_id} in the relay")
+
+
 async def test_a_finished_turns_junk_relay_stream_is_rebuilt_from_the_store(
     redis_url: str,
 ) -> None:
@@ -221,7 +233,7 @@ async def test_a_finished_turns_junk_relay_stream_is_rebuilt_from_the_store(
             await client.post("/api/chat", json=chat_body("s1"))
             await wait_idle(a, "s1")
             relay = a.app.state.axon.relay
-            turn_id = (await relay.client.get(relay.active_key("s1"))).decode()
+            turn_id = await written_active_turn(relay, "s1")
             await plant_junk_stream(relay, "s1", turn_id, JUNK_STREAMS["a key of another type"])
             response = await client.get("/api/chat/s1/stream")
         stored = (await a.host.store.load("s1")).messages[-1]

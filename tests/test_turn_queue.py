@@ -639,3 +639,33 @@ async def test_the_step_that_waits_suspends_the_row_in_its_fenced_save(queue, st
     assert told == ["suspended"]
     assert row == ("awaiting-input", None, None, 900.0)
     assert decided.recorded.complete and decided.turn.resumes == 1
+
+
+async def test_steer_submits_are_counted_on_the_running_turn_and_its_fenced_saves_read_it(
+    queue, store
+):
+    """The worker learns of steering from its saves (no read of its own): each ``steer``
+    submit counts itself on the running turn's row, each fenced save reads the count in
+    its fence check, and the read of the steering rows returns the count it saw."""
+    from runtime.turn_queue import SteerWatch
+
+    await queue.submit("s1", "first")
+    claim = await queue.claim("w1")
+    assert claim is not None
+    watch = SteerWatch()
+    with queue.fenced(claim, watch=watch):
+        await store.save("s1", 0, [UserMessage(content="first")])  # the first: it marks
+        assert (watch.steers, watch.pending) == (0, False)
+        steering = await queue.submit("s1", "also this", on_busy="steer")
+        await store.save("s1", 0, [UserMessage(content="first")])
+        assert (watch.steers, watch.pending) == (1, True)
+        taken = await queue.take_steering(claim, watch)
+        assert [t.turn_id for t in taken] == [steering.turn_id]
+        assert (watch.taken, watch.pending) == (1, False)
+        later = await queue.submit("s1", "and this", on_busy="steer")  # after the read
+        await store.save("s1", 0, [UserMessage(content="first")])
+        assert (watch.steers, watch.pending) == (2, True)
+        taken = await queue.take_steering(claim, watch)
+    assert steering.steer_of == later.steer_of == claim.turn.turn_id
+    assert [t.turn_id for t in taken] == [steering.turn_id, later.turn_id]  # none marked yet
+    assert not watch.pending

@@ -101,7 +101,9 @@ async def test_a_session_id_continues_the_conversation_on_the_worker(
 async def test_a_cancelled_call_cancels_its_queued_turn(
     pg_url: str, redis_url: str, mode: str
 ) -> None:
-    async with mcp_deployment(pg_url, redis_url, delay=0.05) as d:
+    # slow enough (seconds) that the turn cannot end on its own before the cancellation
+    # reaches its worker, even on a loaded machine; a cancelled turn ends at once
+    async with mcp_deployment(pg_url, redis_url, delay=0.3) as d:
         async with mcp_client(d.urls[0], mode=mode) as c:
             with trio.fail_after(LIMIT):
                 async with trio.open_nursery() as nursery:

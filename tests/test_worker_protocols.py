@@ -144,6 +144,19 @@ def test_a_restarted_step_does_not_send_its_calls_again() -> None:
     assert out == [*first, o.StepStart(step=1)]
 
 
+def test_a_reset_step_voids_its_calls_so_a_rerun_with_the_same_ids_is_sent() -> None:
+    """A takeover's ``reset-step``: the re-run's call (same id, the provider is
+    deterministic) is no repeat of a call the client still has; it was taken back."""
+    keep = RestartFilter()
+    call = o.ToolCall(step=0, tool_call_id="c1", tool_name="t", input={})
+    result = o.ToolResult(step=0, tool_call_id="c1", tool_name="t", output=1)
+    reset = o.ResetStep(step=0, provider="p", error=o.ErrorInfo(kind="Takeover", message="m"))
+    first = [o.StepStart(step=0), *_text(0, "p1", "Hi"), call]
+    rerun = [o.TextFinish(step=0, part_id="p1"), reset, *_text(0, "p2", "Yo"), call, result]
+    out = [c for chunk in first + rerun for c in keep(chunk)]
+    assert out == first + rerun
+
+
 # -- the OpenAI-compatible endpoint ---------------------------------------------------------
 
 
@@ -221,6 +234,14 @@ async def test_a_stateless_openai_turn_runs_on_a_worker_from_its_history_and_lea
         completion = raw.parse()
         turn_id = completion.id.removeprefix("chatcmpl-")
         row = await d.queue.get_status(turn_id)
+        # The worker deletes the scratch session after the turn's stream ended (the
+        # client, who never learns its id, is not held up by the delete): wait for it,
+        # bounded, rather than race it.
+        with trio.move_on_after(LIMIT):
+            for _ in range(int(LIMIT / 0.02)):
+                if not await d.store.list_sessions():
+                    break
+                await trio.sleep(0.02)
         sessions = await d.store.list_sessions()
         stored = await d.store.load(row.session_id) if row is not None else None
     assert "x-axon-session" not in raw.headers

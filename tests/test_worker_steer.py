@@ -148,3 +148,80 @@ async def test_a_steering_message_the_turn_ends_without_taking_runs_as_its_own_t
     assert record is not None
     assert [m.text for m in record.messages if isinstance(m, UserMessage)] == ["first", "second"]
     assert kinds(record.messages) == ["User", "Assistant", "User", "Assistant"]
+
+
+class CountedSteering:
+    """The worker's steering reads, counted: ``Worker._take_steering`` (called at every
+    step boundary) and the queue's read of the steering rows (``take_steering``)."""
+
+    def __init__(self, worker: Any) -> None:
+        self.boundaries = 0
+        self.reads = 0
+        self.after_boundary: Any = None
+        """Awaited once after the next boundary's look (a steer submitted right then)."""
+        boundary, read = worker._take_steering, worker.queue.take_steering
+
+        async def counted_boundary(*args: Any) -> Any:
+            self.boundaries += 1
+            got = await boundary(*args)
+            then, self.after_boundary = self.after_boundary, None
+            if then is not None:
+                await then()
+            return got
+
+        async def counted_read(*args: Any) -> Any:
+            self.reads += 1
+            return await read(*args)
+
+        worker._take_steering = counted_boundary
+        worker.queue.take_steering = counted_read
+
+
+async def test_a_turn_nobody_steers_reads_no_steering_at_its_boundaries(
+    pg_url: str, redis_url: str
+) -> None:
+    """The steering count rides on each step's fenced save: a turn no message steers
+    never reads the steering rows (it used to, at every step boundary)."""
+    script = Script(looking("call_L"), looking("call_M"), ["done"])
+    async with deployment(
+        pg_url, redis_url, agent_with(script, "steer"), on_busy="steer", worker=False
+    ) as d:
+        counted = CountedSteering(await d.start_worker())
+        turn = await d.queue.submit("s1", "first")
+        with trio.fail_after(LIMIT):
+            done = await d.queue.wait_finished(turn.turn_id, LIMIT)
+    assert done is not None and (done.status, done.finish_reason) == ("done", "stop")
+    assert counted.boundaries == 2  # before steps 1 and 2
+    assert counted.reads == 0
+
+
+async def test_a_steer_submitted_right_after_a_boundary_is_taken_at_the_next(
+    pg_url: str, redis_url: str
+) -> None:
+    """A steering message committed just after a boundary looked (and found none) is
+    counted on the turn's row; the next step's save reads the count, so the next
+    boundary reads the row: one read, and the model's next call sees the message."""
+    script = Script(looking("call_L"), looking("call_M"), ["answer to both"])
+    async with deployment(
+        pg_url, redis_url, agent_with(script, "steer"), on_busy="steer", worker=False
+    ) as d:
+        counted = CountedSteering(await d.start_worker())
+        steering: dict[str, Any] = {}
+
+        async def steer() -> None:
+            steering["turn"] = await d.queue.submit("s1", "also this", on_busy="steer")
+
+        counted.after_boundary = steer  # at the first boundary, before step 1
+        turn = await d.queue.submit("s1", "first")
+        with trio.fail_after(LIMIT):
+            done = await d.queue.wait_finished(turn.turn_id, LIMIT)
+            steered = await d.queue.get(steering["turn"].turn_id)
+    assert done is not None and (done.status, done.finish_reason) == ("done", "stop")
+    assert steering["turn"].steer_of == turn.turn_id
+    assert steered is not None and (steered.status, steered.finish_reason) == ("done", "steered")
+    assert counted.boundaries == 2 and counted.reads == 1
+    assert len(script.requests) == 3
+    assert [m.text for m in script.requests[1].messages if isinstance(m, UserMessage)] == ["first"]
+    seen = script.requests[2].messages
+    assert kinds(seen) == ["User", "Assistant", "Tool", "Tool", "User", "Assistant"]
+    assert seen[4].text == "also this"

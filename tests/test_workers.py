@@ -27,8 +27,7 @@ from actors.stores.turns import TurnQueue
 from runtime.agent import Agent
 from runtime.app.worker import Worker
 from runtime.messages import AssistantMessage, TextPart, ToolCallPart, ToolMessage, UserMessage
-from runtime.output import TextDelta
-from runtime.relay import StepRestarted
+from runtime.output import ResetStep, TextDelta
 from tests.support import worker_agent
 from tests.support.pg import restart_postgres
 from tests.support.redis import (
@@ -527,7 +526,7 @@ async def test_a_live_reader_is_told_the_step_restarted_and_ends_with_the_answer
 
     async def read(relay: RedisRelay) -> None:
         async for chunk in relay.read(turn.turn_id):
-            if type(chunk) is StepRestarted:
+            if type(chunk) is ResetStep:
                 restarts.append(chunk.step)
                 deltas[:] = [d for d in deltas if d.step != chunk.step]
             elif type(chunk) is TextDelta:

@@ -35,10 +35,12 @@ from the store, or tells a client that saw part of it to reload. Never a spliced
 shown whole, never a server error. None of this costs a Redis call: the ids ride in the
 entries.
 
-**Control items** also take a seq: :class:`StepRestarted` (a takeover re-runs ``step``:
-drop what the step streamed so far) and the end of the turn (not yielded; iteration
-stops). A reader that replays a backlog drops the restarted step's chunks itself and
-yields the marker only when the reader's client had already seen some of them.
+**Control items** also take a seq: :class:`StepRestarted` (an older worker's takeover
+re-runs ``step``: drop what the step streamed so far) and the end of the turn (not
+yielded; iteration stops). A reader that replays a backlog drops the restarted step's
+chunks itself and yields the marker only when the reader's client had already seen some
+of them; it does the same before a ``reset-step`` chunk (a takeover now, or a provider
+fallback), keeping the step's ``step-start``.
 
 **Pauses.** A turn that suspends to wait for a person (docs/approval.md) ends its part of
 the stream with a *paused* end (``{"type": "relay.end", "paused": true}``, which an older
@@ -78,6 +80,7 @@ import trio
 from cattrs.errors import BaseValidationError
 
 from actors.relays.limits import RedisLimitBackend
+from runtime import output as o
 from runtime.errors import ConfigurationError, RelayTurnGone, RelayUnavailable
 from runtime.output import OutputChunk
 from runtime.redact import redact_url, register_url_secrets
@@ -271,6 +274,45 @@ def _tail(last: list[Any], *, takeover: bool) -> tuple[int, bytes | None, bool]:
     return entry.last + 1, entry.writer or b"", False
 
 
+_OPENS = {"text-start": o.TextFinish, "reasoning-start": o.ReasoningFinish}
+_CLOSES = ("text-finish", "reasoning-finish")
+
+
+class _StepScan:
+    """A stream's items read backwards for one step (:meth:`RedisRelayWriter.shown`):
+    whether it holds any item of the step, and the parts the step left open. Items
+    before a reset of the step (a ``reset-step`` or an older worker's restart marker)
+    were taken back already, and those of an earlier step end the scan."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+        self.found = False
+        self.closed: set[str] = set()
+        self.open: list[Any] = []
+
+    def done(self, items: Any) -> bool:
+        for item in items:
+            step = item.get("step")
+            if type(step) is not int:
+                continue
+            if step < self.step:
+                return True
+            if step != self.step:
+                continue
+            self.found = True
+            kind = item["type"]
+            if kind in (RESTART, "reset-step"):
+                return True
+            if kind in _CLOSES:
+                self.closed.add(item.get("part_id"))
+            elif kind in _OPENS and item.get("part_id") not in self.closed:
+                self.open.append(_OPENS[kind](step=step, part_id=item["part_id"]))
+        return False
+
+    def result(self) -> list[Any] | None:
+        return list(reversed(self.open)) if self.found else None
+
+
 class RedisRelayWriter:
     """One turn's outgoing side (:class:`runtime.relay.RelayWriter`) on a Redis Stream."""
 
@@ -307,6 +349,13 @@ class RedisRelayWriter:
         self.failures = 0
         """Flush attempts that failed (Redis down or slow)."""
 
+    def start_fresh(self) -> None:
+        """Number from seq 1 without reading the stream's tail on the first flush: the
+        turn never streamed before (see :meth:`RedisRelay.writer`'s ``fresh``). Only
+        for such a turn: a stream there already would refuse this writer's entries
+        below its top (``XADD`` ids are the seqs)."""
+        self._next_seq, self._prev = 1, None
+
     # -- the producer's side (never blocks) ----------------------------------------------
 
     def append(self, chunk: Any) -> None:
@@ -321,6 +370,33 @@ class RedisRelayWriter:
         self._put({"type": RESTART, "step": step})
         with trio.move_on_after(self.relay.close_timeout):
             await self.flushed()
+
+    async def shown(self, step: int) -> list[Any] | None:
+        """What an earlier writer streamed of ``step`` (:meth:`runtime.relay.RelayWriter.shown`):
+        read from the stream's end back to the step's first chunk, page by page. A
+        Redis that does not answer within ``close_timeout``, or junk, makes readers
+        rebuild the turn (a ``gap``): the turn does not wait on the relay."""
+        from coredis.exceptions import WrongTypeError
+
+        with trio.move_on_after(self.relay.close_timeout):
+            try:
+                return await self.relay._call("takeover scan", lambda: self._scan(step))
+            except (RelayUnavailable, WrongTypeError, _Undecodable) as exc:
+                log.warning("relay.takeover_scan_failed", turn_id=self.turn_id, error=str(exc))
+        self._put({"type": GAP})
+        return None
+
+    async def _scan(self, step: int) -> list[Any] | None:
+        scan = _StepScan(step)
+        end = "+"
+        while True:
+            page = await self.relay.client.xrevrange(self.key, end, "-", count=PAGE)
+            for entry in page:
+                if scan.done(reversed(_decode(entry).items)):
+                    return scan.result()
+            if len(page) < PAGE:
+                return scan.result()
+            end = f"({_identifier(page[-1].identifier)}"
 
     async def aclose(self, *, final: bool = True, paused: bool = False) -> None:
         """Flush what is queued; with ``final`` the stream ends (readers stop) and expires
@@ -431,7 +507,7 @@ class RedisRelayWriter:
         relay = self.relay
         client = relay.client
         with trio.fail_after(relay.op_timeout):
-            if self._next_seq is None:  # first flush (or a takeover): continue the numbering
+            if self._next_seq is None:  # first flush, not fresh: continue the numbering
                 last = await client.xrevrange(self.key, "+", "-", count=1)
                 self._next_seq, self._prev, lost = _tail(last, takeover=self.takeover)
                 if lost:
@@ -585,11 +661,19 @@ class RedisRelay:
 
     # -- writing ----------------------------------------------------------------------------
 
-    def writer(self, *, session_id: str, turn_id: str, takeover: bool = False) -> RedisRelayWriter:
+    def writer(
+        self, *, session_id: str, turn_id: str, takeover: bool = False, fresh: bool = False
+    ) -> RedisRelayWriter:
         """A writer for a turn this process runs; its flush task runs in the relay's
         nursery. A second writer for the same turn (a ``takeover``) continues its seqs; a
-        takeover that finds no stream starts one readers cannot take for the whole turn."""
-        writer = RedisRelayWriter(self, session_id=session_id, turn_id=turn_id, takeover=takeover)
+        takeover that finds no stream starts one readers cannot take for the whole turn.
+        A ``fresh`` writer (nothing streamed the turn before) starts at seq 1 without
+        reading the stream's tail: one ``XREVRANGE`` fewer per turn."""
+        writer = RedisRelayWriter(
+            self, session_id=session_id, turn_id=turn_id, takeover=takeover and not fresh
+        )
+        if fresh:
+            writer.start_fresh()
         self.live.add(writer)
         self.nursery.start_soon(writer.run)
         return writer
@@ -885,22 +969,31 @@ def _single_leaf(group: BaseExceptionGroup) -> BaseException | None:
 
 
 def _drop_restarted(backlog: list[tuple[int, Any]], seen: int) -> list[tuple[int, Any]]:
-    """The backlog with every restarted step's earlier chunks removed; a restart marker
-    stays only when the reader had already been sent some of them (seq <= ``seen``)."""
-    restarts = [i for i, (_, item) in enumerate(backlog) if item.get("type") == RESTART]
-    if not restarts:
+    """The backlog with every reset step's earlier chunks removed: before a restart
+    marker (an older worker's takeover), all of them; before a ``reset-step`` (a
+    takeover, a provider fallback), all but the step's ``step-start``, which no new one
+    follows. The marker or reset stays only when the reader had already been sent some
+    of the removed chunks (seq <= ``seen``)."""
+    resets = [i for i, (_, item) in enumerate(backlog) if item.get("type") in _RESETS]
+    if not resets:
         return backlog
     keep = [True] * len(backlog)
-    for i in restarts:
+    for i in resets:
         step = backlog[i][1]["step"]
+        kept = _KEPT[backlog[i][1]["type"]]
         dropped_seen = False
         for j in range(i):
             seq, item = backlog[j]
-            if keep[j] and item.get("step") == step and item.get("type") != RESTART:
+            if keep[j] and item.get("step") == step and item.get("type") not in kept:
                 keep[j] = False
                 dropped_seen = dropped_seen or seq <= seen
         keep[i] = dropped_seen
     return [pair for pair, k in zip(backlog, keep, strict=True) if k]
+
+
+_KEPT = {RESTART: (RESTART,), "reset-step": (RESTART, "reset-step", "step-start")}
+"""What a reset keeps of its step's earlier items."""
+_RESETS = tuple(_KEPT)
 
 
 def public_url(url: str) -> str:

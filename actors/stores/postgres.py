@@ -76,6 +76,7 @@ from runtime.messages import Message
 from runtime.redact import redact_url as _redact_url
 from runtime.redact import register_url_secrets
 from runtime.store import SessionInfo, SessionRecord, validate_session_id
+from runtime.turn_queue import SteerWatch
 
 MAGIC = "axon-session-store"
 SCHEMA_VERSION = 1
@@ -159,6 +160,9 @@ _TURN_COLUMNS = (
     # A message submitted to steer the session's running turn (on_busy='steer'): that
     # turn's id. Its worker takes the row at a step boundary; else it runs as a turn.
     ("steer_of", "TEXT"),
+    # How many steer submits named this running turn: its fenced saves read it, so its
+    # worker reads the steering rows only when new ones came (runtime.turn_queue.SteerWatch).
+    ("steers", "INTEGER NOT NULL DEFAULT 0"),
 )
 """Columns the turn queue (:mod:`actors.stores.turns`) added after schema 1 shipped: a
 store created before them gains them on open, in place, without a version change. Each
@@ -272,6 +276,9 @@ class Fence:
     its saves need not mark it, one statement fewer in the first."""
     on_commit: Callable[[], None] | None = attrs.field(default=None, eq=False)
     """Called (from the Trio thread) after a save whose :attr:`in_save` wrote committed."""
+    watch: SteerWatch | None = attrs.field(default=None, eq=False)
+    """Told of the turn's ``steers`` count each committed save's fence check read
+    (:class:`runtime.turn_queue.SteerWatch`)."""
 
 
 def parse_url(url: str) -> tuple[str, str]:
@@ -514,11 +521,13 @@ class PostgresStore:
             )
 
         wrote: list[bool] = []
+        steers: list[int] = []  # the turn row's count, as the fence check read it
 
         def save(conn: Any) -> int:
             wrote.clear()
+            steers.clear()
             version = self._save_in(
-                conn, session_id, start, rows, patch, expected_version, fence, guard
+                conn, session_id, start, rows, patch, expected_version, fence, guard, steers
             )
             if fence is not None and fence.in_save is not None:
                 wrote.append(fence.in_save(conn, new, meta))
@@ -530,6 +539,8 @@ class PostgresStore:
             if fence is not None and fence.on_lost is not None:
                 fence.on_lost()
             raise
+        if fence is not None and fence.watch is not None and steers:
+            fence.watch.saw(steers[-1])
         if fence is not None:
             self._marked.add(fence.turn_id)  # later saves of the turn need not mark it
             if any(wrote) and fence.on_commit is not None:
@@ -546,6 +557,7 @@ class PostgresStore:
         expected_version: int | None,
         fence: Fence | None,
         guard: Callable[[Any], None] | None,
+        steers: list[int] | None = None,
     ) -> int:
         """The save's transaction: check the fence, run the guard, check the version, write
         the session row (meta merged), replace the messages from ``start`` on; the new
@@ -558,11 +570,13 @@ class PostgresStore:
         mark = fence is not None and fence.turn_id not in self._marked
         if guard is not None:  # the guard runs between the fence check and the lock
             if fence is not None:
-                _check_fence(conn, fence, session_id)
+                _check_fence(conn, fence, session_id, steers)
             guard(conn)
             row = self._lock_session(conn, session_id, expected_version)
         else:
-            row = self._lock_fenced(conn, session_id, expected_version, fence, mark=mark)
+            row = self._lock_fenced(
+                conn, session_id, expected_version, fence, mark=mark, steers=steers
+            )
             mark = False
         merged = {} if row is None else decode_meta(self.url, bytes(row[0]), session_id)
         if patch is not None:
@@ -603,6 +617,7 @@ class PostgresStore:
         fence: Fence | None,
         *,
         mark: bool,
+        steers: list[int] | None = None,
     ) -> tuple[Any, int] | None:
         """:func:`_check_fence` (marking the turn ``saved`` when ``mark``) and
         :meth:`_lock_session` in one statement: the turn's row is locked first, then the
@@ -612,7 +627,7 @@ class PostgresStore:
         turn = _MARK_TURN if mark else _SHARE_TURN
         got = conn.execute(
             f"""WITH f AS ({turn})
-            SELECT f.owner, f.epoch, f.status, s.meta, s.version
+            SELECT f.owner, f.epoch, f.status, s.meta, s.version, f.steers
             FROM (VALUES (1)) AS one
             LEFT JOIN f ON true
             LEFT JOIN LATERAL (
@@ -621,6 +636,8 @@ class PostgresStore:
             (fence.turn_id, session_id),
         ).fetchone()
         _check_fence_row(got[:3] if got[2] is not None else None, fence, session_id)
+        if steers is not None:
+            steers.append(got[5])
         row = None if got[4] is None else (got[3], got[4])
         check_version(self.url, session_id, 0 if row is None else row[1], expected_version)
         return row
@@ -699,17 +716,22 @@ class PostgresStore:
         await trio.to_thread.run_sync(self._pool.close)
 
 
-_SHARE_TURN = "SELECT owner, epoch, status FROM axon_turns WHERE turn_id = %s FOR SHARE"
-_MARK_TURN = "UPDATE axon_turns SET saved = true WHERE turn_id = %s RETURNING owner, epoch, status"
+_SHARE_TURN = "SELECT owner, epoch, status, steers FROM axon_turns WHERE turn_id = %s FOR SHARE"
+_MARK_TURN = (
+    "UPDATE axon_turns SET saved = true WHERE turn_id = %s RETURNING owner, epoch, status, steers"
+)
 """The fence's look at its turn's row, locked: plain, or marking the turn ``saved`` (its
 first save; a refused save rolls the mark back with everything else)."""
 
 
-def _check_fence(conn: Any, fence: Fence, session_id: str) -> None:
+def _check_fence(conn: Any, fence: Fence, session_id: str, steers: list[int] | None = None) -> None:
     """Raise :class:`LeaseLost` unless ``fence`` still holds its turn (row-locked, so a
-    takeover's epoch bump waits for this transaction, or this one sees it)."""
+    takeover's epoch bump waits for this transaction, or this one sees it); the turn's
+    ``steers`` count goes to ``steers``."""
     row = conn.execute(_SHARE_TURN, (fence.turn_id,)).fetchone()
     _check_fence_row(row, fence, session_id)
+    if steers is not None:
+        steers.append(row[3])
 
 
 def _check_fence_row(row: Any, fence: Fence, session_id: str) -> None:

@@ -116,6 +116,7 @@ from runtime.turn_queue import (
     Decided,
     QueuedTurn,
     Renewal,
+    SteerWatch,
     TurnOptions,
     TurnStatus,
 )
@@ -332,10 +333,12 @@ class TurnQueue:
         def insert(conn: Any, key: str | None, regenerate: bool) -> tuple[Any, ...]:
             if on_busy == INTERRUPT:  # row locks first, as a claim takes them
                 _interrupt(conn, session_id)
+            steer_of = None  # (row locks first here too: the running turn's count of steers)
+            if on_busy == STEER and not regenerate:
+                steer_of = _steer_running(conn, session_id)
             self._check_room(conn, session_id, key, turn_id)
             if on_busy == REJECT and _busy(conn, session_id):
                 raise SessionBusy(f"session {session_id!r} is already running a turn")
-            steer_of = _running(conn, session_id) if on_busy == STEER and not regenerate else None
             row = conn.execute(
                 f"""INSERT INTO axon_turns (turn_id, session_id, idempotency_key,
                     message_key, input_hash, input, meta, regenerate, options, steer_of)
@@ -678,6 +681,7 @@ class TurnQueue:
         on_lost: Callable[[], None] | None = None,
         on_suspended: Callable[[], None] | None = None,
         steered: Sequence[str] = (),
+        watch: SteerWatch | None = None,
     ) -> contextlib.AbstractContextManager[None]:
         """While inside, every save of the claimed turn's session checks, in its own
         transaction, that the claim still holds the turn
@@ -694,7 +698,9 @@ class TurnQueue:
         turn took from :meth:`take_steering`: the save that stores them marks their rows
         ``done`` (:data:`~runtime.turn_queue.STEERED`) in its commit, so a worker that
         dies before that save leaves them queued, for the turn's next worker to take
-        again or to run as turns of their own."""
+        again or to run as turns of their own. ``watch`` learns from each save the turn's
+        count of steering submits (:class:`~runtime.turn_queue.SteerWatch`), read by the
+        fence check the save makes anyway."""
         key = (claim.turn.turn_id, claim.owner, claim.epoch)
 
         def suspend_if_waiting(
@@ -718,27 +724,36 @@ class TurnQueue:
             saved=claim.turn.saved,
             in_save=None if on_suspended is None and steered == () else suspend_if_waiting,
             on_commit=on_suspended,
+            watch=watch,
         )
         return self.store.fenced(claim.turn.session_id, fence)
 
-    async def take_steering(self, claim: BaseClaim) -> list[QueuedTurn]:
+    async def take_steering(
+        self, claim: BaseClaim, watch: SteerWatch | None = None
+    ) -> list[QueuedTurn]:
         """The messages submitted to steer the claimed turn (``on_busy="steer"``) that
-        are still queued, in order: one read of the ``axon_turns_queued`` index, made at
-        each step boundary. Nothing is written here: the save that stores them marks
-        them (:meth:`fenced`)."""
+        are still queued, in order: one read of the ``axon_turns_queued`` index, with
+        the turn's count of steering submits from the same snapshot (to ``watch.taken``:
+        a submit after this read counts past it). Nothing is written here: the save that
+        stores them marks them (:meth:`fenced`)."""
         turn = claim.turn
 
         def take(conn: Any) -> list[tuple[Any, ...]]:
             return conn.execute(
-                f"""SELECT {_COLUMNS} FROM axon_turns
-                WHERE session_id = %s AND status = 'queued' AND steer_of = %s
-                  AND NOT cancel_requested
-                ORDER BY seq""",
-                (turn.session_id, turn.turn_id),
+                f"""SELECT r.steers, q.* FROM axon_turns AS r LEFT JOIN LATERAL (
+                    SELECT {_COLUMNS} FROM axon_turns
+                    WHERE session_id = %s AND status = 'queued' AND steer_of = %s
+                      AND NOT cancel_requested
+                    ORDER BY seq
+                ) AS q ON true
+                WHERE r.turn_id = %s""",
+                (turn.session_id, turn.turn_id, turn.turn_id),
             ).fetchall()
 
         rows = await self.store.run(f"steering of turn {turn.turn_id}", take, transaction=False)
-        return [await self._decoded(tuple(row)) for row in rows]
+        if rows and watch is not None:
+            watch.taken = max(watch.taken, rows[0][0])
+        return [await self._decoded(tuple(row[1:])) for row in rows if row[1] is not None]
 
     def close_fences(self) -> None:
         """Refuse every fenced save of the store from now on (a worker stopping at once)."""
@@ -1308,10 +1323,13 @@ _SUPERSEDE = """UPDATE axon_turns AS w SET status = 'done', finish_reason = 'sup
 """The waiting turn a later turn of its session supersedes (its ``WHERE`` follows)."""
 
 
-def _running(conn: Any, session_id: str) -> str | None:
-    """The session's running turn, if any (what a ``steer`` submit steers)."""
+def _steer_running(conn: Any, session_id: str) -> str | None:
+    """The session's running turn, if any (what a ``steer`` submit steers), its count of
+    steers raised in the submit's transaction: the turn's next fenced save reads it, so
+    its worker knows to read the steering rows (:class:`~runtime.turn_queue.SteerWatch`)."""
     row = conn.execute(
-        "SELECT turn_id FROM axon_turns WHERE session_id = %s AND status = 'running'",
+        """UPDATE axon_turns SET steers = steers + 1
+        WHERE session_id = %s AND status = 'running' RETURNING turn_id""",
         (session_id,),
     ).fetchone()
     return None if row is None else str(row[0])

@@ -443,6 +443,10 @@ class TurnRunner(Suspending, Actor):
         while True:
             budget.check_step(turn.step)
             if turn.parts.content:  # a step boundary is behind
+                if turn.steering.pull is not None and self._pending is not None:
+                    # the step's save first: it tells a worker whether anyone steered
+                    # (runtime.turn_queue.SteerWatch), so it reads nothing otherwise
+                    await self._wait_answer(self._pending)
                 await turn.steering.pull_waiting()  # another process's messages, if any
                 if turn.steering.waiting:
                     await self._steer(turn)

@@ -24,11 +24,12 @@ notices (a refused save or a failed renewal). Its relay writes are dropped too.
 **Takeover.** A worker that dies mid-turn stops renewing; once the lease expires another
 worker claims the turn with ``takeover`` set and runs it with ``resume``: the turn runner
 keeps the committed steps and re-runs only the step in flight (tools see the same
-``ToolContext.idempotency_key`` for a repeated call). Readers of the relay are told the
-partial step is dropped (``restart_step``). A turn that keeps killing its workers is
-marked failed after ``max_attempts`` claims and blocks nothing else; while a worker runs
-a taken-over turn it claims no other, so a turn that kills workers burns no other turn's
-attempts past its first.
+``ToolContext.idempotency_key`` for a repeated call). When the dead worker streamed any of
+that step, the re-run starts with a ``reset-step`` chunk (error kind ``Takeover``), as a
+provider fallback does: every reader drops the dead worker's partial parts. A turn that
+keeps killing its workers is marked failed after ``max_attempts`` claims and blocks
+nothing else; while a worker runs a taken-over turn it claims no other, so a turn that
+kills workers burns no other turn's attempts past its first.
 
 **Waiting for a person.** A turn that suspends for approval (or a client-side tool's
 output, docs/approval.md) ends here with its calls committed: the worker marks its row
@@ -91,7 +92,7 @@ from runtime.errors import (
 )
 from runtime.logging import configure_logging, get_logger
 from runtime.media import InputLimits
-from runtime.output import StepStart
+from runtime.output import ErrorInfo, ResetStep, StepStart
 from runtime.redact import redact, redact_url
 from runtime.store import Store
 from runtime.turn_queue import (
@@ -100,6 +101,7 @@ from runtime.turn_queue import (
     LeaseRenewer,
     QueuedTurn,
     Renewal,
+    SteerWatch,
     TurnQueue,
     TurnStatus,
 )
@@ -125,6 +127,12 @@ def log() -> Any:
 def default_owner() -> str:
     """``host:pid:random``: unique per worker run, readable in ``axon_turns.owner``."""
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+
+
+TAKEOVER = "Takeover"
+"""The error kind of the ``reset-step`` a takeover sends: the worker that streamed the
+step stopped (died, or lost its lease), and another runs the step again."""
+TAKEOVER_MESSAGE = "the worker running this step stopped; another worker runs it again"
 
 
 @attrs.define(kw_only=True, slots=True, eq=False)
@@ -563,7 +571,9 @@ class Worker:
         )
         stream.stored = claim.stored  # a continuation starts from the session its claim read
         steered: list[str] = []
-        stream.steer_from(partial(self._take_steering, claim, steered))
+        # A takeover may find steering its turn's earlier worker never took: read once.
+        watch = SteerWatch(taken=-1 if claim.takeover else 0)
+        stream.steer_from(partial(self._take_steering, claim, steered, watch))
         if turn.cancel_requested:
             stream.cancel(turn.cancel_reason or "cancelled")
         log().info(
@@ -581,6 +591,8 @@ class Worker:
                 session_id=turn.session_id,
                 turn_id=turn.turn_id,
                 takeover=claim.takeover or claim.resumed,
+                # the turn's first claim: no stream to continue, no tail to read
+                fresh=not (claim.takeover or claim.resumed or turn.saved),
             )
         status = "lost"
         try:
@@ -589,6 +601,7 @@ class Worker:
                 on_lost=lambda: entry.lose("a save was refused"),
                 on_suspended=entry.suspend,
                 steered=steered,
+                watch=watch,
             ):
                 try:
                     async with stream as out:
@@ -610,11 +623,20 @@ class Worker:
             await self._forget(session)
         return status
 
-    async def _take_steering(self, claim: Claim, taken: list[str]) -> list[SteeredInput]:
+    async def _take_steering(
+        self, claim: Claim, taken: list[str], watch: SteerWatch
+    ) -> list[SteeredInput]:
         """At a step boundary of the claimed turn: the messages a front end queued to
         steer it (``on_busy="steer"``), each once. Their ids go to ``taken``, which the
-        turn's fenced saves mark ``done`` in the commit that stores them."""
-        found = [t for t in await self.queue.take_steering(claim) if t.turn_id not in taken]
+        turn's fenced saves mark ``done`` in the commit that stores them.
+
+        Read only when the turn's saves saw a steering submit since the last read
+        (:class:`~runtime.turn_queue.SteerWatch`): a turn nobody steers reads nothing.
+        The runner asks once the previous step's save is answered, so what was
+        submitted before that save's commit is taken at this boundary."""
+        if not watch.pending:
+            return []
+        found = [t for t in await self.queue.take_steering(claim, watch) if t.turn_id not in taken]
         taken.extend(t.turn_id for t in found)
         return [SteeredInput(content=t.input, user_message_id=t.user_message_id) for t in found]
 
@@ -641,8 +663,8 @@ class Worker:
                 log().warning("worker.forget_failed", session_id=session.id, error=str(exc))
 
     async def _relay(self, entry: _Running, out: Any, writer: Any) -> None:
-        """The turn's chunks to the relay; on a takeover, the restarted step announced
-        before its first chunk. Nothing goes out once the lease is lost."""
+        """The turn's chunks to the relay; on a takeover, the re-run step reset first
+        (:meth:`_reset_shown`). Nothing goes out once the lease is lost."""
         restart = entry.claim.takeover
         try:
             async for chunk in out:
@@ -650,7 +672,8 @@ class Worker:
                     continue
                 if restart and type(chunk) is StepStart:
                     restart = False
-                    await writer.restart_step(chunk.step)
+                    if await self._reset_shown(entry, writer, chunk.step):
+                        continue  # readers have the step's start: the reset keeps it
                 writer.append(chunk)
         except trio.Cancelled:
             # The worker itself is being torn down (only that raises Cancelled here):
@@ -659,6 +682,24 @@ class Worker:
             self.queue.close_fences()
             entry.lost = True
             raise
+
+    async def _reset_shown(self, entry: _Running, writer: Any, step: int) -> bool:
+        """Before a taken-over turn re-runs ``step``: when the dead worker streamed any of
+        it, the parts it left open are closed and a ``reset-step`` chunk
+        (:class:`~runtime.output.ResetStep`, error kind :data:`TAKEOVER`) takes back what
+        it streamed, as a provider fallback does; the re-run's parts follow, without a
+        second ``start-step``. Whether the step was streamed is read from the relay."""
+        closing = await writer.shown(step)
+        if closing is None:
+            return False
+        for chunk in closing:
+            writer.append(chunk)
+        agent = getattr(entry.stream.session, "agent", None)
+        name = getattr(getattr(agent, "provider", None), "name", None) or ""
+        error = ErrorInfo(kind=TAKEOVER, message=TAKEOVER_MESSAGE)
+        writer.append(ResetStep(step=step, provider=name, error=error))
+        log().info("worker.step_reset", turn_id=entry.claim.turn.turn_id, step=step)
+        return True
 
     async def _finish(self, entry: _Running) -> str:
         """Mark the turn finished in the queue (fenced); the status it ended with."""

@@ -16,6 +16,8 @@ An input of parts is read as its text parts joined (its images and files are ign
 Controlled by the environment of the worker process:
 
 * ``AXON_TEST_DELAY``: seconds before each streamed chunk (default 0);
+* ``AXON_TEST_ANSWER_TAG``: put before each word of a ``tools`` turn's answer (default
+  none), so the worker that takes a turn over can answer otherwise than the dead one;
 * ``AXON_TEST_TOOL_HOLD``: seconds ``record`` waits *after* its side effect, before it
   returns: a worker killed then dies between a tool's execution and its step's commit;
 * ``AXON_TEST_LEDGER``: the ``postgresql://...?schema=`` URL where ``record`` writes its
@@ -134,9 +136,10 @@ def _last_input(request: InferRequest) -> str:
     return ""
 
 
-def answer_text(user: str) -> str:
-    """The final answer of a ``tools`` turn."""
-    words = " ".join(f"w{i}" for i in range(ANSWER_WORDS))
+def answer_text(user: str, tag: str = "") -> str:
+    """The final answer of a ``tools`` turn (``tag``: the worker's
+    ``AXON_TEST_ANSWER_TAG``, so a re-run of the step can answer otherwise)."""
+    words = " ".join(f"{tag}w{i}" for i in range(ANSWER_WORDS))
     return f"done {user}: {words}"
 
 
@@ -163,7 +166,7 @@ def respond(request: InferRequest) -> list:  # type: ignore[type-arg]
         ]
     if step == 1:
         return tool_call("record", {"n": 2}, tool_call_id="call_2")
-    return [answer_text(user)]
+    return [answer_text(user, os.environ.get("AXON_TEST_ANSWER_TAG", ""))]
 
 
 agent = Agent(

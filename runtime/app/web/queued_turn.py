@@ -15,11 +15,14 @@ claims the turn there is nothing to read (the front end's
 without a stream (cancelled while queued, failed before it streamed) ends with ``abort``
 or ``error``; a turn whose stream the relay lost is rebuilt from the stored message.
 
-A takeover re-runs the step in flight, and the relay tells readers so
-(:class:`~runtime.relay.StepRestarted`); the AI SDK stream drops the step's parts with
-``reset-step``, but no other protocol can take back what it sent. :class:`RestartFilter`
-therefore passes over what the re-run repeats of what was sent (the same text, the same
-calls) and sends only what is new, under the part ids the client already has.
+A takeover re-runs the step in flight. When the dead worker streamed any of it, the
+re-run starts with a ``reset-step`` chunk (:class:`~runtime.output.ResetStep`, error kind
+``Takeover``), which each protocol's encoder handles as it does a provider fallback's.
+Streams written by older workers carry a relay-only marker instead
+(:class:`~runtime.relay.StepRestarted`) and the re-run's own ``start-step``: the AI SDK
+stream drops the step's parts with ``reset-step``, and for the other protocols
+:class:`RestartFilter` passes over what the re-run repeats of what was sent (the same
+text, the same calls) and sends only what is new, under the part ids the client has.
 """
 
 from __future__ import annotations
@@ -82,7 +85,8 @@ class RestartFilter:
     def __init__(self) -> None:
         self._step: int | None = None
         self._parts: list[_Sent] = []
-        self._calls: set[tuple[type, str]] = set()
+        self._calls: dict[tuple[type, str], int] = {}
+        """The call chunks sent, by kind and call id: the step of each."""
         self._step_finished = False
         self._replay: list[_Sent] | None = None
         self._at = 0
@@ -100,8 +104,9 @@ class RestartFilter:
             self._step, self._parts, self._step_finished = chunk.step, [], False
             self._replay, self._ids = None, {}
             return [chunk]
-        if kind is o.ResetStep:  # the step starts over (a fallback): its parts are void
-            self._parts, self._replay, self._ids = [], None, {}
+        if kind is o.ResetStep:  # the step starts over (a fallback, a takeover): its parts
+            self._parts, self._replay, self._ids = [], None, {}  # and calls are void
+            self._calls = {k: s for k, s in self._calls.items() if s != chunk.step}
             return [chunk]
         if kind is o.StepFinish:
             if self._replay is not None and self._step_finished:
@@ -118,7 +123,7 @@ class RestartFilter:
             key = (kind, chunk.tool_call_id)
             if key in self._calls:
                 return []  # the re-run's call (same id) was sent already
-            self._calls.add(key)
+            self._calls[key] = chunk.step
         return [chunk]
 
     def _start(self, chunk: Any, kind: str) -> list[Any]:
