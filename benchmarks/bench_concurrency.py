@@ -189,6 +189,7 @@ async def _measure(sizes: Sizes, directory: str) -> list[Figure]:
 def _stall_figures(seen: list[dict[str, Any]], top: int) -> list[Figure]:
     """The worst task step and the worst sleeper lateness over the top level's rounds."""
     worst = max(seen, key=lambda s: s["longest_step_ms"])
+    longest = max(seen, key=lambda s: s["longest_gc_ms"])
     step = worst["longest_step_ms"]
     steps = [s["longest_step_ms"] for s in seen]
     late = [s["worst_lateness_ms"] for s in seen]
@@ -203,8 +204,10 @@ def _stall_figures(seen: list[dict[str, Any]], top: int) -> list[Figure]:
             passed=step <= STALL_TARGET_MS,
             detail=f"in {worst['longest_step_task']}; per round "
             + ", ".join(f"{x:.1f}" for x in steps)
-            + f"; longest collection {max(s['longest_gc_ms'] for s in seen):.1f} ms; longest "
-            f"step with no collection in it {max(own):.1f} ms",
+            + f"; longest collection {longest['longest_gc_ms']:.1f} ms "
+            f"({longest['longest_gc_cpu_ms']:.1f} ms of CPU); full collections per round "
+            + ", ".join(f"{s['collections'][2]} ({s['collection_ms'][2]:.0f} ms)" for s in seen)
+            + f"; longest step with no collection in it {max(own):.1f} ms",
             data={"rounds": seen},
         ),
         Figure(

@@ -33,8 +33,17 @@ class StallWatch(trio.abc.Instrument):
         self.longest_gc_generation = -1
         self.longest_step_without_gc = 0.0
         self.longest_task_without_gc = ""
+        self.collections = [0, 0, 0]
+        """Collections per generation: CPython 3.11 runs a full one whenever the objects
+        that survived into generation 2 since the last grew by a quarter, so a burst of
+        allocation can bring many; their count matters as much as each one's length."""
+        self.collection_ms = [0.0, 0.0, 0.0]
+        self.longest_gc_cpu = 0.0
+        """This thread's CPU time in the longest collection: far below its wall time means
+        the process waited for a core in the middle of it (a loaded machine)."""
         self._step_start = 0.0
         self._gc_start = 0.0
+        self._gc_cpu_start = 0.0
         self._collected = False
         """Whether a collection ran inside the step in progress."""
 
@@ -42,11 +51,16 @@ class StallWatch(trio.abc.Instrument):
         """A ``gc.callbacks`` hook: the longest collection, and its generation."""
         if phase == "start":
             self._gc_start = time.perf_counter()
+            self._gc_cpu_start = time.thread_time()
             self._collected = True
             return
         took = time.perf_counter() - self._gc_start
+        generation = info["generation"]
+        self.collections[generation] += 1
+        self.collection_ms[generation] += took * 1e3
         if took > self.longest_gc:
-            self.longest_gc, self.longest_gc_generation = took, info["generation"]
+            self.longest_gc, self.longest_gc_generation = took, generation
+            self.longest_gc_cpu = time.thread_time() - self._gc_cpu_start
 
     def before_task_step(self, task: trio.lowlevel.Task) -> None:
         self._collected = False
@@ -62,6 +76,7 @@ class StallWatch(trio.abc.Instrument):
     def reset(self) -> None:
         self.longest_step, self.longest_task, self.worst_lateness = 0.0, "", 0.0
         self.longest_gc, self.longest_gc_generation = 0.0, -1
+        self.collections, self.collection_ms, self.longest_gc_cpu = [0, 0, 0], [0.0] * 3, 0.0
         self.longest_step_without_gc, self.longest_task_without_gc = 0.0, ""
         self._collected = False
         self._step_start = time.perf_counter()  # the step in progress counts from here
@@ -75,6 +90,9 @@ class StallWatch(trio.abc.Instrument):
             "longest_step_without_gc_task": self.longest_task_without_gc,
             "longest_gc_ms": self.longest_gc * 1e3,
             "longest_gc_generation": self.longest_gc_generation,
+            "longest_gc_cpu_ms": self.longest_gc_cpu * 1e3,
+            "collections": list(self.collections),
+            "collection_ms": [round(ms, 1) for ms in self.collection_ms],
         }
 
     async def sleeper(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -100,4 +118,7 @@ def worst_of(*seen: dict[str, Any]) -> dict[str, Any]:
         "worst_lateness_ms": max(s["worst_lateness_ms"] for s in seen),
         "longest_gc_ms": collection["longest_gc_ms"],
         "longest_gc_generation": collection["longest_gc_generation"],
+        "longest_gc_cpu_ms": collection["longest_gc_cpu_ms"],
+        "collections": [sum(s["collections"][g] for s in seen) for g in range(3)],
+        "collection_ms": [round(sum(s["collection_ms"][g] for s in seen), 1) for g in range(3)],
     }

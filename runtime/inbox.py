@@ -11,9 +11,12 @@ full inbox does to its sender:
 
 from __future__ import annotations
 
-from typing import Generic, Literal, TypeVar
+from collections import OrderedDict, deque
+from typing import Any, Generic, Literal, TypeVar
 
 import trio
+from outcome import Error, Value
+from trio.lowlevel import Task
 
 from runtime.events import Lagged
 
@@ -24,16 +27,30 @@ T = TypeVar("T")
 class Inbox(Generic[T]):
     """A bounded queue of messages of type ``T`` for one actor (or one bus subscriber).
 
-    Generic like the Trio memory channel it wraps (``Inbox[SaveResult]``), so a reader
-    and a type checker can follow what travels where. Under ``drop-oldest`` the receiver
-    may also get a :class:`~runtime.events.Lagged` notice (see :meth:`get`).
+    Generic like the Trio memory channel it behaves as (``Inbox[SaveResult]``), so a
+    reader and a type checker can follow what travels where. Under ``drop-oldest`` the
+    receiver may also get a :class:`~runtime.events.Lagged` notice (see :meth:`get`).
 
-    The channel is opened on first use, and :meth:`park` drops it while nothing is queued
-    or waiting: an idle session's inboxes (ten thousand sessions in one host) then cost
-    a small object each, not a channel with its queues of waiting tasks.
+    It is a deque and, only while a task waits, a table of waiting tasks, with the
+    semantics of a Trio memory channel of ``capacity`` (the same errors, the same
+    checkpoints): a memory channel is eight tracked objects (its state, both ends, two
+    tables of waiting tasks, two sets, the deque), six of them per turn in flight, and
+    with ten thousand turns in flight every full garbage collection walked them all
+    (issue 24 item 5). The deque is made on first use, and :meth:`park` drops it while
+    nothing is queued or waiting: an idle session's inboxes cost a small object each.
     """
 
-    __slots__ = ("_closed", "_recv", "_send", "capacity", "dropped", "name", "policy")
+    __slots__ = (
+        "_buffer",
+        "_closed",
+        "_getters",
+        "_putters",
+        "_receiver_closed",
+        "capacity",
+        "dropped",
+        "name",
+        "policy",
+    )
 
     def __init__(
         self, capacity: int = 256, policy: OverflowPolicy = "block", *, name: str = "inbox"
@@ -47,39 +64,33 @@ class Inbox(Generic[T]):
         self.policy: OverflowPolicy = policy
         self.dropped = 0
         self._closed = False
-        self._send: trio.MemorySendChannel[T] | None = None
-        self._recv: trio.MemoryReceiveChannel[T] | None = None
-
-    def _open(self) -> tuple[trio.MemorySendChannel[T], trio.MemoryReceiveChannel[T]]:
-        """The channel, opened now if it was not (or was parked)."""
-        if self._send is None or self._recv is None:
-            self._send, self._recv = trio.open_memory_channel[T](self.capacity)
-        return self._send, self._recv
+        self._receiver_closed = False
+        self._buffer: deque[T] | None = None
+        self._getters: OrderedDict[Task, None] | None = None
+        """Tasks waiting in :meth:`get`, first come first served (only while any waits)."""
+        self._putters: OrderedDict[Task, T] | None = None
+        """Tasks waiting in :meth:`put` for room, with what each brings."""
 
     def park(self) -> bool:
-        """Drop the channel if it is open, empty, and no task waits on it (the next
-        message opens a new one); whether it is dropped. A closed inbox, or one whose
-        receiver is closed or owes a :class:`Lagged` notice, keeps its channel."""
-        recv = self._recv
-        if recv is None:
-            return True
-        if self._closed or self.dropped:
+        """Drop the deque if it is empty and no task waits (the next message makes a new
+        one); whether the inbox is parked now. A closed inbox, or one whose receiver is
+        closed or owes a :class:`Lagged` notice, is not parked."""
+        if self._closed or self._receiver_closed or self.dropped:
             return False
-        stats = recv.statistics()
-        if (
-            stats.current_buffer_used
-            or stats.tasks_waiting_receive
-            or stats.tasks_waiting_send
-            or not stats.open_receive_channels
-        ):
+        if self._buffer or self._getters or self._putters:
             return False
-        self._send = self._recv = None
+        self._buffer = None
         return True
 
     @property
     def parked(self) -> bool:
-        """Whether the inbox holds no channel now (never used, or :meth:`park` ed)."""
-        return self._recv is None
+        """Whether the inbox holds no queue now (never used, or :meth:`park` ed)."""
+        return (
+            self._buffer is None
+            and not self._getters
+            and not self._putters
+            and not (self._closed or self._receiver_closed or self.dropped)
+        )
 
     # -- sending -----------------------------------------------------------------------
 
@@ -89,34 +100,63 @@ class Inbox(Generic[T]):
         Under ``block`` this does not yield when there is room: a producer keeps going
         and the consumer picks up whatever has accumulated in one go (batching).
         """
-        send = self._send or self._open()[0]
         try:
-            send.send_nowait(message)
+            self._deliver(message)
         except trio.WouldBlock:
-            if self.policy == "block":
-                await send.send(message)
-            else:
+            if self.policy != "block":
                 self._drop_one_and_put(message)
+                return
+            await self._wait_for_room(message)
 
     def put_nowait(self, message: T) -> None:
         """Deliver without waiting: drops the oldest under ``drop-oldest``, raises
         :class:`trio.WouldBlock` when a ``block`` inbox is full."""
-        send = self._send or self._open()[0]
         try:
-            send.send_nowait(message)
+            self._deliver(message)
         except trio.WouldBlock:
             if self.policy == "block":
                 raise
             self._drop_one_and_put(message)
 
+    def _deliver(self, message: T) -> None:
+        """A memory channel's ``send_nowait``: to a waiting receiver, else into the deque."""
+        if self._closed:
+            raise trio.ClosedResourceError
+        if self._receiver_closed:
+            raise trio.BrokenResourceError
+        getters = self._getters
+        if getters:
+            task, _ = getters.popitem(last=False)
+            trio.lowlevel.reschedule(task, Value(message))
+            return
+        buffer = self._buffer
+        if buffer is None:
+            buffer = self._buffer = deque()
+        if len(buffer) >= self.capacity:
+            raise trio.WouldBlock
+        buffer.append(message)
+
+    async def _wait_for_room(self, message: T) -> None:
+        """A memory channel's ``send`` once the deque is full: wait in line."""
+        await trio.lowlevel.checkpoint_if_cancelled()
+        task = trio.lowlevel.current_task()
+        putters = self._putters
+        if putters is None:
+            putters = self._putters = OrderedDict()
+        putters[task] = message
+
+        def abort(_: Any) -> trio.lowlevel.Abort:
+            del putters[task]
+            return trio.lowlevel.Abort.SUCCEEDED
+
+        await trio.lowlevel.wait_task_rescheduled(abort)
+
     def _drop_one_and_put(self, message: T) -> None:
-        send, recv = self._open()
-        try:
-            recv.receive_nowait()
+        buffer = self._buffer
+        if buffer:
+            buffer.popleft()
             self.dropped += 1
-        except trio.WouldBlock:  # pragma: no cover - full yet empty cannot happen
-            pass
-        send.send_nowait(message)
+        self._deliver(message)
 
     # -- receiving ---------------------------------------------------------------------
 
@@ -126,22 +166,58 @@ class Inbox(Generic[T]):
         are observers that take any event)."""
         if self.dropped:
             return self._lagged()
-        return await (self._recv or self._open()[1]).receive()
+        await trio.lowlevel.checkpoint_if_cancelled()
+        try:
+            message = self._take()
+        except trio.WouldBlock:
+            pass
+        else:
+            await trio.lowlevel.cancel_shielded_checkpoint()
+            return message
+        task = trio.lowlevel.current_task()
+        getters = self._getters
+        if getters is None:
+            getters = self._getters = OrderedDict()
+        getters[task] = None
+
+        def abort(_: Any) -> trio.lowlevel.Abort:
+            del getters[task]
+            return trio.lowlevel.Abort.SUCCEEDED
+
+        return await trio.lowlevel.wait_task_rescheduled(abort)  # type: ignore[no-any-return]
 
     def get_nowait(self) -> T:
         if self.dropped:
             return self._lagged()
-        return (self._recv or self._open()[1]).receive_nowait()
+        return self._take()
+
+    def _take(self) -> T:
+        """A memory channel's ``receive_nowait``: the oldest message, a waiting sender's
+        message moving up into the deque."""
+        if self._receiver_closed:
+            raise trio.ClosedResourceError
+        buffer = self._buffer
+        putters = self._putters
+        if putters:
+            task, waiting = putters.popitem(last=False)
+            trio.lowlevel.reschedule(task)
+            if buffer is None:  # pragma: no cover - a sender waits only on a full deque
+                buffer = self._buffer = deque()
+            buffer.append(waiting)
+        if buffer:
+            return buffer.popleft()
+        if self._closed:
+            raise trio.EndOfChannel
+        raise trio.WouldBlock
 
     def drain_nowait(self, into: list[T], limit: int = 4096) -> None:
         """Append every message already waiting (up to ``limit``) to ``into``."""
-        recv = self._recv
-        if recv is None:
+        if self._buffer is None and not self._putters:
             return
         try:
             for _ in range(limit):
-                into.append(recv.receive_nowait())
-        except trio.WouldBlock:
+                into.append(self._take())
+        except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
             pass
 
     def _lagged(self) -> T:
@@ -150,12 +226,28 @@ class Inbox(Generic[T]):
 
     def close(self) -> None:
         """No more messages will be accepted; the receiver ends after draining."""
+        if self._closed:
+            return
         self._closed = True
-        self._open()[0].close()
+        putters, self._putters = self._putters, None
+        for task in putters or ():
+            trio.lowlevel.reschedule(task, Error(trio.ClosedResourceError()))
+        getters, self._getters = self._getters, None
+        for task in getters or ():
+            trio.lowlevel.reschedule(task, Error(trio.EndOfChannel()))
 
     def close_receiver(self) -> None:
         """The receiver is gone: further sends raise :class:`trio.BrokenResourceError`."""
-        self._open()[1].close()
+        if self._receiver_closed:
+            return
+        self._receiver_closed = True
+        getters, self._getters = self._getters, None
+        for task in getters or ():
+            trio.lowlevel.reschedule(task, Error(trio.ClosedResourceError()))
+        putters, self._putters = self._putters, None
+        for task in putters or ():
+            trio.lowlevel.reschedule(task, Error(trio.BrokenResourceError()))
+        self._buffer = None
 
     @property
     def closed(self) -> bool:
@@ -172,5 +264,5 @@ class Inbox(Generic[T]):
             raise StopAsyncIteration from None
 
     def __len__(self) -> int:
-        recv = self._recv
-        return 0 if recv is None else recv.statistics().current_buffer_used
+        buffer = self._buffer
+        return 0 if buffer is None else len(buffer)

@@ -23,9 +23,10 @@ EXPECTED = {
     ("embedding.md", 2): "{} ['book']",
     ("embedding.md", 3): "Your name is Ada. ['user', 'assistant', 'user', 'assistant']",
     ("embedding.md", 4): "20 sessions answered 5",
-    ("embedding.md", 5): "start ... finish",
-    ("embedding.md", 6): "evicted: True\n['user', 'assistant', 'user', 'assistant']",
-    ("embedding.md", 7): "['You ', 'said', ': he', 'llo'] True",
+    ("embedding.md", 5): "100 answered",
+    ("embedding.md", 6): "start ... finish",
+    ("embedding.md", 7): "evicted: True\n['user', 'assistant', 'user', 'assistant']",
+    ("embedding.md", 8): "['You ', 'said', ': he', 'llo'] True",
     ("actors.md", 0): "1 turn, 11 tokens",  # read after the block: the drain delivered all
     ("actors.md", 1): "the tool call was denied: emails need a human",
     ("actors.md", 2): "finished: stop 1 step\n"

@@ -177,3 +177,23 @@ async def test_forgetting_a_session_drops_only_its_routes():
     assert set(bus._routes) == {"b"}
     bus.publish_nowait(ev.StepStarted(session_id="a", turn_id="t", step=1))
     assert len(a.inbox) == 2 and len(b.inbox) == 1
+
+
+async def test_a_turn_makes_no_supervisor_logger_unless_an_actor_crashes(monkeypatch):
+    """Each actor runs once per turn: a logger made per run was four tracked objects per
+    actor for every full collection to walk with 10,000 turns in flight."""
+    import runtime.actor
+
+    made: list[str] = []
+    real = runtime.actor.get_logger
+
+    def counting(name: str = "axon") -> object:
+        made.append(name)
+        return real(name)
+
+    monkeypatch.setattr(runtime.actor, "get_logger", counting)
+    async with Host.open(log_tap=False) as host:
+        session = await host.open_session(tool_agent(), session_id="s")
+        for _ in range(3):
+            assert (await session.run("weather?")).text == "sunny"
+    assert made == []
