@@ -117,8 +117,10 @@ def test_every_benchmark_runs_at_a_tiny_size(tmp_path: Path) -> None:
             # resident memory moves by whole pages (and the allocator may hand some back):
             # a tiny run may grow by none, or shrink
             pages = "memory" in fig["key"] and fig["unit"] == "KB"
+            # CPU read from /proc counts whole clock ticks (10 ms): a tiny run may see none
+            ticks = fig["key"].startswith("workers.cpu.") and fig["value"] == 0
             assert math.isfinite(fig["value"]), fig["key"]
-            assert fig["value"] > 0 or difference or pages, fig["key"]
+            assert fig["value"] > 0 or difference or pages or ticks, fig["key"]
     # sanity of what was measured, not how fast
     assert figures["startup.no_sdk"]["data"]["loaded"] == []
     assert figures["startup.no_sdk"]["passed"] is True
