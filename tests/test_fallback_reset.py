@@ -15,7 +15,6 @@ from typing import Any
 
 import attrs
 import pytest
-import trio
 
 from actors.providers import OpenAIProvider, OpenAIResponsesProvider
 from actors.stores import MemoryStore
@@ -31,7 +30,7 @@ from tests.support.grammar import check_grammar
 from tests.support.loopback import Recorded, Reply, loopback_server
 from tests.support.signing import SealingResponses
 from tests.test_fallback import PairingResponses, StrictChat, ToolAnthropic, claude
-from tests.web.harness import WEB, ensure_ai_package, web_server
+from tests.web.harness import ensure_ai_package, run_read_stream, web_server
 
 RETRY = RetryPolicy(max_attempts=2, initial_delay=0, jitter=0)
 HALF = "Half an ans"
@@ -287,19 +286,12 @@ async def test_the_ai_package_ends_with_one_assistant_message_without_the_void_t
             provider=[claude(a_server.url), responses_at(r_server.url)], tools=[echo], retry=RETRY
         )
         async with web_server(agent, token="tok") as server:
-            config = json.dumps(
-                {"url": server.url, "token": "tok", "requests": [{"chatId": "s1", "text": "go"}]}
-            )
-            with trio.fail_after(60):
-                proc = await trio.run_process(
-                    [node, str(WEB / "read_stream.mjs"), config],
-                    cwd=WEB,
-                    capture_stdout=True,
-                    capture_stderr=True,
-                    check=False,
-                )
-    assert proc.returncode == 0, proc.stderr.decode()
-    (read,) = json.loads(proc.stdout)
+            config = {
+                "url": server.url,
+                "token": "tok",
+                "requests": [{"chatId": "s1", "text": "go"}],
+            }
+            (read,) = await run_read_stream(node, config)
     assert read["error"] is None, read["error"]
     assert "reset-step" in read["chunks"]
     message = read["message"]

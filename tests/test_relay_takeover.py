@@ -29,7 +29,7 @@ from tests.support.redis import (
 )
 from tests.test_frontend import Deployment, EventReader
 from tests.test_workers import Workers
-from tests.web.harness import WEB, ensure_ai_package
+from tests.web.harness import ensure_ai_package, run_read_stream
 
 LIMIT = 90
 
@@ -161,17 +161,7 @@ def as_sse(events: list[tuple[str | None, Any]]) -> str:
 
 async def read_ui_message(node: str, sse: str) -> dict[str, Any]:
     """The UI message the `ai` package's readUIMessageStream builds from ``sse``."""
-    config = orjson.dumps({"sse": sse, "read": True}).decode()
-    with trio.fail_after(60):
-        proc = await trio.run_process(
-            [node, str(WEB / "read_stream.mjs"), config],
-            cwd=WEB,
-            capture_stdout=True,
-            capture_stderr=True,
-            check=False,
-        )
-    assert proc.returncode == 0, proc.stderr.decode()
-    read = orjson.loads(proc.stdout)
+    read = await run_read_stream(node, {"sse": sse, "read": True})
     assert all(p["success"] for p in read["parsed"]), read["parsed"]
     assert read["error"] is None, read["error"]
     message: dict[str, Any] = read["message"]

@@ -9,15 +9,13 @@ npm or the registry the test skips.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import pytest
-import trio
 
 from actors.providers.scripted import ScriptedProvider, tool_call
 from runtime import Agent, ProviderError, ReasoningChunk, RetryPolicy, tool
-from tests.web.harness import WEB, ensure_ai_package, web_server
+from tests.web.harness import ensure_ai_package, run_read_stream, web_server
 
 
 @tool
@@ -79,17 +77,7 @@ def node() -> str:
 
 
 async def read_with_ai_package(node: str, url: str, requests: list[dict[str, str]]) -> list[Any]:
-    config = json.dumps({"url": url, "token": "tok", "requests": requests})
-    with trio.fail_after(60):
-        proc = await trio.run_process(
-            [node, str(WEB / "read_stream.mjs"), config],
-            cwd=WEB,
-            capture_stdout=True,
-            capture_stderr=True,
-            check=False,
-        )
-    assert proc.returncode == 0, proc.stderr.decode()
-    return json.loads(proc.stdout)
+    return await run_read_stream(node, {"url": url, "token": "tok", "requests": requests})
 
 
 async def test_the_ai_package_reads_a_turn_with_reasoning_two_tool_steps_and_an_answer(node):
@@ -181,16 +169,7 @@ async def test_every_mapped_chunk_passes_the_ai_package_chunk_schema(node):
     encoder = UIStreamEncoder()
     sent = [ui for chunk, _ in CASES for ui in encoder.encode(chunk)]
     body = b"".join(sse(ui) for ui in sent) + b": keep-alive\n\n" + DONE
-    with trio.fail_after(60):
-        proc = await trio.run_process(
-            [node, str(WEB / "read_stream.mjs"), json.dumps({"sse": body.decode()})],
-            cwd=WEB,
-            capture_stdout=True,
-            capture_stderr=True,
-            check=False,
-        )
-    assert proc.returncode == 0, proc.stderr.decode()
-    parsed = json.loads(proc.stdout)
+    parsed = await run_read_stream(node, {"sse": body.decode()})
     assert [p.get("error") for p in parsed] == [None] * len(sent)
     assert [p["value"] for p in parsed] == sent
     assert {ui["type"] for ui in sent} >= {"abort", "error", "finish", "tool-output-error"}
@@ -223,16 +202,7 @@ async def test_the_ai_package_reads_a_steered_message_as_transient_data(node):
     encoder = UIStreamEncoder()
     sent = [ui for chunk in chunks for ui in encoder.encode(chunk)]
     body = b"".join(sse(ui) for ui in sent) + DONE
-    with trio.fail_after(60):
-        proc = await trio.run_process(
-            [node, str(WEB / "read_stream.mjs"), json.dumps({"sse": body.decode(), "read": True})],
-            cwd=WEB,
-            capture_stdout=True,
-            capture_stderr=True,
-            check=False,
-        )
-    assert proc.returncode == 0, proc.stderr.decode()
-    out = json.loads(proc.stdout)
+    out = await run_read_stream(node, {"sse": body.decode(), "read": True})
     assert [p.get("error") for p in out["parsed"]] == [None] * len(sent)
     (steered,) = [p["value"] for p in out["parsed"] if p["value"]["type"] == "data-steered"]
     assert steered["data"] == {"messageId": "u2", "text": "also this", "step": 1}

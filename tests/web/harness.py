@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 from collections.abc import AsyncIterator
@@ -75,3 +76,19 @@ def ensure_ai_package() -> str:
         if proc.returncode != 0 or not (WEB / "node_modules" / "ai").exists():
             pytest.skip(f"npm install of the `ai` package failed: {proc.stderr.strip()[-400:]}")
     return node
+
+
+async def run_read_stream(node: str, config: dict[str, Any]) -> Any:
+    """Run ``read_stream.mjs`` (the real ``ai`` package reading a UI message stream: a
+    server's, or an SSE body given as ``config["sse"]``) and return what it printed,
+    decoded; a failing script fails the test with its stderr."""
+    with trio.fail_after(60):
+        proc = await trio.run_process(
+            [node, str(WEB / "read_stream.mjs"), json.dumps(config)],
+            cwd=WEB,
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+        )
+    assert proc.returncode == 0, proc.stderr.decode()
+    return json.loads(proc.stdout)
