@@ -13,7 +13,10 @@ Four figures, each a ratio or difference measured side by side in one run:
   ``finished_at``. Measurements alternate 1, 2, 2, 1, ...; the figure is the median of
   the per-round ratios. It runs twice: with the scripted model as fast as it gets (CPU
   bound: the workers, PostgreSQL and Redis share the machine's cores) and with a delay
-  before each chunk (I/O bound, like a real model).
+  before each chunk (I/O bound, like a real model). Each measurement also reads from
+  ``/proc`` how many cores the workers, PostgreSQL, Redis, this process and *everything
+  else* had: CPU bound, the cores other programs take are the second worker's, so the
+  figure's detail says how much that was (the machine's cores are shared).
 * **Relay: first delta added.** In one process: a host runs a turn whose consumer appends
   every chunk to a :class:`~actors.relays.redis_streams.RedisRelay` writer, while a reader
   on a second Redis client (``RedisRelay.read``, blocked in ``XREAD``) timestamps the
@@ -33,6 +36,7 @@ purpose; a figure whose server does not answer is *skipped*, saying which.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import signal
@@ -204,6 +208,37 @@ def _sql(url: str, *statements: str) -> list[Any]:
             time.sleep(0.5)
 
 
+@functools.cache
+def _server_pids() -> tuple[int, int]:
+    """The PostgreSQL postmaster's and the Redis server's process ids (asked once)."""
+    from benchmarks import bench_turn_cpu as cpu
+
+    return cpu.postmaster_pid(PG_URL), cpu.redis_pid(REDIS_URL)
+
+
+def _cpu_split(workers: list[int]) -> dict[str, float]:
+    """CPU seconds so far (``/proc``) of the worker processes, this run's PostgreSQL and
+    Redis servers, this process, and everything else on the machine (``others``: the
+    machine's busy time minus those). Differences over a measurement, per second, say
+    how many cores each had: a CPU-bound 2 / 1 ratio means something only when the
+    others had next to none (the machine's 2 cores are shared with other programs)."""
+    from benchmarks import bench_turn_cpu as cpu
+
+    try:
+        with open("/proc/stat") as f:
+            ticks = [int(x) for x in f.readline().split()[1:9]]
+        busy = (sum(ticks) - ticks[3] - ticks[4]) / cpu.TICK  # all but idle and iowait
+        got = {
+            "workers": sum(cpu.process_cpu(pid) for pid in workers),
+            "postgresql": cpu.tree_cpu(_server_pids()[0]),
+            "redis": cpu.process_cpu(_server_pids()[1]),
+            "submitter": cpu.process_cpu(os.getpid()),
+        }
+    except (OSError, ValueError, StopIteration):  # not Linux, or a server not ours to read
+        return {}
+    return {**got, "others": busy - sum(got.values())}
+
+
 class _ServerRestarted(Exception):
     """PostgreSQL restarted during a measurement (the machine is shared): measure again."""
 
@@ -300,7 +335,9 @@ async def _measure_once(
         await trio.to_thread.run_sync(
             _sql, url, "ANALYZE axon_turns", "UPDATE axon_turns SET cancel_requested = true"
         )
-        with _worker_processes(n, url, prefix, sizes.workers_concurrency, delay, logs):
+        with _worker_processes(n, url, prefix, sizes.workers_concurrency, delay, logs) as procs:
+            pids = [proc.pid for proc in procs]
+            cpu0 = _cpu_split(pids)
             t0 = now()
             [(released,)] = await trio.to_thread.run_sync(
                 _sql,
@@ -311,6 +348,7 @@ async def _measure_once(
             )
             await _wait_all_done(url, turns)
             local = now() - t0
+            cores = {k: round((v - cpu0[k]) / local, 2) for k, v in _cpu_split(pids).items()}
         if await trio.to_thread.run_sync(_server_started, url) != server:
             raise _ServerRestarted
         [(seconds, first_claim)] = await trio.to_thread.run_sync(
@@ -327,6 +365,7 @@ async def _measure_once(
         "local_seconds": local,
         "first_claim_after_s": float(first_claim),
         "submit_seconds": submitted,
+        "cores": cores,
     }
     details.append({"workers": n, **got})
     return got["seconds"]
@@ -363,11 +402,20 @@ async def _scaling(sizes: Sizes, delay: float, logs: Path) -> list[Figure]:
             target=f">= {SCALING_TARGET:g}",
             passed=value >= SCALING_TARGET,
             detail=f"{median(rate['1']):.0f} vs {median(rate['2']):.0f} turns/s; median of "
-            f"{sizes.workers_rounds} rounds; load {os.getloadavg()[0]:.2f}",
+            f"{sizes.workers_rounds} rounds; load {os.getloadavg()[0]:.2f}{_others(details)}",
             data={"ratios": ratios, "measurements": details, "delay": delay},
         )
     )
     return figures
+
+
+def _others(details: list[dict[str, Any]]) -> str:
+    """The cores other programs took during the measurements (median, max), for the
+    figure's detail: CPU bound, what they took the workers did not get."""
+    others = [d["cores"]["others"] for d in details if d.get("cores")]
+    if not others:
+        return ""
+    return f"; other programs took {median(others):.2f} cores (max {max(others):.2f})"
 
 
 # -- 2. first delta added by the relay -----------------------------------------------------
@@ -546,7 +594,7 @@ async def _cpu_figures(sizes: Sizes, logs: Path, why: str | None) -> list[Figure
     if why is not None:
         title = "8c. CPU per turn: worker / embedded (SQLite)"
         return [_skipped("workers.cpu.worker_over_embedded", title, "x", why)]
-    turns = sizes.workers_turns
+    turns = sizes.workers_cpu_turns
     got = await cpu.measure(turns, max(turns // 10, 1), sizes.workers_rounds, logs)
     return cpu.figures(got)
 

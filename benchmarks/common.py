@@ -49,7 +49,8 @@ class Sizes:
     long_turn_rounds: int = 9
     startup_runs: int = 21
     peer_rounds: int = 15
-    workers_turns: int = 400
+    workers_turns: int = 800
+    workers_cpu_turns: int = 400
     workers_io_turns: int = 240
     workers_rounds: int = 5
     workers_warmup: int = 0
@@ -88,6 +89,7 @@ QUICK = Sizes(
     startup_runs=2,
     peer_rounds=1,
     workers_turns=10,
+    workers_cpu_turns=10,
     workers_io_turns=8,
     workers_rounds=1,
     relay_turns=3,

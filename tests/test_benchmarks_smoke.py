@@ -132,6 +132,17 @@ def test_every_benchmark_runs_at_a_tiny_size(tmp_path: Path) -> None:
     memory = figures["concurrency.memory_per_idle_session"]["data"]
     assert memory["sessions"] > 0 and memory["rss_opened"] > 0
     stall = figures["concurrency.worst_stall"]["data"]["rounds"][0]
+    scaling = figures["workers.scaling.cpu"]
+    if scaling["value"] is not None:  # each measurement says who had the cores
+        for measured in scaling["data"]["measurements"]:
+            assert set(measured["cores"]) == {
+                "workers",
+                "postgresql",
+                "redis",
+                "submitter",
+                "others",
+            }, measured
+            assert measured["cores"]["workers"] >= 0
     assert stall["longest_step_task"]  # a task was watched stepping
     assert report["versions"]["trio"] != "missing"
 
