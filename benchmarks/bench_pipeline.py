@@ -323,10 +323,15 @@ def _added_figure(
     base: str,
     warmup: int,
     target: float | None,
+    *,
+    at: int = 1,
+    since: str = "",
 ) -> Figure:
-    """How much later ``side``'s first delta came than ``base``'s, median of the rounds."""
+    """How much later ``side``'s first delta came than ``base``'s, median of the rounds;
+    ``at`` picks the time each round noted (1: from the request, 2: from the server's
+    first write, named by ``since`` in the detail)."""
     pairs = list(zip(seen[side], seen[base], strict=True))[warmup:]
-    added = [(a[1] - b[1]) * 1e3 for a, b in pairs]
+    added = [(a[at] - b[at]) * 1e3 for a, b in pairs]
     value = median(added)
     return Figure(
         key=key,
@@ -336,8 +341,8 @@ def _added_figure(
         target=f"< {target:g} ms" if target is not None else "",
         passed=value < target if target is not None else None,
         detail=(
-            f"{base} {median([b[1] for _, b in pairs]) * 1e3:.2f} ms, "
-            f"{side} {median([a[1] for a, _ in pairs]) * 1e3:.2f} ms; "
+            f"{base} {median([b[at] for _, b in pairs]) * 1e3:.2f} ms, "
+            f"{side} {median([a[at] for a, _ in pairs]) * 1e3:.2f} ms{since}; "
             f"added min {min(added):.2f} / max {max(added):.2f} ms"
         ),
         data={"added_ms": added, "rounds": len(added)},
@@ -440,21 +445,8 @@ def _from_first_byte(
     pairs = list(zip(seen["axon"], seen["floor"], strict=True))[warmup:]
     if not pairs or any(a[2] is None or f[2] is None for a, f in pairs):
         return None
-    added = [(a[2] - f[2]) * 1e3 for a, f in pairs]
-    value = median(added)
-    return Figure(
-        key=key,
-        title=title,
-        value=value,
-        unit="ms",
-        target=f"< {target:g} ms" if target is not None else "",
-        passed=value < target if target is not None else None,
-        detail=(
-            f"floor {median([f[2] for _, f in pairs]) * 1e3:.2f} ms, "
-            f"axon {median([a[2] for a, _ in pairs]) * 1e3:.2f} ms after the first byte; "
-            f"added min {min(added):.2f} / max {max(added):.2f} ms"
-        ),
-        data={"added_ms": added, "rounds": len(added)},
+    return _added_figure(
+        key, title, seen, "axon", "floor", warmup, target, at=2, since=" after the first byte"
     )
 
 
