@@ -201,6 +201,29 @@ async def test_a_reset_step_drops_the_tool_input_and_reasoning_the_failed_call_s
     assert [type(p).__name__ for p in messages[1].content] == ["TextPart"]
 
 
+async def test_a_key_inside_the_failed_calls_error_reaches_no_reset_step_or_event():
+    """The reset-step chunk and the fallback event carry the failed call's error to every
+    client and log: a credential quoted in it (a proxy echoing the request) is redacted."""
+    from runtime.app.web.ui_stream import UIStreamEncoder
+
+    key = "sk-proj-" + "A1b2C3d4E5f6G7h8I9j0" * 2
+    leaky = Overloaded(f"overloaded (sent Authorization: Bearer {key})", provider="scripted")
+    primary = ScriptedProvider([["Half an answer", leaky]], name="primary")
+    backup = ScriptedProvider([["A whole answer"]], name="backup")
+    async with Host.open(log_tap=False) as host:
+        watch = host.bus.subscribe([ev.ProviderFallback])
+        session = await host.open_session(agent_of(primary, backup), session_id="s")
+        async with session.stream("go") as out:
+            chunks = [c async for c in out]
+        fallback = watch.inbox.get_nowait()
+    (reset,) = [c for c in chunks if c.type == "reset-step"]
+    wire = repr(UIStreamEncoder().encode(reset))
+    assert "overloaded" in reset.error.message and "[redacted]" in reset.error.message
+    assert key not in reset.error.message and key not in wire
+    assert key not in repr(fallback)
+    assert out.result.text == "A whole answer"
+
+
 async def test_a_call_that_streamed_output_and_has_no_fallback_left_keeps_what_was_shown():
     primary = ScriptedProvider([["Half an answer", busy()]], name="primary")
     backup = ScriptedProvider([["Half again", busy()]], name="backup")
