@@ -199,6 +199,115 @@ class _Listener:
         self.done = False
 
 
+@attrs.define(kw_only=True)
+class _Submission:
+    """One :meth:`TurnQueue.submit`, encoded, as its transaction runs it (retried whole
+    by the store on a serialization failure: nothing here keeps state between tries)."""
+
+    session_id: str
+    turn_id: str
+    message_key: str | None
+    """The hashed idempotency key of the client's message, if it named one."""
+    input_hash: str
+    body: str
+    """The input, encoded (JSON text)."""
+    meta_json: bytes
+    options_json: bytes
+    regenerate: bool
+    on_busy: OnBusy | None
+    check_room: Callable[[Any, str, str | None, str], None]
+    """The queue's caps (:meth:`TurnQueue._check_room`)."""
+
+    def insert(self, conn: Any, key: str | None, regenerate: bool) -> tuple[Any, ...]:
+        """Insert the turn (after the busy strategy and the caps), or find its twin."""
+        session_id, turn_id, on_busy = self.session_id, self.turn_id, self.on_busy
+        if on_busy == INTERRUPT:  # row locks first, as a claim takes them
+            _interrupt(conn, session_id)
+        steer_of = None  # (row locks first here too: the running turn's count of steers)
+        if on_busy == STEER and not regenerate:
+            steer_of = _steer_running(conn, session_id)
+        self.check_room(conn, session_id, key, turn_id)
+        if on_busy == REJECT and _busy(conn, session_id):
+            raise SessionBusy(f"session {session_id!r} is already running a turn")
+        row = conn.execute(
+            f"""INSERT INTO axon_turns (turn_id, session_id, idempotency_key,
+                message_key, input_hash, input, meta, regenerate, options, steer_of)
+            VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+            ON CONFLICT DO NOTHING RETURNING {_COLUMNS}""",
+            (
+                turn_id,
+                session_id,
+                key,
+                self.message_key,
+                self.input_hash,
+                self.body,
+                self.meta_json,
+                regenerate,
+                self.options_json,
+                steer_of,
+            ),
+        ).fetchone()
+        if row is not None:
+            _notify_turns(conn, turn_id)
+            return tuple(row)
+        where, value = ("idempotency_key", key) if key is not None else ("turn_id", turn_id)
+        row = conn.execute(
+            f"SELECT {_COLUMNS} FROM axon_turns WHERE {where} = %s", (value,)
+        ).fetchone()
+        if row is None:  # the conflict was on the other unique key
+            raise StoreError(
+                f"submit to session {session_id!r}: turn id {turn_id!r} is already used "
+                f"by another turn"
+            )
+        return tuple(row)  # a twin of this submit committed first: the same turn
+
+    def run(self, conn: Any) -> tuple[Any, ...]:
+        """The submit's transaction: a new message, a replay of one, or an edit."""
+        message_key, input_hash = self.message_key, self.input_hash
+        if message_key is None:
+            return self.insert(conn, None, self.regenerate)
+        latest = conn.execute(
+            """SELECT turn_id, session_id, seq, status, saved, input_hash FROM axon_turns
+            WHERE message_key = %s ORDER BY seq DESC LIMIT 1""",
+            (message_key,),
+        ).fetchone()
+        if latest is None:
+            key = _sha256(orjson.dumps([message_key, input_hash]))
+            return self.insert(conn, key, self.regenerate)
+        old_id, old_session, seq, status, saved, old_hash = latest
+        if old_session == self.session_id and old_hash != input_hash:
+            return self.edit(conn, old_id, seq, status, saved)
+        # a replay (or another session's key, refused below)
+        return tuple(
+            conn.execute(
+                f"SELECT {_COLUMNS} FROM axon_turns WHERE turn_id = %s", (old_id,)
+            ).fetchone()
+        )
+
+    def edit(self, conn: Any, old_id: str, seq: int, status: str, saved: bool) -> tuple[Any, ...]:
+        """A message sent before with other content: its turn is replaced, if it may be."""
+        session_id, message_key = self.session_id, self.message_key
+        later = conn.execute(
+            "SELECT 1 FROM axon_turns WHERE session_id = %s AND seq > %s LIMIT 1",
+            (session_id, seq),
+        ).fetchone()
+        if later is not None:
+            raise TurnConflict(
+                f"submit to session {session_id!r}: this message was sent before with "
+                "other content and later turns follow it; only the last message can be "
+                "edited"
+            )
+        if status not in FINAL_STATUSES:
+            raise TurnConflict(
+                f"submit to session {session_id!r}: this message was sent before with "
+                f"other content and its turn is still {status}; stop it, then edit"
+            )
+        # The key of an edit names the turn it replaces: editing back to an earlier
+        # text is another edit, not a replay of that text's turn.
+        key = _sha256(orjson.dumps([message_key, self.input_hash, old_id]))
+        return self.insert(conn, key, self.regenerate or saved)
+
+
 class TurnQueue:
     """Durable turns in ``store``'s ``axon_turns`` table; see the module docstring.
 
@@ -330,89 +439,19 @@ class TurnQueue:
                 "enqueue, reject, interrupt, steer"
             )
 
-        def insert(conn: Any, key: str | None, regenerate: bool) -> tuple[Any, ...]:
-            if on_busy == INTERRUPT:  # row locks first, as a claim takes them
-                _interrupt(conn, session_id)
-            steer_of = None  # (row locks first here too: the running turn's count of steers)
-            if on_busy == STEER and not regenerate:
-                steer_of = _steer_running(conn, session_id)
-            self._check_room(conn, session_id, key, turn_id)
-            if on_busy == REJECT and _busy(conn, session_id):
-                raise SessionBusy(f"session {session_id!r} is already running a turn")
-            row = conn.execute(
-                f"""INSERT INTO axon_turns (turn_id, session_id, idempotency_key,
-                    message_key, input_hash, input, meta, regenerate, options, steer_of)
-                VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
-                ON CONFLICT DO NOTHING RETURNING {_COLUMNS}""",
-                (
-                    turn_id,
-                    session_id,
-                    key,
-                    message_key,
-                    input_hash,
-                    body,
-                    meta_json,
-                    regenerate,
-                    options_json,
-                    steer_of,
-                ),
-            ).fetchone()
-            if row is not None:
-                _notify_turns(conn, turn_id)
-                return tuple(row)
-            where, value = ("idempotency_key", key) if key is not None else ("turn_id", turn_id)
-            row = conn.execute(
-                f"SELECT {_COLUMNS} FROM axon_turns WHERE {where} = %s", (value,)
-            ).fetchone()
-            if row is None:  # the conflict was on the other unique key
-                raise StoreError(
-                    f"submit to session {session_id!r}: turn id {turn_id!r} is already used "
-                    f"by another turn"
-                )
-            return tuple(row)  # a twin of this submit committed first: the same turn
-
-        def submit(conn: Any) -> tuple[Any, ...]:
-            if message_key is None:
-                return insert(conn, None, regenerate)
-            latest = conn.execute(
-                """SELECT turn_id, session_id, seq, status, saved, input_hash FROM axon_turns
-                WHERE message_key = %s ORDER BY seq DESC LIMIT 1""",
-                (message_key,),
-            ).fetchone()
-            if latest is None:
-                return insert(conn, _sha256(orjson.dumps([message_key, input_hash])), regenerate)
-            old_id, old_session, seq, status, saved, old_hash = latest
-            if old_session == session_id and old_hash != input_hash:
-                return edit(conn, old_id, seq, status, saved)
-            # a replay (or another session's key, refused below)
-            return tuple(
-                conn.execute(
-                    f"SELECT {_COLUMNS} FROM axon_turns WHERE turn_id = %s", (old_id,)
-                ).fetchone()
-            )
-
-        def edit(conn: Any, old_id: str, seq: int, status: str, saved: bool) -> tuple[Any, ...]:
-            later = conn.execute(
-                "SELECT 1 FROM axon_turns WHERE session_id = %s AND seq > %s LIMIT 1",
-                (session_id, seq),
-            ).fetchone()
-            if later is not None:
-                raise TurnConflict(
-                    f"submit to session {session_id!r}: this message was sent before with "
-                    "other content and later turns follow it; only the last message can be "
-                    "edited"
-                )
-            if status not in FINAL_STATUSES:
-                raise TurnConflict(
-                    f"submit to session {session_id!r}: this message was sent before with "
-                    f"other content and its turn is still {status}; stop it, then edit"
-                )
-            # The key of an edit names the turn it replaces: editing back to an earlier
-            # text is another edit, not a replay of that text's turn.
-            key = _sha256(orjson.dumps([message_key, input_hash, old_id]))
-            return insert(conn, key, regenerate or saved)
-
-        row = await self.store.run(f"submit to session {session_id!r}", submit)
+        submission = _Submission(
+            session_id=session_id,
+            turn_id=turn_id,
+            message_key=message_key,
+            input_hash=input_hash,
+            body=body,
+            meta_json=meta_json,
+            options_json=options_json,
+            regenerate=regenerate,
+            on_busy=on_busy,
+            check_room=self._check_room,
+        )
+        row = await self.store.run(f"submit to session {session_id!r}", submission.run)
         turn = await self._decoded(row)
         if turn.session_id != session_id:
             used = (
