@@ -28,6 +28,7 @@ import attrs
 import trio
 
 from runtime.bus import Bus, Subscription
+from runtime.chunks import _repr
 from runtime.events import ActorCrashed, ActorGaveUp, ActorRestarted
 from runtime.inbox import Inbox, OverflowPolicy
 from runtime.logging import get_logger
@@ -256,6 +257,8 @@ class ServingActor(Actor, Generic[Request]):
 @attrs.frozen(kw_only=True, slots=True)
 class RestartPolicy:
     """One-for-one restart policy."""
+
+    __repr__ = _repr
 
     intensity: int = 3
     """Restarts allowed within ``period``; one more crash and the supervisor gives up."""

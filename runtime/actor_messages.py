@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeAlias, TypeVar
 import attrs
 import trio
 
-from runtime.chunks import Usage
+from runtime.chunks import Usage, _repr
 from runtime.inbox import Inbox
 from runtime.messages import Message, Part, UserContent, UserMessage
 from runtime.output import ErrorInfo, OutputChunk
@@ -160,6 +160,8 @@ class Batcher(Generic[T]):
 class InferRequest:
     """Ask a provider actor for one model call; chunks go to ``reply`` in batches."""
 
+    __repr__ = _repr
+
     request_id: str
     session_id: str
     turn_id: str
@@ -184,6 +186,8 @@ class ThrottleNotice:
     """Turn runner -> stream controller: the step's model call waits for a rate limit
     (becomes a ``throttled`` output chunk)."""
 
+    __repr__ = _repr
+
     step: int
     wait: float
     reason: str
@@ -193,6 +197,8 @@ class ThrottleNotice:
 class StepReset:
     """Turn runner -> stream controller: the step's model call failed after it streamed
     output and the step starts over on ``provider`` (becomes a ``reset-step`` chunk)."""
+
+    __repr__ = _repr
 
     step: int
     provider: str
@@ -204,6 +210,8 @@ class StepReset:
 class SteeredNotice:
     """Turn runner -> stream controller: a user message joined the turn before step
     ``step`` (becomes a ``steered`` output chunk)."""
+
+    __repr__ = _repr
 
     step: int
     message_id: str
@@ -219,10 +227,14 @@ class RetryPrompt(UserMessage):
     whatever counts the user's inputs in a request (the scripted provider) can skip it.
     """
 
+    __repr__ = _repr
+
 
 @attrs.frozen(kw_only=True, slots=True, eq=False)  # internal: identity is enough
 class StreamFailed:
     """The model call failed; always the last item a provider sends for a request."""
+
+    __repr__ = _repr
 
     error: BaseException
 
@@ -234,6 +246,8 @@ class StreamFailed:
 class BeginRequest:
     """Tells the engine a new model call starts: reset the tag partitioner."""
 
+    __repr__ = _repr
+
     request_id: str
 
 
@@ -242,6 +256,7 @@ class BeginRequest:
 
 @attrs.frozen(kw_only=True, slots=True, eq=False)  # internal: identity is enough
 class ToolCallSpec:
+    __repr__ = _repr
     tool_call_id: str
     tool_name: str
     input: Any
@@ -253,6 +268,8 @@ class ToolCallSpec:
 class ExecuteTools:
     """Run a step's tool calls concurrently; one :class:`ToolOutcome` each goes to
     ``reply`` in completion order."""
+
+    __repr__ = _repr
 
     session_id: str
     turn_id: str
@@ -271,6 +288,7 @@ class ExecuteTools:
 
 @attrs.frozen(kw_only=True, slots=True, eq=False)  # internal: identity is enough
 class ToolOutcome:
+    __repr__ = _repr
     tool_call_id: str
     tool_name: str
     output: Any = None
@@ -285,6 +303,8 @@ class ToolOutcome:
 class ToolProgress:
     """An output chunk a running tool streams, nested under its call."""
 
+    __repr__ = _repr
+
     tool_call_id: str
     tool_name: str
     chunk: Any
@@ -298,6 +318,8 @@ class SaveResult:
     """The persister's answer to one :class:`SaveRequest`, on the request's ``reply`` inbox.
 
     Exactly one of ``version`` (saved) and ``error`` (nothing written) is set."""
+
+    __repr__ = _repr
 
     request_id: str
     session_id: str
@@ -332,6 +354,8 @@ class SaveRequest:
     the ``drop-oldest`` policy; only the latest answer matters).
     """
 
+    __repr__ = _repr
+
     request_id: str
     session_id: str
     turn_id: str
@@ -350,6 +374,7 @@ class SaveRequest:
 
 @attrs.frozen(kw_only=True, slots=True, eq=False)  # internal: identity is enough
 class TurnBegin:
+    __repr__ = _repr
     turn_id: str
     message_id: str
     consumer: Inbox[ConsumerItem] | None
@@ -367,6 +392,8 @@ class PartBegin:
     """A text or reasoning part opens (turn runner -> stream controller); where, the
     turn's parts manager decides (:mod:`actors.turn.parts`)."""
 
+    __repr__ = _repr
+
     kind: str
     """``"text"`` or ``"reasoning"``."""
     part_id: str
@@ -377,6 +404,8 @@ class PartEnd:
     """The open part closes; the chunks between it and its :class:`PartBegin` are its
     deltas, and the stored message holds the same part."""
 
+    __repr__ = _repr
+
     kind: str
     part_id: str
 
@@ -386,17 +415,21 @@ class ObjectUpdate:
     """The answer's JSON, parsed so far, changed (turn runner -> stream controller); the
     controller renders it as an ``object-delta`` chunk of the text part ``part_id``."""
 
+    __repr__ = _repr
+
     part_id: str
     value: Any
 
 
 @attrs.frozen(kw_only=True, slots=True, eq=False)  # internal: identity is enough
 class StepBegin:
+    __repr__ = _repr
     step: int
 
 
 @attrs.frozen(kw_only=True, slots=True, eq=False)  # internal: identity is enough
 class StepEnd:
+    __repr__ = _repr
     step: int
     finish_reason: str
     usage: Usage
@@ -404,12 +437,14 @@ class StepEnd:
 
 @attrs.frozen(kw_only=True, slots=True, eq=False)  # internal: identity is enough
 class ToolDone:
+    __repr__ = _repr
     step: int
     outcome: ToolOutcome
 
 
 @attrs.frozen(kw_only=True, slots=True, eq=False)  # internal: identity is enough
 class ToolStreamed:
+    __repr__ = _repr
     step: int
     progress: ToolProgress
 
@@ -417,6 +452,8 @@ class ToolStreamed:
 @attrs.frozen(kw_only=True, slots=True, eq=False)  # internal: identity is enough
 class ApprovalAsked:
     """A call of the step waits for a person's decision (its turn suspends)."""
+
+    __repr__ = _repr
 
     step: int
     tool_call_id: str
@@ -428,6 +465,8 @@ class ApprovalAsked:
 class ToolDenied:
     """A waiting call was denied: its result is the denial (``outcome.error``)."""
 
+    __repr__ = _repr
+
     step: int
     outcome: ToolOutcome
     reason: str | None
@@ -436,6 +475,8 @@ class ToolDenied:
 @attrs.frozen(kw_only=True, slots=True, eq=False)  # internal: identity is enough
 class TurnEnd:
     """The turn is over; ``error`` / ``abort_reason`` say how it was cut short, if so."""
+
+    __repr__ = _repr
 
     finish_reason: str
     usage: Usage
@@ -447,6 +488,8 @@ class TurnEnd:
 @attrs.frozen(kw_only=True, slots=True, eq=False)  # internal: identity is enough
 class TurnResult:
     """What a finished turn leaves behind (``output.result``)."""
+
+    __repr__ = _repr
 
     turn_id: str
     finish_reason: str
@@ -486,6 +529,8 @@ class TurnDone:
     after every chunk and closes the consumer's inbox. Should the controller be gone, the
     runner puts it on the consumer's inbox itself, so a consumer always learns the end."""
 
+    __repr__ = _repr
+
     result: TurnResult
 
 
@@ -498,6 +543,8 @@ class TurnCancel:
     scope cancelled before it is entered cancels on entry, like any Trio scope). The
     runner reads ``reason`` when the scope was cancelled: a reason means the consumer
     asked, none means the deadline passed. Nothing is called back on the consumer."""
+
+    __repr__ = _repr
 
     scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
     reason: str | None = None
@@ -514,6 +561,8 @@ class SteeredInput:
     :mod:`runtime.busy`). ``taken`` is set once its fate is known: ``accepted`` when
     the turn inserted it at a step boundary (its user message has ``user_message_id``),
     not when the turn ended first (then the message starts a turn of its own)."""
+
+    __repr__ = _repr
 
     content: UserContent
     user_message_id: str
@@ -532,6 +581,8 @@ class TurnSteering:
     step boundary, and :meth:`close` s the box when the turn's steps are over, which
     hands back what it never took. All synchronous: no message is lost between a take
     and a close, and none is offered to a closed box."""
+
+    __repr__ = _repr
 
     waiting: list[SteeredInput] = attrs.field(factory=list)
     closed: bool = False
@@ -581,6 +632,8 @@ class RunTurn:
     """Run one turn: what a :class:`~runtime.app.session.TurnStream` sends its session's
     turn runner. Data only: the output goes to ``consumer`` (chunk batches, then one
     :class:`TurnDone`), cancellation comes through ``cancel``."""
+
+    __repr__ = _repr
 
     turn_id: str
     input: UserContent
@@ -633,6 +686,8 @@ class SessionState:
     """A session's history as its turn runner keeps it: private to that runner, which
     publishes every change as a :class:`SessionSnapshot`."""
 
+    __repr__ = _repr
+
     session_id: str
     messages: list[Message] = attrs.field(factory=list)
     saved_upto: int = 0
@@ -654,6 +709,8 @@ class SessionState:
 class SessionSnapshot:
     """A session's history at one moment (``session.state``): an immutable value the turn
     runner replaces after every change, so readers never see it half-changed."""
+
+    __repr__ = _repr
 
     session_id: str
     messages: tuple[Message, ...] = ()

@@ -11,6 +11,7 @@ import attrs
 
 from runtime.budget import Budget
 from runtime.busy import REJECT, OnBusy, check_on_busy
+from runtime.chunks import _repr
 from runtime.compaction import HistoryProcessor, check_processors
 from runtime.errors import ConfigurationError
 from runtime.media import MediaLimits
@@ -35,6 +36,8 @@ class Hooks:
     of its own (cost, say): the turn ends cleanly with finish reason ``budget`` and
     ``output.result.budget`` set to the name the hook gave, what was streamed is saved.
     """
+
+    __repr__ = _repr
 
     on_turn_start: Hook | None = None
     on_turn_finish: Hook | None = None
@@ -85,6 +88,8 @@ def _tools(value: Sequence[Tool | Callable[..., Any]]) -> tuple[Tool | _ToolServ
 @attrs.frozen(kw_only=True, slots=True, eq=False)
 class Agent:
     """A configured agent. Immutable and shareable: any number of sessions may run it."""
+
+    __repr__ = _repr
 
     name: str = "assistant"
     provider: Provider | FallbackProvider | None = attrs.field(default=None, converter=_provider)

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 import attrs
 
+from runtime.chunks import _repr
 from runtime.errors import (
     AlreadyDecided,
     InvalidDecision,
@@ -57,6 +58,8 @@ RECORD_ATTEMPTS = 8
 class PendingCall:
     """A call a suspended turn waits for (``session.pending``, ``TurnResult.pending``)."""
 
+    __repr__ = _repr
+
     approval_id: str
     """What to answer with ``session.respond``: the approval id (``approvalId`` in the AI
     SDK stream); a client tool's is its call id."""
@@ -77,6 +80,8 @@ class Decision:
     """An answer for one waiting call: ``approved`` (and ``reason``) for an approval;
     ``output`` or ``error`` for a client tool."""
 
+    __repr__ = _repr
+
     approved: bool | None = None
     reason: str | None = None
     output: Any = None
@@ -89,6 +94,8 @@ class Decision:
 class Recorded:
     """What :func:`record_decision` did: the call decided, and whether that completed
     the turn's waiting calls (then the turn can resume)."""
+
+    __repr__ = _repr
 
     call: PendingCall
     complete: bool

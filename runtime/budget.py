@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import attrs
 
-from runtime.chunks import Usage
+from runtime.chunks import Usage, _repr
 from runtime.errors import BudgetExceeded, ConfigurationError
 
 
@@ -27,6 +27,8 @@ def _at_least_one_step(_: object, attribute: attrs.Attribute[int], value: int) -
 @attrs.frozen(kw_only=True, slots=True)
 class Budget:
     """Limits for one turn. ``None`` means unlimited."""
+
+    __repr__ = _repr
 
     max_steps: int = attrs.field(default=10, validator=_at_least_one_step)
     """Model calls per turn. When the model still wants tools after the last allowed

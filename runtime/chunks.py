@@ -16,6 +16,22 @@ from typing import Any, ClassVar, Literal
 
 import attrs
 
+
+def _repr(self: Any) -> str:
+    """The ``__repr__`` the contract's value classes share: attrs' own would be compiled
+    once per class at import, and a hundred of them were most of ``import runtime``'s
+    time (issue 24). Same text as attrs': each field as ``name=value!r`` (or its field's
+    ``repr=`` callable; ``repr=False`` fields left out), an unset ``init=False`` field as
+    ``NOTHING``."""
+    parts = []
+    for a in attrs.fields(type(self)):
+        if a.repr is False:
+            continue
+        value = getattr(self, a.name, attrs.NOTHING)
+        parts.append(f"{a.name}={a.repr(value)}" if callable(a.repr) else f"{a.name}={value!r}")
+    return f"{type(self).__qualname__}({', '.join(parts)})"
+
+
 FinishReason = Literal["stop", "tool-calls", "length", "content-filter", "error", "other"]
 """The unified finish reasons every provider maps onto."""
 
@@ -33,6 +49,8 @@ FINISH_REASONS: tuple[str, ...] = (
 class TextChunk:
     """A piece of answer text, as it arrived."""
 
+    __repr__ = _repr
+
     type: ClassVar[str] = "text"
     text: str
     """The delta; may be any slice of the text, even one character of a multi-byte tag."""
@@ -43,6 +61,8 @@ class TextChunk:
 @attrs.frozen(kw_only=True, slots=True)
 class ReasoningChunk:
     """A piece of reasoning (thinking) text, or the end of a reasoning block."""
+
+    __repr__ = _repr
 
     type: ClassVar[str] = "reasoning"
     text: str = ""
@@ -59,6 +79,8 @@ class ReasoningChunk:
 class ToolInputStartChunk:
     """A tool call began streaming its input."""
 
+    __repr__ = _repr
+
     type: ClassVar[str] = "tool-input-start"
     tool_call_id: str
     tool_name: str
@@ -68,6 +90,8 @@ class ToolInputStartChunk:
 class ToolInputDeltaChunk:
     """A fragment of a tool call's JSON input, exactly as the provider streamed it."""
 
+    __repr__ = _repr
+
     type: ClassVar[str] = "tool-input-delta"
     tool_call_id: str
     delta: str
@@ -76,6 +100,8 @@ class ToolInputDeltaChunk:
 @attrs.frozen(kw_only=True, slots=True)
 class ToolCallChunk:
     """A complete tool call. Emitted once, only when the provider's block ended."""
+
+    __repr__ = _repr
 
     type: ClassVar[str] = "tool-call"
     tool_call_id: str
@@ -91,6 +117,8 @@ class ToolCallChunk:
 class ProviderDataChunk:
     """An opaque provider block (a server-side tool use or result) kept for round-trip."""
 
+    __repr__ = _repr
+
     type: ClassVar[str] = "provider-data"
     provider: str
     data: dict[str, Any]
@@ -104,6 +132,8 @@ class Usage:
     Token counts are as the provider reports them: OpenAI's ``input_tokens`` include the
     cached ones (``cache_read``), Anthropic's leave the cache reads and writes out.
     """
+
+    __repr__ = _repr
 
     input_tokens: int = 0
     output_tokens: int = 0
@@ -153,6 +183,8 @@ class Usage:
 class UsageChunk:
     """Usage reported by the provider; several may arrive and the last one wins."""
 
+    __repr__ = _repr
+
     type: ClassVar[str] = "usage"
     usage: Usage
 
@@ -160,6 +192,8 @@ class UsageChunk:
 @attrs.frozen(kw_only=True, slots=True)
 class FinishChunk:
     """The response ended normally."""
+
+    __repr__ = _repr
 
     type: ClassVar[str] = "finish"
     reason: str

@@ -52,6 +52,7 @@ from typing import Any
 
 import attrs
 
+from runtime.chunks import _repr
 from runtime.errors import ConfigurationError
 from runtime.messages import (
     AssistantMessage,
@@ -193,6 +194,8 @@ def apply_summaries(messages: Sequence[Message]) -> tuple[Message, ...]:
 class Turns:
     """A history cut where turns begin (:func:`split_turns`)."""
 
+    __repr__ = _repr
+
     head: tuple[SystemMessage, ...]
     """The system messages before the first turn (a summary among them)."""
     turns: tuple[tuple[Message, ...], ...]
@@ -245,6 +248,8 @@ def split_turns(messages: Sequence[Message]) -> Turns:
 class StoredSummary:
     """A summary a processor asked to store (:meth:`CompactionContext.store`)."""
 
+    __repr__ = _repr
+
     message: SystemMessage
     tokens_before: int
     """The request's tokens before the summary."""
@@ -264,6 +269,8 @@ Summarizer = Callable[[str, str, Mapping[str, Any]], Awaitable[str]]
 class CompactionContext:
     """What a history processor may use: the call it prepares, a token counter, a model
     call for summaries, and where to put a summary to store."""
+
+    __repr__ = _repr
 
     session_id: str
     turn_id: str
@@ -357,6 +364,8 @@ class KeepTurns:
     """Keep the last ``n`` turns (the current one counts); older turns are not sent,
     except their system messages (and a stored summary, which stays)."""
 
+    __repr__ = _repr
+
     n: int = attrs.field(validator=_at_least_one)
 
     def __call__(
@@ -389,6 +398,8 @@ class DropToolResults:
     """Replace every tool result longer than ``max_chars`` outside the last
     ``keep_turns`` turns with ``placeholder``. The result stays (its call still has it,
     as the APIs require); only its output is shortened. Errors are kept."""
+
+    __repr__ = _repr
 
     max_chars: int = attrs.field(default=2000, validator=attrs.validators.ge(0))
     keep_turns: int = attrs.field(default=2, validator=_at_least_one)
@@ -500,6 +511,8 @@ class Summarize:
     :class:`DropToolResults` for turns of many large tool results). The summary call's
     usage counts toward the turn's; ``settings`` are request options for it
     (``{"max_tokens": 1024}`` on Anthropic, say)."""
+
+    __repr__ = _repr
 
     max_tokens: int = attrs.field(validator=_at_least_one)
     keep_turns: int = attrs.field(default=4, validator=_at_least_one)

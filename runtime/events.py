@@ -13,9 +13,9 @@ from typing import Any, ClassVar, TypeVar, dataclass_transform
 
 import attrs
 
-from runtime.chunks import Usage
+from runtime.chunks import Usage, _repr
 from runtime.messages import Message, UserContent
-from runtime.output import ErrorInfo, _repr, _value
+from runtime.output import ErrorInfo, _value
 
 _C = TypeVar("_C", bound=type)
 
@@ -70,6 +70,8 @@ class _Anywhere(Event):
 class TraceContext:
     """A span's ids as a tracer gave them (hex: 32 digits of trace id, 16 of span id),
     kept in the store so that a span made in another process can link to it."""
+
+    __repr__ = _repr
 
     trace_id: str
     span_id: str

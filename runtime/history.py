@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 
 import attrs
 
+from runtime.chunks import _repr
 from runtime.errors import InvalidHistory
 from runtime.messages import (
     AssistantMessage,
@@ -200,6 +201,8 @@ class Origin:
     it: sent anywhere else it is a 400 (``invalid_encrypted_content``, "Invalid signature
     in thinking block"). Parts record their origin; a provider sends one back only when it
     :func:`replays_to` the provider's own origin."""
+
+    __repr__ = _repr
 
     provider: str
     """The provider tag (``"anthropic"``, ``"openai"``, ``"openai-responses"``)."""

@@ -15,6 +15,7 @@ from typing import Any
 
 import attrs
 
+from runtime.chunks import _repr
 from runtime.errors import ConfigurationError, InvalidMedia, MediaTooLarge, TooManyParts
 from runtime.messages import File, Image, TextPart, UserContent, UserPart
 
@@ -33,6 +34,8 @@ class MediaLimits:
     The defaults follow the providers' own limits: 20 MiB per image (OpenAI's), 32 MiB per
     file and per message (Anthropic's whole-request limit).
     """
+
+    __repr__ = _repr
 
     image_bytes: int = 20 * MIB
     file_bytes: int = 32 * MIB
@@ -65,6 +68,8 @@ class InputLimits:
     server busy for minutes. The defaults are far above what a person attaches by hand.
     Set on the host (``Host.open(input_limits=...)``; ``--max-parts``/``--max-files`` on
     ``serve`` and ``worker``), unlike :class:`MediaLimits`, which is the agent's."""
+
+    __repr__ = _repr
 
     max_parts: int = attrs.field(default=DEFAULT_MAX_PARTS, validator=_at_least_one)
     max_files: int = attrs.field(default=DEFAULT_MAX_FILES, validator=_at_least_one)

@@ -20,7 +20,7 @@ from urllib.parse import unquote_to_bytes, urlsplit
 
 import attrs
 
-from runtime.chunks import Usage
+from runtime.chunks import Usage, _repr
 from runtime.errors import InvalidMedia
 from runtime.ids import new_id
 from runtime.output import ErrorInfo
@@ -34,6 +34,8 @@ def _new_id() -> str:
 class TextPart:
     """Answer text produced in one step."""
 
+    __repr__ = _repr
+
     type: ClassVar[str] = "text"
     text: str
     step: int
@@ -44,6 +46,8 @@ class TextPart:
 @attrs.frozen(kw_only=True, slots=True)
 class ReasoningPart:
     """Reasoning produced in one step; signed reasoning round-trips only to its signer."""
+
+    __repr__ = _repr
 
     type: ClassVar[str] = "reasoning"
     text: str
@@ -69,6 +73,8 @@ class Awaiting:
     (docs/approval.md). Stored on its :class:`ToolCallPart`, so the stored message holds
     the request, the decision and (in its :class:`ToolMessage`) the result."""
 
+    __repr__ = _repr
+
     kind: str
     """``"approval"`` (a person approves or denies) or ``"client"`` (the caller runs the
     tool and supplies its output)."""
@@ -93,6 +99,8 @@ class Awaiting:
 class ToolCallPart:
     """A complete tool call the model made in one step."""
 
+    __repr__ = _repr
+
     type: ClassVar[str] = "tool-call"
     tool_call_id: str
     tool_name: str
@@ -105,6 +113,8 @@ class ToolCallPart:
 @attrs.frozen(kw_only=True, slots=True)
 class ProviderDataPart:
     """An opaque provider block (server-side tool use/result), replayed only to its provider."""
+
+    __repr__ = _repr
 
     type: ClassVar[str] = "provider-data"
     provider: str
@@ -241,6 +251,8 @@ class Image:
     it are refused (:class:`~runtime.errors.InvalidMedia`). In JSON, ``data`` is base64.
     """
 
+    __repr__ = _repr
+
     type: ClassVar[str] = "image"
     data: bytes | None = attrs.field(default=None, repr=_size_repr)
     url: str | None = None
@@ -271,6 +283,8 @@ class File:
     UTF-8 text). ``filename`` is shown to the model where the provider has a field for it.
     Which types a provider takes is the provider's business (see docs/media.md).
     """
+
+    __repr__ = _repr
 
     type: ClassVar[str] = "file"
     data: bytes | None = attrs.field(default=None, repr=_size_repr)
@@ -324,6 +338,8 @@ class SystemMessage:
     """A system message where it stands in the history; or, with
     :attr:`summarizes_before`, a stored summary made by context compaction."""
 
+    __repr__ = _repr
+
     role: ClassVar[str] = "system"
     content: str
     id: str = attrs.field(factory=_new_id)
@@ -338,6 +354,8 @@ class SystemMessage:
 class UserMessage:
     """User input: plain text, or a tuple of parts (:class:`TextPart` with ``step=0``,
     :class:`Image`, :class:`File`) when the input carried images or files."""
+
+    __repr__ = _repr
 
     role: ClassVar[str] = "user"
     content: UserContent
@@ -361,6 +379,8 @@ class UserMessage:
 @attrs.frozen(kw_only=True, slots=True)
 class AssistantMessage:
     """Everything the model produced for one user input, across all its steps."""
+
+    __repr__ = _repr
 
     role: ClassVar[str] = "assistant"
     content: tuple[Part, ...] = ()
@@ -407,6 +427,8 @@ class AssistantMessage:
 @attrs.frozen(kw_only=True, slots=True)
 class ToolMessage:
     """The result of one tool call; exactly one of ``output`` / ``error`` is meaningful."""
+
+    __repr__ = _repr
 
     role: ClassVar[str] = "tool"
     tool_call_id: str

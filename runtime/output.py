@@ -27,7 +27,7 @@ from typing import Any, ClassVar, TypeVar, dataclass_transform
 
 import attrs
 
-from runtime.chunks import Usage
+from runtime.chunks import Usage, _repr
 from runtime.redact import redact_text
 
 
@@ -39,6 +39,8 @@ class ErrorInfo:
     the web ``errorText``, ``run --jsonl``, the stored failed message) is made from one of
     these, so ``message`` is redacted here, once, whatever built it.
     """
+
+    __repr__ = _repr
 
     kind: str
     """The error class name, e.g. ``"RateLimited"``; stable, for programs to switch on."""
@@ -79,11 +81,6 @@ def _out(type_: str) -> Callable[[_C], _C]:
         return _value(cls)
 
     return wrap
-
-
-def _repr(self: Any) -> str:
-    fields = ", ".join(f"{a.name}={getattr(self, a.name)!r}" for a in attrs.fields(type(self)))
-    return f"{type(self).__name__}({fields})"
 
 
 @_value

@@ -41,6 +41,7 @@ from typing import Any
 
 import attrs
 
+from runtime.chunks import _repr
 from runtime.errors import ConfigurationError, OutputValidationError
 from runtime.tools import InvalidJSONSchema, json_schema_validator
 
@@ -54,6 +55,8 @@ MAX_PROBLEMS = 20
 class OutputSchema:
     """What an agent's answer must be: a JSON schema (object at the root), and the
     function that turns the answer's JSON text into the typed value."""
+
+    __repr__ = _repr
 
     name: str
     """A name for the schema (``[A-Za-z0-9_-]``, at most 64), as OpenAI requires."""

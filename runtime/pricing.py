@@ -29,7 +29,7 @@ from urllib.parse import urlsplit
 import attrs
 import trio
 
-from runtime.chunks import Usage
+from runtime.chunks import Usage, _repr
 from runtime.logging import get_logger
 
 PRICE_TABLE = "genai-prices"
@@ -40,6 +40,8 @@ PRICE_TABLE = "genai-prices"
 class PriceKey:
     """How the table finds the price of a provider's calls: by ``provider_id`` or by the
     ``api_url`` the calls went to (exactly one is set), and the ``model``."""
+
+    __repr__ = _repr
 
     model: str
     provider_id: str | None = None

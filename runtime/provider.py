@@ -27,7 +27,7 @@ import trio
 
 from runtime.actor import ServingActor
 from runtime.actor_messages import Batch, Batcher, InferRequest, StreamFailed
-from runtime.chunks import StreamChunk
+from runtime.chunks import StreamChunk, _repr
 from runtime.errors import (
     ActorFailed,
     AxonError,
@@ -78,6 +78,8 @@ class ProviderOptions:
     """A provider configuration as the command line gives it (``--model``,
     ``--base-url``, ...). Every provider reads the fields that apply to it and ignores
     the rest, so one set of options serves every provider in the registry."""
+
+    __repr__ = _repr
 
     model: str | None = None
     """``None``: the provider's default model."""
@@ -361,6 +363,8 @@ class FallbackProvider:
     too, after a ``reset-step`` chunk (:class:`~runtime.output.ResetStep`) that tells
     every consumer to drop what the step streamed; none of it is stored.
     """
+
+    __repr__ = _repr
 
     providers: tuple[Provider, ...] = attrs.field(converter=_providers)
     on: tuple[type[BaseException], ...] = attrs.field(

@@ -40,6 +40,7 @@ from typing import Any, Protocol
 import attrs
 import trio
 
+from runtime.chunks import _repr
 from runtime.errors import ConfigurationError
 from runtime.ids import new_id
 
@@ -91,6 +92,8 @@ class RateLimit:
     """The limits of one provider configuration (its provider, model and endpoint),
     for all processes together. ``None``: no such limit."""
 
+    __repr__ = _repr
+
     requests_per_minute: int | None = attrs.field(default=None, validator=_positive)
     tokens_per_minute: int | None = attrs.field(default=None, validator=_positive)
     """Input and output tokens: a call is counted at its input estimate when granted,
@@ -107,6 +110,8 @@ class Verdict:
     """A backend's answer to a try: granted (``wait`` 0), or how long to wait and why
     (``"requests"``, ``"tokens"``, ``"concurrency"``, ``"provider"``: a pause the
     provider asked for)."""
+
+    __repr__ = _repr
 
     wait: float = 0.0
     reason: str = ""
@@ -146,6 +151,8 @@ class LimitBackend(Protocol):
 @attrs.frozen(kw_only=True, slots=True)
 class Grant:
     """A granted call, to hand back to :meth:`Limiter.release`."""
+
+    __repr__ = _repr
 
     call_id: str
     granted_at: float
@@ -204,6 +211,7 @@ class Limiter:
 
 @attrs.define(slots=True)
 class _Counts:
+    __repr__ = _repr
     requests: deque[float] = attrs.field(factory=deque)
     tokens: dict[str, tuple[float, int]] = attrs.field(factory=dict)
     """Call id -> (granted at, tokens)."""

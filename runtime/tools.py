@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar, get_origin, get_type_hi
 
 import attrs
 
+from runtime.chunks import _repr
 from runtime.errors import ToolDefinitionError
 from runtime.media import tool_output
 
@@ -191,6 +192,8 @@ class ToolInputError(Exception):
 class Tool:
     """A callable the model may use. Build one with :func:`tool`."""
 
+    __repr__ = _repr
+
     name: str
     description: str
     parameters: dict[str, Any]
@@ -316,6 +319,8 @@ def check_against_schema(name: str, validator: Any, value: Any, what: str) -> No
 class ClientTool(Tool):
     """A tool the caller runs (built with :meth:`Tool.client`); its input is checked
     against its JSON schema."""
+
+    __repr__ = _repr
 
     validator: Any = attrs.field(repr=False)
     output_validator: Any = attrs.field(default=None, repr=False)
