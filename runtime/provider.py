@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
 import trio
@@ -39,10 +39,15 @@ from runtime.errors import (
     ProviderUnavailable,
     RateLimited,
 )
-from runtime.history import FOREIGN_REASONING, ForeignReasoning, Origin, endpoint_of
 from runtime.messages import Message
-from runtime.pricing import PriceKey, is_local
-from runtime.ratelimit import Limiter, RateLimit, limit_key, parse_rate_headers
+
+if TYPE_CHECKING:
+    # Imported where they are used: a provider's endpoint, price key and rate limit are
+    # worked out when a call is made, and a program that imports the contract without
+    # running a turn (a tool module, ``--help``) need not build these modules' classes.
+    from runtime.history import ForeignReasoning, Origin
+    from runtime.pricing import PriceKey
+    from runtime.ratelimit import Limiter, RateLimit
 
 Emit = Callable[[StreamChunk], Awaitable[None]]
 
@@ -165,6 +170,8 @@ class Provider(ServingActor[InferRequest]):
     def check_foreign_reasoning(value: str) -> ForeignReasoning:
         """``value`` if it is a :data:`~runtime.history.ForeignReasoning` mode, else a
         :class:`~runtime.errors.ConfigurationError` naming the modes."""
+        from runtime.history import FOREIGN_REASONING
+
         if value not in FOREIGN_REASONING:
             raise ConfigurationError(
                 f"foreign_reasoning must be one of {', '.join(FOREIGN_REASONING)}, not {value!r}"
@@ -179,13 +186,19 @@ class Provider(ServingActor[InferRequest]):
         if url is None and self.endpoint_env is not None:
             url = os.environ.get(self.endpoint_env) or None
         url = url or self.default_endpoint
-        return endpoint_of(url) if url else None
+        if not url:
+            return None
+        from runtime.history import endpoint_of
+
+        return endpoint_of(url)
 
     @property
     def origin(self) -> Origin:
         """This provider's own :class:`~runtime.history.Origin`: the tag, model and
         endpoint recorded on the reasoning and provider data it produces, and the only
         origin whose parts it sends back."""
+        from runtime.history import Origin
+
         return Origin(provider=self.provider_name, model=self.model or None, endpoint=self.endpoint)
 
     def price_key(self) -> PriceKey | None:
@@ -195,6 +208,9 @@ class Provider(ServingActor[InferRequest]):
         model = self.model
         if not model:
             return None
+        from runtime.history import endpoint_of
+        from runtime.pricing import PriceKey, is_local
+
         cache = self.usage_input_includes_cache
         if self.price_as is not None:
             return PriceKey(model=model, provider_id=self.price_as, input_includes_cache=cache)
@@ -224,6 +240,8 @@ class Provider(ServingActor[InferRequest]):
     @property
     def limit_key(self) -> str:
         """The key :attr:`rate_limit` is counted under: provider, model and endpoint."""
+        from runtime.ratelimit import limit_key
+
         return limit_key(self.provider_name, self.model, self.endpoint)
 
     async def observe_headers(self, response: Any) -> None:
@@ -234,6 +252,8 @@ class Provider(ServingActor[InferRequest]):
         limiter = self.limiter
         headers = getattr(response, "headers", None)
         if limiter is not None and headers is not None:
+            from runtime.ratelimit import parse_rate_headers
+
             await limiter.pause_for(parse_rate_headers(headers))
 
     async def count_tokens(
