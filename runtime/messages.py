@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import mimetypes
 import re
 from collections.abc import Callable
 from typing import Any, ClassVar
@@ -232,6 +231,8 @@ def _normalize_media(obj: Any, what: str, guess: Guess) -> None:
 def _guess_from_name(name: str | None) -> str | None:
     if not name:
         return None
+    import mimetypes  # here, not at the top: ~1 ms of ``import runtime`` for a rare path
+
     guessed, _ = mimetypes.guess_type(urlsplit(name).path if "://" in name else name)
     return guessed
 
