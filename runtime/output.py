@@ -64,9 +64,10 @@ def _ids_last(cls: type, fields: list[attrs.Attribute[Any]]) -> list[attrs.Attri
 def _value(cls: _C) -> _C:
     """A frozen, slotted, keyword-only value class with the shared ``__repr__``.
 
-    repr=False: one shared __repr__ (:func:`_repr`) instead of one compiled per class, which
-    keeps ``import runtime`` cheap; equality and hashing stay generated. The bases that carry
-    the correlation ids use it too, so the type checker sees their fields in every subclass.
+    repr=False: one shared __repr__ (:func:`runtime.chunks._repr`, which every contract value
+    class uses) instead of one compiled per class, which keeps ``import runtime`` cheap;
+    equality and hashing stay generated. The bases that carry the correlation ids use it
+    too, so the type checker sees their fields in every subclass.
     """
     return attrs.frozen(kw_only=True, slots=True, repr=False, field_transformer=_ids_last)(cls)
 
