@@ -12,9 +12,13 @@ stage downstream is provider-agnostic. The rules they encode come from peers' bu
 
 from __future__ import annotations
 
+import threading
 from typing import Any, ClassVar, Literal
 
 import attrs
+
+_repring = threading.local()
+"""The ids of the values whose repr is being made on this thread (see :func:`_repr`)."""
 
 
 def _repr(self: Any) -> str:
@@ -22,14 +26,24 @@ def _repr(self: Any) -> str:
     once per class at import, and a hundred of them were most of ``import runtime``'s
     time (issue 24). Same text as attrs': each field as ``name=value!r`` (or its field's
     ``repr=`` callable; ``repr=False`` fields left out), an unset ``init=False`` field as
-    ``NOTHING``."""
-    parts = []
-    for a in attrs.fields(type(self)):
-        if a.repr is False:
-            continue
-        value = getattr(self, a.name, attrs.NOTHING)
-        parts.append(f"{a.name}={a.repr(value)}" if callable(a.repr) else f"{a.name}={value!r}")
-    return f"{type(self).__qualname__}({', '.join(parts)})"
+    ``NOTHING``, and ``...`` for a value met again inside its own repr (a mutable one
+    that holds itself)."""
+    seen: set[int] | None = getattr(_repring, "ids", None)
+    if seen is None:
+        seen = _repring.ids = set()
+    if id(self) in seen:
+        return "..."
+    seen.add(id(self))
+    try:
+        parts = []
+        for a in attrs.fields(type(self)):
+            if a.repr is False:
+                continue
+            value = getattr(self, a.name, attrs.NOTHING)
+            parts.append(f"{a.name}={a.repr(value)}" if callable(a.repr) else f"{a.name}={value!r}")
+        return f"{type(self).__qualname__}({', '.join(parts)})"
+    finally:
+        seen.discard(id(self))
 
 
 FinishReason = Literal["stop", "tool-calls", "length", "content-filter", "error", "other"]

@@ -8,7 +8,7 @@ from typing import Any
 
 import attrs
 
-from runtime.actor_messages import ToolOutcome
+from runtime.actor_messages import SessionState, ToolOutcome
 from runtime.agent import Agent
 from runtime.chunks import FinishChunk, TextChunk, Usage, _repr
 from runtime.messages import AssistantMessage, Image, TextPart, UserMessage
@@ -49,3 +49,9 @@ def test_the_shared_repr_prints_what_attrs_would() -> None:
         assert type(value).__repr__ is _repr, type(value)
         assert repr(value) == _attrs_repr(value)
     assert "<24 bytes>" in repr(image)
+
+
+def test_a_value_that_holds_itself_reprs_as_dots_inside() -> None:
+    state = SessionState(session_id="s")
+    state.messages.append(state)  # type: ignore[arg-type]
+    assert repr(state) == "SessionState(session_id='s', messages=[...], saved_upto=0, version=0)"
