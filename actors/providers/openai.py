@@ -530,10 +530,13 @@ def _text_only(chunk: dict[str, Any]) -> str | None:
     if type(choice) is not dict or choice.get("index") or choice.get("finish_reason") is not None:
         return None
     delta = choice.get("delta")
-    if type(delta) is not dict or not delta.keys() <= _TEXT_DELTA_KEYS:
+    if type(delta) is not dict:
         return None
     text = delta.get("content")
-    return text if type(text) is str else None
+    if type(text) is not str:
+        return None
+    # ``content`` alone (the common delta) needs no look at the other keys
+    return text if len(delta) == 1 or delta.keys() <= _TEXT_DELTA_KEYS else None
 
 
 async def _emit_end(
