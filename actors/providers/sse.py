@@ -60,6 +60,7 @@ class SSEDecoder:
             buf = buf.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
         blocks = buf.split(b"\n\n")
         last = blocks.pop()
+        out: list[Event]
         if not blocks:
             out = []
         elif self._data_lines_only(buf, blocks, last):
