@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import trio
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from actors.providers.sse import SSEDecoder, event_batches, sdk_sse_response, sse_batches
@@ -75,6 +75,7 @@ def data_line_bodies(draw: Any) -> list[bytes]:
 
 
 @given(data_line_bodies())
+@example([b"data: \n\n\n\n\ndata: \n"])  # a read's rest that opens with a newline
 def test_bodies_of_one_line_events_are_read_as_the_sdk_reads_them(chunks: list[bytes]) -> None:
     assert _decode(chunks) == _sdk(chunks)
 

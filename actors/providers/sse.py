@@ -84,8 +84,8 @@ class SSEDecoder:
         if self._data or self._event is not None or self._retry is not None:
             return False
         n = len(blocks)
-        if not buf.startswith(b"data: "):
-            return False
+        if not buf.startswith(b"data: ") or last.startswith(b"\n"):
+            return False  # (a newline opening ``last`` would make a false ``\n\ndata: ``)
         if buf.count(b"\n") != 2 * n + last.count(b"\n"):
             return False
         starts = buf.count(b"\n\ndata: ") + 1  # the first block's, checked above
