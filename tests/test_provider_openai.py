@@ -929,3 +929,48 @@ async def test_two_step_tool_run_on_recorded_fixtures():
     assert second.usage == Usage(
         input_tokens=78, output_tokens=9, total_tokens=87, cache_read=0, reasoning_tokens=0
     )
+
+
+async def test_messages_and_tools_given_as_extra_body_make_the_same_request_body():
+    """``as_body`` (the messages and tools handed to the SDK as ``extra_body``, which it
+    does not walk against its request types) sends the very JSON body the named
+    arguments do, key order included, with an ``extra_body`` of the options kept."""
+    import openai
+
+    from actors.providers.openai import as_body
+
+    http = next(sys.modules[m] for m in ("httpx2", "httpx") if m in sys.modules)
+    bodies: list[bytes] = []
+
+    def answer(request: Any) -> Any:
+        bodies.append(request.content)
+        return http.Response(400, json={"error": {"message": "recorded"}})
+
+    client = openai.AsyncOpenAI(
+        api_key="k",
+        base_url="http://test/v1",
+        max_retries=0,
+        http_client=http.AsyncClient(transport=http.MockTransport(answer)),
+    )
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    params = {
+        "model": "m",
+        "messages": [
+            {"role": "system", "content": "s"},
+            {"role": "user", "content": [{"type": "text", "text": "hi"}, image]},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "c1", "content": "r"},
+        ],
+        "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "temperature": 0.5,
+        "extra_body": {"top_k": 3},
+    }
+    for given in (params, as_body(params)):
+        with pytest.raises(openai.BadRequestError):
+            await client.chat.completions.create(**given)
+    await client.close()
+    assert len(bodies) == 2 and bodies[0] == bodies[1]
+    assert json.loads(bodies[1])["messages"] == params["messages"]
