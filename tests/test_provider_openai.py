@@ -932,12 +932,13 @@ async def test_two_step_tool_run_on_recorded_fixtures():
 
 
 async def test_messages_and_tools_given_as_extra_body_make_the_same_request_body():
-    """``as_body`` (the messages and tools handed to the SDK as ``extra_body``, which it
-    does not walk against its request types) sends the very JSON body the named
-    arguments do, key order included, with an ``extra_body`` of the options kept."""
+    """``as_body`` (the messages or input items and the tools handed to the SDK as
+    ``extra_body``, which it does not walk against its request types) sends the very JSON
+    body the named arguments do, key order included, with an ``extra_body`` of the
+    options kept: for Chat Completions and for the Responses API."""
     import openai
 
-    from actors.providers.openai import as_body
+    from actors.providers.openai_common import as_body
 
     http = next(sys.modules[m] for m in ("httpx2", "httpx") if m in sys.modules)
     bodies: list[bytes] = []
@@ -954,7 +955,7 @@ async def test_messages_and_tools_given_as_extra_body_make_the_same_request_body
     )
     image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
     call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
-    params = {
+    chat = {
         "model": "m",
         "messages": [
             {"role": "system", "content": "s"},
@@ -968,9 +969,29 @@ async def test_messages_and_tools_given_as_extra_body_make_the_same_request_body
         "temperature": 0.5,
         "extra_body": {"top_k": 3},
     }
-    for given in (params, as_body(params)):
+    for given in (chat, as_body(chat, ("messages", "tools"))):
         with pytest.raises(openai.BadRequestError):
             await client.chat.completions.create(**given)
+    said = {"type": "output_text", "text": "x", "annotations": []}
+    responses = {
+        "model": "m",
+        "input": [
+            {"role": "user", "content": [{"type": "input_text", "text": "hi"}]},
+            {"type": "message", "role": "assistant", "content": [said]},
+            {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "c1", "output": "r"},
+        ],
+        "store": False,
+        "instructions": "s",
+        "tools": [{"type": "function", "name": "f", "parameters": {}, "strict": False}],
+        "include": ["reasoning.encrypted_content"],
+        "stream": True,
+        "extra_body": {"top_k": 3},
+    }
+    for given in (responses, as_body(responses, ("input", "tools"))):
+        with pytest.raises(openai.BadRequestError):
+            await client.responses.create(**given)
     await client.close()
-    assert len(bodies) == 2 and bodies[0] == bodies[1]
-    assert json.loads(bodies[1])["messages"] == params["messages"]
+    assert len(bodies) == 4 and bodies[0] == bodies[1] and bodies[2] == bodies[3]
+    assert json.loads(bodies[1])["messages"] == chat["messages"]
+    assert json.loads(bodies[3])["input"] == responses["input"]

@@ -37,7 +37,12 @@ from typing import Any, ClassVar
 
 import trio
 
-from actors.providers.openai_common import OpenAISDKProvider, classify_error, json_schema_spec
+from actors.providers.openai_common import (
+    OpenAISDKProvider,
+    as_body,
+    classify_error,
+    json_schema_spec,
+)
 from actors.providers.openai_common import get_field as _get
 from actors.providers.read_batch import ReadBatch
 from actors.providers.sse import event_batches
@@ -562,33 +567,6 @@ async def _emit_end(
     await emit(FinishChunk(reason=reason, raw_reason=raw_reason))
 
 
-_AS_BODY = ("messages", "tools")
-"""The ``create`` arguments :func:`as_body` hands the SDK as ``extra_body``."""
-
-
-def as_body(params: dict[str, Any]) -> dict[str, Any]:
-    """``params`` (:meth:`OpenAIProvider.request_params`) with the messages and tools
-    given to ``create`` as ``extra_body``: the same JSON body, which the SDK merges
-    as it is, instead of arguments it walks against its request types.
-
-    Why: the SDK transforms every argument against its TypedDicts, each message
-    against every member of the message union; with no alias or format among the
-    Chat Completions request types that returns the data it was given, at about 0.2 ms
-    per message and per call (0.3 ms of a two-message turn, 8 ms with 42 messages,
-    issue 24: a cost that grows with the session). ``map_messages`` and ``map_tools``
-    build the wire JSON themselves, so it is what the body must hold. ``messages``
-    stays an argument (``create`` requires it), empty; an ``extra_body`` of the
-    request's options keeps the last word on its own keys, as before."""
-    moved = {key: params[key] for key in _AS_BODY if key in params}
-    if not moved:
-        return params
-    out = {key: value for key, value in params.items() if key not in moved}
-    out["messages"] = []
-    extra = params.get("extra_body")
-    out["extra_body"] = {**moved, **extra} if extra else moved
-    return out
-
-
 DRAIN_AFTER_DONE = 0.1
 """Seconds to read what follows ``[DONE]`` (the end of the body, so the connection is
 reused), as the SDK's own stream does; a server that keeps the body open is cut then."""
@@ -751,7 +729,9 @@ class OpenAIProvider(OpenAISDKProvider):
         params = self.request_params(request)
         client = self._get_client()
         try:
-            response = await client.chat.completions.create(**as_body(params))
+            response = await client.chat.completions.create(
+                **as_body(params, ("messages", "tools"))
+            )
         except Exception as exc:
             raise classify_error(exc, provider=self.provider_name) from exc
         await self.observe_headers(getattr(response, "response", None))  # rate limits
