@@ -6,7 +6,7 @@ through ``object.__setattr__`` (the class's own ``__setattr__`` refuses); for th
 0.7 us, a sixth of what a whole turn added per delta to the floor (issue 24). Writing
 the slots through their member descriptors, positionally, builds the same value in
 about half of it. Only for classes where that *is* the same value: every field set, and
-no validator, converter, ``on_setattr``, default factory or pre/post-init hook that
+no validator, converter, ``on_setattr``, cached hash or pre/post-init hook that
 ``__init__`` would run (:func:`slot_builder` refuses any other class).
 """
 
@@ -28,6 +28,8 @@ def slot_builder(cls: type, names: tuple[str, ...]) -> Callable[..., Any]:
         raise TypeError(f"{cls.__name__}: the builder must set exactly its fields {list(fields)}")
     if "__slots__" not in cls.__dict__:
         raise TypeError(f"{cls.__name__} is not slotted")
+    if "_attrs_cached_hash" in cls.__dict__["__slots__"]:  # a slot set by no field
+        raise TypeError(f"{cls.__name__} caches its hash")
     for hook in ("__attrs_pre_init__", "__attrs_post_init__", "__attrs_init__"):
         if hasattr(cls, hook):
             raise TypeError(f"{cls.__name__} has {hook}: its __init__ does more than set fields")

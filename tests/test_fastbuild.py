@@ -56,6 +56,10 @@ def test_a_class_whose_init_does_more_is_refused():
     class Unslotted:
         n: int
 
-    for cls in (Validated, Converted, Hooked, Unslotted):
+    @attrs.frozen(kw_only=True, slots=True, cache_hash=True)
+    class HashCached:
+        n: int
+
+    for cls in (Validated, Converted, Hooked, Unslotted, HashCached):
         with pytest.raises(TypeError):
             slot_builder(cls, ("n",))
