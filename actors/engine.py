@@ -156,29 +156,29 @@ class Engine(Actor):
             await self._out.send_all(message)
             return
         out: list[Any] = []
+        append = out.append
         first = splitter._first  # the character every open tag begins with, if one
+        probe = first or ""  # read only while ``clear``, which needs a ``first``
+        # Whether a text without ``first`` goes on as it is: no tag open, none held back.
+        # Only feed and flush move the splitter, so it is read again after them only.
+        clear = first is not None and not splitter.holding
         for chunk in message:
             if type(chunk) is TextChunk and not chunk.refusal:
-                if (
-                    first is not None
-                    and first not in chunk.text
-                    and not splitter._buf
-                    and not splitter._inside
-                ):
-                    out.append(chunk)  # no tag can begin here, none is open: as it is
+                if clear and probe not in chunk.text:
+                    append(chunk)  # no tag can begin here, none is open: as it is
                     continue
                 pieces = splitter.feed(chunk.text)
+                clear = first is not None and not splitter.holding
                 if len(pieces) == 1 and not pieces[0][0] and pieces[0][1] is chunk.text:
-                    out.append(chunk)  # nothing split or held: forward it as it is
+                    append(chunk)  # nothing split or held: forward it as it is
                     continue
                 for is_reasoning, text in pieces:
-                    out.append(ReasoningChunk(text=text) if is_reasoning else TextChunk(text=text))
+                    append(ReasoningChunk(text=text) if is_reasoning else TextChunk(text=text))
                 continue
-            if isinstance(chunk, FinishChunk | StreamFailed):
+            if isinstance(chunk, FinishChunk | StreamFailed) or splitter.holding:
+                # the end, or another kind of chunk, ends the text
                 for is_reasoning, text in splitter.flush():
-                    out.append(ReasoningChunk(text=text) if is_reasoning else TextChunk(text=text))
-            elif splitter.holding:  # another kind of chunk ends the text
-                for is_reasoning, text in splitter.flush():
-                    out.append(ReasoningChunk(text=text) if is_reasoning else TextChunk(text=text))
-            out.append(chunk)
+                    append(ReasoningChunk(text=text) if is_reasoning else TextChunk(text=text))
+                clear = first is not None
+            append(chunk)
         await self._out.send_all(out)

@@ -225,3 +225,42 @@ def test_parts_rebuilt_from_any_stream_equal_the_stored_parts(turn):
     assert rebuild_parts(chunks) == stored_parts(stored.content)
     texts_streamed = [p for p in rebuild_parts(chunks) if p[0] != "tool-call"]
     assert all(p[2] for p in texts_streamed if p[0] == "text"), "a text part is never empty"
+
+
+_RUN_ITEMS = st.lists(
+    st.one_of(
+        st.builds(TextChunk, text=st.sampled_from(["", "a", "bc"]), refusal=st.booleans()),
+        st.builds(ReasoningChunk, text=st.sampled_from(["", "r"])),
+    ),
+    max_size=12,
+)
+
+
+@given(_RUN_ITEMS)
+def test_a_run_of_text_fed_at_once_decides_what_one_at_a_time_does(items):
+    """``PartsManager.texts`` (the turn runner's text runs) makes the same markers,
+    forwarded chunks and stored parts as ``text`` called for each chunk."""
+    from actors.turn.parts import PartsManager
+
+    def feed(run_at_once: bool) -> tuple[list, list]:
+        parts, out = PartsManager(), []
+        i = 0
+        while i < len(items):
+            chunk = items[i]
+            if type(chunk) is TextChunk and run_at_once:
+                i = parts.texts(items, i, out)
+                continue
+            if type(chunk) is TextChunk:
+                parts.text(chunk, out)
+            else:
+                parts.reasoning(chunk, out)
+            i += 1
+        parts.close(out)
+        # part ids are fresh per manager: compare the sequence without them
+        shape = [
+            (type(x).__name__, getattr(x, "kind", None), getattr(x, "text", None)) for x in out
+        ]
+        stored = [(type(p).__name__, p.text, getattr(p, "refusal", None)) for p in parts.content]
+        return shape, stored
+
+    assert feed(True) == feed(False)

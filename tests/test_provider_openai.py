@@ -929,3 +929,69 @@ async def test_two_step_tool_run_on_recorded_fixtures():
     assert second.usage == Usage(
         input_tokens=78, output_tokens=9, total_tokens=87, cache_read=0, reasoning_tokens=0
     )
+
+
+async def test_messages_and_tools_given_as_extra_body_make_the_same_request_body():
+    """``as_body`` (the messages or input items and the tools handed to the SDK as
+    ``extra_body``, which it does not walk against its request types) sends the very JSON
+    body the named arguments do, key order included, with an ``extra_body`` of the
+    options kept: for Chat Completions and for the Responses API."""
+    import openai
+
+    from actors.providers.openai_common import as_body
+
+    http = next(sys.modules[m] for m in ("httpx2", "httpx") if m in sys.modules)
+    bodies: list[bytes] = []
+
+    def answer(request: Any) -> Any:
+        bodies.append(request.content)
+        return http.Response(400, json={"error": {"message": "recorded"}})
+
+    client = openai.AsyncOpenAI(
+        api_key="k",
+        base_url="http://test/v1",
+        max_retries=0,
+        http_client=http.AsyncClient(transport=http.MockTransport(answer)),
+    )
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    chat = {
+        "model": "m",
+        "messages": [
+            {"role": "system", "content": "s"},
+            {"role": "user", "content": [{"type": "text", "text": "hi"}, image]},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "c1", "content": "r"},
+        ],
+        "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "temperature": 0.5,
+        "extra_body": {"top_k": 3},
+    }
+    for given in (chat, as_body(chat, ("messages", "tools"))):
+        with pytest.raises(openai.BadRequestError):
+            await client.chat.completions.create(**given)
+    said = {"type": "output_text", "text": "x", "annotations": []}
+    responses = {
+        "model": "m",
+        "input": [
+            {"role": "user", "content": [{"type": "input_text", "text": "hi"}]},
+            {"type": "message", "role": "assistant", "content": [said]},
+            {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "c1", "output": "r"},
+        ],
+        "store": False,
+        "instructions": "s",
+        "tools": [{"type": "function", "name": "f", "parameters": {}, "strict": False}],
+        "include": ["reasoning.encrypted_content"],
+        "stream": True,
+        "extra_body": {"top_k": 3},
+    }
+    for given in (responses, as_body(responses, ("input", "tools"))):
+        with pytest.raises(openai.BadRequestError):
+            await client.responses.create(**given)
+    await client.close()
+    assert len(bodies) == 4 and bodies[0] == bodies[1] and bodies[2] == bodies[3]
+    assert json.loads(bodies[1])["messages"] == chat["messages"]
+    assert json.loads(bodies[3])["input"] == responses["input"]

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import trio
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from actors.providers.sse import SSEDecoder, event_batches, sdk_sse_response, sse_batches
@@ -49,6 +49,35 @@ def bodies(draw: Any) -> tuple[bytes, list[bytes]]:
     cuts = sorted(draw(st.lists(st.integers(0, len(body)), max_size=6)))
     chunks = [body[a:b] for a, b in zip([0, *cuts], [*cuts, len(body)], strict=True)]
     return body, [c for c in chunks if c]
+
+
+_DATA_LINE = st.builds(lambda v: f"data: {v}", st.sampled_from(["", "x", "data: y", " z"]))
+_MOSTLY_DATA = st.one_of(
+    st.lists(_DATA_LINE, min_size=1, max_size=1),  # the Chat Completions shape
+    st.lists(_DATA_LINE, min_size=1, max_size=1),
+    st.lists(_DATA_LINE, min_size=1, max_size=1),
+    _EVENT,  # now and then another: blank, two data lines, a name, a comment
+)
+
+
+@st.composite
+def data_line_bodies(draw: Any) -> list[bytes]:
+    """Bodies of mostly one-``data:``-line events (what the decoder reads by counting,
+    :meth:`SSEDecoder._data_lines_only`), LF-ended, cut into reads at random places."""
+    events = draw(st.lists(_MOSTLY_DATA, max_size=12))
+    lines = [line for event in events for line in [*event, ""]]
+    if lines and draw(st.booleans()):
+        lines.pop()
+    body = "".join(line + "\n" for line in lines).encode()
+    cuts = sorted(draw(st.lists(st.integers(0, len(body)), max_size=4)))
+    chunks = [body[a:b] for a, b in zip([0, *cuts], [*cuts, len(body)], strict=True)]
+    return [c for c in chunks if c]
+
+
+@given(data_line_bodies())
+@example([b"data: \n\n\n\n\ndata: \n"])  # a read's rest that opens with a newline
+def test_bodies_of_one_line_events_are_read_as_the_sdk_reads_them(chunks: list[bytes]) -> None:
+    assert _decode(chunks) == _sdk(chunks)
 
 
 def _decode(chunks: list[bytes]) -> list[tuple[str | None, bytes]]:

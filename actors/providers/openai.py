@@ -37,7 +37,12 @@ from typing import Any, ClassVar
 
 import trio
 
-from actors.providers.openai_common import OpenAISDKProvider, classify_error, json_schema_spec
+from actors.providers.openai_common import (
+    OpenAISDKProvider,
+    as_body,
+    classify_error,
+    json_schema_spec,
+)
 from actors.providers.openai_common import get_field as _get
 from actors.providers.read_batch import ReadBatch
 from actors.providers.sse import event_batches
@@ -530,10 +535,13 @@ def _text_only(chunk: dict[str, Any]) -> str | None:
     if type(choice) is not dict or choice.get("index") or choice.get("finish_reason") is not None:
         return None
     delta = choice.get("delta")
-    if type(delta) is not dict or not delta.keys() <= _TEXT_DELTA_KEYS:
+    if type(delta) is not dict:
         return None
     text = delta.get("content")
-    return text if type(text) is str else None
+    if type(text) is not str:
+        return None
+    # ``content`` alone (the common delta) needs no look at the other keys
+    return text if len(delta) == 1 or delta.keys() <= _TEXT_DELTA_KEYS else None
 
 
 async def _emit_end(
@@ -721,7 +729,9 @@ class OpenAIProvider(OpenAISDKProvider):
         params = self.request_params(request)
         client = self._get_client()
         try:
-            response = await client.chat.completions.create(**params)
+            response = await client.chat.completions.create(
+                **as_body(params, ("messages", "tools"))
+            )
         except Exception as exc:
             raise classify_error(exc, provider=self.provider_name) from exc
         await self.observe_headers(getattr(response, "response", None))  # rate limits

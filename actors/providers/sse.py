@@ -60,13 +60,36 @@ class SSEDecoder:
             buf = buf.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
         blocks = buf.split(b"\n\n")
         last = blocks.pop()
-        out = self._blocks(blocks) if blocks else []
+        out: list[Event]
+        if not blocks:
+            out = []
+        elif self._data_lines_only(buf, blocks, last):
+            out = [(None, block[6:]) for block in blocks]  # what _blocks reads them as
+        else:
+            out = self._blocks(blocks)
         if b"\n" in last:  # complete lines of an unfinished block: read them now
             lines = last.split(b"\n")
             last = lines.pop()
             out += self._lines(lines)
         self._rest = last + tail
         return out
+
+    def _data_lines_only(self, buf: bytes, blocks: list[bytes], last: bytes) -> bool:
+        """Whether every complete block of ``buf`` is one ``data: `` line (a Chat
+        Completions body), told by counting in C instead of looking at each block (issue
+        24: the per-block look cost a third of what decoding added to the floor's split).
+        No block holds a newline when ``buf`` has no more than the separators' and
+        ``last``'s; then each ``\\n\\ndata: `` is a separator before a block (or before
+        ``last``) that starts so. Nothing may be pending from the last read."""
+        if self._data or self._event is not None or self._retry is not None:
+            return False
+        n = len(blocks)
+        if not buf.startswith(b"data: ") or last.startswith(b"\n"):
+            return False  # (a newline opening ``last`` would make a false ``\n\ndata: ``)
+        if buf.count(b"\n") != 2 * n + last.count(b"\n"):
+            return False
+        starts = buf.count(b"\n\ndata: ") + 1  # the first block's, checked above
+        return starts == n + (1 if last.startswith(b"data: ") else 0)
 
     def _blocks(self, blocks: list[bytes]) -> list[Event]:
         """The events of complete blocks (the lines before a blank line). The two shapes

@@ -106,6 +106,33 @@ class PartsManager:
         self._pieces.append(text)
         out.append(chunk)
 
+    def texts(self, chunks: Sequence[Any], i: int, out: list[Any]) -> int:
+        """:meth:`text` for each :class:`TextChunk` of ``chunks`` from index ``i`` on, up
+        to the first chunk of another type; returns that chunk's index (``len(chunks)``
+        if none). Why: a batch of a model call is mostly a run of text deltas, and one
+        call per run instead of one per delta took a fifth of what the turn runner spent
+        on a delta (issue 24). The same decisions as :meth:`text`, in the same order."""
+        n = len(chunks)
+        append = out.append
+        pieces = self._pieces
+        # The open text part's refusal flag; None: no text part is open.
+        open_refusal: bool | None = self._refusal if self._kind is TEXT else None
+        while i < n:
+            chunk = chunks[i]
+            if type(chunk) is not TextChunk:
+                return i
+            i += 1
+            text = chunk.text
+            if not text:
+                continue
+            if chunk.refusal != open_refusal:
+                self._open(TEXT, out)
+                self._refusal = open_refusal = chunk.refusal
+                pieces = self._pieces
+            pieces.append(text)
+            append(chunk)
+        return i
+
     def reasoning(self, chunk: ReasoningChunk, out: list[Any]) -> None:
         ends = chunk.signature is not None or chunk.redacted_data is not None
         if self._kind is not REASONING:

@@ -1031,11 +1031,15 @@ class TurnRunner(Suspending, Actor):
                 failure: StreamFailed | None = None
                 finished = False
                 forward: list[Any] = []
-                for chunk in batch:
+                i, n = 0, len(batch)
+                while i < n:
+                    chunk = batch[i]
                     t = type(chunk)
-                    if t is TextChunk:
-                        parts.text(chunk, forward)
-                    elif t is ReasoningChunk:
+                    if t is TextChunk:  # a run of text deltas, in one call
+                        i = parts.texts(batch, i, forward)
+                        continue
+                    i += 1
+                    if t is ReasoningChunk:
                         parts.reasoning(chunk, forward)
                     elif t is ToolInputDeltaChunk:
                         forward.append(chunk)
