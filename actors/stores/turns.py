@@ -1277,19 +1277,21 @@ def _resume_if_decided(conn: Any, session_id: str, call: PendingCall, complete: 
         return status
     try:
         with conn.transaction():
+            # The workers' wake-up rides in the statement (sent at the commit, and not at
+            # all if the savepoint rolls back): a round trip fewer than a SELECT of its own.
             resumed = conn.execute(
                 f"""UPDATE axon_turns SET status = 'running', owner = NULL,
                     lease_until = clock_timestamp() - interval '1 second',
                     resume_pending = true, resumes = resumes + 1, expires_at = NULL,
                     finish_reason = NULL
-                WHERE turn_id = %s RETURNING {_STATUS_COLUMNS}""",
-                (turn_id,),
-            ).fetchone()
+                WHERE turn_id = %s
+                RETURNING {_STATUS_COLUMNS}, pg_notify(%s, current_schema() || ':' || turn_id)""",
+                (turn_id, TURNS_CHANNEL),
+            ).fetchone()[:-1]
     except psycopg.errors.UniqueViolation:  # another turn of the session runs: it won
         raise AlreadyDecided(
             f"{call.approval_id!r} can no longer be decided: a later message superseded it"
         ) from None
-    _notify_turns(conn, turn_id)
     return _status(resumed)
 
 
