@@ -5,8 +5,9 @@ Each line has ``event`` (the kind) and the correlation ids ``session_id``, ``tur
 logged at debug level, and so are the output chunks that only frame the stream (start,
 step, part and finish chunks: the lifecycle events ``turn.*`` and ``step.*`` say the
 same at info, so an info log had every turn twice, twelve lines where six tell it,
-issue 24); when debug is off the tap does not even subscribe to them, so a chunk that is
-not logged costs nothing. Its inbox is ``drop-oldest``: a slow log sink
+issue 24) and a ``tool-approval-request`` chunk (``tool.approval-requested`` says it all
+at info, issue 21); when debug is off the tap does not even subscribe to them, so a chunk
+that is not logged costs nothing. Its inbox is ``drop-oldest``: a slow log sink
 makes the tap lag (and say so), never an agent wait.
 
 Every line is redacted exactly once: by the logger's own processors when they redact
@@ -36,6 +37,7 @@ from runtime.output import (
     StepStart,
     TextFinish,
     TextStart,
+    ToolApprovalRequest,
 )
 from runtime.redact import redact, redact_processor
 from runtime.serde import converter
@@ -43,9 +45,16 @@ from runtime.serde import converter
 _WARN = (ActorCrashed, Lagged)
 _ERROR = (ActorGaveUp, Error)
 _FRAMES = (Start, StepStart, TextStart, TextFinish, ReasoningStart, ReasoningFinish, StepFinish)
-DEBUG_TYPES: tuple[type, ...] = (*DELTA_TYPES, *_FRAMES, Finish)
-"""Output chunks logged at debug: the deltas, and the chunks that frame the stream (what
-the ``turn.*`` / ``step.*`` lifecycle events already say at info)."""
+_RESTATED = (ToolApprovalRequest,)
+"""Output chunks whose every field a lifecycle event logged at info carries too: a
+``tool-approval-request`` chunk (step, call id, tool name, approval id) says what the
+``tool.approval-requested`` line says (with the approval id as its ``causation_id``, and
+the call's input besides). One line per approval asked, not two (issue 21: a suspended
+turn's extra lines were a fifth of what it costs over a plain turn)."""
+DEBUG_TYPES: tuple[type, ...] = (*DELTA_TYPES, *_FRAMES, Finish, *_RESTATED)
+"""Output chunks logged at debug: the deltas, the chunks that frame the stream (what
+the ``turn.*`` / ``step.*`` lifecycle events already say at info) and those a lifecycle
+event restates (:data:`_RESTATED`)."""
 
 
 class LogTap(Actor):

@@ -574,18 +574,21 @@ class TurnQueue:
                     break
                 turn_id, attempts, resume_pending = row
                 if resume_pending:  # decided: its continuation's first run, not a takeover
+                    # Sorting goes back on in the same statement (``set_config`` is ``SET
+                    # LOCAL``; a round trip fewer than a statement of its own): without it
+                    # the planner reads the session's messages below in hundreds of
+                    # milliseconds, not a fraction of one.
                     resumed = conn.execute(
                         f"""UPDATE axon_turns SET owner = %s, epoch = epoch + 1, attempts = 1,
                             resume_pending = false,
                             lease_until = clock_timestamp() + make_interval(secs => %s)
-                        WHERE turn_id = %s RETURNING {_COLUMNS}""",
+                        WHERE turn_id = %s
+                        RETURNING {_COLUMNS}, set_config('enable_sort', 'on', true)""",
                         (owner, lease, turn_id),
-                    ).fetchone()
+                    ).fetchone()[:-1]
                     # The decisions moved the session: read it here, not in a load of its
                     # own before the continuation's first step (a thread hop and a pool
-                    # checkout fewer). Sorting back on first: without it the planner reads
-                    # the session's messages in hundreds of milliseconds, not a fraction of one.
-                    conn.execute("SET LOCAL enable_sort = on")
+                    # checkout fewer).
                     return resumed, RESUMED, load_rows(conn, resumed[1])
                 if attempts < max_attempts:
                     taken = conn.execute(
@@ -1274,19 +1277,21 @@ def _resume_if_decided(conn: Any, session_id: str, call: PendingCall, complete: 
         return status
     try:
         with conn.transaction():
+            # The workers' wake-up rides in the statement (sent at the commit, and not at
+            # all if the savepoint rolls back): a round trip fewer than a SELECT of its own.
             resumed = conn.execute(
                 f"""UPDATE axon_turns SET status = 'running', owner = NULL,
                     lease_until = clock_timestamp() - interval '1 second',
                     resume_pending = true, resumes = resumes + 1, expires_at = NULL,
                     finish_reason = NULL
-                WHERE turn_id = %s RETURNING {_STATUS_COLUMNS}""",
-                (turn_id,),
-            ).fetchone()
+                WHERE turn_id = %s
+                RETURNING {_STATUS_COLUMNS}, pg_notify(%s, current_schema() || ':' || turn_id)""",
+                (turn_id, TURNS_CHANNEL),
+            ).fetchone()[:-1]
     except psycopg.errors.UniqueViolation:  # another turn of the session runs: it won
         raise AlreadyDecided(
             f"{call.approval_id!r} can no longer be decided: a later message superseded it"
         ) from None
-    _notify_turns(conn, turn_id)
     return _status(resumed)
 
 
