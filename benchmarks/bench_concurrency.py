@@ -64,7 +64,7 @@ def make_agent(deltas: int) -> Any:
     from runtime import Agent, TextChunk
 
     answer = [TextChunk(text=t) for t in delta_texts(deltas)]
-    provider = ScriptedProvider([tool_call("lookup", {"city": "Paris"}), answer])
+    provider = ScriptedProvider([tool_call("lookup", {"city": "Paris"}), answer], keep_requests=0)
     return Agent(name="bench", provider=provider, tools=[lookup])
 
 
