@@ -5,6 +5,7 @@ is freed; the collector's automatic state comes back when the last pacing host c
 from __future__ import annotations
 
 import gc
+import sys
 import weakref
 
 import trio
@@ -61,8 +62,13 @@ async def test_old_cyclic_garbage_is_freed_at_a_quiet_moment():
         gc.collect()  # it survives into the oldest generation
         del node
         await trio.lowlevel.checkpoint()  # a middle collection: not the oldest generation
+        await trio.sleep(0.01)  # quiet, but the heap did not grow: no full one is due
+        assert ref() is not None
+        grown = [[] for _ in range(sys.getallocatedblocks() // 2)]  # the heap grows by half
+        await trio.lowlevel.checkpoint()
         await trio.sleep(0.01)  # the loop waits with nothing ready: a full collection
         assert ref() is None
+        del grown
     finally:
         pacer.release()
     assert gc.isenabled()

@@ -14,16 +14,17 @@ in flight its own triggers make long pauses of the loop:
 The pacer turns the automatic collector off and runs the same collections itself, from
 Trio's instrument API: a young one every ``steps`` task steps (so each walks what a
 hundred steps left alive, a few milliseconds), a middle one every ``middle_every`` of
-those, and a full one only at a quiet moment once one is due. Due: the memory blocks
-allocated grew by a quarter since the last full one (CPython's own proportion, read from
-``sys.getallocatedblocks()`` because the size of its oldest generation is not exposed),
-or ``full_after`` middle collections went by. Quiet: the loop has no task ready and at
-most ``quiet_tasks`` tasks live (an idle session's actors rest and hold no task, so few
-tasks means few turns in flight, and a full collection walks little more than the
-sessions themselves); a loop that waits while ten thousand turns wait for their store
-is not quiet. After ``full_cap`` middle collections with no quiet moment one runs
-anyway (so cyclic garbage stays bounded on a host that is never quiet; that one is a
-pause like CPython's). Every collection still runs: nothing is frozen, no garbage is
+those, and a full one only at a quiet moment once one is due. Due, as CPython's own
+rule: ``full_after`` middle collections since the last full one *and* the heap grew by
+a quarter since (CPython counts the objects promoted into its oldest generation, which
+it does not expose; the pacer reads the memory blocks allocated,
+``sys.getallocatedblocks()``). Quiet: the loop has no task ready and at most
+``quiet_tasks`` tasks live (an idle session's actors rest and hold no task, so few tasks
+means few turns in flight, and a full collection walks little more than the sessions
+themselves); a loop that waits while ten thousand turns wait for their store is not
+quiet. Once due with ``full_cap`` middle collections gone by and no quiet moment, one
+runs anyway (so cyclic garbage stays bounded on a host that is never quiet; that one is
+a pause like CPython's). Every collection still runs: nothing is frozen, no garbage is
 kept for ever.
 """
 
@@ -43,7 +44,7 @@ class GcPacer(trio.abc.Instrument):
         *,
         steps: int = 100,
         middle_every: int = 10,
-        full_after: int = 100,
+        full_after: int = 10,
         full_cap: int = 1000,
         quiet_tasks: int = 100,
     ) -> None:
@@ -54,6 +55,8 @@ class GcPacer(trio.abc.Instrument):
         self.quiet_tasks = quiet_tasks
         self._blocks = sys.getallocatedblocks()
         """Memory blocks allocated after the last full collection."""
+        self._checked = -1
+        """The middle collection count at the last look at the heap's growth."""
         self._steps = 0
         self._young = 0
         self._middle = 0
@@ -89,18 +92,22 @@ class GcPacer(trio.abc.Instrument):
             return
         gc.collect(1)
         self._middle += 1
-        if self._middle >= self.full_cap:  # never quiet: overdue, as CPython would
+        if self._middle >= self.full_cap and self._due():  # never quiet: as CPython would
             self._collect_full()
 
     def before_io_wait(self, timeout: float) -> None:
-        if timeout <= 0 or not self._middle:  # tasks ready, or nothing new since the last
+        if timeout <= 0 or self._middle < self.full_after:  # tasks ready, or not due yet
             return
-        due = (
-            self._middle >= self.full_after
-            or sys.getallocatedblocks() > self._blocks + self._blocks // 4
-        )
-        if due and trio.lowlevel.current_statistics().tasks_living <= self.quiet_tasks:
+        if trio.lowlevel.current_statistics().tasks_living <= self.quiet_tasks and self._due():
             self._collect_full()
+
+    def _due(self) -> bool:
+        """Whether the heap grew by a quarter since the last full collection (read at
+        most once per middle collection: it sums the allocator's pools)."""
+        if self._checked == self._middle:
+            return False
+        self._checked = self._middle
+        return sys.getallocatedblocks() > self._blocks + self._blocks // 4
 
     def _collect_full(self) -> None:
         self._middle = 0
@@ -108,6 +115,7 @@ class GcPacer(trio.abc.Instrument):
         self._steps = 0
         gc.collect()
         self._blocks = sys.getallocatedblocks()
+        self._checked = -1
 
 
 _pacers: dict[object, GcPacer] = {}
