@@ -141,6 +141,11 @@ class Engine(Actor):
     def on_crash(self, exc: BaseException) -> None:
         self._splitter = None
 
+    def on_rest(self) -> None:
+        """The session is idle: its last request is over, a late chunk of it is dropped
+        (a full garbage collection walks every idle session's engine)."""
+        self._splitter = self._out = self._current = None
+
     async def handle(self, message: Any) -> None:
         if isinstance(message, BeginRequest):
             self._current = message.request_id

@@ -11,6 +11,7 @@ objects per turn in flight. MODE (joined with ``-``):
 * ``recipe``: what docs/embedding.md ("Garbage collection in a large host") suggests:
   ``gc.freeze()`` once the sessions are open, and no automatic full collection
   (``gc.set_threshold(700, 10, 1_000_000_000)``);
+* ``pacing``: ``Host.open(gc_pacing=True)`` (:mod:`runtime.app.gcpacing`);
 * ``count``: also samples ``gc.get_objects()`` every 50 ms for the peak count (slows the
   run: not for timings); ``hist`` adds the types at the peak.
 """
@@ -126,7 +127,8 @@ async def _main(n: int, mode: str, directory: str) -> None:
     from runtime import Host
 
     agent = make_agent(20)
-    async with Host.open(store=str(Path(directory) / "probe.db")) as host:
+    store = str(Path(directory) / "probe.db")
+    async with Host.open(store=store, gc_pacing="pacing" in mode) as host:
         warm = [await host.open_session(agent, session_id=f"warm-{i}") for i in range(20)]
         for session in warm:
             await session.run("Weather in Paris?")

@@ -46,6 +46,10 @@ class StallWatch(trio.abc.Instrument):
         self._gc_cpu_start = 0.0
         self._collected = False
         """Whether a collection ran inside the step in progress."""
+        self._in_step = False
+        """Whether a task step is in progress: a collection outside one (run by an
+        instrument between steps, e.g. ``Host.open(gc_pacing=True)`` when the loop is
+        idle) holds the loop all the same, and counts as a step of its own."""
 
     def on_gc(self, phase: str, info: dict[str, int]) -> None:
         """A ``gc.callbacks`` hook: the longest collection, and its generation."""
@@ -61,12 +65,19 @@ class StallWatch(trio.abc.Instrument):
         if took > self.longest_gc:
             self.longest_gc, self.longest_gc_generation = took, generation
             self.longest_gc_cpu = time.thread_time() - self._gc_cpu_start
+        if not self._in_step and took > self.longest_step:
+            self.longest_step, self.longest_task = (
+                took,
+                f"(generation {generation} collection between steps)",
+            )
 
     def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        self._in_step = True
         self._collected = False
         self._step_start = time.perf_counter()
 
     def after_task_step(self, task: trio.lowlevel.Task) -> None:
+        self._in_step = False
         took = time.perf_counter() - self._step_start
         if took > self.longest_step:
             self.longest_step, self.longest_task = took, task.name

@@ -76,14 +76,23 @@ class Actor:
         self.bus: Bus | None = None
         self.current_message: Any = None
         """The message being handled (what a crash interrupted, for :meth:`on_crash`)."""
-        self.stopped = trio.Event()
-        """Set when the actor has ended for good (inbox drained, or given up)."""
+        self._stopped: trio.Event | None = None
         self._subscription: Subscription | None = None
         self.rests_when: Callable[[], bool] | None = None
         """Whether the actor may rest now (its task ends on :data:`REST`); ``None``: never."""
         self.resting = False
         """Set while the actor has no task but is not stopped: its owner starts it again
         before its next work (a message sent meanwhile waits in its inbox)."""
+
+    @property
+    def stopped(self) -> trio.Event:
+        """Set when the actor has ended for good (inbox drained, or given up). Made on
+        first use: an event is two tracked objects, and every full garbage collection
+        walks ten thousand idle sessions' three actors (issue 24 item 5)."""
+        event = self._stopped
+        if event is None:
+            event = self._stopped = trio.Event()
+        return event
 
     # -- life cycle hooks ------------------------------------------------------------
 

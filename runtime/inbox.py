@@ -36,8 +36,9 @@ class Inbox(Generic[T]):
     checkpoints): a memory channel is eight tracked objects (its state, both ends, two
     tables of waiting tasks, two sets, the deque), six of them per turn in flight, and
     with ten thousand turns in flight every full garbage collection walked them all
-    (issue 24 item 5). The deque is made on first use, and :meth:`park` drops it while
-    nothing is queued or waiting: an idle session's inboxes cost a small object each.
+    (issue 24 item 5). The deque and the tables are made on first use, and :meth:`park`
+    drops them while nothing is queued or waiting: an idle session's inboxes cost a
+    small object each, also after its turns (six tables a session otherwise stayed).
     """
 
     __slots__ = (
@@ -79,7 +80,7 @@ class Inbox(Generic[T]):
             return False
         if self._buffer or self._getters or self._putters:
             return False
-        self._buffer = None
+        self._buffer = self._getters = self._putters = None  # a waiter makes a new table
         return True
 
     @property

@@ -53,6 +53,7 @@ EXPECTED_KEYS = {
     "core.linearity",
     "concurrency.scaling",
     "concurrency.worst_stall",
+    "concurrency.worst_stall_gc_pacing",
     "concurrency.worst_lateness",
     "concurrency.memory_per_idle_session",
     "long.save",

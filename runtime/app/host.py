@@ -35,6 +35,7 @@ from runtime.actor import REST, Actor, RestartPolicy, Supervisor
 from runtime.actor_messages import Batch, SessionState
 from runtime.agent import Agent
 from runtime.app.expiry import ExpiryWatch, expire_session, expired, resume_expired
+from runtime.app.gcpacing import acquire_pacer, release_pacer
 from runtime.app.session import Session, TurnStream
 from runtime.bus import Bus
 from runtime.busy import OnBusy, check_on_busy
@@ -209,6 +210,7 @@ class Host:
         max_sessions: int | None = None,
         drain_timeout: float = DRAIN_TIMEOUT,
         input_limits: InputLimits | None = None,
+        gc_pacing: bool = False,
     ) -> AsyncIterator[Host]:
         """Start a host. ``store`` is a path (an SQLite file, created if missing), a
         ``Store``, or ``None`` for memory. With ``handle_signals``, SIGINT and SIGTERM
@@ -237,7 +239,14 @@ class Host:
         ``input_limits`` (:class:`~runtime.media.InputLimits`; default 1,000 parts, 100
         images and files) caps the parts of one user input: ``session.stream`` refuses more
         with :class:`~runtime.errors.TooManyParts`, the web app with 413, before anything
-        is stored or queued."""
+        is stored or queued.
+
+        ``gc_pacing`` hands the process's garbage collections to the Trio loop while the
+        host is open (:mod:`runtime.app.gcpacing`: young ones every hundred task steps,
+        full ones when the loop is idle): with thousands of turns in flight CPython's own
+        triggers pause the loop for seconds. Off by default: the collector's settings
+        are the whole process's (docs/embedding.md, "Garbage collection in a large
+        host")."""
         _check_bounds(idle_ttl, max_sessions, drain_timeout)
         from actors.stores import open_store  # see the note on the imports
 
@@ -245,6 +254,7 @@ class Host:
             configure_logging("warning")
         the_store = await open_store(store)
         bus = Bus()
+        pacer = acquire_pacer() if gc_pacing else None
         try:
             async with trio.open_nursery() as nursery:
                 host = cls(
@@ -276,6 +286,8 @@ class Host:
                 raise
             reraise(sole)
         finally:
+            if pacer is not None:
+                release_pacer(pacer)
             if store is None or isinstance(store, str | os.PathLike):  # we opened it
                 with trio.CancelScope(shield=True):
                     await the_store.aclose()

@@ -487,8 +487,9 @@ class Session:
         self._on_busy: OnBusy | None = None if on_busy is None else check_on_busy(on_busy)
         self._queue: deque[TurnStream] = deque()
         """Turns waiting to start, in arrival order (``enqueue``, ``interrupt``)."""
-        self._changed = trio.Event()
-        """Set (and replaced) when a turn starts or ends, or one leaves the queue."""
+        self._changed: trio.Event | None = None
+        """Set (and dropped) when a turn starts or ends, or one leaves the queue; made
+        by the first :meth:`wait_changed` (an idle session holds none)."""
         self.deps = deps
         """The application's own dependencies, handed to every tool call of the session's
         turns as ``ToolContext.deps`` (read when a turn starts; reassign it freely between
@@ -572,11 +573,14 @@ class Session:
 
     def changed(self) -> None:
         """Wake whatever waits for the session's turns to change."""
-        self._changed.set()
-        self._changed = trio.Event()
+        if self._changed is not None:
+            self._changed.set()
+            self._changed = None
 
     async def wait_changed(self) -> None:
         """Until a turn starts or ends, or one leaves the queue."""
+        if self._changed is None:
+            self._changed = trio.Event()
         await self._changed.wait()
 
     @property

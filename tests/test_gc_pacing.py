@@ -1,0 +1,74 @@
+"""``Host.open(gc_pacing=True)``: the Trio loop runs the garbage collections
+(:mod:`runtime.app.gcpacing`), and still runs every kind: cyclic garbage, young or old,
+is freed; the collector's automatic state comes back when the last pacing host closes."""
+
+from __future__ import annotations
+
+import gc
+import sys
+import weakref
+
+import trio
+
+from actors.providers import ScriptedProvider
+from runtime import Agent, Host
+from runtime.app.gcpacing import GcPacer
+
+
+class _Node:
+    def __init__(self) -> None:
+        self.me = self  # a cycle: only a collection frees it
+
+
+async def test_a_pacing_host_turns_the_automatic_collector_off_and_back_on():
+    assert gc.isenabled()
+    async with Host.open(log_tap=False, gc_pacing=True):
+        assert not gc.isenabled()
+        async with Host.open(log_tap=False, gc_pacing=True):
+            assert not gc.isenabled()
+        assert not gc.isenabled()  # the outer host still paces
+    assert gc.isenabled()
+
+
+async def test_a_host_without_pacing_leaves_the_collector_alone():
+    async with Host.open(log_tap=False):
+        assert gc.isenabled()
+
+
+async def test_turns_answer_the_same_under_pacing():
+    agent = Agent(name="greeter", provider=ScriptedProvider([["hel", "lo"]]))
+    async with Host.open(log_tap=False, gc_pacing=True) as host:
+        sessions = [await host.open_session(agent) for _ in range(20)]
+        async with trio.open_nursery() as nursery:
+            for session in sessions:
+                nursery.start_soon(session.run, "hi")
+        assert [s.messages[-1].text for s in sessions] == ["hello"] * 20
+
+
+async def test_young_cyclic_garbage_is_freed_as_the_loop_steps():
+    async with Host.open(log_tap=False, gc_pacing=True):
+        ref = weakref.ref(_Node())
+        for _ in range(300):  # young collections run every hundred task steps
+            await trio.lowlevel.checkpoint()
+        assert ref() is None
+
+
+async def test_old_cyclic_garbage_is_freed_at_a_quiet_moment():
+    pacer = GcPacer(steps=1, middle_every=1, full_after=1)
+    pacer.acquire()
+    try:
+        node = _Node()
+        ref = weakref.ref(node)
+        gc.collect()  # it survives into the oldest generation
+        del node
+        await trio.lowlevel.checkpoint()  # a middle collection: not the oldest generation
+        await trio.sleep(0.01)  # quiet, but the heap did not grow: no full one is due
+        assert ref() is not None
+        grown = [[] for _ in range(sys.getallocatedblocks() // 2)]  # the heap grows by half
+        await trio.lowlevel.checkpoint()
+        await trio.sleep(0.01)  # the loop waits with nothing ready: a full collection
+        assert ref() is None
+        del grown
+    finally:
+        pacer.release()
+    assert gc.isenabled()
