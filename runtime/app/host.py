@@ -486,6 +486,9 @@ class Host:
         else:
             session = handle
         session.attach(runner, actors, session_meta)
+        if not resume:  # (an expired wait's resumption writes before any turn of ours)
+            # (a session not stored yet: version 0, as a version query would say)
+            session.loaded_record = record or SessionRecord(session_id=sid, messages=())
         idle = _idle_check(session)
         for actor in actors:
             actor.rests_when = idle

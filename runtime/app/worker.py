@@ -548,7 +548,12 @@ class Worker:
         turn = claim.turn
         host = self.host
         assert host is not None
+        was_open = host.sessions.get(turn.session_id) is not None
         session = await self._open_session(host, turn)
+        # Loaded now, after the claim: no other worker may save the session while this
+        # one holds its turn, so the turn starts from that record without asking the
+        # store again (one round trip a turn). One open already says nothing of that.
+        loaded = session.take_loaded()
         current = session.current
         if current is not None:
             # This worker's earlier turn of the session, whose lease it lost (cancelled,
@@ -569,7 +574,8 @@ class Worker:
             tools=tuple(spec.tool() for spec in options.tools),
             instructions=options.instructions,
         )
-        stream.stored = claim.stored  # a continuation starts from the session its claim read
+        # A continuation starts from the session its claim read; a fresh load from that.
+        stream.stored = claim.stored or (None if was_open else loaded)
         steered: list[str] = []
         # A takeover may find steering its turn's earlier worker never took: read once.
         watch = SteerWatch(taken=-1 if claim.takeover else 0)
