@@ -607,31 +607,30 @@ class TurnQueue:
                     ),
                 )
                 _notify_turns(conn, turn_id)
-            row = conn.execute(
-                """SELECT turn_id FROM axon_turns AS t
-                WHERE t.head AND t.status = 'queued' AND NOT t.cancel_requested
-                  AND NOT EXISTS (SELECT 1 FROM axon_turns AS r
-                      WHERE r.session_id = t.session_id AND r.status = 'running')
-                ORDER BY t.head_seq LIMIT 1 FOR UPDATE SKIP LOCKED"""
-            ).fetchone()
-            if row is None:
-                return None
-            # The start, and in the same statement the end of a turn of the session that
-            # waits for a decision: superseded (its runner denies what still waits, as
-            # the embedded host does), so no decision resumes it any more.
+            # The first claimable head, started, and in the same statement the end of a
+            # turn of the session that waits for a decision: superseded (its runner
+            # denies what still waits, as the embedded host does), so no decision resumes
+            # it any more. One statement: the look and the start were two round trips.
             started = conn.execute(
-                f"""WITH started AS (
+                f"""WITH head AS (
+                    SELECT turn_id FROM axon_turns AS t
+                    WHERE t.head AND t.status = 'queued' AND NOT t.cancel_requested
+                      AND NOT EXISTS (SELECT 1 FROM axon_turns AS r
+                          WHERE r.session_id = t.session_id AND r.status = 'running')
+                    ORDER BY t.head_seq LIMIT 1 FOR UPDATE SKIP LOCKED
+                ), started AS (
                     UPDATE axon_turns SET status = 'running', owner = %s,
                         epoch = epoch + 1, attempts = attempts + 1,
                         lease_until = clock_timestamp() + make_interval(secs => %s),
                         started_at = coalesce(started_at, clock_timestamp())
-                    WHERE turn_id = %s AND status = 'queued' RETURNING {_COLUMNS}
+                    WHERE turn_id = (SELECT turn_id FROM head) AND status = 'queued'
+                    RETURNING {_COLUMNS}
                 ), superseded AS ({_SUPERSEDE} FROM started AS s
                     WHERE w.session_id = s.session_id AND w.status = 'awaiting-input'
                     RETURNING pg_notify(%s, current_schema() || ':' || w.turn_id)
                 )
                 SELECT {_COLUMNS} FROM started""",
-                (owner, lease, row[0], TURNS_CHANNEL),
+                (owner, lease, TURNS_CHANNEL),
             ).fetchone()
             return None if started is None else (started, STARTED, None)
 
