@@ -203,10 +203,12 @@ async def until(queue: Any, turn_id: str, done: Any) -> Any:
 
 
 async def test_a_workers_turn_starts_from_the_session_it_loaded_for_it(pg_url: str) -> None:
-    """A worker loads a session after claiming its turn: no other worker may save it
-    meanwhile, so the turn asks the store for no version before it starts (issue 24).
-    A session the worker still had open from an earlier turn is asked about, as
-    another worker may have run turns of it since."""
+    """A worker's claim reads the claimed turn's session when the worker does not have
+    it in memory (in the claim's thread hop, after its commit): no other worker may save
+    it meanwhile, so the turn neither loads it again nor asks the store for its version
+    before it starts (issue 24). A session the worker still had open from an earlier
+    turn is not read: the turn asks for its version, as another worker may have run
+    turns of it since."""
     from actors.stores import open_store, turn_queue
     from runtime import Agent
     from runtime.app.worker import Worker
@@ -229,8 +231,8 @@ async def test_a_workers_turn_starts_from_the_session_it_loaded_for_it(pg_url: s
         stored = await store.load("v1")
     finally:
         await queue.aclose()
-    assert after_first["load"] == 1 and after_first["version"] == 0
+    assert after_first["load"] == 0 and after_first["version"] == 0
     # open already: asked, not read
-    assert after_second["load"] == 1 and after_second["version"] == 1
+    assert after_second["load"] == 0 and after_second["version"] == 1
     assert stored is not None
     assert [m.content for m in stored.messages if isinstance(m, UserMessage)] == ["one", "two"]

@@ -527,7 +527,11 @@ class TurnQueue:
     # -- claiming ------------------------------------------------------------------------
 
     async def claim(
-        self, owner: str, *, on_claimed: Callable[[str, str, int], None] | None = None
+        self,
+        owner: str,
+        *,
+        on_claimed: Callable[[str, str, int], None] | None = None,
+        load: Callable[[str], bool] | None = None,
     ) -> Claim | None:
         """Take the next turn to run for worker ``owner``, or ``None`` if there is none.
 
@@ -545,6 +549,12 @@ class TurnQueue:
         ``on_claimed(turn_id, owner, epoch)`` is called as soon as the turn is claimed,
         before its input is decoded (thousands of parts may take longer than the lease):
         a worker starts renewing the lease there.
+
+        ``load(session_id)`` (called in the claim's thread: a quick look, such as whether
+        the worker has the session in memory) asks for the turn's session too: it is read
+        on the claim's connection once the claim committed, saving the turn a thread hop
+        and a pool checkout of its own (:attr:`Claim.stored`). A continuation's claim
+        reads it anyway.
         """
         if not isinstance(owner, str) or not owner:
             raise StoreError(f"owner must be a non-empty string, not {owner!r}")
@@ -640,9 +650,14 @@ class TurnQueue:
             # rolled back, found nothing (no savepoint: two statements fewer per claim).
             try:
                 with conn.transaction():
-                    return claim(conn)
+                    found = claim(conn)
             except psycopg.errors.UniqueViolation:
                 return None
+            if found is not None and found[2] is None and load is not None:
+                session_id = found[0][1]
+                if load(session_id):  # after the commit: no lock is held while it reads
+                    return found[0], found[1], load_rows(conn, session_id)
+            return found
 
         found = await self.store.run(f"claim by {owner!r}", claim_once, transaction=False)
         if found is None:
@@ -665,9 +680,10 @@ class TurnQueue:
         if rows is None:
             return None
         try:
-            return self.store.record(session_id, rows)
+            record = self.store.record(session_id, rows)
         except StoreError:
             return None
+        return record or SessionRecord(session_id=session_id, messages=())
 
     # -- holding and ending a claim ------------------------------------------------------
 
