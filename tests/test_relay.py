@@ -608,7 +608,8 @@ def test_plain_urls_get_the_writers_own_connection_and_others_coredis() -> None:
     assert address("redis://u:p%40ss@h") == Address(host="h", username="u", password="p@ss")
     assert address("redis://:pw@h/0") == Address(host="h", password="pw")
     assert address("unix:///run/r.sock?db=2") == Address(path="/run/r.sock", db=2)
-    for other in ("rediss://h:1/0", "redis://h/0?ssl_cert_reqs=none", "redis://h/x", "http://h"):
+    others = ("rediss://h:1/0", "redis://h/0?ssl_cert_reqs=none", "redis://h/x", "redis://u@h")
+    for other in (*others, "http://h"):
         assert address(other) is None, other
 
 

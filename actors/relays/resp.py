@@ -56,6 +56,8 @@ def address(url: str) -> Address | None:
             return Address(path=parts.path, db=db)
         if parts.scheme != "redis" or not parts.hostname:
             return None
+        if parts.username and parts.password is None:
+            return None  # a user without a password: coredis says what that means
         path = parts.path.strip("/")
         if path:
             if "db" in query:
