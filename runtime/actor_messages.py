@@ -671,7 +671,9 @@ class RunTurn:
     stored: SessionRecord | None = None
     """The session as its caller just read it from the store, or wrote it (a
     continuation: the waiting turn, its decisions recorded): with ``resume``, the turn
-    starts from it instead of reading the session again."""
+    starts from it instead of reading the session again. Without ``resume``, a record
+    at the version the runner holds says nobody wrote since: no version query (a
+    worker's turn of a session it loaded after claiming the turn)."""
 
 
 ConsumerItem: TypeAlias = "Batch[OutputChunk] | TurnDone"

@@ -181,9 +181,11 @@ class Claim:
     continuation (in the same assistant message, its relay stream going on after the
     wait), not a takeover."""
     stored: SessionRecord | None = None
-    """The session as the claim read it, in the claim's transaction (a continuation's:
-    its decisions were recorded elsewhere), for the turn to start from without reading
-    it again (``RunTurn.stored``); ``None``: the turn reads it."""
+    """The session as the claim read it (a continuation's in the claim's transaction: its
+    decisions were recorded elsewhere; another turn's right after it, when the worker
+    asked: ``load``), for the turn to start from without reading it again
+    (``RunTurn.stored``; a session not stored yet is an empty record at version 0);
+    ``None``: the turn reads it."""
 
 
 @attrs.frozen(kw_only=True, slots=True)
@@ -331,10 +333,16 @@ class TurnQueue(Protocol):
     # -- workers ----------------------------------------------------------------------------
 
     async def claim(
-        self, owner: str, *, on_claimed: Callable[[str, str, int], None] | None = None
+        self,
+        owner: str,
+        *,
+        on_claimed: Callable[[str, str, int], None] | None = None,
+        load: Callable[[str], bool] | None = None,
     ) -> Claim | None:
         """The next turn for worker ``owner`` to run, or ``None``; ``on_claimed(turn_id,
-        owner, epoch)`` is called as soon as it is claimed, before its input is decoded."""
+        owner, epoch)`` is called as soon as it is claimed, before its input is decoded.
+        When ``load(session_id)`` says so, the claim reads the turn's session too
+        (:attr:`Claim.stored`)."""
         ...
 
     async def wait(self, timeout: float) -> bool:  # noqa: ASYNC109

@@ -200,3 +200,39 @@ async def until(queue: Any, turn_id: str, done: Any) -> Any:
             if status is not None and done(status):
                 return status
             await trio.sleep(0.01)
+
+
+async def test_a_workers_turn_starts_from_the_session_it_loaded_for_it(pg_url: str) -> None:
+    """A worker's claim reads the claimed turn's session when the worker does not have
+    it in memory (in the claim's thread hop, after its commit): no other worker may save
+    it meanwhile, so the turn neither loads it again nor asks the store for its version
+    before it starts (issue 24). A session the worker still had open from an earlier
+    turn is not read: the turn asks for its version, as another worker may have run
+    turns of it since."""
+    from actors.stores import open_store, turn_queue
+    from runtime import Agent
+    from runtime.app.worker import Worker
+
+    agent = Agent(provider=ScriptedProvider(responder=lambda request: ["ok"]))
+    store = await open_store(pg_url)
+    queue = turn_queue(store)
+    calls = count_calls(store)
+    try:
+        async with trio.open_nursery() as nursery:
+            worker = Worker(store=store, agent=agent, poll=0.05, concurrency=1)
+            await nursery.start(worker.run)
+            first = await queue.submit("v1", "one")
+            await until(queue, first.turn_id, lambda s: s.finished)
+            after_first = Counter(calls)
+            second = await queue.submit("v1", "two")
+            await until(queue, second.turn_id, lambda s: s.finished)
+            worker.stop()
+        after_second = Counter(calls)
+        stored = await store.load("v1")
+    finally:
+        await queue.aclose()
+    assert after_first["load"] == 0 and after_first["version"] == 0
+    # open already: asked, not read
+    assert after_second["load"] == 0 and after_second["version"] == 1
+    assert stored is not None
+    assert [m.content for m in stored.messages if isinstance(m, UserMessage)] == ["one", "two"]

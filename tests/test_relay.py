@@ -596,3 +596,57 @@ async def test_a_read_after_the_first_pause_waits_for_the_continuation(redis_url
             await writer.aclose()
     assert [getattr(c, "text", None) for c in got if c.type == "text-delta"] == ["goes on"]
     assert got[0].type == "start" and got[0].message_id == "m1"
+
+
+# -- the writers' pipelines: many writers' flushes in one, on a RESP connection --------------
+
+
+def test_plain_urls_get_the_writers_own_connection_and_others_coredis() -> None:
+    from actors.relays.resp import Address, address
+
+    assert address("redis://h:7000/3") == Address(host="h", port=7000, db=3)
+    assert address("redis://u:p%40ss@h") == Address(host="h", username="u", password="p@ss")
+    assert address("redis://:pw@h/0") == Address(host="h", password="pw")
+    assert address("unix:///run/r.sock?db=2") == Address(path="/run/r.sock", db=2)
+    others = ("rediss://h:1/0", "redis://h/0?ssl_cert_reqs=none", "redis://h/x", "redis://u@h")
+    for other in (*others, "http://h"):
+        assert address(other) is None, other
+
+
+@pytest.mark.parametrize("resp", [True, False], ids=["resp", "coredis"])
+async def test_writers_flushing_together_share_pipelines_and_each_reads_back_whole(
+    redis_url: str, resp: bool
+) -> None:
+    async with opened(redis_url) as relay:
+        if not resp:
+            relay.batcher.connection = None  # what a URL the RESP connection does not serve gets
+        writers = [relay.writer(session_id=f"s{i}", turn_id=f"t{i}", fresh=True) for i in range(8)]
+        turn = text_turn(["a", "b"])
+        for chunk in turn:
+            for writer in writers:
+                writer.append(chunk)
+            await trio.lowlevel.checkpoint()
+        for writer in writers:
+            await writer.aclose()
+        for i in range(8):
+            got = await read_all(relay, f"t{i}")
+            assert [c.type for c in got] == [c.type for c in turn]
+            assert [c.seq for c in got] == list(range(1, len(turn) + 1))
+            assert await relay.client.get(relay.active_key(f"s{i}")) == f"t{i}".encode()
+            assert 0 < await relay.client.ttl(relay.turn_key(f"t{i}")) <= relay.end_ttl
+    assert relay.batcher.pipelines < sum(w.flushes for w in writers)
+
+
+async def test_a_refused_flush_fails_only_its_writer_in_a_shared_pipeline(redis_url: str) -> None:
+    async with opened(redis_url) as relay:
+        await relay.client.set(relay.turn_key("bad"), "not a stream")
+        bad = relay.writer(session_id="s1", turn_id="bad", fresh=True)
+        good = relay.writer(session_id="s2", turn_id="good", fresh=True)
+        for chunk in text_turn(["x"]):
+            bad.append(chunk)
+            good.append(chunk)
+        await good.aclose()
+        with trio.move_on_after(0.5):
+            await bad.aclose()
+        assert [c.type for c in await read_all(relay, "good")] == [c.type for c in text_turn(["x"])]
+        assert good.failures == 0 and bad.failures >= 1

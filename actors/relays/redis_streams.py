@@ -79,6 +79,7 @@ import structlog
 import trio
 from cattrs.errors import BaseValidationError
 
+from actors.relays import resp
 from actors.relays.limits import RedisLimitBackend
 from runtime import output as o
 from runtime.errors import ConfigurationError, RelayTurnGone, RelayUnavailable
@@ -527,21 +528,19 @@ class RedisRelayWriter:
                 fields["prev"] = self._prev
             now = trio.current_time()
             # The TTLs are set by the first flush and the last, and refreshed at most every
-            # TTL_REFRESH seconds: a flush in between is one XADD, not a pipeline of three.
+            # TTL_REFRESH seconds: a flush in between is one XADD, not three commands.
             touch = ended or opening or now - self._touched > TTL_REFRESH
+            commands: list[tuple[Any, ...]] = [("XADD", self.key, f"{first}-1", fields)]
+            if touch:
+                commands.append(("EXPIRE", self.key, relay.end_ttl if ended else relay.live_ttl))
+                active = relay.active_key(self.session_id)
+                if opening:
+                    commands.append(("SET", active, self.turn_id, relay.live_ttl))
+                elif ended:
+                    commands.append(("EXPIRE", active, relay.end_ttl))
             try:
-                if not touch:
-                    await client.xadd(self.key, fields, identifier=f"{first}-1")
-                else:
-                    async with client.pipeline(transaction=False, raise_on_error=False) as pipe:
-                        added = pipe.xadd(self.key, fields, identifier=f"{first}-1")
-                        pipe.expire(self.key, relay.end_ttl if ended else relay.live_ttl)
-                        active = relay.active_key(self.session_id)
-                        if opening:
-                            pipe.set(active, self.turn_id, ex=relay.live_ttl)
-                        elif ended:
-                            pipe.expire(active, relay.end_ttl)
-                    await added
+                await relay.batcher.send(commands)
+                if touch:
                     self._touched = now
             except ResponseError as exc:
                 if "equal or smaller" not in str(exc):
@@ -552,6 +551,130 @@ class RedisRelayWriter:
         self._next_seq = first + len(batch)
         self._prev = None
         self.flushes += 1
+
+
+@attrs.define(kw_only=True, slots=True, eq=False)
+class _Job:
+    """One writer's flush waiting for the relay's next pipeline (:class:`_Batcher`):
+    its commands, ``("XADD", key, id, fields)`` first (the one whose reply is wanted),
+    then ``("EXPIRE", key, seconds)`` / ``("SET", key, value, ex_seconds)``."""
+
+    commands: list[tuple[Any, ...]]
+    done: trio.Event = attrs.field(factory=trio.Event)
+    result: Any = None
+    error: BaseException | None = None
+    abandoned: bool = False
+
+
+class _Batcher:
+    """Sends the flushes the relay's writers make at one moment as one pipeline.
+
+    Each flush was its own round trip through coredis, about 200 µs of CPU for one
+    ``XADD`` (its validators, request objects, reader and writer tasks): with several
+    flushes a turn, the relay was about half of a worker's CPU per turn (issue 24). The
+    writers' flushes now wait here, and one task sends all those queued while the
+    previous pipeline was out as the next one, written as RESP on a connection of its
+    own (:mod:`actors.relays.resp`; coredis for a URL that module does not serve): one
+    round trip for many writers when busy, the same single round trip as before when not
+    (nothing waits for company). Each writer still has at most one flush out and gets
+    its own outcome: its ``XADD`` refused (a duplicate id, a key of another type) is its
+    error alone; a connection that breaks fails every flush of that pipeline, each
+    retried by its writer as before (the ids make a flush Redis applied a duplicate).
+    """
+
+    def __init__(self, client: Any, url: str | None, timeout: float) -> None:
+        self.client = client
+        self.timeout = timeout
+        where = resp.address(url) if url is not None else None
+        self.connection = resp.RespConnection(where) if where is not None else None
+        """The writers' own connection (``None``: they go through coredis)."""
+        self._jobs: list[_Job] = []
+        self._wake = trio.Event()
+        self.pipelines = 0
+        """Pipelines sent (observable: fewer than the writers' flushes when busy)."""
+
+    async def send(self, commands: list[tuple[Any, ...]]) -> Any:
+        """Queue a flush's ``commands`` into the next pipeline; the ``XADD``'s reply."""
+        job = _Job(commands=commands)
+        self._jobs.append(job)
+        self._wake.set()
+        try:
+            await job.done.wait()
+        except BaseException:
+            job.abandoned = True  # not sent if it was still waiting (the writer retries)
+            raise
+        if job.error is not None:
+            raise job.error
+        return job.result
+
+    async def run(self) -> None:
+        try:
+            while True:
+                if not self._jobs:
+                    await self._wake.wait()
+                    self._wake = trio.Event()
+                    continue
+                jobs = [job for job in self._jobs if not job.abandoned]
+                self._jobs = []
+                if not jobs:
+                    continue
+                self.pipelines += 1
+                try:
+                    with trio.fail_after(self.timeout):
+                        if self.connection is not None:
+                            await self._send_resp(jobs)
+                        else:
+                            await self._send_coredis(jobs)
+                except Exception as exc:  # the connection: every flush of it failed
+                    for job in jobs:
+                        job.error = exc
+                finally:
+                    for job in jobs:
+                        job.done.set()
+        finally:
+            if self.connection is not None:
+                await self.connection.aclose()
+
+    async def _send_resp(self, jobs: list[_Job]) -> None:
+        assert self.connection is not None
+        commands: list[list[Any]] = []
+        for job in jobs:
+            for name, key, *args in job.commands:
+                if name == "XADD":
+                    identifier, fields = args
+                    flat = [x for pair in fields.items() for x in pair]
+                    commands.append(["XADD", key, identifier, *flat])
+                elif name == "SET":
+                    value, ex = args
+                    commands.append(["SET", key, value, "EX", ex])
+                else:
+                    commands.append([name, key, *args])
+        replies = await self.connection.pipeline(commands)
+        at = 0
+        for job in jobs:
+            reply = replies[at]
+            at += len(job.commands)
+            if isinstance(reply, Exception):
+                job.error = reply
+            else:
+                job.result = reply
+
+    async def _send_coredis(self, jobs: list[_Job]) -> None:
+        wanted: list[Any] = []
+        async with self.client.pipeline(transaction=False, raise_on_error=False) as pipe:
+            for job in jobs:
+                (_, key, identifier, fields), *rest = job.commands
+                wanted.append(pipe.xadd(key, fields, identifier=identifier))
+                for name, key, *args in rest:
+                    if name == "SET":
+                        pipe.set(key, args[0], ex=args[1])
+                    else:
+                        pipe.expire(key, args[0])
+        for job, result in zip(jobs, wanted, strict=True):
+            try:
+                job.result = await result
+            except Exception as exc:  # this writer's command was refused
+                job.error = exc
 
 
 class RedisRelay:
@@ -572,6 +695,7 @@ class RedisRelay:
         op_timeout: float = 5.0,
         close_timeout: float = 10.0,
         block_ms: int = BLOCK_MS,
+        url: str | None = None,
     ) -> None:
         self.client = client
         self.nursery = nursery
@@ -587,6 +711,10 @@ class RedisRelay:
         self.block_ms = block_ms
         self.live: set[RedisRelayWriter] = set()
         """Writers whose flush task runs."""
+        self.batcher = _Batcher(client, url, op_timeout)
+        """Sends the writers' flushes, those of one moment in one pipeline (on a
+        connection of its own for a plain ``url``)."""
+        nursery.start_soon(self.batcher.run)
 
     @classmethod
     @asynccontextmanager
@@ -620,7 +748,7 @@ class RedisRelay:
             async with client:
                 await _wait_for_redis(client, shown, retry_for)
                 async with trio.open_nursery() as nursery:
-                    relay = cls(client, nursery, **relay_options)
+                    relay = cls(client, nursery, url=url, **relay_options)
                     try:
                         yield relay
                     finally:

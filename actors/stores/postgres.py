@@ -333,6 +333,9 @@ class PostgresStore:
         """Wrap an open pool whose schema exists; use :meth:`open` instead."""
         self._pool = pool
         self._url = url
+        self._shown = redact_url(url)
+        """:attr:`url`, worked out once: every statement's error context names it, and
+        redacting it each time was a few percent of a worker's CPU (issue 24)."""
         self.libpq, self.schema = parse_url(url)
         """The libpq URL (without Axon's ``schema`` parameter) and the schema name."""
         self._fences_closed = False
@@ -347,7 +350,7 @@ class PostgresStore:
     @property
     def url(self) -> str:
         """The URL the store was opened with, password removed."""
-        return redact_url(self._url)
+        return self._shown
 
     # -- open ----------------------------------------------------------------------------
 

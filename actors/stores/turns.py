@@ -527,7 +527,11 @@ class TurnQueue:
     # -- claiming ------------------------------------------------------------------------
 
     async def claim(
-        self, owner: str, *, on_claimed: Callable[[str, str, int], None] | None = None
+        self,
+        owner: str,
+        *,
+        on_claimed: Callable[[str, str, int], None] | None = None,
+        load: Callable[[str], bool] | None = None,
     ) -> Claim | None:
         """Take the next turn to run for worker ``owner``, or ``None`` if there is none.
 
@@ -545,6 +549,12 @@ class TurnQueue:
         ``on_claimed(turn_id, owner, epoch)`` is called as soon as the turn is claimed,
         before its input is decoded (thousands of parts may take longer than the lease):
         a worker starts renewing the lease there.
+
+        ``load(session_id)`` (called in the claim's thread: a quick look, such as whether
+        the worker has the session in memory) asks for the turn's session too: it is read
+        on the claim's connection once the claim committed, saving the turn a thread hop
+        and a pool checkout of its own (:attr:`Claim.stored`). A continuation's claim
+        reads it anyway.
         """
         if not isinstance(owner, str) or not owner:
             raise StoreError(f"owner must be a non-empty string, not {owner!r}")
@@ -610,31 +620,30 @@ class TurnQueue:
                     ),
                 )
                 _notify_turns(conn, turn_id)
-            row = conn.execute(
-                """SELECT turn_id FROM axon_turns AS t
-                WHERE t.head AND t.status = 'queued' AND NOT t.cancel_requested
-                  AND NOT EXISTS (SELECT 1 FROM axon_turns AS r
-                      WHERE r.session_id = t.session_id AND r.status = 'running')
-                ORDER BY t.head_seq LIMIT 1 FOR UPDATE SKIP LOCKED"""
-            ).fetchone()
-            if row is None:
-                return None
-            # The start, and in the same statement the end of a turn of the session that
-            # waits for a decision: superseded (its runner denies what still waits, as
-            # the embedded host does), so no decision resumes it any more.
+            # The first claimable head, started, and in the same statement the end of a
+            # turn of the session that waits for a decision: superseded (its runner
+            # denies what still waits, as the embedded host does), so no decision resumes
+            # it any more. One statement: the look and the start were two round trips.
             started = conn.execute(
-                f"""WITH started AS (
+                f"""WITH head AS (
+                    SELECT turn_id FROM axon_turns AS t
+                    WHERE t.head AND t.status = 'queued' AND NOT t.cancel_requested
+                      AND NOT EXISTS (SELECT 1 FROM axon_turns AS r
+                          WHERE r.session_id = t.session_id AND r.status = 'running')
+                    ORDER BY t.head_seq LIMIT 1 FOR UPDATE SKIP LOCKED
+                ), started AS (
                     UPDATE axon_turns SET status = 'running', owner = %s,
                         epoch = epoch + 1, attempts = attempts + 1,
                         lease_until = clock_timestamp() + make_interval(secs => %s),
                         started_at = coalesce(started_at, clock_timestamp())
-                    WHERE turn_id = %s AND status = 'queued' RETURNING {_COLUMNS}
+                    WHERE turn_id = (SELECT turn_id FROM head) AND status = 'queued'
+                    RETURNING {_COLUMNS}
                 ), superseded AS ({_SUPERSEDE} FROM started AS s
                     WHERE w.session_id = s.session_id AND w.status = 'awaiting-input'
                     RETURNING pg_notify(%s, current_schema() || ':' || w.turn_id)
                 )
                 SELECT {_COLUMNS} FROM started""",
-                (owner, lease, row[0], TURNS_CHANNEL),
+                (owner, lease, TURNS_CHANNEL),
             ).fetchone()
             return None if started is None else (started, STARTED, None)
 
@@ -644,9 +653,14 @@ class TurnQueue:
             # rolled back, found nothing (no savepoint: two statements fewer per claim).
             try:
                 with conn.transaction():
-                    return claim(conn)
+                    found = claim(conn)
             except psycopg.errors.UniqueViolation:
                 return None
+            if found is not None and found[2] is None and load is not None:
+                session_id = found[0][1]
+                if load(session_id):  # after the commit: no lock is held while it reads
+                    return found[0], found[1], load_rows(conn, session_id)
+            return found
 
         found = await self.store.run(f"claim by {owner!r}", claim_once, transaction=False)
         if found is None:
@@ -669,9 +683,10 @@ class TurnQueue:
         if rows is None:
             return None
         try:
-            return self.store.record(session_id, rows)
+            record = self.store.record(session_id, rows)
         except StoreError:
             return None
+        return record or SessionRecord(session_id=session_id, messages=())
 
     # -- holding and ending a claim ------------------------------------------------------
 

@@ -299,7 +299,7 @@ class TurnRunner(Suspending, Actor):
         state, agent, budget = self.state, self.agent, self.agent.budget
         sid = state.session_id
         turn_id = run.turn_id
-        await self._sync(turn_id, reload=run.resume, stored=run.stored if run.resume else None)
+        await self._sync(turn_id, reload=run.resume, stored=run.stored)
         message_id = run.message_id or new_id("msg")
         committed = None
         if run.resume and run.message_id is not None:

@@ -396,6 +396,7 @@ class Host:
         deps: Any = None,
         history: Sequence[Message] | None = None,
         on_busy: OnBusy | None = None,
+        stored: SessionRecord | None = None,
     ) -> Session:
         """Open (or resume, when ``session_id`` is stored) a session running ``agent``.
 
@@ -411,7 +412,12 @@ class Host:
         An evicted session whose ``Session`` object is still held is loaded back into that
         object, so there is one object per session id. An agent with no provider is a
         :class:`~runtime.errors.ConfigurationError` (a silent stand-in model would answer
-        in its place)."""
+        in its place).
+
+        ``stored``: the session as its caller just read it from this host's store (a
+        worker's claim, :attr:`runtime.turn_queue.Claim.stored`; an empty record at
+        version 0 for a session not stored yet), loaded from instead of reading it
+        again. Ignored when the session is open already."""
         self.provider_of(agent)  # no provider, or an unknown one: refused before anything
         if on_busy is not None:
             check_on_busy(on_busy)
@@ -430,7 +436,7 @@ class Host:
             _configure(existing, deps, on_busy)
             self.touch(existing)
             return existing
-        session = await self._load_once(agent, sid, meta, seed)
+        session = await self._load_once(agent, sid, meta, seed, stored)
         _configure(session, deps, on_busy)
         await self._announce(self._evict_over_capacity(keep=session))
         return session
@@ -441,6 +447,7 @@ class Host:
         sid: str,
         meta: dict[str, Any] | None,
         seed: tuple[Message, ...] | None,
+        stored: SessionRecord | None = None,
     ) -> Session:
         """Load ``sid`` into memory, into its evicted ``Session`` object if one of
         ``agent`` is still held; an open of the same id meanwhile waits for this one."""
@@ -449,7 +456,7 @@ class Host:
             handle = None  # an evicted object of another agent: this open supersedes it
         opening = self._opening[sid] = trio.Event()
         try:
-            return await self._load_session(agent, sid, meta, handle, seed)
+            return await self._load_session(agent, sid, meta, handle, seed, stored)
         finally:
             del self._opening[sid]
             opening.set()
@@ -479,10 +486,14 @@ class Host:
         meta: dict[str, Any] | None,
         handle: Session | None,
         history: tuple[Message, ...] | None = None,
+        stored: SessionRecord | None = None,
     ) -> Session:
         if handle is not None and handle.unsaved_meta:
             meta = {**handle.unsaved_meta, **(meta or {})}
-        record = await self.store.load(sid)
+        if stored is not None and stored.session_id == sid:
+            record = stored if stored.version else None
+        else:
+            record = await self.store.load(sid)
         resume = False
         # A worker's host never expires waits itself: there the turn queue owns a turn's
         # resumption (runtime.app.worker), and a resume outside it could run on two workers.
@@ -498,6 +509,9 @@ class Host:
         else:
             session = handle
         session.attach(runner, actors, session_meta)
+        if not resume:  # (an expired wait's resumption writes before any turn of ours)
+            # (a session not stored yet: version 0, as a version query would say)
+            session.loaded_record = record or SessionRecord(session_id=sid, messages=())
         idle = _idle_check(session)
         for actor in actors:
             actor.rests_when = idle

@@ -171,7 +171,8 @@ class TurnStream:
         self.instructions = instructions
         """Instructions added for this turn only (``RunTurn.instructions``)."""
         self.stored: SessionRecord | None = None
-        """The session as just read from the store, for a continuation (``RunTurn.stored``)."""
+        """The session as just read from the store (``RunTurn.stored``): for a
+        continuation, or a turn whose session was loaded for it."""
         if resume and message_id is None:
             raise InvalidTurnId("a turn to resume needs the message_id of its assistant message")
         self.result: TurnResult | None = None
@@ -497,6 +498,8 @@ class Session:
         self._id = session_id
         self.runner: SessionRunner | None = runner
         self.actors: list[Actor] = []
+        self.loaded_record: SessionRecord | None = None
+        """What the host's last load of the session read (:meth:`take_loaded`)."""
         self.current: TurnStream | None = None
         """The turn in progress, if any."""
         self.last_used = 0.0
@@ -616,6 +619,15 @@ class Session:
         self.actors = actors
         self._meta = MappingProxyType(dict(meta))
         self._saved_anything = True
+        self.loaded_record = None
+
+    def take_loaded(self) -> SessionRecord | None:
+        """The record the host loaded the session from (an empty one at version 0 if it
+        was not stored), once: ``None`` after that. A worker that loaded the session for
+        the turn it claimed hands it to that turn (``RunTurn.stored``), which then needs
+        no version query."""
+        record, self.loaded_record = self.loaded_record, None
+        return record
 
     def detach(self) -> None:
         """Called by the host when it evicts the session: drop the history and actors."""

@@ -94,7 +94,7 @@ from runtime.logging import configure_logging, get_logger
 from runtime.media import InputLimits
 from runtime.output import ErrorInfo, ResetStep, StepStart
 from runtime.redact import redact, redact_url
-from runtime.store import Store
+from runtime.store import SessionRecord, Store
 from runtime.turn_queue import (
     WAITING,
     Claim,
@@ -420,11 +420,19 @@ class Worker:
             leases.hold(turn_id, owner, epoch)
 
         try:
-            return await self.queue.claim(self.owner, on_claimed=on_claimed)
+            return await self.queue.claim(self.owner, on_claimed=on_claimed, load=self._not_open)
         except BaseException:  # after the claim, maybe: its input could not be read
             for turn_id, epoch in claimed:
                 leases.release(turn_id, epoch)
             raise
+
+    def _not_open(self, session_id: str) -> bool:
+        """Whether a claimed turn's session is not in this worker's memory, so the claim
+        reads it for the turn (in the claim's thread: a dictionary look-up). One in
+        memory is not read: the turn asks the store for its version instead, which
+        costs nothing whatever the history's length."""
+        host = self.host
+        return host is not None and session_id not in host.sessions
 
     async def _a_turn_ends(self) -> None:
         """Wait until one of the running turns ends."""
@@ -548,7 +556,12 @@ class Worker:
         turn = claim.turn
         host = self.host
         assert host is not None
-        session = await self._open_session(host, turn)
+        was_open = host.sessions.get(turn.session_id) is not None
+        session = await self._open_session(host, turn, claim.stored)
+        # Loaded now, after the claim: no other worker may save the session while this
+        # one holds its turn, so the turn starts from that record without asking the
+        # store again (one round trip a turn). One open already says nothing of that.
+        loaded = session.take_loaded()
         current = session.current
         if current is not None:
             # This worker's earlier turn of the session, whose lease it lost (cancelled,
@@ -569,7 +582,8 @@ class Worker:
             tools=tuple(spec.tool() for spec in options.tools),
             instructions=options.instructions,
         )
-        stream.stored = claim.stored  # a continuation starts from the session its claim read
+        # A continuation starts from the session its claim read; a fresh load from that.
+        stream.stored = claim.stored or (None if was_open else loaded)
         steered: list[str] = []
         # A takeover may find steering its turn's earlier worker never took: read once.
         watch = SteerWatch(taken=-1 if claim.takeover else 0)
@@ -640,17 +654,22 @@ class Worker:
         taken.extend(t.turn_id for t in found)
         return [SteeredInput(content=t.input, user_message_id=t.user_message_id) for t in found]
 
-    async def _open_session(self, host: Host, turn: QueuedTurn) -> Any:
-        """The turn's session, loaded from the store; one that is not stored yet starts
-        from the history the turn carries, if any (``TurnOptions.history``)."""
+    async def _open_session(
+        self, host: Host, turn: QueuedTurn, stored: SessionRecord | None = None
+    ) -> Any:
+        """The turn's session, loaded from the store (or from ``stored``, as its claim
+        read it); one that is not stored yet starts from the history the turn carries,
+        if any (``TurnOptions.history``)."""
         agent = self.agent_for(turn.session_id)
         history = turn.options.history
         if history is not None:
             try:
-                return await host.open_session(agent, turn.session_id, history=history)
+                return await host.open_session(
+                    agent, turn.session_id, history=history, stored=stored
+                )
             except InvalidHistory:  # stored (or open) already: an earlier claim saved it
                 pass
-        return await host.open_session(agent, turn.session_id)
+        return await host.open_session(agent, turn.session_id, stored=stored)
 
     async def _forget(self, session: Any) -> None:
         """Delete an ephemeral turn's session once the turn is over

@@ -1,0 +1,204 @@
+"""A bare RESP2 connection for the relay writers' pipelines (issue 24).
+
+The writers' flushes are the relay's hot path: a worker's turn makes several, each a few
+commands (``XADD``, sometimes ``EXPIRE`` / ``SET``). Through coredis a pipeline of one
+``XADD`` cost about 200 µs of CPU (validators, request objects, its reader and writer
+tasks and their memory streams); written here as RESP on a Trio stream it costs about
+25 µs. Everything else the relay does (reads, tails, pub/sub, rate-limit scripts) stays
+on coredis.
+
+Only plain URLs are served here, ``redis://[user:password@]host[:port][/db]`` and
+``unix://path[?db=N]`` without other options; any other URL (``rediss://``, client
+options) keeps the writers on coredis: :func:`address` returns ``None`` for it.
+
+A reply that is an error is returned as coredis's :class:`~coredis.exceptions.ResponseError`
+for that command alone; a connection that breaks, or a reply that does not parse, raises
+coredis's :class:`~coredis.exceptions.ConnectionError` for the whole pipeline and the
+connection is dropped (the next pipeline opens a new one).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit
+
+import attrs
+import trio
+
+Command = Sequence[bytes | str | int]
+
+
+@attrs.frozen(kw_only=True, slots=True)
+class Address:
+    """Where and as whom to connect (from a plain URL)."""
+
+    host: str | None = None
+    port: int = 6379
+    path: str | None = None
+    username: str | None = None
+    password: str | None = None
+    db: int = 0
+
+
+def address(url: str) -> Address | None:
+    """The :class:`Address` of a plain Redis URL, or ``None`` for any other (coredis
+    serves that one)."""
+    try:
+        parts = urlsplit(url)
+        query = parse_qs(parts.query, keep_blank_values=True)
+        if set(query) - {"db"} or parts.fragment:
+            return None
+        db = int(query["db"][0]) if "db" in query else 0
+        if parts.scheme == "unix":
+            if not parts.path or parts.username or parts.password:
+                return None
+            return Address(path=parts.path, db=db)
+        if parts.scheme != "redis" or not parts.hostname:
+            return None
+        if parts.username and parts.password is None:
+            return None  # a user without a password: coredis says what that means
+        path = parts.path.strip("/")
+        if path:
+            if "db" in query:
+                return None
+            db = int(path)
+        return Address(
+            host=parts.hostname,
+            port=parts.port or 6379,
+            username=unquote(parts.username) if parts.username else None,
+            password=unquote(parts.password) if parts.password is not None else None,
+            db=db,
+        )
+    except ValueError:
+        return None
+
+
+def encode(commands: Sequence[Command]) -> bytes:
+    """``commands`` as RESP arrays of bulk strings, one buffer."""
+    out = bytearray()
+    for command in commands:
+        out += b"*%d\r\n" % len(command)
+        for arg in command:
+            raw = arg if isinstance(arg, bytes) else str(arg).encode()
+            out += b"$%d\r\n" % len(raw)
+            out += raw
+            out += b"\r\n"
+    return bytes(out)
+
+
+class _Incomplete(Exception):
+    """The buffer ends inside a reply: read more."""
+
+
+def _parse(buf: bytes | bytearray, pos: int) -> tuple[Any, int]:
+    """One RESP2 reply at ``pos``: ``(value, next position)``; an error reply's value is
+    a :class:`~coredis.exceptions.ResponseError`."""
+    end = buf.find(b"\r\n", pos)
+    if end < 0:
+        raise _Incomplete
+    kind, line = buf[pos : pos + 1], bytes(buf[pos + 1 : end])
+    after = end + 2
+    if kind == b"+":
+        return line, after
+    if kind == b"-":
+        from coredis.exceptions import ResponseError
+
+        return ResponseError(line.decode(errors="replace")), after
+    if kind == b":":
+        return int(line), after
+    if kind == b"$":
+        size = int(line)
+        if size < 0:
+            return None, after
+        if len(buf) < after + size + 2:
+            raise _Incomplete
+        return bytes(buf[after : after + size]), after + size + 2
+    if kind == b"*":
+        count = int(line)
+        if count < 0:
+            return None, after
+        items = []
+        for _ in range(count):
+            item, after = _parse(buf, after)
+            items.append(item)
+        return items, after
+    raise ValueError(f"not a RESP2 reply: {bytes(buf[pos : pos + 16])!r}")
+
+
+class RespConnection:
+    """One connection, used by one task at a time (the relay's batcher): each
+    :meth:`pipeline` writes its commands in one buffer and reads their replies."""
+
+    def __init__(self, where: Address, *, connect_timeout: float = 2.0) -> None:
+        self.where = where
+        self.connect_timeout = connect_timeout
+        self._stream: trio.abc.Stream | None = None
+        self._buf = bytearray()
+
+    async def pipeline(self, commands: Sequence[Command]) -> list[Any]:
+        """The replies of ``commands`` in order (an error reply as a ``ResponseError``)."""
+        from coredis.exceptions import ConnectionError as RedisConnectionError
+
+        try:
+            if self._stream is None:
+                await self._open()
+            assert self._stream is not None
+            await self._stream.send_all(encode(commands))
+            return await self._replies(len(commands))
+        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError, ValueError) as exc:
+            await self.aclose()
+            why = f"{type(exc).__name__}: {exc}"
+            raise RedisConnectionError(f"relay write connection: {why}") from exc
+        except BaseException:
+            await self.aclose()  # cancelled mid-reply: the stream's position is unknown
+            raise
+
+    async def _replies(self, count: int) -> list[Any]:
+        assert self._stream is not None
+        replies: list[Any] = []
+        buf, pos = self._buf, 0
+        while len(replies) < count:
+            try:
+                value, pos = _parse(buf, pos)
+            except _Incomplete:
+                chunk = await self._stream.receive_some(65536)
+                if not chunk:
+                    raise trio.BrokenResourceError("Redis closed the connection") from None
+                buf += chunk
+                continue
+            replies.append(value)
+        del buf[:pos]
+        return replies
+
+    async def _open(self) -> None:
+        where = self.where
+        with trio.fail_after(self.connect_timeout):
+            if where.path is not None:
+                stream: trio.abc.Stream = await trio.open_unix_socket(where.path)
+            else:
+                assert where.host is not None
+                stream = await trio.open_tcp_stream(where.host, where.port)
+        self._stream, self._buf = stream, bytearray()
+        hello: list[Command] = []
+        if where.password is not None:
+            auth = [where.username, where.password] if where.username else [where.password]
+            hello.append(["AUTH", *auth])
+        if where.db:
+            hello.append(["SELECT", where.db])
+        if hello:
+            with trio.fail_after(self.connect_timeout):
+                await stream.send_all(encode(hello))
+                for reply in await self._replies(len(hello)):
+                    if isinstance(reply, Exception):
+                        raise OSError(f"Redis refused the connection's setup: {reply}")
+
+    async def aclose(self) -> None:
+        stream, self._stream = self._stream, None
+        self._buf = bytearray()
+        if stream is not None:
+            with trio.CancelScope(shield=True):
+                await trio.aclose_forcefully(stream)
+
+
+__all__ = ["Address", "RespConnection", "address", "encode"]
