@@ -1,5 +1,9 @@
 """A bare RESP2 connection for the relay writers' pipelines (issue 24).
 
+RESP is packed and parsed by ``hiredis`` (the Redis project's C reader); this module
+only owns the socket, the connection's set-up and the mapping of failures to coredis's
+exceptions.
+
 The writers' flushes are the relay's hot path: a worker's turn makes several, each a few
 commands (``XADD``, sometimes ``EXPIRE`` / ``SET``). Through coredis a pipeline of one
 ``XADD`` cost about 200 µs of CPU (validators, request objects, its reader and writer
@@ -24,6 +28,7 @@ from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import attrs
+import hiredis
 import trio
 
 Command = Sequence[bytes | str | int]
@@ -75,55 +80,17 @@ def address(url: str) -> Address | None:
 
 
 def encode(commands: Sequence[Command]) -> bytes:
-    """``commands`` as RESP arrays of bulk strings, one buffer."""
-    out = bytearray()
-    for command in commands:
-        out += b"*%d\r\n" % len(command)
-        for arg in command:
-            raw = arg if isinstance(arg, bytes) else str(arg).encode()
-            out += b"$%d\r\n" % len(raw)
-            out += raw
-            out += b"\r\n"
-    return bytes(out)
+    """``commands`` as RESP arrays of bulk strings, one buffer (hiredis packs them)."""
+    # hiredis's stub types the tuple as one element long; it takes any number
+    return b"".join(hiredis.pack_command(tuple(command)) for command in commands)  # type: ignore[arg-type]
 
 
-class _Incomplete(Exception):
-    """The buffer ends inside a reply: read more."""
+def _reader() -> hiredis.Reader:
+    """A RESP reader whose error replies are coredis's
+    :class:`~coredis.exceptions.ResponseError` values (returned, not raised)."""
+    from coredis.exceptions import ResponseError
 
-
-def _parse(buf: bytes | bytearray, pos: int) -> tuple[Any, int]:
-    """One RESP2 reply at ``pos``: ``(value, next position)``; an error reply's value is
-    a :class:`~coredis.exceptions.ResponseError`."""
-    end = buf.find(b"\r\n", pos)
-    if end < 0:
-        raise _Incomplete
-    kind, line = buf[pos : pos + 1], bytes(buf[pos + 1 : end])
-    after = end + 2
-    if kind == b"+":
-        return line, after
-    if kind == b"-":
-        from coredis.exceptions import ResponseError
-
-        return ResponseError(line.decode(errors="replace")), after
-    if kind == b":":
-        return int(line), after
-    if kind == b"$":
-        size = int(line)
-        if size < 0:
-            return None, after
-        if len(buf) < after + size + 2:
-            raise _Incomplete
-        return bytes(buf[after : after + size]), after + size + 2
-    if kind == b"*":
-        count = int(line)
-        if count < 0:
-            return None, after
-        items = []
-        for _ in range(count):
-            item, after = _parse(buf, after)
-            items.append(item)
-        return items, after
-    raise ValueError(f"not a RESP2 reply: {bytes(buf[pos : pos + 16])!r}")
+    return hiredis.Reader(replyError=ResponseError)
 
 
 class RespConnection:
@@ -134,7 +101,7 @@ class RespConnection:
         self.where = where
         self.connect_timeout = connect_timeout
         self._stream: trio.abc.Stream | None = None
-        self._buf = bytearray()
+        self._reader = _reader()
 
     async def pipeline(self, commands: Sequence[Command]) -> list[Any]:
         """The replies of ``commands`` in order (an error reply as a ``ResponseError``)."""
@@ -146,7 +113,12 @@ class RespConnection:
             assert self._stream is not None
             await self._stream.send_all(encode(commands))
             return await self._replies(len(commands))
-        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError, ValueError) as exc:
+        except (
+            OSError,
+            trio.BrokenResourceError,
+            trio.ClosedResourceError,
+            hiredis.HiredisError,
+        ) as exc:
             await self.aclose()
             why = f"{type(exc).__name__}: {exc}"
             raise RedisConnectionError(f"relay write connection: {why}") from exc
@@ -157,18 +129,16 @@ class RespConnection:
     async def _replies(self, count: int) -> list[Any]:
         assert self._stream is not None
         replies: list[Any] = []
-        buf, pos = self._buf, 0
+        reader = self._reader
         while len(replies) < count:
-            try:
-                value, pos = _parse(buf, pos)
-            except _Incomplete:
+            value = reader.gets()
+            if value is False:  # hiredis: no whole reply buffered yet
                 chunk = await self._stream.receive_some(65536)
                 if not chunk:
                     raise trio.BrokenResourceError("Redis closed the connection") from None
-                buf += chunk
+                reader.feed(bytes(chunk))  # a socket stream already gives bytes
                 continue
             replies.append(value)
-        del buf[:pos]
         return replies
 
     async def _open(self) -> None:
@@ -179,7 +149,7 @@ class RespConnection:
             else:
                 assert where.host is not None
                 stream = await trio.open_tcp_stream(where.host, where.port)
-        self._stream, self._buf = stream, bytearray()
+        self._stream, self._reader = stream, _reader()
         hello: list[Command] = []
         if where.password is not None:
             auth = [where.username, where.password] if where.username else [where.password]
@@ -195,7 +165,7 @@ class RespConnection:
 
     async def aclose(self) -> None:
         stream, self._stream = self._stream, None
-        self._buf = bytearray()
+        self._reader = _reader()
         if stream is not None:
             with trio.CancelScope(shield=True):
                 await trio.aclose_forcefully(stream)
