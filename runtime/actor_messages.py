@@ -513,6 +513,11 @@ class TurnResult:
     pending: tuple[Any, ...] = ()
     """When ``finish_reason`` is ``awaiting-input``: the calls the turn waits for
     (:class:`runtime.approval.PendingCall` s), to decide with ``session.respond``."""
+    saved: bool = True
+    """Whether the store confirmed the turn's final save. ``False`` when it failed or was
+    not answered within the turn runner's ``SAVE_TIMEOUT`` (then it may still land, in
+    this process's order): a worker, whose turn the next one may run elsewhere, does not
+    mark such a turn done but gives it back (runtime.app.worker)."""
 
     @property
     def text(self) -> str:

@@ -399,8 +399,10 @@ class TurnQueue(Protocol):
         """End the claimed turn with a final ``status``; ``False`` if no longer held."""
         ...
 
-    async def release(self, claim: Claim) -> bool:
-        """Give the claimed turn back at once, to be taken over (a worker stopping)."""
+    async def release(self, claim: Claim, *, keep_attempt: bool = False) -> bool:
+        """Give the claimed turn back at once, to be taken over (a worker stopping; a
+        turn whose final save was not confirmed, ``keep_attempt``: it counts towards
+        ``max_attempts``, so a store that never confirms one fails the turn at last)."""
         ...
 
     # -- turns that wait for a person ---------------------------------------------------------

@@ -48,6 +48,7 @@ import contextlib
 import re
 import time
 import urllib.parse
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -83,6 +84,10 @@ SCHEMA_VERSION = 1
 DEFAULT_POOL_SIZE = 8
 DEFAULT_RETRY_FOR = 30.0
 """Seconds a call keeps retrying while the server cannot be reached."""
+ENDED_REMEMBERED = 65536
+"""Sessions whose fence ended that a store remembers, to refuse a late save of their turn
+(least recently ended first out: a session's entry is a few hundred bytes, and one that
+drops out was given up long before, its late save long answered)."""
 CONNECT_TIMEOUT = 5
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 _PERMANENT = ("does not exist", "authentication failed", "password", "invalid", "role ")
@@ -343,6 +348,12 @@ class PostgresStore:
         self._retry_for = retry_for
         self._closed = False
         self._fences: dict[str, Fence] = {}
+        self._ended: OrderedDict[str, tuple[str, str, int]] = OrderedDict()
+        """Sessions whose fenced block ended (the claim is over, the worker gave the turn
+        up) and has no fence since, with the claim that ended (turn, owner, epoch; not
+        the fence, whose callbacks hold the turn's stream and history): a save of the turn still
+        on its way (the persister's, queued behind others when the turn stopped waiting
+        for it) is refused, never written unfenced (bounded: :data:`ENDED_REMEMBERED`)."""
         self._marked: set[str] = set()
         """Fenced turns whose row already says ``saved`` (while their fence is held)."""
         self._log = get_logger("axon.store.postgres")
@@ -441,7 +452,12 @@ class PostgresStore:
 
     @contextlib.contextmanager
     def fenced(self, session_id: str, fence: Fence) -> Iterator[None]:
-        """While inside, every save of ``session_id`` is fenced by ``fence``."""
+        """While inside, every save of ``session_id`` is fenced by ``fence``; after,
+        until the session's next fenced block, every save of it is refused (unless
+        ``unfenced``): one made for the turn reaches the store only once the worker has
+        left the block if it outlived the turn's wait for it, and the worker may have
+        given the turn up by then (another worker may have saved the session since)."""
+        self._ended.pop(session_id, None)
         self._fences[session_id] = fence
         if fence.saved:
             self._marked.add(fence.turn_id)
@@ -451,6 +467,9 @@ class PostgresStore:
             self._marked.discard(fence.turn_id)
             if self._fences.get(session_id) is fence:
                 del self._fences[session_id]
+                self._ended[session_id] = (fence.turn_id, fence.owner, fence.epoch)
+                if len(self._ended) > ENDED_REMEMBERED:
+                    self._ended.popitem(last=False)
 
     def close_fences(self) -> None:
         """Refuse every fenced save from now on (a worker stopping at once): a turn cut
@@ -517,6 +536,12 @@ class PostgresStore:
         rows = encode_rows(session_id, start, new)
         patch = encode_meta(session_id, meta)
         fence = None if unfenced else self._fences.get(session_id)
+        if fence is None and not unfenced and session_id in self._ended:
+            turn_id, owner, epoch = self._ended[session_id]
+            raise LeaseLost(
+                f"save of session {session_id!r} refused: it reached the store after worker "
+                f"{owner} (epoch {epoch}) gave turn {turn_id} up"
+            )
         if fence is not None and self._fences_closed:
             raise LeaseLost(
                 f"save of session {session_id!r} refused: worker {fence.owner} is stopping; "

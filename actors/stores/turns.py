@@ -853,27 +853,29 @@ class TurnQueue:
         )
         return bool(done)
 
-    async def release(self, claim: BaseClaim) -> bool:
+    async def release(self, claim: BaseClaim, *, keep_attempt: bool = False) -> bool:
         """Give the claimed turn back at once (a worker shutting down); ``False`` if the
         worker no longer held it.
 
         The turn stays ``running`` with no owner and a lease already expired, so the next
         claim takes it over without waiting: it is a takeover, not a fresh start, since
         steps may be committed. The attempt the releasing worker used is given back, so
-        graceful restarts never make a turn fail. The released claim is fenced out: its
-        later saves, renewals and finish are refused.
+        graceful restarts never make a turn fail; with ``keep_attempt`` (a turn whose
+        final save was not confirmed: the store may be what fails it) it is not. The
+        released claim is fenced out: its later saves, renewals and finish are refused.
         """
         key = (claim.turn.turn_id, claim.owner, claim.epoch)
+        given_back = 0 if keep_attempt else 1
 
         def release(conn: Any) -> bool:
             return _write_once(
                 conn,
                 """UPDATE axon_turns SET owner = NULL,
                     lease_until = clock_timestamp() - interval '1 second',
-                    attempts = greatest(attempts - 1, 0)
+                    attempts = greatest(attempts - %s, 0)
                 WHERE turn_id = %s AND owner = %s AND epoch = %s AND status = 'running'
                 RETURNING turn_id""",
-                key,
+                (given_back, *key),
                 # a retried release finds the same epoch with no owner
                 "SELECT 1 FROM axon_turns WHERE turn_id = %s AND owner IS NULL AND epoch = %s "
                 "AND status = 'running'",

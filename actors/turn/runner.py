@@ -738,8 +738,10 @@ class TurnRunner(Suspending, Actor):
                 # A budget (the deadline, a hook's) cut the step: close it for the grammar.
                 closing.append(StepEnd(step=turn.step, finish_reason="other", usage=Usage()))
                 turn.step += 1
+            saved = turn.untouched  # (an untouched turn has nothing to save)
             try:
                 final = None if turn.untouched else await self._bounded_save(turn)
+                saved = turn.untouched or (final is not None and final.error is None)
                 if final is not None and final.error is not None and turn.error is None:
                     turn.error = _error_info(final.error)
                 with trio.move_on_after(SAVE_TIMEOUT):
@@ -787,6 +789,7 @@ class TurnRunner(Suspending, Actor):
                         if turn.finish_reason == AWAITING_INPUT
                         else ()
                     ),
+                    saved=saved,
                 )
                 await self._hand_over(run, turn, TurnDone(result=result))
 

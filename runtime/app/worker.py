@@ -339,7 +339,7 @@ class Worker:
         self.done: dict[str, int] = {}
         """Turns finished by this worker, by status (``done``, ``failed``, ``cancelled``,
         ``awaiting-input``: suspended for a person, ``lost``: the lease went to another
-        worker)."""
+        worker, or the worker gave the turn back, its final save not confirmed)."""
         self.host: Host | None = None
         self._leases: LeaseKeeper | None = None
         self._stopping = trio.Event()
@@ -727,6 +727,8 @@ class Worker:
         if entry.lost:
             return "lost"
         result = entry.stream.result
+        if result is not None and not result.saved:
+            return await self._give_back(entry)
         if result is None:
             status, reason, error = "failed", "error", "the turn ended without a result"
         elif result.finish_reason == "error":
@@ -750,6 +752,37 @@ class Worker:
             except LeaseLost:
                 return "lost"
         return status
+
+    async def _give_back(self, entry: _Running) -> str:
+        """The turn ended but its final save was not confirmed (it failed, or outlived
+        the turn runner's ``SAVE_TIMEOUT``): it must not be marked done, the session
+        missing what the turn said, nor its save land later, after the session's next
+        turn (run by another worker meanwhile) saved: the store refuses it now that the
+        fenced block is left (:meth:`PostgresStore.fenced
+        <actors.stores.postgres.PostgresStore.fenced>`). The turn is released, as a
+        stopping worker's is: another worker takes it over from its last committed step
+        and re-runs the rest (its readers told to drop this run's unsaved step). The
+        attempt stays used: a store that never confirms fails the turn at last."""
+        turn = entry.claim.turn
+        log().error(
+            "worker.turn_unsaved",
+            turn_id=turn.turn_id,
+            session_id=turn.session_id,
+            epoch=entry.claim.epoch,
+        )
+        entry.lost = True  # what happens to the turn from here is not this worker's
+        session = entry.stream.session
+        with trio.CancelScope(shield=True):
+            if session.current is None:
+                # Its history holds the turn unsaved: a later turn here would carry
+                # those messages on as its own (after what the takeover stores of
+                # them). Dropped before the release, so the next claim loads the session.
+                await session.close()
+            try:
+                await self.queue.release(entry.claim, keep_attempt=True)
+            except StoreError as exc:  # the lease runs out instead: taken over all the same
+                log().warning("worker.release_failed", turn_id=turn.turn_id, error=str(exc))
+        return "lost"
 
     async def _suspend(self, entry: _Running) -> str:
         """The turn waits for a person: its row holds nothing from here on (``WAITING``),
