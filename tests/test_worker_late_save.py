@@ -22,8 +22,11 @@ import pytest
 import trio
 
 import actors.turn.runner as runner_module
+from actors.providers.scripted import ScriptedProvider
+from actors.stores import MemoryStore
 from actors.stores.postgres import PostgresStore
 from actors.stores.turns import TurnQueue
+from runtime import Agent, Host
 from runtime.app.worker import Worker
 from runtime.errors import LeaseLost
 from runtime.messages import AssistantMessage, UserMessage
@@ -119,3 +122,38 @@ async def test_a_final_save_that_outlives_the_timeout_never_lands_after_the_next
         (second.turn_id, "done"),
     ]
     assert all(isinstance(outcome, LeaseLost) for outcome in gate.outcomes)
+
+
+async def test_an_embedded_sessions_late_save_lands_before_its_next_turns(
+    autojump_clock: Any,
+) -> None:
+    """The embedded host has the same ``SAVE_TIMEOUT`` but one persister, which writes
+    in order, and the session runs one turn at a time: a final save that outlived its
+    turn lands before the next turn's saves (which name it, ``SaveRequest.after``), so
+    the history stays in order and nothing is lost."""
+    store = MemoryStore()
+    real = store.save
+    open_ = trio.Event()
+    held = 0
+
+    async def save(sid: str, *args: Any, **kwargs: Any) -> int:
+        nonlocal held
+        if held == 0:  # the first turn's save, held well past SAVE_TIMEOUT
+            held += 1
+            await open_.wait()
+        return await real(sid, *args, **kwargs)
+
+    store.save = save  # type: ignore[method-assign]
+    agent = Agent(provider=ScriptedProvider(turns=[[["one"]], [["two"]]]))
+    async with Host.open(store=store, log_tap=False) as host:
+        session = await host.open_session(agent, session_id="e")
+        first = await session.run("m1")
+        assert not first.saved  # given up waiting for
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(session.run, "m2")
+            await trio.sleep(runner_module.SAVE_TIMEOUT * 4)
+            open_.set()
+    record = await store.load("e")
+    assert record is not None
+    assert [m.content for m in record.messages if isinstance(m, UserMessage)] == ["m1", "m2"]
+    assert [m.text for m in record.messages if isinstance(m, AssistantMessage)] == ["one", "two"]
