@@ -73,7 +73,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Final
+from typing import Any, Final, NoReturn
 
 import attrs
 import orjson
@@ -1271,43 +1271,63 @@ def _sha256(data: bytes) -> str:
 def _resume_if_decided(conn: Any, session_id: str, call: PendingCall, complete: bool) -> TurnStatus:
     """In a decision's save: lock the waiting turn's row, refuse the decision unless the
     turn still waits, and put the turn back to be claimed when the decision completes
-    its calls. The row as it stands after."""
+    its calls. The row as it stands after.
+
+    The decision that completes its turn's calls (nearly every one) is one statement:
+    the requeue's ``UPDATE`` is itself the check, ``WHERE`` the row is this session's and
+    still waits. It locks the row as the ``SELECT ... FOR UPDATE`` did, and a second
+    decision racing it waits on that lock, then (read committed) re-evaluates the
+    ``WHERE`` on the row the first committed, which no longer waits: it updates nothing
+    and is refused, so of two exactly one wins, as before. Only then (a refusal, whose
+    transaction rolls back anyway) does a plain read say why. The workers' wake-up rides
+    in the statement (sent at the commit, and not at all if the transaction rolls back).
+    A unique violation (another turn of the session runs) aborts the transaction, which
+    the refusal rolls back: no savepoint is needed around it."""
     import psycopg
 
     turn_id = call.turn_id
-    row = conn.execute(
-        f"SELECT {_STATUS_COLUMNS} FROM axon_turns WHERE turn_id = %s FOR UPDATE", (turn_id,)
-    ).fetchone()
-    if row is None or row[1] != session_id:
-        raise UnknownApproval(f"no turn of this session waits for {call.approval_id!r}")
-    status = _status(row)
-    if not status.waiting:
-        why = (
-            "a later message superseded it"
-            if status.finish_reason == SUPERSEDED
-            else f"its turn is {status.status} now"
-        )
-        raise AlreadyDecided(f"{call.approval_id!r} can no longer be decided: {why}")
     if not complete:
-        return status
+        row = conn.execute(
+            f"SELECT {_STATUS_COLUMNS} FROM axon_turns WHERE turn_id = %s FOR UPDATE", (turn_id,)
+        ).fetchone()
+        if row is not None and row[1] == session_id and row[3] == WAITING:
+            return _status(row)
+        _refuse_decision(row, session_id, call)
     try:
-        with conn.transaction():
-            # The workers' wake-up rides in the statement (sent at the commit, and not at
-            # all if the savepoint rolls back): a round trip fewer than a SELECT of its own.
-            resumed = conn.execute(
-                f"""UPDATE axon_turns SET status = 'running', owner = NULL,
-                    lease_until = clock_timestamp() - interval '1 second',
-                    resume_pending = true, resumes = resumes + 1, expires_at = NULL,
-                    finish_reason = NULL
-                WHERE turn_id = %s
-                RETURNING {_STATUS_COLUMNS}, pg_notify(%s, current_schema() || ':' || turn_id)""",
-                (turn_id, TURNS_CHANNEL),
-            ).fetchone()[:-1]
+        resumed = conn.execute(
+            f"""UPDATE axon_turns SET status = 'running', owner = NULL,
+                lease_until = clock_timestamp() - interval '1 second',
+                resume_pending = true, resumes = resumes + 1, expires_at = NULL,
+                finish_reason = NULL
+            WHERE turn_id = %s AND session_id = %s AND status = 'awaiting-input'
+            RETURNING {_STATUS_COLUMNS}, pg_notify(%s, current_schema() || ':' || turn_id)""",
+            (turn_id, session_id, TURNS_CHANNEL),
+        ).fetchone()
     except psycopg.errors.UniqueViolation:  # another turn of the session runs: it won
         raise AlreadyDecided(
             f"{call.approval_id!r} can no longer be decided: a later message superseded it"
         ) from None
-    return _status(resumed)
+    if resumed is not None:
+        return _status(resumed[:-1])
+    row = conn.execute(
+        f"SELECT {_STATUS_COLUMNS} FROM axon_turns WHERE turn_id = %s", (turn_id,)
+    ).fetchone()
+    _refuse_decision(row, session_id, call)
+
+
+def _refuse_decision(row: Any, session_id: str, call: PendingCall) -> NoReturn:
+    """Why a decision for ``call`` cannot be recorded, its turn's row being ``row``:
+    :class:`UnknownApproval` when there is none of this session's, else
+    :class:`AlreadyDecided` (the turn no longer waits)."""
+    if row is None or row[1] != session_id:
+        raise UnknownApproval(f"no turn of this session waits for {call.approval_id!r}")
+    status = _status(row)
+    why = (
+        "a later message superseded it"
+        if status.finish_reason == SUPERSEDED
+        else f"its turn is {status.status} now"
+    )
+    raise AlreadyDecided(f"{call.approval_id!r} can no longer be decided: {why}")
 
 
 def _first_deadline(messages: Sequence[Message]) -> float | None:
