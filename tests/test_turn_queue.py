@@ -611,14 +611,17 @@ async def test_two_deciders_blocked_on_the_waiting_row_at_once_record_exactly_on
             async with trio.open_nursery() as nursery:
                 for q, approved in zip(queues, (True, False), strict=True):
                     nursery.start_soon(decide, q, approved)
-                with trio.fail_after(30):  # both wait on the row's lock
-                    while sql(
+                for _ in range(3000):  # until both wait on the row's lock
+                    waiting = sql(
                         store,
                         "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
                         "AND query LIKE %s",
                         ("%axon_turns%",),
-                    ) != [(2,)]:
-                        await trio.sleep(0.01)
+                    )
+                    if waiting == [(2,)]:
+                        break
+                    await trio.sleep(0.01)
+                assert waiting == [(2,)]
                 holder.rollback()
         await queues[1].aclose()
     finally:
