@@ -582,6 +582,60 @@ async def test_a_decision_for_another_sessions_call_is_unknown(queue, store):
         await queue.decide("s2", "ap1", Decision(approved=True), {})
 
 
+async def test_two_deciders_blocked_on_the_waiting_row_at_once_record_exactly_one(
+    pg_url, queue, store
+):
+    """Two decisions (each on a store and pool of its own, as two front ends) that both
+    read the session and both reach the turn's row while a third transaction holds it:
+    when it lets go, one records and requeues the turn, the other re-reads the row the
+    first committed, finds it no longer waits and is refused, saving nothing."""
+    import psycopg
+
+    claim = await suspended(queue, store)
+    other = await PostgresStore.open(pg_url)
+    try:
+        queues = (queue, TurnQueue(other, lease=LEASE, max_attempts=3))
+        outcomes: list[object] = []
+        with psycopg.connect(pg_base_url(), autocommit=False) as holder:
+            holder.execute(f"SET search_path TO {store.schema}")
+            holder.execute(
+                "SELECT 1 FROM axon_turns WHERE turn_id = %s FOR UPDATE", (claim.turn.turn_id,)
+            )
+
+            async def decide(q: TurnQueue, approved: bool) -> None:
+                try:
+                    outcomes.append(await q.decide("s1", "ap1", Decision(approved=approved), {}))
+                except AlreadyDecided as exc:
+                    outcomes.append(exc)
+
+            async with trio.open_nursery() as nursery:
+                for q, approved in zip(queues, (True, False), strict=True):
+                    nursery.start_soon(decide, q, approved)
+                for _ in range(3000):  # until both wait on the row's lock
+                    waiting = sql(
+                        store,
+                        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                        "AND query LIKE %s",
+                        ("%axon_turns%",),
+                    )
+                    if waiting == [(2,)]:
+                        break
+                    await trio.sleep(0.01)
+                assert waiting == [(2,)]
+                holder.rollback()
+        await queues[1].aclose()
+    finally:
+        await other.aclose()
+    won = [o for o in outcomes if not isinstance(o, AlreadyDecided)]
+    lost = [o for o in outcomes if isinstance(o, AlreadyDecided)]
+    assert len(won) == 1 and len(lost) == 1, outcomes
+    assert "its turn is running now" in str(lost[0])
+    row = await queue.get_status(claim.turn.turn_id)
+    assert (row.status, row.resumes) == ("running", 1)
+    record = await store.load("s1")
+    assert record is not None and record.version == won[0].recorded.version  # type: ignore[attr-defined]
+
+
 async def test_an_expired_wait_is_handed_to_one_caller_at_a_time(queue, store):
     claim = await suspended(queue, store)
     assert await queue.take_expired(999.0) == []  # not due yet

@@ -73,13 +73,20 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Final
+from typing import Any, Final, NoReturn
 
 import attrs
 import orjson
 import trio
 
-from actors.stores.postgres import CONNECT_TIMEOUT, Fence, PostgresStore, load_rows
+from actors.stores.postgres import (
+    CONNECT_TIMEOUT,
+    LOCK_SESSION,
+    Fence,
+    LockedSession,
+    PostgresStore,
+    load_rows,
+)
 from runtime import serde
 from runtime.approval import WAITING_META, Decision, PendingCall, pending_calls, record_decision
 from runtime.busy import ENQUEUE, INTERRUPT, INTERRUPTED_BY_NEW, REJECT, STEER, OnBusy
@@ -146,6 +153,8 @@ _STATUS_COLUMNS = (
     "cancel_reason, finish_reason, error, resumes, expires_at"
 )
 """What a status read selects: never ``input`` or ``meta``, which may be megabytes."""
+_T_STATUS_COLUMNS = ", ".join(f"t.{c.strip()}" for c in _STATUS_COLUMNS.split(","))
+"""The same, of a statement's ``t``."""
 STARTED, TAKEOVER, RESUMED = "started", "takeover", "resumed"
 """How a claim got its turn: a queued turn started, a running one taken over, a waiting
 one's continuation (its calls decided)."""
@@ -937,8 +946,10 @@ class TurnQueue:
         ) -> int:
             rows.clear()
 
-            def guard(conn: Any) -> None:
-                rows.append(_resume_if_decided(conn, session_id, call, complete))
+            def guard(conn: Any) -> LockedSession | None:
+                status, locked = _resume_if_decided(conn, session_id, call, complete)
+                rows.append(status)
+                return locked
 
             return await self.store.save(
                 session_id,
@@ -1270,46 +1281,79 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _resume_if_decided(conn: Any, session_id: str, call: PendingCall, complete: bool) -> TurnStatus:
+def _resume_if_decided(
+    conn: Any, session_id: str, call: PendingCall, complete: bool
+) -> tuple[TurnStatus, LockedSession | None]:
     """In a decision's save: lock the waiting turn's row, refuse the decision unless the
     turn still waits, and put the turn back to be claimed when the decision completes
-    its calls. The row as it stands after."""
+    its calls. The row as it stands after, and the session's row when this locked it.
+
+    The decision that completes its turn's calls (nearly every one) is one statement:
+    the requeue's ``UPDATE`` is itself the check, ``WHERE`` the row is this session's and
+    still waits, and the same statement then locks the session's row for the save
+    (:data:`~actors.stores.postgres.LOCK_SESSION`: the turn's row first, then the
+    session's, the order every save locks them in). The ``UPDATE`` locks the turn's row
+    as the ``SELECT ... FOR UPDATE`` did, and a second decision racing it waits on that
+    lock, then (read committed) re-evaluates the ``WHERE`` on the row the first
+    committed, which no longer waits: it updates nothing and is refused, so of two
+    exactly one wins, as before. Only then (a refusal, whose transaction rolls back
+    anyway) does a plain read say why. The workers' wake-up rides in the statement (sent
+    at the commit, and not at all if the transaction rolls back). A unique violation
+    (another turn of the session runs) aborts the transaction, which the refusal rolls
+    back: no savepoint is needed around it."""
     import psycopg
 
     turn_id = call.turn_id
-    row = conn.execute(
-        f"SELECT {_STATUS_COLUMNS} FROM axon_turns WHERE turn_id = %s FOR UPDATE", (turn_id,)
-    ).fetchone()
-    if row is None or row[1] != session_id:
-        raise UnknownApproval(f"no turn of this session waits for {call.approval_id!r}")
-    status = _status(row)
-    if not status.waiting:
-        why = (
-            "a later message superseded it"
-            if status.finish_reason == SUPERSEDED
-            else f"its turn is {status.status} now"
-        )
-        raise AlreadyDecided(f"{call.approval_id!r} can no longer be decided: {why}")
     if not complete:
-        return status
+        row = conn.execute(
+            f"SELECT {_STATUS_COLUMNS} FROM axon_turns WHERE turn_id = %s FOR UPDATE", (turn_id,)
+        ).fetchone()
+        if row is not None and row[1] == session_id and row[3] == WAITING:
+            return _status(row), None
+        _refuse_decision(row, session_id, call)
     try:
-        with conn.transaction():
-            # The workers' wake-up rides in the statement (sent at the commit, and not at
-            # all if the savepoint rolls back): a round trip fewer than a SELECT of its own.
-            resumed = conn.execute(
-                f"""UPDATE axon_turns SET status = 'running', owner = NULL,
+        got = conn.execute(
+            f"""WITH t AS (
+                UPDATE axon_turns SET status = 'running', owner = NULL,
                     lease_until = clock_timestamp() - interval '1 second',
                     resume_pending = true, resumes = resumes + 1, expires_at = NULL,
                     finish_reason = NULL
-                WHERE turn_id = %s
-                RETURNING {_STATUS_COLUMNS}, pg_notify(%s, current_schema() || ':' || turn_id)""",
-                (turn_id, TURNS_CHANNEL),
-            ).fetchone()[:-1]
+                WHERE turn_id = %s AND session_id = %s AND status = 'awaiting-input'
+                RETURNING {_STATUS_COLUMNS},
+                    pg_notify(%s, current_schema() || ':' || turn_id) AS notified
+            )
+            SELECT {_T_STATUS_COLUMNS}, s.meta, s.version
+            FROM (VALUES (1)) AS one
+            LEFT JOIN t ON true
+            {LOCK_SESSION}""",
+            (turn_id, session_id, TURNS_CHANNEL, session_id),
+        ).fetchone()
     except psycopg.errors.UniqueViolation:  # another turn of the session runs: it won
         raise AlreadyDecided(
             f"{call.approval_id!r} can no longer be decided: a later message superseded it"
         ) from None
-    return _status(resumed)
+    if got[0] is not None:
+        session = None if got[-1] is None else (got[-2], got[-1])
+        return _status(got[:-2]), LockedSession(row=session)
+    row = conn.execute(
+        f"SELECT {_STATUS_COLUMNS} FROM axon_turns WHERE turn_id = %s", (turn_id,)
+    ).fetchone()
+    _refuse_decision(row, session_id, call)
+
+
+def _refuse_decision(row: Any, session_id: str, call: PendingCall) -> NoReturn:
+    """Why a decision for ``call`` cannot be recorded, its turn's row being ``row``:
+    :class:`UnknownApproval` when there is none of this session's, else
+    :class:`AlreadyDecided` (the turn no longer waits)."""
+    if row is None or row[1] != session_id:
+        raise UnknownApproval(f"no turn of this session waits for {call.approval_id!r}")
+    status = _status(row)
+    why = (
+        "a later message superseded it"
+        if status.finish_reason == SUPERSEDED
+        else f"its turn is {status.status} now"
+    )
+    raise AlreadyDecided(f"{call.approval_id!r} can no longer be decided: {why}")
 
 
 def _first_deadline(messages: Sequence[Message]) -> float | None:

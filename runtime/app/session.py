@@ -771,7 +771,16 @@ class Session:
 
     async def decided_record(self) -> SessionRecord | None:
         """The stored session, for a continuation: what this process's last decision
-        stored if the store is still at its version (a version query), else read."""
+        stored if the store is still at its version (a version query), else read.
+
+        The query cannot ride in the decision's own save: the save's version says what
+        the store held when the decision committed, and what matters is whether anyone
+        wrote since. Another process may load the decided session right after that
+        commit, run the approved tool and commit its result before this continuation
+        starts (between ``decide`` and ``resume``, which an application may call apart);
+        trusting the decision's record then would run the tool a second time. Nothing
+        else touches the store before the tool runs (its result's save comes after it),
+        so this query is the only look that can see such a writer."""
         store, decided, self._decided = self.host.store, self._decided, None
         if decided is not None and await store.version(self._id) == decided.version:
             return decided
