@@ -36,6 +36,9 @@ Event = tuple[str | None, bytes]
 _NAMES: dict[bytes, str] = {}
 """Event names already decoded (a stream repeats a handful of them)."""
 
+_NAME_LINES: dict[bytes, str] = {}
+"""The same names by their whole ``event: NAME`` line (:meth:`SSEDecoder._named_blocks`)."""
+
 
 class SSEDecoder:
     """Bytes in, events out, incrementally: :meth:`feed` each read, :meth:`finish` at
@@ -58,6 +61,12 @@ class SSEDecoder:
             if buf[-1] == 13:  # a CR at the end: its LF may start the next read
                 buf, tail = buf[:-1], b"\r"
             buf = buf.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        if buf.startswith(b"event: ") and not self._data and self._event is self._retry is None:
+            fast = self._named_blocks(buf)
+            if fast is not None:
+                out, rest = fast
+                self._rest = rest + tail
+                return out
         blocks = buf.split(b"\n\n")
         last = blocks.pop()
         out: list[Event]
@@ -73,6 +82,33 @@ class SSEDecoder:
             out += self._lines(lines)
         self._rest = last + tail
         return out
+
+    def _named_blocks(self, buf: bytes) -> tuple[list[Event], bytes] | None:
+        """The events of ``buf`` and what is left of it, when each of its complete blocks
+        is an ``event: NAME`` line (a name seen before) and a ``data: `` line (a Messages
+        API body), else ``None``. Read from the lines in slices, the shape told in C
+        (issue 24: a look at each block made the decoding cost 2.5 times the floor's line
+        split). Nothing may be pending from the last read (:meth:`feed` checks).
+
+        Why this is the shape: the lines of complete blocks are the lines before the
+        last (a line of its own, maybe part of one); with every third of them empty,
+        every first a known ``event`` line (the whole line looked up) and as many
+        ``\ndata: `` in those lines as blocks (no other line of them can hold one: it
+        would be a line that starts so), each block is those two lines. The lines left
+        (at most two, none blank) wait for the next read, which then starts at a block's
+        start."""
+        lines = buf.split(b"\n")
+        k = (len(lines) - 1) // 3
+        end = 3 * k
+        if not k or lines[2:end:3].count(b"") != k or b"" in lines[end:-1]:
+            return None  # (a blank line among those left ends another block: not read here)
+        names = list(map(_NAME_LINES.get, lines[0:end:3]))
+        if None in names:
+            return None
+        rest = b"\n".join(lines[end:])
+        if buf.count(b"\ndata: ") - (b"\n" + rest).count(b"\ndata: ") != k:
+            return None
+        return list(zip(names, [line[6:] for line in lines[1:end:3]], strict=True)), rest
 
     def _data_lines_only(self, buf: bytes, blocks: list[bytes], last: bytes) -> bool:
         """Whether every complete block of ``buf`` is one ``data: `` line (a Chat
@@ -152,6 +188,8 @@ class SSEDecoder:
             event = value.decode("utf-8") or None  # as the SDKs' events: "" is no name
             if event is not None and len(_NAMES) < 256:
                 _NAMES[value] = event
+                if not value.startswith(b" "):  # "event: " + value is this line
+                    _NAME_LINES[b"event: " + value] = event
             self._event = event
         elif name == b"data":  # "data" alone: an empty data line
             self._data.append(value)
