@@ -30,7 +30,7 @@ from actors.providers.failures import (
 )
 from actors.providers.read_batch import ReadBatch
 from actors.providers.sdk import SDKProvider
-from actors.providers.sse import Event, event_batches
+from actors.providers.sse import event_batches
 from runtime import errors
 from runtime.actor_messages import InferRequest
 from runtime.chunks import (
@@ -426,10 +426,13 @@ async def parse_batches(
 
 async def _parse_read(batch: list[dict[str, Any]], parse: _MessageParse, out: ReadBatch) -> None:
     """The events of one read into ``out`` (text deltas inline: most of a stream)."""
+    on_event = parse.on_event
     for event in batch:
-        if event.get("type") == "content_block_delta":
-            delta = event.get("delta")
-            if type(delta) is dict and delta.get("type") == "text_delta":
+        etype: Any = event.get("type")
+        if etype == "content_block_delta":
+            delta = event.get("delta") or {}
+            dtype = delta.get("type")
+            if dtype == "text_delta":
                 text = delta.get("text")
                 if text:
                     index = event.get("index")
@@ -440,106 +443,17 @@ async def _parse_read(batch: list[dict[str, Any]], parse: _MessageParse, out: Re
                     if out.urgent:
                         await out.flush()
                 continue
-        await _parse_event(event, parse, out)
-
-
-async def _parse_event(event: dict[str, Any], parse: _MessageParse, out: ReadBatch) -> None:
-    """Any event but a text delta (which the callers read inline)."""
-    etype: Any = event.get("type")
-    if etype == "content_block_delta":
-        delta = event.get("delta") or {}
-        chunk = parse.block_delta(event.get("index"), delta.get("type"), delta)
-        if chunk is not None:
-            out.add(chunk)
-            if out.urgent:
-                await out.flush()
-    else:
-        # any other event is ignored (ping never gets here: it is dropped as the SDK does)
-        handler = parse.on_event.get(etype)
-        if handler is not None:
-            await out.flush()  # what came before goes first
-            await handler(event)
-
-
-async def parse_sse_batches(
-    stream: Any,
-    events: AsyncIterable[list[Event]],
-    emit: Emit,
-    *,
-    answer_tool: str | None = None,
-    coalesce: bool = False,
-) -> None:
-    """:func:`parse_batches` of :func:`json_event_batches` in one pass: each read's
-    ``(name, data)`` pairs (:func:`~actors.providers.sse.event_batches` of the SDK
-    ``stream``) decoded and parsed in one loop, which emits the same chunks in the same
-    batches and raises the same errors after them.
-
-    Why: a text delta went through three Python loops (the SSE blocks, the JSON decode
-    with its checks into a list, the parse); fusing the last two saves a list, a
-    generator hop and a loop turn per delta (issue 24: Anthropic's per-delta CPU was
-    3.3x the floor's)."""
-    parse = _MessageParse(emit, answer_tool)
-    out = ReadBatch(emit, coalesce=coalesce)
-    async for batch in events:
-        try:
-            await _parse_sse_read(stream, batch, parse, out)
-        except Exception:
-            await out.flush()  # what the read gave before the failure stays emitted
-            raise
-        await out.flush()
-    await parse.finish()
-
-
-async def _parse_sse_read(
-    stream: Any, batch: list[Event], parse: _MessageParse, out: ReadBatch
-) -> None:
-    """One read's events, decoded and parsed (:func:`json_event_batches`'s rules, then
-    :func:`_parse_read`'s), text deltas inline."""
-    loads = _loads()
-    for name, data in batch:
-        if name == "content_block_delta" and data:  # most of a stream
-            event = loads(data)
-            if type(event) is dict:
-                if event.get("type") == "content_block_delta":
-                    delta = event.get("delta")
-                    if type(delta) is dict and delta.get("type") == "text_delta":
-                        text = delta.get("text")
-                        if text:
-                            index = event.get("index")
-                            if index != parse.run_index:  # another block: another part
-                                out.end_run()
-                                parse.run_index = index
-                            out.text(text)
-                            if out.urgent:
-                                await out.flush()
-                        continue
-                await _parse_event(event, parse, out)
-                continue
-        elif name == "ping" or name is None:
-            continue
-        elif name == "error":
-            raise _stream_error(stream, data, stream.response)
-        elif not data:
-            continue
+            chunk = parse.block_delta(event.get("index"), dtype, delta)
+            if chunk is not None:
+                out.add(chunk)
+                if out.urgent:
+                    await out.flush()
         else:
-            event = loads(data)
-            if type(event) is dict:
-                await _parse_event(event, parse, out)
-                continue
-        raise _not_an_object(data)
-
-
-def _loads() -> Callable[[bytes], Any]:
-    import orjson
-
-    return orjson.loads
-
-
-def _not_an_object(data: bytes) -> errors.MalformedStream:
-    return errors.MalformedStream(
-        f"an event's data is not a JSON object: {data[:200].decode('utf-8', 'replace')!r}",
-        provider=PROVIDER,
-    )
+            # any other event is ignored (ping never gets here: it is dropped as the SDK does)
+            handler = on_event.get(etype)
+            if handler is not None:
+                await out.flush()  # what came before goes first
+                await handler(event)
 
 
 class _MessageParse:
@@ -763,7 +677,8 @@ async def json_event_batches(stream: Any) -> AsyncGenerator[list[dict[str, Any]]
     it. A stream without that iterator (another SDK version) or with the SDK's tracing
     observer on is read through the SDK, its events turned into dicts.
     """
-    if not reads_bytes(stream):
+    iter_events = getattr(stream, "_iter_events", None)
+    if iter_events is None or getattr(stream, "_observer", None) is not None:
         async for event in stream:
             yield [event if isinstance(event, dict) else event.to_dict()]
         return
@@ -790,22 +705,17 @@ async def json_event_batches(stream: Any) -> AsyncGenerator[list[dict[str, Any]]
                     failure = exc
                     break
                 if type(event) is not dict:
-                    failure = _not_an_object(data)
+                    failure = errors.MalformedStream(
+                        "an event's data is not a JSON object: "
+                        f"{data[:200].decode('utf-8', 'replace')!r}",
+                        provider=PROVIDER,
+                    )
                     break
                 out.append(event)
             if out:
                 yield out  # what came before a failure is the stream's
             if failure is not None:
                 raise failure
-
-
-def reads_bytes(stream: Any) -> bool:
-    """Whether :func:`json_event_batches` reads ``stream``'s events from its bytes (the
-    SDK's event iterator is there and its tracing observer is off)."""
-    return (
-        getattr(stream, "_iter_events", None) is not None
-        and getattr(stream, "_observer", None) is None
-    )
 
 
 def _stream_error(stream: Any, data: bytes, response: Any) -> Exception:
@@ -991,24 +901,15 @@ class AnthropicProvider(SDKProvider):
             client = self._get_client()
             events = await client.messages.create(**self.request_params(request))
             await self.observe_headers(getattr(events, "response", None))  # rate limits
-            answer_tool = OUTPUT_TOOL if request.output is not None else None
             try:
-                if reads_bytes(events):
-                    raw = event_batches(events)
-                    async with aclosing(raw):
-                        await parse_sse_batches(
-                            events,
-                            raw,
-                            emit,
-                            answer_tool=answer_tool,
-                            coalesce=self.coalesce_deltas,
-                        )
-                else:
-                    parsed = json_event_batches(events)
-                    async with aclosing(parsed):
-                        await parse_batches(
-                            parsed, emit, answer_tool=answer_tool, coalesce=self.coalesce_deltas
-                        )
+                parsed = json_event_batches(events)
+                async with aclosing(parsed):
+                    await parse_batches(
+                        parsed,
+                        emit,
+                        answer_tool=OUTPUT_TOOL if request.output is not None else None,
+                        coalesce=self.coalesce_deltas,
+                    )
             finally:
                 # release the connection even when cancelled or failed mid-stream
                 with trio.move_on_after(2) as scope:
