@@ -63,7 +63,7 @@ _MOSTLY_DATA = st.one_of(
 @st.composite
 def data_line_bodies(draw: Any) -> list[bytes]:
     """Bodies of mostly one-``data:``-line events (what the decoder reads by counting,
-    :meth:`SSEDecoder._data_lines_only`), LF-ended, cut into reads at random places."""
+    :meth:`SSEDecoder._data_blocks`), LF-ended, cut into reads at random places."""
     events = draw(st.lists(_MOSTLY_DATA, max_size=12))
     lines = [line for event in events for line in [*event, ""]]
     if lines and draw(st.booleans()):
