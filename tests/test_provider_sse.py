@@ -63,7 +63,7 @@ _MOSTLY_DATA = st.one_of(
 @st.composite
 def data_line_bodies(draw: Any) -> list[bytes]:
     """Bodies of mostly one-``data:``-line events (what the decoder reads by counting,
-    :meth:`SSEDecoder._data_lines_only`), LF-ended, cut into reads at random places."""
+    :meth:`SSEDecoder._data_blocks`), LF-ended, cut into reads at random places."""
     events = draw(st.lists(_MOSTLY_DATA, max_size=12))
     lines = [line for event in events for line in [*event, ""]]
     if lines and draw(st.booleans()):
@@ -72,6 +72,37 @@ def data_line_bodies(draw: Any) -> list[bytes]:
     cuts = sorted(draw(st.lists(st.integers(0, len(body)), max_size=4)))
     chunks = [body[a:b] for a, b in zip([0, *cuts], [*cuts, len(body)], strict=True)]
     return [c for c in chunks if c]
+
+
+_NAMED = st.builds(
+    lambda name, value: [f"event: {name}", f"data: {value}"],
+    st.sampled_from(["content_block_delta", "ping", "message_stop", "", " x", "é", "data: q"]),
+    st.sampled_from(["", "x", "data: y", "event: z", " z"]),
+)
+_MOSTLY_NAMED = st.one_of(_NAMED, _NAMED, _NAMED, _EVENT)
+
+
+@st.composite
+def named_bodies(draw: Any) -> list[bytes]:
+    """Bodies of mostly ``event:`` + ``data:`` events (a Messages API stream, what the
+    decoder reads in slices, :meth:`SSEDecoder._named_blocks`), LF-ended, now and then
+    another event, cut into reads at random places."""
+    events = draw(st.lists(_MOSTLY_NAMED, max_size=12))
+    lines = [line for event in events for line in [*event, ""]]
+    if lines and draw(st.booleans()):
+        lines.pop()
+    body = "".join(line + "\n" for line in lines).encode()
+    cuts = sorted(draw(st.lists(st.integers(0, len(body)), max_size=4)))
+    chunks = [body[a:b] for a, b in zip([0, *cuts], [*cuts, len(body)], strict=True)]
+    return [c for c in chunks if c]
+
+
+@given(named_bodies())
+@example([b"event: ping\ndata: \n\nevent: ping\ndata: x\n\n"])
+@example([b"event: ping\ndata: \n\n\nevent: ping\ndata: x\n\n"])
+@example([b"event: ping\ndata: a\ndata: b\n\nevent: ping\n\n"])
+def test_bodies_of_named_events_are_read_as_the_sdk_reads_them(chunks: list[bytes]) -> None:
+    assert _decode(chunks) == _sdk(chunks)
 
 
 @given(data_line_bodies())

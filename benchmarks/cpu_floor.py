@@ -1,0 +1,139 @@
+"""Axon's whole turn against the floor in process CPU time, trees side by side (issue 24).
+
+Wall-clock ratios on the shared 2-core machine swing with its load; the process CPU time
+(``time.process_time``) of the same reads moves much less. Each child process (one per
+tree, format and delta count, the trees alternated) starts the benchmark's loopback
+server (its CPU is not counted), opens a host as the pipeline benchmark does (SQLite
+store, log lines at ``info`` into a file), warms up, then reads, round after round, the
+floor (:mod:`benchmarks.floor`) and one Axon turn (:func:`benchmarks.bench_pipeline.
+axon_side`, which checks the text and the stored message), each timed by its own CPU.
+The parent prints, per tree and format, the median of the per-round ratios at 1,000 and
+10,000 deltas and the split of the medians into a per-delta and a per-turn part (a line
+through the two points). The Axon side's CPU includes the session's open and close and
+the store read-back that the pipeline benchmark leaves off its clock.
+
+``python3 -m benchmarks.cpu_floor --trees /work/main,$PWD [--formats anthropic,openai]
+[--children 3] [--rounds 5]``: each tree is put first on ``PYTHONPATH`` of its children
+and is their working directory, so its own ``runtime``, ``actors`` and ``benchmarks``
+are the ones measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+COUNTS = (1000, 10000)
+
+
+async def _rounds(fmt: str, n: int, rounds: int, server: Any, directory: str) -> list[Any]:
+    from benchmarks.bench_pipeline import axon_side, make_provider
+    from benchmarks.common import INSTRUCTIONS
+    from benchmarks.floor import floor_side
+    from runtime import Agent, Host
+
+    url = server.url(fmt, n)
+    agent = Agent(name="bench", provider=make_provider(fmt, url), instructions=INSTRUCTIONS)
+    floor, floor_close = floor_side(fmt, url)
+    out = []
+    try:
+        async with Host.open(store=str(Path(directory) / "cpu.db")) as host:
+            axon = axon_side(host, agent, "cpu")
+            for _ in range(2):  # warm-up: imports, clients, connections
+                await axon()
+                await floor()
+            for _ in range(rounds):
+                c0 = time.process_time()
+                got = await floor()
+                c1 = time.process_time()
+                turn = await axon()
+                c2 = time.process_time()
+                if len(got[2]) != n or turn[2] != got[2]:
+                    raise RuntimeError("the floor and Axon did not read the same deltas")
+                out.append((c1 - c0, c2 - c1))
+    finally:
+        await floor_close()
+    return out
+
+
+def _child(fmt: str, n: int, rounds: int) -> None:
+    import trio
+
+    from benchmarks.common import LogSink, LoopbackServer
+
+    server = LoopbackServer([(fmt, n)])
+    try:
+        with tempfile.TemporaryDirectory(prefix="axon-cpu-floor-") as directory:
+            sink = LogSink(directory)
+            try:
+                result = trio.run(_rounds, fmt, n, rounds, server, directory)
+            finally:
+                sink.close()
+    finally:
+        server.close()
+    print("RESULT " + json.dumps(result))
+
+
+def _run_child(tree: str, fmt: str, n: int, rounds: int) -> list[Any]:
+    env = {**os.environ, "PYTHONPATH": tree}
+    # This file, run as a script: a tree without it (an older checkout) is measured too.
+    args = [sys.executable, __file__, "--child", fmt, str(n), str(rounds)]
+    done = subprocess.run(args, cwd=tree, env=env, capture_output=True, text=True, check=False)
+    for line in done.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[7:])
+    raise RuntimeError(f"the child in {tree} failed:\n{done.stderr[-3000:]}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python3 -m benchmarks.cpu_floor")
+    parser.add_argument("--trees", default=os.getcwd(), help="comma-separated checkouts")
+    parser.add_argument("--formats", default="anthropic,openai")
+    parser.add_argument("--children", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        fmt, n, rounds = args.child
+        _child(fmt, int(n), int(rounds))
+        return
+    trees = args.trees.split(",")
+    formats = args.formats.split(",")
+    results: dict[tuple[str, str, int], list[Any]] = {}
+    for child in range(args.children):
+        order = trees if child % 2 == 0 else trees[::-1]
+        for fmt in formats:
+            for n in COUNTS:
+                for tree in order:
+                    rows = _run_child(tree, fmt, n, args.rounds)
+                    results.setdefault((tree, fmt, n), []).extend(rows)
+    for fmt in formats:
+        for tree in trees:
+            medians = {}
+            for n in COUNTS:
+                rows = results[(tree, fmt, n)]
+                floor = statistics.median(f for f, _ in rows)
+                axon = statistics.median(a for _, a in rows)
+                ratio = statistics.median(a / f for f, a in rows)
+                medians[n] = (floor, axon)
+                print(
+                    f"{fmt:9} {n:6} {tree}: Axon/floor {ratio:.2f}x, floor {floor * 1e3:.2f} ms,"
+                    f" Axon {axon * 1e3:.2f} ms ({len(rows)} rounds)"
+                )
+            low, high = COUNTS
+            for i, side in enumerate(("floor", "Axon")):
+                per = (medians[high][i] - medians[low][i]) / (high - low)
+                turn = medians[low][i] - low * per
+                print(f"    {side}: {per * 1e6:.2f} us a delta, {turn * 1e3:.2f} ms a turn")
+
+
+if __name__ == "__main__":
+    main()
