@@ -60,11 +60,9 @@ _MOSTLY_DATA = st.one_of(
 )
 
 
-@st.composite
-def data_line_bodies(draw: Any) -> list[bytes]:
-    """Bodies of mostly one-``data:``-line events (what the decoder reads by counting,
-    :meth:`SSEDecoder._data_blocks`), LF-ended, cut into reads at random places."""
-    events = draw(st.lists(_MOSTLY_DATA, max_size=12))
+def _cut_body(draw: Any, events: list[list[str]]) -> list[bytes]:
+    """``events`` as an LF-ended body (the last blank line now and then left off), cut
+    into reads at up to four random places."""
     lines = [line for event in events for line in [*event, ""]]
     if lines and draw(st.booleans()):
         lines.pop()
@@ -72,6 +70,13 @@ def data_line_bodies(draw: Any) -> list[bytes]:
     cuts = sorted(draw(st.lists(st.integers(0, len(body)), max_size=4)))
     chunks = [body[a:b] for a, b in zip([0, *cuts], [*cuts, len(body)], strict=True)]
     return [c for c in chunks if c]
+
+
+@st.composite
+def data_line_bodies(draw: Any) -> list[bytes]:
+    """Bodies of mostly one-``data:``-line events (what the decoder reads by counting,
+    :meth:`SSEDecoder._data_blocks`), LF-ended, cut into reads at random places."""
+    return _cut_body(draw, draw(st.lists(_MOSTLY_DATA, max_size=12)))
 
 
 _NAMED = st.builds(
@@ -87,14 +92,7 @@ def named_bodies(draw: Any) -> list[bytes]:
     """Bodies of mostly ``event:`` + ``data:`` events (a Messages API stream, what the
     decoder reads in slices, :meth:`SSEDecoder._named_blocks`), LF-ended, now and then
     another event, cut into reads at random places."""
-    events = draw(st.lists(_MOSTLY_NAMED, max_size=12))
-    lines = [line for event in events for line in [*event, ""]]
-    if lines and draw(st.booleans()):
-        lines.pop()
-    body = "".join(line + "\n" for line in lines).encode()
-    cuts = sorted(draw(st.lists(st.integers(0, len(body)), max_size=4)))
-    chunks = [body[a:b] for a, b in zip([0, *cuts], [*cuts, len(body)], strict=True)]
-    return [c for c in chunks if c]
+    return _cut_body(draw, draw(st.lists(_MOSTLY_NAMED, max_size=12)))
 
 
 @given(named_bodies())
