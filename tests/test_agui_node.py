@@ -15,11 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import trio
 
 from actors.providers.scripted import ScriptedProvider, Sleep, tool_call
 from runtime import Agent, ProviderError, ReasoningChunk, RetryPolicy, tool
-from tests.web.harness import NPM_TIMEOUT, web_server
+from tests.web.harness import NPM_TIMEOUT, run_node_script, web_server
 
 AGUI = Path(__file__).resolve().parent / "agui"
 
@@ -77,16 +76,8 @@ def node() -> str:
 
 
 async def run_client(node: str, config: dict[str, Any]) -> dict[str, Any]:
-    with trio.fail_after(60):
-        proc = await trio.run_process(
-            [node, str(AGUI / "run_agent.mjs"), json.dumps(config)],
-            cwd=AGUI,
-            capture_stdout=True,
-            capture_stderr=True,
-            check=False,
-        )
-    assert proc.returncode == 0, proc.stderr.decode()
-    return json.loads(proc.stdout)  # type: ignore[no-any-return]
+    result: dict[str, Any] = await run_node_script(node, AGUI / "run_agent.mjs", config)
+    return result
 
 
 async def test_the_official_client_answers_a_frontend_tool_then_resumes_an_approval(node):

@@ -82,10 +82,17 @@ async def run_read_stream(node: str, config: dict[str, Any]) -> Any:
     """Run ``read_stream.mjs`` (the real ``ai`` package reading a UI message stream: a
     server's, or an SSE body given as ``config["sse"]``) and return what it printed,
     decoded; a failing script fails the test with its stderr."""
+    return await run_node_script(node, WEB / "read_stream.mjs", config)
+
+
+async def run_node_script(node: str, script: Path, config: dict[str, Any]) -> Any:
+    """Run a Node ``script`` (in its own folder, where its packages are installed) with
+    ``config`` as its one JSON argument and return what it printed, decoded; a failing
+    script fails the test with its stderr."""
     with trio.fail_after(60):
         proc = await trio.run_process(
-            [node, str(WEB / "read_stream.mjs"), json.dumps(config)],
-            cwd=WEB,
+            [node, str(script), json.dumps(config)],
+            cwd=script.parent,
             capture_stdout=True,
             capture_stderr=True,
             check=False,
