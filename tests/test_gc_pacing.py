@@ -33,6 +33,34 @@ async def test_a_pacing_host_turns_the_automatic_collector_off_and_back_on():
 async def test_a_host_without_pacing_leaves_the_collector_alone():
     async with Host.open(log_tap=False):
         assert gc.isenabled()
+        assert gc.get_freeze_count() == 0
+
+
+async def test_a_pacing_host_freezes_the_heap_it_started_with_until_it_closes():
+    """What was alive once the host started (imports, the host's services) is walked by
+    no collection while pacing; unfrozen at the close, so no garbage is kept for ever."""
+    assert gc.get_freeze_count() == 0
+    async with Host.open(log_tap=False, gc_pacing=True) as host:
+        frozen = gc.get_freeze_count()
+        assert frozen > 0
+        async with Host.open(log_tap=False, gc_pacing=True):
+            assert gc.get_freeze_count() <= frozen  # once per pacing (frozen objects can die)
+        session = await host.open_session(Agent(name="a", provider=ScriptedProvider([["x"]])))
+        await session.run("hi")
+        assert gc.get_freeze_count() <= frozen  # sessions and turns are never frozen
+    assert gc.get_freeze_count() == 0
+
+
+async def test_a_pacing_host_keeps_the_application_s_own_freeze():
+    gc.collect()
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        async with Host.open(log_tap=False, gc_pacing=True):
+            assert 0 < gc.get_freeze_count() <= frozen  # not frozen again, not unfrozen
+        assert 0 < gc.get_freeze_count() <= frozen
+    finally:
+        gc.unfreeze()
 
 
 async def test_turns_answer_the_same_under_pacing():
@@ -72,3 +100,30 @@ async def test_old_cyclic_garbage_is_freed_at_a_quiet_moment():
     finally:
         pacer.release()
     assert gc.isenabled()
+
+
+async def test_no_full_collection_while_turns_are_in_flight():
+    """Quiet counts the tasks beyond those alive when the host started: a loop that
+    waits while turns wait (their tasks alive) does not run a full collection."""
+    pacer = GcPacer(steps=1, middle_every=1, full_after=1, quiet_tasks=2)
+    pacer.acquire()
+    try:
+        pacer.host_started()
+        node = _Node()
+        ref = weakref.ref(node)
+        gc.collect()
+        del node
+        grown = [[] for _ in range(sys.getallocatedblocks() // 2)]
+        async with trio.open_nursery() as nursery:
+            for _ in range(3):  # more than quiet_tasks beyond the resting ones
+                nursery.start_soon(trio.sleep, 0.05)
+            await trio.lowlevel.checkpoint()
+            await trio.sleep(0.01)  # waits with nothing ready, but not quiet
+            assert ref() is not None
+        await trio.lowlevel.checkpoint()
+        await trio.sleep(0.01)  # the turns are done: quiet
+        assert ref() is None
+        del grown
+    finally:
+        pacer.release()
+    assert gc.isenabled() and gc.get_freeze_count() == 0

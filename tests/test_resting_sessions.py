@@ -197,3 +197,16 @@ async def test_a_turn_makes_no_supervisor_logger_unless_an_actor_crashes(monkeyp
         for _ in range(3):
             assert (await session.run("weather?")).text == "sunny"
     assert made == []
+
+
+async def test_sessions_share_an_empty_meta_view_and_their_host_s_tool_source():
+    """Per session, an empty meta's read-only view and the runner's tool source were
+    three more objects for every full collection to walk (issue 24 item 5)."""
+    async with Host.open(log_tap=False) as host:
+        a, b = [await host.open_session(tool_agent(), session_id=sid) for sid in "ab"]
+        assert a.meta is b.meta and dict(a.meta) == {}
+        assert a.runner.tool_source is b.runner.tool_source
+        c = await host.open_session(tool_agent(), session_id="c", meta={"k": 1})
+        assert dict(c.meta) == {"k": 1} and c.meta is not a.meta
+        a.update_meta({"title": "t"})
+        assert dict(a.meta) == {"title": "t"} and dict(b.meta) == {}

@@ -60,6 +60,7 @@ from runtime.store import SessionRecord, Store, validate_session_id
 if TYPE_CHECKING:
     from actors.mcp import Servers
     from actors.turn.runner import TurnRunner
+    from runtime.hosting import ToolSource
 
 # The actors (the implementations the host assembles) are imported where the host starts
 # them, not here: ``from runtime import Host`` is an application's first line, and the
@@ -170,6 +171,9 @@ class Host:
         """The providers built for ``Agent(model="provider:model")``, by that string."""
         self.mcp_servers: Servers = {}
         """The running MCP server actors, by configuration (see :mod:`actors.mcp`)."""
+        self._tool_source: ToolSource | None = None
+        """Every session's turn runner's tool source (one, made with the first session:
+        a partial per session was two more objects for the collector to walk)."""
         self._actors: dict[Actor, None] = {}
         """The running actors, and the loaded sessions' resting ones (an ordered set:
         removing one is O(1))."""
@@ -269,6 +273,8 @@ class Host:
                 )
                 try:
                     await host._start_services(tool_executor, log_tap, handle_signals)
+                    if pacer is not None:
+                        pacer.host_started()
                     try:
                         yield host
                     finally:
@@ -535,6 +541,8 @@ class Host:
         from actors.turn.runner import TurnRunner
 
         provider_actors = [await self.provider_actor(p) for p in self.providers_of(agent)]
+        if self._tool_source is None:
+            self._tool_source = partial(agent_tools, self.mcp_servers)
         if agent.mcp_servers:  # started once per host, shared by sessions (actors.mcp)
             await start_servers(self.mcp_servers, self, agent)
         stream_inbox: Inbox[Batch[Any]] = Inbox(1024, "block", name="engine-output")
@@ -551,7 +559,7 @@ class Host:
             persister=self.persister,
             stream_inbox=stream_inbox,
             host=self,
-            tool_source=partial(agent_tools, self.mcp_servers),
+            tool_source=self._tool_source,
         )
         actors: list[Actor] = [engine, controller, runner]
         for actor in actors:  # resting: the session's first turn starts them (wake)

@@ -102,6 +102,16 @@ class SessionOwner(Protocol):
 
 FINAL_WAIT = 10.0
 """Seconds a leaving consumer waits (shielded) for the cancelled turn to be saved."""
+_NO_META: Mapping[str, Any] = MappingProxyType({})
+"""The meta of every session with none: one shared read-only view, not one per session
+(each is an object the garbage collector walks: ten thousand sessions, issue 24 item 5)."""
+
+
+def _frozen_meta(meta: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    """A read-only copy of ``meta`` (the shared :data:`_NO_META` when empty)."""
+    return MappingProxyType(dict(meta)) if meta else _NO_META
+
+
 _TURN_ID = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 
 
@@ -504,7 +514,7 @@ class Session:
         """The turn in progress, if any."""
         self.last_used = 0.0
         """Trio time of the last use (open, turn start or end, a read through the web API)."""
-        self._meta: Mapping[str, Any] = MappingProxyType(dict(meta or {}))
+        self._meta: Mapping[str, Any] = _frozen_meta(meta)
         self._saved_anything = True
         """Whether the store held any of the session when it was last evicted."""
         self._decided: SessionRecord | None = None
@@ -595,7 +605,7 @@ class Session:
     def update_meta(self, values: Mapping[str, Any]) -> None:
         """Set meta keys. Saved with the next turn's first save (a turn already running
         keeps the meta it started with)."""
-        self._meta = MappingProxyType({**self._meta, **values})
+        self._meta = _frozen_meta({**self._meta, **values})
 
     def set_title(self, title: str) -> None:
         """Set the session's title (``meta["title"]``)."""
@@ -617,7 +627,7 @@ class Session:
         meta (as loaded)."""
         self.runner = runner
         self.actors = actors
-        self._meta = MappingProxyType(dict(meta))
+        self._meta = _frozen_meta(meta)
         self._saved_anything = True
         self.loaded_record = None
 
