@@ -201,7 +201,7 @@ async def _paced_level(host: Any, agent: Any, sizes: Sizes, watch: StallWatch) -
     seconds, seen = await _level(
         host, agent, sizes.conc_levels[-1], sizes.conc_deltas, "paced", watch
     )
-    return {**seen, "seconds": seconds}
+    return {**seen, "seconds": seconds, "frozen": gc.get_freeze_count()}
 
 
 def _paced_figure(seen: dict[str, Any], top: int) -> Figure:
@@ -221,6 +221,9 @@ def _paced_figure(seen: dict[str, Any], top: int) -> Figure:
             for k, ms in zip(seen["collections"], seen["collection_ms"], strict=True)
         )
         + f"; longest step with no collection in it {seen['longest_step_without_gc_ms']:.1f} ms"
+        + f"; most CPU in one step {seen['longest_step_cpu_ms']:.1f} ms "
+        f"({seen['longest_step_cpu_task']})"
+        + f"; frozen {seen['frozen']:,} objects"
         + f"; {seen['seconds']:.1f} s for the level",
         data=seen,
     )
@@ -234,6 +237,7 @@ def _stall_figures(seen: list[dict[str, Any]], top: int) -> list[Figure]:
     steps = [s["longest_step_ms"] for s in seen]
     late = [s["worst_lateness_ms"] for s in seen]
     own = [s["longest_step_without_gc_ms"] for s in seen]
+    cpu = max(seen, key=lambda s: s["longest_step_cpu_ms"])
     return [
         Figure(
             key="concurrency.worst_stall",
@@ -247,7 +251,10 @@ def _stall_figures(seen: list[dict[str, Any]], top: int) -> list[Figure]:
             + f"; longest collection {longest['longest_gc_ms']:.1f} ms "
             f"({longest['longest_gc_cpu_ms']:.1f} ms of CPU); full collections per round "
             + ", ".join(f"{s['collections'][2]} ({s['collection_ms'][2]:.0f} ms)" for s in seen)
-            + f"; longest step with no collection in it {max(own):.1f} ms",
+            + f"; longest step with no collection in it {max(own):.1f} ms"
+            + "; most CPU in one step, per round "
+            + ", ".join(f"{s['longest_step_cpu_ms']:.1f}" for s in seen)
+            + f" ms ({cpu['longest_step_cpu_task']})",
             data={"rounds": seen},
         ),
         Figure(
