@@ -250,8 +250,8 @@ class Host:
         full ones when the loop is idle; the heap as it stood once the host started is
         frozen until the last pacing host closes): with thousands of turns in flight
         CPython's own triggers pause the loop for seconds. Off by default: the
-        collector's settings are the whole process's (docs/embedding.md, "Garbage collection in a large
-        host")."""
+        collector's settings are the whole process's (docs/embedding.md, "Garbage
+        collection in a large host")."""
         _check_bounds(idle_ttl, max_sessions, drain_timeout)
         from actors.stores import open_store  # see the note on the imports
 
