@@ -430,13 +430,15 @@ async def _parse_read(
 ) -> None:
     """The events of one read into ``out`` (text deltas inline: most of a stream)."""
     on_event = parse.on_event
-    for event in batch:
-        if isinstance(event, str):  # a text delta read through its slot (json_event_batches)
-            if event:
-                out.text(event)  # of the block of the last text delta read in full
-                if out.urgent:
-                    await out.flush()
+    i, n = 0, len(batch)
+    while i < n:
+        event = batch[i]
+        if isinstance(event, str):  # text deltas read through their slot (json_event_batches)
+            i = out.texts(batch, i)  # of the block of the last text delta read in full
+            if out.urgent:
+                await out.flush()
             continue
+        i += 1
         etype: Any = event.get("type")
         if etype == "content_block_delta":
             delta = event.get("delta") or {}

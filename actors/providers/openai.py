@@ -459,10 +459,17 @@ async def parse_batches(
         except Exception as exc:
             await out.flush()
             raise classify_error(exc, provider=provider) from exc
-        for chunk in batch:
+        i, n = 0, len(batch)
+        while i < n:
+            chunk = batch[i]
             t = type(chunk)
-            # a str: the text of a chunk read through its slot (:func:`json_chunk_batches`)
-            text = chunk if t is str else _text_only(chunk) if t is dict else None
+            if t is str:  # texts of chunks read through their slot (json_chunk_batches)
+                i = out.texts(batch, i)
+                if out.urgent:
+                    await out.flush()
+                continue
+            i += 1
+            text = _text_only(chunk) if t is dict else None
             if text is not None:  # the common chunk, read without the general path's look-ups
                 if text:
                     out.text(text)

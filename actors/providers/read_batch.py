@@ -23,6 +23,7 @@ sees a new part, ends the run), fewer and longer deltas.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from runtime.actor_messages import MAX_BATCH
@@ -63,6 +64,39 @@ class ReadBatch:
             out.append(_TEXT(text, False))
             if len(out) >= MAX_BATCH:
                 self.urgent = True
+
+    def texts(self, items: Sequence[Any], i: int) -> int:
+        """:meth:`text` for each ``str`` of ``items`` from index ``i`` on (an empty one
+        skipped), up to the first item of another type or the one that makes the batch
+        :attr:`urgent`; returns the index after the last one read. Why: a read's text
+        deltas read through a slot (:mod:`~actors.providers.json_slot`) come as a run of
+        strings, and one call for the run instead of one per delta spares a call and
+        its attribute loads per delta (issue 24). The same chunks as :meth:`text`."""
+        n = len(items)
+        if self._first or self._coalesce:  # the stream's first delta, or joined runs
+            while i < n and type(items[i]) is str:
+                text = items[i]
+                i += 1
+                if text:
+                    self.text(text)
+                    if self.urgent:
+                        break
+            return i
+        out = self.out
+        append, build = out.append, _TEXT
+        room = MAX_BATCH - len(out)
+        while i < n:
+            text = items[i]
+            if type(text) is not str:
+                break
+            i += 1
+            if text:
+                append(build(text, False))
+                room -= 1
+                if room <= 0:
+                    self.urgent = True
+                    break
+        return i
 
     def add(self, chunk: Any) -> None:
         """Any other chunk: it ends the text run and takes its place in the order."""
