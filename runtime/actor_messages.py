@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeAlias, TypeVar
 import attrs
 import trio
 
-from runtime.chunks import Usage, _repr
+from runtime.chunks import Usage, _eq, _hash, _repr
 from runtime.inbox import Inbox
 from runtime.messages import Message, Part, UserContent, UserMessage
 from runtime.output import ErrorInfo, OutputChunk
@@ -212,6 +212,8 @@ class SteeredNotice:
     ``step`` (becomes a ``steered`` output chunk)."""
 
     __repr__ = _repr
+    __eq__ = _eq
+    __hash__ = _hash
 
     step: int
     message_id: str
@@ -228,6 +230,8 @@ class RetryPrompt(UserMessage):
     """
 
     __repr__ = _repr
+    __eq__ = _eq
+    __hash__ = _hash
 
 
 @attrs.frozen(kw_only=True, slots=True, eq=False)  # internal: identity is enough

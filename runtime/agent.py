@@ -11,7 +11,7 @@ import attrs
 
 from runtime.budget import Budget
 from runtime.busy import REJECT, OnBusy, check_on_busy
-from runtime.chunks import _repr
+from runtime.chunks import _eq, _hash, _repr
 from runtime.compaction import HistoryProcessor, check_processors
 from runtime.errors import ConfigurationError
 from runtime.media import MediaLimits
@@ -38,6 +38,8 @@ class Hooks:
     """
 
     __repr__ = _repr
+    __eq__ = _eq
+    __hash__ = _hash
 
     on_turn_start: Hook | None = None
     on_turn_finish: Hook | None = None

@@ -27,7 +27,7 @@ from typing import Any, ClassVar, TypeVar, dataclass_transform
 
 import attrs
 
-from runtime.chunks import Usage, _repr
+from runtime.chunks import Usage, _eq, _hash, _repr
 from runtime.redact import redact_text
 
 
@@ -41,6 +41,8 @@ class ErrorInfo:
     """
 
     __repr__ = _repr
+    __eq__ = _eq
+    __hash__ = _hash
 
     kind: str
     """The error class name, e.g. ``"RateLimited"``; stable, for programs to switch on."""
@@ -62,13 +64,17 @@ def _ids_last(cls: type, fields: list[attrs.Attribute[Any]]) -> list[attrs.Attri
 
 @dataclass_transform(kw_only_default=True, frozen_default=True, field_specifiers=(attrs.field,))
 def _value(cls: _C) -> _C:
-    """A frozen, slotted, keyword-only value class with the shared ``__repr__``.
+    """A frozen, slotted, keyword-only value class with the shared ``__repr__``, ``__eq__``
+    and ``__hash__``.
 
     repr=False: one shared __repr__ (:func:`runtime.chunks._repr`, which every contract value
     class uses) instead of one compiled per class, which keeps ``import runtime`` cheap;
-    equality and hashing stay generated. The bases that carry the correlation ids use it
-    too, so the type checker sees their fields in every subclass.
+    equality and hashing likewise (:func:`runtime.chunks._eq`, set on the class itself, so
+    attrs sees them as the class's own and compiles none). The bases that carry the
+    correlation ids use it too, so the type checker sees their fields in every subclass.
     """
+    cls.__eq__ = _eq  # type: ignore[assignment]
+    cls.__hash__ = _hash  # type: ignore[assignment]
     return attrs.frozen(kw_only=True, slots=True, repr=False, field_transformer=_ids_last)(cls)
 
 

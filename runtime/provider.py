@@ -27,7 +27,7 @@ import trio
 
 from runtime.actor import ServingActor
 from runtime.actor_messages import Batch, Batcher, InferRequest, StreamFailed
-from runtime.chunks import StreamChunk, _repr
+from runtime.chunks import StreamChunk, _eq, _hash, _repr
 from runtime.errors import (
     ActorFailed,
     AxonError,
@@ -85,6 +85,8 @@ class ProviderOptions:
     the rest, so one set of options serves every provider in the registry."""
 
     __repr__ = _repr
+    __eq__ = _eq
+    __hash__ = _hash
 
     model: str | None = None
     """``None``: the provider's default model."""
@@ -385,6 +387,8 @@ class FallbackProvider:
     """
 
     __repr__ = _repr
+    __eq__ = _eq
+    __hash__ = _hash
 
     providers: tuple[Provider, ...] = attrs.field(converter=_providers)
     on: tuple[type[BaseException], ...] = attrs.field(
