@@ -18,12 +18,14 @@ from actors.providers.scripted import ScriptedProvider, Sleep, tool_call
 from runtime import Agent, Hooks, ProviderError, ReasoningChunk, RetryPolicy, Tool, tool
 from runtime import output as o
 from runtime.actor_messages import Batcher
-from runtime.app.web.agui_wire import (
+from runtime.app.web.agui_input import (
     AGUIError,
-    RunEncoder,
-    agui_messages,
     history_of,
     parse_run_input,
+)
+from runtime.app.web.agui_wire import (
+    RunEncoder,
+    agui_messages,
 )
 from runtime.chunks import Usage
 from runtime.messages import (
@@ -769,7 +771,9 @@ def test_an_error_ends_the_run_and_nothing_follows_it():
 
 
 def test_anthropic_cache_counts_are_added_into_input_tokens():
-    from runtime.app.web.agui_wire import token_usage
+    from runtime.app.web.agui_wire import (
+        token_usage,
+    )
 
     usage = Usage(input_tokens=5, output_tokens=2, total_tokens=7, cache_read=100, cache_write=10)
     (entry,) = token_usage(usage, "anthropic", "claude")

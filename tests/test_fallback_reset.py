@@ -20,7 +20,9 @@ from actors.providers import OpenAIProvider, OpenAIResponsesProvider
 from actors.stores import MemoryStore
 from runtime import Agent, Host, RetryPolicy, tool
 from runtime import output as o
-from runtime.app.web.agui_wire import RunEncoder
+from runtime.app.web.agui_wire import (
+    RunEncoder,
+)
 from runtime.app.web.openai_wire import CompletionEncoder
 from runtime.app.web.ui_stream import encode_turn
 from runtime.chunks import Usage

@@ -58,19 +58,21 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp
 
-from runtime.app.web.agui_wire import (
+from runtime.app.web.agui_input import (
     AGUIError,
-    RunEncoder,
     RunInput,
-    agui_messages,
     approval_answer,
     bad_input,
-    finished,
     history_of,
     parse_run_input,
-    sse,
     tool_answer,
     user_input,
+)
+from runtime.app.web.agui_wire import (
+    RunEncoder,
+    agui_messages,
+    finished,
+    sse,
 )
 from runtime.app.web.chat_input import _read_body
 from runtime.app.web.guard import is_json

@@ -1,0 +1,400 @@
+"""The AG-UI request side (protocol 1.0), for :mod:`runtime.app.web.agui`.
+
+A ``RunAgentInput`` body checked into a :class:`RunInput` (:func:`parse_run_input`): its
+client tools (:func:`client_tools`), its ``resume`` entries (:class:`ResumeAnswer`, read
+into an approval decision by :func:`approval_answer` or a tool's output by
+:func:`tool_answer`), and its AG-UI messages read into runtime messages
+(:func:`user_input`, :func:`history_of`). Anything refused is an :class:`AGUIError`,
+answered with an HTTP error status before any event streams (the HTTP binding's rule).
+The response side, runtime messages and output chunks written as AG-UI events, is
+:mod:`runtime.app.web.agui_wire`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import attrs
+import orjson
+
+from runtime.errors import InvalidMedia, ToolDefinitionError
+from runtime.messages import (
+    AssistantMessage,
+    File,
+    Image,
+    Message,
+    SystemMessage,
+    TextPart,
+    ToolCallPart,
+    ToolMessage,
+    UserContent,
+    UserMessage,
+)
+from runtime.tools import InvalidJSONSchema, Tool
+
+ROLES = frozenset({"developer", "system", "assistant", "user", "tool", "activity", "reasoning"})
+RESUME_STATUSES = frozenset({"resolved", "cancelled"})
+CANCELLED_REASON = "cancelled"
+"""The denial reason of an approval the client's resume entry cancelled."""
+
+
+# -- errors -------------------------------------------------------------------------------
+
+
+class AGUIError(Exception):
+    """Input refused before the run starts: an HTTP error status with no event stream
+    (the HTTP binding's rule), the body ``{"error": message, "code": code}``."""
+
+    def __init__(self, status: int, message: str, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.code = code
+
+    def body(self) -> dict[str, Any]:
+        return {"error": self.message, "code": self.code}
+
+
+def bad_input(message: str, code: str = "invalid_input") -> AGUIError:
+    return AGUIError(400, message, code)
+
+
+# -- the request --------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True, slots=True)
+class ResumeAnswer:
+    """One ``resume`` entry: the answer to an interrupt of the run it continues."""
+
+    interrupt_id: str
+    status: str
+    payload: Any = None
+
+
+@attrs.frozen(kw_only=True, slots=True)
+class RunInput:
+    """A checked ``RunAgentInput``."""
+
+    thread_id: str
+    run_id: str
+    messages: tuple[dict[str, Any], ...]
+    """The client's conversation, each message's shape checked (reasoning and activity
+    messages included; they are never read)."""
+    tools: tuple[Tool, ...] = ()
+    """The client's tools, as client-side tools (:meth:`runtime.tools.Tool.client`)."""
+    instructions: str | None = None
+    """``context``, as instructions added for the run."""
+    resume: tuple[ResumeAnswer, ...] = ()
+    forwarded_props: Any = None
+
+
+def _str(value: Any, where: str, *, optional: bool = False) -> str | None:
+    if value is None and optional:
+        return None
+    if not isinstance(value, str) or (not optional and not value):
+        raise bad_input(f"'{where}' must be a {'' if optional else 'non-empty '}string")
+    return value
+
+
+def _list(value: Any, where: str) -> list[Any]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise bad_input(f"'{where}' must be a list")
+    return value
+
+
+def _object(value: Any, where: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise bad_input(f"'{where}' must be an object")
+    return value
+
+
+def _check_parts(content: list[Any], where: str) -> None:
+    for j, part in enumerate(content):
+        part = _object(part, f"{where}[{j}]")
+        kind = part.get("type")
+        if kind == "text":
+            if not isinstance(part.get("text"), str):
+                raise bad_input(f"'{where}[{j}].text' must be a string")
+        elif kind in ("image", "audio", "video", "document"):
+            source = _object(part.get("source"), f"{where}[{j}].source")
+            if source.get("type") not in ("data", "url", "file"):
+                raise bad_input(f"'{where}[{j}].source.type' must be data, url or file")
+            _str(source.get("value"), f"{where}[{j}].source.value")
+            _str(source.get("mimeType"), f"{where}[{j}].source.mimeType", optional=True)
+        else:
+            raise bad_input(f"'{where}[{j}].type' must be text, image, audio, video or document")
+
+
+def _check_message(message: Any, i: int) -> dict[str, Any]:
+    where = f"messages[{i}]"
+    message = _object(message, where)
+    _str(message.get("id"), f"{where}.id")
+    role = message.get("role")
+    if role not in ROLES:
+        raise bad_input(f"'{where}.role' must be one of {', '.join(sorted(ROLES))}")
+    content = message.get("content")
+    if role in ("developer", "system", "reasoning"):
+        if not isinstance(content, str):
+            raise bad_input(f"'{where}.content' must be a string")
+    elif role in ("user", "tool"):
+        if isinstance(content, list):
+            _check_parts(content, f"{where}.content")
+        elif not isinstance(content, str):
+            raise bad_input(f"'{where}.content' must be a string or a list of content parts")
+        if role == "tool":
+            _str(message.get("toolCallId"), f"{where}.toolCallId")
+            _str(message.get("error"), f"{where}.error", optional=True)
+    elif role == "assistant":
+        _str(content, f"{where}.content", optional=True)
+        for j, call in enumerate(_list(message.get("toolCalls"), f"{where}.toolCalls")):
+            call = _object(call, f"{where}.toolCalls[{j}]")
+            _str(call.get("id"), f"{where}.toolCalls[{j}].id")
+            function = _object(call.get("function"), f"{where}.toolCalls[{j}].function")
+            _str(function.get("name"), f"{where}.toolCalls[{j}].function.name")
+            _str(
+                function.get("arguments"),
+                f"{where}.toolCalls[{j}].function.arguments",
+                optional=True,
+            )
+            if not isinstance(function.get("arguments"), str):
+                raise bad_input(f"'{where}.toolCalls[{j}].function.arguments' must be a string")
+    else:  # activity: an object content, never read
+        _object(content, f"{where}.content")
+    return message
+
+
+def client_tools(tools: Any) -> tuple[Tool, ...]:
+    """The request's ``tools`` as client-side tools; a malformed one, a schema that is not
+    an object's, or a name given twice is a 400."""
+    out: list[Tool] = []
+    for i, spec in enumerate(_list(tools, "tools")):
+        where = f"tools[{i}]"
+        spec = _object(spec, where)
+        name = _str(spec.get("name"), f"{where}.name")
+        description = _str(spec.get("description"), f"{where}.description", optional=True) or ""
+        schema = spec.get("parameters")
+        if schema is None or schema == {}:
+            schema = {"type": "object", "properties": {}}
+        if not isinstance(schema, dict):
+            raise bad_input(f"'{where}.parameters' must be a JSON schema object")
+        try:
+            out.append(Tool.client(name, schema, description))  # type: ignore[arg-type]
+        except (ToolDefinitionError, InvalidJSONSchema) as exc:
+            raise bad_input(f"'{where}': {exc}") from None
+    names = [t.name for t in out]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise bad_input(f"'tools' names {twice} more than once")
+    return tuple(out)
+
+
+def _instructions(context: Any) -> str | None:
+    lines = []
+    for i, item in enumerate(_list(context, "context")):
+        item = _object(item, f"context[{i}]")
+        description = _str(item.get("description"), f"context[{i}].description", optional=True)
+        value = _str(item.get("value"), f"context[{i}].value", optional=True)
+        if description is None or value is None:
+            raise bad_input(f"'context[{i}]' needs a 'description' and a 'value' (strings)")
+        lines.append(f"- {description}: {value}")
+    if not lines:
+        return None
+    return "Context from the application:\n" + "\n".join(lines)
+
+
+def _resume(entries: Any) -> tuple[ResumeAnswer, ...]:
+    out = []
+    for i, entry in enumerate(_list(entries, "resume")):
+        entry = _object(entry, f"resume[{i}]")
+        interrupt_id = _str(entry.get("interruptId"), f"resume[{i}].interruptId")
+        status = entry.get("status")
+        if status not in RESUME_STATUSES:
+            raise bad_input(f"'resume[{i}].status' must be resolved or cancelled")
+        assert interrupt_id is not None
+        out.append(
+            ResumeAnswer(interrupt_id=interrupt_id, status=status, payload=entry.get("payload"))
+        )
+    ids = [a.interrupt_id for a in out]
+    if len(set(ids)) != len(ids):
+        raise bad_input("'resume' answers an interrupt more than once")
+    return tuple(out)
+
+
+def parse_run_input(payload: Any) -> RunInput:
+    """A ``POST /ag-ui`` body, checked; every fault an :class:`AGUIError` (400) naming
+    the field. ``state`` is accepted and not read (this agent keeps no shared state)."""
+    payload = _object(payload, "the body")
+    thread_id = _str(payload.get("threadId"), "threadId")
+    run_id = _str(payload.get("runId"), "runId")
+    if "messages" not in payload:
+        raise bad_input("'messages' is required (a list, possibly empty)")
+    messages = tuple(
+        _check_message(m, i) for i, m in enumerate(_list(payload["messages"], "messages"))
+    )
+    assert thread_id is not None and run_id is not None
+    return RunInput(
+        thread_id=thread_id,
+        run_id=run_id,
+        messages=messages,
+        tools=client_tools(payload.get("tools")),
+        instructions=_instructions(payload.get("context")),
+        resume=_resume(payload.get("resume")),
+        forwarded_props=payload.get("forwardedProps"),
+    )
+
+
+# -- AG-UI messages -> runtime messages ---------------------------------------------------
+
+
+def _media(part: dict[str, Any]) -> Image | File | None:
+    """An image or document part as the runtime's media (``None``: a part the runtime
+    cannot take, an audio or video part or a provider's file handle, which is dropped as
+    the spec says a producer does)."""
+    source = part["source"]
+    if part["type"] not in ("image", "document") or source["type"] == "file":
+        return None
+    mime = source.get("mimeType")
+    url = (
+        source["value"]
+        if source["type"] == "url"
+        else f"data:{mime or ''};base64,{source['value']}"
+    )
+    filename = (
+        (part.get("metadata") or {}).get("filename")
+        if isinstance(part.get("metadata"), dict)
+        else None
+    )
+    if part["type"] == "image":
+        return Image(url=url, media_type=mime)
+    return File(url=url, media_type=mime, filename=filename if isinstance(filename, str) else None)
+
+
+def user_input(content: str | list[dict[str, Any]], where: str) -> UserContent:
+    """A user message's content as user input: text, or text, images and documents."""
+    if isinstance(content, str):
+        return content
+    items: list[str | Image | File] = []
+    for j, part in enumerate(content):
+        if part["type"] == "text":
+            items.append(part["text"])
+            continue
+        try:
+            media = _media(part)
+        except InvalidMedia as exc:
+            raise bad_input(f"'{where}[{j}]': {exc}") from None
+        if media is not None:
+            items.append(media)
+    if all(isinstance(i, str) for i in items):
+        return "".join(i for i in items if isinstance(i, str))
+    return tuple(
+        TextPart(text=i, step=0) if isinstance(i, str) else i
+        for i in items
+        if not (isinstance(i, str) and not i)
+    )
+
+
+def _text_of(content: str | list[dict[str, Any]]) -> str:
+    if isinstance(content, str):
+        return content
+    return "".join(p["text"] for p in content if p["type"] == "text")
+
+
+def _arguments(text: str | None) -> Any:
+    try:
+        return orjson.loads(text or "{}")
+    except orjson.JSONDecodeError:
+        return text
+
+
+def history_of(messages: Iterable[dict[str, Any]]) -> tuple[Message, ...]:
+    """Checked AG-UI messages as a runtime history (the start of a new thread): system and
+    developer messages as system messages, assistant text and tool calls, tool results;
+    reasoning and activity messages are left out."""
+    names: dict[str, str] = {}
+    out: list[Message] = []
+    for i, m in enumerate(messages):
+        role = m["role"]
+        if role in ("system", "developer"):
+            out.append(SystemMessage(content=m["content"]))
+        elif role == "user":
+            out.append(UserMessage(content=user_input(m["content"], f"messages[{i}].content")))
+        elif role == "assistant":
+            parts: list[Any] = [TextPart(text=m["content"], step=0)] if m.get("content") else []
+            for call in m.get("toolCalls") or ():
+                function = call["function"]
+                names[call["id"]] = function["name"]
+                parts.append(
+                    ToolCallPart(
+                        tool_call_id=call["id"],
+                        tool_name=function["name"],
+                        input=_arguments(function["arguments"]),
+                        step=0,
+                    )
+                )
+            out.append(AssistantMessage(content=tuple(parts)))
+        elif role == "tool":
+            call_id = m["toolCallId"]
+            if call_id not in names:
+                raise bad_input(
+                    f"'messages[{i}].toolCallId' names no tool call of an earlier assistant message"
+                )
+            out.append(
+                ToolMessage(
+                    tool_call_id=call_id,
+                    tool_name=names[call_id],
+                    step=0,
+                    output=None if m.get("error") is not None else _text_of(m["content"]),
+                    error=m.get("error"),
+                )
+            )
+    return tuple(out)
+
+
+def tool_answer(message: dict[str, Any]) -> tuple[Any, str | None]:
+    """A tool message answering a client tool: ``(output, error)``. The output is the
+    message's text (a client tool's answer travels as text, as the spec says of
+    structured results); ``error`` is set for a failure."""
+    return _text_of(message["content"]), message.get("error")
+
+
+def approval_answer(answer: ResumeAnswer) -> tuple[bool, str | None]:
+    """A resume entry for an approval as ``(approved, reason)``: a cancelled entry is a
+    denial (reason ``cancelled``); a resolved one's payload must match
+    :data:`APPROVAL_SCHEMA` (``{"approved": bool, "reason"?: str}``)."""
+    if answer.status == "cancelled":
+        return False, CANCELLED_REASON
+    payload = answer.payload
+    if not isinstance(payload, dict) or not isinstance(payload.get("approved"), bool):
+        raise bad_input(
+            f"resume entry {answer.interrupt_id!r}: the payload must be "
+            '{"approved": true|false, "reason"?: string}',
+            "invalid_resume_payload",
+        )
+    if "editedArgs" in payload:
+        raise bad_input(
+            f"resume entry {answer.interrupt_id!r}: editedArgs is not supported (the "
+            "interrupt's responseSchema does not offer it)",
+            "invalid_resume_payload",
+        )
+    reason = payload.get("reason")
+    if reason is not None and not isinstance(reason, str):
+        raise bad_input(f"resume entry {answer.interrupt_id!r}: 'reason' must be a string")
+    return payload["approved"], reason
+
+
+__all__ = [
+    "CANCELLED_REASON",
+    "AGUIError",
+    "ResumeAnswer",
+    "RunInput",
+    "approval_answer",
+    "bad_input",
+    "client_tools",
+    "history_of",
+    "parse_run_input",
+    "tool_answer",
+    "user_input",
+]
