@@ -9,9 +9,16 @@ decided and resumed at once), alternated, each after a full collection, with the
 at info into a file. The store's ``save``, ``version`` and ``load`` are wrapped on the
 instance (where the persister and the session find them) and so is the log tap's
 ``handle``: each side's time in them is summed per turn; "everything else" is the turn's
-time less those. Times are the event loop thread's CPU time (:data:`_clock`). Printed:
-medians per side and their difference, with call counts. Compare runs side by side,
-never one run with another day's.
+time less those. Times are the event loop thread's CPU time (:data:`_clock`). A wrapped
+call counts only the steps of its own task (:class:`_TaskClock`): a call that yields
+(a store call takes the store's lock, which checkpoints) lets other tasks run meanwhile,
+the log tap writing lines above all, and that time is theirs, not the call's. Counting it
+in the call, as this tool first did, put a third of the log lines' time and the actors'
+work in "saves" and "version queries" twice (the same time counted again as log lines,
+and so taken out of "everything else"). Printed: medians per side and their difference,
+with call counts; then the same CPU time by task (each actor's, the caller's, the
+supervisors' that start and stop the actors), which says whose work the extra is.
+Compare runs side by side, never one run with another day's.
 """
 
 from __future__ import annotations
@@ -40,16 +47,68 @@ descheduled for a few milliseconds would count them as its own."""
 
 _spent: collections.Counter[str] = collections.Counter()
 _calls: collections.Counter[str] = collections.Counter()
-Sample = tuple[float, dict[str, float], dict[str, int]]
+Sample = tuple[float, dict[str, float], dict[str, int], dict[str, float]]
+CALLER = "the caller"
+"""The task that runs the turns: ``session.run``, ``decide``, entering ``resume()`` and
+reading the streams."""
+
+
+class _TaskClock(trio.abc.Instrument):
+    """CPU time per task, summed over the task's steps: what a wrapped call of that task
+    spends itself, however many other tasks ran while it waited. Also summed by who runs
+    the task (:attr:`by_owner`): an actor's class (a task the host supervises it in),
+    :data:`CALLER`, else the task's function."""
+
+    def __init__(self) -> None:
+        self.spent: dict[trio.lowlevel.Task, float] = {}
+        self.step_began = 0.0
+        self.caller: trio.lowlevel.Task | None = None
+        self.by_owner: collections.defaultdict[str, float] = collections.defaultdict(float)
+        self._owners: dict[trio.lowlevel.Task, str] = {}
+
+    def restart(self) -> None:
+        """Start counting by owner afresh, the step in progress from now."""
+        self.by_owner.clear()
+        self.step_began = _clock()
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        self.step_began = _clock()
+
+    def after_task_step(self, task: trio.lowlevel.Task) -> None:
+        spent = _clock() - self.step_began
+        self.spent[task] = self.spent.get(task, 0.0) + spent
+        owner = self._owners.get(task)
+        if owner is None:
+            owner = self._owners[task] = self._owner(task)
+        self.by_owner[owner] += spent
+
+    def _owner(self, task: trio.lowlevel.Task) -> str:
+        if task is self.caller:
+            return CALLER
+        frame = getattr(task.coro, "cr_frame", None)
+        actor = None if frame is None else frame.f_locals.get("actor")
+        return type(actor).__name__ if actor is not None else task.name.rsplit(".", 1)[-1]
+
+    def task_exited(self, task: trio.lowlevel.Task) -> None:
+        self.spent.pop(task, None)
+        self._owners.pop(task, None)
+
+    def now(self) -> float:
+        """The current task's CPU time so far, the step it is in included."""
+        task = trio.lowlevel.current_task()
+        return self.spent.get(task, 0.0) + _clock() - self.step_began
+
+
+_tasks = _TaskClock()
 
 
 def _timed(label: str, fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
     async def timed(*args: Any, **kwargs: Any) -> Any:
-        t0 = _clock()
+        t0 = _tasks.now()
         try:
             return await fn(*args, **kwargs)
         finally:
-            _spent[label] += _clock() - t0
+            _spent[label] += _tasks.now() - t0
             _calls[label] += 1
 
     return timed
@@ -63,6 +122,7 @@ async def measure(rounds: int, directory: str) -> dict[str, list[Sample]]:
     LogTap.handle = _timed("log lines", LogTap.handle)  # type: ignore[method-assign]
     agents = _agents()
     tags = itertools.count()
+    _tasks.caller = trio.lowlevel.current_task()
     out: dict[str, list[Sample]] = {"plain": [], "approved": []}
     async with Host.open(store=str(Path(directory) / "breakdown.db")) as host:
         store = host.store
@@ -74,18 +134,21 @@ async def measure(rounds: int, directory: str) -> dict[str, list[Sample]]:
             gc.collect()
             _spent.clear()
             _calls.clear()
+            _tasks.restart()
             t0 = _clock()
             result = await session.run(PROMPT)
             seconds = _clock() - t0
+            by_owner = dict(_tasks.by_owner)
             _check(result, "stop", 2, "plain")
             await session.close()
-            return seconds, dict(_spent), dict(_calls)
+            return seconds, dict(_spent), dict(_calls), by_owner
 
         async def approved() -> Sample:
             session = await host.open_session(agents["asks"], f"a-{next(tags)}")
             gc.collect()
             _spent.clear()
             _calls.clear()
+            _tasks.restart()
             t0 = _clock()
             waiting = await session.run(PROMPT)
             await session.decide(waiting.pending[0].approval_id, approved=True)
@@ -93,9 +156,10 @@ async def measure(rounds: int, directory: str) -> dict[str, list[Sample]]:
                 async for _ in stream:
                     pass
             seconds = _clock() - t0
+            by_owner = dict(_tasks.by_owner)
             _check(stream.result, "stop", 2, "resume")
             await session.close()
-            return seconds, dict(_spent), dict(_calls)
+            return seconds, dict(_spent), dict(_calls), by_owner
 
         for i in range(WARMUP + rounds):
             for side in ("plain", "approved") if i % 2 else ("approved", "plain"):
@@ -110,19 +174,28 @@ def report(samples: dict[str, list[Sample]]) -> None:
         return statistics.median(values) * 1e6
 
     plain, approved = samples["plain"], samples["approved"]
-    labels = sorted({k for side in samples.values() for _, spent, _ in side for k in spent})
+    labels = sorted({k for side in samples.values() for _, spent, _, _ in side for k in spent})
     print(f"{'':18s} {'plain':>9s} {'approved':>9s} {'extra':>9s}   calls plain/approved")
     for k in labels:
-        p = us([s.get(k, 0.0) for _, s, _ in plain])
-        a = us([s.get(k, 0.0) for _, s, _ in approved])
-        cp = statistics.median([c.get(k, 0) for _, _, c in plain])
-        ca = statistics.median([c.get(k, 0) for _, _, c in approved])
+        p = us([s.get(k, 0.0) for _, s, _, _ in plain])
+        a = us([s.get(k, 0.0) for _, s, _, _ in approved])
+        cp = statistics.median([c.get(k, 0) for _, _, c, _ in plain])
+        ca = statistics.median([c.get(k, 0) for _, _, c, _ in approved])
         print(f"{k:18s} {p:9.0f} {a:9.0f} {a - p:+9.0f}   {cp:g}/{ca:g}")
-    rest_p = us([t - sum(s.values()) for t, s, _ in plain])
-    rest_a = us([t - sum(s.values()) for t, s, _ in approved])
+    rest_p = us([t - sum(s.values()) for t, s, _, _ in plain])
+    rest_a = us([t - sum(s.values()) for t, s, _, _ in approved])
     print(f"{'everything else':18s} {rest_p:9.0f} {rest_a:9.0f} {rest_a - rest_p:+9.0f}")
-    total_p, total_a = us([t for t, _, _ in plain]), us([t for t, _, _ in approved])
+    total_p, total_a = us([t for t, _, _, _ in plain]), us([t for t, _, _, _ in approved])
     print(f"{'total':18s} {total_p:9.0f} {total_a:9.0f} {total_a - total_p:+9.0f}")
+    print(f"\n{'by task':18s} {'plain':>9s} {'approved':>9s} {'extra':>9s}")
+    owners = {k for side in samples.values() for *_, by_owner in side for k in by_owner}
+    rows = []
+    for k in owners:
+        p = us([o.get(k, 0.0) for *_, o in plain])
+        a = us([o.get(k, 0.0) for *_, o in approved])
+        rows.append((a - p, k, p, a))
+    for extra, k, p, a in sorted(rows, reverse=True):
+        print(f"{k:18s} {p:9.0f} {a:9.0f} {extra:+9.0f}")
 
 
 def main() -> None:
@@ -130,7 +203,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="axon-bench-") as directory:
         sink = LogSink(directory)
         try:
-            samples = trio.run(measure, rounds, directory)
+            samples = trio.run(measure, rounds, directory, instruments=[_tasks])
         finally:
             sink.close()
     report(samples)
