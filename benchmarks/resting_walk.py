@@ -1,0 +1,60 @@
+"""What one full collection walks with N sessions at rest after a turn each, in a pacing
+host (issue 24 item 5): a probe, not a figure.
+
+``python -m benchmarks.resting_walk N`` opens a ``Host.open(gc_pacing=True)`` host,
+warms it up, opens N sessions, runs figure 3's turn in each at once, waits 2 s (the log
+tap drains), then prints the objects frozen, the objects a full collection walks
+(``gc.get_objects()``: every generation but the frozen one) and the median CPU time of
+three full collections.
+"""
+
+from __future__ import annotations
+
+import gc
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import trio
+
+from benchmarks.bench_concurrency import make_agent
+from benchmarks.common import LogSink
+
+
+async def _main(directory: str, n: int) -> None:
+    from runtime import Host
+
+    agent = make_agent(20)
+    async with Host.open(store=str(Path(directory) / "walk.db"), gc_pacing=True) as host:
+        for k in (1, 20):  # warm-up: every path once
+            warm = [await host.open_session(agent, session_id=f"w{k}-{i}") for i in range(k)]
+            for session in warm:
+                await session.run("Weather in Paris?")
+                await session.close()
+        del warm
+        sessions = [await host.open_session(agent, session_id=f"s{i}") for i in range(n)]
+        async with trio.open_nursery() as nursery:
+            for session in sessions:
+                nursery.start_soon(session.run, "Weather in Paris?")
+        await trio.sleep(2)
+        gc.collect()
+        walked = len(gc.get_objects())
+        cpu = []
+        for _ in range(3):
+            start = time.thread_time()
+            gc.collect()
+            cpu.append((time.thread_time() - start) * 1e3)
+        print(
+            f"N={n} frozen={gc.get_freeze_count()} walked={walked} "
+            f"per-session={walked / n:.1f} full collection cpu ms={sorted(cpu)[1]:.1f}"
+        )
+
+
+if __name__ == "__main__":
+    with tempfile.TemporaryDirectory(prefix="axon-bench-") as directory:
+        sink = LogSink(directory)
+        try:
+            trio.run(_main, directory, int(sys.argv[1]))
+        finally:
+            sink.close()
