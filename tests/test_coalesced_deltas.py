@@ -17,7 +17,8 @@ import trio
 
 from actors.providers.anthropic import parse_batches as anthropic_batches
 from actors.providers.openai import parse_batches as openai_batches
-from runtime.actor_messages import Batch, Batcher
+from actors.providers.read_batch import ReadBatch
+from runtime.actor_messages import MAX_BATCH, Batch, Batcher
 from runtime.chunks import FinishChunk, ReasoningChunk, TextChunk
 from runtime.inbox import Inbox
 from tests.support.faults import (
@@ -174,3 +175,28 @@ async def test_send_all_lets_the_first_batch_through_every_stage_before_going_on
         await producer.send_all(["c"])
         nursery.cancel_scope.cancel()
     assert seen == ["a", "b"]
+
+
+@pytest.mark.parametrize("size", [1, MAX_BATCH - 1, MAX_BATCH])
+async def test_a_full_batch_lets_the_actors_after_the_provider_run(size: int) -> None:
+    """After sending a full batch the provider yields once (the batches of a fast stream
+    do not pile up before the engine, nor their chunks in the collector's old
+    generation); a smaller one it sends without yielding. A checkpoint is what raises
+    in a cancelled scope, so that tells one, after the chunks were sent."""
+    sent: list[Any] = []
+
+    async def emit(chunk: Any) -> None:  # never yields
+        sent.append(chunk)
+
+    out = ReadBatch(emit)
+    out.text("first")
+    await out.flush()  # the first delta alone
+    yielded = True
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        for k in range(size):
+            out.text(f"t{k}")
+        await out.flush()
+        yielded = False
+    assert len(sent) == size + 1
+    assert yielded == (size == MAX_BATCH)

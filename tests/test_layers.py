@@ -115,6 +115,7 @@ FAMILY_HELPERS = {
     "actors.providers.anthropic_platforms",
     "actors.providers.failures",
     "actors.providers.gemini_wire",
+    "actors.providers.json_slot",
     "actors.providers.openai_common",
     "actors.providers.read_batch",
     "actors.providers.registry",

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncGenerator, AsyncIterable, Awaitable, Callable, Iterable, Sequence
 from contextlib import aclosing
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import trio
 
@@ -28,6 +28,7 @@ from actors.providers.failures import (
     missing_key,
     retry_after,
 )
+from actors.providers.json_slot import StringSlot, learn
 from actors.providers.read_batch import ReadBatch
 from actors.providers.sdk import SDKProvider
 from actors.providers.sse import event_batches
@@ -402,7 +403,7 @@ async def _one_by_one(stream: Any) -> AsyncGenerator[list[dict[str, Any]], None]
 
 
 async def parse_batches(
-    batches: AsyncIterable[list[dict[str, Any]]],
+    batches: AsyncIterable[Sequence[dict[str, Any] | str]],
     emit: Emit,
     *,
     answer_tool: str | None = None,
@@ -424,10 +425,20 @@ async def parse_batches(
     await parse.finish()
 
 
-async def _parse_read(batch: list[dict[str, Any]], parse: _MessageParse, out: ReadBatch) -> None:
+async def _parse_read(
+    batch: Sequence[dict[str, Any] | str], parse: _MessageParse, out: ReadBatch
+) -> None:
     """The events of one read into ``out`` (text deltas inline: most of a stream)."""
     on_event = parse.on_event
-    for event in batch:
+    i, n = 0, len(batch)
+    while i < n:
+        event = batch[i]
+        if isinstance(event, str):  # text deltas read through their slot (json_event_batches)
+            i = out.texts(batch, i)  # of the block of the last text delta read in full
+            if out.urgent:
+                await out.flush()
+            continue
+        i += 1
         etype: Any = event.get("type")
         if etype == "content_block_delta":
             delta = event.get("delta") or {}
@@ -658,12 +669,18 @@ async def json_events(stream: Any) -> AsyncGenerator[dict[str, Any], None]:
     async with aclosing(batches):
         async for batch in batches:
             for event in batch:
-                yield event
+                yield cast(dict[str, Any], event)  # without ``texts``: dicts only
 
 
-async def json_event_batches(stream: Any) -> AsyncGenerator[list[dict[str, Any]], None]:
+async def json_event_batches(
+    stream: Any, *, texts: bool = False
+) -> AsyncGenerator[list[dict[str, Any] | str], None]:
     """The events of an SDK ``AsyncStream`` as plain dicts, decoded by orjson, a list per
-    network read.
+    network read; with ``texts``, a text delta that is the bytes of the last text delta
+    decoded in full around another string comes as that ``str``, its text, read without
+    decoding the rest (:mod:`~actors.providers.json_slot`): a delta of the same block as
+    that one, since any other ``content_block_delta`` decoded in full (another block's,
+    another kind's) drops the slot.
 
     Why: the SDK validates every event into a pydantic model, and decodes the SSE lines
     in Python, one ``str`` and one event object at a time; those were most of what a
@@ -686,10 +703,12 @@ async def json_event_batches(stream: Any) -> AsyncGenerator[list[dict[str, Any]]
 
     loads = orjson.loads
     response = stream.response
+    slot: StringSlot | None = None
+    learning = SLOT_LEARNING if texts else 0
     events = event_batches(stream)
     async with aclosing(events):
         async for batch in events:
-            out: list[dict[str, Any]] = []
+            out: list[dict[str, Any] | str] = []
             failure: Exception | None = None
             for name, data in batch:
                 if name == "ping" or name is None:
@@ -697,6 +716,11 @@ async def json_event_batches(stream: Any) -> AsyncGenerator[list[dict[str, Any]]
                 if name == "error":
                     failure = _stream_error(stream, data, response)
                     break
+                if slot is not None:
+                    text = slot.text(data)
+                    if text is not None:
+                        out.append(text)
+                        continue
                 if not data:
                     continue
                 try:
@@ -712,10 +736,36 @@ async def json_event_batches(stream: Any) -> AsyncGenerator[list[dict[str, Any]]
                     )
                     break
                 out.append(event)
+                if texts and event.get("type") == "content_block_delta":
+                    slot = None  # another block's delta, or another kind's: no str follows
+                    if learning and _delta_text(event):
+                        learning -= 1
+                        slot = learn(data, event, b'"text":', _delta_text, _put_delta_text)
             if out:
                 yield out  # what came before a failure is the stream's
             if failure is not None:
                 raise failure
+
+
+SLOT_LEARNING = 64
+"""How many text deltas of a stream may be tried as a slot (:func:`json_event_batches`):
+one a text block, but not without end for a server whose every delta differs."""
+
+
+def _delta_text(event: Any) -> str | None:
+    """The text of a ``text_delta`` event (the shape the fast read in :func:`_parse_read`
+    takes), ``None`` for any other event."""
+    if type(event) is not dict or event.get("type") != "content_block_delta":
+        return None
+    delta = event.get("delta")
+    if type(delta) is not dict or delta.get("type") != "text_delta":
+        return None
+    text = delta.get("text")
+    return text if type(text) is str and text else None
+
+
+def _put_delta_text(event: dict[str, Any], text: str) -> None:
+    event["delta"]["text"] = text
 
 
 def _stream_error(stream: Any, data: bytes, response: Any) -> Exception:
@@ -902,7 +952,7 @@ class AnthropicProvider(SDKProvider):
             events = await client.messages.create(**self.request_params(request))
             await self.observe_headers(getattr(events, "response", None))  # rate limits
             try:
-                parsed = json_event_batches(events)
+                parsed = json_event_batches(events, texts=True)
                 async with aclosing(parsed):
                     await parse_batches(
                         parsed,

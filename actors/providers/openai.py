@@ -37,6 +37,7 @@ from typing import Any, ClassVar
 
 import trio
 
+from actors.providers.json_slot import StringSlot, learn
 from actors.providers.openai_common import (
     OpenAISDKProvider,
     as_body,
@@ -458,8 +459,17 @@ async def parse_batches(
         except Exception as exc:
             await out.flush()
             raise classify_error(exc, provider=provider) from exc
-        for chunk in batch:
-            text = _text_only(chunk) if type(chunk) is dict else None
+        i, n = 0, len(batch)
+        while i < n:
+            chunk = batch[i]
+            t = type(chunk)
+            if t is str:  # texts of chunks read through their slot (json_chunk_batches)
+                i = out.texts(batch, i)
+                if out.urgent:
+                    await out.flush()
+                continue
+            i += 1
+            text = _text_only(chunk) if t is dict else None
             if text is not None:  # the common chunk, read without the general path's look-ups
                 if text:
                     out.text(text)
@@ -515,6 +525,20 @@ class _StreamState:
             if tool_calls or legacy is not None:
                 for item in self.calls.feed_delta(tool_calls, legacy):
                     await emit(item)
+
+
+SLOT_LEARNING = 8
+"""How many times a stream's text chunks are tried as a slot (:func:`json_chunk_batches`):
+a server that sends each chunk with its own bytes besides the text (OpenAI's
+``obfuscation``) then stops paying for the try."""
+
+
+def _text_or_none(chunk: Any) -> str | None:
+    return _text_only(chunk) if type(chunk) is dict else None
+
+
+def _put_text(chunk: dict[str, Any], text: str) -> None:
+    chunk["choices"][0]["delta"]["content"] = text
 
 
 _TEXT_DELTA_KEYS = frozenset({"content", "role"})
@@ -582,9 +606,13 @@ async def json_chunks(stream: Any) -> AsyncGenerator[Any, None]:
                 yield chunk
 
 
-async def json_chunk_batches(stream: Any) -> AsyncGenerator[list[Any], None]:
+async def json_chunk_batches(
+    stream: Any, *, texts: bool = False
+) -> AsyncGenerator[list[Any], None]:
     """The chunks of an SDK ``AsyncStream`` as plain dicts, decoded by orjson, a list per
-    network read.
+    network read; with ``texts``, a chunk of text alone (:func:`_text_only`) that is the
+    bytes of one such chunk before it around another string comes as that ``str``, its
+    text, read without decoding the rest (:mod:`~actors.providers.json_slot`).
 
     Why: the SDK builds a pydantic model of every chunk, and decodes the SSE lines in
     Python, one ``str`` and one event object at a time; those were most of what a stream
@@ -609,6 +637,8 @@ async def json_chunk_batches(stream: Any) -> AsyncGenerator[list[Any], None]:
     import orjson
 
     loads = orjson.loads
+    slot: StringSlot | None = None
+    learning = SLOT_LEARNING if texts else 0
     events = event_batches(stream)
     async with aclosing(events):
         async for batch in events:
@@ -616,6 +646,11 @@ async def json_chunk_batches(stream: Any) -> AsyncGenerator[list[Any], None]:
             failure: Exception | None = None
             done = False
             for _name, data in batch:
+                if slot is not None:
+                    text = slot.text(data)
+                    if text is not None:
+                        out.append(text)
+                        continue
                 if data.startswith(b"[DONE]"):
                     done = True
                     break
@@ -628,6 +663,9 @@ async def json_chunk_batches(stream: Any) -> AsyncGenerator[list[Any], None]:
                     failure = _stream_error(chunk["error"], response)
                     break
                 out.append(chunk)
+                if learning and type(chunk) is dict and _text_only(chunk):
+                    learning -= 1  # each chunk may differ (an obfuscation field): a few tries
+                    slot = learn(data, chunk, b'"content":', _text_or_none, _put_text) or slot
             if out:
                 yield out  # what came before a failure or the end is the stream's
             if failure is not None:
@@ -736,7 +774,7 @@ class OpenAIProvider(OpenAISDKProvider):
             raise classify_error(exc, provider=self.provider_name) from exc
         await self.observe_headers(getattr(response, "response", None))  # rate limits
         async with response:  # closes the HTTP response on error and on cancellation
-            batches = json_chunk_batches(response)
+            batches = json_chunk_batches(response, texts=True)
             async with aclosing(batches):
                 await parse_batches(
                     batches, emit, provider=self.provider_name, coalesce=self.coalesce_deltas

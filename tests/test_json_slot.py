@@ -1,0 +1,188 @@
+"""A text read through a :class:`~actors.providers.json_slot.StringSlot` is the text the
+full decode reads, and the event is the same event (issue 24).
+
+The OpenAI and Anthropic providers read a stream's text deltas by decoding their text
+alone when the rest of their bytes is those of a delta decoded in full before. These
+tests hold the slot to orjson on any event: whatever the learned event's shape and
+bytes (keys named like the text's, strings holding the key's bytes, escapes, spacing),
+whenever the slot reads a string from some bytes, orjson decodes those bytes to the
+learned event with that string as its text; and the providers' readers give the same
+texts with the slot as without it, on bodies whose deltas change shape midway.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import orjson
+import pytest
+import trio
+from hypothesis import given
+from hypothesis import strategies as st
+
+from actors.providers import anthropic, openai
+from actors.providers.json_slot import learn
+
+_STRING = st.one_of(
+    st.text(max_size=8),
+    st.sampled_from(['"', "\\", '\\"', '"content":"x', '"text":"', "}", "\x00", "é☃", "\ud7ff"]),
+)
+_SCALAR = st.one_of(st.none(), st.booleans(), st.integers(-5, 5), _STRING)
+_EXTRA = st.dictionaries(st.sampled_from(["id", "content", "text", "x", "logprobs"]), _SCALAR)
+
+
+def _dumps(doc: Any, style: int) -> bytes:
+    if style == 0:
+        return orjson.dumps(doc)
+    if style == 1:
+        return json.dumps(doc, ensure_ascii=True).encode()
+    return json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+@st.composite
+def openai_chunks(draw: Any) -> tuple[dict[str, Any], bytes]:
+    delta: dict[str, Any] = {"content": draw(_STRING)}
+    if draw(st.booleans()):
+        delta["role"] = "assistant"
+    choice = {"index": 0, "delta": delta, "finish_reason": None, **draw(_EXTRA)}
+    choice["index"], choice["finish_reason"] = 0, None
+    doc = {**draw(_EXTRA), "choices": [choice]}
+    if draw(st.booleans()):
+        doc["usage"] = None
+    doc.pop("usage", None) if draw(st.booleans()) else None
+    return doc, _dumps(doc, draw(st.integers(0, 2)))
+
+
+def _openai_text(doc: Any) -> Any:
+    return openai._text_only(doc) if type(doc) is dict else None
+
+
+@given(openai_chunks(), st.lists(st.one_of(_STRING, openai_chunks()), max_size=6))
+def test_a_slot_reads_what_orjson_reads(learned: Any, others: list[Any]) -> None:
+    """Learned from one chunk, the slot reads a string from other bytes only when those
+    bytes decode to that chunk with that string as its content."""
+    doc, data = learned
+    slot = learn(data, doc, b'"content":', _openai_text, openai._put_text)
+    if slot is None:
+        return
+    for other in others:
+        if isinstance(other, str):  # the learned bytes around another string, or a fake
+            for middle in (orjson.dumps(other), json.dumps(other).encode(), other.encode()):
+                _check(slot, slot.prefix + middle + slot.suffix, doc)
+        else:
+            _check(slot, other[1], doc)
+
+
+def _check(slot: Any, data: bytes, doc: dict[str, Any]) -> None:
+    text = slot.text(data)
+    if text is None:
+        return
+    decoded = orjson.loads(data)
+    assert _openai_text(decoded) == text
+    openai._put_text(decoded, doc["choices"][0]["delta"]["content"])
+    assert decoded == doc
+
+
+def test_a_slot_is_learned_from_a_benchmark_shaped_chunk() -> None:
+    """The common case does take the slot (else the test above proves nothing)."""
+    doc = {"id": "c", "choices": [{"index": 0, "delta": {"content": 'a "q"'}}], "usage": None}
+    data = orjson.dumps(doc)
+    slot = learn(data, doc, b'"content":', _openai_text, openai._put_text)
+    assert slot is not None
+    assert slot.text(data.replace(b'a \\"q\\"', b"b\\\\")) == "b\\"
+    assert slot.text(data.replace(b'a \\"q\\"', b'b","x":"')) is None
+
+
+class _Response:
+    def __init__(self, body: bytes) -> None:
+        self.body, self.request, self.status_code = body, None, 200
+
+    async def aiter_bytes(self) -> Any:
+        for start in range(0, len(self.body), 97):
+            yield self.body[start : start + 97]
+
+
+class _Stream:
+    """What the readers take of an SDK ``AsyncStream``: its response and decoder."""
+
+    def __init__(self, body: bytes) -> None:
+        self.response = _Response(body)
+        self._decoder = type("SSEDecoder", (), {"__module__": "openai._streaming"})()
+        self._observer = None
+
+    def _iter_events(self) -> None:
+        raise AssertionError("read from the bytes")
+
+
+class _Sink:
+    def __init__(self) -> None:
+        self.chunks: list[Any] = []
+
+    async def __call__(self, chunk: Any) -> None:
+        self.chunks.append(chunk)
+
+    async def send_all(self, chunks: Any) -> None:
+        self.chunks += chunks
+
+
+def _anthropic_body(blocks: list[list[str]], spaced: bool) -> bytes:
+    def event(obj: dict[str, Any]) -> bytes:
+        data = json.dumps(obj) if spaced else json.dumps(obj, separators=(",", ":"))
+        return f"event: {obj['type']}\ndata: {data}\n\n".encode()
+
+    message = {"id": "m", "type": "message", "role": "assistant", "content": [], "usage": {}}
+    out = [event({"type": "message_start", "message": message})]
+    for index, texts in enumerate(blocks):
+        block = {"type": "text", "text": ""}
+        out.append(event({"type": "content_block_start", "index": index, "content_block": block}))
+        for k, text in enumerate(texts):
+            delta = {"type": "text_delta", "text": text}
+            if k % 3 == 2:
+                delta["extra"] = k  # another shape midway: decoded in full
+            out.append(event({"type": "content_block_delta", "index": index, "delta": delta}))
+        out.append(event({"type": "content_block_stop", "index": index}))
+    out.append(event({"type": "message_delta", "delta": {"stop_reason": "end_turn"}}))
+    out.append(event({"type": "message_stop"}))
+    return b"".join(out)
+
+
+@pytest.mark.parametrize("spaced", [False, True])
+@given(blocks=st.lists(st.lists(_STRING, max_size=6), min_size=1, max_size=3))
+def test_anthropic_reads_the_same_chunks_with_slots(spaced: bool, blocks: Any) -> None:
+    """Blocks of text deltas, some of another shape: the same chunks either way."""
+    body = _anthropic_body(blocks, spaced)
+
+    async def read(texts: bool) -> list[Any]:
+        sink = _Sink()
+        batches = anthropic.json_event_batches(_Stream(body), texts=texts)
+        await anthropic.parse_batches(batches, sink)
+        return sink.chunks
+
+    assert trio.run(read, False) == trio.run(read, True)
+
+
+def _openai_body(texts: list[str], every: int) -> bytes:
+    def chunk(delta: dict[str, Any], k: int, finish: str | None = None) -> bytes:
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        extra = {"obfuscation": "x" * (k % 3)} if every and k % every == 0 else {}
+        return b"data: " + orjson.dumps({"id": "c", "choices": [choice], **extra}) + b"\n\n"
+
+    out = [chunk({"role": "assistant", "content": ""}, 0)]
+    out += [chunk({"content": text}, k) for k, text in enumerate(texts)]
+    out.append(chunk({}, 0, "stop"))
+    return b"".join(out) + b"data: [DONE]\n\n"
+
+
+@given(texts=st.lists(_STRING, max_size=12), every=st.integers(0, 3))
+def test_openai_reads_the_same_chunks_with_slots(texts: list[str], every: int) -> None:
+    """Chunks of text, some with an obfuscation field of their own: the same chunks."""
+    body = _openai_body(texts, every)
+
+    async def read(with_slots: bool) -> list[Any]:
+        sink = _Sink()
+        batches = openai.json_chunk_batches(_Stream(body), texts=with_slots)
+        await openai.parse_batches(batches, sink)
+        return sink.chunks
+
+    assert trio.run(read, False) == trio.run(read, True)
