@@ -299,6 +299,8 @@ class BatchSink(Protocol[T]):
 
     async def put(self, message: Batch[T]) -> None: ...
 
+    def put_nowait(self, message: Batch[T]) -> None: ...
+
 
 class Batcher(Generic[T]):
     """Sends items to an inbox in :class:`Batch` es, merging what is not yet received.
@@ -395,3 +397,33 @@ class Batcher(Generic[T]):
             if first:
                 await self._yield()  # the first delta goes through before parsing goes on
             self._since = _now()
+
+    def try_send_all(self, items: Sequence[T]) -> bool:
+        """:meth:`send_all` if it would not wait: the same items in the same batches,
+        and ``True``; else (a full ``block`` inbox, or ``max_hold``, which yields) nothing
+        sent and ``False``. :meth:`send_all` does not yield while the inbox has room, so
+        a caller that bounds the wait (a cancel scope with a deadline) can skip entering
+        the scope when nothing would wait: a turn's end sends this way (the scope costs
+        about 10 us, the send a fraction of it)."""
+        if self.max_hold is not None:
+            return False
+        if not items:
+            return True
+        limit = self.max_items
+        pending = self._pending
+        room = limit - len(pending) if pending is not None and not pending.taken else 0
+        rest = items[room:] if room > 0 else items
+        if len(rest) > limit:
+            return False  # more than one new batch: the second could wait
+        if rest:
+            batch: Batch[T] = Batch(self.tag)
+            batch.extend(rest)
+            try:
+                self.inbox.put_nowait(batch)
+            except trio.WouldBlock:
+                return False  # (nothing changed yet)
+        if room > 0 and pending is not None:
+            pending.extend(items[:room])
+        if rest:
+            self._pending = batch
+        return True

@@ -77,6 +77,32 @@ async def test_an_item_sent_after_a_cancelled_put_is_delivered(autojump_clock):
     assert list(inbox.get_nowait()) == ["after"]
 
 
+async def test_try_send_all_batches_as_send_all_does_when_nothing_waits():
+    sent, tried = Inbox(8), Inbox(8)
+    ahead = list(range(MAX_BATCH - 3))
+    for inbox in (sent, tried):
+        await Batcher(inbox).send("unrelated")  # another sender's batch, already queued
+    by_send, by_try = Batcher(sent), Batcher(tried)
+    for batcher in (by_send, by_try):
+        await batcher.send_all(ahead)
+    await by_send.send_all(list(range(5)))
+    assert by_try.try_send_all(list(range(5)))  # fills the pending batch, then a new one
+    assert [list(b) for b in (sent.get_nowait() for _ in range(3))] == [
+        list(b) for b in (tried.get_nowait() for _ in range(3))
+    ]
+
+
+async def test_try_send_all_sends_nothing_when_it_would_wait():
+    inbox = Inbox(1)
+    batcher = Batcher(inbox)
+    await batcher.send_all(list(range(MAX_BATCH)))  # a full batch fills the inbox
+    assert not batcher.try_send_all(["end", "done"])
+    assert not batcher.try_send_all(list(range(2 * MAX_BATCH)))  # two batches: never
+    assert batch_sizes(inbox) == [MAX_BATCH]  # nothing appended, nothing queued
+    assert batcher.try_send_all(["end", "done"])
+    assert list(inbox.get_nowait()) == ["end", "done"]
+
+
 def endless_text(pulled: list[int]) -> Iterator[str]:
     """Many small text deltas, counting in ``pulled`` how many the provider took."""
     for i in range(200_000):

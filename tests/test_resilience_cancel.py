@@ -455,3 +455,26 @@ async def test_host_shutdown_mid_stream_aborts_the_turn_and_saves_it(kind, autoj
     assert result.finish_reason == "aborted" and result.abort_reason == "host shutdown"
     stored = (await store.load("s")).messages
     assert stored[1].interrupted and stored[1].text == seen(chunks, "text") != ""
+
+
+async def test_the_hand_over_to_a_controller_that_takes_nothing_is_bounded(autojump_clock):
+    """The turn's end enters its ``SAVE_TIMEOUT`` bound only when a send would wait: a
+    controller with room takes the result at once, a full one that never reads is given
+    up on after the bound (the runner then hands the result to the consumer itself)."""
+    from types import SimpleNamespace
+
+    from actors.turn.runner import TurnRunner
+    from runtime.actor_messages import MAX_BATCH, Batcher, TurnDone
+    from runtime.inbox import Inbox
+
+    done = TurnDone(result=None)  # type: ignore[arg-type]
+    roomy = SimpleNamespace(ctrl=Batcher(Inbox(4)))
+    t0 = trio.current_time()
+    assert await TurnRunner._to_controller(roomy, done)  # type: ignore[arg-type]
+    assert trio.current_time() == t0
+    full = Inbox(1)
+    stuck = SimpleNamespace(ctrl=Batcher(full))
+    await stuck.ctrl.send_all(list(range(MAX_BATCH)))  # a full batch fills the inbox
+    assert not await TurnRunner._to_controller(stuck, done)  # type: ignore[arg-type]
+    assert trio.current_time() - t0 == pytest.approx(SAVE_TIMEOUT)
+    assert len(full) == 1 and len(full.get_nowait()) == MAX_BATCH  # nothing more queued

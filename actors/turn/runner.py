@@ -744,17 +744,18 @@ class TurnRunner(Suspending, Actor):
                 saved = turn.untouched or (final is not None and final.error is None)
                 if final is not None and final.error is not None and turn.error is None:
                     turn.error = _error_info(final.error)
-                with trio.move_on_after(SAVE_TIMEOUT):
-                    await ctrl.send_all(closing)
-                    await ctrl.send(
-                        TurnEnd(
-                            finish_reason=turn.finish_reason,
-                            usage=turn.usage,
-                            error=turn.error,
-                            abort_reason=turn.abort_reason,
-                            budget=turn.budget,
-                        )
+                closing.append(
+                    TurnEnd(
+                        finish_reason=turn.finish_reason,
+                        usage=turn.usage,
+                        error=turn.error,
+                        abort_reason=turn.abort_reason,
+                        budget=turn.budget,
                     )
+                )
+                if not ctrl.try_send_all(closing):  # (no bound to enter when none waits)
+                    with trio.move_on_after(SAVE_TIMEOUT):
+                        await ctrl.send_all(closing)
                 finished = ev.TurnFinished(
                     session_id=state.session_id,
                     turn_id=turn.turn_id,
@@ -817,19 +818,28 @@ class TurnRunner(Suspending, Actor):
         An ended controller still has an open inbox (a host that is torn down cancels its
         actors, it does not close their inboxes), so a send to it succeeds and the result
         would sit there unread, the consumer waiting for it for ever: checked first."""
-        if not self.controller.stopped.is_set():
-            with trio.move_on_after(SAVE_TIMEOUT):
-                try:
-                    await turn.ctrl.send(done)
-                    return
-                except (trio.ClosedResourceError, trio.BrokenResourceError):
-                    pass
+        if not self.controller.stopped.is_set() and await self._to_controller(turn, done):
+            return
         with trio.move_on_after(SAVE_TIMEOUT):
             try:
                 await run.consumer.put(done)
                 run.consumer.close()
             except (trio.ClosedResourceError, trio.BrokenResourceError):
                 pass  # the consumer is gone: nobody to tell
+
+    @staticmethod
+    async def _to_controller(turn: _Turn, done: TurnDone) -> bool:
+        """Send ``done`` to the controller, waiting at most ``SAVE_TIMEOUT`` seconds for
+        room; whether it took it. The bound is entered only when the send would wait."""
+        try:
+            if turn.ctrl.try_send_all((done,)):
+                return True
+            with trio.move_on_after(SAVE_TIMEOUT):
+                await turn.ctrl.send(done)
+                return True
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            pass
+        return False
 
     async def _bounded_save(self, turn: _Turn) -> SaveResult | None:
         """The turn's final save, waited for at most ``SAVE_TIMEOUT`` seconds.

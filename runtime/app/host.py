@@ -341,9 +341,13 @@ class Host:
         cancellation but the host's own, so that a host cancelled from outside still
         lets it drain (:meth:`_drain_observers`, bounded) before cancelling it."""
         actor.attach(self.bus)  # an actor may decide what it subscribes to here (LogTap)
-        scope = trio.CancelScope(shield=actor.subscribes_to is not None)
-        if scope.shield:
-            self._observer_scopes[actor] = scope
+        if actor.subscribes_to is None:
+            # No shield, so no scope: an unshielded scope without a deadline that nobody
+            # cancels does nothing, and a session's actors come here at every turn (wake).
+            await self.supervisor.supervise(actor, policy=policy, task_status=task_status)
+            return
+        scope = trio.CancelScope(shield=True)
+        self._observer_scopes[actor] = scope
         try:
             with scope:
                 await self.supervisor.supervise(actor, policy=policy, task_status=task_status)
