@@ -100,11 +100,17 @@ class TwoStringSlot:
         if not (data.startswith(self.prefix) and data.endswith(self.suffix)):
             return None
         start = self._start
-        end = _string_end(data, start)  # the first unescaped quote: orjson says if valid
-        if end < 0 or not data.startswith(self.middle, end):
+        if data[start] != _QUOTE:  # (the data is longer than the prefix: it ends after it)
             return None
-        pad_start = end + len(self.middle)
-        pad = data[pad_start : self._stop]  # empty when they overlap
+        end = data.find(b'"', start + 1) + 1  # the first quote after the opening one...
+        if end == 0:
+            return None
+        if data[end - 2] == _BACKSLASH:  # ...unless escaped: then the first unescaped one
+            end = _string_end(data, start)
+        middle = self.middle
+        if not data.startswith(middle, end):
+            return None
+        pad = data[end + len(middle) : self._stop]  # empty when they overlap
         if len(pad) < 2 or pad[0] != _QUOTE or pad[-1] != _QUOTE:
             return None
         loads = self._loads

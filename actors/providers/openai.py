@@ -621,8 +621,9 @@ async def json_chunk_batches(
 ) -> AsyncGenerator[list[Any], None]:
     """The chunks of an SDK ``AsyncStream`` as plain dicts, decoded by orjson, a list per
     network read; with ``texts``, a chunk of text alone (:func:`_text_only`) that is the
-    bytes of one such chunk before it around another string comes as that ``str``, its
-    text, read without decoding the rest (:mod:`~actors.providers.json_slot`).
+    bytes of one such chunk before it around another string (and, from api.openai.com,
+    another ``obfuscation`` padding string) comes as that ``str``, its text, read without
+    decoding the rest (:mod:`~actors.providers.json_slot`).
 
     Why: the SDK builds a pydantic model of every chunk, and decodes the SSE lines in
     Python, one ``str`` and one event object at a time; those were most of what a stream
