@@ -198,13 +198,14 @@ async def worker_round(turns: int, warm: int, logs: Path) -> dict[str, float]:
 
 def _py_spy(pid: int) -> subprocess.Popen[bytes] | None:
     """With ``AXON_BENCH_PYSPY=<file>`` (by hand): py-spy samples the worker's measured
-    batch into that file (raw stacks; gently, without stopping the process)."""
+    batch into that file (raw stacks; gently, without stopping the process), with the
+    extra py-spy arguments in ``AXON_BENCH_PYSPY_ARGS`` (``--gil``: Python's CPU only)."""
     out = os.environ.get("AXON_BENCH_PYSPY")
     if not out:
         return None
     spy = subprocess.Popen(
         ["py-spy", "record", "-r", "200", "--nonblocking", "--format", "raw", "-o", out,
-         "--pid", str(pid)],
+         "--pid", str(pid), *os.environ.get("AXON_BENCH_PYSPY_ARGS", "").split()],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     time.sleep(1.0)  # attached before the batch starts

@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from runtime.actor import Actor, RestartPolicy, Supervisor
-    from runtime.actor_messages import TurnResult
     from runtime.agent import Agent, Hooks
     from runtime.app.aio import AsyncHost
     from runtime.app.blocking import run_sync
@@ -104,7 +103,7 @@ if TYPE_CHECKING:
         UserMessage,
         UserPart,
     )
-    from runtime.output import OutputChunk
+    from runtime.output import OutputChunk, TurnResult
     from runtime.provider import FallbackProvider, Provider
     from runtime.retry import RetryPolicy
     from runtime.store import SessionInfo, SessionRecord, Store, validate_session_id
@@ -112,7 +111,6 @@ if TYPE_CHECKING:
 
 _MODULES: dict[str, tuple[str, ...]] = {
     "runtime.actor": ("Actor", "RestartPolicy", "Supervisor"),
-    "runtime.actor_messages": ("TurnResult",),
     "runtime.agent": ("Agent", "Hooks"),
     "runtime.approval": ("PendingCall",),
     "runtime.budget": ("Budget",),
@@ -187,7 +185,7 @@ _MODULES: dict[str, tuple[str, ...]] = {
         "UserMessage",
         "UserPart",
     ),
-    "runtime.output": ("OutputChunk",),
+    "runtime.output": ("OutputChunk", "TurnResult"),
     "runtime.provider": ("FallbackProvider", "Provider"),
     "runtime.retry": ("RetryPolicy",),
     "runtime.store": ("SessionInfo", "SessionRecord", "Store", "validate_session_id"),

@@ -28,7 +28,7 @@ import attrs
 import trio
 
 from runtime.bus import Bus, Subscription
-from runtime.chunks import _repr
+from runtime.chunks import _eq, _hash, _repr
 from runtime.events import ActorCrashed, ActorGaveUp, ActorRestarted
 from runtime.inbox import Inbox, OverflowPolicy
 from runtime.logging import get_logger
@@ -268,6 +268,8 @@ class RestartPolicy:
     """One-for-one restart policy."""
 
     __repr__ = _repr
+    __eq__ = _eq
+    __hash__ = _hash
 
     intensity: int = 3
     """Restarts allowed within ``period``; one more crash and the supervisor gives up."""

@@ -1,184 +1,38 @@
 """The messages actors exchange with each other (not part of the public stream).
 
-Streams between actors travel as :class:`Batch` es: a producer appends to the batch it
-last sent for as long as the receiver has not picked it up yet, so items that are
-already waiting move together in one hop, and nothing is ever held back waiting for
-more. That keeps the per-delta cost of a stage to an append.
+Streams between actors travel as :class:`~runtime.inbox.Batch` es: a producer appends to
+the batch it last sent for as long as the receiver has not picked it up yet, so items
+that are already waiting move together in one hop, and nothing is ever held back waiting
+for more. That keeps the per-delta cost of a stage to an append.
+
+What the facade's names need lives where they do, and is named here too, for the actors
+and the custom providers that import it from here: the batches in :mod:`runtime.inbox`,
+a provider's :class:`InferRequest` and :class:`StreamFailed` in :mod:`runtime.provider`,
+:class:`TurnResult` in :mod:`runtime.output`. So ``from runtime import Provider`` or
+``TurnResult`` does not build the thirty-odd classes below, which only a running turn
+sends (issue 24: they were a tenth of the contract's import time).
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeAlias, TypeVar
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import attrs
 import trio
 
-from runtime.chunks import Usage, _repr
-from runtime.inbox import Inbox
+from runtime.chunks import Usage, _eq, _hash, _repr
+from runtime.inbox import MAX_BATCH, Batch, Batcher, Inbox
 from runtime.messages import Message, Part, UserContent, UserMessage
-from runtime.output import ErrorInfo, OutputChunk
+from runtime.output import ErrorInfo, OutputChunk, TurnResult
+from runtime.provider import InferRequest, StreamFailed
 from runtime.redact import redact_text
 from runtime.store import SessionRecord
 
 if TYPE_CHECKING:
     from runtime.hosting import ToolHost  # type-only: hosting.py names TurnResult in its turn
 
-_now = time.perf_counter
-
-
-T = TypeVar("T")
-
-
-class Batch(list[T]):
-    """A list of stream items sent as one inbox message; ``tag`` says which request."""
-
-    __slots__ = ("tag", "taken")
-
-    def __init__(self, tag: Any) -> None:
-        super().__init__()
-        self.tag = tag
-        self.taken = False
-
-
-MAX_BATCH = 64
-"""Most items one :class:`Batch` carries. A receiver that does not keep up then finds its
-inbox full of full batches, and the bounded inbox makes the sender wait: backpressure
-reaches the producer instead of the whole stream piling up in one batch. The hot path
-is unaffected: the bursts that merge (what one network read delivers) are smaller."""
-
-
-class BatchSink(Protocol[T]):
-    """Where a :class:`Batcher` puts its batches: any inbox that takes ``Batch[T]``
-    (a consumer's inbox also takes its :class:`TurnDone`)."""
-
-    async def put(self, message: Batch[T]) -> None: ...
-
-
-class Batcher(Generic[T]):
-    """Sends items to an inbox in :class:`Batch` es, merging what is not yet received.
-
-    A batch takes at most ``max_items`` items (:data:`MAX_BATCH`); past that the next
-    item opens a new batch, so what a stalled receiver holds up is bounded by its inbox's
-    capacity times ``max_items``, and the sender blocks (under the ``block`` policy).
-
-    With ``max_hold``, the sender yields to the scheduler right after its first batch
-    and then whenever the receiver has left a batch waiting that long (seconds): a
-    producer that parses a large buffered burst (a whole SSE body in one network read)
-    would otherwise hold its first delta back until it has parsed the last one. Each
-    time it yields ``hold_rounds`` scheduler rounds in a row, because a stage downstream
-    runs one round after the stage before it: with one round, the batch moved one stage
-    per ``max_hold`` of parsing (the first delta of a burst reached the consumer about
-    10 ms late through four stages); with as many rounds as there are stages it reaches
-    the consumer before parsing resumes. Yielding by time, not by count, costs at most
-    ``hold_rounds`` scheduler rounds per ``max_hold``, however small the deltas.
-
-    A batch becomes the one to append to only once the inbox accepted it: a put that is
-    cancelled while waiting for room leaves nothing behind that later items could be
-    appended to and lost with.
-    """
-
-    __slots__ = ("_pending", "_since", "hold_rounds", "inbox", "max_hold", "tag")
-
-    max_items: int = MAX_BATCH
-
-    def __init__(
-        self,
-        inbox: BatchSink[T],
-        tag: Any = None,
-        *,
-        max_hold: float | None = None,
-        hold_rounds: int = 1,
-    ) -> None:
-        self.inbox = inbox
-        self.tag = tag
-        self.max_hold = max_hold
-        self.hold_rounds = hold_rounds
-        self._pending: Batch[T] | None = None
-        self._since = 0.0
-
-    async def send(self, item: T) -> None:
-        pending = self._pending
-        if pending is not None and not pending.taken and len(pending) < self.max_items:
-            pending.append(item)
-            if self.max_hold is not None and _now() - self._since > self.max_hold:
-                await self._yield()
-            return
-        first = self._pending is None
-        batch: Batch[T] = Batch(self.tag)
-        batch.append(item)
-        await self.inbox.put(batch)
-        self._pending = batch
-        if self.max_hold is not None:
-            if first:
-                await self._yield()  # the first delta goes through before parsing goes on
-            self._since = _now()
-
-    __call__ = send
-    """A batcher is a provider's ``emit`` (:data:`runtime.provider.Emit`), which also
-    offers :meth:`send_all` to a provider that parses a network read at a time."""
-
-    async def _yield(self) -> None:
-        for _ in range(self.hold_rounds):
-            await trio.lowlevel.checkpoint()
-        self._since = _now()
-
-    async def send_all(self, items: Sequence[T]) -> None:
-        """:meth:`send` for each of ``items``, in one go; with ``max_hold``, the same
-        yields (after the first batch, and when the receiver left a batch waiting)."""
-        if not items:
-            return
-        limit = self.max_items
-        pending = self._pending
-        first = pending is None
-        if pending is not None and not pending.taken:
-            room = limit - len(pending)
-            if len(items) <= room:
-                pending.extend(items)
-                if self.max_hold is not None and _now() - self._since > self.max_hold:
-                    await self._yield()
-                return
-            if room > 0:
-                pending.extend(items[:room])
-                items = items[room:]
-        for start in range(0, len(items), limit):
-            batch: Batch[T] = Batch(self.tag)
-            batch.extend(items[start : start + limit])
-            await self.inbox.put(batch)
-            self._pending = batch
-        if self.max_hold is not None:
-            if first:
-                await self._yield()  # the first delta goes through before parsing goes on
-            self._since = _now()
-
-
 # -- provider requests ------------------------------------------------------------------
-
-
-@attrs.define(kw_only=True, slots=True, eq=False)
-class InferRequest:
-    """Ask a provider actor for one model call; chunks go to ``reply`` in batches."""
-
-    __repr__ = _repr
-
-    request_id: str
-    session_id: str
-    turn_id: str
-    step: int
-    instructions: str | None
-    messages: tuple[Message, ...]
-    tools: tuple[Any, ...]
-    """:class:`runtime.tools.Tool` s offered to the model."""
-    reply: Inbox[Batch[Any]]
-    """Where the chunks go: batches of stream chunks, a :class:`StreamFailed` last if the
-    call failed."""
-    cancel_scope: trio.CancelScope
-    """Entered by the provider's task; the requester cancels it to stop the call."""
-    settings: dict[str, Any] = attrs.field(factory=dict)
-    output: Any = None
-    """The agent's :class:`~runtime.output_schema.OutputSchema`: the provider asks for an
-    answer that is JSON matching it (``None``: free text)."""
 
 
 @attrs.frozen(kw_only=True, slots=True, eq=False)  # internal: identity is enough
@@ -212,6 +66,8 @@ class SteeredNotice:
     ``step`` (becomes a ``steered`` output chunk)."""
 
     __repr__ = _repr
+    __eq__ = _eq
+    __hash__ = _hash
 
     step: int
     message_id: str
@@ -228,15 +84,8 @@ class RetryPrompt(UserMessage):
     """
 
     __repr__ = _repr
-
-
-@attrs.frozen(kw_only=True, slots=True, eq=False)  # internal: identity is enough
-class StreamFailed:
-    """The model call failed; always the last item a provider sends for a request."""
-
-    __repr__ = _repr
-
-    error: BaseException
+    __eq__ = _eq
+    __hash__ = _hash
 
 
 # -- engine and turn runner --------------------------------------------------------------
@@ -483,46 +332,6 @@ class TurnEnd:
     error: ErrorInfo | None = None
     abort_reason: str | None = None
     budget: str | None = None
-
-
-@attrs.frozen(kw_only=True, slots=True, eq=False)  # internal: identity is enough
-class TurnResult:
-    """What a finished turn leaves behind (``output.result``)."""
-
-    __repr__ = _repr
-
-    turn_id: str
-    finish_reason: str
-    """``stop``, ``length``, ``content-filter``, ``budget``, ``error``, ``aborted``, ..."""
-    usage: Usage
-    steps: int
-    message: Message
-    """The turn's assistant message."""
-    tool_messages: tuple[Message, ...] = ()
-    error: ErrorInfo | None = None
-    abort_reason: str | None = None
-    budget: str | None = None
-    """Which budget ended the turn, when ``finish_reason`` is ``budget``."""
-    output: Any = None
-    """The validated answer of an agent with an ``output_type`` (an instance of it, or
-    the ``dict`` for a JSON schema); ``None`` otherwise, or when no answer validated."""
-    new_messages: tuple[Message, ...] = ()
-    """What the turn added to the history, in order: its user message, its assistant
-    message and the tool results. A program that keeps the conversation itself appends
-    them to the history it passes the next turn (``open_session(history=...)``)."""
-    pending: tuple[Any, ...] = ()
-    """When ``finish_reason`` is ``awaiting-input``: the calls the turn waits for
-    (:class:`runtime.approval.PendingCall` s), to decide with ``session.respond``."""
-    saved: bool = True
-    """Whether the store confirmed the turn's final save. ``False`` when it failed or was
-    not answered within the turn runner's ``SAVE_TIMEOUT`` (then it may still land, in
-    this process's order): a worker, whose turn the next one may run elsewhere, does not
-    mark such a turn done but gives it back (runtime.app.worker)."""
-
-    @property
-    def text(self) -> str:
-        """The answer: the text of the turn's assistant message, all steps joined."""
-        return self.message.text  # type: ignore[union-attr]
 
 
 @attrs.frozen(kw_only=True, slots=True, eq=False)  # internal: identity is enough

@@ -11,18 +11,29 @@ import attrs
 
 from runtime.budget import Budget
 from runtime.busy import REJECT, OnBusy, check_on_busy
-from runtime.chunks import _repr
+from runtime.chunks import _eq, _hash, _repr
 from runtime.compaction import HistoryProcessor, check_processors
 from runtime.errors import ConfigurationError
 from runtime.media import MediaLimits
-from runtime.output_schema import OutputSchema, output_schema
 from runtime.retry import RetryPolicy
 from runtime.tools import Tool, ToolContext, tool
 
 if TYPE_CHECKING:
+    from runtime.output_schema import OutputSchema
     from runtime.provider import FallbackProvider, Provider
 
 Hook = Callable[[Any], Awaitable[None]]
+
+
+def _output_schema(output_type: Any) -> OutputSchema | None:
+    """:func:`runtime.output_schema.output_schema`, imported when the first agent is made:
+    a program that only imports the facade (a tool module, ``--help``) does not build
+    the schema module (issue 24)."""
+    from runtime.output_schema import output_schema
+
+    return output_schema(output_type)
+
+
 DEFAULT_THINK_TAGS: tuple[tuple[str, str], ...] = (("<think>", "</think>"),)
 """The one default for :attr:`Agent.think_tags` and the engine's tag splitter."""
 
@@ -38,6 +49,8 @@ class Hooks:
     """
 
     __repr__ = _repr
+    __eq__ = _eq
+    __hash__ = _hash
 
     on_turn_start: Hook | None = None
     on_turn_finish: Hook | None = None
@@ -192,7 +205,7 @@ class Agent:
     the validation error, before the turn fails with ``OutputValidationError``."""
     output_schema: OutputSchema | None = attrs.field(
         init=False,
-        default=attrs.Factory(lambda self: output_schema(self.output_type), takes_self=True),
+        default=attrs.Factory(lambda self: _output_schema(self.output_type), takes_self=True),
     )
     """The schema and validation made from :attr:`output_type` (checked when the agent
     is made: a type with no JSON schema, or not an object, is a ``ConfigurationError``)."""

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 import attrs
 
-from runtime.chunks import _repr
+from runtime.chunks import _eq, _hash, _repr
 from runtime.errors import (
     AlreadyDecided,
     InvalidDecision,
@@ -59,6 +59,8 @@ class PendingCall:
     """A call a suspended turn waits for (``session.pending``, ``TurnResult.pending``)."""
 
     __repr__ = _repr
+    __eq__ = _eq
+    __hash__ = _hash
 
     approval_id: str
     """What to answer with ``session.respond``: the approval id (``approvalId`` in the AI
@@ -81,6 +83,8 @@ class Decision:
     ``output`` or ``error`` for a client tool."""
 
     __repr__ = _repr
+    __eq__ = _eq
+    __hash__ = _hash
 
     approved: bool | None = None
     reason: str | None = None
@@ -96,6 +100,8 @@ class Recorded:
     the turn's waiting calls (then the turn can resume)."""
 
     __repr__ = _repr
+    __eq__ = _eq
+    __hash__ = _hash
 
     call: PendingCall
     complete: bool

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import attrs
 
-from runtime.chunks import Usage, _repr
+from runtime.chunks import Usage, _eq, _hash, _repr
 from runtime.errors import BudgetExceeded, ConfigurationError
 
 
@@ -29,6 +29,8 @@ class Budget:
     """Limits for one turn. ``None`` means unlimited."""
 
     __repr__ = _repr
+    __eq__ = _eq
+    __hash__ = _hash
 
     max_steps: int = attrs.field(default=10, validator=_at_least_one_step)
     """Model calls per turn. When the model still wants tools after the last allowed

@@ -52,7 +52,7 @@ from typing import Any
 
 import attrs
 
-from runtime.chunks import _repr
+from runtime.chunks import _eq, _hash, _repr
 from runtime.errors import ConfigurationError
 from runtime.messages import (
     AssistantMessage,
@@ -195,6 +195,8 @@ class Turns:
     """A history cut where turns begin (:func:`split_turns`)."""
 
     __repr__ = _repr
+    __eq__ = _eq
+    __hash__ = _hash
 
     head: tuple[SystemMessage, ...]
     """The system messages before the first turn (a summary among them)."""
@@ -249,6 +251,8 @@ class StoredSummary:
     """A summary a processor asked to store (:meth:`CompactionContext.store`)."""
 
     __repr__ = _repr
+    __eq__ = _eq
+    __hash__ = _hash
 
     message: SystemMessage
     tokens_before: int
@@ -365,6 +369,8 @@ class KeepTurns:
     except their system messages (and a stored summary, which stays)."""
 
     __repr__ = _repr
+    __eq__ = _eq
+    __hash__ = _hash
 
     n: int = attrs.field(validator=_at_least_one)
 
@@ -400,6 +406,8 @@ class DropToolResults:
     as the APIs require); only its output is shortened. Errors are kept."""
 
     __repr__ = _repr
+    __eq__ = _eq
+    __hash__ = _hash
 
     max_chars: int = attrs.field(default=2000, validator=attrs.validators.ge(0))
     keep_turns: int = attrs.field(default=2, validator=_at_least_one)
@@ -513,6 +521,8 @@ class Summarize:
     (``{"max_tokens": 1024}`` on Anthropic, say)."""
 
     __repr__ = _repr
+    __eq__ = _eq
+    __hash__ = _hash
 
     max_tokens: int = attrs.field(validator=_at_least_one)
     keep_turns: int = attrs.field(default=4, validator=_at_least_one)

@@ -13,7 +13,7 @@ from typing import Any, ClassVar, TypeVar, dataclass_transform
 
 import attrs
 
-from runtime.chunks import Usage, _repr
+from runtime.chunks import Usage, _eq, _hash, _repr
 from runtime.messages import Message, UserContent
 from runtime.output import ErrorInfo, _value
 
@@ -72,6 +72,8 @@ class TraceContext:
     kept in the store so that a span made in another process can link to it."""
 
     __repr__ = _repr
+    __eq__ = _eq
+    __hash__ = _hash
 
     trace_id: str
     span_id: str

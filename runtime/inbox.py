@@ -11,8 +11,10 @@ full inbox does to its sender:
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict, deque
-from typing import Any, Generic, Literal, TypeVar
+from collections.abc import Sequence
+from typing import Any, Generic, Literal, Protocol, TypeVar
 
 import trio
 from outcome import Error, Value
@@ -22,6 +24,7 @@ from runtime.events import Lagged
 
 OverflowPolicy = Literal["block", "drop-oldest"]
 T = TypeVar("T")
+_now = time.perf_counter
 
 
 class Inbox(Generic[T]):
@@ -267,3 +270,128 @@ class Inbox(Generic[T]):
     def __len__(self) -> int:
         buffer = self._buffer
         return 0 if buffer is None else len(buffer)
+
+
+# -- streams between actors: batches -------------------------------------------------
+
+
+class Batch(list[T]):
+    """A list of stream items sent as one inbox message; ``tag`` says which request."""
+
+    __slots__ = ("tag", "taken")
+
+    def __init__(self, tag: Any) -> None:
+        super().__init__()
+        self.tag = tag
+        self.taken = False
+
+
+MAX_BATCH = 64
+"""Most items one :class:`Batch` carries. A receiver that does not keep up then finds its
+inbox full of full batches, and the bounded inbox makes the sender wait: backpressure
+reaches the producer instead of the whole stream piling up in one batch. The hot path
+is unaffected: the bursts that merge (what one network read delivers) are smaller."""
+
+
+class BatchSink(Protocol[T]):
+    """Where a :class:`Batcher` puts its batches: any inbox that takes ``Batch[T]``
+    (a consumer's inbox also takes its :class:`~runtime.actor_messages.TurnDone`)."""
+
+    async def put(self, message: Batch[T]) -> None: ...
+
+
+class Batcher(Generic[T]):
+    """Sends items to an inbox in :class:`Batch` es, merging what is not yet received.
+
+    A batch takes at most ``max_items`` items (:data:`MAX_BATCH`); past that the next
+    item opens a new batch, so what a stalled receiver holds up is bounded by its inbox's
+    capacity times ``max_items``, and the sender blocks (under the ``block`` policy).
+
+    With ``max_hold``, the sender yields to the scheduler right after its first batch
+    and then whenever the receiver has left a batch waiting that long (seconds): a
+    producer that parses a large buffered burst (a whole SSE body in one network read)
+    would otherwise hold its first delta back until it has parsed the last one. Each
+    time it yields ``hold_rounds`` scheduler rounds in a row, because a stage downstream
+    runs one round after the stage before it: with one round, the batch moved one stage
+    per ``max_hold`` of parsing (the first delta of a burst reached the consumer about
+    10 ms late through four stages); with as many rounds as there are stages it reaches
+    the consumer before parsing resumes. Yielding by time, not by count, costs at most
+    ``hold_rounds`` scheduler rounds per ``max_hold``, however small the deltas.
+
+    A batch becomes the one to append to only once the inbox accepted it: a put that is
+    cancelled while waiting for room leaves nothing behind that later items could be
+    appended to and lost with.
+    """
+
+    __slots__ = ("_pending", "_since", "hold_rounds", "inbox", "max_hold", "tag")
+
+    max_items: int = MAX_BATCH
+
+    def __init__(
+        self,
+        inbox: BatchSink[T],
+        tag: Any = None,
+        *,
+        max_hold: float | None = None,
+        hold_rounds: int = 1,
+    ) -> None:
+        self.inbox = inbox
+        self.tag = tag
+        self.max_hold = max_hold
+        self.hold_rounds = hold_rounds
+        self._pending: Batch[T] | None = None
+        self._since = 0.0
+
+    async def send(self, item: T) -> None:
+        pending = self._pending
+        if pending is not None and not pending.taken and len(pending) < self.max_items:
+            pending.append(item)
+            if self.max_hold is not None and _now() - self._since > self.max_hold:
+                await self._yield()
+            return
+        first = self._pending is None
+        batch: Batch[T] = Batch(self.tag)
+        batch.append(item)
+        await self.inbox.put(batch)
+        self._pending = batch
+        if self.max_hold is not None:
+            if first:
+                await self._yield()  # the first delta goes through before parsing goes on
+            self._since = _now()
+
+    __call__ = send
+    """A batcher is a provider's ``emit`` (:data:`runtime.provider.Emit`), which also
+    offers :meth:`send_all` to a provider that parses a network read at a time."""
+
+    async def _yield(self) -> None:
+        for _ in range(self.hold_rounds):
+            await trio.lowlevel.checkpoint()
+        self._since = _now()
+
+    async def send_all(self, items: Sequence[T]) -> None:
+        """:meth:`send` for each of ``items``, in one go; with ``max_hold``, the same
+        yields (after the first batch, and when the receiver left a batch waiting)."""
+        if not items:
+            return
+        limit = self.max_items
+        pending = self._pending
+        first = pending is None
+        if pending is not None and not pending.taken:
+            room = limit - len(pending)
+            if len(items) <= room:
+                pending.extend(items)
+                if self.max_hold is not None and _now() - self._since > self.max_hold:
+                    await self._yield()
+                return
+            if room > 0:
+                pending.extend(items[:room])
+                items = items[room:]
+        for start in range(0, len(items), limit):
+            batch: Batch[T] = Batch(self.tag)
+            batch.extend(items[start : start + limit])
+            await self.inbox.put(batch)
+            self._pending = batch
+        if self.max_hold is not None:
+            if first:
+                await self._yield()  # the first delta goes through before parsing goes on
+            self._since = _now()

@@ -15,7 +15,7 @@ from typing import Any
 
 import attrs
 
-from runtime.chunks import _repr
+from runtime.chunks import _eq, _hash, _repr
 from runtime.errors import ConfigurationError, InvalidMedia, MediaTooLarge, TooManyParts
 from runtime.messages import File, Image, TextPart, UserContent, UserPart
 
@@ -36,6 +36,8 @@ class MediaLimits:
     """
 
     __repr__ = _repr
+    __eq__ = _eq
+    __hash__ = _hash
 
     image_bytes: int = 20 * MIB
     file_bytes: int = 32 * MIB
@@ -70,6 +72,8 @@ class InputLimits:
     ``serve`` and ``worker``), unlike :class:`MediaLimits`, which is the agent's."""
 
     __repr__ = _repr
+    __eq__ = _eq
+    __hash__ = _hash
 
     max_parts: int = attrs.field(default=DEFAULT_MAX_PARTS, validator=_at_least_one)
     max_files: int = attrs.field(default=DEFAULT_MAX_FILES, validator=_at_least_one)

@@ -19,7 +19,7 @@ from urllib.parse import unquote_to_bytes, urlsplit
 
 import attrs
 
-from runtime.chunks import Usage, _repr
+from runtime.chunks import Usage, _eq, _hash, _repr
 from runtime.errors import InvalidMedia
 from runtime.ids import new_id
 from runtime.output import ErrorInfo
@@ -34,6 +34,8 @@ class TextPart:
     """Answer text produced in one step."""
 
     __repr__ = _repr
+    __eq__ = _eq
+    __hash__ = _hash
 
     type: ClassVar[str] = "text"
     text: str
@@ -47,6 +49,8 @@ class ReasoningPart:
     """Reasoning produced in one step; signed reasoning round-trips only to its signer."""
 
     __repr__ = _repr
+    __eq__ = _eq
+    __hash__ = _hash
 
     type: ClassVar[str] = "reasoning"
     text: str
@@ -73,6 +77,8 @@ class Awaiting:
     the request, the decision and (in its :class:`ToolMessage`) the result."""
 
     __repr__ = _repr
+    __eq__ = _eq
+    __hash__ = _hash
 
     kind: str
     """``"approval"`` (a person approves or denies) or ``"client"`` (the caller runs the
@@ -99,6 +105,8 @@ class ToolCallPart:
     """A complete tool call the model made in one step."""
 
     __repr__ = _repr
+    __eq__ = _eq
+    __hash__ = _hash
 
     type: ClassVar[str] = "tool-call"
     tool_call_id: str
@@ -114,6 +122,8 @@ class ProviderDataPart:
     """An opaque provider block (server-side tool use/result), replayed only to its provider."""
 
     __repr__ = _repr
+    __eq__ = _eq
+    __hash__ = _hash
 
     type: ClassVar[str] = "provider-data"
     provider: str
@@ -253,6 +263,8 @@ class Image:
     """
 
     __repr__ = _repr
+    __eq__ = _eq
+    __hash__ = _hash
 
     type: ClassVar[str] = "image"
     data: bytes | None = attrs.field(default=None, repr=_size_repr)
@@ -286,6 +298,8 @@ class File:
     """
 
     __repr__ = _repr
+    __eq__ = _eq
+    __hash__ = _hash
 
     type: ClassVar[str] = "file"
     data: bytes | None = attrs.field(default=None, repr=_size_repr)
@@ -340,6 +354,8 @@ class SystemMessage:
     :attr:`summarizes_before`, a stored summary made by context compaction."""
 
     __repr__ = _repr
+    __eq__ = _eq
+    __hash__ = _hash
 
     role: ClassVar[str] = "system"
     content: str
@@ -357,6 +373,8 @@ class UserMessage:
     :class:`Image`, :class:`File`) when the input carried images or files."""
 
     __repr__ = _repr
+    __eq__ = _eq
+    __hash__ = _hash
 
     role: ClassVar[str] = "user"
     content: UserContent
@@ -382,6 +400,8 @@ class AssistantMessage:
     """Everything the model produced for one user input, across all its steps."""
 
     __repr__ = _repr
+    __eq__ = _eq
+    __hash__ = _hash
 
     role: ClassVar[str] = "assistant"
     content: tuple[Part, ...] = ()
@@ -430,6 +450,8 @@ class ToolMessage:
     """The result of one tool call; exactly one of ``output`` / ``error`` is meaningful."""
 
     __repr__ = _repr
+    __eq__ = _eq
+    __hash__ = _hash
 
     role: ClassVar[str] = "tool"
     tool_call_id: str

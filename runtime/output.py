@@ -23,12 +23,15 @@ observer needs to correlate it.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, ClassVar, TypeVar, dataclass_transform
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, dataclass_transform
 
 import attrs
 
-from runtime.chunks import Usage, _repr
+from runtime.chunks import Usage, _eq, _hash, _repr
 from runtime.redact import redact_text
+
+if TYPE_CHECKING:
+    from runtime.messages import Message  # messages imports ErrorInfo from here
 
 
 @attrs.frozen(kw_only=True, slots=True)
@@ -41,6 +44,8 @@ class ErrorInfo:
     """
 
     __repr__ = _repr
+    __eq__ = _eq
+    __hash__ = _hash
 
     kind: str
     """The error class name, e.g. ``"RateLimited"``; stable, for programs to switch on."""
@@ -62,13 +67,17 @@ def _ids_last(cls: type, fields: list[attrs.Attribute[Any]]) -> list[attrs.Attri
 
 @dataclass_transform(kw_only_default=True, frozen_default=True, field_specifiers=(attrs.field,))
 def _value(cls: _C) -> _C:
-    """A frozen, slotted, keyword-only value class with the shared ``__repr__``.
+    """A frozen, slotted, keyword-only value class with the shared ``__repr__``, ``__eq__``
+    and ``__hash__``.
 
     repr=False: one shared __repr__ (:func:`runtime.chunks._repr`, which every contract value
     class uses) instead of one compiled per class, which keeps ``import runtime`` cheap;
-    equality and hashing stay generated. The bases that carry the correlation ids use it
-    too, so the type checker sees their fields in every subclass.
+    equality and hashing likewise (:func:`runtime.chunks._eq`, set on the class itself, so
+    attrs sees them as the class's own and compiles none). The bases that carry the
+    correlation ids use it too, so the type checker sees their fields in every subclass.
     """
+    cls.__eq__ = _eq  # type: ignore[assignment]
+    cls.__hash__ = _hash  # type: ignore[assignment]
     return attrs.frozen(kw_only=True, slots=True, repr=False, field_transformer=_ids_last)(cls)
 
 
@@ -331,3 +340,43 @@ OutputChunk = (
 OUTPUT_CHUNK_TYPES: tuple[type, ...] = OutputChunk.__args__
 DELTA_TYPES: tuple[type, ...] = (TextDelta, ReasoningDelta, ToolInputDelta, ObjectDelta)
 """Chunks logged only at debug level: the hot path."""
+
+
+@attrs.frozen(kw_only=True, slots=True, eq=False)  # internal: identity is enough
+class TurnResult:
+    """What a finished turn leaves behind (``output.result``)."""
+
+    __repr__ = _repr
+
+    turn_id: str
+    finish_reason: str
+    """``stop``, ``length``, ``content-filter``, ``budget``, ``error``, ``aborted``, ..."""
+    usage: Usage
+    steps: int
+    message: Message
+    """The turn's assistant message."""
+    tool_messages: tuple[Message, ...] = ()
+    error: ErrorInfo | None = None
+    abort_reason: str | None = None
+    budget: str | None = None
+    """Which budget ended the turn, when ``finish_reason`` is ``budget``."""
+    output: Any = None
+    """The validated answer of an agent with an ``output_type`` (an instance of it, or
+    the ``dict`` for a JSON schema); ``None`` otherwise, or when no answer validated."""
+    new_messages: tuple[Message, ...] = ()
+    """What the turn added to the history, in order: its user message, its assistant
+    message and the tool results. A program that keeps the conversation itself appends
+    them to the history it passes the next turn (``open_session(history=...)``)."""
+    pending: tuple[Any, ...] = ()
+    """When ``finish_reason`` is ``awaiting-input``: the calls the turn waits for
+    (:class:`runtime.approval.PendingCall` s), to decide with ``session.respond``."""
+    saved: bool = True
+    """Whether the store confirmed the turn's final save. ``False`` when it failed or was
+    not answered within the turn runner's ``SAVE_TIMEOUT`` (then it may still land, in
+    this process's order): a worker, whose turn the next one may run elsewhere, does not
+    mark such a turn done but gives it back (runtime.app.worker)."""
+
+    @property
+    def text(self) -> str:
+        """The answer: the text of the turn's assistant message, all steps joined."""
+        return self.message.text  # type: ignore[union-attr]

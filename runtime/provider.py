@@ -1,12 +1,12 @@
 """The provider actor base: one actor per provider configuration, shared by sessions.
 
-A provider handles :class:`~runtime.actor_messages.InferRequest` s, each in a child task of its
+A provider handles :class:`InferRequest` s, each in a child task of its
 own (:class:`~runtime.actor.ServingActor`), so one slow model call never holds up another
 session's. A subclass implements :meth:`Provider.stream`: restore the request's messages
 into its SDK's format, call the SDK, and ``emit`` :data:`~runtime.chunks.StreamChunk` s
 as the SDK's stream arrives. Anything it raises is classified
 (:meth:`Provider.classify_error`) and sent to the requester as
-:class:`~runtime.actor_messages.StreamFailed`; the provider actor never crashes because one
+:class:`StreamFailed`; the provider actor never crashes because one
 call failed, and if it crashes for another reason every call in flight fails with
 :class:`~runtime.errors.ActorFailed`.
 
@@ -26,8 +26,7 @@ import attrs
 import trio
 
 from runtime.actor import ServingActor
-from runtime.actor_messages import Batch, Batcher, InferRequest, StreamFailed
-from runtime.chunks import StreamChunk, _repr
+from runtime.chunks import StreamChunk, _eq, _hash, _repr
 from runtime.errors import (
     ActorFailed,
     AxonError,
@@ -39,6 +38,7 @@ from runtime.errors import (
     ProviderUnavailable,
     RateLimited,
 )
+from runtime.inbox import Batch, Batcher, Inbox
 from runtime.messages import Message
 
 if TYPE_CHECKING:
@@ -49,12 +49,49 @@ if TYPE_CHECKING:
     from runtime.pricing import PriceKey
     from runtime.ratelimit import Limiter, RateLimit
 
+# -- what a provider is sent -----------------------------------------------------------
+
+
+@attrs.define(kw_only=True, slots=True, eq=False)
+class InferRequest:
+    """Ask a provider actor for one model call; chunks go to ``reply`` in batches."""
+
+    __repr__ = _repr
+
+    request_id: str
+    session_id: str
+    turn_id: str
+    step: int
+    instructions: str | None
+    messages: tuple[Message, ...]
+    tools: tuple[Any, ...]
+    """:class:`runtime.tools.Tool` s offered to the model."""
+    reply: Inbox[Batch[Any]]
+    """Where the chunks go: batches of stream chunks, a :class:`StreamFailed` last if the
+    call failed."""
+    cancel_scope: trio.CancelScope
+    """Entered by the provider's task; the requester cancels it to stop the call."""
+    settings: dict[str, Any] = attrs.field(factory=dict)
+    output: Any = None
+    """The agent's :class:`~runtime.output_schema.OutputSchema`: the provider asks for an
+    answer that is JSON matching it (``None``: free text)."""
+
+
+@attrs.frozen(kw_only=True, slots=True, eq=False)  # internal: identity is enough
+class StreamFailed:
+    """The model call failed; always the last item a provider sends for a request."""
+
+    __repr__ = _repr
+
+    error: BaseException
+
+
 Emit = Callable[[StreamChunk], Awaitable[None]]
 
 
 async def emit_all(emit: Emit, chunks: Sequence[StreamChunk]) -> None:
     """``emit`` each of ``chunks`` in order; in one go when ``emit`` takes a list
-    (``send_all``: the :class:`~runtime.actor_messages.Batcher` a provider actor is
+    (``send_all``: the :class:`~runtime.inbox.Batcher` a provider actor is
     given), so that a provider that parses a network read at a time pays one call per
     read, not one per delta."""
     send_all = getattr(emit, "send_all", None)
@@ -85,6 +122,8 @@ class ProviderOptions:
     the rest, so one set of options serves every provider in the registry."""
 
     __repr__ = _repr
+    __eq__ = _eq
+    __hash__ = _hash
 
     model: str | None = None
     """``None``: the provider's default model."""
@@ -104,7 +143,7 @@ class Provider(ServingActor[InferRequest]):
     inbox_capacity: ClassVar[int] = 1024
     max_hold: ClassVar[float | None] = 0.002
     """Seconds a parsed chunk may wait for the engine before the provider's task yields
-    (see :class:`~runtime.actor_messages.Batcher`): bounds the first-delta latency of a burst."""
+    (see :class:`~runtime.inbox.Batcher`): bounds the first-delta latency of a burst."""
     default_endpoint: ClassVar[str | None] = None
     """The endpoint the SDK calls when no ``base_url`` is given (``None``: none)."""
     endpoint_env: ClassVar[str | None] = None
@@ -385,6 +424,8 @@ class FallbackProvider:
     """
 
     __repr__ = _repr
+    __eq__ = _eq
+    __hash__ = _hash
 
     providers: tuple[Provider, ...] = attrs.field(converter=_providers)
     on: tuple[type[BaseException], ...] = attrs.field(

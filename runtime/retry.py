@@ -12,13 +12,15 @@ from typing import Any
 
 import attrs
 
-from runtime.chunks import _repr
+from runtime.chunks import _eq, _hash, _repr
 from runtime.errors import AxonError
 
 
 @attrs.frozen(kw_only=True, slots=True)
 class RetryPolicy:
     __repr__ = _repr
+    __eq__ = _eq
+    __hash__ = _hash
     max_attempts: int = 3
     """Total attempts per model call, the first included (1 disables retries)."""
     initial_delay: float = 0.5

@@ -20,7 +20,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import attrs
 
-from runtime.chunks import _repr
+from runtime.chunks import _eq, _hash, _repr
 from runtime.errors import InvalidSessionId
 from runtime.messages import Message
 
@@ -48,6 +48,8 @@ def validate_session_id(session_id: str) -> str:
 @attrs.frozen(kw_only=True, slots=True)
 class SessionRecord:
     __repr__ = _repr
+    __eq__ = _eq
+    __hash__ = _hash
     session_id: str
     messages: tuple[Message, ...]
     meta: dict[str, Any] = attrs.field(factory=dict)
@@ -61,6 +63,8 @@ class SessionRecord:
 @attrs.frozen(kw_only=True, slots=True)
 class SessionInfo:
     __repr__ = _repr
+    __eq__ = _eq
+    __hash__ = _hash
     session_id: str
     message_count: int
     meta: dict[str, Any] = attrs.field(factory=dict)

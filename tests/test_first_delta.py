@@ -1,6 +1,6 @@
 """A delta is never held back: not by a buffered burst, not waiting for a later one.
 
-The provider's :class:`~runtime.actor_messages.Batcher` yields ``hold_rounds`` scheduler rounds
+The provider's :class:`~runtime.inbox.Batcher` yields ``hold_rounds`` scheduler rounds
 after its first batch and after each ``max_hold`` of parsing, one round per stage a chunk
 still has to pass and one more (the last stage and the provider run in the same round, in
 either order), so the first delta of a whole body read at once reaches the consumer

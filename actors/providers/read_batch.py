@@ -1,7 +1,7 @@
 """The chunks a provider parses from one network read, sent downstream together.
 
 Why: a provider that awaits ``emit`` once per delta pays a coroutine call and a
-:class:`~runtime.actor_messages.Batcher` append per token, on top of the parse; on a
+:class:`~runtime.inbox.Batcher` append per token, on top of the parse; on a
 stream of word-sized deltas that was a good part of what the whole turn added to the
 floor (bare httpx + orjson, issue 24). The OpenAI and Anthropic providers read their
 body a network read at a time (:func:`~actors.providers.sse.sse_batches`), so they

@@ -5,7 +5,7 @@ A session runs one turn at a time. ``session.stream(input)`` starts a turn and y
 arrive. Leaving the ``async with`` before the turn finished cancels the turn (the
 stream ends with ``abort``, and what was streamed is saved, marked interrupted);
 ``output.cancel(reason)`` does the same from anywhere. After the block,
-``output.result`` holds the :class:`~runtime.actor_messages.TurnResult`.
+``output.result`` holds the :class:`~runtime.output.TurnResult`.
 
 A host may free an idle session from memory (``Host.open(idle_ttl=, max_sessions=)``).
 The :class:`Session` object stays valid: the next turn, or ``await session.reopen()``,

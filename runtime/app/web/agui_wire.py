@@ -657,7 +657,7 @@ class RunEncoder:
 
     def closing(self, result: Any, messages: Sequence[Message]) -> list[dict[str, Any]]:
         """The events that end the run, once the turn is over and saved: ``result`` is
-        its :class:`~runtime.actor_messages.TurnResult` (``None`` if it never came),
+        its :class:`~runtime.output.TurnResult` (``None`` if it never came),
         ``messages`` the session's history after it."""
         if self.ended:
             return []

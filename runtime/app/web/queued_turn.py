@@ -6,7 +6,7 @@ worker deployment runs no turn: it submits the turn to the queue and reads its c
 back from the relay (:mod:`runtime.app.web.frontend`). :class:`QueuedTurnOutput` is that
 same sequence of :mod:`runtime.output` chunks for a queued turn, so each adapter keeps
 its encoder and only swaps its source: ``async for chunk in out``, then ``out.result``
-(a :class:`~runtime.actor_messages.TurnResult` built from the turn's row and stored
+(a :class:`~runtime.output.TurnResult` built from the turn's row and stored
 message) and ``out.session.messages`` (the history after it), as a ``TurnStream`` has.
 
 What the relay cannot give is made up the way the AI SDK endpoint does: until a worker
@@ -314,7 +314,7 @@ def turn_result(
     status: TurnStatus | None,
     last: Any,
 ) -> TurnResult | None:
-    """The :class:`~runtime.actor_messages.TurnResult` of a queued turn that ended, as
+    """The :class:`~runtime.output.TurnResult` of a queued turn that ended, as
     its row, its stored message and the last chunk its stream ended with tell it;
     ``None`` when none of them says how it ended."""
     index = next(
