@@ -36,7 +36,7 @@ it: ``read`` must not look at the padding (OpenAI's ``_text_only`` does not).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, overload
 
 _PROBE = "\x00axon-probe\u2603"
 _PROBE_TOKEN = '"\\u0000axon-probe\u2603"'.encode()  # an escape and a multibyte character
@@ -119,6 +119,30 @@ class TwoStringSlot:
             return loads(data[start:end])  # a str: valid JSON opening with a quote
         except ValueError:
             return None
+
+
+@overload
+def learn(
+    data: bytes,
+    doc: Any,
+    key: bytes,
+    read: Callable[[Any], Any],
+    write: Callable[[Any, str], None],
+    *,
+    pad: None = None,
+) -> StringSlot | None: ...
+
+
+@overload
+def learn(
+    data: bytes,
+    doc: Any,
+    key: bytes,
+    read: Callable[[Any], Any],
+    write: Callable[[Any, str], None],
+    *,
+    pad: tuple[bytes, Callable[[Any, str], None]],
+) -> StringSlot | TwoStringSlot | None: ...
 
 
 def learn(
