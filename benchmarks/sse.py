@@ -8,6 +8,8 @@ comparison read exactly the same bytes.
 from __future__ import annotations
 
 import json
+import random
+import string
 
 # Word-sized deltas like a model's; no "<" so the think-tag splitter sees plain text
 # (its fast path), as it does for almost all real answers.
@@ -31,8 +33,16 @@ def openai_body(n: int) -> bytes:
     """A Chat Completions stream (``stream_options.include_usage``) of ``n`` text deltas.
 
     Shaped like api.openai.com's: a role chunk, one chunk per delta with ``usage: null``,
-    a finish chunk, the trailing usage chunk with empty ``choices``, then ``[DONE]``.
+    a finish chunk, the trailing usage chunk with empty ``choices``, then ``[DONE]``; every
+    chunk ends with the API's ``obfuscation`` field, a random padding string of 0 to 15
+    letters and digits (as in a real recording), here from a fixed seed.
     """
+    rng = random.Random(20260101)
+    alphabet = string.ascii_letters + string.digits
+
+    def padding() -> str:
+        return "".join(rng.choices(alphabet, k=rng.randrange(16)))
+
     head = {
         "id": "chatcmpl-BENCH000000000000000000000",
         "object": "chat.completion.chunk",
@@ -44,7 +54,8 @@ def openai_body(n: int) -> bytes:
 
     def chunk(delta: dict, finish: str | None = None, **extra: object) -> str:
         choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-        return "data: " + _dumps({**head, "choices": [choice], "usage": None, **extra}) + "\n\n"
+        doc = {**head, "choices": [choice], "usage": None, **extra, "obfuscation": padding()}
+        return "data: " + _dumps(doc) + "\n\n"
 
     out = [chunk({"role": "assistant", "content": "", "refusal": None})]
     out += [chunk({"content": t}) for t in delta_texts(n)]
@@ -56,7 +67,8 @@ def openai_body(n: int) -> bytes:
         "prompt_tokens_details": {"cached_tokens": 0, "audio_tokens": 0},
         "completion_tokens_details": {"reasoning_tokens": 0, "audio_tokens": 0},
     }
-    out.append("data: " + _dumps({**head, "choices": [], "usage": usage}) + "\n\n")
+    last = {**head, "choices": [], "usage": usage, "obfuscation": padding()}
+    out.append("data: " + _dumps(last) + "\n\n")
     out.append("data: [DONE]\n\n")
     return "".join(out).encode()
 

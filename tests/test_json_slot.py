@@ -13,6 +13,7 @@ texts with the slot as without it, on bodies whose deltas change shape midway.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -22,11 +23,24 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from actors.providers import anthropic, openai
-from actors.providers.json_slot import learn
+from actors.providers.json_slot import StringSlot, TwoStringSlot, learn
 
 _STRING = st.one_of(
     st.text(max_size=8),
-    st.sampled_from(['"', "\\", '\\"', '"content":"x', '"text":"', "}", "\x00", "é☃", "\ud7ff"]),
+    st.sampled_from(
+        [
+            '"',
+            "\\",
+            '\\"',
+            '"content":"x',
+            '"text":"',
+            '"obfuscation":"',
+            "}",
+            "\x00",
+            "é☃",
+            "\ud7ff",
+        ]
+    ),
 )
 _SCALAR = st.one_of(st.none(), st.booleans(), st.integers(-5, 5), _STRING)
 _EXTRA = st.dictionaries(st.sampled_from(["id", "content", "text", "x", "logprobs"]), _SCALAR)
@@ -81,7 +95,80 @@ def _check(slot: Any, data: bytes, doc: dict[str, Any]) -> None:
     decoded = orjson.loads(data)
     assert _openai_text(decoded) == text
     openai._put_text(decoded, doc["choices"][0]["delta"]["content"])
+    if isinstance(slot, TwoStringSlot):  # the padding, a string, is the only other change
+        assert type(decoded.get("obfuscation")) is str
+        openai._put_obfuscation(decoded, doc["obfuscation"])
     assert decoded == doc
+
+
+@st.composite
+def padded_chunks(draw: Any) -> tuple[dict[str, Any], bytes]:
+    """Chunks as api.openai.com sends them, an ``obfuscation`` string after the choices
+    (or, sometimes, before them or a key named so inside a choice)."""
+    doc, _ = draw(openai_chunks())
+    pad = draw(_STRING)
+    where = draw(st.integers(0, 3))
+    if where == 0:
+        doc = {"obfuscation": pad, **doc}
+    elif where == 1:
+        doc["choices"][0]["obfuscation"] = pad
+    else:
+        doc["obfuscation"] = pad
+    return doc, _dumps(doc, draw(st.integers(0, 2)))
+
+
+def _tokens(text: str) -> list[bytes]:
+    """A string as JSON tokens of either encoding, and its raw bytes (often no token)."""
+    return [orjson.dumps(text), json.dumps(text).encode(), text.encode()]
+
+
+@given(padded_chunks(), st.lists(st.one_of(st.tuples(_STRING, _STRING), padded_chunks())))
+def test_a_two_string_slot_reads_what_orjson_reads(learned: Any, others: list[Any]) -> None:
+    """Learned from a padded chunk, the slot reads a string from other bytes only when
+    those bytes decode to that chunk with that string as its content and another string
+    as its padding."""
+    doc, data = learned
+    slot = learn(data, doc, b'"content":', _openai_text, openai._put_text, pad=openai._OBFUSCATION)
+    if slot is None:
+        return
+    for other in others:
+        if isinstance(other[0], str):  # the learned bytes around two other strings, or fakes
+            text, pad = other
+            if isinstance(slot, TwoStringSlot):
+                for first in _tokens(text):
+                    for second in _tokens(pad):
+                        built = slot.prefix + first + slot.middle + second + slot.suffix
+                        _check(slot, built, doc)
+            else:
+                for first in _tokens(text):
+                    _check(slot, slot.prefix + first + slot.suffix, doc)
+        else:
+            _check(slot, other[1], doc)
+
+
+def test_a_two_string_slot_is_learned_from_an_api_shaped_chunk() -> None:
+    """The API's chunk does take the two-string slot (else the test above proves
+    nothing), a chunk without padding the one-string slot; fakes are not read."""
+    doc = {
+        "id": "c",
+        "choices": [{"index": 0, "delta": {"content": 'a "q"'}, "finish_reason": None}],
+        "usage": None,
+        "obfuscation": "Qup1",
+    }
+    data = orjson.dumps(doc)
+    slot = learn(data, doc, b'"content":', _openai_text, openai._put_text, pad=openai._OBFUSCATION)
+    assert isinstance(slot, TwoStringSlot)
+    assert slot.text(data) == 'a "q"'
+    assert slot.text(data.replace(b'"Qup1"', b'"\\\\\\"\\u2603"')) == 'a "q"'
+    assert slot.text(data.replace(b'a \\"q\\"', b"b\\\\").replace(b"Qup1", b"")) == "b\\"
+    assert slot.text(data.replace(b'"Qup1"', b'"a","x":"b"')) is None
+    assert slot.text(data.replace(b'"Qup1"', b'"a"+"b"')) is None
+    assert slot.text(data.replace(b'a \\"q\\"', b'b","x":"')) is None
+    assert slot.text(data.replace(b'"Qup1"', b"1")) is None
+    del doc["obfuscation"]
+    plain = orjson.dumps(doc)
+    one = learn(plain, doc, b'"content":', _openai_text, openai._put_text, pad=openai._OBFUSCATION)
+    assert isinstance(one, StringSlot)
 
 
 def test_a_slot_is_learned_from_a_benchmark_shaped_chunk() -> None:
@@ -162,10 +249,12 @@ def test_anthropic_reads_the_same_chunks_with_slots(spaced: bool, blocks: Any) -
     assert trio.run(read, False) == trio.run(read, True)
 
 
-def _openai_body(texts: list[str], every: int) -> bytes:
+def _openai_body(texts: list[str], every: int, pads: list[str] | None = None) -> bytes:
     def chunk(delta: dict[str, Any], k: int, finish: str | None = None) -> bytes:
         choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
         extra = {"obfuscation": "x" * (k % 3)} if every and k % every == 0 else {}
+        if pads:
+            extra = {"usage": None, "obfuscation": pads[k % len(pads)]}
         return b"data: " + orjson.dumps({"id": "c", "choices": [choice], **extra}) + b"\n\n"
 
     out = [chunk({"role": "assistant", "content": ""}, 0)]
@@ -186,3 +275,42 @@ def test_openai_reads_the_same_chunks_with_slots(texts: list[str], every: int) -
         return sink.chunks
 
     assert trio.run(read, False) == trio.run(read, True)
+
+
+async def _openai_chunks(body: bytes, with_slots: bool) -> list[Any]:
+    sink = _Sink()
+    batches = openai.json_chunk_batches(_Stream(body), texts=with_slots)
+    await openai.parse_batches(batches, sink)
+    return sink.chunks
+
+
+@given(texts=st.lists(_STRING, max_size=12), pads=st.lists(_STRING, min_size=1, max_size=5))
+def test_openai_reads_the_same_padded_chunks_with_slots(texts: list[str], pads: Any) -> None:
+    """Every chunk with its own padding (escapes, quotes, unicode): the same chunks."""
+    body = _openai_body(texts, 0, pads)
+    assert trio.run(_openai_chunks, body, False) == trio.run(_openai_chunks, body, True)
+
+
+_RECORDING = (
+    Path(__file__).resolve().parents[2]
+    / "shared/fixtures/streams/openai/chat-text-long-gpt41nano.sse"
+)
+
+
+@pytest.mark.skipif(not _RECORDING.exists(), reason="the shared recordings are not here")
+def test_openai_reads_the_same_chunks_of_a_real_stream_with_slots(monkeypatch: Any) -> None:
+    """A real api.openai.com stream (padding on every chunk): the same chunks, and all but
+    the first text chunk read through the two-string slot."""
+    body = _RECORDING.read_bytes()
+    read = []
+    text = TwoStringSlot.text
+
+    def counted(slot: TwoStringSlot, data: bytes) -> str | None:
+        got = text(slot, data)
+        read.append(got is not None)
+        return got
+
+    monkeypatch.setattr(TwoStringSlot, "text", counted)
+    chunks = trio.run(_openai_chunks, body, True)
+    assert chunks == trio.run(_openai_chunks, body, False)
+    assert sum(read) == body.count(b'"delta":{"content":') - 1 > 100

@@ -20,15 +20,28 @@ if the probe document decodes to ``doc`` with the probe at that place (``read`` 
 the probe, and writing the text back gives ``doc`` again) is the slot kept: then that
 token is the text's value and nothing else, and JSON decoding being compositional, any
 other string token there gives ``doc`` with that string as its text.
+
+Two holes (:class:`TwoStringSlot`): api.openai.com sends every chunk with an
+``obfuscation`` string of its own (random padding of varying length, after the text), so
+no two chunks are the same bytes around the text alone. Such a slot holds the bytes
+before the text, between the text and the padding, and after the padding; an event of
+those bytes around two JSON string tokens (each validated by orjson) is, value for
+value, the learned event with these two strings in their places. It is learned only if a
+probe in each hole decodes to the learned doc with the probes in place (``read`` finds
+the text probe while the padding probe is in its place; writing both back gives ``doc``
+again), so the second hole is the padding's value and the text read does not depend on
+it: ``read`` must not look at the padding (OpenAI's ``_text_only`` does not).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, overload
 
 _PROBE = "\x00axon-probe\u2603"
 _PROBE_TOKEN = '"\\u0000axon-probe\u2603"'.encode()  # an escape and a multibyte character
+_PAD_PROBE = "\x01axon-pad\u2604"
+_PAD_PROBE_TOKEN = '"\\u0001axon-pad\u2604"'.encode()
 _QUOTE, _BACKSLASH = 34, 92
 
 
@@ -62,17 +75,92 @@ class StringSlot:
         return None
 
 
+class TwoStringSlot:
+    """The bytes of one event around its text and a padding string after it:
+    :meth:`text` reads another event of the same bytes around two other strings."""
+
+    __slots__ = ("_loads", "_start", "_stop", "middle", "prefix", "suffix")
+
+    def __init__(self, prefix: bytes, middle: bytes, suffix: bytes) -> None:
+        import orjson
+
+        if not middle or not suffix:
+            raise ValueError("a slot needs bytes between and after the strings")
+        self._loads = orjson.loads
+        self.prefix = prefix
+        self.middle = middle
+        self.suffix = suffix
+        self._start = len(prefix)
+        self._stop = -len(suffix)
+
+    def text(self, data: bytes) -> str | None:
+        """The first string of ``data`` when it is :attr:`prefix`, one JSON string token,
+        :attr:`middle`, one JSON string token and :attr:`suffix`; ``None`` otherwise (then
+        ``data`` must be decoded in full)."""
+        if not (data.startswith(self.prefix) and data.endswith(self.suffix)):
+            return None
+        start = self._start
+        if data[start] != _QUOTE:  # (the data is longer than the prefix: it ends after it)
+            return None
+        end = data.find(b'"', start + 1) + 1  # the first quote after the opening one...
+        if end == 0:
+            return None
+        if data[end - 2] == _BACKSLASH:  # ...unless escaped: then the first unescaped one
+            end = _string_end(data, start)
+        middle = self.middle
+        if not data.startswith(middle, end):
+            return None
+        pad = data[end + len(middle) : self._stop]  # empty when they overlap
+        if len(pad) < 2 or pad[0] != _QUOTE or pad[-1] != _QUOTE:
+            return None
+        loads = self._loads
+        try:
+            loads(pad)  # one string token, or not a match (its value is not read)
+            return loads(data[start:end])  # a str: valid JSON opening with a quote
+        except ValueError:
+            return None
+
+
+@overload
 def learn(
     data: bytes,
     doc: Any,
     key: bytes,
     read: Callable[[Any], Any],
     write: Callable[[Any, str], None],
-) -> StringSlot | None:
+    *,
+    pad: None = None,
+) -> StringSlot | None: ...
+
+
+@overload
+def learn(
+    data: bytes,
+    doc: Any,
+    key: bytes,
+    read: Callable[[Any], Any],
+    write: Callable[[Any, str], None],
+    *,
+    pad: tuple[bytes, Callable[[Any, str], None]],
+) -> StringSlot | TwoStringSlot | None: ...
+
+
+def learn(
+    data: bytes,
+    doc: Any,
+    key: bytes,
+    read: Callable[[Any], Any],
+    write: Callable[[Any, str], None],
+    *,
+    pad: tuple[bytes, Callable[[Any, str], None]] | None = None,
+) -> StringSlot | TwoStringSlot | None:
     """The slot of ``data`` (decoded: ``doc``) around its text, the string token after
     one of the last few ``key`` s (such as ``b'"text":'``), if the probe proves it (see
     the module); ``None`` if none does. ``read`` gives an event's text (``None`` for an
-    event of another shape), ``write`` puts a text in its place."""
+    event of another shape), ``write`` puts a text in its place. With ``pad`` (a key such
+    as ``b'"obfuscation":'`` and what puts a string in its value's place), an event whose
+    padding string follows its text gets a :class:`TwoStringSlot` if both probes prove
+    it, else the one-string slot as without."""
     import orjson
 
     text = read(doc)
@@ -94,9 +182,54 @@ def learn(
         if read(probe) != _PROBE:
             continue
         write(probe, text)
-        if probe == doc:
-            return StringSlot(data[:start], data[end:])
+        if probe != doc:
+            continue
+        if pad is not None:
+            two = _learn_two(data, doc, start, end, read, write, pad)
+            if two is not None:
+                return two
+        return StringSlot(data[:start], data[end:])
     return None
+
+
+def _learn_two(
+    data: bytes,
+    doc: Any,
+    start: int,
+    end: int,
+    read: Callable[[Any], Any],
+    write: Callable[[Any, str], None],
+    pad: tuple[bytes, Callable[[Any, str], None]],
+) -> TwoStringSlot | None:
+    """The two-string slot of ``data`` whose text token is ``data[start:end]`` (proven)
+    and whose padding token follows the first ``pad`` key after it, if a probe in each
+    hole proves both (see the module); ``None`` otherwise."""
+    import orjson
+
+    key, write_pad = pad
+    at = data.find(key, end)
+    if at < 0:
+        return None
+    pad_start = at + len(key)
+    pad_end = _string_end(data, pad_start)
+    if pad_end < 0 or pad_end == len(data):
+        return None
+    try:
+        original = orjson.loads(data[pad_start:pad_end])
+        probe = orjson.loads(
+            data[:start] + _PROBE_TOKEN + data[end:pad_start] + _PAD_PROBE_TOKEN + data[pad_end:]
+        )
+    except ValueError:
+        return None
+    if type(original) is not str or read(probe) != _PROBE:
+        return None
+    write(probe, read(doc))
+    if probe == doc:
+        return None  # the padding probe changed nothing: that token is not proven
+    write_pad(probe, original)  # the only difference left was the padding probe's place
+    if probe != doc:
+        return None
+    return TwoStringSlot(data[:start], data[end:pad_start], data[pad_end:])
 
 
 def _string_end(data: bytes, start: int) -> int:
@@ -115,4 +248,4 @@ def _string_end(data: bytes, start: int) -> int:
             return at + 1
 
 
-__all__ = ["StringSlot", "learn"]
+__all__ = ["StringSlot", "TwoStringSlot", "learn"]

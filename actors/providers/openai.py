@@ -37,7 +37,7 @@ from typing import Any, ClassVar
 
 import trio
 
-from actors.providers.json_slot import StringSlot, learn
+from actors.providers.json_slot import StringSlot, TwoStringSlot, learn
 from actors.providers.openai_common import (
     OpenAISDKProvider,
     as_body,
@@ -529,8 +529,9 @@ class _StreamState:
 
 SLOT_LEARNING = 8
 """How many times a stream's text chunks are tried as a slot (:func:`json_chunk_batches`):
-a server that sends each chunk with its own bytes besides the text (OpenAI's
-``obfuscation``) then stops paying for the try."""
+a server that sends each chunk with its own bytes besides the text then stops paying for
+the try. (api.openai.com's ``obfuscation`` padding, a string of its own on every chunk,
+is the slot's second string: :func:`_put_obfuscation`.)"""
 
 
 def _text_or_none(chunk: Any) -> str | None:
@@ -539,6 +540,15 @@ def _text_or_none(chunk: Any) -> str | None:
 
 def _put_text(chunk: dict[str, Any], text: str) -> None:
     chunk["choices"][0]["delta"]["content"] = text
+
+
+def _put_obfuscation(chunk: dict[str, Any], padding: str) -> None:
+    """Where api.openai.com's random padding goes (a chunk's ``obfuscation``, which no
+    reader here looks at): a slot's second string (:mod:`~actors.providers.json_slot`)."""
+    chunk["obfuscation"] = padding
+
+
+_OBFUSCATION = (b'"obfuscation":', _put_obfuscation)
 
 
 _TEXT_DELTA_KEYS = frozenset({"content", "role"})
@@ -611,8 +621,9 @@ async def json_chunk_batches(
 ) -> AsyncGenerator[list[Any], None]:
     """The chunks of an SDK ``AsyncStream`` as plain dicts, decoded by orjson, a list per
     network read; with ``texts``, a chunk of text alone (:func:`_text_only`) that is the
-    bytes of one such chunk before it around another string comes as that ``str``, its
-    text, read without decoding the rest (:mod:`~actors.providers.json_slot`).
+    bytes of one such chunk before it around another string (and, from api.openai.com,
+    another ``obfuscation`` padding string) comes as that ``str``, its text, read without
+    decoding the rest (:mod:`~actors.providers.json_slot`).
 
     Why: the SDK builds a pydantic model of every chunk, and decodes the SSE lines in
     Python, one ``str`` and one event object at a time; those were most of what a stream
@@ -637,7 +648,7 @@ async def json_chunk_batches(
     import orjson
 
     loads = orjson.loads
-    slot: StringSlot | None = None
+    slot: StringSlot | TwoStringSlot | None = None
     learning = SLOT_LEARNING if texts else 0
     events = event_batches(stream)
     async with aclosing(events):
@@ -665,7 +676,12 @@ async def json_chunk_batches(
                 out.append(chunk)
                 if learning and type(chunk) is dict and _text_only(chunk):
                     learning -= 1  # each chunk may differ (an obfuscation field): a few tries
-                    slot = learn(data, chunk, b'"content":', _text_or_none, _put_text) or slot
+                    slot = (
+                        learn(
+                            data, chunk, b'"content":', _text_or_none, _put_text, pad=_OBFUSCATION
+                        )
+                        or slot
+                    )
             if out:
                 yield out  # what came before a failure or the end is the stream's
             if failure is not None:
