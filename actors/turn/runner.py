@@ -753,9 +753,7 @@ class TurnRunner(Suspending, Actor):
                         budget=turn.budget,
                     )
                 )
-                if not ctrl.try_send_all(closing):  # (no bound to enter when none waits)
-                    with trio.move_on_after(SAVE_TIMEOUT):
-                        await ctrl.send_all(closing)
+                await _send_bounded(ctrl, closing)
                 finished = ev.TurnFinished(
                     session_id=state.session_id,
                     turn_id=turn.turn_id,
@@ -832,14 +830,9 @@ class TurnRunner(Suspending, Actor):
         """Send ``done`` to the controller, waiting at most ``SAVE_TIMEOUT`` seconds for
         room; whether it took it. The bound is entered only when the send would wait."""
         try:
-            if turn.ctrl.try_send_all((done,)):
-                return True
-            with trio.move_on_after(SAVE_TIMEOUT):
-                await turn.ctrl.send(done)
-                return True
+            return await _send_bounded(turn.ctrl, (done,))
         except (trio.ClosedResourceError, trio.BrokenResourceError):
-            pass
-        return False
+            return False
 
     async def _bounded_save(self, turn: _Turn) -> SaveResult | None:
         """The turn's final save, waited for at most ``SAVE_TIMEOUT`` seconds.
@@ -1301,6 +1294,18 @@ class TurnRunner(Suspending, Actor):
         await self.publish(event)
         if hook is not None:
             await hook(event)
+
+
+async def _send_bounded(ctrl: Batcher[Any], items: Sequence[Any]) -> bool:
+    """``items`` to the controller, waiting at most ``SAVE_TIMEOUT`` seconds for room;
+    whether they went. The bound (a cancel scope) is entered only when the send would
+    wait (:meth:`Batcher.try_send_all`): at a turn's end it almost never does."""
+    if ctrl.try_send_all(items):
+        return True
+    with trio.move_on_after(SAVE_TIMEOUT):
+        await ctrl.send_all(items)
+        return True
+    return False
 
 
 def refuse_call(call: ToolCallChunk, finish: str, token_budget: str | None) -> str | None:
