@@ -211,8 +211,10 @@ def redact(value: Any) -> Any:
     return value
 
 
-_URL_HEAD = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
-_QUERY_PAIR = re.compile(r"(?<=[?&;])(?P<key>[^=&;?#/]*)=(?P<value>[^&;]*)")
+_URL_HEAD = r"[A-Za-z][A-Za-z0-9+.-]*://"
+_QUERY_PAIR = r"(?<=[?&;])(?P<key>[^=&;?#/]*)=(?P<value>[^&;]*)"
+"""Both compiled on first use (``re.compile`` caches them), not on import: this module is
+part of the contract, whose import time is issue 24's start-up figure."""
 _SECRET_WORDS = ("pass", "secret", "token", "auth", "key", "credential")
 """A URL query parameter whose name holds one of these is a credential (libpq's
 ``password``, ``sslpassword``; Redis's ``password``; any ``*token*``, ``*key*``...)."""
@@ -221,7 +223,7 @@ _SECRET_WORDS = ("pass", "secret", "token", "auth", "key", "credential")
 def _credential_spans(url: str) -> list[tuple[int, int]]:
     """Where ``url``'s credentials are, as ``(start, end)`` offsets, merged and in order:
     the user info's password, and the value of each query parameter named like one."""
-    head = _URL_HEAD.match(url)
+    head = re.compile(_URL_HEAD).match(url)
     if head is None:
         return []
     start = head.end()
@@ -230,7 +232,7 @@ def _credential_spans(url: str) -> list[tuple[int, int]]:
     colon = url.find(":", start, max(at, start))
     if colon >= 0:
         spans.append((colon + 1, at))
-    for pair in _QUERY_PAIR.finditer(url, start):
+    for pair in re.compile(_QUERY_PAIR).finditer(url, start):
         name = urllib.parse.unquote_plus(pair.group("key")).lower()
         if _is_secret_key(name) or any(word in name for word in _SECRET_WORDS):
             spans.append(pair.span("value"))

@@ -24,7 +24,9 @@ from runtime.chunks import _eq, _hash, _repr
 from runtime.errors import InvalidSessionId
 from runtime.messages import Message
 
-_SESSION_ID = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
+_SESSION_ID = r"[A-Za-z0-9_.:-]{1,128}"
+"""Compiled on first use (``re.compile`` caches it), not on import (issue 24's start-up
+figure)."""
 
 
 def validate_session_id(session_id: str) -> str:
@@ -37,7 +39,7 @@ def validate_session_id(session_id: str) -> str:
     Raises :class:`~runtime.errors.InvalidSessionId` (a ``ValueError``) otherwise,
     including for values that are not ``str`` at all.
     """
-    if not isinstance(session_id, str) or _SESSION_ID.fullmatch(session_id) is None:
+    if not isinstance(session_id, str) or re.compile(_SESSION_ID).fullmatch(session_id) is None:
         raise InvalidSessionId(
             f"invalid session id {session_id!r}: a session id must be 1-128 characters "
             "of letters, digits, '-', '_', '.', ':'"
