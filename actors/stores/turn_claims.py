@@ -247,6 +247,8 @@ class TurnClaiming:
             return None
         return record or SessionRecord(session_id=session_id, messages=())
 
+    # -- holding and ending a claim ------------------------------------------------------
+
     async def renew(self, claim: BaseClaim) -> Renewal:
         """Extend the claim's lease by ``lease`` seconds from now, if the worker still
         holds the turn; ``held`` is false once another worker took it over (or it ended),
