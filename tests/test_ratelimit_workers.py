@@ -26,6 +26,9 @@ from tests.test_workers import (  # noqa: F401 (fixtures)
 
 SPEED = 10.0
 SESSIONS, TURNS = 15, 10
+LONG_LEASE = 30.0
+"""Seconds: far beyond a renewal's delay on a loaded machine (CI once saw 151 grants
+for 150 turns with the 2 s lease of the crash tests)."""
 
 
 async def test_four_workers_never_exceed_60_calls_a_minute_and_keep_each_sessions_order(
@@ -45,8 +48,14 @@ async def test_four_workers_never_exceed_60_calls_a_minute_and_keep_each_session
         for session_id in sessions:
             nursery.start_soon(submit_all, session_id)
     clock = {"AXON_TEST_CLOCK_EPOCH": repr(time.time()), "AXON_TEST_CLOCK_SPEED": repr(SPEED)}
-    for name in "abcd":
-        workers.start(name, extra_args=["--agent", "tests.support.limited_agent:agent"], **clock)
+    for name in "abcd":  # no worker dies here: a lease that a loaded machine can miss
+        # would re-run a turn, a second real model call (and grant) for it
+        workers.start(
+            name,
+            lease=LONG_LEASE,
+            extra_args=["--agent", "tests.support.limited_agent:agent"],
+            **clock,
+        )
 
     async def all_done() -> bool:
         rows = await trio.to_thread.run_sync(
