@@ -1,7 +1,7 @@
 """Queue flooding (issue 18, item 5) against the real PostgreSQL the test run started: caps
 on queued turns, a claim whose cost does not grow with one session's backlog, fairness
-across sessions, and the head trigger that makes both possible (actors/stores/turns.py,
-actors/stores/postgres.py).
+across sessions, and the head trigger that makes both possible (actors/stores/turn_submit.py,
+turn_claims.py, actors/stores/postgres.py).
 
 No test measures time: the claim's cost is the number of rows and index entries its
 transaction reads (PostgreSQL's own per-transaction counters), which is what grows with

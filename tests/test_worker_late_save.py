@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import trio
 
-import actors.turn.runner as runner_module
+import actors.turn.saving as saving_module
 from actors.providers.scripted import ScriptedProvider
 from actors.stores import MemoryStore
 from actors.stores.postgres import PostgresStore
@@ -68,7 +68,7 @@ class _Gate:
 async def test_a_final_save_that_outlives_the_timeout_never_lands_after_the_next_turn(
     pg_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(runner_module, "SAVE_TIMEOUT", 0.5)
+    monkeypatch.setattr(saving_module, "SAVE_TIMEOUT", 0.5)
     store_a = await PostgresStore.open(pg_url)
     store_b = await PostgresStore.open(pg_url)
     queue = TurnQueue(store_b)
@@ -151,7 +151,7 @@ async def test_an_embedded_sessions_late_save_lands_before_its_next_turns(
         assert not first.saved  # given up waiting for
         async with trio.open_nursery() as nursery:
             nursery.start_soon(session.run, "m2")
-            await trio.sleep(runner_module.SAVE_TIMEOUT * 4)
+            await trio.sleep(saving_module.SAVE_TIMEOUT * 4)
             open_.set()
     record = await store.load("e")
     assert record is not None

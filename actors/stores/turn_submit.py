@@ -1,0 +1,348 @@
+"""Submitting turns: :meth:`TurnSubmitting.submit`, with its idempotency (retries,
+replays and edits of a client's message), the queue's caps and the busy strategies
+(``reject``, ``enqueue``, ``interrupt``, ``steer``: :mod:`runtime.busy`).
+
+The front end's side of :class:`~actors.stores.turns.TurnQueue`: the input is checked,
+encoded and hashed here (off the event loop), and one transaction
+(:class:`_Submission`, safe to retry whole) applies the strategy, checks the caps and
+inserts the row, or finds the turn a retry already stored.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import orjson
+import trio
+
+from actors.stores.turn_sql import _COLUMNS, _busy, _interrupt, _notify_turns, _steer_running
+from runtime import serde
+from runtime.busy import ENQUEUE, INTERRUPT, REJECT, STEER, OnBusy
+from runtime.errors import QueueFull, SessionBusy, StoreError, TurnConflict
+from runtime.messages import File, Image, TextPart, UserContent
+from runtime.store import validate_session_id
+from runtime.turn_queue import FINAL_STATUSES, QueuedTurn, TurnOptions
+
+if TYPE_CHECKING:
+    from actors.stores.postgres import PostgresStore
+
+
+@attrs.define(kw_only=True)
+class _Submission:
+    """One :meth:`TurnQueue.submit`, encoded, as its transaction runs it (retried whole
+    by the store on a serialization failure: nothing here keeps state between tries)."""
+
+    session_id: str
+    turn_id: str
+    message_key: str | None
+    """The hashed idempotency key of the client's message, if it named one."""
+    input_hash: str
+    body: str
+    """The input, encoded (JSON text)."""
+    meta_json: bytes
+    options_json: bytes
+    regenerate: bool
+    on_busy: OnBusy | None
+    check_room: Callable[[Any, str, str | None, str], None]
+    """The queue's caps (:meth:`TurnQueue._check_room`)."""
+
+    def insert(self, conn: Any, key: str | None, regenerate: bool) -> tuple[Any, ...]:
+        """Insert the turn (after the busy strategy and the caps), or find its twin."""
+        session_id, turn_id, on_busy = self.session_id, self.turn_id, self.on_busy
+        if on_busy == INTERRUPT:  # row locks first, as a claim takes them
+            _interrupt(conn, session_id)
+        steer_of = None  # (row locks first here too: the running turn's count of steers)
+        if on_busy == STEER and not regenerate:
+            steer_of = _steer_running(conn, session_id)
+        self.check_room(conn, session_id, key, turn_id)
+        if on_busy == REJECT and _busy(conn, session_id):
+            raise SessionBusy(f"session {session_id!r} is already running a turn")
+        row = conn.execute(
+            f"""INSERT INTO axon_turns (turn_id, session_id, idempotency_key,
+                message_key, input_hash, input, meta, regenerate, options, steer_of)
+            VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+            ON CONFLICT DO NOTHING RETURNING {_COLUMNS}""",
+            (
+                turn_id,
+                session_id,
+                key,
+                self.message_key,
+                self.input_hash,
+                self.body,
+                self.meta_json,
+                regenerate,
+                self.options_json,
+                steer_of,
+            ),
+        ).fetchone()
+        if row is not None:
+            _notify_turns(conn, turn_id)
+            return tuple(row)
+        where, value = ("idempotency_key", key) if key is not None else ("turn_id", turn_id)
+        row = conn.execute(
+            f"SELECT {_COLUMNS} FROM axon_turns WHERE {where} = %s", (value,)
+        ).fetchone()
+        if row is None:  # the conflict was on the other unique key
+            raise StoreError(
+                f"submit to session {session_id!r}: turn id {turn_id!r} is already used "
+                f"by another turn"
+            )
+        return tuple(row)  # a twin of this submit committed first: the same turn
+
+    def run(self, conn: Any) -> tuple[Any, ...]:
+        """The submit's transaction: a new message, a replay of one, or an edit."""
+        message_key, input_hash = self.message_key, self.input_hash
+        if message_key is None:
+            return self.insert(conn, None, self.regenerate)
+        latest = conn.execute(
+            """SELECT turn_id, session_id, seq, status, saved, input_hash FROM axon_turns
+            WHERE message_key = %s ORDER BY seq DESC LIMIT 1""",
+            (message_key,),
+        ).fetchone()
+        if latest is None:
+            key = _sha256(orjson.dumps([message_key, input_hash]))
+            return self.insert(conn, key, self.regenerate)
+        old_id, old_session, seq, status, saved, old_hash = latest
+        if old_session == self.session_id and old_hash != input_hash:
+            return self.edit(conn, old_id, seq, status, saved)
+        # a replay (or another session's key, refused below)
+        return tuple(
+            conn.execute(
+                f"SELECT {_COLUMNS} FROM axon_turns WHERE turn_id = %s", (old_id,)
+            ).fetchone()
+        )
+
+    def edit(self, conn: Any, old_id: str, seq: int, status: str, saved: bool) -> tuple[Any, ...]:
+        """A message sent before with other content: its turn is replaced, if it may be."""
+        session_id, message_key = self.session_id, self.message_key
+        later = conn.execute(
+            "SELECT 1 FROM axon_turns WHERE session_id = %s AND seq > %s LIMIT 1",
+            (session_id, seq),
+        ).fetchone()
+        if later is not None:
+            raise TurnConflict(
+                f"submit to session {session_id!r}: this message was sent before with "
+                "other content and later turns follow it; only the last message can be "
+                "edited"
+            )
+        if status not in FINAL_STATUSES:
+            raise TurnConflict(
+                f"submit to session {session_id!r}: this message was sent before with "
+                f"other content and its turn is still {status}; stop it, then edit"
+            )
+        # The key of an edit names the turn it replaces: editing back to an earlier
+        # text is another edit, not a replay of that text's turn.
+        key = _sha256(orjson.dumps([message_key, self.input_hash, old_id]))
+        return self.insert(conn, key, self.regenerate or saved)
+
+
+class TurnSubmitting:
+    """The turn queue's submits (mixed into :class:`~actors.stores.turns.TurnQueue`, whose
+    store, caps and row decoding they use)."""
+
+    if TYPE_CHECKING:  # provided by the turn queue
+        store: PostgresStore
+        max_queued_per_session: int | None
+        max_queued: int | None
+        retry_after: float
+
+        async def _decoded(self, row: tuple[Any, ...]) -> QueuedTurn: ...
+
+    async def submit(
+        self,
+        session_id: str,
+        input: UserContent,
+        *,
+        idempotency_key: str | None = None,
+        meta: dict[str, Any] | None = None,
+        regenerate: bool = False,
+        turn_id: str | None = None,
+        options: TurnOptions | None = None,
+        on_busy: OnBusy | None = None,
+    ) -> QueuedTurn:
+        """Queue a turn for ``session_id`` and wake the workers; returns its row.
+
+        ``on_busy`` is what the new turn does when the session has a turn queued or
+        running (a front end's ``serve --on-busy``, :mod:`runtime.busy`), decided in the
+        submit's transaction under the session's lock, so racing submits see each other:
+        ``enqueue`` (or ``None``) queues it behind them; ``reject`` raises
+        :class:`~runtime.errors.SessionBusy` and stores nothing; ``interrupt`` cancels
+        the session's queued turns (``cancelled`` at once) and asks its running one to
+        stop (abort reason ``interrupted by a new message``), then queues it: the newest
+        message wins. (A turn that waits for input is neither: the new turn supersedes
+        it.) ``steer`` queues it naming the session's running turn (``steer_of``; none
+        running: an ordinary queued turn): that turn's worker takes it at its next step
+        boundary (:meth:`take_steering`) and its save marks it ``done`` (``steered``);
+        a turn that ends first leaves it queued, to run as a turn of its own. A
+        retry of a turn already stored returns it whatever the strategy.
+
+        ``idempotency_key`` names what the caller submits (a front end: the client's id of
+        the message): submitting it again with the same input and ``regenerate`` (a retry
+        whose answer was lost) returns the turn already queued, never a second one; so
+        does a retried transaction, by ``turn_id``. The same key with another input is an
+        *edit* of that message: when the key's latest turn is the session's last turn and
+        has ended, a new turn replaces it (``regenerate``: the history then holds what the
+        client shows, the edited message and its answer; an ordinary turn when the old one
+        never reached the history);
+        otherwise, and for a key already used by another session,
+        :class:`~runtime.errors.TurnConflict` and nothing is queued. Meta is not part of
+        the input: a retry may carry another title. Nor are ``options``
+        (:class:`~runtime.turn_queue.TurnOptions`: the client's message id, client-side
+        tools, instructions, a starting history), stored with the row for its worker.
+        A submit over a cap (``max_queued_per_session``, ``max_queued``) is refused with
+        :class:`~runtime.errors.QueueFull` and stores nothing.
+        """
+        validate_session_id(session_id)
+        if idempotency_key is not None and (
+            not isinstance(idempotency_key, str) or not idempotency_key
+        ):
+            raise StoreError(f"idempotency_key must be a non-empty string, not {idempotency_key!r}")
+        if turn_id is not None and (not isinstance(turn_id, str) or not turn_id):
+            raise StoreError(f"turn_id must be a non-empty string, not {turn_id!r}")
+        content = _check_input(input)
+        try:
+            # megabytes, maybe: encoded and hashed off the event loop
+            body, input_hash = await trio.to_thread.run_sync(
+                _encoded_and_hashed, content, regenerate
+            )
+            meta_json = orjson.dumps(dict(meta or {}))
+            options_json = (
+                b"{}"
+                if options is None or options.empty
+                else await trio.to_thread.run_sync(serde.to_json, options)  # a history, maybe
+            )
+        except (TypeError, ValueError, orjson.JSONEncodeError) as err:
+            raise StoreError(
+                f"submit to session {session_id!r}: input or meta cannot be serialized: {err}"
+            ) from err
+        turn_id = turn_id or f"turn_{uuid.uuid4().hex}"
+        message_key = (
+            None
+            if idempotency_key is None
+            else _sha256(idempotency_key.encode("utf-8", "surrogatepass"))
+        )
+
+        if on_busy is not None and on_busy not in (ENQUEUE, REJECT, INTERRUPT, STEER):
+            raise StoreError(
+                f"submit to session {session_id!r}: on_busy {on_busy!r} is not one of "
+                "enqueue, reject, interrupt, steer"
+            )
+
+        submission = _Submission(
+            session_id=session_id,
+            turn_id=turn_id,
+            message_key=message_key,
+            input_hash=input_hash,
+            body=body,
+            meta_json=meta_json,
+            options_json=options_json,
+            regenerate=regenerate,
+            on_busy=on_busy,
+            check_room=self._check_room,
+        )
+        row = await self.store.run(f"submit to session {session_id!r}", submission.run)
+        turn = await self._decoded(row)
+        if turn.session_id != session_id:
+            used = (
+                f"idempotency key {idempotency_key!r}"
+                if idempotency_key is not None
+                else f"turn id {turn_id!r}"
+            )
+            raise TurnConflict(
+                f"submit to session {session_id!r}: {used} already names turn "
+                f"{turn.turn_id} of session {turn.session_id!r}"
+            )
+        return turn
+
+    def _check_room(
+        self, conn: Any, session_id: str, idempotency_key: str | None, turn_id: str
+    ) -> None:
+        """In the submit's transaction: raise :class:`QueueFull` when the session or the
+        queue is at its cap. Takes the session's lock (the one the head trigger takes,
+        :data:`actors.stores.postgres._HEAD_TRIGGER`), then the queue's, each held to
+        the commit, so two racing submits count each other. A submit that repeats one
+        already stored (same key or turn id) is never refused: it returns its turn."""
+        per_session, total = self.max_queued_per_session, self.max_queued
+        if per_session is None and total is None:
+            return
+        conn.execute(
+            "SELECT pg_advisory_xact_lock("
+            "hashtextextended('axon_turns:' || current_schema() || ':' || %s, 0))",
+            (session_id,),
+        )
+        if idempotency_key is not None:
+            where, key = "idempotency_key = %s", idempotency_key
+        else:
+            where, key = "turn_id = %s", turn_id
+        if conn.execute(f"SELECT 1 FROM axon_turns WHERE {where}", (key,)).fetchone():
+            return
+        # Each count reads at most its cap's index entries. ">= x AND <= x" (not "= x")
+        # with ORDER BY keeps a prepared statement's generic plan on the axon_turns_queued
+        # index, as in the head trigger (actors.stores.postgres._HEAD_FUNCTION).
+        if per_session is not None:
+            (count,) = conn.execute(
+                """SELECT count(*) FROM (SELECT 1 FROM axon_turns
+                WHERE session_id >= %s AND session_id <= %s AND status = 'queued'
+                ORDER BY session_id, seq LIMIT %s) AS q""",
+                (session_id, session_id, per_session),
+            ).fetchone()
+            if count >= per_session:
+                raise QueueFull(
+                    f"session {session_id!r} already has {count} turns queued (the limit); "
+                    f"retry after {self.retry_after:g} s",
+                    scope="session",
+                    limit=per_session,
+                    retry_after=self.retry_after,
+                )
+        if total is not None:
+            conn.execute(
+                "SELECT pg_advisory_xact_lock("
+                "hashtextextended('axon_turns:' || current_schema(), 0))"
+            )
+            (count,) = conn.execute(
+                """SELECT count(*) FROM (SELECT 1 FROM axon_turns
+                WHERE status = 'queued' ORDER BY seq LIMIT %s) AS q""",
+                (total,),
+            ).fetchone()
+            if count >= total:
+                raise QueueFull(
+                    f"the turn queue already holds {count} queued turns (the limit); "
+                    f"retry after {self.retry_after:g} s",
+                    scope="total",
+                    limit=total,
+                    retry_after=self.retry_after,
+                )
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _encoded(content: UserContent) -> str:
+    return serde.to_json(content).decode("utf-8")
+
+
+def _encoded_and_hashed(content: UserContent, regenerate: bool) -> tuple[str, str]:
+    """The input as stored, and the hash that tells a retry (same) from an edit."""
+    body = _encoded(content)
+    return body, _sha256(orjson.dumps([body, bool(regenerate)]))
+
+
+def _check_input(input: Any) -> UserContent:
+    """The input as :data:`~runtime.messages.UserContent`, or a clear error: plain text,
+    or a sequence of text, image and file parts."""
+    if isinstance(input, str):
+        return input
+    if isinstance(input, list | tuple):
+        parts = tuple(input)
+        for part in parts:
+            if not isinstance(part, TextPart | Image | File):
+                raise StoreError(
+                    f"turn input parts must be TextPart, Image or File, not {type(part).__name__}"
+                )
+        return parts
+    raise StoreError(f"turn input must be text or a sequence of parts, not {type(input).__name__}")

@@ -1,0 +1,365 @@
+"""How the turn runner makes one model call of a step.
+
+A call goes to the turn's provider through the engine, after the agent's history
+processors (:mod:`actors.turn.compaction`) and the provider's rate limit
+(:mod:`actors.turn.throttle`); its chunks come back in batches, and the parts manager
+decides the parts they make. A call that fails is retried by the agent's policy while it
+has produced no output, then made again with the agent's next fallback provider if it
+has one (after a ``reset-step`` if the failed call had streamed output). Mixed into
+:class:`~actors.turn.runner.TurnRunner`, whose state, providers and inboxes it uses.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from actors.turn.compaction import compact
+from actors.turn.structured import observe, with_feedback
+from actors.turn.throttle import acquire, limiter_of, release
+from actors.turn.turn_state import Step, Turn, error_info
+from runtime import events as ev
+from runtime.actor import Actor
+from runtime.actor_messages import (
+    Batch,
+    BeginRequest,
+    InferRequest,
+    StepReset,
+    StreamFailed,
+    ThrottleNotice,
+)
+from runtime.chunks import (
+    FinishChunk,
+    ProviderDataChunk,
+    ReasoningChunk,
+    TextChunk,
+    ToolCallChunk,
+    ToolInputDeltaChunk,
+    ToolInputStartChunk,
+    UsageChunk,
+)
+from runtime.compaction import estimate_tokens
+from runtime.errors import ProviderError
+from runtime.ids import new_id
+from runtime.messages import Message, UserMessage
+from runtime.pricing import priced
+from runtime.ratelimit import Limiter, Verdict
+from runtime.redact import redact
+from runtime.tools import Tool
+
+if TYPE_CHECKING:
+    from runtime.actor_messages import SessionState
+    from runtime.agent import Agent
+    from runtime.history import RepairedHistory
+    from runtime.inbox import Inbox
+
+
+class Inferring:
+    """The turn runner's part that makes a step's model call, with its retries and
+    fallbacks (mixed into :class:`~actors.turn.runner.TurnRunner`, which sets these
+    attributes)."""
+
+    if TYPE_CHECKING:  # provided by the turn runner
+        state: SessionState
+        agent: Agent
+        provider: Actor
+        fallbacks: tuple[Actor, ...]
+        engine: Actor
+        stream_inbox: Inbox
+        _repaired: RepairedHistory
+        _log: Any
+
+        async def publish(self, event: Any) -> None: ...
+
+        def _publish_history(self) -> None: ...
+
+        async def _tools(self, turn: Turn) -> tuple[Tool, ...]: ...
+
+        @staticmethod
+        async def _ask(actor: Actor, message: Any) -> None: ...
+
+    def _provider_at(self, index: int) -> Actor:
+        """Provider ``index`` of the turn's chain: the primary, then the fallbacks."""
+        return self.provider if index == 0 else self.fallbacks[index - 1]
+
+    async def _infer(self, turn: Turn) -> Step:
+        """One model call for the turn's current step, retried by the agent's policy
+        while the call has produced no output; then, if the agent has fallbacks and the
+        failure is one they cover, made again with the next provider: after a
+        ``reset-step`` (:meth:`_reset_step`) if the failed call had streamed output."""
+        policy = self.agent.retry
+        attempt = 0
+        mark = len(turn.parts.content)  # the step's parts start here
+        while True:
+            attempt += 1
+            result = Step()
+            try:
+                await self._call_once(turn, result)
+                price_key = getattr(self._provider_at(turn.provider), "price_key", None)
+                result.usage = await priced(result.usage, price_key() if price_key else None)
+                return result
+            except ProviderError as exc:
+                delay = None if result.produced else policy.delay(attempt, exc)
+                if delay is None:
+                    if not await self._fall_back(turn, exc, reset=result.produced):
+                        raise
+                    if result.produced:
+                        await self._reset_step(turn, mark, exc)
+                    attempt = 0  # the next provider's call gets retries of its own
+                    continue
+                await self.publish(
+                    ev.ProviderRetry(
+                        session_id=self.state.session_id,
+                        turn_id=turn.turn_id,
+                        step=turn.step,
+                        attempt=attempt,
+                        delay=delay,
+                        error=error_info(exc),
+                    )
+                )
+                self._log.warning(
+                    "provider.retry",
+                    session_id=self.state.session_id,
+                    turn_id=turn.turn_id,
+                    step=turn.step,
+                    attempt=attempt,
+                    delay=delay,
+                    error=redact(str(exc)),
+                )
+                await trio.sleep(delay)
+
+    async def _reset_step(self, turn: Turn, mark: int, exc: ProviderError) -> None:
+        """Void what the failed call of the step streamed, before the next provider makes
+        the step again: its parts leave the turn's message (they are never stored: the
+        step's save comes after its call succeeds), the structured answer's parser forgets
+        them, and the stream says ``reset-step`` so every consumer drops them too."""
+        turn.parts.discard(mark)
+        if turn.output is not None:
+            turn.output.discard()
+        following = self._provider_at(turn.provider)
+        await turn.ctrl.send(
+            StepReset(step=turn.step, provider=following.name, error=error_info(exc))
+        )
+
+    async def _fall_back(self, turn: Turn, exc: ProviderError, *, reset: bool = False) -> bool:
+        """Move the turn on to the next provider, if the agent has one left and its
+        :class:`~runtime.provider.FallbackProvider` covers ``exc``; say so (an event and
+        a warning; ``reset``: the failed call had streamed output). The turn stays on
+        it: its later steps go there too."""
+        chain = self.agent.provider
+        falls_back_on = getattr(chain, "falls_back_on", None)
+        if falls_back_on is None or not falls_back_on(exc):
+            return False
+        if turn.provider >= len(self.fallbacks):
+            return False
+        failed = self._provider_at(turn.provider)
+        turn.provider += 1
+        following = self._provider_at(turn.provider)
+        error = error_info(exc)
+        self._log.warning(
+            "provider.fallback",
+            session_id=self.state.session_id,
+            turn_id=turn.turn_id,
+            step=turn.step,
+            from_provider=failed.name,
+            to_provider=following.name,
+            error=redact(str(exc)),
+            reset=reset,
+        )
+        await self.publish(
+            ev.ProviderFallback(
+                session_id=self.state.session_id,
+                turn_id=turn.turn_id,
+                step=turn.step,
+                from_provider=failed.name,
+                to_provider=following.name,
+                error=error,
+                provider=getattr(following, "provider_name", None),
+                model=getattr(following, "model", None) or None,
+                reset=reset,
+            )
+        )
+        return True
+
+    async def _begin(self, request_id: str) -> None:
+        """Tell the engine a model call starts.
+
+        A cancelled call can leave the engine blocked on a full stream inbox with what it
+        still forwards of it (backpressure from a consumer that stopped reading), and its
+        own inbox full: waiting for room there while nobody reads the stream inbox would
+        never end. So while the engine has no room, what arrives on the stream inbox is
+        dropped: nothing of the new call can be there before the engine hears of it.
+        """
+        begin = BeginRequest(request_id=request_id)
+        try:
+            self.engine.inbox.put_nowait(begin)
+            return
+        except trio.WouldBlock:
+            pass
+
+        async def drop_stale() -> None:
+            while True:
+                batch = await self.stream_inbox.get()
+                if isinstance(batch, Batch):
+                    batch.taken = True
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(drop_stale)
+            await self.engine.send(begin)
+            nursery.cancel_scope.cancel()
+
+    async def _call_once(self, turn: Turn, result: Step) -> None:
+        """Ask the provider once and relay its chunks: the parts manager decides the
+        parts, and what the stream shows goes on to the controller batch by batch."""
+        state, agent = self.state, self.agent
+        tools = await self._tools(turn)  # MCP servers' lists may have changed
+        instructions = _joined(agent.instructions, turn.instructions)
+        # Repaired once here, so no provider has to remember to: every tool call has a
+        # result (``interrupted`` if it never got one), no result lacks its call.
+        messages = self._repaired(state.messages)
+        provider = self._provider_at(turn.provider)
+        if agent.history_processors:  # context compaction (actors/turn/compaction.py)
+            messages = await self._compact(turn, provider, messages, instructions, tools)
+        limiter = limiter_of(provider)  # a rate limit (actors/turn/throttle.py)
+        grant = await acquire(
+            limiter,
+            lambda: estimate_tokens(instructions, messages, tools),
+            lambda verdict: self._throttled(turn, limiter, verdict),
+        )
+        request_id = new_id("req")
+        await self._begin(request_id)
+        request = InferRequest(
+            request_id=request_id,
+            session_id=state.session_id,
+            turn_id=turn.turn_id,
+            step=turn.step,
+            instructions=instructions,
+            messages=with_feedback(turn.output, messages),
+            tools=tools,
+            reply=self.engine.inbox,
+            cancel_scope=trio.CancelScope(),
+            settings=agent.settings,
+            output=agent.output_schema,
+        )
+        await self._ask(provider, request)
+        inbox, parts, ctrl = self.stream_inbox, turn.parts, turn.ctrl
+        parts.origin = getattr(provider, "origin", None)  # recorded on signed parts
+        try:
+            while True:
+                batch = await inbox.get()
+                if not isinstance(batch, Batch) or batch.tag != request_id:
+                    continue
+                batch.taken = True
+                failure: StreamFailed | None = None
+                finished = False
+                forward: list[Any] = []
+                i, n = 0, len(batch)
+                while i < n:
+                    chunk = batch[i]
+                    t = type(chunk)
+                    if t is TextChunk:  # a run of text deltas, in one call
+                        i = parts.texts(batch, i, forward)
+                        continue
+                    i += 1
+                    if t is ReasoningChunk:
+                        parts.reasoning(chunk, forward)
+                    elif t is ToolInputDeltaChunk:
+                        forward.append(chunk)
+                    elif t is ToolInputStartChunk:
+                        parts.tool_input_start(chunk, forward)
+                    elif t is ToolCallChunk:
+                        parts.tool_call(chunk, forward)
+                        result.calls.append(chunk)
+                    elif t is ProviderDataChunk:
+                        parts.provider_data(chunk, forward)
+                        result.produced = True  # stored, though the stream shows nothing
+                    elif t is UsageChunk:
+                        result.usage = chunk.usage
+                    elif t is FinishChunk:
+                        result.finish = chunk.reason
+                        finished = True
+                    elif t is StreamFailed:
+                        failure = chunk
+                if forward:
+                    result.produced = True
+                if finished:
+                    parts.close(forward)  # the call's last part ends with it
+                if forward:
+                    await ctrl.send_all(observe(turn.output, forward))
+                if failure is not None:
+                    raise failure.error
+                if finished:
+                    return
+        finally:
+            request.cancel_scope.cancel()
+            await release(limiter, grant, result.usage)
+
+    async def _throttled(self, turn: Turn, limiter: Limiter | None, verdict: Verdict) -> None:
+        """The call waits for a rate limit: say so in the stream and on the bus."""
+        wait, reason = verdict.wait, verdict.reason
+        await turn.ctrl.send(ThrottleNotice(step=turn.step, wait=wait, reason=reason))
+        await self.publish(
+            ev.ProviderThrottled(
+                session_id=self.state.session_id,
+                turn_id=turn.turn_id,
+                step=turn.step,
+                wait=wait,
+                reason=reason,
+                key=limiter.key if limiter is not None else "",
+            )
+        )
+
+    async def _compact(
+        self,
+        turn: Turn,
+        provider: Actor,
+        messages: tuple[Message, ...],
+        instructions: str | None,
+        tools: tuple[Tool, ...],
+    ) -> tuple[Message, ...]:
+        """The agent's history processors on the call's ``messages``; a summary they
+        stored goes into the history right before the turn's user message (saved with
+        the turn), and its call's usage into the turn's."""
+        done = await compact(
+            self.agent.history_processors,
+            messages,
+            provider=provider,
+            session_id=self.state.session_id,
+            turn_id=turn.turn_id,
+            step=turn.step,
+            instructions=instructions,
+            tools=tools,
+        )
+        history = self.state.messages
+        for stored in done.stored:
+            at = (
+                turn.a_index - 1
+                if isinstance(history[turn.a_index - 1], UserMessage)
+                else turn.a_index
+            )
+            history.insert(at, stored.message)
+            turn.a_index += 1
+        turn.usage = turn.usage + done.usage
+        if done.stored:
+            self._publish_history()
+            last = done.stored[-1]
+            await self.publish(
+                ev.HistoryCompacted(
+                    session_id=self.state.session_id,
+                    turn_id=turn.turn_id,
+                    step=turn.step,
+                    tokens_before=done.stored[0].tokens_before,
+                    tokens_after=last.tokens_after,
+                    covered=last.covered,
+                    usage=done.usage,
+                )
+            )
+        return done.messages
+
+
+def _joined(instructions: str | None, more: str | None) -> str | None:
+    """The agent's instructions with a turn's own added after them."""
+    if not more:
+        return instructions
+    return f"{instructions}\n\n{more}" if instructions else more

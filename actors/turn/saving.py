@@ -1,0 +1,226 @@
+"""How the turn runner keeps the store in step with its history.
+
+The runner saves at every step boundary and at the end of every turn, through the
+host's one writer (:class:`~actors.persister.Persister`), without waiting for a step's
+save before the next model call: a request names the stored version it is based on, or
+the request still in flight before it, and the answer is adopted into the state when it
+is next needed (:mod:`actors.turn.session_sync` says what adopting does). Before a
+turn, the history is brought up to date with what another writer stored. The turn's
+final save is waited for, bounded by :data:`SAVE_TIMEOUT`. Mixed into
+:class:`~actors.turn.runner.TurnRunner`, whose state and inboxes it uses.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from actors.turn.session_sync import Adopted, adopt_record, adopt_save
+from actors.turn.turn_state import Turn
+from runtime import events as ev
+from runtime.actor_messages import SaveRequest, SaveResult
+from runtime.errors import ActorFailed, StoreError
+from runtime.ids import new_id
+from runtime.redact import redact
+from runtime.store import SessionRecord
+
+if TYPE_CHECKING:
+    from runtime.actor import Actor
+    from runtime.actor_messages import SessionState
+    from runtime.hosting import TurnHost
+    from runtime.inbox import Inbox
+
+SAVE_TIMEOUT = 5.0
+"""Seconds a turn waits (shielded) for its final save."""
+
+
+class Saving:
+    """The turn runner's part that saves the session and adopts what the store answers
+    (mixed into :class:`~actors.turn.runner.TurnRunner`, which sets these attributes)."""
+
+    if TYPE_CHECKING:  # provided by the turn runner
+        state: SessionState
+        host: TurnHost
+        persister: Actor
+        save_replies: Inbox[SaveResult]
+        _pending: SaveRequest | None
+        _answered: SaveResult | None
+        _log: Any
+
+        async def publish(self, event: Any) -> None: ...
+
+        def _publish_history(self) -> None: ...
+
+    async def _save(self, turn: Turn, step: int | None) -> SaveRequest:
+        """Queue a save of the turn (from wherever the store is behind, after a failed
+        save) with the persister; returns the request (its answer comes on
+        :attr:`save_replies`, see :meth:`_answer`).
+
+        The save is based on the stored version the state matches. If the previous save
+        is still in flight, that version is not known yet: the request names the previous
+        one instead, and the persister resolves it (see :class:`SaveRequest`)."""
+        state = self.state
+        prev = self._pending
+        if prev is not None and self._answer(prev) is not None:
+            await self._adopt(prev, turn)
+            prev = None
+        start = min(turn.start_index, state.saved_upto)
+        req = SaveRequest(
+            request_id=new_id("save"),
+            session_id=state.session_id,
+            turn_id=turn.turn_id,
+            start=start,
+            messages=tuple(state.messages[start:]),
+            meta=turn.meta,
+            step=step,
+            expected_version=state.version if prev is None else None,
+            after=None if prev is None else prev.request_id,
+            reply=self.save_replies,
+        )
+        self._pending, self._answered = req, None
+        try:
+            await self.persister.inbox.put(req)
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            self._answered = SaveResult(
+                request_id=req.request_id,
+                session_id=req.session_id,
+                error=ActorFailed("the persister is not running; the session was not saved"),
+            )
+        return req
+
+    def _answer(self, req: SaveRequest) -> SaveResult | None:
+        """The persister's answer to ``req`` (the latest request) if it came in; answers
+        to earlier requests are passed over (the latest one's is the one adopted)."""
+        inbox = self.save_replies
+        while self._answered is None:
+            try:
+                reply = inbox.get_nowait()
+            except trio.WouldBlock:
+                return None
+            if isinstance(reply, SaveResult) and reply.request_id == req.request_id:
+                self._answered = reply
+        return self._answered
+
+    async def _wait_answer(self, req: SaveRequest) -> SaveResult:
+        """Wait for the persister's answer to ``req`` (the latest request)."""
+        while (answer := self._answer(req)) is None:
+            reply = await self.save_replies.get()
+            if isinstance(reply, SaveResult) and reply.request_id == req.request_id:
+                self._answered = reply
+        return answer
+
+    async def _adopt(self, req: SaveRequest, turn: Turn | None) -> SaveResult:
+        """Take a finished save's outcome into the state: how far the store got, its
+        version and, if the save was rebased after another writer's, the new layout."""
+        result = await self._wait_answer(req)
+        if self._pending is req:
+            self._pending, self._answered = None, None
+        adopted = adopt_save(self.state, req, result)
+        self._publish_history()
+        if turn is not None and adopted.shift:
+            turn.start_index += adopted.shift
+            turn.a_index += adopted.shift
+        await self._concurrent(adopted, "rebased", req.turn_id)
+        return result
+
+    async def _sync(
+        self, turn_id: str, *, reload: bool = False, stored: SessionRecord | None = None
+    ) -> None:
+        """Before a turn: if another writer saved the session since this process last
+        saw it, take its history (a version query; a load only when it moved), so the
+        model sees that writer's turns. Bounded, and best effort: a save that meets the
+        other writer's turns is rebased anyway.
+
+        With ``reload`` (a turn resumed: its decisions were recorded by another writer,
+        or taken over from another worker) the session has almost surely moved: it is
+        loaded at once, one store round trip instead of a version query and a load; and
+        when its caller hands the session as it just read or wrote it (``stored``: a
+        continuation started in the process that recorded its decisions), none."""
+        state = self.state
+        store = getattr(self.persister, "store", None)
+        with trio.move_on_after(SAVE_TIMEOUT):
+            prev = self._pending
+            if prev is not None:  # the previous turn's final save, if it outlived the turn
+                await self._adopt(prev, None)
+            if store is None:
+                return
+            try:
+                if stored is not None and stored.version >= state.version:
+                    record: SessionRecord | None = stored  # (not older than ours)
+                elif not reload and await store.version(state.session_id) == state.version:
+                    return
+                else:
+                    record = await store.load(state.session_id)
+                if (0 if record is None else record.version) == state.version:
+                    return  # (``reload``) it had not moved after all
+            except StoreError as exc:
+                self._log.warning(
+                    "session.reload-failed",
+                    session_id=state.session_id,
+                    turn_id=turn_id,
+                    error=redact(f"{type(exc).__name__}: {exc}"),
+                )
+                return
+            adopted = adopt_record(state, record)
+            self._publish_history()
+            await self._concurrent(adopted, "reloaded", turn_id)
+
+    async def _concurrent(self, adopted: Adopted, resolution: str, turn_id: str) -> None:
+        """Say so (an event and a log line) when another writer's work came in: a warning,
+        or a debug line on a host that expects other writers (a worker's)."""
+        if not adopted.concurrent:
+            return
+        state = self.state
+        expected = self.host.expects_other_writers
+        log = self._log.debug if expected else self._log.warning
+        log(
+            "session.concurrent-writer",
+            session_id=state.session_id,
+            turn_id=turn_id,
+            resolution=resolution,
+            added=adopted.added,
+            dropped=adopted.dropped,
+            version=state.version,
+        )
+        await self.publish(
+            ev.ConcurrentWrite(
+                session_id=state.session_id,
+                turn_id=turn_id,
+                resolution=resolution,
+                version=state.version,
+                message_count=len(state.messages),
+                added=adopted.added,
+                dropped=adopted.dropped,
+            )
+        )
+
+    async def _bounded_save(self, turn: Turn) -> SaveResult | None:
+        """The turn's final save, waited for at most ``SAVE_TIMEOUT`` seconds.
+
+        When the last step's save (still in flight) already holds the turn as it ends (a
+        turn that finished normally: nothing changed since), its answer is the final
+        one: a second, identical write would cost a store round trip per turn for
+        nothing (a transaction per turn on a PostgreSQL store)."""
+        with trio.move_on_after(SAVE_TIMEOUT) as scope:
+            pending = self._pending
+            if pending is not None and self._holds_turn(pending, turn):
+                result = await self._adopt(pending, turn)
+                if result.error is None:
+                    return result
+            final = await self._save(turn, None)
+            return await self._adopt(final, turn)
+        if scope.cancelled_caught:
+            self._log.error(
+                "session.save-timeout", session_id=self.state.session_id, turn_id=turn.turn_id
+            )
+        return None
+
+    def _holds_turn(self, req: SaveRequest, turn: Turn) -> bool:
+        """Whether ``req`` writes the session exactly as it is now (from the turn on)."""
+        start = min(turn.start_index, self.state.saved_upto)
+        return (
+            req.start == start
+            and req.meta == turn.meta
+            and req.messages == tuple(self.state.messages[start:])
+        )

@@ -1,0 +1,92 @@
+"""What one turn accumulates, shared by the turn runner's modules.
+
+The runner (:mod:`actors.turn.runner`) and the parts mixed into it (saving, model calls,
+tool calls, suspension) all read and change the same :class:`Turn`; it lives here, apart
+from them all, so that each can import it without importing the runner (a cycle).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+
+from actors.turn.parts import PartsManager
+from actors.turn.structured import StructuredTurn
+from runtime.actor_messages import Batcher, ToolOutcome, TurnSteering
+from runtime.chunks import ToolCallChunk, Usage
+from runtime.errors import AxonError
+from runtime.ids import new_id
+from runtime.messages import Awaiting, ToolMessage
+from runtime.output import ErrorInfo
+from runtime.tools import Tool
+
+
+@attrs.define(slots=True)
+class Step:
+    """What one model call of a step produced: how it finished, its usage, its calls."""
+
+    finish: str = "other"
+    usage: Usage = attrs.field(factory=Usage)
+    calls: list[ToolCallChunk] = attrs.field(factory=list)
+    produced: bool = False
+
+
+@attrs.define(slots=True, eq=False)
+class Turn:
+    """Everything one turn accumulates, and the context its steps and model calls run
+    in; owned by the turn runner's task."""
+
+    turn_id: str
+    start_index: int
+    """Index of the turn's user message in the history."""
+    ctrl: Batcher
+    """Where the turn's raw items go: the stream controller."""
+    a_index: int = 0
+    """Index of the turn's assistant message."""
+    message_id: str = attrs.field(factory=lambda: new_id("msg"))
+    parts: PartsManager = attrs.field(factory=PartsManager)
+    """Decides the part boundaries; ``parts.content`` is the assistant message's."""
+    results: dict[str, ToolMessage] = attrs.field(factory=dict)
+    """Tool messages added to the history, by call id."""
+    outcomes: dict[str, ToolOutcome] = attrs.field(factory=dict)
+    """Every outcome received, as it arrived: kept even if the turn is then cancelled."""
+    usage: Usage = attrs.field(factory=Usage)
+    step: int = 0
+    step_open: bool = False
+    tool_calls_used: int = 0
+    finish_reason: str = "stop"
+    error: ErrorInfo | None = None
+    abort_reason: str | None = None
+    budget: str | None = None
+    meta: Mapping[str, Any] = attrs.field(factory=dict)
+    """Saved with each of the turn's saves: the session's meta as the turn started."""
+    deps: Any = None
+    """The session's dependencies, for the turn's tool calls (``ToolContext.deps``)."""
+    tools: tuple[Tool, ...] = ()
+    """The turn's own tools (``RunTurn.tools``), offered after the agent's."""
+    instructions: str | None = None
+    """Added after the agent's instructions for this turn (``RunTurn.instructions``)."""
+
+    output: StructuredTurn | None = None
+    """The structured answer's state, for an agent with an ``output_type``."""
+    untouched: bool = False
+    """A turn taken over whose committed steps had already finished it: it ran nothing,
+    and its end neither changes nor saves the history."""
+    held: dict[str, Awaiting] = attrs.field(factory=dict)
+    """The step's calls that suspend the turn (docs/approval.md), by call id."""
+    provider: int = 0
+    """Which of the runner's providers the turn's calls go to: the primary, or the
+    fallback the turn went on with (``Agent(provider=[primary, fallback, ...])``)."""
+    steering: TurnSteering = attrs.field(factory=TurnSteering)
+    """User messages that join the turn at its next step boundary (``steer``)."""
+
+
+def error_info(exc: BaseException) -> ErrorInfo:
+    """How an exception that ended a turn, or one of its calls, is reported."""
+    if isinstance(exc, AxonError):
+        return ErrorInfo(kind=exc.kind, message=str(exc) or exc.kind, retryable=exc.retryable)
+    return ErrorInfo(
+        kind=type(exc).__name__, message=str(exc) or type(exc).__name__, retryable=False
+    )
