@@ -34,6 +34,7 @@ from google.protobuf.json_format import MessageToDict
 from actors.providers.scripted import ScriptedProvider, tool_call
 from runtime import output as o
 from runtime.agent import Agent
+from runtime.app.web.a2a_queued import QueuedTaskBook
 from runtime.app.web.queued_turn import RestartFilter
 from runtime.chunks import Usage
 from runtime.messages import (
@@ -648,6 +649,32 @@ async def test_subscribing_on_another_front_end_gives_the_task_then_its_updates_
     assert events[0].task.status.state == TaskState.TASK_STATE_WORKING
     assert answer_of(events) == worker_agent.answer_text("tools follow")
     assert last_state(events) == TaskState.TASK_STATE_COMPLETED
+
+
+async def test_a_task_whose_turn_ended_reads_completed_where_its_follower_lags(
+    pg_url: str, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The front end that took the message follows its turn from the relay; when that
+    # follower lags (another front end may have streamed the end already), GetTask still
+    # answers from the row and the store, not from the follower's "working".
+    lagging = trio.Event()
+    drive = QueuedTaskBook._drive_queued
+
+    async def lag(self: QueuedTaskBook, live: Any, turn: Any) -> None:
+        await lagging.wait()
+        await drive(self, live, turn)
+
+    monkeypatch.setattr(QueuedTaskBook, "_drive_queued", lag)
+    async with protocols_deployment(pg_url, redis_url, fronts=1) as d:
+        request = returning_at_once(a2a_user("tools lag", context_id="c9"))
+        with trio.fail_after(LIMIT):
+            (sent,) = await sdk(at(d.urls[0]), lambda c: collect(c, request), streaming=False)
+            await wait_for_turn_to_end(d, "c9")
+            task = await sdk(at(d.urls[0]), lambda c: c.get_task(GetTaskRequest(id=sent.task.id)))
+            lagging.set()
+    assert sent.task.status.state == TaskState.TASK_STATE_WORKING
+    assert task.status.state == TaskState.TASK_STATE_COMPLETED
+    assert "".join(p.text for p in task.artifacts[0].parts) == worker_agent.answer_text("tools lag")
 
 
 async def test_canceling_a_running_a2a_task_cancels_its_turn_and_is_idempotent(

@@ -82,15 +82,24 @@ class QueuedTaskBook(TaskBook):
     # -- reading ------------------------------------------------------------------------
 
     async def find(self, task_id: str) -> LiveTask:
-        live = self.live.get(task_id)
-        if live is not None:
-            return live
+        """The task ``task_id``: as followed here, or from the queue's row and the store.
+
+        A task followed here lags its turn by the relay's delivery: another front end
+        may have streamed its end already. Once the row says the turn ended, the row and
+        the store answer (the follower still brings the end to who follows it here), so
+        every front end reports the same state after any one of them reported the end.
+        """
+        followed = self.live.get(task_id)
+        if followed is not None and not followed.running:
+            return followed
         context_id, message_id = split_task_id(task_id)
         turn = None
         if message_id.startswith(TURN_PREFIX):
             turn = await self.front.queue.get_status(message_id[len(TURN_PREFIX) :])
         if turn is not None and turn.session_id != context_id:
             turn = None
+        if followed is not None and (turn is None or not turn.finished):
+            return followed
         record = await self.front.store.load(context_id)
         messages: tuple[Message, ...] = tuple(record.messages) if record is not None else ()
         index = next(
@@ -110,12 +119,14 @@ class QueuedTaskBook(TaskBook):
             live = derive(messages, index, task_id, context_id, running=False)
         else:
             live = await self._unstored(turn, task_id)
-        if turn.status in (QUEUED, RUNNING):
+        if turn.finished:
+            _settle_from_row(live, turn)
+            if followed is not None:
+                return live  # not kept: the follower here goes on to its end
+        elif turn.status in (QUEUED, RUNNING):
             if turn.resumes == 0:
                 live.text = []  # followed from the relay's start, which repeats it
             self._follow(live, turn)
-        elif turn.finished:
-            _settle_from_row(live, turn)
         return self._keep(live)
 
     async def _unstored(self, turn: TurnStatus, task_id: str) -> LiveTask:
