@@ -41,6 +41,10 @@ STARTED, TAKEOVER, RESUMED = "started", "takeover", "resumed"
 """How a claim got its turn: a queued turn started, a running one taken over, a waiting
 one's continuation (its calls decided)."""
 
+_Found = tuple[tuple[Any, ...], str, list[Any] | None]
+"""What a claim's transaction found: the row, how (``STARTED`` ...), the session's rows
+if it read them."""
+
 
 @attrs.frozen(kw_only=True, slots=True)
 class Claim(BaseClaim):
@@ -122,91 +126,11 @@ class TurnClaiming:
         max_attempts = self.max_attempts
         lease = self.lease
 
-        def claim(conn: Any) -> tuple[tuple[Any, ...], str, list[Any] | None] | None:
-            # Walk the heads (one per session with queued turns) in line and stop at the
-            # first claimable one. On a table PostgreSQL has not analyzed yet (a new
-            # deployment's first burst) the planner would otherwise check every head and
-            # sort them: measured 1.9 ms instead of 0.08 ms at 300 queued turns.
-            # The SET rides with the first look for expired leases: one round trip.
-            setting = "SET LOCAL enable_sort = off;"
-            while True:  # expired leases first; poison turns fail and are skipped
-                cur = conn.execute(
-                    f"""{setting} SELECT turn_id, attempts, resume_pending FROM axon_turns
-                    WHERE status = 'running' AND lease_until < clock_timestamp()
-                    ORDER BY lease_until LIMIT 1 FOR UPDATE SKIP LOCKED"""
-                )
-                if setting:
-                    setting = ""
-                    cur.nextset()
-                row = cur.fetchone()
-                if row is None:
-                    break
-                turn_id, attempts, resume_pending = row
-                if resume_pending:  # decided: its continuation's first run, not a takeover
-                    # Sorting goes back on in the same statement (``set_config`` is ``SET
-                    # LOCAL``; a round trip fewer than a statement of its own): without it
-                    # the planner reads the session's messages below in hundreds of
-                    # milliseconds, not a fraction of one.
-                    resumed = conn.execute(
-                        f"""UPDATE axon_turns SET owner = %s, epoch = epoch + 1, attempts = 1,
-                            resume_pending = false,
-                            lease_until = clock_timestamp() + make_interval(secs => %s)
-                        WHERE turn_id = %s
-                        RETURNING {_COLUMNS}, set_config('enable_sort', 'on', true)""",
-                        (owner, lease, turn_id),
-                    ).fetchone()[:-1]
-                    # The decisions moved the session: read it here, not in a load of its
-                    # own before the continuation's first step (a thread hop and a pool
-                    # checkout fewer).
-                    return resumed, RESUMED, load_rows(conn, resumed[1])
-                if attempts < max_attempts:
-                    taken = conn.execute(
-                        f"""UPDATE axon_turns SET owner = %s, epoch = epoch + 1,
-                            attempts = attempts + 1,
-                            lease_until = clock_timestamp() + make_interval(secs => %s)
-                        WHERE turn_id = %s RETURNING {_COLUMNS}""",
-                        (owner, lease, turn_id),
-                    ).fetchone()
-                    return taken, TAKEOVER, None
-                conn.execute(
-                    """UPDATE axon_turns SET status = 'failed', finish_reason = 'error',
-                        error = %s, lease_until = NULL, finished_at = clock_timestamp()
-                    WHERE turn_id = %s""",
-                    (
-                        f"abandoned by {attempts} workers (their leases expired while "
-                        f"running it): it may be killing its workers; not retried",
-                        turn_id,
-                    ),
-                )
-                _notify_turns(conn, turn_id)
-            # The first claimable head, started, and in the same statement the end of a
-            # turn of the session that waits for a decision: superseded (its runner
-            # denies what still waits, as the embedded host does), so no decision resumes
-            # it any more. One statement: the look and the start were two round trips.
-            started = conn.execute(
-                f"""WITH head AS (
-                    SELECT turn_id FROM axon_turns AS t
-                    WHERE t.head AND t.status = 'queued' AND NOT t.cancel_requested
-                      AND NOT EXISTS (SELECT 1 FROM axon_turns AS r
-                          WHERE r.session_id = t.session_id AND r.status = 'running')
-                    ORDER BY t.head_seq LIMIT 1 FOR UPDATE SKIP LOCKED
-                ), started AS (
-                    UPDATE axon_turns SET status = 'running', owner = %s,
-                        epoch = epoch + 1, attempts = attempts + 1,
-                        lease_until = clock_timestamp() + make_interval(secs => %s),
-                        started_at = coalesce(started_at, clock_timestamp())
-                    WHERE turn_id = (SELECT turn_id FROM head) AND status = 'queued'
-                    RETURNING {_COLUMNS}
-                ), superseded AS ({_SUPERSEDE} FROM started AS s
-                    WHERE w.session_id = s.session_id AND w.status = 'awaiting-input'
-                    RETURNING pg_notify(%s, current_schema() || ':' || w.turn_id)
-                )
-                SELECT {_COLUMNS} FROM started""",
-                (owner, lease, TURNS_CHANNEL),
-            ).fetchone()
-            return None if started is None else (started, STARTED, None)
+        def claim(conn: Any) -> _Found | None:
+            found = _take_expired(conn, owner, lease, max_attempts)
+            return found if found is not None else _start_head(conn, owner, lease)
 
-        def claim_once(conn: Any) -> tuple[tuple[Any, ...], str, list[Any] | None] | None:
+        def claim_once(conn: Any) -> _Found | None:
             # A concurrent claim may have started another turn of this session since the
             # look's snapshot: the unique index refuses the second one, and this claim,
             # rolled back, found nothing (no savepoint: two statements fewer per claim).
@@ -445,3 +369,98 @@ class TurnClaiming:
             f"release of turn {claim.turn.turn_id}", release, transaction=False
         )
         return bool(done)
+
+
+def _take_expired(conn: Any, owner: str, lease: float, max_attempts: int) -> _Found | None:
+    """A running turn whose lease expired, taken over by ``owner`` (or, decided while it
+    waited, its continuation's first run); one that used ``max_attempts`` fails instead
+    and the walk goes on. ``None``: no lease has expired. Leaves sorting off for the
+    transaction (``SET LOCAL``), which :func:`_start_head` relies on."""
+    # Sorting is off for the whole claim: :func:`_start_head` walks the heads (one per
+    # session with queued turns) in line and stops at the first claimable one. On a
+    # table PostgreSQL has not analyzed yet (a new deployment's first burst) the planner
+    # would otherwise check every head and sort them: measured 1.9 ms instead of 0.08 ms
+    # at 300 queued turns.
+    # The SET rides with the first look for expired leases: one round trip.
+    setting = "SET LOCAL enable_sort = off;"
+    while True:  # expired leases first; poison turns fail and are skipped
+        cur = conn.execute(
+            f"""{setting} SELECT turn_id, attempts, resume_pending FROM axon_turns
+            WHERE status = 'running' AND lease_until < clock_timestamp()
+            ORDER BY lease_until LIMIT 1 FOR UPDATE SKIP LOCKED"""
+        )
+        if setting:
+            setting = ""
+            cur.nextset()
+        row = cur.fetchone()
+        if row is None:
+            break
+        turn_id, attempts, resume_pending = row
+        if resume_pending:  # decided: its continuation's first run, not a takeover
+            # Sorting goes back on in the same statement (``set_config`` is ``SET
+            # LOCAL``; a round trip fewer than a statement of its own): without it
+            # the planner reads the session's messages below in hundreds of
+            # milliseconds, not a fraction of one.
+            resumed = conn.execute(
+                f"""UPDATE axon_turns SET owner = %s, epoch = epoch + 1, attempts = 1,
+                    resume_pending = false,
+                    lease_until = clock_timestamp() + make_interval(secs => %s)
+                WHERE turn_id = %s
+                RETURNING {_COLUMNS}, set_config('enable_sort', 'on', true)""",
+                (owner, lease, turn_id),
+            ).fetchone()[:-1]
+            # The decisions moved the session: read it here, not in a load of its
+            # own before the continuation's first step (a thread hop and a pool
+            # checkout fewer).
+            return resumed, RESUMED, load_rows(conn, resumed[1])
+        if attempts < max_attempts:
+            taken = conn.execute(
+                f"""UPDATE axon_turns SET owner = %s, epoch = epoch + 1,
+                    attempts = attempts + 1,
+                    lease_until = clock_timestamp() + make_interval(secs => %s)
+                WHERE turn_id = %s RETURNING {_COLUMNS}""",
+                (owner, lease, turn_id),
+            ).fetchone()
+            return taken, TAKEOVER, None
+        conn.execute(
+            """UPDATE axon_turns SET status = 'failed', finish_reason = 'error',
+                error = %s, lease_until = NULL, finished_at = clock_timestamp()
+            WHERE turn_id = %s""",
+            (
+                f"abandoned by {attempts} workers (their leases expired while "
+                f"running it): it may be killing its workers; not retried",
+                turn_id,
+            ),
+        )
+        _notify_turns(conn, turn_id)
+    return None
+
+
+def _start_head(conn: Any, owner: str, lease: float) -> _Found | None:
+    """The first claimable head in line, started by ``owner`` (``None``: none is)."""
+    # The first claimable head, started, and in the same statement the end of a
+    # turn of the session that waits for a decision: superseded (its runner
+    # denies what still waits, as the embedded host does), so no decision resumes
+    # it any more. One statement: the look and the start were two round trips.
+    started = conn.execute(
+        f"""WITH head AS (
+            SELECT turn_id FROM axon_turns AS t
+            WHERE t.head AND t.status = 'queued' AND NOT t.cancel_requested
+              AND NOT EXISTS (SELECT 1 FROM axon_turns AS r
+                  WHERE r.session_id = t.session_id AND r.status = 'running')
+            ORDER BY t.head_seq LIMIT 1 FOR UPDATE SKIP LOCKED
+        ), started AS (
+            UPDATE axon_turns SET status = 'running', owner = %s,
+                epoch = epoch + 1, attempts = attempts + 1,
+                lease_until = clock_timestamp() + make_interval(secs => %s),
+                started_at = coalesce(started_at, clock_timestamp())
+            WHERE turn_id = (SELECT turn_id FROM head) AND status = 'queued'
+            RETURNING {_COLUMNS}
+        ), superseded AS ({_SUPERSEDE} FROM started AS s
+            WHERE w.session_id = s.session_id AND w.status = 'awaiting-input'
+            RETURNING pg_notify(%s, current_schema() || ':' || w.turn_id)
+        )
+        SELECT {_COLUMNS} FROM started""",
+        (owner, lease, TURNS_CHANNEL),
+    ).fetchone()
+    return None if started is None else (started, STARTED, None)
