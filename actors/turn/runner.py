@@ -198,10 +198,60 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
 
     async def run_turn(self, run: RunTurn) -> None:
         """Run one user input to completion (or until it is cut short), then close it."""
-        state, agent, budget = self.state, self.agent, self.agent.budget
-        sid = state.session_id
+        agent, budget = self.agent, self.agent.budget
+        await self._sync(run.turn_id, reload=run.resume, stored=run.stored)
+        turn, committed, superseded = self._open_turn(run)
+        self._publish_history()
+        scope = run.cancel.scope
+        turn.output = StructuredTurn.start(agent, turn.message_id)
+        if budget.deadline is not None:
+            scope.deadline = trio.current_time() + budget.deadline
+        try:
+            await turn.ctrl.send(
+                TurnBegin(turn_id=turn.turn_id, message_id=turn.message_id, consumer=run.consumer)
+            )
+            await self._announce_start(run, turn, committed, superseded)
+            with scope:
+                # A turn cancelled before it began (an ``interrupt`` that a newer message
+                # overtook) ends here: the first model call may reach the provider before
+                # any other checkpoint.
+                await trio.lowlevel.checkpoint()
+                if committed is not None and self._already_finished(turn, committed):
+                    turn.untouched = True
+                elif committed is not None and not await self._resolve(turn):
+                    turn.untouched, turn.finish_reason = True, AWAITING_INPUT
+                else:
+                    await self._steps(turn)
+            if scope.cancelled_caught:
+                if run.cancel.reason is None and budget.deadline is not None:
+                    turn.finish_reason, turn.budget = "budget", "deadline"
+                else:
+                    turn.finish_reason = "aborted"
+                    turn.abort_reason = run.cancel.reason or "cancelled"
+        except BudgetExceeded as stop:
+            turn.finish_reason, turn.budget = "budget", stop.budget
+        except trio.Cancelled:
+            turn.finish_reason, turn.abort_reason = "aborted", "host shutdown"
+            await self._finish_turn(run, turn)
+            raise
+        except Exception as exc:
+            turn.error = error_info(exc)
+            turn.finish_reason = "error"
+            self._log.error(
+                "turn.failed",
+                session_id=self.state.session_id,
+                turn_id=turn.turn_id,
+                error=redact(turn.error.message),
+                error_kind=turn.error.kind,
+            )
+        await self._finish_turn(run, turn)
+
+    def _open_turn(self, run: RunTurn) -> tuple[Turn, Committed | None, tuple[Any, ...]]:
+        """The turn ``run`` starts (or continues: its committed step, when a resumed turn
+        finds one), its messages in the session's history, and the calls of a turn that
+        waited for input which this one supersedes (denied as it begins)."""
+        state, agent = self.state, self.agent
         turn_id = run.turn_id
-        await self._sync(turn_id, reload=run.resume, stored=run.stored)
         message_id = run.message_id or new_id("msg")
         committed = None
         if run.resume and run.message_id is not None:
@@ -235,75 +285,40 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
             state.messages.append(AssistantMessage(id=turn.message_id))
         else:
             self._continue(turn, committed)
-        self._publish_history()
-        scope = run.cancel.scope
-        turn.output = StructuredTurn.start(agent, turn.message_id)
-        if budget.deadline is not None:
-            scope.deadline = trio.current_time() + budget.deadline
-        try:
-            await turn.ctrl.send(
-                TurnBegin(turn_id=turn.turn_id, message_id=turn.message_id, consumer=run.consumer)
-            )
-            for call in superseded:
-                if call.kind == APPROVAL:
-                    await self.publish(
-                        ev.ToolApprovalDecided(
-                            session_id=sid,
-                            tool_call_id=call.tool_call_id,
-                            approved=False,
-                            reason=SUPERSEDED,
-                            turn_id=call.turn_id,
-                            causation_id=call.approval_id,
-                        )
+        return turn, committed, superseded
+
+    async def _announce_start(
+        self, run: RunTurn, turn: Turn, committed: Committed | None, superseded: tuple[Any, ...]
+    ) -> None:
+        """Tell the bus the turn started: the superseded approvals denied, then
+        ``TurnStarted`` (through the agent's ``on_turn_start`` hook)."""
+        sid, agent, turn_id = self.state.session_id, self.agent, turn.turn_id
+        for call in superseded:
+            if call.kind == APPROVAL:
+                await self.publish(
+                    ev.ToolApprovalDecided(
+                        session_id=sid,
+                        tool_call_id=call.tool_call_id,
+                        approved=False,
+                        reason=SUPERSEDED,
+                        turn_id=call.turn_id,
+                        causation_id=call.approval_id,
                     )
-            await self._announce(
-                ev.TurnStarted(
-                    session_id=sid,
-                    turn_id=turn.turn_id,
-                    agent=agent.name,
-                    input=run.input,
-                    causation_id=run.meta.get("parent_tool_call_id"),
-                    provider=getattr(self.provider, "provider_name", None),
-                    model=getattr(self.provider, "model", None) or None,
-                    resumed=committed is not None,
-                    suspended_trace=_suspended_trace(run.meta, turn_id, committed),
-                ),
-                agent.hooks.on_turn_start,
-            )
-            with scope:
-                # A turn cancelled before it began (an ``interrupt`` that a newer message
-                # overtook) ends here: the first model call may reach the provider before
-                # any other checkpoint.
-                await trio.lowlevel.checkpoint()
-                if committed is not None and self._already_finished(turn, committed):
-                    turn.untouched = True
-                elif committed is not None and not await self._resolve(turn):
-                    turn.untouched, turn.finish_reason = True, AWAITING_INPUT
-                else:
-                    await self._steps(turn)
-            if scope.cancelled_caught:
-                if run.cancel.reason is None and budget.deadline is not None:
-                    turn.finish_reason, turn.budget = "budget", "deadline"
-                else:
-                    turn.finish_reason = "aborted"
-                    turn.abort_reason = run.cancel.reason or "cancelled"
-        except BudgetExceeded as stop:
-            turn.finish_reason, turn.budget = "budget", stop.budget
-        except trio.Cancelled:
-            turn.finish_reason, turn.abort_reason = "aborted", "host shutdown"
-            await self._finish_turn(run, turn)
-            raise
-        except Exception as exc:
-            turn.error = error_info(exc)
-            turn.finish_reason = "error"
-            self._log.error(
-                "turn.failed",
+                )
+        await self._announce(
+            ev.TurnStarted(
                 session_id=sid,
                 turn_id=turn.turn_id,
-                error=redact(turn.error.message),
-                error_kind=turn.error.kind,
-            )
-        await self._finish_turn(run, turn)
+                agent=agent.name,
+                input=run.input,
+                causation_id=run.meta.get("parent_tool_call_id"),
+                provider=getattr(self.provider, "provider_name", None),
+                model=getattr(self.provider, "model", None) or None,
+                resumed=committed is not None,
+                suspended_trace=_suspended_trace(run.meta, turn_id, committed),
+            ),
+            agent.hooks.on_turn_start,
+        )
 
     def _continue(self, turn: Turn, committed: Committed) -> None:
         """Take over a turn another worker began: continue its assistant message from
