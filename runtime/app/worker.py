@@ -572,24 +572,11 @@ class Worker:
         if turn.meta:
             session.update_meta(turn.meta)
         options = turn.options
-        stream = entry.stream = session.stream(
-            turn.input,
-            regenerate=turn.regenerate,
-            turn_id=turn.turn_id,
-            message_id=turn.message_id,
-            resume=claim.takeover or claim.resumed or turn.saved,
-            user_message_id=options.user_message_id,
-            tools=tuple(spec.tool() for spec in options.tools),
-            instructions=options.instructions,
-        )
-        # A continuation starts from the session its claim read; a fresh load from that.
-        stream.stored = claim.stored or (None if was_open else loaded)
-        steered: list[str] = []
+        steered: list[str] = []  # the ids of the steering messages the turn took
         # A takeover may find steering its turn's earlier worker never took: read once.
         watch = SteerWatch(taken=-1 if claim.takeover else 0)
+        stream = entry.stream = self._turn_stream(claim, session, was_open, loaded)
         stream.steer_from(partial(self._take_steering, claim, steered, watch))
-        if turn.cancel_requested:
-            stream.cancel(turn.cancel_reason or "cancelled")
         log().info(
             "worker.turn",
             turn_id=turn.turn_id,
@@ -636,6 +623,27 @@ class Worker:
         if options.ephemeral and status != "lost":
             await self._forget(session)
         return status
+
+    def _turn_stream(self, claim: Claim, session: Any, was_open: bool, loaded: Any) -> Any:
+        """The claimed turn's stream on ``session``: resumed where a takeover or a
+        continuation goes on, cancelled at once if that was asked."""
+        turn = claim.turn
+        options = turn.options
+        stream = session.stream(
+            turn.input,
+            regenerate=turn.regenerate,
+            turn_id=turn.turn_id,
+            message_id=turn.message_id,
+            resume=claim.takeover or claim.resumed or turn.saved,
+            user_message_id=options.user_message_id,
+            tools=tuple(spec.tool() for spec in options.tools),
+            instructions=options.instructions,
+        )
+        # A continuation starts from the session its claim read; a fresh load from that.
+        stream.stored = claim.stored or (None if was_open else loaded)
+        if turn.cancel_requested:
+            stream.cancel(turn.cancel_reason or "cancelled")
+        return stream
 
     async def _take_steering(
         self, claim: Claim, taken: list[str], watch: SteerWatch
