@@ -65,7 +65,7 @@ one per delta, it was the costliest line of the controller (issue 24)."""
 class StreamController(Actor):
     """Per-session actor: raw items in, :data:`~runtime.output.OutputChunk` s out."""
 
-    inbox_capacity = 1024
+    inbox_capacity = 512  # batches of up to MAX_BATCH chunks (runtime.inbox)
 
     def __init__(self, *, session_id: str, name: str = "stream-controller") -> None:
         super().__init__(name=name, session_id=session_id)
