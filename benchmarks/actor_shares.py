@@ -13,7 +13,9 @@ actor, the SDK, httpx and the SSE and JSON reads), the engine, the turn runner (
 parts manager), the stream controller, the consumer (the turn's stream and the
 benchmark's ``async for``), trio's scheduler and the actors' inboxes, the store and
 persister, the log tap; what matches none is ``other``. Only samples taken inside
-``trio.run`` count (not the start-up's imports). A C function (``orjson.loads``, a
+``trio.run`` count, and none importing a module or building a provider's SDK client
+(the start-up, and what the first turn does once: the SDK's import, its client with
+its TLS context). A C function (``orjson.loads``, a
 SQLite statement) is not a frame of its own here: its time goes to the Python frame
 that called it, which is the stage that asked for it.
 """
@@ -26,23 +28,29 @@ from collections import Counter
 from collections.abc import Iterable
 
 STAGES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
-    (name, re.compile(pattern))
+    (name, re.compile(r"[(/](" + pattern + ")"))
     for name, pattern in (
         (
             "provider",
-            r"/actors/providers/|/runtime/provider\.py|/(anthropic|openai|httpx|"
-            r"httpcore|h11)/",
+            r"actors/providers/|runtime/provider\.py|anthropic/|openai/|httpx2?/|httpcore2?/"
+            r"|h11/",
         ),
-        ("engine", r"/actors/engine\.py"),
-        ("runner", r"/actors/turn/"),
-        ("controller", r"/actors/stream_controller\.py"),
-        ("consumer", r"/runtime/app/session\.py|/benchmarks/"),
-        ("store", r"/actors/stores/|/actors/persister\.py|sqlite3"),
-        ("log", r"/actors/log_tap\.py|/runtime/logging\.py|/structlog/"),
-        ("scheduler/inboxes", r"/trio/_core/|/runtime/inbox\.py|/runtime/actor\.py|/outcome/"),
+        ("engine", r"actors/engine\.py"),
+        ("runner", r"actors/turn/"),
+        ("controller", r"actors/stream_controller\.py"),
+        ("consumer", r"runtime/app/session\.py|benchmarks/"),
+        ("store", r"actors/stores/|actors/persister\.py|sqlite3/"),
+        ("log", r"actors/log_tap\.py|runtime/logging\.py|structlog/"),
+        ("scheduler/inboxes", r"trio/_core/|runtime/inbox\.py|runtime/actor\.py|outcome/"),
     )
 )
 """Each stage and the file paths its frames come from, in the order a frame is tried."""
+
+
+_TRIO = re.compile(r"[(/]trio/")
+_ONCE = re.compile(r"importlib|\._get_client \(")
+"""Work done once per process: an import, a provider's SDK client built on first use
+(with its TLS context and its credentials registered with the redactor)."""
 
 
 def stage_of(frames: list[str]) -> str:
@@ -50,7 +58,7 @@ def stage_of(frames: list[str]) -> str:
     one, below trio's run loop (the frames every task's stack starts with); a sample in
     the run loop itself is the scheduler's."""
     start = 0
-    while start < len(frames) and "/trio/" in frames[start]:
+    while start < len(frames) and _TRIO.search(frames[start]):
         start += 1
     if start == len(frames):
         return "scheduler/inboxes"
@@ -66,8 +74,8 @@ def shares(lines: Iterable[str]) -> tuple[Counter[str], int]:
     counts: Counter[str] = Counter()
     for line in lines:
         stack, _, count = line.rstrip("\n").rpartition(" ")
-        if not stack or "/trio/" not in stack:
-            continue  # start-up, imports: outside the turns
+        if not stack or not _TRIO.search(stack) or _ONCE.search(stack):
+            continue  # start-up, the first turn's imports and client: not a turn's work
         counts[stage_of(stack.split(";"))] += int(count)
     return counts, sum(counts.values())
 

@@ -245,6 +245,7 @@ def test_actor_shares_gives_a_sample_to_its_innermost_stage() -> None:
         f"{run};stream (/r/actors/providers/anthropic.py:7);read (/s/httpx/_x.py:1) 2\n",
         f"{run};helper (/r/runtime/ids.py:1) 1\n",
         "<module> (/r/runtime/__init__.py:1) 7\n",  # start-up: outside trio.run
+        f"{run};_find_and_load (<frozen importlib._bootstrap>:1) 4\n",  # an import
     ]
     counts, total = shares(lines)
     assert total == 11
