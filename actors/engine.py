@@ -122,7 +122,7 @@ class Engine(Actor):
     that was cancelled) are dropped.
     """
 
-    inbox_capacity = 1024
+    inbox_capacity = 512  # batches of up to MAX_BATCH chunks (runtime.inbox)
 
     def __init__(
         self,

@@ -65,7 +65,7 @@ one per delta, it was the costliest line of the controller (issue 24)."""
 class StreamController(Actor):
     """Per-session actor: raw items in, :data:`~runtime.output.OutputChunk` s out."""
 
-    inbox_capacity = 1024
+    inbox_capacity = 512  # batches of up to MAX_BATCH chunks (runtime.inbox)
 
     def __init__(self, *, session_id: str, name: str = "stream-controller") -> None:
         super().__init__(name=name, session_id=session_id)
@@ -94,6 +94,7 @@ class StreamController(Actor):
         # other item goes to its handler in the table (an unknown one is ignored), which may
         # move the state, so the locals are stored before it and read again after.
         seq, step, part_id, turn_id = self.seq, self._step, self._open_id, self._turn_id
+        deltas_only = True  # no handler ran: ``out`` holds text and reasoning deltas only
         for item in message:
             t = type(item)
             if t is TextChunk or t is ReasoningChunk:
@@ -103,13 +104,14 @@ class StreamController(Actor):
             else:
                 handler = handlers.get(t)
                 if handler is not None:
+                    deltas_only = False
                     self.seq = seq
                     handler(self, item, out)
                     seq, step, part_id = self.seq, self._step, self._open_id
                     turn_id = self._turn_id
         self.seq = seq
         if out:
-            await self._emit(out)
+            await self._emit(out, deltas_only)
         done = self._done
         if done is not None:
             self._done = None
@@ -268,18 +270,25 @@ class StreamController(Actor):
     """The raw item types the controller renders (the text and reasoning deltas aside,
     which :meth:`handle` builds inline), each to its handler."""
 
-    async def _emit(self, out: list[Any]) -> None:
+    async def _emit(self, out: list[Any], deltas_only: bool = False) -> None:
+        """``out`` onto the bus (the chunks someone subscribed to), then to the consumer.
+
+        A batch of ``deltas_only`` (most of a turn's batches) skips the bus when nobody
+        subscribes to text or reasoning deltas of this session: two look-ups a batch
+        instead of a pass over its chunks (the log tap and other observers subscribe to
+        events, so the bus has subscribers in nearly every turn; issue 24 goal 1)."""
         bus = self.bus
         if bus is not None and bus.has_subscribers():  # observers only pay when they exist
             sid = self.session_id
-            wanted: dict[type, bool] = {}  # per batch: a batch is mostly one type (deltas)
-            for chunk in out:
-                t = type(chunk)
-                wants = wanted.get(t)
-                if wants is None:
-                    wants = wanted[t] = bus.wants(t, sid)
-                if wants:
-                    await bus.publish(chunk)
+            if not deltas_only or bus.wants(o.TextDelta, sid) or bus.wants(o.ReasoningDelta, sid):
+                wanted: dict[type, bool] = {}  # per batch: a batch is mostly one type (deltas)
+                for chunk in out:
+                    t = type(chunk)
+                    wants = wanted.get(t)
+                    if wants is None:
+                        wants = wanted[t] = bus.wants(t, sid)
+                    if wants:
+                        await bus.publish(chunk)
         consumer = self._consumer
         if consumer is not None:
             try:

@@ -7,10 +7,11 @@ server (its CPU is not counted), opens a host as the pipeline benchmark does (SQ
 store, log lines at ``info`` into a file), warms up, then reads, round after round, the
 floor (:mod:`benchmarks.floor`) and one Axon turn (:func:`benchmarks.bench_pipeline.
 axon_side`, which checks the text and the stored message), each timed by its own CPU.
-The parent prints, per tree and format, the median of the per-round ratios at 1,000 and
-10,000 deltas and the split of the medians into a per-delta and a per-turn part (a line
-through the two points). The Axon side's CPU includes the session's open and close and
-the store read-back that the pipeline benchmark leaves off its clock.
+The parent prints, per tree and format, the median (and the min and max) of the
+per-round ratios at 1,000 and 10,000 deltas and the split of the medians into a
+per-delta and a per-turn part (a line through the two points). The Axon side's CPU
+includes the session's open and close and the store read-back that the pipeline
+benchmark leaves off its clock.
 
 ``python3 -m benchmarks.cpu_floor --trees /work/main,$PWD [--formats anthropic,openai]
 [--children 3] [--rounds 5]``: each tree is put first on ``PYTHONPATH`` of its children
@@ -122,10 +123,12 @@ def main() -> None:
                 rows = results[(tree, fmt, n)]
                 floor = statistics.median(f for f, _ in rows)
                 axon = statistics.median(a for _, a in rows)
-                ratio = statistics.median(a / f for f, a in rows)
+                ratios = [a / f for f, a in rows]
+                ratio = statistics.median(ratios)
                 medians[n] = (floor, axon)
                 print(
-                    f"{fmt:9} {n:6} {tree}: Axon/floor {ratio:.2f}x, floor {floor * 1e3:.2f} ms,"
+                    f"{fmt:9} {n:6} {tree}: Axon/floor {ratio:.2f}x"
+                    f" (min {min(ratios):.2f}, max {max(ratios):.2f}), floor {floor * 1e3:.2f} ms,"
                     f" Axon {axon * 1e3:.2f} ms ({len(rows)} rounds)"
                 )
             low, high = COUNTS

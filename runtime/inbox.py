@@ -286,11 +286,17 @@ class Batch(list[T]):
         self.taken = False
 
 
-MAX_BATCH = 64
+MAX_BATCH = 128
 """Most items one :class:`Batch` carries. A receiver that does not keep up then finds its
 inbox full of full batches, and the bounded inbox makes the sender wait: backpressure
-reaches the producer instead of the whole stream piling up in one batch. The hot path
-is unaffected: the bursts that merge (what one network read delivers) are smaller."""
+reaches the producer instead of the whole stream piling up in one batch.
+
+128, not 64 (issue 24 goal 1): a batch costs each stage it crosses an inbox put, a get
+and a scheduler round, and a fast stream fills its batches (one network read holds
+70-150 deltas), so twice the items a batch halves those per delta. The inboxes that
+carry chunk batches (the engine's, its output, the stream controller's, a turn's
+consumer) were halved with it, so what a stalled receiver can hold up, capacity times
+``MAX_BATCH``, did not grow."""
 
 
 class BatchSink(Protocol[T]):

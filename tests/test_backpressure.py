@@ -139,3 +139,40 @@ async def test_a_consumer_that_stops_reading_stalls_the_provider_and_the_next_tu
             # the leftovers of the cancelled call do not wedge the session
             result = await session.run("again")
         assert result.finish_reason == "stop" and result.text == "Fine."
+
+
+async def test_a_network_read_of_deltas_crosses_each_stage_as_one_batch():
+    """A fast stream's read holds 70-150 deltas; each batch costs every stage an inbox
+    put, a get and a scheduler round, so such a read goes as one batch (issue 24)."""
+    inbox = Inbox(8)
+    await Batcher(inbox).send_all([f"w{i} " for i in range(120)])
+    assert batch_sizes(inbox) == [120]
+
+
+async def test_what_a_stalled_receiver_holds_up_did_not_grow_with_the_batches():
+    """The inboxes that carry chunk batches were halved as the batches doubled: capacity
+    times MAX_BATCH (what a receiver that stops reading can hold up) is as before."""
+    import inspect
+
+    from actors.engine import Engine
+    from actors.stream_controller import StreamController
+    from runtime.app.session import TurnStream
+
+    agent = Agent(provider=ScriptedProvider(["Hi."]))
+    async with Host.open(log_tap=False) as host:
+        session = await host.open_session(agent, session_id="bounds")
+        await session.run("hello")
+        runner = session.runner
+        assert runner is not None
+        held = {
+            "engine": Engine.inbox_capacity * MAX_BATCH,
+            "engine-output": runner.stream_inbox.capacity * MAX_BATCH,
+            "stream-controller": StreamController.inbox_capacity * MAX_BATCH,
+            "consumer": inspect.signature(TurnStream).parameters["capacity"].default * MAX_BATCH,
+        }
+    assert held == {
+        "engine": 1024 * 64,
+        "engine-output": 1024 * 64,
+        "stream-controller": 1024 * 64,
+        "consumer": 256 * 64,
+    }

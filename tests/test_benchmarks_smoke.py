@@ -233,3 +233,20 @@ def test_the_worker_benchmarks_start_their_own_servers_not_the_machines(
     except ServiceUnavailable:  # no server binaries here: a closed port, so figures skip
         pass
     assert os.environ["AXON_BENCH_PG"] == pg  # the children inherit the same servers
+
+
+def test_actor_shares_gives_a_sample_to_its_innermost_stage() -> None:
+    from benchmarks.actor_shares import shares
+
+    run = "unrolled_run (/x/trio/_core/_run.py:1)"
+    lines = [
+        f"{run};handle (/r/actors/engine.py:1);put (/r/runtime/inbox.py:2) 3\n",
+        f"{run};handle (/r/actors/stream_controller.py:9) 5\n",
+        f"{run};stream (/r/actors/providers/anthropic.py:7);read (/s/httpx/_x.py:1) 2\n",
+        f"{run};helper (/r/runtime/ids.py:1) 1\n",
+        "<module> (/r/runtime/__init__.py:1) 7\n",  # start-up: outside trio.run
+        f"{run};_find_and_load (<frozen importlib._bootstrap>:1) 4\n",  # an import
+    ]
+    counts, total = shares(lines)
+    assert total == 11
+    assert counts == {"scheduler/inboxes": 3, "controller": 5, "provider": 2, "other": 1}

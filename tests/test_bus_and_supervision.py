@@ -61,6 +61,82 @@ async def test_block_policy_makes_the_publisher_wait_for_room():
     await bus.publish(started("s"))
 
 
+class _CountingBus(Bus):
+    """A bus that notes each ``wants`` look-up."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked: list[type] = []
+
+    def wants(self, cls: type, session_id: str | None = None) -> bool:
+        self.asked.append(cls)
+        return super().wants(cls, session_id)
+
+
+def _controller_batches() -> list:
+    from runtime.actor_messages import Batch, PartBegin, StepBegin, TurnBegin
+    from runtime.chunks import ReasoningChunk, TextChunk
+
+    opening = Batch("t")
+    opening += [TurnBegin(turn_id="t", message_id="m", consumer=None), StepBegin(step=0)]
+    opening += [PartBegin(kind="reasoning", part_id="r"), ReasoningChunk(text="hm")]
+    thinking = Batch("t")
+    thinking += [ReasoningChunk(text=f"r{i}") for i in range(5)]
+    texts = Batch("t")
+    texts += [PartBegin(kind="text", part_id="p"), TextChunk(text="a")]
+    deltas = Batch("t")
+    deltas += [TextChunk(text=f"d{i}") for i in range(40)]
+    return [opening, thinking, texts, deltas]
+
+
+async def test_a_delta_only_batch_asks_the_bus_twice_when_nobody_wants_deltas():
+    """The bus has subscribers (the log tap's events), none to deltas: a batch made only
+    of deltas costs two look-ups (text, reasoning), not a pass over its chunks (issue 24)."""
+    from actors.stream_controller import StreamController
+
+    bus = _CountingBus()
+    bus.subscribe([ev.TurnStarted])
+    controller = StreamController(session_id="s")
+    controller.attach(bus)
+    opening, thinking, texts, deltas = _controller_batches()
+    for batch in (opening, texts):
+        await controller.handle(batch)
+    bus.asked.clear()
+    await controller.handle(deltas)
+    await controller.handle(thinking)
+    assert bus.asked == [o.TextDelta, o.ReasoningDelta] * 2
+
+
+@pytest.mark.parametrize(
+    "kinds",
+    [[o.TextDelta], [o.ReasoningDelta], [o.TextDelta, o.ReasoningDelta], None],
+)
+async def test_a_bus_subscriber_to_deltas_still_gets_every_one(kinds):
+    from actors.stream_controller import StreamController
+
+    bus = Bus()
+    sub = bus.subscribe(kinds, session_id="s", capacity=1000)
+    controller = StreamController(session_id="s")
+    controller.attach(bus)
+    batches = _controller_batches()
+    for batch in batches:
+        await controller.handle(batch)
+    got = _drain(sub.inbox)
+    want = [c for b in batches for c in b if type(c).__name__ in ("TextChunk", "ReasoningChunk")]
+    wanted = (o.TextDelta, o.ReasoningDelta) if kinds is None else tuple(kinds)
+    deltas = [c for c in got if isinstance(c, (o.TextDelta, o.ReasoningDelta))]
+    assert [c.text for c in deltas] == [
+        c.text
+        for c in want
+        if (o.TextDelta if type(c).__name__ == "TextChunk" else o.ReasoningDelta) in wanted
+    ]
+    assert all(isinstance(c, wanted) for c in deltas)
+    assert [c.seq for c in deltas] == sorted(c.seq for c in deltas)
+    if kinds is None:  # everything, the other chunks too, in order
+        assert [c.type for c in got][:3] == ["start", "step-start", "reasoning-start"]
+        assert [c.seq for c in got] == list(range(1, len(got) + 1))
+
+
 def _drain(inbox: Inbox) -> list:
     out = []
     while True:

@@ -78,6 +78,13 @@ log without syncing it, and a turn's save takes a fraction of a millisecond, whe
 hop to a worker thread and back cost a few hundred microseconds, and, on a loaded
 machine, milliseconds waiting for the thread to be scheduled (issue 24: the turn's fixed
 cost). Larger saves, and any save that would wait for another process, go to a thread."""
+INLINE_LOAD_BYTES = 64 * 1024
+"""A session whose stored messages add up to at most this many bytes is loaded on the
+calling thread when the file is not busy: reading and decoding a small session takes
+less than the hop to a worker thread and back (a few hundred microseconds of wake-ups
+and GIL hand-offs, milliseconds on a loaded machine; issue 24, the turn's fixed cost).
+A larger one still goes to a thread, so the event loop never stalls on a long
+session's read and decode; so does any load that would wait for another process."""
 _BUSY_CODES = frozenset({sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED})
 """The primary result codes of a statement that would have had to wait (extended codes,
 such as ``SQLITE_BUSY_RECOVERY``, keep their primary code in the low byte)."""
@@ -119,6 +126,15 @@ _MIGRATIONS = {
 }
 
 _T = TypeVar("_T")
+
+
+class _Large:
+    """The type of :data:`_LARGE`."""
+
+
+_LARGE = _Large()
+"""What the load on the loop answers for a session too large to read there (or a busy
+file): the load goes to a worker thread instead."""
 
 
 def _error(path: str, action: str, err: sqlite3.Error) -> StoreError:
@@ -354,9 +370,9 @@ class SQLiteStore:
 
     sqlite3 calls block, so each one runs in a worker thread
     (:func:`trio.to_thread.run_sync`) on the store's single connection (except the
-    version lookup that starts a turn, the load of a session never saved, and a small
-    save, which run on the calling thread when they need not wait:
-    :data:`INLINE_SAVE_BYTES`), and a
+    version lookup that starts a turn, the load of a small session or of one never
+    saved, and a small save, which run on the calling thread when they need not wait:
+    :data:`INLINE_LOAD_BYTES`, :data:`INLINE_SAVE_BYTES`), and a
     :class:`trio.Lock` lets only one run at a time: a connection is not safe for
     concurrent use, and one writer per process is all SQLite allows anyway. Worker threads
     are never abandoned on cancellation (a cancelled call waits for its statement to
@@ -422,27 +438,56 @@ class SQLiteStore:
         """
         validate_session_id(session_id)
         action = f"load of session {session_id!r}"
-        if await self._version_on_loop(action, session_id) == 0:
-            # Never saved: the lookup on the loop said so (every new conversation's
-            # first load; a thread's hand-off and back cost more, issue 24).
-            return None
-        return await self._run(action, self._load, session_id)
+        async with self._lock:
+            if self._closed:
+                raise StoreError(f"session store {self._path} is closed")
+            try:
+                # Never saved, or small: read on the loop (issue 24: a thread's hand-off
+                # and back cost more than the read, see INLINE_LOAD_BYTES).
+                record = self._read(session_id, INLINE_LOAD_BYTES)
+            except sqlite3.OperationalError as err:
+                if (getattr(err, "sqlite_errorcode", None) or 0) & 0xFF not in _BUSY_CODES:
+                    raise _error(self._path, action, err) from err
+                record = _LARGE  # busy: a thread waits for it
+            except sqlite3.Error as err:
+                raise _error(self._path, action, err) from err
+        if isinstance(record, _Large):
+            return await self._run(action, self._load, session_id)
+        return record
 
     def _load(self, session_id: str) -> SessionRecord | None:
+        """The session, read in a worker thread whatever its size."""
+        record = self._read(session_id, None)
+        assert not isinstance(record, _Large)  # (no limit)
+        return record
+
+    def _read(self, session_id: str, limit: int | None) -> SessionRecord | _Large | None:
+        """The session, read in one snapshot; with ``limit`` (on the loop), :data:`_LARGE`
+        instead when its messages' bodies add up to more than ``limit`` bytes (their
+        sizes are read from the rows' headers, the bodies are not)."""
         conn = self._conn
-        conn.execute("BEGIN")  # one snapshot for both reads
+        conn.execute("BEGIN")  # one snapshot for all reads
         try:
             row = conn.execute(
                 "SELECT meta, version FROM sessions WHERE session_id = ?", (session_id,)
             ).fetchone()
-            rows = (
-                []
-                if row is None
-                else conn.execute(
+            if row is None:
+                rows = []
+            elif (
+                limit is not None
+                and conn.execute(
+                    "SELECT coalesce(sum(length(body)), 0) FROM messages WHERE session_id = ?",
+                    (session_id,),
+                ).fetchone()[0]
+                > limit
+            ):
+                conn.execute("COMMIT")
+                return _LARGE
+            else:
+                rows = conn.execute(
                     "SELECT idx, role, body FROM messages WHERE session_id = ? ORDER BY idx",
                     (session_id,),
                 ).fetchall()
-            )
             conn.execute("COMMIT")
         except BaseException:
             _rollback(conn)

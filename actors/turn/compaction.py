@@ -126,7 +126,7 @@ async def ask(
 ) -> tuple[str, Usage]:
     """One model call on ``provider`` with ``text`` as the user message and no tools:
     its answer text and usage. Reasoning the provider streams is not kept."""
-    reply: Inbox[Batch[Any]] = Inbox(64, "block", name="summary")
+    reply: Inbox[Batch[Any]] = Inbox(32, "block", name="summary")
     request = InferRequest(
         request_id=new_id("req"),
         session_id=session_id,

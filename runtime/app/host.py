@@ -550,7 +550,7 @@ class Host:
             self._tool_source = partial(agent_tools, self.mcp_servers)
         if agent.mcp_servers:  # started once per host, shared by sessions (actors.mcp)
             await start_servers(self.mcp_servers, self, agent)
-        stream_inbox: Inbox[Batch[Any]] = Inbox(1024, "block", name="engine-output")
+        stream_inbox: Inbox[Batch[Any]] = Inbox(512, "block", name="engine-output")
         engine = Engine(stream_inbox, tags=agent.think_tags, session_id=sid)
         controller = StreamController(session_id=sid)
         runner = TurnRunner(

@@ -158,7 +158,7 @@ class TurnStream:
         message_id: str | None = None,
         user_message_id: str | None = None,
         resume: bool = False,
-        capacity: int = 256,
+        capacity: int = 128,  # batches of up to MAX_BATCH chunks (runtime.inbox)
         on_busy: OnBusy | None = None,
         tools: tuple[Tool, ...] = (),
         instructions: str | None = None,
