@@ -372,7 +372,7 @@ class RedisRelayWriter:
         self.lost = 0
         """Chunks dropped because the queue overflowed while Redis did not answer."""
         self.flushes = 0
-        """Pipelines written (one per flush: the coalescing, observable)."""
+        """Entries written (one ``XADD`` per flush: the coalescing, observable)."""
         self.failures = 0
         """Flush attempts that failed (Redis down or slow)."""
 
