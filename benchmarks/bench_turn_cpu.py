@@ -13,7 +13,11 @@ Each round measures, side by side:
   - PostgreSQL's: the postmaster's own and reaped children's (``cutime + cstime``) plus
     every live child's. The server is the run's own throwaway one, so all of its
     processes (backends, WAL writer, autovacuum, ...) are the turns' cost;
-  - Redis's (``redis-server``, one process).
+  - Redis's (``redis-server``, one process);
+  - the Redis commands the turns cost (``INFO commandstats``: ``XADD`` and all) and
+    their round trips (``INFO stats`` ``total_reads_processed``: the server's socket
+    reads; a pipeline the worker writes at once is one). Only of the run's own Redis,
+    which nothing else uses meanwhile; the two ``INFO`` calls themselves are left out.
 
   The submitter polls one ``count(*)`` every 0.2 s meanwhile, on one kept connection (its
   statements are PostgreSQL's cost too: a few per second, about 0.1 % of the total).
@@ -24,6 +28,8 @@ Each round measures, side by side:
 Figures: each side's CPU per turn (median of the rounds), and worker / embedded. Needs a
 local PostgreSQL whose data directory this user can read (``SHOW data_directory``, then
 ``postmaster.pid``) and Redis's ``INFO`` ``process_id``: the throwaway servers are.
+
+Also per turn: Redis commands (``XADD`` and all) and round trips (pipelines).
 
 By hand: ``python3 -m benchmarks.bench_turn_cpu [--turns N] [--rounds R]``.
 """
@@ -93,18 +99,56 @@ def postmaster_pid(pg_url: str) -> int:
     return int(Path(data, "postmaster.pid").read_text().split()[0])
 
 
-def redis_pid(redis_url: str) -> int:
+def _redis_info(redis_url: str, section: str) -> list[str]:
+    """The lines of Redis's ``INFO section`` (one plain RESP call, no client library)."""
     import socket
     from urllib.parse import urlsplit
 
     parts = urlsplit(redis_url)
     with socket.create_connection((parts.hostname, parts.port or 6379), timeout=5) as sock:
-        sock.sendall(b"INFO server\r\n")
+        sock.sendall(f"INFO {section}\r\n".encode())
         got = b""
-        while b"process_id:" not in got or not got.endswith(b"\r\n"):
+        while b"\r\n" not in got:
             got += sock.recv(65536)
-    line = next(x for x in got.decode().splitlines() if x.startswith("process_id:"))
+        header, _, body = got.partition(b"\r\n")
+        size = int(header[1:])  # a bulk string: $<length>
+        while len(body) < size + 2:
+            body += sock.recv(65536)
+    return body[:size].decode().splitlines()
+
+
+def redis_pid(redis_url: str) -> int:
+    line = next(x for x in _redis_info(redis_url, "server") if x.startswith("process_id:"))
     return int(line.split(":")[1])
+
+
+def redis_counts(redis_url: str) -> dict[str, int]:
+    """Calls so far of each command (lower case) on the Redis at ``redis_url``, and
+    ``reads``: its socket reads (``total_reads_processed``), a round trip each: a
+    pipeline that arrives in one read counts once, however many commands it holds."""
+    counts: dict[str, int] = {}
+    for line in _redis_info(redis_url, "commandstats"):
+        if line.startswith("cmdstat_"):  # cmdstat_xadd:calls=12,usec=...
+            name, _, stats = line[len("cmdstat_") :].partition(":")
+            counts[name] = int(stats.split(",")[0].split("=")[1])
+    reads = next(x for x in _redis_info(redis_url, "stats") if x.startswith("total_reads"))
+    counts["reads"] = int(reads.split(":")[1])
+    return counts
+
+
+def redis_per_turn(before: dict[str, int], after: dict[str, int], turns: int) -> dict[str, float]:
+    """Per turn between two :func:`redis_counts`: ``xadd``, ``commands`` (all but the
+    counting's own ``INFO``) and ``pipelines`` (round trips, less the counting's)."""
+    diff = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+    commands = sum(v for k, v in diff.items() if k not in ("reads", "info"))
+    # Each snapshot is two connections of one INFO each: between two snapshots the
+    # server reads 4 times for them (two requests, two closes; measured back to back).
+    pipelines = diff["reads"] - 4
+    return {
+        "xadd": diff.get("xadd", 0) / turns,
+        "commands": commands / turns,
+        "pipelines": pipelines / turns,
+    }
 
 
 # -- the worker side ------------------------------------------------------------------------
@@ -178,12 +222,14 @@ async def worker_round(turns: int, warm: int, logs: Path) -> dict[str, float]:
         with _worker_processes(1, url, prefix, CONCURRENCY, 0.0, logs) as [proc]:
             await _release(url, schema, "w", warm)
             spy = _py_spy(proc.pid)
+            counted = redis_counts(REDIS_URL)
             before = (process_cpu(proc.pid), tree_cpu(pg), process_cpu(redis), time.monotonic())
             await _release(url, schema, "m", warm + turns)
             if spy is not None:
                 spy.send_signal(signal.SIGINT)
                 spy.wait(30)
             after = (process_cpu(proc.pid), tree_cpu(pg), process_cpu(redis), time.monotonic())
+            calls = redis_per_turn(counted, redis_counts(REDIS_URL), turns)
     finally:
         await trio.to_thread.run_sync(_drop_schema, schema)
         await _delete_keys(prefix)
@@ -193,6 +239,7 @@ async def worker_round(turns: int, warm: int, logs: Path) -> dict[str, float]:
         "postgresql": postgres / turns,
         "redis": redis_s / turns,
         "wall": wall / turns,
+        **{f"redis_{k}": v for k, v in calls.items()},
     }
 
 
@@ -271,7 +318,8 @@ def _child(turns: int, warm: int) -> None:
 async def measure(turns: int, warm: int, rounds: int, logs: Path) -> dict[str, Any]:
     """Alternate a worker round and an embedded round ``rounds`` times."""
     sides: dict[str, list[float]] = {
-        "worker": [], "postgresql": [], "redis": [], "wall": [], "embedded": []
+        "worker": [], "postgresql": [], "redis": [], "wall": [], "embedded": [],
+        "redis_xadd": [], "redis_commands": [], "redis_pipelines": [],
     }  # fmt: skip
     for r in range(rounds):
         order = ("worker", "embedded") if r % 2 == 0 else ("embedded", "worker")
@@ -289,6 +337,7 @@ def figures(got: dict[str, Any]) -> list[Figure]:
     sides, ratios = got["sides"], got["ratios"]
     ms = {k: median(v) * 1e3 for k, v in sides.items()}
     span = {k: f"{min(v) * 1e3:.2f}-{max(v) * 1e3:.2f}" for k, v in sides.items()}
+    calls = {k: f"{min(sides[k]):.2f}-{max(sides[k]):.2f}" for k in sides if k.startswith("redis_")}
     detail = f"{got['turns']} turns x {len(ratios)} rounds; load {got['load']:.2f}"
     ratio = median(ratios)
     return [
@@ -319,6 +368,21 @@ def figures(got: dict[str, Any]) -> list[Figure]:
             unit="ms",
             detail=f"{span['redis']} ms; {detail}",
         ),
+        Figure(
+            key="workers.cpu.redis_commands",
+            title="8c. Redis commands per turn (XADD and all)",
+            value=median(sides["redis_commands"]),
+            unit="per turn",
+            detail=f"{calls['redis_commands']}; XADD {median(sides['redis_xadd']):.2f} "
+            f"({calls['redis_xadd']}); {detail}",
+        ),
+        Figure(
+            key="workers.cpu.redis_pipelines",
+            title="8c. Redis round trips per turn (pipelines)",
+            value=median(sides["redis_pipelines"]),
+            unit="per turn",
+            detail=f"{calls['redis_pipelines']}; {detail}",
+        ),
     ]
 
 
@@ -338,7 +402,10 @@ def main() -> None:
         print(f"{figure.title}: {figure.value:.2f} {figure.unit}  [{figure.detail}]")
     sides = got["sides"]
     for key in sides:
-        print(f"  {key}: " + ", ".join(f"{v * 1e3:.2f}" for v in sides[key]) + " ms")
+        if key.startswith("redis_"):
+            print(f"  {key}: " + ", ".join(f"{v:.2f}" for v in sides[key]) + " per turn")
+        else:
+            print(f"  {key}: " + ", ".join(f"{v * 1e3:.2f}" for v in sides[key]) + " ms")
 
 
 if __name__ == "__main__":

@@ -39,7 +39,9 @@ class RelayWriter(Protocol):
         """Queue ``chunk`` (an ``OutputChunk``); never blocks, never waits for more.
 
         Chunks already queued are written together (coalesced), so a token-by-token turn
-        costs one write per batch, not one per delta.
+        costs one write per batch, not one per delta. A writer may hold a flush a little
+        to coalesce more (the Redis relay: a burst up to 5 ms, the turn's last chunk up
+        to 50 ms for :meth:`aclose`'s end), never a turn's first, and never reorders.
         """
         ...
 

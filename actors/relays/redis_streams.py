@@ -52,12 +52,20 @@ message id). ``read(after_pauses=k)`` starts after the turn's k-th pause, waitin
 if need be: what the front end that recorded the decisions streams as the continuation.
 
 **Coalescing and failure.** :meth:`RedisRelayWriter.append` only queues: one background
-task per writer flushes whatever is queued as one pipeline (``XADD`` + ``EXPIRE``), as
-soon as the previous flush is done, never waiting for more. While Redis is down the
-flush retries with capped exponential backoff and the turn goes on; the queue is bounded
-(``max_queue``): past it the queue is dropped and the stream gets a ``gap`` item, which
-makes readers raise :class:`~runtime.errors.RelayTurnGone`, so they rebuild from the
-store. Nothing committed is lost: the relay is a cache of what the store will hold.
+task per writer flushes whatever is queued as one entry (one ``XADD``, with ``EXPIRE`` /
+``SET`` on the first and last). A turn's first flush goes at once (the first chunk a
+reader waits for is not held); a later one asked for within ``flush_interval`` (5 ms) of
+the writer's previous flush waits for the relay's next tick of that interval, shared by
+every writer, so a burst of chunks is one entry and the writers that flush at one tick
+share one pipeline (:class:`_Batcher`). A turn's ``finish`` / ``error`` / ``abort`` waits
+at most ``end_wait`` (50 ms) for the writer's close, so the end goes out in the same
+entry as the turn's last chunks; a close flushes at once. Readers get chunks of a
+burst up to 5 ms later, and an end up to 50 ms later; order and content are untouched.
+While Redis is down the flush retries with capped exponential backoff and the turn goes
+on; the queue is bounded (``max_queue``): past it the queue is dropped and the stream
+gets a ``gap`` item, which makes readers raise :class:`~runtime.errors.RelayTurnGone`,
+so they rebuild from the store. Nothing committed is lost: the relay is a cache of what
+the store will hold.
 
 coredis is anyio-based and runs under Trio as it is. Imported only by this module.
 """
@@ -110,8 +118,18 @@ is plenty, and a flush in between costs one command instead of three)."""
 PAGE = 256
 """Entries per ``XRANGE`` page when replaying a backlog."""
 
+FLUSH_INTERVAL = 0.005
+"""Seconds: a writer's flush asked for sooner than this after its previous one waits for
+the relay's next tick (multiples of this on the Trio clock), so a burst of chunks is one
+``XADD`` and the writers flushing at one tick share one pipeline. ``0``: never wait."""
+END_WAIT = 0.05
+"""Seconds a turn's last chunk (``finish``, ``error``, ``abort``) waits at most for the
+writer's close, so the stream's end is written with it in one entry. ``0``: never wait."""
+
 END = "relay.end"
 GAP = "relay.gap"
+_LAST = frozenset({"finish", "error", "abort"})
+"""The chunk types that end a turn's output: its relay end follows (``aclose``)."""
 
 
 def _transient() -> tuple[type[BaseException], ...]:
@@ -343,10 +361,18 @@ class RedisRelayWriter:
         """The relay seq of the next item (read from the stream on the first flush)."""
         self._touched = -math.inf
         """When the flush that last set the stream's TTL ran (Trio clock)."""
+        self._sent = -math.inf
+        """When this writer's last flush went out (Trio clock): the first goes at once."""
+        self._end_by: float | None = None
+        """Set while the turn's last chunk is queued: when it goes out at the latest
+        even if the writer is not closed by then (``end_wait`` after it was queued)."""
+        self._hurry = trio.Event()
+        """Set by a close (the writer's or the relay's): nothing is held any more.
+        Appends do not wake a holding writer; only this and the hold's deadline do."""
         self.lost = 0
         """Chunks dropped because the queue overflowed while Redis did not answer."""
         self.flushes = 0
-        """Pipelines written (one per flush: the coalescing, observable)."""
+        """Entries written (one ``XADD`` per flush: the coalescing, observable)."""
         self.failures = 0
         """Flush attempts that failed (Redis down or slow)."""
 
@@ -409,6 +435,7 @@ class RedisRelayWriter:
         if final:
             self._put({"type": END, "paused": True} if paused else {"type": END})
         self._closing = True
+        self._hurry.set()
         self._wake.set()
         with trio.move_on_after(self.relay.close_timeout):
             await self.flushed()
@@ -442,6 +469,8 @@ class RedisRelayWriter:
             queue.clear()
             queue.append({"type": GAP})
         queue.append(item)
+        if self._end_by is None and item["type"] in _LAST:
+            self._end_by = trio.current_time() + self.relay.end_wait
         self._wake.set()
 
     def _notify(self) -> None:
@@ -451,7 +480,7 @@ class RedisRelayWriter:
     # -- the background flush -------------------------------------------------------------
 
     async def run(self) -> None:
-        """Flush until closed: each round writes everything queued as one pipeline."""
+        """Flush until closed: each round writes everything queued as one entry."""
         attempt = 0
         try:
             while not self._closed:
@@ -462,8 +491,13 @@ class RedisRelayWriter:
                     await self._wake.wait()
                     self._wake = trio.Event()
                     continue
+                await self._hold()
+                if self._closed:
+                    break
                 batch, self._queue = self._queue, []
+                self._end_by = None
                 self._in_flight = True
+                self._sent = trio.current_time()
                 try:
                     await self._write(batch)
                     attempt = 0
@@ -501,6 +535,25 @@ class RedisRelayWriter:
             self._in_flight = False
             self.relay.live.discard(self)
             self._notify()
+
+    async def _hold(self) -> None:
+        """Wait, before a flush, for what should go out with it. The turn's last chunk
+        waits (at most ``end_wait`` after it was queued) until the writer is closed, so
+        the end goes in the same entry. Otherwise a flush asked for within
+        ``flush_interval`` of the previous one waits for the relay's next tick: the
+        chunks queued meanwhile go with it, and every writer flushing at that tick goes
+        in one pipeline. The first flush never waits, nor a closed writer's (its end is
+        what readers, ``active_turn`` and the closer wait for: a stop sent once the turn
+        is over must find it over), nor anything once the relay closes
+        (:meth:`RedisRelay.aclose` must not wait out a hold)."""
+        relay = self.relay
+        if self._end_by is not None:
+            with trio.move_on_at(self._end_by):
+                await self._hurry.wait()
+        now = trio.current_time()
+        if now - self._sent < relay.flush_interval and not self._hurry.is_set():
+            with trio.move_on_at(relay.next_tick(now)):
+                await self._hurry.wait()
 
     async def _write(self, batch: list[dict[str, Any]]) -> None:
         from coredis.exceptions import ResponseError
@@ -695,6 +748,8 @@ class RedisRelay:
         op_timeout: float = 5.0,
         close_timeout: float = 10.0,
         block_ms: int = BLOCK_MS,
+        flush_interval: float = FLUSH_INTERVAL,
+        end_wait: float = END_WAIT,
         url: str | None = None,
     ) -> None:
         self.client = client
@@ -709,6 +764,12 @@ class RedisRelay:
         self.op_timeout = op_timeout
         self.close_timeout = close_timeout
         self.block_ms = block_ms
+        self.flush_interval = flush_interval
+        """Seconds: a writer's flush within this of its previous one waits for the next
+        tick of this period, shared by the relay's writers (:data:`FLUSH_INTERVAL`)."""
+        self.end_wait = end_wait
+        """Seconds a turn's last chunk waits at most for its writer's close, to go out
+        with the end in one entry (:data:`END_WAIT`)."""
         self.live: set[RedisRelayWriter] = set()
         """Writers whose flush task runs."""
         self.batcher = _Batcher(client, url, op_timeout)
@@ -766,9 +827,17 @@ class RedisRelay:
         """Let the writers' queued chunks out (at most ``close_timeout``); called when the
         :meth:`open` block ends. Writers not closed stay open (a worker's shutdown leaves
         its turns to a takeover)."""
+        for writer in list(self.live):
+            writer._hurry.set()  # what a writer holds goes out at once
         with trio.CancelScope(shield=True), trio.move_on_after(self.close_timeout):
             for writer in list(self.live):
                 await writer.flushed()
+
+    def next_tick(self, now: float) -> float:
+        """The relay's next flush tick after ``now`` (Trio clock): the next multiple of
+        ``flush_interval``, the same for every writer, so those that wait flush together."""
+        interval = self.flush_interval
+        return interval * (math.floor(now / interval) + 1)
 
     def rate_limits(self) -> Any:
         """A rate-limit backend over this relay's connection and prefix, which every

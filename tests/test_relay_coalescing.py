@@ -1,0 +1,282 @@
+"""When a relay writer flushes (docs/relay.md, "Coalescing and Redis down").
+
+A turn's first flush goes at once; a later one within ``flush_interval`` of the writer's
+previous one waits for the relay's shared tick, so a burst is one ``XADD`` and writers
+that flush at one tick share a pipeline; the turn's last chunk waits (at most
+``end_wait``) for the close, so the end goes with it. The timing tests run the real
+writers and batcher on Trio's virtual clock against a stand-in for the RESP connection;
+the last test reads a real Redis back.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import orjson
+import pytest
+import trio
+
+from actors.relays import RedisRelay
+from actors.relays.redis_streams import END_WAIT, FLUSH_INTERVAL
+from runtime import output as o
+from runtime.chunks import Usage
+from tests.support.redis import require_redis, unique_prefix
+
+USAGE = Usage(input_tokens=1, output_tokens=1, total_tokens=2)
+
+
+class Pipes:
+    """Stands in for the writers' RESP connection: records each pipeline it is sent,
+    with the virtual time it went out."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[float, list[list[Any]]]] = []
+
+    async def pipeline(self, commands: list[list[Any]]) -> list[Any]:
+        self.sent.append((trio.current_time(), commands))
+        await trio.sleep(0.0002)  # a round trip
+        return [b"ok"] * len(commands)
+
+    async def aclose(self) -> None:
+        pass
+
+    def entries(self) -> list[tuple[float, str, list[str]]]:
+        """Every ``XADD`` sent: (when, the stream's key, its items' types)."""
+        got = []
+        for when, commands in self.sent:
+            for command in commands:
+                if command[0] == "XADD":
+                    items = orjson.loads(command[command.index("items") + 1])
+                    got.append((when, command[1], [item["type"] for item in items]))
+        return got
+
+
+@asynccontextmanager
+async def fake_relay(**options: Any) -> AsyncIterator[tuple[RedisRelay, Pipes]]:
+    async with trio.open_nursery() as nursery:
+        relay = RedisRelay(None, nursery, **options)
+        pipes = Pipes()
+        relay.batcher.connection = pipes  # type: ignore[assignment]
+        yield relay, pipes
+        nursery.cancel_scope.cancel()
+
+
+def delta(i: int) -> o.TextDelta:
+    return o.TextDelta(step=0, part_id="p", text=f" w{i}")
+
+
+async def test_a_turns_first_chunk_is_written_without_waiting(autojump_clock: Any) -> None:
+    async with fake_relay() as (relay, pipes):
+        writer = relay.writer(session_id="s", turn_id="t", fresh=True)
+        start = trio.current_time()
+        writer.append(o.Start(message_id="m"))
+        await writer.flushed()
+        assert [(when, types) for when, _, types in pipes.entries()] == [(start, ["start"])]
+        # A chunk that comes a while after the previous flush is not held either.
+        await trio.sleep(10 * FLUSH_INTERVAL)
+        later = trio.current_time()
+        writer.append(delta(0))
+        await writer.flushed()
+        assert pipes.entries()[-1][0] == later
+
+
+async def test_a_burst_of_chunks_is_one_write(autojump_clock: Any) -> None:
+    async with fake_relay() as (relay, pipes):
+        writer = relay.writer(session_id="s", turn_id="t", fresh=True)
+        writer.append(o.Start(message_id="m"))
+        await writer.flushed()
+        first = trio.current_time()
+        for i in range(20):  # a delta every 0.2 ms: a burst
+            writer.append(delta(i))
+            await trio.sleep(FLUSH_INTERVAL / 25)
+        await writer.flushed()
+        entries = pipes.entries()
+        assert [types for _, _, types in entries] == [["start"], ["text-delta"] * 20]
+        assert entries[1][0] <= first + FLUSH_INTERVAL  # held until the tick, no longer
+        assert writer.flushes == 2
+
+
+async def test_writers_flushing_at_one_tick_share_one_pipeline(autojump_clock: Any) -> None:
+    async with fake_relay() as (relay, pipes):
+        writers = [relay.writer(session_id=f"s{i}", turn_id=f"t{i}", fresh=True) for i in range(8)]
+        for writer in writers:
+            writer.append(o.Start(message_id="m"))
+        await trio.sleep(FLUSH_INTERVAL / 10)
+        # At once: in the pipeline going out, or the next one when it is back.
+        assert all(when < FLUSH_INTERVAL / 10 for when, _, _ in pipes.entries())
+        assert len(pipes.entries()) == 8
+        opening = len(pipes.sent)
+        for i in range(5):  # the writers' next chunks come at different moments
+            for writer in writers:
+                writer.append(delta(i))
+                await trio.sleep(FLUSH_INTERVAL / 100)
+        for writer in writers:
+            await writer.flushed()
+        assert len(pipes.sent) == opening + 1  # the 8 writers' second flushes: one pipeline
+        assert sorted(key for _, key, _ in pipes.entries()[8:]) == sorted(
+            relay.turn_key(f"t{i}") for i in range(8)
+        )
+        assert sum(w.flushes for w in writers) == 16
+
+
+async def test_the_end_is_written_with_the_last_chunks(autojump_clock: Any) -> None:
+    async with fake_relay() as (relay, pipes):
+        writer = relay.writer(session_id="s", turn_id="t", fresh=True)
+        writer.append(o.Start(message_id="m"))
+        await writer.flushed()
+        writer.append(delta(0))
+        writer.append(o.Finish(finish_reason="stop", usage=USAGE))
+        await trio.sleep(END_WAIT / 2)  # the worker commits the turn's end meanwhile
+        closed = trio.current_time()
+        await writer.aclose()
+        entries = pipes.entries()
+        assert [types for _, _, types in entries] == [
+            ["start"],
+            ["text-delta", "finish", "relay.end"],
+        ]
+        assert entries[1][0] == closed
+
+
+async def test_a_close_is_written_at_once_not_at_the_tick(autojump_clock: Any) -> None:
+    async with fake_relay() as (relay, pipes):
+        writer = relay.writer(session_id="s", turn_id="t", fresh=True)
+        writer.append(o.Start(message_id="m"))
+        await writer.flushed()
+        writer.append(delta(0))  # within the interval: held for the tick
+        await trio.sleep(FLUSH_INTERVAL / 5)
+        writer.append(o.Finish(finish_reason="stop", usage=USAGE))
+        closed = trio.current_time()
+        await writer.aclose()  # what active_turn, a stop and the closer wait for
+        assert pipes.entries()[-1] == (
+            closed,
+            relay.turn_key("t"),
+            ["text-delta", "finish", "relay.end"],
+        )
+        assert trio.current_time() - closed < FLUSH_INTERVAL / 2
+
+
+async def test_an_end_whose_close_is_late_goes_out_after_end_wait(autojump_clock: Any) -> None:
+    async with fake_relay() as (relay, pipes):
+        writer = relay.writer(session_id="s", turn_id="t", fresh=True)
+        writer.append(o.Start(message_id="m"))
+        await writer.flushed()
+        queued = trio.current_time()
+        writer.append(o.Abort(reason="stopped"))
+        await writer.flushed()
+        when, _, types = pipes.entries()[-1]
+        assert types == ["abort"] and when == queued + END_WAIT
+        await writer.aclose()
+        assert [types for _, _, types in pipes.entries()][-1] == ["relay.end"]
+
+
+async def test_a_cancelled_writer_still_flushes_what_it_holds(autojump_clock: Any) -> None:
+    async with fake_relay() as (relay, pipes):
+        writer = relay.writer(session_id="s", turn_id="t", fresh=True)
+        writer.append(o.Start(message_id="m"))
+        await writer.flushed()
+        writer.append(delta(0))
+        writer.append(delta(1))  # held for the tick
+        with trio.CancelScope() as scope:
+            scope.cancel()  # the closing task is cancelled before the flush is done
+            await writer.aclose()
+        await trio.sleep(1)
+        assert [types for _, _, types in pipes.entries()][1:] == [
+            ["text-delta", "text-delta", "relay.end"]
+        ]
+        # A turn the worker lost (its own teardown): what was produced still goes out,
+        # without an end.
+        lost = relay.writer(session_id="s2", turn_id="t2", fresh=True)
+        lost.append(o.Start(message_id="m"))
+        await lost.flushed()
+        lost.append(delta(0))
+        lost.append(o.Error(error=o.ErrorInfo(kind="x", message="torn down")))
+        started = trio.current_time()
+        await lost.aclose(final=False)
+        assert pipes.entries()[-1][2] == ["text-delta", "error"]
+        assert trio.current_time() - started <= FLUSH_INTERVAL  # no end to wait for
+
+
+async def test_closing_the_relay_does_not_wait_out_a_writers_hold(autojump_clock: Any) -> None:
+    async with fake_relay() as (relay, pipes):
+        writer = relay.writer(session_id="s", turn_id="t", fresh=True)
+        writer.append(o.Start(message_id="m"))
+        await writer.flushed()
+        writer.append(o.Finish(finish_reason="stop", usage=USAGE))  # never closed
+        started = trio.current_time()
+        await relay.aclose()
+        assert pipes.entries()[-1][2] == ["finish"]
+        assert trio.current_time() - started < END_WAIT
+
+
+async def test_with_no_interval_and_no_end_wait_every_flush_goes_at_once(
+    autojump_clock: Any,
+) -> None:
+    async with fake_relay(flush_interval=0, end_wait=0) as (relay, pipes):
+        writer = relay.writer(session_id="s", turn_id="t", fresh=True)
+        writer.append(o.Start(message_id="m"))
+        await writer.flushed()
+        for i in range(3):
+            writer.append(delta(i))
+            await writer.flushed()
+        writer.append(o.Finish(finish_reason="stop", usage=USAGE))
+        await trio.sleep(0.001)
+        assert [types for _, _, types in pipes.entries()] == [
+            ["start"],
+            ["text-delta"],
+            ["text-delta"],
+            ["text-delta"],
+            ["finish"],
+        ]
+        await writer.aclose()
+
+
+# -- against Redis: nothing lost or reordered --------------------------------------------
+
+
+@pytest.mark.parametrize("resp", [True, False], ids=["resp", "coredis"])
+async def test_readers_see_every_chunk_in_order_whatever_the_bursts(resp: bool) -> None:
+    url = require_redis()
+    rng = random.Random(7)
+    turns = {f"t{i}": [o.Start(message_id=f"m{i}"), *map(delta, range(150))] for i in range(4)}
+    got: dict[str, list[Any]] = {}
+    async with RedisRelay.open(url, prefix=unique_prefix(), block_ms=50) as relay:
+        if not resp:
+            relay.batcher.connection = None
+
+        async def write(turn_id: str) -> None:
+            writer = relay.writer(session_id=f"s-{turn_id}", turn_id=turn_id, fresh=True)
+            for chunk in turns[turn_id]:
+                writer.append(chunk)
+                if rng.random() < 0.3:  # bursts, pauses shorter and longer than a tick
+                    await trio.sleep(rng.choice([0, 0.001, 0.003, 0.008]))
+            writer.append(o.Finish(finish_reason="stop", usage=USAGE))
+            await trio.sleep(rng.choice([0, 0.01]))
+            await writer.aclose()
+            assert writer.flushes < len(turns[turn_id])  # coalesced
+
+        async def read(turn_id: str) -> None:
+            with trio.fail_after(20):
+                while True:  # until the writer's first flush made the stream
+                    try:
+                        got[turn_id] = [c async for c in relay.read(turn_id)]
+                        return
+                    except LookupError:
+                        await trio.sleep(0.001)
+
+        async with trio.open_nursery() as nursery:
+            for turn_id in turns:
+                nursery.start_soon(read, turn_id)
+            await trio.sleep(0.01)
+            for turn_id in turns:
+                nursery.start_soon(write, turn_id)
+        for turn_id, chunks in turns.items():
+            expected = [c.type for c in chunks] + ["finish"]
+            assert [c.type for c in got[turn_id]] == expected
+            texts = [c.text for c in got[turn_id] if c.type == "text-delta"]
+            assert texts == [f" w{i}" for i in range(150)]
+            assert [c.seq for c in got[turn_id]] == list(range(1, len(expected) + 1))
+            replayed = [c async for c in relay.read(turn_id, after_seq=75)]
+            assert [c.seq for c in replayed] == list(range(76, len(expected) + 1))
