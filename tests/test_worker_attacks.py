@@ -4,6 +4,9 @@ late writes, forged queue input. Real PostgreSQL and Redis."""
 from __future__ import annotations
 
 import io
+import threading
+import time
+from typing import Any
 
 import orjson
 import pytest
@@ -126,3 +129,66 @@ async def test_an_idempotency_key_of_another_session_is_refused_not_reused(pg_ur
     finally:
         await queue.aclose()
         await store.aclose()
+
+
+async def test_a_client_frozen_inside_a_transaction_loses_its_locks_and_its_call_is_retried(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A worker stopped (SIGSTOP, a paused VM) in the middle of a save holds its turn's row
+    # locked, which hides the turn from every takeover (FOR UPDATE SKIP LOCKED). The
+    # server ends a session idle inside a transaction, so the lock goes; the frozen call,
+    # when it wakes, is retried on another connection.
+    import psycopg
+
+    from actors.stores import postgres
+
+    monkeypatch.setattr(postgres, "IDLE_IN_TRANSACTION_TIMEOUT", 0.3)
+    store = await PostgresStore.open(pg_url)
+    woke = threading.Event()
+    calls: list[int] = []
+
+    def frozen_then_fine(conn: Any) -> str:
+        calls.append(1)
+        conn.execute("SELECT id FROM probe WHERE id = 1 FOR UPDATE")
+        if len(calls) == 1:
+            woke.wait(10)  # frozen, holding the row's lock
+        conn.execute("UPDATE probe SET n = n + 1 WHERE id = 1")
+        return "saved"
+
+    def lock_taken_elsewhere() -> bool:
+        with psycopg.connect(store.libpq, autocommit=True) as other:
+            other.execute(f"SET search_path TO {store.schema}")
+            for _ in range(100):  # up to 5 s
+                with other.transaction():
+                    row = other.execute(
+                        "SELECT id FROM probe WHERE id = 1 FOR UPDATE SKIP LOCKED"
+                    ).fetchone()
+                if row is not None:
+                    return True
+                time.sleep(0.05)
+        return False
+
+    try:
+        await store.run(
+            "probe",
+            lambda c: c.execute(
+                "CREATE TABLE probe (id int PRIMARY KEY, n int); INSERT INTO probe VALUES (1, 0)"
+            ),
+        )
+        taken: list[bool] = []
+        async with trio.open_nursery() as nursery:
+
+            async def call() -> None:
+                taken.append(await store.run("frozen save", frozen_then_fine) == "saved")
+
+            nursery.start_soon(call)
+            await trio.sleep(0.1)
+            freed = await trio.to_thread.run_sync(lock_taken_elsewhere)
+            woke.set()
+        n = await store.run("read", lambda c: c.execute("SELECT n FROM probe").fetchone()[0])
+    finally:
+        woke.set()
+        await store.aclose()
+    assert freed  # another connection took the lock while the first client was frozen
+    assert taken == [True] and len(calls) == 2  # the frozen try was retried, once
+    assert n == 1  # and only the retry's write was kept

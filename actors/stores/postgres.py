@@ -89,6 +89,15 @@ ENDED_REMEMBERED = 65536
 (least recently ended first out: a session's entry is a few hundred bytes, and one that
 drops out was given up long before, its late save long answered)."""
 CONNECT_TIMEOUT = 5
+IDLE_IN_TRANSACTION_TIMEOUT = 10.0
+"""Seconds the server lets a connection of the store sit idle inside a transaction before
+it ends the session (``idle_in_transaction_session_timeout``). A transaction here runs
+its statements back to back from one thread, so a client idle inside one that long is
+frozen (a stopped or swapped-out process, a paused VM): without the limit the row locks
+it holds would stay until it wakes, and a save's ``FOR SHARE`` of its turn's row would
+hide that turn from every takeover (claims lock ``FOR UPDATE SKIP LOCKED``), so a frozen
+worker's turn would never move to a live one. Ended, the frozen client finds its
+connection gone when it wakes, and its retried save is refused by the fence."""
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 _PERMANENT = ("does not exist", "authentication failed", "password", "invalid", "role ")
 
@@ -324,6 +333,8 @@ def _is_connection_error(err: BaseException) -> bool:
 
     if isinstance(err, psycopg_pool.PoolTimeout):
         return True
+    if isinstance(err, psycopg.errors.IdleInTransactionSessionTimeout):
+        return True  # the server ended a frozen client's session: retry on another
     if isinstance(err, psycopg.OperationalError):
         state = getattr(err, "sqlstate", None)
         # Class 08: connection exception; 57P0x: the server is shutting down/starting.
@@ -401,6 +412,8 @@ class PostgresStore:
 
         def configure(conn: Any) -> None:
             conn.execute(f"SET search_path TO {schema}")
+            idle = int(IDLE_IN_TRANSACTION_TIMEOUT * 1000)
+            conn.execute(f"SET idle_in_transaction_session_timeout = {idle}")
             conn.commit()
 
         pool = psycopg_pool.ConnectionPool(
