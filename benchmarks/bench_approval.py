@@ -8,8 +8,10 @@ fresh session per side (off the clock) and times, sides alternating:
 * **plain**: ``session.run(...)``, ``act`` needing no approval: two steps, two commits.
 * **approved**: the same turn, ``act`` with ``needs_approval=True``: ``session.run(...)``
   (the step committed, the turn ends ``awaiting-input``), then at once
-  ``session.decide(id, approved=True)`` and the continuation (``session.resume()``, what
-  ``session.respond`` runs): the turn's own time, without the person's.
+  ``session.decide(id, approved=True)`` and the continuation (``session.resume()``, as
+  the embedded app's HTTP continuation runs it; ``session.respond`` runs the same less
+  the continuation's version query since branch ``apperf``, a row of
+  :mod:`benchmarks.approval_breakdown`): the turn's own time, without the person's.
 * **commit**: a step commit as the turn runner makes the first one, ``store.save`` of
   the user message, the assistant message with the call and the tool's result,
   version-checked, into a new session: the unit the issue sets the cost in.
