@@ -5,20 +5,24 @@ Not one of the numbered figures (``python3 -m benchmarks`` does not run it): run
 ``python3 -m benchmarks.approval_breakdown [ROUNDS]`` (default 200) from the tree to
 measure, e.g. ``PYTHONPATH=/path/to/tree``. The same two sides as
 :mod:`benchmarks.bench_approval`'s embedded part (a plain turn; the same turn suspended,
-decided and resumed at once), alternated, each after a full collection, with the log tap
-at info into a file. The store's ``save``, ``version`` and ``load`` are wrapped on the
-instance (where the persister and the session find them) and so is the log tap's
-``handle``: each side's time in them is summed per turn; "everything else" is the turn's
-time less those. Times are the event loop thread's CPU time (:data:`_clock`). A wrapped
-call counts only the steps of its own task (:class:`_TaskClock`): a call that yields
-(a store call takes the store's lock, which checkpoints) lets other tasks run meanwhile,
-the log tap writing lines above all, and that time is theirs, not the call's. Counting it
-in the call, as this tool first did, put a third of the log lines' time and the actors'
-work in "saves" and "version queries" twice (the same time counted again as log lines,
-and so taken out of "everything else"). Printed: medians per side and their difference,
-with call counts; then the same CPU time by task (each actor's, the caller's, the
-supervisors' that start and stop the actors), which says whose work the extra is.
-Compare runs side by side, never one run with another day's.
+decided and resumed at once: ``decide`` then ``resume()``), and a third, **respond**:
+the same turn suspended, then ``session.respond(id, approved=True)`` (what an
+application that decides and resumes in one call runs; since branch ``apperf`` it makes
+no version query). The three alternate (each first in turn), each after a full
+collection, with the log tap at info into a file. The store's ``save``, ``version`` and
+``load`` are wrapped on the instance (where the persister and the session find them) and
+so is the log tap's ``handle``: each side's time in them is summed per turn; "everything
+else" is the turn's time less those. Times are the event loop thread's CPU time
+(:data:`_clock`). A wrapped call counts only the steps of its own task
+(:class:`_TaskClock`): a call that yields (a store call takes the store's lock, which
+checkpoints) lets other tasks run meanwhile, the log tap writing lines above all, and
+that time is theirs, not the call's. Counting it in the call, as this tool first did,
+put a third of the log lines' time and the actors' work in "saves" and "version queries"
+twice (the same time counted again as log lines, and so taken out of "everything else").
+Printed: medians per side and each side's difference from the plain turn, with call
+counts; then the same CPU time by task (each actor's, the caller's, the supervisors'
+that start and stop the actors), which says whose work the extra is. Compare runs side
+by side, never one run with another day's.
 """
 
 from __future__ import annotations
@@ -50,7 +54,7 @@ _calls: collections.Counter[str] = collections.Counter()
 Sample = tuple[float, dict[str, float], dict[str, int], dict[str, float]]
 CALLER = "the caller"
 """The task that runs the turns: ``session.run``, ``decide``, entering ``resume()`` and
-reading the streams."""
+reading the streams (``respond`` runs its continuation in this task too)."""
 
 
 class _TaskClock(trio.abc.Instrument):
@@ -115,7 +119,8 @@ def _timed(label: str, fn: Callable[..., Awaitable[Any]]) -> Callable[..., Await
 
 
 async def measure(rounds: int, directory: str) -> dict[str, list[Sample]]:
-    """``rounds`` measured rounds of each side: (wall seconds, seconds per part, calls)."""
+    """``rounds`` measured rounds of each side: (CPU seconds, seconds per part, calls,
+    seconds by task)."""
     from actors.log_tap import LogTap
     from runtime import Host
 
@@ -123,7 +128,7 @@ async def measure(rounds: int, directory: str) -> dict[str, list[Sample]]:
     agents = _agents()
     tags = itertools.count()
     _tasks.caller = trio.lowlevel.current_task()
-    out: dict[str, list[Sample]] = {"plain": [], "approved": []}
+    out: dict[str, list[Sample]] = {"plain": [], "approved": [], "respond": []}
     async with Host.open(store=str(Path(directory) / "breakdown.db")) as host:
         store = host.store
         for name in ("save", "version", "load"):
@@ -161,9 +166,27 @@ async def measure(rounds: int, directory: str) -> dict[str, list[Sample]]:
             await session.close()
             return seconds, dict(_spent), dict(_calls), by_owner
 
+        async def responded() -> Sample:
+            session = await host.open_session(agents["asks"], f"r-{next(tags)}")
+            gc.collect()
+            _spent.clear()
+            _calls.clear()
+            _tasks.restart()
+            t0 = _clock()
+            waiting = await session.run(PROMPT)
+            result = await session.respond(waiting.pending[0].approval_id, approved=True)
+            seconds = _clock() - t0
+            by_owner = dict(_tasks.by_owner)
+            assert result is not None
+            _check(result, "stop", 2, "respond")
+            await session.close()
+            return seconds, dict(_spent), dict(_calls), by_owner
+
+        sides = {"plain": plain, "approved": approved, "respond": responded}
+        order = list(sides)
         for i in range(WARMUP + rounds):
-            for side in ("plain", "approved") if i % 2 else ("approved", "plain"):
-                sample = await (plain() if side == "plain" else approved())
+            for side in order[i % 3 :] + order[: i % 3]:  # each side first in turn
+                sample = await sides[side]()
                 if i >= WARMUP:
                     out[side].append(sample)
     return out
@@ -173,29 +196,42 @@ def report(samples: dict[str, list[Sample]]) -> None:
     def us(values: list[float]) -> float:
         return statistics.median(values) * 1e6
 
-    plain, approved = samples["plain"], samples["approved"]
+    plain = samples["plain"]
+    others = [k for k in samples if k != "plain"]
     labels = sorted({k for side in samples.values() for _, spent, _, _ in side for k in spent})
-    print(f"{'':18s} {'plain':>9s} {'approved':>9s} {'extra':>9s}   calls plain/approved")
+    head = "".join(f" {k:>9s} {'extra':>7s}" for k in others)
+    print(f"{'':18s} {'plain':>9s}{head}   calls {'/'.join(['plain', *others])}")
     for k in labels:
         p = us([s.get(k, 0.0) for _, s, _, _ in plain])
-        a = us([s.get(k, 0.0) for _, s, _, _ in approved])
-        cp = statistics.median([c.get(k, 0) for _, _, c, _ in plain])
-        ca = statistics.median([c.get(k, 0) for _, _, c, _ in approved])
-        print(f"{k:18s} {p:9.0f} {a:9.0f} {a - p:+9.0f}   {cp:g}/{ca:g}")
-    rest_p = us([t - sum(s.values()) for t, s, _, _ in plain])
-    rest_a = us([t - sum(s.values()) for t, s, _, _ in approved])
-    print(f"{'everything else':18s} {rest_p:9.0f} {rest_a:9.0f} {rest_a - rest_p:+9.0f}")
-    total_p, total_a = us([t for t, _, _, _ in plain]), us([t for t, _, _, _ in approved])
-    print(f"{'total':18s} {total_p:9.0f} {total_a:9.0f} {total_a - total_p:+9.0f}")
-    print(f"\n{'by task':18s} {'plain':>9s} {'approved':>9s} {'extra':>9s}")
+        row = "".join(
+            f" {a:9.0f} {a - p:+7.0f}"
+            for a in (us([s.get(k, 0.0) for _, s, _, _ in samples[o]]) for o in others)
+        )
+        calls = "/".join(
+            f"{statistics.median([c.get(k, 0) for _, _, c, _ in samples[side]]):g}"
+            for side in ("plain", *others)
+        )
+        print(f"{k:18s} {p:9.0f}{row}   {calls}")
+
+    def line(label: str, value: Callable[[Sample], float]) -> None:
+        p = us([value(s) for s in plain])
+        row = "".join(
+            f" {a:9.0f} {a - p:+7.0f}" for a in (us([value(s) for s in samples[o]]) for o in others)
+        )
+        print(f"{label:18s} {p:9.0f}{row}")
+
+    line("everything else", lambda s: s[0] - sum(s[1].values()))
+    line("total", lambda s: s[0])
+    print(f"\n{'by task':18s} {'plain':>9s}{head}")
     owners = {k for side in samples.values() for *_, by_owner in side for k in by_owner}
     rows = []
     for k in owners:
         p = us([o.get(k, 0.0) for *_, o in plain])
-        a = us([o.get(k, 0.0) for *_, o in approved])
-        rows.append((a - p, k, p, a))
-    for extra, k, p, a in sorted(rows, reverse=True):
-        print(f"{k:18s} {p:9.0f} {a:9.0f} {extra:+9.0f}")
+        values = [us([o.get(k, 0.0) for *_, o in samples[side]]) for side in others]
+        rows.append((values[0] - p, k, p, values))
+    for _, k, p, values in sorted(rows, reverse=True):
+        row = "".join(f" {a:9.0f} {a - p:+7.0f}" for a in values)
+        print(f"{k:18s} {p:9.0f}{row}")
 
 
 def main() -> None:

@@ -109,6 +109,10 @@ class Recorded:
     messages: tuple[Message, ...] | None = None
     """The session's whole history as the decision stored it (at ``version``): a
     continuation started in the same process takes it instead of reading it back."""
+    waiting: tuple[PendingCall, ...] = ()
+    """The turn's waiting calls as the decision left them, decided or not
+    (:func:`waiting_calls` of :attr:`messages`): found by the one scan that checked the
+    decision, so the continuation need not scan the history again."""
 
 
 def _last_turn(messages: Sequence[Message]) -> tuple[int, AssistantMessage] | None:
@@ -126,7 +130,13 @@ def waiting_calls(messages: Sequence[Message]) -> tuple[PendingCall, ...]:
     """The calls the history's last turn waits for, decided or not: those stored with an
     :class:`~runtime.messages.Awaiting` and no result yet. Empty when the last turn did
     not suspend (or was resumed, or a newer user message superseded it)."""
-    found = _last_turn(messages)
+    return _waiting_in(messages, _last_turn(messages))
+
+
+def _waiting_in(
+    messages: Sequence[Message], found: tuple[int, AssistantMessage] | None
+) -> tuple[PendingCall, ...]:
+    """:func:`waiting_calls`, the last turn (``_last_turn(messages)``) already found."""
     if found is None:
         return ()
     index, message = found
@@ -201,7 +211,20 @@ def decide(
     ``messages``: ``(index of the changed assistant message, the messages, the call,
     whether every waiting call is decided now)``. Raises :class:`UnknownApproval`,
     :class:`AlreadyDecided` or :class:`InvalidDecision`; changes nothing then."""
-    waiting = waiting_calls(messages)
+    index, out, call, waiting = _decide(messages, key, decision, tools)
+    return index, out, call, all(c.decided for c in waiting)
+
+
+def _decide(
+    messages: Sequence[Message], key: str, decision: Decision, tools: Mapping[str, Any]
+) -> tuple[int, tuple[Message, ...], PendingCall, tuple[PendingCall, ...]]:
+    """:func:`decide`, with the turn's waiting calls as the decision leaves them instead of
+    whether all are decided: the history is scanned once (the last turn found, its calls
+    read), and what that scan found is all a caller needs to know about the wait after
+    the decision (how many calls are left, whether the turn can resume, which message
+    and turn it continues)."""
+    found = _last_turn(messages)
+    waiting = _waiting_in(messages, found)
     call = next((c for c in waiting if key in (c.approval_id, c.tool_call_id)), None)
     if call is None:
         if _ever_waited(messages, key):
@@ -209,7 +232,6 @@ def decide(
         raise UnknownApproval(f"no call of this session waits for {key!r}")
     if call.decided:
         raise AlreadyDecided(f"{key!r} was decided already")
-    found = _last_turn(messages)
     assert found is not None
     index, message = found
     content = tuple(
@@ -220,8 +242,9 @@ def decide(
     )
     out = list(messages)
     out[index] = attrs.evolve(message, content=content)
-    complete = all(c.decided or c.tool_call_id == call.tool_call_id for c in waiting)
-    return index, tuple(out), attrs.evolve(call, decided=True), complete
+    call = attrs.evolve(call, decided=True)
+    after = tuple(call if c.tool_call_id == call.tool_call_id else c for c in waiting)
+    return index, tuple(out), call, after
 
 
 def _ever_waited(messages: Sequence[Message], key: str) -> bool:
@@ -282,14 +305,15 @@ async def record_decision(
         if record is None:
             raise UnknownApproval(f"no call of this session waits for {key!r}")
         try:
-            index, messages, call, complete = decide(record.messages, key, decision, tools)
+            index, messages, call, waiting = _decide(record.messages, key, decision, tools)
         except (UnknownApproval, AlreadyDecided):
             if known is None:
                 raise
             known = None  # the caller's view may be behind the store's: read it
             continue
         known = None
-        left = len(pending_calls(messages))
+        left = sum(not c.decided for c in waiting)
+        complete = not left
         try:
             if save is None:
                 version = await store.save(
@@ -311,7 +335,9 @@ async def record_decision(
         except StoreConflict as exc:
             conflict = exc
             continue
-        return Recorded(call=call, complete=complete, version=version, messages=messages)
+        return Recorded(
+            call=call, complete=complete, version=version, messages=messages, waiting=waiting
+        )
     assert conflict is not None
     raise conflict
 

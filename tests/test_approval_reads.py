@@ -14,7 +14,7 @@ import trio
 
 from actors.providers.scripted import ScriptedProvider, tool_call
 from runtime import AlreadyDecided, Host, NothingToResume, tool
-from runtime.approval import Decision, record_decision, supersede
+from runtime.approval import Decision, record_decision, supersede, waiting_calls
 from runtime.messages import UserMessage
 
 ran: list[str] = []
@@ -82,6 +82,73 @@ async def test_a_decision_and_its_continuation_in_one_process_read_no_session(tm
         "AssistantMessage",
         "ToolMessage",
     ]
+
+
+async def test_respond_resumes_from_its_own_decision_without_asking_the_store(tmp_path):
+    """``respond`` decides and resumes at once: the continuation takes what its own
+    decision stored, without the version query ``resume()`` makes (``Session.take_decided``
+    says why that is safe); the only store calls are the three saves."""
+    async with Host.open(store=tmp_path / "s.db", log_tap=False) as host:
+        session, waiting = await suspended(host)
+        calls = count_calls(host.store)
+        result = await session.respond(waiting.pending[0].approval_id, approved=True)
+        responded = dict(calls)
+        stored = await host.store.load("s")
+    # the decision's save, the approved call's result, the last step
+    assert responded == {"save": 3}
+    assert ran == ["/x"] and result is not None and result.text == "done"
+    assert result.message.id == waiting.message.id
+    assert stored is not None and stored.messages[1].content[0].awaiting.approved is True
+
+
+async def test_a_decision_overtaken_in_this_process_is_not_taken_as_it_is(tmp_path):
+    """The decision ``respond`` resumes from is taken without asking the store only while
+    it is the session's latest: after a new input in this process it is not, and the
+    continuation reads the store, which says nothing waits any more."""
+    from runtime.app.session import ResumeStream
+
+    async with Host.open(store=tmp_path / "s.db", log_tap=False) as host:
+        session, waiting = await suspended(host)
+        recorded = await session.decide(waiting.pending[0].approval_id, approved=True)
+        assert recorded.complete
+        await session.run("something else")  # supersedes the decided wait
+        assert session.take_decided(recorded) is None
+        calls = count_calls(host.store)
+        with pytest.raises(NothingToResume):
+            async with ResumeStream(session, decided=recorded):
+                pass
+    assert calls["load"] == 1 and ran == []
+
+
+async def test_a_decision_records_the_waiting_calls_it_found(tmp_path):
+    """``Recorded.waiting`` is the turn's waiting calls as the decision left them, from
+    the one scan that checked it: what ``waiting_calls`` of the stored history says."""
+    steps = [
+        [
+            *tool_call("delete_file", {"path": "/a"}, tool_call_id="A"),
+            *tool_call("delete_file", {"path": "/b"}, tool_call_id="B"),
+        ],
+        ["done"],
+    ]
+    from runtime import Agent
+
+    async with Host.open(store=tmp_path / "s.db", log_tap=False) as host:
+        session = await host.open_session(
+            Agent(provider=ScriptedProvider(steps), tools=[delete_file]), session_id="s"
+        )
+        waiting = await session.run("go")
+        a, b = waiting.pending
+        first = await record_decision(host.store, "s", a.approval_id, Decision(approved=True), {})
+        stored = await host.store.load("s")
+        assert stored is not None
+        assert first.waiting == waiting_calls(stored.messages)
+        assert [(c.tool_call_id, c.decided) for c in first.waiting] == [("A", True), ("B", False)]
+        assert not first.complete
+        second = await record_decision(host.store, "s", b.approval_id, Decision(approved=False), {})
+        stored = await host.store.load("s")
+        assert stored is not None and second.complete
+        assert second.waiting == waiting_calls(stored.messages)
+        assert all(c.decided for c in second.waiting)
 
 
 async def test_a_decision_another_writer_made_first_is_found_in_the_store(tmp_path):

@@ -115,6 +115,12 @@ def _frozen_meta(meta: Mapping[str, Any] | None) -> Mapping[str, Any]:
 _TURN_ID = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 
 
+def _as_record(session_id: str, decided: Recorded) -> SessionRecord:
+    """The session as a decision stored it."""
+    assert decided.messages is not None
+    return SessionRecord(session_id=session_id, messages=decided.messages, version=decided.version)
+
+
 def _check_id(value: str | None, what: str) -> str | None:
     """``value`` unchanged if ``None`` or a valid id (the session ids' alphabet: ids end
     up in log lines, SQL parameters and URLs), else :class:`InvalidTurnId`."""
@@ -452,24 +458,39 @@ class ResumeStream(TurnStream):
     it reads the waiting turn from the store (or takes what this process's decision
     stored, if a version query shows nobody wrote since), and runs it on from its
     suspended step, under its turn id and in its assistant message; the turn runner
-    starts from that record instead of reading the session again."""
+    starts from that record instead of reading the session again.
+
+    ``decided`` (from :meth:`Session.respond`): the decision that completed the turn,
+    recorded by the same call just before; taken as it is, without the version query,
+    while it is still the session's latest decision (:meth:`Session.take_decided`)."""
 
     def __init__(
-        self, session: Session, *, tools: tuple[Tool, ...] = (), instructions: str | None = None
+        self,
+        session: Session,
+        *,
+        tools: tuple[Tool, ...] = (),
+        instructions: str | None = None,
+        decided: Recorded | None = None,
     ) -> None:
         super().__init__(
             session, "", turn_id=None, resume=False, tools=tools, instructions=instructions
         )
+        self._decided = decided
 
     async def __aenter__(self) -> TurnStream:
-        record = await self.session.decided_record()
-        waiting = waiting_calls(record.messages) if record is not None else ()
+        session = self.session
+        taken = session.take_decided(self._decided) if self._decided is not None else None
+        record: SessionRecord | None
+        if taken is not None:
+            record, waiting = taken
+        else:
+            record, waiting = await session.decided_record()
         if not waiting or not all(c.decided for c in waiting):
             left = sum(not c.decided for c in waiting)
             raise NothingToResume(
-                f"session {self.session.id!r} has no waiting turn to resume"
+                f"session {session.id!r} has no waiting turn to resume"
                 if not waiting
-                else f"session {self.session.id!r}: {left} waiting call(s) not decided yet"
+                else f"session {session.id!r}: {left} waiting call(s) not decided yet"
             )
         self.message_id, self.turn_id, self.resume = waiting[0].message_id, waiting[0].turn_id, True
         self.stored = record  # the turn runner starts from it: no second read
@@ -517,9 +538,9 @@ class Session:
         self._meta: Mapping[str, Any] = _frozen_meta(meta)
         self._saved_anything = True
         """Whether the store held any of the session when it was last evicted."""
-        self._decided: SessionRecord | None = None
-        """The session as this process's last decision stored it, until a continuation
-        takes it (:meth:`decided_record`)."""
+        self._decided: Recorded | None = None
+        """This process's last decision (the session as it stored it, and the turn's
+        waiting calls), until a continuation takes it (:meth:`decided_record`)."""
 
     @property
     def id(self) -> str:
@@ -751,9 +772,7 @@ class Session:
             self.host.store, self._id, id, decision, tools, known=self._saved_view()
         )
         if recorded.messages is not None:
-            self._decided = SessionRecord(
-                session_id=self._id, messages=recorded.messages, version=recorded.version
-            )
+            self._decided = recorded
         call = recorded.call
         if call.kind == "approval":
             await self.host.bus.publish(
@@ -779,9 +798,10 @@ class Session:
             return None
         return SessionRecord(session_id=self._id, messages=snap.messages, version=snap.version)
 
-    async def decided_record(self) -> SessionRecord | None:
-        """The stored session, for a continuation: what this process's last decision
-        stored if the store is still at its version (a version query), else read.
+    async def decided_record(self) -> tuple[SessionRecord | None, tuple[PendingCall, ...]]:
+        """The stored session, for a continuation, and its last turn's waiting calls: what
+        this process's last decision stored if the store is still at its version (a
+        version query), else read.
 
         The query cannot ride in the decision's own save: the save's version says what
         the store held when the decision committed, and what matters is whether anyone
@@ -790,11 +810,44 @@ class Session:
         starts (between ``decide`` and ``resume``, which an application may call apart);
         trusting the decision's record then would run the tool a second time. Nothing
         else touches the store before the tool runs (its result's save comes after it),
-        so this query is the only look that can see such a writer."""
+        so this query is the only look that can see such a writer. (:meth:`respond`,
+        which resumes at once, goes without it: :meth:`take_decided` says why.)"""
         store, decided, self._decided = self.host.store, self._decided, None
         if decided is not None and await store.version(self._id) == decided.version:
-            return decided
-        return await store.load(self._id)
+            return _as_record(self._id, decided), decided.waiting
+        record = await store.load(self._id)
+        return record, waiting_calls(record.messages) if record is not None else ()
+
+    def take_decided(
+        self, decided: Recorded
+    ) -> tuple[SessionRecord, tuple[PendingCall, ...]] | None:
+        """What ``decided`` stored (the session and its turn's waiting calls), for the
+        continuation :meth:`respond` starts at once after it, without a version query;
+        ``None`` when it is no longer this process's latest decision (another input, a
+        decision or an eviction came in between): then :meth:`decided_record` decides.
+
+        Why this is safe without the query. The query sees another writer that committed
+        between the decision's save and the query, and nothing else. Here the decision is
+        this call's own, it completed the turn (``respond`` resumes only then; of two
+        racing decisions exactly one is recorded, by the version-checked save of
+        :func:`~runtime.approval.record_decision`, and only its caller sees
+        ``complete``), and all that runs between its commit and this is the bus's
+        delivery of ``tool.approval-decided`` (which waits only for a subscriber's full
+        inbox). A writer of another process caught by the query would have had to load
+        the session, continue the turn (or supersede it) and commit within those
+        microseconds; one a little slower, committing just after the query and before
+        this continuation's first save, is missed by the query too (the embedded store
+        has no lease: nothing fences a continuation there, as a worker's claim does).
+        So the query narrowed a race it cannot close by a few microseconds, and guarded
+        nothing ``respond`` relies on. A writer in this process is seen without asking
+        the store: a new input clears the latest decision (:meth:`stream`), as an
+        eviction does (:meth:`detach`), and a later decision replaces it; then the store
+        is asked, as for ``resume()``. Where ``decide`` and ``resume`` are called apart,
+        possibly minutes apart, the query stays (:meth:`decided_record`)."""
+        if self._decided is not decided or decided.messages is None:
+            return None
+        self._decided = None
+        return _as_record(self._id, decided), decided.waiting
 
     def resume(
         self, *, tools: tuple[Tool, ...] = (), instructions: str | None = None
@@ -819,13 +872,15 @@ class Session:
     ) -> TurnResult | None:
         """:meth:`decide`, then, if that decided the last waiting call, run the
         continuation to its end and return its result (``None`` while other calls
-        still wait)."""
+        still wait). The continuation starts from what the decision stored, without
+        reading the store or asking it for the version (:meth:`take_decided` says why
+        that is safe)."""
         recorded = await self.decide(
             id, approved=approved, reason=reason, output=output, error=error
         )
         if not recorded.complete:
             return None
-        async with self.resume() as out:
+        async with ResumeStream(self, decided=recorded) as out:
             async for _ in out:
                 pass
         return out.result
