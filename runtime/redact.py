@@ -162,6 +162,14 @@ _TRIGGERS = (
 )
 
 
+_FOLDS = str.maketrans({"\u017f": "s", "\u0131": "i", "\u0130": "i", "\u212a": "k"})
+"""The letters the patterns' case-insensitive parts match as ASCII ones (``re`` folds
+the long s U+017F to ``s``, the dotless i U+0131 and the dotted capital I U+0130 to
+``i``, the Kelvin sign U+212A to ``k``) but ``str.lower`` does not make ASCII: without
+them, ``password=...`` spelled with two long s matched the patterns but not the
+triggers, and was left as it was."""
+
+
 _checked: dict[str, bool] = {}
 """Short strings already tested, to the answer: a log line's ids, kinds and words come
 back line after line.
@@ -203,7 +211,7 @@ def _scan(text: str) -> bool:
     for secret in _secrets:
         if secret in text:
             return True
-    low = text.lower()
+    low = text.lower() if text.isascii() else text.translate(_FOLDS).lower()
     for trigger in _TRIGGERS:
         if trigger in low:
             return True
