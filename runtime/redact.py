@@ -355,7 +355,8 @@ def _redact_log_dict(value: Mapping[Any, Any]) -> dict[Any, Any]:
         if secret:
             out[k] = REDACTED
         elif kind is str:
-            out[k] = v if clean.get(v) is False else redact_text(v)
+            short = len(v) < SHORTEST_MATCH  # "info", "stop", a step's name: never remembered
+            out[k] = v if short or clean.get(v) is False else redact_text(v)
         elif v is None or kind is int or kind is float or kind is bool:
             out[k] = v
         else:

@@ -371,3 +371,18 @@ def test_a_registered_secret_made_of_digits_is_redacted_in_a_timestamp_too():
         assert redact_text("2026-12-04T09:55:17Z") == "2026-12-04T09:55:17Z"
         register_secret("2026-12-04")
         assert redact_text("2026-12-04T09:55:17Z") == "[redacted]T09:55:17Z"
+
+
+def test_the_log_processor_hands_neither_a_short_nor_a_known_clean_value_to_redact_text(
+    monkeypatch,
+):
+    calls = []
+    real = redaction.redact_text
+    monkeypatch.setattr(redaction, "redact_text", lambda text: calls.append(text) or real(text))
+    line = {"level": "info", "finish_reason": "stop", "input": "a value long enough"}
+    with isolated_secrets():
+        redaction._checked = {}
+        assert redaction.redact_processor(None, "info", dict(line)) == line
+        assert calls == ["a value long enough"]  # remembered as clean: not handed again
+        assert redaction.redact_processor(None, "info", dict(line)) == line
+        assert calls == ["a value long enough"]
