@@ -14,6 +14,11 @@ Every line is redacted exactly once: by the logger's own processors when they re
 (those of :func:`runtime.configure_logging` do, for every line whoever logs it), else by
 the tap itself (a logger of the application's, structlog's defaults, ``capture_logs``).
 Redacting in both places was a third of each line's cost (issue 24).
+
+What a line takes from its event is worked out once per event class (:class:`_Plan`: its
+level, a cattrs function of its fields, which fields may hold media), and a line to one of
+structlog's filtering loggers goes through the processor chain in one call (:func:`_emit`):
+a line cost 18.5 us before, 13.2 after (``benchmarks/log_lines.py``).
 """
 
 from __future__ import annotations
@@ -92,7 +97,7 @@ class LogTap(Actor):
             return
         fields = plan.fields(event)
         for name in plan.deep:
-            value = fields[name]
+            value = fields.get(name)  # absent: a field its converter leaves out by default
             if type(value) not in _SCALARS:
                 elided = elide_media(value)
                 if elided is not value:
@@ -175,7 +180,7 @@ def _make_plan(cls: type) -> _Plan:
 def _scalar_only(t: Any, depth: int = 0) -> bool:
     """Whether every value of type ``t`` unstructures to scalars only, or to a dict of
     them with no ``type`` key (elide_media looks for ``type: image`` / ``file``)."""
-    if t in _SCALARS or t is None:
+    if t is None or (isinstance(t, type) and t in _SCALARS):
         return True
     origin = typing.get_origin(t)
     if origin is typing.Literal:
@@ -215,7 +220,7 @@ def _emit(log: Any, level: str, kind: str, fields: dict[str, Any]) -> None:
     (``_process_event``, which structlog documents as available to custom wrapper
     classes), then the wrapped logger's method, a dropped line dropped. Without the
     method call, the format-string check and ``fields`` spread into keyword arguments
-    twice on the way. ``tests/test_observability.py`` checks the lines are the same."""
+    twice on the way. ``tests/test_log_tap.py`` checks the lines are the same."""
     try:
         args, kw = log._process_event(level, kind, fields)
     except structlog.DropEvent:
