@@ -34,11 +34,7 @@ def configure_logging(
     :data:`LIBRARY_LOGGERS` (stdlib logging) become lines of the same format.
     """
     lvl = _LEVELS.get(level, logging.INFO) if isinstance(level, str) else level
-    renderer: Any = (
-        structlog.processors.JSONRenderer(serializer=_orjson_dumps)
-        if json
-        else structlog.dev.ConsoleRenderer(colors=False)
-    )
+    renderer: Any = JsonRenderer() if json else structlog.dev.ConsoleRenderer(colors=False)
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
@@ -46,7 +42,7 @@ def configure_logging(
             UtcStamper(),
             # Tracebacks are rendered to text first, so the redaction below covers them too:
             # a provider error's __cause__ is the SDK's exception, which may quote the key.
-            structlog.processors.format_exc_info,
+            format_exc_info,
             redact_processor,  # every line, whoever logged it: no key reaches stderr
             renderer,
         ],
@@ -79,7 +75,7 @@ def _route_library_loggers(level: int, stream: TextIO, renderer: Any) -> None:
             ],
             processors=[
                 structlog.stdlib.ProcessorFormatter.remove_processors_meta,
-                structlog.processors.format_exc_info,
+                format_exc_info,
                 redact_processor,
                 renderer,
             ],
@@ -94,10 +90,30 @@ def _route_library_loggers(level: int, stream: TextIO, renderer: Any) -> None:
         logger.propagate = False
 
 
-def _orjson_dumps(obj: Any, **_: Any) -> str:
-    import orjson
+class JsonRenderer:
+    """The last processor: the line as one JSON object (orjson; a value it cannot encode
+    is written as its ``str``). What ``structlog.processors.JSONRenderer`` with orjson as
+    its serializer writes, without its call through a keyword-taking wrapper, or an
+    ``import`` statement, per line."""
 
-    return orjson.dumps(obj, default=str).decode()
+    __slots__ = ("_dumps",)
+
+    def __init__(self) -> None:
+        import orjson  # here, not at import: ``import runtime`` does not need it
+
+        self._dumps = orjson.dumps
+
+    def __call__(self, _logger: Any, _method: str, event_dict: Any) -> str:
+        return self._dumps(event_dict, default=str).decode()  # type: ignore[no-any-return]
+
+
+def format_exc_info(logger: Any, method: str, event_dict: Any) -> Any:
+    """``structlog.processors.format_exc_info`` for the lines that carry ``exc_info``:
+    the others (nearly all) are left as they are without the call, which would only
+    find that out."""
+    if "exc_info" in event_dict:
+        return structlog.processors.format_exc_info(logger, method, event_dict)
+    return event_dict
 
 
 class UtcStamper:

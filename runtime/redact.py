@@ -61,10 +61,21 @@ _SECRET_KEYS = frozenset(
 )
 
 
-@functools.lru_cache(maxsize=1024)
+_key_answers: dict[Any, bool] = {}
+"""Keys already asked about, to the answer (a log line's keys are the same few, line
+after line): a dictionary look-up, not a call, in :func:`_redact_log_dict`."""
+_KEY_ANSWERS_MAX = 1024
+
+
 def _is_secret_key(key: Any) -> bool:
-    k = str(key).lower()
-    return k in _SECRET_KEYS or k.endswith(("_api_key", "_secret", "_password"))
+    answer = _key_answers.get(key)
+    if answer is None:
+        k = str(key).lower()
+        answer = k in _SECRET_KEYS or k.endswith(("_api_key", "_secret", "_password"))
+        if len(_key_answers) >= _KEY_ANSWERS_MAX:
+            _key_answers.clear()
+        _key_answers[key] = answer
+    return answer
 
 
 # A key body: key characters, with a digit among them (random keys have one), or long.
@@ -99,6 +110,9 @@ _PATTERN_SOURCE = (
 
 _lock = threading.Lock()
 _secrets: frozenset[str] = frozenset()
+_inert_secrets: tuple[str, ...] = ()
+"""The registered secrets made only of :data:`_INERT` characters (normally none): the
+only ones a timestamp-shaped text could hold."""
 _pattern: re.Pattern[str] | None = None
 """The registered secrets and the key shapes; ``None`` until a secret is registered,
 when :func:`_shapes` alone is used."""
@@ -116,7 +130,7 @@ def register_secret(value: str | None) -> None:
     shape. Providers call this when they resolve their key; registering is idempotent
     and lasts for the process. ``None``, non-strings and values shorter than
     :data:`MIN_SECRET_LENGTH` are ignored."""
-    global _secrets, _pattern, _checked
+    global _secrets, _pattern, _checked, _inert_secrets
     if not isinstance(value, str):
         return
     value = value.strip()
@@ -130,6 +144,7 @@ def register_secret(value: str | None) -> None:
         # Registered secrets first: a pattern must not redact half of one and leave the rest.
         _pattern = re.compile(f"(?P<secret>{literal})|{_PATTERN_SOURCE}")
         _secrets = secrets
+        _inert_secrets = tuple(s for s in secrets if not s.strip(_INERT))
         _checked = {}  # after _secrets: a reader that sees this dict sees the new secrets
 
 
@@ -147,6 +162,14 @@ _TRIGGERS = (
 )
 
 
+_FOLDS = str.maketrans({"\u017f": "s", "\u0131": "i", "\u0130": "i", "\u212a": "k"})
+"""The letters the patterns' case-insensitive parts match as ASCII ones (``re`` folds
+the long s U+017F to ``s``, the dotless i U+0131 and the dotted capital I U+0130 to
+``i``, the Kelvin sign U+212A to ``k``) but ``str.lower`` does not make ASCII: without
+them, ``password=...`` spelled with two long s matched the patterns but not the
+triggers, and was left as it was."""
+
+
 _checked: dict[str, bool] = {}
 """Short strings already tested, to the answer: a log line's ids, kinds and words come
 back line after line.
@@ -154,13 +177,29 @@ A new dict whenever a secret is registered, so no answer outlives the secrets it
 _CHECKED_LENGTH = 256
 _CHECKED_MAX = 8192
 
+SHORTEST_MATCH = 8
+"""No text shorter than this can hold a secret: the shortest any pattern matches is 8
+characters (``apikey=x``), and so is the shortest registered secret
+(:data:`MIN_SECRET_LENGTH`). Such text is neither tested nor remembered."""
+_INERT = "0123456789-:.TZ"
+"""Characters none of the key shapes (nor :data:`_TRIGGERS`) can be made of: a text of
+only these (a timestamp, every log line has a new one; a date, a number) can hold only a
+registered secret of only these (:data:`_inert_secrets`), so it is not scanned, nor
+remembered (one new entry a line would soon flush the ids and words that do repeat)."""
+
 
 def _may_hold_secret(text: str) -> bool:
-    if len(text) > _CHECKED_LENGTH:
+    size = len(text)
+    if size > _CHECKED_LENGTH:
         return _scan(text)
+    if size < SHORTEST_MATCH:
+        return False
     cache = _checked  # before the secrets (see register_secret)
     found = cache.get(text)
     if found is None:
+        if not text.strip(_INERT):
+            inert = _inert_secrets
+            return bool(inert) and any(secret in text for secret in inert)
         found = _scan(text)
         if len(cache) >= _CHECKED_MAX:
             cache.clear()
@@ -172,7 +211,7 @@ def _scan(text: str) -> bool:
     for secret in _secrets:
         if secret in text:
             return True
-    low = text.lower()
+    low = text.lower() if text.isascii() else text.translate(_FOLDS).lower()
     for trigger in _TRIGGERS:
         if trigger in low:
             return True
@@ -303,14 +342,21 @@ def _redact_log_value(value: Any) -> Any:
 
 def _redact_log_dict(value: Mapping[Any, Any]) -> dict[Any, Any]:
     """:func:`_redact_log_value` of a mapping, with the common values (strings, numbers,
-    ``None``: nearly all of a line's) handled here rather than in a call each."""
+    ``None``: nearly all of a line's) handled here rather than in a call each, and a key
+    or string already found clean by a look-up, not a call (issue 24)."""
     out: dict[Any, Any] = {}
+    keys = _key_answers
+    clean = _checked
     for k, v in value.items():
         kind = type(v)
-        if _is_secret_key(k):
+        secret = keys.get(k)
+        if secret is None:
+            secret = _is_secret_key(k)
+        if secret:
             out[k] = REDACTED
         elif kind is str:
-            out[k] = redact_text(v)
+            short = len(v) < SHORTEST_MATCH  # "info", "stop", a step's name: never remembered
+            out[k] = v if short or clean.get(v) is False else redact_text(v)
         elif v is None or kind is int or kind is float or kind is bool:
             out[k] = v
         else:

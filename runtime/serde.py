@@ -234,6 +234,33 @@ def from_json(data: bytes | str, cls: Any) -> Any:
     return converter.structure(orjson.loads(data), cls)
 
 
+def fields_unstructurer(cls: type, *, omit: tuple[str, ...] = ()) -> Callable[[Any], _Dict]:
+    """A function of a ``cls`` value to what :data:`converter` unstructures it to, less
+    its tag (``type``, ``kind`` or ``role``) and less the fields named in ``omit``: for a
+    reader that drops them anyway (the log tap, every event a line), the same dictionary
+    without them being put in to be taken out, nor the converter's dispatch per value.
+
+    Made by cattrs for the class, with the same overrides as the converter's own hook
+    (built afresh on every call: keep it). A class that is not tagged gets the converter's
+    hook, and the fields in ``omit`` are taken out of what it gives."""
+    tagged = _tagged_class(cls)
+    if tagged is None or not attrs.has(cls):
+        hook = converter.get_unstructure_hook(cls)
+
+        def untagged(obj: Any) -> _Dict:
+            d: _Dict = hook(obj)
+            for name in omit:
+                d.pop(name, None)
+            return d
+
+        return untagged
+    names = {a.name for a in attrs.fields(cls)}
+    overrides = dict(_UNSTRUCTURE_OVERRIDES.get(tagged, {}))
+    overrides.update({name: override(omit=True) for name in omit if name in names})
+    fn: Callable[[Any], _Dict] = make_dict_unstructure_fn(cls, converter, **overrides)
+    return fn
+
+
 def event_to_dict(event: Any) -> dict[str, Any]:
     """The JSON form of a bus event, always with its ``kind`` (output chunks too)."""
     d: _Dict = converter.unstructure(event)

@@ -90,3 +90,53 @@ def test_a_logger_is_made_once_per_name_and_again_after_reconfiguring():
         assert '"event":"fresh"' in out.getvalue()  # the new configuration's stream
     finally:
         configure_logging("warning")
+
+
+def test_the_json_renderer_writes_what_structlogs_with_orjson_wrote():
+    import datetime
+
+    import orjson
+    import structlog
+
+    from runtime.logging import JsonRenderer
+
+    def old_serializer(obj, **_):
+        return orjson.dumps(obj, default=str).decode()
+
+    old = structlog.processors.JSONRenderer(serializer=old_serializer)
+    event = {
+        "logger": "axon.events",
+        "n": 1,
+        "x": 1.5,
+        "none": None,
+        "nested": {"a": [1, "b", None], "when": datetime.date(2026, 12, 4)},
+        "error": RuntimeError("boom"),
+        "text": 'quote " and \\ and ünïcode',
+        "event": "turn.finished",
+    }
+    assert JsonRenderer()(None, "info", dict(event)) == old(None, "info", dict(event))
+
+
+def test_format_exc_info_runs_only_for_a_line_that_carries_exc_info(monkeypatch):
+    import structlog
+
+    from runtime.logging import format_exc_info
+
+    calls = []
+    real = structlog.processors.format_exc_info
+
+    def counting(logger, method, event_dict):
+        calls.append(event_dict)
+        return real(logger, method, event_dict)
+
+    monkeypatch.setattr(structlog.processors, "format_exc_info", counting)
+    plain = {"event": "x"}
+    assert format_exc_info(None, "info", plain) is plain and plain == {"event": "x"}
+    assert calls == []
+    try:
+        raise ValueError("boom")
+    except ValueError as exc:
+        line = format_exc_info(None, "error", {"event": "x", "exc_info": exc})
+    assert "exc_info" not in line and "ValueError: boom" in line["exception"]
+    assert len(calls) == 1
+    assert format_exc_info(None, "error", {"event": "x", "exc_info": None}) == {"event": "x"}

@@ -23,11 +23,16 @@ from runtime.redact import REDACTED, redact, redact_text, register_secret
 @contextmanager
 def isolated_secrets() -> Iterator[None]:
     """Registrations made inside are forgotten after: the registry is process-wide."""
-    saved = redaction._secrets, redaction._pattern
+    saved = redaction._secrets, redaction._pattern, redaction._inert_secrets, redaction._checked
     try:
         yield
     finally:
-        redaction._secrets, redaction._pattern = saved
+        (
+            redaction._secrets,
+            redaction._pattern,
+            redaction._inert_secrets,
+            redaction._checked,
+        ) = saved
 
 
 # -- registered secrets ------------------------------------------------------------------
@@ -231,3 +236,153 @@ def test_a_string_tested_before_a_secret_was_registered_is_tested_again():
     assert redact_text(line) == line
     register_secret("qq-remembered-7731")
     assert "qq-remembered-7731" not in redact_text(line)
+
+
+# -- the fast paths (issue 24): remembered answers and skipped scans change nothing --------
+
+
+def plain_text(text: str) -> str:
+    """What redaction is, without remembering, scanning or skipping anything: the
+    patterns, until nothing changes."""
+    pattern = redaction._pattern or redaction._shapes()
+    text, count = pattern.subn(redaction._replace, text)
+    while count:
+        text, count = pattern.subn(redaction._replace, text)
+    return text
+
+
+def plain_secret_key(key) -> bool:
+    k = str(key).lower()
+    return k in redaction._SECRET_KEYS or k.endswith(("_api_key", "_secret", "_password"))
+
+
+def plain_log_value(value):
+    """What the log processor made of a line's value before its fast paths."""
+    if isinstance(value, dict):
+        return {
+            k: REDACTED if plain_secret_key(k) else plain_log_value(v) for k, v in value.items()
+        }
+    if isinstance(value, (list, tuple)):
+        return [plain_log_value(v) for v in value]
+    if isinstance(value, (bool, int, float)) or value is None:
+        return value
+    return plain_text(value if isinstance(value, str) else str(value))
+
+
+_PIECES = st.one_of(
+    st.text(max_size=12),
+    st.text(alphabet=redaction._INERT + " ab", max_size=30),  # timestamps, numbers
+    st.sampled_from(
+        [
+            "2026-12-04T09:55:17.731783Z",
+            "2026-12-04T09:55:17Z",
+            "1764786028.5",
+            "apikey=x",  # the shortest text a pattern changes
+            "apikey=",
+            "api_key",
+            "call_act",
+            "task_0123456789abcdefghij",
+            "Bearer ",
+            "Authorization: ",
+            "password=",
+            '"api_key": "',
+            "[redacted]",
+            "turn_10f9889a_0",
+            "pa\u017f\u017fword=",  # re matches the long s as s; str.lower keeps it
+            "AP\u0130_KEY=",
+            "ap\u0131key:",
+            "api_\u212aey=",
+        ]
+    ),
+    st.builds(
+        lambda prefix, body: prefix + body,
+        st.sampled_from(["sk-", "sk-proj-", "gsk_", "xai-", "AIza", "hf_", "ghp_", "r8_"]),
+        _KEY_CHARS.filter(lambda b: len(b) >= 14),
+    ),
+)
+key_shaped_text = st.lists(_PIECES, max_size=4).map("".join)
+registered = st.one_of(
+    st.text(min_size=redaction.MIN_SECRET_LENGTH, max_size=16),
+    st.text(alphabet=redaction._INERT, min_size=redaction.MIN_SECRET_LENGTH, max_size=12),
+    st.sampled_from(["2026-12-04", "09:55:17", "T09:55:17.7", "letmein.proxy.credential"]),
+)
+
+
+@given(texts=st.lists(key_shaped_text, max_size=6), secrets=st.lists(registered, max_size=2))
+@example(texts=["2026-12-04T09:55:17.731783Z"], secrets=["2026-12-04"])
+@example(texts=["apikey=x", "apikey="], secrets=[])
+@example(texts=["pa\u017f\u017fword=abcdef", "BEARER abcdefgh1"], secrets=[])
+def test_redact_text_is_the_plain_redaction_of_any_text_asked_once_or_again(texts, secrets):
+    with isolated_secrets():
+        for secret in secrets:
+            register_secret(secret)
+        for text in texts:
+            expected = plain_text(text)
+            assert redact_text(text) == expected
+            assert redact_text(text) == expected  # its answer remembered, if it was
+
+
+_KEYS = st.sampled_from(["event", "input", "api_key", "Authorization", "step", "db_password", 1])
+log_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False)
+    | key_shaped_text
+    | key_shaped_text.map(RuntimeError),
+    lambda kids: (
+        st.lists(kids, max_size=3)
+        | st.lists(kids, max_size=3).map(tuple)
+        | st.dictionaries(_KEYS | st.text(max_size=6), kids, max_size=4)
+    ),
+    max_leaves=8,
+)
+
+
+@given(
+    lines=st.lists(
+        st.dictionaries(_KEYS | st.text(max_size=6), log_values, max_size=5), max_size=3
+    ),
+    secrets=st.lists(registered, max_size=2),
+)
+def test_the_log_processor_gives_the_plain_redaction_of_any_line(lines, secrets):
+    with isolated_secrets():
+        for secret in secrets:
+            register_secret(secret)
+        for line in lines * 2:  # the second time, from what was remembered
+            assert redaction.redact_processor(None, "info", dict(line)) == plain_log_value(line)
+
+
+def test_a_timestamp_or_a_short_text_is_not_remembered_nor_scanned(monkeypatch):
+    scanned = []
+    real = redaction._scan
+    monkeypatch.setattr(redaction, "_scan", lambda text: scanned.append(text) or real(text))
+    with isolated_secrets():
+        redaction._checked = {}
+        for text in ("2026-12-04T09:55:17.731783Z", "1764786028.5", "abc", "apikey"):
+            assert redact_text(text) == text
+        assert redaction._checked == {} and scanned == []
+        assert redact_text("call_abc123 done") == "call_abc123 done"
+        assert scanned == ["call_abc123 done"] and redaction._checked == {scanned[0]: False}
+
+
+def test_a_registered_secret_made_of_digits_is_redacted_in_a_timestamp_too():
+    with isolated_secrets():
+        assert redact_text("2026-12-04T09:55:17Z") == "2026-12-04T09:55:17Z"
+        register_secret("2026-12-04")
+        assert redact_text("2026-12-04T09:55:17Z") == "[redacted]T09:55:17Z"
+
+
+def test_the_log_processor_hands_neither_a_short_nor_a_known_clean_value_to_redact_text(
+    monkeypatch,
+):
+    calls = []
+    real = redaction.redact_text
+    monkeypatch.setattr(redaction, "redact_text", lambda text: calls.append(text) or real(text))
+    line = {"level": "info", "finish_reason": "stop", "input": "a value long enough"}
+    with isolated_secrets():
+        redaction._checked = {}
+        assert redaction.redact_processor(None, "info", dict(line)) == line
+        assert calls == ["a value long enough"]  # remembered as clean: not handed again
+        assert redaction.redact_processor(None, "info", dict(line)) == line
+        assert calls == ["a value long enough"]

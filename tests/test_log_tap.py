@@ -1,0 +1,209 @@
+"""The log tap's plan per event class and its one call of the processor chain (issue 24)
+write the very lines the generic path wrote: same keys, same order, same values."""
+
+from __future__ import annotations
+
+import io
+import json
+import types
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+import structlog
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from structlog.testing import capture_logs
+
+import runtime.logging as runtime_logging
+from actors import log_tap
+from actors.log_tap import DEBUG_TYPES, LogTap
+from runtime import messages
+from runtime.events import ActorCrashed, ActorGaveUp, Lagged, MessageAdded, TurnStarted
+from runtime.logging import configure_logging, level_enabled
+from runtime.media import elide_media
+from runtime.output import Error, TextDelta, ToolCall
+from runtime.redact import redact
+from runtime.serde import converter, fields_unstructurer
+from tests.test_serde import EVENT_CLASSES, PNG, _builds
+
+KEY = "sk-proj-" + "A1b2C3d4E5f6G7h8I9j0" * 2
+
+
+def handle(tap: LogTap, event: Any) -> None:
+    """Run the tap's ``handle`` (it never waits) outside an event loop."""
+    coro = tap.handle(event)
+    try:
+        coro.send(None)
+    except StopIteration:
+        return
+    raise AssertionError("the tap's handle waited")
+
+
+def generic_line(log: Any, event: Any) -> None:
+    """The tap's line as it was made before its plans: the converter's generic
+    unstructuring, media elided over the whole dictionary, the tag fields popped, the
+    bound logger's public level method."""
+    if isinstance(event, DEBUG_TYPES):
+        level = "debug"
+    elif isinstance(event, (ActorGaveUp, Error)):
+        level = "error"
+    elif isinstance(event, (ActorCrashed, Lagged)):
+        level = "warning"
+    else:
+        level = "info"
+    if not level_enabled(log, level):
+        return
+    fields = elide_media(converter.unstructure(event))
+    if not log_tap._chain_redacts(log):
+        fields = redact(fields)
+    fields.pop("type", None)
+    fields.pop("kind", None)
+    if fields.get("causation_id") is None:
+        fields["causation_id"] = (
+            fields.get("tool_call_id") or fields.get("part_id") or fields.get("turn_id")
+        )
+    getattr(log, level)(event.kind, **fields)
+
+
+@contextmanager
+def logging_to(level: str = "debug") -> Iterator[io.StringIO]:
+    out = io.StringIO()
+    saved = runtime_logging.time
+    runtime_logging.time = types.SimpleNamespace(time=lambda: 1764786028.844091)  # type: ignore[assignment]
+    configure_logging(level, stream=out)
+    try:
+        yield out
+    finally:
+        runtime_logging.time = saved
+        configure_logging("warning")
+
+
+def lines_three_ways(events: list[Any]) -> tuple[str, str, str]:
+    """The lines of ``events`` through ``configure_logging``: by the tap, by the tap with
+    the public path only (no ``_process_event``), and by :func:`generic_line`."""
+    got = []
+    for way in ("tap", "public", "generic"):
+        with logging_to() as out:
+            tap = LogTap()
+            saved = log_tap._FILTERING
+            if way == "public":
+                log_tap._FILTERING = frozenset()
+            try:
+                for event in events:
+                    handle(tap, event) if way != "generic" else generic_line(tap.log, event)
+            finally:
+                log_tap._FILTERING = saved
+        got.append(out.getvalue())
+    return got[0], got[1], got[2]
+
+
+def handmade_events() -> list[Any]:
+    image = messages.Image(data=PNG + b"pixels" * 40)
+    return [
+        TurnStarted(session_id="s", turn_id="turn_1", agent="a", input=f"my key is {KEY}, see"),
+        TurnStarted(
+            session_id="s",
+            turn_id="turn_1",
+            agent="a",
+            input=(messages.TextPart(text="what?", step=0), image),
+        ),
+        MessageAdded(
+            session_id="s",
+            turn_id="turn_1",
+            index=0,
+            message=messages.UserMessage(content=(image,)),
+        ),
+        ToolCall(
+            step=0,
+            tool_call_id="c",
+            tool_name="t",
+            input={"api_key": "plain", "q": f"Bearer {KEY}"},
+            seq=3,
+            session_id="s",
+            turn_id="turn_1",
+        ),
+        TextDelta(step=0, part_id="p", text="hi", seq=4, session_id="s", turn_id="turn_1"),
+        ActorCrashed(
+            actor="x", error="boom 2026-12-04T09:55:17Z", error_type="ValueError", restarts=1
+        ),
+    ]
+
+
+def test_handmade_lines_with_keys_and_media_are_the_generic_paths():
+    tap, public, generic = lines_three_ways(handmade_events())
+    assert tap == public == generic
+    assert len(tap.splitlines()) == 6
+    assert KEY not in tap and "[redacted]" in tap and "bytes>" in tap
+    first = json.loads(tap.splitlines()[0])
+    assert list(first)[:3] == ["logger", "agent", "input"]  # the keys' order too
+
+
+def test_lines_through_a_chain_that_does_not_redact_are_the_generic_paths():
+    """``capture_logs``: the tap redacts the fields itself, and the chain drops the line
+    (``DropEvent``) after capturing it."""
+    events = handmade_events()
+    configure_logging("debug")
+    try:
+        got = []
+        for way in ("tap", "generic"):
+            with capture_logs() as logs:
+                tap = LogTap()
+                for event in events:
+                    handle(tap, event) if way == "tap" else generic_line(tap.log, event)
+            got.append(logs)
+    finally:
+        configure_logging("warning")
+    assert got[0] == got[1] and len(got[0]) == 6
+    assert [list(line) for line in got[0]] == [list(line) for line in got[1]]
+    assert KEY not in repr(got[0])
+
+
+@pytest.mark.parametrize("cls", EVENT_CLASSES, ids=lambda c: c.kind)
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_any_event_makes_the_line_the_generic_path_made(cls, data):
+    event = data.draw(_builds(cls))
+    expected = {k: v for k, v in converter.unstructure(event).items() if k not in ("type", "kind")}
+    fields = fields_unstructurer(cls, omit=("type", "kind"))(event)
+    assert list(fields.items()) == list(expected.items())
+    tap, public, generic = lines_three_ways([event])
+    assert tap == public == generic
+    assert tap.count("\n") == 1
+
+
+def test_the_plan_is_made_once_per_class(monkeypatch):
+    made = []
+    real = log_tap.fields_unstructurer
+
+    def counting(cls: type, **kw: Any) -> Any:
+        made.append(cls)
+        return real(cls, **kw)
+
+    monkeypatch.setattr(log_tap, "fields_unstructurer", counting)
+    monkeypatch.setattr(log_tap, "_plans", {})
+    with logging_to() as out:
+        tap = LogTap()
+        for _ in range(3):
+            for event in handmade_events():
+                handle(tap, event)
+    assert len(out.getvalue().splitlines()) == 18
+    assert sorted(c.__name__ for c in made) == sorted({type(e).__name__ for e in handmade_events()})
+
+
+def test_a_line_below_the_level_builds_nothing(monkeypatch):
+    def boom(event: Any) -> Any:
+        raise AssertionError("built a line nobody sees")
+
+    plan = log_tap._Plan(level="debug", number=10, fields=boom, deep=())
+    monkeypatch.setitem(log_tap._plans, TextDelta, plan)
+    with logging_to("info") as out:
+        handle(LogTap(), handmade_events()[4])
+    assert out.getvalue() == ""
+
+
+def test_without_process_event_every_line_takes_the_public_path(monkeypatch):
+    assert log_tap._FILTERING  # this structlog's filtering loggers have it
+    monkeypatch.setattr(structlog.BoundLoggerBase, "_process_event", None)
+    assert log_tap._filtering_classes() == frozenset()
