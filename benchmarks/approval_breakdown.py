@@ -35,6 +35,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -134,55 +135,45 @@ async def measure(rounds: int, directory: str) -> dict[str, list[Sample]]:
         for name in ("save", "version", "load"):
             setattr(store, name, _timed(f"store.{name}", getattr(store, name)))
 
-        async def plain() -> Sample:
-            session = await host.open_session(agents["plain"], f"p-{next(tags)}")
+        async def timed(agent: str, tag: str, body: Callable[[Any], Awaitable[Any]]) -> Sample:
+            """One turn of a fresh session, timed: ``body(session)`` runs it and returns
+            the check of its end (run after the clock stopped)."""
+            session = await host.open_session(agents[agent], f"{tag}-{next(tags)}")
             gc.collect()
             _spent.clear()
             _calls.clear()
             _tasks.restart()
             t0 = _clock()
-            result = await session.run(PROMPT)
+            check = await body(session)
             seconds = _clock() - t0
             by_owner = dict(_tasks.by_owner)
-            _check(result, "stop", 2, "plain")
+            check()
             await session.close()
             return seconds, dict(_spent), dict(_calls), by_owner
 
-        async def approved() -> Sample:
-            session = await host.open_session(agents["asks"], f"a-{next(tags)}")
-            gc.collect()
-            _spent.clear()
-            _calls.clear()
-            _tasks.restart()
-            t0 = _clock()
+        async def run_plain(session: Any) -> Callable[[], None]:
+            result = await session.run(PROMPT)
+            return lambda: _check(result, "stop", 2, "plain")
+
+        async def decide_then_resume(session: Any) -> Callable[[], None]:
             waiting = await session.run(PROMPT)
             await session.decide(waiting.pending[0].approval_id, approved=True)
             async with session.resume() as stream:
                 async for _ in stream:
                     pass
-            seconds = _clock() - t0
-            by_owner = dict(_tasks.by_owner)
-            _check(stream.result, "stop", 2, "resume")
-            await session.close()
-            return seconds, dict(_spent), dict(_calls), by_owner
+            return lambda: _check(stream.result, "stop", 2, "resume")
 
-        async def responded() -> Sample:
-            session = await host.open_session(agents["asks"], f"r-{next(tags)}")
-            gc.collect()
-            _spent.clear()
-            _calls.clear()
-            _tasks.restart()
-            t0 = _clock()
+        async def respond(session: Any) -> Callable[[], None]:
             waiting = await session.run(PROMPT)
             result = await session.respond(waiting.pending[0].approval_id, approved=True)
-            seconds = _clock() - t0
-            by_owner = dict(_tasks.by_owner)
             assert result is not None
-            _check(result, "stop", 2, "respond")
-            await session.close()
-            return seconds, dict(_spent), dict(_calls), by_owner
+            return lambda: _check(result, "stop", 2, "respond")
 
-        sides = {"plain": plain, "approved": approved, "respond": responded}
+        sides = {
+            "plain": partial(timed, "plain", "p", run_plain),
+            "approved": partial(timed, "asks", "a", decide_then_resume),
+            "respond": partial(timed, "asks", "r", respond),
+        }
         order = list(sides)
         for i in range(WARMUP + rounds):
             for side in order[i % 3 :] + order[: i % 3]:  # each side first in turn
