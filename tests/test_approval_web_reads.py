@@ -198,24 +198,45 @@ async def test_a_decision_another_writer_made_first_is_refused_from_the_store(tm
 
 
 async def test_a_stale_view_does_not_refuse_a_body_the_store_takes(tmp_path):
-    """Another process recorded the first call's decision; the page sends it back with
-    the second call's: against the view in memory the first is no echo (there it still
-    waits), and recording it would be refused. Nothing is recorded on the stale view:
-    checked again on the store's record, the first is an echo and the second completes
-    the turn, as it would have without a view."""
+    """Another process recorded the second call's decision; the page answers the first
+    and sends the second's back as it holds it. Against the view in memory the second
+    is no echo (there it still waits): recorded after the first, the store would refuse
+    it, leaving the turn decided with nobody to resume it. So the first answer is saved
+    on top of the view or not at all: its save conflicts, nothing is recorded, and on
+    the store's record the second is an echo and the first completes the turn, as it
+    would have without a view."""
     path = tmp_path / "w.db"
     async with web_server(agent(TWO), store=str(path)) as server:
         async with httpx.AsyncClient(base_url=server.url) as client:
             mid, (d, e) = await asked(client)
             async with Host.open(store=path, log_tap=False) as other:
                 await record_decision(
-                    other.store, "s", d, Decision(approved=True), {"delete_file": delete_file}
+                    other.store, "s", e, Decision(approved=False), {"delete_file": delete_file}
                 )
             both = answer("s", mid, approval_part(d, True))
             both["messages"][-1]["parts"].append(part_e(e, False))
             r = await client.post("/api/chat", json=both)
     assert r.status_code == 200, r.text
     assert {"type": "tool-output-denied", "toolCallId": "E"} in events(r.content)
+    assert ran == ["/x"]
+
+
+async def test_a_view_in_memory_that_refuses_the_answer_is_not_believed(tmp_path):
+    """The view in memory no longer has the call waiting (a new message superseded it
+    here), but the store has it again (another process restored it): the store's
+    record decides, not the view's refusal."""
+    path = tmp_path / "w.db"
+    async with web_server(agent(ONE), store=str(path)) as server:
+        async with httpx.AsyncClient(base_url=server.url) as client:
+            mid, (key,) = await asked(client)
+            before = await server.host.store.load("s")
+            assert before is not None
+            await server.host.sessions["s"].run("something else")
+            async with Host.open(store=path, log_tap=False) as other:
+                version = await other.store.version("s")
+                await other.store.save("s", 0, before.messages, expected_version=version)
+            r = await client.post("/api/chat", json=answer("s", mid, approval_part(key, True)))
+    assert r.status_code == 200, r.text
     assert ran == ["/x"]
 
 
