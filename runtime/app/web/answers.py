@@ -8,9 +8,13 @@ state ``output-available`` (``output``) or ``output-error`` (``errorText``).
 :func:`record_answers` reads those answers, checks them all against the stored turn
 first (an unknown, foreign or decided id, or an answer of the wrong kind, is a 4xx and
 nothing is recorded), then records each (:meth:`runtime.app.session.Session.decide`; in a
-worker deployment's front end, :meth:`runtime.turn_queue.TurnQueue.decide`). The
-request whose answers complete the turn's decisions streams its continuation; one that
-leaves calls waiting gets 202 (``{"recorded": n, "waiting": m}``).
+worker deployment's front end, :func:`check_and_record` with
+:meth:`runtime.turn_queue.TurnQueue.decide`). The request whose answers complete the
+turn's decisions streams its continuation, from what that decision stored; one that
+leaves calls waiting gets 202 (``{"recorded": true, "waiting": m}``). In the embedded
+app "the stored turn" is the session as the process holds it when it holds all of it,
+which the first answer's version-checked save proves current (else the store is read):
+an approve POST then reads nothing, as ``session.respond`` does.
 """
 
 from __future__ import annotations
