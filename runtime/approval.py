@@ -285,6 +285,7 @@ async def record_decision(
     *,
     save: DecisionSave | None = None,
     known: SessionRecord | None = None,
+    only_known: bool = False,
 ) -> Recorded:
     """Record ``decision`` for the waiting call ``key`` of session ``session_id`` in
     ``store``: load, check, save on top of the version loaded. When another writer saved
@@ -298,16 +299,25 @@ async def record_decision(
     history is all saved, at the version it was saved with): the first attempt decides
     on it instead of loading, one store round trip fewer. Nothing is lost if it is
     stale: its version no longer matches, the save conflicts, and the next attempt
-    loads, as it would after any concurrent write."""
+    loads, as it would after any concurrent write.
+
+    ``only_known``: decide on ``known`` alone, saved on top of its version or not at all:
+    a conflicting save raises :class:`~runtime.errors.StoreConflict` (nothing recorded)
+    instead of loading again, and the view's own refusal is raised as it is. For a caller
+    that checked more than this decision against ``known`` (a body of several answers,
+    :func:`runtime.app.web.answers.record_answers`): the save's version check tells it
+    whether those checks were made on what the store held."""
     conflict: StoreConflict | None = None
-    for _ in range(RECORD_ATTEMPTS):
+    if only_known and known is None:
+        raise ValueError("only_known needs the view to decide on: known")
+    for _ in range(1 if only_known else RECORD_ATTEMPTS):
         record = known if known is not None else await store.load(session_id)
         if record is None:
             raise UnknownApproval(f"no call of this session waits for {key!r}")
         try:
             index, messages, call, waiting = _decide(record.messages, key, decision, tools)
         except (UnknownApproval, AlreadyDecided):
-            if known is None:
+            if known is None or only_known:
                 raise
             known = None  # the caller's view may be behind the store's: read it
             continue

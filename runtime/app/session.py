@@ -48,7 +48,13 @@ from runtime.approval import (
     waiting_calls,
 )
 from runtime.busy import INTERRUPT, INTERRUPTED_BY_NEW, REJECT, STEER, OnBusy, check_on_busy
-from runtime.errors import InvalidTurnId, NothingToResume, SessionBusy, SessionNotLoaded
+from runtime.errors import (
+    InvalidTurnId,
+    NothingToResume,
+    SessionBusy,
+    SessionNotLoaded,
+    StoreConflict,
+)
 from runtime.events import ToolApprovalDecided, TurnQueued
 from runtime.ids import new_id
 from runtime.inbox import Inbox
@@ -748,6 +754,7 @@ class Session:
         reason: str | None = None,
         output: Any = _UNSET,
         error: str | None = None,
+        expected_version: int | None = None,
     ) -> Recorded:
         """Record a decision for a waiting call, without resuming the turn: ``approved``
         (and ``reason``) for an approval id, ``output`` (or ``error``) for a client tool's
@@ -756,7 +763,14 @@ class Session:
         waits in this session), :class:`~runtime.errors.AlreadyDecided`,
         :class:`~runtime.errors.InvalidDecision` (the wrong kind of answer, an output
         its schema refuses); nothing changes then. ``.complete`` on the result says
-        whether every waiting call is decided now: then :meth:`resume`."""
+        whether every waiting call is decided now: then :meth:`resume`.
+
+        ``expected_version``: record it on top of that version of the session, the one
+        :meth:`held_record` gave, or not at all: when the session in memory is no longer
+        at it, or the store has moved past it, raises :class:`~runtime.errors.StoreConflict`
+        and records nothing. For a caller that checked more than this decision against
+        that record (the web app's body of several answers): the save's version check
+        tells it whether its checks were made on what the store held."""
         if self.busy:
             raise SessionBusy(f"session {self._id!r} is already running a turn")
         decision = Decision(
@@ -767,9 +781,23 @@ class Session:
             has_output=output is not _UNSET,
         )
         tools = {t.name: t for t in self.agent.tools}
+        known = self.held_record()
+        if expected_version is not None and (known is None or known.version != expected_version):
+            raise StoreConflict(
+                f"session {self._id!r} is no longer at version {expected_version} in memory",
+                session_id=self._id,
+                expected=expected_version,
+                actual=known.version if known is not None else 0,
+            )
         self._decided = None
         recorded = await record_decision(
-            self.host.store, self._id, id, decision, tools, known=self._saved_view()
+            self.host.store,
+            self._id,
+            id,
+            decision,
+            tools,
+            known=known,
+            only_known=expected_version is not None,
         )
         if recorded.messages is not None:
             self._decided = recorded
@@ -787,12 +815,22 @@ class Session:
             )
         return recorded
 
-    def _saved_view(self) -> SessionRecord | None:
-        """The history in memory as a stored record, when it is all saved (at the
-        version the turn runner last saw): a decision can be checked against it without
-        reading the store (a stale one only costs that read after all)."""
+    def held_record(self) -> SessionRecord | None:
+        """The session as this process last stored it, when memory holds all of it: what
+        its latest decision stored (:meth:`decide`; no turn has run since, or it would
+        have been taken or dropped), else the history in memory when it is all saved (at
+        the version the turn runner last saw); ``None`` when neither (evicted, a step
+        not saved yet). A view, not a read: a decision is checked against it without
+        reading the store, and saved on top of its version, so a stale one (another
+        writer saved since) only costs that read after all, never a wrong decision.
+        Preferring the decision's record lets the next decision of the same turn (a
+        page that answers its calls one at a time, a body of several answers) save on
+        top of it instead of conflicting with the version the runner last saw."""
         if self.runner is None or not self.loaded:
             return None
+        decided = self._decided
+        if decided is not None and decided.messages is not None:
+            return _as_record(self._id, decided)
         snap = self.runner.snapshot
         if snap.version <= 0 or not snap.all_saved:
             return None
@@ -822,7 +860,8 @@ class Session:
         self, decided: Recorded
     ) -> tuple[SessionRecord, tuple[PendingCall, ...]] | None:
         """What ``decided`` stored (the session and its turn's waiting calls), for the
-        continuation :meth:`respond` starts at once after it, without a version query;
+        continuation :meth:`respond` starts at once after it (or the web app's
+        continuation request, ``resume(decided=...)``), without a version query;
         ``None`` when it is no longer this process's latest decision (another input, a
         decision or an eviction came in between): then :meth:`decided_record` decides.
 
@@ -833,11 +872,14 @@ class Session:
         :func:`~runtime.approval.record_decision`, and only its caller sees
         ``complete``), and all that runs between its commit and this is the bus's
         delivery of ``tool.approval-decided`` (which waits only for a subscriber's full
-        inbox). A writer of another process caught by the query would have had to load
-        the session, continue the turn (or supersede it) and commit within those
-        microseconds; one a little slower, committing just after the query and before
-        this continuation's first save, is missed by the query too (the embedded store
-        has no lease: nothing fences a continuation there, as a worker's claim does).
+        inbox); in the web app, also the request handing its response to the server,
+        which calls it at once, and that response's :meth:`reopen` (a no-op while the
+        session is loaded: an eviction in between drops the decision, below). A writer
+        of another process caught by the query would have had to load the session,
+        continue the turn (or supersede it) and commit within those microseconds; one a
+        little slower, committing just after the query and before this continuation's
+        first save, is missed by the query too (the embedded store has no lease: nothing
+        fences a continuation there, as a worker's claim does).
         So the query narrowed a race it cannot close by a few microseconds, and guarded
         nothing ``respond`` relies on. A writer in this process is seen without asking
         the store: a new input clears the latest decision (:meth:`stream`), as an
@@ -850,7 +892,11 @@ class Session:
         return _as_record(self._id, decided), decided.waiting
 
     def resume(
-        self, *, tools: tuple[Tool, ...] = (), instructions: str | None = None
+        self,
+        *,
+        tools: tuple[Tool, ...] = (),
+        instructions: str | None = None,
+        decided: Recorded | None = None,
     ) -> TurnStream:
         """The continuation of the turn that waited, once every call it waits for is
         decided: ``async with session.resume() as out``. Approved calls run (once),
@@ -858,8 +904,15 @@ class Session:
         and the model goes on in the same assistant message. Entering raises
         :class:`~runtime.errors.NothingToResume` when no turn waits or a call is still
         undecided. ``tools`` and ``instructions`` are :meth:`stream`'s, for the
-        continuation only."""
-        return ResumeStream(self, tools=tools, instructions=instructions)
+        continuation only.
+
+        ``decided``: what :meth:`decide` returned for the decision that completed the
+        turn, when the caller resumes at once after making it (as :meth:`respond` does,
+        and the web app's continuation request): the continuation starts from what that
+        decision stored, without asking the store for the version, while it is still
+        the session's latest decision (:meth:`take_decided` says why that is safe only
+        then). Leave it out where the decision and the continuation are apart."""
+        return ResumeStream(self, tools=tools, instructions=instructions, decided=decided)
 
     async def respond(
         self,
@@ -880,7 +933,7 @@ class Session:
         )
         if not recorded.complete:
             return None
-        async with ResumeStream(self, decided=recorded) as out:
+        async with self.resume(decided=recorded) as out:
             async for _ in out:
                 pass
         return out.result

@@ -8,9 +8,13 @@ state ``output-available`` (``output``) or ``output-error`` (``errorText``).
 :func:`record_answers` reads those answers, checks them all against the stored turn
 first (an unknown, foreign or decided id, or an answer of the wrong kind, is a 4xx and
 nothing is recorded), then records each (:meth:`runtime.app.session.Session.decide`; in a
-worker deployment's front end, :meth:`runtime.turn_queue.TurnQueue.decide`). The
-request whose answers complete the turn's decisions streams its continuation; one that
-leaves calls waiting gets 202 (``{"recorded": n, "waiting": m}``).
+worker deployment's front end, :func:`check_and_record` with
+:meth:`runtime.turn_queue.TurnQueue.decide`). The request whose answers complete the
+turn's decisions streams its continuation, from what that decision stored; one that
+leaves calls waiting gets 202 (``{"recorded": true, "waiting": m}``). In the embedded
+app "the stored turn" is the session as the process holds it when it holds all of it,
+which the first answer's version-checked save proves current (else the store is read):
+an approve POST then reads nothing, as ``session.respond`` does.
 """
 
 from __future__ import annotations
@@ -28,7 +32,13 @@ from runtime.approval import (
     pending_calls,
     waiting_calls,
 )
-from runtime.errors import AlreadyDecided, DecisionError, InvalidDecision, UnknownApproval
+from runtime.errors import (
+    AlreadyDecided,
+    DecisionError,
+    InvalidDecision,
+    StoreConflict,
+    UnknownApproval,
+)
 from runtime.messages import AssistantMessage, Awaiting, Message, ToolCallPart
 from runtime.store import Store
 
@@ -105,42 +115,55 @@ RecordAnswer = Callable[[str, Decision], Awaitable[Recorded]]
 app's ``session.decide``; a worker deployment's front end, the turn queue's ``decide``)."""
 
 
-async def record_answers(session: Any, payload: dict[str, Any]) -> tuple[tuple[str, ...], bool]:
+async def record_answers(session: Any, payload: dict[str, Any]) -> tuple[tuple[str, ...], Recorded]:
     """Record the answers of a continuation body for ``session``; returns the ids of the
     calls the turn waited for (the client knows them: their input is not sent again) and
-    whether this body's answers completed the turn's decisions: only then does this
-    request resume the turn (two requests never both resume it). Every answer is checked
-    before any is recorded."""
+    what the last answer's decision recorded: only a ``complete`` one lets this request
+    resume the turn (two requests never both resume it), from what it stored
+    (``session.resume(decided=...)``). Every answer is checked before any is recorded.
+
+    The answers are checked against the session as this process holds it
+    (``session.held_record()``) when it holds all of it, instead of reading it from the
+    store: the first answer is recorded on top of that record's version or not at all
+    (``decide(expected_version=...)``), so either the store held what the checks saw, or
+    nothing was recorded and they are made again on what the store holds. A view that
+    refuses an answer is not believed either (it may be behind the store, which may
+    know the call): the store is read and decides, so every 4xx comes from a read."""
     if session.busy:
         raise ApiError(409, f"session {session.id!r} is already running a turn")
 
-    async def record(key: str, decision: Decision) -> Recorded:
+    async def record(key: str, decision: Decision, expected_version: int | None = None) -> Recorded:
         recorded: Recorded = await session.decide(
             key,
             approved=decision.approved,
             reason=decision.reason,
             error=decision.error,
+            expected_version=expected_version,
             **({"output": decision.output} if decision.has_output else {}),
         )
         return recorded
 
     tools = {t.name: t for t in session.agent.tools}
+    known = session.held_record()
+    if known is not None:
+        try:
+            announced, answers = _checked(known.messages, payload, tools)
+            first, *rest = answers
+            recorded = await record(*first, expected_version=known.version)
+        except (ApiError, DecisionError, StoreConflict):
+            pass  # the view may be behind the store: check again on what it holds
+        else:  # the store held what the checks saw: the rest are checked as well
+            return announced, await _record_all(rest, record, recorded)
     return await check_and_record(session.host.store, session.id, tools, payload, record)
 
 
-async def check_and_record(
-    store: Store,
-    session_id: str,
-    tools: Mapping[str, Any],
-    payload: dict[str, Any],
-    record: RecordAnswer,
-) -> tuple[tuple[str, ...], bool]:
-    """:func:`record_answers` for session ``session_id`` of ``store``, each answer recorded
-    with ``record`` once all are checked against the stored turn; the ids of the calls
-    the turn waited for, and whether the answers completed its decisions."""
+def _checked(
+    stored: Sequence[Message], payload: dict[str, Any], tools: Mapping[str, Any]
+) -> tuple[tuple[str, ...], list[tuple[str, Decision]]]:
+    """The ids of the calls the stored turn waits for and the body's answers to record
+    (echoes of recorded ones left out), each checked against ``stored``: a body with a
+    bad one (or none) raises :class:`ApiError`."""
     message = payload["messages"][-1]
-    stored_record = await store.load(session_id)
-    stored = stored_record.messages if stored_record is not None else ()
     waiting = waiting_calls(stored)
     message_id = payload.get("messageId", message.get("id"))
     if waiting and message_id not in (None, waiting[0].message_id):
@@ -153,18 +176,40 @@ async def check_and_record(
     try:
         for key, decision in answers:  # all checked first: a bad one records nothing
             _, stored, _, _ = decide(stored, key, decision, tools)
-        complete = False
-        for key, decision in answers:
-            recorded = await record(key, decision)
-            complete = recorded.complete
     except DecisionError as exc:
         raise ApiError(_STATUS.get(type(exc), 400), str(exc)) from None
-    return tuple(c.tool_call_id for c in waiting), complete
+    return tuple(c.tool_call_id for c in waiting), answers
 
 
-async def pending_in_store(session: Any) -> tuple[PendingCall, ...]:
-    """The calls ``session``'s stored last turn still waits for, undecided."""
-    return await pending_in(session.host.store, session.id)
+async def _record_all(
+    answers: Sequence[tuple[str, Decision]], record: RecordAnswer, last: Recorded | None = None
+) -> Recorded:
+    """Record each of ``answers`` (checked) with ``record``; what the last one recorded
+    (``last`` when there are none). A refusal is an :class:`ApiError`."""
+    try:
+        for key, decision in answers:
+            last = await record(key, decision)
+    except DecisionError as exc:
+        raise ApiError(_STATUS.get(type(exc), 400), str(exc)) from None
+    assert last is not None
+    return last
+
+
+async def check_and_record(
+    store: Store,
+    session_id: str,
+    tools: Mapping[str, Any],
+    payload: dict[str, Any],
+    record: RecordAnswer,
+) -> tuple[tuple[str, ...], Recorded]:
+    """:func:`record_answers` for session ``session_id`` of ``store``, read from it, each
+    answer recorded with ``record`` once all are checked against the stored turn; the
+    ids of the calls the turn waited for, and what the last answer recorded (its
+    ``complete``: whether the answers completed the turn's decisions)."""
+    stored_record = await store.load(session_id)
+    stored = stored_record.messages if stored_record is not None else ()
+    announced, answers = _checked(stored, payload, tools)
+    return announced, await _record_all(answers, record)
 
 
 async def pending_in(store: Store, session_id: str) -> tuple[PendingCall, ...]:
@@ -224,7 +269,6 @@ __all__ = [
     "check_and_record",
     "is_continuation",
     "pending_in",
-    "pending_in_store",
     "record_answers",
     "waiting_in_meta",
 ]

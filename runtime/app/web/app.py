@@ -64,7 +64,6 @@ from runtime.app.session import FINAL_WAIT
 from runtime.app.web import BODY_TIMEOUT, DEFAULT_MAX_BODY, SEND_TIMEOUT
 from runtime.app.web.answers import (
     is_continuation,
-    pending_in_store,
     record_answers,
     waiting_in_meta,
 )
@@ -78,7 +77,7 @@ from runtime.app.web.resend import classify_resend, client_message_id, replay_re
 from runtime.app.web.resume import resume_stream, stop_turn
 from runtime.app.web.ui_stream import DONE, HEADERS, UIStreamEncoder, ui_messages
 from runtime.app.web.writer import BodyWriter
-from runtime.approval import pending_calls
+from runtime.approval import Recorded, pending_calls
 from runtime.busy import REJECT, OnBusy, check_on_busy
 from runtime.errors import InvalidHistory, NothingToResume, SessionBusy
 from runtime.messages import UserContent
@@ -176,6 +175,7 @@ class TurnResponse:
         regenerate: bool = False,
         user_message_id: str | None = None,
         resume: bool = False,
+        decided: Recorded | None = None,
         announced: tuple[str, ...] = (),
         keepalive: float = KEEPALIVE,
         send_timeout: float | None = SEND_TIMEOUT,
@@ -195,6 +195,9 @@ class TurnResponse:
         """The client's id of the user message, stored as its id (:mod:`runtime.app.web.resend`)."""
         self.resume = resume
         """Run the continuation of the turn that waited for input (docs/approval.md)."""
+        self.decided = decided
+        """With ``resume``: the decision this request recorded that completed the turn;
+        the continuation starts from what it stored (``session.resume(decided=...)``)."""
         self.announced = announced
         """Calls the client knows: their input is not streamed again."""
         self.keepalive = keepalive
@@ -231,7 +234,9 @@ class TurnResponse:
             # one, the fallback, is left only after the turn is over and saved.
             try:
                 turn = (
-                    session.resume(tools=self.tools, instructions=self.instructions)
+                    session.resume(
+                        tools=self.tools, instructions=self.instructions, decided=self.decided
+                    )
                     if self.resume
                     else session.stream(
                         self.text,
@@ -432,14 +437,15 @@ async def chat(request: Request) -> Any:
     payload, session_id, text, regenerate = await read_chat_request(request, answers=True)
     session = await state.session(session_id)
     if is_continuation(payload):
-        announced, complete = await record_answers(session, payload)
-        if not complete:  # other calls still wait: whoever decides the last one resumes
-            waiting = len(await pending_in_store(session))
+        announced, recorded = await record_answers(session, payload)
+        if not recorded.complete:  # other calls still wait: whoever decides the last resumes
+            waiting = sum(not c.decided for c in recorded.waiting)  # as the decision left them
             return json_response({"recorded": True, "waiting": waiting}, 202)
         return TurnResponse(
             session,
             "",
             resume=True,
+            decided=recorded,
             announced=announced,
             keepalive=state.keepalive,
             send_timeout=state.send_timeout,

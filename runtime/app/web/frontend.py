@@ -375,10 +375,10 @@ class FrontEnd:
         request whose answers complete the turn's decisions streams its continuation."""
         decided: list[Decided] = []
         record = self._recorder(request, session_id, decided)
-        announced, complete = await check_and_record(
+        announced, recorded = await check_and_record(
             self.store, session_id, self._tools(request, session_id), payload, record
         )
-        if not complete:  # other calls still wait: whoever decides the last one resumes
+        if not recorded.complete:  # other calls still wait: whoever decides the last one resumes
             waiting = len(await pending_in(self.store, session_id))
             return json_response({"recorded": True, "waiting": waiting}, 202)
         turn = decided[-1].turn
