@@ -16,11 +16,8 @@ import psycopg
 import pytest
 
 from actors.stores.postgres import LockedSession, PostgresStore
-from actors.stores.turn_claims import _start_head_unless_expired
-from actors.stores.turns import TurnQueue
 from runtime.errors import StoreConflict, StoreError
 from runtime.messages import UserMessage
-from tests.support.pg import pg_connect
 
 
 @pytest.fixture
@@ -45,7 +42,6 @@ def statements(monkeypatch: pytest.MonkeyPatch) -> Iterator[collections.Counter[
         return execute(self, query, *args, **kwargs)
 
     monkeypatch.setattr(psycopg.Cursor, "execute", counted)
-    monkeypatch.setattr(psycopg.ClientCursor, "execute", counted)
     yield counts
 
 
@@ -136,76 +132,4 @@ async def test_a_session_created_meanwhile_is_a_conflict_and_keeps_its_messages(
         assert record.messages == ()  # the rival's session, without this save's messages
     finally:
         await other.aclose()
-        await store.aclose()
-
-
-# -- claims ------------------------------------------------------------------------------
-
-
-def expire(store: PostgresStore, turn_id: str) -> None:
-    """End the turn's lease now, as if its worker had stopped renewing."""
-    with pg_connect() as conn:
-        conn.execute(f"SET search_path TO {store.schema}")
-        conn.execute(
-            "UPDATE axon_turns SET lease_until = now() - interval '1 second' WHERE turn_id = %s",
-            (turn_id,),
-        )
-
-
-async def test_a_claim_is_one_statement_outside_any_transaction(pg_url, statements):
-    store = await PostgresStore.open(pg_url)
-    queue = TurnQueue(store, lease=30.0, max_attempts=3)
-    try:
-        submitted = await queue.submit("s1", "one")
-        statements.clear()
-        claim = await queue.claim("w1")
-        assert claim is not None
-        assert (claim.turn.turn_id, claim.owner, claim.epoch) == (submitted.turn_id, "w1", 1)
-        assert not claim.takeover
-        # the SET LOCAL and the head's start, in one simple query: one round trip
-        assert statements == {"SET": 1}, statements
-        statements.clear()
-        assert await queue.claim("w1") is None  # nothing left: one round trip too
-        assert statements == {"SET": 1}, statements
-    finally:
-        await queue.aclose()
-        await store.aclose()
-
-
-async def test_an_expired_lease_is_taken_over_before_a_head_in_line_starts(pg_url):
-    store = await PostgresStore.open(pg_url)
-    queue = TurnQueue(store, lease=30.0, max_attempts=3)
-    try:
-        first = await queue.submit("s1", "one")
-        old = await queue.claim("w1")
-        assert old is not None
-        second = await queue.submit("s2", "two")
-        expire(store, first.turn_id)
-        new = await queue.claim("w2")
-        assert new is not None
-        assert (new.turn.turn_id, new.takeover, new.epoch) == (first.turn_id, True, 2)
-        head = await queue.claim("w3")
-        assert head is not None
-        assert (head.turn.turn_id, head.takeover) == (second.turn_id, False)
-    finally:
-        await queue.aclose()
-        await store.aclose()
-
-
-async def test_a_claims_setting_holds_in_its_implicit_transaction_and_ends_with_it(pg_url):
-    """``SET LOCAL`` outside a transaction block does nothing but warn; in a simple
-    query's implicit transaction it holds, and it ends with the claim."""
-    store = await PostgresStore.open(pg_url)
-    try:
-        with psycopg.connect(store.libpq, autocommit=True) as conn:
-            conn.execute(f"SET search_path TO {store.schema}")
-            notices: list[str] = []
-            conn.add_notice_handler(lambda notice: notices.append(notice.message_primary))
-            assert _start_head_unless_expired(conn, "w1", 30.0) is None
-            assert notices == []
-            assert conn.execute("SELECT current_setting('enable_sort')").fetchone() == ("on",)
-            # the same query alone, outside any transaction: the warning the claim avoids
-            conn.execute("SET LOCAL enable_sort = off")
-            assert notices != []
-    finally:
         await store.aclose()

@@ -135,10 +135,8 @@ class TurnClaiming:
             # look's snapshot: the unique index refuses the second one, and this claim,
             # rolled back, found nothing (no savepoint: two statements fewer per claim).
             try:
-                found = _start_head_unless_expired(conn, owner, lease)
-                if found is _EXPIRED:  # rare: the walk of expired leases, as it always was
-                    with conn.transaction():
-                        found = claim(conn)
+                with conn.transaction():
+                    found = claim(conn)
             except psycopg.errors.UniqueViolation:
                 return None
             if found is not None and found[2] is None and load is not None:
@@ -436,61 +434,6 @@ def _take_expired(conn: Any, owner: str, lease: float, max_attempts: int) -> _Fo
         )
         _notify_turns(conn, turn_id)
     return None
-
-
-_EXPIRED: Any = ("expired",)
-"""What :func:`_start_head_unless_expired` returns when a lease has expired."""
-
-
-def _start_head_unless_expired(conn: Any, owner: str, lease: float) -> _Found | None:
-    """The first claimable head in line started by ``owner``, as :func:`_start_head`
-    does, but only if no running turn's lease has expired (then :data:`_EXPIRED`, and
-    nothing is written: the caller runs the whole claim, takeovers first); ``None`` when
-    nothing is claimable.
-
-    One round trip where a claim was four (``BEGIN``, the look for expired leases with
-    its ``SET LOCAL``, the head's start, ``COMMIT``), and so is a claim that finds
-    nothing, which a polling worker makes over and over: the ``SET LOCAL`` and the
-    statement go in one simple query, its values bound here (a query with parameters
-    bound by the server may hold only one statement), which PostgreSQL runs as one
-    implicit transaction, so the setting holds for the statement and ends with it. A
-    unique violation (a concurrent claim started another turn of the session) rolls
-    all of it back, as an explicit transaction's did."""
-    import psycopg
-
-    cur = psycopg.ClientCursor(conn)
-    cur.execute(
-        f"""SET LOCAL enable_sort = off;
-        WITH expired AS (
-            SELECT 1 FROM axon_turns
-            WHERE status = 'running' AND lease_until < clock_timestamp() LIMIT 1
-        ), head AS (
-            SELECT turn_id FROM axon_turns AS t
-            WHERE NOT EXISTS (SELECT 1 FROM expired)
-              AND t.head AND t.status = 'queued' AND NOT t.cancel_requested
-              AND NOT EXISTS (SELECT 1 FROM axon_turns AS r
-                  WHERE r.session_id = t.session_id AND r.status = 'running')
-            ORDER BY t.head_seq LIMIT 1 FOR UPDATE SKIP LOCKED
-        ), started AS (
-            UPDATE axon_turns SET status = 'running', owner = %s,
-                epoch = epoch + 1, attempts = attempts + 1,
-                lease_until = clock_timestamp() + make_interval(secs => %s),
-                started_at = coalesce(started_at, clock_timestamp())
-            WHERE turn_id = (SELECT turn_id FROM head) AND status = 'queued'
-            RETURNING {_COLUMNS}
-        ), superseded AS ({_SUPERSEDE} FROM started AS s
-            WHERE w.session_id = s.session_id AND w.status = 'awaiting-input'
-            RETURNING pg_notify(%s, current_schema() || ':' || w.turn_id)
-        )
-        SELECT EXISTS (SELECT 1 FROM expired), started.*
-        FROM (VALUES (1)) AS one LEFT JOIN started ON true""",
-        (owner, float(lease), TURNS_CHANNEL),
-    )
-    cur.nextset()
-    row: Any = cur.fetchone()  # always one: the statement selects from one row
-    if row[0]:
-        return _EXPIRED
-    return None if row[1] is None else (tuple(row[1:]), STARTED, None)
 
 
 def _start_head(conn: Any, owner: str, lease: float) -> _Found | None:
