@@ -16,6 +16,7 @@ import psycopg
 import pytest
 
 from actors.stores.postgres import LockedSession, PostgresStore
+from actors.stores.turns import TurnQueue
 from runtime.errors import StoreConflict, StoreError
 from runtime.messages import UserMessage
 
@@ -132,4 +133,45 @@ async def test_a_session_created_meanwhile_is_a_conflict_and_keeps_its_messages(
         assert record.messages == ()  # the rival's session, without this save's messages
     finally:
         await other.aclose()
+        await store.aclose()
+
+
+# -- claims ------------------------------------------------------------------------------
+
+
+async def test_a_claims_look_for_expired_leases_turns_sorting_off_for_its_transaction(pg_url):
+    """A claim walks the heads in line with sorting off (a table PostgreSQL has not
+    analyzed yet would otherwise be planned as a check of every head and a sort): the
+    look for expired leases, the claim's first statement, sets it for the transaction."""
+    from actors.stores.turn_claims import _take_expired
+
+    store = await PostgresStore.open(pg_url)
+    try:
+        with psycopg.connect(store.libpq, autocommit=True) as conn:
+            conn.execute(f"SET search_path TO {store.schema}")
+            notices: list[str] = []
+            conn.add_notice_handler(lambda notice: notices.append(notice.message_primary))
+            for _ in range(7):  # past psycopg's prepare threshold: the prepared look too
+                with conn.transaction():
+                    assert _take_expired(conn, "w1", 30.0, 3) is None
+                    setting = conn.execute("SELECT current_setting('enable_sort')").fetchone()
+                    assert setting == ("off",)
+                assert conn.execute("SELECT current_setting('enable_sort')").fetchone() == ("on",)
+            assert notices == []
+    finally:
+        await store.aclose()
+
+
+async def test_a_claims_look_for_expired_leases_is_one_preparable_statement(pg_url, statements):
+    """The look is one statement (a query of two, a ``SET LOCAL`` and the look, cannot be
+    prepared: the server parsed and planned it at every claim)."""
+    store = await PostgresStore.open(pg_url)
+    queue = TurnQueue(store, lease=30.0, max_attempts=3)
+    try:
+        await queue.submit("s1", "one")
+        statements.clear()
+        assert await queue.claim("w1") is not None
+        assert statements == {"TRANSACTION": 1, "SELECT": 1, "WITH": 1}, statements
+    finally:
+        await queue.aclose()
         await store.aclose()
