@@ -609,8 +609,9 @@ class PostgresStore:
 
         Few statements, because every one costs a round trip and a parse on both sides
         and a worker saves every step: without a guard, the fence check (and the turn's
-        ``saved`` mark) and the session's lock are one statement, the hole check rides on
-        the ``DELETE``, and the session row's update inserts the messages with it."""
+        ``saved`` mark) and the session's lock are one statement, and the writes another:
+        the session row's update (or insert) with the messages' delete, insert and hole
+        check in its ``WITH``."""
         mark = fence is not None and fence.turn_id not in self._marked
         if guard is not None:  # the guard runs between the fence check and the lock
             if fence is not None:
@@ -633,11 +634,9 @@ class PostgresStore:
         if row is None:  # a session that does not exist has no messages to replace
             if start > 0:
                 _beyond_end(session_id, start, 0)
-            version = self._insert_session(conn, session_id, merged, expected_version)
-            _insert_messages(conn, session_id, rows)
+            version = self._insert_session(conn, session_id, merged, expected_version, rows)
         else:
-            _delete_from(conn, session_id, start)
-            version = _update_session(conn, session_id, merged, rows)
+            version = _replace_messages(conn, session_id, start, merged, rows)
         if mark:
             conn.execute(
                 "UPDATE axon_turns SET saved = true WHERE turn_id = %s AND NOT saved",
@@ -692,15 +691,25 @@ class PostgresStore:
         return row
 
     def _insert_session(
-        self, conn: Any, session_id: str, meta: dict[str, Any], expected_version: int | None
+        self,
+        conn: Any,
+        session_id: str,
+        meta: dict[str, Any],
+        expected_version: int | None,
+        rows: list[tuple[str, int, str, bytes]],
     ) -> int:
-        """Create the session row; its version. A concurrent creator (committed after this
-        transaction found no row) makes the insert find the key taken: a conflict."""
+        """Create the session row with its messages ``rows``, in one statement; its
+        version. A concurrent creator (committed after this transaction found no row)
+        makes the insert find the key taken: a conflict, and no message is inserted (the
+        messages' insert runs only for a session row this statement inserted)."""
         got = conn.execute(
-            """INSERT INTO axon_sessions (session_id, meta, update_seq, version)
-            VALUES (%s, %s, nextval('axon_update_seq'), nextval('axon_versions'))
-            ON CONFLICT (session_id) DO NOTHING RETURNING version""",
-            (session_id, orjson.dumps(meta)),
+            f"""WITH s AS (
+                INSERT INTO axon_sessions (session_id, meta, update_seq, version)
+                VALUES (%s, %s, nextval('axon_update_seq'), nextval('axon_versions'))
+                ON CONFLICT (session_id) DO NOTHING RETURNING version
+            ), m AS ({_INSERT_ROWS} WHERE EXISTS (SELECT 1 FROM s))
+            SELECT version FROM s""",
+            (session_id, orjson.dumps(meta), session_id, *_columns(rows)),
         ).fetchone()
         if got is None:
             actual = conn.execute(
@@ -815,26 +824,6 @@ def _beyond_end(session_id: str, start: int, count: int) -> None:
     )
 
 
-def _delete_from(conn: Any, session_id: str, start: int) -> None:
-    """Delete the session's messages from ``start`` on, and refuse a hole: a save may
-    append (``start`` = the message count) but not beyond. One statement: the check reads
-    message ``start - 1``, which the delete leaves alone."""
-    if start == 0:
-        conn.execute("DELETE FROM axon_messages WHERE session_id = %s", (session_id,))
-        return
-    (there,) = conn.execute(
-        """WITH gone AS (DELETE FROM axon_messages WHERE session_id = %s AND idx >= %s)
-        SELECT EXISTS (SELECT 1 FROM axon_messages WHERE session_id = %s AND idx = %s)""",
-        (session_id, start, session_id, start - 1),
-    ).fetchone()
-    if not there:
-        (count,) = conn.execute(
-            "SELECT coalesce(max(idx) + 1, 0) FROM axon_messages WHERE session_id = %s",
-            (session_id,),
-        ).fetchone()
-        _beyond_end(session_id, start, count)
-
-
 _INSERT_ROWS = """INSERT INTO axon_messages (session_id, idx, role, body)
     SELECT %s, u.idx, u.role, u.body
     FROM unnest(%b::int[], %b::text[], %b::bytea[]) AS u(idx, role, body)"""
@@ -848,25 +837,61 @@ def _columns(rows: list[tuple[str, int, str, bytes]]) -> tuple[list[int], list[s
     return [r[1] for r in rows], [r[2] for r in rows], [r[3] for r in rows]
 
 
-def _insert_messages(conn: Any, session_id: str, rows: list[tuple[str, int, str, bytes]]) -> None:
-    if rows:
-        conn.execute(_INSERT_ROWS, (session_id, *_columns(rows)))
-
-
-def _update_session(
-    conn: Any, session_id: str, meta: dict[str, Any], rows: list[tuple[str, int, str, bytes]]
+def _replace_messages(
+    conn: Any,
+    session_id: str,
+    start: int,
+    meta: dict[str, Any],
+    rows: list[tuple[str, int, str, bytes]],
 ) -> int:
-    """Write the (locked) session row's merged meta, its next version and place in recency
-    order, and insert ``rows``, in one statement; the new version."""
-    (version,) = conn.execute(
-        f"""WITH m AS ({_INSERT_ROWS})
+    """Replace the (locked) session's messages from ``start`` on with ``rows`` and write
+    its merged meta, its next version and place in recency order, all in one statement
+    (it was two: the delete, then the update with the insert); the new version.
+
+    Messages past the new ones are deleted, the new ones inserted, or written over where
+    their index is taken (``ON CONFLICT``: the statement's parts all see the rows as they
+    were before it, so deleting ``start..`` and inserting the same keys in one statement
+    would collide). A hole is refused: a save may append (``start`` = the message count)
+    but not beyond, so message ``start - 1`` must be there, and the session's row is
+    updated only if it is; otherwise the caller's transaction rolls back what the
+    statement's other parts wrote."""
+    ids, roles, bodies = _columns(rows)
+    got = conn.execute(
+        f"""WITH gone AS (
+            DELETE FROM axon_messages WHERE session_id = %s AND idx >= %s
+        ), m AS ({_INSERT_ROWS}
+            ON CONFLICT (session_id, idx) DO UPDATE SET role = excluded.role, body = excluded.body
+        )
         UPDATE axon_sessions SET meta = %s, updated_at = now(),
             update_seq = nextval('axon_update_seq'),
             version = nextval('axon_versions')
-        WHERE session_id = %s RETURNING version""",
-        (session_id, *_columns(rows), orjson.dumps(meta), session_id),
+        WHERE session_id = %s AND (%s = 0 OR EXISTS (
+            SELECT 1 FROM axon_messages WHERE session_id = %s AND idx = %s - 1))
+        RETURNING version""",
+        (
+            session_id,
+            start + len(rows),
+            session_id,
+            ids,
+            roles,
+            bodies,
+            orjson.dumps(meta),
+            session_id,
+            start,
+            session_id,
+            start,
+        ),
     ).fetchone()
-    return int(version)
+    if got is None:
+        # Every message there was is below ``start`` (there is none at ``start - 1``),
+        # so the statement left them all alone: the count is theirs.
+        (count,) = conn.execute(
+            "SELECT coalesce(max(idx) + 1, 0) FROM axon_messages "
+            "WHERE session_id = %s AND idx < %s",
+            (session_id, start),
+        ).fetchone()
+        _beyond_end(session_id, start, count)
+    return int(got[0])
 
 
 CHECK_IDLE = 1.0

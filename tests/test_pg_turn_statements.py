@@ -1,0 +1,177 @@
+"""The statements a worker's turn costs PostgreSQL, counted (issue 24 goal 3).
+
+Every statement is a round trip and a parse on both sides, and a worker saves every step
+of every turn: these pin how many a save sends (counted by a wrapper around psycopg's
+cursor, so a count, not a timing), and that fewer statements still write, and refuse,
+what the store's contract says.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from actors.stores.postgres import LockedSession, PostgresStore
+from actors.stores.turns import TurnQueue
+from runtime.errors import StoreConflict, StoreError
+from runtime.messages import UserMessage
+
+
+@pytest.fixture
+def statements(monkeypatch: pytest.MonkeyPatch) -> Iterator[collections.Counter[str]]:
+    """Every cursor statement from here on, by its first word (``BEGIN``/``COMMIT``,
+    which psycopg sends without a cursor, are not counted: ``TRANSACTION`` counts the
+    transactions begun, two round trips each)."""
+    counts: collections.Counter[str] = collections.Counter()
+    execute = psycopg.Cursor.execute
+    transaction = psycopg.Connection.transaction
+
+    def begun(self: Any, *args: Any, **kwargs: Any) -> Any:
+        counts["TRANSACTION"] += 1
+        return transaction(self, *args, **kwargs)
+
+    monkeypatch.setattr(psycopg.Connection, "transaction", begun)
+
+    def counted(self: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+        words = str(query).split()
+        if words:  # the pool's check of an idle connection sends "": not the save's
+            counts[words[0].upper()] += 1
+        return execute(self, query, *args, **kwargs)
+
+    monkeypatch.setattr(psycopg.Cursor, "execute", counted)
+    yield counts
+
+
+def said(*texts: str) -> list[UserMessage]:
+    return [UserMessage(content=text) for text in texts]
+
+
+async def test_a_save_of_a_new_session_is_the_lock_and_one_write(pg_url, statements):
+    store = await PostgresStore.open(pg_url)
+    try:
+        statements.clear()
+        await store.save("s", 0, said("a", "b"), {"k": 1})
+        # the session's lock (it finds none), then its row and messages in one statement
+        assert statements == {"TRANSACTION": 1, "SELECT": 1, "WITH": 1}, statements
+        record = await store.load("s")
+        assert record is not None
+        assert [m.content for m in record.messages] == ["a", "b"]
+        assert record.meta == {"k": 1}
+    finally:
+        await store.aclose()
+
+
+async def test_a_save_of_a_stored_session_is_the_lock_and_one_write(pg_url, statements):
+    store = await PostgresStore.open(pg_url)
+    try:
+        version = await store.save("s", 0, said("a", "b", "c", "d"))
+        statements.clear()
+        # replace the tail with fewer messages: the one past them goes
+        version = await store.save("s", 1, said("B", "C"), {"k": 2}, expected_version=version)
+        # the session's lock, then the delete, the insert and the row's update in one
+        assert statements == {"TRANSACTION": 1, "SELECT": 1, "WITH": 1}, statements
+        record = await store.load("s")
+        assert record is not None
+        assert [m.content for m in record.messages] == ["a", "B", "C"]
+        assert record.meta == {"k": 2}
+        assert record.version == version
+        # replace the tail with more messages, over ones still stored; then append
+        version = await store.save("s", 2, said("x", "y", "z"), expected_version=version)
+        version = await store.save("s", 5, said("w"), expected_version=version)
+        record = await store.load("s")
+        assert record is not None
+        assert [m.content for m in record.messages] == ["a", "B", "x", "y", "z", "w"]
+        # everything from 0: the whole session replaced
+        await store.save("s", 0, said("only"), expected_version=version)
+        record = await store.load("s")
+        assert record is not None
+        assert [m.content for m in record.messages] == ["only"]
+    finally:
+        await store.aclose()
+
+
+async def test_a_save_beyond_the_end_writes_nothing_and_says_how_long_it_is(pg_url):
+    store = await PostgresStore.open(pg_url)
+    try:
+        version = await store.save("s", 0, said("a", "b"), {"k": 1})
+        # the write statement's other parts (the delete, the insert) ran: rolled back
+        with pytest.raises(StoreError, match=r"start 3 is beyond its end \(2 messages\)"):
+            await store.save("s", 3, said("x", "y"), {"k": 2})
+        record = await store.load("s")
+        assert record is not None
+        assert [m.content for m in record.messages] == ["a", "b"]
+        assert record.meta == {"k": 1}
+        assert record.version == version
+    finally:
+        await store.aclose()
+
+
+async def test_a_session_created_meanwhile_is_a_conflict_and_keeps_its_messages(pg_url):
+    """The other creator commits after this save found no session row: the save's insert
+    finds the key taken, raises a conflict, and inserts none of its messages."""
+    store = await PostgresStore.open(pg_url)
+    other = await PostgresStore.open(pg_url)
+    try:
+
+        def create_meanwhile(conn: Any) -> LockedSession:
+            with psycopg.connect(store.libpq, autocommit=True) as rival:
+                rival.execute(f"SET search_path TO {store.schema}")
+                rival.execute(
+                    """INSERT INTO axon_sessions (session_id, meta, update_seq, version)
+                    VALUES ('s', '{}', nextval('axon_update_seq'), nextval('axon_versions'))"""
+                )
+            return LockedSession(row=None)  # as if locked when there was no row
+
+        with pytest.raises(StoreConflict):
+            await store.save("s", 0, said("mine", "mine too"), guard=create_meanwhile)
+        record = await other.load("s")
+        assert record is not None
+        assert record.messages == ()  # the rival's session, without this save's messages
+    finally:
+        await other.aclose()
+        await store.aclose()
+
+
+# -- claims ------------------------------------------------------------------------------
+
+
+async def test_a_claims_look_for_expired_leases_turns_sorting_off_for_its_transaction(pg_url):
+    """A claim walks the heads in line with sorting off (a table PostgreSQL has not
+    analyzed yet would otherwise be planned as a check of every head and a sort): the
+    look for expired leases, the claim's first statement, sets it for the transaction."""
+    from actors.stores.turn_claims import _take_expired
+
+    store = await PostgresStore.open(pg_url)
+    try:
+        with psycopg.connect(store.libpq, autocommit=True) as conn:
+            conn.execute(f"SET search_path TO {store.schema}")
+            notices: list[str] = []
+            conn.add_notice_handler(lambda notice: notices.append(notice.message_primary))
+            for _ in range(7):  # past psycopg's prepare threshold: the prepared look too
+                with conn.transaction():
+                    assert _take_expired(conn, "w1", 30.0, 3) is None
+                    setting = conn.execute("SELECT current_setting('enable_sort')").fetchone()
+                    assert setting == ("off",)
+                assert conn.execute("SELECT current_setting('enable_sort')").fetchone() == ("on",)
+            assert notices == []
+    finally:
+        await store.aclose()
+
+
+async def test_a_claims_look_for_expired_leases_is_one_preparable_statement(pg_url, statements):
+    """The look is one statement (a query of two, a ``SET LOCAL`` and the look, cannot be
+    prepared: the server parsed and planned it at every claim)."""
+    store = await PostgresStore.open(pg_url)
+    queue = TurnQueue(store, lease=30.0, max_attempts=3)
+    try:
+        await queue.submit("s1", "one")
+        statements.clear()
+        assert await queue.claim("w1") is not None
+        assert statements == {"TRANSACTION": 1, "SELECT": 1, "WITH": 1}, statements
+    finally:
+        await queue.aclose()
+        await store.aclose()
