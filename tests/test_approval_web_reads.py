@@ -15,22 +15,13 @@ import pytest
 import trio
 
 from actors.providers.scripted import ScriptedProvider, tool_call
-from runtime import Agent, Host, tool
+from runtime import Agent, Host
 from runtime.approval import Decision, record_decision
 from runtime.errors import StoreConflict
-from tests.test_approval_reads import count_calls
+from tests.test_approval_reads import count_calls, delete_file, ran
 from tests.test_approval_web import answer, approval_part, post
 from tests.test_web_http import body, events
 from tests.web.harness import web_server
-
-ran: list[str] = []
-
-
-@tool(needs_approval=True)
-async def delete_file(path: str) -> str:
-    """Delete a file."""
-    ran.append(path)
-    return f"deleted {path}"
 
 
 @pytest.fixture(autouse=True)
