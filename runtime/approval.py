@@ -114,6 +114,12 @@ class Recorded:
     (:func:`waiting_calls` of :attr:`messages`): found by the one scan that checked the
     decision, so the continuation need not scan the history again."""
 
+    @property
+    def left(self) -> int:
+        """How many of the turn's calls still wait for a decision after this one (what
+        a 202 answer to a decision that did not complete the turn reports)."""
+        return sum(not c.decided for c in self.waiting)
+
 
 def _last_turn(messages: Sequence[Message]) -> tuple[int, AssistantMessage] | None:
     """The last assistant message, when no user message follows it."""

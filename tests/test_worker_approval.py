@@ -36,13 +36,16 @@ async def delete_file(path: str) -> str:
 
 
 def respond(request: InferRequest) -> list[Any]:
-    """For ``delete ...``: step 0 asks to delete ``/x``, then an answer naming the result
-    or the denial; any other input is answered ``ok``."""
+    """For ``delete ...``: step 0 asks to delete ``/x`` (and ``/y`` for ``delete /x /y``),
+    then an answer naming the result or the denial; any other input is answered ``ok``."""
     users = [m for m in request.messages if isinstance(m, UserMessage)]
-    if users[-1].content != "delete /x":
+    if users[-1].content not in ("delete /x", "delete /x /y"):
         return ["ok"]
     if current_step(request.messages) == 0:
-        return ["I will delete it. ", *tool_call("delete_file", {"path": "/x"}, tool_call_id="D")]
+        calls = tool_call("delete_file", {"path": "/x"}, tool_call_id="D")
+        if users[-1].content == "delete /x /y":
+            calls += tool_call("delete_file", {"path": "/y"}, tool_call_id="E")
+        return ["I will delete it. ", *calls]
     last = request.messages[-1]
     assert isinstance(last, ToolMessage)
     said = last.error if last.error is not None else last.output
@@ -215,6 +218,22 @@ async def test_approving_on_another_front_end_resumes_the_turn_in_the_same_messa
     assert call.awaiting.decided and call.awaiting.approved  # the request and the decision
     results = [m for m in record.messages if isinstance(m, ToolMessage)]
     assert [(r.tool_call_id, r.output) for r in results] == [("D", "deleted /x")]
+
+
+async def test_an_answer_that_leaves_a_call_waiting_is_202_with_what_still_waits(
+    pg_url: str, redis_url: str
+) -> None:
+    async with deployment(pg_url, redis_url, approval_agent(), fronts=2) as d:
+        a, b = d.urls
+        async with httpx.AsyncClient(timeout=LIMIT) as client:
+            response = await client.post(f"{a}/api/chat", json=chat("s1", "delete /x /y"))
+            first = sse_events(response.text)
+            sent = answer("s1", payloads(first)[0]["messageId"], asked(first)["approvalId"], True)
+            sent["messages"][0]["parts"][0]["text"] = "delete /x /y"
+            partly = await client.post(f"{b}/api/chat", json=sent)
+        turn = await waiting_turn(d)
+    assert (partly.status_code, partly.json()) == (202, {"recorded": True, "waiting": 1})
+    assert ran == [] and turn.waiting  # nothing runs until the last call is decided
 
 
 async def test_a_denial_streams_tool_output_denied_and_runs_nothing(

@@ -439,8 +439,7 @@ async def chat(request: Request) -> Any:
     if is_continuation(payload):
         announced, recorded = await record_answers(session, payload)
         if not recorded.complete:  # other calls still wait: whoever decides the last resumes
-            waiting = sum(not c.decided for c in recorded.waiting)  # as the decision left them
-            return json_response({"recorded": True, "waiting": waiting}, 202)
+            return json_response({"recorded": True, "waiting": recorded.left}, 202)
         return TurnResponse(
             session,
             "",

@@ -67,7 +67,6 @@ from runtime.app.web.answers import (
     check_and_record,
     deny_pending,
     is_continuation,
-    pending_in,
     waiting_in_meta,
 )
 from runtime.app.web.chat_input import check_media, read_chat_request, title_of
@@ -379,8 +378,8 @@ class FrontEnd:
             self.store, session_id, self._tools(request, session_id), payload, record
         )
         if not recorded.complete:  # other calls still wait: whoever decides the last one resumes
-            waiting = len(await pending_in(self.store, session_id))
-            return json_response({"recorded": True, "waiting": waiting}, 202)
+            # as the decision left them: no read of the session just saved
+            return json_response({"recorded": True, "waiting": recorded.left}, 202)
         turn = decided[-1].turn
         return self._response(request, turn, None, after_pauses=turn.resumes, announced=announced)
 
