@@ -23,6 +23,7 @@ from runtime.errors import (
     StoreConflict,
     UnknownApproval,
 )
+from runtime.events import ToolApprovalDecided
 from runtime.messages import (
     AssistantMessage,
     Awaiting,
@@ -119,6 +120,23 @@ class Recorded:
         """How many of the turn's calls still wait for a decision after this one (what
         a 202 answer to a decision that did not complete the turn reports)."""
         return sum(not c.decided for c in self.waiting)
+
+
+def approval_decided(
+    session_id: str, call: PendingCall, *, approved: bool, reason: str | None
+) -> ToolApprovalDecided | None:
+    """The bus event that tells of a decision for ``call`` (its cause the approval id), or
+    ``None`` for a client tool's call, whose answer is no approval."""
+    if call.kind != APPROVAL:
+        return None
+    return ToolApprovalDecided(
+        session_id=session_id,
+        tool_call_id=call.tool_call_id,
+        approved=approved,
+        reason=reason,
+        turn_id=call.turn_id,
+        causation_id=call.approval_id,
+    )
 
 
 def _last_turn(messages: Sequence[Message]) -> tuple[int, AssistantMessage] | None:
@@ -429,6 +447,7 @@ __all__ = [
     "DecisionSave",
     "PendingCall",
     "Recorded",
+    "approval_decided",
     "decide",
     "denial_text",
     "pending_calls",

@@ -77,11 +77,11 @@ from runtime.actor_messages import (
 )
 from runtime.agent import Agent
 from runtime.approval import (
-    APPROVAL,
     AWAITING_INPUT,
     SUPERSEDED,
     SUSPENDED_TRACE_META,
     WAITING_META,
+    approval_decided,
     pending_calls,
     supersede,
     waiting_calls,
@@ -294,17 +294,9 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
         ``TurnStarted`` (through the agent's ``on_turn_start`` hook)."""
         sid, agent, turn_id = self.state.session_id, self.agent, turn.turn_id
         for call in superseded:
-            if call.kind == APPROVAL:
-                await self.publish(
-                    ev.ToolApprovalDecided(
-                        session_id=sid,
-                        tool_call_id=call.tool_call_id,
-                        approved=False,
-                        reason=SUPERSEDED,
-                        turn_id=call.turn_id,
-                        causation_id=call.approval_id,
-                    )
-                )
+            event = approval_decided(sid, call, approved=False, reason=SUPERSEDED)
+            if event is not None:
+                await self.publish(event)
         await self._announce(
             ev.TurnStarted(
                 session_id=sid,

@@ -35,11 +35,12 @@ from runtime.approval import (
     Decision,
     PendingCall,
     Recorded,
+    approval_decided,
     pending_calls,
     record_decision,
 )
 from runtime.errors import AlreadyDecided, NothingToResume, SessionBusy, UnknownApproval
-from runtime.events import ToolApprovalDecided, ToolApprovalExpired
+from runtime.events import ToolApprovalExpired
 from runtime.messages import AssistantMessage, Message, ToolCallPart
 
 if TYPE_CHECKING:
@@ -129,17 +130,9 @@ async def expire_session(
                 causation_id=call.approval_id,
             )
         )
-        if call.kind == APPROVAL:
-            await host.bus.publish(
-                ToolApprovalDecided(
-                    session_id=session_id,
-                    tool_call_id=call.tool_call_id,
-                    approved=False,
-                    reason=TIMED_OUT,
-                    turn_id=call.turn_id,
-                    causation_id=call.approval_id,
-                )
-            )
+        event = approval_decided(session_id, call, approved=False, reason=TIMED_OUT)
+        if event is not None:
+            await host.bus.publish(event)
     return complete
 
 

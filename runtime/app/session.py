@@ -43,6 +43,7 @@ from runtime.approval import (
     Decision,
     PendingCall,
     Recorded,
+    approval_decided,
     pending_calls,
     record_decision,
     waiting_calls,
@@ -55,7 +56,7 @@ from runtime.errors import (
     SessionNotLoaded,
     StoreConflict,
 )
-from runtime.events import ToolApprovalDecided, TurnQueued
+from runtime.events import TurnQueued
 from runtime.ids import new_id
 from runtime.inbox import Inbox
 from runtime.media import InputLimits, UserInput, check_counts, check_limits, user_content
@@ -801,18 +802,9 @@ class Session:
         )
         if recorded.messages is not None:
             self._decided = recorded
-        call = recorded.call
-        if call.kind == "approval":
-            await self.host.bus.publish(
-                ToolApprovalDecided(
-                    session_id=self._id,
-                    tool_call_id=call.tool_call_id,
-                    approved=bool(approved),
-                    reason=reason,
-                    turn_id=call.turn_id,
-                    causation_id=call.approval_id,
-                )
-            )
+        event = approval_decided(self._id, recorded.call, approved=bool(approved), reason=reason)
+        if event is not None:
+            await self.host.bus.publish(event)
         return recorded
 
     def held_record(self) -> SessionRecord | None:

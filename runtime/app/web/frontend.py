@@ -82,7 +82,7 @@ from runtime.app.web.resume import (
 )
 from runtime.app.web.ui_stream import error_text, sse, ui_messages
 from runtime.app.web.watch import POLL_FIRST, POLL_MAX, TurnWatch
-from runtime.approval import Decision, Recorded, pending_calls
+from runtime.approval import Decision, Recorded, approval_decided, pending_calls
 from runtime.busy import INTERRUPT, INTERRUPTED_BY_NEW, STEER, OnBusy
 from runtime.errors import (
     QueueFull,
@@ -93,7 +93,6 @@ from runtime.errors import (
     StoreUnavailable,
     TurnConflict,
 )
-from runtime.events import ToolApprovalDecided
 from runtime.ids import new_id
 from runtime.logging import get_logger
 from runtime.messages import UserContent
@@ -415,18 +414,14 @@ class FrontEnd:
             outcome = await self.queue.decide(session_id, key, decision, tools)
         except StoreUnavailable as exc:
             raise ApiError(503, _one_line(exc), {"retry-after": "1"}) from None
-        call = outcome.recorded.call
-        if call.kind == "approval":
-            await bus.publish(
-                ToolApprovalDecided(
-                    session_id=session_id,
-                    tool_call_id=call.tool_call_id,
-                    approved=bool(decision.approved),
-                    reason=decision.reason,
-                    turn_id=call.turn_id,
-                    causation_id=call.approval_id,
-                )
-            )
+        event = approval_decided(
+            session_id,
+            outcome.recorded.call,
+            approved=bool(decision.approved),
+            reason=decision.reason,
+        )
+        if event is not None:
+            await bus.publish(event)
         return outcome
 
     async def stream(self, request: Request) -> Any:
