@@ -9,11 +9,13 @@ import time
 from typing import Any
 
 import orjson
+import psycopg
 import pytest
 import trio
 
 from actors.providers import OpenAIProvider
 from actors.relays.redis_streams import RedisRelay
+from actors.stores import postgres
 from actors.stores.postgres import PostgresStore
 from actors.stores.turns import TurnQueue
 from runtime.agent import Agent
@@ -138,10 +140,6 @@ async def test_a_client_frozen_inside_a_transaction_loses_its_locks_and_its_call
     # locked, which hides the turn from every takeover (FOR UPDATE SKIP LOCKED). The
     # server ends a session idle inside a transaction, so the lock goes; the frozen call,
     # when it wakes, is retried on another connection.
-    import psycopg
-
-    from actors.stores import postgres
-
     monkeypatch.setattr(postgres, "IDLE_IN_TRANSACTION_TIMEOUT", 0.3)
     store = await PostgresStore.open(pg_url)
     woke = threading.Event()
