@@ -21,7 +21,8 @@ classes (the application's, other libraries') are compiled by attrs as ever.
 How: :func:`install` wraps ``attr._make._compile_and_eval``, the one function through
 which attrs compiles and runs what it generates. That function is private to attrs, so
 the wrapper is installed only where it has the signature it was written against (that
-of the attrs releases this project supports); elsewhere nothing is installed and attrs compiles, as it would without Axon.
+of the attrs releases this project supports); elsewhere nothing is installed and attrs
+compiles, as it would without Axon.
 :mod:`runtime.chunks`, the first of the contract's modules to build classes, installs
 it. The file is read then; it is written when the process exits if anything was
 compiled (so once after an edit, or another Python), atomically (a rename: of two
@@ -135,7 +136,14 @@ def _read(path: str, header: tuple[Any, ...]) -> dict[str, tuple[str, CodeType]]
         return {}
     if stored_header != header or not isinstance(entries, dict):
         return {}
-    return entries
+    return {
+        name: entry
+        for name, entry in entries.items()
+        if isinstance(entry, tuple)
+        and len(entry) == 2
+        and isinstance(entry[0], str)
+        and isinstance(entry[1], CodeType)
+    }
 
 
 def cache_path() -> str | None:

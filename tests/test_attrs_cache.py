@@ -110,6 +110,14 @@ def test_a_damaged_file_or_one_of_another_python_is_not_read(tmp_path):
     assert _cache(path).stored == {}
 
 
+def test_entries_of_another_shape_are_dropped_and_the_rest_read(tmp_path):
+    path = tmp_path / "cache.bin"
+    header = _cache(path).header
+    good = (SCRIPT, compile(SCRIPT, NAME, "exec"))
+    path.write_bytes(marshal.dumps((header, {NAME: good, "other": ("x", "not code"), "n": 1})))
+    assert list(_cache(path).stored) == [NAME]
+
+
 def test_writing_keeps_other_modules_entries_and_drops_a_rebuilt_modules_stale_ones(tmp_path):
     path = tmp_path / "cache.bin"
     other = "<attrs generated methods runtime.other.Thing>"
