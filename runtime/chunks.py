@@ -19,6 +19,10 @@ from typing import Any, ClassVar, Literal
 
 import attrs
 
+from runtime import attrs_cache
+
+attrs_cache.install()  # the first of the contract's modules to build classes: see its docstring
+
 _repring = threading.local()
 """The ids of the values whose repr is being made on this thread (see :func:`_repr`)."""
 

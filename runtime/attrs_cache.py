@@ -1,0 +1,206 @@
+"""The code attrs compiles for Axon's own classes, kept beside their bytecode.
+
+Why: attrs writes each class's ``__init__`` (and whatever other methods it generates) as
+Python source when the class is created, and compiles it, in every process, every time.
+The contract's modules create about a hundred attrs classes, and those compilations were
+about a quarter of what importing the contract costs a fresh process (issue 24, goal 2:
+22 of 80 ms). Python keeps a module's compiled code in ``__pycache__`` so that a process
+need not compile it again; this does the same for the methods attrs generates for the
+classes of ``runtime`` and ``actors``, in one file in ``runtime``'s ``__pycache__`` (or
+under ``sys.pycache_prefix``, as Python's bytecode would be).
+
+What it changes: nothing a class does. attrs builds the same source as before (its own
+checks, its ``linecache`` entry for debuggers); what is cached is the code that compiling
+exactly that source under exactly that file name gives, marshalled as a ``.pyc`` holds a
+module's, and it runs in the namespace attrs prepared, as attrs would run it. An entry is
+used only for the same file name and the same source text, so a class that changed
+compiles afresh; a file written by another Python is not read at all (compiled code
+depends on the source, the name, the compiler flags and the Python, nothing else). Other
+classes (the application's, other libraries') are compiled by attrs as ever.
+
+How: :func:`install` wraps ``attr._make._compile_and_eval``, the one function through
+which attrs compiles and runs what it generates. That function is private to attrs, so
+the wrapper is installed only where it has the signature it was written against (that
+of the attrs releases this project supports); elsewhere nothing is installed and attrs
+compiles, as it would without Axon.
+:mod:`runtime.chunks`, the first of the contract's modules to build classes, installs
+it. The file is read then; it is written when the process exits if anything was
+compiled (so once after an edit, or another Python), atomically (a rename: of two
+processes writing at once, one's file is left, whole), and never when Python writes no
+bytecode (``sys.dont_write_bytecode``, ``PYTHONDONTWRITEBYTECODE``) or where the folder
+is not writable. Like a ``.pyc``, the file is code this process runs: it is as trusted
+as the package's ``__pycache__`` it sits in.
+"""
+
+from __future__ import annotations
+import __future__
+
+import atexit
+import functools
+import importlib.util
+import inspect
+import marshal
+import operator
+import os
+import sys
+from collections.abc import Mapping
+from types import CodeType
+from typing import Any
+
+OURS = ("<attrs generated ", ("runtime.", "actors."))
+"""The file names attrs gives the code it generates (``<attrs generated init
+runtime.output.TextDelta>``) start with the first string; the class's module, the word
+after the next space, with one of the prefixes when the class is ours."""
+
+FORMAT = 1
+"""Bumped when what the file holds changes shape."""
+
+_SIGNATURE = ("script", "globs", "locs", "filename")
+
+_state: _Cache | None = None
+
+
+class _Cache:
+    """The entries read from the file, those used or compiled by this process, and
+    whether anything was compiled (the file is then written at exit)."""
+
+    __slots__ = ("compiled", "flags", "header", "path", "stored", "used")
+
+    def __init__(self, path: str | None, flags: int) -> None:
+        self.path = path
+        self.flags = flags
+        self.header: tuple[Any, ...] = (FORMAT, importlib.util.MAGIC_NUMBER, flags)
+        self.stored: dict[str, tuple[str, CodeType]] = _read(path, self.header) if path else {}
+        self.used: dict[str, tuple[str, CodeType]] = {}
+        self.compiled = False
+
+    def code(self, script: str, filename: str) -> CodeType:
+        """The code of ``script`` compiled as ``filename``: from the file when it holds
+        that very script under that name, else compiled (and kept)."""
+        entry = self.stored.get(filename)
+        if entry is not None and entry[0] == script:
+            code = entry[1]
+        else:
+            code = compile(script, filename, "exec", flags=self.flags, dont_inherit=True)
+            if not self.compiled and self.path is not None and not sys.dont_write_bytecode:
+                atexit.register(self.write)
+            self.compiled = True
+        self.used[filename] = (script, code)
+        return code
+
+    def write(self) -> None:
+        """Store what this process used, with the file's other entries of modules this
+        process built no class of (a module it did build is all in ``used``: an entry of
+        it left out is a class that is gone or changed). Silently nothing where the folder
+        cannot be written."""
+        if self.path is None:
+            return
+        rebuilt = {_module(name) for name in self.used}
+        kept = {k: v for k, v in self.stored.items() if _module(k) not in rebuilt}
+        entries = {**kept, **self.used}
+        tmp = f"{self.path}.{os.getpid()}.{id(self)}"  # as importlib writes a .pyc
+        try:
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            fd = os.open(tmp, os.O_EXCL | os.O_CREAT | os.O_WRONLY, 0o666)
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(marshal.dumps((self.header, entries)))
+                os.replace(tmp, self.path)
+            except BaseException:
+                os.unlink(tmp)
+                raise
+        except OSError:
+            pass
+
+
+def _module(filename: str) -> str:
+    """``runtime.output`` of ``<attrs generated init runtime.output.TextDelta>`` (a
+    nested class's qualified name has more dots: its module then reads longer, which
+    only keeps its entries apart from the module's own)."""
+    return filename.rsplit(" ", 1)[-1].rstrip(">").rsplit(".", 1)[0]
+
+
+def _ours(filename: str) -> bool:
+    prefix, modules = OURS
+    return filename.startswith(prefix) and filename.rsplit(" ", 1)[-1].startswith(modules)
+
+
+def _read(path: str, header: tuple[Any, ...]) -> dict[str, tuple[str, CodeType]]:
+    """The file's entries, or none when it is missing, unreadable, or of another
+    Python or format."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()  # marshal.load(f) would read it object by object
+        stored_header, entries = marshal.loads(data)
+    except (OSError, EOFError, ValueError, TypeError):
+        return {}
+    if stored_header != header or not isinstance(entries, dict):
+        return {}
+    return {
+        name: entry
+        for name, entry in entries.items()
+        if isinstance(entry, tuple)
+        and len(entry) == 2
+        and isinstance(entry[0], str)
+        and isinstance(entry[1], CodeType)
+    }
+
+
+def cache_path() -> str | None:
+    """Where the file is: ``runtime``'s ``__pycache__`` (or its place under
+    ``sys.pycache_prefix``), named for this Python; ``None`` where Python keeps no
+    bytecode (no cache tag)."""
+    try:
+        pyc = importlib.util.cache_from_source(os.path.join(os.path.dirname(__file__), "x.py"))
+    except NotImplementedError:
+        return None
+    return os.path.join(os.path.dirname(pyc), f"attrs-methods.{sys.implementation.cache_tag}.bin")
+
+
+def _future_flags(module: Any) -> int:
+    """The compiler flags of the ``__future__`` features ``module`` imports: attrs
+    compiles with ``compile``'s default of inheriting its own module's, so the code
+    cached is compiled with the same."""
+    return functools.reduce(
+        operator.or_,
+        (v.compiler_flag for v in vars(module).values() if isinstance(v, __future__._Feature)),
+        0,
+    )
+
+
+def install() -> bool:
+    """Cache the code attrs compiles for ``runtime``'s and ``actors``' classes from now
+    on (idempotent). ``False``, and nothing changed, when this attrs compiles through
+    something else than the function this wraps."""
+    global _state
+    import attr._make as make
+
+    original = getattr(make, "_compile_and_eval", None)
+    if original is None or getattr(original, "_axon_cached", False):
+        return original is not None
+    try:
+        params = tuple(inspect.signature(original).parameters)
+    except (TypeError, ValueError):
+        return False
+    if params != _SIGNATURE:
+        return False
+    _state = _Cache(cache_path(), _future_flags(make))
+    state = _state
+
+    def _compile_and_eval(
+        script: str,
+        globs: dict[str, Any] | None,
+        locs: Mapping[str, object] | None = None,
+        filename: str = "",
+    ) -> None:
+        if not _ours(filename):
+            return original(script, globs, locs, filename)
+        eval(state.code(script, filename), globs, locs)
+
+    _compile_and_eval._axon_cached = True  # type: ignore[attr-defined]
+    _compile_and_eval.__wrapped__ = original  # type: ignore[attr-defined]
+    make._compile_and_eval = _compile_and_eval
+    return True
+
+
+__all__ = ["cache_path", "install"]

@@ -1,0 +1,177 @@
+"""The code attrs compiles for Axon's classes, kept beside the bytecode (runtime.attrs_cache)."""
+
+from __future__ import annotations
+
+import json
+import marshal
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import CodeType
+
+import attr._make
+import attrs
+
+import runtime.chunks  # noqa: F401 (its classes are the first built through the cache)
+from runtime import attrs_cache
+
+REPO = Path(__file__).resolve().parent.parent
+
+CHILD = """
+import json
+import runtime.events, runtime.output
+from runtime import attrs_cache
+from runtime.output import TextDelta
+state = attrs_cache._state
+delta = TextDelta(step=0, part_id="t1", text="hi")
+print(json.dumps({
+    "compiled": state.compiled,
+    "used": len(state.used),
+    "path": state.path,
+    "value": repr(delta),
+    "equal": delta == TextDelta(step=0, part_id="t1", text="hi"),
+}))
+"""
+
+
+def _child(prefix: Path, *, bytecode: bool = True) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env["PYTHONPYCACHEPREFIX"] = str(prefix)
+    env["PYTHONPATH"] = str(REPO)
+    if not bytecode:
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD], env=env, cwd=REPO, capture_output=True, text=True, check=True
+    )
+    return json.loads(out.stdout)
+
+
+def test_a_second_process_builds_the_contract_from_the_file_without_compiling(tmp_path):
+    first = _child(tmp_path)
+    second = _child(tmp_path)
+    assert first["compiled"] is True
+    assert Path(first["path"]).is_file()
+    assert Path(first["path"]).is_relative_to(tmp_path)
+    assert second["compiled"] is False
+    assert second["used"] == first["used"] > 50
+    assert (
+        second["value"]
+        == first["value"]
+        == ("TextDelta(step=0, part_id='t1', text='hi', seq=0, session_id='', turn_id='')")
+    )
+    assert second["equal"] is True
+
+
+def test_no_file_is_written_where_python_writes_no_bytecode(tmp_path):
+    child = _child(tmp_path, bytecode=False)
+    assert child["compiled"] is True
+    assert not Path(child["path"]).exists()
+
+
+def _cache(path: Path) -> attrs_cache._Cache:
+    return attrs_cache._Cache(str(path), attrs_cache._future_flags(attr._make))
+
+
+NAME = "<attrs generated methods runtime.example.Point>"
+SCRIPT = "def __init__(self, x):\n    _setattr(self, 'x', x)\n"
+
+
+def test_the_same_source_under_the_same_name_is_read_not_compiled(tmp_path):
+    path = tmp_path / "cache.bin"
+    first = _cache(path)
+    code = first.code(SCRIPT, NAME)
+    first.write()
+    again = _cache(path)
+    assert again.code(SCRIPT, NAME).co_code == code.co_code
+    assert again.code(SCRIPT, NAME).co_filename == NAME
+    assert again.compiled is False
+
+
+def test_a_changed_source_is_compiled_afresh(tmp_path):
+    path = tmp_path / "cache.bin"
+    first = _cache(path)
+    first.code(SCRIPT, NAME)
+    first.write()
+    changed = SCRIPT.replace("x", "y")
+    again = _cache(path)
+    code = again.code(changed, NAME)
+    assert again.compiled is True
+    (init,) = (c for c in code.co_consts if isinstance(c, CodeType))
+    assert init.co_varnames == ("self", "y")
+
+
+def test_a_damaged_file_or_one_of_another_python_is_not_read(tmp_path):
+    path = tmp_path / "cache.bin"
+    path.write_bytes(b"\x00garbage")
+    assert _cache(path).stored == {}
+    entry = {NAME: (SCRIPT, compile(SCRIPT, NAME, "exec"))}
+    path.write_bytes(marshal.dumps(((attrs_cache.FORMAT, b"\x00\x00\r\n", 0), entry)))
+    assert _cache(path).stored == {}
+
+
+def test_entries_of_another_shape_are_dropped_and_the_rest_read(tmp_path):
+    path = tmp_path / "cache.bin"
+    header = _cache(path).header
+    good = (SCRIPT, compile(SCRIPT, NAME, "exec"))
+    path.write_bytes(marshal.dumps((header, {NAME: good, "other": ("x", "not code"), "n": 1})))
+    assert list(_cache(path).stored) == [NAME]
+
+
+def test_writing_keeps_other_modules_entries_and_drops_a_rebuilt_modules_stale_ones(tmp_path):
+    path = tmp_path / "cache.bin"
+    other = "<attrs generated methods runtime.other.Thing>"
+    stale = "<attrs generated methods runtime.example.Gone>"
+    first = _cache(path)
+    first.code(SCRIPT, other)
+    first.code(SCRIPT, stale)
+    first.write()
+    second = _cache(path)
+    second.code(SCRIPT, NAME)  # runtime.example rebuilt without Gone
+    second.write()
+    assert set(_cache(path).stored) == {other, NAME}
+
+
+def test_the_file_is_readable_as_a_pyc_would_be(tmp_path):
+    path = tmp_path / "cache.bin"
+    cache = _cache(path)
+    cache.code(SCRIPT, NAME)
+    cache.write()
+    assert path.stat().st_mode & 0o444 == 0o444 & ~_umask()
+    assert [p.name for p in tmp_path.iterdir()] == ["cache.bin"]  # no temporary file left
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def test_the_application_s_own_classes_are_not_cached():
+    assert attrs_cache.install() is True  # installed already: runtime.chunks did it
+    assert getattr(attr._make._compile_and_eval, "_axon_cached", False)
+
+    @attrs.frozen
+    class Local:
+        x: int
+
+    state = attrs_cache._state
+    assert state is not None
+    assert not any("Local" in name for name in state.used)
+    assert any(name.endswith("runtime.chunks.TextChunk>") for name in state.used)
+    assert Local(x=1).x == 1
+
+
+def test_an_attrs_that_compiles_otherwise_is_left_alone(monkeypatch):
+    def other(script, globs):  # another signature: not the function the cache wraps
+        raise AssertionError("not called")
+
+    monkeypatch.setattr(attr._make, "_compile_and_eval", other)
+    assert attrs_cache.install() is False
+    assert attr._make._compile_and_eval is other
+
+
+def test_an_attrs_without_the_function_is_left_alone(monkeypatch):
+    monkeypatch.delattr(attr._make, "_compile_and_eval")
+    assert attrs_cache.install() is False
+    assert not hasattr(attr._make, "_compile_and_eval")
