@@ -31,6 +31,7 @@ from runtime.approval import (
     SUPERSEDED,
     Decision,
     PendingCall,
+    Recorded,
     decide,
     pending_calls,
 )
@@ -42,6 +43,7 @@ from runtime.errors import (
     MediaTooLarge,
     NothingToResume,
     SessionBusy,
+    StoreConflict,
     TooManyParts,
 )
 from runtime.ids import new_id
@@ -549,51 +551,115 @@ class TaskBook:
         session = await self.state.session(live.context_id)
         if session.busy:
             raise _busy(live.context_id, self._running_in(live.context_id))
-        complete, remaining = await self._record(session, live, incoming)
-        self._took_answers(live, incoming, stored_id, None if complete else remaining)
-        if complete:
-            await self._start(live, session, None)
+        recorded, remaining = await self._record(session, live, incoming)
+        self._took_answers(live, incoming, stored_id, None if recorded.complete else remaining)
+        if recorded.complete:
+            await self._start(live, session, None, decided=recorded)
         return live
 
     async def _record(
         self, session: Any, live: LiveTask, incoming: wire.Incoming
-    ) -> tuple[bool, tuple[PendingCall, ...]]:
+    ) -> tuple[Recorded, tuple[PendingCall, ...]]:
         """Record the decisions a message carries (all checked first: a bad one records
-        nothing); whether they completed the turn's, and the calls still waiting."""
+        nothing); what the last one recorded (its ``complete``: whether they completed the
+        turn's) and the calls still waiting.
+
+        Checked against the session as this process last stored it
+        (:meth:`~runtime.app.session.Session.held_record`, no read), the first decision
+        saved on top of that version (as the web app's answers are): when the store has
+        moved past it, or the view does not show what the message answers, nothing is
+        recorded and the checks run again on what the store holds."""
+        tools = session.agent.tool_map
+        known = session.held_record()
+        if known is not None:
+            try:
+                answers, remaining = self._checked(live, incoming, known.messages, tools)
+                first = await self._decide(session, live, *answers[0], version=known.version)
+            except (wire.A2AError, StoreConflict):
+                pass  # the view may be behind the store: check again on what it holds
+            else:
+                return await self._decide_all(session, live, answers[1:], first), remaining
         record = await session.host.store.load(session.id)
         stored = record.messages if record is not None else ()
+        answers, remaining = self._checked(live, incoming, stored, tools)
+        return await self._decide_all(session, live, answers), remaining
+
+    def _checked(
+        self,
+        live: LiveTask,
+        incoming: wire.Incoming,
+        stored: Sequence[Message],
+        tools: Any,
+    ) -> tuple[list[tuple[str, Decision]], tuple[PendingCall, ...]]:
+        """The message's decisions, each checked against ``stored``, and the calls they
+        leave waiting; an :class:`~actors.a2a.wire.A2AError` for a task that no longer
+        waits or a decision that cannot be made."""
         pending = pending_calls(stored)
         if not pending or pending[0].message_id != live.message_id:
             raise wire.A2AError(
                 "UnsupportedOperation", f"task {live.id!r} does not wait for input any more"
             )
         answers = _decisions(wire.data_parts(incoming.parts), pending)
-        tools = session.agent.tool_map
         try:
             for key, decision in answers:
                 _, stored, _, _ = decide(stored, key, decision, tools)
-            complete = False
-            for key, decision in answers:
-                recorded = await session.decide(
-                    key,
-                    approved=decision.approved,
-                    reason=decision.reason,
-                    error=decision.error,
-                    **({"output": decision.output} if decision.has_output else {}),
-                )
-                complete = recorded.complete
+        except DecisionError as exc:
+            raise wire.invalid_params(str(exc)) from None
+        return answers, pending_calls(stored)
+
+    async def _decide_all(
+        self,
+        session: Any,
+        live: LiveTask,
+        answers: Sequence[tuple[str, Decision]],
+        last: Recorded | None = None,
+    ) -> Recorded:
+        """Record each of ``answers`` (checked); what the last one recorded (``last``
+        when there are none)."""
+        for key, decision in answers:
+            last = await self._decide(session, live, key, decision)
+        assert last is not None
+        return last
+
+    async def _decide(
+        self,
+        session: Any,
+        live: LiveTask,
+        key: str,
+        decision: Decision,
+        *,
+        version: int | None = None,
+    ) -> Recorded:
+        """One decision recorded (on top of ``version`` when given: a
+        :class:`~runtime.errors.StoreConflict` then records nothing)."""
+        try:
+            return await session.decide(
+                key,
+                approved=decision.approved,
+                reason=decision.reason,
+                error=decision.error,
+                expected_version=version,
+                **({"output": decision.output} if decision.has_output else {}),
+            )
         except DecisionError as exc:
             raise wire.invalid_params(str(exc)) from None
         except SessionBusy:
             raise _busy(live.context_id, self._running_in(live.context_id)) from None
-        return complete, pending_calls(stored)
 
     async def _start(
-        self, live: LiveTask, session: Any, content: Any, *, stored_id: str | None = None
+        self,
+        live: LiveTask,
+        session: Any,
+        content: Any,
+        *,
+        stored_id: str | None = None,
+        decided: Recorded | None = None,
     ) -> None:
-        """Run the task's turn (``content``), or its continuation (``None``), in the
-        app's background nursery; returns once it runs. A turn that cannot start
-        (the session is busy after all) raises here, and nothing runs."""
+        """Run the task's turn (``content``), or its continuation (``None``; ``decided``:
+        what the decision that completed it recorded, which the continuation starts from
+        while it is the session's latest), in the app's background nursery; returns once
+        it runs. A turn that cannot start (the session is busy after all) raises here,
+        and nothing runs."""
         self._check_capacity()
         background = self.state.background
         if background is None:
@@ -602,7 +668,7 @@ class TaskBook:
                 "the A2A endpoint runs tasks in the app's lifespan, which is not running",
             )
         try:
-            await background.start(self._drive, live, session, content, stored_id)
+            await background.start(self._drive, live, session, content, stored_id, decided)
         except SessionBusy:
             raise _busy(live.context_id, self._running_in(live.context_id)) from None
         except NothingToResume as exc:
@@ -614,10 +680,11 @@ class TaskBook:
         session: Any,
         content: Any,
         stored_id: str | None,
+        decided: Recorded | None,
         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
     ) -> None:
         turn = (
-            session.resume()
+            session.resume(decided=decided)
             if content is None
             else session.stream(  # a task is one turn: never queued behind or steered into
                 content, message_id=live.message_id, user_message_id=stored_id, on_busy=REJECT
