@@ -579,6 +579,8 @@ async def test_a_worker_with_an_agent_factory_keeps_no_agent_past_its_sessions(
         (["--redis", "http://127.0.0.1:6379"], "bad Redis URL"),
         (["--concurrency", "0"], "--concurrency"),
         (["--lease", "-1"], "--lease"),
+        (["--relay-flush-interval", "-0.001"], "--relay-flush-interval"),
+        (["--relay-end-wait", "nan"], "--relay-end-wait"),
     ],
 )
 def test_worker_bad_options_are_one_line_exit_2_and_touch_no_database(

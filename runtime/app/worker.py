@@ -901,6 +901,22 @@ def add_worker_parser(subparsers: Any) -> Any:
         default=DEFAULT_POLL,
         help=f"seconds between claims when idle (default {DEFAULT_POLL:g})",
     )
+    add(
+        "--relay-flush-interval",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="a burst's writes to Redis wait for the relay's shared tick of this length "
+        "(default 0.005; 0: each flush at once). docs/relay.md",
+    )
+    add(
+        "--relay-end-wait",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="a turn's last chunk waits at most this long to go out with its close "
+        "(default 0.05; 0: at once). docs/relay.md",
+    )
     add("--owner", default=None, help="this worker's name in axon_turns (default host:pid:rand)")
     add_input_limit_arguments(worker)
     add_agent_arguments(worker)
@@ -910,6 +926,22 @@ def add_worker_parser(subparsers: Any) -> Any:
     add_plugin_argument(worker)
     worker.set_defaults(jsonl=False)
     return worker
+
+
+def relay_options_of(args: Any) -> dict[str, Any]:
+    """The Redis relay's options the command line sets (``RedisRelay.open``'s keywords);
+    a negative (or not-a-number) time raises :class:`~runtime.errors.ConfigurationError`."""
+    options: dict[str, Any] = {}
+    if args.redis_prefix:
+        options["prefix"] = args.redis_prefix
+    for flag, key in (("relay_flush_interval", "flush_interval"), ("relay_end_wait", "end_wait")):
+        value = getattr(args, flag, None)
+        if value is None:
+            continue
+        if not value >= 0:  # NaN too
+            raise ConfigurationError(f"--{flag.replace('_', '-')} must be 0 or more seconds")
+        options[key] = value
+    return options
 
 
 async def worker_command(args: Any) -> int:
@@ -934,7 +966,7 @@ async def worker_command(args: Any) -> int:
             "input_limits": input_limits(args),
             "plugins": make_plugins(args),
         }
-        relay_options = {"prefix": args.redis_prefix} if args.redis_prefix else {}
+        relay_options = relay_options_of(args)
         async with open_worker(
             args.store,
             redis_url=args.redis,

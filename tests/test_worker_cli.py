@@ -1,0 +1,42 @@
+"""``python -m runtime worker``'s options that need no database to check."""
+
+from __future__ import annotations
+
+import pytest
+
+from actors.relays.redis_streams import END_WAIT, FLUSH_INTERVAL, RedisRelay
+from runtime.app.cli import build_parser
+from runtime.app.worker import relay_options_of
+from runtime.errors import ConfigurationError
+
+
+def _args(*flags: str):
+    return build_parser().parse_args(["worker", "--store", "postgresql://x/y", *flags])
+
+
+def test_the_relay_keeps_its_own_timings_unless_the_command_line_sets_them():
+    assert relay_options_of(_args()) == {}
+
+
+def test_the_relay_timings_on_the_command_line_reach_the_relay_by_its_keywords():
+    options = relay_options_of(
+        _args("--relay-flush-interval", "0", "--relay-end-wait", "0.2", "--redis-prefix", "p:")
+    )
+    assert options == {"flush_interval": 0.0, "end_wait": 0.2, "prefix": "p:"}
+    relay = RedisRelay(client=None, nursery=_Nursery(), **options)
+    assert (relay.flush_interval, relay.end_wait, relay.prefix) == (0.0, 0.2, "p:")
+    assert (FLUSH_INTERVAL, END_WAIT) != (0.0, 0.2)  # the defaults are something else
+
+
+@pytest.mark.parametrize("flag", ["--relay-flush-interval", "--relay-end-wait"])
+@pytest.mark.parametrize("value", ["-1", "nan"])
+def test_a_negative_or_nan_relay_timing_is_a_configuration_error_naming_the_flag(flag, value):
+    with pytest.raises(ConfigurationError, match=flag):
+        relay_options_of(_args(flag, value))
+
+
+class _Nursery:
+    """Takes the relay's batcher task without running it."""
+
+    def start_soon(self, fn, *args):
+        pass
