@@ -130,6 +130,13 @@ END = "relay.end"
 GAP = "relay.gap"
 _LAST = frozenset({"finish", "error", "abort"})
 """The chunk types that end a turn's output: its relay end follows (``aclose``)."""
+_QUIET = frozenset({"step-start"})
+"""Chunks that show a reader nothing by themselves: a flush of only these is not made at
+once even after a quiet spell, but waits for the relay's next tick, so the step's first
+content (which follows within the tick when the model is quick) goes in the same entry.
+In a worker's tool-using turn the second step's ``step-start`` came after the tool
+step's save, more than ``flush_interval`` after the previous flush, and went in an
+``XADD`` of its own (issue 24 goal 3)."""
 
 
 def _transient() -> tuple[type[BaseException], ...]:
@@ -545,15 +552,25 @@ class RedisRelayWriter:
         in one pipeline. The first flush never waits, nor a closed writer's (its end is
         what readers, ``active_turn`` and the closer wait for: a stop sent once the turn
         is over must find it over), nor anything once the relay closes
-        (:meth:`RedisRelay.aclose` must not wait out a hold)."""
+        (:meth:`RedisRelay.aclose` must not wait out a hold). A flush of only chunks that
+        show a reader nothing (:data:`_QUIET`) waits for the tick after a quiet spell too."""
         relay = self.relay
         if self._end_by is not None:
             with trio.move_on_at(self._end_by):
                 await self._hurry.wait()
         now = trio.current_time()
-        if now - self._sent < relay.flush_interval and not self._hurry.is_set():
+        wait = now - self._sent < relay.flush_interval or self._quiet_only()
+        if wait and not self._hurry.is_set():
             with trio.move_on_at(relay.next_tick(now)):
                 await self._hurry.wait()
+
+    def _quiet_only(self) -> bool:
+        """Whether the flush would carry only :data:`_QUIET` chunks; never a turn's first
+        flush (the stream and the turn's ``active`` key go out at once), nor with
+        coalescing off (``flush_interval`` 0)."""
+        if self._sent == -math.inf or self.relay.flush_interval <= 0:
+            return False
+        return all(item["type"] in _QUIET for item in self._queue)
 
     async def _write(self, batch: list[dict[str, Any]]) -> None:
         from coredis.exceptions import ResponseError
