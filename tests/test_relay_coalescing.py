@@ -162,6 +162,21 @@ async def test_a_step_start_that_nothing_follows_goes_out_alone_at_the_tick(
         )
 
 
+async def test_content_after_a_lone_step_starts_tick_goes_at_once(autojump_clock: Any) -> None:
+    async with fake_relay() as (relay, pipes):
+        writer = relay.writer(session_id="s", turn_id="t", fresh=True)
+        writer.append(o.Start(message_id="m"))
+        await writer.flushed()
+        await trio.sleep(10 * FLUSH_INTERVAL)
+        writer.append(o.StepStart(step=1))
+        await writer.flushed()  # alone, at the tick
+        await trio.sleep(FLUSH_INTERVAL / 2)  # the model's first text, after the tick
+        asked = trio.current_time()
+        writer.append(o.TextStart(step=1, part_id="p"))
+        await writer.flushed()
+        assert pipes.entries()[-1][::2] == (asked, ["text-start"])
+
+
 async def test_a_turns_first_flush_goes_at_once_even_if_it_is_only_a_step_start(
     autojump_clock: Any,
 ) -> None:

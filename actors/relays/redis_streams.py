@@ -139,6 +139,11 @@ step's save, more than ``flush_interval`` after the previous flush, and went in 
 ``XADD`` of its own (issue 24 goal 3)."""
 
 
+def _quiet(items: list[dict[str, Any]]) -> bool:
+    """Whether ``items`` are all :data:`_QUIET` chunks."""
+    return all(item["type"] in _QUIET for item in items)
+
+
 def _transient() -> tuple[type[BaseException], ...]:
     from coredis.exceptions import ConnectionError as RedisConnectionError
 
@@ -369,7 +374,9 @@ class RedisRelayWriter:
         self._touched = -math.inf
         """When the flush that last set the stream's TTL ran (Trio clock)."""
         self._sent = -math.inf
-        """When this writer's last flush went out (Trio clock): the first goes at once."""
+        """When this writer's last flush went out (Trio clock): the first goes at once. A
+        flush of only :data:`_QUIET` chunks does not count: the content that follows it
+        after a quiet spell goes at once, as it did when that chunk went at once."""
         self._end_by: float | None = None
         """Set while the turn's last chunk is queued: when it goes out at the latest
         even if the writer is not closed by then (``end_wait`` after it was queued)."""
@@ -504,7 +511,8 @@ class RedisRelayWriter:
                 batch, self._queue = self._queue, []
                 self._end_by = None
                 self._in_flight = True
-                self._sent = trio.current_time()
+                if not _quiet(batch):  # a lone step-start does not hold what follows
+                    self._sent = trio.current_time()
                 try:
                     await self._write(batch)
                     attempt = 0
@@ -570,7 +578,7 @@ class RedisRelayWriter:
         coalescing off (``flush_interval`` 0)."""
         if self._sent == -math.inf or self.relay.flush_interval <= 0:
             return False
-        return all(item["type"] in _QUIET for item in self._queue)
+        return _quiet(self._queue)
 
     async def _write(self, batch: list[dict[str, Any]]) -> None:
         from coredis.exceptions import ResponseError
