@@ -34,10 +34,13 @@ class Pipes:
 
     def __init__(self) -> None:
         self.sent: list[tuple[float, list[list[Any]]]] = []
+        self.stalls = 0
+        """How many of the next pipelines hang (a minute: a Redis that does not answer)."""
 
     async def pipeline(self, commands: list[list[Any]]) -> list[Any]:
         self.sent.append((trio.current_time(), commands))
-        await trio.sleep(0.0002)  # a round trip
+        stalled, self.stalls = self.stalls > 0, max(self.stalls - 1, 0)
+        await trio.sleep(60.0 if stalled else 0.0002)  # a round trip
         return [b"ok"] * len(commands)
 
     async def aclose(self) -> None:
@@ -186,6 +189,24 @@ async def test_a_turns_first_flush_goes_at_once_even_if_it_is_only_a_step_start(
         writer.append(o.StepStart(step=2))  # a continuation's first chunk
         await writer.flushed()
         assert [(when, types) for when, _, types in pipes.entries()] == [(start, ["step-start"])]
+
+
+async def test_a_pipeline_that_outlives_op_timeout_fails_its_flush_and_the_next_goes(
+    autojump_clock: Any,
+) -> None:
+    async with fake_relay(op_timeout=1.0) as (relay, pipes):
+        writer = relay.writer(session_id="s", turn_id="t", fresh=True)
+        pipes.stalls = 1
+        started = trio.current_time()
+        writer.append(o.Start(message_id="m"))
+        await writer.flushed()  # failed at the deadline, then retried
+        assert (writer.failures, writer.flushes) == (1, 1)
+        assert [types for _, _, types in pipes.entries()] == [["start"], ["start"]]
+        assert pipes.sent[1][0] - started >= 1.0
+        pipes.stalls = 1  # the next pipeline has a deadline too
+        writer.append(delta(0))
+        await writer.flushed()
+        assert (writer.failures, writer.flushes) == (2, 2)
 
 
 async def test_the_end_is_written_with_the_last_chunks(autojump_clock: Any) -> None:
