@@ -34,10 +34,13 @@ class Pipes:
 
     def __init__(self) -> None:
         self.sent: list[tuple[float, list[list[Any]]]] = []
+        self.stalls = 0
+        """How many of the next pipelines hang (a minute: a Redis that does not answer)."""
 
     async def pipeline(self, commands: list[list[Any]]) -> list[Any]:
         self.sent.append((trio.current_time(), commands))
-        await trio.sleep(0.0002)  # a round trip
+        stalled, self.stalls = self.stalls > 0, max(self.stalls - 1, 0)
+        await trio.sleep(60.0 if stalled else 0.0002)  # a round trip
         return [b"ok"] * len(commands)
 
     async def aclose(self) -> None:
@@ -120,6 +123,90 @@ async def test_writers_flushing_at_one_tick_share_one_pipeline(autojump_clock: A
             relay.turn_key(f"t{i}") for i in range(8)
         )
         assert sum(w.flushes for w in writers) == 16
+
+
+async def test_a_step_start_after_a_quiet_spell_waits_for_the_tick_with_the_steps_content(
+    autojump_clock: Any,
+) -> None:
+    async with fake_relay() as (relay, pipes):
+        writer = relay.writer(session_id="s", turn_id="t", fresh=True)
+        writer.append(o.Start(message_id="m"))
+        await writer.flushed()
+        await trio.sleep(10 * FLUSH_INTERVAL)  # the tool step's save, say
+        asked = trio.current_time()
+        writer.append(o.StepStart(step=1))
+        await trio.sleep(FLUSH_INTERVAL / 10)  # a quick model's first text
+        writer.append(o.TextStart(step=1, part_id="p"))
+        writer.append(delta(0))
+        await writer.flushed()
+        entries = pipes.entries()
+        assert [types for _, _, types in entries] == [
+            ["start"],
+            ["step-start", "text-start", "text-delta"],
+        ]
+        assert entries[1][0] == relay.next_tick(asked)
+
+
+async def test_a_step_start_that_nothing_follows_goes_out_alone_at_the_tick(
+    autojump_clock: Any,
+) -> None:
+    async with fake_relay() as (relay, pipes):
+        writer = relay.writer(session_id="s", turn_id="t", fresh=True)
+        writer.append(o.Start(message_id="m"))
+        await writer.flushed()
+        await trio.sleep(10 * FLUSH_INTERVAL)
+        asked = trio.current_time()
+        writer.append(o.StepStart(step=1))
+        await trio.sleep(10 * FLUSH_INTERVAL)  # a slow model: held no longer than the tick
+        assert pipes.entries()[-1] == (
+            relay.next_tick(asked),
+            relay.turn_key("t"),
+            ["step-start"],
+        )
+
+
+async def test_content_after_a_lone_step_starts_tick_goes_at_once(autojump_clock: Any) -> None:
+    async with fake_relay() as (relay, pipes):
+        writer = relay.writer(session_id="s", turn_id="t", fresh=True)
+        writer.append(o.Start(message_id="m"))
+        await writer.flushed()
+        await trio.sleep(10 * FLUSH_INTERVAL)
+        writer.append(o.StepStart(step=1))
+        await writer.flushed()  # alone, at the tick
+        await trio.sleep(FLUSH_INTERVAL / 2)  # the model's first text, after the tick
+        asked = trio.current_time()
+        writer.append(o.TextStart(step=1, part_id="p"))
+        await writer.flushed()
+        assert pipes.entries()[-1][::2] == (asked, ["text-start"])
+
+
+async def test_a_turns_first_flush_goes_at_once_even_if_it_is_only_a_step_start(
+    autojump_clock: Any,
+) -> None:
+    async with fake_relay() as (relay, pipes):
+        writer = relay.writer(session_id="s", turn_id="t", fresh=True)
+        start = trio.current_time()
+        writer.append(o.StepStart(step=2))  # a continuation's first chunk
+        await writer.flushed()
+        assert [(when, types) for when, _, types in pipes.entries()] == [(start, ["step-start"])]
+
+
+async def test_a_pipeline_that_outlives_op_timeout_fails_its_flush_and_the_next_goes(
+    autojump_clock: Any,
+) -> None:
+    async with fake_relay(op_timeout=1.0) as (relay, pipes):
+        writer = relay.writer(session_id="s", turn_id="t", fresh=True)
+        pipes.stalls = 1
+        started = trio.current_time()
+        writer.append(o.Start(message_id="m"))
+        await writer.flushed()  # failed at the deadline, then retried
+        assert (writer.failures, writer.flushes) == (1, 1)
+        assert [types for _, _, types in pipes.entries()] == [["start"], ["start"]]
+        assert pipes.sent[1][0] - started >= 1.0
+        pipes.stalls = 1  # the next pipeline has a deadline too
+        writer.append(delta(0))
+        await writer.flushed()
+        assert (writer.failures, writer.flushes) == (2, 2)
 
 
 async def test_the_end_is_written_with_the_last_chunks(autojump_clock: Any) -> None:
@@ -221,6 +308,8 @@ async def test_with_no_interval_and_no_end_wait_every_flush_goes_at_once(
         for i in range(3):
             writer.append(delta(i))
             await writer.flushed()
+        writer.append(o.StepStart(step=1))
+        await writer.flushed()
         writer.append(o.Finish(finish_reason="stop", usage=USAGE))
         await trio.sleep(0.001)
         assert [types for _, _, types in pipes.entries()] == [
@@ -228,6 +317,7 @@ async def test_with_no_interval_and_no_end_wait_every_flush_goes_at_once(
             ["text-delta"],
             ["text-delta"],
             ["text-delta"],
+            ["step-start"],
             ["finish"],
         ]
         await writer.aclose()

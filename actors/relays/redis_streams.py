@@ -130,6 +130,18 @@ END = "relay.end"
 GAP = "relay.gap"
 _LAST = frozenset({"finish", "error", "abort"})
 """The chunk types that end a turn's output: its relay end follows (``aclose``)."""
+_QUIET = frozenset({"step-start"})
+"""Chunks that show a reader nothing by themselves: a flush of only these is not made at
+once even after a quiet spell, but waits for the relay's next tick, so the step's first
+content (which follows within the tick when the model is quick) goes in the same entry.
+In a worker's tool-using turn the second step's ``step-start`` came after the tool
+step's save, more than ``flush_interval`` after the previous flush, and went in an
+``XADD`` of its own (issue 24 goal 3)."""
+
+
+def _quiet(items: list[dict[str, Any]]) -> bool:
+    """Whether ``items`` are all :data:`_QUIET` chunks."""
+    return all(item["type"] in _QUIET for item in items)
 
 
 def _transient() -> tuple[type[BaseException], ...]:
@@ -362,7 +374,9 @@ class RedisRelayWriter:
         self._touched = -math.inf
         """When the flush that last set the stream's TTL ran (Trio clock)."""
         self._sent = -math.inf
-        """When this writer's last flush went out (Trio clock): the first goes at once."""
+        """When this writer's last flush went out (Trio clock): the first goes at once. A
+        flush of only :data:`_QUIET` chunks does not count: the content that follows it
+        after a quiet spell goes at once, as it did when that chunk went at once."""
         self._end_by: float | None = None
         """Set while the turn's last chunk is queued: when it goes out at the latest
         even if the writer is not closed by then (``end_wait`` after it was queued)."""
@@ -497,7 +511,8 @@ class RedisRelayWriter:
                 batch, self._queue = self._queue, []
                 self._end_by = None
                 self._in_flight = True
-                self._sent = trio.current_time()
+                if not _quiet(batch):  # a lone step-start does not hold what follows
+                    self._sent = trio.current_time()
                 try:
                     await self._write(batch)
                     attempt = 0
@@ -545,65 +560,91 @@ class RedisRelayWriter:
         in one pipeline. The first flush never waits, nor a closed writer's (its end is
         what readers, ``active_turn`` and the closer wait for: a stop sent once the turn
         is over must find it over), nor anything once the relay closes
-        (:meth:`RedisRelay.aclose` must not wait out a hold)."""
+        (:meth:`RedisRelay.aclose` must not wait out a hold). A flush of only chunks that
+        show a reader nothing (:data:`_QUIET`) waits for the tick after a quiet spell too."""
         relay = self.relay
         if self._end_by is not None:
             with trio.move_on_at(self._end_by):
                 await self._hurry.wait()
         now = trio.current_time()
-        if now - self._sent < relay.flush_interval and not self._hurry.is_set():
+        wait = now - self._sent < relay.flush_interval or self._quiet_only()
+        if wait and not self._hurry.is_set():
             with trio.move_on_at(relay.next_tick(now)):
                 await self._hurry.wait()
+
+    def _quiet_only(self) -> bool:
+        """Whether the flush would carry only :data:`_QUIET` chunks; never a turn's first
+        flush (the stream and the turn's ``active`` key go out at once), nor with
+        coalescing off (``flush_interval`` 0)."""
+        if self._sent == -math.inf or self.relay.flush_interval <= 0:
+            return False
+        return _quiet(self._queue)
 
     async def _write(self, batch: list[dict[str, Any]]) -> None:
         from coredis.exceptions import ResponseError
 
-        relay = self.relay
-        client = relay.client
-        with trio.fail_after(relay.op_timeout):
-            if self._next_seq is None:  # first flush, not fresh: continue the numbering
-                last = await client.xrevrange(self.key, "+", "-", count=1)
-                self._next_seq, self._prev, lost = _tail(last, takeover=self.takeover)
-                if lost:
-                    # What the turn streamed before is not in the stream: readers are told
-                    # (they rebuild from the store) instead of shown the turn without it.
-                    batch.insert(0, {"type": GAP})
-                    log.warning("relay.takeover_lost_stream", turn_id=self.turn_id)
-            first = self._next_seq
-            ended = batch[-1].get("type") == END and batch[-1].get("paused") is not True
-            opening = self.flushes == 0  # a continuation's or a takeover's first entry too
-            fields: dict[str, str | bytes] = {
-                "first": str(first),
-                "items": orjson.dumps(batch, default=str),
-                "w": self.writer_id,
-            }
-            if self._prev is not None:
-                fields["prev"] = self._prev
-            now = trio.current_time()
-            # The TTLs are set by the first flush and the last, and refreshed at most every
-            # TTL_REFRESH seconds: a flush in between is one XADD, not three commands.
-            touch = ended or opening or now - self._touched > TTL_REFRESH
-            commands: list[tuple[Any, ...]] = [("XADD", self.key, f"{first}-1", fields)]
+        first = self._next_seq
+        if first is None:  # first flush, not fresh: continue the numbering
+            first = await self._read_tail(batch)
+        now = trio.current_time()
+        commands, touch = self._commands(batch, first, now)
+        try:
+            # No deadline of its own: the batcher's pipeline has one (``op_timeout``; a
+            # flush queued behind a pipeline still out waits two at most).
+            await self.relay.batcher.send(commands)
             if touch:
-                commands.append(("EXPIRE", self.key, relay.end_ttl if ended else relay.live_ttl))
-                active = relay.active_key(self.session_id)
-                if opening:
-                    commands.append(("SET", active, self.turn_id, relay.live_ttl))
-                elif ended:
-                    commands.append(("EXPIRE", active, relay.end_ttl))
-            try:
-                await relay.batcher.send(commands)
-                if touch:
-                    self._touched = now
-            except ResponseError as exc:
-                if "equal or smaller" not in str(exc):
-                    raise
-                # A retry of a flush that Redis applied before the connection broke (or
-                # a writer the turn had lost wrote there: readers see its entry breaks
-                # the chain of writers, and rebuild from the store).
+                self._touched = now
+        except ResponseError as exc:
+            if "equal or smaller" not in str(exc):
+                raise
+            # A retry of a flush that Redis applied before the connection broke (or
+            # a writer the turn had lost wrote there: readers see its entry breaks
+            # the chain of writers, and rebuild from the store).
         self._next_seq = first + len(batch)
         self._prev = None
         self.flushes += 1
+
+    async def _read_tail(self, batch: list[dict[str, Any]]) -> int:
+        """The seq to number on from: after the stream's last entry (a continuation's or
+        a takeover's first flush)."""
+        with trio.fail_after(self.relay.op_timeout):
+            last = await self.relay.client.xrevrange(self.key, "+", "-", count=1)
+        first, self._prev, lost = _tail(last, takeover=self.takeover)
+        self._next_seq = first
+        if lost:
+            # What the turn streamed before is not in the stream: readers are told
+            # (they rebuild from the store) instead of shown the turn without it.
+            batch.insert(0, {"type": GAP})
+            log.warning("relay.takeover_lost_stream", turn_id=self.turn_id)
+        return first
+
+    def _commands(
+        self, batch: list[dict[str, Any]], first: int, now: float
+    ) -> tuple[list[tuple[Any, ...]], bool]:
+        """The flush's ``XADD`` of ``batch`` from seq ``first``, with the TTLs' commands
+        when it sets them; and whether it does. The TTLs are set by the first flush and
+        the last, and refreshed at most every ``TTL_REFRESH`` seconds: a flush in
+        between is one ``XADD``, not three commands."""
+        relay = self.relay
+        ended = batch[-1].get("type") == END and batch[-1].get("paused") is not True
+        opening = self.flushes == 0  # a continuation's or a takeover's first entry too
+        fields: dict[str, str | bytes] = {
+            "first": str(first),
+            "items": orjson.dumps(batch, default=str),
+            "w": self.writer_id,
+        }
+        if self._prev is not None:
+            fields["prev"] = self._prev
+        touch = ended or opening or now - self._touched > TTL_REFRESH
+        commands: list[tuple[Any, ...]] = [("XADD", self.key, f"{first}-1", fields)]
+        if touch:
+            commands.append(("EXPIRE", self.key, relay.end_ttl if ended else relay.live_ttl))
+            active = relay.active_key(self.session_id)
+            if opening:
+                commands.append(("SET", active, self.turn_id, relay.live_ttl))
+            elif ended:
+                commands.append(("EXPIRE", active, relay.end_ttl))
+        return commands, touch
 
 
 @attrs.define(kw_only=True, slots=True, eq=False)
@@ -663,30 +704,54 @@ class _Batcher:
     async def run(self) -> None:
         try:
             while True:
-                if not self._jobs:
-                    await self._wake.wait()
-                    self._wake = trio.Event()
-                    continue
-                jobs = [job for job in self._jobs if not job.abandoned]
-                self._jobs = []
-                if not jobs:
-                    continue
-                self.pipelines += 1
-                try:
-                    with trio.fail_after(self.timeout):
-                        if self.connection is not None:
-                            await self._send_resp(jobs)
-                        else:
-                            await self._send_coredis(jobs)
-                except Exception as exc:  # the connection: every flush of it failed
-                    for job in jobs:
-                        job.error = exc
-                finally:
-                    for job in jobs:
-                        job.done.set()
+                await self._serve()
         finally:
             if self.connection is not None:
                 await self.connection.aclose()
+
+    async def _serve(self) -> None:
+        """Send pipelines until one outlives ``timeout`` (its flushes then fail with
+        ``TooSlowError``). One cancel scope serves them all, its deadline moved for each
+        pipeline, instead of a ``trio.fail_after`` per pipeline: a new scope with a
+        deadline was ~44 µs of CPU on the 2-core benchmark machine, and the writer's
+        flush had one more (issue 24 goal 3)."""
+        with trio.CancelScope() as scope:
+            while True:
+                jobs = await self._next_jobs()
+                self.pipelines += 1
+                scope.deadline = trio.current_time() + self.timeout
+                await self._send(jobs)
+                scope.deadline = math.inf
+
+    async def _next_jobs(self) -> list[_Job]:
+        """The flushes queued and not abandoned, once there are any."""
+        while True:
+            if not self._jobs:
+                await self._wake.wait()
+                self._wake = trio.Event()
+                continue
+            jobs = [job for job in self._jobs if not job.abandoned]
+            self._jobs = []
+            if jobs:
+                return jobs
+
+    async def _send(self, jobs: list[_Job]) -> None:
+        """One pipeline of ``jobs``; each gets its outcome, whatever happens."""
+        try:
+            if self.connection is not None:
+                await self._send_resp(jobs)
+            else:
+                await self._send_coredis(jobs)
+        except Exception as exc:  # the connection: every flush of it failed
+            for job in jobs:
+                job.error = exc
+        except BaseException:  # the deadline (or the relay closing): none was confirmed
+            for job in jobs:
+                job.error = trio.TooSlowError(f"Redis did not answer within {self.timeout:g} s")
+            raise
+        finally:
+            for job in jobs:
+                job.done.set()
 
     async def _send_resp(self, jobs: list[_Job]) -> None:
         assert self.connection is not None
