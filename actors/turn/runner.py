@@ -485,78 +485,96 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
     async def _finish_turn(self, run: RunTurn, turn: Turn) -> None:
         """Close the turn whatever happened: seal parts, pair every call with a result
         (a call that completed keeps its result), save (shielded, bounded), then tell the
-        controller and hand the result over."""
-        state, agent, ctrl = self.state, self.agent, turn.ctrl
+        controller and hand the result over (even if saving or telling failed)."""
         turn.steering.close()  # no step follows: a message still waiting starts a turn
         with trio.CancelScope(shield=True):
             closing: list[Any] = []
-            turn.parts.close(closing)  # a part cut short ends here, in both outputs
-            # Failed (an error ended it) and interrupted (cut from outside) are stored apart.
-            cut = turn.abort_reason is not None or turn.budget == "deadline"
-            cut = cut and turn.error is None
-            if turn.finish_reason != AWAITING_INPUT and turn.meta.get(WAITING_META):
-                turn.meta = {**turn.meta, WAITING_META: 0}  # cut after it was marked waiting
-            if not turn.untouched:
-                self._pair_calls(turn, closing)
-                self._snapshot(turn, interrupted=cut, error=turn.error)
-                self._publish_history()
-            if turn.step_open and turn.error is None and turn.abort_reason is None:
-                # A budget (the deadline, a hook's) cut the step: close it for the grammar.
-                closing.append(StepEnd(step=turn.step, finish_reason="other", usage=Usage()))
-                turn.step += 1
+            self._seal(turn, closing)
             saved = turn.untouched  # (an untouched turn has nothing to save)
             try:
-                final = None if turn.untouched else await self._bounded_save(turn)
-                saved = turn.untouched or (final is not None and final.error is None)
-                if final is not None and final.error is not None and turn.error is None:
-                    turn.error = error_info(final.error)
-                closing.append(
-                    TurnEnd(
-                        finish_reason=turn.finish_reason,
-                        usage=turn.usage,
-                        error=turn.error,
-                        abort_reason=turn.abort_reason,
-                        budget=turn.budget,
-                    )
-                )
-                await _send_bounded(ctrl, closing)
-                finished = ev.TurnFinished(
-                    session_id=state.session_id,
-                    turn_id=turn.turn_id,
-                    finish_reason=turn.finish_reason,
-                    usage=turn.usage,
-                    steps=turn.step,
-                    error=turn.error,
-                    abort_reason=turn.abort_reason,
-                    budget=turn.budget,
-                )
-                with trio.move_on_after(saving.SAVE_TIMEOUT):
-                    await self._announce(finished, agent.hooks.on_turn_finish)
+                saved = await self._save_last(turn)
+                await self._announce_end(turn, closing)
             finally:
-                result = TurnResult(
-                    turn_id=turn.turn_id,
-                    finish_reason=turn.finish_reason,
-                    usage=turn.usage,
-                    steps=turn.step,
-                    message=state.messages[turn.a_index],
-                    tool_messages=tuple(
-                        turn.results[p.tool_call_id]
-                        for p in turn.parts.content
-                        if isinstance(p, ToolCallPart) and p.tool_call_id in turn.results
-                    ),
-                    error=turn.error,
-                    abort_reason=turn.abort_reason,
-                    budget=turn.budget,
-                    output=output_value(turn.output),
-                    new_messages=tuple(state.messages[turn.start_index :]),
-                    pending=(
-                        pending_calls(state.messages)
-                        if turn.finish_reason == AWAITING_INPUT
-                        else ()
-                    ),
-                    saved=saved,
-                )
-                await self._hand_over(run, turn, TurnDone(result=result))
+                await self._hand_over(run, turn, TurnDone(result=self._result(turn, saved)))
+
+    def _seal(self, turn: Turn, closing: list[Any]) -> None:
+        """Close what the turn left open, into ``closing`` (what the controller gets
+        next): its parts cut short, its calls without a result, its step; and take the
+        history's snapshot of how it ended."""
+        turn.parts.close(closing)  # a part cut short ends here, in both outputs
+        # Failed (an error ended it) and interrupted (cut from outside) are stored apart.
+        cut = turn.abort_reason is not None or turn.budget == "deadline"
+        cut = cut and turn.error is None
+        if turn.finish_reason != AWAITING_INPUT and turn.meta.get(WAITING_META):
+            turn.meta = {**turn.meta, WAITING_META: 0}  # cut after it was marked waiting
+        if not turn.untouched:
+            self._pair_calls(turn, closing)
+            self._snapshot(turn, interrupted=cut, error=turn.error)
+            self._publish_history()
+        if turn.step_open and turn.error is None and turn.abort_reason is None:
+            # A budget (the deadline, a hook's) cut the step: close it for the grammar.
+            closing.append(StepEnd(step=turn.step, finish_reason="other", usage=Usage()))
+            turn.step += 1
+
+    async def _save_last(self, turn: Turn) -> bool:
+        """The turn's last save (bounded); whether everything of it is stored. A save
+        that failed becomes the turn's error when it had none."""
+        if turn.untouched:
+            return True
+        final = await self._bounded_save(turn)
+        if final is not None and final.error is not None and turn.error is None:
+            turn.error = error_info(final.error)
+        return final is not None and final.error is None
+
+    async def _announce_end(self, turn: Turn, closing: list[Any]) -> None:
+        """Send the controller what ``closing`` holds and the turn's end, then tell the
+        bus and the agent's hook (bounded: a stuck subscriber does not hold the turn)."""
+        closing.append(
+            TurnEnd(
+                finish_reason=turn.finish_reason,
+                usage=turn.usage,
+                error=turn.error,
+                abort_reason=turn.abort_reason,
+                budget=turn.budget,
+            )
+        )
+        await _send_bounded(turn.ctrl, closing)
+        finished = ev.TurnFinished(
+            session_id=self.state.session_id,
+            turn_id=turn.turn_id,
+            finish_reason=turn.finish_reason,
+            usage=turn.usage,
+            steps=turn.step,
+            error=turn.error,
+            abort_reason=turn.abort_reason,
+            budget=turn.budget,
+        )
+        with trio.move_on_after(saving.SAVE_TIMEOUT):
+            await self._announce(finished, self.agent.hooks.on_turn_finish)
+
+    def _result(self, turn: Turn, saved: bool) -> TurnResult:
+        """What the turn's caller gets: how it ended, its message and results, and the
+        calls it waits for when it suspended."""
+        messages = self.state.messages
+        return TurnResult(
+            turn_id=turn.turn_id,
+            finish_reason=turn.finish_reason,
+            usage=turn.usage,
+            steps=turn.step,
+            message=messages[turn.a_index],
+            tool_messages=tuple(
+                turn.results[p.tool_call_id]
+                for p in turn.parts.content
+                if isinstance(p, ToolCallPart) and p.tool_call_id in turn.results
+            ),
+            error=turn.error,
+            abort_reason=turn.abort_reason,
+            budget=turn.budget,
+            output=output_value(turn.output),
+            new_messages=tuple(messages[turn.start_index :]),
+            pending=pending_calls(messages) if turn.finish_reason == AWAITING_INPUT else (),
+            saved=saved,
+        )
 
     def _pair_calls(self, turn: Turn, closing: list[Any]) -> None:
         """Give every call of the turn that has no result one: its outcome if it
