@@ -197,41 +197,17 @@ class TurnSubmitting:
         :class:`~runtime.errors.QueueFull` and stores nothing.
         """
         validate_session_id(session_id)
-        if idempotency_key is not None and (
-            not isinstance(idempotency_key, str) or not idempotency_key
-        ):
-            raise StoreError(f"idempotency_key must be a non-empty string, not {idempotency_key!r}")
-        if turn_id is not None and (not isinstance(turn_id, str) or not turn_id):
-            raise StoreError(f"turn_id must be a non-empty string, not {turn_id!r}")
+        _check_names(session_id, idempotency_key, turn_id, on_busy)
         content = _check_input(input)
-        try:
-            # megabytes, maybe: encoded and hashed off the event loop
-            body, input_hash = await trio.to_thread.run_sync(
-                _encoded_and_hashed, content, regenerate
-            )
-            meta_json = orjson.dumps(dict(meta or {}))
-            options_json = (
-                b"{}"
-                if options is None or options.empty
-                else await trio.to_thread.run_sync(serde.to_json, options)  # a history, maybe
-            )
-        except (TypeError, ValueError, orjson.JSONEncodeError) as err:
-            raise StoreError(
-                f"submit to session {session_id!r}: input or meta cannot be serialized: {err}"
-            ) from err
+        body, input_hash, meta_json, options_json = await _serialized(
+            session_id, content, regenerate, meta, options
+        )
         turn_id = turn_id or f"turn_{uuid.uuid4().hex}"
         message_key = (
             None
             if idempotency_key is None
             else _sha256(idempotency_key.encode("utf-8", "surrogatepass"))
         )
-
-        if on_busy is not None and on_busy not in (ENQUEUE, REJECT, INTERRUPT, STEER):
-            raise StoreError(
-                f"submit to session {session_id!r}: on_busy {on_busy!r} is not one of "
-                "enqueue, reject, interrupt, steer"
-            )
-
         submission = _Submission(
             session_id=session_id,
             turn_id=turn_id,
@@ -346,3 +322,45 @@ def _check_input(input: Any) -> UserContent:
                 )
         return parts
     raise StoreError(f"turn input must be text or a sequence of parts, not {type(input).__name__}")
+
+
+def _check_names(
+    session_id: str, idempotency_key: str | None, turn_id: str | None, on_busy: OnBusy | None
+) -> None:
+    """A submit's keys and strategy are what they must be, or :class:`StoreError`."""
+    if idempotency_key is not None and (
+        not isinstance(idempotency_key, str) or not idempotency_key
+    ):
+        raise StoreError(f"idempotency_key must be a non-empty string, not {idempotency_key!r}")
+    if turn_id is not None and (not isinstance(turn_id, str) or not turn_id):
+        raise StoreError(f"turn_id must be a non-empty string, not {turn_id!r}")
+    if on_busy is not None and on_busy not in (ENQUEUE, REJECT, INTERRUPT, STEER):
+        raise StoreError(
+            f"submit to session {session_id!r}: on_busy {on_busy!r} is not one of "
+            "enqueue, reject, interrupt, steer"
+        )
+
+
+async def _serialized(
+    session_id: str,
+    content: Any,
+    regenerate: bool,
+    meta: dict[str, Any] | None,
+    options: TurnOptions | None,
+) -> tuple[str, str, bytes, bytes]:
+    """A submit's input (and its hash), meta and options as the row stores them; the
+    input and options (megabytes, maybe: a history) encoded off the event loop. What
+    cannot be serialized is a :class:`StoreError`."""
+    try:
+        body, input_hash = await trio.to_thread.run_sync(_encoded_and_hashed, content, regenerate)
+        meta_json = orjson.dumps(dict(meta or {}))
+        options_json = (
+            b"{}"
+            if options is None or options.empty
+            else await trio.to_thread.run_sync(serde.to_json, options)
+        )
+    except (TypeError, ValueError, orjson.JSONEncodeError) as err:
+        raise StoreError(
+            f"submit to session {session_id!r}: input or meta cannot be serialized: {err}"
+        ) from err
+    return body, input_hash, meta_json, options_json

@@ -54,7 +54,7 @@ from actors.turn.takeover import Committed, find_committed
 from actors.turn.tool_calls import RUNNABLE_FINISH as RUNNABLE_FINISH
 from actors.turn.tool_calls import ToolCalling
 from actors.turn.tool_calls import refuse_call as refuse_call
-from actors.turn.turn_state import Turn, error_info
+from actors.turn.turn_state import Step, Turn, error_info
 from runtime import events as ev
 from runtime.actor import Actor
 from runtime.actor_messages import (
@@ -346,67 +346,19 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
 
     async def _steps(self, turn: Turn) -> None:
         """The step loop: budget check, model call, tools, step boundary; until a step
-        finishes without tool calls."""
-        state, agent, budget = self.state, self.agent, self.agent.budget
-        sid, ctrl = state.session_id, turn.ctrl
+        finishes without tool calls (or suspends, waiting for input)."""
+        budget = self.agent.budget
         while True:
             budget.check_step(turn.step)
             if turn.parts.content:  # a step boundary is behind
-                if turn.steering.pull is not None and self._pending is not None:
-                    # the step's save first: it tells a worker whether anyone steered
-                    # (runtime.turn_queue.SteerWatch), so it reads nothing otherwise
-                    await self._wait_answer(self._pending)
-                await turn.steering.pull_waiting()  # another process's messages, if any
-                if turn.steering.waiting:
-                    await self._steer(turn)
-            step = turn.parts.step = turn.step
-            await ctrl.send(StepBegin(step=step))
-            turn.step_open = True
-            await self._announce(
-                ev.StepStarted(session_id=sid, turn_id=turn.turn_id, step=step),
-                agent.hooks.on_step_start,
-            )
+                await self._at_boundary(turn)
+            step = await self._begin_step(turn)
             result = await self._infer(turn)
             turn.usage = turn.usage + result.usage
             over = budget.tokens_exceeded(turn.usage)
             if result.calls:
-                over = await self._run_tools(turn, result, refuse=over) or over
-                for call in result.calls:  # call order, not completion order
-                    if call.tool_call_id in turn.held:
-                        continue  # it waits: no result until it is decided
-                    oc = turn.outcomes[call.tool_call_id]
-                    if oc.usage is not None:  # an agent used as a tool spent tokens
-                        turn.usage = turn.usage + oc.usage
-                    self._add_result(turn, oc, step)
-                over = over or budget.tokens_exceeded(turn.usage)  # sub-agents' too
-                await self._hold(turn, step)
-            self._snapshot(turn)
-            self._publish_history()
-            await ctrl.send(StepEnd(step=step, finish_reason=result.finish, usage=result.usage))
-            turn.step_open = False
-            turn.step += 1  # counted once its step-finish is out, whatever a hook does next
-            await self._announce(
-                ev.StepFinished(
-                    session_id=sid,
-                    turn_id=turn.turn_id,
-                    step=step,
-                    finish_reason=result.finish,
-                    usage=result.usage,
-                ),
-                agent.hooks.on_step_finish,
-            )
-            await self._announce(
-                ev.MessageAdded(
-                    session_id=sid,
-                    turn_id=turn.turn_id,
-                    index=turn.a_index,
-                    message=state.messages[turn.a_index],
-                ),
-                agent.hooks.on_message_added,
-            )
-            if turn.held and not over:  # what the sessions list reads (docs/approval.md)
-                turn.meta = {**turn.meta, WAITING_META: len(turn.held), **self._trace_meta(turn)}
-            await self._save(turn, step)
+                over = await self._take_results(turn, result, step, over)
+            await self._end_step(turn, result, step, over)
             if over:
                 raise BudgetExceeded(over)
             if turn.held:  # committed with the step: the turn suspends (docs/approval.md)
@@ -420,6 +372,75 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
                 ):
                     continue  # the answer did not validate: the model sees why, answers again
                 return
+
+    async def _at_boundary(self, turn: Turn) -> None:
+        """Between two steps: the messages steered into the turn join it here."""
+        if turn.steering.pull is not None and self._pending is not None:
+            # the step's save first: it tells a worker whether anyone steered
+            # (runtime.turn_queue.SteerWatch), so it reads nothing otherwise
+            await self._wait_answer(self._pending)
+        await turn.steering.pull_waiting()  # another process's messages, if any
+        if turn.steering.waiting:
+            await self._steer(turn)
+
+    async def _begin_step(self, turn: Turn) -> int:
+        """Open the turn's next step (the controller, the bus, the hook); its number."""
+        step = turn.parts.step = turn.step
+        await turn.ctrl.send(StepBegin(step=step))
+        turn.step_open = True
+        await self._announce(
+            ev.StepStarted(session_id=self.state.session_id, turn_id=turn.turn_id, step=step),
+            self.agent.hooks.on_step_start,
+        )
+        return step
+
+    async def _take_results(
+        self, turn: Turn, result: Step, step: int, over: str | None
+    ) -> str | None:
+        """Run the step's calls (refused when a budget is ``over``) and add their results,
+        in call order; the budget exceeded now, if any (sub-agents' tokens count)."""
+        over = await self._run_tools(turn, result, refuse=over) or over
+        for call in result.calls:  # call order, not completion order
+            if call.tool_call_id in turn.held:
+                continue  # it waits: no result until it is decided
+            oc = turn.outcomes[call.tool_call_id]
+            if oc.usage is not None:  # an agent used as a tool spent tokens
+                turn.usage = turn.usage + oc.usage
+            self._add_result(turn, oc, step)
+        over = over or self.agent.budget.tokens_exceeded(turn.usage)
+        await self._hold(turn, step)
+        return over
+
+    async def _end_step(self, turn: Turn, result: Step, step: int, over: str | None) -> None:
+        """Close the step (the controller, the bus, the hooks) and commit it."""
+        state, hooks, sid = self.state, self.agent.hooks, self.state.session_id
+        self._snapshot(turn)
+        self._publish_history()
+        await turn.ctrl.send(StepEnd(step=step, finish_reason=result.finish, usage=result.usage))
+        turn.step_open = False
+        turn.step += 1  # counted once its step-finish is out, whatever a hook does next
+        await self._announce(
+            ev.StepFinished(
+                session_id=sid,
+                turn_id=turn.turn_id,
+                step=step,
+                finish_reason=result.finish,
+                usage=result.usage,
+            ),
+            hooks.on_step_finish,
+        )
+        await self._announce(
+            ev.MessageAdded(
+                session_id=sid,
+                turn_id=turn.turn_id,
+                index=turn.a_index,
+                message=state.messages[turn.a_index],
+            ),
+            hooks.on_message_added,
+        )
+        if turn.held and not over:  # what the sessions list reads (docs/approval.md)
+            turn.meta = {**turn.meta, WAITING_META: len(turn.held), **self._trace_meta(turn)}
+        await self._save(turn, step)
 
     def _trace_meta(self, turn: Turn) -> dict[str, Any]:
         """What the suspending save stores of the turn's trace context (a tracing
