@@ -203,4 +203,46 @@ def install() -> bool:
     return True
 
 
-__all__ = ["cache_path", "install"]
+def warm(packages: tuple[str, ...] = ("runtime", "actors")) -> str | None:
+    """Import every module of ``packages`` whose dependencies are installed (so every
+    class is built) and write the file now, even where Python writes no bytecode: what
+    an image's build step runs (``python -m runtime.attrs_cache``), as ``python -m
+    compileall`` writes bytecode whatever ``PYTHONDONTWRITEBYTECODE`` says. The file's
+    path; ``None`` when this attrs or this Python keeps none."""
+    import importlib
+    import pkgutil
+
+    if not install() or _state is None or _state.path is None:
+        return None
+    for name in packages:
+        package = importlib.import_module(name)
+        for module in pkgutil.walk_packages(package.__path__, f"{name}."):
+            if module.name.endswith(".__main__"):
+                continue  # a command, not a module to import
+            try:
+                importlib.import_module(module.name)
+            except ImportError:
+                continue  # an optional dependency (a provider's SDK, a store's driver)
+    _state.write()
+    return _state.path if os.path.exists(_state.path) else None
+
+
+def main() -> int:
+    """``python -m runtime.attrs_cache``: :func:`warm`, saying where the file is."""
+    # Run as ``-m``, this file is ``__main__``, a second copy of the module: the one
+    # runtime.chunks installs from is runtime.attrs_cache.
+    from runtime import attrs_cache
+
+    path = attrs_cache.warm()
+    if path is None:
+        print("no attrs method cache here: this Python or attrs keeps none", file=sys.stderr)
+        return 1
+    print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
+
+__all__ = ["cache_path", "install", "warm"]

@@ -175,3 +175,17 @@ def test_an_attrs_without_the_function_is_left_alone(monkeypatch):
     monkeypatch.delattr(attr._make, "_compile_and_eval")
     assert attrs_cache.install() is False
     assert not hasattr(attr._make, "_compile_and_eval")
+
+
+def test_warming_writes_the_file_even_where_python_writes_no_bytecode(tmp_path):
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONPATH": str(REPO)}
+    env["PYTHONPYCACHEPREFIX"] = str(tmp_path)
+    out = subprocess.run(
+        [sys.executable, "-m", "runtime.attrs_cache"],
+        env=env, cwd=REPO, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    path = Path(out.stdout.strip())
+    assert path.is_file() and path.is_relative_to(tmp_path)
+    after = _child(tmp_path, bytecode=False)  # reads it, writes nothing
+    assert after["compiled"] is False
+    assert after["used"] > 50
