@@ -47,6 +47,8 @@ from collections.abc import Mapping
 from types import CodeType
 from typing import Any
 
+import attr._make as make  # attrs' own module (loaded with attrs): what install() wraps
+
 OURS = ("<attrs generated ", ("runtime.", "actors."))
 """The file names attrs gives the code it generates (``<attrs generated init
 runtime.output.TextDelta>``) start with the first string; the class's module, the word
@@ -173,8 +175,6 @@ def install() -> bool:
     on (idempotent). ``False``, and nothing changed, when this attrs compiles through
     something else than the function this wraps."""
     global _state
-    import attr._make as make
-
     original = getattr(make, "_compile_and_eval", None)
     if original is None or getattr(original, "_axon_cached", False):
         return original is not None
@@ -209,8 +209,7 @@ def warm(packages: tuple[str, ...] = ("runtime", "actors")) -> str | None:
     an image's build step runs (``python -m runtime.attrs_cache``), as ``python -m
     compileall`` writes bytecode whatever ``PYTHONDONTWRITEBYTECODE`` says. The file's
     path; ``None`` when this attrs or this Python keeps none."""
-    import importlib
-    import pkgutil
+    import pkgutil  # only here: not a cost of every process's start-up (issue 24)
 
     if not install() or _state is None or _state.path is None:
         return None
