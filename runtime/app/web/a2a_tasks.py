@@ -18,6 +18,7 @@ back from the session's history (:func:`derive`).
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
+from functools import partial
 from typing import Any
 
 import orjson
@@ -25,6 +26,7 @@ import trio
 
 from actors.a2a import wire
 from runtime.app.session import FINAL_WAIT
+from runtime.app.web.answers import record_all
 from runtime.app.web.chat_input import title_of
 from runtime.approval import (
     APPROVAL,
@@ -578,11 +580,12 @@ class TaskBook:
             except (wire.A2AError, StoreConflict):
                 pass  # the view may be behind the store: check again on what it holds
             else:
-                return await self._decide_all(session, live, answers[1:], first), remaining
+                record = partial(self._decide, session, live)
+                return await record_all(answers[1:], record, first), remaining
         record = await session.host.store.load(session.id)
         stored = record.messages if record is not None else ()
         answers, remaining = self._checked(live, incoming, stored, tools)
-        return await self._decide_all(session, live, answers), remaining
+        return await record_all(answers, partial(self._decide, session, live)), remaining
 
     def _checked(
         self,
@@ -606,20 +609,6 @@ class TaskBook:
         except DecisionError as exc:
             raise wire.invalid_params(str(exc)) from None
         return answers, pending_calls(stored)
-
-    async def _decide_all(
-        self,
-        session: Any,
-        live: LiveTask,
-        answers: Sequence[tuple[str, Decision]],
-        last: Recorded | None = None,
-    ) -> Recorded:
-        """Record each of ``answers`` (checked); what the last one recorded (``last``
-        when there are none)."""
-        for key, decision in answers:
-            last = await self._decide(session, live, key, decision)
-        assert last is not None
-        return last
 
     async def _decide(
         self,

@@ -153,7 +153,7 @@ async def record_answers(session: Any, payload: dict[str, Any]) -> tuple[tuple[s
         except (ApiError, DecisionError, StoreConflict):
             pass  # the view may be behind the store: check again on what it holds
         else:  # the store held what the checks saw: the rest are checked as well
-            return announced, await _record_all(rest, record, recorded)
+            return announced, await record_all(rest, record, recorded)
     return await check_and_record(session.host.store, session.id, tools, payload, record)
 
 
@@ -181,11 +181,12 @@ def _checked(
     return tuple(c.tool_call_id for c in waiting), answers
 
 
-async def _record_all(
+async def record_all(
     answers: Sequence[tuple[str, Decision]], record: RecordAnswer, last: Recorded | None = None
 ) -> Recorded:
     """Record each of ``answers`` (checked) with ``record``; what the last one recorded
-    (``last`` when there are none). A refusal is an :class:`ApiError`."""
+    (``last`` when there are none). A refusal (a :class:`DecisionError` from ``record``)
+    is an :class:`ApiError`; the A2A endpoint's ``record`` raises its own errors first."""
     try:
         for key, decision in answers:
             last = await record(key, decision)
@@ -209,7 +210,7 @@ async def check_and_record(
     stored_record = await store.load(session_id)
     stored = stored_record.messages if stored_record is not None else ()
     announced, answers = _checked(stored, payload, tools)
-    return announced, await _record_all(answers, record)
+    return announced, await record_all(answers, record)
 
 
 async def pending_in(store: Store, session_id: str) -> tuple[PendingCall, ...]:
@@ -269,6 +270,7 @@ __all__ = [
     "check_and_record",
     "is_continuation",
     "pending_in",
+    "record_all",
     "record_answers",
     "waiting_in_meta",
 ]
