@@ -884,6 +884,24 @@ def add_worker_parser(subparsers: Any) -> Any:
     worker = subparsers.add_parser(
         "worker", help="run durable turns from PostgreSQL, streaming them through Redis"
     )
+    _add_service_arguments(worker)
+    _add_claim_arguments(worker)
+    _add_relay_write_arguments(worker)
+    add = worker.add_argument
+    add("--owner", default=None, help="this worker's name in axon_turns (default host:pid:rand)")
+    add_input_limit_arguments(worker)
+    add_agent_arguments(worker)
+    add("--delay", type=float, default=0.0, help="scripted demo: seconds between chunks")
+    add("--mcp", action="append", default=[], metavar="SERVER", help=MCP_HELP)
+    add_log_level_argument(worker, "warning")
+    add_plugin_argument(worker)
+    worker.set_defaults(jsonl=False)
+    return worker
+
+
+def _add_service_arguments(worker: Any) -> None:
+    """Where the worker's turns are stored and where their output goes (the relay's
+    prefix must be the front ends' too)."""
     add = worker.add_argument
     add("--store", required=True, metavar="URL", help="postgresql://... (the sessions and turns)")
     add("--redis", default=None, metavar="URL", help="redis://... (live output to front ends)")
@@ -893,6 +911,12 @@ def add_worker_parser(subparsers: Any) -> Any:
         metavar="PREFIX",
         help="key prefix of the relay's streams (default 'axon:'; front ends must agree)",
     )
+
+
+def _add_claim_arguments(worker: Any) -> None:
+    """How many turns the worker claims, how long a claim holds, how often a turn is
+    tried, and how long the worker drains and idles (:class:`Worker`'s options)."""
+    add = worker.add_argument
     add(
         "--concurrency",
         type=int,
@@ -923,6 +947,12 @@ def add_worker_parser(subparsers: Any) -> Any:
         default=DEFAULT_POLL,
         help=f"seconds between claims when idle (default {DEFAULT_POLL:g})",
     )
+
+
+def _add_relay_write_arguments(worker: Any) -> None:
+    """The Redis relay's write coalescing (:func:`relay_options_of` checks them): left
+    unset (``None``), the relay keeps its own defaults."""
+    add = worker.add_argument
     add(
         "--relay-flush-interval",
         type=float,
@@ -939,15 +969,6 @@ def add_worker_parser(subparsers: Any) -> Any:
         help="a turn's last chunk waits at most this long to go out with its close "
         "(default 0.05; 0: at once). docs/relay.md",
     )
-    add("--owner", default=None, help="this worker's name in axon_turns (default host:pid:rand)")
-    add_input_limit_arguments(worker)
-    add_agent_arguments(worker)
-    add("--delay", type=float, default=0.0, help="scripted demo: seconds between chunks")
-    add("--mcp", action="append", default=[], metavar="SERVER", help=MCP_HELP)
-    add_log_level_argument(worker, "warning")
-    add_plugin_argument(worker)
-    worker.set_defaults(jsonl=False)
-    return worker
 
 
 def relay_options_of(args: Any) -> dict[str, Any]:
