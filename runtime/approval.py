@@ -335,45 +335,68 @@ async def record_decision(
     if only_known and known is None:
         raise ValueError("only_known needs the view to decide on: known")
     for _ in range(1 if only_known else RECORD_ATTEMPTS):
-        record = known if known is not None else await store.load(session_id)
-        if record is None:
-            raise UnknownApproval(f"no call of this session waits for {key!r}")
+        record = known if known is not None else await _loaded(store, session_id, key)
         try:
-            index, messages, call, waiting = _decide(record.messages, key, decision, tools)
+            decided = _decide(record.messages, key, decision, tools)
         except (UnknownApproval, AlreadyDecided):
             if known is None or only_known:
                 raise
             known = None  # the caller's view may be behind the store's: read it
             continue
         known = None
-        left = sum(not c.decided for c in waiting)
-        complete = not left
         try:
-            if save is None:
-                version = await store.save(
-                    session_id,
-                    index,
-                    messages[index:],
-                    {WAITING_META: left},
-                    expected_version=record.version,
-                )
-            else:
-                version = await save(
-                    start=index,
-                    messages=messages[index:],
-                    meta={WAITING_META: left},
-                    expected_version=record.version,
-                    call=call,
-                    complete=complete,
-                )
+            return await _save_decided(store, session_id, record.version, decided, save)
         except StoreConflict as exc:
             conflict = exc
-            continue
-        return Recorded(
-            call=call, complete=complete, version=version, messages=messages, waiting=waiting
-        )
     assert conflict is not None
     raise conflict
+
+
+async def _loaded(store: Store, session_id: str, key: str) -> SessionRecord:
+    """The session :func:`record_decision` decides on, read from ``store``: one never
+    saved waits for nothing, so ``key`` is unknown there."""
+    record = await store.load(session_id)
+    if record is None:
+        raise UnknownApproval(f"no call of this session waits for {key!r}")
+    return record
+
+
+async def _save_decided(
+    store: Store,
+    session_id: str,
+    expected_version: int,
+    decided: tuple[int, tuple[Message, ...], PendingCall, tuple[PendingCall, ...]],
+    save: DecisionSave | None,
+) -> Recorded:
+    """Save what :func:`_decide` made of the history on top of ``expected_version`` (the
+    version it was decided on), through ``save`` if given, else ``store.save``; what was
+    recorded. Only the changed assistant message and what follows it is written, with
+    the count of calls still waiting as the session's meta (:data:`WAITING_META`), so a
+    reader of the meta alone knows whether the turn can resume. A concurrent writer
+    makes this raise :class:`~runtime.errors.StoreConflict`: the caller loads again."""
+    index, messages, call, waiting = decided
+    left = sum(not c.decided for c in waiting)
+    complete = not left
+    if save is None:
+        version = await store.save(
+            session_id,
+            index,
+            messages[index:],
+            {WAITING_META: left},
+            expected_version=expected_version,
+        )
+    else:
+        version = await save(
+            start=index,
+            messages=messages[index:],
+            meta={WAITING_META: left},
+            expected_version=expected_version,
+            call=call,
+            complete=complete,
+        )
+    return Recorded(
+        call=call, complete=complete, version=version, messages=messages, waiting=waiting
+    )
 
 
 def denial_text(reason: str | None) -> str:

@@ -729,11 +729,7 @@ async def json_event_batches(
                     failure = exc
                     break
                 if type(event) is not dict:
-                    failure = errors.MalformedStream(
-                        "an event's data is not a JSON object: "
-                        f"{data[:200].decode('utf-8', 'replace')!r}",
-                        provider=PROVIDER,
-                    )
+                    failure = _not_an_object(data)
                     break
                 out.append(event)
                 if texts and event.get("type") == "content_block_delta":
@@ -745,6 +741,15 @@ async def json_event_batches(
                 yield out  # what came before a failure is the stream's
             if failure is not None:
                 raise failure
+
+
+def _not_an_object(data: bytes) -> errors.MalformedStream:
+    """The error of an event whose data is JSON but no object (no event the API sends):
+    :func:`json_event_batches` raises it after the events of the same read before it."""
+    return errors.MalformedStream(
+        f"an event's data is not a JSON object: {data[:200].decode('utf-8', 'replace')!r}",
+        provider=PROVIDER,
+    )
 
 
 SLOT_LEARNING = 64

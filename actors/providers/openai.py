@@ -687,10 +687,17 @@ async def json_chunk_batches(
             if failure is not None:
                 raise failure
             if done:
-                with trio.move_on_after(DRAIN_AFTER_DONE):
-                    async for _ in events:
-                        pass
+                await _drain_after_done(events)
                 return
+
+
+async def _drain_after_done(events: AsyncGenerator[Any, None]) -> None:
+    """Read what follows ``[DONE]`` for at most :data:`DRAIN_AFTER_DONE` seconds and drop
+    it: the body read to its end lets the HTTP library reuse the connection for the next
+    request, as the SDK's own stream does; a server that keeps the body open is cut."""
+    with trio.move_on_after(DRAIN_AFTER_DONE):
+        async for _ in events:
+            pass
 
 
 def _stream_error(body: Any, response: Any) -> Exception:

@@ -551,19 +551,7 @@ class PostgresStore:
         new = check_save(session_id, start, messages, meta, expected_version)
         rows = encode_rows(session_id, start, new)
         patch = encode_meta(session_id, meta)
-        fence = None if unfenced else self._fences.get(session_id)
-        if fence is None and not unfenced and session_id in self._ended:
-            turn_id, owner, epoch = self._ended[session_id]
-            raise LeaseLost(
-                f"save of session {session_id!r} refused: it reached the store after worker "
-                f"{owner} (epoch {epoch}) gave turn {turn_id} up"
-            )
-        if fence is not None and self._fences_closed:
-            raise LeaseLost(
-                f"save of session {session_id!r} refused: worker {fence.owner} is stopping; "
-                f"turn {fence.turn_id} keeps its committed steps"
-            )
-
+        fence = None if unfenced else self._save_fence(session_id)
         wrote: list[bool] = []
         steers: list[int] = []  # the turn row's count, as the fence check read it
 
@@ -583,13 +571,40 @@ class PostgresStore:
             if fence is not None and fence.on_lost is not None:
                 fence.on_lost()
             raise
-        if fence is not None and fence.watch is not None and steers:
-            fence.watch.saw(steers[-1])
         if fence is not None:
-            self._marked.add(fence.turn_id)  # later saves of the turn need not mark it
-            if any(wrote) and fence.on_commit is not None:
-                fence.on_commit()
+            self._fenced_save_committed(fence, wrote, steers)
         return version
+
+    def _save_fence(self, session_id: str) -> Fence | None:
+        """The fence a save of ``session_id`` runs under (``None``: none, the session is
+        no fenced turn's), or :class:`LeaseLost` for a save that must not reach the store:
+        one that outlived its fenced block (its worker may have given the turn up, and
+        another worker saved the session since), or any fenced one once the worker is
+        stopping at once (:meth:`close_fences`)."""
+        fence = self._fences.get(session_id)
+        if fence is None and session_id in self._ended:
+            turn_id, owner, epoch = self._ended[session_id]
+            raise LeaseLost(
+                f"save of session {session_id!r} refused: it reached the store after worker "
+                f"{owner} (epoch {epoch}) gave turn {turn_id} up"
+            )
+        if fence is not None and self._fences_closed:
+            raise LeaseLost(
+                f"save of session {session_id!r} refused: worker {fence.owner} is stopping; "
+                f"turn {fence.turn_id} keeps its committed steps"
+            )
+        return fence
+
+    def _fenced_save_committed(self, fence: Fence, wrote: list[bool], steers: list[int]) -> None:
+        """After a fenced save committed: its ``watch`` learns the turn's count of steering
+        submits the fence check read (``steers``), later saves of the turn need not mark
+        it ``saved``, and ``on_commit`` hears of a commit its ``in_save`` wrote to (``wrote``:
+        the turn row suspended)."""
+        if fence.watch is not None and steers:
+            fence.watch.saw(steers[-1])
+        self._marked.add(fence.turn_id)
+        if any(wrote) and fence.on_commit is not None:
+            fence.on_commit()
 
     def _save_in(
         self,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -121,35 +122,20 @@ class TurnClaiming:
         """
         if not isinstance(owner, str) or not owner:
             raise StoreError(f"owner must be a non-empty string, not {owner!r}")
-        import psycopg
-
-        max_attempts = self.max_attempts
-        lease = self.lease
-
-        def claim(conn: Any) -> _Found | None:
-            found = _take_expired(conn, owner, lease, max_attempts)
-            return found if found is not None else _start_head(conn, owner, lease)
-
-        def claim_once(conn: Any) -> _Found | None:
-            # A concurrent claim may have started another turn of this session since the
-            # look's snapshot: the unique index refuses the second one, and this claim,
-            # rolled back, found nothing (no savepoint: two statements fewer per claim).
-            try:
-                with conn.transaction():
-                    found = claim(conn)
-            except psycopg.errors.UniqueViolation:
-                return None
-            if found is not None and found[2] is None and load is not None:
-                session_id = found[0][1]
-                if load(session_id):  # after the commit: no lock is held while it reads
-                    return found[0], found[1], load_rows(conn, session_id)
-            return found
-
-        found = await self.store.run(f"claim by {owner!r}", claim_once, transaction=False)
+        take = partial(
+            _claim_on, owner=owner, lease=self.lease, max_attempts=self.max_attempts, load=load
+        )
+        found = await self.store.run(f"claim by {owner!r}", take, transaction=False)
         if found is None:
             return None
         if on_claimed is not None:
             on_claimed(found[0][0], owner, found[0][8])  # turn_id, epoch: see _COLUMNS
+        return await self._claim_of(found, owner)
+
+    async def _claim_of(self, found: _Found, owner: str) -> Claim:
+        """The :class:`Claim` of what a claim's transaction found: its turn decoded (out
+        of the transaction: thousands of parts may take a while), how it was claimed, and
+        the session as the claim read it, if it did."""
         turn = await self._decoded(found[0])
         return Claim(
             turn=turn,
@@ -369,6 +355,38 @@ class TurnClaiming:
             f"release of turn {claim.turn.turn_id}", release, transaction=False
         )
         return bool(done)
+
+
+def _claim_on(
+    conn: Any,
+    *,
+    owner: str,
+    lease: float,
+    max_attempts: int,
+    load: Callable[[str], bool] | None,
+) -> _Found | None:
+    """:meth:`TurnClaiming.claim`'s work on ``conn`` (in autocommit, in the store's
+    thread): an expired lease taken over, else a head started, in one transaction; then,
+    if ``load`` asks for it, the session's rows, read after the commit so that no lock is
+    held while it reads.
+
+    A concurrent claim may have started another turn of this session since the look's
+    snapshot: the unique index refuses the second one, and this claim, rolled back, found
+    nothing (no savepoint: two statements fewer per claim)."""
+    import psycopg
+
+    try:
+        with conn.transaction():
+            found = _take_expired(conn, owner, lease, max_attempts)
+            if found is None:
+                found = _start_head(conn, owner, lease)
+    except psycopg.errors.UniqueViolation:
+        return None
+    if found is not None and found[2] is None and load is not None:
+        session_id = found[0][1]
+        if load(session_id):
+            return found[0], found[1], load_rows(conn, session_id)
+    return found
 
 
 def _take_expired(conn: Any, owner: str, lease: float, max_attempts: int) -> _Found | None:

@@ -552,11 +552,38 @@ class Worker:
         self.done[status] = self.done.get(status, 0) + 1
 
     async def _run_turn(self, entry: _Running) -> str:
+        """Run the claimed turn to its end: its session ready, its stream steered from the
+        queue and relayed, its row finished; the status it ended with (``"lost"``: the
+        turn is no longer this worker's)."""
         claim = entry.claim
         turn = claim.turn
         host = self.host
         assert host is not None
         was_open = host.sessions.get(turn.session_id) is not None
+        session, loaded = await self._claimed_session(host, claim)
+        steered: list[str] = []  # the ids of the steering messages the turn took
+        # A takeover may find steering its turn's earlier worker never took: read once.
+        watch = SteerWatch(taken=-1 if claim.takeover else 0)
+        stream = entry.stream = self._turn_stream(claim, session, was_open, loaded)
+        stream.steer_from(partial(self._take_steering, claim, steered, watch))
+        log().info(
+            "worker.turn",
+            turn_id=turn.turn_id,
+            session_id=turn.session_id,
+            epoch=claim.epoch,
+            takeover=claim.takeover,
+            resumed=claim.resumed,
+        )
+        writer = self._turn_writer(claim)
+        status = await self._stream_turn(entry, stream, writer, steered, watch)
+        if turn.options.ephemeral and status != "lost":
+            await self._forget(session)
+        return status
+
+    async def _claimed_session(self, host: Host, claim: Claim) -> tuple[Any, Any]:
+        """The claimed turn's session, open and free for the turn (with the turn's meta),
+        and the record it was loaded from (``None`` when it was open already)."""
+        turn = claim.turn
         session = await self._open_session(host, turn, claim.stored)
         # Loaded now, after the claim: no other worker may save the session while this
         # one holds its turn, so the turn starts from that record without asking the
@@ -571,30 +598,30 @@ class Worker:
                 await current.done.wait()
         if turn.meta:
             session.update_meta(turn.meta)
-        options = turn.options
-        steered: list[str] = []  # the ids of the steering messages the turn took
-        # A takeover may find steering its turn's earlier worker never took: read once.
-        watch = SteerWatch(taken=-1 if claim.takeover else 0)
-        stream = entry.stream = self._turn_stream(claim, session, was_open, loaded)
-        stream.steer_from(partial(self._take_steering, claim, steered, watch))
-        log().info(
-            "worker.turn",
-            turn_id=turn.turn_id,
+        return session, loaded
+
+    def _turn_writer(self, claim: Claim) -> Any:
+        """The relay's writer of the claimed turn's stream (``None`` without a relay). A
+        continuation goes on in the stream its turn paused (its seqs following on); the
+        turn's first claim has no stream to continue, no tail to read."""
+        if self.relay is None:
+            return None
+        turn = claim.turn
+        return self.relay.writer(
             session_id=turn.session_id,
-            epoch=claim.epoch,
-            takeover=claim.takeover,
-            resumed=claim.resumed,
+            turn_id=turn.turn_id,
+            takeover=claim.takeover or claim.resumed,
+            fresh=not (claim.takeover or claim.resumed or turn.saved),
         )
-        writer = None
-        if self.relay is not None:
-            # A continuation goes on in the stream its turn paused (its seqs following on).
-            writer = self.relay.writer(
-                session_id=turn.session_id,
-                turn_id=turn.turn_id,
-                takeover=claim.takeover or claim.resumed,
-                # the turn's first claim: no stream to continue, no tail to read
-                fresh=not (claim.takeover or claim.resumed or turn.saved),
-            )
+
+    async def _stream_turn(
+        self, entry: _Running, stream: Any, writer: Any, steered: list[str], watch: SteerWatch
+    ) -> str:
+        """Run the turn's ``stream`` under its claim's fence, its chunks to ``writer``, then
+        finish its row; the status. The lease is held from the claim until the stream
+        ends. The stream ends for readers once the queue says the turn is over, so a
+        client that sends its next message on ``[DONE]`` finds the session idle."""
+        claim = entry.claim
         status = "lost"
         try:
             with self.queue.fenced(
@@ -609,19 +636,14 @@ class Worker:
                         await self._relay(entry, out, writer)
                 finally:
                     assert self._leases is not None
-                    # The lease is held from the claim to here.
-                    self._leases.release(turn.turn_id, claim.epoch)
+                    self._leases.release(claim.turn.turn_id, claim.epoch)
             status = await self._finish(entry)
         finally:
-            # The stream ends for readers once the queue says the turn is over, so a
-            # client that sends its next message on ``[DONE]`` finds the session idle.
             if writer is not None:
                 with trio.CancelScope(shield=True):
                     await writer.aclose(
                         final=status != "lost" and not entry.lost, paused=status == WAITING
                     )
-        if options.ephemeral and status != "lost":
-            await self._forget(session)
         return status
 
     def _turn_stream(self, claim: Claim, session: Any, was_open: bool, loaded: Any) -> Any:
@@ -862,6 +884,24 @@ def add_worker_parser(subparsers: Any) -> Any:
     worker = subparsers.add_parser(
         "worker", help="run durable turns from PostgreSQL, streaming them through Redis"
     )
+    _add_service_arguments(worker)
+    _add_claim_arguments(worker)
+    _add_relay_write_arguments(worker)
+    add = worker.add_argument
+    add("--owner", default=None, help="this worker's name in axon_turns (default host:pid:rand)")
+    add_input_limit_arguments(worker)
+    add_agent_arguments(worker)
+    add("--delay", type=float, default=0.0, help="scripted demo: seconds between chunks")
+    add("--mcp", action="append", default=[], metavar="SERVER", help=MCP_HELP)
+    add_log_level_argument(worker, "warning")
+    add_plugin_argument(worker)
+    worker.set_defaults(jsonl=False)
+    return worker
+
+
+def _add_service_arguments(worker: Any) -> None:
+    """Where the worker's turns are stored and where their output goes (the relay's
+    prefix must be the front ends' too)."""
     add = worker.add_argument
     add("--store", required=True, metavar="URL", help="postgresql://... (the sessions and turns)")
     add("--redis", default=None, metavar="URL", help="redis://... (live output to front ends)")
@@ -871,6 +911,12 @@ def add_worker_parser(subparsers: Any) -> Any:
         metavar="PREFIX",
         help="key prefix of the relay's streams (default 'axon:'; front ends must agree)",
     )
+
+
+def _add_claim_arguments(worker: Any) -> None:
+    """How many turns the worker claims, how long a claim holds, how often a turn is
+    tried, and how long the worker drains and idles (:class:`Worker`'s options)."""
+    add = worker.add_argument
     add(
         "--concurrency",
         type=int,
@@ -901,6 +947,12 @@ def add_worker_parser(subparsers: Any) -> Any:
         default=DEFAULT_POLL,
         help=f"seconds between claims when idle (default {DEFAULT_POLL:g})",
     )
+
+
+def _add_relay_write_arguments(worker: Any) -> None:
+    """The Redis relay's write coalescing (:func:`relay_options_of` checks them): left
+    unset (``None``), the relay keeps its own defaults."""
+    add = worker.add_argument
     add(
         "--relay-flush-interval",
         type=float,
@@ -917,15 +969,6 @@ def add_worker_parser(subparsers: Any) -> Any:
         help="a turn's last chunk waits at most this long to go out with its close "
         "(default 0.05; 0: at once). docs/relay.md",
     )
-    add("--owner", default=None, help="this worker's name in axon_turns (default host:pid:rand)")
-    add_input_limit_arguments(worker)
-    add_agent_arguments(worker)
-    add("--delay", type=float, default=0.0, help="scripted demo: seconds between chunks")
-    add("--mcp", action="append", default=[], metavar="SERVER", help=MCP_HELP)
-    add_log_level_argument(worker, "warning")
-    add_plugin_argument(worker)
-    worker.set_defaults(jsonl=False)
-    return worker
 
 
 def relay_options_of(args: Any) -> dict[str, Any]:
