@@ -41,6 +41,7 @@ from actors.providers.json_slot import StringSlot, TwoStringSlot, learn
 from actors.providers.openai_common import (
     OpenAISDKProvider,
     as_body,
+    body_keys,
     classify_error,
     json_schema_spec,
 )
@@ -705,6 +706,11 @@ def _stream_error(body: Any, response: Any) -> Exception:
 
 # -- the provider actor ------------------------------------------------------------------
 
+BODY_KEYS = ("messages", "tools", "stream_options")
+"""The ``create`` arguments the provider builds as wire JSON, given to the SDK in
+``extra_body`` (:func:`~actors.providers.openai_common.as_body`), with ``model``
+(:func:`~actors.providers.openai_common.body_keys`)."""
+
 
 class OpenAIProvider(OpenAISDKProvider):
     """Chat Completions over the ``openai`` SDK, for OpenAI and compatible servers.
@@ -784,7 +790,7 @@ class OpenAIProvider(OpenAISDKProvider):
         client = self._get_client()
         try:
             response = await client.chat.completions.create(
-                **as_body(params, ("messages", "tools"))
+                **as_body(params, body_keys(client, BODY_KEYS))
             )
         except Exception as exc:
             raise classify_error(exc, provider=self.provider_name) from exc

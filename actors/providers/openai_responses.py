@@ -49,7 +49,12 @@ from collections.abc import AsyncIterable, Iterable, Sequence
 from typing import Any, ClassVar
 
 from actors.providers.failures import classify_status
-from actors.providers.openai_common import OpenAISDKProvider, as_body, json_schema_spec
+from actors.providers.openai_common import (
+    OpenAISDKProvider,
+    as_body,
+    body_keys,
+    json_schema_spec,
+)
 from actors.providers.openai_common import classify_error as _classify_openai
 from runtime import errors
 from runtime.actor_messages import InferRequest
@@ -784,8 +789,9 @@ class OpenAIResponsesProvider(OpenAISDKProvider):
         """One streamed Responses call; raises a classified error on failure."""
         try:
             params = self.request_params(request)
-            response = await self._get_client().responses.create(
-                **as_body(params, ("input", "tools"))
+            client = self._get_client()
+            response = await client.responses.create(
+                **as_body(params, body_keys(client, ("input", "tools")))
             )
         except AxonError:
             raise
