@@ -232,6 +232,27 @@ async def test_request_streams_with_usage_tools_options_and_settings():
     ]
 
 
+async def test_extra_options_reach_the_wire_with_the_model_in_the_body():
+    """The SDK's own options among the request options (``extra_headers``,
+    ``extra_query``, ``extra_body``) still reach the request now that the model,
+    messages and stream options go in ``extra_body`` too; an option's ``extra_body``
+    adds its keys to the body."""
+    result = await run(
+        Reply(body=recording("text-plain.sse")),
+        extra_headers={"x-trace": "t1"},
+        extra_query={"tenant": "a"},
+        extra_body={"top_k": 3},
+    )
+    sent = result.requests[-1]
+    body = result.body()
+    assert sent.path == "/v1/chat/completions?tenant=a"
+    assert sent.headers["x-trace"] == "t1"
+    assert body["model"] == "gpt-4o-mini"
+    assert body["top_k"] == 3
+    assert body["stream_options"] == {"include_usage": True}
+    assert body["messages"] == [{"role": "user", "content": "hi"}]
+
+
 async def test_request_omits_tools_when_there_are_none():
     result = await replay("text-plain.sse")
     assert "tools" not in result.body()
