@@ -953,15 +953,16 @@ async def test_two_step_tool_run_on_recorded_fixtures():
 
 
 async def test_model_messages_and_tools_given_as_extra_body_make_the_same_request_body():
-    """``as_body`` (the model, the messages or input items, the tools and the stream
-    options handed to the SDK as ``extra_body``, which it does not walk against its
-    request types) sends the same JSON object the named arguments do, every member with
-    its value, an ``extra_body`` of the options kept: for Chat Completions and for the
-    Responses API."""
+    """``as_body`` (the model, the messages or input items, the tools, the stream options
+    and the other members the providers build, handed to the SDK as ``extra_body``,
+    which it does not walk against its request types) sends the same JSON object the
+    named arguments do, every member with its value, an ``extra_body`` of the options
+    kept: for Chat Completions and for the Responses API."""
     import openai
 
     from actors.providers.openai import BODY_KEYS
     from actors.providers.openai_common import as_body, body_keys
+    from actors.providers.openai_responses import BODY_KEYS as RESPONSES_KEYS
 
     http = next(sys.modules[m] for m in ("httpx2", "httpx") if m in sys.modules)
     bodies: list[bytes] = []
@@ -1008,10 +1009,11 @@ async def test_model_messages_and_tools_given_as_extra_body_make_the_same_reques
         "instructions": "s",
         "tools": [{"type": "function", "name": "f", "parameters": {}, "strict": False}],
         "include": ["reasoning.encrypted_content"],
+        "text": {"format": {"type": "json_schema", "name": "a", "schema": {}, "strict": True}},
         "stream": True,
         "extra_body": {"top_k": 3},
     }
-    for given in (responses, as_body(responses, body_keys(client, ("input", "tools")))):
+    for given in (responses, as_body(responses, body_keys(client, RESPONSES_KEYS))):
         with pytest.raises(openai.BadRequestError):
             await client.responses.create(**given)
     await client.close()
@@ -1020,6 +1022,7 @@ async def test_model_messages_and_tools_given_as_extra_body_make_the_same_reques
     assert sent[1]["model"] == sent[3]["model"] == "m"
     assert sent[1]["messages"] == chat["messages"]
     assert sent[3]["input"] == responses["input"]
+    assert sent[3]["text"] == responses["text"] and sent[3]["store"] is False
 
 
 def test_the_model_is_given_to_the_sdk_in_the_body_not_as_an_argument_it_walks():
