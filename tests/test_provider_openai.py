@@ -253,6 +253,20 @@ async def test_extra_options_reach_the_wire_with_the_model_in_the_body():
     assert body["messages"] == [{"role": "user", "content": "hi"}]
 
 
+async def test_a_model_class_as_response_format_is_still_refused_by_the_sdk():
+    """Only a ``response_format`` given as a dict goes in ``extra_body``: a pydantic
+    class among the options stays an argument, which ``create`` refuses before any
+    request (it points to ``parse``), as before."""
+    import pydantic
+
+    class Answer(pydantic.BaseModel):
+        text: str
+
+    result = await run(Reply(body=recording("text-plain.sse")), response_format=Answer)
+    assert result.requests == []
+    assert "parse" in str(result.error)
+
+
 async def test_request_omits_tools_when_there_are_none():
     result = await replay("text-plain.sse")
     assert "tools" not in result.body()

@@ -709,7 +709,8 @@ def _stream_error(body: Any, response: Any) -> Exception:
 BODY_KEYS = ("messages", "tools", "stream_options")
 """The ``create`` arguments the provider builds as wire JSON, given to the SDK in
 ``extra_body`` (:func:`~actors.providers.openai_common.as_body`), with ``model``
-(:func:`~actors.providers.openai_common.body_keys`)."""
+(:func:`~actors.providers.openai_common.body_keys`) and a ``response_format`` given as
+a dict (an answer schema's: 41 us of the SDK's walk a call, which returns it as it is)."""
 
 
 class OpenAIProvider(OpenAISDKProvider):
@@ -789,8 +790,11 @@ class OpenAIProvider(OpenAISDKProvider):
         params = self.request_params(request)
         client = self._get_client()
         try:
+            keys = BODY_KEYS
+            if type(params.get("response_format")) is dict:  # an answer schema's, or a dict
+                keys = (*keys, "response_format")  # (a model class stays for create to refuse)
             response = await client.chat.completions.create(
-                **as_body(params, body_keys(client, BODY_KEYS))
+                **as_body(params, body_keys(client, keys))
             )
         except Exception as exc:
             raise classify_error(exc, provider=self.provider_name) from exc
