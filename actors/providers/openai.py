@@ -790,7 +790,7 @@ class OpenAIProvider(OpenAISDKProvider):
         params = self.request_params(request)
         client = self._get_client()
         try:
-            keys = BODY_KEYS
+            keys: tuple[str, ...] = BODY_KEYS
             if type(params.get("response_format")) is dict:  # an answer schema's, or a dict
                 keys = (*keys, "response_format")  # (a model class stays for create to refuse)
             response = await client.chat.completions.create(
