@@ -232,6 +232,41 @@ async def test_request_streams_with_usage_tools_options_and_settings():
     ]
 
 
+async def test_extra_options_reach_the_wire_with_the_model_in_the_body():
+    """The SDK's own options among the request options (``extra_headers``,
+    ``extra_query``, ``extra_body``) still reach the request now that the model,
+    messages and stream options go in ``extra_body`` too; an option's ``extra_body``
+    adds its keys to the body."""
+    result = await run(
+        Reply(body=recording("text-plain.sse")),
+        extra_headers={"x-trace": "t1"},
+        extra_query={"tenant": "a"},
+        extra_body={"top_k": 3},
+    )
+    sent = result.requests[-1]
+    body = result.body()
+    assert sent.path == "/v1/chat/completions?tenant=a"
+    assert sent.headers["x-trace"] == "t1"
+    assert body["model"] == "gpt-4o-mini"
+    assert body["top_k"] == 3
+    assert body["stream_options"] == {"include_usage": True}
+    assert body["messages"] == [{"role": "user", "content": "hi"}]
+
+
+async def test_a_model_class_as_response_format_is_still_refused_by_the_sdk():
+    """Only a ``response_format`` given as a dict goes in ``extra_body``: a pydantic
+    class among the options stays an argument, which ``create`` refuses before any
+    request (it points to ``parse``), as before."""
+    import pydantic
+
+    class Answer(pydantic.BaseModel):
+        text: str
+
+    result = await run(Reply(body=recording("text-plain.sse")), response_format=Answer)
+    assert result.requests == []
+    assert "parse" in str(result.error)
+
+
 async def test_request_omits_tools_when_there_are_none():
     result = await replay("text-plain.sse")
     assert "tools" not in result.body()
@@ -931,14 +966,17 @@ async def test_two_step_tool_run_on_recorded_fixtures():
     )
 
 
-async def test_messages_and_tools_given_as_extra_body_make_the_same_request_body():
-    """``as_body`` (the messages or input items and the tools handed to the SDK as
-    ``extra_body``, which it does not walk against its request types) sends the very JSON
-    body the named arguments do, key order included, with an ``extra_body`` of the
-    options kept: for Chat Completions and for the Responses API."""
+async def test_model_messages_and_tools_given_as_extra_body_make_the_same_request_body():
+    """``as_body`` (the model, the messages or input items, the tools, the stream options
+    and the other members the providers build, handed to the SDK as ``extra_body``,
+    which it does not walk against its request types) sends the same JSON object the
+    named arguments do, every member with its value, an ``extra_body`` of the options
+    kept: for Chat Completions and for the Responses API."""
     import openai
 
-    from actors.providers.openai_common import as_body
+    from actors.providers.openai import BODY_KEYS
+    from actors.providers.openai_common import as_body, body_keys
+    from actors.providers.openai_responses import BODY_KEYS as RESPONSES_KEYS
 
     http = next(sys.modules[m] for m in ("httpx2", "httpx") if m in sys.modules)
     bodies: list[bytes] = []
@@ -969,7 +1007,7 @@ async def test_messages_and_tools_given_as_extra_body_make_the_same_request_body
         "temperature": 0.5,
         "extra_body": {"top_k": 3},
     }
-    for given in (chat, as_body(chat, ("messages", "tools"))):
+    for given in (chat, as_body(chat, body_keys(client, BODY_KEYS))):
         with pytest.raises(openai.BadRequestError):
             await client.chat.completions.create(**given)
     said = {"type": "output_text", "text": "x", "annotations": []}
@@ -985,13 +1023,61 @@ async def test_messages_and_tools_given_as_extra_body_make_the_same_request_body
         "instructions": "s",
         "tools": [{"type": "function", "name": "f", "parameters": {}, "strict": False}],
         "include": ["reasoning.encrypted_content"],
+        "text": {"format": {"type": "json_schema", "name": "a", "schema": {}, "strict": True}},
         "stream": True,
         "extra_body": {"top_k": 3},
     }
-    for given in (responses, as_body(responses, ("input", "tools"))):
+    for given in (responses, as_body(responses, body_keys(client, RESPONSES_KEYS))):
         with pytest.raises(openai.BadRequestError):
             await client.responses.create(**given)
     await client.close()
-    assert len(bodies) == 4 and bodies[0] == bodies[1] and bodies[2] == bodies[3]
-    assert json.loads(bodies[1])["messages"] == chat["messages"]
-    assert json.loads(bodies[3])["input"] == responses["input"]
+    sent = [json.loads(body) for body in bodies]
+    assert len(sent) == 4 and sent[0] == sent[1] and sent[2] == sent[3]
+    assert sent[1]["model"] == sent[3]["model"] == "m"
+    assert sent[1]["messages"] == chat["messages"]
+    assert sent[3]["input"] == responses["input"]
+    assert sent[3]["text"] == responses["text"] and sent[3]["store"] is False
+
+
+def test_the_model_is_given_to_the_sdk_in_the_body_not_as_an_argument_it_walks():
+    """The model goes in ``extra_body``, its argument ``NOT_GIVEN``: the SDK's walk of
+    the arguments against its request types skips it (its type, a union with a
+    ``Literal`` of every model name, cost about 60 us a call to walk)."""
+    import openai
+
+    from actors.providers.openai import BODY_KEYS
+    from actors.providers.openai_common import as_body, body_keys
+
+    client = openai.AsyncOpenAI(api_key="k", base_url="http://test/v1")
+    given = as_body({"model": "m", "messages": [], "stream": True}, body_keys(client, BODY_KEYS))
+    assert given["model"] is openai.NOT_GIVEN
+    assert given["extra_body"]["model"] == "m"
+
+
+async def test_an_azure_client_is_given_the_model_it_routes_by():
+    """An Azure client reads the ``model`` argument to name the deployment in the URL,
+    before the body is merged: :func:`body_keys` leaves the model an argument there."""
+    import openai
+
+    from actors.providers.openai import BODY_KEYS
+    from actors.providers.openai_common import as_body, body_keys
+
+    http = next(sys.modules[m] for m in ("httpx2", "httpx") if m in sys.modules)
+    urls: list[str] = []
+
+    def answer(request: Any) -> Any:
+        urls.append(str(request.url))
+        return http.Response(400, json={"error": {"message": "recorded"}})
+
+    client = openai.AsyncAzureOpenAI(
+        api_key="k",
+        api_version="2024-10-21",
+        azure_endpoint="http://test",
+        max_retries=0,
+        http_client=http.AsyncClient(transport=http.MockTransport(answer)),
+    )
+    params = {"model": "deployed", "messages": [{"role": "user", "content": "x"}], "stream": True}
+    with pytest.raises(openai.BadRequestError):
+        await client.chat.completions.create(**as_body(params, body_keys(client, BODY_KEYS)))
+    await client.close()
+    assert urls and "/deployments/deployed/chat/completions" in urls[0]

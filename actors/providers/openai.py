@@ -41,6 +41,7 @@ from actors.providers.json_slot import StringSlot, TwoStringSlot, learn
 from actors.providers.openai_common import (
     OpenAISDKProvider,
     as_body,
+    body_keys,
     classify_error,
     json_schema_spec,
 )
@@ -712,6 +713,12 @@ def _stream_error(body: Any, response: Any) -> Exception:
 
 # -- the provider actor ------------------------------------------------------------------
 
+BODY_KEYS = ("messages", "tools", "stream_options")
+"""The ``create`` arguments the provider builds as wire JSON, given to the SDK in
+``extra_body`` (:func:`~actors.providers.openai_common.as_body`), with ``model``
+(:func:`~actors.providers.openai_common.body_keys`) and a ``response_format`` given as
+a dict (an answer schema's: 41 us of the SDK's walk a call, which returns it as it is)."""
+
 
 class OpenAIProvider(OpenAISDKProvider):
     """Chat Completions over the ``openai`` SDK, for OpenAI and compatible servers.
@@ -790,8 +797,11 @@ class OpenAIProvider(OpenAISDKProvider):
         params = self.request_params(request)
         client = self._get_client()
         try:
+            keys: tuple[str, ...] = BODY_KEYS
+            if type(params.get("response_format")) is dict:  # an answer schema's, or a dict
+                keys = (*keys, "response_format")  # (a model class stays for create to refuse)
             response = await client.chat.completions.create(
-                **as_body(params, ("messages", "tools"))
+                **as_body(params, body_keys(client, keys))
             )
         except Exception as exc:
             raise classify_error(exc, provider=self.provider_name) from exc

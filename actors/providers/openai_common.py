@@ -12,8 +12,9 @@ common lives here, in a module of their family, so neither imports the other:
   APIs take (each wraps it its own way);
 * :func:`tiktoken_encoding` / :func:`count_payload`: token counts of a request with
   ``tiktoken`` (an optional dependency), for context compaction;
-* :func:`as_body`: the request's messages (or input items) and tools handed to the SDK
-  as ``extra_body``, the same JSON body without the SDK's per-call transform of them;
+* :func:`as_body` / :func:`body_keys`: the request's model, messages (or input items)
+  and tools handed to the SDK as ``extra_body``, the same JSON body without the SDK's
+  per-call transform of them;
 * :class:`OpenAISDKProvider`: the base of both providers, which builds the SDK's client
   and counts tokens.
 
@@ -39,27 +40,44 @@ from runtime.output_schema import strict_schema
 
 def as_body(params: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
     """``params`` (a provider's ``create`` keyword arguments) with those of ``keys``
-    given to ``create`` as ``extra_body``: the same JSON body, which the SDK merges as it
-    is, instead of arguments it walks against its request types.
+    given to ``create`` as ``extra_body``: the same JSON object, which the SDK merges as
+    it is, instead of arguments it walks against its request types.
 
     Why: the SDK transforms every argument against its TypedDicts, each message or
     input item against every member of its union; with no alias or format among the
     Chat Completions and Responses request types that returns the data it was given, at
     0.2-0.5 ms per message and per call (Chat Completions: 0.44 ms for two messages,
     8.4 ms for 42; Responses: 0.53 ms for one input item, 23 ms for 41; issue 24: a
-    per-turn cost that grew with the session). The providers' ``map_messages`` and
-    ``map_tools`` build the wire JSON themselves, so it is what the body must hold. Each
-    moved key stays an argument, empty (a list: ``keys`` name list arguments), so that
-    ``create`` has what it requires and the body keeps its key order; an ``extra_body``
-    already in ``params`` (the request's options) keeps the last word on its own keys,
-    as before."""
+    per-turn cost that grew with the session). The walk costs even where the data is
+    a string: ``model``'s type is a union with a ``Literal`` of every model name, which
+    the SDK hashes through its caches on every call (about 60 us of a Chat Completions
+    call, 80 us of a Responses one, as much as the rest of the walk; branch ``g1req``).
+    The providers' ``map_messages`` and ``map_tools`` build the wire JSON themselves, so
+    it is what the body must hold.
+
+    Each moved key stays an argument, ``NOT_GIVEN`` (so that ``create`` has the
+    arguments it requires, and its walk skips them as it skips every argument not
+    given); the body holds the same members with the same values, in another order
+    (JSON objects have none). An ``extra_body`` already in ``params`` (the request's
+    options) keeps the last word on its own keys, as before."""
     moved = {key: params[key] for key in keys if key in params}
     if not moved:
         return params
-    out = {**params, **{key: [] for key in moved}}
+    from openai import NOT_GIVEN  # the SDK is loaded: its client made ``create``
+
+    out = {**params, **dict.fromkeys(moved, NOT_GIVEN)}
     extra = params.get("extra_body")
     out["extra_body"] = {**moved, **extra} if extra else moved
     return out
+
+
+def body_keys(client: Any, keys: tuple[str, ...]) -> tuple[str, ...]:
+    """``keys`` and ``model`` (:func:`as_body`'s keys for a call through ``client``),
+    or ``keys`` alone for an Azure client, which reads the ``model`` argument before the
+    body is merged to route the call to its deployment."""
+    import openai
+
+    return keys if isinstance(client, openai.AsyncAzureOpenAI) else ("model", *keys)
 
 
 def get_field(obj: Any, key: str) -> Any:

@@ -49,7 +49,12 @@ from collections.abc import AsyncIterable, Iterable, Sequence
 from typing import Any, ClassVar
 
 from actors.providers.failures import classify_status
-from actors.providers.openai_common import OpenAISDKProvider, as_body, json_schema_spec
+from actors.providers.openai_common import (
+    OpenAISDKProvider,
+    as_body,
+    body_keys,
+    json_schema_spec,
+)
 from actors.providers.openai_common import classify_error as _classify_openai
 from runtime import errors
 from runtime.actor_messages import InferRequest
@@ -670,6 +675,14 @@ def classify_error(exc: BaseException) -> AxonError:
 # -- the provider actor ----------------------------------------------------------------------
 
 
+BODY_KEYS = ("input", "tools", "include", "instructions", "store", "text")
+"""The ``responses.create`` arguments the provider builds as wire JSON, given to the SDK
+in ``extra_body`` (:func:`~actors.providers.openai_common.as_body`), with ``model``
+(:func:`~actors.providers.openai_common.body_keys`): the SDK's walk of them against its
+request types returns them unchanged, for 11-55 us each (``text``, an answer schema's
+format, the most), on top of the input items' per-item cost."""
+
+
 class OpenAIResponsesProvider(OpenAISDKProvider):
     """The OpenAI Responses API over the ``openai`` SDK: reasoning summaries, encrypted
     reasoning kept across steps, function calls and built-in tools.
@@ -784,8 +797,9 @@ class OpenAIResponsesProvider(OpenAISDKProvider):
         """One streamed Responses call; raises a classified error on failure."""
         try:
             params = self.request_params(request)
-            response = await self._get_client().responses.create(
-                **as_body(params, ("input", "tools"))
+            client = self._get_client()
+            response = await client.responses.create(
+                **as_body(params, body_keys(client, BODY_KEYS))
             )
         except AxonError:
             raise
