@@ -260,6 +260,7 @@ class Host:
         the_store = await open_store(store)
         bus = Bus()
         pacer = acquire_pacer() if gc_pacing else None
+        held: Callable[[], int] | None = None  # the host's session count, for the pacer
         try:
             async with trio.open_nursery() as nursery:
                 host = cls(
@@ -275,7 +276,8 @@ class Host:
                 try:
                     await host._start_services(tool_executor, log_tap, handle_signals)
                     if pacer is not None:
-                        pacer.host_started()
+                        held = host._held_sessions
+                        pacer.host_started(held)
                     try:
                         yield host
                     finally:
@@ -294,7 +296,7 @@ class Host:
             reraise(sole)
         finally:
             if pacer is not None:
-                release_pacer(pacer)
+                release_pacer(pacer, held)
             if store is None or isinstance(store, str | os.PathLike):  # we opened it
                 with trio.CancelScope(shield=True):
                     await the_store.aclose()
@@ -669,6 +671,11 @@ class Host:
                 with trio.move_on_after(1):
                     await self.bus.publish(event)
             self.bus.forget_session(event.session_id)  # the routes this event cached
+
+    def _held_sessions(self) -> int:
+        """The sessions in memory (a pacing host's bound on frozen objects grows with
+        them: :meth:`runtime.app.gcpacing.GcPacer._thaw_limit`)."""
+        return len(self.sessions)
 
     async def close_session(self, session: Session) -> None:
         """Stop a session's actors (its history stays in the store)."""
