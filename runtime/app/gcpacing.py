@@ -31,12 +31,26 @@ One more thing a pacing host does: once it has started, it freezes the heap as i
 (``gc.freeze()`` after a full collection: the modules, functions and classes imported so
 far, the host's own services, whatever the application holds at that moment; about
 55,000 tracked objects in the benchmarks' host), so no collection walks it while the
-host is open; each full collection is that much shorter. Frozen objects are never
-collected, so the heap is unfrozen (``gc.unfreeze()``: back into the oldest generation,
-collected as usual) when the last pacing host closes: cyclic garbage among them waits
-for that at most. Sessions and turns are never frozen. An application that froze the
-heap itself (``gc.get_freeze_count()`` not zero) keeps its freeze: the pacer then
-neither freezes nor unfreezes.
+host is open. From then on, the full collection a quiet moment is due for is not a walk
+of everything either: the young generations are collected and what is left is frozen
+too (:meth:`GcPacer._freeze_survivors`). Without this, the first quiet moment after a
+burst of 10,000 turns walked the 10,000 sessions at rest (350,000-450,000 objects,
+230-310 ms of CPU); with it, each quiet moment walks what a middle collection would.
+
+Frozen objects are never collected, but they are freed by reference counting like any
+other: a session's objects go when it closes or is evicted, a turn's when it ends (no
+cycles among them: ``tests/test_gc_pacing_freeze.py`` runs them with the collector
+off), and the frozen count falls with them. What a freeze keeps is cyclic garbage that
+was in the oldest generation then, or frozen objects that later become cyclic garbage:
+an application's cycles. That is bounded: once the frozen objects pass what was alive at
+the last whole collection, doubled (``thaw_growth``), plus 100 per session held beyond
+those held then (``thaw_per_session``; a session at rest after a turn holds about 40),
+the quiet moment unfreezes the heap, collects it whole and freezes it again, i.e. one
+long walk after at least as many objects frozen since the last. The heap is unfrozen
+(``gc.unfreeze()``: back into the oldest generation, collected as usual) when the last
+pacing host closes. An application that froze the heap itself (``gc.get_freeze_count()``
+not zero) keeps its freeze: the pacer then neither freezes nor unfreezes, and its full
+collections walk the heap.
 """
 
 from __future__ import annotations

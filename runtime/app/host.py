@@ -246,10 +246,11 @@ class Host:
         is stored or queued.
 
         ``gc_pacing`` hands the process's garbage collections to the Trio loop while the
-        host is open (:mod:`runtime.app.gcpacing`: young ones every hundred task steps,
-        full ones when the loop is idle; the heap as it stood once the host started is
-        frozen until the last pacing host closes): with thousands of turns in flight
-        CPython's own triggers pause the loop for seconds. Off by default: the
+        host is open (:mod:`runtime.app.gcpacing`: young ones every hundred task steps;
+        the heap as it stood once the host started, and what survives to each idle
+        moment, is frozen, i.e. walked by no collection, with the cyclic garbage kept
+        so bounded, until the last pacing host closes): with thousands of turns in
+        flight CPython's own triggers pause the loop for seconds. Off by default: the
         collector's settings are the whole process's (docs/embedding.md, "Garbage
         collection in a large host")."""
         _check_bounds(idle_ttl, max_sessions, drain_timeout)
