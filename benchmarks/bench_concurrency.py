@@ -69,10 +69,12 @@ def make_agent(deltas: int) -> Any:
 
 
 async def _level(
-    host: Any, agent: Any, n: int, deltas: int, tag: str, watch: StallWatch
+    host: Any, agent: Any, n: int, deltas: int, tag: str, watch: StallWatch, rest: float = 0.0
 ) -> tuple[float, dict[str, Any]]:
     """Seconds for ``n`` sessions to run one turn each, concurrently; and the stalls
-    seen while they were opened, ran and closed."""
+    seen while they were opened, ran, rested ``rest`` seconds (the loop's quiet moment
+    after the burst, with the sessions still open: where a pacing host's due
+    collection runs) and closed."""
     watch.reset()
     sessions = [await host.open_session(agent, session_id=f"{tag}-{i}") for i in range(n)]
     counts: list[int] = []
@@ -95,6 +97,7 @@ async def _level(
         for session in sessions:
             nursery.start_soon(turn, session)
     seconds = now() - t0
+    await trio.sleep(rest)
     for session in sessions:
         await session.close()
     if sum(counts) != n * deltas:
@@ -195,11 +198,14 @@ async def _measure(sizes: Sizes, directory: str) -> list[Figure]:
 
 async def _paced_level(host: Any, agent: Any, sizes: Sizes, watch: StallWatch) -> dict[str, Any]:
     """The top level once more, in a host opened with ``gc_pacing=True`` (an option the
-    embedder chooses, so its own row; the rows above are the default a user gets)."""
+    embedder chooses, so its own row; the rows above are the default a user gets), and
+    2 s at rest after its burst with the sessions open, watched: the quiet moment the
+    pacer's due collection waits for (without it, whether that collection fell in the
+    window was a matter of chance)."""
     for n in sizes.conc_warmup_levels:
         await _level(host, agent, n, sizes.conc_deltas, f"p{n}-warm", watch)
     seconds, seen = await _level(
-        host, agent, sizes.conc_levels[-1], sizes.conc_deltas, "paced", watch
+        host, agent, sizes.conc_levels[-1], sizes.conc_deltas, "paced", watch, rest=2.0
     )
     return {**seen, "seconds": seconds, "frozen": gc.get_freeze_count()}
 

@@ -3,7 +3,8 @@ host (issue 24 item 5): a probe, not a figure.
 
 ``python -m benchmarks.resting_walk N`` opens a ``Host.open(gc_pacing=True)`` host,
 warms it up, opens N sessions, runs figure 3's turn in each at once, waits 2 s (the log
-tap drains), then prints the objects frozen, the objects a full collection walks
+tap drains), then prints the longest collection the pacer ran during the burst and in
+those 2 s (CPU time, ``gc.callbacks``), the objects frozen, the objects a full collection walks
 (``gc.get_objects()``: every generation but the frozen one) and the median CPU time of
 three full collections.
 """
@@ -22,6 +23,27 @@ from benchmarks.bench_concurrency import make_agent
 from benchmarks.common import LogSink
 
 
+class _Collections:
+    """A ``gc.callbacks`` entry: the CPU time of each collection, by generation."""
+
+    def __init__(self) -> None:
+        self.done: list[tuple[float, int]] = []
+        self._start = 0.0
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._start = time.thread_time()
+        else:
+            self.done.append(((time.thread_time() - self._start) * 1e3, info["generation"]))
+
+    def longest(self) -> str:
+        if not self.done:
+            return "none"
+        cpu, generation = max(self.done)
+        full = sum(1 for _, g in self.done if g == 2)
+        return f"gen {generation} {cpu:.1f} ms of {len(self.done)} ({full} full)"
+
+
 async def _main(directory: str, n: int) -> None:
     from runtime import Host
 
@@ -34,10 +56,22 @@ async def _main(directory: str, n: int) -> None:
                 await session.close()
         del warm
         sessions = [await host.open_session(agent, session_id=f"s{i}") for i in range(n)]
-        async with trio.open_nursery() as nursery:
-            for session in sessions:
-                nursery.start_soon(session.run, "Weather in Paris?")
-        await trio.sleep(2)
+        collections = _Collections()
+        gc.callbacks.append(collections)
+        try:
+            async with trio.open_nursery() as nursery:
+                for session in sessions:
+                    nursery.start_soon(session.run, "Weather in Paris?")
+            burst = collections.longest()
+            collections.done = []
+            await trio.sleep(2)
+            after = collections.longest()
+        finally:
+            gc.callbacks.remove(collections)
+        print(
+            f"N={n} the pacer's longest collection (generation, CPU ms): during the burst "
+            f"{burst}, in the 2 s after it {after}"
+        )
         gc.collect()
         walked = len(gc.get_objects())
         cpu = []

@@ -31,18 +31,33 @@ One more thing a pacing host does: once it has started, it freezes the heap as i
 (``gc.freeze()`` after a full collection: the modules, functions and classes imported so
 far, the host's own services, whatever the application holds at that moment; about
 55,000 tracked objects in the benchmarks' host), so no collection walks it while the
-host is open; each full collection is that much shorter. Frozen objects are never
-collected, so the heap is unfrozen (``gc.unfreeze()``: back into the oldest generation,
-collected as usual) when the last pacing host closes: cyclic garbage among them waits
-for that at most. Sessions and turns are never frozen. An application that froze the
-heap itself (``gc.get_freeze_count()`` not zero) keeps its freeze: the pacer then
-neither freezes nor unfreezes.
+host is open. From then on, the full collection a quiet moment is due for is not a walk
+of everything either: the young generations are collected and what is left is frozen
+too (:meth:`GcPacer._freeze_survivors`). Without this, the first quiet moment after a
+burst of 10,000 turns walked the 10,000 sessions at rest (350,000-450,000 objects,
+230-310 ms of CPU); with it, each quiet moment walks what a middle collection would.
+
+Frozen objects are never collected, but they are freed by reference counting like any
+other: a session's objects go when it closes or is evicted, a turn's when it ends (no
+cycles among them: ``tests/test_gc_pacing_freeze.py`` runs them with the collector
+off), and the frozen count falls with them. What a freeze keeps is cyclic garbage that
+was in the oldest generation then, or frozen objects that later become cyclic garbage:
+an application's cycles. That is bounded: once the frozen objects pass what was alive at
+the last whole collection, doubled (``thaw_growth``), plus 100 per session held beyond
+those held then (``thaw_per_session``; a session at rest after a turn holds about 40),
+the quiet moment unfreezes the heap, collects it whole and freezes it again, i.e. one
+long walk after at least as many objects frozen since the last. The heap is unfrozen
+(``gc.unfreeze()``: back into the oldest generation, collected as usual) when the last
+pacing host closes. An application that froze the heap itself (``gc.get_freeze_count()``
+not zero) keeps its freeze: the pacer then neither freezes nor unfreezes, and its full
+collections walk the heap.
 """
 
 from __future__ import annotations
 
 import gc
 import sys
+from collections.abc import Callable
 
 import trio
 
@@ -58,6 +73,8 @@ class GcPacer(trio.abc.Instrument):
         full_after: int = 10,
         full_cap: int = 1000,
         quiet_tasks: int = 16,
+        thaw_growth: float = 1.0,
+        thaw_per_session: int = 100,
     ) -> None:
         self.steps = steps
         self.middle_every = middle_every
@@ -78,6 +95,16 @@ class GcPacer(trio.abc.Instrument):
         """Whether :meth:`host_started` froze the heap (and release must unfreeze it)."""
         self._resting_tasks = 0
         """Tasks alive when the (first) pacing host had started: the loop at rest."""
+        self.thaw_growth = thaw_growth
+        self.thaw_per_session = thaw_per_session
+        self._session_counts: list[Callable[[], int]] = []
+        """Each pacing host's count of the sessions it holds in memory."""
+        self._live = 0
+        """Objects frozen right after the last full collection of everything (all alive)."""
+        self._live_sessions = 0
+        """Sessions held then."""
+        self.thaws = 0
+        """Full collections of the frozen heap too (see :meth:`_freeze_survivors`)."""
 
     def acquire(self) -> None:
         """Start pacing in the current Trio run (counted: the last :meth:`release` stops)."""
@@ -87,9 +114,12 @@ class GcPacer(trio.abc.Instrument):
             gc.disable()
             trio.lowlevel.add_instrument(self)
 
-    def release(self) -> None:
+    def release(self, sessions: Callable[[], int] | None = None) -> None:
         """Stop pacing once every :meth:`acquire` is released; the collector's automatic
-        state goes back to what it was."""
+        state goes back to what it was. ``sessions`` is what the host gave
+        :meth:`host_started`, if it did."""
+        if sessions is not None and sessions in self._session_counts:
+            self._session_counts.remove(sessions)
         self._users -= 1
         if self._users == 0:
             trio.lowlevel.remove_instrument(self)
@@ -99,7 +129,7 @@ class GcPacer(trio.abc.Instrument):
             if self._was_enabled:
                 gc.enable()
 
-    def host_started(self) -> None:
+    def host_started(self, sessions: Callable[[], int] | None = None) -> None:
         """A pacing host has started its services: note the tasks alive (the loop at
         rest, see the module's "quiet") and move the heap as it stands (after a full
         collection, so no garbage) out of every collection's walk until the last
@@ -108,11 +138,15 @@ class GcPacer(trio.abc.Instrument):
         self._resting_tasks = max(
             self._resting_tasks, trio.lowlevel.current_statistics().tasks_living
         )
+        if sessions is not None:
+            self._session_counts.append(sessions)
         if self._froze or gc.get_freeze_count():
             return
         self._collect_full()
         gc.freeze()
         self._froze = True
+        self._live = gc.get_freeze_count()
+        self._live_sessions = self._sessions()
 
     def before_task_step(self, task: trio.lowlevel.Task) -> None:
         self._steps += 1
@@ -133,7 +167,10 @@ class GcPacer(trio.abc.Instrument):
             return
         tasks = trio.lowlevel.current_statistics().tasks_living
         if tasks <= self._resting_tasks + self.quiet_tasks and self._due():
-            self._collect_full()
+            if self._froze:
+                self._freeze_survivors()
+            else:
+                self._collect_full()
 
     def _due(self) -> bool:
         """Whether the heap grew by a quarter since the last full collection (read at
@@ -142,6 +179,43 @@ class GcPacer(trio.abc.Instrument):
             return False
         self._checked = self._middle
         return sys.getallocatedblocks() > self._blocks + self._blocks // 4
+
+    def _sessions(self) -> int:
+        return sum(count() for count in self._session_counts)
+
+    def _thaw_limit(self) -> int:
+        """The frozen objects past which a quiet moment collects the frozen heap too:
+        what was alive at the last such collection, grown by ``thaw_growth`` of itself
+        (default: doubled) and by ``thaw_per_session`` for each session held beyond
+        those held then."""
+        grown = max(0, self._sessions() - self._live_sessions)
+        return self._live + int(self._live * self.thaw_growth) + self.thaw_per_session * grown
+
+    def _freeze_survivors(self) -> None:
+        """A quiet moment's collection in a host that froze the heap: the young
+        generations collected, then everything else frozen (``gc.freeze()`` moves a
+        list: no walk), so the oldest generation, i.e. the sessions at rest, is walked by
+        no collection. A session's objects, and a turn's, are freed by reference counting
+        once it closes or ends (``tests/test_gc_pacing_freeze.py``), frozen or not; what
+        this keeps is cyclic garbage that reached the oldest generation (an
+        application's cycles), bounded: once the frozen objects pass
+        :meth:`_thaw_limit` the heap is unfrozen, collected whole, and frozen again (one
+        long walk, amortised over at least as many objects frozen since)."""
+        if gc.get_freeze_count() > self._thaw_limit():
+            gc.unfreeze()
+            self._collect_full()
+            gc.freeze()
+            self._live = gc.get_freeze_count()
+            self._live_sessions = self._sessions()
+            self.thaws += 1
+            return
+        self._middle = 0
+        self._young = 0
+        self._steps = 0
+        gc.collect(1)
+        gc.freeze()
+        self._blocks = sys.getallocatedblocks()
+        self._checked = -1
 
     def _collect_full(self) -> None:
         self._middle = 0
@@ -166,9 +240,10 @@ def acquire_pacer() -> GcPacer:
     return pacer
 
 
-def release_pacer(pacer: GcPacer) -> None:
-    """Release what :func:`acquire_pacer` gave; the run's last release stops it."""
-    pacer.release()
+def release_pacer(pacer: GcPacer, sessions: Callable[[], int] | None = None) -> None:
+    """Release what :func:`acquire_pacer` gave (and the host's session count, if it
+    gave one to :meth:`GcPacer.host_started`); the run's last release stops it."""
+    pacer.release(sessions)
     if pacer._users == 0:
         for token, known in list(_pacers.items()):
             if known is pacer:

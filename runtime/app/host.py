@@ -246,10 +246,11 @@ class Host:
         is stored or queued.
 
         ``gc_pacing`` hands the process's garbage collections to the Trio loop while the
-        host is open (:mod:`runtime.app.gcpacing`: young ones every hundred task steps,
-        full ones when the loop is idle; the heap as it stood once the host started is
-        frozen until the last pacing host closes): with thousands of turns in flight
-        CPython's own triggers pause the loop for seconds. Off by default: the
+        host is open (:mod:`runtime.app.gcpacing`: young ones every hundred task steps;
+        the heap as it stood once the host started, and what survives to each idle
+        moment, is frozen, i.e. walked by no collection, with the cyclic garbage kept
+        so bounded, until the last pacing host closes): with thousands of turns in
+        flight CPython's own triggers pause the loop for seconds. Off by default: the
         collector's settings are the whole process's (docs/embedding.md, "Garbage
         collection in a large host")."""
         _check_bounds(idle_ttl, max_sessions, drain_timeout)
@@ -260,6 +261,7 @@ class Host:
         the_store = await open_store(store)
         bus = Bus()
         pacer = acquire_pacer() if gc_pacing else None
+        held: Callable[[], int] | None = None  # the host's session count, for the pacer
         try:
             async with trio.open_nursery() as nursery:
                 host = cls(
@@ -275,7 +277,8 @@ class Host:
                 try:
                     await host._start_services(tool_executor, log_tap, handle_signals)
                     if pacer is not None:
-                        pacer.host_started()
+                        held = host._held_sessions
+                        pacer.host_started(held)
                     try:
                         yield host
                     finally:
@@ -294,7 +297,7 @@ class Host:
             reraise(sole)
         finally:
             if pacer is not None:
-                release_pacer(pacer)
+                release_pacer(pacer, held)
             if store is None or isinstance(store, str | os.PathLike):  # we opened it
                 with trio.CancelScope(shield=True):
                     await the_store.aclose()
@@ -669,6 +672,11 @@ class Host:
                 with trio.move_on_after(1):
                     await self.bus.publish(event)
             self.bus.forget_session(event.session_id)  # the routes this event cached
+
+    def _held_sessions(self) -> int:
+        """The sessions in memory (a pacing host's bound on frozen objects grows with
+        them: :meth:`runtime.app.gcpacing.GcPacer._thaw_limit`)."""
+        return len(self.sessions)
 
     async def close_session(self, session: Session) -> None:
         """Stop a session's actors (its history stays in the store)."""

@@ -1,0 +1,189 @@
+"""A pacing host freezes what survives to a quiet moment (:mod:`runtime.app.gcpacing`),
+so no collection walks the sessions at rest. That is safe only because a session's
+objects, and a turn's, go by reference counting alone once it closes, is evicted or
+ends (frozen objects are never collected, but they are freed like any other when their
+count drops to zero), and because the cyclic garbage a freeze can keep is bounded."""
+
+from __future__ import annotations
+
+import gc
+import sys
+import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import trio
+import trio.testing
+
+from actors.providers.scripted import ScriptedProvider, Sleep, tool_call
+from runtime import Agent, Host, tool
+from runtime.app.gcpacing import GcPacer
+
+
+@tool
+async def lookup(city: str) -> str:
+    """Weather for a city."""
+    return f"sunny in {city}"
+
+
+def tool_agent(turns: int = 1) -> Agent:
+    """A turn with a tool step, as the benchmarks' (the provider keeps no requests)."""
+    script = [tool_call("lookup", {"city": "Paris"}), ["sunny"]] * turns
+    return Agent(name="a", provider=ScriptedProvider(script, keep_requests=0), tools=[lookup])
+
+
+class _Node:
+    def __init__(self) -> None:
+        self.me = self  # a cycle: only a collection frees it
+
+
+def walked(obj: object) -> bool:
+    """Whether a collection of every generation would walk ``obj`` (not frozen)."""
+    return any(o is obj for o in gc.get_objects())
+
+
+@contextmanager
+def no_collector() -> Iterator[None]:
+    """The collector off: only reference counting frees anything inside."""
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+def held(session) -> list[weakref.ref]:
+    """Weak references to what a session holds in memory: itself, actors, history."""
+    return [weakref.ref(x) for x in (session, *session.actors, session.runner)]
+
+
+async def test_a_closed_session_is_freed_by_reference_counting():
+    agent = tool_agent(3)
+    async with Host.open(log_tap=False) as host:
+        with no_collector():
+            refs = []
+            for i in range(3):
+                session = await host.open_session(agent, session_id=f"s{i}")
+                await session.run("weather?")
+                refs += held(session)
+                await session.close()
+            del session
+            await trio.testing.wait_all_tasks_blocked()
+            assert [r for r in refs if r() is not None] == []
+
+
+async def test_an_evicted_session_lets_go_of_its_actors_and_history_without_a_collection():
+    agent = tool_agent(2)
+    async with Host.open(log_tap=False, max_sessions=1) as host:
+        with no_collector():
+            first = await host.open_session(agent, session_id="first")
+            await first.run("weather?")
+            refs = held(first)[1:]  # the application still holds the Session itself
+            second = await host.open_session(agent, session_id="second")
+            await second.run("weather?")  # over capacity: the first is evicted
+            await trio.testing.wait_all_tasks_blocked()
+            assert "first" not in host.sessions
+            assert [r for r in refs if r() is not None] == []
+
+
+async def test_a_turn_leaves_no_cyclic_garbage():
+    """Nothing of a turn, a tool step's or a cancelled one's, waits for a collection:
+    a freeze that catches a turn in flight keeps nothing dead once it ends."""
+    agent = Agent(name="slow", provider=ScriptedProvider([[Sleep(10), "late"]], keep_requests=0))
+    async with Host.open(log_tap=False) as host:
+        done = await host.open_session(tool_agent(), session_id="done")
+        slow = await host.open_session(agent, session_id="slow")
+        with no_collector():
+            await done.run("weather?")
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(slow.run, "hi")
+                await trio.testing.wait_all_tasks_blocked()
+                slow.current.cancel("enough")
+            await trio.testing.wait_all_tasks_blocked()
+            assert gc.collect() == 0
+
+
+async def test_frozen_sessions_are_freed_when_they_close():
+    agent = tool_agent()
+    async with Host.open(log_tap=False, gc_pacing=True) as host:
+        before = gc.get_freeze_count()
+        sessions = [await host.open_session(agent, session_id=f"s{i}") for i in range(20)]
+        for session in sessions:
+            await session.run("weather?")
+        refs = [r for s in sessions for r in held(s)]
+        gc.collect(1)
+        gc.freeze()  # what a due quiet moment does (by hand: none is due in so few steps)
+        frozen = gc.get_freeze_count()
+        assert frozen > before + 20 * 10
+        for session in sessions:
+            await session.close()
+        del sessions, session
+        await trio.testing.wait_all_tasks_blocked()
+        assert [r for r in refs if r() is not None] == []
+        assert gc.get_freeze_count() < frozen - 20 * 10
+
+
+async def test_a_quiet_moment_freezes_what_survived_instead_of_walking_it():
+    pacer = GcPacer(steps=1, middle_every=1, full_after=1)
+    pacer.acquire()
+    try:
+        pacer.host_started()
+        survivor = _Node()
+        grown = [[] for _ in range(sys.getallocatedblocks() // 2)]  # due: the heap grew
+        await trio.lowlevel.checkpoint()
+        await trio.sleep(0.01)  # quiet
+        assert not walked(survivor)  # frozen: no collection walks it
+        del grown
+    finally:
+        pacer.release()
+    assert walked(survivor)  # the close unfreezes
+    assert gc.get_freeze_count() == 0
+
+
+async def _quiet_and_due() -> list[list[None]]:
+    """A quiet moment with a collection due: the heap grown by half (kept: the growth
+    counts from the last collection's heap, this one included)."""
+    grown: list[list[None]] = [[] for _ in range(sys.getallocatedblocks() // 2)]
+    await trio.lowlevel.checkpoint()
+    await trio.sleep(0.01)
+    return grown
+
+
+async def test_frozen_cyclic_garbage_is_freed_once_the_frozen_heap_passes_its_bound():
+    pacer = GcPacer(steps=1, middle_every=1, full_after=1, thaw_growth=0.0)
+    pacer.acquire()
+    try:
+        pacer.host_started()
+        node = _Node()
+        ref = weakref.ref(node)
+        kept = [await _quiet_and_due()]  # frozen alive
+        del node  # cyclic garbage in the frozen heap
+        assert ref() is not None
+        kept.append(await _quiet_and_due())  # past the bound (nothing may grow): collected whole
+        assert ref() is None and pacer.thaws == 1
+    finally:
+        pacer.release()
+
+
+async def test_the_frozen_heap_s_bound_grows_with_the_sessions_held():
+    sessions = 0
+
+    def count() -> int:
+        return sessions
+
+    pacer = GcPacer(steps=1, middle_every=1, full_after=1, thaw_growth=0.0)
+    pacer.acquire()
+    try:
+        pacer.host_started(count)
+        node = _Node()
+        ref = weakref.ref(node)
+        kept = [await _quiet_and_due()]
+        del node
+        sessions = 10_000  # the default allows 100 objects each
+        kept.append(await _quiet_and_due())
+        assert ref() is not None and pacer.thaws == 0
+    finally:
+        pacer.release(count)
+    gc.collect()
+    assert ref() is None
