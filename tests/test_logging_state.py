@@ -1,7 +1,7 @@
 """Each test leaves the process's logging as it found it (tests/conftest.py), down to
 whether structlog was configured at all: the next test logs as it would in a process of
-its own, not through what an earlier test set up (stray lines on the terminal, PR
-"stray")."""
+its own, not through what an earlier test set up (tests/support/logging_state.py: the
+stray log lines a full run printed on the terminal)."""
 
 from __future__ import annotations
 
