@@ -34,6 +34,7 @@ import structlog
 from runtime.actor import Actor
 from runtime.events import LIFECYCLE_EVENT_TYPES, ActorCrashed, ActorGaveUp, Lagged
 from runtime.inbox import OverflowPolicy
+from runtime.logging import chain_redacts as _chain_redacts
 from runtime.logging import get_logger, level_enabled
 from runtime.media import elide_media
 from runtime.output import (
@@ -50,7 +51,7 @@ from runtime.output import (
     TextStart,
     ToolApprovalRequest,
 )
-from runtime.redact import redact, redact_processor
+from runtime.redact import redact
 from runtime.serde import converter, fields_unstructurer
 
 _WARN = (ActorCrashed, Lagged)
@@ -226,13 +227,3 @@ def _emit(log: Any, level: str, kind: str, fields: dict[str, Any]) -> None:
     except structlog.DropEvent:
         return
     getattr(log._logger, level)(*args, **kw)
-
-
-def _chain_redacts(logger: Any) -> bool:
-    """Whether ``logger``'s processors redact every line it writes.
-
-    Asked for each line, not once: ``structlog.testing.capture_logs`` and a reconfigured
-    chain change the very list a bound logger holds. A logger that is not a bound
-    structlog logger (no ``_processors``) is taken not to redact."""
-    processors = getattr(logger, "_processors", None)
-    return isinstance(processors, list) and redact_processor in processors

@@ -11,11 +11,12 @@ import datetime
 import logging
 import sys
 import time
+import traceback
 from typing import Any, TextIO
 
 import structlog
 
-from runtime.redact import redact_processor
+from runtime.redact import redact, redact_processor
 
 _LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40, "critical": 50}
 LIBRARY_LOGGERS = ("psycopg", "coredis")
@@ -162,6 +163,32 @@ def get_logger(name: str = "axon") -> Any:
     logger = structlog.get_logger(name).bind(logger=name)
     _bound[name] = (key, logger)
     return logger
+
+
+def chain_redacts(logger: Any) -> bool:
+    """Whether ``logger``'s processors redact every line it writes (those of
+    :func:`configure_logging` do; an application's own, structlog's defaults, may not).
+
+    Asked for each line, not once: ``structlog.testing.capture_logs`` and a reconfigured
+    chain change the very list a bound logger holds. A logger that is not a bound
+    structlog logger (no ``_processors``) is taken not to redact."""
+    processors = getattr(logger, "_processors", None)
+    return isinstance(processors, list) and redact_processor in processors
+
+
+def log_exception(logger: Any, event: str, **fields: Any) -> None:
+    """``logger.exception(event, **fields)`` (call it in an ``except`` block), redacted
+    whoever configured the logging, as the log tap's lines are.
+
+    :func:`configure_logging`'s chain renders the traceback to text before it redacts.
+    Another chain (the application's, structlog's defaults) may not redact at all, and
+    structlog's default renderer with ``rich`` installed prints every frame's local
+    variables: a provider's key, a store URL's password. For such a chain the traceback
+    goes as the ``exception`` field instead, plain text without the locals, redacted."""
+    if chain_redacts(logger):
+        logger.exception(event, **fields)
+    else:
+        logger.error(event, exception=redact(traceback.format_exc()), **redact(fields))
 
 
 def level_enabled(logger: Any, level: str) -> bool:

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import logging
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import structlog
 from hypothesis import HealthCheck, settings
 from trio.testing import MockClock
 
 from tests.support.clock import thread_aware_autojump_clock
+from tests.support.logging_state import logging_left_as_found
 
 # No test may reach a real provider: the SDKs get dummy keys and loopback URLs only.
 os.environ["OPENAI_API_KEY"] = "sk-test-dummy"
@@ -31,18 +31,12 @@ def autojump_clock() -> MockClock:
 
 
 @pytest.fixture(autouse=True)
-def _logging_configuration_restored():
+def _logging_configuration_restored() -> Iterator[None]:
     """Each test leaves structlog (and the library loggers it routes) as it found them. A
     test that runs a command configures logging onto its own captured stderr, which is
     closed once it ends; a later test that logs would write into that closed file."""
-    from runtime.logging import LIBRARY_LOGGERS
-
-    saved = structlog.get_config()
-    handlers = {name: list(logging.getLogger(name).handlers) for name in LIBRARY_LOGGERS}
-    yield
-    structlog.configure(**saved)
-    for name, kept in handlers.items():
-        logging.getLogger(name).handlers[:] = kept
+    with logging_left_as_found():
+        yield
 
 
 SHARED_STREAMS = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "streams"

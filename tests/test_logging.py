@@ -6,7 +6,10 @@ import io
 import json
 import logging
 
-from runtime.logging import configure_logging
+import structlog
+
+from runtime.logging import configure_logging, get_logger, log_exception
+from runtime.redact import register_secret
 
 
 def configured(level: str = "info") -> io.StringIO:
@@ -140,3 +143,19 @@ def test_format_exc_info_runs_only_for_a_line_that_carries_exc_info(monkeypatch)
     assert "exc_info" not in line and "ValueError: boom" in line["exception"]
     assert len(calls) == 1
     assert format_exc_info(None, "error", {"event": "x", "exc_info": None}) == {"event": "x"}
+
+
+def test_an_exception_logged_through_a_chain_that_does_not_redact_quotes_no_key(capsys):
+    """structlog's defaults (an application that configured structlog its own way) do not
+    redact, and with ``rich`` installed print each frame's locals: the runtime's own
+    exception lines are redacted all the same, as the log tap's are."""
+    key = "sk-proj-" + "Q7w8E9r0T1y2U3i4O5p6"
+    register_secret(key)
+    structlog.reset_defaults()
+    try:
+        raise RuntimeError(f"the provider refused {key}")
+    except RuntimeError:
+        log_exception(get_logger("axon.test"), "test.failed", note=f"with {key}")
+    out = capsys.readouterr().out
+    assert "test.failed" in out and "RuntimeError" in out
+    assert key not in out

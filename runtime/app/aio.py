@@ -80,7 +80,7 @@ from runtime.app.session import FINAL_WAIT, Session, TurnStream
 from runtime.approval import PendingCall, Recorded
 from runtime.busy import OnBusy
 from runtime.errors import AxonError, ConfigurationError
-from runtime.logging import get_logger
+from runtime.logging import get_logger, log_exception
 from runtime.media import UserInput
 from runtime.messages import Message
 from runtime.output import OutputChunk
@@ -252,7 +252,7 @@ class AsyncHost:
             try:
                 fn()
             except Exception:
-                get_logger("axon.aio").exception("aio.callback-failed")
+                log_exception(get_logger("axon.aio"), "aio.callback-failed")
 
         try:
             self._token.run_sync_soon(guarded)

@@ -41,6 +41,7 @@ from runtime.approval import (
 )
 from runtime.errors import AlreadyDecided, NothingToResume, SessionBusy, UnknownApproval
 from runtime.events import ToolApprovalExpired
+from runtime.logging import get_logger, log_exception
 from runtime.messages import AssistantMessage, Message, ToolCallPart
 
 if TYPE_CHECKING:
@@ -57,7 +58,8 @@ MAX_WATCHED = 10_000
 """Most waiting sessions one host's timer keeps; past it, a session's wait is noticed on
 its next load only."""
 
-log = structlog.get_logger("runtime.app.expiry")
+LOGGER = "runtime.app.expiry"
+log = structlog.get_logger(LOGGER)
 
 
 def deadlines(messages: Sequence[Message]) -> dict[str, float]:
@@ -200,7 +202,7 @@ class ExpiryWatch:
         try:
             session = await self._expire_session(session_id, agent)
         except Exception:  # a store failure: this wait is noticed on the next load instead
-            log.exception("expiry.failed", session_id=session_id)
+            log_exception(get_logger(LOGGER), "expiry.failed", session_id=session_id)
             return
         if session is not None:
             host.nursery.start_soon(resume_expired, session)
