@@ -46,6 +46,7 @@ from runtime.errors import (
 )
 from runtime.hosting import ActorStarter
 from runtime.logging import get_logger
+from runtime.redact import redact
 from runtime.tools import InvalidJSONSchema, Tool, ToolInputError, json_schema_validator
 
 TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -503,7 +504,9 @@ class MCPServerActor(Actor):
             except ToolDefinitionError as exc:
                 refused[remote] = str(exc)
                 if self.refused.get(remote) != str(exc):
-                    self._log.error("mcp.tool-refused", server=self.config.name, error=str(exc))
+                    self._log.error(
+                        "mcp.tool-refused", server=self.config.name, error=redact(str(exc))
+                    )
         self._listed, self.tools, self.refused = listed, tuple(tools), refused
 
     async def _on_message(self, types: Any, message: Any) -> None:
@@ -558,7 +561,7 @@ def _answer(request: CallMCPTool, outcome: Any) -> None:
 def _describe(exc: BaseException) -> str:
     while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
         exc = exc.exceptions[0]
-    return f"{type(exc).__name__}: {exc}"
+    return redact(f"{type(exc).__name__}: {exc}")
 
 
 def _import_mcp() -> tuple[Any, Any]:

@@ -92,7 +92,7 @@ from actors.relays.limits import RedisLimitBackend
 from runtime import output as o
 from runtime.errors import ConfigurationError, RelayTurnGone, RelayUnavailable
 from runtime.output import OutputChunk
-from runtime.redact import redact_url, register_url_secrets
+from runtime.redact import redact, redact_url, register_url_secrets
 from runtime.relay import RESTART_STEP as RESTART
 from runtime.relay import StepRestarted
 from runtime.serde import structure, unstructure
@@ -423,7 +423,9 @@ class RedisRelayWriter:
             try:
                 return await self.relay._call("takeover scan", lambda: self._scan(step))
             except (RelayUnavailable, WrongTypeError, _Undecodable) as exc:
-                log.warning("relay.takeover_scan_failed", turn_id=self.turn_id, error=str(exc))
+                log.warning(
+                    "relay.takeover_scan_failed", turn_id=self.turn_id, error=redact(str(exc))
+                )
         self._put({"type": GAP})
         return None
 
@@ -960,7 +962,7 @@ class RedisRelay:
                 delay = _backoff(attempt, self.retry_base, self.retry_max)
                 attempt += 1
                 log.warning(
-                    "relay.read_failed", what=what, retry_in=round(delay, 3), error=str(exc)
+                    "relay.read_failed", what=what, retry_in=round(delay, 3), error=redact(str(exc))
                 )
                 await trio.sleep(delay)
 
@@ -1177,7 +1179,9 @@ class RedisRelay:
             except _transient() as exc:
                 delay = _backoff(attempt, self.retry_base, self.retry_max)
                 attempt += 1
-                log.warning("relay.cancel_watch_failed", retry_in=round(delay, 3), error=str(exc))
+                log.warning(
+                    "relay.cancel_watch_failed", retry_in=round(delay, 3), error=redact(str(exc))
+                )
                 await trio.sleep(delay)
             if not started:  # the subscription ended before it began: try again
                 await trio.sleep(self.retry_base)
@@ -1210,7 +1214,7 @@ async def _wait_for_redis(client: Any, shown: str, retry_for: float) -> None:
                     f"Redis at {shown} did not answer for {retry_for:g} s: "
                     f"{type(exc).__name__}: {exc}"
                 ) from None
-            log.warning("relay.connect_failed", url=shown, error=str(exc))
+            log.warning("relay.connect_failed", url=shown, error=redact(str(exc)))
             await trio.sleep(_backoff(attempt, 0.1, 2.0))
             attempt += 1
 

@@ -74,8 +74,8 @@ from runtime.errors import (
 )
 from runtime.logging import get_logger
 from runtime.messages import Message
+from runtime.redact import redact, register_url_secrets
 from runtime.redact import redact_url as _redact_url
-from runtime.redact import register_url_secrets
 from runtime.store import SessionInfo, SessionRecord, validate_session_id
 from runtime.turn_queue import SteerWatch
 
@@ -1068,7 +1068,7 @@ async def _retrying(
         except (StoreError, ConfigurationError):
             raise
         except psycopg.Error as err:
-            message = str(err).strip().splitlines()[0] if str(err).strip() else repr(err)
+            message = redact(str(err).strip().splitlines()[0] if str(err).strip() else repr(err))
             permanent = not _is_connection_error(err) or any(
                 word in message.lower() for word in _PERMANENT
             )

@@ -17,6 +17,7 @@ import trio
 from actors.stores.postgres import CONNECT_TIMEOUT
 from actors.stores.turn_sql import TURNS_CHANNEL
 from runtime.errors import StoreError
+from runtime.redact import redact
 
 if TYPE_CHECKING:
     from actors.stores.postgres import PostgresStore
@@ -68,7 +69,7 @@ class TurnListening:
                     conn = await trio.to_thread.run_sync(self._connect_listener)
                 except Exception as err:
                     # Down: say "maybe" after a pause; the caller's next query retries.
-                    self._log.warning("turns.listen_failed", error=str(err))
+                    self._log.warning("turns.listen_failed", error=redact(str(err)))
                     await trio.sleep(min(timeout, 1.0))
                     return True
                 self._listen = _Listener(conn)
@@ -90,7 +91,7 @@ class TurnListening:
                     listener.conn.close()
                 raise
             except Exception as err:  # the connection broke: reopen on the next wait
-                self._log.warning("turns.listen_broken", error=str(err))
+                self._log.warning("turns.listen_broken", error=redact(str(err)))
                 return True
 
     async def aclose(self) -> None:

@@ -258,7 +258,9 @@ class LeaseKeeper:
                             renewer = self.queue.open_renewer()
                         renewal = renewer.renew(lease.turn_id, lease.owner, lease.epoch)
                     except Exception as exc:
-                        log().warning("worker.renew_failed", turn_id=lease.turn_id, error=str(exc))
+                        log().warning(
+                            "worker.renew_failed", turn_id=lease.turn_id, error=redact(str(exc))
+                        )
                         if renewer is not None:
                             renewer.close()
                         renewer = None
@@ -401,7 +403,7 @@ class Worker:
                     claim = await self._claim(leases)
                 except StoreError as exc:
                     slots.release()
-                    log().warning("worker.claim_failed", error=str(exc))
+                    log().warning("worker.claim_failed", error=redact(str(exc)))
                     await trio.sleep(self.poll)
                     continue
                 if claim is None:
@@ -459,7 +461,7 @@ class Worker:
                     try:
                         await self.queue.release(entry.claim)
                     except StoreError as exc:
-                        log().warning("worker.release_failed", error=str(exc))
+                        log().warning("worker.release_failed", error=redact(str(exc)))
             nursery.cancel_scope.deadline = trio.current_time() + 5.0
 
     async def _close(self) -> None:
@@ -467,7 +469,7 @@ class Worker:
             try:
                 await self.queue.aclose()
             except Exception as exc:  # closing: report, do not mask the real ending
-                log().warning("worker.close_failed", error=str(exc))
+                log().warning("worker.close_failed", error=redact(str(exc)))
 
     async def _expire_waits(self) -> None:
         """Every ``poll`` seconds: the waiting turns whose deadline passed (as of the
@@ -481,7 +483,7 @@ class Worker:
             try:
                 due = await self.queue.take_expired(host.clock())
             except StoreError as exc:
-                log().warning("worker.expiry_failed", error=str(exc))
+                log().warning("worker.expiry_failed", error=redact(str(exc)))
                 continue
             for turn in due:
                 await self._expire(host, turn)
@@ -504,7 +506,7 @@ class Worker:
             due = deadlines(stored.messages) if stored is not None else {}
             await self.queue.set_expiry(turn.turn_id, min(due.values(), default=None))
         except Exception as exc:  # a store failure: the queue offers it again later
-            log().warning("worker.expiry_failed", turn_id=turn.turn_id, error=str(exc))
+            log().warning("worker.expiry_failed", turn_id=turn.turn_id, error=redact(str(exc)))
 
     def _on_relay_cancel(self, turn_id: str, reason: str) -> None:
         entry = self.running.get(turn_id)
@@ -542,7 +544,9 @@ class Worker:
                             entry.claim, status="failed", finish_reason="error", error=message
                         )
                     except StoreError as err:
-                        log().warning("worker.finish_failed", turn_id=turn.turn_id, error=str(err))
+                        log().warning(
+                            "worker.finish_failed", turn_id=turn.turn_id, error=redact(str(err))
+                        )
         finally:
             leases.release(turn.turn_id, entry.claim.epoch)
             if self.running.get(turn.turn_id) is entry:  # not a later claim of the same turn
@@ -709,7 +713,7 @@ class Worker:
                 await session.close()
                 await self.queue.store.delete(session.id)
             except StoreError as exc:
-                log().warning("worker.forget_failed", session_id=session.id, error=str(exc))
+                log().warning("worker.forget_failed", session_id=session.id, error=redact(str(exc)))
 
     async def _relay(self, entry: _Running, out: Any, writer: Any) -> None:
         """The turn's chunks to the relay; on a takeover, the re-run step reset first
@@ -811,7 +815,7 @@ class Worker:
             try:
                 await self.queue.release(entry.claim, keep_attempt=True)
             except StoreError as exc:  # the lease runs out instead: taken over all the same
-                log().warning("worker.release_failed", turn_id=turn.turn_id, error=str(exc))
+                log().warning("worker.release_failed", turn_id=turn.turn_id, error=redact(str(exc)))
         return "lost"
 
     async def _suspend(self, entry: _Running) -> str:

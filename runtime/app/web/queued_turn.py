@@ -46,6 +46,7 @@ from runtime.chunks import Usage
 from runtime.errors import RelayTurnGone, RelayUnavailable, StoreError
 from runtime.logging import get_logger
 from runtime.messages import AssistantMessage, Message, ToolMessage
+from runtime.redact import redact
 from runtime.relay import StepRestarted
 from runtime.turn_queue import FINAL_STATUSES, RUNNING, WAITING, TurnStatus
 
@@ -446,7 +447,7 @@ async def settle_quietly(out: QueuedTurnOutput) -> None:
         await out.settle()
     except StoreError as exc:
         get_logger("axon.web").warning(
-            "frontend.settle_failed", turn_id=out.turn_id, error=str(exc)
+            "frontend.settle_failed", turn_id=out.turn_id, error=redact(str(exc))
         )
 
 
@@ -457,7 +458,7 @@ async def cancel_quietly(out: QueuedTurnOutput, reason: str) -> None:
         await out.cancel(reason)
     except (StoreError, RelayUnavailable) as exc:
         get_logger("axon.web").warning(
-            "frontend.cancel_failed", turn_id=out.turn_id, error=str(exc)
+            "frontend.cancel_failed", turn_id=out.turn_id, error=redact(str(exc))
         )
 
 
