@@ -382,6 +382,25 @@ async def test_a_last_chunk_appended_while_deltas_wait_for_the_tick_keeps_them_f
         ]
 
 
+async def test_a_chunk_that_does_not_encode_loses_its_writers_batch_and_no_other(
+    autojump_clock: Any,
+) -> None:
+    async with fake_relay() as (relay, pipes):
+        bad = relay.writer(session_id="s1", turn_id="t1", fresh=True)
+        good = relay.writer(session_id="s2", turn_id="t2", fresh=True)
+        bad.append(o.Start(message_id="m1"))
+        bad.append(o.ToolResult(step=0, tool_call_id="c", tool_name="t", output=2**70))
+        good.append(o.Start(message_id="m2"))
+        await good.aclose()
+        await bad.aclose()
+        assert bad.lost == 2 and bad.failures == 1
+        by_key = {key: types for _, key, types in pipes.entries()}
+        assert by_key == {
+            relay.turn_key("t2"): ["start", "relay.end"],
+            relay.turn_key("t1"): ["relay.gap", "relay.end"],  # readers rebuild it
+        }
+
+
 class _SlowTail:
     """Stands in for coredis: a stream's tail read that does not answer for a minute."""
 

@@ -51,16 +51,18 @@ more after it (the continuation), yielding that continuation's ``start`` again (
 message id). ``read(after_pauses=k)`` starts after the turn's k-th pause, waiting for it
 if need be: what the front end that recorded the decisions streams as the continuation.
 
-**Coalescing and failure.** :meth:`RedisRelayWriter.append` only queues: one background
-task per writer flushes whatever is queued as one entry (one ``XADD``, with ``EXPIRE`` /
-``SET`` on the first and last). A turn's first flush goes at once (the first chunk a
-reader waits for is not held); a later one asked for within ``flush_interval`` (5 ms) of
-the writer's previous flush waits for the relay's next tick of that interval, shared by
-every writer, so a burst of chunks is one entry and the writers that flush at one tick
-share one pipeline (:class:`_Batcher`). A turn's ``finish`` / ``error`` / ``abort`` waits
-at most ``end_wait`` (50 ms) for the writer's close, so the end goes out in the same
-entry as the turn's last chunks; a close flushes at once. Readers get chunks of a
-burst up to 5 ms later, and an end up to 50 ms later; order and content are untouched.
+**Coalescing and failure.** :meth:`RedisRelayWriter.append` only queues: the relay's one
+flush task (:class:`_Flusher`, not a task per writer) writes each writer's queue as one
+entry when it is due (one ``XADD``, with ``EXPIRE`` / ``SET`` on the first and last), the
+writers due at one moment in one pipeline. A turn's first flush goes at once (the first
+chunk a reader waits for is not held); a later one asked for within ``flush_interval``
+(5 ms) of the writer's previous flush waits for the relay's next tick of that interval,
+shared by every writer, so a burst of chunks is one entry and the writers due at one
+tick share one pipeline. A turn's ``finish`` / ``error`` / ``abort`` waits at most
+``end_wait`` (50 ms) for the writer's close, so the end goes out in the same entry as
+the turn's last chunks (those waiting for their tick too); a close flushes at once.
+Readers get chunks of a burst up to 5 ms later, and an end up to 50 ms later; order and
+content are untouched.
 While Redis is down the flush retries with capped exponential backoff and the turn goes
 on; the queue is bounded (``max_queue``): past it the queue is dropped and the stream
 gets a ``gap`` item, which makes readers raise :class:`~runtime.errors.RelayTurnGone`,
@@ -565,7 +567,14 @@ class RedisRelayWriter:
         if not _quiet(batch):  # a lone step-start does not hold what follows
             self._sent = now
         first = self._next_seq
-        commands, touch = self._commands(batch, first, now)
+        try:
+            commands, touch = self._commands(batch, first, now)
+        except Exception as exc:  # a chunk that does not encode (an int past 64 bits)
+            # This writer's batch is lost, as one Redis refused; not the flusher, which
+            # every other writer needs.
+            self._settle(_Job(writer=self, batch=batch, first=first, commands=[], touch=False,
+                              at=now, error=exc))  # fmt: skip
+            return None
         return _Job(writer=self, batch=batch, first=first, commands=commands, touch=touch, at=now)
 
     def _settle(self, job: _Job) -> None:
