@@ -401,6 +401,17 @@ async def test_a_chunk_that_does_not_encode_loses_its_writers_batch_and_no_other
         }
 
 
+async def test_after_a_chunk_that_does_not_encode_the_gap_goes_out_without_waiting_for_a_close(
+    autojump_clock: Any,
+) -> None:
+    async with fake_relay(retry_max=0.5) as (relay, pipes):
+        bad = relay.writer(session_id="s1", turn_id="t1", fresh=True)
+        bad.append(o.Start(message_id="m1"))
+        bad.append(o.ToolResult(step=0, tool_call_id="c", tool_name="t", output=2**70))
+        await trio.sleep(1.0)  # past the backoff; the writer is not closed
+        assert [types for _, _, types in pipes.entries()] == [["relay.gap"]]
+
+
 class _SlowTail:
     """Stands in for coredis: a stream's tail read that does not answer for a minute."""
 

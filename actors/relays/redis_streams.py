@@ -789,7 +789,6 @@ class _Flusher:
         while True:
             now = trio.current_time()
             jobs: list[_Job] = []
-            soonest = math.inf
             pending = self._pending
             for writer in list(pending):
                 due = writer._due
@@ -801,10 +800,10 @@ class _Flusher:
                     job = writer._take(now)
                     if job is not None:
                         jobs.append(job)
-                elif due < soonest:
-                    soonest = due
             if jobs:
                 return jobs
+            # After the look: a writer ``_take`` settled at once is due again (later).
+            soonest = min((writer._due or math.inf for writer in pending), default=math.inf)
             self._asleep_until = soonest
             if soonest == math.inf:
                 await self._wake.wait()
