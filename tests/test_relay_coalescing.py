@@ -18,6 +18,7 @@ from typing import Any
 import orjson
 import pytest
 import trio
+import trio.testing
 
 from actors.relays import RedisRelay
 from actors.relays.redis_streams import END_WAIT, FLUSH_INTERVAL
@@ -321,6 +322,136 @@ async def test_with_no_interval_and_no_end_wait_every_flush_goes_at_once(
             ["finish"],
         ]
         await writer.aclose()
+
+
+# -- one flush task for all the relay's writers (issue 24 goal 3) ------------------------
+
+
+async def test_the_relay_runs_one_task_however_many_writers_it_has(autojump_clock: Any) -> None:
+    async with trio.open_nursery() as nursery:
+        relay = RedisRelay(None, nursery, flush_interval=FLUSH_INTERVAL)
+        relay.batcher.connection = Pipes()  # type: ignore[assignment]
+        await trio.testing.wait_all_tasks_blocked()
+        tasks = len(nursery.child_tasks)
+        writers = [relay.writer(session_id=f"s{i}", turn_id=f"t{i}", fresh=True) for i in range(8)]
+        for writer in writers:
+            writer.append(o.Start(message_id="m"))
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(nursery.child_tasks) == tasks == 1
+        for writer in writers:
+            await writer.aclose()
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_burst_of_appends_due_at_one_tick_wakes_the_flusher_once(
+    autojump_clock: Any,
+) -> None:
+    async with fake_relay() as (relay, pipes):
+        writers = [relay.writer(session_id=f"s{i}", turn_id=f"t{i}", fresh=True) for i in range(8)]
+        for writer in writers:
+            writer.append(o.Start(message_id="m"))
+        for writer in writers:
+            await writer.flushed()
+        woken, sent = relay.batcher.wakeups, len(pipes.sent)
+        for i in range(10):  # every writer's deltas, within the tick
+            for writer in writers:
+                writer.append(delta(i))
+            await trio.sleep(FLUSH_INTERVAL / 50)
+        for writer in writers:
+            await writer.flushed()
+        assert relay.batcher.wakeups - woken == 1  # the first append; the rest wait with it
+        assert len(pipes.sent) - sent == 1
+        assert [types for _, _, types in pipes.entries()[8:]] == [["text-delta"] * 10] * 8
+
+
+async def test_a_last_chunk_appended_while_deltas_wait_for_the_tick_keeps_them_for_the_close(
+    autojump_clock: Any,
+) -> None:
+    async with fake_relay() as (relay, pipes):
+        writer = relay.writer(session_id="s", turn_id="t", fresh=True)
+        writer.append(o.Start(message_id="m"))
+        await writer.flushed()
+        writer.append(delta(0))  # waits for the tick
+        await trio.sleep(FLUSH_INTERVAL / 10)  # the turn ends before the tick
+        writer.append(o.Finish(finish_reason="stop", usage=USAGE))
+        await trio.sleep(END_WAIT / 2)
+        closed = trio.current_time()
+        await writer.aclose()
+        assert [(when, types) for when, _, types in pipes.entries()][1:] == [
+            (closed, ["text-delta", "finish", "relay.end"])
+        ]
+
+
+async def test_a_chunk_that_does_not_encode_loses_its_writers_batch_and_no_other(
+    autojump_clock: Any,
+) -> None:
+    async with fake_relay() as (relay, pipes):
+        bad = relay.writer(session_id="s1", turn_id="t1", fresh=True)
+        good = relay.writer(session_id="s2", turn_id="t2", fresh=True)
+        bad.append(o.Start(message_id="m1"))
+        bad.append(o.ToolResult(step=0, tool_call_id="c", tool_name="t", output=2**70))
+        good.append(o.Start(message_id="m2"))
+        await good.aclose()
+        await bad.aclose()
+        assert bad.lost == 2 and bad.failures == 1
+        by_key = {key: types for _, key, types in pipes.entries()}
+        assert by_key == {
+            relay.turn_key("t2"): ["start", "relay.end"],
+            relay.turn_key("t1"): ["relay.gap", "relay.end"],  # readers rebuild it
+        }
+
+
+async def test_after_a_chunk_that_does_not_encode_the_gap_goes_out_without_waiting_for_a_close(
+    autojump_clock: Any,
+) -> None:
+    async with fake_relay(retry_max=0.5) as (relay, pipes):
+        bad = relay.writer(session_id="s1", turn_id="t1", fresh=True)
+        bad.append(o.Start(message_id="m1"))
+        bad.append(o.ToolResult(step=0, tool_call_id="c", tool_name="t", output=2**70))
+        await trio.sleep(1.0)  # past the backoff; the writer is not closed
+        assert [types for _, _, types in pipes.entries()] == [["relay.gap"]]
+
+
+class _SlowTail:
+    """Stands in for coredis: a stream's tail read that does not answer for a minute."""
+
+    async def xrevrange(self, *args: Any, **kwargs: Any) -> list[Any]:
+        await trio.sleep(60.0)
+        return []
+
+
+async def test_a_continuations_tail_read_that_hangs_holds_no_other_writer(
+    autojump_clock: Any,
+) -> None:
+    async with fake_relay(op_timeout=5.0) as (relay, pipes):
+        relay.client = _SlowTail()
+        continuation = relay.writer(session_id="s1", turn_id="t1", takeover=True)
+        other = relay.writer(session_id="s2", turn_id="t2", fresh=True)
+        continuation.append(o.Start(message_id="m1"))
+        other.append(o.Start(message_id="m2"))
+        started = trio.current_time()
+        await other.flushed()
+        assert trio.current_time() - started < FLUSH_INTERVAL
+        assert [key for _, key, _ in pipes.entries()] == [relay.turn_key("t2")]
+        assert continuation.flushes == 0
+
+
+async def test_a_stalled_redis_keeps_each_writers_queue_bounded(autojump_clock: Any) -> None:
+    async with fake_relay(op_timeout=1.0, max_queue=50) as (relay, pipes):
+        writer = relay.writer(session_id="s", turn_id="t", fresh=True)
+        pipes.stalls = 1_000  # Redis does not answer
+        writer.append(o.Start(message_id="m"))
+        longest = 0
+        for i in range(3_000):  # three seconds: its pipelines time out after one
+            writer.append(delta(i))
+            longest = max(longest, len(writer._queue))
+            await trio.sleep(0.001)
+        assert writer.failures >= 2  # its pipelines timed out, and were retried
+        assert longest <= 50 + 1 and writer.lost > 0
+        pipes.stalls = 0  # Redis is back: what is queued goes, after a gap
+        await writer.aclose()
+        assert pipes.entries()[-1][2][0] == "relay.gap"
+        assert pipes.entries()[-1][2][-1] == "relay.end"
 
 
 # -- against Redis: nothing lost or reordered --------------------------------------------

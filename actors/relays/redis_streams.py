@@ -51,16 +51,18 @@ more after it (the continuation), yielding that continuation's ``start`` again (
 message id). ``read(after_pauses=k)`` starts after the turn's k-th pause, waiting for it
 if need be: what the front end that recorded the decisions streams as the continuation.
 
-**Coalescing and failure.** :meth:`RedisRelayWriter.append` only queues: one background
-task per writer flushes whatever is queued as one entry (one ``XADD``, with ``EXPIRE`` /
-``SET`` on the first and last). A turn's first flush goes at once (the first chunk a
-reader waits for is not held); a later one asked for within ``flush_interval`` (5 ms) of
-the writer's previous flush waits for the relay's next tick of that interval, shared by
-every writer, so a burst of chunks is one entry and the writers that flush at one tick
-share one pipeline (:class:`_Batcher`). A turn's ``finish`` / ``error`` / ``abort`` waits
-at most ``end_wait`` (50 ms) for the writer's close, so the end goes out in the same
-entry as the turn's last chunks; a close flushes at once. Readers get chunks of a
-burst up to 5 ms later, and an end up to 50 ms later; order and content are untouched.
+**Coalescing and failure.** :meth:`RedisRelayWriter.append` only queues: the relay's one
+flush task (:class:`_Flusher`, not a task per writer) writes each writer's queue as one
+entry when it is due (one ``XADD``, with ``EXPIRE`` / ``SET`` on the first and last), the
+writers due at one moment in one pipeline. A turn's first flush goes at once (the first
+chunk a reader waits for is not held); a later one asked for within ``flush_interval``
+(5 ms) of the writer's previous flush waits for the relay's next tick of that interval,
+shared by every writer, so a burst of chunks is one entry and the writers due at one
+tick share one pipeline. A turn's ``finish`` / ``error`` / ``abort`` waits at most
+``end_wait`` (50 ms) for the writer's close, so the end goes out in the same entry as
+the turn's last chunks (those waiting for their tick too); a close flushes at once.
+Readers get chunks of a burst up to 5 ms later, and an end up to 50 ms later; order and
+content are untouched.
 While Redis is down the flush retries with capped exponential backoff and the turn goes
 on; the queue is bounded (``max_queue``): past it the queue is dropped and the stream
 gets a ``gap`` item, which makes readers raise :class:`~runtime.errors.RelayTurnGone`,
@@ -345,7 +347,10 @@ class _StepScan:
 
 
 class RedisRelayWriter:
-    """One turn's outgoing side (:class:`runtime.relay.RelayWriter`) on a Redis Stream."""
+    """One turn's outgoing side (:class:`runtime.relay.RelayWriter`) on a Redis Stream.
+
+    A writer has no task of its own: :meth:`append` queues, and the relay's one flusher
+    (:class:`_Flusher`) writes the queue when it is due (see :meth:`_due_at`)."""
 
     def __init__(
         self, relay: RedisRelay, *, session_id: str, turn_id: str, takeover: bool = False
@@ -363,10 +368,15 @@ class RedisRelayWriter:
         """The writer whose tail this one continues, written (``prev``) until this
         writer's first entry is in."""
         self._queue: list[dict[str, Any]] = []
-        self._wake = trio.Event()
-        self._settled = trio.Event()
-        self._stop = trio.Event()
-        self._in_flight = False
+        self._due: float | None = None
+        """When the flusher writes the queue (Trio clock); ``None`` while the writer is
+        not waiting for it (nothing queued, or its flush or tail read is out)."""
+        self._busy = False
+        """A flush of this writer (or its tail read) is out: at most one at a time."""
+        self._settled: trio.Event | None = None
+        """Set when a flush or the close settles, for :meth:`flushed` (made on demand)."""
+        self._hurry = False
+        """Set by a close (the writer's or the relay's): nothing is held any more."""
         self._closing = False
         self._closed = False
         self._next_seq: int | None = None
@@ -380,9 +390,10 @@ class RedisRelayWriter:
         self._end_by: float | None = None
         """Set while the turn's last chunk is queued: when it goes out at the latest
         even if the writer is not closed by then (``end_wait`` after it was queued)."""
-        self._hurry = trio.Event()
-        """Set by a close (the writer's or the relay's): nothing is held any more.
-        Appends do not wake a holding writer; only this and the hold's deadline do."""
+        self._retry_at = -math.inf
+        """After a failed flush: not before this (capped, jittered backoff)."""
+        self._attempt = 0
+        """Failed attempts in a row (the backoff's exponent)."""
         self.lost = 0
         """Chunks dropped because the queue overflowed while Redis did not answer."""
         self.flushes = 0
@@ -400,7 +411,7 @@ class RedisRelayWriter:
     # -- the producer's side (never blocks) ----------------------------------------------
 
     def append(self, chunk: Any) -> None:
-        """Queue ``chunk``; the background flush writes it with whatever else is queued."""
+        """Queue ``chunk``; the relay's flusher writes it with whatever else is queued."""
         if self._closing:
             raise RuntimeError(f"relay writer for turn {self.turn_id!r} is closed")
         self._put(unstructure(chunk))
@@ -445,19 +456,19 @@ class RedisRelayWriter:
         """Flush what is queued; with ``final`` the stream ends (readers stop) and expires
         after ``end_ttl``; with ``paused`` too, the turn waits for a person instead: the
         stream stays for ``live_ttl`` and the turn's continuation goes on in it. Bounded by
-        ``close_timeout``: a Redis that stays down does not hold the turn's end."""
+        ``close_timeout``: a Redis that stays down does not hold the turn's end. A closer
+        that is cancelled does not cancel the flush (the relay's flusher writes it)."""
         if self._closing:
             return
         if final:
             self._put({"type": END, "paused": True} if paused else {"type": END})
         self._closing = True
-        self._hurry.set()
-        self._wake.set()
+        self._hurry_up()
         with trio.move_on_after(self.relay.close_timeout):
             await self.flushed()
         self._closed = True
-        self._stop.set()
-        self._wake.set()
+        self.relay._forget(self)
+        self._notify()
         if self._queue:
             self.lost += len(self._queue)
             log.warning(
@@ -469,7 +480,9 @@ class RedisRelayWriter:
 
     async def flushed(self) -> None:
         """Wait until everything queued so far is written (or the writer stopped)."""
-        while (self._queue or self._in_flight) and not self._closed:
+        while (self._queue or self._busy) and not self._closed:
+            if self._settled is None:
+                self._settled = trio.Event()
             await self._settled.wait()
 
     def _put(self, item: dict[str, Any]) -> None:
@@ -485,140 +498,156 @@ class RedisRelayWriter:
             queue.clear()
             queue.append({"type": GAP})
         queue.append(item)
-        if self._end_by is None and item["type"] in _LAST:
+        last = self._end_by is None and item["type"] in _LAST
+        if last:
             self._end_by = trio.current_time() + self.relay.end_wait
-        self._wake.set()
+        if self._due is None:
+            if not self._busy and not self._closed:
+                self.relay.batcher.schedule(self, self._due_at(trio.current_time()))
+        elif last and not self._hurry:
+            # What waited for its tick now waits with the last chunk for the close.
+            self.relay.batcher.schedule(self, self._due_at(trio.current_time()))
 
     def _notify(self) -> None:
-        self._settled.set()
-        self._settled = trio.Event()
+        settled, self._settled = self._settled, None
+        if settled is not None:
+            settled.set()
 
-    # -- the background flush -------------------------------------------------------------
+    def _hurry_up(self) -> None:
+        """Nothing is held any more (a close): a queue waiting for its tick or for the
+        close goes out at once (not before a failed flush's backoff is over)."""
+        self._hurry = True
+        if self._due is not None and not self._closed:
+            self.relay.batcher.schedule(self, max(trio.current_time(), self._retry_at))
 
-    async def run(self) -> None:
-        """Flush until closed: each round writes everything queued as one entry."""
-        attempt = 0
-        try:
-            while not self._closed:
-                if not self._queue:
-                    self._notify()
-                    if self._closing:
-                        return
-                    await self._wake.wait()
-                    self._wake = trio.Event()
-                    continue
-                await self._hold()
-                if self._closed:
-                    break
-                batch, self._queue = self._queue, []
-                self._end_by = None
-                self._in_flight = True
-                if not _quiet(batch):  # a lone step-start does not hold what follows
-                    self._sent = trio.current_time()
-                try:
-                    await self._write(batch)
-                    attempt = 0
-                    continue
-                except _retryable() as exc:
-                    self._queue = batch + self._queue  # keep order; the bound applies on append
-                    self.failures += 1
-                    delay = _backoff(attempt, self.relay.retry_base, self.relay.retry_max)
-                    attempt += 1
-                    log.warning(
-                        "relay.flush_failed",
-                        turn_id=self.turn_id,
-                        attempt=attempt,
-                        retry_in=round(delay, 3),
-                        error=f"{type(exc).__name__}: {exc}",
-                    )
-                except Exception as exc:  # Redis refused it (OOM, wrong type): not retried
-                    self.failures += 1
-                    self.lost += len(batch)
-                    self._queue.insert(0, {"type": GAP})
-                    delay = _backoff(attempt, self.relay.retry_base, self.relay.retry_max)
-                    attempt += 1
-                    log.error(
-                        "relay.flush_refused",
-                        turn_id=self.turn_id,
-                        dropped=len(batch),
-                        error=f"{type(exc).__name__}: {exc}",
-                    )
-                finally:
-                    self._in_flight = False
-                    self._notify()
-                with trio.move_on_after(delay):
-                    await self._stop.wait()
-        finally:
-            self._in_flight = False
-            self.relay.live.discard(self)
-            self._notify()
+    # -- when the flusher writes the queue -------------------------------------------------
 
-    async def _hold(self) -> None:
-        """Wait, before a flush, for what should go out with it. The turn's last chunk
-        waits (at most ``end_wait`` after it was queued) until the writer is closed, so
-        the end goes in the same entry. Otherwise a flush asked for within
+    def _due_at(self, now: float) -> float:
+        """When the queue, that has just become waiting at ``now``, goes out. The turn's
+        last chunk waits (at most ``end_wait`` after it was queued) until the writer is
+        closed, so the end goes in the same entry. Otherwise a flush asked for within
         ``flush_interval`` of the previous one waits for the relay's next tick: the
-        chunks queued meanwhile go with it, and every writer flushing at that tick goes
-        in one pipeline. The first flush never waits, nor a closed writer's (its end is
-        what readers, ``active_turn`` and the closer wait for: a stop sent once the turn
-        is over must find it over), nor anything once the relay closes
+        chunks queued meanwhile go with it, and every writer due at that tick goes in one
+        pipeline. The first flush never waits, nor a closed writer's (its end is what
+        readers, ``active_turn`` and the closer wait for: a stop sent once the turn is
+        over must find it over), nor anything once the relay closes
         (:meth:`RedisRelay.aclose` must not wait out a hold). A flush of only chunks that
-        show a reader nothing (:data:`_QUIET`) waits for the tick after a quiet spell too."""
+        show a reader nothing (:data:`_QUIET`) waits for the tick after a quiet spell
+        too. After a failed flush nothing goes before its backoff is over.
+
+        Decided once, when the queue starts waiting: appends while it waits change
+        nothing (they go with it), only a close does (:meth:`_hurry_up`)."""
+        now = max(now, self._retry_at)
+        if self._hurry:
+            return now
         relay = self.relay
         if self._end_by is not None:
-            with trio.move_on_at(self._end_by):
-                await self._hurry.wait()
-        now = trio.current_time()
-        wait = now - self._sent < relay.flush_interval or self._quiet_only()
-        if wait and not self._hurry.is_set():
-            with trio.move_on_at(relay.next_tick(now)):
-                await self._hurry.wait()
+            now = max(now, self._end_by)
+        if relay.flush_interval > 0 and (
+            now - self._sent < relay.flush_interval or self._quiet_only()
+        ):
+            return relay.next_tick(now)
+        return now
 
     def _quiet_only(self) -> bool:
         """Whether the flush would carry only :data:`_QUIET` chunks; never a turn's first
-        flush (the stream and the turn's ``active`` key go out at once), nor with
-        coalescing off (``flush_interval`` 0)."""
-        if self._sent == -math.inf or self.relay.flush_interval <= 0:
-            return False
-        return _quiet(self._queue)
+        flush (the stream and the turn's ``active`` key go out at once)."""
+        return self._sent != -math.inf and _quiet(self._queue)
 
-    async def _write(self, batch: list[dict[str, Any]]) -> None:
-        from coredis.exceptions import ResponseError
+    # -- the flusher's side ----------------------------------------------------------------
 
+    def _take(self, now: float) -> _Job | None:
+        """The flush of everything queued, for the flusher's pipeline at ``now``; ``None``
+        when the stream's tail must be read first (a continuation's or a takeover's
+        first flush: a task of its own, the writer due again once it is back)."""
+        self._busy = True
+        if self._next_seq is None:
+            self.relay.nursery.start_soon(self._read_tail)
+            return None
+        batch, self._queue = self._queue, []
+        self._end_by = None
+        if not _quiet(batch):  # a lone step-start does not hold what follows
+            self._sent = now
         first = self._next_seq
-        if first is None:  # first flush, not fresh: continue the numbering
-            first = await self._read_tail(batch)
-        now = trio.current_time()
-        commands, touch = self._commands(batch, first, now)
         try:
-            # No deadline of its own: the batcher's pipeline has one (``op_timeout``; a
-            # flush queued behind a pipeline still out waits two at most).
-            await self.relay.batcher.send(commands)
-            if touch:
-                self._touched = now
-        except ResponseError as exc:
-            if "equal or smaller" not in str(exc):
-                raise
-            # A retry of a flush that Redis applied before the connection broke (or
-            # a writer the turn had lost wrote there: readers see its entry breaks
-            # the chain of writers, and rebuild from the store).
-        self._next_seq = first + len(batch)
-        self._prev = None
-        self.flushes += 1
+            commands, touch = self._commands(batch, first, now)
+        except Exception as exc:  # a chunk that does not encode (an int past 64 bits)
+            # This writer's batch is lost, as one Redis refused; not the flusher, which
+            # every other writer needs.
+            self._settle(_Job(writer=self, batch=batch, first=first, commands=[], touch=False,
+                              at=now, error=exc))  # fmt: skip
+            return None
+        return _Job(writer=self, batch=batch, first=first, commands=commands, touch=touch, at=now)
 
-    async def _read_tail(self, batch: list[dict[str, Any]]) -> int:
-        """The seq to number on from: after the stream's last entry (a continuation's or
-        a takeover's first flush)."""
-        with trio.fail_after(self.relay.op_timeout):
-            last = await self.relay.client.xrevrange(self.key, "+", "-", count=1)
-        first, self._prev, lost = _tail(last, takeover=self.takeover)
-        self._next_seq = first
-        if lost:
-            # What the turn streamed before is not in the stream: readers are told
-            # (they rebuild from the store) instead of shown the turn without it.
-            batch.insert(0, {"type": GAP})
-            log.warning("relay.takeover_lost_stream", turn_id=self.turn_id)
-        return first
+    def _settle(self, job: _Job) -> None:
+        """The outcome of this writer's flush ``job``: the seqs move on, or the batch goes
+        back in front of the queue (order kept; the queue's bound applies on append) to
+        be retried after a backoff; a batch Redis refused is dropped and readers told."""
+        self._busy = False
+        error = job.error
+        if error is None or _duplicate(error):
+            # A duplicate: a retry of a flush that Redis applied before the connection
+            # broke (or a writer the turn had lost wrote there: readers see its entry
+            # breaks the chain of writers, and rebuild from the store).
+            if job.touch and error is None:
+                self._touched = job.at
+            self._next_seq = job.first + len(job.batch)
+            self._prev = None
+            self.flushes += 1
+            self._attempt = 0
+            self._retry_at = -math.inf
+        elif isinstance(error, _retryable()):
+            self._queue = job.batch + self._queue
+            self._failed("relay.flush_failed", error)
+        else:  # Redis refused it (OOM, wrong type): not retried
+            self.lost += len(job.batch)
+            self._queue.insert(0, {"type": GAP})
+            self._failed("relay.flush_refused", error, dropped=len(job.batch))
+        self._notify()
+        if self._queue and not self._closed:
+            self.relay.batcher.schedule(self, self._due_at(trio.current_time()))
+
+    def _failed(self, event: str, error: BaseException, **fields: Any) -> None:
+        self.failures += 1
+        delay = _backoff(self._attempt, self.relay.retry_base, self.relay.retry_max)
+        self._attempt += 1
+        self._retry_at = trio.current_time() + delay
+        level = log.error if event == "relay.flush_refused" else log.warning
+        level(
+            event,
+            turn_id=self.turn_id,
+            attempt=self._attempt,
+            retry_in=round(delay, 3),
+            error=f"{type(error).__name__}: {error}",
+            **fields,
+        )
+
+    async def _read_tail(self) -> None:
+        """Where to number on from: after the stream's last entry (a continuation's or a
+        takeover's first flush); then the writer is due at once (after a backoff if the
+        read failed)."""
+        try:
+            with trio.fail_after(self.relay.op_timeout):
+                last = await self.relay.client.xrevrange(self.key, "+", "-", count=1)
+        except _retryable() as exc:
+            self._failed("relay.flush_failed", exc)
+        except Exception as exc:  # a key of another type: the queue is lost, as a refusal
+            self.lost += len(self._queue)
+            self._queue = [{"type": GAP}]
+            self._failed("relay.flush_refused", exc)
+        else:
+            first, self._prev, lost = _tail(last, takeover=self.takeover)
+            self._next_seq = first
+            if lost:
+                # What the turn streamed before is not in the stream: readers are told
+                # (they rebuild from the store) instead of shown the turn without it.
+                self._queue.insert(0, {"type": GAP})
+                log.warning("relay.takeover_lost_stream", turn_id=self.turn_id)
+        finally:
+            self._busy = False
+            self._notify()
+            if self._queue and not self._closed:
+                self.relay.batcher.schedule(self, max(trio.current_time(), self._retry_at))
 
     def _commands(
         self, batch: list[dict[str, Any]], first: int, now: float
@@ -649,33 +678,59 @@ class RedisRelayWriter:
         return commands, touch
 
 
+@functools.cache
+def _response_error() -> type[BaseException]:
+    from coredis.exceptions import ResponseError
+
+    return ResponseError
+
+
+def _duplicate(error: BaseException) -> bool:
+    """Whether ``error`` is Redis refusing an ``XADD`` id at or below the stream's top."""
+    return isinstance(error, _response_error()) and "equal or smaller" in str(error)
+
+
 @attrs.define(kw_only=True, slots=True, eq=False)
 class _Job:
-    """One writer's flush waiting for the relay's next pipeline (:class:`_Batcher`):
-    its commands, ``("XADD", key, id, fields)`` first (the one whose reply is wanted),
-    then ``("EXPIRE", key, seconds)`` / ``("SET", key, value, ex_seconds)``."""
+    """One writer's flush in the flusher's pipeline (:class:`_Flusher`): its commands,
+    ``("XADD", key, id, fields)`` first (the one whose reply is wanted), then
+    ``("EXPIRE", key, seconds)`` / ``("SET", key, value, ex_seconds)``; the batch it
+    carries from seq ``first``; whether it sets the TTLs (``touch``), and when it was
+    taken (``at``)."""
 
+    writer: RedisRelayWriter
+    batch: list[dict[str, Any]]
+    first: int
     commands: list[tuple[Any, ...]]
-    done: trio.Event = attrs.field(factory=trio.Event)
+    touch: bool
+    at: float
     result: Any = None
     error: BaseException | None = None
-    abandoned: bool = False
 
 
-class _Batcher:
-    """Sends the flushes the relay's writers make at one moment as one pipeline.
+class _Flusher:
+    """The relay's one flush task: writes every writer's due queue, those due at one
+    moment in one pipeline.
 
-    Each flush was its own round trip through coredis, about 200 µs of CPU for one
-    ``XADD`` (its validators, request objects, reader and writer tasks): with several
-    flushes a turn, the relay was about half of a worker's CPU per turn (issue 24). The
-    writers' flushes now wait here, and one task sends all those queued while the
-    previous pipeline was out as the next one, written as RESP on a connection of its
-    own (:mod:`actors.relays.resp`; coredis for a URL that module does not serve): one
-    round trip for many writers when busy, the same single round trip as before when not
-    (nothing waits for company). Each writer still has at most one flush out and gets
-    its own outcome: its ``XADD`` refused (a duplicate id, a key of another type) is its
-    error alone; a connection that breaks fails every flush of that pipeline, each
-    retried by its writer as before (the ids make a flush Redis applied a duplicate).
+    Each writer had a task of its own that held its queue, then handed its flush to a
+    batcher task and waited for the outcome: about five task wake-ups, a cancel scope
+    and an ``Event`` per flush, and a worker's turn makes several (issue 24 goal 3: the
+    relay was about 22 % of a worker's CPU per turn). Now a writer's append only queues
+    and, when its queue starts waiting, tells this task when it is due (:meth:`schedule`;
+    a wake-up only when that is sooner than what this task already sleeps until, so a
+    burst at a tick wakes nothing). At the due moment this task takes every due
+    writer's queue, sends them as one pipeline, and settles each writer's outcome
+    itself (:meth:`RedisRelayWriter._settle`); a writer's closer waits for its own
+    outcome, nobody else does.
+
+    Pipelines are written as RESP on a connection of their own
+    (:mod:`actors.relays.resp`; coredis for a URL that module does not serve): through
+    coredis one ``XADD`` cost about 200 µs of CPU. Each writer still has at most one
+    flush out and gets its own outcome: its ``XADD`` refused (a duplicate id, a key of
+    another type) is its error alone; a connection that breaks, or a pipeline that
+    outlives ``timeout``, fails every flush of that pipeline, each retried by its writer
+    after a backoff (the ids make a flush Redis applied a duplicate). While a pipeline
+    is out, appends only queue (each writer's queue is bounded, ``max_queue``).
     """
 
     def __init__(self, client: Any, url: str | None, timeout: float) -> None:
@@ -684,24 +739,30 @@ class _Batcher:
         where = resp.address(url) if url is not None else None
         self.connection = resp.RespConnection(where) if where is not None else None
         """The writers' own connection (``None``: they go through coredis)."""
-        self._jobs: list[_Job] = []
+        self._pending: dict[RedisRelayWriter, None] = {}
+        """The writers whose queue waits to go out (each knows when: ``_due``)."""
         self._wake = trio.Event()
+        self._asleep_until = -math.inf
+        """What this task sleeps until (``inf``: until woken; ``-inf``: it is not
+        asleep, and looks at every pending writer before it sleeps again)."""
         self.pipelines = 0
         """Pipelines sent (observable: fewer than the writers' flushes when busy)."""
+        self.wakeups = 0
+        """Times a writer woke this task (observable: a burst at a tick wakes it once)."""
 
-    async def send(self, commands: list[tuple[Any, ...]]) -> Any:
-        """Queue a flush's ``commands`` into the next pipeline; the ``XADD``'s reply."""
-        job = _Job(commands=commands)
-        self._jobs.append(job)
-        self._wake.set()
-        try:
-            await job.done.wait()
-        except BaseException:
-            job.abandoned = True  # not sent if it was still waiting (the writer retries)
-            raise
-        if job.error is not None:
-            raise job.error
-        return job.result
+    def schedule(self, writer: RedisRelayWriter, at: float) -> None:
+        """``writer``'s queue goes out at ``at`` (Trio clock) with every other due then."""
+        writer._due = at
+        self._pending[writer] = None
+        if at < self._asleep_until:
+            self._asleep_until = at
+            self.wakeups += 1
+            self._wake.set()
+
+    def forget(self, writer: RedisRelayWriter) -> None:
+        """``writer`` closed: whatever it still queues is not written."""
+        writer._due = None
+        self._pending.pop(writer, None)
 
     async def run(self) -> None:
         try:
@@ -715,8 +776,7 @@ class _Batcher:
         """Send pipelines until one outlives ``timeout`` (its flushes then fail with
         ``TooSlowError``). One cancel scope serves them all, its deadline moved for each
         pipeline, instead of a ``trio.fail_after`` per pipeline: a new scope with a
-        deadline was ~44 µs of CPU on the 2-core benchmark machine, and the writer's
-        flush had one more (issue 24 goal 3)."""
+        deadline was ~44 µs of CPU on the 2-core benchmark machine."""
         with trio.CancelScope() as scope:
             while True:
                 jobs = await self._next_jobs()
@@ -726,19 +786,38 @@ class _Batcher:
                 scope.deadline = math.inf
 
     async def _next_jobs(self) -> list[_Job]:
-        """The flushes queued and not abandoned, once there are any."""
+        """The flushes of every writer due, once there are any (sleeping until the
+        soonest is due, or a writer wakes this task for a sooner one)."""
         while True:
-            if not self._jobs:
-                await self._wake.wait()
-                self._wake = trio.Event()
-                continue
-            jobs = [job for job in self._jobs if not job.abandoned]
-            self._jobs = []
+            now = trio.current_time()
+            jobs: list[_Job] = []
+            pending = self._pending
+            for writer in list(pending):
+                due = writer._due
+                if due is None:  # closed meanwhile
+                    del pending[writer]
+                elif due <= now:
+                    del pending[writer]
+                    writer._due = None
+                    job = writer._take(now)
+                    if job is not None:
+                        jobs.append(job)
             if jobs:
                 return jobs
+            # After the look: a writer ``_take`` settled at once is due again (later).
+            soonest = min((writer._due or math.inf for writer in pending), default=math.inf)
+            self._asleep_until = soonest
+            if soonest == math.inf:
+                await self._wake.wait()
+            else:
+                with trio.move_on_at(soonest):
+                    await self._wake.wait()
+            self._asleep_until = -math.inf
+            if self._wake.is_set():
+                self._wake = trio.Event()
 
     async def _send(self, jobs: list[_Job]) -> None:
-        """One pipeline of ``jobs``; each gets its outcome, whatever happens."""
+        """One pipeline of ``jobs``; each writer gets its outcome, whatever happens."""
         try:
             if self.connection is not None:
                 await self._send_resp(jobs)
@@ -753,7 +832,7 @@ class _Batcher:
             raise
         finally:
             for job in jobs:
-                job.done.set()
+                job.writer._settle(job)
 
     async def _send_resp(self, jobs: list[_Job]) -> None:
         assert self.connection is not None
@@ -838,17 +917,17 @@ class RedisRelay:
         """Seconds a turn's last chunk waits at most for its writer's close, to go out
         with the end in one entry (:data:`END_WAIT`)."""
         self.live: set[RedisRelayWriter] = set()
-        """Writers whose flush task runs."""
-        self.batcher = _Batcher(client, url, op_timeout)
-        """Sends the writers' flushes, those of one moment in one pipeline (on a
-        connection of its own for a plain ``url``)."""
+        """Writers not closed yet (the relay's close lets their queues out)."""
+        self.batcher = _Flusher(client, url, op_timeout)
+        """The relay's one flush task: writes the writers' queues when due, those due at
+        one moment in one pipeline (on a connection of its own for a plain ``url``)."""
         nursery.start_soon(self.batcher.run)
 
     @classmethod
     @asynccontextmanager
     async def open(cls, url: str, **options: Any) -> AsyncIterator[RedisRelay]:
         """Connect to the Redis at ``url`` (``redis://host:port/db``); leaving the block
-        stops the writers' flush tasks (close writers first to flush them).
+        stops the relay's flush task (close writers first to flush them).
 
         A bad URL raises :class:`~runtime.errors.ConfigurationError`; a Redis that does
         not answer raises :class:`~runtime.errors.RelayUnavailable` (after retrying for
@@ -895,10 +974,15 @@ class RedisRelay:
         :meth:`open` block ends. Writers not closed stay open (a worker's shutdown leaves
         its turns to a takeover)."""
         for writer in list(self.live):
-            writer._hurry.set()  # what a writer holds goes out at once
+            writer._hurry_up()  # what a writer holds goes out at once
         with trio.CancelScope(shield=True), trio.move_on_after(self.close_timeout):
             for writer in list(self.live):
                 await writer.flushed()
+
+    def _forget(self, writer: RedisRelayWriter) -> None:
+        """``writer`` is closed: not the relay's to flush any more."""
+        self.live.discard(writer)
+        self.batcher.forget(writer)
 
     def next_tick(self, now: float) -> float:
         """The relay's next flush tick after ``now`` (Trio clock): the next multiple of
@@ -928,8 +1012,8 @@ class RedisRelay:
     def writer(
         self, *, session_id: str, turn_id: str, takeover: bool = False, fresh: bool = False
     ) -> RedisRelayWriter:
-        """A writer for a turn this process runs; its flush task runs in the relay's
-        nursery. A second writer for the same turn (a ``takeover``) continues its seqs; a
+        """A writer for a turn this process runs; the relay's flush task writes what it
+        queues. A second writer for the same turn (a ``takeover``) continues its seqs; a
         takeover that finds no stream starts one readers cannot take for the whole turn.
         A ``fresh`` writer (nothing streamed the turn before) starts at seq 1 without
         reading the stream's tail: one ``XREVRANGE`` fewer per turn."""
@@ -939,7 +1023,6 @@ class RedisRelay:
         if fresh:
             writer.start_fresh()
         self.live.add(writer)
-        self.nursery.start_soon(writer.run)
         return writer
 
     # -- reading ----------------------------------------------------------------------------
