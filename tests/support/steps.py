@@ -21,9 +21,22 @@ class Steps(trio.abc.Instrument):
     def __init__(self) -> None:
         self.by_task: collections.Counter[Any] = collections.Counter()
         self.rounds = 0
+        self._labels: dict[Any, str] = {}
 
     def before_task_step(self, task: Any) -> None:
         self.by_task[task] += 1
+        if task not in self._labels:
+            frame = getattr(task.coro, "cr_frame", None)
+            actor = frame.f_locals.get("actor") if frame is not None else None
+            self._labels[task] = getattr(actor, "name", None) or task.name
+
+    def by_actor(self) -> collections.Counter[str]:
+        """The steps per actor (its supervising task's, by the actor's name; any other
+        task by its own name)."""
+        out: collections.Counter[str] = collections.Counter()
+        for task, n in self.by_task.items():
+            out[self._labels[task]] += n
+        return out
 
     def before_io_wait(self, timeout: float) -> None:
         self.rounds += 1

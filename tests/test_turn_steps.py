@@ -1,0 +1,44 @@
+"""A plain turn's hops, counted (issue 24 goal 1): the scheduler's task steps per actor
+and its rounds for a one-delta turn. A step or round saved is pinned here as a count
+(never a timing); a change that adds one to every turn fails the count it moved."""
+
+from __future__ import annotations
+
+import collections
+
+from actors.providers.scripted import ScriptedProvider
+from runtime import Agent, Host
+from tests.support.steps import Steps, counted
+
+
+async def _one_delta_turn(tmp_path) -> Steps:
+    """A one-delta turn in a fresh session on SQLite, after a warm-up turn; counted from
+    the session's open to its close."""
+    agent = Agent(provider=ScriptedProvider(turns=[[["hi"]]] * 2))
+    async with Host.open(store=str(tmp_path / "s.db"), log_tap=False) as host:
+        warm = await host.open_session(agent, session_id="warm")
+        await warm.run("x")
+        await warm.close()
+        with counted() as steps:
+            session = await host.open_session(agent, session_id="counted")
+            async with session.stream("x") as out:
+                texts = [c.text async for c in out if c.type == "text-delta"]
+            await session.close()
+        assert texts == ["hi"] and out.result is not None
+        assert out.result.finish_reason == "stop"
+    return steps
+
+
+def _runner(steps: Steps) -> int:
+    by: collections.Counter[str] = steps.by_actor()
+    return by["turn-runner"]
+
+
+async def test_a_turn_starts_its_first_model_call_in_the_runner_s_first_step(tmp_path):
+    """From its RunTurn to its first model call the runner does not yield: the store's
+    version query and the check that the turn was not cancelled before it began take no
+    schedule point. Its steps: its start, the RunTurn found (a schedule point), the turn
+    up to the model call, the delta, the finish (then waiting for the save), the turn's
+    end, its rest."""
+    steps = await _one_delta_turn(tmp_path)
+    assert _runner(steps) == 6, steps.by_actor()
