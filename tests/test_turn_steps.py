@@ -37,8 +37,8 @@ def _runner(steps: Steps) -> int:
 async def test_a_turn_starts_its_first_model_call_in_the_runner_s_first_step(tmp_path):
     """From its RunTurn to its first model call the runner does not yield: the store's
     version query and the check that the turn was not cancelled before it began take no
-    schedule point. Its steps: its start, the RunTurn found (a schedule point), the turn
-    up to the model call, the delta, the finish (then waiting for the save), the turn's
-    end, its rest."""
+    schedule point, nor does taking the RunTurn found in its inbox. Its steps: its start
+    and the turn up to the model call, the delta, the finish (then waiting for the
+    save), the turn's end, its rest."""
     steps = await _one_delta_turn(tmp_path)
-    assert _runner(steps) == 6, steps.by_actor()
+    assert _runner(steps) == 5, steps.by_actor()

@@ -130,6 +130,7 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
     :class:`~actors.turn.tool_calls.ToolCalling`."""
 
     inbox_capacity = 16
+    handling_waits = True  # a turn waits for its model call (runtime.actor.Actor)
 
     def __init__(
         self,
