@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import collections
 
+import trio
+
 from actors.providers.scripted import ScriptedProvider
 from runtime import Agent, Host
 from tests.support.steps import Steps, counted
@@ -42,3 +44,21 @@ async def test_a_turn_starts_its_first_model_call_in_the_runner_s_first_step(tmp
     save), the turn's end, its rest."""
     steps = await _one_delta_turn(tmp_path)
     assert _runner(steps) == 5, steps.by_actor()
+
+
+async def test_a_turn_s_consumer_takes_its_result_without_a_schedule_point(tmp_path):
+    """The turn's result, queued after its last batch, ends the stream without a yield
+    of its own: the consumer wakes for the start, the delta, the step's end and the
+    turn's end (its last batch, the result then taken at once), and no more."""
+    agent = Agent(provider=ScriptedProvider(turns=[[["hi"]]] * 2))
+    me = trio.lowlevel.current_task()
+    async with Host.open(store=str(tmp_path / "s.db"), log_tap=False) as host:
+        session = await host.open_session(agent, session_id="counted")
+        await session.run("warm")
+        stream = session.stream("x")
+        await stream.__aenter__()
+        with counted() as steps:
+            chunks = [c.type async for c in stream]
+        await stream.__aexit__(None, None, None)
+    assert chunks[-1] == "finish" and stream.result is not None
+    assert steps.of(me) == 4, chunks
