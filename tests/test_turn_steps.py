@@ -62,3 +62,18 @@ async def test_a_turn_s_consumer_takes_its_result_without_a_schedule_point(tmp_p
         await stream.__aexit__(None, None, None)
     assert chunks[-1] == "finish" and stream.result is not None
     assert steps.of(me) == 4, chunks
+
+
+async def test_a_turn_s_start_and_first_step_reach_the_controller_in_one_batch(tmp_path):
+    """The runner sends ``TurnBegin`` and the first ``StepBegin`` in one step, so the
+    controller wakes once for both, in every turn (it woke twice in about half of them
+    while the runner yielded between the two): five steps a one-delta turn of a session,
+    one of them for both starts, in every turn (42-43 for these eight turns on main)."""
+    agent = Agent(provider=ScriptedProvider(turns=[[["hi"]]] * 9))
+    async with Host.open(store=str(tmp_path / "s.db"), log_tap=False) as host:
+        session = await host.open_session(agent, session_id="s")
+        await session.run("warm")
+        with counted() as steps:
+            for _ in range(8):
+                await session.run("x")
+    assert steps.by_actor()["stream-controller"] == 8 * 5, steps.by_actor()
