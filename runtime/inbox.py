@@ -174,10 +174,27 @@ class Inbox(Generic[T]):
         try:
             message = self._take()
         except trio.WouldBlock:
-            pass
-        else:
-            await trio.lowlevel.cancel_shielded_checkpoint()
-            return message
+            return await self._wait()
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        return message
+
+    async def take(self) -> T:
+        """:meth:`get` without its schedule point when a message is already waiting
+        (cancellation is still checked): for a receiver whose handling of the message
+        waits anyway (the turn runner's turn), or that ends with it (a turn's consumer
+        taking the turn's result). Each such schedule point is a task step and a round
+        of the scheduler more per turn (issue 24 goal 1). Not for a loop over a backlog:
+        it would run the whole backlog in one step, the other tasks waiting."""
+        if self.dropped:
+            return self._lagged()
+        await trio.lowlevel.checkpoint_if_cancelled()
+        try:
+            return self._take()
+        except trio.WouldBlock:
+            return await self._wait()
+
+    async def _wait(self) -> T:
+        """Wait in line for the next message (the queue is empty)."""
         task = trio.lowlevel.current_task()
         getters = self._getters
         if getters is None:

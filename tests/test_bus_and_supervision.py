@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import trio
 
@@ -246,3 +248,31 @@ async def test_slow_drop_oldest_observer_never_delays_the_turn(autojump_clock):
     assert result.finish_reason == "stop"
     assert elapsed == 0  # the observer sleeps 10 s per event; the turn never waited
     assert slow.lagged > 0  # and it was told what it missed
+
+
+async def test_an_actor_whose_handling_waits_takes_a_queued_message_without_a_step():
+    """An actor marked ``handling_waits`` (the turn runner) takes a message already in its
+    inbox in the step that finished the one before; any other actor yields once per
+    message, so a backlog never runs in one step."""
+    from runtime.actor import Actor
+    from tests.support.steps import counted
+
+    class Counting(Actor):
+        def __init__(self, waits: bool) -> None:
+            super().__init__(name=f"counting-{waits}")
+            self.handling_waits = waits
+            self.seen: list[int] = []
+
+        async def handle(self, message: Any) -> None:
+            self.seen.append(message)
+
+    for waits, expected in ((True, 1), (False, 4)):
+        actor = Counting(waits)
+        for n in range(3):
+            actor.inbox.put_nowait(n)
+        actor.inbox.close()
+        with counted() as steps:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(actor.run)
+        assert actor.seen == [0, 1, 2]
+        assert steps.named("Actor.run") == expected, waits

@@ -259,3 +259,18 @@ async def test_token_budget_stops_before_the_next_step():
         result = await session.run("hi")
     assert result.finish_reason == "budget" and result.budget == "max_total_tokens"
     assert result.steps == 1 and len(agent.provider.requests) == 1
+
+
+async def test_a_turn_whose_deadline_has_passed_as_it_begins_makes_no_model_call():
+    """A deadline already past as the turn begins (``deadline=0``) ends it on its budget
+    and no request reaches the provider, though the check that a turn was not cut before
+    it began no longer yields when nothing was cancelled (issue 24 goal 1)."""
+    from runtime import Budget
+
+    provider = ScriptedProvider([["never"]])
+    agent = Agent(provider=provider, budget=Budget(deadline=0))
+    async with Host.open(log_tap=False) as host:
+        session = await host.open_session(agent)
+        result = await session.run("hi")
+    assert result.finish_reason == "budget" and result.budget == "deadline"
+    assert list(provider.requests) == []

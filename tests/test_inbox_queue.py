@@ -125,3 +125,33 @@ async def test_a_drop_oldest_inbox_drops_and_then_owes_a_lagged_notice():
     rest: list[int] = []
     inbox.drain_nowait(rest)
     assert rest == [3, 4]
+
+
+async def test_take_finds_a_waiting_message_without_a_schedule_point():
+    """``take`` returns a message already queued without yielding (``get`` yields once),
+    and still checks cancellation; on an empty inbox it waits like ``get``."""
+    from tests.support.steps import counted
+
+    inbox: Inbox[int] = Inbox(4)
+    inbox.put_nowait(1)
+    inbox.put_nowait(2)
+    me = trio.lowlevel.current_task()
+    with counted() as steps:
+        assert await inbox.take() == 1
+    assert steps.of(me) == 0
+    with counted() as steps:
+        assert await inbox.get() == 2
+    assert steps.of(me) == 1
+    inbox.put_nowait(3)
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        await inbox.take()
+    assert scope.cancelled_caught and inbox.get_nowait() == 3
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_put_later, inbox, 4)
+        assert await inbox.take() == 4
+
+
+async def _put_later(inbox: Inbox[int], value: int) -> None:
+    await trio.testing.wait_all_tasks_blocked()
+    inbox.put_nowait(value)

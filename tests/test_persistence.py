@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import trio
+import trio.testing
 
 from actors.providers.scripted import ScriptedProvider, Sleep, tool_call
 from actors.stores import MemoryStore, SQLiteStore
@@ -262,3 +263,54 @@ async def test_a_session_never_saved_is_loaded_without_a_thread(tmp_path, monkey
     finally:
         monkeypatch.undo()
         await store.aclose()
+
+
+async def test_a_store_call_on_the_loop_takes_no_scheduler_round_while_the_lock_is_free(
+    tmp_path,
+):
+    """The version query, a small save and a small load run on the loop without
+    yielding: nothing else can take the lock while they run, so taking it (a schedule
+    point: a task step and a scheduler round more each, three per turn) is skipped while
+    it is free (issue 24 goal 1). Cancellation is still checked."""
+    from runtime.messages import UserMessage
+    from tests.support.steps import counted
+
+    store = await SQLiteStore.open(str(tmp_path / "sessions.db"))
+    me = trio.lowlevel.current_task()
+    try:
+        with counted() as steps:
+            version = await store.save("v", 0, [UserMessage(content="hi")])
+            assert await store.version("v") == version
+            record = await store.load("v")
+        assert steps.of(me) == 0 and steps.rounds == 0
+        assert record is not None and record.messages[0].content == "hi"
+        with trio.CancelScope() as scope:
+            scope.cancel()
+            await store.version("v")
+        assert scope.cancelled_caught
+    finally:
+        await store.aclose()
+
+
+async def test_a_store_call_on_the_loop_waits_while_a_thread_call_holds_the_lock(tmp_path):
+    """While a worker thread's call holds the store's lock, a call that would run on the
+    loop waits for it: the connection is never used from two threads at once."""
+    from runtime.messages import UserMessage
+
+    store = await SQLiteStore.open(str(tmp_path / "sessions.db"))
+    order: list[str] = []
+    try:
+        version = await store.save("v", 0, [UserMessage(content="hi")])
+        async with trio.open_nursery() as nursery:
+            await store._lock.acquire()  # as a thread's call holds it
+            nursery.start_soon(lambda: _version_into(store, order))
+            await trio.testing.wait_all_tasks_blocked()
+            order.append("released")
+            store._lock.release()
+        assert order == ["released", f"version {version}"]
+    finally:
+        await store.aclose()
+
+
+async def _version_into(store: SQLiteStore, order: list[str]) -> None:
+    order.append(f"version {await store.version('v')}")

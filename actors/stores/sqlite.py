@@ -409,6 +409,36 @@ class SQLiteStore:
         conn = await trio.to_thread.run_sync(_connect, path)
         return cls(conn, path)
 
+    async def _on_loop(self, action: str, fn: Callable[..., _T], *args: Any) -> _T | _Large:
+        """``fn(*args)`` on the event loop under the store's lock, or :data:`_LARGE` if
+        SQLite would have to wait for the file (the caller then asks a thread, which waits).
+
+        ``fn`` does not await, so while it runs nothing else can take the lock: when the
+        lock is free it is not taken at all, and the call checks for cancellation instead
+        of yielding. A ``trio.Lock``'s acquire is a schedule point (a task step and a
+        round of the scheduler more for each of a turn's store calls: the version query,
+        the save, the read-back; issue 24 goal 1). While a thread's call holds the lock,
+        the call waits for it as before."""
+        lock = self._lock
+        if lock.locked():
+            async with lock:
+                return self._now(action, fn, *args)
+        await trio.lowlevel.checkpoint_if_cancelled()
+        return self._now(action, fn, *args)
+
+    def _now(self, action: str, fn: Callable[..., _T], *args: Any) -> _T | _Large:
+        """:meth:`_on_loop`'s call itself, with the lock (or its equivalent) held."""
+        if self._closed:
+            raise StoreError(f"session store {self._path} is closed")
+        try:
+            return fn(*args)
+        except sqlite3.OperationalError as err:
+            if (getattr(err, "sqlite_errorcode", None) or 0) & 0xFF not in _BUSY_CODES:
+                raise _error(self._path, action, err) from err
+            return _LARGE  # busy: a thread waits for it
+        except sqlite3.Error as err:
+            raise _error(self._path, action, err) from err
+
     async def _run(self, action: str, fn: Callable[..., _T], *args: Any) -> _T:
         async with self._lock:
             if self._closed:
@@ -438,19 +468,9 @@ class SQLiteStore:
         """
         validate_session_id(session_id)
         action = f"load of session {session_id!r}"
-        async with self._lock:
-            if self._closed:
-                raise StoreError(f"session store {self._path} is closed")
-            try:
-                # Never saved, or small: read on the loop (issue 24: a thread's hand-off
-                # and back cost more than the read, see INLINE_LOAD_BYTES).
-                record = self._read(session_id, INLINE_LOAD_BYTES)
-            except sqlite3.OperationalError as err:
-                if (getattr(err, "sqlite_errorcode", None) or 0) & 0xFF not in _BUSY_CODES:
-                    raise _error(self._path, action, err) from err
-                record = _LARGE  # busy: a thread waits for it
-            except sqlite3.Error as err:
-                raise _error(self._path, action, err) from err
+        # Never saved, or small: read on the loop (issue 24: a thread's hand-off and back
+        # cost more than the read, see INLINE_LOAD_BYTES); large or busy: a thread.
+        record = await self._on_loop(action, self._read, session_id, INLINE_LOAD_BYTES)
         if isinstance(record, _Large):
             return await self._run(action, self._load, session_id)
         return record
@@ -540,16 +560,11 @@ class SQLiteStore:
         encode_meta(session_id, meta)  # fail before the transaction, not inside it
         action = f"save of session {session_id!r}"
         if sum(len(row[3]) for row in rows) <= INLINE_SAVE_BYTES:
-            async with self._lock:
-                if self._closed:
-                    raise StoreError(f"session store {self._path} is closed")
-                try:
-                    return self._save_rows(session_id, start, rows, meta, expected_version)
-                except sqlite3.OperationalError as err:
-                    if (getattr(err, "sqlite_errorcode", None) or 0) & 0xFF not in _BUSY_CODES:
-                        raise _error(self._path, action, err) from err
-                except sqlite3.Error as err:
-                    raise _error(self._path, action, err) from err
+            version = await self._on_loop(
+                action, self._save_rows, session_id, start, rows, meta, expected_version
+            )
+            if not isinstance(version, _Large):
+                return version
         return await self._run(
             action, self._save_rows, session_id, start, rows, meta, expected_version
         )
@@ -629,17 +644,8 @@ class SQLiteStore:
     async def _version_on_loop(self, action: str, session_id: str) -> int | None:
         """The session's version looked up on the calling thread, or ``None`` if that
         read would have to wait (the caller then asks a thread, which waits)."""
-        async with self._lock:
-            if self._closed:
-                raise StoreError(f"session store {self._path} is closed")
-            try:
-                return self._version_without_waiting(session_id)
-            except sqlite3.OperationalError as err:
-                if (getattr(err, "sqlite_errorcode", None) or 0) & 0xFF not in _BUSY_CODES:
-                    raise _error(self._path, action, err) from err
-            except sqlite3.Error as err:
-                raise _error(self._path, action, err) from err
-        return None
+        version = await self._on_loop(action, self._version_without_waiting, session_id)
+        return None if isinstance(version, _Large) else version
 
     def _version_without_waiting(self, session_id: str) -> int:
         """:meth:`_version` on the event loop: the connection rests not waiting, so a

@@ -130,6 +130,7 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
     :class:`~actors.turn.tool_calls.ToolCalling`."""
 
     inbox_capacity = 16
+    handling_waits = True  # a turn waits for its model call (runtime.actor.Actor)
 
     def __init__(
         self,
@@ -214,8 +215,13 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
             with scope:
                 # A turn cancelled before it began (an ``interrupt`` that a newer message
                 # overtook) ends here: the first model call may reach the provider before
-                # any other checkpoint.
-                await trio.lowlevel.checkpoint()
+                # any other checkpoint. A cancel already called is seen without yielding
+                # (a schedule point is a task step and a scheduler round more per turn,
+                # issue 24 goal 1); a deadline already past only by the scheduler.
+                if scope.deadline <= trio.current_time():
+                    await trio.lowlevel.checkpoint()
+                else:
+                    await trio.lowlevel.checkpoint_if_cancelled()
                 if committed is not None and self._already_finished(turn, committed):
                     turn.untouched = True
                 elif committed is not None and not await self._resolve(turn):

@@ -441,8 +441,19 @@ class TurnStream:
             await host.done.wait()
             self._end(host.result)
             return
+        inbox = self._inbox
+        if len(inbox):
+            # Already queued: a batch is taken with a schedule point as ``get`` takes it,
+            # the turn's result (its last item) without one: the stream ends here, and a
+            # yield would cost the caller a task step and a scheduler round more per turn
+            # (issue 24 goal 1).
+            item = await inbox.take()
+            self._take(item)
+            if isinstance(item, Batch):
+                await trio.lowlevel.cancel_shielded_checkpoint()
+            return
         try:
-            item = await self._inbox.get()
+            item = await inbox.get()
         except trio.EndOfChannel:  # closed without a result: only if the runner failed
             self._end(None)
             return

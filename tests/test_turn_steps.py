@@ -1,0 +1,79 @@
+"""A plain turn's hops, counted (issue 24 goal 1): the scheduler's task steps per actor
+and its rounds for a one-delta turn. A step or round saved is pinned here as a count
+(never a timing); a change that adds one to every turn fails the count it moved."""
+
+from __future__ import annotations
+
+import collections
+
+import trio
+
+from actors.providers.scripted import ScriptedProvider
+from runtime import Agent, Host
+from tests.support.steps import Steps, counted
+
+
+async def _one_delta_turn(tmp_path) -> Steps:
+    """A one-delta turn in a fresh session on SQLite, after a warm-up turn; counted from
+    the session's open to its close."""
+    agent = Agent(provider=ScriptedProvider(turns=[[["hi"]]] * 2))
+    async with Host.open(store=str(tmp_path / "s.db"), log_tap=False) as host:
+        warm = await host.open_session(agent, session_id="warm")
+        await warm.run("x")
+        await warm.close()
+        with counted() as steps:
+            session = await host.open_session(agent, session_id="counted")
+            async with session.stream("x") as out:
+                texts = [c.text async for c in out if c.type == "text-delta"]
+            await session.close()
+        assert texts == ["hi"] and out.result is not None
+        assert out.result.finish_reason == "stop"
+    return steps
+
+
+def _runner(steps: Steps) -> int:
+    by: collections.Counter[str] = steps.by_actor()
+    return by["turn-runner"]
+
+
+async def test_a_turn_starts_its_first_model_call_in_the_runner_s_first_step(tmp_path):
+    """From its RunTurn to its first model call the runner does not yield: the store's
+    version query and the check that the turn was not cancelled before it began take no
+    schedule point, nor does taking the RunTurn found in its inbox. Its steps: its start
+    and the turn up to the model call, the delta, the finish (then waiting for the
+    save), the turn's end, its rest."""
+    steps = await _one_delta_turn(tmp_path)
+    assert _runner(steps) == 5, steps.by_actor()
+
+
+async def test_a_turn_s_consumer_takes_its_result_without_a_schedule_point(tmp_path):
+    """The turn's result, queued after its last batch, ends the stream without a yield
+    of its own: the consumer wakes for the start, the delta, the step's end and the
+    turn's end (its last batch, the result then taken at once), and no more."""
+    agent = Agent(provider=ScriptedProvider(turns=[[["hi"]]] * 2))
+    me = trio.lowlevel.current_task()
+    async with Host.open(store=str(tmp_path / "s.db"), log_tap=False) as host:
+        session = await host.open_session(agent, session_id="counted")
+        await session.run("warm")
+        stream = session.stream("x")
+        await stream.__aenter__()
+        with counted() as steps:
+            chunks = [c.type async for c in stream]
+        await stream.__aexit__(None, None, None)
+    assert chunks[-1] == "finish" and stream.result is not None
+    assert steps.of(me) == 4, chunks
+
+
+async def test_a_turn_s_start_and_first_step_reach_the_controller_in_one_batch(tmp_path):
+    """The runner sends ``TurnBegin`` and the first ``StepBegin`` in one step, so the
+    controller wakes once for both, in every turn (it woke twice in about half of them
+    while the runner yielded between the two): five steps a one-delta turn of a session,
+    one of them for both starts, in every turn (42-43 for these eight turns on main)."""
+    agent = Agent(provider=ScriptedProvider(turns=[[["hi"]]] * 9))
+    async with Host.open(store=str(tmp_path / "s.db"), log_tap=False) as host:
+        session = await host.open_session(agent, session_id="s")
+        await session.run("warm")
+        with counted() as steps:
+            for _ in range(8):
+                await session.run("x")
+    assert steps.by_actor()["stream-controller"] == 8 * 5, steps.by_actor()
