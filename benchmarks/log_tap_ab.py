@@ -60,7 +60,9 @@ def main() -> None:
 
     base_redact = _load("base_redact", f"{args.base}/runtime/redact.py")
     base_tap = _load("base_log_tap", f"{args.base}/actors/log_tap.py")
-    base_tap.redact_processor = base_redact.redact_processor  # its _chain_redacts
+    base_tap._chain_redacts = lambda logger: (  # main's tap asks whether its chain redacts
+        base_redact.redact_processor in getattr(logger, "_processors", ())
+    )
     tap_cpu = {"base": 0.0, "branch": 0.0}
     written: list[int] = []
 
