@@ -34,8 +34,8 @@ import structlog
 from runtime.actor import Actor
 from runtime.events import LIFECYCLE_EVENT_TYPES, ActorCrashed, ActorGaveUp, Lagged
 from runtime.inbox import OverflowPolicy
+from runtime.logging import JsonRenderer, get_logger, level_enabled
 from runtime.logging import chain_redacts as _chain_redacts
-from runtime.logging import get_logger, level_enabled
 from runtime.media import elide_media
 from runtime.output import (
     DELTA_TYPES,
@@ -78,6 +78,8 @@ class LogTap(Actor):
     def __init__(self, *, name: str = "log-tap", logger: Any = None) -> None:
         super().__init__(name=name)
         self.log = logger or get_logger("axon.events")
+        self._held: list[str] = []
+        """Lines made while more events wait in the inbox (:meth:`handle`)."""
 
     def attach(self, bus: Any) -> None:
         debug = level_enabled(self.log, "debug")
@@ -87,7 +89,35 @@ class LogTap(Actor):
         self.subscribes_to = tuple(kinds)  # type: ignore[misc]
         super().attach(bus)
 
+    async def run(self) -> None:
+        try:
+            await super().run()
+        finally:  # cancelled between two events: what was made is still written
+            self._write_held()
+
     async def handle(self, event: Any) -> None:
+        """The event's line, written at once if the inbox is empty, else with the lines
+        of the events waiting behind it (up to :data:`HOLD_LINES`), in one write and one
+        flush of the sink (a syscall each line was a sixth of a line's cost, issue 24).
+        A line is held only while the tap has more to do without waiting; one event per
+        step as before, and every held line is written before the tap waits, ends or
+        crashes, and before a line of another path."""
+        try:
+            self._line(event)
+        except BaseException:
+            self._write_held()
+            raise
+        held = self._held
+        if held and (len(held) >= HOLD_LINES or not len(self.inbox)):
+            self._write_held()
+
+    def _write_held(self) -> None:
+        held = self._held
+        if held:
+            self._held = []
+            self.log._logger.msg("\n".join(held))
+
+    def _line(self, event: Any) -> None:
         cls = type(event)
         plan = _plans.get(cls) or _make_plan(cls)
         log = self.log
@@ -110,11 +140,19 @@ class LogTap(Actor):
                 fields.get("tool_call_id") or fields.get("part_id") or fields.get("turn_id")
             )
         if fast:
-            _emit(log, plan.level, event.kind, fields)
+            line = _json_line(log, plan.level, event.kind, fields)
+            if line:
+                self._held.append(line)
+            elif line is None:
+                self._write_held()
+                _emit(log, plan.level, event.kind, fields)
         else:
+            self._write_held()
             getattr(log, plan.level)(event.kind, **fields)
 
 
+HOLD_LINES = 64
+"""The most lines :meth:`LogTap.handle` holds for one write."""
 _SCALARS = frozenset({str, int, float, bool, type(None)})
 _LEVEL_NUMBERS = {"debug": 10, "info": 20, "warning": 30, "error": 40}
 
@@ -227,3 +265,30 @@ def _emit(log: Any, level: str, kind: str, fields: dict[str, Any]) -> None:
     except structlog.DropEvent:
         return
     getattr(log._logger, level)(*args, **kw)
+
+
+def _json_line(log: Any, level: str, kind: str, fields: dict[str, Any]) -> str | None:
+    """The line :func:`_emit` would write, when ``log``'s chain ends in
+    :class:`runtime.logging.JsonRenderer` and it writes to a ``structlog.WriteLogger``
+    (:func:`runtime.configure_logging`'s), for the tap to write (``""``: dropped);
+    ``None`` for any other logger. What ``_process_event`` does, without the fields
+    spread into keyword arguments, nor the checks of what the last processor returned
+    (a ``str`` here)."""
+    processors = log._processors
+    wrapped = log._logger
+    if type(wrapped) is not _WRITE_LOGGER or not processors:
+        return None
+    if type(processors[-1]) is not JsonRenderer:
+        return None
+    line = log._context.copy()
+    line.update(fields)
+    line["event"] = kind
+    try:
+        for proc in processors:
+            line = proc(wrapped, level, line)
+    except structlog.DropEvent:
+        return ""
+    return line  # type: ignore[no-any-return]
+
+
+_WRITE_LOGGER = structlog.WriteLogger

@@ -346,7 +346,8 @@ def _redact_log_dict(value: Mapping[Any, Any]) -> dict[Any, Any]:
     or string already found clean by a look-up, not a call (issue 24)."""
     out: dict[Any, Any] = {}
     keys = _key_answers
-    clean = _checked
+    clean = _checked  # before the secrets (see register_secret)
+    inert = _inert_secrets
     for k, v in value.items():
         kind = type(v)
         secret = keys.get(k)
@@ -355,8 +356,12 @@ def _redact_log_dict(value: Mapping[Any, Any]) -> dict[Any, Any]:
         if secret:
             out[k] = REDACTED
         elif kind is str:
-            short = len(v) < SHORTEST_MATCH  # "info", "stop", a step's name: never remembered
-            out[k] = v if short or clean.get(v) is False else redact_text(v)
+            if len(v) < SHORTEST_MATCH or clean.get(v) is False:
+                out[k] = v  # "info", "stop", a step's name (never remembered); a known id
+            elif not inert and not v.strip(_INERT):
+                out[k] = v  # the line's timestamp: what _may_hold_secret says, in line
+            else:
+                out[k] = redact_text(v)
         elif v is None or kind is int or kind is float or kind is bool:
             out[k] = v
         else:

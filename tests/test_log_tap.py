@@ -207,3 +207,72 @@ def test_without_process_event_every_line_takes_the_public_path(monkeypatch):
     assert log_tap._FILTERING  # this structlog's filtering loggers have it
     monkeypatch.setattr(structlog.BoundLoggerBase, "_process_event", None)
     assert log_tap._filtering_classes() == frozenset()
+
+
+def lines_handled_with_the_rest_queued(events: list[Any]) -> tuple[str, list[str]]:
+    """The tap's output for ``events`` put in its inbox first, then handled one at a time
+    as its run loop takes them; and what was written after each."""
+    with logging_to() as out:
+        tap = LogTap()
+        for event in events:
+            tap.inbox.put_nowait(event)
+        after = []
+        while len(tap.inbox):
+            handle(tap, tap.inbox.get_nowait())
+            after.append(out.getvalue())
+    return out.getvalue(), after
+
+
+def test_lines_of_queued_events_are_written_together_once_the_inbox_is_empty():
+    events = handmade_events()
+    together, after = lines_handled_with_the_rest_queued(events)
+    one_by_one, _, _ = lines_three_ways(events)
+    assert together == one_by_one  # the same bytes, in the same order
+    assert after[:-1] == [""] * (len(events) - 1) and after[-1] == together
+
+
+def test_a_key_in_a_held_line_is_redacted():
+    together, _ = lines_handled_with_the_rest_queued(handmade_events()[:4])
+    assert KEY not in together and together.count("[redacted]") >= 2
+
+
+def test_at_most_hold_lines_are_held(monkeypatch):
+    monkeypatch.setattr(log_tap, "HOLD_LINES", 2)
+    _, after = lines_handled_with_the_rest_queued(handmade_events()[:4])
+    assert [text.count("\n") for text in after] == [0, 2, 2, 4]
+
+
+def test_held_lines_are_written_when_the_next_events_line_fails(monkeypatch):
+    def boom(event: Any) -> Any:
+        raise RuntimeError("a line that cannot be made")
+
+    plan = log_tap._Plan(level="info", number=20, fields=boom, deep=())
+    monkeypatch.setitem(log_tap._plans, Lagged, plan)
+    with logging_to() as out:
+        tap = LogTap()
+        tap.inbox.put_nowait(Lagged(subscriber="x", dropped=1))
+        handle(tap, handmade_events()[0])
+        assert out.getvalue() == ""
+        with pytest.raises(RuntimeError):
+            handle(tap, tap.inbox.get_nowait())
+        assert out.getvalue().count("\n") == 1
+
+
+async def test_held_lines_are_written_when_the_tap_is_cancelled_between_events():
+    import trio
+
+    with logging_to() as out:
+        tap = LogTap()
+        events = handmade_events()[:2]
+        for event in events:
+            tap.inbox.put_nowait(event)
+        with trio.CancelScope() as scope:
+            real = tap._line
+
+            def line_then_cancel(event: Any) -> None:
+                real(event)
+                scope.cancel()  # the inbox's next get raises Cancelled, the line is held
+
+            tap._line = line_then_cancel  # type: ignore[method-assign]
+            await tap.run()
+        assert out.getvalue().count("\n") == 1

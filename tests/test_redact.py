@@ -386,3 +386,20 @@ def test_the_log_processor_hands_neither_a_short_nor_a_known_clean_value_to_reda
         assert calls == ["a value long enough"]  # remembered as clean: not handed again
         assert redaction.redact_processor(None, "info", dict(line)) == line
         assert calls == ["a value long enough"]
+
+
+def test_the_log_processor_passes_a_timestamp_without_redact_text_yet_redacts_a_digit_secret(
+    monkeypatch,
+):
+    """The timestamp every line carries is told clean in the processor's loop (made only
+    of digits and ``-:.TZ``), unless a registered secret is made of those too."""
+    calls = []
+    real = redaction.redact_text
+    monkeypatch.setattr(redaction, "redact_text", lambda text: calls.append(text) or real(text))
+    line = {"event": "x", "timestamp": "2026-12-04T09:55:17.731783Z"}
+    with isolated_secrets():
+        assert redaction.redact_processor(None, "info", dict(line)) == line
+        assert calls == []
+        register_secret("2026-12-04")
+        redacted = redaction.redact_processor(None, "info", dict(line))
+        assert redacted["timestamp"] == "[redacted]T09:55:17.731783Z"
