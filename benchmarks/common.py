@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import json
 import os
 import statistics
 import subprocess
@@ -315,3 +316,19 @@ class LogSink:
 
 def now() -> float:
     return time.perf_counter()
+
+
+def run_tree_child(script: str, tree: str, *args: str) -> Any:
+    """Run ``script`` (the calling benchmark's own file) as a child process in ``tree``,
+    a checkout, with ``--child`` and ``args``; the JSON its ``RESULT`` line printed.
+
+    The script is this tree's file, run with ``-P`` (its folder not on ``sys.path``) and
+    the other tree as ``PYTHONPATH``: a tree without the benchmark (an older checkout, the
+    base of an A/B) is measured by the same harness as the tree that has it."""
+    env = {**os.environ, "PYTHONPATH": tree}
+    argv = [sys.executable, "-P", script, "--child", *args]
+    done = subprocess.run(argv, cwd=tree, env=env, capture_output=True, text=True, check=False)
+    for line in done.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[7:])
+    raise RuntimeError(f"the child in {tree} failed:\n{done.stderr[-3000:]}")

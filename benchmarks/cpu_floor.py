@@ -25,8 +25,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -84,14 +82,9 @@ def _child(fmt: str, n: int, rounds: int) -> None:
 
 
 def _run_child(tree: str, fmt: str, n: int, rounds: int) -> list[Any]:
-    env = {**os.environ, "PYTHONPATH": tree}
-    # This file, run as a script: a tree without it (an older checkout) is measured too.
-    args = [sys.executable, __file__, "--child", fmt, str(n), str(rounds)]
-    done = subprocess.run(args, cwd=tree, env=env, capture_output=True, text=True, check=False)
-    for line in done.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[7:])
-    raise RuntimeError(f"the child in {tree} failed:\n{done.stderr[-3000:]}")
+    from benchmarks.common import run_tree_child  # the parent's tree: a child never calls it
+
+    return list(run_tree_child(__file__, tree, fmt, str(n), str(rounds)))
 
 
 def main() -> None:

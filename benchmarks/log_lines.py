@@ -30,8 +30,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -140,15 +138,9 @@ def _child(rounds: int, lines: int) -> None:
 
 
 def _run_child(tree: str, rounds: int, lines: int) -> dict[str, Any]:
-    env = {**os.environ, "PYTHONPATH": tree}
-    # This file, run as a script (-P: its folder not on sys.path): a tree without it (the
-    # base) is measured too.
-    args = [sys.executable, "-P", __file__, "--child", str(rounds), str(lines)]
-    done = subprocess.run(args, cwd=tree, env=env, capture_output=True, text=True, check=False)
-    for line in done.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return dict(json.loads(line[7:]))
-    raise RuntimeError(f"the child in {tree} failed:\n{done.stderr[-3000:]}")
+    from benchmarks.common import run_tree_child  # the parent's tree: a child never calls it
+
+    return dict(run_tree_child(__file__, tree, str(rounds), str(lines)))
 
 
 def _spread(values: list[float], scale: float = 1e6, digits: int = 1) -> str:
