@@ -12,6 +12,7 @@ import pytest
 import trio
 
 from actors.stores.postgres import FreeLimiter, PostgresStore
+from runtime.app.worker import _take_slot
 from tests.support.steps import counted
 
 
@@ -60,3 +61,28 @@ async def test_a_free_limiter_still_sees_a_cancel():
         with pytest.raises(trio.Cancelled):
             await limiter.acquire_on_behalf_of("a")
     assert limiter.limiter.borrowed_tokens == 0
+
+
+async def test_a_worker_takes_a_free_slot_without_a_schedule_point():
+    slots = trio.Semaphore(2)
+    task = trio.lowlevel.current_task()
+    with counted() as steps:
+        await _take_slot(slots)
+    assert (steps.of(task), slots.value) == (0, 1)
+
+
+async def test_a_worker_waits_for_a_slot_while_every_one_is_taken():
+    slots = trio.Semaphore(1)
+    await _take_slot(slots)
+    took: list[bool] = []
+
+    async def claim_loop() -> None:
+        await _take_slot(slots)
+        took.append(True)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(claim_loop)
+        await trio.testing.wait_all_tasks_blocked()
+        assert took == []  # no more turns at once than the worker's concurrency
+        slots.release()
+    assert took == [True]
