@@ -1,7 +1,9 @@
 """Count the scheduler's work in a worker's turn, against the same turn embedded (issue 24 goal 3).
 
 ``python3 -m benchmarks.worker_steps [--turns K] [--concurrency C] [--no-relay] [--no-embedded]``
-(another tree's code: ``PYTHONPATH=DIR python3 path/to/worker_steps.py ...``)
+(another tree's code: ``PYTHONPATH=DIR python3 path/to/worker_steps.py ...``);
+``--calls N`` instead times the two calls the ``wsteps`` round cut a step from, alone
+(:func:`_calls`).
 
 The worker side runs K one-turn sessions of the workers benchmark's agent
 (:func:`benchmarks.workers_agent.make_agent`: a ``lookup`` step, then 20 deltas), all
@@ -163,6 +165,53 @@ async def _embedded_side(turns: int, warm: int, concurrency: int) -> dict[str, A
     return _summary(counter, hops, None, {"done": turns})
 
 
+async def _calls(n: int) -> dict[str, float]:
+    """The two calls this round cut a step from, alone: a no-op store call (a thread hop
+    through :meth:`PostgresStore.run <actors.stores.postgres.PostgresStore.run>`) and a
+    one-``XADD`` relay pipeline (:class:`actors.relays.resp.RespConnection`), ``n`` of
+    each in turn; the process's CPU (every thread) and the caller's task steps per call."""
+    import time
+    import uuid
+
+    from actors.relays.resp import RespConnection, address
+    from actors.stores.postgres import PostgresStore
+    from benchmarks.common import bench_server_urls
+    from tests.support.steps import counted
+
+    pg_url, redis_url = bench_server_urls()
+    schema = f"calls_{uuid.uuid4().hex[:8]}"
+    store = await PostgresStore.open(pg_url + ("&" if "?" in pg_url else "?") + f"schema={schema}")
+    where = address(redis_url)
+    assert where is not None
+    conn = RespConnection(where)
+    xadd = [["XADD", f"calls:{schema}", "*", "f", "v"]]
+    task = trio.lowlevel.current_task()
+    out: dict[str, float] = {}
+    try:
+        for _ in range(50):  # warm: connections, imports
+            await store.run("warm", _noop, transaction=False)
+            await conn.pipeline(xadd)
+        for label, call in (
+            ("store call", lambda: store.run("call", _noop, transaction=False)),
+            ("relay pipeline", lambda: conn.pipeline(xadd)),
+        ):
+            with counted() as steps:
+                cpu = time.process_time()
+                for _ in range(n):
+                    await call()
+                cpu = time.process_time() - cpu
+            out[f"{label}: CPU us"] = cpu / n * 1e6
+            out[f"{label}: task steps"] = steps.of(task) / n
+    finally:
+        await conn.aclose()
+        await store.aclose()
+    return out
+
+
+def _noop(conn: Any) -> None:
+    return None
+
+
 def _summary(counter: Any, hops: _Hops, driver: str | None, done: Any) -> dict[str, Any]:
     steps = collections.Counter(counter.steps)
     if driver is not None:
@@ -196,7 +245,14 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=1)
     parser.add_argument("--no-relay", action="store_true")
     parser.add_argument("--no-embedded", action="store_true")
+    parser.add_argument(
+        "--calls", type=int, default=0, help="time N store calls and N relay pipelines instead"
+    )
     args = parser.parse_args()
+    if args.calls:
+        for key, value in trio.run(_calls, args.calls).items():
+            print(f"{key:28s} {value:8.2f}")
+        return
     from benchmarks.common import LogSink
 
     with tempfile.TemporaryDirectory(prefix="axon-wsteps-log-") as logs:
