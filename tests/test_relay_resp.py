@@ -137,3 +137,31 @@ async def test_the_database_is_selected_before_the_first_command() -> None:
         assert await conn.pipeline([["SET", "k", "v"]]) == [b"OK"]
         await conn.aclose()
     assert received[0] == [[b"SELECT", b"3"], [b"SET", b"k", b"v"]]
+
+
+async def test_a_pipeline_takes_one_schedule_point_its_wait_for_the_replies() -> None:
+    from tests.support.steps import counted
+
+    async with scripted_server(ok) as (port, _):
+        conn = connection(port)
+        await conn.pipeline([["SET", "k", "v"]])  # connected: the count is a pipeline's
+        task = trio.lowlevel.current_task()
+        with counted() as steps:
+            replies = await conn.pipeline([["SET", "k", "w"]])
+        await conn.aclose()
+    # woken once with the reply; a Trio socket's send and recv yielded after each too
+    assert (replies, steps.of(task)) == ([b"OK"], 1)
+
+
+async def test_a_pipeline_whose_replies_are_there_at_once_still_yields_once() -> None:
+    from tests.support.steps import counted
+
+    async with scripted_server(ok) as (port, _):
+        conn = connection(port)
+        await conn.pipeline([["SET", "k", "v"]])
+        conn._reader.feed(b"+OK\r\n")  # a reply already buffered: nothing to wait for
+        task = trio.lowlevel.current_task()
+        with counted() as steps:
+            replies = await conn.pipeline([["GET", "k"]])
+        await conn.aclose()
+    assert (replies, steps.of(task)) == ([b"OK"], 1)

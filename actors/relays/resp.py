@@ -23,6 +23,7 @@ connection is dropped (the next pipeline opens a new one).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -100,19 +101,28 @@ class RespConnection:
     def __init__(self, where: Address, *, connect_timeout: float = 2.0) -> None:
         self.where = where
         self.connect_timeout = connect_timeout
-        self._stream: trio.abc.Stream | None = None
+        self._stream: trio.SocketStream | None = None
+        self._fd = -1
+        """The stream's socket: read and written directly (:meth:`pipeline`)."""
         self._reader = _reader()
 
     async def pipeline(self, commands: Sequence[Command]) -> list[Any]:
-        """The replies of ``commands`` in order (an error reply as a ``ResponseError``)."""
+        """The replies of ``commands`` in order (an error reply as a ``ResponseError``).
+
+        A checkpoint, with one schedule point at most: its wait for the replies, or one
+        at the end when they were there at once. A Trio socket's ``send`` and ``recv``
+        each yield once after they succeed, so a pipeline (its send, its receive) took
+        two or three task steps where the wait for Redis is the only one that carries
+        anything: the relay's flusher sends a few a turn (issue 24 goal 3)."""
         from coredis.exceptions import ConnectionError as RedisConnectionError
 
+        await trio.lowlevel.checkpoint_if_cancelled()
         try:
             if self._stream is None:
                 await self._open()
             assert self._stream is not None
-            await self._stream.send_all(encode(commands))
-            return await self._replies(len(commands))
+            waited = await self._send(encode(commands))
+            replies, read_waited = await self._replies(len(commands))
         except (
             OSError,
             trio.BrokenResourceError,
@@ -125,31 +135,55 @@ class RespConnection:
         except BaseException:
             await self.aclose()  # cancelled mid-reply: the stream's position is unknown
             raise
+        if not (waited or read_waited):
+            await trio.lowlevel.cancel_shielded_checkpoint()  # the pipeline's one
+        return replies
 
-    async def _replies(self, count: int) -> list[Any]:
-        assert self._stream is not None
+    async def _send(self, data: bytes) -> bool:
+        """All of ``data`` on the socket (non-blocking writes; a wait while its buffer is
+        full); whether it waited."""
+        fd, view, waited = self._fd, memoryview(data), False
+        while view:
+            try:
+                sent = os.write(fd, view)
+            except BlockingIOError:
+                await trio.lowlevel.wait_writable(fd)
+                waited = True
+                continue
+            view = view[sent:]
+        return waited
+
+    async def _replies(self, count: int) -> tuple[list[Any], bool]:
+        """``count`` replies (non-blocking reads; a wait while none is buffered); and
+        whether it waited."""
+        fd, reader = self._fd, self._reader
         replies: list[Any] = []
-        reader = self._reader
+        waited = False
         while len(replies) < count:
             value = reader.gets()
             if value is False:  # hiredis: no whole reply buffered yet
-                chunk = await self._stream.receive_some(65536)
+                try:
+                    chunk = os.read(fd, 65536)
+                except BlockingIOError:
+                    await trio.lowlevel.wait_readable(fd)
+                    waited = True
+                    continue
                 if not chunk:
                     raise trio.BrokenResourceError("Redis closed the connection") from None
-                reader.feed(bytes(chunk))  # a socket stream already gives bytes
+                reader.feed(chunk)
                 continue
             replies.append(value)
-        return replies
+        return replies, waited
 
     async def _open(self) -> None:
         where = self.where
         with trio.fail_after(self.connect_timeout):
             if where.path is not None:
-                stream: trio.abc.Stream = await trio.open_unix_socket(where.path)
+                stream = await trio.open_unix_socket(where.path)
             else:
                 assert where.host is not None
                 stream = await trio.open_tcp_stream(where.host, where.port)
-        self._stream, self._reader = stream, _reader()
+        self._stream, self._fd, self._reader = stream, stream.socket.fileno(), _reader()
         hello: list[Command] = []
         if where.password is not None:
             auth = [where.username, where.password] if where.username else [where.password]
@@ -158,13 +192,13 @@ class RespConnection:
             hello.append(["SELECT", where.db])
         if hello:
             with trio.fail_after(self.connect_timeout):
-                await stream.send_all(encode(hello))
-                for reply in await self._replies(len(hello)):
+                await self._send(encode(hello))
+                for reply in (await self._replies(len(hello)))[0]:
                     if isinstance(reply, Exception):
                         raise OSError(f"Redis refused the connection's setup: {reply}")
 
     async def aclose(self) -> None:
-        stream, self._stream = self._stream, None
+        stream, self._stream, self._fd = self._stream, None, -1
         self._reader = _reader()
         if stream is not None:
             with trio.CancelScope(shield=True):

@@ -355,7 +355,7 @@ class PostgresStore:
         self.libpq, self.schema = parse_url(url)
         """The libpq URL (without Axon's ``schema`` parameter) and the schema name."""
         self._fences_closed = False
-        self._limiter = trio.CapacityLimiter(pool_size)
+        self._limiter = FreeLimiter(pool_size)
         self._retry_for = retry_for
         self._closed = False
         self._fences: dict[str, Fence] = {}
@@ -457,7 +457,10 @@ class PostgresStore:
                 return result
 
         async def once() -> _T:
-            return await trio.to_thread.run_sync(attempt, limiter=self._limiter)
+            return await trio.to_thread.run_sync(
+                attempt,
+                limiter=self._limiter,  # type: ignore[arg-type]  # CapacityLimiter-like
+            )
 
         return await _retrying(f"{action} ({self.url})", self._retry_for, once, log=self._log)
 
@@ -1051,6 +1054,40 @@ def load_rows(conn: Any, session_id: str) -> list[Any]:
             (session_id,),
         ).fetchall()
     )
+
+
+class FreeLimiter:
+    """A :class:`trio.CapacityLimiter` for ``trio.to_thread.run_sync`` whose acquire takes
+    no schedule point while a token is free (issue 24 goal 3).
+
+    ``CapacityLimiter.acquire_on_behalf_of`` yields once even when a token is free (a
+    cancel-shielded checkpoint), and ``to_thread.run_sync`` then parks the task at once
+    until the thread's result: the first yield carried nothing, a task step and often a
+    scheduler round more for every store call of a turn (claim, saves, finish). Free, the
+    token is taken at once (cancellation still checked, as ``to_thread.run_sync`` checks
+    it first too); while every token is out, or a task waits for one, the call waits in
+    line as before, so the pool's size still bounds the threads.
+    """
+
+    __slots__ = ("_limiter",)
+
+    def __init__(self, total_tokens: int) -> None:
+        self._limiter = trio.CapacityLimiter(total_tokens)
+
+    @property
+    def limiter(self) -> trio.CapacityLimiter:
+        """The limiter itself (its statistics)."""
+        return self._limiter
+
+    async def acquire_on_behalf_of(self, borrower: object) -> None:
+        await trio.lowlevel.checkpoint_if_cancelled()  # yields only when cancelled
+        try:
+            self._limiter.acquire_on_behalf_of_nowait(borrower)
+        except trio.WouldBlock:
+            await self._limiter.acquire_on_behalf_of(borrower)
+
+    def release_on_behalf_of(self, borrower: object) -> None:
+        self._limiter.release_on_behalf_of(borrower)
 
 
 async def _retrying(

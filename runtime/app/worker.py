@@ -393,7 +393,7 @@ class Worker:
         async with trio.open_nursery() as waiter:
             waiter.start_soon(self._cancel_on_stop, waiter.cancel_scope)
             while True:
-                await slots.acquire()
+                await _take_slot(slots)
                 while any(entry.claim.takeover for entry in self.running.values()):
                     # A taken-over turn may be what killed its last worker: while it
                     # runs here, claim nothing else, so that if it kills this worker too
@@ -834,6 +834,20 @@ class Worker:
             except LeaseLost:
                 return "lost"
         return WAITING
+
+
+async def _take_slot(slots: trio.Semaphore) -> None:
+    """One of the worker's ``concurrency`` slots, waiting while none is free.
+
+    A free slot is taken without a schedule point (``Semaphore.acquire`` yields once even
+    then): the claim that follows parks the loop in its store call's thread at once, so
+    that yield carried nothing but a task step (issue 24 goal 3). Cancellation is still
+    checked."""
+    await trio.lowlevel.checkpoint_if_cancelled()
+    try:
+        slots.acquire_nowait()
+    except trio.WouldBlock:
+        await slots.acquire()
 
 
 @asynccontextmanager

@@ -1,0 +1,88 @@
+"""The scheduler's work in a worker's turn, counted (issue 24 goal 3).
+
+A worker's turn runs the embedded host's pipeline plus the claim, the fenced saves and the
+finish, each a PostgreSQL call in a thread. These pin the task steps those calls take
+(counted by a Trio instrument, never timed: :mod:`tests.support.steps`), and that what
+they no longer take carried nothing.
+"""
+
+from __future__ import annotations
+
+import pytest
+import trio
+
+from actors.stores.postgres import FreeLimiter, PostgresStore
+from runtime.app.worker import _take_slot
+from tests.support.steps import counted
+
+
+async def test_a_store_call_takes_one_step_while_a_thread_is_free(pg_url):
+    store = await PostgresStore.open(pg_url)
+    try:
+        await store.run("warm", lambda conn: None, transaction=False)
+        task = trio.lowlevel.current_task()
+        with counted() as steps:
+            await store.run("noop", lambda conn: None, transaction=False)
+        # the wake-up with the thread's result only: no yield before the thread starts
+        assert steps.of(task) == 1
+    finally:
+        await store.aclose()
+
+
+async def test_a_free_limiter_takes_a_free_token_without_a_schedule_point():
+    limiter = FreeLimiter(1)
+    task = trio.lowlevel.current_task()
+    with counted() as steps:
+        await limiter.acquire_on_behalf_of("a")
+    assert (steps.of(task), limiter.limiter.borrowed_tokens) == (0, 1)
+
+
+async def test_a_free_limiter_waits_while_every_token_is_out():
+    limiter = FreeLimiter(1)
+    await limiter.acquire_on_behalf_of("a")
+    got: list[str] = []
+
+    async def second() -> None:
+        await limiter.acquire_on_behalf_of("b")
+        got.append("b")
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(second)
+        await trio.testing.wait_all_tasks_blocked()
+        assert got == []  # one thread at most: "b" waits for "a"'s token
+        limiter.release_on_behalf_of("a")
+    assert got == ["b"]
+
+
+async def test_a_free_limiter_still_sees_a_cancel():
+    limiter = FreeLimiter(1)
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        with pytest.raises(trio.Cancelled):
+            await limiter.acquire_on_behalf_of("a")
+    assert limiter.limiter.borrowed_tokens == 0
+
+
+async def test_a_worker_takes_a_free_slot_without_a_schedule_point():
+    slots = trio.Semaphore(2)
+    task = trio.lowlevel.current_task()
+    with counted() as steps:
+        await _take_slot(slots)
+    assert (steps.of(task), slots.value) == (0, 1)
+
+
+async def test_a_worker_waits_for_a_slot_while_every_one_is_taken():
+    slots = trio.Semaphore(1)
+    await _take_slot(slots)
+    took: list[bool] = []
+
+    async def claim_loop() -> None:
+        await _take_slot(slots)
+        took.append(True)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(claim_loop)
+        await trio.testing.wait_all_tasks_blocked()
+        assert took == []  # no more turns at once than the worker's concurrency
+        slots.release()
+    assert took == [True]
