@@ -8,7 +8,7 @@ requests and cancels the local turn they name: a stop pressed on any front end r
 the process that runs the turn.
 
 The actor's inbox is ``block`` (every chunk must reach the relay in order) but its
-handler never waits on Redis: ``append`` only queues, and the writer's own task flushes.
+handler never waits on Redis: ``append`` only queues, and the relay's flush task writes.
 A Redis that is down therefore never stalls a turn.
 """
 
