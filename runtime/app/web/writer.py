@@ -22,6 +22,11 @@ from starlette.types import Receive, Send
 QUEUED = 64
 """Pieces (one SSE event each, usually) queued for the writer; what waits beyond that is
 held back by the turn's own bounded pipeline."""
+QUEUED_BYTES = 512 * 1024
+"""Bytes queued for the writer, whatever the pieces: a piece may be a relay read of
+thousands of events (a queued turn's stream), and 64 of those held a whole 10 MB answer
+for a client that reads nothing. A piece is taken while less than this is queued, so one
+piece larger than it still goes."""
 
 NOT_READING = "client not reading"
 DISCONNECTED = "client disconnected"
@@ -45,6 +50,10 @@ class BodyWriter:
         """A piece waited ``timeout`` seconds for room: the client is not reading."""
         self._abandoned = False
         self._queue, self._pieces = trio.open_memory_channel[bytes](QUEUED)
+        self._queued = 0
+        """Bytes in the queue (:data:`QUEUED_BYTES`)."""
+        self._room = trio.Event()
+        """Set when the writer takes pieces from the queue, or stops."""
 
     @classmethod
     def ok(cls, send: Send, headers: Mapping[str, str], *, timeout: float | None) -> BodyWriter:
@@ -67,6 +76,8 @@ class BodyWriter:
                             pieces.append(self._pieces.receive_nowait())
                         except (trio.WouldBlock, trio.EndOfChannel):
                             break
+                    self._queued -= sum(map(len, pieces))
+                    self._room.set()
                     if self._abandoned:
                         return
                     await self.send(
@@ -78,6 +89,7 @@ class BodyWriter:
             pass
         finally:
             self._abandoned = True
+            self._room.set()
             self.finished.set()
 
     async def write(self, data: bytes) -> bool:
@@ -85,16 +97,24 @@ class BodyWriter:
         ``timeout`` seconds (:attr:`stalled`), or the writer has stopped."""
         if self._abandoned:
             return False
-        try:
-            self._queue.send_nowait(data)
-            return True
-        except trio.WouldBlock:
-            pass
-        except (trio.ClosedResourceError, trio.BrokenResourceError):
-            return False
+        if self._queued < QUEUED_BYTES:
+            try:
+                self._queue.send_nowait(data)
+                self._queued += len(data)
+                return True
+            except trio.WouldBlock:
+                pass
+            except (trio.ClosedResourceError, trio.BrokenResourceError):
+                return False
         with trio.move_on_after(self.timeout):
+            while self._queued >= QUEUED_BYTES:
+                self._room = trio.Event()  # one producer: the request's task
+                await self._room.wait()
+                if self._abandoned:
+                    return False
             try:
                 await self._queue.send(data)
+                self._queued += len(data)
                 return True
             except (trio.ClosedResourceError, trio.BrokenResourceError):
                 return False
@@ -117,6 +137,7 @@ class BodyWriter:
         its current ``send`` returns."""
         self._abandoned = True
         self._queue.close()
+        self._room.set()
 
 
 class BodyPump:
