@@ -26,6 +26,7 @@ from runtime import Agent, Host
 from runtime import output as o
 from runtime.app.web.frontend import idempotency_key
 from runtime.app.web.resume import RelayEncoder
+from runtime.app.web.writer import NOT_READING, BodyPump
 from runtime.app.worker import Worker
 from runtime.messages import AssistantMessage, TextPart, UserMessage
 from tests.support.redis import require_redis, unique_prefix
@@ -445,11 +446,23 @@ def test_a_retried_post_and_a_regenerate_have_their_own_idempotency_keys() -> No
 
 
 async def test_a_client_that_never_reads_is_dropped_and_the_turn_still_finishes(
-    pg_url: str, redis_url: str
+    pg_url: str, redis_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # ~10 MB of SSE: more than the kernel's socket buffers hold (4 MB at most here).
     words = " ".join(f"{'x' * 90}{i}" for i in range(60_000))
     agent = Agent(name="big", provider=ScriptedProvider(steps=[[words]]))
+    # The front end gives up once it has filled the socket and then waited send_timeout;
+    # the worker may finish the turn before that, and a client reading then would take
+    # it all. So the test reads only once the front end has given up.
+    dropped = trio.Event()
+    write = BodyPump.write
+
+    async def watched(pump: BodyPump, data: bytes) -> None:
+        await write(pump, data)
+        if pump.left == NOT_READING:
+            dropped.set()
+
+    monkeypatch.setattr(BodyPump, "write", watched)
     async with deployment(pg_url, redis_url, agent, send_timeout=0.5) as d:
         server = _AsServer(url=d.urls[0])
         sock = await connect(server, receive_buffer=4096)  # type: ignore[arg-type]
@@ -460,6 +473,7 @@ async def test_a_client_that_never_reads_is_dropped_and_the_turn_still_finishes(
             done = await d.queue.wait_finished(turn.turn_id, LIMIT)
             assert done is not None and done.status == "done"  # a viewer never cancels it
             with trio.fail_after(LIMIT):
+                await dropped.wait()
                 received = await read_to_end(sock)  # the front end closed the connection
         assert b"[DONE]" not in received
         assert len(received) < len(words)
