@@ -68,6 +68,15 @@ async def fake_relay(**options: Any) -> AsyncIterator[tuple[RedisRelay, Pipes]]:
         nursery.cancel_scope.cancel()
 
 
+async def started_writer(relay: RedisRelay) -> Any:
+    """Turn ``t``'s writer, its ``start`` already written (a turn's first flush goes at
+    once; what a test pins comes after it)."""
+    writer = relay.writer(session_id="s", turn_id="t", fresh=True)
+    writer.append(o.Start(message_id="m"))
+    await writer.flushed()
+    return writer
+
+
 def delta(i: int) -> o.TextDelta:
     return o.TextDelta(step=0, part_id="p", text=f" w{i}")
 
@@ -89,9 +98,7 @@ async def test_a_turns_first_chunk_is_written_without_waiting(autojump_clock: An
 
 async def test_a_burst_of_chunks_is_one_write(autojump_clock: Any) -> None:
     async with fake_relay() as (relay, pipes):
-        writer = relay.writer(session_id="s", turn_id="t", fresh=True)
-        writer.append(o.Start(message_id="m"))
-        await writer.flushed()
+        writer = await started_writer(relay)
         first = trio.current_time()
         for i in range(20):  # a delta every 0.2 ms: a burst
             writer.append(delta(i))
@@ -130,9 +137,7 @@ async def test_a_step_start_after_a_quiet_spell_waits_for_the_tick_with_the_step
     autojump_clock: Any,
 ) -> None:
     async with fake_relay() as (relay, pipes):
-        writer = relay.writer(session_id="s", turn_id="t", fresh=True)
-        writer.append(o.Start(message_id="m"))
-        await writer.flushed()
+        writer = await started_writer(relay)
         await trio.sleep(10 * FLUSH_INTERVAL)  # the tool step's save, say
         asked = trio.current_time()
         writer.append(o.StepStart(step=1))
@@ -152,9 +157,7 @@ async def test_a_step_start_that_nothing_follows_goes_out_alone_at_the_tick(
     autojump_clock: Any,
 ) -> None:
     async with fake_relay() as (relay, pipes):
-        writer = relay.writer(session_id="s", turn_id="t", fresh=True)
-        writer.append(o.Start(message_id="m"))
-        await writer.flushed()
+        writer = await started_writer(relay)
         await trio.sleep(10 * FLUSH_INTERVAL)
         asked = trio.current_time()
         writer.append(o.StepStart(step=1))
@@ -168,9 +171,7 @@ async def test_a_step_start_that_nothing_follows_goes_out_alone_at_the_tick(
 
 async def test_content_after_a_lone_step_starts_tick_goes_at_once(autojump_clock: Any) -> None:
     async with fake_relay() as (relay, pipes):
-        writer = relay.writer(session_id="s", turn_id="t", fresh=True)
-        writer.append(o.Start(message_id="m"))
-        await writer.flushed()
+        writer = await started_writer(relay)
         await trio.sleep(10 * FLUSH_INTERVAL)
         writer.append(o.StepStart(step=1))
         await writer.flushed()  # alone, at the tick
@@ -212,9 +213,7 @@ async def test_a_pipeline_that_outlives_op_timeout_fails_its_flush_and_the_next_
 
 async def test_the_end_is_written_with_the_last_chunks(autojump_clock: Any) -> None:
     async with fake_relay() as (relay, pipes):
-        writer = relay.writer(session_id="s", turn_id="t", fresh=True)
-        writer.append(o.Start(message_id="m"))
-        await writer.flushed()
+        writer = await started_writer(relay)
         writer.append(delta(0))
         writer.append(o.Finish(finish_reason="stop", usage=USAGE))
         await trio.sleep(END_WAIT / 2)  # the worker commits the turn's end meanwhile
@@ -230,9 +229,7 @@ async def test_the_end_is_written_with_the_last_chunks(autojump_clock: Any) -> N
 
 async def test_a_close_is_written_at_once_not_at_the_tick(autojump_clock: Any) -> None:
     async with fake_relay() as (relay, pipes):
-        writer = relay.writer(session_id="s", turn_id="t", fresh=True)
-        writer.append(o.Start(message_id="m"))
-        await writer.flushed()
+        writer = await started_writer(relay)
         writer.append(delta(0))  # within the interval: held for the tick
         await trio.sleep(FLUSH_INTERVAL / 5)
         writer.append(o.Finish(finish_reason="stop", usage=USAGE))
@@ -248,9 +245,7 @@ async def test_a_close_is_written_at_once_not_at_the_tick(autojump_clock: Any) -
 
 async def test_an_end_whose_close_is_late_goes_out_after_end_wait(autojump_clock: Any) -> None:
     async with fake_relay() as (relay, pipes):
-        writer = relay.writer(session_id="s", turn_id="t", fresh=True)
-        writer.append(o.Start(message_id="m"))
-        await writer.flushed()
+        writer = await started_writer(relay)
         queued = trio.current_time()
         writer.append(o.Abort(reason="stopped"))
         await writer.flushed()
@@ -262,9 +257,7 @@ async def test_an_end_whose_close_is_late_goes_out_after_end_wait(autojump_clock
 
 async def test_a_cancelled_writer_still_flushes_what_it_holds(autojump_clock: Any) -> None:
     async with fake_relay() as (relay, pipes):
-        writer = relay.writer(session_id="s", turn_id="t", fresh=True)
-        writer.append(o.Start(message_id="m"))
-        await writer.flushed()
+        writer = await started_writer(relay)
         writer.append(delta(0))
         writer.append(delta(1))  # held for the tick
         with trio.CancelScope() as scope:
@@ -289,9 +282,7 @@ async def test_a_cancelled_writer_still_flushes_what_it_holds(autojump_clock: An
 
 async def test_closing_the_relay_does_not_wait_out_a_writers_hold(autojump_clock: Any) -> None:
     async with fake_relay() as (relay, pipes):
-        writer = relay.writer(session_id="s", turn_id="t", fresh=True)
-        writer.append(o.Start(message_id="m"))
-        await writer.flushed()
+        writer = await started_writer(relay)
         writer.append(o.Finish(finish_reason="stop", usage=USAGE))  # never closed
         started = trio.current_time()
         await relay.aclose()
@@ -303,9 +294,7 @@ async def test_with_no_interval_and_no_end_wait_every_flush_goes_at_once(
     autojump_clock: Any,
 ) -> None:
     async with fake_relay(flush_interval=0, end_wait=0) as (relay, pipes):
-        writer = relay.writer(session_id="s", turn_id="t", fresh=True)
-        writer.append(o.Start(message_id="m"))
-        await writer.flushed()
+        writer = await started_writer(relay)
         for i in range(3):
             writer.append(delta(i))
             await writer.flushed()
@@ -368,9 +357,7 @@ async def test_a_last_chunk_appended_while_deltas_wait_for_the_tick_keeps_them_f
     autojump_clock: Any,
 ) -> None:
     async with fake_relay() as (relay, pipes):
-        writer = relay.writer(session_id="s", turn_id="t", fresh=True)
-        writer.append(o.Start(message_id="m"))
-        await writer.flushed()
+        writer = await started_writer(relay)
         writer.append(delta(0))  # waits for the tick
         await trio.sleep(FLUSH_INTERVAL / 10)  # the turn ends before the tick
         writer.append(o.Finish(finish_reason="stop", usage=USAGE))
