@@ -1,10 +1,12 @@
 """What one full collection walks with N sessions at rest after a turn each, in a pacing
 host (issue 24 item 5): a probe, not a figure.
 
-``python -m benchmarks.resting_walk N`` opens a ``Host.open(gc_pacing=True)`` host,
-warms it up, opens N sessions, runs figure 3's turn in each at once, waits 2 s (the log
-tap drains), then prints the longest collection the pacer ran during the burst and in
-those 2 s (CPU time, ``gc.callbacks``), the objects frozen, the objects a full collection walks
+``python -m benchmarks.resting_walk N [TURNS]`` opens a ``Host.open(gc_pacing=True)``
+host, warms it up, opens N sessions, runs figure 3's turn in each at once, waits 2 s (the
+log tap drains), then prints the longest collection the pacer ran during the burst and in
+those 2 s (CPU time, ``gc.callbacks``), the objects frozen and the pacer's thaws so far
+(:meth:`runtime.app.gcpacing.GcPacer._freeze_survivors`); TURNS such bursts (default 1),
+so the histories grow as a long-lived host's do. Then the objects a full collection walks
 (``gc.get_objects()``: every generation but the frozen one) and the median CPU time of
 three full collections.
 """
@@ -16,6 +18,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import trio
 
@@ -44,8 +47,26 @@ class _Collections:
         return f"gen {generation} {cpu:.1f} ms of {len(self.done)} ({full} full)"
 
 
-async def _main(directory: str, n: int) -> None:
+async def _burst(sessions: list[Any]) -> tuple[str, str]:
+    """One turn in every session at once, then 2 s at rest: the pacer's longest
+    collection in each."""
+    collections = _Collections()
+    gc.callbacks.append(collections)
+    try:
+        async with trio.open_nursery() as nursery:
+            for session in sessions:
+                nursery.start_soon(session.run, "Weather in Paris?")
+        burst = collections.longest()
+        collections.done = []
+        await trio.sleep(2)
+        return burst, collections.longest()
+    finally:
+        gc.callbacks.remove(collections)
+
+
+async def _main(directory: str, n: int, turns: int) -> None:
     from runtime import Host
+    from runtime.app.gcpacing import _pacers
 
     agent = make_agent(20)
     async with Host.open(store=str(Path(directory) / "walk.db"), gc_pacing=True) as host:
@@ -56,22 +77,15 @@ async def _main(directory: str, n: int) -> None:
                 await session.close()
         del warm
         sessions = [await host.open_session(agent, session_id=f"s{i}") for i in range(n)]
-        collections = _Collections()
-        gc.callbacks.append(collections)
-        try:
-            async with trio.open_nursery() as nursery:
-                for session in sessions:
-                    nursery.start_soon(session.run, "Weather in Paris?")
-            burst = collections.longest()
-            collections.done = []
-            await trio.sleep(2)
-            after = collections.longest()
-        finally:
-            gc.callbacks.remove(collections)
-        print(
-            f"N={n} the pacer's longest collection (generation, CPU ms): during the burst "
-            f"{burst}, in the 2 s after it {after}"
-        )
+        pacer = next(iter(_pacers.values()))
+        for turn in range(1, turns + 1):
+            burst, after = await _burst(sessions)
+            print(
+                f"N={n} turn {turn}: the pacer's longest collection (generation, CPU ms):"
+                f" during the burst {burst}, in the 2 s after it {after};"
+                f" frozen={gc.get_freeze_count()} thaws={pacer.thaws}",
+                flush=True,
+            )
         gc.collect()
         walked = len(gc.get_objects())
         cpu = []
@@ -89,6 +103,7 @@ if __name__ == "__main__":
     with tempfile.TemporaryDirectory(prefix="axon-bench-") as directory:
         sink = LogSink(directory)
         try:
-            trio.run(_main, directory, int(sys.argv[1]))
+            turns = int(sys.argv[2]) if len(sys.argv) > 2 else 1
+            trio.run(_main, directory, int(sys.argv[1]), turns)
         finally:
             sink.close()

@@ -187,3 +187,47 @@ async def test_the_frozen_heap_s_bound_grows_with_the_sessions_held():
         pacer.release(count)
     gc.collect()
     assert ref() is None
+
+
+async def test_a_quiet_moment_freezes_what_survived_though_the_heap_did_not_grow():
+    """A turn adds less than a quarter to a large host's heap: had the quiet moment
+    waited for that growth, the histories stayed unfrozen for the next collection."""
+    pacer = GcPacer(steps=1, middle_every=1, full_after=1)
+    pacer.acquire()
+    try:
+        pacer.host_started()
+        survivor = _Node()
+        await trio.lowlevel.checkpoint()
+        await trio.sleep(0.01)  # quiet; the heap as it was
+        assert not walked(survivor)
+    finally:
+        pacer.release()
+
+
+async def test_busy_spells_between_quiet_moments_bring_no_full_collection():
+    """The middle collections count from the last quiet moment: a host with quiet
+    moments between its bursts never reaches ``full_cap`` (at 10,000 sessions that
+    collection walked the histories grown since: 0.9-1.6 s of CPU)."""
+    pacer = GcPacer(steps=1, middle_every=1, full_after=1, full_cap=20)
+    full: list[int] = []
+
+    def note(phase: str, info: dict[str, int]) -> None:
+        if phase == "stop" and info["generation"] == 2:
+            full.append(1)
+
+    pacer.acquire()
+    gc.callbacks.append(note)
+    try:
+        pacer.host_started()
+        full.clear()
+        for _ in range(15):  # a busy spell: 15 middle collections
+            await trio.lowlevel.checkpoint()
+        await trio.sleep(0.01)  # quiet; the heap has not grown by a quarter
+        grown = [[] for _ in range(sys.getallocatedblocks() // 2)]  # now it has
+        for _ in range(15):
+            await trio.lowlevel.checkpoint()
+        assert full == []
+        del grown
+    finally:
+        gc.callbacks.remove(note)
+        pacer.release()

@@ -36,6 +36,12 @@ of everything either: the young generations are collected and what is left is fr
 too (:meth:`GcPacer._freeze_survivors`). Without this, the first quiet moment after a
 burst of 10,000 turns walked the 10,000 sessions at rest (350,000-450,000 objects,
 230-310 ms of CPU); with it, each quiet moment walks what a middle collection would.
+A freezing host does this at every quiet moment once ``full_after`` middle collections
+have gone by, whether or not the heap grew by a quarter: otherwise what each turn adds
+to the histories (less than a quarter a turn) stayed unfrozen, the middle collections
+counted on across bursts, and the ``full_cap`` collection came mid-burst, a walk of the
+grown histories (0.9 and 1.6 s of CPU in the third and fifth turn of 10,000 sessions,
+``benchmarks/resting_walk.py``).
 
 Frozen objects are never collected, but they are freed by reference counting like any
 other: a session's objects go when it closes or is evicted, a turn's when it ends (no
@@ -165,12 +171,12 @@ class GcPacer(trio.abc.Instrument):
     def before_io_wait(self, timeout: float) -> None:
         if timeout <= 0 or self._middle < self.full_after:  # tasks ready, or not due yet
             return
-        tasks = trio.lowlevel.current_statistics().tasks_living
-        if tasks <= self._resting_tasks + self.quiet_tasks and self._due():
-            if self._froze:
-                self._freeze_survivors()
-            else:
-                self._collect_full()
+        if trio.lowlevel.current_statistics().tasks_living > self._resting_tasks + self.quiet_tasks:
+            return
+        if self._froze:  # heap grown or not: a freeze costs a middle collection
+            self._freeze_survivors()
+        elif self._due():
+            self._collect_full()
 
     def _due(self) -> bool:
         """Whether the heap grew by a quarter since the last full collection (read at
