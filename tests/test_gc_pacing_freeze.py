@@ -169,8 +169,8 @@ async def test_frozen_cyclic_garbage_is_freed_once_the_frozen_heap_passes_its_bo
 async def test_the_frozen_heap_s_bound_grows_with_the_sessions_held():
     sessions = 0
 
-    def count() -> int:
-        return sessions
+    def count() -> tuple[int, int]:
+        return sessions, 0
 
     pacer = GcPacer(steps=1, middle_every=1, full_after=1, thaw_growth=0.0)
     pacer.acquire()
@@ -230,4 +230,57 @@ async def test_busy_spells_between_quiet_moments_bring_no_full_collection():
         del grown
     finally:
         gc.callbacks.remove(note)
+        pacer.release()
+
+
+async def test_the_frozen_heap_s_bound_grows_with_the_messages_the_histories_hold():
+    """A long-lived host's histories grow the frozen heap turn after turn: counted, they
+    bring no long walk of it; only what they do not explain does."""
+    messages = 0
+
+    def count() -> tuple[int, int]:
+        return 1, messages
+
+    pacer = GcPacer(steps=1, middle_every=1, full_after=1, thaw_growth=0.0)
+    pacer.acquire()
+    try:
+        pacer.host_started(count)
+        node = _Node()
+        ref = weakref.ref(node)
+        kept = [await _quiet_and_due()]
+        del node
+        messages = 100_000  # the default allows 25 objects each
+        kept.append(await _quiet_and_due())
+        assert ref() is not None and pacer.thaws == 0
+    finally:
+        pacer.release(count)
+    gc.collect()
+    assert ref() is None
+
+
+async def test_a_pacing_host_counts_its_sessions_and_their_messages():
+    async with Host.open(log_tap=False) as host:
+        for i in range(2):
+            await (await host.open_session(tool_agent(), session_id=f"s{i}")).run("weather?")
+        per_turn = len(host.sessions["s0"].messages)
+        assert per_turn >= 3 and host._held() == (2, 2 * per_turn)
+
+
+async def test_the_frozen_heap_is_counted_only_once_the_heap_grew_by_a_quarter():
+    """Counting the frozen objects walks their list (23 ms a million): a quiet moment
+    looks at the bound only after the heap grew by a quarter since the last look."""
+    pacer = GcPacer(steps=1, middle_every=1, full_after=1, thaw_growth=0.0)
+    pacer.acquire()
+    try:
+        pacer.host_started()
+        node = _Node()
+        ref = weakref.ref(node)
+        kept = [await _quiet_and_due()]  # looked at (within the bound), then frozen alive
+        del node
+        await trio.lowlevel.checkpoint()
+        await trio.sleep(0.01)  # quiet, past the bound, but the heap did not grow: no look
+        assert ref() is not None and pacer.thaws == 0
+        kept.append(await _quiet_and_due())  # grown by half: looked at, collected whole
+        assert ref() is None and pacer.thaws == 1
+    finally:
         pacer.release()

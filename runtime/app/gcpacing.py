@@ -50,9 +50,13 @@ off), and the frozen count falls with them. What a freeze keeps is cyclic garbag
 was in the oldest generation then, or frozen objects that later become cyclic garbage:
 an application's cycles. That is bounded: once the frozen objects pass what was alive at
 the last whole collection, doubled (``thaw_growth``), plus 100 per session held beyond
-those held then (``thaw_per_session``; a session at rest after a turn holds about 40),
-the quiet moment unfreezes the heap, collects it whole and freezes it again, i.e. one
-long walk after at least as many objects frozen since the last. The heap is unfrozen
+those held then (``thaw_per_session``; a session at rest after a turn holds about 40)
+and 25 per message their histories hold beyond those then (``thaw_per_message``; a
+turn's four messages add about 7), the quiet moment unfreezes the heap, collects it
+whole and freezes it again, i.e. one long walk after at least as many objects frozen
+since the last. Counting the histories is what tells them from a leak: without it,
+10,000 sessions' histories passed the bound after about 11 turns each and brought a
+walk of a million objects. The heap is unfrozen
 (``gc.unfreeze()``: back into the oldest generation, collected as usual) when the last
 pacing host closes. An application that froze the heap itself (``gc.get_freeze_count()``
 not zero) keeps its freeze: the pacer then neither freezes nor unfreezes, and its full
@@ -81,6 +85,7 @@ class GcPacer(trio.abc.Instrument):
         quiet_tasks: int = 16,
         thaw_growth: float = 1.0,
         thaw_per_session: int = 100,
+        thaw_per_message: int = 25,
     ) -> None:
         self.steps = steps
         self.middle_every = middle_every
@@ -103,12 +108,18 @@ class GcPacer(trio.abc.Instrument):
         """Tasks alive when the (first) pacing host had started: the loop at rest."""
         self.thaw_growth = thaw_growth
         self.thaw_per_session = thaw_per_session
-        self._session_counts: list[Callable[[], int]] = []
-        """Each pacing host's count of the sessions it holds in memory."""
+        self.thaw_per_message = thaw_per_message
+        self._session_counts: list[Callable[[], tuple[int, int]]] = []
+        """Each pacing host's count of the sessions it holds in memory and of their
+        histories' messages."""
         self._live = 0
         """Objects frozen right after the last full collection of everything (all alive)."""
-        self._live_sessions = 0
-        """Sessions held then."""
+        self._live_held = (0, 0)
+        """Sessions and messages held then."""
+        self._thaw_blocks = 0
+        """Memory blocks allocated at the last look at the frozen heap's bound (counting
+        the frozen objects walks their list: 23 ms a million, so once a quarter's
+        growth, not at every quiet moment)."""
         self.thaws = 0
         """Full collections of the frozen heap too (see :meth:`_freeze_survivors`)."""
 
@@ -120,7 +131,7 @@ class GcPacer(trio.abc.Instrument):
             gc.disable()
             trio.lowlevel.add_instrument(self)
 
-    def release(self, sessions: Callable[[], int] | None = None) -> None:
+    def release(self, sessions: Callable[[], tuple[int, int]] | None = None) -> None:
         """Stop pacing once every :meth:`acquire` is released; the collector's automatic
         state goes back to what it was. ``sessions`` is what the host gave
         :meth:`host_started`, if it did."""
@@ -135,7 +146,7 @@ class GcPacer(trio.abc.Instrument):
             if self._was_enabled:
                 gc.enable()
 
-    def host_started(self, sessions: Callable[[], int] | None = None) -> None:
+    def host_started(self, sessions: Callable[[], tuple[int, int]] | None = None) -> None:
         """A pacing host has started its services: note the tasks alive (the loop at
         rest, see the module's "quiet") and move the heap as it stands (after a full
         collection, so no garbage) out of every collection's walk until the last
@@ -152,7 +163,8 @@ class GcPacer(trio.abc.Instrument):
         gc.freeze()
         self._froze = True
         self._live = gc.get_freeze_count()
-        self._live_sessions = self._sessions()
+        self._live_held = self._held()
+        self._thaw_blocks = sys.getallocatedblocks()
 
     def before_task_step(self, task: trio.lowlevel.Task) -> None:
         self._steps += 1
@@ -186,16 +198,37 @@ class GcPacer(trio.abc.Instrument):
         self._checked = self._middle
         return sys.getallocatedblocks() > self._blocks + self._blocks // 4
 
-    def _sessions(self) -> int:
-        return sum(count() for count in self._session_counts)
+    def _held(self) -> tuple[int, int]:
+        counts = [count() for count in self._session_counts]
+        return sum(c[0] for c in counts), sum(c[1] for c in counts)
 
     def _thaw_limit(self) -> int:
         """The frozen objects past which a quiet moment collects the frozen heap too:
         what was alive at the last such collection, grown by ``thaw_growth`` of itself
-        (default: doubled) and by ``thaw_per_session`` for each session held beyond
-        those held then."""
-        grown = max(0, self._sessions() - self._live_sessions)
-        return self._live + int(self._live * self.thaw_growth) + self.thaw_per_session * grown
+        (default: doubled), by ``thaw_per_session`` for each session held beyond those
+        held then and by ``thaw_per_message`` for each message of their histories beyond
+        those then. The histories are what a long-lived host's frozen heap grows by (7
+        tracked objects a session a tool-using turn of four messages, measured): counted,
+        they move the bound with them, and only what they do not explain (an
+        application's cycles) brings the long walk."""
+        sessions, messages = self._held()
+        live_sessions, live_messages = self._live_held
+        return (
+            self._live
+            + int(self._live * self.thaw_growth)
+            + self.thaw_per_session * max(0, sessions - live_sessions)
+            + self.thaw_per_message * max(0, messages - live_messages)
+        )
+
+    def _past_thaw_limit(self) -> bool:
+        """Whether the frozen objects passed :meth:`_thaw_limit`, looked at once the heap
+        grew by a quarter since the last look (so a host's quiet moments do not each
+        count a million frozen objects)."""
+        blocks = sys.getallocatedblocks()
+        if blocks <= self._thaw_blocks + self._thaw_blocks // 4:
+            return False
+        self._thaw_blocks = blocks
+        return gc.get_freeze_count() > self._thaw_limit()
 
     def _freeze_survivors(self) -> None:
         """A quiet moment's collection in a host that froze the heap: the young
@@ -207,12 +240,13 @@ class GcPacer(trio.abc.Instrument):
         application's cycles), bounded: once the frozen objects pass
         :meth:`_thaw_limit` the heap is unfrozen, collected whole, and frozen again (one
         long walk, amortised over at least as many objects frozen since)."""
-        if gc.get_freeze_count() > self._thaw_limit():
+        if self._past_thaw_limit():
             gc.unfreeze()
             self._collect_full()
             gc.freeze()
             self._live = gc.get_freeze_count()
-            self._live_sessions = self._sessions()
+            self._live_held = self._held()
+            self._thaw_blocks = sys.getallocatedblocks()
             self.thaws += 1
             return
         self._middle = 0
@@ -246,7 +280,7 @@ def acquire_pacer() -> GcPacer:
     return pacer
 
 
-def release_pacer(pacer: GcPacer, sessions: Callable[[], int] | None = None) -> None:
+def release_pacer(pacer: GcPacer, sessions: Callable[[], tuple[int, int]] | None = None) -> None:
     """Release what :func:`acquire_pacer` gave (and the host's session count, if it
     gave one to :meth:`GcPacer.host_started`); the run's last release stops it."""
     pacer.release(sessions)

@@ -261,7 +261,7 @@ class Host:
         the_store = await open_store(store)
         bus = Bus()
         pacer = acquire_pacer() if gc_pacing else None
-        held: Callable[[], int] | None = None  # the host's session count, for the pacer
+        held: Callable[[], tuple[int, int]] | None = None  # what it holds, for the pacer
         try:
             async with trio.open_nursery() as nursery:
                 host = cls(
@@ -277,7 +277,7 @@ class Host:
                 try:
                     await host._start_services(tool_executor, log_tap, handle_signals)
                     if pacer is not None:
-                        held = host._held_sessions
+                        held = host._held
                         pacer.host_started(held)
                     try:
                         yield host
@@ -673,10 +673,15 @@ class Host:
                     await self.bus.publish(event)
             self.bus.forget_session(event.session_id)  # the routes this event cached
 
-    def _held_sessions(self) -> int:
-        """The sessions in memory (a pacing host's bound on frozen objects grows with
-        them: :meth:`runtime.app.gcpacing.GcPacer._thaw_limit`)."""
-        return len(self.sessions)
+    def _held(self) -> tuple[int, int]:
+        """The sessions in memory and the messages of their histories (a pacing host's
+        bound on frozen objects grows with both: :meth:`runtime.app.gcpacing.GcPacer.
+        _thaw_limit`). Read at a quiet moment of a pacing host only."""
+        messages = 0
+        for session in self.sessions.values():
+            if session.runner is not None:
+                messages += len(session.runner.snapshot.messages)
+        return len(self.sessions), messages
 
     async def close_session(self, session: Session) -> None:
         """Stop a session's actors (its history stays in the store)."""
