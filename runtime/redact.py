@@ -221,13 +221,23 @@ search each, a pass over the text: prose rarely holds an underscore)."""
 
 
 def _fold(text: str) -> str:
-    """``text`` lowered as the patterns' case-insensitive parts match it."""
+    """``text`` lowered as far as :data:`_TRIGGERS` (ASCII) are concerned: each of
+    them is in the result exactly when it is in ``text.translate(_FOLDS).lower()``.
+
+    Only two letters outside ASCII lower to ASCII (U+0130, U+212A, both folded), and no
+    Latin-1 letter lowers to more than one, so a Latin-1 text's ASCII letters lowered
+    by ``bytes.lower`` (the others left as they are) give the same trigger matches as
+    ``str.lower``, at a tenth of its cost (1.5 against 12-20 us for the benchmark's
+    4.4 KB reply: ``str.lower`` looks each non-ASCII character up)."""
     if text.isascii():
         return text.lower()
     for letter in _FOLDED:
         if letter in text:
             return text.translate(_FOLDS).lower()
-    return text.lower()
+    try:
+        return text.encode("latin-1").lower().decode("latin-1")
+    except UnicodeEncodeError:  # beyond Latin-1
+        return text.lower()
 
 
 def _scan(text: str) -> bool:

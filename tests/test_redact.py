@@ -454,3 +454,14 @@ def test_a_text_without_underscores_or_dashes_is_not_searched_for_triggers_that_
         assert _CountingTriggers.searched == 1  # the underscore ones, and a match among them
         assert redact_text(prose + "xai-" + "b2" * 10) == prose + REDACTED
         assert _CountingTriggers.searched == 2
+
+
+@given(text=st.text() | st.text(alphabet=st.characters(max_codepoint=0x2FF)))
+@example(text="PASSWORD=\u00c0\u00df\u00b5")
+@example(text="pa\u017f\u017fword \u0130 \u212a")
+def test_a_text_is_searched_for_the_triggers_as_if_lowered_and_folded(text):
+    """``_fold`` lowers a Latin-1 text as bytes (ASCII letters only): the triggers are
+    found in it exactly where they are in the text folded and lowered as ``str``."""
+    folded = redaction._fold(text)
+    plain = text.translate(redaction._FOLDS).lower()
+    assert [t in folded for t in redaction._TRIGGERS] == [t in plain for t in redaction._TRIGGERS]
