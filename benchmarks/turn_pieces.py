@@ -137,7 +137,9 @@ async def _rounds(
                 assert record is not None and stream.result is not None
                 assert record.messages[-1] == stream.result.message
                 if keep:
-                    for piece, value in zip(PIECES, (c1 - c0, c2 - c1, c3 - c2, c4 - c3)):
+                    for piece, value in zip(
+                        PIECES[:4], (c1 - c0, c2 - c1, c3 - c2, c4 - c3), strict=True
+                    ):
                         out[piece].append(value)
                     out["log tap"].append(tap_cpu[0])
                     out["gc"].append(gc_time[0])
@@ -286,7 +288,7 @@ def main() -> None:
         if profile:
             profiles.append(profile)
     print(f"{args.fmt}, {args.deltas} deltas, warm {args.warm}, load {os.getloadavg()[0]:.1f}")
-    axon = [sum(v) for v in zip(*(merged[p] for p in PIECES[:4]))]
+    axon = [sum(v) for v in zip(*(merged[p] for p in PIECES[:4]), strict=True)]
     for piece, values in [("Axon, all four", axon), *merged.items()]:
         if values:
             s = [v * 1e6 for v in sorted(values)]
