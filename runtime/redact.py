@@ -207,14 +207,55 @@ def _may_hold_secret(text: str) -> bool:
     return found
 
 
+_FOLDED = tuple(map(chr, _FOLDS))
+"""The four letters :data:`_FOLDS` maps: a text without them (every ASCII or Latin-1
+text, most of any other) is only lowered. ``str.translate`` with a mapping is a Python
+look-up per character: 200 us for the benchmark's 4.4 KB reply with one ``°`` in it,
+two thirds of that turn's log lines' CPU (issue 24 goal 1)."""
+_WORD_TRIGGERS = tuple(t for t in _TRIGGERS if "_" not in t and "-" not in t)
+_UNDERSCORE_TRIGGERS = tuple(t for t in _TRIGGERS if "_" in t)
+_DASH_TRIGGERS = tuple(t for t in _TRIGGERS if "-" in t and "_" not in t)
+""":data:`_TRIGGERS` by the separator they hold: a text without ``_`` (or ``-``) can
+hold none of those that do, so a long text is searched for 7 to 12 of them, not 23 (a
+search each, a pass over the text: prose rarely holds an underscore)."""
+
+
+def _fold(text: str) -> str:
+    """``text`` lowered as far as :data:`_TRIGGERS` (ASCII) are concerned: each of
+    them is in the result exactly when it is in ``text.translate(_FOLDS).lower()``.
+
+    Only two letters outside ASCII lower to ASCII (U+0130, U+212A, both folded), and no
+    Latin-1 letter lowers to more than one, so a Latin-1 text's ASCII letters lowered
+    by ``bytes.lower`` (the others left as they are) give the same trigger matches as
+    ``str.lower``, at a tenth of its cost (1.5 against 12-20 us for the benchmark's
+    4.4 KB reply: ``str.lower`` looks each non-ASCII character up)."""
+    if text.isascii():
+        return text.lower()
+    for letter in _FOLDED:
+        if letter in text:
+            return text.translate(_FOLDS).lower()
+    try:
+        return text.encode("latin-1").lower().decode("latin-1")
+    except UnicodeEncodeError:  # beyond Latin-1
+        return text.lower()
+
+
 def _scan(text: str) -> bool:
     for secret in _secrets:
         if secret in text:
             return True
-    low = text.lower() if text.isascii() else text.translate(_FOLDS).lower()
-    for trigger in _TRIGGERS:
+    low = _fold(text)
+    for trigger in _WORD_TRIGGERS:
         if trigger in low:
             return True
+    if "_" in low:
+        for trigger in _UNDERSCORE_TRIGGERS:
+            if trigger in low:
+                return True
+    if "-" in low:
+        for trigger in _DASH_TRIGGERS:
+            if trigger in low:
+                return True
     return False
 
 

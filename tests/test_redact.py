@@ -403,3 +403,65 @@ def test_the_log_processor_passes_a_timestamp_without_redact_text_yet_redacts_a_
         register_secret("2026-12-04")
         redacted = redaction.redact_processor(None, "info", dict(line))
         assert redacted["timestamp"] == "[redacted]T09:55:17.731783Z"
+
+
+class _CountingFolds(dict):
+    """:data:`runtime.redact._FOLDS` that counts ``str.translate``'s look-ups (one a
+    character of the text translated)."""
+
+    lookups = 0
+
+    def __getitem__(self, key):
+        type(self).lookups += 1
+        return super().__getitem__(key)
+
+
+def test_a_long_text_is_translated_only_when_it_holds_a_folded_letter(monkeypatch):
+    """``str.translate`` looks each character up in Python: a reply with a ``°`` in it was
+    scanned at 200 us for 4 KB (issue 24 goal 1). Only the four letters ``re`` folds
+    need it; a non-ASCII text without them is only lowered."""
+    folds = _CountingFolds(redaction._FOLDS)
+    monkeypatch.setattr(redaction, "_FOLDS", folds)
+    prose = "Weather in Paris: 21°C, light wind — a café day. " * 20
+    with isolated_secrets():
+        assert redact_text(prose) == prose
+        assert _CountingFolds.lookups == 0
+        secret = prose + "pa\u017f\u017fword=hunter22"
+        assert redact_text(secret).endswith("pa\u017f\u017fword=[redacted]")
+        assert _CountingFolds.lookups == len(secret)
+
+
+class _CountingTriggers(tuple):
+    searched = 0
+
+    def __iter__(self):
+        type(self).searched += 1
+        return super().__iter__()
+
+
+def test_a_text_without_underscores_or_dashes_is_not_searched_for_triggers_that_hold_them(
+    monkeypatch,
+):
+    monkeypatch.setattr(
+        redaction, "_UNDERSCORE_TRIGGERS", _CountingTriggers(redaction._UNDERSCORE_TRIGGERS)
+    )
+    monkeypatch.setattr(redaction, "_DASH_TRIGGERS", _CountingTriggers(redaction._DASH_TRIGGERS))
+    prose = "The quick brown fox jumps over a lazy dog, and runs back home again. " * 10
+    with isolated_secrets():
+        assert redact_text(prose) == prose
+        assert _CountingTriggers.searched == 0
+        assert redact_text(prose + "ghp_" + "a1" * 10) == prose + REDACTED
+        assert _CountingTriggers.searched == 1  # the underscore ones, and a match among them
+        assert redact_text(prose + "xai-" + "b2" * 10) == prose + REDACTED
+        assert _CountingTriggers.searched == 2
+
+
+@given(text=st.text() | st.text(alphabet=st.characters(max_codepoint=0x2FF)))
+@example(text="PASSWORD=\u00c0\u00df\u00b5")
+@example(text="pa\u017f\u017fword \u0130 \u212a")
+def test_a_text_is_searched_for_the_triggers_as_if_lowered_and_folded(text):
+    """``_fold`` lowers a Latin-1 text as bytes (ASCII letters only): the triggers are
+    found in it exactly where they are in the text folded and lowered as ``str``."""
+    folded = redaction._fold(text)
+    plain = text.translate(redaction._FOLDS).lower()
+    assert [t in folded for t in redaction._TRIGGERS] == [t in plain for t in redaction._TRIGGERS]
