@@ -108,6 +108,10 @@ class ToolExecutor(ServingActor[ExecuteTools]):
         self._waiting: dict[str, tuple[trio.Event, list[ToolApprovalDecided]]] = {}
         self._pending: dict[int, set[str]] = {}
         """Per request in flight: its calls not yet answered."""
+        self._background: trio.Nursery | None = None
+        self._decisions: Any = None
+        """The bus subscription to approval decisions, taken at the first call that waits
+        for one in memory (:meth:`_approve`) and kept while the executor runs."""
 
     def fail(self, request: ExecuteTools, exc: BaseException) -> None:
         """Answer each call of ``request`` still unanswered with the crash."""
@@ -128,15 +132,27 @@ class ToolExecutor(ServingActor[ExecuteTools]):
 
     async def run(self) -> None:
         async with trio.open_nursery() as background:
-            if self.bus is not None:
-                decisions = self.bus.subscribe(
-                    [ToolApprovalDecided], policy="block", name=f"{self.name}:approvals"
-                )
-                background.start_soon(self._collect_decisions, decisions)
+            self._background, self._decisions = background, None
             try:
                 await super().run()
             finally:
+                self._background = None
                 background.cancel_scope.cancel()
+
+    def _listen_for_decisions(self) -> None:
+        """Subscribe to approval decisions, once, before the first request for one is
+        published (so its decision cannot be missed). Not at start: a call waits here
+        only while an in-process approver runs (``TurnHost.approves_in_process``;
+        otherwise it suspends its turn, docs/approval.md), and a subscription taken at
+        start woke this executor's task at every decision a person recorded for a
+        suspended turn, to find nobody waiting (a task step and a bus delivery per
+        decision, issue 21)."""
+        if self._decisions is not None or self.bus is None or self._background is None:
+            return
+        self._decisions = self.bus.subscribe(
+            [ToolApprovalDecided], policy="block", name=f"{self.name}:approvals"
+        )
+        self._background.start_soon(self._collect_decisions, self._decisions)
 
     async def _collect_decisions(self, decisions: Any) -> None:
         try:
@@ -152,6 +168,7 @@ class ToolExecutor(ServingActor[ExecuteTools]):
         self, request: ExecuteTools, call: ToolCallSpec, kwargs: Any
     ) -> tuple[bool, str | None]:
         """Publish an approval request and wait for its decision (denied on timeout)."""
+        self._listen_for_decisions()
         event = trio.Event()
         box: list[ToolApprovalDecided] = []
         self._waiting[call.tool_call_id] = (event, box)
