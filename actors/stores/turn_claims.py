@@ -208,10 +208,24 @@ class TurnClaiming:
         on_suspended: Callable[[], None] | None = None,
         steered: Sequence[str] = (),
         watch: SteerWatch | None = None,
+        on_finished: Callable[[], None] | None = None,
+        on_finishing: Callable[[], None] | None = None,
     ) -> contextlib.AbstractContextManager[None]:
         """While inside, every save of the claimed turn's session checks, in its own
         transaction, that the claim still holds the turn
         (:meth:`PostgresStore.fenced <actors.stores.postgres.PostgresStore.fenced>`).
+
+        With ``on_finished``, the save that ends the turn (its ``ends``:
+        :attr:`runtime.actor_messages.SaveRequest.ends`) also finishes the row ``done``
+        with that finish reason, as :meth:`finish` would, in the same transaction: one
+        store call and commit a turn fewer, and no moment where the last step is stored
+        and the row still running (a worker that dies before the commit leaves both
+        undone: the turn is taken over and re-runs its last step). ``on_finishing`` is
+        called in the save's thread once the row is written there, before the commit
+        (the worker stops renewing the lease: a renewal that waited for the commit is
+        then refused for a turn that is over, not lost); ``on_finished`` on the event
+        loop once the save committed (the worker then has nothing left to write to the
+        row).
 
         With ``on_suspended``, the save of the step that makes the turn wait for a person
         (its meta counts waiting calls, :data:`~runtime.approval.WAITING_META`) also
@@ -228,28 +242,46 @@ class TurnClaiming:
         count of steering submits (:class:`~runtime.turn_queue.SteerWatch`), read by the
         fence check the save makes anyway."""
         key = (claim.turn.turn_id, claim.owner, claim.epoch)
+        ended: list[bool] = []  # the last attempt of the save finished the row
 
-        def suspend_if_waiting(
-            conn: Any, messages: Sequence[Message], meta: Mapping[str, Any] | None
+        def write_row(
+            conn: Any,
+            messages: Sequence[Message],
+            meta: Mapping[str, Any] | None,
+            ends: str | None,
         ) -> bool:
+            ended.clear()
             if steered:
                 _mark_steered(conn, claim.turn.turn_id, list(steered))
-            if on_suspended is None or not (meta or {}).get(WAITING_META):
+            if on_suspended is not None and (meta or {}).get(WAITING_META):
+                row = conn.execute(_SUSPEND, (_first_deadline(messages), *key)).fetchone()
+                if row is None:  # not held: the fence check before would have refused it
+                    return False
+                _notify_turns(conn, claim.turn.turn_id)
+                return True
+            if ends is None or on_finished is None:
                 return False
-            row = conn.execute(_SUSPEND, (_first_deadline(messages), *key)).fetchone()
-            if row is None:  # not held: the fence check before would have refused the save
-                return False
-            _notify_turns(conn, claim.turn.turn_id)
+            if conn.execute(_FINISH_IN_SAVE, (ends, *key, TURNS_CHANNEL)).fetchone() is None:
+                return False  # not held: as above
+            ended.append(True)
+            if on_finishing is not None:
+                on_finishing()
             return True
 
+        def committed() -> None:
+            done = on_finished if ended else on_suspended
+            if done is not None:
+                done()
+
+        writes = on_suspended is not None or on_finished is not None or steered != ()
         fence = Fence(
             turn_id=claim.turn.turn_id,
             owner=claim.owner,
             epoch=claim.epoch,
             on_lost=on_lost,
             saved=claim.turn.saved,
-            in_save=None if on_suspended is None and steered == () else suspend_if_waiting,
-            on_commit=on_suspended,
+            in_save=write_row if writes else None,
+            on_commit=committed,
             watch=watch,
         )
         return self.store.fenced(claim.turn.session_id, fence)
@@ -355,6 +387,18 @@ class TurnClaiming:
             f"release of turn {claim.turn.turn_id}", release, transaction=False
         )
         return bool(done)
+
+
+_FINISH_IN_SAVE = """WITH w AS (
+        UPDATE axon_turns SET status = 'done', finish_reason = %s, error = NULL,
+            lease_until = NULL, finished_at = clock_timestamp()
+        WHERE turn_id = %s AND owner = %s AND epoch = %s AND status = 'running'
+        RETURNING turn_id
+    )
+    SELECT pg_notify(%s, current_schema() || ':' || w.turn_id) FROM w"""
+"""The end of a held turn, ``done`` with its finish reason, written by the save of its
+last step (params: finish reason, turn id, owner, epoch, channel): what
+:meth:`TurnClaiming.finish` writes, its wake-up riding on it, sent at the save's commit."""
 
 
 def _claim_on(
