@@ -123,9 +123,10 @@ class ThreadProfiles:
 
 
 def thread_times() -> dict[str, tuple[float, float]]:
-    """User and system CPU seconds of this process's threads so far, by kind: the loop's
-    (the main thread), Trio's worker threads (``to_thread``), and the others (the lease
-    thread, the pool's), from ``/proc/self/task``."""
+    """User and system CPU seconds so far of this process's event loop thread (the main
+    thread: ``loop``) and of all its other threads together (``threads``: the store's
+    ``to_thread`` calls, the lease thread, the pool's), from ``/proc/self/task``, in
+    clock ticks (10 ms: read over hundreds of turns)."""
     import os
 
     tick = os.sysconf("SC_CLK_TCK")
@@ -134,11 +135,10 @@ def thread_times() -> dict[str, tuple[float, float]]:
     for entry in os.scandir("/proc/self/task"):
         try:
             raw = Path(entry.path, "stat").read_text()
-            name = Path(entry.path, "comm").read_text().strip()
         except OSError:
-            continue
+            continue  # ended meanwhile
         fields = raw[raw.rindex(")") + 2 :].split()
-        kind = "loop" if int(entry.name) == me else "trio" if "Trio" in name else "other"
+        kind = "loop" if int(entry.name) == me else "threads"
         user, system = out.get(kind, (0.0, 0.0))
         out[kind] = (user + int(fields[11]) / tick, system + int(fields[12]) / tick)
     return out
@@ -297,7 +297,7 @@ def _print(title: str, got: dict[str, Any], turns: int) -> None:
     print(f"    task steps         {tasks * us:9.1f} us  ({steps:.1f})")
     print(f"scheduler rounds       {got['rounds'] / turns:9.1f}")
     print(
-        "by thread, /proc (10 ms ticks): "
+        "user / system, /proc: "
         + ", ".join(f"{k} {v * us:.0f}" for k, v in sorted(got["threads"].items()))
     )
     for label, cpu in got["cpu"].most_common():
