@@ -118,7 +118,8 @@ class TurnClaiming:
         the worker has the session in memory) asks for the turn's session too: it is read
         on the claim's connection once the claim committed, saving the turn a thread hop
         and a pool checkout of its own (:attr:`Claim.stored`). A continuation's claim
-        reads it anyway.
+        reads it anyway; a session not stored yet (a first turn: the start statement
+        says so) is not read, there is nothing to.
         """
         if not isinstance(owner, str) or not owner:
             raise StoreError(f"owner must be a non-empty string, not {owner!r}")
@@ -426,11 +427,14 @@ def _claim_on(
                 found = _start_head(conn, owner, lease)
     except psycopg.errors.UniqueViolation:
         return None
-    if found is not None and found[2] is None and load is not None:
-        session_id = found[0][1]
-        if load(session_id):
-            return found[0], found[1], load_rows(conn, session_id)
-    return found
+    if found is None or found[1] == RESUMED:  # a continuation's claim read the session
+        return found
+    row, how, rows = found
+    if load is None or not load(row[1]):
+        return row, how, None
+    # A started turn whose session is not stored yet (its first turn) has nothing to
+    # read: the start said so (``rows`` is ``[]``), one statement fewer.
+    return row, how, load_rows(conn, row[1]) if rows is None else rows
 
 
 def _take_expired(conn: Any, owner: str, lease: float, max_attempts: int) -> _Found | None:
@@ -501,7 +505,9 @@ def _take_expired(conn: Any, owner: str, lease: float, max_attempts: int) -> _Fo
 
 
 def _start_head(conn: Any, owner: str, lease: float) -> _Found | None:
-    """The first claimable head in line, started by ``owner`` (``None``: none is)."""
+    """The first claimable head in line, started by ``owner`` (``None``: none is); its
+    session's rows ``[]`` when the session is not stored (nothing to read), else
+    ``None`` (not read)."""
     # The first claimable head, started, and in the same statement the end of a
     # turn of the session that waits for a decision: superseded (its runner
     # denies what still waits, as the embedded host does), so no decision resumes
@@ -524,7 +530,12 @@ def _start_head(conn: Any, owner: str, lease: float) -> _Found | None:
             WHERE w.session_id = s.session_id AND w.status = 'awaiting-input'
             RETURNING pg_notify(%s, current_schema() || ':' || w.turn_id)
         )
-        SELECT {_COLUMNS} FROM started""",
+        SELECT {_COLUMNS}, EXISTS (
+            SELECT 1 FROM axon_sessions AS s WHERE s.session_id = started.session_id
+        ) FROM started""",
         (owner, lease, TURNS_CHANNEL),
     ).fetchone()
-    return None if started is None else (started, STARTED, None)
+    if started is None:
+        return None
+    # Whether its session is stored rides along: a first turn's claim need not read it.
+    return started[:-1], STARTED, None if started[-1] else []
