@@ -112,11 +112,20 @@ class Persister(Actor):
             return prev[1]
         return None
 
+    def _ends(self, req: SaveRequest) -> dict[str, str]:
+        """The save's ``ends`` keyword (:attr:`SaveRequest.ends`) for a store that takes
+        it (``ends_turns``: a worker's PostgreSQL store finishes the turn's queue row in
+        the save's commit); nothing for any other store, whose ``save`` does not know it."""
+        if req.ends is None or not getattr(self.store, "ends_turns", False):
+            return {}
+        return {"ends": req.ends}
+
     async def _write(self, req: SaveRequest) -> tuple[int, tuple[Message, ...] | None]:
         """Save ``req`` on top of the version it was based on, or rebase it; returns the
         session's new version and, when rebased, what the store holds before ``req``'s
         messages now."""
         expected = self._based_on(req)
+        ends = self._ends(req)
         if expected is not None:
             try:
                 version = _checked(
@@ -127,6 +136,7 @@ class Persister(Actor):
                         req.messages,
                         dict(req.meta),
                         expected_version=expected,
+                        **ends,
                     ),
                 )
                 return version, None
@@ -144,6 +154,7 @@ class Persister(Actor):
                     base[start:] + req.messages,
                     dict(req.meta),
                     expected_version=0 if record is None else record.version,
+                    **ends,
                 )
             except StoreConflict as exc:
                 conflict = exc  # overtaken again between our load and our write

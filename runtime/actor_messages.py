@@ -216,6 +216,11 @@ class SaveRequest:
     after: str | None = None
     """The ``request_id`` of the session's previous request, when this one is based on it."""
     reply: Inbox[SaveResult] | None = None
+    ends: str | None = None
+    """Set on the save of the step that ends the turn (no tool calls, no budget hit, no
+    answer to validate): the turn's finish reason. A store that can (``ends_turns``, a
+    worker's PostgreSQL store) marks the turn's queue row finished in the same commit,
+    one transaction where there were two (issue 24 goal 3); any other ignores it."""
 
 
 # -- stream controller markers -------------------------------------------------------------

@@ -362,6 +362,8 @@ class TurnQueue(Protocol):
         on_suspended: Callable[[], None] | None = None,
         steered: Sequence[str] = (),
         watch: SteerWatch | None = None,
+        on_finished: Callable[[], None] | None = None,
+        on_finishing: Callable[[], None] | None = None,
     ) -> AbstractContextManager[None]:
         """While inside, every save of the claimed turn's session is refused
         (:class:`~runtime.errors.LeaseLost`) once the claim no longer holds the turn;
@@ -372,7 +374,10 @@ class TurnQueue(Protocol):
         :meth:`take_steering`: each save marks those still queued ``done``
         (:data:`STEERED`) in its commit, the one that stores them in the session.
         ``watch`` learns from each save the turn's count of steering submits
-        (:class:`SteerWatch`)."""
+        (:class:`SteerWatch`). With ``on_finished``, the save that ends the turn
+        (``SaveRequest.ends``) also finishes it ``done`` (:meth:`finish`) in its commit:
+        ``on_finishing`` is called in the save's thread before the commit, ``on_finished``
+        once it committed."""
         ...
 
     async def take_steering(

@@ -175,3 +175,37 @@ async def test_a_claims_look_for_expired_leases_is_one_preparable_statement(pg_u
     finally:
         await queue.aclose()
         await store.aclose()
+
+
+async def test_a_first_turns_claim_reads_no_session_it_knows_is_not_stored(pg_url, statements):
+    """The start of a head says whether its session is stored: a first turn's claim asked
+    for the session (``load``) reads nothing more, and hands an empty one."""
+    store = await PostgresStore.open(pg_url)
+    queue = TurnQueue(store, lease=30.0, max_attempts=3)
+    try:
+        await queue.submit("new", "one")
+        statements.clear()
+        claim = await queue.claim("w1", load=lambda session_id: True)
+        assert statements == {"TRANSACTION": 1, "SELECT": 1, "WITH": 1}, statements
+    finally:
+        await queue.aclose()
+        await store.aclose()
+    assert claim is not None and claim.stored is not None
+    assert (claim.stored.session_id, claim.stored.messages, claim.stored.version) == ("new", (), 0)
+
+
+async def test_a_stored_sessions_claim_still_reads_it_on_the_claims_connection(pg_url, statements):
+    store = await PostgresStore.open(pg_url)
+    queue = TurnQueue(store, lease=30.0, max_attempts=3)
+    try:
+        version = await store.save("old", 0, said("before"), expected_version=0)
+        await queue.submit("old", "two")
+        statements.clear()
+        claim = await queue.claim("w1", load=lambda session_id: True)
+        assert statements == {"TRANSACTION": 1, "SELECT": 2, "WITH": 1}, statements
+    finally:
+        await queue.aclose()
+        await store.aclose()
+    assert claim is not None and claim.stored is not None
+    assert [m.text for m in claim.stored.messages] == ["before"]
+    assert claim.stored.version == version

@@ -86,3 +86,92 @@ async def test_a_worker_waits_for_a_slot_while_every_one_is_taken():
         assert took == []  # no more turns at once than the worker's concurrency
         slots.release()
     assert took == [True]
+
+
+async def test_a_turns_last_save_finishes_its_row_without_a_finish_call(pg_url):
+    """The save of a turn's last step carries its end (``SaveRequest.ends``): its commit
+    finishes the turn's row, and the worker makes no finish call of its own (a store call,
+    a thread hop and a commit fewer a turn). The saves before it leave the row running."""
+    from actors.stores.turns import TurnQueue
+    from runtime.app.worker import Worker
+    from tests.support.worker_agent import agent
+
+    store = await PostgresStore.open(pg_url)
+    submitter = TurnQueue(store)
+    turn = await submitter.submit("s", "tools one")
+    seen: list[tuple[str | None, str]] = []  # (ends, the row's status once it returned)
+    real_save = store.save
+
+    async def save(sid, *args, **kwargs):
+        version = await real_save(sid, *args, **kwargs)
+        row = await submitter.get_status(turn.turn_id)
+        seen.append((kwargs.get("ends"), row.status))
+        return version
+
+    store.save = save
+    worker = Worker(store=store, agent=agent, owner="w", poll=0.05)
+    finishes: list[object] = []
+    real_finish = worker.queue.finish
+
+    async def finish(*args, **kwargs):
+        finishes.append(kwargs)
+        return await real_finish(*args, **kwargs)
+
+    worker.queue.finish = finish
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(worker.run)
+            done = await submitter.wait_finished(turn.turn_id, 30)
+            worker.stop()
+    finally:
+        await submitter.aclose()
+        await store.aclose()
+    assert done is not None and (done.status, done.finish_reason) == ("done", "stop")
+    assert seen == [(None, "running"), (None, "running"), ("stop", "done")]
+    assert finishes == []
+    assert worker.done == {"done": 1}
+
+
+async def test_a_failed_last_save_leaves_the_finish_to_its_own_call(pg_url):
+    """The save that carries the turn's end fails (nothing of it is written): the runner
+    saves again without it, and the worker finishes the row itself, as before."""
+    from actors.stores.turns import TurnQueue
+    from runtime.app.worker import Worker
+    from runtime.errors import StoreError
+    from tests.support.worker_agent import agent
+
+    store = await PostgresStore.open(pg_url)
+    submitter = TurnQueue(store)
+    turn = await submitter.submit("s", "s m1")
+    real_save = store.save
+    refused: list[str] = []
+
+    async def save(sid, *args, **kwargs):
+        if kwargs.get("ends") is not None and not refused:
+            refused.append(kwargs["ends"])
+            raise StoreError("the server went away")
+        return await real_save(sid, *args, **kwargs)
+
+    store.save = save
+    worker = Worker(store=store, agent=agent, owner="w", poll=0.05)
+    finishes: list[str] = []
+    real_finish = worker.queue.finish
+
+    async def finish(*args, **kwargs):
+        finishes.append(kwargs["status"])
+        return await real_finish(*args, **kwargs)
+
+    worker.queue.finish = finish
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(worker.run)
+            done = await submitter.wait_finished(turn.turn_id, 30)
+            worker.stop()
+        record = await store.load("s")
+    finally:
+        await submitter.aclose()
+        await store.aclose()
+    assert refused == ["stop"]
+    assert finishes == ["done"]
+    assert done is not None and (done.status, done.finish_reason) == ("done", "stop")
+    assert record is not None and [m.text for m in record.messages] == ["s m1", "echo: s m1"]

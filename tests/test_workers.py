@@ -266,6 +266,52 @@ async def test_a_worker_killed_between_a_tool_and_its_commit_repeats_no_side_eff
     assert_tools_turn_whole(record.messages, turn)
 
 
+def _backends_finishing_a_turn(pg_url: str) -> int:
+    """Backends inside a last step's save, held (``AXON_TEST_FINISH_HOLD``) after it
+    wrote the turn's row ``done``, before the commit."""
+    libpq, _ = parse_url(pg_url)
+    with psycopg.connect(libpq, autocommit=True) as conn:
+        [(n,)] = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE pid <> pg_backend_pid() "
+            "AND state = 'active' AND query LIKE '%pg_sleep(%), pg_notify(%'"
+        ).fetchall()
+    return int(n)
+
+
+async def test_a_worker_killed_in_its_last_save_leaves_the_turn_to_a_takeover_whole(
+    pg_url: str,
+    redis_url: str,
+    workers: Workers,
+    cluster: tuple[PostgresStore, TurnQueue],
+) -> None:
+    """The save of a turn's last step also finishes its row, in one transaction: a worker
+    that dies inside it leaves neither (the turn runs, its last step unstored), and the
+    turn taken over stores that step once and ends ``done``."""
+    store, queue = cluster
+    workers.start("a", AXON_TEST_FINISH_HOLD="3")
+    turn = await queue.submit("s1", "tools one")
+
+    async def in_last_save() -> bool:
+        return await trio.to_thread.run_sync(_backends_finishing_a_turn, pg_url) > 0
+
+    await wait_for(in_last_save, what="worker a inside its last save")
+    held = await queue.get(turn.turn_id)
+    assert held is not None and held.status == "running"  # written done, not committed
+    record = await store.load("s1")
+    assert record is not None and len(record.messages) == 4  # the two tool steps only
+    workers.signal("a", signal.SIGKILL)
+    workers.start("b")
+    done = await finished(queue, turn.turn_id)
+    assert done.status == "done" and done.owner == "b"
+    assert (done.attempts, done.epoch) == (2, 2)
+    record = await store.load("s1")
+    assert record is not None
+    assert_tools_turn_whole(record.messages, turn)
+    effects, _ = read_ledger(pg_url)
+    assert effects == {f"{turn.turn_id}:0:call_1": 1, f"{turn.turn_id}:1:call_2": 1}
+    assert await relayed_text(redis_url, workers.prefix, turn.turn_id) == answer_text(turn.input)
+
+
 async def test_a_paused_worker_past_its_lease_has_its_writes_refused(
     pg_url: str,
     redis_url: str,

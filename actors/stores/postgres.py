@@ -277,14 +277,15 @@ class Fence:
     epoch: int
     on_lost: Callable[[], None] | None = attrs.field(default=None, eq=False)
     """Called (from the Trio thread) when a save was refused: the worker stops the turn."""
-    in_save: Callable[[Any, Sequence[Message], Mapping[str, Any] | None], bool] | None = (
-        attrs.field(default=None, eq=False)
-    )
+    in_save: (
+        Callable[[Any, Sequence[Message], Mapping[str, Any] | None, str | None], bool] | None
+    ) = attrs.field(default=None, eq=False)
     """Run in each fenced save's transaction once the session is written, with the saved
-    messages and meta: it may write the turn's row in the same commit (the turn queue
-    suspends a turn that waits for a person with the step that asks, one transaction
-    instead of two). ``True`` when it wrote; then :attr:`on_commit` is called once the
-    save committed."""
+    messages, meta and ``ends`` (the turn's finish reason when the save is its last,
+    :attr:`runtime.actor_messages.SaveRequest.ends`): it may write the turn's row in the
+    same commit (the turn queue suspends a turn that waits for a person with the step
+    that asks, and finishes a turn with its last step: one transaction instead of two).
+    ``True`` when it wrote; then :attr:`on_commit` is called once the save committed."""
     saved: bool = False
     """The turn's row says ``saved`` already (a continuation, a takeover after a save):
     its saves need not mark it, one statement fewer in the first."""
@@ -344,6 +345,10 @@ def _is_connection_error(err: BaseException) -> bool:
 
 class PostgresStore:
     """Sessions (and durable turns) in PostgreSQL; create with ``await PostgresStore.open(url)``."""
+
+    ends_turns: Final = True
+    """:meth:`save` takes ``ends`` (the persister passes it): a fenced save that ends its
+    turn lets the fence finish the turn's queue row in the same commit."""
 
     def __init__(self, pool: Any, *, url: str, schema: str, pool_size: int, retry_for: float):
         """Wrap an open pool whose schema exists; use :meth:`open` instead."""
@@ -535,6 +540,7 @@ class PostgresStore:
         expected_version: int | None = None,
         guard: Callable[[Any], LockedSession | None] | None = None,
         unfenced: bool = False,
+        ends: str | None = None,
     ) -> int:
         """Replace messages ``start..`` with ``messages`` and merge ``meta``, in one
         transaction; returns the session's new version (see the module docstring for
@@ -550,7 +556,10 @@ class PostgresStore:
         does not lock the row again (a round trip fewer).
         ``unfenced`` (not part of the protocol either) saves without the session's fence:
         a write that is not the fenced turn's own (a decision for it, which its guard
-        checks against the turn's row), made by the process that runs the turn."""
+        checks against the turn's row), made by the process that runs the turn.
+        ``ends`` (not part of the protocol either): the turn ends with this save, with that
+        finish reason (:attr:`runtime.actor_messages.SaveRequest.ends`); the fence's
+        :attr:`~Fence.in_save` may finish the turn's row in the save's commit."""
         new = check_save(session_id, start, messages, meta, expected_version)
         rows = encode_rows(session_id, start, new)
         patch = encode_meta(session_id, meta)
@@ -565,7 +574,7 @@ class PostgresStore:
                 conn, session_id, start, rows, patch, expected_version, fence, guard, steers
             )
             if fence is not None and fence.in_save is not None:
-                wrote.append(fence.in_save(conn, new, meta))
+                wrote.append(fence.in_save(conn, new, meta, ends))
             return version
 
         try:

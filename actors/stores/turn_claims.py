@@ -118,7 +118,8 @@ class TurnClaiming:
         the worker has the session in memory) asks for the turn's session too: it is read
         on the claim's connection once the claim committed, saving the turn a thread hop
         and a pool checkout of its own (:attr:`Claim.stored`). A continuation's claim
-        reads it anyway.
+        reads it anyway; a session not stored yet (a first turn: the start statement
+        says so) is not read, there is nothing to.
         """
         if not isinstance(owner, str) or not owner:
             raise StoreError(f"owner must be a non-empty string, not {owner!r}")
@@ -208,10 +209,24 @@ class TurnClaiming:
         on_suspended: Callable[[], None] | None = None,
         steered: Sequence[str] = (),
         watch: SteerWatch | None = None,
+        on_finished: Callable[[], None] | None = None,
+        on_finishing: Callable[[], None] | None = None,
     ) -> contextlib.AbstractContextManager[None]:
         """While inside, every save of the claimed turn's session checks, in its own
         transaction, that the claim still holds the turn
         (:meth:`PostgresStore.fenced <actors.stores.postgres.PostgresStore.fenced>`).
+
+        With ``on_finished``, the save that ends the turn (its ``ends``:
+        :attr:`runtime.actor_messages.SaveRequest.ends`) also finishes the row ``done``
+        with that finish reason, as :meth:`finish` would, in the same transaction: one
+        store call and commit a turn fewer, and no moment where the last step is stored
+        and the row still running (a worker that dies before the commit leaves both
+        undone: the turn is taken over and re-runs its last step). ``on_finishing`` is
+        called in the save's thread once the row is written there, before the commit
+        (the worker stops renewing the lease: a renewal that waited for the commit is
+        then refused for a turn that is over, not lost); ``on_finished`` on the event
+        loop once the save committed (the worker then has nothing left to write to the
+        row).
 
         With ``on_suspended``, the save of the step that makes the turn wait for a person
         (its meta counts waiting calls, :data:`~runtime.approval.WAITING_META`) also
@@ -228,28 +243,46 @@ class TurnClaiming:
         count of steering submits (:class:`~runtime.turn_queue.SteerWatch`), read by the
         fence check the save makes anyway."""
         key = (claim.turn.turn_id, claim.owner, claim.epoch)
+        ended: list[bool] = []  # the last attempt of the save finished the row
 
-        def suspend_if_waiting(
-            conn: Any, messages: Sequence[Message], meta: Mapping[str, Any] | None
+        def write_row(
+            conn: Any,
+            messages: Sequence[Message],
+            meta: Mapping[str, Any] | None,
+            ends: str | None,
         ) -> bool:
+            ended.clear()
             if steered:
                 _mark_steered(conn, claim.turn.turn_id, list(steered))
-            if on_suspended is None or not (meta or {}).get(WAITING_META):
+            if on_suspended is not None and (meta or {}).get(WAITING_META):
+                row = conn.execute(_SUSPEND, (_first_deadline(messages), *key)).fetchone()
+                if row is None:  # not held: the fence check before would have refused it
+                    return False
+                _notify_turns(conn, claim.turn.turn_id)
+                return True
+            if ends is None or on_finished is None:
                 return False
-            row = conn.execute(_SUSPEND, (_first_deadline(messages), *key)).fetchone()
-            if row is None:  # not held: the fence check before would have refused the save
-                return False
-            _notify_turns(conn, claim.turn.turn_id)
+            if conn.execute(_FINISH_IN_SAVE, (ends, *key, TURNS_CHANNEL)).fetchone() is None:
+                return False  # not held: as above
+            ended.append(True)
+            if on_finishing is not None:
+                on_finishing()
             return True
 
+        def committed() -> None:
+            done = on_finished if ended else on_suspended
+            if done is not None:
+                done()
+
+        writes = on_suspended is not None or on_finished is not None or steered != ()
         fence = Fence(
             turn_id=claim.turn.turn_id,
             owner=claim.owner,
             epoch=claim.epoch,
             on_lost=on_lost,
             saved=claim.turn.saved,
-            in_save=None if on_suspended is None and steered == () else suspend_if_waiting,
-            on_commit=on_suspended,
+            in_save=write_row if writes else None,
+            on_commit=committed,
             watch=watch,
         )
         return self.store.fenced(claim.turn.session_id, fence)
@@ -357,6 +390,18 @@ class TurnClaiming:
         return bool(done)
 
 
+_FINISH_IN_SAVE = """WITH w AS (
+        UPDATE axon_turns SET status = 'done', finish_reason = %s, error = NULL,
+            lease_until = NULL, finished_at = clock_timestamp()
+        WHERE turn_id = %s AND owner = %s AND epoch = %s AND status = 'running'
+        RETURNING turn_id
+    )
+    SELECT pg_notify(%s, current_schema() || ':' || w.turn_id) FROM w"""
+"""The end of a held turn, ``done`` with its finish reason, written by the save of its
+last step (params: finish reason, turn id, owner, epoch, channel): what
+:meth:`TurnClaiming.finish` writes, its wake-up riding on it, sent at the save's commit."""
+
+
 def _claim_on(
     conn: Any,
     *,
@@ -382,11 +427,14 @@ def _claim_on(
                 found = _start_head(conn, owner, lease)
     except psycopg.errors.UniqueViolation:
         return None
-    if found is not None and found[2] is None and load is not None:
-        session_id = found[0][1]
-        if load(session_id):
-            return found[0], found[1], load_rows(conn, session_id)
-    return found
+    if found is None or found[1] == RESUMED:  # a continuation's claim read the session
+        return found
+    row, how, rows = found
+    if load is None or not load(row[1]):
+        return row, how, None
+    # A started turn whose session is not stored yet (its first turn) has nothing to
+    # read: the start said so (``rows`` is ``[]``), one statement fewer.
+    return row, how, load_rows(conn, row[1]) if rows is None else rows
 
 
 def _take_expired(conn: Any, owner: str, lease: float, max_attempts: int) -> _Found | None:
@@ -457,7 +505,9 @@ def _take_expired(conn: Any, owner: str, lease: float, max_attempts: int) -> _Fo
 
 
 def _start_head(conn: Any, owner: str, lease: float) -> _Found | None:
-    """The first claimable head in line, started by ``owner`` (``None``: none is)."""
+    """The first claimable head in line, started by ``owner`` (``None``: none is); its
+    session's rows ``[]`` when the session is not stored (nothing to read), else
+    ``None`` (not read)."""
     # The first claimable head, started, and in the same statement the end of a
     # turn of the session that waits for a decision: superseded (its runner
     # denies what still waits, as the embedded host does), so no decision resumes
@@ -480,7 +530,12 @@ def _start_head(conn: Any, owner: str, lease: float) -> _Found | None:
             WHERE w.session_id = s.session_id AND w.status = 'awaiting-input'
             RETURNING pg_notify(%s, current_schema() || ':' || w.turn_id)
         )
-        SELECT {_COLUMNS} FROM started""",
+        SELECT {_COLUMNS}, EXISTS (
+            SELECT 1 FROM axon_sessions AS s WHERE s.session_id = started.session_id
+        ) FROM started""",
         (owner, lease, TURNS_CHANNEL),
     ).fetchone()
-    return None if started is None else (started, STARTED, None)
+    if started is None:
+        return None
+    # Whether its session is stored rides along: a first turn's claim need not read it.
+    return started[:-1], STARTED, None if started[-1] else []

@@ -446,7 +446,7 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
         )
         if turn.held and not over:  # what the sessions list reads (docs/approval.md)
             turn.meta = {**turn.meta, WAITING_META: len(turn.held), **self._trace_meta(turn)}
-        await self._save(turn, step)
+        await self._save(turn, step, ends=_ends(turn, result, over))
 
     def _trace_meta(self, turn: Turn) -> dict[str, Any]:
         """What the suspending save stores of the turn's trace context (a tracing
@@ -674,3 +674,15 @@ async def _send_bounded(ctrl: Batcher[Any], items: Sequence[Any]) -> bool:
         await ctrl.send_all(items)
         return True
     return False
+
+
+def _ends(turn: Turn, result: Step, over: str | None) -> str | None:
+    """The finish reason the turn ends with when the step ``result`` just closed is its
+    last for sure (``SaveRequest.ends``): no tool calls, no budget hit, no structured
+    answer to judge again, none of the reasons a turn's result fails or stops it;
+    ``None`` when anything may still follow (the step loop decides as before)."""
+    if result.calls or over or turn.held or turn.output is not None:
+        return None
+    if result.finish in ("error", "aborted", AWAITING_INPUT):
+        return None
+    return result.finish

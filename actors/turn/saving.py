@@ -52,7 +52,7 @@ class Saving:
 
         def _publish_history(self) -> None: ...
 
-    async def _save(self, turn: Turn, step: int | None) -> SaveRequest:
+    async def _save(self, turn: Turn, step: int | None, *, ends: str | None = None) -> SaveRequest:
         """Queue a save of the turn (from wherever the store is behind, after a failed
         save) with the persister; returns the request (its answer comes on
         :attr:`save_replies`, see :meth:`_answer`).
@@ -77,6 +77,7 @@ class Saving:
             expected_version=state.version if prev is None else None,
             after=None if prev is None else prev.request_id,
             reply=self.save_replies,
+            ends=ends,
         )
         self._pending, self._answered = req, None
         try:

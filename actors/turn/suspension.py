@@ -200,7 +200,9 @@ class Suspending:
 
         def _publish_history(self) -> None: ...
 
-        async def _save(self, turn: Any, step: int | None) -> SaveRequest: ...
+        async def _save(
+            self, turn: Any, step: int | None, *, ends: str | None = None
+        ) -> SaveRequest: ...
 
     async def _hold(self, turn: Any, step: int) -> None:
         """Mark the step's held calls on their parts and ask for each approval."""

@@ -144,9 +144,14 @@ class _Running:
     lost: bool = False
     suspended: bool = False
     """The save of the step that made the turn wait also suspended its row (committed)."""
+    finished: bool = False
+    """The save of the turn's last step also finished its row ``done`` (committed)."""
 
     def suspend(self) -> None:
         self.suspended = True
+
+    def finish(self) -> None:
+        self.finished = True
 
     def cancel(self, reason: str) -> None:
         if self.stream is not None:
@@ -154,9 +159,10 @@ class _Running:
 
     def lose(self, why: str) -> None:
         """The lease is gone: write nothing more, stop the turn. Not once the turn
-        suspended (its step's commit let the row go: a renewal or a later save of the
-        turn then finds it waiting, which is no loss; the turn ends as committed)."""
-        if not self.lost and not self.suspended:
+        suspended or finished (its step's commit let the row go: a renewal or a later
+        save of the turn then finds it waiting or done, which is no loss; the turn ends
+        as committed)."""
+        if not self.lost and not self.suspended and not self.finished:
             self.lost = True
             log().warning(
                 "worker.lease_lost",
@@ -626,6 +632,8 @@ class Worker:
         ends. The stream ends for readers once the queue says the turn is over, so a
         client that sends its next message on ``[DONE]`` finds the session idle."""
         claim = entry.claim
+        leases = self._leases
+        assert leases is not None
         status = "lost"
         try:
             with self.queue.fenced(
@@ -634,13 +642,14 @@ class Worker:
                 on_suspended=entry.suspend,
                 steered=steered,
                 watch=watch,
+                on_finished=entry.finish,
+                on_finishing=partial(leases.release, claim.turn.turn_id, claim.epoch),
             ):
                 try:
                     async with stream as out:
                         await self._relay(entry, out, writer)
                 finally:
-                    assert self._leases is not None
-                    self._leases.release(claim.turn.turn_id, claim.epoch)
+                    leases.release(claim.turn.turn_id, claim.epoch)
             status = await self._finish(entry)
         finally:
             if writer is not None:
@@ -755,9 +764,13 @@ class Worker:
         return True
 
     async def _finish(self, entry: _Running) -> str:
-        """Mark the turn finished in the queue (fenced); the status it ended with."""
+        """Mark the turn finished in the queue (fenced); the status it ended with. Usually
+        its last step's save did it already, in its commit (:meth:`TurnQueue.fenced
+        <runtime.turn_queue.TurnQueue.fenced>`'s ``on_finished``)."""
         if entry.suspended:  # its step's commit suspended the row: it waits, whatever came after
             return WAITING
+        if entry.finished:  # its last step's commit finished the row
+            return "done"
         if entry.lost:
             return "lost"
         result = entry.stream.result

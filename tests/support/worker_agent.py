@@ -22,7 +22,11 @@ Controlled by the environment of the worker process:
   returns: a worker killed then dies between a tool's execution and its step's commit;
 * ``AXON_TEST_LEDGER``: the ``postgresql://...?schema=`` URL where ``record`` writes its
   side effect, once per ``ToolContext.idempotency_key`` (``axon_test_ledger``), and every
-  attempt (``axon_test_attempts``): the ledger proves a takeover repeats no effect.
+  attempt (``axon_test_attempts``): the ledger proves a takeover repeats no effect;
+* ``AXON_TEST_FINISH_HOLD``: seconds the save of a turn's last step waits in its
+  transaction once it wrote the turn's row ``done``, before its commit (a
+  ``pg_sleep`` in that statement): a worker killed then dies inside the one transaction
+  that stores the last step and finishes the turn.
 """
 
 from __future__ import annotations
@@ -43,6 +47,13 @@ from runtime.messages import TextPart, UserMessage
 from runtime.tools import ToolContext, tool
 
 ANSWER_WORDS = 40
+_FINISH_HOLD = os.environ.get("AXON_TEST_FINISH_HOLD")
+if _FINISH_HOLD:
+    from actors.stores import turn_claims
+
+    turn_claims._FINISH_IN_SAVE = turn_claims._FINISH_IN_SAVE.replace(  # type: ignore[misc]
+        "SELECT pg_notify(", f"SELECT pg_sleep({float(_FINISH_HOLD)}), pg_notify("
+    )
 LEDGER_SQL = (
     """CREATE TABLE IF NOT EXISTS axon_test_ledger (
         key TEXT PRIMARY KEY, pid INTEGER NOT NULL, at TIMESTAMPTZ NOT NULL DEFAULT now())""",
