@@ -408,13 +408,15 @@ async def parse_batches(
     *,
     answer_tool: str | None = None,
     coalesce: bool = False,
+    runs: bool = False,
 ) -> None:
     """:func:`parse_stream` of events that come a network read at a time
     (:func:`json_event_batches`): each read's chunks are sent together
     (:class:`~actors.providers.read_batch.ReadBatch`; with ``coalesce``, a read's
-    consecutive text deltas of one block join into one chunk)."""
+    consecutive text deltas of one block join into one chunk; with ``runs``, those read
+    through their slot go as a :class:`~runtime.provider.TextRun`)."""
     parse = _MessageParse(emit, answer_tool)
-    out = ReadBatch(emit, coalesce=coalesce)
+    out = ReadBatch(emit, coalesce=coalesce, runs=runs)
     async for batch in batches:
         try:
             await _parse_read(batch, parse, out)
@@ -964,6 +966,7 @@ class AnthropicProvider(SDKProvider):
                         emit,
                         answer_tool=OUTPUT_TOOL if request.output is not None else None,
                         coalesce=self.coalesce_deltas,
+                        runs=request.text_runs,
                     )
             finally:
                 # release the connection even when cancelled or failed mid-stream

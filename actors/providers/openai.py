@@ -443,14 +443,16 @@ async def parse_batches(
     *,
     provider: str = "openai",
     coalesce: bool = False,
+    runs: bool = False,
 ) -> None:
     """:func:`parse_stream` of chunks that come a network read at a time
     (:func:`json_chunk_batches`): each read's text chunks are sent together
     (:class:`~actors.providers.read_batch.ReadBatch`; with ``coalesce``, a read's
-    consecutive text deltas join into one chunk). Errors, as there, are raised
+    consecutive text deltas join into one chunk; with ``runs``, those read through their
+    slot go as a :class:`~runtime.provider.TextRun`). Errors, as there, are raised
     classified, after the chunks that came before them."""
     state = _StreamState(emit, provider)
-    out = ReadBatch(emit, coalesce=coalesce)
+    out = ReadBatch(emit, coalesce=coalesce, runs=runs)
     iterator = aiter(batches)
     while True:
         try:
@@ -810,7 +812,11 @@ class OpenAIProvider(OpenAISDKProvider):
             batches = json_chunk_batches(response, texts=True)
             async with aclosing(batches):
                 await parse_batches(
-                    batches, emit, provider=self.provider_name, coalesce=self.coalesce_deltas
+                    batches,
+                    emit,
+                    provider=self.provider_name,
+                    coalesce=self.coalesce_deltas,
+                    runs=request.text_runs,
                 )
 
     def classify_error(self, exc: BaseException) -> AxonError:

@@ -29,6 +29,13 @@ With ``coalesce`` (:attr:`runtime.provider.Provider.coalesce_deltas`), consecuti
 deltas of one read join into one :class:`~runtime.chunks.TextChunk`: the same text, the
 same part boundaries (any other chunk, or :meth:`ReadBatch.end_run` where the provider
 sees a new part, ends the run), fewer and longer deltas.
+
+With ``runs`` (a request's :attr:`~runtime.provider.InferRequest.text_runs`: the turn
+runner's), a run of text deltas read through a slot (:meth:`ReadBatch.texts`) goes as
+one :class:`~runtime.provider.TextRun` instead of a ``TextChunk`` each: the same deltas,
+each still its own ``text-delta`` chunk in the stream, without an object per delta in the
+stages before the stream controller (issue 24 goal 1). A full batch counts the run's
+deltas, not the run, so the batches and the yields after them are the same.
 """
 
 from __future__ import annotations
@@ -41,7 +48,7 @@ import trio
 from runtime.actor_messages import MAX_BATCH
 from runtime.chunks import TextChunk
 from runtime.fastbuild import slot_builder
-from runtime.provider import Emit, emit_all
+from runtime.provider import Emit, TextRun, emit_all
 
 _TEXT = slot_builder(TextChunk, ("text", "refusal"))
 """``TextChunk(text=..., refusal=...)`` built through its slots (:mod:`runtime.fastbuild`):
@@ -51,14 +58,18 @@ one per delta of the stream, for half of what ``__init__`` costs."""
 class ReadBatch:
     """Chunks of the current read, waiting to be sent; :attr:`urgent` says "flush now"."""
 
-    __slots__ = ("_coalesce", "_emit", "_first", "_run", "out", "urgent")
+    __slots__ = ("_coalesce", "_emit", "_extra", "_first", "_run", "_runs", "out", "urgent")
 
-    def __init__(self, emit: Emit, *, coalesce: bool = False) -> None:
+    def __init__(self, emit: Emit, *, coalesce: bool = False, runs: bool = False) -> None:
         self._emit = emit
         self._coalesce = coalesce
+        self._runs = runs
         self._first = True
         self._run: list[str] = []
         self.out: list[Any] = []
+        self._extra = 0
+        """The deltas of :attr:`out`'s text runs beyond one a run: ``len(out)`` plus this
+        is what a full batch counts."""
         self.urgent = False
         """Set when the chunks should go before parsing goes on: the stream's first text
         delta, or a full batch."""
@@ -74,7 +85,7 @@ class ReadBatch:
         else:
             out = self.out
             out.append(_TEXT(text, False))
-            if len(out) >= MAX_BATCH:
+            if len(out) + self._extra >= MAX_BATCH:
                 self.urgent = True
 
     def texts(self, items: Sequence[Any], i: int) -> int:
@@ -94,6 +105,8 @@ class ReadBatch:
                     if self.urgent:
                         break
             return i
+        if self._runs:
+            return self._text_run(items, i)
         out = self.out
         append, build = out.append, _TEXT
         room = MAX_BATCH - len(out)
@@ -110,11 +123,29 @@ class ReadBatch:
                     break
         return i
 
+    def _text_run(self, items: Sequence[Any], i: int) -> int:
+        """:meth:`texts` with ``runs``: the strings from index ``i`` on, up to the first
+        item of another type or a full batch, as one :class:`TextRun` (empty ones left
+        out); returns the index after the last one read."""
+        n = len(items)
+        j = i
+        while j < n and type(items[j]) is str:
+            j += 1
+        room = MAX_BATCH - len(self.out) - self._extra
+        if j - i >= room:
+            j = i + room
+            self.urgent = True
+        texts = list(filter(None, items[i:j]))
+        if texts:
+            self.out.append(TextRun(texts=texts))
+            self._extra += len(texts) - 1
+        return j
+
     def add(self, chunk: Any) -> None:
         """Any other chunk: it ends the text run and takes its place in the order."""
         self.end_run()
         self.out.append(chunk)
-        if len(self.out) >= MAX_BATCH:
+        if len(self.out) + self._extra >= MAX_BATCH:
             self.urgent = True
 
     def end_run(self) -> None:
@@ -130,9 +161,14 @@ class ReadBatch:
         out = self.out
         self.urgent = False
         if out:
-            self.out = []
-            await emit_all(self._emit, out)
-            if len(out) >= MAX_BATCH:
+            size, extra = len(out), self._extra
+            self.out, self._extra = [], 0
+            send_all = getattr(self._emit, "send_all", None) if extra else None
+            if send_all is not None:  # runs: batches of their own (Batcher.send_all)
+                await send_all(out, whole=True)
+            else:
+                await emit_all(self._emit, out)
+            if size + extra >= MAX_BATCH:
                 # A full batch: the actors after the provider get their turn before it
                 # parses on (see the module).
                 await trio.lowlevel.checkpoint()
