@@ -24,6 +24,8 @@ from hypothesis import strategies as st
 
 from actors.providers import anthropic, openai
 from actors.providers.json_slot import StringSlot, TwoStringSlot, learn
+from runtime.chunks import TextChunk
+from runtime.provider import TextRun
 
 _STRING = st.one_of(
     st.text(max_size=8),
@@ -209,8 +211,16 @@ class _Sink:
     async def __call__(self, chunk: Any) -> None:
         self.chunks.append(chunk)
 
-    async def send_all(self, chunks: Any) -> None:
+    async def send_all(self, chunks: Any, *, whole: bool = False) -> None:
         self.chunks += chunks
+
+
+def _spread(chunks: list[Any]) -> list[Any]:
+    """``chunks`` with each :class:`~runtime.provider.TextRun` as a text chunk a delta."""
+    out: list[Any] = []
+    for chunk in chunks:
+        out += [TextChunk(text=t) for t in chunk.texts] if type(chunk) is TextRun else [chunk]
+    return out
 
 
 def _anthropic_body(blocks: list[list[str]], spaced: bool) -> bytes:
@@ -247,6 +257,21 @@ def test_anthropic_reads_the_same_chunks_with_slots(spaced: bool, blocks: Any) -
         return sink.chunks
 
     assert trio.run(read, False) == trio.run(read, True)
+
+
+@given(blocks=st.lists(st.lists(_STRING, max_size=6), min_size=1, max_size=3))
+def test_anthropic_reads_the_same_deltas_as_runs(blocks: Any) -> None:
+    """The same body read into runs (a request that takes them): the same chunks once
+    each run is spread into a text chunk per delta."""
+    body = _anthropic_body(blocks, False)
+
+    async def read(runs: bool) -> list[Any]:
+        sink = _Sink()
+        batches = anthropic.json_event_batches(_Stream(body), texts=True)
+        await anthropic.parse_batches(batches, sink, runs=runs)
+        return sink.chunks
+
+    assert _spread(trio.run(read, True)) == trio.run(read, False)
 
 
 def _openai_body(texts: list[str], every: int, pads: list[str] | None = None) -> bytes:
@@ -289,6 +314,20 @@ def test_openai_reads_the_same_padded_chunks_with_slots(texts: list[str], pads: 
     """Every chunk with its own padding (escapes, quotes, unicode): the same chunks."""
     body = _openai_body(texts, 0, pads)
     assert trio.run(_openai_chunks, body, False) == trio.run(_openai_chunks, body, True)
+
+
+@given(texts=st.lists(_STRING, max_size=12), pads=st.lists(_STRING, min_size=0, max_size=5))
+def test_openai_reads_the_same_deltas_as_runs(texts: list[str], pads: Any) -> None:
+    """The same body read into runs: the same chunks once each run is spread."""
+    body = _openai_body(texts, 0, pads or None)
+
+    async def read(runs: bool) -> list[Any]:
+        sink = _Sink()
+        batches = openai.json_chunk_batches(_Stream(body), texts=True)
+        await openai.parse_batches(batches, sink, runs=runs)
+        return sink.chunks
+
+    assert _spread(trio.run(read, True)) == trio.run(read, False)
 
 
 _RECORDING = (

@@ -105,51 +105,45 @@ class _Sink:
 async def test_a_read_batch_with_runs_sends_the_first_delta_alone_and_the_rest_as_one_run():
     sink = _Sink()
     out = ReadBatch(sink, runs=True)
-    items = ["first", "a", "", "b", "c"]
 
-    i = out.texts(items, 0)
-    await out.flush()
-    i = out.texts(items, i)
+    await out.text_list(["first", "a", "", "b", "c"])
     await out.flush()
 
-    assert i == len(items)
     (first, first_whole), (rest, rest_whole) = sink.calls
     assert first == [TextChunk(text="first")] and not first_whole
     assert [type(x) for x in rest] == [TextRun] and rest[0].texts == ["a", "b", "c"]
     assert rest_whole
 
 
-async def test_a_run_stops_at_an_item_of_another_type():
-    out = ReadBatch(_Sink(), runs=True)
-    out.texts(["first"], 0)
+async def test_a_read_batch_sends_a_run_when_its_deltas_fill_a_batch():
+    sink = _Sink()
+    out = ReadBatch(sink, runs=True)
+
+    await out.text_list(["first"] + ["t"] * (MAX_BATCH + 5))
+    sent_before_the_flush = len(sink.calls)
     await out.flush()
 
-    stop = out.texts(["a", "b", {"type": "other"}, "c"], 0)
-
-    assert stop == 2
-    assert out.out[0].texts == ["a", "b"]
+    assert sent_before_the_flush == 2
+    assert [len(items[0].texts) for items, _ in sink.calls[1:]] == [MAX_BATCH, 5]
 
 
-async def test_a_read_batch_counts_a_run_s_deltas_toward_a_full_batch():
+async def test_a_run_and_the_chunks_of_the_read_before_it_count_toward_one_batch():
     out = ReadBatch(_Sink(), runs=True)
-    out.texts(["first"], 0)
+    await out.text_list(["first"])
     await out.flush()
-    items = ["t"] * (MAX_BATCH + 5)
+    out.add(ProviderDataChunk(provider="anthropic", data={}))
 
-    stop = out.texts(items, 0)
+    stop = out.texts(["t"] * MAX_BATCH, 0)
 
-    assert stop == MAX_BATCH
+    assert stop == MAX_BATCH - 1
     assert out.urgent
-    assert len(out.out[0].texts) == MAX_BATCH
 
 
 async def test_a_read_batch_without_runs_sends_a_text_chunk_per_delta():
     sink = _Sink()
     out = ReadBatch(sink)
-    out.texts(["first"], 0)
-    await out.flush()
 
-    out.texts(["a", "b"], 0)
+    await out.text_list(["first", "a", "b"])
     await out.flush()
 
     assert sink.calls[1] == ([TextChunk(text="a"), TextChunk(text="b")], False)

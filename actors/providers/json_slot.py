@@ -35,7 +35,7 @@ it: ``read`` must not look at the padding (OpenAI's ``_text_only`` does not).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, overload
 
 _PROBE = "\x00axon-probe\u2603"
@@ -73,6 +73,36 @@ class StringSlot:
                 except ValueError:
                     return None  # not one token: the full decode says what it is
         return None
+
+    def run(self, events: Sequence[tuple[Any, bytes]], i: int, name: Any) -> tuple[list[str], int]:
+        """:meth:`text` of each event of ``events`` (``(name, data)`` pairs) from index
+        ``i`` on, while the event is named ``name`` and its text reads: the texts and the
+        index of the first event not read. Why: a read's text deltas come in runs, and one
+        call a run, its look-ups done once, spares a call and its attribute loads per
+        delta (issue 24 goal 1). The same texts as :meth:`text`."""
+        prefix, suffix, start, stop, loads = (
+            self.prefix,
+            self.suffix,
+            self._start,
+            self._stop,
+            self._loads,
+        )
+        texts: list[str] = []
+        append = texts.append
+        n = len(events)
+        while i < n:
+            event_name, data = events[i]
+            if event_name != name or not (data.startswith(prefix) and data.endswith(suffix)):
+                break
+            middle = data[start:stop]
+            if len(middle) < 2 or middle[0] != _QUOTE or middle[-1] != _QUOTE:
+                break
+            try:
+                append(loads(middle))
+            except ValueError:
+                break
+            i += 1
+        return texts, i
 
 
 class TwoStringSlot:
@@ -119,6 +149,25 @@ class TwoStringSlot:
             return loads(data[start:end])  # a str: valid JSON opening with a quote
         except ValueError:
             return None
+
+    def run(self, events: Sequence[tuple[Any, bytes]], i: int, name: Any) -> tuple[list[str], int]:
+        """:meth:`text` of each event from index ``i`` on, while it is named ``name`` and
+        its text reads: the texts and the index of the first event not read (see
+        :meth:`StringSlot.run`)."""
+        text = self.text
+        texts: list[str] = []
+        append = texts.append
+        n = len(events)
+        while i < n:
+            event_name, data = events[i]
+            if event_name != name:
+                break
+            got = text(data)
+            if got is None:
+                break
+            append(got)
+            i += 1
+        return texts, i
 
 
 @overload
