@@ -19,7 +19,7 @@ from typing import Any
 import orjson
 import pytest
 import trio
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from actors.providers import anthropic, openai
@@ -181,6 +181,52 @@ def test_a_slot_is_learned_from_a_benchmark_shaped_chunk() -> None:
     assert slot is not None
     assert slot.text(data.replace(b'a \\"q\\"', b"b\\\\")) == "b\\"
     assert slot.text(data.replace(b'a \\"q\\"', b'b","x":"')) is None
+
+
+def _one_at_a_time(slot: Any, events: list[tuple[Any, bytes]], name: Any) -> tuple[list, int]:
+    """What ``slot.run`` must give: ``slot.text`` of each event while it is named
+    ``name`` and reads."""
+    texts, i = [], 0
+    while i < len(events) and events[i][0] == name:
+        text = slot.text(events[i][1])
+        if text is None:
+            break
+        texts.append(text)
+        i += 1
+    return texts, i
+
+
+_MIDDLES = st.one_of(
+    st.builds(orjson.dumps, _STRING),
+    st.builds(lambda t: json.dumps(t).encode(), _STRING),
+    st.builds(str.encode, _STRING),
+    st.sampled_from(
+        [b'"a\\"', b'"a","b"', b'"\\u0000"', b'"\\x"', b'"\x01"', b'"\xff"', b'"a\nb"', b""]
+    ),
+)
+
+
+@settings(max_examples=300)
+@given(
+    st.lists(st.tuples(st.sampled_from(["delta", "delta", "delta", "other", None]), _MIDDLES)),
+    st.integers(0, 3),
+)
+def test_a_slot_reads_a_run_as_it_reads_each_event(events: Any, at: int) -> None:
+    """``StringSlot.run`` (a window of plain tokens in one decode) reads the same texts
+    and stops at the same event as ``text`` one event at a time: escapes, control
+    characters, fakes of two tokens, other names, runs longer than a window."""
+    doc = {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "x"}}
+    data = orjson.dumps(doc)
+    slot = learn(data, doc, b'"text":', anthropic._delta_text, anthropic._put_delta_text)
+    assert isinstance(slot, StringSlot)
+    built = [(name, slot.prefix + middle + slot.suffix) for name, middle in events]
+    built += [("delta", slot.prefix + b'"p"' + slot.suffix)] * (40 * (at == 3))  # long runs
+    start = min(at, len(built))
+
+    got = slot.run(built, start, "delta")
+
+    texts, read = _one_at_a_time(slot, built[start:], "delta")
+    assert got == (texts, start + read)
 
 
 class _Response:
