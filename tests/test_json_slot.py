@@ -229,6 +229,38 @@ def test_a_slot_reads_a_run_as_it_reads_each_event(events: Any, at: int) -> None
     assert got == (texts, start + read)
 
 
+@settings(max_examples=300)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from([None, None, None, "other"]), _MIDDLES, _MIDDLES),
+    ),
+    st.integers(0, 3),
+)
+def test_a_two_string_slot_reads_a_run_as_it_reads_each_event(events: Any, at: int) -> None:
+    """``TwoStringSlot.run`` (a window of events in one decode) reads the same texts and
+    stops at the same event as ``text`` one event at a time, whatever the text and the
+    padding tokens are."""
+    doc = {
+        "id": "c",
+        "choices": [{"index": 0, "delta": {"content": "x"}, "finish_reason": None}],
+        "usage": None,
+        "obfuscation": "pad",
+    }
+    data = orjson.dumps(doc)
+    slot = learn(data, doc, b'"content":', _openai_text, openai._put_text, pad=openai._OBFUSCATION)
+    assert isinstance(slot, TwoStringSlot)
+    built = [
+        (name, slot.prefix + text + slot.middle + pad + slot.suffix) for name, text, pad in events
+    ]
+    built += [(None, slot.prefix + b'"p"' + slot.middle + b'"q"' + slot.suffix)] * (40 * (at == 3))
+    start = min(at, len(built))
+
+    got = slot.run(built, start, None)
+
+    texts, read = _one_at_a_time(slot, built[start:], None)
+    assert got == (texts, start + read)
+
+
 class _Response:
     def __init__(self, body: bytes) -> None:
         self.body, self.request, self.status_code = body, None, 200
@@ -385,17 +417,26 @@ _RECORDING = (
 @pytest.mark.skipif(not _RECORDING.exists(), reason="the shared recordings are not here")
 def test_openai_reads_the_same_chunks_of_a_real_stream_with_slots(monkeypatch: Any) -> None:
     """A real api.openai.com stream (padding on every chunk): the same chunks, and all but
-    the first text chunk read through the two-string slot."""
+    the first text chunk read through the two-string slot, most of them a window of
+    events at a time."""
     body = _RECORDING.read_bytes()
-    read = []
-    text = TwoStringSlot.text
+    read: list[int] = []
+    windows: list[int] = []
+    text, window = TwoStringSlot.text, TwoStringSlot._window
 
     def counted(slot: TwoStringSlot, data: bytes) -> str | None:
         got = text(slot, data)
         read.append(got is not None)
         return got
 
+    def counted_window(slot: TwoStringSlot, part: Any, name: Any) -> list[str] | None:
+        got = window(slot, part, name)
+        windows.append(0 if got is None else len(got))
+        return got
+
     monkeypatch.setattr(TwoStringSlot, "text", counted)
+    monkeypatch.setattr(TwoStringSlot, "_window", counted_window)
     chunks = trio.run(_openai_chunks, body, True)
     assert chunks == trio.run(_openai_chunks, body, False)
-    assert sum(read) == body.count(b'"delta":{"content":') - 1 > 100
+    assert sum(read) + sum(windows) == body.count(b'"delta":{"content":') - 1 > 100
+    assert sum(windows) > sum(read)
