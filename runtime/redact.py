@@ -162,12 +162,24 @@ _TRIGGERS = (
 )
 
 
-_FOLDS = str.maketrans({"\u017f": "s", "\u0131": "i", "\u0130": "i", "\u212a": "k"})
+_FOLDS = (("\u017f", "s"), ("\u0131", "i"), ("\u0130", "i"), ("\u212a", "k"))
 """The letters the patterns' case-insensitive parts match as ASCII ones (``re`` folds
 the long s U+017F to ``s``, the dotless i U+0131 and the dotted capital I U+0130 to
 ``i``, the Kelvin sign U+212A to ``k``) but ``str.lower`` does not make ASCII: without
 them, ``password=...`` spelled with two long s matched the patterns but not the
-triggers, and was left as it was."""
+triggers, and was left as it was. Replaced one by one (:func:`_folded`), not by
+``str.translate``: with a table, that looks each character up in a dict, 1.8 ms for the
+44,000 characters of a 10,000-delta answer (the log line of its finished turn), 0.18 us
+a delta; four scans for four letters take microseconds (issue 24 goal 1)."""
+
+
+def _folded(text: str) -> str:
+    """``text`` with each letter of :data:`_FOLDS` as its ASCII one (what
+    ``str.translate`` with those pairs gives: none of them becomes another of them)."""
+    for letter, ascii_letter in _FOLDS:
+        if letter in text:
+            text = text.replace(letter, ascii_letter)
+    return text
 
 
 _checked: dict[str, bool] = {}
@@ -211,7 +223,7 @@ def _scan(text: str) -> bool:
     for secret in _secrets:
         if secret in text:
             return True
-    low = text.lower() if text.isascii() else text.translate(_FOLDS).lower()
+    low = text.lower() if text.isascii() else _folded(text).lower()
     for trigger in _TRIGGERS:
         if trigger in low:
             return True

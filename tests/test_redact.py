@@ -403,3 +403,12 @@ def test_the_log_processor_passes_a_timestamp_without_redact_text_yet_redacts_a_
         register_secret("2026-12-04")
         redacted = redaction.redact_processor(None, "info", dict(line))
         assert redacted["timestamp"] == "[redacted]T09:55:17.731783Z"
+
+
+@given(st.text(alphabet=st.sampled_from("aSsiIkK\u017f\u0131\u0130\u212a\u00e9 =")))
+def test_the_folded_letters_are_what_a_translation_table_of_them_gives(text):
+    """The scan folds ``re``'s ASCII look-alikes with four replaces instead of
+    ``str.translate`` (1.8 ms for a 10,000-delta answer): the same text."""
+    table = str.maketrans(dict(redaction._FOLDS))
+
+    assert redaction._folded(text) == text.translate(table)
