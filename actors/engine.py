@@ -9,7 +9,7 @@ it cannot. The :class:`Engine` actor runs one splitter per model call.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from runtime.actor import Actor
@@ -17,6 +17,7 @@ from runtime.actor_messages import Batch, Batcher, BeginRequest, StreamFailed
 from runtime.agent import DEFAULT_THINK_TAGS
 from runtime.chunks import FinishChunk, ReasoningChunk, TextChunk
 from runtime.inbox import Inbox
+from runtime.provider import TextRun
 
 
 class ThinkTagSplitter:
@@ -158,7 +159,7 @@ class Engine(Actor):
         assert self._out is not None
         splitter = self._splitter
         if splitter is None:
-            await self._out.send_all(message)
+            await self._out.send_all(message, whole=any(type(c) is TextRun for c in message))
             return
         out: list[Any] = []
         append = out.append
@@ -167,18 +168,23 @@ class Engine(Actor):
         # Whether a text without ``first`` goes on as it is: no tag open, none held back.
         # Only feed and flush move the splitter, so it is read again after them only.
         clear = first is not None and not splitter.holding
+        runs = False  # ``out`` holds a TextRun: its batches go whole (Batcher.send_all)
         for chunk in message:
-            if type(chunk) is TextChunk and not chunk.refusal:
+            t = type(chunk)
+            if t is TextRun:
+                # ``first`` is one character: it is in the joined texts iff in one of them
+                if clear and probe not in "".join(chunk.texts):
+                    append(chunk)  # no tag can begin in it, none is open: as it is
+                    runs = True
+                    continue
+                for text in chunk.texts:  # each delta through the splitter, as a chunk
+                    clear = _split(splitter, TextChunk(text=text), append, first)
+                continue
+            if t is TextChunk and not chunk.refusal:
                 if clear and probe not in chunk.text:
                     append(chunk)  # no tag can begin here, none is open: as it is
                     continue
-                pieces = splitter.feed(chunk.text)
-                clear = first is not None and not splitter.holding
-                if len(pieces) == 1 and not pieces[0][0] and pieces[0][1] is chunk.text:
-                    append(chunk)  # nothing split or held: forward it as it is
-                    continue
-                for is_reasoning, text in pieces:
-                    append(ReasoningChunk(text=text) if is_reasoning else TextChunk(text=text))
+                clear = _split(splitter, chunk, append, first)
                 continue
             if isinstance(chunk, FinishChunk | StreamFailed) or splitter.holding:
                 # the end, or another kind of chunk, ends the text
@@ -186,4 +192,19 @@ class Engine(Actor):
                     append(ReasoningChunk(text=text) if is_reasoning else TextChunk(text=text))
                 clear = first is not None
             append(chunk)
-        await self._out.send_all(out)
+        await self._out.send_all(out, whole=runs)
+
+
+def _split(
+    splitter: ThinkTagSplitter, chunk: TextChunk, append: Callable[[Any], None], first: str | None
+) -> bool:
+    """``chunk`` through the think-tag splitter, its pieces to ``append`` (the chunk as
+    it is when nothing was split or held); returns whether the next text without
+    ``first`` may go on as it is (no tag open, none held back)."""
+    pieces = splitter.feed(chunk.text)
+    if len(pieces) == 1 and not pieces[0][0] and pieces[0][1] is chunk.text:
+        append(chunk)  # nothing split or held: forward it as it is
+    else:
+        for is_reasoning, text in pieces:
+            append(ReasoningChunk(text=text) if is_reasoning else TextChunk(text=text))
+    return first is not None and not splitter.holding

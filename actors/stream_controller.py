@@ -54,6 +54,7 @@ from runtime.chunks import (
 from runtime.fastbuild import slot_builder
 from runtime.inbox import Inbox
 from runtime.output import OutputChunk
+from runtime.provider import TextRun
 
 _DELTA_FIELDS = ("step", "part_id", "text", "seq", "session_id", "turn_id")
 _TEXT_DELTA = slot_builder(o.TextDelta, _DELTA_FIELDS)
@@ -97,7 +98,14 @@ class StreamController(Actor):
         deltas_only = True  # no handler ran: ``out`` holds text and reasoning deltas only
         for item in message:
             t = type(item)
-            if t is TextChunk or t is ReasoningChunk:
+            if t is TextRun:  # each of its texts a delta of its own, in order
+                texts = item.texts
+                out += [
+                    text_delta(step, part_id, text, n, sid, turn_id)
+                    for n, text in enumerate(texts, seq + 1)
+                ]
+                seq += len(texts)
+            elif t is TextChunk or t is ReasoningChunk:
                 seq += 1
                 build = text_delta if t is TextChunk else reasoning_delta
                 append(build(step, part_id, item.text, seq, sid, turn_id))

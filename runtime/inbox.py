@@ -348,7 +348,7 @@ class Batcher(Generic[T]):
     appended to and lost with.
     """
 
-    __slots__ = ("_pending", "_since", "hold_rounds", "inbox", "max_hold", "tag")
+    __slots__ = ("_pending", "_sealed", "_since", "hold_rounds", "inbox", "max_hold", "tag")
 
     max_items: int = MAX_BATCH
 
@@ -365,11 +365,17 @@ class Batcher(Generic[T]):
         self.max_hold = max_hold
         self.hold_rounds = hold_rounds
         self._pending: Batch[T] | None = None
+        self._sealed = False  # the waiting batch holds runs: nothing joins it
         self._since = 0.0
 
     async def send(self, item: T) -> None:
         pending = self._pending
-        if pending is not None and not pending.taken and len(pending) < self.max_items:
+        if (
+            pending is not None
+            and not pending.taken
+            and len(pending) < self.max_items
+            and not self._sealed
+        ):
             pending.append(item)
             if self.max_hold is not None and _now() - self._since > self.max_hold:
                 await self._yield()
@@ -379,6 +385,7 @@ class Batcher(Generic[T]):
         batch.append(item)
         await self.inbox.put(batch)
         self._pending = batch
+        self._sealed = False
         if self.max_hold is not None:
             if first:
                 await self._yield()  # the first delta goes through before parsing goes on
@@ -393,15 +400,23 @@ class Batcher(Generic[T]):
             await trio.lowlevel.checkpoint()
         self._since = _now()
 
-    async def send_all(self, items: Sequence[T]) -> None:
+    async def send_all(self, items: Sequence[T], *, whole: bool = False) -> None:
         """:meth:`send` for each of ``items``, in one go; with ``max_hold``, the same
-        yields (after the first batch, and when the receiver left a batch waiting)."""
+        yields (after the first batch, and when the receiver left a batch waiting).
+
+        ``whole``: ``items`` hold more than one stream item each (a
+        :class:`~runtime.provider.TextRun` of up to :data:`MAX_BATCH` deltas), so they go
+        in batches of their own, never merged with a waiting batch nor it with them: a
+        batch then carries one producer's batch, and what a stalled receiver holds up is
+        still its capacity times about :data:`MAX_BATCH` deltas, not that many runs."""
         if not items:
             return
         limit = self.max_items
         pending = self._pending
         first = pending is None
-        if pending is not None and not pending.taken:
+        if whole:
+            pending = None  # nothing joins the waiting batch...
+        if pending is not None and not pending.taken and not self._sealed:
             room = limit - len(pending)
             if len(items) <= room:
                 pending.extend(items)
@@ -416,6 +431,7 @@ class Batcher(Generic[T]):
             batch.extend(items[start : start + limit])
             await self.inbox.put(batch)
             self._pending = batch
+        self._sealed = whole  # ...and nothing joins a batch of runs
         if self.max_hold is not None:
             if first:
                 await self._yield()  # the first delta goes through before parsing goes on
@@ -434,7 +450,10 @@ class Batcher(Generic[T]):
             return True
         limit = self.max_items
         pending = self._pending
-        room = limit - len(pending) if pending is not None and not pending.taken else 0
+        if pending is None or pending.taken or self._sealed:
+            room = 0
+        else:
+            room = limit - len(pending)
         rest = items[room:] if room > 0 else items
         if len(rest) > limit:
             return False  # more than one new batch: the second could wait
@@ -449,4 +468,5 @@ class Batcher(Generic[T]):
             pending.extend(items[:room])
         if rest:
             self._pending = batch
+            self._sealed = False
         return True

@@ -75,6 +75,11 @@ class InferRequest:
     output: Any = None
     """The agent's :class:`~runtime.output_schema.OutputSchema`: the provider asks for an
     answer that is JSON matching it (``None``: free text)."""
+    text_runs: bool = False
+    """Whether ``reply`` takes :class:`TextRun` s: the turn runner's engine does, and a
+    provider that reads a network read at a time may then send a read's text deltas as
+    one (the OpenAI and Anthropic providers do); any other requester gets a
+    :class:`~runtime.chunks.TextChunk` per delta, as every provider may always send."""
 
 
 @attrs.frozen(kw_only=True, slots=True, eq=False)  # internal: identity is enough
@@ -84,6 +89,31 @@ class StreamFailed:
     __repr__ = _repr
 
     error: BaseException
+
+
+@attrs.frozen(kw_only=True, slots=True, eq=False)  # internal: identity is enough
+class TextRun:
+    """Consecutive text deltas of one part, each one delta of the stream, in one item:
+    provider -> engine -> turn runner -> stream controller, which makes each its own
+    ``text-delta`` chunk, in order. Only to a request with :attr:`InferRequest.text_runs`.
+
+    Why: a :class:`~runtime.chunks.TextChunk` per delta was built by the provider and
+    looked at one by one by the engine, the turn runner and its parts manager before the
+    controller built the delta the consumer sees: a Python object and a loop turn per
+    delta in each stage, where the floor (bare httpx + orjson) has one loop (issue 24
+    goal 1). A run crosses those stages as one item (the engine checks its text for a
+    think tag's first character in one look, the parts manager extends its pieces with
+    it), and the stream shows exactly what the same deltas as text chunks show: the same
+    deltas, the same part boundaries, the same stored text.
+
+    ``texts`` are not empty and are no refusal (a provider sends those as text chunks),
+    at most :data:`~runtime.inbox.MAX_BATCH` of them; a run never spans two parts (the
+    provider ends it where it sees a new block). The list is the run's own: nobody
+    changes it once sent."""
+
+    __repr__ = _repr
+
+    texts: list[str]
 
 
 Emit = Callable[[StreamChunk], Awaitable[None]]

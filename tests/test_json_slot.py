@@ -19,11 +19,13 @@ from typing import Any
 import orjson
 import pytest
 import trio
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from actors.providers import anthropic, openai
 from actors.providers.json_slot import StringSlot, TwoStringSlot, learn
+from runtime.chunks import TextChunk
+from runtime.provider import TextRun
 
 _STRING = st.one_of(
     st.text(max_size=8),
@@ -181,6 +183,84 @@ def test_a_slot_is_learned_from_a_benchmark_shaped_chunk() -> None:
     assert slot.text(data.replace(b'a \\"q\\"', b'b","x":"')) is None
 
 
+def _one_at_a_time(slot: Any, events: list[tuple[Any, bytes]], name: Any) -> tuple[list, int]:
+    """What ``slot.run`` must give: ``slot.text`` of each event while it is named
+    ``name`` and reads."""
+    texts, i = [], 0
+    while i < len(events) and events[i][0] == name:
+        text = slot.text(events[i][1])
+        if text is None:
+            break
+        texts.append(text)
+        i += 1
+    return texts, i
+
+
+_MIDDLES = st.one_of(
+    st.builds(orjson.dumps, _STRING),
+    st.builds(lambda t: json.dumps(t).encode(), _STRING),
+    st.builds(str.encode, _STRING),
+    st.sampled_from(
+        [b'"a\\"', b'"a","b"', b'"\\u0000"', b'"\\x"', b'"\x01"', b'"\xff"', b'"a\nb"', b""]
+    ),
+)
+
+
+@settings(max_examples=300)
+@given(
+    st.lists(st.tuples(st.sampled_from(["delta", "delta", "delta", "other", None]), _MIDDLES)),
+    st.integers(0, 3),
+)
+def test_a_slot_reads_a_run_as_it_reads_each_event(events: Any, at: int) -> None:
+    """``StringSlot.run`` (a window of plain tokens in one decode) reads the same texts
+    and stops at the same event as ``text`` one event at a time: escapes, control
+    characters, fakes of two tokens, other names, runs longer than a window."""
+    doc = {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "x"}}
+    data = orjson.dumps(doc)
+    slot = learn(data, doc, b'"text":', anthropic._delta_text, anthropic._put_delta_text)
+    assert isinstance(slot, StringSlot)
+    built = [(name, slot.prefix + middle + slot.suffix) for name, middle in events]
+    built += [("delta", slot.prefix + b'"p"' + slot.suffix)] * (40 * (at == 3))  # long runs
+    start = min(at, len(built))
+
+    got = slot.run(built, start, "delta")
+
+    texts, read = _one_at_a_time(slot, built[start:], "delta")
+    assert got == (texts, start + read)
+
+
+@settings(max_examples=300)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from([None, None, None, "other"]), _MIDDLES, _MIDDLES),
+    ),
+    st.integers(0, 3),
+)
+def test_a_two_string_slot_reads_a_run_as_it_reads_each_event(events: Any, at: int) -> None:
+    """``TwoStringSlot.run`` (a window of events in one decode) reads the same texts and
+    stops at the same event as ``text`` one event at a time, whatever the text and the
+    padding tokens are."""
+    doc = {
+        "id": "c",
+        "choices": [{"index": 0, "delta": {"content": "x"}, "finish_reason": None}],
+        "usage": None,
+        "obfuscation": "pad",
+    }
+    data = orjson.dumps(doc)
+    slot = learn(data, doc, b'"content":', _openai_text, openai._put_text, pad=openai._OBFUSCATION)
+    assert isinstance(slot, TwoStringSlot)
+    built = [
+        (name, slot.prefix + text + slot.middle + pad + slot.suffix) for name, text, pad in events
+    ]
+    built += [(None, slot.prefix + b'"p"' + slot.middle + b'"q"' + slot.suffix)] * (40 * (at == 3))
+    start = min(at, len(built))
+
+    got = slot.run(built, start, None)
+
+    texts, read = _one_at_a_time(slot, built[start:], None)
+    assert got == (texts, start + read)
+
+
 class _Response:
     def __init__(self, body: bytes) -> None:
         self.body, self.request, self.status_code = body, None, 200
@@ -209,8 +289,16 @@ class _Sink:
     async def __call__(self, chunk: Any) -> None:
         self.chunks.append(chunk)
 
-    async def send_all(self, chunks: Any) -> None:
+    async def send_all(self, chunks: Any, *, whole: bool = False) -> None:
         self.chunks += chunks
+
+
+def _spread(chunks: list[Any]) -> list[Any]:
+    """``chunks`` with each :class:`~runtime.provider.TextRun` as a text chunk a delta."""
+    out: list[Any] = []
+    for chunk in chunks:
+        out += [TextChunk(text=t) for t in chunk.texts] if type(chunk) is TextRun else [chunk]
+    return out
 
 
 def _anthropic_body(blocks: list[list[str]], spaced: bool) -> bytes:
@@ -247,6 +335,21 @@ def test_anthropic_reads_the_same_chunks_with_slots(spaced: bool, blocks: Any) -
         return sink.chunks
 
     assert trio.run(read, False) == trio.run(read, True)
+
+
+@given(blocks=st.lists(st.lists(_STRING, max_size=6), min_size=1, max_size=3))
+def test_anthropic_reads_the_same_deltas_as_runs(blocks: Any) -> None:
+    """The same body read into runs (a request that takes them): the same chunks once
+    each run is spread into a text chunk per delta."""
+    body = _anthropic_body(blocks, False)
+
+    async def read(runs: bool) -> list[Any]:
+        sink = _Sink()
+        batches = anthropic.json_event_batches(_Stream(body), texts=True)
+        await anthropic.parse_batches(batches, sink, runs=runs)
+        return sink.chunks
+
+    assert _spread(trio.run(read, True)) == trio.run(read, False)
 
 
 def _openai_body(texts: list[str], every: int, pads: list[str] | None = None) -> bytes:
@@ -291,6 +394,20 @@ def test_openai_reads_the_same_padded_chunks_with_slots(texts: list[str], pads: 
     assert trio.run(_openai_chunks, body, False) == trio.run(_openai_chunks, body, True)
 
 
+@given(texts=st.lists(_STRING, max_size=12), pads=st.lists(_STRING, min_size=0, max_size=5))
+def test_openai_reads_the_same_deltas_as_runs(texts: list[str], pads: Any) -> None:
+    """The same body read into runs: the same chunks once each run is spread."""
+    body = _openai_body(texts, 0, pads or None)
+
+    async def read(runs: bool) -> list[Any]:
+        sink = _Sink()
+        batches = openai.json_chunk_batches(_Stream(body), texts=True)
+        await openai.parse_batches(batches, sink, runs=runs)
+        return sink.chunks
+
+    assert _spread(trio.run(read, True)) == trio.run(read, False)
+
+
 _RECORDING = (
     Path(__file__).resolve().parents[2]
     / "shared/fixtures/streams/openai/chat-text-long-gpt41nano.sse"
@@ -300,17 +417,26 @@ _RECORDING = (
 @pytest.mark.skipif(not _RECORDING.exists(), reason="the shared recordings are not here")
 def test_openai_reads_the_same_chunks_of_a_real_stream_with_slots(monkeypatch: Any) -> None:
     """A real api.openai.com stream (padding on every chunk): the same chunks, and all but
-    the first text chunk read through the two-string slot."""
+    the first text chunk read through the two-string slot, most of them a window of
+    events at a time."""
     body = _RECORDING.read_bytes()
-    read = []
-    text = TwoStringSlot.text
+    read: list[int] = []
+    windows: list[int] = []
+    text, window = TwoStringSlot.text, TwoStringSlot._window
 
     def counted(slot: TwoStringSlot, data: bytes) -> str | None:
         got = text(slot, data)
         read.append(got is not None)
         return got
 
+    def counted_window(slot: TwoStringSlot, part: Any, name: Any) -> list[str] | None:
+        got = window(slot, part, name)
+        windows.append(0 if got is None else len(got))
+        return got
+
     monkeypatch.setattr(TwoStringSlot, "text", counted)
+    monkeypatch.setattr(TwoStringSlot, "_window", counted_window)
     chunks = trio.run(_openai_chunks, body, True)
     assert chunks == trio.run(_openai_chunks, body, False)
-    assert sum(read) == body.count(b'"delta":{"content":') - 1 > 100
+    assert sum(read) + sum(windows) == body.count(b'"delta":{"content":') - 1 > 100
+    assert sum(windows) > sum(read)

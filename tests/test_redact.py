@@ -405,30 +405,24 @@ def test_the_log_processor_passes_a_timestamp_without_redact_text_yet_redacts_a_
         assert redacted["timestamp"] == "[redacted]T09:55:17.731783Z"
 
 
-class _CountingFolds(dict):
-    """:data:`runtime.redact._FOLDS` that counts ``str.translate``'s look-ups (one a
-    character of the text translated)."""
+def test_a_long_text_is_folded_only_when_it_holds_a_folded_letter(monkeypatch):
+    """Only the four letters ``re`` folds need replacing; a non-ASCII text without them
+    (a reply with a ``°`` in it) is only lowered (issue 24 goal 1)."""
+    calls: list[str] = []
+    folded = redaction._folded
 
-    lookups = 0
+    def counting(text: str) -> str:
+        calls.append(text)
+        return folded(text)
 
-    def __getitem__(self, key):
-        type(self).lookups += 1
-        return super().__getitem__(key)
-
-
-def test_a_long_text_is_translated_only_when_it_holds_a_folded_letter(monkeypatch):
-    """``str.translate`` looks each character up in Python: a reply with a ``°`` in it was
-    scanned at 200 us for 4 KB (issue 24 goal 1). Only the four letters ``re`` folds
-    need it; a non-ASCII text without them is only lowered."""
-    folds = _CountingFolds(redaction._FOLDS)
-    monkeypatch.setattr(redaction, "_FOLDS", folds)
+    monkeypatch.setattr(redaction, "_folded", counting)
     prose = "Weather in Paris: 21°C, light wind — a café day. " * 20
     with isolated_secrets():
         assert redact_text(prose) == prose
-        assert _CountingFolds.lookups == 0
+        assert calls == []
         secret = prose + "pa\u017f\u017fword=hunter22"
         assert redact_text(secret).endswith("pa\u017f\u017fword=[redacted]")
-        assert _CountingFolds.lookups == len(secret)
+        assert calls != []
 
 
 class _CountingTriggers(tuple):
@@ -463,5 +457,14 @@ def test_a_text_is_searched_for_the_triggers_as_if_lowered_and_folded(text):
     """``_fold`` lowers a Latin-1 text as bytes (ASCII letters only): the triggers are
     found in it exactly where they are in the text folded and lowered as ``str``."""
     folded = redaction._fold(text)
-    plain = text.translate(redaction._FOLDS).lower()
+    plain = text.translate(str.maketrans(dict(redaction._FOLDS))).lower()
     assert [t in folded for t in redaction._TRIGGERS] == [t in plain for t in redaction._TRIGGERS]
+
+
+@given(st.text(alphabet=st.sampled_from("aSsiIkK\u017f\u0131\u0130\u212a\u00e9 =")))
+def test_the_folded_letters_are_what_a_translation_table_of_them_gives(text):
+    """The scan folds ``re``'s ASCII look-alikes with four replaces instead of
+    ``str.translate`` (1.8 ms for a 10,000-delta answer): the same text."""
+    table = str.maketrans(dict(redaction._FOLDS))
+
+    assert redaction._folded(text) == text.translate(table)

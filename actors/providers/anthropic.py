@@ -403,18 +403,20 @@ async def _one_by_one(stream: Any) -> AsyncGenerator[list[dict[str, Any]], None]
 
 
 async def parse_batches(
-    batches: AsyncIterable[Sequence[dict[str, Any] | str]],
+    batches: AsyncIterable[Sequence[dict[str, Any] | list[str]]],
     emit: Emit,
     *,
     answer_tool: str | None = None,
     coalesce: bool = False,
+    runs: bool = False,
 ) -> None:
     """:func:`parse_stream` of events that come a network read at a time
     (:func:`json_event_batches`): each read's chunks are sent together
     (:class:`~actors.providers.read_batch.ReadBatch`; with ``coalesce``, a read's
-    consecutive text deltas of one block join into one chunk)."""
+    consecutive text deltas of one block join into one chunk; with ``runs``, those read
+    through their slot go as a :class:`~runtime.provider.TextRun`)."""
     parse = _MessageParse(emit, answer_tool)
-    out = ReadBatch(emit, coalesce=coalesce)
+    out = ReadBatch(emit, coalesce=coalesce, runs=runs)
     async for batch in batches:
         try:
             await _parse_read(batch, parse, out)
@@ -426,19 +428,17 @@ async def parse_batches(
 
 
 async def _parse_read(
-    batch: Sequence[dict[str, Any] | str], parse: _MessageParse, out: ReadBatch
+    batch: Sequence[dict[str, Any] | list[str]], parse: _MessageParse, out: ReadBatch
 ) -> None:
     """The events of one read into ``out`` (text deltas inline: most of a stream)."""
     on_event = parse.on_event
     i, n = 0, len(batch)
     while i < n:
         event = batch[i]
-        if isinstance(event, str):  # text deltas read through their slot (json_event_batches)
-            i = out.texts(batch, i)  # of the block of the last text delta read in full
-            if out.urgent:
-                await out.flush()
-            continue
         i += 1
+        if isinstance(event, list):  # text deltas read through their slot (json_event_batches)
+            await out.text_list(event)  # of the block of the last text delta read in full
+            continue
         etype: Any = event.get("type")
         if etype == "content_block_delta":
             delta = event.get("delta") or {}
@@ -674,13 +674,14 @@ async def json_events(stream: Any) -> AsyncGenerator[dict[str, Any], None]:
 
 async def json_event_batches(
     stream: Any, *, texts: bool = False
-) -> AsyncGenerator[list[dict[str, Any] | str], None]:
+) -> AsyncGenerator[list[dict[str, Any] | list[str]], None]:
     """The events of an SDK ``AsyncStream`` as plain dicts, decoded by orjson, a list per
     network read; with ``texts``, a text delta that is the bytes of the last text delta
-    decoded in full around another string comes as that ``str``, its text, read without
-    decoding the rest (:mod:`~actors.providers.json_slot`): a delta of the same block as
-    that one, since any other ``content_block_delta`` decoded in full (another block's,
-    another kind's) drops the slot.
+    decoded in full around another string is read as its text alone, without decoding
+    the rest (:mod:`~actors.providers.json_slot`), and consecutive ones come as one
+    ``list`` of their texts (``str`` s, in order, one a delta): deltas of the same block
+    as that one, since any other ``content_block_delta`` decoded in full (another
+    block's, another kind's) drops the slot.
 
     Why: the SDK validates every event into a pydantic model, and decodes the SSE lines
     in Python, one ``str`` and one event object at a time; those were most of what a
@@ -708,18 +709,27 @@ async def json_event_batches(
     events = event_batches(stream)
     async with aclosing(events):
         async for batch in events:
-            out: list[dict[str, Any] | str] = []
+            out: list[dict[str, Any] | list[str]] = []
             failure: Exception | None = None
-            for name, data in batch:
+            i, n = 0, len(batch)
+            while i < n:
+                if slot is not None:  # a run of text deltas of the slot's block, at once
+                    run, i = slot.run(batch, i, "content_block_delta")
+                    if run:
+                        out.append(run)
+                        if i == n:
+                            break
+                name, data = batch[i]
+                i += 1
                 if name == "ping" or name is None:
                     continue
                 if name == "error":
                     failure = _stream_error(stream, data, response)
                     break
                 if slot is not None:
-                    text = slot.text(data)
+                    text = slot.text(data)  # (an event of another name, read as before)
                     if text is not None:
-                        out.append(text)
+                        out.append([text])
                         continue
                 if not data:
                     continue
@@ -964,6 +974,7 @@ class AnthropicProvider(SDKProvider):
                         emit,
                         answer_tool=OUTPUT_TOOL if request.output is not None else None,
                         coalesce=self.coalesce_deltas,
+                        runs=request.text_runs,
                     )
             finally:
                 # release the connection even when cancelled or failed mid-stream

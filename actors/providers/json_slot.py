@@ -35,7 +35,9 @@ it: ``read`` must not look at the padding (OpenAI's ``_text_only`` does not).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from itertools import repeat
+from operator import add, getitem, itemgetter
 from typing import Any, overload
 
 _PROBE = "\x00axon-probe\u2603"
@@ -49,7 +51,17 @@ class StringSlot:
     """The bytes of one event around its text: :meth:`text` reads another event of the
     same bytes around another string."""
 
-    __slots__ = ("_loads", "_start", "_stop", "prefix", "suffix")
+    __slots__ = (
+        "_between",
+        "_closing",
+        "_inside",
+        "_loads",
+        "_opening",
+        "_start",
+        "_stop",
+        "prefix",
+        "suffix",
+    )
 
     def __init__(self, prefix: bytes, suffix: bytes) -> None:
         import orjson  # where a stream is read: importing the provider does not load it
@@ -61,6 +73,10 @@ class StringSlot:
         self.suffix = suffix
         self._start = len(prefix)
         self._stop = -len(suffix)
+        self._opening = prefix + b'"'
+        self._closing = b'"' + suffix
+        self._between = self._closing + b"\n" + self._opening  # between two events (run)
+        self._inside = slice(len(self._opening), -len(self._closing))  # the string's bytes
 
     def text(self, data: bytes) -> str | None:
         """The string of ``data`` when it is :attr:`prefix`, one JSON string token and
@@ -74,12 +90,105 @@ class StringSlot:
                     return None  # not one token: the full decode says what it is
         return None
 
+    def run(self, events: Sequence[tuple[Any, bytes]], i: int, name: Any) -> tuple[list[str], int]:
+        """:meth:`text` of each event of ``events`` (``(name, data)`` pairs) from index
+        ``i`` on, while the event is named ``name`` and its text reads: the texts and the
+        index of the first event not read. The same texts as :meth:`text`, read a window
+        of events at a time (:func:`_run`)."""
+        return _run(self, events, i, name)
+
+    def _window(self, part: Sequence[tuple[Any, bytes]], name: Any) -> list[str] | None:
+        """The texts of every event of ``part`` if each is named ``name`` and is
+        :attr:`prefix`, a quote, bytes without a quote, a quote and :attr:`suffix`, and
+        those strings decode; ``None`` otherwise.
+
+        Why it reads what :meth:`text` reads: the events' data joined by newlines equals
+        the strings cut out of them, each put back between ``prefix"`` and ``"suffix``
+        and joined the same way, only if every event is so (the pieces line up: each
+        event's is as long as its data, unless one is too short for both, and then the
+        whole is longer); with no quote in them, :func:`_strings` reads their values."""
+        k = len(part)
+        if list(map(_NAME, part)).count(name) != k:
+            return None
+        datas = list(map(_DATA, part))
+        strings: list[bytes] = list(map(getitem, datas, repeat(self._inside, k)))
+        if b"\n".join(datas) != self._opening + self._between.join(strings) + self._closing:
+            return None
+        if b'"' in b"".join(strings):
+            return None  # a quote in a text (escaped): read alone
+        return _strings(self._loads, strings)
+
+
+_NAME, _DATA = itemgetter(0), itemgetter(1)
+_WINDOW, _MAX_WINDOW = 16, 256
+"""The events a slot's ``run`` reads at a time: 16 at first, twice as many after each
+window read whole, at most 256."""
+
+
+def _run(
+    slot: StringSlot | TwoStringSlot, events: Sequence[tuple[Any, bytes]], i: int, name: Any
+) -> tuple[list[str], int]:
+    """``slot.text`` of each event from index ``i`` on, while it is named ``name`` and
+    its text reads: the texts and the index of the first event not read.
+
+    Why: a read's text deltas come in runs, and reading one a call, with a look at its
+    bytes and a decode each, was the costliest step of a delta in the provider (issue 24
+    goal 1). So a window of events is read at once (the slot's ``_window``: a handful of
+    C calls over all its bytes and one decode); a window that does not read whole is
+    halved, down to one event read by ``text``. The window doubles after each window
+    read whole, so a run that ends costs about twice its own events."""
+    texts: list[str] = []
+    n = len(events)
+    window = _WINDOW
+    while i < n:
+        part = events[i : i + window]
+        got = slot._window(part, name)
+        if got is not None:
+            texts += got
+            i += len(part)
+            window = min(2 * window, _MAX_WINDOW)
+        elif len(part) > 1:
+            window = len(part) // 2
+        else:
+            event_name, data = part[0]
+            text = slot.text(data) if event_name == name else None
+            if text is None:
+                break
+            texts.append(text)
+            i += 1
+            window = _WINDOW
+    return texts, i
+
+
+def _strings(loads: Callable[[bytes], Any], strings: list[bytes]) -> list[str] | None:
+    """``strings`` (the bytes between a string token's quotes, none holding a quote)
+    decoded in one JSON array, in order; ``None`` if the array is refused. Each
+    ``"string"`` is one string token unless its last quote is escaped, and then the
+    string it opens runs on into the next one's first quote, after which the array can
+    never close: so the array holds exactly the tokens' values, or is refused."""
+    try:
+        decoded: list[str] = loads(b'["' + b'","'.join(strings) + b'"]')
+    except ValueError:
+        return None
+    return decoded
+
 
 class TwoStringSlot:
     """The bytes of one event around its text and a padding string after it:
     :meth:`text` reads another event of the same bytes around two other strings."""
 
-    __slots__ = ("_loads", "_start", "_stop", "middle", "prefix", "suffix")
+    __slots__ = (
+        "_between",
+        "_closing",
+        "_loads",
+        "_opening",
+        "_quoted_middle",
+        "_start",
+        "_stop",
+        "middle",
+        "prefix",
+        "suffix",
+    )
 
     def __init__(self, prefix: bytes, middle: bytes, suffix: bytes) -> None:
         import orjson
@@ -92,6 +201,10 @@ class TwoStringSlot:
         self.suffix = suffix
         self._start = len(prefix)
         self._stop = -len(suffix)
+        self._opening = prefix + b'"'
+        self._quoted_middle = b'"' + middle + b'"'
+        self._closing = b'"' + suffix
+        self._between = self._closing + b"\n" + self._opening  # between two events (run)
 
     def text(self, data: bytes) -> str | None:
         """The first string of ``data`` when it is :attr:`prefix`, one JSON string token,
@@ -119,6 +232,46 @@ class TwoStringSlot:
             return loads(data[start:end])  # a str: valid JSON opening with a quote
         except ValueError:
             return None
+
+    def run(self, events: Sequence[tuple[Any, bytes]], i: int, name: Any) -> tuple[list[str], int]:
+        """:meth:`text` of each event from index ``i`` on, while it is named ``name`` and
+        its text reads: the texts and the index of the first event not read, a window of
+        events at a time (:func:`_run`)."""
+        return _run(self, events, i, name)
+
+    def _window(self, part: Sequence[tuple[Any, bytes]], name: Any) -> list[str] | None:
+        """The texts of every event of ``part`` if each is named ``name`` and is
+        :attr:`prefix`, a quote, bytes without a quote, a quote, :attr:`middle`, a
+        quote, bytes without a quote, a quote and :attr:`suffix`, and those strings
+        decode; ``None`` otherwise.
+
+        Why it reads what :meth:`text` reads: each text is cut up to the first quote
+        after its opening one and each padding from after the quoted :attr:`middle` that
+        must follow it; the events' data joined by newlines equals the pieces put back
+        between the learned bytes and joined the same way only if every event is so (as
+        in :meth:`StringSlot._window`: each event's is as long as its data unless one is
+        too short, and then the whole is longer). With no quote in a padding either,
+        :func:`_strings` validates the paddings and reads the texts."""
+        k = len(part)
+        if list(map(_NAME, part)).count(name) != k:
+            return None
+        datas = list(map(_DATA, part))
+        opened = len(self._opening)
+        ends = list(map(bytes.find, datas, repeat(b'"', k), repeat(opened, k)))
+        if -1 in ends:
+            return None
+        texts: list[bytes] = list(map(getitem, datas, map(slice, repeat(opened, k), ends)))
+        pad_starts = map(add, ends, repeat(len(self._quoted_middle), k))
+        closing = -len(self._closing)
+        pads: list[bytes] = list(map(getitem, datas, map(slice, pad_starts, repeat(closing, k))))
+        rebuilt = self._between.join(map(self._quoted_middle.join, zip(texts, pads, strict=True)))
+        if b"\n".join(datas) != self._opening + rebuilt + self._closing:
+            return None
+        if b'"' in b"".join(pads):
+            return None  # a quote in a padding (escaped): read alone
+        if _strings(self._loads, pads) is None:
+            return None
+        return _strings(self._loads, texts)
 
 
 @overload

@@ -443,14 +443,16 @@ async def parse_batches(
     *,
     provider: str = "openai",
     coalesce: bool = False,
+    runs: bool = False,
 ) -> None:
     """:func:`parse_stream` of chunks that come a network read at a time
     (:func:`json_chunk_batches`): each read's text chunks are sent together
     (:class:`~actors.providers.read_batch.ReadBatch`; with ``coalesce``, a read's
-    consecutive text deltas join into one chunk). Errors, as there, are raised
+    consecutive text deltas join into one chunk; with ``runs``, those read through their
+    slot go as a :class:`~runtime.provider.TextRun`). Errors, as there, are raised
     classified, after the chunks that came before them."""
     state = _StreamState(emit, provider)
-    out = ReadBatch(emit, coalesce=coalesce)
+    out = ReadBatch(emit, coalesce=coalesce, runs=runs)
     iterator = aiter(batches)
     while True:
         try:
@@ -464,12 +466,10 @@ async def parse_batches(
         while i < n:
             chunk = batch[i]
             t = type(chunk)
-            if t is str:  # texts of chunks read through their slot (json_chunk_batches)
-                i = out.texts(batch, i)
-                if out.urgent:
-                    await out.flush()
-                continue
             i += 1
+            if t is list:  # texts of chunks read through their slot (json_chunk_batches)
+                await out.text_list(chunk)
+                continue
             text = _text_only(chunk) if t is dict else None
             if text is not None:  # the common chunk, read without the general path's look-ups
                 if text:
@@ -623,8 +623,9 @@ async def json_chunk_batches(
     """The chunks of an SDK ``AsyncStream`` as plain dicts, decoded by orjson, a list per
     network read; with ``texts``, a chunk of text alone (:func:`_text_only`) that is the
     bytes of one such chunk before it around another string (and, from api.openai.com,
-    another ``obfuscation`` padding string) comes as that ``str``, its text, read without
-    decoding the rest (:mod:`~actors.providers.json_slot`).
+    another ``obfuscation`` padding string) comes as its text, read without
+    decoding the rest (:mod:`~actors.providers.json_slot`), and consecutive ones as one
+    ``list`` of their texts, in order.
 
     Why: the SDK builds a pydantic model of every chunk, and decodes the SSE lines in
     Python, one ``str`` and one event object at a time; those were most of what a stream
@@ -657,11 +658,20 @@ async def json_chunk_batches(
             out: list[Any] = []
             failure: Exception | None = None
             done = False
-            for _name, data in batch:
+            i, n = 0, len(batch)
+            while i < n:
+                if slot is not None:  # a run of text chunks, at once
+                    run, i = slot.run(batch, i, None)
+                    if run:
+                        out.append(run)
+                        if i == n:
+                            break
+                data = batch[i][1]
+                i += 1
                 if slot is not None:
-                    text = slot.text(data)
+                    text = slot.text(data)  # (an event with a name, read as before)
                     if text is not None:
-                        out.append(text)
+                        out.append([text])
                         continue
                 if data.startswith(b"[DONE]"):
                     done = True
@@ -810,7 +820,11 @@ class OpenAIProvider(OpenAISDKProvider):
             batches = json_chunk_batches(response, texts=True)
             async with aclosing(batches):
                 await parse_batches(
-                    batches, emit, provider=self.provider_name, coalesce=self.coalesce_deltas
+                    batches,
+                    emit,
+                    provider=self.provider_name,
+                    coalesce=self.coalesce_deltas,
+                    runs=request.text_runs,
                 )
 
     def classify_error(self, exc: BaseException) -> AxonError:

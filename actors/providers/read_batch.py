@@ -29,6 +29,13 @@ With ``coalesce`` (:attr:`runtime.provider.Provider.coalesce_deltas`), consecuti
 deltas of one read join into one :class:`~runtime.chunks.TextChunk`: the same text, the
 same part boundaries (any other chunk, or :meth:`ReadBatch.end_run` where the provider
 sees a new part, ends the run), fewer and longer deltas.
+
+With ``runs`` (a request's :attr:`~runtime.provider.InferRequest.text_runs`: the turn
+runner's), a run of text deltas read through a slot (:meth:`ReadBatch.texts`) goes as
+one :class:`~runtime.provider.TextRun` instead of a ``TextChunk`` each: the same deltas,
+each still its own ``text-delta`` chunk in the stream, without an object per delta in the
+stages before the stream controller (issue 24 goal 1). A full batch counts the run's
+deltas, not the run, so the batches and the yields after them are the same.
 """
 
 from __future__ import annotations
@@ -41,7 +48,7 @@ import trio
 from runtime.actor_messages import MAX_BATCH
 from runtime.chunks import TextChunk
 from runtime.fastbuild import slot_builder
-from runtime.provider import Emit, emit_all
+from runtime.provider import Emit, TextRun, emit_all
 
 _TEXT = slot_builder(TextChunk, ("text", "refusal"))
 """``TextChunk(text=..., refusal=...)`` built through its slots (:mod:`runtime.fastbuild`):
@@ -51,14 +58,18 @@ one per delta of the stream, for half of what ``__init__`` costs."""
 class ReadBatch:
     """Chunks of the current read, waiting to be sent; :attr:`urgent` says "flush now"."""
 
-    __slots__ = ("_coalesce", "_emit", "_first", "_run", "out", "urgent")
+    __slots__ = ("_coalesce", "_emit", "_extra", "_first", "_run", "_runs", "out", "urgent")
 
-    def __init__(self, emit: Emit, *, coalesce: bool = False) -> None:
+    def __init__(self, emit: Emit, *, coalesce: bool = False, runs: bool = False) -> None:
         self._emit = emit
         self._coalesce = coalesce
+        self._runs = runs
         self._first = True
         self._run: list[str] = []
         self.out: list[Any] = []
+        self._extra = 0
+        """The deltas of :attr:`out`'s text runs beyond one a run: ``len(out)`` plus this
+        is what a full batch counts."""
         self.urgent = False
         """Set when the chunks should go before parsing goes on: the stream's first text
         delta, or a full batch."""
@@ -74,47 +85,55 @@ class ReadBatch:
         else:
             out = self.out
             out.append(_TEXT(text, False))
-            if len(out) >= MAX_BATCH:
+            if len(out) + self._extra >= MAX_BATCH:
                 self.urgent = True
 
-    def texts(self, items: Sequence[Any], i: int) -> int:
-        """:meth:`text` for each ``str`` of ``items`` from index ``i`` on (an empty one
-        skipped), up to the first item of another type or the one that makes the batch
-        :attr:`urgent`; returns the index after the last one read. Why: a read's text
-        deltas read through a slot (:mod:`~actors.providers.json_slot`) come as a run of
-        strings, and one call for the run instead of one per delta spares a call and
-        its attribute loads per delta (issue 24). The same chunks as :meth:`text`."""
-        n = len(items)
+    async def text_list(self, texts: Sequence[str]) -> None:
+        """:meth:`text` for each of ``texts`` (an empty one skipped), flushing whenever
+        the batch becomes :attr:`urgent`. Why: a read's text deltas read through a slot
+        (:mod:`~actors.providers.json_slot`) come as a list of their texts, and one call
+        for the list instead of one per delta spares a call and its attribute loads per
+        delta (issue 24). The same chunks, sent at the same points, as :meth:`text`."""
+        i, n = 0, len(texts)
+        while i < n:
+            i = self.texts(texts, i)
+            if self.urgent:
+                await self.flush()
+
+    def texts(self, texts: Sequence[str], i: int) -> int:
+        """:meth:`text` for each of ``texts`` from index ``i`` on (an empty one skipped),
+        up to the one that makes the batch :attr:`urgent`; returns the index after the
+        last one read."""
+        n = len(texts)
         if self._first or self._coalesce:  # the stream's first delta, or joined runs
-            while i < n and type(items[i]) is str:
-                text = items[i]
+            while i < n:
+                text = texts[i]
                 i += 1
                 if text:
                     self.text(text)
                     if self.urgent:
                         break
             return i
-        out = self.out
-        append, build = out.append, _TEXT
-        room = MAX_BATCH - len(out)
-        while i < n:
-            text = items[i]
-            if type(text) is not str:
-                break
-            i += 1
-            if text:
-                append(build(text, False))
-                room -= 1
-                if room <= 0:
-                    self.urgent = True
-                    break
-        return i
+        room = MAX_BATCH - len(self.out) - self._extra
+        j = n
+        if n - i >= room:
+            j = i + room
+            self.urgent = True
+        if self._runs:
+            run = list(filter(None, texts[i:j]))
+            if run:
+                self.out.append(TextRun(texts=run))
+                self._extra += len(run) - 1
+        else:
+            build = _TEXT
+            self.out += [build(text, False) for text in texts[i:j] if text]
+        return j
 
     def add(self, chunk: Any) -> None:
         """Any other chunk: it ends the text run and takes its place in the order."""
         self.end_run()
         self.out.append(chunk)
-        if len(self.out) >= MAX_BATCH:
+        if len(self.out) + self._extra >= MAX_BATCH:
             self.urgent = True
 
     def end_run(self) -> None:
@@ -130,9 +149,14 @@ class ReadBatch:
         out = self.out
         self.urgent = False
         if out:
-            self.out = []
-            await emit_all(self._emit, out)
-            if len(out) >= MAX_BATCH:
+            size, extra = len(out), self._extra
+            self.out, self._extra = [], 0
+            send_all = getattr(self._emit, "send_all", None) if extra else None
+            if send_all is not None:  # runs: batches of their own (Batcher.send_all)
+                await send_all(out, whole=True)
+            else:
+                await emit_all(self._emit, out)
+            if size + extra >= MAX_BATCH:
                 # A full batch: the actors after the provider get their turn before it
                 # parses on (see the module).
                 await trio.lowlevel.checkpoint()

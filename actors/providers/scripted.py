@@ -9,6 +9,8 @@ each turn replays the script from its first step.
 A step may contain:
 
 * :mod:`runtime.chunks` values, emitted as they are;
+* a :class:`~runtime.provider.TextRun`: emitted as it is to a request that takes runs
+  (the turn runner's), else as a text chunk per delta;
 * plain ``str``: shorthand for text (split into pieces of ``chunk_size`` characters);
 * an exception instance: raised at that point (a scripted provider error);
 * :class:`Sleep`: wait that long (Trio clock; tests use ``autojump_clock``).
@@ -41,7 +43,7 @@ from runtime.chunks import (
 )
 from runtime.errors import ProviderError
 from runtime.messages import AssistantMessage, Message, ToolMessage, UserMessage
-from runtime.provider import Emit, Provider, ProviderOptions
+from runtime.provider import Emit, Provider, ProviderOptions, TextRun
 from runtime.ratelimit import RateLimit
 
 
@@ -190,6 +192,8 @@ class ScriptedProvider(Provider):
             elif type(item) is ReasoningChunk and item.text and item.signature is None:
                 texts = self._split(item.text)
                 pieces = [ReasoningChunk(text=t, provider=item.provider) for t in texts]
+            elif type(item) is TextRun and not request.text_runs:  # a delta a chunk
+                pieces = [TextChunk(text=t) for t in item.texts]
             else:
                 pieces = [item]
             for chunk in pieces:

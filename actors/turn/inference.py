@@ -44,6 +44,7 @@ from runtime.errors import ProviderError
 from runtime.ids import new_id
 from runtime.messages import Message, UserMessage
 from runtime.pricing import priced
+from runtime.provider import TextRun
 from runtime.ratelimit import Limiter, Verdict
 from runtime.redact import redact
 from runtime.tools import Tool
@@ -241,6 +242,7 @@ class Inferring:
             cancel_scope=trio.CancelScope(),
             settings=agent.settings,
             output=agent.output_schema,
+            text_runs=True,  # the engine and this runner take a read's deltas as one item
         )
         await self._ask(provider, request)
         inbox, parts, ctrl = self.stream_inbox, turn.parts, turn.ctrl
@@ -254,6 +256,7 @@ class Inferring:
                 failure: StreamFailed | None = None
                 finished = False
                 forward: list[Any] = []
+                runs = False  # ``forward`` holds a TextRun: its batches go whole
                 i, n = 0, len(batch)
                 while i < n:
                     chunk = batch[i]
@@ -262,7 +265,10 @@ class Inferring:
                         i = parts.texts(batch, i, forward)
                         continue
                     i += 1
-                    if t is ReasoningChunk:
+                    if t is TextRun:
+                        parts.text_run(chunk, forward)
+                        runs = True
+                    elif t is ReasoningChunk:
                         parts.reasoning(chunk, forward)
                     elif t is ToolInputDeltaChunk:
                         forward.append(chunk)
@@ -286,7 +292,7 @@ class Inferring:
                 if finished:
                     parts.close(forward)  # the call's last part ends with it
                 if forward:
-                    await ctrl.send_all(observe(turn.output, forward))
+                    await ctrl.send_all(observe(turn.output, forward), whole=runs)
                 if failure is not None:
                     raise failure.error
                 if finished:

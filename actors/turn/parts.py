@@ -48,6 +48,7 @@ from runtime.messages import (
     TextPart,
     ToolCallPart,
 )
+from runtime.provider import TextRun
 
 
 class PartsManager:
@@ -132,6 +133,18 @@ class PartsManager:
             pieces.append(text)
             append(chunk)
         return i
+
+    def text_run(self, run: TextRun, out: list[Any]) -> None:
+        """:meth:`text` for each delta of ``run`` (:class:`~runtime.provider.TextRun`: no
+        refusal, none empty), in one call: the pieces extended with the run's texts, the
+        run forwarded as it is (the stream controller makes each its own delta). The same
+        decisions as :meth:`text` per delta: a text part opens unless one that is no
+        refusal is open."""
+        if self._kind is not TEXT or self._refusal:
+            self._open(TEXT, out)
+            self._refusal = False
+        self._pieces.extend(run.texts)
+        out.append(run)
 
     def reasoning(self, chunk: ReasoningChunk, out: list[Any]) -> None:
         ends = chunk.signature is not None or chunk.redacted_data is not None

@@ -25,6 +25,7 @@ from runtime.chunks import TextChunk
 from runtime.errors import OutputValidationError
 from runtime.messages import AssistantMessage, Message, ToolCallPart
 from runtime.output_schema import OutputSchema, unfence_partial
+from runtime.provider import TextRun
 
 # -- one turn -----------------------------------------------------------------------------
 
@@ -85,6 +86,10 @@ class StructuredTurn:
             if t is TextChunk:
                 if self._part is not None and not item.refusal:
                     self._text.append(item.text)
+                    self._dirty = True
+            elif t is TextRun:  # text deltas, none a refusal (runtime.provider)
+                if self._part is not None:
+                    self._text.extend(item.texts)
                     self._dirty = True
             elif t is PartEnd:
                 self._flush(out)
