@@ -834,6 +834,22 @@ def classify_error(exc: BaseException) -> errors.AxonError:
 # -- the provider -------------------------------------------------------------------------
 
 
+def span_can_start(client: Any) -> bool:
+    """Whether the span of a call through ``client`` (an Anthropic SDK client with an
+    OpenTelemetry tracer) could record or carry a trace context: the client was given a
+    tracer provider, or a real one is set globally (the proxy's spans do nothing then),
+    or the current context holds a valid span, whose context a non-recording span
+    carries on (the SDK's ``traceparent``)."""
+    from opentelemetry import trace  # loaded by the SDK already: it gave the tracer
+
+    options = getattr(client, "_open_telemetry", None) or {}
+    if options.get("tracer_provider") is not None:
+        return True
+    if not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
+        return True
+    return trace.get_current_span().get_span_context().is_valid
+
+
 class AnthropicProvider(SDKProvider):
     """Streams Anthropic Messages API calls (raw events) for any number of sessions.
 
@@ -882,6 +898,8 @@ class AnthropicProvider(SDKProvider):
         """Extended-thinking budget in tokens; ``None`` leaves thinking off."""
         self.max_tokens = max_tokens
         """Output token limit per call (thinking included)."""
+        self._idle_span_client: Any = None
+        self._sdk_tracer: Any = None
 
     @classmethod
     def from_options(cls, options: ProviderOptions) -> AnthropicProvider:
@@ -915,6 +933,27 @@ class AnthropicProvider(SDKProvider):
 
     def client_secrets(self, client: Any) -> tuple[str | None, ...]:
         return (client.api_key, client.auth_token)  # an API key, or a bearer token
+
+    def _skip_idle_span(self, client: Any) -> None:
+        """Have the SDK skip its OpenTelemetry span for this call when the span could
+        neither record nor carry a trace context (:func:`span_can_start`), and make it
+        as before when it could.
+
+        Why: the SDK builds each call's span attributes (the server, the request's
+        options, the default headers) before it asks whether the span records; with no
+        OpenTelemetry SDK configured, the tracer is OpenTelemetry's proxy, whose span
+        does neither, so the SDK drops it: 45-70 us of a one-delta call's CPU (branch
+        ``g1sdk``). The client's tracer is resolved once and kept; for each call, the
+        client is given it back, or ``None`` (the SDK's "no spans") while no span can
+        start. Checked per call, so an application that configures OpenTelemetry after
+        the first call has the SDK's spans from its next call on (the proxy tracer then
+        delegates to the real one, as it did). An SDK without this tracer attribute is
+        left as it is: the request is the same either way."""
+        if self._idle_span_client is not client:
+            self._idle_span_client = client
+            self._sdk_tracer = getattr(client, "_tracer", None)
+        if self._sdk_tracer is not None and hasattr(client, "_lazy_tracer"):
+            client._lazy_tracer = self._sdk_tracer if span_can_start(client) else None
 
     def request_params(self, request: InferRequest) -> dict[str, Any]:
         """The keyword arguments of ``messages.create`` for ``request`` (``stream=True``)."""
@@ -954,6 +993,7 @@ class AnthropicProvider(SDKProvider):
         """One model call: restore, request, parse. Failures raise classified errors."""
         try:
             client = self._get_client()
+            self._skip_idle_span(client)
             events = await client.messages.create(**self.request_params(request))
             await self.observe_headers(getattr(events, "response", None))  # rate limits
             try:
