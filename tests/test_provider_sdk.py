@@ -181,3 +181,19 @@ def test_a_client_class_with_its_own_url_routing_is_not_cached():
     )
     cache_prepared_urls(client)
     assert "_prepare_url" not in vars(client)
+
+
+def test_a_client_with_its_joined_urls_is_freed_without_the_collector():
+    import gc
+    import weakref
+
+    client = OpenAIProvider("m", base_url="http://127.0.0.1:1/v1", api_key="k").new_client()
+    cache_prepared_urls(client)
+    client._prepare_url("chat/completions")
+    gone = weakref.ref(client)
+    gc.disable()
+    try:
+        del client
+        assert gone() is None  # no reference cycle through the cache
+    finally:
+        gc.enable()

@@ -17,6 +17,7 @@ provider module (or ``runtime``) loads no SDK.
 from __future__ import annotations
 
 import inspect
+import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -50,16 +51,18 @@ def cache_prepared_urls(client: Any) -> None:
     defined = next((k for k in type(client).__mro__ if "_prepare_url" in vars(k)), None)
     if defined is None or defined.__module__ not in SDK_BASE_MODULES:
         return
-    prepare = client._prepare_url
+    prepare = vars(defined)["_prepare_url"]
+    owner: Callable[[], Any] = weakref.ref(client)  # no cycle through its own attribute
     joined: dict[str, tuple[Any, Any]] = {}
 
     def prepare_url(url: str) -> Any:
-        base = client.base_url
+        this = owner()
+        base = this.base_url
         found = joined.get(url)
         if found is None or found[0] is not base:
             if len(joined) >= PREPARED_URLS:
                 joined.clear()
-            found = joined[url] = (base, prepare(url))
+            found = joined[url] = (base, prepare(this, url))
         return found[1]
 
     client._prepare_url = prepare_url
