@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
 
 from actors.providers.anthropic import (
     TRUNCATED_BY_MAX_TOKENS,
@@ -1093,3 +1094,38 @@ async def test_a_call_in_a_propagated_trace_context_still_sends_its_traceparent(
         context.detach(token)
     for sent in run.server.requests:
         assert sent.headers["traceparent"].startswith("00-0af7651916cd43dd8448eb211c80319c-")
+
+
+async def test_concurrent_calls_each_keep_their_own_trace_context(monkeypatch: pytest.MonkeyPatch):
+    """One client serves every session; the SDK reads its tracer after an ``await`` (the
+    first call's platform look-up in a thread). A call in a propagated trace still sends
+    its ``traceparent`` while another, outside any trace, runs beside it."""
+    from opentelemetry import context, trace
+
+    monkeypatch.setattr(trace, "_TRACER_PROVIDER", None)
+    remote = trace.SpanContext(
+        trace_id=0x0AF7651916CD43DD8448EB211C80319C,
+        span_id=0xB7AD6B7169203331,
+        is_remote=True,
+        trace_flags=trace.TraceFlags(trace.TraceFlags.SAMPLED),
+    )
+    run = Run()
+
+    async def traced(provider: AnthropicProvider) -> None:
+        token = context.attach(trace.set_span_in_context(trace.NonRecordingSpan(remote)))
+        try:
+            await provider.stream(make_request(), run.emit)
+        finally:
+            context.detach(token)
+
+    async with loopback_server(inline(), inline()) as server:
+        provider = AnthropicProvider(MODEL, base_url=server.url, api_key=KEY)
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(traced, provider)
+                nursery.start_soon(provider.stream, make_request(), run.emit)
+        finally:
+            await provider.aclose()
+    parents = [r.headers.get("traceparent") for r in server.requests]
+    assert len(parents) == 2
+    assert sum(1 for p in parents if p and "0af7651916cd43dd8448eb211c80319c" in p) == 1

@@ -850,6 +850,46 @@ def span_can_start(client: Any) -> bool:
     return trace.get_current_span().get_span_context().is_valid
 
 
+_SPAN_AWARE: dict[type, type] = {}
+"""Each SDK client class, to its subclass made by :func:`skip_idle_spans`."""
+
+
+def skip_idle_spans(client: Any) -> None:
+    """Have the SDK skip a call's OpenTelemetry span when it could neither record nor
+    carry a trace context (:func:`span_can_start`), and make it as before when it could.
+
+    Why: the SDK builds each call's span attributes (the server, the request's options,
+    the default headers) before it asks whether the span records; with no OpenTelemetry
+    SDK configured, the tracer is OpenTelemetry's proxy, whose span does neither, so the
+    SDK drops it: 45-70 us of a one-delta call's CPU (branch ``g1sdk``). The client's
+    class becomes a subclass (made once per class) whose ``_tracer`` is the SDK's, or
+    ``None`` (the SDK's "no spans") whenever it is read while no span can start. Read,
+    not set per call: the SDK reads it after an ``await`` (its options' preparation, a
+    platform's credentials), and a client serves every session's calls, each task in a
+    trace context of its own; so the answer is always the reading task's. An application
+    that configures OpenTelemetry after the first call has the SDK's spans from then on.
+    A client without this tracer property is left as it is: the request is the same
+    either way, this only saves the work."""
+    cls = type(client)
+    if cls in _SPAN_AWARE.values():
+        return
+    aware = _SPAN_AWARE.get(cls)
+    if aware is None:
+        prop = getattr(cls, "_tracer", None)
+        if not isinstance(prop, property) or prop.fget is None:
+            return
+        sdk_tracer = prop.fget
+
+        def _tracer(self: Any) -> Any:
+            tracer = sdk_tracer(self)
+            return tracer if tracer is None or span_can_start(self) else None
+
+        namespace = {"_tracer": property(_tracer), "__module__": cls.__module__}
+        aware = _SPAN_AWARE[cls] = type(cls.__name__, (cls,), namespace)
+        aware.__qualname__ = cls.__qualname__
+    client.__class__ = aware
+
+
 class AnthropicProvider(SDKProvider):
     """Streams Anthropic Messages API calls (raw events) for any number of sessions.
 
@@ -898,8 +938,6 @@ class AnthropicProvider(SDKProvider):
         """Extended-thinking budget in tokens; ``None`` leaves thinking off."""
         self.max_tokens = max_tokens
         """Output token limit per call (thinking included)."""
-        self._idle_span_client: Any = None
-        self._sdk_tracer: Any = None
 
     @classmethod
     def from_options(cls, options: ProviderOptions) -> AnthropicProvider:
@@ -933,27 +971,6 @@ class AnthropicProvider(SDKProvider):
 
     def client_secrets(self, client: Any) -> tuple[str | None, ...]:
         return (client.api_key, client.auth_token)  # an API key, or a bearer token
-
-    def _skip_idle_span(self, client: Any) -> None:
-        """Have the SDK skip its OpenTelemetry span for this call when the span could
-        neither record nor carry a trace context (:func:`span_can_start`), and make it
-        as before when it could.
-
-        Why: the SDK builds each call's span attributes (the server, the request's
-        options, the default headers) before it asks whether the span records; with no
-        OpenTelemetry SDK configured, the tracer is OpenTelemetry's proxy, whose span
-        does neither, so the SDK drops it: 45-70 us of a one-delta call's CPU (branch
-        ``g1sdk``). The client's tracer is resolved once and kept; for each call, the
-        client is given it back, or ``None`` (the SDK's "no spans") while no span can
-        start. Checked per call, so an application that configures OpenTelemetry after
-        the first call has the SDK's spans from its next call on (the proxy tracer then
-        delegates to the real one, as it did). An SDK without this tracer attribute is
-        left as it is: the request is the same either way."""
-        if self._idle_span_client is not client:
-            self._idle_span_client = client
-            self._sdk_tracer = getattr(client, "_tracer", None)
-        if self._sdk_tracer is not None and hasattr(client, "_lazy_tracer"):
-            client._lazy_tracer = self._sdk_tracer if span_can_start(client) else None
 
     def request_params(self, request: InferRequest) -> dict[str, Any]:
         """The keyword arguments of ``messages.create`` for ``request`` (``stream=True``)."""
@@ -993,7 +1010,7 @@ class AnthropicProvider(SDKProvider):
         """One model call: restore, request, parse. Failures raise classified errors."""
         try:
             client = self._get_client()
-            self._skip_idle_span(client)
+            skip_idle_spans(client)
             events = await client.messages.create(**self.request_params(request))
             await self.observe_headers(getattr(events, "response", None))  # rate limits
             try:
