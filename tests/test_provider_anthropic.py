@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
 
 from actors.providers.anthropic import (
     TRUNCATED_BY_MAX_TOKENS,
@@ -1007,3 +1008,124 @@ async def test_two_step_thinking_run_sends_the_signed_thinking_first():
     ]
     assert thinking.text.startswith("The user wants me to:\n1. Use the fixed_version tool")
     assert run.text.startswith("The version is **0.32a0**.")
+
+
+# -- the SDK's OpenTelemetry span, skipped while it could do nothing ----------------------
+
+
+def _count_spans_started(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """Record each call of the SDK's ``start_api_call_span`` (and what it returned)."""
+    import anthropic._base_client as base
+
+    started: list[Any] = []
+    real = base.start_api_call_span
+
+    def counted(*args: Any, **kw: Any) -> Any:
+        span = real(*args, **kw)
+        started.append(span)
+        return span
+
+    monkeypatch.setattr(base, "start_api_call_span", counted)
+    return started
+
+
+async def _two_calls(between: Any = None) -> Run:
+    """Two calls of one provider (one client); ``between()`` runs after the first."""
+    run = Run()
+    async with loopback_server(inline(), inline()) as server:
+        run.server = server
+        provider = AnthropicProvider(MODEL, base_url=server.url, api_key=KEY)
+        try:
+            await provider.stream(make_request(), run.emit)
+            if between is not None:
+                between()
+            await provider.stream(make_request(), run.emit)
+        finally:
+            await provider.aclose()
+    return run
+
+
+async def test_no_sdk_span_is_built_while_no_opentelemetry_tracer_provider_is_set(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    from opentelemetry import trace
+
+    monkeypatch.setattr(trace, "_TRACER_PROVIDER", None)  # OpenTelemetry's proxy
+    started = _count_spans_started(monkeypatch)
+    run = await _two_calls()
+    assert started == []
+    assert len(run.server.requests) == 2
+
+
+async def test_the_sdk_span_is_recorded_once_a_tracer_provider_is_set_after_the_first_call(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    monkeypatch.setattr(trace, "_TRACER_PROVIDER", None)
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    started = _count_spans_started(monkeypatch)
+    await _two_calls(lambda: monkeypatch.setattr(trace, "_TRACER_PROVIDER", provider))
+    assert len(started) == 1  # the second call's only
+    assert len(exporter.get_finished_spans()) == 1
+
+
+async def test_a_call_in_a_propagated_trace_context_still_sends_its_traceparent(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    from opentelemetry import context, trace
+
+    monkeypatch.setattr(trace, "_TRACER_PROVIDER", None)
+    remote = trace.SpanContext(
+        trace_id=0x0AF7651916CD43DD8448EB211C80319C,
+        span_id=0xB7AD6B7169203331,
+        is_remote=True,
+        trace_flags=trace.TraceFlags(trace.TraceFlags.SAMPLED),
+    )
+    token = context.attach(trace.set_span_in_context(trace.NonRecordingSpan(remote)))
+    try:
+        run = await _two_calls()
+    finally:
+        context.detach(token)
+    for sent in run.server.requests:
+        assert sent.headers["traceparent"].startswith("00-0af7651916cd43dd8448eb211c80319c-")
+
+
+async def test_concurrent_calls_each_keep_their_own_trace_context(monkeypatch: pytest.MonkeyPatch):
+    """One client serves every session; the SDK reads its tracer after an ``await`` (the
+    first call's platform look-up in a thread). A call in a propagated trace still sends
+    its ``traceparent`` while another, outside any trace, runs beside it."""
+    from opentelemetry import context, trace
+
+    monkeypatch.setattr(trace, "_TRACER_PROVIDER", None)
+    remote = trace.SpanContext(
+        trace_id=0x0AF7651916CD43DD8448EB211C80319C,
+        span_id=0xB7AD6B7169203331,
+        is_remote=True,
+        trace_flags=trace.TraceFlags(trace.TraceFlags.SAMPLED),
+    )
+    run = Run()
+
+    async def traced(provider: AnthropicProvider) -> None:
+        token = context.attach(trace.set_span_in_context(trace.NonRecordingSpan(remote)))
+        try:
+            await provider.stream(make_request(), run.emit)
+        finally:
+            context.detach(token)
+
+    async with loopback_server(inline(), inline()) as server:
+        provider = AnthropicProvider(MODEL, base_url=server.url, api_key=KEY)
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(traced, provider)
+                nursery.start_soon(provider.stream, make_request(), run.emit)
+        finally:
+            await provider.aclose()
+    parents = [r.headers.get("traceparent") for r in server.requests]
+    assert len(parents) == 2
+    assert sum(1 for p in parents if p and "0af7651916cd43dd8448eb211c80319c" in p) == 1

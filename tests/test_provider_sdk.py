@@ -1,18 +1,21 @@
 """The SDK providers' shared setup (actors/providers/sdk.py): the client is built once, on
 first use; the credentials it resolved, given or read from the environment, are secrets
-from then on; closing drops it. Nothing here reaches the network: building an SDK client
-opens no connection."""
+from then on; closing drops it. Building an SDK client
+opens no connection; the tests of the cached endpoint URL call a loopback server."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
 import runtime.redact as redaction
 from actors.providers import AnthropicProvider, OpenAIProvider, OpenAIResponsesProvider
-from actors.providers.sdk import SDKProvider
+from actors.providers.sdk import SDKProvider, cache_prepared_urls
 from runtime.redact import redact_text
+from tests.support.loopback import Reply, anthropic_sse, loopback_server, responses_sse, sse
+from tests.support.provider_calls import Run, make_request
 
 KEY_ENV = [
     (OpenAIProvider, "OPENAI_API_KEY"),
@@ -75,3 +78,122 @@ def test_the_shared_arguments_are_kept_and_the_options_copied(cls: type[SDKProvi
     assert (provider.base_url, provider.timeout) == ("http://127.0.0.1:9/v1", 5.0)
     assert provider.request_options == options
     assert provider.describe()["options"] == ["temperature"]
+
+
+# -- the endpoint's URL, joined once (cache_prepared_urls) --------------------------------
+
+OPENAI_BODY = sse(
+    {
+        "id": "c1",
+        "object": "chat.completion.chunk",
+        "created": 0,
+        "model": "m",
+        "choices": [{"index": 0, "delta": {"content": "hi"}, "finish_reason": "stop"}],
+    }
+)
+ANTHROPIC_BODY = anthropic_sse(
+    {
+        "type": "message_start",
+        "message": {
+            "id": "msg_1",
+            "type": "message",
+            "role": "assistant",
+            "model": "m",
+            "content": [],
+            "stop_reason": None,
+            "usage": {"input_tokens": 1, "output_tokens": 0},
+        },
+    },
+    {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+    {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "hi"}},
+    {"type": "content_block_stop", "index": 0},
+    {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 1}},
+    {"type": "message_stop"},
+)
+BODIES: dict[type[SDKProvider], bytes] = {
+    OpenAIProvider: OPENAI_BODY,
+    OpenAIResponsesProvider: responses_sse(
+        "m", 1, [{"type": "response.output_text.delta", "item_id": "m1", "delta": "hi"}]
+    ),
+    AnthropicProvider: ANTHROPIC_BODY,
+}
+PER_REQUEST_HEADERS = frozenset({"idempotency-key", "x-stainless-retry-count"})
+"""Headers whose value the SDK makes anew for each request (none is a URL's)."""
+
+
+def _wire(recorded: Any) -> tuple[str, str, list[tuple[str, str]], bytes]:
+    """A recorded request as the server read it: its method, target, headers in their
+    order (those made per request by name only) and body."""
+    headers = [
+        (name, "*" if name in PER_REQUEST_HEADERS else value)
+        for name, value in recorded.headers.items()
+    ]
+    return recorded.method, recorded.path, headers, recorded.body
+
+
+async def _calls(provider: SDKProvider, calls: int, *, cached: bool) -> None:
+    """``calls`` one-step calls of ``provider``; ``cached=False``: its client with the
+    SDK's own ``_prepare_url`` (the client as it was before the cache)."""
+    client = provider._get_client()
+    if not cached:
+        del client._prepare_url  # the instance's cache: the class's method again
+    try:
+        for _ in range(calls):
+            await provider.stream(make_request(), Run().emit)
+    finally:
+        await provider.aclose()
+
+
+@pytest.mark.parametrize("cls", list(BODIES))
+@pytest.mark.parametrize("url", ["/v1", "/v1/", "/proxy/a%20b/v1"])
+async def test_requests_through_the_joined_url_are_the_ones_the_sdk_sends_without_it(
+    cls: type[SDKProvider], url: str
+):
+    async with loopback_server(*(Reply(body=BODIES[cls]) for _ in range(4))) as server:
+        for cached in (True, False):
+            provider = cls("m", base_url=f"{server.url}{url}", api_key="sk-test-dummy")
+            await _calls(provider, 2, cached=cached)
+    sent = [_wire(r) for r in server.requests]
+    assert sent[:2] == sent[2:]  # the same requests with the cache and without
+    assert sent[0] == sent[1]  # the second call's URL came from the cache
+
+
+@pytest.mark.parametrize("cls", list(BODIES))
+def test_a_client_joins_each_endpoint_once_to_its_base_url(cls: type[SDKProvider]):
+    client = cls("m", base_url="http://127.0.0.1:1/v1", api_key="sk-test-dummy")._get_client()
+    first = client._prepare_url("chat/completions")
+    assert client._prepare_url("chat/completions") is first
+    assert str(first) == "http://127.0.0.1:1/v1/chat/completions"
+
+
+def test_a_client_given_a_new_base_url_joins_the_endpoint_to_it():
+    client = OpenAIProvider("m", base_url="http://127.0.0.1:1/v1", api_key="k")._get_client()
+    client._prepare_url("chat/completions")
+    client.base_url = "http://127.0.0.2:2/v2"
+    assert str(client._prepare_url("chat/completions")) == "http://127.0.0.2:2/v2/chat/completions"
+
+
+def test_a_client_class_with_its_own_url_routing_is_not_cached():
+    import openai
+
+    client = openai.AsyncAzureOpenAI(
+        api_key="k", azure_endpoint="https://x.openai.azure.com", api_version="2024-10-21"
+    )
+    cache_prepared_urls(client)
+    assert "_prepare_url" not in vars(client)
+
+
+def test_a_client_with_its_joined_urls_is_freed_without_the_collector():
+    import gc
+    import weakref
+
+    client = OpenAIProvider("m", base_url="http://127.0.0.1:1/v1", api_key="k").new_client()
+    cache_prepared_urls(client)
+    client._prepare_url("chat/completions")
+    gone = weakref.ref(client)
+    gc.disable()
+    try:
+        del client
+        assert gone() is None  # no reference cycle through the cache
+    finally:
+        gc.enable()
