@@ -8,6 +8,7 @@ the Trio side (``host.call(wait_all_tasks_blocked)``) or for an event, never by 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -113,7 +114,8 @@ def test_a_cancelled_run_saves_the_turn_interrupted():
     def talk(request: Any) -> Iterator[str]:
         yield "first "
         streaming.set()
-        yield from endless([0])
+        for i in itertools.count():  # no end: 200,000 deltas could all stream before the
+            yield f"w{i} "  # cancel crossed over from asyncio on a loaded machine
 
     async def main() -> AssistantMessage:
         async with AsyncHost.open() as host:

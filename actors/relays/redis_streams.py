@@ -1241,6 +1241,7 @@ class RedisRelay:
         started = False
         attempt = 0
         while True:
+            failed: BaseException | None = None
             try:
                 async with self.client.pubsub(
                     channels=[self.cancel_channel], ignore_subscribe_messages=True
@@ -1250,24 +1251,46 @@ class RedisRelay:
                         started = True
                     attempt = 0
                     async for message in pubsub:
-                        if message.get("type") != "message":
-                            continue
-                        try:
-                            data = orjson.loads(message["data"])
-                            turn_id, reason = str(data["turn_id"]), str(data.get("reason", ""))
-                        except (orjson.JSONDecodeError, KeyError, TypeError):
-                            log.warning("relay.bad_cancel", data=repr(message.get("data"))[:200])
-                            continue
-                        on_cancel(turn_id, reason or "cancelled")
-            except _transient() as exc:
+                        _cancel_from(message, on_cancel)
+            except* _transient() as group:
+                failed = group.exceptions[0]
+            except* _closed_stream() as group:
+                # coredis's subscription sends its UNSUBSCRIBE on the way out, also when its
+                # connection was closed under it (a worker shutting down, Redis gone): a
+                # closed connection, not a crash of the process
+                failed = group.exceptions[0]
+            if failed is not None:
+                await trio.lowlevel.checkpoint()  # shutting down: the cancellation goes on
                 delay = _backoff(attempt, self.retry_base, self.retry_max)
                 attempt += 1
                 log.warning(
-                    "relay.cancel_watch_failed", retry_in=round(delay, 3), error=redact(str(exc))
+                    "relay.cancel_watch_failed",
+                    retry_in=round(delay, 3),
+                    error=redact(f"{type(failed).__name__}: {failed}"),
                 )
                 await trio.sleep(delay)
             if not started:  # the subscription ended before it began: try again
                 await trio.sleep(self.retry_base)
+
+
+def _cancel_from(message: dict[str, Any], on_cancel: Callable[[str, str], Any]) -> None:
+    """Hand a cancel request of the relay's channel to ``on_cancel`` (junk is logged)."""
+    if message.get("type") != "message":
+        return
+    try:
+        data = orjson.loads(message["data"])
+        turn_id, reason = str(data["turn_id"]), str(data.get("reason", ""))
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        log.warning("relay.bad_cancel", data=repr(message.get("data"))[:200])
+        return
+    on_cancel(turn_id, reason or "cancelled")
+
+
+def _closed_stream() -> tuple[type[BaseException], ...]:
+    """What coredis raises writing to a connection already closed (anyio's streams)."""
+    import anyio
+
+    return (anyio.ClosedResourceError, anyio.BrokenResourceError)
 
 
 _END = object()
