@@ -132,13 +132,15 @@ END = "relay.end"
 GAP = "relay.gap"
 _LAST = frozenset({"finish", "error", "abort"})
 """The chunk types that end a turn's output: its relay end follows (``aclose``)."""
-_QUIET = frozenset({"step-start"})
+_QUIET = frozenset({"start", "step-start"})
 """Chunks that show a reader nothing by themselves: a flush of only these is not made at
 once even after a quiet spell, but waits for the relay's next tick, so the step's first
 content (which follows within the tick when the model is quick) goes in the same entry.
 In a worker's tool-using turn the second step's ``step-start`` came after the tool
 step's save, more than ``flush_interval`` after the previous flush, and went in an
-``XADD`` of its own (issue 24 goal 3)."""
+``XADD`` of its own (issue 24 goal 3). A turn's first flush of only these (its ``start``
+and first ``step-start``) waits too, unless the relay's ``hold_opening`` is off: it went
+in a pipeline of its own, and the first step's content a few ms later in another."""
 
 
 def _quiet(items: list[dict[str, Any]]) -> bool:
@@ -550,9 +552,12 @@ class RedisRelayWriter:
         return now
 
     def _quiet_only(self) -> bool:
-        """Whether the flush would carry only :data:`_QUIET` chunks; never a turn's first
-        flush (the stream and the turn's ``active`` key go out at once)."""
-        return self._sent != -math.inf and _quiet(self._queue)
+        """Whether the flush would carry only :data:`_QUIET` chunks; a turn's first flush
+        only when the relay holds openings (``hold_opening``): else the stream and the
+        turn's ``active`` key go out at once."""
+        if self._sent == -math.inf and not self.relay.hold_opening:
+            return False
+        return _quiet(self._queue)
 
     # -- the flusher's side ----------------------------------------------------------------
 
@@ -566,7 +571,9 @@ class RedisRelayWriter:
             return None
         batch, self._queue = self._queue, []
         self._end_by = None
-        if not _quiet(batch):  # a lone step-start does not hold what follows
+        if self._sent == -math.inf or not _quiet(batch):
+            # A later lone step-start does not hold what follows; the opening does (what
+            # comes within ``flush_interval`` of it waits for the tick, as a burst).
             self._sent = now
         first = self._next_seq
         try:
@@ -896,6 +903,7 @@ class RedisRelay:
         block_ms: int = BLOCK_MS,
         flush_interval: float = FLUSH_INTERVAL,
         end_wait: float = END_WAIT,
+        hold_opening: bool = True,
         url: str | None = None,
     ) -> None:
         self.client = client
@@ -916,6 +924,9 @@ class RedisRelay:
         self.end_wait = end_wait
         """Seconds a turn's last chunk waits at most for its writer's close, to go out
         with the end in one entry (:data:`END_WAIT`)."""
+        self.hold_opening = hold_opening
+        """A turn's first flush of only its ``start`` / ``step-start`` waits for the
+        next tick (with whatever comes meanwhile) instead of going at once (:data:`_QUIET`)."""
         self.live: set[RedisRelayWriter] = set()
         """Writers not closed yet (the relay's close lets their queues out)."""
         self.batcher = _Flusher(client, url, op_timeout)
