@@ -54,8 +54,9 @@ if need be: what the front end that recorded the decisions streams as the contin
 **Coalescing and failure.** :meth:`RedisRelayWriter.append` only queues: the relay's one
 flush task (:class:`_Flusher`, not a task per writer) writes each writer's queue as one
 entry when it is due (one ``XADD``, with ``EXPIRE`` / ``SET`` on the first and last), the
-writers due at one moment in one pipeline. A turn's first flush goes at once (the first
-chunk a reader waits for is not held); a later one asked for within ``flush_interval``
+writers due at one moment in one pipeline. A turn's opening (``start``, ``step-start``:
+nothing a reader shows) waits for the relay's next tick, with what comes meanwhile
+(``hold_opening``); a later flush asked for within ``flush_interval``
 (5 ms) of the writer's previous flush waits for the relay's next tick of that interval,
 shared by every writer, so a burst of chunks is one entry and the writers due at one
 tick share one pipeline. A turn's ``finish`` / ``error`` / ``abort`` waits at most
@@ -386,9 +387,10 @@ class RedisRelayWriter:
         self._touched = -math.inf
         """When the flush that last set the stream's TTL ran (Trio clock)."""
         self._sent = -math.inf
-        """When this writer's last flush went out (Trio clock): the first goes at once. A
-        flush of only :data:`_QUIET` chunks does not count: the content that follows it
-        after a quiet spell goes at once, as it did when that chunk went at once."""
+        """When this writer's last flush went out (Trio clock). A flush of only
+        :data:`_QUIET` chunks other than the first does not count: the content that
+        follows it after a quiet spell goes at once, as it did when that chunk went at
+        once."""
         self._end_by: float | None = None
         """Set while the turn's last chunk is queued: when it goes out at the latest
         even if the writer is not closed by then (``end_wait`` after it was queued)."""
@@ -530,7 +532,8 @@ class RedisRelayWriter:
         closed, so the end goes in the same entry. Otherwise a flush asked for within
         ``flush_interval`` of the previous one waits for the relay's next tick: the
         chunks queued meanwhile go with it, and every writer due at that tick goes in one
-        pipeline. The first flush never waits, nor a closed writer's (its end is what
+        pipeline. The first flush waits only when it is quiet and the relay holds
+        openings (``hold_opening``); a closed writer's never waits (its end is what
         readers, ``active_turn`` and the closer wait for: a stop sent once the turn is
         over must find it over), nor anything once the relay closes
         (:meth:`RedisRelay.aclose` must not wait out a hold). A flush of only chunks that
