@@ -787,7 +787,8 @@ class PostgresStore:
         if fence is None:
             return self._lock_session(conn, session_id, expected_version)
         turn = _MARK_TURN if mark else _SHARE_TURN
-        got = conn.execute(
+        cursor = kept_cursor(conn)
+        got = cursor.execute(
             f"""WITH f AS ({turn})
             SELECT f.owner, f.epoch, f.status, s.meta, s.version, f.steers
             FROM (VALUES (1)) AS one
@@ -816,7 +817,8 @@ class PostgresStore:
         version. A concurrent creator (committed after this transaction found no row)
         makes the insert find the key taken: a conflict, and no message is inserted (the
         messages' insert runs only for a session row this statement inserted)."""
-        got = conn.execute(
+        cursor = kept_cursor(conn)
+        got = cursor.execute(
             f"""WITH s AS (
                 INSERT INTO axon_sessions (session_id, meta, update_seq, version)
                 VALUES (%s, %s, nextval('axon_update_seq'), nextval('axon_versions'))
@@ -913,6 +915,19 @@ _MARK_TURN = (
 first save; a refused save rolls the mark back with everything else)."""
 
 
+def kept_cursor(conn: Any) -> Any:
+    """A cursor kept on ``conn`` for the statements every turn sends (a save's lock and
+    write, the finish in a last save, the claim): ``conn.execute`` makes a cursor per
+    statement, which sets up its adapters and looks its parameters' dumpers up again; a
+    kept one has them. Only for a statement whose result is read at once: the next one
+    on the cursor replaces it. A connection serves one thread at a time (the pool's), so
+    its cursor does too; a closed connection's cursor is closed, and replaced."""
+    cursor = getattr(conn, "_axon_cursor", None)
+    if cursor is None or cursor.closed:
+        cursor = conn._axon_cursor = conn.cursor()
+    return cursor
+
+
 def _check_fence(conn: Any, fence: Fence, session_id: str, steers: list[int] | None = None) -> None:
     """Raise :class:`LeaseLost` unless ``fence`` still holds its turn (row-locked, so a
     takeover's epoch bump waits for this transaction, or this one sees it); the turn's
@@ -970,7 +985,8 @@ def _replace_messages(
     updated only if it is; otherwise the caller's transaction rolls back what the
     statement's other parts wrote."""
     ids, roles, bodies = _columns(rows)
-    got = conn.execute(
+    cursor = kept_cursor(conn)
+    got = cursor.execute(
         f"""WITH gone AS (
             DELETE FROM axon_messages WHERE session_id = %s AND idx >= %s
         ), m AS ({_INSERT_ROWS}

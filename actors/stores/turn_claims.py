@@ -17,7 +17,13 @@ from typing import TYPE_CHECKING, Any, Final
 
 import attrs
 
-from actors.stores.postgres import CLAIM_FUNCTION_NAME, CONNECT_TIMEOUT, Fence, load_rows
+from actors.stores.postgres import (
+    CLAIM_FUNCTION_NAME,
+    CONNECT_TIMEOUT,
+    Fence,
+    kept_cursor,
+    load_rows,
+)
 from actors.stores.turn_sql import (
     _COLUMNS,
     _SUSPEND,
@@ -261,7 +267,8 @@ class TurnClaiming:
                 return True
             if ends is None or on_finished is None:
                 return False
-            if conn.execute(_FINISH_IN_SAVE, (ends, *key, TURNS_CHANNEL)).fetchone() is None:
+            finished = kept_cursor(conn).execute(_FINISH_IN_SAVE, (ends, *key, TURNS_CHANNEL))
+            if finished.fetchone() is None:
                 return False  # not held: as above
             ended.append(True)
             if on_finishing is not None:
@@ -528,7 +535,7 @@ def _start_head(conn: Any, owner: str, lease: float) -> _Found | None:
     function (``None``: none is; :data:`_EXPIRED`: a lease has expired, take it over
     first); its session's rows ``[]`` when the session is not stored (nothing to read),
     else ``None`` (not read)."""
-    started = conn.execute(_CLAIM, (owner, float(lease), TURNS_CHANNEL)).fetchone()
+    started = kept_cursor(conn).execute(_CLAIM, (owner, float(lease), TURNS_CHANNEL)).fetchone()
     if started is None:
         return None
     if started[0]:
