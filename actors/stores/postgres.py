@@ -10,6 +10,7 @@ Layout (in one schema, ``public`` unless the URL says ``?schema=NAME``; schema v
     axon_messages(session_id, idx, role, body BYTEA,     -- serde JSON of one Message
                   PRIMARY KEY (session_id, idx))
     axon_turns(...)                                      -- durable turns: stores/turns.py
+    axon_claim_v1(owner, lease, channel)                 -- a claim in one call: CLAIM_FUNCTION
 
 One message is one row keyed by its index, as in the SQLite store: :meth:`save` deletes
 the rows from ``start`` on and inserts the new ones in one transaction, so persisting
