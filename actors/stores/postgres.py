@@ -10,6 +10,7 @@ Layout (in one schema, ``public`` unless the URL says ``?schema=NAME``; schema v
     axon_messages(session_id, idx, role, body BYTEA,     -- serde JSON of one Message
                   PRIMARY KEY (session_id, idx))
     axon_turns(...)                                      -- durable turns: stores/turns.py
+    axon_claim_v1(owner, lease, channel)                 -- a claim in one call: CLAIM_FUNCTION
 
 One message is one row keyed by its index, as in the SQLite store: :meth:`save` deletes
 the rows from ``start`` on and inserts the new ones in one transaction, so persisting
@@ -266,6 +267,93 @@ _QUEUE_INDEXES = (
     """CREATE INDEX IF NOT EXISTS axon_turns_leases
         ON axon_turns (lease_until) WHERE status = 'running'""",
 )
+
+
+CLAIMED_COLUMNS: Final = (
+    ("turn_id", "TEXT"),
+    ("session_id", "TEXT"),
+    ("seq", "BIGINT"),
+    ("input", "TEXT"),
+    ("meta", "BYTEA"),
+    ("regenerate", "BOOLEAN"),
+    ("status", "TEXT"),
+    ("owner", "TEXT"),
+    ("epoch", "BIGINT"),
+    ("attempts", "INTEGER"),
+    ("saved", "BOOLEAN"),
+    ("cancel_requested", "BOOLEAN"),
+    ("cancel_reason", "TEXT"),
+    ("finish_reason", "TEXT"),
+    ("error", "TEXT"),
+    ("idempotency_key", "TEXT"),
+    ("resumes", "INTEGER"),
+    ("expires_at", "DOUBLE PRECISION"),
+    ("steer_of", "TEXT"),
+    ("options", "BYTEA"),
+)
+"""The columns a turn is read with (the turn queue's ``_COLUMNS``, in this order) and
+their types in ``axon_turns``: what :data:`CLAIM_FUNCTION` returns of the turn it starts."""
+
+SUPERSEDE: Final = """UPDATE axon_turns AS w SET status = 'done', finish_reason = 'superseded',
+    expires_at = NULL, finished_at = clock_timestamp()"""
+"""The waiting turn a later turn of its session supersedes (its ``WHERE`` follows)."""
+
+CLAIM_FUNCTION_NAME: Final = "axon_claim_v1"
+"""The server-side function of a claim's common case (:data:`CLAIM_FUNCTION`); a new
+version of it gets a new name (a worker of the version before keeps calling its own)."""
+
+_CLAIM_COLUMNS_OUT = ", ".join(f"o_{name} {kind}" for name, kind in CLAIMED_COLUMNS)
+_STARTED_COLUMNS = ", ".join(f"started.{name}" for name, _ in CLAIMED_COLUMNS)
+
+CLAIM_FUNCTION: Final = f"""CREATE OR REPLACE FUNCTION {CLAIM_FUNCTION_NAME}(
+    p_owner TEXT, p_lease DOUBLE PRECISION, p_channel TEXT)
+    RETURNS TABLE (o_expired BOOLEAN, o_stored BOOLEAN, {_CLAIM_COLUMNS_OUT})
+    LANGUAGE plpgsql SET enable_sort = off SET search_path FROM CURRENT AS $$
+BEGIN
+    -- A lease that expired is taken over first, by the client's own transaction (its
+    -- takeover, continuation and poison paths): say so and start nothing.
+    PERFORM 1 FROM axon_turns WHERE status = 'running' AND lease_until < clock_timestamp()
+        LIMIT 1 FOR UPDATE SKIP LOCKED;
+    IF FOUND THEN
+        o_expired := true;
+        RETURN NEXT;
+        RETURN;
+    END IF;
+    -- The first claimable head, started, and in the same statement the end of a turn of
+    -- the session that waits for a decision: superseded (its runner denies what still
+    -- waits, as the embedded host does), so no decision resumes it any more.
+    RETURN QUERY WITH head AS (
+        SELECT t.turn_id FROM axon_turns AS t
+        WHERE t.head AND t.status = 'queued' AND NOT t.cancel_requested
+          AND NOT EXISTS (SELECT 1 FROM axon_turns AS r
+              WHERE r.session_id = t.session_id AND r.status = 'running')
+        ORDER BY t.head_seq LIMIT 1 FOR UPDATE SKIP LOCKED
+    ), started AS (
+        UPDATE axon_turns AS u SET status = 'running', owner = p_owner,
+            epoch = u.epoch + 1, attempts = u.attempts + 1,
+            lease_until = clock_timestamp() + make_interval(secs => p_lease),
+            started_at = coalesce(u.started_at, clock_timestamp())
+        WHERE u.turn_id = (SELECT head.turn_id FROM head) AND u.status = 'queued'
+        RETURNING u.*
+    ), superseded AS ({SUPERSEDE} FROM started AS s
+        WHERE w.session_id = s.session_id AND w.status = 'awaiting-input'
+        RETURNING pg_notify(p_channel, current_schema() || ':' || w.turn_id)
+    )
+    SELECT false, EXISTS (
+        SELECT 1 FROM axon_sessions AS s WHERE s.session_id = started.session_id
+    ), {_STARTED_COLUMNS} FROM started;
+END $$"""
+"""A claim's common case in one call (issue 24 goal 3): no lease has expired, so the
+first claimable head in line starts (``o_expired`` false; no row: none is claimable);
+``o_stored`` says whether its session is stored. Where a lease has expired it only says
+so (``o_expired``), and the client takes the turn over in a transaction of its own.
+
+One statement in autocommit where the claim was a transaction of four round trips
+(``BEGIN``, the look for expired leases, the head's start, ``COMMIT``), each a wait of
+the store's thread; the function's plans are cached per connection as a prepared
+statement's are (a simple query of several statements is planned at every call: measured
+dearer on the server), and its ``SET enable_sort = off`` is what the look's ``SET LOCAL``
+did for the head's start: the heads walked in line, whatever the table's statistics."""
 
 
 @attrs.frozen(kw_only=True, slots=True)
@@ -700,7 +788,8 @@ class PostgresStore:
         if fence is None:
             return self._lock_session(conn, session_id, expected_version)
         turn = _MARK_TURN if mark else _SHARE_TURN
-        got = conn.execute(
+        cursor = kept_cursor(conn)
+        got = cursor.execute(
             f"""WITH f AS ({turn})
             SELECT f.owner, f.epoch, f.status, s.meta, s.version, f.steers
             FROM (VALUES (1)) AS one
@@ -729,7 +818,8 @@ class PostgresStore:
         version. A concurrent creator (committed after this transaction found no row)
         makes the insert find the key taken: a conflict, and no message is inserted (the
         messages' insert runs only for a session row this statement inserted)."""
-        got = conn.execute(
+        cursor = kept_cursor(conn)
+        got = cursor.execute(
             f"""WITH s AS (
                 INSERT INTO axon_sessions (session_id, meta, update_seq, version)
                 VALUES (%s, %s, nextval('axon_update_seq'), nextval('axon_versions'))
@@ -826,6 +916,19 @@ _MARK_TURN = (
 first save; a refused save rolls the mark back with everything else)."""
 
 
+def kept_cursor(conn: Any) -> Any:
+    """A cursor kept on ``conn`` for the statements every turn sends (a save's lock and
+    write, the finish in a last save, the claim): ``conn.execute`` makes a cursor per
+    statement, which sets up its adapters and looks its parameters' dumpers up again; a
+    kept one has them. Only for a statement whose result is read at once: the next one
+    on the cursor replaces it. A connection serves one thread at a time (the pool's), so
+    its cursor does too; a closed connection's cursor is closed, and replaced."""
+    cursor = getattr(conn, "_axon_cursor", None)
+    if cursor is None or cursor.closed:
+        cursor = conn._axon_cursor = conn.cursor()
+    return cursor
+
+
 def _check_fence(conn: Any, fence: Fence, session_id: str, steers: list[int] | None = None) -> None:
     """Raise :class:`LeaseLost` unless ``fence`` still holds its turn (row-locked, so a
     takeover's epoch bump waits for this transaction, or this one sees it); the turn's
@@ -883,7 +986,8 @@ def _replace_messages(
     updated only if it is; otherwise the caller's transaction rolls back what the
     statement's other parts wrote."""
     ids, roles, bodies = _columns(rows)
-    got = conn.execute(
+    cursor = kept_cursor(conn)
+    got = cursor.execute(
         f"""WITH gone AS (
             DELETE FROM axon_messages WHERE session_id = %s AND idx >= %s
         ), m AS ({_INSERT_ROWS}
@@ -960,6 +1064,7 @@ def _first_connect(libpq: str, schema: str) -> None:
             conn.execute(statement)
         _add_turn_columns(conn, schema)
         _ensure_turn_heads(conn)
+        _ensure_claim_function(conn)
         conn.execute(
             """INSERT INTO axon_meta (key, value) VALUES ('magic', %s), ('schema_version', %s)
             ON CONFLICT (key) DO NOTHING""",
@@ -1048,6 +1153,19 @@ def _ensure_turn_heads(conn: Any) -> None:
     if found is None:
         for statement in (*_HEAD_SCHEMA, *_QUEUE_INDEXES):
             conn.execute(statement)
+
+
+def _ensure_claim_function(conn: Any) -> None:
+    """The claim's function (:data:`CLAIM_FUNCTION`), created when missing (a store
+    created before it gains it on open; the check first: ``CREATE OR REPLACE`` would
+    drop every connection's cached plans of it)."""
+    found = conn.execute(
+        "SELECT 1 FROM pg_proc "
+        "WHERE proname = %s AND pronamespace = current_schema()::regnamespace",
+        (CLAIM_FUNCTION_NAME,),
+    ).fetchone()
+    if found is None:
+        conn.execute(CLAIM_FUNCTION)
 
 
 def load_rows(conn: Any, session_id: str) -> list[Any]:

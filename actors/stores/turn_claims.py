@@ -13,14 +13,19 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import attrs
 
-from actors.stores.postgres import CONNECT_TIMEOUT, Fence, load_rows
+from actors.stores.postgres import (
+    CLAIM_FUNCTION_NAME,
+    CONNECT_TIMEOUT,
+    Fence,
+    kept_cursor,
+    load_rows,
+)
 from actors.stores.turn_sql import (
     _COLUMNS,
-    _SUPERSEDE,
     _SUSPEND,
     TURNS_CHANNEL,
     _first_deadline,
@@ -262,7 +267,8 @@ class TurnClaiming:
                 return True
             if ends is None or on_finished is None:
                 return False
-            if conn.execute(_FINISH_IN_SAVE, (ends, *key, TURNS_CHANNEL)).fetchone() is None:
+            finished = kept_cursor(conn).execute(_FINISH_IN_SAVE, (ends, *key, TURNS_CHANNEL))
+            if finished.fetchone() is None:
                 return False  # not held: as above
             ended.append(True)
             if on_finishing is not None:
@@ -411,9 +417,11 @@ def _claim_on(
     load: Callable[[str], bool] | None,
 ) -> _Found | None:
     """:meth:`TurnClaiming.claim`'s work on ``conn`` (in autocommit, in the store's
-    thread): an expired lease taken over, else a head started, in one transaction; then,
-    if ``load`` asks for it, the session's rows, read after the commit so that no lock is
-    held while it reads.
+    thread): a head started by one call of the claim's function when no lease has
+    expired (:data:`~actors.stores.postgres.CLAIM_FUNCTION`: one round trip, no
+    transaction); else an expired lease taken over, or a head started, in one
+    transaction; then, if ``load`` asks for it, the session's rows, read after the commit
+    so that no lock is held while it reads.
 
     A concurrent claim may have started another turn of this session since the look's
     snapshot: the unique index refuses the second one, and this claim, rolled back, found
@@ -421,10 +429,10 @@ def _claim_on(
     import psycopg
 
     try:
-        with conn.transaction():
-            found = _take_expired(conn, owner, lease, max_attempts)
-            if found is None:
-                found = _start_head(conn, owner, lease)
+        found = _start_head(conn, owner, lease)
+        if found is _EXPIRED:
+            with conn.transaction():
+                found = _take_expired_or_start(conn, owner, lease, max_attempts)
     except psycopg.errors.UniqueViolation:
         return None
     if found is None or found[1] == RESUMED:  # a continuation's claim read the session
@@ -437,16 +445,28 @@ def _claim_on(
     return row, how, load_rows(conn, row[1]) if rows is None else rows
 
 
+def _take_expired_or_start(conn: Any, owner: str, lease: float, max_attempts: int) -> _Found | None:
+    """In a claim's transaction: an expired lease taken over (:func:`_take_expired`),
+    else a head started; a lease that expired between the two looks goes round again."""
+    while True:
+        found = _take_expired(conn, owner, lease, max_attempts)
+        if found is not None:
+            return found
+        started = _start_head(conn, owner, lease)
+        if started is not _EXPIRED:
+            return started
+
+
 def _take_expired(conn: Any, owner: str, lease: float, max_attempts: int) -> _Found | None:
     """A running turn whose lease expired, taken over by ``owner`` (or, decided while it
     waited, its continuation's first run); one that used ``max_attempts`` fails instead
     and the walk goes on. ``None``: no lease has expired. Leaves sorting off for the
-    transaction (``SET LOCAL``), which :func:`_start_head` relies on."""
-    # Sorting is off for the whole claim: :func:`_start_head` walks the heads (one per
-    # session with queued turns) in line and stops at the first claimable one. On a
-    # table PostgreSQL has not analyzed yet (a new deployment's first burst) the planner
-    # would otherwise check every head and sort them: measured 1.9 ms instead of 0.08 ms
-    # at 300 queued turns.
+    transaction (``SET LOCAL``)."""
+    # Sorting is off for the whole claim, as the claim's function has it for the head's
+    # start (:data:`~actors.stores.postgres.CLAIM_FUNCTION`): on a table PostgreSQL has
+    # not analyzed yet (a new deployment's first burst) the planner would otherwise check
+    # every expired lease or head and sort them: measured 1.9 ms instead of 0.08 ms at
+    # 300 queued turns.
     # The setting rides with the look for expired leases: one round trip. As
     # ``set_config(..., true)`` (``SET LOCAL``) in the look's one row, not a ``SET LOCAL``
     # statement before it: a query of two statements cannot be prepared, so the server
@@ -504,38 +524,21 @@ def _take_expired(conn: Any, owner: str, lease: float, max_attempts: int) -> _Fo
     return None
 
 
+_EXPIRED: Final[Any] = ("expired",)
+"""What :func:`_start_head` says when a lease has expired: it started nothing."""
+
+_CLAIM = f"SELECT * FROM {CLAIM_FUNCTION_NAME}(%s, %s, %s)"
+
+
 def _start_head(conn: Any, owner: str, lease: float) -> _Found | None:
-    """The first claimable head in line, started by ``owner`` (``None``: none is); its
-    session's rows ``[]`` when the session is not stored (nothing to read), else
-    ``None`` (not read)."""
-    # The first claimable head, started, and in the same statement the end of a
-    # turn of the session that waits for a decision: superseded (its runner
-    # denies what still waits, as the embedded host does), so no decision resumes
-    # it any more. One statement: the look and the start were two round trips.
-    started = conn.execute(
-        f"""WITH head AS (
-            SELECT turn_id FROM axon_turns AS t
-            WHERE t.head AND t.status = 'queued' AND NOT t.cancel_requested
-              AND NOT EXISTS (SELECT 1 FROM axon_turns AS r
-                  WHERE r.session_id = t.session_id AND r.status = 'running')
-            ORDER BY t.head_seq LIMIT 1 FOR UPDATE SKIP LOCKED
-        ), started AS (
-            UPDATE axon_turns SET status = 'running', owner = %s,
-                epoch = epoch + 1, attempts = attempts + 1,
-                lease_until = clock_timestamp() + make_interval(secs => %s),
-                started_at = coalesce(started_at, clock_timestamp())
-            WHERE turn_id = (SELECT turn_id FROM head) AND status = 'queued'
-            RETURNING {_COLUMNS}
-        ), superseded AS ({_SUPERSEDE} FROM started AS s
-            WHERE w.session_id = s.session_id AND w.status = 'awaiting-input'
-            RETURNING pg_notify(%s, current_schema() || ':' || w.turn_id)
-        )
-        SELECT {_COLUMNS}, EXISTS (
-            SELECT 1 FROM axon_sessions AS s WHERE s.session_id = started.session_id
-        ) FROM started""",
-        (owner, lease, TURNS_CHANNEL),
-    ).fetchone()
+    """The first claimable head in line, started by ``owner`` in one call of the claim's
+    function (``None``: none is; :data:`_EXPIRED`: a lease has expired, take it over
+    first); its session's rows ``[]`` when the session is not stored (nothing to read),
+    else ``None`` (not read)."""
+    started = kept_cursor(conn).execute(_CLAIM, (owner, float(lease), TURNS_CHANNEL)).fetchone()
     if started is None:
         return None
+    if started[0]:
+        return _EXPIRED
     # Whether its session is stored rides along: a first turn's claim need not read it.
-    return started[:-1], STARTED, None if started[-1] else []
+    return tuple(started[2:]), STARTED, None if started[1] else []

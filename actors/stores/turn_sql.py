@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Final, NoReturn
 
-from actors.stores.postgres import LOCK_SESSION, LockedSession
+from actors.stores.postgres import CLAIMED_COLUMNS, LOCK_SESSION, SUPERSEDE, LockedSession
 from runtime.approval import PendingCall, pending_calls
 from runtime.busy import INTERRUPTED_BY_NEW
 from runtime.errors import AlreadyDecided, UnknownApproval
@@ -29,11 +29,7 @@ so the payload is ``<schema>:<turn id>`` and a queue ignores other schemas' turn
 CANCEL_CHANNEL: Final = "axon_cancel"
 """NOTIFY channel: a turn's cancellation was requested (payload: its turn id)."""
 
-_COLUMNS = (
-    "turn_id, session_id, seq, input, meta, regenerate, status, owner, epoch, attempts, "
-    "saved, cancel_requested, cancel_reason, finish_reason, error, idempotency_key, "
-    "resumes, expires_at, steer_of, options"
-)
+_COLUMNS = ", ".join(name for name, _ in CLAIMED_COLUMNS)
 _STATUS_COLUMNS = (
     "turn_id, session_id, seq, status, owner, epoch, attempts, saved, cancel_requested, "
     "cancel_reason, finish_reason, error, resumes, expires_at"
@@ -190,9 +186,7 @@ def _interrupt(conn: Any, session_id: str) -> None:
         conn.execute("SELECT pg_notify(%s, %s)", (CANCEL_CHANNEL, turn_id))
 
 
-_SUPERSEDE = """UPDATE axon_turns AS w SET status = 'done', finish_reason = 'superseded',
-    expires_at = NULL, finished_at = clock_timestamp()"""
-"""The waiting turn a later turn of its session supersedes (its ``WHERE`` follows)."""
+_SUPERSEDE = SUPERSEDE
 
 
 def _steer_running(conn: Any, session_id: str) -> str | None:
