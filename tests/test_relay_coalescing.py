@@ -61,9 +61,6 @@ class Pipes:
 @asynccontextmanager
 async def fake_relay(**options: Any) -> AsyncIterator[tuple[RedisRelay, Pipes]]:
     async with trio.open_nursery() as nursery:
-        # These tests pin the rules of the flushes after a turn's opening, which they let
-        # go at once; the opening held for the tick (the default) has its own tests.
-        options.setdefault("hold_opening", False)
         relay = RedisRelay(None, nursery, **options)
         pipes = Pipes()
         relay.batcher.connection = pipes  # type: ignore[assignment]
@@ -194,50 +191,6 @@ async def test_a_turns_first_flush_goes_at_once_even_if_it_is_only_a_step_start(
         writer.append(o.StepStart(step=2))  # a continuation's first chunk
         await writer.flushed()
         assert [(when, types) for when, _, types in pipes.entries()] == [(start, ["step-start"])]
-
-
-async def test_a_turns_opening_waits_for_the_tick_with_its_first_steps_content(
-    autojump_clock: Any,
-) -> None:
-    async with fake_relay(hold_opening=True) as (relay, pipes):
-        await trio.sleep(FLUSH_INTERVAL / 5)  # between two ticks
-        writer = relay.writer(session_id="s", turn_id="t", fresh=True)
-        writer.append(o.Start(message_id="m"))
-        writer.append(o.StepStart(step=0))
-        await trio.sleep(FLUSH_INTERVAL / 5)
-        writer.append(o.ToolInputStart(step=0, tool_call_id="c", tool_name="lookup"))
-        await writer.flushed()
-        assert [(when, types) for when, _, types in pipes.entries()] == [
-            (FLUSH_INTERVAL, ["start", "step-start", "tool-input-start"])
-        ]
-        assert [command[0] for command in pipes.sent[0][1]] == ["XADD", "EXPIRE", "SET"]
-
-
-async def test_a_close_lets_a_held_opening_out_at_once(autojump_clock: Any) -> None:
-    async with fake_relay(hold_opening=True) as (relay, pipes):
-        await trio.sleep(FLUSH_INTERVAL / 5)
-        asked = trio.current_time()
-        writer = relay.writer(session_id="s", turn_id="t", fresh=True)
-        writer.append(o.Start(message_id="m"))
-        await writer.aclose()
-        assert [(when, types) for when, _, types in pipes.entries()] == [
-            (asked, ["start", "relay.end"])
-        ]
-
-
-async def test_content_soon_after_a_held_opening_waits_for_the_next_tick(
-    autojump_clock: Any,
-) -> None:
-    async with fake_relay(hold_opening=True) as (relay, pipes):
-        writer = relay.writer(session_id="s", turn_id="t", fresh=True)
-        writer.append(o.Start(message_id="m"))
-        await writer.flushed()
-        writer.append(delta(0))
-        await trio.sleep(FLUSH_INTERVAL / 5)
-        writer.append(delta(1))
-        await writer.flushed()
-        assert [types for _, _, types in pipes.entries()] == [["start"], ["text-delta"] * 2]
-        assert pipes.entries()[1][0] == 2 * FLUSH_INTERVAL
 
 
 async def test_a_pipeline_that_outlives_op_timeout_fails_its_flush_and_the_next_goes(

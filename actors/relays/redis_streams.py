@@ -54,9 +54,8 @@ if need be: what the front end that recorded the decisions streams as the contin
 **Coalescing and failure.** :meth:`RedisRelayWriter.append` only queues: the relay's one
 flush task (:class:`_Flusher`, not a task per writer) writes each writer's queue as one
 entry when it is due (one ``XADD``, with ``EXPIRE`` / ``SET`` on the first and last), the
-writers due at one moment in one pipeline. A turn's opening (``start``, ``step-start``:
-nothing a reader shows) waits for the relay's next tick, with what comes meanwhile
-(``hold_opening``); a later flush asked for within ``flush_interval``
+writers due at one moment in one pipeline. A turn's first flush goes at once (the first
+chunk a reader waits for is not held); a later one asked for within ``flush_interval``
 (5 ms) of the writer's previous flush waits for the relay's next tick of that interval,
 shared by every writer, so a burst of chunks is one entry and the writers due at one
 tick share one pipeline. A turn's ``finish`` / ``error`` / ``abort`` waits at most
@@ -133,15 +132,13 @@ END = "relay.end"
 GAP = "relay.gap"
 _LAST = frozenset({"finish", "error", "abort"})
 """The chunk types that end a turn's output: its relay end follows (``aclose``)."""
-_QUIET = frozenset({"start", "step-start"})
+_QUIET = frozenset({"step-start"})
 """Chunks that show a reader nothing by themselves: a flush of only these is not made at
 once even after a quiet spell, but waits for the relay's next tick, so the step's first
 content (which follows within the tick when the model is quick) goes in the same entry.
 In a worker's tool-using turn the second step's ``step-start`` came after the tool
 step's save, more than ``flush_interval`` after the previous flush, and went in an
-``XADD`` of its own (issue 24 goal 3). A turn's first flush of only these (its ``start``
-and first ``step-start``) waits too, unless the relay's ``hold_opening`` is off: it went
-in a pipeline of its own, and the first step's content a few ms later in another."""
+``XADD`` of its own (issue 24 goal 3)."""
 
 
 def _quiet(items: list[dict[str, Any]]) -> bool:
@@ -387,10 +384,9 @@ class RedisRelayWriter:
         self._touched = -math.inf
         """When the flush that last set the stream's TTL ran (Trio clock)."""
         self._sent = -math.inf
-        """When this writer's last flush went out (Trio clock). A flush of only
-        :data:`_QUIET` chunks other than the first does not count: the content that
-        follows it after a quiet spell goes at once, as it did when that chunk went at
-        once."""
+        """When this writer's last flush went out (Trio clock): the first goes at once. A
+        flush of only :data:`_QUIET` chunks does not count: the content that follows it
+        after a quiet spell goes at once, as it did when that chunk went at once."""
         self._end_by: float | None = None
         """Set while the turn's last chunk is queued: when it goes out at the latest
         even if the writer is not closed by then (``end_wait`` after it was queued)."""
@@ -532,8 +528,7 @@ class RedisRelayWriter:
         closed, so the end goes in the same entry. Otherwise a flush asked for within
         ``flush_interval`` of the previous one waits for the relay's next tick: the
         chunks queued meanwhile go with it, and every writer due at that tick goes in one
-        pipeline. The first flush waits only when it is quiet and the relay holds
-        openings (``hold_opening``); a closed writer's never waits (its end is what
+        pipeline. The first flush never waits, nor a closed writer's (its end is what
         readers, ``active_turn`` and the closer wait for: a stop sent once the turn is
         over must find it over), nor anything once the relay closes
         (:meth:`RedisRelay.aclose` must not wait out a hold). A flush of only chunks that
@@ -555,12 +550,9 @@ class RedisRelayWriter:
         return now
 
     def _quiet_only(self) -> bool:
-        """Whether the flush would carry only :data:`_QUIET` chunks; a turn's first flush
-        only when the relay holds openings (``hold_opening``): else the stream and the
-        turn's ``active`` key go out at once."""
-        if self._sent == -math.inf and not self.relay.hold_opening:
-            return False
-        return _quiet(self._queue)
+        """Whether the flush would carry only :data:`_QUIET` chunks; never a turn's first
+        flush (the stream and the turn's ``active`` key go out at once)."""
+        return self._sent != -math.inf and _quiet(self._queue)
 
     # -- the flusher's side ----------------------------------------------------------------
 
@@ -574,9 +566,7 @@ class RedisRelayWriter:
             return None
         batch, self._queue = self._queue, []
         self._end_by = None
-        if self._sent == -math.inf or not _quiet(batch):
-            # A later lone step-start does not hold what follows; the opening does (what
-            # comes within ``flush_interval`` of it waits for the tick, as a burst).
+        if not _quiet(batch):  # a lone step-start does not hold what follows
             self._sent = now
         first = self._next_seq
         try:
@@ -906,7 +896,6 @@ class RedisRelay:
         block_ms: int = BLOCK_MS,
         flush_interval: float = FLUSH_INTERVAL,
         end_wait: float = END_WAIT,
-        hold_opening: bool = True,
         url: str | None = None,
     ) -> None:
         self.client = client
@@ -927,9 +916,6 @@ class RedisRelay:
         self.end_wait = end_wait
         """Seconds a turn's last chunk waits at most for its writer's close, to go out
         with the end in one entry (:data:`END_WAIT`)."""
-        self.hold_opening = hold_opening
-        """A turn's first flush of only its ``start`` / ``step-start`` waits for the
-        next tick (with whatever comes meanwhile) instead of going at once (:data:`_QUIET`)."""
         self.live: set[RedisRelayWriter] = set()
         """Writers not closed yet (the relay's close lets their queues out)."""
         self.batcher = _Flusher(client, url, op_timeout)
