@@ -51,7 +51,7 @@ from typing import Any
 
 import trio
 
-from benchmarks.common import PROMPT, REPO, Figure, median, python_env
+from benchmarks.common import PROMPT, REPO, Figure, median, python_env, run_session_batch
 
 TICK = os.sysconf("SC_CLK_TCK")
 CONCURRENCY = 8
@@ -271,21 +271,7 @@ async def _embedded_turns(directory: str, warm: int, turns: int) -> float:
     async with Host.open(store=str(Path(directory) / "embedded.db")) as host:
 
         async def batch(tag: str, n: int) -> None:
-            limit = trio.Semaphore(CONCURRENCY)
-
-            async def one(i: int) -> None:
-                async with limit:
-                    session = await host.open_session(agent, session_id=f"{tag}{i}")
-                    async with session.stream(PROMPT) as out:
-                        async for _ in out:
-                            pass
-                    if out.result is None or out.result.finish_reason != "stop":
-                        raise RuntimeError(f"embedded: the turn ended {out.result}")
-                    await session.close()
-
-            async with trio.open_nursery() as nursery:
-                for i in range(n):
-                    nursery.start_soon(one, i)
+            await run_session_batch(host, agent, tag, n, CONCURRENCY, check=True)
 
         await batch("w", warm)
         await _settled()

@@ -332,3 +332,37 @@ def run_tree_child(script: str, tree: str, *args: str) -> Any:
         if line.startswith("RESULT "):
             return json.loads(line[7:])
     raise RuntimeError(f"the child in {tree} failed:\n{done.stderr[-3000:]}")
+
+
+async def run_session_batch(
+    host: Any,
+    agent: Any,
+    tag: str,
+    n: int,
+    concurrency: int,
+    *,
+    close: bool = True,
+    check: bool = False,
+) -> None:
+    """``n`` turns of ``PROMPT``, each in a fresh session ``{tag}{i}`` of ``host``, at
+    most ``concurrency`` at once, every chunk read (the embedded side of the worker
+    benchmarks). ``close`` closes each session after its turn; ``check`` raises unless
+    each turn ended ``stop``."""
+    import trio
+
+    limit = trio.Semaphore(concurrency)
+
+    async def one(i: int) -> None:
+        async with limit:
+            session = await host.open_session(agent, session_id=f"{tag}{i}")
+            async with session.stream(PROMPT) as out:
+                async for _ in out:
+                    pass
+            if check and (out.result is None or out.result.finish_reason != "stop"):
+                raise RuntimeError(f"embedded: the turn ended {out.result}")
+            if close:
+                await session.close()
+
+    async with trio.open_nursery() as nursery:
+        for i in range(n):
+            nursery.start_soon(one, i)

@@ -28,19 +28,17 @@ from typing import Any
 WARM_UP = 20
 
 
-async def _rounds(fmt: str, n: int, rounds: int, server: Any) -> list[Any]:
+def bench_request() -> Any:
+    """The benchmark's one model call as the provider is given it (the floor's prompt,
+    no tools); ``stream()`` emits to its argument only, so it has no reply inbox."""
     import trio
 
-    from benchmarks.bench_pipeline import make_provider
     from benchmarks.common import INSTRUCTIONS
-    from benchmarks.floor import PROMPT, floor_side
+    from benchmarks.floor import PROMPT
     from runtime.messages import UserMessage
     from runtime.provider import InferRequest
 
-    url = server.url(fmt, n)
-    provider = make_provider(fmt, url)
-    floor, floor_close = floor_side(fmt, url)
-    request = InferRequest(
+    return InferRequest(
         request_id="r",
         session_id="s",
         turn_id="t",
@@ -48,9 +46,20 @@ async def _rounds(fmt: str, n: int, rounds: int, server: Any) -> list[Any]:
         instructions=INSTRUCTIONS,
         messages=(UserMessage(content=PROMPT),),
         tools=(),
-        reply=None,  # type: ignore[arg-type]  # stream() emits to its argument only
+        reply=None,  # type: ignore[arg-type]
         cancel_scope=trio.CancelScope(),
     )
+
+
+async def _rounds(fmt: str, n: int, rounds: int, server: Any) -> list[Any]:
+
+    from benchmarks.bench_pipeline import make_provider
+    from benchmarks.floor import floor_side
+
+    url = server.url(fmt, n)
+    provider = make_provider(fmt, url)
+    floor, floor_close = floor_side(fmt, url)
+    request = bench_request()
     chunks: list[Any] = []
 
     async def emit(chunk: Any) -> None:

@@ -58,28 +58,15 @@ def _wrap(marks: dict[str, float], obj: Any, name: str, key: str, *, coro: bool)
 
 
 async def _rounds(fmt: str, rounds: int, server: Any) -> list[dict[str, float]]:
-    import trio
 
     from benchmarks.bench_pipeline import make_provider
-    from benchmarks.common import INSTRUCTIONS
-    from benchmarks.floor import PROMPT, floor_side
-    from runtime.messages import UserMessage
-    from runtime.provider import InferRequest
+    from benchmarks.floor import floor_side
+    from benchmarks.provider_call import bench_request
 
     url = server.url(fmt, 1)
     provider = make_provider(fmt, url)
     floor, floor_close = floor_side(fmt, url)
-    request = InferRequest(
-        request_id="r",
-        session_id="s",
-        turn_id="t",
-        step=0,
-        instructions=INSTRUCTIONS,
-        messages=(UserMessage(content=PROMPT),),
-        tools=(),
-        reply=None,  # type: ignore[arg-type]  # stream() emits to its argument only
-        cancel_scope=trio.CancelScope(),
-    )
+    request = bench_request()
 
     async def emit(chunk: Any) -> None:
         pass

@@ -240,7 +240,7 @@ async def worker_side(
 
 
 async def embedded_side(turns: int, warm: int, profile: cProfile.Profile | None) -> dict[str, Any]:
-    from benchmarks.common import PROMPT
+    from benchmarks.common import run_session_batch
     from benchmarks.workers_agent import agent
     from runtime import Host
 
@@ -249,19 +249,7 @@ async def embedded_side(turns: int, warm: int, profile: cProfile.Profile | None)
         async with Host.open(store=str(Path(directory) / "embedded.db")) as host:
 
             async def batch(tag: str, n: int) -> None:
-                limit = trio.Semaphore(CONCURRENCY)
-
-                async def one(i: int) -> None:
-                    async with limit:
-                        session = await host.open_session(agent, session_id=f"{tag}{i}")
-                        async with session.stream(PROMPT) as out:
-                            async for _ in out:
-                                pass
-                        await session.close()
-
-                async with trio.open_nursery() as nursery:
-                    for i in range(n):
-                        nursery.start_soon(one, i)
+                await run_session_batch(host, agent, tag, n, CONCURRENCY)
                 await _settled()
 
             await batch("w", warm)

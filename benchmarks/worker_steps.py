@@ -131,7 +131,7 @@ async def _worker_side(turns: int, warm: int, concurrency: int, relay_on: bool) 
 
 
 async def _embedded_side(turns: int, warm: int, concurrency: int) -> dict[str, Any]:
-    from benchmarks.common import PROMPT
+    from benchmarks.common import run_session_batch
     from benchmarks.task_steps import StepCounter
     from benchmarks.workers_agent import make_agent
     from runtime import Host
@@ -143,18 +143,7 @@ async def _embedded_side(turns: int, warm: int, concurrency: int) -> dict[str, A
         async with Host.open(store=str(Path(directory) / "steps.db")) as host:
 
             async def batch(tag: str, n: int) -> None:
-                limit = trio.Semaphore(concurrency)
-
-                async def one(i: int) -> None:
-                    async with limit:
-                        session = await host.open_session(agent, session_id=f"{tag}{i}")
-                        async with session.stream(PROMPT) as out:
-                            async for _ in out:
-                                pass
-
-                async with trio.open_nursery() as nursery:
-                    for i in range(n):
-                        nursery.start_soon(one, i)
+                await run_session_batch(host, agent, tag, n, concurrency, close=False)
 
             await batch("warm", warm)
             trio.lowlevel.add_instrument(counter)

@@ -166,11 +166,14 @@ async def test_frozen_cyclic_garbage_is_freed_once_the_frozen_heap_passes_its_bo
         pacer.release()
 
 
-async def test_the_frozen_heap_s_bound_grows_with_the_sessions_held():
-    sessions = 0
+async def frozen_garbage_kept_once_the_host_holds(held: tuple[int, int]) -> bool:
+    """Whether cyclic garbage frozen at one quiet moment is still kept (not thawed) at
+    the next, after the pacing host's count went from nothing to ``held`` (sessions,
+    messages) and the heap grew: the bound grew by what the host holds."""
+    now = (0, 0)
 
     def count() -> tuple[int, int]:
-        return sessions, 0
+        return now
 
     pacer = GcPacer(steps=1, middle_every=1, full_after=1, thaw_growth=0.0)
     pacer.acquire()
@@ -180,13 +183,18 @@ async def test_the_frozen_heap_s_bound_grows_with_the_sessions_held():
         ref = weakref.ref(node)
         kept = [await _quiet_and_due()]
         del node
-        sessions = 10_000  # the default allows 100 objects each
+        now = held
         kept.append(await _quiet_and_due())
-        assert ref() is not None and pacer.thaws == 0
+        alive = ref() is not None and pacer.thaws == 0
     finally:
         pacer.release(count)
     gc.collect()
-    assert ref() is None
+    assert ref() is None  # unfrozen once the last pacing host closed
+    return alive
+
+
+async def test_the_frozen_heap_s_bound_grows_with_the_sessions_held():
+    assert await frozen_garbage_kept_once_the_host_holds((10_000, 0))  # 100 objects each
 
 
 async def test_a_quiet_moment_freezes_what_survived_though_the_heap_did_not_grow():
@@ -236,26 +244,7 @@ async def test_busy_spells_between_quiet_moments_bring_no_full_collection():
 async def test_the_frozen_heap_s_bound_grows_with_the_messages_the_histories_hold():
     """A long-lived host's histories grow the frozen heap turn after turn: counted, they
     bring no long walk of it; only what they do not explain does."""
-    messages = 0
-
-    def count() -> tuple[int, int]:
-        return 1, messages
-
-    pacer = GcPacer(steps=1, middle_every=1, full_after=1, thaw_growth=0.0)
-    pacer.acquire()
-    try:
-        pacer.host_started(count)
-        node = _Node()
-        ref = weakref.ref(node)
-        kept = [await _quiet_and_due()]
-        del node
-        messages = 100_000  # the default allows 25 objects each
-        kept.append(await _quiet_and_due())
-        assert ref() is not None and pacer.thaws == 0
-    finally:
-        pacer.release(count)
-    gc.collect()
-    assert ref() is None
+    assert await frozen_garbage_kept_once_the_host_holds((1, 100_000))  # 25 objects each
 
 
 async def test_a_pacing_host_counts_its_sessions_and_their_messages():

@@ -1075,18 +1075,26 @@ async def test_the_sdk_span_is_recorded_once_a_tracer_provider_is_set_after_the_
     assert len(exporter.get_finished_spans()) == 1
 
 
+def propagated_parent() -> Any:
+    """A sampled remote span context, as a request's ``traceparent`` brings in (trace
+    ``0af7651916cd43dd8448eb211c80319c``)."""
+    from opentelemetry import trace
+
+    return trace.SpanContext(
+        trace_id=0x0AF7651916CD43DD8448EB211C80319C,
+        span_id=0xB7AD6B7169203331,
+        is_remote=True,
+        trace_flags=trace.TraceFlags(trace.TraceFlags.SAMPLED),
+    )
+
+
 async def test_a_call_in_a_propagated_trace_context_still_sends_its_traceparent(
     monkeypatch: pytest.MonkeyPatch,
 ):
     from opentelemetry import context, trace
 
     monkeypatch.setattr(trace, "_TRACER_PROVIDER", None)
-    remote = trace.SpanContext(
-        trace_id=0x0AF7651916CD43DD8448EB211C80319C,
-        span_id=0xB7AD6B7169203331,
-        is_remote=True,
-        trace_flags=trace.TraceFlags(trace.TraceFlags.SAMPLED),
-    )
+    remote = propagated_parent()
     token = context.attach(trace.set_span_in_context(trace.NonRecordingSpan(remote)))
     try:
         run = await _two_calls()
@@ -1103,12 +1111,7 @@ async def test_concurrent_calls_each_keep_their_own_trace_context(monkeypatch: p
     from opentelemetry import context, trace
 
     monkeypatch.setattr(trace, "_TRACER_PROVIDER", None)
-    remote = trace.SpanContext(
-        trace_id=0x0AF7651916CD43DD8448EB211C80319C,
-        span_id=0xB7AD6B7169203331,
-        is_remote=True,
-        trace_flags=trace.TraceFlags(trace.TraceFlags.SAMPLED),
-    )
+    remote = propagated_parent()
     run = Run()
 
     async def traced(provider: AnthropicProvider) -> None:
