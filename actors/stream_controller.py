@@ -51,7 +51,7 @@ from runtime.chunks import (
     ToolInputDeltaChunk,
     ToolInputStartChunk,
 )
-from runtime.fastbuild import slot_builder
+from runtime.fastbuild import column_builder, slot_builder
 from runtime.inbox import Inbox
 from runtime.output import OutputChunk
 from runtime.provider import TextRun
@@ -61,6 +61,9 @@ _TEXT_DELTA = slot_builder(o.TextDelta, _DELTA_FIELDS)
 _REASONING_DELTA = slot_builder(o.ReasoningDelta, _DELTA_FIELDS)
 """The delta chunks, built positionally through their slots (:mod:`runtime.fastbuild`):
 one per delta, it was the costliest line of the controller (issue 24)."""
+_TEXT_DELTAS = column_builder(o.TextDelta, _DELTA_FIELDS, ("text", "seq"))
+"""A :class:`~runtime.provider.TextRun`'s deltas, all at once: the slots written by ``map``
+for the whole run, not by a Python call a delta (0.38 -> 0.32 us a delta)."""
 
 
 class StreamController(Actor):
@@ -91,6 +94,7 @@ class StreamController(Actor):
         sid = self.session_id or ""
         handlers = self._HANDLERS
         append, text_delta, reasoning_delta = out.append, _TEXT_DELTA, _REASONING_DELTA
+        text_deltas = _TEXT_DELTAS
         # The hot path, inlined: a delta of the open part, built directly from locals. Any
         # other item goes to its handler in the table (an unknown one is ignored), which may
         # move the state, so the locals are stored before it and read again after.
@@ -100,11 +104,10 @@ class StreamController(Actor):
             t = type(item)
             if t is TextRun:  # each of its texts a delta of its own, in order
                 texts = item.texts
-                out += [
-                    text_delta(step, part_id, text, n, sid, turn_id)
-                    for n, text in enumerate(texts, seq + 1)
-                ]
-                seq += len(texts)
+                k = len(texts)
+                seqs = range(seq + 1, seq + 1 + k)
+                out += text_deltas(k, step, part_id, texts, seqs, sid, turn_id)
+                seq += k
             elif t is TextChunk or t is ReasoningChunk:
                 seq += 1
                 build = text_delta if t is TextChunk else reasoning_delta

@@ -8,7 +8,7 @@ import pytest
 
 from runtime import output as o
 from runtime.chunks import TextChunk
-from runtime.fastbuild import slot_builder
+from runtime.fastbuild import column_builder, slot_builder
 
 FIELDS = ("step", "part_id", "text", "seq", "session_id", "turn_id")
 
@@ -63,3 +63,35 @@ def test_a_class_whose_init_does_more_is_refused():
     for cls in (Validated, Converted, Hooked, Unslotted, HashCached):
         with pytest.raises(TypeError):
             slot_builder(cls, ("n",))
+
+
+@pytest.mark.parametrize("cls", [o.TextDelta, o.ReasoningDelta])
+def test_a_column_builder_makes_the_values_init_makes_in_order(cls: type):
+    texts = ["a", "", "b c", "\u00e9"]
+    build = column_builder(cls, FIELDS, ("text", "seq"))
+    built = build(len(texts), 3, "p2", texts, range(10, 14), "s", "t")
+    made = [
+        cls(step=3, part_id="p2", text=text, seq=seq, session_id="s", turn_id="t")
+        for seq, text in enumerate(texts, 10)
+    ]
+    assert [type(b) for b in built] == [cls] * len(texts)
+    assert built == made and [repr(b) for b in built] == [repr(m) for m in made]
+    assert [hash(b) for b in built] == [hash(m) for m in made]
+
+
+def test_a_column_builder_of_none_builds_an_empty_list():
+    assert column_builder(o.TextDelta, FIELDS, ("text", "seq"))(0, 1, "p", [], [], "s", "t") == []
+
+
+def test_a_column_builder_refuses_what_a_slot_builder_refuses_and_unknown_columns():
+    with pytest.raises(TypeError):
+        column_builder(TextChunk, ("text",), ("text",))
+    with pytest.raises(TypeError):
+        column_builder(o.TextDelta, FIELDS, ("texts",))
+
+    @attrs.frozen(kw_only=True, slots=True)
+    class Converted:
+        n: int = attrs.field(converter=int)
+
+    with pytest.raises(TypeError):
+        column_builder(Converted, ("n",), ("n",))
