@@ -35,7 +35,7 @@ it: ``read`` must not look at the padding (OpenAI's ``_text_only`` does not).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from itertools import chain, repeat
 from operator import getitem, itemgetter
 from typing import Any, overload
@@ -271,7 +271,7 @@ class TwoStringSlot:
         if not self._joinable or list(map(_NAME, part)).count(name) != k:
             return None
         datas = list(map(_DATA, part))
-        inner = map(getitem, datas, repeat(self._inner, k))
+        inner: Iterator[bytes] = map(getitem, datas, repeat(self._inner, k))
         pieces = list(chain.from_iterable(map(bytes.split, inner, repeat(self._quoted_middle, k))))
         if len(pieces) != 2 * k or b'"' in b"".join(pieces):
             return None  # not this shape, or a quote in a piece (escaped): read alone
