@@ -315,6 +315,48 @@ def test_a_two_string_slot_reads_fakes_made_of_its_own_bytes_as_each_event(
     assert got == (texts, start + read)
 
 
+def _padded_events(count: int) -> list[tuple[Any, bytes]]:
+    data = orjson.dumps(_PADDED)
+    return [(None, data.replace(b'"x"', b'"t%d"' % i)) for i in range(count)]
+
+
+def _windows_read(monkeypatch: Any) -> list[int]:
+    sizes: list[int] = []
+    window = TwoStringSlot._window
+
+    def counted(slot: TwoStringSlot, part: Any, name: Any) -> list[str] | None:
+        sizes.append(len(part))
+        return window(slot, part, name)
+
+    monkeypatch.setattr(TwoStringSlot, "_window", counted)
+    return sizes
+
+
+def test_a_run_to_the_end_of_a_read_leaves_its_window_to_the_next_run(monkeypatch: Any) -> None:
+    """The next read's run of text deltas is read in one window when the last read's run
+    reached the read's end (not in windows of 16, 32, ... again)."""
+    slot = _padded_slot(_PADDED, orjson.dumps(_PADDED))
+    slot.run(_padded_events(48), 0, None)  # windows of 16 and 32
+    sizes = _windows_read(monkeypatch)
+
+    got = slot.run(_padded_events(50), 0, None)
+
+    assert got == ([f"t{i}" for i in range(50)], 50)
+    assert sizes == [50]
+
+
+def test_a_run_that_ends_at_an_unread_event_leaves_the_first_window(monkeypatch: Any) -> None:
+    """After a run that stopped at an event it could not read (a finish chunk), the next
+    run starts at the first window again."""
+    slot = _padded_slot(_PADDED, orjson.dumps(_PADDED))
+    slot.run([*_padded_events(48), (None, b'{"other":1}')], 0, None)
+    sizes = _windows_read(monkeypatch)
+
+    slot.run(_padded_events(50), 0, None)
+
+    assert sizes[0] == 16
+
+
 def test_a_two_string_slot_learned_from_bytes_with_a_newline_reads_runs_event_by_event() -> None:
     """A slot whose learned bytes hold a newline (data spread over ``data:`` lines) reads
     no window at once (its proof needs the window's newlines to be between events) and
