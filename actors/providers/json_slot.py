@@ -276,8 +276,8 @@ class TwoStringSlot:
         string's content: :func:`_strings` refuses it), so the window's only newlines
         are the one each between-bytes holds, one fewer than the events: no event's
         data holds one, and the window's lines are the events, each the learned bytes
-        around its text and padding. :func:`_strings` validates the paddings and reads
-        the texts."""
+        around its text and padding. One :func:`_strings` validates the paddings and
+        reads the texts."""
         k = len(part)
         if not self._joinable or list(map(_NAME, part)).count(name) != k:
             return None
@@ -291,9 +291,8 @@ class TwoStringSlot:
         layout[-1] = self._closing
         if b"".join(layout) != b"\n".join(datas):
             return None
-        if _strings(self._loads, pieces[1::2]) is None:
-            return None
-        return _strings(self._loads, pieces[0::2])
+        decoded = _strings(self._loads, pieces)  # the paddings validated with the texts
+        return None if decoded is None else decoded[0::2]
 
 
 @overload
