@@ -261,6 +261,115 @@ def test_a_two_string_slot_reads_a_run_as_it_reads_each_event(events: Any, at: i
     assert got == (texts, start + read)
 
 
+def _padded_slot(doc: dict[str, Any], data: bytes) -> TwoStringSlot:
+    slot = learn(data, doc, b'"content":', _openai_text, openai._put_text, pad=openai._OBFUSCATION)
+    assert isinstance(slot, TwoStringSlot)
+    return slot
+
+
+_PADDED = {"id": "c", "choices": [{"index": 0, "delta": {"content": "x"}}], "obfuscation": "p"}
+_PADDED_SLOT = _padded_slot(_PADDED, orjson.dumps(_PADDED))
+_OWN_BYTES = st.lists(
+    st.sampled_from(
+        [
+            b'"',
+            b"a",
+            b"\\",
+            b"\n",
+            _PADDED_SLOT.middle,
+            b'"' + _PADDED_SLOT.middle + b'"',
+            _PADDED_SLOT.prefix,
+            _PADDED_SLOT.suffix,
+            _PADDED_SLOT.suffix + b"\n" + _PADDED_SLOT.prefix,
+        ]
+    ),
+    max_size=5,
+).map(b"".join)
+
+
+_EDGES = st.sampled_from([(b"", b""), (b"", b"x"), (b"x", b""), (b"{", b"}")])
+"""What replaces an event's first and last byte: nothing, or other bytes (the learned
+bytes around the strings, or not)."""
+
+
+@settings(max_examples=500)
+@given(st.lists(st.tuples(_OWN_BYTES, _OWN_BYTES, _EDGES), max_size=6), st.integers(0, 2))
+def test_a_two_string_slot_reads_fakes_made_of_its_own_bytes_as_each_event(
+    events: Any, at: int
+) -> None:
+    """A window whose texts or paddings hold the slot's own bytes (its middle with or
+    without quotes, its prefix, its suffix, a newline, an unclosed quote: pieces that
+    split an event in one place or three), or whose events' first or last byte is
+    another, reads as ``text`` reads one event at a time."""
+    slot = _PADDED_SLOT
+    built = []
+    for text, pad, (first, last) in events:
+        data = slot.prefix + b'"' + text + b'"' + slot.middle + b'"' + pad + b'"' + slot.suffix
+        built.append((None, first + data[1:-1] + last if first or last else data))
+    built += [(None, slot.prefix + b'"p"' + slot.middle + b'"q"' + slot.suffix)] * 3
+    start = min(at, len(built))
+
+    got = slot.run(built, start, None)
+
+    texts, read = _one_at_a_time(slot, built[start:], None)
+    assert got == (texts, start + read)
+
+
+def _padded_events(count: int) -> list[tuple[Any, bytes]]:
+    data = orjson.dumps(_PADDED)
+    return [(None, data.replace(b'"x"', b'"t%d"' % i)) for i in range(count)]
+
+
+def _windows_read(monkeypatch: Any) -> list[int]:
+    sizes: list[int] = []
+    window = TwoStringSlot._window
+
+    def counted(slot: TwoStringSlot, part: Any, name: Any) -> list[str] | None:
+        sizes.append(len(part))
+        return window(slot, part, name)
+
+    monkeypatch.setattr(TwoStringSlot, "_window", counted)
+    return sizes
+
+
+def test_a_run_to_the_end_of_a_read_leaves_its_window_to_the_next_run(monkeypatch: Any) -> None:
+    """The next read's run of text deltas is read in one window when the last read's run
+    reached the read's end (not in windows of 16, 32, ... again)."""
+    slot = _padded_slot(_PADDED, orjson.dumps(_PADDED))
+    slot.run(_padded_events(48), 0, None)  # windows of 16 and 32
+    sizes = _windows_read(monkeypatch)
+
+    got = slot.run(_padded_events(50), 0, None)
+
+    assert got == ([f"t{i}" for i in range(50)], 50)
+    assert sizes == [50]
+
+
+def test_a_run_that_ends_at_an_unread_event_leaves_the_first_window(monkeypatch: Any) -> None:
+    """After a run that stopped at an event it could not read (a finish chunk), the next
+    run starts at the first window again."""
+    slot = _padded_slot(_PADDED, orjson.dumps(_PADDED))
+    slot.run(_padded_events(48), 0, None)  # to the end of a read: its window is left
+    slot.run([*_padded_events(48), (None, b'{"other":1}')], 0, None)
+    sizes = _windows_read(monkeypatch)
+
+    slot.run(_padded_events(50), 0, None)
+
+    assert sizes[0] == 16
+
+
+def test_a_two_string_slot_learned_from_bytes_with_a_newline_reads_runs_event_by_event() -> None:
+    """A slot whose learned bytes hold a newline (data spread over ``data:`` lines) reads
+    no window at once (its proof needs the window's newlines to be between events) and
+    still reads a run as ``text`` reads each event."""
+    data = b'{"id":"c",\n"choices":[{"index":0,"delta":{"content":"x"}}],"obfuscation":"p"}'
+    slot = _padded_slot(orjson.loads(data), data)
+    events = [(None, data.replace(b'"x"', b'"t%d"' % i)) for i in range(20)]
+
+    assert slot._window(events[:4], None) is None
+    assert slot.run(events, 0, None) == ([f"t{i}" for i in range(20)], 20)
+
+
 class _Response:
     def __init__(self, body: bytes) -> None:
         self.body, self.request, self.status_code = body, None, 200

@@ -35,9 +35,9 @@ it: ``read`` must not look at the padding (OpenAI's ``_text_only`` does not).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from itertools import repeat
-from operator import add, getitem, itemgetter
+from collections.abc import Callable, Iterator, Sequence
+from itertools import chain, repeat
+from operator import getitem, itemgetter
 from typing import Any, overload
 
 _PROBE = "\x00axon-probe\u2603"
@@ -61,6 +61,7 @@ class StringSlot:
         "_stop",
         "prefix",
         "suffix",
+        "window",
     )
 
     def __init__(self, prefix: bytes, suffix: bytes) -> None:
@@ -71,6 +72,7 @@ class StringSlot:
         self._loads = orjson.loads
         self.prefix = prefix
         self.suffix = suffix
+        self.window = _WINDOW  # the events its next run reads at first (:func:`_run`)
         self._start = len(prefix)
         self._stop = -len(suffix)
         self._opening = prefix + b'"'
@@ -136,10 +138,15 @@ def _run(
     goal 1). So a window of events is read at once (the slot's ``_window``: a handful of
     C calls over all its bytes and one decode); a window that does not read whole is
     halved, down to one event read by ``text``. The window doubles after each window
-    read whole, so a run that ends costs about twice its own events."""
+    read whole, so a run that ends costs about twice its own events. A run that reaches
+    the end of ``events`` (a network read's) leaves its window to the slot's next run
+    (``slot.window``): the next read, most likely text deltas to its end as well, is read
+    in one window, not in windows of 16, 32, 64 and what is left (a window's fixed cost
+    of a few C calls was about 0.1 us a delta of OpenAI's reads of 50 chunks); a run
+    that ends at an event it cannot read leaves the first window again."""
     texts: list[str] = []
     n = len(events)
-    window = _WINDOW
+    window = slot.window
     while i < n:
         part = events[i : i + window]
         got = slot._window(part, name)
@@ -153,10 +160,12 @@ def _run(
             event_name, data = part[0]
             text = slot.text(data) if event_name == name else None
             if text is None:
-                break
+                slot.window = _WINDOW
+                return texts, i
             texts.append(text)
             i += 1
             window = _WINDOW
+    slot.window = window
     return texts, i
 
 
@@ -180,14 +189,18 @@ class TwoStringSlot:
     __slots__ = (
         "_between",
         "_closing",
+        "_inner",
+        "_joinable",
         "_loads",
         "_opening",
         "_quoted_middle",
+        "_separators",
         "_start",
         "_stop",
         "middle",
         "prefix",
         "suffix",
+        "window",
     )
 
     def __init__(self, prefix: bytes, middle: bytes, suffix: bytes) -> None:
@@ -199,12 +212,16 @@ class TwoStringSlot:
         self.prefix = prefix
         self.middle = middle
         self.suffix = suffix
+        self.window = _WINDOW  # the events its next run reads at first (:func:`_run`)
         self._start = len(prefix)
         self._stop = -len(suffix)
         self._opening = prefix + b'"'
         self._quoted_middle = b'"' + middle + b'"'
         self._closing = b'"' + suffix
         self._between = self._closing + b"\n" + self._opening  # between two events (run)
+        self._separators = (b"", self._quoted_middle, b"", self._between)  # (_window)
+        self._inner = slice(len(self._opening), -len(self._closing))  # text, middle, padding
+        self._joinable = b"\n" not in self._opening + self._quoted_middle + self._closing
 
     def text(self, data: bytes) -> str | None:
         """The first string of ``data`` when it is :attr:`prefix`, one JSON string token,
@@ -245,33 +262,37 @@ class TwoStringSlot:
         quote, bytes without a quote, a quote and :attr:`suffix`, and those strings
         decode; ``None`` otherwise.
 
-        Why it reads what :meth:`text` reads: each text is cut up to the first quote
-        after its opening one and each padding from after the quoted :attr:`middle` that
-        must follow it; the events' data joined by newlines equals the pieces put back
-        between the learned bytes and joined the same way only if every event is so (as
-        in :meth:`StringSlot._window`: each event's is as long as its data unless one is
-        too short, and then the whole is longer). With no quote in a padding either,
-        :func:`_strings` validates the paddings and reads the texts."""
+        How, with two C calls an event (the OpenAI read's costliest step: its chunks are
+        three times Anthropic's events, and this read cut each with three, put it back
+        with two; issue 24): the bytes of each event after the learned opening and
+        before the closing are split at the quoted :attr:`middle`, and the pieces,
+        alternately texts and paddings, are put back between the learned bytes in one
+        join of the whole window.
+
+        Why it reads what :meth:`text` reads: if that join equals the events' data
+        joined by newlines, the window is the learned bytes around quote-free pieces,
+        each between the separators it must be between. The learned bytes hold no
+        newline (:attr:`_joinable`) and the pieces hold none (a raw newline is no JSON
+        string's content: :func:`_strings` refuses it), so the window's only newlines
+        are the one each between-bytes holds, one fewer than the events: no event's
+        data holds one, and the window's lines are the events, each the learned bytes
+        around its text and padding. One :func:`_strings` validates the paddings and
+        reads the texts."""
         k = len(part)
-        if list(map(_NAME, part)).count(name) != k:
+        if not self._joinable or list(map(_NAME, part)).count(name) != k:
             return None
         datas = list(map(_DATA, part))
-        opened = len(self._opening)
-        ends = list(map(bytes.find, datas, repeat(b'"', k), repeat(opened, k)))
-        if -1 in ends:
+        inner: Iterator[bytes] = map(getitem, datas, repeat(self._inner, k))
+        pieces = list(chain.from_iterable(map(bytes.split, inner, repeat(self._quoted_middle, k))))
+        if len(pieces) != 2 * k or b'"' in b"".join(pieces):
+            return None  # not this shape, or a quote in a piece (escaped): read alone
+        layout = [self._opening, *self._separators * k]  # 4k + 1, the last one the closing
+        layout[1::2] = pieces
+        layout[-1] = self._closing
+        if b"".join(layout) != b"\n".join(datas):
             return None
-        texts: list[bytes] = list(map(getitem, datas, map(slice, repeat(opened, k), ends)))
-        pad_starts = map(add, ends, repeat(len(self._quoted_middle), k))
-        closing = -len(self._closing)
-        pads: list[bytes] = list(map(getitem, datas, map(slice, pad_starts, repeat(closing, k))))
-        rebuilt = self._between.join(map(self._quoted_middle.join, zip(texts, pads, strict=True)))
-        if b"\n".join(datas) != self._opening + rebuilt + self._closing:
-            return None
-        if b'"' in b"".join(pads):
-            return None  # a quote in a padding (escaped): read alone
-        if _strings(self._loads, pads) is None:
-            return None
-        return _strings(self._loads, texts)
+        decoded = _strings(self._loads, pieces)  # the paddings validated with the texts
+        return None if decoded is None else decoded[0::2]
 
 
 @overload
