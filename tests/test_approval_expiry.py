@@ -10,26 +10,14 @@ import trio
 import trio.testing
 
 from actors.providers.scripted import ScriptedProvider, tool_call
-from runtime import Agent, AlreadyDecided, ConfigurationError, Host, Tool, ToolMessage, tool
+from runtime import Agent, AlreadyDecided, ConfigurationError, Host, Tool, ToolMessage
 from runtime.app.expiry import expire_session
 from runtime.events import ToolApprovalDecided, ToolApprovalExpired, TurnFinished
 from runtime.messages import Awaiting, ToolCallPart
 from runtime.serde import converter
+from tests.support.approval_tools import clear_ran, delete_file, ran  # noqa: F401 (fixture)
 
-ran: list[str] = []
 EPOCH = 1_700_000_000.0
-
-
-@tool(needs_approval=True)
-async def delete_file(path: str) -> str:
-    """Delete a file."""
-    ran.append(path)
-    return f"deleted {path}"
-
-
-@pytest.fixture(autouse=True)
-def _clear() -> None:
-    ran.clear()
 
 
 def agent(timeout: float | None = 60.0) -> Agent:

@@ -13,23 +13,10 @@ import pytest
 import trio
 
 from actors.providers.scripted import ScriptedProvider, tool_call
-from runtime import AlreadyDecided, Host, NothingToResume, tool
+from runtime import AlreadyDecided, Host, NothingToResume
 from runtime.approval import Decision, record_decision, supersede, waiting_calls
 from runtime.messages import UserMessage
-
-ran: list[str] = []
-
-
-@tool(needs_approval=True)
-async def delete_file(path: str) -> str:
-    """Delete a file."""
-    ran.append(path)
-    return f"deleted {path}"
-
-
-@pytest.fixture(autouse=True)
-def _clear() -> None:
-    ran.clear()
+from tests.support.approval_tools import clear_ran, delete_file, ran  # noqa: F401 (fixture)
 
 
 def count_calls(store: Any) -> Counter[str]:

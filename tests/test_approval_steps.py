@@ -7,26 +7,12 @@ from __future__ import annotations
 
 from collections import Counter
 
-import pytest
 import trio
 
 from actors.plugins import ApprovalActor
 from actors.providers.scripted import ScriptedProvider, tool_call
-from runtime import Agent, Host, tool
-
-ran: list[str] = []
-
-
-@tool(needs_approval=True)
-async def delete_file(path: str) -> str:
-    """Delete a file."""
-    ran.append(path)
-    return f"deleted {path}"
-
-
-@pytest.fixture(autouse=True)
-def _clear() -> None:
-    ran.clear()
+from runtime import Agent, Host
+from tests.support.approval_tools import clear_ran, delete_file, ran  # noqa: F401 (fixture)
 
 
 class StepsByTask(trio.abc.Instrument):
