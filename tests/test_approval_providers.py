@@ -11,8 +11,14 @@ import pytest
 from actors.providers import AnthropicProvider, OpenAIProvider, OpenAIResponsesProvider
 from runtime import Agent, Host, tool
 from tests import test_provider_openai_responses as rs
-from tests.support.loopback import Reply, anthropic_sse, loopback_server
-from tests.test_provider_e2e import an_end, an_start, an_text, an_tool, oa_answer, oa_tool_step
+from tests.support.loopback import (
+    Reply,
+    anthropic_end,
+    anthropic_sse,
+    anthropic_start,
+    loopback_server,
+)
+from tests.test_provider_e2e import an_text, an_tool, oa_answer, oa_tool_step
 
 ran: list[str] = []
 
@@ -70,8 +76,10 @@ async def test_openai_chat_gets_the_denied_call_with_its_result(tmp_path):
 
 
 async def test_anthropic_gets_the_denied_call_with_its_error_result(tmp_path):
-    first = anthropic_sse(an_start(), *an_tool(0, "toolu_A", "a"), *an_end("tool_use"))
-    answer = anthropic_sse(an_start(), *an_text(0, "ok"), *an_end("end_turn"))
+    first = anthropic_sse(
+        anthropic_start(), *an_tool(0, "toolu_A", "a"), *anthropic_end("tool_use")
+    )
+    answer = anthropic_sse(anthropic_start(), *an_text(0, "ok"), *anthropic_end("end_turn"))
     sent = await deny_from_a_new_host(
         tmp_path,
         lambda url: AnthropicProvider("claude-sonnet-4-5", base_url=url, api_key="test"),

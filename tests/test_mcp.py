@@ -23,7 +23,14 @@ from runtime import Agent, Budget, Host, ToolDefinitionError, tool
 from runtime.errors import ConfigurationError, MCPServerUnavailable
 from tests.support.grammar import check_grammar
 from tests.support.listener import recording_server
-from tests.support.loopback import Reply, anthropic_sse, loopback_server, sse
+from tests.support.loopback import (
+    Reply,
+    anthropic_end,
+    anthropic_sse,
+    anthropic_start,
+    loopback_server,
+    sse,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = str(ROOT / "tests" / "support" / "mcp_server.py")
@@ -468,29 +475,8 @@ async def test_openai_turn_offers_the_server_schema_and_sends_back_its_result():
 
 
 async def test_anthropic_turn_offers_the_server_schema_and_sends_back_its_result():
-    start = {
-        "type": "message_start",
-        "message": {
-            "id": "msg_1",
-            "type": "message",
-            "role": "assistant",
-            "model": "m",
-            "content": [],
-            "stop_reason": None,
-            "stop_sequence": None,
-            "usage": {"input_tokens": 10, "output_tokens": 1},
-        },
-    }
-
-    def end(reason: str) -> list[dict]:
-        return [
-            {
-                "type": "message_delta",
-                "delta": {"stop_reason": reason},
-                "usage": {"output_tokens": 5},
-            },
-            {"type": "message_stop"},
-        ]
+    start = anthropic_start()
+    end = anthropic_end
 
     tool_use = [
         {

@@ -9,10 +9,14 @@ import base64
 
 from actors.providers import AnthropicProvider, GeminiProvider, OpenAIProvider
 from runtime import Agent, File, Host, Image, tool
-from tests.support.loopback import Reply, anthropic_sse, loopback_server
+from tests.support.loopback import (
+    Reply,
+    anthropic_end,
+    anthropic_sse,
+    anthropic_start,
+    loopback_server,
+)
 from tests.test_provider_e2e import (
-    an_end,
-    an_start,
     an_text,
     an_tool,
     gm_answer,
@@ -45,7 +49,7 @@ def anthropic_agent(server, **kw) -> Agent:
 
 
 def an_answer(text: str) -> bytes:
-    return anthropic_sse(an_start(), *an_text(0, text), *an_end("end_turn"))
+    return anthropic_sse(anthropic_start(), *an_text(0, text), *anthropic_end("end_turn"))
 
 
 # -- OpenAI ---------------------------------------------------------------------------------
@@ -173,7 +177,9 @@ async def test_anthropic_text_file_is_a_text_document():
 
 
 async def test_anthropic_tool_result_carries_the_image_block():
-    step1 = anthropic_sse(an_start(), *an_tool(0, "toolu_A", "sales"), *an_end("tool_use"))
+    step1 = anthropic_sse(
+        anthropic_start(), *an_tool(0, "toolu_A", "sales"), *anthropic_end("tool_use")
+    )
     async with loopback_server(Reply(body=step1), Reply(body=an_answer("done"))) as server:
         async with Host.open(log_tap=False) as host:
             session = await host.open_session(anthropic_agent(server, tools=[lookup]))

@@ -33,9 +33,15 @@ from runtime.history import Origin
 from runtime.messages import AssistantMessage, ReasoningPart, TextPart, UserMessage
 from runtime.provider import ProviderOptions
 from tests.support.eventstream import bedrock_stream, exception, message
-from tests.support.loopback import Reply, anthropic_sse, loopback_server
+from tests.support.loopback import (
+    Reply,
+    anthropic_end,
+    anthropic_sse,
+    anthropic_start,
+    loopback_server,
+)
 from tests.support.provider_calls import Run, make_request, replay_with
-from tests.test_provider_e2e import an_end, an_start, an_text, an_thinking, an_tool
+from tests.test_provider_e2e import an_text, an_thinking, an_tool
 
 TOKEN = "ya29.test-not-a-real-access-token"
 AWS_KEY, AWS_SECRET = "AKIDEXAMPLE0123456789", "aws-secret-test-not-real-0123456789"
@@ -46,7 +52,7 @@ EVENTSTREAM = "application/vnd.amazon.eventstream"
 
 
 def answer(*blocks: dict[str, Any], stop: str = "end_turn") -> list[dict[str, Any]]:
-    return [an_start(), *blocks, *an_end(stop)]
+    return [anthropic_start(), *blocks, *anthropic_end(stop)]
 
 
 THINKING_ANSWER = answer(*an_thinking(0, "plan", "SIG-1"), *an_text(1, "hello from the cloud"))
@@ -121,7 +127,7 @@ async def test_vertex_google_style_429_is_rate_limited_and_tagged_with_the_platf
 
 
 async def test_vertex_overloaded_event_mid_stream_is_overloaded_after_the_text():
-    events = [an_start(), *an_text(0, "Partial")]
+    events = [anthropic_start(), *an_text(0, "Partial")]
     error = {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
     body = anthropic_sse(*events) + b"event: error\ndata: " + json.dumps(error).encode() + b"\n\n"
     run = await replay(vertex, Reply(body=body), expect_error=True)
@@ -223,7 +229,7 @@ async def test_bedrock_api_key_is_sent_as_a_bearer_token():
 async def test_a_bedrock_error_frame_mid_stream_is_classified_by_its_exception(
     name, expected, status
 ):
-    events = [an_start(), *an_text(0, "Partial")]
+    events = [anthropic_start(), *an_text(0, "Partial")]
     run = await replay(
         bedrock, frames(*events, tail=exception(name, "went wrong")), expect_error=True
     )

@@ -16,7 +16,14 @@ from actors.providers import (
 )
 from runtime import Agent, Host, tool
 from tests.support.grammar import check_grammar
-from tests.support.loopback import Reply, anthropic_sse, loopback_server, sse
+from tests.support.loopback import (
+    Reply,
+    anthropic_end,
+    anthropic_sse,
+    anthropic_start,
+    loopback_server,
+    sse,
+)
 from tests.support.provider_calls import cli_turn
 
 SIG = "EqQBCkYIBxgCIkB3mZ2a0cT1p0lXvYg8rW+QZ0s1mN4k6Jt7uY2h3Q9xZ8c1V5b0n2m4L6k8J0h2G4f6D8s0=="
@@ -138,33 +145,6 @@ async def test_openai_three_step_turn_restores_each_step_exactly():
 # -- Anthropic wire format -------------------------------------------------------------------
 
 
-def an_start() -> dict:
-    return {
-        "type": "message_start",
-        "message": {
-            "id": "msg_1",
-            "type": "message",
-            "role": "assistant",
-            "model": "m",
-            "content": [],
-            "stop_reason": None,
-            "stop_sequence": None,
-            "usage": {"input_tokens": 10, "output_tokens": 1},
-        },
-    }
-
-
-def an_end(reason: str) -> list[dict]:
-    return [
-        {
-            "type": "message_delta",
-            "delta": {"stop_reason": reason, "stop_sequence": None},
-            "usage": {"output_tokens": 5},
-        },
-        {"type": "message_stop"},
-    ]
-
-
 def an_thinking(index: int, text: str, signature: str) -> list[dict]:
     return [
         {
@@ -226,19 +206,19 @@ def an_tool(index: int, call_id: str, key: str) -> list[dict]:
 
 async def test_anthropic_three_step_turn_restores_signed_thinking_and_results_exactly():
     step1 = anthropic_sse(
-        an_start(),
+        anthropic_start(),
         *an_thinking(0, "plan A", SIG + "1"),
         *an_tool(1, "toolu_A", "a"),
-        *an_end("tool_use"),
+        *anthropic_end("tool_use"),
     )
     step2 = anthropic_sse(
-        an_start(),
+        anthropic_start(),
         *an_thinking(0, "plan B", SIG + "2"),
         *an_text(1, "now B"),
         *an_tool(2, "toolu_B", "b"),
-        *an_end("tool_use"),
+        *anthropic_end("tool_use"),
     )
-    step3 = anthropic_sse(an_start(), *an_text(0, "all done"), *an_end("end_turn"))
+    step3 = anthropic_sse(anthropic_start(), *an_text(0, "all done"), *anthropic_end("end_turn"))
     async with loopback_server(
         Reply(body=step1, write_size=13), Reply(body=step2), Reply(body=step3)
     ) as server:
@@ -256,7 +236,11 @@ async def test_anthropic_three_step_turn_restores_signed_thinking_and_results_ex
                 chunks = [c async for c in out]
             # a second turn on the same session replays the whole first turn
             server.add(
-                Reply(body=anthropic_sse(an_start(), *an_text(0, "again"), *an_end("end_turn")))
+                Reply(
+                    body=anthropic_sse(
+                        anthropic_start(), *an_text(0, "again"), *anthropic_end("end_turn")
+                    )
+                )
             )
             await session.run("more")
     check_grammar(chunks)
@@ -315,7 +299,9 @@ async def test_cli_runs_a_turn_against_an_openai_compatible_server():
 
 
 async def test_cli_runs_a_turn_against_an_anthropic_compatible_server():
-    body = anthropic_sse(an_start(), *an_text(0, "hello from claude"), *an_end("end_turn"))
+    body = anthropic_sse(
+        anthropic_start(), *an_text(0, "hello from claude"), *anthropic_end("end_turn")
+    )
     chunks, requests = await cli_turn(
         Reply(body=body),
         lambda url: ["--provider", "anthropic", "--base-url", url, "--model", "claude-x"],
@@ -488,12 +474,12 @@ async def test_cli_runs_a_turn_on_gemini_named_by_its_model_string():
 
 async def test_vertex_two_step_turn_replays_its_signed_thinking_to_itself():
     step1 = anthropic_sse(
-        an_start(),
+        anthropic_start(),
         *an_thinking(0, "plan A", SIG + "1"),
         *an_tool(1, "toolu_A", "a"),
-        *an_end("tool_use"),
+        *anthropic_end("tool_use"),
     )
-    step2 = anthropic_sse(an_start(), *an_text(0, "done"), *an_end("end_turn"))
+    step2 = anthropic_sse(anthropic_start(), *an_text(0, "done"), *anthropic_end("end_turn"))
     async with loopback_server(Reply(body=step1), Reply(body=step2)) as server:
         provider = AnthropicVertexProvider(
             "claude-sonnet-4-5@20250929",
@@ -521,12 +507,12 @@ async def test_bedrock_two_step_turn_through_the_host():
     from tests.support.eventstream import bedrock_stream
 
     step1 = bedrock_stream(
-        an_start(),
+        anthropic_start(),
         *an_thinking(0, "plan A", SIG + "1"),
         *an_tool(1, "toolu_A", "a"),
-        *an_end("tool_use"),
+        *anthropic_end("tool_use"),
     )
-    step2 = bedrock_stream(an_start(), *an_text(0, "done"), *an_end("end_turn"))
+    step2 = bedrock_stream(anthropic_start(), *an_text(0, "done"), *anthropic_end("end_turn"))
     kind = "application/vnd.amazon.eventstream"
     async with loopback_server(
         Reply(body=step1, content_type=kind, write_size=17), Reply(body=step2, content_type=kind)

@@ -14,7 +14,15 @@ import runtime.redact as redaction
 from actors.providers import AnthropicProvider, OpenAIProvider, OpenAIResponsesProvider
 from actors.providers.sdk import SDKProvider, cache_prepared_urls
 from runtime.redact import redact_text
-from tests.support.loopback import Reply, anthropic_sse, loopback_server, responses_sse, sse
+from tests.support.loopback import (
+    Reply,
+    anthropic_end,
+    anthropic_sse,
+    anthropic_start,
+    loopback_server,
+    responses_sse,
+    sse,
+)
 from tests.support.provider_calls import Run, make_request
 
 KEY_ENV = [
@@ -92,23 +100,11 @@ OPENAI_BODY = sse(
     }
 )
 ANTHROPIC_BODY = anthropic_sse(
-    {
-        "type": "message_start",
-        "message": {
-            "id": "msg_1",
-            "type": "message",
-            "role": "assistant",
-            "model": "m",
-            "content": [],
-            "stop_reason": None,
-            "usage": {"input_tokens": 1, "output_tokens": 0},
-        },
-    },
+    anthropic_start(),
     {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
     {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "hi"}},
     {"type": "content_block_stop", "index": 0},
-    {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 1}},
-    {"type": "message_stop"},
+    *anthropic_end("end_turn"),
 )
 BODIES: dict[type[SDKProvider], bytes] = {
     OpenAIProvider: OPENAI_BODY,

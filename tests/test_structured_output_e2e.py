@@ -19,8 +19,15 @@ from runtime.inbox import Inbox
 from runtime.messages import ReasoningPart, TextPart, UserMessage
 from runtime.output_schema import output_schema, strict_schema
 from tests.support.grammar import check_grammar
-from tests.support.loopback import Reply, anthropic_sse, loopback_server, sse
-from tests.test_provider_e2e import SIG, an_end, an_start, an_thinking, oa_chunk, oa_usage
+from tests.support.loopback import (
+    Reply,
+    anthropic_end,
+    anthropic_sse,
+    anthropic_start,
+    loopback_server,
+    sse,
+)
+from tests.test_provider_e2e import SIG, an_thinking, oa_chunk, oa_usage
 
 
 class Weather(pydantic.BaseModel):
@@ -144,7 +151,7 @@ def an_answer(index: int, text: str) -> list[dict]:
 
 
 def an_json(text: str) -> bytes:
-    return anthropic_sse(an_start(), *an_answer(0, text), *an_end("tool_use"))
+    return anthropic_sse(anthropic_start(), *an_answer(0, text), *anthropic_end("tool_use"))
 
 
 async def test_anthropic_forces_the_output_tool_and_its_input_is_the_answer_text():
@@ -193,7 +200,10 @@ async def test_anthropic_forces_the_output_tool_and_its_input_is_the_answer_text
 
 async def test_anthropic_with_thinking_asks_for_the_tool_in_the_prompt_instead_of_forcing_it():
     body = anthropic_sse(
-        an_start(), *an_thinking(0, "easy", SIG), *an_answer(1, GOOD), *an_end("tool_use")
+        anthropic_start(),
+        *an_thinking(0, "easy", SIG),
+        *an_answer(1, GOOD),
+        *anthropic_end("tool_use"),
     )
     async with loopback_server(Reply(body=body)) as server:
         provider = AnthropicProvider(

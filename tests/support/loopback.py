@@ -78,6 +78,36 @@ def anthropic_sse(*events: dict[str, Any]) -> bytes:
     return "".join(f"event: {e['type']}\ndata: {json.dumps(e)}\n\n" for e in events).encode()
 
 
+def anthropic_start(model: str = "m") -> dict[str, Any]:
+    """An Anthropic ``message_start`` event (message ``msg_1``, 10 tokens in, 1 out)."""
+    return {
+        "type": "message_start",
+        "message": {
+            "id": "msg_1",
+            "type": "message",
+            "role": "assistant",
+            "model": model,
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": {"input_tokens": 10, "output_tokens": 1},
+        },
+    }
+
+
+def anthropic_end(reason: str) -> list[dict[str, Any]]:
+    """An Anthropic message's last two events: ``message_delta`` with ``reason`` (5
+    tokens out), ``message_stop``."""
+    return [
+        {
+            "type": "message_delta",
+            "delta": {"stop_reason": reason, "stop_sequence": None},
+            "usage": {"output_tokens": 5},
+        },
+        {"type": "message_stop"},
+    ]
+
+
 def responses_sse(model: str, n: int, events: list[dict[str, Any]]) -> bytes:
     """OpenAI Responses SSE body of response ``resp_{n}``: ``response.created``, the
     output ``events``, ``response.completed`` (10 tokens in, 5 out), each numbered."""
