@@ -982,6 +982,10 @@ class AnthropicProvider(SDKProvider):
     def client_secrets(self, client: Any) -> tuple[str | None, ...]:
         return (client.api_key, client.auth_token)  # an API key, or a bearer token
 
+    def prepare_client(self, client: Any) -> None:
+        super().prepare_client(client)
+        skip_idle_spans(client)
+
     def request_params(self, request: InferRequest) -> dict[str, Any]:
         """The keyword arguments of ``messages.create`` for ``request`` (``stream=True``)."""
         system, messages = map_messages(
@@ -1020,7 +1024,6 @@ class AnthropicProvider(SDKProvider):
         """One model call: restore, request, parse. Failures raise classified errors."""
         try:
             client = self._get_client()
-            skip_idle_spans(client)
             events = await client.messages.create(**self.request_params(request))
             await self.observe_headers(getattr(events, "response", None))  # rate limits
             try:

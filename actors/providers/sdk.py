@@ -120,10 +120,15 @@ class SDKProvider(Provider):
         :mod:`runtime.redact` removes from every error and log line."""
         if self._client is None:
             self._client = self.new_client()
-            cache_prepared_urls(self._client)
+            self.prepare_client(self._client)
             for secret in self.client_secrets(self._client):
                 register_secret(secret)
         return self._client
+
+    def prepare_client(self, client: Any) -> None:
+        """Make a new client cheaper to call, once, where it is built (the request it
+        sends stays the same): its endpoints' URLs joined once (:func:`cache_prepared_urls`)."""
+        cache_prepared_urls(client)
 
     def _known_params(self, create: Callable[..., Any]) -> frozenset[str]:
         """The argument names of the SDK's ``create`` (read once): an option it does not
