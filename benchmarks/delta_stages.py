@@ -17,6 +17,7 @@ timed; a tree without :class:`~runtime.provider.TextRun` is timed with text chun
 
 from __future__ import annotations
 
+import argparse
 import inspect
 import time
 from collections import deque
@@ -203,4 +204,8 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
+    argparse.ArgumentParser(
+        prog="python3 -m benchmarks.delta_stages",
+        description="Where a text delta's CPU goes, stage by stage, in one process.",
+    ).parse_args()
     trio.run(main)

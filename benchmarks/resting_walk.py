@@ -13,8 +13,8 @@ three full collections.
 
 from __future__ import annotations
 
+import argparse
 import gc
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -99,11 +99,21 @@ async def _main(directory: str, n: int, turns: int) -> None:
         )
 
 
-if __name__ == "__main__":
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        prog="python3 -m benchmarks.resting_walk",
+        description="What the paced collections walk with N sessions at rest (issue 24 item 5).",
+    )
+    parser.add_argument("sessions", type=int, help="sessions opened, N")
+    parser.add_argument("turns", type=int, nargs="?", default=1, help="bursts (default 1)")
+    args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="axon-bench-") as directory:
         sink = LogSink(directory)
         try:
-            turns = int(sys.argv[2]) if len(sys.argv) > 2 else 1
-            trio.run(_main, directory, int(sys.argv[1]), turns)
+            trio.run(_main, directory, args.sessions, args.turns)
         finally:
             sink.close()
+
+
+if __name__ == "__main__":
+    main()
