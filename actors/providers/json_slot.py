@@ -120,6 +120,51 @@ class StringSlot:
             return None  # a quote in a text (escaped): read alone
         return _strings(self._loads, strings)
 
+    def run_lines(self, lines: list[bytes], i: int, k: int, lead: bytes) -> tuple[list[str], int]:
+        """:meth:`run` of SSE blocks of three lines (``lines[3 * j : 3 * j + 3]`` the
+        block of event ``j``, :meth:`~actors.providers.sse.SSEDecoder.feed_lines`) from
+        event ``i`` on, below ``k``, while each block is ``lead`` (an event's lines up to
+        its data's value: ``b"event: NAME\ndata: "``), this slot's bytes around a string,
+        and a blank line: the texts and the index of the first block not read (the
+        caller reads it as an event). Windows of blocks as :func:`_run` reads windows of
+        events, each with :meth:`_window_lines`; the same texts as :meth:`text` of each
+        block's event (a block not read here, such as one whose text holds a quote, is
+        the caller's to read as one).
+
+        Why a window's lines that join to :attr:`prefix` + ``"`` + string + ``"`` +
+        :attr:`suffix` after ``lead``, each, are those events: ``lead`` holds one
+        newline, and the lines (cut at newlines) hold none, so the two sides have as
+        many newlines only if the slot's bytes hold none either; then the newlines fall
+        in the same places, and each block's lines are ``lead``'s first line, its second
+        line with the data, and a blank line."""
+        head = lead + self._opening
+        texts: list[str] = []
+        window = self.window
+        inside = slice(len(head) - lead.index(b"\n") - 1, -len(self._closing))
+        between = self._closing + b"\n\n" + head
+        end = self._closing + b"\n"
+        loads = self._loads
+        while i < k:
+            j = min(i + window, k)
+            block = lines[3 * i : 3 * j]
+            data_lines: list[Any] = block[1::3]
+            strings: list[bytes] = list(map(getitem, data_lines, repeat(inside, j - i)))
+            got = None
+            if b"\n".join(block) == head + between.join(strings) + end:
+                if b'"' not in b"".join(strings):
+                    got = _strings(loads, strings)
+            if got is not None:
+                texts += got
+                i = j
+                window = min(2 * window, _MAX_WINDOW)
+            elif j - i > 1:
+                window = (j - i) // 2
+            else:
+                self.window = _WINDOW
+                return texts, i
+        self.window = window
+        return texts, i
+
 
 _NAME, _DATA = itemgetter(0), itemgetter(1)
 _WINDOW, _MAX_WINDOW = 16, 256
