@@ -1,5 +1,4 @@
-"""Anthropic's text deltas read from a read's SSE lines are what the events give (issue 24
-goal 1).
+"""Text deltas read from a read's SSE lines are what the events give (issue 24 goal 1).
 
 The Anthropic reader takes a read of ``event:`` + ``data:`` + blank-line blocks as its
 lines (:meth:`~actors.providers.sse.SSEDecoder.feed_lines`) and reads runs of text deltas
@@ -9,7 +8,8 @@ These tests hold that reader to the one that reads every read as events, on bodi
 text deltas mixed with pings, other blocks and delta kinds, blocks with more or other
 lines, unusual escapes and non-ASCII text, CRLF line ends, invalid JSON, cut into reads
 at random places: the same events and texts in the same order, the same failure, and
-the same chunks out of the parser.
+the same chunks out of the parser. The OpenAI reader does the same with ``data:`` +
+blank-line blocks and its two-string slot (texts and padding).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import trio
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from actors.providers import anthropic
+from actors.providers import anthropic, openai
 from actors.providers.json_slot import learn
 from actors.providers.sse import SSEDecoder
 from runtime.chunks import TextChunk
@@ -224,3 +224,121 @@ def test_run_lines_reads_what_text_reads_and_stops_at_a_quote() -> None:
     assert slot.run_lines(lines, 0, 4, lead) == (["a", "bé"], 2)
     assert slot.run_lines(lines, 3, 4, lead) == (["c"], 4)
     assert slot.run_lines(lines, 0, 4, b"event: content_block_deltx\ndata: ") == ([], 0)
+
+
+# -- OpenAI: blocks of a data line and a blank line, the two-string slot ---------------------
+
+_HEAD = {"id": "c", "object": "chat.completion.chunk", "model": "m"}
+
+
+def _chunk(delta: dict[str, Any], pad: str | None, finish: str | None = None) -> str:
+    choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+    doc: dict[str, Any] = {**_HEAD, "choices": [choice], "usage": None}
+    if pad is not None:
+        doc["obfuscation"] = pad
+    return json.dumps(doc, separators=(",", ":"), ensure_ascii=False)
+
+
+_PAD = st.one_of(st.none(), st.text("ab1", max_size=4), _TEXT)
+_TEXT_LINES = st.builds(lambda t, p: [f"data: {_chunk({'content': t}, p)}"], _TEXT, _PAD)
+_OTHER_LINES = st.one_of(
+    st.builds(lambda t: [f"data: {_chunk({'content': t}, 'x', 'stop')}"], _TEXT),
+    st.builds(lambda t: [f"data: {_chunk({'content': t, 'role': 'assistant'}, 'x')}"], _TEXT),
+    st.builds(lambda t: [f"data: {_chunk({'content': t}, 'x')} "], _TEXT),
+    st.builds(lambda t: [f"data:{_chunk({'content': t}, 'x')}"], _TEXT),
+    st.builds(lambda t: ["event: x", f"data: {_chunk({'content': t}, 'x')}"], _TEXT),
+    st.builds(lambda t: [f"data: {_chunk({'content': t}, 'x')}", "id: 2"], _TEXT),
+    st.builds(lambda t: ["data: {", f"data: {_chunk({'content': t}, 'x')}"], _TEXT),
+    st.just([": keep-alive"]),
+    st.just([]),
+    st.just(['data: {"choices":[],"usage":{"prompt_tokens":1}}']),
+    st.just(['data: {"error":{"message":"boom","type":"server_error"}}']),
+    st.just(["data: [DONE]"]),
+    st.just(['data: {"choices":[{"index":0,"delta":{"content":']),
+)
+_CHUNK_LINES = st.lists(st.one_of(_TEXT_LINES, _TEXT_LINES, _TEXT_LINES, _OTHER_LINES))
+
+
+@st.composite
+def openai_bodies(draw: Any) -> list[bytes]:
+    """A Chat Completions body: mostly text chunks with or without their padding, now
+    and then another chunk or block; LF or CRLF; cut into reads at random places."""
+    blocks = [[f"data: {_chunk({'role': 'assistant', 'content': ''}, 'p')}"], *draw(_CHUNK_LINES)]
+    if draw(st.booleans()):
+        blocks += [[f"data: {_chunk({}, 'p', 'stop')}"], ["data: [DONE]"]]
+    end = "\r\n" if draw(st.booleans()) and draw(st.booleans()) else "\n"
+    body = "".join(line + end for block in blocks for line in [*block, ""]).encode()
+    cuts = sorted(draw(st.lists(st.integers(0, len(body)), max_size=5)))
+    chunks = [body[a:b] for a, b in zip([0, *cuts], [*cuts, len(body)], strict=True)]
+    return [c for c in chunks if c]
+
+
+def _as_events_2(self: SSEDecoder, chunk: bytes, size: int = 3) -> tuple[list[bytes], list[Any]]:
+    return [], self.feed(chunk)
+
+
+async def _read_openai(chunks: list[bytes]) -> tuple[list[Any], str | None]:
+    out: list[Any] = []
+    try:
+        async for batch in openai.json_chunk_batches(_Stream(chunks), texts=True):
+            for item in batch:
+                out += [("text", t) for t in item] if isinstance(item, list) else [item]
+    except Exception as exc:  # invalid JSON, an error chunk
+        return out, f"{type(exc).__name__}: {exc}"
+    return out, None
+
+
+@settings(max_examples=400, deadline=None)
+@given(chunks=openai_bodies())
+@example(chunks=[f"data: {_chunk({'content': 'a'}, 'x')}\n\n".encode()] * 3)
+def test_openai_lines_read_the_chunks_and_texts_the_events_read(chunks: list[bytes]) -> None:
+    lines = trio.run(_read_openai, chunks)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(SSEDecoder, "feed_lines", _as_events_2)
+        events = trio.run(_read_openai, chunks)
+    assert lines == events
+
+
+async def _parsed_openai(chunks: list[bytes], texts: bool) -> list[Any]:
+    out: list[Any] = []
+
+    class Sink:
+        async def __call__(self, chunk: Any) -> None:
+            out.append(chunk)
+
+        async def send_all(self, chunks: Any, *, whole: bool = False) -> None:
+            out.extend(chunks)
+
+    try:
+        batches = openai.json_chunk_batches(_Stream(chunks), texts=texts)
+        await openai.parse_batches(batches, Sink(), runs=texts)
+    except Exception as exc:
+        out.append(f"{type(exc).__name__}: {exc}")
+    return _texts_of(out)
+
+
+@settings(max_examples=200, deadline=None)
+@given(chunks=openai_bodies())
+def test_openai_parser_gives_the_chunks_the_full_decode_gives(chunks: list[bytes]) -> None:
+    assert trio.run(_parsed_openai, chunks, True) == trio.run(_parsed_openai, chunks, False)
+
+
+def test_an_openai_read_of_text_chunks_is_read_as_lines_in_windows(monkeypatch: Any) -> None:
+    """The benchmark's shape (padded chunks): after the first text chunk, none is read
+    as an event, and the texts are the chunks'."""
+    texts = [f"w{i}é\\" for i in range(300)]
+    body = b"".join(
+        f"data: {_chunk({'content': t}, 'ab' * (i % 5))}\n\n".encode() for i, t in enumerate(texts)
+    )
+    read: list[int] = []
+    block_events = SSEDecoder.block_events
+
+    def counted(self: SSEDecoder, lines: list[bytes], i: int, j: int, size: int = 3) -> Any:
+        read.append(j - i)
+        return block_events(self, lines, i, j, size)
+
+    monkeypatch.setattr(SSEDecoder, "block_events", counted)
+    out, failure = trio.run(_read_openai, [body[:900], body[900:30000], body[30000:]])
+    assert failure is None
+    assert [t for kind, t in out[1:]] == texts[1:]
+    assert sum(read) <= 4  # the first chunk (learned), then lines only
