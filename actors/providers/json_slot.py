@@ -157,7 +157,6 @@ class StringSlot:
 
 
 _NAME, _DATA = itemgetter(0), itemgetter(1)
-_NAME, _DATA = itemgetter(0), itemgetter(1)
 _WINDOW, _MAX_WINDOW = 16, 256
 """The events a slot's ``run`` reads at a time: 16 at first, twice as many after each
 window read whole, at most 256."""

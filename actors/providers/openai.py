@@ -640,6 +640,12 @@ async def json_chunk_batches(
     maps both the same way). A stream the SDK does not decode as plain SSE goes through
     its ``_iter_events``; one without that iterator (another SDK version, a test double)
     is read as it is, a chunk per list.
+
+    With ``texts``, a read of plain SSE made of ``data:`` + blank-line blocks is taken as
+    its lines (:meth:`SSEDecoder.feed_lines`), and a run of text chunks of the slot's
+    bytes is read from them by their bytes (:meth:`TwoStringSlot.run_lines`), not cut
+    into ``(name, data)`` pairs first (issue 24 goal 1); every other block is read as
+    its events, as before.
     """
     iter_events = getattr(stream, "_iter_events", None)
     response = getattr(stream, "response", None)
