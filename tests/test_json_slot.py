@@ -527,7 +527,7 @@ _RECORDING = (
 def test_openai_reads_the_same_chunks_of_a_real_stream_with_slots(monkeypatch: Any) -> None:
     """A real api.openai.com stream (padding on every chunk): the same chunks, and all but
     the first text chunk read through the two-string slot, most of them a window of
-    events at a time."""
+    events (or of their lines) at a time."""
     body = _RECORDING.read_bytes()
     read: list[int] = []
     windows: list[int] = []
@@ -543,9 +543,123 @@ def test_openai_reads_the_same_chunks_of_a_real_stream_with_slots(monkeypatch: A
         windows.append(0 if got is None else len(got))
         return got
 
+    lines_window = TwoStringSlot._window_lines
+
+    def counted_lines(slot: TwoStringSlot, *args: Any) -> list[str] | None:
+        got = lines_window(slot, *args)
+        windows.append(0 if got is None else len(got))
+        return got
+
     monkeypatch.setattr(TwoStringSlot, "text", counted)
     monkeypatch.setattr(TwoStringSlot, "_window", counted_window)
+    monkeypatch.setattr(TwoStringSlot, "_window_lines", counted_lines)
     chunks = trio.run(_openai_chunks, body, True)
     assert chunks == trio.run(_openai_chunks, body, False)
     assert sum(read) + sum(windows) == body.count(b'"delta":{"content":') - 1 > 100
     assert sum(windows) > sum(read)
+
+
+def _blocks_one_at_a_time(slot: Any, lines: list[bytes], start: int, lead: bytes) -> tuple:
+    """What ``slot.run_lines`` must give: ``slot.text`` of each block's data while the
+    block is ``lead``'s lines, a data line and a blank line, and its text reads."""
+    size = lead.count(b"\n") + 2
+    head = lead.split(b"\n")
+    texts, j = [], start
+    while j < len(lines) // size:
+        block = lines[size * j : size * (j + 1)]
+        data_line = block[size - 2]
+        if block[: size - 2] != head[:-1] or not data_line.startswith(head[-1]):
+            break
+        text = slot.text(data_line[len(head[-1]) :])
+        if text is None:
+            break
+        texts.append(text)
+        j += 1
+    return texts, j
+
+
+def _by_runs(slot: Any, lines: list[bytes], start: int, lead: bytes) -> tuple:
+    """``slot.run_lines`` as the readers use it: each block it leaves is read by itself
+    (:func:`_blocks_one_at_a_time` of that one block), and the runs go on after it."""
+    k = len(lines) // (lead.count(b"\n") + 2)
+    texts, i = [], start
+    while True:
+        got, i = slot.run_lines(lines, i, k, lead)
+        texts += got
+        if i == k:
+            return texts, i
+        one, after = _blocks_one_at_a_time(slot, lines, i, lead)
+        if after == i:
+            return texts, i
+        texts.append(one[0])
+        i += 1
+
+
+def _as_lines(blocks: list[bytes], size: int) -> list[bytes] | None:
+    """The lines of ``blocks`` (each ended by a blank line) as the decoder gives them,
+    or ``None`` when a newline inside makes them other blocks."""
+    lines = b"".join(blocks).split(b"\n")[:-1]
+    if len(lines) % size or lines[size - 1 :: size].count(b"") != len(lines) // size:
+        return None
+    return lines
+
+
+_LINE_PIECES = st.one_of(_OWN_BYTES, st.sampled_from([b'a","b', b'a\\"', b"\\", b'\\"",']))
+"""A text's or a padding's bytes: the slot's own, or quotes that make two tokens of one."""
+
+
+@settings(max_examples=300)
+@given(
+    st.lists(st.tuples(st.sampled_from(["delta", "delta", "delta", "other"]), _MIDDLES)),
+    st.integers(0, 3),
+)
+def test_a_slot_reads_runs_of_lines_as_it_reads_each_event(events: Any, at: int) -> None:
+    """``StringSlot.run_lines`` over blocks of ``event:`` + ``data:`` + blank lines, each
+    block it leaves read by itself, reads the same texts and stops at the same block as
+    ``text`` of each block's data: escapes, control characters, fakes of two tokens,
+    other names, runs longer than a window."""
+    doc = {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "x"}}
+    data = orjson.dumps(doc)
+    slot = learn(data, doc, b'"text":', anthropic._delta_text, anthropic._put_delta_text)
+    assert isinstance(slot, StringSlot)
+    blocks = [
+        b"event: " + name.encode() + b"\ndata: " + slot.prefix + middle + slot.suffix + b"\n\n"
+        for name, middle in events
+    ]
+    blocks += (
+        [b"event: delta\ndata: " + slot.prefix + b'"p"' + slot.suffix + b"\n\n"] * 40 * (at == 3)
+    )
+    lines = _as_lines(blocks, 3)
+    if lines is None:
+        return
+    start = min(at, len(lines) // 3)
+    lead = b"event: delta\ndata: "
+    got = _by_runs(slot, lines, start, lead)
+    assert got == _blocks_one_at_a_time(slot, lines, start, lead)
+
+
+@settings(max_examples=500)
+@given(
+    st.lists(st.tuples(_LINE_PIECES, _LINE_PIECES, _EDGES, st.booleans()), max_size=6),
+    st.integers(0, 2),
+)
+def test_a_two_string_slot_reads_runs_of_lines_as_it_reads_each_event(events: Any, at: int) -> None:
+    """``TwoStringSlot.run_lines`` over blocks of ``data:`` + blank lines, whose texts or
+    paddings hold the slot's own bytes, quotes and backslashes, or tokens, or whose
+    data's first or last byte is another, each block it leaves read by itself, reads as
+    ``text`` reads each block's data."""
+    slot = _PADDED_SLOT
+    blocks = []
+    for text, pad, (first, last), token in events:
+        if token:  # a JSON token of those bytes: the common case, escapes and all
+            text = orjson.dumps(text.decode("utf-8", "replace"))[1:-1]
+        data = slot.prefix + b'"' + text + b'"' + slot.middle + b'"' + pad + b'"' + slot.suffix
+        data = first + data[1:-1] + last if first or last else data
+        blocks.append(b"data: " + data + b"\n\n")
+    blocks += [b"data: " + slot.prefix + b'"p"' + slot.middle + b'"q"' + slot.suffix + b"\n\n"] * 3
+    lines = _as_lines(blocks, 2)
+    if lines is None:
+        return
+    start = min(at, len(lines) // 2)
+    got = _by_runs(slot, lines, start, b"data: ")
+    assert got == _blocks_one_at_a_time(slot, lines, start, b"data: ")

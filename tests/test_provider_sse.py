@@ -109,6 +109,33 @@ def test_bodies_of_one_line_events_are_read_as_the_sdk_reads_them(chunks: list[b
     assert _decode(chunks) == _sdk(chunks)
 
 
+def _decode_lines(chunks: list[bytes], step: int) -> list[tuple[str | None, bytes]]:
+    """The events as a reader of :meth:`SSEDecoder.feed_lines` gets them: each read's
+    lines read as events ``step`` blocks at a time."""
+    decoder = SSEDecoder()
+    out: list[tuple[str | None, bytes]] = []
+    for chunk in chunks:
+        lines, events = decoder.feed_lines(chunk)
+        assert not (lines and events)
+        assert len(lines) % 3 == 0 and lines[2::3].count(b"") == len(lines) // 3
+        out += events
+        k = len(lines) // 3
+        for i in range(0, k, step):
+            out += decoder.block_events(lines, i, min(i + step, k))
+    return out + decoder.finish()
+
+
+@given(
+    st.one_of(named_bodies(), data_line_bodies(), bodies().map(lambda b: b[1])), st.integers(1, 4)
+)
+@example([b"event: ping\ndata: x\n\nevent: ping\ndata: \n\n\ndata: y\n\n"], 1)
+@example([b"event: ping\ndata: x\n\nevent: ping\n\ndata: y"], 1)
+@example([b"event: ping\ndata: 0\n\n", b"data: a\n", b"event: ping\ndata: x\n\n"], 1)  # pending
+@example([b"event: ping\ndata: x\n\nid: 1\ndata: y\n\n\nevent: q\ndata: z\n\n"], 2)
+def test_a_reads_lines_read_as_events_are_the_sdks_events(chunks: list[bytes], step: int) -> None:
+    assert _decode_lines(chunks, step) == _sdk(chunks)
+
+
 def _decode(chunks: list[bytes]) -> list[tuple[str | None, bytes]]:
     decoder = SSEDecoder()
     out = [event for chunk in chunks for event in decoder.feed(chunk)]

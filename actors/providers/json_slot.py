@@ -120,6 +120,41 @@ class StringSlot:
             return None  # a quote in a text (escaped): read alone
         return _strings(self._loads, strings)
 
+    def run_lines(self, lines: list[bytes], i: int, k: int, lead: bytes) -> tuple[list[str], int]:
+        """:meth:`run` of SSE blocks of lines (``size`` lines a block, the last blank:
+        ``lines[size * j : size * (j + 1)]`` the block of event ``j``,
+        :meth:`~actors.providers.sse.SSEDecoder.feed_lines`) from event ``i`` on, below
+        ``k``, while each block is ``lead`` (an event's lines up to its data's value:
+        ``b"event: NAME\\ndata: "``, a block of 3 lines, or ``b"data: "``, of 2), this
+        slot's bytes around a string, and a blank line: the texts and the index of the
+        first block not read (the caller reads it as an event). Windows of blocks as
+        :func:`_run` reads windows of events (:func:`_run_lines`); the same texts as
+        :meth:`text` of each block's event (a block not read here, such as one whose
+        text holds a quote, is the caller's to read as one).
+
+        Why a window's lines that join to ``lead`` + :attr:`prefix` + ``"`` + string +
+        ``"`` + :attr:`suffix` + a blank line, each, are those events: ``lead`` holds
+        ``size - 2`` newlines, and the lines (cut at newlines) hold none, so the two
+        sides have as many newlines only if the slot's bytes hold none either; then the
+        newlines fall in the same places, and each block's lines are ``lead``'s lines,
+        the last of them with the data, and a blank line."""
+        return _run_lines(self, lines, i, k, lead, self._window_lines)
+
+    def _window_lines(
+        self, block: list[bytes], size: int, head: bytes, line_start: int
+    ) -> list[str] | None:
+        """The texts of a window of blocks (:meth:`run_lines`), or ``None``."""
+        data_lines: list[Any] = block[size - 2 :: size]
+        w = len(data_lines)
+        inside = slice(line_start + len(self._opening), -len(self._closing))
+        strings: list[bytes] = list(map(getitem, data_lines, repeat(inside, w)))
+        between = self._closing + b"\n\n" + head
+        if b"\n".join(block) != head + between.join(strings) + self._closing + b"\n":
+            return None
+        if b'"' in b"".join(strings):
+            return None  # a quote in a text (escaped): read alone
+        return _strings(self._loads, strings)
+
 
 _NAME, _DATA = itemgetter(0), itemgetter(1)
 _WINDOW, _MAX_WINDOW = 16, 256
@@ -165,6 +200,41 @@ def _run(
             texts.append(text)
             i += 1
             window = _WINDOW
+    slot.window = window
+    return texts, i
+
+
+def _run_lines(
+    slot: StringSlot | TwoStringSlot,
+    lines: list[bytes],
+    i: int,
+    k: int,
+    lead: bytes,
+    window_of: Callable[[list[bytes], int, bytes, int], list[str] | None],
+) -> tuple[list[str], int]:
+    """The slot's ``run_lines``: windows of blocks from ``i`` on, below ``k``, read by
+    ``window_of(block lines, size, head, line_start)`` (``head``: ``lead`` and the slot's
+    opening bytes; ``line_start``: where the data's value starts in its line), halved
+    down to one block when they do not read whole, doubled after each that does; the
+    texts and the first block not read (left to the caller), the window carried as
+    :func:`_run` carries it."""
+    size = lead.count(b"\n") + 2
+    head = lead + slot._opening
+    line_start = len(lead) - lead.rfind(b"\n") - 1
+    texts: list[str] = []
+    window = slot.window
+    while i < k:
+        j = min(i + window, k)
+        got = window_of(lines[size * i : size * j], size, head, line_start)
+        if got is not None:
+            texts += got
+            i = j
+            window = min(2 * window, _MAX_WINDOW)
+        elif j - i > 1:
+            window = (j - i) // 2
+        else:
+            slot.window = _WINDOW
+            return texts, i
     slot.window = window
     return texts, i
 
@@ -290,6 +360,34 @@ class TwoStringSlot:
         layout[1::2] = pieces
         layout[-1] = self._closing
         if b"".join(layout) != b"\n".join(datas):
+            return None
+        decoded = _strings(self._loads, pieces)  # the paddings validated with the texts
+        return None if decoded is None else decoded[0::2]
+
+    def run_lines(self, lines: list[bytes], i: int, k: int, lead: bytes) -> tuple[list[str], int]:
+        """:meth:`StringSlot.run_lines` for this slot's bytes around two strings."""
+        return _run_lines(self, lines, i, k, lead, self._window_lines)
+
+    def _window_lines(
+        self, block: list[bytes], size: int, head: bytes, line_start: int
+    ) -> list[str] | None:
+        """The texts of a window of blocks (:meth:`run_lines`), or ``None``: as
+        :meth:`_window`, the pieces of each data line split at the quoted middle and put
+        back between the learned bytes, compared with the block's lines joined (the
+        newlines counted as in :meth:`StringSlot.run_lines`: the learned bytes need no
+        check of their own here)."""
+        data_lines: list[Any] = block[size - 2 :: size]
+        w = len(data_lines)
+        inner = slice(line_start + len(self._opening), -len(self._closing))
+        cut: Iterator[bytes] = map(getitem, data_lines, repeat(inner, w))
+        pieces = list(chain.from_iterable(map(bytes.split, cut, repeat(self._quoted_middle, w))))
+        if len(pieces) != 2 * w or b'"' in b"".join(pieces):
+            return None  # not this shape, or a quote in a piece (escaped): read alone
+        between = self._closing + b"\n\n" + head
+        layout = [head, *(b"", self._quoted_middle, b"", between) * w]
+        layout[1::2] = pieces
+        layout[-1] = self._closing + b"\n"
+        if b"".join(layout) != b"\n".join(block):
             return None
         decoded = _strings(self._loads, pieces)  # the paddings validated with the texts
         return None if decoded is None else decoded[0::2]

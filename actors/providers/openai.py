@@ -31,7 +31,7 @@ Why the stream parser is shaped as it is (each point is a bug a peer shipped):
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncGenerator, AsyncIterable, Iterable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Iterable, Sequence
 from contextlib import aclosing
 from typing import Any, ClassVar
 
@@ -47,7 +47,7 @@ from actors.providers.openai_common import (
 )
 from actors.providers.openai_common import get_field as _get
 from actors.providers.read_batch import ReadBatch
-from actors.providers.sse import event_batches
+from actors.providers.sse import SSEDecoder, event_batches, sdk_sse_response
 from runtime import errors
 from runtime.actor_messages import InferRequest
 from runtime.chunks import (
@@ -640,6 +640,12 @@ async def json_chunk_batches(
     maps both the same way). A stream the SDK does not decode as plain SSE goes through
     its ``_iter_events``; one without that iterator (another SDK version, a test double)
     is read as it is, a chunk per list.
+
+    With ``texts``, a read of plain SSE made of ``data:`` + blank-line blocks is taken as
+    its lines (:meth:`SSEDecoder.feed_lines`), and a run of text chunks of the slot's
+    bytes is read from them by their bytes (:meth:`TwoStringSlot.run_lines`), not cut
+    into ``(name, data)`` pairs first (issue 24 goal 1); every other block is read as
+    its events, as before.
     """
     iter_events = getattr(stream, "_iter_events", None)
     response = getattr(stream, "response", None)
@@ -647,62 +653,142 @@ async def json_chunk_batches(
         async for chunk in stream:
             yield [chunk]
         return
-    import orjson
-
-    loads = orjson.loads
-    slot: StringSlot | TwoStringSlot | None = None
-    learning = SLOT_LEARNING if texts else 0
-    events = event_batches(stream)
-    async with aclosing(events):
-        async for batch in events:
-            out: list[Any] = []
-            failure: Exception | None = None
-            done = False
-            i, n = 0, len(batch)
-            while i < n:
-                if slot is not None:  # a run of text chunks, at once
-                    run, i = slot.run(batch, i, None)
-                    if run:
-                        out.append(run)
-                        if i == n:
-                            break
-                data = batch[i][1]
-                i += 1
-                if slot is not None:
-                    text = slot.text(data)  # (an event with a name, read as before)
-                    if text is not None:
-                        out.append([text])
-                        continue
-                if data.startswith(b"[DONE]"):
-                    done = True
-                    break
-                try:
-                    chunk = loads(data)
-                except ValueError as exc:
-                    failure = exc
-                    break
-                if type(chunk) is dict and chunk.get("error"):
-                    failure = _stream_error(chunk["error"], response)
-                    break
-                out.append(chunk)
-                if learning and type(chunk) is dict and _text_only(chunk):
-                    learning -= 1  # each chunk may differ (an obfuscation field): a few tries
-                    slot = (
-                        learn(
-                            data, chunk, b'"content":', _text_or_none, _put_text, pad=_OBFUSCATION
-                        )
-                        or slot
-                    )
-            if out:
-                yield out  # what came before a failure or the end is the stream's
-            if failure is not None:
-                raise failure
-            if done:
-                await _drain_after_done(events)
-                return
+    reader = _ChunkReader(response, texts)
+    sse_response = sdk_sse_response(stream) if texts else None
+    if sse_response is None:  # through the SDK's decoder, or no text to read by slot
+        events = event_batches(stream)
+        async with aclosing(events):
+            async for batch in events:
+                out: list[Any] = []
+                failure, done = reader.events(batch, out)
+                if out:
+                    yield out  # what came before a failure or the end is the stream's
+                if failure is not None:
+                    raise failure
+                if done:
+                    await _drain_after_done(events)
+                    return
+        return
+    decoder = SSEDecoder()
+    chunks = sse_response.aiter_bytes()
+    async for chunk in chunks:
+        lines, batch = decoder.feed_lines(chunk, 2)
+        out = []
+        if lines:
+            failure, done = reader.lines(decoder, lines, out)
+        else:
+            failure, done = reader.events(batch, out) if batch else (None, False)
+        if out:
+            yield out
+        if failure is not None:
+            raise failure
+        if done:
+            await _drain_after_done(chunks)
+            return
+    batch = decoder.finish()
+    if batch:
+        out = []
+        failure, done = reader.events(batch, out)
+        if out:
+            yield out
+        if failure is not None:
+            raise failure
 
 
-async def _drain_after_done(events: AsyncGenerator[Any, None]) -> None:
+_DATA_LEAD = b"data: "
+"""A chunk's SSE block up to its data's value (:meth:`StringSlot.run_lines`)."""
+
+
+class _ChunkReader:
+    """What :func:`json_chunk_batches` knows of a stream between its reads: the slot of
+    its text chunks and how many more may be tried as one; a method per form of a read
+    (its events, or its lines, :meth:`~actors.providers.sse.SSEDecoder.feed_lines`)."""
+
+    __slots__ = ("learning", "loads", "response", "slot")
+
+    def __init__(self, response: Any, texts: bool) -> None:
+        import orjson
+
+        self.loads = orjson.loads
+        self.response = response
+        self.slot: StringSlot | TwoStringSlot | None = None
+        self.learning = SLOT_LEARNING if texts else 0
+
+    def lines(
+        self, decoder: SSEDecoder, lines: list[bytes], out: list[Any]
+    ) -> tuple[Exception | None, bool]:
+        """A read given as SSE lines, two a block, into ``out``: the runs of text chunks
+        that are the slot's bytes read by their lines (:meth:`StringSlot.run_lines`: no
+        ``(name, data)`` pair, no cut ``data:`` line a chunk; issue 24 goal 1), any other
+        block read as its events by :meth:`events`, in order. What went wrong (after the
+        chunks before it) or ``None``, and whether ``[DONE]`` came."""
+        k = len(lines) // 2
+        i = 0
+        while i < k:
+            slot = self.slot
+            if slot is not None:
+                run, i = slot.run_lines(lines, i, k, _DATA_LEAD)
+                if run:
+                    out.append(run)
+                if i == k:
+                    break
+            # one block (the slot may change with it), or the rest when none can follow
+            j = i + 1 if self.learning or self.slot is not None else k
+            failure, done = self.events(decoder.block_events(lines, i, j, 2), out)
+            if failure is not None or done:
+                return failure, done
+            i = j
+        return None, False
+
+    def events(
+        self, batch: Sequence[tuple[Any, bytes]], out: list[Any]
+    ) -> tuple[Exception | None, bool]:
+        """A read's ``(name, data)`` events into ``out``; what went wrong (after the
+        chunks before it) or ``None``, and whether ``[DONE]`` came."""
+        loads = self.loads
+        slot = self.slot
+        learning = self.learning
+        failure: Exception | None = None
+        done = False
+        i, n = 0, len(batch)
+        while i < n:
+            if slot is not None:  # a run of text chunks, at once
+                run, i = slot.run(batch, i, None)
+                if run:
+                    out.append(run)
+                    if i == n:
+                        break
+            data = batch[i][1]
+            i += 1
+            if slot is not None:
+                text = slot.text(data)  # (an event with a name, read as before)
+                if text is not None:
+                    out.append([text])
+                    continue
+            if data.startswith(b"[DONE]"):
+                done = True
+                break
+            try:
+                chunk = loads(data)
+            except ValueError as exc:
+                failure = exc
+                break
+            if type(chunk) is dict and chunk.get("error"):
+                failure = _stream_error(chunk["error"], self.response)
+                break
+            out.append(chunk)
+            if learning and type(chunk) is dict and _text_only(chunk):
+                learning -= 1  # each chunk may differ (an obfuscation field): a few tries
+                slot = (
+                    learn(data, chunk, b'"content":', _text_or_none, _put_text, pad=_OBFUSCATION)
+                    or slot
+                )
+        self.slot = slot
+        self.learning = learning
+        return failure, done
+
+
+async def _drain_after_done(events: AsyncIterator[Any]) -> None:
     """Read what follows ``[DONE]`` for at most :data:`DRAIN_AFTER_DONE` seconds and drop
     it: the body read to its end lets the HTTP library reuse the connection for the next
     request, as the SDK's own stream does; a server that keeps the body open is cut."""
