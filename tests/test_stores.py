@@ -569,6 +569,25 @@ async def test_a_turn_s_store_calls_take_few_statements(tmp_path: Path):
         await store.aclose()
 
 
+async def test_version_now_reads_without_waiting_or_says_it_would_wait(tmp_path: Path):
+    """``version_now``: the version (``0`` for a session not stored) on the calling
+    thread; ``None`` while another call holds the connection (a thread's, here the lock
+    taken by hand); a bad id refused as by every call, a closed store a ``StoreError``."""
+    store = await SQLiteStore.open(tmp_path / "sessions.db")
+    try:
+        assert store.version_now("s") == 0
+        await store.save("s", 0, turn(0))
+        assert store.version_now("s") == 1 == await store.version("s")
+        async with store._lock:
+            assert store.version_now("s") is None
+        with pytest.raises(InvalidSessionId):
+            store.version_now("bad id")
+    finally:
+        await store.aclose()
+    with pytest.raises(StoreError, match="closed"):
+        store.version_now("s")
+
+
 async def test_a_session_saved_without_messages_loads_with_none(tmp_path: Path):
     """The read's join gives one row of empty message columns for such a session."""
     store = await SQLiteStore.open(tmp_path / "sessions.db")

@@ -131,3 +131,22 @@ async def test_a_turn_s_end_is_still_bounded_by_a_full_blocking_subscriber(autoj
         assert result.finish_reason == "stop"
         assert trio.current_time() - t0 >= SAVE_TIMEOUT
         assert len(roomy.inbox) == 1 and len(full.inbox) == 1  # the wait was cut there
+
+
+async def test_a_turn_on_sqlite_asks_the_version_outside_any_bound(tmp_path, monkeypatch):
+    """Before a turn the runner reads the session's version with the store's
+    ``version_now`` (no await, no cancel scope) and, the session not having moved,
+    enters no ``SAVE_TIMEOUT`` bound for it: the turn's only bound in ``saving`` is its
+    final save's (two before, issue 24 goal 1). A session that moved is still reloaded
+    (``tests/test_concurrent_writers.py``)."""
+    import actors.turn.saving as saving_module
+
+    counted_trio = _CountedBounds()
+    monkeypatch.setattr(saving_module, "trio", counted_trio)
+    agent = Agent(provider=ScriptedProvider(turns=[[["hi"]]] * 2))
+    async with Host.open(store=str(tmp_path / "s.db"), log_tap=False) as host:
+        session = await host.open_session(agent, session_id="s")
+        await session.run("x")
+        assert counted_trio.bounds == 1
+        await session.run("y")
+        assert counted_trio.bounds == 2

@@ -656,6 +656,19 @@ class SQLiteStore:
             return version
         return await self._run(action, self._version, session_id)
 
+    def version_now(self, session_id: str) -> int | None:
+        """The session's version, read on the calling thread without waiting (no await:
+        no schedule point either), or ``None`` when that would wait: while a thread's
+        call holds the connection, or the file is busy. For a caller that bounds only a
+        wait (the turn runner's query before a turn, issue 24 goal 1)."""
+        validate_session_id(session_id)
+        if self._lock.locked():
+            return None
+        version = self._now(
+            f"version of session {session_id!r}", self._version_without_waiting, session_id
+        )
+        return None if isinstance(version, _Large) else version
+
     async def _version_on_loop(self, action: str, session_id: str) -> int | None:
         """The session's version looked up on the calling thread, or ``None`` if that
         read would have to wait (the caller then asks a thread, which waits)."""
