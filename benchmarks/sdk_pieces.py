@@ -6,7 +6,8 @@ this says where it goes inside the SDK (branch ``g1sdk``). Each round reads the 
 request, as ``provider_call`` does; the SDK client's ``create``, ``request``,
 ``_build_request`` and ``_process_response``, and its httpx client's ``build_request``
 and ``send``, are wrapped on the instances to take the process CPU at their entry and
-exit (the wrappers add ~1 us a piece). Prints each piece's min, p25 and median.
+exit (the wrappers add ~1 us a piece), and so are the floor's httpx client's (the floor's
+own pieces, for the SDK's to be read against). Prints each piece's min, p25 and median.
 
 ``python3 -m benchmarks.sdk_pieces [openai|anthropic] [--rounds 1500]``, from the tree
 to measure (the private methods it wraps are the SDK's, as of openai 3.60 and anthropic
@@ -34,6 +35,10 @@ PIECES = (
     ("after create (the read, the close)", "c1", "t1"),
     ("the provider's stream, all", "t0", "t1"),
     ("the floor", "f0", "f1"),
+    ("floor: before httpx build_request", "f0", "H0"),
+    ("floor: httpx build_request", "H0", "H1"),
+    ("floor: send", "S0", "S1"),
+    ("floor: after send (the read, the close)", "S1", "f1"),
 )
 
 
@@ -81,6 +86,9 @@ async def _rounds(fmt: str, rounds: int, server: Any) -> list[dict[str, float]]:
     _wrap(marks, client, "_process_response", "p", coro=True)
     _wrap(marks, client._client, "build_request", "h", coro=False)
     _wrap(marks, client._client, "send", "s", coro=True)
+    floor_client = floor_close.__self__  # type: ignore[attr-defined]  # (its aclose)
+    _wrap(marks, floor_client, "build_request", "H", coro=False)
+    _wrap(marks, floor_client, "send", "S", coro=True)
     out = []
     try:
         for i in range(WARM_UP + rounds):

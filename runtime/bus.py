@@ -144,6 +144,22 @@ class Bus:
             except (trio.ClosedResourceError, trio.BrokenResourceError):
                 self.unsubscribe(sub)
 
+    def try_publish(self, event: Any) -> bool:
+        """Deliver ``event`` at once if no subscriber would make :meth:`publish` wait (no
+        full ``block`` inbox): then every subscriber gets it, as :meth:`publish` gives
+        it, and ``True``; else nobody does, and ``False`` (the caller publishes, waiting).
+        A caller that bounds its wait enters the bound only then (issue 24 goal 1)."""
+        subs = self._route(getattr(event, "session_id", None), type(event))
+        for sub in subs:
+            if sub.inbox.would_wait():
+                return False
+        for sub in subs:
+            try:
+                sub.inbox.put_nowait(event)
+            except (trio.ClosedResourceError, trio.BrokenResourceError):
+                self.unsubscribe(sub)
+        return True
+
     def forget_session(self, session_id: str) -> None:
         """Drop cached routes of a closed session (keeps the cache from growing)."""
         self._routes.pop(session_id, None)

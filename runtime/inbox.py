@@ -112,6 +112,19 @@ class Inbox(Generic[T]):
                 return
             await self._wait_for_room(message)
 
+    def would_wait(self) -> bool:
+        """Whether :meth:`put` would wait now: a ``block`` inbox, open, full, with no
+        receiver waiting (any other :meth:`put` delivers, drops or raises at once)."""
+        buffer = self._buffer
+        return (
+            self.policy == "block"
+            and buffer is not None
+            and len(buffer) >= self.capacity
+            and not self._getters
+            and not self._closed
+            and not self._receiver_closed
+        )
+
     def put_nowait(self, message: T) -> None:
         """Deliver without waiting: drops the oldest under ``drop-oldest``, raises
         :class:`trio.WouldBlock` when a ``block`` inbox is full."""

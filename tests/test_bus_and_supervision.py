@@ -276,3 +276,26 @@ async def test_an_actor_whose_handling_waits_takes_a_queued_message_without_a_st
                 nursery.start_soon(actor.run)
         assert actor.seen == [0, 1, 2]
         assert steps.named("Actor.run") == expected, waits
+
+
+def test_try_publish_delivers_to_every_subscriber_or_to_none():
+    """``Bus.try_publish``: everyone at once when no ``block`` inbox is full (a full
+    ``drop-oldest`` one drops its oldest, a closed one is unsubscribed), else nobody."""
+    from runtime.bus import Bus
+    from runtime.events import TurnStarted
+
+    bus = Bus()
+    block = bus.subscribe([TurnStarted], policy="block", capacity=1)
+    lossy = bus.subscribe([TurnStarted], policy="drop-oldest", capacity=1)
+    gone = bus.subscribe([TurnStarted], policy="block", capacity=1)
+    gone.inbox.close()
+    event = TurnStarted(session_id="s", turn_id="t", input="x", agent="a")
+    lossy.inbox.put_nowait("old")
+    assert bus.try_publish(event)
+    assert block.inbox.get_nowait() is event
+    assert type(lossy.inbox.get_nowait()).__name__ == "Lagged"  # "old" dropped for it
+    assert lossy.inbox.get_nowait() is event
+    assert bus.subscription_count == 2  # the closed one is gone, as publish drops it
+    block.inbox.put_nowait("full")
+    assert not bus.try_publish(event)
+    assert len(lossy.inbox) == 0 and block.inbox.get_nowait() == "full"  # nobody got it

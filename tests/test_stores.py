@@ -449,6 +449,7 @@ async def test_schema_1_file_is_upgraded_in_place_and_keeps_its_sessions(tmp_pat
         ("""UPDATE messages SET body = '{"role": "user"}' WHERE idx = 1""", "message 1"),
         ("UPDATE messages SET role = 'user' WHERE idx = 1", "message 1 is stored as role"),
         ("DELETE FROM messages WHERE idx = 1", "missing message 1"),
+        ("DELETE FROM messages WHERE idx = 0", "missing message 0"),
         ("UPDATE sessions SET meta = 'not json'", "meta of session 's'"),
     ],
 )
@@ -520,6 +521,81 @@ async def test_failure_inside_the_transaction_rolls_everything_back(tmp_path: Pa
         conn.close()
         await store.save("a", 1, turn(5) + turn(6), {"k": 2})
         assert await store.load("a") == record("a", turn(0)[:1] + turn(5) + turn(6), {"k": 2})
+    finally:
+        await store.aclose()
+
+
+async def test_a_turn_s_store_calls_take_few_statements(tmp_path: Path):
+    """The statements SQLite runs for each of the calls a turn of a new session makes
+    (issue 24 goal 1: 17 before, 9 now; a cold statement costs 5-20 us): a never-saved
+    session's load is one, a small session's two (no BEGIN/COMMIT: each reads one
+    snapshot), a save's checks one, and a save that only appends deletes nothing."""
+    store = await SQLiteStore.open(tmp_path / "sessions.db")
+    seen: list[str] = []
+    store._conn.set_trace_callback(lambda sql: seen.append(" ".join(sql.split())[:24]))
+
+    def took() -> list[str]:
+        done = list(seen)
+        seen.clear()
+        return done
+
+    try:
+        assert await store.load("s") is None
+        assert took() == ["SELECT (SELECT coalesce("]
+        assert await store.version("s") == 0
+        assert took() == ["SELECT version FROM sess"]
+        assert await store.save("s", 0, turn(0), {"agent": "a"}, expected_version=0) == 1
+        assert took() == [
+            "BEGIN IMMEDIATE",
+            "SELECT s.meta, s.version",
+            "INSERT INTO sessions (se",
+            "INSERT INTO messages (se",
+            "INSERT INTO messages (se",
+            "COMMIT",
+        ]
+        loaded = await store.load("s")
+        assert loaded == record("s", turn(0), {"agent": "a"}) and loaded.version == 1
+        assert took() == ["SELECT (SELECT coalesce(", "SELECT CASE WHEN m.idx I"]
+        # Appending deletes nothing; replacing a tail still deletes it first.
+        await store.save("s", 2, turn(1), expected_version=1)
+        assert "DELETE FROM messages WHE" not in took()
+        await store.save("s", 3, turn(2), expected_version=2)
+        assert "DELETE FROM messages WHE" in took()
+        loaded = await store.load("s")
+        assert loaded == record("s", turn(0) + turn(1)[:1] + turn(2), {"agent": "a"})
+        assert loaded.version == 3
+    finally:
+        store._conn.set_trace_callback(None)
+        await store.aclose()
+
+
+async def test_version_now_reads_without_waiting_or_says_it_would_wait(tmp_path: Path):
+    """``version_now``: the version (``0`` for a session not stored) on the calling
+    thread; ``None`` while another call holds the connection (a thread's, here the lock
+    taken by hand); a bad id refused as by every call, a closed store a ``StoreError``."""
+    store = await SQLiteStore.open(tmp_path / "sessions.db")
+    try:
+        assert store.version_now("s") == 0
+        await store.save("s", 0, turn(0))
+        assert store.version_now("s") == 1 == await store.version("s")
+        async with store._lock:
+            assert store.version_now("s") is None
+        with pytest.raises(InvalidSessionId):
+            store.version_now("bad id")
+    finally:
+        await store.aclose()
+    with pytest.raises(StoreError, match="closed"):
+        store.version_now("s")
+
+
+async def test_a_session_saved_without_messages_loads_with_none(tmp_path: Path):
+    """The read's join gives one row of empty message columns for such a session."""
+    store = await SQLiteStore.open(tmp_path / "sessions.db")
+    try:
+        await store.save("s", 0, [], {"k": 1})
+        on_loop, in_thread = await store.load("s"), await store._run("load", store._load, "s")
+        assert on_loop == in_thread == record("s", [], {"k": 1})
+        assert on_loop.version == in_thread.version == 1
     finally:
         await store.aclose()
 

@@ -77,3 +77,76 @@ async def test_a_turn_s_start_and_first_step_reach_the_controller_in_one_batch(t
             for _ in range(8):
                 await session.run("x")
     assert steps.by_actor()["stream-controller"] == 8 * 5, steps.by_actor()
+
+
+class _CountedBounds:
+    """The ``trio`` module as the turn runner sees it, counting its timeouts entered."""
+
+    def __init__(self) -> None:
+        self.bounds = 0
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(trio, name)
+
+    def move_on_after(self, seconds: float) -> trio.CancelScope:
+        self.bounds += 1
+        return trio.move_on_after(seconds)
+
+
+async def test_a_turn_announces_its_end_without_a_bound_when_nobody_would_wait(
+    tmp_path, monkeypatch
+):
+    """The turn's ``TurnFinished`` goes to subscribers with room at once, so the runner
+    enters no ``SAVE_TIMEOUT`` bound for it (a cancel scope: two generator context
+    managers and a deadline heap push and pop, 5-8 us hot, issue 24 goal 1); the log tap
+    still gets it (its ``turn.finished`` line)."""
+    import actors.turn.runner as runner_module
+    from runtime.events import TurnFinished
+
+    counted_trio = _CountedBounds()
+    monkeypatch.setattr(runner_module, "trio", counted_trio)
+    agent = Agent(provider=ScriptedProvider(turns=[[["hi"]]] * 2))
+    async with Host.open(store=str(tmp_path / "s.db"), log_tap=False) as host:
+        seen = host.bus.subscribe([TurnFinished], policy="block", capacity=4)
+        session = await host.open_session(agent, session_id="s")
+        await session.run("x")
+        assert counted_trio.bounds == 0  # (1 before: the end's announcement)
+        assert [type(e) for e in (seen.inbox.get_nowait(),)] == [TurnFinished]
+
+
+async def test_a_turn_s_end_is_still_bounded_by_a_full_blocking_subscriber(autojump_clock):
+    """A subscriber whose ``block`` inbox is full makes the announcement wait: bounded
+    by ``SAVE_TIMEOUT`` as before, and then given up on; nobody got the event twice."""
+    from actors.turn.runner import SAVE_TIMEOUT
+    from runtime.events import TurnFinished
+
+    agent = Agent(provider=ScriptedProvider(turns=[[["hi"]]] * 2))
+    async with Host.open(log_tap=False) as host:
+        roomy = host.bus.subscribe([TurnFinished], policy="block", capacity=4)
+        full = host.bus.subscribe([TurnFinished], policy="block", capacity=1)
+        full.inbox.put_nowait("occupied")
+        session = await host.open_session(agent, session_id="s")
+        t0 = trio.current_time()
+        result = await session.run("x")
+        assert result.finish_reason == "stop"
+        assert trio.current_time() - t0 >= SAVE_TIMEOUT
+        assert len(roomy.inbox) == 1 and len(full.inbox) == 1  # the wait was cut there
+
+
+async def test_a_turn_on_sqlite_asks_the_version_outside_any_bound(tmp_path, monkeypatch):
+    """Before a turn the runner reads the session's version with the store's
+    ``version_now`` (no await, no cancel scope) and, the session not having moved,
+    enters no ``SAVE_TIMEOUT`` bound for it: the turn's only bound in ``saving`` is its
+    final save's (two before, issue 24 goal 1). A session that moved is still reloaded
+    (``tests/test_concurrent_writers.py``)."""
+    import actors.turn.saving as saving_module
+
+    counted_trio = _CountedBounds()
+    monkeypatch.setattr(saving_module, "trio", counted_trio)
+    agent = Agent(provider=ScriptedProvider(turns=[[["hi"]]] * 2))
+    async with Host.open(store=str(tmp_path / "s.db"), log_tap=False) as host:
+        session = await host.open_session(agent, session_id="s")
+        await session.run("x")
+        assert counted_trio.bounds == 1
+        await session.run("y")
+        assert counted_trio.bounds == 2

@@ -327,23 +327,17 @@ def _connect(path: str) -> sqlite3.Connection:
     return conn
 
 
+def _missing(path: str, session_id: str, expected: int, idx: int) -> StoreCorrupt:
+    return StoreCorrupt(
+        f"session store {path}: session {session_id!r} is missing message {expected} (the "
+        f"next stored index is {idx})"
+    )
+
+
 def _deleted_version(conn: sqlite3.Connection) -> int:
     """The highest version a deleted session had (``0`` if none was ever deleted)."""
     row = conn.execute("SELECT value FROM axon_meta WHERE key = 'deleted_version'").fetchone()
     return 0 if row is None else int(row[0])
-
-
-def _check_start(conn: sqlite3.Connection, session_id: str, start: int) -> None:
-    """A save may append (``start`` = the message count) but leave no hole."""
-    # max(idx) is one index probe; count(*) would scan the whole session.
-    (count,) = conn.execute(
-        "SELECT coalesce(max(idx) + 1, 0) FROM messages WHERE session_id = ?",
-        (session_id,),
-    ).fetchone()
-    if start > count:
-        raise StoreError(
-            f"save of session {session_id!r}: start {start} is beyond its end ({count} messages)"
-        )
 
 
 def _upsert_session(
@@ -363,6 +357,30 @@ def _upsert_session(
             version = excluded.version""",
         (session_id, orjson.dumps(meta), now, now, version),
     )
+
+
+_HEAD_SQL = """SELECT (SELECT coalesce(sum(length(body)), 0) FROM messages
+    WHERE session_id = ?1) FROM sessions WHERE session_id = ?1"""
+"""A stored session's messages' total size in bytes (no row: never saved)."""
+_READ_SQL = """SELECT CASE WHEN m.idx IS NULL OR m.idx = 0 THEN s.meta END, s.version,
+        m.idx, m.role, m.body
+    FROM sessions AS s LEFT JOIN messages AS m ON m.session_id = s.session_id
+    WHERE s.session_id = ? ORDER BY m.idx"""
+"""A session in one snapshot: its row joined to each message, in index order (read along
+the messages' primary key: no sort), the meta on the first message's row only (not
+copied once a message); one row of ``NULL`` message columns for a session without
+messages, none for a session not stored."""
+
+
+_BEFORE_SAVE_SQL = """SELECT s.meta, s.version,
+        (SELECT value FROM axon_meta WHERE key = 'deleted_version'),
+        (SELECT coalesce(max(idx) + 1, 0) FROM messages WHERE session_id = ?1)
+    FROM (SELECT 1) LEFT JOIN sessions AS s ON s.session_id = ?1"""
+"""What a save checks and builds on, in one statement inside its transaction: the
+session's meta and version (``NULL`` for a session not stored), the highest version a
+deleted session had (``NULL``: none ever deleted) and the message count (``max(idx)`` is
+one index probe; ``count(*)`` would scan the whole session). Three statements before
+(issue 24 goal 1)."""
 
 
 class SQLiteStore:
@@ -482,49 +500,39 @@ class SQLiteStore:
         return record
 
     def _read(self, session_id: str, limit: int | None) -> SessionRecord | _Large | None:
-        """The session, read in one snapshot; with ``limit`` (on the loop), :data:`_LARGE`
-        instead when its messages' bodies add up to more than ``limit`` bytes (their
-        sizes are read from the rows' headers, the bodies are not)."""
+        """The session, read in one statement (one snapshot: the session row joined to its
+        messages); with ``limit`` (on the loop), first its messages' total size (read
+        from the rows' headers, not the bodies): ``None`` at once for a
+        session never saved, :data:`_LARGE` when the bodies add up to more than
+        ``limit`` bytes.
+
+        No ``BEGIN``/``COMMIT`` around them: a statement reads one snapshot by itself, and
+        the size is only the choice of where to read (issue 24 goal 1: a never-saved
+        session's load was three statements and is one, a small session's five and is
+        two)."""
         conn = self._conn
-        conn.execute("BEGIN")  # one snapshot for all reads
-        try:
-            row = conn.execute(
-                "SELECT meta, version FROM sessions WHERE session_id = ?", (session_id,)
-            ).fetchone()
-            if row is None:
-                rows = []
-            elif (
-                limit is not None
-                and conn.execute(
-                    "SELECT coalesce(sum(length(body)), 0) FROM messages WHERE session_id = ?",
-                    (session_id,),
-                ).fetchone()[0]
-                > limit
-            ):
-                conn.execute("COMMIT")
+        if limit is not None:
+            head = conn.execute(_HEAD_SQL, (session_id,)).fetchone()
+            if head is None:
+                return None
+            if head[0] > limit:
                 return _LARGE
-            else:
-                rows = conn.execute(
-                    "SELECT idx, role, body FROM messages WHERE session_id = ? ORDER BY idx",
-                    (session_id,),
-                ).fetchall()
-            conn.execute("COMMIT")
-        except BaseException:
-            _rollback(conn)
-            raise
-        if row is None:
-            return None
-        meta = decode_meta(self._path, row[0], session_id)
+        rows = conn.execute(_READ_SQL, (session_id,)).fetchall()
+        if not rows:
+            return None  # (never saved, or deleted since the size was read)
+        raw_meta, version, first = rows[0][0], rows[0][1], rows[0][2]
+        if first is None:
+            rows = []  # the session row alone: no messages
+        elif first != 0:  # (then the meta was not read either)
+            raise _missing(self._path, session_id, 0, first)
+        meta = decode_meta(self._path, raw_meta, session_id)
         messages = []
-        for expected, (idx, role, body) in enumerate(rows):
+        for expected, (_, _, idx, role, body) in enumerate(rows):
             if idx != expected:
-                raise StoreCorrupt(
-                    f"session store {self._path}: session {session_id!r} is missing message "
-                    f"{expected} (the next stored index is {idx})"
-                )
+                raise _missing(self._path, session_id, expected, idx)
             messages.append(decode_message(self._path, session_id, idx, role, body))
         return SessionRecord(
-            session_id=session_id, messages=tuple(messages), meta=meta, version=row[1]
+            session_id=session_id, messages=tuple(messages), meta=meta, version=version
         )
 
     # -- save --------------------------------------------------------------------------
@@ -604,20 +612,27 @@ class SQLiteStore:
         """The save's statements, inside its transaction: check the version and
         ``start``, upsert the session row with the merged meta and the next version,
         replace the messages from ``start`` on; the new version."""
-        row = conn.execute(
-            "SELECT meta, version FROM sessions WHERE session_id = ?", (session_id,)
-        ).fetchone()
-        current = 0 if row is None else row[1]
+        raw_meta, current, deleted, count = conn.execute(_BEFORE_SAVE_SQL, (session_id,)).fetchone()
+        stored = raw_meta is not None  # (meta is NOT NULL: none, no session row)
+        if not stored:
+            current = 0
         check_version(self._path, session_id, current, expected_version)
         # A re-created session starts above every version a deleted one had, so a
         # writer still holding the deleted session's version cannot match it.
-        version = current + 1 if row is not None else _deleted_version(conn) + 1
-        _check_start(conn, session_id, start)
-        merged = {} if row is None else decode_meta(self._path, row[0], session_id)
+        version = current + 1 if stored else (0 if deleted is None else int(deleted)) + 1
+        if start > count:  # a save may append (start = the count) but leave no hole
+            raise StoreError(
+                f"save of session {session_id!r}: start {start} is beyond its end "
+                f"({count} messages)"
+            )
+        merged = decode_meta(self._path, raw_meta, session_id) if stored else {}
         if meta:
             merged.update(meta)
         _upsert_session(conn, session_id, merged, version, now)
-        conn.execute("DELETE FROM messages WHERE session_id = ? AND idx >= ?", (session_id, start))
+        if start < count:  # (none at or after the count: nothing to delete)
+            conn.execute(
+                "DELETE FROM messages WHERE session_id = ? AND idx >= ?", (session_id, start)
+            )
         conn.executemany(
             "INSERT INTO messages (session_id, idx, role, body) VALUES (?, ?, ?, ?)", rows
         )
@@ -640,6 +655,19 @@ class SQLiteStore:
         if version is not None:
             return version
         return await self._run(action, self._version, session_id)
+
+    def version_now(self, session_id: str) -> int | None:
+        """The session's version, read on the calling thread without waiting (no await:
+        no schedule point either), or ``None`` when that would wait: while a thread's
+        call holds the connection, or the file is busy. For a caller that bounds only a
+        wait (the turn runner's query before a turn, issue 24 goal 1)."""
+        validate_session_id(session_id)
+        if self._lock.locked():
+            return None
+        version = self._now(
+            f"version of session {session_id!r}", self._version_without_waiting, session_id
+        )
+        return None if isinstance(version, _Large) else version
 
     async def _version_on_loop(self, action: str, session_id: str) -> int | None:
         """The session's version looked up on the calling thread, or ``None`` if that

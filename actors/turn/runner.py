@@ -555,7 +555,9 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
 
     async def _announce_end(self, turn: Turn, closing: list[Any]) -> None:
         """Send the controller what ``closing`` holds and the turn's end, then tell the
-        bus and the agent's hook (bounded: a stuck subscriber does not hold the turn)."""
+        bus and the agent's hook (bounded: a stuck subscriber does not hold the turn; the
+        bound is entered only when the event cannot be delivered at once, or a hook runs,
+        as :func:`_send_bounded` does)."""
         closing.append(
             TurnEnd(
                 finish_reason=turn.finish_reason,
@@ -576,8 +578,11 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
             abort_reason=turn.abort_reason,
             budget=turn.budget,
         )
+        hook = self.agent.hooks.on_turn_finish
+        if hook is None and (self.bus is None or self.bus.try_publish(finished)):
+            return  # delivered without a wait: no bound to enter (a cancel scope's cost)
         with trio.move_on_after(saving.SAVE_TIMEOUT):
-            await self._announce(finished, self.agent.hooks.on_turn_finish)
+            await self._announce(finished, hook)
 
     def _result(self, turn: Turn, saved: bool) -> TurnResult:
         """What the turn's caller gets: how it ended, its message and results, and the

@@ -140,6 +140,15 @@ class Saving:
         continuation started in the process that recorded its decisions), none."""
         state = self.state
         store = getattr(self.persister, "store", None)
+        moved = False
+        if self._pending is None and store is not None and stored is None and not reload:
+            # A store that can read the version without waiting (SQLite's, while the file
+            # is free) is asked so, outside the bound: a turn whose session did not move
+            # then enters no cancel scope here (issue 24 goal 1). Anything else, as before.
+            version = _version_now(store, state.session_id)
+            if version == state.version:
+                return
+            moved = version is not None
         with trio.move_on_after(SAVE_TIMEOUT):
             prev = self._pending
             if prev is not None:  # the previous turn's final save, if it outlived the turn
@@ -149,7 +158,11 @@ class Saving:
             try:
                 if stored is not None and stored.version >= state.version:
                     record: SessionRecord | None = stored  # (not older than ours)
-                elif not reload and await store.version(state.session_id) == state.version:
+                elif (
+                    not reload
+                    and not moved
+                    and await store.version(state.session_id) == state.version
+                ):
                     return
                 else:
                     record = await store.load(state.session_id)
@@ -225,3 +238,17 @@ class Saving:
             and req.meta == turn.meta
             and req.messages == tuple(self.state.messages[start:])
         )
+
+
+def _version_now(store: Any, session_id: str) -> int | None:
+    """``store.version_now(session_id)`` for a store that has it (the version read
+    without waiting, or ``None`` when that would wait); ``None`` for any other store, or
+    when the read fails (the bounded query then meets the failure and says so)."""
+    now = getattr(store, "version_now", None)
+    if now is None:
+        return None
+    try:
+        version = now(session_id)
+    except StoreError:
+        return None
+    return version if isinstance(version, int) and not isinstance(version, bool) else None
