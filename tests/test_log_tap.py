@@ -276,3 +276,125 @@ async def test_held_lines_are_written_when_the_tap_is_cancelled_between_events()
             tap._line = line_then_cancel  # type: ignore[method-assign]
             await tap.run()
         assert out.getvalue().count("\n") == 1
+
+
+class _Writes(io.StringIO):
+    """A sink that counts its writes (one a :meth:`LogTap._write_held`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes = 0
+
+    def write(self, text: str) -> int:
+        self.writes += 1
+        return super().write(text)
+
+
+@contextmanager
+def resting_tap(window: float = 0.02) -> Iterator[tuple[LogTap, _Writes]]:
+    out = _Writes()
+    saved = runtime_logging.time
+    runtime_logging.time = types.SimpleNamespace(time=lambda: 1764786028.844091)  # type: ignore[assignment]
+    configure_logging("debug", stream=out)
+    try:
+        yield LogTap(window=window), out
+    finally:
+        runtime_logging.time = saved
+        configure_logging("warning")
+
+
+async def test_a_resting_tap_makes_the_events_of_its_rest_in_one_step_and_one_write(mock_clock):
+    """A worker's tap (``window``) writes a line that comes alone at once, then rests:
+    the events of the rest wait, then go in one step and one write (issue 24 goal 3: one
+    step and one write nearly every line was the tap's cost in a worker)."""
+    import trio
+    import trio.testing
+
+    from tests.support.steps import counted
+
+    events = handmade_events()
+    with resting_tap() as (tap, out):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(tap.run)
+            tap.inbox.put_nowait(events[0])
+            await trio.testing.wait_all_tasks_blocked()
+            assert (out.getvalue().count("\n"), out.writes) == (1, 1)  # at once
+            for event in events[1:]:
+                tap.inbox.put_nowait(event)
+            await trio.testing.wait_all_tasks_blocked()
+            assert out.getvalue().count("\n") == 1  # resting
+            with counted() as steps:
+                mock_clock.jump(0.02)
+                await trio.testing.wait_all_tasks_blocked()
+            assert out.getvalue().count("\n") == len(events)
+            assert out.writes == 2
+            # the rest's end, then the inbox's next event with the four behind it
+            assert steps.named("LogTap.run") == 2
+            tap.stop()
+    one_by_one, _, _ = lines_three_ways(events)
+    assert out.getvalue() == one_by_one  # the same lines
+
+
+async def test_a_resting_tap_makes_at_most_batch_events_a_step(mock_clock, monkeypatch):
+    import trio
+    import trio.testing
+
+    from tests.support.steps import counted
+
+    monkeypatch.setattr(log_tap, "BATCH", 3)
+    events = handmade_events()
+    with resting_tap() as (tap, out):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(tap.run)
+            tap.inbox.put_nowait(events[0])
+            await trio.testing.wait_all_tasks_blocked()
+            for event in [*events, events[0]]:  # 7 during the rest
+                tap.inbox.put_nowait(event)
+            with counted() as steps:
+                mock_clock.jump(0.02)
+                await trio.testing.wait_all_tasks_blocked()
+            assert out.getvalue().count("\n") == 8
+            assert steps.named("LogTap.run") == 1 + 3  # 3 + 3 + 1 events
+            assert out.writes == 2
+            tap.stop()
+
+
+async def test_a_stopped_tap_ends_its_rest_and_writes_what_is_queued(mock_clock):
+    """Stopping (the host's drain) does not wait out a rest: what is queued is written
+    and the tap ends, the clock never moving."""
+    import trio
+    import trio.testing
+
+    events = handmade_events()
+    ended: list[bool] = []
+
+    async def run(tap: LogTap) -> None:
+        await tap.run()
+        ended.append(True)
+
+    with resting_tap(window=60.0) as (tap, out):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(run, tap)
+            tap.inbox.put_nowait(events[0])
+            await trio.testing.wait_all_tasks_blocked()
+            for event in events[1:]:
+                tap.inbox.put_nowait(event)
+            tap.stop()
+            await trio.testing.wait_all_tasks_blocked()
+            assert ended == [True]  # the mock clock never moved
+    assert out.getvalue().count("\n") == len(events)
+
+
+async def test_a_tap_without_a_window_writes_each_event_as_it_comes(mock_clock):
+    import trio
+    import trio.testing
+
+    events = handmade_events()[:3]
+    with resting_tap(window=0.0) as (tap, out):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(tap.run)
+            for n, event in enumerate(events, start=1):
+                tap.inbox.put_nowait(event)
+                await trio.testing.wait_all_tasks_blocked()
+                assert (out.getvalue().count("\n"), out.writes) == (n, n)
+            tap.stop()

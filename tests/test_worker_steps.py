@@ -175,3 +175,42 @@ async def test_a_failed_last_save_leaves_the_finish_to_its_own_call(pg_url):
     assert finishes == ["done"]
     assert done is not None and (done.status, done.finish_reason) == ("done", "stop")
     assert record is not None and [m.text for m in record.messages] == ["s m1", "echo: s m1"]
+
+
+async def test_a_workers_log_tap_rests_and_a_first_claim_adds_no_line(pg_url):
+    """A worker's log tap rests between writes (``LogTap.window``: its loop waits on
+    PostgreSQL and Redis between a turn's events, and a tap that wrote each as it came
+    took a step and a write for nearly every line), and a turn's first claim logs no
+    ``worker.turn`` line at info: its ``turn.started`` line says the same (issue 24 goal 3).
+    Every line is still written by the time the worker has stopped."""
+    import io
+    import json
+
+    from actors.log_tap import WINDOW, LogTap
+    from actors.stores.turns import TurnQueue
+    from runtime.app.worker import Worker
+    from runtime.logging import configure_logging
+    from tests.support.worker_agent import agent
+
+    out = io.StringIO()
+    configure_logging("info", stream=out)
+    store = await PostgresStore.open(pg_url)
+    submitter = TurnQueue(store)
+    turn = await submitter.submit("s", "tools one")
+    worker = Worker(store=store, agent=agent, owner="w", poll=0.05)
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(worker.run)
+            assert worker.host is not None
+            taps = [a for a in worker.host._actors if isinstance(a, LogTap)]
+            assert [tap.window for tap in taps] == [WINDOW] and WINDOW > 0
+            done = await submitter.wait_finished(turn.turn_id, 30)
+            worker.stop()
+    finally:
+        await submitter.aclose()
+        await store.aclose()
+    assert done is not None and done.status == "done"
+    events = [json.loads(line)["event"] for line in out.getvalue().splitlines()]
+    assert "worker.turn" not in events
+    assert events.count("turn.started") == events.count("turn.finished") == 1
+    assert events.count("step.finished") == events.count("step.started") == 3  # "tools one"

@@ -362,10 +362,19 @@ class Worker:
     async def run(self, *, task_status: trio.TaskStatus[Worker] = trio.TASK_STATUS_IGNORED) -> None:
         """Claim and run turns until :meth:`stop` (then drain) or cancellation (then the
         running turns are cut at their last commit, as if the process had died)."""
+        from actors.log_tap import WINDOW, LogTap
+
         async with Host.open(
-            store=self.store, max_sessions=self.max_sessions, input_limits=self.input_limits
+            store=self.store,
+            max_sessions=self.max_sessions,
+            input_limits=self.input_limits,
+            log_tap=False,
         ) as host:
             host.expects_other_writers = True  # a session's turns run on any worker
+            # The worker's loop waits on PostgreSQL and Redis between a turn's events, so
+            # a tap that wrote each as it came took a step and a write for nearly every
+            # line: it rests between writes instead (issue 24 goal 3).
+            await host.start_actor(LogTap(window=WINDOW))
             shared = getattr(self.relay, "rate_limits", None)
             if shared is not None:  # rate limits kept by all the workers together
                 host.rate_limits = shared()
@@ -576,7 +585,10 @@ class Worker:
         watch = SteerWatch(taken=-1 if claim.takeover else 0)
         stream = entry.stream = self._turn_stream(claim, session, was_open, loaded)
         stream.steer_from(partial(self._take_steering, claim, steered, watch))
-        log().info(
+        # A turn's first claim says nothing its ``turn.started`` line does not (the tap's:
+        # the same ids): debug. A takeover, a continuation or a retry says how at info.
+        first = claim.epoch == 1 and not (claim.takeover or claim.resumed)
+        (log().debug if first else log().info)(
             "worker.turn",
             turn_id=turn.turn_id,
             session_id=turn.session_id,
