@@ -11,6 +11,7 @@ Layout (in one schema, ``public`` unless the URL says ``?schema=NAME``; schema v
                   PRIMARY KEY (session_id, idx))
     axon_turns(...)                                      -- durable turns: stores/turns.py
     axon_claim_v1(owner, lease, channel)                 -- a claim in one call: CLAIM_FUNCTION
+    axon_save_v1(session, start, ...)                    -- a save in one call: SAVE_FUNCTION
 
 One message is one row keyed by its index, as in the SQLite store: :meth:`save` deletes
 the rows from ``start`` on and inserts the new ones in one transaction, so persisting
@@ -355,6 +356,114 @@ statement's are (a simple query of several statements is planned at every call: 
 dearer on the server), and its ``SET enable_sort = off`` is what the look's ``SET LOCAL``
 did for the head's start: the heads walked in line, whatever the table's statistics."""
 
+SAVE_FUNCTION_NAME: Final = "axon_save_v1"
+"""The server-side function of a save without a guard (:data:`SAVE_FUNCTION`); a new
+version of it gets a new name (a process of the version before keeps calling its own)."""
+
+SAVE_FUNCTION: Final = f"""CREATE OR REPLACE FUNCTION {SAVE_FUNCTION_NAME}(
+    p_session TEXT, p_start INTEGER, p_expected BIGINT, p_meta BYTEA,
+    p_idx INTEGER[], p_roles TEXT[], p_bodies BYTEA[],
+    p_turn TEXT, p_owner TEXT, p_epoch BIGINT, p_mark BOOLEAN, p_ends TEXT, p_channel TEXT,
+    OUT o_status TEXT, OUT o_version BIGINT, OUT o_steers INTEGER,
+    OUT o_owner TEXT, OUT o_epoch BIGINT, OUT o_turn_status TEXT)
+    LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+DECLARE
+    s_meta BYTEA;
+    s_version BIGINT;
+BEGIN
+    -- Every refusal returns before anything is written: the call is its own transaction.
+    -- The fence: the turn's row locked (a takeover's epoch bump waits for this save, or
+    -- this save sees it), strongly when this save writes the row (its `saved` mark, its
+    -- end), as the transaction's UPDATE did.
+    IF p_turn IS NOT NULL THEN
+        IF p_mark OR p_ends IS NOT NULL THEN
+            SELECT owner, epoch, status, steers INTO o_owner, o_epoch, o_turn_status, o_steers
+            FROM axon_turns WHERE turn_id = p_turn FOR NO KEY UPDATE;
+        ELSE
+            SELECT owner, epoch, status, steers INTO o_owner, o_epoch, o_turn_status, o_steers
+            FROM axon_turns WHERE turn_id = p_turn FOR SHARE;
+        END IF;
+        IF o_owner IS DISTINCT FROM p_owner OR o_epoch IS DISTINCT FROM p_epoch
+                OR o_turn_status IS DISTINCT FROM 'running' THEN
+            o_status := 'lost';
+            RETURN;
+        END IF;
+    END IF;
+    SELECT meta, version INTO s_meta, s_version FROM axon_sessions
+    WHERE session_id = p_session FOR UPDATE;
+    IF p_expected IS NOT NULL AND p_expected <> coalesce(s_version, 0) THEN
+        o_status := 'conflict';
+        o_version := coalesce(s_version, 0);
+        RETURN;
+    END IF;
+    IF s_version IS NULL THEN
+        IF p_start > 0 THEN
+            o_status := 'hole';
+            o_version := 0;
+            RETURN;
+        END IF;
+        INSERT INTO axon_sessions (session_id, meta, update_seq, version)
+        VALUES (p_session, coalesce(p_meta, '\\x7b7d'::bytea), nextval('axon_update_seq'),
+                nextval('axon_versions'))
+        ON CONFLICT (session_id) DO NOTHING RETURNING version INTO o_version;
+        IF o_version IS NULL THEN  -- a concurrent creator committed since the look
+            SELECT version INTO o_version FROM axon_sessions WHERE session_id = p_session;
+            o_status := 'created';
+            RETURN;
+        END IF;
+    ELSE
+        -- No hole: a save may append (start = the message count), not beyond.
+        IF p_start > 0 AND NOT EXISTS (SELECT 1 FROM axon_messages
+                WHERE session_id = p_session AND idx = p_start - 1) THEN
+            SELECT coalesce(max(idx) + 1, 0) INTO o_version FROM axon_messages
+            WHERE session_id = p_session AND idx < p_start;
+            o_status := 'hole';
+            RETURN;
+        END IF;
+        -- The meta merged as dict.update does: the patch's keys over the stored ones. A
+        -- stored meta holding an escaped NUL cannot be jsonb: the client merges it.
+        IF p_meta IS NOT NULL AND p_meta <> s_meta THEN
+            IF position('\\x5c7530303030'::bytea IN s_meta) > 0 THEN
+                o_status := 'meta';
+                RETURN;
+            END IF;
+            s_meta := convert_to((convert_from(s_meta, 'UTF8')::jsonb
+                || convert_from(p_meta, 'UTF8')::jsonb)::text, 'UTF8');
+        END IF;
+        DELETE FROM axon_messages WHERE session_id = p_session AND idx >= p_start;
+        UPDATE axon_sessions SET meta = s_meta, updated_at = now(),
+            update_seq = nextval('axon_update_seq'), version = nextval('axon_versions')
+        WHERE session_id = p_session RETURNING version INTO o_version;
+    END IF;
+    INSERT INTO axon_messages (session_id, idx, role, body)
+    SELECT p_session, u.idx, u.role, u.body
+    FROM unnest(p_idx, p_roles, p_bodies) AS u(idx, role, body);
+    IF p_ends IS NOT NULL THEN  -- the turn ends with this save: its row `done`, woken
+        UPDATE axon_turns SET status = 'done', finish_reason = p_ends, error = NULL,
+            lease_until = NULL, finished_at = clock_timestamp(), saved = true
+        WHERE turn_id = p_turn;
+        PERFORM pg_notify(p_channel, current_schema() || ':' || p_turn);
+    ELSIF p_mark THEN
+        UPDATE axon_turns SET saved = true WHERE turn_id = p_turn AND NOT saved;
+    END IF;
+    o_status := 'ok';
+END $$"""
+"""A save without a guard in one call (issue 24 goal 3): the fence's check of the turn's
+row (``p_turn`` ``NULL``: an unfenced save), the session's lock, the version check, the
+hole check, the writes (the session row, meta merged, the messages from ``p_start`` on)
+and, for a worker's last save, the turn's end with its wake-up (``p_ends``), or its
+first save's ``saved`` mark (``p_mark``). ``o_status`` says how it went: ``ok`` (the new
+version in ``o_version``, the turn's ``steers`` in ``o_steers``); or, with nothing
+written, ``lost`` (the turn's row as found in ``o_owner``, ``o_epoch``,
+``o_turn_status``), ``conflict`` (the session's version in ``o_version``), ``created``
+(another writer created the session meanwhile: its version), ``hole`` (``p_start`` is
+past the end: the message count), ``meta`` (the stored meta cannot be merged in SQL:
+the client saves in its transaction instead).
+
+One statement in autocommit where a save was a transaction of four or five round trips
+(``BEGIN``, the fence and lock, the write, the end, ``COMMIT``), each a wait of the
+store's thread; PL/pgSQL keeps the plans of its statements per connection."""
+
 
 @attrs.frozen(kw_only=True, slots=True)
 class Fence:
@@ -382,6 +491,15 @@ class Fence:
     watch: SteerWatch | None = attrs.field(default=None, eq=False)
     """Told of the turn's ``steers`` count each committed save's fence check read
     (:class:`runtime.turn_queue.SteerWatch`)."""
+    one_call: Callable[[Mapping[str, Any] | None, str | None], bool | None] | None = attrs.field(
+        default=None, eq=False
+    )
+    """With :attr:`in_save`: whether a save with this meta and ``ends`` may go as one call
+    of the save function (:data:`SAVE_FUNCTION`), asked in the save's thread before it
+    is sent: ``None`` no (:attr:`in_save` has more to write than the turn's end: the
+    transaction), ``False`` yes, ``True`` yes, and the call ends the turn's row ``done``
+    with ``ends`` (then :attr:`on_commit` is called once it committed). Without it a
+    fence with an :attr:`in_save` always saves in the transaction."""
 
 
 def parse_url(url: str) -> tuple[str, str]:
@@ -654,10 +772,11 @@ class PostgresStore:
         fence = None if unfenced else self._save_fence(session_id)
         wrote: list[bool] = []
         steers: list[int] = []  # the turn row's count, as the fence check read it
+        # One call of the save function, in autocommit, unless a guard or the fence's
+        # own writes need the transaction (or the meta patch cannot be jsonb).
+        one_call = guard is None and (patch is None or _NUL not in patch)
 
-        def save(conn: Any) -> int:
-            wrote.clear()
-            steers.clear()
+        def in_transaction(conn: Any) -> int:
             version = self._save_in(
                 conn, session_id, start, rows, patch, expected_version, fence, guard, steers
             )
@@ -665,8 +784,36 @@ class PostgresStore:
                 wrote.append(fence.in_save(conn, new, meta, ends))
             return version
 
+        def save(conn: Any) -> int:
+            wrote.clear()
+            steers.clear()
+            if one_call:
+                ending: bool | None = False
+                if fence is not None and fence.in_save is not None:
+                    ending = None if fence.one_call is None else fence.one_call(meta, ends)
+                if ending is not None:
+                    version = self._save_call(
+                        conn,
+                        session_id,
+                        start,
+                        rows,
+                        patch,
+                        expected_version,
+                        fence,
+                        ends if ending else None,
+                        steers,
+                    )
+                    if version is not None:
+                        wrote.append(ending)
+                        return version
+                with conn.transaction():
+                    return in_transaction(conn)
+            return in_transaction(conn)
+
         try:
-            version = await self.run(f"save of session {session_id!r}", save)
+            version = await self.run(
+                f"save of session {session_id!r}", save, transaction=not one_call
+            )
         except LeaseLost:
             if fence is not None and fence.on_lost is not None:
                 fence.on_lost()
@@ -705,6 +852,61 @@ class PostgresStore:
         self._marked.add(fence.turn_id)
         if any(wrote) and fence.on_commit is not None:
             fence.on_commit()
+
+    def _save_call(
+        self,
+        conn: Any,
+        session_id: str,
+        start: int,
+        rows: list[tuple[str, int, str, bytes]],
+        patch: bytes | None,
+        expected_version: int | None,
+        fence: Fence | None,
+        ends: str | None,
+        steers: list[int],
+    ) -> int | None:
+        """The save as one call of :data:`SAVE_FUNCTION` on ``conn`` (in autocommit: the
+        call is its own transaction); the new version, or ``None`` when the stored meta
+        must be merged here (the caller saves in a transaction instead). Its refusals
+        (nothing written) raise as the transaction's do."""
+        mark = fence is not None and fence.turn_id not in self._marked
+        got = (
+            kept_cursor(conn)
+            .execute(
+                _SAVE_CALL if ends is None else _SAVE_CALL_ENDING,
+                (
+                    session_id,
+                    start,
+                    expected_version,
+                    patch,
+                    *_columns(rows),
+                    None if fence is None else fence.turn_id,
+                    None if fence is None else fence.owner,
+                    None if fence is None else fence.epoch,
+                    mark,
+                    ends,
+                    _TURNS_CHANNEL,
+                ),
+            )
+            .fetchone()
+        )
+        status, version = got[0], got[1]
+        if status == "ok":
+            if fence is not None:
+                steers.append(got[2])
+            return int(version)
+        if status == "lost":
+            assert fence is not None
+            _check_fence_row(None if got[5] is None else got[3:6], fence, session_id)
+        if status == "conflict":
+            check_version(self.url, session_id, version, expected_version)
+        if status == "created":
+            raise _created_meanwhile(self.url, session_id, expected_version, version)
+        if status == "hole":
+            _beyond_end(session_id, start, version)
+        if status == "meta":
+            return None
+        raise StoreError(f"save of session {session_id!r}: the save function said {status!r}")
 
     def _save_in(
         self,
@@ -832,13 +1034,7 @@ class PostgresStore:
             actual = conn.execute(
                 "SELECT version FROM axon_sessions WHERE session_id = %s", (session_id,)
             ).fetchone()[0]
-            raise StoreConflict(
-                f"save of session {session_id!r}: another writer created it "
-                f"meanwhile (session store {self.url})",
-                session_id=session_id,
-                expected=expected_version or 0,
-                actual=actual,
-            )
+            raise _created_meanwhile(self.url, session_id, expected_version, actual)
         return int(got[0])
 
     async def version(self, session_id: str) -> int:
@@ -946,6 +1142,31 @@ def _check_fence_row(row: Any, fence: Fence, session_id: str) -> None:
             f"save of session {session_id!r} refused: worker {fence.owner} (epoch "
             f"{fence.epoch}) no longer holds turn {fence.turn_id} ({held})"
         )
+
+
+def _created_meanwhile(
+    url: str, session_id: str, expected_version: int | None, actual: int
+) -> StoreConflict:
+    return StoreConflict(
+        f"save of session {session_id!r}: another writer created it "
+        f"meanwhile (session store {url})",
+        session_id=session_id,
+        expected=expected_version or 0,
+        actual=actual,
+    )
+
+
+_SAVE_CALL = f"""SELECT * FROM {SAVE_FUNCTION_NAME}(
+    %s, %s, %s, %s, %b::int[], %b::text[], %b::bytea[], %s, %s, %s, %s, %s, %s)"""
+_SAVE_CALL_ENDING = _SAVE_CALL
+"""The call of a save that ends its turn: the same statement (a crash test holds a worker
+inside it, before its commit, by replacing it: ``tests/support/worker_agent.py``)."""
+_NUL: Final = b"\\u0000"
+"""An escaped NUL in a JSON text: a meta patch holding one cannot be ``jsonb`` (the save
+function's merge), so its save goes as a transaction (the merge in Python)."""
+_TURNS_CHANNEL: Final = "axon_turns"
+"""The turn queue's notification channel (:data:`actors.stores.turn_sql.TURNS_CHANNEL`),
+where the save function sends a turn's end."""
 
 
 def _beyond_end(session_id: str, start: int, count: int) -> None:
@@ -1065,6 +1286,7 @@ def _first_connect(libpq: str, schema: str) -> None:
         _add_turn_columns(conn, schema)
         _ensure_turn_heads(conn)
         _ensure_claim_function(conn)
+        _ensure_save_function(conn)
         conn.execute(
             """INSERT INTO axon_meta (key, value) VALUES ('magic', %s), ('schema_version', %s)
             ON CONFLICT (key) DO NOTHING""",
@@ -1166,6 +1388,18 @@ def _ensure_claim_function(conn: Any) -> None:
     ).fetchone()
     if found is None:
         conn.execute(CLAIM_FUNCTION)
+
+
+def _ensure_save_function(conn: Any) -> None:
+    """The save's function (:data:`SAVE_FUNCTION`), created when missing (as the
+    claim's, :func:`_ensure_claim_function`)."""
+    found = conn.execute(
+        "SELECT 1 FROM pg_proc "
+        "WHERE proname = %s AND pronamespace = current_schema()::regnamespace",
+        (SAVE_FUNCTION_NAME,),
+    ).fetchone()
+    if found is None:
+        conn.execute(SAVE_FUNCTION)
 
 
 def load_rows(conn: Any, session_id: str) -> list[Any]:

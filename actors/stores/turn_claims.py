@@ -275,6 +275,21 @@ class TurnClaiming:
                 on_finishing()
             return True
 
+        def one_call(meta: Mapping[str, Any] | None, ends: str | None) -> bool | None:
+            # The save function writes the turn's end, nothing else of the row: steered
+            # rows and a suspension go in the save's transaction (write_row).
+            ended.clear()
+            if steered or (on_suspended is not None and (meta or {}).get(WAITING_META)):
+                return None
+            if ends is None or on_finished is None:
+                return False
+            ended.append(True)
+            # Before the call, which commits the end with the save: a renewal that
+            # waits for it is then refused for a turn that is over, not lost.
+            if on_finishing is not None:
+                on_finishing()
+            return True
+
         def committed() -> None:
             done = on_finished if ended else on_suspended
             if done is not None:
@@ -288,6 +303,7 @@ class TurnClaiming:
             on_lost=on_lost,
             saved=claim.turn.saved,
             in_save=write_row if writes else None,
+            one_call=one_call,
             on_commit=committed,
             watch=watch,
         )
