@@ -14,8 +14,10 @@ from typing import Any
 
 import psycopg
 import pytest
+import trio
+import trio.testing
 
-from actors.stores.postgres import LockedSession, PostgresStore
+from actors.stores.postgres import LockedSession, LoopLane, PostgresStore
 from actors.stores.turns import TurnQueue
 from runtime.errors import LeaseLost, StoreConflict, StoreError
 from runtime.messages import UserMessage
@@ -23,9 +25,10 @@ from runtime.messages import UserMessage
 
 @pytest.fixture
 def statements(monkeypatch: pytest.MonkeyPatch) -> Iterator[collections.Counter[str]]:
-    """Every cursor statement from here on, by its first word (``BEGIN``/``COMMIT``,
-    which psycopg sends without a cursor, are not counted: ``TRANSACTION`` counts the
-    transactions begun, two round trips each)."""
+    """Every cursor statement from here on, and every statement the store sends from the
+    event loop (:class:`~actors.stores.postgres.LoopLane`), by its first word
+    (``BEGIN``/``COMMIT``, which psycopg sends without a cursor, are not counted:
+    ``TRANSACTION`` counts the transactions begun, two round trips each)."""
     counts: collections.Counter[str] = collections.Counter()
     execute = psycopg.Cursor.execute
     transaction = psycopg.Connection.transaction
@@ -43,6 +46,13 @@ def statements(monkeypatch: pytest.MonkeyPatch) -> Iterator[collections.Counter[
         return execute(self, query, *args, **kwargs)
 
     monkeypatch.setattr(psycopg.Cursor, "execute", counted)
+    call = LoopLane.call
+
+    async def counted_call(self: Any, name: bytes, sql: bytes, *args: Any) -> Any:
+        counts[sql.split()[0].decode().upper()] += 1  # a save sent from the event loop
+        return await call(self, name, sql, *args)
+
+    monkeypatch.setattr(LoopLane, "call", counted_call)
     yield counts
 
 
@@ -53,6 +63,7 @@ def said(*texts: str) -> list[UserMessage]:
 async def test_a_save_of_a_new_session_is_one_call(pg_url, statements):
     store = await PostgresStore.open(pg_url)
     try:
+        await store.save("warm", 0, said("a"))  # the loop's connection opened (SET search_path)
         statements.clear()
         await store.save("s", 0, said("a", "b"), {"k": 1})
         # the save function: the lock (it finds none), the row and messages, in autocommit
@@ -324,6 +335,7 @@ async def test_a_fenced_out_workers_save_through_the_function_is_refused_and_wri
         first = await queue.claim("w1")
         kept = await queue.claim("w1")
         assert first is not None and kept is not None
+        await store.save("warm", 0, said("a"))  # the loop's connection opened
         lost: list[str] = []
         finished: list[str] = []
         with queue.fenced(
@@ -444,3 +456,56 @@ async def test_a_store_without_the_save_function_gains_it_on_open(pg_url):
     finally:
         await store.aclose()
     assert record is not None and [m.text for m in record.messages] == ["a", "b"]
+
+
+# -- the saves sent from the event loop (LoopLane) ---------------------------------------
+
+
+async def test_a_save_cancelled_in_flight_on_the_loop_is_stored_whole(pg_url):
+    """A save's call is shielded, as a thread's is: cancelled while its answer is awaited,
+    it is stored all the same, and its connection serves the next save."""
+    store = await PostgresStore.open(pg_url)
+    try:
+        version = await store.save("s", 0, said("a"))
+        answered: list[int] = []
+
+        async def save() -> None:
+            answered.append(await store.save("s", 1, said("b", "c")))
+
+        with trio.CancelScope() as scope:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(save)
+                await trio.testing.wait_all_tasks_blocked()  # its answer awaited
+                scope.cancel()
+        record = await store.load("s")
+        assert record is not None and [m.text for m in record.messages] == ["a", "b", "c"]
+        assert answered == [record.version] and record.version > version  # read, not dropped
+        await store.save("s", 3, said("d"), expected_version=record.version)
+        record = await store.load("s")
+        assert record is not None and [m.text for m in record.messages] == ["a", "b", "c", "d"]
+    finally:
+        await store.aclose()
+
+
+async def test_a_save_on_a_lost_loop_connection_is_retried_on_a_new_one(pg_url):
+    """The server ends the connection a save is sent on (a restart, an admin): the save
+    fails there, and is retried on a connection the lane opens anew."""
+    store = await PostgresStore.open(pg_url)
+    try:
+        version = await store.save("s", 0, said("a"))
+        pids = [conn.pgconn.backend_pid for conn in store._lane._free]
+        assert pids
+        await store.run(
+            "terminate",
+            lambda conn: conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM unnest(%s::int[]) AS pid", (pids,)
+            ),
+            transaction=False,
+        )
+        version = await store.save("s", 1, said("b"), expected_version=version)
+        record = await store.load("s")
+        assert record is not None and [m.text for m in record.messages] == ["a", "b"]
+        assert record.version == version
+        assert [conn.pgconn.backend_pid for conn in store._lane._free] != pids
+    finally:
+        await store.aclose()
