@@ -182,6 +182,7 @@ async def test_a_claim_with_no_expired_lease_is_one_statement_and_no_transaction
     store = await PostgresStore.open(pg_url)
     queue = TurnQueue(store, lease=30.0, max_attempts=3)
     try:
+        assert await queue.claim("w0") is None  # the loop's connection opened
         await queue.submit("s1", "one")
         statements.clear()
         assert await queue.claim("w1") is not None
@@ -268,6 +269,7 @@ async def test_a_first_turns_claim_reads_no_session_it_knows_is_not_stored(pg_ur
     store = await PostgresStore.open(pg_url)
     queue = TurnQueue(store, lease=30.0, max_attempts=3)
     try:
+        assert await queue.claim("w0") is None  # the loop's connection opened
         await queue.submit("new", "one")
         statements.clear()
         claim = await queue.claim("w1", load=lambda session_id: True)
@@ -279,7 +281,7 @@ async def test_a_first_turns_claim_reads_no_session_it_knows_is_not_stored(pg_ur
     assert (claim.stored.session_id, claim.stored.messages, claim.stored.version) == ("new", (), 0)
 
 
-async def test_a_stored_sessions_claim_still_reads_it_on_the_claims_connection(pg_url, statements):
+async def test_a_stored_sessions_claim_still_reads_it(pg_url, statements):
     store = await PostgresStore.open(pg_url)
     queue = TurnQueue(store, lease=30.0, max_attempts=3)
     try:

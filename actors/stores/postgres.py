@@ -1182,6 +1182,30 @@ _int4 = struct.Struct("!i").pack
 _ARRAY_HEAD = struct.Struct("!iiiii").pack
 
 
+_INT8 = struct.Struct("!q").unpack
+_INT4_OF = struct.Struct("!i").unpack
+_FLOAT8 = struct.Struct("!d").unpack
+_READ_BINARY: Final[dict[str, Callable[[bytes], Any]]] = {
+    "TEXT": lambda value: value.decode(),
+    "BIGINT": lambda value: _INT8(value)[0],
+    "INTEGER": lambda value: _INT4_OF(value)[0],
+    "BOOLEAN": lambda value: value == b"\x01",
+    "DOUBLE PRECISION": lambda value: _FLOAT8(value)[0],
+    "BYTEA": bytes,
+}
+"""A column in PostgreSQL's binary format, by its type, read as psycopg reads it."""
+
+
+def read_row(result: Any, row: int, kinds: Sequence[str]) -> tuple[Any, ...]:
+    """Row ``row`` of a :class:`LoopLane` result in the binary format, its columns of
+    types ``kinds`` (:data:`_READ_BINARY`'s)."""
+    values = []
+    for col, kind in enumerate(kinds):
+        value = result.get_value(row, col)
+        values.append(None if value is None else _READ_BINARY[kind](value))
+    return tuple(values)
+
+
 def _binary_array(oid: int, items: list[bytes]) -> bytes:
     """A one-dimensional array of ``items`` (each already in its binary format) in
     PostgreSQL's binary format: what psycopg's list dumper writes, without its look at
@@ -1472,7 +1496,12 @@ class LoopLane:
         self._closed = False
 
     async def call(
-        self, name: bytes, sql: bytes, params: Sequence[bytes | None], formats: Sequence[int]
+        self,
+        name: bytes,
+        sql: bytes,
+        params: Sequence[bytes | None],
+        formats: Sequence[int],
+        result_format: int = 0,
     ) -> Any:
         """The one result of prepared statement ``name`` (``sql``, prepared on a
         connection's first call of it) run with ``params``; a database error raises as
@@ -1487,7 +1516,7 @@ class LoopLane:
                         conn.pgconn.send_prepare(name, sql)
                         await _lane_result(conn)
                         prepared.add(name)
-                    conn.pgconn.send_query_prepared(name, params, formats)
+                    conn.pgconn.send_query_prepared(name, params, formats, result_format)
                     result = await _lane_result(conn)
                 ok = True
                 return result
