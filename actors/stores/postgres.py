@@ -34,7 +34,10 @@ saves refused with :class:`~runtime.errors.LeaseLost` and writes nothing.
 sync API in a worker thread (:func:`trio.to_thread.run_sync`) with a connection from a
 ``psycopg_pool.ConnectionPool``, through a :class:`trio.CapacityLimiter` as large as the
 pool: no thread ever waits for a connection, and a cancelled call waits for its
-transaction to end, so a save is all or nothing.
+transaction to end, so a save is all or nothing. The calls every turn makes, each one
+statement (a save without a guard: :data:`SAVE_FUNCTION`; a claim's common case), go
+from the event loop itself instead (:class:`LoopLane`: libpq's non-blocking API on
+connections of their own), shielded from cancellation the same way.
 
 **Failures.** A connection that breaks (the server restarts, the network drops) fails the
 transaction, which PostgreSQL rolls back; the call is retried with backoff for
