@@ -1527,7 +1527,7 @@ class LoopLane:
                 if ok and not self._closed:
                     self._free.append(conn)
                 else:
-                    conn.close()
+                    _close_on_loop(conn)
 
     def _connect(self) -> Any:
         import psycopg
@@ -1545,7 +1545,15 @@ class LoopLane:
         self._closed = True
         free, self._free = self._free, []
         for conn in free:
-            conn.close()
+            _close_on_loop(conn)
+
+
+def _close_on_loop(conn: Any) -> None:
+    """Close a :class:`LoopLane` connection, Trio told first that its socket goes (the
+    loop may hold it registered; its number may be reused by the next one)."""
+    with contextlib.suppress(Exception):
+        trio.lowlevel.notify_closing(conn.pgconn.socket)
+    conn.close()
 
 
 async def _lane_result(conn: Any) -> Any:
