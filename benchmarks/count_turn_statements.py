@@ -7,8 +7,9 @@ count, e.g. ``PYTHONPATH=/path/to/tree``. It uses :func:`benchmarks.common.bench
 
 TURNS one-session turns of two steps each (a tool call, then the answer: one step
 boundary), nobody steering, are submitted up front; one in-process worker with a relay
-runs them while every ``psycopg`` cursor statement is counted (``BEGIN``/``COMMIT``, which
-psycopg sends without a cursor, are not), and so are the relay's ``XREVRANGE`` s. A count,
+runs them while every ``psycopg`` cursor statement is counted, and every statement the
+store sends from the event loop (``LoopLane``; ``BEGIN``/``COMMIT``, which psycopg sends
+without a cursor, are not), and so are the relay's ``XREVRANGE`` s. A count,
 not a timing: the same on a loaded machine. Printed: per turn, the total and each
 statement's share (its first 60 characters).
 """
@@ -47,6 +48,18 @@ class _Counter:
 
         psycopg.Cursor.execute = counted  # type: ignore[method-assign,assignment]
         psycopg.Cursor.executemany = counted_many  # type: ignore[method-assign]
+        # The statements the store sends from the event loop, without a cursor (its saves).
+        try:
+            from actors.stores.postgres import LoopLane
+        except ImportError:  # a tree before it
+            return
+        call = LoopLane.call
+
+        async def counted_call(self: Any, name: bytes, sql: bytes, *args: Any) -> Any:
+            counter.saw(sql.decode())
+            return await call(self, name, sql, *args)
+
+        LoopLane.call = counted_call  # type: ignore[method-assign]
 
     def saw(self, query: Any) -> None:
         text = query if isinstance(query, str) else repr(query)

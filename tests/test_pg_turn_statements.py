@@ -14,18 +14,21 @@ from typing import Any
 
 import psycopg
 import pytest
+import trio
+import trio.testing
 
-from actors.stores.postgres import LockedSession, PostgresStore
+from actors.stores.postgres import LockedSession, LoopLane, PostgresStore
 from actors.stores.turns import TurnQueue
-from runtime.errors import StoreConflict, StoreError
+from runtime.errors import LeaseLost, StoreConflict, StoreError
 from runtime.messages import UserMessage
 
 
 @pytest.fixture
 def statements(monkeypatch: pytest.MonkeyPatch) -> Iterator[collections.Counter[str]]:
-    """Every cursor statement from here on, by its first word (``BEGIN``/``COMMIT``,
-    which psycopg sends without a cursor, are not counted: ``TRANSACTION`` counts the
-    transactions begun, two round trips each)."""
+    """Every cursor statement from here on, and every statement the store sends from the
+    event loop (:class:`~actors.stores.postgres.LoopLane`), by its first word
+    (``BEGIN``/``COMMIT``, which psycopg sends without a cursor, are not counted:
+    ``TRANSACTION`` counts the transactions begun, two round trips each)."""
     counts: collections.Counter[str] = collections.Counter()
     execute = psycopg.Cursor.execute
     transaction = psycopg.Connection.transaction
@@ -43,6 +46,13 @@ def statements(monkeypatch: pytest.MonkeyPatch) -> Iterator[collections.Counter[
         return execute(self, query, *args, **kwargs)
 
     monkeypatch.setattr(psycopg.Cursor, "execute", counted)
+    call = LoopLane.call
+
+    async def counted_call(self: Any, name: bytes, sql: bytes, *args: Any) -> Any:
+        counts[sql.split()[0].decode().upper()] += 1  # a save sent from the event loop
+        return await call(self, name, sql, *args)
+
+    monkeypatch.setattr(LoopLane, "call", counted_call)
     yield counts
 
 
@@ -50,13 +60,14 @@ def said(*texts: str) -> list[UserMessage]:
     return [UserMessage(content=text) for text in texts]
 
 
-async def test_a_save_of_a_new_session_is_the_lock_and_one_write(pg_url, statements):
+async def test_a_save_of_a_new_session_is_one_call(pg_url, statements):
     store = await PostgresStore.open(pg_url)
     try:
+        await store.save("warm", 0, said("a"))  # the loop's connection opened (SET search_path)
         statements.clear()
         await store.save("s", 0, said("a", "b"), {"k": 1})
-        # the session's lock (it finds none), then its row and messages in one statement
-        assert statements == {"TRANSACTION": 1, "SELECT": 1, "WITH": 1}, statements
+        # the save function: the lock (it finds none), the row and messages, in autocommit
+        assert statements == {"SELECT": 1}, statements
         record = await store.load("s")
         assert record is not None
         assert [m.content for m in record.messages] == ["a", "b"]
@@ -65,15 +76,15 @@ async def test_a_save_of_a_new_session_is_the_lock_and_one_write(pg_url, stateme
         await store.aclose()
 
 
-async def test_a_save_of_a_stored_session_is_the_lock_and_one_write(pg_url, statements):
+async def test_a_save_of_a_stored_session_is_one_call(pg_url, statements):
     store = await PostgresStore.open(pg_url)
     try:
         version = await store.save("s", 0, said("a", "b", "c", "d"))
         statements.clear()
         # replace the tail with fewer messages: the one past them goes
         version = await store.save("s", 1, said("B", "C"), {"k": 2}, expected_version=version)
-        # the session's lock, then the delete, the insert and the row's update in one
-        assert statements == {"TRANSACTION": 1, "SELECT": 1, "WITH": 1}, statements
+        # the save function: the lock, the delete, the insert and the row's update
+        assert statements == {"SELECT": 1}, statements
         record = await store.load("s")
         assert record is not None
         assert [m.content for m in record.messages] == ["a", "B", "C"]
@@ -171,6 +182,7 @@ async def test_a_claim_with_no_expired_lease_is_one_statement_and_no_transaction
     store = await PostgresStore.open(pg_url)
     queue = TurnQueue(store, lease=30.0, max_attempts=3)
     try:
+        assert await queue.claim("w0") is None  # the loop's connection opened
         await queue.submit("s1", "one")
         statements.clear()
         assert await queue.claim("w1") is not None
@@ -257,6 +269,7 @@ async def test_a_first_turns_claim_reads_no_session_it_knows_is_not_stored(pg_ur
     store = await PostgresStore.open(pg_url)
     queue = TurnQueue(store, lease=30.0, max_attempts=3)
     try:
+        assert await queue.claim("w0") is None  # the loop's connection opened
         await queue.submit("new", "one")
         statements.clear()
         claim = await queue.claim("w1", load=lambda session_id: True)
@@ -268,7 +281,7 @@ async def test_a_first_turns_claim_reads_no_session_it_knows_is_not_stored(pg_ur
     assert (claim.stored.session_id, claim.stored.messages, claim.stored.version) == ("new", (), 0)
 
 
-async def test_a_stored_sessions_claim_still_reads_it_on_the_claims_connection(pg_url, statements):
+async def test_a_stored_sessions_claim_still_reads_it(pg_url, statements):
     store = await PostgresStore.open(pg_url)
     queue = TurnQueue(store, lease=30.0, max_attempts=3)
     try:
@@ -283,3 +296,218 @@ async def test_a_stored_sessions_claim_still_reads_it_on_the_claims_connection(p
     assert claim is not None and claim.stored is not None
     assert [m.text for m in claim.stored.messages] == ["before"]
     assert claim.stored.version == version
+
+
+# -- a save in one call (the save function) ----------------------------------------------
+
+
+async def _expire(store: PostgresStore, turn_id: str) -> None:
+    await store.run(
+        "expire",
+        lambda conn: conn.execute(
+            "UPDATE axon_turns SET lease_until = now() - interval '1 second' WHERE turn_id = %s",
+            (turn_id,),
+        ),
+        transaction=False,
+    )
+
+
+async def _row(store: PostgresStore, turn_id: str) -> tuple[Any, ...]:
+    return await store.run(
+        "row",
+        lambda conn: conn.execute(
+            "SELECT status, owner, epoch, saved, finish_reason FROM axon_turns WHERE turn_id = %s",
+            (turn_id,),
+        ).fetchone(),
+        transaction=False,
+    )
+
+
+async def test_a_fenced_out_workers_save_through_the_function_is_refused_and_writes_nothing(
+    pg_url, statements
+):
+    """A worker whose turn was taken over saves (its step, the turn's end, the first
+    save's ``saved`` mark) in one call of the save function: refused with ``LeaseLost``,
+    and nothing of it is written: not the session, not the row."""
+    store = await PostgresStore.open(pg_url)
+    queue = TurnQueue(store, lease=30.0, max_attempts=3)
+    try:
+        await queue.submit("s", "one")
+        await queue.submit("t", "two")
+        first = await queue.claim("w1")
+        kept = await queue.claim("w1")
+        assert first is not None and kept is not None
+        await store.save("warm", 0, said("a"))  # the loop's connection opened
+        lost: list[str] = []
+        finished: list[str] = []
+        with queue.fenced(
+            kept,
+            on_lost=lambda: lost.append("t"),
+            on_finished=lambda: finished.append("t"),
+        ):
+            # the worker's usual step: one call, in autocommit
+            statements.clear()
+            version = await store.save("t", 0, said("one"), expected_version=0)
+            assert statements == {"SELECT": 1}, statements
+        # w1 never saved "s" (the row is not marked saved) and its lease runs out
+        await _expire(store, first.turn.turn_id)
+        taken = await queue.claim("w2")
+        assert taken is not None and taken.takeover and taken.turn.turn_id == first.turn.turn_id
+        await _expire(store, kept.turn.turn_id)
+        again = await queue.claim("w2")
+        assert again is not None and again.turn.turn_id == kept.turn.turn_id
+        with queue.fenced(
+            first,
+            on_lost=lambda: lost.append("s"),
+            on_finished=lambda: finished.append("s"),
+        ):
+            statements.clear()
+            with pytest.raises(LeaseLost, match="owner w2, epoch 2, running"):
+                await store.save("s", 0, said("late"), {"k": 1}, expected_version=0, ends="stop")
+            assert statements == {"SELECT": 1}, statements  # the function refused it
+        with queue.fenced(
+            kept,
+            on_lost=lambda: lost.append("t"),
+            on_finished=lambda: finished.append("t"),
+        ):
+            with pytest.raises(LeaseLost):
+                await store.save("t", 1, said("late"), expected_version=version, ends="stop")
+        assert lost == ["s", "t"] and finished == []
+        assert await store.load("s") is None
+        record = await store.load("t")
+        assert record is not None
+        assert ([m.text for m in record.messages], record.version) == (["one"], version)
+        # the rows as the takeovers left them: not marked, not ended
+        assert await _row(store, first.turn.turn_id) == ("running", "w2", 2, False, None)
+        assert await _row(store, kept.turn.turn_id) == ("running", "w2", 2, True, None)
+    finally:
+        await queue.aclose()
+        await store.aclose()
+
+
+async def test_a_last_save_through_the_function_ends_the_turn_in_its_call(pg_url, statements):
+    store = await PostgresStore.open(pg_url)
+    queue = TurnQueue(store, lease=30.0, max_attempts=3)
+    finished: list[bool] = []
+    try:
+        turn = await queue.submit("s", "one")
+        claim = await queue.claim("w1")
+        assert claim is not None
+        with queue.fenced(claim, on_finished=lambda: finished.append(True)):
+            version = await store.save("s", 0, said("one"), expected_version=0)
+            assert await _row(store, turn.turn_id) == ("running", "w1", 1, True, None)
+            statements.clear()
+            await store.save("s", 1, said("answer"), expected_version=version, ends="stop")
+            assert statements == {"SELECT": 1}, statements
+            assert finished == [True]
+        assert await _row(store, turn.turn_id) == ("done", "w1", 1, True, "stop")
+        record = await store.load("s")
+        assert record is not None and [m.text for m in record.messages] == ["one", "answer"]
+    finally:
+        await queue.aclose()
+        await store.aclose()
+
+
+async def test_the_save_function_merges_meta_as_the_transaction_does(pg_url, statements):
+    """The patch's keys over the stored ones (``dict.update``), in SQL; a meta holding an
+    escaped NUL (which ``jsonb`` cannot hold) is merged by the client, in a transaction."""
+    store = await PostgresStore.open(pg_url)
+    try:
+        version = await store.save("s", 0, said("a"), {"a": 1, "b": "x", "n": {"d": [1.5]}})
+        statements.clear()
+        version = await store.save("s", 1, said("b"), {"b": "y", "c": [1, None]})
+        assert statements == {"SELECT": 1}, statements
+        record = await store.load("s")
+        assert record is not None
+        assert record.meta == {"a": 1, "b": "y", "n": {"d": [1.5]}, "c": [1, None]}
+        statements.clear()
+        version = await store.save("s", 2, said("c"), {"z": "nul\u0000"})
+        assert statements["TRANSACTION"] == 1, statements
+        statements.clear()
+        await store.save("s", 3, said("d"), {"b": "w"}, expected_version=version)
+        assert statements["TRANSACTION"] == 1, statements  # the stored meta holds one
+        record = await store.load("s")
+        assert record is not None
+        assert record.meta == {
+            "a": 1,
+            "b": "w",
+            "n": {"d": [1.5]},
+            "c": [1, None],
+            "z": "nul\u0000",
+        }
+        assert [m.text for m in record.messages] == ["a", "b", "c", "d"]
+    finally:
+        await store.aclose()
+
+
+async def test_a_store_without_the_save_function_gains_it_on_open(pg_url):
+    from actors.stores.postgres import _TURNS_CHANNEL, SAVE_FUNCTION_NAME
+    from actors.stores.turn_sql import TURNS_CHANNEL
+
+    assert _TURNS_CHANNEL == TURNS_CHANNEL
+    store = await PostgresStore.open(pg_url)
+    version = await store.save("s", 0, said("a"))
+    await store.run(
+        "drop", lambda conn: conn.execute(f"DROP FUNCTION {SAVE_FUNCTION_NAME}"), transaction=False
+    )
+    await store.aclose()
+    store = await PostgresStore.open(pg_url)
+    try:
+        await store.save("s", 1, said("b"), expected_version=version)
+        record = await store.load("s")
+    finally:
+        await store.aclose()
+    assert record is not None and [m.text for m in record.messages] == ["a", "b"]
+
+
+# -- the saves sent from the event loop (LoopLane) ---------------------------------------
+
+
+async def test_a_save_cancelled_in_flight_on_the_loop_is_stored_whole(pg_url):
+    """A save's call is shielded, as a thread's is: cancelled while its answer is awaited,
+    it is stored all the same, and its connection serves the next save."""
+    store = await PostgresStore.open(pg_url)
+    try:
+        version = await store.save("s", 0, said("a"))
+        answered: list[int] = []
+
+        async def save() -> None:
+            answered.append(await store.save("s", 1, said("b", "c")))
+
+        with trio.CancelScope() as scope:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(save)
+                await trio.testing.wait_all_tasks_blocked()  # its answer awaited
+                scope.cancel()
+        record = await store.load("s")
+        assert record is not None and [m.text for m in record.messages] == ["a", "b", "c"]
+        assert answered == [record.version] and record.version > version  # read, not dropped
+        await store.save("s", 3, said("d"), expected_version=record.version)
+        record = await store.load("s")
+        assert record is not None and [m.text for m in record.messages] == ["a", "b", "c", "d"]
+    finally:
+        await store.aclose()
+
+
+async def test_a_save_on_a_lost_loop_connection_is_retried_on_a_new_one(pg_url):
+    """The server ends the connection a save is sent on (a restart, an admin): the save
+    fails there, and is retried on a connection the lane opens anew."""
+    store = await PostgresStore.open(pg_url)
+    try:
+        version = await store.save("s", 0, said("a"))
+        pids = [conn.pgconn.backend_pid for conn in store._lane._free]
+        assert pids
+        await store.run(
+            "terminate",
+            lambda conn: conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM unnest(%s::int[]) AS pid", (pids,)
+            ),
+            transaction=False,
+        )
+        version = await store.save("s", 1, said("b"), expected_version=version)
+        record = await store.load("s")
+        assert record is not None and [m.text for m in record.messages] == ["a", "b"]
+        assert record.version == version
+        assert [conn.pgconn.backend_pid for conn in store._lane._free] != pids
+    finally:
+        await store.aclose()

@@ -273,7 +273,8 @@ def _backends_finishing_a_turn(pg_url: str) -> int:
     with psycopg.connect(libpq, autocommit=True) as conn:
         [(n,)] = conn.execute(
             "SELECT count(*) FROM pg_stat_activity WHERE pid <> pg_backend_pid() "
-            "AND state = 'active' AND query LIKE '%pg_sleep(%), pg_notify(%'"
+            "AND state = 'active' AND (query LIKE '%pg_sleep(%), pg_notify(%' "
+            "OR query LIKE '%pg_sleep(%) FROM axon_save_v1(%')"
         ).fetchall()
     return int(n)
 
@@ -286,9 +287,17 @@ async def test_a_worker_killed_in_its_last_save_leaves_the_turn_to_a_takeover_wh
 ) -> None:
     """The save of a turn's last step also finishes its row, in one transaction: a worker
     that dies inside it leaves neither (the turn runs, its last step unstored), and the
-    turn taken over stores that step once and ends ``done``."""
+    turn taken over stores that step once and ends ``done``.
+
+    The save is one statement in autocommit (the save function): a server runs a
+    statement to its end, commit included, whoever sent it, unless it checks that the
+    client is still there (``client_connection_check_interval``, set here for worker a):
+    then the held statement is cancelled when a dies, as a transaction whose ``COMMIT``
+    never came is rolled back."""
     store, queue = cluster
-    workers.start("a", AXON_TEST_FINISH_HOLD="3")
+    workers.start(
+        "a", AXON_TEST_FINISH_HOLD="3", PGOPTIONS="-c client_connection_check_interval=50"
+    )
     turn = await queue.submit("s1", "tools one")
 
     async def in_last_save() -> bool:

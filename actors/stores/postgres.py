@@ -11,6 +11,7 @@ Layout (in one schema, ``public`` unless the URL says ``?schema=NAME``; schema v
                   PRIMARY KEY (session_id, idx))
     axon_turns(...)                                      -- durable turns: stores/turns.py
     axon_claim_v1(owner, lease, channel)                 -- a claim in one call: CLAIM_FUNCTION
+    axon_save_v1(session, start, ...)                    -- a save in one call: SAVE_FUNCTION
 
 One message is one row keyed by its index, as in the SQLite store: :meth:`save` deletes
 the rows from ``start`` on and inserts the new ones in one transaction, so persisting
@@ -33,7 +34,10 @@ saves refused with :class:`~runtime.errors.LeaseLost` and writes nothing.
 sync API in a worker thread (:func:`trio.to_thread.run_sync`) with a connection from a
 ``psycopg_pool.ConnectionPool``, through a :class:`trio.CapacityLimiter` as large as the
 pool: no thread ever waits for a connection, and a cancelled call waits for its
-transaction to end, so a save is all or nothing.
+transaction to end, so a save is all or nothing. The calls every turn makes, each one
+statement (a save without a guard: :data:`SAVE_FUNCTION`; a claim's common case), go
+from the event loop itself instead (:class:`LoopLane`: libpq's non-blocking API on
+connections of their own), shielded from cancellation the same way.
 
 **Failures.** A connection that breaks (the server restarts, the network drops) fails the
 transaction, which PostgreSQL rolls back; the call is retried with backoff for
@@ -47,6 +51,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import struct
 import time
 import urllib.parse
 from collections import OrderedDict
@@ -355,6 +360,114 @@ statement's are (a simple query of several statements is planned at every call: 
 dearer on the server), and its ``SET enable_sort = off`` is what the look's ``SET LOCAL``
 did for the head's start: the heads walked in line, whatever the table's statistics."""
 
+SAVE_FUNCTION_NAME: Final = "axon_save_v1"
+"""The server-side function of a save without a guard (:data:`SAVE_FUNCTION`); a new
+version of it gets a new name (a process of the version before keeps calling its own)."""
+
+SAVE_FUNCTION: Final = f"""CREATE OR REPLACE FUNCTION {SAVE_FUNCTION_NAME}(
+    p_session TEXT, p_start INTEGER, p_expected BIGINT, p_meta BYTEA,
+    p_idx INTEGER[], p_roles TEXT[], p_bodies BYTEA[],
+    p_turn TEXT, p_owner TEXT, p_epoch BIGINT, p_mark BOOLEAN, p_ends TEXT, p_channel TEXT,
+    OUT o_status TEXT, OUT o_version BIGINT, OUT o_steers INTEGER,
+    OUT o_owner TEXT, OUT o_epoch BIGINT, OUT o_turn_status TEXT)
+    LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+DECLARE
+    s_meta BYTEA;
+    s_version BIGINT;
+BEGIN
+    -- Every refusal returns before anything is written: the call is its own transaction.
+    -- The fence: the turn's row locked (a takeover's epoch bump waits for this save, or
+    -- this save sees it), strongly when this save writes the row (its `saved` mark, its
+    -- end), as the transaction's UPDATE did.
+    IF p_turn IS NOT NULL THEN
+        IF p_mark OR p_ends IS NOT NULL THEN
+            SELECT owner, epoch, status, steers INTO o_owner, o_epoch, o_turn_status, o_steers
+            FROM axon_turns WHERE turn_id = p_turn FOR NO KEY UPDATE;
+        ELSE
+            SELECT owner, epoch, status, steers INTO o_owner, o_epoch, o_turn_status, o_steers
+            FROM axon_turns WHERE turn_id = p_turn FOR SHARE;
+        END IF;
+        IF o_owner IS DISTINCT FROM p_owner OR o_epoch IS DISTINCT FROM p_epoch
+                OR o_turn_status IS DISTINCT FROM 'running' THEN
+            o_status := 'lost';
+            RETURN;
+        END IF;
+    END IF;
+    SELECT meta, version INTO s_meta, s_version FROM axon_sessions
+    WHERE session_id = p_session FOR UPDATE;
+    IF p_expected IS NOT NULL AND p_expected <> coalesce(s_version, 0) THEN
+        o_status := 'conflict';
+        o_version := coalesce(s_version, 0);
+        RETURN;
+    END IF;
+    IF s_version IS NULL THEN
+        IF p_start > 0 THEN
+            o_status := 'hole';
+            o_version := 0;
+            RETURN;
+        END IF;
+        INSERT INTO axon_sessions (session_id, meta, update_seq, version)
+        VALUES (p_session, coalesce(p_meta, '\\x7b7d'::bytea), nextval('axon_update_seq'),
+                nextval('axon_versions'))
+        ON CONFLICT (session_id) DO NOTHING RETURNING version INTO o_version;
+        IF o_version IS NULL THEN  -- a concurrent creator committed since the look
+            SELECT version INTO o_version FROM axon_sessions WHERE session_id = p_session;
+            o_status := 'created';
+            RETURN;
+        END IF;
+    ELSE
+        -- No hole: a save may append (start = the message count), not beyond.
+        IF p_start > 0 AND NOT EXISTS (SELECT 1 FROM axon_messages
+                WHERE session_id = p_session AND idx = p_start - 1) THEN
+            SELECT coalesce(max(idx) + 1, 0) INTO o_version FROM axon_messages
+            WHERE session_id = p_session AND idx < p_start;
+            o_status := 'hole';
+            RETURN;
+        END IF;
+        -- The meta merged as dict.update does: the patch's keys over the stored ones. A
+        -- stored meta holding an escaped NUL cannot be jsonb: the client merges it.
+        IF p_meta IS NOT NULL AND p_meta <> s_meta THEN
+            IF position('\\x5c7530303030'::bytea IN s_meta) > 0 THEN
+                o_status := 'meta';
+                RETURN;
+            END IF;
+            s_meta := convert_to((convert_from(s_meta, 'UTF8')::jsonb
+                || convert_from(p_meta, 'UTF8')::jsonb)::text, 'UTF8');
+        END IF;
+        DELETE FROM axon_messages WHERE session_id = p_session AND idx >= p_start;
+        UPDATE axon_sessions SET meta = s_meta, updated_at = now(),
+            update_seq = nextval('axon_update_seq'), version = nextval('axon_versions')
+        WHERE session_id = p_session RETURNING version INTO o_version;
+    END IF;
+    INSERT INTO axon_messages (session_id, idx, role, body)
+    SELECT p_session, u.idx, u.role, u.body
+    FROM unnest(p_idx, p_roles, p_bodies) AS u(idx, role, body);
+    IF p_ends IS NOT NULL THEN  -- the turn ends with this save: its row `done`, woken
+        UPDATE axon_turns SET status = 'done', finish_reason = p_ends, error = NULL,
+            lease_until = NULL, finished_at = clock_timestamp(), saved = true
+        WHERE turn_id = p_turn;
+        PERFORM pg_notify(p_channel, current_schema() || ':' || p_turn);
+    ELSIF p_mark THEN
+        UPDATE axon_turns SET saved = true WHERE turn_id = p_turn AND NOT saved;
+    END IF;
+    o_status := 'ok';
+END $$"""
+"""A save without a guard in one call (issue 24 goal 3): the fence's check of the turn's
+row (``p_turn`` ``NULL``: an unfenced save), the session's lock, the version check, the
+hole check, the writes (the session row, meta merged, the messages from ``p_start`` on)
+and, for a worker's last save, the turn's end with its wake-up (``p_ends``), or its
+first save's ``saved`` mark (``p_mark``). ``o_status`` says how it went: ``ok`` (the new
+version in ``o_version``, the turn's ``steers`` in ``o_steers``); or, with nothing
+written, ``lost`` (the turn's row as found in ``o_owner``, ``o_epoch``,
+``o_turn_status``), ``conflict`` (the session's version in ``o_version``), ``created``
+(another writer created the session meanwhile: its version), ``hole`` (``p_start`` is
+past the end: the message count), ``meta`` (the stored meta cannot be merged in SQL:
+the client saves in its transaction instead).
+
+One statement in autocommit where a save was a transaction of four or five round trips
+(``BEGIN``, the fence and lock, the write, the end, ``COMMIT``), each a wait of the
+store's thread; PL/pgSQL keeps the plans of its statements per connection."""
+
 
 @attrs.frozen(kw_only=True, slots=True)
 class Fence:
@@ -382,6 +495,15 @@ class Fence:
     watch: SteerWatch | None = attrs.field(default=None, eq=False)
     """Told of the turn's ``steers`` count each committed save's fence check read
     (:class:`runtime.turn_queue.SteerWatch`)."""
+    one_call: Callable[[Mapping[str, Any] | None, str | None], bool | None] | None = attrs.field(
+        default=None, eq=False
+    )
+    """With :attr:`in_save`: whether a save with this meta and ``ends`` may go as one call
+    of the save function (:data:`SAVE_FUNCTION`), asked in the save's thread before it
+    is sent: ``None`` no (:attr:`in_save` has more to write than the turn's end: the
+    transaction), ``False`` yes, ``True`` yes, and the call ends the turn's row ``done``
+    with ``ends`` (then :attr:`on_commit` is called once it committed). Without it a
+    fence with an :attr:`in_save` always saves in the transaction."""
 
 
 def parse_url(url: str) -> tuple[str, str]:
@@ -449,6 +571,8 @@ class PostgresStore:
         """The libpq URL (without Axon's ``schema`` parameter) and the schema name."""
         self._fences_closed = False
         self._limiter = FreeLimiter(pool_size)
+        self._lane = LoopLane(self.libpq, self.schema, pool_size)
+        """Connections for the saves sent from the event loop (:meth:`_save_call`)."""
         self._retry_for = retry_for
         self._closed = False
         self._fences: dict[str, Fence] = {}
@@ -654,6 +778,7 @@ class PostgresStore:
         fence = None if unfenced else self._save_fence(session_id)
         wrote: list[bool] = []
         steers: list[int] = []  # the turn row's count, as the fence check read it
+        action = f"save of session {session_id!r}"
 
         def save(conn: Any) -> int:
             wrote.clear()
@@ -666,7 +791,28 @@ class PostgresStore:
             return version
 
         try:
-            version = await self.run(f"save of session {session_id!r}", save)
+            version = None
+            # One call of the save function from the loop, unless a guard or the fence's
+            # own writes need the transaction (or the meta patch cannot be jsonb).
+            if guard is None and (patch is None or _NUL not in patch):
+                ending: bool | None = False
+                if fence is not None and fence.in_save is not None:
+                    ending = None if fence.one_call is None else fence.one_call(meta, ends)
+                if ending is not None:
+                    version = await self._save_call(
+                        action,
+                        session_id,
+                        start,
+                        rows,
+                        patch,
+                        expected_version,
+                        fence,
+                        ends if ending else None,
+                        steers,
+                    )
+                    wrote.append(ending)
+            if version is None:
+                version = await self.run(action, save)
         except LeaseLost:
             if fence is not None and fence.on_lost is not None:
                 fence.on_lost()
@@ -705,6 +851,71 @@ class PostgresStore:
         self._marked.add(fence.turn_id)
         if any(wrote) and fence.on_commit is not None:
             fence.on_commit()
+
+    async def _save_call(
+        self,
+        action: str,
+        session_id: str,
+        start: int,
+        rows: list[tuple[str, int, str, bytes]],
+        patch: bytes | None,
+        expected_version: int | None,
+        fence: Fence | None,
+        ends: str | None,
+        steers: list[int],
+    ) -> int | None:
+        """The save as one call of :data:`SAVE_FUNCTION`, sent from the event loop on a
+        connection of the :class:`LoopLane` (in autocommit: the call is its own
+        transaction); the new version, or ``None`` when the stored meta must be merged
+        here (the caller saves in a transaction instead). Its refusals (nothing written)
+        raise as the transaction's do."""
+        if self._closed:
+            raise StoreError(f"session store {self.url} is closed")
+        mark = fence is not None and fence.turn_id not in self._marked
+        ids, roles, bodies = _columns(rows)
+        params = (
+            session_id.encode(),
+            b"%d" % start,
+            None if expected_version is None else b"%d" % expected_version,
+            patch,
+            _binary_array(_INT4, [_int4(i) for i in ids]),
+            _binary_array(_TEXT, [role.encode() for role in roles]),
+            _binary_array(_BYTEA, bodies),
+            None if fence is None else fence.turn_id.encode(),
+            None if fence is None else fence.owner.encode(),
+            None if fence is None else b"%d" % fence.epoch,
+            b"t" if mark else b"f",
+            None if ends is None else ends.encode(),
+            _TURNS_CHANNEL.encode(),
+        )
+        name, sql = (
+            (_SAVE_NAME, _SAVE_SQL) if ends is None else (_SAVE_NAME_ENDING, _SAVE_SQL_ENDING)
+        )
+
+        async def once() -> Any:
+            return await self._lane.call(name, sql, params, _SAVE_FORMATS)
+
+        result = await _retrying(f"{action} ({self.url})", self._retry_for, once, log=self._log)
+        got = [result.get_value(0, col) for col in range(6)]
+        status = got[0].decode()
+        version = None if got[1] is None else int(got[1])
+        if status == "ok":
+            if fence is not None:
+                steers.append(int(got[2]))
+            return version
+        if status == "lost":
+            assert fence is not None
+            row = None if got[5] is None else (got[3].decode(), int(got[4]), got[5].decode())
+            _check_fence_row(row, fence, session_id)
+        if status == "conflict":
+            check_version(self.url, session_id, version or 0, expected_version)
+        if status == "created":
+            raise _created_meanwhile(self.url, session_id, expected_version, version or 0)
+        if status == "hole":
+            _beyond_end(session_id, start, version or 0)
+        if status == "meta":
+            return None
+        raise StoreError(f"save of session {session_id!r}: the save function said {status!r}")
 
     def _save_in(
         self,
@@ -832,13 +1043,7 @@ class PostgresStore:
             actual = conn.execute(
                 "SELECT version FROM axon_sessions WHERE session_id = %s", (session_id,)
             ).fetchone()[0]
-            raise StoreConflict(
-                f"save of session {session_id!r}: another writer created it "
-                f"meanwhile (session store {self.url})",
-                session_id=session_id,
-                expected=expected_version or 0,
-                actual=actual,
-            )
+            raise _created_meanwhile(self.url, session_id, expected_version, actual)
         return int(got[0])
 
     async def version(self, session_id: str) -> int:
@@ -888,6 +1093,7 @@ class PostgresStore:
         if self._closed:
             return
         self._closed = True
+        self._lane.close()
         await trio.to_thread.run_sync(self._pool.close)
 
 
@@ -946,6 +1152,80 @@ def _check_fence_row(row: Any, fence: Fence, session_id: str) -> None:
             f"save of session {session_id!r} refused: worker {fence.owner} (epoch "
             f"{fence.epoch}) no longer holds turn {fence.turn_id} ({held})"
         )
+
+
+def _created_meanwhile(
+    url: str, session_id: str, expected_version: int | None, actual: int
+) -> StoreConflict:
+    return StoreConflict(
+        f"save of session {session_id!r}: another writer created it "
+        f"meanwhile (session store {url})",
+        session_id=session_id,
+        expected=expected_version or 0,
+        actual=actual,
+    )
+
+
+_SAVE_SQL: Final = (
+    f"SELECT * FROM {SAVE_FUNCTION_NAME}($1, $2, $3, $4, $5::int[], $6::text[], "
+    "$7::bytea[], $8, $9, $10, $11, $12, $13)"
+).encode()
+"""The save function's call, as :class:`LoopLane` prepares it (parameters: ``$4`` and the
+arrays in PostgreSQL's binary format, the rest as text: :data:`_SAVE_FORMATS`)."""
+_SAVE_NAME: Final = b"axon_save_call"
+_SAVE_SQL_ENDING = _SAVE_SQL
+"""The call of a save that ends its turn: the same statement, prepared under a name of its
+own (a crash test holds a worker inside it, before its commit, by replacing it:
+``tests/support/worker_agent.py``)."""
+_SAVE_NAME_ENDING: Final = b"axon_save_call_ending"
+_SAVE_FORMATS: Final = (0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0)
+_INT4, _TEXT, _BYTEA = 23, 25, 17
+"""The element types' oids of the save's arrays."""
+_int4 = struct.Struct("!i").pack
+_ARRAY_HEAD = struct.Struct("!iiiii").pack
+
+
+_INT8 = struct.Struct("!q").unpack
+_INT4_OF = struct.Struct("!i").unpack
+_FLOAT8 = struct.Struct("!d").unpack
+_READ_BINARY: Final[dict[str, Callable[[bytes], Any]]] = {
+    "TEXT": lambda value: value.decode(),
+    "BIGINT": lambda value: _INT8(value)[0],
+    "INTEGER": lambda value: _INT4_OF(value)[0],
+    "BOOLEAN": lambda value: value == b"\x01",
+    "DOUBLE PRECISION": lambda value: _FLOAT8(value)[0],
+    "BYTEA": bytes,
+}
+"""A column in PostgreSQL's binary format, by its type, read as psycopg reads it."""
+
+
+def read_row(result: Any, row: int, kinds: Sequence[str]) -> tuple[Any, ...]:
+    """Row ``row`` of a :class:`LoopLane` result in the binary format, its columns of
+    types ``kinds`` (:data:`_READ_BINARY`'s)."""
+    values = []
+    for col, kind in enumerate(kinds):
+        value = result.get_value(row, col)
+        values.append(None if value is None else _READ_BINARY[kind](value))
+    return tuple(values)
+
+
+def _binary_array(oid: int, items: list[bytes]) -> bytes:
+    """A one-dimensional array of ``items`` (each already in its binary format) in
+    PostgreSQL's binary format: what psycopg's list dumper writes, without its look at
+    every element for their type."""
+    if not items:
+        return struct.pack("!iii", 0, 0, oid)
+    return _ARRAY_HEAD(1, 0, oid, len(items), 1) + b"".join(
+        [_int4(len(item)) + item for item in items]
+    )
+
+
+_NUL: Final = b"\\u0000"
+"""An escaped NUL in a JSON text: a meta patch holding one cannot be ``jsonb`` (the save
+function's merge), so its save goes as a transaction (the merge in Python)."""
+_TURNS_CHANNEL: Final = "axon_turns"
+"""The turn queue's notification channel (:data:`actors.stores.turn_sql.TURNS_CHANNEL`),
+where the save function sends a turn's end."""
 
 
 def _beyond_end(session_id: str, start: int, count: int) -> None:
@@ -1065,6 +1345,7 @@ def _first_connect(libpq: str, schema: str) -> None:
         _add_turn_columns(conn, schema)
         _ensure_turn_heads(conn)
         _ensure_claim_function(conn)
+        _ensure_save_function(conn)
         conn.execute(
             """INSERT INTO axon_meta (key, value) VALUES ('magic', %s), ('schema_version', %s)
             ON CONFLICT (key) DO NOTHING""",
@@ -1168,6 +1449,18 @@ def _ensure_claim_function(conn: Any) -> None:
         conn.execute(CLAIM_FUNCTION)
 
 
+def _ensure_save_function(conn: Any) -> None:
+    """The save's function (:data:`SAVE_FUNCTION`), created when missing (as the
+    claim's, :func:`_ensure_claim_function`)."""
+    found = conn.execute(
+        "SELECT 1 FROM pg_proc "
+        "WHERE proname = %s AND pronamespace = current_schema()::regnamespace",
+        (SAVE_FUNCTION_NAME,),
+    ).fetchone()
+    if found is None:
+        conn.execute(SAVE_FUNCTION)
+
+
 def load_rows(conn: Any, session_id: str) -> list[Any]:
     """A session's row and its messages, from one snapshot in one statement (a session
     without messages is one row of NULLs): :meth:`PostgresStore.record` decodes them.
@@ -1181,6 +1474,112 @@ def load_rows(conn: Any, session_id: str) -> list[Any]:
             (session_id,),
         ).fetchall()
     )
+
+
+class LoopLane:
+    """Connections a store runs its one-statement calls on from the event loop itself,
+    without a thread (issue 24 goal 3): a save is one call of :data:`SAVE_FUNCTION`, and
+    in a thread it cost ~270 µs of the worker's CPU where the same statement sent from
+    the loop (libpq's non-blocking API, the socket waited on by Trio) cost ~60 µs: the
+    thread's hand-off and its wake-ups, and psycopg's cursor (query conversion, parameter
+    dumping, the prepared statements' bookkeeping) for a statement whose parameters and
+    result this store encodes and reads itself.
+
+    At most ``size`` connections, opened (in a thread) when every open one is busy; a
+    call waits for one beyond that. A call is shielded from cancellation, as a thread's
+    is: once sent, its statement commits or not whatever the caller does, and its answer
+    is read. A connection that fails is closed, never reused; the caller retries on
+    another (:func:`_retrying`)."""
+
+    def __init__(self, libpq: str, schema: str, size: int) -> None:
+        self._libpq = libpq
+        self._schema = schema
+        self._free: list[Any] = []
+        self._slots = trio.Semaphore(size)
+        self._closed = False
+
+    async def call(
+        self,
+        name: bytes,
+        sql: bytes,
+        params: Sequence[bytes | None],
+        formats: Sequence[int],
+        result_format: int = 0,
+    ) -> Any:
+        """The one result of prepared statement ``name`` (``sql``, prepared on a
+        connection's first call of it) run with ``params``; a database error raises as
+        psycopg raises it."""
+        async with self._slots:
+            conn = self._free.pop() if self._free else await trio.to_thread.run_sync(self._connect)
+            ok = False
+            try:
+                with trio.CancelScope(shield=True):
+                    prepared = conn._axon_prepared
+                    if name not in prepared:
+                        conn.pgconn.send_prepare(name, sql)
+                        await _lane_result(conn)
+                        prepared.add(name)
+                    conn.pgconn.send_query_prepared(name, params, formats, result_format)
+                    result = await _lane_result(conn)
+                ok = True
+                return result
+            finally:
+                if ok and not self._closed:
+                    self._free.append(conn)
+                else:
+                    _close_on_loop(conn)
+
+    def _connect(self) -> Any:
+        import psycopg
+
+        conn = psycopg.connect(self._libpq, connect_timeout=CONNECT_TIMEOUT, autocommit=True)
+        try:
+            conn.execute(f"SET search_path TO {self._schema}")
+        except BaseException:
+            conn.close()
+            raise
+        conn._axon_prepared = set()  # type: ignore[attr-defined]
+        return conn
+
+    def close(self) -> None:
+        self._closed = True
+        free, self._free = self._free, []
+        for conn in free:
+            _close_on_loop(conn)
+
+
+def _close_on_loop(conn: Any) -> None:
+    """Close a :class:`LoopLane` connection, Trio told first that its socket goes (the
+    loop may hold it registered; its number may be reused by the next one)."""
+    with contextlib.suppress(Exception):
+        trio.lowlevel.notify_closing(conn.pgconn.socket)
+    conn.close()
+
+
+async def _lane_result(conn: Any) -> Any:
+    """The result of the statement just sent on ``conn`` (non-blocking libpq), its socket
+    waited on by Trio; an error result raises as psycopg raises it, once the connection
+    is idle again."""
+    import psycopg
+
+    pgconn = conn.pgconn
+    fd = pgconn.socket
+    while pgconn.flush():
+        await trio.lowlevel.wait_writable(fd)
+    results = []
+    while True:
+        pgconn.consume_input()
+        while pgconn.is_busy():
+            await trio.lowlevel.wait_readable(fd)
+            pgconn.consume_input()
+        result = pgconn.get_result()
+        if result is None:
+            break
+        results.append(result)
+    for result in results:
+        if result.status == psycopg.pq.ExecStatus.FATAL_ERROR:
+            raise psycopg.errors.error_from_result(result, encoding="utf-8")
+    return results[-1]
 
 
 class FreeLimiter:

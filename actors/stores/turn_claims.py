@@ -19,10 +19,13 @@ import attrs
 
 from actors.stores.postgres import (
     CLAIM_FUNCTION_NAME,
+    CLAIMED_COLUMNS,
     CONNECT_TIMEOUT,
     Fence,
+    _retrying,
     kept_cursor,
     load_rows,
+    read_row,
 )
 from actors.stores.turn_sql import (
     _COLUMNS,
@@ -119,24 +122,72 @@ class TurnClaiming:
         before its input is decoded (thousands of parts may take longer than the lease):
         a worker starts renewing the lease there.
 
-        ``load(session_id)`` (called in the claim's thread: a quick look, such as whether
-        the worker has the session in memory) asks for the turn's session too: it is read
-        on the claim's connection once the claim committed, saving the turn a thread hop
-        and a pool checkout of its own (:attr:`Claim.stored`). A continuation's claim
-        reads it anyway; a session not stored yet (a first turn: the start statement
-        says so) is not read, there is nothing to.
+        ``load(session_id)`` (a quick look, such as whether the worker has the session
+        in memory) asks for the turn's session too: it is read once the claim committed,
+        before the claim returns (:attr:`Claim.stored`). A continuation's claim reads it
+        anyway; a session not stored yet (a first turn: the start statement says so) is
+        not read, there is nothing to.
+
+        The common case (no lease expired) is one call of the claim's function sent from
+        the event loop (:class:`~actors.stores.postgres.LoopLane`: no thread); a takeover
+        runs in a transaction, in a thread.
         """
         if not isinstance(owner, str) or not owner:
             raise StoreError(f"owner must be a non-empty string, not {owner!r}")
-        take = partial(
-            _claim_on, owner=owner, lease=self.lease, max_attempts=self.max_attempts, load=load
+        action = f"claim by {owner!r}"
+        # A store without a lane (a test's stand-in around ``run``) claims in a thread.
+        found = (
+            await self._start_on_loop(action, owner) if hasattr(self.store, "_lane") else _EXPIRED
         )
-        found = await self.store.run(f"claim by {owner!r}", take, transaction=False)
+        if found is _EXPIRED:  # a takeover first, in a transaction, in a thread
+            take = partial(
+                _claim_on, owner=owner, lease=self.lease, max_attempts=self.max_attempts, load=load
+            )
+            found = await self.store.run(action, take, transaction=False)
+        elif found is not None:
+            row, how, rows = found
+            if load is None or not load(row[1]):
+                rows = None  # not asked for
+            elif rows is None:  # a stored session, asked for: read now (not yet: [])
+                session_id = row[1]
+                rows = await self.store.run(
+                    f"load of session {session_id!r}",
+                    lambda conn: load_rows(conn, session_id),
+                    transaction=False,
+                )
+            found = (row, how, rows)
         if found is None:
             return None
         if on_claimed is not None:
             on_claimed(found[0][0], owner, found[0][8])  # turn_id, epoch: see _COLUMNS
         return await self._claim_of(found, owner)
+
+    async def _start_on_loop(self, action: str, owner: str) -> Any:
+        """The claim's function called from the event loop
+        (:class:`~actors.stores.postgres.LoopLane`: no thread): the started turn as
+        :func:`_start_head` says it, ``None`` when none is claimable (or a concurrent
+        claim started the session's other turn: the unique index refused this one), or
+        :data:`_EXPIRED`."""
+        import psycopg
+
+        store = self.store
+        if store._closed:
+            raise StoreError(f"session store {store.url} is closed")
+        params = (owner.encode(), repr(float(self.lease)).encode(), TURNS_CHANNEL.encode())
+
+        async def once() -> Any:
+            try:
+                return await store._lane.call(_CLAIM_NAME, _CLAIM_SQL, params, (0, 0, 0), 1)
+            except psycopg.errors.UniqueViolation:
+                return None
+
+        result = await _retrying(f"{action} ({store.url})", store._retry_for, once, log=store._log)
+        if result is None or result.ntuples == 0:
+            return None
+        row = read_row(result, 0, _CLAIM_KINDS)
+        if row[0]:
+            return _EXPIRED
+        return tuple(row[2:]), STARTED, None if row[1] else []
 
     async def _claim_of(self, found: _Found, owner: str) -> Claim:
         """The :class:`Claim` of what a claim's transaction found: its turn decoded (out
@@ -275,6 +326,21 @@ class TurnClaiming:
                 on_finishing()
             return True
 
+        def one_call(meta: Mapping[str, Any] | None, ends: str | None) -> bool | None:
+            # The save function writes the turn's end, nothing else of the row: steered
+            # rows and a suspension go in the save's transaction (write_row).
+            ended.clear()
+            if steered or (on_suspended is not None and (meta or {}).get(WAITING_META)):
+                return None
+            if ends is None or on_finished is None:
+                return False
+            ended.append(True)
+            # Before the call, which commits the end with the save: a renewal that
+            # waits for it is then refused for a turn that is over, not lost.
+            if on_finishing is not None:
+                on_finishing()
+            return True
+
         def committed() -> None:
             done = on_finished if ended else on_suspended
             if done is not None:
@@ -288,6 +354,7 @@ class TurnClaiming:
             on_lost=on_lost,
             saved=claim.turn.saved,
             in_save=write_row if writes else None,
+            one_call=one_call,
             on_commit=committed,
             watch=watch,
         )
@@ -528,6 +595,12 @@ _EXPIRED: Final[Any] = ("expired",)
 """What :func:`_start_head` says when a lease has expired: it started nothing."""
 
 _CLAIM = f"SELECT * FROM {CLAIM_FUNCTION_NAME}(%s, %s, %s)"
+_CLAIM_SQL: Final = f"SELECT * FROM {CLAIM_FUNCTION_NAME}($1, $2, $3)".encode()
+"""The claim's function as :class:`~actors.stores.postgres.LoopLane` prepares it (the
+parameters as text; the answer in the binary format)."""
+_CLAIM_NAME: Final = b"axon_claim_call"
+_CLAIM_KINDS: Final = ("BOOLEAN", "BOOLEAN", *(kind for _, kind in CLAIMED_COLUMNS))
+"""The types of the function's columns: ``o_expired``, ``o_stored``, the turn's."""
 
 
 def _start_head(conn: Any, owner: str, lease: float) -> _Found | None:

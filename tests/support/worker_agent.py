@@ -25,8 +25,9 @@ Controlled by the environment of the worker process:
   attempt (``axon_test_attempts``): the ledger proves a takeover repeats no effect;
 * ``AXON_TEST_FINISH_HOLD``: seconds the save of a turn's last step waits in its
   transaction once it wrote the turn's row ``done``, before its commit (a
-  ``pg_sleep`` in that statement): a worker killed then dies inside the one transaction
-  that stores the last step and finishes the turn.
+  ``pg_sleep`` in that statement, or after the save function in its call): a worker
+  killed then dies inside the one transaction that stores the last step and finishes the
+  turn.
 """
 
 from __future__ import annotations
@@ -49,11 +50,16 @@ from runtime.tools import ToolContext, tool
 ANSWER_WORDS = 40
 _FINISH_HOLD = os.environ.get("AXON_TEST_FINISH_HOLD")
 if _FINISH_HOLD:
-    from actors.stores import turn_claims
+    from actors.stores import postgres, turn_claims
 
     turn_claims._FINISH_IN_SAVE = turn_claims._FINISH_IN_SAVE.replace(  # type: ignore[misc]
         "SELECT pg_notify(", f"SELECT pg_sleep({float(_FINISH_HOLD)}), pg_notify("
     )
+    # The save function's call: its result row (the function ran, the row is written
+    # ``done``) held in the same statement, before its commit.
+    postgres._SAVE_SQL_ENDING = postgres._SAVE_SQL.replace(
+        b"SELECT * FROM ", b"SELECT f.*, pg_sleep(%a) FROM " % float(_FINISH_HOLD)
+    ).replace(b"$13)", b"$13) AS f")
 LEDGER_SQL = (
     """CREATE TABLE IF NOT EXISTS axon_test_ledger (
         key TEXT PRIMARY KEY, pid INTEGER NOT NULL, at TIMESTAMPTZ NOT NULL DEFAULT now())""",
