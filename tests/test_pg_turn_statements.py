@@ -511,3 +511,26 @@ async def test_a_save_on_a_lost_loop_connection_is_retried_on_a_new_one(pg_url):
         assert [conn.pgconn.backend_pid for conn in store._lane._free] != pids
     finally:
         await store.aclose()
+
+
+async def test_the_save_functions_meta_merge_keeps_each_value_and_key_order(pg_url, statements):
+    """The merge keeps every stored value as stored: a float stays a float (``jsonb``
+    would print ``1e16`` as ``10000000000000000``, read back as an int) and the keys keep
+    ``dict.update``'s order (``jsonb`` sorts them by length)."""
+    store = await PostgresStore.open(pg_url)
+    try:
+        stored = {"long_key": 1e16, "k": 2.5e-7, "z": {"nested": 1e17}, "n": -0.0}
+        await store.save("s", 0, said("a"), stored)
+        statements.clear()
+        await store.save("s", 1, said("b"), {"k": 1e18, "new": 3.0})
+        assert statements == {"SELECT": 1}, statements
+        record = await store.load("s")
+        assert record is not None
+        want = dict(stored)
+        want.update({"k": 1e18, "new": 3.0})
+        assert list(record.meta) == list(want)
+        assert [(k, type(v), v) for k, v in record.meta.items()] == [
+            (k, type(v), v) for k, v in want.items()
+        ]
+    finally:
+        await store.aclose()

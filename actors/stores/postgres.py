@@ -424,15 +424,29 @@ BEGIN
             o_status := 'hole';
             RETURN;
         END IF;
-        -- The meta merged as dict.update does: the patch's keys over the stored ones. A
-        -- stored meta holding an escaped NUL cannot be jsonb: the client merges it.
+        -- The meta merged as dict.update does: the patch's keys over the stored ones, a
+        -- stored key in its place, a new one after them. Merged as `json`, whose values
+        -- keep their text: `jsonb` would sort the keys and print 1e16 as an integer.
+        -- A stored key holding an escaped NUL cannot be text: the client merges it.
         IF p_meta IS NOT NULL AND p_meta <> s_meta THEN
             IF position('\\x5c7530303030'::bytea IN s_meta) > 0 THEN
                 o_status := 'meta';
                 RETURN;
             END IF;
-            s_meta := convert_to((convert_from(s_meta, 'UTF8')::jsonb
-                || convert_from(p_meta, 'UTF8')::jsonb)::text, 'UTF8');
+            SELECT convert_to('{{' || coalesce(string_agg(to_json(m.key)::text || ':'
+                    || m.value::text, ',' ORDER BY m.ord), '') || '}}', 'UTF8')
+            INTO s_meta
+            FROM (SELECT s.key, coalesce(p.value, s.value) AS value, s.ord
+                  FROM json_each(convert_from(s_meta, 'UTF8')::json) WITH ORDINALITY
+                      AS s(key, value, ord)
+                  LEFT JOIN json_each(convert_from(p_meta, 'UTF8')::json) AS p(key, value)
+                      ON p.key = s.key
+                  UNION ALL
+                  SELECT p.key, p.value, 1000000000 + p.ord
+                  FROM json_each(convert_from(p_meta, 'UTF8')::json) WITH ORDINALITY
+                      AS p(key, value, ord)
+                  WHERE NOT EXISTS (SELECT 1 FROM json_each(convert_from(s_meta, 'UTF8')::json)
+                      AS q(key, value) WHERE q.key = p.key)) AS m;
         END IF;
         DELETE FROM axon_messages WHERE session_id = p_session AND idx >= p_start;
         UPDATE axon_sessions SET meta = s_meta, updated_at = now(),
