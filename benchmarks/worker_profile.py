@@ -26,6 +26,8 @@ Per turn, measured over the batch (until every turn is done and the process idle
   the worker's rounds a turn by window of 50 turns (its mode changes within a run); the
   context switches of the loop's thread and of the others (``/proc/self/task``): a
   voluntary one is a thread going to sleep, on a socket or on the GIL;
+* with ``--pin CPU``, the process's threads run on that CPU alone (the throwaway servers
+  started first, on every CPU): a worker's loop and store threads on one core;
 * with ``--cprofile FILE``, a cProfile of the loop's thread over the batch, kept in
   ``FILE`` (the worker's; ``FILE.embedded`` the embedded side's) and its top functions by
   own time printed (cProfile inflates small functions: read it for where, the
@@ -192,6 +194,17 @@ def switches() -> dict[str, tuple[int, int]]:
             invol + got.get("nonvoluntary_ctxt_switches", 0),
         )
     return out
+
+
+def pin_threads(cpus: set[int]) -> None:
+    """Every thread of this process on ``cpus`` (threads started later inherit it from the
+    one that starts them). The loop's thread and the store's threads then hand the GIL to
+    each other on one core, not across two (``--pin``; a deployment's ``taskset``)."""
+    import os
+
+    for entry in os.scandir("/proc/self/task"):
+        with contextlib.suppress(OSError):  # ended meanwhile
+            os.sched_setaffinity(int(entry.name), cpus)
 
 
 @contextlib.contextmanager
@@ -374,7 +387,19 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=40)
     parser.add_argument("--no-embedded", action="store_true")
     parser.add_argument("--no-worker", action="store_true")
+    parser.add_argument(
+        "--pin",
+        type=int,
+        default=None,
+        metavar="CPU",
+        help="run this process's threads on that CPU alone (the servers started first, free)",
+    )
     args = parser.parse_args()
+    if args.pin is not None:
+        from benchmarks.common import bench_server_urls
+
+        bench_server_urls()  # the throwaway servers start before the pin: not pinned
+        pin_threads({args.pin})
     from benchmarks.common import LogSink
 
     with tempfile.TemporaryDirectory(prefix="axon-wprof-log-") as logs:

@@ -83,3 +83,22 @@ def test_the_context_switches_of_the_loop_and_of_the_other_threads_are_read_apar
         thread.join()
     assert set(got) == {"loop", "threads"}
     assert got["threads"][0] >= 20  # its sleeps, each a voluntary switch
+
+
+def test_pinning_puts_every_thread_of_the_process_on_the_cpus_given() -> None:
+    """``--pin``: the threads running now and those they start later run on those CPUs."""
+    import os
+    import threading
+
+    was = os.sched_getaffinity(0)
+    cpu = min(was)
+    seen: list[set[int]] = []
+    try:
+        worker_profile.pin_threads({cpu})
+        thread = threading.Thread(target=lambda: seen.append(os.sched_getaffinity(0)))
+        thread.start()
+        thread.join()
+        assert os.sched_getaffinity(0) == {cpu}
+        assert seen == [{cpu}]
+    finally:
+        worker_profile.pin_threads(was)
