@@ -21,6 +21,13 @@ Per turn, measured over the batch (until every turn is done and the process idle
   :class:`benchmarks.task_steps.StepCounter` labels them: actors by name, other tasks by
   their Trio name), and the rest of the loop's CPU: the scheduler itself, its I/O waits
   and the instrument's own reads (about 1 µs a step);
+* the scheduler's rounds: those that could block (nothing runnable: the loop sleeps in
+  its I/O wait until a socket, a thread's result or a deadline), task steps a round, and
+  the worker's rounds a turn by window of 50 turns (its mode changes within a run); the
+  context switches of the loop's thread and of the others (``/proc/self/task``): a
+  voluntary one is a thread going to sleep, on a socket or on the GIL;
+* with ``--pin CPU``, the process's threads run on that CPU alone (the throwaway servers
+  started first, on every CPU): a worker's loop and store threads on one core;
 * with ``--cprofile FILE``, a cProfile of the loop's thread over the batch, kept in
   ``FILE`` (the worker's; ``FILE.embedded`` the embedded side's) and its top functions by
   own time printed (cProfile inflates small functions: read it for where, the
@@ -58,6 +65,12 @@ class CpuByTask(trio.abc.Instrument):
         self.cpu: collections.Counter[str] = collections.Counter()
         self.steps: collections.Counter[str] = collections.Counter()
         self.rounds = 0
+        self.blocked = 0
+        """Rounds whose I/O wait could block (a timeout above zero: no task was runnable,
+        the loop sleeps until a socket, a thread's result or a deadline wakes it)."""
+        self.marks: list[int] = []
+        """:attr:`rounds` at each turn's end (:meth:`turn_done`): the rounds of every
+        window of turns, to see the worker's mode change within a run."""
         self.on = False
         self._start = 0.0
 
@@ -77,6 +90,17 @@ class CpuByTask(trio.abc.Instrument):
     def before_io_wait(self, timeout: float) -> None:
         if self.on:
             self.rounds += 1
+            if timeout > 0:
+                self.blocked += 1
+
+    def turn_done(self) -> None:
+        if self.on:
+            self.marks.append(self.rounds)
+
+    def windows(self, size: int = 50) -> list[float]:
+        """Scheduler rounds a turn in each window of ``size`` turns ended, in order."""
+        marks = [0, *self.marks]
+        return [(marks[i + size] - marks[i]) / size for i in range(0, len(marks) - size, size)]
 
 
 class ThreadProfiles:
@@ -144,12 +168,52 @@ def thread_times() -> dict[str, tuple[float, float]]:
     return out
 
 
+def switches() -> dict[str, tuple[int, int]]:
+    """Voluntary and involuntary context switches so far of the event loop's thread
+    (``loop``) and of all the other threads together (``threads``), from
+    ``/proc/self/task/*/status``. A voluntary one is a thread going to sleep: the loop
+    in a blocking I/O wait, or either side waiting for the GIL the other holds."""
+    import os
+
+    me = os.getpid()
+    out: dict[str, tuple[int, int]] = {}
+    for entry in os.scandir("/proc/self/task"):
+        try:
+            lines = Path(entry.path, "status").read_text().splitlines()
+        except OSError:
+            continue
+        got = {
+            k: int(v)
+            for k, _, v in (line.partition(":\t") for line in lines)
+            if k.endswith("ctxt_switches")
+        }
+        kind = "loop" if int(entry.name) == me else "threads"
+        vol, invol = out.get(kind, (0, 0))
+        out[kind] = (
+            vol + got.get("voluntary_ctxt_switches", 0),
+            invol + got.get("nonvoluntary_ctxt_switches", 0),
+        )
+    return out
+
+
+def pin_threads(cpus: set[int]) -> None:
+    """Every thread of this process on ``cpus`` (threads started later inherit it from the
+    one that starts them). The loop's thread and the store's threads then hand the GIL to
+    each other on one core, not across two (``--pin``; a deployment's ``taskset``)."""
+    import os
+
+    for entry in os.scandir("/proc/self/task"):
+        with contextlib.suppress(OSError):  # ended meanwhile
+            os.sched_setaffinity(int(entry.name), cpus)
+
+
 @contextlib.contextmanager
 def measured(counter: CpuByTask, profile: cProfile.Profile | None) -> Any:
     """Counts on for the block; yields a dict filled with the CPU read around it."""
     got: dict[str, float] = {}
     trio.lowlevel.add_instrument(counter)
     threads = thread_times()
+    before = switches()
     main, process = time.thread_time(), time.process_time()
     counter.on = True
     counter._start = main  # the rest of this task's step counts as its own
@@ -166,6 +230,9 @@ def measured(counter: CpuByTask, profile: cProfile.Profile | None) -> Any:
         for kind, (user, system) in thread_times().items():
             was = threads.get(kind, (0.0, 0.0))
             got[f"{kind} user"], got[f"{kind} sys"] = user - was[0], system - was[1]
+        for kind, (vol, invol) in switches().items():
+            was_vol, was_invol = before.get(kind, (0, 0))
+            got[f"{kind} voluntary"], got[f"{kind} involuntary"] = vol - was_vol, invol - was_invol
         trio.lowlevel.remove_instrument(counter)
 
 
@@ -203,6 +270,7 @@ async def worker_side(
 
         async def _run_claim(self, entry: Any, slots: trio.Semaphore) -> None:
             await super()._run_claim(entry, slots)
+            counter.turn_done()
             if sum(self.done.values()) >= self.want:
                 self.reached.set()
 
@@ -266,6 +334,9 @@ def _summary(counter: CpuByTask, got: dict[str, float], done: dict[str, int]) ->
         "cpu": counter.cpu,
         "steps": counter.steps,
         "rounds": counter.rounds,
+        "blocked": counter.blocked,
+        "windows": counter.windows(),
+        "switches": {k: v for k, v in got.items() if k.endswith("voluntary")},
         "loop": got["loop"],
         "process": got["process"],
         "threads": {k: v for k, v in got.items() if k.endswith(("user", "sys"))},
@@ -284,6 +355,14 @@ def _print(title: str, got: dict[str, Any], turns: int) -> None:
     steps = sum(got["steps"].values()) / turns
     print(f"    task steps         {tasks * us:9.1f} us  ({steps:.1f})")
     print(f"scheduler rounds       {got['rounds'] / turns:9.1f}")
+    print(f"  that could block     {got['blocked'] / turns:9.1f}")
+    print(f"  task steps a round   {steps * turns / max(got['rounds'], 1):9.2f}")
+    if got["windows"]:
+        print("rounds a turn by 50 turns: " + " ".join(f"{w:.1f}" for w in got["windows"]))
+    print(
+        "context switches a turn: "
+        + ", ".join(f"{k} {v / turns:.1f}" for k, v in sorted(got["switches"].items()))
+    )
     print(
         "user / system, /proc: "
         + ", ".join(f"{k} {v * us:.0f}" for k, v in sorted(got["threads"].items()))
@@ -308,7 +387,19 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=40)
     parser.add_argument("--no-embedded", action="store_true")
     parser.add_argument("--no-worker", action="store_true")
+    parser.add_argument(
+        "--pin",
+        type=int,
+        default=None,
+        metavar="CPU",
+        help="run this process's threads on that CPU alone (the servers started first, free)",
+    )
     args = parser.parse_args()
+    if args.pin is not None:
+        from benchmarks.common import bench_server_urls
+
+        bench_server_urls()  # the throwaway servers start before the pin: not pinned
+        pin_threads({args.pin})
     from benchmarks.common import LogSink
 
     with tempfile.TemporaryDirectory(prefix="axon-wprof-log-") as logs:
