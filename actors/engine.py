@@ -123,7 +123,7 @@ class Engine(Actor):
     that was cancelled) are dropped.
     """
 
-    inbox_capacity = 512  # batches of up to MAX_BATCH chunks (runtime.inbox)
+    inbox_capacity = 128  # batches of up to MAX_RUN deltas (runtime.inbox)
 
     def __init__(
         self,

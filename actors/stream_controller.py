@@ -24,6 +24,7 @@ import trio
 from runtime import output as o
 from runtime.actor import Actor
 from runtime.actor_messages import (
+    MAX_BATCH,
     TEXT,
     ApprovalAsked,
     Batch,
@@ -64,12 +65,16 @@ one per delta, it was the costliest line of the controller (issue 24)."""
 _TEXT_DELTAS = column_builder(o.TextDelta, _DELTA_FIELDS, ("text", "seq"))
 """A :class:`~runtime.provider.TextRun`'s deltas, all at once: the slots written by ``map``
 for the whole run, not by a Python call a delta (0.38 -> 0.32 us a delta)."""
+_PIECE = MAX_BATCH
+"""The most deltas of a run built before they go to the consumer: a run of more (up to
+:data:`~runtime.inbox.MAX_RUN`) goes as pieces of this many, with a schedule point
+between, so that no more chunk objects are in flight than a batch holds (issue 24)."""
 
 
 class StreamController(Actor):
     """Per-session actor: raw items in, :data:`~runtime.output.OutputChunk` s out."""
 
-    inbox_capacity = 512  # batches of up to MAX_BATCH chunks (runtime.inbox)
+    inbox_capacity = 128  # batches of up to MAX_RUN deltas (runtime.inbox)
 
     def __init__(self, *, session_id: str, name: str = "stream-controller") -> None:
         super().__init__(name=name, session_id=session_id)
@@ -105,6 +110,12 @@ class StreamController(Actor):
             if t is TextRun:  # each of its texts a delta of its own, in order
                 texts = item.texts
                 k = len(texts)
+                if k > _PIECE:  # built and sent a piece at a time (see _PIECE)
+                    self.seq = seq
+                    await self._run_pieces(texts, out, deltas_only)
+                    out, deltas_only = [], True
+                    append, seq = out.append, self.seq
+                    continue
                 seqs = range(seq + 1, seq + 1 + k)
                 out += text_deltas(k, step, part_id, texts, seqs, sid, turn_id)
                 seq += k
@@ -127,6 +138,28 @@ class StreamController(Actor):
         if done is not None:
             self._done = None
             await self._hand_over(done)
+
+    async def _run_pieces(self, texts: list[str], out: list[Any], deltas_only: bool) -> None:
+        """A run of more than :data:`_PIECE` deltas: ``out`` (what the batch made so far)
+        with its first piece's deltas, sent; then each further piece's, after a schedule
+        point. The same chunks, in the same order, as one build of the whole run; ``seq``
+        is stored before each send, so the state is never behind what was sent."""
+        seq, step, part_id = self.seq, self._step, self._open_id
+        sid, turn_id = self.session_id or "", self._turn_id
+        k = len(texts)
+        for start in range(0, k, _PIECE):
+            piece = texts[start : start + _PIECE]
+            n = len(piece)
+            seqs = range(seq + 1, seq + 1 + n)
+            out += _TEXT_DELTAS(n, step, part_id, piece, seqs, sid, turn_id)
+            seq += n
+            self.seq = seq
+            await self._emit(out, deltas_only)
+            if start + _PIECE < k:
+                # the consumer takes this piece before the next is built (cancel-shielded:
+                # the batch is handled whole, as one without pieces is)
+                await trio.lowlevel.cancel_shielded_checkpoint()
+                out, deltas_only = [], True
 
     async def _hand_over(self, done: TurnDone) -> None:
         """The turn's result to its consumer, after every chunk; then close the inbox.

@@ -22,7 +22,7 @@ import attrs
 import trio
 
 from runtime.chunks import Usage, _eq, _hash, _repr
-from runtime.inbox import MAX_BATCH, Batch, Batcher, Inbox
+from runtime.inbox import MAX_BATCH, MAX_RUN, Batch, Batcher, Inbox
 from runtime.messages import Message, Part, UserContent, UserMessage
 from runtime.output import ErrorInfo, OutputChunk, TurnResult
 from runtime.provider import InferRequest, StreamFailed
@@ -548,6 +548,7 @@ class SessionSnapshot:
 
 __all__ = [
     "MAX_BATCH",
+    "MAX_RUN",
     "REASONING",
     "TEXT",
     "ApprovalAsked",

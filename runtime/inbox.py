@@ -328,6 +328,18 @@ carry chunk batches (the engine's, its output, the stream controller's, a turn's
 consumer) were halved with it, so what a stalled receiver can hold up, capacity times
 ``MAX_BATCH``, did not grow."""
 
+MAX_RUN = 512
+"""Most text deltas one :class:`Batch` of :class:`~runtime.provider.TextRun` s carries
+(still at most :data:`MAX_BATCH` items): a run's deltas are strings, not objects, until
+the stream controller makes each its ``text-delta`` chunk, which it does
+:data:`MAX_BATCH` at a time with a schedule point between (so no more chunk objects are
+in flight at a young collection than before). Why (issue 24 goal 1): each batch costs
+the provider a yield and each stage it crosses (engine, turn runner, controller) an
+inbox put, a get and a scheduler round, ~0.2 us a delta of a fast stream at 128 deltas
+a batch. The inboxes that carry such batches hold a quarter of the batches they did, so
+what a stalled receiver can hold up, capacity times the deltas of a batch, did not
+grow."""
+
 
 class BatchSink(Protocol[T]):
     """Where a :class:`Batcher` puts its batches: any inbox that takes ``Batch[T]``
@@ -418,10 +430,10 @@ class Batcher(Generic[T]):
         yields (after the first batch, and when the receiver left a batch waiting).
 
         ``whole``: ``items`` hold more than one stream item each (a
-        :class:`~runtime.provider.TextRun` of up to :data:`MAX_BATCH` deltas), so they go
+        :class:`~runtime.provider.TextRun` of up to :data:`MAX_RUN` deltas), so they go
         in batches of their own, never merged with a waiting batch nor it with them: a
         batch then carries one producer's batch, and what a stalled receiver holds up is
-        still its capacity times about :data:`MAX_BATCH` deltas, not that many runs."""
+        still its capacity times about :data:`MAX_RUN` deltas, not that many runs."""
         if not items:
             return
         limit = self.max_items

@@ -107,7 +107,7 @@ class TextRun:
     deltas, the same part boundaries, the same stored text.
 
     ``texts`` are not empty and are no refusal (a provider sends those as text chunks),
-    at most :data:`~runtime.inbox.MAX_BATCH` of them; a run never spans two parts (the
+    at most :data:`~runtime.inbox.MAX_RUN` of them; a run never spans two parts (the
     provider ends it where it sees a new block). The list is the run's own: nobody
     changes it once sent."""
 

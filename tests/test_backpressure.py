@@ -150,13 +150,15 @@ async def test_a_network_read_of_deltas_crosses_each_stage_as_one_batch():
 
 
 async def test_what_a_stalled_receiver_holds_up_did_not_grow_with_the_batches():
-    """The inboxes that carry chunk batches were halved as the batches doubled: capacity
-    times MAX_BATCH (what a receiver that stops reading can hold up) is as before."""
+    """The inboxes that carry chunk batches were halved as the batches doubled, and
+    quartered for batches of text runs (MAX_RUN deltas): capacity times the deltas of a
+    batch (what a receiver that stops reading can hold up) is as before."""
     import inspect
 
     from actors.engine import Engine
     from actors.stream_controller import StreamController
     from runtime.app.session import TurnStream
+    from runtime.inbox import MAX_RUN
 
     agent = Agent(provider=ScriptedProvider(["Hi."]))
     async with Host.open(log_tap=False) as host:
@@ -165,9 +167,9 @@ async def test_what_a_stalled_receiver_holds_up_did_not_grow_with_the_batches():
         runner = session.runner
         assert runner is not None
         held = {
-            "engine": Engine.inbox_capacity * MAX_BATCH,
-            "engine-output": runner.stream_inbox.capacity * MAX_BATCH,
-            "stream-controller": StreamController.inbox_capacity * MAX_BATCH,
+            "engine": Engine.inbox_capacity * MAX_RUN,
+            "engine-output": runner.stream_inbox.capacity * MAX_RUN,
+            "stream-controller": StreamController.inbox_capacity * MAX_RUN,
             "consumer": inspect.signature(TurnStream).parameters["capacity"].default * MAX_BATCH,
         }
     assert held == {

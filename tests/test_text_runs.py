@@ -9,6 +9,7 @@ from typing import Any
 
 import attrs
 import trio
+import trio.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -17,7 +18,7 @@ from actors.providers.openai import OpenAIProvider
 from actors.providers.read_batch import ReadBatch
 from benchmarks.sse import anthropic_body, delta_texts, openai_body
 from runtime import ProviderDataChunk, ReasoningChunk, TextChunk
-from runtime.inbox import MAX_BATCH, Batch, Batcher, Inbox
+from runtime.inbox import MAX_BATCH, MAX_RUN, Batch, Batcher, Inbox
 from runtime.provider import TextRun
 from tests.support.grammar import check_grammar
 from tests.support.loopback import Reply, loopback_server
@@ -119,12 +120,28 @@ async def test_a_read_batch_sends_a_run_when_its_deltas_fill_a_batch():
     sink = _Sink()
     out = ReadBatch(sink, runs=True)
 
-    await out.text_list(["first"] + ["t"] * (MAX_BATCH + 5))
+    await out.text_list(["first"] + ["t"] * (MAX_RUN + 5))
     sent_before_the_flush = len(sink.calls)
     await out.flush()
 
     assert sent_before_the_flush == 2
-    assert [len(items[0].texts) for items, _ in sink.calls[1:]] == [MAX_BATCH, 5]
+    assert [len(items[0].texts) for items, _ in sink.calls[1:]] == [MAX_RUN, 5]
+
+
+async def test_a_read_batch_with_runs_is_full_at_max_batch_items_too():
+    """Runs carry up to MAX_RUN deltas a batch, but no more objects than MAX_BATCH are
+    sent before the provider yields (the young collections, issue 24)."""
+    out = ReadBatch(_Sink(), runs=True)
+    await out.text_list(["first"])
+    await out.flush()
+    for _ in range(MAX_BATCH // 2 - 1):
+        out.texts(["t"], 0)
+        out.add(ProviderDataChunk(provider="anthropic", data={}))
+    assert not out.urgent
+    out.texts(["t"], 0)
+    assert not out.urgent and len(out.out) == MAX_BATCH - 1
+    out.add(ProviderDataChunk(provider="anthropic", data={}))
+    assert out.urgent
 
 
 async def test_a_run_and_the_chunks_of_the_read_before_it_count_toward_one_batch():
@@ -133,9 +150,9 @@ async def test_a_run_and_the_chunks_of_the_read_before_it_count_toward_one_batch
     await out.flush()
     out.add(ProviderDataChunk(provider="anthropic", data={}))
 
-    stop = out.texts(["t"] * MAX_BATCH, 0)
+    stop = out.texts(["t"] * MAX_RUN, 0)
 
-    assert stop == MAX_BATCH - 1
+    assert stop == MAX_RUN - 1
     assert out.urgent
 
 
@@ -235,3 +252,143 @@ async def test_the_openai_provider_sends_a_request_that_takes_runs_the_same_delt
 
     assert runs == chunks == delta_texts(600)
     assert count > 0 and none == 0
+
+
+# -- the stream controller: a run longer than a batch, in pieces ------------------------------
+
+_LONG_ITEMS = st.lists(
+    st.one_of(
+        st.builds(
+            TextRun,
+            texts=st.integers(1, 3 * MAX_BATCH + 7).map(lambda n: [f"w{i} " for i in range(n)]),
+        ),
+        st.builds(TextChunk, text=st.sampled_from(["a", "b c"])),
+        st.builds(ReasoningChunk, text=st.sampled_from(["r", "s t"])),
+        st.sampled_from(["text-begin", "text-end", "reasoning-begin", "step", "object"]),
+    ),
+    max_size=10,
+)
+
+
+class _Bus:
+    """A bus with a subscriber for every chunk: what the controller publishes."""
+
+    def __init__(self) -> None:
+        self.published: list[Any] = []
+
+    def has_subscribers(self) -> bool:
+        return True
+
+    def wants(self, kind: Any, session_id: Any) -> bool:
+        return True
+
+    async def publish(self, chunk: Any) -> None:
+        self.published.append(chunk)
+
+
+def _raw(items: list[Any], runs: bool) -> list[Any]:
+    """The controller's raw items for ``items`` (a marker string named): with ``runs``
+    the runs as they are, else a text chunk per delta."""
+    from runtime.actor_messages import ObjectUpdate, PartBegin, PartEnd, StepBegin
+
+    out: list[Any] = []
+    for n, item in enumerate(items):
+        if item == "text-begin":
+            out.append(PartBegin(kind="text", part_id=f"p{n}"))
+        elif item == "reasoning-begin":
+            out.append(PartBegin(kind="reasoning", part_id=f"p{n}"))
+        elif item == "text-end":
+            out.append(PartEnd(kind="text", part_id=f"p{n - 1}"))
+        elif item == "step":
+            out.append(StepBegin(step=n))
+        elif item == "object":
+            out.append(ObjectUpdate(part_id=f"p{n}", value={"n": n}))
+        elif type(item) is TextRun and not runs:
+            out += [TextChunk(text=t) for t in item.texts]
+        else:
+            out.append(item)
+    return out
+
+
+async def _rendered(batches: list[list[Any]]) -> tuple[list[list[Any]], list[Any]]:
+    """What a stream controller hands its consumer for ``batches``, batch by batch, and
+    what it publishes on the bus."""
+    from actors.stream_controller import StreamController
+    from runtime.actor_messages import TurnBegin
+
+    consumer: Inbox[Any] = Inbox(10_000)
+    ctrl = StreamController(session_id="s")
+    bus = _Bus()
+    ctrl.bus = bus  # type: ignore[assignment]
+    begin: Batch[Any] = Batch(None)
+    begin.append(TurnBegin(turn_id="t", message_id="m", consumer=consumer))
+    await ctrl.handle(begin)
+    for items in batches:
+        batch: Batch[Any] = Batch(None)
+        batch.extend(items)
+        await ctrl.handle(batch)
+    got = []
+    while len(consumer):
+        got.append(list(consumer.get_nowait()))
+    return got, bus.published
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(_LONG_ITEMS, min_size=1, max_size=3))
+def test_a_run_longer_than_a_batch_renders_as_the_same_chunks_as_text_chunks(batches):
+    """A run of more deltas than a batch takes is built and sent a piece at a time: the
+    consumer and the bus get the same chunks (classes, fields, seqs, order) as from a
+    text chunk per delta, and no batch of the consumer's holds more than MAX_BATCH."""
+    fast, fast_bus = trio.run(_rendered, [_raw(b, runs=True) for b in batches])
+    slow, slow_bus = trio.run(_rendered, [_raw(b, runs=False) for b in batches])
+
+    flat = [c for b in fast for c in b]
+    assert flat == [c for b in slow for c in b]
+    assert [type(c) for c in flat] == [type(c) for b in slow for c in b]
+    assert fast_bus == slow_bus == flat
+    assert all(len(b) <= MAX_BATCH for b in fast)
+
+
+async def test_a_long_run_reaches_the_consumer_a_batch_at_a_time():
+    """The pieces of a run go to the consumer with a schedule point between: it takes
+    the first before the last is built, each at most MAX_BATCH chunks."""
+    from actors.stream_controller import StreamController
+    from runtime.actor_messages import PartBegin, TurnBegin
+
+    texts = [f"w{i} " for i in range(MAX_RUN)]
+    consumer: Inbox[Any] = Inbox(10_000)
+    ctrl = StreamController(session_id="s")
+    begin: Batch[Any] = Batch(None)
+    begin.append(TurnBegin(turn_id="t", message_id="m", consumer=consumer))
+    await ctrl.handle(begin)
+    consumer.get_nowait().taken = True  # the start chunk (a consumer marks what it took)
+    batch: Batch[Any] = Batch(None)
+    batch.extend([PartBegin(kind="text", part_id="p"), TextRun(texts=texts)])
+    seen: list[tuple[int, int]] = []  # (chunks, the controller's seq) as each batch came
+
+    async def consume() -> None:
+        while sum(n for n, _ in seen) < 1 + MAX_RUN:
+            got = await consumer.get()
+            got.taken = True
+            seen.append((len(got), ctrl.seq))
+
+    with trio.fail_after(5):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(consume)
+            await trio.testing.wait_all_tasks_blocked()
+            await ctrl.handle(batch)
+
+    assert max(n for n, _ in seen) <= MAX_BATCH
+    assert seen[0][1] < ctrl.seq  # the first piece was taken before the last was built
+    assert sum(n for n, _ in seen) == 1 + MAX_RUN
+
+
+async def test_a_turn_with_runs_longer_than_a_batch_streams_and_stores_the_same():
+    items = [TextRun(texts=[f"w{i} " for i in range(n)]) for n in (MAX_BATCH + 1, MAX_RUN, 3)]
+
+    runs, _, stored = await run_and_reload([items])
+    chunks, _, stored_chunks = await run_and_reload([_as_chunks(items)])
+
+    check_grammar(runs, ending="finish")
+    assert _shape(runs) == _shape(chunks)
+    assert stored_parts(stored.content) == stored_parts(stored_chunks.content)

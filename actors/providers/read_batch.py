@@ -35,7 +35,11 @@ runner's), a run of text deltas read through a slot (:meth:`ReadBatch.texts`) go
 one :class:`~runtime.provider.TextRun` instead of a ``TextChunk`` each: the same deltas,
 each still its own ``text-delta`` chunk in the stream, without an object per delta in the
 stages before the stream controller (issue 24 goal 1). A full batch counts the run's
-deltas, not the run, so the batches and the yields after them are the same.
+deltas, not the run: a batch with runs is full at :data:`~runtime.inbox.MAX_RUN`
+deltas (or :data:`~runtime.actor_messages.MAX_BATCH` items), and the yield after a full
+batch is then one per up to 512 deltas, not 128: the deltas in flight are strings until
+the stream controller builds their chunks, which it does 128 at a time with a yield
+between (issue 24 goal 1).
 """
 
 from __future__ import annotations
@@ -45,7 +49,7 @@ from typing import Any
 
 import trio
 
-from runtime.actor_messages import MAX_BATCH
+from runtime.actor_messages import MAX_BATCH, MAX_RUN
 from runtime.chunks import TextChunk
 from runtime.fastbuild import slot_builder
 from runtime.provider import Emit, TextRun, emit_all
@@ -58,12 +62,24 @@ one per delta of the stream, for half of what ``__init__`` costs."""
 class ReadBatch:
     """Chunks of the current read, waiting to be sent; :attr:`urgent` says "flush now"."""
 
-    __slots__ = ("_coalesce", "_emit", "_extra", "_first", "_run", "_runs", "out", "urgent")
+    __slots__ = (
+        "_coalesce",
+        "_emit",
+        "_extra",
+        "_first",
+        "_most",
+        "_run",
+        "_runs",
+        "out",
+        "urgent",
+    )
 
     def __init__(self, emit: Emit, *, coalesce: bool = False, runs: bool = False) -> None:
         self._emit = emit
         self._coalesce = coalesce
         self._runs = runs
+        self._most = MAX_RUN if runs else MAX_BATCH
+        """The deltas of a full batch (:data:`~runtime.inbox.MAX_RUN` with runs)."""
         self._first = True
         self._run: list[str] = []
         self.out: list[Any] = []
@@ -85,7 +101,7 @@ class ReadBatch:
         else:
             out = self.out
             out.append(_TEXT(text, False))
-            if len(out) + self._extra >= MAX_BATCH:
+            if self._full():
                 self.urgent = True
 
     async def text_list(self, texts: Sequence[str]) -> None:
@@ -114,7 +130,7 @@ class ReadBatch:
                     if self.urgent:
                         break
             return i
-        room = MAX_BATCH - len(self.out) - self._extra
+        room = self._most - len(self.out) - self._extra
         j = n
         if n - i >= room:
             j = i + room
@@ -124,6 +140,8 @@ class ReadBatch:
             if run:
                 self.out.append(TextRun(texts=run))
                 self._extra += len(run) - 1
+                if len(self.out) >= MAX_BATCH:
+                    self.urgent = True
         else:
             build = _TEXT
             self.out += [build(text, False) for text in texts[i:j] if text]
@@ -133,8 +151,15 @@ class ReadBatch:
         """Any other chunk: it ends the text run and takes its place in the order."""
         self.end_run()
         self.out.append(chunk)
-        if len(self.out) + self._extra >= MAX_BATCH:
+        if self._full():
             self.urgent = True
+
+    def _full(self) -> bool:
+        """Whether :attr:`out` is a full batch: :data:`~runtime.actor_messages.MAX_BATCH`
+        items, or as many deltas as a batch takes (:attr:`_most`, its runs' deltas each
+        counted)."""
+        size = len(self.out)
+        return size >= MAX_BATCH or size + self._extra >= self._most
 
     def end_run(self) -> None:
         """The text run so far becomes one chunk (the next text starts a new one)."""
@@ -149,14 +174,14 @@ class ReadBatch:
         out = self.out
         self.urgent = False
         if out:
-            size, extra = len(out), self._extra
+            full, extra = self._full(), self._extra
             self.out, self._extra = [], 0
             send_all = getattr(self._emit, "send_all", None) if extra else None
             if send_all is not None:  # runs: batches of their own (Batcher.send_all)
                 await send_all(out, whole=True)
             else:
                 await emit_all(self._emit, out)
-            if size + extra >= MAX_BATCH:
+            if full:
                 # A full batch: the actors after the provider get their turn before it
                 # parses on (see the module).
                 await trio.lowlevel.checkpoint()

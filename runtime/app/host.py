@@ -553,7 +553,7 @@ class Host:
             self._tool_source = partial(agent_tools, self.mcp_servers)
         if agent.mcp_servers:  # started once per host, shared by sessions (actors.mcp)
             await start_servers(self.mcp_servers, self, agent)
-        stream_inbox: Inbox[Batch[Any]] = Inbox(512, "block", name="engine-output")
+        stream_inbox: Inbox[Batch[Any]] = Inbox(128, "block", name="engine-output")  # MAX_RUN
         engine = Engine(stream_inbox, tags=agent.think_tags, session_id=sid)
         controller = StreamController(session_id=sid)
         runner = TurnRunner(
