@@ -26,6 +26,7 @@ from actors.providers import anthropic, openai
 from actors.providers.json_slot import StringSlot, TwoStringSlot, learn
 from runtime.chunks import TextChunk
 from runtime.provider import TextRun
+from tests.support.chunk_sink import ChunkSink
 
 _STRING = st.one_of(
     st.text(max_size=8),
@@ -391,17 +392,6 @@ class _Stream:
         raise AssertionError("read from the bytes")
 
 
-class _Sink:
-    def __init__(self) -> None:
-        self.chunks: list[Any] = []
-
-    async def __call__(self, chunk: Any) -> None:
-        self.chunks.append(chunk)
-
-    async def send_all(self, chunks: Any, *, whole: bool = False) -> None:
-        self.chunks += chunks
-
-
 def _spread(chunks: list[Any]) -> list[Any]:
     """``chunks`` with each :class:`~runtime.provider.TextRun` as a text chunk a delta."""
     out: list[Any] = []
@@ -438,7 +428,7 @@ def test_anthropic_reads_the_same_chunks_with_slots(spaced: bool, blocks: Any) -
     body = _anthropic_body(blocks, spaced)
 
     async def read(texts: bool) -> list[Any]:
-        sink = _Sink()
+        sink = ChunkSink()
         batches = anthropic.json_event_batches(_Stream(body), texts=texts)
         await anthropic.parse_batches(batches, sink)
         return sink.chunks
@@ -453,7 +443,7 @@ def test_anthropic_reads_the_same_deltas_as_runs(blocks: Any) -> None:
     body = _anthropic_body(blocks, False)
 
     async def read(runs: bool) -> list[Any]:
-        sink = _Sink()
+        sink = ChunkSink()
         batches = anthropic.json_event_batches(_Stream(body), texts=True)
         await anthropic.parse_batches(batches, sink, runs=runs)
         return sink.chunks
@@ -481,7 +471,7 @@ def test_openai_reads_the_same_chunks_with_slots(texts: list[str], every: int) -
     body = _openai_body(texts, every)
 
     async def read(with_slots: bool) -> list[Any]:
-        sink = _Sink()
+        sink = ChunkSink()
         batches = openai.json_chunk_batches(_Stream(body), texts=with_slots)
         await openai.parse_batches(batches, sink)
         return sink.chunks
@@ -490,7 +480,7 @@ def test_openai_reads_the_same_chunks_with_slots(texts: list[str], every: int) -
 
 
 async def _openai_chunks(body: bytes, with_slots: bool) -> list[Any]:
-    sink = _Sink()
+    sink = ChunkSink()
     batches = openai.json_chunk_batches(_Stream(body), texts=with_slots)
     await openai.parse_batches(batches, sink)
     return sink.chunks
@@ -509,7 +499,7 @@ def test_openai_reads_the_same_deltas_as_runs(texts: list[str], pads: Any) -> No
     body = _openai_body(texts, 0, pads or None)
 
     async def read(runs: bool) -> list[Any]:
-        sink = _Sink()
+        sink = ChunkSink()
         batches = openai.json_chunk_batches(_Stream(body), texts=True)
         await openai.parse_batches(batches, sink, runs=runs)
         return sink.chunks

@@ -27,6 +27,7 @@ from actors.providers.json_slot import learn
 from actors.providers.sse import SSEDecoder
 from runtime.chunks import TextChunk
 from runtime.provider import TextRun
+from tests.support.chunk_sink import ChunkSink
 
 _TEXT = st.one_of(
     st.text(max_size=6),
@@ -163,17 +164,7 @@ def _texts_of(chunks: list[Any]) -> list[Any]:
 
 
 async def _parsed(chunks: list[bytes], texts: bool) -> list[Any]:
-    class Sink:
-        def __init__(self) -> None:
-            self.chunks: list[Any] = []
-
-        async def __call__(self, chunk: Any) -> None:
-            self.chunks.append(chunk)
-
-        async def send_all(self, chunks: Any, *, whole: bool = False) -> None:
-            self.chunks += chunks
-
-    sink = Sink()
+    sink = ChunkSink()
     try:
         batches = anthropic.json_event_batches(_Stream(chunks), texts=texts)
         await anthropic.parse_batches(batches, sink, runs=texts)
@@ -301,17 +292,9 @@ def test_openai_lines_read_the_chunks_and_texts_the_events_read(chunks: list[byt
 
 async def _parsed_openai(chunks: list[bytes], texts: bool) -> list[Any]:
     out: list[Any] = []
-
-    class Sink:
-        async def __call__(self, chunk: Any) -> None:
-            out.append(chunk)
-
-        async def send_all(self, chunks: Any, *, whole: bool = False) -> None:
-            out.extend(chunks)
-
     try:
         batches = openai.json_chunk_batches(_Stream(chunks), texts=texts)
-        await openai.parse_batches(batches, Sink(), runs=texts)
+        await openai.parse_batches(batches, ChunkSink(out), runs=texts)
     except Exception as exc:
         out.append(f"{type(exc).__name__}: {exc}")
     return _texts_of(out)
