@@ -150,3 +150,36 @@ async def test_a_turn_on_sqlite_asks_the_version_outside_any_bound(tmp_path, mon
         assert counted_trio.bounds == 1
         await session.run("y")
         assert counted_trio.bounds == 2
+
+
+async def test_the_log_tap_makes_the_events_waiting_together_in_one_step(tmp_path):
+    """The log tap (at ``info``, no window: an embedded host's) makes the events already
+    waiting behind the one it woke for in the same step: a turn's lifecycle events come
+    two or three in a round (its start and first step's; its step's end and message), and
+    it took a step each (six a one-delta turn, three or four now). Every line is still
+    written, each before the tap waits again."""
+    import io
+    import json
+
+    from runtime.logging import configure_logging
+
+    out = io.StringIO()
+    configure_logging("info", stream=out)
+    try:
+        agent = Agent(provider=ScriptedProvider(turns=[[["hi"]]] * 9))
+        async with Host.open(store=str(tmp_path / "s.db")) as host:
+            warm = await host.open_session(agent, session_id="warm")
+            await warm.run("x")
+            await warm.close()
+            before = out.getvalue().count("\n")
+            with counted() as steps:
+                for n in range(8):
+                    session = await host.open_session(agent, session_id=f"s{n}")
+                    await session.run("x")
+                    await session.close()
+            lines = out.getvalue().splitlines()[before:]
+    finally:
+        configure_logging("warning")
+    kinds = [json.loads(line)["event"] for line in lines]
+    assert kinds.count("turn.finished") == 8 and kinds.count("session.saved") == 8, kinds
+    assert steps.by_actor()["log-tap"] <= 8 * 4, steps.by_actor()  # 8 * 6 before
