@@ -145,11 +145,18 @@ class Actor:
         """Handle messages until the inbox is closed and drained (or the actor rests)."""
         inbox = self.inbox
         get = inbox.take if self.handling_waits else inbox.get
+        # The task's first message is taken without a schedule point of its own: the
+        # task was just scheduled (started, or restarted after its backoff), so a yield
+        # here would only cost a task step more. A session's engine and stream controller
+        # start with their turn's first message waiting (Host.wake), and handle it in
+        # their first step (issue 24 goal 1).
+        receive = inbox.take
         while True:
             try:
-                message = await get()
+                message = await receive()
             except trio.EndOfChannel:
                 return
+            receive = get
             if message is REST:
                 if self._rest():
                     return

@@ -7,6 +7,7 @@ from __future__ import annotations
 import collections
 
 import trio
+import trio.testing
 
 from actors.providers.scripted import ScriptedProvider
 from runtime import Agent, Host
@@ -177,9 +178,55 @@ async def test_the_log_tap_makes_the_events_waiting_together_in_one_step(tmp_pat
                     session = await host.open_session(agent, session_id=f"s{n}")
                     await session.run("x")
                     await session.close()
-            lines = out.getvalue().splitlines()[before:]
+        lines = out.getvalue().splitlines()[before:]  # (the host drained its tap)
     finally:
         configure_logging("warning")
     kinds = [json.loads(line)["event"] for line in lines]
     assert kinds.count("turn.finished") == 8 and kinds.count("session.saved") == 8, kinds
     assert steps.by_actor()["log-tap"] <= 8 * 4, steps.by_actor()  # 8 * 6 before
+
+
+async def test_a_session_s_engine_and_controller_take_their_first_message_as_they_start(
+    tmp_path,
+):
+    """A session's actors rest between its turns; its engine and stream controller are
+    started from the turn runner's first step, so they start with their first message
+    (the model call's, the turn's start) waiting and handle it in their first step:
+    four and five steps a one-delta turn of a fresh session (five and six on main, a
+    step to start and wait, then one for the message)."""
+    agent = Agent(provider=ScriptedProvider(turns=[[["hi"]]] * 9))
+    async with Host.open(store=str(tmp_path / "s.db"), log_tap=False) as host:
+        warm = await host.open_session(agent, session_id="warm")
+        await warm.run("x")
+        await warm.close()
+        with counted() as steps:
+            for n in range(8):
+                session = await host.open_session(agent, session_id=f"s{n}")
+                result = await session.run("x")
+                assert result.message.text == "hi"
+                await session.close()
+    by = steps.by_actor()
+    assert (by["engine"], by["stream-controller"]) == (8 * 4, 8 * 5), by
+
+
+async def test_an_actor_handles_the_message_waiting_at_its_start_in_its_first_step():
+    """The first ``get`` of an actor's task takes a waiting message without a schedule
+    point of its own (the task was just scheduled); later ones keep theirs."""
+    from runtime.actor import Actor
+
+    seen: list[str] = []
+
+    class Echo(Actor):
+        async def handle(self, message: str) -> None:
+            seen.append(message)
+
+    echo = Echo(name="echo")
+    echo.inbox.put_nowait("a")
+    echo.inbox.put_nowait("b")
+    with counted() as steps:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(echo.run, name="echo-run")
+            await trio.testing.wait_all_tasks_blocked()
+            assert seen == ["a", "b"]
+            echo.stop()
+    assert steps.named("echo-run") == 3  # "a" at the start; "b" after a yield; the end

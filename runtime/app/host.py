@@ -579,11 +579,35 @@ class Host:
     def wake(self, session: Session) -> None:
         """Start the session's resting actors, before its turn is sent to them (without
         yielding: the caller starts the turn in the same step). An idle session's actors
-        rest (:meth:`rest`): ten thousand idle sessions hold no task and no channel."""
+        rest (:meth:`rest`): ten thousand idle sessions hold no task and no channel.
+
+        The engine's and the stream controller's tasks are started from the turn
+        runner's first step, before it takes the turn: they run from the next round, when
+        the runner has sent each its first message (the model call's, the turn's start),
+        and take it in their first step. Started beside the runner, each took a step to
+        wait and another for the message (issue 24 goal 1)."""
+        runner: Actor | None = None
+        waking: list[Actor] = []
         for actor in session.actors:
             if actor.resting and not actor.inbox.closed:
                 actor.resting = False
-                self.nursery.start_soon(self._supervise, actor, None)
+                if actor is session.runner:
+                    runner = actor
+                else:
+                    waking.append(actor)
+        if runner is not None and waking:
+            self.nursery.start_soon(self._supervise_first, runner, waking)
+            return
+        if runner is not None:
+            waking.append(runner)
+        for actor in waking:
+            self.nursery.start_soon(self._supervise, actor, None)
+
+    async def _supervise_first(self, actor: Actor, others: list[Actor]) -> None:
+        """Start ``others`` (their tasks run from the next round), then run ``actor``."""
+        for other in others:
+            self.nursery.start_soon(self._supervise, other, None)
+        await self._supervise(actor, None)
 
     def rest(self, session: Session) -> None:
         """Let the session's actors rest, now that no turn runs or waits: each ends its
