@@ -127,6 +127,7 @@ class StreamController(Actor):
         if done is not None:
             self._done = None
             await self._hand_over(done)
+            self.turn_ended = True  # it may rest now (Actor.rests_after_turn)
 
     async def _hand_over(self, done: TurnDone) -> None:
         """The turn's result to its consumer, after every chunk; then close the inbox.

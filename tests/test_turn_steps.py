@@ -42,9 +42,10 @@ async def test_a_turn_starts_its_first_model_call_in_the_runner_s_first_step(tmp
     version query and the check that the turn was not cancelled before it began take no
     schedule point, nor does taking the RunTurn found in its inbox. Its steps: its start
     and the turn up to the model call, the delta, the finish (then waiting for the
-    save), the turn's end, its rest."""
+    save), the turn's end and its rest (in that step: it rests as its turn ends when no
+    other turn waits, issue 24 goal 1; a step of its own before)."""
     steps = await _one_delta_turn(tmp_path)
-    assert _runner(steps) == 5, steps.by_actor()
+    assert _runner(steps) == 4, steps.by_actor()
 
 
 async def test_a_turn_s_consumer_takes_its_result_without_a_schedule_point(tmp_path):
@@ -68,8 +69,9 @@ async def test_a_turn_s_consumer_takes_its_result_without_a_schedule_point(tmp_p
 async def test_a_turn_s_start_and_first_step_reach_the_controller_in_one_batch(tmp_path):
     """The runner sends ``TurnBegin`` and the first ``StepBegin`` in one step, so the
     controller wakes once for both, in every turn (it woke twice in about half of them
-    while the runner yielded between the two): five steps a one-delta turn of a session,
-    one of them for both starts, in every turn (42-43 for these eight turns on main)."""
+    while the runner yielded between the two): four steps a one-delta turn of a session,
+    one of them for both starts, in every turn (42-43 for these eight turns before; five
+    a turn before its rest joined the step of the turn's end)."""
     agent = Agent(provider=ScriptedProvider(turns=[[["hi"]]] * 9))
     async with Host.open(store=str(tmp_path / "s.db"), log_tap=False) as host:
         session = await host.open_session(agent, session_id="s")
@@ -77,7 +79,7 @@ async def test_a_turn_s_start_and_first_step_reach_the_controller_in_one_batch(t
         with counted() as steps:
             for _ in range(8):
                 await session.run("x")
-    assert steps.by_actor()["stream-controller"] == 8 * 5, steps.by_actor()
+    assert steps.by_actor()["stream-controller"] == 8 * 4, steps.by_actor()
 
 
 class _CountedBounds:
@@ -192,8 +194,8 @@ async def test_a_session_s_engine_and_controller_take_their_first_message_as_the
     """A session's actors rest between its turns; its engine and stream controller are
     started from the turn runner's first step, so they start with their first message
     (the model call's, the turn's start) waiting and handle it in their first step:
-    four and five steps a one-delta turn of a fresh session (five and six on main, a
-    step to start and wait, then one for the message)."""
+    four steps each a one-delta turn of a fresh session (five and six before: a step to
+    start and wait, then one for the message; and the controller's rest)."""
     agent = Agent(provider=ScriptedProvider(turns=[[["hi"]]] * 9))
     async with Host.open(store=str(tmp_path / "s.db"), log_tap=False) as host:
         warm = await host.open_session(agent, session_id="warm")
@@ -206,7 +208,27 @@ async def test_a_session_s_engine_and_controller_take_their_first_message_as_the
                 assert result.message.text == "hi"
                 await session.close()
     by = steps.by_actor()
-    assert (by["engine"], by["stream-controller"]) == (8 * 4, 8 * 5), by
+    assert (by["engine"], by["stream-controller"]) == (8 * 4, 8 * 4), by
+
+
+async def test_the_runner_and_controller_rest_in_the_step_that_ends_their_turn(tmp_path):
+    """When no other turn waits, the turn runner rests in the step that ends its turn,
+    and the stream controller in the step that hands the result over: both rest before
+    the consumer has the result, so neither wakes for ``REST`` (a step each a turn,
+    issue 24 goal 1). The engine, which hears of no turn's end, still rests on ``REST``;
+    the next turn wakes all three, and runs as before."""
+    agent = Agent(provider=ScriptedProvider(turns=[[["hi"]], [["ho"]]]))
+    async with Host.open(store=str(tmp_path / "s.db"), log_tap=False) as host:
+        session = await host.open_session(agent, session_id="s")
+        engine, controller, runner = session.actors
+        result = await session.run("x")
+        assert (runner.resting, controller.resting, engine.resting) == (True, True, False)
+        await trio.testing.wait_all_tasks_blocked()
+        assert engine.resting  # (its REST)
+        again = await session.run("y")
+        assert (result.message.text, again.message.text) == ("hi", "ho")
+        record = await host.store.load("s")
+        assert record is not None and record.messages[-1] == again.message
 
 
 async def test_an_actor_handles_the_message_waiting_at_its_start_in_its_first_step():

@@ -125,6 +125,20 @@ def _idle_check(session: Session) -> Callable[[], bool]:
     return idle
 
 
+def _no_turn_waits(session: Session) -> Callable[[], bool]:
+    """Whether no other turn waits for ``session``: when its turn runner and stream
+    controller may rest at the end of a turn (:attr:`Actor.rests_after_turn`), before
+    the consumer takes the result. A turn that waits starts with :meth:`Host.wake`
+    anyway; this spares their rest and wake in between."""
+    ref = weakref.ref(session)
+
+    def no_turn_waits() -> bool:
+        s = ref()
+        return s is not None and not s.queued
+
+    return no_turn_waits
+
+
 def _configure(session: Session, deps: Any, on_busy: OnBusy | None) -> None:
     """Give ``session`` the ``deps`` and ``on_busy`` an open asked for (``None``: keep)."""
     if deps is not None:
@@ -526,9 +540,10 @@ class Host:
         if not resume:  # (an expired wait's resumption writes before any turn of ours)
             # (a session not stored yet: version 0, as a version query would say)
             session.loaded_record = record or SessionRecord(session_id=sid, messages=())
-        idle = _idle_check(session)
+        idle, after_turn = _idle_check(session), _no_turn_waits(session)
         for actor in actors:
             actor.rests_when = idle
+            actor.rests_after_turn = after_turn  # (the engine hears of no turn's end)
         self.sessions[sid] = session
         session.last_used = trio.current_time()
         if resume:
