@@ -111,10 +111,14 @@ class LogTap(Actor):
         flush of the sink (a syscall each line was a sixth of a line's cost, issue 24).
         A line is held only while the tap has more to do without waiting; one event per
         step as before, and every held line is written before the tap waits, ends or
-        crashes, and before a line of another path."""
+        crashes, and before a line of another path. The events already waiting behind
+        it are made in this step too (up to :data:`BATCH`), with or without a window: a
+        turn's lifecycle events come two or three in a round, and a step each was two
+        task steps more a turn (issue 24 goal 1); what comes later waits for the next
+        step as before, so no line is written later than it was."""
         try:
             self._line(event)
-            if self.window > 0 and self._held:
+            if self._held:
                 self._more(BATCH - 1)
         except BaseException:
             self._write_held()
@@ -194,8 +198,8 @@ class LogTap(Actor):
 HOLD_LINES = 64
 """The most lines :meth:`LogTap.handle` holds for one write."""
 BATCH = 32
-"""The most events a resting tap (:attr:`LogTap.window`) handles in one step: at ~15 µs a
-line, half a millisecond at most before the other tasks run again."""
+"""The most events a tap handles in one step (those already waiting behind the one it
+woke for): at ~15 µs a line, half a millisecond at most before the other tasks run again."""
 WINDOW = 0.02
 """Seconds a worker's log tap rests between writes (:attr:`LogTap.window`): its lines
 reach the file up to this much later, a few writes a second instead of one or more a

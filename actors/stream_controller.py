@@ -138,6 +138,7 @@ class StreamController(Actor):
         if done is not None:
             self._done = None
             await self._hand_over(done)
+            self.turn_ended = True  # it may rest now (Actor.rests_after_turn)
 
     async def _run_pieces(self, texts: list[str], out: list[Any], deltas_only: bool) -> None:
         """A run of more than :data:`_PIECE` deltas: ``out`` (what the batch made so far)

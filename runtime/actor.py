@@ -76,6 +76,16 @@ class Actor:
     goal 1). An actor whose handling may not wait keeps one schedule point a message,
     so a backlog never runs in one step."""
 
+    rests_after_turn: Callable[[], bool] | None = None
+    """Whether the actor may rest as soon as it has handled its turn's last message
+    (:attr:`turn_ended`), before the consumer has taken the result (its owner's check:
+    no other turn waits); ``None``: it rests on :data:`REST` only. Set per instance by
+    the host for a session's turn runner and stream controller: resting in the step
+    that ended the turn spares each a task step to wake for :data:`REST` (issue 24
+    goal 1). Safe because every turn starts with its owner's wake."""
+    turn_ended: bool = False
+    """Set by :meth:`handle` when the message was its turn's last for this actor."""
+
     def __init__(self, *, name: str | None = None, session_id: str | None = None) -> None:
         self.name = name or type(self).__name__
         self.session_id = session_id
@@ -145,11 +155,18 @@ class Actor:
         """Handle messages until the inbox is closed and drained (or the actor rests)."""
         inbox = self.inbox
         get = inbox.take if self.handling_waits else inbox.get
+        # The task's first message is taken without a schedule point of its own: the
+        # task was just scheduled (started, or restarted after its backoff), so a yield
+        # here would only cost a task step more. A session's engine and stream controller
+        # start with their turn's first message waiting (Host.wake), and handle it in
+        # their first step (issue 24 goal 1).
+        receive = inbox.take
         while True:
             try:
-                message = await get()
+                message = await receive()
             except trio.EndOfChannel:
                 return
+            receive = get
             if message is REST:
                 if self._rest():
                     return
@@ -160,11 +177,17 @@ class Actor:
             # its last message, or a shared actor's last request would keep an evicted
             # session's history alive.
             self.current_message = message = None
+            if self.turn_ended:
+                self.turn_ended = False
+                if self._rest(self.rests_after_turn):
+                    return
 
-    def _rest(self) -> bool:
-        """Start resting if :attr:`rests_when` says so and nothing else is queued (no
-        yield from here to the end of the task: its owner never sees it half-ended)."""
-        may = self.rests_when
+    def _rest(self, may: Callable[[], bool] | None = None) -> bool:
+        """Start resting if :attr:`rests_when` (or ``may``) says so and nothing else is
+        queued (no yield from here to the end of the task: its owner never sees it
+        half-ended)."""
+        if may is None:
+            may = self.rests_when
         if may is None or self.inbox.closed or len(self.inbox) or not may():
             return False
         self.resting = True

@@ -223,12 +223,25 @@ def lines_handled_with_the_rest_queued(events: list[Any]) -> tuple[str, list[str
     return out.getvalue(), after
 
 
-def test_lines_of_queued_events_are_written_together_once_the_inbox_is_empty():
+def test_lines_of_queued_events_are_written_together_once_the_inbox_is_empty(monkeypatch):
     events = handmade_events()
     together, after = lines_handled_with_the_rest_queued(events)
     one_by_one, _, _ = lines_three_ways(events)
     assert together == one_by_one  # the same bytes, in the same order
+    # the events waiting behind the first are made in the same step (issue 24 goal 1)
+    assert after == [together]
+    monkeypatch.setattr(log_tap, "BATCH", 1)  # one event a step: held until the last
+    together, after = lines_handled_with_the_rest_queued(events)
+    assert together == one_by_one
     assert after[:-1] == [""] * (len(events) - 1) and after[-1] == together
+
+
+def test_a_tap_makes_at_most_batch_events_a_step(monkeypatch):
+    monkeypatch.setattr(log_tap, "BATCH", 2)
+    events = handmade_events()
+    together, after = lines_handled_with_the_rest_queued(events)
+    assert together == lines_three_ways(events)[0]
+    assert len(after) == 3 and after[:2] == ["", ""]  # 2 + 2 + 2 events, one write
 
 
 def test_a_key_in_a_held_line_is_redacted():
@@ -238,6 +251,7 @@ def test_a_key_in_a_held_line_is_redacted():
 
 def test_at_most_hold_lines_are_held(monkeypatch):
     monkeypatch.setattr(log_tap, "HOLD_LINES", 2)
+    monkeypatch.setattr(log_tap, "BATCH", 1)  # one event a step, lines held across steps
     _, after = lines_handled_with_the_rest_queued(handmade_events()[:4])
     assert [text.count("\n") for text in after] == [0, 2, 2, 4]
 
@@ -251,15 +265,15 @@ def test_held_lines_are_written_when_the_next_events_line_fails(monkeypatch):
     with logging_to() as out:
         tap = LogTap()
         tap.inbox.put_nowait(Lagged(subscriber="x", dropped=1))
-        handle(tap, handmade_events()[0])
-        assert out.getvalue() == ""
-        with pytest.raises(RuntimeError):
-            handle(tap, tap.inbox.get_nowait())
+        with pytest.raises(RuntimeError):  # the waiting event is made in the same step
+            handle(tap, handmade_events()[0])
         assert out.getvalue().count("\n") == 1
 
 
-async def test_held_lines_are_written_when_the_tap_is_cancelled_between_events():
+async def test_held_lines_are_written_when_the_tap_is_cancelled_between_events(monkeypatch):
     import trio
+
+    monkeypatch.setattr(log_tap, "BATCH", 1)  # one event a step: a line held between two
 
     with logging_to() as out:
         tap = LogTap()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import collections
 
 import trio
+import trio.testing
 
 from actors.providers.scripted import ScriptedProvider
 from runtime import Agent, Host
@@ -41,9 +42,10 @@ async def test_a_turn_starts_its_first_model_call_in_the_runner_s_first_step(tmp
     version query and the check that the turn was not cancelled before it began take no
     schedule point, nor does taking the RunTurn found in its inbox. Its steps: its start
     and the turn up to the model call, the delta, the finish (then waiting for the
-    save), the turn's end, its rest."""
+    save), the turn's end and its rest (in that step: it rests as its turn ends when no
+    other turn waits, issue 24 goal 1; a step of its own before)."""
     steps = await _one_delta_turn(tmp_path)
-    assert _runner(steps) == 5, steps.by_actor()
+    assert _runner(steps) == 4, steps.by_actor()
 
 
 async def test_a_turn_s_consumer_takes_its_result_without_a_schedule_point(tmp_path):
@@ -67,8 +69,9 @@ async def test_a_turn_s_consumer_takes_its_result_without_a_schedule_point(tmp_p
 async def test_a_turn_s_start_and_first_step_reach_the_controller_in_one_batch(tmp_path):
     """The runner sends ``TurnBegin`` and the first ``StepBegin`` in one step, so the
     controller wakes once for both, in every turn (it woke twice in about half of them
-    while the runner yielded between the two): five steps a one-delta turn of a session,
-    one of them for both starts, in every turn (42-43 for these eight turns on main)."""
+    while the runner yielded between the two): four steps a one-delta turn of a session,
+    one of them for both starts, in every turn (42-43 for these eight turns before; five
+    a turn before its rest joined the step of the turn's end)."""
     agent = Agent(provider=ScriptedProvider(turns=[[["hi"]]] * 9))
     async with Host.open(store=str(tmp_path / "s.db"), log_tap=False) as host:
         session = await host.open_session(agent, session_id="s")
@@ -76,7 +79,7 @@ async def test_a_turn_s_start_and_first_step_reach_the_controller_in_one_batch(t
         with counted() as steps:
             for _ in range(8):
                 await session.run("x")
-    assert steps.by_actor()["stream-controller"] == 8 * 5, steps.by_actor()
+    assert steps.by_actor()["stream-controller"] == 8 * 4, steps.by_actor()
 
 
 class _CountedBounds:
@@ -150,3 +153,102 @@ async def test_a_turn_on_sqlite_asks_the_version_outside_any_bound(tmp_path, mon
         assert counted_trio.bounds == 1
         await session.run("y")
         assert counted_trio.bounds == 2
+
+
+async def test_the_log_tap_makes_the_events_waiting_together_in_one_step(tmp_path):
+    """The log tap (at ``info``, no window: an embedded host's) makes the events already
+    waiting behind the one it woke for in the same step: a turn's lifecycle events come
+    two or three in a round (its start and first step's; its step's end and message), and
+    it took a step each (six a one-delta turn, three or four now). Every line is still
+    written, each before the tap waits again."""
+    import io
+    import json
+
+    from runtime.logging import configure_logging
+
+    out = io.StringIO()
+    configure_logging("info", stream=out)
+    try:
+        agent = Agent(provider=ScriptedProvider(turns=[[["hi"]]] * 9))
+        async with Host.open(store=str(tmp_path / "s.db")) as host:
+            warm = await host.open_session(agent, session_id="warm")
+            await warm.run("x")
+            await warm.close()
+            before = out.getvalue().count("\n")
+            with counted() as steps:
+                for n in range(8):
+                    session = await host.open_session(agent, session_id=f"s{n}")
+                    await session.run("x")
+                    await session.close()
+        lines = out.getvalue().splitlines()[before:]  # (the host drained its tap)
+    finally:
+        configure_logging("warning")
+    kinds = [json.loads(line)["event"] for line in lines]
+    assert kinds.count("turn.finished") == 8 and kinds.count("session.saved") == 8, kinds
+    assert steps.by_actor()["log-tap"] <= 8 * 4, steps.by_actor()  # 8 * 6 before
+
+
+async def test_a_session_s_engine_and_controller_take_their_first_message_as_they_start(
+    tmp_path,
+):
+    """A session's actors rest between its turns; its engine and stream controller are
+    started from the turn runner's first step, so they start with their first message
+    (the model call's, the turn's start) waiting and handle it in their first step:
+    four steps each a one-delta turn of a fresh session (five and six before: a step to
+    start and wait, then one for the message; and the controller's rest)."""
+    agent = Agent(provider=ScriptedProvider(turns=[[["hi"]]] * 9))
+    async with Host.open(store=str(tmp_path / "s.db"), log_tap=False) as host:
+        warm = await host.open_session(agent, session_id="warm")
+        await warm.run("x")
+        await warm.close()
+        with counted() as steps:
+            for n in range(8):
+                session = await host.open_session(agent, session_id=f"s{n}")
+                result = await session.run("x")
+                assert result.message.text == "hi"
+                await session.close()
+    by = steps.by_actor()
+    assert (by["engine"], by["stream-controller"]) == (8 * 4, 8 * 4), by
+
+
+async def test_the_runner_and_controller_rest_in_the_step_that_ends_their_turn(tmp_path):
+    """When no other turn waits, the turn runner rests in the step that ends its turn,
+    and the stream controller in the step that hands the result over: both rest before
+    the consumer has the result, so neither wakes for ``REST`` (a step each a turn,
+    issue 24 goal 1). The engine, which hears of no turn's end, still rests on ``REST``;
+    the next turn wakes all three, and runs as before."""
+    agent = Agent(provider=ScriptedProvider(turns=[[["hi"]], [["ho"]]]))
+    async with Host.open(store=str(tmp_path / "s.db"), log_tap=False) as host:
+        session = await host.open_session(agent, session_id="s")
+        engine, controller, runner = session.actors
+        result = await session.run("x")
+        assert (runner.resting, controller.resting, engine.resting) == (True, True, False)
+        await trio.testing.wait_all_tasks_blocked()
+        assert engine.resting  # (its REST)
+        again = await session.run("y")
+        assert (result.message.text, again.message.text) == ("hi", "ho")
+        record = await host.store.load("s")
+        assert record is not None and record.messages[-1] == again.message
+
+
+async def test_an_actor_handles_the_message_waiting_at_its_start_in_its_first_step():
+    """The first ``get`` of an actor's task takes a waiting message without a schedule
+    point of its own (the task was just scheduled); later ones keep theirs."""
+    from runtime.actor import Actor
+
+    seen: list[str] = []
+
+    class Echo(Actor):
+        async def handle(self, message: str) -> None:
+            seen.append(message)
+
+    echo = Echo(name="echo")
+    echo.inbox.put_nowait("a")
+    echo.inbox.put_nowait("b")
+    with counted() as steps:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(echo.run, name="echo-run")
+            await trio.testing.wait_all_tasks_blocked()
+            assert seen == ["a", "b"]
+            echo.stop()
+    assert steps.named("echo-run") == 3  # "a" at the start; "b" after a yield; the end

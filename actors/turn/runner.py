@@ -185,6 +185,7 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
     async def handle(self, message: Any) -> None:
         if isinstance(message, RunTurn):
             await self.run_turn(message)
+            self.turn_ended = True  # it may rest now (Actor.rests_after_turn)
 
     def on_rest(self) -> None:
         """The session is idle: the inboxes only a turn uses let go of their channels."""

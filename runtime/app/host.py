@@ -125,6 +125,20 @@ def _idle_check(session: Session) -> Callable[[], bool]:
     return idle
 
 
+def _no_turn_waits(session: Session) -> Callable[[], bool]:
+    """Whether no other turn waits for ``session``: when its turn runner and stream
+    controller may rest at the end of a turn (:attr:`Actor.rests_after_turn`), before
+    the consumer takes the result. A turn that waits starts with :meth:`Host.wake`
+    anyway; this spares their rest and wake in between."""
+    ref = weakref.ref(session)
+
+    def no_turn_waits() -> bool:
+        s = ref()
+        return s is not None and not s.queued
+
+    return no_turn_waits
+
+
 def _configure(session: Session, deps: Any, on_busy: OnBusy | None) -> None:
     """Give ``session`` the ``deps`` and ``on_busy`` an open asked for (``None``: keep)."""
     if deps is not None:
@@ -526,9 +540,10 @@ class Host:
         if not resume:  # (an expired wait's resumption writes before any turn of ours)
             # (a session not stored yet: version 0, as a version query would say)
             session.loaded_record = record or SessionRecord(session_id=sid, messages=())
-        idle = _idle_check(session)
+        idle, after_turn = _idle_check(session), _no_turn_waits(session)
         for actor in actors:
             actor.rests_when = idle
+            actor.rests_after_turn = after_turn  # (the engine hears of no turn's end)
         self.sessions[sid] = session
         session.last_used = trio.current_time()
         if resume:
@@ -579,11 +594,35 @@ class Host:
     def wake(self, session: Session) -> None:
         """Start the session's resting actors, before its turn is sent to them (without
         yielding: the caller starts the turn in the same step). An idle session's actors
-        rest (:meth:`rest`): ten thousand idle sessions hold no task and no channel."""
+        rest (:meth:`rest`): ten thousand idle sessions hold no task and no channel.
+
+        The engine's and the stream controller's tasks are started from the turn
+        runner's first step, before it takes the turn: they run from the next round, when
+        the runner has sent each its first message (the model call's, the turn's start),
+        and take it in their first step. Started beside the runner, each took a step to
+        wait and another for the message (issue 24 goal 1)."""
+        runner: Actor | None = None
+        waking: list[Actor] = []
         for actor in session.actors:
             if actor.resting and not actor.inbox.closed:
                 actor.resting = False
-                self.nursery.start_soon(self._supervise, actor, None)
+                if actor is session.runner:
+                    runner = actor
+                else:
+                    waking.append(actor)
+        if runner is not None and waking:
+            self.nursery.start_soon(self._supervise_first, runner, waking)
+            return
+        if runner is not None:
+            waking.append(runner)
+        for actor in waking:
+            self.nursery.start_soon(self._supervise, actor, None)
+
+    async def _supervise_first(self, actor: Actor, others: list[Actor]) -> None:
+        """Start ``others`` (their tasks run from the next round), then run ``actor``."""
+        for other in others:
+            self.nursery.start_soon(self._supervise, other, None)
+        await self._supervise(actor, None)
 
     def rest(self, session: Session) -> None:
         """Let the session's actors rest, now that no turn runs or waits: each ends its
