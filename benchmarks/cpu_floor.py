@@ -11,7 +11,10 @@ The parent prints, per tree and format, the median (and the min and max) of the
 per-round ratios at 1,000 and 10,000 deltas and the split of the medians into a
 per-delta and a per-turn part (a line through the two points). The Axon side's CPU
 includes the session's open and close and the store read-back that the pipeline
-benchmark leaves off its clock.
+benchmark leaves off its clock, and what the turn leaves its actors to do after its
+stream ended (their rests, the log tap's last lines): its clock stops once every task
+waits (``trio.testing.wait_all_tasks_blocked``), where before that work ran on the next
+floor read's clock (~3.5 task steps, ~110 us a turn, branch ``hops``).
 
 ``python3 -m benchmarks.cpu_floor --trees /work/main,$PWD [--formats anthropic,openai]
 [--children 3] [--rounds 5]``: each tree is put first on ``PYTHONPATH`` of its children
@@ -34,6 +37,8 @@ COUNTS = (1000, 10000)
 
 
 async def _rounds(fmt: str, n: int, rounds: int, server: Any, directory: str) -> list[Any]:
+    from trio.testing import wait_all_tasks_blocked
+
     from benchmarks.bench_pipeline import axon_side, make_provider
     from benchmarks.common import INSTRUCTIONS
     from benchmarks.floor import floor_side
@@ -54,6 +59,10 @@ async def _rounds(fmt: str, n: int, rounds: int, server: Any, directory: str) ->
                 got = await floor()
                 c1 = time.process_time()
                 turn = await axon()
+                # What the turn left for its actors to do after its stream ended (their
+                # rests, the log tap's last lines) is the turn's: done on its clock, not
+                # on the next floor read's.
+                await wait_all_tasks_blocked()
                 c2 = time.process_time()
                 if len(got[2]) != n or turn[2] != got[2]:
                     raise RuntimeError("the floor and Axon did not read the same deltas")
