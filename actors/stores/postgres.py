@@ -1523,7 +1523,16 @@ class LoopLane:
         """The one result of prepared statement ``name`` (``sql``, prepared on a
         connection's first call of it) run with ``params``; a database error raises as
         psycopg raises it."""
-        async with self._slots:
+        # A free slot is taken without a schedule point (``Semaphore``'s ``async with``
+        # yields once even then: a task step for nothing, a few a turn): the call's wait
+        # for its answer is its schedule point, its cancellation checked here first.
+        await trio.lowlevel.checkpoint_if_cancelled()
+        slots = self._slots
+        try:
+            slots.acquire_nowait()
+        except trio.WouldBlock:
+            await slots.acquire()
+        try:
             conn = self._free.pop() if self._free else await trio.to_thread.run_sync(self._connect)
             ok = False
             try:
@@ -1542,6 +1551,8 @@ class LoopLane:
                     self._free.append(conn)
                 else:
                     _close_on_loop(conn)
+        finally:
+            slots.release()
 
     def _connect(self) -> Any:
         import psycopg

@@ -1,0 +1,123 @@
+"""The store's event-loop lane (:class:`actors.stores.postgres.LoopLane`) on a fake libpq
+connection: a call with a free slot sends its statement without a schedule point before
+it (issue 24 goal 3: the ``Semaphore``'s ``async with`` yielded once even with a slot
+free, a task step for nothing a few times a turn), a cancelled caller sends nothing, and
+a call beyond the lane's size still waits for a slot."""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+import psycopg
+import trio
+
+from actors.stores.postgres import LoopLane
+
+
+class _Result:
+    status = psycopg.pq.ExecStatus.TUPLES_OK
+
+
+class _PgConn:
+    """libpq's non-blocking side as :class:`LoopLane` uses it: busy until the test's end of
+    the socket pair writes a byte (the server's answer)."""
+
+    def __init__(self, log: list[str], answered: bool) -> None:
+        self.log = log
+        self.ours, self.server = socket.socketpair()
+        self.ours.setblocking(False)
+        self.socket = self.ours.fileno()
+        self._answers = 0
+        self._busy = False
+        self._auto = answered
+
+    def send_prepare(self, name: bytes, sql: bytes) -> None:
+        self.log.append(f"prepare {name.decode()}")
+        self._start()
+
+    def send_query_prepared(self, name: bytes, *args: Any) -> None:
+        self.log.append(f"send {name.decode()}")
+        self._start()
+
+    def _start(self) -> None:
+        self._busy, self._got = True, False
+        if self._auto:
+            self.server.send(b"x")
+
+    def flush(self) -> int:
+        return 0
+
+    def consume_input(self) -> None:
+        try:
+            if self.ours.recv(1):
+                self._busy = False
+        except BlockingIOError:
+            pass
+
+    def is_busy(self) -> bool:
+        return self._busy
+
+    def get_result(self) -> Any:
+        if self._got:
+            return None
+        self._got = True
+        return _Result()
+
+
+class _Conn:
+    def __init__(self, log: list[str], *, answered: bool = True) -> None:
+        self.pgconn = _PgConn(log, answered)
+        self._axon_prepared = {b"known"}
+        self.closed = False
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def _lane(*conns: _Conn) -> LoopLane:
+    lane = LoopLane("", "public", len(conns))
+    lane._free.extend(conns)
+    return lane
+
+
+async def test_a_call_with_a_free_slot_sends_before_another_task_runs() -> None:
+    log: list[str] = []
+    lane = _lane(_Conn(log))
+
+    async def other() -> None:
+        log.append("other task")
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(other)  # runnable from here on
+        await lane.call(b"known", b"SELECT 1", [], [])
+    assert log[:2] == ["send known", "other task"], log
+
+
+async def test_a_cancelled_caller_sends_nothing_and_leaves_its_slot_free() -> None:
+    log: list[str] = []
+    conn = _Conn(log)
+    lane = _lane(conn)
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        await lane.call(b"known", b"SELECT 1", [], [])
+    assert log == []
+    await lane.call(b"new", b"SELECT 2", [], [])  # the slot was given back
+    assert log == ["prepare new", "send new"]
+    assert not conn.closed
+
+
+async def test_a_call_beyond_the_lanes_size_waits_for_a_slot() -> None:
+    log: list[str] = []
+    conn = _Conn(log, answered=False)
+    lane = _lane(conn)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(lane.call, b"known", b"SELECT 1", [], [])
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.start_soon(lane.call, b"known", b"SELECT 1", [], [])
+        await trio.testing.wait_all_tasks_blocked()
+        assert log == ["send known"]  # the second waits for the only connection
+        conn.pgconn._auto = True
+        conn.pgconn.server.send(b"x")  # the first's answer
+    assert log == ["send known", "send known"]
+    assert lane._free == [conn]
