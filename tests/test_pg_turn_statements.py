@@ -19,8 +19,9 @@ import trio.testing
 
 from actors.stores.postgres import LockedSession, LoopLane, PostgresStore
 from actors.stores.turns import TurnQueue
+from runtime.approval import WAITING_META, Decision
 from runtime.errors import LeaseLost, StoreConflict, StoreError
-from runtime.messages import UserMessage
+from runtime.messages import AssistantMessage, Awaiting, ToolCallPart, UserMessage
 
 
 @pytest.fixture
@@ -403,6 +404,101 @@ async def test_a_last_save_through_the_function_ends_the_turn_in_its_call(pg_url
         assert await _row(store, turn.turn_id) == ("done", "w1", 1, True, "stop")
         record = await store.load("s")
         assert record is not None and [m.text for m in record.messages] == ["one", "answer"]
+    finally:
+        await queue.aclose()
+        await store.aclose()
+
+
+def _waiting_step(turn_id: str, message_id: str) -> list[Any]:
+    """The turn's user message and the step whose call waits for approval (until 900.0)."""
+    call = ToolCallPart(
+        tool_call_id="c1",
+        tool_name="delete",
+        input={},
+        step=0,
+        awaiting=Awaiting(kind="approval", id="ap1", turn_id=turn_id, expires_at=900.0),
+    )
+    return [UserMessage(content="one"), AssistantMessage(id=message_id, content=(call,))]
+
+
+async def _suspended_row(store: PostgresStore, turn_id: str) -> tuple[Any, ...]:
+    return await store.run(
+        "row",
+        lambda conn: conn.execute(
+            "SELECT status, owner, lease_until, expires_at, saved, finish_reason "
+            "FROM axon_turns WHERE turn_id = %s",
+            (turn_id,),
+        ).fetchone(),
+        transaction=False,
+    )
+
+
+async def test_the_step_that_waits_suspends_the_turn_in_one_call(pg_url, statements):
+    """The save of the step that makes the turn wait for a person suspends its row
+    (``awaiting-input``, no owner, no lease, the call's deadline) in the save function's
+    call, as a plain step's save is one: no transaction."""
+    store = await PostgresStore.open(pg_url)
+    queue = TurnQueue(store, lease=30.0, max_attempts=3)
+    suspended: list[bool] = []
+    try:
+        turn = await queue.submit("s", "one")
+        claim = await queue.claim("w1")
+        assert claim is not None
+        await store.save("warm", 0, said("a"))  # the loop's connection opened
+        messages = _waiting_step(turn.turn_id, claim.turn.message_id)
+        with queue.fenced(claim, on_suspended=lambda: suspended.append(True)):
+            statements.clear()
+            await store.save("s", 0, messages, {WAITING_META: 1}, expected_version=0)
+            assert statements == {"SELECT": 1}, statements
+            assert suspended == [True]
+        assert await _suspended_row(store, turn.turn_id) == (
+            "awaiting-input",
+            None,
+            None,
+            900.0,
+            True,
+            "awaiting-input",
+        )
+        record = await store.load("s")
+        assert record is not None and record.messages == tuple(messages)
+        assert record.meta == {WAITING_META: 1}
+        decided = await queue.decide("s", "ap1", Decision(approved=True), {})
+        assert decided.recorded.complete and decided.turn.resumes == 1
+    finally:
+        await queue.aclose()
+        await store.aclose()
+
+
+async def test_a_fenced_out_workers_suspension_through_the_function_writes_nothing(
+    pg_url, statements
+):
+    """A worker whose turn was taken over saves the step that waits: the call is refused
+    with ``LeaseLost``, the session is not written and the row stays the new owner's."""
+    store = await PostgresStore.open(pg_url)
+    queue = TurnQueue(store, lease=30.0, max_attempts=3)
+    lost: list[bool] = []
+    suspended: list[bool] = []
+    try:
+        turn = await queue.submit("s", "one")
+        claim = await queue.claim("w1")
+        assert claim is not None
+        await store.save("warm", 0, said("a"))  # the loop's connection opened
+        await _expire(store, turn.turn_id)
+        taken = await queue.claim("w2")
+        assert taken is not None and taken.takeover
+        messages = _waiting_step(turn.turn_id, claim.turn.message_id)
+        with queue.fenced(
+            claim,
+            on_lost=lambda: lost.append(True),
+            on_suspended=lambda: suspended.append(True),
+        ):
+            statements.clear()
+            with pytest.raises(LeaseLost, match="owner w2, epoch 2, running"):
+                await store.save("s", 0, messages, {WAITING_META: 1}, expected_version=0)
+            assert statements == {"SELECT": 1}, statements  # the function refused it
+        assert (lost, suspended) == ([True], [])
+        assert await store.load("s") is None
+        assert await _row(store, turn.turn_id) == ("running", "w2", 2, False, None)
     finally:
         await queue.aclose()
         await store.aclose()

@@ -22,7 +22,7 @@ import pytest
 import trio
 
 from actors.relays.redis_streams import RedisRelay
-from actors.stores.postgres import PostgresStore, parse_url
+from actors.stores.postgres import SAVE_FUNCTION_NAME, PostgresStore, parse_url
 from actors.stores.turns import TurnQueue
 from runtime.agent import Agent
 from runtime.app.worker import Worker
@@ -273,8 +273,8 @@ def _backends_finishing_a_turn(pg_url: str) -> int:
     with psycopg.connect(libpq, autocommit=True) as conn:
         [(n,)] = conn.execute(
             "SELECT count(*) FROM pg_stat_activity WHERE pid <> pg_backend_pid() "
-            "AND state = 'active' AND (query LIKE '%pg_sleep(%), pg_notify(%' "
-            "OR query LIKE '%pg_sleep(%) FROM axon_save_v1(%')"
+            "AND state = 'active' AND (query LIKE %s OR query LIKE %s)",
+            ("%pg_sleep(%), pg_notify(%", f"%pg_sleep(%) FROM {SAVE_FUNCTION_NAME}(%"),
         ).fetchall()
     return int(n)
 

@@ -11,7 +11,7 @@ Layout (in one schema, ``public`` unless the URL says ``?schema=NAME``; schema v
                   PRIMARY KEY (session_id, idx))
     axon_turns(...)                                      -- durable turns: stores/turns.py
     axon_claim_v1(owner, lease, channel)                 -- a claim in one call: CLAIM_FUNCTION
-    axon_save_v1(session, start, ...)                    -- a save in one call: SAVE_FUNCTION
+    axon_save_v2(session, start, ...)                    -- a save in one call: SAVE_FUNCTION
 
 One message is one row keyed by its index, as in the SQLite store: :meth:`save` deletes
 the rows from ``start`` on and inserts the new ones in one transaction, so persisting
@@ -360,14 +360,16 @@ statement's are (a simple query of several statements is planned at every call: 
 dearer on the server), and its ``SET enable_sort = off`` is what the look's ``SET LOCAL``
 did for the head's start: the heads walked in line, whatever the table's statistics."""
 
-SAVE_FUNCTION_NAME: Final = "axon_save_v1"
+SAVE_FUNCTION_NAME: Final = "axon_save_v2"
 """The server-side function of a save without a guard (:data:`SAVE_FUNCTION`); a new
-version of it gets a new name (a process of the version before keeps calling its own)."""
+version of it gets a new name (a process of the version before keeps calling its own:
+``axon_save_v1`` had no suspension, ``p_suspend`` and ``p_expires``)."""
 
 SAVE_FUNCTION: Final = f"""CREATE OR REPLACE FUNCTION {SAVE_FUNCTION_NAME}(
     p_session TEXT, p_start INTEGER, p_expected BIGINT, p_meta BYTEA,
     p_idx INTEGER[], p_roles TEXT[], p_bodies BYTEA[],
     p_turn TEXT, p_owner TEXT, p_epoch BIGINT, p_mark BOOLEAN, p_ends TEXT, p_channel TEXT,
+    p_suspend BOOLEAN, p_expires DOUBLE PRECISION,
     OUT o_status TEXT, OUT o_version BIGINT, OUT o_steers INTEGER,
     OUT o_owner TEXT, OUT o_epoch BIGINT, OUT o_turn_status TEXT)
     LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
@@ -378,9 +380,9 @@ BEGIN
     -- Every refusal returns before anything is written: the call is its own transaction.
     -- The fence: the turn's row locked (a takeover's epoch bump waits for this save, or
     -- this save sees it), strongly when this save writes the row (its `saved` mark, its
-    -- end), as the transaction's UPDATE did.
+    -- end, its suspension), as the transaction's UPDATE did.
     IF p_turn IS NOT NULL THEN
-        IF p_mark OR p_ends IS NOT NULL THEN
+        IF p_mark OR p_ends IS NOT NULL OR p_suspend THEN
             SELECT owner, epoch, status, steers INTO o_owner, o_epoch, o_turn_status, o_steers
             FROM axon_turns WHERE turn_id = p_turn FOR NO KEY UPDATE;
         ELSE
@@ -456,7 +458,12 @@ BEGIN
     INSERT INTO axon_messages (session_id, idx, role, body)
     SELECT p_session, u.idx, u.role, u.body
     FROM unnest(p_idx, p_roles, p_bodies) AS u(idx, role, body);
-    IF p_ends IS NOT NULL THEN  -- the turn ends with this save: its row `done`, woken
+    IF p_suspend THEN  -- the turn waits for a person: no owner, no lease, woken
+        UPDATE axon_turns SET status = 'awaiting-input', owner = NULL, lease_until = NULL,
+            finish_reason = 'awaiting-input', expires_at = p_expires, saved = true
+        WHERE turn_id = p_turn;
+        PERFORM pg_notify(p_channel, current_schema() || ':' || p_turn);
+    ELSIF p_ends IS NOT NULL THEN  -- the turn ends with this save: its row `done`, woken
         UPDATE axon_turns SET status = 'done', finish_reason = p_ends, error = NULL,
             lease_until = NULL, finished_at = clock_timestamp(), saved = true
         WHERE turn_id = p_turn;
@@ -469,8 +476,10 @@ END $$"""
 """A save without a guard in one call (issue 24 goal 3): the fence's check of the turn's
 row (``p_turn`` ``NULL``: an unfenced save), the session's lock, the version check, the
 hole check, the writes (the session row, meta merged, the messages from ``p_start`` on)
-and, for a worker's last save, the turn's end with its wake-up (``p_ends``), or its
-first save's ``saved`` mark (``p_mark``). ``o_status`` says how it went: ``ok`` (the new
+and, for a worker's last save, the turn's end with its wake-up (``p_ends``), or for the
+step that makes it wait for a person, its suspension (``p_suspend``: ``awaiting-input``,
+no owner, no lease, until ``p_expires``; as ``turn_sql._SUSPEND``), or its first save's
+``saved`` mark (``p_mark``). ``o_status`` says how it went: ``ok`` (the new
 version in ``o_version``, the turn's ``steers`` in ``o_steers``); or, with nothing
 written, ``lost`` (the turn's row as found in ``o_owner``, ``o_epoch``,
 ``o_turn_status``), ``conflict`` (the session's version in ``o_version``), ``created``
@@ -509,15 +518,26 @@ class Fence:
     watch: SteerWatch | None = attrs.field(default=None, eq=False)
     """Told of the turn's ``steers`` count each committed save's fence check read
     (:class:`runtime.turn_queue.SteerWatch`)."""
-    one_call: Callable[[Mapping[str, Any] | None, str | None], bool | None] | None = attrs.field(
-        default=None, eq=False
-    )
-    """With :attr:`in_save`: whether a save with this meta and ``ends`` may go as one call
-    of the save function (:data:`SAVE_FUNCTION`), asked in the save's thread before it
-    is sent: ``None`` no (:attr:`in_save` has more to write than the turn's end: the
-    transaction), ``False`` yes, ``True`` yes, and the call ends the turn's row ``done``
-    with ``ends`` (then :attr:`on_commit` is called once it committed). Without it a
-    fence with an :attr:`in_save` always saves in the transaction."""
+    one_call: (
+        Callable[[Sequence[Message], Mapping[str, Any] | None, str | None], bool | Suspend | None]
+        | None
+    ) = attrs.field(default=None, eq=False)
+    """With :attr:`in_save`: whether a save of these messages, meta and ``ends`` may go as
+    one call of the save function (:data:`SAVE_FUNCTION`), asked before it is sent:
+    ``None`` no (:attr:`in_save` has more to write than the turn's end or suspension:
+    the transaction), ``False`` yes, ``True`` yes, and the call ends the turn's row
+    ``done`` with ``ends``, a :class:`Suspend` yes, and the call suspends the turn's row
+    (then :attr:`on_commit` is called once it committed). Without it a fence with an
+    :attr:`in_save` always saves in the transaction."""
+
+
+@attrs.frozen(slots=True)
+class Suspend:
+    """:attr:`Fence.one_call`'s answer for a save whose call also suspends the turn's row
+    (``awaiting-input``, no owner, no lease) until ``expires_at`` (wall clock; ``None``:
+    no deadline)."""
+
+    expires_at: float | None
 
 
 def parse_url(url: str) -> tuple[str, str]:
@@ -809,9 +829,9 @@ class PostgresStore:
             # One call of the save function from the loop, unless a guard or the fence's
             # own writes need the transaction (or the meta patch cannot be jsonb).
             if guard is None and (patch is None or _NUL not in patch):
-                ending: bool | None = False
+                ending: bool | Suspend | None = False
                 if fence is not None and fence.in_save is not None:
-                    ending = None if fence.one_call is None else fence.one_call(meta, ends)
+                    ending = None if fence.one_call is None else fence.one_call(new, meta, ends)
                 if ending is not None:
                     version = await self._save_call(
                         action,
@@ -821,10 +841,11 @@ class PostgresStore:
                         patch,
                         expected_version,
                         fence,
-                        ends if ending else None,
+                        ends if ending is True else None,
                         steers,
+                        ending if isinstance(ending, Suspend) else None,
                     )
-                    wrote.append(ending)
+                    wrote.append(ending is not False)
             if version is None:
                 version = await self.run(action, save)
         except LeaseLost:
@@ -877,12 +898,13 @@ class PostgresStore:
         fence: Fence | None,
         ends: str | None,
         steers: list[int],
+        suspend: Suspend | None = None,
     ) -> int | None:
         """The save as one call of :data:`SAVE_FUNCTION`, sent from the event loop on a
         connection of the :class:`LoopLane` (in autocommit: the call is its own
         transaction); the new version, or ``None`` when the stored meta must be merged
         here (the caller saves in a transaction instead). Its refusals (nothing written)
-        raise as the transaction's do."""
+        raise as the transaction's do. With ``suspend`` the call suspends the turn's row too."""
         if self._closed:
             raise StoreError(f"session store {self.url} is closed")
         mark = fence is not None and fence.turn_id not in self._marked
@@ -901,6 +923,10 @@ class PostgresStore:
             b"t" if mark else b"f",
             None if ends is None else ends.encode(),
             _TURNS_CHANNEL.encode(),
+            b"f" if suspend is None else b"t",
+            None
+            if suspend is None or suspend.expires_at is None
+            else repr(suspend.expires_at).encode(),
         )
         name, sql = (
             (_SAVE_NAME, _SAVE_SQL) if ends is None else (_SAVE_NAME_ENDING, _SAVE_SQL_ENDING)
@@ -1182,7 +1208,7 @@ def _created_meanwhile(
 
 _SAVE_SQL: Final = (
     f"SELECT * FROM {SAVE_FUNCTION_NAME}($1, $2, $3, $4, $5::int[], $6::text[], "
-    "$7::bytea[], $8, $9, $10, $11, $12, $13)"
+    "$7::bytea[], $8, $9, $10, $11, $12, $13, $14, $15)"
 ).encode()
 """The save function's call, as :class:`LoopLane` prepares it (parameters: ``$4`` and the
 arrays in PostgreSQL's binary format, the rest as text: :data:`_SAVE_FORMATS`)."""
@@ -1192,7 +1218,7 @@ _SAVE_SQL_ENDING = _SAVE_SQL
 own (a crash test holds a worker inside it, before its commit, by replacing it:
 ``tests/support/worker_agent.py``)."""
 _SAVE_NAME_ENDING: Final = b"axon_save_call_ending"
-_SAVE_FORMATS: Final = (0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0)
+_SAVE_FORMATS: Final = (0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0)
 _INT4, _TEXT, _BYTEA = 23, 25, 17
 """The element types' oids of the save's arrays."""
 _int4 = struct.Struct("!i").pack

@@ -22,6 +22,7 @@ from actors.stores.postgres import (
     CLAIMED_COLUMNS,
     CONNECT_TIMEOUT,
     Fence,
+    Suspend,
     _retrying,
     kept_cursor,
     load_rows,
@@ -326,12 +327,16 @@ class TurnClaiming:
                 on_finishing()
             return True
 
-        def one_call(meta: Mapping[str, Any] | None, ends: str | None) -> bool | None:
-            # The save function writes the turn's end, nothing else of the row: steered
-            # rows and a suspension go in the save's transaction (write_row).
+        def one_call(
+            messages: Sequence[Message], meta: Mapping[str, Any] | None, ends: str | None
+        ) -> bool | Suspend | None:
+            # The save function writes the turn's end or suspension, nothing else of the
+            # row: steered rows go in the save's transaction (write_row).
             ended.clear()
-            if steered or (on_suspended is not None and (meta or {}).get(WAITING_META)):
+            if steered:
                 return None
+            if on_suspended is not None and (meta or {}).get(WAITING_META):
+                return Suspend(_first_deadline(messages))
             if ends is None or on_finished is None:
                 return False
             ended.append(True)

@@ -59,7 +59,7 @@ if _FINISH_HOLD:
     # ``done``) held in the same statement, before its commit.
     postgres._SAVE_SQL_ENDING = postgres._SAVE_SQL.replace(
         b"SELECT * FROM ", b"SELECT f.*, pg_sleep(%a) FROM " % float(_FINISH_HOLD)
-    ).replace(b"$13)", b"$13) AS f")
+    ).replace(b"$15)", b"$15) AS f")
 LEDGER_SQL = (
     """CREATE TABLE IF NOT EXISTS axon_test_ledger (
         key TEXT PRIMARY KEY, pid INTEGER NOT NULL, at TIMESTAMPTZ NOT NULL DEFAULT now())""",
