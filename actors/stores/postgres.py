@@ -827,7 +827,7 @@ class PostgresStore:
         try:
             version = None
             # One call of the save function from the loop, unless a guard or the fence's
-            # own writes need the transaction (or the meta patch cannot be jsonb).
+            # own writes need the transaction (or the meta patch holds an escaped NUL).
             if guard is None and (patch is None or _NUL not in patch):
                 ending: bool | Suspend | None = False
                 if fence is not None and fence.in_save is not None:
@@ -1261,8 +1261,9 @@ def _binary_array(oid: int, items: list[bytes]) -> bytes:
 
 
 _NUL: Final = b"\\u0000"
-"""An escaped NUL in a JSON text: a meta patch holding one cannot be ``jsonb`` (the save
-function's merge), so its save goes as a transaction (the merge in Python)."""
+"""An escaped NUL in a JSON text: the save function's merge (``json_each``) reads keys as
+PostgreSQL text, which cannot hold one, so a meta patch holding one goes as a transaction
+(the merge in Python)."""
 _TURNS_CHANNEL: Final = "axon_turns"
 """The turn queue's notification channel (:data:`actors.stores.turn_sql.TURNS_CHANNEL`),
 where the save function sends a turn's end."""
