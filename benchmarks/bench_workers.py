@@ -415,7 +415,18 @@ def _others(details: list[dict[str, Any]]) -> str:
     others = [d["cores"]["others"] for d in details if d.get("cores")]
     if not others:
         return ""
-    return f"; other programs took {median(others):.2f} cores (max {max(others):.2f})"
+    # The ceiling: the machine's cores over what one worker's run took of them (its
+    # process, PostgreSQL, Redis, the submitter): two workers cannot go past it, however
+    # well they scale, once one worker's run takes more than half the machine.
+    one = [sum(d["cores"].values()) for d in details if d.get("cores") and d["workers"] == 1]
+    cpus = os.cpu_count() or 1
+    taken = median(one) if one else 0.0
+    ceiling = (
+        f"; ceiling {cpus / taken:.2f}x ({cpus} cores / {taken:.2f} taken by one worker's run)"
+    )
+    if not one:
+        ceiling = ""
+    return f"; other programs took {median(others):.2f} cores (max {max(others):.2f}){ceiling}"
 
 
 # -- 2. first delta added by the relay -----------------------------------------------------
