@@ -420,12 +420,10 @@ def _others(details: list[dict[str, Any]]) -> str:
     # well they scale, once one worker's run takes more than half the machine.
     one = [sum(d["cores"].values()) for d in details if d.get("cores") and d["workers"] == 1]
     cpus = os.cpu_count() or 1
-    taken = median(one) if one else 0.0
-    ceiling = (
-        f"; ceiling {cpus / taken:.2f}x ({cpus} cores / {taken:.2f} taken by one worker's run)"
-    )
-    if not one:
-        ceiling = ""
+    ceiling = ""
+    if one and median(one) > 0:
+        taken = median(one)
+        ceiling = f"; ceiling {cpus / taken:.2f}x ({cpus} cores / {taken:.2f} by one worker's run)"
     return f"; other programs took {median(others):.2f} cores (max {max(others):.2f}){ceiling}"
 
 

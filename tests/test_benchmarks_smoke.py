@@ -250,3 +250,16 @@ def test_actor_shares_gives_a_sample_to_its_innermost_stage() -> None:
     counts, total = shares(lines)
     assert total == 11
     assert counts == {"scheduler/inboxes": 3, "controller": 5, "provider": 2, "other": 1}
+
+
+def test_the_workers_scaling_detail_says_its_ceiling(monkeypatch):
+    """One worker's run taking 1.25 of 2 cores caps two workers at 1.6x: the detail says so,
+    and says nothing of a ceiling without a one-worker measurement."""
+    from benchmarks import bench_workers
+
+    monkeypatch.setattr(bench_workers.os, "cpu_count", lambda: 2)
+    one = {"workers": 1, "cores": {"workers": 0.9, "postgresql": 0.3, "others": 0.05}}
+    two = {"workers": 2, "cores": {"workers": 1.4, "postgresql": 0.5, "others": 0.1}}
+    detail = bench_workers._others([one, two])
+    assert "ceiling 1.60x (2 cores / 1.25 by one worker's run)" in detail
+    assert "ceiling" not in bench_workers._others([two])
