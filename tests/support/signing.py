@@ -32,7 +32,13 @@ from urllib.parse import unquote
 import attrs
 
 from tests.support.eventstream import bedrock_stream
-from tests.support.loopback import Recorded, Reply, anthropic_sse, responses_sse
+from tests.support.loopback import (
+    Recorded,
+    Reply,
+    anthropic_sse,
+    anthropic_start,
+    responses_sse,
+)
 
 
 def _refuse(error: dict[str, Any]) -> Reply:
@@ -111,18 +117,8 @@ def _anthropic_answer(model: str, thought: str, signature: str, text: str) -> li
             {"type": "content_block_stop", "index": index},
         ]
 
-    message = {
-        "id": "msg_1",
-        "type": "message",
-        "role": "assistant",
-        "model": model,
-        "content": [],
-        "stop_reason": None,
-        "stop_sequence": None,
-        "usage": {"input_tokens": 10, "output_tokens": 1},
-    }
     return [
-        {"type": "message_start", "message": message},
+        anthropic_start(model),
         *block(
             0,
             {"type": "thinking", "thinking": "", "signature": ""},
