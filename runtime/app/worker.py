@@ -64,6 +64,7 @@ from typing import Any
 import attrs
 import trio
 
+from actors.log_tap import WINDOW, LogTap
 from actors.relays.redis_streams import RedisRelay, public_url
 from actors.stores import open_store, queue_scheme, turn_queue
 from runtime.actor import Actor
@@ -362,8 +363,6 @@ class Worker:
     async def run(self, *, task_status: trio.TaskStatus[Worker] = trio.TASK_STATUS_IGNORED) -> None:
         """Claim and run turns until :meth:`stop` (then drain) or cancellation (then the
         running turns are cut at their last commit, as if the process had died)."""
-        from actors.log_tap import WINDOW, LogTap
-
         async with Host.open(
             store=self.store,
             max_sessions=self.max_sessions,
