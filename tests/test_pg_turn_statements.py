@@ -630,3 +630,43 @@ async def test_the_save_functions_meta_merge_keeps_each_value_and_key_order(pg_u
         ]
     finally:
         await store.aclose()
+
+
+async def _append(
+    outcomes: dict[str, Any], name: str, store: PostgresStore, session: str, version: int
+) -> None:
+    """Append two messages saying ``name`` at ``version``: the new version, or the conflict."""
+    try:
+        outcomes[name] = await store.save(session, 1, said(name, name), expected_version=version)
+    except StoreConflict as err:
+        outcomes[name] = err
+
+
+async def test_two_stores_saving_one_version_through_the_function_one_wins(pg_url, statements):
+    """Two processes' stores append to one session at the same version, each in one call
+    of the save function, at once: exactly one save lands, the other is a conflict, and
+    the session holds the winner's messages only, never a mix."""
+    first = await PostgresStore.open(pg_url)
+    second = await PostgresStore.open(pg_url)
+    try:
+        for round_ in range(8):
+            session = f"race-{round_}"
+            version = await first.save(session, 0, said("start"))
+            outcomes: dict[str, Any] = {}
+
+            statements.clear()
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_append, outcomes, "a", first, session, version)
+                nursery.start_soon(_append, outcomes, "b", second, session, version)
+            # both went as one call each (a lane's first connection sends its SET too)
+            assert statements["SELECT"] == 2 and not statements["TRANSACTION"], statements
+            won = [name for name, got in outcomes.items() if isinstance(got, int)]
+            assert len(won) == 1, outcomes
+            lost = "b" if won == ["a"] else "a"
+            assert isinstance(outcomes[lost], StoreConflict)
+            record = await second.load(session)
+            assert record is not None
+            assert [m.text for m in record.messages] == ["start", won[0], won[0]]
+    finally:
+        await second.aclose()
+        await first.aclose()
