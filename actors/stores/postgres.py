@@ -1584,7 +1584,12 @@ class LoopLane:
     def _connect(self) -> Any:
         import psycopg
 
-        conn = psycopg.connect(self._libpq, connect_timeout=CONNECT_TIMEOUT, autocommit=True)
+        # UTF-8 whatever the URL, PGCLIENTENCODING or the database would make it: the lane
+        # encodes its text parameters (a worker's name) and decodes its text columns (a
+        # turn's input) itself, as UTF-8, where psycopg uses the connection's encoding.
+        conn = psycopg.connect(
+            self._libpq, connect_timeout=CONNECT_TIMEOUT, autocommit=True, client_encoding="UTF8"
+        )
         try:
             conn.execute(f"SET search_path TO {self._schema}")
         except BaseException:
