@@ -12,6 +12,7 @@ from typing import Any
 from actors.stores.postgres import PostgresStore
 from actors.stores.turns import TurnQueue
 from runtime.messages import UserMessage
+from tests.support.pg import own_database
 
 
 def said(*texts: str) -> list[UserMessage]:
@@ -59,3 +60,35 @@ async def test_a_claim_and_its_saves_on_the_loop_hold_under_a_latin1_client_enco
     finally:
         await queue.aclose()
         await store.aclose()
+
+
+async def test_a_latin1_databases_meta_is_merged_as_before_the_save_function():
+    """The save function merges meta in SQL, as text of the database's encoding: in a
+    LATIN1 database a stored ``中`` cannot be (``character ... has no equivalent in
+    encoding "LATIN1"``: every later save with meta refused). Meta is bytes to the store
+    (``bytea``), so outside UTF-8 the client merges it in the save's transaction, as it did
+    before the function; a turn's last save still ends it in its commit."""
+    with own_database("LATIN1") as url:
+        store = await PostgresStore.open(url)
+        queue = TurnQueue(store, lease=30.0, max_attempts=3)
+        finished: list[bool] = []
+        try:
+            version = await store.save("s", 0, said("a"), {"名": "é中", "k": 1})
+            await store.save("s", 1, said("b"), {"x": "中", "名": 2}, expected_version=version)
+            record = await store.load("s")
+            assert record is not None
+            assert [m.text for m in record.messages] == ["a", "b"]
+            assert list(record.meta.items()) == [("名", 2), ("k", 1), ("x", "中")]
+            turn = await queue.submit("t", "héllo")
+            claim = await queue.claim("wörker")
+            assert claim is not None and claim.turn.input == "héllo"
+            with queue.fenced(claim, on_finished=lambda: finished.append(True)):
+                version = await store.save("t", 0, said("héllo"), {"步": 1})
+                await store.save("t", 1, said("ok"), {"步": 2}, ends="stop")
+            assert finished == [True]
+            assert await _turn_row(store, turn.turn_id) == ("done", "wörker", "stop")
+            record = await store.load("t")
+            assert record is not None and record.meta == {"步": 2}
+        finally:
+            await queue.aclose()
+            await store.aclose()

@@ -594,7 +594,16 @@ class PostgresStore:
     """:meth:`save` takes ``ends`` (the persister passes it): a fenced save that ends its
     turn lets the fence finish the turn's queue row in the same commit."""
 
-    def __init__(self, pool: Any, *, url: str, schema: str, pool_size: int, retry_for: float):
+    def __init__(
+        self,
+        pool: Any,
+        *,
+        url: str,
+        schema: str,
+        pool_size: int,
+        retry_for: float,
+        utf8: bool = True,
+    ):
         """Wrap an open pool whose schema exists; use :meth:`open` instead."""
         self._pool = pool
         self._url = url
@@ -608,6 +617,10 @@ class PostgresStore:
         self._lane = LoopLane(self.libpq, self.schema, pool_size)
         """Connections for the saves sent from the event loop (:meth:`_save_call`)."""
         self._retry_for = retry_for
+        self._utf8 = utf8
+        """Whether the database's encoding is UTF-8: the save function merges meta as text
+        of it (:data:`SAVE_FUNCTION`), which elsewhere (LATIN1...) cannot hold every
+        character a meta may (the client merges it then, in the save's transaction)."""
         self._closed = False
         self._fences: dict[str, Fence] = {}
         self._ended: OrderedDict[str, tuple[str, str, int]] = OrderedDict()
@@ -655,7 +668,7 @@ class PostgresStore:
         libpq, schema = parse_url(url)
         register_url_secrets(url)  # a driver's error quoting the URL is redacted too
         shown = redact_url(url)
-        await _retrying(
+        encoding = await _retrying(
             f"connect to {shown}",
             connect_retry_for,
             lambda: trio.to_thread.run_sync(_first_connect, libpq, schema),
@@ -682,7 +695,14 @@ class PostgresStore:
             name=f"axon-{schema}",
         )
         await trio.to_thread.run_sync(lambda: pool.open(wait=True, timeout=CONNECT_TIMEOUT * 2))
-        return cls(pool, url=url, schema=schema, pool_size=pool_size, retry_for=retry_for)
+        return cls(
+            pool,
+            url=url,
+            schema=schema,
+            pool_size=pool_size,
+            retry_for=retry_for,
+            utf8=encoding == "UTF8",
+        )
 
     # -- running a transaction -----------------------------------------------------------
 
@@ -827,8 +847,9 @@ class PostgresStore:
         try:
             version = None
             # One call of the save function from the loop, unless a guard or the fence's
-            # own writes need the transaction (or the meta patch holds an escaped NUL).
-            if guard is None and (patch is None or _NUL not in patch):
+            # own writes need the transaction (or the meta patch holds an escaped NUL, or
+            # the database's text is not UTF-8: the function merges meta as its text).
+            if guard is None and (patch is None or (self._utf8 and _NUL not in patch)):
                 ending: bool | Suspend | None = False
                 if fence is not None and fence.in_save is not None:
                     ending = None if fence.one_call is None else fence.one_call(new, meta, ends)
@@ -1367,9 +1388,10 @@ def _check_if_idle(conn: Any) -> None:
         psycopg_pool.ConnectionPool.check_connection(conn)
 
 
-def _first_connect(libpq: str, schema: str) -> None:
+def _first_connect(libpq: str, schema: str) -> str:
     """Connect once (the real error, not a pool timeout, if it fails) and create or
-    check the schema, serialized across processes by an advisory lock."""
+    check the schema, serialized across processes by an advisory lock; the database's
+    encoding (``UTF8``, ``LATIN1``...)."""
     import psycopg
 
     try:
@@ -1392,6 +1414,7 @@ def _first_connect(libpq: str, schema: str) -> None:
             ON CONFLICT (key) DO NOTHING""",
             (MAGIC, str(SCHEMA_VERSION)),
         )
+        return str(conn.info.parameter_status("server_encoding"))
 
 
 def _check_schema_is_ours(conn: Any, schema: str) -> None:

@@ -12,6 +12,7 @@ had, these tests skip saying what to install (docs/testing.md).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import uuid
@@ -89,3 +90,24 @@ def pg_url() -> Iterator[str]:
         yield f"{base}?schema={schema}"
     finally:
         drop_schema(schema)
+
+
+@contextlib.contextmanager
+def own_database(encoding: str) -> Iterator[str]:
+    """A database in ``encoding`` (locale C) on the run's own server, dropped after: the
+    URL of a schema in it. Skips when the server is the user's (``AXON_TEST_PG``): the
+    suite creates no database on a server it did not start."""
+    if EXTERNAL_PG is not None:
+        pytest.skip("AXON_TEST_PG points at a server this run did not start: no database made")
+    base = pg_base_url()
+    name = f"axon_d_{uuid.uuid4().hex[:12]}"
+    with pg_connect() as conn:
+        conn.execute(
+            f"CREATE DATABASE {name} ENCODING '{encoding}' LC_COLLATE 'C' LC_CTYPE 'C' "
+            "TEMPLATE template0"
+        )
+    try:
+        yield f"{base.rsplit('/', 1)[0]}/{name}?schema=axon_t"
+    finally:
+        with pg_connect() as conn:
+            conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
