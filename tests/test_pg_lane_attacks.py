@@ -9,8 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from actors.stores.postgres import PostgresStore
 from actors.stores.turns import TurnQueue
+from runtime.errors import StoreError
 from runtime.messages import UserMessage
 from tests.support.pg import own_database
 
@@ -92,3 +95,21 @@ async def test_a_latin1_databases_meta_is_merged_as_before_the_save_function():
         finally:
             await queue.aclose()
             await store.aclose()
+
+
+async def test_a_save_past_the_message_index_range_is_a_store_error_and_writes_nothing(pg_url):
+    """A message's index is an ``INTEGER``: a save whose start (or last message) is past
+    2**31 - 1 is refused as a store error, as the transaction refused it (``integer out
+    of range``, or beyond the session's end), not a ``struct.error`` out of the lane's
+    encoding of the index array; the session is untouched."""
+    store = await PostgresStore.open(pg_url)
+    try:
+        version = await store.save("s", 0, said("a"))
+        for start, count in ((2**31, 1), (2**31 - 1, 2), (2**40, 1), (2**31, 0)):
+            with pytest.raises(StoreError):
+                await store.save("s", start, said(*["z"] * count))
+        record = await store.load("s")
+        assert record is not None
+        assert ([m.text for m in record.messages], record.version) == (["a"], version)
+    finally:
+        await store.aclose()

@@ -848,8 +848,13 @@ class PostgresStore:
             version = None
             # One call of the save function from the loop, unless a guard or the fence's
             # own writes need the transaction (or the meta patch holds an escaped NUL, or
-            # the database's text is not UTF-8: the function merges meta as its text).
-            if guard is None and (patch is None or (self._utf8 and _NUL not in patch)):
+            # the database's text is not UTF-8: the function merges meta as its text, or
+            # an index is past an INTEGER's: the transaction's statements refuse it).
+            if (
+                guard is None
+                and (patch is None or (self._utf8 and _NUL not in patch))
+                and start + len(new) <= _INDEX_END
+            ):
                 ending: bool | Suspend | None = False
                 if fence is not None and fence.in_save is not None:
                     ending = None if fence.one_call is None else fence.one_call(new, meta, ends)
@@ -1243,6 +1248,8 @@ _SAVE_FORMATS: Final = (0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0)
 _INT4, _TEXT, _BYTEA = 23, 25, 17
 """The element types' oids of the save's arrays."""
 _int4 = struct.Struct("!i").pack
+_INDEX_END: Final = 2**31
+"""One past the last index a message may have (``axon_messages.idx`` is an ``INTEGER``)."""
 _ARRAY_HEAD = struct.Struct("!iiiii").pack
 
 
