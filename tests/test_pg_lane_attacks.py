@@ -113,3 +113,21 @@ async def test_a_save_past_the_message_index_range_is_a_store_error_and_writes_n
         assert ([m.text for m in record.messages], record.version) == (["a"], version)
     finally:
         await store.aclose()
+
+
+async def test_a_worker_name_postgresql_text_cannot_hold_is_refused_before_any_claim(pg_url):
+    """The claim's call sends the worker's name as a C string: ``a\\x00b`` reached the
+    row as ``a``, so workers ``a\\x00b`` and ``a\\x00c`` were one owner to every fence
+    check. A name with a NUL (or a lone surrogate, which is no UTF-8) is refused as a
+    store error, as psycopg's claim refused it, and claims nothing."""
+    store = await PostgresStore.open(pg_url)
+    queue = TurnQueue(store, lease=30.0, max_attempts=3)
+    try:
+        turn = await queue.submit("s", "one")
+        for owner in ("a\x00b", "\udcff"):
+            with pytest.raises(StoreError, match="owner"):
+                await queue.claim(owner)
+        assert await _turn_row(store, turn.turn_id) == ("queued", None, None)
+    finally:
+        await queue.aclose()
+        await store.aclose()

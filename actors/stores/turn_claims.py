@@ -135,6 +135,10 @@ class TurnClaiming:
         """
         if not isinstance(owner, str) or not owner:
             raise StoreError(f"owner must be a non-empty string, not {owner!r}")
+        if "\x00" in owner or (not owner.isascii() and not _utf8(owner)):
+            # The claim's call sends it as a C string: a NUL would cut it short (two
+            # workers one owner to the fences), as psycopg refused it before.
+            raise StoreError(f"owner {owner!r} cannot be stored: no NUL, and UTF-8 text")
         action = f"claim by {owner!r}"
         # A store without a lane (a test's stand-in around ``run``) claims in a thread.
         found = (
@@ -606,6 +610,15 @@ parameters as text; the answer in the binary format)."""
 _CLAIM_NAME: Final = b"axon_claim_call"
 _CLAIM_KINDS: Final = ("BOOLEAN", "BOOLEAN", *(kind for _, kind in CLAIMED_COLUMNS))
 """The types of the function's columns: ``o_expired``, ``o_stored``, the turn's."""
+
+
+def _utf8(text: str) -> bool:
+    """Whether ``text`` is UTF-8 text (no lone surrogate)."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _start_head(conn: Any, owner: str, lease: float) -> _Found | None:
