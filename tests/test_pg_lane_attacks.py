@@ -7,15 +7,20 @@ holds what the store's transaction in a thread held before the lane took these c
 
 from __future__ import annotations
 
+import os
+import signal
+import threading
 from typing import Any
 
 import pytest
+import trio
+import trio.testing
 
 from actors.stores.postgres import PostgresStore
 from actors.stores.turns import TurnQueue
 from runtime.errors import StoreError
 from runtime.messages import UserMessage
-from tests.support.pg import own_database
+from tests.support.pg import EXTERNAL_PG, own_database
 
 
 def said(*texts: str) -> list[UserMessage]:
@@ -130,4 +135,119 @@ async def test_a_worker_name_postgresql_text_cannot_hold_is_refused_before_any_c
         assert await _turn_row(store, turn.turn_id) == ("queued", None, None)
     finally:
         await queue.aclose()
+        await store.aclose()
+
+
+# -- what holds (pinned: no other test does) ---------------------------------------------
+
+
+async def test_stores_opening_one_fresh_schema_at_once_all_save_through_the_function(pg_url):
+    """Processes starting together on a fresh schema each create or find the save and
+    claim functions (the schema's advisory lock serializes their checks: two ``CREATE``
+    of one function at once would fail one of them), and each then saves in one call."""
+    stores: list[PostgresStore] = []
+    calls = 0
+    try:
+
+        async def open_one() -> None:
+            stores.append(await PostgresStore.open(pg_url))
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(6):
+                nursery.start_soon(open_one)
+        assert len(stores) == 6
+        for n, store in enumerate(stores):
+            call = store._lane.call
+
+            async def counted(*args: Any, call: Any = call) -> Any:
+                nonlocal calls
+                calls += 1
+                return await call(*args)
+
+            store._lane.call = counted  # type: ignore[method-assign]
+            await store.save(f"s{n}", 0, said("a"))
+        assert calls == 6
+        for n in range(6):
+            record = await stores[0].load(f"s{n}")
+            assert record is not None and [m.text for m in record.messages] == ["a"]
+    finally:
+        for store in stores:
+            await store.aclose()
+
+
+async def test_a_save_of_megabytes_to_a_backend_that_stops_reading_leaves_the_loop_free(pg_url):
+    """A step of megabytes (NULs, astral characters) is more than the socket's buffers:
+    while the server reads none of it (its backend stopped), the lane waits on the loop
+    for the socket, other tasks run, and once the backend reads again the step is stored
+    byte for byte. (A blocking send would hold the whole loop until the server read.)"""
+    if EXTERNAL_PG is not None:
+        pytest.skip("stops a backend of the server: only on the run's own")
+    store = await PostgresStore.open(pg_url)
+    try:
+        version = await store.save("s", 0, said("a"))
+        pid = store._lane._free[0].pgconn.backend_pid
+        big = "x\x00🙂é" * (2 * 2**20)  # ~26 MB of JSON
+        ticks = 0
+        saved: list[int] = []
+        # Should the loop block after all, the backend reads again and the test fails
+        # instead of hanging.
+        watchdog = threading.Timer(30, os.kill, (pid, signal.SIGCONT))
+
+        async def save() -> None:
+            saved.append(await store.save("s", 1, said(big, "\x00"), expected_version=version))
+
+        os.kill(pid, signal.SIGSTOP)
+        watchdog.start()
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(save)
+                while ticks < 50:
+                    await trio.sleep(0.01)
+                    ticks += 1
+                assert saved == [] and watchdog.is_alive()  # the loop ran, the save waits
+                os.kill(pid, signal.SIGCONT)
+        finally:
+            watchdog.cancel()
+            os.kill(pid, signal.SIGCONT)
+        record = await store.load("s")
+        assert record is not None and saved == [record.version]
+        assert [m.text for m in record.messages] == ["a", big, "\x00"]
+    finally:
+        await store.aclose()
+
+
+_ODD_KEYS = ("", " ", "a ", "\x01", "\n", '"', "\\", "/", "é", "中文", "🙂", "\u2028", "\x7f")
+_ODD_KEYS += ("\ufeff", "k" * 300, "1", "null")
+
+
+async def test_the_functions_meta_merge_keeps_odd_keys_and_extreme_numbers(pg_url):
+    """The merge reads keys as text and writes them back escaped (``to_json``): empty,
+    control, quote, backslash, line separator, astral and BOM keys, in stored and
+    patch, nested or not, come back as ``dict.update`` makes them, and numbers at the
+    ends of a float's and an int64's range keep their type and value."""
+    store = await PostgresStore.open(pg_url)
+    try:
+        numbers = [1e308, -1e308, 5e-324, -0.0, 2**63 - 1, -(2**63), 0.1]
+        stored = {key: {key: numbers[n % len(numbers)]} for n, key in enumerate(_ODD_KEYS)}
+        version = await store.save("s", 0, said("a"), stored)
+        patch = {key: [n, numbers[n % len(numbers)]] for n, key in enumerate(_ODD_KEYS[::2])}
+        patch["new \x02"] = None
+        calls = 0
+        call = store._lane.call
+
+        async def counted(*args: Any) -> Any:
+            nonlocal calls
+            calls += 1
+            return await call(*args)
+
+        store._lane.call = counted  # type: ignore[method-assign]
+        await store.save("s", 1, said("b"), patch, expected_version=version)
+        assert calls == 1  # merged by the function, not in a transaction
+        want = dict(stored)
+        want.update(patch)
+        record = await store.load("s")
+        assert record is not None
+        assert list(record.meta) == list(want)
+        assert repr(record.meta) == repr(want)  # -0.0, 5e-324, types
+    finally:
         await store.aclose()
