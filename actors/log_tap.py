@@ -52,7 +52,13 @@ from runtime.output import (
     TextStart,
     ToolApprovalRequest,
 )
-from runtime.redact import redact, redact_log_line, redact_processor
+from runtime.redact import (
+    SHORTEST_MATCH,
+    redact,
+    redact_log_line,
+    redact_processor,
+    timestamps_are_clean,
+)
 from runtime.serde import converter, fields_unstructurer
 
 _WARN = (ActorCrashed, Lagged)
@@ -215,6 +221,7 @@ reach the file up to this much later, a few writes a second instead of one or mo
 turn."""
 _SCALARS = frozenset({str, int, float, bool, type(None)})
 _LEVEL_NUMBERS = {"debug": 10, "info": 20, "warning": 30, "error": 40}
+assert all(len(level) < SHORTEST_MATCH for level in _LEVEL_NUMBERS)  # never redacted
 
 
 @attrs.frozen(kw_only=True, slots=True)
@@ -393,18 +400,27 @@ def _configured_line(log: Any, level: str, kind: str, fields: dict[str, Any]) ->
     sets one of the tap's levels (``debug`` ... ``error``, each its own name), the
     traceback's step only for a line with ``exc_info`` (never a bus event's), and the
     redaction made in the line the tap built (:func:`runtime.redact.redact_log_line`,
-    the processor's answer without a second dictionary). A line costs about 40 % less
-    in a turn (issue 24 goal 1); ``tests/test_log_tap.py`` checks the lines are the
-    same bytes."""
+    the processor's answer without a second dictionary).
+
+    The redaction looks at the context, the fields and the kind, before the level and the
+    time stamp are set: a level is shorter than any secret (:data:`_LEVEL_NUMBERS`), and
+    a stamp is only digits and ``-:.TZ``, which only a registered secret made of those
+    could match (then, and with variables to merge, the whole line is looked at after
+    its last step, as the chain does). ``tests/test_log_tap.py`` checks the lines are
+    the same bytes."""
     chain = log._processors
     wrapped = log._logger
     line = log._context.copy()
     line.update(fields)
     line["event"] = kind
-    if _BOUND_VARS is None or _BOUND_VARS:  # else no variable to merge: nothing to do
-        line = chain[0](wrapped, level, line)
+    if (_BOUND_VARS is None or _BOUND_VARS) or "exc_info" in line or not timestamps_are_clean():
+        if _BOUND_VARS is None or _BOUND_VARS:
+            line = chain[0](wrapped, level, line)
+        line["level"] = level
+        line = chain[2](wrapped, level, line)
+        if "exc_info" in line:
+            line = format_exc_info(wrapped, level, line)
+        return chain[5](wrapped, level, redact_log_line(line))  # type: ignore[no-any-return]
+    redact_log_line(line)
     line["level"] = level
-    line = chain[2](wrapped, level, line)
-    if "exc_info" in line:
-        line = format_exc_info(wrapped, level, line)
-    return chain[5](wrapped, level, redact_log_line(line))  # type: ignore[no-any-return]
+    return chain[5](wrapped, level, chain[2](wrapped, level, line))  # type: ignore[no-any-return]

@@ -491,3 +491,10 @@ def redact_log_line(line: dict[Any, Any]) -> dict[Any, Any]:
         elif _dirty(v):
             line[k] = _redact_log_value(v)
     return line
+
+
+def timestamps_are_clean() -> bool:
+    """Whether a text of only digits and ``-:.TZ`` (a log line's time stamp) is sure to
+    be left as it is by :func:`redact_text`: no registered secret is made of those
+    characters only (:data:`_INERT`), as none normally is."""
+    return not _inert_secrets

@@ -37,7 +37,7 @@ from runtime.events import (
 from runtime.logging import configure_logging, level_enabled
 from runtime.media import elide_media
 from runtime.output import Error, ErrorInfo, TextDelta, ToolCall
-from runtime.redact import redact
+from runtime.redact import redact, register_secret
 from runtime.serde import converter, fields_unstructurer
 from tests.test_serde import EVENT_CLASSES, PNG, _builds
 
@@ -255,6 +255,20 @@ def test_bound_context_variables_are_merged_into_the_configured_chains_lines():
     assert tap == public == generic
     assert tap.count('"request_id":"r-1"') == len(info_events_with_keys())
     assert "hunter2" not in tap
+
+
+def test_a_registered_secret_made_of_digits_is_redacted_in_the_configured_chains_stamps():
+    """The stamp is set after the tap's redaction of a line only while no registered
+    secret is made of a stamp's characters; with one, the whole line is looked at."""
+    from tests.test_redact import isolated_secrets
+
+    events = info_events_with_keys()[:2]
+    with isolated_secrets():
+        date = json.loads(lines_three_ways(events)[0].splitlines()[0])["timestamp"][:10]
+        register_secret(date)
+        tap, public, generic = lines_three_ways(events)
+    assert tap == public == generic
+    assert date not in tap and tap.count('"timestamp":"[redacted]T') == len(events)
 
 
 def test_a_chain_other_than_configure_loggings_takes_the_processor_loop():
