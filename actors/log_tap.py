@@ -54,6 +54,7 @@ from runtime.output import (
 )
 from runtime.redact import (
     SHORTEST_MATCH,
+    is_secret_key,
     redact,
     redact_log_line,
     redact_processor,
@@ -190,7 +191,7 @@ class LogTap(Actor):
                     fields["causation_id"] = (
                         fields.get("tool_call_id") or fields.get("part_id") or fields.get("turn_id")
                     )
-                self._held.append(_configured_line(log, plan.level, event.kind, fields))
+                self._held.append(_configured_line(log, plan, event.kind, fields))
                 return
         if not _chain_redacts(log):
             fields = redact(fields)
@@ -239,6 +240,10 @@ class _Plan:
     """The fields whose values may hold an image's or file's data, elided
     (:func:`runtime.media.elide_media`); the others are scalars, or values made only of
     scalars (``usage``), by their declared types."""
+    plain_keys: bool = False
+    """No key a line of the class can have (its fields' names, ``causation_id``,
+    ``event``) is named like a credential (:func:`runtime.redact.is_secret_key`): the
+    redaction of its lines need not look them up (:func:`_configured_line`)."""
 
 
 _plans: dict[type, _Plan] = {}
@@ -278,7 +283,14 @@ def _make_plan(cls: type) -> _Plan:
             for a in attrs.fields(cls)
             if a.name not in ("type", "kind") and not _scalar_only(hints.get(a.name, Any))
         )
-        plan = _Plan(level=level, number=_LEVEL_NUMBERS[level], fields=fields, deep=deep)
+        names = (*(a.name for a in attrs.fields(cls)), "causation_id", "event")
+        plan = _Plan(
+            level=level,
+            number=_LEVEL_NUMBERS[level],
+            fields=fields,
+            deep=deep,
+            plain_keys=not any(is_secret_key(name) for name in names),
+        )
     _plans[cls] = plan
     return plan
 
@@ -393,9 +405,10 @@ def _configured_chain(chain: Any) -> bool:
     return False
 
 
-def _configured_line(log: Any, level: str, kind: str, fields: dict[str, Any]) -> str:
+def _configured_line(log: Any, plan: _Plan, kind: str, fields: dict[str, Any]) -> str:
     """The line :func:`_json_line` makes through :func:`runtime.configure_logging`'s chain
-    (:func:`_configured_chain`), its steps in line: the context variables merged only
+    (:func:`_configured_chain`) for an event of ``plan``'s class, its steps in line: the
+    context variables merged only
     if any was ever bound (:data:`_BOUND_VARS`), the level set as ``add_log_level``
     sets one of the tap's levels (``debug`` ... ``error``, each its own name), the
     traceback's step only for a line with ``exc_info`` (never a bus event's), and the
@@ -406,11 +419,15 @@ def _configured_line(log: Any, level: str, kind: str, fields: dict[str, Any]) ->
     time stamp are set: a level is shorter than any secret (:data:`_LEVEL_NUMBERS`), and
     a stamp is only digits and ``-:.TZ``, which only a registered secret made of those
     could match (then, and with variables to merge, the whole line is looked at after
-    its last step, as the chain does). ``tests/test_log_tap.py`` checks the lines are
+    its last step, as the chain does). Its keys are not looked up when the plan says no
+    field's name is a credential's (:attr:`_Plan.plain_keys`) and neither is the bound
+    logger's context's. ``tests/test_log_tap.py`` checks the lines are
     the same bytes."""
     chain = log._processors
     wrapped = log._logger
-    line = log._context.copy()
+    level = plan.level
+    context = log._context
+    line = context.copy()
     line.update(fields)
     line["event"] = kind
     if (_BOUND_VARS is None or _BOUND_VARS) or "exc_info" in line or not timestamps_are_clean():
@@ -421,6 +438,11 @@ def _configured_line(log: Any, level: str, kind: str, fields: dict[str, Any]) ->
         if "exc_info" in line:
             line = format_exc_info(wrapped, level, line)
         return chain[5](wrapped, level, redact_log_line(line))  # type: ignore[no-any-return]
-    redact_log_line(line)
+    plain = plan.plain_keys
+    if plain:
+        for key in context:  # the bound logger's (``logger``), looked up here
+            if is_secret_key(key):
+                plain = False
+    redact_log_line(line, plain_keys=plain)
     line["level"] = level
     return chain[5](wrapped, level, chain[2](wrapped, level, line))  # type: ignore[no-any-return]

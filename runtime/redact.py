@@ -460,25 +460,29 @@ def _dirty(value: Any) -> bool:
     return True  # a subclass, an object: the processor's own way
 
 
-def redact_log_line(line: dict[Any, Any]) -> dict[Any, Any]:
+def redact_log_line(line: dict[Any, Any], *, plain_keys: bool = False) -> dict[Any, Any]:
     """:func:`redact_processor`'s answer for ``line``, made in ``line`` itself: the values
     that change are replaced, the others left where they are: the same keys, order and
     values as the processor's new dictionary (a clean nested tuple stays a tuple: the
     same JSON). For a line its caller built and owns (the log tap's, issue 24): no
     second dictionary of a dozen keys a line, and a nested value (``usage``, a message)
     is redacted into a new one only if it needs to be (:func:`_dirty`), never changed
-    in place."""
-    keys = _key_answers
+    in place. ``plain_keys``: the caller knows that no key of ``line`` is named like a
+    credential (:func:`is_secret_key`; the log tap, of an event class's fields), so
+    they are not looked up (nested keys still are)."""
     clean = _checked  # before the secrets (see register_secret)
     inert = _inert_secrets
+    if not plain_keys:
+        keys = _key_answers
+        for k in line:
+            secret = keys.get(k)
+            if secret is None:
+                secret = _is_secret_key(k)
+            if secret:
+                line[k] = REDACTED  # an existing key: the dictionary's size does not change
     for k, v in line.items():
         kind = type(v)
-        secret = keys.get(k)
-        if secret is None:
-            secret = _is_secret_key(k)
-        if secret:
-            line[k] = REDACTED  # an existing key: the dictionary's size does not change
-        elif kind is str:
+        if kind is str:
             if len(v) < SHORTEST_MATCH or clean.get(v) is False:
                 continue
             if not inert and not v.strip(_INERT):
@@ -491,6 +495,12 @@ def redact_log_line(line: dict[Any, Any]) -> dict[Any, Any]:
         elif _dirty(v):
             line[k] = _redact_log_value(v)
     return line
+
+
+def is_secret_key(key: Any) -> bool:
+    """Whether a value under ``key`` is redacted whole, whatever it is (``api_key``,
+    ``authorization``, ``*_password``...)."""
+    return _is_secret_key(key)
 
 
 def timestamps_are_clean() -> bool:

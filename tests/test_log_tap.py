@@ -8,8 +8,9 @@ import json
 import types
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, ClassVar
 
+import attrs
 import pytest
 import structlog
 from hypothesis import HealthCheck, given, settings
@@ -269,6 +270,35 @@ def test_a_registered_secret_made_of_digits_is_redacted_in_the_configured_chains
         tap, public, generic = lines_three_ways(events)
     assert tap == public == generic
     assert date not in tap and tap.count('"timestamp":"[redacted]T') == len(events)
+
+
+@attrs.frozen
+class _SignedIn:
+    """An application's event with a field named like a credential."""
+
+    kind: ClassVar[str] = "app.signed-in"
+    session_id: str
+    password: str
+
+
+def test_a_field_or_a_bound_key_named_like_a_credential_is_redacted_whole():
+    """The redaction skips looking up the keys of a class whose fields' names are all
+    plain (every bus event's); not those of a class with a ``password`` field, nor the
+    context's of a logger bound with an ``api_key``."""
+    assert log_tap._make_plan(TurnStarted).plain_keys
+    assert not log_tap._make_plan(_SignedIn).plain_keys
+    event = _SignedIn(session_id="s-1", password="correct horse battery")
+    got = []
+    for way in ("tap", "generic"):
+        with logging_to("info") as out:
+            log = runtime_logging.get_logger("axon.events").bind(api_key="plain words")
+            tap = LogTap(logger=log)
+            for e in (event, info_events_with_keys()[1]):
+                handle(tap, e) if way == "tap" else generic_line(log, e)
+        got.append(out.getvalue())
+    assert got[0] == got[1]
+    assert "correct horse" not in got[0] and "plain words" not in got[0]
+    assert got[0].count('"api_key":"[redacted]"') == 2 and '"password":"[redacted]"' in got[0]
 
 
 def test_a_chain_other_than_configure_loggings_takes_the_processor_loop():
