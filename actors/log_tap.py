@@ -172,8 +172,9 @@ class LogTap(Actor):
         cls = type(event)
         plan = _plans.get(cls) or _make_plan(cls)
         log = self.log
-        fast = type(log) in _FILTERING
-        if not (log.is_enabled_for(plan.number) if fast else level_enabled(log, plan.level)):
+        enabled = _FILTERING.get(type(log))
+        fast = enabled is not None
+        if not (plan.number in enabled if enabled is not None else level_enabled(log, plan.level)):
             # Nothing is built for a line nobody sees: redacting an event that carries a
             # message of megabytes takes seconds, on the event loop.
             return
@@ -317,16 +318,21 @@ def _scalar_only(t: Any, depth: int = 0) -> bool:
     return False
 
 
-def _filtering_classes() -> frozenset[type]:
+def _filtering_classes() -> dict[type, frozenset[int]]:
     """The bound logger classes of ``structlog.make_filtering_bound_logger`` (structlog's
-    default and :func:`runtime.configure_logging`'s): their level methods are only a
-    level check around ``_process_event``, which :func:`_emit` calls itself. Empty (every
-    line the public way) if this structlog's have no ``_process_event``."""
+    default and :func:`runtime.configure_logging`'s), each to the tap's levels it is
+    enabled for (its ``is_enabled_for``, asked once here: a class's level is fixed, and a
+    look-up is cheaper than the call a line): their level methods are only a level check
+    around ``_process_event``, which :func:`_emit` calls itself. Empty (every line the
+    public way) if this structlog's have no ``_process_event``."""
     classes = {structlog.make_filtering_bound_logger(n) for n in (0, 10, 20, 30, 40, 50)}
     needed = ("_process_event", "is_enabled_for")
     if not all(callable(getattr(c, name, None)) for c in classes for name in needed):
-        return frozenset()
-    return frozenset(classes)
+        return {}
+    return {
+        c: frozenset(n for n in _LEVEL_NUMBERS.values() if c.is_enabled_for(None, n))  # type: ignore[arg-type]
+        for c in classes
+    }
 
 
 _FILTERING = _filtering_classes()
@@ -377,6 +383,9 @@ _BOUND_VARS: dict[str, Any] | None = getattr(structlog.contextvars, "_CONTEXT_VA
 there are none, ``merge_contextvars`` has nothing to merge and is not called (it copies
 the whole context and looks at every variable in it, a trio task's too: 3 % of the
 tap's CPU). ``None`` if this structlog keeps them elsewhere: called for every line."""
+
+_PLAIN_CONTEXT = frozenset({"logger"})
+"""The key of the tap's own logger's context (:func:`runtime.get_logger` binds it)."""
 
 _configured: list[Any] = []
 """The processors of the last chain found to be :func:`runtime.configure_logging`'s
@@ -439,8 +448,8 @@ def _configured_line(log: Any, plan: _Plan, kind: str, fields: dict[str, Any]) -
             line = format_exc_info(wrapped, level, line)
         return chain[5](wrapped, level, redact_log_line(line))  # type: ignore[no-any-return]
     plain = plan.plain_keys
-    if plain:
-        for key in context:  # the bound logger's (``logger``), looked up here
+    if plain and not context.keys() <= _PLAIN_CONTEXT:
+        for key in context:  # a bound logger's own keys, looked up here
             if is_secret_key(key):
                 plain = False
     redact_log_line(line, plain_keys=plain)
