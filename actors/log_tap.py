@@ -35,7 +35,7 @@ import trio
 from runtime.actor import Actor
 from runtime.events import LIFECYCLE_EVENT_TYPES, ActorCrashed, ActorGaveUp, Lagged
 from runtime.inbox import OverflowPolicy
-from runtime.logging import JsonRenderer, get_logger, level_enabled
+from runtime.logging import JsonRenderer, UtcStamper, format_exc_info, get_logger, level_enabled
 from runtime.logging import chain_redacts as _chain_redacts
 from runtime.media import elide_media
 from runtime.output import (
@@ -52,7 +52,14 @@ from runtime.output import (
     TextStart,
     ToolApprovalRequest,
 )
-from runtime.redact import redact
+from runtime.redact import (
+    SHORTEST_MATCH,
+    is_secret_key,
+    redact,
+    redact_log_line,
+    redact_processor,
+    timestamps_are_clean,
+)
 from runtime.serde import converter, fields_unstructurer
 
 _WARN = (ActorCrashed, Lagged)
@@ -165,8 +172,9 @@ class LogTap(Actor):
         cls = type(event)
         plan = _plans.get(cls) or _make_plan(cls)
         log = self.log
-        fast = type(log) in _FILTERING
-        if not (log.is_enabled_for(plan.number) if fast else level_enabled(log, plan.level)):
+        enabled = _FILTERING.get(type(log))
+        fast = enabled is not None
+        if not (plan.number in enabled if enabled is not None else level_enabled(log, plan.level)):
             # Nothing is built for a line nobody sees: redacting an event that carries a
             # message of megabytes takes seconds, on the event loop.
             return
@@ -177,6 +185,15 @@ class LogTap(Actor):
                 elided = elide_media(value)
                 if elided is not value:
                     fields[name] = elided
+        if fast and type(log._logger) is _WRITE_LOGGER:
+            chain = log._processors
+            if chain == _configured or _configured_chain(chain):
+                if fields.get("causation_id") is None:
+                    fields["causation_id"] = (
+                        fields.get("tool_call_id") or fields.get("part_id") or fields.get("turn_id")
+                    )
+                self._held.append(_configured_line(log, plan, event.kind, fields))
+                return
         if not _chain_redacts(log):
             fields = redact(fields)
         if fields.get("causation_id") is None:  # what made it happen, most specific first
@@ -206,6 +223,7 @@ reach the file up to this much later, a few writes a second instead of one or mo
 turn."""
 _SCALARS = frozenset({str, int, float, bool, type(None)})
 _LEVEL_NUMBERS = {"debug": 10, "info": 20, "warning": 30, "error": 40}
+assert all(len(level) < SHORTEST_MATCH for level in _LEVEL_NUMBERS)  # never redacted
 
 
 @attrs.frozen(kw_only=True, slots=True)
@@ -223,6 +241,10 @@ class _Plan:
     """The fields whose values may hold an image's or file's data, elided
     (:func:`runtime.media.elide_media`); the others are scalars, or values made only of
     scalars (``usage``), by their declared types."""
+    plain_keys: bool = False
+    """No key a line of the class can have (its fields' names, ``causation_id``,
+    ``event``) is named like a credential (:func:`runtime.redact.is_secret_key`): the
+    redaction of its lines need not look them up (:func:`_configured_line`)."""
 
 
 _plans: dict[type, _Plan] = {}
@@ -262,7 +284,14 @@ def _make_plan(cls: type) -> _Plan:
             for a in attrs.fields(cls)
             if a.name not in ("type", "kind") and not _scalar_only(hints.get(a.name, Any))
         )
-        plan = _Plan(level=level, number=_LEVEL_NUMBERS[level], fields=fields, deep=deep)
+        names = (*(a.name for a in attrs.fields(cls)), "causation_id", "event")
+        plan = _Plan(
+            level=level,
+            number=_LEVEL_NUMBERS[level],
+            fields=fields,
+            deep=deep,
+            plain_keys=not any(is_secret_key(name) for name in names),
+        )
     _plans[cls] = plan
     return plan
 
@@ -289,16 +318,21 @@ def _scalar_only(t: Any, depth: int = 0) -> bool:
     return False
 
 
-def _filtering_classes() -> frozenset[type]:
+def _filtering_classes() -> dict[type, frozenset[int]]:
     """The bound logger classes of ``structlog.make_filtering_bound_logger`` (structlog's
-    default and :func:`runtime.configure_logging`'s): their level methods are only a
-    level check around ``_process_event``, which :func:`_emit` calls itself. Empty (every
-    line the public way) if this structlog's have no ``_process_event``."""
+    default and :func:`runtime.configure_logging`'s), each to the tap's levels it is
+    enabled for (its ``is_enabled_for``, asked once here: a class's level is fixed, and a
+    look-up is cheaper than the call a line): their level methods are only a level check
+    around ``_process_event``, which :func:`_emit` calls itself. Empty (every line the
+    public way) if this structlog's have no ``_process_event``."""
     classes = {structlog.make_filtering_bound_logger(n) for n in (0, 10, 20, 30, 40, 50)}
     needed = ("_process_event", "is_enabled_for")
     if not all(callable(getattr(c, name, None)) for c in classes for name in needed):
-        return frozenset()
-    return frozenset(classes)
+        return {}
+    return {
+        c: frozenset(n for n in _LEVEL_NUMBERS.values() if c.is_enabled_for(None, n))  # type: ignore[arg-type]
+        for c in classes
+    }
 
 
 _FILTERING = _filtering_classes()
@@ -343,3 +377,81 @@ def _json_line(log: Any, level: str, kind: str, fields: dict[str, Any]) -> str |
 
 
 _WRITE_LOGGER = structlog.WriteLogger
+
+_BOUND_VARS: dict[str, Any] | None = getattr(structlog.contextvars, "_CONTEXT_VARS", None)
+"""structlog's context variables, one per name ever bound (``bind_contextvars``): while
+there are none, ``merge_contextvars`` has nothing to merge and is not called (it copies
+the whole context and looks at every variable in it, a trio task's too: 3 % of the
+tap's CPU). ``None`` if this structlog keeps them elsewhere: called for every line."""
+
+_PLAIN_CONTEXT = frozenset({"logger"})
+"""The key of the tap's own logger's context (:func:`runtime.get_logger` binds it)."""
+
+_configured: list[Any] = []
+"""The processors of the last chain found to be :func:`runtime.configure_logging`'s
+(:func:`_configured_chain`): a line whose bound logger holds a list equal to it (the
+same objects, in the same order) is made by :func:`_configured_line`."""
+
+
+def _configured_chain(chain: Any) -> bool:
+    """Whether ``chain`` is :func:`runtime.configure_logging`'s processors, as it makes
+    them (remembered in :data:`_configured` if so): merge the context variables, the
+    level, :class:`~runtime.logging.UtcStamper`, ``format_exc_info``, the redaction,
+    :class:`~runtime.logging.JsonRenderer`."""
+    global _configured
+    if (
+        type(chain) is list
+        and len(chain) == 6
+        and chain[0] is structlog.contextvars.merge_contextvars
+        and chain[1] is structlog.processors.add_log_level
+        and type(chain[2]) is UtcStamper
+        and chain[3] is format_exc_info
+        and chain[4] is redact_processor
+        and type(chain[5]) is JsonRenderer
+    ):
+        _configured = chain[:]
+        return True
+    return False
+
+
+def _configured_line(log: Any, plan: _Plan, kind: str, fields: dict[str, Any]) -> str:
+    """The line :func:`_json_line` makes through :func:`runtime.configure_logging`'s chain
+    (:func:`_configured_chain`) for an event of ``plan``'s class, its steps in line: the
+    context variables merged only
+    if any was ever bound (:data:`_BOUND_VARS`), the level set as ``add_log_level``
+    sets one of the tap's levels (``debug`` ... ``error``, each its own name), the
+    traceback's step only for a line with ``exc_info`` (never a bus event's), and the
+    redaction made in the line the tap built (:func:`runtime.redact.redact_log_line`,
+    the processor's answer without a second dictionary).
+
+    The redaction looks at the context, the fields and the kind, before the level and the
+    time stamp are set: a level is shorter than any secret (:data:`_LEVEL_NUMBERS`), and
+    a stamp is only digits and ``-:.TZ``, which only a registered secret made of those
+    could match (then, and with variables to merge, the whole line is looked at after
+    its last step, as the chain does). Its keys are not looked up when the plan says no
+    field's name is a credential's (:attr:`_Plan.plain_keys`) and neither is the bound
+    logger's context's. ``tests/test_log_tap.py`` checks the lines are
+    the same bytes."""
+    chain = log._processors
+    wrapped = log._logger
+    level = plan.level
+    context = log._context
+    line = context.copy()
+    line.update(fields)
+    line["event"] = kind
+    if (_BOUND_VARS is None or _BOUND_VARS) or "exc_info" in line or not timestamps_are_clean():
+        if _BOUND_VARS is None or _BOUND_VARS:
+            line = chain[0](wrapped, level, line)
+        line["level"] = level
+        line = chain[2](wrapped, level, line)
+        if "exc_info" in line:
+            line = format_exc_info(wrapped, level, line)
+        return chain[5](wrapped, level, redact_log_line(line))  # type: ignore[no-any-return]
+    plain = plan.plain_keys
+    if plain and not context.keys() <= _PLAIN_CONTEXT:
+        for key in context:  # a bound logger's own keys, looked up here
+            if is_secret_key(key):
+                plain = False
+    redact_log_line(line, plain_keys=plain)
+    line["level"] = level
+    return chain[5](wrapped, level, chain[2](wrapped, level, line))  # type: ignore[no-any-return]

@@ -7,8 +7,9 @@ Process-against-process figures of a turn swing by more than what a log line's c
 can move (``benchmarks.per_turn``: ±10 % at load 4). Here one process runs the turns of
 :mod:`benchmarks.per_turn` (a fresh SQLite file, session and scripted 10-delta stream per
 turn, logging at ``info`` into a file), swapping per round which log tap the host starts
-and which redaction processor the chain holds: the base tree's ``actors/log_tap.py`` and
-``runtime/redact.py`` (loaded from ``DIR``'s files; the rest of the runtime is this
+and which redaction processor and time stamper the chain holds: the base tree's
+``actors/log_tap.py``, ``runtime/redact.py`` and ``runtime/logging.py``'s ``UtcStamper``
+(loaded from ``DIR``'s files; the rest of the runtime is this
 tree's) against this tree's, alternating which side goes first. Per side: the process CPU
 per turn, and the thread CPU spent in the tap's ``handle`` per turn (the tap's own
 share, much steadier); the paired per-round differences; how many lines went out per
@@ -59,6 +60,7 @@ def main() -> None:
     from runtime import redact as redaction
 
     base_redact = _load("base_redact", f"{args.base}/runtime/redact.py")
+    base_logging = _load("base_logging", f"{args.base}/runtime/logging.py")
     base_tap = _load("base_log_tap", f"{args.base}/actors/log_tap.py")
     base_tap._chain_redacts = lambda logger: (  # main's tap asks whether its chain redacts
         base_redact.redact_processor in getattr(logger, "_processors", ())
@@ -98,14 +100,18 @@ def main() -> None:
             configure_logging("info", stream=log)
             chain = structlog.get_config()["processors"]
             at = chain.index(redaction.redact_processor)
+            stamp = next(i for i, p in enumerate(chain) if type(p).__name__ == "UtcStamper")
+            stampers = {"base": base_logging.UtcStamper(), "branch": chain[stamp]}
 
             def use(side: str) -> None:
                 if side == "branch" or args.no_hold:
                     tap_module.LogTap = BranchTap if side == "branch" else AtOnce  # type: ignore[misc]
                     chain[at] = redaction.redact_processor
+                    chain[stamp] = stampers["branch"]
                 else:
                     tap_module.LogTap = base_tap.LogTap  # type: ignore[misc]
                     chain[at] = base_redact.redact_processor
+                    chain[stamp] = stampers["base"]
 
             def turns(count: int, warm: int) -> float:
                 return float(trio.run(_child, count, warm, 10, tempfile.mkdtemp(dir=directory)))

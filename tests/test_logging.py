@@ -68,10 +68,12 @@ def test_the_timestamp_is_iso_utc_like_structlogs_to_the_microsecond(monkeypatch
     from runtime.logging import UtcStamper
 
     stamper = UtcStamper()
-    for now in (1764786028.844091, 1764786028.0, 1764786029.5):
-        monkeypatch.setattr(time, "time", lambda now=now: now)
+    for ns in (1764786028844091000, 1764786028000000000, 1764786029500000000, 1764786029999999999):
+        monkeypatch.setattr(time, "time_ns", lambda ns=ns: ns)
         got = stamper(None, "info", {})["timestamp"]
-        expected = datetime.datetime.fromtimestamp(now, datetime.UTC)
+        epoch = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
+        expected = epoch + datetime.timedelta(microseconds=ns // 1000)
+        assert got == expected.isoformat().replace("+00:00", "Z")  # structlog's TimeStamper
         parsed = datetime.datetime.fromisoformat(got.replace("Z", "+00:00"))
         assert got.endswith("Z") and abs((parsed - expected).total_seconds()) < 2e-6
         assert ("." in got) == (expected.microsecond != 0)

@@ -353,6 +353,31 @@ def test_the_log_processor_gives_the_plain_redaction_of_any_line(lines, secrets)
             assert redaction.redact_processor(None, "info", dict(line)) == plain_log_value(line)
 
 
+@given(
+    lines=st.lists(
+        st.dictionaries(_KEYS | st.text(max_size=6), log_values, max_size=5), max_size=3
+    ),
+    secrets=st.lists(registered, max_size=2),
+)
+def test_a_line_redacted_in_place_renders_as_the_processors_line(lines, secrets):
+    """``redact_log_line`` (the log tap's): the JSON of the processor's line, its nested
+    values left as they were (a clean one is kept, not copied; one to redact is
+    replaced by a new one)."""
+    import copy
+
+    def rendered(line):
+        return json.dumps(line, default=str)
+
+    with isolated_secrets():
+        for secret in secrets:
+            register_secret(secret)
+        for line in lines * 2:  # the second time, from what was remembered
+            before = copy.deepcopy(line)
+            expected = rendered(redaction.redact_processor(None, "info", dict(line)))
+            assert rendered(redaction.redact_log_line(dict(line))) == expected
+            assert rendered(line) == rendered(before)  # nothing nested changed in place
+
+
 def test_a_timestamp_or_a_short_text_is_not_remembered_nor_scanned(monkeypatch):
     scanned = []
     real = redaction._scan
