@@ -3,12 +3,16 @@ refuses a class whose ``__init__`` does more than set its fields."""
 
 from __future__ import annotations
 
+import copy
+import pickle
+import weakref
+
 import attrs
 import pytest
 
 from runtime import output as o
 from runtime.chunks import TextChunk
-from runtime.fastbuild import column_builder, slot_builder
+from runtime.fastbuild import _twin, column_builder, slot_builder
 
 FIELDS = ("step", "part_id", "text", "seq", "session_id", "turn_id")
 
@@ -95,3 +99,72 @@ def test_a_column_builder_refuses_what_a_slot_builder_refuses_and_unknown_column
 
     with pytest.raises(TypeError):
         column_builder(Converted, ("n",), ("n",))
+
+
+@pytest.mark.parametrize("cls", [o.TextDelta, o.ReasoningDelta])
+def test_a_delta_built_as_its_twin_is_its_class_through_and_through(cls: type):
+    """The deltas are made as an unfrozen twin and then assigned their class: what comes
+    out is an instance of the class itself, frozen, with every field, that pickles,
+    copies, evolves, serializes and is weakly referenced as one ``__init__`` made."""
+    made = cls(step=2, part_id="p1", text="hi", seq=7, session_id="s", turn_id="t")
+    singles = [slot_builder(cls, FIELDS)(2, "p1", "hi", 7, "s", "t")]
+    runs = column_builder(cls, FIELDS, ("text", "seq"))(1, 2, "p1", ["hi"], [7], "s", "t")
+    for built in singles + runs:
+        assert type(built) is cls and built.__class__ is cls and isinstance(built, cls)
+        assert attrs.asdict(built) == attrs.asdict(made)
+        assert pickle.loads(pickle.dumps(built)) == made
+        assert copy.copy(built) == made and copy.deepcopy(built) == made
+        assert attrs.evolve(built, text="x") == attrs.evolve(made, text="x")
+        assert weakref.ref(built)() is built
+        for name in FIELDS:
+            with pytest.raises(attrs.exceptions.FrozenInstanceError):
+                setattr(built, name, "other")
+            with pytest.raises(attrs.exceptions.FrozenInstanceError):
+                delattr(built, name)
+        assert getattr(built, "__dict__", None) is None  # still slotted: no dict
+
+
+def test_the_deltas_twin_has_their_layout_and_object_s_setattr():
+    """Why the twin's stores are fast: its ``__setattr__`` and ``__delattr__`` are
+    ``object``'s (either one of the class's own would keep the interpreter's attribute
+    store generic); and why it may become a ``TextDelta``: the same base and slots."""
+    twin = _twin(o.TextDelta)
+    assert twin.__bases__ == o.TextDelta.__bases__
+    assert twin.__slots__ == o.TextDelta.__slots__
+    assert twin.__basicsize__ == o.TextDelta.__basicsize__
+    assert twin.__setattr__ is object.__setattr__ and twin.__delattr__ is object.__delattr__
+    assert not issubclass(twin, o.TextDelta) and not issubclass(o.TextDelta, twin)
+
+
+def test_a_class_with_its_own_weakref_slot_is_built_through_its_descriptors():
+    """CPython refuses ``__class__`` assignment between two classes that each add
+    ``__weakref__`` to their own slots (a base-less attrs class, as ``TextChunk``): such
+    a class has no twin, and its builder writes its slots as before, the same value."""
+    with pytest.raises(TypeError):
+        _twin(TextChunk)
+    build = slot_builder(TextChunk, ("text", "refusal"))
+    built = build("a", True)
+    assert type(built) is TextChunk and built == TextChunk(text="a", refusal=True)
+
+    @attrs.frozen(kw_only=True, slots=True)
+    class Plain:
+        n: int
+        m: str = ""
+
+    columns = column_builder(Plain, ("n", "m"), ("n",))(3, [1, 2, 3], "x")
+    assert columns == [Plain(n=1, m="x"), Plain(n=2, m="x"), Plain(n=3, m="x")]
+    assert {type(c) for c in columns} == {Plain}
+
+
+def test_a_column_builder_refuses_columns_of_another_length():
+    """Each column holds exactly ``k`` values: one shorter or longer, or two of
+    different lengths, is an error, never a silently shorter run."""
+    build = column_builder(o.TextDelta, FIELDS, ("text", "seq"))
+    with pytest.raises(ValueError):
+        build(3, 1, "p", ["a", "b"], range(2), "s", "t")  # k says 3
+    with pytest.raises(ValueError):
+        build(2, 1, "p", ["a", "b"], range(3), "s", "t")  # the columns differ
+    one = column_builder(o.TextDelta, FIELDS, ("text",))
+    with pytest.raises(ValueError):
+        one(1, 1, "p", ["a", "b"], 4, "s", "t")
+    assert [d.seq for d in one(2, 1, "p", ["a", "b"], 4, "s", "t")] == [4, 4]
