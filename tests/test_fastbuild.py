@@ -133,6 +133,9 @@ def test_the_deltas_twin_has_their_layout_and_object_s_setattr():
     assert twin.__slots__ == o.TextDelta.__slots__
     assert twin.__basicsize__ == o.TextDelta.__basicsize__
     assert twin.__setattr__ is object.__setattr__ and twin.__delattr__ is object.__delattr__
+    assert twin.__init__ is object.__init__  # twin() makes an empty one in C
+    with pytest.raises(AttributeError):
+        twin().text  # noqa: B018  (no field set: not the base's defaults)
     assert not issubclass(twin, o.TextDelta) and not issubclass(o.TextDelta, twin)
 
 
