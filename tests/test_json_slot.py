@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 
 from actors.providers import anthropic, openai
 from actors.providers.json_slot import StringSlot, TwoStringSlot, learn
+from actors.providers.sse import block_bytes
 from runtime.chunks import TextChunk
 from runtime.provider import TextRun
 from tests.support.chunk_sink import ChunkSink
@@ -535,9 +536,9 @@ def test_openai_reads_the_same_chunks_of_a_real_stream_with_slots(monkeypatch: A
 
     lines_window = TwoStringSlot._window_lines
 
-    def counted_lines(slot: TwoStringSlot, *args: Any) -> list[str] | None:
+    def counted_lines(slot: TwoStringSlot, *args: Any) -> tuple[list[str], int] | None:
         got = lines_window(slot, *args)
-        windows.append(0 if got is None else len(got))
+        windows.append(0 if got is None else len(got[0]))
         return got
 
     monkeypatch.setattr(TwoStringSlot, "text", counted)
@@ -571,10 +572,14 @@ def _blocks_one_at_a_time(slot: Any, lines: list[bytes], start: int, lead: bytes
 def _by_runs(slot: Any, lines: list[bytes], start: int, lead: bytes) -> tuple:
     """``slot.run_lines`` as the readers use it: each block it leaves is read by itself
     (:func:`_blocks_one_at_a_time` of that one block), and the runs go on after it."""
-    k = len(lines) // (lead.count(b"\n") + 2)
+    size = lead.count(b"\n") + 2
+    k = len(lines) // size
+    read = b"".join(line + b"\n" for line in lines) + b"rest"  # as SSEDecoder.read holds them
+    at = block_bytes(lines, 0, start, size)
     texts, i = [], start
     while True:
-        got, i = slot.run_lines(lines, i, k, lead)
+        got, i, at = slot.run_lines(lines, i, k, lead, read, at)
+        assert at == block_bytes(lines, 0, i, size)  # where block i starts
         texts += got
         if i == k:
             return texts, i
@@ -582,6 +587,7 @@ def _by_runs(slot: Any, lines: list[bytes], start: int, lead: bytes) -> tuple:
         if after == i:
             return texts, i
         texts.append(one[0])
+        at += block_bytes(lines, i, i + 1, size)
         i += 1
 
 

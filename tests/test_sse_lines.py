@@ -23,8 +23,8 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from actors.providers import anthropic, openai
-from actors.providers.json_slot import learn
-from actors.providers.sse import SSEDecoder
+from actors.providers.json_slot import StringSlot, learn
+from actors.providers.sse import SSEDecoder, block_bytes
 from runtime.chunks import TextChunk
 from runtime.provider import TextRun
 from tests.support.chunk_sink import ChunkSink
@@ -212,9 +212,34 @@ def test_run_lines_reads_what_text_reads_and_stops_at_a_quote() -> None:
         line = _delta("").encode().replace(b'"text":""', b'"text":"' + w.encode() + b'"')
         lines += [b"event: content_block_delta", b"data: " + line, b""]
     lead = b"event: content_block_delta\ndata: "
-    assert slot.run_lines(lines, 0, 4, lead) == (["a", "bé"], 2)
-    assert slot.run_lines(lines, 3, 4, lead) == (["c"], 4)
-    assert slot.run_lines(lines, 0, 4, b"event: content_block_deltx\ndata: ") == ([], 0)
+    read = b"".join(line + b"\n" for line in lines)  # as SSEDecoder.read holds them
+    at = [block_bytes(lines, 0, j) for j in range(5)]  # where each block starts
+    assert slot.run_lines(lines, 0, 4, lead, read, 0) == (["a", "bé"], 2, at[2])
+    assert slot.run_lines(lines, 3, 4, lead, read, at[3]) == (["c"], 4, at[4])
+    wrong = b"event: content_block_deltx\ndata: "
+    assert slot.run_lines(lines, 0, 4, wrong, read, 0) == ([], 0, 0)
+
+
+def test_run_lines_compares_the_blocks_where_the_read_holds_them() -> None:
+    """The run's blocks are checked against the read's bytes at the offset the reader
+    gives: the same lines at another offset, or a read that differs there, read nothing
+    (the texts are cut from the lines; the bytes compared prove what those lines are)."""
+    data = _delta("x").encode()
+    slot = learn(
+        data, json.loads(data), b'"text":', anthropic._delta_text, anthropic._put_delta_text
+    )
+    assert slot is not None
+    lines: list[bytes] = []
+    for w in ["a", "b", "c"]:
+        lines += [b"event: content_block_delta", b"data: " + _delta(w).encode(), b""]
+    lead = b"event: content_block_delta\ndata: "
+    read = b"".join(line + b"\n" for line in lines)
+    assert slot.run_lines(lines, 0, 3, lead, read, 0) == (["a", "b", "c"], 3, len(read))
+    assert slot.run_lines(lines, 0, 3, lead, b"\n" + read, 0)[:2] == ([], 0)
+    assert slot.run_lines(lines, 0, 3, lead, read, 1)[:2] == ([], 0)
+    other = read.replace(b'"b"', b'"B"')  # the lines say b, the read says B
+    assert slot.run_lines(lines, 0, 3, lead, other, 0)[:2] == (["a"], 1)
+    assert slot.run_lines(lines, 1, 3, lead, other, block_bytes(lines, 0, 1))[:2] == ([], 1)
 
 
 # -- OpenAI: blocks of a data line and a blank line, the two-string slot ---------------------
@@ -325,3 +350,63 @@ def test_an_openai_read_of_text_chunks_is_read_as_lines_in_windows(monkeypatch: 
     assert failure is None
     assert [t for kind, t in out[1:]] == texts[1:]
     assert sum(read) <= 4  # the first chunk (learned), then lines only
+
+
+def test_a_slot_whose_bytes_hold_a_newline_reads_no_run_of_lines() -> None:
+    """A slot learned from data of two ``data:`` lines holds a newline: its bytes are no
+    block's lines, so no window of lines is read by it (each block goes as its event)."""
+    slot = StringSlot(b'{"a":1,\n"text":', b"}")
+    lines = [b"event: content_block_delta", b'data: {"a":1,', b'"text":"x"}', b""]
+    read = b"".join(line + b"\n" for line in lines)
+    head = b"event: content_block_delta\ndata: " + slot.prefix + b'"'
+    assert slot._window_lines(lines[:3], 3, head, 6, read, 0) is None
+    assert slot.run_lines(lines[:3], 0, 1, b"event: content_block_delta\ndata: ", read, 0)[:2] == (
+        [],
+        0,
+    )
+
+
+def _counting_block_events(monkeypatch: Any) -> list[int]:
+    """The blocks each reader reads as events (not by lines), counted."""
+    read: list[int] = []
+    block_events = SSEDecoder.block_events
+
+    def counted(self: SSEDecoder, lines: list[bytes], i: int, j: int, size: int = 3) -> Any:
+        read.append(j - i)
+        return block_events(self, lines, i, j, size)
+
+    monkeypatch.setattr(SSEDecoder, "block_events", counted)
+    return read
+
+
+def test_runs_after_a_block_read_as_its_event_go_on_by_lines(monkeypatch: Any) -> None:
+    """Within one read, a block read as its event (a ping, a text with a quote) moves the
+    offset the next run is compared at by that block's bytes: the runs after it are read
+    by lines again, not every block after it as an event."""
+    texts = [f"w{i}" for i in range(400)]
+    texts[150] = 'say "hi"'  # a quote: read alone
+    blocks = [f"event: content_block_delta\ndata: {_delta(t)}\n\n" for t in texts]
+    blocks.insert(300, 'event: ping\ndata: {"type": "ping"}\n\n')
+    body = "".join(blocks).encode()
+    read = _counting_block_events(monkeypatch)
+    out, failure = trio.run(_read, [body[:300], body[300:]])
+    assert failure is None
+    got = [x[1] if isinstance(x, tuple) else x.get("delta", {}).get("text") for x in out]
+    assert [t for t in got if t is not None] == texts
+    assert sum(read) <= 6  # the first read's, the quoted text's block and the ping's
+
+
+def test_openai_runs_after_a_block_read_as_its_event_go_on_by_lines(monkeypatch: Any) -> None:
+    """The same for OpenAI's blocks: a chunk whose text holds a quote is read as its
+    event, and the chunks after it by lines."""
+    texts = [f"w{i}" for i in range(400)]
+    texts[150] = 'say "hi"'
+    body = b"".join(
+        f"data: {_chunk({'content': t}, 'ab' * (i % 5))}\n\n".encode() for i, t in enumerate(texts)
+    )
+    read = _counting_block_events(monkeypatch)
+    out, failure = trio.run(_read_openai, [body[:900], body[900:]])
+    assert failure is None
+    got = [x[1] if isinstance(x, tuple) else x["choices"][0]["delta"]["content"] for x in out]
+    assert got == texts
+    assert sum(read) <= 6  # the first read's and the quoted text's block

@@ -31,7 +31,7 @@ from actors.providers.failures import (
 from actors.providers.json_slot import StringSlot, learn
 from actors.providers.read_batch import ReadBatch
 from actors.providers.sdk import SDKProvider
-from actors.providers.sse import SSEDecoder, event_batches, sdk_sse_response
+from actors.providers.sse import SSEDecoder, block_bytes, event_batches, sdk_sse_response
 from runtime import errors
 from runtime.actor_messages import InferRequest
 from runtime.chunks import (
@@ -773,11 +773,12 @@ class _EventReader:
         delta; issue 24 goal 1), any other block read as its events by :meth:`events`,
         in order. What went wrong (after the events before it), or ``None``."""
         k = len(lines) // 3
-        i = 0
+        i = at = 0  # block i starts at offset ``at`` of the read (SSEDecoder.read)
+        read = decoder.read
         while i < k:
             slot = self.slot
             if slot is not None:
-                run, i = slot.run_lines(lines, i, k, _DELTA_LEAD)
+                run, i, at = slot.run_lines(lines, i, k, _DELTA_LEAD, read, at)
                 if run:
                     out.append(run)
                 if i == k:
@@ -787,6 +788,8 @@ class _EventReader:
             failure = self.events(decoder.block_events(lines, i, j), out)
             if failure is not None:
                 return failure
+            if j < k:
+                at += block_bytes(lines, i, j, 3)
             i = j
         return None
 

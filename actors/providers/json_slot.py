@@ -55,6 +55,7 @@ class StringSlot:
         "_between",
         "_closing",
         "_inside",
+        "_joinable",
         "_loads",
         "_opening",
         "_start",
@@ -79,6 +80,7 @@ class StringSlot:
         self._closing = b'"' + suffix
         self._between = self._closing + b"\n" + self._opening  # between two events (run)
         self._inside = slice(len(self._opening), -len(self._closing))  # the string's bytes
+        self._joinable = b"\n" not in self._opening + self._closing  # (run_lines)
 
     def text(self, data: bytes) -> str | None:
         """The string of ``data`` when it is :attr:`prefix`, one JSON string token and
@@ -120,40 +122,56 @@ class StringSlot:
             return None  # a quote in a text (escaped): read alone
         return _strings(self._loads, strings)
 
-    def run_lines(self, lines: list[bytes], i: int, k: int, lead: bytes) -> tuple[list[str], int]:
+    def run_lines(
+        self, lines: list[bytes], i: int, k: int, lead: bytes, read: bytes, at: int
+    ) -> tuple[list[str], int, int]:
         """:meth:`run` of SSE blocks of lines (``size`` lines a block, the last blank:
         ``lines[size * j : size * (j + 1)]`` the block of event ``j``,
         :meth:`~actors.providers.sse.SSEDecoder.feed_lines`) from event ``i`` on, below
         ``k``, while each block is ``lead`` (an event's lines up to its data's value:
         ``b"event: NAME\\ndata: "``, a block of 3 lines, or ``b"data: "``, of 2), this
-        slot's bytes around a string, and a blank line: the texts and the index of the
-        first block not read (the caller reads it as an event). Windows of blocks as
-        :func:`_run` reads windows of events (:func:`_run_lines`); the same texts as
-        :meth:`text` of each block's event (a block not read here, such as one whose
-        text holds a quote, is the caller's to read as one).
+        slot's bytes around a string, and a blank line: the texts, the index of the
+        first block not read (the caller reads it as an event) and where it starts in
+        ``read``. ``read`` holds the lines, each ended by a newline
+        (:attr:`~actors.providers.sse.SSEDecoder.read`), block ``i`` from offset ``at``.
+        Windows of blocks as :func:`_run` reads windows of events (:func:`_run_lines`);
+        the same texts as :meth:`text` of each block's data (a block not read here, such
+        as one whose text holds a quote, is the caller's to read as one).
 
-        Why a window's lines that join to ``lead`` + :attr:`prefix` + ``"`` + string +
-        ``"`` + :attr:`suffix` + a blank line, each, are those events: ``lead`` holds
-        ``size - 2`` newlines, and the lines (cut at newlines) hold none, so the two
-        sides have as many newlines only if the slot's bytes hold none either; then the
-        newlines fall in the same places, and each block's lines are ``lead``'s lines,
-        the last of them with the data, and a blank line."""
-        return _run_lines(self, lines, i, k, lead, self._window_lines)
+        Why a window's lines are those events when ``read`` holds, from block ``i``'s
+        offset, ``lead`` + :attr:`prefix` + ``"`` + string + ``"`` + :attr:`suffix` +
+        two newlines for each (the strings cut out of the window's data lines): those
+        bytes hold ``size`` newlines a block (``lead`` holds ``size - 2``; the slot's
+        bytes none, or no window is read; the strings none, being cut from lines), so
+        they are the window's lines, each ended by its newline: ``lead``'s lines, the
+        last of them with the data, and a blank line. Compared where they lie in
+        ``read``: the lines are not joined again (issue 24 goal 1)."""
+        return _run_lines(self, lines, i, k, lead, self._window_lines, read, at)
 
     def _window_lines(
-        self, block: list[bytes], size: int, head: bytes, line_start: int
-    ) -> list[str] | None:
-        """The texts of a window of blocks (:meth:`run_lines`), or ``None``."""
+        self, block: list[bytes], size: int, head: bytes, line_start: int, read: bytes, at: int
+    ) -> tuple[list[str], int] | None:
+        """The texts of a window of blocks (:meth:`run_lines`) and the length of its
+        bytes in ``read`` (from ``at``), or ``None``."""
+        if not self._joinable:
+            return None  # the slot's bytes hold a newline: never the blocks' lines
+        closing = self._closing
         data_lines: list[Any] = block[size - 2 :: size]
         w = len(data_lines)
-        inside = slice(line_start + len(self._opening), -len(self._closing))
+        inside = slice(line_start + len(self._opening), -len(closing))
         strings: list[bytes] = list(map(getitem, data_lines, repeat(inside, w)))
-        between = self._closing + b"\n\n" + head
-        if b"\n".join(block) != head + between.join(strings) + self._closing + b"\n":
+        middle = (closing + b"\n\n" + head).join(strings)
+        end = at + len(head) + len(middle)
+        if not (
+            read.startswith(head, at)
+            and read.startswith(middle, at + len(head))
+            and read.startswith(closing + b"\n\n", end)
+        ):
             return None
         if b'"' in b"".join(strings):
             return None  # a quote in a text (escaped): read alone
-        return _strings(self._loads, strings)
+        texts = _strings(self._loads, strings)
+        return None if texts is None else (texts, end + len(closing) + 2 - at)
 
 
 _NAME, _DATA = itemgetter(0), itemgetter(1)
@@ -210,14 +228,17 @@ def _run_lines(
     i: int,
     k: int,
     lead: bytes,
-    window_of: Callable[[list[bytes], int, bytes, int], list[str] | None],
-) -> tuple[list[str], int]:
-    """The slot's ``run_lines``: windows of blocks from ``i`` on, below ``k``, read by
-    ``window_of(block lines, size, head, line_start)`` (``head``: ``lead`` and the slot's
-    opening bytes; ``line_start``: where the data's value starts in its line), halved
-    down to one block when they do not read whole, doubled after each that does; the
-    texts and the first block not read (left to the caller), the window carried as
-    :func:`_run` carries it."""
+    window_of: Callable[[list[bytes], int, bytes, int, bytes, int], tuple[list[str], int] | None],
+    read: bytes,
+    at: int,
+) -> tuple[list[str], int, int]:
+    """The slot's ``run_lines``: windows of blocks from ``i`` (at offset ``at`` of
+    ``read``) on, below ``k``, read by ``window_of(block lines, size, head, line_start,
+    read, offset)`` (``head``: ``lead`` and the slot's opening bytes; ``line_start``:
+    where the data's value starts in its line; it gives the texts and the window's
+    length in ``read``), halved down to one block when they do not read whole, doubled
+    after each that does; the texts, the first block not read (left to the caller) and
+    its offset, the window carried as :func:`_run` carries it."""
     size = lead.count(b"\n") + 2
     head = lead + slot._opening
     line_start = len(lead) - lead.rfind(b"\n") - 1
@@ -225,18 +246,19 @@ def _run_lines(
     window = slot.window
     while i < k:
         j = min(i + window, k)
-        got = window_of(lines[size * i : size * j], size, head, line_start)
+        got = window_of(lines[size * i : size * j], size, head, line_start, read, at)
         if got is not None:
-            texts += got
+            texts += got[0]
+            at += got[1]
             i = j
             window = min(2 * window, _MAX_WINDOW)
         elif j - i > 1:
             window = (j - i) // 2
         else:
             slot.window = _WINDOW
-            return texts, i
+            return texts, i, at
     slot.window = window
-    return texts, i
+    return texts, i, at
 
 
 def _strings(loads: Callable[[bytes], Any], strings: list[bytes]) -> list[str] | None:
@@ -364,18 +386,22 @@ class TwoStringSlot:
         decoded = _strings(self._loads, pieces)  # the paddings validated with the texts
         return None if decoded is None else decoded[0::2]
 
-    def run_lines(self, lines: list[bytes], i: int, k: int, lead: bytes) -> tuple[list[str], int]:
+    def run_lines(
+        self, lines: list[bytes], i: int, k: int, lead: bytes, read: bytes, at: int
+    ) -> tuple[list[str], int, int]:
         """:meth:`StringSlot.run_lines` for this slot's bytes around two strings."""
-        return _run_lines(self, lines, i, k, lead, self._window_lines)
+        return _run_lines(self, lines, i, k, lead, self._window_lines, read, at)
 
     def _window_lines(
-        self, block: list[bytes], size: int, head: bytes, line_start: int
-    ) -> list[str] | None:
-        """The texts of a window of blocks (:meth:`run_lines`), or ``None``: as
-        :meth:`_window`, the pieces of each data line split at the quoted middle and put
-        back between the learned bytes, compared with the block's lines joined (the
-        newlines counted as in :meth:`StringSlot.run_lines`: the learned bytes need no
-        check of their own here)."""
+        self, block: list[bytes], size: int, head: bytes, line_start: int, read: bytes, at: int
+    ) -> tuple[list[str], int] | None:
+        """The texts of a window of blocks (:meth:`run_lines`) and its length in
+        ``read``, or ``None``: as :meth:`_window`, the pieces of each data line split at
+        the quoted middle and put back between the learned bytes, compared with
+        ``read`` from ``at`` (the newlines counted as in :meth:`StringSlot.run_lines`:
+        the learned bytes hold none, :attr:`_joinable`)."""
+        if not self._joinable:
+            return None
         data_lines: list[Any] = block[size - 2 :: size]
         w = len(data_lines)
         inner = slice(line_start + len(self._opening), -len(self._closing))
@@ -386,11 +412,12 @@ class TwoStringSlot:
         between = self._closing + b"\n\n" + head
         layout = [head, *(b"", self._quoted_middle, b"", between) * w]
         layout[1::2] = pieces
-        layout[-1] = self._closing + b"\n"
-        if b"".join(layout) != b"\n".join(block):
+        layout[-1] = self._closing + b"\n\n"
+        window = b"".join(layout)
+        if not read.startswith(window, at):
             return None
         decoded = _strings(self._loads, pieces)  # the paddings validated with the texts
-        return None if decoded is None else decoded[0::2]
+        return None if decoded is None else (decoded[0::2], len(window))
 
 
 @overload

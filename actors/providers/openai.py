@@ -47,7 +47,7 @@ from actors.providers.openai_common import (
 )
 from actors.providers.openai_common import get_field as _get
 from actors.providers.read_batch import ReadBatch
-from actors.providers.sse import SSEDecoder, event_batches, sdk_sse_response
+from actors.providers.sse import SSEDecoder, block_bytes, event_batches, sdk_sse_response
 from runtime import errors
 from runtime.actor_messages import InferRequest
 from runtime.chunks import (
@@ -723,11 +723,12 @@ class _ChunkReader:
         block read as its events by :meth:`events`, in order. What went wrong (after the
         chunks before it) or ``None``, and whether ``[DONE]`` came."""
         k = len(lines) // 2
-        i = 0
+        i = at = 0  # block i starts at offset ``at`` of the read (SSEDecoder.read)
+        read = decoder.read
         while i < k:
             slot = self.slot
             if slot is not None:
-                run, i = slot.run_lines(lines, i, k, _DATA_LEAD)
+                run, i, at = slot.run_lines(lines, i, k, _DATA_LEAD, read, at)
                 if run:
                     out.append(run)
                 if i == k:
@@ -737,6 +738,8 @@ class _ChunkReader:
             failure, done = self.events(decoder.block_events(lines, i, j, 2), out)
             if failure is not None or done:
                 return failure, done
+            if j < k:
+                at += block_bytes(lines, i, j, 2)
             i = j
         return None, False
 

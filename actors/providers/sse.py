@@ -44,9 +44,13 @@ class SSEDecoder:
     """Bytes in, events out, incrementally: :meth:`feed` each read, :meth:`finish` at
     the end of the body."""
 
-    __slots__ = ("_data", "_event", "_last_id", "_rest", "_retry")
+    __slots__ = ("_data", "_event", "_last_id", "_rest", "_retry", "read")
 
     def __init__(self) -> None:
+        self.read = b""
+        """The bytes the lines :meth:`feed_lines` gave last were cut from: line ``j``
+        starts where lines ``0`` to ``j - 1`` end, each ended by one newline (so a
+        reader can compare a run of blocks with the bytes where they lie, unjoined)."""
         self._rest = b""
         self._event: str | None = None
         self._data: list[bytes] = []
@@ -83,8 +87,9 @@ class SSEDecoder:
         Why: a text delta's SSE decoding (the lines cut into ``(name, data)`` pairs,
         each line looked at) cost about as much as reading its text (issue 24 goal 1);
         a reader that knows the bytes of a run of blocks can check them all at once
-        (:meth:`actors.providers.json_slot.StringSlot.run_lines`). The lines after the
-        last blank one (none blank) wait for the next read, as :meth:`feed` keeps them."""
+        (:meth:`actors.providers.json_slot.StringSlot.run_lines`, in :attr:`read`). The
+        lines after the last blank one (none blank) wait for the next read, as
+        :meth:`feed` keeps them."""
         buf, tail = self._joined(chunk)
         if not self._data and self._event is None and self._retry is None:  # none pending
             lines = buf.split(b"\n")
@@ -93,6 +98,7 @@ class SSEDecoder:
             if k and lines[size - 1 : end : size].count(b"") == k and b"" not in lines[end:-1]:
                 self._rest = b"\n".join(lines[end:]) + tail
                 del lines[end:]
+                self.read = buf
                 return lines, []
         return [], self._feed(buf, tail)
 
@@ -253,6 +259,15 @@ class SSEDecoder:
                 pass
 
 
+def block_bytes(lines: list[bytes], i: int, j: int, size: int = 3) -> int:
+    """How many bytes of :attr:`SSEDecoder.read` blocks ``i`` to ``j - 1`` of ``lines``
+    (:meth:`SSEDecoder.feed_lines` with ``size``) take: their lines, each with its
+    newline. A reader that compares runs of blocks where they lie adds it to the offset
+    of block ``i`` to get block ``j``'s."""
+    block = lines[size * i : size * j]
+    return sum(map(len, block)) + len(block)
+
+
 async def sse_batches(chunks: AsyncIterable[bytes]) -> AsyncGenerator[list[Event], None]:
     """The events of a body, one list per read that completed any."""
     decoder = SSEDecoder()
@@ -297,4 +312,11 @@ def sdk_sse_response(stream: Any) -> Any:
     return response
 
 
-__all__ = ["Event", "SSEDecoder", "event_batches", "sdk_sse_response", "sse_batches"]
+__all__ = [
+    "Event",
+    "SSEDecoder",
+    "block_bytes",
+    "event_batches",
+    "sdk_sse_response",
+    "sse_batches",
+]
