@@ -8,9 +8,10 @@ keys in another order, whitespace, extra and duplicate keys, a ``"text"`` key or
 ``"text":`` inside a nested object or a string, every character now and then written as
 an escape (``\\uXXXX``, a surrogate pair, ``\\/``, the short ones), ``id:``, ``retry:``
 and comment lines between the fields, LF, CRLF or CR line ends (mixed), an invalid data
-line, all cut into reads at random places (now and then a byte a read). The chunks the
-parser makes from the fast reader (lines, slot, runs) must be those it makes from the
-oracle's events, and a stream the oracle cannot decode must fail after the same chunks.
+line or the server's error event, all cut into reads at random places (now and then a
+byte a read). The chunks the parser makes from the fast reader (lines, slot, runs) must
+be those it makes from the oracle's events, and a stream the oracle cannot decode (or
+that brings an error) must fail after the same chunks.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import json
 import re
 from typing import Any
 
+import httpx
 import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -176,10 +178,20 @@ def anthropic_body(draw: Any) -> tuple[list[bytes], bool]:
         elif kind == "L":  # a data line longer than any read
             token = json.dumps('é😀\\"x' * draw(st.sampled_from([3000, 20000])))
             events.append(("content_block_delta", shape.replace(_MARK_TOKEN, token)))
-    if draw(_ONE_IN_4):  # a line of invalid JSON among them
+    if draw(_ONE_IN_4):  # a line of invalid JSON, or the server's error, among them
         broken = True
         at = draw(st.integers(2, len(events)))
-        events.insert(at, ("content_block_delta", '{"type":"content_block_delta","index":0,'))
+        events.insert(
+            at,
+            draw(
+                st.sampled_from(
+                    [
+                        ("content_block_delta", '{"type":"content_block_delta","index":0,'),
+                        ("error", '{"type":"error","error":{"type":"overloaded_error"}}'),
+                    ]
+                )
+            ),
+        )
     events.append(("content_block_stop", '{"type":"content_block_stop","index":0}'))
     events.append(("message_delta", '{"type":"message_delta","delta":{"stop_reason":"end_turn"}}'))
     events.append(("message_stop", '{"type":"message_stop"}'))
@@ -218,7 +230,8 @@ def _cut(draw: Any, lines: list[str]) -> list[bytes]:
 
 class _Response:
     def __init__(self, chunks: list[bytes]) -> None:
-        self.chunks, self.request, self.status_code = chunks, None, 200
+        self.chunks, self.status_code = chunks, 200
+        self.request = httpx.Request("POST", "http://127.0.0.1/v1")  # (an error names it)
 
     async def aiter_bytes(self) -> Any:
         for chunk in self.chunks:
@@ -233,6 +246,10 @@ class _Stream:
         self.response = _Response(chunks)
         self._decoder = type("SSEDecoder", (), {"__module__": module})()
         self._observer = None
+        self._client = self  # (what makes the status error of an ``event: error``)
+
+    def _make_status_error(self, message: str, *, body: Any, response: Any) -> Exception:
+        return RuntimeError(message)
 
     def _iter_events(self) -> None:
         raise AssertionError("read from the bytes")
@@ -273,11 +290,17 @@ async def _oracle(chunks: list[bytes], provider: Any) -> tuple[list[Any], bool]:
         if provider is anthropic:
             if sse.event in (None, "ping") or not sse.data:
                 continue
+            if sse.event == "error":  # the server's error, as the SDK raises it
+                failed = True
+                break
         elif sse.data.startswith("[DONE]"):
             break
         try:
             doc = json.loads(sse.data)
         except ValueError:
+            failed = True
+            break
+        if provider is openai and type(doc) is dict and doc.get("error"):
             failed = True
             break
         docs.append(doc)
@@ -336,10 +359,16 @@ def openai_body(draw: Any) -> tuple[list[bytes], bool]:
             data = draw(with_text(shape if kind == "d" else other, styles))
             pad = draw(st.one_of(st.text("ab1", max_size=5), _TEXT))
             datas.append(data.replace(_PAD_TOKEN, draw(json_string(pad, 0))))
-    if draw(_ONE_IN_4):  # a line of invalid JSON among them
+    if draw(_ONE_IN_4):  # a line of invalid JSON, or the server's error, among them
         broken = True
         at = draw(st.integers(1, len(datas)))
-        datas.insert(at, '{"id":"c1","choices":[{"index":0,"delta":{"content":')
+        bad = st.sampled_from(
+            [
+                '{"id":"c1","choices":[{"index":0,"delta":{"content":',
+                '{"error":{"message":"boom","type":"server_error"}}',
+            ]
+        )
+        datas.insert(at, draw(bad))
     datas.append(json.dumps(chunk({}, "stop")))
     datas.append("[DONE]")
     lines: list[str] = []
