@@ -138,8 +138,11 @@ class StreamController(Actor):
         done = self._done
         if done is not None:
             self._done = None
-            await self._hand_over(done)
-            self.turn_ended = True  # it may rest now (Actor.rests_after_turn)
+            # It may rest now (Actor.rests_after_turn), unless the hand-over waited: while
+            # it waited for room the consumer may have taken the result and the next turn
+            # started, its wake finding this actor awake, so a rest here would leave that
+            # turn's items in an inbox nobody reads. Then it rests on REST, as before.
+            self.turn_ended = await self._hand_over(done)
 
     async def _run_pieces(self, texts: list[str], out: list[Any], deltas_only: bool) -> None:
         """A run of more than :data:`_PIECE` deltas: ``out`` (what the batch made so far)
@@ -163,17 +166,21 @@ class StreamController(Actor):
                 await trio.lowlevel.cancel_shielded_checkpoint()
                 out, deltas_only = [], True
 
-    async def _hand_over(self, done: TurnDone) -> None:
+    async def _hand_over(self, done: TurnDone) -> bool:
         """The turn's result to its consumer, after every chunk; then close the inbox.
-        Not batched: the consumer tells it from the chunks per batch, not per chunk."""
+        Not batched: the consumer tells it from the chunks per batch, not per chunk.
+        Whether it was handed over without a schedule point (nothing else ran between
+        the turn's end and the return)."""
         inbox, self._consumer_inbox, self._consumer = self._consumer_inbox, None, None
         if inbox is None:
-            return
+            return True
+        waits = inbox.would_wait()
         try:
             await inbox.put(done)
             inbox.close()
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass  # the consumer left (or the runner already handed the result over)
+        return not waits
 
     def _chunk(self, cls: type, **fields: Any) -> Any:
         self.seq += 1

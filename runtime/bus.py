@@ -153,6 +153,8 @@ class Bus:
         for sub in subs:
             if sub.inbox.would_wait():
                 return False
+        if len(subs) > 1 and not _room_for_each(subs):
+            return False
         for sub in subs:
             try:
                 sub.inbox.put_nowait(event)
@@ -163,3 +165,19 @@ class Bus:
     def forget_session(self, session_id: str) -> None:
         """Drop cached routes of a closed session (keeps the cache from growing)."""
         self._routes.pop(session_id, None)
+
+
+def _room_for_each(subs: tuple[Subscription, ...]) -> bool:
+    """Whether each ``block`` inbox behind ``subs`` has room for the event as many times
+    as it is subscribed (an inbox may be, :meth:`Bus.subscribe` takes any): ``would_wait``
+    looks at one put, and the second into an inbox with room for one raised
+    ``WouldBlock`` after the first was delivered."""
+    counts: dict[int, int] = {}
+    for sub in subs:
+        box = sub.inbox
+        if box.policy != "block":
+            continue
+        n = counts[id(box)] = counts.get(id(box), 0) + 1
+        if n > 1 and len(box) + n > box.capacity and not box.closed:
+            return False
+    return True

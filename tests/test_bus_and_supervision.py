@@ -300,3 +300,26 @@ def test_try_publish_delivers_to_every_subscriber_or_to_none():
     block.inbox.put_nowait("full")
     assert not bus.try_publish(event)
     assert len(lossy.inbox) == 0 and block.inbox.get_nowait() == "full"  # nobody got it
+
+
+def test_try_publish_to_an_inbox_subscribed_twice_delivers_both_or_neither():
+    """One ``block`` inbox behind two subscriptions takes an event twice (as ``publish``
+    puts it twice). With room for one only, ``try_publish`` used to check each
+    subscription alone, deliver the first and raise ``WouldBlock`` on the second: a
+    turn's end announced so crashed its runner. It says ``False`` now, nothing sent (the
+    caller then publishes, waiting for the room)."""
+    from runtime.bus import Bus
+    from runtime.events import TurnStarted
+    from runtime.inbox import Inbox
+
+    bus = Bus()
+    box: Inbox[object] = Inbox(3, "block")
+    bus.subscribe([TurnStarted], inbox=box)
+    bus.subscribe(None, inbox=box)
+    event = TurnStarted(session_id="s", turn_id="t", input="x", agent="a")
+    assert bus.try_publish(event)  # room for both
+    assert [box.get_nowait(), box.get_nowait()] == [event, event]
+    box.put_nowait("a")
+    box.put_nowait("b")  # room for one
+    assert not bus.try_publish(event)
+    assert len(box) == 2

@@ -175,6 +175,34 @@ def test_a_two_string_slot_is_learned_from_an_api_shaped_chunk() -> None:
     assert isinstance(one, StringSlot)
 
 
+def test_slots_are_learned_from_json_with_a_space_after_each_colon() -> None:
+    """Python's ``json.dumps`` writes ``"key": value``: a server that sends its events so
+    (each delta the same bytes but for its text, as the API's) had every delta decoded in
+    full, the string looked for right after the key's colon. The whitespace is part of
+    the learned bytes now; the probe proves the slot as before."""
+    doc = {
+        "id": "c",
+        "choices": [{"index": 0, "delta": {"content": 'a "q"'}, "finish_reason": None}],
+        "obfuscation": "Qup1",
+    }
+    data = json.dumps(doc).encode()
+    slot = learn(data, doc, b'"content":', _openai_text, openai._put_text, pad=openai._OBFUSCATION)
+    assert isinstance(slot, TwoStringSlot)
+    other = data.replace(b'a \\"q\\"', b"b\\u00e9").replace(b'"Qup1"', b'"zz"')
+    assert slot.text(other) == "b\u00e9"
+    assert slot.text(data.replace(b'"Qup1"', b"1")) is None
+    event = {
+        "type": "content_block_delta",
+        "index": 0,
+        "delta": {"type": "text_delta", "text": "hi"},
+    }
+    adata = json.dumps(event).encode()
+    aslot = learn(adata, event, b'"text":', anthropic._delta_text, anthropic._put_delta_text)
+    assert isinstance(aslot, StringSlot)
+    assert aslot.text(adata.replace(b'"hi"', b'"ho"')) == "ho"
+    assert aslot.text(adata.replace(b'"index": 0', b'"index": 1')) is None
+
+
 def test_a_slot_is_learned_from_a_benchmark_shaped_chunk() -> None:
     """The common case does take the slot (else the test above proves nothing)."""
     doc = {"id": "c", "choices": [{"index": 0, "delta": {"content": 'a "q"'}}], "usage": None}

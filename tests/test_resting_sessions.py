@@ -10,6 +10,7 @@ from actors.providers.scripted import ScriptedProvider, Sleep, tool_call
 from runtime import Agent, Bus, Host, Inbox, tool
 from runtime import events as ev
 from runtime.actor import REST, Actor
+from runtime.provider import TextRun
 
 
 @tool
@@ -75,6 +76,40 @@ async def test_turns_back_to_back_wake_actors_that_were_about_to_rest():
         assert len(session.messages) == 12  # user and assistant, six turns
         await trio.testing.wait_all_tasks_blocked()
         assert rests(session)
+
+
+async def test_a_queued_turn_starts_while_the_controller_waits_to_hand_over_a_result(
+    autojump_clock,
+):
+    """The controller rests after handing a turn's result over (rests_after_turn) only if
+    the hand-over did not wait: here its put waits on a consumer inbox full of a long
+    answer, the consumer takes all of it at once (``take_ready``), the queued turn starts
+    and finds the controller awake (no wake), then the controller resumes. Resting then
+    left the queued turn's items in an inbox nobody read: that turn hung. Trio runs the
+    two tasks in either order, so the race is run many times."""
+    n = 16300  # with the turn's 6 other chunks: 128 full consumer batches, then the result
+    provider = ScriptedProvider(turns=[[[TextRun(texts=["x"] * n)]], [["b"]]] * 16)
+    agent = Agent(name="a", provider=provider, on_busy="enqueue")
+    async with Host.open(log_tap=False) as host:
+        for attempt in range(16):
+            session = await host.open_session(agent, session_id=f"s{attempt}")
+            second: list = []
+
+            async def queued(session=session, second=second) -> None:
+                async with session.stream("b") as out:
+                    second.extend([c.type async for c in out])
+
+            with trio.fail_after(30):
+                async with trio.open_nursery() as nursery:
+                    async with session.stream("a") as out:
+                        nursery.start_soon(queued)
+                        await trio.testing.wait_all_tasks_blocked()
+                        assert len(out._inbox) == 128  # full: the result's put waits
+                        first = out.take_ready(10**6)
+            assert sum(c.type == "text-delta" for c in first) == n and out.result is not None
+            assert second[-1] == "finish" and out.result.text == "x" * n
+            await trio.testing.wait_all_tasks_blocked()
+            assert rests(session)  # after the queued turn, all rest
 
 
 async def test_a_running_turn_keeps_its_actors_awake():

@@ -15,11 +15,12 @@ token) is not a match, and the event is decoded in full as before.
 
 Why the learning is sound: a slot is learned from an event ``doc`` (decoded from
 ``data``) whose text ``read(doc)`` is at a known place; the bytes of a JSON string token
-just after the last ``key`` (``"text":``) are cut out and a probe string put there. Only
-if the probe document decodes to ``doc`` with the probe at that place (``read`` finds
-the probe, and writing the text back gives ``doc`` again) is the slot kept: then that
-token is the text's value and nothing else, and JSON decoding being compositional, any
-other string token there gives ``doc`` with that string as its text.
+just after the last ``key`` (``"text":``, and the whitespace after it, if any) are cut out
+and a probe string put there. Only if the probe document decodes to ``doc`` with the
+probe at that place (``read`` finds the probe, and writing the text back gives ``doc``
+again) is the slot kept: then that token is the text's value and nothing else, and JSON
+decoding being compositional, any other string token there gives ``doc`` with that
+string as its text.
 
 Two holes (:class:`TwoStringSlot`): api.openai.com sends every chunk with an
 ``obfuscation`` string of its own (random padding of varying length, after the text), so
@@ -470,7 +471,7 @@ def learn(
         at = data.rfind(key, 0, at)
         if at < 0:
             return None
-        start = at + len(key)
+        start = _after_space(data, at + len(key))
         end = _string_end(data, start)
         if end < 0 or end == len(data):
             continue
@@ -509,7 +510,7 @@ def _learn_two(
     at = data.find(key, end)
     if at < 0:
         return None
-    pad_start = at + len(key)
+    pad_start = _after_space(data, at + len(key))
     pad_end = _string_end(data, pad_start)
     if pad_end < 0 or pad_end == len(data):
         return None
@@ -529,6 +530,19 @@ def _learn_two(
     if probe != doc:
         return None
     return TwoStringSlot(data[:start], data[end:pad_start], data[pad_end:])
+
+
+def _after_space(data: bytes, at: int) -> int:
+    """The index of the first byte from ``at`` on that is no JSON whitespace: a key's
+    value may follow its colon after some (Python's ``json.dumps`` writes ``": "``); the
+    whitespace then belongs to the learned bytes, as the rest of the event's."""
+    n = len(data)
+    while at < n and data[at] in _JSON_SPACE:
+        at += 1
+    return at
+
+
+_JSON_SPACE = b" \t\r\n"
 
 
 def _string_end(data: bytes, start: int) -> int:
