@@ -105,7 +105,7 @@ _PATTERN_SOURCE = (
     r"|(?P<bearer>\b(?i:bearer)\s+)"
     r"(?:(?=[A-Za-z._~+/\-]*[0-9])[A-Za-z0-9._~+/\-]{8,}|[A-Za-z0-9._~+/\-]{24,})=*"
     # a key with a known prefix
-    rf"|(?<![A-Za-z0-9_\-])(?:{'|'.join(_PREFIXES)}){_BODY}"
+    rf"|(?<![A-Za-z0-9])(?:{'|'.join(_PREFIXES)}){_BODY}"
 )
 
 _lock = threading.Lock()

@@ -86,6 +86,14 @@ def test_keys_with_a_known_prefix_are_replaced_wherever_they_stand(
     assert key not in redact_text(f"{before}{sep}{key}{sep[::-1]} more text")
 
 
+@pytest.mark.parametrize("glue", ["-", "_"])
+def test_a_key_glued_to_an_id_by_a_dash_or_underscore_is_replaced(glue):
+    # A session id made of a name and a key (`s-sk-proj-...`): the key's own characters
+    # include `-` and `_`, but the key still starts where its prefix does.
+    key = "sk-proj-" + "a1B2c3D4e5F6g7H8i9J0"
+    assert redact_text(f"session s{glue}{key} opened") == f"session s{glue}[redacted] opened"
+
+
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
