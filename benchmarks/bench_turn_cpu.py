@@ -12,7 +12,8 @@ Each round measures, side by side:
   - the worker's CPU (``utime + stime`` of ``/proc/<pid>/stat``: every thread);
   - PostgreSQL's: the postmaster's own and reaped children's (``cutime + cstime``) plus
     every live child's. The server is the run's own throwaway one, so all of its
-    processes (backends, WAL writer, autovacuum, ...) are the turns' cost;
+    processes (backends, WAL writer, autovacuum, ...) are the turns' cost; also apart
+    by process (:data:`PG_PARTS`: the ``pg_*`` lines);
   - Redis's (``redis-server``, one process);
   - the Redis commands the turns cost (``INFO commandstats``: ``XADD`` and all) and
     their round trips (``INFO stats`` ``total_reads_processed``: the server's socket
