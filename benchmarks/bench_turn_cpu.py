@@ -12,7 +12,8 @@ Each round measures, side by side:
   - the worker's CPU (``utime + stime`` of ``/proc/<pid>/stat``: every thread);
   - PostgreSQL's: the postmaster's own and reaped children's (``cutime + cstime``) plus
     every live child's. The server is the run's own throwaway one, so all of its
-    processes (backends, WAL writer, autovacuum, ...) are the turns' cost;
+    processes (backends, WAL writer, autovacuum, ...) are the turns' cost; also apart
+    by process (:data:`PG_PARTS`: the ``pg_*`` lines);
   - Redis's (``redis-server``, one process);
   - the Redis commands the turns cost (``INFO commandstats``: ``XADD`` and all) and
     their round trips (``INFO stats`` ``total_reads_processed``: the server's socket
@@ -90,6 +91,73 @@ def tree_cpu(root: int) -> float:
         except (OSError, ValueError, IndexError):
             continue  # exited meanwhile
     return total
+
+
+PG_PARTS = ("pool", "listen", "walwriter", "autovacuum", "background", "exited")
+"""PostgreSQL's CPU apart (:func:`pg_parts`): the worker's pooled connections' backends,
+its ``LISTEN`` connection's, the WAL writer, live autovacuum workers, the other background
+processes (checkpointer, background writer, launchers), and ``exited``: the postmaster's
+own with its reaped children's (autovacuum workers that ended, short-lived connections:
+the submitter's poll of the measured batch is one)."""
+
+
+def pg_processes(root: int) -> dict[int, tuple[str, float]]:
+    """Each live child of the postmaster ``root``: its process title and CPU so far (with
+    its reaped children's); under ``root`` itself, ``"postmaster"`` and its own CPU with
+    every reaped child's."""
+    got = {root: ("postmaster", process_cpu(root, reaped=True))}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            pid = int(entry.name)
+            if int(_stat(pid)[1]) == root:
+                title = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+                got[pid] = (title.decode(errors="replace").strip(), process_cpu(pid, reaped=True))
+        except (OSError, ValueError, IndexError):
+            continue  # exited meanwhile
+    return got
+
+
+def pg_parts(
+    before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]], listening: set[int]
+) -> dict[str, float]:
+    """CPU seconds of each of :data:`PG_PARTS` between two :func:`pg_processes` snapshots
+    (``listening``: the pids of backends whose connection listens). A process that started
+    meanwhile counts from zero; one that exited meanwhile is in the postmaster's reaped
+    time (``exited``), where the whole of its CPU lands."""
+    parts = dict.fromkeys(PG_PARTS, 0.0)
+    for pid, (title, cpu) in after.items():
+        spent = cpu - before.get(pid, (title, 0.0))[1]
+        name = title.removeprefix("postgres: ")
+        if title == "postmaster":
+            part = "exited"
+        elif name.startswith("walwriter"):
+            part = "walwriter"
+        elif name.startswith("autovacuum worker"):
+            part = "autovacuum"
+        elif name.startswith(("checkpointer", "background", "autovacuum", "logical", "stats")):
+            part = "background"
+        else:
+            part = "listen" if pid in listening else "pool"
+        parts[part] += spent
+    # A child that exited meanwhile: its time before the first snapshot was its own
+    # then, and is in the postmaster's reaped time now; take it out again.
+    for pid, (_, cpu) in before.items():
+        if pid not in after:
+            parts["exited"] -= cpu
+    return parts
+
+
+def _listening(pg_url: str) -> set[int]:
+    """The pids of the server's backends whose last statement was a ``LISTEN``."""
+    import psycopg
+
+    with psycopg.connect(pg_url, connect_timeout=10, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE query ILIKE 'LISTEN %'"
+        ).fetchall()
+    return {pid for (pid,) in rows}
 
 
 def postmaster_pid(pg_url: str) -> int:
@@ -224,12 +292,14 @@ async def worker_round(turns: int, warm: int, logs: Path) -> dict[str, float]:
             await _release(url, schema, "w", warm)
             spy = _py_spy(proc.pid)
             counted = redis_counts(REDIS_URL)
+            processes = pg_processes(pg)
             before = (process_cpu(proc.pid), tree_cpu(pg), process_cpu(redis), time.monotonic())
             await _release(url, schema, "m", warm + turns)
             if spy is not None:
                 spy.send_signal(signal.SIGINT)
                 spy.wait(30)
             after = (process_cpu(proc.pid), tree_cpu(pg), process_cpu(redis), time.monotonic())
+            split = pg_parts(processes, pg_processes(pg), _listening(PG_URL))
             calls = redis_per_turn(counted, redis_counts(REDIS_URL), turns)
     finally:
         await trio.to_thread.run_sync(_drop_schema, schema)
@@ -241,6 +311,7 @@ async def worker_round(turns: int, warm: int, logs: Path) -> dict[str, float]:
         "redis": redis_s / turns,
         "wall": wall / turns,
         **{f"redis_{k}": v for k, v in calls.items()},
+        **{f"pg_{k}": v / turns for k, v in split.items()},
     }
 
 
@@ -329,7 +400,7 @@ async def measure(turns: int, warm: int, rounds: int, logs: Path) -> dict[str, A
         for side in order:
             if side == "worker":
                 for key, value in (await worker_round(turns, warm, logs)).items():
-                    sides[key].append(value)
+                    sides.setdefault(key, []).append(value)
             else:
                 sides["embedded"].append(await trio.to_thread.run_sync(embedded_round, turns, warm))
     ratios = [w / e for w, e in zip(sides["worker"], sides["embedded"], strict=True)]
@@ -362,7 +433,9 @@ def figures(got: dict[str, Any]) -> list[Figure]:
             unit="ms",
             target=f"<= {PG_CPU_TARGET_MS:g} ms",
             passed=ms["postgresql"] <= PG_CPU_TARGET_MS,
-            detail=f"{span['postgresql']} ms; {detail}",
+            detail=f"{span['postgresql']} ms; "
+            + "".join(f"{k}: {ms[f'pg_{k}']:.2f}, " for k in PG_PARTS if f"pg_{k}" in ms)
+            + detail,
         ),
         Figure(
             key="workers.cpu.redis",

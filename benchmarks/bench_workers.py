@@ -418,7 +418,13 @@ def _others(details: list[dict[str, Any]]) -> str:
     # The ceiling: the machine's cores over what one worker's run took of them (its
     # process, PostgreSQL, Redis, the submitter): two workers cannot go past it, however
     # well they scale, once one worker's run takes more than half the machine.
-    one = [sum(d["cores"].values()) for d in details if d.get("cores") and d["workers"] == 1]
+    # Other programs' cores ("others": the machine's other sessions) are not the run's:
+    # counted in, a busy machine would lower the ceiling the run itself sets.
+    one = [
+        sum(v for k, v in d["cores"].items() if k != "others")
+        for d in details
+        if d.get("cores") and d["workers"] == 1
+    ]
     cpus = os.cpu_count() or 1
     ceiling = ""
     if one and median(one) > 0:

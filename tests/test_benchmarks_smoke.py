@@ -253,12 +253,22 @@ def test_actor_shares_gives_a_sample_to_its_innermost_stage() -> None:
 
 
 def test_the_workers_scaling_detail_says_its_ceiling(monkeypatch):
-    """One worker's run taking 1.25 of 2 cores caps two workers at 1.6x: the detail says so,
-    and says nothing of a ceiling without a one-worker measurement."""
+    """One worker's run taking 1.25 of 2 cores caps two workers at 1.6x: the detail says so
+    (other programs' cores meanwhile are not the run's), and says nothing of a ceiling
+    without a one-worker measurement."""
     from benchmarks import bench_workers
 
     monkeypatch.setattr(bench_workers.os, "cpu_count", lambda: 2)
-    one = {"workers": 1, "cores": {"workers": 0.9, "postgresql": 0.3, "others": 0.05}}
+    one = {
+        "workers": 1,
+        "cores": {
+            "workers": 0.9,
+            "postgresql": 0.3,
+            "redis": 0.04,
+            "submitter": 0.01,
+            "others": 0.4,
+        },
+    }
     two = {"workers": 2, "cores": {"workers": 1.4, "postgresql": 0.5, "others": 0.1}}
     detail = bench_workers._others([one, two])
     assert "ceiling 1.60x (2 cores / 1.25 by one worker's run)" in detail
