@@ -504,6 +504,109 @@ async def test_a_fenced_out_workers_suspension_through_the_function_writes_nothi
         await store.aclose()
 
 
+# -- a decided turn's continuation -------------------------------------------------------
+
+
+async def _waiting_turn(store: PostgresStore, queue: TurnQueue, session_id: str) -> Any:
+    """A turn of ``session_id`` claimed by ``w1`` and suspended by the save of its step
+    that waits for approval (``ap1``); its claim."""
+    turn = await queue.submit(session_id, "one")
+    claim = await queue.claim("w1")
+    assert claim is not None and claim.turn.turn_id == turn.turn_id
+    with queue.fenced(claim, on_suspended=lambda: None):
+        messages = _waiting_step(turn.turn_id, claim.turn.message_id)
+        await store.save(session_id, 0, messages, {WAITING_META: 1}, expected_version=0)
+    return claim
+
+
+async def test_a_decided_turns_claim_is_one_call_that_reads_its_session(pg_url, statements):
+    """The decision leaves its turn ``running`` with no owner and a lapsed lease
+    (``resume_pending``): the claim's function takes the continuation itself and returns
+    the session the decision saved with it, one call from the event loop where it was
+    the call, then a takeover's transaction in a thread (``BEGIN``, the look, the
+    ``UPDATE``, the session's read, ``COMMIT``)."""
+    store = await PostgresStore.open(pg_url)
+    queue = TurnQueue(store, lease=30.0, max_attempts=3)
+    try:
+        first = await _waiting_turn(store, queue, "s")
+        await queue.decide("s", "ap1", Decision(approved=True), {})
+        decided = await store.load("s")
+        assert decided is not None
+        statements.clear()
+        claim = await queue.claim("w2")
+        assert statements == {"SELECT": 1}, statements
+        assert claim is not None and claim.resumed and not claim.takeover
+        assert (claim.turn.turn_id, claim.owner, claim.epoch) == (first.turn.turn_id, "w2", 2)
+        assert claim.turn.attempts == 1
+        assert claim.stored == decided  # the decision's history and version, as loaded
+        row = await store.run(
+            "row",
+            lambda conn: conn.execute(
+                "SELECT status, owner, epoch, resume_pending, lease_until > now() "
+                "FROM axon_turns WHERE turn_id = %s",
+                (first.turn.turn_id,),
+            ).fetchone(),
+            transaction=False,
+        )
+        assert row == ("running", "w2", 2, False, True)
+        assert await queue.claim("w3") is None  # claimed once: its lease runs now
+        # The suspended claim is fenced out; the continuation's own save goes through.
+        with queue.fenced(first), pytest.raises(LeaseLost):
+            await store.save("s", 2, said("late"), expected_version=decided.version)
+        with queue.fenced(claim):
+            await store.save("s", 2, said("result"), expected_version=decided.version)
+    finally:
+        await queue.aclose()
+        await store.aclose()
+
+
+async def test_a_decided_turn_behind_a_lapsed_lease_waits_for_its_takeover(pg_url, statements):
+    """A worker's lease that ran out before the decision's is taken over first, in its
+    transaction (its attempts counted, as before); the continuation is the next claim's,
+    one call. A continuation whose row another transaction holds is skipped, not waited
+    for, and no other turn of its session starts meanwhile."""
+    store = await PostgresStore.open(pg_url)
+    queue = TurnQueue(store, lease=30.0, max_attempts=3)
+    try:
+        first = await _waiting_turn(store, queue, "s")
+        await queue.submit("other", "two")
+        running = await queue.claim("w1")
+        assert running is not None and running.turn.session_id == "other"
+        await _expire(store, running.turn.turn_id)
+        await store.run(
+            "older",
+            lambda conn: conn.execute(
+                "UPDATE axon_turns SET lease_until = now() - interval '1 minute' "
+                "WHERE turn_id = %s",
+                (running.turn.turn_id,),
+            ),
+            transaction=False,
+        )
+        await queue.decide("s", "ap1", Decision(approved=True), {})
+        await queue.submit("s", "next")  # queued behind it (the default)
+        statements.clear()
+        taken = await queue.claim("w2")
+        assert statements["TRANSACTION"] == 1, statements
+        assert taken is not None and taken.takeover and taken.turn.session_id == "other"
+        assert taken.turn.attempts == 2
+        with psycopg.connect(store.libpq, autocommit=True) as holder:
+            holder.execute(f"SET search_path TO {store.schema}")
+            with holder.transaction():
+                holder.execute(
+                    "SELECT 1 FROM axon_turns WHERE turn_id = %s FOR UPDATE",
+                    (first.turn.turn_id,),
+                )
+                assert await queue.claim("w3") is None  # skipped; "next" waits its turn
+        statements.clear()
+        resumed = await queue.claim("w3")
+        assert statements == {"SELECT": 1}, statements
+        assert resumed is not None and resumed.resumed
+        assert (resumed.turn.turn_id, resumed.epoch) == (first.turn.turn_id, 2)
+    finally:
+        await queue.aclose()
+        await store.aclose()
+
+
 async def test_the_save_function_merges_meta_as_the_transaction_does(pg_url, statements):
     """The patch's keys over the stored ones (``dict.update``), in SQL; a meta holding an
     escaped NUL (which ``jsonb`` cannot hold) is merged by the client, in a transaction."""

@@ -10,7 +10,7 @@ Layout (in one schema, ``public`` unless the URL says ``?schema=NAME``; schema v
     axon_messages(session_id, idx, role, body BYTEA,     -- serde JSON of one Message
                   PRIMARY KEY (session_id, idx))
     axon_turns(...)                                      -- durable turns: stores/turns.py
-    axon_claim_v1(owner, lease, channel)                 -- a claim in one call: CLAIM_FUNCTION
+    axon_claim_v2(owner, lease, channel)                 -- a claim in one call: CLAIM_FUNCTION
     axon_save_v2(session, start, ...)                    -- a save in one call: SAVE_FUNCTION
 
 One message is one row keyed by its index, as in the SQLite store: :meth:`save` deletes
@@ -303,25 +303,69 @@ SUPERSEDE: Final = """UPDATE axon_turns AS w SET status = 'done', finish_reason 
     expires_at = NULL, finished_at = clock_timestamp()"""
 """The waiting turn a later turn of its session supersedes (its ``WHERE`` follows)."""
 
-CLAIM_FUNCTION_NAME: Final = "axon_claim_v1"
+CLAIM_FUNCTION_NAME: Final = "axon_claim_v2"
 """The server-side function of a claim's common case (:data:`CLAIM_FUNCTION`); a new
-version of it gets a new name (a worker of the version before keeps calling its own)."""
+version of it gets a new name (a worker of the version before keeps calling its own:
+``axon_claim_v1`` left a decided turn's continuation to the takeover transaction)."""
 
-_CLAIM_COLUMNS_OUT = ", ".join(f"o_{name} {kind}" for name, kind in CLAIMED_COLUMNS)
+SESSION_COLUMNS: Final = (
+    ("s_meta", "BYTEA"),
+    ("s_version", "BIGINT"),
+    ("m_idx", "INTEGER"),
+    ("m_role", "TEXT"),
+    ("m_body", "BYTEA"),
+)
+"""The columns of :func:`load_rows` (a session's row and its messages, one a row), as the
+claim's function returns them after a continuation's turn."""
+
+_CLAIM_COLUMNS_OUT = ", ".join(
+    f"o_{name} {kind}" for name, kind in (*CLAIMED_COLUMNS, *SESSION_COLUMNS)
+)
 _STARTED_COLUMNS = ", ".join(f"started.{name}" for name, _ in CLAIMED_COLUMNS)
+_RESUMED_COLUMNS = ", ".join(f"resumed.{name}" for name, _ in CLAIMED_COLUMNS)
+_NO_TURN = ", ".join(f"NULL::{kind}" for _, kind in CLAIMED_COLUMNS)
+_NO_SESSION = ", ".join(f"NULL::{kind}" for _, kind in SESSION_COLUMNS)
 
 CLAIM_FUNCTION: Final = f"""CREATE OR REPLACE FUNCTION {CLAIM_FUNCTION_NAME}(
     p_owner TEXT, p_lease DOUBLE PRECISION, p_channel TEXT)
-    RETURNS TABLE (o_expired BOOLEAN, o_stored BOOLEAN, {_CLAIM_COLUMNS_OUT})
+    RETURNS TABLE (o_expired BOOLEAN, o_stored BOOLEAN, o_resumed BOOLEAN, {_CLAIM_COLUMNS_OUT})
     LANGUAGE plpgsql SET enable_sort = off SET search_path FROM CURRENT AS $$
+DECLARE
+    v_turn TEXT;
+    v_resume BOOLEAN;
+    v_session TEXT;
 BEGIN
-    -- A lease that expired is taken over first, by the client's own transaction (its
-    -- takeover, continuation and poison paths): say so and start nothing.
-    PERFORM 1 FROM axon_turns WHERE status = 'running' AND lease_until < clock_timestamp()
-        LIMIT 1 FOR UPDATE SKIP LOCKED;
-    IF FOUND THEN
+    -- The first lease that expired, in the order the takeover's transaction takes them.
+    SELECT e.turn_id, e.resume_pending, e.session_id INTO v_turn, v_resume, v_session
+        FROM axon_turns AS e
+        WHERE e.status = 'running' AND e.lease_until < clock_timestamp()
+        ORDER BY e.lease_until LIMIT 1 FOR UPDATE SKIP LOCKED;
+    IF FOUND AND NOT v_resume THEN
+        -- A worker's lease that ran out is taken over by the client's own transaction
+        -- (its takeover and poison paths): say so and start nothing.
         o_expired := true;
         RETURN NEXT;
+        RETURN;
+    ELSIF FOUND THEN
+        -- Decided while it waited (no owner, its lease lapsed on purpose): its
+        -- continuation's first run, here, as the takeover's transaction runs it, with
+        -- the session the decisions moved, read after the turn in the same call.
+        RETURN QUERY WITH resumed AS (
+            UPDATE axon_turns AS u SET owner = p_owner, epoch = u.epoch + 1, attempts = 1,
+                resume_pending = false,
+                lease_until = clock_timestamp() + make_interval(secs => p_lease)
+            WHERE u.turn_id = v_turn
+            RETURNING u.*
+        )
+        SELECT false, true, true, {_RESUMED_COLUMNS}, {_NO_SESSION} FROM resumed;
+        -- Sorting back on for the session's read (off, the planner reads the messages
+        -- in hundreds of milliseconds, not a fraction of one).
+        PERFORM set_config('enable_sort', 'on', true);
+        RETURN QUERY SELECT NULL::boolean, NULL::boolean, NULL::boolean, {_NO_TURN},
+            s.meta, s.version, m.idx, m.role, m.body
+        FROM axon_sessions AS s
+        LEFT JOIN axon_messages AS m ON m.session_id = s.session_id
+        WHERE s.session_id = v_session ORDER BY m.idx;
         RETURN;
     END IF;
     -- The first claimable head, started, and in the same statement the end of a turn of
@@ -346,12 +390,20 @@ BEGIN
     )
     SELECT false, EXISTS (
         SELECT 1 FROM axon_sessions AS s WHERE s.session_id = started.session_id
-    ), {_STARTED_COLUMNS} FROM started;
+    ), false, {_STARTED_COLUMNS}, {_NO_SESSION} FROM started;
 END $$"""
 """A claim's common case in one call (issue 24 goal 3): no lease has expired, so the
 first claimable head in line starts (``o_expired`` false; no row: none is claimable);
-``o_stored`` says whether its session is stored. Where a lease has expired it only says
-so (``o_expired``), and the client takes the turn over in a transaction of its own.
+``o_stored`` says whether its session is stored. Where a worker's lease has expired it
+only says so (``o_expired``), and the client takes the turn over in a transaction of its
+own. Where the first expired lease is a decided turn's (issue 21: the decision put it
+back with no owner and a lapsed lease, ``resume_pending``), it claims the continuation
+itself (``o_resumed``), as the takeover's transaction did (epoch bumped, one attempt,
+``resume_pending`` cleared), and returns after the turn's row the session's rows
+(:data:`SESSION_COLUMNS`, :func:`load_rows`'s, the turn's columns ``NULL``): the
+continuation starts from them. Where that was a thread's transaction of five round trips
+after this call (``BEGIN``, the look, the ``UPDATE``, the session's read, ``COMMIT``),
+it is this one call sent from the event loop.
 
 One statement in autocommit where the claim was a transaction of four round trips
 (``BEGIN``, the look for expired leases, the head's start, ``COMMIT``), each a wait of
@@ -1267,11 +1319,11 @@ _READ_BINARY: Final[dict[str, Callable[[bytes], Any]]] = {
 """A column in PostgreSQL's binary format, by its type, read as psycopg reads it."""
 
 
-def read_row(result: Any, row: int, kinds: Sequence[str]) -> tuple[Any, ...]:
-    """Row ``row`` of a :class:`LoopLane` result in the binary format, its columns of
-    types ``kinds`` (:data:`_READ_BINARY`'s)."""
+def read_row(result: Any, row: int, kinds: Sequence[str], at: int = 0) -> tuple[Any, ...]:
+    """Row ``row`` of a :class:`LoopLane` result in the binary format, its columns from
+    ``at`` on of types ``kinds`` (:data:`_READ_BINARY`'s)."""
     values = []
-    for col, kind in enumerate(kinds):
+    for col, kind in enumerate(kinds, at):
         value = result.get_value(row, col)
         values.append(None if value is None else _READ_BINARY[kind](value))
     return tuple(values)

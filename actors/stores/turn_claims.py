@@ -21,6 +21,7 @@ from actors.stores.postgres import (
     CLAIM_FUNCTION_NAME,
     CLAIMED_COLUMNS,
     CONNECT_TIMEOUT,
+    SESSION_COLUMNS,
     Fence,
     Suspend,
     _retrying,
@@ -130,8 +131,9 @@ class TurnClaiming:
         not read, there is nothing to.
 
         The common case (no lease expired) is one call of the claim's function sent from
-        the event loop (:class:`~actors.stores.postgres.LoopLane`: no thread); a takeover
-        runs in a transaction, in a thread.
+        the event loop (:class:`~actors.stores.postgres.LoopLane`: no thread), and so is
+        a decided turn's continuation (the function claims it and returns its session's
+        rows); a takeover of a worker's lapsed lease runs in a transaction, in a thread.
         """
         if not isinstance(owner, str) or not owner:
             raise StoreError(f"owner must be a non-empty string, not {owner!r}")
@@ -149,7 +151,7 @@ class TurnClaiming:
                 _claim_on, owner=owner, lease=self.lease, max_attempts=self.max_attempts, load=load
             )
             found = await self.store.run(action, take, transaction=False)
-        elif found is not None:
+        elif found is not None and found[1] != RESUMED:  # a continuation's read its session
             row, how, rows = found
             if load is None or not load(row[1]):
                 rows = None  # not asked for
@@ -172,7 +174,8 @@ class TurnClaiming:
         (:class:`~actors.stores.postgres.LoopLane`: no thread): the started turn as
         :func:`_start_head` says it, ``None`` when none is claimable (or a concurrent
         claim started the session's other turn: the unique index refused this one), or
-        :data:`_EXPIRED`."""
+        :data:`_EXPIRED`; or a decided turn's continuation, claimed with its session's
+        rows (``RESUMED``)."""
         import psycopg
 
         store = self.store
@@ -192,7 +195,13 @@ class TurnClaiming:
         row = read_row(result, 0, _CLAIM_KINDS)
         if row[0]:
             return _EXPIRED
-        return tuple(row[2:]), STARTED, None if row[1] else []
+        turn = tuple(row[3:_SESSION_AT])
+        if row[2]:  # a continuation's: the session's rows follow the turn's
+            rows = [
+                read_row(result, i, _SESSION_KINDS, _SESSION_AT) for i in range(1, result.ntuples)
+            ]
+            return turn, RESUMED, rows
+        return turn, STARTED, None if row[1] else []
 
     async def _claim_of(self, found: _Found, owner: str) -> Claim:
         """The :class:`Claim` of what a claim's transaction found: its turn decoded (out
@@ -561,6 +570,8 @@ def _take_expired(conn: Any, owner: str, lease: float, max_attempts: int) -> _Fo
         if turn_id is None:
             break
         if resume_pending:  # decided: its continuation's first run, not a takeover
+            # (the claim's function takes the first expired one itself when it is
+            # decided: this is one behind another's lapsed lease, or a race)
             # Sorting goes back on in the same statement (``set_config`` is ``SET
             # LOCAL``; a round trip fewer than a statement of its own): without it
             # the planner reads the session's messages below in hundreds of
@@ -608,8 +619,16 @@ _CLAIM_SQL: Final = f"SELECT * FROM {CLAIM_FUNCTION_NAME}($1, $2, $3)".encode()
 """The claim's function as :class:`~actors.stores.postgres.LoopLane` prepares it (the
 parameters as text; the answer in the binary format)."""
 _CLAIM_NAME: Final = b"axon_claim_call"
-_CLAIM_KINDS: Final = ("BOOLEAN", "BOOLEAN", *(kind for _, kind in CLAIMED_COLUMNS))
-"""The types of the function's columns: ``o_expired``, ``o_stored``, the turn's."""
+_CLAIM_KINDS: Final = (
+    "BOOLEAN",
+    "BOOLEAN",
+    "BOOLEAN",
+    *(kind for _, kind in CLAIMED_COLUMNS),
+)
+"""The types of the function's first columns: ``o_expired``, ``o_stored``, ``o_resumed``,
+the turn's (the session's columns follow, :data:`_SESSION_AT`)."""
+_SESSION_AT: Final = len(_CLAIM_KINDS)
+_SESSION_KINDS: Final = tuple(kind for _, kind in SESSION_COLUMNS)
 
 
 def _utf8(text: str) -> bool:
@@ -625,11 +644,16 @@ def _start_head(conn: Any, owner: str, lease: float) -> _Found | None:
     """The first claimable head in line, started by ``owner`` in one call of the claim's
     function (``None``: none is; :data:`_EXPIRED`: a lease has expired, take it over
     first); its session's rows ``[]`` when the session is not stored (nothing to read),
-    else ``None`` (not read)."""
-    started = kept_cursor(conn).execute(_CLAIM, (owner, float(lease), TURNS_CHANNEL)).fetchone()
-    if started is None:
+    else ``None`` (not read). Or a decided turn's continuation, which the function
+    claims (before any head) with its session's rows."""
+    got = kept_cursor(conn).execute(_CLAIM, (owner, float(lease), TURNS_CHANNEL)).fetchall()
+    if not got:
         return None
+    started = got[0]
     if started[0]:
         return _EXPIRED
+    turn = tuple(started[3:_SESSION_AT])
+    if started[2]:
+        return turn, RESUMED, [tuple(r[_SESSION_AT:]) for r in got[1:]]
     # Whether its session is stored rides along: a first turn's claim need not read it.
-    return tuple(started[2:]), STARTED, None if started[1] else []
+    return turn, STARTED, None if started[1] else []
