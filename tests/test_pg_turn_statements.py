@@ -20,7 +20,7 @@ import trio.testing
 from actors.stores.postgres import LockedSession, LoopLane, PostgresStore
 from actors.stores.turns import TurnQueue
 from runtime.approval import WAITING_META, Decision
-from runtime.errors import LeaseLost, StoreConflict, StoreError
+from runtime.errors import AlreadyDecided, LeaseLost, StoreConflict, StoreError, UnknownApproval
 from runtime.messages import AssistantMessage, Awaiting, ToolCallPart, UserMessage
 
 
@@ -602,6 +602,129 @@ async def test_a_decided_turn_behind_a_lapsed_lease_waits_for_its_takeover(pg_ur
         assert statements == {"SELECT": 1}, statements
         assert resumed is not None and resumed.resumed
         assert (resumed.turn.turn_id, resumed.epoch) == (first.turn.turn_id, 2)
+    finally:
+        await queue.aclose()
+        await store.aclose()
+
+
+async def test_a_decision_is_the_sessions_read_and_one_call(pg_url, statements):
+    """A decision reads the session, then checks the waiting turn's row, saves on top of
+    the version read and requeues the turn in one call of the decision's function from
+    the event loop, where it was a thread's transaction of five round trips (``BEGIN``,
+    the row's requeue with the session's lock, the delete, the write, ``COMMIT``)."""
+    store = await PostgresStore.open(pg_url)
+    queue = TurnQueue(store, lease=30.0, max_attempts=3)
+    try:
+        first = await _waiting_turn(store, queue, "s")
+        before = await store.version("s")
+        statements.clear()
+        decided = await queue.decide("s", "ap1", Decision(approved=True), {})
+        assert statements == {"SELECT": 2}, statements  # the load, the function
+        assert decided.recorded.complete and decided.recorded.version > before
+        assert (decided.turn.turn_id, decided.turn.status) == (first.turn.turn_id, "running")
+        assert (decided.turn.owner, decided.turn.resumes, decided.turn.expires_at) == (
+            None,
+            1,
+            None,
+        )
+        record = await store.load("s")
+        assert record is not None and record.version == decided.recorded.version
+        assert record.meta == {WAITING_META: 0}
+        assert record.messages == decided.recorded.messages
+        with pytest.raises(AlreadyDecided):
+            await queue.decide("s", "ap1", Decision(approved=False), {})
+        with pytest.raises(UnknownApproval):
+            await queue.decide("other", "ap1", Decision(approved=False), {})
+        assert (await store.load("s")) == record  # neither wrote anything
+        claim = await queue.claim("w2")
+        assert claim is not None and claim.resumed and claim.stored == record
+    finally:
+        await queue.aclose()
+        await store.aclose()
+
+
+async def test_a_decision_that_leaves_calls_waiting_keeps_its_turn_waiting(pg_url, statements):
+    store = await PostgresStore.open(pg_url)
+    queue = TurnQueue(store, lease=30.0, max_attempts=3)
+    try:
+        turn = await queue.submit("s", "one")
+        claim = await queue.claim("w1")
+        assert claim is not None
+        user, step = _waiting_step(turn.turn_id, claim.turn.message_id)
+        second = ToolCallPart(
+            tool_call_id="c2",
+            tool_name="delete",
+            input={},
+            step=0,
+            awaiting=Awaiting(kind="approval", id="ap2", turn_id=turn.turn_id),
+        )
+        step = AssistantMessage(id=step.id, content=(*step.content, second))
+        with queue.fenced(claim, on_suspended=lambda: None):
+            await store.save("s", 0, [user, step], {WAITING_META: 2}, expected_version=0)
+        statements.clear()
+        decided = await queue.decide("s", "ap1", Decision(approved=True), {})
+        assert statements == {"SELECT": 2}, statements
+        assert not decided.recorded.complete and decided.turn.status == "awaiting-input"
+        assert await queue.claim("w2") is None  # still waiting: nothing to claim
+        decided = await queue.decide("s", "ap2", Decision(approved=False), {})
+        assert decided.recorded.complete and decided.turn.status == "running"
+    finally:
+        await queue.aclose()
+        await store.aclose()
+
+
+async def test_a_decision_beside_another_running_turn_of_its_session_writes_nothing(
+    pg_url, statements
+):
+    """The session's one running turn (the unique index) fails the decision's call
+    whole: the decision is refused, the session and the waiting row stay as they were."""
+    store = await PostgresStore.open(pg_url)
+    queue = TurnQueue(store, lease=30.0, max_attempts=3)
+    try:
+        first = await _waiting_turn(store, queue, "s")
+        later = await queue.submit("s", "two")
+        await store.run(  # started without superseding the wait, as no claim does
+            "start",
+            lambda conn: conn.execute(
+                "UPDATE axon_turns SET status = 'running', owner = 'x', epoch = 1, "
+                "lease_until = now() + interval '1 minute' WHERE turn_id = %s",
+                (later.turn_id,),
+            ),
+            transaction=False,
+        )
+        before = await store.load("s")
+        with pytest.raises(AlreadyDecided, match="superseded"):
+            await queue.decide("s", "ap1", Decision(approved=True), {})
+        assert await store.load("s") == before
+        assert (await queue.get_status(first.turn.turn_id)).status == "awaiting-input"
+    finally:
+        await queue.aclose()
+        await store.aclose()
+
+
+async def test_a_decision_on_a_meta_the_function_cannot_merge_goes_in_the_transaction(
+    pg_url, statements
+):
+    """A stored meta holding an escaped NUL (which PostgreSQL's text cannot hold) is merged
+    by the client: the function refuses before writing, and the decision saves in the
+    transaction, as before."""
+    store = await PostgresStore.open(pg_url)
+    queue = TurnQueue(store, lease=30.0, max_attempts=3)
+    try:
+        await store.save("s", 0, [], {"k": "a\x00b"})
+        turn = await queue.submit("s", "one")
+        claim = await queue.claim("w1")
+        assert claim is not None
+        version = await store.version("s")
+        with queue.fenced(claim, on_suspended=lambda: None):
+            messages = _waiting_step(turn.turn_id, claim.turn.message_id)
+            await store.save("s", 0, messages, {WAITING_META: 1}, expected_version=version)
+        statements.clear()
+        decided = await queue.decide("s", "ap1", Decision(approved=True), {})
+        assert statements["TRANSACTION"] == 1, statements
+        assert decided.recorded.complete and decided.turn.status == "running"
+        record = await store.load("s")
+        assert record is not None and record.meta == {"k": "a\x00b", WAITING_META: 0}
     finally:
         await queue.aclose()
         await store.aclose()

@@ -612,11 +612,11 @@ async def test_two_deciders_blocked_on_the_waiting_row_at_once_record_exactly_on
                 for q, approved in zip(queues, (True, False), strict=True):
                     nursery.start_soon(decide, q, approved)
                 for _ in range(3000):  # until both wait on the row's lock
-                    waiting = sql(
+                    waiting = sql(  # the decision's statement, or its function's call
                         store,
                         "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                        "AND query LIKE %s",
-                        ("%axon_turns%",),
+                        "AND (query LIKE %s OR query LIKE %s)",
+                        ("%axon_turns%", "%axon_decide%"),
                     )
                     if waiting == [(2,)]:
                         break

@@ -12,6 +12,7 @@ Layout (in one schema, ``public`` unless the URL says ``?schema=NAME``; schema v
     axon_turns(...)                                      -- durable turns: stores/turns.py
     axon_claim_v2(owner, lease, channel)                 -- a claim in one call: CLAIM_FUNCTION
     axon_save_v2(session, start, ...)                    -- a save in one call: SAVE_FUNCTION
+    axon_decide_v1(turn, complete, session, ...)         -- a decision's save: DECIDE_FUNCTION
 
 One message is one row keyed by its index, as in the SQLite store: :meth:`save` deletes
 the rows from ``start`` on and inserts the new ones in one transaction, so persisting
@@ -544,6 +545,85 @@ One statement in autocommit where a save was a transaction of four or five round
 store's thread; PL/pgSQL keeps the plans of its statements per connection."""
 
 
+STATUS_COLUMNS: Final = (
+    "turn_id",
+    "session_id",
+    "seq",
+    "status",
+    "owner",
+    "epoch",
+    "attempts",
+    "saved",
+    "cancel_requested",
+    "cancel_reason",
+    "finish_reason",
+    "error",
+    "resumes",
+    "expires_at",
+)
+"""What a turn's status read selects (the turn queue's ``_STATUS_COLUMNS``): never
+``input`` or ``meta``, which may be megabytes."""
+STATUS_KINDS: Final = tuple(dict(CLAIMED_COLUMNS)[name] for name in STATUS_COLUMNS)
+
+DECIDE_FUNCTION_NAME: Final = "axon_decide_v1"
+"""The server-side function of a decision's save (:data:`DECIDE_FUNCTION`)."""
+
+_DECIDE_OUT = ", ".join(
+    f"OUT o_{name} {kind}" for name, kind in zip(STATUS_COLUMNS, STATUS_KINDS, strict=True)
+)
+_DECIDE_SELECT = ", ".join(f"t.{name}" for name in STATUS_COLUMNS)
+_DECIDE_INTO = ", ".join(f"o_{name}" for name in STATUS_COLUMNS)
+
+DECIDE_FUNCTION: Final = f"""CREATE OR REPLACE FUNCTION {DECIDE_FUNCTION_NAME}(
+    p_turn TEXT, p_complete BOOLEAN, p_session TEXT, p_start INTEGER, p_expected BIGINT,
+    p_meta BYTEA, p_idx INTEGER[], p_roles TEXT[], p_bodies BYTEA[], p_channel TEXT,
+    OUT o_result TEXT, OUT o_version BIGINT, {_DECIDE_OUT})
+    LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+BEGIN
+    -- The waiting turn's row locked first (the order every save locks the turn's row,
+    -- then the session's). A second decision waits here for the first one's commit,
+    -- then reads the row as the first left it.
+    SELECT {_DECIDE_SELECT} INTO {_DECIDE_INTO}
+    FROM axon_turns AS t WHERE t.turn_id = p_turn FOR UPDATE;
+    IF NOT FOUND OR o_session_id IS DISTINCT FROM p_session
+            OR o_status IS DISTINCT FROM 'awaiting-input' THEN
+        o_result := 'refused';  -- the row as found (or none) says why; nothing written
+        RETURN;
+    END IF;
+    -- The decision's save, unfenced (not the turn's own write), version-checked: its
+    -- refusals (a conflict: a concurrent decision saved first) write nothing.
+    SELECT s.o_status, s.o_version INTO o_result, o_version
+    FROM {SAVE_FUNCTION_NAME}(p_session, p_start, p_expected, p_meta, p_idx, p_roles,
+        p_bodies, NULL, NULL, NULL, false, NULL, p_channel, false, NULL) AS s;
+    IF o_result <> 'ok' OR NOT p_complete THEN
+        RETURN;
+    END IF;
+    -- The last call decided: the turn goes back to be claimed (its continuation), no
+    -- owner, its lease lapsed, the workers woken at the commit. Another running turn
+    -- of the session (the unique index) fails the whole call: nothing is written.
+    UPDATE axon_turns AS t SET status = 'running', owner = NULL,
+        lease_until = clock_timestamp() - interval '1 second',
+        resume_pending = true, resumes = t.resumes + 1, expires_at = NULL,
+        finish_reason = NULL
+    WHERE t.turn_id = p_turn
+    RETURNING {_DECIDE_SELECT} INTO {_DECIDE_INTO};
+    PERFORM pg_notify(p_channel, current_schema() || ':' || p_turn);
+END $$"""
+"""A person's decision recorded in one call (issue 21): the waiting turn's row locked
+and checked (this session's, still ``awaiting-input``: else ``o_result`` ``refused``
+with the row as found), the decision's save (:data:`SAVE_FUNCTION`, version-checked,
+unfenced), and, when the decision is the last its turn waited for (``p_complete``), the
+row back to ``running`` with no owner, a lapsed lease and ``resume_pending``, and the
+workers' wake-up; the row after in the ``o_`` status columns. ``o_result`` is the
+save's status otherwise (``ok``; ``conflict``, ``meta``... with nothing written).
+
+One statement in autocommit, sent from the event loop, where the decision was a thread's
+transaction of five round trips (``BEGIN``, the row's requeue with the session's lock,
+the delete, the write, ``COMMIT``). Of two decisions for one call exactly one is
+recorded: the second waits on the turn's row, then finds it no longer waiting (the
+first completed the turn's calls) or the session's version moved (it did not)."""
+
+
 @attrs.frozen(kw_only=True, slots=True)
 class Fence:
     """The lease a worker's saves of one session are checked against."""
@@ -1035,6 +1115,73 @@ class PostgresStore:
             return None
         raise StoreError(f"save of session {session_id!r}: the save function said {status!r}")
 
+    async def save_decision(
+        self,
+        session_id: str,
+        start: int,
+        messages: Sequence[Message],
+        meta: Mapping[str, Any],
+        *,
+        expected_version: int,
+        turn_id: str,
+        complete: bool,
+    ) -> tuple[str, int | None, tuple[Any, ...] | None]:
+        """A decision's save together with its turn's row, as one call of
+        :data:`DECIDE_FUNCTION` sent from the event loop (not part of the
+        :class:`~runtime.store.Store` protocol: the turn queue's decisions use it). What
+        the call said: ``("ok", version, row)`` (saved; the turn's row after, as
+        :data:`STATUS_COLUMNS`), ``("refused", None, row)`` (the turn does not wait, or is
+        not this session's: the row as found, ``None`` when there is none; nothing
+        written), ``("meta", None, None)`` (the stored meta or the patch must be merged
+        here: save in the transaction instead). A version that moved raises
+        :class:`~runtime.errors.StoreConflict`, another running turn of the session
+        ``psycopg.errors.UniqueViolation``, both with nothing written."""
+        import psycopg
+
+        new = check_save(session_id, start, messages, meta, expected_version)
+        rows = encode_rows(session_id, start, new)
+        patch = encode_meta(session_id, meta)
+        if self._closed:
+            raise StoreError(f"session store {self.url} is closed")
+        if patch is not None and _NUL in patch:
+            return "meta", None, None
+        ids, roles, bodies = _columns(rows)
+        params = (
+            turn_id.encode(),
+            b"t" if complete else b"f",
+            session_id.encode(),
+            b"%d" % start,
+            b"%d" % expected_version,
+            patch,
+            _binary_array(_INT4, [_int4(i) for i in ids]),
+            _binary_array(_TEXT, [role.encode() for role in roles]),
+            _binary_array(_BYTEA, bodies),
+            _TURNS_CHANNEL.encode(),
+        )
+        unique: list[BaseException] = []
+
+        async def once() -> Any:
+            try:
+                return await self._lane.call(_DECIDE_NAME, _DECIDE_SQL, params, _DECIDE_FORMATS, 1)
+            except psycopg.errors.UniqueViolation as err:
+                unique.append(err)
+                return None
+
+        action = f"decision's save of session {session_id!r}"
+        result = await _retrying(f"{action} ({self.url})", self._retry_for, once, log=self._log)
+        if result is None:
+            raise unique[-1]
+        got = read_row(result, 0, _DECIDE_KINDS)
+        status, version = got[0], got[1]
+        row = None if got[2] is None else got[2:]
+        if status == "conflict":
+            check_version(self.url, session_id, version or 0, expected_version)
+        if status == "hole":
+            _beyond_end(session_id, start, version or 0)
+        if status in ("ok", "refused", "meta"):
+            return status, version, row
+        raise StoreError(f"{action}: the decision's function said {status!r}")
+
     def _save_in(
         self,
         conn: Any,
@@ -1297,6 +1444,15 @@ own (a crash test holds a worker inside it, before its commit, by replacing it:
 ``tests/support/worker_agent.py``)."""
 _SAVE_NAME_ENDING: Final = b"axon_save_call_ending"
 _SAVE_FORMATS: Final = (0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0)
+_DECIDE_SQL: Final = (
+    f"SELECT * FROM {DECIDE_FUNCTION_NAME}($1, $2, $3, $4, $5, $6, $7::int[], $8::text[], "
+    "$9::bytea[], $10)"
+).encode()
+"""The decision's function's call, as :class:`LoopLane` prepares it (``$6`` and the arrays
+in the binary format, the rest as text; the answer in the binary format)."""
+_DECIDE_NAME: Final = b"axon_decide_call"
+_DECIDE_FORMATS: Final = (0, 0, 0, 0, 0, 1, 1, 1, 1, 0)
+_DECIDE_KINDS: Final = ("TEXT", "BIGINT", *STATUS_KINDS)
 _INT4, _TEXT, _BYTEA = 23, 25, 17
 """The element types' oids of the save's arrays."""
 _int4 = struct.Struct("!i").pack
@@ -1468,6 +1624,7 @@ def _first_connect(libpq: str, schema: str) -> str:
         _ensure_turn_heads(conn)
         _ensure_claim_function(conn)
         _ensure_save_function(conn)
+        _ensure_function(conn, DECIDE_FUNCTION_NAME, DECIDE_FUNCTION)
         conn.execute(
             """INSERT INTO axon_meta (key, value) VALUES ('magic', %s), ('schema_version', %s)
             ON CONFLICT (key) DO NOTHING""",
@@ -1570,6 +1727,18 @@ def _ensure_claim_function(conn: Any) -> None:
     ).fetchone()
     if found is None:
         conn.execute(CLAIM_FUNCTION)
+
+
+def _ensure_function(conn: Any, name: str, create: str) -> None:
+    """The server-side function ``name``, created by ``create`` when missing (as the
+    claim's, :func:`_ensure_claim_function`)."""
+    found = conn.execute(
+        "SELECT 1 FROM pg_proc "
+        "WHERE proname = %s AND pronamespace = current_schema()::regnamespace",
+        (name,),
+    ).fetchone()
+    if found is None:
+        conn.execute(create)
 
 
 def _ensure_save_function(conn: Any) -> None:

@@ -19,11 +19,13 @@ from actors.stores.turn_sql import (
     _SUSPEND,
     CANCEL_CHANNEL,
     _notify_turns,
+    _refuse_decision,
     _resume_if_decided,
     _status,
     _write_once,
 )
 from runtime.approval import Decision, PendingCall, record_decision
+from runtime.errors import AlreadyDecided
 from runtime.messages import Message
 from runtime.store import validate_session_id
 from runtime.turn_queue import QUEUED, RUNNING, WAITING, Decided, TurnStatus
@@ -77,7 +79,13 @@ class TurnDecisions:
         ``running`` with no owner, a lapsed lease and ``resume_pending``: the next claim
         of any worker runs the continuation (:attr:`~runtime.turn_queue.Claim.resumed`).
         Of two decisions for one call exactly one is recorded (the session's version
-        check), and exactly one decision completes a turn's set, so one resumes it."""
+        check), and exactly one decision completes a turn's set, so one resumes it.
+
+        On PostgreSQL the save, the row's check and its requeue are one call of the
+        decision's function sent from the event loop
+        (:meth:`~actors.stores.postgres.PostgresStore.save_decision`); a stored meta the
+        function cannot merge, and a store without a lane, save in the transaction with
+        :func:`~actors.stores.turn_sql._resume_if_decided` as its guard."""
         validate_session_id(session_id)
         rows: list[TurnStatus] = []
 
@@ -91,6 +99,23 @@ class TurnDecisions:
             complete: bool,
         ) -> int:
             rows.clear()
+            if hasattr(self.store, "_lane"):  # one call from the event loop
+                said, version, row = await self._save_decision(
+                    session_id,
+                    call,
+                    start=start,
+                    messages=messages,
+                    meta=meta,
+                    expected_version=expected_version,
+                    complete=complete,
+                )
+                if said == "ok":
+                    assert version is not None and row is not None
+                    rows.append(_status(row))
+                    return version
+                if said == "refused":
+                    _refuse_decision(row, session_id, call)
+                # "meta": merged by the client, in the transaction below
 
             def guard(conn: Any) -> LockedSession | None:
                 status, locked = _resume_if_decided(conn, session_id, call, complete)
@@ -111,6 +136,22 @@ class TurnDecisions:
 
         recorded = await record_decision(self.store, session_id, key, decision, tools, save=save)
         return Decided(recorded=recorded, turn=rows[-1])
+
+    async def _save_decision(
+        self, session_id: str, call: PendingCall, **save: Any
+    ) -> tuple[str, int | None, tuple[Any, ...] | None]:
+        """:meth:`PostgresStore.save_decision
+        <actors.stores.postgres.PostgresStore.save_decision>` for ``call``, another
+        running turn of the session (a later message started one) refused as the
+        transaction refuses it."""
+        import psycopg
+
+        try:
+            return await self.store.save_decision(session_id, turn_id=call.turn_id, **save)
+        except psycopg.errors.UniqueViolation:  # another turn of the session runs: it won
+            raise AlreadyDecided(
+                f"{call.approval_id!r} can no longer be decided: a later message superseded it"
+            ) from None
 
     async def take_expired(self, now: float, limit: int = 100) -> list[TurnStatus]:
         """Waiting turns whose ``expires_at`` is at or before ``now`` (the caller's wall

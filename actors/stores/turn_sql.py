@@ -16,7 +16,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Final, NoReturn
 
-from actors.stores.postgres import CLAIMED_COLUMNS, LOCK_SESSION, SUPERSEDE, LockedSession
+from actors.stores.postgres import (
+    CLAIMED_COLUMNS,
+    LOCK_SESSION,
+    STATUS_COLUMNS,
+    SUPERSEDE,
+    LockedSession,
+)
 from runtime.approval import PendingCall, pending_calls
 from runtime.busy import INTERRUPTED_BY_NEW
 from runtime.errors import AlreadyDecided, UnknownApproval
@@ -30,10 +36,7 @@ CANCEL_CHANNEL: Final = "axon_cancel"
 """NOTIFY channel: a turn's cancellation was requested (payload: its turn id)."""
 
 _COLUMNS = ", ".join(name for name, _ in CLAIMED_COLUMNS)
-_STATUS_COLUMNS = (
-    "turn_id, session_id, seq, status, owner, epoch, attempts, saved, cancel_requested, "
-    "cancel_reason, finish_reason, error, resumes, expires_at"
-)
+_STATUS_COLUMNS = ", ".join(STATUS_COLUMNS)
 """What a status read selects: never ``input`` or ``meta``, which may be megabytes."""
 _T_STATUS_COLUMNS = ", ".join(f"t.{c.strip()}" for c in _STATUS_COLUMNS.split(","))
 """The same, of a statement's ``t``."""
