@@ -610,8 +610,8 @@ async def test_a_decided_turn_behind_a_lapsed_lease_waits_for_its_takeover(pg_ur
 async def test_a_decision_is_the_sessions_read_and_one_call(pg_url, statements):
     """A decision reads the session, then checks the waiting turn's row, saves on top of
     the version read and requeues the turn in one call of the decision's function from
-    the event loop, where it was a thread's transaction of five round trips (``BEGIN``,
-    the row's requeue with the session's lock, the delete, the write, ``COMMIT``)."""
+    the event loop, where it was a thread's transaction of four round trips (``BEGIN``,
+    the row's requeue with the session's lock, the write, ``COMMIT``)."""
     store = await PostgresStore.open(pg_url)
     queue = TurnQueue(store, lease=30.0, max_attempts=3)
     try:

@@ -618,8 +618,8 @@ workers' wake-up; the row after in the ``o_`` status columns. ``o_result`` is th
 save's status otherwise (``ok``; ``conflict``, ``meta``... with nothing written).
 
 One statement in autocommit, sent from the event loop, where the decision was a thread's
-transaction of five round trips (``BEGIN``, the row's requeue with the session's lock,
-the delete, the write, ``COMMIT``). Of two decisions for one call exactly one is
+transaction of four round trips (``BEGIN``, the row's requeue with the session's lock,
+the write, ``COMMIT``). Of two decisions for one call exactly one is
 recorded: the second waits on the turn's row, then finds it no longer waiting (the
 first completed the turn's calls) or the session's version moved (it did not)."""
 
