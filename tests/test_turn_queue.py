@@ -336,6 +336,29 @@ async def test_wait_wakes_on_a_submit(queue, store):
     assert await queue.wait(10)
 
 
+async def test_a_wait_is_woken_on_the_event_loop_without_a_thread(queue, store, monkeypatch):
+    """The ``LISTEN`` connection's socket is waited on by Trio: a notification wakes the
+    worker with no thread's hand-off, and a cancelled wait keeps the connection (nothing
+    half read), which the next wait goes on listening on."""
+    assert await queue.wait(0)  # connected
+    hops: list[object] = []
+    run_sync = trio.to_thread.run_sync
+
+    async def counted(fn: object, *args: object, **kwargs: object) -> object:
+        hops.append(fn)
+        return await run_sync(fn, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(trio.to_thread, "run_sync", counted)
+    conn = queue._listen.conn
+    with trio.move_on_after(0.05) as scope:
+        await queue.wait(30)
+    assert scope.cancelled_caught
+    await TurnQueue(store, lease=LEASE).submit("s1", "one")
+    hops.clear()
+    assert await queue.wait(10)
+    assert hops == [] and queue._listen.conn is conn
+
+
 async def test_wait_times_out_when_nothing_happens(queue):
     await queue.wait(0)
     assert not await queue.wait(0.2)

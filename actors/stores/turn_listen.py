@@ -1,20 +1,18 @@
 """Waking idle workers: the turn queue's ``LISTEN axon_turns`` connection
-(:meth:`TurnListening.wait`), kept open between waits and blocked on in a thread.
+(:meth:`TurnListening.wait`), kept open between waits, its socket waited on by Trio.
 
 Apart from the claims because it is the one part of :class:`~actors.stores.turns.TurnQueue`
-with state of its own (the connection, and the thread a cancelled wait abandons:
-:class:`_Listener`), and the one that holds a connection outside the store's pool.
+with state of its own (the connection: :class:`_Listener`), and the one that holds a
+connection outside the store's pool.
 """
 
 from __future__ import annotations
 
-import threading
-import time
 from typing import TYPE_CHECKING, Any
 
 import trio
 
-from actors.stores.postgres import CONNECT_TIMEOUT
+from actors.stores.postgres import CONNECT_TIMEOUT, _close_on_loop
 from actors.stores.turn_sql import TURNS_CHANNEL
 from runtime.errors import StoreError
 from runtime.redact import redact
@@ -24,14 +22,10 @@ if TYPE_CHECKING:
 
 
 class _Listener:
-    """The state of one wait thread, shared with the Trio side: a wait cancelled while
-    its thread blocks abandons the thread, which then closes the connection itself."""
+    """The ``LISTEN`` connection of a queue's waits."""
 
     def __init__(self, conn: Any) -> None:
         self.conn = conn
-        self.lock = threading.Lock()
-        self.abandoned = False
-        self.done = False
 
 
 class TurnListening:
@@ -45,7 +39,7 @@ class TurnListening:
         _closed: bool
         _log: Any
 
-    async def wait(self, timeout: float) -> bool:  # noqa: ASYNC109 - a thread blocks on it
+    async def wait(self, timeout: float) -> bool:  # noqa: ASYNC109 - the queue's API
         """Block until a ``NOTIFY axon_turns`` arrives or ``timeout`` seconds pass; ``True``
         if notified (something may be claimable or finished).
 
@@ -53,9 +47,11 @@ class TurnListening:
         the worker was busy is kept and the next wait returns at once. When the connection
         is (re)opened, notifications may have been missed, so that wait returns ``True``
         at once: a spurious wake-up costs one claim, a missed one a whole ``timeout``.
-        Cancelling a wait abandons its thread, which closes the connection when it ends.
-        Meant for one worker loop: concurrent waits on one queue take turns (front ends
-        waiting for a turn use :meth:`wait_finished`).
+        The connection's socket is waited on by Trio, not by a thread: a notification
+        wakes the worker without a thread's hand-off, and a cancelled wait leaves the
+        connection as it was (nothing half read). Meant for one worker loop: concurrent
+        waits on one queue take turns (front ends waiting for a turn use
+        :meth:`wait_finished`).
         """
         if self._closed:
             raise StoreError(f"turn queue of {self.store.url} is closed")
@@ -63,7 +59,7 @@ class TurnListening:
             listener = self._listen
             if listener is None or listener.conn.closed or listener.conn.broken:
                 if listener is not None:
-                    await trio.to_thread.run_sync(listener.conn.close)
+                    _close_on_loop(listener.conn)
                     self._listen = None
                 try:
                     conn = await trio.to_thread.run_sync(self._connect_listener)
@@ -75,22 +71,10 @@ class TurnListening:
                 self._listen = _Listener(conn)
                 return True
             try:
-                return await trio.to_thread.run_sync(
-                    _wait_for_notify,
-                    listener,
-                    f"{self.store.schema}:",
-                    timeout,
-                    abandon_on_cancel=True,
-                )
-            except trio.Cancelled:
-                with listener.lock:
-                    listener.abandoned = True
-                    done = listener.done
-                self._listen = None
-                if done:
-                    listener.conn.close()
-                raise
+                return await _wait_for_notify(listener.conn, f"{self.store.schema}:", timeout)
             except Exception as err:  # the connection broke: reopen on the next wait
+                self._listen = None
+                _close_on_loop(listener.conn)
                 self._log.warning("turns.listen_broken", error=redact(str(err)))
                 return True
 
@@ -100,7 +84,8 @@ class TurnListening:
         self._closed = True
         listener, self._listen = self._listen, None
         if listener is not None:
-            await trio.to_thread.run_sync(listener.conn.close)
+            _close_on_loop(listener.conn)
+            await trio.lowlevel.checkpoint()
 
     def _connect_listener(self) -> Any:
         import psycopg
@@ -114,21 +99,17 @@ class TurnListening:
         return conn
 
 
-def _wait_for_notify(listener: _Listener, prefix: str, timeout: float) -> bool:
-    """In a worker thread: block on the LISTEN connection until a notification of this
-    schema (payload starting with ``prefix``) arrives or ``timeout`` passes."""
-    deadline = time.monotonic() + max(timeout, 0.0)
-    try:
+async def _wait_for_notify(conn: Any, prefix: str, timeout: float) -> bool:  # noqa: ASYNC109
+    """Wait on the ``LISTEN`` connection (libpq's non-blocking reads, its socket waited
+    on by Trio) until a notification of this schema (payload starting with ``prefix``)
+    arrives or ``timeout`` passes; those already received are looked at first."""
+    pgconn = conn.pgconn
+    fd = pgconn.socket
+    with trio.move_on_after(max(timeout, 0.0)):
         while True:
-            remaining = max(deadline - time.monotonic(), 0.0)
-            for notify in listener.conn.notifies(timeout=remaining, stop_after=1):
-                if notify.payload.startswith(prefix):
+            pgconn.consume_input()
+            while (notify := pgconn.notifies()) is not None:
+                if notify.extra.decode(errors="replace").startswith(prefix):
                     return True
-            if time.monotonic() >= deadline:
-                return False
-    finally:
-        with listener.lock:
-            listener.done = True
-            abandoned = listener.abandoned
-        if abandoned:
-            listener.conn.close()
+            await trio.lowlevel.wait_readable(fd)
+    return False
