@@ -730,6 +730,29 @@ async def test_a_decision_on_a_meta_the_function_cannot_merge_goes_in_the_transa
         await store.aclose()
 
 
+async def test_a_store_without_the_decisions_function_gains_it_on_open(pg_url):
+    """A store created before the decision's function (a rolling upgrade) gets it when a
+    process of this version opens it, and records decisions through it."""
+    from actors.stores.postgres import DECIDE_FUNCTION_NAME
+
+    store = await PostgresStore.open(pg_url)
+    await store.run(
+        "drop",
+        lambda conn: conn.execute(f"DROP FUNCTION {DECIDE_FUNCTION_NAME}"),
+        transaction=False,
+    )
+    await store.aclose()
+    store = await PostgresStore.open(pg_url)
+    queue = TurnQueue(store, lease=30.0, max_attempts=3)
+    try:
+        await _waiting_turn(store, queue, "s")
+        decided = await queue.decide("s", "ap1", Decision(approved=True), {})
+    finally:
+        await queue.aclose()
+        await store.aclose()
+    assert decided.recorded.complete and decided.turn.status == "running"
+
+
 async def test_the_save_function_merges_meta_as_the_transaction_does(pg_url, statements):
     """The patch's keys over the stored ones (``dict.update``), in SQL; a meta holding an
     escaped NUL (which ``jsonb`` cannot hold) is merged by the client, in a transaction."""
