@@ -560,6 +560,33 @@ async def test_a_decided_turns_claim_is_one_call_that_reads_its_session(pg_url, 
         await store.aclose()
 
 
+async def test_a_continuation_whose_worker_dies_is_taken_over_and_fenced(pg_url):
+    """The worker that claimed a continuation through the function dies (its lease runs
+    out): the next claim takes the turn over as any running turn (its transaction, an
+    attempt counted, the epoch bumped), and the dead worker's late save is refused."""
+    store = await PostgresStore.open(pg_url)
+    queue = TurnQueue(store, lease=30.0, max_attempts=3)
+    try:
+        await _waiting_turn(store, queue, "s")
+        await queue.decide("s", "ap1", Decision(approved=True), {})
+        resumed = await queue.claim("w2")
+        assert resumed is not None and resumed.resumed and resumed.stored is not None
+        await _expire(store, resumed.turn.turn_id)
+        taken = await queue.claim("w3")
+        assert taken is not None and taken.takeover and not taken.resumed
+        assert (taken.turn.turn_id, taken.epoch, taken.turn.attempts) == (
+            resumed.turn.turn_id,
+            3,
+            2,
+        )
+        with queue.fenced(resumed), pytest.raises(LeaseLost):
+            await store.save("s", 2, said("late"), expected_version=resumed.stored.version)
+        assert (await store.load("s")) == resumed.stored
+    finally:
+        await queue.aclose()
+        await store.aclose()
+
+
 async def test_a_decided_turn_behind_a_lapsed_lease_waits_for_its_takeover(pg_url, statements):
     """A worker's lease that ran out before the decision's is taken over first, in its
     transaction (its attempts counted, as before); the continuation is the next claim's,
