@@ -251,3 +251,41 @@ async def test_the_functions_meta_merge_keeps_odd_keys_and_extreme_numbers(pg_ur
         assert repr(record.meta) == repr(want)  # -0.0, 5e-324, types
     finally:
         await store.aclose()
+
+
+async def test_a_decision_in_a_latin1_database_merges_its_meta_in_the_transaction():
+    """A decision's save merges the session's meta too (the count of calls still
+    waiting): outside UTF-8 it goes in the transaction, as a step's save does, not
+    through the decision's function, which would merge a stored ``中`` as LATIN1 text and
+    be refused."""
+    from runtime.approval import WAITING_META, Decision
+    from runtime.messages import AssistantMessage, Awaiting, ToolCallPart
+
+    with own_database("LATIN1") as url:
+        store = await PostgresStore.open(url)
+        queue = TurnQueue(store, lease=30.0, max_attempts=3)
+        try:
+            version = await store.save("s", 0, [], {"名": "中"})
+            turn = await queue.submit("s", "one")
+            claim = await queue.claim("w1")
+            assert claim is not None
+            call = ToolCallPart(
+                tool_call_id="c1",
+                tool_name="delete",
+                input={},
+                step=0,
+                awaiting=Awaiting(kind="approval", id="ap1", turn_id=turn.turn_id),
+            )
+            step = AssistantMessage(id=claim.turn.message_id, content=(call,))
+            with queue.fenced(claim, on_suspended=lambda: None):
+                await store.save(
+                    "s", 0, [UserMessage(content="one"), step], {WAITING_META: 1},
+                    expected_version=version,
+                )  # fmt: skip
+            decided = await queue.decide("s", "ap1", Decision(approved=True), {})
+            assert decided.recorded.complete and decided.turn.status == "running"
+            record = await store.load("s")
+            assert record is not None and record.meta == {"名": "中", WAITING_META: 0}
+        finally:
+            await queue.aclose()
+            await store.aclose()

@@ -1133,7 +1133,8 @@ class PostgresStore:
         :data:`STATUS_COLUMNS`), ``("refused", None, row)`` (the turn does not wait, or is
         not this session's: the row as found, ``None`` when there is none; nothing
         written), ``("meta", None, None)`` (the stored meta or the patch must be merged
-        here: save in the transaction instead). A version that moved raises
+        here, the database's text is not UTF-8, or an index is past an ``INTEGER``'s:
+        save in the transaction instead, as :meth:`save` does). A version that moved raises
         :class:`~runtime.errors.StoreConflict`, another running turn of the session
         ``psycopg.errors.UniqueViolation``, both with nothing written."""
         import psycopg
@@ -1143,8 +1144,10 @@ class PostgresStore:
         patch = encode_meta(session_id, meta)
         if self._closed:
             raise StoreError(f"session store {self.url} is closed")
-        if patch is not None and _NUL in patch:
-            return "meta", None, None
+        if (patch is not None and (not self._utf8 or _NUL in patch)) or (
+            start + len(new) > _INDEX_END
+        ):
+            return "meta", None, None  # as a save would, in the transaction (:meth:`save`)
         ids, roles, bodies = _columns(rows)
         params = (
             turn_id.encode(),
