@@ -91,9 +91,17 @@ class _CountedBounds:
     def __getattr__(self, name: str) -> object:
         return getattr(trio, name)
 
-    def move_on_after(self, seconds: float) -> trio.CancelScope:
+    def move_on_after(self, seconds: float, **kwargs: bool) -> trio.CancelScope:
         self.bounds += 1
-        return trio.move_on_after(seconds)
+        return trio.move_on_after(seconds, **kwargs)
+
+
+class _CountedScopes(_CountedBounds):
+    """Counting every cancel scope made: its timeouts and plain ``CancelScope`` s."""
+
+    def CancelScope(self, **kwargs: object) -> trio.CancelScope:  # (trio's name)
+        self.bounds += 1
+        return trio.CancelScope(**kwargs)  # type: ignore[arg-type]
 
 
 async def test_a_turn_announces_its_end_without_a_bound_when_nobody_would_wait(
@@ -115,6 +123,70 @@ async def test_a_turn_announces_its_end_without_a_bound_when_nobody_would_wait(
         await session.run("x")
         assert counted_trio.bounds == 0  # (1 before: the end's announcement)
         assert [type(e) for e in (seen.inbox.get_nowait(),)] == [TurnFinished]
+
+
+async def test_a_turn_s_end_enters_one_cancel_scope_its_save_s(tmp_path, monkeypatch):
+    """A turn that ends well enters one cancel scope from its end on, its final save's
+    bound (shielded), where it entered two: a shield around the whole end, and the
+    save's bound inside it (a scope is 5-6 us hot, issue 24 goal 1). The end is shielded
+    where it waits (``tests/test_resilience_cancel.py``: a turn cut by a host's
+    shutdown is still saved and answered)."""
+    import actors.turn.runner as runner_module
+    import actors.turn.saving as saving_module
+
+    counted_trio = _CountedScopes()
+    agent = Agent(provider=ScriptedProvider(turns=[[["hi"]]] * 2))
+    async with Host.open(store=str(tmp_path / "s.db"), log_tap=False) as host:
+        session = await host.open_session(agent, session_id="s")
+        await session.run("warm")
+        monkeypatch.setattr(runner_module, "trio", counted_trio)
+        monkeypatch.setattr(saving_module, "trio", counted_trio)
+        result = await session.run("x")
+        monkeypatch.undo()
+        assert result.finish_reason == "stop" and result.saved
+        assert counted_trio.bounds == 1  # (2 before)
+        record = await host.store.load("s")
+        assert record is not None and record.messages[-1] == result.message
+
+
+async def test_a_turn_s_end_waits_for_its_save_shielded_when_cancelled(autojump_clock):
+    """A turn's runner cancelled from outside while its final save is on its way (as a
+    host's nursery at shutdown cancels it) still waits for the save, and hands the
+    result over: the end is shielded where it waits, not as a whole. (Fails with the
+    save's bound unshielded: the result comes back unsaved.)"""
+    from runtime.actor_messages import SaveRequest
+
+    agent = Agent(provider=ScriptedProvider(turns=[[["hi"]]]))
+    async with Host.open(log_tap=False) as host:
+        persister = host.persister
+        handle = persister.handle
+        saved: list[int] = []
+
+        async def slow_handle(message: object) -> None:
+            if isinstance(message, SaveRequest):
+                runner_scope.cancel()  # the runner waits for this save now
+                await trio.sleep(1)  # the save takes a while
+                saved.append(len(message.messages))
+            await handle(message)
+
+        persister.handle = slow_handle  # type: ignore[method-assign]
+        runner_scope = trio.CancelScope()
+        supervise_first = host._supervise_first
+
+        async def in_scope(actor: object, others: list) -> None:
+            with runner_scope:  # the runner's task alone, cancellable from here
+                await supervise_first(actor, others)  # type: ignore[arg-type]
+
+        host._supervise_first = in_scope  # type: ignore[method-assign]
+        session = await host.open_session(agent, session_id="s")
+        async with session.stream("x") as out:
+            texts = [chunk.text async for chunk in out if chunk.type == "text-delta"]
+        assert runner_scope.cancel_called and texts == ["hi"]
+        assert out.result is not None and out.result.saved, out.result
+        assert out.result.finish_reason == "stop"
+        assert saved == [2]
+        record = await host.store.load("s")
+        assert record is not None and record.messages[-1] == out.result.message
 
 
 async def test_a_turn_s_end_is_still_bounded_by_a_full_blocking_subscriber(autojump_clock):
