@@ -1,0 +1,73 @@
+"""What a fresh session's open and a turn's set-up do, counted (issue 24 goal 1): the
+work charged to every turn of a host that opens a session per turn. Pinned as counts
+(imports, logger look-ups, pattern compilations), never as timings."""
+
+from __future__ import annotations
+
+import builtins
+import re
+import sys
+
+from actors.providers.scripted import ScriptedProvider
+from runtime import Agent, Host
+
+
+async def test_a_fresh_session_s_open_imports_nothing_after_the_first(tmp_path, monkeypatch):
+    """The session's actors' classes are imported on the host's first open and kept:
+    a later open runs no ``import`` statement (four ``from`` imports an open before,
+    ~2.5 us hot), and asks structlog for no logger (the turn runner's is looked up when
+    it writes a line)."""
+    import actors.turn.runner as runner_module
+
+    agent = Agent(provider=ScriptedProvider(turns=[[["hi"]]] * 3))
+    async with Host.open(store=str(tmp_path / "s.db"), log_tap=False) as host:
+        first = await host.open_session(agent, session_id="first")
+        await first.run("x")
+        await first.close()
+        imports: list[str] = []
+        loggers: list[str] = []
+        real_import, real_get_logger = builtins.__import__, runner_module.get_logger
+
+        def counted_import(name: str, *args: object, **kwargs: object) -> object:
+            caller = sys._getframe(1)
+            imports.append(f"{name} ({caller.f_code.co_filename}:{caller.f_lineno})")
+            return real_import(name, *args, **kwargs)  # type: ignore[arg-type]
+
+        def counted_get_logger(name: str = "axon") -> object:
+            loggers.append(name)
+            return real_get_logger(name)
+
+        monkeypatch.setattr(runner_module, "get_logger", counted_get_logger)
+        monkeypatch.setattr(builtins, "__import__", counted_import)  # (last: it imports)
+        session = await host.open_session(agent, session_id="counted")
+        monkeypatch.undo()
+        assert imports == []  # (actors.engine, actors.mcp, ... before)
+        assert loggers == []  # (axon.turn before)
+        result = await session.run("y")
+        assert result.finish_reason == "stop" and loggers == []  # a turn that goes well
+        assert session.runner is not None
+        assert session.runner._log is real_get_logger("axon.turn")  # the same logger
+
+
+async def test_a_session_id_is_checked_without_compiling_its_pattern_again(monkeypatch):
+    """``validate_session_id`` (five times a turn) keeps its compiled pattern: no
+    ``re.compile`` call, not even a cached one, after the first; a bad id still fails."""
+    import pytest
+
+    import runtime.store as store_module
+    from runtime.errors import InvalidSessionId
+
+    store_module.validate_session_id("warm")
+    compiled: list[str] = []
+    real_compile = re.compile
+
+    def counted_compile(pattern: str, flags: int = 0) -> re.Pattern[str]:
+        compiled.append(pattern)
+        return real_compile(pattern, flags)
+
+    monkeypatch.setattr(store_module.re, "compile", counted_compile)
+    assert store_module.validate_session_id("s-1.a:b_c") == "s-1.a:b_c"
+    for bad in ("", "a b", "x" * 129, "é", 5):
+        with pytest.raises(InvalidSessionId):
+            store_module.validate_session_id(bad)  # type: ignore[arg-type]
+    assert compiled == []
