@@ -267,7 +267,8 @@ async def test_a_session_s_engine_and_controller_take_their_first_message_as_the
     started from the turn runner's first step, so they start with their first message
     (the model call's, the turn's start) waiting and handle it in their first step:
     four steps each a one-delta turn of a fresh session (five and six before: a step to
-    start and wait, then one for the message; and the controller's rest)."""
+    start and wait, then one for the message; and the controller's rest), the engine
+    three (it rests in the step that forwards its call's end, not on ``REST``)."""
     agent = Agent(provider=ScriptedProvider(turns=[[["hi"]]] * 9))
     async with Host.open(store=str(tmp_path / "s.db"), log_tap=False) as host:
         warm = await host.open_session(agent, session_id="warm")
@@ -280,23 +281,25 @@ async def test_a_session_s_engine_and_controller_take_their_first_message_as_the
                 assert result.message.text == "hi"
                 await session.close()
     by = steps.by_actor()
-    assert (by["engine"], by["stream-controller"]) == (8 * 4, 8 * 4), by
+    assert (by["engine"], by["stream-controller"]) == (8 * 3, 8 * 4), by  # (8 * 4, 8 * 4)
 
 
 async def test_the_runner_and_controller_rest_in_the_step_that_ends_their_turn(tmp_path):
     """When no other turn waits, the turn runner rests in the step that ends its turn,
     and the stream controller in the step that hands the result over: both rest before
     the consumer has the result, so neither wakes for ``REST`` (a step each a turn,
-    issue 24 goal 1). The engine, which hears of no turn's end, still rests on ``REST``;
-    the next turn wakes all three, and runs as before."""
+    issue 24 goal 1). The engine rests in the step that forwards the end of a call
+    with no tool call to follow (it woke for ``REST`` before); the next turn wakes all
+    three, and runs as before."""
     agent = Agent(provider=ScriptedProvider(turns=[[["hi"]], [["ho"]]]))
     async with Host.open(store=str(tmp_path / "s.db"), log_tap=False) as host:
         session = await host.open_session(agent, session_id="s")
         engine, controller, runner = session.actors
         result = await session.run("x")
-        assert (runner.resting, controller.resting, engine.resting) == (True, True, False)
-        await trio.testing.wait_all_tasks_blocked()
-        assert engine.resting  # (its REST)
+        assert (runner.resting, controller.resting, engine.resting) == (True, True, True)
+        with counted() as steps:
+            await trio.testing.wait_all_tasks_blocked()
+        assert steps.by_actor()["engine"] == 0  # (1 before: its REST)
         again = await session.run("y")
         assert (result.message.text, again.message.text) == ("hi", "ho")
         record = await host.store.load("s")
@@ -324,3 +327,28 @@ async def test_an_actor_handles_the_message_waiting_at_its_start_in_its_first_st
             assert seen == ["a", "b"]
             echo.stop()
     assert steps.named("echo-run") == 3  # "a" at the start; "b" after a yield; the end
+
+
+async def test_a_turn_that_calls_again_after_a_call_s_end_wakes_its_engine(tmp_path):
+    """The engine rests as a call ends without tool calls; a turn that calls the model
+    again all the same (a structured answer sent back with its error) wakes it first:
+    the second call streams and the answer is the second one, and the engine rests at
+    the end (six steps for the two calls, seven before: the last for ``REST``)."""
+    from pydantic import BaseModel
+
+    class Answer(BaseModel):
+        n: int
+
+    agent = Agent(
+        provider=ScriptedProvider(turns=[[['{"n": "one"}'], ['{"n": 1}']]]), output_type=Answer
+    )
+    async with Host.open(store=str(tmp_path / "s.db"), log_tap=False) as host:
+        session = await host.open_session(agent, session_id="s")
+        engine = session.actors[0]
+        with counted() as steps:
+            result = await session.run("x")
+            await trio.testing.wait_all_tasks_blocked()
+        assert result.finish_reason == "stop" and result.output == Answer(n=1)
+        assert engine.resting and steps.by_actor()["engine"] == 6, steps.by_actor()
+        record = await host.store.load("s")
+        assert record is not None and record.messages[-1] == result.message

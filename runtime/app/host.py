@@ -563,7 +563,7 @@ class Host:
         idle, after_turn = _idle_check(session), _no_turn_waits(session)
         for actor in actors:
             actor.rests_when = idle
-            actor.rests_after_turn = after_turn  # (the engine hears of no turn's end)
+            actor.rests_after_turn = after_turn  # (the engine: its last call's end)
         self.sessions[sid] = session
         session.last_used = trio.current_time()
         if resume:
@@ -632,6 +632,16 @@ class Host:
         if runner is not None:
             waking.append(runner)
         for actor in waking:
+            self.nursery.start_soon(self._supervise, actor, None)
+
+    def wake_actor(self, actor: Actor) -> None:
+        """Start one resting actor of a session again (without yielding: its task runs
+        from the next round and takes the message waiting for it in its first step). The
+        engine rests as soon as a model call that ends its turn has ended
+        (:attr:`actors.engine.Engine.turn_ended`); a turn that makes another call after
+        all (a structured answer judged again, input steered in) wakes it so."""
+        if actor.resting and not actor.inbox.closed:
+            actor.resting = False
             self.nursery.start_soon(self._supervise, actor, None)
 
     async def _supervise_first(self, actor: Actor, others: list[Actor]) -> None:
