@@ -95,6 +95,9 @@ class Actor:
         self.current_message: Any = None
         """The message being handled (what a crash interrupted, for :meth:`on_crash`)."""
         self._stopped: trio.Event | None = None
+        self._ended = False
+        """Whether the actor has ended for good, while nobody asked for :attr:`stopped`
+        (the event is made already set when asked for then)."""
         self._subscription: Subscription | None = None
         self.rests_when: Callable[[], bool] | None = None
         """Whether the actor may rest now (its task ends on :data:`REST`); ``None``: never."""
@@ -110,7 +113,25 @@ class Actor:
         event = self._stopped
         if event is None:
             event = self._stopped = trio.Event()
+            if self._ended:
+                event.set()
         return event
+
+    @property
+    def ended(self) -> bool:
+        """Whether :attr:`stopped` is set, without making the event when nobody asked for
+        it yet (a session's actors are stopped at every close, and the turn runner asks
+        this of its controller at every turn's end; issue 24 goal 1)."""
+        event = self._stopped
+        return self._ended if event is None else event.is_set()
+
+    def _set_stopped(self) -> None:
+        """Set :attr:`stopped`: the event if it was made, else as made already set."""
+        event = self._stopped
+        if event is None:
+            self._ended = True
+        else:
+            event.set()
 
     # -- life cycle hooks ------------------------------------------------------------
 
@@ -203,7 +224,7 @@ class Actor:
             self._subscription = None
         self.inbox.close()
         if self.resting:
-            self.stopped.set()
+            self._set_stopped()
 
 
 Request = TypeVar("Request")
@@ -336,7 +357,7 @@ class Supervisor:
             await self._supervise(actor, policy, task_status)
         finally:
             if not actor.resting:
-                actor.stopped.set()
+                actor._set_stopped()
 
     async def _supervise(self, actor: Actor, policy: RestartPolicy, task_status: Any) -> None:
         # The logger and the crash times are made at the first crash, not per run: an

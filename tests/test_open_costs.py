@@ -71,3 +71,22 @@ async def test_a_session_id_is_checked_without_compiling_its_pattern_again(monke
         with pytest.raises(InvalidSessionId):
             store_module.validate_session_id(bad)  # type: ignore[arg-type]
     assert compiled == []
+
+
+async def test_a_turn_and_a_close_make_no_stopped_event_nobody_asked_for(tmp_path):
+    """A session's three actors each had a ``trio.Event`` made at its close (to be set at
+    once) and the controller one at every turn's end (to be asked whether it was set):
+    now the event is made when someone waits on it, set already if the actor ended."""
+    agent = Agent(provider=ScriptedProvider(turns=[[["hi"]]] * 2))
+    async with Host.open(store=str(tmp_path / "s.db"), log_tap=False) as host:
+        session = await host.open_session(agent, session_id="s")
+        actors = list(session.actors)
+        result = await session.run("x")
+        assert result.finish_reason == "stop"
+        assert [a._stopped for a in actors] == [None, None, None]
+        assert not any(a.ended for a in actors)
+        await session.close()
+        assert [a._stopped for a in actors] == [None, None, None]
+        assert all(a.ended for a in actors)
+        assert all(a.stopped.is_set() for a in actors)  # made when asked: set already
+        await actors[0].stopped.wait()

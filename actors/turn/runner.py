@@ -647,7 +647,7 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
         An ended controller still has an open inbox (a host that is torn down cancels its
         actors, it does not close their inboxes), so a send to it succeeds and the result
         would sit there unread, the consumer waiting for it for ever: checked first."""
-        if not self.controller.stopped.is_set() and await self._to_controller(turn, done):
+        if not self.controller.ended and await self._to_controller(turn, done):
             return
         with trio.move_on_after(saving.SAVE_TIMEOUT, shield=True):
             try:

@@ -366,7 +366,7 @@ class Host:
         """Whether a running actor decides approvals in process (an
         :class:`~actors.plugins.ApprovalActor`): a call that needs approval then waits
         for it in memory instead of suspending its turn (docs/approval.md)."""
-        return any(not a.stopped.is_set() for a in self._deciders)
+        return any(not a.ended for a in self._deciders)
 
     async def _supervise(
         self,
