@@ -90,3 +90,47 @@ async def test_a_turn_and_a_close_make_no_stopped_event_nobody_asked_for(tmp_pat
         assert all(a.ended for a in actors)
         assert all(a.stopped.is_set() for a in actors)  # made when asked: set already
         await actors[0].stopped.wait()
+
+
+def _frames_above(frame: object) -> list[str]:
+    """The running coroutines' functions above ``frame`` up to the task's root (the
+    frame trio's run loop resumed), innermost first."""
+    names = []
+    frame = frame.f_back  # type: ignore[attr-defined]
+    while frame is not None and frame.f_code.co_name != "unrolled_run":
+        names.append(frame.f_code.co_qualname)
+        frame = frame.f_back
+    return names
+
+
+async def test_an_actor_s_task_runs_it_two_frames_below_its_root():
+    """An actor started by the host (a session's, at every turn) runs in a task whose
+    root is the supervisor's loop: ``Supervisor._supervise``, then ``Actor.run``, then
+    the handling (four frames before: ``Host._supervise`` and ``Supervisor.supervise``
+    above them, each a coroutine made per task and resumed at every step). An actor
+    with an ``on_start`` of its own still has it awaited at its start and after a
+    crash; the default one, which does nothing, is not awaited."""
+    import trio
+
+    from runtime.actor import Actor, RestartPolicy
+
+    seen: list[list[str]] = []
+    starts: list[int] = []
+
+    class Probe(Actor):
+        async def on_start(self) -> None:
+            starts.append(len(seen))
+
+        async def handle(self, message: str) -> None:
+            seen.append(_frames_above(sys._getframe()))
+            if message == "crash":
+                raise RuntimeError("boom")
+
+    async with Host.open(log_tap=False) as host:
+        probe = await host.start_actor(Probe(name="probe"), policy=RestartPolicy(intensity=5))
+        await probe.send("a")
+        await probe.send("crash")
+        await probe.send("b")
+        await trio.sleep(0.2)  # (the restart's backoff)
+    assert seen[0] == ["Actor.run", "Supervisor._supervise"], seen
+    assert len(seen) == 3 and starts == [0, 2]  # at its start; after the crash

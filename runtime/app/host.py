@@ -23,7 +23,7 @@ import os
 import signal
 import time
 import weakref
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from contextlib import asynccontextmanager
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -368,21 +368,29 @@ class Host:
         for it in memory instead of suspending its turn (docs/approval.md)."""
         return any(not a.ended for a in self._deciders)
 
-    async def _supervise(
+    def _supervise(
         self,
         actor: Actor,
         policy: RestartPolicy | None,
         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
-    ) -> None:
-        """Run ``actor``; an observer (it subscribes to bus events) runs shielded from any
-        cancellation but the host's own, so that a host cancelled from outside still
-        lets it drain (:meth:`_drain_observers`, bounded) before cancelling it."""
+    ) -> Coroutine[Any, Any, None]:
+        """Run ``actor`` (a coroutine to await or to start as a task); an observer (it
+        subscribes to bus events) runs shielded from any cancellation but the host's own,
+        so that a host cancelled from outside still lets it drain
+        (:meth:`_drain_observers`, bounded) before cancelling it."""
         actor.attach(self.bus)  # an actor may decide what it subscribes to here (LogTap)
         if actor.subscribes_to is None:
             # No shield, so no scope: an unshielded scope without a deadline that nobody
-            # cancels does nothing, and a session's actors come here at every turn (wake).
-            await self.supervisor.supervise(actor, policy=policy, task_status=task_status)
-            return
+            # cancels does nothing, and a session's actors come here at every turn
+            # (wake). Nor a coroutine of its own: the supervisor's is the task's, one
+            # frame less for every step of it (issue 24 goal 1).
+            return self.supervisor.supervise(actor, policy=policy, task_status=task_status)
+        return self._supervise_observer(actor, policy, task_status)
+
+    async def _supervise_observer(
+        self, actor: Actor, policy: RestartPolicy | None, task_status: trio.TaskStatus[None]
+    ) -> None:
+        """:meth:`_supervise` for an observer: shielded, its scope kept to cancel."""
         scope = trio.CancelScope(shield=True)
         self._observer_scopes[actor] = scope
         try:
