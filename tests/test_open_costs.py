@@ -111,6 +111,7 @@ async def test_an_actor_s_task_runs_it_two_frames_below_its_root():
     with an ``on_start`` of its own still has it awaited at its start and after a
     crash; the default one, which does nothing, is not awaited."""
     import trio
+    import trio.testing
 
     from runtime.actor import Actor, RestartPolicy
 
@@ -134,3 +135,68 @@ async def test_an_actor_s_task_runs_it_two_frames_below_its_root():
         await trio.sleep(0.2)  # (the restart's backoff)
     assert seen[0] == ["Actor.run", "Supervisor._supervise"], seen
     assert len(seen) == 3 and starts == [0, 2]  # at its start; after the crash
+
+
+async def test_opens_of_one_id_at_once_load_it_once_and_share_its_object(tmp_path):
+    """Opens of one id at once: the first loads it, the others wait for that load (the
+    event they wait on is made by the first of them to wait, not by every open) and
+    get the same object; the store is read once."""
+    import trio
+    import trio.testing
+
+    agent = Agent(provider=ScriptedProvider(turns=[[["hi"]]]))
+    async with Host.open(store=str(tmp_path / "s.db"), log_tap=False) as host:
+        loads: list[str] = []
+        real_load = host.store.load
+
+        async def slow_load(session_id: str) -> object:
+            loads.append(session_id)
+            await trio.sleep(0.01)  # the others arrive meanwhile
+            return await real_load(session_id)
+
+        host.store.load = slow_load  # type: ignore[method-assign]
+        got: list[object] = []
+
+        async def open_one() -> None:
+            got.append(await host.open_session(agent, session_id="same"))
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(3):
+                nursery.start_soon(open_one)
+        assert loads == ["same"] and len(got) == 3 and got[0] is got[1] is got[2]
+        assert host._opening == {}
+        alone = await host.open_session(agent, session_id="alone")  # nobody waits
+        assert loads == ["same", "alone"] and host._opening == {}
+        assert (await alone.run("x")).finish_reason == "stop"
+
+
+async def test_a_turn_s_done_event_is_made_only_when_asked_for(tmp_path):
+    """``TurnStream.done`` keeps its meaning (set with the result; waited on by the web
+    front ends and the worker), made when first asked for: set already when the turn is
+    over, set at its end when asked before. A turn read to its end makes none."""
+    import trio
+    import trio.testing
+
+    agent = Agent(provider=ScriptedProvider(turns=[[["hi"]]] * 3))
+    async with Host.open(store=str(tmp_path / "s.db"), log_tap=False) as host:
+        session = await host.open_session(agent, session_id="s")
+        async with session.stream("x") as out:
+            texts = [c.text async for c in out if c.type == "text-delta"]
+        assert texts == ["hi"] and out._done is None and out.result is not None
+        assert out.done.is_set()  # asked after: made set
+        await out.done.wait()
+        waited: list[bool] = []
+        stream = session.stream("y")
+
+        async def wait_done() -> None:
+            await stream.done.wait()
+            waited.append(stream.result is not None)
+
+        async with trio.open_nursery() as nursery:
+            async with stream as out2:
+                nursery.start_soon(wait_done)
+                await trio.testing.wait_all_tasks_blocked()
+                assert not stream.done.is_set() and waited == []
+                async for _ in out2:
+                    pass
+        assert waited == [True]

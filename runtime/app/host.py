@@ -199,7 +199,7 @@ class Host:
         """The sessions in memory, least recently used first."""
         self._handles: weakref.WeakValueDictionary[str, Session] = weakref.WeakValueDictionary()
         """Every ``Session`` object still referenced, loaded or evicted: one per id."""
-        self._opening: dict[str, trio.Event] = {}
+        self._opening: dict[str, trio.Event | None] = {}
         self._providers: dict[int, Actor] = {}
         self._model_providers: dict[str, Provider] = {}
         """The providers built for ``Agent(model="provider:model")``, by that string."""
@@ -479,7 +479,10 @@ class Host:
             check_on_busy(on_busy)
         sid = validate_session_id(session_id) if session_id is not None else new_id("session")
         seed = check_history(history) if history is not None else None
-        while (pending := self._opening.get(sid)) is not None:  # one load per id at a time
+        while sid in self._opening:  # one load per id at a time
+            pending = self._opening[sid]
+            if pending is None:  # the first to wait for this load makes its event
+                pending = self._opening[sid] = trio.Event()
             await pending.wait()
         existing = self.sessions.get(sid)
         if existing is not None:
@@ -510,12 +513,13 @@ class Host:
         handle = self._handles.get(sid)
         if handle is not None and handle.agent is not agent:
             handle = None  # an evicted object of another agent: this open supersedes it
-        opening = self._opening[sid] = trio.Event()
+        self._opening[sid] = None  # (an open of the same id meanwhile makes the event)
         try:
             return await self._load_session(agent, sid, meta, handle, seed, stored)
         finally:
-            del self._opening[sid]
-            opening.set()
+            opening = self._opening.pop(sid)
+            if opening is not None:
+                opening.set()
 
     async def reopen_session(self, session: Session) -> None:
         """Load an evicted (or closed) ``session`` back into memory, into the same object.
