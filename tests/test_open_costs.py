@@ -200,3 +200,39 @@ async def test_a_turn_s_done_event_is_made_only_when_asked_for(tmp_path):
                 async for _ in out2:
                     pass
         assert waited == [True]
+
+
+async def test_a_turn_s_end_keeps_the_message_its_last_step_made(tmp_path, monkeypatch):
+    """A turn that ends as its last step did keeps the assistant message that step made
+    (its very parts, id, flags and usage) and the history's snapshot with it: two
+    assistant messages made a one-delta turn (its empty start, its step's), three before;
+    four snapshots, five before. The stored message and the result are the same."""
+    from runtime.actor_messages import SessionState
+    from runtime.messages import AssistantMessage
+
+    made = {"messages": 0, "snapshots": 0}
+    init, snapshot = AssistantMessage.__init__, SessionState.snapshot
+
+    def counted_init(self: AssistantMessage, *args: object, **kwargs: object) -> None:
+        made["messages"] += 1
+        init(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    def counted_snapshot(self: SessionState) -> object:
+        made["snapshots"] += 1
+        return snapshot(self)
+
+    agent = Agent(provider=ScriptedProvider(turns=[[["hi"]]] * 2))
+    async with Host.open(store=str(tmp_path / "s.db"), log_tap=False) as host:
+        warm = await host.open_session(agent, session_id="warm")
+        await warm.run("x")
+        monkeypatch.setattr(AssistantMessage, "__init__", counted_init)
+        monkeypatch.setattr(SessionState, "snapshot", counted_snapshot)
+        session = await host.open_session(agent, session_id="s")
+        result = await session.run("y")
+        counted = dict(made)
+        monkeypatch.undo()
+        assert counted == {"messages": 2, "snapshots": 4}  # (3 and 5 before)
+        assert result.finish_reason == "stop" and result.message.text == "hi"
+        assert session.messages[-1] is result.message
+        record = await host.store.load("s")
+        assert record is not None and record.messages == session.messages

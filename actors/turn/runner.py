@@ -200,8 +200,17 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
             inbox.park()
 
     def _publish_history(self) -> None:
-        """Replace :attr:`snapshot` with the history as it is now."""
-        self.snapshot = self.state.snapshot()
+        """Replace :attr:`snapshot` with the history as it is now; kept when the history
+        is what it shows already (the same messages, saved as far, at one version)."""
+        state, shown = self.state, self.snapshot
+        if (
+            state.saved_upto == shown.saved_upto
+            and state.version == shown.version
+            and len(state.messages) == len(shown.messages)
+            and tuple(state.messages) == shown.messages  # (by identity, in C)
+        ):
+            return
+        self.snapshot = state.snapshot()
 
     # -- one turn -----------------------------------------------------------------------
 
@@ -508,10 +517,25 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
     def _snapshot(
         self, turn: Turn, interrupted: bool = False, error: ErrorInfo | None = None
     ) -> None:
-        """Refresh the turn's assistant message in the history (a new frozen value)."""
-        self.state.messages[turn.a_index] = AssistantMessage(
+        """Refresh the turn's assistant message in the history (a new frozen value), or
+        keep the one in place when it is that message already: its very parts, id, flags,
+        error and usage (the turn's end refreshed the message its last step had just
+        made, and the final save then compared the two part by part; issue 24 goal 1)."""
+        messages = self.state.messages
+        content = tuple(turn.parts.content)
+        current = messages[turn.a_index]
+        if (
+            type(current) is AssistantMessage
+            and current.content == content  # (the same part objects: by identity, in C)
+            and current.id == turn.message_id
+            and current.interrupted is interrupted
+            and current.error is error
+            and current.usage is turn.usage
+        ):
+            return
+        messages[turn.a_index] = AssistantMessage(
             id=turn.message_id,
-            content=tuple(turn.parts.content),
+            content=content,
             interrupted=interrupted,
             error=error,
             usage=turn.usage,
