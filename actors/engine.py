@@ -157,6 +157,13 @@ class Engine(Actor):
             return
         message.taken = True
         assert self._out is not None
+        last = message[-1] if message else None
+        if type(last) is FinishChunk and last.reason != "tool-calls":
+            # The call ended, and no tool call follows it: most likely the turn's last,
+            # so the engine may rest in this step (Actor.rests_after_turn) rather than in
+            # one of its own on REST after the turn (issue 24 goal 1). A turn that makes
+            # another call after all wakes it first (Inferring._begin, Host.wake_actor).
+            self.turn_ended = True
         splitter = self._splitter
         if splitter is None:
             await self._out.send_all(message, whole=any(type(c) is TextRun for c in message))

@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import random
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from typing import Any, ClassVar, Final, Generic, TypeVar, cast
 
 import attrs
@@ -95,6 +95,9 @@ class Actor:
         self.current_message: Any = None
         """The message being handled (what a crash interrupted, for :meth:`on_crash`)."""
         self._stopped: trio.Event | None = None
+        self._ended = False
+        """Whether the actor has ended for good, while nobody asked for :attr:`stopped`
+        (the event is made already set when asked for then)."""
         self._subscription: Subscription | None = None
         self.rests_when: Callable[[], bool] | None = None
         """Whether the actor may rest now (its task ends on :data:`REST`); ``None``: never."""
@@ -110,7 +113,25 @@ class Actor:
         event = self._stopped
         if event is None:
             event = self._stopped = trio.Event()
+            if self._ended:
+                event.set()
         return event
+
+    @property
+    def ended(self) -> bool:
+        """Whether :attr:`stopped` is set, without making the event when nobody asked for
+        it yet (a session's actors are stopped at every close, and the turn runner asks
+        this of its controller at every turn's end; issue 24 goal 1)."""
+        event = self._stopped
+        return self._ended if event is None else event.is_set()
+
+    def _set_stopped(self) -> None:
+        """Set :attr:`stopped`: the event if it was made, else as made already set."""
+        event = self._stopped
+        if event is None:
+            self._ended = True
+        else:
+            event.set()
 
     # -- life cycle hooks ------------------------------------------------------------
 
@@ -203,7 +224,7 @@ class Actor:
             self._subscription = None
         self.inbox.close()
         if self.resting:
-            self.stopped.set()
+            self._set_stopped()
 
 
 Request = TypeVar("Request")
@@ -322,81 +343,90 @@ class Supervisor:
         self.bus = bus
         self.policy = policy or RestartPolicy()
 
-    async def supervise(
+    def supervise(
         self,
         actor: Actor,
         *,
         policy: RestartPolicy | None = None,
         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
-    ) -> None:
-        """Run ``actor`` until its inbox ends, restarting it on crashes by policy."""
-        policy = policy or self.policy
+    ) -> Coroutine[Any, Any, None]:
+        """Run ``actor`` until its inbox ends, restarting it on crashes by policy.
+
+        A coroutine to await or to start as a task (``nursery.start(supervise, actor)``),
+        made here rather than by a coroutine of its own: every step of the actor's task
+        resumes through one frame less, and a session's actors start a task every turn
+        (issue 24 goal 1)."""
         actor.attach(self.bus)
-        try:
-            await self._supervise(actor, policy, task_status)
-        finally:
-            if not actor.resting:
-                actor.stopped.set()
+        return self._supervise(actor, policy or self.policy, task_status)
 
     async def _supervise(self, actor: Actor, policy: RestartPolicy, task_status: Any) -> None:
-        # The logger and the crash times are made at the first crash, not per run: an
-        # actor runs once per turn (it rests between turns), and with 10,000 turns in
-        # flight a bound logger, its write logger, context and a deque each were 40,000
-        # more objects for every full garbage collection to walk (issue 24 item 5).
-        log: Any = None
-        crashes: deque[float] | None = None
-        restarts = 0
-        started = False
-        while True:
-            try:
-                await actor.on_start()
-                if not started:
-                    started = True
-                    task_status.started()
-                await actor.run()
-                return
-            except Exception as raised:
-                exc = _unwrap(raised)
-                now = trio.current_time()
-                if crashes is None:
-                    crashes, log = deque(), get_logger("axon.supervisor")
-                crashes.append(now)
-                while crashes and now - crashes[0] > policy.period:
-                    crashes.popleft()
-                err = redact(f"{type(exc).__name__}: {exc}")
-                log.error("actor.crashed", actor=actor.name, session_id=actor.session_id, error=err)
-                await self._publish(
-                    ActorCrashed(
-                        actor=actor.name,
-                        error=redact(str(exc)),
-                        error_type=type(exc).__name__,
-                        restarts=restarts,
-                        session_id=actor.session_id,
+        try:
+            # The logger and the crash times are made at the first crash, not per run: an
+            # actor runs once per turn (it rests between turns), and with 10,000 turns in
+            # flight a bound logger, its write logger, context and a deque each were 40,000
+            # more objects for every full garbage collection to walk (issue 24 item 5).
+            log: Any = None
+            crashes: deque[float] | None = None
+            restarts = 0
+            started = False
+            while True:
+                try:
+                    if type(actor).on_start is not Actor.on_start:  # (the default: nothing)
+                        await actor.on_start()
+                    if not started:
+                        started = True
+                        task_status.started()
+                    await actor.run()
+                    return
+                except Exception as raised:
+                    exc = _unwrap(raised)
+                    now = trio.current_time()
+                    if crashes is None:
+                        crashes, log = deque(), get_logger("axon.supervisor")
+                    crashes.append(now)
+                    while crashes and now - crashes[0] > policy.period:
+                        crashes.popleft()
+                    err = redact(f"{type(exc).__name__}: {exc}")
+                    log.error(
+                        "actor.crashed", actor=actor.name, session_id=actor.session_id, error=err
                     )
-                )
-                actor.on_crash(exc)
-                if len(crashes) > policy.intensity:
-                    log.error("actor.gave-up", actor=actor.name, session_id=actor.session_id)
                     await self._publish(
-                        ActorGaveUp(
+                        ActorCrashed(
                             actor=actor.name,
+                            error=redact(str(exc)),
+                            error_type=type(exc).__name__,
                             restarts=restarts,
-                            error=err,
                             session_id=actor.session_id,
                         )
                     )
-                    actor.on_give_up(exc)
-                    actor.stop()
-                    if not started:
-                        task_status.started()
-                    return
-                delay = min(policy.backoff_max, policy.backoff_initial * math.pow(2, restarts))
-                await trio.sleep(delay * (0.5 + random.random() / 2))
-                restarts += 1
-                log.warning("actor.restarted", actor=actor.name, restarts=restarts)
-                await self._publish(
-                    ActorRestarted(actor=actor.name, restarts=restarts, session_id=actor.session_id)
-                )
+                    actor.on_crash(exc)
+                    if len(crashes) > policy.intensity:
+                        log.error("actor.gave-up", actor=actor.name, session_id=actor.session_id)
+                        await self._publish(
+                            ActorGaveUp(
+                                actor=actor.name,
+                                restarts=restarts,
+                                error=err,
+                                session_id=actor.session_id,
+                            )
+                        )
+                        actor.on_give_up(exc)
+                        actor.stop()
+                        if not started:
+                            task_status.started()
+                        return
+                    delay = min(policy.backoff_max, policy.backoff_initial * math.pow(2, restarts))
+                    await trio.sleep(delay * (0.5 + random.random() / 2))
+                    restarts += 1
+                    log.warning("actor.restarted", actor=actor.name, restarts=restarts)
+                    await self._publish(
+                        ActorRestarted(
+                            actor=actor.name, restarts=restarts, session_id=actor.session_id
+                        )
+                    )
+        finally:
+            if not actor.resting:
+                actor._set_stopped()
 
     async def _publish(self, event: Any) -> None:
         try:

@@ -54,6 +54,12 @@ class Bus:
         self._subs: list[Subscription] = []
         self._any = False
         """``bool(self._subs)``, kept up to date by :meth:`subscribe` / :meth:`unsubscribe`."""
+        self._scoped = False
+        """Whether a subscription is to one session's events: only then does a route
+        depend on the session. While none is (an embedded host's observers: the log tap,
+        metrics), every session's events go by class alone, with no table per session:
+        a host that opens a session per turn built one per turn, and a tuple per event
+        class in it (issue 24 goal 1)."""
         # session_id (or None) -> event class -> subscriptions; rebuilt lazily on change.
         # By session first, so that forgetting a closed session's routes is one pop, not
         # a scan of every session's (ten thousand sessions closing one after another).
@@ -86,6 +92,7 @@ class Bus:
         sub = Subscription(self, box, None if kinds is None else frozenset(kinds), session_id)
         self._subs.append(sub)
         self._any = True
+        self._scoped = self._scoped or session_id is not None
         self._routes.clear()
         self._by_class.clear()
         return sub
@@ -96,10 +103,16 @@ class Bus:
         except ValueError:
             return
         self._any = bool(self._subs)
+        self._scoped = any(s.session_id is not None for s in self._subs)
         self._routes.clear()
         self._by_class.clear()
 
     def _route(self, session_id: str | None, cls: type) -> tuple[Subscription, ...]:
+        if not self._scoped:  # the same for every session: by class alone
+            subs = self._by_class.get(cls)
+            if subs is None:
+                subs = self._by_class[cls] = tuple(s for s in self._subs if s.matches(cls))
+            return subs
         routes = self._routes.get(session_id)
         if routes is None:
             routes = self._routes[session_id] = {}

@@ -106,6 +106,11 @@ class TurnHost(ToolHost, Protocol):
         :class:`~actors.plugins.ApprovalActor` runs): a call that needs approval then
         waits for it in memory instead of suspending its turn."""
 
+    def wake_actor(self, actor: Actor) -> None:
+        """Start ``actor`` again if it rests (its next message waits in its inbox): the
+        session's engine, which rests as the model call that ended its turn ends, when
+        the turn makes another call after all."""
+
 
 class ActorStarter(Protocol):
     """Starts actors under the host's supervisor (MCP servers, the relay publisher)."""

@@ -31,6 +31,29 @@ async def test_bus_routes_by_event_type_and_session():
     assert len(_drain(everything.inbox)) == 3
 
 
+async def test_while_no_subscription_is_scoped_a_session_s_events_route_by_class_alone():
+    """With only subscriptions to every session's events (an embedded host's log tap),
+    a new session's events are routed with no table of its own (a host opening a
+    session per turn built one a turn, a tuple per event class in it); a subscription
+    to one session brings the tables back, its unsubscribing takes them away, and
+    delivery is the same throughout."""
+    bus = Bus()
+    everything = bus.subscribe(None)
+    for sid in ("s1", "s2", "s3"):
+        bus.publish_nowait(started(sid))
+        assert bus.try_publish(started(sid)) and bus.wants(ev.StepStarted, sid)
+    assert bus._routes == {} and len(_drain(everything.inbox)) == 6
+    only_s1 = bus.subscribe([ev.StepStarted], session_id="s1")
+    for sid in ("s1", "s2"):
+        bus.publish_nowait(started(sid))
+    assert set(bus._routes) == {"s1", "s2"}
+    assert [e.session_id for e in _drain(only_s1.inbox)] == ["s1"]
+    assert len(_drain(everything.inbox)) == 2
+    only_s1.close()
+    bus.publish_nowait(started("s1"))
+    assert bus._routes == {} and len(_drain(everything.inbox)) == 1
+
+
 async def test_publishing_with_no_subscriber_reaches_nobody():
     bus = Bus()
     assert not bus.wants(o.TextDelta, "s1")

@@ -660,3 +660,39 @@ async def test_each_save_writes_only_its_own_rows(tmp_path: Path):
         assert len((await store.load("a")).messages) == 502
     finally:
         await store.aclose()
+
+
+class _FailingConnection:
+    """A connection whose every statement fails (not busy): what the store reports."""
+
+    def __init__(self, real: sqlite3.Connection) -> None:
+        self.real = real
+
+    def execute(self, sql: str, *args: Any) -> Any:
+        if sql.startswith("PRAGMA busy_timeout"):
+            return self.real.execute(sql, *args)
+        raise sqlite3.OperationalError("disk I/O error")
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+
+async def test_a_failed_sqlite_call_names_what_it_was_doing(tmp_path: Path):
+    """The load, the save and the version query each name themselves and the session
+    in their error, as before; the text is made only when a call fails (a turn's four
+    calls formatted it every time, issue 24 goal 1)."""
+    store = await SQLiteStore.open(tmp_path / "s.db")
+    real = store._conn
+    store._conn = _FailingConnection(real)  # type: ignore[assignment]
+    try:
+        with pytest.raises(StoreError, match=r": load of session 's-1' failed: disk I/O"):
+            await store.load("s-1")
+        with pytest.raises(StoreError, match=r": save of session 's-1' failed: disk I/O"):
+            await store.save("s-1", 0, turn(0))
+        with pytest.raises(StoreError, match=r": version of session 's-1' failed: disk I/O"):
+            await store.version("s-1")
+        with pytest.raises(StoreError, match=r": version of session 's-1' failed: disk I/O"):
+            store.version_now("s-1")
+    finally:
+        store._conn = real
+        await store.aclose()

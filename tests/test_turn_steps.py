@@ -91,9 +91,17 @@ class _CountedBounds:
     def __getattr__(self, name: str) -> object:
         return getattr(trio, name)
 
-    def move_on_after(self, seconds: float) -> trio.CancelScope:
+    def move_on_after(self, seconds: float, **kwargs: bool) -> trio.CancelScope:
         self.bounds += 1
-        return trio.move_on_after(seconds)
+        return trio.move_on_after(seconds, **kwargs)
+
+
+class _CountedScopes(_CountedBounds):
+    """Counting every cancel scope made: its timeouts and plain ``CancelScope`` s."""
+
+    def CancelScope(self, **kwargs: object) -> trio.CancelScope:  # (trio's name)
+        self.bounds += 1
+        return trio.CancelScope(**kwargs)  # type: ignore[arg-type]
 
 
 async def test_a_turn_announces_its_end_without_a_bound_when_nobody_would_wait(
@@ -115,6 +123,70 @@ async def test_a_turn_announces_its_end_without_a_bound_when_nobody_would_wait(
         await session.run("x")
         assert counted_trio.bounds == 0  # (1 before: the end's announcement)
         assert [type(e) for e in (seen.inbox.get_nowait(),)] == [TurnFinished]
+
+
+async def test_a_turn_s_end_enters_one_cancel_scope_its_save_s(tmp_path, monkeypatch):
+    """A turn that ends well enters one cancel scope from its end on, its final save's
+    bound (shielded), where it entered two: a shield around the whole end, and the
+    save's bound inside it (a scope is 5-6 us hot, issue 24 goal 1). The end is shielded
+    where it waits (``tests/test_resilience_cancel.py``: a turn cut by a host's
+    shutdown is still saved and answered)."""
+    import actors.turn.runner as runner_module
+    import actors.turn.saving as saving_module
+
+    counted_trio = _CountedScopes()
+    agent = Agent(provider=ScriptedProvider(turns=[[["hi"]]] * 2))
+    async with Host.open(store=str(tmp_path / "s.db"), log_tap=False) as host:
+        session = await host.open_session(agent, session_id="s")
+        await session.run("warm")
+        monkeypatch.setattr(runner_module, "trio", counted_trio)
+        monkeypatch.setattr(saving_module, "trio", counted_trio)
+        result = await session.run("x")
+        monkeypatch.undo()
+        assert result.finish_reason == "stop" and result.saved
+        assert counted_trio.bounds == 1  # (2 before)
+        record = await host.store.load("s")
+        assert record is not None and record.messages[-1] == result.message
+
+
+async def test_a_turn_s_end_waits_for_its_save_shielded_when_cancelled(autojump_clock):
+    """A turn's runner cancelled from outside while its final save is on its way (as a
+    host's nursery at shutdown cancels it) still waits for the save, and hands the
+    result over: the end is shielded where it waits, not as a whole. (Fails with the
+    save's bound unshielded: the result comes back unsaved.)"""
+    from runtime.actor_messages import SaveRequest
+
+    agent = Agent(provider=ScriptedProvider(turns=[[["hi"]]]))
+    async with Host.open(log_tap=False) as host:
+        persister = host.persister
+        handle = persister.handle
+        saved: list[int] = []
+
+        async def slow_handle(message: object) -> None:
+            if isinstance(message, SaveRequest):
+                runner_scope.cancel()  # the runner waits for this save now
+                await trio.sleep(1)  # the save takes a while
+                saved.append(len(message.messages))
+            await handle(message)
+
+        persister.handle = slow_handle  # type: ignore[method-assign]
+        runner_scope = trio.CancelScope()
+        supervise_first = host._supervise_first
+
+        async def in_scope(actor: object, others: list) -> None:
+            with runner_scope:  # the runner's task alone, cancellable from here
+                await supervise_first(actor, others)  # type: ignore[arg-type]
+
+        host._supervise_first = in_scope  # type: ignore[method-assign]
+        session = await host.open_session(agent, session_id="s")
+        async with session.stream("x") as out:
+            texts = [chunk.text async for chunk in out if chunk.type == "text-delta"]
+        assert runner_scope.cancel_called and texts == ["hi"]
+        assert out.result is not None and out.result.saved, out.result
+        assert out.result.finish_reason == "stop"
+        assert saved == [2]
+        record = await host.store.load("s")
+        assert record is not None and record.messages[-1] == out.result.message
 
 
 async def test_a_turn_s_end_is_still_bounded_by_a_full_blocking_subscriber(autojump_clock):
@@ -195,7 +267,8 @@ async def test_a_session_s_engine_and_controller_take_their_first_message_as_the
     started from the turn runner's first step, so they start with their first message
     (the model call's, the turn's start) waiting and handle it in their first step:
     four steps each a one-delta turn of a fresh session (five and six before: a step to
-    start and wait, then one for the message; and the controller's rest)."""
+    start and wait, then one for the message; and the controller's rest), the engine
+    three (it rests in the step that forwards its call's end, not on ``REST``)."""
     agent = Agent(provider=ScriptedProvider(turns=[[["hi"]]] * 9))
     async with Host.open(store=str(tmp_path / "s.db"), log_tap=False) as host:
         warm = await host.open_session(agent, session_id="warm")
@@ -208,23 +281,25 @@ async def test_a_session_s_engine_and_controller_take_their_first_message_as_the
                 assert result.message.text == "hi"
                 await session.close()
     by = steps.by_actor()
-    assert (by["engine"], by["stream-controller"]) == (8 * 4, 8 * 4), by
+    assert (by["engine"], by["stream-controller"]) == (8 * 3, 8 * 4), by  # (8 * 4, 8 * 4)
 
 
 async def test_the_runner_and_controller_rest_in_the_step_that_ends_their_turn(tmp_path):
     """When no other turn waits, the turn runner rests in the step that ends its turn,
     and the stream controller in the step that hands the result over: both rest before
     the consumer has the result, so neither wakes for ``REST`` (a step each a turn,
-    issue 24 goal 1). The engine, which hears of no turn's end, still rests on ``REST``;
-    the next turn wakes all three, and runs as before."""
+    issue 24 goal 1). The engine rests in the step that forwards the end of a call
+    with no tool call to follow (it woke for ``REST`` before); the next turn wakes all
+    three, and runs as before."""
     agent = Agent(provider=ScriptedProvider(turns=[[["hi"]], [["ho"]]]))
     async with Host.open(store=str(tmp_path / "s.db"), log_tap=False) as host:
         session = await host.open_session(agent, session_id="s")
         engine, controller, runner = session.actors
         result = await session.run("x")
-        assert (runner.resting, controller.resting, engine.resting) == (True, True, False)
-        await trio.testing.wait_all_tasks_blocked()
-        assert engine.resting  # (its REST)
+        assert (runner.resting, controller.resting, engine.resting) == (True, True, True)
+        with counted() as steps:
+            await trio.testing.wait_all_tasks_blocked()
+        assert steps.by_actor()["engine"] == 0  # (1 before: its REST)
         again = await session.run("y")
         assert (result.message.text, again.message.text) == ("hi", "ho")
         record = await host.store.load("s")
@@ -252,3 +327,28 @@ async def test_an_actor_handles_the_message_waiting_at_its_start_in_its_first_st
             assert seen == ["a", "b"]
             echo.stop()
     assert steps.named("echo-run") == 3  # "a" at the start; "b" after a yield; the end
+
+
+async def test_a_turn_that_calls_again_after_a_call_s_end_wakes_its_engine(tmp_path):
+    """The engine rests as a call ends without tool calls; a turn that calls the model
+    again all the same (a structured answer sent back with its error) wakes it first:
+    the second call streams and the answer is the second one, and the engine rests at
+    the end (six steps for the two calls, seven before: the last for ``REST``)."""
+    from pydantic import BaseModel
+
+    class Answer(BaseModel):
+        n: int
+
+    agent = Agent(
+        provider=ScriptedProvider(turns=[[['{"n": "one"}'], ['{"n": 1}']]]), output_type=Answer
+    )
+    async with Host.open(store=str(tmp_path / "s.db"), log_tap=False) as host:
+        session = await host.open_session(agent, session_id="s")
+        engine = session.actors[0]
+        with counted() as steps:
+            result = await session.run("x")
+            await trio.testing.wait_all_tasks_blocked()
+        assert result.finish_reason == "stop" and result.output == Answer(n=1)
+        assert engine.resting and steps.by_actor()["engine"] == 6, steps.by_actor()
+        record = await host.store.load("s")
+        assert record is not None and record.messages[-1] == result.message

@@ -40,7 +40,7 @@ import struct
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeAlias, TypeVar
 
 import orjson
 import trio
@@ -137,8 +137,16 @@ _LARGE = _Large()
 file): the load goes to a worker thread instead."""
 
 
-def _error(path: str, action: str, err: sqlite3.Error) -> StoreError:
+_Action: TypeAlias = "str | tuple[str, str]"
+"""What a store call was doing, for its error: ``"open"``, or ``(verb, session_id)``,
+formatted ``"<verb> of session '<id>'"`` only when the call fails (a turn's four store
+calls formatted it every time; issue 24 goal 1)."""
+
+
+def _error(path: str, action: _Action, err: sqlite3.Error) -> StoreError:
     """The store error for a sqlite3 exception: damage is StoreCorrupt, the rest StoreError."""
+    if not isinstance(action, str):
+        action = f"{action[0]} of session {action[1]!r}"
     code = getattr(err, "sqlite_errorcode", None)
     if code is not None and code & 0xFF in _CORRUPT_CODES:
         return StoreCorrupt(f"session store {path}: {action} failed, the file is damaged: {err}")
@@ -427,7 +435,7 @@ class SQLiteStore:
         conn = await trio.to_thread.run_sync(_connect, path)
         return cls(conn, path)
 
-    async def _on_loop(self, action: str, fn: Callable[..., _T], *args: Any) -> _T | _Large:
+    async def _on_loop(self, action: _Action, fn: Callable[..., _T], *args: Any) -> _T | _Large:
         """``fn(*args)`` on the event loop under the store's lock, or :data:`_LARGE` if
         SQLite would have to wait for the file (the caller then asks a thread, which waits).
 
@@ -444,7 +452,7 @@ class SQLiteStore:
         await trio.lowlevel.checkpoint_if_cancelled()
         return self._now(action, fn, *args)
 
-    def _now(self, action: str, fn: Callable[..., _T], *args: Any) -> _T | _Large:
+    def _now(self, action: _Action, fn: Callable[..., _T], *args: Any) -> _T | _Large:
         """:meth:`_on_loop`'s call itself, with the lock (or its equivalent) held."""
         if self._closed:
             raise StoreError(f"session store {self._path} is closed")
@@ -457,7 +465,7 @@ class SQLiteStore:
         except sqlite3.Error as err:
             raise _error(self._path, action, err) from err
 
-    async def _run(self, action: str, fn: Callable[..., _T], *args: Any) -> _T:
+    async def _run(self, action: _Action, fn: Callable[..., _T], *args: Any) -> _T:
         async with self._lock:
             if self._closed:
                 raise StoreError(f"session store {self._path} is closed")
@@ -485,7 +493,7 @@ class SQLiteStore:
         stored message cannot be structured back into a ``Message`` or an index is missing.
         """
         validate_session_id(session_id)
-        action = f"load of session {session_id!r}"
+        action = ("load", session_id)
         # Never saved, or small: read on the loop (issue 24: a thread's hand-off and back
         # cost more than the read, see INLINE_LOAD_BYTES); large or busy: a thread.
         record = await self._on_loop(action, self._read, session_id, INLINE_LOAD_BYTES)
@@ -566,7 +574,7 @@ class SQLiteStore:
         new = check_save(session_id, start, messages, meta, expected_version)
         rows = encode_rows(session_id, start, new)
         encode_meta(session_id, meta)  # fail before the transaction, not inside it
-        action = f"save of session {session_id!r}"
+        action = ("save", session_id)
         if sum(len(row[3]) for row in rows) <= INLINE_SAVE_BYTES:
             version = await self._on_loop(
                 action, self._save_rows, session_id, start, rows, meta, expected_version
@@ -650,7 +658,7 @@ class SQLiteStore:
         (a checkpoint or a recovery holding the file), it goes to a thread as every other
         call does, and waits there."""
         validate_session_id(session_id)
-        action = f"version of session {session_id!r}"
+        action = ("version", session_id)
         version = await self._version_on_loop(action, session_id)
         if version is not None:
             return version
@@ -664,12 +672,10 @@ class SQLiteStore:
         validate_session_id(session_id)
         if self._lock.locked():
             return None
-        version = self._now(
-            f"version of session {session_id!r}", self._version_without_waiting, session_id
-        )
+        version = self._now(("version", session_id), self._version_without_waiting, session_id)
         return None if isinstance(version, _Large) else version
 
-    async def _version_on_loop(self, action: str, session_id: str) -> int | None:
+    async def _version_on_loop(self, action: _Action, session_id: str) -> int | None:
         """The session's version looked up on the calling thread, or ``None`` if that
         read would have to wait (the caller then asks a thread, which waits)."""
         version = await self._on_loop(action, self._version_without_waiting, session_id)

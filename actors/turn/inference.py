@@ -53,6 +53,7 @@ if TYPE_CHECKING:
     from runtime.actor_messages import SessionState
     from runtime.agent import Agent
     from runtime.history import RepairedHistory
+    from runtime.hosting import TurnHost
     from runtime.inbox import Inbox
 
 
@@ -67,6 +68,7 @@ class Inferring:
         provider: Actor
         fallbacks: tuple[Actor, ...]
         engine: Actor
+        host: TurnHost
         stream_inbox: Inbox
         _repaired: RepairedHistory
         _log: Any
@@ -193,11 +195,17 @@ class Inferring:
         dropped: nothing of the new call can be there before the engine hears of it.
         """
         begin = BeginRequest(request_id=request_id)
+        engine = self.engine
         try:
-            self.engine.inbox.put_nowait(begin)
-            return
+            engine.inbox.put_nowait(begin)
         except trio.WouldBlock:
             pass
+        else:
+            if engine.resting:  # it rested after a call that seemed the turn's last
+                self.host.wake_actor(engine)
+            return
+        if engine.resting:
+            self.host.wake_actor(engine)
 
         async def drop_stale() -> None:
             while True:

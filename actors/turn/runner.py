@@ -170,7 +170,6 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
         """What the runner asks of its host (:class:`~runtime.hosting.TurnHost`)."""
         self.tool_source = tool_source
         """The tools of the agent's next model call (its own and its MCP servers')."""
-        self._log = get_logger("axon.turn")
         self.save_replies: Inbox[SaveResult] = Inbox(8, "drop-oldest", name="save-replies")
         """The persister's answers; only the latest request's matters, so a backlog of
         older ones is dropped rather than ever holding the persister up."""
@@ -181,6 +180,14 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
         self._repaired = RepairedHistory()
         """Repairs the history once per message, for the requests of every step."""
         self._repaired(state.messages)  # a resumed history: repaired with its loading
+
+    @property
+    def _log(self) -> Any:
+        """The runner's logger, asked for when a line is written (a failure, a warning),
+        not as the runner is made: a fresh session makes one per open, and a turn that
+        goes well writes no line of its own (``get_logger`` compares the structlog
+        configuration on every call; issue 24 goal 1)."""
+        return get_logger("axon.turn")
 
     async def handle(self, message: Any) -> None:
         if isinstance(message, RunTurn):
@@ -193,8 +200,17 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
             inbox.park()
 
     def _publish_history(self) -> None:
-        """Replace :attr:`snapshot` with the history as it is now."""
-        self.snapshot = self.state.snapshot()
+        """Replace :attr:`snapshot` with the history as it is now; kept when the history
+        is what it shows already (the same messages, saved as far, at one version)."""
+        state, shown = self.state, self.snapshot
+        if (
+            state.saved_upto == shown.saved_upto
+            and state.version == shown.version
+            and len(state.messages) == len(shown.messages)
+            and tuple(state.messages) == shown.messages  # (by identity, in C)
+        ):
+            return
+        self.snapshot = state.snapshot()
 
     # -- one turn -----------------------------------------------------------------------
 
@@ -501,10 +517,25 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
     def _snapshot(
         self, turn: Turn, interrupted: bool = False, error: ErrorInfo | None = None
     ) -> None:
-        """Refresh the turn's assistant message in the history (a new frozen value)."""
-        self.state.messages[turn.a_index] = AssistantMessage(
+        """Refresh the turn's assistant message in the history (a new frozen value), or
+        keep the one in place when it is that message already: its very parts, id, flags,
+        error and usage (the turn's end refreshed the message its last step had just
+        made, and the final save then compared the two part by part; issue 24 goal 1)."""
+        messages = self.state.messages
+        content = tuple(turn.parts.content)
+        current = messages[turn.a_index]
+        if (
+            type(current) is AssistantMessage
+            and current.content == content  # (the same part objects: by identity, in C)
+            and current.id == turn.message_id
+            and current.interrupted is interrupted
+            and current.error is error
+            and current.usage is turn.usage
+        ):
+            return
+        messages[turn.a_index] = AssistantMessage(
             id=turn.message_id,
-            content=tuple(turn.parts.content),
+            content=content,
             interrupted=interrupted,
             error=error,
             usage=turn.usage,
@@ -513,17 +544,24 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
     async def _finish_turn(self, run: RunTurn, turn: Turn) -> None:
         """Close the turn whatever happened: seal parts, pair every call with a result
         (a call that completed keeps its result), save (shielded, bounded), then tell the
-        controller and hand the result over (even if saving or telling failed)."""
+        controller and hand the result over (even if saving or telling failed).
+
+        Shielded where it waits, not as a whole: every wait from here on is in a bound
+        that is shielded as well (the save's, :func:`_send_bounded`'s, the
+        announcement's, the hand-over's), and nothing else yields (the sends that need
+        no wait are made without a bound, see :meth:`_announce_end`). So a turn
+        cancelled from outside (a host shutting down) still saves and hands its result
+        over, and a turn that ends well enters one cancel scope here, its save's, not
+        two (issue 24 goal 1)."""
         turn.steering.close()  # no step follows: a message still waiting starts a turn
-        with trio.CancelScope(shield=True):
-            closing: list[Any] = []
-            self._seal(turn, closing)
-            saved = turn.untouched  # (an untouched turn has nothing to save)
-            try:
-                saved = await self._save_last(turn)
-                await self._announce_end(turn, closing)
-            finally:
-                await self._hand_over(run, turn, TurnDone(result=self._result(turn, saved)))
+        closing: list[Any] = []
+        self._seal(turn, closing)
+        saved = turn.untouched  # (an untouched turn has nothing to save)
+        try:
+            saved = await self._save_last(turn)
+            await self._announce_end(turn, closing)
+        finally:
+            await self._hand_over(run, turn, TurnDone(result=self._result(turn, saved)))
 
     def _seal(self, turn: Turn, closing: list[Any]) -> None:
         """Close what the turn left open, into ``closing`` (what the controller gets
@@ -582,7 +620,7 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
         hook = self.agent.hooks.on_turn_finish
         if hook is None and (self.bus is None or self.bus.try_publish(finished)):
             return  # delivered without a wait: no bound to enter (a cancel scope's cost)
-        with trio.move_on_after(saving.SAVE_TIMEOUT):
+        with trio.move_on_after(saving.SAVE_TIMEOUT, shield=True):
             await self._announce(finished, hook)
 
     def _result(self, turn: Turn, saved: bool) -> TurnResult:
@@ -633,9 +671,9 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
         An ended controller still has an open inbox (a host that is torn down cancels its
         actors, it does not close their inboxes), so a send to it succeeds and the result
         would sit there unread, the consumer waiting for it for ever: checked first."""
-        if not self.controller.stopped.is_set() and await self._to_controller(turn, done):
+        if not self.controller.ended and await self._to_controller(turn, done):
             return
-        with trio.move_on_after(saving.SAVE_TIMEOUT):
+        with trio.move_on_after(saving.SAVE_TIMEOUT, shield=True):
             try:
                 await run.consumer.put(done)
                 run.consumer.close()
@@ -676,7 +714,7 @@ async def _send_bounded(ctrl: Batcher[Any], items: Sequence[Any]) -> bool:
     wait (:meth:`Batcher.try_send_all`): at a turn's end it almost never does."""
     if ctrl.try_send_all(items):
         return True
-    with trio.move_on_after(saving.SAVE_TIMEOUT):
+    with trio.move_on_after(saving.SAVE_TIMEOUT, shield=True):  # (a turn's end: shielded)
         await ctrl.send_all(items)
         return True
     return False

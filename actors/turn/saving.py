@@ -215,8 +215,12 @@ class Saving:
         When the last step's save (still in flight) already holds the turn as it ends (a
         turn that finished normally: nothing changed since), its answer is the final
         one: a second, identical write would cost a store round trip per turn for
-        nothing (a transaction per turn on a PostgreSQL store)."""
-        with trio.move_on_after(SAVE_TIMEOUT) as scope:
+        nothing (a transaction per turn on a PostgreSQL store).
+
+        Shielded: a turn cancelled from outside (a host shutting down) still waits for
+        its save, within the bound (the turn's end, :meth:`TurnRunner._finish_turn`,
+        is shielded where it waits)."""
+        with trio.move_on_after(SAVE_TIMEOUT, shield=True) as scope:
             pending = self._pending
             if pending is not None and self._holds_turn(pending, turn):
                 result = await self._adopt(pending, turn)

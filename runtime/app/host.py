@@ -23,7 +23,7 @@ import os
 import signal
 import time
 import weakref
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from contextlib import asynccontextmanager
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -70,6 +70,26 @@ if TYPE_CHECKING:
 
 DRAIN_TIMEOUT = 5.0
 """Seconds a closing host waits, at most, for its observers to handle what was published."""
+
+
+_SESSION_KINDS: tuple[Any, ...] | None = None
+
+
+def _session_kinds() -> tuple[Any, ...]:
+    """What :meth:`Host._start_session_actors` makes a session's actors from (the
+    engine, stream controller and turn runner classes, the MCP client's ``agent_tools``
+    and ``start_servers``): imported on the first session's open (see the note on the
+    imports), then kept. Four ``from`` imports a fresh session were ~2.5 us hot, ~3x
+    that in place (issue 24 goal 1)."""
+    global _SESSION_KINDS
+    if _SESSION_KINDS is None:
+        from actors.engine import Engine  # see the note on the imports
+        from actors.mcp import agent_tools, start_servers
+        from actors.stream_controller import StreamController
+        from actors.turn.runner import TurnRunner
+
+        _SESSION_KINDS = (Engine, StreamController, TurnRunner, agent_tools, start_servers)
+    return _SESSION_KINDS
 
 
 def _check_bounds(idle_ttl: float | None, max_sessions: int | None, drain_timeout: float) -> None:
@@ -179,7 +199,7 @@ class Host:
         """The sessions in memory, least recently used first."""
         self._handles: weakref.WeakValueDictionary[str, Session] = weakref.WeakValueDictionary()
         """Every ``Session`` object still referenced, loaded or evicted: one per id."""
-        self._opening: dict[str, trio.Event] = {}
+        self._opening: dict[str, trio.Event | None] = {}
         self._providers: dict[int, Actor] = {}
         self._model_providers: dict[str, Provider] = {}
         """The providers built for ``Agent(model="provider:model")``, by that string."""
@@ -346,23 +366,31 @@ class Host:
         """Whether a running actor decides approvals in process (an
         :class:`~actors.plugins.ApprovalActor`): a call that needs approval then waits
         for it in memory instead of suspending its turn (docs/approval.md)."""
-        return any(not a.stopped.is_set() for a in self._deciders)
+        return any(not a.ended for a in self._deciders)
 
-    async def _supervise(
+    def _supervise(
         self,
         actor: Actor,
         policy: RestartPolicy | None,
         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
-    ) -> None:
-        """Run ``actor``; an observer (it subscribes to bus events) runs shielded from any
-        cancellation but the host's own, so that a host cancelled from outside still
-        lets it drain (:meth:`_drain_observers`, bounded) before cancelling it."""
+    ) -> Coroutine[Any, Any, None]:
+        """Run ``actor`` (a coroutine to await or to start as a task); an observer (it
+        subscribes to bus events) runs shielded from any cancellation but the host's own,
+        so that a host cancelled from outside still lets it drain
+        (:meth:`_drain_observers`, bounded) before cancelling it."""
         actor.attach(self.bus)  # an actor may decide what it subscribes to here (LogTap)
         if actor.subscribes_to is None:
             # No shield, so no scope: an unshielded scope without a deadline that nobody
-            # cancels does nothing, and a session's actors come here at every turn (wake).
-            await self.supervisor.supervise(actor, policy=policy, task_status=task_status)
-            return
+            # cancels does nothing, and a session's actors come here at every turn
+            # (wake). Nor a coroutine of its own: the supervisor's is the task's, one
+            # frame less for every step of it (issue 24 goal 1).
+            return self.supervisor.supervise(actor, policy=policy, task_status=task_status)
+        return self._supervise_observer(actor, policy, task_status)
+
+    async def _supervise_observer(
+        self, actor: Actor, policy: RestartPolicy | None, task_status: trio.TaskStatus[None]
+    ) -> None:
+        """:meth:`_supervise` for an observer: shielded, its scope kept to cancel."""
         scope = trio.CancelScope(shield=True)
         self._observer_scopes[actor] = scope
         try:
@@ -451,7 +479,10 @@ class Host:
             check_on_busy(on_busy)
         sid = validate_session_id(session_id) if session_id is not None else new_id("session")
         seed = check_history(history) if history is not None else None
-        while (pending := self._opening.get(sid)) is not None:  # one load per id at a time
+        while sid in self._opening:  # one load per id at a time
+            pending = self._opening[sid]
+            if pending is None:  # the first to wait for this load makes its event
+                pending = self._opening[sid] = trio.Event()
             await pending.wait()
         existing = self.sessions.get(sid)
         if existing is not None:
@@ -482,12 +513,13 @@ class Host:
         handle = self._handles.get(sid)
         if handle is not None and handle.agent is not agent:
             handle = None  # an evicted object of another agent: this open supersedes it
-        opening = self._opening[sid] = trio.Event()
+        self._opening[sid] = None  # (an open of the same id meanwhile makes the event)
         try:
             return await self._load_session(agent, sid, meta, handle, seed, stored)
         finally:
-            del self._opening[sid]
-            opening.set()
+            opening = self._opening.pop(sid)
+            if opening is not None:
+                opening.set()
 
     async def reopen_session(self, session: Session) -> None:
         """Load an evicted (or closed) ``session`` back into memory, into the same object.
@@ -543,7 +575,7 @@ class Host:
         idle, after_turn = _idle_check(session), _no_turn_waits(session)
         for actor in actors:
             actor.rests_when = idle
-            actor.rests_after_turn = after_turn  # (the engine hears of no turn's end)
+            actor.rests_after_turn = after_turn  # (the engine: its last call's end)
         self.sessions[sid] = session
         session.last_used = trio.current_time()
         if resume:
@@ -558,11 +590,7 @@ class Host:
         """Start a session's own actors (its engine, stream controller and turn runner)
         over ``state``, and what they use that the host shares: ``agent``'s providers and
         MCP servers."""
-        from actors.engine import Engine  # see the note on the imports
-        from actors.mcp import agent_tools, start_servers
-        from actors.stream_controller import StreamController
-        from actors.turn.runner import TurnRunner
-
+        Engine, StreamController, TurnRunner, agent_tools, start_servers = _session_kinds()
         provider_actors = [await self.provider_actor(p) for p in self.providers_of(agent)]
         if self._tool_source is None:
             self._tool_source = partial(agent_tools, self.mcp_servers)
@@ -616,6 +644,16 @@ class Host:
         if runner is not None:
             waking.append(runner)
         for actor in waking:
+            self.nursery.start_soon(self._supervise, actor, None)
+
+    def wake_actor(self, actor: Actor) -> None:
+        """Start one resting actor of a session again (without yielding: its task runs
+        from the next round and takes the message waiting for it in its first step). The
+        engine rests as soon as a model call that ends its turn has ended
+        (:attr:`actors.engine.Engine.turn_ended`); a turn that makes another call after
+        all (a structured answer judged again, input steered in) wakes it so."""
+        if actor.resting and not actor.inbox.closed:
+            actor.resting = False
             self.nursery.start_soon(self._supervise, actor, None)
 
     async def _supervise_first(self, actor: Actor, others: list[Actor]) -> None:

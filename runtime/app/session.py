@@ -202,8 +202,8 @@ class TurnStream:
         """Set when the turn is over: when the iteration ends, after the ``async with``
         block at the latest."""
         self.turn_id = _check_id(turn_id, "turn id") or new_id("turn")
-        self.done = trio.Event()
-        """Set with :attr:`result` (or when the turn's runner never answered)."""
+        self._done: trio.Event | None = None
+        self._over = False  # (what :attr:`done` says, whether or not it was made)
         self._cancel = TurnCancel()
         self._steering = TurnSteering()
         self.steered = False
@@ -218,6 +218,18 @@ class TurnStream:
         self._ended = False
 
     @property
+    def done(self) -> trio.Event:
+        """Set with :attr:`result` (or when the turn's runner never answered). Made when
+        first asked for (set already if the turn is over): most turns' callers read the
+        stream to its end and never wait on it (issue 24 goal 1)."""
+        event = self._done
+        if event is None:
+            event = self._done = trio.Event()
+            if self._over:
+                event.set()
+        return event
+
+    @property
     def cancel_reason(self) -> str | None:
         """The reason the turn was cancelled with, if it was."""
         return self._cancel.reason
@@ -227,7 +239,7 @@ class TurnStream:
         input's stream stops the turn it joined)."""
         if self._host_stream is not None:
             self._host_stream.cancel(reason)
-        elif not self.done.is_set():
+        elif not self._over:
             self._cancel.cancel(reason)
 
     def end_orphaned(self) -> None:
@@ -366,11 +378,11 @@ class TurnStream:
     async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         if self.steered:  # the turn it joined is not this stream's to end
             host = self._host_stream
-            if not self.done.is_set():
+            if not self._over:
                 self._end(host.result if host is not None else None)
             self._inbox.close_receiver()
             return
-        if not self.done.is_set():
+        if not self._over:
             if exc_type is not None and issubclass(exc_type, trio.Cancelled):
                 self.cancel("cancelled")
             elif exc_type is not None:
@@ -386,7 +398,7 @@ class TurnStream:
 
     def _end(self, result: TurnResult | None) -> None:
         """The turn is over for this stream: free the session for its next turn."""
-        if self.done.is_set():
+        if self._over:
             return
         self._ended = True
         self.result = result
@@ -398,7 +410,9 @@ class TurnStream:
             if not session.queued:  # idle: its actors rest until its next turn
                 session.host.rest(session)
         session.host.touch(session)  # an idle session's age counts from here
-        self.done.set()
+        self._over = True
+        if self._done is not None:
+            self._done.set()
 
     def __aiter__(self) -> TurnStream:
         return self
