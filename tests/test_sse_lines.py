@@ -185,14 +185,7 @@ def test_a_read_of_text_deltas_is_read_as_lines_in_windows(monkeypatch: Any) -> 
     an event, and the texts are the deltas'."""
     texts = [f"w{i}é\\" for i in range(300)]
     body = b"".join(f"event: content_block_delta\ndata: {_delta(t)}\n\n".encode() for t in texts)
-    read: list[int] = []
-    block_events = SSEDecoder.block_events
-
-    def counted(self: SSEDecoder, lines: list[bytes], i: int, j: int) -> Any:
-        read.append(j - i)
-        return block_events(self, lines, i, j)
-
-    monkeypatch.setattr(SSEDecoder, "block_events", counted)
+    read = _counting_block_events(monkeypatch)
     chunks = [body[:500], body[500:20000], body[20000:]]
     out, failure = trio.run(_read, chunks)
     assert failure is None
@@ -338,14 +331,7 @@ def test_an_openai_read_of_text_chunks_is_read_as_lines_in_windows(monkeypatch: 
     body = b"".join(
         f"data: {_chunk({'content': t}, 'ab' * (i % 5))}\n\n".encode() for i, t in enumerate(texts)
     )
-    read: list[int] = []
-    block_events = SSEDecoder.block_events
-
-    def counted(self: SSEDecoder, lines: list[bytes], i: int, j: int, size: int = 3) -> Any:
-        read.append(j - i)
-        return block_events(self, lines, i, j, size)
-
-    monkeypatch.setattr(SSEDecoder, "block_events", counted)
+    read = _counting_block_events(monkeypatch)
     out, failure = trio.run(_read_openai, [body[:900], body[900:30000], body[30000:]])
     assert failure is None
     assert [t for kind, t in out[1:]] == texts[1:]

@@ -31,7 +31,7 @@ from actors.providers.failures import (
 from actors.providers.json_slot import StringSlot, learn
 from actors.providers.read_batch import ReadBatch
 from actors.providers.sdk import SDKProvider
-from actors.providers.sse import SSEDecoder, block_bytes, event_batches, sdk_sse_response
+from actors.providers.sse import SSEDecoder, event_batches, read_blocks, sdk_sse_response
 from runtime import errors
 from runtime.actor_messages import InferRequest
 from runtime.chunks import (
@@ -772,26 +772,15 @@ class _EventReader:
         (:meth:`StringSlot.run_lines`: no ``(name, data)`` pair, no cut ``data:`` line a
         delta; issue 24 goal 1), any other block read as its events by :meth:`events`,
         in order. What went wrong (after the events before it), or ``None``."""
-        k = len(lines) // 3
-        i = at = 0  # block i starts at offset ``at`` of the read (SSEDecoder.read)
-        read = decoder.read
-        while i < k:
-            slot = self.slot
-            if slot is not None:
-                run, i, at = slot.run_lines(lines, i, k, _DELTA_LEAD, read, at)
-                if run:
-                    out.append(run)
-                if i == k:
-                    break
-            # one block (the slot may change with it), or the rest when none can follow
-            j = i + 1 if self.learning or self.slot is not None else k
-            failure = self.events(decoder.block_events(lines, i, j), out)
-            if failure is not None:
-                return failure
-            if j < k:
-                at += block_bytes(lines, i, j, 3)
-            i = j
-        return None
+        failure, _ = read_blocks(self, decoder, lines, 3, _DELTA_LEAD, self._events, out)
+        return failure
+
+    def _events(
+        self, batch: Sequence[tuple[Any, bytes]], out: list[dict[str, Any] | list[str]]
+    ) -> tuple[Exception | None, bool]:
+        """:meth:`events` as :func:`read_blocks` takes it (an Anthropic stream's end is its
+        ``message_stop`` event, read as any other)."""
+        return self.events(batch, out), False
 
     def events(
         self, batch: Sequence[tuple[Any, bytes]], out: list[dict[str, Any] | list[str]]

@@ -47,7 +47,7 @@ from actors.providers.openai_common import (
 )
 from actors.providers.openai_common import get_field as _get
 from actors.providers.read_batch import ReadBatch
-from actors.providers.sse import SSEDecoder, block_bytes, event_batches, sdk_sse_response
+from actors.providers.sse import SSEDecoder, event_batches, read_blocks, sdk_sse_response
 from runtime import errors
 from runtime.actor_messages import InferRequest
 from runtime.chunks import (
@@ -722,26 +722,7 @@ class _ChunkReader:
         ``(name, data)`` pair, no cut ``data:`` line a chunk; issue 24 goal 1), any other
         block read as its events by :meth:`events`, in order. What went wrong (after the
         chunks before it) or ``None``, and whether ``[DONE]`` came."""
-        k = len(lines) // 2
-        i = at = 0  # block i starts at offset ``at`` of the read (SSEDecoder.read)
-        read = decoder.read
-        while i < k:
-            slot = self.slot
-            if slot is not None:
-                run, i, at = slot.run_lines(lines, i, k, _DATA_LEAD, read, at)
-                if run:
-                    out.append(run)
-                if i == k:
-                    break
-            # one block (the slot may change with it), or the rest when none can follow
-            j = i + 1 if self.learning or self.slot is not None else k
-            failure, done = self.events(decoder.block_events(lines, i, j, 2), out)
-            if failure is not None or done:
-                return failure, done
-            if j < k:
-                at += block_bytes(lines, i, j, 2)
-            i = j
-        return None, False
+        return read_blocks(self, decoder, lines, 2, _DATA_LEAD, self.events, out)
 
     def events(
         self, batch: Sequence[tuple[Any, bytes]], out: list[Any]

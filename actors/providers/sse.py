@@ -26,7 +26,7 @@ double goes through the SDK.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterable
+from collections.abc import AsyncGenerator, AsyncIterable, Callable
 from contextlib import aclosing
 from typing import Any
 
@@ -266,6 +266,46 @@ def block_bytes(lines: list[bytes], i: int, j: int, size: int = 3) -> int:
     of block ``i`` to get block ``j``'s."""
     block = lines[size * i : size * j]
     return sum(map(len, block)) + len(block)
+
+
+def read_blocks(
+    reader: Any,
+    decoder: SSEDecoder,
+    lines: list[bytes],
+    size: int,
+    lead: bytes,
+    events: Callable[[list[Event], list[Any]], tuple[Exception | None, bool]],
+    out: list[Any],
+) -> tuple[Exception | None, bool]:
+    """A read given as SSE lines (:meth:`SSEDecoder.feed_lines`, ``size`` a block) into
+    ``out``, for a provider's reader: the runs of text deltas that are the reader's slot's
+    bytes, read by their lines (``reader.slot.run_lines``, ``lead`` the bytes before the
+    text; no ``(name, data)`` pair, no cut ``data:`` line a delta; issue 24 goal 1), and
+    any other block as its events by ``events``, in order. While the reader learns its
+    slot (``reader.learning``) or has one, a block at a time (the slot may change with
+    it), else the rest in one call. What went wrong (after what came before it) or
+    ``None``, and whether ``events`` said the stream ended. One loop for both providers:
+    block ``i`` starts at offset ``at`` of :attr:`SSEDecoder.read`, which the runs are
+    compared against where they lie."""
+    k = len(lines) // size
+    i = at = 0
+    read = decoder.read
+    while i < k:
+        slot = reader.slot
+        if slot is not None:
+            run, i, at = slot.run_lines(lines, i, k, lead, read, at)
+            if run:
+                out.append(run)
+            if i == k:
+                break
+        j = i + 1 if reader.learning or reader.slot is not None else k
+        failure, done = events(decoder.block_events(lines, i, j, size), out)
+        if failure is not None or done:
+            return failure, done
+        if j < k:
+            at += block_bytes(lines, i, j, size)
+        i = j
+    return None, False
 
 
 async def sse_batches(chunks: AsyncIterable[bytes]) -> AsyncGenerator[list[Event], None]:
