@@ -128,6 +128,33 @@ async def test_a_running_turn_keeps_its_actors_awake():
         assert rests(session)
 
 
+async def test_a_queued_turn_given_up_as_the_running_turn_ends_leaves_the_actors_resting():
+    """The window of the same scheduler batch: the queued caller is cancelled in the step
+    that hands the running turn its result, so that turn ends with a turn still queued
+    (its actors do not rest, a turn is about to start) and the queued one then leaves
+    without starting. Nothing would rest them until the next turn or the eviction."""
+    agent = Agent(name="a", provider=ScriptedProvider([["one"]]), on_busy="enqueue")
+    async with Host.open(log_tap=False) as host:
+        session = await host.open_session(agent, session_id="s")
+        leaving = trio.CancelScope()
+
+        async def queued() -> None:
+            with leaving:
+                await session.run("second")
+
+        async with trio.open_nursery() as nursery, session.stream("first") as out:
+            nursery.start_soon(queued)
+            await trio.testing.wait_all_tasks_blocked()  # the first turn is over, unread
+            assert session.queued == 1 and session.busy
+            leaving.cancel()  # the queued caller gives up...
+            out.take_ready()  # ...in the step the first turn's result is taken
+            assert out.result is not None and not session.busy
+        await trio.testing.wait_all_tasks_blocked()
+        assert leaving.cancelled_caught and session.queued == 0
+        assert [m.role for m in session.messages] == ["user", "assistant"]
+        assert rests(session)
+
+
 async def test_closing_a_resting_session_stops_its_actors_for_good():
     async with Host.open(log_tap=False) as host:
         session = await host.open_session(tool_agent(), session_id="s")

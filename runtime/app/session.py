@@ -372,7 +372,7 @@ class TurnStream:
                     running.cancel(INTERRUPTED_BY_NEW)
                 await session.wait_changed()
         except BaseException:
-            session.leave_queue(self)
+            session.give_up_place(self)
             raise
 
     async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
@@ -632,10 +632,21 @@ class Session:
         self._queue.append(stream)
 
     def leave_queue(self, stream: TurnStream) -> None:
-        """Called by a waiting turn's stream as it starts, or gives up waiting."""
+        """Called by a waiting turn's stream as it starts (or gives up waiting:
+        :meth:`give_up_place`)."""
         if stream in self._queue:
             self._queue.remove(stream)
             self.changed()
+
+    def give_up_place(self, stream: TurnStream) -> None:
+        """Called by a waiting turn's stream that leaves the queue without starting (its
+        caller cancelled or timed out, the host shutting down). A session it leaves idle
+        lets its actors rest: the turn that ended before kept them awake for this one
+        (it gave up in the batch that ended that turn, after the end looked at the
+        queue), and nothing else would rest them before the next turn or the eviction."""
+        self.leave_queue(stream)
+        if self.current is None and not self._queue:
+            self.host.rest(self)
 
     def changed(self) -> None:
         """Wake whatever waits for the session's turns to change."""
