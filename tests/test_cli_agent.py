@@ -4,6 +4,7 @@ a real model did not ask for, and ``--agent module:name`` on ``run`` and ``serve
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -68,6 +69,29 @@ def test_run_agent_calls_a_factory_with_the_session_id(tmp_path):
     proc = run_cli("--agent", f"{AGENTS}:per_session", "--store", db, "--session", "s7", "Hi")
     assert proc.returncode == 0, proc.stderr
     assert "hello from s7" in proc.stdout
+
+
+def test_an_agent_module_in_the_current_folder_loads_when_the_folder_is_not_on_the_path(
+    tmp_path,
+):
+    """The installed ``axon`` script's path starts with the script's own folder, not the
+    current one as under ``python -m runtime`` (``-P`` runs the module that way): a
+    newcomer's ``axon run --agent myagent:agent`` beside myagent.py found no module."""
+    (tmp_path / "beside_me.py").write_text(
+        "from actors.providers.scripted import ScriptedProvider\n"
+        "from runtime.agent import Agent\n"
+        "agent = Agent(name='mine', provider=ScriptedProvider([['hello from beside']]))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-P", "-m", "runtime", "run", "--agent", "beside_me:agent", "Hi"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "hello from beside" in proc.stdout
 
 
 def test_agent_with_an_option_it_overrides_is_refused():

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import os
 import pty
+import shlex
 import signal
 import subprocess
 import sys
@@ -110,11 +111,13 @@ def test_ctrl_c_at_the_prompt_leaves_the_call_waiting(tmp_path):
         while b"[y/N] " not in shown and (chunk := os.read(proc.stdout.fileno(), 4096)):
             shown += chunk
         proc.send_signal(signal.SIGINT)
-        proc.communicate(timeout=HANG_GUARD)
+        _, err = proc.communicate(timeout=HANG_GUARD)
     finally:
         guard.cancel()
         os.close(leader)
     assert proc.returncode == 130
+    # ...and says how to decide it later, as a run that cannot ask does
+    assert f"decide with `python -m runtime run --agent {AGENTS}:agent --store" in err.decode()
     assert run("agent", "--store", db, "--session", "s1").returncode == 3  # still waiting
 
 
@@ -133,9 +136,21 @@ def test_a_stored_waiting_turn_names_its_session_and_how_to_decide_it(tmp_path):
     assert proc.returncode == 3
     assert proc.stderr.splitlines() == [
         f'the turn waits for approval: get_weather({{"city": "Oslo"}}); session s1 is stored '
-        f"in {db}: decide with `python -m runtime run --store {db} --session s1 --approve-all` "
-        "(or --deny-all) and the same agent options"
+        f"in {db}: decide with `python -m runtime run --agent {AGENTS}:agent --store {db} "
+        "--session s1 --approve-all` (or --deny-all)"
     ]
+
+
+def test_the_command_the_waiting_line_gives_decides_the_turn_with_the_same_agent(tmp_path):
+    """Copied as it is: it used to leave the agent out ("and the same agent options"),
+    so it resumed the turn on the demo agent, which has no such tool."""
+    db = str(tmp_path / "s.db")
+    line = run("agent", "--store", db, "--session", "s1", "hi").stderr
+    program, _, command = line.split("`")[1].partition(" run ")
+    assert program == "python -m runtime"
+    proc = axon("run", *shlex.split(command))
+    assert proc.returncode == 0, proc.stderr
+    assert "It is sunny in Oslo." in proc.stdout
 
 
 def test_both_flags_are_one_error_line():

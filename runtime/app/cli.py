@@ -34,6 +34,7 @@ import argparse
 import json
 import mimetypes
 import os
+import shlex
 import signal
 import sys
 from collections.abc import Sequence
@@ -53,6 +54,7 @@ from runtime.app.commands import (
     add_agent_arguments,
     add_log_level_argument,
     add_plugin_argument,
+    agent_options,
     make_agent,
     make_plugins,
     report_bad_input,
@@ -327,7 +329,7 @@ async def decide_waiting(session: Any, args: argparse.Namespace, renderer: Any) 
     calls = [c for c in waiting_calls(session.messages) if not c.decided]
     interactive = sys.stdin is not None and sys.stdin.isatty()
     if calls and not (args.approve_all or args.deny_all or interactive):
-        sys.stderr.write(waiting_line(calls, session.id, args.store) + "\n")
+        sys.stderr.write(waiting_line(calls, session.id, args) + "\n")
         return WAITING_STATUS
     for call in calls:
         if call.kind == "client":
@@ -335,7 +337,7 @@ async def decide_waiting(session: Any, args: argparse.Namespace, renderer: Any) 
                 f"{NO_CLIENT.format(call.tool_name)}: it gets an error as its result\n"
             )
     prompt_out = sys.stderr if renderer is None else sys.stdout  # --jsonl keeps stdout JSON
-    for call in calls:
+    for index, call in enumerate(calls):
         decision: dict[str, Any]
         if call.kind == "client":
             decision = {"error": NO_CLIENT.format(call.tool_name)}
@@ -348,6 +350,8 @@ async def decide_waiting(session: Any, args: argparse.Namespace, renderer: Any) 
             answer = await ask(f"approve {describe_call(call)}? [y/N] ", prompt_out)
             if answer is None:
                 prompt_out.write("\n")
+                if args.store is not None:  # stored, still waiting: how to decide it later
+                    sys.stderr.write(waiting_line(calls[index:], session.id, args) + "\n")
                 return 130
             approved = answer.strip().lower() in ("y", "yes")
             decision = {"approved": approved}
@@ -364,8 +368,10 @@ def describe_call(call: PendingCall) -> str:
     return f"{call.tool_name}({json.dumps(call.input, ensure_ascii=False)})"
 
 
-def waiting_line(calls: list[PendingCall], session_id: str, store: str | None) -> str:
-    """The one line ``run`` ends with when nobody here can decide the waiting calls."""
+def waiting_line(calls: list[PendingCall], session_id: str, args: argparse.Namespace) -> str:
+    """The one line ``run`` ends with when nobody here can decide the waiting calls (or
+    Ctrl-C left them waiting): with ``--store``, the command that decides them later."""
+    store = args.store
     what = ", ".join(
         describe_call(c) + (" (client-side: nothing here runs it)" if c.kind == "client" else "")
         for c in calls
@@ -376,10 +382,12 @@ def waiting_line(calls: list[PendingCall], session_id: str, store: str | None) -
             "again with --approve-all or --deny-all, or from a terminal to be asked"
         )
     where = redact_url(store)
+    # The same agent must decide it: the command repeats the options that built this one.
+    command = shlex.join(["run", *agent_options(args), "--store", where, "--session", session_id])
+    key = " (and your --api-key)" if getattr(args, "api_key", None) else ""
     return (
         f"the turn waits for approval: {what}; session {session_id} is stored in {where}: "
-        f"decide with `{program_name()} run --store {where} --session {session_id} "
-        "--approve-all` (or --deny-all) and the same agent options"
+        f"decide with `{program_name()} {command} --approve-all` (or --deny-all){key}"
     )
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -243,6 +244,12 @@ def load_agent(spec: str) -> AgentSource:
     module_name, _, name = spec.partition(":")
     if not module_name or not name:
         raise ConfigurationError(f"--agent must be MODULE:NAME, not {spec!r}")
+    # The current directory is searched first, as under ``python -m runtime`` (which puts
+    # it on the path itself): the installed ``axon`` script's path starts with its own
+    # folder instead, and would not find ``myagent:agent`` beside the user.
+    here = os.getcwd()
+    if here not in sys.path and "" not in sys.path:
+        sys.path.insert(0, here)
     try:
         target: Any = importlib.import_module(module_name)
         for attr in name.split("."):
@@ -252,6 +259,30 @@ def load_agent(spec: str) -> AgentSource:
     if not (isinstance(target, Agent) or callable(target)):
         raise ConfigurationError(f"--agent {spec!r} is neither an Agent nor a callable")
     return target  # type: ignore[no-any-return]
+
+
+def agent_options(args: argparse.Namespace) -> list[str]:
+    """The options that describe ``args``' agent, as another command line repeats them
+    (``run`` says how to decide a stored waiting turn in another process, which must
+    build the same agent): ``--agent``, else the provider's options that differ from
+    their defaults. Never ``--api-key``, a secret: the other process reads the provider's
+    variable, or is given the key again."""
+    options: list[str] = []
+    if getattr(args, "agent", None):
+        options += ["--agent", args.agent]
+    elif args.provider != "scripted":
+        options += ["--provider", args.provider]
+    for name in ("model", "base_url", "thinking_budget", "instructions", "output_schema"):
+        value = getattr(args, name, None)
+        if value is not None:
+            options += [f"--{name.replace('_', '-')}", str(value)]
+    if getattr(args, "demo_tools", False):
+        options.append("--demo-tools")
+    for server in getattr(args, "mcp", None) or ():
+        options += ["--mcp", server]
+    if getattr(args, "media_urls", "on") == "off":
+        options += ["--media-urls", "off"]
+    return options
 
 
 def make_agent(args: argparse.Namespace) -> AgentSource:
