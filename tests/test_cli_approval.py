@@ -170,6 +170,19 @@ def test_a_second_run_without_a_prompt_resumes_the_stored_waiting_turn(tmp_path)
     assert shown.count('tool get_weather result (step 0): "sunny in Oslo"') == 1
 
 
+def test_show_says_how_each_call_that_waited_was_decided(tmp_path):
+    db = str(tmp_path / "s.db")
+    assert run("agent", "--store", db, "--session", "yes", "--approve-all", "hi").returncode == 0
+    assert run("agent", "--store", db, "--session", "no", "--deny-all", "hi").returncode == 0
+    # one space for every run of blanks: the lines are wrapped at the console's width
+    approved, denied = (
+        " ".join(axon("show", s, "--store", db).stdout.split()) for s in ("yes", "no")
+    )
+    call = 'tool-call get_weather({"city":"Oslo"}) id=call_get_weather'
+    assert f"{call}, approved [step 1]" in approved
+    assert f"{call}, denied: denied by --deny-all [step 1]" in denied
+
+
 def test_no_prompt_and_no_waiting_turn_is_an_error(tmp_path):
     db = str(tmp_path / "s.db")
     assert run("agent", "--store", db, "--session", "s1", "--approve-all", "hi").returncode == 0

@@ -72,7 +72,7 @@ from runtime.events import Event
 from runtime.ids import new_id
 from runtime.logging import configure_logging
 from runtime.media import MediaLimits, check_limits, user_content
-from runtime.messages import AssistantMessage, File, Image, Message, is_media_output
+from runtime.messages import AssistantMessage, Awaiting, File, Image, Message, is_media_output
 from runtime.output_schema import output_schema
 from runtime.redact import redact_url
 from runtime.serde import converter, structure, unstructure
@@ -501,7 +501,7 @@ async def show_command(args: argparse.Namespace) -> int:
                     call_input = orjson.dumps(part.input).decode()
                     console.print(
                         f"  [step {part.step}] tool-call {part.tool_name}({call_input}) "
-                        f"id={part.tool_call_id}"
+                        f"id={part.tool_call_id}{_decision(part.awaiting)}"
                     )
                 else:
                     console.print(f"  [step {part.step}] {part.type}")
@@ -525,6 +525,18 @@ async def show_command(args: argparse.Namespace) -> int:
     for line in waiting_lines(record.messages):
         console.print(line, style="bold", soft_wrap=True)  # ids copied whole
     return 0
+
+
+def _decision(awaiting: Awaiting | None) -> str:
+    """What ``show`` adds to a call that waited once it is decided: the stored message
+    holds the decision too (docs/approval.md); still waiting, the last lines say so."""
+    if awaiting is None or not awaiting.decided:
+        return ""
+    if awaiting.kind != APPROVAL:
+        return ", answered by the client"
+    if awaiting.approved:
+        return ", approved"
+    return f", denied: {awaiting.reason}" if awaiting.reason else ", denied"
 
 
 def session_usage(messages: Sequence[Message]) -> Usage | None:
