@@ -19,7 +19,11 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-LINT_IMPORTS = shutil.which("lint-imports")
+# Beside the interpreter first: a virtual environment's python run without activating it
+# (``.venv/bin/python -m pytest``) has the linter installed but not on the PATH.
+LINT_IMPORTS = shutil.which("lint-imports", path=Path(sys.executable).parent) or shutil.which(
+    "lint-imports"
+)
 needs_linter = pytest.mark.skipif(LINT_IMPORTS is None, reason="import-linter not installed")
 
 
