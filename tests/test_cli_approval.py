@@ -16,8 +16,10 @@ from pathlib import Path
 
 import attrs
 
-from runtime.app.cli import show_command
+from runtime.app.cli import build_parser, show_command, waiting_line
+from runtime.app.commands import choose_provider
 from runtime.app.host import Host
+from runtime.approval import PendingCall
 from tests.support import approval_agents
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -151,6 +153,30 @@ def test_the_command_the_waiting_line_gives_decides_the_turn_with_the_same_agent
     proc = axon("run", *shlex.split(command))
     assert proc.returncode == 0, proc.stderr
     assert "It is sunny in Oslo." in proc.stdout
+
+
+def test_the_deciding_command_repeats_a_providers_options_but_never_its_key():
+    argv = ["run", "--model", "openai:gpt-4o", "--instructions", "Be brief.", "--base-url"]
+    argv += ["http://me:pw@127.0.0.1:9/v1", "--api-key", "sk-s3cret", "--store", "s.db", "hi"]
+    args = build_parser().parse_args(argv)
+    choose_provider(args)  # as making the agent does: the provider from the model's prefix
+    call = PendingCall(
+        approval_id="a1",
+        tool_call_id="c1",
+        tool_name="get_weather",
+        input={},
+        kind="approval",
+        step=0,
+        message_id="m1",
+        turn_id="t1",
+    )
+    line = waiting_line([call], "s1", args)
+    assert "sk-s3cret" not in line and ":pw@" not in line
+    assert line.endswith(
+        "decide with `python -m runtime run --provider openai --model gpt-4o --base-url "
+        "'http://me:[redacted]@127.0.0.1:9/v1' --instructions 'Be brief.' --store s.db "
+        "--session s1 --approve-all` (or --deny-all) (and your --api-key)"
+    )
 
 
 def test_both_flags_are_one_error_line():

@@ -31,6 +31,7 @@ from runtime.errors import (
 )
 from runtime.media import DEFAULT_MAX_FILES, DEFAULT_MAX_PARTS, InputLimits
 from runtime.provider import ProviderOptions
+from runtime.redact import redact_url
 
 MCP_HELP = "an MCP tool server: a command line to launch (stdio) or an http(s):// URL (repeatable)"
 
@@ -266,7 +267,7 @@ def agent_options(args: argparse.Namespace) -> list[str]:
     (``run`` says how to decide a stored waiting turn in another process, which must
     build the same agent): ``--agent``, else the provider's options that differ from
     their defaults. Never ``--api-key``, a secret: the other process reads the provider's
-    variable, or is given the key again."""
+    variable, or is given the key again; a credential in a URL is redacted as in logs."""
     options: list[str] = []
     if getattr(args, "agent", None):
         options += ["--agent", args.agent]
@@ -275,11 +276,12 @@ def agent_options(args: argparse.Namespace) -> list[str]:
     for name in ("model", "base_url", "thinking_budget", "instructions", "output_schema"):
         value = getattr(args, name, None)
         if value is not None:
-            options += [f"--{name.replace('_', '-')}", str(value)]
+            value = redact_url(value) if name == "base_url" else str(value)
+            options += [f"--{name.replace('_', '-')}", value]
     if getattr(args, "demo_tools", False):
         options.append("--demo-tools")
     for server in getattr(args, "mcp", None) or ():
-        options += ["--mcp", server]
+        options += ["--mcp", redact_url(server)]
     if getattr(args, "media_urls", "on") == "off":
         options += ["--media-urls", "off"]
     return options
