@@ -20,6 +20,7 @@ from starlette.requests import Request
 from runtime.agent import Agent
 from runtime.app.web import chat_body
 from runtime.app.web.answers import is_continuation
+from runtime.app.web.guard import is_number
 from runtime.app.web.http import ApiError, session_id_param, web_state
 from runtime.errors import InvalidMedia, MediaTooLarge
 from runtime.media import InputLimits, check_limits, user_content
@@ -100,7 +101,7 @@ async def _read_body(request: Request, limit: int, within: float | None = None) 
     body and never sends it cannot hold a connection open."""
     length = request.headers.get("content-length")
     if length is not None:
-        if not length.isdigit():
+        if not is_number(length):
             raise ApiError(400, "bad content-length")
         if int(length) > limit:
             raise ApiError(413, f"request body larger than {limit} bytes")

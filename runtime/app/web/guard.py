@@ -49,17 +49,28 @@ def split_host(value: str) -> tuple[str, int | None]:
     """A ``Host`` header (or an ``allowed_hosts`` entry) as (lower-case name, port).
 
     IPv6 literals keep no brackets: ``[::1]:8000`` is ``("::1", 8000)``. A port that is
-    not a number makes the whole value the name (and so, matching nothing, refused).
+    not an ASCII number (``str.isdigit`` also takes ``²``, which ``int`` refuses), or
+    anything after a bracketed literal but ``:port`` (``[::1].attacker.example``, an
+    unclosed ``[::1``), makes the whole value the name, and so, matching nothing, refused.
     """
     value = value.strip().lower()
     if value.startswith("["):
-        name, _, rest = value[1:].partition("]")
-        port = rest[1:] if rest.startswith(":") else ""
-        return name, int(port) if port.isdigit() else None
+        name, bracket, rest = value[1:].partition("]")
+        if bracket and not rest:
+            return name, None
+        if bracket and rest.startswith(":") and is_number(rest[1:]):
+            return name, int(rest[1:])
+        return value, None
     name, colon, port = value.rpartition(":")
-    if colon and port.isdigit() and ":" not in name:
+    if colon and is_number(port) and ":" not in name:
         return name.rstrip("."), int(port)
     return value.rstrip("."), None
+
+
+def is_number(text: str) -> bool:
+    """Whether ``text`` is a non-empty run of ASCII digits: what ``int`` reads and a
+    header may carry (``"²".isdigit()`` is true, and ``int("²")`` raises)."""
+    return text.isascii() and text.isdigit()
 
 
 def _ip(name: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
@@ -203,4 +214,11 @@ class RequestGuard:
         return parts.scheme in ("http", "https") and parts.netloc == host.strip().lower()
 
 
-__all__ = ["HostPolicy", "RequestGuard", "is_json", "is_loopback", "split_host"]
+__all__ = [
+    "HostPolicy",
+    "RequestGuard",
+    "is_json",
+    "is_loopback",
+    "is_number",
+    "split_host",
+]
