@@ -69,7 +69,7 @@ from runtime.app.web.answers import (
 )
 from runtime.app.web.chat_input import CHILD_PARSES, check_media, read_chat_request, title_of
 from runtime.app.web.frontend import FrontEnd
-from runtime.app.web.guard import RequestGuard
+from runtime.app.web.guard import RequestGuard, cors_origin
 from runtime.app.web.http import ApiError, error_response, has_bearer, json_response
 from runtime.app.web.http import session_id_param as _session_id
 from runtime.app.web.protocols import mount_protocols
@@ -655,7 +655,9 @@ def create_app(
     """The web app for ``host``: every session runs ``agent`` (or ``agent(session_id)``).
 
     ``token`` requires ``Authorization: Bearer <token>`` on ``/api/``; ``cors_origins``
-    allows those origins to call the API from a browser (none by default); ``max_body``
+    allows those origins to call the API from a browser (none by default; an entry that
+    is not an origin, ``*`` among them, is a ``ValueError``:
+    :func:`~runtime.app.web.guard.cors_origin`); ``max_body``
     caps request bodies (413 above it); ``keepalive`` is the SSE comment interval (0: off).
     ``allowed_hosts`` adds ``Host`` names to the loopback ones the app answers (see
     :class:`~runtime.app.web.guard.HostPolicy`); ``body_timeout`` bounds the time a request
@@ -677,6 +679,7 @@ def create_app(
     agent's (:mod:`runtime.busy`): what ``POST /api/chat`` does with a message for a
     session whose turn runs.
     """
+    cors_origins = [cors_origin(origin) for origin in cors_origins or ()]
     state = WebState(
         host,
         agent,

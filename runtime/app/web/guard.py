@@ -151,6 +151,34 @@ def refusal_body(path: str, message: str) -> dict[str, Any]:
     return {"error": message}
 
 
+def cors_origin(value: str) -> str:
+    """A ``cors_origins`` entry checked and written as browsers send ``Origin``
+    (``scheme://host[:port]``, lower-case, no trailing slash); a :class:`ValueError`
+    says why it cannot be one. ``*`` is refused: the API's GETs carry no token by
+    default, so ``Access-Control-Allow-Origin: *`` let every page the user visited read
+    every stored session (while its POSTs were still refused). So is ``null`` (any
+    sandboxed frame or ``data:`` page sends it), and a path, which no ``Origin`` has."""
+    text = value.strip()
+    if text == "*":
+        raise ValueError(
+            "'*' would let every web page read every session: "
+            "name the origins, for example http://localhost:3000"
+        )
+    parts = urlsplit(text)
+    if (
+        parts.scheme.lower() not in ("http", "https")
+        or not parts.hostname
+        or "@" in parts.netloc
+        or parts.path not in ("", "/")
+        or parts.query
+        or parts.fragment
+    ):
+        raise ValueError(
+            f"{value!r} is not an origin (scheme://host[:port], for example http://localhost:3000)"
+        )
+    return f"{parts.scheme}://{parts.netloc}".lower()
+
+
 class RequestGuard:
     """The ASGI middleware that refuses what :mod:`runtime.app.web.guard` describes, with a
     JSON ``{"error": ...}`` that says why."""
@@ -217,6 +245,7 @@ class RequestGuard:
 __all__ = [
     "HostPolicy",
     "RequestGuard",
+    "cors_origin",
     "is_json",
     "is_loopback",
     "is_number",
