@@ -11,6 +11,7 @@ import contextlib
 import math
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +94,18 @@ def title_of(content: UserContent) -> str:
         )
     # The start is enough: splitting a pasted document of megabytes would hold the loop.
     return " ".join(text[: TITLE_CHARS * 64].split())[:TITLE_CHARS]
+
+
+async def off_loop(work: Callable[[Any], Any], data: Any, *, big: bool, state: Any) -> Any:
+    """``work(data)``, in a worker thread when ``big``. The AG-UI and Chat Completions
+    bodies carry a whole history, which is kept, so it cannot be cut down in a child as
+    ``POST /api/chat``'s is; but checking and converting 600,000 messages (28 MB) took
+    the event loop 2.5-3.6 s in one step, answering no other request meanwhile. In a
+    thread the interpreter hands the loop a turn every few milliseconds; the app's
+    ``parse_limiter`` bounds how many such threads run at once."""
+    if not big:
+        return work(data)
+    return await trio.to_thread.run_sync(work, data, limiter=state.parse_limiter)
 
 
 async def _read_body(request: Request, limit: int, within: float | None = None) -> bytes:
