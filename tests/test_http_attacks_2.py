@@ -1,0 +1,310 @@
+"""The served app attacked again (round 2, docs/web.md#attacked-round-2): what was found
+and fixed, each pinned over real HTTP (Hypercorn on a loopback port, httpx and raw
+sockets) where a browser or a careless client could reach it."""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any
+
+import httpx
+import pytest
+import trio
+
+from actors.providers.scripted import ScriptedProvider
+from runtime import Agent, AssistantMessage
+from runtime.actor_messages import Batcher
+from runtime.app.web import agui, openai_compat
+from runtime.app.web.app import create_app
+from runtime.app.web.guard import HostPolicy, cors_origin
+from runtime.app.web.serve import add_serve_arguments
+from tests.test_mcp_server import ACCEPT, INIT
+from tests.test_web_http import body, events
+from tests.test_web_slow_clients import DELTAS, Flood, connect, read_to_end
+from tests.web.harness import WebServer, web_server
+
+ALL = ("ai-sdk", "ag-ui", "a2a", "openai", "mcp")
+
+
+def agent(*steps: Any) -> Agent:
+    return Agent(provider=ScriptedProvider(list(steps) or [["ok"]]))
+
+
+async def raw_request(server: WebServer, request: bytes) -> bytes:
+    """``request`` sent as it is over a socket; everything the server answers."""
+    with trio.fail_after(20):
+        sock = await connect(server)
+        with sock:
+            await sock.send(request)
+            return await read_to_end(sock)
+
+
+def head_of(response: bytes) -> bytes:
+    return response.partition(b"\r\n\r\n")[0]
+
+
+# -- headers whose digits int() cannot read ------------------------------------------------
+
+# str.isdigit() is true for the superscripts latin-1 carries (0xB2, 0xB3, 0xB9), which a
+# header value may hold, and int() refuses them: the checks raised, and the client got a
+# 500 (and the log a traceback) instead of the refusal.
+
+
+async def test_a_host_with_a_superscript_port_is_refused_not_a_server_error():
+    async with web_server(agent()) as server:
+        response = await raw_request(
+            server, b"GET /api/info HTTP/1.1\r\nHost: 127.0.0.1:\xb2\r\nConnection: close\r\n\r\n"
+        )
+    assert head_of(response).startswith(b"HTTP/1.1 403")
+    assert b"DNS rebinding" in response
+
+
+@pytest.mark.parametrize(
+    "request_line",
+    [
+        b"GET /api/chat/s/stream HTTP/1.1\r\nLast-Event-ID: \xb2\r\n",
+        b"GET /api/chat/s/stream?after_seq=%C2%B2 HTTP/1.1\r\n",
+    ],
+    ids=["last-event-id", "after_seq"],
+)
+async def test_a_resume_cursor_of_superscript_digits_is_a_400_not_a_server_error(request_line):
+    async with web_server(agent()) as server:
+        response = await raw_request(
+            server, request_line + b"Host: 127.0.0.1\r\nConnection: close\r\n\r\n"
+        )
+    assert head_of(response).startswith(b"HTTP/1.1 400")
+    assert b"non-negative integer" in response
+
+
+# -- DNS rebinding: a bracketed literal with something after it ----------------------------
+
+
+@pytest.mark.parametrize("host", ["[::1].attacker.example", "[::1]attacker.example", "[::1"])
+def test_a_bracketed_loopback_address_with_a_suffix_is_not_loopback(host):
+    assert not HostPolicy().allows(host)
+    assert not HostPolicy().allows(host + ":8000")
+    assert HostPolicy().allows("[::1]:8000") and HostPolicy().allows("[::1]")
+
+
+async def test_a_host_naming_a_loopback_literal_inside_another_name_is_refused():
+    async with web_server(agent()) as server, httpx.AsyncClient(base_url=server.url) as client:
+        r = await client.get("/api/sessions", headers={"host": "[::1].attacker.example"})
+    assert r.status_code == 403
+
+
+# -- CORS: a careless --cors-origin ---------------------------------------------------------
+
+
+async def test_a_star_cors_origin_is_refused_before_any_page_can_read_the_sessions():
+    async with web_server(agent()) as server:
+        with pytest.raises(ValueError, match="every web page"):
+            create_app(server.host, agent(), cors_origins=["*"])
+        with pytest.raises(ValueError, match="not an origin"):
+            create_app(server.host, agent(), cors_origins=["null"])
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    add_serve_arguments(parser)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--cors-origin", "*"])
+
+
+async def test_a_cors_origin_given_with_a_slash_and_capitals_matches_the_browsers_origin():
+    assert cors_origin("HTTP://App.example:3000/") == "http://app.example:3000"
+    async with web_server(agent(), cors_origins=["HTTP://App.example/"]) as server:
+        async with httpx.AsyncClient(base_url=server.url) as client:
+            preflight = await client.options(
+                "/api/chat",
+                headers={
+                    "origin": "http://app.example",
+                    "access-control-request-method": "POST",
+                    "access-control-request-headers": "content-type",
+                },
+            )
+            sessions = await client.get("/api/sessions", headers={"origin": "http://app.example"})
+            other = await client.get("/api/sessions", headers={"origin": "http://evil.example"})
+    assert preflight.status_code == 200
+    assert preflight.headers["access-control-allow-origin"] == "http://app.example"
+    assert sessions.headers["access-control-allow-origin"] == "http://app.example"
+    assert "access-control-allow-origin" not in other.headers
+
+
+# -- an MCP client that never reads its call's progress -----------------------------------
+
+
+async def mcp_call_request(server: WebServer, client: httpx.AsyncClient) -> bytes:
+    """A raw ``tools/call`` asking for progress notifications, on an initialized session."""
+    opened = await client.post("/mcp", json=INIT)
+    session = {"mcp-session-id": opened.headers["mcp-session-id"]}
+    await client.post(
+        "/mcp", json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=session
+    )
+    call = {
+        "jsonrpc": "2.0",
+        "id": 2,
+        "method": "tools/call",
+        "params": {
+            "name": "assistant",
+            "arguments": {"prompt": "go", "session_id": "mcp-stuck"},
+            "_meta": {"progressToken": "p"},
+        },
+    }
+    payload = json.dumps(call).encode()
+    head = (
+        f"POST /mcp HTTP/1.1\r\nhost: {server.url.removeprefix('http://')}\r\n"
+        f"content-type: application/json\r\naccept: application/json, text/event-stream\r\n"
+        f"mcp-session-id: {session['mcp-session-id']}\r\n"
+        f"content-length: {len(payload)}\r\n\r\n"
+    )
+    return head.encode() + payload
+
+
+async def test_an_mcp_client_that_reads_no_progress_does_not_hold_its_turn(monkeypatch):
+    # Before: the unsent notification stopped the turn (backpressure) and send_timeout did
+    # not apply, so the turn, its session and the model's stream were held for good.
+    monkeypatch.setattr(Batcher, "max_items", 1)
+    flood = Flood()
+    async with web_server(flood.agent, protocols=("ai-sdk", "mcp"), send_timeout=1) as server:
+        async with httpx.AsyncClient(base_url=server.url, headers=ACCEPT) as client:
+            request = await mcp_call_request(server, client)
+            sock = await connect(server, receive_buffer=4096)
+            with sock, trio.fail_after(60):
+                await sock.send(request)
+                await flood.over.wait()  # the client reads nothing meanwhile
+            record = await server.host.store.load("mcp-stuck")
+    assert [(e.finish_reason, e.abort_reason) for e in flood.finished] == [("stop", None)]
+    assert flood.pulled[0] == DELTAS
+    saved = record.messages[-1]
+    assert isinstance(saved, AssistantMessage) and not saved.interrupted
+    assert len(saved.text.split()) == DELTAS
+
+
+# -- a history of many messages is checked off the event loop -------------------------------
+
+
+MANY = 20_000
+"""Messages enough for a body over the inline size (256 KiB)."""
+
+
+def threads_running(monkeypatch: pytest.MonkeyPatch, module: Any, name: str) -> list[bool]:
+    """Patch ``module.name`` to record whether each call ran off the main thread."""
+    seen: list[bool] = []
+    original = getattr(module, name)
+
+    def spy(*args: Any) -> Any:
+        seen.append(threading.current_thread() is not threading.main_thread())
+        return original(*args)
+
+    monkeypatch.setattr(module, name, spy)
+    return seen
+
+
+async def test_an_agui_body_of_many_messages_is_checked_and_converted_off_the_event_loop(
+    monkeypatch,
+):
+    parsed = threads_running(monkeypatch, agui, "parse_run_input")
+    converted = threads_running(monkeypatch, agui, "history_of")
+    history = [
+        {"id": f"m{i}", "role": "user" if i % 2 == 0 else "assistant", "content": "x"}
+        for i in range(MANY)
+    ]
+    run = {
+        "threadId": "t",
+        "runId": "r",
+        "messages": [*history, {"id": "last", "role": "user", "content": "hi"}],
+    }
+    async with web_server(agent(), protocols=ALL) as server:
+        async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
+            r = await client.post("/ag-ui", json=run)
+            small = await client.post(
+                "/ag-ui",
+                json={
+                    "threadId": "t2",
+                    "runId": "r2",
+                    "messages": [{"id": "u", "role": "user", "content": "hi"}],
+                },
+            )
+        assert len((await server.host.store.load("t")).messages) == MANY + 2
+    assert r.status_code == 200 and '"RUN_FINISHED"' in r.text
+    assert small.status_code == 200
+    assert parsed == [True, False] and converted == [True]
+
+
+async def test_a_chat_completions_body_of_many_messages_is_checked_off_the_event_loop(
+    monkeypatch,
+):
+    parsed = threads_running(monkeypatch, openai_compat, "parse_chat_request")
+    messages = [
+        {"role": "user" if i % 2 == 0 else "assistant", "content": "x"} for i in range(MANY)
+    ]
+    async with web_server(agent(), protocols=ALL) as server:
+        async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
+            r = await client.post(
+                "/v1/chat/completions",
+                json={
+                    "model": "assistant",
+                    "messages": [*messages, {"role": "user", "content": "hi"}],
+                },
+            )
+    assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "ok"
+    assert parsed == [True]
+
+
+# -- secrets in a provider's error, on every protocol -------------------------------------
+
+KEYS = (
+    "sk-ant-api03-Zr7Kp2Lw9Qx4Vb8Nm1Tc6Yd3Fh5Gj0abcdefgh",
+    "sk-proj-Q9zT4mLr8vXw2Yb7NcK1pD5eHj3s",
+)
+
+
+def failing() -> Agent:
+    error = RuntimeError(f"401 invalid x-api-key: {KEYS[0]}; upstream said {KEYS[1]}")
+    return Agent(provider=ScriptedProvider(responder=lambda request: [error]))
+
+
+async def test_a_provider_error_quoting_keys_reaches_no_client_of_any_protocol_unredacted(capsys):
+    async with web_server(failing(), protocols=ALL) as server:
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+            answers = [
+                await client.post("/api/chat", json=body("s")),
+                await client.get("/api/sessions/s"),
+                await client.post(
+                    "/ag-ui",
+                    json={
+                        "threadId": "t",
+                        "runId": "r",
+                        "messages": [{"id": "u", "role": "user", "content": "hi"}],
+                    },
+                ),
+                await client.post(
+                    "/v1/chat/completions",
+                    json={"model": "assistant", "messages": [{"role": "user", "content": "hi"}]},
+                ),
+                await client.post(
+                    "/v1/chat/completions",
+                    json={
+                        "model": "assistant",
+                        "stream": True,
+                        "messages": [{"role": "user", "content": "hi"}],
+                    },
+                ),
+                await client.post(
+                    "/a2a/message:send",
+                    json={
+                        "message": {
+                            "messageId": "m1",
+                            "role": "ROLE_USER",
+                            "parts": [{"text": "hi"}],
+                        }
+                    },
+                ),
+            ]
+    stream = events(answers[0].content)
+    assert any(c != "[DONE]" and c["type"] == "error" for c in stream)
+    for answer in answers:
+        assert "[redacted]" in answer.text, answer.request.url
+        assert not any(key in answer.text for key in KEYS), answer.request.url
+    logged = capsys.readouterr()
+    assert not any(key in logged.out + logged.err for key in KEYS)
