@@ -308,3 +308,62 @@ async def test_a_provider_error_quoting_keys_reaches_no_client_of_any_protocol_u
         assert not any(key in answer.text for key in KEYS), answer.request.url
     logged = capsys.readouterr()
     assert not any(key in logged.out + logged.err for key in KEYS)
+
+
+# -- JSON values of the wrong type where a name is looked up in a set -----------------------
+
+# ``{} in frozenset(...)`` raises TypeError (a dict is unhashable): a role, part type or
+# resume status sent as an object was a 500 and a traceback in the log, not a 400.
+
+CHAT = {"model": "assistant", "messages": [{"role": "user", "content": "hi"}]}
+RUN = {"threadId": "t", "runId": "r", "messages": [{"id": "u", "role": "user", "content": "hi"}]}
+
+
+@pytest.mark.parametrize(
+    ("path", "sent"),
+    [
+        ("/v1/chat/completions", {**CHAT, "messages": [{"role": {}, "content": "hi"}]}),
+        (
+            "/v1/chat/completions",
+            {**CHAT, "messages": [{"role": "system", "content": [{"type": [], "text": "x"}]}]},
+        ),
+        ("/ag-ui", {**RUN, "messages": [{"id": "u", "role": {}, "content": "hi"}]}),
+        ("/ag-ui", {**RUN, "resume": [{"interruptId": "i", "status": {}}]}),
+    ],
+    ids=["chat-role", "chat-part-type", "agui-role", "agui-resume-status"],
+)
+async def test_an_object_where_a_name_is_expected_is_a_400_not_a_server_error(path, sent):
+    async with web_server(agent(), protocols=ALL) as server:
+        async with httpx.AsyncClient(base_url=server.url) as client:
+            r = await client.post(path, json=sent)
+    assert r.status_code == 400, r.text
+
+
+@pytest.mark.parametrize(
+    ("path", "sent"),
+    [
+        (
+            "/a2a/message:send",
+            {
+                "message": {"messageId": "m1", "role": "ROLE_USER", "parts": [{"text": "hi"}]},
+                "configuration": {"historyLength": "\u00b2"},
+            },
+        ),
+        (
+            "/a2a/jsonrpc",
+            {
+                "jsonrpc": "2.0",
+                "id": 1,
+                "method": "GetTask",
+                "params": {"id": "c:m", "historyLength": "\u00b2"},
+            },
+        ),
+    ],
+    ids=["rest", "jsonrpc"],
+)
+async def test_an_a2a_history_length_of_superscript_digits_is_invalid_params_not_a_500(path, sent):
+    async with web_server(agent(), protocols=ALL) as server:
+        async with httpx.AsyncClient(base_url=server.url) as client:
+            r = await client.post(path, json=sent)
+    assert r.status_code in (200, 400), r.text  # JSON-RPC errors are HTTP 200
+    assert "historyLength must be a non-negative integer" in r.text
