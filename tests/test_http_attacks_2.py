@@ -367,3 +367,34 @@ async def test_an_a2a_history_length_of_superscript_digits_is_invalid_params_not
             r = await client.post(path, json=sent)
     assert r.status_code in (200, 400), r.text  # JSON-RPC errors are HTTP 200
     assert "historyLength must be a non-negative integer" in r.text
+
+
+# -- a refusal that leaves the body unread closes the connection, and says so --------------
+
+
+async def test_a_refusal_before_the_body_is_read_says_connection_close_and_the_next_request_works():
+    big = json.dumps({"id": "s", "pad": "a" * 5000}).encode()
+
+    async def chunked() -> Any:
+        for i in range(0, len(big), 500):
+            yield big[i : i + 500]
+
+    async with web_server(agent(), protocols=ALL, max_body=1000) as server:
+        async with httpx.AsyncClient(base_url=server.url) as client:
+            answers = []
+            for path in ("/api/chat", "/ag-ui", "/v1/chat/completions", "/a2a/message:send"):
+                for content in (big, chunked()):
+                    refused = await client.post(
+                        path, content=content, headers={"content-type": "application/json"}
+                    )
+                    after = await client.get("/api/info")  # on the pooled connection
+                    answers.append(
+                        (refused.status_code, refused.headers.get("connection"), after.status_code)
+                    )
+            plain = await client.post(
+                "/api/chat", content=big, headers={"content-type": "text/plain"}
+            )
+            ok = await client.post("/api/chat", json=body("s"))
+    assert set(answers) == {(413, "close", 200)}
+    assert (plain.status_code, plain.headers.get("connection")) == (415, "close")
+    assert ok.status_code == 200 and "connection" not in ok.headers

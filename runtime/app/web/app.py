@@ -154,6 +154,46 @@ class SecurityHeaders:
         await self.app(scope, receive, send_with_headers)
 
 
+class CloseUnread:
+    """``Connection: close`` on a response that starts before its request's body was read
+    to the end: a refusal (403, 413, 415) answered without reading the body, a stop that
+    ignores one. The server cannot take the connection's next request until the rest of
+    the body has gone by, and Hypercorn then closed the connection without saying so: a
+    client pooling connections sent its next request on it and got "server disconnected
+    without sending a response". Saying so in the header, the client opens a new one."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not _has_body(scope):
+            await self.app(scope, receive, send)
+            return
+        read = False
+
+        async def receive_noting_the_end() -> Any:
+            nonlocal read
+            message = await receive()
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                read = True
+            return message
+
+        async def send_closing(message: Any) -> None:
+            if message["type"] == "http.response.start" and not read:
+                headers = [*message.get("headers", []), (b"connection", b"close")]
+                message = {**message, "headers": headers}
+            await send(message)
+
+        await self.app(scope, receive_noting_the_end, send_closing)
+
+
+def _has_body(scope: Scope) -> bool:
+    for name, value in scope["headers"]:
+        if name == b"transfer-encoding" or (name == b"content-length" and value.strip(b"0 ")):
+            return True
+    return False
+
+
 # -- the chat stream ----------------------------------------------------------------------
 
 
@@ -595,9 +635,10 @@ def _api_routes(front: FrontEnd | None) -> list[Route]:
 def _middleware(
     token: str | None, cors_origins: Sequence[str] | None, allowed_hosts: Sequence[str] | None
 ) -> list[Middleware]:
-    """Security headers, CORS (only for ``cors_origins``), the request guard, and the
-    bearer token check when there is a token; outermost first."""
-    middleware = [Middleware(SecurityHeaders)]
+    """``Connection: close`` after an unread body, security headers, CORS (only for
+    ``cors_origins``), the request guard, and the bearer token check when there is a
+    token; outermost first."""
+    middleware = [Middleware(CloseUnread), Middleware(SecurityHeaders)]
     if cors_origins:
         from starlette.middleware.cors import CORSMiddleware
 
