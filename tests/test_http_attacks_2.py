@@ -398,3 +398,22 @@ async def test_a_refusal_before_the_body_is_read_says_connection_close_and_the_n
     assert set(answers) == {(413, "close", 200)}
     assert (plain.status_code, plain.headers.get("connection")) == (415, "close")
     assert ok.status_code == 200 and "connection" not in ok.headers
+
+
+# -- WebSocket handshakes ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", ["/v1/models", "/a2a/tasks/x", "/api/sessions"])
+async def test_a_websocket_handshake_from_a_foreign_host_and_origin_is_refused_on_every_route(
+    path,
+):
+    # The guard checked only HTTP scopes: a handshake reached the mounted apps past the
+    # Host and Origin checks (/v1/ answered 404, /a2a/ 500).
+    handshake = (
+        f"GET {path} HTTP/1.1\r\nHost: attacker.example\r\nOrigin: http://attacker.example\r\n"
+        "Upgrade: websocket\r\nConnection: Upgrade\r\n"
+        "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+    )
+    async with web_server(agent(), protocols=ALL) as server:
+        response = await raw_request(server, handshake.encode())
+    assert head_of(response).startswith(b"HTTP/1.1 403")

@@ -21,6 +21,7 @@ endpoint runs:
 * a state-changing ``/api/`` request whose body is not ``application/json`` (415): a
   page can send ``text/plain`` or form bodies cross-origin without asking, but JSON needs
   a CORS preflight, which only the ``cors_origins`` pass.
+* every WebSocket handshake (403): no endpoint speaks WebSocket.
 """
 
 from __future__ import annotations
@@ -195,6 +196,13 @@ class RequestGuard:
         self.origins = {origin.rstrip("/").lower() for origin in cors_origins}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "websocket":
+            # No endpoint speaks WebSocket, and a handshake is a GET any page may send
+            # to any origin: refused (403) before a route sees it. Mounted apps (/v1/,
+            # /a2a/) were handed it past the Host and Origin checks and answered 404 or
+            # 500.
+            await send({"type": "websocket.close", "code": 1008})
+            return
         if scope["type"] == "http":
             refusal = self.refusal(scope)
             if refusal is not None:
