@@ -6,14 +6,15 @@ from __future__ import annotations
 
 import json
 import threading
+from functools import partial
 from typing import Any
 
 import httpx
 import pytest
 import trio
 
-from actors.providers.scripted import ScriptedProvider
-from runtime import Agent, AssistantMessage
+from actors.providers.scripted import ScriptedProvider, Sleep
+from runtime import Agent, AssistantMessage, Hooks, UserMessage
 from runtime.actor_messages import Batcher
 from runtime.app.web import agui, openai_compat
 from runtime.app.web.app import create_app
@@ -21,8 +22,8 @@ from runtime.app.web.guard import HostPolicy, cors_origin
 from runtime.app.web.serve import add_serve_arguments
 from tests.test_mcp_server import ACCEPT, INIT
 from tests.test_web_http import body, events
-from tests.test_web_slow_clients import DELTAS, Flood, connect, read_to_end
-from tests.web.harness import WebServer, web_server
+from tests.test_web_slow_clients import DELTAS, Flood, chat_request, connect, read_to_end
+from tests.web.harness import WebServer, wait_idle, web_server
 
 ALL = ("ai-sdk", "ag-ui", "a2a", "openai", "mcp")
 
@@ -417,3 +418,54 @@ async def test_a_websocket_handshake_from_a_foreign_host_and_origin_is_refused_o
     async with web_server(agent(), protocols=ALL) as server:
         response = await raw_request(server, handshake.encode())
     assert head_of(response).startswith(b"HTTP/1.1 403")
+
+
+# -- a client that leaves while its turn waits to start ------------------------------------
+
+
+async def until(check: Any) -> None:
+    """Wait (at most 10 s) until ``check()`` holds."""
+    with trio.fail_after(10):
+        while True:
+            if check():
+                return
+            await trio.sleep(0.01)
+
+
+@pytest.mark.parametrize("on_busy", ["enqueue", "steer"])
+async def test_a_client_that_leaves_while_its_turn_waits_runs_no_turn(on_busy):
+    # Before: the waiting turn stayed queued with no one to read it, then ran and cost its
+    # tokens; a client posting and hanging up could queue any number of them.
+    started: list[Any] = []
+
+    async def on_turn_start(event: Any) -> None:
+        started.append(event)
+
+    def respond(request: Any) -> Any:
+        return [Sleep(60), "first"] if not started[1:] else ["later"]
+
+    agent = Agent(
+        provider=ScriptedProvider(responder=respond),
+        on_busy=on_busy,
+        hooks=Hooks(on_turn_start=on_turn_start),
+    )
+    async with (
+        web_server(agent) as server,
+        httpx.AsyncClient(base_url=server.url, timeout=30) as client,
+    ):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(partial(client.post, "/api/chat", json=body("s", "first")))
+            await until(lambda: "s" in server.host.sessions and server.host.sessions["s"].busy)
+            session = server.host.sessions["s"]
+            sock = await connect(server)
+            with sock:
+                await sock.send(chat_request(server, json.dumps(body("s", "left")).encode()))
+                running = session.current
+                await until(lambda: session.queued == 1 or running._steering.waiting)
+            await until(lambda: session.queued == 0 and not running._steering.waiting)
+            stopped = await client.post("/api/chat/s/stop", json={})
+            assert stopped.status_code == 202
+        await wait_idle(server, "s")
+        record = await server.host.store.load("s")
+    assert len(started) == 1
+    assert [m.content for m in record.messages if isinstance(m, UserMessage)] == ["first"]

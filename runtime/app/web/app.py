@@ -46,7 +46,7 @@ session ids validated (400), a client that stops reading a stream dropped after
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -288,8 +288,13 @@ class TurnResponse:
                         instructions=self.instructions,
                     )
                 )
-                async with turn as out:
+                waits = session.busy or session.queued > 0  # in the queue, or steered
+                async with _unless_left(turn, receive, self, watch=waits) as out:
+                    if out is None:  # the client left while its turn waited: it never ran
+                        return
                     started = True
+                    if self.disconnected:  # ... just as the turn started
+                        out.cancel("client disconnected")
                     if out.steered:  # the running turn took it: its stream shows the rest
                         await _steered(out)(scope, receive, send)
                         return
@@ -370,6 +375,42 @@ class TurnResponse:
             if ending:
                 await write(ending)
             nursery.cancel_scope.cancel()
+
+
+@asynccontextmanager
+async def _unless_left(
+    turn: Any, receive: Receive, response: TurnResponse, *, watch: bool
+) -> AsyncIterator[Any]:
+    """``async with turn``, giving ``None`` instead when the client leaves (``watch``)
+    while the turn waits to start: behind the running turn (``enqueue``, ``interrupt``)
+    or to be taken into it (``steer``). A client that posted and hung up left its turn
+    queued before, and it ran (and cost its tokens) with no one to read it; now it
+    leaves the queue. A disconnect seen just as the turn started sets
+    ``response.disconnected`` (the caller cancels the turn)."""
+    if not watch:
+        async with turn as out:
+            yield out
+        return
+    async with AsyncExitStack() as stack:
+        out = refused = None
+        with trio.CancelScope() as waiting:
+            async with trio.open_nursery() as watcher:
+
+                async def leave_on_disconnect() -> None:
+                    while (await receive())["type"] != "http.disconnect":
+                        pass
+                    response.disconnected = True
+                    waiting.cancel()
+
+                watcher.start_soon(leave_on_disconnect)
+                try:
+                    out = await stack.enter_async_context(turn)
+                except Exception as exc:  # raised bare, not in the nursery's group
+                    refused = exc
+                watcher.cancel_scope.cancel()
+        if refused is not None:
+            raise refused
+        yield out
 
 
 def _busy(session: Any) -> Response:
