@@ -166,7 +166,8 @@ class CloseUnread:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not _has_body(scope):
+        # HTTP/2 forbids a Connection header (RFC 9113 8.2.2); its streams end on their own.
+        if scope["type"] != "http" or scope.get("http_version") == "2" or not _has_body(scope):
             await self.app(scope, receive, send)
             return
         read = False
