@@ -8,6 +8,8 @@ and prints the big request's answer and the bystander's slowest and median laten
     python3 benchmarks/bystander.py parts     # 700,000 one-byte data: files (38 MiB): 413
     python3 benchmarks/bystander.py nested    # 13 million empty arrays beside a message: 400
     python3 benchmarks/bystander.py text /path/to/other/checkout   # e.g. an older main
+    python3 benchmarks/bystander.py agui      # POST /ag-ui, a new thread of 600,000 messages
+    python3 benchmarks/bystander.py chat      # POST /v1/chat/completions, 600,000 messages
 
 Not part of ``python -m benchmarks``: it measures a stall, not a ratio, and on a shared
 machine its maximum is as much the machine's load as the server's.
@@ -40,14 +42,32 @@ def body_of(kind: str) -> bytes:
     if kind == "nested":
         head = chat([{"type": "text", "text": "hi"}], trigger="none")[:-1]
         return head + b',"junk":[' + b",".join([b"[]"] * (13 * MIB)) + b"]}"
-    raise SystemExit(f"unknown kind {kind!r}: text, parts or nested")
+    if kind == "agui":
+        history = [{"id": f"m{i}", "role": ROLES[i % 2], "content": "x"} for i in range(HISTORY)]
+        last = {"id": "last", "role": "user", "content": "hi"}
+        return orjson.dumps({"threadId": "big", "runId": "r", "messages": [*history, last]})
+    if kind == "chat":
+        history = [{"role": ROLES[i % 2], "content": "x"} for i in range(HISTORY)]
+        last = {"role": "user", "content": "hi"}
+        return orjson.dumps({"model": "assistant", "messages": [*history, last]})
+    raise SystemExit(f"unknown kind {kind!r}: text, parts, nested, agui or chat")
 
 
-async def measure(url: str, body: bytes) -> None:
+ROLES = ("user", "assistant")
+HISTORY = 600_000
+"""Messages of history in an ``agui`` or ``chat`` body (kept, so not reduced in a child)."""
+PATHS = {"agui": "/ag-ui", "chat": "/v1/chat/completions"}
+PROTOCOLS = ("--protocols", "ai-sdk,ag-ui,openai")
+
+
+async def measure(url: str, body: bytes, path: str = "/api/chat") -> None:
     latencies: list[float] = []
     done = trio.Event()
     async with httpx.AsyncClient(base_url=url, timeout=600) as client:
         await client.get("/api/info")
+        if path == PATHS["chat"]:  # the model the server serves: the demo agent's name
+            model = (await client.get("/v1/models")).json()["data"][0]["id"]
+            body = body.replace(b'"model":"assistant"', orjson.dumps({"model": model})[1:-1], 1)
 
         async def bystander() -> None:
             while not done.is_set():
@@ -62,7 +82,7 @@ async def measure(url: str, body: bytes) -> None:
             start = time.perf_counter()
             async with httpx.AsyncClient(base_url=url, timeout=600) as big:
                 answer = await big.post(
-                    "/api/chat", content=body, headers={"content-type": "application/json"}
+                    path, content=body, headers={"content-type": "application/json"}
                 )
             took = time.perf_counter() - start
             await trio.sleep(0.2)
@@ -81,7 +101,7 @@ def main() -> None:
     body = body_of(kind)
     print(f"{kind}: a body of {len(body) / MIB:.1f} MiB, server from {root}")
     server = subprocess.Popen(
-        [sys.executable, "-m", "runtime", "serve", "--port", "0", "--delay", "0"],
+        [sys.executable, "-m", "runtime", "serve", "--port", "0", "--delay", "0", *PROTOCOLS],
         cwd=root,
         env={**os.environ, "PYTHONPATH": root},
         stdout=subprocess.PIPE,
@@ -91,7 +111,7 @@ def main() -> None:
     try:
         assert server.stdout is not None
         url = server.stdout.readline().split()[4].rstrip("/")
-        trio.run(measure, url, body)
+        trio.run(measure, url, body, PATHS.get(kind, "/api/chat"))
     finally:
         server.terminate()
         server.wait()

@@ -195,7 +195,7 @@ def _string(value: Any, what: str, *, required: bool = False) -> str | None:
 def _history_length(value: Any) -> int | None:
     if value is None:
         return None
-    if isinstance(value, str) and value.isdigit():  # the HTTP+JSON binding's query string
+    if isinstance(value, str) and value.isascii() and value.isdigit():  # a query string
         value = int(value)
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
         raise invalid_params("historyLength must be a non-negative integer")

@@ -43,6 +43,7 @@ imported only when an MCP server is served.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
@@ -342,8 +343,14 @@ class Progress:
             self.broken = True
 
 
-def build_server(tools: AgentTools) -> Any:
-    """The MCP server (``mcp.server.lowlevel.Server``) offering ``tools``."""
+def build_server(tools: AgentTools, *, send_timeout: float | None = None) -> Any:
+    """The MCP server (``mcp.server.lowlevel.Server``) offering ``tools``.
+
+    ``send_timeout``: a progress notification the client does not take within that many
+    seconds (it reads nothing of the call's stream) stops the call's notifications, as a
+    client that went away does (:class:`Progress`); the turn goes on and is stored.
+    Without it such a client held the turn, its session and the model's stream forever
+    (backpressure stopped the turn at the unsent notification)."""
     from mcp.server.lowlevel import Server
 
     async def list_tools(ctx: Any, params: Any) -> types.ListToolsResult:
@@ -351,7 +358,10 @@ def build_server(tools: AgentTools) -> Any:
 
     async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
         async def report(progress: float, message: str | None) -> None:
-            await ctx.session.report_progress(progress, None, message)
+            with trio.move_on_after(math.inf if send_timeout is None else send_timeout):
+                await ctx.session.report_progress(progress, None, message)
+                return
+            raise trio.BrokenResourceError(f"the client took no notification in {send_timeout} s")
 
         return await tools.call(params.name, params.arguments, report)
 

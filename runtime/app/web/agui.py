@@ -74,7 +74,7 @@ from runtime.app.web.agui_wire import (
     finished,
     sse,
 )
-from runtime.app.web.chat_input import _read_body
+from runtime.app.web.chat_input import INLINE_BODY, _read_body, off_loop
 from runtime.app.web.guard import is_json
 from runtime.app.web.http import ApiError
 from runtime.app.web.queued_turn import QueuedStreamResponse, QueuedTurnOutput
@@ -328,6 +328,18 @@ def _check_counts(messages: Sequence[dict[str, Any]], limits: Any) -> None:
                 raise AGUIError(413, str(exc), "too_many_parts") from None
 
 
+INLINE_MESSAGES = 1000
+"""A history longer than this is converted off the event loop (:func:`off_loop`)."""
+
+
+def _run_input(raw: bytes) -> RunInput:
+    try:
+        payload = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        raise bad_input("the body is not JSON") from None
+    return parse_run_input(payload)
+
+
 def _valid_id(value: str) -> str | None:
     return value if _ID.fullmatch(value) else None
 
@@ -402,11 +414,7 @@ class AGUIRoutes:
             raw = await _read_body(request, state.max_body, state.body_timeout)
         except ApiError as exc:
             raise AGUIError(exc.status, exc.message) from None
-        try:
-            payload = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            raise bad_input("the body is not JSON") from None
-        run = parse_run_input(payload)
+        run = await off_loop(_run_input, raw, big=len(raw) > INLINE_BODY, state=state)
         try:
             session_id = validate_session_id(run.thread_id)
         except InvalidSessionId as exc:
@@ -508,7 +516,11 @@ class AGUIRoutes:
         earlier = effective[:-1]
         _check_counts([message, *(earlier if new_thread else ())], state.host.input_limits)
         text = _new_user_input(run, message)
-        seed = history_of(earlier) if new_thread and earlier else None
+        seed = None
+        if new_thread and earlier:
+            seed = await off_loop(
+                history_of, earlier, big=len(earlier) > INLINE_MESSAGES, state=state
+            )
         self._check_tools(run, session_id)
         session, agent = await self._open_thread(session_id, seed)
         _check_media(text, agent)

@@ -133,7 +133,7 @@ def _check_message(message: Any, i: int) -> dict[str, Any]:
     message = _object(message, where)
     _str(message.get("id"), f"{where}.id")
     role = message.get("role")
-    if role not in ROLES:
+    if not isinstance(role, str) or role not in ROLES:  # {} in a set: TypeError
         raise bad_input(f"'{where}.role' must be one of {', '.join(sorted(ROLES))}")
     content = message.get("content")
     if role in ("developer", "system", "reasoning"):
@@ -211,7 +211,7 @@ def _resume(entries: Any) -> tuple[ResumeAnswer, ...]:
         entry = _object(entry, f"resume[{i}]")
         interrupt_id = _str(entry.get("interruptId"), f"resume[{i}].interruptId")
         status = entry.get("status")
-        if status not in RESUME_STATUSES:
+        if not isinstance(status, str) or status not in RESUME_STATUSES:
             raise bad_input(f"'resume[{i}].status' must be resolved or cancelled")
         assert interrupt_id is not None
         out.append(

@@ -46,7 +46,7 @@ session ids validated (400), a client that stops reading a stream dropped after
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -69,7 +69,7 @@ from runtime.app.web.answers import (
 )
 from runtime.app.web.chat_input import CHILD_PARSES, check_media, read_chat_request, title_of
 from runtime.app.web.frontend import FrontEnd
-from runtime.app.web.guard import RequestGuard
+from runtime.app.web.guard import RequestGuard, cors_origin
 from runtime.app.web.http import ApiError, error_response, has_bearer, json_response
 from runtime.app.web.http import session_id_param as _session_id
 from runtime.app.web.protocols import mount_protocols
@@ -152,6 +152,47 @@ class SecurityHeaders:
             await send(message)
 
         await self.app(scope, receive, send_with_headers)
+
+
+class CloseUnread:
+    """``Connection: close`` on a response that starts before its request's body was read
+    to the end: a refusal (403, 413, 415) answered without reading the body, a stop that
+    ignores one. The server cannot take the connection's next request until the rest of
+    the body has gone by, and Hypercorn then closed the connection without saying so: a
+    client pooling connections sent its next request on it and got "server disconnected
+    without sending a response". Saying so in the header, the client opens a new one."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        # HTTP/2 forbids a Connection header (RFC 9113 8.2.2); its streams end on their own.
+        if scope["type"] != "http" or scope.get("http_version") == "2" or not _has_body(scope):
+            await self.app(scope, receive, send)
+            return
+        read = False
+
+        async def receive_noting_the_end() -> Any:
+            nonlocal read
+            message = await receive()
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                read = True
+            return message
+
+        async def send_closing(message: Any) -> None:
+            if message["type"] == "http.response.start" and not read:
+                headers = [*message.get("headers", []), (b"connection", b"close")]
+                message = {**message, "headers": headers}
+            await send(message)
+
+        await self.app(scope, receive_noting_the_end, send_closing)
+
+
+def _has_body(scope: Scope) -> bool:
+    for name, value in scope["headers"]:
+        if name == b"transfer-encoding" or (name == b"content-length" and value.strip(b"0 ")):
+            return True
+    return False
 
 
 # -- the chat stream ----------------------------------------------------------------------
@@ -248,8 +289,13 @@ class TurnResponse:
                         instructions=self.instructions,
                     )
                 )
-                async with turn as out:
+                waits = session.busy or session.queued > 0  # in the queue, or steered
+                async with _unless_left(turn, receive, self, watch=waits) as out:
+                    if out is None:  # the client left while its turn waited: it never ran
+                        return
                     started = True
+                    if self.disconnected:  # ... just as the turn started
+                        out.cancel("client disconnected")
                     if out.steered:  # the running turn took it: its stream shows the rest
                         await _steered(out)(scope, receive, send)
                         return
@@ -330,6 +376,42 @@ class TurnResponse:
             if ending:
                 await write(ending)
             nursery.cancel_scope.cancel()
+
+
+@asynccontextmanager
+async def _unless_left(
+    turn: Any, receive: Receive, response: TurnResponse, *, watch: bool
+) -> AsyncIterator[Any]:
+    """``async with turn``, giving ``None`` instead when the client leaves (``watch``)
+    while the turn waits to start: behind the running turn (``enqueue``, ``interrupt``)
+    or to be taken into it (``steer``). A client that posted and hung up left its turn
+    queued before, and it ran (and cost its tokens) with no one to read it; now it
+    leaves the queue. A disconnect seen just as the turn started sets
+    ``response.disconnected`` (the caller cancels the turn)."""
+    if not watch:
+        async with turn as out:
+            yield out
+        return
+    async with AsyncExitStack() as stack:
+        out = refused = None
+        with trio.CancelScope() as waiting:
+            async with trio.open_nursery() as watcher:
+
+                async def leave_on_disconnect() -> None:
+                    while (await receive())["type"] != "http.disconnect":
+                        pass
+                    response.disconnected = True
+                    waiting.cancel()
+
+                watcher.start_soon(leave_on_disconnect)
+                try:
+                    out = await stack.enter_async_context(turn)
+                except Exception as exc:  # raised bare, not in the nursery's group
+                    refused = exc
+                watcher.cancel_scope.cancel()
+        if refused is not None:
+            raise refused
+        yield out
 
 
 def _busy(session: Any) -> Response:
@@ -595,9 +677,10 @@ def _api_routes(front: FrontEnd | None) -> list[Route]:
 def _middleware(
     token: str | None, cors_origins: Sequence[str] | None, allowed_hosts: Sequence[str] | None
 ) -> list[Middleware]:
-    """Security headers, CORS (only for ``cors_origins``), the request guard, and the
-    bearer token check when there is a token; outermost first."""
-    middleware = [Middleware(SecurityHeaders)]
+    """``Connection: close`` after an unread body, security headers, CORS (only for
+    ``cors_origins``), the request guard, and the bearer token check when there is a
+    token; outermost first."""
+    middleware = [Middleware(CloseUnread), Middleware(SecurityHeaders)]
     if cors_origins:
         from starlette.middleware.cors import CORSMiddleware
 
@@ -655,7 +738,9 @@ def create_app(
     """The web app for ``host``: every session runs ``agent`` (or ``agent(session_id)``).
 
     ``token`` requires ``Authorization: Bearer <token>`` on ``/api/``; ``cors_origins``
-    allows those origins to call the API from a browser (none by default); ``max_body``
+    allows those origins to call the API from a browser (none by default; an entry that
+    is not an origin, ``*`` among them, is a ``ValueError``:
+    :func:`~runtime.app.web.guard.cors_origin`); ``max_body``
     caps request bodies (413 above it); ``keepalive`` is the SSE comment interval (0: off).
     ``allowed_hosts`` adds ``Host`` names to the loopback ones the app answers (see
     :class:`~runtime.app.web.guard.HostPolicy`); ``body_timeout`` bounds the time a request
@@ -677,6 +762,7 @@ def create_app(
     agent's (:mod:`runtime.busy`): what ``POST /api/chat`` does with a message for a
     session whose turn runs.
     """
+    cors_origins = [cors_origin(origin) for origin in cors_origins or ()]
     state = WebState(
         host,
         agent,

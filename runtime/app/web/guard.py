@@ -21,6 +21,7 @@ endpoint runs:
 * a state-changing ``/api/`` request whose body is not ``application/json`` (415): a
   page can send ``text/plain`` or form bodies cross-origin without asking, but JSON needs
   a CORS preflight, which only the ``cors_origins`` pass.
+* every WebSocket handshake (403): no endpoint speaks WebSocket.
 """
 
 from __future__ import annotations
@@ -49,17 +50,28 @@ def split_host(value: str) -> tuple[str, int | None]:
     """A ``Host`` header (or an ``allowed_hosts`` entry) as (lower-case name, port).
 
     IPv6 literals keep no brackets: ``[::1]:8000`` is ``("::1", 8000)``. A port that is
-    not a number makes the whole value the name (and so, matching nothing, refused).
+    not an ASCII number (``str.isdigit`` also takes ``²``, which ``int`` refuses), or
+    anything after a bracketed literal but ``:port`` (``[::1].attacker.example``, an
+    unclosed ``[::1``), makes the whole value the name, and so, matching nothing, refused.
     """
     value = value.strip().lower()
     if value.startswith("["):
-        name, _, rest = value[1:].partition("]")
-        port = rest[1:] if rest.startswith(":") else ""
-        return name, int(port) if port.isdigit() else None
+        name, bracket, rest = value[1:].partition("]")
+        if bracket and not rest:
+            return name, None
+        if bracket and rest.startswith(":") and is_number(rest[1:]):
+            return name, int(rest[1:])
+        return value, None
     name, colon, port = value.rpartition(":")
-    if colon and port.isdigit() and ":" not in name:
+    if colon and is_number(port) and ":" not in name:
         return name.rstrip("."), int(port)
     return value.rstrip("."), None
+
+
+def is_number(text: str) -> bool:
+    """Whether ``text`` is a non-empty run of ASCII digits: what ``int`` reads and a
+    header may carry (``"²".isdigit()`` is true, and ``int("²")`` raises)."""
+    return text.isascii() and text.isdigit()
 
 
 def _ip(name: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
@@ -140,6 +152,34 @@ def refusal_body(path: str, message: str) -> dict[str, Any]:
     return {"error": message}
 
 
+def cors_origin(value: str) -> str:
+    """A ``cors_origins`` entry checked and written as browsers send ``Origin``
+    (``scheme://host[:port]``, lower-case, no trailing slash); a :class:`ValueError`
+    says why it cannot be one. ``*`` is refused: the API's GETs carry no token by
+    default, so ``Access-Control-Allow-Origin: *`` let every page the user visited read
+    every stored session (while its POSTs were still refused). So is ``null`` (any
+    sandboxed frame or ``data:`` page sends it), and a path, which no ``Origin`` has."""
+    text = value.strip()
+    if text == "*":
+        raise ValueError(
+            "'*' would let every web page read every session: "
+            "name the origins, for example http://localhost:3000"
+        )
+    parts = urlsplit(text)
+    if (
+        parts.scheme.lower() not in ("http", "https")
+        or not parts.hostname
+        or "@" in parts.netloc
+        or parts.path not in ("", "/")
+        or parts.query
+        or parts.fragment
+    ):
+        raise ValueError(
+            f"{value!r} is not an origin (scheme://host[:port], for example http://localhost:3000)"
+        )
+    return f"{parts.scheme}://{parts.netloc}".lower()
+
+
 class RequestGuard:
     """The ASGI middleware that refuses what :mod:`runtime.app.web.guard` describes, with a
     JSON ``{"error": ...}`` that says why."""
@@ -156,6 +196,13 @@ class RequestGuard:
         self.origins = {origin.rstrip("/").lower() for origin in cors_origins}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "websocket":
+            # No endpoint speaks WebSocket, and a handshake is a GET any page may send
+            # to any origin: refused (403) before a route sees it. Mounted apps (/v1/,
+            # /a2a/) were handed it past the Host and Origin checks and answered 404 or
+            # 500.
+            await send({"type": "websocket.close", "code": 1008})
+            return
         if scope["type"] == "http":
             refusal = self.refusal(scope)
             if refusal is not None:
@@ -203,4 +250,12 @@ class RequestGuard:
         return parts.scheme in ("http", "https") and parts.netloc == host.strip().lower()
 
 
-__all__ = ["HostPolicy", "RequestGuard", "is_json", "is_loopback", "split_host"]
+__all__ = [
+    "HostPolicy",
+    "RequestGuard",
+    "cors_origin",
+    "is_json",
+    "is_loopback",
+    "is_number",
+    "split_host",
+]

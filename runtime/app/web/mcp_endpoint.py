@@ -125,7 +125,7 @@ class MCPEndpoint:
 
         queued = getattr(state, "front", None) is not None  # a worker deployment's front end
         self.tools = (QueuedAgentTools if queued else AgentTools)(state)
-        self.server = build_server(self.tools)
+        self.server = build_server(self.tools, send_timeout=state.send_timeout)
         self.manager = StreamableHTTPSessionManager(
             app=self.server,
             security_settings=None,  # the app's guard checks Host and Origin (module doc)

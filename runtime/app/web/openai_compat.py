@@ -64,7 +64,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from runtime.agent import Agent
 from runtime.app.host import Host
 from runtime.app.session import FINAL_WAIT
-from runtime.app.web.chat_input import _read_body, title_of
+from runtime.app.web.chat_input import INLINE_BODY, _read_body, off_loop, title_of
 from runtime.app.web.guard import is_json
 from runtime.app.web.http import ApiError
 from runtime.app.web.openai_wire import (
@@ -291,11 +291,7 @@ class OpenAIRoutes:
             raw = await _read_body(request, state.max_body, state.body_timeout)
         except ApiError as exc:
             raise OpenAIError(exc.status, exc.message) from None
-        try:
-            payload = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            raise bad_request("the body is not JSON") from None
-        chat = parse_chat_request(payload)
+        chat = await off_loop(_chat_request, raw, big=len(raw) > INLINE_BODY, state=state)
         if chat.model != self.model():
             raise OpenAIError(
                 404,
@@ -500,6 +496,15 @@ class OpenAIGuard:
         ):
             return OpenAIError(415, "the body must be sent as content-type: application/json")
         return None
+
+
+def _chat_request(raw: bytes) -> Any:
+    """A Chat Completions body, parsed and checked (``off_loop``: a big one in a thread)."""
+    try:
+        payload = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        raise bad_request("the body is not JSON") from None
+    return parse_chat_request(payload)
 
 
 def openai_endpoint(

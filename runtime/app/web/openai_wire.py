@@ -117,7 +117,7 @@ def _text(content: Any, param: str, *, allowed: frozenset[str] = frozenset({"tex
     texts = []
     for j, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
-        if kind not in allowed:
+        if not isinstance(kind, str) or kind not in allowed:  # {} in a set: TypeError
             raise bad_request(f"'{param}[{j}]' must be a text part", f"{param}[{j}]")
         value = part.get("text", part.get("refusal"))
         if not isinstance(value, str):
@@ -187,7 +187,7 @@ def _message(message: Any, i: int, names: dict[str, str]) -> Message:
     """One entry of ``messages`` as a runtime message."""
     param = f"messages[{i}]"
     role = message.get("role") if isinstance(message, dict) else None
-    if role not in ROLES:
+    if not isinstance(role, str) or role not in ROLES:  # {} in a set: TypeError
         raise bad_request(
             f"'{param}.role' must be one of {', '.join(sorted(ROLES))}", f"{param}.role"
         )

@@ -32,6 +32,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from runtime import output as o
+from runtime.app.web.guard import is_number
 from runtime.app.web.http import ApiError, json_response, session_id_param, web_state
 from runtime.app.web.ui_stream import DONE, HEADERS, UIStreamEncoder, error_text, sse
 from runtime.app.web.writer import BodyPump, BodyWriter, Write
@@ -49,7 +50,7 @@ def parse_after_seq(request: Request) -> int | None:
     raw = request.query_params.get("after_seq") or request.headers.get("last-event-id")
     if raw is None or raw == "":
         return None
-    if not raw.isdigit() or len(raw) > 18:
+    if not is_number(raw) or len(raw) > 18:
         raise ApiError(400, "after_seq / Last-Event-ID must be a non-negative integer")
     return int(raw)
 

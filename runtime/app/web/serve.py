@@ -61,6 +61,16 @@ DEFAULT_MAX_SESSIONS = 1000
 """Sessions kept in memory at most; the least recently used idle ones are evicted."""
 
 
+def _origin(value: str) -> str:
+    """A ``--cors-origin``: an origin, not ``*`` (:func:`runtime.app.web.guard.cors_origin`)."""
+    from runtime.app.web.guard import cors_origin
+
+    try:
+        return cors_origin(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _cap(value: str) -> int:
     """A queue cap on the command line: a positive integer, or ``off`` (0: no cap)."""
     if value.strip().lower() == "off":
@@ -192,6 +202,7 @@ def _add_access_arguments(parser: argparse.ArgumentParser) -> None:
     add(
         "--cors-origin",
         action="append",
+        type=_origin,
         default=[],
         metavar="ORIGIN",
         help="allow this browser origin to call the API (repeatable; default none)",
