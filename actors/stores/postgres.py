@@ -246,11 +246,29 @@ BEGIN
     RETURN NEW;
 END $$"""
 
+_HEAD_INSERT_TRIGGER = "axon_turns_head_insert_v1"
+"""The head trigger's function run on an insert (:data:`_HEAD_TRIGGERS`)."""
+
+_HEAD_TRIGGERS = (
+    # An update runs the function only when it takes a turn out of the queue: the one
+    # change it has something to do for. A running turn's end (`done`, every turn), a
+    # suspension, a decision's requeue wrote the row through a PL/pgSQL call for nothing.
+    # Its name stays the one trigger's of before (a process of an earlier version looks
+    # for it and, missing, would create it again beside these).
+    f"""CREATE TRIGGER {_HEAD_TRIGGER} BEFORE UPDATE OF status ON axon_turns
+        FOR EACH ROW WHEN (OLD.status = 'queued' AND NEW.status <> 'queued')
+        EXECUTE FUNCTION {_HEAD_TRIGGER}()""",
+    f"""CREATE TRIGGER {_HEAD_INSERT_TRIGGER} BEFORE INSERT ON axon_turns
+        FOR EACH ROW EXECUTE FUNCTION {_HEAD_TRIGGER}()""",
+)
+"""The head trigger as two (a trigger's ``WHEN`` cannot read ``OLD`` on an insert): the
+function on every insert, and on an update only of a queued turn's status away from
+``queued``, exactly where the function writes anything."""
+
 _HEAD_SCHEMA = (
     "CREATE SEQUENCE IF NOT EXISTS axon_turns_heads_seq",
     _HEAD_FUNCTION,
-    f"""CREATE TRIGGER {_HEAD_TRIGGER} BEFORE INSERT OR UPDATE OF status ON axon_turns
-        FOR EACH ROW EXECUTE FUNCTION {_HEAD_TRIGGER}()""",
+    *_HEAD_TRIGGERS,
     # Heads for the turns queued before the trigger existed, in line by their seq (only
     # the rows that change are written: the table holds every turn ever run).
     "UPDATE axon_turns SET head = false, head_seq = NULL WHERE head",
@@ -1709,13 +1727,25 @@ def _allow_waiting_status(conn: Any) -> None:
 
 
 def _ensure_turn_heads(conn: Any) -> None:
-    """The queue's head trigger and indexes (:data:`_HEAD_TRIGGER`), created when missing."""
-    found = conn.execute(
-        "SELECT 1 FROM pg_trigger WHERE tgrelid = 'axon_turns'::regclass AND tgname = %s",
-        (_HEAD_TRIGGER,),
-    ).fetchone()
-    if found is None:
+    """The queue's head triggers and indexes (:data:`_HEAD_TRIGGER`), created when
+    missing; a store whose one trigger ran on every status change gets the two of
+    :data:`_HEAD_TRIGGERS` in its place, in the opening's transaction (no writer sees
+    the table without them)."""
+    found = {
+        name
+        for (name,) in conn.execute(
+            "SELECT tgname FROM pg_trigger "
+            "WHERE tgrelid = 'axon_turns'::regclass AND tgname IN (%s, %s)",
+            (_HEAD_TRIGGER, _HEAD_INSERT_TRIGGER),
+        ).fetchall()
+    }
+    if _HEAD_TRIGGER not in found:
+        conn.execute(f"DROP TRIGGER IF EXISTS {_HEAD_INSERT_TRIGGER} ON axon_turns")
         for statement in (*_HEAD_SCHEMA, *_QUEUE_INDEXES):
+            conn.execute(statement)
+    elif _HEAD_INSERT_TRIGGER not in found:
+        conn.execute(f"DROP TRIGGER {_HEAD_TRIGGER} ON axon_turns")
+        for statement in _HEAD_TRIGGERS:
             conn.execute(statement)
 
 
