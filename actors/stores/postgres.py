@@ -11,7 +11,7 @@ Layout (in one schema, ``public`` unless the URL says ``?schema=NAME``; schema v
                   PRIMARY KEY (session_id, idx))
     axon_turns(...)                                      -- durable turns: stores/turns.py
     axon_claim_v2(owner, lease, channel)                 -- a claim in one call: CLAIM_FUNCTION
-    axon_save_v2(session, start, ...)                    -- a save in one call: SAVE_FUNCTION
+    axon_save_v3(session, start, ...)                    -- a save in one call: SAVE_FUNCTION
     axon_decide_v1(turn, complete, session, ...)         -- a decision's save: DECIDE_FUNCTION
 
 One message is one row keyed by its index, as in the SQLite store: :meth:`save` deletes
@@ -431,10 +431,11 @@ statement's are (a simple query of several statements is planned at every call: 
 dearer on the server), and its ``SET enable_sort = off`` is what the look's ``SET LOCAL``
 did for the head's start: the heads walked in line, whatever the table's statistics."""
 
-SAVE_FUNCTION_NAME: Final = "axon_save_v2"
+SAVE_FUNCTION_NAME: Final = "axon_save_v3"
 """The server-side function of a save without a guard (:data:`SAVE_FUNCTION`); a new
 version of it gets a new name (a process of the version before keeps calling its own:
-``axon_save_v1`` had no suspension, ``p_suspend`` and ``p_expires``)."""
+``axon_save_v1`` had no suspension, ``p_suspend`` and ``p_expires``; ``axon_save_v2`` woke
+the workers at every turn's end, v3 only when the session has a turn queued behind it)."""
 
 SAVE_FUNCTION: Final = f"""CREATE OR REPLACE FUNCTION {SAVE_FUNCTION_NAME}(
     p_session TEXT, p_start INTEGER, p_expected BIGINT, p_meta BYTEA,
@@ -534,11 +535,24 @@ BEGIN
             finish_reason = 'awaiting-input', expires_at = p_expires, saved = true
         WHERE turn_id = p_turn;
         PERFORM pg_notify(p_channel, current_schema() || ':' || p_turn);
-    ELSIF p_ends IS NOT NULL THEN  -- the turn ends with this save: its row `done`, woken
+    ELSIF p_ends IS NOT NULL THEN  -- the turn ends with this save: its row `done`
         UPDATE axon_turns SET status = 'done', finish_reason = p_ends, error = NULL,
             lease_until = NULL, finished_at = clock_timestamp(), saved = true
         WHERE turn_id = p_turn;
-        PERFORM pg_notify(p_channel, current_schema() || ':' || p_turn);
+        -- The workers are woken only for a turn of the session queued behind this one
+        -- (claimable once this commits): every worker listens, and a wake-up for
+        -- nothing cost each a signal, its LISTEN backend's read and a claim. Under the
+        -- session's lock (a submit's insert takes it, after its row locks, as this
+        -- does): a submit that inserted first is seen here; one after waits for this
+        -- commit and wakes the workers itself.
+        PERFORM pg_advisory_xact_lock(
+            hashtextextended('axon_turns:' || current_schema() || ':' || p_session, 0));
+        IF EXISTS (SELECT 1 FROM axon_turns
+                WHERE session_id >= p_session AND session_id <= p_session
+                  AND status = 'queued'
+                ORDER BY session_id, seq LIMIT 1) THEN
+            PERFORM pg_notify(p_channel, current_schema() || ':' || p_turn);
+        END IF;
     ELSIF p_mark THEN
         UPDATE axon_turns SET saved = true WHERE turn_id = p_turn AND NOT saved;
     END IF;
@@ -547,10 +561,11 @@ END $$"""
 """A save without a guard in one call (issue 24 goal 3): the fence's check of the turn's
 row (``p_turn`` ``NULL``: an unfenced save), the session's lock, the version check, the
 hole check, the writes (the session row, meta merged, the messages from ``p_start`` on)
-and, for a worker's last save, the turn's end with its wake-up (``p_ends``), or for the
-step that makes it wait for a person, its suspension (``p_suspend``: ``awaiting-input``,
-no owner, no lease, until ``p_expires``; as ``turn_sql._SUSPEND``), or its first save's
-``saved`` mark (``p_mark``). ``o_status`` says how it went: ``ok`` (the new
+and, for a worker's last save, the turn's end (``p_ends``; the workers woken only when a
+turn of the session waits behind it), or for the step that makes it wait for a person,
+its suspension (``p_suspend``: ``awaiting-input``, no owner, no lease, until
+``p_expires``; as ``turn_sql._SUSPEND``), or its first save's ``saved`` mark
+(``p_mark``). ``o_status`` says how it went: ``ok`` (the new
 version in ``o_version``, the turn's ``steers`` in ``o_steers``); or, with nothing
 written, ``lost`` (the turn's row as found in ``o_owner``, ``o_epoch``,
 ``o_turn_status``), ``conflict`` (the session's version in ``o_version``), ``created``
