@@ -1744,8 +1744,11 @@ def _allow_waiting_status(conn: Any) -> None:
 def _ensure_turn_heads(conn: Any) -> None:
     """The queue's head triggers and indexes (:data:`_HEAD_TRIGGER`), created when
     missing; a store whose one trigger ran on every status change gets the two of
-    :data:`_HEAD_TRIGGERS` in its place, in the opening's transaction (no writer sees
-    the table without them)."""
+    :data:`_HEAD_TRIGGERS` in its place, in the opening's transaction (no writer sees the
+    table without them), on PostgreSQL 14 and later: ``CREATE OR REPLACE TRIGGER`` locks
+    the table as ``CREATE TRIGGER`` does, where ``DROP TRIGGER`` would take it exclusively
+    (and deadlock with a claim's transaction that read it first). Before 14 such a store
+    keeps its one trigger, which does the same, dearer."""
     found = {
         name
         for (name,) in conn.execute(
@@ -1755,13 +1758,14 @@ def _ensure_turn_heads(conn: Any) -> None:
         ).fetchall()
     }
     if _HEAD_TRIGGER not in found:
-        conn.execute(f"DROP TRIGGER IF EXISTS {_HEAD_INSERT_TRIGGER} ON axon_turns")
+        if _HEAD_INSERT_TRIGGER in found:  # only if there (a drop locks the table whole)
+            conn.execute(f"DROP TRIGGER {_HEAD_INSERT_TRIGGER} ON axon_turns")
         for statement in (*_HEAD_SCHEMA, *_QUEUE_INDEXES):
             conn.execute(statement)
-    elif _HEAD_INSERT_TRIGGER not in found:
-        conn.execute(f"DROP TRIGGER {_HEAD_TRIGGER} ON axon_turns")
-        for statement in _HEAD_TRIGGERS:
-            conn.execute(statement)
+    elif _HEAD_INSERT_TRIGGER not in found and conn.info.server_version >= 140000:
+        update, insert = _HEAD_TRIGGERS
+        conn.execute(insert)
+        conn.execute(update.replace("CREATE TRIGGER", "CREATE OR REPLACE TRIGGER", 1))
 
 
 def _ensure_claim_function(conn: Any) -> None:
