@@ -346,7 +346,8 @@ class TurnQueue(Protocol):
         ...
 
     async def wait(self, timeout: float) -> bool:  # noqa: ASYNC109
-        """Block until the queue may have work (or a turn ended), or ``timeout`` passes."""
+        """Block until the queue may have work (a submit, a decision, a turn's end that
+        frees a turn of its session queued behind it), or ``timeout`` passes."""
         ...
 
     def open_renewer(self) -> LeaseRenewer:

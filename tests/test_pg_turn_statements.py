@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Iterator
+from functools import partial
 from typing import Any
 
 import psycopg
@@ -946,3 +947,108 @@ async def test_two_stores_saving_one_version_through_the_function_one_wins(pg_ur
     finally:
         await second.aclose()
         await first.aclose()
+
+
+class _Listening:
+    """A ``LISTEN axon_turns`` connection of the test's own: what the workers are told,
+    in commit order, up to a marker the test sends after the writes it looks at."""
+
+    def __init__(self, store: PostgresStore) -> None:
+        self.store = store
+        self.conn = psycopg.connect(store.libpq, autocommit=True)
+        self.conn.execute("LISTEN axon_turns")
+
+    def told(self) -> list[str]:
+        """The payloads of this schema's notifications committed so far (a marker sent
+        now arrives after all of them: notifications arrive in commit order)."""
+        with psycopg.connect(self.store.libpq, autocommit=True) as other:
+            other.execute("SELECT pg_notify('axon_turns', %s)", (f"{self.store.schema}:marker",))
+        told = []
+        for notify in self.conn.notifies(timeout=30):
+            if notify.payload == f"{self.store.schema}:marker":
+                return told
+            if notify.payload.startswith(f"{self.store.schema}:"):
+                told.append(notify.payload.split(":", 1)[1])
+        raise AssertionError("the marker never arrived")
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+async def _ended_by_its_last_save(store: PostgresStore, queue: TurnQueue, session: str) -> str:
+    """A turn of ``session`` claimed, saved and ended by its last save; its id."""
+    claim = await queue.claim("w1")
+    assert claim is not None and claim.turn.session_id == session
+    with queue.fenced(claim, on_finished=lambda: None):
+        version = await store.save(session, 0, said("one"), expected_version=None)
+        await store.save(session, 1, said("answer"), expected_version=version, ends="stop")
+    assert (await queue.get_status(claim.turn.turn_id)).status == "done"  # type: ignore[union-attr]
+    return claim.turn.turn_id
+
+
+async def test_a_turns_end_wakes_no_worker_when_nothing_of_its_session_is_queued(pg_url):
+    """Every worker listens: a turn's end that frees nothing cost each a wake-up."""
+    store = await PostgresStore.open(pg_url)
+    queue = TurnQueue(store, lease=30.0, max_attempts=3)
+    await queue.submit("s", "one")
+    listening = _Listening(store)
+    try:
+        await _ended_by_its_last_save(store, queue, "s")
+        assert listening.told() == []
+    finally:
+        listening.close()
+        await queue.aclose()
+        await store.aclose()
+
+
+async def test_a_turns_end_wakes_the_workers_for_its_sessions_next_turn(pg_url):
+    store = await PostgresStore.open(pg_url)
+    queue = TurnQueue(store, lease=30.0, max_attempts=3)
+    await queue.submit("s", "one")
+    await queue.submit("s", "two")
+    listening = _Listening(store)
+    try:
+        ended = await _ended_by_its_last_save(store, queue, "s")
+        assert listening.told() == [ended]
+        nxt = await queue.claim("w2")
+        assert nxt is not None and nxt.turn.input == "two"
+    finally:
+        listening.close()
+        await queue.aclose()
+        await store.aclose()
+
+
+async def test_a_submit_in_flight_when_the_turn_ends_is_seen_by_the_end(pg_url):
+    """A submit of the session holds the session's lock from its insert to its commit:
+    the ending save waits for it and wakes the workers for the turn it queued (without
+    the lock, the end could miss it and the workers its own notification, which a claim
+    woken before the end's commit found blocked by the running turn)."""
+    store = await PostgresStore.open(pg_url)
+    queue = TurnQueue(store, lease=30.0, max_attempts=3)
+    await queue.submit("s", "one")
+    claim = await queue.claim("w1")
+    assert claim is not None
+    listening = _Listening(store)
+    submitter = psycopg.connect(store.libpq)  # a transaction held open
+    try:
+        submitter.execute(f"SET search_path TO {store.schema}")
+        submitter.execute(  # as a submit inserts: the head trigger takes the session's lock
+            "INSERT INTO axon_turns (turn_id, session_id, input) VALUES ('t2', 's', '\"x\"')"
+        )
+        with queue.fenced(claim, on_finished=lambda: None):
+            version = await store.save("s", 0, said("one"), expected_version=None)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(
+                    partial(
+                        store.save, "s", 1, said("answer"), expected_version=version, ends="stop"
+                    )
+                )
+                await trio.testing.wait_all_tasks_blocked()  # the save waits for the lock
+                assert (await queue.get_status(claim.turn.turn_id)).status == "running"  # type: ignore[union-attr]
+                submitter.commit()
+        assert listening.told() == [claim.turn.turn_id]
+    finally:
+        submitter.close()
+        listening.close()
+        await queue.aclose()
+        await store.aclose()

@@ -271,6 +271,7 @@ async def test_a_claim_reads_the_same_rows_behind_a_backlog_of_thousands(store):
 
 async def test_a_store_from_before_the_head_trigger_gains_it_with_heads_set(pg_url, store):
     sql(store, "DROP TRIGGER axon_turns_head_v1 ON axon_turns")
+    sql(store, "DROP TRIGGER axon_turns_head_insert_v1 ON axon_turns")
     sql(store, "ALTER TABLE axon_turns DROP COLUMN head")
     for turn_id, session in (("a1", "a"), ("b1", "b"), ("a2", "a")):
         sql(
@@ -283,5 +284,76 @@ async def test_a_store_from_before_the_head_trigger_gains_it_with_heads_set(pg_u
         queue = TurnQueue(reopened)
         claims = [await queue.claim("w1"), await queue.claim("w2"), await queue.claim("w3")]
         assert [c.turn.turn_id if c else None for c in claims] == ["a1", "b1", None]
+    finally:
+        await reopened.aclose()
+
+
+def head_calls(store: PostgresStore, *statements: str) -> int:
+    """How many times ``statements`` (one transaction, rolled back) ran the head
+    trigger's function (PostgreSQL's own count of this transaction's calls)."""
+    with pg_connect() as conn:
+        conn.execute(f"SET search_path TO {store.schema}")
+        conn.execute("SET track_functions = 'all'")
+        with conn.transaction(force_rollback=True):
+            for statement in statements:
+                conn.execute(statement)
+            [(calls,)] = conn.execute(
+                "SELECT coalesce(sum(calls), 0) FROM pg_stat_xact_user_functions "
+                "WHERE funcname = 'axon_turns_head_v1'"
+            ).fetchall()
+    return int(calls)
+
+
+async def test_a_running_turns_end_does_not_run_the_head_trigger(store):
+    queue = TurnQueue(store)
+    await queue.submit("s1", "one")
+    claim = await queue.claim("w1")
+    assert claim is not None
+    done = f"UPDATE axon_turns SET status = 'done' WHERE turn_id = '{claim.turn.turn_id}'"
+    assert head_calls(store, done) == 0
+
+
+async def test_a_queued_turns_start_and_a_submit_still_run_the_head_trigger(store):
+    queue = TurnQueue(store)
+    first = await queue.submit("s1", "one")
+    await queue.submit("s1", "two")
+    start = f"UPDATE axon_turns SET status = 'running' WHERE turn_id = '{first.turn_id}'"
+    insert = "INSERT INTO axon_turns (turn_id, session_id, input) VALUES ('t3', 's2', 'x')"
+    assert head_calls(store, start) == 1
+    assert head_calls(store, insert) == 1
+    # The start moved the session's head to its next turn, as before.
+    queued = sql(store, "SELECT turn_id, head FROM axon_turns ORDER BY seq")
+    assert queued == [(first.turn_id, True), (queued[1][0], False)]  # rolled back
+    claims = [await queue.claim("w1"), await queue.claim("w2")]
+    assert claims[0] is not None and claims[0].turn.turn_id == first.turn_id
+    assert claims[1] is None  # the session's next turn waits for the first
+    await queue.finish(claims[0], status="done")
+    nxt = await queue.claim("w2")
+    assert nxt is not None and nxt.turn.input == "two"
+
+
+async def test_a_store_with_the_one_head_trigger_gets_the_two_on_open(pg_url, store):
+    sql(store, "DROP TRIGGER axon_turns_head_insert_v1 ON axon_turns")
+    sql(store, "DROP TRIGGER axon_turns_head_v1 ON axon_turns")
+    sql(  # the trigger as stores created before the split have it
+        store,
+        "CREATE TRIGGER axon_turns_head_v1 BEFORE INSERT OR UPDATE OF status ON axon_turns "
+        "FOR EACH ROW EXECUTE FUNCTION axon_turns_head_v1()",
+    )
+    queue = TurnQueue(store)
+    await queue.submit("a", "one")
+    await queue.submit("a", "two")
+    reopened = await PostgresStore.open(pg_url)
+    try:
+        triggers = sql(
+            store,
+            "SELECT tgname FROM pg_trigger WHERE tgrelid = 'axon_turns'::regclass "
+            "AND NOT tgisinternal ORDER BY tgname",
+        )
+        assert triggers == [("axon_turns_head_insert_v1",), ("axon_turns_head_v1",)]
+        again = TurnQueue(reopened)
+        await again.submit("b", "three")
+        claims = [await again.claim("w1"), await again.claim("w2"), await again.claim("w3")]
+        assert [c.turn.input if c else None for c in claims] == ["one", "three", None]
     finally:
         await reopened.aclose()

@@ -11,7 +11,7 @@ Layout (in one schema, ``public`` unless the URL says ``?schema=NAME``; schema v
                   PRIMARY KEY (session_id, idx))
     axon_turns(...)                                      -- durable turns: stores/turns.py
     axon_claim_v2(owner, lease, channel)                 -- a claim in one call: CLAIM_FUNCTION
-    axon_save_v2(session, start, ...)                    -- a save in one call: SAVE_FUNCTION
+    axon_save_v3(session, start, ...)                    -- a save in one call: SAVE_FUNCTION
     axon_decide_v1(turn, complete, session, ...)         -- a decision's save: DECIDE_FUNCTION
 
 One message is one row keyed by its index, as in the SQLite store: :meth:`save` deletes
@@ -246,11 +246,29 @@ BEGIN
     RETURN NEW;
 END $$"""
 
+_HEAD_INSERT_TRIGGER = "axon_turns_head_insert_v1"
+"""The head trigger's function run on an insert (:data:`_HEAD_TRIGGERS`)."""
+
+_HEAD_TRIGGERS = (
+    # An update runs the function only when it takes a turn out of the queue: the one
+    # change it has something to do for. A running turn's end (`done`, every turn), a
+    # suspension, a decision's requeue wrote the row through a PL/pgSQL call for nothing.
+    # Its name stays the one trigger's of before (a process of an earlier version looks
+    # for it and, missing, would create it again beside these).
+    f"""CREATE TRIGGER {_HEAD_TRIGGER} BEFORE UPDATE OF status ON axon_turns
+        FOR EACH ROW WHEN (OLD.status = 'queued' AND NEW.status <> 'queued')
+        EXECUTE FUNCTION {_HEAD_TRIGGER}()""",
+    f"""CREATE TRIGGER {_HEAD_INSERT_TRIGGER} BEFORE INSERT ON axon_turns
+        FOR EACH ROW EXECUTE FUNCTION {_HEAD_TRIGGER}()""",
+)
+"""The head trigger as two (a trigger's ``WHEN`` cannot read ``OLD`` on an insert): the
+function on every insert, and on an update only of a queued turn's status away from
+``queued``, exactly where the function writes anything."""
+
 _HEAD_SCHEMA = (
     "CREATE SEQUENCE IF NOT EXISTS axon_turns_heads_seq",
     _HEAD_FUNCTION,
-    f"""CREATE TRIGGER {_HEAD_TRIGGER} BEFORE INSERT OR UPDATE OF status ON axon_turns
-        FOR EACH ROW EXECUTE FUNCTION {_HEAD_TRIGGER}()""",
+    *_HEAD_TRIGGERS,
     # Heads for the turns queued before the trigger existed, in line by their seq (only
     # the rows that change are written: the table holds every turn ever run).
     "UPDATE axon_turns SET head = false, head_seq = NULL WHERE head",
@@ -413,10 +431,11 @@ statement's are (a simple query of several statements is planned at every call: 
 dearer on the server), and its ``SET enable_sort = off`` is what the look's ``SET LOCAL``
 did for the head's start: the heads walked in line, whatever the table's statistics."""
 
-SAVE_FUNCTION_NAME: Final = "axon_save_v2"
+SAVE_FUNCTION_NAME: Final = "axon_save_v3"
 """The server-side function of a save without a guard (:data:`SAVE_FUNCTION`); a new
 version of it gets a new name (a process of the version before keeps calling its own:
-``axon_save_v1`` had no suspension, ``p_suspend`` and ``p_expires``)."""
+``axon_save_v1`` had no suspension, ``p_suspend`` and ``p_expires``; ``axon_save_v2`` woke
+the workers at every turn's end, v3 only when the session has a turn queued behind it)."""
 
 SAVE_FUNCTION: Final = f"""CREATE OR REPLACE FUNCTION {SAVE_FUNCTION_NAME}(
     p_session TEXT, p_start INTEGER, p_expected BIGINT, p_meta BYTEA,
@@ -516,11 +535,24 @@ BEGIN
             finish_reason = 'awaiting-input', expires_at = p_expires, saved = true
         WHERE turn_id = p_turn;
         PERFORM pg_notify(p_channel, current_schema() || ':' || p_turn);
-    ELSIF p_ends IS NOT NULL THEN  -- the turn ends with this save: its row `done`, woken
+    ELSIF p_ends IS NOT NULL THEN  -- the turn ends with this save: its row `done`
         UPDATE axon_turns SET status = 'done', finish_reason = p_ends, error = NULL,
             lease_until = NULL, finished_at = clock_timestamp(), saved = true
         WHERE turn_id = p_turn;
-        PERFORM pg_notify(p_channel, current_schema() || ':' || p_turn);
+        -- The workers are woken only for a turn of the session queued behind this one
+        -- (claimable once this commits): every worker listens, and a wake-up for
+        -- nothing cost each a signal, its LISTEN backend's read and a claim. Under the
+        -- session's lock (a submit's insert takes it, after its row locks, as this
+        -- does): a submit that inserted first is seen here; one after waits for this
+        -- commit and wakes the workers itself.
+        PERFORM pg_advisory_xact_lock(
+            hashtextextended('axon_turns:' || current_schema() || ':' || p_session, 0));
+        IF EXISTS (SELECT 1 FROM axon_turns
+                WHERE session_id >= p_session AND session_id <= p_session
+                  AND status = 'queued'
+                ORDER BY session_id, seq LIMIT 1) THEN
+            PERFORM pg_notify(p_channel, current_schema() || ':' || p_turn);
+        END IF;
     ELSIF p_mark THEN
         UPDATE axon_turns SET saved = true WHERE turn_id = p_turn AND NOT saved;
     END IF;
@@ -529,10 +561,11 @@ END $$"""
 """A save without a guard in one call (issue 24 goal 3): the fence's check of the turn's
 row (``p_turn`` ``NULL``: an unfenced save), the session's lock, the version check, the
 hole check, the writes (the session row, meta merged, the messages from ``p_start`` on)
-and, for a worker's last save, the turn's end with its wake-up (``p_ends``), or for the
-step that makes it wait for a person, its suspension (``p_suspend``: ``awaiting-input``,
-no owner, no lease, until ``p_expires``; as ``turn_sql._SUSPEND``), or its first save's
-``saved`` mark (``p_mark``). ``o_status`` says how it went: ``ok`` (the new
+and, for a worker's last save, the turn's end (``p_ends``; the workers woken only when a
+turn of the session waits behind it), or for the step that makes it wait for a person,
+its suspension (``p_suspend``: ``awaiting-input``, no owner, no lease, until
+``p_expires``; as ``turn_sql._SUSPEND``), or its first save's ``saved`` mark
+(``p_mark``). ``o_status`` says how it went: ``ok`` (the new
 version in ``o_version``, the turn's ``steers`` in ``o_steers``); or, with nothing
 written, ``lost`` (the turn's row as found in ``o_owner``, ``o_epoch``,
 ``o_turn_status``), ``conflict`` (the session's version in ``o_version``), ``created``
@@ -1709,14 +1742,30 @@ def _allow_waiting_status(conn: Any) -> None:
 
 
 def _ensure_turn_heads(conn: Any) -> None:
-    """The queue's head trigger and indexes (:data:`_HEAD_TRIGGER`), created when missing."""
-    found = conn.execute(
-        "SELECT 1 FROM pg_trigger WHERE tgrelid = 'axon_turns'::regclass AND tgname = %s",
-        (_HEAD_TRIGGER,),
-    ).fetchone()
-    if found is None:
+    """The queue's head triggers and indexes (:data:`_HEAD_TRIGGER`), created when
+    missing; a store whose one trigger ran on every status change gets the two of
+    :data:`_HEAD_TRIGGERS` in its place, in the opening's transaction (no writer sees the
+    table without them), on PostgreSQL 14 and later: ``CREATE OR REPLACE TRIGGER`` locks
+    the table as ``CREATE TRIGGER`` does, where ``DROP TRIGGER`` would take it exclusively
+    (and deadlock with a claim's transaction that read it first). Before 14 such a store
+    keeps its one trigger, which does the same, dearer."""
+    found = {
+        name
+        for (name,) in conn.execute(
+            "SELECT tgname FROM pg_trigger "
+            "WHERE tgrelid = 'axon_turns'::regclass AND tgname IN (%s, %s)",
+            (_HEAD_TRIGGER, _HEAD_INSERT_TRIGGER),
+        ).fetchall()
+    }
+    if _HEAD_TRIGGER not in found:
+        if _HEAD_INSERT_TRIGGER in found:  # only if there (a drop locks the table whole)
+            conn.execute(f"DROP TRIGGER {_HEAD_INSERT_TRIGGER} ON axon_turns")
         for statement in (*_HEAD_SCHEMA, *_QUEUE_INDEXES):
             conn.execute(statement)
+    elif _HEAD_INSERT_TRIGGER not in found and conn.info.server_version >= 140000:
+        update, insert = _HEAD_TRIGGERS
+        conn.execute(insert)
+        conn.execute(update.replace("CREATE TRIGGER", "CREATE OR REPLACE TRIGGER", 1))
 
 
 def _ensure_claim_function(conn: Any) -> None:

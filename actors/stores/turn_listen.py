@@ -102,14 +102,34 @@ class TurnListening:
 async def _wait_for_notify(conn: Any, prefix: str, timeout: float) -> bool:  # noqa: ASYNC109
     """Wait on the ``LISTEN`` connection (libpq's non-blocking reads, its socket waited
     on by Trio) until a notification of this schema (payload starting with ``prefix``)
-    arrives or ``timeout`` passes; those already received are looked at first."""
+    arrives or ``timeout`` passes; those already received are looked at first.
+
+    Every notification received so far is taken off the connection by the wait that
+    returns, not one a wait: each turn's end notifies every worker, and a worker busy
+    with its slots full reads none until it waits, so one that took them a wait at a
+    time made a claim for each (issue 24 goal 3: at a batch's end, a claim that found
+    nothing for every turn any worker ended meanwhile). One claim after the wait sees
+    what all of them announced: the worker claims until a claim finds nothing."""
     pgconn = conn.pgconn
     fd = pgconn.socket
     with trio.move_on_after(max(timeout, 0.0)):
         while True:
-            pgconn.consume_input()
-            while (notify := pgconn.notifies()) is not None:
-                if notify.extra.decode(errors="replace").startswith(prefix):
-                    return True
+            if _drained(pgconn, prefix):
+                return True
             await trio.lowlevel.wait_readable(fd)
     return False
+
+
+def _drained(pgconn: Any, prefix: str) -> bool:
+    """Read what the socket holds and take every notification received off ``pgconn``;
+    whether one was this schema's (payload starting with ``prefix``). Reads again until
+    a read brings no notification: libpq's one read stops at its buffer's size."""
+    ours = False
+    while True:
+        pgconn.consume_input()
+        got = False
+        while (notify := pgconn.notifies()) is not None:
+            got = True
+            ours = ours or notify.extra.decode(errors="replace").startswith(prefix)
+        if not got:
+            return ours
