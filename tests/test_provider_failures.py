@@ -144,6 +144,15 @@ def _openai_error(status: int, message: str, headers: dict[str, str]) -> BaseExc
     return openai.APIStatusError(message, response=response, body={"message": message})
 
 
+@pytest.mark.parametrize("status", ["²", "٤٠٠", True])
+def test_an_in_stream_error_with_an_odd_status_in_its_body_is_still_classified(status):
+    # A server's error body is data: a superscript or Arabic-Indic "status" (isdigit()
+    # but not int()), or a boolean, must give a classified error, not crash the mapping.
+    request = httpx2.Request("POST", "http://127.0.0.1/v1/chat/completions")
+    error = openai.APIError("boom", request, body={"status_code": status})
+    assert isinstance(openai_provider.classify_error(error), errors.AxonError)
+
+
 def _anthropic_error(status: int, message: str, headers: dict[str, str]) -> BaseException:
     request = httpx2.Request("POST", "http://127.0.0.1/v1/messages")
     response = httpx2.Response(status, headers=headers, request=request)

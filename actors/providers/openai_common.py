@@ -113,10 +113,16 @@ def json_schema_spec(output: Any) -> dict[str, Any]:
 
 def _status_of(body: Any) -> int | None:
     # In-stream error objects carry no HTTP status; servers put it in the body instead
-    # (Groq ``status_code: 400``, OpenRouter ``code: 400``).
+    # (Groq ``status_code: 400``, OpenRouter ``code: 400``). ASCII digits only:
+    # ``"²".isdigit()`` is true and ``int("²")`` raises, which would turn a server's odd
+    # error body into a crash of the classifier instead of a classified error.
     for key in ("status_code", "status", "code"):
         value = get_field(body, key)
-        if isinstance(value, int) or (isinstance(value, str) and value.isdigit()):
+        if isinstance(value, bool):
+            continue
+        if isinstance(value, int) or (
+            isinstance(value, str) and value.isascii() and value.isdigit()
+        ):
             return int(value)
     return None
 
