@@ -102,14 +102,25 @@ class TurnListening:
 async def _wait_for_notify(conn: Any, prefix: str, timeout: float) -> bool:  # noqa: ASYNC109
     """Wait on the ``LISTEN`` connection (libpq's non-blocking reads, its socket waited
     on by Trio) until a notification of this schema (payload starting with ``prefix``)
-    arrives or ``timeout`` passes; those already received are looked at first."""
+    arrives or ``timeout`` passes; those already received are looked at first.
+
+    Every notification received by then is taken, not only the first of this schema: a
+    worker busy with its turns does not wait, so one notification a finished turn (any
+    worker's) piles up on the connection, and a wait that took one at a time made the
+    worker, once idle, claim once per turn it had finished, each claim finding nothing
+    (about one empty claim a turn, issue 24 goal 3). A wake-up says "look again", and
+    one claim after it sees whatever all of them announced: they were sent after their
+    commits, before this read."""
     pgconn = conn.pgconn
     fd = pgconn.socket
     with trio.move_on_after(max(timeout, 0.0)):
         while True:
             pgconn.consume_input()
+            found = False
             while (notify := pgconn.notifies()) is not None:
-                if notify.extra.decode(errors="replace").startswith(prefix):
-                    return True
+                if not found and notify.extra.decode(errors="replace").startswith(prefix):
+                    found = True
+            if found:
+                return True
             await trio.lowlevel.wait_readable(fd)
     return False
