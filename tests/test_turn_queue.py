@@ -359,6 +359,20 @@ async def test_a_wait_is_woken_on_the_event_loop_without_a_thread(queue, store, 
     assert hops == [] and queue._listen.conn is conn
 
 
+async def test_a_wait_takes_every_notification_waiting_so_one_claim_follows_a_busy_spell(
+    queue, store
+):
+    """A worker busy with its turns does not wait, so the notifications of the turns
+    finished meanwhile pile up on its connection; once idle it is woken once for all of
+    them, not once each (an empty claim per finished turn, issue 24 goal 3)."""
+    assert await queue.wait(0)  # connected
+    other = TurnQueue(store, lease=LEASE)
+    for i in range(5):
+        await other.submit(f"s{i}", "one")
+    assert await queue.wait(10)
+    assert not await queue.wait(0.2)
+
+
 async def test_wait_times_out_when_nothing_happens(queue):
     await queue.wait(0)
     assert not await queue.wait(0.2)

@@ -227,6 +227,32 @@ async def test_a_turn_on_sqlite_asks_the_version_outside_any_bound(tmp_path, mon
         assert counted_trio.bounds == 2
 
 
+async def test_a_turn_handed_its_session_as_stored_enters_no_bound_to_look_at_it(
+    tmp_path, monkeypatch
+):
+    """A turn whose caller hands the session as it just read it (``TurnStream.stored``: a
+    worker's claim of a first turn hands the empty record), at the version the session
+    holds, takes nothing from it and enters no ``SAVE_TIMEOUT`` bound to find that out:
+    its only bound in ``saving`` is its final save's (two before, issue 24 goal 3)."""
+    import actors.turn.saving as saving_module
+    from runtime.store import SessionRecord
+
+    counted_trio = _CountedBounds()
+    monkeypatch.setattr(saving_module, "trio", counted_trio)
+    agent = Agent(provider=ScriptedProvider(turns=[[["hi"]]]))
+    async with Host.open(store=str(tmp_path / "s.db"), log_tap=False) as host:
+        session = await host.open_session(agent, session_id="s")
+        stream = session.stream("x")
+        stream.stored = SessionRecord(session_id="s", messages=())
+        async with stream as out:
+            async for _ in out:
+                pass
+        assert out.result is not None and out.result.saved
+        assert counted_trio.bounds == 1
+        record = await host.store.load("s")
+        assert record is not None and len(record.messages) == 2
+
+
 async def test_the_log_tap_makes_the_events_waiting_together_in_one_step(tmp_path):
     """The log tap (at ``info``, no window: an embedded host's) makes the events already
     waiting behind the one it woke for in the same step: a turn's lifecycle events come

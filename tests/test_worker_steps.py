@@ -214,3 +214,62 @@ async def test_a_workers_log_tap_rests_and_a_first_claim_adds_no_line(pg_url):
     assert "worker.turn" not in events
     assert events.count("turn.started") == events.count("turn.finished") == 1
     assert events.count("step.finished") == events.count("step.started") == 3  # "tools one"
+
+
+async def test_a_worker_forwards_a_turns_chunks_in_bulk_not_one_anext_each(pg_url, monkeypatch):
+    """The worker reads its turn's stream with ``TurnStream.next_batch`` (every chunk
+    that has arrived at once), not ``async for`` one ``__anext__`` a chunk: it only
+    forwards them to the relay (issue 24 goal 3). The relay gets every chunk, in order,
+    the turn's ``start`` first and its ``finish`` last."""
+    from actors.stores.turns import TurnQueue
+    from runtime.app.session import TurnStream
+    from runtime.app.worker import Worker
+    from tests.support.worker_agent import agent
+
+    class Writer:
+        def __init__(self) -> None:
+            self.chunks: list[object] = []
+            self.closed = False
+
+        def append(self, chunk: object) -> None:
+            self.chunks.append(chunk)
+
+        async def aclose(self, *, final: bool = True, paused: bool = False) -> None:
+            self.closed = final
+
+    class Relay:
+        def __init__(self) -> None:
+            self.writers: list[Writer] = []
+
+        def writer(self, **_: object) -> Writer:
+            self.writers.append(Writer())
+            return self.writers[-1]
+
+    anext_calls = 0
+    anext = TurnStream.__anext__
+
+    async def counted_anext(self: TurnStream) -> object:
+        nonlocal anext_calls
+        anext_calls += 1
+        return await anext(self)
+
+    monkeypatch.setattr(TurnStream, "__anext__", counted_anext)
+    store = await PostgresStore.open(pg_url)
+    submitter = TurnQueue(store)
+    turn = await submitter.submit("s", "tools one")
+    relay = Relay()
+    worker = Worker(store=store, relay=relay, agent=agent, owner="w", poll=0.05)
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(worker.run)
+            done = await submitter.wait_finished(turn.turn_id, 30)
+            worker.stop()
+    finally:
+        await submitter.aclose()
+        await store.aclose()
+    assert done is not None and done.status == "done"
+    assert anext_calls == 0
+    [writer] = relay.writers
+    types = [chunk.type for chunk in writer.chunks]  # type: ignore[attr-defined]
+    assert types[0] == "start" and types[-1] == "finish" and writer.closed
+    assert types.count("step-start") == types.count("step-finish") == 3  # "tools one"

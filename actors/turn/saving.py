@@ -139,6 +139,12 @@ class Saving:
         when its caller hands the session as it just read or wrote it (``stored``: a
         continuation started in the process that recorded its decisions), none."""
         state = self.state
+        if stored is not None and self._pending is None and stored.version == state.version:
+            # The session as its caller just read it, at the version this process holds
+            # (a worker's claim of a first turn hands its empty record): nothing to take,
+            # and no bound entered to find that out (a cancel scope, as the SQLite path
+            # below avoids; issue 24 goal 3).
+            return
         store = getattr(self.persister, "store", None)
         moved = False
         if self._pending is None and store is not None and stored is None and not reload:
