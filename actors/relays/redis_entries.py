@@ -1,0 +1,311 @@
+"""What the Redis Streams relay keeps in Redis, and how a reader proves it whole.
+
+The layout of the relay's keys and the format of a turn's stream entries, with what reads
+them: :func:`_decode` (one entry), :class:`_Cursor` (a reader's proof that each entry
+continues the stream), :class:`_Place` (where a read starts), :func:`_drop_restarted` (a
+backlog without its reset steps), :func:`_tail` (where a writer's numbering starts),
+:class:`_StepScan` (a takeover's backward scan of one step), and the other keys' values
+(:func:`_turn_id`, :func:`_cancel_from`). Pure code over what Redis returned, no Redis
+call: apart from the writer (:mod:`actors.relays.redis_writer`) and the reader
+(:mod:`actors.relays.redis_streams`), which both read entries.
+
+Layout (every key under ``prefix``, ``axon:`` by default):
+
+``{prefix}turn:{turn_id}``
+    A Redis Stream. Each entry is one *flush* of a writer: ``items`` (a JSON array of
+    the chunks queued since the previous flush, in the runtime's JSON form, see
+    :mod:`runtime.serde`), ``first`` (the relay seq of the first of them) and ``w`` (the
+    writer's random id); a writer's first entry on a stream another writer began also
+    has ``prev`` (that writer's id). The entry id is ``{first}-1``, so a retried flush
+    that Redis had already applied is refused as a duplicate instead of being written
+    twice, and resuming after a seq is a range query.
+``{prefix}active:{session_id}``
+    The id of the session's latest turn, so ``GET /api/chat/{id}/stream`` finds it.
+``{prefix}cancel``
+    A pub/sub channel of cancel requests (``{"turn_id", "reason"}``), for the process
+    that runs the turn.
+
+**Relay seq.** A chunk read back from the relay has ``seq`` = its position in the turn's
+stream (1, 2, ...), stamped by the writer at flush time. The producer's own seqs restart
+when a session is reloaded or a turn is taken over by another worker; the relay's never
+do, so ``after_seq`` (SSE ``Last-Event-ID``) resumes with nothing missing or repeated.
+A takeover's writer continues the numbering from the stream's last entry.
+
+**Continuity.** A reader shows only what it can prove continuous (:class:`_Cursor`):
+every entry starts at the seq after the last one read and was written by the same
+writer, or by a takeover that names that writer in ``prev``. Redis can lose a stream
+(restarted without persistence, eviction) while the turn goes on; a takeover's writer
+that finds no stream then writes a ``gap`` first (what the turn streamed before is
+gone), and a writer that started a stream over cannot name the writer a reader read
+last. So a hole, a stream started over, a client's ``after_seq`` past the stream's end,
+a ``gap`` and any entry that does not decode (junk in the relay's keys, a key of another
+type) all raise :class:`~runtime.errors.RelayTurnGone`: the front end rebuilds the turn
+from the store, or tells a client that saw part of it to reload. Never a spliced turn
+shown whole, never a server error. None of this costs a Redis call: the ids ride in the
+entries.
+
+**Control items** also take a seq: :class:`StepRestarted` (an older worker's takeover
+re-runs ``step``: drop what the step streamed so far) and the end of the turn (not
+yielded; iteration stops). A reader that replays a backlog drops the restarted step's
+chunks itself and yields the marker only when the reader's client had already seen some
+of them; it does the same before a ``reset-step`` chunk (a takeover now, or a provider
+fallback), keeping the step's ``step-start``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+import orjson
+import structlog
+
+from runtime import output as o
+from runtime.errors import RelayTurnGone
+from runtime.relay import RESTART_STEP as RESTART
+
+log = structlog.get_logger("axon.relay")
+
+PAGE = 256
+"""Entries per ``XRANGE`` page when replaying a backlog."""
+
+END = "relay.end"
+GAP = "relay.gap"
+
+
+@attrs.frozen(kw_only=True, slots=True)
+class _Entry:
+    """One stream entry, decoded: its items numbered from ``first``, who wrote it
+    (``writer``), and, on a writer's first entry, the writer whose tail it continued
+    (``prev``)."""
+
+    first: int
+    items: list[dict[str, Any]]
+    writer: bytes | None
+    prev: bytes | None
+
+    @property
+    def last(self) -> int:
+        return self.first + len(self.items) - 1
+
+
+class _Undecodable(ValueError):
+    """A stream entry that is not one a writer wrote (junk in the relay's keys)."""
+
+
+def _decode(entry: Any) -> _Entry:
+    """One stream entry; :class:`_Undecodable` when it is not what a writer writes: a
+    ``first`` that is not its id's, ``items`` that are not a non-empty JSON array of
+    objects with a string ``type``, a marker without its fields."""
+    try:
+        fields = entry.field_values
+        first = int(fields[b"first"])
+        items = orjson.loads(fields[b"items"])
+        writer, prev = fields.get(b"w"), fields.get(b"prev")
+        if _identifier(entry.identifier) != f"{first}-1" or first < 1:
+            raise _Undecodable(f"entry {entry.identifier!r} says it starts at seq {first}")
+    except (KeyError, ValueError, TypeError, AttributeError, UnicodeDecodeError) as exc:
+        raise _Undecodable(f"{type(exc).__name__}: {exc}") from None
+    if not isinstance(items, list) or not items:
+        raise _Undecodable("'items' is not a non-empty JSON array")
+    for item in items:
+        if not isinstance(item, dict) or not isinstance(item.get("type"), str):
+            raise _Undecodable(f"an item is not a chunk: {str(item)[:100]!r}")
+        if item["type"] == RESTART and type(item.get("step")) is not int:
+            raise _Undecodable(f"a restart marker without its step: {str(item)[:100]!r}")
+    return _Entry(first=first, items=items, writer=writer, prev=prev)
+
+
+def _identifier(identifier: bytes | str) -> str:
+    return identifier.decode() if isinstance(identifier, bytes) else identifier
+
+
+def _entry_seq(identifier: bytes | str) -> int:
+    return int(_identifier(identifier).split("-", 1)[0])
+
+
+@attrs.define
+class _Cursor:
+    """What a reader has read of a turn's stream, to prove each next entry continues it.
+
+    An entry continues the stream when its first seq follows the last one read and it
+    was written by the same writer as the entry before it, or by a writer that says it
+    continued that one (``prev``, a takeover that found the stream). Anything else (a
+    hole, a stream that another writer started over after Redis lost it, a writer the
+    turn had lost that still wrote, a ``gap`` item, junk) is :class:`RelayTurnGone`: a
+    reader never shows a spliced turn as a whole one."""
+
+    turn_id: str
+    position: int = 0
+    """The last seq read (shown to the client or not)."""
+    writer: bytes | None = None
+    message_id: str | None = None
+    """The message the stream's ``start`` opened: a takeover's repeat of it is dropped."""
+    ended: bool = False
+    """The turn's end was read (a pause is not its end)."""
+
+    def accept(self, raw: Any) -> list[tuple[int, dict[str, Any]]]:
+        """The ``(seq, item)`` pairs of the stream's next entry ``raw``, repeated
+        ``start`` s left out; :class:`RelayTurnGone` unless it provably continues."""
+        turn = self.turn_id
+        try:
+            entry = _decode(raw)
+        except _Undecodable as exc:
+            raise RelayTurnGone(f"the relay's stream of turn {turn!r} holds junk ({exc})") from None
+        if entry.first > self.position + 1:
+            raise RelayTurnGone(
+                f"the relay lost chunks {self.position + 1}..{entry.first - 1} of turn {turn!r}"
+            )
+        if entry.first != self.position + 1 or (
+            self.position and entry.writer != self.writer and entry.prev != self.writer
+        ):
+            raise RelayTurnGone(
+                f"the relay's stream of turn {turn!r} was written over after seq "
+                f"{self.position} (Redis lost it and another writer started it again)"
+            )
+        pairs: list[tuple[int, dict[str, Any]]] = []
+        for seq, item in enumerate(entry.items, start=entry.first):
+            kind = item["type"]
+            if kind == GAP:
+                raise RelayTurnGone(
+                    f"the relay lost part of turn {turn!r} (Redis was unreachable or lost it)"
+                )
+            if kind == END:
+                if item.get("paused") is True:
+                    self.message_id = None  # the continuation starts the message again
+                else:
+                    self.ended = True
+            elif kind == "start":
+                message_id = item.get("message_id")
+                if self.message_id is not None and message_id == self.message_id:
+                    continue  # a takeover starts the same message over: the client has it
+                self.message_id = self.message_id or message_id
+            pairs.append((seq, item))
+        self.position = entry.last
+        self.writer = entry.writer
+        return pairs
+
+
+@attrs.define
+class _Place:
+    """Where a read starts: after seq ``seen``, and after the turn's ``pauses``-th pause
+    (counted down as the reader passes them)."""
+
+    seen: int
+    pauses: int
+
+    def skip_pauses(self, backlog: list[tuple[int, Any]]) -> None:
+        """Move past the pauses the read starts after that the backlog already holds."""
+        for seq, item in backlog:
+            if not self.pauses:
+                return
+            if item.get("type") == END and item.get("paused") is True:
+                self.pauses -= 1
+                self.seen = max(self.seen, seq)
+
+
+def _tail(last: list[Any], *, takeover: bool) -> tuple[int, bytes | None, bool]:
+    """Where a writer's numbering starts, from the stream's last entry (``last``, empty
+    when there is no stream): the next seq, the writer it continues (``prev``), and
+    whether what the turn streamed before is lost (a takeover that finds no stream, or a
+    last entry that is junk)."""
+    if not last:
+        return 1, None, takeover
+    try:
+        entry = _decode(last[0])
+    except _Undecodable:
+        return _entry_seq(last[0].identifier) + 1, None, True
+    return entry.last + 1, entry.writer or b"", False
+
+
+_OPENS = {"text-start": o.TextFinish, "reasoning-start": o.ReasoningFinish}
+_CLOSES = ("text-finish", "reasoning-finish")
+
+
+class _StepScan:
+    """A stream's items read backwards for one step (:meth:`RedisRelayWriter.shown`):
+    whether it holds any item of the step, and the parts the step left open. Items
+    before a reset of the step (a ``reset-step`` or an older worker's restart marker)
+    were taken back already, and those of an earlier step end the scan."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+        self.found = False
+        self.closed: set[str] = set()
+        self.open: list[Any] = []
+
+    def done(self, items: Any) -> bool:
+        for item in items:
+            step = item.get("step")
+            if type(step) is not int:
+                continue
+            if step < self.step:
+                return True
+            if step != self.step:
+                continue
+            self.found = True
+            kind = item["type"]
+            if kind in (RESTART, "reset-step"):
+                return True
+            if kind in _CLOSES:
+                self.closed.add(item.get("part_id"))
+            elif kind in _OPENS and item.get("part_id") not in self.closed:
+                self.open.append(_OPENS[kind](step=step, part_id=item["part_id"]))
+        return False
+
+    def result(self) -> list[Any] | None:
+        return list(reversed(self.open)) if self.found else None
+
+
+def _drop_restarted(backlog: list[tuple[int, Any]], seen: int) -> list[tuple[int, Any]]:
+    """The backlog with every reset step's earlier chunks removed: before a restart
+    marker (an older worker's takeover), all of them; before a ``reset-step`` (a
+    takeover, a provider fallback), all but the step's ``step-start``, which no new one
+    follows. The marker or reset stays only when the reader had already been sent some
+    of the removed chunks (seq <= ``seen``)."""
+    resets = [i for i, (_, item) in enumerate(backlog) if item.get("type") in _RESETS]
+    if not resets:
+        return backlog
+    keep = [True] * len(backlog)
+    for i in resets:
+        step = backlog[i][1]["step"]
+        kept = _KEPT[backlog[i][1]["type"]]
+        dropped_seen = False
+        for j in range(i):
+            seq, item = backlog[j]
+            if keep[j] and item.get("step") == step and item.get("type") not in kept:
+                keep[j] = False
+                dropped_seen = dropped_seen or seq <= seen
+        keep[i] = dropped_seen
+    return [pair for pair, k in zip(backlog, keep, strict=True) if k]
+
+
+_KEPT = {RESTART: (RESTART,), "reset-step": (RESTART, "reset-step", "step-start")}
+"""What a reset keeps of its step's earlier items."""
+_RESETS = tuple(_KEPT)
+
+
+_TURN_ID = re.compile(rb"[A-Za-z0-9_.:-]{1,128}")
+"""Turn ids' alphabet (:mod:`runtime.app.session`)."""
+
+
+def _turn_id(raw: Any) -> str | None:
+    """The turn id a session's key holds; ``None`` when it holds none, or junk."""
+    if not isinstance(raw, bytes) or _TURN_ID.fullmatch(raw) is None:
+        return None
+    return raw.decode()
+
+
+def _cancel_from(message: dict[str, Any], on_cancel: Callable[[str, str], Any]) -> None:
+    """Hand a cancel request of the relay's channel to ``on_cancel`` (junk is logged)."""
+    if message.get("type") != "message":
+        return
+    try:
+        data = orjson.loads(message["data"])
+        turn_id, reason = str(data["turn_id"]), str(data.get("reason", ""))
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        log.warning("relay.bad_cancel", data=repr(message.get("data"))[:200])
+        return
+    on_cancel(turn_id, reason or "cancelled")

@@ -1,0 +1,94 @@
+"""How the Redis Streams relay meets a Redis that fails: which errors are transient
+(retried, with capped exponential backoff and full jitter), which one is Redis refusing a
+duplicate ``XADD`` (a retried flush it had applied), what a connection closed under a
+subscription raises, the wait for Redis when the relay opens, and the one error inside
+the exception groups its nurseries wrap around what the caller's block raised.
+
+Shared by the writer (:mod:`actors.relays.redis_writer`) and the reader
+(:mod:`actors.relays.redis_streams`); apart so that neither imports the other for them.
+coredis's exceptions are imported on first use: importing the relay does not load coredis.
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+from typing import Any
+
+import structlog
+import trio
+
+from runtime.errors import RelayUnavailable
+from runtime.redact import redact
+
+log = structlog.get_logger("axon.relay")
+
+
+def _transient() -> tuple[type[BaseException], ...]:
+    from coredis.exceptions import ConnectionError as RedisConnectionError
+
+    return (RedisConnectionError, TimeoutError, OSError)
+
+
+def _retryable() -> tuple[type[BaseException], ...]:
+    """What a Redis call is retried on: a transient error, or its own deadline passing."""
+    return (*_transient(), trio.TooSlowError)
+
+
+def _backoff(attempt: int, base: float, cap: float) -> float:
+    """Capped exponential backoff with full jitter (many writers must not retry in step)."""
+    return random.uniform(0, min(cap, base * 2**attempt))
+
+
+@functools.cache
+def _response_error() -> type[BaseException]:
+    from coredis.exceptions import ResponseError
+
+    return ResponseError
+
+
+def _duplicate(error: BaseException) -> bool:
+    """Whether ``error`` is Redis refusing an ``XADD`` id at or below the stream's top."""
+    return isinstance(error, _response_error()) and "equal or smaller" in str(error)
+
+
+def _closed_stream() -> tuple[type[BaseException], ...]:
+    """What coredis raises writing to a connection already closed (anyio's streams)."""
+    import anyio
+
+    return (anyio.ClosedResourceError, anyio.BrokenResourceError)
+
+
+async def _wait_for_redis(client: Any, shown: str, retry_for: float) -> None:
+    """PING until Redis answers; :class:`RelayUnavailable` after ``retry_for`` seconds."""
+    deadline = trio.current_time() + retry_for
+    attempt = 0
+    while True:
+        try:
+            with trio.fail_after(5.0):
+                await client.ping()
+            return
+        except _retryable() as exc:
+            if trio.current_time() >= deadline:
+                raise RelayUnavailable(
+                    f"Redis at {shown} did not answer for {retry_for:g} s: "
+                    f"{type(exc).__name__}: {exc}"
+                ) from None
+            log.warning("relay.connect_failed", url=shown, error=redact(str(exc)))
+            await trio.sleep(_backoff(attempt, 0.1, 2.0))
+            attempt += 1
+
+
+def _single_leaf(group: BaseExceptionGroup) -> BaseException | None:
+    """The only exception inside nested groups, or ``None`` when there are several."""
+    leaves: list[BaseException] = []
+
+    def walk(exc: BaseException) -> None:
+        if isinstance(exc, BaseExceptionGroup):
+            for inner in exc.exceptions:
+                walk(inner)
+        else:
+            leaves.append(exc)
+
+    walk(group)
+    return leaves[0] if len(leaves) == 1 else None

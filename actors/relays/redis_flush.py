@@ -1,0 +1,189 @@
+"""The Redis Streams relay's one flush task (:class:`_Flusher`): it writes every writer's
+due queue, those due at one moment in one pipeline.
+
+Apart from the writers (:mod:`actors.relays.redis_writer`), which only queue and say when
+they are due: this task owns the timing (it sleeps until the soonest writer is due) and
+the wire (RESP on a connection of its own, :mod:`actors.relays.resp`, or coredis), and
+hands each writer its flush's outcome. The class says why it is one task, not one per
+writer.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from actors.relays import resp
+
+if TYPE_CHECKING:
+    from actors.relays.redis_writer import RedisRelayWriter, _Job
+
+
+class _Flusher:
+    """The relay's one flush task: writes every writer's due queue, those due at one
+    moment in one pipeline.
+
+    Each writer had a task of its own that held its queue, then handed its flush to a
+    batcher task and waited for the outcome: about five task wake-ups, a cancel scope
+    and an ``Event`` per flush, and a worker's turn makes several (issue 24 goal 3: the
+    relay was about 22 % of a worker's CPU per turn). Now a writer's append only queues
+    and, when its queue starts waiting, tells this task when it is due (:meth:`schedule`;
+    a wake-up only when that is sooner than what this task already sleeps until, so a
+    burst at a tick wakes nothing). At the due moment this task takes every due
+    writer's queue, sends them as one pipeline, and settles each writer's outcome
+    itself (:meth:`RedisRelayWriter._settle`); a writer's closer waits for its own
+    outcome, nobody else does.
+
+    Pipelines are written as RESP on a connection of their own
+    (:mod:`actors.relays.resp`; coredis for a URL that module does not serve): through
+    coredis one ``XADD`` cost about 200 µs of CPU. Each writer still has at most one
+    flush out and gets its own outcome: its ``XADD`` refused (a duplicate id, a key of
+    another type) is its error alone; a connection that breaks, or a pipeline that
+    outlives ``timeout``, fails every flush of that pipeline, each retried by its writer
+    after a backoff (the ids make a flush Redis applied a duplicate). While a pipeline
+    is out, appends only queue (each writer's queue is bounded, ``max_queue``).
+    """
+
+    def __init__(self, client: Any, url: str | None, timeout: float) -> None:
+        self.client = client
+        self.timeout = timeout
+        where = resp.address(url) if url is not None else None
+        self.connection = resp.RespConnection(where) if where is not None else None
+        """The writers' own connection (``None``: they go through coredis)."""
+        self._pending: dict[RedisRelayWriter, None] = {}
+        """The writers whose queue waits to go out (each knows when: ``_due``)."""
+        self._wake = trio.Event()
+        self._asleep_until = -math.inf
+        """What this task sleeps until (``inf``: until woken; ``-inf``: it is not
+        asleep, and looks at every pending writer before it sleeps again)."""
+        self.pipelines = 0
+        """Pipelines sent (observable: fewer than the writers' flushes when busy)."""
+        self.wakeups = 0
+        """Times a writer woke this task (observable: a burst at a tick wakes it once)."""
+
+    def schedule(self, writer: RedisRelayWriter, at: float) -> None:
+        """``writer``'s queue goes out at ``at`` (Trio clock) with every other due then."""
+        writer._due = at
+        self._pending[writer] = None
+        if at < self._asleep_until:
+            self._asleep_until = at
+            self.wakeups += 1
+            self._wake.set()
+
+    def forget(self, writer: RedisRelayWriter) -> None:
+        """``writer`` closed: whatever it still queues is not written."""
+        writer._due = None
+        self._pending.pop(writer, None)
+
+    async def run(self) -> None:
+        try:
+            while True:
+                await self._serve()
+        finally:
+            if self.connection is not None:
+                await self.connection.aclose()
+
+    async def _serve(self) -> None:
+        """Send pipelines until one outlives ``timeout`` (its flushes then fail with
+        ``TooSlowError``). One cancel scope serves them all, its deadline moved for each
+        pipeline, instead of a ``trio.fail_after`` per pipeline: a new scope with a
+        deadline was ~44 µs of CPU on the 2-core benchmark machine."""
+        with trio.CancelScope() as scope:
+            while True:
+                jobs = await self._next_jobs()
+                self.pipelines += 1
+                scope.deadline = trio.current_time() + self.timeout
+                await self._send(jobs)
+                scope.deadline = math.inf
+
+    async def _next_jobs(self) -> list[_Job]:
+        """The flushes of every writer due, once there are any (sleeping until the
+        soonest is due, or a writer wakes this task for a sooner one)."""
+        while True:
+            now = trio.current_time()
+            jobs: list[_Job] = []
+            pending = self._pending
+            for writer in list(pending):
+                due = writer._due
+                if due is None:  # closed meanwhile
+                    del pending[writer]
+                elif due <= now:
+                    del pending[writer]
+                    writer._due = None
+                    job = writer._take(now)
+                    if job is not None:
+                        jobs.append(job)
+            if jobs:
+                return jobs
+            # After the look: a writer ``_take`` settled at once is due again (later).
+            soonest = min((writer._due or math.inf for writer in pending), default=math.inf)
+            self._asleep_until = soonest
+            if soonest == math.inf:
+                await self._wake.wait()
+            else:
+                with trio.move_on_at(soonest):
+                    await self._wake.wait()
+            self._asleep_until = -math.inf
+            if self._wake.is_set():
+                self._wake = trio.Event()
+
+    async def _send(self, jobs: list[_Job]) -> None:
+        """One pipeline of ``jobs``; each writer gets its outcome, whatever happens."""
+        try:
+            if self.connection is not None:
+                await self._send_resp(jobs)
+            else:
+                await self._send_coredis(jobs)
+        except Exception as exc:  # the connection: every flush of it failed
+            for job in jobs:
+                job.error = exc
+        except BaseException:  # the deadline (or the relay closing): none was confirmed
+            for job in jobs:
+                job.error = trio.TooSlowError(f"Redis did not answer within {self.timeout:g} s")
+            raise
+        finally:
+            for job in jobs:
+                job.writer._settle(job)
+
+    async def _send_resp(self, jobs: list[_Job]) -> None:
+        assert self.connection is not None
+        commands: list[list[Any]] = []
+        for job in jobs:
+            for name, key, *args in job.commands:
+                if name == "XADD":
+                    identifier, fields = args
+                    flat = [x for pair in fields.items() for x in pair]
+                    commands.append(["XADD", key, identifier, *flat])
+                elif name == "SET":
+                    value, ex = args
+                    commands.append(["SET", key, value, "EX", ex])
+                else:
+                    commands.append([name, key, *args])
+        replies = await self.connection.pipeline(commands)
+        at = 0
+        for job in jobs:
+            reply = replies[at]
+            at += len(job.commands)
+            if isinstance(reply, Exception):
+                job.error = reply
+            else:
+                job.result = reply
+
+    async def _send_coredis(self, jobs: list[_Job]) -> None:
+        wanted: list[Any] = []
+        async with self.client.pipeline(transaction=False, raise_on_error=False) as pipe:
+            for job in jobs:
+                (_, key, identifier, fields), *rest = job.commands
+                wanted.append(pipe.xadd(key, fields, identifier=identifier))
+                for name, key, *args in rest:
+                    if name == "SET":
+                        pipe.set(key, args[0], ex=args[1])
+                    else:
+                        pipe.expire(key, args[0])
+        for job, result in zip(jobs, wanted, strict=True):
+            try:
+                job.result = await result
+            except Exception as exc:  # this writer's command was refused
+                job.error = exc

@@ -1,0 +1,441 @@
+"""One turn's writer on the Redis Streams relay (:class:`RedisRelayWriter`) and its flushes.
+
+A writer only queues the turn's chunks and says when its queue is due; the relay's one
+flush task (:mod:`actors.relays.redis_flush`) writes it, and hands each flush (a
+:class:`_Job`) back to its writer (:meth:`RedisRelayWriter._settle`). Apart from the reader
+(:mod:`actors.relays.redis_streams`): this is the side every chunk a turn streams goes
+through; the entries it writes are described in :mod:`actors.relays.redis_entries`.
+
+**Coalescing and failure.** :meth:`RedisRelayWriter.append` only queues: the relay's one
+flush task (:class:`_Flusher`, not a task per writer) writes each writer's queue as one
+entry when it is due (one ``XADD``, with ``EXPIRE`` / ``SET`` on the first and last), the
+writers due at one moment in one pipeline. A turn's first flush goes at once (the first
+chunk a reader waits for is not held); a later one asked for within ``flush_interval``
+(5 ms) of the writer's previous flush waits for the relay's next tick of that interval,
+shared by every writer, so a burst of chunks is one entry and the writers due at one
+tick share one pipeline. A turn's ``finish`` / ``error`` / ``abort`` waits at most
+``end_wait`` (50 ms) for the writer's close, so the end goes out in the same entry as
+the turn's last chunks (those waiting for their tick too); a close flushes at once.
+Readers get chunks of a burst up to 5 ms later, and an end up to 50 ms later; order and
+content are untouched.
+While Redis is down the flush retries with capped exponential backoff and the turn goes
+on; the queue is bounded (``max_queue``): past it the queue is dropped and the stream
+gets a ``gap`` item, which makes readers raise :class:`~runtime.errors.RelayTurnGone`,
+so they rebuild from the store. Nothing committed is lost: the relay is a cache of what
+the store will hold.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import orjson
+import structlog
+import trio
+
+from actors.relays.redis_entries import (
+    END,
+    GAP,
+    PAGE,
+    _decode,
+    _identifier,
+    _StepScan,
+    _tail,
+    _Undecodable,
+)
+from actors.relays.redis_failures import _backoff, _duplicate, _retryable
+from runtime.errors import RelayUnavailable
+from runtime.redact import redact
+from runtime.relay import RESTART_STEP as RESTART
+from runtime.serde import unstructure
+
+if TYPE_CHECKING:
+    from actors.relays.redis_streams import RedisRelay
+
+log = structlog.get_logger("axon.relay")
+
+LIVE_TTL = 24 * 3600
+"""Seconds a turn's stream lives while it is written (refreshed on every flush)."""
+END_TTL = 15 * 60
+"""Seconds a finished turn's stream stays readable (a late reconnect can still replay it)."""
+MAX_QUEUE = 10_000
+"""Chunks a writer queues at most while Redis does not answer; past it the queue is
+dropped and readers are told (``gap``)."""
+FLUSH_INTERVAL = 0.005
+"""Seconds: a writer's flush asked for sooner than this after its previous one waits for
+the relay's next tick (multiples of this on the Trio clock), so a burst of chunks is one
+``XADD`` and the writers flushing at one tick share one pipeline. ``0``: never wait."""
+END_WAIT = 0.05
+"""Seconds a turn's last chunk (``finish``, ``error``, ``abort``) waits at most for the
+writer's close, so the stream's end is written with it in one entry. ``0``: never wait."""
+TTL_REFRESH = 60.0
+"""Seconds between refreshes of a live stream's TTL (``LIVE_TTL``, a day: once a minute
+is plenty, and a flush in between costs one command instead of three)."""
+
+_LAST = frozenset({"finish", "error", "abort"})
+"""The chunk types that end a turn's output: its relay end follows (``aclose``)."""
+_QUIET = frozenset({"step-start"})
+"""Chunks that show a reader nothing by themselves: a flush of only these is not made at
+once even after a quiet spell, but waits for the relay's next tick, so the step's first
+content (which follows within the tick when the model is quick) goes in the same entry.
+In a worker's tool-using turn the second step's ``step-start`` came after the tool
+step's save, more than ``flush_interval`` after the previous flush, and went in an
+``XADD`` of its own (issue 24 goal 3)."""
+
+
+def _quiet(items: list[dict[str, Any]]) -> bool:
+    """Whether ``items`` are all :data:`_QUIET` chunks."""
+    return all(item["type"] in _QUIET for item in items)
+
+
+class RedisRelayWriter:
+    """One turn's outgoing side (:class:`runtime.relay.RelayWriter`) on a Redis Stream.
+
+    A writer has no task of its own: :meth:`append` queues, and the relay's one flusher
+    (:class:`_Flusher`) writes the queue when it is due (see :meth:`_due_at`)."""
+
+    def __init__(
+        self, relay: RedisRelay, *, session_id: str, turn_id: str, takeover: bool = False
+    ) -> None:
+        self.relay = relay
+        self.session_id = session_id
+        self.turn_id = turn_id
+        self.takeover = takeover
+        """Another writer may have streamed the turn before: a stream found empty lost it."""
+        self.key = relay.turn_key(turn_id)
+        self.writer_id = uuid.uuid4().hex[:16].encode()
+        """Written in every entry (``w``), so a reader tells this writer's entries from
+        those of a writer that started the stream over."""
+        self._prev: bytes | None = None
+        """The writer whose tail this one continues, written (``prev``) until this
+        writer's first entry is in."""
+        self._queue: list[dict[str, Any]] = []
+        self._due: float | None = None
+        """When the flusher writes the queue (Trio clock); ``None`` while the writer is
+        not waiting for it (nothing queued, or its flush or tail read is out)."""
+        self._busy = False
+        """A flush of this writer (or its tail read) is out: at most one at a time."""
+        self._settled: trio.Event | None = None
+        """Set when a flush or the close settles, for :meth:`flushed` (made on demand)."""
+        self._hurry = False
+        """Set by a close (the writer's or the relay's): nothing is held any more."""
+        self._closing = False
+        self._closed = False
+        self._next_seq: int | None = None
+        """The relay seq of the next item (read from the stream on the first flush)."""
+        self._touched = -math.inf
+        """When the flush that last set the stream's TTL ran (Trio clock)."""
+        self._sent = -math.inf
+        """When this writer's last flush went out (Trio clock): the first goes at once. A
+        flush of only :data:`_QUIET` chunks does not count: the content that follows it
+        after a quiet spell goes at once, as it did when that chunk went at once."""
+        self._end_by: float | None = None
+        """Set while the turn's last chunk is queued: when it goes out at the latest
+        even if the writer is not closed by then (``end_wait`` after it was queued)."""
+        self._retry_at = -math.inf
+        """After a failed flush: not before this (capped, jittered backoff)."""
+        self._attempt = 0
+        """Failed attempts in a row (the backoff's exponent)."""
+        self.lost = 0
+        """Chunks dropped because the queue overflowed while Redis did not answer."""
+        self.flushes = 0
+        """Entries written (one ``XADD`` per flush: the coalescing, observable)."""
+        self.failures = 0
+        """Flush attempts that failed (Redis down or slow)."""
+
+    def start_fresh(self) -> None:
+        """Number from seq 1 without reading the stream's tail on the first flush: the
+        turn never streamed before (see :meth:`RedisRelay.writer`'s ``fresh``). Only
+        for such a turn: a stream there already would refuse this writer's entries
+        below its top (``XADD`` ids are the seqs)."""
+        self._next_seq, self._prev = 1, None
+
+    # -- the producer's side (never blocks) ----------------------------------------------
+
+    def append(self, chunk: Any) -> None:
+        """Queue ``chunk``; the relay's flusher writes it with whatever else is queued."""
+        if self._closing:
+            raise RuntimeError(f"relay writer for turn {self.turn_id!r} is closed")
+        self._put(unstructure(chunk))
+
+    async def restart_step(self, step: int) -> None:
+        """Queue the marker that drops the partial ``step`` for readers, and wait (at most
+        ``close_timeout``) until it is written."""
+        self._put({"type": RESTART, "step": step})
+        with trio.move_on_after(self.relay.close_timeout):
+            await self.flushed()
+
+    async def shown(self, step: int) -> list[Any] | None:
+        """What an earlier writer streamed of ``step`` (:meth:`runtime.relay.RelayWriter.shown`):
+        read from the stream's end back to the step's first chunk, page by page. A
+        Redis that does not answer within ``close_timeout``, or junk, makes readers
+        rebuild the turn (a ``gap``): the turn does not wait on the relay."""
+        from coredis.exceptions import WrongTypeError
+
+        with trio.move_on_after(self.relay.close_timeout):
+            try:
+                return await self.relay._call("takeover scan", lambda: self._scan(step))
+            except (RelayUnavailable, WrongTypeError, _Undecodable) as exc:
+                log.warning(
+                    "relay.takeover_scan_failed", turn_id=self.turn_id, error=redact(str(exc))
+                )
+        self._put({"type": GAP})
+        return None
+
+    async def _scan(self, step: int) -> list[Any] | None:
+        scan = _StepScan(step)
+        end = "+"
+        while True:
+            page = await self.relay.client.xrevrange(self.key, end, "-", count=PAGE)
+            for entry in page:
+                if scan.done(reversed(_decode(entry).items)):
+                    return scan.result()
+            if len(page) < PAGE:
+                return scan.result()
+            end = f"({_identifier(page[-1].identifier)}"
+
+    async def aclose(self, *, final: bool = True, paused: bool = False) -> None:
+        """Flush what is queued; with ``final`` the stream ends (readers stop) and expires
+        after ``end_ttl``; with ``paused`` too, the turn waits for a person instead: the
+        stream stays for ``live_ttl`` and the turn's continuation goes on in it. Bounded by
+        ``close_timeout``: a Redis that stays down does not hold the turn's end. A closer
+        that is cancelled does not cancel the flush (the relay's flusher writes it)."""
+        if self._closing:
+            return
+        if final:
+            self._put({"type": END, "paused": True} if paused else {"type": END})
+        self._closing = True
+        self._hurry_up()
+        with trio.move_on_after(self.relay.close_timeout):
+            await self.flushed()
+        self._closed = True
+        self.relay._forget(self)
+        self._notify()
+        if self._queue:
+            self.lost += len(self._queue)
+            log.warning(
+                "relay.unflushed",
+                turn_id=self.turn_id,
+                chunks=len(self._queue),
+                error="Redis did not answer before the turn ended; readers rebuild from the store",
+            )
+
+    async def flushed(self) -> None:
+        """Wait until everything queued so far is written (or the writer stopped)."""
+        while (self._queue or self._busy) and not self._closed:
+            if self._settled is None:
+                self._settled = trio.Event()
+            await self._settled.wait()
+
+    def _put(self, item: dict[str, Any]) -> None:
+        queue = self._queue
+        if len(queue) >= self.relay.max_queue:
+            self.lost += len(queue)
+            log.warning(
+                "relay.overflow",
+                turn_id=self.turn_id,
+                dropped=len(queue),
+                error="Redis is not keeping up; readers of this turn rebuild from the store",
+            )
+            queue.clear()
+            queue.append({"type": GAP})
+        queue.append(item)
+        last = self._end_by is None and item["type"] in _LAST
+        if last:
+            self._end_by = trio.current_time() + self.relay.end_wait
+        if self._due is None:
+            if not self._busy and not self._closed:
+                self.relay.batcher.schedule(self, self._due_at(trio.current_time()))
+        elif last and not self._hurry:
+            # What waited for its tick now waits with the last chunk for the close.
+            self.relay.batcher.schedule(self, self._due_at(trio.current_time()))
+
+    def _notify(self) -> None:
+        settled, self._settled = self._settled, None
+        if settled is not None:
+            settled.set()
+
+    def _hurry_up(self) -> None:
+        """Nothing is held any more (a close): a queue waiting for its tick or for the
+        close goes out at once (not before a failed flush's backoff is over)."""
+        self._hurry = True
+        if self._due is not None and not self._closed:
+            self.relay.batcher.schedule(self, max(trio.current_time(), self._retry_at))
+
+    # -- when the flusher writes the queue -------------------------------------------------
+
+    def _due_at(self, now: float) -> float:
+        """When the queue, that has just become waiting at ``now``, goes out. The turn's
+        last chunk waits (at most ``end_wait`` after it was queued) until the writer is
+        closed, so the end goes in the same entry. Otherwise a flush asked for within
+        ``flush_interval`` of the previous one waits for the relay's next tick: the
+        chunks queued meanwhile go with it, and every writer due at that tick goes in one
+        pipeline. The first flush never waits, nor a closed writer's (its end is what
+        readers, ``active_turn`` and the closer wait for: a stop sent once the turn is
+        over must find it over), nor anything once the relay closes
+        (:meth:`RedisRelay.aclose` must not wait out a hold). A flush of only chunks that
+        show a reader nothing (:data:`_QUIET`) waits for the tick after a quiet spell
+        too. After a failed flush nothing goes before its backoff is over.
+
+        Decided once, when the queue starts waiting: appends while it waits change
+        nothing (they go with it), only a close does (:meth:`_hurry_up`)."""
+        now = max(now, self._retry_at)
+        if self._hurry:
+            return now
+        relay = self.relay
+        if self._end_by is not None:
+            now = max(now, self._end_by)
+        if relay.flush_interval > 0 and (
+            now - self._sent < relay.flush_interval or self._quiet_only()
+        ):
+            return relay.next_tick(now)
+        return now
+
+    def _quiet_only(self) -> bool:
+        """Whether the flush would carry only :data:`_QUIET` chunks; never a turn's first
+        flush (the stream and the turn's ``active`` key go out at once)."""
+        return self._sent != -math.inf and _quiet(self._queue)
+
+    # -- the flusher's side ----------------------------------------------------------------
+
+    def _take(self, now: float) -> _Job | None:
+        """The flush of everything queued, for the flusher's pipeline at ``now``; ``None``
+        when the stream's tail must be read first (a continuation's or a takeover's
+        first flush: a task of its own, the writer due again once it is back)."""
+        self._busy = True
+        if self._next_seq is None:
+            self.relay.nursery.start_soon(self._read_tail)
+            return None
+        batch, self._queue = self._queue, []
+        self._end_by = None
+        if not _quiet(batch):  # a lone step-start does not hold what follows
+            self._sent = now
+        first = self._next_seq
+        try:
+            commands, touch = self._commands(batch, first, now)
+        except Exception as exc:  # a chunk that does not encode (an int past 64 bits)
+            # This writer's batch is lost, as one Redis refused; not the flusher, which
+            # every other writer needs.
+            self._settle(_Job(writer=self, batch=batch, first=first, commands=[], touch=False,
+                              at=now, error=exc))  # fmt: skip
+            return None
+        return _Job(writer=self, batch=batch, first=first, commands=commands, touch=touch, at=now)
+
+    def _settle(self, job: _Job) -> None:
+        """The outcome of this writer's flush ``job``: the seqs move on, or the batch goes
+        back in front of the queue (order kept; the queue's bound applies on append) to
+        be retried after a backoff; a batch Redis refused is dropped and readers told."""
+        self._busy = False
+        error = job.error
+        if error is None or _duplicate(error):
+            # A duplicate: a retry of a flush that Redis applied before the connection
+            # broke (or a writer the turn had lost wrote there: readers see its entry
+            # breaks the chain of writers, and rebuild from the store).
+            if job.touch and error is None:
+                self._touched = job.at
+            self._next_seq = job.first + len(job.batch)
+            self._prev = None
+            self.flushes += 1
+            self._attempt = 0
+            self._retry_at = -math.inf
+        elif isinstance(error, _retryable()):
+            self._queue = job.batch + self._queue
+            self._failed("relay.flush_failed", error)
+        else:  # Redis refused it (OOM, wrong type): not retried
+            self.lost += len(job.batch)
+            self._queue.insert(0, {"type": GAP})
+            self._failed("relay.flush_refused", error, dropped=len(job.batch))
+        self._notify()
+        if self._queue and not self._closed:
+            self.relay.batcher.schedule(self, self._due_at(trio.current_time()))
+
+    def _failed(self, event: str, error: BaseException, **fields: Any) -> None:
+        self.failures += 1
+        delay = _backoff(self._attempt, self.relay.retry_base, self.relay.retry_max)
+        self._attempt += 1
+        self._retry_at = trio.current_time() + delay
+        level = log.error if event == "relay.flush_refused" else log.warning
+        level(
+            event,
+            turn_id=self.turn_id,
+            attempt=self._attempt,
+            retry_in=round(delay, 3),
+            error=f"{type(error).__name__}: {error}",
+            **fields,
+        )
+
+    async def _read_tail(self) -> None:
+        """Where to number on from: after the stream's last entry (a continuation's or a
+        takeover's first flush); then the writer is due at once (after a backoff if the
+        read failed)."""
+        try:
+            with trio.fail_after(self.relay.op_timeout):
+                last = await self.relay.client.xrevrange(self.key, "+", "-", count=1)
+        except _retryable() as exc:
+            self._failed("relay.flush_failed", exc)
+        except Exception as exc:  # a key of another type: the queue is lost, as a refusal
+            self.lost += len(self._queue)
+            self._queue = [{"type": GAP}]
+            self._failed("relay.flush_refused", exc)
+        else:
+            first, self._prev, lost = _tail(last, takeover=self.takeover)
+            self._next_seq = first
+            if lost:
+                # What the turn streamed before is not in the stream: readers are told
+                # (they rebuild from the store) instead of shown the turn without it.
+                self._queue.insert(0, {"type": GAP})
+                log.warning("relay.takeover_lost_stream", turn_id=self.turn_id)
+        finally:
+            self._busy = False
+            self._notify()
+            if self._queue and not self._closed:
+                self.relay.batcher.schedule(self, max(trio.current_time(), self._retry_at))
+
+    def _commands(
+        self, batch: list[dict[str, Any]], first: int, now: float
+    ) -> tuple[list[tuple[Any, ...]], bool]:
+        """The flush's ``XADD`` of ``batch`` from seq ``first``, with the TTLs' commands
+        when it sets them; and whether it does. The TTLs are set by the first flush and
+        the last, and refreshed at most every ``TTL_REFRESH`` seconds: a flush in
+        between is one ``XADD``, not three commands."""
+        relay = self.relay
+        ended = batch[-1].get("type") == END and batch[-1].get("paused") is not True
+        opening = self.flushes == 0  # a continuation's or a takeover's first entry too
+        fields: dict[str, str | bytes] = {
+            "first": str(first),
+            "items": orjson.dumps(batch, default=str),
+            "w": self.writer_id,
+        }
+        if self._prev is not None:
+            fields["prev"] = self._prev
+        touch = ended or opening or now - self._touched > TTL_REFRESH
+        commands: list[tuple[Any, ...]] = [("XADD", self.key, f"{first}-1", fields)]
+        if touch:
+            commands.append(("EXPIRE", self.key, relay.end_ttl if ended else relay.live_ttl))
+            active = relay.active_key(self.session_id)
+            if opening:
+                commands.append(("SET", active, self.turn_id, relay.live_ttl))
+            elif ended:
+                commands.append(("EXPIRE", active, relay.end_ttl))
+        return commands, touch
+
+
+@attrs.define(kw_only=True, slots=True, eq=False)
+class _Job:
+    """One writer's flush in the flusher's pipeline (:class:`_Flusher`): its commands,
+    ``("XADD", key, id, fields)`` first (the one whose reply is wanted), then
+    ``("EXPIRE", key, seconds)`` / ``("SET", key, value, ex_seconds)``; the batch it
+    carries from seq ``first``; whether it sets the TTLs (``touch``), and when it was
+    taken (``at``)."""
+
+    writer: RedisRelayWriter
+    batch: list[dict[str, Any]]
+    first: int
+    commands: list[tuple[Any, ...]]
+    touch: bool
+    at: float
+    result: Any = None
+    error: BaseException | None = None
