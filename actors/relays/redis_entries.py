@@ -44,12 +44,12 @@ from the store, or tells a client that saw part of it to reload. Never a spliced
 shown whole, never a server error. None of this costs a Redis call: the ids ride in the
 entries.
 
-**Control items** also take a seq: :class:`StepRestarted` (an older worker's takeover
-re-runs ``step``: drop what the step streamed so far) and the end of the turn (not
-yielded; iteration stops). A reader that replays a backlog drops the restarted step's
-chunks itself and yields the marker only when the reader's client had already seen some
-of them; it does the same before a ``reset-step`` chunk (a takeover now, or a provider
-fallback), keeping the step's ``step-start``.
+**Control items** also take a seq: :class:`~runtime.relay.StepRestarted` (an older
+worker's takeover re-runs ``step``: drop what the step streamed so far) and the end of the
+turn (not yielded; iteration stops). A reader that replays a backlog drops the restarted
+step's chunks itself and yields the marker only when the reader's client had already seen
+some of them; it does the same before a ``reset-step`` chunk (a takeover now, or a
+provider fallback), keeping the step's ``step-start``.
 """
 
 from __future__ import annotations

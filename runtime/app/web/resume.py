@@ -16,7 +16,7 @@ A restarted step (a takeover re-runs it) goes out as the AI SDK's ``reset-step``
 which drops the current step's parts from the message; the re-run's own ``start-step``
 for that step is then not repeated. When the relay lost the turn or cannot prove what it
 has is the turn whole (expired, Redis restarted, a writer overflowed, a takeover started
-the stream over, junk in its keys: :mod:`actors.relays.redis_streams`) a full replay is
+the stream over, junk in its keys: :mod:`actors.relays.redis_entries`) a full replay is
 rebuilt from the stored message; a resume after a seq gets an ``error`` chunk telling the
 client to reload the session.
 """
