@@ -12,6 +12,7 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 
 import attrs
+import trio
 
 from runtime.chunks import _repr
 from runtime.errors import InvalidHistory
@@ -32,6 +33,11 @@ ForeignReasoning = Literal["drop", "text"]
 """What a provider does with reasoning it may not replay (:func:`replays_to`): ``"drop"``
 it, or send its text as plain answer text (``"text"``, for targets that take it)."""
 FOREIGN_REASONING: tuple[str, ...] = ("drop", "text")
+
+OFF_LOOP_MESSAGES = 1000
+"""A history longer than this is checked and repaired in a worker thread when a session
+opens with it (:func:`checked_off_loop`, :func:`repaired_off_loop`): a client may post one
+of 600,000 messages (AG-UI, Chat Completions), whose walks took the event loop 0.5 s."""
 
 INTERRUPTED = "interrupted: the tool call did not complete (the turn was cut short)"
 _MESSAGE_TYPES = (SystemMessage, UserMessage, AssistantMessage, ToolMessage)
@@ -59,6 +65,27 @@ def check_history(history: Iterable[Message]) -> tuple[Message, ...]:
                 "(runtime.serde.structure(data, Message) reads them from JSON)"
             )
     return messages
+
+
+async def checked_off_loop(history: Iterable[Message]) -> tuple[Message, ...]:
+    """:func:`check_history`, in a worker thread for a list or tuple longer than
+    :data:`OFF_LOOP_MESSAGES`. The thread is handed a tuple (copied here when a list),
+    so nothing it reads can change meanwhile."""
+    if isinstance(history, list | tuple) and len(history) > OFF_LOOP_MESSAGES:
+        return await trio.to_thread.run_sync(check_history, tuple(history))
+    return check_history(history)
+
+
+async def repaired_off_loop(messages: Sequence[Message]) -> RepairedHistory | None:
+    """A :class:`RepairedHistory` primed with ``messages`` in a worker thread, for a
+    history longer than :data:`OFF_LOOP_MESSAGES`; else ``None`` (primed where it is
+    used). The thread is handed a tuple and a fresh object, both unseen by the loop
+    until it returns."""
+    if len(messages) <= OFF_LOOP_MESSAGES:
+        return None
+    repaired = RepairedHistory()
+    await trio.to_thread.run_sync(repaired, tuple(messages))
+    return repaired
 
 
 def repair(messages: Sequence[Message]) -> list[Message]:

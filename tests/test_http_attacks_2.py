@@ -14,7 +14,7 @@ import pytest
 import trio
 
 from actors.providers.scripted import ScriptedProvider, Sleep
-from runtime import Agent, AssistantMessage, Hooks, UserMessage
+from runtime import Agent, AssistantMessage, Hooks, UserMessage, history
 from runtime.actor_messages import Batcher
 from runtime.app.web import agui, openai_compat
 from runtime.app.web.app import create_app
@@ -250,6 +250,74 @@ async def test_a_chat_completions_body_of_many_messages_is_checked_off_the_event
             )
     assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "ok"
     assert parsed == [True]
+
+
+def walks(monkeypatch: pytest.MonkeyPatch, module: Any, name: str) -> list[tuple[int, bool]]:
+    """Patch ``module.name`` (a function of one sequence first) to record each call's
+    length and whether it ran off the main thread."""
+    seen: list[tuple[int, bool]] = []
+    original = getattr(module, name)
+
+    def spy(items: Any, *args: Any, **kwargs: Any) -> Any:
+        off = threading.current_thread() is not threading.main_thread()
+        seen.append((len(items), off))
+        return original(items, *args, **kwargs)
+
+    monkeypatch.setattr(module, name, spy)
+    return seen
+
+
+def long_walks(seen: list[tuple[int, bool]]) -> list[bool]:
+    """Whether each walk of (most of) a history of the test's size ran off the main
+    thread."""
+    return [off for length, off in seen if length > MANY // 2]
+
+
+async def test_a_new_agui_thread_of_many_messages_is_counted_typed_and_repaired_off_the_loop(
+    monkeypatch,
+):
+    counted = walks(monkeypatch, agui, "_check_counts")
+    typed = walks(monkeypatch, history, "check_history")
+    repaired = walks(monkeypatch, history, "repair")
+    earlier = [
+        {"id": f"m{i}", "role": "user" if i % 2 == 0 else "assistant", "content": "x"}
+        for i in range(MANY)
+    ]
+    run = {
+        "threadId": "t",
+        "runId": "r",
+        "messages": [*earlier, {"id": "last", "role": "user", "content": "hi"}],
+    }
+    async with web_server(agent(), protocols=ALL) as server:
+        async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
+            r = await client.post("/ag-ui", json=run)
+        assert len((await server.host.store.load("t")).messages) == MANY + 2
+    assert r.status_code == 200 and '"RUN_FINISHED"' in r.text
+    assert long_walks(counted) == [True]
+    assert long_walks(typed) == [True]  # the host's check of the seed
+    assert long_walks(repaired) == [True]  # the runner's first repair, as it opens
+
+
+async def test_a_chat_completions_history_of_many_messages_is_typed_and_repaired_off_the_loop(
+    monkeypatch,
+):
+    typed = walks(monkeypatch, history, "check_history")
+    repaired = walks(monkeypatch, history, "repair")
+    messages = [
+        {"role": "user" if i % 2 == 0 else "assistant", "content": "x"} for i in range(MANY)
+    ]
+    async with web_server(agent(), protocols=ALL) as server:
+        async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
+            r = await client.post(
+                "/v1/chat/completions",
+                json={
+                    "model": "assistant",
+                    "messages": [*messages, {"role": "user", "content": "hi"}],
+                },
+            )
+    assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "ok"
+    assert long_walks(typed) == [True, True]  # the endpoint's check, then the host's
+    assert long_walks(repaired) == [True]
 
 
 # -- secrets in a provider's error, on every protocol -------------------------------------

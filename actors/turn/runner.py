@@ -146,6 +146,7 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
         host: TurnHost,
         tool_source: ToolSource,
         fallbacks: Sequence[Actor] = (),
+        repaired: RepairedHistory | None = None,
     ) -> None:
         super().__init__(name="turn-runner", session_id=state.session_id)
         self.state = state
@@ -177,9 +178,13 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
         """The session's latest save, until its outcome is adopted into the state."""
         self._answered: SaveResult | None = None
         """The answer to ``_pending``, once it came in."""
-        self._repaired = RepairedHistory()
-        """Repairs the history once per message, for the requests of every step."""
-        self._repaired(state.messages)  # a resumed history: repaired with its loading
+        if repaired is None:
+            repaired = RepairedHistory()
+            repaired(state.messages)  # a resumed history: repaired with its loading
+        self._repaired = repaired
+        """Repairs the history once per message, for the requests of every step (given
+        primed with ``state.messages`` when the host repaired a long one off the loop:
+        :func:`runtime.history.repaired_off_loop`)."""
 
     @property
     def _log(self) -> Any:

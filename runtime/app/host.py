@@ -47,7 +47,7 @@ from runtime.errors import (
     sole_exception,
 )
 from runtime.events import SessionEvicted
-from runtime.history import check_history
+from runtime.history import checked_off_loop, repaired_off_loop
 from runtime.ids import new_id
 from runtime.inbox import Inbox
 from runtime.logging import configure_logging, get_logger
@@ -478,7 +478,7 @@ class Host:
         if on_busy is not None:
             check_on_busy(on_busy)
         sid = validate_session_id(session_id) if session_id is not None else new_id("session")
-        seed = check_history(history) if history is not None else None
+        seed = await checked_off_loop(history) if history is not None else None
         while sid in self._opening:  # one load per id at a time
             pending = self._opening[sid]
             if pending is None:  # the first to wait for this load makes its event
@@ -592,6 +592,7 @@ class Host:
         MCP servers."""
         Engine, StreamController, TurnRunner, agent_tools, start_servers = _session_kinds()
         provider_actors = [await self.provider_actor(p) for p in self.providers_of(agent)]
+        repaired = await repaired_off_loop(state.messages)  # a long one: in a thread
         if self._tool_source is None:
             self._tool_source = partial(agent_tools, self.mcp_servers)
         if agent.mcp_servers:  # started once per host, shared by sessions (actors.mcp)
@@ -611,6 +612,7 @@ class Host:
             stream_inbox=stream_inbox,
             host=self,
             tool_source=self._tool_source,
+            repaired=repaired,
         )
         actors: list[Actor] = [engine, controller, runner]
         for actor in actors:  # resting: the session's first turn starts them (wake)

@@ -51,6 +51,7 @@ import hashlib
 import hmac
 import re
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 import orjson
@@ -332,12 +333,21 @@ INLINE_MESSAGES = 1000
 """A history longer than this is converted off the event loop (:func:`off_loop`)."""
 
 
-def _run_input(raw: bytes) -> RunInput:
+def _seed(earlier: Sequence[dict[str, Any]], limits: Any) -> tuple[Message, ...]:
+    """A new thread's history from the client's ``earlier`` messages, their parts
+    counted first (:func:`_check_counts`)."""
+    _check_counts(earlier, limits)
+    return history_of(earlier)
+
+
+def _run_input(raw: bytes) -> tuple[RunInput, list[dict[str, Any]]]:
+    """The checked body, and its messages but reasoning and activity ones."""
     try:
         payload = orjson.loads(raw)
     except orjson.JSONDecodeError:
         raise bad_input("the body is not JSON") from None
-    return parse_run_input(payload)
+    run = parse_run_input(payload)
+    return run, [m for m in run.messages if m["role"] not in ("reasoning", "activity")]
 
 
 def _valid_id(value: str) -> str | None:
@@ -346,7 +356,8 @@ def _valid_id(value: str) -> str | None:
 
 def _new_user_input(run: RunInput, message: dict[str, Any]) -> UserContent:
     """The new user message's content as user input; 400 when it has none."""
-    index = run.messages.index(message)
+    # (found by identity from the end, where it is: not compared with every message)
+    index = next(i for i in range(len(run.messages) - 1, -1, -1) if run.messages[i] is message)
     text = user_input(message["content"], f"messages[{index}].content")
     if not (text.strip() if isinstance(text, str) else text):
         raise bad_input(f"'messages[{index}]' (the new user message) has no content")
@@ -366,13 +377,16 @@ def _check_media(text: UserContent, agent: Any) -> None:
 def _resync(
     stored: Sequence[Message],
     earlier: Sequence[dict[str, Any]],
+    *,
     message: dict[str, Any],
     user_id: str | None,
 ) -> list[dict[str, Any]]:
     """A ``MESSAGES_SNAPSHOT`` of the thread and its new message when the client holds
     another history than the thread's (it resynchronises the client), else nothing."""
-    client_ids = {m["id"] for m in earlier}
     held = [m for m in stored if isinstance(m, UserMessage | AssistantMessage)]
+    if not held:  # a new thread: nothing the client could miss
+        return []
+    client_ids = {m["id"] for m in earlier}
     if all(m.id in client_ids for m in held):
         return []
     mine = {**message, "id": user_id} if user_id else message
@@ -414,7 +428,7 @@ class AGUIRoutes:
             raw = await _read_body(request, state.max_body, state.body_timeout)
         except ApiError as exc:
             raise AGUIError(exc.status, exc.message) from None
-        run = await off_loop(_run_input, raw, big=len(raw) > INLINE_BODY, state=state)
+        run, effective = await off_loop(_run_input, raw, big=len(raw) > INLINE_BODY, state=state)
         try:
             session_id = validate_session_id(run.thread_id)
         except InvalidSessionId as exc:
@@ -423,7 +437,6 @@ class AGUIRoutes:
             raise AGUIError(409, f"thread {session_id!r} is running a run already", "thread_busy")
         record = await state.host.store.load(session_id)
         stored: tuple[Message, ...] = record.messages if record is not None else ()
-        effective = [m for m in run.messages if m["role"] not in ("reasoning", "activity")]
         last = effective[-1] if effective else None
         held_ids = {m.id for m in stored}
         new_user = last is not None and last["role"] == "user" and last["id"] not in held_ids
@@ -514,18 +527,23 @@ class AGUIRoutes:
             raise _pending_refusal(approvals)
         message = effective[-1]
         earlier = effective[:-1]
-        _check_counts([message, *(earlier if new_thread else ())], state.host.input_limits)
+        # The client's earlier messages may be 600,000: walked in a thread when many (the
+        # request's own lists, which nothing else holds; ``stored`` is a tuple).
+        big = len(earlier) > INLINE_MESSAGES
+        limits = state.host.input_limits
+        _check_counts([message], limits)
         text = _new_user_input(run, message)
         seed = None
         if new_thread and earlier:
-            seed = await off_loop(
-                history_of, earlier, big=len(earlier) > INLINE_MESSAGES, state=state
-            )
+            seed = await off_loop(partial(_seed, limits=limits), earlier, big=big, state=state)
         self._check_tools(run, session_id)
         session, agent = await self._open_thread(session_id, seed)
         _check_media(text, agent)
         user_id = _valid_id(message["id"])
-        prelude = _resync(stored, earlier, message, user_id)
+        resync = partial(_resync, stored, message=message, user_id=user_id)
+        prelude = await off_loop(
+            resync, earlier, big=big or len(stored) > INLINE_MESSAGES, state=state
+        )
         if session is None:
             return await self._submit(run, session_id, text, user_id, seed, agent, prelude)
         return self.stream(  # type: ignore[no-any-return]

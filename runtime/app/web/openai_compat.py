@@ -82,7 +82,7 @@ from runtime.errors import (
     MediaTooLarge,
     SessionBusy,
 )
-from runtime.history import check_history
+from runtime.history import checked_off_loop
 from runtime.ids import new_id
 from runtime.media import check_limits
 from runtime.messages import (
@@ -324,7 +324,7 @@ class OpenAIRoutes:
             agent = state.agent_for(scratch_id)
             _check_media(chat.input, agent)
             try:
-                history = check_history(chat.history)
+                history = await checked_off_loop(chat.history)
             except InvalidHistory as exc:
                 raise bad_request(str(exc), "messages") from None
             return Stateless(self.scratch, agent, scratch_id, history, respond)
@@ -346,7 +346,7 @@ class OpenAIRoutes:
             session_id = new_id("session")
             _check_media(chat.input, state.agent_for(session_id))
             try:
-                history = check_history(chat.history)
+                history = await checked_off_loop(chat.history)
             except InvalidHistory as exc:
                 raise bad_request(str(exc), "messages") from None
             options = TurnOptions(history=history or None, ephemeral=True)
