@@ -10,6 +10,8 @@ and prints the big request's answer and the bystander's slowest and median laten
     python3 benchmarks/bystander.py text /path/to/other/checkout   # e.g. an older main
     python3 benchmarks/bystander.py agui      # POST /ag-ui, a new thread of 600,000 messages
     python3 benchmarks/bystander.py chat      # POST /v1/chat/completions, 600,000 messages
+    python3 benchmarks/bystander.py agui-again  # the agui body posted again (measured):
+                                                # the thread's snapshot, nothing new to run
 
 Not part of ``python -m benchmarks``: it measures a stall, not a ratio, and on a shared
 machine its maximum is as much the machine's load as the server's.
@@ -60,11 +62,14 @@ PATHS = {"agui": "/ag-ui", "chat": "/v1/chat/completions"}
 PROTOCOLS = ("--protocols", "ai-sdk,ag-ui,openai")
 
 
-async def measure(url: str, body: bytes, path: str = "/api/chat") -> None:
+async def measure(url: str, body: bytes, path: str = "/api/chat", again: bool = False) -> None:
     latencies: list[float] = []
     done = trio.Event()
     async with httpx.AsyncClient(base_url=url, timeout=600) as client:
         await client.get("/api/info")
+        if again:  # the first post, not measured: it stores the thread
+            headers = {"content-type": "application/json"}
+            (await client.post(path, content=body, headers=headers)).raise_for_status()
         if path == PATHS["chat"]:  # the model the server serves: the demo agent's name
             model = (await client.get("/v1/models")).json()["data"][0]["id"]
             body = body.replace(b'"model":"assistant"', orjson.dumps({"model": model})[1:-1], 1)
@@ -98,6 +103,8 @@ async def measure(url: str, body: bytes, path: str = "/api/chat") -> None:
 def main() -> None:
     kind = sys.argv[1] if len(sys.argv) > 1 else "text"
     root = sys.argv[2] if len(sys.argv) > 2 else str(Path(__file__).resolve().parent.parent)
+    again = kind.endswith("-again")
+    kind = kind.removesuffix("-again")
     body = body_of(kind)
     print(f"{kind}: a body of {len(body) / MIB:.1f} MiB, server from {root}")
     server = subprocess.Popen(
@@ -111,7 +118,7 @@ def main() -> None:
     try:
         assert server.stdout is not None
         url = server.stdout.readline().split()[4].rstrip("/")
-        trio.run(measure, url, body, PATHS.get(kind, "/api/chat"))
+        trio.run(measure, url, body, PATHS.get(kind, "/api/chat"), again)
     finally:
         server.terminate()
         server.wait()

@@ -298,6 +298,30 @@ async def test_a_new_agui_thread_of_many_messages_is_counted_typed_and_repaired_
     assert long_walks(repaired) == [True]  # the runner's first repair, as it opens
 
 
+async def test_an_agui_thread_of_many_messages_posted_again_is_snapshotted_off_the_loop(
+    monkeypatch,
+):
+    looked_up = walks(monkeypatch, agui, "_ids")
+    snapshotted = walks(monkeypatch, agui, "agui_messages")
+    earlier = [
+        {"id": f"m{i}", "role": "user" if i % 2 == 0 else "assistant", "content": "x"}
+        for i in range(MANY)
+    ]
+    run = {
+        "threadId": "t",
+        "runId": "r",
+        "messages": [*earlier, {"id": "last", "role": "user", "content": "hi"}],
+    }
+    async with web_server(agent(), protocols=ALL) as server:
+        async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
+            first = await client.post("/ag-ui", json=run)
+            again = await client.post("/ag-ui", json=run)  # nothing new: the snapshot
+    assert first.status_code == 200 and again.status_code == 200
+    assert '"MESSAGES_SNAPSHOT"' in again.text and '"TEXT_MESSAGE_START"' not in again.text
+    assert long_walks(looked_up) == [True]  # the stored ids, on the second post
+    assert long_walks(snapshotted) == [True]
+
+
 async def test_a_chat_completions_history_of_many_messages_is_typed_and_repaired_off_the_loop(
     monkeypatch,
 ):

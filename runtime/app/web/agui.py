@@ -333,6 +333,10 @@ INLINE_MESSAGES = 1000
 """A history longer than this is converted off the event loop (:func:`off_loop`)."""
 
 
+def _ids(messages: Sequence[Message]) -> set[str]:
+    return {m.id for m in messages}
+
+
 def _seed(earlier: Sequence[dict[str, Any]], limits: Any) -> tuple[Message, ...]:
     """A new thread's history from the client's ``earlier`` messages, their parts
     counted first (:func:`_check_counts`)."""
@@ -438,7 +442,8 @@ class AGUIRoutes:
         record = await state.host.store.load(session_id)
         stored: tuple[Message, ...] = record.messages if record is not None else ()
         last = effective[-1] if effective else None
-        held_ids = {m.id for m in stored}
+        # (a thread's stored history is as long as the one a client posted to start it)
+        held_ids = await off_loop(_ids, stored, big=len(stored) > INLINE_MESSAGES, state=state)
         new_user = last is not None and last["role"] == "user" and last["id"] not in held_ids
         if run.resume or (last is not None and last["role"] == "tool"):
             if new_user:
@@ -451,7 +456,9 @@ class AGUIRoutes:
         if new_user:
             assert last is not None
             return await self._new_turn(run, session_id, stored, effective, record is None)
-        return snapshot_response(run, self._current(session_id, stored), None)
+        current = tuple(self._current(session_id, stored))  # the thread's own copy
+        reply = partial(snapshot_response, run, metadata=None)
+        return await off_loop(reply, current, big=len(current) > INLINE_MESSAGES, state=state)
 
     async def _busy(self, session_id: str) -> bool:
         """Whether the thread runs a turn: here, or (a worker deployment's front end)
