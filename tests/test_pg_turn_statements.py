@@ -1287,3 +1287,28 @@ async def test_a_store_without_the_next_claims_function_gains_it_on_open(pg_url)
     finally:
         await queue.aclose()
         await store.aclose()
+
+
+async def test_a_last_save_claims_a_decided_turns_continuation_with_its_session(pg_url):
+    """The riding claim is the claim's function: a decided turn's continuation comes
+    first, claimed with the session the decision saved, as a claim hands it."""
+    store = await PostgresStore.open(pg_url)
+    queue = TurnQueue(store, lease=30.0, max_attempts=3)
+    nxt = _Next()
+    try:
+        waiting = await _waiting_turn(store, queue, "d")
+        await queue.submit("s", "one")
+        claim = await queue.claim("w1")
+        assert claim is not None and claim.turn.session_id == "s"
+        await queue.decide("d", "ap1", Decision(approved=True), {})
+        decided = await store.load("d")
+        await _last_save_claiming(store, queue, claim, nxt)
+        [handed] = nxt.handed
+        taken = await handed.take()
+        assert taken.resumed and not taken.takeover
+        assert (taken.turn.turn_id, taken.owner, taken.epoch) == (waiting.turn.turn_id, "w1", 2)
+        assert taken.stored == decided
+        assert nxt.held == [(waiting.turn.turn_id, "w1", 2)]
+    finally:
+        await queue.aclose()
+        await store.aclose()
