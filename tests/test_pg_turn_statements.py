@@ -1312,3 +1312,31 @@ async def test_a_last_save_claims_a_decided_turns_continuation_with_its_session(
     finally:
         await queue.aclose()
         await store.aclose()
+
+
+async def test_a_turn_claimed_by_a_last_save_and_never_started_is_taken_over_at_its_lease(
+    pg_url,
+):
+    """A riding claim whose answer never reaches a worker (it died, or the answer was
+    lost and the retried save refused: the turn ended) is what a claim before a crash
+    is: nothing renews its lease, and once the lease runs out any worker takes the turn
+    over (the attempt counted), with nothing of it saved."""
+    store = await PostgresStore.open(pg_url)
+    queue = TurnQueue(store, lease=30.0, max_attempts=3)
+    nxt = _Next()
+    try:
+        await queue.submit("s", "one")
+        second = await queue.submit("t", "two")
+        claim = await queue.claim("w1")
+        assert claim is not None
+        await _last_save_claiming(store, queue, claim, nxt)
+        assert [h.turn_id for h in nxt.handed] == [second.turn_id]  # never taken
+        assert await queue.claim("w2") is None  # its lease runs
+        await _expire(store, second.turn_id)
+        taken = await queue.claim("w2")
+        assert taken is not None and taken.takeover and taken.turn.turn_id == second.turn_id
+        assert (taken.owner, taken.epoch, taken.turn.attempts) == ("w2", 2, 2)
+        assert not taken.turn.saved
+    finally:
+        await queue.aclose()
+        await store.aclose()

@@ -8,6 +8,7 @@ they no longer take carried nothing.
 
 from __future__ import annotations
 
+import attrs
 import pytest
 import trio
 
@@ -344,3 +345,49 @@ async def test_a_turn_claimed_by_a_last_save_as_the_worker_stops_is_given_back(p
     assert worker.done == {"done": 1}
     assert after is not None and (after.status, after.owner, after.attempts) == ("running", None, 0)
     assert taken is not None and taken.turn.turn_id == second.turn_id and taken.takeover
+
+
+async def test_a_turn_claimed_by_a_last_save_beside_a_takeover_is_given_back(pg_url, monkeypatch):
+    """The claim loop's rule (nothing else runs beside a taken-over turn, which may be
+    what kills workers) holds for a riding claim that lands once the loop took one over:
+    the claimed turn goes back at once."""
+    from actors.stores.turns import TurnQueue
+    from runtime.app import worker as worker_module
+    from runtime.app.worker import Worker
+    from tests.support.worker_agent import agent
+
+    store = await PostgresStore.open(pg_url)
+    submitter = TurnQueue(store)
+    first = await submitter.submit("s0", "hello")
+    second = await submitter.submit("s1", "hello")
+    worker = Worker(store=store, agent=agent, owner="w", poll=0.05, concurrency=1)
+
+    def claimed_next(self, claimed):  # a takeover running here by the time it lands
+        self.next = claimed
+        fake = worker_module._Running(claim=attrs.evolve(self.claim, takeover=True))
+        worker.running["elsewhere"] = fake
+
+    monkeypatch.setattr(worker_module._Running, "claimed_next", claimed_next)
+    given_back = trio.Event()
+    real_release = worker.queue.release
+
+    async def release(claim, **kwargs):
+        done = await real_release(claim, **kwargs)
+        given_back.set()
+        return done
+
+    worker.queue.release = release  # type: ignore[method-assign]
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(worker.run)
+            await submitter.wait_finished(first.turn_id, 30)
+            with trio.fail_after(30):
+                await given_back.wait()
+            del worker.running["elsewhere"]
+            worker.stop()
+        after = await submitter.get_status(second.turn_id)
+    finally:
+        await submitter.aclose()
+        await store.aclose()
+    assert worker.done == {"done": 1}
+    assert after is not None and (after.status, after.owner, after.attempts) == ("running", None, 0)

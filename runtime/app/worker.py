@@ -566,8 +566,9 @@ class Worker:
 
     async def _start_next(self, claimed: NextClaimed) -> _Running | None:
         """The turn a last save claimed (:class:`NextClaim`), read and entered as running;
-        ``None`` if it is not run here: a worker that began stopping since gives it back
-        at once (the attempt too, as a release on stopping does), and one whose input or
+        ``None`` if it is not run here: a worker that began stopping since, or that runs
+        a taken-over turn now, gives it back at once (the attempt too, as a release on
+        stopping does), and one whose input or
         session cannot be read lets its lease lapse, as a failed claim does (another
         worker then takes it over)."""
         leases = self._leases
@@ -581,7 +582,8 @@ class Worker:
         except BaseException:
             leases.release(claimed.turn_id, claimed.epoch)
             raise
-        if self._stopping.is_set():
+        if self._stopping.is_set() or any(e.claim.takeover for e in self.running.values()):
+            # Nor beside a taken-over turn the claim loop took meanwhile (its rule).
             leases.release(claimed.turn_id, claimed.epoch)
             with trio.CancelScope(shield=True):
                 try:
