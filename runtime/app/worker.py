@@ -568,9 +568,8 @@ class Worker:
         """The turn a last save claimed (:class:`NextClaim`), read and entered as running;
         ``None`` if it is not run here: a worker that began stopping since, or that runs
         a taken-over turn now, gives it back at once (the attempt too, as a release on
-        stopping does), and one whose input or
-        session cannot be read lets its lease lapse, as a failed claim does (another
-        worker then takes it over)."""
+        stopping does); one whose input or session cannot be read lets its lease lapse,
+        as a failed claim does (another worker then takes it over)."""
         leases = self._leases
         assert leases is not None
         try:
