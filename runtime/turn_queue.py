@@ -251,6 +251,38 @@ class SteerWatch:
         self.steers = max(self.steers, steers)
 
 
+@attrs.frozen(kw_only=True, eq=False)
+class NextClaim:
+    """How a worker lets a turn's last save claim the next turn for the slot the turn
+    frees (:meth:`TurnQueue.fenced`'s ``claim_next``: one store call where there were
+    two, the save's and then the claim's). The queue asks :attr:`wanted` right before
+    it sends a save that ends the turn; when the call claimed a turn, it calls
+    :attr:`on_claimed` (as :meth:`TurnQueue.claim`'s) and then :attr:`claimed`, both
+    at once, on the event loop, with nothing awaited since the answer: the claim is the
+    worker's to start or give back from then on."""
+
+    wanted: Callable[[], bool]
+    """Whether the worker will run a turn in the slot (not stopping...)."""
+    on_claimed: Callable[[str, str, int], None]
+    """``(turn_id, owner, epoch)`` of the claimed turn: its lease is held from here."""
+    claimed: Callable[[NextClaimed], None]
+    """The claimed turn, to be read (:attr:`NextClaimed.take`) and started."""
+    load: Callable[[str], bool] | None = None
+    """As :meth:`TurnQueue.claim`'s: whether the claimed turn's session is read for it."""
+
+
+@attrs.frozen(kw_only=True, eq=False)
+class NextClaimed:
+    """A turn claimed by a last save (:class:`NextClaim`), not read yet."""
+
+    turn_id: str
+    owner: str
+    epoch: int
+    take: Callable[[], Any]
+    """``await take()``: the :class:`Claim` (its input decoded, its session read if
+    asked): what :meth:`TurnQueue.claim` would have returned."""
+
+
 @runtime_checkable
 class TurnQueue(Protocol):
     """Durable turns in a shared store: what a front end submits and reads, and what a
@@ -365,6 +397,7 @@ class TurnQueue(Protocol):
         watch: SteerWatch | None = None,
         on_finished: Callable[[], None] | None = None,
         on_finishing: Callable[[], None] | None = None,
+        claim_next: NextClaim | None = None,
     ) -> AbstractContextManager[None]:
         """While inside, every save of the claimed turn's session is refused
         (:class:`~runtime.errors.LeaseLost`) once the claim no longer holds the turn;
@@ -378,7 +411,9 @@ class TurnQueue(Protocol):
         (:class:`SteerWatch`). With ``on_finished``, the save that ends the turn
         (``SaveRequest.ends``) also finishes it ``done`` (:meth:`finish`) in its commit:
         ``on_finishing`` is called in the save's thread before the commit, ``on_finished``
-        once it committed."""
+        once it committed. With ``claim_next`` too, that save may also claim the next
+        turn for the worker (:class:`NextClaim`), in the same commit: a save refused
+        (the fence) or failed claims nothing."""
         ...
 
     async def take_steering(

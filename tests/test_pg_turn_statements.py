@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from functools import partial
 from typing import Any
 
+import attrs
 import psycopg
 import pytest
 import trio
@@ -23,6 +24,7 @@ from actors.stores.turns import TurnQueue
 from runtime.approval import WAITING_META, Decision
 from runtime.errors import AlreadyDecided, LeaseLost, StoreConflict, StoreError, UnknownApproval
 from runtime.messages import AssistantMessage, Awaiting, ToolCallPart, UserMessage
+from runtime.turn_queue import NextClaim, NextClaimed
 
 
 @pytest.fixture
@@ -1050,5 +1052,291 @@ async def test_a_submit_in_flight_when_the_turn_ends_is_seen_by_the_end(pg_url):
     finally:
         submitter.close()
         listening.close()
+        await queue.aclose()
+        await store.aclose()
+
+
+# -- the next claim riding on a turn's last save (issue 24 goal 3, branch nextclaim) -----
+
+
+@attrs.define
+class _Next:
+    """A worker's side of :class:`~runtime.turn_queue.NextClaim`, recorded."""
+
+    want: bool = True
+    held: list[tuple[str, str, int]] = attrs.field(factory=list)
+    handed: list[NextClaimed] = attrs.field(factory=list)
+
+    def hook(self) -> NextClaim:
+        return NextClaim(
+            wanted=lambda: self.want,
+            on_claimed=lambda *key: self.held.append(key),
+            claimed=self.handed.append,
+            load=lambda session_id: True,
+        )
+
+
+async def _last_save_claiming(
+    store: PostgresStore, queue: TurnQueue, claim: Any, nxt: _Next, statements: Any = None
+) -> None:
+    """``claim``'s turn saved and ended by its last save, ``nxt`` asked for the next."""
+    session = claim.turn.session_id
+    with queue.fenced(claim, on_finished=lambda: None, claim_next=nxt.hook()):
+        version = await store.save(session, 0, said("one"), expected_version=None)
+        if statements is not None:
+            statements.clear()
+        await store.save(session, 1, said("answer"), expected_version=version, ends="stop")
+
+
+async def test_a_last_save_claims_the_next_turn_in_the_same_call(pg_url, statements):
+    """The turn's end and the claim for the slot it frees: one statement, where the
+    worker sent the save and then a claim; the claimed turn's lease is held from the
+    answer on and it reads as a claim would (its session, stored, read for it)."""
+    store = await PostgresStore.open(pg_url)
+    queue = TurnQueue(store, lease=30.0, max_attempts=3)
+    nxt = _Next()
+    try:
+        await store.save("t", 0, said("earlier"))  # t is stored: its claim reads it
+        first = await queue.submit("s", "one")
+        second = await queue.submit("t", "two")
+        claim = await queue.claim("w1")
+        assert claim is not None and claim.turn.turn_id == first.turn_id
+        await _last_save_claiming(store, queue, claim, nxt, statements)
+        assert statements == {"SELECT": 1}, statements
+        assert await _row(store, first.turn_id) == ("done", "w1", 1, True, "stop")
+        assert await _row(store, second.turn_id) == ("running", "w1", 1, False, None)
+        assert nxt.held == [(second.turn_id, "w1", 1)]
+        [handed] = nxt.handed
+        taken = await handed.take()
+        assert (taken.turn.turn_id, taken.turn.input, taken.owner, taken.epoch) == (
+            second.turn_id,
+            "two",
+            "w1",
+            1,
+        )
+        assert not taken.takeover and not taken.resumed
+        assert taken.stored is not None and [m.text for m in taken.stored.messages] == ["earlier"]
+        assert await queue.claim("w2") is None  # claimed once
+    finally:
+        await queue.aclose()
+        await store.aclose()
+
+
+async def test_a_fenced_out_last_save_claims_nothing_and_writes_nothing(pg_url):
+    store = await PostgresStore.open(pg_url)
+    queue = TurnQueue(store, lease=30.0, max_attempts=3)
+    nxt = _Next()
+    try:
+        await queue.submit("s", "one")
+        waiting = await queue.submit("t", "two")
+        claim = await queue.claim("w1")
+        assert claim is not None
+        with queue.fenced(claim, on_finished=lambda: None, claim_next=nxt.hook()):
+            version = await store.save("s", 0, said("one"), expected_version=None)
+            await _expire(store, claim.turn.turn_id)
+            taken = await TurnQueue(store, lease=30.0, max_attempts=3).claim("w2")
+            assert taken is not None and taken.turn.turn_id == claim.turn.turn_id
+            with pytest.raises(LeaseLost):
+                await store.save("s", 1, said("answer"), expected_version=version, ends="stop")
+        assert nxt.held == [] and nxt.handed == []
+        assert await _row(store, waiting.turn_id) == ("queued", None, 0, False, None)
+        assert await _row(store, claim.turn.turn_id) == ("running", "w2", 2, True, None)
+        record = await store.load("s")
+        assert record is not None and [m.text for m in record.messages] == ["one"]
+    finally:
+        await queue.aclose()
+        await store.aclose()
+
+
+async def test_a_last_save_claims_nothing_when_the_worker_wants_no_more(pg_url, statements):
+    """A stopping worker's last save is the plain one: the next turn stays queued."""
+    store = await PostgresStore.open(pg_url)
+    queue = TurnQueue(store, lease=30.0, max_attempts=3)
+    nxt = _Next(want=False)
+    try:
+        first = await queue.submit("s", "one")
+        second = await queue.submit("t", "two")
+        claim = await queue.claim("w1")
+        assert claim is not None
+        await _last_save_claiming(store, queue, claim, nxt, statements)
+        assert statements == {"SELECT": 1}, statements
+        assert await _row(store, first.turn_id) == ("done", "w1", 1, True, "stop")
+        assert await _row(store, second.turn_id) == ("queued", None, 0, False, None)
+        assert nxt.held == [] and nxt.handed == []
+    finally:
+        await queue.aclose()
+        await store.aclose()
+
+
+async def test_a_last_save_behind_an_expired_lease_leaves_it_to_the_claims_takeover(pg_url):
+    """An expired lease goes first, as in a claim: the riding claim takes nothing (the
+    worker's claim loop takes the turn over, in its transaction)."""
+    store = await PostgresStore.open(pg_url)
+    queue = TurnQueue(store, lease=30.0, max_attempts=3)
+    nxt = _Next()
+    try:
+        await queue.submit("s", "one")
+        dead = await queue.submit("d", "dead")
+        queued = await queue.submit("t", "two")
+        claim = await queue.claim("w1")
+        lapsed = await queue.claim("w0")
+        assert claim is not None and lapsed is not None and lapsed.turn.turn_id == dead.turn_id
+        await _expire(store, dead.turn_id)
+        await _last_save_claiming(store, queue, claim, nxt)
+        assert nxt.handed == []
+        assert await _row(store, queued.turn_id) == ("queued", None, 0, False, None)
+        taken = await queue.claim("w1")
+        assert taken is not None and taken.takeover and taken.turn.turn_id == dead.turn_id
+    finally:
+        await queue.aclose()
+        await store.aclose()
+
+
+async def test_a_last_save_that_claims_its_sessions_next_turn_wakes_no_worker(pg_url):
+    """The session's next turn, claimed in the end's call, needs nobody woken (the plain
+    end wakes every worker for it); another session's claimed, this one's next is."""
+    store = await PostgresStore.open(pg_url)
+    queue = TurnQueue(store, lease=30.0, max_attempts=3)
+    nxt = _Next()
+    await queue.submit("s", "one")
+    second = await queue.submit("s", "two")
+    listening = _Listening(store)
+    try:
+        claim = await queue.claim("w1")
+        assert claim is not None
+        await _last_save_claiming(store, queue, claim, nxt)
+        assert [h.turn_id for h in nxt.handed] == [second.turn_id]
+        assert listening.told() == []
+    finally:
+        listening.close()
+        await queue.aclose()
+        await store.aclose()
+
+
+async def test_a_last_save_that_claims_another_sessions_turn_wakes_for_its_own_next(pg_url):
+    store = await PostgresStore.open(pg_url)
+    queue = TurnQueue(store, lease=30.0, max_attempts=3)
+    nxt = _Next()
+    await queue.submit("s", "one")
+    other = await queue.submit("t", "other")
+    await queue.submit("s", "two")  # behind t's in line
+    listening = _Listening(store)
+    try:
+        claim = await queue.claim("w1")
+        assert claim is not None
+        await _last_save_claiming(store, queue, claim, nxt)
+        assert [h.turn_id for h in nxt.handed] == [other.turn_id]
+        assert listening.told() == [claim.turn.turn_id]
+    finally:
+        listening.close()
+        await queue.aclose()
+        await store.aclose()
+
+
+async def test_a_last_save_cancelled_in_flight_still_hands_over_what_it_claimed(pg_url):
+    """The call is shielded: cancelled while its answer is awaited, it commits, and the
+    turn it claimed is handed to the worker all the same (not left claimed and unknown
+    until its lease expires)."""
+    store = await PostgresStore.open(pg_url)
+    queue = TurnQueue(store, lease=30.0, max_attempts=3)
+    nxt = _Next()
+    try:
+        await queue.submit("s", "one")
+        second = await queue.submit("t", "two")
+        claim = await queue.claim("w1")
+        assert claim is not None
+        with queue.fenced(claim, on_finished=lambda: None, claim_next=nxt.hook()):
+            version = await store.save("s", 0, said("one"), expected_version=None)
+            with trio.CancelScope() as scope:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(
+                        partial(
+                            store.save, "s", 1, said("answer"), expected_version=version, ends="x"
+                        )
+                    )
+                    await trio.testing.wait_all_tasks_blocked()  # its answer awaited
+                    scope.cancel()
+        assert [h.turn_id for h in nxt.handed] == [second.turn_id]
+        assert nxt.held == [(second.turn_id, "w1", 1)]
+        assert await _row(store, claim.turn.turn_id) == ("done", "w1", 1, True, "x")
+    finally:
+        await queue.aclose()
+        await store.aclose()
+
+
+async def test_a_store_without_the_next_claims_function_gains_it_on_open(pg_url):
+    from actors.stores.postgres import SAVE_NEXT_FUNCTION_NAME
+
+    store = await PostgresStore.open(pg_url)
+    await store.run(
+        "drop",
+        lambda conn: conn.execute(f"DROP FUNCTION {SAVE_NEXT_FUNCTION_NAME}"),
+        transaction=False,
+    )
+    await store.aclose()
+    store = await PostgresStore.open(pg_url)
+    queue = TurnQueue(store, lease=30.0, max_attempts=3)
+    nxt = _Next()
+    try:
+        await queue.submit("s", "one")
+        second = await queue.submit("t", "two")
+        claim = await queue.claim("w1")
+        assert claim is not None
+        await _last_save_claiming(store, queue, claim, nxt)
+        assert [h.turn_id for h in nxt.handed] == [second.turn_id]
+    finally:
+        await queue.aclose()
+        await store.aclose()
+
+
+async def test_a_last_save_claims_a_decided_turns_continuation_with_its_session(pg_url):
+    """The riding claim is the claim's function: a decided turn's continuation comes
+    first, claimed with the session the decision saved, as a claim hands it."""
+    store = await PostgresStore.open(pg_url)
+    queue = TurnQueue(store, lease=30.0, max_attempts=3)
+    nxt = _Next()
+    try:
+        waiting = await _waiting_turn(store, queue, "d")
+        await queue.submit("s", "one")
+        claim = await queue.claim("w1")
+        assert claim is not None and claim.turn.session_id == "s"
+        await queue.decide("d", "ap1", Decision(approved=True), {})
+        decided = await store.load("d")
+        await _last_save_claiming(store, queue, claim, nxt)
+        [handed] = nxt.handed
+        taken = await handed.take()
+        assert taken.resumed and not taken.takeover
+        assert (taken.turn.turn_id, taken.owner, taken.epoch) == (waiting.turn.turn_id, "w1", 2)
+        assert taken.stored == decided
+        assert nxt.held == [(waiting.turn.turn_id, "w1", 2)]
+    finally:
+        await queue.aclose()
+        await store.aclose()
+
+
+async def test_a_turn_claimed_by_a_last_save_and_never_started_is_taken_over_at_its_lease(
+    pg_url,
+):
+    """A riding claim whose answer never reaches a worker (it died, or the answer was
+    lost and the retried save refused: the turn ended) is what a claim before a crash
+    is: nothing renews its lease, and once the lease runs out any worker takes the turn
+    over (the attempt counted), with nothing of it saved."""
+    store = await PostgresStore.open(pg_url)
+    queue = TurnQueue(store, lease=30.0, max_attempts=3)
+    nxt = _Next()
+    try:
+        await queue.submit("s", "one")
+        second = await queue.submit("t", "two")
+        claim = await queue.claim("w1")
+        assert claim is not None
+        await _last_save_claiming(store, queue, claim, nxt)
+        assert [h.turn_id for h in nxt.handed] == [second.turn_id]  # never taken
+        assert await queue.claim("w2") is None  # its lease runs
+        await _expire(store, second.turn_id)
+        taken = await queue.claim("w2")
+        assert taken is not None and taken.takeover and taken.turn.turn_id == second.turn_id
+        assert (taken.owner, taken.epoch, taken.turn.attempts) == ("w2", 2, 2)
+        assert not taken.turn.saved
+    finally:
         await queue.aclose()
         await store.aclose()

@@ -8,6 +8,7 @@ they no longer take carried nothing.
 
 from __future__ import annotations
 
+import attrs
 import pytest
 import trio
 
@@ -273,3 +274,120 @@ async def test_a_worker_forwards_a_turns_chunks_in_bulk_not_one_anext_each(pg_ur
     types = [chunk.type for chunk in writer.chunks]  # type: ignore[attr-defined]
     assert types[0] == "start" and types[-1] == "finish" and writer.closed
     assert types.count("step-start") == types.count("step-finish") == 3  # "tools one"
+
+
+async def test_a_workers_last_save_claims_its_next_turn_so_one_claim_call_serves_three(pg_url):
+    """A worker's slot freed by a turn's end is filled by the claim riding on that turn's
+    last save (one store call where there were two): with one slot, three queued turns
+    take one claim call that found a turn, not three."""
+    from actors.stores.turns import TurnQueue
+    from runtime.app.worker import Worker
+    from tests.support.worker_agent import agent
+
+    store = await PostgresStore.open(pg_url)
+    submitter = TurnQueue(store)
+    turns = [await submitter.submit(f"s{n}", "hello") for n in range(3)]
+    worker = Worker(store=store, agent=agent, owner="w", poll=0.05, concurrency=1)
+    claimed: list[object] = []
+    real_claim = worker.queue.claim
+
+    async def claim(*args, **kwargs):
+        got = await real_claim(*args, **kwargs)
+        if got is not None:
+            claimed.append(got.turn.turn_id)
+        return got
+
+    worker.queue.claim = claim  # type: ignore[method-assign]
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(worker.run)
+            done = [await submitter.wait_finished(t.turn_id, 30) for t in turns]
+            worker.stop()
+    finally:
+        await submitter.aclose()
+        await store.aclose()
+    assert [d.status if d else None for d in done] == ["done"] * 3
+    assert [d.owner if d else None for d in done] == ["w"] * 3
+    assert claimed == [turns[0].turn_id]
+    assert worker.done == {"done": 3}
+
+
+async def test_a_turn_claimed_by_a_last_save_as_the_worker_stops_is_given_back(pg_url, monkeypatch):
+    """A worker that began stopping between the save that claimed a turn for it and
+    that turn's start starts nothing: the turn goes back at once (no owner, its lease
+    lapsed, the attempt given back), for any worker's next claim."""
+    from actors.stores.turns import TurnQueue
+    from runtime.app import worker as worker_module
+    from runtime.app.worker import Worker
+    from tests.support.worker_agent import agent
+
+    store = await PostgresStore.open(pg_url)
+    submitter = TurnQueue(store)
+    first = await submitter.submit("s0", "hello")
+    second = await submitter.submit("s1", "hello")
+    worker = Worker(store=store, agent=agent, owner="w", poll=0.05, concurrency=1)
+
+    def claimed_next(self, claimed):  # the answer's hand-over, the stop right after it
+        self.next = claimed
+        worker.stop()
+
+    monkeypatch.setattr(worker_module._Running, "claimed_next", claimed_next)
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(worker.run)
+        after = await submitter.get_status(second.turn_id)
+        done = await submitter.get_status(first.turn_id)
+        taken = await TurnQueue(store).claim("w2")
+    finally:
+        await submitter.aclose()
+        await store.aclose()
+    assert done is not None and done.status == "done"
+    assert worker.done == {"done": 1}
+    assert after is not None and (after.status, after.owner, after.attempts) == ("running", None, 0)
+    assert taken is not None and taken.turn.turn_id == second.turn_id and taken.takeover
+
+
+async def test_a_turn_claimed_by_a_last_save_beside_a_takeover_is_given_back(pg_url, monkeypatch):
+    """The claim loop's rule (nothing else runs beside a taken-over turn, which may be
+    what kills workers) holds for a riding claim that lands once the loop took one over:
+    the claimed turn goes back at once."""
+    from actors.stores.turns import TurnQueue
+    from runtime.app import worker as worker_module
+    from runtime.app.worker import Worker
+    from tests.support.worker_agent import agent
+
+    store = await PostgresStore.open(pg_url)
+    submitter = TurnQueue(store)
+    first = await submitter.submit("s0", "hello")
+    second = await submitter.submit("s1", "hello")
+    worker = Worker(store=store, agent=agent, owner="w", poll=0.05, concurrency=1)
+
+    def claimed_next(self, claimed):  # a takeover running here by the time it lands
+        self.next = claimed
+        fake = worker_module._Running(claim=attrs.evolve(self.claim, takeover=True))
+        worker.running["elsewhere"] = fake
+
+    monkeypatch.setattr(worker_module._Running, "claimed_next", claimed_next)
+    given_back = trio.Event()
+    real_release = worker.queue.release
+
+    async def release(claim, **kwargs):
+        done = await real_release(claim, **kwargs)
+        given_back.set()
+        return done
+
+    worker.queue.release = release  # type: ignore[method-assign]
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(worker.run)
+            await submitter.wait_finished(first.turn_id, 30)
+            with trio.fail_after(30):
+                await given_back.wait()
+            del worker.running["elsewhere"]
+            worker.stop()
+        after = await submitter.get_status(second.turn_id)
+    finally:
+        await submitter.aclose()
+        await store.aclose()
+    assert worker.done == {"done": 1}
+    assert after is not None and (after.status, after.owner, after.attempts) == ("running", None, 0)

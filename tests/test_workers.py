@@ -22,7 +22,12 @@ import pytest
 import trio
 
 from actors.relays.redis_streams import RedisRelay
-from actors.stores.postgres import SAVE_FUNCTION_NAME, PostgresStore, parse_url
+from actors.stores.postgres import (
+    SAVE_FUNCTION_NAME,
+    SAVE_NEXT_FUNCTION_NAME,
+    PostgresStore,
+    parse_url,
+)
 from actors.stores.turns import TurnQueue
 from runtime.agent import Agent
 from runtime.app.worker import Worker
@@ -273,8 +278,12 @@ def _backends_finishing_a_turn(pg_url: str) -> int:
     with psycopg.connect(libpq, autocommit=True) as conn:
         [(n,)] = conn.execute(
             "SELECT count(*) FROM pg_stat_activity WHERE pid <> pg_backend_pid() "
-            "AND state = 'active' AND (query LIKE %s OR query LIKE %s)",
-            ("%pg_sleep(%), pg_notify(%", f"%pg_sleep(%) FROM {SAVE_FUNCTION_NAME}(%"),
+            "AND state = 'active' AND (query LIKE %s OR query LIKE %s OR query LIKE %s)",
+            (
+                "%pg_sleep(%), pg_notify(%",
+                f"%pg_sleep(%) FROM {SAVE_FUNCTION_NAME}(%",
+                f"%pg_sleep(%) FROM {SAVE_NEXT_FUNCTION_NAME}(%",  # the next claim riding
+            ),
         ).fetchall()
     return int(n)
 

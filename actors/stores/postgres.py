@@ -13,6 +13,7 @@ Layout (in one schema, ``public`` unless the URL says ``?schema=NAME``; schema v
     axon_claim_v2(owner, lease, channel)                 -- a claim in one call: CLAIM_FUNCTION
     axon_save_v3(session, start, ...)                    -- a save in one call: SAVE_FUNCTION
     axon_decide_v1(turn, complete, session, ...)         -- a decision's save: DECIDE_FUNCTION
+    axon_save_next_v1(session, start, ..., lease)        -- a last save and the next claim
 
 One message is one row keyed by its index, as in the SQLite store: :meth:`save` deletes
 the rows from ``start`` on and inserts the new ones in one transaction, so persisting
@@ -578,6 +579,105 @@ One statement in autocommit where a save was a transaction of four or five round
 store's thread; PL/pgSQL keeps the plans of its statements per connection."""
 
 
+SAVE_NEXT_FUNCTION_NAME: Final = "axon_save_next_v1"
+"""The server-side function of a turn's last save that also claims the next turn for the
+slot the turn frees (:data:`SAVE_NEXT_FUNCTION`)."""
+
+_SAVE_OUT = (
+    ("o_status", "TEXT"),
+    ("o_version", "BIGINT"),
+    ("o_steers", "INTEGER"),
+    ("o_owner", "TEXT"),
+    ("o_epoch", "BIGINT"),
+    ("o_turn_status", "TEXT"),
+)
+SAVE_NEXT_KINDS: Final = tuple(kind for _, kind in _SAVE_OUT)
+"""The types of :data:`SAVE_NEXT_FUNCTION`'s first columns (the save's); the claim
+function's columns follow, as :data:`CLAIM_FUNCTION` returns them."""
+_SAVE_NEXT_OUT = ", ".join(f"{name} {kind}" for name, kind in _SAVE_OUT)
+_SAVE_NEXT_CLAIM_OUT = ", ".join(
+    f"n_{name} {kind}"
+    for name, kind in (
+        ("expired", "BOOLEAN"),
+        ("stored", "BOOLEAN"),
+        ("resumed", "BOOLEAN"),
+        *CLAIMED_COLUMNS,
+        *SESSION_COLUMNS,
+    )
+)
+_NO_CLAIM = ", ".join(["NULL::boolean"] * 3 + [_NO_TURN, _NO_SESSION])
+
+SAVE_NEXT_FUNCTION: Final = f"""CREATE OR REPLACE FUNCTION {SAVE_NEXT_FUNCTION_NAME}(
+    p_session TEXT, p_start INTEGER, p_expected BIGINT, p_meta BYTEA,
+    p_idx INTEGER[], p_roles TEXT[], p_bodies BYTEA[],
+    p_turn TEXT, p_owner TEXT, p_epoch BIGINT, p_ends TEXT, p_channel TEXT,
+    p_lease DOUBLE PRECISION)
+    RETURNS TABLE ({_SAVE_NEXT_OUT}, {_SAVE_NEXT_CLAIM_OUT})
+    LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+#variable_conflict use_variable
+DECLARE
+    v_claimed BOOLEAN := false;
+BEGIN
+    -- The save, fenced, its turn's row locked for writing (the mark asked for: the lock
+    -- a last save takes), nothing ended yet: every refusal returns here, before anything
+    -- is written and before anything is claimed.
+    SELECT s.o_status, s.o_version, s.o_steers, s.o_owner, s.o_epoch, s.o_turn_status
+    INTO o_status, o_version, o_steers, o_owner, o_epoch, o_turn_status
+    FROM {SAVE_FUNCTION_NAME}(p_session, p_start, p_expected, p_meta, p_idx, p_roles,
+        p_bodies, p_turn, p_owner, p_epoch, true, NULL, p_channel, false, NULL) AS s;
+    IF o_status <> 'ok' THEN
+        RETURN QUERY SELECT o_status, o_version, o_steers, o_owner, o_epoch, o_turn_status,
+            {_NO_CLAIM};
+        RETURN;
+    END IF;
+    -- The turn's end, as the save function writes it.
+    UPDATE axon_turns SET status = 'done', finish_reason = p_ends, error = NULL,
+        lease_until = NULL, finished_at = clock_timestamp(), saved = true
+    WHERE turn_id = p_turn;
+    -- The claim for the slot the end frees, as a claim after the commit makes it (its
+    -- function: an expired lease first, said and not taken; a decided turn's
+    -- continuation; the first claimable head, this session's next turn included). A
+    -- concurrent claim of the same session (the unique index) undoes the claim alone:
+    -- the save stands, nothing is claimed (its rows are only returned once it succeeded:
+    -- the claim function's result is whole before a row of it is read).
+    BEGIN
+        RETURN QUERY SELECT o_status, o_version, o_steers, o_owner, o_epoch, o_turn_status,
+            c.* FROM {CLAIM_FUNCTION_NAME}(p_owner, p_lease, p_channel) AS c;
+        v_claimed := FOUND;
+    EXCEPTION WHEN unique_violation THEN
+        v_claimed := false;
+    END;
+    IF NOT v_claimed THEN
+        RETURN QUERY SELECT o_status, o_version, o_steers, o_owner, o_epoch, o_turn_status,
+            {_NO_CLAIM};
+    END IF;
+    -- The wake-up, as the save function's: under the session's lock, only for a turn of
+    -- the session queued behind this one and claimable (the claim above did not start
+    -- one of the session: then that turn's end wakes the workers).
+    PERFORM pg_advisory_xact_lock(
+        hashtextextended('axon_turns:' || current_schema() || ':' || p_session, 0));
+    IF EXISTS (SELECT 1 FROM axon_turns
+            WHERE session_id >= p_session AND session_id <= p_session
+              AND status = 'queued'
+            ORDER BY session_id, seq LIMIT 1)
+       AND NOT EXISTS (SELECT 1 FROM axon_turns
+            WHERE session_id = p_session AND status = 'running') THEN
+        PERFORM pg_notify(p_channel, current_schema() || ':' || p_turn);
+    END IF;
+END $$"""
+"""A worker turn's last save and the claim of the next turn in one call (issue 24 goal
+3): :data:`SAVE_FUNCTION`'s fenced save (its refusals return before anything is written
+or claimed, ``o_status`` as it says), the turn's end ``done`` with ``p_ends``, then
+:data:`CLAIM_FUNCTION` for ``p_owner`` with a lease of ``p_lease`` seconds, its columns
+after the save's (``n_``; ``NULL`` when it claimed nothing), then the wake-up of the
+workers when a claimable turn of the session is queued behind. One statement where the
+last save and the claim for the slot it frees were two calls, the second only sent once
+the first's answer came back.
+
+A database created by a version before it gains it on open; it calls the save's and the
+claim's functions, which workers of the version before call themselves: a mixed fleet
+claims and saves by the same statements."""
+
 STATUS_COLUMNS: Final = (
     "turn_id",
     "session_id",
@@ -694,6 +794,15 @@ class Fence:
     ``done`` with ``ends``, a :class:`Suspend` yes, and the call suspends the turn's row
     (then :attr:`on_commit` is called once it committed). Without it a fence with an
     :attr:`in_save` always saves in the transaction."""
+    claim_next: Callable[[], tuple[float, Callable[[Any], None]] | None] | None = attrs.field(
+        default=None, eq=False
+    )
+    """Asked right before a save that ends the turn in its call (:attr:`one_call` said
+    ``True``) is sent: ``None``, or the claim of the next turn for this fence's owner
+    rides on it (:data:`SAVE_NEXT_FUNCTION`), with that lease in seconds, and the
+    call's result (in the binary format, the claim's columns from
+    :data:`SAVE_NEXT_CLAIM_AT` on) goes to the callable once the save is known
+    committed, before anything else runs on the event loop."""
 
 
 @attrs.frozen(slots=True)
@@ -1100,7 +1209,7 @@ class PostgresStore:
             raise StoreError(f"session store {self.url} is closed")
         mark = fence is not None and fence.turn_id not in self._marked
         ids, roles, bodies = _columns(rows)
-        params = (
+        params: tuple[bytes | None, ...] = (
             session_id.encode(),
             b"%d" % start,
             None if expected_version is None else b"%d" % expected_version,
@@ -1122,21 +1231,48 @@ class PostgresStore:
         name, sql = (
             (_SAVE_NAME, _SAVE_SQL) if ends is None else (_SAVE_NAME_ENDING, _SAVE_SQL_ENDING)
         )
+        formats: Sequence[int] = _SAVE_FORMATS
+        result_format = 0
+        asked = None
+        if ends is not None and fence is not None and fence.claim_next is not None:
+            asked = fence.claim_next()
+        if asked is not None:  # the next claim rides on this last save
+            name, sql, formats = _SAVE_NEXT_NAME, _SAVE_NEXT_SQL, _SAVE_NEXT_FORMATS
+            result_format = 1
+            params = (
+                *params[:10],
+                ends.encode() if ends is not None else None,
+                _TURNS_CHANNEL.encode(),
+                repr(float(asked[0])).encode(),
+            )
 
         async def once() -> Any:
-            return await self._lane.call(name, sql, params, _SAVE_FORMATS)
+            return await self._lane.call(name, sql, params, formats, result_format)
 
         result = await _retrying(f"{action} ({self.url})", self._retry_for, once, log=self._log)
-        got = [result.get_value(0, col) for col in range(6)]
-        status = got[0].decode()
-        version = None if got[1] is None else int(got[1])
+        if result_format:
+            got = list(read_row(result, 0, SAVE_NEXT_KINDS))
+            status = got[0]
+            version = got[1]
+        else:
+            got = [result.get_value(0, col) for col in range(6)]
+            got[0] = got[0].decode()
+            status = got[0]
+            version = None if got[1] is None else int(got[1])
         if status == "ok":
             if fence is not None:
                 steers.append(int(got[2]))
+            if asked is not None:
+                asked[1](result)  # no schedule point since the answer: it is taken
             return version
         if status == "lost":
             assert fence is not None
-            row = None if got[5] is None else (got[3].decode(), int(got[4]), got[5].decode())
+            if got[5] is None:
+                row = None
+            elif result_format:
+                row = (got[3], got[4], got[5])
+            else:
+                row = (got[3].decode(), int(got[4]), got[5].decode())
             _check_fence_row(row, fence, session_id)
         if status == "conflict":
             check_version(self.url, session_id, version or 0, expected_version)
@@ -1480,6 +1616,16 @@ own (a crash test holds a worker inside it, before its commit, by replacing it:
 ``tests/support/worker_agent.py``)."""
 _SAVE_NAME_ENDING: Final = b"axon_save_call_ending"
 _SAVE_FORMATS: Final = (0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0)
+_SAVE_NEXT_SQL: Final = (
+    f"SELECT * FROM {SAVE_NEXT_FUNCTION_NAME}($1, $2, $3, $4, $5::int[], $6::text[], "
+    "$7::bytea[], $8, $9, $10, $11, $12, $13)"
+).encode()
+"""The call of a last save with the next claim riding on it (:data:`SAVE_NEXT_FUNCTION`;
+its answer in the binary format, as the claim's)."""
+_SAVE_NEXT_NAME: Final = b"axon_save_next_call"
+_SAVE_NEXT_FORMATS: Final = (0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0)
+SAVE_NEXT_CLAIM_AT: Final = len(SAVE_NEXT_KINDS)
+"""The column of :data:`SAVE_NEXT_FUNCTION`'s answer where the claim's columns begin."""
 _DECIDE_SQL: Final = (
     f"SELECT * FROM {DECIDE_FUNCTION_NAME}($1, $2, $3, $4, $5, $6, $7::int[], $8::text[], "
     "$9::bytea[], $10)"
@@ -1661,6 +1807,7 @@ def _first_connect(libpq: str, schema: str) -> str:
         _ensure_claim_function(conn)
         _ensure_save_function(conn)
         _ensure_function(conn, DECIDE_FUNCTION_NAME, DECIDE_FUNCTION)
+        _ensure_function(conn, SAVE_NEXT_FUNCTION_NAME, SAVE_NEXT_FUNCTION)
         conn.execute(
             """INSERT INTO axon_meta (key, value) VALUES ('magic', %s), ('schema_version', %s)
             ON CONFLICT (key) DO NOTHING""",

@@ -21,6 +21,7 @@ from actors.stores.postgres import (
     CLAIM_FUNCTION_NAME,
     CLAIMED_COLUMNS,
     CONNECT_TIMEOUT,
+    SAVE_NEXT_CLAIM_AT,
     SESSION_COLUMNS,
     Fence,
     Suspend,
@@ -42,7 +43,14 @@ from runtime.approval import WAITING_META
 from runtime.errors import StoreError
 from runtime.messages import Message
 from runtime.store import SessionRecord
-from runtime.turn_queue import FINAL_STATUSES, QueuedTurn, Renewal, SteerWatch
+from runtime.turn_queue import (
+    FINAL_STATUSES,
+    NextClaim,
+    NextClaimed,
+    QueuedTurn,
+    Renewal,
+    SteerWatch,
+)
 from runtime.turn_queue import Claim as BaseClaim
 
 if TYPE_CHECKING:
@@ -151,8 +159,24 @@ class TurnClaiming:
                 _claim_on, owner=owner, lease=self.lease, max_attempts=self.max_attempts, load=load
             )
             found = await self.store.run(action, take, transaction=False)
-        elif found is not None and found[1] != RESUMED:  # a continuation's read its session
-            row, how, rows = found
+            if found is None:
+                return None
+            if on_claimed is not None:
+                on_claimed(found[0][0], owner, found[0][8])  # turn_id, epoch: see _COLUMNS
+            return await self._claim_of(found, owner)
+        if found is None:
+            return None
+        if on_claimed is not None:
+            on_claimed(found[0][0], owner, found[0][8])  # turn_id, epoch: see _COLUMNS
+        return await self._claimed(found, owner, load)
+
+    async def _claimed(
+        self, found: _Found, owner: str, load: Callable[[str], bool] | None
+    ) -> Claim:
+        """The :class:`Claim` of a turn the claim's function started (its session read
+        now if ``load`` asks for it and the call did not: a continuation's call did)."""
+        row, how, rows = found
+        if how != RESUMED:
             if load is None or not load(row[1]):
                 rows = None  # not asked for
             elif rows is None:  # a stored session, asked for: read now (not yet: [])
@@ -162,12 +186,25 @@ class TurnClaiming:
                     lambda conn: load_rows(conn, session_id),
                     transaction=False,
                 )
-            found = (row, how, rows)
-        if found is None:
-            return None
-        if on_claimed is not None:
-            on_claimed(found[0][0], owner, found[0][8])  # turn_id, epoch: see _COLUMNS
-        return await self._claim_of(found, owner)
+        return await self._claim_of((row, how, rows), owner)
+
+    def _next_claimed(self, hook: NextClaim, owner: str, result: Any) -> None:
+        """The answer of a last save that claimed the next turn too
+        (:data:`~actors.stores.postgres.SAVE_NEXT_FUNCTION`): the turn it claimed, if
+        any, handed to the worker at once (its lease held from here)."""
+        found = _found_in(result, SAVE_NEXT_CLAIM_AT)
+        if found is None or found is _EXPIRED:  # nothing claimable, or a takeover first
+            return
+        turn_id, epoch = found[0][0], found[0][8]  # see _COLUMNS
+        hook.on_claimed(turn_id, owner, epoch)
+        hook.claimed(
+            NextClaimed(
+                turn_id=turn_id,
+                owner=owner,
+                epoch=epoch,
+                take=partial(self._claimed, found, owner, hook.load),
+            )
+        )
 
     async def _start_on_loop(self, action: str, owner: str) -> Any:
         """The claim's function called from the event loop
@@ -190,18 +227,7 @@ class TurnClaiming:
                 return None
 
         result = await _retrying(f"{action} ({store.url})", store._retry_for, once, log=store._log)
-        if result is None or result.ntuples == 0:
-            return None
-        row = read_row(result, 0, _CLAIM_KINDS)
-        if row[0]:
-            return _EXPIRED
-        turn = tuple(row[3:_SESSION_AT])
-        if row[2]:  # a continuation's: the session's rows follow the turn's
-            rows = [
-                read_row(result, i, _SESSION_KINDS, _SESSION_AT) for i in range(1, result.ntuples)
-            ]
-            return turn, RESUMED, rows
-        return turn, STARTED, None if row[1] else []
+        return None if result is None else _found_in(result, 0)
 
     async def _claim_of(self, found: _Found, owner: str) -> Claim:
         """The :class:`Claim` of what a claim's transaction found: its turn decoded (out
@@ -281,6 +307,7 @@ class TurnClaiming:
         watch: SteerWatch | None = None,
         on_finished: Callable[[], None] | None = None,
         on_finishing: Callable[[], None] | None = None,
+        claim_next: NextClaim | None = None,
     ) -> contextlib.AbstractContextManager[None]:
         """While inside, every save of the claimed turn's session checks, in its own
         transaction, that the claim still holds the turn
@@ -364,6 +391,13 @@ class TurnClaiming:
             if done is not None:
                 done()
 
+        def next_claim() -> tuple[float, Callable[[Any], None]] | None:
+            # Only for a call that ends the turn (its slot is freed with the commit) and
+            # when the worker will run another turn in the slot.
+            if claim_next is None or not ended or not claim_next.wanted():
+                return None
+            return self.lease, partial(self._next_claimed, claim_next, claim.owner)
+
         writes = on_suspended is not None or on_finished is not None or steered != ()
         fence = Fence(
             turn_id=claim.turn.turn_id,
@@ -373,6 +407,7 @@ class TurnClaiming:
             saved=claim.turn.saved,
             in_save=write_row if writes else None,
             one_call=one_call,
+            claim_next=None if claim_next is None or on_finished is None else next_claim,
             on_commit=committed,
             watch=watch,
         )
@@ -629,6 +664,26 @@ _CLAIM_KINDS: Final = (
 the turn's (the session's columns follow, :data:`_SESSION_AT`)."""
 _SESSION_AT: Final = len(_CLAIM_KINDS)
 _SESSION_KINDS: Final = tuple(kind for _, kind in SESSION_COLUMNS)
+
+
+def _found_in(result: Any, at: int) -> Any:
+    """What the claim's function answered (its columns from ``at`` on, in the binary
+    format): the started turn as :func:`_start_head` says it, ``None`` (none claimable),
+    :data:`_EXPIRED`, or a continuation with its session's rows (``RESUMED``)."""
+    if result.ntuples == 0:
+        return None
+    row = read_row(result, 0, _CLAIM_KINDS, at)
+    if row[0]:
+        return _EXPIRED
+    turn = tuple(row[3:_SESSION_AT])
+    if turn[0] is None:  # a last save's call that claimed nothing
+        return None
+    if row[2]:  # a continuation's: the session's rows follow the turn's
+        rows = [
+            read_row(result, i, _SESSION_KINDS, at + _SESSION_AT) for i in range(1, result.ntuples)
+        ]
+        return turn, RESUMED, rows
+    return turn, STARTED, None if row[1] else []
 
 
 def _utf8(text: str) -> bool:

@@ -100,6 +100,8 @@ from runtime.turn_queue import (
     WAITING,
     Claim,
     LeaseRenewer,
+    NextClaim,
+    NextClaimed,
     QueuedTurn,
     Renewal,
     SteerWatch,
@@ -147,6 +149,11 @@ class _Running:
     """The save of the step that made the turn wait also suspended its row (committed)."""
     finished: bool = False
     """The save of the turn's last step also finished its row ``done`` (committed)."""
+    next: NextClaimed | None = None
+    """The turn that save claimed too, for this turn's slot (:class:`NextClaim`)."""
+
+    def claimed_next(self, claimed: NextClaimed) -> None:
+        self.next = claimed
 
     def suspend(self) -> None:
         self.suspended = True
@@ -540,6 +547,63 @@ class Worker:
         return existing.agent if existing is not None else self.agent(session_id)
 
     async def _run_claim(self, entry: _Running, slots: trio.Semaphore) -> None:
+        """Run the claimed turn, then the ones its last saves claimed for its slot (each
+        started once the one before has ended here), then free the slot."""
+        leases = self._leases
+        assert leases is not None
+        try:
+            running: _Running | None = entry
+            while running is not None:
+                try:
+                    claimed = await self._run_one(running)
+                except BaseException:
+                    if running.next is not None:  # not started here: its lease lapses
+                        leases.release(running.next.turn_id, running.next.epoch)
+                    raise
+                running = None if claimed is None else await self._start_next(claimed)
+        finally:
+            slots.release()
+
+    async def _start_next(self, claimed: NextClaimed) -> _Running | None:
+        """The turn a last save claimed (:class:`NextClaim`), read and entered as running;
+        ``None`` if it is not run here: a worker that began stopping since, or that runs
+        a taken-over turn now, gives it back at once (the attempt too, as a release on
+        stopping does); one whose input or session cannot be read lets its lease lapse,
+        as a failed claim does (another worker then takes it over)."""
+        leases = self._leases
+        assert leases is not None
+        try:
+            claim = await claimed.take()
+        except StoreError as exc:
+            leases.release(claimed.turn_id, claimed.epoch)
+            log().warning("worker.claim_failed", error=redact(str(exc)))
+            return None
+        except BaseException:
+            leases.release(claimed.turn_id, claimed.epoch)
+            raise
+        if self._stopping.is_set() or any(e.claim.takeover for e in self.running.values()):
+            # Nor beside a taken-over turn the claim loop took meanwhile (its rule).
+            leases.release(claimed.turn_id, claimed.epoch)
+            with trio.CancelScope(shield=True):
+                try:
+                    await self.queue.release(claim)
+                except StoreError as exc:
+                    log().warning("worker.release_failed", error=redact(str(exc)))
+            return None
+        entry = self.running[claim.turn.turn_id] = _Running(claim=claim)
+        return entry
+
+    def _wants_next(self, entry: _Running) -> bool:
+        """Whether ``entry``'s last save may claim the next turn for its slot: not while
+        the worker is stopping, nor while another turn it runs is a takeover (the claim
+        loop's rule: it claims nothing beside one)."""
+        return not self._stopping.is_set() and not any(
+            other.claim.takeover for other in self.running.values() if other is not entry
+        )
+
+    async def _run_one(self, entry: _Running) -> NextClaimed | None:
+        """Run one claimed turn to its end (its lease and entry let go); the turn its last
+        save claimed for the slot, if it did."""
         turn = entry.claim.turn
         leases = self._leases
         assert leases is not None
@@ -566,8 +630,8 @@ class Worker:
             if self.running.get(turn.turn_id) is entry:  # not a later claim of the same turn
                 del self.running[turn.turn_id]
             self._turn_ended.set()
-            slots.release()
         self.done[status] = self.done.get(status, 0) + 1
+        return entry.next
 
     async def _run_turn(self, entry: _Running) -> str:
         """Run the claimed turn to its end: its session ready, its stream steered from the
@@ -655,6 +719,12 @@ class Worker:
                 watch=watch,
                 on_finished=entry.finish,
                 on_finishing=partial(leases.release, claim.turn.turn_id, claim.epoch),
+                claim_next=NextClaim(
+                    wanted=partial(self._wants_next, entry),
+                    on_claimed=leases.hold,
+                    claimed=entry.claimed_next,
+                    load=self._not_open,
+                ),
             ):
                 try:
                     async with stream as out:
