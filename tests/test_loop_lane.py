@@ -1,4 +1,4 @@
-"""The store's event-loop lane (:class:`actors.stores.postgres.LoopLane`) on a fake libpq
+"""The store's event-loop lane (:class:`actors.stores.postgres_lane.LoopLane`) on a fake libpq
 connection: a call with a free slot sends its statement without a schedule point before
 it (issue 24 goal 3: the ``Semaphore``'s ``async with`` yielded once even with a slot
 free, a task step for nothing a few times a turn), a cancelled caller sends nothing, and
@@ -12,7 +12,7 @@ from typing import Any
 import psycopg
 import trio
 
-from actors.stores.postgres import LoopLane
+from actors.stores.postgres_lane import LoopLane
 
 
 class _Result:

@@ -30,7 +30,7 @@ from runtime.turn_queue import NextClaim, NextClaimed
 @pytest.fixture
 def statements(monkeypatch: pytest.MonkeyPatch) -> Iterator[collections.Counter[str]]:
     """Every cursor statement from here on, and every statement the store sends from the
-    event loop (:class:`~actors.stores.postgres.LoopLane`), by its first word
+    event loop (:class:`~actors.stores.postgres_lane.LoopLane`), by its first word
     (``BEGIN``/``COMMIT``, which psycopg sends without a cursor, are not counted:
     ``TRANSACTION`` counts the transactions begun, two round trips each)."""
     counts: collections.Counter[str] = collections.Counter()
@@ -228,7 +228,7 @@ async def test_a_claim_behind_an_expired_lease_takes_it_over_in_a_transaction(pg
 async def test_the_claims_function_walks_the_heads_with_sorting_off(pg_url):
     """The head's start is planned with sorting off (the function's own setting), as the
     look's ``SET LOCAL`` had it: a table not analyzed yet is still walked in line."""
-    from actors.stores.postgres import CLAIM_FUNCTION_NAME
+    from actors.stores.postgres_calls import CLAIM_FUNCTION_NAME
 
     store = await PostgresStore.open(pg_url)
     try:
@@ -249,7 +249,7 @@ async def test_the_claims_function_walks_the_heads_with_sorting_off(pg_url):
 async def test_a_store_without_the_claims_function_gains_it_on_open(pg_url):
     """A store created before the function (a rolling upgrade) gets it when a worker of
     this version opens it, and claims through it."""
-    from actors.stores.postgres import CLAIM_FUNCTION_NAME
+    from actors.stores.postgres_calls import CLAIM_FUNCTION_NAME
 
     store = await PostgresStore.open(pg_url)
     await store.run(
@@ -763,7 +763,7 @@ async def test_a_decision_on_a_meta_the_function_cannot_merge_goes_in_the_transa
 async def test_a_store_without_the_decisions_function_gains_it_on_open(pg_url):
     """A store created before the decision's function (a rolling upgrade) gets it when a
     process of this version opens it, and records decisions through it."""
-    from actors.stores.postgres import DECIDE_FUNCTION_NAME
+    from actors.stores.postgres_calls import DECIDE_FUNCTION_NAME
 
     store = await PostgresStore.open(pg_url)
     await store.run(
@@ -816,7 +816,8 @@ async def test_the_save_function_merges_meta_as_the_transaction_does(pg_url, sta
 
 
 async def test_a_store_without_the_save_function_gains_it_on_open(pg_url):
-    from actors.stores.postgres import _TURNS_CHANNEL, SAVE_FUNCTION_NAME
+    from actors.stores.postgres import _TURNS_CHANNEL
+    from actors.stores.postgres_calls import SAVE_FUNCTION_NAME
     from actors.stores.turn_sql import TURNS_CHANNEL
 
     assert _TURNS_CHANNEL == TURNS_CHANNEL
@@ -1265,7 +1266,7 @@ async def test_a_last_save_cancelled_in_flight_still_hands_over_what_it_claimed(
 
 
 async def test_a_store_without_the_next_claims_function_gains_it_on_open(pg_url):
-    from actors.stores.postgres import SAVE_NEXT_FUNCTION_NAME
+    from actors.stores.postgres_calls import SAVE_NEXT_FUNCTION_NAME
 
     store = await PostgresStore.open(pg_url)
     await store.run(

@@ -22,12 +22,8 @@ import pytest
 import trio
 
 from actors.relays.redis_streams import RedisRelay
-from actors.stores.postgres import (
-    SAVE_FUNCTION_NAME,
-    SAVE_NEXT_FUNCTION_NAME,
-    PostgresStore,
-    parse_url,
-)
+from actors.stores.postgres import PostgresStore, parse_url
+from actors.stores.postgres_calls import SAVE_FUNCTION_NAME, SAVE_NEXT_FUNCTION_NAME
 from actors.stores.turns import TurnQueue
 from runtime.agent import Agent
 from runtime.app.worker import Worker

@@ -18,11 +18,7 @@ from typing import TYPE_CHECKING, Any, Final
 import attrs
 
 from actors.stores.postgres import (
-    CLAIM_FUNCTION_NAME,
-    CLAIMED_COLUMNS,
-    CONNECT_TIMEOUT,
     SAVE_NEXT_CLAIM_AT,
-    SESSION_COLUMNS,
     Fence,
     Suspend,
     _retrying,
@@ -30,6 +26,8 @@ from actors.stores.postgres import (
     load_rows,
     read_row,
 )
+from actors.stores.postgres_calls import CLAIM_FUNCTION_NAME, CLAIMED_COLUMNS, SESSION_COLUMNS
+from actors.stores.postgres_lane import CONNECT_TIMEOUT
 from actors.stores.turn_sql import (
     _COLUMNS,
     _SUSPEND,
@@ -139,7 +137,7 @@ class TurnClaiming:
         not read, there is nothing to.
 
         The common case (no lease expired) is one call of the claim's function sent from
-        the event loop (:class:`~actors.stores.postgres.LoopLane`: no thread), and so is
+        the event loop (:class:`~actors.stores.postgres_lane.LoopLane`: no thread), and so is
         a decided turn's continuation (the function claims it and returns its session's
         rows); a takeover of a worker's lapsed lease runs in a transaction, in a thread.
         """
@@ -190,7 +188,7 @@ class TurnClaiming:
 
     def _next_claimed(self, hook: NextClaim, owner: str, result: Any) -> None:
         """The answer of a last save that claimed the next turn too
-        (:data:`~actors.stores.postgres.SAVE_NEXT_FUNCTION`): the turn it claimed, if
+        (:data:`~actors.stores.postgres_calls.SAVE_NEXT_FUNCTION`): the turn it claimed, if
         any, handed to the worker at once (its lease held from here)."""
         found = _found_in(result, SAVE_NEXT_CLAIM_AT)
         if found is None or found is _EXPIRED:  # nothing claimable, or a takeover first
@@ -208,7 +206,7 @@ class TurnClaiming:
 
     async def _start_on_loop(self, action: str, owner: str) -> Any:
         """The claim's function called from the event loop
-        (:class:`~actors.stores.postgres.LoopLane`: no thread): the started turn as
+        (:class:`~actors.stores.postgres_lane.LoopLane`: no thread): the started turn as
         :func:`_start_head` says it, ``None`` when none is claimable (or a concurrent
         claim started the session's other turn: the unique index refused this one), or
         :data:`_EXPIRED`; or a decided turn's continuation, claimed with its session's
@@ -651,7 +649,7 @@ _EXPIRED: Final[Any] = ("expired",)
 
 _CLAIM = f"SELECT * FROM {CLAIM_FUNCTION_NAME}(%s, %s, %s)"
 _CLAIM_SQL: Final = f"SELECT * FROM {CLAIM_FUNCTION_NAME}($1, $2, $3)".encode()
-"""The claim's function as :class:`~actors.stores.postgres.LoopLane` prepares it (the
+"""The claim's function as :class:`~actors.stores.postgres_lane.LoopLane` prepares it (the
 parameters as text; the answer in the binary format)."""
 _CLAIM_NAME: Final = b"axon_claim_call"
 _CLAIM_KINDS: Final = (

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from actors.stores.postgres import CONNECT_TIMEOUT, _close_on_loop
+from actors.stores.postgres_lane import CONNECT_TIMEOUT, _close_on_loop
 from actors.stores.turn_sql import TURNS_CHANNEL
 from runtime.errors import StoreError
 from runtime.redact import redact

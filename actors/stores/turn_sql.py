@@ -16,13 +16,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Final, NoReturn
 
-from actors.stores.postgres import (
-    CLAIMED_COLUMNS,
-    LOCK_SESSION,
-    STATUS_COLUMNS,
-    SUPERSEDE,
-    LockedSession,
-)
+from actors.stores.postgres import LOCK_SESSION, LockedSession
+from actors.stores.postgres_calls import CLAIMED_COLUMNS, STATUS_COLUMNS, SUPERSEDE
 from runtime.approval import PendingCall, pending_calls
 from runtime.busy import INTERRUPTED_BY_NEW
 from runtime.errors import AlreadyDecided, UnknownApproval

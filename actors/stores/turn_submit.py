@@ -239,7 +239,7 @@ class TurnSubmitting:
     ) -> None:
         """In the submit's transaction: raise :class:`QueueFull` when the session or the
         queue is at its cap. Takes the session's lock (the one the head trigger takes,
-        :data:`actors.stores.postgres._HEAD_TRIGGER`), then the queue's, each held to
+        :data:`actors.stores.postgres_tables._HEAD_TRIGGER`), then the queue's, each held to
         the commit, so two racing submits count each other. A submit that repeats one
         already stored (same key or turn id) is never refused: it returns its turn."""
         per_session, total = self.max_queued_per_session, self.max_queued
@@ -258,7 +258,7 @@ class TurnSubmitting:
             return
         # Each count reads at most its cap's index entries. ">= x AND <= x" (not "= x")
         # with ORDER BY keeps a prepared statement's generic plan on the axon_turns_queued
-        # index, as in the head trigger (actors.stores.postgres._HEAD_FUNCTION).
+        # index, as in the head trigger (actors.stores.postgres_tables._HEAD_FUNCTION).
         if per_session is not None:
             (count,) = conn.execute(
                 """SELECT count(*) FROM (SELECT 1 FROM axon_turns

@@ -1,0 +1,476 @@
+"""The server-side functions a worker's turn calls, one statement each (issue 24 goal 3).
+
+A claim (:data:`CLAIM_FUNCTION`), a save (:data:`SAVE_FUNCTION`), a last save that also
+claims the slot's next turn (:data:`SAVE_NEXT_FUNCTION`) and a person's decision
+(:data:`DECIDE_FUNCTION`), with the columns each returns. Each is versioned by its name:
+a new version gets a new name, so workers of the version before keep calling their own
+while a fleet is mixed. Created on open when missing
+(:mod:`actors.stores.postgres_schema`); called by :mod:`actors.stores.postgres` and the
+turn queue's modules, which read their rows by these column lists.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+CLAIMED_COLUMNS: Final = (
+    ("turn_id", "TEXT"),
+    ("session_id", "TEXT"),
+    ("seq", "BIGINT"),
+    ("input", "TEXT"),
+    ("meta", "BYTEA"),
+    ("regenerate", "BOOLEAN"),
+    ("status", "TEXT"),
+    ("owner", "TEXT"),
+    ("epoch", "BIGINT"),
+    ("attempts", "INTEGER"),
+    ("saved", "BOOLEAN"),
+    ("cancel_requested", "BOOLEAN"),
+    ("cancel_reason", "TEXT"),
+    ("finish_reason", "TEXT"),
+    ("error", "TEXT"),
+    ("idempotency_key", "TEXT"),
+    ("resumes", "INTEGER"),
+    ("expires_at", "DOUBLE PRECISION"),
+    ("steer_of", "TEXT"),
+    ("options", "BYTEA"),
+)
+"""The columns a turn is read with (the turn queue's ``_COLUMNS``, in this order) and
+their types in ``axon_turns``: what :data:`CLAIM_FUNCTION` returns of the turn it starts."""
+
+SUPERSEDE: Final = """UPDATE axon_turns AS w SET status = 'done', finish_reason = 'superseded',
+    expires_at = NULL, finished_at = clock_timestamp()"""
+"""The waiting turn a later turn of its session supersedes (its ``WHERE`` follows)."""
+
+CLAIM_FUNCTION_NAME: Final = "axon_claim_v2"
+"""The server-side function of a claim's common case (:data:`CLAIM_FUNCTION`); a new
+version of it gets a new name (a worker of the version before keeps calling its own:
+``axon_claim_v1`` left a decided turn's continuation to the takeover transaction)."""
+
+SESSION_COLUMNS: Final = (
+    ("s_meta", "BYTEA"),
+    ("s_version", "BIGINT"),
+    ("m_idx", "INTEGER"),
+    ("m_role", "TEXT"),
+    ("m_body", "BYTEA"),
+)
+"""The columns of :func:`load_rows` (a session's row and its messages, one a row), as the
+claim's function returns them after a continuation's turn."""
+
+_CLAIM_COLUMNS_OUT = ", ".join(
+    f"o_{name} {kind}" for name, kind in (*CLAIMED_COLUMNS, *SESSION_COLUMNS)
+)
+_STARTED_COLUMNS = ", ".join(f"started.{name}" for name, _ in CLAIMED_COLUMNS)
+_RESUMED_COLUMNS = ", ".join(f"resumed.{name}" for name, _ in CLAIMED_COLUMNS)
+_NO_TURN = ", ".join(f"NULL::{kind}" for _, kind in CLAIMED_COLUMNS)
+_NO_SESSION = ", ".join(f"NULL::{kind}" for _, kind in SESSION_COLUMNS)
+
+CLAIM_FUNCTION: Final = f"""CREATE OR REPLACE FUNCTION {CLAIM_FUNCTION_NAME}(
+    p_owner TEXT, p_lease DOUBLE PRECISION, p_channel TEXT)
+    RETURNS TABLE (o_expired BOOLEAN, o_stored BOOLEAN, o_resumed BOOLEAN, {_CLAIM_COLUMNS_OUT})
+    LANGUAGE plpgsql SET enable_sort = off SET search_path FROM CURRENT AS $$
+DECLARE
+    v_turn TEXT;
+    v_resume BOOLEAN;
+    v_session TEXT;
+BEGIN
+    -- The first lease that expired, in the order the takeover's transaction takes them.
+    SELECT e.turn_id, e.resume_pending, e.session_id INTO v_turn, v_resume, v_session
+        FROM axon_turns AS e
+        WHERE e.status = 'running' AND e.lease_until < clock_timestamp()
+        ORDER BY e.lease_until LIMIT 1 FOR UPDATE SKIP LOCKED;
+    IF FOUND AND NOT v_resume THEN
+        -- A worker's lease that ran out is taken over by the client's own transaction
+        -- (its takeover and poison paths): say so and start nothing.
+        o_expired := true;
+        RETURN NEXT;
+        RETURN;
+    ELSIF FOUND THEN
+        -- Decided while it waited (no owner, its lease lapsed on purpose): its
+        -- continuation's first run, here, as the takeover's transaction runs it, with
+        -- the session the decisions moved, read after the turn in the same call.
+        RETURN QUERY WITH resumed AS (
+            UPDATE axon_turns AS u SET owner = p_owner, epoch = u.epoch + 1, attempts = 1,
+                resume_pending = false,
+                lease_until = clock_timestamp() + make_interval(secs => p_lease)
+            WHERE u.turn_id = v_turn
+            RETURNING u.*
+        )
+        SELECT false, true, true, {_RESUMED_COLUMNS}, {_NO_SESSION} FROM resumed;
+        -- Sorting back on for the session's read (off, the planner reads the messages
+        -- in hundreds of milliseconds, not a fraction of one).
+        PERFORM set_config('enable_sort', 'on', true);
+        RETURN QUERY SELECT NULL::boolean, NULL::boolean, NULL::boolean, {_NO_TURN},
+            s.meta, s.version, m.idx, m.role, m.body
+        FROM axon_sessions AS s
+        LEFT JOIN axon_messages AS m ON m.session_id = s.session_id
+        WHERE s.session_id = v_session ORDER BY m.idx;
+        RETURN;
+    END IF;
+    -- The first claimable head, started, and in the same statement the end of a turn of
+    -- the session that waits for a decision: superseded (its runner denies what still
+    -- waits, as the embedded host does), so no decision resumes it any more.
+    RETURN QUERY WITH head AS (
+        SELECT t.turn_id FROM axon_turns AS t
+        WHERE t.head AND t.status = 'queued' AND NOT t.cancel_requested
+          AND NOT EXISTS (SELECT 1 FROM axon_turns AS r
+              WHERE r.session_id = t.session_id AND r.status = 'running')
+        ORDER BY t.head_seq LIMIT 1 FOR UPDATE SKIP LOCKED
+    ), started AS (
+        UPDATE axon_turns AS u SET status = 'running', owner = p_owner,
+            epoch = u.epoch + 1, attempts = u.attempts + 1,
+            lease_until = clock_timestamp() + make_interval(secs => p_lease),
+            started_at = coalesce(u.started_at, clock_timestamp())
+        WHERE u.turn_id = (SELECT head.turn_id FROM head) AND u.status = 'queued'
+        RETURNING u.*
+    ), superseded AS ({SUPERSEDE} FROM started AS s
+        WHERE w.session_id = s.session_id AND w.status = 'awaiting-input'
+        RETURNING pg_notify(p_channel, current_schema() || ':' || w.turn_id)
+    )
+    SELECT false, EXISTS (
+        SELECT 1 FROM axon_sessions AS s WHERE s.session_id = started.session_id
+    ), false, {_STARTED_COLUMNS}, {_NO_SESSION} FROM started;
+END $$"""
+"""A claim's common case in one call (issue 24 goal 3): no lease has expired, so the
+first claimable head in line starts (``o_expired`` false; no row: none is claimable);
+``o_stored`` says whether its session is stored. Where a worker's lease has expired it
+only says so (``o_expired``), and the client takes the turn over in a transaction of its
+own. Where the first expired lease is a decided turn's (issue 21: the decision put it
+back with no owner and a lapsed lease, ``resume_pending``), it claims the continuation
+itself (``o_resumed``), as the takeover's transaction did (epoch bumped, one attempt,
+``resume_pending`` cleared), and returns after the turn's row the session's rows
+(:data:`SESSION_COLUMNS`, :func:`load_rows`'s, the turn's columns ``NULL``): the
+continuation starts from them. Where that was a thread's transaction of five round trips
+after this call (``BEGIN``, the look, the ``UPDATE``, the session's read, ``COMMIT``),
+it is this one call sent from the event loop.
+
+One statement in autocommit where the claim was a transaction of four round trips
+(``BEGIN``, the look for expired leases, the head's start, ``COMMIT``), each a wait of
+the store's thread; the function's plans are cached per connection as a prepared
+statement's are (a simple query of several statements is planned at every call: measured
+dearer on the server), and its ``SET enable_sort = off`` is what the look's ``SET LOCAL``
+did for the head's start: the heads walked in line, whatever the table's statistics."""
+
+SAVE_FUNCTION_NAME: Final = "axon_save_v3"
+"""The server-side function of a save without a guard (:data:`SAVE_FUNCTION`); a new
+version of it gets a new name (a process of the version before keeps calling its own:
+``axon_save_v1`` had no suspension, ``p_suspend`` and ``p_expires``; ``axon_save_v2`` woke
+the workers at every turn's end, v3 only when the session has a turn queued behind it)."""
+
+SAVE_FUNCTION: Final = f"""CREATE OR REPLACE FUNCTION {SAVE_FUNCTION_NAME}(
+    p_session TEXT, p_start INTEGER, p_expected BIGINT, p_meta BYTEA,
+    p_idx INTEGER[], p_roles TEXT[], p_bodies BYTEA[],
+    p_turn TEXT, p_owner TEXT, p_epoch BIGINT, p_mark BOOLEAN, p_ends TEXT, p_channel TEXT,
+    p_suspend BOOLEAN, p_expires DOUBLE PRECISION,
+    OUT o_status TEXT, OUT o_version BIGINT, OUT o_steers INTEGER,
+    OUT o_owner TEXT, OUT o_epoch BIGINT, OUT o_turn_status TEXT)
+    LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+DECLARE
+    s_meta BYTEA;
+    s_version BIGINT;
+BEGIN
+    -- Every refusal returns before anything is written: the call is its own transaction.
+    -- The fence: the turn's row locked (a takeover's epoch bump waits for this save, or
+    -- this save sees it), strongly when this save writes the row (its `saved` mark, its
+    -- end, its suspension), as the transaction's UPDATE did.
+    IF p_turn IS NOT NULL THEN
+        IF p_mark OR p_ends IS NOT NULL OR p_suspend THEN
+            SELECT owner, epoch, status, steers INTO o_owner, o_epoch, o_turn_status, o_steers
+            FROM axon_turns WHERE turn_id = p_turn FOR NO KEY UPDATE;
+        ELSE
+            SELECT owner, epoch, status, steers INTO o_owner, o_epoch, o_turn_status, o_steers
+            FROM axon_turns WHERE turn_id = p_turn FOR SHARE;
+        END IF;
+        IF o_owner IS DISTINCT FROM p_owner OR o_epoch IS DISTINCT FROM p_epoch
+                OR o_turn_status IS DISTINCT FROM 'running' THEN
+            o_status := 'lost';
+            RETURN;
+        END IF;
+    END IF;
+    SELECT meta, version INTO s_meta, s_version FROM axon_sessions
+    WHERE session_id = p_session FOR UPDATE;
+    IF p_expected IS NOT NULL AND p_expected <> coalesce(s_version, 0) THEN
+        o_status := 'conflict';
+        o_version := coalesce(s_version, 0);
+        RETURN;
+    END IF;
+    IF s_version IS NULL THEN
+        IF p_start > 0 THEN
+            o_status := 'hole';
+            o_version := 0;
+            RETURN;
+        END IF;
+        INSERT INTO axon_sessions (session_id, meta, update_seq, version)
+        VALUES (p_session, coalesce(p_meta, '\\x7b7d'::bytea), nextval('axon_update_seq'),
+                nextval('axon_versions'))
+        ON CONFLICT (session_id) DO NOTHING RETURNING version INTO o_version;
+        IF o_version IS NULL THEN  -- a concurrent creator committed since the look
+            SELECT version INTO o_version FROM axon_sessions WHERE session_id = p_session;
+            o_status := 'created';
+            RETURN;
+        END IF;
+    ELSE
+        -- No hole: a save may append (start = the message count), not beyond.
+        IF p_start > 0 AND NOT EXISTS (SELECT 1 FROM axon_messages
+                WHERE session_id = p_session AND idx = p_start - 1) THEN
+            SELECT coalesce(max(idx) + 1, 0) INTO o_version FROM axon_messages
+            WHERE session_id = p_session AND idx < p_start;
+            o_status := 'hole';
+            RETURN;
+        END IF;
+        -- The meta merged as dict.update does: the patch's keys over the stored ones, a
+        -- stored key in its place, a new one after them. Merged as `json`, whose values
+        -- keep their text: `jsonb` would sort the keys and print 1e16 as an integer.
+        -- A stored key holding an escaped NUL cannot be text: the client merges it.
+        IF p_meta IS NOT NULL AND p_meta <> s_meta THEN
+            IF position('\\x5c7530303030'::bytea IN s_meta) > 0 THEN
+                o_status := 'meta';
+                RETURN;
+            END IF;
+            SELECT convert_to('{{' || coalesce(string_agg(to_json(m.key)::text || ':'
+                    || m.value::text, ',' ORDER BY m.ord), '') || '}}', 'UTF8')
+            INTO s_meta
+            FROM (SELECT s.key, coalesce(p.value, s.value) AS value, s.ord
+                  FROM json_each(convert_from(s_meta, 'UTF8')::json) WITH ORDINALITY
+                      AS s(key, value, ord)
+                  LEFT JOIN json_each(convert_from(p_meta, 'UTF8')::json) AS p(key, value)
+                      ON p.key = s.key
+                  UNION ALL
+                  SELECT p.key, p.value, 1000000000 + p.ord
+                  FROM json_each(convert_from(p_meta, 'UTF8')::json) WITH ORDINALITY
+                      AS p(key, value, ord)
+                  WHERE NOT EXISTS (SELECT 1 FROM json_each(convert_from(s_meta, 'UTF8')::json)
+                      AS q(key, value) WHERE q.key = p.key)) AS m;
+        END IF;
+        DELETE FROM axon_messages WHERE session_id = p_session AND idx >= p_start;
+        UPDATE axon_sessions SET meta = s_meta, updated_at = now(),
+            update_seq = nextval('axon_update_seq'), version = nextval('axon_versions')
+        WHERE session_id = p_session RETURNING version INTO o_version;
+    END IF;
+    INSERT INTO axon_messages (session_id, idx, role, body)
+    SELECT p_session, u.idx, u.role, u.body
+    FROM unnest(p_idx, p_roles, p_bodies) AS u(idx, role, body);
+    IF p_suspend THEN  -- the turn waits for a person: no owner, no lease, woken
+        UPDATE axon_turns SET status = 'awaiting-input', owner = NULL, lease_until = NULL,
+            finish_reason = 'awaiting-input', expires_at = p_expires, saved = true
+        WHERE turn_id = p_turn;
+        PERFORM pg_notify(p_channel, current_schema() || ':' || p_turn);
+    ELSIF p_ends IS NOT NULL THEN  -- the turn ends with this save: its row `done`
+        UPDATE axon_turns SET status = 'done', finish_reason = p_ends, error = NULL,
+            lease_until = NULL, finished_at = clock_timestamp(), saved = true
+        WHERE turn_id = p_turn;
+        -- The workers are woken only for a turn of the session queued behind this one
+        -- (claimable once this commits): every worker listens, and a wake-up for
+        -- nothing cost each a signal, its LISTEN backend's read and a claim. Under the
+        -- session's lock (a submit's insert takes it, after its row locks, as this
+        -- does): a submit that inserted first is seen here; one after waits for this
+        -- commit and wakes the workers itself.
+        PERFORM pg_advisory_xact_lock(
+            hashtextextended('axon_turns:' || current_schema() || ':' || p_session, 0));
+        IF EXISTS (SELECT 1 FROM axon_turns
+                WHERE session_id >= p_session AND session_id <= p_session
+                  AND status = 'queued'
+                ORDER BY session_id, seq LIMIT 1) THEN
+            PERFORM pg_notify(p_channel, current_schema() || ':' || p_turn);
+        END IF;
+    ELSIF p_mark THEN
+        UPDATE axon_turns SET saved = true WHERE turn_id = p_turn AND NOT saved;
+    END IF;
+    o_status := 'ok';
+END $$"""
+"""A save without a guard in one call (issue 24 goal 3): the fence's check of the turn's
+row (``p_turn`` ``NULL``: an unfenced save), the session's lock, the version check, the
+hole check, the writes (the session row, meta merged, the messages from ``p_start`` on)
+and, for a worker's last save, the turn's end (``p_ends``; the workers woken only when a
+turn of the session waits behind it), or for the step that makes it wait for a person,
+its suspension (``p_suspend``: ``awaiting-input``, no owner, no lease, until
+``p_expires``; as ``turn_sql._SUSPEND``), or its first save's ``saved`` mark
+(``p_mark``). ``o_status`` says how it went: ``ok`` (the new
+version in ``o_version``, the turn's ``steers`` in ``o_steers``); or, with nothing
+written, ``lost`` (the turn's row as found in ``o_owner``, ``o_epoch``,
+``o_turn_status``), ``conflict`` (the session's version in ``o_version``), ``created``
+(another writer created the session meanwhile: its version), ``hole`` (``p_start`` is
+past the end: the message count), ``meta`` (the stored meta cannot be merged in SQL:
+the client saves in its transaction instead).
+
+One statement in autocommit where a save was a transaction of four or five round trips
+(``BEGIN``, the fence and lock, the write, the end, ``COMMIT``), each a wait of the
+store's thread; PL/pgSQL keeps the plans of its statements per connection."""
+
+
+SAVE_NEXT_FUNCTION_NAME: Final = "axon_save_next_v1"
+"""The server-side function of a turn's last save that also claims the next turn for the
+slot the turn frees (:data:`SAVE_NEXT_FUNCTION`)."""
+
+_SAVE_OUT = (
+    ("o_status", "TEXT"),
+    ("o_version", "BIGINT"),
+    ("o_steers", "INTEGER"),
+    ("o_owner", "TEXT"),
+    ("o_epoch", "BIGINT"),
+    ("o_turn_status", "TEXT"),
+)
+SAVE_NEXT_KINDS: Final = tuple(kind for _, kind in _SAVE_OUT)
+"""The types of :data:`SAVE_NEXT_FUNCTION`'s first columns (the save's); the claim
+function's columns follow, as :data:`CLAIM_FUNCTION` returns them."""
+_SAVE_NEXT_OUT = ", ".join(f"{name} {kind}" for name, kind in _SAVE_OUT)
+_SAVE_NEXT_CLAIM_OUT = ", ".join(
+    f"n_{name} {kind}"
+    for name, kind in (
+        ("expired", "BOOLEAN"),
+        ("stored", "BOOLEAN"),
+        ("resumed", "BOOLEAN"),
+        *CLAIMED_COLUMNS,
+        *SESSION_COLUMNS,
+    )
+)
+_NO_CLAIM = ", ".join(["NULL::boolean"] * 3 + [_NO_TURN, _NO_SESSION])
+
+SAVE_NEXT_FUNCTION: Final = f"""CREATE OR REPLACE FUNCTION {SAVE_NEXT_FUNCTION_NAME}(
+    p_session TEXT, p_start INTEGER, p_expected BIGINT, p_meta BYTEA,
+    p_idx INTEGER[], p_roles TEXT[], p_bodies BYTEA[],
+    p_turn TEXT, p_owner TEXT, p_epoch BIGINT, p_ends TEXT, p_channel TEXT,
+    p_lease DOUBLE PRECISION)
+    RETURNS TABLE ({_SAVE_NEXT_OUT}, {_SAVE_NEXT_CLAIM_OUT})
+    LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+#variable_conflict use_variable
+DECLARE
+    v_claimed BOOLEAN := false;
+BEGIN
+    -- The save, fenced, its turn's row locked for writing (the mark asked for: the lock
+    -- a last save takes), nothing ended yet: every refusal returns here, before anything
+    -- is written and before anything is claimed.
+    SELECT s.o_status, s.o_version, s.o_steers, s.o_owner, s.o_epoch, s.o_turn_status
+    INTO o_status, o_version, o_steers, o_owner, o_epoch, o_turn_status
+    FROM {SAVE_FUNCTION_NAME}(p_session, p_start, p_expected, p_meta, p_idx, p_roles,
+        p_bodies, p_turn, p_owner, p_epoch, true, NULL, p_channel, false, NULL) AS s;
+    IF o_status <> 'ok' THEN
+        RETURN QUERY SELECT o_status, o_version, o_steers, o_owner, o_epoch, o_turn_status,
+            {_NO_CLAIM};
+        RETURN;
+    END IF;
+    -- The turn's end, as the save function writes it.
+    UPDATE axon_turns SET status = 'done', finish_reason = p_ends, error = NULL,
+        lease_until = NULL, finished_at = clock_timestamp(), saved = true
+    WHERE turn_id = p_turn;
+    -- The claim for the slot the end frees, as a claim after the commit makes it (its
+    -- function: an expired lease first, said and not taken; a decided turn's
+    -- continuation; the first claimable head, this session's next turn included). A
+    -- concurrent claim of the same session (the unique index) undoes the claim alone:
+    -- the save stands, nothing is claimed (its rows are only returned once it succeeded:
+    -- the claim function's result is whole before a row of it is read).
+    BEGIN
+        RETURN QUERY SELECT o_status, o_version, o_steers, o_owner, o_epoch, o_turn_status,
+            c.* FROM {CLAIM_FUNCTION_NAME}(p_owner, p_lease, p_channel) AS c;
+        v_claimed := FOUND;
+    EXCEPTION WHEN unique_violation THEN
+        v_claimed := false;
+    END;
+    IF NOT v_claimed THEN
+        RETURN QUERY SELECT o_status, o_version, o_steers, o_owner, o_epoch, o_turn_status,
+            {_NO_CLAIM};
+    END IF;
+    -- The wake-up, as the save function's: under the session's lock, only for a turn of
+    -- the session queued behind this one and claimable (the claim above did not start
+    -- one of the session: then that turn's end wakes the workers).
+    PERFORM pg_advisory_xact_lock(
+        hashtextextended('axon_turns:' || current_schema() || ':' || p_session, 0));
+    IF EXISTS (SELECT 1 FROM axon_turns
+            WHERE session_id >= p_session AND session_id <= p_session
+              AND status = 'queued'
+            ORDER BY session_id, seq LIMIT 1)
+       AND NOT EXISTS (SELECT 1 FROM axon_turns
+            WHERE session_id = p_session AND status = 'running') THEN
+        PERFORM pg_notify(p_channel, current_schema() || ':' || p_turn);
+    END IF;
+END $$"""
+"""A worker turn's last save and the claim of the next turn in one call (issue 24 goal
+3): :data:`SAVE_FUNCTION`'s fenced save (its refusals return before anything is written
+or claimed, ``o_status`` as it says), the turn's end ``done`` with ``p_ends``, then
+:data:`CLAIM_FUNCTION` for ``p_owner`` with a lease of ``p_lease`` seconds, its columns
+after the save's (``n_``; ``NULL`` when it claimed nothing), then the wake-up of the
+workers when a claimable turn of the session is queued behind. One statement where the
+last save and the claim for the slot it frees were two calls, the second only sent once
+the first's answer came back.
+
+A database created by a version before it gains it on open; it calls the save's and the
+claim's functions, which workers of the version before call themselves: a mixed fleet
+claims and saves by the same statements."""
+
+STATUS_COLUMNS: Final = (
+    "turn_id",
+    "session_id",
+    "seq",
+    "status",
+    "owner",
+    "epoch",
+    "attempts",
+    "saved",
+    "cancel_requested",
+    "cancel_reason",
+    "finish_reason",
+    "error",
+    "resumes",
+    "expires_at",
+)
+"""What a turn's status read selects (the turn queue's ``_STATUS_COLUMNS``): never
+``input`` or ``meta``, which may be megabytes."""
+STATUS_KINDS: Final = tuple(dict(CLAIMED_COLUMNS)[name] for name in STATUS_COLUMNS)
+
+DECIDE_FUNCTION_NAME: Final = "axon_decide_v1"
+"""The server-side function of a decision's save (:data:`DECIDE_FUNCTION`)."""
+
+_DECIDE_OUT = ", ".join(
+    f"OUT o_{name} {kind}" for name, kind in zip(STATUS_COLUMNS, STATUS_KINDS, strict=True)
+)
+_DECIDE_SELECT = ", ".join(f"t.{name}" for name in STATUS_COLUMNS)
+_DECIDE_INTO = ", ".join(f"o_{name}" for name in STATUS_COLUMNS)
+
+DECIDE_FUNCTION: Final = f"""CREATE OR REPLACE FUNCTION {DECIDE_FUNCTION_NAME}(
+    p_turn TEXT, p_complete BOOLEAN, p_session TEXT, p_start INTEGER, p_expected BIGINT,
+    p_meta BYTEA, p_idx INTEGER[], p_roles TEXT[], p_bodies BYTEA[], p_channel TEXT,
+    OUT o_result TEXT, OUT o_version BIGINT, {_DECIDE_OUT})
+    LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+BEGIN
+    -- The waiting turn's row locked first (the order every save locks the turn's row,
+    -- then the session's). A second decision waits here for the first one's commit,
+    -- then reads the row as the first left it.
+    SELECT {_DECIDE_SELECT} INTO {_DECIDE_INTO}
+    FROM axon_turns AS t WHERE t.turn_id = p_turn FOR UPDATE;
+    IF NOT FOUND OR o_session_id IS DISTINCT FROM p_session
+            OR o_status IS DISTINCT FROM 'awaiting-input' THEN
+        o_result := 'refused';  -- the row as found (or none) says why; nothing written
+        RETURN;
+    END IF;
+    -- The decision's save, unfenced (not the turn's own write), version-checked: its
+    -- refusals (a conflict: a concurrent decision saved first) write nothing.
+    SELECT s.o_status, s.o_version INTO o_result, o_version
+    FROM {SAVE_FUNCTION_NAME}(p_session, p_start, p_expected, p_meta, p_idx, p_roles,
+        p_bodies, NULL, NULL, NULL, false, NULL, p_channel, false, NULL) AS s;
+    IF o_result <> 'ok' OR NOT p_complete THEN
+        RETURN;
+    END IF;
+    -- The last call decided: the turn goes back to be claimed (its continuation), no
+    -- owner, its lease lapsed, the workers woken at the commit. Another running turn
+    -- of the session (the unique index) fails the whole call: nothing is written.
+    UPDATE axon_turns AS t SET status = 'running', owner = NULL,
+        lease_until = clock_timestamp() - interval '1 second',
+        resume_pending = true, resumes = t.resumes + 1, expires_at = NULL,
+        finish_reason = NULL
+    WHERE t.turn_id = p_turn
+    RETURNING {_DECIDE_SELECT} INTO {_DECIDE_INTO};
+    PERFORM pg_notify(p_channel, current_schema() || ':' || p_turn);
+END $$"""
+"""A person's decision recorded in one call (issue 21): the waiting turn's row locked
+and checked (this session's, still ``awaiting-input``: else ``o_result`` ``refused``
+with the row as found), the decision's save (:data:`SAVE_FUNCTION`, version-checked,
+unfenced), and, when the decision is the last its turn waited for (``p_complete``), the
+row back to ``running`` with no owner, a lapsed lease and ``resume_pending``, and the
+workers' wake-up; the row after in the ``o_`` status columns. ``o_result`` is the
+save's status otherwise (``ok``; ``conflict``, ``meta``... with nothing written).
+
+One statement in autocommit, sent from the event loop, where the decision was a thread's
+transaction of four round trips (``BEGIN``, the row's requeue with the session's lock,
+the write, ``COMMIT``). Of two decisions for one call exactly one is
+recorded: the second waits on the turn's row, then finds it no longer waiting (the
+first completed the turn's calls) or the session's version moved (it did not)."""

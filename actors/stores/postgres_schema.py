@@ -1,0 +1,206 @@
+"""A PostgreSQL store's schema on open: created when missing, checked when present.
+
+The first connection of a :class:`~actors.stores.postgres.PostgresStore` runs
+:func:`_first_connect`: it refuses a schema that holds another program's tables, creates
+the tables (:mod:`actors.stores.postgres_tables`) and the server-side functions
+(:mod:`actors.stores.postgres_calls`) a version of Axon needs, and brings a database made
+by an older version up to date (added columns, the waiting status, the head triggers split
+by ``CREATE OR REPLACE TRIGGER``), each step safe to run concurrently from many processes
+opening one database at once.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from actors.stores.postgres_calls import (
+    CLAIM_FUNCTION,
+    CLAIM_FUNCTION_NAME,
+    DECIDE_FUNCTION,
+    DECIDE_FUNCTION_NAME,
+    SAVE_FUNCTION,
+    SAVE_FUNCTION_NAME,
+    SAVE_NEXT_FUNCTION,
+    SAVE_NEXT_FUNCTION_NAME,
+)
+from actors.stores.postgres_lane import CONNECT_TIMEOUT
+from actors.stores.postgres_tables import (
+    _HEAD_INSERT_TRIGGER,
+    _HEAD_SCHEMA,
+    _HEAD_TRIGGER,
+    _HEAD_TRIGGERS,
+    _QUEUE_INDEXES,
+    _SCHEMA,
+    _TURN_COLUMNS,
+)
+from runtime.errors import ConfigurationError, StoreCorrupt, StoreError
+
+MAGIC = "axon-session-store"
+SCHEMA_VERSION = 1
+
+
+def _first_connect(libpq: str, schema: str) -> str:
+    """Connect once (the real error, not a pool timeout, if it fails) and create or
+    check the schema, serialized across processes by an advisory lock; the database's
+    encoding (``UTF8``, ``LATIN1``...)."""
+    import psycopg
+
+    try:
+        conn = psycopg.connect(libpq, connect_timeout=CONNECT_TIMEOUT, autocommit=False)
+    except psycopg.ProgrammingError as err:  # an unparseable conninfo
+        raise ConfigurationError(f"invalid PostgreSQL URL: {err}") from None
+    with conn:
+        conn.execute("SELECT pg_advisory_xact_lock(hashtext('axon-schema'))")
+        conn.execute(f"CREATE SCHEMA IF NOT EXISTS {schema}")
+        conn.execute(f"SET LOCAL search_path TO {schema}")
+        _check_schema_is_ours(conn, schema)
+        for statement in _SCHEMA:
+            conn.execute(statement)
+        _add_turn_columns(conn, schema)
+        _ensure_turn_heads(conn)
+        _ensure_claim_function(conn)
+        _ensure_save_function(conn)
+        _ensure_function(conn, DECIDE_FUNCTION_NAME, DECIDE_FUNCTION)
+        _ensure_function(conn, SAVE_NEXT_FUNCTION_NAME, SAVE_NEXT_FUNCTION)
+        conn.execute(
+            """INSERT INTO axon_meta (key, value) VALUES ('magic', %s), ('schema_version', %s)
+            ON CONFLICT (key) DO NOTHING""",
+            (MAGIC, str(SCHEMA_VERSION)),
+        )
+        return str(conn.info.parameter_status("server_encoding"))
+
+
+def _check_schema_is_ours(conn: Any, schema: str) -> None:
+    """Refuse, untouched, a schema holding another program's ``axon_`` tables or a newer
+    Axon schema; an empty schema or an Axon one of this version or older passes."""
+    tables = {
+        name
+        for (name,) in conn.execute(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = %s",
+            (schema,),
+        )
+    }
+    if tables and "axon_meta" not in tables and tables & {"axon_sessions", "axon_messages"}:
+        raise StoreCorrupt(
+            f"schema {schema!r} has axon tables but no axon_meta: it is not an Axon store "
+            "(refusing to touch it)"
+        )
+    if "axon_meta" not in tables:
+        return
+    marker: dict[str, str] = dict(conn.execute("SELECT key, value FROM axon_meta").fetchall())
+    if marker.get("magic") != MAGIC:
+        raise StoreCorrupt(
+            f"schema {schema!r}: axon_meta magic is {marker.get('magic')!r}, "
+            f"expected {MAGIC!r}; refusing to touch it"
+        )
+    found = int(marker.get("schema_version", "0"))
+    if found > SCHEMA_VERSION:
+        raise StoreError(
+            f"schema {schema!r} has Axon schema version {found}, newer than the "
+            f"{SCHEMA_VERSION} this version understands; upgrade axon-runtime"
+        )
+
+
+def _add_turn_columns(conn: Any, schema: str) -> None:
+    """Add the :data:`_TURN_COLUMNS` an older store lacks (only those: see there)."""
+    present = {
+        name
+        for (name,) in conn.execute(
+            "SELECT column_name FROM information_schema.columns "
+            "WHERE table_schema = %s AND table_name = 'axon_turns'",
+            (schema,),
+        )
+    }
+    for column, definition in _TURN_COLUMNS:
+        if column not in present:
+            conn.execute(f"ALTER TABLE axon_turns ADD COLUMN IF NOT EXISTS {column} {definition}")
+            if column == "message_key":  # its index, in the same transaction
+                conn.execute(
+                    "CREATE INDEX IF NOT EXISTS axon_turns_by_message_key "
+                    "ON axon_turns (message_key, seq) WHERE message_key IS NOT NULL"
+                )
+            if column == "expires_at":  # the waits a worker looks at, and their status
+                conn.execute(
+                    "CREATE INDEX IF NOT EXISTS axon_turns_waiting "
+                    "ON axon_turns (expires_at) WHERE status = 'awaiting-input'"
+                )
+                _allow_waiting_status(conn)
+
+
+WAITING_CHECK = (
+    "CHECK (status IN ('queued', 'running', 'done', 'failed', 'cancelled', 'awaiting-input'))"
+)
+"""The statuses ``axon_turns`` allows since turns can wait for a person."""
+
+
+def _allow_waiting_status(conn: Any) -> None:
+    """A table created before turns could wait gets the status ``awaiting-input`` in its
+    CHECK (run once, with the ``expires_at`` column, in the same transaction)."""
+    conn.execute(
+        "ALTER TABLE axon_turns DROP CONSTRAINT IF EXISTS axon_turns_status_check, "
+        f"ADD CONSTRAINT axon_turns_status_check {WAITING_CHECK}"
+    )
+
+
+def _ensure_turn_heads(conn: Any) -> None:
+    """The queue's head triggers and indexes (:data:`_HEAD_TRIGGER`), created when
+    missing; a store whose one trigger ran on every status change gets the two of
+    :data:`_HEAD_TRIGGERS` in its place, in the opening's transaction (no writer sees the
+    table without them), on PostgreSQL 14 and later: ``CREATE OR REPLACE TRIGGER`` locks
+    the table as ``CREATE TRIGGER`` does, where ``DROP TRIGGER`` would take it exclusively
+    (and deadlock with a claim's transaction that read it first). Before 14 such a store
+    keeps its one trigger, which does the same, dearer."""
+    found = {
+        name
+        for (name,) in conn.execute(
+            "SELECT tgname FROM pg_trigger "
+            "WHERE tgrelid = 'axon_turns'::regclass AND tgname IN (%s, %s)",
+            (_HEAD_TRIGGER, _HEAD_INSERT_TRIGGER),
+        ).fetchall()
+    }
+    if _HEAD_TRIGGER not in found:
+        if _HEAD_INSERT_TRIGGER in found:  # only if there (a drop locks the table whole)
+            conn.execute(f"DROP TRIGGER {_HEAD_INSERT_TRIGGER} ON axon_turns")
+        for statement in (*_HEAD_SCHEMA, *_QUEUE_INDEXES):
+            conn.execute(statement)
+    elif _HEAD_INSERT_TRIGGER not in found and conn.info.server_version >= 140000:
+        update, insert = _HEAD_TRIGGERS
+        conn.execute(insert)
+        conn.execute(update.replace("CREATE TRIGGER", "CREATE OR REPLACE TRIGGER", 1))
+
+
+def _ensure_claim_function(conn: Any) -> None:
+    """The claim's function (:data:`CLAIM_FUNCTION`), created when missing (a store
+    created before it gains it on open; the check first: ``CREATE OR REPLACE`` would
+    drop every connection's cached plans of it)."""
+    found = conn.execute(
+        "SELECT 1 FROM pg_proc "
+        "WHERE proname = %s AND pronamespace = current_schema()::regnamespace",
+        (CLAIM_FUNCTION_NAME,),
+    ).fetchone()
+    if found is None:
+        conn.execute(CLAIM_FUNCTION)
+
+
+def _ensure_function(conn: Any, name: str, create: str) -> None:
+    """The server-side function ``name``, created by ``create`` when missing (as the
+    claim's, :func:`_ensure_claim_function`)."""
+    found = conn.execute(
+        "SELECT 1 FROM pg_proc "
+        "WHERE proname = %s AND pronamespace = current_schema()::regnamespace",
+        (name,),
+    ).fetchone()
+    if found is None:
+        conn.execute(create)
+
+
+def _ensure_save_function(conn: Any) -> None:
+    """The save's function (:data:`SAVE_FUNCTION`), created when missing (as the
+    claim's, :func:`_ensure_claim_function`)."""
+    found = conn.execute(
+        "SELECT 1 FROM pg_proc "
+        "WHERE proname = %s AND pronamespace = current_schema()::regnamespace",
+        (SAVE_FUNCTION_NAME,),
+    ).fetchone()
+    if found is None:
+        conn.execute(SAVE_FUNCTION)

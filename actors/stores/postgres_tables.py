@@ -1,0 +1,192 @@
+"""The tables, indexes and head triggers of the PostgreSQL store's schema.
+
+What :func:`~actors.stores.postgres_schema._first_connect` creates in a store's schema when
+missing: the sessions, their messages, the durable turns and their queue's indexes, and
+the head triggers that keep each session's next queued turn marked claimable. Apart from
+:mod:`actors.stores.postgres` because it is data (DDL text) read once per schema, not
+code a call runs; the layout is drawn in that module's docstring.
+"""
+
+from __future__ import annotations
+
+_SCHEMA = (
+    """CREATE TABLE IF NOT EXISTS axon_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)""",
+    "CREATE SEQUENCE IF NOT EXISTS axon_versions",
+    "CREATE SEQUENCE IF NOT EXISTS axon_update_seq",
+    """CREATE TABLE IF NOT EXISTS axon_sessions (
+        session_id TEXT PRIMARY KEY,
+        meta BYTEA NOT NULL,
+        created_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+        updated_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+        update_seq BIGINT NOT NULL,
+        version BIGINT NOT NULL
+    )""",
+    "CREATE INDEX IF NOT EXISTS axon_sessions_by_update ON axon_sessions (update_seq)",
+    """CREATE TABLE IF NOT EXISTS axon_messages (
+        session_id TEXT NOT NULL,
+        idx INTEGER NOT NULL,
+        role TEXT NOT NULL,
+        body BYTEA NOT NULL,
+        PRIMARY KEY (session_id, idx)
+    )""",
+    """CREATE TABLE IF NOT EXISTS axon_turns (
+        turn_id TEXT PRIMARY KEY,
+        session_id TEXT NOT NULL,
+        seq BIGSERIAL NOT NULL,
+        idempotency_key TEXT UNIQUE,
+        input TEXT NOT NULL,
+        status TEXT NOT NULL DEFAULT 'queued'
+            CHECK (status IN ('queued', 'running', 'done', 'failed', 'cancelled',
+                              'awaiting-input')),
+        owner TEXT,
+        epoch BIGINT NOT NULL DEFAULT 0,
+        lease_until TIMESTAMPTZ,
+        attempts INTEGER NOT NULL DEFAULT 0,
+        saved BOOLEAN NOT NULL DEFAULT false,
+        cancel_requested BOOLEAN NOT NULL DEFAULT false,
+        finish_reason TEXT,
+        error TEXT,
+        created_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+        started_at TIMESTAMPTZ,
+        finished_at TIMESTAMPTZ
+    )""",
+    # At most one running turn per session: two workers can never run one session.
+    """CREATE UNIQUE INDEX IF NOT EXISTS axon_turns_one_running
+        ON axon_turns (session_id) WHERE status = 'running'""",
+    """CREATE INDEX IF NOT EXISTS axon_turns_open
+        ON axon_turns (seq) WHERE status IN ('queued', 'running')""",
+    "CREATE INDEX IF NOT EXISTS axon_turns_by_session ON axon_turns (session_id, seq)",
+)
+
+_TURN_COLUMNS = (
+    ("meta", "BYTEA NOT NULL DEFAULT '{}'"),  # a JSON object, like axon_sessions.meta
+    ("regenerate", "BOOLEAN NOT NULL DEFAULT false"),
+    ("cancel_reason", "TEXT"),
+    # A keyed submit's caller key, hashed (the ``idempotency_key`` column is unique per
+    # submission of it: a message id sent again with other text is an edit, another row).
+    ("message_key", "TEXT"),
+    ("input_hash", "TEXT"),  # what the turn was asked: an identical retry is a replay
+    ("head", "BOOLEAN NOT NULL DEFAULT false"),
+    ("head_seq", "BIGINT"),
+    # A turn that waits for a person (status 'awaiting-input', docs/approval.md): when
+    # its wait expires (wall-clock seconds since the epoch; NULL: never), how many times
+    # it was resumed after a wait, and whether the next claim runs its continuation.
+    ("expires_at", "DOUBLE PRECISION"),
+    ("resumes", "INTEGER NOT NULL DEFAULT 0"),
+    ("resume_pending", "BOOLEAN NOT NULL DEFAULT false"),
+    # What a protocol's turn carries beyond its input (runtime.turn_queue.TurnOptions):
+    # a JSON object, '{}' for none.
+    ("options", "BYTEA NOT NULL DEFAULT '{}'"),
+    # A message submitted to steer the session's running turn (on_busy='steer'): that
+    # turn's id. Its worker takes the row at a step boundary; else it runs as a turn.
+    ("steer_of", "TEXT"),
+    # How many steer submits named this running turn: its fenced saves read it, so its
+    # worker reads the steering rows only when new ones came (runtime.turn_queue.SteerWatch).
+    ("steers", "INTEGER NOT NULL DEFAULT 0"),
+)
+"""Columns the turn queue (:mod:`actors.stores.turns`) added after schema 1 shipped: a
+store created before them gains them on open, in place, without a version change. Each
+runs only when its column is missing: ``ALTER TABLE`` takes an exclusive lock even when
+it has nothing to do, and a worker opening the store while others claim turns would
+deadlock with them."""
+
+_HEAD_TRIGGER = "axon_turns_head_v1"
+"""The trigger (and its function) that keeps ``axon_turns.head``: true on exactly the
+oldest queued turn of each session that has one, so a claim walks one row per session
+(the ``axon_turns_heads`` index) instead of every queued turn. ``head_seq`` is a head's
+place in line, drawn (``axon_turns_heads_seq``) when it became its session's head: a
+session's next turn queues up behind the heads already waiting, so sessions take turns
+(round robin) however many turns one of them queued. Kept by the database, not by the
+queue's code, so every writer keeps it, including a front end or worker of an earlier
+version during a rolling upgrade. A new version of it gets a new name."""
+
+_HEAD_FUNCTION = f"""CREATE OR REPLACE FUNCTION {_HEAD_TRIGGER}() RETURNS trigger
+    LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+DECLARE
+    next_id TEXT;
+BEGIN
+    -- The session's lock (also taken by TurnQueue.submit): a submit and a claim or
+    -- cancel of the same session's head see each other's rows, never miss them.
+    IF TG_OP = 'INSERT' THEN
+        IF NEW.status <> 'queued' THEN
+            NEW.head := false;
+            RETURN NEW;
+        END IF;
+        PERFORM pg_advisory_xact_lock(
+            hashtextextended('axon_turns:' || current_schema() || ':' || NEW.session_id, 0));
+        -- "session_id >= x AND session_id <= x" is "= x" that leaves ORDER BY
+        -- (session_id, seq) to the axon_turns_queued index alone: with "= x" the cached
+        -- generic plan may walk axon_turns_open by seq through other sessions' backlogs.
+        SELECT turn_id INTO next_id FROM axon_turns
+        WHERE session_id >= NEW.session_id AND session_id <= NEW.session_id
+          AND status = 'queued'
+        ORDER BY session_id, seq LIMIT 1;
+        NEW.head := next_id IS NULL;
+        NEW.head_seq := CASE WHEN NEW.head THEN nextval('axon_turns_heads_seq') END;
+        RETURN NEW;
+    END IF;
+    IF OLD.status = 'queued' AND NEW.status <> 'queued' THEN
+        NEW.head := false;
+        IF OLD.head THEN
+            PERFORM pg_advisory_xact_lock(
+                hashtextextended('axon_turns:' || current_schema() || ':' || NEW.session_id, 0));
+            LOOP  -- a next turn cancelled meanwhile is skipped: take the one after it
+                SELECT turn_id INTO next_id FROM axon_turns
+                WHERE session_id >= NEW.session_id AND session_id <= NEW.session_id
+                  AND status = 'queued' AND turn_id <> NEW.turn_id
+                ORDER BY session_id, seq LIMIT 1;
+                EXIT WHEN next_id IS NULL;
+                UPDATE axon_turns SET head = true, head_seq = nextval('axon_turns_heads_seq')
+                WHERE turn_id = next_id AND status = 'queued' RETURNING turn_id INTO next_id;
+                EXIT WHEN next_id IS NOT NULL;
+            END LOOP;
+        END IF;
+    END IF;
+    RETURN NEW;
+END $$"""
+
+_HEAD_INSERT_TRIGGER = "axon_turns_head_insert_v1"
+"""The head trigger's function run on an insert (:data:`_HEAD_TRIGGERS`)."""
+
+_HEAD_TRIGGERS = (
+    # An update runs the function only when it takes a turn out of the queue: the one
+    # change it has something to do for. A running turn's end (`done`, every turn), a
+    # suspension, a decision's requeue wrote the row through a PL/pgSQL call for nothing.
+    # Its name stays the one trigger's of before (a process of an earlier version looks
+    # for it and, missing, would create it again beside these).
+    f"""CREATE TRIGGER {_HEAD_TRIGGER} BEFORE UPDATE OF status ON axon_turns
+        FOR EACH ROW WHEN (OLD.status = 'queued' AND NEW.status <> 'queued')
+        EXECUTE FUNCTION {_HEAD_TRIGGER}()""",
+    f"""CREATE TRIGGER {_HEAD_INSERT_TRIGGER} BEFORE INSERT ON axon_turns
+        FOR EACH ROW EXECUTE FUNCTION {_HEAD_TRIGGER}()""",
+)
+"""The head trigger as two (a trigger's ``WHEN`` cannot read ``OLD`` on an insert): the
+function on every insert, and on an update only of a queued turn's status away from
+``queued``, exactly where the function writes anything."""
+
+_HEAD_SCHEMA = (
+    "CREATE SEQUENCE IF NOT EXISTS axon_turns_heads_seq",
+    _HEAD_FUNCTION,
+    *_HEAD_TRIGGERS,
+    # Heads for the turns queued before the trigger existed, in line by their seq (only
+    # the rows that change are written: the table holds every turn ever run).
+    "UPDATE axon_turns SET head = false, head_seq = NULL WHERE head",
+    """UPDATE axon_turns SET head = true, head_seq = seq WHERE turn_id IN (
+        SELECT DISTINCT ON (session_id) turn_id FROM axon_turns
+        WHERE status = 'queued' ORDER BY session_id, seq)""",
+    """SELECT setval('axon_turns_heads_seq', greatest(max(seq), 1))
+        FROM axon_turns""",
+    "CREATE INDEX IF NOT EXISTS axon_turns_heads ON axon_turns (head_seq) WHERE head",
+)
+"""Created once, when the trigger is missing (``CREATE TRIGGER`` locks the table), with
+:data:`_QUEUE_INDEXES`: ``CREATE INDEX IF NOT EXISTS`` too locks the table before it finds
+the index there, and a store opening must not wait for every claim in flight."""
+
+_QUEUE_INDEXES = (
+    # A session's queued turns (its backlog count, its next head) without its history.
+    """CREATE INDEX IF NOT EXISTS axon_turns_queued
+        ON axon_turns (session_id, seq) WHERE status = 'queued'""",
+    # Expired leases without walking the queued turns.
+    """CREATE INDEX IF NOT EXISTS axon_turns_leases
+        ON axon_turns (lease_until) WHERE status = 'running'""",
+)
