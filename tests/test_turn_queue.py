@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import uuid
 
+import psycopg
 import pytest
 import trio
 import trio.lowlevel
 
 from actors.stores.postgres import PostgresStore
+from actors.stores.turn_sql import TURNS_CHANNEL
 from actors.stores.turns import Claim, QueuedTurn, Renewal, TurnQueue
 from runtime.approval import WAITING_META, Decision
 from runtime.errors import AlreadyDecided, InvalidSessionId, LeaseLost, StoreError, UnknownApproval
@@ -366,9 +368,17 @@ async def test_a_wait_takes_every_notification_waiting_so_one_claim_follows_a_bu
     finished meanwhile pile up on its connection; once idle it is woken once for all of
     them, not once each (an empty claim per finished turn, issue 24 goal 3)."""
     assert await queue.wait(0)  # connected
-    other = TurnQueue(store, lease=LEASE)
-    for i in range(5):
-        await other.submit(f"s{i}", "one")
+    # Five turns' notifications committed together: the listening backend sends them
+    # in one go, so none can still be on its way when the first wait drains the
+    # connection (five separate submits could leave the last in flight under load).
+    notes = "; ".join(f"NOTIFY {TURNS_CHANNEL}, '{store.schema}:t{i}'" for i in range(5))
+
+    def notify_five() -> None:
+        # One simple query of several statements runs as one transaction.
+        with psycopg.connect(store.libpq, autocommit=True) as conn:
+            conn.execute(notes)
+
+    await trio.to_thread.run_sync(notify_five)
     assert await queue.wait(10)
     assert not await queue.wait(0.2)
 
