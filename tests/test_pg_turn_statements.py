@@ -9,7 +9,7 @@ what the store's contract says.
 from __future__ import annotations
 
 import collections
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from functools import partial
 from typing import Any
 
@@ -25,6 +25,18 @@ from runtime.approval import WAITING_META, Decision
 from runtime.errors import AlreadyDecided, LeaseLost, StoreConflict, StoreError, UnknownApproval
 from runtime.messages import AssistantMessage, Awaiting, ToolCallPart, UserMessage
 from runtime.turn_queue import NextClaim, NextClaimed
+
+
+@pytest.fixture
+async def store_and_queue(pg_url: str) -> AsyncIterator[tuple[PostgresStore, TurnQueue]]:
+    """A store on the test's database and a queue on it, closed after the test."""
+    store = await PostgresStore.open(pg_url)
+    queue = TurnQueue(store, lease=30.0, max_attempts=3)
+    try:
+        yield store, queue
+    finally:
+        await queue.aclose()
+        await store.aclose()
 
 
 @pytest.fixture
@@ -563,31 +575,26 @@ async def test_a_decided_turns_claim_is_one_call_that_reads_its_session(pg_url, 
         await store.aclose()
 
 
-async def test_a_continuation_whose_worker_dies_is_taken_over_and_fenced(pg_url):
+async def test_a_continuation_whose_worker_dies_is_taken_over_and_fenced(store_and_queue):
     """The worker that claimed a continuation through the function dies (its lease runs
     out): the next claim takes the turn over as any running turn (its transaction, an
     attempt counted, the epoch bumped), and the dead worker's late save is refused."""
-    store = await PostgresStore.open(pg_url)
-    queue = TurnQueue(store, lease=30.0, max_attempts=3)
-    try:
-        await _waiting_turn(store, queue, "s")
-        await queue.decide("s", "ap1", Decision(approved=True), {})
-        resumed = await queue.claim("w2")
-        assert resumed is not None and resumed.resumed and resumed.stored is not None
-        await _expire(store, resumed.turn.turn_id)
-        taken = await queue.claim("w3")
-        assert taken is not None and taken.takeover and not taken.resumed
-        assert (taken.turn.turn_id, taken.epoch, taken.turn.attempts) == (
-            resumed.turn.turn_id,
-            3,
-            2,
-        )
-        with queue.fenced(resumed), pytest.raises(LeaseLost):
-            await store.save("s", 2, said("late"), expected_version=resumed.stored.version)
-        assert (await store.load("s")) == resumed.stored
-    finally:
-        await queue.aclose()
-        await store.aclose()
+    store, queue = store_and_queue
+    await _waiting_turn(store, queue, "s")
+    await queue.decide("s", "ap1", Decision(approved=True), {})
+    resumed = await queue.claim("w2")
+    assert resumed is not None and resumed.resumed and resumed.stored is not None
+    await _expire(store, resumed.turn.turn_id)
+    taken = await queue.claim("w3")
+    assert taken is not None and taken.takeover and not taken.resumed
+    assert (taken.turn.turn_id, taken.epoch, taken.turn.attempts) == (
+        resumed.turn.turn_id,
+        3,
+        2,
+    )
+    with queue.fenced(resumed), pytest.raises(LeaseLost):
+        await store.save("s", 2, said("late"), expected_version=resumed.stored.version)
+    assert (await store.load("s")) == resumed.stored
 
 
 async def test_a_decided_turn_behind_a_lapsed_lease_waits_for_its_takeover(pg_url, statements):
@@ -989,10 +996,11 @@ async def _ended_by_its_last_save(store: PostgresStore, queue: TurnQueue, sessio
     return claim.turn.turn_id
 
 
-async def test_a_turns_end_wakes_no_worker_when_nothing_of_its_session_is_queued(pg_url):
+async def test_a_turns_end_wakes_no_worker_when_nothing_of_its_session_is_queued(
+    pg_url, store_and_queue
+):
     """Every worker listens: a turn's end that frees nothing cost each a wake-up."""
-    store = await PostgresStore.open(pg_url)
-    queue = TurnQueue(store, lease=30.0, max_attempts=3)
+    store, queue = store_and_queue
     await queue.submit("s", "one")
     listening = _Listening(store)
     try:
@@ -1000,13 +1008,10 @@ async def test_a_turns_end_wakes_no_worker_when_nothing_of_its_session_is_queued
         assert listening.told() == []
     finally:
         listening.close()
-        await queue.aclose()
-        await store.aclose()
 
 
-async def test_a_turns_end_wakes_the_workers_for_its_sessions_next_turn(pg_url):
-    store = await PostgresStore.open(pg_url)
-    queue = TurnQueue(store, lease=30.0, max_attempts=3)
+async def test_a_turns_end_wakes_the_workers_for_its_sessions_next_turn(store_and_queue):
+    store, queue = store_and_queue
     await queue.submit("s", "one")
     await queue.submit("s", "two")
     listening = _Listening(store)
@@ -1017,8 +1022,6 @@ async def test_a_turns_end_wakes_the_workers_for_its_sessions_next_turn(pg_url):
         assert nxt is not None and nxt.turn.input == "two"
     finally:
         listening.close()
-        await queue.aclose()
-        await store.aclose()
 
 
 async def test_a_submit_in_flight_when_the_turn_ends_is_seen_by_the_end(pg_url):
@@ -1123,30 +1126,25 @@ async def test_a_last_save_claims_the_next_turn_in_the_same_call(pg_url, stateme
         await store.aclose()
 
 
-async def test_a_fenced_out_last_save_claims_nothing_and_writes_nothing(pg_url):
-    store = await PostgresStore.open(pg_url)
-    queue = TurnQueue(store, lease=30.0, max_attempts=3)
+async def test_a_fenced_out_last_save_claims_nothing_and_writes_nothing(store_and_queue):
+    store, queue = store_and_queue
     nxt = _Next()
-    try:
-        await queue.submit("s", "one")
-        waiting = await queue.submit("t", "two")
-        claim = await queue.claim("w1")
-        assert claim is not None
-        with queue.fenced(claim, on_finished=lambda: None, claim_next=nxt.hook()):
-            version = await store.save("s", 0, said("one"), expected_version=None)
-            await _expire(store, claim.turn.turn_id)
-            taken = await TurnQueue(store, lease=30.0, max_attempts=3).claim("w2")
-            assert taken is not None and taken.turn.turn_id == claim.turn.turn_id
-            with pytest.raises(LeaseLost):
-                await store.save("s", 1, said("answer"), expected_version=version, ends="stop")
-        assert nxt.held == [] and nxt.handed == []
-        assert await _row(store, waiting.turn_id) == ("queued", None, 0, False, None)
-        assert await _row(store, claim.turn.turn_id) == ("running", "w2", 2, True, None)
-        record = await store.load("s")
-        assert record is not None and [m.text for m in record.messages] == ["one"]
-    finally:
-        await queue.aclose()
-        await store.aclose()
+    await queue.submit("s", "one")
+    waiting = await queue.submit("t", "two")
+    claim = await queue.claim("w1")
+    assert claim is not None
+    with queue.fenced(claim, on_finished=lambda: None, claim_next=nxt.hook()):
+        version = await store.save("s", 0, said("one"), expected_version=None)
+        await _expire(store, claim.turn.turn_id)
+        taken = await TurnQueue(store, lease=30.0, max_attempts=3).claim("w2")
+        assert taken is not None and taken.turn.turn_id == claim.turn.turn_id
+        with pytest.raises(LeaseLost):
+            await store.save("s", 1, said("answer"), expected_version=version, ends="stop")
+    assert nxt.held == [] and nxt.handed == []
+    assert await _row(store, waiting.turn_id) == ("queued", None, 0, False, None)
+    assert await _row(store, claim.turn.turn_id) == ("running", "w2", 2, True, None)
+    record = await store.load("s")
+    assert record is not None and [m.text for m in record.messages] == ["one"]
 
 
 async def test_a_last_save_claims_nothing_when_the_worker_wants_no_more(pg_url, statements):
@@ -1169,35 +1167,33 @@ async def test_a_last_save_claims_nothing_when_the_worker_wants_no_more(pg_url, 
         await store.aclose()
 
 
-async def test_a_last_save_behind_an_expired_lease_leaves_it_to_the_claims_takeover(pg_url):
+async def test_a_last_save_behind_an_expired_lease_leaves_it_to_the_claims_takeover(
+    pg_url, store_and_queue
+):
     """An expired lease goes first, as in a claim: the riding claim takes nothing (the
     worker's claim loop takes the turn over, in its transaction)."""
-    store = await PostgresStore.open(pg_url)
-    queue = TurnQueue(store, lease=30.0, max_attempts=3)
+    store, queue = store_and_queue
     nxt = _Next()
-    try:
-        await queue.submit("s", "one")
-        dead = await queue.submit("d", "dead")
-        queued = await queue.submit("t", "two")
-        claim = await queue.claim("w1")
-        lapsed = await queue.claim("w0")
-        assert claim is not None and lapsed is not None and lapsed.turn.turn_id == dead.turn_id
-        await _expire(store, dead.turn_id)
-        await _last_save_claiming(store, queue, claim, nxt)
-        assert nxt.handed == []
-        assert await _row(store, queued.turn_id) == ("queued", None, 0, False, None)
-        taken = await queue.claim("w1")
-        assert taken is not None and taken.takeover and taken.turn.turn_id == dead.turn_id
-    finally:
-        await queue.aclose()
-        await store.aclose()
+    await queue.submit("s", "one")
+    dead = await queue.submit("d", "dead")
+    queued = await queue.submit("t", "two")
+    claim = await queue.claim("w1")
+    lapsed = await queue.claim("w0")
+    assert claim is not None and lapsed is not None and lapsed.turn.turn_id == dead.turn_id
+    await _expire(store, dead.turn_id)
+    await _last_save_claiming(store, queue, claim, nxt)
+    assert nxt.handed == []
+    assert await _row(store, queued.turn_id) == ("queued", None, 0, False, None)
+    taken = await queue.claim("w1")
+    assert taken is not None and taken.takeover and taken.turn.turn_id == dead.turn_id
 
 
-async def test_a_last_save_that_claims_its_sessions_next_turn_wakes_no_worker(pg_url):
+async def test_a_last_save_that_claims_its_sessions_next_turn_wakes_no_worker(
+    pg_url, store_and_queue
+):
     """The session's next turn, claimed in the end's call, needs nobody woken (the plain
     end wakes every worker for it); another session's claimed, this one's next is."""
-    store = await PostgresStore.open(pg_url)
-    queue = TurnQueue(store, lease=30.0, max_attempts=3)
+    store, queue = store_and_queue
     nxt = _Next()
     await queue.submit("s", "one")
     second = await queue.submit("s", "two")
@@ -1210,13 +1206,12 @@ async def test_a_last_save_that_claims_its_sessions_next_turn_wakes_no_worker(pg
         assert listening.told() == []
     finally:
         listening.close()
-        await queue.aclose()
-        await store.aclose()
 
 
-async def test_a_last_save_that_claims_another_sessions_turn_wakes_for_its_own_next(pg_url):
-    store = await PostgresStore.open(pg_url)
-    queue = TurnQueue(store, lease=30.0, max_attempts=3)
+async def test_a_last_save_that_claims_another_sessions_turn_wakes_for_its_own_next(
+    pg_url, store_and_queue
+):
+    store, queue = store_and_queue
     nxt = _Next()
     await queue.submit("s", "one")
     other = await queue.submit("t", "other")
@@ -1230,39 +1225,32 @@ async def test_a_last_save_that_claims_another_sessions_turn_wakes_for_its_own_n
         assert listening.told() == [claim.turn.turn_id]
     finally:
         listening.close()
-        await queue.aclose()
-        await store.aclose()
 
 
-async def test_a_last_save_cancelled_in_flight_still_hands_over_what_it_claimed(pg_url):
+async def test_a_last_save_cancelled_in_flight_still_hands_over_what_it_claimed(
+    pg_url, store_and_queue
+):
     """The call is shielded: cancelled while its answer is awaited, it commits, and the
     turn it claimed is handed to the worker all the same (not left claimed and unknown
     until its lease expires)."""
-    store = await PostgresStore.open(pg_url)
-    queue = TurnQueue(store, lease=30.0, max_attempts=3)
+    store, queue = store_and_queue
     nxt = _Next()
-    try:
-        await queue.submit("s", "one")
-        second = await queue.submit("t", "two")
-        claim = await queue.claim("w1")
-        assert claim is not None
-        with queue.fenced(claim, on_finished=lambda: None, claim_next=nxt.hook()):
-            version = await store.save("s", 0, said("one"), expected_version=None)
-            with trio.CancelScope() as scope:
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(
-                        partial(
-                            store.save, "s", 1, said("answer"), expected_version=version, ends="x"
-                        )
-                    )
-                    await trio.testing.wait_all_tasks_blocked()  # its answer awaited
-                    scope.cancel()
-        assert [h.turn_id for h in nxt.handed] == [second.turn_id]
-        assert nxt.held == [(second.turn_id, "w1", 1)]
-        assert await _row(store, claim.turn.turn_id) == ("done", "w1", 1, True, "x")
-    finally:
-        await queue.aclose()
-        await store.aclose()
+    await queue.submit("s", "one")
+    second = await queue.submit("t", "two")
+    claim = await queue.claim("w1")
+    assert claim is not None
+    with queue.fenced(claim, on_finished=lambda: None, claim_next=nxt.hook()):
+        version = await store.save("s", 0, said("one"), expected_version=None)
+        with trio.CancelScope() as scope:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(
+                    partial(store.save, "s", 1, said("answer"), expected_version=version, ends="x")
+                )
+                await trio.testing.wait_all_tasks_blocked()  # its answer awaited
+                scope.cancel()
+    assert [h.turn_id for h in nxt.handed] == [second.turn_id]
+    assert nxt.held == [(second.turn_id, "w1", 1)]
+    assert await _row(store, claim.turn.turn_id) == ("done", "w1", 1, True, "x")
 
 
 async def test_a_store_without_the_next_claims_function_gains_it_on_open(pg_url):
@@ -1290,54 +1278,46 @@ async def test_a_store_without_the_next_claims_function_gains_it_on_open(pg_url)
         await store.aclose()
 
 
-async def test_a_last_save_claims_a_decided_turns_continuation_with_its_session(pg_url):
+async def test_a_last_save_claims_a_decided_turns_continuation_with_its_session(
+    pg_url, store_and_queue
+):
     """The riding claim is the claim's function: a decided turn's continuation comes
     first, claimed with the session the decision saved, as a claim hands it."""
-    store = await PostgresStore.open(pg_url)
-    queue = TurnQueue(store, lease=30.0, max_attempts=3)
+    store, queue = store_and_queue
     nxt = _Next()
-    try:
-        waiting = await _waiting_turn(store, queue, "d")
-        await queue.submit("s", "one")
-        claim = await queue.claim("w1")
-        assert claim is not None and claim.turn.session_id == "s"
-        await queue.decide("d", "ap1", Decision(approved=True), {})
-        decided = await store.load("d")
-        await _last_save_claiming(store, queue, claim, nxt)
-        [handed] = nxt.handed
-        taken = await handed.take()
-        assert taken.resumed and not taken.takeover
-        assert (taken.turn.turn_id, taken.owner, taken.epoch) == (waiting.turn.turn_id, "w1", 2)
-        assert taken.stored == decided
-        assert nxt.held == [(waiting.turn.turn_id, "w1", 2)]
-    finally:
-        await queue.aclose()
-        await store.aclose()
+    waiting = await _waiting_turn(store, queue, "d")
+    await queue.submit("s", "one")
+    claim = await queue.claim("w1")
+    assert claim is not None and claim.turn.session_id == "s"
+    await queue.decide("d", "ap1", Decision(approved=True), {})
+    decided = await store.load("d")
+    await _last_save_claiming(store, queue, claim, nxt)
+    [handed] = nxt.handed
+    taken = await handed.take()
+    assert taken.resumed and not taken.takeover
+    assert (taken.turn.turn_id, taken.owner, taken.epoch) == (waiting.turn.turn_id, "w1", 2)
+    assert taken.stored == decided
+    assert nxt.held == [(waiting.turn.turn_id, "w1", 2)]
 
 
 async def test_a_turn_claimed_by_a_last_save_and_never_started_is_taken_over_at_its_lease(
-    pg_url,
+    pg_url, store_and_queue
 ):
     """A riding claim whose answer never reaches a worker (it died, or the answer was
     lost and the retried save refused: the turn ended) is what a claim before a crash
     is: nothing renews its lease, and once the lease runs out any worker takes the turn
     over (the attempt counted), with nothing of it saved."""
-    store = await PostgresStore.open(pg_url)
-    queue = TurnQueue(store, lease=30.0, max_attempts=3)
+    store, queue = store_and_queue
     nxt = _Next()
-    try:
-        await queue.submit("s", "one")
-        second = await queue.submit("t", "two")
-        claim = await queue.claim("w1")
-        assert claim is not None
-        await _last_save_claiming(store, queue, claim, nxt)
-        assert [h.turn_id for h in nxt.handed] == [second.turn_id]  # never taken
-        assert await queue.claim("w2") is None  # its lease runs
-        await _expire(store, second.turn_id)
-        taken = await queue.claim("w2")
-        assert taken is not None and taken.takeover and taken.turn.turn_id == second.turn_id
-        assert (taken.owner, taken.epoch, taken.turn.attempts) == ("w2", 2, 2)
-        assert not taken.turn.saved
-    finally:
-        await queue.aclose()
-        await store.aclose()
+    await queue.submit("s", "one")
+    second = await queue.submit("t", "two")
+    claim = await queue.claim("w1")
+    assert claim is not None
+    await _last_save_claiming(store, queue, claim, nxt)
+    assert [h.turn_id for h in nxt.handed] == [second.turn_id]  # never taken
+    assert await queue.claim("w2") is None  # its lease runs
+    await _expire(store, second.turn_id)
+    taken = await queue.claim("w2")
+    assert taken is not None and taken.takeover and taken.turn.turn_id == second.turn_id
+    assert (taken.owner, taken.epoch, taken.turn.attempts) == ("w2", 2, 2)
+    assert not taken.turn.saved
