@@ -188,6 +188,19 @@ MANY = 20_000
 """Messages enough for a body over the inline size (256 KiB)."""
 
 
+def long_agui_run() -> dict[str, object]:
+    """An AG-UI run of a new thread: MANY earlier messages, alternating, then the user's."""
+    earlier = [
+        {"id": f"m{i}", "role": "user" if i % 2 == 0 else "assistant", "content": "x"}
+        for i in range(MANY)
+    ]
+    last = {"id": "last", "role": "user", "content": "hi"}
+    return {"threadId": "t", "runId": "r", "messages": [*earlier, last]}
+
+
+"""Messages enough for a body over the inline size (256 KiB)."""
+
+
 def threads_running(monkeypatch: pytest.MonkeyPatch, module: Any, name: str) -> list[bool]:
     """Patch ``module.name`` to record whether each call ran off the main thread."""
     seen: list[bool] = []
@@ -206,15 +219,7 @@ async def test_an_agui_body_of_many_messages_is_checked_and_converted_off_the_ev
 ):
     parsed = threads_running(monkeypatch, agui, "parse_run_input")
     converted = threads_running(monkeypatch, agui, "history_of")
-    history = [
-        {"id": f"m{i}", "role": "user" if i % 2 == 0 else "assistant", "content": "x"}
-        for i in range(MANY)
-    ]
-    run = {
-        "threadId": "t",
-        "runId": "r",
-        "messages": [*history, {"id": "last", "role": "user", "content": "hi"}],
-    }
+    run = long_agui_run()
     async with web_server(agent(), protocols=ALL) as server:
         async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
             r = await client.post("/ag-ui", json=run)
@@ -279,15 +284,7 @@ async def test_a_new_agui_thread_of_many_messages_is_counted_typed_and_repaired_
     counted = walks(monkeypatch, agui, "_check_counts")
     typed = walks(monkeypatch, history, "check_history")
     repaired = walks(monkeypatch, history, "repair")
-    earlier = [
-        {"id": f"m{i}", "role": "user" if i % 2 == 0 else "assistant", "content": "x"}
-        for i in range(MANY)
-    ]
-    run = {
-        "threadId": "t",
-        "runId": "r",
-        "messages": [*earlier, {"id": "last", "role": "user", "content": "hi"}],
-    }
+    run = long_agui_run()
     async with web_server(agent(), protocols=ALL) as server:
         async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
             r = await client.post("/ag-ui", json=run)
@@ -303,15 +300,7 @@ async def test_an_agui_thread_of_many_messages_posted_again_is_snapshotted_off_t
 ):
     looked_up = walks(monkeypatch, agui, "_ids")
     snapshotted = walks(monkeypatch, agui, "agui_messages")
-    earlier = [
-        {"id": f"m{i}", "role": "user" if i % 2 == 0 else "assistant", "content": "x"}
-        for i in range(MANY)
-    ]
-    run = {
-        "threadId": "t",
-        "runId": "r",
-        "messages": [*earlier, {"id": "last", "role": "user", "content": "hi"}],
-    }
+    run = long_agui_run()
     async with web_server(agent(), protocols=ALL) as server:
         async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
             first = await client.post("/ag-ui", json=run)
