@@ -198,6 +198,18 @@ def long_agui_run() -> dict[str, object]:
     return {"threadId": "t", "runId": "r", "messages": [*earlier, last]}
 
 
+async def post_long_chat() -> httpx.Response:
+    """A Chat Completions request of MANY earlier messages, alternating, then the user's,
+    to a fresh server: its answer (read whole)."""
+    messages = [
+        {"role": "user" if i % 2 == 0 else "assistant", "content": "x"} for i in range(MANY)
+    ]
+    body = {"model": "assistant", "messages": [*messages, {"role": "user", "content": "hi"}]}
+    async with web_server(agent(), protocols=ALL) as server:
+        async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
+            return await client.post("/v1/chat/completions", json=body)
+
+
 """Messages enough for a body over the inline size (256 KiB)."""
 
 
@@ -241,18 +253,7 @@ async def test_a_chat_completions_body_of_many_messages_is_checked_off_the_event
     monkeypatch,
 ):
     parsed = threads_running(monkeypatch, openai_compat, "parse_chat_request")
-    messages = [
-        {"role": "user" if i % 2 == 0 else "assistant", "content": "x"} for i in range(MANY)
-    ]
-    async with web_server(agent(), protocols=ALL) as server:
-        async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
-            r = await client.post(
-                "/v1/chat/completions",
-                json={
-                    "model": "assistant",
-                    "messages": [*messages, {"role": "user", "content": "hi"}],
-                },
-            )
+    r = await post_long_chat()
     assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "ok"
     assert parsed == [True]
 
@@ -316,18 +317,7 @@ async def test_a_chat_completions_history_of_many_messages_is_typed_and_repaired
 ):
     typed = walks(monkeypatch, history, "check_history")
     repaired = walks(monkeypatch, history, "repair")
-    messages = [
-        {"role": "user" if i % 2 == 0 else "assistant", "content": "x"} for i in range(MANY)
-    ]
-    async with web_server(agent(), protocols=ALL) as server:
-        async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
-            r = await client.post(
-                "/v1/chat/completions",
-                json={
-                    "model": "assistant",
-                    "messages": [*messages, {"role": "user", "content": "hi"}],
-                },
-            )
+    r = await post_long_chat()
     assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "ok"
     assert long_walks(typed) == [True, True]  # the endpoint's check, then the host's
     assert long_walks(repaired) == [True]
