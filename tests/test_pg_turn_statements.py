@@ -39,6 +39,17 @@ async def store_and_queue(pg_url: str) -> AsyncIterator[tuple[PostgresStore, Tur
         await store.aclose()
 
 
+async def _drop_function(pg_url: str, name: str) -> None:
+    """Drop the server-side function ``name``, as a store made before it was added."""
+    store = await PostgresStore.open(pg_url)
+    try:
+        await store.run(
+            "drop", lambda conn: conn.execute(f"DROP FUNCTION {name}"), transaction=False
+        )
+    finally:
+        await store.aclose()
+
+
 @pytest.fixture
 def statements(monkeypatch: pytest.MonkeyPatch) -> Iterator[collections.Counter[str]]:
     """Every cursor statement from here on, and every statement the store sends from the
@@ -263,11 +274,7 @@ async def test_a_store_without_the_claims_function_gains_it_on_open(pg_url):
     this version opens it, and claims through it."""
     from actors.stores.postgres_calls import CLAIM_FUNCTION_NAME
 
-    store = await PostgresStore.open(pg_url)
-    await store.run(
-        "drop", lambda conn: conn.execute(f"DROP FUNCTION {CLAIM_FUNCTION_NAME}"), transaction=False
-    )
-    await store.aclose()
+    await _drop_function(pg_url, CLAIM_FUNCTION_NAME)
     store = await PostgresStore.open(pg_url)
     queue = TurnQueue(store, lease=30.0, max_attempts=3)
     try:
@@ -772,13 +779,7 @@ async def test_a_store_without_the_decisions_function_gains_it_on_open(pg_url):
     process of this version opens it, and records decisions through it."""
     from actors.stores.postgres_calls import DECIDE_FUNCTION_NAME
 
-    store = await PostgresStore.open(pg_url)
-    await store.run(
-        "drop",
-        lambda conn: conn.execute(f"DROP FUNCTION {DECIDE_FUNCTION_NAME}"),
-        transaction=False,
-    )
-    await store.aclose()
+    await _drop_function(pg_url, DECIDE_FUNCTION_NAME)
     store = await PostgresStore.open(pg_url)
     queue = TurnQueue(store, lease=30.0, max_attempts=3)
     try:
@@ -1256,13 +1257,7 @@ async def test_a_last_save_cancelled_in_flight_still_hands_over_what_it_claimed(
 async def test_a_store_without_the_next_claims_function_gains_it_on_open(pg_url):
     from actors.stores.postgres_calls import SAVE_NEXT_FUNCTION_NAME
 
-    store = await PostgresStore.open(pg_url)
-    await store.run(
-        "drop",
-        lambda conn: conn.execute(f"DROP FUNCTION {SAVE_NEXT_FUNCTION_NAME}"),
-        transaction=False,
-    )
-    await store.aclose()
+    await _drop_function(pg_url, SAVE_NEXT_FUNCTION_NAME)
     store = await PostgresStore.open(pg_url)
     queue = TurnQueue(store, lease=30.0, max_attempts=3)
     nxt = _Next()
