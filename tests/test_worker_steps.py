@@ -13,8 +13,21 @@ import pytest
 import trio
 
 from actors.stores.postgres import FreeLimiter, PostgresStore
-from runtime.app.worker import _take_slot
+from actors.stores.turns import QueuedTurn, TurnQueue
+from runtime.app.worker import Worker, _take_slot
 from tests.support.steps import counted
+
+
+async def _finished(
+    worker: Worker, submitter: TurnQueue, *turn_ids: str
+) -> list[QueuedTurn | None]:
+    """Run ``worker`` until each of ``turn_ids`` finished (or 30 s passed: ``None``), in
+    order, then stop it: what ``submitter.wait_finished`` gave for each."""
+    async with trio.open_nursery() as nursery:
+        await nursery.start(worker.run)
+        done = [await submitter.wait_finished(turn_id, 30) for turn_id in turn_ids]
+        worker.stop()
+    return done
 
 
 async def test_a_store_call_takes_one_step_while_a_thread_is_free(pg_url):
@@ -120,10 +133,7 @@ async def test_a_turns_last_save_finishes_its_row_without_a_finish_call(pg_url):
 
     worker.queue.finish = finish
     try:
-        async with trio.open_nursery() as nursery:
-            await nursery.start(worker.run)
-            done = await submitter.wait_finished(turn.turn_id, 30)
-            worker.stop()
+        (done,) = await _finished(worker, submitter, turn.turn_id)
     finally:
         await submitter.aclose()
         await store.aclose()
@@ -164,10 +174,7 @@ async def test_a_failed_last_save_leaves_the_finish_to_its_own_call(pg_url):
 
     worker.queue.finish = finish
     try:
-        async with trio.open_nursery() as nursery:
-            await nursery.start(worker.run)
-            done = await submitter.wait_finished(turn.turn_id, 30)
-            worker.stop()
+        (done,) = await _finished(worker, submitter, turn.turn_id)
         record = await store.load("s")
     finally:
         await submitter.aclose()
@@ -261,10 +268,7 @@ async def test_a_worker_forwards_a_turns_chunks_in_bulk_not_one_anext_each(pg_ur
     relay = Relay()
     worker = Worker(store=store, relay=relay, agent=agent, owner="w", poll=0.05)
     try:
-        async with trio.open_nursery() as nursery:
-            await nursery.start(worker.run)
-            done = await submitter.wait_finished(turn.turn_id, 30)
-            worker.stop()
+        (done,) = await _finished(worker, submitter, turn.turn_id)
     finally:
         await submitter.aclose()
         await store.aclose()
@@ -299,10 +303,7 @@ async def test_a_workers_last_save_claims_its_next_turn_so_one_claim_call_serves
 
     worker.queue.claim = claim  # type: ignore[method-assign]
     try:
-        async with trio.open_nursery() as nursery:
-            await nursery.start(worker.run)
-            done = [await submitter.wait_finished(t.turn_id, 30) for t in turns]
-            worker.stop()
+        done = await _finished(worker, submitter, *(t.turn_id for t in turns))
     finally:
         await submitter.aclose()
         await store.aclose()
