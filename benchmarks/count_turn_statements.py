@@ -50,9 +50,12 @@ class _Counter:
         psycopg.Cursor.executemany = counted_many  # type: ignore[method-assign]
         # The statements the store sends from the event loop, without a cursor (its saves).
         try:
-            from actors.stores.postgres import LoopLane
-        except ImportError:  # a tree before it
-            return
+            from actors.stores.postgres_lane import LoopLane
+        except ImportError:  # a tree before the store's split, or before the lane
+            try:
+                from actors.stores.postgres import LoopLane
+            except ImportError:
+                return
         call = LoopLane.call
 
         async def counted_call(self: Any, name: bytes, sql: bytes, *args: Any) -> Any:

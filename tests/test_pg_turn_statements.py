@@ -19,7 +19,16 @@ import pytest
 import trio
 import trio.testing
 
-from actors.stores.postgres import LockedSession, LoopLane, PostgresStore
+from actors.stores.postgres import _TURNS_CHANNEL, LockedSession, PostgresStore
+from actors.stores.postgres_calls import (
+    CLAIM_FUNCTION_NAME,
+    DECIDE_FUNCTION_NAME,
+    SAVE_FUNCTION_NAME,
+    SAVE_NEXT_FUNCTION_NAME,
+)
+from actors.stores.postgres_lane import LoopLane
+from actors.stores.turn_claims import _take_expired
+from actors.stores.turn_sql import TURNS_CHANNEL
 from actors.stores.turns import TurnQueue
 from runtime.approval import WAITING_META, Decision
 from runtime.errors import AlreadyDecided, LeaseLost, StoreConflict, StoreError, UnknownApproval
@@ -181,7 +190,6 @@ async def test_a_claims_look_for_expired_leases_turns_sorting_off_for_its_transa
     """A claim walks the heads in line with sorting off (a table PostgreSQL has not
     analyzed yet would otherwise be planned as a check of every head and a sort): the
     look for expired leases, the claim's first statement, sets it for the transaction."""
-    from actors.stores.turn_claims import _take_expired
 
     store = await PostgresStore.open(pg_url)
     try:
@@ -251,7 +259,6 @@ async def test_a_claim_behind_an_expired_lease_takes_it_over_in_a_transaction(pg
 async def test_the_claims_function_walks_the_heads_with_sorting_off(pg_url):
     """The head's start is planned with sorting off (the function's own setting), as the
     look's ``SET LOCAL`` had it: a table not analyzed yet is still walked in line."""
-    from actors.stores.postgres_calls import CLAIM_FUNCTION_NAME
 
     store = await PostgresStore.open(pg_url)
     try:
@@ -272,7 +279,6 @@ async def test_the_claims_function_walks_the_heads_with_sorting_off(pg_url):
 async def test_a_store_without_the_claims_function_gains_it_on_open(pg_url):
     """A store created before the function (a rolling upgrade) gets it when a worker of
     this version opens it, and claims through it."""
-    from actors.stores.postgres_calls import CLAIM_FUNCTION_NAME
 
     await _drop_function(pg_url, CLAIM_FUNCTION_NAME)
     store = await PostgresStore.open(pg_url)
@@ -777,7 +783,6 @@ async def test_a_decision_on_a_meta_the_function_cannot_merge_goes_in_the_transa
 async def test_a_store_without_the_decisions_function_gains_it_on_open(pg_url):
     """A store created before the decision's function (a rolling upgrade) gets it when a
     process of this version opens it, and records decisions through it."""
-    from actors.stores.postgres_calls import DECIDE_FUNCTION_NAME
 
     await _drop_function(pg_url, DECIDE_FUNCTION_NAME)
     store = await PostgresStore.open(pg_url)
@@ -824,9 +829,6 @@ async def test_the_save_function_merges_meta_as_the_transaction_does(pg_url, sta
 
 
 async def test_a_store_without_the_save_function_gains_it_on_open(pg_url):
-    from actors.stores.postgres import _TURNS_CHANNEL
-    from actors.stores.postgres_calls import SAVE_FUNCTION_NAME
-    from actors.stores.turn_sql import TURNS_CHANNEL
 
     assert _TURNS_CHANNEL == TURNS_CHANNEL
     store = await PostgresStore.open(pg_url)
@@ -1255,7 +1257,6 @@ async def test_a_last_save_cancelled_in_flight_still_hands_over_what_it_claimed(
 
 
 async def test_a_store_without_the_next_claims_function_gains_it_on_open(pg_url):
-    from actors.stores.postgres_calls import SAVE_NEXT_FUNCTION_NAME
 
     await _drop_function(pg_url, SAVE_NEXT_FUNCTION_NAME)
     store = await PostgresStore.open(pg_url)
