@@ -581,8 +581,8 @@ class Worker:
         except BaseException:
             leases.release(claimed.turn_id, claimed.epoch)
             raise
-        if self._stopping.is_set() or any(e.claim.takeover for e in self.running.values()):
-            # Nor beside a taken-over turn the claim loop took meanwhile (its rule).
+        if not self._wants_next(None):
+            # Stopping since, or beside a taken-over turn the claim loop took meanwhile.
             leases.release(claimed.turn_id, claimed.epoch)
             with trio.CancelScope(shield=True):
                 try:
@@ -593,10 +593,11 @@ class Worker:
         entry = self.running[claim.turn.turn_id] = _Running(claim=claim)
         return entry
 
-    def _wants_next(self, entry: _Running) -> bool:
-        """Whether ``entry``'s last save may claim the next turn for its slot: not while
-        the worker is stopping, nor while another turn it runs is a takeover (the claim
-        loop's rule: it claims nothing beside one)."""
+    def _wants_next(self, entry: _Running | None) -> bool:
+        """Whether ``entry``'s last save may claim the next turn for its slot (``None``:
+        whether a turn so claimed may start now): not while the worker is stopping, nor
+        while another turn it runs is a takeover (the claim loop's rule: it claims
+        nothing beside one)."""
         return not self._stopping.is_set() and not any(
             other.claim.takeover for other in self.running.values() if other is not entry
         )
