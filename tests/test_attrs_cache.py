@@ -191,16 +191,26 @@ def test_warming_writes_the_file_even_where_python_writes_no_bytecode(tmp_path):
     assert after["used"] > 50
 
 
+# Each child, having compiled, waits until all four have before it exits (and writes): without
+# this a slow starter could find a fast one's file already there and read it instead.
+BARRIER = """
+import os, sys, time
+open(os.path.join(sys.argv[1], f"ready-{os.getpid()}"), "w").close()
+while sum(name.startswith("ready-") for name in os.listdir(sys.argv[1])) < 4:
+    time.sleep(0.01)
+"""
+
+
 def test_processes_writing_the_file_at_once_leave_one_whole_file(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    env.update(PYTHONPYCACHEPREFIX=str(tmp_path), PYTHONPATH=str(REPO))
+    env.update(PYTHONPYCACHEPREFIX=str(tmp_path / "prefix"), PYTHONPATH=str(REPO))
+    argv = [sys.executable, "-c", CHILD + BARRIER, str(tmp_path)]
     children = [
-        subprocess.Popen([sys.executable, "-c", CHILD], env=env, cwd=REPO, stdout=subprocess.PIPE)
-        for _ in range(4)
+        subprocess.Popen(argv, env=env, cwd=REPO, stdout=subprocess.PIPE) for _ in range(4)
     ]  # all compile (no file yet), all write at exit
     outs = [json.loads(child.communicate(timeout=120)[0]) for child in children]
     assert all(out["compiled"] for out in outs)
     path = Path(outs[0]["path"])
     assert len(_cache(path).stored) == outs[0]["used"]  # whole: one writer's file
     assert [p.name for p in path.parent.iterdir() if "attrs-methods" in p.name] == [path.name]
-    assert _child(tmp_path)["compiled"] is False
+    assert _child(tmp_path / "prefix")["compiled"] is False
