@@ -229,3 +229,12 @@ def test_the_installed_script_names_itself_axon():
     )
     assert proc.stdout.startswith("usage: axon ")
     assert help_text().startswith("usage: python -m runtime ")
+
+
+def test_the_installed_scripts_help_names_the_worker_command_axon_too():
+    """Help text naming another command names the one the user typed, like the usage line."""
+    code = "import sys; sys.argv[0] = '/venv/bin/axon'; from runtime.app.cli import main; main()"
+    proc = subprocess.run(
+        [sys.executable, "-c", code, "serve", "--help"], capture_output=True, text=True, cwd=ROOT
+    )
+    assert "front end of `axon worker`s" in " ".join(proc.stdout.split())

@@ -53,6 +53,12 @@ AGENT_ONLY = ("model", "base_url", "api_key", "thinking_budget", "instructions",
 """Options that describe the agent ``--agent`` names in full: refused alongside it."""
 
 
+def program_name() -> str:
+    """``axon`` when run as the installed ``axon`` script, else ``python -m runtime``:
+    the two are the same command, and usage lines name the one that was typed."""
+    return "axon" if os.path.basename(sys.argv[0]) == "axon" else "python -m runtime"
+
+
 class BadInput(Exception):
     """Input the command cannot use; reported as one line, exit status 2."""
 
