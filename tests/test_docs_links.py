@@ -1,0 +1,53 @@
+"""Every relative link in README.md and docs/*.md reaches a file that exists, and every
+``#anchor`` in one names a heading of its target (as GitHub makes anchors of headings):
+files move and headings change, and a link that no longer resolves is found here."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+FENCE = re.compile(r"```.*?```", re.S)
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def anchors(page: Path) -> set[str]:
+    """The anchors GitHub gives ``page``'s headings: lower case, punctuation but ``-`` and
+    ``_`` dropped, spaces as ``-``; a repeated one gets ``-1``, ``-2``, ..."""
+    found: set[str] = set()
+    counts: dict[str, int] = {}
+    for heading in re.findall(r"^#{1,6} (.+)$", FENCE.sub("", page.read_text()), re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        n = counts.get(slug, 0)
+        counts[slug] = n + 1
+        found.add(slug if n == 0 else f"{slug}-{n}")
+    return found
+
+
+def broken_links(page: Path) -> list[str]:
+    broken = []
+    for target in LINK.findall(FENCE.sub("", page.read_text())):
+        if re.match(r"[a-z][a-z0-9+.-]*:", target):  # http:, https:, mailto:
+            continue
+        path, _, anchor = target.partition("#")
+        dest = (page.parent / path).resolve() if path else page
+        if not dest.exists():
+            broken.append(f"{target}: no such file")
+        elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
+            broken.append(f"{target}: no such heading")
+    return broken
+
+
+def test_the_anchors_are_githubs():
+    page = ROOT / "docs" / "deployment.md"
+    assert "guarantees-and-how-they-are-kept" in anchors(page)
+    assert "worker-deployments-3" in anchors(ROOT / "docs" / "protocols.md")
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda page: page.name)
+def test_every_relative_link_resolves(page):
+    assert broken_links(page) == []
