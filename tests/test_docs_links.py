@@ -51,3 +51,12 @@ def test_the_anchors_are_githubs():
 @pytest.mark.parametrize("page", PAGES, ids=lambda page: page.name)
 def test_every_relative_link_resolves(page):
     assert broken_links(page) == []
+
+
+def test_the_readme_links_every_page_of_docs():
+    """A page nobody links is a page nobody finds (docs/relay.md was missing)."""
+    linked = {
+        (ROOT / target.partition("#")[0]).resolve()
+        for target in LINK.findall((ROOT / "README.md").read_text())
+    }
+    assert [page.name for page in PAGES[1:] if page.resolve() not in linked] == []
