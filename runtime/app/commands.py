@@ -54,9 +54,13 @@ AGENT_ONLY = ("model", "base_url", "api_key", "thinking_budget", "instructions",
 
 
 def program_name() -> str:
-    """``axon`` when run as the installed ``axon`` script, else ``python -m runtime``:
-    the two are the same command, and usage lines name the one that was typed."""
-    return "axon" if os.path.basename(sys.argv[0]) == "axon" else "python -m runtime"
+    """``axon`` when run as the installed ``axon`` script, else ``python3 -m runtime`` with
+    the interpreter's own name (``python3``, ``python``, ``python3.12``...): the two are the
+    same command, and usage lines (and the commands messages give) name the one that was
+    typed, so that a copied line runs where plain ``python`` does not exist."""
+    if os.path.basename(sys.argv[0]) == "axon":
+        return "axon"
+    return f"{os.path.basename(sys.executable or '') or 'python'} -m runtime"
 
 
 class BadInput(Exception):
