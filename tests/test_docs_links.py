@@ -1,6 +1,8 @@
 """Every relative link in README.md and docs/*.md reaches a file that exists, and every
 ``#anchor`` in one names a heading of its target (as GitHub makes anchors of headings):
-files move and headings change, and a link that no longer resolves is found here."""
+files move and headings change, and a link that no longer resolves is found here. The
+README links every page, and the versioned names the pages give the store's server-side
+functions are the store's own."""
 
 from __future__ import annotations
 
@@ -60,3 +62,17 @@ def test_the_readme_links_every_page_of_docs():
         for target in LINK.findall((ROOT / "README.md").read_text())
     }
     assert [page.name for page in PAGES[1:] if page.resolve() not in linked] == []
+
+
+def test_the_server_side_functions_the_docs_name_are_the_stores():
+    """The PostgreSQL store's functions carry a version in their name, bumped when they
+    change (axon_save_v2 became v3); a page naming an old one sends a reader to the wrong
+    function. Read from the module's text, so psycopg need not be installed."""
+    source = (ROOT / "actors" / "stores" / "postgres_calls.py").read_text()
+    current = set(re.findall(r'_FUNCTION_NAME: Final = "(axon_\w+)"', source))
+    named = {
+        name
+        for page in PAGES
+        for name in re.findall(r"\baxon_(?:claim|save|save_next|decide)_v\d+\b", page.read_text())
+    }
+    assert current and named - current == set()
