@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -228,4 +229,18 @@ def test_the_installed_script_names_itself_axon():
         [sys.executable, "-c", code, "--help"], capture_output=True, text=True, cwd=ROOT
     )
     assert proc.stdout.startswith("usage: axon ")
-    assert help_text().startswith("usage: python -m runtime ")
+
+
+def test_a_module_run_names_the_interpreter_it_was_typed_with():
+    """``python3 -m runtime`` (the README's spelling) prints ``python3 -m runtime``, not
+    ``python -m runtime``, which does not run where there is no plain ``python``."""
+    assert help_text().startswith(f"usage: {os.path.basename(sys.executable)} -m runtime ")
+
+
+def test_the_installed_scripts_help_names_the_worker_command_axon_too():
+    """Help text naming another command names the one the user typed, like the usage line."""
+    code = "import sys; sys.argv[0] = '/venv/bin/axon'; from runtime.app.cli import main; main()"
+    proc = subprocess.run(
+        [sys.executable, "-c", code, "serve", "--help"], capture_output=True, text=True, cwd=ROOT
+    )
+    assert "front end of `axon worker`s" in " ".join(proc.stdout.split())

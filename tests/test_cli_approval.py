@@ -24,6 +24,7 @@ from tests.support import approval_agents
 
 ROOT = Path(__file__).resolve().parents[1]
 AGENTS = "tests.support.approval_agents"
+PROGRAM = f"{os.path.basename(sys.executable)} -m runtime"  # what these tests type
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 HANG_GUARD = 60  # seconds: only so a regression fails instead of hanging the suite
 
@@ -119,7 +120,7 @@ def test_ctrl_c_at_the_prompt_leaves_the_call_waiting(tmp_path):
         os.close(leader)
     assert proc.returncode == 130
     # ...and says how to decide it later, as a run that cannot ask does
-    assert f"decide with `python -m runtime run --agent {AGENTS}:agent --store" in err.decode()
+    assert f"decide with `{PROGRAM} run --agent {AGENTS}:agent --store" in err.decode()
     assert run("agent", "--store", db, "--session", "s1").returncode == 3  # still waiting
 
 
@@ -138,7 +139,7 @@ def test_a_stored_waiting_turn_names_its_session_and_how_to_decide_it(tmp_path):
     assert proc.returncode == 3
     assert proc.stderr.splitlines() == [
         f'the turn waits for approval: get_weather({{"city": "Oslo"}}); session s1 is stored '
-        f"in {db}: decide with `python -m runtime run --agent {AGENTS}:agent --store {db} "
+        f"in {db}: decide with `{PROGRAM} run --agent {AGENTS}:agent --store {db} "
         "--session s1 --approve-all` (or --deny-all)"
     ]
 
@@ -149,7 +150,7 @@ def test_the_command_the_waiting_line_gives_decides_the_turn_with_the_same_agent
     db = str(tmp_path / "s.db")
     line = run("agent", "--store", db, "--session", "s1", "hi").stderr
     program, _, command = line.split("`")[1].partition(" run ")
-    assert program == "python -m runtime"
+    assert program == PROGRAM
     proc = axon("run", *shlex.split(command))
     assert proc.returncode == 0, proc.stderr
     assert "It is sunny in Oslo." in proc.stdout
@@ -173,7 +174,7 @@ def test_the_deciding_command_repeats_a_providers_options_but_never_its_key():
     line = waiting_line([call], "s1", args)
     assert "sk-s3cret" not in line and ":pw@" not in line
     assert line.endswith(
-        "decide with `python -m runtime run --provider openai --model gpt-4o --base-url "
+        f"decide with `{PROGRAM} run --provider openai --model gpt-4o --base-url "
         "'http://me:[redacted]@127.0.0.1:9/v1' --instructions 'Be brief.' --store s.db "
         "--session s1 --approve-all` (or --deny-all) (and your --api-key)"
     )

@@ -57,6 +57,7 @@ from runtime.app.commands import (
     agent_options,
     make_agent,
     make_plugins,
+    program_name,
     report_bad_input,
 )
 from runtime.app.expiry import deadlines
@@ -84,12 +85,6 @@ __all__ = ["MCP_HELP", "BadInput", "build_parser", "main", "make_agent", "report
 STORE_HELP = "session store: an SQLite file or a postgresql:// URL"
 WAITING_STATUS = 3
 """``run``'s exit status when the turn waits for a decision nobody could give here."""
-
-
-def program_name() -> str:
-    """``axon`` when run as the installed ``axon`` script, else ``python -m runtime``:
-    the two are the same command, and usage lines name the one that was typed."""
-    return "axon" if os.path.basename(sys.argv[0]) == "axon" else "python -m runtime"
 
 
 def build_parser() -> argparse.ArgumentParser:

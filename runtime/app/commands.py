@@ -53,6 +53,16 @@ AGENT_ONLY = ("model", "base_url", "api_key", "thinking_budget", "instructions",
 """Options that describe the agent ``--agent`` names in full: refused alongside it."""
 
 
+def program_name() -> str:
+    """``axon`` when run as the installed ``axon`` script, else ``python3 -m runtime`` with
+    the interpreter's own name (``python3``, ``python``, ``python3.12``...): the two are the
+    same command, and usage lines (and the commands messages give) name the one that was
+    typed, so that a copied line runs where plain ``python`` does not exist."""
+    if os.path.basename(sys.argv[0]) == "axon":
+        return "axon"
+    return f"{os.path.basename(sys.executable or '') or 'python'} -m runtime"
+
+
 class BadInput(Exception):
     """Input the command cannot use; reported as one line, exit status 2."""
 

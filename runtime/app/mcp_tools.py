@@ -54,6 +54,7 @@ from mcp.shared.exceptions import MCPError
 
 from runtime.actor_messages import TurnResult
 from runtime.agent import Agent
+from runtime.app.commands import program_name
 from runtime.app.session import FINAL_WAIT
 from runtime.busy import ENQUEUE, REJECT, STEER, OnBusy
 from runtime.errors import InvalidSessionId, SessionBusy
@@ -278,7 +279,7 @@ def tool_result(result: TurnResult | None, session_id: str) -> types.CallToolRes
         waiting = ", ".join(f"{call.tool_name} ({call.approval_id})" for call in result.pending)
         return _error(
             f"the turn waits for a decision on {waiting} (session {session_id}); "
-            "decide it on the chat page or with `python -m runtime run --session`"
+            f"decide it on the chat page or with `{program_name()} run --session`"
         )
     answer = result.text
     return types.CallToolResult(

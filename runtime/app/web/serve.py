@@ -41,6 +41,7 @@ from runtime.app.commands import (
     make_agent,
     make_plugins,
     positive,
+    program_name,
     report_bad_input,
 )
 from runtime.app.host import Host
@@ -155,14 +156,14 @@ def _add_deployment_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="what a message for a session whose turn runs does: reject it (409), enqueue "
         "its turn after the running one, interrupt the running turn, or steer it (the "
-        "message joins it at its next step) (default: the agent's on_busy, reject; "
-        "docs/approval.md)",
+        "message joins it at its next step) (default: the agent's on_busy, reject; as a "
+        "front end of workers, enqueue; docs/approval.md)",
     )
     add(
         "--run-turns-here",
         action="store_true",
         help="with a postgresql:// --store and --redis, run turns in this process as "
-        "without them, instead of serving as a front end of `python -m runtime worker`s",
+        f"without them, instead of serving as a front end of `{program_name()} worker`s",
     )
     add(
         "--max-queued-per-session",
