@@ -10,6 +10,7 @@ The wake-up tests run their workers with a poll of an hour: a turn that only a m
 from __future__ import annotations
 
 import random
+import types
 from typing import Any
 
 import attrs
@@ -23,6 +24,7 @@ from actors.stores.turns import TurnQueue
 from runtime.agent import Agent
 from runtime.app import worker as worker_module
 from runtime.app.worker import Worker
+from runtime.output import StepStart, TextDelta, TextFinish
 from runtime.tools import tool
 from tests.support.pg import pg_connect
 from tests.support.worker_agent import agent, respond
@@ -377,3 +379,48 @@ async def test_a_mixed_fleet_runs_every_turn_over_a_store_upgraded_while_in_use(
         assert [m.text for m in record.messages] == [
             text for m in asked for text in (m, f"echo: {m}")
         ]
+
+
+# -- the relay's bulk forwarding and the lease ------------------------------------------
+
+
+class _Batches:
+    """A turn stream's :meth:`next_batch`, scripted."""
+
+    def __init__(self, *batches: list[Any]) -> None:
+        self.batches = list(batches)
+
+    async def next_batch(self) -> list[Any]:
+        return self.batches.pop(0) if self.batches else []
+
+
+class _ScanningWriter:
+    """A relay writer whose scan of what the dead worker showed of a step takes a round
+    trip, during which ``during`` runs; what it is given to write, recorded."""
+
+    def __init__(self, during: Any) -> None:
+        self.during = during
+        self.appended: list[Any] = []
+
+    async def shown(self, step: int) -> list[Any]:
+        await trio.lowlevel.checkpoint()
+        self.during()
+        return [TextFinish(step=step, part_id="p0")]  # the dead worker's open part
+
+    def append(self, chunk: Any) -> None:
+        self.appended.append(chunk)
+
+
+async def test_a_takeover_that_loses_its_lease_while_it_reads_the_shown_step_writes_nothing():
+    """A taken-over turn reads from the relay what its dead worker showed of the step it
+    re-runs (a Redis round trip, up to the relay's close timeout). Its own lease lost
+    meanwhile (another worker took the turn over again), it still wrote the step's
+    closing parts and a ``reset-step`` into the stream the newer worker now writes:
+    readers dropped the newer worker's parts of that step. Now it writes nothing."""
+    claim = types.SimpleNamespace(takeover=True, epoch=2, turn=types.SimpleNamespace(turn_id="t1"))
+    entry = worker_module._Running(claim=claim)  # type: ignore[arg-type]
+    entry.stream = types.SimpleNamespace(session=None, cancel=lambda reason: None)
+    writer = _ScanningWriter(lambda: entry.lose("renewal refused"))
+    out = _Batches([StepStart(step=0), TextDelta(step=0, part_id="p1", text="again")])
+    await Worker._relay(object.__new__(Worker), entry, out, writer)
+    assert entry.lost and writer.appended == []

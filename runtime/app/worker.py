@@ -868,8 +868,12 @@ class Worker:
         it, the parts it left open are closed and a ``reset-step`` chunk
         (:class:`~runtime.output.ResetStep`, error kind :data:`TAKEOVER`) takes back what
         it streamed, as a provider fallback does; the re-run's parts follow, without a
-        second ``start-step``. Whether the step was streamed is read from the relay."""
+        second ``start-step``. Whether the step was streamed is read from the relay.
+        Nothing is written when the lease was lost during that read (the turn is another
+        worker's now: a ``reset-step`` from here would take back that worker's parts)."""
         closing = await writer.shown(step)
+        if entry.lost:  # lost while it read: the stream is a newer worker's to write
+            return True
         if closing is None:
             return False
         for chunk in closing:
