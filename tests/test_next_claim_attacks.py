@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import random
 import types
+from functools import partial
 from typing import Any
 
 import attrs
 import psycopg
 import pytest
 import trio
+import trio.testing
 
 from actors.stores.postgres import PostgresStore
 from actors.stores.postgres_lane import LoopLane
@@ -26,8 +28,10 @@ from runtime.app import worker as worker_module
 from runtime.app.worker import Worker
 from runtime.output import StepStart, TextDelta, TextFinish
 from runtime.tools import tool
+from runtime.turn_queue import NextClaim
 from tests.support.pg import pg_connect
 from tests.support.worker_agent import agent, respond
+from tests.test_pg_turn_statements import _Listening, said
 
 NEVER = 3600.0
 """A poll no test waits for: only a wake-up starts a turn."""
@@ -424,3 +428,50 @@ async def test_a_takeover_that_loses_its_lease_while_it_reads_the_shown_step_wri
     out = _Batches([StepStart(step=0), TextDelta(step=0, part_id="p1", text="again")])
     await Worker._relay(object.__new__(Worker), entry, out, writer)
     assert entry.lost and writer.appended == []
+
+
+async def _waiting_for_a_lock(store: PostgresStore) -> None:
+    """Until a backend waits for an advisory lock (the session's)."""
+    with trio.fail_after(10), pg_connect() as conn:
+        while not conn.execute(  # noqa: ASYNC110 - the server's state
+            "SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+        ).fetchone():
+            await trio.sleep(0.01)
+
+
+async def test_a_submit_in_flight_when_a_last_save_claims_is_seen_by_its_wake_up(pg_url):
+    """The riding claim cannot see a submit of the session not committed yet; its wake-up
+    waits for the session's lock, which that submit holds from its insert to its commit,
+    and then sees the turn and wakes the workers for it (the submit's own notification
+    came while the ending turn still ran: a claim it woke found the session busy)."""
+    store = await PostgresStore.open(pg_url)
+    queue = TurnQueue(store, lease=30.0, max_attempts=3)
+    handed: list[Any] = []
+    nxt = NextClaim(wanted=lambda: True, on_claimed=lambda *key: None, claimed=handed.append)
+    await queue.submit("s", "one")
+    claim = await queue.claim("w1")
+    assert claim is not None
+    listening = _Listening(store)
+    submitter = psycopg.connect(store.libpq)  # a transaction held open
+    try:
+        submitter.execute(f"SET search_path TO {store.schema}")
+        submitter.execute(  # as a submit inserts: the head trigger takes the session's lock
+            "INSERT INTO axon_turns (turn_id, session_id, input) VALUES ('t2', 's', '\"x\"')"
+        )
+        with queue.fenced(claim, on_finished=lambda: None, claim_next=nxt):
+            version = await store.save("s", 0, said("one"), expected_version=None)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(
+                    partial(
+                        store.save, "s", 1, said("answer"), expected_version=version, ends="stop"
+                    )
+                )
+                await _waiting_for_a_lock(store)  # its claim ran: it waits for the lock
+                submitter.commit()
+        assert handed == []  # the riding claim saw no turn
+        assert listening.told() == [claim.turn.turn_id]
+    finally:
+        submitter.close()
+        listening.close()
+        await queue.aclose()
+        await store.aclose()
