@@ -10,6 +10,7 @@ it at its next step boundary (tests/test_worker_steer.py)."""
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import httpx
@@ -233,3 +234,25 @@ async def test_an_interrupt_sent_as_a_last_save_starts_the_next_turn_stops_that_
         ("two", "cancelled"),
         ("three", "done"),
     ]
+
+
+async def test_a_replayed_interrupted_message_does_not_stop_the_message_that_interrupted_it(
+    pg_url: str, redis_url: str
+) -> None:
+    """A client retries the POST of its message after a newer one interrupted it: the
+    retry is that message's turn again (cancelled; it interrupts nothing), but the front
+    end told the running turn to stop over the relay all the same, so the newer
+    message's turn, never marked, was cut. Now only a turn the submit marked is told."""
+    async with deployment(pg_url, redis_url, slow_agent(150), on_busy="interrupt") as d:
+        async with httpx.AsyncClient(base_url=d.urls[0], timeout=LIMIT) as client:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(partial(client.post, "/api/chat", json=body("s1", "one", "u1")))
+                first = await wait_for_turn(d.queue, "s1", "running")
+                nursery.start_soon(partial(client.post, "/api/chat", json=body("s1", "two", "u2")))
+                with trio.fail_after(LIMIT):
+                    while (await wait_for_turn(d.queue, "s1", "running")).turn_id == first.turn_id:  # noqa: ASYNC110
+                        await trio.sleep(0.01)
+                again = await client.post("/api/chat", json=body("s1", "one", "u1"))
+        turns = await d.queue.turns("s1")
+    assert again.status_code == 200
+    assert [(t.input, t.status) for t in turns] == [("one", "cancelled"), ("two", "done")]
