@@ -1300,9 +1300,9 @@ async def test_a_turn_claimed_by_a_last_save_and_never_started_is_taken_over_at_
     pg_url, store_and_queue
 ):
     """A riding claim whose answer never reaches a worker (it died, or the answer was
-    lost and the retried save refused: the turn ended) is what a claim before a crash
-    is: nothing renews its lease, and once the lease runs out any worker takes the turn
-    over (the attempt counted), with nothing of it saved."""
+    lost: the retried save finds its own commit, not what it claimed) is what a claim
+    before a crash is: nothing renews its lease, and once the lease runs out any worker
+    takes the turn over (the attempt counted), with nothing of it saved."""
     store, queue = store_and_queue
     nxt = _Next()
     await queue.submit("s", "one")

@@ -10,15 +10,23 @@ it at its next step boundary (tests/test_worker_steer.py)."""
 
 from __future__ import annotations
 
+from functools import partial
+from typing import Any
+
 import httpx
 import pytest
 import trio
 
+from actors.providers.scripted import ScriptedProvider, Sleep, current_step, tool_call
 from actors.stores.turns import TurnQueue
-from runtime.busy import INTERRUPTED_BY_NEW
+from runtime.agent import Agent
+from runtime.app.worker import Worker
+from runtime.busy import INTERRUPT, INTERRUPTED_BY_NEW
 from runtime.errors import SessionBusy
 from runtime.messages import AssistantMessage, UserMessage
+from runtime.tools import tool
 from tests.support.redis import require_redis
+from tests.support.worker_agent import _last_input
 from tests.test_frontend import (
     LIMIT,
     body,
@@ -168,3 +176,83 @@ async def test_a_reject_submit_on_the_queue_raises_session_busy(pg_url: str) -> 
         await store.aclose()
     assert [t.input for t in turns] == ["first"]
     assert other.session_id == "s2"
+
+
+async def test_an_interrupt_sent_as_a_last_save_starts_the_next_turn_stops_that_turn_at_once(
+    pg_url: str, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Attack round 3 (tests/test_next_claim_attacks.py): the running turn ends as an
+    ``interrupt`` message is sent, and its last save starts the session's queued turn
+    in its commit. The front end read the running turn before the submit and told that
+    one (ended) over the relay; the turn that started got only the queue's mark, so it
+    ran, its model asked, until its worker's next renewal (a third of a lease). Now the
+    running turn read after the submit, and marked by it, is told: it stops at once."""
+    gate = trio.Event()
+
+    @tool
+    async def hold() -> str:
+        """Wait for the test."""
+        await gate.wait()
+        return "held"
+
+    def respond(request: Any) -> list[Any]:
+        said = _last_input(request)
+        if said == "one":
+            return tool_call("hold", {}) if current_step(request.messages) == 0 else ["one"]
+        return [Sleep(60), "two"] if said == "two" else [said]
+
+    relayed: list[str] = []
+    told = Worker._on_relay_cancel
+
+    def on_relay_cancel(self: Worker, turn_id: str, reason: str) -> None:
+        relayed.append(turn_id)
+        told(self, turn_id, reason)
+
+    monkeypatch.setattr(Worker, "_on_relay_cancel", on_relay_cancel)
+    agent = Agent(name="a", provider=ScriptedProvider(responder=respond), tools=[hold])
+    async with deployment(pg_url, redis_url, agent, on_busy="interrupt") as d:
+        await d.queue.submit("s1", "one")
+        second = await d.queue.submit("s1", "two")
+        await wait_for_turn(d.queue, "s1", "running")
+        submit = TurnQueue.submit
+
+        async def racing(self: TurnQueue, *args: Any, on_busy: Any = None, **kwargs: Any) -> Any:
+            if on_busy == INTERRUPT:  # the message's submit, as the running turn ends
+                gate.set()
+                while (await d.queue.get_status(second.turn_id)).status != "running":  # type: ignore[union-attr]  # noqa: ASYNC110
+                    await trio.sleep(0.01)
+            return await submit(self, *args, on_busy=on_busy, **kwargs)
+
+        monkeypatch.setattr(TurnQueue, "submit", racing)
+        async with httpx.AsyncClient(base_url=d.urls[0], timeout=LIMIT) as client:
+            answer = await client.post("/api/chat", json=body("s1", "three", "u3"))
+        turns = await d.queue.turns("s1")
+    assert answer.status_code == 200
+    assert second.turn_id in relayed
+    assert [(t.input, t.status) for t in turns] == [
+        ("one", "done"),
+        ("two", "cancelled"),
+        ("three", "done"),
+    ]
+
+
+async def test_a_replayed_interrupted_message_does_not_stop_the_message_that_interrupted_it(
+    pg_url: str, redis_url: str
+) -> None:
+    """A client retries the POST of its message after a newer one interrupted it: the
+    retry is that message's turn again (cancelled; it interrupts nothing), but the front
+    end told the running turn to stop over the relay all the same, so the newer
+    message's turn, never marked, was cut. Now only a turn the submit marked is told."""
+    async with deployment(pg_url, redis_url, slow_agent(150), on_busy="interrupt") as d:
+        async with httpx.AsyncClient(base_url=d.urls[0], timeout=LIMIT) as client:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(partial(client.post, "/api/chat", json=body("s1", "one", "u1")))
+                first = await wait_for_turn(d.queue, "s1", "running")
+                nursery.start_soon(partial(client.post, "/api/chat", json=body("s1", "two", "u2")))
+                with trio.fail_after(LIMIT):
+                    while (await wait_for_turn(d.queue, "s1", "running")).turn_id == first.turn_id:  # noqa: ASYNC110
+                        await trio.sleep(0.01)
+                again = await client.post("/api/chat", json=body("s1", "one", "u1"))
+        turns = await d.queue.turns("s1")
+    assert again.status_code == 200
+    assert [(t.input, t.status) for t in turns] == [("one", "cancelled"), ("two", "done")]

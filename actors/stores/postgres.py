@@ -615,7 +615,11 @@ class PostgresStore:
                 repr(float(asked[0])).encode(),
             )
 
+        sent = 0
+
         async def once() -> Any:
+            nonlocal sent
+            sent += 1
             return await self._lane.call(name, sql, params, formats, result_format)
 
         result = await _retrying(f"{action} ({self.url})", self._retry_for, once, log=self._log)
@@ -640,8 +644,16 @@ class PostgresStore:
                 row = None
             elif result_format:
                 row = (got[3], got[4], got[5])
-            else:
-                row = (got[3].decode(), int(got[4]), got[5].decode())
+            else:  # (no owner: a suspended or released turn's row)
+                owner = None if got[3] is None else got[3].decode()
+                row = (owner, int(got[4]), got[5].decode())
+            if sent > 1 and row == _own_write(fence, ends, suspend):
+                # A retry of a call whose answer was lost after it committed (the
+                # connection died on the way back): the turn's row is as this very save
+                # left it, so the save is stored; it is not a lease lost. What a last
+                # save also claimed is not known here: that turn's lease runs out, and
+                # any worker takes it over (the claim's ``on_claimed`` never ran).
+                return await self._version_written(session_id, fence.turn_id)
             _check_fence_row(row, fence, session_id)
         if status == "conflict":
             check_version(self.url, session_id, version or 0, expected_version)
@@ -852,6 +864,24 @@ class PostgresStore:
             raise _created_meanwhile(self.url, session_id, expected_version, actual)
         return int(got[0])
 
+    async def _version_written(self, session_id: str, turn_id: str) -> int:
+        """The version a save of ``session_id`` that wrote turn ``turn_id``'s row in the
+        same transaction gave the session, read after the fact (its answer was lost);
+        ``0`` when the session was written again since (its row then carries another
+        transaction's id): the session's next turn here then finds the stored version
+        other than its own and reads the session again, never taking another writer's
+        version for one that holds what this save wrote."""
+        row = await self.run(
+            f"version written by the save of session {session_id!r}",
+            lambda conn: conn.execute(
+                """SELECT s.version FROM axon_sessions AS s, axon_turns AS t
+                WHERE s.session_id = %s AND t.turn_id = %s AND s.xmin = t.xmin""",
+                (session_id, turn_id),
+            ).fetchone(),
+            transaction=False,
+        )
+        return 0 if row is None else int(row[0])
+
     async def version(self, session_id: str) -> int:
         """The session's version (``0`` if it does not exist): one primary-key lookup."""
         validate_session_id(session_id)
@@ -949,6 +979,20 @@ def _check_fence(conn: Any, fence: Fence, session_id: str, steers: list[int] | N
     _check_fence_row(row, fence, session_id)
     if steers is not None:
         steers.append(row[3])
+
+
+def _own_write(
+    fence: Fence, ends: str | None, suspend: Suspend | None
+) -> tuple[str | None, int, str] | None:
+    """The turn's row as a save that ends (``ends``) or suspends (``suspend``) it left it
+    (owner, epoch, status): what a retry of that save finds when the first try committed
+    and only its answer was lost. Nothing else writes those: another worker's takeover
+    bumps the epoch, a release keeps the row ``running``, a poison turn is ``failed``."""
+    if ends is not None:
+        return (fence.owner, fence.epoch, "done")
+    if suspend is not None:
+        return (None, fence.epoch, "awaiting-input")
+    return None
 
 
 def _check_fence_row(row: Any, fence: Fence, session_id: str) -> None:

@@ -151,6 +151,8 @@ class _Running:
     """The save of the turn's last step also finished its row ``done`` (committed)."""
     next: NextClaimed | None = None
     """The turn that save claimed too, for this turn's slot (:class:`NextClaim`)."""
+    cancelled: str | None = None
+    """Why the turn was cancelled before its stream existed (applied once it does)."""
 
     def claimed_next(self, claimed: NextClaimed) -> None:
         self.next = claimed
@@ -162,8 +164,13 @@ class _Running:
         self.finished = True
 
     def cancel(self, reason: str) -> None:
+        """Cancel the turn; before its stream exists (its session still being opened),
+        kept for the stream: the relay's cancel request is said once, and a renewal
+        repeats it only a third of a lease later, the turn running meanwhile."""
         if self.stream is not None:
             self.stream.cancel(reason)
+        elif self.cancelled is None:
+            self.cancelled = reason
 
     def lose(self, why: str) -> None:
         """The lease is gone: write nothing more, stop the turn. Not once the turn
@@ -191,6 +198,9 @@ class _Lease:
     entry: _Running | None = None
     """Set once the turn runs: the claim is held from the moment it is made, before its
     input is decoded (which may take longer than the lease)."""
+    cancelled: str | None = None
+    """Why the turn was cancelled while held and not running yet (a turn a last save
+    claimed, not started): told to its entry once it runs."""
 
 
 class LeaseKeeper:
@@ -227,7 +237,8 @@ class LeaseKeeper:
             self._held[turn_id] = _Lease(turn_id=turn_id, owner=owner, epoch=epoch)
 
     def attach(self, entry: _Running) -> None:
-        """Tell ``entry`` what its renewals learn (it is held already, or is held now)."""
+        """Tell ``entry`` what its renewals learn (it is held already, or is held now),
+        and a cancellation asked for while it was held and not running yet."""
         claim = entry.claim
         with self._lock:
             lease = self._held.get(claim.turn.turn_id)
@@ -236,6 +247,17 @@ class LeaseKeeper:
                     turn_id=claim.turn.turn_id, owner=claim.owner, epoch=claim.epoch
                 )
             lease.entry = entry
+            cancelled = lease.cancelled
+        if cancelled is not None:
+            entry.cancel(cancelled)
+
+    def cancel_held(self, turn_id: str, reason: str) -> None:
+        """A cancellation for a turn held and not running yet (none running here has that
+        id): kept for it, told to its entry once it runs (:meth:`attach`)."""
+        with self._lock:
+            lease = self._held.get(turn_id)
+            if lease is not None and lease.entry is None and lease.cancelled is None:
+                lease.cancelled = reason
 
     def release(self, turn_id: str, epoch: int) -> None:
         """Stop renewing that claim (before the turn is finished or released, so that the
@@ -297,8 +319,10 @@ class LeaseKeeper:
             if not renewal.held:
                 del self._held[lease.turn_id]
             entry = lease.entry
-        if entry is None:
-            return  # not running yet: its first fenced commit will be refused
+        if entry is None:  # not running yet: its first fenced commit will be refused,
+            if renewal.held:  # or it is cancelled as it starts
+                self.cancel_held(lease.turn_id, renewal.cancel_reason or "cancelled")
+            return
         if not renewal.held:
             entry.lose("renewal refused")
         else:
@@ -533,6 +557,8 @@ class Worker:
         entry = self.running.get(turn_id)
         if entry is not None:
             entry.cancel(reason)
+        elif self._leases is not None:  # claimed by a last save, not started yet
+            self._leases.cancel_held(turn_id, reason)
 
     # -- one turn ----------------------------------------------------------------------------
 
@@ -648,6 +674,8 @@ class Worker:
         # A takeover may find steering its turn's earlier worker never took: read once.
         watch = SteerWatch(taken=-1 if claim.takeover else 0)
         stream = entry.stream = self._turn_stream(claim, session, was_open, loaded)
+        if entry.cancelled is not None and not turn.cancel_requested:
+            stream.cancel(entry.cancelled)  # asked for while its session was opened
         stream.steer_from(partial(self._take_steering, claim, steered, watch))
         # A turn's first claim says nothing its ``turn.started`` line does not (the tap's:
         # the same ids): debug. A takeover, a continuation or a retry says how at info.
@@ -840,8 +868,12 @@ class Worker:
         it, the parts it left open are closed and a ``reset-step`` chunk
         (:class:`~runtime.output.ResetStep`, error kind :data:`TAKEOVER`) takes back what
         it streamed, as a provider fallback does; the re-run's parts follow, without a
-        second ``start-step``. Whether the step was streamed is read from the relay."""
+        second ``start-step``. Whether the step was streamed is read from the relay.
+        Nothing is written when the lease was lost during that read (the turn is another
+        worker's now: a ``reset-step`` from here would take back that worker's parts)."""
         closing = await writer.shown(step)
+        if entry.lost:  # lost while it read: the stream is a newer worker's to write
+            return True
         if closing is None:
             return False
         for chunk in closing:

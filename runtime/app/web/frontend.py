@@ -284,7 +284,6 @@ class FrontEnd:
             return await self._continue(request, session_id, payload)
         check_media(text, state.agent_for(session_id))
         # ``serve --on-busy`` (None: enqueue): the queue decides it with the insert.
-        running = await self.queue.active(session_id) if state.on_busy == INTERRUPT else None
         steer = state.on_busy == STEER and not regenerate
         turn = await self.submit(
             session_id,
@@ -297,17 +296,34 @@ class FrontEnd:
             if steer
             else None,
         )
-        if running is not None and running.status == RUNNING and running.turn_id != turn.turn_id:
-            # Its worker hears it at once on the relay (the queue's mark is the truth).
-            await _unavailable_as_503(
-                self.relay.request_cancel(running.turn_id, INTERRUPTED_BY_NEW)
-            )
+        if state.on_busy == INTERRUPT:
+            await self._interrupt_running(session_id, turn)
         if turn.steer_of is not None and await self._steered(turn):
             return json_response(
                 {"steered": True, "turnId": turn.steer_of, "messageId": turn.user_message_id},
                 202,
             )
         return self._response(request, turn, None)
+
+    async def _interrupt_running(self, session_id: str, turn: QueuedTurn) -> None:
+        """After an ``interrupt`` submit: the session's running turn, which the submit's
+        transaction asked to stop (the queue's mark is the truth), told over the relay so
+        that its worker hears it at once, not at its next renewal. Read after the
+        submit, not before: the turn running then may have ended since, and the next one
+        started in its place (a last save claims it in its commit) had its mark from the
+        submit but nobody told. Only a turn marked so: one that started after the submit
+        (a later message's) is not this message's to stop, nor any a replay of the
+        message (which interrupts nothing) finds running."""
+        running = await self.queue.active(session_id)
+        if (
+            running is not None
+            and running.status == RUNNING
+            and running.turn_id != turn.turn_id
+            and running.cancel_requested
+        ):
+            await _unavailable_as_503(
+                self.relay.request_cancel(running.turn_id, INTERRUPTED_BY_NEW)
+            )
 
     async def _steered(self, turn: QueuedTurn) -> bool:
         """Wait until the turn ``turn`` was submitted to steer took it at a step boundary
