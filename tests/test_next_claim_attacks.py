@@ -26,12 +26,15 @@ from actors.stores.turns import TurnQueue
 from runtime.agent import Agent
 from runtime.app import worker as worker_module
 from runtime.app.worker import Worker
+from runtime.approval import Decision
+from runtime.errors import AlreadyDecided
 from runtime.output import StepStart, TextDelta, TextFinish
 from runtime.tools import tool
 from runtime.turn_queue import NextClaim
 from tests.support.pg import pg_connect
 from tests.support.worker_agent import agent, respond
 from tests.test_pg_turn_statements import _Listening, said
+from tests.test_turn_queue import suspended
 
 NEVER = 3600.0
 """A poll no test waits for: only a wake-up starts a turn."""
@@ -475,3 +478,64 @@ async def test_a_submit_in_flight_when_a_last_save_claims_is_seen_by_its_wake_up
         listening.close()
         await queue.aclose()
         await store.aclose()
+
+
+async def test_a_decision_whose_answer_is_lost_after_its_commit_is_recorded_not_refused(
+    pg_url, monkeypatch
+):
+    """The decision's call committed (the call decided, the turn put back for its
+    continuation) and only its answer was lost. The retry found the version moved and the
+    call decided, and the person was told the approval was already decided although their
+    decision was the one stored. Now the retry recognises the session as its own write
+    left it: the decision is reported recorded, the turn resumes once."""
+    store = await PostgresStore.open(pg_url)
+    queue = TurnQueue(store, lease=30.0)
+    try:
+        claim = await suspended(queue, store)
+        lost = _lose_answer_once(monkeypatch, b"axon_decide_call")
+        decided = await queue.decide("s1", "ap1", Decision(approved=True), {})
+        resumed = await queue.claim("w2")
+    finally:
+        await queue.aclose()
+        await store.aclose()
+    assert lost == [1]
+    assert decided.recorded.complete and decided.recorded.version > 0
+    assert (decided.turn.status, decided.turn.owner, decided.turn.resumes) == ("running", None, 1)
+    assert resumed is not None and resumed.turn.turn_id == claim.turn.turn_id and resumed.resumed
+
+
+async def test_a_retried_decision_that_never_committed_is_refused_behind_anothers(
+    pg_url, monkeypatch
+):
+    """The first send failed before anything was written, and another person denied the
+    call meanwhile: the retry finds the call decided, and it is not this decision that
+    is stored, so it is refused as any late decision is."""
+    store = await PostgresStore.open(pg_url)
+    queue = TurnQueue(store, lease=30.0)
+    other = await PostgresStore.open(pg_url)
+    rival = TurnQueue(other, lease=30.0)
+    real = LoopLane.call
+    failed: list[int] = []
+
+    async def call(self: Any, name: bytes, sql: bytes, params: Any, *args: Any) -> Any:
+        if name == b"axon_decide_call" and self is store._lane and not failed:
+            failed.append(1)
+            await rival.decide("s1", "ap1", Decision(approved=False, reason="no"), {})
+            raise psycopg.OperationalError("server closed the connection unexpectedly")
+        return await real(self, name, sql, params, *args)
+
+    try:
+        await suspended(queue, store)
+        monkeypatch.setattr(LoopLane, "call", call)
+        with pytest.raises(AlreadyDecided):
+            await queue.decide("s1", "ap1", Decision(approved=True), {})
+        record = await store.load("s1")
+    finally:
+        await rival.aclose()
+        await other.aclose()
+        await queue.aclose()
+        await store.aclose()
+    assert failed == [1]
+    assert record is not None
+    (call_part,) = record.messages[-1].content
+    assert call_part.awaiting.approved is False and call_part.awaiting.reason == "no"

@@ -75,6 +75,7 @@ from actors.stores.postgres_calls import (
     SAVE_FUNCTION_NAME,
     SAVE_NEXT_FUNCTION_NAME,
     SAVE_NEXT_KINDS,
+    STATUS_COLUMNS,
     STATUS_KINDS,
 )
 from actors.stores.postgres_lane import CONNECT_TIMEOUT, LoopLane
@@ -712,8 +713,11 @@ class PostgresStore:
             _TURNS_CHANNEL.encode(),
         )
         unique: list[BaseException] = []
+        sent = 0
 
         async def once() -> Any:
+            nonlocal sent
+            sent += 1
             try:
                 return await self._lane.call(_DECIDE_NAME, _DECIDE_SQL, params, _DECIDE_FORMATS, 1)
             except psycopg.errors.UniqueViolation as err:
@@ -727,6 +731,14 @@ class PostgresStore:
         got = read_row(result, 0, _DECIDE_KINDS)
         status, version = got[0], got[1]
         row = None if got[2] is None else got[2:]
+        if sent > 1 and status in ("refused", "conflict"):
+            # A retry of a call whose answer was lost after it committed: the version
+            # moved and the call is decided because this very decision did it. Told
+            # "already decided", the person whose decision is the one stored would try
+            # again or give up. Recognised by what the session's last write stored.
+            mine = await self._decision_written(session_id, turn_id, start, bodies)
+            if mine is not None:
+                return "ok", *mine
         if status == "conflict":
             check_version(self.url, session_id, version or 0, expected_version)
         if status == "hole":
@@ -863,6 +875,39 @@ class PostgresStore:
             ).fetchone()[0]
             raise _created_meanwhile(self.url, session_id, expected_version, actual)
         return int(got[0])
+
+    async def _decision_written(
+        self, session_id: str, turn_id: str, start: int, bodies: Sequence[bytes]
+    ) -> tuple[int, tuple[Any, ...]] | None:
+        """The session's version and turn ``turn_id``'s row (:data:`STATUS_COLUMNS`) when
+        the session's last write is a decision's save that stored exactly ``bodies`` from
+        index ``start`` on (its messages' rows written in the transaction that last wrote
+        the session: their ``xmin`` is the session row's); ``None`` otherwise. For a
+        decision's save whose answer was lost after its commit. Another decider's identical
+        decision, saved by the same kind of write, reads the same: the stored state is then
+        what both asked for, and the retrying one is told so rather than refused."""
+
+        def read(conn: Any) -> tuple[int, tuple[Any, ...]] | None:
+            rows = conn.execute(
+                """SELECT s.version, m.body, m.xmin = s.xmin
+                FROM axon_sessions AS s JOIN axon_messages AS m
+                    ON m.session_id = s.session_id AND m.idx >= %s
+                WHERE s.session_id = %s ORDER BY m.idx""",
+                (start, session_id),
+            ).fetchall()
+            if not rows or not all(same for _, _, same in rows):
+                return None
+            if [bytes(body) for _, body, _ in rows] != [bytes(body) for body in bodies]:
+                return None
+            turn = conn.execute(
+                f"SELECT {', '.join(STATUS_COLUMNS)} FROM axon_turns WHERE turn_id = %s",
+                (turn_id,),
+            ).fetchone()
+            return None if turn is None else (int(rows[0][0]), tuple(turn))
+
+        return await self.run(
+            f"what the decision's save of session {session_id!r} wrote", read, transaction=False
+        )
 
     async def _version_written(self, session_id: str, turn_id: str) -> int:
         """The version a save of ``session_id`` that wrote turn ``turn_id``'s row in the
