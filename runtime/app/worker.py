@@ -354,6 +354,7 @@ class Worker:
         max_sessions: int = 1000,
         input_limits: InputLimits | None = None,
         plugins: Sequence[Actor] = (),
+        gc_pacing: bool = False,
     ) -> None:
         if concurrency < 1:
             raise ConfigurationError(f"concurrency must be >= 1, not {concurrency!r}")
@@ -373,6 +374,12 @@ class Worker:
         self.plugins = tuple(plugins)
         """Actors started on the worker's host beside its own (``--plugin``: tracing,
         recording), seeing the bus events of every turn the worker runs."""
+        self.gc_pacing = gc_pacing
+        """Its host paces the process's garbage collections (``Host.open(gc_pacing=True)``,
+        :mod:`runtime.app.gcpacing`): the ``worker`` command's, which owns its process. A
+        worker claiming a session of 600,000 messages otherwise had CPython's full
+        collections walk them, 0.2-0.9 s each, several a turn (benchmarks/README.md,
+        branch ``whist``)."""
         self.queue: TurnQueue = turn_queue(store, lease=lease, max_attempts=max_attempts)
         self.running: dict[str, _Running] = {}
         """The turns running now, by turn id."""
@@ -399,6 +406,7 @@ class Worker:
             max_sessions=self.max_sessions,
             input_limits=self.input_limits,
             log_tap=False,
+            gc_pacing=self.gc_pacing,
         ) as host:
             host.expects_other_writers = True  # a session's turns run on any worker
             # The worker's loop waits on PostgreSQL and Redis between a turn's events, so
@@ -1161,6 +1169,7 @@ async def worker_command(args: Any) -> int:
             "owner": args.owner,
             "input_limits": input_limits(args),
             "plugins": make_plugins(args),
+            "gc_pacing": True,  # the process is the command's (Worker.gc_pacing)
         }
         relay_options = relay_options_of(args)
         async with open_worker(

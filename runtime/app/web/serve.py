@@ -412,6 +412,10 @@ async def serve_command(args: argparse.Namespace) -> int:
                 idle_ttl=args.session_ttl,
                 max_sessions=args.max_sessions,
                 input_limits=input_limits(args),
+                # The process is the command's: its collections are paced (a body of
+                # 600,000 messages otherwise brought CPython's full collections, 0.3-0.8 s
+                # each, several a request: benchmarks/README.md, branch ``whist``).
+                gc_pacing=True,
             )
         )
         queue = await _start_deployment(stack, args, host, relay, plugins)
