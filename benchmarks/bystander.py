@@ -2,7 +2,9 @@
 
 Starts ``python -m runtime serve`` (the demo agent, memory store) from the checkout given,
 polls ``GET /api/info`` every 10 ms on one connection, sends one ~40 MiB body on another,
-and prints the big request's answer and the bystander's slowest and median latency::
+and prints the big request's answer, the bystander's slowest and median latency, and the
+server's longest loop steps (and collections) over 20 ms while it ran
+(:data:`benchmarks.bystander_workers.WATCHED`)::
 
     python3 benchmarks/bystander.py text      # one 40 MiB text part: accepted, its turn runs
     python3 benchmarks/bystander.py parts     # 700,000 one-byte data: files (38 MiB): 413
@@ -22,12 +24,16 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import httpx
 import orjson
 import trio
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script
+from benchmarks.bystander_workers import LONG_STEP, WATCHED, longest_steps
 
 MIB = 1 << 20
 
@@ -107,8 +113,10 @@ def main() -> None:
     kind = kind.removesuffix("-again")
     body = body_of(kind)
     print(f"{kind}: a body of {len(body) / MIB:.1f} MiB, server from {root}")
+    steps = Path(tempfile.mkdtemp(prefix="bystander-")) / "serve.steps"
+    watched = ["-c", WATCHED.replace("LONG", repr(LONG_STEP)), str(steps)]
     server = subprocess.Popen(
-        [sys.executable, "-m", "runtime", "serve", "--port", "0", "--delay", "0", *PROTOCOLS],
+        [sys.executable, *watched, "serve", "--port", "0", "--delay", "0", *PROTOCOLS],
         cwd=root,
         env={**os.environ, "PYTHONPATH": root},
         stdout=subprocess.PIPE,
@@ -118,10 +126,12 @@ def main() -> None:
     try:
         assert server.stdout is not None
         url = server.stdout.readline().split()[4].rstrip("/")
+        began = time.time()
         trio.run(measure, url, body, PATHS.get(kind, "/api/chat"), again)
     finally:
         server.terminate()
         server.wait()
+    print("serve: " + longest_steps(steps, (began, time.time())))
 
 
 if __name__ == "__main__":
