@@ -14,6 +14,8 @@ server's longest loop steps (and collections) over 20 ms while it ran
     python3 benchmarks/bystander.py chat      # POST /v1/chat/completions, 600,000 messages
     python3 benchmarks/bystander.py agui-again  # the agui body posted again (measured):
                                                 # the thread's snapshot, nothing new to run
+    python3 benchmarks/bystander.py turns     # no big body: 400 short turns one after
+                                              # another, their time and serve's CPU
 
 Not part of ``python -m benchmarks``: it measures a stall, not a ratio, and on a shared
 machine its maximum is as much the machine's load as the server's.
@@ -106,12 +108,44 @@ async def measure(url: str, body: bytes, path: str = "/api/chat", again: bool = 
     )
 
 
+TURNS = 400
+"""Short turns of ``turns``: the normal path, what pacing the collector must not cost."""
+
+
+async def turns(url: str, pid: int) -> None:
+    """:data:`TURNS` short turns one after another (each its own session, ``POST
+    /api/chat``): the wall time and the server's CPU seconds (``/proc``) they took."""
+
+    def cpu() -> float:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    async with httpx.AsyncClient(base_url=url, timeout=600) as client:
+        for i in range(20):  # warm-up
+            await client.post("/api/chat", content=chat_turn(f"w{i}"), headers=JSON)
+        start, used = time.perf_counter(), cpu()
+        for i in range(TURNS):
+            r = await client.post("/api/chat", content=chat_turn(f"s{i}"), headers=JSON)
+            r.raise_for_status()
+        took, used = time.perf_counter() - start, cpu() - used
+    each = used / TURNS * 1e3
+    print(f"{TURNS} turns in {took:.2f} s, server CPU {used:.2f} s ({each:.2f} ms a turn)")
+
+
+JSON = {"content-type": "application/json"}
+
+
+def chat_turn(session_id: str) -> bytes:
+    message = {"id": "u", "role": "user", "parts": [{"type": "text", "text": "hi"}]}
+    return orjson.dumps({"id": session_id, "messages": [message]})
+
+
 def main() -> None:
     kind = sys.argv[1] if len(sys.argv) > 1 else "text"
     root = sys.argv[2] if len(sys.argv) > 2 else str(Path(__file__).resolve().parent.parent)
     again = kind.endswith("-again")
     kind = kind.removesuffix("-again")
-    body = body_of(kind)
+    body = b"" if kind == "turns" else body_of(kind)
     print(f"{kind}: a body of {len(body) / MIB:.1f} MiB, server from {root}")
     steps = Path(tempfile.mkdtemp(prefix="bystander-")) / "serve.steps"
     watched = ["-c", WATCHED.replace("LONG", repr(LONG_STEP)), str(steps)]
@@ -127,7 +161,10 @@ def main() -> None:
         assert server.stdout is not None
         url = server.stdout.readline().split()[4].rstrip("/")
         began = time.time()
-        trio.run(measure, url, body, PATHS.get(kind, "/api/chat"), again)
+        if kind == "turns":
+            trio.run(turns, url, server.pid)
+        else:
+            trio.run(measure, url, body, PATHS.get(kind, "/api/chat"), again)
     finally:
         server.terminate()
         server.wait()
