@@ -16,6 +16,7 @@ server's longest loop steps (and collections) over 20 ms while it ran
                                                 # the thread's snapshot, nothing new to run
     python3 benchmarks/bystander.py turns     # no big body: 400 short turns one after
                                               # another, their time and serve's CPU
+    BYSTANDER_ARGS=--gc-pacing python3 benchmarks/bystander.py agui  # serve's options
 
 Not part of ``python -m benchmarks``: it measures a stall, not a ratio, and on a shared
 machine its maximum is as much the machine's load as the server's.
@@ -108,6 +109,8 @@ async def measure(url: str, body: bytes, path: str = "/api/chat", again: bool = 
     )
 
 
+EXTRA = os.environ.get("BYSTANDER_ARGS", "").split()
+"""More of ``serve``'s options, from ``BYSTANDER_ARGS`` (e.g. ``--gc-pacing``)."""
 TURNS = 400
 """Short turns of ``turns``: the normal path, what pacing the collector must not cost."""
 
@@ -149,8 +152,10 @@ def main() -> None:
     print(f"{kind}: a body of {len(body) / MIB:.1f} MiB, server from {root}")
     steps = Path(tempfile.mkdtemp(prefix="bystander-")) / "serve.steps"
     watched = ["-c", WATCHED.replace("LONG", repr(LONG_STEP)), str(steps)]
+    if kind == "turns":  # the normal path's cost: no instrument of ours in the server
+        watched = ["-m", "runtime"]
     server = subprocess.Popen(
-        [sys.executable, *watched, "serve", "--port", "0", "--delay", "0", *PROTOCOLS],
+        [sys.executable, *watched, "serve", "--port", "0", "--delay", "0", *PROTOCOLS, *EXTRA],
         cwd=root,
         env={**os.environ, "PYTHONPATH": root},
         stdout=subprocess.PIPE,
@@ -168,7 +173,8 @@ def main() -> None:
     finally:
         server.terminate()
         server.wait()
-    print("serve: " + longest_steps(steps, (began, time.time())))
+    if kind != "turns":
+        print("serve: " + longest_steps(steps, (began, time.time())))
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ that logs every task step (and every collection) longer than 20 ms. Then:
     python3 benchmarks/bystander_workers.py agui                 # 600,000 messages
     python3 benchmarks/bystander_workers.py stored --messages 200000
     python3 benchmarks/bystander_workers.py agui /work/tmp/base  # another checkout's code
+    BYSTANDER_ARGS=--gc-pacing python3 benchmarks/bystander_workers.py agui  # both processes
 
 The driver (this process) and the servers run from this checkout; only the worker and
 the front end run the other checkout's code. Not part of ``python -m benchmarks``: it
@@ -101,7 +102,8 @@ def _processes(root: str, pg: str, redis: str, logs: Path) -> tuple[list[Any], s
     }
     code = WATCHED.replace("LONG", repr(LONG_STEP))
     agent = ("--agent", "benchmarks.workers_agent:agent")
-    common = ("--store", pg, "--redis", redis, *agent, "--log-level", "warning")
+    extra = os.environ.get("BYSTANDER_ARGS", "").split()  # e.g. --gc-pacing, to both
+    common = ("--store", pg, "--redis", redis, *agent, "--log-level", "warning", *extra)
     worker_log = (logs / "worker.out").open("wb")
     worker = subprocess.Popen(
         [sys.executable, "-c", code, str(logs / "worker.steps"), "worker", *common,

@@ -1,8 +1,7 @@
-"""``serve`` and ``worker`` own their processes, so their hosts pace the collector
+"""``serve --gc-pacing`` and ``worker --gc-pacing`` pace the collector
 (``Host.open(gc_pacing=True)``): a body or a stored session of 600,000 messages otherwise
-brought CPython's full collections, 0.2-2 s each, several a request (benchmarks/README.md,
-branch ``whist``). A :class:`~runtime.app.worker.Worker` inside an application leaves the
-application's collector alone unless asked."""
+brings CPython's full collections, 0.2-2 s each, several a request. Off by default: paced,
+a short turn costs about 10% more CPU (benchmarks/README.md, branch ``whist``)."""
 
 from __future__ import annotations
 
@@ -27,24 +26,26 @@ async def _stop_here(seen: dict[str, Any], *args: Any, **options: Any) -> AsyncI
     yield
 
 
-async def test_serve_opens_a_host_that_paces_the_collector(monkeypatch):
+@pytest.mark.parametrize(("argv", "paced"), [([], False), (["--gc-pacing"], True)])
+async def test_serve_s_host_paces_the_collector_with_gc_pacing_only(monkeypatch, argv, paced):
     seen: dict[str, Any] = {}
     monkeypatch.setattr(Host, "open", lambda **options: _stop_here(seen, **options))
-    args = serve.add_serve_arguments(argparse.ArgumentParser()).parse_args([])
+    args = serve.add_serve_arguments(argparse.ArgumentParser()).parse_args(argv)
     with pytest.raises(RuntimeError, match="stop here"):
         await serve.serve_command(args)
-    assert seen["gc_pacing"] is True
+    assert seen["gc_pacing"] is paced
 
 
-async def test_the_worker_command_starts_a_worker_that_paces_the_collector(monkeypatch):
+@pytest.mark.parametrize(("argv", "paced"), [([], False), (["--gc-pacing"], True)])
+async def test_the_worker_command_paces_the_collector_with_gc_pacing_only(monkeypatch, argv, paced):
     seen: dict[str, Any] = {}
     monkeypatch.setattr(
         worker_module, "open_worker", lambda *a, **options: _stop_here(seen, *a, **options)
     )
-    args = build_parser().parse_args(["worker", "--store", "postgresql://x/y"])
+    args = build_parser().parse_args(["worker", "--store", "postgresql://x/y", *argv])
     with pytest.raises(RuntimeError, match="stop here"):
         await worker_module.worker_command(args)
-    assert seen["gc_pacing"] is True
+    assert seen["gc_pacing"] is paced
 
 
 def test_a_worker_made_by_an_application_leaves_its_collector_alone_by_default():
