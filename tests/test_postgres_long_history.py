@@ -1,5 +1,6 @@
-"""A session with a long history in PostgreSQL: its encoding for a save and its decoding
-on a load or a claim run in a worker thread, past ``OFF_LOOP_MESSAGES`` messages.
+"""A session with a long history in PostgreSQL (and SQLite): its encoding for a save and
+its decoding on a load or a claim run in a worker thread, past ``OFF_LOOP_MESSAGES``
+messages.
 
 Encoding 600,000 messages took a worker's event loop 9 s (and the save function's
 arrays 1.3 s more), decoding them 4.7 s: every other session's stream on that worker, or
@@ -17,6 +18,7 @@ import trio
 import actors.stores.postgres as postgres
 import actors.stores.validation as validation
 from actors.stores.postgres import PostgresStore
+from actors.stores.sqlite import SQLiteStore
 from actors.stores.turns import TurnQueue
 from runtime.history import OFF_LOOP_MESSAGES
 from runtime.messages import AssistantMessage, Message, TextPart, UserMessage
@@ -59,6 +61,19 @@ async def test_a_long_save_is_encoded_off_the_loop_and_a_short_one_on_it(pg_url,
         await store.aclose()
     assert encoded == [(LONG, True), (2, False)]
     assert arrays == [(LONG, True), (2, False)]  # the save function's parameters
+    assert record is not None and list(record.messages) == history(LONG + 2)
+
+
+async def test_a_long_save_to_sqlite_is_encoded_off_the_loop(tmp_path, monkeypatch):
+    encoded = walks(monkeypatch, validation, "encode_rows", at=2)
+    store = await SQLiteStore.open(tmp_path / "sessions.db")
+    try:
+        await store.save("s", 0, history(LONG))
+        await store.save("s", LONG, history(2, LONG))
+        record = await store.load("s")
+    finally:
+        await store.aclose()
+    assert encoded == [(LONG, True), (2, False)]
     assert record is not None and list(record.messages) == history(LONG + 2)
 
 
