@@ -2,7 +2,9 @@
 
 Starts ``python -m runtime serve`` (the demo agent, memory store) from the checkout given,
 polls ``GET /api/info`` every 10 ms on one connection, sends one ~40 MiB body on another,
-and prints the big request's answer and the bystander's slowest and median latency::
+and prints the big request's answer, the bystander's slowest and median latency, and the
+server's longest loop steps (and collections) over 20 ms while it ran
+(:data:`benchmarks.bystander_workers.WATCHED`)::
 
     python3 benchmarks/bystander.py text      # one 40 MiB text part: accepted, its turn runs
     python3 benchmarks/bystander.py parts     # 700,000 one-byte data: files (38 MiB): 413
@@ -12,6 +14,9 @@ and prints the big request's answer and the bystander's slowest and median laten
     python3 benchmarks/bystander.py chat      # POST /v1/chat/completions, 600,000 messages
     python3 benchmarks/bystander.py agui-again  # the agui body posted again (measured):
                                                 # the thread's snapshot, nothing new to run
+    python3 benchmarks/bystander.py turns     # no big body: 400 short turns one after
+                                              # another, their time and serve's CPU
+    BYSTANDER_ARGS=--gc-pacing python3 benchmarks/bystander.py agui  # serve's options
 
 Not part of ``python -m benchmarks``: it measures a stall, not a ratio, and on a shared
 machine its maximum is as much the machine's load as the server's.
@@ -22,12 +27,16 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import httpx
 import orjson
 import trio
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script
+from benchmarks.bystander_workers import LONG_STEP, WATCHED, longest_steps
 
 MIB = 1 << 20
 
@@ -100,15 +109,53 @@ async def measure(url: str, body: bytes, path: str = "/api/chat", again: bool = 
     )
 
 
+EXTRA = os.environ.get("BYSTANDER_ARGS", "").split()
+"""More of ``serve``'s options, from ``BYSTANDER_ARGS`` (e.g. ``--gc-pacing``)."""
+TURNS = 400
+"""Short turns of ``turns``: the normal path, what pacing the collector must not cost."""
+
+
+async def turns(url: str, pid: int) -> None:
+    """:data:`TURNS` short turns one after another (each its own session, ``POST
+    /api/chat``): the wall time and the server's CPU seconds (``/proc``) they took."""
+
+    def cpu() -> float:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    async with httpx.AsyncClient(base_url=url, timeout=600) as client:
+        for i in range(20):  # warm-up
+            await client.post("/api/chat", content=chat_turn(f"w{i}"), headers=JSON)
+        start, used = time.perf_counter(), cpu()
+        for i in range(TURNS):
+            r = await client.post("/api/chat", content=chat_turn(f"s{i}"), headers=JSON)
+            r.raise_for_status()
+        took, used = time.perf_counter() - start, cpu() - used
+    each = used / TURNS * 1e3
+    print(f"{TURNS} turns in {took:.2f} s, server CPU {used:.2f} s ({each:.2f} ms a turn)")
+
+
+JSON = {"content-type": "application/json"}
+
+
+def chat_turn(session_id: str) -> bytes:
+    message = {"id": "u", "role": "user", "parts": [{"type": "text", "text": "hi"}]}
+    return orjson.dumps({"id": session_id, "messages": [message]})
+
+
 def main() -> None:
     kind = sys.argv[1] if len(sys.argv) > 1 else "text"
     root = sys.argv[2] if len(sys.argv) > 2 else str(Path(__file__).resolve().parent.parent)
     again = kind.endswith("-again")
     kind = kind.removesuffix("-again")
-    body = body_of(kind)
+    body = b"" if kind == "turns" else body_of(kind)
     print(f"{kind}: a body of {len(body) / MIB:.1f} MiB, server from {root}")
+    steps = Path(tempfile.mkdtemp(prefix="bystander-")) / "serve.steps"
+    watched = ["-c", WATCHED.replace("LONG", repr(LONG_STEP)), str(steps)]
+    if kind == "turns":  # the normal path's cost: no instrument of ours in the server
+        watched = ["-m", "runtime"]
     server = subprocess.Popen(
-        [sys.executable, "-m", "runtime", "serve", "--port", "0", "--delay", "0", *PROTOCOLS],
+        [sys.executable, *watched, "serve", "--port", "0", "--delay", "0", *PROTOCOLS, *EXTRA],
         cwd=root,
         env={**os.environ, "PYTHONPATH": root},
         stdout=subprocess.PIPE,
@@ -118,10 +165,16 @@ def main() -> None:
     try:
         assert server.stdout is not None
         url = server.stdout.readline().split()[4].rstrip("/")
-        trio.run(measure, url, body, PATHS.get(kind, "/api/chat"), again)
+        began = time.time()
+        if kind == "turns":
+            trio.run(turns, url, server.pid)
+        else:
+            trio.run(measure, url, body, PATHS.get(kind, "/api/chat"), again)
     finally:
         server.terminate()
         server.wait()
+    if kind != "turns":
+        print("serve: " + longest_steps(steps, (began, time.time())))
 
 
 if __name__ == "__main__":

@@ -111,7 +111,8 @@ async def test_nothing_is_frozen_while_turns_are_in_flight():
     """Quiet counts the tasks beyond those alive when the host started: a loop that
     waits while turns wait (their tasks alive) neither collects its oldest generation
     nor freezes it (a host that froze its start: what survived is frozen when quiet)."""
-    pacer = GcPacer(steps=1, middle_every=1, full_after=1, quiet_tasks=2)
+    # (young_freeze: the heap grown below is no burst to freeze, see the tests after)
+    pacer = GcPacer(steps=1, middle_every=1, full_after=1, quiet_tasks=2, young_freeze=10**9)
     pacer.acquire()
     try:
         pacer.host_started()
@@ -130,3 +131,51 @@ async def test_nothing_is_frozen_while_turns_are_in_flight():
     finally:
         pacer.release()
     assert gc.isenabled() and gc.get_freeze_count() == 0
+
+
+def _lists(n: int) -> list[list[int]]:
+    return [[] for _ in range(n)]
+
+
+async def test_a_burst_of_objects_a_thread_made_is_frozen_not_walked_while_turns_run():
+    """A worker thread that read a long history (600,000 messages: millions of objects,
+    made while the collector is off) leaves them all in the young generation: the next
+    young collection would walk every one on the loop. The pacer freezes them instead,
+    though turns are in flight (no quiet moment)."""
+    pacer = GcPacer(steps=1, middle_every=10, quiet_tasks=2, young_freeze=10_000)
+    pacer.acquire()
+    try:
+        pacer.host_started()
+        async with trio.open_nursery() as nursery:
+            for _ in range(3):  # more than quiet_tasks beyond the resting ones
+                nursery.start_soon(trio.sleep, 0.05)
+            burst = await trio.to_thread.run_sync(_lists, 20_000)
+            await trio.lowlevel.checkpoint()
+            assert not walked(burst[-1])
+            few = _lists(10)
+            await trio.lowlevel.checkpoint()
+            assert walked(few[-1])  # a young collection's few: collected as before
+    finally:
+        pacer.release()
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+
+
+async def test_a_burst_made_over_several_young_collections_is_frozen_at_the_middle_one():
+    """Made a little at a time, each young collection's share stays under the bound and
+    is promoted; the middle collection that would walk them all freezes them instead.
+    (The pacer is driven by hand, one young collection a call, with no task between.)"""
+    pacer = GcPacer(steps=1, middle_every=4, young_freeze=10_000)
+    gc.disable()
+    try:
+        pacer.host_started()  # the heap frozen as it stands, as a pacing host's
+        step = trio.lowlevel.current_task()
+        pieces = []
+        for _ in range(3):
+            pieces.append(_lists(4_000))
+            pacer.before_task_step(step)  # a young collection: walked, promoted
+            assert walked(pieces[-1][-1])
+        pacer.before_task_step(step)  # the middle one: 12,000 promoted, frozen
+        assert not any(walked(piece[-1]) for piece in pieces)
+    finally:
+        gc.unfreeze()
+        gc.enable()

@@ -83,12 +83,11 @@ from actors.stores.postgres_schema import (
     _first_connect,
 )
 from actors.stores.validation import (
-    check_save,
     check_version,
     decode_message,
     decode_meta,
     encode_meta,
-    encode_rows,
+    encoded_off_loop,
 )
 from runtime.errors import (
     ConfigurationError,
@@ -98,6 +97,7 @@ from runtime.errors import (
     StoreError,
     StoreUnavailable,
 )
+from runtime.history import OFF_LOOP_MESSAGES
 from runtime.logging import get_logger
 from runtime.messages import Message
 from runtime.redact import redact, register_url_secrets
@@ -417,7 +417,16 @@ class PostgresStore:
             lambda conn: load_rows(conn, session_id),
             transaction=False,
         )
-        return self.record(session_id, joined)
+        return await self.record_off_loop(session_id, joined)
+
+    async def record_off_loop(self, session_id: str, joined: list[Any]) -> SessionRecord | None:
+        """:meth:`record`, in a worker thread for more than
+        :data:`~runtime.history.OFF_LOOP_MESSAGES` rows: decoding a session of 600,000
+        messages took the event loop 4.7 s (a worker's claim of its turn, a front end's
+        read of it). The thread is handed the rows, which nothing else holds."""
+        if len(joined) <= OFF_LOOP_MESSAGES:
+            return self.record(session_id, joined)
+        return await trio.to_thread.run_sync(self.record, session_id, joined)
 
     def record(self, session_id: str, joined: list[Any]) -> SessionRecord | None:
         """The session from the rows :func:`load_rows` read (``None``: it was never saved)."""
@@ -470,8 +479,7 @@ class PostgresStore:
         ``ends`` (not part of the protocol either): the turn ends with this save, with that
         finish reason (:attr:`runtime.actor_messages.SaveRequest.ends`); the fence's
         :attr:`~Fence.in_save` may finish the turn's row in the save's commit."""
-        new = check_save(session_id, start, messages, meta, expected_version)
-        rows = encode_rows(session_id, start, new)
+        new, rows = await encoded_off_loop(session_id, start, messages, meta, expected_version)
         patch = encode_meta(session_id, meta)
         fence = None if unfenced else self._save_fence(session_id)
         wrote: list[bool] = []
@@ -577,16 +585,14 @@ class PostgresStore:
         raise as the transaction's do. With ``suspend`` the call suspends the turn's row too."""
         if self._closed:
             raise StoreError(f"session store {self.url} is closed")
+        arrays = await _arrays_off_loop(rows)
         mark = fence is not None and fence.turn_id not in self._marked
-        ids, roles, bodies = _columns(rows)
         params: tuple[bytes | None, ...] = (
             session_id.encode(),
             b"%d" % start,
             None if expected_version is None else b"%d" % expected_version,
             patch,
-            _binary_array(_INT4, [_int4(i) for i in ids]),
-            _binary_array(_TEXT, [role.encode() for role in roles]),
-            _binary_array(_BYTEA, bodies),
+            *arrays,
             None if fence is None else fence.turn_id.encode(),
             None if fence is None else fence.owner.encode(),
             None if fence is None else b"%d" % fence.epoch,
@@ -690,8 +696,7 @@ class PostgresStore:
         ``psycopg.errors.UniqueViolation``, both with nothing written."""
         import psycopg
 
-        new = check_save(session_id, start, messages, meta, expected_version)
-        rows = encode_rows(session_id, start, new)
+        new, rows = await encoded_off_loop(session_id, start, messages, meta, expected_version)
         patch = encode_meta(session_id, meta)
         if self._closed:
             raise StoreError(f"session store {self.url} is closed")
@@ -699,7 +704,6 @@ class PostgresStore:
             start + len(new) > _INDEX_END
         ):
             return "meta", None, None  # as a save would, in the transaction (:meth:`save`)
-        ids, roles, bodies = _columns(rows)
         params = (
             turn_id.encode(),
             b"t" if complete else b"f",
@@ -707,9 +711,7 @@ class PostgresStore:
             b"%d" % start,
             b"%d" % expected_version,
             patch,
-            _binary_array(_INT4, [_int4(i) for i in ids]),
-            _binary_array(_TEXT, [role.encode() for role in roles]),
-            _binary_array(_BYTEA, bodies),
+            *(await _arrays_off_loop(rows)),
             _TURNS_CHANNEL.encode(),
         )
         unique: list[BaseException] = []
@@ -736,6 +738,7 @@ class PostgresStore:
             # moved and the call is decided because this very decision did it. Told
             # "already decided", the person whose decision is the one stored would try
             # again or give up. Recognised by what the session's last write stored.
+            bodies = [body for _, _, _, body in rows]
             mine = await self._decision_written(session_id, turn_id, start, bodies)
             if mine is not None:
                 return "ok", *mine
@@ -1134,6 +1137,25 @@ def _binary_array(oid: int, items: list[bytes]) -> bytes:
     return _ARRAY_HEAD(1, 0, oid, len(items), 1) + b"".join(
         [_int4(len(item)) + item for item in items]
     )
+
+
+def _arrays(rows: list[tuple[str, int, str, bytes]]) -> tuple[bytes, bytes, bytes]:
+    """The indexes, roles and bodies of ``rows`` as three arrays in the binary format:
+    the parameters of a save function's call."""
+    ids, roles, bodies = _columns(rows)
+    return (
+        _binary_array(_INT4, [_int4(i) for i in ids]),
+        _binary_array(_TEXT, [role.encode() for role in roles]),
+        _binary_array(_BYTEA, bodies),
+    )
+
+
+async def _arrays_off_loop(rows: list[tuple[str, int, str, bytes]]) -> tuple[bytes, bytes, bytes]:
+    """:func:`_arrays`, in a worker thread for more than
+    :data:`~runtime.history.OFF_LOOP_MESSAGES` rows (600,000 took the loop 1.3 s)."""
+    if len(rows) <= OFF_LOOP_MESSAGES:
+        return _arrays(rows)
+    return await trio.to_thread.run_sync(_arrays, rows)
 
 
 _NUL: Final = b"\\u0000"

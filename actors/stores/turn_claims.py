@@ -16,6 +16,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, Final
 
 import attrs
+import trio
 
 from actors.stores.postgres import (
     SAVE_NEXT_CLAIM_AT,
@@ -39,6 +40,7 @@ from actors.stores.turn_sql import (
 )
 from runtime.approval import WAITING_META
 from runtime.errors import StoreError
+from runtime.history import OFF_LOOP_MESSAGES
 from runtime.messages import Message
 from runtime.store import SessionRecord
 from runtime.turn_queue import (
@@ -225,7 +227,11 @@ class TurnClaiming:
                 return None
 
         result = await _retrying(f"{action} ({store.url})", store._retry_for, once, log=store._log)
-        return None if result is None else _found_in(result, 0)
+        if result is None:
+            return None
+        if result.ntuples > OFF_LOOP_MESSAGES:  # a continuation's long session: its rows
+            return await trio.to_thread.run_sync(_found_in, result, 0)  # (the answer's own)
+        return _found_in(result, 0)
 
     async def _claim_of(self, found: _Found, owner: str) -> Claim:
         """The :class:`Claim` of what a claim's transaction found: its turn decoded (out
@@ -238,16 +244,17 @@ class TurnClaiming:
             epoch=turn.epoch,
             takeover=found[1] == TAKEOVER,
             resumed=found[1] == RESUMED,
-            stored=self._stored(turn.session_id, found[2]),
+            stored=await self._stored(turn.session_id, found[2]),
         )
 
-    def _stored(self, session_id: str, rows: list[Any] | None) -> SessionRecord | None:
+    async def _stored(self, session_id: str, rows: list[Any] | None) -> SessionRecord | None:
         """The session a claim read (``None`` if it did not, or cannot decode it: the turn
-        then reads it itself, and meets the problem there as any turn would)."""
+        then reads it itself, and meets the problem there as any turn would); decoded in
+        a worker thread when it is long (:meth:`PostgresStore.record_off_loop`)."""
         if rows is None:
             return None
         try:
-            record = self.store.record(session_id, rows)
+            record = await self.store.record_off_loop(session_id, rows)
         except StoreError:
             return None
         return record or SessionRecord(session_id=session_id, messages=())

@@ -14,9 +14,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import orjson
+import trio
 
 from runtime import serde
 from runtime.errors import StoreConflict, StoreCorrupt, StoreError
+from runtime.history import OFF_LOOP_MESSAGES
 from runtime.messages import Message
 from runtime.store import validate_session_id
 
@@ -71,6 +73,41 @@ def check_save(
     if meta is not None and not all(isinstance(key, str) for key in meta):
         raise StoreError(f"save of session {session_id!r}: meta keys must be str")
     return messages
+
+
+async def encoded_off_loop(
+    session_id: str,
+    start: int,
+    messages: Sequence[Message],
+    meta: Mapping[str, Any] | None,
+    expected_version: int | None = None,
+) -> tuple[tuple[Message, ...], list[tuple[str, int, str, bytes]]]:
+    """:func:`check_save` and :func:`encode_rows` of a save's arguments: the messages as
+    a tuple and their rows. In a worker thread for more than
+    :data:`~runtime.history.OFF_LOOP_MESSAGES` messages: a session saved with a long
+    history (a client's thread of 600,000 messages, seeded into its first save) took the
+    event loop 9 s to encode. The thread is handed a tuple of the messages and a copy of
+    ``meta``, taken here, so nothing it reads can change meanwhile; a cancelled save
+    waits for it (the thread is not abandoned) and then writes nothing."""
+    if not isinstance(messages, list | tuple) or len(messages) <= OFF_LOOP_MESSAGES:
+        new = check_save(session_id, start, messages, meta, expected_version)
+        return new, encode_rows(session_id, start, new)
+    snapshot = tuple(messages)
+    meta_copy = dict(meta) if isinstance(meta, Mapping) else meta
+    return await trio.to_thread.run_sync(
+        _checked_and_encoded, session_id, start, snapshot, meta_copy, expected_version
+    )
+
+
+def _checked_and_encoded(
+    session_id: str,
+    start: int,
+    messages: tuple[Message, ...],
+    meta: Mapping[str, Any] | None,
+    expected_version: int | None,
+) -> tuple[tuple[Message, ...], list[tuple[str, int, str, bytes]]]:
+    new = check_save(session_id, start, messages, meta, expected_version)
+    return new, encode_rows(session_id, start, new)
 
 
 def decode_message(store: str, session_id: str, idx: int, role: str, body: Any) -> Message:

@@ -354,6 +354,7 @@ class Worker:
         max_sessions: int = 1000,
         input_limits: InputLimits | None = None,
         plugins: Sequence[Actor] = (),
+        gc_pacing: bool = False,
     ) -> None:
         if concurrency < 1:
             raise ConfigurationError(f"concurrency must be >= 1, not {concurrency!r}")
@@ -373,6 +374,12 @@ class Worker:
         self.plugins = tuple(plugins)
         """Actors started on the worker's host beside its own (``--plugin``: tracing,
         recording), seeing the bus events of every turn the worker runs."""
+        self.gc_pacing = gc_pacing
+        """Its host paces the process's garbage collections (``Host.open(gc_pacing=True)``,
+        :mod:`runtime.app.gcpacing`; the command's ``--gc-pacing``). A worker claiming a
+        session of 600,000 messages otherwise has CPython's full collections walk them,
+        0.2-0.9 s each, several a turn; paced, a short turn costs about 10% more CPU
+        (benchmarks/README.md, branch ``whist``)."""
         self.queue: TurnQueue = turn_queue(store, lease=lease, max_attempts=max_attempts)
         self.running: dict[str, _Running] = {}
         """The turns running now, by turn id."""
@@ -399,6 +406,7 @@ class Worker:
             max_sessions=self.max_sessions,
             input_limits=self.input_limits,
             log_tap=False,
+            gc_pacing=self.gc_pacing,
         ) as host:
             host.expects_other_writers = True  # a session's turns run on any worker
             # The worker's loop waits on PostgreSQL and Redis between a turn's events, so
@@ -1100,6 +1108,13 @@ def _add_claim_arguments(worker: Any) -> None:
         default=DEFAULT_POLL,
         help=f"seconds between claims when idle (default {DEFAULT_POLL:g})",
     )
+    add(
+        "--gc-pacing",
+        action="store_true",
+        help="pace the garbage collector from the event loop (Worker(gc_pacing=True)): for "
+        "long histories (a session of 600,000 messages brought collections of 0.2-0.9 s); "
+        "costs about 10%% more CPU on short turns. docs/embedding.md",
+    )
 
 
 def _add_relay_write_arguments(worker: Any) -> None:
@@ -1161,6 +1176,7 @@ async def worker_command(args: Any) -> int:
             "owner": args.owner,
             "input_limits": input_limits(args),
             "plugins": make_plugins(args),
+            "gc_pacing": args.gc_pacing,
         }
         relay_options = relay_options_of(args)
         async with open_worker(
