@@ -8,7 +8,9 @@ only servers it started itself. Each server here:
 * lives in its own temporary data directory, on a free loopback port chosen at start;
 * is started lazily, once per test run, by the first test that needs it, and stopped (its
   directory deleted) when the run ends;
-* can be restarted or killed by the tests that exercise a server going away.
+* can be restarted or killed by the tests that exercise a server going away;
+* is watched by a process of its own (:mod:`tests.support.reaper`) that stops it and
+  deletes its directory if the run is killed before it could (``SIGTERM``, ``SIGKILL``).
 
 PostgreSQL refuses to run as root; when the suite runs as root (CI, containers) the
 server runs as the ``postgres`` system user the Debian package creates.
@@ -24,6 +26,7 @@ import pwd
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -107,6 +110,11 @@ class PostgresServer:
             "initdb", "-D", str(self.data), "-U", "postgres", "-A", "trust",
             "-E", "UTF8", "--locale=C", "--no-sync",
         )  # fmt: skip
+        watch(
+            self.root,
+            "postgresql",
+            self._command("pg_ctl", "-D", str(self.data), "-m", "immediate", "stop"),
+        )
         self.start()
         self._run("createdb", "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres", "test")
 
@@ -114,10 +122,14 @@ class PostgresServer:
     def url(self) -> str:
         return f"postgresql://postgres@127.0.0.1:{self.port}/test"
 
-    def _run(self, tool: str, *args: str, timeout: float = START_TIMEOUT) -> None:
+    def _command(self, tool: str, *args: str) -> list[str]:
         command = [str(self.bindir / tool), *args]
         if self.run_as is not None:
             command = ["runuser", "-u", self.run_as, "--", *command]
+        return command
+
+    def _run(self, tool: str, *args: str, timeout: float = START_TIMEOUT) -> None:
+        command = self._command(tool, *args)
         with tempfile.TemporaryFile() as out:
             done = subprocess.run(
                 command, stdin=subprocess.DEVNULL, stdout=out, stderr=out, timeout=timeout
@@ -173,6 +185,7 @@ class RedisServer:
         self.root = Path(tempfile.mkdtemp(prefix="axon-test-redis-"))
         self.port = free_port()
         self.process: subprocess.Popen[bytes] | None = None
+        watch(self.root, "redis")
         self.start()
 
     @property
@@ -203,6 +216,18 @@ class RedisServer:
     def close(self) -> None:
         self.stop()
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+def watch(root: Path, kind: str, command: list[str] | None = None) -> None:
+    """Have a :mod:`tests.support.reaper` stop the server in ``root`` (``command`` stops a
+    PostgreSQL) and delete ``root`` once this process is gone, if nothing did before."""
+    subprocess.run(
+        [sys.executable, "-m", "tests.support.reaper", str(os.getpid()), str(root), kind,
+         *(command or [])],
+        cwd=Path(__file__).resolve().parents[2], stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=START_TIMEOUT,
+        check=True,
+    )  # fmt: skip
 
 
 # -- one of each per test run ------------------------------------------------------------
