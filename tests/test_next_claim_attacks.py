@@ -33,7 +33,7 @@ from runtime.tools import tool
 from runtime.turn_queue import NextClaim
 from tests.support.pg import pg_connect
 from tests.support.worker_agent import agent, respond
-from tests.test_pg_turn_statements import _Listening, said
+from tests.test_pg_turn_statements import _Listening, said, submit_held_open
 from tests.test_turn_queue import suspended
 
 NEVER = 3600.0
@@ -455,12 +455,8 @@ async def test_a_submit_in_flight_when_a_last_save_claims_is_seen_by_its_wake_up
     claim = await queue.claim("w1")
     assert claim is not None
     listening = _Listening(store)
-    submitter = psycopg.connect(store.libpq)  # a transaction held open
+    submitter = submit_held_open(store)
     try:
-        submitter.execute(f"SET search_path TO {store.schema}")
-        submitter.execute(  # as a submit inserts: the head trigger takes the session's lock
-            "INSERT INTO axon_turns (turn_id, session_id, input) VALUES ('t2', 's', '\"x\"')"
-        )
         with queue.fenced(claim, on_finished=lambda: None, claim_next=nxt):
             version = await store.save("s", 0, said("one"), expected_version=None)
             async with trio.open_nursery() as nursery:

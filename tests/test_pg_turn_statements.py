@@ -1027,6 +1027,21 @@ async def test_a_turns_end_wakes_the_workers_for_its_sessions_next_turn(store_an
         listening.close()
 
 
+def submit_held_open(store: PostgresStore) -> psycopg.Connection:
+    """A connection that inserted turn ``t2`` of session ``s`` as a submit does, its
+    transaction held open: the head trigger holds the session's lock until its commit."""
+    submitter = psycopg.connect(store.libpq)
+    try:
+        submitter.execute(f"SET search_path TO {store.schema}")
+        submitter.execute(
+            "INSERT INTO axon_turns (turn_id, session_id, input) VALUES ('t2', 's', '\"x\"')"
+        )
+    except BaseException:
+        submitter.close()
+        raise
+    return submitter
+
+
 async def test_a_submit_in_flight_when_the_turn_ends_is_seen_by_the_end(pg_url):
     """A submit of the session holds the session's lock from its insert to its commit:
     the ending save waits for it and wakes the workers for the turn it queued (without
@@ -1038,12 +1053,8 @@ async def test_a_submit_in_flight_when_the_turn_ends_is_seen_by_the_end(pg_url):
     claim = await queue.claim("w1")
     assert claim is not None
     listening = _Listening(store)
-    submitter = psycopg.connect(store.libpq)  # a transaction held open
+    submitter = submit_held_open(store)
     try:
-        submitter.execute(f"SET search_path TO {store.schema}")
-        submitter.execute(  # as a submit inserts: the head trigger takes the session's lock
-            "INSERT INTO axon_turns (turn_id, session_id, input) VALUES ('t2', 's', '\"x\"')"
-        )
         with queue.fenced(claim, on_finished=lambda: None):
             version = await store.save("s", 0, said("one"), expected_version=None)
             async with trio.open_nursery() as nursery:
