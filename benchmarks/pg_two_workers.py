@@ -16,7 +16,7 @@ and rows fetched; each statement's calls, rows and buffers; the server-side func
 calls; the CPU (``/proc/PID/schedstat``) and voluntary switches of every PostgreSQL process
 by role (backends, new backends, the walwriter...); the waits of active backends sampled
 every 10 ms from ``pg_stat_activity``. Counts, so the machine's other work moves them
-little; the CPU is as noisy as any here.
+little; the CPU is as noisy as any here. The workers' logs go to ``OUT.logs/``.
 """
 
 from __future__ import annotations
