@@ -276,6 +276,38 @@ async def test_the_claims_function_walks_the_heads_with_sorting_off(pg_url):
     assert config is not None and "enable_sort=off" in config[0]
 
 
+async def test_a_claims_look_for_an_expired_lease_reads_no_running_turn_when_none_expired(
+    pg_url,
+):
+    """A claim's look for an expired lease enters the leases' index at the call's time
+    (issue 24 goal 3, ``pg2w``): the function before filtered every running turn of the
+    fleet by ``clock_timestamp()``, so each worker's claims read every other worker's
+    turns too. Counted by the leases' index entries the claim's transaction read
+    (``pg_stat_get_xact_tuples_returned``), 20 turns running, none expired."""
+    store = await PostgresStore.open(pg_url)
+    queue = TurnQueue(store, lease=30.0, max_attempts=3)
+    try:
+        for i in range(25):
+            await queue.submit(f"s{i}", "hi")
+        for _ in range(20):
+            assert await queue.claim("other") is not None
+        with psycopg.connect(store.libpq, autocommit=False) as conn:
+            conn.execute(f"SET search_path TO {store.schema}")
+            claimed = conn.execute(
+                f"SELECT o_expired, o_turn_id FROM {CLAIM_FUNCTION_NAME}('w', 30, %s)",
+                (TURNS_CHANNEL,),
+            ).fetchall()
+            [(read,)] = conn.execute(
+                "SELECT pg_stat_get_xact_tuples_returned('axon_turns_leases'::regclass)"
+            ).fetchall()
+            conn.rollback()
+    finally:
+        await queue.aclose()
+        await store.aclose()
+    assert [expired for expired, _ in claimed] == [False], claimed  # a head started
+    assert read == 0
+
+
 async def test_a_store_without_the_claims_function_gains_it_on_open(pg_url):
     """A store created before the function (a rolling upgrade) gets it when a worker of
     this version opens it, and claims through it."""

@@ -42,10 +42,12 @@ SUPERSEDE: Final = """UPDATE axon_turns AS w SET status = 'done', finish_reason 
     expires_at = NULL, finished_at = clock_timestamp()"""
 """The waiting turn a later turn of its session supersedes (its ``WHERE`` follows)."""
 
-CLAIM_FUNCTION_NAME: Final = "axon_claim_v2"
+CLAIM_FUNCTION_NAME: Final = "axon_claim_v3"
 """The server-side function of a claim's common case (:data:`CLAIM_FUNCTION`); a new
 version of it gets a new name (a worker of the version before keeps calling its own:
-``axon_claim_v1`` left a decided turn's continuation to the takeover transaction)."""
+``axon_claim_v1`` left a decided turn's continuation to the takeover transaction;
+``axon_claim_v2``'s look for an expired lease read every running turn of the fleet, see
+:data:`CLAIM_FUNCTION`)."""
 
 SESSION_COLUMNS: Final = (
     ("s_meta", "BYTEA"),
@@ -73,11 +75,15 @@ DECLARE
     v_turn TEXT;
     v_resume BOOLEAN;
     v_session TEXT;
+    v_now TIMESTAMPTZ := clock_timestamp();
 BEGIN
     -- The first lease that expired, in the order the takeover's transaction takes them.
+    -- The time is a variable (a parameter of the plan), so the leases' index is entered
+    -- at it: `clock_timestamp()` in the condition is volatile, a filter on every running
+    -- turn of every worker, read from the oldest lease up.
     SELECT e.turn_id, e.resume_pending, e.session_id INTO v_turn, v_resume, v_session
         FROM axon_turns AS e
-        WHERE e.status = 'running' AND e.lease_until < clock_timestamp()
+        WHERE e.status = 'running' AND e.lease_until < v_now
         ORDER BY e.lease_until LIMIT 1 FOR UPDATE SKIP LOCKED;
     IF FOUND AND NOT v_resume THEN
         -- A worker's lease that ran out is taken over by the client's own transaction
@@ -143,6 +149,15 @@ itself (``o_resumed``), as the takeover's transaction did (epoch bumped, one att
 continuation starts from them. Where that was a thread's transaction of five round trips
 after this call (``BEGIN``, the look, the ``UPDATE``, the session's read, ``COMMIT``),
 it is this one call sent from the event loop.
+
+The look for an expired lease enters the leases' index at the call's time, a variable
+(issue 24 goal 3, ``pg2w``): none expired, it reads no row. ``axon_claim_v2`` compared
+``clock_timestamp()``, volatile, so a filter: every claim read every running turn of
+every worker (its index entry and its row, from the oldest lease up), so each worker's
+turns were read by every other worker's claims. (The heads' check of a running turn of
+their session still reads the running turns into a list once a claim, as the planner
+likes it on a small table: a per-head probe was planned on the leases' index, which
+holds the same rows, and walked them all per head.)
 
 One statement in autocommit where the claim was a transaction of four round trips
 (``BEGIN``, the look for expired leases, the head's start, ``COMMIT``), each a wait of
@@ -298,9 +313,10 @@ One statement in autocommit where a save was a transaction of four or five round
 store's thread; PL/pgSQL keeps the plans of its statements per connection."""
 
 
-SAVE_NEXT_FUNCTION_NAME: Final = "axon_save_next_v1"
+SAVE_NEXT_FUNCTION_NAME: Final = "axon_save_next_v2"
 """The server-side function of a turn's last save that also claims the next turn for the
-slot the turn frees (:data:`SAVE_NEXT_FUNCTION`)."""
+slot the turn frees (:data:`SAVE_NEXT_FUNCTION`); a new version of it gets a new name
+(``axon_save_next_v1`` called ``axon_claim_v2``)."""
 
 _SAVE_OUT = (
     ("o_status", "TEXT"),
