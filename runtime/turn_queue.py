@@ -377,6 +377,19 @@ class TurnQueue(Protocol):
         (:attr:`Claim.stored`)."""
         ...
 
+    async def claim_unread(
+        self,
+        owner: str,
+        *,
+        on_claimed: Callable[[str, str, int], None] | None = None,
+        load: Callable[[str], bool] | None = None,
+    ) -> Claim | NextClaimed | None:
+        """:meth:`claim`, but a turn that is neither a takeover nor a continuation may be
+        returned as a :class:`NextClaimed` at once, its reading (input decoded, session
+        read if asked) left to its ``take()``, so that a worker's claim loop goes on
+        while a long session is read."""
+        ...
+
     async def wait(self, timeout: float) -> bool:  # noqa: ASYNC109
         """Block until the queue may have work (a submit, a decision, a turn's end that
         frees a turn of its session queued behind it), or ``timeout`` passes."""

@@ -209,7 +209,7 @@ async def test_a_continuations_claim_reads_the_session_and_the_worker_does_not_a
     try:
         async with trio.open_nursery() as nursery:
             worker = Worker(store=store, agent=agent, poll=0.05, concurrency=1)
-            claim = worker.queue.claim
+            claim = worker.queue.claim_unread
 
             async def claim_and_keep(*args: Any, **kw: Any) -> Any:
                 found = await claim(*args, **kw)
@@ -217,7 +217,7 @@ async def test_a_continuations_claim_reads_the_session_and_the_worker_does_not_a
                     claims.append(found)
                 return found
 
-            worker.queue.claim = claim_and_keep  # type: ignore[method-assign]
+            worker.queue.claim_unread = claim_and_keep  # type: ignore[method-assign]
             await nursery.start(worker.run)
             turn = await queue.submit("w1", "go")
             await until(queue, turn.turn_id, lambda s: s.waiting)

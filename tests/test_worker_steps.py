@@ -8,6 +8,8 @@ they no longer take carried nothing.
 
 from __future__ import annotations
 
+from typing import Any
+
 import attrs
 import pytest
 import trio
@@ -15,6 +17,7 @@ import trio
 from actors.stores.postgres import FreeLimiter, PostgresStore
 from actors.stores.turns import QueuedTurn, TurnQueue
 from runtime.app.worker import Worker, _take_slot
+from runtime.messages import UserMessage
 from tests.support.steps import counted
 
 
@@ -293,15 +296,15 @@ async def test_a_workers_last_save_claims_its_next_turn_so_one_claim_call_serves
     turns = [await submitter.submit(f"s{n}", "hello") for n in range(3)]
     worker = Worker(store=store, agent=agent, owner="w", poll=0.05, concurrency=1)
     claimed: list[object] = []
-    real_claim = worker.queue.claim
+    real_claim = worker.queue.claim_unread
 
     async def claim(*args, **kwargs):
         got = await real_claim(*args, **kwargs)
         if got is not None:
-            claimed.append(got.turn.turn_id)
+            claimed.append(getattr(got, "turn_id", None) or got.turn.turn_id)
         return got
 
-    worker.queue.claim = claim  # type: ignore[method-assign]
+    worker.queue.claim_unread = claim  # type: ignore[method-assign]
     try:
         done = await _finished(worker, submitter, *(t.turn_id for t in turns))
     finally:
@@ -392,3 +395,48 @@ async def test_a_turn_claimed_by_a_last_save_beside_a_takeover_is_given_back(pg_
         await store.aclose()
     assert worker.done == {"done": 1}
     assert after is not None and (after.status, after.owner, after.attempts) == ("running", None, 0)
+
+
+async def test_a_turn_whose_session_is_still_being_read_holds_back_no_other_claim(
+    pg_url, monkeypatch
+):
+    """The claim loop claimed a turn whose stored session it must read (600,000 messages
+    are seconds) and, before, read it before it claimed again: the other sessions' turns
+    waited behind it (benchmarks/README.md, branch ``whist``: first deltas 1.4-10.7 s
+    late). The read is the turn's own task's now: another session's turn is claimed,
+    run and done while it goes on; the long one runs after, once."""
+    store = await PostgresStore.open(pg_url)
+    submitter = TurnQueue(store)
+    await store.save("long", 0, [UserMessage(content="before")])
+    read = trio.Event()
+    real = PostgresStore.record_off_loop
+
+    async def slow_read(self: PostgresStore, session_id: str, rows: Any) -> Any:
+        if session_id == "long":
+            await read.wait()  # as a long session's read goes on
+        return await real(self, session_id, rows)
+
+    monkeypatch.setattr(PostgresStore, "record_off_loop", slow_read)
+    from tests.support.worker_agent import agent
+
+    worker = Worker(store=store, agent=agent, owner="w", poll=0.05, concurrency=2)
+    try:
+        long = await submitter.submit("long", "hello")
+        short = await submitter.submit("short", "hello")
+        async with trio.open_nursery() as nursery:
+            await nursery.start(worker.run)
+            done_short = await submitter.wait_finished(short.turn_id, 30)
+            waiting = await submitter.get_status(long.turn_id)
+            read.set()
+            done_long = await submitter.wait_finished(long.turn_id, 30)
+            worker.stop()
+        record = await store.load("long")
+    finally:
+        await submitter.aclose()
+        await store.aclose()
+    assert done_short is not None and done_short.status == "done"
+    assert waiting is not None and waiting.status == "running"  # claimed, still being read
+    assert done_long is not None and (done_long.status, done_long.epoch) == ("done", 1)
+    assert record is not None and [m.text for m in record.messages] == [
+        "before", "hello", "echo: hello",
+    ]  # fmt: skip

@@ -115,6 +115,20 @@ class TurnClaiming:
         on_claimed: Callable[[str, str, int], None] | None = None,
         load: Callable[[str], bool] | None = None,
     ) -> Claim | None:
+        """:meth:`claim_unread`, the turn read before it returns: always a :class:`Claim`."""
+        got = await self.claim_unread(owner, on_claimed=on_claimed, load=load)
+        if isinstance(got, NextClaimed):  # a failed read leaves the lease to lapse
+            claim: Claim = await got.take()
+            return claim
+        return got
+
+    async def claim_unread(
+        self,
+        owner: str,
+        *,
+        on_claimed: Callable[[str, str, int], None] | None = None,
+        load: Callable[[str], bool] | None = None,
+    ) -> Claim | NextClaimed | None:
         """Take the next turn to run for worker ``owner``, or ``None`` if there is none.
 
         An expired lease is taken over first (its turn may be half done; ``takeover`` is
@@ -142,6 +156,15 @@ class TurnClaiming:
         the event loop (:class:`~actors.stores.postgres_lane.LoopLane`: no thread), and so is
         a decided turn's continuation (the function claims it and returns its session's
         rows); a takeover of a worker's lapsed lease runs in a transaction, in a thread.
+
+        A turn the claim's call started (neither a takeover nor a continuation) is
+        returned as a :class:`~runtime.turn_queue.NextClaimed` at once, its session's read
+        and its input's decoding left to its ``take()``: a worker's claim loop goes on
+        claiming while a session of 600,000 messages is read for one turn (seconds, which
+        other sessions' turns waited behind: benchmarks/README.md, branch ``whist``). A
+        takeover and a continuation are returned whole, as :class:`Claim`: the loop must
+        know it took over a turn (it claims nothing beside one), and a continuation's
+        call read its session already.
         """
         if not isinstance(owner, str) or not owner:
             raise StoreError(f"owner must be a non-empty string, not {owner!r}")
@@ -168,7 +191,14 @@ class TurnClaiming:
             return None
         if on_claimed is not None:
             on_claimed(found[0][0], owner, found[0][8])  # turn_id, epoch: see _COLUMNS
-        return await self._claimed(found, owner, load)
+        if found[1] == RESUMED:
+            return await self._claimed(found, owner, load)
+        return NextClaimed(
+            turn_id=found[0][0],
+            owner=owner,
+            epoch=found[0][8],
+            take=partial(self._claimed, found, owner, load),
+        )
 
     async def _claimed(
         self, found: _Found, owner: str, load: Callable[[str], bool] | None

@@ -463,11 +463,30 @@ class Worker:
                     slots.release()
                     await self.queue.wait(self.poll)
                     continue
+                if isinstance(claim, NextClaimed):  # read in the turn's task: claim on
+                    nursery.start_soon(self._run_unread, claim, slots)
+                    continue
                 entry = self.running[claim.turn.turn_id] = _Running(claim=claim)
                 nursery.start_soon(self._run_claim, entry, slots)
 
-    async def _claim(self, leases: LeaseKeeper) -> Claim | None:
-        """The next claim, its lease renewed from the moment it is made."""
+    async def _run_unread(self, claimed: NextClaimed, slots: trio.Semaphore) -> None:
+        """Read a turn the claim loop claimed and did not wait to read (its input, its
+        session: seconds for a long one), then run it as :meth:`_run_claim` runs any;
+        given back if the worker began stopping meanwhile (:meth:`_start_next`)."""
+        try:
+            entry = await self._start_next(claimed)
+        except BaseException:
+            slots.release()
+            raise
+        if entry is None:
+            slots.release()
+            return
+        await self._run_claim(entry, slots)
+
+    async def _claim(self, leases: LeaseKeeper) -> Claim | NextClaimed | None:
+        """The next claim, its lease renewed from the moment it is made; a turn whose
+        reading is left to its task (:meth:`TurnQueue.claim_unread`) as a
+        :class:`NextClaimed`."""
         claimed: list[tuple[str, int]] = []
 
         def on_claimed(turn_id: str, owner: str, epoch: int) -> None:
@@ -475,7 +494,9 @@ class Worker:
             leases.hold(turn_id, owner, epoch)
 
         try:
-            return await self.queue.claim(self.owner, on_claimed=on_claimed, load=self._not_open)
+            return await self.queue.claim_unread(
+                self.owner, on_claimed=on_claimed, load=self._not_open
+            )
         except BaseException:  # after the claim, maybe: its input could not be read
             for turn_id, epoch in claimed:
                 leases.release(turn_id, epoch)
