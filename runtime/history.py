@@ -7,8 +7,8 @@ format is each provider's job (``map_messages``).
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Iterator, Sequence
-from typing import Any, Literal
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, Literal, TypeVar
 from urllib.parse import urlsplit
 
 import attrs
@@ -67,12 +67,25 @@ def check_history(history: Iterable[Message]) -> tuple[Message, ...]:
     return messages
 
 
+_T = TypeVar("_T")
+
+
+async def run_long_off_loop(size: int, fn: Callable[..., _T], *args: Any) -> _T:
+    """``fn(*args)``, in a worker thread when ``size`` (the messages or rows it walks) is
+    more than :data:`OFF_LOOP_MESSAGES`, else here, with no schedule point: what the
+    history's checks, the stores' encoding and decoding run through. The caller hands
+    the thread what nothing else changes meanwhile (a tuple, a copy, rows just read)."""
+    if size <= OFF_LOOP_MESSAGES:
+        return fn(*args)
+    return await trio.to_thread.run_sync(fn, *args)
+
+
 async def checked_off_loop(history: Iterable[Message]) -> tuple[Message, ...]:
     """:func:`check_history`, in a worker thread for a list or tuple longer than
     :data:`OFF_LOOP_MESSAGES`. The thread is handed a tuple (copied here when a list),
     so nothing it reads can change meanwhile."""
     if isinstance(history, list | tuple) and len(history) > OFF_LOOP_MESSAGES:
-        return await trio.to_thread.run_sync(check_history, tuple(history))
+        return await run_long_off_loop(len(history), check_history, tuple(history))
     return check_history(history)
 
 
@@ -84,7 +97,7 @@ async def repaired_off_loop(messages: Sequence[Message]) -> RepairedHistory | No
     if len(messages) <= OFF_LOOP_MESSAGES:
         return None
     repaired = RepairedHistory()
-    await trio.to_thread.run_sync(repaired, tuple(messages))
+    await run_long_off_loop(len(messages), repaired, tuple(messages))
     return repaired
 
 

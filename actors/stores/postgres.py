@@ -97,7 +97,7 @@ from runtime.errors import (
     StoreError,
     StoreUnavailable,
 )
-from runtime.history import OFF_LOOP_MESSAGES
+from runtime.history import run_long_off_loop
 from runtime.logging import get_logger
 from runtime.messages import Message
 from runtime.redact import redact, register_url_secrets
@@ -424,9 +424,7 @@ class PostgresStore:
         :data:`~runtime.history.OFF_LOOP_MESSAGES` rows: decoding a session of 600,000
         messages took the event loop 4.7 s (a worker's claim of its turn, a front end's
         read of it). The thread is handed the rows, which nothing else holds."""
-        if len(joined) <= OFF_LOOP_MESSAGES:
-            return self.record(session_id, joined)
-        return await trio.to_thread.run_sync(self.record, session_id, joined)
+        return await run_long_off_loop(len(joined), self.record, session_id, joined)
 
     def record(self, session_id: str, joined: list[Any]) -> SessionRecord | None:
         """The session from the rows :func:`load_rows` read (``None``: it was never saved)."""
@@ -1153,9 +1151,7 @@ def _arrays(rows: list[tuple[str, int, str, bytes]]) -> tuple[bytes, bytes, byte
 async def _arrays_off_loop(rows: list[tuple[str, int, str, bytes]]) -> tuple[bytes, bytes, bytes]:
     """:func:`_arrays`, in a worker thread for more than
     :data:`~runtime.history.OFF_LOOP_MESSAGES` rows (600,000 took the loop 1.3 s)."""
-    if len(rows) <= OFF_LOOP_MESSAGES:
-        return _arrays(rows)
-    return await trio.to_thread.run_sync(_arrays, rows)
+    return await run_long_off_loop(len(rows), _arrays, rows)
 
 
 _NUL: Final = b"\\u0000"

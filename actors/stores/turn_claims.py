@@ -16,7 +16,6 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, Final
 
 import attrs
-import trio
 
 from actors.stores.postgres import (
     SAVE_NEXT_CLAIM_AT,
@@ -40,7 +39,7 @@ from actors.stores.turn_sql import (
 )
 from runtime.approval import WAITING_META
 from runtime.errors import StoreError
-from runtime.history import OFF_LOOP_MESSAGES
+from runtime.history import run_long_off_loop
 from runtime.messages import Message
 from runtime.store import SessionRecord
 from runtime.turn_queue import (
@@ -259,9 +258,8 @@ class TurnClaiming:
         result = await _retrying(f"{action} ({store.url})", store._retry_for, once, log=store._log)
         if result is None:
             return None
-        if result.ntuples > OFF_LOOP_MESSAGES:  # a continuation's long session: its rows
-            return await trio.to_thread.run_sync(_found_in, result, 0)  # (the answer's own)
-        return _found_in(result, 0)
+        # (a continuation's long session: its rows, the answer's own, off the loop)
+        return await run_long_off_loop(result.ntuples, _found_in, result, 0)
 
     async def _claim_of(self, found: _Found, owner: str) -> Claim:
         """The :class:`Claim` of what a claim's transaction found: its turn decoded (out
