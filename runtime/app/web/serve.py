@@ -64,6 +64,8 @@ DEFAULT_MAX_SESSIONS = 1000
 
 def _origin(value: str) -> str:
     """A ``--cors-origin``: an origin, not ``*`` (:func:`runtime.app.web.guard.cors_origin`)."""
+    # Here, not at the top: the guard imports Starlette, which every command's parser
+    # (built at start-up, ``run`` too) would then pay for; only ``serve`` parses this.
     from runtime.app.web.guard import cors_origin
 
     try:
