@@ -29,11 +29,11 @@ from actors.stores.postgres_calls import (
 from actors.stores.postgres_lane import LoopLane
 from actors.stores.turn_claims import _take_expired
 from actors.stores.turn_sql import TURNS_CHANNEL
-from actors.stores.turns import TurnQueue
+from actors.stores.turns import QueuedTurn, TurnQueue
 from runtime.approval import WAITING_META, Decision
 from runtime.errors import AlreadyDecided, LeaseLost, StoreConflict, StoreError, UnknownApproval
 from runtime.messages import AssistantMessage, Awaiting, ToolCallPart, UserMessage
-from runtime.turn_queue import NextClaim, NextClaimed
+from runtime.turn_queue import Claim, NextClaim, NextClaimed
 
 
 @pytest.fixture
@@ -1138,6 +1138,16 @@ async def _last_save_claiming(
         await store.save(session, 1, said("answer"), expected_version=version, ends="stop")
 
 
+async def _one_claimed_one_queued(queue: TurnQueue) -> tuple[Claim, QueuedTurn]:
+    """Session ``s``'s turn claimed by ``w1``, and session ``t``'s queued: the turn a last
+    save of ``s`` may claim next."""
+    first = await queue.submit("s", "one")
+    second = await queue.submit("t", "two")
+    claim = await queue.claim("w1")
+    assert claim is not None and claim.turn.turn_id == first.turn_id
+    return claim, second
+
+
 async def test_a_last_save_claims_the_next_turn_in_the_same_call(pg_url, statements):
     """The turn's end and the claim for the slot it frees: one statement, where the
     worker sent the save and then a claim; the claimed turn's lease is held from the
@@ -1147,13 +1157,10 @@ async def test_a_last_save_claims_the_next_turn_in_the_same_call(pg_url, stateme
     nxt = _Next()
     try:
         await store.save("t", 0, said("earlier"))  # t is stored: its claim reads it
-        first = await queue.submit("s", "one")
-        second = await queue.submit("t", "two")
-        claim = await queue.claim("w1")
-        assert claim is not None and claim.turn.turn_id == first.turn_id
+        claim, second = await _one_claimed_one_queued(queue)
         await _last_save_claiming(store, queue, claim, nxt, statements)
         assert statements == {"SELECT": 1}, statements
-        assert await _row(store, first.turn_id) == ("done", "w1", 1, True, "stop")
+        assert await _row(store, claim.turn.turn_id) == ("done", "w1", 1, True, "stop")
         assert await _row(store, second.turn_id) == ("running", "w1", 1, False, None)
         assert nxt.held == [(second.turn_id, "w1", 1)]
         [handed] = nxt.handed
@@ -1175,10 +1182,7 @@ async def test_a_last_save_claims_the_next_turn_in_the_same_call(pg_url, stateme
 async def test_a_fenced_out_last_save_claims_nothing_and_writes_nothing(store_and_queue):
     store, queue = store_and_queue
     nxt = _Next()
-    await queue.submit("s", "one")
-    waiting = await queue.submit("t", "two")
-    claim = await queue.claim("w1")
-    assert claim is not None
+    claim, waiting = await _one_claimed_one_queued(queue)
     with queue.fenced(claim, on_finished=lambda: None, claim_next=nxt.hook()):
         version = await store.save("s", 0, said("one"), expected_version=None)
         await _expire(store, claim.turn.turn_id)
@@ -1199,13 +1203,10 @@ async def test_a_last_save_claims_nothing_when_the_worker_wants_no_more(pg_url, 
     queue = TurnQueue(store, lease=30.0, max_attempts=3)
     nxt = _Next(want=False)
     try:
-        first = await queue.submit("s", "one")
-        second = await queue.submit("t", "two")
-        claim = await queue.claim("w1")
-        assert claim is not None
+        claim, second = await _one_claimed_one_queued(queue)
         await _last_save_claiming(store, queue, claim, nxt, statements)
         assert statements == {"SELECT": 1}, statements
-        assert await _row(store, first.turn_id) == ("done", "w1", 1, True, "stop")
+        assert await _row(store, claim.turn.turn_id) == ("done", "w1", 1, True, "stop")
         assert await _row(store, second.turn_id) == ("queued", None, 0, False, None)
         assert nxt.held == [] and nxt.handed == []
     finally:
@@ -1281,10 +1282,7 @@ async def test_a_last_save_cancelled_in_flight_still_hands_over_what_it_claimed(
     until its lease expires)."""
     store, queue = store_and_queue
     nxt = _Next()
-    await queue.submit("s", "one")
-    second = await queue.submit("t", "two")
-    claim = await queue.claim("w1")
-    assert claim is not None
+    claim, second = await _one_claimed_one_queued(queue)
     with queue.fenced(claim, on_finished=lambda: None, claim_next=nxt.hook()):
         version = await store.save("s", 0, said("one"), expected_version=None)
         with trio.CancelScope() as scope:
@@ -1306,10 +1304,7 @@ async def test_a_store_without_the_next_claims_function_gains_it_on_open(pg_url)
     queue = TurnQueue(store, lease=30.0, max_attempts=3)
     nxt = _Next()
     try:
-        await queue.submit("s", "one")
-        second = await queue.submit("t", "two")
-        claim = await queue.claim("w1")
-        assert claim is not None
+        claim, second = await _one_claimed_one_queued(queue)
         await _last_save_claiming(store, queue, claim, nxt)
         assert [h.turn_id for h in nxt.handed] == [second.turn_id]
     finally:
@@ -1348,10 +1343,7 @@ async def test_a_turn_claimed_by_a_last_save_and_never_started_is_taken_over_at_
     takes the turn over (the attempt counted), with nothing of it saved."""
     store, queue = store_and_queue
     nxt = _Next()
-    await queue.submit("s", "one")
-    second = await queue.submit("t", "two")
-    claim = await queue.claim("w1")
-    assert claim is not None
+    claim, second = await _one_claimed_one_queued(queue)
     await _last_save_claiming(store, queue, claim, nxt)
     assert [h.turn_id for h in nxt.handed] == [second.turn_id]  # never taken
     assert await queue.claim("w2") is None  # its lease runs
