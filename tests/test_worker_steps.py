@@ -19,6 +19,7 @@ from actors.stores.turns import QueuedTurn, TurnQueue
 from runtime.app.worker import Worker, _take_slot
 from runtime.messages import UserMessage
 from tests.support.steps import counted
+from tests.test_http_attacks_2 import until
 
 
 async def _finished(
@@ -440,3 +441,44 @@ async def test_a_turn_whose_session_is_still_being_read_holds_back_no_other_clai
     assert record is not None and [m.text for m in record.messages] == [
         "before", "hello", "echo: hello",
     ]  # fmt: skip
+
+
+async def test_a_turn_cancelled_while_its_session_is_still_being_read_starts_cancelled(
+    pg_url, monkeypatch
+):
+    """A stop requested while the claimed turn's session is read (in its own task now)
+    reaches it through the lease's renewal: it ends cancelled once read, its model never
+    called, nothing of it stored beside the interrupted turn's empty answer."""
+    store = await PostgresStore.open(pg_url)
+    submitter = TurnQueue(store)
+    await store.save("long", 0, [UserMessage(content="before")])
+    reading, read = trio.Event(), trio.Event()
+    real = PostgresStore.record_off_loop
+
+    async def slow_read(self: PostgresStore, session_id: str, rows: Any) -> Any:
+        reading.set()
+        await read.wait()
+        return await real(self, session_id, rows)
+
+    monkeypatch.setattr(PostgresStore, "record_off_loop", slow_read)
+    from tests.support.worker_agent import agent
+
+    worker = Worker(store=store, agent=agent, owner="w", poll=0.05, lease=0.6)
+    try:
+        turn = await submitter.submit("long", "hello")
+        async with trio.open_nursery() as nursery:
+            await nursery.start(worker.run)
+            await reading.wait()
+            await submitter.request_cancel(turn.turn_id)
+            leases = worker._leases
+            assert leases is not None  # a renewal (every 0.2 s) brings the cancel here:
+            await until(lambda: leases._held[turn.turn_id].cancelled is not None)
+            read.set()
+            done = await submitter.wait_finished(turn.turn_id, 30)
+            worker.stop()
+        record = await store.load("long")
+    finally:
+        await submitter.aclose()
+        await store.aclose()
+    assert done is not None and done.status == "cancelled"
+    assert record is not None and "echo: hello" not in [m.text for m in record.messages]

@@ -586,7 +586,7 @@ class Worker:
         entry = self.running.get(turn_id)
         if entry is not None:
             entry.cancel(reason)
-        elif self._leases is not None:  # claimed by a last save, not started yet
+        elif self._leases is not None:  # claimed (by the loop or a last save), not started yet
             self._leases.cancel_held(turn_id, reason)
 
     # -- one turn ----------------------------------------------------------------------------
