@@ -8,17 +8,25 @@ they no longer take carried nothing.
 
 from __future__ import annotations
 
+import io
+import json
 from typing import Any
 
 import attrs
 import pytest
 import trio
 
+from actors.log_tap import WINDOW, LogTap
 from actors.stores.postgres import FreeLimiter, PostgresStore
 from actors.stores.turns import QueuedTurn, TurnQueue
+from runtime.app import worker as worker_module
+from runtime.app.session import TurnStream
 from runtime.app.worker import Worker, _take_slot
+from runtime.errors import StoreError
+from runtime.logging import configure_logging
 from runtime.messages import UserMessage
 from tests.support.steps import counted
+from tests.support.worker_agent import agent
 from tests.test_http_attacks_2 import until
 
 
@@ -110,9 +118,6 @@ async def test_a_turns_last_save_finishes_its_row_without_a_finish_call(pg_url):
     """The save of a turn's last step carries its end (``SaveRequest.ends``): its commit
     finishes the turn's row, and the worker makes no finish call of its own (a store call,
     a thread hop and a commit fewer a turn). The saves before it leave the row running."""
-    from actors.stores.turns import TurnQueue
-    from runtime.app.worker import Worker
-    from tests.support.worker_agent import agent
 
     store = await PostgresStore.open(pg_url)
     submitter = TurnQueue(store)
@@ -150,10 +155,6 @@ async def test_a_turns_last_save_finishes_its_row_without_a_finish_call(pg_url):
 async def test_a_failed_last_save_leaves_the_finish_to_its_own_call(pg_url):
     """The save that carries the turn's end fails (nothing of it is written): the runner
     saves again without it, and the worker finishes the row itself, as before."""
-    from actors.stores.turns import TurnQueue
-    from runtime.app.worker import Worker
-    from runtime.errors import StoreError
-    from tests.support.worker_agent import agent
 
     store = await PostgresStore.open(pg_url)
     submitter = TurnQueue(store)
@@ -195,14 +196,6 @@ async def test_a_workers_log_tap_rests_and_a_first_claim_adds_no_line(pg_url):
     took a step and a write for nearly every line), and a turn's first claim logs no
     ``worker.turn`` line at info: its ``turn.started`` line says the same (issue 24 goal 3).
     Every line is still written by the time the worker has stopped."""
-    import io
-    import json
-
-    from actors.log_tap import WINDOW, LogTap
-    from actors.stores.turns import TurnQueue
-    from runtime.app.worker import Worker
-    from runtime.logging import configure_logging
-    from tests.support.worker_agent import agent
 
     out = io.StringIO()
     configure_logging("info", stream=out)
@@ -233,10 +226,6 @@ async def test_a_worker_forwards_a_turns_chunks_in_bulk_not_one_anext_each(pg_ur
     that has arrived at once), not ``async for`` one ``__anext__`` a chunk: it only
     forwards them to the relay (issue 24 goal 3). The relay gets every chunk, in order,
     the turn's ``start`` first and its ``finish`` last."""
-    from actors.stores.turns import TurnQueue
-    from runtime.app.session import TurnStream
-    from runtime.app.worker import Worker
-    from tests.support.worker_agent import agent
 
     class Writer:
         def __init__(self) -> None:
@@ -288,9 +277,6 @@ async def test_a_workers_last_save_claims_its_next_turn_so_one_claim_call_serves
     """A worker's slot freed by a turn's end is filled by the claim riding on that turn's
     last save (one store call where there were two): with one slot, three queued turns
     take one claim call that found a turn, not three."""
-    from actors.stores.turns import TurnQueue
-    from runtime.app.worker import Worker
-    from tests.support.worker_agent import agent
 
     store = await PostgresStore.open(pg_url)
     submitter = TurnQueue(store)
@@ -321,10 +307,6 @@ async def test_a_turn_claimed_by_a_last_save_as_the_worker_stops_is_given_back(p
     """A worker that began stopping between the save that claimed a turn for it and
     that turn's start starts nothing: the turn goes back at once (no owner, its lease
     lapsed, the attempt given back), for any worker's next claim."""
-    from actors.stores.turns import TurnQueue
-    from runtime.app import worker as worker_module
-    from runtime.app.worker import Worker
-    from tests.support.worker_agent import agent
 
     store = await PostgresStore.open(pg_url)
     submitter = TurnQueue(store)
@@ -356,10 +338,6 @@ async def test_a_turn_claimed_by_a_last_save_beside_a_takeover_is_given_back(pg_
     """The claim loop's rule (nothing else runs beside a taken-over turn, which may be
     what kills workers) holds for a riding claim that lands once the loop took one over:
     the claimed turn goes back at once."""
-    from actors.stores.turns import TurnQueue
-    from runtime.app import worker as worker_module
-    from runtime.app.worker import Worker
-    from tests.support.worker_agent import agent
 
     store = await PostgresStore.open(pg_url)
     submitter = TurnQueue(store)
@@ -418,8 +396,6 @@ async def test_a_turn_whose_session_is_still_being_read_holds_back_no_other_clai
         return await real(self, session_id, rows)
 
     monkeypatch.setattr(PostgresStore, "record_off_loop", slow_read)
-    from tests.support.worker_agent import agent
-
     worker = Worker(store=store, agent=agent, owner="w", poll=0.05, concurrency=2)
     try:
         long = await submitter.submit("long", "hello")
@@ -461,8 +437,6 @@ async def test_a_turn_cancelled_while_its_session_is_still_being_read_starts_can
         return await real(self, session_id, rows)
 
     monkeypatch.setattr(PostgresStore, "record_off_loop", slow_read)
-    from tests.support.worker_agent import agent
-
     worker = Worker(store=store, agent=agent, owner="w", poll=0.05, lease=0.6)
     try:
         turn = await submitter.submit("long", "hello")
