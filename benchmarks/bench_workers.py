@@ -67,7 +67,10 @@ from benchmarks.common import (
 )
 
 PG_URL, REDIS_URL = bench_server_urls()
-SCALING_TARGET = 1.7
+SCALING_TARGETS = {"io": 1.7, "cpu": 1.8}
+"""Two worker processes' turns/s over one's: issue 10 asked 1.7x of any turn, issue 24 goal 3
+1.8x of a CPU-bound one (benchmarks/README.md says why that one is out of reach while
+PostgreSQL and Redis share the machine's two cores)."""
 RELAY_TARGET_MS = 3.0
 POLL = 0.1
 """Seconds between the submitter's checks for finished turns."""
@@ -399,8 +402,8 @@ async def _scaling(sizes: Sizes, delay: float, logs: Path) -> list[Figure]:
             title=f"8. Turns/s, 2 worker processes / 1, {kind} bound",
             value=value,
             unit="x",
-            target=f">= {SCALING_TARGET:g}",
-            passed=value >= SCALING_TARGET,
+            target=f">= {SCALING_TARGETS[kind]:g}",
+            passed=value >= SCALING_TARGETS[kind],
             detail=f"{median(rate['1']):.0f} vs {median(rate['2']):.0f} turns/s; median of "
             f"{sizes.workers_rounds} rounds; load {os.getloadavg()[0]:.2f}{_others(details)}",
             data={"ratios": ratios, "measurements": details, "delay": delay},
