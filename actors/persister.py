@@ -143,6 +143,16 @@ class Persister(Actor):
         if len(latest) > REMEMBERED:
             latest.popitem(last=False)
 
+    def forget(self, session_id: str) -> None:
+        """Drop what is remembered of ``session_id``: its host evicted it. An evicted
+        session was idle with every message saved (its runner had the answer to its last
+        request, which is remembered before it is answered), and its next turn is a new
+        runner's, whose first request names a version, never an older request
+        (:attr:`SaveRequest.after`): the entry would serve nothing, yet kept one tuple,
+        one id and a slot each for up to :data:`REMEMBERED` evicted sessions (issue 21:
+        a waiting turn, evicted, holds no memory in the process)."""
+        self._latest.pop(session_id, None)
+
     def _based_on(self, req: SaveRequest) -> int | None:
         """The version ``req``'s ``start`` and ``messages`` are known to fit, if any.
 

@@ -8,6 +8,7 @@ import weakref
 
 import pytest
 import trio
+import trio.testing
 from structlog.testing import capture_logs
 
 from actors.providers.scripted import ScriptedProvider, Sleep
@@ -334,3 +335,36 @@ async def test_an_evicted_turn_waiting_with_a_deadline_leaves_only_the_deadline_
         assert held() is None
         assert call() is None
         assert list(host.expiry._due) == ["waits"]
+
+
+async def test_evicted_waiting_turns_leave_no_session_object_and_no_entry_keyed_by_session():
+    """Issue 21: N waiting turns, each session evicted by the next (``max_sessions=1``),
+    leave in the process what the one loaded session holds, nothing of the others: no
+    ``Session`` object, no weak handle, no bus route, no persister memory of its last
+    save (which served nothing once the session was evicted, yet was kept for up to
+    1,024 sessions), no expiry entry, no task or awake actor."""
+    from runtime.app.session import Session
+
+    agent = waiting_agent("w")
+    async with Host.open(max_sessions=1, log_tap=False) as host:
+        tasks = 0
+        for i in range(30):
+            session = await host.open_session(agent, session_id=f"w{i}")
+            assert (await session.run("go")).finish_reason == "awaiting-input"
+            if i == 0:  # (the host's and the provider's tasks started)
+                await trio.testing.wait_all_tasks_blocked()
+                tasks = trio.lowlevel.current_statistics().tasks_living
+        del session
+        await trio.testing.wait_all_tasks_blocked()
+        gc.collect()
+        loaded = set(host.sessions)
+        assert loaded == {"w29"}
+        left = [o.id for o in gc.get_objects() if isinstance(o, Session)]
+        assert left == ["w29"]
+        assert set(host._handles) == loaded
+        assert set(host.bus._routes) <= loaded
+        assert set(host.persister._latest) == loaded
+        assert not host.expiry._due
+        assert len(host._actors) == 3 + 3  # the loaded session's; persister, executor, provider
+        assert not [a for a in host._actors if a.session_id and not a.resting]
+        assert trio.lowlevel.current_statistics().tasks_living == tasks

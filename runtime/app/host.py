@@ -59,6 +59,7 @@ from runtime.store import SessionRecord, Store, validate_session_id
 
 if TYPE_CHECKING:
     from actors.mcp import Servers
+    from actors.persister import Persister
     from actors.turn.runner import TurnRunner
     from runtime.hosting import ToolSource
 
@@ -215,7 +216,7 @@ class Host:
         """The started actors that decide approvals in process (few: checked per call)."""
         self._observer_scopes: dict[Actor, trio.CancelScope] = {}
         """The running observers' shielded scopes: only the host cancels them, once drained."""
-        self.persister: Actor
+        self.persister: Persister
         self.shutting_down = False
         """Set once a shutdown signal arrived or the host is closing."""
         self.expects_other_writers = False
@@ -695,6 +696,7 @@ class Host:
             self._actors.pop(actor, None)
         del self.sessions[session.id]
         self.bus.forget_session(session.id)
+        self.persister.forget(session.id)  # (all saved: nothing of it is in flight)
         session.detach()
         return SessionEvicted(
             session_id=session.id, reason=reason, idle_for=now - session.last_used
