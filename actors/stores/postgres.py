@@ -907,27 +907,10 @@ class PostgresStore:
         decision's save whose answer was lost after its commit. Another decider's identical
         decision, saved by the same kind of write, reads the same: the stored state is then
         what both asked for, and the retrying one is told so rather than refused."""
-
-        def read(conn: Any) -> tuple[int, tuple[Any, ...]] | None:
-            rows = conn.execute(
-                """SELECT s.version, m.body, m.xmin = s.xmin
-                FROM axon_sessions AS s JOIN axon_messages AS m
-                    ON m.session_id = s.session_id AND m.idx >= %s
-                WHERE s.session_id = %s ORDER BY m.idx""",
-                (start, session_id),
-            ).fetchall()
-            if not rows or not all(same for _, _, same in rows):
-                return None
-            if [bytes(body) for _, body, _ in rows] != [bytes(body) for body in bodies]:
-                return None
-            turn = conn.execute(
-                f"SELECT {', '.join(STATUS_COLUMNS)} FROM axon_turns WHERE turn_id = %s",
-                (turn_id,),
-            ).fetchone()
-            return None if turn is None else (int(rows[0][0]), tuple(turn))
-
         return await self.run(
-            f"what the decision's save of session {session_id!r} wrote", read, transaction=False
+            f"what the decision's save of session {session_id!r} wrote",
+            lambda conn: decision_written(conn, session_id, turn_id, start, bodies),
+            transaction=False,
         )
 
     async def _version_written(self, session_id: str, turn_id: str) -> int:
@@ -1022,6 +1005,29 @@ _MARK_TURN = (
 )
 """The fence's look at its turn's row, locked: plain, or marking the turn ``saved`` (its
 first save; a refused save rolls the mark back with everything else)."""
+
+
+def decision_written(
+    conn: Any, session_id: str, turn_id: str, start: int, bodies: Sequence[bytes]
+) -> tuple[int, tuple[Any, ...]] | None:
+    """:meth:`PostgresStore._decision_written`'s read on ``conn``: also run by a decision
+    saved in the transaction (:mod:`actors.stores.turn_decisions`), inside its retry."""
+    rows = conn.execute(
+        """SELECT s.version, m.body, m.xmin = s.xmin
+        FROM axon_sessions AS s JOIN axon_messages AS m
+            ON m.session_id = s.session_id AND m.idx >= %s
+        WHERE s.session_id = %s ORDER BY m.idx""",
+        (start, session_id),
+    ).fetchall()
+    if not rows or not all(same for _, _, same in rows):
+        return None
+    if [bytes(body) for _, body, _ in rows] != [bytes(body) for body in bodies]:
+        return None
+    turn = conn.execute(
+        f"SELECT {', '.join(STATUS_COLUMNS)} FROM axon_turns WHERE turn_id = %s",
+        (turn_id,),
+    ).fetchone()
+    return None if turn is None else (int(rows[0][0]), tuple(turn))
 
 
 def kept_cursor(conn: Any) -> Any:
