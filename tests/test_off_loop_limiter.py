@@ -19,6 +19,7 @@ import trio
 import trio.testing
 
 from actors.providers.scripted import ScriptedProvider
+from actors.stores.validation import encoded_off_loop
 from runtime import Agent
 from runtime import history as history_module
 from runtime.app.web import openai_compat
@@ -102,3 +103,20 @@ async def test_a_chat_completions_history_is_checked_under_the_front_ends_parse_
         parse_limiter = server.app.state.axon.parse_limiter
     assert completion.choices[0].message.content == "Paris."
     assert handed == [parse_limiter] and isinstance(parse_limiter, trio.CapacityLimiter)
+
+
+async def test_a_long_saves_encoding_takes_the_off_loop_limiter(monkeypatch):
+    """A store's encoding of a long save (600,000 messages seeded into a first save)
+    walks the history as a check does: through the off-loop limiter, not the default."""
+    real = trio.to_thread.run_sync
+    handed: list[Any] = []
+
+    async def run_sync(fn: Any, *args: Any, **kwargs: Any) -> Any:
+        handed.append(kwargs.get("limiter"))
+        return await real(fn, *args, **kwargs)
+
+    monkeypatch.setattr(trio.to_thread, "run_sync", run_sync)
+    history = [UserMessage(content=f"m{i}") for i in range(OFF_LOOP_MESSAGES + 1)]
+    new, rows = await encoded_off_loop("s", 0, history, None)
+    assert len(new) == len(rows) == OFF_LOOP_MESSAGES + 1
+    assert handed == [off_loop_limiter()]
