@@ -22,6 +22,7 @@ import trio
 
 from actors.stores import turn_claims
 from actors.stores.postgres import PostgresStore
+from actors.stores.postgres_lane import LoopLane
 from actors.stores.turns import TurnQueue
 from runtime.app.worker import Worker
 from runtime.approval import Decision
@@ -191,3 +192,61 @@ async def test_a_riding_claims_lost_answer_at_max_attempts_1_runs_the_next_turn(
         ("done", 1, None),
         ("done", 1, None),
     ]
+
+
+async def test_a_claim_that_failed_before_the_server_gives_back_nothing(pg_url, monkeypatch):
+    """The first send never reached the server (the connection was refused): the retry's
+    give-back finds no row of its token, and the retry starts the turn as a first claim
+    would (epoch 1, one attempt, not a takeover)."""
+    store = await PostgresStore.open(pg_url)
+    queue = TurnQueue(store, lease=30.0, max_attempts=1)
+    real = LoopLane.call
+    failed: list[int] = []
+
+    async def call(self: Any, name: bytes, *args: Any) -> Any:
+        if name == b"axon_claim_call" and not failed:
+            failed.append(1)
+            raise psycopg.OperationalError("connection refused")
+        return await real(self, name, *args)
+
+    try:
+        turn = await queue.submit("s", "hello")
+        monkeypatch.setattr(LoopLane, "call", call)
+        claim = await queue.claim("w1")
+        row = _turn(store, turn.turn_id)
+    finally:
+        await queue.aclose()
+        await store.aclose()
+    assert failed == [1]
+    assert claim is not None and not claim.takeover and claim.epoch == 1
+    assert row == ("running", "w1", 1, 1, None)
+
+
+async def test_a_give_back_whose_own_answer_is_lost_gives_back_once(pg_url, monkeypatch):
+    """The claim's answer lost, then the give-back's too (it committed): its retry finds
+    the token cleared and gives nothing back a second time (no attempt refunded twice,
+    no other claim touched); the turn is taken over once, one attempt."""
+    store = await PostgresStore.open(pg_url)
+    queue = TurnQueue(store, lease=30.0, max_attempts=1)
+    real = turn_claims.give_back
+    given: list[int] = []
+
+    def give_back(conn: Any, owner: str, token: str) -> int:
+        n = real(conn, owner, token)
+        given.append(n)
+        if len(given) == 1:
+            raise psycopg.OperationalError("server closed the connection unexpectedly")
+        return n
+
+    try:
+        turn = await queue.submit("s", "hello")
+        monkeypatch.setattr(turn_claims, "give_back", give_back)
+        lost = _lose_answer_once(monkeypatch, b"axon_claim_call")
+        claim = await queue.claim("w1")
+        row = _turn(store, turn.turn_id)
+    finally:
+        await queue.aclose()
+        await store.aclose()
+    assert lost == [1] and given == [1, 0]
+    assert claim is not None and claim.takeover and claim.turn.turn_id == turn.turn_id
+    assert row == ("running", "w1", 2, 1, None)
