@@ -18,6 +18,7 @@ import psycopg
 import pytest
 import trio
 
+from actors.stores import postgres as postgres_module
 from actors.stores.postgres import PostgresStore
 from actors.stores.turn_submit import LARGE_ROW
 from actors.stores.turns import TurnQueue
@@ -184,3 +185,34 @@ async def test_a_large_submit_over_the_cap_is_refused_before_its_insert(pg_url):
             await store.aclose()
     assert (after_first, after_large, after_small) == (1, 1, 2)
     assert count == 1
+
+
+async def test_a_submit_at_the_cap_whose_commits_answer_is_lost_returns_its_turn(
+    pg_url, monkeypatch
+):
+    """The queue's last free place taken by a submit whose COMMIT's answer was lost: its
+    retry finds its own row (the cap counted after the insert would count it twice) and
+    returns its turn, never ``QueueFull``; one turn queued."""
+    store = await PostgresStore.open(pg_url)
+    queue = TurnQueue(store, max_queued=1)
+    lost: list[int] = []
+    armed: list[int] = []
+
+    class AnswerLost(dict):  # the store's bookkeeping right after a transaction's COMMIT
+        def __setitem__(self, key: Any, value: Any) -> None:
+            if armed and not lost:
+                lost.append(1)
+                raise psycopg.OperationalError("server closed the connection unexpectedly")
+            super().__setitem__(key, value)
+
+    try:
+        monkeypatch.setattr(postgres_module, "_used", AnswerLost())
+        armed.append(1)
+        turn = await queue.submit("s", "x" * (LARGE_ROW + 1), turn_id="t1")
+        with psycopg.connect(store.libpq) as conn:
+            rows = conn.execute(f"SELECT turn_id, status FROM {store.schema}.axon_turns").fetchall()
+    finally:
+        await queue.aclose()
+        await store.aclose()
+    assert lost == [1]
+    assert turn.turn_id == "t1" and rows == [("t1", "queued")]
