@@ -70,34 +70,73 @@ def check_history(history: Iterable[Message]) -> tuple[Message, ...]:
 _T = TypeVar("_T")
 
 
-async def run_long_off_loop(size: int, fn: Callable[..., _T], *args: Any) -> _T:
+OFF_LOOP_THREADS = 4
+"""Walks of long histories (:func:`run_long_off_loop`) running in threads at once per
+process, unless the caller hands its own limiter: more wait their turn."""
+
+_OFF_LOOP_LIMITER: trio.lowlevel.RunVar[trio.CapacityLimiter] = trio.lowlevel.RunVar(
+    "axon_off_loop_limiter"
+)
+
+
+def off_loop_limiter() -> trio.CapacityLimiter:
+    """The run's limiter of the walks of long histories (:data:`OFF_LOOP_THREADS`
+    tokens), made on first use: never trio's default thread limiter, which every other
+    ``to_thread.run_sync`` of the process draws from (a submit's encoding, a name's
+    resolution...), so that many long histories at once cannot take every one of its
+    threads."""
+    try:
+        return _OFF_LOOP_LIMITER.get()
+    except LookupError:
+        limiter = trio.CapacityLimiter(OFF_LOOP_THREADS)
+        _OFF_LOOP_LIMITER.set(limiter)
+        return limiter
+
+
+async def run_long_off_loop(
+    size: int,
+    fn: Callable[..., _T],
+    *args: Any,
+    limiter: trio.CapacityLimiter | None = None,
+) -> _T:
     """``fn(*args)``, in a worker thread when ``size`` (the messages or rows it walks) is
     more than :data:`OFF_LOOP_MESSAGES`, else here, with no schedule point: what the
     history's checks, the stores' encoding and decoding run through. The caller hands
-    the thread what nothing else changes meanwhile (a tuple, a copy, rows just read)."""
+    the thread what nothing else changes meanwhile (a tuple, a copy, rows just read).
+
+    The thread is taken through ``limiter`` (a front end's ``parse_limiter``, for a
+    history a client sent), else :func:`off_loop_limiter`: never through trio's
+    default limiter, whose threads the rest of the process shares."""
     if size <= OFF_LOOP_MESSAGES:
         return fn(*args)
-    return await trio.to_thread.run_sync(fn, *args)
+    return await trio.to_thread.run_sync(
+        fn, *args, limiter=limiter if limiter is not None else off_loop_limiter()
+    )
 
 
-async def checked_off_loop(history: Iterable[Message]) -> tuple[Message, ...]:
+async def checked_off_loop(
+    history: Iterable[Message], *, limiter: trio.CapacityLimiter | None = None
+) -> tuple[Message, ...]:
     """:func:`check_history`, in a worker thread for a list or tuple longer than
-    :data:`OFF_LOOP_MESSAGES`. The thread is handed a tuple (copied here when a list),
-    so nothing it reads can change meanwhile."""
+    :data:`OFF_LOOP_MESSAGES` (through ``limiter``: :func:`run_long_off_loop`). The
+    thread is handed a tuple (copied here when a list), so nothing it reads can change
+    meanwhile."""
     if isinstance(history, list | tuple) and len(history) > OFF_LOOP_MESSAGES:
-        return await run_long_off_loop(len(history), check_history, tuple(history))
+        return await run_long_off_loop(len(history), check_history, tuple(history), limiter=limiter)
     return check_history(history)
 
 
-async def repaired_off_loop(messages: Sequence[Message]) -> RepairedHistory | None:
+async def repaired_off_loop(
+    messages: Sequence[Message], *, limiter: trio.CapacityLimiter | None = None
+) -> RepairedHistory | None:
     """A :class:`RepairedHistory` primed with ``messages`` in a worker thread, for a
-    history longer than :data:`OFF_LOOP_MESSAGES`; else ``None`` (primed where it is
-    used). The thread is handed a tuple and a fresh object, both unseen by the loop
-    until it returns."""
+    history longer than :data:`OFF_LOOP_MESSAGES` (through ``limiter``:
+    :func:`run_long_off_loop`); else ``None`` (primed where it is used). The thread is
+    handed a tuple and a fresh object, both unseen by the loop until it returns."""
     if len(messages) <= OFF_LOOP_MESSAGES:
         return None
     repaired = RepairedHistory()
-    await run_long_off_loop(len(messages), repaired, tuple(messages))
+    await run_long_off_loop(len(messages), repaired, tuple(messages), limiter=limiter)
     return repaired
 
 

@@ -10,10 +10,10 @@ Layout (in one schema, ``public`` unless the URL says ``?schema=NAME``; schema v
     axon_messages(session_id, idx, role, body BYTEA,     -- serde JSON of one Message
                   PRIMARY KEY (session_id, idx))
     axon_turns(...)                                      -- durable turns: stores/turns.py
-    axon_claim_v3(owner, lease, channel)                 -- a claim in one call: CLAIM_FUNCTION
+    axon_claim_v4(owner, lease, channel, token)          -- a claim in one call: CLAIM_FUNCTION
     axon_save_v3(session, start, ...)                    -- a save in one call: SAVE_FUNCTION
     axon_decide_v1(turn, complete, session, ...)         -- a decision's save: DECIDE_FUNCTION
-    axon_save_next_v2(session, start, ..., lease)        -- a last save and the next claim
+    axon_save_next_v3(session, start, ..., token)        -- a last save and the next claim
 
 One message is one row keyed by its index, as in the SQLite store: :meth:`save` deletes
 the rows from ``start`` on and inserts the new ones in one transaction, so persisting
@@ -164,15 +164,28 @@ class Fence:
     ``done`` with ``ends``, a :class:`Suspend` yes, and the call suspends the turn's row
     (then :attr:`on_commit` is called once it committed). Without it a fence with an
     :attr:`in_save` always saves in the transaction."""
-    claim_next: Callable[[], tuple[float, Callable[[Any], None]] | None] | None = attrs.field(
-        default=None, eq=False
-    )
+    claim_next: Callable[[], RidingClaim | None] | None = attrs.field(default=None, eq=False)
     """Asked right before a save that ends the turn in its call (:attr:`one_call` said
     ``True``) is sent: ``None``, or the claim of the next turn for this fence's owner
-    rides on it (:data:`SAVE_NEXT_FUNCTION`), with that lease in seconds, and the
-    call's result (in the binary format, the claim's columns from
-    :data:`SAVE_NEXT_CLAIM_AT` on) goes to the callable once the save is known
-    committed, before anything else runs on the event loop."""
+    rides on it (:data:`SAVE_NEXT_FUNCTION`), as the :class:`RidingClaim` says."""
+
+
+@attrs.frozen(kw_only=True, slots=True)
+class RidingClaim:
+    """The claim of the next turn riding on a turn's last save (:attr:`Fence.claim_next`)."""
+
+    lease: float
+    """The claimed turn's lease, in seconds."""
+    on_answer: Callable[[Any], None]
+    """Given the call's result (in the binary format, the claim's columns from
+    :data:`SAVE_NEXT_CLAIM_AT` on) once the save is known committed, before anything else
+    runs on the event loop."""
+    token: str
+    """The claiming call's token, kept by the row it claims (``axon_turns.claim_token``)."""
+    give_back: Callable[[Any], Any]
+    """Run on a connection when the save's answer was lost after its commit (its retry
+    found its own write): what the lost answer claimed is given back with its attempt,
+    as no worker knows it holds it."""
 
 
 @attrs.frozen(slots=True)
@@ -617,7 +630,8 @@ class PostgresStore:
                 *params[:10],
                 ends.encode() if ends is not None else None,
                 _TURNS_CHANNEL.encode(),
-                repr(float(asked[0])).encode(),
+                repr(float(asked.lease)).encode(),
+                asked.token.encode(),
             )
 
         sent = 0
@@ -641,7 +655,7 @@ class PostgresStore:
             if fence is not None:
                 steers.append(int(got[2]))
             if asked is not None:
-                asked[1](result)  # no schedule point since the answer: it is taken
+                asked.on_answer(result)  # no schedule point since the answer: it is taken
             return version
         if status == "lost":
             assert fence is not None
@@ -656,8 +670,14 @@ class PostgresStore:
                 # A retry of a call whose answer was lost after it committed (the
                 # connection died on the way back): the turn's row is as this very save
                 # left it, so the save is stored; it is not a lease lost. What a last
-                # save also claimed is not known here: that turn's lease runs out, and
-                # any worker takes it over (the claim's ``on_claimed`` never ran).
+                # save also claimed is not known here (the claim's ``on_claimed`` never
+                # ran): it is given back with its attempt, for the next claim to take.
+                if asked is not None:
+                    await self.run(
+                        f"{action}: what its lost answer claimed",
+                        asked.give_back,
+                        transaction=False,
+                    )
                 return await self._version_written(session_id, fence.turn_id)
             _check_fence_row(row, fence, session_id)
         if status == "conflict":
@@ -887,27 +907,10 @@ class PostgresStore:
         decision's save whose answer was lost after its commit. Another decider's identical
         decision, saved by the same kind of write, reads the same: the stored state is then
         what both asked for, and the retrying one is told so rather than refused."""
-
-        def read(conn: Any) -> tuple[int, tuple[Any, ...]] | None:
-            rows = conn.execute(
-                """SELECT s.version, m.body, m.xmin = s.xmin
-                FROM axon_sessions AS s JOIN axon_messages AS m
-                    ON m.session_id = s.session_id AND m.idx >= %s
-                WHERE s.session_id = %s ORDER BY m.idx""",
-                (start, session_id),
-            ).fetchall()
-            if not rows or not all(same for _, _, same in rows):
-                return None
-            if [bytes(body) for _, body, _ in rows] != [bytes(body) for body in bodies]:
-                return None
-            turn = conn.execute(
-                f"SELECT {', '.join(STATUS_COLUMNS)} FROM axon_turns WHERE turn_id = %s",
-                (turn_id,),
-            ).fetchone()
-            return None if turn is None else (int(rows[0][0]), tuple(turn))
-
         return await self.run(
-            f"what the decision's save of session {session_id!r} wrote", read, transaction=False
+            f"what the decision's save of session {session_id!r} wrote",
+            lambda conn: decision_written(conn, session_id, turn_id, start, bodies),
+            transaction=False,
         )
 
     async def _version_written(self, session_id: str, turn_id: str) -> int:
@@ -1004,6 +1007,29 @@ _MARK_TURN = (
 first save; a refused save rolls the mark back with everything else)."""
 
 
+def decision_written(
+    conn: Any, session_id: str, turn_id: str, start: int, bodies: Sequence[bytes]
+) -> tuple[int, tuple[Any, ...]] | None:
+    """:meth:`PostgresStore._decision_written`'s read on ``conn``: also run by a decision
+    saved in the transaction (:mod:`actors.stores.turn_decisions`), inside its retry."""
+    rows = conn.execute(
+        """SELECT s.version, m.body, m.xmin = s.xmin
+        FROM axon_sessions AS s JOIN axon_messages AS m
+            ON m.session_id = s.session_id AND m.idx >= %s
+        WHERE s.session_id = %s ORDER BY m.idx""",
+        (start, session_id),
+    ).fetchall()
+    if not rows or not all(same for _, _, same in rows):
+        return None
+    if [bytes(body) for _, body, _ in rows] != [bytes(body) for body in bodies]:
+        return None
+    turn = conn.execute(
+        f"SELECT {', '.join(STATUS_COLUMNS)} FROM axon_turns WHERE turn_id = %s",
+        (turn_id,),
+    ).fetchone()
+    return None if turn is None else (int(rows[0][0]), tuple(turn))
+
+
 def kept_cursor(conn: Any) -> Any:
     """A cursor kept on ``conn`` for the statements every turn sends (a save's lock and
     write, the finish in a last save, the claim): ``conn.execute`` makes a cursor per
@@ -1077,12 +1103,12 @@ _SAVE_NAME_ENDING: Final = b"axon_save_call_ending"
 _SAVE_FORMATS: Final = (0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0)
 _SAVE_NEXT_SQL: Final = (
     f"SELECT * FROM {SAVE_NEXT_FUNCTION_NAME}($1, $2, $3, $4, $5::int[], $6::text[], "
-    "$7::bytea[], $8, $9, $10, $11, $12, $13)"
+    "$7::bytea[], $8, $9, $10, $11, $12, $13, $14)"
 ).encode()
 """The call of a last save with the next claim riding on it (:data:`SAVE_NEXT_FUNCTION`;
 its answer in the binary format, as the claim's)."""
 _SAVE_NEXT_NAME: Final = b"axon_save_next_call"
-_SAVE_NEXT_FORMATS: Final = (0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0)
+_SAVE_NEXT_FORMATS: Final = (0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0)
 SAVE_NEXT_CLAIM_AT: Final = len(SAVE_NEXT_KINDS)
 """The column of :data:`SAVE_NEXT_FUNCTION`'s answer where the claim's columns begin."""
 _DECIDE_SQL: Final = (

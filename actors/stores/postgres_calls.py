@@ -42,12 +42,19 @@ SUPERSEDE: Final = """UPDATE axon_turns AS w SET status = 'done', finish_reason 
     expires_at = NULL, finished_at = clock_timestamp()"""
 """The waiting turn a later turn of its session supersedes (its ``WHERE`` follows)."""
 
-CLAIM_FUNCTION_NAME: Final = "axon_claim_v3"
+CLAIM_FUNCTION_NAME: Final = "axon_claim_v4"
 """The server-side function of a claim's common case (:data:`CLAIM_FUNCTION`); a new
 version of it gets a new name (a worker of the version before keeps calling its own:
 ``axon_claim_v1`` left a decided turn's continuation to the takeover transaction;
 ``axon_claim_v2``'s look for an expired lease read every running turn of the fleet, see
-:data:`CLAIM_FUNCTION`)."""
+:data:`CLAIM_FUNCTION`; ``axon_claim_v3`` left no mark of the call that claimed: a retry
+after a lost answer could not find its turn, see :data:`RESUMED_TOKEN`)."""
+
+RESUMED_TOKEN: Final = ":resumed"
+"""What a continuation's claim appends to its call's token in ``axon_turns.claim_token``
+(a started turn's and a takeover's hold the token as it is): a claim whose answer was
+lost after its commit is retried, and the retry gives back what the first try took
+(:func:`actors.stores.turn_claims.give_back`), a continuation as one again."""
 
 SESSION_COLUMNS: Final = (
     ("s_meta", "BYTEA"),
@@ -68,7 +75,7 @@ _NO_TURN = ", ".join(f"NULL::{kind}" for _, kind in CLAIMED_COLUMNS)
 _NO_SESSION = ", ".join(f"NULL::{kind}" for _, kind in SESSION_COLUMNS)
 
 CLAIM_FUNCTION: Final = f"""CREATE OR REPLACE FUNCTION {CLAIM_FUNCTION_NAME}(
-    p_owner TEXT, p_lease DOUBLE PRECISION, p_channel TEXT)
+    p_owner TEXT, p_lease DOUBLE PRECISION, p_channel TEXT, p_token TEXT DEFAULT NULL)
     RETURNS TABLE (o_expired BOOLEAN, o_stored BOOLEAN, o_resumed BOOLEAN, {_CLAIM_COLUMNS_OUT})
     LANGUAGE plpgsql SET enable_sort = off SET search_path FROM CURRENT AS $$
 DECLARE
@@ -97,7 +104,7 @@ BEGIN
         -- the session the decisions moved, read after the turn in the same call.
         RETURN QUERY WITH resumed AS (
             UPDATE axon_turns AS u SET owner = p_owner, epoch = u.epoch + 1, attempts = 1,
-                resume_pending = false,
+                resume_pending = false, claim_token = p_token || '{RESUMED_TOKEN}',
                 lease_until = clock_timestamp() + make_interval(secs => p_lease)
             WHERE u.turn_id = v_turn
             RETURNING u.*
@@ -124,7 +131,7 @@ BEGIN
         ORDER BY t.head_seq LIMIT 1 FOR UPDATE SKIP LOCKED
     ), started AS (
         UPDATE axon_turns AS u SET status = 'running', owner = p_owner,
-            epoch = u.epoch + 1, attempts = u.attempts + 1,
+            epoch = u.epoch + 1, attempts = u.attempts + 1, claim_token = p_token,
             lease_until = clock_timestamp() + make_interval(secs => p_lease),
             started_at = coalesce(u.started_at, clock_timestamp())
         WHERE u.turn_id = (SELECT head.turn_id FROM head) AND u.status = 'queued'
@@ -139,7 +146,9 @@ BEGIN
 END $$"""
 """A claim's common case in one call (issue 24 goal 3): no lease has expired, so the
 first claimable head in line starts (``o_expired`` false; no row: none is claimable);
-``o_stored`` says whether its session is stored. Where a worker's lease has expired it
+``o_stored`` says whether its session is stored. The row it claims keeps ``p_token``
+(the worker's token of the call) in ``claim_token``: a retry after a lost answer finds
+it there. Where a worker's lease has expired it
 only says so (``o_expired``), and the client takes the turn over in a transaction of its
 own. Where the first expired lease is a decided turn's (issue 21: the decision put it
 back with no owner and a lapsed lease, ``resume_pending``), it claims the continuation
@@ -313,10 +322,11 @@ One statement in autocommit where a save was a transaction of four or five round
 store's thread; PL/pgSQL keeps the plans of its statements per connection."""
 
 
-SAVE_NEXT_FUNCTION_NAME: Final = "axon_save_next_v2"
+SAVE_NEXT_FUNCTION_NAME: Final = "axon_save_next_v3"
 """The server-side function of a turn's last save that also claims the next turn for the
 slot the turn frees (:data:`SAVE_NEXT_FUNCTION`); a new version of it gets a new name
-(``axon_save_next_v1`` called ``axon_claim_v2``)."""
+(``axon_save_next_v1`` called ``axon_claim_v2``, ``axon_save_next_v2`` ``axon_claim_v3``,
+with no token)."""
 
 _SAVE_OUT = (
     ("o_status", "TEXT"),
@@ -346,7 +356,7 @@ SAVE_NEXT_FUNCTION: Final = f"""CREATE OR REPLACE FUNCTION {SAVE_NEXT_FUNCTION_N
     p_session TEXT, p_start INTEGER, p_expected BIGINT, p_meta BYTEA,
     p_idx INTEGER[], p_roles TEXT[], p_bodies BYTEA[],
     p_turn TEXT, p_owner TEXT, p_epoch BIGINT, p_ends TEXT, p_channel TEXT,
-    p_lease DOUBLE PRECISION)
+    p_lease DOUBLE PRECISION, p_token TEXT DEFAULT NULL)
     RETURNS TABLE ({_SAVE_NEXT_OUT}, {_SAVE_NEXT_CLAIM_OUT})
     LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 #variable_conflict use_variable
@@ -377,7 +387,7 @@ BEGIN
     -- the claim function's result is whole before a row of it is read).
     BEGIN
         RETURN QUERY SELECT o_status, o_version, o_steers, o_owner, o_epoch, o_turn_status,
-            c.* FROM {CLAIM_FUNCTION_NAME}(p_owner, p_lease, p_channel) AS c;
+            c.* FROM {CLAIM_FUNCTION_NAME}(p_owner, p_lease, p_channel, p_token) AS c;
         v_claimed := FOUND;
     EXCEPTION WHEN unique_violation THEN
         v_claimed := false;

@@ -83,6 +83,10 @@ _TURN_COLUMNS = (
     # How many steer submits named this running turn: its fenced saves read it, so its
     # worker reads the steering rows only when new ones came (runtime.turn_queue.SteerWatch).
     ("steers", "INTEGER NOT NULL DEFAULT 0"),
+    # The claim that last took the running turn (a token of the claiming call, drawn by
+    # its worker): a claim retried after its answer was lost finds the turn its first
+    # try took and gives it back with its attempt (actors.stores.turn_claims).
+    ("claim_token", "TEXT"),
 )
 """Columns the turn queue (:mod:`actors.stores.turns`) added after schema 1 shipped: a
 store created before them gains them on open, in place, without a version change. Each

@@ -11,6 +11,7 @@ nothing. :class:`_Renewer` renews on a connection of its own, from a lease threa
 from __future__ import annotations
 
 import contextlib
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any, Final
@@ -20,13 +21,19 @@ import attrs
 from actors.stores.postgres import (
     SAVE_NEXT_CLAIM_AT,
     Fence,
+    RidingClaim,
     Suspend,
     _retrying,
     kept_cursor,
     load_rows,
     read_row,
 )
-from actors.stores.postgres_calls import CLAIM_FUNCTION_NAME, CLAIMED_COLUMNS, SESSION_COLUMNS
+from actors.stores.postgres_calls import (
+    CLAIM_FUNCTION_NAME,
+    CLAIMED_COLUMNS,
+    RESUMED_TOKEN,
+    SESSION_COLUMNS,
+)
 from actors.stores.postgres_lane import CONNECT_TIMEOUT
 from actors.stores.turn_sql import (
     _COLUMNS,
@@ -172,14 +179,32 @@ class TurnClaiming:
             # workers one owner to the fences), as psycopg refused it before.
             raise StoreError(f"owner {owner!r} cannot be stored: no NUL, and UTF-8 text")
         action = f"claim by {owner!r}"
+        # The call's token, kept by the row it claims: a retry after a lost answer gives
+        # back what the first try took (:func:`give_back`), its attempt with it.
+        token = claim_token()
         # A store without a lane (a test's stand-in around ``run``) claims in a thread.
         found = (
-            await self._start_on_loop(action, owner) if hasattr(self.store, "_lane") else _EXPIRED
+            await self._start_on_loop(action, owner, token)
+            if hasattr(self.store, "_lane")
+            else _EXPIRED
         )
         if found is _EXPIRED:  # a takeover first, in a transaction, in a thread
-            take = partial(
-                _claim_on, owner=owner, lease=self.lease, max_attempts=self.max_attempts, load=load
-            )
+            tries = 0
+
+            def take(conn: Any) -> _Found | None:
+                nonlocal tries
+                tries += 1
+                if tries > 1:  # the try before may have committed: its answer was lost
+                    give_back(conn, owner, token)
+                return _claim_on(
+                    conn,
+                    owner=owner,
+                    lease=self.lease,
+                    max_attempts=self.max_attempts,
+                    load=load,
+                    token=token,
+                )
+
             found = await self.store.run(action, take, transaction=False)
             if found is None:
                 return None
@@ -235,23 +260,38 @@ class TurnClaiming:
             )
         )
 
-    async def _start_on_loop(self, action: str, owner: str) -> Any:
+    async def _start_on_loop(self, action: str, owner: str, token: str) -> Any:
         """The claim's function called from the event loop
         (:class:`~actors.stores.postgres_lane.LoopLane`: no thread): the started turn as
         :func:`_start_head` says it, ``None`` when none is claimable (or a concurrent
         claim started the session's other turn: the unique index refused this one), or
         :data:`_EXPIRED`; or a decided turn's continuation, claimed with its session's
-        rows (``RESUMED``)."""
+        rows (``RESUMED``). A call retried after a connection failure first gives back
+        what the failed one may have claimed and committed (:func:`give_back`)."""
         import psycopg
 
         store = self.store
         if store._closed:
             raise StoreError(f"session store {store.url} is closed")
-        params = (owner.encode(), repr(float(self.lease)).encode(), TURNS_CHANNEL.encode())
+        params = (
+            owner.encode(),
+            repr(float(self.lease)).encode(),
+            TURNS_CHANNEL.encode(),
+            token.encode(),
+        )
+        sent = 0
 
         async def once() -> Any:
+            nonlocal sent
+            sent += 1
+            if sent > 1:
+                await store.run(
+                    f"{action}: what its lost answer claimed",
+                    partial(give_back, owner=owner, token=token),
+                    transaction=False,
+                )
             try:
-                return await store._lane.call(_CLAIM_NAME, _CLAIM_SQL, params, (0, 0, 0), 1)
+                return await store._lane.call(_CLAIM_NAME, _CLAIM_SQL, params, (0, 0, 0, 0), 1)
             except psycopg.errors.UniqueViolation:
                 return None
 
@@ -424,12 +464,18 @@ class TurnClaiming:
             if done is not None:
                 done()
 
-        def next_claim() -> tuple[float, Callable[[Any], None]] | None:
+        def next_claim() -> RidingClaim | None:
             # Only for a call that ends the turn (its slot is freed with the commit) and
             # when the worker will run another turn in the slot.
             if claim_next is None or not ended or not claim_next.wanted():
                 return None
-            return self.lease, partial(self._next_claimed, claim_next, claim.owner)
+            token = claim_token()
+            return RidingClaim(
+                lease=self.lease,
+                on_answer=partial(self._next_claimed, claim_next, claim.owner),
+                token=token,
+                give_back=partial(give_back, owner=claim.owner, token=token),
+            )
 
         writes = on_suspended is not None or on_finished is not None or steered != ()
         fence = Fence(
@@ -568,6 +614,7 @@ def _claim_on(
     lease: float,
     max_attempts: int,
     load: Callable[[str], bool] | None,
+    token: str | None = None,
 ) -> _Found | None:
     """:meth:`TurnClaiming.claim`'s work on ``conn`` (in autocommit, in the store's
     thread): a head started by one call of the claim's function when no lease has
@@ -582,10 +629,10 @@ def _claim_on(
     import psycopg
 
     try:
-        found = _start_head(conn, owner, lease)
+        found = _start_head(conn, owner, lease, token)
         if found is _EXPIRED:
             with conn.transaction():
-                found = _take_expired_or_start(conn, owner, lease, max_attempts)
+                found = _take_expired_or_start(conn, owner, lease, max_attempts, token)
     except psycopg.errors.UniqueViolation:
         return None
     if found is None or found[1] == RESUMED:  # a continuation's claim read the session
@@ -598,19 +645,23 @@ def _claim_on(
     return row, how, load_rows(conn, row[1]) if rows is None else rows
 
 
-def _take_expired_or_start(conn: Any, owner: str, lease: float, max_attempts: int) -> _Found | None:
+def _take_expired_or_start(
+    conn: Any, owner: str, lease: float, max_attempts: int, token: str | None = None
+) -> _Found | None:
     """In a claim's transaction: an expired lease taken over (:func:`_take_expired`),
     else a head started; a lease that expired between the two looks goes round again."""
     while True:
-        found = _take_expired(conn, owner, lease, max_attempts)
+        found = _take_expired(conn, owner, lease, max_attempts, token)
         if found is not None:
             return found
-        started = _start_head(conn, owner, lease)
+        started = _start_head(conn, owner, lease, token)
         if started is not _EXPIRED:
             return started
 
 
-def _take_expired(conn: Any, owner: str, lease: float, max_attempts: int) -> _Found | None:
+def _take_expired(
+    conn: Any, owner: str, lease: float, max_attempts: int, token: str | None = None
+) -> _Found | None:
     """A running turn whose lease expired, taken over by ``owner`` (or, decided while it
     waited, its continuation's first run); one that used ``max_attempts`` fails instead
     and the walk goes on. ``None``: no lease has expired. Leaves sorting off for the
@@ -646,11 +697,11 @@ def _take_expired(conn: Any, owner: str, lease: float, max_attempts: int) -> _Fo
             # milliseconds, not a fraction of one.
             resumed = conn.execute(
                 f"""UPDATE axon_turns SET owner = %s, epoch = epoch + 1, attempts = 1,
-                    resume_pending = false,
+                    resume_pending = false, claim_token = %s || '{RESUMED_TOKEN}',
                     lease_until = clock_timestamp() + make_interval(secs => %s)
                 WHERE turn_id = %s
                 RETURNING {_COLUMNS}, set_config('enable_sort', 'on', true)""",
-                (owner, lease, turn_id),
+                (owner, token, lease, turn_id),
             ).fetchone()[:-1]
             # The decisions moved the session: read it here, not in a load of its
             # own before the continuation's first step (a thread hop and a pool
@@ -659,10 +710,10 @@ def _take_expired(conn: Any, owner: str, lease: float, max_attempts: int) -> _Fo
         if attempts < max_attempts:
             taken = conn.execute(
                 f"""UPDATE axon_turns SET owner = %s, epoch = epoch + 1,
-                    attempts = attempts + 1,
+                    attempts = attempts + 1, claim_token = %s,
                     lease_until = clock_timestamp() + make_interval(secs => %s)
                 WHERE turn_id = %s RETURNING {_COLUMNS}""",
-                (owner, lease, turn_id),
+                (owner, token, lease, turn_id),
             ).fetchone()
             return taken, TAKEOVER, None
         conn.execute(
@@ -682,8 +733,8 @@ def _take_expired(conn: Any, owner: str, lease: float, max_attempts: int) -> _Fo
 _EXPIRED: Final[Any] = ("expired",)
 """What :func:`_start_head` says when a lease has expired: it started nothing."""
 
-_CLAIM = f"SELECT * FROM {CLAIM_FUNCTION_NAME}(%s, %s, %s)"
-_CLAIM_SQL: Final = f"SELECT * FROM {CLAIM_FUNCTION_NAME}($1, $2, $3)".encode()
+_CLAIM = f"SELECT * FROM {CLAIM_FUNCTION_NAME}(%s, %s, %s, %s)"
+_CLAIM_SQL: Final = f"SELECT * FROM {CLAIM_FUNCTION_NAME}($1, $2, $3, $4)".encode()
 """The claim's function as :class:`~actors.stores.postgres_lane.LoopLane` prepares it (the
 parameters as text; the answer in the binary format)."""
 _CLAIM_NAME: Final = b"axon_claim_call"
@@ -728,13 +779,13 @@ def _utf8(text: str) -> bool:
     return True
 
 
-def _start_head(conn: Any, owner: str, lease: float) -> _Found | None:
+def _start_head(conn: Any, owner: str, lease: float, token: str | None = None) -> _Found | None:
     """The first claimable head in line, started by ``owner`` in one call of the claim's
     function (``None``: none is; :data:`_EXPIRED`: a lease has expired, take it over
     first); its session's rows ``[]`` when the session is not stored (nothing to read),
     else ``None`` (not read). Or a decided turn's continuation, which the function
     claims (before any head) with its session's rows."""
-    got = kept_cursor(conn).execute(_CLAIM, (owner, float(lease), TURNS_CHANNEL)).fetchall()
+    got = kept_cursor(conn).execute(_CLAIM, (owner, float(lease), TURNS_CHANNEL, token)).fetchall()
     if not got:
         return None
     started = got[0]
@@ -745,3 +796,37 @@ def _start_head(conn: Any, owner: str, lease: float) -> _Found | None:
         return turn, RESUMED, [tuple(r[_SESSION_AT:]) for r in got[1:]]
     # Whether its session is stored rides along: a first turn's claim need not read it.
     return turn, STARTED, None if started[1] else []
+
+
+def claim_token() -> str:
+    """A new token for one claiming call (its tries share it): the row it claims keeps
+    it (``axon_turns.claim_token``), so a retry finds what a lost answer claimed."""
+    return uuid.uuid4().hex
+
+
+_GIVE_BACK: Final = f"""WITH w AS (
+        UPDATE axon_turns SET owner = NULL,
+            lease_until = clock_timestamp() - interval '1 second',
+            attempts = CASE WHEN claim_token = %s THEN greatest(attempts - 1, 0)
+                ELSE attempts END,
+            resume_pending = claim_token <> %s, claim_token = NULL
+        WHERE status = 'running' AND owner = %s AND claim_token IN (%s, %s || '{RESUMED_TOKEN}')
+        RETURNING turn_id
+    )
+    SELECT pg_notify(%s, current_schema() || ':' || w.turn_id) FROM w"""
+
+
+def give_back(conn: Any, owner: str, token: str) -> int:
+    """What a claiming call of ``owner`` with ``token`` claimed, given back (in
+    autocommit, one statement): the call committed but its answer was lost (the
+    connection died on the way back), so no worker knows it holds the turn, and its
+    lease would lapse into a takeover that counts a second attempt, or fails the turn as
+    poison at ``max_attempts`` 1, though no worker ever ran it. It goes back as a
+    release leaves a turn (no owner, its lease lapsed: the next claim takes it over at
+    once) with the attempt the lost call counted, or, a decided turn's continuation, as
+    its decision left it (``resume_pending``). Found by the token the call wrote
+    (:data:`~actors.stores.postgres_calls.RESUMED_TOKEN` marks a continuation's) and the
+    owner, never another call's claim. How many rows it gave back (0 or 1): none when
+    the lost call never committed, or claimed nothing."""
+    rows = conn.execute(_GIVE_BACK, (token, token, owner, token, token, TURNS_CHANNEL)).fetchall()
+    return len(rows)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
-from actors.stores.postgres import LockedSession
+from actors.stores.postgres import LockedSession, decision_written
 from actors.stores.turn_sql import (
     _STATUS_COLUMNS,
     _SUSPEND,
@@ -24,6 +24,7 @@ from actors.stores.turn_sql import (
     _status,
     _write_once,
 )
+from actors.stores.validation import encode_rows
 from runtime.approval import Decision, PendingCall, record_decision
 from runtime.errors import AlreadyDecided
 from runtime.messages import Message
@@ -37,6 +38,17 @@ if TYPE_CHECKING:
 EXPIRY_HOLD: Final = 60.0
 """Seconds a waiting turn handed out by :meth:`TurnQueue.take_expired` is held back from
 other workers (one that died meanwhile leaves it to the next look after that)."""
+
+
+class _Written(Exception):
+    """Raised by a decision's guard, in a retried transaction, that found the try before
+    committed this very decision: the retry ends there (rolled back: it wrote nothing)
+    and the decision is reported recorded, at the version that write gave the session."""
+
+    def __init__(self, *, version: int, row: tuple[Any, ...]) -> None:
+        super().__init__(version)
+        self.version = version
+        self.row = row
 
 
 class TurnDecisions:
@@ -117,22 +129,42 @@ class TurnDecisions:
                     _refuse_decision(row, session_id, call)
                 # "meta": merged by the client, in the transaction below
 
+            tries = 0
+
             def guard(conn: Any) -> LockedSession | None:
+                nonlocal tries
+                tries += 1
+                if tries > 1:
+                    # A retry (the store retries a connection's failure): the try before
+                    # may have committed and lost only its answer. Its own write found,
+                    # the decision is recorded; told "already decided", the person whose
+                    # decision is the one stored would try again or give up. Recognised
+                    # as the one call's retry recognises it: by what the session's last
+                    # write stored (another's different decision is refused below).
+                    bodies = [row[3] for row in encode_rows(session_id, start, messages)]
+                    mine = decision_written(conn, session_id, call.turn_id, start, bodies)
+                    if mine is not None:
+                        raise _Written(version=mine[0], row=mine[1])
                 status, locked = _resume_if_decided(conn, session_id, call, complete)
                 rows.append(status)
                 return locked
 
-            return await self.store.save(
-                session_id,
-                start,
-                messages,
-                meta,
-                expected_version=expected_version,
-                guard=guard,
-                # Not the turn's own write: a worker running the turn (its step's commit
-                # suspended the row a moment ago) must not fence out the decision for it.
-                unfenced=True,
-            )
+            try:
+                return await self.store.save(
+                    session_id,
+                    start,
+                    messages,
+                    meta,
+                    expected_version=expected_version,
+                    guard=guard,
+                    # Not the turn's own write: a worker running the turn (its step's
+                    # commit suspended the row a moment ago) must not fence out the
+                    # decision for it.
+                    unfenced=True,
+                )
+            except _Written as written:
+                rows.append(_status(written.row))
+                return written.version
 
         recorded = await record_decision(self.store, session_id, key, decision, tools, save=save)
         return Decided(recorded=recorded, turn=rows[-1])

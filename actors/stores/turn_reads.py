@@ -17,6 +17,7 @@ import trio
 from actors.stores.turn_sql import _COLUMNS, _STATUS_COLUMNS, _status
 from runtime import serde
 from runtime.errors import StoreCorrupt
+from runtime.history import off_loop_limiter
 from runtime.messages import UserContent
 from runtime.store import validate_session_id
 from runtime.turn_queue import QueuedTurn, TurnOptions, TurnStatus
@@ -133,7 +134,8 @@ class TurnReads:
         """:meth:`_decode`, in a thread when the input is large (see :data:`DECODE_INLINE`)."""
         if len(row[3]) + len(row[-1]) <= DECODE_INLINE:
             return self._decode(row)
-        return await trio.to_thread.run_sync(self._decode, row)
+        # Not trio's default limiter: runtime.history.off_loop_limiter says why.
+        return await trio.to_thread.run_sync(self._decode, row, limiter=off_loop_limiter())
 
     def _decode(self, row: tuple[Any, ...]) -> QueuedTurn:
         (

@@ -47,8 +47,16 @@ class _Submission:
     options_json: bytes
     regenerate: bool
     on_busy: OnBusy | None
-    check_room: Callable[[Any, str, str | None, str], None]
-    """The queue's caps (:meth:`TurnQueue._check_room`)."""
+    check_room: Callable[[Any, str, str | None, str, bool], None]
+    """The queue's caps before the insert (:meth:`TurnQueue._check_room`)."""
+    check_total: Callable[[Any], None]
+    """The queue's total cap after the insert (:meth:`TurnQueue._check_total`)."""
+
+    @property
+    def large(self) -> bool:
+        """Whether the row is large enough (:data:`LARGE_ROW`) that a submit the total cap
+        will refuse should be refused before its insert, not after."""
+        return len(self.body) + len(self.options_json) + len(self.meta_json) > LARGE_ROW
 
     def insert(self, conn: Any, key: str | None, regenerate: bool) -> tuple[Any, ...]:
         """Insert the turn (after the busy strategy and the caps), or find its twin."""
@@ -58,7 +66,7 @@ class _Submission:
         steer_of = None  # (row locks first here too: the running turn's count of steers)
         if on_busy == STEER and not regenerate:
             steer_of = _steer_running(conn, session_id)
-        self.check_room(conn, session_id, key, turn_id)
+        self.check_room(conn, session_id, key, turn_id, self.large)
         if on_busy == REJECT and _busy(conn, session_id):
             raise SessionBusy(f"session {session_id!r} is already running a turn")
         row = conn.execute(
@@ -80,6 +88,7 @@ class _Submission:
             ),
         ).fetchone()
         if row is not None:
+            self.check_total(conn)  # counting this row, under the queue's lock
             _notify_turns(conn, turn_id)
             return tuple(row)
         where, value = ("idempotency_key", key) if key is not None else ("turn_id", turn_id)
@@ -219,6 +228,7 @@ class TurnSubmitting:
             regenerate=regenerate,
             on_busy=on_busy,
             check_room=self._check_room,
+            check_total=self._check_total,
         )
         row = await self.store.run(f"submit to session {session_id!r}", submission.run)
         turn = await self._decoded(row)
@@ -235,13 +245,24 @@ class TurnSubmitting:
         return turn
 
     def _check_room(
-        self, conn: Any, session_id: str, idempotency_key: str | None, turn_id: str
+        self,
+        conn: Any,
+        session_id: str,
+        idempotency_key: str | None,
+        turn_id: str,
+        large: bool = False,
     ) -> None:
-        """In the submit's transaction: raise :class:`QueueFull` when the session or the
-        queue is at its cap. Takes the session's lock (the one the head trigger takes,
-        :data:`actors.stores.postgres_tables._HEAD_TRIGGER`), then the queue's, each held to
-        the commit, so two racing submits count each other. A submit that repeats one
-        already stored (same key or turn id) is never refused: it returns its turn."""
+        """In the submit's transaction, before its insert: raise :class:`QueueFull` when
+        the session is at its cap. Takes the session's lock (the one the head trigger
+        takes, :data:`actors.stores.postgres_tables._HEAD_TRIGGER`), held to the commit,
+        so two racing submits of the session count each other. A submit that repeats one
+        already stored (same key or turn id) is never refused: it returns its turn.
+
+        The queue's total cap is checked after the insert (:meth:`_check_total`), under
+        the queue's lock, so that no submit holds that lock, which every submit of the
+        fleet takes, while its row (megabytes, maybe: a client's history) is sent and
+        written. A ``large`` row is first looked at here, without the lock: a queue
+        already at its cap refuses it before it is sent, not after it was written."""
         per_session, total = self.max_queued_per_session, self.max_queued
         if per_session is None and total is None:
             return
@@ -274,24 +295,50 @@ class TurnSubmitting:
                     limit=per_session,
                     retry_after=self.retry_after,
                 )
-        if total is not None:
-            conn.execute(
-                "SELECT pg_advisory_xact_lock("
-                "hashtextextended('axon_turns:' || current_schema(), 0))"
-            )
-            (count,) = conn.execute(
-                """SELECT count(*) FROM (SELECT 1 FROM axon_turns
-                WHERE status = 'queued' ORDER BY seq LIMIT %s) AS q""",
-                (total,),
-            ).fetchone()
+        if total is not None and large:  # a look without the lock: refused early
+            (count,) = conn.execute(_COUNT_QUEUED, (total,)).fetchone()
             if count >= total:
-                raise QueueFull(
-                    f"the turn queue already holds {count} queued turns (the limit); "
-                    f"retry after {self.retry_after:g} s",
-                    scope="total",
-                    limit=total,
-                    retry_after=self.retry_after,
-                )
+                raise self._queue_full(count, total)
+
+    def _check_total(self, conn: Any) -> None:
+        """In the submit's transaction, right after its insert (the row queued, not yet
+        committed): raise :class:`QueueFull`, which rolls the insert back, when the queue
+        holds more than its cap counting this row. Takes the queue's lock first, held to
+        the commit: the count (a statement after the lock, so a snapshot after every
+        submit that held it before committed) sees every turn queued before, and every
+        submit after waits for this one's commit and counts its row, so racing submits,
+        of one process or many, never pass the cap. The lock is taken after the row is
+        written, not before: the insert of a large row (its transfer, its compression,
+        its WAL) holds no other submit of the fleet."""
+        total = self.max_queued
+        if total is None:
+            return
+        conn.execute(
+            "SELECT pg_advisory_xact_lock(hashtextextended('axon_turns:' || current_schema(), 0))"
+        )
+        (count,) = conn.execute(_COUNT_QUEUED, (total + 1,)).fetchone()
+        if count > total:
+            raise self._queue_full(count - 1, total)
+
+    def _queue_full(self, count: int, total: int) -> QueueFull:
+        return QueueFull(
+            f"the turn queue already holds {count} queued turns (the limit); "
+            f"retry after {self.retry_after:g} s",
+            scope="total",
+            limit=total,
+            retry_after=self.retry_after,
+        )
+
+
+LARGE_ROW = 64 * 1024
+"""Bytes of a submit's input, options and meta past which the queue's total cap is looked
+at before the insert too (:meth:`TurnSubmitting._check_room`): a refused row of that size
+is not worth sending and writing only to roll it back; a small one is, the look costing
+more than the insert."""
+
+_COUNT_QUEUED = """SELECT count(*) FROM (SELECT 1 FROM axon_turns
+    WHERE status = 'queued' ORDER BY seq LIMIT %s) AS q"""
+"""The queued turns, up to a limit: reads at most that many index entries."""
 
 
 def _sha256(data: bytes) -> str:

@@ -18,7 +18,7 @@ import trio
 
 from runtime import serde
 from runtime.errors import StoreConflict, StoreCorrupt, StoreError
-from runtime.history import OFF_LOOP_MESSAGES
+from runtime.history import OFF_LOOP_MESSAGES, off_loop_limiter
 from runtime.messages import Message
 from runtime.store import validate_session_id
 
@@ -95,7 +95,13 @@ async def encoded_off_loop(
     snapshot = tuple(messages)
     meta_copy = dict(meta) if isinstance(meta, Mapping) else meta
     return await trio.to_thread.run_sync(
-        _checked_and_encoded, session_id, start, snapshot, meta_copy, expected_version
+        _checked_and_encoded,
+        session_id,
+        start,
+        snapshot,
+        meta_copy,
+        expected_version,
+        limiter=off_loop_limiter(),  # not trio's default: runtime.history.off_loop_limiter
     )
 
 

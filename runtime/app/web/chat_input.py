@@ -229,7 +229,9 @@ async def read_chat_request(
             raise ApiError(400, "answering a turn that waits for input is not supported here yet")
         text: UserContent = ""
     elif large:
-        text = await trio.to_thread.run_sync(_last_user_input, messages)
+        text = await trio.to_thread.run_sync(
+            _last_user_input, messages, limiter=state.parse_limiter
+        )
     else:
         text = _last_user_input(messages)
     trigger = payload.get("trigger", "submit-message")

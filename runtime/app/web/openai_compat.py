@@ -324,7 +324,7 @@ class OpenAIRoutes:
             agent = state.agent_for(scratch_id)
             _check_media(chat.input, agent)
             try:
-                history = await checked_off_loop(chat.history)
+                history = await checked_off_loop(chat.history, limiter=state.parse_limiter)
             except InvalidHistory as exc:
                 raise bad_request(str(exc), "messages") from None
             return Stateless(self.scratch, agent, scratch_id, history, respond)
@@ -346,7 +346,7 @@ class OpenAIRoutes:
             session_id = new_id("session")
             _check_media(chat.input, state.agent_for(session_id))
             try:
-                history = await checked_off_loop(chat.history)
+                history = await checked_off_loop(chat.history, limiter=state.parse_limiter)
             except InvalidHistory as exc:
                 raise bad_request(str(exc), "messages") from None
             options = TurnOptions(history=history or None, ephemeral=True)
