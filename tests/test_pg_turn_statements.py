@@ -1059,6 +1059,55 @@ async def test_a_turns_end_wakes_the_workers_for_its_sessions_next_turn(store_an
         listening.close()
 
 
+async def _suspended_by_its_step(store: PostgresStore, queue: TurnQueue) -> Claim:
+    """A claimed turn of session ``s`` suspended by the save of its step that waits for
+    approval (one call of the save function); its claim."""
+    claim = await queue.claim("w1")
+    assert claim is not None and claim.turn.session_id == "s"
+    with queue.fenced(claim, on_suspended=lambda: None):
+        messages = _waiting_step(claim.turn.turn_id, claim.turn.message_id)
+        await store.save("s", 0, messages, {WAITING_META: 1}, expected_version=0)
+    assert (await queue.get_status(claim.turn.turn_id)).status == "awaiting-input"  # type: ignore[union-attr]
+    return claim
+
+
+async def test_a_suspension_wakes_no_worker_when_nothing_of_its_session_is_queued(
+    pg_url, store_and_queue
+):
+    """A suspended turn frees its session and nothing else (its own worker claims again
+    when its slot frees): every worker listens, and a wake-up for nothing cost each a
+    signal, its LISTEN backend's read and a claim that found nothing (``axon_save_v3``
+    woke them at every suspension)."""
+    store, queue = store_and_queue
+    await queue.submit("s", "one")
+    await store.save("warm", 0, said("a"))  # the loop's connection opened
+    listening = _Listening(store)
+    try:
+        await _suspended_by_its_step(store, queue)
+        assert listening.told() == []
+    finally:
+        listening.close()
+
+
+async def test_a_suspension_wakes_the_workers_for_its_sessions_next_turn(store_and_queue):
+    """A message sent while the turn ran is queued behind it, and claimable once the turn
+    waits (it supersedes the wait): the suspension wakes the workers for it, as a turn's
+    end does."""
+    store, queue = store_and_queue
+    await queue.submit("s", "one")
+    await queue.submit("s", "two")
+    listening = _Listening(store)
+    try:
+        suspended = await _suspended_by_its_step(store, queue)
+        assert listening.told() == [suspended.turn.turn_id]
+        nxt = await queue.claim("w2")
+        assert nxt is not None and nxt.turn.input == "two"
+        row = await queue.get_status(suspended.turn.turn_id)
+        assert row is not None and (row.status, row.finish_reason) == ("done", "superseded")
+    finally:
+        listening.close()
+
+
 def submit_held_open(store: PostgresStore) -> psycopg.Connection:
     """A connection that inserted turn ``t2`` of session ``s`` as a submit does, its
     transaction held open: the head trigger holds the session's lock until its commit."""
