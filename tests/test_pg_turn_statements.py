@@ -712,7 +712,12 @@ async def test_a_decision_is_the_sessions_read_and_one_call(pg_url, statements):
         record = await store.load("s")
         assert record is not None and record.version == decided.recorded.version
         assert record.meta == {WAITING_META: 0}
-        assert record.messages == decided.recorded.messages
+        assert decided.recorded.messages is None  # it read the last turn, not the whole
+        call = record.messages[1].content[0]
+        assert call.awaiting is not None and (call.awaiting.decided, call.awaiting.approved) == (
+            True,
+            True,
+        )
         with pytest.raises(AlreadyDecided):
             await queue.decide("s", "ap1", Decision(approved=False), {})
         with pytest.raises(UnknownApproval):

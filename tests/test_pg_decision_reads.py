@@ -1,0 +1,199 @@
+"""What a person's decision reads in the worker deployment (issue 21), counted.
+
+A decision (:meth:`TurnQueue.decide <actors.stores.turns.TurnQueue.decide>`) looks at
+the calls the session's last turn waits for and saves from that turn's assistant message
+on. It read the whole session for it, in a thread: every message of a long session
+decoded for one decision. It reads the last turn, from the event loop, and keeps every
+refusal what it was (an unknown or another session's id 404, a decided one 409, nothing
+written) by reading the whole session only for a key the last turn does not wait for.
+Counts, not timings: messages decoded, thread hops, statements.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+import trio
+
+import actors.stores.postgres as postgres_module
+from actors.stores.postgres import PostgresStore
+from actors.stores.postgres_lane import LoopLane
+from actors.stores.turns import TurnQueue
+from runtime.approval import WAITING_META, Decision
+from runtime.errors import AlreadyDecided, UnknownApproval
+from runtime.messages import (
+    AssistantMessage,
+    Awaiting,
+    Message,
+    TextPart,
+    ToolCallPart,
+    ToolMessage,
+    UserMessage,
+)
+from runtime.turn_queue import Claim
+
+EARLIER = 100
+"""Earlier turns of the session (a user message and an answer each) before the one that
+waits."""
+
+
+@pytest.fixture
+async def store_and_queue(pg_url: str) -> AsyncIterator[tuple[PostgresStore, TurnQueue]]:
+    store = await PostgresStore.open(pg_url)
+    queue = TurnQueue(store, lease=30.0, max_attempts=3)
+    try:
+        yield store, queue
+    finally:
+        await queue.aclose()
+        await store.aclose()
+
+
+@pytest.fixture
+def counted(monkeypatch: pytest.MonkeyPatch) -> Iterator[collections.Counter[str]]:
+    """Messages decoded by the PostgreSQL store, thread hops, and statements sent from the
+    event loop (:class:`LoopLane`), from here on."""
+    counts: collections.Counter[str] = collections.Counter()
+    decode = postgres_module.decode_message
+
+    def decoded(*args: Any, **kwargs: Any) -> Any:
+        counts["decoded"] += 1
+        return decode(*args, **kwargs)
+
+    monkeypatch.setattr(postgres_module, "decode_message", decoded)
+    run_sync = trio.to_thread.run_sync
+
+    async def hop(*args: Any, **kwargs: Any) -> Any:
+        counts["thread hops"] += 1
+        return await run_sync(*args, **kwargs)
+
+    monkeypatch.setattr(trio.to_thread, "run_sync", hop)
+    call = LoopLane.call
+
+    async def sent(self: Any, name: bytes, sql: bytes, *args: Any) -> Any:
+        counts["loop statements"] += 1
+        return await call(self, name, sql, *args)
+
+    monkeypatch.setattr(LoopLane, "call", sent)
+    yield counts
+
+
+def _earlier_turns() -> list[Message]:
+    """``EARLIER`` turns, the first of which asked for an approval (``old``), decided and
+    answered then."""
+    asked = ToolCallPart(
+        tool_call_id="c0",
+        tool_name="delete",
+        input={},
+        step=0,
+        awaiting=Awaiting(kind="approval", id="old", turn_id="t0", decided=True, approved=True),
+    )
+    out: list[Message] = [
+        UserMessage(content="first"),
+        AssistantMessage(content=(asked,)),
+        ToolMessage(tool_call_id="c0", tool_name="delete", step=0, output="gone"),
+    ]
+    for i in range(1, EARLIER):
+        out.append(UserMessage(content=f"q{i}"))
+        out.append(AssistantMessage(content=(TextPart(text=f"a{i}", step=0),)))
+    return out
+
+
+async def _waiting_after_history(store: PostgresStore, queue: TurnQueue) -> Claim:
+    """Session ``s`` with its earlier turns stored, then a turn whose step waits for
+    approval ``ap1`` (suspended by that step's save); its claim."""
+    history = _earlier_turns()
+    version = await store.save("s", 0, history)
+    turn = await queue.submit("s", "now")
+    claim = await queue.claim("w1")
+    assert claim is not None and claim.turn.turn_id == turn.turn_id
+    call = ToolCallPart(
+        tool_call_id="c1",
+        tool_name="delete",
+        input={},
+        step=0,
+        awaiting=Awaiting(kind="approval", id="ap1", turn_id=turn.turn_id),
+    )
+    step = [UserMessage(content="now"), AssistantMessage(id=claim.turn.message_id, content=(call,))]
+    with queue.fenced(claim, on_suspended=lambda: None):
+        await store.save("s", len(history), step, {WAITING_META: 1}, expected_version=version)
+    return claim
+
+
+async def test_a_decision_decodes_its_sessions_last_turn_only_on_the_loop(
+    store_and_queue, counted
+):
+    """Two statements from the event loop (the last turn's read, the decision's
+    function), the one message of the last turn decoded, no thread: a decision on a
+    session of 201 earlier messages decoded all 203 of them, in a thread's read."""
+    store, queue = store_and_queue
+    await _waiting_after_history(store, queue)
+    before = await store.load("s")
+    assert before is not None
+    await store.save("warm", 0, [UserMessage(content="a")])  # the loop's connection opened
+    counted.clear()
+    decided = await queue.decide("s", "ap1", Decision(approved=True), {})
+    assert dict(counted) == {"loop statements": 2, "decoded": 1}, counted
+    assert decided.recorded.complete and decided.turn.status == "running"
+    assert decided.recorded.messages is None  # no whole history was read
+    after = await store.load("s")
+    assert after is not None and after.version == decided.recorded.version
+    assert after.messages[:-1] == before.messages[:-1]  # the earlier turns untouched
+    call = after.messages[-1].content[0]
+    assert isinstance(call, ToolCallPart) and call.awaiting is not None
+    assert (call.awaiting.decided, call.awaiting.approved) == (True, True)
+    claim = await queue.claim("w2")  # the continuation reads what the decision stored
+    assert claim is not None and claim.resumed and claim.stored == after
+
+
+async def test_a_decisions_refusals_on_a_long_session_are_what_they_were(store_and_queue):
+    """A key the last turn does not wait for is looked up in the whole history before it
+    is refused: an earlier turn's call (decided then) is 409, a key no call of the
+    session ever waited for and another session's are 404, a call of the last turn
+    decided already is 409; none of them writes anything."""
+    store, queue = store_and_queue
+    await _waiting_after_history(store, queue)
+    stored = await store.load("s")
+    with pytest.raises(AlreadyDecided):
+        await queue.decide("s", "old", Decision(approved=False), {})
+    with pytest.raises(UnknownApproval):
+        await queue.decide("s", "nobody", Decision(approved=False), {})
+    with pytest.raises(UnknownApproval):
+        await queue.decide("other", "ap1", Decision(approved=False), {})
+    assert await store.load("s") == stored  # nothing written
+    await queue.decide("s", "ap1", Decision(approved=False, reason="no"), {})
+    decided = await store.load("s")
+    with pytest.raises(AlreadyDecided):
+        await queue.decide("s", "ap1", Decision(approved=True), {})
+    assert await store.load("s") == decided
+
+
+async def test_a_decision_after_the_session_moved_decides_on_what_it_holds(
+    store_and_queue, monkeypatch
+):
+    """A later message superseded the waiting turn between the decision's read of the
+    last turn and its save: the version check refuses the save, the next attempt reads
+    the last turn again, which waits for nothing, and the decision is refused (409)."""
+    store, queue = store_and_queue
+    claim = await _waiting_after_history(store, queue)
+    read = TurnQueue._last_turn
+    moved: list[bool] = []
+
+    async def then_superseded(self: Any, session_id: str) -> Any:
+        got = await read(self, session_id)
+        if not moved:
+            moved.append(True)
+            await queue.submit("s", "instead")
+            later = await queue.claim("w2")  # supersedes the wait
+            assert later is not None and later.turn.input == "instead"
+            with queue.fenced(later):
+                await store.save("s", got[0] + 1, [UserMessage(content="instead")])
+        return got
+
+    monkeypatch.setattr(TurnQueue, "_last_turn", then_superseded)
+    with pytest.raises(AlreadyDecided):
+        await queue.decide("s", "ap1", Decision(approved=True), {})
+    row = await queue.get_status(claim.turn.turn_id)
+    assert row is not None and (row.status, row.finish_reason) == ("done", "superseded")
