@@ -122,9 +122,7 @@ async def _waiting_after_history(store: PostgresStore, queue: TurnQueue) -> Clai
     return claim
 
 
-async def test_a_decision_decodes_its_sessions_last_turn_only_on_the_loop(
-    store_and_queue, counted
-):
+async def test_a_decision_decodes_its_sessions_last_turn_only_on_the_loop(store_and_queue, counted):
     """Two statements from the event loop (the last turn's read, the decision's
     function), the one message of the last turn decoded, no thread: a decision on a
     session of 201 earlier messages decoded all 203 of them, in a thread's read."""
