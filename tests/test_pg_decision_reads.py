@@ -15,6 +15,7 @@ import collections
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
+import attrs
 import pytest
 import trio
 
@@ -195,3 +196,47 @@ async def test_a_decision_after_the_session_moved_decides_on_what_it_holds(
         await queue.decide("s", "ap1", Decision(approved=True), {})
     row = await queue.get_status(claim.turn.turn_id)
     assert row is not None and (row.status, row.finish_reason) == ("done", "superseded")
+
+
+async def test_a_decision_on_the_callers_fresh_read_is_the_functions_one_call(
+    store_and_queue, counted
+):
+    """A front end checked a body's answers on the session it read a moment ago: the
+    decision decides on that read (``known``) and is one statement, the function's,
+    whose version check proves the read current; it reads and decodes nothing more."""
+    store, queue = store_and_queue
+    await _waiting_after_history(store, queue)
+    seen = await store.load("s")
+    await store.save("warm", 0, [UserMessage(content="a")])  # the loop's connection opened
+    counted.clear()
+    decided = await queue.decide("s", "ap1", Decision(approved=True), {}, known=seen)
+    assert dict(counted) == {"loop statements": 1}, counted
+    assert decided.recorded.complete and decided.turn.status == "running"
+    after = await store.load("s")
+    assert after is not None and after.version == decided.recorded.version
+    assert decided.recorded.messages == after.messages
+
+
+async def test_a_stale_or_refusing_view_is_not_believed(store_and_queue, counted):
+    """A view behind the store is not decided on: its save's version check refuses it
+    (nothing written), the last turn is read and the decision made on it; a view that
+    refuses the key (it has not got the call yet) makes the store decide: the call
+    waits there, so it is recorded; a decider whose view that decision made stale is
+    refused (409), nothing written."""
+    store, queue = store_and_queue
+    await _waiting_after_history(store, queue)
+    seen = await store.load("s")
+    assert seen is not None
+    # a view without the waiting turn (as read before it suspended): the call unknown
+    before = attrs.evolve(seen, messages=seen.messages[:-2])
+    counted.clear()
+    decided = await queue.decide("s", "ap1", Decision(approved=True), {}, known=before)
+    assert decided.recorded.complete
+    assert counted["loop statements"] == 2, counted  # the view refused: the store read
+    with pytest.raises(AlreadyDecided):  # the same fresh-looking view, now stale
+        await queue.decide("s", "ap1", Decision(approved=False), {}, known=seen)
+    stored = await store.load("s")
+    assert stored is not None and stored.version == decided.recorded.version
+    call = stored.messages[-1].content[0]
+    assert isinstance(call, ToolCallPart) and call.awaiting is not None
+    assert call.awaiting.approved is True

@@ -84,7 +84,13 @@ class TurnDecisions:
         return bool(await self.store.run(f"suspend of turn {claim.turn.turn_id}", suspend))
 
     async def decide(
-        self, session_id: str, key: str, decision: Decision, tools: Mapping[str, Any]
+        self,
+        session_id: str,
+        key: str,
+        decision: Decision,
+        tools: Mapping[str, Any],
+        *,
+        known: SessionRecord | None = None,
     ) -> Decided:
         """Record ``decision`` for the waiting call ``key`` of session ``session_id``
         together with its turn's row, in the save's transaction (the row locked first,
@@ -101,7 +107,14 @@ class TurnDecisions:
         decision's function sent from the event loop
         (:meth:`~actors.stores.postgres.PostgresStore.save_decision`); a stored meta the
         function cannot merge, and a store without a lane, save in the transaction with
-        :func:`~actors.stores.turn_sql._resume_if_decided` as its guard."""
+        :func:`~actors.stores.turn_sql._resume_if_decided` as its guard.
+
+        The decision reads the session's last turn (:meth:`_last_turn`), not all of it;
+        ``known``, the session as the caller read it a moment ago (a front end that
+        checked a body's answers on it), is decided on first instead of reading it
+        again: the decision is then the function's one call, whose version check says
+        whether the view was what the store held (a conflict reads the last turn and
+        decides again; a view that refuses is not believed, the store is read)."""
         validate_session_id(session_id)
         rows: list[TurnStatus] = []
 
@@ -157,7 +170,14 @@ class TurnDecisions:
                 return await self._last_turn(session_id)
 
         recorded = await record_decision(
-            self.store, session_id, key, decision, tools, save=save, last_turn=last_turn
+            self.store,
+            session_id,
+            key,
+            decision,
+            tools,
+            save=save,
+            known=known,
+            last_turn=last_turn,
         )
         return Decided(recorded=recorded, turn=rows[-1])
 
