@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 from collections.abc import AsyncIterator, Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import attrs
@@ -23,6 +24,7 @@ import actors.stores.postgres as postgres_module
 from actors.stores.postgres import PostgresStore
 from actors.stores.postgres_lane import LoopLane
 from actors.stores.turns import TurnQueue
+from runtime.app.web.frontend import FrontEnd
 from runtime.approval import WAITING_META, Decision
 from runtime.errors import AlreadyDecided, UnknownApproval
 from runtime.messages import (
@@ -102,24 +104,27 @@ def _earlier_turns() -> list[Message]:
     return out
 
 
-async def _waiting_after_history(store: PostgresStore, queue: TurnQueue) -> Claim:
+async def _waiting_after_history(store: PostgresStore, queue: TurnQueue, calls: int = 1) -> Claim:
     """Session ``s`` with its earlier turns stored, then a turn whose step waits for
-    approval ``ap1`` (suspended by that step's save); its claim."""
+    approvals ``ap1``.. (``calls`` of them; suspended by that step's save); its claim."""
     history = _earlier_turns()
     version = await store.save("s", 0, history)
     turn = await queue.submit("s", "now")
     claim = await queue.claim("w1")
     assert claim is not None and claim.turn.turn_id == turn.turn_id
-    call = ToolCallPart(
-        tool_call_id="c1",
-        tool_name="delete",
-        input={},
-        step=0,
-        awaiting=Awaiting(kind="approval", id="ap1", turn_id=turn.turn_id),
+    asked = tuple(
+        ToolCallPart(
+            tool_call_id=f"c{n}",
+            tool_name="delete",
+            input={},
+            step=0,
+            awaiting=Awaiting(kind="approval", id=f"ap{n}", turn_id=turn.turn_id),
+        )
+        for n in range(1, calls + 1)
     )
-    step = [UserMessage(content="now"), AssistantMessage(id=claim.turn.message_id, content=(call,))]
+    step = [UserMessage(content="now"), AssistantMessage(id=claim.turn.message_id, content=asked)]
     with queue.fenced(claim, on_suspended=lambda: None):
-        await store.save("s", len(history), step, {WAITING_META: 1}, expected_version=version)
+        await store.save("s", len(history), step, {WAITING_META: calls}, expected_version=version)
     return claim
 
 
@@ -240,3 +245,54 @@ async def test_a_stale_or_refusing_view_is_not_believed(store_and_queue, counted
     call = stored.messages[-1].content[0]
     assert isinstance(call, ToolCallPart) and call.awaiting is not None
     assert call.awaiting.approved is True
+
+
+async def test_a_front_ends_approve_post_reads_the_session_once(store_and_queue, counted):
+    """The continuation POST of a worker deployment's front end checks the body's answers
+    on the session it reads, and records the first on that read: one load (the check's)
+    and the decision's one call, where the decision read the session a second time."""
+    store, queue = store_and_queue
+    claim = await _waiting_after_history(store, queue, calls=2)
+    published: list[Any] = []
+
+    async def publish(event: Any) -> None:
+        published.append(event)
+
+    state = SimpleNamespace(
+        agent_for=lambda session_id: SimpleNamespace(tools=()),
+        host=SimpleNamespace(bus=SimpleNamespace(publish=publish)),
+    )
+    request: Any = SimpleNamespace(app=SimpleNamespace(state=SimpleNamespace(axon=state)))
+    part = {
+        "type": "tool-delete",
+        "toolCallId": "c1",
+        "state": "approval-responded",
+        "input": {},
+        "approval": {"id": "ap1", "approved": True},
+    }
+    payload = {
+        "id": "s",
+        "messages": [
+            {"id": "u", "role": "user", "parts": [{"type": "text", "text": "now"}]},
+            {"id": claim.turn.message_id, "role": "assistant", "parts": [part]},
+        ],
+        "messageId": claim.turn.message_id,
+    }
+    front = FrontEnd(store=store, queue=queue, relay=None)
+    await store.save("warm", 0, [UserMessage(content="a")])  # the loop's connection opened
+    loads = 0
+    load = store.load
+
+    async def counted_load(session_id: str) -> Any:
+        nonlocal loads
+        loads += 1
+        return await load(session_id)
+
+    store.load = counted_load  # type: ignore[method-assign]
+    counted.clear()
+    response = await front._continue(request, "s", payload)
+    assert response.status_code == 202  # ap2 still waits
+    assert (loads, counted["loop statements"], counted["thread hops"]) == (1, 1, 1), counted
+    assert [e.causation_id for e in published] == ["ap1"]
+    stored = await store.load("s")
+    assert stored is not None and stored.meta[WAITING_META] == 1
