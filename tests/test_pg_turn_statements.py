@@ -690,7 +690,8 @@ async def test_a_decided_turn_behind_a_lapsed_lease_waits_for_its_takeover(pg_ur
 
 
 async def test_a_decision_is_the_sessions_read_and_one_call(pg_url, statements):
-    """A decision reads the session, then checks the waiting turn's row, saves on top of
+    """A decision reads the session's last turn (one statement from the event loop,
+    ``test_pg_decision_reads.py``), then checks the waiting turn's row, saves on top of
     the version read and requeues the turn in one call of the decision's function from
     the event loop, where it was a thread's transaction of four round trips (``BEGIN``,
     the row's requeue with the session's lock, the write, ``COMMIT``)."""
@@ -701,7 +702,7 @@ async def test_a_decision_is_the_sessions_read_and_one_call(pg_url, statements):
         before = await store.version("s")
         statements.clear()
         decided = await queue.decide("s", "ap1", Decision(approved=True), {})
-        assert statements == {"SELECT": 2}, statements  # the load, the function
+        assert statements == {"SELECT": 2}, statements  # the last turn's read, the function
         assert decided.recorded.complete and decided.recorded.version > before
         assert (decided.turn.turn_id, decided.turn.status) == (first.turn.turn_id, "running")
         assert (decided.turn.owner, decided.turn.resumes, decided.turn.expires_at) == (
