@@ -10,8 +10,9 @@ server-side functions too) and a throwaway Redis. Each round runs a **plain** tu
 to ``done``) and an **approved** one in three windows: **suspend** (submit to
 ``awaiting-input``), **decide** (the client's ``store.load``, not counted, then
 ``TurnQueue.decide`` on that read where the queue takes it, ``known``), and **resume**
-(from the decision to ``done``: the decision's own statements are in this window too, as
-PostgreSQL counts them by statement, not by caller).
+(from the decision to ``done``, the decision's own calls taken out; PostgreSQL's and
+Redis's counters are by statement, not by caller: the decision's statements are in this
+window's).
 
 Counted per window, printed as medians of the rounds after two of warm-up: the store's
 calls (``load``, ``save``, ``save_decision``, ``run``: a thread's), the statements sent
@@ -172,7 +173,7 @@ async def _run(pg_url: str, redis_url: str, admin: Any, rounds: int) -> dict[str
         commands = {
             k.removeprefix("cmdstat_"): int(v.split(",")[0].split("=")[1])
             for k, v in (line.split(":", 1) for line in info.splitlines() if ":" in line)
-            if k.startswith("cmdstat_") and k not in ("cmdstat_config", "cmdstat_info")
+            if k.startswith("cmdstat_") and not k.startswith(("cmdstat_config", "cmdstat_info"))
         }
         got.update(
             {
@@ -182,7 +183,7 @@ async def _run(pg_url: str, redis_url: str, admin: Any, rounds: int) -> dict[str
                 "pg BEGIN": sum(n for top, n, q in rows if top and q.startswith("BEGIN")),
                 "pg claim function": sum(n for top, n, q in rows if top and "axon_claim" in q),
                 "pg NOTIFY in functions": sum(
-                    n for top, n, q in rows if not top and "pg_notify" in q
+                    n for top, n, q in rows if not top and q.startswith("SELECT pg_notify(")
                 ),
                 "redis commands": sum(commands.values()),
                 **{f"redis {k}": v for k, v in commands.items()},
@@ -220,6 +221,8 @@ async def _run(pg_url: str, redis_url: str, admin: Any, rounds: int) -> dict[str
                 decide = dict(counts.mine)
                 await until(turn.turn_id, "done")
                 resume = await stop()
+                for key, n in decide.items():  # the worker's alone (PostgreSQL's: both)
+                    resume[key] -= n
                 if r >= WARM:
                     for name, got in (
                         ("plain", plain),
