@@ -29,8 +29,12 @@ on PostgreSQL with the Redis relay, as ``python -m runtime worker`` runs it):
   decision's return (:meth:`~runtime.turn_queue.TurnQueue.decide`: the turn put back) to
   ``done`` (a claim, the session reloaded, the tool run, the answer): the turn's time
   without the person's.
-* **decide**: what the decision itself takes (the store read, the compare-and-set save
-  with the row's check and requeue, in one transaction).
+* **decide**: what recording the decision takes, as a front end's continuation POST
+  records it: the session read (``store.load``: the POST checks the body's answers on
+  it), then :meth:`~runtime.turn_queue.TurnQueue.decide` on that read (``known``: the
+  compare-and-set save with the row's check and requeue, one call of the decision's
+  function, whose version check proves the read current; before branch ``apw`` the
+  decision read the session again).
 * **a step commit**: a ``PostgresStore.save`` of one assistant and one tool message
   with its version check.
 
@@ -365,7 +369,9 @@ async def _workers(sizes: Sizes) -> list[Figure]:
                 assert record is not None
                 (call,) = pending_calls(record.messages)
                 tools = {t.name: t for t in agents(session_id).tools}
-                await queue.decide(session_id, call.approval_id, Decision(approved=True), tools)
+                await queue.decide(
+                    session_id, call.approval_id, Decision(approved=True), tools, known=record
+                )
                 t2 = now()
                 await _until(queue, turn.turn_id, lambda s: s.finished)
                 decide_s.append(t2 - t1)
@@ -413,7 +419,7 @@ async def _workers(sizes: Sizes) -> list[Figure]:
             title="10. Workers: recording the decision",
             value=decided_s * 1e3,
             unit="ms",
-            detail="load + compare-and-set save with the row's check and requeue; "
+            detail="load + compare-and-set save on it with the row's check and requeue; "
             f"median of {len(decide_s)}",
             data={"decide_s": decide_s},
         ),

@@ -11,7 +11,7 @@ version-checked save: of two decisions for one call, exactly one is recorded.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 import attrs
@@ -109,7 +109,8 @@ class Recorded:
     version: int
     messages: tuple[Message, ...] | None = None
     """The session's whole history as the decision stored it (at ``version``): a
-    continuation started in the same process takes it instead of reading it back."""
+    continuation started in the same process takes it instead of reading it back.
+    ``None`` when the decision read only the session's last turn (``last_turn``)."""
     waiting: tuple[PendingCall, ...] = ()
     """The turn's waiting calls as the decision left them, decided or not
     (:func:`waiting_calls` of :attr:`messages`): found by the one scan that checked the
@@ -300,6 +301,13 @@ class DecisionSave(Protocol):
     ) -> int: ...
 
 
+LastTurn = Callable[[], Awaitable[tuple[int, SessionRecord] | None]]
+"""How :func:`record_decision` reads only the session's last turn: ``(the index of the
+first message read, the session's record holding the messages from there on)``, from the
+session's last assistant message on (all of it when there is none), meta and version as
+a load's, in one snapshot; ``None`` when the session was never saved."""
+
+
 async def record_decision(
     store: Store,
     session_id: str,
@@ -310,6 +318,7 @@ async def record_decision(
     save: DecisionSave | None = None,
     known: SessionRecord | None = None,
     only_known: bool = False,
+    last_turn: LastTurn | None = None,
 ) -> Recorded:
     """Record ``decision`` for the waiting call ``key`` of session ``session_id`` in
     ``store``: load, check, save on top of the version loaded. When another writer saved
@@ -330,26 +339,54 @@ async def record_decision(
     instead of loading again, and the view's own refusal is raised as it is. For a caller
     that checked more than this decision against ``known`` (a body of several answers,
     :func:`runtime.app.web.answers.record_answers`): the save's version check tells it
-    whether those checks were made on what the store held."""
+    whether those checks were made on what the store held.
+
+    ``last_turn`` reads the session's last turn instead of loading all of it: a decision
+    looks at nothing else (the calls the last turn waits for, and the tool messages after
+    it), and saves from that turn's assistant message on, so a session of 600,000
+    messages is not decoded whole for one decision. The save's version check is the same
+    (the read's version, one snapshot with its rows); a key the last turn does not wait
+    for loads the whole session before it is refused, which alone says whether the call
+    was decided already (:class:`AlreadyDecided`) or never waited
+    (:class:`UnknownApproval`); one the last turn shows decided is refused as it is."""
     conflict: StoreConflict | None = None
     if only_known and known is None:
         raise ValueError("only_known needs the view to decide on: known")
     for _ in range(1 if only_known else RECORD_ATTEMPTS):
-        record = known if known is not None else await _loaded(store, session_id, key)
+        first = 0
+        if known is not None:
+            record = known
+        elif last_turn is not None:
+            first, record = await _last_turn_read(last_turn, key)
+        else:
+            record = await _loaded(store, session_id, key)
         try:
             decided = _decide(record.messages, key, decision, tools)
-        except (UnknownApproval, AlreadyDecided):
-            if known is None or only_known:
+        except (UnknownApproval, AlreadyDecided) as exc:
+            if known is not None and not only_known:
+                known = None  # the caller's view may be behind the store's: read it
+                continue
+            if known is not None or first == 0 or isinstance(exc, AlreadyDecided):
                 raise
-            known = None  # the caller's view may be behind the store's: read it
-            continue
+            # Not a call of the last turn: only the whole history says whether an
+            # earlier turn's call waited under it (decided then) or none ever did.
+            first, record = 0, await _loaded(store, session_id, key)
+            decided = _decide(record.messages, key, decision, tools)
         known = None
         try:
-            return await _save_decided(store, session_id, record.version, decided, save)
+            return await _save_decided(store, session_id, record.version, decided, save, first)
         except StoreConflict as exc:
             conflict = exc
     assert conflict is not None
     raise conflict
+
+
+async def _last_turn_read(last_turn: LastTurn, key: str) -> tuple[int, SessionRecord]:
+    """What ``last_turn`` read: one never saved waits for nothing, so ``key`` is unknown."""
+    read = await last_turn()
+    if read is None:
+        raise UnknownApproval(f"no call of this session waits for {key!r}")
+    return read
 
 
 async def _loaded(store: Store, session_id: str, key: str) -> SessionRecord:
@@ -367,36 +404,40 @@ async def _save_decided(
     expected_version: int,
     decided: tuple[int, tuple[Message, ...], PendingCall, tuple[PendingCall, ...]],
     save: DecisionSave | None,
+    first: int = 0,
 ) -> Recorded:
     """Save what :func:`_decide` made of the history on top of ``expected_version`` (the
     version it was decided on), through ``save`` if given, else ``store.save``; what was
     recorded. Only the changed assistant message and what follows it is written, with
     the count of calls still waiting as the session's meta (:data:`WAITING_META`), so a
     reader of the meta alone knows whether the turn can resume. A concurrent writer
-    makes this raise :class:`~runtime.errors.StoreConflict`: the caller loads again."""
+    makes this raise :class:`~runtime.errors.StoreConflict`: the caller loads again.
+    ``first``: the history decided on is the session's from that index on (its last
+    turn), so the save starts that much further and no whole history is recorded."""
     index, messages, call, waiting = decided
     left = sum(not c.decided for c in waiting)
     complete = not left
+    changed = messages[index:]
+    index += first
     if save is None:
         version = await store.save(
             session_id,
             index,
-            messages[index:],
+            changed,
             {WAITING_META: left},
             expected_version=expected_version,
         )
     else:
         version = await save(
             start=index,
-            messages=messages[index:],
+            messages=changed,
             meta={WAITING_META: left},
             expected_version=expected_version,
             call=call,
             complete=complete,
         )
-    return Recorded(
-        call=call, complete=complete, version=version, messages=messages, waiting=waiting
-    )
+    whole = messages if first == 0 else None
+    return Recorded(call=call, complete=complete, version=version, messages=whole, waiting=waiting)
 
 
 def denial_text(reason: str | None) -> str:
@@ -468,6 +509,7 @@ __all__ = [
     "WAITING_META",
     "Decision",
     "DecisionSave",
+    "LastTurn",
     "PendingCall",
     "Recorded",
     "approval_decided",

@@ -468,13 +468,22 @@ class TurnQueue(Protocol):
         ...
 
     async def decide(
-        self, session_id: str, key: str, decision: Decision, tools: Mapping[str, Any]
+        self,
+        session_id: str,
+        key: str,
+        decision: Decision,
+        tools: Mapping[str, Any],
+        *,
+        known: SessionRecord | None = None,
     ) -> Decided:
         """Record ``decision`` for the waiting call ``key`` of session ``session_id``
         (:func:`runtime.approval.record_decision`) in one transaction with its turn's
         row: refused (:class:`~runtime.errors.AlreadyDecided`) unless the turn still
         waits, and when it decides the turn's last waiting call, the turn is put back to
-        be claimed (:attr:`Claim.resumed`), so whichever worker is free resumes it."""
+        be claimed (:attr:`Claim.resumed`), so whichever worker is free resumes it.
+        ``known``: the session as the caller just read it, decided on first (the save's
+        version check says whether it was current; a stale or refusing view is not
+        believed: the store is read)."""
         ...
 
     async def take_expired(self, now: float, limit: int = 100) -> list[TurnStatus]:

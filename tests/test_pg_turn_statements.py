@@ -690,7 +690,8 @@ async def test_a_decided_turn_behind_a_lapsed_lease_waits_for_its_takeover(pg_ur
 
 
 async def test_a_decision_is_the_sessions_read_and_one_call(pg_url, statements):
-    """A decision reads the session, then checks the waiting turn's row, saves on top of
+    """A decision reads the session's last turn (one statement from the event loop,
+    ``test_pg_decision_reads.py``), then checks the waiting turn's row, saves on top of
     the version read and requeues the turn in one call of the decision's function from
     the event loop, where it was a thread's transaction of four round trips (``BEGIN``,
     the row's requeue with the session's lock, the write, ``COMMIT``)."""
@@ -701,7 +702,7 @@ async def test_a_decision_is_the_sessions_read_and_one_call(pg_url, statements):
         before = await store.version("s")
         statements.clear()
         decided = await queue.decide("s", "ap1", Decision(approved=True), {})
-        assert statements == {"SELECT": 2}, statements  # the load, the function
+        assert statements == {"SELECT": 2}, statements  # the last turn's read, the function
         assert decided.recorded.complete and decided.recorded.version > before
         assert (decided.turn.turn_id, decided.turn.status) == (first.turn.turn_id, "running")
         assert (decided.turn.owner, decided.turn.resumes, decided.turn.expires_at) == (
@@ -712,7 +713,12 @@ async def test_a_decision_is_the_sessions_read_and_one_call(pg_url, statements):
         record = await store.load("s")
         assert record is not None and record.version == decided.recorded.version
         assert record.meta == {WAITING_META: 0}
-        assert record.messages == decided.recorded.messages
+        assert decided.recorded.messages is None  # it read the last turn, not the whole
+        call = record.messages[1].content[0]
+        assert call.awaiting is not None and (call.awaiting.decided, call.awaiting.approved) == (
+            True,
+            True,
+        )
         with pytest.raises(AlreadyDecided):
             await queue.decide("s", "ap1", Decision(approved=False), {})
         with pytest.raises(UnknownApproval):
@@ -1055,6 +1061,55 @@ async def test_a_turns_end_wakes_the_workers_for_its_sessions_next_turn(store_an
         assert listening.told() == [ended]
         nxt = await queue.claim("w2")
         assert nxt is not None and nxt.turn.input == "two"
+    finally:
+        listening.close()
+
+
+async def _suspended_by_its_step(store: PostgresStore, queue: TurnQueue) -> Claim:
+    """A claimed turn of session ``s`` suspended by the save of its step that waits for
+    approval (one call of the save function); its claim."""
+    claim = await queue.claim("w1")
+    assert claim is not None and claim.turn.session_id == "s"
+    with queue.fenced(claim, on_suspended=lambda: None):
+        messages = _waiting_step(claim.turn.turn_id, claim.turn.message_id)
+        await store.save("s", 0, messages, {WAITING_META: 1}, expected_version=0)
+    assert (await queue.get_status(claim.turn.turn_id)).status == "awaiting-input"  # type: ignore[union-attr]
+    return claim
+
+
+async def test_a_suspension_wakes_no_worker_when_nothing_of_its_session_is_queued(
+    pg_url, store_and_queue
+):
+    """A suspended turn frees its session and nothing else (its own worker claims again
+    when its slot frees): every worker listens, and a wake-up for nothing cost each a
+    signal, its LISTEN backend's read and a claim that found nothing (``axon_save_v3``
+    woke them at every suspension)."""
+    store, queue = store_and_queue
+    await queue.submit("s", "one")
+    await store.save("warm", 0, said("a"))  # the loop's connection opened
+    listening = _Listening(store)
+    try:
+        await _suspended_by_its_step(store, queue)
+        assert listening.told() == []
+    finally:
+        listening.close()
+
+
+async def test_a_suspension_wakes_the_workers_for_its_sessions_next_turn(store_and_queue):
+    """A message sent while the turn ran is queued behind it, and claimable once the turn
+    waits (it supersedes the wait): the suspension wakes the workers for it, as a turn's
+    end does."""
+    store, queue = store_and_queue
+    await queue.submit("s", "one")
+    await queue.submit("s", "two")
+    listening = _Listening(store)
+    try:
+        suspended = await _suspended_by_its_step(store, queue)
+        assert listening.told() == [suspended.turn.turn_id]
+        nxt = await queue.claim("w2")
+        assert nxt is not None and nxt.turn.input == "two"
+        row = await queue.get_status(suspended.turn.turn_id)
+        assert row is not None and (row.status, row.finish_reason) == ("done", "superseded")
     finally:
         listening.close()
 

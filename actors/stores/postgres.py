@@ -11,9 +11,9 @@ Layout (in one schema, ``public`` unless the URL says ``?schema=NAME``; schema v
                   PRIMARY KEY (session_id, idx))
     axon_turns(...)                                      -- durable turns: stores/turns.py
     axon_claim_v4(owner, lease, channel, token)          -- a claim in one call: CLAIM_FUNCTION
-    axon_save_v3(session, start, ...)                    -- a save in one call: SAVE_FUNCTION
-    axon_decide_v1(turn, complete, session, ...)         -- a decision's save: DECIDE_FUNCTION
-    axon_save_next_v3(session, start, ..., token)        -- a last save and the next claim
+    axon_save_v4(session, start, ...)                    -- a save in one call: SAVE_FUNCTION
+    axon_decide_v2(turn, complete, session, ...)         -- a decision's save: DECIDE_FUNCTION
+    axon_save_next_v4(session, start, ..., token)        -- a last save and the next claim
 
 One message is one row keyed by its index, as in the SQLite store: :meth:`save` deletes
 the rows from ``start`` on and inserts the new ones in one transaction, so persisting
@@ -432,21 +432,25 @@ class PostgresStore:
         )
         return await self.record_off_loop(session_id, joined)
 
-    async def record_off_loop(self, session_id: str, joined: list[Any]) -> SessionRecord | None:
+    async def record_off_loop(
+        self, session_id: str, joined: list[Any], first: int = 0
+    ) -> SessionRecord | None:
         """:meth:`record`, in a worker thread for more than
         :data:`~runtime.history.OFF_LOOP_MESSAGES` rows: decoding a session of 600,000
         messages took the event loop 4.7 s (a worker's claim of its turn, a front end's
         read of it). The thread is handed the rows, which nothing else holds."""
-        return await run_long_off_loop(len(joined), self.record, session_id, joined)
+        return await run_long_off_loop(len(joined), self.record, session_id, joined, first)
 
-    def record(self, session_id: str, joined: list[Any]) -> SessionRecord | None:
-        """The session from the rows :func:`load_rows` read (``None``: it was never saved)."""
+    def record(self, session_id: str, joined: list[Any], first: int = 0) -> SessionRecord | None:
+        """The session from the rows :func:`load_rows` read (``None``: it was never saved);
+        with ``first``, from rows that begin at that index (the record's messages are
+        those from there on: a decision's read of the last turn)."""
         if not joined:
             return None
         row = joined[0][:2]
         rows = [r[2:] for r in joined if r[2] is not None]
         messages = []
-        for expected, (idx, role, body) in enumerate(rows):
+        for expected, (idx, role, body) in enumerate(rows, first):
             if idx != expected:
                 raise StoreCorrupt(
                     f"session store {self.url}: session {session_id!r} is missing message "

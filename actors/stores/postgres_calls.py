@@ -175,11 +175,12 @@ statement's are (a simple query of several statements is planned at every call: 
 dearer on the server), and its ``SET enable_sort = off`` is what the look's ``SET LOCAL``
 did for the head's start: the heads walked in line, whatever the table's statistics."""
 
-SAVE_FUNCTION_NAME: Final = "axon_save_v3"
+SAVE_FUNCTION_NAME: Final = "axon_save_v4"
 """The server-side function of a save without a guard (:data:`SAVE_FUNCTION`); a new
 version of it gets a new name (a process of the version before keeps calling its own:
 ``axon_save_v1`` had no suspension, ``p_suspend`` and ``p_expires``; ``axon_save_v2`` woke
-the workers at every turn's end, v3 only when the session has a turn queued behind it)."""
+the workers at every turn's end, v3 only when the session has a turn queued behind it;
+v3 still woke them at every suspension, v4 as at an end)."""
 
 SAVE_FUNCTION: Final = f"""CREATE OR REPLACE FUNCTION {SAVE_FUNCTION_NAME}(
     p_session TEXT, p_start INTEGER, p_expected BIGINT, p_meta BYTEA,
@@ -274,21 +275,24 @@ BEGIN
     INSERT INTO axon_messages (session_id, idx, role, body)
     SELECT p_session, u.idx, u.role, u.body
     FROM unnest(p_idx, p_roles, p_bodies) AS u(idx, role, body);
-    IF p_suspend THEN  -- the turn waits for a person: no owner, no lease, woken
-        UPDATE axon_turns SET status = 'awaiting-input', owner = NULL, lease_until = NULL,
-            finish_reason = 'awaiting-input', expires_at = p_expires, saved = true
-        WHERE turn_id = p_turn;
-        PERFORM pg_notify(p_channel, current_schema() || ':' || p_turn);
-    ELSIF p_ends IS NOT NULL THEN  -- the turn ends with this save: its row `done`
-        UPDATE axon_turns SET status = 'done', finish_reason = p_ends, error = NULL,
-            lease_until = NULL, finished_at = clock_timestamp(), saved = true
-        WHERE turn_id = p_turn;
-        -- The workers are woken only for a turn of the session queued behind this one
-        -- (claimable once this commits): every worker listens, and a wake-up for
-        -- nothing cost each a signal, its LISTEN backend's read and a claim. Under the
-        -- session's lock (a submit's insert takes it, after its row locks, as this
-        -- does): a submit that inserted first is seen here; one after waits for this
-        -- commit and wakes the workers itself.
+    IF p_suspend OR p_ends IS NOT NULL THEN
+        IF p_suspend THEN  -- the turn waits for a person: no owner, no lease
+            UPDATE axon_turns SET status = 'awaiting-input', owner = NULL,
+                lease_until = NULL, finish_reason = 'awaiting-input',
+                expires_at = p_expires, saved = true
+            WHERE turn_id = p_turn;
+        ELSE  -- the turn ends with this save: its row `done`
+            UPDATE axon_turns SET status = 'done', finish_reason = p_ends, error = NULL,
+                lease_until = NULL, finished_at = clock_timestamp(), saved = true
+            WHERE turn_id = p_turn;
+        END IF;
+        -- Either frees the session, nothing else: the workers are woken only for a
+        -- turn of the session queued behind this one (claimable once this commits;
+        -- the worker whose slot this frees claims again by itself). Every worker
+        -- listens, and a wake-up for nothing cost each a signal, its LISTEN backend's
+        -- read and a claim. Under the session's lock (a submit's insert takes it, after
+        -- its row locks, as this does): a submit that inserted first is seen here; one
+        -- after waits for this commit and wakes the workers itself.
         PERFORM pg_advisory_xact_lock(
             hashtextextended('axon_turns:' || current_schema() || ':' || p_session, 0));
         IF EXISTS (SELECT 1 FROM axon_turns
@@ -305,10 +309,10 @@ END $$"""
 """A save without a guard in one call (issue 24 goal 3): the fence's check of the turn's
 row (``p_turn`` ``NULL``: an unfenced save), the session's lock, the version check, the
 hole check, the writes (the session row, meta merged, the messages from ``p_start`` on)
-and, for a worker's last save, the turn's end (``p_ends``; the workers woken only when a
-turn of the session waits behind it), or for the step that makes it wait for a person,
-its suspension (``p_suspend``: ``awaiting-input``, no owner, no lease, until
-``p_expires``; as ``turn_sql._SUSPEND``), or its first save's ``saved`` mark
+and, for a worker's last save, the turn's end (``p_ends``), or for the step that makes
+it wait for a person, its suspension (``p_suspend``: ``awaiting-input``, no owner, no
+lease, until ``p_expires``; as ``turn_sql._SUSPEND``), either waking the workers only
+when a turn of the session is queued behind it, or its first save's ``saved`` mark
 (``p_mark``). ``o_status`` says how it went: ``ok`` (the new
 version in ``o_version``, the turn's ``steers`` in ``o_steers``); or, with nothing
 written, ``lost`` (the turn's row as found in ``o_owner``, ``o_epoch``,
@@ -322,11 +326,11 @@ One statement in autocommit where a save was a transaction of four or five round
 store's thread; PL/pgSQL keeps the plans of its statements per connection."""
 
 
-SAVE_NEXT_FUNCTION_NAME: Final = "axon_save_next_v3"
+SAVE_NEXT_FUNCTION_NAME: Final = "axon_save_next_v4"
 """The server-side function of a turn's last save that also claims the next turn for the
 slot the turn frees (:data:`SAVE_NEXT_FUNCTION`); a new version of it gets a new name
-(``axon_save_next_v1`` called ``axon_claim_v2``, ``axon_save_next_v2`` ``axon_claim_v3``,
-with no token)."""
+(``axon_save_next_v1`` called ``axon_claim_v2``, ``axon_save_next_v2`` ``axon_claim_v3``
+and ``axon_save_v3``, with no token)."""
 
 _SAVE_OUT = (
     ("o_status", "TEXT"),
@@ -443,8 +447,9 @@ STATUS_COLUMNS: Final = (
 ``input`` or ``meta``, which may be megabytes."""
 STATUS_KINDS: Final = tuple(dict(CLAIMED_COLUMNS)[name] for name in STATUS_COLUMNS)
 
-DECIDE_FUNCTION_NAME: Final = "axon_decide_v1"
-"""The server-side function of a decision's save (:data:`DECIDE_FUNCTION`)."""
+DECIDE_FUNCTION_NAME: Final = "axon_decide_v2"
+"""The server-side function of a decision's save (:data:`DECIDE_FUNCTION`); a new version
+of it gets a new name (``axon_decide_v1`` called ``axon_save_v3``)."""
 
 _DECIDE_OUT = ", ".join(
     f"OUT o_{name} {kind}" for name, kind in zip(STATUS_COLUMNS, STATUS_KINDS, strict=True)

@@ -273,8 +273,12 @@ class QueuedTaskBook(TaskBook):
         try:
             for key, decision in answers:
                 _, stored, _, _ = decide(stored, key, decision, tools)
+            known = record  # the checks' read: the first decision is made on it
             for key, decision in answers:
-                decided = await self.front.decide(bus, live.context_id, key, decision, tools)
+                decided = await self.front.decide(
+                    bus, live.context_id, key, decision, tools, known=known
+                )
+                known = None  # (it moved the session: the next reads the store)
                 if decided.recorded.complete:
                     resumed = decided.turn
         except DecisionError as exc:

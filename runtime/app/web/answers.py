@@ -40,7 +40,7 @@ from runtime.errors import (
     UnknownApproval,
 )
 from runtime.messages import AssistantMessage, Awaiting, Message, ToolCallPart
-from runtime.store import Store
+from runtime.store import SessionRecord, Store
 
 STOPPED_WAIT = "stopped"
 """The reason a waiting turn's calls are denied with when the session is stopped."""
@@ -207,7 +207,17 @@ async def check_and_record(
     answer recorded with ``record`` once all are checked against the stored turn; the
     ids of the calls the turn waited for, and what the last answer recorded (its
     ``complete``: whether the answers completed the turn's decisions)."""
-    stored_record = await store.load(session_id)
+    return await check_and_record_on(await store.load(session_id), tools, payload, record)
+
+
+async def check_and_record_on(
+    stored_record: SessionRecord | None,
+    tools: Mapping[str, Any],
+    payload: dict[str, Any],
+    record: RecordAnswer,
+) -> tuple[tuple[str, ...], Recorded]:
+    """:func:`check_and_record` on the session as the caller read it (``None``: never
+    saved), so that the caller can hand the same read to its first decision."""
     stored = stored_record.messages if stored_record is not None else ()
     announced, answers = _checked(stored, payload, tools)
     return announced, await record_all(answers, record)
@@ -268,6 +278,7 @@ def awaited_calls(messages: Sequence[Message], message_id: str) -> tuple[str, ..
 __all__ = [
     "awaited_calls",
     "check_and_record",
+    "check_and_record_on",
     "is_continuation",
     "pending_in",
     "record_all",

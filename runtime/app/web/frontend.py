@@ -64,7 +64,7 @@ from starlette.responses import Response
 from runtime.app.web.answers import (
     STOPPED_WAIT,
     awaited_calls,
-    check_and_record,
+    check_and_record_on,
     deny_pending,
     is_continuation,
     waiting_in_meta,
@@ -97,6 +97,7 @@ from runtime.ids import new_id
 from runtime.logging import get_logger
 from runtime.messages import UserContent
 from runtime.serde import unstructure
+from runtime.store import SessionRecord
 from runtime.turn_queue import (
     DONE,
     FINAL_STATUSES,
@@ -388,9 +389,12 @@ class FrontEnd:
         """The AI SDK's answers for a waiting turn: recorded through the queue; the
         request whose answers complete the turn's decisions streams its continuation."""
         decided: list[Decided] = []
-        record = self._recorder(request, session_id, decided)
-        announced, recorded = await check_and_record(
-            self.store, session_id, self._tools(request, session_id), payload, record
+        # The body's answers are checked on this read, and the first decided on it too
+        # (its version-checked save proves it current, else the queue reads again).
+        stored = await self.store.load(session_id)
+        record = self._recorder(request, session_id, decided, known=stored)
+        announced, recorded = await check_and_record_on(
+            stored, self._tools(request, session_id), payload, record
         )
         if not recorded.complete:  # other calls still wait: whoever decides the last one resumes
             # as the decision left them: no read of the session just saved
@@ -403,31 +407,51 @@ class FrontEnd:
         return {t.name: t for t in web_state(request).agent_for(session_id).tools}
 
     def _recorder(
-        self, request: Request, session_id: str, decided: list[Decided]
+        self,
+        request: Request,
+        session_id: str,
+        decided: list[Decided],
+        *,
+        known: SessionRecord | None = None,
     ) -> Callable[[str, Decision], Awaitable[Recorded]]:
         """Records one decision through the queue (appending its outcome to ``decided``)
-        and tells the bus of an approval's."""
+        and tells the bus of an approval's. ``known``: the session as the caller just
+        read it, which the first decision decides on instead of reading it again
+        (:meth:`~runtime.turn_queue.TurnQueue.decide`); later ones read the store (the
+        first moved the session)."""
         state = web_state(request)
         tools = self._tools(request, session_id)
+        view = [known]
 
         async def record(key: str, decision: Decision) -> Recorded:
-            outcome = await self.decide(state.host.bus, session_id, key, decision, tools)
+            seen, view[0] = view[0], None
+            outcome = await self.decide(
+                state.host.bus, session_id, key, decision, tools, known=seen
+            )
             decided.append(outcome)
             return outcome.recorded
 
         return record
 
     async def decide(
-        self, bus: Any, session_id: str, key: str, decision: Decision, tools: Mapping[str, Any]
+        self,
+        bus: Any,
+        session_id: str,
+        key: str,
+        decision: Decision,
+        tools: Mapping[str, Any],
+        *,
+        known: SessionRecord | None = None,
     ) -> Decided:
         """Record one decision for a waiting call of ``session_id`` through the queue
         (:meth:`runtime.turn_queue.TurnQueue.decide`: refused unless its turn still
         waits; the decision that completes the turn's calls puts it back for a worker),
         publishing on ``bus`` what ``session.decide`` publishes in the embedded app. A
         store that cannot be reached is an :class:`ApiError` 503; a refused decision
-        raises its :class:`~runtime.errors.DecisionError`."""
+        raises its :class:`~runtime.errors.DecisionError`. ``known``: the session as
+        the caller just read it (:meth:`~runtime.turn_queue.TurnQueue.decide`)."""
         try:
-            outcome = await self.queue.decide(session_id, key, decision, tools)
+            outcome = await self.queue.decide(session_id, key, decision, tools, known=known)
         except StoreUnavailable as exc:
             raise ApiError(503, _one_line(exc), {"retry-after": "1"}) from None
         event = approval_decided(
