@@ -11,9 +11,9 @@ Layout (in one schema, ``public`` unless the URL says ``?schema=NAME``; schema v
                   PRIMARY KEY (session_id, idx))
     axon_turns(...)                                      -- durable turns: stores/turns.py
     axon_claim_v4(owner, lease, channel, token)          -- a claim in one call: CLAIM_FUNCTION
-    axon_save_v3(session, start, ...)                    -- a save in one call: SAVE_FUNCTION
+    axon_save_v4(session, start, ...)                    -- a save in one call: SAVE_FUNCTION
     axon_decide_v1(turn, complete, session, ...)         -- a decision's save: DECIDE_FUNCTION
-    axon_save_next_v3(session, start, ..., token)        -- a last save and the next claim
+    axon_save_next_v4(session, start, ..., token)        -- a last save and the next claim
 
 One message is one row keyed by its index, as in the SQLite store: :meth:`save` deletes
 the rows from ``start`` on and inserts the new ones in one transaction, so persisting

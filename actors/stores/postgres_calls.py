@@ -175,11 +175,13 @@ statement's are (a simple query of several statements is planned at every call: 
 dearer on the server), and its ``SET enable_sort = off`` is what the look's ``SET LOCAL``
 did for the head's start: the heads walked in line, whatever the table's statistics."""
 
-SAVE_FUNCTION_NAME: Final = "axon_save_v3"
+SAVE_FUNCTION_NAME: Final = "axon_save_v4"
 """The server-side function of a save without a guard (:data:`SAVE_FUNCTION`); a new
 version of it gets a new name (a process of the version before keeps calling its own:
 ``axon_save_v1`` had no suspension, ``p_suspend`` and ``p_expires``; ``axon_save_v2`` woke
-the workers at every turn's end, v3 only when the session has a turn queued behind it)."""
+the workers at every turn's end, v3 only when the session has a turn queued behind it;
+v3 planned its hole check at every call and wrote the ``saved`` mark of a turn already
+marked (an ``UPDATE`` of no row), v4 neither: issue 24 goal 3, ``pg3``)."""
 
 SAVE_FUNCTION: Final = f"""CREATE OR REPLACE FUNCTION {SAVE_FUNCTION_NAME}(
     p_session TEXT, p_start INTEGER, p_expected BIGINT, p_meta BYTEA,
@@ -192,6 +194,7 @@ SAVE_FUNCTION: Final = f"""CREATE OR REPLACE FUNCTION {SAVE_FUNCTION_NAME}(
 DECLARE
     s_meta BYTEA;
     s_version BIGINT;
+    t_saved BOOLEAN;
 BEGIN
     -- Every refusal returns before anything is written: the call is its own transaction.
     -- The fence: the turn's row locked (a takeover's epoch bump waits for this save, or
@@ -199,7 +202,8 @@ BEGIN
     -- end, its suspension), as the transaction's UPDATE did.
     IF p_turn IS NOT NULL THEN
         IF p_mark OR p_ends IS NOT NULL OR p_suspend THEN
-            SELECT owner, epoch, status, steers INTO o_owner, o_epoch, o_turn_status, o_steers
+            SELECT owner, epoch, status, steers, saved
+            INTO o_owner, o_epoch, o_turn_status, o_steers, t_saved
             FROM axon_turns WHERE turn_id = p_turn FOR NO KEY UPDATE;
         ELSE
             SELECT owner, epoch, status, steers INTO o_owner, o_epoch, o_turn_status, o_steers
@@ -234,13 +238,19 @@ BEGIN
             RETURN;
         END IF;
     ELSE
-        -- No hole: a save may append (start = the message count), not beyond.
-        IF p_start > 0 AND NOT EXISTS (SELECT 1 FROM axon_messages
-                WHERE session_id = p_session AND idx = p_start - 1) THEN
-            SELECT coalesce(max(idx) + 1, 0) INTO o_version FROM axon_messages
-            WHERE session_id = p_session AND idx < p_start;
-            o_status := 'hole';
-            RETURN;
+        -- No hole: a save may append (start = the message count), not beyond. Two IFs:
+        -- `p_start > 0` alone is evaluated without a query (a save from 0, a worker's
+        -- every save of a session its turn created, runs none), and the look's plan is
+        -- cached; as one condition it was planned at every call (folded to false for a
+        -- save from 0, its custom plan always looked cheaper than the generic one).
+        IF p_start > 0 THEN
+            IF NOT EXISTS (SELECT 1 FROM axon_messages
+                    WHERE session_id = p_session AND idx = p_start - 1) THEN
+                SELECT coalesce(max(idx) + 1, 0) INTO o_version FROM axon_messages
+                WHERE session_id = p_session AND idx < p_start;
+                o_status := 'hole';
+                RETURN;
+            END IF;
         END IF;
         -- The meta merged as dict.update does: the patch's keys over the stored ones, a
         -- stored key in its place, a new one after them. Merged as `json`, whose values
@@ -297,7 +307,8 @@ BEGIN
                 ORDER BY session_id, seq LIMIT 1) THEN
             PERFORM pg_notify(p_channel, current_schema() || ':' || p_turn);
         END IF;
-    ELSIF p_mark THEN
+    ELSIF p_mark AND NOT t_saved THEN  -- read under the fence's lock: an UPDATE of no row
+        -- cost its executor start (the table's ten indexes opened) at every later save
         UPDATE axon_turns SET saved = true WHERE turn_id = p_turn AND NOT saved;
     END IF;
     o_status := 'ok';
@@ -322,11 +333,11 @@ One statement in autocommit where a save was a transaction of four or five round
 store's thread; PL/pgSQL keeps the plans of its statements per connection."""
 
 
-SAVE_NEXT_FUNCTION_NAME: Final = "axon_save_next_v3"
+SAVE_NEXT_FUNCTION_NAME: Final = "axon_save_next_v4"
 """The server-side function of a turn's last save that also claims the next turn for the
 slot the turn frees (:data:`SAVE_NEXT_FUNCTION`); a new version of it gets a new name
 (``axon_save_next_v1`` called ``axon_claim_v2``, ``axon_save_next_v2`` ``axon_claim_v3``,
-with no token)."""
+with no token; ``axon_save_next_v3`` called ``axon_save_v3``)."""
 
 _SAVE_OUT = (
     ("o_status", "TEXT"),
