@@ -373,14 +373,21 @@ SAVE_NEXT_FUNCTION: Final = f"""CREATE OR REPLACE FUNCTION {SAVE_NEXT_FUNCTION_N
 #variable_conflict use_variable
 DECLARE
     v_claimed BOOLEAN := false;
+    v_save RECORD;
 BEGIN
     -- The save, fenced, its turn's row locked for writing (the mark asked for: the lock
     -- a last save takes), nothing ended yet: every refusal returns here, before anything
-    -- is written and before anything is claimed.
-    SELECT s.o_status, s.o_version, s.o_steers, s.o_owner, s.o_epoch, s.o_turn_status
-    INTO o_status, o_version, o_steers, o_owner, o_epoch, o_turn_status
-    FROM {SAVE_FUNCTION_NAME}(p_session, p_start, p_expected, p_meta, p_idx, p_roles,
-        p_bodies, p_turn, p_owner, p_epoch, true, NULL, p_channel, false, NULL) AS s;
+    -- is written and before anything is claimed. Called as an expression, its one row a
+    -- record: PL/pgSQL evaluates it without a query of its own (`SELECT ... FROM` the
+    -- function was one more executor start-up, a function scan and its tuplestore).
+    v_save := {SAVE_FUNCTION_NAME}(p_session, p_start, p_expected, p_meta, p_idx, p_roles,
+        p_bodies, p_turn, p_owner, p_epoch, true, NULL, p_channel, false, NULL);
+    o_status := v_save.o_status;
+    o_version := v_save.o_version;
+    o_steers := v_save.o_steers;
+    o_owner := v_save.o_owner;
+    o_epoch := v_save.o_epoch;
+    o_turn_status := v_save.o_turn_status;
     IF o_status <> 'ok' THEN
         RETURN QUERY SELECT o_status, o_version, o_steers, o_owner, o_epoch, o_turn_status,
             {_NO_CLAIM};
