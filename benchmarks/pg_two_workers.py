@@ -1,22 +1,26 @@
 """PostgreSQL's own counters a turn, one worker against two, by hand (issue 24 goal 3, ``pg2w``).
 
 Not one of the numbered figures (``python3 -m benchmarks`` does not run it): run it as
-``python3 -m benchmarks.pg_two_workers OUT.json [TURNS] [ROUNDS] [WARM]`` from the tree to
+``python3 -m benchmarks.pg_two_workers OUT.json [TURNS] [ROUNDS] [WARM] [FLEETS]`` from the tree to
 measure (``PYTHONPATH`` at it). Figure 8's CPU-bound run (:mod:`benchmarks.bench_workers`:
 real worker processes, concurrency 8, one-turn sessions held then released at once), on a
 throwaway PostgreSQL of its own started with ``pg_stat_statements`` (``track=all``: the
 statements inside the server-side functions too) and ``track_functions``, and a throwaway
 Redis. ``WARM`` turns (default none, as figure 8) run first in the same worker processes
 (their connections opened and warmed), then the counters are reset and ``TURNS`` more are
-released and counted.
+released and counted. ``FLEETS``: the numbers of workers to run, ``1,2`` unless given
+(``1``: one worker only).
 
 Per turn, printed and written to ``OUT.json``, 1 worker then 2 (alternated by round): the
-database's commits, buffer hits, tuples; WAL records and bytes; each index's entries read
-and rows fetched; each statement's calls, rows and buffers; the server-side functions'
-calls; the CPU (``/proc/PID/schedstat``) and voluntary switches of every PostgreSQL process
-by role (backends, new backends, the walwriter...); the waits of active backends sampled
-every 10 ms from ``pg_stat_activity``. Counts, so the machine's other work moves them
-little; the CPU is as noisy as any here. The workers' logs go to ``OUT.logs/``.
+database's commits, buffer hits, tuples; WAL records and bytes, and the WAL's records by
+kind (``pg_walinspect``: a heap ``UPDATE`` against a ``HOT_UPDATE``, a B-tree
+``INSERT_LEAF`` is an index entry written); each table's inserts, updates and HOT updates;
+each index's entries read and rows fetched; each statement's calls, rows, plans (planning
+tracked), buffers hit and dirtied, WAL and time; the server-side functions' calls; the
+CPU (``/proc/PID/schedstat``) and voluntary switches of every PostgreSQL process by role
+(backends, new backends, the walwriter...); the waits of active backends sampled every 10
+ms from ``pg_stat_activity``. Counts, so the machine's other work moves them little; the
+CPU is as noisy as any here. The workers' logs go to ``OUT.logs/``.
 """
 
 from __future__ import annotations
@@ -40,18 +44,15 @@ SAMPLE = 0.01
 """Seconds between two looks at the active backends' waits."""
 
 
-class _StatsPostgres(services.PostgresServer):
-    """The tests' throwaway server, with the statistics extensions loaded."""
+STATS_OPTIONS = (
+    "-c shared_preload_libraries=pg_stat_statements -c pg_stat_statements.track=all "
+    "-c pg_stat_statements.track_planning=on -c track_functions=all"
+)
+"""The tests' throwaway server's settings, with the statistics extensions loaded."""
 
-    def _pg_ctl(self, *action: str) -> None:
-        options = (
-            f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.root} "
-            "-c fsync=off -c synchronous_commit=off -c full_page_writes=off "
-            "-c max_connections=300 -c shared_preload_libraries=pg_stat_statements "
-            "-c pg_stat_statements.track=all -c track_functions=all"
-        )
-        self._run("pg_ctl", "-D", str(self.data), "-l", str(self.log), "-o", options,
-                  "-w", "-t", "60", *action)  # fmt: skip
+
+def _stats_postgres() -> services.PostgresServer:
+    return services.PostgresServer(options=STATS_OPTIONS)
 
 
 def _rows(conn: Any, sql: str) -> list[dict[str, Any]]:
@@ -129,7 +130,7 @@ async def _wait_done(admin: Any, schema: str, n: int) -> None:
 
 
 async def _measure(
-    pg: _StatsPostgres, admin: Any, n: int, turns: int, warm: int, logs: Path
+    pg: services.PostgresServer, admin: Any, n: int, turns: int, warm: int, logs: Path
 ) -> dict[str, Any]:
     """Counters a turn of ``turns`` turns run by ``n`` workers after ``warm`` others."""
     from benchmarks import bench_turn_cpu as cpu
@@ -158,6 +159,7 @@ async def _measure(
                           "pg_stat_reset_shared('wal')"):  # fmt: skip
                 admin.execute(f"SELECT {reset}")
             await trio.sleep(1.2)
+            [(lsn,)] = admin.execute("SELECT pg_current_wal_insert_lsn()").fetchall()
             pids = _server_pids(cpu.postmaster_pid(pg.url))
             before = {pid: (_schedstat_ns(pid), _voluntary(pid)) for pid in pids}
             sampler = _WaitSampler(pg.url)
@@ -168,6 +170,7 @@ async def _measure(
                 f"NOTIFY axon_turns, '{schema}:go'",
             )  # fmt: skip
             await _wait_done(admin, schema, turns + warm)
+            [(end,)] = admin.execute("SELECT pg_current_wal_insert_lsn()").fetchall()
             sampler.stopped.set()
             sampler.join()
             roles: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0.0, 0])
@@ -183,9 +186,23 @@ async def _measure(
             got["waits_sampled"] = dict(sampler.waits)
             got["statements"] = _rows(
                 admin,
-                "SELECT calls, rows, shared_blks_hit AS hit, wal_records, toplevel, "
+                "SELECT calls, rows, plans, shared_blks_hit AS hit, shared_blks_dirtied AS "
+                "dirtied, wal_records, wal_bytes::bigint, round(total_exec_time::numeric, 1) "
+                "AS exec_ms, round(total_plan_time::numeric, 1) AS plan_ms, toplevel, "
                 "left(regexp_replace(query, '\\s+', ' ', 'g'), 100) AS query "
-                "FROM pg_stat_statements ORDER BY total_exec_time DESC LIMIT 30",
+                "FROM pg_stat_statements ORDER BY total_exec_time DESC LIMIT 40",
+            )
+            # The WAL the batch wrote, by record kind (Heap UPDATE against HOT_UPDATE,
+            # Btree INSERT_LEAF: an index entry written), from pg_walinspect, once flushed.
+            for _ in range(100):
+                if admin.execute(f"SELECT pg_current_wal_flush_lsn() >= '{end}'").fetchone()[0]:
+                    break
+                await trio.sleep(0.1)
+            got["wal_kinds"] = _rows(
+                admin,
+                'SELECT "resource_manager/record_type" AS kind, count, combined_size '
+                f"FROM pg_get_wal_stats('{lsn}', '{end}', true) "
+                "WHERE count > 0 ORDER BY count DESC",
             )
         await trio.sleep(1.5)  # the backends' last statistics flushed as they exit
         got["database"] = _rows(
@@ -199,7 +216,8 @@ async def _measure(
         )[0]
         got["tables"] = _rows(
             admin,
-            "SELECT relname, idx_tup_fetch, n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables "
+            "SELECT relname, idx_tup_fetch, n_tup_ins, n_tup_upd, n_tup_hot_upd, n_tup_del "
+            "FROM pg_stat_user_tables "
             f"WHERE schemaname = '{schema}'",
         )
         got["indexes"] = _rows(
@@ -230,24 +248,32 @@ def _summary(got: dict[str, Any]) -> str:
         f"WAL records {got['wal']['wal_records'] / turns:.1f}; index entries read: leases "
         f"{read.get('leases', 0):.1f}, one_running {read.get('one_running', 0):.1f}, heads "
         f"{read.get('heads', 0):.1f}; axon_turns rows fetched {table['idx_tup_fetch'] / turns:.1f}"
-        f"\n    CPU µs, voluntary switches a turn, processes: {cpu}"
+        f"\n    WAL bytes {got['wal']['wal_bytes'] / turns:.0f}; updates (HOT) a turn: "
+        + ", ".join(
+            f"{t['relname']} {t['n_tup_upd'] / turns:.2f} ({t['n_tup_hot_upd'] / turns:.2f})"
+            for t in got["tables"]
+        )
+        + "; WAL records a turn: "
+        + ", ".join(f"{k['kind']} {k['count'] / turns:.2f}" for k in got["wal_kinds"][:8])
+        + f"\n    CPU µs, voluntary switches a turn, processes: {cpu}"
         f"\n    waits sampled: {got['waits_sampled']}"
     )
 
 
-async def _main(out: str, turns: int, rounds: int, warm: int) -> None:
+async def _main(out: str, turns: int, rounds: int, warm: int, fleets: tuple[int, ...]) -> None:
     import psycopg
 
-    pg, redis = _StatsPostgres(), services.RedisServer()
+    pg, redis = _stats_postgres(), services.RedisServer()
     try:
         os.environ["AXON_BENCH_PG"], os.environ["AXON_BENCH_REDIS"] = pg.url, redis.url
         admin = psycopg.connect(pg.url, autocommit=True)
         admin.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        admin.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
         logs = Path(out).with_suffix(".logs")
         logs.mkdir(exist_ok=True)
         results = []
         for r in range(rounds):
-            for n in (1, 2) if r % 2 == 0 else (2, 1):
+            for n in fleets if r % 2 == 0 else fleets[::-1]:
                 results.append(await _measure(pg, admin, n, turns, warm, logs))
                 print(_summary(results[-1]), flush=True)
                 text = json.dumps(results, indent=1, default=str)
@@ -261,9 +287,12 @@ async def _main(out: str, turns: int, rounds: int, warm: int) -> None:
 def main() -> None:
     args = sys.argv[1:]
     if not args:
-        sys.exit("usage: python3 -m benchmarks.pg_two_workers OUT.json [TURNS] [ROUNDS] [WARM]")
-    numbers = [int(a) for a in args[1:]] + [800, 2, 0][len(args) - 1 :]
-    trio.run(_main, args[0], *numbers[:3])
+        sys.exit(
+            "usage: python3 -m benchmarks.pg_two_workers OUT.json [TURNS] [ROUNDS] [WARM] [FLEETS]"
+        )
+    numbers = [int(a) for a in args[1:4]] + [800, 2, 0][len(args[1:4]) :]
+    fleets = tuple(int(n) for n in args[4].split(",")) if len(args) > 4 else (1, 2)
+    trio.run(_main, args[0], *numbers[:3], fleets)
 
 
 if __name__ == "__main__":

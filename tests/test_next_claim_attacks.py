@@ -332,7 +332,7 @@ async def test_a_turn_a_last_save_claimed_for_a_stopping_worker_wakes_an_idle_wo
 
 class _EarlierWorker(Worker):
     """A worker of the version before the riding claim: its last save only saves and
-    ends the turn (``axon_save_v3``), its loop claims after (``axon_claim_v2``)."""
+    ends the turn (the save function), its loop claims after (``axon_claim_v2``)."""
 
     def _wants_next(self, entry: Any) -> bool:
         return False if entry is not None else super()._wants_next(entry)

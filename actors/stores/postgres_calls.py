@@ -180,7 +180,9 @@ SAVE_FUNCTION_NAME: Final = "axon_save_v4"
 version of it gets a new name (a process of the version before keeps calling its own:
 ``axon_save_v1`` had no suspension, ``p_suspend`` and ``p_expires``; ``axon_save_v2`` woke
 the workers at every turn's end, v3 only when the session has a turn queued behind it;
-v3 still woke them at every suspension, v4 as at an end)."""
+v3 still woke them at every suspension, planned its hole check at every call and wrote
+the ``saved`` mark of a turn already marked (an ``UPDATE`` of no row); v4 wakes them at a
+suspension as at an end, and does neither of the others: issue 24 goal 3, ``apw``, ``pg3``)."""
 
 SAVE_FUNCTION: Final = f"""CREATE OR REPLACE FUNCTION {SAVE_FUNCTION_NAME}(
     p_session TEXT, p_start INTEGER, p_expected BIGINT, p_meta BYTEA,
@@ -193,6 +195,7 @@ SAVE_FUNCTION: Final = f"""CREATE OR REPLACE FUNCTION {SAVE_FUNCTION_NAME}(
 DECLARE
     s_meta BYTEA;
     s_version BIGINT;
+    t_saved BOOLEAN;
 BEGIN
     -- Every refusal returns before anything is written: the call is its own transaction.
     -- The fence: the turn's row locked (a takeover's epoch bump waits for this save, or
@@ -200,7 +203,8 @@ BEGIN
     -- end, its suspension), as the transaction's UPDATE did.
     IF p_turn IS NOT NULL THEN
         IF p_mark OR p_ends IS NOT NULL OR p_suspend THEN
-            SELECT owner, epoch, status, steers INTO o_owner, o_epoch, o_turn_status, o_steers
+            SELECT owner, epoch, status, steers, saved
+            INTO o_owner, o_epoch, o_turn_status, o_steers, t_saved
             FROM axon_turns WHERE turn_id = p_turn FOR NO KEY UPDATE;
         ELSE
             SELECT owner, epoch, status, steers INTO o_owner, o_epoch, o_turn_status, o_steers
@@ -235,13 +239,19 @@ BEGIN
             RETURN;
         END IF;
     ELSE
-        -- No hole: a save may append (start = the message count), not beyond.
-        IF p_start > 0 AND NOT EXISTS (SELECT 1 FROM axon_messages
-                WHERE session_id = p_session AND idx = p_start - 1) THEN
-            SELECT coalesce(max(idx) + 1, 0) INTO o_version FROM axon_messages
-            WHERE session_id = p_session AND idx < p_start;
-            o_status := 'hole';
-            RETURN;
+        -- No hole: a save may append (start = the message count), not beyond. Two IFs:
+        -- `p_start > 0` alone is evaluated without a query (a save from 0, a worker's
+        -- every save of a session its turn created, runs none), and the look's plan is
+        -- cached; as one condition it was planned at every call (folded to false for a
+        -- save from 0, its custom plan always looked cheaper than the generic one).
+        IF p_start > 0 THEN
+            IF NOT EXISTS (SELECT 1 FROM axon_messages
+                    WHERE session_id = p_session AND idx = p_start - 1) THEN
+                SELECT coalesce(max(idx) + 1, 0) INTO o_version FROM axon_messages
+                WHERE session_id = p_session AND idx < p_start;
+                o_status := 'hole';
+                RETURN;
+            END IF;
         END IF;
         -- The meta merged as dict.update does: the patch's keys over the stored ones, a
         -- stored key in its place, a new one after them. Merged as `json`, whose values
@@ -301,7 +311,8 @@ BEGIN
                 ORDER BY session_id, seq LIMIT 1) THEN
             PERFORM pg_notify(p_channel, current_schema() || ':' || p_turn);
         END IF;
-    ELSIF p_mark THEN
+    ELSIF p_mark AND NOT t_saved THEN  -- read under the fence's lock: an UPDATE of no row
+        -- cost its executor start (the table's ten indexes opened) at every later save
         UPDATE axon_turns SET saved = true WHERE turn_id = p_turn AND NOT saved;
     END IF;
     o_status := 'ok';
@@ -366,14 +377,21 @@ SAVE_NEXT_FUNCTION: Final = f"""CREATE OR REPLACE FUNCTION {SAVE_NEXT_FUNCTION_N
 #variable_conflict use_variable
 DECLARE
     v_claimed BOOLEAN := false;
+    v_save RECORD;
 BEGIN
     -- The save, fenced, its turn's row locked for writing (the mark asked for: the lock
     -- a last save takes), nothing ended yet: every refusal returns here, before anything
-    -- is written and before anything is claimed.
-    SELECT s.o_status, s.o_version, s.o_steers, s.o_owner, s.o_epoch, s.o_turn_status
-    INTO o_status, o_version, o_steers, o_owner, o_epoch, o_turn_status
-    FROM {SAVE_FUNCTION_NAME}(p_session, p_start, p_expected, p_meta, p_idx, p_roles,
-        p_bodies, p_turn, p_owner, p_epoch, true, NULL, p_channel, false, NULL) AS s;
+    -- is written and before anything is claimed. Called as an expression, its one row a
+    -- record: PL/pgSQL evaluates it without a query of its own (`SELECT ... FROM` the
+    -- function was one more executor start-up, a function scan and its tuplestore).
+    v_save := {SAVE_FUNCTION_NAME}(p_session, p_start, p_expected, p_meta, p_idx, p_roles,
+        p_bodies, p_turn, p_owner, p_epoch, true, NULL, p_channel, false, NULL);
+    o_status := v_save.o_status;
+    o_version := v_save.o_version;
+    o_steers := v_save.o_steers;
+    o_owner := v_save.o_owner;
+    o_epoch := v_save.o_epoch;
+    o_turn_status := v_save.o_turn_status;
     IF o_status <> 'ok' THEN
         RETURN QUERY SELECT o_status, o_version, o_steers, o_owner, o_epoch, o_turn_status,
             {_NO_CLAIM};

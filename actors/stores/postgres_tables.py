@@ -21,7 +21,11 @@ _SCHEMA = (
         update_seq BIGINT NOT NULL,
         version BIGINT NOT NULL
     )""",
-    "CREATE INDEX IF NOT EXISTS axon_sessions_by_update ON axon_sessions (update_seq)",
+    # No index on update_seq (stores of before have axon_sessions_by_update; nothing reads
+    # it: listing every session sorts them all, a walk of the whole index buys nothing):
+    # every save bumps update_seq, and an indexed column changed makes the row's update
+    # non-HOT, a new entry in each of the table's indexes at every save of a stored
+    # session; unindexed, that update can be HOT (issue 24 goal 3, branch pg3).
     """CREATE TABLE IF NOT EXISTS axon_messages (
         session_id TEXT NOT NULL,
         idx INTEGER NOT NULL,
@@ -33,7 +37,7 @@ _SCHEMA = (
         turn_id TEXT PRIMARY KEY,
         session_id TEXT NOT NULL,
         seq BIGSERIAL NOT NULL,
-        idempotency_key TEXT UNIQUE,
+        idempotency_key TEXT,
         input TEXT NOT NULL,
         status TEXT NOT NULL DEFAULT 'queued'
             CHECK (status IN ('queued', 'running', 'done', 'failed', 'cancelled',
@@ -50,6 +54,13 @@ _SCHEMA = (
         started_at TIMESTAMPTZ,
         finished_at TIMESTAMPTZ
     )""",
+    # A key names one submission: unique where given. Partial (stores of before have the
+    # column's UNIQUE, named the same): a NULL key is no entry, where a UNIQUE column
+    # indexes every turn's NULL again at each of its non-HOT updates (its claim, its end).
+    # Submits insert with ON CONFLICT DO NOTHING and no target, which every unique index
+    # arbitrates, this one as the constraint did (NULLs never conflicted).
+    """CREATE UNIQUE INDEX IF NOT EXISTS axon_turns_idempotency_key_key
+        ON axon_turns (idempotency_key) WHERE idempotency_key IS NOT NULL""",
     # At most one running turn per session: two workers can never run one session.
     """CREATE UNIQUE INDEX IF NOT EXISTS axon_turns_one_running
         ON axon_turns (session_id) WHERE status = 'running'""",

@@ -80,9 +80,12 @@ def _postgres_bindir() -> Path | None:
 
 class PostgresServer:
     """A PostgreSQL cluster of the test run's own: ``initdb`` into a temporary directory,
-    ``pg_ctl start`` on a free port, database ``test``, user ``postgres``, trust auth."""
+    ``pg_ctl start`` on a free port, database ``test``, user ``postgres``, trust auth.
+    ``options``: more ``-c name=value`` settings for the server (a test that reads
+    ``pg_stat_statements`` preloads it)."""
 
-    def __init__(self) -> None:
+    def __init__(self, options: str = "") -> None:
+        self.options = options
         bindir = _postgres_bindir()
         if bindir is None or not (bindir / "pg_ctl").exists():
             raise ServiceUnavailable(
@@ -143,7 +146,7 @@ class PostgresServer:
         options = (
             f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.root} "
             "-c fsync=off -c synchronous_commit=off -c full_page_writes=off "
-            "-c max_connections=300"
+            f"-c max_connections=300 {self.options}"
         )
         # -l on every call: a server started without it writes to pg_ctl's own output,
         # which then never closes.
