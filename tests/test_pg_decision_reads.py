@@ -12,7 +12,7 @@ Counts, not timings: messages decoded, thread hops, statements.
 from __future__ import annotations
 
 import collections
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -41,17 +41,6 @@ from runtime.turn_queue import Claim
 EARLIER = 100
 """Earlier turns of the session (a user message and an answer each) before the one that
 waits."""
-
-
-@pytest.fixture
-async def store_and_queue(pg_url: str) -> AsyncIterator[tuple[PostgresStore, TurnQueue]]:
-    store = await PostgresStore.open(pg_url)
-    queue = TurnQueue(store, lease=30.0, max_attempts=3)
-    try:
-        yield store, queue
-    finally:
-        await queue.aclose()
-        await store.aclose()
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ what the store's contract says.
 from __future__ import annotations
 
 import collections
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from functools import partial
 from typing import Any
 
@@ -34,18 +34,6 @@ from runtime.approval import WAITING_META, Decision
 from runtime.errors import AlreadyDecided, LeaseLost, StoreConflict, StoreError, UnknownApproval
 from runtime.messages import AssistantMessage, Awaiting, ToolCallPart, UserMessage
 from runtime.turn_queue import Claim, NextClaim, NextClaimed
-
-
-@pytest.fixture
-async def store_and_queue(pg_url: str) -> AsyncIterator[tuple[PostgresStore, TurnQueue]]:
-    """A store on the test's database and a queue on it, closed after the test."""
-    store = await PostgresStore.open(pg_url)
-    queue = TurnQueue(store, lease=30.0, max_attempts=3)
-    try:
-        yield store, queue
-    finally:
-        await queue.aclose()
-        await store.aclose()
 
 
 async def _drop_function(pg_url: str, name: str) -> None:

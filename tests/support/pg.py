@@ -16,7 +16,8 @@ import contextlib
 import functools
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import pytest
 
@@ -90,6 +91,22 @@ def pg_url() -> Iterator[str]:
         yield f"{base}?schema={schema}"
     finally:
         drop_schema(schema)
+
+
+@pytest.fixture
+async def store_and_queue(pg_url: str) -> AsyncIterator[tuple[Any, Any]]:
+    """A store on the test's schema and a turn queue on it (lease 30 s, 3 attempts),
+    closed after the test: ``(PostgresStore, TurnQueue)``."""
+    from actors.stores.postgres import PostgresStore
+    from actors.stores.turns import TurnQueue
+
+    store = await PostgresStore.open(pg_url)
+    queue = TurnQueue(store, lease=30.0, max_attempts=3)
+    try:
+        yield store, queue
+    finally:
+        await queue.aclose()
+        await store.aclose()
 
 
 @contextlib.contextmanager
