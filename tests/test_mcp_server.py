@@ -254,19 +254,26 @@ async def test_a_session_that_queues_runs_a_second_call_after_the_first(on_busy)
     ]
 
 
+def streamed(progress: Progress) -> str:
+    return "".join(message or "" for _, message in progress.seen)
+
+
 @pytest.mark.parametrize("mode", ["auto", "legacy"])
 async def test_a_cancelled_call_cancels_the_turn_and_it_is_saved_interrupted(mode):
+    progress = Progress()
     async with web_server(slow_agent(), protocols=MCP) as server:
         async with mcp_client(server, mode=mode) as client:
             async with trio.open_nursery() as nursery:
 
                 async def call() -> None:
-                    await client.call_tool("slow", {"prompt": "x", "session_id": "c"})
+                    args = {"prompt": "x", "session_id": "c"}
+                    await client.call_tool("slow", args, progress_callback=progress)
 
                 nursery.start_soon(call)
-                await eventually(lambda: "c" in server.host.sessions)
-                await eventually(lambda: server.host.sessions["c"].busy)
-                nursery.cancel_scope.cancel()  # the client gives up on the call
+                # "thinking " streams as two deltas: cancelling after the first saved
+                # "thinking" on a slow machine; the client gives up once both are out
+                await eventually(lambda: streamed(progress) == "thinking ")
+                nursery.cancel_scope.cancel()
 
         async def saved() -> bool:
             stored = await server.host.store.load("c")
@@ -407,9 +414,12 @@ async def test_sigterm_saves_the_running_turn_interrupted_and_ends_mcp_server(tm
     )
     streaming = trio.Event()
     cut_off: list[BaseException] = []
+    seen = Progress()
 
     async def on_progress(progress: float, total: float | None, message: str | None) -> None:
-        streaming.set()
+        await seen(progress, total, message)
+        if streamed(seen) == "thinking ":  # both of its deltas, not the first alone
+            streaming.set()
 
     async def call(client: Client) -> None:
         try:
