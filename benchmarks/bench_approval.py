@@ -65,15 +65,15 @@ distinct ids and timestamps than an idle one), which measured the waiting side 2
 above the idle one (+10,468 against +5,720 Python blocks) with nothing of the waiting
 turns left; and with the log's time stamps warmed up (:func:`_warm_time_stamps`) for
 the same reason. Each reading is taken in one state of two more process-wide caches
-(:func:`_settle`, branch ``apmem2``): the interpreter's free lists of small tuples
+(:func:`_settle`, branch ``apmem2``): the interpreter's free lists of 1- to 3-tuples
 (2,000 a size, emptied by every full collection) refilled to their cap, and the C
 allocator's whole free pages given back (``malloc_trim``, glibc only). A waiting turn
 left two tuples net in the free list of 1-tuples (at the last step of an actor's task,
 ``Supervisor._supervise``; an idle turn none), so from an emptied list the waiting child
-met 64 KB of Python pools more, a constant from about 1,000 turns on; and whether
+met up to 94 KB of Python pools more, a constant from about 1,000 turns on; and whether
 SQLite's page cache (0.86 KB a session on either side, up to its 2 MB bound) landed in
 free pages already resident or in new ones varied with the process's layout (the same
-code read +0.2 MB or +1.1 MB from two checkouts). Five children a kind
+code read +0.2 MB, or +1.1 MB importing a checkout's ``.pyc``). Five children a kind
 (``approval_memory_rounds``): the figure is the medians' ratio, passing when the
 waiting median is within the idle children's own spread (or two pages) of the idle
 median; SQLite's memory (``sqlite3_status``) is reported.
