@@ -67,9 +67,9 @@ turns left; and with the log's time stamps warmed up (:func:`_warm_time_stamps`)
 the same reason. Each reading is taken in one state of two more process-wide caches
 (:func:`_settle`, branch ``apmem2``): the interpreter's free lists of 1- to 3-tuples
 (2,000 a size, emptied by every full collection) refilled to their cap, and the C
-allocator's whole free pages given back (``malloc_trim``, glibc only). A waiting turn
-left two tuples net in the free list of 1-tuples (at the last step of an actor's task,
-``Supervisor._supervise``; an idle turn none), so from an emptied list the waiting child
+allocator's whole free pages given back (``malloc_trim``, glibc only). Until branch
+``apmem2`` a waiting turn left two tuples in the free list of 1-tuples (its pending-call
+reads' ``tuple(genexpr)``; an idle turn none), so from an emptied list the waiting child
 met up to 94 KB of Python pools more, a constant from about 1,000 turns on; and whether
 SQLite's page cache (0.86 KB a session on either side, up to its 2 MB bound) landed in
 free pages already resident or in new ones varied with the process's layout (the same
@@ -521,9 +521,9 @@ def _settle() -> None:
     """A full collection, then the two caches :func:`_memory` reads RSS with in one state
     (docstring): the tuple free lists full, the allocator's whole free pages returned."""
     gc.collect()  # (empties the free lists)
-    # The sizes a turn leaves in them (a waiting turn two 1-tuples, either kind one
-    # 3-tuple); filling every size's (4.5 MB) left whole arenas of it pinned by a few
-    # blocks the turns took from the lists and kept, which the second refill doubled.
+    # The sizes turns have left in them (a 3-tuple a turn of either kind; two 1-tuples
+    # a waiting turn until branch apmem2); filling every size's (4.5 MB) left whole
+    # arenas of it pinned by a few blocks the turns took from the lists and kept.
     kept = [tuple(range(size)) for size in (1, 2, 3) for _ in range(TUPLE_FREE_LIST)]
     del kept  # each size's free list takes back its 2,000
     try:
