@@ -64,7 +64,7 @@ class Sizes:
     aio_rounds: int = 15
     approval_rounds: int = 31
     approval_sessions: int = 1000
-    approval_memory_rounds: int = 3
+    approval_memory_rounds: int = 5
 
 
 FULL = Sizes()

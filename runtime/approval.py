@@ -167,15 +167,19 @@ def _waiting_in(
     index, message = found
     answered = {m.tool_call_id for m in messages[index + 1 :] if isinstance(m, ToolMessage)}
     return tuple(
-        _pending(p, message.id)
-        for p in message.content
-        if isinstance(p, ToolCallPart) and p.awaiting is not None and p.tool_call_id not in answered
+        [
+            _pending(p, message.id)
+            for p in message.content
+            if isinstance(p, ToolCallPart)
+            and p.awaiting is not None
+            and p.tool_call_id not in answered
+        ]
     )
 
 
 def pending_calls(messages: Sequence[Message]) -> tuple[PendingCall, ...]:
     """The waiting calls still without a decision."""
-    return tuple(c for c in waiting_calls(messages) if not c.decided)
+    return tuple([c for c in waiting_calls(messages) if not c.decided])
 
 
 def _pending(part: ToolCallPart, message_id: str) -> PendingCall:

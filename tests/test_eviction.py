@@ -368,3 +368,27 @@ async def test_evicted_waiting_turns_leave_no_session_object_and_no_entry_keyed_
         assert len(host._actors) == 3 + 3  # the loaded session's; persister, executor, provider
         assert not [a for a in host._actors if a.session_id and not a.resting]
         assert trio.lowlevel.current_statistics().tasks_living == tasks
+
+
+async def test_reading_a_waiting_turns_calls_leaves_no_tuple_in_cpythons_free_lists():
+    """Issue 21, counted in blocks: a waiting turn reads its pending calls (``pending_calls``
+    over ``waiting_calls``) and drops them. Built as ``tuple(genexpr)``, each read
+    allocated ten slots and shrank the tuple, whose block then went to the interpreter's
+    free list of 1-tuples at its death and stayed there (up to 2,000, until a full
+    collection): two blocks a waiting turn, an idle turn none, which the memory benchmark
+    read as a waiting child's 64-94 KB more of Python pools (benchmarks/README.md,
+    branch ``apmem2``). Built from a list, the tuple is allocated at its size."""
+    import sys
+
+    from runtime.approval import pending_calls
+
+    async with Host.open(log_tap=False) as host:
+        session = await host.open_session(waiting_agent("w"), session_id="w")
+        assert (await session.run("go")).finish_reason == "awaiting-input"
+        messages = list(session.messages)
+    assert [c.tool_name for c in pending_calls(messages)] == ["act"]
+    gc.collect()  # (a full collection empties the free lists)
+    before = sys.getallocatedblocks()
+    for _ in range(500):
+        pending_calls(messages)
+    assert sys.getallocatedblocks() - before < 50  # 1,000 more as tuple(genexpr)
