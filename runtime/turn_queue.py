@@ -269,6 +269,11 @@ class NextClaim:
     """The claimed turn, to be read (:attr:`NextClaimed.take`) and started."""
     load: Callable[[str], bool] | None = None
     """As :meth:`TurnQueue.claim`'s: whether the claimed turn's session is read for it."""
+    found_none: Callable[[], None] | None = None
+    """Called, as :attr:`claimed` would be, when the save's claim found nothing to take:
+    no head claimable, no expired lease, no decided turn as of the save's commit (not
+    when it was not made, nor when its answer was lost): the worker's loop then has no
+    claim to make before it waits for the queue's next ``NOTIFY``."""
 
 
 @attrs.frozen(kw_only=True, eq=False)

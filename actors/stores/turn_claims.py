@@ -247,7 +247,11 @@ class TurnClaiming:
         (:data:`~actors.stores.postgres_calls.SAVE_NEXT_FUNCTION`): the turn it claimed, if
         any, handed to the worker at once (its lease held from here)."""
         found = _found_in(result, SAVE_NEXT_CLAIM_AT)
-        if found is None or found is _EXPIRED:  # nothing claimable, or a takeover first
+        if found is None:  # nothing claimable
+            if hook.found_none is not None:
+                hook.found_none()
+            return
+        if found is _EXPIRED:  # a takeover first: the loop's claim makes it
             return
         turn_id, epoch = found[0][0], found[0][8]  # see _COLUMNS
         hook.on_claimed(turn_id, owner, epoch)
