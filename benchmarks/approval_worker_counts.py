@@ -112,7 +112,7 @@ def _instrument(counts: _Counts) -> Callable[..., Any]:
     _wrap(resp.RespConnection, "pipeline", bump("redis pipelines (writers)"))
     _wrap(coredis.Redis, "execute_command", bump("redis calls (coredis)"))
     _wrap(RedisRelay, "writer", bump("relay writers opened"), sync=True)
-    _wrap(redis_writer.RedisRelayWriter, "_read_tail", bump("relay tails read"))
+    _wrap(redis_writer.RedisRelayWriter, "_tail_read", bump("relay tails read"), sync=True)
     return run_sync
 
 
