@@ -19,7 +19,9 @@ and the queue's calls wrapped for timestamps, and prints, per round, medians of:
 Timestamps are taken around the wrapped calls (``TurnQueue.claim_unread``, the worker's
 relay writer's ``append`` of the first ``start`` chunk, ``PostgresStore.save``), so a
 phase holds the event loop's other work done meanwhile (the relay, the client's polls).
-Medians of phases do not add up to the median total.
+Medians of phases do not add up to the median total. Also printed: the process's CPU
+time per side (the worker's and the client's, not PostgreSQL's nor Redis's; the approved
+side's includes the decision's call), steadier than wall time on a loaded machine.
 """
 
 from __future__ import annotations
@@ -119,13 +121,16 @@ def main() -> None:
 
     bench_approval._until = seen  # type: ignore[assignment]
     found: dict[str, list[dict[str, float]]] = collections.defaultdict(list)
+    cpus: dict[str, list[float]] = collections.defaultdict(list)
     alternate = bench_approval.alternate
 
     async def phased(rounds: int, warmup: int, sides: dict[str, Any]) -> Any:
         async def timed(name: str, side: Any) -> float:
             events.clear()
+            cpu = time.process_time()
             t0 = time.perf_counter()
             took: float = await side()
+            cpus[name].append(time.process_time() - cpu)
             got = sorted(events, key=lambda event: event[1])
             looks = [s for label, s, _ in got if label == "seen"]
             try:
@@ -148,6 +153,10 @@ def main() -> None:
     bench_approval.alternate = phased  # type: ignore[assignment]
     for figure in bench_approval._workers_figures(Sizes(approval_rounds=rounds)):
         print(f"{figure.title}: {figure.value:.3f} {figure.unit} ({figure.detail})")
+    for name in ("plain", "approved"):
+        took = cpus[name][-rounds:]
+        cpu_ms = statistics.median(took) * 1e3
+        print(f"{name}: this process's CPU (the worker's, the client's) {cpu_ms:.2f} ms")
     for part, runs in found.items():
         runs = runs[-rounds:]
         print(f"{part} (ms, medians of {len(runs)})")
