@@ -255,8 +255,9 @@ class SteerWatch:
 class NextClaim:
     """How a worker lets a turn's last save claim the next turn for the slot the turn
     frees (:meth:`TurnQueue.fenced`'s ``claim_next``: one store call where there were
-    two, the save's and then the claim's). The queue asks :attr:`wanted` right before
-    it sends a save that ends the turn; when the call claimed a turn, it calls
+    two, the save's and then the claim's); the save of the step that makes the turn
+    wait for a person frees the slot too, and claims alike. The queue asks
+    :attr:`wanted` right before it sends such a save; when the call claimed a turn, it calls
     :attr:`on_claimed` (as :meth:`TurnQueue.claim`'s) and then :attr:`claimed`, both
     at once, on the event loop, with nothing awaited since the answer: the claim is the
     worker's to start or give back from then on."""
@@ -429,9 +430,10 @@ class TurnQueue(Protocol):
         (:class:`SteerWatch`). With ``on_finished``, the save that ends the turn
         (``SaveRequest.ends``) also finishes it ``done`` (:meth:`finish`) in its commit:
         ``on_finishing`` is called in the save's thread before the commit, ``on_finished``
-        once it committed. With ``claim_next`` too, that save may also claim the next
-        turn for the worker (:class:`NextClaim`), in the same commit: a save refused
-        (the fence) or failed claims nothing."""
+        once it committed. With ``claim_next`` too, that save (and one that suspends
+        the turn, with ``on_suspended``) may also claim the next turn for the worker
+        (:class:`NextClaim`), in the same commit: a save refused (the fence) or failed
+        claims nothing."""
         ...
 
     async def take_steering(

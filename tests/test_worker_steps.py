@@ -562,3 +562,49 @@ async def test_a_slot_whose_wait_took_a_notify_after_its_last_save_was_sent_clai
         await store.aclose()
     assert done is not None and done.status == "done"
     assert claims.items[idle:] == [first.turn_id, None]  # the loop's claim after the turn
+
+
+async def test_the_save_that_suspends_a_turn_claims_for_its_slot(pg_url):
+    """The step that makes a turn wait for a person frees its slot in its commit, as a
+    last save does: the claim rides on that save (``axon_save_next_v5``), so a turn
+    queued meanwhile starts from it, and when nothing is claimable the slot waits for
+    the queue's next ``NOTIFY`` without a claim of the loop's; the decision's wakes it."""
+    from actors.stores.postgres_calls import SAVE_NEXT_FUNCTION_NAME
+    from runtime.approval import Decision, pending_calls
+    from tests.support.worker_agent import guarded
+
+    assert SAVE_NEXT_FUNCTION_NAME == "axon_save_next_v5"
+    store = await PostgresStore.open(pg_url)
+    submitter = TurnQueue(store)
+    worker = Worker(store=store, agent=agent, owner="w", poll=30, concurrency=1)
+    claims, waits = _counting(worker)
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(worker.run)
+            with trio.fail_after(20):
+                await waits.reach(2)  # idle (the first wait returns at once)
+                idle = len(claims.items)
+                asks = await submitter.submit("s0", "approve it")
+                behind = await submitter.submit("s1", "hello")  # claimable meanwhile
+                waiting = await submitter.wait_finished(behind.turn_id, 20)
+                status = await submitter.get_status(asks.turn_id)
+                record = await store.load("s0")
+                assert record is not None
+                (call,) = pending_calls(record.messages)
+                await submitter.decide(
+                    "s0", call.approval_id, Decision(approved=True), {"guarded": guarded}
+                )
+                done = await submitter.wait_finished(asks.turn_id, 20)
+            worker.stop()
+    finally:
+        await submitter.aclose()
+        await store.aclose()
+    assert status is not None and status.status == "awaiting-input"
+    assert waiting is not None and waiting.status == "done"
+    assert done is not None and done.status == "done"
+    # The submit's claim took the asking turn; its suspending save took the one behind
+    # (the loop claimed it on main); that one's last save found nothing, and the wait
+    # then took the NOTIFY of its submit (a claim that finds nothing: the save had
+    # taken it); the decision's NOTIFY woke the claim of the continuation.
+    assert claims.items[idle:] == [asks.turn_id, None, asks.turn_id]
+    assert worker.done == {"awaiting-input": 1, "done": 2}
