@@ -578,15 +578,14 @@ async def test_the_save_that_suspends_a_turn_claims_for_its_slot(pg_url):
     submitter = TurnQueue(store)
     worker = Worker(store=store, agent=agent, owner="w", poll=30, concurrency=1)
     claims, waits = _counting(worker)
+    asks = await submitter.submit("s0", "approve it")
+    behind = await submitter.submit("s1", "hello")  # claimable, behind it in line
     try:
         async with trio.open_nursery() as nursery:
             await nursery.start(worker.run)
             with trio.fail_after(20):
-                await waits.reach(2)  # idle (the first wait returns at once)
-                idle = len(claims.items)
-                asks = await submitter.submit("s0", "approve it")
-                behind = await submitter.submit("s1", "hello")  # claimable meanwhile
                 waiting = await submitter.wait_finished(behind.turn_id, 20)
+                await waits.reach(2)  # idle, listening
                 status = await submitter.get_status(asks.turn_id)
                 record = await store.load("s0")
                 assert record is not None
@@ -602,9 +601,11 @@ async def test_the_save_that_suspends_a_turn_claims_for_its_slot(pg_url):
     assert status is not None and status.status == "awaiting-input"
     assert waiting is not None and waiting.status == "done"
     assert done is not None and done.status == "done"
-    # The submit's claim took the asking turn; its suspending save took the one behind
-    # (the loop claimed it on main); that one's last save found nothing, and the wait
-    # then took the NOTIFY of its submit (a claim that finds nothing: the save had
-    # taken it); the decision's NOTIFY woke the claim of the continuation.
-    assert claims.items[idle:] == [asks.turn_id, None, asks.turn_id]
+    # The loop's first claim took the asking turn; its suspending save took the one
+    # behind (the loop claimed it on main); that one's last save found nothing: the
+    # slot waited without a claim (its first wait returned at once, its LISTEN
+    # connection just opened: then a claim that found nothing, and the wait); the
+    # decision's NOTIFY woke the claim of the continuation.
+    assert claims.items == [asks.turn_id, None, asks.turn_id]
+    assert waits.items[:2] == [1, 2]
     assert worker.done == {"awaiting-input": 1, "done": 2}
