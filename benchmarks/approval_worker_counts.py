@@ -112,7 +112,12 @@ def _instrument(counts: _Counts) -> Callable[..., Any]:
     _wrap(resp.RespConnection, "pipeline", bump("redis pipelines (writers)"))
     _wrap(coredis.Redis, "execute_command", bump("redis calls (coredis)"))
     _wrap(RedisRelay, "writer", bump("relay writers opened"), sync=True)
-    _wrap(redis_writer.RedisRelayWriter, "_read_tail", bump("relay tails read"))
+    # (a tree before branch ``apwk`` read every tail in ``_read_tail``, through coredis)
+    tail_read = "_tail_read" if hasattr(redis_writer.RedisRelayWriter, "_tail_read") else None
+    if tail_read is None:
+        _wrap(redis_writer.RedisRelayWriter, "_read_tail", bump("relay tails read"))
+    else:
+        _wrap(redis_writer.RedisRelayWriter, tail_read, bump("relay tails read"), sync=True)
     return run_sync
 
 
@@ -250,11 +255,11 @@ def _print(results: dict[str, list[Any]]) -> None:
 def main() -> None:
     import psycopg
 
-    from benchmarks.pg_two_workers import _StatsPostgres
+    from benchmarks.pg_two_workers import _stats_postgres
     from tests.support import services
 
     rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 7
-    pg, redis = _StatsPostgres(), services.RedisServer()
+    pg, redis = _stats_postgres(), services.RedisServer()
     try:
         admin = psycopg.connect(pg.url, autocommit=True)
         admin.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")

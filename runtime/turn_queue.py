@@ -255,8 +255,9 @@ class SteerWatch:
 class NextClaim:
     """How a worker lets a turn's last save claim the next turn for the slot the turn
     frees (:meth:`TurnQueue.fenced`'s ``claim_next``: one store call where there were
-    two, the save's and then the claim's). The queue asks :attr:`wanted` right before
-    it sends a save that ends the turn; when the call claimed a turn, it calls
+    two, the save's and then the claim's); the save of the step that makes the turn
+    wait for a person frees the slot too, and claims alike. The queue asks
+    :attr:`wanted` right before it sends such a save; when the call claimed a turn, it calls
     :attr:`on_claimed` (as :meth:`TurnQueue.claim`'s) and then :attr:`claimed`, both
     at once, on the event loop, with nothing awaited since the answer: the claim is the
     worker's to start or give back from then on."""
@@ -269,6 +270,11 @@ class NextClaim:
     """The claimed turn, to be read (:attr:`NextClaimed.take`) and started."""
     load: Callable[[str], bool] | None = None
     """As :meth:`TurnQueue.claim`'s: whether the claimed turn's session is read for it."""
+    found_none: Callable[[], None] | None = None
+    """Called, as :attr:`claimed` would be, when the save's claim found nothing to take:
+    no head claimable, no expired lease, no decided turn as of the save's commit (not
+    when it was not made, nor when its answer was lost): the worker's loop then has no
+    claim to make before it waits for the queue's next ``NOTIFY``."""
 
 
 @attrs.frozen(kw_only=True, eq=False)
@@ -424,9 +430,10 @@ class TurnQueue(Protocol):
         (:class:`SteerWatch`). With ``on_finished``, the save that ends the turn
         (``SaveRequest.ends``) also finishes it ``done`` (:meth:`finish`) in its commit:
         ``on_finishing`` is called in the save's thread before the commit, ``on_finished``
-        once it committed. With ``claim_next`` too, that save may also claim the next
-        turn for the worker (:class:`NextClaim`), in the same commit: a save refused
-        (the fence) or failed claims nothing."""
+        once it committed. With ``claim_next`` too, that save (and one that suspends
+        the turn, with ``on_suspended``) may also claim the next turn for the worker
+        (:class:`NextClaim`), in the same commit: a save refused (the fence) or failed
+        claims nothing."""
         ...
 
     async def take_steering(

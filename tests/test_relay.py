@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -9,6 +10,7 @@ import trio
 
 from actors.providers.scripted import ScriptedProvider
 from actors.relays import RedisRelay, attach_relay
+from actors.relays.redis_entries import GAP
 from runtime import Agent, Host
 from runtime import output as o
 from runtime.chunks import Usage
@@ -244,6 +246,63 @@ async def test_a_fresh_writer_reads_no_tail_and_its_turn_reads_back_whole(
         got = await read_all(relay, "t")
     assert tails == []
     assert [c.seq for c in got] == list(range(1, len(chunks) + 1))
+
+
+async def test_a_continuing_writer_reads_the_tail_in_the_flushers_pipeline(
+    redis_url: str,
+) -> None:
+    """A writer that goes on in a stream (a continuation, a takeover) reads its tail on
+    the writers' own connection, as a job of the flusher's pipeline: no coredis call
+    (a task and ~190 us of the loop's CPU each), the seqs following on, the writer it
+    continues named, then its entries in the pipeline after."""
+    async with opened(redis_url) as relay:
+        assert relay.batcher.connection is not None  # a plain URL: the RESP connection
+        chunks = text_turn(["x", "y"])
+        first = relay.writer(session_id="s", turn_id="t", fresh=True)
+        for chunk in chunks[:3]:
+            first.append(chunk)
+        await first.aclose(final=False)
+        tails: list[Any] = []
+        xrevrange = relay.client.xrevrange
+
+        async def counted(*args: Any, **kwargs: Any) -> Any:
+            tails.append(args)
+            return await xrevrange(*args, **kwargs)
+
+        relay.client.xrevrange = counted
+        pipelines = relay.batcher.pipelines
+        second = relay.writer(session_id="s", turn_id="t", takeover=True)
+        for chunk in chunks[3:]:
+            second.append(chunk)
+        await second.aclose()
+        relay.client.xrevrange = xrevrange
+        got = await read_all(relay, "t")
+        entries = await relay.client.xrevrange(relay.turn_key("t"), "+", "-", count=100)
+    assert tails == []
+    assert relay.batcher.pipelines - pipelines >= 2  # the tail's, then the entries'
+    assert [c.seq for c in got] == list(range(1, len(chunks) + 1))
+    (opening, *_) = [e for e in reversed(entries) if e.field_values[b"w"] == second.writer_id]
+    assert opening.field_values[b"prev"] == first.writer_id  # the writer it continues
+    assert second.failures == 0
+
+
+async def test_a_takeover_that_finds_no_stream_through_the_pipeline_says_gap(
+    redis_url: str,
+) -> None:
+    """The tail read in the flusher's pipeline keeps what it said: a takeover that finds
+    no stream starts one whose readers are told the turn's start is lost."""
+    async with opened(redis_url) as relay:
+        writer = relay.writer(session_id="s", turn_id="gone", takeover=True)
+        for chunk in text_turn(["x"])[1:]:
+            writer.append(chunk)
+        await writer.aclose()
+        entries = await relay.client.xrevrange(relay.turn_key("gone"), "+", "-", count=10)
+    items = [
+        item["type"]
+        for entry in reversed(entries)
+        for item in json.loads(entry.field_values[b"items"])
+    ]
+    assert items[0] == GAP
 
 
 async def test_an_unknown_turn_is_a_lookup_error(redis_url: str) -> None:

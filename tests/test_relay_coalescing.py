@@ -42,7 +42,8 @@ class Pipes:
         self.sent.append((trio.current_time(), commands))
         stalled, self.stalls = self.stalls > 0, max(self.stalls - 1, 0)
         await trio.sleep(60.0 if stalled else 0.0002)  # a round trip
-        return [b"ok"] * len(commands)
+        # a tail's read finds no stream; every other command is answered "ok"
+        return [[] if command[0] == "XREVRANGE" else b"ok" for command in commands]
 
     async def aclose(self) -> None:
         pass
@@ -399,28 +400,58 @@ async def test_after_a_chunk_that_does_not_encode_the_gap_goes_out_without_waiti
         assert [types for _, _, types in pipes.entries()] == [["relay.gap"]]
 
 
-class _SlowTail:
-    """Stands in for coredis: a stream's tail read that does not answer for a minute."""
-
-    async def xrevrange(self, *args: Any, **kwargs: Any) -> list[Any]:
-        await trio.sleep(60.0)
-        return []
-
-
-async def test_a_continuations_tail_read_that_hangs_holds_no_other_writer(
+async def test_a_continuations_tail_read_rides_in_the_pipeline_beside_other_writers(
     autojump_clock: Any,
 ) -> None:
+    """A continuation's (or a takeover's) first flush reads the stream's tail on the
+    writers' own connection, as a job of the flusher's pipeline: another writer's flush
+    due then goes in the same pipeline, not after it; the continuation's entries go in
+    the next one."""
     async with fake_relay(op_timeout=5.0) as (relay, pipes):
-        relay.client = _SlowTail()
         continuation = relay.writer(session_id="s1", turn_id="t1", takeover=True)
         other = relay.writer(session_id="s2", turn_id="t2", fresh=True)
         continuation.append(o.Start(message_id="m1"))
         other.append(o.Start(message_id="m2"))
         started = trio.current_time()
         await other.flushed()
+        await continuation.flushed()
         assert trio.current_time() - started < FLUSH_INTERVAL
-        assert [key for _, key, _ in pipes.entries()] == [relay.turn_key("t2")]
+        sent = [[(c[0], c[1]) for c in commands if c[0] != "EXPIRE"] for _, commands in pipes.sent]
+        one, two = relay.turn_key("t1"), relay.turn_key("t2")
+        assert sent[0] == [("XREVRANGE", one), ("XADD", two), ("SET", relay.active_key("s2"))]
+        assert sent[1][0] == ("XADD", one)
+        # no stream there for a takeover: its readers are told the turn's start is lost
+        assert pipes.entries()[-1][2] == ["relay.gap", "start"]
+        assert continuation.flushes == 1
+
+
+async def test_a_tail_read_answered_with_junk_loses_the_queue_not_the_flusher(
+    autojump_clock: Any,
+) -> None:
+    """A tail's read whose answer is not a stream's entries is a refusal (its writer's
+    queue lost, readers told, as for a key of another type): the flusher goes on
+    writing the other writers."""
+    async with fake_relay(op_timeout=5.0) as (relay, pipes):
+        pipeline = pipes.pipeline
+
+        async def junk(commands: list[list[Any]]) -> list[Any]:
+            replies = await pipeline(commands)
+            return [
+                b"junk" if c[0] == "XREVRANGE" else r
+                for c, r in zip(commands, replies, strict=True)
+            ]
+
+        pipes.pipeline = junk  # type: ignore[method-assign]
+        continuation = relay.writer(session_id="s1", turn_id="t1", takeover=True)
+        continuation.append(o.Start(message_id="m1"))
+        await trio.sleep(1.0)
+        # refused, as a key of another type is (retried after a backoff, as before)
+        assert continuation.failures >= 1 and continuation.lost >= 1
         assert continuation.flushes == 0
+        other = relay.writer(session_id="s2", turn_id="t2", fresh=True)
+        other.append(o.Start(message_id="m2"))
+        await other.flushed()
+        assert other.flushes == 1
 
 
 async def test_a_stalled_redis_keeps_each_writers_queue_bounded(autojump_clock: Any) -> None:

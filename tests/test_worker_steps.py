@@ -456,3 +456,156 @@ async def test_a_turn_cancelled_while_its_session_is_still_being_read_starts_can
         await store.aclose()
     assert done is not None and done.status == "cancelled"
     assert record is not None and "echo: hello" not in [m.text for m in record.messages]
+
+
+class _Seen:
+    """What a wrapped call saw, in order, with a wait for the n-th."""
+
+    def __init__(self) -> None:
+        self.items: list[object] = []
+        self._more = trio.Event()
+
+    def add(self, item: object) -> None:
+        self.items.append(item)
+        self._more.set()
+        self._more = trio.Event()
+
+    async def reach(self, n: int) -> None:
+        while len(self.items) < n:
+            await self._more.wait()
+
+
+def _counting(worker: Worker) -> tuple[_Seen, _Seen]:
+    """The worker's claims (the turn id each took, ``None``: nothing) and its waits (how
+    many claims came before each)."""
+    claims, waits = _Seen(), _Seen()
+    real_claim, real_wait = worker.queue.claim_unread, worker.queue.wait
+
+    async def claim(*args, **kwargs):
+        got = await real_claim(*args, **kwargs)
+        claims.add(None if got is None else getattr(got, "turn_id", None) or got.turn.turn_id)
+        return got
+
+    async def wait(*args):
+        waits.add(len(claims.items))
+        return await real_wait(*args)
+
+    worker.queue.claim_unread = claim  # type: ignore[method-assign]
+    worker.queue.wait = wait  # type: ignore[method-assign]
+    return claims, waits
+
+
+async def test_a_slot_whose_last_save_found_nothing_to_claim_waits_without_a_claim(pg_url):
+    """The claim riding on a turn's last save that found nothing claimable is the loop's
+    claim: the freed slot waits for the queue's next ``NOTIFY`` without a claim of its
+    own (one claim call found nothing, not two), and what is submitted after wakes it
+    at once (the loop's poll is 30 s here: only the ``NOTIFY`` can start the turns)."""
+
+    store = await PostgresStore.open(pg_url)
+    submitter = TurnQueue(store)
+    worker = Worker(store=store, agent=agent, owner="w", poll=30, concurrency=1)
+    claims, waits = _counting(worker)
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(worker.run)
+            with trio.fail_after(20):
+                # Idle: a claim, then the wait (the first returns at once: its LISTEN
+                # connection was just opened), a claim again, the wait.
+                await waits.reach(2)
+                idle = len(claims.items)
+                first = await submitter.submit("s0", "hello")
+                done = [await submitter.wait_finished(first.turn_id, 20)]
+                await waits.reach(3)  # the slot freed: back to the wait
+                second = await submitter.submit("s1", "hello")
+                done.append(await submitter.wait_finished(second.turn_id, 20))
+                await waits.reach(4)
+            worker.stop()
+    finally:
+        await submitter.aclose()
+        await store.aclose()
+    assert [d.status if d else None for d in done] == ["done", "done"]
+    # Each turn: the claim its NOTIFY woke, then its last save's claim (nothing), then
+    # the wait: no claim of the loop's between the turn's end and the wait.
+    assert claims.items[idle:] == [first.turn_id, second.turn_id]
+    assert waits.items[2:] == [idle + 1, idle + 2]
+
+
+async def test_a_slot_whose_wait_took_a_notify_after_its_last_save_was_sent_claims(
+    pg_url, monkeypatch
+):
+    """A wait that returned after the last save that found nothing was sent may have
+    taken the ``NOTIFY`` of a turn that save did not see: the loop claims then."""
+
+    store = await PostgresStore.open(pg_url)
+    submitter = TurnQueue(store)
+    worker = Worker(store=store, agent=agent, owner="w", poll=30, concurrency=1)
+    real_found_none = Worker._found_none
+
+    def found_none(self, entry):
+        real_found_none(self, entry)
+        self._waits += 1  # as if a wait returned since the save was sent
+
+    monkeypatch.setattr(Worker, "_found_none", found_none)
+    claims, waits = _counting(worker)
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(worker.run)
+            with trio.fail_after(20):
+                await waits.reach(2)  # idle (the first wait returns at once)
+                idle = len(claims.items)
+                first = await submitter.submit("s0", "hello")
+                done = await submitter.wait_finished(first.turn_id, 20)
+                await waits.reach(3)
+            worker.stop()
+    finally:
+        await submitter.aclose()
+        await store.aclose()
+    assert done is not None and done.status == "done"
+    assert claims.items[idle:] == [first.turn_id, None]  # the loop's claim after the turn
+
+
+async def test_the_save_that_suspends_a_turn_claims_for_its_slot(pg_url):
+    """The step that makes a turn wait for a person frees its slot in its commit, as a
+    last save does: the claim rides on that save (``axon_save_next_v5``), so a turn
+    queued meanwhile starts from it, and when nothing is claimable the slot waits for
+    the queue's next ``NOTIFY`` without a claim of the loop's; the decision's wakes it."""
+    from actors.stores.postgres_calls import SAVE_NEXT_FUNCTION_NAME
+    from runtime.approval import Decision, pending_calls
+    from tests.support.worker_agent import guarded
+
+    assert SAVE_NEXT_FUNCTION_NAME == "axon_save_next_v5"
+    store = await PostgresStore.open(pg_url)
+    submitter = TurnQueue(store)
+    worker = Worker(store=store, agent=agent, owner="w", poll=30, concurrency=1)
+    claims, waits = _counting(worker)
+    asks = await submitter.submit("s0", "approve it")
+    behind = await submitter.submit("s1", "hello")  # claimable, behind it in line
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(worker.run)
+            with trio.fail_after(20):
+                waiting = await submitter.wait_finished(behind.turn_id, 20)
+                await waits.reach(2)  # idle, listening
+                status = await submitter.get_status(asks.turn_id)
+                record = await store.load("s0")
+                assert record is not None
+                (call,) = pending_calls(record.messages)
+                await submitter.decide(
+                    "s0", call.approval_id, Decision(approved=True), {"guarded": guarded}
+                )
+                done = await submitter.wait_finished(asks.turn_id, 20)
+            worker.stop()
+    finally:
+        await submitter.aclose()
+        await store.aclose()
+    assert status is not None and status.status == "awaiting-input"
+    assert waiting is not None and waiting.status == "done"
+    assert done is not None and done.status == "done"
+    # The loop's first claim took the asking turn; its suspending save took the one
+    # behind (the loop claimed it on main); that one's last save found nothing: the
+    # slot waited without a claim (its first wait returned at once, its LISTEN
+    # connection just opened: then a claim that found nothing, and the wait); the
+    # decision's NOTIFY woke the claim of the continuation.
+    assert claims.items == [asks.turn_id, None, asks.turn_id]
+    assert waits.items[:2] == [1, 2]
+    assert worker.done == {"awaiting-input": 1, "done": 2}

@@ -625,9 +625,10 @@ class PostgresStore:
         formats: Sequence[int] = _SAVE_FORMATS
         result_format = 0
         asked = None
-        if ends is not None and fence is not None and fence.claim_next is not None:
-            asked = fence.claim_next()
-        if asked is not None:  # the next claim rides on this last save
+        if (ends is not None or suspend is not None) and fence is not None:
+            if fence.claim_next is not None:
+                asked = fence.claim_next()
+        if asked is not None:  # the next claim rides on this last save (or suspension)
             name, sql, formats = _SAVE_NEXT_NAME, _SAVE_NEXT_SQL, _SAVE_NEXT_FORMATS
             result_format = 1
             params = (
@@ -636,6 +637,10 @@ class PostgresStore:
                 _TURNS_CHANNEL.encode(),
                 repr(float(asked.lease)).encode(),
                 asked.token.encode(),
+                b"f" if suspend is None else b"t",
+                None
+                if suspend is None or suspend.expires_at is None
+                else repr(suspend.expires_at).encode(),
             )
 
         sent = 0
@@ -1107,12 +1112,12 @@ _SAVE_NAME_ENDING: Final = b"axon_save_call_ending"
 _SAVE_FORMATS: Final = (0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0)
 _SAVE_NEXT_SQL: Final = (
     f"SELECT * FROM {SAVE_NEXT_FUNCTION_NAME}($1, $2, $3, $4, $5::int[], $6::text[], "
-    "$7::bytea[], $8, $9, $10, $11, $12, $13, $14)"
+    "$7::bytea[], $8, $9, $10, $11, $12, $13, $14, $15, $16)"
 ).encode()
 """The call of a last save with the next claim riding on it (:data:`SAVE_NEXT_FUNCTION`;
 its answer in the binary format, as the claim's)."""
 _SAVE_NEXT_NAME: Final = b"axon_save_next_call"
-_SAVE_NEXT_FORMATS: Final = (0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0)
+_SAVE_NEXT_FORMATS: Final = (0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0)
 SAVE_NEXT_CLAIM_AT: Final = len(SAVE_NEXT_KINDS)
 """The column of :data:`SAVE_NEXT_FUNCTION`'s answer where the claim's columns begin."""
 _DECIDE_SQL: Final = (

@@ -337,11 +337,12 @@ One statement in autocommit where a save was a transaction of four or five round
 store's thread; PL/pgSQL keeps the plans of its statements per connection."""
 
 
-SAVE_NEXT_FUNCTION_NAME: Final = "axon_save_next_v4"
+SAVE_NEXT_FUNCTION_NAME: Final = "axon_save_next_v5"
 """The server-side function of a turn's last save that also claims the next turn for the
 slot the turn frees (:data:`SAVE_NEXT_FUNCTION`); a new version of it gets a new name
 (``axon_save_next_v1`` called ``axon_claim_v2``, ``axon_save_next_v2`` ``axon_claim_v3``
-and ``axon_save_v3``, with no token)."""
+and ``axon_save_v3``, with no token; ``axon_save_next_v4`` ended the turn only, where v5
+also suspends it: ``p_suspend``, the step that waits for a person, its slot freed too)."""
 
 _SAVE_OUT = (
     ("o_status", "TEXT"),
@@ -371,7 +372,8 @@ SAVE_NEXT_FUNCTION: Final = f"""CREATE OR REPLACE FUNCTION {SAVE_NEXT_FUNCTION_N
     p_session TEXT, p_start INTEGER, p_expected BIGINT, p_meta BYTEA,
     p_idx INTEGER[], p_roles TEXT[], p_bodies BYTEA[],
     p_turn TEXT, p_owner TEXT, p_epoch BIGINT, p_ends TEXT, p_channel TEXT,
-    p_lease DOUBLE PRECISION, p_token TEXT DEFAULT NULL)
+    p_lease DOUBLE PRECISION, p_token TEXT DEFAULT NULL,
+    p_suspend BOOLEAN DEFAULT false, p_expires DOUBLE PRECISION DEFAULT NULL)
     RETURNS TABLE ({_SAVE_NEXT_OUT}, {_SAVE_NEXT_CLAIM_OUT})
     LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 #variable_conflict use_variable
@@ -397,10 +399,17 @@ BEGIN
             {_NO_CLAIM};
         RETURN;
     END IF;
-    -- The turn's end, as the save function writes it.
-    UPDATE axon_turns SET status = 'done', finish_reason = p_ends, error = NULL,
-        lease_until = NULL, finished_at = clock_timestamp(), saved = true
-    WHERE turn_id = p_turn;
+    -- The turn's end, or its suspension for a person, as the save function writes them.
+    IF p_suspend THEN
+        UPDATE axon_turns SET status = 'awaiting-input', owner = NULL,
+            lease_until = NULL, finish_reason = 'awaiting-input',
+            expires_at = p_expires, saved = true
+        WHERE turn_id = p_turn;
+    ELSE
+        UPDATE axon_turns SET status = 'done', finish_reason = p_ends, error = NULL,
+            lease_until = NULL, finished_at = clock_timestamp(), saved = true
+        WHERE turn_id = p_turn;
+    END IF;
     -- The claim for the slot the end frees, as a claim after the commit makes it (its
     -- function: an expired lease first, said and not taken; a decided turn's
     -- continuation; the first claimable head, this session's next turn included). A
@@ -434,7 +443,8 @@ BEGIN
 END $$"""
 """A worker turn's last save and the claim of the next turn in one call (issue 24 goal
 3): :data:`SAVE_FUNCTION`'s fenced save (its refusals return before anything is written
-or claimed, ``o_status`` as it says), the turn's end ``done`` with ``p_ends``, then
+or claimed, ``o_status`` as it says), the turn's end ``done`` with ``p_ends`` (or with
+``p_suspend`` its suspension, ``awaiting-input`` until ``p_expires``), then
 :data:`CLAIM_FUNCTION` for ``p_owner`` with a lease of ``p_lease`` seconds, its columns
 after the save's (``n_``; ``NULL`` when it claimed nothing), then the wake-up of the
 workers when a claimable turn of the session is queued behind. One statement where the

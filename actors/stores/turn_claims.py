@@ -247,7 +247,11 @@ class TurnClaiming:
         (:data:`~actors.stores.postgres_calls.SAVE_NEXT_FUNCTION`): the turn it claimed, if
         any, handed to the worker at once (its lease held from here)."""
         found = _found_in(result, SAVE_NEXT_CLAIM_AT)
-        if found is None or found is _EXPIRED:  # nothing claimable, or a takeover first
+        if found is None:  # nothing claimable
+            if hook.found_none is not None:
+                hook.found_none()
+            return
+        if found is _EXPIRED:  # a takeover first: the loop's claim makes it
             return
         turn_id, epoch = found[0][0], found[0][8]  # see _COLUMNS
         hook.on_claimed(turn_id, owner, epoch)
@@ -414,6 +418,7 @@ class TurnClaiming:
         fence check the save makes anyway."""
         key = (claim.turn.turn_id, claim.owner, claim.epoch)
         ended: list[bool] = []  # the last attempt of the save finished the row
+        suspending: list[bool] = []  # the call about to be sent suspends the row
 
         def write_row(
             conn: Any,
@@ -446,9 +451,11 @@ class TurnClaiming:
             # The save function writes the turn's end or suspension, nothing else of the
             # row: steered rows go in the save's transaction (write_row).
             ended.clear()
+            suspending.clear()
             if steered:
                 return None
             if on_suspended is not None and (meta or {}).get(WAITING_META):
+                suspending.append(True)
                 return Suspend(_first_deadline(messages))
             if ends is None or on_finished is None:
                 return False
@@ -465,9 +472,9 @@ class TurnClaiming:
                 done()
 
         def next_claim() -> RidingClaim | None:
-            # Only for a call that ends the turn (its slot is freed with the commit) and
-            # when the worker will run another turn in the slot.
-            if claim_next is None or not ended or not claim_next.wanted():
+            # Only for a call that ends or suspends the turn (its slot is freed with the
+            # commit) and when the worker will run another turn in the slot.
+            if claim_next is None or not (ended or suspending) or not claim_next.wanted():
                 return None
             token = claim_token()
             return RidingClaim(
@@ -486,7 +493,9 @@ class TurnClaiming:
             saved=claim.turn.saved,
             in_save=write_row if writes else None,
             one_call=one_call,
-            claim_next=None if claim_next is None or on_finished is None else next_claim,
+            claim_next=None
+            if claim_next is None or (on_finished is None and on_suspended is None)
+            else next_claim,
             on_commit=committed,
             watch=watch,
         )

@@ -151,6 +151,8 @@ class _Running:
     """The save of the turn's last step also finished its row ``done`` (committed)."""
     next: NextClaimed | None = None
     """The turn that save claimed too, for this turn's slot (:class:`NextClaim`)."""
+    asked_at: int = 0
+    """The worker's waits when its last save was sent (:meth:`Worker._asks_next`)."""
     cancelled: str | None = None
     """Why the turn was cancelled before its stream existed (applied once it does)."""
 
@@ -391,6 +393,14 @@ class Worker:
         self._leases: LeaseKeeper | None = None
         self._stopping = trio.Event()
         self._turn_ended = trio.Event()
+        self._waits = 0
+        """The claim loop's waits on the queue that returned (each takes every ``NOTIFY``
+        received so far off the connection)."""
+        self._found_none_at: int | None = None
+        """:attr:`_waits` when the last save that found nothing to claim
+        (:attr:`NextClaim.found_none`) was sent: while no wait returned since, the queue
+        held nothing claimable at that save's commit and what was submitted after it is
+        announced on the ``LISTEN`` connection, so the loop waits without a claim."""
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -452,6 +462,16 @@ class Worker:
                     # runs here, claim nothing else, so that if it kills this worker too
                     # it takes no other turn's attempt down with it.
                     await self._a_turn_ends()
+                if self._found_none_at is not None:
+                    found_none_at, self._found_none_at = self._found_none_at, None
+                    if found_none_at == self._waits:
+                        # The slot's last save claimed for it and found nothing, and no
+                        # wait took a NOTIFY since it was sent: a claim now would find
+                        # nothing more (a round trip a turn, on a worker that is not
+                        # saturated); what came after it wakes the wait at once.
+                        slots.release()
+                        await self._wait()
+                        continue
                 try:
                     claim = await self._claim(leases)
                 except StoreError as exc:
@@ -461,7 +481,7 @@ class Worker:
                     continue
                 if claim is None:
                     slots.release()
-                    await self.queue.wait(self.poll)
+                    await self._wait()
                     continue
                 if isinstance(claim, NextClaimed):  # read in the turn's task: claim on
                     nursery.start_soon(self._run_unread, claim, slots)
@@ -501,6 +521,23 @@ class Worker:
             for turn_id, epoch in claimed:
                 leases.release(turn_id, epoch)
             raise
+
+    async def _wait(self) -> None:
+        """Wait for the queue's next ``NOTIFY`` (at most :attr:`poll` seconds)."""
+        try:
+            await self.queue.wait(self.poll)
+        finally:
+            self._waits += 1
+
+    def _asks_next(self, entry: _Running) -> bool:
+        """:meth:`_wants_next` for ``entry``'s last save, which is sent right after: the
+        waits so far are noted for :meth:`_found_none`."""
+        entry.asked_at = self._waits
+        return self._wants_next(entry)
+
+    def _found_none(self, entry: _Running) -> None:
+        """``entry``'s last save claimed for its slot and found nothing claimable."""
+        self._found_none_at = entry.asked_at
 
     def _not_open(self, session_id: str) -> bool:
         """Whether a claimed turn's session is not in this worker's memory, so the claim
@@ -778,10 +815,11 @@ class Worker:
                 on_finished=entry.finish,
                 on_finishing=partial(leases.release, claim.turn.turn_id, claim.epoch),
                 claim_next=NextClaim(
-                    wanted=partial(self._wants_next, entry),
+                    wanted=partial(self._asks_next, entry),
                     on_claimed=leases.hold,
                     claimed=entry.claimed_next,
                     load=self._not_open,
+                    found_none=partial(self._found_none, entry),
                 ),
             ):
                 try:

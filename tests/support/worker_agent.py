@@ -62,7 +62,7 @@ if _FINISH_HOLD:
     ).replace(b"$15)", b"$15) AS f")
     postgres._SAVE_NEXT_SQL = postgres._SAVE_NEXT_SQL.replace(  # type: ignore[misc]
         b"SELECT * FROM ", b"SELECT f.*, pg_sleep(%a) FROM " % float(_FINISH_HOLD)
-    ).replace(b"$14)", b"$14) AS f")
+    ).replace(b"$16)", b"$16) AS f")
 LEDGER_SQL = (
     """CREATE TABLE IF NOT EXISTS axon_test_ledger (
         key TEXT PRIMARY KEY, pid INTEGER NOT NULL, at TIMESTAMPTZ NOT NULL DEFAULT now())""",
