@@ -2,7 +2,8 @@
 connection: a call with a free slot sends its statement without a schedule point before
 it (issue 24 goal 3: the ``Semaphore``'s ``async with`` yielded once even with a slot
 free, a task step for nothing a few times a turn), a cancelled caller sends nothing, and
-a call beyond the lane's size still waits for a slot."""
+a call beyond the lane's size still waits for a slot, and a call reads nothing more once
+libpq holds its answer whole."""
 
 from __future__ import annotations
 
@@ -29,6 +30,8 @@ class _PgConn:
         self.ours.setblocking(False)
         self.socket = self.ours.fileno()
         self._answers = 0
+        self.reads = 0
+        """``consume_input`` calls: each is a ``recv`` on a real connection."""
         self._busy = False
         self._auto = answered
 
@@ -49,6 +52,7 @@ class _PgConn:
         return 0
 
     def consume_input(self) -> None:
+        self.reads += 1
         try:
             if self.ours.recv(1):
                 self._busy = False
@@ -121,3 +125,23 @@ async def test_a_call_beyond_the_lanes_size_waits_for_a_slot() -> None:
         conn.pgconn.server.send(b"x")  # the first's answer
     assert log == ["send known", "send known"]
     assert lane._free == [conn]
+
+
+async def test_a_call_reads_no_more_after_its_result_when_libpq_holds_the_answer_whole() -> None:
+    # Issue 24 goal 3: after a call's result the lane read again, a recv that found
+    # nothing (EAGAIN) whenever the answer's ReadyForQuery came in the same read.
+    log: list[str] = []
+    conn = _Conn(log, answered=False)
+    lane = _lane(conn)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(lane.call, b"known", b"SELECT 1", [], [])
+        await trio.testing.wait_all_tasks_blocked()
+        before = conn.pgconn.reads
+        conn.pgconn.server.send(b"x")  # the answer
+    # read at once after the send (a busy machine's server may have answered by then),
+    # then once the socket was readable; none after the result
+    assert (before, conn.pgconn.reads) == (1, 2)
+    conn.pgconn._auto = True  # answered before the lane reads: no wait, one read a call
+    for _ in range(5):
+        await lane.call(b"known", b"SELECT 1", [], [])
+    assert conn.pgconn.reads == 7

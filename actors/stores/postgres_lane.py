@@ -118,16 +118,23 @@ def _close_on_loop(conn: Any) -> None:
 async def _lane_result(conn: Any) -> Any:
     """The result of the statement just sent on ``conn`` (non-blocking libpq), its socket
     waited on by Trio; an error result raises as psycopg raises it, once the connection
-    is idle again."""
+    is idle again.
+
+    The socket is read at once after the send (on a busy machine the server often
+    answered before this task ran again: no wait then), and after a result only when
+    libpq does not hold the rest of the answer already (``is_busy`` parses what it holds
+    without a read): a read after a result whose ``ReadyForQuery`` came in the same read
+    found nothing, a ``recv`` failing with ``EAGAIN`` every call (issue 24 goal 3)."""
     import psycopg
 
     pgconn = conn.pgconn
     fd = pgconn.socket
     while pgconn.flush():
         await trio.lowlevel.wait_writable(fd)
-    results = []
+    results: list[Any] = []
     while True:
-        pgconn.consume_input()
+        if not results or pgconn.is_busy():
+            pgconn.consume_input()
         while pgconn.is_busy():
             await trio.lowlevel.wait_readable(fd)
             pgconn.consume_input()
