@@ -232,3 +232,87 @@ async def test_a_suspending_saves_lost_answer_gives_back_the_turn_it_claimed_unc
         ("awaiting-input", 1, None),
         ("done", 1, None),
     ]
+
+
+async def test_a_decision_before_the_suspending_saves_answer_wakes_the_waiting_slot(
+    pg_url, monkeypatch
+):
+    """The person decides between the suspending save's commit and its answer's arrival
+    (the save's claim found nothing: the decision was not there yet): the decision's
+    ``NOTIFY`` is kept on the ``LISTEN`` connection, so the slot that then waits without
+    a claim of its own wakes at once and claims the continuation (the poll is an hour)."""
+    from actors.stores.postgres_lane import LoopLane
+    from runtime.approval import Decision, pending_calls
+    from tests.support.worker_agent import guarded
+
+    found_none = _count_found_none(monkeypatch)
+    store = await PostgresStore.open(pg_url)
+    other = await PostgresStore.open(pg_url)
+    submitter = TurnQueue(other)
+    worker = Worker(store=store, agent=agent, owner="w", poll=NEVER, concurrency=1)
+    _claims, waits = _counting(worker)
+    decided: list[Any] = []
+    real = LoopLane.call
+
+    async def call(self: Any, called: bytes, sql: bytes, params: Any, *args: Any) -> Any:
+        result = await real(self, called, sql, params, *args)
+        if called == b"axon_save_next_call" and params[14] == b"t" and not decided:
+            record = await other.load("s0")  # the call is stored: the person decides
+            assert record is not None
+            (pending,) = pending_calls(record.messages)
+            decided.append(
+                await submitter.decide(
+                    "s0", pending.approval_id, Decision(approved=True), {"guarded": guarded}
+                )
+            )
+        return result
+
+    monkeypatch.setattr(LoopLane, "call", call)
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(worker.run)
+            with trio.fail_after(20):
+                await waits.reach(2)  # idle, listening
+                asks = await submitter.submit("s0", "approve this")
+                done = await submitter.wait_finished(asks.turn_id, 20)
+            worker.stop()
+    finally:
+        await submitter.aclose()
+        await store.aclose()
+        await other.aclose()
+    assert decided and len(found_none) == 2  # the suspension's, the continuation's
+    assert done is not None and done.status == "done"
+    assert worker.done == {"awaiting-input": 1, "done": 1}
+
+
+async def test_a_suspending_saves_claim_takes_its_sessions_next_turn_which_supersedes(pg_url):
+    """A turn of the same session queued behind the one that asks for a person: the
+    suspension's riding claim takes it at once (as the loop's claim would: a new message
+    supersedes what waits, docs/approval.md), the waiting turn ends ``superseded``, and
+    the worker's loop made no claim after the suspension."""
+    store = await PostgresStore.open(pg_url)
+    submitter = TurnQueue(store)
+    worker = Worker(store=store, agent=agent, owner="w", poll=NEVER, concurrency=1)
+    claims, _waits = _counting(worker)
+    asks = await submitter.submit("s0", "approve this")
+    behind = await submitter.submit("s0", "hello")
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(worker.run)
+            with trio.fail_after(20):
+                done = [await submitter.wait_finished(t.turn_id, 20) for t in (asks, behind)]
+            worker.stop()
+        record = await store.load("s0")
+    finally:
+        await submitter.aclose()
+        await store.aclose()
+    assert [(d.status, d.finish_reason) if d else None for d in done] == [
+        ("done", "superseded"),
+        ("done", "stop"),
+    ]
+    assert claims.items[0] == asks.turn_id
+    assert behind.turn_id not in claims.items  # the suspending save's claim took it
+    assert worker.done == {"awaiting-input": 1, "done": 1}
+    assert record is not None
+    texts = [getattr(m, "text", None) for m in record.messages]
+    assert texts.index("approve this") < texts.index("hello")
