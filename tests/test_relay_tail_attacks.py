@@ -139,3 +139,30 @@ async def test_a_tail_read_while_redis_is_down_is_retried_not_refused(redis_url:
             entries = await relay.client.xrevrange(relay.turn_key("t"), "+", "-", count=100)
     assert second.lost == 0
     assert _items(entries) == [GAP, *[c.type for c in chunks[6:]], "relay.end"]
+
+
+async def test_a_junk_entry_at_the_tail_read_in_the_pipeline_says_gap_not_refusal(
+    redis_url: str,
+) -> None:
+    """A foreign entry at the stream's tail (no ``items``: not a writer's) read by a
+    continuation in the pipeline: the writer numbers on after it and tells readers that
+    part of the turn is lost (a gap), keeping its chunks; no refusal drops them."""
+    async with opened(redis_url) as relay:
+        chunks = text_turn(["x", "y"])
+        first = relay.writer(session_id="s", turn_id="t", fresh=True)
+        for chunk in chunks[:6]:
+            first.append(chunk)
+        await first.aclose(paused=True)
+        key = relay.turn_key("t")
+        await relay.client.xadd(key, {"junk": "x"}, identifier="9-0")
+        second = relay.writer(session_id="s", turn_id="t", takeover=True)
+        for chunk in chunks[6:]:
+            second.append(chunk)
+        await second.aclose()
+        entries = await relay.client.xrevrange(key, "+", "-", count=100)
+        with pytest.raises(RelayTurnGone):
+            await read_all(relay, "t")
+    mine = [e for e in entries if e.field_values.get(b"w") == second.writer_id]
+    assert _items(mine) == [GAP, *[c.type for c in chunks[6:]], "relay.end"]
+    assert mine[-1].identifier.split(b"-")[0] == b"10"  # numbered on after the junk
+    assert second.lost == 0

@@ -316,3 +316,65 @@ async def test_a_suspending_saves_claim_takes_its_sessions_next_turn_which_super
     assert record is not None
     texts = [getattr(m, "text", None) for m in record.messages]
     assert texts.index("approve this") < texts.index("hello")
+
+
+class _EarlierWorker(Worker):
+    """A worker of a version before the riding claims: its saves only save (the
+    suspension and the turn's end), its loop claims after each."""
+
+    def _wants_next(self, entry: Any) -> bool:
+        return False if entry is not None else super()._wants_next(entry)
+
+
+async def test_a_mixed_fleet_with_suspensions_riding_and_not_runs_every_turn(pg_url):
+    """A worker whose suspensions and turn ends claim for their slots, beside one whose
+    loop claims after each (an earlier version), over one database: turns that wait for
+    a person, decided as they wait, among plain turns of other sessions, submitted while
+    the others end. Every turn ends ``done`` with no poll (an hour)."""
+    from runtime.approval import Decision, pending_calls
+    from tests.support.worker_agent import guarded
+
+    stores = [await PostgresStore.open(pg_url) for _ in range(3)]
+    submitter = TurnQueue(stores[0])
+    workers = [
+        Worker(store=stores[1], agent=agent, owner="new", poll=NEVER, concurrency=2),
+        _EarlierWorker(store=stores[2], agent=agent, owner="old", poll=NEVER, concurrency=2),
+    ]
+
+    async def decide_when_waiting(turn: Any) -> None:
+        while True:
+            status = await submitter.get_status(turn.turn_id)
+            if status is not None and status.status == "awaiting-input":
+                break
+            await trio.sleep(0.01)
+        record = await stores[0].load(turn.session_id)
+        assert record is not None
+        (pending,) = pending_calls(record.messages)
+        await submitter.decide(
+            turn.session_id, pending.approval_id, Decision(approved=True), {"guarded": guarded}
+        )
+
+    submitted: list[Any] = []
+    try:
+        with trio.fail_after(60):
+            async with trio.open_nursery() as nursery:
+                for worker in workers:
+                    await nursery.start(worker.run)
+                async with trio.open_nursery() as deciders:
+                    for n in range(24):
+                        if n % 3 == 0:
+                            turn = await submitter.submit(f"a{n}", "approve this")
+                            deciders.start_soon(decide_when_waiting, turn)
+                        else:
+                            turn = await submitter.submit(f"h{n % 4}", f"m{n}")
+                        submitted.append(turn)
+                        await trio.sleep(0.002 * (n % 3))
+                done = [await submitter.wait_finished(t.turn_id, 60) for t in submitted]
+                for worker in workers:
+                    worker.stop()
+    finally:
+        await submitter.aclose()
+        for store in stores:
+            await store.aclose()
+    assert [d.status if d else None for d in done] == ["done"] * 24
+    assert sum(w.done.get("awaiting-input", 0) for w in workers) == 8
