@@ -12,7 +12,7 @@ import trio
 
 from actors.relays.redis_entries import GAP
 from runtime.errors import RelayTurnGone
-from tests.support.redis import redis_restored, start_redis, stop_redis
+from tests.support.redis import _restartable, redis_restored, start_redis, stop_redis
 from tests.test_relay import opened, read_all, redis_url, text_turn
 
 __all__ = ["redis_url"]  # the fixture, used by name
@@ -166,3 +166,32 @@ async def test_a_junk_entry_at_the_tail_read_in_the_pipeline_says_gap_not_refusa
     assert _items(mine) == [GAP, *[c.type for c in chunks[6:]], "relay.end"]
     assert mine[-1].identifier.split(b"-")[0] == b"10"  # numbered on after the junk
     assert second.lost == 0
+
+
+async def test_a_tail_read_that_redis_stalls_past_its_deadline_is_retried_on_a_new_connection(
+    redis_url: str,
+) -> None:
+    """Redis stalls the continuation's tail read past the flusher's deadline (``CLIENT
+    PAUSE``): the read fails as too slow and is retried after the stall, the RESP
+    connection opened again (a late reply is never taken for a later command's), and
+    the continuation's chunks land once each, numbered on after the pause's end, with
+    no gap."""
+    _restartable()  # the pause stalls every client: only on the run's own server
+    async with opened(
+        redis_url, op_timeout=0.2, retry_base=0.05, retry_max=0.2, close_timeout=30.0
+    ) as relay:
+        chunks = text_turn(["x", "y"])
+        first = relay.writer(session_id="s", turn_id="t", fresh=True)
+        for chunk in chunks[:6]:
+            first.append(chunk)
+        await first.aclose(paused=True)
+        await relay.client.client_pause(800)
+        second = relay.writer(session_id="s", turn_id="t", takeover=True)
+        for chunk in chunks[6:]:
+            second.append(chunk)
+        with trio.fail_after(20):
+            await second.aclose()
+        got = await read_all(relay, "t")
+    assert second.failures >= 1 and second.lost == 0
+    assert [type(c) for c in got] == [type(c) for c in chunks]
+    assert [c.seq for c in got] == [*range(1, 7), *range(8, len(chunks) + 2)]
