@@ -244,27 +244,38 @@ class RepairedHistory:
     __slots__ = ("_kept", "_repaired")
 
     def __init__(self) -> None:
-        self._kept: tuple[Message, ...] = ()
+        self._kept: list[Message] = []
         self._repaired: tuple[Message, ...] = ()
 
     def __call__(self, messages: Sequence[Message]) -> tuple[Message, ...]:
-        """The repaired ``messages``: always equal to ``tuple(repair(messages))``."""
+        """The repaired ``messages``: always equal to ``tuple(repair(messages))``.
+
+        Called before every model call, so its passes over the whole history are a cost
+        every step pays per message of the session: one copy and one comparison of the
+        kept part, the repaired head extended when a turn was added, and the answer
+        itself (the kept part grows by what was added since, not by a copy of all of it;
+        seven passes before)."""
         boundary = len(messages)
         while boundary > 0 and not isinstance(messages[boundary - 1], UserMessage | SystemMessage):
             boundary -= 1
         boundary = max(0, boundary - 1)  # the last user/system message starts the tail
-        kept = len(self._kept)
-        if (
-            kept <= boundary
-            and (kept == 0 or isinstance(messages[kept], UserMessage | SystemMessage))
-            and tuple(messages[:kept]) == self._kept  # in C; the same object compares equal
-        ):
-            if kept < boundary:  # a turn was added since: repair just that
-                head = self._repaired + tuple(repair(messages[kept:boundary]))
-                self._kept, self._repaired = tuple(messages[:boundary]), head
+        kept = self._kept
+        n = len(kept)
+        if n <= boundary and (n == 0 or isinstance(messages[n], UserMessage | SystemMessage)):
+            head = messages[:n]
+            if type(head) is not list:  # (a tuple: primed off the loop)
+                head = list(head)
+            same = head == kept  # in C; the same object compares equal
         else:
-            head = tuple(repair(messages[:boundary]))
-            self._kept, self._repaired = tuple(messages[:boundary]), head
+            same = False
+        if same:
+            if n < boundary:  # a turn was added since: repair just that
+                added = messages[n:boundary]
+                kept.extend(added)
+                self._repaired += tuple(repair(added))
+        else:
+            self._kept = list(messages[:boundary])
+            self._repaired = tuple(repair(self._kept))
         return self._repaired + tuple(repair(messages[boundary:]))
 
 

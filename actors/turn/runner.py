@@ -206,16 +206,28 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
 
     def _publish_history(self) -> None:
         """Replace :attr:`snapshot` with the history as it is now; kept when the history
-        is what it shows already (the same messages, saved as far, at one version)."""
+        is what it shows already (the same messages, saved as far, at one version).
+
+        One copy of the history at most, compared only when the lengths match, and that
+        copy is the new snapshot's (a copy to compare and another to publish were a pass
+        over the whole session more per step)."""
         state, shown = self.state, self.snapshot
         if (
-            state.saved_upto == shown.saved_upto
-            and state.version == shown.version
-            and len(state.messages) == len(shown.messages)
-            and tuple(state.messages) == shown.messages  # (by identity, in C)
+            state.saved_upto != shown.saved_upto
+            or state.version != shown.version
+            or len(state.messages) != len(shown.messages)
         ):
+            self.snapshot = state.snapshot()
             return
-        self.snapshot = state.snapshot()
+        messages = tuple(state.messages)
+        if messages == shown.messages:  # (by identity, in C)
+            return
+        self.snapshot = SessionSnapshot(
+            session_id=state.session_id,
+            messages=messages,
+            saved_upto=state.saved_upto,
+            version=state.version,
+        )
 
     # -- one turn -----------------------------------------------------------------------
 
