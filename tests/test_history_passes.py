@@ -55,16 +55,19 @@ def history(turns: int) -> list:
     return out
 
 
-def test_a_call_after_a_turn_was_added_reads_the_kept_part_once():
+def test_a_call_after_a_turn_was_added_reads_the_history_once_and_copies_it_once():
     repaired = RepairedHistory()
     messages = Noting(history(N))
     repaired(messages)
+    head = repaired._repaired
     messages += history(1)  # the next turn's user message and answer
     messages.append(UserMessage(content="and now?"))
     Noting.reads.clear()
     out = repaired(messages)
     assert dict(Noting.reads) == {"__call__": 1}  # the kept part's check (two copies before)
     assert list(out) == repair(list(messages))
+    # The repaired head was not copied to add the turn to it (the answer is its one copy).
+    assert repaired._repaired is head and len(repaired._added) == 4  # (the last turn and this)
 
 
 def test_a_history_primed_from_a_tuple_is_kept_for_the_list_after():
