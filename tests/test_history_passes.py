@@ -14,15 +14,16 @@ import sys
 
 from actors.providers import ScriptedProvider
 from runtime import Agent, Host
+from runtime.actor_messages import History
 from runtime.history import RepairedHistory, repair
 from runtime.messages import AssistantMessage, TextPart, UserMessage
 
 N = 400
 
 
-class Noting(list):
-    """A list that counts its whole-size reads (a slice, an iteration, a comparison of
-    more than half of it), by the function that made them."""
+class Noting(History):
+    """A session's history that counts its whole-size reads (a slice, an iteration, a
+    comparison of more than half of it), by the function that made them."""
 
     reads: collections.Counter[str] = collections.Counter()
 
@@ -83,17 +84,45 @@ def test_a_history_primed_from_a_tuple_is_kept_for_the_list_after():
     assert list(again) == repair(list(messages))
 
 
-async def test_a_turn_reads_its_long_session_whole_five_times():
-    """The snapshots (after the turn's start, its step, its save: three copies, one of
-    them also the comparison's) and the repair before the model call: 5 (7 before)."""
+async def test_a_turn_reads_its_long_session_whole_three_times():
+    """The snapshot after the turn's start (its user message added), the one after its
+    step (the answer in place: a copy, compared), and the repair before the model call:
+    3 (7 before). The turn's end and its save's answer find the history not edited since
+    (``History.edits``) and copy nothing."""
     provider = ScriptedProvider(responder=lambda _request: ["ok"], keep_requests=0)
     async with Host.open(log_tap=False) as host:
         session = await host.open_session(Agent(provider=provider), "long", history=history(N))
         await session.run("warm")
         runner = session.runner
         runner.state.messages = Noting(runner.state.messages)
+        await session.run("again")  # (the runner takes the new list in: one copy more)
         Noting.reads.clear()
-        result = await session.run("again")
+        result = await session.run("and again")
+        messages = session.messages
     assert result.finish_reason == "stop"
-    assert sum(Noting.reads.values()) == 5, Noting.reads
-    assert Noting.reads["snapshot"] == 2 and Noting.reads["_publish_history"] == 2
+    assert dict(Noting.reads) == {"snapshot": 1, "_publish_history": 1, "__call__": 1}
+    assert messages[-1] is result.message and len(messages) == 2 * N + 6
+
+
+def test_every_edit_of_a_history_is_counted():
+    h = History([UserMessage(content="a")])
+    edits = [
+        lambda: h.append(UserMessage(content="b")),
+        lambda: h.extend([UserMessage(content="c")]),
+        lambda: h.insert(0, UserMessage(content="d")),
+        lambda: h.remove(h[0]),
+        lambda: h.pop(),
+        lambda: h.__setitem__(0, UserMessage(content="e")),
+        lambda: h.__setitem__(slice(0, 1), [UserMessage(content="f")]),
+        lambda: h.__delitem__(slice(1, None)),
+        lambda: h.__iadd__([UserMessage(content="g")]),
+        lambda: h.__imul__(2),
+        lambda: h.reverse(),
+        lambda: h.sort(key=id),
+        lambda: h.clear(),
+    ]
+    for n, edit in enumerate(edits, 1):
+        edit()
+        assert h.edits == n
+    h += [UserMessage(content="h")]
+    assert type(h) is History and h.edits == len(edits) + 1
