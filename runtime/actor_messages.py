@@ -502,6 +502,69 @@ ConsumerItem: TypeAlias = "Batch[OutputChunk] | TurnDone"
 # -- a session's history -------------------------------------------------------------
 
 
+class History(list[Message]):
+    """A session's history as its turn runner keeps it, counting its edits: every call
+    that changes it adds one to :attr:`edits`, so the runner tells an unchanged history
+    from a changed one without copying it to compare (a pass over the whole session;
+    issue 24 goal 1). Equal to, and used as, a plain list otherwise."""
+
+    __slots__ = ("edits",)
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.edits = 0
+
+    def append(self, item: Message) -> None:
+        self.edits += 1
+        super().append(item)
+
+    def extend(self, items: Any) -> None:
+        self.edits += 1
+        super().extend(items)
+
+    def insert(self, index: Any, item: Message) -> None:
+        self.edits += 1
+        super().insert(index, item)
+
+    def remove(self, item: Message) -> None:
+        self.edits += 1
+        super().remove(item)
+
+    def pop(self, index: Any = -1) -> Message:
+        self.edits += 1
+        return super().pop(index)
+
+    def clear(self) -> None:
+        self.edits += 1
+        super().clear()
+
+    def sort(self, *args: Any, **kwargs: Any) -> None:
+        self.edits += 1
+        super().sort(*args, **kwargs)
+
+    def reverse(self) -> None:
+        self.edits += 1
+        super().reverse()
+
+    def __setitem__(self, index: Any, value: Any) -> None:
+        self.edits += 1
+        super().__setitem__(index, value)
+
+    def __delitem__(self, index: Any) -> None:
+        self.edits += 1
+        super().__delitem__(index)
+
+    def __iadd__(self, items: Any) -> History:  # type: ignore[override,misc]
+        self.edits += 1
+        super().__iadd__(items)
+        return self
+
+    def __imul__(self, n: Any) -> History:  # type: ignore[misc]
+        self.edits += 1
+        super().__imul__(n)
+        return self
+
+
 @attrs.define(kw_only=True, slots=True, eq=False)
 class SessionState:
     """A session's history as its turn runner keeps it: private to that runner, which

@@ -241,31 +241,52 @@ class RepairedHistory:
     repaired whole.
     """
 
-    __slots__ = ("_kept", "_repaired")
+    __slots__ = ("_added", "_kept", "_repaired")
+
+    FOLD = 256
+    """Repaired messages held apart from the repaired head (what the turns since it was
+    last rebuilt added) before they join it: a turn's call copies the head once, for the
+    answer, not a second time to extend it (one copy of the head per ~``FOLD`` messages
+    added instead)."""
 
     def __init__(self) -> None:
-        self._kept: tuple[Message, ...] = ()
+        self._kept: list[Message] = []
         self._repaired: tuple[Message, ...] = ()
+        self._added: list[Message] = []
+        """The repair of the kept messages after those :attr:`_repaired` holds."""
 
     def __call__(self, messages: Sequence[Message]) -> tuple[Message, ...]:
-        """The repaired ``messages``: always equal to ``tuple(repair(messages))``."""
+        """The repaired ``messages``: always equal to ``tuple(repair(messages))``.
+
+        Called before every model call, so its passes over the whole history are a cost
+        every step pays per message of the session: one copy and one comparison of the
+        kept part, and the answer itself (the kept part grows by what was added since,
+        not by a copy of all of it; seven passes before)."""
         boundary = len(messages)
         while boundary > 0 and not isinstance(messages[boundary - 1], UserMessage | SystemMessage):
             boundary -= 1
         boundary = max(0, boundary - 1)  # the last user/system message starts the tail
-        kept = len(self._kept)
-        if (
-            kept <= boundary
-            and (kept == 0 or isinstance(messages[kept], UserMessage | SystemMessage))
-            and tuple(messages[:kept]) == self._kept  # in C; the same object compares equal
-        ):
-            if kept < boundary:  # a turn was added since: repair just that
-                head = self._repaired + tuple(repair(messages[kept:boundary]))
-                self._kept, self._repaired = tuple(messages[:boundary]), head
+        kept = self._kept
+        n = len(kept)
+        if n <= boundary and (n == 0 or isinstance(messages[n], UserMessage | SystemMessage)):
+            head = messages[:n]
+            if type(head) is not list:  # (a tuple: primed off the loop)
+                head = list(head)
+            same = head == kept  # in C; the same object compares equal
         else:
-            head = tuple(repair(messages[:boundary]))
-            self._kept, self._repaired = tuple(messages[:boundary]), head
-        return self._repaired + tuple(repair(messages[boundary:]))
+            same = False
+        if same:
+            if n < boundary:  # a turn was added since: repair just that
+                added = messages[n:boundary]
+                kept.extend(added)
+                self._added += repair(added)
+                if len(self._added) > self.FOLD:
+                    self._repaired += tuple(self._added)
+                    self._added = []
+        else:
+            self._kept = list(messages[:boundary])
+            self._repaired, self._added = tuple(repair(self._kept)), []
+        return self._repaired + tuple(self._added + repair(messages[boundary:]))
 
 
 # -- where reasoning may be replayed ------------------------------------------------------

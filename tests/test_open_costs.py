@@ -207,26 +207,26 @@ async def test_a_turn_s_end_keeps_the_message_its_last_step_made(tmp_path, monke
     (its very parts, id, flags and usage) and the history's snapshot with it: two
     assistant messages made a one-delta turn (its empty start, its step's), three before;
     four snapshots, five before. The stored message and the result are the same."""
-    from runtime.actor_messages import SessionState
+    from runtime.actor_messages import SessionSnapshot
     from runtime.messages import AssistantMessage
 
     made = {"messages": 0, "snapshots": 0}
-    init, snapshot = AssistantMessage.__init__, SessionState.snapshot
+    init, snapshot = AssistantMessage.__init__, SessionSnapshot.__init__
 
     def counted_init(self: AssistantMessage, *args: object, **kwargs: object) -> None:
         made["messages"] += 1
         init(self, *args, **kwargs)  # type: ignore[arg-type]
 
-    def counted_snapshot(self: SessionState) -> object:
-        made["snapshots"] += 1
-        return snapshot(self)
+    def counted_snapshot(self: SessionSnapshot, *args: object, **kwargs: object) -> None:
+        made["snapshots"] += 1  # (made by SessionState.snapshot or by the runner itself)
+        snapshot(self, *args, **kwargs)  # type: ignore[arg-type]
 
     agent = Agent(provider=ScriptedProvider(turns=[[["hi"]]] * 2))
     async with Host.open(store=str(tmp_path / "s.db"), log_tap=False) as host:
         warm = await host.open_session(agent, session_id="warm")
         await warm.run("x")
         monkeypatch.setattr(AssistantMessage, "__init__", counted_init)
-        monkeypatch.setattr(SessionState, "snapshot", counted_snapshot)
+        monkeypatch.setattr(SessionSnapshot, "__init__", counted_snapshot)
         session = await host.open_session(agent, session_id="s")
         result = await session.run("y")
         counted = dict(made)

@@ -159,6 +159,25 @@ def test_the_kept_repair_always_equals_a_full_repair(start, changes):
         assert same(repaired(history), repair(history))
 
 
+class Folding(RepairedHistory):
+    FOLD = 1  # what a turn adds joins the repaired head at once, or at the next turn
+
+
+@given(histories(), st.lists(edits, max_size=6))
+def test_the_kept_repair_equals_a_full_repair_across_its_folds(start, changes):
+    repaired = Folding()
+    history = list(start)
+    assert same(repaired(history), repair(history))
+    for change in changes:
+        if change[0] == "append":
+            history.extend(change[1])
+        elif change[0] == "truncate":
+            del history[change[1] :]
+        elif history:
+            history[change[1] % len(history)] = change[2]
+        assert same(repaired(history), repair(history))
+
+
 def test_a_kept_part_is_not_repaired_again():
     repaired = RepairedHistory()
     history = [UserMessage(content="go"), AssistantMessage(content=(call("X"),))]

@@ -59,6 +59,7 @@ from runtime import events as ev
 from runtime.actor import Actor
 from runtime.actor_messages import (
     Batcher,
+    History,
     RunTurn,
     SaveRequest,
     SaveResult,
@@ -151,8 +152,12 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
         super().__init__(name="turn-runner", session_id=state.session_id)
         self.state = state
         """The session's history: this runner's alone (others read :attr:`snapshot`)."""
+        if type(state.messages) is not History:
+            state.messages = History(state.messages)
         self.snapshot: SessionSnapshot = state.snapshot()
         """The history as of its last change: an immutable value, replaced on change."""
+        self._shown: tuple[Any, int | None] = (state.messages, state.messages.edits)
+        """The history list :attr:`snapshot` was taken from, and its edits then."""
         self.agent = agent
         self.provider = provider
         self.fallbacks: tuple[Actor, ...] = tuple(fallbacks)
@@ -206,16 +211,39 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
 
     def _publish_history(self) -> None:
         """Replace :attr:`snapshot` with the history as it is now; kept when the history
-        is what it shows already (the same messages, saved as far, at one version)."""
+        is what it shows already (the same messages, saved as far, at one version).
+
+        A history not edited since the snapshot (:class:`~runtime.actor_messages.History`
+        counts its edits) is not copied: the snapshot's messages are kept, with the new
+        version if it moved (a save's answer). An edited one is copied once, compared
+        only when the lengths match, and that copy is the new snapshot's. (Copies to
+        compare and to publish were passes over the whole session at every step.)"""
         state, shown = self.state, self.snapshot
-        if (
-            state.saved_upto == shown.saved_upto
-            and state.version == shown.version
-            and len(state.messages) == len(shown.messages)
-            and tuple(state.messages) == shown.messages  # (by identity, in C)
-        ):
+        messages = state.messages
+        unchanged = state.saved_upto == shown.saved_upto and state.version == shown.version
+        edits = getattr(messages, "edits", None)
+        if edits is not None and self._shown[0] is messages and self._shown[1] == edits:
+            if not unchanged:
+                self.snapshot = SessionSnapshot(
+                    session_id=state.session_id,
+                    messages=shown.messages,
+                    saved_upto=state.saved_upto,
+                    version=state.version,
+                )
             return
-        self.snapshot = state.snapshot()
+        self._shown = (messages, edits)
+        if not unchanged or len(messages) != len(shown.messages):
+            self.snapshot = state.snapshot()
+            return
+        copy = tuple(messages)
+        if copy == shown.messages:  # (by identity, in C)
+            return
+        self.snapshot = SessionSnapshot(
+            session_id=state.session_id,
+            messages=copy,
+            saved_upto=state.saved_upto,
+            version=state.version,
+        )
 
     # -- one turn -----------------------------------------------------------------------
 

@@ -1,0 +1,128 @@
+"""A turn's passes over its session's whole history (issue 24 goal 1), counted.
+
+Every model call repairs the history (:class:`runtime.history.RepairedHistory`) and
+every change of it is published as a snapshot (``TurnRunner._publish_history``): each
+copy or comparison of the whole session is a cost every step pays per message held
+(at 40,000 messages a copy is ~0.13 ms here). The counts are of element visits through
+a list that notes every slice, iteration and comparison of more than half of it.
+"""
+
+from __future__ import annotations
+
+import collections
+import sys
+
+from actors.providers import ScriptedProvider
+from runtime import Agent, Host
+from runtime.actor_messages import History
+from runtime.history import RepairedHistory, repair
+from runtime.messages import AssistantMessage, TextPart, UserMessage
+
+N = 400
+
+
+class Noting(History):
+    """A session's history that counts its whole-size reads (a slice, an iteration, a
+    comparison of more than half of it), by the function that made them."""
+
+    reads: collections.Counter[str] = collections.Counter()
+
+    def _note(self, n: int) -> None:
+        if n > len(self) // 2:
+            frame = sys._getframe(2)
+            Noting.reads[frame.f_code.co_name] += 1
+
+    def __iter__(self):
+        self._note(len(self))
+        return super().__iter__()
+
+    def __getitem__(self, key):
+        got = super().__getitem__(key)
+        if isinstance(key, slice):
+            self._note(len(got))
+        return got
+
+    def __eq__(self, other):
+        self._note(len(self))
+        return super().__eq__(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def history(turns: int) -> list:
+    out: list = []
+    for _ in range(turns):
+        out += [UserMessage(content="u"), AssistantMessage(content=(TextPart(text="a", step=0),))]
+    return out
+
+
+def test_a_call_after_a_turn_was_added_reads_the_history_once_and_copies_it_once():
+    repaired = RepairedHistory()
+    messages = Noting(history(N))
+    repaired(messages)
+    head = repaired._repaired
+    messages += history(1)  # the next turn's user message and answer
+    messages.append(UserMessage(content="and now?"))
+    Noting.reads.clear()
+    out = repaired(messages)
+    assert dict(Noting.reads) == {"__call__": 1}  # the kept part's check (two copies before)
+    assert list(out) == repair(list(messages))
+    # The repaired head was not copied to add the turn to it (the answer is its one copy).
+    assert repaired._repaired is head and len(repaired._added) == 4  # (the last turn and this)
+
+
+def test_a_history_primed_from_a_tuple_is_kept_for_the_list_after():
+    repaired = RepairedHistory()
+    start = [*history(3), UserMessage(content="go")]
+    first = repaired(tuple(start))  # (primed off the loop: a tuple)
+    messages = Noting(start)
+    messages += history(1)
+    Noting.reads.clear()
+    again = repaired(messages)
+    assert dict(Noting.reads) == {"__call__": 1}
+    assert again[:6] == first[:6]
+    assert list(again) == repair(list(messages))
+
+
+async def test_a_turn_reads_its_long_session_whole_three_times():
+    """The snapshot after the turn's start (its user message added), the one after its
+    step (the answer in place: a copy, compared), and the repair before the model call:
+    3 (7 before). The turn's end and its save's answer find the history not edited since
+    (``History.edits``) and copy nothing."""
+    provider = ScriptedProvider(responder=lambda _request: ["ok"], keep_requests=0)
+    async with Host.open(log_tap=False) as host:
+        session = await host.open_session(Agent(provider=provider), "long", history=history(N))
+        await session.run("warm")
+        runner = session.runner
+        runner.state.messages = Noting(runner.state.messages)
+        await session.run("again")  # (the runner takes the new list in: one copy more)
+        Noting.reads.clear()
+        result = await session.run("and again")
+        messages = session.messages
+    assert result.finish_reason == "stop"
+    assert dict(Noting.reads) == {"snapshot": 1, "_publish_history": 1, "__call__": 1}
+    assert messages[-1] is result.message and len(messages) == 2 * N + 6
+
+
+def test_every_edit_of_a_history_is_counted():
+    h = History([UserMessage(content="a")])
+    edits = [
+        lambda: h.append(UserMessage(content="b")),
+        lambda: h.extend([UserMessage(content="c")]),
+        lambda: h.insert(0, UserMessage(content="d")),
+        lambda: h.remove(h[0]),
+        lambda: h.pop(),
+        lambda: h.__setitem__(0, UserMessage(content="e")),
+        lambda: h.__setitem__(slice(0, 1), [UserMessage(content="f")]),
+        lambda: h.__delitem__(slice(1, None)),
+        lambda: h.__iadd__([UserMessage(content="g")]),
+        lambda: h.__imul__(2),
+        lambda: h.reverse(),
+        lambda: h.sort(key=id),
+        lambda: h.clear(),
+    ]
+    for n, edit in enumerate(edits, 1):
+        edit()
+        assert h.edits == n
+    h += [UserMessage(content="h")]
+    assert type(h) is History and h.edits == len(edits) + 1
