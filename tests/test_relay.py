@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -50,6 +52,24 @@ def text_turn(step_texts: list[str]) -> list[Any]:
             o.StepFinish(step=step, finish_reason="stop", usage=USAGE),
         ]
     return [*out, o.Finish(finish_reason="stop", usage=USAGE)]
+
+
+@contextmanager
+def counted_tail_reads(relay: Any) -> Iterator[list[Any]]:
+    """The arguments of every ``XREVRANGE`` the relay's coredis client sends inside (a
+    tail read through coredis, not the flusher's pipeline)."""
+    tails: list[Any] = []
+    xrevrange = relay.client.xrevrange
+
+    async def counted(*args: Any, **kwargs: Any) -> Any:
+        tails.append(args)
+        return await xrevrange(*args, **kwargs)
+
+    relay.client.xrevrange = counted
+    try:
+        yield tails
+    finally:
+        relay.client.xrevrange = xrevrange
 
 
 async def read_all(relay: Any, turn_id: str, after_seq: int | None = None) -> list[Any]:
@@ -229,20 +249,12 @@ async def test_a_fresh_writer_reads_no_tail_and_its_turn_reads_back_whole(
     """A worker's first claim of a turn says ``fresh``: the first flush is the XADD
     alone (no XREVRANGE of a tail there cannot be), and the seqs still start at 1."""
     async with opened(redis_url) as relay:
-        tails: list[Any] = []
-        xrevrange = relay.client.xrevrange
-
-        async def counted(*args: Any, **kwargs: Any) -> Any:
-            tails.append(args)
-            return await xrevrange(*args, **kwargs)
-
-        relay.client.xrevrange = counted
-        writer = relay.writer(session_id="s", turn_id="t", fresh=True)
-        chunks = text_turn(["x", "y"])
-        for chunk in chunks:
-            writer.append(chunk)
-        await writer.aclose()
-        relay.client.xrevrange = xrevrange
+        with counted_tail_reads(relay) as tails:
+            writer = relay.writer(session_id="s", turn_id="t", fresh=True)
+            chunks = text_turn(["x", "y"])
+            for chunk in chunks:
+                writer.append(chunk)
+            await writer.aclose()
         got = await read_all(relay, "t")
     assert tails == []
     assert [c.seq for c in got] == list(range(1, len(chunks) + 1))
@@ -262,20 +274,12 @@ async def test_a_continuing_writer_reads_the_tail_in_the_flushers_pipeline(
         for chunk in chunks[:3]:
             first.append(chunk)
         await first.aclose(final=False)
-        tails: list[Any] = []
-        xrevrange = relay.client.xrevrange
-
-        async def counted(*args: Any, **kwargs: Any) -> Any:
-            tails.append(args)
-            return await xrevrange(*args, **kwargs)
-
-        relay.client.xrevrange = counted
-        pipelines = relay.batcher.pipelines
-        second = relay.writer(session_id="s", turn_id="t", takeover=True)
-        for chunk in chunks[3:]:
-            second.append(chunk)
-        await second.aclose()
-        relay.client.xrevrange = xrevrange
+        with counted_tail_reads(relay) as tails:
+            pipelines = relay.batcher.pipelines
+            second = relay.writer(session_id="s", turn_id="t", takeover=True)
+            for chunk in chunks[3:]:
+                second.append(chunk)
+            await second.aclose()
         got = await read_all(relay, "t")
         entries = await relay.client.xrevrange(relay.turn_key("t"), "+", "-", count=100)
     assert tails == []

@@ -13,7 +13,7 @@ import trio
 from actors.relays.redis_entries import GAP
 from runtime.errors import RelayTurnGone
 from tests.support.redis import _restartable, redis_restored, start_redis, stop_redis
-from tests.test_relay import opened, read_all, redis_url, text_turn
+from tests.test_relay import counted_tail_reads, opened, read_all, redis_url, text_turn
 
 __all__ = ["redis_url"]  # the fixture, used by name
 
@@ -36,20 +36,12 @@ async def test_a_tail_read_refused_with_wrongtype_is_a_refusal_and_the_flusher_g
     async with opened(redis_url, close_timeout=1.0) as relay:
         assert relay.batcher.connection is not None
         await relay.client.set(relay.turn_key("bad"), "not a stream")
-        tails: list[Any] = []
-        xrevrange = relay.client.xrevrange
-
-        async def counted(*args: Any, **kwargs: Any) -> Any:
-            tails.append(args)
-            return await xrevrange(*args, **kwargs)
-
-        relay.client.xrevrange = counted
-        bad = relay.writer(session_id="s", turn_id="bad")
-        for chunk in text_turn(["x"])[1:]:
-            bad.append(chunk)
-        with trio.fail_after(10):
-            await bad.aclose()
-        relay.client.xrevrange = xrevrange
+        with counted_tail_reads(relay) as tails:
+            bad = relay.writer(session_id="s", turn_id="bad")
+            for chunk in text_turn(["x"])[1:]:
+                bad.append(chunk)
+            with trio.fail_after(10):
+                await bad.aclose()
         good = relay.writer(session_id="s", turn_id="good", fresh=True)
         chunks = text_turn(["y"])
         for chunk in chunks:
