@@ -56,6 +56,22 @@ async def test_a_tail_read_refused_with_wrongtype_is_a_refusal_and_the_flusher_g
     assert good.failures == 0
 
 
+async def test_a_refusal_repeated_counts_the_turns_chunks_lost_once(redis_url: str) -> None:
+    """Every retry of a key of another type is refused again, each time with only the
+    gap's marker the writer queued itself after the first refusal: ``lost`` counts the
+    turn's six chunks, not the marker again at every refusal."""
+    async with opened(redis_url, close_timeout=1.0) as relay:
+        await relay.client.set(relay.turn_key("bad"), "not a stream")
+        bad = relay.writer(session_id="s", turn_id="bad")
+        chunks = text_turn(["x"])[1:]
+        for chunk in chunks:
+            bad.append(chunk)
+        with trio.fail_after(10):
+            await bad.aclose()
+    assert bad.failures >= 2  # refused, then refused again with the marker alone
+    assert bad.lost == len(chunks) == 6
+
+
 async def test_a_reader_resuming_across_a_continuation_sees_no_gap_and_no_repeat(
     redis_url: str,
 ) -> None:

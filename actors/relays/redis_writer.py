@@ -86,6 +86,17 @@ step's save, more than ``flush_interval`` after the previous flush, and went in 
 ``XADD`` of its own (issue 24 goal 3)."""
 
 
+def _chunks(items: list[dict[str, Any]]) -> int:
+    """The turn's chunks among queued ``items``: the markers the writer queues itself
+    (a gap's after an overflow or a refusal, the stream's end at its close) are none of
+    the turn's, so dropping one, again at every refusal, counts nothing in
+    :attr:`RedisRelayWriter.lost`."""
+    return sum(item["type"] not in _MARKERS for item in items)
+
+
+_MARKERS = frozenset({GAP, END})
+
+
 def _quiet(items: list[dict[str, Any]]) -> bool:
     """Whether ``items`` are all :data:`_QUIET` chunks."""
     return all(item["type"] in _QUIET for item in items)
@@ -140,7 +151,9 @@ class RedisRelayWriter:
         self._attempt = 0
         """Failed attempts in a row (the backoff's exponent)."""
         self.lost = 0
-        """Chunks dropped because the queue overflowed while Redis did not answer."""
+        """The turn's chunks dropped: the queue overflowed while Redis did not answer,
+        Redis refused them, or the turn ended before they were written (the writer's own
+        gap and end markers are not counted: :func:`_chunks`)."""
         self.flushes = 0
         """Entries written (one ``XADD`` per flush: the coalescing, observable)."""
         self.failures = 0
@@ -215,11 +228,12 @@ class RedisRelayWriter:
         self.relay._forget(self)
         self._notify()
         if self._queue:
-            self.lost += len(self._queue)
+            unflushed = _chunks(self._queue)
+            self.lost += unflushed
             log.warning(
                 "relay.unflushed",
                 turn_id=self.turn_id,
-                chunks=len(self._queue),
+                chunks=unflushed,
                 error="Redis did not answer before the turn ended; readers rebuild from the store",
             )
 
@@ -233,11 +247,12 @@ class RedisRelayWriter:
     def _put(self, item: dict[str, Any]) -> None:
         queue = self._queue
         if len(queue) >= self.relay.max_queue:
-            self.lost += len(queue)
+            dropped = _chunks(queue)
+            self.lost += dropped
             log.warning(
                 "relay.overflow",
                 turn_id=self.turn_id,
-                dropped=len(queue),
+                dropped=dropped,
                 error="Redis is not keeping up; readers of this turn rebuild from the store",
             )
             queue.clear()
@@ -365,9 +380,10 @@ class RedisRelayWriter:
             self._queue = job.batch + self._queue
             self._failed("relay.flush_failed", error)
         else:  # Redis refused it (OOM, wrong type): not retried
-            self.lost += len(job.batch)
+            dropped = _chunks(job.batch)
+            self.lost += dropped
             self._queue.insert(0, {"type": GAP})
-            self._failed("relay.flush_refused", error, dropped=len(job.batch))
+            self._failed("relay.flush_refused", error, dropped=dropped)
         self._notify()
         if self._queue and not self._closed:
             self.relay.batcher.schedule(self, self._due_at(trio.current_time()))
@@ -417,7 +433,7 @@ class RedisRelayWriter:
         elif isinstance(error, _retryable()):
             self._failed("relay.flush_failed", error)
         else:  # a key of another type: the queue is lost, as a refusal
-            self.lost += len(self._queue)
+            self.lost += _chunks(self._queue)
             self._queue = [{"type": GAP}]
             self._failed("relay.flush_refused", error)
         self._busy = False
