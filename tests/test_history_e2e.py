@@ -1,0 +1,201 @@
+"""A session's history kept three ways stays one history: what the store holds (SQLite),
+``session.messages`` (the runner's published snapshot) and what the model is sent (the
+kept repair), across steering, an approval, a fallback that rolls back a streamed step,
+a cancelled turn, a plug-in's edit of the runner's list, and a reload from the store."""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+import attrs
+import trio
+import trio.testing
+
+from actors.providers.scripted import ScriptedProvider, tool_call
+from runtime import Agent, Host, RetryPolicy, tool
+from runtime.errors import Overloaded
+from runtime.history import repair
+from runtime.messages import UserMessage
+
+gate: dict[str, trio.Event] = {}
+
+
+@tool
+async def hold() -> str:
+    """Wait until the test lets go."""
+    gate["open"].set()
+    await gate["release"].wait()
+    return "held"
+
+
+@tool
+async def look() -> str:
+    """Look around."""
+    return "looked"
+
+
+@tool(needs_approval=True)
+async def delete_file(path: str) -> str:
+    """Delete a file."""
+    return f"deleted {path}"
+
+
+class Script:
+    """Model calls answered in order; each request kept."""
+
+    def __init__(self, *steps: list) -> None:
+        self.steps = deque(steps)
+        self.requests: list[Any] = []
+
+    def __call__(self, request: Any) -> list:
+        self.requests.append(request)
+        return self.steps.popleft()
+
+
+def busy() -> Overloaded:
+    return Overloaded("overloaded", provider="scripted", status_code=529)
+
+
+def plain(messages: Any) -> list:
+    """Equal but for the ids of the ``interrupted`` results repair makes (new each time)."""
+    return [attrs.evolve(m, id="") for m in messages]
+
+
+def gates() -> None:
+    gate["open"], gate["release"] = trio.Event(), trio.Event()
+
+
+async def agree(host: Any, session: Any, script: Script, asked: int) -> tuple:
+    """The store, ``session.messages`` and the model's first request since ``asked`` (if
+    any) say the same; the store's messages."""
+    record = await host.store.load("s")
+    assert record is not None
+    stored = record.messages
+    assert tuple(session.messages) == tuple(stored)
+    assert session.state.saved_upto == len(stored)
+    runner = session.runner
+    assert tuple(runner.state.messages) == tuple(stored)
+    full = plain(repair(stored))
+    for request in script.requests[asked:]:
+        # Each call was sent the store's history, repaired, up to its turn's last user
+        # message (what follows is the turn's own, still growing then).
+        sent = request.messages
+        k = max(i for i, m in enumerate(sent) if isinstance(m, UserMessage))
+        assert plain(sent[:k]) == full[:k]
+        assert sent[k] in stored
+    return stored
+
+
+async def test_store_session_and_requests_agree_across_every_kind_of_edit(tmp_path):
+    path = tmp_path / "s.db"
+    primary = Script(
+        [*tool_call("look", {}, tool_call_id="L")],  # turn 1: a tool result
+        [*tool_call("hold", {}, tool_call_id="H")],  # held while a message steers in
+        ["answer to both"],
+        [*tool_call("delete_file", {"path": "x"}, tool_call_id="D")],  # turn 2: approval
+        ["deleted it"],
+        ["partial ", busy()],  # turn 3: streams, then fails: the backup's step replaces it
+        [*tool_call("hold", {}, tool_call_id="C")],  # turn 4: cancelled while its tool runs
+        ["last"],  # turn 6 (turn 5 is the backup's alone: the primary failed over)
+    )
+    backup = Script(["backup answer"])
+
+    def agent() -> Agent:
+        return Agent(
+            provider=[
+                ScriptedProvider(responder=primary, name="primary"),
+                ScriptedProvider(responder=backup, name="backup"),
+            ],
+            tools=[hold, look, delete_file],
+            on_busy="steer",
+            retry=RetryPolicy(max_attempts=1),
+        )
+
+    gates()
+    async with Host.open(store=str(path), log_tap=False) as host:
+        session = await host.open_session(agent(), session_id="s")
+        results: dict[str, Any] = {}
+        async with trio.open_nursery() as nursery:
+
+            async def first() -> None:
+                results["first"] = await session.run("first")
+
+            nursery.start_soon(first)
+            await gate["open"].wait()
+
+            async def steer() -> None:
+                async with session.stream("also this") as out:
+                    async for _ in out:
+                        pass
+
+            nursery.start_soon(steer)
+            await trio.testing.wait_all_tasks_blocked()
+            gate["release"].set()
+        assert results["first"].text == "answer to both"
+        stored = await agree(host, session, primary, 0)
+        assert [m.text for m in stored if isinstance(m, UserMessage)] == ["first", "also this"]
+
+        asked = len(primary.requests)
+        waiting = await session.run("delete x")
+        assert waiting.finish_reason == "awaiting-input"
+        await agree(host, session, primary, asked)
+        (pending,) = session.pending
+        result = await session.respond(pending.approval_id, approved=True)
+        assert result is not None and result.text == "deleted it"
+        await agree(host, session, primary, asked)
+
+        asked = len(primary.requests)
+        fell = await session.run("fall over")
+        assert fell.text == "backup answer"
+        stored = await agree(host, session, primary, asked)
+        assert "partial" not in stored[-1].text
+
+        gates()
+        asked = len(primary.requests)
+        async with trio.open_nursery() as nursery:
+
+            async def cut() -> None:
+                async with session.stream("cut me") as out:
+                    results["cut"] = out
+                    async for _ in out:
+                        pass
+
+            nursery.start_soon(cut)
+            await gate["open"].wait()
+            results["cut"].cancel("enough")
+        stored = await agree(host, session, primary, asked)
+        assert stored[-1].error is not None  # the held call's result: interrupted
+
+        # A plug-in's edit of the runner's list, bypassing History's counting: the next
+        # turn publishes and saves it, and the model is sent it.
+        runner = session.runner
+        note = UserMessage(content="a note a plug-in added")
+        list.append(runner.state.messages, note)
+        asked = len(primary.requests)
+        last = await session.run("and now?")
+        assert last.text == "last"
+        stored = await agree(host, session, primary, asked)
+        assert note in stored and note in primary.requests[-1].messages
+
+        # A plug-in's `state.messages = [...]`: a plain list, not counted; still published.
+        other = UserMessage(content="another note")
+        runner.state.messages = [*runner.state.messages, other]
+        primary.steps.append(["plain"])
+        asked = len(primary.requests)
+        assert (await session.run("and then?")).text == "plain"
+        stored = await agree(host, session, primary, asked)
+        assert other in stored and other in primary.requests[-1].messages
+        kept = tuple(session.messages)
+
+    async with Host.open(store=str(path), log_tap=False) as host:  # a fresh load
+        session = await host.open_session(agent(), session_id="s")
+        assert tuple(session.messages) == kept
+        primary.steps.append(["after the reload"])
+        asked = len(primary.requests)
+        again = await session.run("after the reload?")
+        assert again.text == "after the reload"
+        stored = await agree(host, session, primary, asked)
+        assert stored[: len(kept)] == kept
+        sent = primary.requests[-1].messages
+        assert plain(sent[: len(kept)]) == plain(repair(kept))
