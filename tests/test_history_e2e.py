@@ -13,10 +13,12 @@ import trio
 import trio.testing
 
 from actors.providers.scripted import ScriptedProvider, tool_call
-from runtime import Agent, Host, RetryPolicy, tool
+from actors.stores.sqlite import SQLiteStore
+from runtime import Agent, Host, RetryPolicy, Summarize, tool
+from runtime.compaction import SUMMARY_INSTRUCTIONS, is_summary
 from runtime.errors import Overloaded
-from runtime.history import repair
-from runtime.messages import UserMessage
+from runtime.history import INTERRUPTED, RepairedHistory, repair
+from runtime.messages import AssistantMessage, ToolCallPart, ToolMessage, UserMessage
 
 gate: dict[str, trio.Event] = {}
 
@@ -199,3 +201,84 @@ async def test_store_session_and_requests_agree_across_every_kind_of_edit(tmp_pa
         assert stored[: len(kept)] == kept
         sent = primary.requests[-1].messages
         assert plain(sent[: len(kept)]) == plain(repair(kept))
+
+
+# -- the kept repair across folds, summaries, superseded calls and a reload ------------------
+
+
+class Checked:
+    """A session runner's kept repair, checked against a full repair at every call."""
+
+    def __init__(self, kept: Any) -> None:
+        self.kept, self.calls = kept, 0
+
+    def __call__(self, messages: Any) -> tuple:
+        out = self.kept(messages)
+        assert plain(out) == plain(repair(list(messages)))
+        self.calls += 1
+        return out
+
+
+BROKEN = [
+    UserMessage(content="stored"),
+    AssistantMessage(content=(ToolCallPart(tool_call_id="X", tool_name="look", input={}, step=0),)),
+    ToolMessage(tool_call_id="Z", tool_name="look", output="orphan", step=0),  # answers no call
+]
+
+
+async def test_the_kept_repair_holds_across_folds_summaries_and_superseded_calls(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setattr(RepairedHistory, "FOLD", 2)  # a fold every turn or two
+    path = str(tmp_path / "s.db")
+    store = await SQLiteStore.open(path)
+    try:
+        await store.save("s", 0, BROKEN)  # a stored call without its result
+    finally:
+        await store.aclose()
+    summaries = {"n": 0}
+
+    def respond(request: Any) -> list:
+        if request.instructions == SUMMARY_INSTRUCTIONS:
+            summaries["n"] += 1
+            return [f"summary {summaries['n']}"]
+        sent = request.messages
+        k = max(i for i, m in enumerate(sent) if isinstance(m, UserMessage))
+        text = sent[k].text if not any(isinstance(m, ToolMessage) for m in sent[k:]) else ""
+        if "ask" in text:  # waits for approval
+            return [*tool_call("delete_file", {"path": "y"}, tool_call_id=f"D{text}")]
+        if "look" in text:
+            return [*tool_call("look", {}, tool_call_id=f"L{text}")]
+        return ["an answer of some length " * 4]
+
+    def agent() -> Agent:
+        return Agent(
+            provider=ScriptedProvider(responder=respond),
+            tools=[look, delete_file],
+            history_processors=[Summarize(max_tokens=400, keep_turns=2)],
+        )
+
+    inputs = ["look", "ask", "superseding", "look again", "plain", "ask again", "x" * 3]
+    checked: list[Checked] = []
+    for round_ in range(2):  # the second round starts from a fresh load of the store
+        async with Host.open(store=path, log_tap=False) as host:
+            session = await host.open_session(agent(), session_id="s")
+            runner = session.runner
+            check = Checked(runner._repaired)
+            runner._repaired = check
+            checked.append(check)
+            for n, text in enumerate(inputs * 2):
+                await session.run(f"{text} {round_}.{n}")  # an asking turn waits; the
+                record = await host.store.load("s")  # next user message supersedes it
+                assert record is not None
+                assert tuple(session.messages) == record.messages
+                assert tuple(runner.state.messages) == record.messages
+            kept = tuple(session.messages)
+        async with Host.open(store=path, log_tap=False) as host:
+            assert tuple((await host.open_session(agent(), session_id="s")).messages) == kept
+    assert summaries["n"] >= 2  # summaries were stored, in the middle of the history
+    assert all(c.calls >= 14 for c in checked)
+    assert sum(is_summary(m) for m in kept) == summaries["n"]
+    assert any(getattr(m, "error", None) == INTERRUPTED for m in repair(kept))  # X answered
+    superseded = [m for m in kept if isinstance(m, ToolMessage) and "supersed" in str(m.error)]
+    assert len(superseded) == 8  # every asking turn, by the next user message
