@@ -282,3 +282,57 @@ async def test_the_kept_repair_holds_across_folds_summaries_and_superseded_calls
     assert any(getattr(m, "error", None) == INTERRUPTED for m in repair(kept))  # X answered
     superseded = [m for m in kept if isinstance(m, ToolMessage) and "supersed" in str(m.error)]
     assert len(superseded) == 8  # every asking turn, by the next user message
+
+
+async def test_an_interrupting_message_and_a_retried_step_leave_one_history(tmp_path):
+    """``on_busy="interrupt"`` cuts the running turn (its held call interrupted) for the
+    new message; a step that streamed and then failed ends its turn with what it
+    streamed and the error; one that failed before any output is retried by the same
+    provider (no delay: ``initial_delay=0``)."""
+    path = str(tmp_path / "s.db")
+    script = Script(
+        [*tool_call("hold", {}, tool_call_id="H")],  # cut by the next message
+        ["the new message's answer"],
+        ["half an answer ", busy()],  # streams, then fails: the turn fails, kept as cut
+        [busy()],  # fails before any output: retried
+        ["a whole answer"],
+        ["last"],
+    )
+    agent = Agent(
+        provider=ScriptedProvider(responder=script),
+        tools=[hold],
+        on_busy="interrupt",
+        retry=RetryPolicy(max_attempts=2, initial_delay=0, jitter=0),
+    )
+    gates()
+    async with Host.open(store=path, log_tap=False) as host:
+        session = await host.open_session(agent, session_id="s")
+        results: dict[str, Any] = {}
+        async with trio.open_nursery() as nursery:
+
+            async def first() -> None:
+                results["first"] = await session.run("first")
+
+            nursery.start_soon(first)
+            await gate["open"].wait()
+            results["second"] = await session.run("instead")
+        assert results["second"].text == "the new message's answer"
+        stored = await agree(host, session, script, 0)
+        assert [m.text for m in stored if isinstance(m, UserMessage)] == ["first", "instead"]
+        assert any(isinstance(m, ToolMessage) and m.error is not None for m in stored)
+
+        asked = len(script.requests)
+        failed = await session.run("fail")
+        assert failed.error is not None and failed.text == "half an answer "
+        stored = await agree(host, session, script, asked)
+        assert stored[-1].error is not None
+        asked = len(script.requests)
+        retried = await session.run("retry")
+        assert retried.text == "a whole answer" and len(script.requests) == asked + 2
+        stored = await agree(host, session, script, asked)
+        asked = len(script.requests)
+        await session.run("and last")
+        stored = await agree(host, session, script, asked)
+        kept = tuple(session.messages)
+    async with Host.open(store=path, log_tap=False) as host:
+        assert tuple((await host.open_session(agent, session_id="s")).messages) == kept
