@@ -336,3 +336,55 @@ async def test_an_interrupting_message_and_a_retried_step_leave_one_history(tmp_
         kept = tuple(session.messages)
     async with Host.open(store=path, log_tap=False) as host:
         assert tuple((await host.open_session(agent, session_id="s")).messages) == kept
+
+
+async def test_two_writers_interleaved_keep_each_runners_repair_whole(tmp_path, monkeypatch):
+    """Two hosts hold one stored session open and take turns: each runner takes in the
+    other's turns before its own (its history's saved part replaced by the store's, an
+    edit below its folded head), with calls left unanswered on both sides."""
+    monkeypatch.setattr(RepairedHistory, "FOLD", 2)
+    path = str(tmp_path / "s.db")
+
+    def respond(request: Any) -> list:
+        sent = request.messages
+        k = max(i for i, m in enumerate(sent) if isinstance(m, UserMessage))
+        if "cut" in sent[k].text and not any(isinstance(m, ToolMessage) for m in sent[k:]):
+            return [*tool_call("hold", {}, tool_call_id=f"H{sent[k].text}")]
+        return ["ok"]
+
+    def agent() -> Agent:  # one per host: a provider actor belongs to one host
+        return Agent(provider=ScriptedProvider(responder=respond), tools=[hold])
+
+    async with (
+        Host.open(store=path, log_tap=False) as a,
+        Host.open(store=path, log_tap=False) as b,
+    ):
+        sessions = [await a.open_session(agent(), "s"), await b.open_session(agent(), "s")]
+        checks, streams = [], {}
+        for session in sessions:
+            check = Checked(session.runner._repaired)
+            session.runner._repaired = check
+            checks.append(check)
+        for n in range(12):
+            host, session = ((a, sessions[0]), (b, sessions[1]))[(n // 3) % 2]
+            text = f"{'cut' if n % 4 == 1 else 'turn'} {n}"
+            if text.startswith("cut"):  # cut while its tool runs: its call interrupted
+                gates()
+                async with trio.open_nursery() as nursery:
+
+                    async def go(session: Any = session, text: str = text) -> None:
+                        async with session.stream(text) as out:
+                            streams["out"] = out
+                            async for _ in out:
+                                pass
+
+                    nursery.start_soon(go)
+                    await gate["open"].wait()
+                    streams["out"].cancel("enough")
+            else:
+                assert (await session.run(text)).error is None
+            record = await host.store.load("s")
+            assert record is not None and tuple(session.messages) == record.messages
+            users = [m.text for m in record.messages if isinstance(m, UserMessage)]
+            assert users == [f"{'cut' if i % 4 == 1 else 'turn'} {i}" for i in range(n + 1)]
+    assert all(c.calls >= 6 for c in checks)
