@@ -506,13 +506,18 @@ class History(list[Message]):
     """A session's history as its turn runner keeps it, counting its edits: every call
     that changes it adds one to :attr:`edits`, so the runner tells an unchanged history
     from a changed one without copying it to compare (a pass over the whole session;
-    issue 24 goal 1). Equal to, and used as, a plain list otherwise."""
+    issue 24 goal 1). Equal to, and used as, a plain list otherwise.
+
+    Only its own methods count: list's called on it (``list.append(h, m)``, ``heapq``'s
+    C functions) do not. The runner checks the length and the last message besides
+    (O(1)), so what such a call can hide is a same-length edit before the end."""
 
     __slots__ = ("edits",)
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
-        self.edits = 0
+        # (h.__init__(other) again replaces the messages: an edit, never a count reset)
+        self.edits = getattr(self, "edits", -1) + 1
 
     def append(self, item: Message) -> None:
         self.edits += 1

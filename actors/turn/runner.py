@@ -222,7 +222,15 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
         messages = state.messages
         unchanged = state.saved_upto == shown.saved_upto and state.version == shown.version
         edits = getattr(messages, "edits", None)
-        if edits is not None and self._shown[0] is messages and self._shown[1] == edits:
+        if (
+            edits is not None
+            and self._shown[0] is messages
+            and self._shown[1] == edits
+            # list's own methods called on the History (list.append(h, m), heapq) edit
+            # it without counting: its length and last message are checked too (O(1)).
+            and len(messages) == len(shown.messages)
+            and (not messages or messages[-1] is shown.messages[-1])
+        ):
             if not unchanged:
                 self.snapshot = SessionSnapshot(
                     session_id=state.session_id,
