@@ -14,33 +14,13 @@ import trio.testing
 
 from actors.providers.scripted import ScriptedProvider, tool_call
 from actors.stores.sqlite import SQLiteStore
-from runtime import Agent, Host, RetryPolicy, Summarize, tool
+from runtime import Agent, Host, RetryPolicy, Summarize
 from runtime.compaction import SUMMARY_INSTRUCTIONS, is_summary
 from runtime.errors import Overloaded
 from runtime.history import INTERRUPTED, RepairedHistory, repair
 from runtime.messages import AssistantMessage, ToolCallPart, ToolMessage, UserMessage
-
-gate: dict[str, trio.Event] = {}
-
-
-@tool
-async def hold() -> str:
-    """Wait until the test lets go."""
-    gate["open"].set()
-    await gate["release"].wait()
-    return "held"
-
-
-@tool
-async def look() -> str:
-    """Look around."""
-    return "looked"
-
-
-@tool(needs_approval=True)
-async def delete_file(path: str) -> str:
-    """Delete a file."""
-    return f"deleted {path}"
+from tests.test_busy import delete_file, hold, look
+from tests.test_busy import held as gate  # the tools test_busy holds a step open with
 
 
 class Script:
