@@ -5,7 +5,6 @@ a cancelled turn, a plug-in's edit of the runner's list, and a reload from the s
 
 from __future__ import annotations
 
-from collections import deque
 from typing import Any
 
 import attrs
@@ -19,20 +18,8 @@ from runtime.compaction import SUMMARY_INSTRUCTIONS, is_summary
 from runtime.errors import Overloaded
 from runtime.history import INTERRUPTED, RepairedHistory, repair
 from runtime.messages import AssistantMessage, ToolCallPart, ToolMessage, UserMessage
-from tests.test_busy import delete_file, hold, look
+from tests.test_busy import Script, delete_file, hold, look
 from tests.test_busy import held as gate  # the tools test_busy holds a step open with
-
-
-class Script:
-    """Model calls answered in order; each request kept."""
-
-    def __init__(self, *steps: list) -> None:
-        self.steps = deque(steps)
-        self.requests: list[Any] = []
-
-    def __call__(self, request: Any) -> list:
-        self.requests.append(request)
-        return self.steps.popleft()
 
 
 def busy() -> Overloaded:
