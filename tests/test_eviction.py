@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import sys
 import tracemalloc
 import weakref
 
@@ -14,6 +15,7 @@ from structlog.testing import capture_logs
 from actors.providers.scripted import ScriptedProvider, Sleep
 from actors.stores import MemoryStore
 from runtime import Agent, Host, configure_logging
+from runtime.approval import pending_calls
 from runtime.errors import ConfigurationError, SessionBusy, SessionNotLoaded, StoreError
 from runtime.events import SessionEvicted
 from runtime.messages import Message, UserMessage
@@ -378,10 +380,6 @@ async def test_reading_a_waiting_turns_calls_leaves_no_tuple_in_cpythons_free_li
     collection): two blocks a waiting turn, an idle turn none, which the memory benchmark
     read as a waiting child's 64-94 KB more of Python pools (benchmarks/README.md,
     branch ``apmem2``). Built from a list, the tuple is allocated at its size."""
-    import sys
-
-    from runtime.approval import pending_calls
-
     async with Host.open(log_tap=False) as host:
         session = await host.open_session(waiting_agent("w"), session_id="w")
         assert (await session.run("go")).finish_reason == "awaiting-input"
