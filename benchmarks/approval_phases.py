@@ -40,7 +40,6 @@ from __future__ import annotations
 import gc
 import itertools
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
@@ -50,7 +49,7 @@ from typing import Any
 import trio
 
 from benchmarks.bench_approval import _agents, _answer, _check
-from benchmarks.common import PROMPT, LogSink
+from benchmarks.common import PROMPT, LogSink, count_argument
 
 WARMUP = 20
 _clock = time.thread_time
@@ -167,7 +166,7 @@ def report(samples: dict[str, list[float]]) -> dict[str, float]:
 
 
 def main() -> None:
-    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 200
+    rounds = count_argument(200, __doc__)
     with tempfile.TemporaryDirectory(prefix="axon-bench-") as directory:
         sink = LogSink(directory)
         try:

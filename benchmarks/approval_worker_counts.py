@@ -32,11 +32,12 @@ import collections
 import inspect
 import itertools
 import statistics
-import sys
 from collections.abc import Callable
 from typing import Any
 
 import trio
+
+from benchmarks.common import count_argument
 
 WARM = 2
 EXPIRY = "UPDATE axon_turns SET expires_at"
@@ -258,7 +259,7 @@ def main() -> None:
     from benchmarks.pg_two_workers import _stats_postgres
     from tests.support import services
 
-    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 7
+    rounds = count_argument(7, __doc__)
     pg, redis = _stats_postgres(), services.RedisServer()
     try:
         admin = psycopg.connect(pg.url, autocommit=True)

@@ -95,9 +95,9 @@ def main() -> None:
     from actors.stores.postgres import PostgresStore
     from actors.stores.turns import TurnQueue
     from benchmarks import bench_approval
-    from benchmarks.common import Sizes
+    from benchmarks.common import Sizes, count_argument
 
-    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 31
+    rounds = count_argument(31, __doc__)
     events: list[Event] = []
     for name in ("claim_unread", "decide"):
         _wrap(TurnQueue, name, events)

@@ -19,7 +19,6 @@ store's threads included). Printed: µs per call of each, server and client.
 
 from __future__ import annotations
 
-import sys
 import time
 import uuid
 from typing import Any
@@ -27,7 +26,7 @@ from typing import Any
 import trio
 
 from benchmarks.bench_turn_cpu import postmaster_pid, tree_cpu
-from benchmarks.common import bench_server_urls
+from benchmarks.common import bench_server_urls, count_argument
 
 
 async def measure(n: int) -> dict[str, tuple[float, float]]:
@@ -78,7 +77,7 @@ async def measure(n: int) -> dict[str, tuple[float, float]]:
 
 
 def main() -> None:
-    n = int(sys.argv[1]) if len(sys.argv) > 1 else 800
+    n = count_argument(800, __doc__, "calls")
     for kind, (server, client) in trio.run(measure, n).items():
         print(f"{kind:22s} server {server:7.1f} us  client {client:7.1f} us")
 

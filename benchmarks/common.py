@@ -131,6 +131,19 @@ class Figure:
         }
 
 
+def count_argument(default: int, doc: str | None, name: str = "rounds") -> int:
+    """The one optional count a by-hand benchmark takes (``python3 -m benchmarks.X [N]``),
+    read with argparse so that ``--help`` prints the script's docstring (``doc``) instead
+    of failing to read ``--help`` as a number."""
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(name, nargs="?", type=int, default=default, help=f"default {default}")
+    return int(getattr(parser.parse_args(), name))
+
+
 def median(xs: Sequence[float]) -> float:
     return statistics.median(xs)
 

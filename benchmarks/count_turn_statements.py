@@ -17,13 +17,12 @@ statement's share (its first 60 characters).
 from __future__ import annotations
 
 import collections
-import sys
 from typing import Any
 
 import psycopg
 import trio
 
-from benchmarks.common import bench_server_urls
+from benchmarks.common import bench_server_urls, count_argument
 
 _POLL = "/*poll*/"
 """Marks this script's own polling statement, which is not counted."""
@@ -136,7 +135,7 @@ async def _left(store: Any) -> int:
 
 
 def main() -> None:
-    turns = int(sys.argv[1]) if len(sys.argv) > 1 else 40
+    turns = count_argument(40, __doc__, "turns")
     got = trio.run(count, turns)
     counts = got["counts"]
     print(f"{turns} turns, finish reasons {dict(got['reasons'])}")
