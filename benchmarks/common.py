@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import gc
 import json
@@ -135,8 +136,6 @@ def count_argument(default: int, doc: str | None, name: str = "rounds") -> int:
     """The one optional count a by-hand benchmark takes (``python3 -m benchmarks.X [N]``),
     read with argparse so that ``--help`` prints the script's docstring (``doc``) instead
     of failing to read ``--help`` as a number."""
-    import argparse
-
     parser = argparse.ArgumentParser(
         description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
     )
