@@ -42,14 +42,13 @@ def _count_found_none(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
 
 async def test_a_dead_workers_lease_expiring_after_a_found_nothing_save_is_taken_by_the_poll(
-    pg_url, monkeypatch
+    store_and_queue, monkeypatch
 ):
     """A turn held by a dead worker is claimable once its lease expires, with no
     ``NOTIFY``: the slot whose last save found nothing (the lease still held then) waits
     at most its poll, then claims and takes the turn over."""
     found_none = _count_found_none(monkeypatch)
-    store = await PostgresStore.open(pg_url)
-    submitter = TurnQueue(store)
+    store, submitter = store_and_queue
     dead = TurnQueue(store, lease=2.0)
     held = await submitter.submit("dead", "hello")
     assert await dead.claim("gone") is not None  # never renewed
@@ -65,48 +64,40 @@ async def test_a_dead_workers_lease_expiring_after_a_found_nothing_save_is_taken
             worker.stop()
     finally:
         await dead.aclose()
-        await submitter.aclose()
-        await store.aclose()
     assert ran is not None and ran.status == "done"
     assert taken is not None and (taken.status, taken.owner) == ("done", "w")
 
 
 async def test_an_approval_expiring_after_a_found_nothing_suspension_resumes_its_turn(
-    pg_url, monkeypatch
+    store_and_queue, monkeypatch
 ):
     """The save that suspends a turn for a person found nothing to claim for the slot;
     the person never answers. The worker's expiry (``approval_timeout``) records the
     call denied and the continuation is claimed: the waiting slot is not left waiting
     for a decision's ``NOTIFY`` that no person sends."""
     found_none = _count_found_none(monkeypatch)
-    store = await PostgresStore.open(pg_url)
-    submitter = TurnQueue(store)
+    store, submitter = store_and_queue
     timed = attrs.evolve(agent, approval_timeout=1.0)
     worker = Worker(store=store, agent=timed, owner="w", poll=0.2, concurrency=1)
-    try:
-        async with trio.open_nursery() as nursery:
-            await nursery.start(worker.run)
-            with trio.fail_after(20):
-                asks = await submitter.submit("s0", "approve this")
-                done = await submitter.wait_finished(asks.turn_id, 20)
-            worker.stop()
-    finally:
-        await submitter.aclose()
-        await store.aclose()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(worker.run)
+        with trio.fail_after(20):
+            asks = await submitter.submit("s0", "approve this")
+            done = await submitter.wait_finished(asks.turn_id, 20)
+        worker.stop()
     assert found_none  # the suspension's riding claim found nothing
     assert done is not None and done.status == "done"
     assert worker.done == {"awaiting-input": 1, "done": 1}
 
 
 async def test_a_submit_between_a_found_nothing_saves_commit_and_the_loops_wait_starts_at_once(
-    pg_url, monkeypatch
+    store_and_queue, monkeypatch
 ):
     """A turn submitted after the save that found nothing committed and before the
     loop's wait began: its ``NOTIFY`` is kept on the ``LISTEN`` connection and the wait
     returns at once (the poll is an hour)."""
     found_none = _count_found_none(monkeypatch)
-    store = await PostgresStore.open(pg_url)
-    submitter = TurnQueue(store)
+    store, submitter = store_and_queue
     worker = Worker(store=store, agent=agent, owner="w", poll=NEVER, concurrency=1)
     claims, waits = _counting(worker)
     late: list[Any] = []
@@ -118,21 +109,17 @@ async def test_a_submit_between_a_found_nothing_saves_commit_and_the_loops_wait_
         return await counted_wait(*args)
 
     worker.queue.wait = wait  # type: ignore[method-assign]
-    try:
-        async with trio.open_nursery() as nursery:
-            await nursery.start(worker.run)
-            with trio.fail_after(20):
-                await waits.reach(2)  # idle, listening
-                idle = len(claims.items)
-                first = await submitter.submit("s0", "hello")
-                ran = await submitter.wait_finished(first.turn_id, 20)
-                while not late:  # noqa: ASYNC110 - the wrapped wait's state
-                    await trio.sleep(0.01)
-                after = await submitter.wait_finished(late[0].turn_id, 20)
-            worker.stop()
-    finally:
-        await submitter.aclose()
-        await store.aclose()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(worker.run)
+        with trio.fail_after(20):
+            await waits.reach(2)  # idle, listening
+            idle = len(claims.items)
+            first = await submitter.submit("s0", "hello")
+            ran = await submitter.wait_finished(first.turn_id, 20)
+            while not late:  # noqa: ASYNC110 - the wrapped wait's state
+                await trio.sleep(0.01)
+            after = await submitter.wait_finished(late[0].turn_id, 20)
+        worker.stop()
     assert ran is not None and ran.status == "done"
     assert after is not None and after.status == "done"
     # No claim of the loop's found nothing in between: the wait returned at once.
@@ -140,92 +127,77 @@ async def test_a_submit_between_a_found_nothing_saves_commit_and_the_loops_wait_
 
 
 async def test_a_listen_connection_lost_right_after_a_found_nothing_save_misses_no_turn(
-    pg_url, monkeypatch
+    store_and_queue, monkeypatch
 ):
     """The ``LISTEN`` connection's backend killed right after a last save found nothing,
     and a turn submitted at once (its ``NOTIFY`` sent to no one): the wait sees the
     connection gone, reopens it and claims (the poll is an hour)."""
     found_none = _count_found_none(monkeypatch)
-    store = await PostgresStore.open(pg_url)
-    submitter = TurnQueue(store)
+    store, submitter = store_and_queue
     worker = Worker(store=store, agent=agent, owner="w", poll=NEVER, concurrency=1)
     _claims, waits = _counting(worker)
-    try:
-        async with trio.open_nursery() as nursery:
-            await nursery.start(worker.run)
-            with trio.fail_after(20):
-                await waits.reach(2)  # idle, listening
-                first = await submitter.submit("s0", "hello")
-                ran = await submitter.wait_finished(first.turn_id, 20)
-                await waits.reach(3)  # back in the wait, without a claim
-                assert found_none
-                listener = worker.queue._listen  # type: ignore[attr-defined]
-                pid = listener.conn.info.backend_pid
-                with pg_connect() as conn:
-                    conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
-                second = await submitter.submit("s1", "hello")
-                after = await submitter.wait_finished(second.turn_id, 20)
-            worker.stop()
-    finally:
-        await submitter.aclose()
-        await store.aclose()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(worker.run)
+        with trio.fail_after(20):
+            await waits.reach(2)  # idle, listening
+            first = await submitter.submit("s0", "hello")
+            ran = await submitter.wait_finished(first.turn_id, 20)
+            await waits.reach(3)  # back in the wait, without a claim
+            assert found_none
+            listener = worker.queue._listen  # type: ignore[attr-defined]
+            pid = listener.conn.info.backend_pid
+            with pg_connect() as conn:
+                conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
+            second = await submitter.submit("s1", "hello")
+            after = await submitter.wait_finished(second.turn_id, 20)
+        worker.stop()
     assert ran is not None and ran.status == "done"
     assert after is not None and after.status == "done"
 
 
 async def test_two_slots_ending_together_one_finding_nothing_one_claiming_miss_nothing(
-    pg_url, monkeypatch
+    store_and_queue, monkeypatch
 ):
     """Two slots whose turns end close together, one save claiming the turn queued
     behind and the other finding nothing: every turn runs, and one submitted later
     still wakes the worker (the poll is an hour)."""
     found_none = _count_found_none(monkeypatch)
-    store = await PostgresStore.open(pg_url)
-    submitter = TurnQueue(store)
+    store, submitter = store_and_queue
     turns = [await submitter.submit(f"s{n}", "hello") for n in range(3)]
     worker = Worker(store=store, agent=agent, owner="w", poll=NEVER, concurrency=2)
-    try:
-        async with trio.open_nursery() as nursery:
-            await nursery.start(worker.run)
-            with trio.fail_after(20):
-                done = [await submitter.wait_finished(t.turn_id, 20) for t in turns]
-                while len(found_none) < 2:  # noqa: ASYNC110 - the worker's state
-                    await trio.sleep(0.01)
-                later = await submitter.submit("s9", "hello")
-                done.append(await submitter.wait_finished(later.turn_id, 20))
-            worker.stop()
-    finally:
-        await submitter.aclose()
-        await store.aclose()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(worker.run)
+        with trio.fail_after(20):
+            done = [await submitter.wait_finished(t.turn_id, 20) for t in turns]
+            while len(found_none) < 2:  # noqa: ASYNC110 - the worker's state
+                await trio.sleep(0.01)
+            later = await submitter.submit("s9", "hello")
+            done.append(await submitter.wait_finished(later.turn_id, 20))
+        worker.stop()
     assert [d.status if d else None for d in done] == ["done"] * 4
     assert worker.done == {"done": 4}
 
 
 async def test_a_suspending_saves_lost_answer_gives_back_the_turn_it_claimed_uncharged(
-    pg_url, monkeypatch
+    store_and_queue, monkeypatch
 ):
     """The save that suspends a turn for a person claimed the turn queued behind it
     (``axon_save_next_v5``) and committed; its answer was lost. What it claimed is given
     back and runs as its first attempt, not taken over as a second when its lease
     lapses (at ``max_attempts`` 1 that failed it as poison); the suspended turn waits
     for its person, as stored."""
-    store = await PostgresStore.open(pg_url)
-    submitter = TurnQueue(store)
+    store, submitter = store_and_queue
     asks = await submitter.submit("s0", "approve this")
     behind = await submitter.submit("s1", "hello")
     lost = _lose_answer_once(monkeypatch, b"axon_save_next_call", suspends=True)
     worker = Worker(
         store=store, agent=agent, owner="w", poll=0.05, concurrency=1, lease=1.0, max_attempts=1
     )
-    try:
-        async with trio.open_nursery() as nursery:
-            await nursery.start(worker.run)
-            done = await submitter.wait_finished(behind.turn_id, 30)
-            worker.stop()
-        rows = [_turn(store, t.turn_id) for t in (asks, behind)]
-    finally:
-        await submitter.aclose()
-        await store.aclose()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(worker.run)
+        done = await submitter.wait_finished(behind.turn_id, 30)
+        worker.stop()
+    rows = [_turn(store, t.turn_id) for t in (asks, behind)]
     assert lost == [1]
     assert done is not None and done.status == "done"
     assert [(status, attempts, error) for status, _, _, attempts, error in rows] == [
@@ -285,27 +257,24 @@ async def test_a_decision_before_the_suspending_saves_answer_wakes_the_waiting_s
     assert worker.done == {"awaiting-input": 1, "done": 1}
 
 
-async def test_a_suspending_saves_claim_takes_its_sessions_next_turn_which_supersedes(pg_url):
+async def test_a_suspending_saves_claim_takes_its_sessions_next_turn_which_supersedes(
+    store_and_queue,
+):
     """A turn of the same session queued behind the one that asks for a person: the
     suspension's riding claim takes it at once (as the loop's claim would: a new message
     supersedes what waits, docs/approval.md), the waiting turn ends ``superseded``, and
     the worker's loop made no claim after the suspension."""
-    store = await PostgresStore.open(pg_url)
-    submitter = TurnQueue(store)
+    store, submitter = store_and_queue
     worker = Worker(store=store, agent=agent, owner="w", poll=NEVER, concurrency=1)
     claims, _waits = _counting(worker)
     asks = await submitter.submit("s0", "approve this")
     behind = await submitter.submit("s0", "hello")
-    try:
-        async with trio.open_nursery() as nursery:
-            await nursery.start(worker.run)
-            with trio.fail_after(20):
-                done = [await submitter.wait_finished(t.turn_id, 20) for t in (asks, behind)]
-            worker.stop()
-        record = await store.load("s0")
-    finally:
-        await submitter.aclose()
-        await store.aclose()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(worker.run)
+        with trio.fail_after(20):
+            done = [await submitter.wait_finished(t.turn_id, 20) for t in (asks, behind)]
+        worker.stop()
+    record = await store.load("s0")
     assert [(d.status, d.finish_reason) if d else None for d in done] == [
         ("done", "superseded"),
         ("done", "stop"),
