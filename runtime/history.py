@@ -289,14 +289,13 @@ class RepairedHistory:
         kept = self._kept
         n = len(kept)
         watched = self._watched
-        if watched is not None and watched[0] is not messages:
-            watched = None
+        mark = watched[1] if watched is not None and watched[0] is messages else None
         if n <= boundary and (n == 0 or isinstance(messages[n], UserMessage | SystemMessage)):
             head = messages[:n]
             if type(head) is not list:  # (a tuple: primed off the loop)
                 head = list(head)
             same = head == kept and (  # in C; the same object compares equal
-                (watched is not None and watched[1].low >= n)  # no edit below n since
+                (mark is not None and mark.low >= n)  # no edit below n since
                 or all(map(operator.is_, head, kept))  # (in C, one call per message)
             )
         else:
@@ -312,11 +311,12 @@ class RepairedHistory:
         else:
             self._kept = list(messages[:boundary])
             self._repaired, self._added = tuple(repair(self._kept)), []
-        if watched is not None:
-            watched[1].low = UNMOVED
-        else:
-            watch = getattr(messages, "watch", None)
-            self._watched = None if watch is None else (messages, watch())
+        if mark is not None:
+            mark.low = UNMOVED
+        elif (watch := getattr(messages, "watch", None)) is not None:
+            self._watched = (messages, watch())  # another history: watched from now on
+        elif watched is not None:  # the kept part is another list's: if the history
+            watched[1].low = 0  # watched comes back, it is compared by identity
         return self._repaired + tuple(self._added + repair(messages[boundary:]))
 
 
