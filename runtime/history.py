@@ -248,11 +248,12 @@ class RepairedHistory:
 
     The same objects, not equal ones: a message replaced by one that compares equal but
     holds values of other types (a tool's output ``1`` made ``True`` or ``1.0``) is sent
-    differently, so the kept part is compared by value (in C) and then, where an edit of
-    the runner's :class:`~runtime.actor_messages.History` may have changed it (its
-    :class:`~runtime.actor_messages.Watermark`), or for any other list, by identity. A
-    history of equal copies (a session reloaded from the store) is repaired whole once;
-    the copies are kept from then on.
+    differently. The kept part is compared by identity where an edit of the runner's
+    :class:`~runtime.actor_messages.History` may have changed it (its
+    :class:`~runtime.actor_messages.Watermark` says so), or for any other list (a tuple,
+    a plug-in's plain list); else by value, in C (what list's own methods, which the
+    History does not note, may have changed). A history of equal copies (a session
+    reloaded from the store) is repaired whole once; the copies are kept from then on.
     """
 
     __slots__ = ("_added", "_kept", "_repaired", "_watched")
@@ -279,9 +280,9 @@ class RepairedHistory:
         Called before every model call, so its passes over the whole history are a cost
         every step pays per message of the session: one copy and one comparison of the
         kept part, and the answer itself (the kept part grows by what was added since,
-        not by a copy of all of it; seven passes before). The comparison by identity is
-        one more, only after an edit below the kept part's end or for a list that keeps
-        no watermark (a plug-in's ``state.messages = [...]``, a tuple)."""
+        not by a copy of all of it; seven passes before). After an edit below the kept
+        part's end, or for a list that keeps no watermark, a comparison by identity
+        takes the place of the copy and the comparison."""
         boundary = len(messages)
         while boundary > 0 and not isinstance(messages[boundary - 1], UserMessage | SystemMessage):
             boundary -= 1
@@ -291,13 +292,12 @@ class RepairedHistory:
         watched = self._watched
         mark = watched[1] if watched is not None and watched[0] is messages else None
         if n <= boundary and (n == 0 or isinstance(messages[n], UserMessage | SystemMessage)):
-            head = messages[:n]
-            if type(head) is not list:  # (a tuple: primed off the loop)
-                head = list(head)
-            same = head == kept and (  # in C; the same object compares equal
-                (mark is not None and mark.low >= n)  # no edit below n since
-                or all(map(operator.is_, head, kept))  # (in C, one call per message)
-            )
+            if mark is not None and mark.low >= n:  # no edit of a position below n since
+                head = messages[:n]
+                same = head == kept  # in C (the same object compares equal): what list's
+                # own methods called on the History changed (it cannot note those)
+            else:  # (in C, one call per message; no copy, and it stops at a difference)
+                same = all(map(operator.is_, messages, kept))
         else:
             same = False
         if same:
