@@ -533,7 +533,9 @@ class History(list[Message]):
 
     Only its own methods count: list's called on it (``list.append(h, m)``, ``heapq``'s
     C functions) do not. The runner checks the length and the last message besides
-    (O(1)), so what such a call can hide is a same-length edit before the end."""
+    (O(1)), so what such a call can hide is a same-length edit before the end; the kept
+    repair compares the kept part by value besides, so what it can hide from that is a
+    message replaced by an equal one of other types."""
 
     __slots__ = ("_marks", "edits")
 
