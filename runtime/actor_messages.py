@@ -15,6 +15,8 @@ sends (issue 24: they were a tenth of the contract's import time).
 
 from __future__ import annotations
 
+import operator
+import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeAlias
 
@@ -502,22 +504,78 @@ ConsumerItem: TypeAlias = "Batch[OutputChunk] | TurnDone"
 # -- a session's history -------------------------------------------------------------
 
 
+class Watermark:
+    """What a reader of a :class:`History` (the kept repair) is told of its edits: the
+    lowest position an edit may have changed since the reader last set :attr:`low`
+    (:meth:`History.watch`). Messages compare by value, and a message replaced by one
+    equal to it but holding values of other types (``1``, ``True``, ``1.0``) is another
+    message to the model: a reader that keeps a part of the history learns here,
+    without a pass over that part, whether it still holds the same objects."""
+
+    __slots__ = ("low",)
+
+    def __init__(self, low: int) -> None:
+        self.low = low
+
+
+UNMOVED = sys.maxsize
+"""A :class:`Watermark`'s :attr:`~Watermark.low` when no edit changed a position."""
+
+
 class History(list[Message]):
     """A session's history as its turn runner keeps it, counting its edits: every call
     that changes it adds one to :attr:`edits`, so the runner tells an unchanged history
     from a changed one without copying it to compare (a pass over the whole session;
     issue 24 goal 1). Equal to, and used as, a plain list otherwise.
 
+    An edit that changes a position (rather than adding at the end) also lowers the
+    :class:`Watermark` of each reader (:meth:`watch`) to the lowest position it changed.
+
     Only its own methods count: list's called on it (``list.append(h, m)``, ``heapq``'s
     C functions) do not. The runner checks the length and the last message besides
-    (O(1)), so what such a call can hide is a same-length edit before the end."""
+    (O(1)), so what such a call can hide is a same-length edit before the end; the kept
+    repair compares the kept part by value besides, so what it can hide from that is a
+    message replaced by an equal one of other types."""
 
-    __slots__ = ("edits",)
+    __slots__ = ("_marks", "edits")
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
         # (h.__init__(other) again replaces the messages: an edit, never a count reset)
         self.edits = getattr(self, "edits", -1) + 1
+        marks = getattr(self, "_marks", None)
+        if marks is None:
+            self._marks: list[Watermark] = []
+        else:
+            self._moved(0)
+
+    def watch(self) -> Watermark:
+        """A new :class:`Watermark` of this history's edits from now on."""
+        mark = Watermark(UNMOVED)
+        self._marks.append(mark)
+        return mark
+
+    def _moved(self, position: int) -> None:
+        """An edit may change what ``position`` and those after it hold."""
+        for mark in self._marks:
+            if position < mark.low:
+                mark.low = position
+
+    def _position(self, index: Any) -> int:
+        """The lowest position ``self[index] = ...`` or ``del self[index]`` changes (0
+        when ``index`` is not one list takes: the edit then raises anyway)."""
+        n = len(self)
+        if isinstance(index, slice):
+            start, stop, step = index.indices(n)
+            if step > 0:  # (a plain slice's assignment may insert at its start)
+                return start
+            span = range(start, stop, step)
+            return span[-1] if span else n
+        try:
+            i = operator.index(index)
+        except TypeError:
+            return 0
+        return max(0, i + n if i < 0 else i)
 
     def append(self, item: Message) -> None:
         self.edits += 1
@@ -529,34 +587,42 @@ class History(list[Message]):
 
     def insert(self, index: Any, item: Message) -> None:
         self.edits += 1
+        self._moved(min(self._position(index), len(self)))
         super().insert(index, item)
 
     def remove(self, item: Message) -> None:
         self.edits += 1
+        self._moved(0)  # (a pass over the list already: the reader's check is one more)
         super().remove(item)
 
     def pop(self, index: Any = -1) -> Message:
         self.edits += 1
+        self._moved(self._position(index))
         return super().pop(index)
 
     def clear(self) -> None:
         self.edits += 1
+        self._moved(0)
         super().clear()
 
     def sort(self, *args: Any, **kwargs: Any) -> None:
         self.edits += 1
+        self._moved(0)
         super().sort(*args, **kwargs)
 
     def reverse(self) -> None:
         self.edits += 1
+        self._moved(0)
         super().reverse()
 
     def __setitem__(self, index: Any, value: Any) -> None:
         self.edits += 1
+        self._moved(self._position(index))
         super().__setitem__(index, value)
 
     def __delitem__(self, index: Any) -> None:
         self.edits += 1
+        self._moved(self._position(index))
         super().__delitem__(index)
 
     def __iadd__(self, items: Any) -> History:  # type: ignore[override,misc]
@@ -566,6 +632,12 @@ class History(list[Message]):
 
     def __imul__(self, n: Any) -> History:  # type: ignore[misc]
         self.edits += 1
+        try:
+            emptied = operator.index(n) < 1
+        except TypeError:
+            emptied = True
+        if emptied:  # (else copies of the same messages added at the end)
+            self._moved(0)
         super().__imul__(n)
         return self
 

@@ -7,6 +7,8 @@ format is each provider's job (``map_messages``).
 from __future__ import annotations
 
 import functools
+import operator
+import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Literal, TypeVar
 from urllib.parse import urlsplit
@@ -38,6 +40,10 @@ OFF_LOOP_MESSAGES = 1000
 """A history longer than this is checked and repaired in a worker thread when a session
 opens with it (:func:`checked_off_loop`, :func:`repaired_off_loop`): a client may post one
 of 600,000 messages (AG-UI, Chat Completions), whose walks took the event loop 0.5 s."""
+
+UNMOVED = sys.maxsize
+"""A watermark's ``low`` when no edit changed a position (as
+:data:`runtime.actor_messages.UNMOVED`, which this module cannot import)."""
 
 INTERRUPTED = "interrupted: the tool call did not complete (the turn was cut short)"
 _MESSAGE_TYPES = (SystemMessage, UserMessage, AssistantMessage, ToolMessage)
@@ -236,12 +242,21 @@ class RepairedHistory:
     session each time would cost more than the rest of the turn. :func:`repair` works on
     groups (an assistant message and the tool results after it) that never span a user or
     system message, so the repair of the history up to the last such message is kept and
-    reused while those messages are still the same (messages are immutable values); only
-    what follows is repaired again. A history changed anywhere in the kept part is
+    reused while those messages are still the same objects (messages are immutable);
+    only what follows is repaired again. A history changed anywhere in the kept part is
     repaired whole.
+
+    The same objects, not equal ones: a message replaced by one that compares equal but
+    holds values of other types (a tool's output ``1`` made ``True`` or ``1.0``) is sent
+    differently. The kept part is compared by identity where an edit of the runner's
+    :class:`~runtime.actor_messages.History` may have changed it (its
+    :class:`~runtime.actor_messages.Watermark` says so), or for any other list (a tuple,
+    a plug-in's plain list); else by value, in C (what list's own methods, which the
+    History does not note, may have changed). A history of equal copies (a session
+    reloaded from the store) is repaired whole once; the copies are kept from then on.
     """
 
-    __slots__ = ("_added", "_kept", "_repaired")
+    __slots__ = ("_added", "_kept", "_repaired", "_watched")
 
     FOLD = 256
     """Repaired messages held apart from the repaired head (what the turns since it was
@@ -254,25 +269,35 @@ class RepairedHistory:
         self._repaired: tuple[Message, ...] = ()
         self._added: list[Message] = []
         """The repair of the kept messages after those :attr:`_repaired` holds."""
+        self._watched: tuple[Sequence[Message], Any] | None = None
+        """The history last repaired and its watermark, when it keeps one (a
+        :class:`~runtime.actor_messages.History`): lowered by an edit of a position."""
 
     def __call__(self, messages: Sequence[Message]) -> tuple[Message, ...]:
-        """The repaired ``messages``: always equal to ``tuple(repair(messages))``.
+        """The repaired ``messages``: always equal to ``tuple(repair(messages))``, and
+        holding ``messages``' own objects where :func:`repair` keeps them.
 
         Called before every model call, so its passes over the whole history are a cost
         every step pays per message of the session: one copy and one comparison of the
         kept part, and the answer itself (the kept part grows by what was added since,
-        not by a copy of all of it; seven passes before)."""
+        not by a copy of all of it; seven passes before). After an edit below the kept
+        part's end, or for a list that keeps no watermark, a comparison by identity
+        takes the place of the copy and the comparison."""
         boundary = len(messages)
         while boundary > 0 and not isinstance(messages[boundary - 1], UserMessage | SystemMessage):
             boundary -= 1
         boundary = max(0, boundary - 1)  # the last user/system message starts the tail
         kept = self._kept
         n = len(kept)
+        watched = self._watched
+        mark = watched[1] if watched is not None and watched[0] is messages else None
         if n <= boundary and (n == 0 or isinstance(messages[n], UserMessage | SystemMessage)):
-            head = messages[:n]
-            if type(head) is not list:  # (a tuple: primed off the loop)
-                head = list(head)
-            same = head == kept  # in C; the same object compares equal
+            if mark is not None and mark.low >= n:  # no edit of a position below n since
+                head = messages[:n]
+                same = head == kept  # in C (the same object compares equal): what list's
+                # own methods called on the History changed (it cannot note those)
+            else:  # (in C, one call per message; no copy, and it stops at a difference)
+                same = all(map(operator.is_, messages, kept))
         else:
             same = False
         if same:
@@ -286,6 +311,12 @@ class RepairedHistory:
         else:
             self._kept = list(messages[:boundary])
             self._repaired, self._added = tuple(repair(self._kept)), []
+        if mark is not None:
+            mark.low = UNMOVED
+        elif (watch := getattr(messages, "watch", None)) is not None:
+            self._watched = (messages, watch())  # another history: watched from now on
+        elif watched is not None:  # the kept part is another list's: if the history
+            watched[1].low = 0  # watched comes back, it is compared by identity
         return self._repaired + tuple(self._added + repair(messages[boundary:]))
 
 

@@ -32,8 +32,12 @@ def call(call_id: str) -> ToolCallPart:
     return ToolCallPart(tool_call_id=call_id, tool_name="t", input={}, step=0)
 
 
-def result(call_id: str) -> ToolMessage:
-    return ToolMessage(tool_call_id=call_id, tool_name="t", output="ok", step=0)
+def result(call_id: str, output: object = "ok") -> ToolMessage:
+    return ToolMessage(tool_call_id=call_id, tool_name="t", output=output, step=0)
+
+
+OTHER_TYPE = {int: True, bool: 1.0, float: 1}
+"""A tool output's type and an output equal to it of another type (``1 == True == 1.0``)."""
 
 
 ids = st.sampled_from(["A", "B", "C"])
@@ -42,7 +46,7 @@ messages = st.one_of(
     st.just(SystemMessage(content="summary")),
     st.builds(lambda cs: AssistantMessage(content=tuple(call(c) for c in cs)), st.sets(ids)),
     st.just(AssistantMessage(content=(TextPart(text=" ", step=0),))),  # blank: repaired
-    st.builds(result, ids),
+    st.builds(result, ids, st.sampled_from(["ok", 1])),
 )
 index = st.integers(-30, 30)
 
@@ -172,8 +176,11 @@ def test_a_version_moved_without_an_edit_keeps_the_messages():
 
 
 def same(kept: tuple, full: list) -> bool:
-    """Equal but for the ids of the ``interrupted`` results repair makes (new each time)."""
-    return [attrs.evolve(m, id="") for m in kept] == [attrs.evolve(m, id="") for m in full]
+    """Alike but for the ids of the ``interrupted`` results repair makes (new each time):
+    equal, and of the same types throughout (``1`` is not ``True``, as sent)."""
+    return repr([attrs.evolve(m, id="") for m in kept]) == repr(
+        [attrs.evolve(m, id="") for m in full]
+    )
 
 
 class Folding(RepairedHistory):
@@ -186,6 +193,8 @@ repair_ops = st.lists(
         st.tuples(st.sampled_from(["insert", "replace", "delete", "truncate"]), index, messages),
         st.tuples(st.just("prime"), index, messages),  # the kept repair primed from a tuple
         st.tuples(st.just("reload"), index, messages),  # a new list, equal (the store's)
+        st.tuples(st.just("retype"), index, messages),  # a result made an equal one, unlike
+        st.tuples(st.just("copies"), index, messages),  # the store's equal copies, in place
     ),
     max_size=20,
 )
@@ -214,7 +223,44 @@ def test_the_kept_repair_equals_a_full_repair_after_any_edits(kept, start, ops):
             assert same(repaired(tuple(history)), repair(history))
         elif op == "reload":
             history = History(list(history))
+        elif op == "retype":
+            for j, m in enumerate(history):
+                if isinstance(m, ToolMessage) and type(m.output) in OTHER_TYPE:
+                    history[j] = attrs.evolve(m, output=OTHER_TYPE[type(m.output)])
+                    break
+        elif op == "copies":  # as a reload from the store replaces the saved part
+            cut = args[0] % (len(history) + 1)
+            history[:cut] = [attrs.evolve(m) for m in history[:cut]]
         assert same(repaired(history), repair(history))
+
+
+COUNTED = sorted(name for name in EDITS if not name.startswith("list."))
+"""The edits made through History's own methods (those it counts)."""
+
+
+@given(
+    start=st.lists(messages, max_size=8),
+    ops=st.lists(st.tuples(st.sampled_from(COUNTED), messages, index), max_size=10),
+)
+def test_a_watermark_is_below_every_position_an_edit_changed(start, ops):
+    history = History(start)
+    mark = history.watch()
+    before = list(history)
+    for name, m, i in ops:
+        EDITS[name](history, m, i)
+    kept = min(mark.low, len(before))
+    assert len(history) >= kept
+    assert all(history[p] is before[p] for p in range(kept))
+
+
+def test_an_edit_at_the_end_leaves_the_watermark_where_it_was():
+    history = History([UserMessage(content="a"), UserMessage(content="b")])
+    mark = history.watch()
+    history.append(UserMessage(content="c"))
+    history += [UserMessage(content="d")]
+    history[3] = UserMessage(content="e")  # (the turn's answer, refreshed in place)
+    del history[3:]
+    assert mark.low == 3
 
 
 def test_an_edit_below_a_folded_head_is_repaired_whole():

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import collections
 import sys
+from types import SimpleNamespace
 
+import actors.turn.runner
+import runtime.history
 from actors.providers import ScriptedProvider
 from runtime import Agent, Host
 from runtime.actor_messages import History
@@ -102,6 +105,34 @@ async def test_a_turn_reads_its_long_session_whole_three_times():
     assert result.finish_reason == "stop"
     assert dict(Noting.reads) == {"snapshot": 1, "_publish_history": 1, "__call__": 1}
     assert messages[-1] is result.message and len(messages) == 2 * N + 6
+
+
+async def test_a_turn_of_a_long_session_compares_no_message_by_identity(monkeypatch):
+    """The kept repair and the snapshot compare by identity (a message equal to another
+    may hold values of other types) only after an edit below the kept part or a copy
+    that compared equal: a turn that adds to the history compares nothing so."""
+    compared: collections.Counter[str] = collections.Counter()
+
+    def counted(where: str) -> SimpleNamespace:
+        def is_(a: object, b: object) -> bool:
+            compared[where] += 1
+            return a is b
+
+        return SimpleNamespace(is_=is_)
+
+    monkeypatch.setattr(runtime.history, "operator", counted("repair"))
+    monkeypatch.setattr(actors.turn.runner, "operator", counted("snapshot"))
+    provider = ScriptedProvider(responder=lambda _request: ["ok"], keep_requests=0)
+    async with Host.open(log_tap=False) as host:
+        session = await host.open_session(Agent(provider=provider), "long", history=history(N))
+        await session.run("warm")
+        compared.clear()
+        await session.run("again")
+        await session.run("and again")
+        assert not compared
+        session.runner.state.messages[3] = session.messages[3]  # an edit, in the kept part
+        await session.run("once more")
+    assert compared["repair"] == 2 * N + 4  # the kept part (its last turn's end), once
 
 
 def test_every_edit_of_a_history_is_counted():

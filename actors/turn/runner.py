@@ -38,6 +38,7 @@ Rules from peers' bugs, enforced here:
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -216,8 +217,10 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
         A history not edited since the snapshot (:class:`~runtime.actor_messages.History`
         counts its edits) is not copied: the snapshot's messages are kept, with the new
         version if it moved (a save's answer). An edited one is copied once, compared
-        only when the lengths match, and that copy is the new snapshot's. (Copies to
-        compare and to publish were passes over the whole session at every step.)"""
+        only when the lengths match (by value, then by identity: a message replaced by
+        an equal one of other types, ``1`` made ``True``, is a change), and that copy is
+        the new snapshot's. (Copies to compare and to publish were passes over the whole
+        session at every step.)"""
         state, shown = self.state, self.snapshot
         messages = state.messages
         unchanged = state.saved_upto == shown.saved_upto and state.version == shown.version
@@ -244,8 +247,9 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
             self.snapshot = state.snapshot()
             return
         copy = tuple(messages)
-        if copy == shown.messages:  # (by identity, in C)
-            return
+        if copy == shown.messages and all(map(operator.is_, copy, shown.messages)):
+            return  # (by value, in C; then by identity, only when equal: an equal
+            # message may hold values of other types, ``1`` made ``True`` or ``1.0``)
         self.snapshot = SessionSnapshot(
             session_id=state.session_id,
             messages=copy,
