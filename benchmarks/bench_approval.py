@@ -429,10 +429,90 @@ def _check_read(
     return result
 
 
+class _RelayClient:
+    """The relay-reading sides (module doc): a client of the worker deployment that
+    submits a turn, reads it from the relay as a front end streams it (:func:`_read_turn`)
+    and records the decision as a front end's continuation POST does. ``tags`` numbers
+    the sessions; :attr:`cpu` keeps this process's CPU time of each timed side."""
+
+    def __init__(
+        self, queue: Any, store: Any, relay: Any, agents: Callable[[str], Any], tags: Any
+    ) -> None:
+        self.queue, self.store, self.relay, self.agents, self.tags = (
+            queue,
+            store,
+            relay,
+            agents,
+            tags,
+        )
+        self.cpu: dict[str, list[float]] = {"plain": [], "approved": []}
+
+    async def plain(self) -> float:
+        """Submit to the end of the turn's stream; the seconds."""
+        t0, c0 = now(), time.process_time()
+        turn = await self.queue.submit(f"plain-{next(self.tags)}", PROMPT)
+        chunks = await _read_turn(self.relay, turn.turn_id)
+        seconds = now() - t0
+        self.cpu["plain"].append(time.process_time() - c0)
+        await self._checked(turn, chunks, "plain (relay)")
+        return seconds
+
+    async def approved(self) -> float:
+        """Submit to the stream's pause, plus the decision's return to the end of the
+        continuation read after that pause; the seconds."""
+        from runtime import output as o
+        from runtime.approval import Decision
+
+        session_id = f"ask-{next(self.tags)}"
+        t0, c0 = now(), time.process_time()
+        turn = await self.queue.submit(session_id, PROMPT)
+        first = await _read_turn(self.relay, turn.turn_id)
+        t1, c1 = now(), time.process_time()
+        # off the clock (the person's time): the wait checked as it was read
+        waiting = await self._checked(turn, first, "suspend (relay)")
+        (call,) = waiting.pending
+        requests = [c for c in first if type(c) is o.ToolApprovalRequest]
+        if [c.approval_id for c in requests] != [call.approval_id]:
+            raise RuntimeError(f"approval (relay): the stream asked {requests}")
+        # what the continuation POST does with the request's id (FrontEnd._continue)
+        record = await self.store.load(session_id)
+        tools = {t.name: t for t in self.agents(session_id).tools}
+        decided = await self.queue.decide(
+            session_id, call.approval_id, Decision(approved=True), tools, known=record
+        )
+        t2, c2 = now(), time.process_time()
+        rest = await _read_turn(self.relay, turn.turn_id, after_pauses=decided.turn.resumes)
+        t3 = now()
+        self.cpu["approved"].append((c1 - c0) + (time.process_time() - c2))
+        done = await self._checked(turn, rest, "resume (relay)")
+        if type(rest[0]) is not o.Start or rest[0].message_id != turn.message_id:
+            raise RuntimeError(f"approval (relay): the continuation began {rest[0]}")
+        if done.message.id != waiting.message.id:
+            raise RuntimeError("approval (relay): the continuation is another message")
+        return (t1 - t0) + (t3 - t2)
+
+    async def _checked(self, turn: Any, chunks: list[Any], side: str) -> Any:
+        """The read turn checked (:func:`_check_read`) on its row and stored messages,
+        read after it ended; the tool ran once, in the stream and the store, on its
+        ending part (none at the wait)."""
+        from runtime import output as o
+
+        status = await self.queue.get_status(turn.turn_id)
+        record = await self.store.load(turn.session_id)
+        assert status is not None and record is not None
+        waits = side.startswith("suspend")
+        finish, steps = ("awaiting-input", 1) if waits else ("stop", 2)
+        result = _check_read(chunks, status, record.messages, finish, steps, side)
+        ran = [c.output for c in chunks if type(c) is o.ToolResult]
+        outputs = [m.output for m in result.tool_messages]
+        if (ran, outputs) != (([], []) if waits else (["done 1"], ["done 1"])):
+            raise RuntimeError(f"approval ({side}): the tool gave {ran}, {outputs}")
+        return result
+
+
 async def _workers(sizes: Sizes) -> list[Figure]:
     from actors.relays import RedisRelay
     from actors.stores import open_store, turn_queue
-    from runtime import output as o
     from runtime.app.worker import Worker
     from runtime.approval import Decision, pending_calls
     from runtime.messages import AssistantMessage, TextPart, ToolMessage
@@ -441,7 +521,6 @@ async def _workers(sizes: Sizes) -> list[Figure]:
     tags = itertools.count()
     agents = _worker_agents()
     decide_s: list[float] = []
-    read_cpu: dict[str, list[float]] = {"plain": [], "approved": []}
     store = await open_store(url)
     queue = turn_queue(store)
     try:
@@ -451,6 +530,7 @@ async def _workers(sizes: Sizes) -> list[Figure]:
         ):
             worker = Worker(store=store, relay=relay, agent=agents, poll=0.5, concurrency=1)
             await nursery.start(worker.run)
+            reader = _RelayClient(queue, store, relay, agents, tags)
 
             async def plain() -> float:
                 t0 = now()
@@ -476,60 +556,6 @@ async def _workers(sizes: Sizes) -> list[Figure]:
                 decide_s.append(t2 - t1)
                 return (t1 - t0) + (now() - t2)
 
-            async def plain_read() -> float:
-                t0, c0 = now(), time.process_time()
-                turn = await queue.submit(f"plain-{next(tags)}", PROMPT)
-                chunks = await _read_turn(relay, turn.turn_id)
-                seconds = now() - t0
-                read_cpu["plain"].append(time.process_time() - c0)
-                await checked(turn, chunks, "plain (relay)")
-                return seconds
-
-            async def approved_read() -> float:
-                session_id = f"ask-{next(tags)}"
-                t0, c0 = now(), time.process_time()
-                turn = await queue.submit(session_id, PROMPT)
-                first = await _read_turn(relay, turn.turn_id)
-                t1, c1 = now(), time.process_time()
-                # off the clock (the person's time): the wait checked as it was read
-                waiting = await checked(turn, first, "suspend (relay)")
-                (call,) = waiting.pending
-                requests = [c for c in first if type(c) is o.ToolApprovalRequest]
-                if [c.approval_id for c in requests] != [call.approval_id]:
-                    raise RuntimeError(f"approval (relay): the stream asked {requests}")
-                # what the continuation POST does with the request's id (FrontEnd._continue)
-                record = await store.load(session_id)
-                tools = {t.name: t for t in agents(session_id).tools}
-                decided = await queue.decide(
-                    session_id, call.approval_id, Decision(approved=True), tools, known=record
-                )
-                t2, c2 = now(), time.process_time()
-                rest = await _read_turn(relay, turn.turn_id, after_pauses=decided.turn.resumes)
-                t3 = now()
-                read_cpu["approved"].append((c1 - c0) + (time.process_time() - c2))
-                done = await checked(turn, rest, "resume (relay)")
-                if type(rest[0]) is not o.Start or rest[0].message_id != turn.message_id:
-                    raise RuntimeError(f"approval (relay): the continuation began {rest[0]}")
-                if done.message.id != waiting.message.id:
-                    raise RuntimeError("approval (relay): the continuation is another message")
-                return (t1 - t0) + (t3 - t2)
-
-            async def checked(turn: Any, chunks: list[Any], side: str) -> Any:
-                """The read turn checked (:func:`_check_read`) on its row and stored
-                messages, read after it ended; the tool ran once, in the stream and the
-                store, on its ending part."""
-                status = await queue.get_status(turn.turn_id)
-                record = await store.load(turn.session_id)
-                assert status is not None and record is not None
-                waits = side.startswith("suspend")
-                finish, steps = ("awaiting-input", 1) if waits else ("stop", 2)
-                result = _check_read(chunks, status, record.messages, finish, steps, side)
-                ran = [c.output for c in chunks if type(c) is o.ToolResult]
-                outputs = [m.output for m in result.tool_messages]
-                if (ran, outputs) != (([], []) if waits else (["done 1"], ["done 1"])):
-                    raise RuntimeError(f"approval ({side}): the tool gave {ran}, {outputs}")
-                return result
-
             async def commit() -> float:
                 session_id = f"commit-{next(tags)}"
                 version = await store.save(session_id, 0, [])
@@ -546,8 +572,8 @@ async def _workers(sizes: Sizes) -> list[Figure]:
                     "plain": plain,
                     "approved": approved,
                     "commit": commit,
-                    "plain (relay)": plain_read,
-                    "approved (relay)": approved_read,
+                    "plain (relay)": reader.plain,
+                    "approved (relay)": reader.approved,
                 },
             )
             worker.stop()
@@ -565,7 +591,7 @@ async def _workers(sizes: Sizes) -> list[Figure]:
         median(times["approved (relay)"]),
     )
     read_overhead = read_approved_s - read_plain_s
-    cpu_ms = {k: median(v[-rounds:]) * 1e3 for k, v in read_cpu.items()}
+    cpu_ms = {k: median(v[-rounds:]) * 1e3 for k, v in reader.cpu.items()}
     return [
         Figure(
             key="approval.workers.overhead",
@@ -595,7 +621,7 @@ async def _workers(sizes: Sizes) -> list[Figure]:
             f"{cpu_ms['plain']:.2f} ms; median of {rounds} rounds",
             data={
                 **{k: times[k] for k in ("plain (relay)", "approved (relay)", "commit")},
-                **{f"{k} (relay) cpu_s": v[-rounds:] for k, v in read_cpu.items()},
+                **{f"{k} (relay) cpu_s": v[-rounds:] for k, v in reader.cpu.items()},
             },
         ),
         Figure(
