@@ -63,12 +63,16 @@ end after all the worker's work, its last save included. The approved side still
 two stream ends, as a front end does: the pause must reach the client before a person
 can decide. The reader runs in the worker's process and event loop, as the row-looking
 client does (a front end is another process: its decoding of the chunks here takes the
-worker's loop time, on both sides). Checked off the clock on every round of both sides
+worker's loop time, on both sides; :mod:`benchmarks.approval_worker_reader` runs the same
+sides with the reader in a child process beside these, and did not tell the two
+placements' extras apart). Checked off the clock on every round of both sides
 (:func:`_check_read`): the turn as a front end makes it up when its stream ends (its
 row, its stored message, the stream's last chunk) passes :func:`_check` (the wait: one
 step, ``awaiting-input``; the end: two steps, ``stop``), the tool's result is in the
 stream and the store exactly once (none at the wait), the continuation starts the same
-message.
+message. The five sides (the two rows' four and the commit) alternate in one rotation,
+so both rows meet the same machine; until branch ``apwkobs`` the row-looking sides
+alternated with the commit alone.
 
 **Memory.** Fresh child processes (``python -m benchmarks.bench_approval memory KIND N``):
 a host that keeps one session in memory (``max_sessions=1``: each session opened evicts
