@@ -644,12 +644,17 @@ def _workers_figures(sizes: Sizes) -> list[Figure]:
     why = pg_unavailable() or redis_unavailable()
     if why:
         return [
-            Figure(
-                key="approval.workers.overhead",
-                title="10. Workers: approved turn / (plain turn + a step commit)",
-                value=None,
-                unit="x",
-                detail=f"skipped: {why}",
+            Figure(key=key, title=title, value=None, unit="x", detail=f"skipped: {why}")
+            for key, title in (
+                (
+                    "approval.workers.overhead",
+                    "10. Workers: approved turn / (plain turn + a step commit)",
+                ),
+                (
+                    "approval.workers.overhead_read",
+                    "10. Workers, read from the relay as a front end streams it: approved "
+                    "turn / (plain turn + a step commit)",
+                ),
             )
         ]
     return trio.run(_workers, sizes)
