@@ -70,7 +70,12 @@ placements' extras apart). Checked off the clock on every round of both sides
 row, its stored message, the stream's last chunk) passes :func:`_check` (the wait: one
 step, ``awaiting-input``; the end: two steps, ``stop``), the tool's result is in the
 stream and the store exactly once (none at the wait), the continuation starts the same
-message. The five sides (the two rows' four and the commit) alternate in one rotation,
+message. Neither row times the decision's call, and the worker in this process may start
+claiming the continuation before that call has returned to the client (the ``NOTIFY``
+comes with its commit): :mod:`benchmarks.approval_worker_phases` saw the claim start 0.5
+ms before the return to 0.2 ms after it, so up to about half a millisecond of the
+continuation's claim can fall outside the approved side's time, in both rows alike.
+The five sides (the two rows' four and the commit) alternate in one rotation,
 so both rows meet the same machine; until branch ``apwkobs`` the row-looking sides
 alternated with the commit alone.
 
