@@ -16,6 +16,10 @@ and the queue's calls wrapped for timestamps, and prints, per round, medians of:
   decision's ``NOTIFY`` waking the worker; it may start before the call returns to the
   client), then as the plain turn's.
 
+The same for the sides that read the turn's relay stream instead (``plain (relay)``,
+``suspend (relay)``, ``resume (relay)``: the last phase is then the row's end or wait
+to the client's read of the stream's end or pause, the relay's delivery of it).
+
 Timestamps are taken around the wrapped calls (``TurnQueue.claim_unread``, the worker's
 relay writer's ``append`` of the first ``start`` chunk, ``PostgresStore.save``), so a
 phase holds the event loop's other work done meanwhile (the relay, the client's polls).
@@ -120,6 +124,15 @@ def main() -> None:
         return status
 
     bench_approval._until = seen  # type: ignore[assignment]
+    read_turn = bench_approval._read_turn
+
+    async def read(relay: Any, turn_id: str, **kwargs: Any) -> Any:
+        chunks = await read_turn(relay, turn_id, **kwargs)
+        now = time.perf_counter()
+        events.append(("seen", now, now))
+        return chunks
+
+    bench_approval._read_turn = read  # type: ignore[assignment]
     found: dict[str, list[dict[str, float]]] = collections.defaultdict(list)
     cpus: dict[str, list[float]] = collections.defaultdict(list)
     alternate = bench_approval.alternate
@@ -134,12 +147,14 @@ def main() -> None:
             got = sorted(events, key=lambda event: event[1])
             looks = [s for label, s, _ in got if label == "seen"]
             try:
-                if name == "plain":
-                    found["plain"].append(_phases(got, t0, t0, looks[0], saves=2))
-                elif name == "approved":
+                read = " (relay)" if name.endswith(" (relay)") else ""
+                if name.startswith("plain"):
+                    found[f"plain{read}"].append(_phases(got, t0, t0, looks[0], saves=2))
+                elif name.startswith("approved"):
                     called, answered = _first(got, "TurnQueue.decide", t0)
-                    found["suspend"].append(_phases(got, t0, t0, looks[0], saves=1))
-                    found["resume"].append(_phases(got, answered, called, looks[1], saves=2))
+                    found[f"suspend{read}"].append(_phases(got, t0, t0, looks[0], saves=1))
+                    resumed = _phases(got, answered, called, looks[1], saves=2)
+                    found[f"resume{read}"].append(resumed)
             except LookupError as exc:  # a round whose order was not the usual one
                 print(f"{name}: a round left out ({exc})", file=sys.stderr)
             return took
@@ -153,7 +168,7 @@ def main() -> None:
     bench_approval.alternate = phased  # type: ignore[assignment]
     for figure in bench_approval._workers_figures(Sizes(approval_rounds=rounds)):
         print(f"{figure.title}: {figure.value:.3f} {figure.unit} ({figure.detail})")
-    for name in ("plain", "approved"):
+    for name in ("plain", "approved", "plain (relay)", "approved (relay)"):
         took = cpus[name][-rounds:]
         cpu_ms = statistics.median(took) * 1e3
         print(f"{name}: this process's CPU (the worker's, the client's) {cpu_ms:.2f} ms")

@@ -43,6 +43,42 @@ every millisecond (both sides alike). Runs on the throwaway PostgreSQL and
 Redis the benchmark starts (or ``AXON_BENCH_PG`` / ``AXON_BENCH_REDIS``); skipped, saying
 why, if they cannot start.
 
+**Two ways of seeing the turn end, two rows.** Looking at the row sees the plain turn
+end once and the approved one twice (its wait, then its end): each look lands up to a
+poll (1 ms) and a status read after the change, so the approved side pays that latency
+once more, an artifact of the method no user meets (branch ``apwk`` put it at 1.4 ms of
+the extra). That row (``approval.workers.overhead``) is kept as it is, for continuity
+with earlier sessions' figures. A second row (``approval.workers.overhead_read``, branch
+``apwkobs``) observes both sides as a worker deployment's front end streams a turn
+(:func:`_read_turn`): **plain (relay)** from the submit to the end of the turn's relay
+stream; **approved (relay)** from the submit to the stream's pause (the approval request
+is read from the stream's ``tool-approval-request`` chunk), then, after the decision
+(the session read and :meth:`~runtime.turn_queue.TurnQueue.decide` with that request's
+id, as the continuation POST does; not timed, as above), from the decision's return to
+the end of the continuation read after that pause. Both sides read with the same
+function, the relay's chunks as they come (a blocking ``XREAD``), no row polled and no
+timer: nothing on either side waits for a clock. The worker writes a stream's end or
+pause marker only once the row is done or waits (``Worker._stream_turn``), so the reads
+end after all the worker's work, its last save included. The approved side still sees
+two stream ends, as a front end does: the pause must reach the client before a person
+can decide. The reader runs in the worker's process and event loop, as the row-looking
+client does (a front end is another process: its decoding of the chunks here takes the
+worker's loop time, on both sides; :mod:`benchmarks.approval_worker_reader` runs the same
+sides with the reader in a child process beside these, and did not tell the two
+placements' extras apart). Checked off the clock on every round of both sides
+(:func:`_check_read`): the turn as a front end makes it up when its stream ends (its
+row, its stored message, the stream's last chunk) passes :func:`_check` (the wait: one
+step, ``awaiting-input``; the end: two steps, ``stop``), the tool's result is in the
+stream and the store exactly once (none at the wait), the continuation starts the same
+message. Neither row times the decision's call, and the worker in this process may start
+claiming the continuation before that call has returned to the client (the ``NOTIFY``
+comes with its commit): :mod:`benchmarks.approval_worker_phases` saw the claim start 0.5
+ms before the return to 0.2 ms after it, so up to about half a millisecond of the
+continuation's claim can fall outside the approved side's time, in both rows alike.
+The five sides (the two rows' four and the commit) alternate in one rotation,
+so both rows meet the same machine; until branch ``apwkobs`` the row-looking sides
+alternated with the commit alone.
+
 **Memory.** Fresh child processes (``python -m benchmarks.bench_approval memory KIND N``):
 a host that keeps one session in memory (``max_sessions=1``: each session opened evicts
 the one before, as a long-running server evicts idle ones), warmed up with 20 turns of
@@ -347,6 +383,142 @@ async def _until(queue: Any, turn_id: str, done: Callable[[Any], bool]) -> Any:
             await trio.sleep(POLL)
 
 
+async def _read_turn(relay: Any, turn_id: str, *, after_pauses: int = 0) -> list[Any]:
+    """The turn's output chunks as a worker deployment's front end streams them
+    (:class:`~runtime.app.web.frontend.QueuedTurnResponse`, :class:`~runtime.app.web.
+    queued_turn.QueuedTurnOutput`): ``relay.read`` of the turn's stream to its end, or to
+    its pause (the turn waits: the front end's stream ends there, the approval request
+    among its chunks); ``after_pauses=k`` reads the continuation after the turn's k-th
+    pause, as the front end that recorded the decision streams it.
+
+    A turn no worker has claimed yet has no stream (:class:`~runtime.errors.
+    RelayTurnGone`): the front end then waits for its row to move
+    (:class:`~runtime.app.web.watch.TurnWatch`, its first look 20 ms on, the same for
+    every turn); here the reader blocks on the stream's first entry instead
+    (:func:`_first_entry`), then reads it, so neither side waits on a timer."""
+    from runtime.errors import RelayTurnGone
+
+    pauses = {"after_pauses": after_pauses} if after_pauses else {}
+    chunks: list[Any] = []
+    with trio.fail_after(60):
+        try:
+            async for chunk in relay.read(turn_id, **pauses):
+                chunks.append(chunk)
+            return chunks
+        except RelayTurnGone:
+            if chunks:  # lost mid-stream: not a turn that has not started
+                raise
+        await _first_entry(relay, turn_id)
+        return [chunk async for chunk in relay.read(turn_id, **pauses)]
+
+
+async def _first_entry(relay: Any, turn_id: str) -> None:
+    """Return once the turn's relay stream has an entry (a blocking ``XREAD`` from its
+    start: Redis answers it when the worker's first flush creates the stream)."""
+    key = relay.turn_key(turn_id)
+    while not await relay.client.xread({key: "0-0"}, count=1, block=1000):
+        pass
+
+
+def _check_read(
+    chunks: list[Any], status: Any, messages: Any, finish: str, steps: int, side: str
+) -> Any:
+    """The turn as a front end makes it up once its stream ends
+    (:func:`~runtime.app.web.queued_turn.turn_result`: its row, its stored message, the
+    last chunk read), checked with :func:`_check`; the stream ended with that turn's
+    ``finish``."""
+    from runtime import output as o
+    from runtime.app.web.queued_turn import turn_result
+
+    last = chunks[-1] if chunks else None
+    if type(last) is not o.Finish or last.finish_reason != finish:
+        raise RuntimeError(f"approval ({side}): the stream ended with {last}")
+    result = turn_result(status.turn_id, status.message_id, messages, status, last)
+    _check(result, finish, steps, side)
+    return result
+
+
+class _RelayClient:
+    """The relay-reading sides (module doc): a client of the worker deployment that
+    submits a turn, reads it from the relay as a front end streams it (:func:`_read_turn`)
+    and records the decision as a front end's continuation POST does. ``tags`` numbers
+    the sessions; :attr:`cpu` keeps this process's CPU time of each timed side."""
+
+    def __init__(
+        self, queue: Any, store: Any, relay: Any, agents: Callable[[str], Any], tags: Any
+    ) -> None:
+        self.queue, self.store, self.relay, self.agents, self.tags = (
+            queue,
+            store,
+            relay,
+            agents,
+            tags,
+        )
+        self.cpu: dict[str, list[float]] = {"plain": [], "approved": []}
+
+    async def plain(self) -> float:
+        """Submit to the end of the turn's stream; the seconds."""
+        t0, c0 = now(), time.process_time()
+        turn = await self.queue.submit(f"plain-{next(self.tags)}", PROMPT)
+        chunks = await _read_turn(self.relay, turn.turn_id)
+        seconds = now() - t0
+        self.cpu["plain"].append(time.process_time() - c0)
+        await self._checked(turn, chunks, "plain (relay)")
+        return seconds
+
+    async def approved(self) -> float:
+        """Submit to the stream's pause, plus the decision's return to the end of the
+        continuation read after that pause; the seconds."""
+        from runtime import output as o
+        from runtime.approval import Decision
+
+        session_id = f"ask-{next(self.tags)}"
+        t0, c0 = now(), time.process_time()
+        turn = await self.queue.submit(session_id, PROMPT)
+        first = await _read_turn(self.relay, turn.turn_id)
+        t1, c1 = now(), time.process_time()
+        # off the clock (the person's time): the wait checked as it was read
+        waiting = await self._checked(turn, first, "suspend (relay)")
+        (call,) = waiting.pending
+        requests = [c for c in first if type(c) is o.ToolApprovalRequest]
+        if [c.approval_id for c in requests] != [call.approval_id]:
+            raise RuntimeError(f"approval (relay): the stream asked {requests}")
+        # what the continuation POST does with the request's id (FrontEnd._continue)
+        record = await self.store.load(session_id)
+        tools = {t.name: t for t in self.agents(session_id).tools}
+        decided = await self.queue.decide(
+            session_id, call.approval_id, Decision(approved=True), tools, known=record
+        )
+        t2, c2 = now(), time.process_time()
+        rest = await _read_turn(self.relay, turn.turn_id, after_pauses=decided.turn.resumes)
+        t3 = now()
+        self.cpu["approved"].append((c1 - c0) + (time.process_time() - c2))
+        done = await self._checked(turn, rest, "resume (relay)")
+        if type(rest[0]) is not o.Start or rest[0].message_id != turn.message_id:
+            raise RuntimeError(f"approval (relay): the continuation began {rest[0]}")
+        if done.message.id != waiting.message.id:
+            raise RuntimeError("approval (relay): the continuation is another message")
+        return (t1 - t0) + (t3 - t2)
+
+    async def _checked(self, turn: Any, chunks: list[Any], side: str) -> Any:
+        """The read turn checked (:func:`_check_read`) on its row and stored messages,
+        read after it ended; the tool ran once, in the stream and the store, on its
+        ending part (none at the wait)."""
+        from runtime import output as o
+
+        status = await self.queue.get_status(turn.turn_id)
+        record = await self.store.load(turn.session_id)
+        assert status is not None and record is not None
+        waits = side.startswith("suspend")
+        finish, steps = ("awaiting-input", 1) if waits else ("stop", 2)
+        result = _check_read(chunks, status, record.messages, finish, steps, side)
+        ran = [c.output for c in chunks if type(c) is o.ToolResult]
+        outputs = [m.output for m in result.tool_messages]
+        if (ran, outputs) != (([], []) if waits else (["done 1"], ["done 1"])):
+            raise RuntimeError(f"approval ({side}): the tool gave {ran}, {outputs}")
+        return result
+
+
 async def _workers(sizes: Sizes) -> list[Figure]:
     from actors.relays import RedisRelay
     from actors.stores import open_store, turn_queue
@@ -367,6 +539,7 @@ async def _workers(sizes: Sizes) -> list[Figure]:
         ):
             worker = Worker(store=store, relay=relay, agent=agents, poll=0.5, concurrency=1)
             await nursery.start(worker.run)
+            reader = _RelayClient(queue, store, relay, agents, tags)
 
             async def plain() -> float:
                 t0 = now()
@@ -404,7 +577,13 @@ async def _workers(sizes: Sizes) -> list[Figure]:
             times = await alternate(
                 sizes.approval_rounds,
                 sizes.warmup,
-                {"plain": plain, "approved": approved, "commit": commit},
+                {
+                    "plain": plain,
+                    "approved": approved,
+                    "commit": commit,
+                    "plain (relay)": reader.plain,
+                    "approved (relay)": reader.approved,
+                },
             )
             worker.stop()
     finally:
@@ -416,6 +595,12 @@ async def _workers(sizes: Sizes) -> list[Figure]:
     plain_s, approved_s = median(times["plain"]), median(times["approved"])
     commit_s, decided_s = median(times["commit"]), median(decide_s)
     overhead = approved_s - plain_s
+    read_plain_s, read_approved_s = (
+        median(times["plain (relay)"]),
+        median(times["approved (relay)"]),
+    )
+    read_overhead = read_approved_s - read_plain_s
+    cpu_ms = {k: median(v[-rounds:]) * 1e3 for k, v in reader.cpu.items()}
     return [
         Figure(
             key="approval.workers.overhead",
@@ -427,7 +612,26 @@ async def _workers(sizes: Sizes) -> list[Figure]:
             detail=f"approved {approved_s * 1e3:.1f} ms (without the person's wait) vs plain "
             f"{plain_s * 1e3:.1f} ms: +{overhead * 1e3:.1f} ms; a step commit "
             f"{commit_s * 1e3:.2f} ms; median of {rounds} rounds",
-            data={k: v for k, v in times.items()},
+            data={k: times[k] for k in ("plain", "approved", "commit")},
+        ),
+        Figure(
+            key="approval.workers.overhead_read",
+            title="10. Workers, read from the relay as a front end streams it: approved turn "
+            "/ (plain turn + a step commit)",
+            value=read_approved_s / (read_plain_s + commit_s),
+            unit="x",
+            target="<= 1",
+            passed=read_overhead <= commit_s,
+            detail=f"approved {read_approved_s * 1e3:.1f} ms (submit to the stream's pause, "
+            f"the decision's return to its end) vs plain {read_plain_s * 1e3:.1f} ms (submit "
+            f"to the stream's end): +{read_overhead * 1e3:.1f} ms; each stream read to its "
+            "end marker (written once the row is done or waits), no row polled; "
+            f"this process's CPU (the worker's and the reader's) {cpu_ms['approved']:.2f} vs "
+            f"{cpu_ms['plain']:.2f} ms; median of {rounds} rounds",
+            data={
+                **{k: times[k] for k in ("plain (relay)", "approved (relay)", "commit")},
+                **{f"{k} (relay) cpu_s": v[-rounds:] for k, v in reader.cpu.items()},
+            },
         ),
         Figure(
             key="approval.workers.decide",
@@ -445,12 +649,17 @@ def _workers_figures(sizes: Sizes) -> list[Figure]:
     why = pg_unavailable() or redis_unavailable()
     if why:
         return [
-            Figure(
-                key="approval.workers.overhead",
-                title="10. Workers: approved turn / (plain turn + a step commit)",
-                value=None,
-                unit="x",
-                detail=f"skipped: {why}",
+            Figure(key=key, title=title, value=None, unit="x", detail=f"skipped: {why}")
+            for key, title in (
+                (
+                    "approval.workers.overhead",
+                    "10. Workers: approved turn / (plain turn + a step commit)",
+                ),
+                (
+                    "approval.workers.overhead_read",
+                    "10. Workers, read from the relay as a front end streams it: approved "
+                    "turn / (plain turn + a step commit)",
+                ),
             )
         ]
     return trio.run(_workers, sizes)

@@ -65,6 +65,7 @@ EXPECTED_KEYS = {
     "approval.embedded.commits",
     "approval.memory",
     "approval.workers.overhead",
+    "approval.workers.overhead_read",
     "aio.ratio",
 }
 
