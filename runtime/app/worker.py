@@ -1222,13 +1222,14 @@ it outlives a young collection or two (several turns run at once, each waiting o
 PostgreSQL and Redis), is promoted, and dies by reference counting when the turn ends;
 cyclic garbage is about 0.1 object a turn. CPython collects everything once a quarter
 more objects were promoted into the oldest generation than survived the last full
-collection, so those already-dead turns brought a walk of the whole heap (~100,000
-objects, 35-55 ms) every ~600 CPU-bound turns, ~60 µs a turn, finding nothing. Here a
-full collection waits for 100 middle ones instead of 10 (tens of thousands of such
+collection, so those already-dead turns brought a walk of the whole heap (100,000 objects
+and more, 35-65 ms) every ~1,000 CPU-bound turns, ~50 µs a turn, finding nothing. Here
+a full collection waits for 100 middle ones instead of 10 (tens of thousands of such
 turns), and a young one for 2,000 objects, so the turns in flight are walked fewer
-times (issue 24 goal 3; benchmarks/README.md, branch ``wcpu7``). The command's own
-process only: a :class:`Worker` an application runs leaves its collector alone, and
-``--gc-pacing`` turns the automatic collector off anyway."""
+times: the collector's CPU 92 -> 30 µs a turn (issue 24 goal 3; benchmarks/README.md,
+branch ``wcpu7``). The command's own process only: a :class:`Worker` an application
+runs leaves its collector alone, and ``--gc-pacing`` turns the automatic collector off
+anyway."""
 
 
 @contextmanager
