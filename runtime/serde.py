@@ -248,6 +248,14 @@ def unstructure(value: Any) -> Any:
     return converter.unstructure(value)
 
 
+def unstructurer(cls: type) -> Callable[[Any], Any]:
+    """What :func:`unstructure` calls for a value of ``cls`` (the converter's hook for the
+    class): for a caller that unstructures many values of a few classes and looks each
+    class's up once, not the converter's dispatch per value."""
+    hook: Callable[[Any], Any] = converter.get_unstructure_hook(cls)
+    return hook
+
+
 def structure(data: Any, cls: Any) -> Any:
     """The model value for ``data``; ``cls`` may be a union such as ``Message``."""
     return converter.structure(data, cls)

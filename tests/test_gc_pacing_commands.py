@@ -6,6 +6,8 @@ a short turn costs about 10% more CPU (benchmarks/README.md, branch ``whist``)."
 from __future__ import annotations
 
 import argparse
+import collections
+import gc
 import inspect
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -51,3 +53,64 @@ async def test_the_worker_command_paces_the_collector_with_gc_pacing_only(monkey
 def test_a_worker_made_by_an_application_leaves_its_collector_alone_by_default():
     default = inspect.signature(worker_module.Worker).parameters["gc_pacing"].default
     assert default is False
+
+
+def _full_collections_in_a_churn_of_turns(steps: int = 600) -> int:
+    """Full collections while 8 "turns" are in flight at once (500 containers each, one
+    ending as the next starts) and each step makes and drops 2,500 containers more: a
+    turn's objects outlive a few young collections, then die by reference counting, as a
+    worker's do (no cyclic garbage)."""
+    fulls = 0
+
+    def count(phase: str, info: dict[str, int]) -> None:
+        nonlocal fulls
+        if phase == "start" and info["generation"] == 2:
+            fulls += 1
+
+    turns: collections.deque[list[list[int]]] = collections.deque()
+    gc.collect()
+    gc.callbacks.append(count)
+    try:
+        for _ in range(steps):
+            turns.append([[] for _ in range(500)])
+            scratch = [[] for _ in range(2500)]
+            del scratch
+            if len(turns) > 8:
+                turns.popleft()
+    finally:
+        gc.callbacks.remove(count)
+    return fulls
+
+
+@asynccontextmanager
+async def _churn_here(fulls: list[int], *args: Any, **options: Any) -> AsyncIterator[None]:
+    fulls.append(_full_collections_in_a_churn_of_turns())
+    raise RuntimeError("stop here")
+    yield
+
+
+async def test_the_worker_command_s_collector_walks_no_whole_heap_for_turns_that_ended(
+    monkeypatch,
+):
+    fulls: list[int] = []
+    monkeypatch.setattr(
+        worker_module, "open_worker", lambda *a, **options: _churn_here(fulls, *a, **options)
+    )
+    args = build_parser().parse_args(["worker", "--store", "postgresql://x/y"])
+    with pytest.raises(RuntimeError, match="stop here"):
+        await worker_module.worker_command(args)
+    assert _full_collections_in_a_churn_of_turns() > 0  # CPython's thresholds: several
+    assert fulls == [0]
+
+
+async def test_the_worker_command_gives_its_process_s_collector_back_as_it_found_it(
+    monkeypatch,
+):
+    monkeypatch.setattr(
+        worker_module, "open_worker", lambda *a, **options: _stop_here({}, *a, **options)
+    )
+    args = build_parser().parse_args(["worker", "--store", "postgresql://x/y"])
+    before = gc.get_threshold()
+    with pytest.raises(RuntimeError, match="stop here"):
+        await worker_module.worker_command(args)
+    assert gc.get_threshold() == before

@@ -50,14 +50,15 @@ worker takes them over at once, as if this one had died, without waiting for the
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import socket
 import sys
 import threading
 import uuid
-from collections.abc import AsyncIterator, Mapping, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from functools import partial
 from typing import Any
 
@@ -1214,11 +1215,45 @@ def relay_options_of(args: Any) -> dict[str, Any]:
     return options
 
 
+WORKER_GC_THRESHOLDS = (2000, 10, 100)
+"""The collector's thresholds in a worker process (``python -m runtime worker``; CPython's
+are ``(700, 10, 10)``). Nearly every object a worker makes belongs to a turn in flight:
+it outlives a young collection or two (several turns run at once, each waiting on
+PostgreSQL and Redis), is promoted, and dies by reference counting when the turn ends;
+cyclic garbage is about 0.1 object a turn. CPython collects everything once a quarter
+more objects were promoted into the oldest generation than survived the last full
+collection, so those already-dead turns brought a walk of the whole heap (100,000 objects
+and more, 35-65 ms) every ~1,000 CPU-bound turns, ~50 µs a turn, finding nothing. Here
+a full collection waits for 100 middle ones instead of 10 (tens of thousands of such
+turns), and a young one for 2,000 objects, so the turns in flight are walked fewer
+times: the collector's CPU 92 -> 30 µs a turn (issue 24 goal 3; benchmarks/README.md,
+branch ``wcpu7``). The command's own process only: a :class:`Worker` an application
+runs leaves its collector alone, and ``--gc-pacing`` turns the automatic collector off
+anyway."""
+
+
+@contextmanager
+def _worker_collector() -> Iterator[None]:
+    """:data:`WORKER_GC_THRESHOLDS` while the worker command runs; the collector's own
+    thresholds back after it (a command run in another program's process: tests)."""
+    saved = gc.get_threshold()
+    gc.set_threshold(*WORKER_GC_THRESHOLDS)
+    try:
+        yield
+    finally:
+        gc.set_threshold(*saved)
+
+
 async def worker_command(args: Any) -> int:
     """Run a worker until SIGINT/SIGTERM, then drain it (``--grace``); a second signal
     during the drain ends the process at once (its turns are taken over)."""
 
     configure_logging(args.log_level)
+    with _worker_collector():
+        return await _run_worker_command(args)
+
+
+async def _run_worker_command(args: Any) -> int:
     try:
         queue_scheme(args.store)
         if args.concurrency < 1 or not args.lease > 0 or args.grace < 0 or args.max_attempts < 1:
