@@ -89,11 +89,10 @@ class _Pipe:
 async def _measure(rounds: int) -> dict[str, Any]:
     from actors.relays import RedisRelay
     from actors.stores import open_store, turn_queue
-    from benchmarks.bench_approval import WORDS, _RelayClient, _worker_agents
+    from benchmarks.bench_approval import _RelayClient, _worker_agents, step_commit
     from benchmarks.bench_workers import REDIS_URL, _drop_schema, _schema_url
-    from benchmarks.common import alternate, now
+    from benchmarks.common import alternate
     from runtime.app.worker import Worker
-    from runtime.messages import AssistantMessage, TextPart, ToolMessage
 
     schema, url = _schema_url()
     prefix = f"axon-bench-{schema}:"
@@ -116,14 +115,7 @@ async def _measure(rounds: int) -> dict[str, Any]:
             )
             child = _Pipe(proc)
 
-            async def commit() -> float:
-                session_id = f"commit-{next(tags)}"
-                version = await store.save(session_id, 0, [])
-                message = AssistantMessage(id="m", content=(TextPart(text="w " * WORDS, step=0),))
-                result = ToolMessage(tool_call_id="c", tool_name="act", step=0, output="done")
-                t0 = now()
-                await store.save(session_id, 0, [message, result], expected_version=version)
-                return now() - t0
+            commit = step_commit(store, tags)
 
             try:
                 times = await alternate(

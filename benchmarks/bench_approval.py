@@ -124,7 +124,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -519,12 +519,28 @@ class _RelayClient:
         return result
 
 
+def step_commit(store: Any, tags: Iterator[int]) -> Callable[[], Awaitable[float]]:
+    """The workers' unit, a step commit: a side timing a ``PostgresStore.save`` of one
+    assistant and one tool message with its version check, each into a new session."""
+    from runtime.messages import AssistantMessage, TextPart, ToolMessage
+
+    async def commit() -> float:
+        session_id = f"commit-{next(tags)}"
+        version = await store.save(session_id, 0, [])
+        message = AssistantMessage(id="m", content=(TextPart(text="w " * WORDS, step=0),))
+        result = ToolMessage(tool_call_id="c", tool_name="act", step=0, output="done")
+        t0 = now()
+        await store.save(session_id, 0, [message, result], expected_version=version)
+        return now() - t0
+
+    return commit
+
+
 async def _workers(sizes: Sizes) -> list[Figure]:
     from actors.relays import RedisRelay
     from actors.stores import open_store, turn_queue
     from runtime.app.worker import Worker
     from runtime.approval import Decision, pending_calls
-    from runtime.messages import AssistantMessage, TextPart, ToolMessage
 
     schema, url = _schema_url()
     tags = itertools.count()
@@ -565,14 +581,7 @@ async def _workers(sizes: Sizes) -> list[Figure]:
                 decide_s.append(t2 - t1)
                 return (t1 - t0) + (now() - t2)
 
-            async def commit() -> float:
-                session_id = f"commit-{next(tags)}"
-                version = await store.save(session_id, 0, [])
-                message = AssistantMessage(id="m", content=(TextPart(text="w " * WORDS, step=0),))
-                result = ToolMessage(tool_call_id="c", tool_name="act", step=0, output="done")
-                t0 = now()
-                await store.save(session_id, 0, [message, result], expected_version=version)
-                return now() - t0
+            commit = step_commit(store, tags)
 
             times = await alternate(
                 sizes.approval_rounds,
