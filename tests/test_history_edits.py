@@ -278,3 +278,51 @@ def test_an_edit_below_a_folded_head_is_repaired_whole():
     del history[3:]  # below the head: cut
     history.append(UserMessage(content="after the cut"))
     assert same(repaired(history), repair(history))
+
+
+# -- an edit that raises part way has edited the list all the same ---------------------------
+
+
+def refill_raising(history: History, new: list) -> None:
+    """``history.__init__(new)`` whose iterable fails after its last item: list's
+    ``__init__`` has emptied the list and refilled it by then."""
+
+    def items():  # type: ignore[no-untyped-def]
+        yield from new
+        raise RuntimeError("the source failed")
+
+    with pytest.raises(RuntimeError):
+        history.__init__(items())  # type: ignore[misc]
+    assert list(history) == new
+
+
+def retyped(history: list) -> list:
+    """``history`` with its tool result ``1`` made ``True`` (equal, not alike); the last
+    message the same object."""
+    return [attrs.evolve(m, output=True) if isinstance(m, ToolMessage) else m for m in history]
+
+
+def turn_then_user() -> History:
+    return History(
+        [
+            UserMessage(content="u"),
+            AssistantMessage(content=(call("A"),)),
+            result("A", 1),
+            UserMessage(content="next"),
+        ]
+    )
+
+
+def test_a_refill_that_raises_part_way_is_published():
+    history = turn_then_user()
+    runner = publisher(history)
+    refill_raising(history, retyped(history))
+    assert repr(publish(runner)[2].output) == "True"
+
+
+def test_a_refill_that_raises_part_way_is_repaired_anew():
+    history = turn_then_user()
+    repaired = RepairedHistory()
+    repaired(history)  # the turn is kept
+    refill_raising(history, retyped(history))
+    assert same(repaired(history), repair(history))
