@@ -130,8 +130,10 @@ def test_a_history_replaced_by_a_plain_list_is_still_published():
     plain = [UserMessage(content="b")]
     runner.state.messages = plain  # a plug-in's `state.messages = [...]`
     assert publish(runner) == tuple(plain)
-    plain[0] = UserMessage(content="c")  # same length, no count: compared
-    assert publish(runner) == tuple(plain)
+    taken = runner.state.messages  # (made a counted History: the runner's list now)
+    assert type(taken) is History and taken is not plain
+    taken[0] = UserMessage(content="c")  # same length: counted
+    assert publish(runner) == tuple(taken)
     runner.state.messages = history  # and back to the counted list, unchanged meanwhile
     assert publish(runner) == tuple(history)
 
