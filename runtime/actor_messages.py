@@ -540,14 +540,16 @@ class History(list[Message]):
     __slots__ = ("_marks", "edits")
 
     def __init__(self, *args: Any) -> None:
-        super().__init__(*args)
-        # (h.__init__(other) again replaces the messages: an edit, never a count reset)
+        # (h.__init__(other) again replaces the messages: an edit, never a count reset.
+        # Counted before list's __init__, as every edit is: that one empties the list
+        # first, so an iterable that fails part way has edited it all the same.)
         self.edits = getattr(self, "edits", -1) + 1
         marks = getattr(self, "_marks", None)
         if marks is None:
             self._marks: list[Watermark] = []
         else:
             self._moved(0)
+        super().__init__(*args)
 
     def watch(self) -> Watermark:
         """A new :class:`Watermark` of this history's edits from now on."""

@@ -130,8 +130,10 @@ def test_a_history_replaced_by_a_plain_list_is_still_published():
     plain = [UserMessage(content="b")]
     runner.state.messages = plain  # a plug-in's `state.messages = [...]`
     assert publish(runner) == tuple(plain)
-    plain[0] = UserMessage(content="c")  # same length, no count: compared
-    assert publish(runner) == tuple(plain)
+    taken = runner.state.messages  # (made a counted History: the runner's list now)
+    assert type(taken) is History and taken is not plain
+    taken[0] = UserMessage(content="c")  # same length: counted
+    assert publish(runner) == tuple(taken)
     runner.state.messages = history  # and back to the counted list, unchanged meanwhile
     assert publish(runner) == tuple(history)
 
@@ -277,4 +279,52 @@ def test_an_edit_below_a_folded_head_is_repaired_whole():
     assert [m.tool_call_id for m in repaired(history)[2:4]] == ["c0", "x"]
     del history[3:]  # below the head: cut
     history.append(UserMessage(content="after the cut"))
+    assert same(repaired(history), repair(history))
+
+
+# -- an edit that raises part way has edited the list all the same ---------------------------
+
+
+def refill_raising(history: History, new: list) -> None:
+    """``history.__init__(new)`` whose iterable fails after its last item: list's
+    ``__init__`` has emptied the list and refilled it by then."""
+
+    def items():  # type: ignore[no-untyped-def]
+        yield from new
+        raise RuntimeError("the source failed")
+
+    with pytest.raises(RuntimeError):
+        history.__init__(items())  # type: ignore[misc]
+    assert list(history) == new
+
+
+def retyped(history: list) -> list:
+    """``history`` with its tool result ``1`` made ``True`` (equal, not alike); the last
+    message the same object."""
+    return [attrs.evolve(m, output=True) if isinstance(m, ToolMessage) else m for m in history]
+
+
+def turn_then_user() -> History:
+    return History(
+        [
+            UserMessage(content="u"),
+            AssistantMessage(content=(call("A"),)),
+            result("A", 1),
+            UserMessage(content="next"),
+        ]
+    )
+
+
+def test_a_refill_that_raises_part_way_is_published():
+    history = turn_then_user()
+    runner = publisher(history)
+    refill_raising(history, retyped(history))
+    assert repr(publish(runner)[2].output) == "True"
+
+
+def test_a_refill_that_raises_part_way_is_repaired_anew():
+    history = turn_then_user()
+    repaired = RepairedHistory()
+    repaired(history)  # the turn is kept
+    refill_raising(history, retyped(history))
     assert same(repaired(history), repair(history))

@@ -157,3 +157,37 @@ def test_every_edit_of_a_history_is_counted():
         assert h.edits == n
     h += [UserMessage(content="h")]
     assert type(h) is History and h.edits == len(edits) + 1
+
+
+async def test_a_plain_list_a_plugin_assigned_is_taken_in_once(monkeypatch):
+    """``runner.state.messages = [...]`` (a plug-in's plain list, uncounted) is made the
+    runner's counted History at its next publication: the kept repair compares the
+    session by identity once, for the new list, and no more on the steps and turns
+    after (each step paid a pass over the whole session while it stayed a plain list)."""
+    from tests.test_busy import Script, look, looking
+
+    compared: collections.Counter[str] = collections.Counter()
+
+    def is_(a: object, b: object) -> bool:
+        compared["repair"] += 1
+        return a is b
+
+    monkeypatch.setattr(runtime.history, "operator", SimpleNamespace(is_=is_))
+    script = Script(["ok"], looking("L1"), looking("L2"), ["done"], looking("L3"), ["again"])
+    provider = ScriptedProvider(responder=script, keep_requests=0)
+    async with Host.open(log_tap=False) as host:
+        session = await host.open_session(
+            Agent(provider=provider, tools=[look]), "long", history=history(N)
+        )
+        await session.run("warm")
+        runner = session.runner
+        runner.state.messages = list(runner.state.messages)  # a plug-in's plain list
+        compared.clear()
+        await session.run("three steps")
+        assert compared["repair"] == 2 * N  # the kept part, once: not at each step
+        assert type(runner.state.messages) is History
+        compared.clear()
+        await session.run("two steps")
+        assert not compared
+        assert len(script.requests) == 6
+        assert session.messages == tuple(runner.state.messages)

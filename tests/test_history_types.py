@@ -191,3 +191,44 @@ async def test_a_session_another_writer_moved_is_repaired_whole_once_then_kept(
         "four",
         "five",
     ]
+
+
+# -- between two steps of one turn ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("how", ["reversed slice", "plain list"])
+async def test_a_value_a_step_hook_retypes_is_sent_by_the_next_step(how):
+    """A hook between two steps of one turn retypes a kept result (``1`` made ``True``)
+    through a slice with a negative step, or by making ``state.messages`` a plain list
+    of equal copies (taken in as the runner's History at the step's publication)."""
+    from runtime.agent import Hooks
+    from tests.test_busy import looking
+
+    where, old, new = CHANGES["output 1 -> True"]
+    holder: dict = {}
+
+    async def retype(_event: object) -> None:
+        state = holder["session"].runner.state
+        if not holder.get("armed") or value(state.messages, where) is not old:
+            return
+        copies = list(state.messages)
+        replace(copies, where, new)
+        if how == "plain list":
+            state.messages = copies
+        else:
+            state.messages[::-1] = copies[::-1]
+
+    script = Script(["one"], looking("L"), ["two"])
+    agent = Agent(
+        provider=ScriptedProvider(responder=script),
+        tools=[look],
+        hooks=Hooks(on_step_finish=retype),
+    )
+    async with Host.open(log_tap=False) as host:
+        session = holder["session"] = await host.open_session(agent, "s", history=turn(where, old))
+        await session.run("first")
+        holder["armed"] = True
+        await session.run("second")  # its first step's end retypes the given turn's result
+        assert alike(value(session.messages, where), new)
+        assert tuple(session.messages) == tuple(session.runner.state.messages)
+    assert [alike(value(r.messages, where), new) for r in script.requests] == [False, False, True]

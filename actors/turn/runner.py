@@ -220,11 +220,19 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
         only when the lengths match (by value, then by identity: a message replaced by
         an equal one of other types, ``1`` made ``True``, is a change), and that copy is
         the new snapshot's. (Copies to compare and to publish were passes over the whole
-        session at every step.)"""
+        session at every step.)
+
+        A list that keeps no count (a plug-in's ``state.messages = [...]``) is made a
+        History here, once (a copy): uncounted, it cost a pass over the session at
+        every publication and every model call. From then on the runner's history is
+        that History: the plug-in's own list is no longer it (edit ``state.messages``)."""
         state, shown = self.state, self.snapshot
         messages = state.messages
         unchanged = state.saved_upto == shown.saved_upto and state.version == shown.version
         edits = getattr(messages, "edits", None)
+        if edits is None:
+            messages = state.messages = History(messages)
+            edits = messages.edits
         if (
             edits is not None
             and self._shown[0] is messages
