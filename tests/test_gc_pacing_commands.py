@@ -9,11 +9,15 @@ import argparse
 import collections
 import gc
 import inspect
+import signal
+import types
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
+import trio
+import trio.testing
 
 from runtime import Host
 from runtime.app import worker as worker_module
@@ -114,3 +118,47 @@ async def test_the_worker_command_gives_its_process_s_collector_back_as_it_found
     with pytest.raises(RuntimeError, match="stop here"):
         await worker_module.worker_command(args)
     assert gc.get_threshold() == before
+
+
+@asynccontextmanager
+async def _serve_until_sigterm(
+    during: list[tuple[int, ...]], *args: Any, **options: Any
+) -> AsyncIterator[Any]:
+    """A worker that is up until the command's SIGTERM: sent once the command waits for
+    it (its receiver installed), the collector's thresholds noted then."""
+
+    async def terminate() -> None:
+        await trio.testing.wait_all_tasks_blocked()
+        assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL  # the command's
+        during.append(gc.get_threshold())
+        signal.raise_signal(signal.SIGTERM)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(terminate)
+        yield types.SimpleNamespace(owner="w", concurrency=1, lease=30.0)
+
+
+async def test_the_worker_command_drained_by_sigterm_gives_the_collector_back_as_it_found_it(
+    monkeypatch,
+):
+    during: list[tuple[int, ...]] = []
+    monkeypatch.setattr(
+        worker_module,
+        "open_worker",
+        lambda *a, **options: _serve_until_sigterm(during, *a, **options),
+    )
+    args = build_parser().parse_args(["worker", "--store", "postgresql://x/y"])
+    before = gc.get_threshold()
+    assert await worker_module.worker_command(args) == 0
+    assert during == [worker_module.WORKER_GC_THRESHOLDS]
+    assert gc.get_threshold() == before
+
+
+async def test_a_worker_an_application_opens_leaves_its_collector_s_thresholds_alone(pg_url):
+    from actors.providers.scripted import ScriptedProvider
+    from runtime import Agent
+
+    agent = Agent(provider=ScriptedProvider(responder=lambda request: ["ok"]))
+    before = gc.get_threshold()
+    async with worker_module.open_worker(pg_url, agent=agent, poll=0.05):
+        assert gc.get_threshold() == before

@@ -156,6 +156,11 @@ class RedisRelayWriter:
         """After a failed flush: not before this (capped, jittered backoff)."""
         self._attempt = 0
         """Failed attempts in a row (the backoff's exponent)."""
+        self._doubt = 0
+        """The queue's first items that a failed flush carried: Redis may have applied it
+        without answering. The next flush carries them alone, at the same seqs, so
+        Redis refusing it as a duplicate means exactly them, not the chunks queued since
+        (which a duplicate would otherwise take as written, though they never were)."""
         self.lost = 0
         """The turn's chunks dropped: the queue overflowed while Redis did not answer,
         Redis refused them, or the turn ended before they were written (the writer's own
@@ -270,7 +275,8 @@ class RedisRelayWriter:
     def _put(self, item: dict[str, Any]) -> None:
         queue = self._queue
         if len(queue) >= self.relay.max_queue:
-            dropped = _chunks(queue)
+            doubt = self._doubt  # kept: Redis may hold them already, at their seqs
+            dropped = _chunks(queue[doubt:])
             self.lost += dropped
             log.warning(
                 "relay.overflow",
@@ -278,7 +284,7 @@ class RedisRelayWriter:
                 dropped=dropped,
                 error="Redis is not keeping up; readers of this turn rebuild from the store",
             )
-            queue.clear()
+            del queue[doubt:]
             queue.append({"type": GAP})
         queue.append(item)
         last = self._end_by is None and item["type"] in _LAST
@@ -355,7 +361,11 @@ class RedisRelayWriter:
                             at=now, tail=True)  # fmt: skip
             self.relay.nursery.start_soon(self._read_tail)
             return None
-        batch, self._queue = self._queue, []
+        retry, self._doubt = self._doubt, 0
+        if retry:  # a failed flush's batch again, alone (see ``_doubt``)
+            batch, self._queue = self._queue[:retry], self._queue[retry:]
+        else:
+            batch, self._queue = self._queue, []
         self._end_by = None
         if not _quiet(batch):  # a lone step-start does not hold what follows
             self._sent = now
@@ -368,12 +378,14 @@ class RedisRelayWriter:
             self._settle(_Job(writer=self, batch=batch, first=first, commands=[], touch=False,
                               at=now, error=exc))  # fmt: skip
             return None
-        return _Job(writer=self, batch=batch, first=first, commands=commands, touch=touch, at=now)
+        return _Job(writer=self, batch=batch, first=first, commands=commands, touch=touch, at=now,
+                    retry=retry > 0)  # fmt: skip
 
     def _settle(self, job: _Job) -> None:
         """The outcome of this writer's flush ``job``: the seqs move on, or the batch goes
         back in front of the queue (order kept; the queue's bound applies on append) to
-        be retried after a backoff; a batch Redis refused is dropped and readers told.
+        be retried alone after a backoff (``_doubt``); a batch Redis refused is dropped
+        and readers told.
         A tail read's outcome is :meth:`_tail_read`'s."""
         if job.tail:
             last, error = None, job.error
@@ -401,10 +413,13 @@ class RedisRelayWriter:
             self._retry_at = -math.inf
         elif isinstance(error, _retryable()):
             self._queue = job.batch + self._queue
+            self._doubt = len(job.batch)
             self._failed("relay.flush_failed", error)
         else:  # Redis refused it (OOM, wrong type): not retried
             dropped = _chunks(job.batch)
             self.lost += dropped
+            if job.retry:  # Redis may hold it (applied unanswered): the gap goes after it
+                self._next_seq = job.first + len(job.batch)
             self._queue.insert(0, {"type": GAP})
             self._failed("relay.flush_refused", error, dropped=dropped)
         self._notify()
@@ -511,6 +526,8 @@ class _Job:
     error: BaseException | None = None
     tail: bool = False
     """The job reads the stream's tail (``XREVRANGE``), not a flush (nothing carried)."""
+    retry: bool = False
+    """The batch is a failed flush's again: Redis may have applied it unanswered."""
 
 
 @attrs.frozen
