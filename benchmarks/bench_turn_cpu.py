@@ -366,30 +366,48 @@ async def _settled() -> None:
     await trio.testing.wait_all_tasks_blocked(cushion=0.05)
 
 
-def embedded_round(turns: int, warm: int) -> float:
+EMBEDDED_GC = ("default", "worker")
+"""``--embedded-gc``: the embedded child's collector thresholds. ``default``: CPython's
+(as an application embedding the host has them); ``worker`` (by hand): the worker
+command's, :data:`runtime.app.worker.WORKER_GC_THRESHOLDS`, set as that command sets
+them (after the imports, before the host opens): the two sides on the same collector."""
+
+
+def embedded_round(turns: int, warm: int, gc_mode: str = "default") -> float:
     """:func:`_embedded_turns` in a fresh child process (as the worker is one)."""
     done = subprocess.run(
         [sys.executable, "-m", "benchmarks.bench_turn_cpu", "--embedded-child",
-         "--turns", str(turns), "--warm", str(warm)],
+         "--turns", str(turns), "--warm", str(warm), "--embedded-gc", gc_mode],
         cwd=REPO, env=python_env(), capture_output=True, check=True, timeout=600,
     )  # fmt: skip
     return float(json.loads(done.stdout.decode().strip().splitlines()[-1])["cpu_per_turn"])
 
 
-def _child(turns: int, warm: int) -> None:
+def _child(turns: int, warm: int, gc_mode: str = "default") -> None:
     from runtime import configure_logging
+
+    if gc_mode == "worker":
+        import gc
+
+        from runtime.app.worker import WORKER_GC_THRESHOLDS
+
+        gc.set_threshold(*WORKER_GC_THRESHOLDS)
 
     with tempfile.TemporaryDirectory(prefix="axon-bench-") as directory:
         with open(Path(directory) / "axon.log.jsonl", "w", encoding="utf-8") as log:
             configure_logging("info", stream=log)
             cpu = trio.run(_embedded_turns, directory, warm, turns)
-    print(json.dumps({"cpu_per_turn": cpu}))
+    import gc
+
+    print(json.dumps({"cpu_per_turn": cpu, "gc_threshold": gc.get_threshold()}))
 
 
 # -- the figures ----------------------------------------------------------------------------
 
 
-async def measure(turns: int, warm: int, rounds: int, logs: Path) -> dict[str, Any]:
+async def measure(
+    turns: int, warm: int, rounds: int, logs: Path, embedded_gc: str = "default"
+) -> dict[str, Any]:
     """Alternate a worker round and an embedded round ``rounds`` times."""
     sides: dict[str, list[float]] = {
         "worker": [], "postgresql": [], "redis": [], "wall": [], "embedded": [],
@@ -402,9 +420,18 @@ async def measure(turns: int, warm: int, rounds: int, logs: Path) -> dict[str, A
                 for key, value in (await worker_round(turns, warm, logs)).items():
                     sides.setdefault(key, []).append(value)
             else:
-                sides["embedded"].append(await trio.to_thread.run_sync(embedded_round, turns, warm))
+                sides["embedded"].append(
+                    await trio.to_thread.run_sync(embedded_round, turns, warm, embedded_gc)
+                )
     ratios = [w / e for w, e in zip(sides["worker"], sides["embedded"], strict=True)]
-    return {"sides": sides, "ratios": ratios, "load": os.getloadavg()[0], "turns": turns}
+    load = os.getloadavg()[0]
+    return {
+        "sides": sides,
+        "ratios": ratios,
+        "load": load,
+        "turns": turns,
+        "embedded_gc": embedded_gc,
+    }
 
 
 def figures(got: dict[str, Any]) -> list[Figure]:
@@ -413,6 +440,8 @@ def figures(got: dict[str, Any]) -> list[Figure]:
     span = {k: f"{min(v) * 1e3:.2f}-{max(v) * 1e3:.2f}" for k, v in sides.items()}
     calls = {k: f"{min(sides[k]):.2f}-{max(sides[k]):.2f}" for k in sides if k.startswith("redis_")}
     detail = f"{got['turns']} turns x {len(ratios)} rounds; load {got['load']:.2f}"
+    if got.get("embedded_gc", "default") != "default":
+        detail += f"; embedded gc {got['embedded_gc']}"
     ratio = median(ratios)
     return [
         Figure(
@@ -467,13 +496,22 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=400)
     parser.add_argument("--warm", type=int, default=40)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--embedded-gc",
+        choices=EMBEDDED_GC,
+        default="default",
+        help="the embedded child's collector thresholds: CPython's (default) or the "
+        "worker command's (WORKER_GC_THRESHOLDS)",
+    )
     parser.add_argument("--embedded-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.embedded_child:
-        _child(args.turns, args.warm)
+        _child(args.turns, args.warm, args.embedded_gc)
         return
     with tempfile.TemporaryDirectory(prefix="axon-bench-") as directory:
-        got = trio.run(measure, args.turns, args.warm, args.rounds, Path(directory))
+        got = trio.run(
+            measure, args.turns, args.warm, args.rounds, Path(directory), args.embedded_gc
+        )
     for figure in figures(got):
         print(f"{figure.title}: {figure.value:.2f} {figure.unit}  [{figure.detail}]")
     sides = got["sides"]

@@ -162,3 +162,45 @@ async def test_a_worker_an_application_opens_leaves_its_collector_s_thresholds_a
     before = gc.get_threshold()
     async with worker_module.open_worker(pg_url, agent=agent, poll=0.05):
         assert gc.get_threshold() == before
+
+
+def _serve_args(argv: list[str] | None = None) -> argparse.Namespace:
+    return serve.add_serve_arguments(argparse.ArgumentParser()).parse_args(argv or [])
+
+
+async def test_the_serve_command_s_collector_walks_no_whole_heap_for_turns_that_ended(
+    monkeypatch,
+):
+    fulls: list[int] = []
+    monkeypatch.setattr(Host, "open", lambda **options: _churn_here(fulls, **options))
+    with pytest.raises(RuntimeError, match="stop here"):
+        await serve.serve_command(_serve_args())
+    assert _full_collections_in_a_churn_of_turns() > 0  # CPython's thresholds: several
+    assert fulls == [0]
+
+
+async def test_the_serve_command_gives_its_process_s_collector_back_as_it_found_it(
+    monkeypatch,
+):
+    monkeypatch.setattr(Host, "open", lambda **options: _stop_here({}, **options))
+    before = gc.get_threshold()
+    with pytest.raises(RuntimeError, match="stop here"):
+        await serve.serve_command(_serve_args())
+    assert gc.get_threshold() == before
+
+
+async def test_the_serve_and_worker_commands_share_one_set_of_collector_thresholds(
+    monkeypatch,
+):
+    during: list[tuple[int, ...]] = []
+
+    @asynccontextmanager
+    async def note(**options: Any) -> AsyncIterator[None]:
+        during.append(gc.get_threshold())
+        raise RuntimeError("stop here")
+        yield
+
+    monkeypatch.setattr(Host, "open", note)
+    with pytest.raises(RuntimeError, match="stop here"):
+        await serve.serve_command(_serve_args())
+    assert during == [worker_module.WORKER_GC_THRESHOLDS]

@@ -50,15 +50,14 @@ worker takes them over at once, as if this one had died, without waiting for the
 
 from __future__ import annotations
 
-import gc
 import os
 import signal
 import socket
 import sys
 import threading
 import uuid
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
 from functools import partial
 from typing import Any
 
@@ -72,12 +71,14 @@ from runtime.actor import Actor
 from runtime.actor_messages import SteeredInput
 from runtime.agent import Agent
 from runtime.app.commands import (
+    COMMAND_GC_THRESHOLDS,
     MCP_HELP,
     AgentSource,
     add_agent_arguments,
     add_input_limit_arguments,
     add_log_level_argument,
     add_plugin_argument,
+    command_collector,
     input_limits,
     make_agent,
     make_plugins,
@@ -1215,33 +1216,11 @@ def relay_options_of(args: Any) -> dict[str, Any]:
     return options
 
 
-WORKER_GC_THRESHOLDS = (2000, 10, 100)
-"""The collector's thresholds in a worker process (``python -m runtime worker``; CPython's
-are ``(700, 10, 10)``). Nearly every object a worker makes belongs to a turn in flight:
-it outlives a young collection or two (several turns run at once, each waiting on
-PostgreSQL and Redis), is promoted, and dies by reference counting when the turn ends;
-cyclic garbage is about 0.1 object a turn. CPython collects everything once a quarter
-more objects were promoted into the oldest generation than survived the last full
-collection, so those already-dead turns brought a walk of the whole heap (100,000 objects
-and more, 35-65 ms) every ~1,000 CPU-bound turns, ~50 µs a turn, finding nothing. Here
-a full collection waits for 100 middle ones instead of 10 (tens of thousands of such
-turns), and a young one for 2,000 objects, so the turns in flight are walked fewer
-times: the collector's CPU 92 -> 30 µs a turn (issue 24 goal 3; benchmarks/README.md,
-branch ``wcpu7``). The command's own process only: a :class:`Worker` an application
-runs leaves its collector alone, and ``--gc-pacing`` turns the automatic collector off
-anyway."""
-
-
-@contextmanager
-def _worker_collector() -> Iterator[None]:
-    """:data:`WORKER_GC_THRESHOLDS` while the worker command runs; the collector's own
-    thresholds back after it (a command run in another program's process: tests)."""
-    saved = gc.get_threshold()
-    gc.set_threshold(*WORKER_GC_THRESHOLDS)
-    try:
-        yield
-    finally:
-        gc.set_threshold(*saved)
+WORKER_GC_THRESHOLDS = COMMAND_GC_THRESHOLDS
+"""The collector's thresholds in a worker process (``python -m runtime worker``):
+:data:`runtime.app.commands.COMMAND_GC_THRESHOLDS`, the ``serve`` command's too. The
+command's own process only: a :class:`Worker` an application runs leaves its collector
+alone, and ``--gc-pacing`` turns the automatic collector off anyway."""
 
 
 async def worker_command(args: Any) -> int:
@@ -1249,7 +1228,7 @@ async def worker_command(args: Any) -> int:
     during the drain ends the process at once (its turns are taken over)."""
 
     configure_logging(args.log_level)
-    with _worker_collector():
+    with command_collector():
         return await _run_worker_command(args)
 
 

@@ -37,6 +37,7 @@ from runtime.app.commands import (
     add_input_limit_arguments,
     add_log_level_argument,
     add_plugin_argument,
+    command_collector,
     input_limits,
     make_agent,
     make_plugins,
@@ -387,9 +388,8 @@ def is_front_end(args: argparse.Namespace) -> bool:
 
 
 async def serve_command(args: argparse.Namespace) -> int:
-    """Run the ``serve`` command: a host, the app, until SIGINT/SIGTERM."""
-    from runtime.app.web.app import create_app  # Starlette: only when serving
-
+    """Run the ``serve`` command: a host, the app, until SIGINT/SIGTERM; the process's
+    collector at :data:`~runtime.app.commands.COMMAND_GC_THRESHOLDS` meanwhile."""
     token = args.token or os.environ.get(TOKEN_ENV) or None
     protocols = getattr(args, "protocols", DEFAULT_PROTOCOLS)
     refusal = _refusal(args, token, protocols)
@@ -397,6 +397,13 @@ async def serve_command(args: argparse.Namespace) -> int:
         print(f"error: {refusal}", file=sys.stderr)
         return 2
     configure_logging(args.log_level)
+    with command_collector():
+        return await _run_serve_command(args, token, protocols)
+
+
+async def _run_serve_command(args: argparse.Namespace, token: str | None, protocols: Any) -> int:
+    from runtime.app.web.app import create_app  # Starlette: only when serving
+
     agent = make_agent(args)
     if not _is_loopback(args.host) and not token:
         print(
