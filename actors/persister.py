@@ -18,7 +18,7 @@ save of a long history a client sent: 600,000 messages are seconds of encoding, 
 sent and as many rows inserted) is written by a task of its own, with that session's
 later requests behind it in order, while the persister goes on with the other sessions'
 saves: written in line, it held every other turn of the host at its next step's save
-(a bystander's deltas stopped 7.7 s, benchmarks/README.md, branch ``whist``).
+(a bystander's deltas stopped 7.7 s, benchmarks/journal/approval.md, branch ``whist``).
 """
 
 from __future__ import annotations

@@ -69,7 +69,7 @@ from benchmarks.common import (
 PG_URL, REDIS_URL = bench_server_urls()
 SCALING_TARGETS = {"io": 1.7, "cpu": 1.8}
 """Two worker processes' turns/s over one's: issue 10 asked 1.7x of any turn, issue 24 goal 3
-1.8x of a CPU-bound one (benchmarks/README.md says why that one is out of reach while
+1.8x of a CPU-bound one (benchmarks/journal/workers.md says why that one is out of reach while
 PostgreSQL and Redis share the machine's two cores)."""
 RELAY_TARGET_MS = 3.0
 POLL = 0.1

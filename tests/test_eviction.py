@@ -378,7 +378,7 @@ async def test_reading_a_waiting_turns_calls_leaves_no_tuple_in_cpythons_free_li
     allocated ten slots and shrank the tuple, whose block then went to the interpreter's
     free list of 1-tuples at its death and stayed there (up to 2,000, until a full
     collection): two blocks a waiting turn, an idle turn none, which the memory benchmark
-    read as a waiting child's 64-94 KB more of Python pools (benchmarks/README.md,
+    read as a waiting child's 64-94 KB more of Python pools (benchmarks/journal/approval.md,
     branch ``apmem2``). Built from a list, the tuple is allocated at its size."""
     async with Host.open(log_tap=False) as host:
         session = await host.open_session(waiting_agent("w"), session_id="w")

@@ -3,7 +3,7 @@ levels, a key in a field, in a nested value and in an error text, a key-named fi
 image) written by the log tap through :func:`runtime.configure_logging`'s chain, and a
 line of the runtime's own, at a frozen time: a change to how a line is made must not
 change one byte of it (branch ``logcost`` made lines without a dictionary of their own
-against these; not merged, benchmarks/README.md says why)."""
+against these; not merged, benchmarks/journal/pipeline.md says why)."""
 
 # ruff: noqa: E501 (the pinned lines are written whole, one a line)
 from __future__ import annotations

@@ -381,7 +381,7 @@ async def test_a_turn_whose_session_is_still_being_read_holds_back_no_other_clai
 ):
     """The claim loop claimed a turn whose stored session it must read (600,000 messages
     are seconds) and, before, read it before it claimed again: the other sessions' turns
-    waited behind it (benchmarks/README.md, branch ``whist``: first deltas 1.4-10.7 s
+    waited behind it (benchmarks/journal/approval.md, branch ``whist``: first deltas 1.4-10.7 s
     late). The read is the turn's own task's now: another session's turn is claimed,
     run and done while it goes on; the long one runs after, once."""
     store = await PostgresStore.open(pg_url)

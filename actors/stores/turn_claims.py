@@ -167,7 +167,7 @@ class TurnClaiming:
         returned as a :class:`~runtime.turn_queue.NextClaimed` at once, its session's read
         and its input's decoding left to its ``take()``: a worker's claim loop goes on
         claiming while a session of 600,000 messages is read for one turn (seconds, which
-        other sessions' turns waited behind: benchmarks/README.md, branch ``whist``). A
+        other sessions' turns waited behind: benchmarks/journal/approval.md, branch ``whist``). A
         takeover and a continuation are returned whole, as :class:`Claim`: the loop must
         know it took over a turn (it claims nothing beside one), and a continuation's
         call read its session already.

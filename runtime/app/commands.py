@@ -415,7 +415,7 @@ full collection, so those already-dead turns brought a walk of the whole heap (8
 collection waits for 100 middle ones instead of 10 (tens of thousands of such turns), and
 a young one for 2,000 objects, so the turns in flight are walked fewer times: the
 collector's CPU 92 -> 30 µs a turn in a worker, 35 -> 2.4 µs in a ``serve``-like host
-(issue 24 goal 3; benchmarks/README.md, branches ``wcpu7`` and ``gcfair``). The
+(issue 24 goal 3; benchmarks/journal/workers.md, branches ``wcpu7`` and ``gcfair``). The
 commands' own processes only: a :class:`~runtime.app.host.Host` or ``Worker`` an
 application opens leaves its collector alone, and ``--gc-pacing`` turns the automatic
 collector off anyway."""

@@ -209,7 +209,7 @@ class GcPacer(trio.abc.Instrument):
         """A burst of objects made at once (a worker thread that read a history of
         600,000 messages made millions; the collector is off meanwhile) frozen rather than
         walked: a young or middle collection of them held the loop 0.4 s, and CPython's
-        own collections while the thread made them 0.2-2 s each (benchmarks/README.md,
+        own collections while the thread made them 0.2-2 s each (benchmarks/journal/approval.md,
         branch ``whist``). Not measured against :meth:`_thaw_limit` here: the history a
         burst makes is not a session's yet (a body being read), so the bound would not
         count it and the freeze would turn into a walk of it; the next quiet moment

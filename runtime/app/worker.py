@@ -383,7 +383,7 @@ class Worker:
         :mod:`runtime.app.gcpacing`; the command's ``--gc-pacing``). A worker claiming a
         session of 600,000 messages otherwise has CPython's full collections walk them,
         0.2-0.9 s each, several a turn; paced, a short turn costs about 10% more CPU
-        (benchmarks/README.md, branch ``whist``)."""
+        (benchmarks/journal/approval.md, branch ``whist``)."""
         self.queue: TurnQueue = turn_queue(store, lease=lease, max_attempts=max_attempts)
         self.running: dict[str, _Running] = {}
         """The turns running now, by turn id."""
