@@ -26,6 +26,18 @@ def _items(entries: list[Any]) -> list[str]:
     ]
 
 
+async def paused_turn(relay: Any) -> list[Any]:
+    """A two-delta text turn whose first writer (``fresh``) wrote its first six chunks
+    and closed paused for a person, as a suspension leaves turn ``t``'s stream: the
+    whole turn's chunks, the continuation's from ``[6:]``."""
+    chunks = text_turn(["x", "y"])
+    first = relay.writer(session_id="s", turn_id="t", fresh=True)
+    for chunk in chunks[:6]:
+        first.append(chunk)
+    await first.aclose(paused=True)
+    return chunks
+
+
 async def test_a_tail_read_refused_with_wrongtype_is_a_refusal_and_the_flusher_goes_on(
     redis_url: str,
 ) -> None:
@@ -79,11 +91,7 @@ async def test_a_reader_resuming_across_a_continuation_sees_no_gap_and_no_repeat
     pipeline: a reader that resumes after the last seq it had (Last-Event-ID) reads the
     continuation's chunks from the next seq on, none twice, none missing."""
     async with opened(redis_url) as relay:
-        chunks = text_turn(["x", "y"])
-        first = relay.writer(session_id="s", turn_id="t", fresh=True)
-        for chunk in chunks[:6]:
-            first.append(chunk)
-        await first.aclose(paused=True)
+        chunks = await paused_turn(relay)
         before = await read_all(relay, "t")  # ends at the pause
         second = relay.writer(session_id="s", turn_id="t")
         for chunk in chunks[6:]:
@@ -105,11 +113,7 @@ async def test_a_continuation_whose_stream_is_gone_after_the_wait(redis_url: str
     with a gap, and a reader that resumes with the last seq it had is told the turn is
     gone (it rebuilds from the store) instead of skipping the new stream's low seqs."""
     async with opened(redis_url) as relay:
-        chunks = text_turn(["x", "y"])
-        first = relay.writer(session_id="s", turn_id="t", fresh=True)
-        for chunk in chunks[:6]:
-            first.append(chunk)
-        await first.aclose(paused=True)
+        chunks = await paused_turn(relay)
         await relay.client.delete([relay.turn_key("t")])
         # The worker's writer for a continuation (a resumed claim) is a takeover's.
         second = relay.writer(session_id="s", turn_id="t", takeover=True)
@@ -129,11 +133,7 @@ async def test_a_tail_read_while_redis_is_down_is_retried_not_refused(redis_url:
     it), and the continuation's chunks all land after the gap its lost stream says."""
     with redis_restored():
         async with opened(redis_url, retry_base=0.02, retry_max=0.2, close_timeout=30.0) as relay:
-            chunks = text_turn(["x", "y"])
-            first = relay.writer(session_id="s", turn_id="t", fresh=True)
-            for chunk in chunks[:6]:
-                first.append(chunk)
-            await first.aclose(paused=True)
+            chunks = await paused_turn(relay)
             await trio.to_thread.run_sync(stop_redis)
             second = relay.writer(session_id="s", turn_id="t", takeover=True)
             for chunk in chunks[6:]:
@@ -156,11 +156,7 @@ async def test_a_junk_entry_at_the_tail_read_in_the_pipeline_says_gap_not_refusa
     continuation in the pipeline: the writer numbers on after it and tells readers that
     part of the turn is lost (a gap), keeping its chunks; no refusal drops them."""
     async with opened(redis_url) as relay:
-        chunks = text_turn(["x", "y"])
-        first = relay.writer(session_id="s", turn_id="t", fresh=True)
-        for chunk in chunks[:6]:
-            first.append(chunk)
-        await first.aclose(paused=True)
+        chunks = await paused_turn(relay)
         key = relay.turn_key("t")
         await relay.client.xadd(key, {"junk": "x"}, identifier="9-0")
         second = relay.writer(session_id="s", turn_id="t", takeover=True)
@@ -188,11 +184,7 @@ async def test_a_tail_read_that_redis_stalls_past_its_deadline_is_retried_on_a_n
     async with opened(
         redis_url, op_timeout=0.2, retry_base=0.05, retry_max=0.2, close_timeout=30.0
     ) as relay:
-        chunks = text_turn(["x", "y"])
-        first = relay.writer(session_id="s", turn_id="t", fresh=True)
-        for chunk in chunks[:6]:
-            first.append(chunk)
-        await first.aclose(paused=True)
+        chunks = await paused_turn(relay)
         await relay.client.client_pause(800)
         second = relay.writer(session_id="s", turn_id="t", takeover=True)
         for chunk in chunks[6:]:
