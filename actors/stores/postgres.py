@@ -625,9 +625,9 @@ class PostgresStore:
         formats: Sequence[int] = _SAVE_FORMATS
         result_format = 0
         asked = None
-        if (ends is not None or suspend is not None) and fence is not None:
-            if fence.claim_next is not None:
-                asked = fence.claim_next()
+        ending = ends is not None or suspend is not None
+        if ending and fence is not None and fence.claim_next is not None:
+            asked = fence.claim_next()
         if asked is not None:  # the next claim rides on this last save (or suspension)
             name, sql, formats = _SAVE_NEXT_NAME, _SAVE_NEXT_SQL, _SAVE_NEXT_FORMATS
             result_format = 1
