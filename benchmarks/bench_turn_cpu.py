@@ -369,7 +369,7 @@ async def _settled() -> None:
 EMBEDDED_GC = ("default", "worker")
 """``--embedded-gc``: the embedded child's collector thresholds. ``default``: CPython's
 (as an application embedding the host has them); ``worker`` (by hand): the worker
-command's, :data:`runtime.app.worker.WORKER_GC_THRESHOLDS`, set as that command sets
+command's, :data:`runtime.app.commands.COMMAND_GC_THRESHOLDS`, set as that command sets
 them (after the imports, before the host opens): the two sides on the same collector."""
 
 
@@ -389,9 +389,9 @@ def _child(turns: int, warm: int, gc_mode: str = "default") -> None:
     if gc_mode == "worker":
         import gc
 
-        from runtime.app.worker import WORKER_GC_THRESHOLDS
+        from runtime.app.commands import COMMAND_GC_THRESHOLDS
 
-        gc.set_threshold(*WORKER_GC_THRESHOLDS)
+        gc.set_threshold(*COMMAND_GC_THRESHOLDS)
 
     with tempfile.TemporaryDirectory(prefix="axon-bench-") as directory:
         with open(Path(directory) / "axon.log.jsonl", "w", encoding="utf-8") as log:
@@ -501,7 +501,7 @@ def main() -> None:
         choices=EMBEDDED_GC,
         default="default",
         help="the embedded child's collector thresholds: CPython's (default) or the "
-        "worker command's (WORKER_GC_THRESHOLDS)",
+        "worker command's (COMMAND_GC_THRESHOLDS)",
     )
     parser.add_argument("--embedded-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()

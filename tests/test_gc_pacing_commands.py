@@ -22,6 +22,7 @@ import trio.testing
 from runtime import Host
 from runtime.app import worker as worker_module
 from runtime.app.cli import build_parser
+from runtime.app.commands import COMMAND_GC_THRESHOLDS
 from runtime.app.web import serve
 
 
@@ -150,7 +151,7 @@ async def test_the_worker_command_drained_by_sigterm_gives_the_collector_back_as
     args = build_parser().parse_args(["worker", "--store", "postgresql://x/y"])
     before = gc.get_threshold()
     assert await worker_module.worker_command(args) == 0
-    assert during == [worker_module.WORKER_GC_THRESHOLDS]
+    assert during == [COMMAND_GC_THRESHOLDS]
     assert gc.get_threshold() == before
 
 
@@ -203,4 +204,4 @@ async def test_the_serve_and_worker_commands_share_one_set_of_collector_threshol
     monkeypatch.setattr(Host, "open", note)
     with pytest.raises(RuntimeError, match="stop here"):
         await serve.serve_command(_serve_args())
-    assert during == [worker_module.WORKER_GC_THRESHOLDS]
+    assert during == [COMMAND_GC_THRESHOLDS]

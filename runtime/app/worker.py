@@ -71,7 +71,6 @@ from runtime.actor import Actor
 from runtime.actor_messages import SteeredInput
 from runtime.agent import Agent
 from runtime.app.commands import (
-    COMMAND_GC_THRESHOLDS,
     MCP_HELP,
     AgentSource,
     add_agent_arguments,
@@ -1214,13 +1213,6 @@ def relay_options_of(args: Any) -> dict[str, Any]:
             raise ConfigurationError(f"--{flag.replace('_', '-')} must be 0 or more seconds")
         options[key] = value
     return options
-
-
-WORKER_GC_THRESHOLDS = COMMAND_GC_THRESHOLDS
-"""The collector's thresholds in a worker process (``python -m runtime worker``):
-:data:`runtime.app.commands.COMMAND_GC_THRESHOLDS`, the ``serve`` command's too. The
-command's own process only: a :class:`Worker` an application runs leaves its collector
-alone, and ``--gc-pacing`` turns the automatic collector off anyway."""
 
 
 async def worker_command(args: Any) -> int:
