@@ -517,6 +517,10 @@ class Watermark:
     def __init__(self, low: int) -> None:
         self.low = low
 
+    def settle(self) -> None:
+        """The reader has caught up: no edit changed a position since (:data:`UNMOVED`)."""
+        self.low = UNMOVED
+
 
 UNMOVED = sys.maxsize
 """A :class:`Watermark`'s :attr:`~Watermark.low` when no edit changed a position."""

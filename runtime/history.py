@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 import operator
-import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Literal, TypeVar
 from urllib.parse import urlsplit
@@ -40,10 +39,6 @@ OFF_LOOP_MESSAGES = 1000
 """A history longer than this is checked and repaired in a worker thread when a session
 opens with it (:func:`checked_off_loop`, :func:`repaired_off_loop`): a client may post one
 of 600,000 messages (AG-UI, Chat Completions), whose walks took the event loop 0.5 s."""
-
-UNMOVED = sys.maxsize
-"""A watermark's ``low`` when no edit changed a position (as
-:data:`runtime.actor_messages.UNMOVED`, which this module cannot import)."""
 
 INTERRUPTED = "interrupted: the tool call did not complete (the turn was cut short)"
 _MESSAGE_TYPES = (SystemMessage, UserMessage, AssistantMessage, ToolMessage)
@@ -312,7 +307,7 @@ class RepairedHistory:
             self._kept = list(messages[:boundary])
             self._repaired, self._added = tuple(repair(self._kept)), []
         if mark is not None:
-            mark.low = UNMOVED
+            mark.settle()
         elif (watch := getattr(messages, "watch", None)) is not None:
             self._watched = (messages, watch())  # another history: watched from now on
         elif watched is not None:  # the kept part is another list's: if the history
