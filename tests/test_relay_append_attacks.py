@@ -262,3 +262,39 @@ async def test_a_chunk_that_cannot_be_unstructured_raises_as_unstructure_does_an
             ["start"],
             ["text-delta", "finish", END],
         ]
+
+
+@attrs.frozen
+class Note:
+    """An application's value that is no output chunk (no ``type``)."""
+
+    text: str
+
+
+@pytest.mark.parametrize("value", [Note("x"), "not a chunk", {"text": "x"}, {"type": 3}], ids=repr)
+async def test_a_value_that_is_no_chunk_is_refused_at_its_append_even_behind_a_last_chunk(
+    autojump_clock: Any, value: Any
+) -> None:
+    """Behind a turn's last chunk, an append only queued what it was given without
+    looking at its ``type``: a value without one went in the stream (junk to every
+    reader) or, at the end of a batch, killed the relay's one flush task (every
+    writer's) when it counted the batch's chunks. It raises ``TypeError`` at the append
+    now, queues nothing, and the turn and the flusher go on."""
+    streams = Streams()
+    async with fake_relay() as (relay, _):
+        relay.batcher.connection = streams  # type: ignore[assignment]
+        writer = await started_writer(relay)
+        writer.append(delta(0))
+        writer.append(o.Finish(finish_reason="stop", usage=USAGE))  # waits for the close
+        queued = list(writer._queue)
+        with pytest.raises(TypeError, match="not an output chunk"):
+            writer.append(value)
+        assert writer._queue == queued
+        await trio.sleep(END_WAIT * 2)  # the batch goes out without the close
+        other = relay.writer(session_id="s2", turn_id="t2", fresh=True)
+        other.append(o.Start(message_id="m2"))
+        await writer.aclose()
+        await other.aclose()
+    sent = [o.Start(message_id="m"), delta(0), o.Finish(finish_reason="stop", usage=USAGE)]
+    _check_stream(streams.streams[relay.turn_key("t")], sent, writer.lost)
+    assert writer.lost == 0 and relay.turn_key("t2") in streams.streams

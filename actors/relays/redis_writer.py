@@ -192,11 +192,22 @@ class RedisRelayWriter:
         if hook is None:
             hook = _UNSTRUCTURERS[cls] = unstructurer(cls)
         item = hook(chunk)
+        try:
+            kind = item["type"]
+        except (KeyError, TypeError, IndexError):
+            kind = None
+        if type(kind) is not str:
+            # Queued, it would make the stream junk to every reader, or kill the relay's
+            # flush task (every writer's) when it counts the batch's chunks.
+            raise TypeError(
+                f"relay writer for turn {self.turn_id!r}: a {cls.__name__} is not an output "
+                "chunk (it unstructures to no string 'type')"
+            )
         queue = self._queue
         if (
             self._due is not None
             and len(queue) < self.relay.max_queue
-            and (self._end_by is not None or item["type"] not in _LAST)
+            and (self._end_by is not None or kind not in _LAST)
         ):
             queue.append(item)
             return
