@@ -161,6 +161,12 @@ class RedisRelayWriter:
         without answering. The next flush carries them alone, at the same seqs, so
         Redis refusing it as a duplicate means exactly them, not the chunks queued since
         (which a duplicate would otherwise take as written, though they never were)."""
+        self._unsure: tuple[int, int] | None = None
+        """After Redis refused such a retry: the seq after its batch, and the turn's
+        chunks in it. Redis may hold the batch all the same (the first try applied
+        unanswered), so the stream's tail is read before the next flush: the batch is
+        lost (counted, readers told) only if the tail is not this writer's entry ending
+        just before that seq (:meth:`_tail_read`)."""
         self.lost = 0
         """The turn's chunks dropped: the queue overflowed while Redis did not answer,
         Redis refused them, or the turn ended before they were written (the writer's own
@@ -266,6 +272,9 @@ class RedisRelayWriter:
         self._closed = True
         self.relay._forget(self)
         self._notify()
+        if self._unsure is not None:  # not known whether Redis holds it: counted lost
+            self.lost += self._unsure[1]
+            self._unsure = None
         if self._queue:
             unflushed = _chunks(self._queue)
             self.lost += unflushed
@@ -278,7 +287,7 @@ class RedisRelayWriter:
 
     async def flushed(self) -> None:
         """Wait until everything queued so far is written (or the writer stopped)."""
-        while (self._queue or self._busy) and not self._closed:
+        while (self._queue or self._busy or self._unsure) and not self._closed:
             if self._settled is None:
                 self._settled = trio.Event()
             await self._settled.wait()
@@ -428,13 +437,15 @@ class RedisRelayWriter:
             self._failed("relay.flush_failed", error)
         else:  # Redis refused it (OOM, wrong type): not retried
             dropped = _chunks(job.batch)
-            self.lost += dropped
-            if job.retry:  # Redis may hold it (applied unanswered): the gap goes after it
-                self._next_seq = job.first + len(job.batch)
-            self._queue.insert(0, {"type": GAP})
-            self._failed("relay.flush_refused", error, dropped=dropped)
+            if job.retry:  # Redis may hold it (applied unanswered): the tail says
+                self._next_seq, self._unsure = None, (job.first + len(job.batch), dropped)
+                self._failed("relay.flush_refused", error, unsure=dropped)
+            else:
+                self.lost += dropped
+                self._queue.insert(0, {"type": GAP})
+                self._failed("relay.flush_refused", error, dropped=dropped)
         self._notify()
-        if self._queue and not self._closed:
+        if (self._queue or self._unsure) and not self._closed:
             self.relay.batcher.schedule(self, self._due_at(trio.current_time()))
 
     def _failed(self, event: str, error: BaseException, **fields: Any) -> None:
@@ -469,25 +480,35 @@ class RedisRelayWriter:
 
     def _tail_read(self, last: Any, error: BaseException | None) -> None:
         """Where to number on from: after the stream's last entry (``last``, the tail's
-        read; a continuation's or a takeover's first flush); then the writer is due at
-        once (after a backoff if the read failed: ``error``)."""
+        read; a continuation's or a takeover's first flush, or the next flush after a
+        retry Redis refused: ``_unsure``); then the writer is due at once (after a backoff
+        if the read failed: ``error``)."""
+        unsure, self._unsure = self._unsure, None
         if error is None:
-            first, self._prev, lost = _tail(last, takeover=self.takeover)
+            first, self._prev, lost = _tail(last, takeover=self.takeover or unsure is not None)
+            if unsure is not None:  # a refused retry's batch: in the stream or lost
+                if first == unsure[0] and self._prev == self.writer_id:
+                    self._prev = None  # it is: this writer's entries go on after it
+                else:
+                    self.lost += unsure[1]
+                    lost = True
             self._next_seq = first
             if lost:
                 # What the turn streamed before is not in the stream: readers are told
                 # (they rebuild from the store) instead of shown the turn without it.
                 self._queue.insert(0, {"type": GAP})
-                log.warning("relay.takeover_lost_stream", turn_id=self.turn_id)
+                event = "relay.takeover_lost_stream" if unsure is None else "relay.refused_lost"
+                log.warning(event, turn_id=self.turn_id)
         elif isinstance(error, _retryable()):
+            self._unsure = unsure
             self._failed("relay.flush_failed", error)
         else:  # a key of another type: the queue is lost, as a refusal
-            self.lost += _chunks(self._queue)
+            self.lost += _chunks(self._queue) + (unsure[1] if unsure is not None else 0)
             self._queue = [{"type": GAP}]
             self._failed("relay.flush_refused", error)
         self._busy = False
         self._notify()
-        if self._queue and not self._closed:
+        if (self._queue or self._unsure) and not self._closed:
             self.relay.batcher.schedule(self, max(trio.current_time(), self._retry_at))
 
     def _commands(
