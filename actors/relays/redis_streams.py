@@ -244,6 +244,13 @@ class RedisRelay:
                 with trio.fail_after(self.op_timeout + self.block_ms / 1000):
                     return await fn()
             except _retryable() as exc:
+                if isinstance(exc, trio.TooSlowError):
+                    # No reply within the deadline. coredis keeps the pooled connection a
+                    # cancelled request was sent on, and multiplexes the next reads on it,
+                    # behind a reply that may never come (a held or black-holed
+                    # connection): the retry would wait for it, and every read after it,
+                    # until ``retry_for`` ran out. The pool's connections start over.
+                    self.client.connection_pool.disconnect()
                 if trio.current_time() >= deadline:
                     raise RelayUnavailable(
                         f"Redis did not answer for {self.retry_for:g} s ({what}): "
