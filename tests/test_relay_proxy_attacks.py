@@ -364,50 +364,59 @@ class Schedule:
 async def test_a_turn_under_a_seeded_schedule_of_connection_faults(
     redis_url: str, seed: int
 ) -> None:
-    """A turn of ~40 chunks appended at random pace (some paused for a person and
-    continued by a writer that reads the tail), faults on about one in five of the
-    writers' commands and one in ten of the readers': a live reader, one resuming after
-    what it had (Last-Event-ID) and a replay each show the turn whole, or a prefix and
-    then gone, and only when the stream lacks part of the turn; the writers' ``lost`` is
-    what the stream lacks of what they were given."""
+    """Turns of ~40 chunks appended at random pace (some paused for a person and
+    continued by a writer that reads the tail; some with a second turn beside, so the
+    flusher's pipelines carry both), faults on about one in five of the writers'
+    commands and one in ten of the readers': a live reader, one resuming after what it
+    had (Last-Event-ID) and a replay each show the turn whole, or a prefix and then
+    gone, and only when the stream lacks part of the turn; the writers' ``lost`` is what
+    the stream lacks of what they were given."""
     rng = random.Random(seed)
-    schedule = Schedule(seed)
-    paused = rng.random() < 0.5
-    chunks = turn(3, 9)
-    cut = rng.randrange(4, len(chunks) - 4)
-    before, after = chunks[:cut], [o.Start(message_id="m"), *chunks[cut:]]
+    schedule = Schedule(seed, every=int(os.environ.get("AXON_RELAY_PROXY_EVERY", "5")))
+    turns = [f"t{i}" for i in range(rng.choice([1, 1, 2]))]
     async with through_proxy(schedule) as (proxy, relay):
-        writers = [relay.writer(session_id="s", turn_id="t", fresh=True)]
-        live: list[Any] = []
         async with trio.open_nursery() as nursery:
-            writers[0].append(before[0])
-            with trio.fail_after(20):
-                await writers[0].flushed()  # the stream is there unless its start was lost
-            live_gone: list[bool] = []
-
-            async def live_reader() -> None:
-                read = await checked_read(relay, "t", into=live, after_pauses=int(paused))
-                live_gone.append(read[1])
-
-            if not writers[0].lost:
-                nursery.start_soon(live_reader)
-            if paused:
-                await write(writers[0], before[1:], rng, paused=True)
-                writers.append(relay.writer(session_id="s", turn_id="t"))
-                await write(writers[1], after, rng)
-            else:
-                await write(writers[0], [*before[1:], *chunks[cut:]], rng)
-        entries = await stream_items(relay, "t")
-        sent = [*before, *after] if paused else chunks
-        assert sum(w.lost for w in writers) == missing(entries, sent)
-        if live_gone:
-            check_read(live, live_gone[0], entries, after_pause=paused)
-        replay, _ = await checked_read(relay, "t", entries)
-        if replay:
-            await checked_read(relay, "t", entries, after_seq=replay[len(replay) // 2].seq)
-        if paused:
-            await checked_read(relay, "t", entries, after_pauses=1)
+            for turn_id in turns:
+                nursery.start_soon(attacked_turn, relay, turn_id, random.Random(rng.random()))
     assert proxy.faults(), "the schedule dealt no fault"
+
+
+async def attacked_turn(relay: RedisRelay, turn_id: str, rng: random.Random) -> None:
+    """One turn of the seeded attack, written and read, and checked."""
+    paused = rng.random() < 0.5
+    chunks = turn(3, 9, name=turn_id)
+    cut = rng.randrange(4, len(chunks) - 4)
+    before, after = chunks[:cut], [o.Start(message_id=f"m{turn_id}"), *chunks[cut:]]
+    writers = [relay.writer(session_id=f"s{turn_id}", turn_id=turn_id, fresh=True)]
+    live: list[Any] = []
+    live_gone: list[bool] = []
+
+    async def live_reader() -> None:
+        read = await checked_read(relay, turn_id, into=live, after_pauses=int(paused))
+        live_gone.append(read[1])
+
+    async with trio.open_nursery() as nursery:
+        writers[0].append(before[0])
+        with trio.fail_after(20):
+            await writers[0].flushed()  # the stream is there unless its start was lost
+        if not writers[0].lost:
+            nursery.start_soon(live_reader)
+        if paused:
+            await write(writers[0], before[1:], rng, paused=True)
+            writers.append(relay.writer(session_id=f"s{turn_id}", turn_id=turn_id))
+            await write(writers[1], after, rng)
+        else:
+            await write(writers[0], [*before[1:], *chunks[cut:]], rng)
+    entries = await stream_items(relay, turn_id)
+    sent = [*before, *after] if paused else chunks
+    assert sum(w.lost for w in writers) == missing(entries, sent)
+    if live_gone:
+        check_read(live, live_gone[0], entries, after_pause=paused)
+    replay, _ = await checked_read(relay, turn_id, entries)
+    if replay:
+        await checked_read(relay, turn_id, entries, after_seq=replay[len(replay) // 2].seq)
+    if paused:
+        await checked_read(relay, turn_id, entries, after_pauses=1)
 
 
 @pytest.mark.parametrize("command", ["XRANGE", "EXISTS", "XREAD"])
@@ -449,15 +458,18 @@ async def test_a_read_whose_reply_never_comes_is_retried_on_another_connection(
     assert [attrs.evolve(c, seq=0) for c in got] == sent
 
 
+@pytest.mark.parametrize("command", ["XRANGE", "XREAD"])
 async def test_the_cancel_watch_outlives_the_connections_a_stalled_read_starts_over(
-    redis_url: str,
+    redis_url: str, command: str
 ) -> None:
-    """A stalled read makes the relay's coredis connections start over, the cancel
-    channel's subscription among them: it subscribes again, and a cancel sent after
-    the read reaches the watcher (one published while it subscribes again is missed:
-    the turn's queue row, or a second stop, still stops it)."""
+    """A stalled read (the replay's ``XRANGE``) makes the relay's coredis connections
+    start over, the cancel channel's subscription among them: it subscribes again, and
+    a cancel sent after the read reaches the watcher (one published while it subscribes
+    again is missed: the turn's queue row, or a second stop, still stops it). A stalled
+    live read (``XREAD BLOCK``) is on a connection of its own, which coredis drops: the
+    others stay, the subscription with them."""
     cancels: list[tuple[str, str]] = []
-    async with through_proxy(scripted({("XRANGE", 1): STALL_AFTER}), retry_for=3.0) as (
+    async with through_proxy(scripted({(command, 1): STALL_AFTER}), retry_for=3.0) as (
         proxy,
         relay,
     ):
@@ -465,16 +477,31 @@ async def test_the_cancel_watch_outlives_the_connections_a_stalled_read_starts_o
             await nursery.start(relay.watch_cancels, lambda *args: cancels.append(args))
             writer = relay.writer(session_id="s", turn_id="t", fresh=True)
             sent = turn(1, 2)
-            for chunk in sent:
+            for chunk in sent[:-1]:
                 writer.append(chunk)
+            await writer.flushed()
+            got: list[Any] = []
+            reading = trio.Event()
+
+            async def read() -> None:
+                await checked_read(relay, "t", into=got)
+                reading.set()
+
+            nursery.start_soon(read)
+            with trio.fail_after(5):
+                while not proxy.faults():  # noqa: ASYNC110 - the proxy's record
+                    await trio.sleep(0.01)
+            await trio.sleep(0.5)  # past the stalled command's deadline
+            writer.append(sent[-1])
             await writer.aclose()
-            got, gone = await checked_read(relay, "t")
-            assert not gone and len(got) == len(sent)
             with trio.fail_after(10):
+                await reading.wait()
                 while not cancels:
                     await relay.request_cancel("t", "stop")
                     await trio.sleep(0.05)
             nursery.cancel_scope.cancel()
+    assert [attrs.evolve(c, seq=0) for c in got] == sent
     assert proxy.faults() == ["stall_after"]
     assert cancels[0] == ("t", "stop")
-    assert [c.name for c, _ in proxy.seen].count("SUBSCRIBE") == 2  # it subscribed again
+    subscribes = [c.name for c, _ in proxy.seen].count("SUBSCRIBE")
+    assert subscribes == (2 if command == "XRANGE" else 1)

@@ -234,9 +234,11 @@ class RedisRelay:
 
     # -- reading ----------------------------------------------------------------------------
 
-    async def _call(self, what: str, fn: Callable[[], Any]) -> Any:
+    async def _call(self, what: str, fn: Callable[[], Any], *, blocking: bool = False) -> Any:
         """``await fn()`` with retries and backoff while Redis does not answer, for up to
-        ``retry_for`` seconds, then :class:`~runtime.errors.RelayUnavailable`."""
+        ``retry_for`` seconds, then :class:`~runtime.errors.RelayUnavailable`.
+        ``blocking``: ``fn`` is a blocking command (``XREAD BLOCK``), on a connection of
+        its own that coredis drops when it is given up."""
         deadline = trio.current_time() + self.retry_for
         attempt = 0
         while True:
@@ -244,12 +246,13 @@ class RedisRelay:
                 with trio.fail_after(self.op_timeout + self.block_ms / 1000):
                     return await fn()
             except _retryable() as exc:
-                if isinstance(exc, trio.TooSlowError):
+                if isinstance(exc, trio.TooSlowError) and not blocking:
                     # No reply within the deadline. coredis keeps the pooled connection a
                     # cancelled request was sent on, and multiplexes the next reads on it,
                     # behind a reply that may never come (a held or black-holed
                     # connection): the retry would wait for it, and every read after it,
-                    # until ``retry_for`` ran out. The pool's connections start over.
+                    # until ``retry_for`` ran out. The pool's connections start over (the
+                    # one stalled is not known; the cancel watch subscribes again).
                     self.client.connection_pool.disconnect()
                 if trio.current_time() >= deadline:
                     raise RelayUnavailable(
@@ -263,13 +266,15 @@ class RedisRelay:
                 )
                 await trio.sleep(delay)
 
-    async def _read_call(self, turn_id: str, what: str, fn: Callable[[], Any]) -> Any:
+    async def _read_call(
+        self, turn_id: str, what: str, fn: Callable[[], Any], *, blocking: bool = False
+    ) -> Any:
         """:meth:`_call` on a turn's stream: a key of another type there (junk) is
         :class:`~runtime.errors.RelayTurnGone`."""
         from coredis.exceptions import WrongTypeError
 
         try:
-            return await self._call(what, fn)
+            return await self._call(what, fn, blocking=blocking)
         except WrongTypeError:
             raise RelayTurnGone(
                 f"the relay's key of turn {turn_id!r} is not a stream (junk in Redis)"
@@ -391,6 +396,7 @@ class RedisRelay:
                 functools.partial(
                     self.client.xread, {key: last_id}, count=PAGE, block=self.block_ms
                 ),
+                blocking=True,
             )
             entries = next(iter(result.values()), ()) if result else ()
             if entries:
