@@ -216,7 +216,15 @@ REFUSE = Fault("refuse")
 
 @pytest.mark.parametrize(
     "second",
-    [DROP_AFTER, DROP_BEFORE, STALL_AFTER, STALL_BEFORE, Fault("fragment"), Fault("delay", 0.3)],
+    [
+        DROP_AFTER,
+        DROP_BEFORE,
+        STALL_AFTER,
+        STALL_BEFORE,
+        Fault("cut"),
+        Fault("fragment"),
+        Fault("delay", 0.3),
+    ],
     ids=lambda f: f.kind,
 )
 async def test_a_fault_in_the_retry_of_a_flush_redis_applied_unanswered(
@@ -280,6 +288,7 @@ async def test_a_retry_refused_after_redis_applied_the_first_try_counts_what_the
         [DROP_BEFORE, STALL_AFTER],
         [STALL_BEFORE, DROP_AFTER],
         [Fault("fragment")],
+        [Fault("cut"), Fault("delay", 0.3)],
         [REFUSE],
     ],
     ids=lambda fs: "+".join(f.kind for f in fs),
@@ -349,7 +358,8 @@ class Schedule:
             return None
         elif command.name in WRITES and rng.random() < 0.3:
             self.run = rng.randint(1, 2)
-        kinds = ["delay", "fragment", "drop_before", "drop_after", "stall_before", "stall_after"]
+        kinds = ["delay", "fragment", "drop_before", "drop_after", "cut"]
+        kinds += ["stall_before", "stall_after"]
         if command.name == "XADD":
             kinds.append("refuse")
         kind = rng.choice(kinds)

@@ -14,6 +14,8 @@ fault says otherwise:
     the connection closed before the command reaches Redis (nor any after it);
 ``drop_after``
     the command applied by Redis, the connection closed before its reply is handed on;
+``cut``
+    the command applied, the first half of its reply handed on, the connection closed;
 ``stall_before``
     the command never forwarded, the connection held open until the client leaves it
     (a client that never reads what is sent to it, seen from the sender);
@@ -49,6 +51,7 @@ KINDS = (
     "fragment",
     "drop_before",
     "drop_after",
+    "cut",
     "stall_before",
     "stall_after",
     "refuse",
@@ -188,6 +191,9 @@ class RedisFaultProxy:
             await server.stream.send_all(request)
             reply = await server.value()
             if reply is None or kind == "drop_after":
+                return
+            if kind == "cut":
+                await client.stream.send_all(reply[: len(reply) // 2])
                 return
             if kind == "stall_after":
                 await _hold(client)
