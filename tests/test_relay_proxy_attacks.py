@@ -327,6 +327,24 @@ async def test_a_break_in_a_continuing_writers_tail_read(
     assert resumed == got[len(before) :]
 
 
+async def test_a_tail_read_through_coredis_whose_reply_never_comes_is_retried_elsewhere(
+    redis_url: str,
+) -> None:
+    """A writer on coredis (a URL the RESP connection does not serve) reads a stream's
+    tail as a command of its own: after a retry Redis refused, its reply held. The read
+    past its deadline starts the pool over, so the next read is answered (before, it
+    queued behind the held reply on the same connection, as every one after it, until
+    the close counted the batch and the queue lost though Redis held the batch)."""
+    sent = turn(2, 6)
+    faults = {("XADD", 3): DROP_AFTER, ("XADD", 4): REFUSE, ("XREVRANGE", 1): STALL_AFTER}
+    async with through_proxy(scripted(faults), close_timeout=5.0) as (proxy, relay):
+        relay.batcher.connection = None  # what a URL the RESP connection does not serve gets
+        writer = relay.writer(session_id="s", turn_id="t", fresh=True)
+        await write(writer, sent)
+        assert proxy.faults() == ["drop_after", "refuse", "stall_after"]
+        assert writer.lost == 0 and await check_turn(relay, writer, sent)
+
+
 # -- seeded schedules ---------------------------------------------------------------------
 
 WRITES = ("XADD", "XREVRANGE", "EXPIRE", "SET")
@@ -370,9 +388,15 @@ class Schedule:
         return Fault(kind, rng.choice([0.002, 0.05, 0.25]) if kind == "delay" else 0.0)
 
 
-@pytest.mark.parametrize("seed", range(SEEDS))
+@pytest.mark.parametrize(
+    ("writes", "seed"),
+    [
+        *(("resp", seed) for seed in range(SEEDS)),
+        *(("coredis", seed) for seed in range(SEEDS // 2)),
+    ],
+)
 async def test_a_turn_under_a_seeded_schedule_of_connection_faults(
-    redis_url: str, seed: int
+    redis_url: str, writes: str, seed: int
 ) -> None:
     """Turns of ~40 chunks appended at random pace (some paused for a person and
     continued by a writer that reads the tail; some with a second turn beside, so the
@@ -380,11 +404,15 @@ async def test_a_turn_under_a_seeded_schedule_of_connection_faults(
     commands and one in ten of the readers': a live reader, one resuming after what it
     had (Last-Event-ID) and a replay each show the turn whole, or a prefix and then
     gone, and only when the stream lacks part of the turn; the writers' ``lost`` is what
-    the stream lacks of what they were given."""
+    the stream lacks of what they were given. The writers' flushes go on their own RESP
+    connection, or (``coredis``: a URL it does not serve, ``rediss://``) through
+    coredis, whose tail reads are commands of their own."""
     rng = random.Random(seed)
     schedule = Schedule(seed, every=int(os.environ.get("AXON_RELAY_PROXY_EVERY", "5")))
     turns = [f"t{i}" for i in range(rng.choice([1, 1, 2]))]
     async with through_proxy(schedule) as (proxy, relay):
+        if writes == "coredis":
+            relay.batcher.connection = None  # what a URL the RESP connection does not serve gets
         async with trio.open_nursery() as nursery:
             for turn_id in turns:
                 nursery.start_soon(attacked_turn, relay, turn_id, random.Random(rng.random()))

@@ -247,13 +247,7 @@ class RedisRelay:
                     return await fn()
             except _retryable() as exc:
                 if isinstance(exc, trio.TooSlowError) and not blocking:
-                    # No reply within the deadline. coredis keeps the pooled connection a
-                    # cancelled request was sent on, and multiplexes the next reads on it,
-                    # behind a reply that may never come (a held or black-holed
-                    # connection): the retry would wait for it, and every read after it,
-                    # until ``retry_for`` ran out. The pool's connections start over (the
-                    # one stalled is not known; the cancel watch subscribes again).
-                    self.client.connection_pool.disconnect()
+                    self._gave_up()
                 if trio.current_time() >= deadline:
                     raise RelayUnavailable(
                         f"Redis did not answer for {self.retry_for:g} s ({what}): "
@@ -265,6 +259,15 @@ class RedisRelay:
                     "relay.read_failed", what=what, retry_in=round(delay, 3), error=redact(str(exc))
                 )
                 await trio.sleep(delay)
+
+    def _gave_up(self) -> None:
+        """A non-blocking command on the coredis client got no reply within its deadline.
+        coredis keeps the pooled connection a cancelled request was sent on, and
+        multiplexes the next commands on it, behind a reply that may never come (a held
+        or black-holed connection): a retry would wait for it, and every command after
+        it, until ``retry_for`` ran out and after. The pool's connections start over
+        (the one stalled is not known; the cancel watch subscribes again)."""
+        self.client.connection_pool.disconnect()
 
     async def _read_call(
         self, turn_id: str, what: str, fn: Callable[[], Any], *, blocking: bool = False

@@ -470,6 +470,8 @@ class RedisRelayWriter:
             with trio.fail_after(self.relay.op_timeout):
                 last = await self.relay.client.xrevrange(self.key, "+", "-", count=1)
         except Exception as exc:
+            if isinstance(exc, trio.TooSlowError):
+                self.relay._gave_up()  # the retry is not to queue behind the lost reply
             self._tail_read(None, exc)
         except BaseException:  # the relay closing
             self._busy = False
