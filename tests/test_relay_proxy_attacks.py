@@ -544,3 +544,20 @@ async def test_the_cancel_watch_outlives_the_connections_a_stalled_read_starts_o
     assert cancels[0] == ("t", "stop")
     subscribes = [c.name for c, _ in proxy.seen].count("SUBSCRIBE")
     assert subscribes == (2 if command == "XRANGE" else 1)
+
+
+async def test_a_relay_opens_though_its_first_ping_is_never_answered(redis_url: str) -> None:
+    """``RedisRelay.open`` PINGs until Redis answers: the first PING's reply held, the
+    next goes on another connection (before, it queued behind the held reply, as every
+    one after it, and the open failed with ``RelayUnavailable`` after ``retry_for``)."""
+    async with through_proxy(scripted({("PING", 1): STALL_AFTER}), retry_for=3.0) as (
+        proxy,
+        relay,
+    ):
+        writer = relay.writer(session_id="s", turn_id="t", fresh=True)
+        sent = turn(1, 1)
+        for chunk in sent:
+            writer.append(chunk)
+        await writer.aclose()
+        assert await check_turn(relay, writer, sent)
+    assert proxy.faults() == ["stall_after"]

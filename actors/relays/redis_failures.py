@@ -59,16 +59,21 @@ def _closed_stream() -> tuple[type[BaseException], ...]:
     return (anyio.ClosedResourceError, anyio.BrokenResourceError)
 
 
-async def _wait_for_redis(client: Any, shown: str, retry_for: float) -> None:
-    """PING until Redis answers; :class:`RelayUnavailable` after ``retry_for`` seconds."""
+async def _wait_for_redis(client: Any, shown: str, retry_for: float, ping_for: float = 5.0) -> None:
+    """PING until Redis answers (each PING given ``ping_for`` seconds);
+    :class:`RelayUnavailable` after ``retry_for`` seconds."""
     deadline = trio.current_time() + retry_for
     attempt = 0
     while True:
         try:
-            with trio.fail_after(5.0):
+            with trio.fail_after(ping_for):
                 await client.ping()
             return
         except _retryable() as exc:
+            if isinstance(exc, trio.TooSlowError):
+                # coredis would send the next PING on the connection whose reply never
+                # came, behind it (``RedisRelay._gave_up``): it starts over
+                client.connection_pool.disconnect()
             if trio.current_time() >= deadline:
                 raise RelayUnavailable(
                     f"Redis at {shown} did not answer for {retry_for:g} s: "

@@ -158,9 +158,10 @@ class RedisRelay:
             raise ConfigurationError(f"bad Redis URL {shown!r}: {exc}") from None
         relay_options = dict(options)
         retry_for = float(relay_options.get("retry_for", RETRY_FOR))
+        op_timeout = float(relay_options.get("op_timeout", 5.0))
         try:
             async with client:
-                await _wait_for_redis(client, shown, retry_for)
+                await _wait_for_redis(client, shown, retry_for, op_timeout)
                 async with trio.open_nursery() as nursery:
                     relay = cls(client, nursery, url=url, **relay_options)
                     try:
