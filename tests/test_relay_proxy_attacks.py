@@ -348,7 +348,8 @@ async def test_a_tail_read_through_coredis_whose_reply_never_comes_is_retried_el
 # -- seeded schedules ---------------------------------------------------------------------
 
 WRITES = ("XADD", "XREVRANGE", "EXPIRE", "SET")
-READS = ("XRANGE", "XREAD", "EXISTS")
+READS = ("XRANGE", "XREAD", "EXISTS", "HELLO", "PING")
+"""The readers' commands, and coredis's set-up of a connection and the open's PING."""
 SEEDS = int(os.environ.get("AXON_RELAY_PROXY_SEEDS", "12"))
 """Schedules the suite runs (each ~1 s); set more to attack longer by hand."""
 
