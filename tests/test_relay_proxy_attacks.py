@@ -29,6 +29,7 @@ from actors.relays.redis_entries import END, GAP
 from actors.relays.redis_streams import RedisRelay
 from runtime import output as o
 from runtime.errors import RelayTurnGone
+from runtime.serde import unstructure
 from tests.support.redis import redis_address, require_redis, unique_prefix
 from tests.support.redis_proxy import Command, Fault, redis_fault_proxy, scripted
 from tests.test_relay_coalescing import USAGE
@@ -86,8 +87,6 @@ async def stream_items(relay: RedisRelay, turn_id: str) -> list[tuple[int, list[
 
 
 def unstructured(chunk: Any) -> dict[str, Any]:
-    from runtime.serde import unstructure
-
     item: dict[str, Any] = unstructure(chunk)
     return item
 

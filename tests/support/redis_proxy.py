@@ -128,12 +128,14 @@ class _Peer:
 
 
 class RedisFaultProxy:
+    """Listens (:func:`redis_fault_proxy`) and serves each connection in lockstep with
+    the Redis at ``upstream``, dealing ``decide``'s faults; records every command."""
+
     def __init__(self, upstream: tuple[str, int], decide: Decide) -> None:
         self.upstream = upstream
         self.decide = decide
         self.port = 0
         self.seen: list[tuple[Command, Fault | None]] = []
-        self.connections = 0
         self._ids = itertools.count()
 
     @property
@@ -146,7 +148,6 @@ class RedisFaultProxy:
 
     async def _serve(self, client_stream: trio.SocketStream) -> None:
         conn = next(self._ids)
-        self.connections += 1
         try:
             server_stream = await trio.open_tcp_stream(*self.upstream)
         except OSError:
@@ -198,8 +199,8 @@ class RedisFaultProxy:
             if kind == "stall_after":
                 await _hold(client)
                 return
-            if kind == "delay":
-                await trio.sleep(fault.seconds)  # type: ignore[union-attr]
+            if fault is not None and kind == "delay":
+                await trio.sleep(fault.seconds)
             if kind == "fragment":
                 for byte in range(len(reply)):
                     await client.stream.send_all(reply[byte : byte + 1])
