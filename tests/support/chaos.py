@@ -100,8 +100,9 @@ class Plan:
     """Per session, its turns: ``(input, what follows)``; what follows is ``queue``
     (submit the next at once), ``wait`` (wait for the turn to end), ``sleep``; for an
     ``approve`` turn the decision: ``approve``, ``deny``, ``race`` (both handles at once,
-    opposite decisions), ``kill`` (approve, then SIGKILL a worker at once),
-    ``supersede`` (submit the next turn first, then decide)."""
+    opposite decisions), ``twice`` (both handles at once, both approving), ``kill``
+    (approve, then SIGKILL a worker at once), ``supersede`` (submit the next turn first,
+    then decide)."""
     faults: list[tuple[float, str]]
     """``(seconds after the previous fault, kind)``."""
 
@@ -115,7 +116,7 @@ def make_plan(seed: int, config: ChaosConfig) -> Plan:
             kind = rng.choice(("tools", "tools", "approve", "approve", "echo"))
             text = f"{kind} s{s} t{t}" if kind != "echo" else f"hello s{s} t{t}"
             if kind == "approve":
-                then = rng.choice(("approve", "deny", "race", "race", "kill", "supersede"))
+                then = rng.choice(("approve", "deny", "race", "twice", "kill", "supersede"))
             else:
                 then = rng.choice(("queue", "wait", "sleep"))
             turns.append((text, then))
@@ -372,10 +373,10 @@ class Run:
 
     async def approval(self, turn: Submitted, fronts: list[tuple[Any, Any]]) -> None:
         (queue_a, store_a), (queue_b, store_b) = fronts
-        if turn.then == "race":
+        if turn.then in ("race", "twice"):
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self.decide, queue_a, store_a, turn, "a", True)
-                nursery.start_soon(self.decide, queue_b, store_b, turn, "b", False)
+                nursery.start_soon(self.decide, queue_b, store_b, turn, "b", turn.then == "twice")
             return
         approved = turn.then != "deny"
         await self.decide(queue_b, store_b, turn, "b", approved)
@@ -573,7 +574,10 @@ class Run:
             record = await self.queue.store.load(session_id)
             messages = [] if record is None else list(record.messages)
             session_turns = [t for t in rows if t[1] == session_id]
-            bad += self.check_history(session_id, messages, session_turns, expected_keys)
+            found = self.check_history(session_id, messages, session_turns, expected_keys)
+            if found:
+                await trio.to_thread.run_sync(self.dump_session, session_id)
+            bad += found
         for key in expected_keys:
             if effects.get(key) != 1:
                 bad.append(f"the stored result of {key} has no side effect in the ledger")
@@ -609,6 +613,17 @@ class Run:
             "resets_seen": sum(r.resets for r in self.readings.values()),
             "faults": [e for _, e in self.events],
         }
+
+    def dump_session(self, session_id: str) -> None:
+        """The session's stored rows into the logs folder (a broken history's evidence)."""
+        rows = _sql(
+            self.pg_url,
+            "SELECT idx, role, body FROM axon_messages WHERE session_id = %s ORDER BY idx",
+            session_id,
+        )
+        with open(os.path.join(self.pool.logs, f"history-{session_id}.txt"), "w") as out:
+            for idx, role, body in rows:
+                out.write(f"{idx} {role} {bytes(body)[:300]!r}\n")
 
     def check_history(
         self,
