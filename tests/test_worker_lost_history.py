@@ -13,6 +13,8 @@ reads it as stored.
 
 from __future__ import annotations
 
+from typing import Any
+
 import attrs
 import pytest
 import trio
@@ -47,11 +49,28 @@ async def test_a_worker_that_lost_a_turn_runs_the_sessions_next_turn_on_the_stor
     try:
         async with trio.open_nursery() as nursery:
             worker_a = Worker(store=store_a, agent=own_agent(), owner="a", poll=0.05)
+            may_claim = trio.Event()
+            may_claim.set()
+            real_claim = worker_a._claim
+
+            parked = trio.Event()
+
+            async def claim_when_let(leases: Any) -> Any:
+                # a claims nothing while b is to take the first turn over.
+                if not may_claim.is_set():
+                    parked.set()
+                await may_claim.wait()
+                return await real_claim(leases)
+
+            worker_a._claim = claim_when_let  # type: ignore[method-assign]
             await nursery.start(worker_a.run)
             first = await queue.submit("s", "tools one")
             with trio.fail_after(LIMIT):
                 while not (await trio.to_thread.run_sync(read_ledger, pg_url))[0]:  # noqa: ASYNC110
                     await trio.sleep(0.02)
+            may_claim = trio.Event()  # a claims nothing more, once its claim in flight is over
+            with trio.fail_after(LIMIT):
+                await parked.wait()
             # Another worker's claim took the turn (as after a pause past the lease): its
             # lease lapsed, so b takes it over; a's renewal and save are refused.
             await trio.to_thread.run_sync(
@@ -74,6 +93,7 @@ async def test_a_worker_that_lost_a_turn_runs_the_sessions_next_turn_on_the_stor
             with trio.fail_after(LIMIT):
                 while worker_b.running or worker_b.host is not None:  # noqa: ASYNC110
                     await trio.sleep(0.02)
+            may_claim.set()
             second = await queue.submit("s", "tools two")  # only a is left to run it
             done = await queue.wait_finished(second.turn_id, LIMIT)
             assert done is not None and done.status == "done" and done.owner == "a"
