@@ -326,6 +326,12 @@ class LeaseKeeper:
             if renewal.held:  # or it is cancelled as it starts
                 self.cancel_held(lease.turn_id, renewal.cancel_reason or "cancelled")
             return
+        if renewal.let_go:
+            # The turn's own commit suspended or finished its row, and the renewal ran
+            # before that commit's answer came back here (which says so to the entry):
+            # no loss. Taken for one, the turn's end was not relayed (its stream left
+            # without its finish, a waiting turn's continuation never shown).
+            return
         if not renewal.held:
             entry.lose("renewal refused")
         else:
