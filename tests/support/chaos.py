@@ -249,6 +249,8 @@ class Run:
         self.readings: dict[str, Reading] = {}
         self.events: list[tuple[float, str]] = []
         self.redis_restarts: list[tuple[float, float]] = []
+        self.stops: list[tuple[float, float]] = []
+        """When workers were SIGKILLed (a moment) or SIGSTOPped (until SIGCONT)."""
         self.fault_lock = trio.Lock()
         self.t0 = time.monotonic()
         self.sessions_done = trio.Event()
@@ -264,6 +266,7 @@ class Run:
             return
         name = self.rng.choice(sorted(live))
         await trio.to_thread.run_sync(self.pool.kill, name)
+        self.stops.append((time.monotonic(), time.monotonic()))
         started = self.pool.start()
         self.note(f"{why}: SIGKILL {name}, started {started}")
 
@@ -279,9 +282,11 @@ class Run:
             self.pool.procs[name].send_signal(signal.SIGSTOP)
             self.pool.paused[name] = hold
             self.note(f"pause: SIGSTOP {name} for {hold:.2f} s")
+            began = time.monotonic()
             try:
                 await trio.sleep(hold)
             finally:
+                self.stops.append((began, time.monotonic()))
                 self.pool.procs[name].send_signal(signal.SIGCONT)
                 del self.pool.paused[name]
                 self.note(f"pause: SIGCONT {name}")
@@ -396,6 +401,7 @@ class Run:
         unkept: float | None = None
         raced = False
         ended = False
+        quiet = False
         async with RedisRelay.open(self.redis_url, prefix=self.prefix) as relay:
             key = relay.turn_key(turn.turn_id)
             while True:
@@ -409,7 +415,9 @@ class Run:
                             with trio.move_on_after(2.0) as idle:
                                 chunk = await reading.__anext__()
                             if idle.cancelled_caught:
+                                quiet = True
                                 break
+                            quiet = False
                             self.take(seen, chunk)
                     except StopAsyncIteration:
                         pass
@@ -446,6 +454,11 @@ class Run:
                     await trio.sleep(0.1)
                     continue
                 if ended:
+                    if quiet and not seen.terminal_end:
+                        # The turn ended and its stream did not (its worker stopped
+                        # between its last commit and the stream's end): the front end
+                        # gives such a stream up and tells its viewers to reload.
+                        seen.lost = "the turn ended and its relay stream did not"
                     # This read began after the turn had ended: it replayed the stream
                     # up to its end (or the pause a superseded wait leaves, or nothing
                     # for a while: a failed turn's stream left open), or was told the
@@ -741,7 +754,11 @@ class Run:
                 # nothing from a Redis that lost what it streamed: it writes a gap
                 # (docs/deployment.md), and its readers that saw nothing are told.
                 unproven = by_turn[turn_id][8] > 1 and not seen.seqs
-                if not restarted and not unproven:
+                # A worker stopped between the turn's last commit and its stream's end.
+                unended = seen.lost.startswith("the turn ended") and any(
+                    began <= seen.ended_at and turn.at <= ended for began, ended in self.stops
+                )
+                if not restarted and not unproven and not unended:
                     bad.append(
                         f"{where}: told the stream was lost with no Redis restart: {seen.lost}"
                     )
