@@ -207,6 +207,38 @@ async def test_a_takeover_finds_what_the_dead_writer_showed_of_its_step(redis_ur
         await again.aclose()
 
 
+async def test_a_takeover_after_a_step_committed_and_not_streamed_whole_is_a_gap(
+    redis_url: str,
+) -> None:
+    """The dead worker committed step 0 (the takeover re-runs step 1) but died before it
+    streamed that step's end: readers are told the stream is not whole (a ``gap``: they
+    rebuild the turn from the store). Before, the takeover's step 1 followed step 0's
+    tool call as if the step had ended, its result never shown (the chaos run found it).
+    A step that ended in the stream is no gap."""
+    async with opened(redis_url) as relay:
+        dead = relay.writer(session_id="s", turn_id="t")
+        dead.append(o.Start(message_id="m1", turn_id="t", session_id="s"))
+        dead.append(o.StepStart(step=0))
+        dead.append(o.ToolInputStart(step=0, tool_call_id="c", tool_name="record"))
+        dead.append(o.ToolCall(step=0, tool_call_id="c", tool_name="record", input={}))
+        await dead.aclose(final=False)  # died: no tool-result, no step-finish streamed
+        taker = relay.writer(session_id="s", turn_id="t", takeover=True)
+        assert await taker.shown(1) is None
+        for chunk in text_turn(["", "after"])[-6:]:  # step 1 whole, then the finish
+            taker.append(chunk)
+        await taker.aclose()
+        with pytest.raises(RelayTurnGone):
+            await read_all(relay, "t")
+        whole = relay.writer(session_id="s", turn_id="u")
+        for chunk in text_turn(["first", "second"])[:-6]:  # through step 0's step-finish
+            whole.append(chunk)
+        await whole.aclose(final=False)
+        again = relay.writer(session_id="s", turn_id="u", takeover=True)
+        assert await again.shown(1) is None
+        await again.aclose()
+        assert [c.type for c in await read_all(relay, "u")][-1] == "step-finish"
+
+
 async def test_a_reset_step_drops_the_void_chunks_from_a_replay_but_keeps_the_step_start(
     redis_url: str,
 ) -> None:

@@ -218,24 +218,31 @@ class RedisRelayWriter:
 
         with trio.move_on_after(self.relay.close_timeout):
             try:
-                return await self.relay._call("takeover scan", lambda: self._scan(step))
+                scan = await self.relay._call("takeover scan", lambda: self._scan(step))
             except (RelayUnavailable, WrongTypeError, _Undecodable) as exc:
                 log.warning(
                     "relay.takeover_scan_failed", turn_id=self.turn_id, error=redact(str(exc))
                 )
+            else:
+                if not scan.behind:
+                    return scan.result()
+                # A step committed before this one is not whole in the stream (its
+                # worker died between its commit and its flush): readers rebuild the
+                # turn from the store rather than be shown it without that step's end.
+                log.warning("relay.takeover_unended_step", turn_id=self.turn_id, step=step)
         self._put({"type": GAP})
         return None
 
-    async def _scan(self, step: int) -> list[Any] | None:
+    async def _scan(self, step: int) -> _StepScan:
         scan = _StepScan(step)
         end = "+"
         while True:
             page = await self.relay.client.xrevrange(self.key, end, "-", count=PAGE)
             for entry in page:
                 if scan.done(reversed(_decode(entry).items)):
-                    return scan.result()
+                    return scan
             if len(page) < PAGE:
-                return scan.result()
+                return scan
             end = f"({_identifier(page[-1].identifier)}"
 
     async def aclose(self, *, final: bool = True, paused: bool = False) -> None:
