@@ -767,7 +767,7 @@ class Run:
                 continue
             if reason != "superseded" and not (seen.terminal == "finish" and seen.terminal_end):
                 bad.append(f"{where}: ended on {seen.terminal} without a lost marker")
-            for segment in _segments(seen.chunks):
+            for segment in _segments(_applied(seen.chunks)):
                 try:
                     check_grammar(segment, ending="finish")
                 except AssertionError as exc:
@@ -795,6 +795,21 @@ class Run:
                     f"recorded, not {want}: {turn.decisions}"
                 )
         return bad
+
+
+def _applied(chunks: list[Any]) -> list[Any]:
+    """The chunks as a client keeps them: each ``reset-step`` takes back what came
+    before it of its step but the step's ``step-start`` (a takeover may come after the
+    dead worker streamed the step's ``step-finish``), and goes itself."""
+    kept: list[Any] = []
+    for chunk in chunks:
+        if isinstance(chunk, (ResetStep, StepRestarted)):
+            starts = [c for c in kept if c.type == "step-start" and c.step == chunk.step]
+            first = starts[0] if starts else None
+            kept = [c for c in kept if c is first or getattr(c, "step", None) != chunk.step]
+            continue
+        kept.append(chunk)
+    return kept
 
 
 def _segments(chunks: list[Any]) -> list[list[Any]]:
