@@ -220,6 +220,15 @@ def _tail(last: list[Any], *, takeover: bool) -> tuple[int, bytes | None, bool]:
     return entry.last + 1, entry.writer or b"", False
 
 
+def _paused(raw: Any) -> bool:
+    """Whether the stream entry ``raw`` ends with a pause (the turn waits)."""
+    try:
+        items = _decode(raw).items
+    except _Undecodable:
+        return False
+    return bool(items) and items[-1].get("type") == END and items[-1].get("paused") is True
+
+
 _OPENS = {"text-start": o.TextFinish, "reasoning-start": o.ReasoningFinish}
 _CLOSES = ("text-finish", "reasoning-finish")
 

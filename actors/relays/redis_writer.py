@@ -43,6 +43,7 @@ from actors.relays.redis_entries import (
     PAGE,
     _decode,
     _identifier,
+    _paused,
     _StepScan,
     _tail,
     _Undecodable,
@@ -115,13 +116,22 @@ class RedisRelayWriter:
     (:class:`_Flusher`) writes the queue when it is due (see :meth:`_due_at`)."""
 
     def __init__(
-        self, relay: RedisRelay, *, session_id: str, turn_id: str, takeover: bool = False
+        self,
+        relay: RedisRelay,
+        *,
+        session_id: str,
+        turn_id: str,
+        takeover: bool = False,
+        resumed: bool = False,
     ) -> None:
         self.relay = relay
         self.session_id = session_id
         self.turn_id = turn_id
         self.takeover = takeover
         """Another writer may have streamed the turn before: a stream found empty lost it."""
+        self.resumed = resumed
+        """A continuation after a wait: a stream that does not end with its pause lost
+        the first part's end (its writer stopped before it streamed it)."""
         self.key = relay.turn_key(turn_id)
         self.writer_id = uuid.uuid4().hex[:16].encode()
         """Written in every entry (``w``), so a reader tells this writer's entries from
@@ -469,6 +479,7 @@ class RedisRelayWriter:
         once (after a backoff if the read failed: ``error``)."""
         if error is None:
             first, self._prev, lost = _tail(last, takeover=self.takeover)
+            lost = lost or (self.resumed and bool(last) and not _paused(last[0]))
             self._next_seq = first
             if lost:
                 # What the turn streamed before is not in the stream: readers are told

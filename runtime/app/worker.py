@@ -822,6 +822,7 @@ class Worker:
             turn_id=turn.turn_id,
             takeover=claim.takeover or claim.resumed,
             fresh=not (claim.takeover or claim.resumed or turn.saved),
+            resumed=claim.resumed,
         )
 
     async def _stream_turn(
