@@ -754,8 +754,11 @@ class Run:
                 # nothing from a Redis that lost what it streamed: it writes a gap
                 # (docs/deployment.md), and its readers that saw nothing are told.
                 unproven = by_turn[turn_id][8] > 1 and not seen.seqs
-                # A worker stopped between the turn's last commit and its stream's end.
-                unended = seen.lost.startswith("the turn ended") and any(
+                # A worker stopped (killed, or paused past its lease) while the turn ran:
+                # between a commit and its stream's end (the stream never ends, the
+                # front end gives it up), or before it streamed a committed step's end
+                # or a pause (the next worker writes a gap).
+                unended = any(
                     began <= seen.ended_at and turn.at <= ended for began, ended in self.stops
                 )
                 if not restarted and not unproven and not unended:
