@@ -19,8 +19,12 @@ with the seed, so a failure can be replayed with ``AXON_CHAOS_SEEDS=<seed>``): e
 ends (``done``, or ``failed`` with an error) and none is left running past its lease;
 each session's stored history is well-formed; every side effect happened once per
 idempotency key and every key names the stored call that made it; every relay reader
-ends with the stored message's text, unless it was told the stream was lost (only after
-a Redis restart), and never sees a seq twice; exactly one of two racing decisions wins.
+ends with the stored message's text, unless it was told the stream was lost (only
+after a Redis restart, a worker stopped while the turn ran, or a takeover that found no
+stream before the reader saw any), never sees a seq twice, and reads a grammatical
+stream once its resets are applied; exactly one of two racing decisions wins; no worker
+exits by itself (a paused one goes on, fenced out). A broken history's stored rows are
+written beside the worker logs, which a failing run keeps.
 
 The plan (sessions, turn kinds, decision modes, the faults and when) depends on the
 seed only; the timing of real processes does not, so a seed replays the same plan, not
@@ -254,6 +258,8 @@ class Run:
         self.fault_lock = trio.Lock()
         self.t0 = time.monotonic()
         self.sessions_done = trio.Event()
+        self._stored_text: dict[str, str] = {}
+        """Each turn's stored assistant text, as the history check found it."""
 
     def note(self, what: str) -> None:
         self.events.append((round(time.monotonic() - self.t0, 2), what))
@@ -311,9 +317,6 @@ class Run:
                 await self.fault(kind)
 
     # -- front ends -----------------------------------------------------------------------
-
-    async def status(self, queue: TurnQueue, turn_id: str) -> Any:
-        return await queue.get_status(turn_id)
 
     async def wait_status(
         self, queue: TurnQueue, turn_id: str, done: Callable[[Any], bool], what: str
@@ -610,7 +613,6 @@ class Run:
             if name not in self.pool.killed and proc.poll() is not None:
                 bad.append(f"worker {name} exited by itself ({proc.returncode})")
         if bad:
-            self.pool_failed = True
             raise Violations(
                 f"seed {self.seed} broke {len(bad)} invariant(s) (replay: AXON_CHAOS_SEEDS="
                 f"{self.seed}); worker logs in {self.pool.logs}:\n  "
@@ -726,7 +728,6 @@ class Run:
         for turn in turns:
             if turn[2] == "done" and self.turns[turn[0]].text not in stored:
                 bad.append(f"{session_id}: done turn {turn[0]} has no stored input")
-        self._stored_text = getattr(self, "_stored_text", {})
         for group in groups:
             turn = by_text.get(group[0].content)
             assistants = [m for m in group if isinstance(m, AssistantMessage)]
@@ -738,7 +739,7 @@ class Run:
 
     def check_readers(self, by_turn: dict[str, tuple[Any, ...]]) -> list[str]:
         bad = []
-        stored = getattr(self, "_stored_text", {})
+        stored = self._stored_text
         for turn_id, seen in self.readings.items():
             turn = self.turns[turn_id]
             status, reason = by_turn[turn_id][2:4]
