@@ -73,7 +73,13 @@ class Relay(Protocol):
     """Opens writers for turns this process runs and reads turns any process runs."""
 
     def writer(
-        self, *, session_id: str, turn_id: str, takeover: bool = False, fresh: bool = False
+        self,
+        *,
+        session_id: str,
+        turn_id: str,
+        takeover: bool = False,
+        fresh: bool = False,
+        resumed: bool = False,
     ) -> RelayWriter:
         """The writer of a turn this process runs. ``takeover``: another process ran
         the turn before (its stream may hold part of it): the writer continues that
@@ -82,7 +88,10 @@ class Relay(Protocol):
         the caller knows nothing streamed the turn before (a worker's first claim of
         it: no takeover, no continuation), so the writer need not look for a stream
         to continue; by default it looks (an in-process continuation after a wait
-        reuses its turn's stream without saying so)."""
+        reuses its turn's stream without saying so). ``resumed``: a continuation after
+        a wait (with ``takeover``): the stream it continues must end with its pause;
+        one that does not (the process that suspended the turn stopped before it
+        streamed that) makes readers rebuild from the store too."""
         ...
 
     def read(

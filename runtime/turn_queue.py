@@ -206,6 +206,10 @@ class Renewal:
     held: bool
     cancel_requested: bool = False
     cancel_reason: str | None = None
+    let_go: bool = False
+    """Not held because this claim's own commit let the row go (the step that made the
+    turn wait for a person, or its last step: no other claim since): no loss. A renewal
+    can run between that commit and its answer reaching the worker."""
 
 
 class LeaseRenewer(Protocol):

@@ -138,6 +138,32 @@ def test_reloading_keeps_what_this_session_had_not_saved_yet():
     assert (state.saved_upto, state.version, adopted.added) == (4, 1, 2)
 
 
+def test_reloading_over_a_stored_copy_of_ours_saves_from_that_copy():
+    """Turn "a" had a step stored, its last save failed, and another writer's turn "b"
+    was stored after that step. The reload keeps "a" after "b", and the next save starts
+    where the store's copy of "a" was: before, it started after the rebased prefix, as if
+    the store held that prefix, and wrote "a" over "b" (the chaos run found it, a lost
+    turn's copy over the session's later turns; tests/test_worker_lost_history.py)."""
+    state = SessionState(session_id="s", messages=[user("0"), answer("0"), user("a"), answer("a")])
+    state.saved_upto, state.version = 2, 2  # "a"'s step is stored, its last save failed
+    stored = [user("0"), answer("0"), user("a"), answer("a", "half"), user("b"), answer("b")]
+    store = MemoryStore()
+
+    async def main():
+        await store.save("s", 0, stored)
+        return await store.load("s")
+
+    adopt_record(state, trio.run(main))
+    assert check_history(state.messages) == ["0", "b", "a"]
+    assert state.saved_upto == 2  # the first stored message not kept where it is
+    # The next save replaces the store's messages from ``saved_upto`` on.
+    assert check_history(stored[: state.saved_upto] + state.messages[state.saved_upto :]) == [
+        "0",
+        "b",
+        "a",
+    ]
+
+
 # -- two hosts on one session -------------------------------------------------------------
 
 

@@ -497,3 +497,40 @@ async def test_the_sessions_list_says_which_sessions_have_a_turn_queued_or_runni
         async with httpx.AsyncClient(base_url=d.urls[0], timeout=LIMIT) as client:
             listed = (await client.get("/api/sessions")).json()["sessions"]
     assert {s["session_id"]: s["busy"] for s in listed} == {"idle": False, "waiting": True}
+
+
+async def test_a_stream_whose_worker_never_wrote_its_end_ends_once_the_turn_did(
+    pg_url: str, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker stops between the turn's last commit (``done``) and its stream's end,
+    as a worker SIGKILLed there does (the chaos run, tests/support/chaos.py, found it):
+    nobody ever ends that stream. Its viewers end once the queue says the turn ended and
+    the stream showed nothing more: shown part of it, each is told to reload the
+    session. Before, both waited for the stream's end until it expired, a day later."""
+    from actors.relays.redis_writer import RedisRelayWriter
+    from runtime.app.web import frontend
+
+    monkeypatch.setattr(frontend, "IDLE_LOOK", 0.2, raising=False)
+    real_close = RedisRelayWriter.aclose
+
+    async def dies_before_the_end(self: Any, *, final: bool = True, paused: bool = False) -> None:
+        if not final:
+            await real_close(self, final=final, paused=paused)
+        # else: the worker is gone before it writes the stream's end
+
+    monkeypatch.setattr(RedisRelayWriter, "aclose", dies_before_the_end)
+    async with deployment(pg_url, redis_url, slow_agent(30, 0.005)) as d:
+        async with httpx.AsyncClient(base_url=d.urls[0], timeout=LIMIT) as client:
+            with trio.fail_after(20):
+                live = await client.post("/api/chat", json=body("s1"))
+                later = await client.get("/api/chat/s1/stream")
+        stored = await d.assistant("s1")
+        turn = (await d.queue.turns("s1"))[0]
+    assert turn.status == "done"
+    shown = data(sse_events(live.text))
+    assert shown[0] == {"type": "start", "messageId": stored.id}
+    assert shown[-1]["type"] == "error" and "reload the session" in shown[-1]["errorText"]
+    replayed = data(sse_events(later.text))
+    assert later.status_code == 200, later.text
+    assert replayed[0] == {"type": "start", "messageId": stored.id}  # the stream's replay
+    assert replayed[-1]["type"] == "error" and "reload the session" in replayed[-1]["errorText"]

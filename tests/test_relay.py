@@ -207,6 +207,73 @@ async def test_a_takeover_finds_what_the_dead_writer_showed_of_its_step(redis_ur
         await again.aclose()
 
 
+async def test_a_takeover_after_a_step_committed_and_not_streamed_whole_is_a_gap(
+    redis_url: str,
+) -> None:
+    """The dead worker committed step 0 (the takeover re-runs step 1) but died before it
+    streamed that step's end: readers are told the stream is not whole (a ``gap``: they
+    rebuild the turn from the store). Before, the takeover's step 1 followed step 0's
+    tool call as if the step had ended, its result never shown (the chaos run found it).
+    A step that ended in the stream is no gap."""
+    async with opened(redis_url) as relay:
+        dead = relay.writer(session_id="s", turn_id="t")
+        dead.append(o.Start(message_id="m1", turn_id="t", session_id="s"))
+        dead.append(o.StepStart(step=0))
+        dead.append(o.ToolInputStart(step=0, tool_call_id="c", tool_name="record"))
+        dead.append(o.ToolCall(step=0, tool_call_id="c", tool_name="record", input={}))
+        await dead.aclose(final=False)  # died: no tool-result, no step-finish streamed
+        taker = relay.writer(session_id="s", turn_id="t", takeover=True)
+        assert await taker.shown(1) is None
+        for chunk in text_turn(["", "after"])[-6:]:  # step 1 whole, then the finish
+            taker.append(chunk)
+        await taker.aclose()
+        with pytest.raises(RelayTurnGone):
+            await read_all(relay, "t")
+        whole = relay.writer(session_id="s", turn_id="u")
+        for chunk in text_turn(["first", "second"])[:-6]:  # through step 0's step-finish
+            whole.append(chunk)
+        await whole.aclose(final=False)
+        again = relay.writer(session_id="s", turn_id="u", takeover=True)
+        assert await again.shown(1) is None
+        await again.aclose()
+        assert [c.type for c in await read_all(relay, "u")][-1] == "step-finish"
+
+
+async def test_a_continuation_whose_stream_has_no_pause_is_a_gap(redis_url: str) -> None:
+    """The worker that suspended the turn committed the wait and died before it streamed
+    the pause: the continuation (``resumed``) finds a stream that does not end with it,
+    and readers are told the stream is not whole. Before, the continuation followed the
+    first part with no pause between (its ``start`` dropped as a takeover's repeat, a
+    reader waiting for the pause never given the continuation; the chaos run found it).
+    A stream that ends with its pause goes on as before."""
+    asked = [
+        o.Start(message_id="m1", turn_id="t", session_id="s"),
+        o.StepStart(step=0),
+        o.ToolCall(step=0, tool_call_id="c", tool_name="guarded", input={}),
+        o.StepFinish(step=0, finish_reason="tool-calls", usage=USAGE),
+    ]
+    goes_on = [
+        o.Start(message_id="m1", turn_id="t", session_id="s"),
+        o.ToolResult(step=0, tool_call_id="c", tool_name="guarded", output="ok"),
+        *text_turn(["", "after"])[-6:],
+    ]
+    async with opened(redis_url) as relay:
+        for turn_id, paused in (("died", False), ("waited", True)):
+            first = relay.writer(session_id="s", turn_id=turn_id)
+            for chunk in asked:
+                first.append(chunk)
+            await first.aclose(final=paused, paused=paused)
+            then = relay.writer(session_id="s", turn_id=turn_id, takeover=True, resumed=True)
+            for chunk in goes_on:
+                then.append(chunk)
+            await then.aclose()
+        with pytest.raises(RelayTurnGone):
+            await read_all(relay, "died")
+        whole = await read_all(relay, "waited", after_seq=len(asked))
+    assert [c.type for c in whole][:2] == ["start", "tool-result"]
+    assert whole[-1].type == "finish"
+
+
 async def test_a_reset_step_drops_the_void_chunks_from_a_replay_but_keeps_the_step_start(
     redis_url: str,
 ) -> None:

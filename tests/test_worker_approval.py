@@ -425,3 +425,52 @@ def test_a_turn_whose_step_suspended_its_row_is_not_lost_to_a_late_renewal() -> 
     entry.suspend()
     entry.lose("the renewal found the row waiting")
     assert not entry.lost
+
+
+async def test_a_renewal_after_the_turns_own_commit_let_the_row_go_is_no_loss(
+    store_and_queue: Any,
+) -> None:
+    """The renewal runs in the worker's lease thread: it can come between the commit of
+    the step that made the turn wait (or of its last step) and that commit's answer on
+    the event loop. It finds the row let go by this very claim (the same epoch) and says
+    so; before, it was a refusal like a takeover's, the turn was taken for lost and its
+    end never relayed (the chaos run, seed 113 at size ``large``: the waiting turn's
+    continuation went out with no pause before it, the first part with no ``finish``).
+    A row another claim took since is still a loss."""
+    from runtime.app.worker import LeaseKeeper, _Running
+    from runtime.turn_queue import Renewal
+
+    _store, queue = store_and_queue
+    renewer = queue.open_renewer()
+    try:
+        waits = await queue.submit("s1", "ask")
+        claim = await queue.claim("w")
+        assert claim is not None and claim.turn.turn_id == waits.turn_id
+        assert await queue.suspend(claim)
+        key = (claim.turn.turn_id, claim.owner, claim.epoch)
+        renewal = await trio.to_thread.run_sync(lambda: renewer.renew(*key))
+        assert (renewal.held, renewal.let_go) == (False, True)
+        ends = await queue.submit("s2", "answer")
+        done = await queue.claim("w")
+        assert done is not None and done.turn.turn_id == ends.turn_id
+        assert await queue.finish(done, status="done", finish_reason="stop")
+        renewal = await trio.to_thread.run_sync(
+            lambda: renewer.renew(done.turn.turn_id, "w", done.epoch)
+        )
+        assert (renewal.held, renewal.let_go) == (False, True)
+        # An older epoch's renewal (another claim took the turn since): lost.
+        renewal = await trio.to_thread.run_sync(
+            lambda: renewer.renew(done.turn.turn_id, "w", done.epoch - 1)
+        )
+        assert (renewal.held, renewal.let_go) == (False, False)
+    finally:
+        await trio.to_thread.run_sync(renewer.close)
+    keeper = LeaseKeeper(queue, interval=60.0)
+    entry = _Running(claim=claim)
+    keeper.attach(entry)
+    keeper._apply(keeper._held[claim.turn.turn_id], Renewal(held=False, let_go=True))
+    assert not entry.lost and claim.turn.turn_id not in keeper._held  # no loss, not renewed
+    other = _Running(claim=done)
+    keeper.attach(other)
+    keeper._apply(keeper._held[done.turn.turn_id], Renewal(held=False))
+    assert other.lost

@@ -220,6 +220,15 @@ def _tail(last: list[Any], *, takeover: bool) -> tuple[int, bytes | None, bool]:
     return entry.last + 1, entry.writer or b"", False
 
 
+def _paused(raw: Any) -> bool:
+    """Whether the stream entry ``raw`` ends with a pause (the turn waits)."""
+    try:
+        items = _decode(raw).items
+    except _Undecodable:
+        return False
+    return bool(items) and items[-1].get("type") == END and items[-1].get("paused") is True
+
+
 _OPENS = {"text-start": o.TextFinish, "reasoning-start": o.ReasoningFinish}
 _CLOSES = ("text-finish", "reasoning-finish")
 
@@ -235,14 +244,31 @@ class _StepScan:
         self.found = False
         self.closed: set[str] = set()
         self.open: list[Any] = []
+        self.earlier: int | None = None
+        """The step before ``step`` the stream holds items of, read on for its end."""
+        self.earlier_ended = False
+
+    @property
+    def behind(self) -> bool:
+        """The stream holds an earlier step without its ``step-finish``: the step was
+        committed (the turn goes on after it) by a worker that died before it streamed
+        the step's end, so what the stream shows of it is not what the store holds."""
+        return self.earlier is not None and not self.earlier_ended
 
     def done(self, items: Any) -> bool:
         for item in items:
             step = item.get("step")
             if type(step) is not int:
                 continue
-            if step < self.step:
-                return True
+            if self.earlier is not None or step < self.step:
+                if self.earlier is None:
+                    self.earlier = step
+                elif step < self.earlier:
+                    return True  # an older step: the earlier one has no end
+                if step == self.earlier and item["type"] == "step-finish":
+                    self.earlier_ended = True
+                    return True
+                continue
             if step != self.step:
                 continue
             self.found = True

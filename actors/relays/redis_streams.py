@@ -218,15 +218,27 @@ class RedisRelay:
     # -- writing ----------------------------------------------------------------------------
 
     def writer(
-        self, *, session_id: str, turn_id: str, takeover: bool = False, fresh: bool = False
+        self,
+        *,
+        session_id: str,
+        turn_id: str,
+        takeover: bool = False,
+        fresh: bool = False,
+        resumed: bool = False,
     ) -> RedisRelayWriter:
         """A writer for a turn this process runs; the relay's flush task writes what it
         queues. A second writer for the same turn (a ``takeover``) continues its seqs; a
-        takeover that finds no stream starts one readers cannot take for the whole turn.
+        takeover that finds no stream starts one readers cannot take for the whole turn,
+        and so does a ``resumed`` one (a continuation) whose stream does not end with
+        its pause.
         A ``fresh`` writer (nothing streamed the turn before) starts at seq 1 without
         reading the stream's tail: one ``XREVRANGE`` fewer per turn."""
         writer = RedisRelayWriter(
-            self, session_id=session_id, turn_id=turn_id, takeover=takeover and not fresh
+            self,
+            session_id=session_id,
+            turn_id=turn_id,
+            takeover=takeover and not fresh,
+            resumed=resumed and not fresh,
         )
         if fresh:
             writer.start_fresh()

@@ -43,6 +43,7 @@ from actors.relays.redis_entries import (
     PAGE,
     _decode,
     _identifier,
+    _paused,
     _StepScan,
     _tail,
     _Undecodable,
@@ -115,13 +116,22 @@ class RedisRelayWriter:
     (:class:`_Flusher`) writes the queue when it is due (see :meth:`_due_at`)."""
 
     def __init__(
-        self, relay: RedisRelay, *, session_id: str, turn_id: str, takeover: bool = False
+        self,
+        relay: RedisRelay,
+        *,
+        session_id: str,
+        turn_id: str,
+        takeover: bool = False,
+        resumed: bool = False,
     ) -> None:
         self.relay = relay
         self.session_id = session_id
         self.turn_id = turn_id
         self.takeover = takeover
         """Another writer may have streamed the turn before: a stream found empty lost it."""
+        self.resumed = resumed
+        """A continuation after a wait: a stream that does not end with its pause lost
+        the first part's end (its writer stopped before it streamed it)."""
         self.key = relay.turn_key(turn_id)
         self.writer_id = uuid.uuid4().hex[:16].encode()
         """Written in every entry (``w``), so a reader tells this writer's entries from
@@ -235,24 +245,31 @@ class RedisRelayWriter:
 
         with trio.move_on_after(self.relay.close_timeout):
             try:
-                return await self.relay._call("takeover scan", lambda: self._scan(step))
+                scan = await self.relay._call("takeover scan", lambda: self._scan(step))
             except (RelayUnavailable, WrongTypeError, _Undecodable) as exc:
                 log.warning(
                     "relay.takeover_scan_failed", turn_id=self.turn_id, error=redact(str(exc))
                 )
+            else:
+                if not scan.behind:
+                    return scan.result()
+                # A step committed before this one is not whole in the stream (its
+                # worker died between its commit and its flush): readers rebuild the
+                # turn from the store rather than be shown it without that step's end.
+                log.warning("relay.takeover_unended_step", turn_id=self.turn_id, step=step)
         self._put({"type": GAP})
         return None
 
-    async def _scan(self, step: int) -> list[Any] | None:
+    async def _scan(self, step: int) -> _StepScan:
         scan = _StepScan(step)
         end = "+"
         while True:
             page = await self.relay.client.xrevrange(self.key, end, "-", count=PAGE)
             for entry in page:
                 if scan.done(reversed(_decode(entry).items)):
-                    return scan.result()
+                    return scan
             if len(page) < PAGE:
-                return scan.result()
+                return scan
             end = f"({_identifier(page[-1].identifier)}"
 
     async def aclose(self, *, final: bool = True, paused: bool = False) -> None:
@@ -494,6 +511,8 @@ class RedisRelayWriter:
                 else:
                     self.lost += unsure[1]
                     lost = True
+            elif self.resumed and last and not _paused(last[0]):
+                lost = True  # a continuation whose stream does not end with its pause
             self._next_seq = first
             if lost:
                 # What the turn streamed before is not in the stream: readers are told

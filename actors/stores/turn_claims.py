@@ -354,7 +354,14 @@ class TurnClaiming:
             (self.lease, turn_id, owner, epoch),
         ).fetchone()
         if row is None:
-            return Renewal(held=False)
+            # No claim since this one (the epoch is its) and the row waits or is done:
+            # the claim's own commit let it go (a released row is no such commit).
+            let_go = conn.execute(
+                "SELECT 1 FROM axon_turns WHERE turn_id = %s AND epoch = %s "
+                "AND status IN ('awaiting-input', 'done')",
+                (turn_id, epoch),
+            ).fetchone()
+            return Renewal(held=False, let_go=let_go is not None)
         return Renewal(held=True, cancel_requested=row[0], cancel_reason=row[1])
 
     def connect(self) -> Any:

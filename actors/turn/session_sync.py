@@ -65,9 +65,12 @@ def adopt_record(state: SessionState, record: SessionRecord | None) -> Adopted:
     """Make ``state`` the stored session ``record`` plus what ``state`` had not saved yet."""
     stored = () if record is None else record.messages
     unsaved = state.messages[state.saved_upto :]
-    base, _ = rebase(stored, unsaved)
+    base, start = rebase(stored, unsaved)
     adopted = _replace_prefix(state, state.saved_upto, base)
-    state.saved_upto = len(base)
+    # The store holds ``base`` only up to ``start``, where it keeps an earlier copy of
+    # ours (a step saved before the other writer's turn): the next save starts there.
+    # From ``len(base)`` it would write ours over the other writer's messages.
+    state.saved_upto = start
     state.version = 0 if record is None else record.version
     return adopted
 

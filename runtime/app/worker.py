@@ -326,6 +326,12 @@ class LeaseKeeper:
             if renewal.held:  # or it is cancelled as it starts
                 self.cancel_held(lease.turn_id, renewal.cancel_reason or "cancelled")
             return
+        if renewal.let_go:
+            # The turn's own commit suspended or finished its row, and the renewal ran
+            # before that commit's answer came back here (which says so to the entry):
+            # no loss. Taken for one, the turn's end was not relayed (its stream left
+            # without its finish, a waiting turn's continuation never shown).
+            return
         if not renewal.held:
             entry.lose("renewal refused")
         else:
@@ -757,9 +763,26 @@ class Worker:
         )
         writer = self._turn_writer(claim)
         status = await self._stream_turn(entry, stream, writer, steered, watch)
-        if turn.options.ephemeral and status != "lost":
+        if status == "lost":
+            await self._drop_lost(entry, session)
+        elif turn.options.ephemeral:
             await self._forget(session)
         return status
+
+    async def _drop_lost(self, entry: _Running, session: Any) -> None:
+        """The turn went to another worker (its lease lapsed, a save was refused): its
+        history here may hold the turn's steps this worker could not save. A later turn
+        of the session here would carry them on as its own, rebased after what the
+        takeover stored (before: a copy of the lost turn written over the rows of the
+        session's later turns). Dropped, so the next claim loads the session as stored;
+        unless another claim of the session already holds it (it reloads it itself)."""
+        if session.current is not None or any(
+            other is not entry and other.claim.turn.session_id == session.id
+            for other in self.running.values()
+        ):
+            return
+        with trio.CancelScope(shield=True):
+            await session.close()
 
     async def _claimed_session(self, host: Host, claim: Claim) -> tuple[Any, Any]:
         """The claimed turn's session, open and free for the turn (with the turn's meta),
@@ -773,10 +796,16 @@ class Worker:
         current = session.current
         if current is not None:
             # This worker's earlier turn of the session, whose lease it lost (cancelled,
-            # finishing): the queue gave the session on, so let that one end first.
+            # finishing): the queue gave the session on, so let that one end first; then
+            # read the session again, without what that turn could not save
+            # (:meth:`_drop_lost`).
             current.cancel("lease lost")
             with trio.move_on_after(BUSY_WAIT):
                 await current.done.wait()
+            if session.current is None:
+                await session.close()
+                session = await self._open_session(host, turn, claim.stored)
+                loaded = session.take_loaded()
         if turn.meta:
             session.update_meta(turn.meta)
         return session, loaded
@@ -793,6 +822,7 @@ class Worker:
             turn_id=turn.turn_id,
             takeover=claim.takeover or claim.resumed,
             fresh=not (claim.takeover or claim.resumed or turn.saved),
+            resumed=claim.resumed,
         )
 
     async def _stream_turn(
