@@ -52,6 +52,7 @@ from actors.relays.redis_entries import (
 from actors.relays.redis_failures import (
     _backoff,
     _closed_stream,
+    _described,
     _retryable,
     _single_leaf,
     _transient,
@@ -68,7 +69,7 @@ from actors.relays.redis_writer import (
 )
 from runtime.errors import ConfigurationError, RelayTurnGone, RelayUnavailable
 from runtime.output import OutputChunk
-from runtime.redact import redact, redact_url, register_url_secrets
+from runtime.redact import redact_url, register_url_secrets
 from runtime.relay import RESTART_STEP as RESTART
 from runtime.relay import StepRestarted
 from runtime.serde import structure
@@ -200,8 +201,16 @@ class RedisRelay:
 
     def rate_limits(self) -> Any:
         """A rate-limit backend over this relay's connection and prefix, which every
-        worker sharing the relay shares (:class:`actors.relays.limits.RedisLimitBackend`)."""
-        return RedisLimitBackend(self.client, self.prefix)
+        worker sharing the relay shares (:class:`actors.relays.limits.RedisLimitBackend`),
+        with the relay's deadline of a round trip and retry window."""
+        return RedisLimitBackend(
+            self.client,
+            self.prefix,
+            op_timeout=self.op_timeout,
+            retry_for=self.retry_for,
+            retry_base=self.retry_base,
+            retry_max=self.retry_max,
+        )
 
     # -- keys -------------------------------------------------------------------------------
 
@@ -242,9 +251,10 @@ class RedisRelay:
         its own that coredis drops when it is given up."""
         deadline = trio.current_time() + self.retry_for
         attempt = 0
+        within = self.op_timeout + self.block_ms / 1000
         while True:
             try:
-                with trio.fail_after(self.op_timeout + self.block_ms / 1000):
+                with trio.fail_after(within):
                     return await fn()
             except _retryable() as exc:
                 if isinstance(exc, trio.TooSlowError) and not blocking:
@@ -252,12 +262,15 @@ class RedisRelay:
                 if trio.current_time() >= deadline:
                     raise RelayUnavailable(
                         f"Redis did not answer for {self.retry_for:g} s ({what}): "
-                        f"{type(exc).__name__}: {exc}"
+                        f"{_described(exc, within)}"
                     ) from None
                 delay = _backoff(attempt, self.retry_base, self.retry_max)
                 attempt += 1
                 log.warning(
-                    "relay.read_failed", what=what, retry_in=round(delay, 3), error=redact(str(exc))
+                    "relay.read_failed",
+                    what=what,
+                    retry_in=round(delay, 3),
+                    error=_described(exc, within),
                 )
                 await trio.sleep(delay)
 
@@ -490,7 +503,7 @@ class RedisRelay:
                 log.warning(
                     "relay.cancel_watch_failed",
                     retry_in=round(delay, 3),
-                    error=redact(f"{type(failed).__name__}: {failed}"),
+                    error=_described(failed, self.op_timeout),
                 )
                 await trio.sleep(delay)
             if not started:  # the subscription ended before it began: try again
