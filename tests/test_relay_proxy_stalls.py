@@ -5,7 +5,8 @@ subscription, and what a reader's deadline logs.
 Each is a stall that used to hang for good (a limiter's ``EVAL``: that call and every one
 after it; a subscription silently dead: every cancel published to it) or to log nothing
 (``error=''``). Real sockets and real time, as in :mod:`tests.test_relay_proxy_attacks`:
-every wait is bounded by the relay's deadlines (``op_timeout`` 0.2 s)."""
+every wait is bounded by the relay's deadlines (``op_timeout`` 0.2 s; 1 s for the
+subscription's PINGs, which a loaded machine must not miss: its subscribes are counted)."""
 
 from __future__ import annotations
 
@@ -116,3 +117,47 @@ async def test_a_read_past_its_deadline_logs_the_error_and_the_wait(redis_url: s
     assert len(got) == len(sent) and not gone
     failed = [e for e in logs if e["event"] == "relay.read_failed"]
     assert [e["error"] for e in failed] == ["TooSlowError: no reply within 0.3 s"]
+
+
+# -- the cancel watch's subscription ------------------------------------------------------
+
+
+async def test_a_cancel_published_to_a_silently_dead_subscription_still_reaches_the_watch(
+    redis_url: str,
+) -> None:
+    """The watch's subscription black-holed (Redis still counts the subscriber, nothing
+    comes through): its next PING gets no answer within ``op_timeout``, it subscribes
+    again and reads the cancels recorded meanwhile for the turns this process streams.
+    A cancel published while it was dead reaches the watch once; one published after,
+    too. Another turn's cancel (no writer here) and one recorded before the silence are
+    not handed on. Before: nothing noticed, every cancel lost for good."""
+    cancels: list[tuple[str, str]] = []
+    async with through_proxy(scripted({}), cancel_ping=0.5, op_timeout=1.0) as (proxy, relay):
+        relay.writer(session_id="s", turn_id="t", fresh=True)
+        relay.writer(session_id="s2", turn_id="old", fresh=True)
+        with structlog.testing.capture_logs() as logs:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(relay.watch_cancels, lambda *args: cancels.append(args))
+                assert await relay.request_cancel("old", "earlier") == 1
+                with trio.fail_after(5):
+                    while not cancels:  # noqa: ASYNC110 - the watch's own record
+                        await trio.sleep(0.01)
+                await trio.sleep(3.0)  # ages the earlier record past the window to come
+                assert proxy.hold_subscriptions() == 1
+                assert await relay.request_cancel("t", "stop") == 1  # to the dead subscriber
+                assert await relay.request_cancel("elsewhere", "stop") == 1
+                with trio.fail_after(5):
+                    while len(cancels) < 2:  # noqa: ASYNC110 - the watch's own record
+                        await trio.sleep(0.01)
+                    await trio.sleep(0.1)
+                    while len(cancels) < 3:
+                        await relay.request_cancel("u", "later")
+                        await trio.sleep(0.05)
+                nursery.cancel_scope.cancel()
+    assert cancels[:2] == [("old", "earlier"), ("t", "stop")]
+    assert set(cancels[2:]) == {("u", "later")}
+    assert [c.name for c, _ in proxy.seen].count("SUBSCRIBE") == 2
+    dropped = [e for e in logs if e["event"] == "relay.cancel_watch_failed"]
+    assert [e["error"] for e in dropped] == [
+        "TimeoutError: the cancel subscription answered no PING within 1 s"
+    ]
