@@ -274,6 +274,18 @@ class RelayTurnGone(RelayError, LookupError):
     store. A :class:`LookupError`, as :meth:`runtime.relay.Relay.read` promises."""
 
 
+class RateLimitUnavailable(AxonError):
+    """The shared rate limits' server (the workers' Redis) did not answer within the
+    limiter's retry window: the model call was not made.
+
+    Shared limits fail closed: a call the limit cannot count is not made, so that no
+    minute holds more than the limit promises (docs/providers.md). The turn ends with
+    this error (an ``error`` chunk, saved as failed); nothing was sent to the provider.
+    Retrying later is safe."""
+
+    retryable = True
+
+
 class StoreUnavailable(StoreError):
     """The store's server could not be reached (down, restarting, refusing connections)
     for as long as the store retries. Nothing was written by the failed call; it is

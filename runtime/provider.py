@@ -37,8 +37,10 @@ from runtime.errors import (
     ProviderTimeout,
     ProviderUnavailable,
     RateLimited,
+    RateLimitUnavailable,
 )
 from runtime.inbox import Batch, Batcher, Inbox
+from runtime.logging import get_logger
 from runtime.messages import Message
 
 if TYPE_CHECKING:
@@ -323,7 +325,7 @@ class Provider(ServingActor[InferRequest]):
         if limiter is not None and headers is not None:
             from runtime.ratelimit import parse_rate_headers
 
-            await limiter.pause_for(parse_rate_headers(headers))
+            await _pause_shared(limiter, parse_rate_headers(headers))
 
     async def count_tokens(
         self, instructions: str | None, messages: Sequence[Message], tools: Sequence[Any]
@@ -402,8 +404,24 @@ class Provider(ServingActor[InferRequest]):
         (every worker, through a shared limiter) waits that long, not just this turn."""
         limiter, wait = self.limiter, getattr(err, "retry_after", None)
         if limiter is not None and isinstance(err, RateLimited) and wait:
-            with trio.move_on_after(2):
-                await limiter.pause_for(float(wait))
+            await _pause_shared(limiter, float(wait))
+
+
+PAUSE_TIMEOUT = 2.0
+"""Seconds recording a pause the provider asked for may take (a shared limit's Redis)."""
+
+
+async def _pause_shared(limiter: Limiter, seconds: float) -> None:
+    """``limiter.pause_for(seconds)``, best effort: a shared limit whose Redis does not
+    answer within :data:`PAUSE_TIMEOUT` neither holds up the response nor fails the call
+    (the next grant fails closed if it stays down)."""
+    if seconds <= 0:
+        return
+    with trio.move_on_after(PAUSE_TIMEOUT):
+        try:
+            await limiter.pause_for(seconds)
+        except RateLimitUnavailable as exc:
+            get_logger("axon.limits").warning("limits.pause_failed", error=str(exc))
 
 
 FALLBACK_ON: tuple[type[BaseException], ...] = (

@@ -8,7 +8,7 @@ import trio
 
 from actors.providers import ScriptedProvider
 from runtime import Agent, Host
-from runtime.errors import ConfigurationError, RateLimited
+from runtime.errors import ConfigurationError, RateLimited, RateLimitUnavailable
 from runtime.events import ProviderThrottled
 from runtime.ratelimit import (
     WINDOW,
@@ -276,3 +276,35 @@ def test_every_sdk_provider_takes_a_rate_limit():
     for cls in (OpenAIProvider, OpenAIResponsesProvider, AnthropicProvider, GeminiProvider):
         provider = cls("m", api_key="test", rate_limit=limit)
         assert provider.rate_limit is limit and "rate_limit" not in provider.request_options
+
+
+class _DownBackend(MemoryBackend):
+    """A shared backend whose Redis holds every reply (``hang``) or stays down (raises)."""
+
+    def __init__(self, *, hang: bool) -> None:
+        super().__init__()
+        self.hang = hang
+        self.pauses = 0
+
+    async def pause(self, key: str, now: float, until: float) -> None:
+        self.pauses += 1
+        if self.hang:
+            await trio.sleep_forever()
+        raise RateLimitUnavailable("the shared rate limits' Redis did not answer")
+
+
+@pytest.mark.parametrize("hang", [True, False], ids=["held", "down"])
+async def test_a_pause_a_shared_limit_cannot_record_holds_up_nothing(autojump_clock, hang):
+    """The provider's headers ask for a pause the backend cannot record: the response
+    goes on within ``PAUSE_TIMEOUT`` (before: a held reply hung it for good)."""
+    from types import SimpleNamespace
+
+    from runtime.provider import PAUSE_TIMEOUT
+
+    backend = _DownBackend(hang=hang)
+    provider = ScriptedProvider(["ok"], rate_limit=RateLimit(requests_per_minute=5))
+    provider.limiter = Limiter(provider.limit_key, provider.rate_limit, backend, TrioClock())
+    start = trio.current_time()
+    await provider.observe_headers(SimpleNamespace(headers={"retry-after": "30"}))
+    assert trio.current_time() - start <= PAUSE_TIMEOUT
+    assert backend.pauses == 1

@@ -18,13 +18,36 @@ backend does:
 
 ``…:log`` keeps the times of the last :data:`AUDIT_SIZE` grants for an hour, for audits
 (:meth:`RedisLimitBackend.granted`: the tests check no minute of it exceeds the limit).
+
+**A Redis that does not answer.** Every round trip has a deadline (``op_timeout``, the
+relay's); a deadline that passes starts the client's connections over (coredis would
+queue the retry, and every call after it, behind the reply that never came: see
+``RedisRelay._gave_up``), and the call is retried with backoff for ``retry_for`` seconds
+(the relay's), then fails with :class:`~runtime.errors.RateLimitUnavailable`. Shared
+limits *fail closed*: a call the limit cannot count is not made (the turn ends with that
+error), because the limit promises that no minute holds more, for every worker together,
+and a worker that went ahead uncounted could not keep it. A retried try is counted once:
+a call already granted (its try applied, its reply lost) is granted again, not twice.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import structlog
+import trio
+
+from actors.relays.redis_failures import _backoff, _described, _retryable
+from runtime.errors import RateLimitUnavailable
 from runtime.ratelimit import LEASE, POLL, WINDOW, Clock, RateLimit, Verdict, WallClock
+
+log = structlog.get_logger("axon.limits")
+
+OP_TIMEOUT = 5.0
+"""Seconds one round trip to Redis may take (the relay's ``op_timeout`` by default)."""
+RETRY_FOR = 30.0
+"""Seconds a call is retried while Redis does not answer, before
+:class:`~runtime.errors.RateLimitUnavailable` (the relay's ``retry_for`` by default)."""
 
 _TTL_MS = int(2 * WINDOW * 1000)
 AUDIT_SIZE = 10_000
@@ -37,6 +60,7 @@ local last = tonumber(redis.call('GET', KEYS[5]) or '0')
 if now < last then now = last end
 redis.call('SET', KEYS[5], tostring(now), 'PX', ARGV[10])
 local call, tokens = ARGV[2], tonumber(ARGV[3])
+if redis.call('ZSCORE', KEYS[1], call) then return {'', tostring(now)} end
 local rpm, tpm, slots = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local window, lease, poll = tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
 local paused = tonumber(redis.call('GET', KEYS[4]) or '0')
@@ -105,9 +129,24 @@ class RedisLimitBackend:
     ``client`` is a ``coredis`` client (``decode_responses=False``); keys start with
     ``prefix`` (the relay's, then ``limit:``)."""
 
-    def __init__(self, client: Any, prefix: str = "axon:") -> None:
+    def __init__(
+        self,
+        client: Any,
+        prefix: str = "axon:",
+        *,
+        op_timeout: float = OP_TIMEOUT,
+        retry_for: float = RETRY_FOR,
+        retry_base: float = 0.05,
+        retry_max: float = 2.0,
+    ) -> None:
         self.client = client
         self.prefix = f"{prefix}limit:"
+        self.op_timeout = op_timeout
+        """Seconds one round trip may take (:data:`OP_TIMEOUT`)."""
+        self.retry_for = retry_for
+        """Seconds a call is retried before :class:`~runtime.errors.RateLimitUnavailable`."""
+        self.retry_base = retry_base
+        self.retry_max = retry_max
         self.clock: Clock = WallClock()
         """The wall clock: the one processes on several machines agree on."""
         self._scripts: dict[str, Any] = {}
@@ -118,12 +157,37 @@ class RedisLimitBackend:
         return [f"{base}:{name}" for name in ("req", "tok", "run", "pause", "now", "log")]
 
     async def _run(self, name: str, source: str, keys: list[str], args: list[Any]) -> Any:
+        """:meth:`_script` within ``op_timeout``, retried with backoff while Redis does not
+        answer, for ``retry_for`` seconds; then
+        :class:`~runtime.errors.RateLimitUnavailable` (see the module docstring)."""
+        values = [str(a) for a in args]
+        deadline = trio.current_time() + self.retry_for
+        attempt = 0
+        while True:
+            try:
+                with trio.fail_after(self.op_timeout):
+                    return await self._script(name, source, keys, values)
+            except _retryable() as exc:
+                if isinstance(exc, trio.TooSlowError):
+                    # the reply may never come: the retry is not to queue behind it
+                    self.client.connection_pool.disconnect()
+                error = _described(exc, self.op_timeout)
+                if trio.current_time() >= deadline:
+                    raise RateLimitUnavailable(
+                        f"the shared rate limits' Redis did not answer for "
+                        f"{self.retry_for:g} s ({name}): {error}"
+                    ) from None
+                delay = _backoff(attempt, self.retry_base, self.retry_max)
+                attempt += 1
+                log.warning("limits.call_failed", what=name, retry_in=round(delay, 3), error=error)
+                await trio.sleep(delay)
+
+    async def _script(self, name: str, source: str, keys: list[str], values: list[str]) -> Any:
         """Run a script by its SHA, loading it first when this Redis does not know it
         (a restarted Redis forgets them)."""
         from coredis.exceptions import NoScriptError
 
         sha = self._scripts.get(name)
-        values = [str(a) for a in args]
         if sha is not None:
             try:
                 return await self.client.evalsha(sha, keys=keys, args=values)
@@ -176,7 +240,9 @@ class RedisLimitBackend:
     async def granted(self, key: str) -> list[float]:
         """The times of the last :data:`AUDIT_SIZE` grants of ``key`` (within the hour
         after its last grant), in order: what an audit of the limit reads."""
-        return [float(t) for t in await self.client.lrange(self.keys(key)[5], 0, -1)]
+        with trio.fail_after(self.op_timeout):
+            times = await self.client.lrange(self.keys(key)[5], 0, -1)
+        return [float(t) for t in times]
 
 
 __all__ = ["RedisLimitBackend"]

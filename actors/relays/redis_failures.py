@@ -35,6 +35,16 @@ def _retryable() -> tuple[type[BaseException], ...]:
     return (*_transient(), trio.TooSlowError)
 
 
+def _described(error: BaseException, within: float | None = None) -> str:
+    """``error`` for a log line or a message, redacted: its type and its text. A deadline
+    that passed (:class:`trio.TooSlowError`, whose text is empty) says how long was
+    waited: ``"TooSlowError: no reply within 5 s"``, never ``''``."""
+    text = str(error)
+    if not text and isinstance(error, trio.TooSlowError):
+        text = "no reply within " + (f"{within:g} s" if within is not None else "its deadline")
+    return redact(f"{type(error).__name__}: {text}" if text else type(error).__name__)
+
+
 def _backoff(attempt: int, base: float, cap: float) -> float:
     """Capped exponential backoff with full jitter (many writers must not retry in step)."""
     return random.uniform(0, min(cap, base * 2**attempt))
@@ -77,9 +87,9 @@ async def _wait_for_redis(client: Any, shown: str, retry_for: float, ping_for: f
             if trio.current_time() >= deadline:
                 raise RelayUnavailable(
                     f"Redis at {shown} did not answer for {retry_for:g} s: "
-                    f"{type(exc).__name__}: {exc}"
+                    f"{_described(exc, ping_for)}"
                 ) from None
-            log.warning("relay.connect_failed", url=shown, error=redact(str(exc)))
+            log.warning("relay.connect_failed", url=shown, error=_described(exc, ping_for))
             await trio.sleep(_backoff(attempt, 0.1, 2.0))
             attempt += 1
 

@@ -52,6 +52,7 @@ from actors.relays.redis_entries import (
 from actors.relays.redis_failures import (
     _backoff,
     _closed_stream,
+    _described,
     _retryable,
     _single_leaf,
     _transient,
@@ -68,7 +69,7 @@ from actors.relays.redis_writer import (
 )
 from runtime.errors import ConfigurationError, RelayTurnGone, RelayUnavailable
 from runtime.output import OutputChunk
-from runtime.redact import redact, redact_url, register_url_secrets
+from runtime.redact import redact_url, register_url_secrets
 from runtime.relay import RESTART_STEP as RESTART
 from runtime.relay import StepRestarted
 from runtime.serde import structure
@@ -81,6 +82,25 @@ RETRY_FOR = 30.0
 (:class:`~runtime.errors.RelayUnavailable`)."""
 BLOCK_MS = 1000
 """How long one blocking ``XREAD`` waits for new entries before checking the key again."""
+CANCEL_PING = 5.0
+"""Seconds between two PINGs on the cancel watch's subscription (one a process): a
+subscription that answers none within ``op_timeout`` is dropped and made again."""
+CANCEL_TTL_MS = 60_000
+"""How long a cancel request's record (``…cancel:{turn_id}``) lives: what a watch that
+subscribes again reads for the cancels it may have missed meanwhile."""
+
+_RECENT_CANCELS = """
+local out = {}
+for i, key in ipairs(KEYS) do
+  local reason = redis.call('GET', key)
+  if reason then
+    table.insert(out, i)
+    table.insert(out, reason)
+    table.insert(out, redis.call('PTTL', key))
+  end
+end
+return out
+"""
 
 
 class RedisRelay:
@@ -103,6 +123,7 @@ class RedisRelay:
         block_ms: int = BLOCK_MS,
         flush_interval: float = FLUSH_INTERVAL,
         end_wait: float = END_WAIT,
+        cancel_ping: float = CANCEL_PING,
         url: str | None = None,
     ) -> None:
         self.client = client
@@ -123,6 +144,8 @@ class RedisRelay:
         self.end_wait = end_wait
         """Seconds a turn's last chunk waits at most for its writer's close, to go out
         with the end in one entry (:data:`END_WAIT`)."""
+        self.cancel_ping = cancel_ping
+        """Seconds between two PINGs on the cancel subscription (:data:`CANCEL_PING`)."""
         self.live: set[RedisRelayWriter] = set()
         """Writers not closed yet (the relay's close lets their queues out)."""
         self.batcher = _Flusher(client, url, op_timeout)
@@ -200,8 +223,16 @@ class RedisRelay:
 
     def rate_limits(self) -> Any:
         """A rate-limit backend over this relay's connection and prefix, which every
-        worker sharing the relay shares (:class:`actors.relays.limits.RedisLimitBackend`)."""
-        return RedisLimitBackend(self.client, self.prefix)
+        worker sharing the relay shares (:class:`actors.relays.limits.RedisLimitBackend`),
+        with the relay's deadline of a round trip and retry window."""
+        return RedisLimitBackend(
+            self.client,
+            self.prefix,
+            op_timeout=self.op_timeout,
+            retry_for=self.retry_for,
+            retry_base=self.retry_base,
+            retry_max=self.retry_max,
+        )
 
     # -- keys -------------------------------------------------------------------------------
 
@@ -214,6 +245,10 @@ class RedisRelay:
     @property
     def cancel_channel(self) -> str:
         return f"{self.prefix}cancel"
+
+    def cancel_key(self, turn_id: str) -> str:
+        """Where a cancel request of ``turn_id`` is recorded for :data:`CANCEL_TTL_MS`."""
+        return f"{self.prefix}cancel:{turn_id}"
 
     # -- writing ----------------------------------------------------------------------------
 
@@ -254,9 +289,10 @@ class RedisRelay:
         its own that coredis drops when it is given up."""
         deadline = trio.current_time() + self.retry_for
         attempt = 0
+        within = self.op_timeout + self.block_ms / 1000
         while True:
             try:
-                with trio.fail_after(self.op_timeout + self.block_ms / 1000):
+                with trio.fail_after(within):
                     return await fn()
             except _retryable() as exc:
                 if isinstance(exc, trio.TooSlowError) and not blocking:
@@ -264,12 +300,15 @@ class RedisRelay:
                 if trio.current_time() >= deadline:
                     raise RelayUnavailable(
                         f"Redis did not answer for {self.retry_for:g} s ({what}): "
-                        f"{type(exc).__name__}: {exc}"
+                        f"{_described(exc, within)}"
                     ) from None
                 delay = _backoff(attempt, self.retry_base, self.retry_max)
                 attempt += 1
                 log.warning(
-                    "relay.read_failed", what=what, retry_in=round(delay, 3), error=redact(str(exc))
+                    "relay.read_failed",
+                    what=what,
+                    retry_in=round(delay, 3),
+                    error=_described(exc, within),
                 )
                 await trio.sleep(delay)
 
@@ -462,9 +501,17 @@ class RedisRelay:
 
     async def request_cancel(self, turn_id: str, reason: str = "cancelled") -> int:
         """Ask the process that runs ``turn_id`` to cancel it; returns how many processes
-        listen (``0``: nobody runs relay cancels now)."""
+        listen (``0``: nobody runs relay cancels now). Recorded first
+        (:meth:`cancel_key`, for :data:`CANCEL_TTL_MS`), then published: a watch that
+        subscribes again reads what it may have missed."""
         message = orjson.dumps({"turn_id": turn_id, "reason": reason})
-        return await self._call("cancel", lambda: self.client.publish(self.cancel_channel, message))
+
+        async def record_and_publish() -> int:
+            await self.client.set(self.cancel_key(turn_id), reason, px=CANCEL_TTL_MS)
+            listening: int = await self.client.publish(self.cancel_channel, message)
+            return listening
+
+        return await self._call("cancel", record_and_publish)
 
     async def watch_cancels(
         self,
@@ -473,9 +520,15 @@ class RedisRelay:
         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
     ) -> None:
         """Call ``on_cancel(turn_id, reason)`` for every cancel request, until cancelled;
-        resubscribes (with backoff) after Redis went away."""
+        resubscribes (with backoff) after Redis went away, or when the subscription
+        answers no PING within ``op_timeout`` (one every ``cancel_ping`` seconds: a
+        connection held or black-holed delivers nothing and says nothing). Once
+        subscribed again, the cancels recorded since the subscription last answered
+        (:meth:`cancel_key`) of the turns this process streams (its open writers) are
+        handed to ``on_cancel`` too (perhaps a second time: it must take that)."""
         started = False
         attempt = 0
+        answered: list[float] = []  # when the subscription last answered (trio clock)
         while True:
             failed: BaseException | None = None
             try:
@@ -486,15 +539,21 @@ class RedisRelay:
                         task_status.started()
                         started = True
                     attempt = 0
-                    async for message in pubsub:
-                        _cancel_from(message, on_cancel)
+                    if answered:
+                        await self._missed_cancels(on_cancel, trio.current_time() - answered[0])
+                    answered[:] = [trio.current_time()]
+                    async with trio.open_nursery() as watching:
+                        watching.start_soon(self._ping_subscription, pubsub, answered)
+                        async for message in pubsub:
+                            _cancel_from(message, on_cancel)
+                        watching.cancel_scope.cancel()
             except* _transient() as group:
-                failed = group.exceptions[0]
+                failed = _first_leaf(group)
             except* _closed_stream() as group:
                 # coredis's subscription sends its UNSUBSCRIBE on the way out, also when its
                 # connection was closed under it (a worker shutting down, Redis gone): a
                 # closed connection, not a crash of the process
-                failed = group.exceptions[0]
+                failed = _first_leaf(group)
             if failed is not None:
                 await trio.lowlevel.checkpoint()  # shutting down: the cancellation goes on
                 delay = _backoff(attempt, self.retry_base, self.retry_max)
@@ -502,14 +561,61 @@ class RedisRelay:
                 log.warning(
                     "relay.cancel_watch_failed",
                     retry_in=round(delay, 3),
-                    error=redact(f"{type(failed).__name__}: {failed}"),
+                    error=_described(failed, self.op_timeout),
                 )
                 await trio.sleep(delay)
             if not started:  # the subscription ended before it began: try again
                 await trio.sleep(self.retry_base)
 
+    async def _ping_subscription(self, pubsub: Any, answered: list[float]) -> None:
+        """PING the subscription's connection every ``cancel_ping`` seconds; one not
+        answered within ``op_timeout`` drops the connection and raises ``TimeoutError``
+        (the watch subscribes again)."""
+        while True:
+            await trio.sleep(self.cancel_ping)
+            connection = pubsub.connection
+            with trio.move_on_after(self.op_timeout):
+                await connection.create_request(b"PING", disconnect_on_cancellation=True)
+                answered[:] = [trio.current_time()]
+                continue
+            connection.invalidate()  # never back to the pool, nor resubscribed on by coredis
+            raise TimeoutError(
+                f"the cancel subscription answered no PING within {self.op_timeout:g} s"
+            )
+
+    async def _missed_cancels(self, on_cancel: Callable[[str, str], Any], silent: float) -> None:
+        """Hand ``on_cancel`` the cancels recorded in the last ``silent`` seconds (and
+        ``op_timeout`` more) of the turns this process streams: those the subscription
+        may have missed while it was dead. Best effort: a Redis that does not answer
+        leaves them missed (logged)."""
+        turn_ids = sorted({writer.turn_id for writer in self.live})
+        if not turn_ids:
+            return
+        keys = [self.cancel_key(turn_id) for turn_id in turn_ids]
+        try:
+            found = await self._call(
+                "missed cancels", lambda: self.client.eval(_RECENT_CANCELS, keys=keys, args=[])
+            )
+        except RelayUnavailable as exc:
+            log.warning("relay.missed_cancels_failed", error=str(exc))
+            return
+        window_ms = (silent + self.op_timeout) * 1000
+        for at in range(0, len(found), 3):
+            index, reason, ttl = found[at : at + 3]
+            if CANCEL_TTL_MS - int(ttl) <= window_ms:
+                reason = reason.decode() if isinstance(reason, bytes) else str(reason)
+                on_cancel(turn_ids[int(index) - 1], reason or "cancelled")
+
 
 _END = object()
+
+
+def _first_leaf(group: BaseExceptionGroup) -> BaseException:
+    """The first exception in ``group`` that is not a group (nurseries nest them)."""
+    error: BaseException = group
+    while isinstance(error, BaseExceptionGroup):
+        error = error.exceptions[0]
+    return error
 
 
 def public_url(url: str) -> str:

@@ -48,9 +48,8 @@ from actors.relays.redis_entries import (
     _tail,
     _Undecodable,
 )
-from actors.relays.redis_failures import _backoff, _duplicate, _retryable
+from actors.relays.redis_failures import _backoff, _described, _duplicate, _retryable
 from runtime.errors import RelayUnavailable
-from runtime.redact import redact
 from runtime.relay import RESTART_STEP as RESTART
 from runtime.serde import unstructurer
 
@@ -248,7 +247,7 @@ class RedisRelayWriter:
                 scan = await self.relay._call("takeover scan", lambda: self._scan(step))
             except (RelayUnavailable, WrongTypeError, _Undecodable) as exc:
                 log.warning(
-                    "relay.takeover_scan_failed", turn_id=self.turn_id, error=redact(str(exc))
+                    "relay.takeover_scan_failed", turn_id=self.turn_id, error=_described(exc)
                 )
             else:
                 if not scan.behind:
@@ -476,7 +475,7 @@ class RedisRelayWriter:
             turn_id=self.turn_id,
             attempt=self._attempt,
             retry_in=round(delay, 3),
-            error=f"{type(error).__name__}: {error}",
+            error=_described(error, self.relay.op_timeout),
             **fields,
         )
 

@@ -5,6 +5,9 @@ process or in Redis) for a grant; while it waits, the turn's stream shows a
 ``throttled`` chunk and the bus a ``provider.throttled`` event, once per wait. After the
 call the grant goes back with the tokens the call used, shielded and bounded: a slot is
 never kept by a cancelled turn (at worst, a dead process's lapses after ``LEASE``).
+A shared limit whose Redis does not answer fails the grant
+(:class:`~runtime.errors.RateLimitUnavailable`, the turn's error); a give-back that
+fails is logged, the call being over.
 """
 
 from __future__ import annotations
@@ -12,10 +15,14 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import structlog
 import trio
 
 from runtime.chunks import Usage
+from runtime.errors import RateLimitUnavailable
 from runtime.ratelimit import Grant, Limiter, Verdict
+
+log = structlog.get_logger("axon.limits")
 
 RELEASE_TIMEOUT = 2.0
 """Seconds giving a grant back may take (a Redis round trip)."""
@@ -46,4 +53,7 @@ async def release(limiter: Limiter | None, grant: Grant | None, usage: Usage | N
         return
     used = usage.total_tokens if usage is not None and usage.total_tokens else None
     with trio.CancelScope(shield=True), trio.move_on_after(RELEASE_TIMEOUT):
-        await limiter.release(grant, used)
+        try:
+            await limiter.release(grant, used)
+        except RateLimitUnavailable as exc:  # the slot lapses after LEASE; the call is done
+            log.warning("limits.release_failed", key=limiter.key, error=str(exc))

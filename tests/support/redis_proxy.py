@@ -27,8 +27,10 @@ fault says otherwise:
 
 Lockstep costs the pipelines their round trips' overlap, not their order or replies:
 every command still gets its reply, in order. A connection that subscribes (pub/sub) is
-passed through as it is from its ``SUBSCRIBE`` on. Every command seen is recorded
-(:attr:`RedisFaultProxy.seen`) with the fault it got.
+passed through as it is from its ``SUBSCRIBE`` on, until
+:meth:`RedisFaultProxy.hold_subscriptions` black-holes it (nothing more either way, the
+connection held open on both sides: Redis still counts the subscriber). Every command
+seen is recorded (:attr:`RedisFaultProxy.seen`) with the fault it got.
 """
 
 from __future__ import annotations
@@ -137,10 +139,21 @@ class RedisFaultProxy:
         self.port = 0
         self.seen: list[tuple[Command, Fault | None]] = []
         self._ids = itertools.count()
+        self._subscribed: dict[int, trio.CancelScope] = {}
+        """The pass-through of each connection that subscribed and is not held."""
 
     @property
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
+
+    def hold_subscriptions(self) -> int:
+        """Black-hole every connection that subscribed (the client's bytes dropped, no
+        message or reply handed on, both connections kept open); how many."""
+        held = len(self._subscribed)
+        for scope in self._subscribed.values():
+            scope.cancel()
+        self._subscribed.clear()
+        return held
 
     def faults(self, *names: str) -> list[str]:
         """The kinds of fault dealt so far (to commands named ``names``, or any)."""
@@ -176,7 +189,12 @@ class RedisFaultProxy:
             if command.name in SUBSCRIBES:  # replies no longer follow commands one to one
                 self.seen.append((command, None))
                 await server.stream.send_all(request)
-                await _passthrough(client, server)
+                with trio.CancelScope() as passing:
+                    self._subscribed[conn] = passing
+                    await _passthrough(client, server)
+                self._subscribed.pop(conn, None)
+                if passing.cancelled_caught:  # held: a subscription silently dead
+                    await _hold(client)
                 return
             fault = self.decide(command)
             self.seen.append((command, fault))
