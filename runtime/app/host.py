@@ -76,6 +76,17 @@ DRAIN_TIMEOUT = 5.0
 _SESSION_KINDS: tuple[Any, ...] | None = None
 
 
+async def _shielded_nursery(task_status: trio.TaskStatus[trio.Nursery]) -> None:
+    """The nursery the host's actors run in, shielded from a cancellation of the block
+    (a timeout around ``Host.open``, a cancelled nursery of the application): until
+    :meth:`Host._shutdown` has let the running turns save and the persister write them,
+    only the host cancels it (``nursery.cancel_scope``)."""
+    with trio.CancelScope(shield=True):
+        async with trio.open_nursery() as nursery:
+            task_status.started(nursery)
+            await trio.sleep_forever()
+
+
 def _session_kinds() -> tuple[Any, ...]:
     """What :meth:`Host._start_session_actors` makes a session's actors from (the
     engine, stream controller and turn runner classes, the MCP client's ``agent_tools``
@@ -298,7 +309,8 @@ class Host:
         pacer = acquire_pacer() if gc_pacing else None
         held: Callable[[], tuple[int, int]] | None = None  # what it holds, for the pacer
         try:
-            async with trio.open_nursery() as nursery:
+            async with trio.open_nursery() as outer:
+                nursery = await outer.start(_shielded_nursery)
                 host = cls(
                     nursery,
                     store=the_store,
