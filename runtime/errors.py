@@ -179,6 +179,12 @@ class SessionBusy(SessionError):
     """A turn is already running on this session; sessions run one turn at a time."""
 
 
+class HostClosed(AxonError):
+    """The host was closed (its ``async with`` block was left): nothing more can start on it,
+    no session opened nor turn run; open a new host (``Host.open()``), whose sessions load
+    what the store kept."""
+
+
 class DecisionError(SessionError, ValueError):
     """A decision for a turn waiting for input (:mod:`runtime.approval`) that cannot be
     taken; nothing was changed."""

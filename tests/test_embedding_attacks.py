@@ -4,11 +4,12 @@ typed error or a saved turn, never a hang or a lost turn."""
 
 from __future__ import annotations
 
+import pytest
 import trio
 
 from actors.providers.scripted import ScriptedProvider, Sleep
 from actors.stores.memory import MemoryStore
-from runtime import Agent, Host, TextChunk
+from runtime import Actor, Agent, Host, HostClosed, TextChunk
 
 
 def stalling_agent() -> Agent:
@@ -32,3 +33,29 @@ async def test_a_host_cancelled_from_outside_mid_turn_saves_the_turn_interrupted
     assert [m.role for m in stored.messages] == ["user", "assistant"]
     assert stored.messages[1].interrupted and stored.messages[1].text == "Hello "
 
+
+async def closed_host_and_session() -> tuple[Host, object, MemoryStore]:
+    """A host left, its store (the application's own) still open, and a session of it."""
+    store = MemoryStore()
+    async with Host.open(store=store, log_tap=False) as host:
+        session = await host.open_session(Agent(provider=ScriptedProvider([["hi"]])), "s")
+    return host, session, store
+
+
+async def test_opening_a_session_on_a_closed_host_raises_host_closed():
+    host, session, _ = await closed_host_and_session()
+    with pytest.raises(HostClosed):
+        await host.open_session(session.agent, "other")
+
+
+async def test_a_turn_on_a_session_of_a_closed_host_raises_host_closed_and_stores_nothing():
+    _, session, store = await closed_host_and_session()
+    with pytest.raises(HostClosed):
+        await session.run("hello")
+    assert await store.load("s") is None
+
+
+async def test_starting_an_actor_on_a_closed_host_raises_host_closed():
+    host, _, _ = await closed_host_and_session()
+    with pytest.raises(HostClosed):
+        await host.start_actor(Actor(name="late"))

@@ -79,7 +79,7 @@ from runtime.app.host import Host
 from runtime.app.session import FINAL_WAIT, Session, TurnStream
 from runtime.approval import PendingCall, Recorded
 from runtime.busy import OnBusy
-from runtime.errors import AxonError, ConfigurationError
+from runtime.errors import ConfigurationError, HostClosed
 from runtime.logging import get_logger, log_exception
 from runtime.media import UserInput
 from runtime.messages import Message
@@ -118,10 +118,6 @@ async def _let_upstream_run() -> None:
             idle += 1
             if idle == IDLE_ROUNDS:
                 return
-
-
-class HostClosed(AxonError):
-    """The :class:`AsyncHost` was closed (or is closing): nothing more can start on it."""
 
 
 def _settle(future: asyncio.Future[Any], result: outcome.Outcome[Any]) -> None:

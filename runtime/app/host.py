@@ -41,6 +41,7 @@ from runtime.bus import Bus
 from runtime.busy import OnBusy, check_on_busy
 from runtime.errors import (
     ConfigurationError,
+    HostClosed,
     InvalidHistory,
     SessionBusy,
     reraise,
@@ -230,6 +231,9 @@ class Host:
         self.persister: Persister
         self.shutting_down = False
         """Set once a shutdown signal arrived or the host is closing."""
+        self.closed = False
+        """Set once the host has closed: opening a session, running a turn or starting an
+        actor then raises :class:`~runtime.errors.HostClosed`."""
         self.expects_other_writers = False
         """Set when other processes writing this host's sessions is normal operation (the
         workers of one deployment, each running a session's next turn in turn): a
@@ -336,6 +340,7 @@ class Host:
                     for scope in list(host._observer_scopes.values()):
                         scope.cancel()  # shielded from the nursery's cancellation
                     nursery.cancel_scope.cancel()
+                    host.closed = True
             host._end_orphaned_streams()
         except BaseExceptionGroup as group:  # the nursery wraps the one error the block raised
             sole = sole_exception(group)
@@ -369,11 +374,20 @@ class Host:
 
     async def start_actor(self, actor: Actor, *, policy: RestartPolicy | None = None) -> Any:
         """Run ``actor`` under the host's supervisor; returns it once started."""
+        self.check_open()
         self._actors[actor] = None
         if actor.decides_approvals:
             self._deciders[actor] = None
         await self.nursery.start(self._supervise, actor, policy)
         return actor
+
+    def check_open(self) -> None:
+        """Raise :class:`~runtime.errors.HostClosed` if the host has closed."""
+        if self.closed:
+            raise HostClosed(
+                "the host is closed: open a new one (Host.open()) to run more turns; "
+                "it loads what the store kept"
+            )
 
     def approves_in_process(self) -> bool:
         """Whether a running actor decides approvals in process (an
@@ -487,6 +501,7 @@ class Host:
         worker's claim, :attr:`runtime.turn_queue.Claim.stored`; an empty record at
         version 0 for a session not stored yet), loaded from instead of reading it
         again. Ignored when the session is open already."""
+        self.check_open()
         self.provider_of(agent)  # no provider, or an unknown one: refused before anything
         if on_busy is not None:
             check_on_busy(on_busy)

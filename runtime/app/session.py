@@ -106,6 +106,9 @@ class SessionOwner(Protocol):
     def rest(self, session: Session) -> None:
         """Let the session's actors rest: no turn runs or waits."""
 
+    def check_open(self) -> None:
+        """Raise :class:`~runtime.errors.HostClosed` once the host has closed."""
+
 
 FINAL_WAIT = 10.0
 """Seconds a leaving consumer waits (shielded) for the cancelled turn to be saved."""
@@ -250,6 +253,7 @@ class TurnStream:
 
     async def __aenter__(self) -> TurnStream:
         session = self.session
+        session.host.check_open()
         if not session.loaded:
             await session.reopen()
         queued = False
