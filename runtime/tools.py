@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, get_origin, get_type_hints, overload
 
@@ -188,13 +189,27 @@ class ToolInputError(Exception):
     """The model's input does not match the tool's schema; the model sees the message."""
 
 
+TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+"""Tool names every provider accepts (OpenAI's and Anthropic's pattern; Gemini's allows more)."""
+
+
+def _check_name(tool: Any, attribute: Any, name: Any) -> None:
+    """Refuse, as the tool is made, a name the provider would refuse at the turn's first
+    model call (a 400 after the user message was stored)."""
+    if not isinstance(name, str) or not TOOL_NAME.fullmatch(name):
+        raise ToolDefinitionError(
+            f"tool name {name!r} cannot be offered to a model: a tool name must be 1-64 "
+            "letters, digits, '_' or '-' (name it with tool(fn, name=...))"
+        )
+
+
 @attrs.frozen(kw_only=True, slots=True, eq=False)
 class Tool:
     """A callable the model may use. Build one with :func:`tool`."""
 
     __repr__ = _repr
 
-    name: str
+    name: str = attrs.field(validator=_check_name)
     description: str
     parameters: dict[str, Any]
     """JSON schema of the arguments object."""

@@ -9,7 +9,16 @@ import trio
 
 from actors.providers.scripted import ScriptedProvider, Sleep
 from actors.stores.memory import MemoryStore
-from runtime import Actor, Agent, Host, HostClosed, TextChunk
+from runtime import (
+    Actor,
+    Agent,
+    Host,
+    HostClosed,
+    TextChunk,
+    Tool,
+    ToolDefinitionError,
+    tool,
+)
 
 
 def stalling_agent() -> Agent:
@@ -59,3 +68,30 @@ async def test_starting_an_actor_on_a_closed_host_raises_host_closed():
     host, _, _ = await closed_host_and_session()
     with pytest.raises(HostClosed):
         await host.start_actor(Actor(name="late"))
+
+
+async def noop() -> str:
+    """Does nothing."""
+    return ""
+
+
+@pytest.mark.parametrize("name", ["my tool", "a.b", "naïve", "x" * 65])
+def test_a_tool_name_the_providers_refuse_is_refused_when_the_tool_is_made(name):
+    with pytest.raises(ToolDefinitionError, match="1-64 letters, digits"):
+        tool(noop, name=name)
+
+
+def test_a_lambda_is_refused_as_a_tool_without_a_name():
+    with pytest.raises(ToolDefinitionError, match="'<lambda>'"):
+        tool(lambda: "")
+
+
+def test_a_client_tool_name_the_providers_refuse_is_refused():
+    with pytest.raises(ToolDefinitionError, match="1-64 letters, digits"):
+        Tool.client("pick a date", {"type": "object"})
+
+
+def test_an_agent_whose_name_cannot_be_a_tool_name_says_so_in_as_tool():
+    agent = Agent(name="my helper", provider=ScriptedProvider([["hi"]]))
+    with pytest.raises(ToolDefinitionError, match="'my helper'"):
+        agent.as_tool()
