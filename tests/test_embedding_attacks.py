@@ -12,6 +12,7 @@ from actors.stores.memory import MemoryStore
 from runtime import (
     Actor,
     Agent,
+    Budget,
     Host,
     HostClosed,
     TextChunk,
@@ -19,6 +20,7 @@ from runtime import (
     ToolDefinitionError,
     tool,
 )
+from tests.support.grammar import check_grammar
 
 
 def stalling_agent() -> Agent:
@@ -95,3 +97,28 @@ def test_an_agent_whose_name_cannot_be_a_tool_name_says_so_in_as_tool():
     agent = Agent(name="my helper", provider=ScriptedProvider([["hi"]]))
     with pytest.raises(ToolDefinitionError, match="'my helper'"):
         agent.as_tool()
+
+
+async def read_after_a_stall(session, stall: float) -> tuple[list, object]:
+    """A consumer that stops reading after its first chunk for ``stall`` seconds."""
+    chunks: list = []
+    async with session.stream("hi") as out:
+        async for chunk in out:
+            chunks.append(chunk)
+            if len(chunks) == 1:
+                await trio.sleep(stall)
+    return chunks, out.result
+
+
+async def test_a_deadline_while_the_consumer_stalls_a_full_pipeline_still_ends_its_stream(
+    autojump_clock,
+):
+    # 50,000 deltas fill every inbox of the pipeline; the deadline passes while the
+    # consumer sleeps, and the turn's end must still reach it (it waited for ever).
+    agent = Agent(provider=ScriptedProvider([["w " * 50_000]]), budget=Budget(deadline=30))
+    async with Host.open(log_tap=False) as host:
+        session = await host.open_session(agent)
+        with trio.fail_after(1000):  # (it hung: the consumer waited for ever)
+            chunks, result = await read_after_a_stall(session, 100)
+    assert (result.finish_reason, result.budget) == ("budget", "deadline")
+    check_grammar(chunks)
