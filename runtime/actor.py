@@ -62,6 +62,10 @@ class Actor:
 
     inbox_capacity: ClassVar[int] = 256
     overflow: ClassVar[OverflowPolicy] = "block"
+    """What a full inbox does to a sender: ``block`` (waits for room) or
+    ``drop-oldest``. A class that subscribes to bus events and names no ``overflow``
+    gets ``drop-oldest`` (:meth:`__init_subclass__`): an observer never stalls an agent
+    unless it asks to."""
     subscribes_to: ClassVar[Iterable[type] | object | None] = None
     decides_approvals: ClassVar[bool] = False
     """Whether this actor, while it runs, decides tool approvals in process (the
@@ -85,6 +89,17 @@ class Actor:
     goal 1). Safe because every turn starts with its owner's wake."""
     turn_ended: bool = False
     """Set by :meth:`handle` when the message was its turn's last for this actor."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """An observer class (``subscribes_to`` set) that names no ``overflow`` (nor does
+        any class between it and :class:`Actor`) drops its oldest event when its inbox
+        is full: with ``block``, one whose handler is slow or stuck made every publisher,
+        so every turn of the host, wait for it."""
+        super().__init_subclass__(**kwargs)
+        if cls.subscribes_to is not None and not any(
+            "overflow" in vars(klass) for klass in cls.__mro__ if klass is not Actor
+        ):
+            cls.overflow = "drop-oldest"
 
     def __init__(self, *, name: str | None = None, session_id: str | None = None) -> None:
         self.name = name or type(self).__name__

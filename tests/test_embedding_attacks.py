@@ -122,3 +122,27 @@ async def test_a_deadline_while_the_consumer_stalls_a_full_pipeline_still_ends_i
             chunks, result = await read_after_a_stall(session, 100)
     assert (result.finish_reason, result.budget) == ("budget", "deadline")
     check_grammar(chunks)
+
+
+class StuckObserver(Actor):
+    """An observer written carelessly: no ``overflow`` of its own, and a handler that
+    never returns (an HTTP call without a timeout)."""
+
+    subscribes_to = Actor.ALL
+    inbox_capacity = 2
+
+    async def handle(self, message) -> None:
+        await trio.sleep_forever()
+
+
+async def test_an_observer_that_sets_no_overflow_never_stalls_a_turn(autojump_clock):
+    async with Host.open(log_tap=False, drain_timeout=0) as host:
+        await host.start_actor(StuckObserver())
+        session = await host.open_session(Agent(provider=ScriptedProvider([["a b c d"]])))
+        with trio.fail_after(1000):  # (it hung: publishing waited for room for ever)
+            result = await session.run("hi")
+    assert result.text == "a b c d"
+
+
+def test_an_actor_that_subscribes_to_nothing_keeps_the_blocking_inbox():
+    assert Actor(name="worker").inbox.policy == "block"
