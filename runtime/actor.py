@@ -29,6 +29,7 @@ import trio
 
 from runtime.bus import Bus, Subscription
 from runtime.chunks import _eq, _hash, _repr
+from runtime.errors import ActorFailed
 from runtime.events import ActorCrashed, ActorGaveUp, ActorRestarted
 from runtime.inbox import Inbox, OverflowPolicy
 from runtime.logging import get_logger
@@ -428,6 +429,12 @@ class Supervisor:
                         actor.on_give_up(exc)
                         actor.stop()
                         if not started:
+                            if task_status is not trio.TASK_STATUS_IGNORED:  # its starter
+                                raise ActorFailed(
+                                    f"actor {actor.name!r} could not start: {err} (it "
+                                    f"crashed {len(crashes)} times, more than its restart "
+                                    "policy allows)"
+                                ) from exc
                             task_status.started()
                         return
                     delay = min(policy.backoff_max, policy.backoff_initial * math.pow(2, restarts))

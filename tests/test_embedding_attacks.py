@@ -11,6 +11,7 @@ from actors.providers.scripted import ScriptedProvider, Sleep
 from actors.stores.memory import MemoryStore
 from runtime import (
     Actor,
+    ActorFailed,
     Agent,
     Budget,
     Host,
@@ -146,3 +147,14 @@ async def test_an_observer_that_sets_no_overflow_never_stalls_a_turn(autojump_cl
 
 def test_an_actor_that_subscribes_to_nothing_keeps_the_blocking_inbox():
     assert Actor(name="worker").inbox.policy == "block"
+
+
+class CannotConnect(Actor):
+    async def on_start(self) -> None:
+        raise ConnectionRefusedError("metrics backend down")
+
+
+async def test_an_actor_that_never_starts_makes_start_actor_raise_actor_failed(autojump_clock):
+    async with Host.open(log_tap=False) as host:
+        with pytest.raises(ActorFailed, match=r"'exporter'.*metrics backend down"):
+            await host.start_actor(CannotConnect(name="exporter"))

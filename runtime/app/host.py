@@ -373,12 +373,19 @@ class Host:
             self.nursery.start_soon(self._expire_idle_sessions)
 
     async def start_actor(self, actor: Actor, *, policy: RestartPolicy | None = None) -> Any:
-        """Run ``actor`` under the host's supervisor; returns it once started."""
+        """Run ``actor`` under the host's supervisor; returns it once started. Raises
+        :class:`~runtime.errors.ActorFailed` when it never starts (its ``on_start``
+        crashed more often than its restart policy allows)."""
         self.check_open()
         self._actors[actor] = None
         if actor.decides_approvals:
             self._deciders[actor] = None
-        await self.nursery.start(self._supervise, actor, policy)
+        try:
+            await self.nursery.start(self._supervise, actor, policy)
+        except BaseException:
+            self._actors.pop(actor, None)
+            self._deciders.pop(actor, None)
+            raise
         return actor
 
     def check_open(self) -> None:
