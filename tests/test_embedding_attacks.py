@@ -4,10 +4,11 @@ typed error or a saved turn, never a hang or a lost turn."""
 
 from __future__ import annotations
 
+import attrs
 import pytest
 import trio
 
-from actors.providers.scripted import ScriptedProvider, Sleep
+from actors.providers.scripted import ScriptedProvider, Sleep, tool_call
 from actors.stores.memory import MemoryStore
 from runtime import (
     Actor,
@@ -16,6 +17,7 @@ from runtime import (
     Budget,
     Host,
     HostClosed,
+    InvalidDecision,
     TextChunk,
     Tool,
     ToolDefinitionError,
@@ -158,3 +160,33 @@ async def test_an_actor_that_never_starts_makes_start_actor_raise_actor_failed(a
     async with Host.open(log_tap=False) as host:
         with pytest.raises(ActorFailed, match=r"'exporter'.*metrics backend down"):
             await host.start_actor(CannotConnect(name="exporter"))
+
+
+@tool(needs_approval=True)
+async def pay(amount: int) -> str:
+    """Pay an amount."""
+    return f"paid {amount}"
+
+
+async def waiting_payment(host: Host):
+    """A session whose turn waits for the approval of a payment."""
+    agent = Agent(provider=ScriptedProvider([[*tool_call("pay", {"amount": 5})], ["ok"]]))
+    session = await host.open_session(attrs.evolve(agent, tools=(pay,)))
+    await session.run("pay")
+    return session
+
+
+@pytest.mark.parametrize("approved", ["no", "false", 0, 1])
+async def test_an_approval_answered_with_anything_but_a_bool_is_refused(approved):
+    async with Host.open(log_tap=False) as host:
+        session = await waiting_payment(host)
+        with pytest.raises(InvalidDecision, match="approved=True or approved=False"):
+            await session.respond(session.pending[0].approval_id, approved=approved)
+        assert not session.pending[0].decided
+
+
+async def test_a_denial_whose_reason_is_not_text_is_refused():
+    async with Host.open(log_tap=False) as host:
+        session = await waiting_payment(host)
+        with pytest.raises(InvalidDecision, match="reason"):
+            await session.respond(session.pending[0].approval_id, approved=False, reason=5)
