@@ -190,3 +190,18 @@ async def test_a_denial_whose_reason_is_not_text_is_refused():
         session = await waiting_payment(host)
         with pytest.raises(InvalidDecision, match="reason"):
             await session.respond(session.pending[0].approval_id, approved=False, reason=5)
+
+
+async def test_a_turn_whose_runner_crashes_raises_actor_failed_instead_of_hanging(
+    autojump_clock, monkeypatch
+):
+    from actors.turn.runner import TurnRunner
+
+    def broken(self, run):
+        raise RuntimeError("a bug in the turn runner")
+
+    monkeypatch.setattr(TurnRunner, "_open_turn", broken)
+    async with Host.open(log_tap=False) as host:
+        session = await host.open_session(Agent(provider=ScriptedProvider([["hi"]])))
+        with trio.fail_after(1000), pytest.raises(ActorFailed, match="without a result"):
+            await session.run("hello")

@@ -202,7 +202,13 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
 
     async def handle(self, message: Any) -> None:
         if isinstance(message, RunTurn):
-            await self.run_turn(message)
+            try:
+                await self.run_turn(message)
+            except Exception:
+                # A bug (ours, a plug-in's): the crash is logged and the runner restarted,
+                # but nothing would end this turn's stream; its consumer waited for ever.
+                message.consumer.close()
+                raise
             self.turn_ended = True  # it may rest now (Actor.rests_after_turn)
 
     def on_rest(self) -> None:

@@ -50,6 +50,7 @@ from runtime.approval import (
 )
 from runtime.busy import INTERRUPT, INTERRUPTED_BY_NEW, REJECT, STEER, OnBusy, check_on_busy
 from runtime.errors import (
+    ActorFailed,
     InvalidTurnId,
     NothingToResume,
     SessionBusy,
@@ -981,7 +982,12 @@ class Session:
         async with self.stream(text) as out:
             async for _ in out:
                 pass
-        assert out.result is not None
+        if out.result is None:
+            raise ActorFailed(
+                f"session {self._id!r}: the turn ended without a result (its turn runner "
+                "crashed, or the host closed while it was stuck): the log's actor.crashed "
+                "line says why"
+            )
         return out.result
 
     async def close(self) -> None:
