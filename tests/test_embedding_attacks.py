@@ -15,6 +15,7 @@ from runtime import (
     ActorFailed,
     Agent,
     Budget,
+    ConfigurationError,
     Host,
     HostClosed,
     InvalidDecision,
@@ -205,3 +206,19 @@ async def test_a_turn_whose_runner_crashes_raises_actor_failed_instead_of_hangin
         session = await host.open_session(Agent(provider=ScriptedProvider([["hi"]])))
         with trio.fail_after(1000), pytest.raises(ActorFailed, match="without a result"):
             await session.run("hello")
+
+
+@pytest.mark.parametrize("tools", [noop, tool(noop), "noop"])
+def test_tools_given_as_one_tool_instead_of_a_list_are_refused_saying_so(tools):
+    with pytest.raises(ConfigurationError, match=r"tools=\[...\]"):
+        Agent(provider=ScriptedProvider([["hi"]]), tools=tools)
+
+
+def test_a_model_name_given_as_the_provider_is_refused_naming_model():
+    with pytest.raises(ConfigurationError, match="model='openai:gpt-4o-mini'"):
+        Agent(provider="openai:gpt-4o-mini")
+
+
+def test_a_budget_that_is_not_a_budget_is_refused():
+    with pytest.raises(ConfigurationError, match=r"Budget\(max_steps=3\)"):
+        Agent(provider=ScriptedProvider([["hi"]]), budget={"max_steps": 3})
