@@ -222,3 +222,20 @@ def test_a_model_name_given_as_the_provider_is_refused_naming_model():
 def test_a_budget_that_is_not_a_budget_is_refused():
     with pytest.raises(ConfigurationError, match=r"Budget\(max_steps=3\)"):
         Agent(provider=ScriptedProvider([["hi"]]), budget={"max_steps": 3})
+
+
+@tool
+async def fails_in_a_nursery() -> str:
+    """Fails in a task of its own nursery."""
+    async with trio.open_nursery():
+        raise RuntimeError("the index is not built")
+
+
+async def test_a_tool_failing_inside_its_own_nursery_reports_the_error_not_the_group():
+    steps = [[*tool_call("fails_in_a_nursery", {})], ["done"]]
+    agent = Agent(provider=ScriptedProvider(steps), tools=[fails_in_a_nursery])
+    async with Host.open(log_tap=False) as host:
+        session = await host.open_session(agent)
+        result = await session.run("go")
+    error = result.tool_messages[0].error
+    assert error == "tool fails_in_a_nursery raised RuntimeError: the index is not built"
