@@ -19,6 +19,7 @@ from runtime import (
     Host,
     HostClosed,
     InvalidDecision,
+    SessionError,
     TextChunk,
     Tool,
     ToolDefinitionError,
@@ -239,3 +240,25 @@ async def test_a_tool_failing_inside_its_own_nursery_reports_the_error_not_the_g
         result = await session.run("go")
     error = result.tool_messages[0].error
     assert error == "tool fails_in_a_nursery raised RuntimeError: the index is not built"
+
+
+async def test_iterating_a_stream_never_entered_raises_instead_of_waiting_for_ever(
+    autojump_clock,
+):
+    async with Host.open(log_tap=False) as host:
+        session = await host.open_session(Agent(provider=ScriptedProvider([["hi"]])))
+        with trio.fail_after(1000), pytest.raises(SessionError, match="async with"):
+            async for _ in session.stream("hello"):
+                pass
+
+
+async def test_entering_a_stream_a_second_time_raises_and_leaves_the_session_free():
+    async with Host.open(log_tap=False) as host:
+        session = await host.open_session(Agent(provider=ScriptedProvider([["hi"]])))
+        out = session.stream("hello")
+        async with out:
+            pass
+        with pytest.raises(SessionError, match=r"session.stream\(...\) again"):
+            async with out:
+                pass
+        assert not session.busy

@@ -54,6 +54,7 @@ from runtime.errors import (
     InvalidTurnId,
     NothingToResume,
     SessionBusy,
+    SessionError,
     SessionNotLoaded,
     StoreConflict,
 )
@@ -220,6 +221,7 @@ class TurnStream:
         self._inbox: Inbox[ConsumerItem] = Inbox(capacity, "block", name="consumer")
         self._buffer: deque[OutputChunk] = deque()
         self._ended = False
+        self._entered = False
 
     @property
     def done(self) -> trio.Event:
@@ -255,6 +257,11 @@ class TurnStream:
     async def __aenter__(self) -> TurnStream:
         session = self.session
         session.host.check_open()
+        if self._entered:  # (it ran the turn again into its closed inbox: busy for ever)
+            raise SessionError(
+                "this stream has run its turn already: call session.stream(...) again for another"
+            )
+        self._entered = True
         if not session.loaded:
             await session.reopen()
         queued = False
@@ -455,6 +462,11 @@ class TurnStream:
 
     async def _receive(self) -> None:
         """Take the next inbox item: a batch into the buffer, or the turn's end."""
+        if not self._entered:  # (nothing would ever arrive: it waited for ever)
+            raise SessionError(
+                "a stream runs its turn once entered: async with session.stream(...) as "
+                "out: async for chunk in out: ..."
+            )
         if self._host_stream is not None:  # steered: nothing of its own, the turn's result
             host = self._host_stream
             await host.done.wait()
