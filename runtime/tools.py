@@ -17,6 +17,7 @@ import functools
 import inspect
 import re
 from collections.abc import Callable
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, get_origin, get_type_hints, overload
 
 import attrs
@@ -189,6 +190,11 @@ class ToolInputError(Exception):
     """The model's input does not match the tool's schema; the model sees the message."""
 
 
+CALLING_SESSION: ContextVar[str | None] = ContextVar("axon_calling_session", default=None)
+"""The session whose turn called the tool running in this task (set by :meth:`Tool.call`):
+a turn of that same session started from inside the tool would wait for the turn that
+waits for the tool, so ``session.stream`` refuses it (:class:`~runtime.errors.SessionBusy`)."""
+
 TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 """Tool names every provider accepts (OpenAI's and Anthropic's pattern; Gemini's allows more)."""
 
@@ -302,7 +308,13 @@ class Tool:
         if self.context_param is not None:
             arguments = {**arguments, self.context_param: context}
         if self.is_async:
-            return await self.function(**arguments)
+            if context is None:
+                return await self.function(**arguments)
+            token = CALLING_SESSION.set(context.session_id)
+            try:
+                return await self.function(**arguments)
+            finally:
+                CALLING_SESSION.reset(token)
         import trio
 
         return await trio.to_thread.run_sync(

@@ -22,6 +22,7 @@ from runtime import (
     SessionError,
     TextChunk,
     Tool,
+    ToolContext,
     ToolDefinitionError,
     tool,
 )
@@ -262,3 +263,23 @@ async def test_entering_a_stream_a_second_time_raises_and_leaves_the_session_fre
             async with out:
                 pass
         assert not session.busy
+
+
+@tool
+async def asks_its_own_session(context: ToolContext) -> str:
+    """Runs a turn of the session that called it."""
+    return (await context.deps.run("inner")).text
+
+
+async def test_a_tool_running_a_turn_of_its_own_session_fails_at_once_not_at_its_timeout(
+    autojump_clock,
+):
+    steps = [[*tool_call("asks_its_own_session", {})], ["done"]]
+    agent = Agent(provider=ScriptedProvider(steps), tools=[asks_its_own_session], on_busy="enqueue")
+    async with Host.open(log_tap=False) as host:
+        session = await host.open_session(agent)
+        session.deps = session
+        start = trio.current_time()
+        result = await session.run("go")
+    assert "its own session" in result.tool_messages[0].error
+    assert trio.current_time() == start  # (it waited for the tool's 60 s timeout)

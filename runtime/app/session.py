@@ -65,6 +65,7 @@ from runtime.media import InputLimits, UserInput, check_counts, check_limits, us
 from runtime.messages import Message, UserContent
 from runtime.output import OutputChunk
 from runtime.store import SessionRecord
+from runtime.tools import CALLING_SESSION
 
 if TYPE_CHECKING:
     from runtime.actor import Actor
@@ -266,6 +267,12 @@ class TurnStream:
             await session.reopen()
         queued = False
         if session.busy or session.queued:
+            if CALLING_SESSION.get() == session.id:  # (it waited for the tool's timeout)
+                raise SessionBusy(
+                    f"session {session.id!r}: a tool of its running turn cannot run a turn "
+                    "of its own session (it would wait for the turn that waits for the "
+                    "tool); run it in another session"
+                )
             queued = await self._when_busy()
             if self.steered:
                 return self
