@@ -32,7 +32,7 @@ from runtime.chunks import _eq, _hash, _repr
 from runtime.errors import ActorFailed
 from runtime.events import ActorCrashed, ActorGaveUp, ActorRestarted
 from runtime.inbox import Inbox, OverflowPolicy
-from runtime.logging import get_logger
+from runtime.logging import get_logger, log_exception
 from runtime.redact import redact
 
 
@@ -403,8 +403,12 @@ class Supervisor:
                     while crashes and now - crashes[0] > policy.period:
                         crashes.popleft()
                     err = redact(f"{type(exc).__name__}: {exc}")
-                    log.error(
-                        "actor.crashed", actor=actor.name, session_id=actor.session_id, error=err
+                    log_exception(  # with the traceback: where the actor's code failed
+                        log,
+                        "actor.crashed",
+                        actor=actor.name,
+                        session_id=actor.session_id,
+                        error=err,
                     )
                     await self._publish(
                         ActorCrashed(

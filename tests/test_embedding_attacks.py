@@ -283,3 +283,23 @@ async def test_a_tool_running_a_turn_of_its_own_session_fails_at_once_not_at_its
         result = await session.run("go")
     assert "its own session" in result.tool_messages[0].error
     assert trio.current_time() == start  # (it waited for the tool's 60 s timeout)
+
+
+class BrokenObserver(Actor):
+    subscribes_to = Actor.ALL
+
+    async def handle(self, message) -> None:
+        raise ValueError("a bug in the plug-in")
+
+
+async def test_an_observer_crash_is_logged_with_its_traceback(autojump_clock):
+    from structlog.testing import capture_logs
+
+    with capture_logs() as logs:
+        async with Host.open(log_tap=False, drain_timeout=0) as host:
+            await host.start_actor(BrokenObserver(name="broken"))
+            session = await host.open_session(Agent(provider=ScriptedProvider([["hi"]])))
+            await session.run("hello")
+    crash = next(line for line in logs if line["event"] == "actor.crashed")
+    text = crash.get("exception") or ""
+    assert 'raise ValueError("a bug in the plug-in")' in text and "in handle" in text
