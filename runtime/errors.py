@@ -175,6 +175,11 @@ class InvalidHistory(SessionError, ValueError):
     a new session; it never overwrites one)."""
 
 
+class InvalidMeta(SessionError, ValueError):
+    """Session meta the store could not save: not a dict with str keys and JSON values.
+    Refused when given (``open_session(meta=...)``, ``update_meta``), nothing changed."""
+
+
 class SessionBusy(SessionError):
     """A turn is already running on this session; sessions run one turn at a time."""
 

@@ -19,6 +19,7 @@ from runtime import (
     Host,
     HostClosed,
     InvalidDecision,
+    InvalidMeta,
     SessionError,
     TextChunk,
     Tool,
@@ -303,3 +304,19 @@ async def test_an_observer_crash_is_logged_with_its_traceback(autojump_clock):
     crash = next(line for line in logs if line["event"] == "actor.crashed")
     text = crash.get("exception") or ""
     assert 'raise ValueError("a bug in the plug-in")' in text and "in handle" in text
+
+
+@pytest.mark.parametrize("meta", [{"tags": {"a", "b"}}, {1: "one"}, ["not", "a", "dict"]])
+async def test_meta_that_cannot_be_stored_is_refused_when_given_not_when_saved(meta):
+    async with Host.open(log_tap=False) as host:
+        with pytest.raises(InvalidMeta):
+            await host.open_session(Agent(provider=ScriptedProvider([["hi"]])), meta=meta)
+
+
+async def test_meta_that_cannot_be_stored_is_refused_by_update_meta_and_nothing_changes():
+    async with Host.open(log_tap=False) as host:
+        session = await host.open_session(Agent(provider=ScriptedProvider([["hi"]])))
+        with pytest.raises(InvalidMeta, match="not JSON"):
+            session.update_meta({"client": object()})
+        result = await session.run("hello")
+    assert result.saved and dict(session.meta) == {}

@@ -36,7 +36,7 @@ from runtime.actor_messages import Batch, SessionState
 from runtime.agent import Agent
 from runtime.app.expiry import ExpiryWatch, expire_session, expired, resume_expired
 from runtime.app.gcpacing import acquire_pacer, release_pacer
-from runtime.app.session import Session, TurnStream
+from runtime.app.session import Session, TurnStream, checked_meta
 from runtime.bus import Bus
 from runtime.busy import OnBusy, check_on_busy
 from runtime.errors import (
@@ -510,6 +510,8 @@ class Host:
         again. Ignored when the session is open already."""
         self.check_open()
         self.provider_of(agent)  # no provider, or an unknown one: refused before anything
+        if meta is not None:
+            checked_meta(meta)
         if on_busy is not None:
             check_on_busy(on_busy)
         sid = validate_session_id(session_id) if session_id is not None else new_id("session")

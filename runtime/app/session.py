@@ -27,6 +27,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Protocol
 
+import orjson
 import trio
 
 from runtime.actor_messages import (
@@ -51,6 +52,7 @@ from runtime.approval import (
 from runtime.busy import INTERRUPT, INTERRUPTED_BY_NEW, REJECT, STEER, OnBusy, check_on_busy
 from runtime.errors import (
     ActorFailed,
+    InvalidMeta,
     InvalidTurnId,
     NothingToResume,
     SessionBusy,
@@ -118,6 +120,19 @@ FINAL_WAIT = 10.0
 _NO_META: Mapping[str, Any] = MappingProxyType({})
 """The meta of every session with none: one shared read-only view, not one per session
 (each is an object the garbage collector walks: ten thousand sessions, issue 24 item 5)."""
+
+
+def checked_meta(meta: Any) -> Mapping[str, Any]:
+    """``meta`` if the store can save it (a dict of str keys and JSON values), else
+    :class:`~runtime.errors.InvalidMeta`: refused when given, not at the turn's save
+    (which then failed, the turn left unsaved)."""
+    if not isinstance(meta, Mapping):
+        raise InvalidMeta(f"session meta must be a dict, not {type(meta).__name__}")
+    try:
+        orjson.dumps(dict(meta))
+    except orjson.JSONEncodeError as err:  # (a key that is not a str as well)
+        raise InvalidMeta(f"session meta is not JSON (str keys, JSON values): {err}") from None
+    return meta
 
 
 def _frozen_meta(meta: Mapping[str, Any] | None) -> Mapping[str, Any]:
@@ -692,8 +707,9 @@ class Session:
 
     def update_meta(self, values: Mapping[str, Any]) -> None:
         """Set meta keys. Saved with the next turn's first save (a turn already running
-        keeps the meta it started with)."""
-        self._meta = _frozen_meta({**self._meta, **values})
+        keeps the meta it started with). Raises :class:`~runtime.errors.InvalidMeta`
+        for keys or values the store cannot save, changing nothing."""
+        self._meta = _frozen_meta(checked_meta({**self._meta, **checked_meta(values)}))
 
     def set_title(self, title: str) -> None:
         """Set the session's title (``meta["title"]``)."""
