@@ -20,6 +20,7 @@ from runtime import (
     HostClosed,
     InvalidDecision,
     InvalidMeta,
+    SessionBusy,
     SessionError,
     TextChunk,
     Tool,
@@ -320,3 +321,15 @@ async def test_meta_that_cannot_be_stored_is_refused_by_update_meta_and_nothing_
             session.update_meta({"client": object()})
         result = await session.run("hello")
     assert result.saved and dict(session.meta) == {}
+
+
+async def test_closing_a_session_while_its_turn_runs_raises_and_the_turn_goes_on(autojump_clock):
+    async with Host.open(log_tap=False) as host:
+        session = await host.open_session(stalling_agent())
+        with trio.fail_after(1000):  # (the stream never ended: its actors were stopped)
+            async with session.stream("hi") as out:
+                async for _ in out:
+                    with pytest.raises(SessionBusy, match="cancel it"):
+                        await session.close()
+                    break
+    assert out.result is not None and out.result.abort_reason == "consumer left the stream"

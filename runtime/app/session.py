@@ -1026,5 +1026,12 @@ class Session:
         return out.result
 
     async def close(self) -> None:
-        """Stop this session's actors (after any running turn ends)."""
+        """Stop this session's actors; its history stays in the store. Raises
+        :class:`~runtime.errors.SessionBusy` while a turn runs or waits (stopped under
+        it, the turn's stream never ended): cancel it, or close after it ended."""
+        if self.busy or self.queued:
+            raise SessionBusy(
+                f"session {self._id!r} is running a turn: cancel it (out.cancel()) or "
+                "close the session after it ended"
+            )
         await self.host.close_session(self)
