@@ -53,6 +53,18 @@ async def test_a_host_cancelled_from_outside_mid_turn_saves_the_turn_interrupted
     assert stored.messages[1].interrupted and stored.messages[1].text == "Hello "
 
 
+async def test_a_store_left_by_a_host_cancelled_mid_turn_opens_again_and_runs_on(autojump_clock):
+    store = MemoryStore()
+    with trio.move_on_after(1):
+        async with Host.open(store=store, log_tap=False) as host:
+            await (await host.open_session(stalling_agent(), session_id="s")).run("hi")
+    async with Host.open(store=store, log_tap=False) as host:
+        session = await host.open_session(Agent(provider=ScriptedProvider([["again"]])), "s")
+        result = await session.run("go on")
+    assert result.text == "again"
+    assert [m.role for m in session.messages] == ["user", "assistant", "user", "assistant"]
+
+
 async def closed_host_and_session() -> tuple[Host, object, MemoryStore]:
     """A host left, its store (the application's own) still open, and a session of it."""
     store = MemoryStore()
