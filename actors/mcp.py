@@ -25,7 +25,6 @@ from __future__ import annotations
 import functools
 import math
 import os
-import re
 import shlex
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any, ClassVar, Literal, TypeAlias
@@ -47,10 +46,13 @@ from runtime.errors import (
 from runtime.hosting import ActorStarter
 from runtime.logging import get_logger
 from runtime.redact import redact
-from runtime.tools import InvalidJSONSchema, Tool, ToolInputError, json_schema_validator
-
-TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
-"""Tool names both providers accept (OpenAI and Anthropic share this pattern)."""
+from runtime.tools import (
+    TOOL_NAME,
+    InvalidJSONSchema,
+    Tool,
+    ToolInputError,
+    json_schema_validator,
+)
 
 MAX_LIST_PAGES = 100
 """A server that keeps returning a next cursor is cut off after this many pages."""

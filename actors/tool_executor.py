@@ -18,6 +18,7 @@ import trio
 
 from runtime.actor import ServingActor
 from runtime.actor_messages import ExecuteTools, ToolCallSpec, ToolOutcome, ToolProgress
+from runtime.errors import sole_exception
 from runtime.events import ToolApprovalDecided, ToolApprovalRequested
 from runtime.messages import is_media_output
 from runtime.tools import Tool, ToolContext, ToolInputError, to_jsonable
@@ -80,7 +81,9 @@ async def run_tool_call(
         if scope.cancelled_caught:
             return done(error=f"tool {tool.name} timed out after {timeout:g}s")
     except Exception as exc:
-        return done(error=f"tool {tool.name} raised {type(exc).__name__}: {exc}")
+        # A tool's own nursery wraps its one error in a group: the error is what it says.
+        raised = (sole_exception(exc) or exc) if isinstance(exc, ExceptionGroup) else exc
+        return done(error=f"tool {tool.name} raised {type(raised).__name__}: {raised}")
     try:
         output = to_jsonable(result)
     except TypeError as exc:

@@ -29,9 +29,10 @@ import trio
 
 from runtime.bus import Bus, Subscription
 from runtime.chunks import _eq, _hash, _repr
+from runtime.errors import ActorFailed
 from runtime.events import ActorCrashed, ActorGaveUp, ActorRestarted
 from runtime.inbox import Inbox, OverflowPolicy
-from runtime.logging import get_logger
+from runtime.logging import get_logger, log_exception
 from runtime.redact import redact
 
 
@@ -62,6 +63,10 @@ class Actor:
 
     inbox_capacity: ClassVar[int] = 256
     overflow: ClassVar[OverflowPolicy] = "block"
+    """What a full inbox does to a sender: ``block`` (waits for room) or
+    ``drop-oldest``. A class that subscribes to bus events and names no ``overflow``
+    gets ``drop-oldest`` (:meth:`__init_subclass__`): an observer never stalls an agent
+    unless it asks to."""
     subscribes_to: ClassVar[Iterable[type] | object | None] = None
     decides_approvals: ClassVar[bool] = False
     """Whether this actor, while it runs, decides tool approvals in process (the
@@ -85,6 +90,17 @@ class Actor:
     goal 1). Safe because every turn starts with its owner's wake."""
     turn_ended: bool = False
     """Set by :meth:`handle` when the message was its turn's last for this actor."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """An observer class (``subscribes_to`` set) that names no ``overflow`` (nor does
+        any class between it and :class:`Actor`) drops its oldest event when its inbox
+        is full: with ``block``, one whose handler is slow or stuck made every publisher,
+        so every turn of the host, wait for it."""
+        super().__init_subclass__(**kwargs)
+        if cls.subscribes_to is not None and not any(
+            "overflow" in vars(klass) for klass in cls.__mro__ if klass is not Actor
+        ):
+            cls.overflow = "drop-oldest"
 
     def __init__(self, *, name: str | None = None, session_id: str | None = None) -> None:
         self.name = name or type(self).__name__
@@ -387,8 +403,12 @@ class Supervisor:
                     while crashes and now - crashes[0] > policy.period:
                         crashes.popleft()
                     err = redact(f"{type(exc).__name__}: {exc}")
-                    log.error(
-                        "actor.crashed", actor=actor.name, session_id=actor.session_id, error=err
+                    log_exception(  # with the traceback: where the actor's code failed
+                        log,
+                        "actor.crashed",
+                        actor=actor.name,
+                        session_id=actor.session_id,
+                        error=err,
                     )
                     await self._publish(
                         ActorCrashed(
@@ -413,6 +433,12 @@ class Supervisor:
                         actor.on_give_up(exc)
                         actor.stop()
                         if not started:
+                            if task_status is not trio.TASK_STATUS_IGNORED:  # its starter
+                                raise ActorFailed(
+                                    f"actor {actor.name!r} could not start: {err} (it "
+                                    f"crashed {len(crashes)} times, more than its restart "
+                                    "policy allows)"
+                                ) from exc
                             task_status.started()
                         return
                     delay = min(policy.backoff_max, policy.backoff_initial * math.pow(2, restarts))

@@ -83,13 +83,32 @@ def _provider(
         from runtime.provider import FallbackProvider
 
         return FallbackProvider(value)  # it refuses anything but providers
+    if isinstance(value, str):  # (it failed at the first model call, an AttributeError)
+        raise ConfigurationError(
+            f"provider={value!r}: provider= takes a Provider (e.g. "
+            "OpenAIProvider('gpt-4o-mini')); a model by name is model='openai:gpt-4o-mini'"
+        )
     return cast("Provider | FallbackProvider | None", value)
+
+
+def _budget(value: Budget) -> Budget:
+    """The ``budget`` converter: a :class:`Budget` or refused (a dict crashed the turn)."""
+    if not isinstance(value, Budget):
+        raise ConfigurationError(
+            f"budget= takes a Budget, e.g. Budget(max_steps=3), not {type(value).__name__}"
+        )
+    return value
 
 
 def _tools(value: Sequence[Tool | Callable[..., Any]]) -> tuple[Tool | _ToolServer, ...]:
     """The ``tools`` converter: functions wrapped as tools, servers kept as they are for
     :meth:`Agent.__attrs_post_init__` to move to ``mcp_servers`` (so the field holds
     only :class:`Tool` s once the agent is built)."""
+    if isinstance(value, Tool | str) or callable(value) or _is_tool_server(value):
+        raise ConfigurationError(
+            f"tools= takes a list of tools or functions, e.g. tools=[...], not one "
+            f"{type(value).__name__}"
+        )
     tools = tuple(t if isinstance(t, Tool) or _is_tool_server(t) else tool(t) for t in value)
     names = [t.name for t in tools if isinstance(t, Tool)]
     dupes = {n for n in names if names.count(n) > 1}
@@ -141,7 +160,7 @@ class Agent:
     tools: tuple[Tool, ...] = attrs.field(default=(), converter=_tools)
     """Tools offered to the model; plain functions are wrapped with :func:`tool`. MCP
     servers listed here move to :attr:`mcp_servers`."""
-    budget: Budget = attrs.field(factory=Budget)
+    budget: Budget = attrs.field(factory=Budget, converter=_budget)
     retry: RetryPolicy = attrs.field(factory=RetryPolicy)
     think_tags: tuple[tuple[str, str], ...] | None = DEFAULT_THINK_TAGS
     """Tags whose content in the text is reasoning; ``None`` disables the split."""

@@ -204,13 +204,19 @@ def _check(part: ToolCallPart, decision: Decision, tools: Mapping[str, Any]) -> 
     assert waiting is not None
     given = decision.has_output or decision.error is not None
     if waiting.kind == APPROVAL:
-        if given or decision.approved is None:
+        # Only a bool: ``approved="false"`` (a form field passed on) approved the call.
+        if given or not isinstance(decision.approved, bool):
             raise InvalidDecision(
                 f"call {part.tool_call_id!r} ({part.tool_name}) waits for approval: answer "
-                "with approved=True or approved=False"
+                f"with approved=True or approved=False (got {decision.approved!r})"
+            )
+        if decision.reason is not None and not isinstance(decision.reason, str):
+            raise InvalidDecision(
+                f"call {part.tool_call_id!r} ({part.tool_name}): the reason must be text or "
+                f"None (got {type(decision.reason).__name__})"
             )
         return attrs.evolve(
-            waiting, decided=True, approved=bool(decision.approved), reason=decision.reason
+            waiting, decided=True, approved=decision.approved, reason=decision.reason
         )
     if decision.approved is not None or not given:
         raise InvalidDecision(

@@ -175,8 +175,19 @@ class InvalidHistory(SessionError, ValueError):
     a new session; it never overwrites one)."""
 
 
+class InvalidMeta(SessionError, ValueError):
+    """Session meta the store could not save: not a dict with str keys and JSON values.
+    Refused when given (``open_session(meta=...)``, ``update_meta``), nothing changed."""
+
+
 class SessionBusy(SessionError):
     """A turn is already running on this session; sessions run one turn at a time."""
+
+
+class HostClosed(AxonError):
+    """The host was closed (its ``async with`` block was left): nothing more can start on it,
+    no session opened nor turn run; open a new host (``Host.open()``), whose sessions load
+    what the store kept."""
 
 
 class DecisionError(SessionError, ValueError):

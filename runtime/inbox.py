@@ -135,6 +135,23 @@ class Inbox(Generic[T]):
                 raise
             self._drop_one_and_put(message)
 
+    def put_over(self, message: T) -> None:
+        """Deliver without waiting, past the capacity if the inbox is full: behind the
+        messages of the senders waiting for room (each let through, so the order holds),
+        which makes the inbox hold at most that many and one more. For a message that
+        must arrive whoever reads late (a turn's end, :meth:`Batcher.send_over`)."""
+        try:
+            self._deliver(message)
+        except trio.WouldBlock:
+            buffer = self._buffer
+            assert buffer is not None  # (full, so made)
+            putters = self._putters
+            while putters:
+                task, waiting = putters.popitem(last=False)
+                trio.lowlevel.reschedule(task)
+                buffer.append(waiting)
+            buffer.append(message)
+
     def _deliver(self, message: T) -> None:
         """A memory channel's ``send_nowait``: to a waiting receiver, else into the deque."""
         if self._closed:
@@ -349,6 +366,8 @@ class BatchSink(Protocol[T]):
 
     def put_nowait(self, message: Batch[T]) -> None: ...
 
+    def put_over(self, message: Batch[T]) -> None: ...
+
 
 class Batcher(Generic[T]):
     """Sends items to an inbox in :class:`Batch` es, merging what is not yet received.
@@ -461,6 +480,21 @@ class Batcher(Generic[T]):
             if first:
                 await self._yield()  # the first delta goes through before parsing goes on
             self._since = _now()
+
+    async def send_over(self, items: Sequence[T], wait: float) -> bool:
+        """``items`` in one batch of their own, once the inbox has room or, after
+        ``wait`` seconds (shielded), past its capacity (:meth:`Inbox.put_over`): what
+        must reach the receiver behind everything sent before, however late it reads (a
+        turn's end, whose consumer stopped reading while the pipeline was full). Whether
+        it went within the capacity."""
+        batch: Batch[T] = Batch(self.tag)
+        batch.extend(items)
+        self._pending, self._sealed = batch, True
+        with trio.move_on_after(wait, shield=True):
+            await self.inbox.put(batch)
+            return True
+        self.inbox.put_over(batch)
+        return False
 
     def try_send_all(self, items: Sequence[T]) -> bool:
         """:meth:`send_all` if it would not wait: the same items in the same batches,

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import functools
 import inspect
+import re
 from collections.abc import Callable
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, get_origin, get_type_hints, overload
 
 import attrs
@@ -188,13 +190,32 @@ class ToolInputError(Exception):
     """The model's input does not match the tool's schema; the model sees the message."""
 
 
+CALLING_SESSION: ContextVar[str | None] = ContextVar("axon_calling_session", default=None)
+"""The session whose turn called the tool running in this task (set by :meth:`Tool.call`):
+a turn of that same session started from inside the tool would wait for the turn that
+waits for the tool, so ``session.stream`` refuses it (:class:`~runtime.errors.SessionBusy`)."""
+
+TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+"""Tool names every provider accepts (OpenAI's and Anthropic's pattern; Gemini's allows more)."""
+
+
+def _check_name(tool: Any, attribute: Any, name: Any) -> None:
+    """Refuse, as the tool is made, a name the provider would refuse at the turn's first
+    model call (a 400 after the user message was stored)."""
+    if not isinstance(name, str) or not TOOL_NAME.fullmatch(name):
+        raise ToolDefinitionError(
+            f"tool name {name!r} cannot be offered to a model: a tool name must be 1-64 "
+            "letters, digits, '_' or '-' (name it with tool(fn, name=...))"
+        )
+
+
 @attrs.frozen(kw_only=True, slots=True, eq=False)
 class Tool:
     """A callable the model may use. Build one with :func:`tool`."""
 
     __repr__ = _repr
 
-    name: str
+    name: str = attrs.field(validator=_check_name)
     description: str
     parameters: dict[str, Any]
     """JSON schema of the arguments object."""
@@ -287,7 +308,13 @@ class Tool:
         if self.context_param is not None:
             arguments = {**arguments, self.context_param: context}
         if self.is_async:
-            return await self.function(**arguments)
+            if context is None:
+                return await self.function(**arguments)
+            token = CALLING_SESSION.set(context.session_id)
+            try:
+                return await self.function(**arguments)
+            finally:
+                CALLING_SESSION.reset(token)
         import trio
 
         return await trio.to_thread.run_sync(

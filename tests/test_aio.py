@@ -18,7 +18,7 @@ import trio
 import trio.testing
 
 from actors.providers.scripted import ScriptedProvider
-from runtime import Agent, AssistantMessage, Host, InvalidSessionId, SessionBusy
+from runtime import Agent, AssistantMessage, Host, InvalidSessionId, SessionBusy, SessionError
 from runtime.actor_messages import Batcher
 from runtime.app.aio import AsyncHost, HostClosed
 from runtime.errors import ConfigurationError
@@ -244,6 +244,36 @@ def test_a_closed_host_refuses_new_work():
             await host.open_session(agent)
 
     run(main)
+
+
+def test_iterating_a_stream_never_entered_raises_a_session_error():
+    agent = Agent(provider=ScriptedProvider([["x"]]))
+
+    async def main() -> None:
+        async with AsyncHost.open(log_tap=False) as host:
+            session = await host.open_session(agent, "s")
+            with pytest.raises(SessionError, match="async with"):
+                async for _ in session.stream("hi"):
+                    pass
+
+    run(main)
+
+
+def test_entering_a_stream_a_second_time_raises_and_runs_no_second_turn():
+    agent = Agent(provider=ScriptedProvider([["x"]]))
+
+    async def main() -> list[str]:
+        async with AsyncHost.open(log_tap=False) as host:
+            session = await host.open_session(agent, "s")
+            out = session.stream("hi")
+            async with out:
+                pass
+            with pytest.raises(SessionError, match="again"):
+                async with out:
+                    pass
+            return [m.role for m in session.messages]
+
+    assert run(main) == ["user", "assistant"]
 
 
 def test_signals_are_left_to_the_asyncio_application():

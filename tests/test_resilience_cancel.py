@@ -459,8 +459,9 @@ async def test_host_shutdown_mid_stream_aborts_the_turn_and_saves_it(kind, autoj
 
 async def test_the_hand_over_to_a_controller_that_takes_nothing_is_bounded(autojump_clock):
     """The turn's end enters its ``SAVE_TIMEOUT`` bound only when a send would wait: a
-    controller with room takes the result at once, a full one that never reads is given
-    up on after the bound (the runner then hands the result to the consumer itself)."""
+    controller with room takes the result at once; a full one that never reads gets it
+    past its capacity after the bound (the runner then hands the result to the consumer
+    itself too: the first to arrive ends the stream)."""
     from types import SimpleNamespace
 
     from actors.turn.runner import TurnRunner
@@ -477,4 +478,5 @@ async def test_the_hand_over_to_a_controller_that_takes_nothing_is_bounded(autoj
     await stuck.ctrl.send_all(list(range(MAX_BATCH)))  # a full batch fills the inbox
     assert not await TurnRunner._to_controller(stuck, done)  # type: ignore[arg-type]
     assert trio.current_time() - t0 == pytest.approx(SAVE_TIMEOUT)
-    assert len(full) == 1 and len(full.get_nowait()) == MAX_BATCH  # nothing more queued
+    assert len(full) == 2 and len(full.get_nowait()) == MAX_BATCH  # and then the result
+    assert list(full.get_nowait()) == [done]

@@ -202,7 +202,13 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
 
     async def handle(self, message: Any) -> None:
         if isinstance(message, RunTurn):
-            await self.run_turn(message)
+            try:
+                await self.run_turn(message)
+            except Exception:
+                # A bug (ours, a plug-in's): the crash is logged and the runner restarted,
+                # but nothing would end this turn's stream; its consumer waited for ever.
+                message.consumer.close()
+                raise
             self.turn_ended = True  # it may rest now (Actor.rests_after_turn)
 
     def on_rest(self) -> None:
@@ -718,8 +724,9 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
 
     async def _hand_over(self, run: RunTurn, turn: Turn, done: TurnDone) -> None:
         """The result to the consumer, after the turn's last chunk: through the stream
-        controller, which keeps the order; straight onto the consumer's inbox if the
-        controller does not take it (it gave up, or is stuck) or has ended.
+        controller, which keeps the order; also straight onto the consumer's inbox (the
+        first to arrive ends the stream) if the controller did not take it in time (it
+        is stuck, or the consumer does not read) or has ended.
 
         An ended controller still has an open inbox (a host that is torn down cancels its
         actors, it does not close their inboxes), so a send to it succeeds and the result
@@ -762,15 +769,17 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
 
 
 async def _send_bounded(ctrl: Batcher[Any], items: Sequence[Any]) -> bool:
-    """``items`` to the controller, waiting at most ``SAVE_TIMEOUT`` seconds for room;
-    whether they went. The bound (a cancel scope) is entered only when the send would
-    wait (:meth:`Batcher.try_send_all`): at a turn's end it almost never does."""
+    """``items`` to the controller, waiting at most ``SAVE_TIMEOUT`` seconds for room,
+    then past its inbox's capacity (:meth:`Batcher.send_over`); whether they went
+    within it. So a turn's end reaches the controller even when the consumer stopped
+    reading with the pipeline full (a deadline, a cancel), and is handed over behind
+    the turn's chunks once the consumer reads again (given up on, the consumer waited
+    for ever and the session stayed busy). The bound (a cancel scope) is entered only
+    when the send would wait (:meth:`Batcher.try_send_all`): at a turn's end it almost
+    never does."""
     if ctrl.try_send_all(items):
         return True
-    with trio.move_on_after(saving.SAVE_TIMEOUT, shield=True):  # (a turn's end: shielded)
-        await ctrl.send_all(items)
-        return True
-    return False
+    return await ctrl.send_over(items, saving.SAVE_TIMEOUT)  # (a turn's end: shielded)
 
 
 def _ends(turn: Turn, result: Step, over: str | None) -> str | None:

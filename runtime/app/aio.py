@@ -79,7 +79,7 @@ from runtime.app.host import Host
 from runtime.app.session import FINAL_WAIT, Session, TurnStream
 from runtime.approval import PendingCall, Recorded
 from runtime.busy import OnBusy
-from runtime.errors import AxonError, ConfigurationError
+from runtime.errors import ConfigurationError, HostClosed, SessionError
 from runtime.logging import get_logger, log_exception
 from runtime.media import UserInput
 from runtime.messages import Message
@@ -118,10 +118,6 @@ async def _let_upstream_run() -> None:
             idle += 1
             if idle == IDLE_ROUNDS:
                 return
-
-
-class HostClosed(AxonError):
-    """The :class:`AsyncHost` was closed (or is closing): nothing more can start on it."""
 
 
 def _settle(future: asyncio.Future[Any], result: outcome.Outcome[Any]) -> None:
@@ -487,6 +483,10 @@ class AsyncTurnStream:
             started.set_exception(finished.exception() or HostClosed("the turn never started"))
 
     async def __aenter__(self) -> AsyncTurnStream:
+        if self._started is not None:  # (it ran the same input again as another turn)
+            raise SessionError(
+                "this stream has run its turn already: call session.stream(...) again for another"
+            )
         loop = asyncio.get_running_loop()
         self._started = loop.create_future()
         self._finished, self._scope = self._host._spawn(self._pump)
@@ -547,9 +547,13 @@ class AsyncTurnStream:
         # One pass of the event loop per batch, as a Trio consumer checkpoints per batch:
         # while the Trio side keeps a batch ready, the reader would never suspend, and
         # the loop's other tasks (other requests, a disconnect's callback) would starve.
-        await asyncio.sleep(0)
         finished = self._finished
-        assert finished is not None
+        if finished is None:  # (an AssertionError)
+            raise SessionError(
+                "a stream runs its turn once entered: async with session.stream(...) as "
+                "out: async for chunk in out: ..."
+            )
+        await asyncio.sleep(0)
         while True:
             with self._lock:
                 batch = self._waiting.popleft() if self._waiting else None

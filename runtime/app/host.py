@@ -36,11 +36,12 @@ from runtime.actor_messages import Batch, SessionState
 from runtime.agent import Agent
 from runtime.app.expiry import ExpiryWatch, expire_session, expired, resume_expired
 from runtime.app.gcpacing import acquire_pacer, release_pacer
-from runtime.app.session import Session, TurnStream
+from runtime.app.session import Session, TurnStream, checked_meta
 from runtime.bus import Bus
 from runtime.busy import OnBusy, check_on_busy
 from runtime.errors import (
     ConfigurationError,
+    HostClosed,
     InvalidHistory,
     SessionBusy,
     reraise,
@@ -74,6 +75,17 @@ DRAIN_TIMEOUT = 5.0
 
 
 _SESSION_KINDS: tuple[Any, ...] | None = None
+
+
+async def _shielded_nursery(task_status: trio.TaskStatus[trio.Nursery]) -> None:
+    """The nursery the host's actors run in, shielded from a cancellation of the block
+    (a timeout around ``Host.open``, a cancelled nursery of the application): until
+    :meth:`Host._shutdown` has let the running turns save and the persister write them,
+    only the host cancels it (``nursery.cancel_scope``)."""
+    with trio.CancelScope(shield=True):
+        async with trio.open_nursery() as nursery:
+            task_status.started(nursery)
+            await trio.sleep_forever()
 
 
 def _session_kinds() -> tuple[Any, ...]:
@@ -219,6 +231,9 @@ class Host:
         self.persister: Persister
         self.shutting_down = False
         """Set once a shutdown signal arrived or the host is closing."""
+        self.closed = False
+        """Set once the host has closed: opening a session, running a turn or starting an
+        actor then raises :class:`~runtime.errors.HostClosed`."""
         self.expects_other_writers = False
         """Set when other processes writing this host's sessions is normal operation (the
         workers of one deployment, each running a session's next turn in turn): a
@@ -298,7 +313,8 @@ class Host:
         pacer = acquire_pacer() if gc_pacing else None
         held: Callable[[], tuple[int, int]] | None = None  # what it holds, for the pacer
         try:
-            async with trio.open_nursery() as nursery:
+            async with trio.open_nursery() as outer:
+                nursery = await outer.start(_shielded_nursery)
                 host = cls(
                     nursery,
                     store=the_store,
@@ -324,6 +340,7 @@ class Host:
                     for scope in list(host._observer_scopes.values()):
                         scope.cancel()  # shielded from the nursery's cancellation
                     nursery.cancel_scope.cancel()
+                    host.closed = True
             host._end_orphaned_streams()
         except BaseExceptionGroup as group:  # the nursery wraps the one error the block raised
             sole = sole_exception(group)
@@ -356,12 +373,28 @@ class Host:
             self.nursery.start_soon(self._expire_idle_sessions)
 
     async def start_actor(self, actor: Actor, *, policy: RestartPolicy | None = None) -> Any:
-        """Run ``actor`` under the host's supervisor; returns it once started."""
+        """Run ``actor`` under the host's supervisor; returns it once started. Raises
+        :class:`~runtime.errors.ActorFailed` when it never starts (its ``on_start``
+        crashed more often than its restart policy allows)."""
+        self.check_open()
         self._actors[actor] = None
         if actor.decides_approvals:
             self._deciders[actor] = None
-        await self.nursery.start(self._supervise, actor, policy)
+        try:
+            await self.nursery.start(self._supervise, actor, policy)
+        except BaseException:
+            self._actors.pop(actor, None)
+            self._deciders.pop(actor, None)
+            raise
         return actor
+
+    def check_open(self) -> None:
+        """Raise :class:`~runtime.errors.HostClosed` if the host has closed."""
+        if self.closed:
+            raise HostClosed(
+                "the host is closed: open a new one (Host.open()) to run more turns; "
+                "it loads what the store kept"
+            )
 
     def approves_in_process(self) -> bool:
         """Whether a running actor decides approvals in process (an
@@ -475,7 +508,10 @@ class Host:
         worker's claim, :attr:`runtime.turn_queue.Claim.stored`; an empty record at
         version 0 for a session not stored yet), loaded from instead of reading it
         again. Ignored when the session is open already."""
+        self.check_open()
         self.provider_of(agent)  # no provider, or an unknown one: refused before anything
+        if meta is not None:
+            checked_meta(meta)
         if on_busy is not None:
             check_on_busy(on_busy)
         sid = validate_session_id(session_id) if session_id is not None else new_id("session")

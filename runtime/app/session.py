@@ -27,6 +27,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Protocol
 
+import orjson
 import trio
 
 from runtime.actor_messages import (
@@ -50,9 +51,12 @@ from runtime.approval import (
 )
 from runtime.busy import INTERRUPT, INTERRUPTED_BY_NEW, REJECT, STEER, OnBusy, check_on_busy
 from runtime.errors import (
+    ActorFailed,
+    InvalidMeta,
     InvalidTurnId,
     NothingToResume,
     SessionBusy,
+    SessionError,
     SessionNotLoaded,
     StoreConflict,
 )
@@ -63,6 +67,7 @@ from runtime.media import InputLimits, UserInput, check_counts, check_limits, us
 from runtime.messages import Message, UserContent
 from runtime.output import OutputChunk
 from runtime.store import SessionRecord
+from runtime.tools import CALLING_SESSION
 
 if TYPE_CHECKING:
     from runtime.actor import Actor
@@ -106,12 +111,28 @@ class SessionOwner(Protocol):
     def rest(self, session: Session) -> None:
         """Let the session's actors rest: no turn runs or waits."""
 
+    def check_open(self) -> None:
+        """Raise :class:`~runtime.errors.HostClosed` once the host has closed."""
+
 
 FINAL_WAIT = 10.0
 """Seconds a leaving consumer waits (shielded) for the cancelled turn to be saved."""
 _NO_META: Mapping[str, Any] = MappingProxyType({})
 """The meta of every session with none: one shared read-only view, not one per session
 (each is an object the garbage collector walks: ten thousand sessions, issue 24 item 5)."""
+
+
+def checked_meta(meta: Any) -> Mapping[str, Any]:
+    """``meta`` if the store can save it (a dict of str keys and JSON values), else
+    :class:`~runtime.errors.InvalidMeta`: refused when given, not at the turn's save
+    (which then failed, the turn left unsaved)."""
+    if not isinstance(meta, Mapping):
+        raise InvalidMeta(f"session meta must be a dict, not {type(meta).__name__}")
+    try:
+        orjson.dumps(dict(meta))
+    except orjson.JSONEncodeError as err:  # (a key that is not a str as well)
+        raise InvalidMeta(f"session meta is not JSON (str keys, JSON values): {err}") from None
+    return meta
 
 
 def _frozen_meta(meta: Mapping[str, Any] | None) -> Mapping[str, Any]:
@@ -216,6 +237,7 @@ class TurnStream:
         self._inbox: Inbox[ConsumerItem] = Inbox(capacity, "block", name="consumer")
         self._buffer: deque[OutputChunk] = deque()
         self._ended = False
+        self._entered = False
 
     @property
     def done(self) -> trio.Event:
@@ -250,10 +272,22 @@ class TurnStream:
 
     async def __aenter__(self) -> TurnStream:
         session = self.session
+        session.host.check_open()
+        if self._entered:  # (it ran the turn again into its closed inbox: busy for ever)
+            raise SessionError(
+                "this stream has run its turn already: call session.stream(...) again for another"
+            )
+        self._entered = True
         if not session.loaded:
             await session.reopen()
         queued = False
         if session.busy or session.queued:
+            if CALLING_SESSION.get() == session.id:  # (it waited for the tool's timeout)
+                raise SessionBusy(
+                    f"session {session.id!r}: a tool of its running turn cannot run a turn "
+                    "of its own session (it would wait for the turn that waits for the "
+                    "tool); run it in another session"
+                )
             queued = await self._when_busy()
             if self.steered:
                 return self
@@ -450,6 +484,11 @@ class TurnStream:
 
     async def _receive(self) -> None:
         """Take the next inbox item: a batch into the buffer, or the turn's end."""
+        if not self._entered:  # (nothing would ever arrive: it waited for ever)
+            raise SessionError(
+                "a stream runs its turn once entered: async with session.stream(...) as "
+                "out: async for chunk in out: ..."
+            )
         if self._host_stream is not None:  # steered: nothing of its own, the turn's result
             host = self._host_stream
             await host.done.wait()
@@ -668,8 +707,9 @@ class Session:
 
     def update_meta(self, values: Mapping[str, Any]) -> None:
         """Set meta keys. Saved with the next turn's first save (a turn already running
-        keeps the meta it started with)."""
-        self._meta = _frozen_meta({**self._meta, **values})
+        keeps the meta it started with). Raises :class:`~runtime.errors.InvalidMeta`
+        for keys or values the store cannot save, changing nothing."""
+        self._meta = _frozen_meta(checked_meta({**self._meta, **checked_meta(values)}))
 
     def set_title(self, title: str) -> None:
         """Set the session's title (``meta["title"]``)."""
@@ -977,9 +1017,21 @@ class Session:
         async with self.stream(text) as out:
             async for _ in out:
                 pass
-        assert out.result is not None
+        if out.result is None:
+            raise ActorFailed(
+                f"session {self._id!r}: the turn ended without a result (its turn runner "
+                "crashed, or the host closed while it was stuck): the log's actor.crashed "
+                "line says why"
+            )
         return out.result
 
     async def close(self) -> None:
-        """Stop this session's actors (after any running turn ends)."""
+        """Stop this session's actors; its history stays in the store. Raises
+        :class:`~runtime.errors.SessionBusy` while a turn runs or waits (stopped under
+        it, the turn's stream never ended): cancel it, or close after it ended."""
+        if self.busy or self.queued:
+            raise SessionBusy(
+                f"session {self._id!r} is running a turn: cancel it (out.cancel()) or "
+                "close the session after it ended"
+            )
         await self.host.close_session(self)
