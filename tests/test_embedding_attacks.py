@@ -73,6 +73,20 @@ async def closed_host_and_session() -> tuple[Host, object, MemoryStore]:
     return host, session, store
 
 
+async def test_a_host_that_fails_to_construct_raises_instead_of_waiting_on_its_actors(
+    monkeypatch,
+):
+    # The actors' nursery is shielded from the block's cancellation; with no host made
+    # to cancel it, an error in the constructor used to leave Host.open waiting forever.
+    def refuse(self: Host, *args: object, **kwargs: object) -> None:
+        raise RuntimeError("constructor refused")
+
+    monkeypatch.setattr(Host, "__init__", refuse)
+    with pytest.raises(RuntimeError, match="constructor refused"):
+        async with Host.open(store=MemoryStore()):
+            pass
+
+
 async def test_opening_a_session_on_a_closed_host_raises_host_closed():
     host, session, _ = await closed_host_and_session()
     with pytest.raises(HostClosed):

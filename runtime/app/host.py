@@ -315,16 +315,20 @@ class Host:
         try:
             async with trio.open_nursery() as outer:
                 nursery = await outer.start(_shielded_nursery)
-                host = cls(
-                    nursery,
-                    store=the_store,
-                    bus=bus,
-                    supervisor=Supervisor(bus, restart_policy),
-                    idle_ttl=idle_ttl,
-                    max_sessions=max_sessions,
-                    drain_timeout=drain_timeout,
-                    input_limits=input_limits,
-                )
+                try:
+                    host = cls(
+                        nursery,
+                        store=the_store,
+                        bus=bus,
+                        supervisor=Supervisor(bus, restart_policy),
+                        idle_ttl=idle_ttl,
+                        max_sessions=max_sessions,
+                        drain_timeout=drain_timeout,
+                        input_limits=input_limits,
+                    )
+                except BaseException:  # no host to shut it: the shielded nursery ends here
+                    nursery.cancel_scope.cancel()
+                    raise
                 try:
                     await host._start_services(tool_executor, log_tap, handle_signals)
                     if pacer is not None:
