@@ -26,6 +26,7 @@ from actors.relays.redis_streams import END_WAIT, FLUSH_INTERVAL
 from runtime import output as o
 from runtime.chunks import Usage
 from tests.support.redis import require_redis, unique_prefix
+from tests.support.steps import scopes_counted
 
 USAGE = Usage(input_tokens=1, output_tokens=1, total_tokens=2)
 
@@ -546,3 +547,43 @@ async def test_readers_see_every_chunk_in_order_whatever_the_bursts(resp: bool) 
             assert [c.seq for c in got[turn_id]] == list(range(1, len(expected) + 1))
             replayed = [c async for c in relay.read(turn_id, after_seq=75)]
             assert [c.seq for c in replayed] == list(range(76, len(expected) + 1))
+
+
+async def test_a_flushers_sleep_a_writer_wakes_enters_no_cancel_scope(
+    autojump_clock: Any,
+) -> None:
+    # Issue 24 goal 3: each of the flusher's timed sleeps entered a ``move_on_at`` scope
+    # of its own (~4.4 µs), ~1.3 a worker's turn, most of them ended by a writer's wake-up
+    # (a turn's first or last flush, at once) before their deadline. The flusher's one
+    # scope's deadline is the sleep's wake-up now: a new scope only when it passes.
+    async with fake_relay() as (relay, pipes):
+        held = await started_writer(relay)
+        cycles = 4
+        with scopes_counted() as scopes:
+            for i in range(cycles):
+                held.append(delta(i))  # waits for the tick: the flusher sleeps until it
+                await trio.sleep(FLUSH_INTERVAL / 10)
+                opening = relay.writer(session_id=f"s{i}", turn_id=f"o{i}", fresh=True)
+                opening.append(o.Start(message_id="m"))  # at once: wakes the flusher
+                await opening.flushed()
+                assert pipes.entries()[-1][2] == ["start"]  # before the tick
+                await held.flushed()  # at the tick: the sleep's deadline passed
+                assert pipes.entries()[-1][2] == ["text-delta"]
+        assert len(pipes.entries()) == 1 + 2 * cycles
+        # one scope a tick the flusher slept until (main: two, the woken sleep's too)
+        assert scopes.of("redis_flush") == cycles
+
+
+async def test_a_shielded_close_is_one_scope_and_waits_for_its_end_when_cancelled(
+    autojump_clock: Any,
+) -> None:
+    # Issue 24 goal 3: a worker closed its turn's writer inside a shield of its own, the
+    # close's bound a second scope; the bound's scope shields (``shield=True``).
+    async with fake_relay() as (relay, pipes):
+        writer = await started_writer(relay)
+        writer.append(delta(0))  # held for the tick
+        with scopes_counted() as scopes, trio.CancelScope() as cancelled:
+            cancelled.cancel()  # the closing task is cancelled: it still waits
+            await writer.aclose(shield=True)
+            assert pipes.entries()[-1][2] == ["text-delta", "relay.end"]
+        assert scopes.of("redis_writer") == 1

@@ -26,8 +26,10 @@ from runtime.errors import StoreError
 from runtime.logging import configure_logging
 from runtime.messages import UserMessage
 from tests.support.steps import counted
+from tests.support.steps import scopes_counted as steps_scopes
 from tests.support.worker_agent import agent
 from tests.test_http_attacks_2 import until
+from tests.test_relay_coalescing import fake_relay
 
 
 async def _finished(
@@ -609,3 +611,36 @@ async def test_the_save_that_suspends_a_turn_claims_for_its_slot(pg_url):
     assert claims.items == [asks.turn_id, None, asks.turn_id]
     assert waits.items[:2] == [1, 2]
     assert worker.done == {"awaiting-input": 1, "done": 2}
+
+
+async def test_a_workers_turn_closes_its_relay_writer_in_one_cancel_scope(pg_url, monkeypatch):
+    """The worker closed its turn's Redis writer inside a shield of its own, around the
+    close's own bounded scope: two scopes a turn (~3.5 µs each). The writer's bounded
+    wait shields itself now (``aclose(shield=True)``): one. The turn's end is written
+    all the same, before the worker's ``_stream_turn`` returns."""
+    counts: list[tuple[int, int]] = []
+    ends: list[list[str]] = []
+    real = Worker._stream_turn
+
+    async def stream_turn(self: Worker, *args: Any) -> str:
+        with steps_scopes(trio.lowlevel.current_task()) as scopes:  # the turn's task
+            status = await real(self, *args)
+        counts.append((scopes.of("runtime/app/worker.py"), scopes.of("redis_writer.py")))
+        ends.append(pipes.entries()[-1][2])
+        return status
+
+    monkeypatch.setattr(Worker, "_stream_turn", stream_turn)
+    store = await PostgresStore.open(pg_url)
+    submitter = TurnQueue(store)
+    turn = await submitter.submit("s", "tools one")
+    try:
+        async with fake_relay() as (relay, pipes):
+            writers = attrs.make_class("Writers", ["writer"])(relay.writer)  # no cancel watch
+            worker = Worker(store=store, relay=writers, agent=agent, owner="w", poll=0.05)
+            (done,) = await _finished(worker, submitter, turn.turn_id)
+    finally:
+        await submitter.aclose()
+        await store.aclose()
+    assert done is not None and done.status == "done"
+    assert counts == [(0, 1)]
+    assert len(ends) == 1 and ends[0][-1] == "relay.end"

@@ -238,19 +238,25 @@ class RedisRelayWriter:
                 return scan.result()
             end = f"({_identifier(page[-1].identifier)}"
 
-    async def aclose(self, *, final: bool = True, paused: bool = False) -> None:
+    async def aclose(
+        self, *, final: bool = True, paused: bool = False, shield: bool = False
+    ) -> None:
         """Flush what is queued; with ``final`` the stream ends (readers stop) and expires
         after ``end_ttl``; with ``paused`` too, the turn waits for a person instead: the
         stream stays for ``live_ttl`` and the turn's continuation goes on in it. Bounded by
         ``close_timeout``: a Redis that stays down does not hold the turn's end. A closer
-        that is cancelled does not cancel the flush (the relay's flusher writes it)."""
+        that is cancelled does not cancel the flush (the relay's flusher writes it); with
+        ``shield`` it still waits for it (bounded the same), as a worker closes its turn's
+        writer: the bound's scope is the shield too, one cancel scope a close where the
+        worker's own shield around it made two (issue 24 goal 3)."""
         if self._closing:
             return
         if final:
             self._put({"type": END, "paused": True} if paused else {"type": END})
         self._closing = True
         self._hurry_up()
-        with trio.move_on_after(self.relay.close_timeout):
+        deadline = trio.current_time() + self.relay.close_timeout
+        with trio.CancelScope(shield=shield, deadline=deadline):
             await self.flushed()
         self._closed = True
         self.relay._forget(self)
