@@ -587,3 +587,53 @@ async def test_a_shielded_close_is_one_scope_and_waits_for_its_end_when_cancelle
             await writer.aclose(shield=True)
             assert pipes.entries()[-1][2] == ["text-delta", "relay.end"]
         assert scopes.of("redis_writer") == 1
+
+
+async def test_a_batch_extended_is_two_python_calls_a_delta_and_flushes_as_its_appends(
+    autojump_clock: Any,
+) -> None:
+    # Issue 24 goal 3: a worker forwards its turn's chunks in batches; ``extend`` takes a
+    # batch in one call (the appends were a call each), and writes what they would.
+    async with fake_relay() as (relay, pipes):
+        writer = await started_writer(relay)
+        writer.append(delta(0))  # waits for the tick
+        deltas = [delta(i) for i in range(1, 11)]
+        calls: list[str] = []
+
+        def count(frame: Any, event: str, arg: Any) -> None:
+            if event == "call":
+                calls.append(frame.f_code.co_name)
+
+        sys.setprofile(count)
+        try:
+            writer.extend(deltas)
+        finally:
+            sys.setprofile(None)
+        assert len(calls) == 2 * len(deltas) + 1  # appended one by one: 3 a delta
+        await writer.flushed()
+        assert [types for _, _, types in pipes.entries()[1:]] == [["text-delta"] * 11]
+
+    turn = [
+        o.Start(message_id="m"),
+        o.StepStart(step=0),
+        *[delta(i) for i in range(5)],
+        o.Finish(finish_reason="stop", usage=USAGE),
+    ]
+    written = []
+    for extended in (False, True):
+        async with fake_relay() as (relay, pipes):
+            writer = relay.writer(session_id="s", turn_id="t", fresh=True)
+            began = trio.current_time()
+            for batch in (turn[:1], turn[1:4], turn[4:]):  # as a worker's batches come
+                if extended:
+                    writer.extend(batch)
+                else:
+                    for chunk in batch:
+                        writer.append(chunk)
+                await trio.sleep(FLUSH_INTERVAL / 3)
+            await writer.aclose()
+            written.append([(when - began, types) for when, _, types in pipes.entries()])
+    assert written[0] == written[1] and [types[-1] for _, types in written[0]] == [
+        "start",
+        "relay.end",
+    ]

@@ -233,9 +233,15 @@ async def test_a_worker_forwards_a_turns_chunks_in_bulk_not_one_anext_each(pg_ur
         def __init__(self) -> None:
             self.chunks: list[object] = []
             self.closed = False
+            self.calls = 0
 
         def append(self, chunk: object) -> None:
             self.chunks.append(chunk)
+            self.calls += 1
+
+        def extend(self, chunks: list[object]) -> None:
+            self.chunks.extend(chunks)
+            self.calls += 1
 
         async def aclose(self, *, final: bool = True, paused: bool = False) -> None:
             self.closed = final
@@ -273,6 +279,8 @@ async def test_a_worker_forwards_a_turns_chunks_in_bulk_not_one_anext_each(pg_ur
     types = [chunk.type for chunk in writer.chunks]  # type: ignore[attr-defined]
     assert types[0] == "start" and types[-1] == "finish" and writer.closed
     assert types.count("step-start") == types.count("step-finish") == 3  # "tools one"
+    # one call a batch the stream gave (``extend``), not one a chunk
+    assert writer.calls < len(types) / 2
 
 
 async def test_a_workers_last_save_claims_its_next_turn_so_one_claim_call_serves_three(pg_url):

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -201,6 +201,30 @@ class RedisRelayWriter:
             queue.append(item)
             return
         self._put(item)
+
+    def extend(self, chunks: Iterable[Any]) -> None:
+        """:meth:`append` each of ``chunks``, in order, in one call: a worker forwards its
+        turn's chunks in batches (``TurnStream.next_batch``), ~35 a turn, and a call per
+        chunk was a Python call more each (issue 24 goal 3). The same queue and the same
+        flushes as their appends one by one."""
+        if self._closing:
+            raise RuntimeError(f"relay writer for turn {self.turn_id!r} is closed")
+        max_queue = self.relay.max_queue
+        for chunk in chunks:
+            cls = type(chunk)
+            hook = _UNSTRUCTURERS.get(cls)
+            if hook is None:
+                hook = _UNSTRUCTURERS[cls] = unstructurer(cls)
+            item = hook(chunk)
+            queue = self._queue
+            if (
+                self._due is not None
+                and len(queue) < max_queue
+                and (self._end_by is not None or item["type"] not in _LAST)
+            ):
+                queue.append(item)
+            else:
+                self._put(item)
 
     async def restart_step(self, step: int) -> None:
         """Queue the marker that drops the partial ``step`` for readers, and wait (at most

@@ -911,9 +911,17 @@ class Worker:
         each), not one ``__anext__`` a chunk: the worker only forwards them, ~35 a turn
         (issue 24 goal 3). The same chunks in the same order."""
         restart = entry.claim.takeover
+        # One call a batch where the writer takes them so (the Redis relay's): nothing
+        # in a batch awaits unless a takeover's restart is looked for, so the lease's
+        # loss, noticed on the loop, is the same for the whole batch.
+        extend = getattr(writer, "extend", None)
         try:
             while chunks := await out.next_batch():
                 if writer is None:
+                    continue
+                if extend is not None and not restart:
+                    if not entry.lost:
+                        extend(chunks)
                     continue
                 for chunk in chunks:
                     if entry.lost:
