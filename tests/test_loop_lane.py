@@ -14,6 +14,7 @@ import psycopg
 import trio
 
 from actors.stores.postgres_lane import LoopLane
+from tests.support.steps import scopes_counted
 
 
 class _Result:
@@ -145,3 +146,45 @@ async def test_a_call_reads_no_more_after_its_result_when_libpq_holds_the_answer
     for _ in range(5):
         await lane.call(b"known", b"SELECT 1", [], [])
     assert conn.pgconn.reads == 7
+
+
+async def test_a_call_answered_at_once_enters_no_cancel_scope() -> None:
+    # Issue 24 goal 3: the shield's scope (~3.5 µs) was entered for every call, also when
+    # the answer was whole at the first read, as it often is on a busy machine (the
+    # backend the statement woke ran before the lane read): two calls a worker's turn.
+    log: list[str] = []
+    conn = _Conn(log)  # answered before the lane reads
+    lane = _lane(conn)
+    await lane.call(b"known", b"SELECT 1", [], [])  # warm
+    with scopes_counted() as scopes:
+        for _ in range(5):
+            await lane.call(b"known", b"SELECT 1", [], [])
+    assert scopes.total() == 0
+    assert conn.pgconn.reads == 6 and lane._free == [conn]  # one read a call, none after
+
+
+async def test_a_call_that_waits_for_its_answer_is_shielded_and_reads_once_per_wake() -> None:
+    # Not answered at the first read: the wait is shielded (the statement is sent: its
+    # answer is read whatever the caller does), one scope, and read again only once the
+    # socket is readable.
+    log: list[str] = []
+    conn = _Conn(log, answered=False)
+    lane = _lane(conn)
+    got: list[object] = []
+    scope = trio.CancelScope()
+
+    async def caller() -> None:
+        with scope:
+            got.append(await lane.call(b"known", b"SELECT 1", [], []))
+
+    with scopes_counted() as scopes:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(caller)
+            await trio.testing.wait_all_tasks_blocked()
+            scope.cancel()  # the caller is cancelled as it waits
+            await trio.testing.wait_all_tasks_blocked()
+            assert got == [] and conn.pgconn.reads == 1
+            conn.pgconn.server.send(b"x")  # the answer
+    assert scopes.of("postgres_lane") == 1
+    assert len(got) == 1 and isinstance(got[0], _Result)
+    assert conn.pgconn.reads == 2 and lane._free == [conn] and not conn.closed

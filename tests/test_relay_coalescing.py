@@ -26,6 +26,7 @@ from actors.relays.redis_streams import END_WAIT, FLUSH_INTERVAL
 from runtime import output as o
 from runtime.chunks import Usage
 from tests.support.redis import require_redis, unique_prefix
+from tests.support.steps import scopes_counted
 
 USAGE = Usage(input_tokens=1, output_tokens=1, total_tokens=2)
 
@@ -546,3 +547,93 @@ async def test_readers_see_every_chunk_in_order_whatever_the_bursts(resp: bool) 
             assert [c.seq for c in got[turn_id]] == list(range(1, len(expected) + 1))
             replayed = [c async for c in relay.read(turn_id, after_seq=75)]
             assert [c.seq for c in replayed] == list(range(76, len(expected) + 1))
+
+
+async def test_a_flushers_sleep_a_writer_wakes_enters_no_cancel_scope(
+    autojump_clock: Any,
+) -> None:
+    # Issue 24 goal 3: each of the flusher's timed sleeps entered a ``move_on_at`` scope
+    # of its own (~4.4 µs), ~1.3 a worker's turn, most of them ended by a writer's wake-up
+    # (a turn's first or last flush, at once) before their deadline. The flusher's one
+    # scope's deadline is the sleep's wake-up now: a new scope only when it passes.
+    async with fake_relay() as (relay, pipes):
+        held = await started_writer(relay)
+        cycles = 4
+        with scopes_counted() as scopes:
+            for i in range(cycles):
+                held.append(delta(i))  # waits for the tick: the flusher sleeps until it
+                await trio.sleep(FLUSH_INTERVAL / 10)
+                opening = relay.writer(session_id=f"s{i}", turn_id=f"o{i}", fresh=True)
+                opening.append(o.Start(message_id="m"))  # at once: wakes the flusher
+                await opening.flushed()
+                assert pipes.entries()[-1][2] == ["start"]  # before the tick
+                await held.flushed()  # at the tick: the sleep's deadline passed
+                assert pipes.entries()[-1][2] == ["text-delta"]
+        assert len(pipes.entries()) == 1 + 2 * cycles
+        # one scope a tick the flusher slept until (main: two, the woken sleep's too)
+        assert scopes.of("redis_flush") == cycles
+
+
+async def test_a_shielded_close_is_one_scope_and_waits_for_its_end_when_cancelled(
+    autojump_clock: Any,
+) -> None:
+    # Issue 24 goal 3: a worker closed its turn's writer inside a shield of its own, the
+    # close's bound a second scope; the bound's scope shields (``shield=True``).
+    async with fake_relay() as (relay, pipes):
+        writer = await started_writer(relay)
+        writer.append(delta(0))  # held for the tick
+        with scopes_counted() as scopes, trio.CancelScope() as cancelled:
+            cancelled.cancel()  # the closing task is cancelled: it still waits
+            await writer.aclose(shield=True)
+            assert pipes.entries()[-1][2] == ["text-delta", "relay.end"]
+        assert scopes.of("redis_writer") == 1
+
+
+async def test_a_batch_extended_is_two_python_calls_a_delta_and_flushes_as_its_appends(
+    autojump_clock: Any,
+) -> None:
+    # Issue 24 goal 3: a worker forwards its turn's chunks in batches; ``extend`` takes a
+    # batch in one call (the appends were a call each), and writes what they would.
+    async with fake_relay() as (relay, pipes):
+        writer = await started_writer(relay)
+        writer.append(delta(0))  # waits for the tick
+        deltas = [delta(i) for i in range(1, 11)]
+        calls: list[str] = []
+
+        def count(frame: Any, event: str, arg: Any) -> None:
+            if event == "call":
+                calls.append(frame.f_code.co_name)
+
+        sys.setprofile(count)
+        try:
+            writer.extend(deltas)
+        finally:
+            sys.setprofile(None)
+        assert len(calls) == 2 * len(deltas) + 1  # appended one by one: 3 a delta
+        await writer.flushed()
+        assert [types for _, _, types in pipes.entries()[1:]] == [["text-delta"] * 11]
+
+    turn = [
+        o.Start(message_id="m"),
+        o.StepStart(step=0),
+        *[delta(i) for i in range(5)],
+        o.Finish(finish_reason="stop", usage=USAGE),
+    ]
+    written = []
+    for extended in (False, True):
+        async with fake_relay() as (relay, pipes):
+            writer = relay.writer(session_id="s", turn_id="t", fresh=True)
+            began = trio.current_time()
+            for batch in (turn[:1], turn[1:4], turn[4:]):  # as a worker's batches come
+                if extended:
+                    writer.extend(batch)
+                else:
+                    for chunk in batch:
+                        writer.append(chunk)
+                await trio.sleep(FLUSH_INTERVAL / 3)
+            await writer.aclose()
+            written.append([(when - began, types) for when, _, types in pipes.entries()])
+    assert written[0] == written[1] and [types[-1] for _, types in written[0]] == [
+        "start",
+        "relay.end",
+    ]

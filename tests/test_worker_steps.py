@@ -26,8 +26,10 @@ from runtime.errors import StoreError
 from runtime.logging import configure_logging
 from runtime.messages import UserMessage
 from tests.support.steps import counted
+from tests.support.steps import scopes_counted as steps_scopes
 from tests.support.worker_agent import agent
 from tests.test_http_attacks_2 import until
+from tests.test_relay_coalescing import fake_relay
 
 
 async def _finished(
@@ -231,9 +233,15 @@ async def test_a_worker_forwards_a_turns_chunks_in_bulk_not_one_anext_each(pg_ur
         def __init__(self) -> None:
             self.chunks: list[object] = []
             self.closed = False
+            self.calls = 0
 
         def append(self, chunk: object) -> None:
             self.chunks.append(chunk)
+            self.calls += 1
+
+        def extend(self, chunks: list[object]) -> None:
+            self.chunks.extend(chunks)
+            self.calls += 1
 
         async def aclose(self, *, final: bool = True, paused: bool = False) -> None:
             self.closed = final
@@ -271,6 +279,8 @@ async def test_a_worker_forwards_a_turns_chunks_in_bulk_not_one_anext_each(pg_ur
     types = [chunk.type for chunk in writer.chunks]  # type: ignore[attr-defined]
     assert types[0] == "start" and types[-1] == "finish" and writer.closed
     assert types.count("step-start") == types.count("step-finish") == 3  # "tools one"
+    # one call a batch the stream gave (``extend``), not one a chunk
+    assert writer.calls < len(types) / 2
 
 
 async def test_a_workers_last_save_claims_its_next_turn_so_one_claim_call_serves_three(pg_url):
@@ -609,3 +619,36 @@ async def test_the_save_that_suspends_a_turn_claims_for_its_slot(pg_url):
     assert claims.items == [asks.turn_id, None, asks.turn_id]
     assert waits.items[:2] == [1, 2]
     assert worker.done == {"awaiting-input": 1, "done": 2}
+
+
+async def test_a_workers_turn_closes_its_relay_writer_in_one_cancel_scope(pg_url, monkeypatch):
+    """The worker closed its turn's Redis writer inside a shield of its own, around the
+    close's own bounded scope: two scopes a turn (~3.5 µs each). The writer's bounded
+    wait shields itself now (``aclose(shield=True)``): one. The turn's end is written
+    all the same, before the worker's ``_stream_turn`` returns."""
+    counts: list[tuple[int, int]] = []
+    ends: list[list[str]] = []
+    real = Worker._stream_turn
+
+    async def stream_turn(self: Worker, *args: Any) -> str:
+        with steps_scopes(trio.lowlevel.current_task()) as scopes:  # the turn's task
+            status = await real(self, *args)
+        counts.append((scopes.of("runtime/app/worker.py"), scopes.of("redis_writer.py")))
+        ends.append(pipes.entries()[-1][2])
+        return status
+
+    monkeypatch.setattr(Worker, "_stream_turn", stream_turn)
+    store = await PostgresStore.open(pg_url)
+    submitter = TurnQueue(store)
+    turn = await submitter.submit("s", "tools one")
+    try:
+        async with fake_relay() as (relay, pipes):
+            writers = attrs.make_class("Writers", ["writer"])(relay.writer)  # no cancel watch
+            worker = Worker(store=store, relay=writers, agent=agent, owner="w", poll=0.05)
+            (done,) = await _finished(worker, submitter, turn.turn_id)
+    finally:
+        await submitter.aclose()
+        await store.aclose()
+    assert done is not None and done.status == "done"
+    assert counts == [(0, 1)]
+    assert len(ends) == 1 and ends[0][-1] == "relay.end"

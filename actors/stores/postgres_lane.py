@@ -65,14 +65,24 @@ class LoopLane:
             conn = self._free.pop() if self._free else await trio.to_thread.run_sync(self._connect)
             ok = False
             try:
-                with trio.CancelScope(shield=True):
-                    prepared = conn._axon_prepared
-                    if name not in prepared:
+                prepared = conn._axon_prepared
+                if name not in prepared:
+                    with trio.CancelScope(shield=True):
                         conn.pgconn.send_prepare(name, sql)
-                        await _lane_result(conn)
-                        prepared.add(name)
-                    conn.pgconn.send_query_prepared(name, params, formats, result_format)
-                    result = await _lane_result(conn)
+                        await _lane_result(conn, [])
+                    prepared.add(name)
+                pgconn = conn.pgconn
+                pgconn.send_query_prepared(name, params, formats, result_format)
+                # On a busy machine the answer is often whole at once (the backend the
+                # statement woke ran before this task went on): the shield's scope is
+                # entered only for a wait, the one thing it shields (issue 24 goal 3).
+                results: list[Any] = []
+                sent = not pgconn.flush()
+                if sent and _answered(pgconn, results):
+                    result = _checked(results)
+                else:
+                    with trio.CancelScope(shield=True):
+                        result = await _lane_result(conn, results, read=sent)
                 ok = True
                 return result
             finally:
@@ -115,26 +125,40 @@ def _close_on_loop(conn: Any) -> None:
     conn.close()
 
 
-async def _lane_result(conn: Any) -> Any:
+def _answered(pgconn: Any, results: list[Any]) -> bool:
+    """Whether the whole answer to the statement just sent (and flushed) on ``pgconn``
+    is in already: the socket read once, without a wait, its results into ``results``.
+    When it is not (libpq busy, the socket just read), :func:`_lane_result` goes on with
+    ``read=True``."""
+    pgconn.consume_input()
+    while not pgconn.is_busy():
+        result = pgconn.get_result()
+        if result is None:
+            return True
+        results.append(result)
+        if pgconn.is_busy():
+            pgconn.consume_input()
+    return False
+
+
+async def _lane_result(conn: Any, results: list[Any], *, read: bool = False) -> Any:
     """The result of the statement just sent on ``conn`` (non-blocking libpq), its socket
-    waited on by Trio; an error result raises as psycopg raises it, once the connection
-    is idle again.
+    waited on by Trio, going on from ``results`` (those :func:`_answered` read; ``read``:
+    it read the socket last, and libpq was busy); an error result raises as psycopg
+    raises it, once the connection is idle again.
 
     The socket is read at once after the send (on a busy machine the server often
     answered before this task ran again: no wait then), and after a result only when
     libpq does not hold the rest of the answer already (``is_busy`` parses what it holds
     without a read): a read after a result whose ``ReadyForQuery`` came in the same read
     found nothing, a ``recv`` failing with ``EAGAIN`` every call (issue 24 goal 3)."""
-    import psycopg
-
     pgconn = conn.pgconn
     fd = pgconn.socket
     while pgconn.flush():
         await trio.lowlevel.wait_writable(fd)
-    results: list[Any] = []
+    if not read:
+        pgconn.consume_input()
     while True:
-        if not results or pgconn.is_busy():
-            pgconn.consume_input()
         while pgconn.is_busy():
             await trio.lowlevel.wait_readable(fd)
             pgconn.consume_input()
@@ -142,6 +166,15 @@ async def _lane_result(conn: Any) -> Any:
         if result is None:
             break
         results.append(result)
+        if pgconn.is_busy():
+            pgconn.consume_input()
+    return _checked(results)
+
+
+def _checked(results: list[Any]) -> Any:
+    """The last of a statement's ``results``; an error result raises as psycopg raises it."""
+    import psycopg
+
     for result in results:
         if result.status == psycopg.pq.ExecStatus.FATAL_ERROR:
             raise psycopg.errors.error_from_result(result, encoding="utf-8")
