@@ -42,6 +42,7 @@ from runtime.errors import (
 from runtime.inbox import Batch, Batcher, Inbox
 from runtime.logging import get_logger
 from runtime.messages import Message
+from runtime.redact import redact
 
 if TYPE_CHECKING:
     # Imported where they are used: a provider's endpoint, price key and rate limit are
@@ -421,7 +422,9 @@ async def _pause_shared(limiter: Limiter, seconds: float) -> None:
         try:
             await limiter.pause_for(seconds)
         except RateLimitUnavailable as exc:
-            get_logger("axon.limits").warning("limits.pause_failed", error=str(exc))
+            get_logger("axon.limits").warning(
+                "limits.pause_failed", error=redact(f"{type(exc).__name__}: {exc}")
+            )
 
 
 FALLBACK_ON: tuple[type[BaseException], ...] = (

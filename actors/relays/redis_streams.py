@@ -597,7 +597,7 @@ class RedisRelay:
                 "missed cancels", lambda: self.client.eval(_RECENT_CANCELS, keys=keys, args=[])
             )
         except RelayUnavailable as exc:
-            log.warning("relay.missed_cancels_failed", error=str(exc))
+            log.warning("relay.missed_cancels_failed", error=_described(exc))
             return
         window_ms = (silent + self.op_timeout) * 1000
         for at in range(0, len(found), 3):

@@ -21,6 +21,7 @@ import trio
 from runtime.chunks import Usage
 from runtime.errors import RateLimitUnavailable
 from runtime.ratelimit import Grant, Limiter, Verdict
+from runtime.redact import redact
 
 log = structlog.get_logger("axon.limits")
 
@@ -56,4 +57,8 @@ async def release(limiter: Limiter | None, grant: Grant | None, usage: Usage | N
         try:
             await limiter.release(grant, used)
         except RateLimitUnavailable as exc:  # the slot lapses after LEASE; the call is done
-            log.warning("limits.release_failed", key=limiter.key, error=str(exc))
+            log.warning(
+                "limits.release_failed",
+                key=limiter.key,
+                error=redact(f"{type(exc).__name__}: {exc}"),
+            )
