@@ -59,9 +59,9 @@ def finish(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> s
     real_close = RedisRelayWriter.aclose
     real_append = RedisRelayWriter.append
 
-    async def dies_before_the_end(self: Any, *, final: bool = True, paused: bool = False) -> None:
-        if not final:
-            await real_close(self, final=final, paused=paused)
+    async def dies_before_the_end(self: Any, *, final: bool = True, **options: Any) -> None:
+        if not final:  # (options: ``paused``, and whatever else a worker passes)
+            await real_close(self, final=final, **options)
 
     def append(self: Any, chunk: Any) -> None:
         if not (request.param == "finish lost" and type(chunk) is o.Finish):
