@@ -63,12 +63,22 @@ def finish(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> s
         if not final:  # (options: ``paused``, and whatever else a worker passes)
             await real_close(self, final=final, **options)
 
+    def kept(chunk: Any) -> bool:
+        return not (request.param == "finish lost" and type(chunk) is o.Finish)
+
     def append(self: Any, chunk: Any) -> None:
-        if not (request.param == "finish lost" and type(chunk) is o.Finish):
+        if kept(chunk):
             real_append(self, chunk)
 
     monkeypatch.setattr(RedisRelayWriter, "aclose", dies_before_the_end)
     monkeypatch.setattr(RedisRelayWriter, "append", append)
+    real_extend = getattr(RedisRelayWriter, "extend", None)
+    if real_extend is not None:  # a worker that forwards its chunks in batches
+
+        def extend(self: Any, chunks: Any) -> None:
+            real_extend(self, [c for c in chunks if kept(c)])
+
+        monkeypatch.setattr(RedisRelayWriter, "extend", extend)
     return str(request.param)
 
 
