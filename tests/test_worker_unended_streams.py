@@ -160,9 +160,9 @@ async def test_an_a2a_tasks_follower_ends_once_its_turn_ended(
     if finish == "finish shown":
         assert task.status.state == TaskState.TASK_STATE_COMPLETED
         assert "".join(p.text for p in task.artifacts[0].parts) == answer
-    else:  # A2A's error form: the task failed, its note says the stream was lost
+    else:  # A2A's error form: the task failed, its note says what became of the stream
         assert task.status.state == TaskState.TASK_STATE_FAILED
-        assert "stream was lost" in task.status.message.parts[0].text
+        assert "stream" in task.status.message.parts[0].text  # lost, or not ended
 
 
 async def test_an_mcp_call_is_answered_once_its_turn_ended(
