@@ -12,7 +12,7 @@ vocabulary); the Redis Streams implementation lives with the other adapters.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol, runtime_checkable
 
 import attrs
@@ -95,12 +95,22 @@ class Relay(Protocol):
         ...
 
     def read(
-        self, turn_id: str, *, after_seq: int | None = None, after_pauses: int = 0
+        self,
+        turn_id: str,
+        *,
+        after_seq: int | None = None,
+        after_pauses: int = 0,
+        on_quiet: Callable[[float], Awaitable[None]] | None = None,
     ) -> AsyncIterator[Any]:
         """The turn's chunks with ``seq > after_seq`` (all when ``None``), live until it ends
         or waits for input. A wait that has its continuation after it is passed over (the
         continuation's ``start`` comes again, same message id); ``after_pauses=k`` reads
         only what follows the turn's k-th wait, waiting for it if need be.
+
+        ``on_quiet(seconds)``, if given, is awaited now and then while the live read
+        waits, with how long the stream has shown nothing new; what it raises ends the
+        read (a reader that learns elsewhere that nobody will end the stream gives it
+        up: :class:`runtime.app.web.watch.EndedTurnLook`).
 
         Raises :class:`LookupError` when the relay no longer has the turn, or cannot
         prove that what it has is the turn without a hole or a splice, including what a

@@ -208,8 +208,9 @@ class Renewal:
     cancel_reason: str | None = None
     let_go: bool = False
     """Not held because this claim's own commit let the row go (the step that made the
-    turn wait for a person, or its last step: no other claim since): no loss. A renewal
-    can run between that commit and its answer reaching the worker."""
+    turn wait for a person, or its last step: no other claim since, but the claim of
+    the continuation a decision started): no loss. A renewal can run between that commit
+    and its answer reaching the worker, and a decision can come in between too."""
 
 
 class LeaseRenewer(Protocol):

@@ -508,14 +508,14 @@ async def test_a_stream_whose_worker_never_wrote_its_end_ends_once_the_turn_did(
     the stream showed nothing more: shown part of it, each is told to reload the
     session. Before, both waited for the stream's end until it expired, a day later."""
     from actors.relays.redis_writer import RedisRelayWriter
-    from runtime.app.web import frontend
+    from runtime.app.web import watch
 
-    monkeypatch.setattr(frontend, "IDLE_LOOK", 0.2, raising=False)
+    monkeypatch.setattr(watch, "IDLE_LOOK", 0.2)
     real_close = RedisRelayWriter.aclose
 
-    async def dies_before_the_end(self: Any, *, final: bool = True, paused: bool = False) -> None:
-        if not final:
-            await real_close(self, final=final, paused=paused)
+    async def dies_before_the_end(self: Any, *, final: bool = True, **options: Any) -> None:
+        if not final:  # (options: ``paused``, and whatever else a worker passes)
+            await real_close(self, final=final, **options)
         # else: the worker is gone before it writes the stream's end
 
     monkeypatch.setattr(RedisRelayWriter, "aclose", dies_before_the_end)

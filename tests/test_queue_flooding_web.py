@@ -121,7 +121,7 @@ class _Queue:
 class _Relay:
     """A relay with no stream for the turn yet (no worker has claimed it)."""
 
-    async def read(self, turn_id: str, after_seq: int | None = None) -> Any:
+    async def read(self, turn_id: str, after_seq: int | None = None, **_: Any) -> Any:
         raise RelayTurnGone("no stream yet")
         yield  # an async generator, as the relay's is
 

@@ -474,3 +474,63 @@ async def test_a_renewal_after_the_turns_own_commit_let_the_row_go_is_no_loss(
     keeper.attach(other)
     keeper._apply(keeper._held[done.turn.turn_id], Renewal(held=False))
     assert other.lost
+
+
+async def test_a_decision_between_the_suspending_commit_and_its_answer_is_no_loss(
+    store_and_queue: Any,
+) -> None:
+    """In order: the step's save suspends the turn (its commit), a person decides, the
+    lease thread's renewal runs, and only then would the commit's answer reach the
+    worker. The renewal finds the row no longer waiting at the claim's epoch (decided:
+    ``running`` again, no owner), then, once the continuation is claimed, at the next
+    epoch: both are still the claim's own let-go, not a lost lease. Before, both were a
+    refusal like a takeover's: the entry was lost before its suspension was told, so the
+    pause was never relayed (the chaos run's note: a decision recorded in that window).
+    A takeover of the continuation (the epoch after it, no resumed claim) is a loss."""
+    from runtime.app.worker import LeaseKeeper, _Running
+    from runtime.approval import WAITING_META, Decision
+    from runtime.messages import Awaiting
+
+    store, queue = store_and_queue
+    renewer = queue.open_renewer()
+    try:
+        turn = await queue.submit("s", "delete /x")
+        claim = await queue.claim("w1")
+        assert claim is not None and claim.turn.turn_id == turn.turn_id
+        asked = ToolCallPart(
+            tool_call_id="c1",
+            tool_name="delete_file",
+            input={"path": "/x"},
+            step=0,
+            awaiting=Awaiting(kind="approval", id="ap1", turn_id=turn.turn_id),
+        )
+        step = [
+            UserMessage(content="delete /x"),
+            AssistantMessage(id=turn.message_id, content=(asked,)),
+        ]
+        suspended: list[bool] = []
+        with queue.fenced(claim, on_suspended=lambda: suspended.append(True)):
+            await store.save("s", 0, step, {WAITING_META: 1})  # the suspending commit
+        decided = await queue.decide("s", "ap1", Decision(approved=True), {})
+        assert decided.recorded.complete and decided.turn.status == "running"
+        key = (claim.turn.turn_id, claim.owner, claim.epoch)
+        first = await trio.to_thread.run_sync(lambda: renewer.renew(*key))
+        assert (first.held, first.let_go) == (False, True)
+        resumed = await queue.claim("w2")  # the continuation, claimed
+        assert resumed is not None and resumed.resumed and resumed.epoch == claim.epoch + 1
+        renewal = await trio.to_thread.run_sync(lambda: renewer.renew(*key))
+        assert (renewal.held, renewal.let_go) == (False, True)
+        # The continuation's claim given up, and taken over: its renewal is a loss.
+        assert await queue.release(resumed)
+        taken = await queue.claim("w3")
+        assert taken is not None and taken.takeover and taken.epoch == resumed.epoch + 1
+        late = (resumed.turn.turn_id, resumed.owner, resumed.epoch)
+        renewal = await trio.to_thread.run_sync(lambda: renewer.renew(*late))
+        assert (renewal.held, renewal.let_go) == (False, False)
+    finally:
+        await trio.to_thread.run_sync(renewer.close)
+    keeper = LeaseKeeper(queue, interval=60.0)
+    entry = _Running(claim=claim)
+    keeper.attach(entry)
+    keeper._apply(keeper._held[claim.turn.turn_id], first)  # before the commit's answer
+    assert not entry.lost  # so the answer's suspension is told, and the pause relayed

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -368,7 +368,12 @@ class RedisRelay:
         return None if ended else turn_id
 
     async def read(
-        self, turn_id: str, *, after_seq: int | None = None, after_pauses: int = 0
+        self,
+        turn_id: str,
+        *,
+        after_seq: int | None = None,
+        after_pauses: int = 0,
+        on_quiet: Callable[[float], Awaitable[None]] | None = None,
     ) -> AsyncIterator[Any]:
         """The turn's chunks with ``seq > after_seq`` (all when ``None``), live until the
         turn ends or waits; :class:`StepRestarted` markers among them (see the module doc).
@@ -380,6 +385,9 @@ class RedisRelay:
         continues what the reader (or, with ``after_seq``, its client) read before: a
         hole, a stream another writer started over, junk. Raises
         :class:`~runtime.errors.RelayUnavailable` when Redis stays down.
+        ``on_quiet(seconds)`` is awaited after each blocking read that found nothing
+        (every :attr:`block_ms`), with how long the live read has waited for an entry;
+        what it raises ends the read.
         """
         key = self.turn_key(turn_id)
         seen = after_seq if after_seq is not None else 0
@@ -406,7 +414,7 @@ class RedisRelay:
             return
         while True:  # live: block on new entries after the last one
             pairs: list[tuple[int, Any]] = []
-            for entry in await self._next_entries(turn_id, key, last_id):
+            for entry in await self._next_entries(turn_id, key, last_id, on_quiet):
                 pairs.extend(cursor.accept(entry))
                 last_id = entry.identifier
             for index, (seq, item) in enumerate(pairs):
@@ -441,9 +449,17 @@ class RedisRelay:
                 return backlog, last_id
             start = f"({_identifier(last_id)}"
 
-    async def _next_entries(self, turn_id: str, key: str, last_id: bytes | str) -> Any:
+    async def _next_entries(
+        self,
+        turn_id: str,
+        key: str,
+        last_id: bytes | str,
+        on_quiet: Callable[[float], Awaitable[None]] | None = None,
+    ) -> Any:
         """The stream's next entries after ``last_id``, blocking until there are some;
-        :class:`~runtime.errors.RelayTurnGone` when the stream expired meanwhile."""
+        :class:`~runtime.errors.RelayTurnGone` when the stream expired meanwhile.
+        ``on_quiet`` is told how long it has waited after each read that found none."""
+        since = trio.current_time()
         while True:
             result = await self._read_call(
                 turn_id,
@@ -459,6 +475,8 @@ class RedisRelay:
             exists = await self._call("exists", lambda: self.client.exists([key]))
             if not exists:
                 raise RelayTurnGone(f"the relay's stream of turn {turn_id!r} expired or was lost")
+            if on_quiet is not None:
+                await on_quiet(trio.current_time() - since)
 
     def _next(
         self, place: _Place, turn_id: str, seq: int, item: dict[str, Any], *, tail: bool

@@ -355,11 +355,16 @@ class TurnClaiming:
         ).fetchone()
         if row is None:
             # No claim since this one (the epoch is its) and the row waits or is done:
-            # the claim's own commit let it go (a released row is no such commit).
+            # the claim's own commit let it go (a released row is no such commit). So
+            # it did when a decision came since: the row decided (``resume_pending``,
+            # set only from a wait, which at this epoch is this claim's), or claimed
+            # once more by the continuation that decision started (the next epoch, a
+            # resumed claim's token: a takeover's has none).
             let_go = conn.execute(
-                "SELECT 1 FROM axon_turns WHERE turn_id = %s AND epoch = %s "
-                "AND status IN ('awaiting-input', 'done')",
-                (turn_id, epoch),
+                "SELECT 1 FROM axon_turns WHERE turn_id = %s AND ((epoch = %s "
+                "AND (status IN ('awaiting-input', 'done') OR resume_pending)) "
+                "OR (epoch = %s + 1 AND claim_token LIKE %s))",
+                (turn_id, epoch, epoch, "%" + RESUMED_TOKEN),
             ).fetchone()
             return Renewal(held=False, let_go=let_go is not None)
         return Renewal(held=True, cancel_requested=row[0], cancel_reason=row[1])

@@ -53,7 +53,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 import orjson
@@ -81,7 +81,7 @@ from runtime.app.web.resume import (
     unavailable_event,
 )
 from runtime.app.web.ui_stream import error_text, sse, ui_messages
-from runtime.app.web.watch import POLL_FIRST, POLL_MAX, TurnWatch
+from runtime.app.web.watch import POLL_FIRST, POLL_MAX, TurnWatch, follow_turn
 from runtime.approval import Decision, Recorded, approval_decided, pending_calls
 from runtime.busy import INTERRUPT, INTERRUPTED_BY_NEW, STEER, OnBusy
 from runtime.errors import (
@@ -143,11 +143,6 @@ def idempotency_key(session_id: str, payload: dict[str, Any], regenerate: bool) 
     return hashlib.sha256(orjson.dumps([session_id, kind, message_id])).hexdigest()
 
 
-IDLE_LOOK = 2.0
-"""Seconds a turn's relay stream may show nothing before the front end asks the queue
-whether the turn ended (a stream that moves costs no query)."""
-
-
 class QueuedTurnResponse(RelayStreamResponse):
     """Streams a queued turn from the relay once a worker streams it; the client leaving
     only stops this stream, never the turn."""
@@ -197,58 +192,18 @@ class QueuedTurnResponse(RelayStreamResponse):
         except RelayUnavailable as exc:
             await write(unavailable_event(exc))
 
-    async def _relay_events(self, write: Any, encoder: RelayEncoder) -> None:
-        """:meth:`RelayStreamResponse._relay_events`, given up once the queue says the
-        turn ended and its stream still shows nothing after two looks (at least
-        :data:`IDLE_LOOK` seconds apart): a worker killed between its last commit and its
-        stream's end leaves a stream no one ends (before, its viewers waited for it until
-        the relay's stream expired, a day later). Given up, the stream is lost
-        (:class:`~runtime.errors.RelayTurnGone`): a client shown part of it is told to
-        reload the session, one shown nothing gets the stored message."""
-        send, receive = trio.open_memory_channel[Any](0)
-        failed: list[Exception] = []
-
-        async def read() -> None:
-            async with send:
-                try:
-                    pauses = {"after_pauses": self.after_pauses} if self.after_pauses else {}
-                    async for chunk in self.relay.read(
-                        self.turn_id, after_seq=self.after_seq, **pauses
-                    ):
-                        await send.send(chunk)
-                except (RelayTurnGone, RelayUnavailable) as exc:
-                    failed.append(exc)
-
-        ended_looks = 0
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(read)
-            async with receive:
-                while True:
-                    with trio.move_on_after(IDLE_LOOK) as idle:
-                        try:
-                            chunk = await receive.receive()
-                        except trio.EndOfChannel:
-                            break
-                    if idle.cancelled_caught:
-                        turn = await self.queue.get_status(self.turn_id)
-                        ended_looks = ended_looks + 1 if turn is None or turn.finished else 0
-                        if ended_looks >= 2:
-                            failed.append(
-                                RelayTurnGone(
-                                    f"turn {self.turn_id!r} ended and its relay stream did "
-                                    "not (its worker stopped before it wrote the end)"
-                                )
-                            )
-                            nursery.cancel_scope.cancel()
-                            break
-                        continue
-                    ended_looks = 0
-                    data = encoder.events(chunk)
-                    if data:
-                        self.sent = True
-                        await write(data)
-        if failed:
-            raise failed[0]
+    def _read(self) -> AsyncIterator[Any]:
+        """The relay's read, given up once the queue says the turn ended and its stream
+        still shows nothing (:func:`~runtime.app.web.watch.follow_turn`): a client shown
+        part of it is told to reload the session, one shown nothing gets the stored
+        message."""
+        return follow_turn(
+            self.relay,
+            self.queue,
+            self.turn_id,
+            after_seq=self.after_seq,
+            after_pauses=self.after_pauses,
+        )
 
     async def _continuing(self) -> bool:
         """Whether the turn runs although its stream, read to its end, showed nothing:

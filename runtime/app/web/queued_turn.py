@@ -39,7 +39,7 @@ from runtime import output as o
 from runtime.actor_messages import TurnResult
 from runtime.app.web.resume import STOPPED, stored_turn_chunks
 from runtime.app.web.ui_stream import DONE
-from runtime.app.web.watch import POLL_FIRST, POLL_MAX
+from runtime.app.web.watch import POLL_FIRST, POLL_MAX, follow_turn
 from runtime.app.web.writer import BodyPump, BodyWriter, Write
 from runtime.approval import pending_calls
 from runtime.chunks import Usage
@@ -238,8 +238,11 @@ class QueuedTurnOutput:
                     delay = min(delay * 2, POLL_MAX)
                     continue
                 except RelayTurnGone as exc:
-                    if self.sent:  # lost mid-stream: the rest cannot be shown whole
-                        yield _error(exc.kind, f"{exc.message}; the stored session has the turn")
+                    if self.sent:  # lost mid-stream: the rest cannot be shown whole,
+                        if not self._ended():  # unless the turn's last chunk came
+                            yield _error(
+                                exc.kind, f"{exc.message}; the stored session has the turn"
+                            )
                         return
                 status = await front.watch.changed(
                     self.turn_id, status, math.inf if status == "queued" else delay
@@ -257,8 +260,22 @@ class QueuedTurnOutput:
             yield _error(exc.kind, exc.message)
 
     def _relay(self) -> AsyncIterator[Any]:
-        pauses = {"after_pauses": self.after_pauses} if self.after_pauses else {}
-        return self.front.relay.read(self.turn_id, **pauses)  # type: ignore[no-any-return]
+        """The relay's read, given up once the queue says the turn ended and its stream
+        still shows nothing (:func:`~runtime.app.web.watch.follow_turn`): lost, as a
+        stream the relay lost is (a worker killed between the turn's last commit and
+        its stream's end left its readers waiting a day, until the stream expired)."""
+        front = self.front
+        return follow_turn(front.relay, front.queue, self.turn_id, after_pauses=self.after_pauses)
+
+    def _ended(self) -> bool:
+        """Whether the turn's own end (its ``finish``, not a wait's; an ``error``, an
+        ``abort``) came out: a stream lost after it lost only the relay's end marker (a
+        worker killed between the turn's last commit and its stream's end), and the
+        response ends as the turn's would, with its stored result (:meth:`settle`)."""
+        last = self.last
+        if type(last) is o.Finish:
+            return last.finish_reason != "awaiting-input"
+        return type(last) in (o.Error, o.Abort)
 
     async def _continuing(self) -> bool:
         turn = await self.front.queue.get_status(self.turn_id)
@@ -273,7 +290,8 @@ class QueuedTurnOutput:
             return
         except RelayTurnGone:
             if self.sent:
-                yield _error("RelayTurnGone", "the turn's stream was lost")
+                if not self._ended():
+                    yield _error("RelayTurnGone", "the turn's stream was lost")
                 return
         turn = await self.front.queue.get_status(self.turn_id)
         record = await self.front.store.load(self.session_id)

@@ -23,7 +23,7 @@ client to reload the session.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
 import trio
@@ -251,12 +251,16 @@ class RelayStreamResponse:
     async def _relay_events(self, write: Any, encoder: RelayEncoder) -> None:
         """Write the turn's events from the relay until it ends (:attr:`sent` tells
         whether any went out, also when this raised)."""
-        pauses = {"after_pauses": self.after_pauses} if self.after_pauses else {}
-        async for chunk in self.relay.read(self.turn_id, after_seq=self.after_seq, **pauses):
+        async for chunk in self._read():
             data = encoder.events(chunk)
             if data:
                 self.sent = True
                 await write(data)
+
+    def _read(self) -> AsyncIterator[Any]:
+        """The relay's read of the turn (after :attr:`after_seq`, :attr:`after_pauses`)."""
+        pauses = {"after_pauses": self.after_pauses} if self.after_pauses else {}
+        return self.relay.read(self.turn_id, after_seq=self.after_seq, **pauses)  # type: ignore[no-any-return]
 
     async def _rebuilt(
         self, exc: RelayTurnGone, *, replay: bool, message_id: str | None = None

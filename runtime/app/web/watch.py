@@ -16,10 +16,12 @@ depend on time, not on how many viewers it has.
 from __future__ import annotations
 
 import math
+from collections.abc import AsyncIterator
 from typing import Any, Final
 
 import trio
 
+from runtime.errors import RelayTurnGone
 from runtime.turn_queue import TurnQueue
 
 POLL_FIRST: Final = 0.02
@@ -114,4 +116,61 @@ class TurnWatch:
             looked.set()
 
 
-__all__ = ["POLL_FIRST", "POLL_MAX", "TurnWatch"]
+IDLE_LOOK = 2.0
+"""Seconds a turn's relay stream may show nothing before its reader asks the queue
+whether the turn ended (a stream that moves costs no query)."""
+
+
+class EndedTurnLook:
+    """The ``on_quiet`` of a queued turn's relay read (:meth:`runtime.relay.Relay.read`):
+    once the stream has shown nothing for :data:`IDLE_LOOK` seconds, ask ``queue``
+    whether turn ``turn_id`` ended, and again each :data:`IDLE_LOOK` seconds after; the
+    second look in a row that finds it ended (or gone) while the stream still shows
+    nothing gives the stream up (:class:`~runtime.errors.RelayTurnGone`). A worker
+    killed between a turn's last commit and its stream's end leaves a stream nobody
+    ends: its readers waited for it until the relay's stream expired, a day later."""
+
+    def __init__(self, queue: TurnQueue, turn_id: str) -> None:
+        self.queue = queue
+        self.turn_id = turn_id
+        self.looks = 0
+        """How many times it asked the queue."""
+        self._quiet = 0.0
+        self._due = -math.inf
+        self._ended = 0
+
+    async def __call__(self, quiet: float) -> None:
+        if quiet < self._quiet or self._due == -math.inf:  # the stream moved since
+            self._due, self._ended = IDLE_LOOK, 0
+        self._quiet = quiet
+        if quiet < self._due:
+            return
+        self._due = quiet + IDLE_LOOK
+        self.looks += 1
+        turn = await self.queue.get_status(self.turn_id)
+        self._ended = self._ended + 1 if turn is None or turn.finished else 0
+        if self._ended >= 2:
+            raise RelayTurnGone(
+                f"turn {self.turn_id!r} ended and its relay stream did not "
+                "(its worker stopped before it wrote the end)"
+            )
+
+
+def follow_turn(
+    relay: Any,
+    queue: TurnQueue,
+    turn_id: str,
+    *,
+    after_seq: int | None = None,
+    after_pauses: int = 0,
+) -> AsyncIterator[Any]:
+    """A queued turn's chunks from ``relay`` as every front end's adapter reads them
+    (the AI SDK endpoint, AG-UI, A2A, the OpenAI-compatible one, MCP): the relay's
+    read, given up once the turn ended and its stream shows nothing
+    (:class:`EndedTurnLook`)."""
+    pauses = {"after_pauses": after_pauses} if after_pauses else {}
+    look = EndedTurnLook(queue, turn_id)
+    return relay.read(turn_id, after_seq=after_seq, on_quiet=look, **pauses)  # type: ignore[no-any-return]
+
+
+__all__ = ["IDLE_LOOK", "POLL_FIRST", "POLL_MAX", "EndedTurnLook", "TurnWatch", "follow_turn"]
