@@ -391,6 +391,10 @@ class SteeredInput:
     accepted: bool = False
     step: int | None = None
     """The step the model first saw it before, once accepted."""
+    stored: trio.Event = attrs.field(factory=trio.Event)
+    """Set once a save of the turn holds the accepted message (or the turn is over):
+    the steering caller's acknowledgement waits for it, so a process killed before that
+    save loses no message it acknowledged."""
 
 
 @attrs.define(slots=True, eq=False)

@@ -298,3 +298,32 @@ async def test_serve_stopped_between_request_and_approval_resumes_after_a_restar
     call = stored["messages"][1]["content"][0]
     assert call["awaiting"]["approved"] is True  # the request and the decision, stored
     assert stored["messages"][2]["output"] == "marked"  # and the result
+
+
+async def test_answers_sent_again_resume_a_turn_decided_but_never_resumed(tmp_path):
+    """The process that recorded the last decision stopped before the continuation stored
+    anything (found by tests/test_embedded_chaos.py: ``serve`` SIGKILLed during the
+    continuation POST): every call is decided, none has its result. The client sending
+    its answers again (a reloaded ``useChat`` sends the same assistant message) gets the
+    continuation, the tool run once; before, a 400 ("answers no call the turn waits
+    for"), and the turn waited for good with nothing left to decide."""
+    ran.clear()
+    db = str(tmp_path / "w.db")
+    async with web_server(agent(DELETE), store=db) as server:
+        async with httpx.AsyncClient(base_url=server.url) as client:
+            first = events((await client.post("/api/chat", json=body("s"))).content)
+            asked = request_of(first)
+        # the decision recorded, as the stopped process's POST did, and nothing resumed
+        await server.host.sessions["s"].decide(asked["approvalId"], approved=True)
+    sent = answer("s", first[0]["messageId"], approval_part(asked["approvalId"], True))
+    async with web_server(agent(DELETE), store=db) as server:
+        async with httpx.AsyncClient(base_url=server.url) as client:
+            r = await client.post("/api/chat", json=sent)
+            assert r.status_code == 200, r.text
+            again = await client.post("/api/chat", json=sent)  # resumed and over: refused
+    second = events(r.content)
+    assert ran == ["/x"]
+    assert second[0] == {"type": "start", "messageId": first[0]["messageId"]}
+    assert second[1] == {"type": "tool-output-available", "toolCallId": "D", "output": "deleted /x"}
+    assert second[-2]["type"] == "finish" and second[-2]["finishReason"] == "stop"
+    assert again.status_code == 409  # decided already

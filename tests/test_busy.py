@@ -453,3 +453,34 @@ async def test_the_steered_history_replays_to_anthropic_with_the_text_after_the_
     assert [b["type"] for b in last_user] == ["tool_result", "text"]
     assert last_user[0]["tool_use_id"] == "call_H" and last_user[1]["text"] == "also this"
     assert messages[5]["content"][0]["text"] == "answer to both"
+
+
+async def test_a_steered_message_is_stored_when_the_steering_caller_is_told(autojump_clock):
+    """``out.steered`` (over HTTP the 202) is an acknowledgement: the message must be in
+    the store by then. Found by tests/test_embedded_chaos.py: the 202 came at the step
+    boundary that took the message, which only the next step's save stores, and a
+    ``serve`` SIGKILLed in between lost a message it had acknowledged. Now the caller is
+    told once a save of the turn holds it."""
+    script = Script(holding(), [Sleep(5), "answer to both"])
+    async with Host.open(log_tap=False) as host:
+        session = await host.open_session(agent_with(script, "steer"), session_id="s")
+        results: dict = {}
+
+        async def steer() -> None:
+            async with session.stream("also this") as out:
+                record = await host.store.load("s")  # what a kill now would leave
+                assert record is not None
+                results["stored"] = [m.text for m in record.messages if type(m) is UserMessage]
+                results["steered"] = out.steered
+                async for _ in out:
+                    pass
+
+        async with trio.open_nursery() as nursery:
+            await run_in(nursery, session, "first", results)
+            await held["open"].wait()  # step 0's tool runs: the message waits for its end
+            nursery.start_soon(steer)
+            await trio.testing.wait_all_tasks_blocked()
+            held["release"].set()
+    assert results["steered"] is True
+    assert results["stored"] == ["first", "also this"]
+    assert results["first"].text == "answer to both"

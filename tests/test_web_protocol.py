@@ -440,3 +440,40 @@ def test_importing_runtime_does_not_load_the_web_stack():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_ui_messages_give_each_turn_its_own_results_when_call_ids_repeat():
+    """A call id is unique within a turn only: a provider (the scripted one, local
+    servers) may call its tools ``call_1`` in every turn. Found by the embedded fault run
+    (tests/test_embedded_chaos.py): one map of results for the whole history gave every
+    earlier ``call_1`` the last turn's result in ``GET /api/sessions/{id}``."""
+    history = [
+        UserMessage(content="one", id="u1"),
+        AssistantMessage(
+            id="a1",
+            content=(ToolCallPart(tool_call_id="call_1", tool_name="lookup", input={}, step=0),),
+        ),
+        ToolMessage(tool_call_id="call_1", tool_name="lookup", output="first", step=0),
+        UserMessage(content="two", id="u2"),
+        AssistantMessage(
+            id="a2",
+            content=(ToolCallPart(tool_call_id="call_1", tool_name="lookup", input={}, step=0),),
+        ),
+        ToolMessage(tool_call_id="call_1", tool_name="lookup", error="second failed", step=0),
+        UserMessage(content="three", id="u3"),
+        AssistantMessage(
+            id="a3",
+            interrupted=True,
+            content=(ToolCallPart(tool_call_id="call_1", tool_name="lookup", input={}, step=0),),
+        ),
+    ]
+    tools = [
+        next(p for p in m["parts"] if p["type"] == "tool-lookup")
+        for m in ui_messages(history)
+        if m["role"] == "assistant"
+    ]
+    assert [(t["state"], t.get("output"), t.get("errorText")) for t in tools] == [
+        ("output-available", "first", None),
+        ("output-error", None, "second failed"),
+        ("input-available", None, None),
+    ]

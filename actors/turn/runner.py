@@ -542,6 +542,7 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
         for item in turn.steering.take(turn.step):
             message = UserMessage(content=item.content, id=item.user_message_id)
             state.messages.append(message)
+            turn.unsaved_steers.append((item, message))
             await turn.ctrl.send(
                 SteeredNotice(step=turn.step, message_id=message.id, text=message.text)
             )
@@ -620,6 +621,9 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
             saved = await self._save_last(turn)
             await self._announce_end(turn, closing)
         finally:
+            for item, _ in turn.unsaved_steers:  # the turn is over: what it saved, it saved
+                item.stored.set()
+            turn.unsaved_steers.clear()
             await self._hand_over(run, turn, TurnDone(result=self._result(turn, saved)))
 
     def _seal(self, turn: Turn, closing: list[Any]) -> None:

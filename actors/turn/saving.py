@@ -119,6 +119,11 @@ class Saving:
         if self._pending is req:
             self._pending, self._answered = None, None
         adopted = adopt_save(self.state, req, result)
+        if turn is not None and turn.unsaved_steers and result.error is None:
+            held = {id(m) for m in req.messages}
+            for item, message in [s for s in turn.unsaved_steers if id(s[1]) in held]:
+                item.stored.set()  # the steering caller's 202 waits for this save
+                turn.unsaved_steers.remove((item, message))
         self._publish_history()
         if turn is not None and adopted.shift:
             turn.start_index += adopted.shift

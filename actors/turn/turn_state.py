@@ -50,6 +50,9 @@ class Turn:
     """Decides the part boundaries; ``parts.content`` is the assistant message's."""
     results: dict[str, ToolMessage] = attrs.field(factory=dict)
     """Tool messages added to the history, by call id."""
+    unsaved_steers: list[tuple[Any, Any]] = attrs.field(factory=list)
+    """``(SteeredInput, its UserMessage)`` of the messages steered into the turn that no
+    save confirmed yet: each ``stored`` is set once one does (or the turn is over)."""
     outcomes: dict[str, ToolOutcome] = attrs.field(factory=dict)
     """Every outcome received, as it arrived: kept even if the turn is then cancelled."""
     usage: Usage = attrs.field(factory=Usage)

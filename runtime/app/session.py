@@ -373,6 +373,7 @@ class TurnStream:
             raise
         if not item.accepted:
             return False
+        await item.stored.wait()  # acknowledged once a save holds it (a kill loses none)
         self.steered, self._host_stream, self.turn_id = True, running, running.turn_id
         return True
 

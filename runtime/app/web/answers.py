@@ -115,7 +115,9 @@ RecordAnswer = Callable[[str, Decision], Awaitable[Recorded]]
 app's ``session.decide``; a worker deployment's front end, the turn queue's ``decide``)."""
 
 
-async def record_answers(session: Any, payload: dict[str, Any]) -> tuple[tuple[str, ...], Recorded]:
+async def record_answers(
+    session: Any, payload: dict[str, Any]
+) -> tuple[tuple[str, ...], Recorded | None]:
     """Record the answers of a continuation body for ``session``; returns the ids of the
     calls the turn waited for (the client knows them: their input is not sent again) and
     what the last answer's decision recorded: only a ``complete`` one lets this request
@@ -128,7 +130,14 @@ async def record_answers(session: Any, payload: dict[str, Any]) -> tuple[tuple[s
     (``decide(expected_version=...)``), so either the store held what the checks saw, or
     nothing was recorded and they are made again on what the store holds. A view that
     refuses an answer is not believed either (it may be behind the store, which may
-    know the call): the store is read and decides, so every 4xx comes from a read."""
+    know the call): the store is read and decides, so every 4xx comes from a read.
+
+    A body whose answers are all already recorded, for a turn whose every call is decided
+    but which was never resumed (the process that recorded the last decision stopped
+    before its continuation stored a result: a kill, a restart), gives ``None`` for the
+    decision: the caller resumes the turn from the store (``session.resume()``). Before,
+    the client sending its answers again was told they answer nothing, and the turn
+    waited for good with nothing left to decide."""
     if session.busy:
         raise ApiError(409, f"session {session.id!r} is already running a turn")
 
@@ -154,7 +163,27 @@ async def record_answers(session: Any, payload: dict[str, Any]) -> tuple[tuple[s
             pass  # the view may be behind the store: check again on what it holds
         else:  # the store held what the checks saw: the rest are checked as well
             return announced, await record_all(rest, record, recorded)
-    return await check_and_record(session.host.store, session.id, tools, payload, record)
+    stored = await session.host.store.load(session.id)
+    if stored is not None and _repeats(stored.messages, payload):
+        return tuple(c.tool_call_id for c in waiting_calls(stored.messages)), None
+    return await check_and_record_on(stored, tools, payload, record)
+
+
+def _repeats(stored: Sequence[Message], payload: dict[str, Any]) -> bool:
+    """Whether the body only repeats the recorded answers of a turn whose every call is
+    decided and none has its result yet (decided, never resumed)."""
+    waiting = waiting_calls(stored)
+    if not waiting or not all(c.decided for c in waiting):
+        return False
+    message = payload["messages"][-1]
+    if payload.get("messageId", message.get("id")) not in (None, waiting[0].message_id):
+        return False
+    try:
+        answers = _answers(message, {c.tool_call_id for c in waiting if c.kind == "client"})
+    except ApiError:
+        return False
+    held = _held(stored)
+    return bool(answers) and all(_echoes(held.get(key), d) for key, d in answers)
 
 
 def _checked(

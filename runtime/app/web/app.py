@@ -520,7 +520,7 @@ async def chat(request: Request) -> Any:
     session = await state.session(session_id)
     if is_continuation(payload):
         announced, recorded = await record_answers(session, payload)
-        if not recorded.complete:  # other calls still wait: whoever decides the last resumes
+        if recorded is not None and not recorded.complete:  # whoever decides the last resumes
             return json_response({"recorded": True, "waiting": recorded.left}, 202)
         return TurnResponse(
             session,

@@ -402,11 +402,24 @@ def ui_output(output: Any) -> Any:
 def ui_messages(messages: Sequence[Message]) -> list[dict[str, Any]]:
     """A stored history as AI SDK ``UIMessage`` s: the tool results folded into their
     calls' tool parts, a ``step-start`` part before each step."""
-    results = {m.tool_call_id: m for m in messages if isinstance(m, ToolMessage)}
     out: list[dict[str, Any]] = []
-    for m in messages:
+    for i, m in enumerate(messages):
         if isinstance(m, UserMessage | SystemMessage):
             out.append({"id": m.id, "role": m.role, "parts": ui_parts(m.content)})
         elif isinstance(m, AssistantMessage):
-            out.append(_assistant(m, results))
+            out.append(_assistant(m, _results_of(messages, i)))
     return out
+
+
+def _results_of(messages: Sequence[Message], index: int) -> dict[str, ToolMessage]:
+    """The results of the calls of the assistant message at ``index``: the tool messages
+    that follow it, up to the next user or assistant message. A call id is unique within
+    a turn only (a provider may number its calls ``call_1``, ``call_2`` in every turn):
+    one map for the whole history gave each earlier call the last turn's result."""
+    results: dict[str, ToolMessage] = {}
+    for m in messages[index + 1 :]:
+        if isinstance(m, ToolMessage):
+            results.setdefault(m.tool_call_id, m)
+        elif isinstance(m, UserMessage | AssistantMessage):
+            break
+    return results
