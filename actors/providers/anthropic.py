@@ -14,7 +14,9 @@ first time an API key is read.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 from collections.abc import AsyncGenerator, AsyncIterable, Awaitable, Callable, Iterable, Sequence
 from contextlib import aclosing
 from typing import Any, ClassVar, cast
@@ -45,7 +47,15 @@ from runtime.chunks import (
     Usage,
     UsageChunk,
 )
-from runtime.history import ForeignReasoning, Origin, as_text, iter_turns, replays_to, split_steps
+from runtime.history import (
+    EMPTY_INPUT,
+    ForeignReasoning,
+    Origin,
+    as_text,
+    iter_turns,
+    replays_to,
+    split_steps,
+)
 from runtime.messages import (
     File,
     Image,
@@ -124,7 +134,10 @@ def map_messages(
     that step's ``tool_result`` s in call order. Merging two steps into one assistant
     message is what produced "Expected thinking or redacted_thinking, but found
     tool_use" 400s in other frameworks. Messages of the same role that end up adjacent
-    are merged, since the API wants roles to alternate.
+    are merged, since the API wants roles to alternate. A user message with nothing to
+    send (``""``, whitespace) is :data:`~runtime.history.EMPTY_INPUT`, which the API
+    takes where it refuses empty content. Tool call ids that break the API's pattern are
+    rewritten the same way in the call and its result (:func:`tool_id`).
 
     User content with images or files becomes content blocks: ``image`` and ``document``
     (PDF, or plain text), each with a ``base64`` (``text`` for a text document) or
@@ -157,7 +170,10 @@ def map_messages(
             if msg.content:
                 system.append(msg.content)
         elif isinstance(msg, UserMessage):
-            _append(out, "user", _user_content(msg.content))
+            content = _user_content(msg.content)
+            if not content or (isinstance(content, str) and not content.strip()):
+                content = EMPTY_INPUT  # the API refuses empty and whitespace-only content
+            _append(out, "user", content)
         # a ToolMessage never reaches here: iter_turns hands them over with their call
     return ("\n\n".join(system) or None), out
 
@@ -171,7 +187,7 @@ def _part_block(
     if isinstance(part, ToolCallPart):
         return {
             "type": "tool_use",
-            "id": part.tool_call_id,
+            "id": tool_id(part.tool_call_id),
             "name": part.tool_name,
             "input": _tool_input(part.input),
         }
@@ -190,6 +206,21 @@ def _part_block(
     if isinstance(part, ProviderDataPart):
         return dict(part.data) if replays_to(part, target) else None
     return None
+
+
+_NOT_ID = re.compile(r"[^a-zA-Z0-9_-]")
+
+
+def tool_id(call_id: str) -> str:
+    """A tool call id as the Messages API takes it (``^[a-zA-Z0-9_-]+$``, else a 400
+    "String should match pattern"): as it is when it fits; else (another server's id,
+    such as ``functions.lookup:0``) each other character made ``_`` and a digest of the
+    original added, so two ids that differ only there stay two. The same for a call and
+    its result, so they still pair; only the request holds it, the history keeps the id."""
+    if call_id and not _NOT_ID.search(call_id):
+        return call_id
+    digest = hashlib.sha256(call_id.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    return f"{_NOT_ID.sub('_', call_id)[:64]}_{digest}"
 
 
 def _tool_input(value: Any) -> dict[str, Any]:
@@ -216,18 +247,18 @@ def _tool_result(msg: ToolMessage) -> dict[str, Any]:
     if msg.error is not None:
         return {
             "type": "tool_result",
-            "tool_use_id": msg.tool_call_id,
+            "tool_use_id": tool_id(msg.tool_call_id),
             "content": msg.error,
             "is_error": True,
         }
     output = msg.output
     if is_media_output(output):
         blocks = _user_content(output)
-        return {"type": "tool_result", "tool_use_id": msg.tool_call_id, "content": blocks}
+        return {"type": "tool_result", "tool_use_id": tool_id(msg.tool_call_id), "content": blocks}
     content = (
         output if isinstance(output, str) else json.dumps(output, ensure_ascii=False, default=str)
     )
-    return {"type": "tool_result", "tool_use_id": msg.tool_call_id, "content": content}
+    return {"type": "tool_result", "tool_use_id": tool_id(msg.tool_call_id), "content": content}
 
 
 IMAGE_TYPES = frozenset({"image/png", "image/jpeg", "image/gif", "image/webp"})
