@@ -159,9 +159,7 @@ user_contents = st.one_of(
     texts,  # "" and whitespace too: the runtime takes them as input
     st.lists(
         st.one_of(texts.map(lambda t: TextPart(text=t, step=0)), media), min_size=1, max_size=3
-    )
-    .filter(lambda ps: any(not isinstance(p, TextPart) or p.text for p in ps))
-    .map(tuple),
+    ).map(tuple),  # TextPart("") too: user_content keeps the parts it is given
 )
 outputs = st.one_of(
     texts,
@@ -397,6 +395,42 @@ SETTINGS = settings(
 )
 
 
+MEDIA_MARKS = {
+    "anthropic": ('"type": "image"', '"type": "document"'),
+    "chat": ('"type": "image_url"', '"type": "file"', "omitted: Chat Completions"),
+    "responses": ('"type": "input_image"', '"type": "input_file"'),
+    "gemini": ('"inline_data"', '"file_data"', "omitted: function responses"),
+}
+
+
+def media_count(messages: list[Message]) -> int:
+    """The images and files of user messages and tool outputs."""
+    n = user_media(messages)
+    for m in messages:
+        if isinstance(m, ToolMessage) and m.error is None and isinstance(m.output, tuple):
+            n += sum(isinstance(p, Image | File) for p in m.output)
+    return n
+
+
+def own_signatures(messages: list[Message], target: Origin) -> list[str]:
+    """The signatures and redacted data of ``target``'s own reasoning: sent back."""
+    out = []
+    for m in messages:
+        if not isinstance(m, AssistantMessage):
+            continue
+        for p in m.content:
+            if isinstance(p, ReasoningPart) and p.provider == target.provider == "anthropic":
+                if p.model == target.model and (p.signature or p.redacted_data):
+                    out.append(p.signature or p.redacted_data)
+            elif isinstance(p, ReasoningPart | ProviderDataPart) and target.provider == "google":
+                sig = (
+                    p.signature if isinstance(p, ReasoningPart) else p.data.get("thought_signature")
+                )
+                if p.provider == "google" and p.model == target.model and sig:
+                    out.append(sig)
+    return out
+
+
 def check(
     kind: str,
     payload: list[dict[str, Any]],
@@ -410,6 +444,12 @@ def check(
     except ValueError as exc:
         errs.append(f"not JSON: {exc}")
     text = dumped(payload)
+    found = sum(text.count(mark) for mark in MEDIA_MARKS[kind])
+    if found < media_count(messages):
+        errs.append(f"lost media: {found} of {media_count(messages)} sent")
+    for sig in own_signatures(messages, target):
+        if sig not in text:
+            errs.append(f"own reasoning dropped: {sig}")
     for expected in expected_texts(messages):
         if dumped(expected)[1:-1] not in text:
             errs.append(f"lost: {expected!r}")
@@ -543,7 +583,10 @@ def test_an_id_longer_than_the_api_takes_is_shortened_in_the_call_and_its_result
     assert max(map(len, ids)) <= limit
 
 
-@pytest.mark.parametrize("content", ["", "  ", (TextPart(text=" ", step=0),)])
+BLANK = ["", "  ", (TextPart(text=" ", step=0),), (TextPart(text="", step=0),)]
+
+
+@pytest.mark.parametrize("content", BLANK)
 def test_a_blank_user_message_is_sent_as_the_placeholder(content):
     history = [UserMessage(content="hi"), AssistantMessage(content=(TextPart(text="yes", step=0),))]
     history.append(UserMessage(content=content))  # the runtime takes "" as input
@@ -564,3 +607,13 @@ def test_a_tool_output_holding_nan_reaches_gemini_as_json():
     _system, contents = gemini.map_messages(None, history)
     json.dumps(contents, allow_nan=False)  # raised ValueError before
     assert contents[-1]["parts"][0]["function_response"]["response"] == {"output": {"a": "NaN"}}
+
+
+@pytest.mark.parametrize("content", BLANK)
+def test_a_blank_user_message_is_never_an_empty_array_for_openai(content):
+    history = [UserMessage(content=content)]  # user_content keeps a TextPart("") given
+    chat = openai.map_messages(None, history)
+    assert chat_errors_of(chat) == []
+    assert chat[-1]["content"] != []
+    items = openai_responses.map_messages(history)
+    assert wire_rules.responses_errors(items) == [] and items[-1]["content"] != []

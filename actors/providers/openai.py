@@ -167,11 +167,12 @@ def _media_block(part: Image | File) -> dict[str, Any]:
 def _user_content(content: Any) -> str | list[dict[str, Any]]:
     if isinstance(content, str):
         return content
-    return [
+    blocks = [
         {"type": "text", "text": p.text} if isinstance(p, TextPart) else _media_block(p)
         for p in content
         if not (isinstance(p, TextPart) and not p.text)
     ]
+    return blocks or ""  # only empty text parts: the API refuses an empty array
 
 
 def _media_output_text(parts: Sequence[Any]) -> str:

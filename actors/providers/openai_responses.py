@@ -225,7 +225,9 @@ def _content_items(parts: Iterable[Any]) -> list[dict[str, Any]]:
 
 
 def _user_content(content: Any) -> str | list[dict[str, Any]]:
-    return content if isinstance(content, str) else _content_items(content)
+    if isinstance(content, str):
+        return content
+    return _content_items(content) or ""  # only empty text parts: no empty array
 
 
 def _output(result: ToolMessage) -> str | list[dict[str, Any]]:
