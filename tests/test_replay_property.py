@@ -461,7 +461,9 @@ def check(
 def test_anthropic_takes_any_history(history, target):
     messages = request_messages(history)
     _system, payload = anthropic.map_messages("be brief", messages, origin=target)
-    check("anthropic", payload, wire_rules.anthropic_errors(payload), messages, target)
+    thinking = anthropic.thinking_allowed(payload)  # a provider with a thinking budget
+    errs = wire_rules.anthropic_errors(payload, thinking=thinking)
+    check("anthropic", payload, errs, messages, target)
 
 
 @SETTINGS
@@ -617,3 +619,24 @@ def test_a_blank_user_message_is_never_an_empty_array_for_openai(content):
     assert chat[-1]["content"] != []
     items = openai_responses.map_messages(history)
     assert wire_rules.responses_errors(items) == [] and items[-1]["content"] != []
+
+
+def thinking_step(model: str) -> list[Message]:
+    """A tool loop whose step ``model`` made, with its signed thinking first."""
+    thought = ReasoningPart(text="hmm", signature="sig", provider="anthropic", model=model, step=0)
+    return [
+        UserMessage(content="go"),
+        AssistantMessage(content=(thought, call("toolu_1"))),
+        answer("toolu_1", 0, "a"),
+    ]
+
+
+@pytest.mark.parametrize(("made_by", "thinks"), [("claude-a", True), ("claude-b", False)])
+async def test_thinking_is_off_for_a_call_continuing_another_models_tool_loop(made_by, thinks):
+    from tests.support.provider_calls import make_request
+
+    provider = anthropic.AnthropicProvider("claude-a", api_key="k", thinking_budget=1024)
+    params = provider.request_params(make_request(tuple(thinking_step(made_by))))
+    errs = wire_rules.anthropic_errors(params["messages"], thinking="thinking" in params)
+    assert errs == []
+    assert ("thinking" in params) is thinks  # on again once its own thinking is there

@@ -328,6 +328,25 @@ def _blocks(content: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{"type": "text", "text": content}] if isinstance(content, str) else list(content)
 
 
+def thinking_allowed(messages: Sequence[dict[str, Any]]) -> bool:
+    """Whether a request of these (mapped) ``messages`` may turn extended thinking on.
+
+    Not when it continues a tool loop (it ends with ``tool_result`` s) whose last
+    assistant message does not start with a thinking block: the API refuses that ("When
+    `thinking` is enabled, a final `assistant` message must start with a thinking
+    block"). That happens when the step was made by another model or provider (a
+    fallback, a turn continued after an approval or a restart under another model),
+    whose thinking cannot be sent here: that one call goes without thinking."""
+    if len(messages) < 2 or messages[-1]["role"] != "user":
+        return True
+    last = messages[-1]["content"]
+    if not isinstance(last, list) or not last or last[0].get("type") != "tool_result":
+        return True
+    previous = messages[-2]["content"]
+    first = previous[0] if isinstance(previous, list) and previous else {}
+    return first.get("type") in ("thinking", "redacted_thinking")
+
+
 def map_tools(tools: Iterable[Any]) -> list[dict[str, Any]]:
     """Tool definitions: ``{"name", "description", "input_schema"}`` from :meth:`Tool.spec`.
 
@@ -1111,10 +1130,11 @@ class AnthropicProvider(SDKProvider):
         params["messages"] = messages
         if request.tools:
             params["tools"] = map_tools(request.tools)
-        if self.thinking_budget is not None:
+        thinking = self.thinking_budget is not None and thinking_allowed(messages)
+        if thinking:
             params["thinking"] = {"type": "enabled", "budget_tokens": self.thinking_budget}
         if request.output is not None:
-            map_output(params, request.output, thinking=self.thinking_budget is not None)
+            map_output(params, request.output, thinking=thinking)
         known = self._known_params(self._get_client().messages.create)
         extra_body: dict[str, Any] = {}
         for key, value in {**self.request_options, **request.settings}.items():
@@ -1172,7 +1192,7 @@ class AnthropicProvider(SDKProvider):
             params["system"] = system
         if tools:
             params["tools"] = map_tools(tools)
-        if self.thinking_budget is not None:
+        if self.thinking_budget is not None and thinking_allowed(mapped):
             params["thinking"] = {"type": "enabled", "budget_tokens": self.thinking_budget}
         try:
             counted = await self._get_client().messages.count_tokens(**params)

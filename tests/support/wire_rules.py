@@ -45,10 +45,24 @@ def _blank(text: Any) -> bool:
 # -- Anthropic ------------------------------------------------------------------------------
 
 
-def anthropic_errors(messages: list[dict[str, Any]]) -> list[str]:
+def anthropic_errors(messages: list[dict[str, Any]], *, thinking: bool = False) -> list[str]:
+    """``thinking``: the request turns extended thinking on, so a tool loop's last
+    assistant message must start with a thinking block."""
     errs: list[str] = []
     if not messages:
         return ["no messages"]
+    last = messages[-1].get("content")
+    if (
+        thinking
+        and len(messages) > 1
+        and isinstance(last, list)
+        and last
+        and last[0].get("type") == "tool_result"
+    ):
+        previous = messages[-2].get("content")
+        first = previous[0] if isinstance(previous, list) and previous else {}
+        if first.get("type") not in ("thinking", "redacted_thinking"):
+            errs.append("thinking on, and the tool loop's assistant message starts without it")
     for i, msg in enumerate(messages):
         role, content = msg.get("role"), msg.get("content")
         where = f"messages[{i}]"
