@@ -157,11 +157,13 @@ def map_messages(
     for kind, msg, results in iter_turns(messages):
         if kind == "assistant":
             for parts, step_results in split_steps(msg, results):
-                blocks = [
-                    b
-                    for b in (_part_block(p, target, foreign_reasoning) for p in parts)
-                    if b is not None
-                ]
+                blocks = _paired(
+                    [
+                        b
+                        for b in (_part_block(p, target, foreign_reasoning) for p in parts)
+                        if b is not None
+                    ]
+                )
                 if blocks:
                     _append(out, "assistant", blocks)
                 if step_results:
@@ -176,6 +178,21 @@ def map_messages(
             _append(out, "user", content)
         # a ToolMessage never reaches here: iter_turns hands them over with their call
     return ("\n\n".join(system) or None), out
+
+
+def _paired(blocks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A step's blocks less each ``server_tool_use`` whose result block is not among
+    them (the step was cut while the server ran the tool): the API refuses a server
+    tool's use "found without a corresponding" result."""
+    uses = [b for b in blocks if b.get("type") == "server_tool_use"]
+    if not uses:
+        return blocks
+    answered = {
+        b.get("tool_use_id")
+        for b in blocks
+        if b.get("type", "").endswith("_tool_result") and b.get("type") != "tool_result"
+    }
+    return [b for b in blocks if b.get("type") != "server_tool_use" or b.get("id") in answered]
 
 
 def _part_block(

@@ -110,6 +110,15 @@ def anthropic_errors(messages: list[dict[str, Any]], *, thinking: bool = False) 
                     errs.append(f"{at}: tool_result in a {role} message")
                 if not _ANTHROPIC_ID.match(block.get("tool_use_id") or ""):
                     errs.append(f"{at}: tool_result.tool_use_id breaks the id pattern")
+        # a server tool's use and its result go together, in the same message
+        server_uses = {b.get("id") for b in blocks if b.get("type") == "server_tool_use"}
+        server_results = {
+            b.get("tool_use_id")
+            for b in blocks
+            if str(b.get("type", "")).endswith("_tool_result") and b.get("type") != "tool_result"
+        }
+        for missing in sorted(server_uses - server_results, key=str):
+            errs.append(f"{where}: server_tool_use {missing!r} without its result block")
         # every tool_use answered in the very next message, results first there
         uses = [b["id"] for b in blocks if b.get("type") == "tool_use"]
         after = messages[i + 1] if i + 1 < len(messages) else None
