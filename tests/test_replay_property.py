@@ -388,6 +388,7 @@ def no_foreign_signatures(payload: Any, target: Origin) -> list[str]:
     return errs
 
 
+foreign_modes = st.sampled_from(["drop", "text"])
 SETTINGS = settings(
     max_examples=150,
     deadline=None,
@@ -457,38 +458,48 @@ def check(
 
 
 @SETTINGS
-@given(history=histories(), target=st.sampled_from(ORIGINS[:2]))
-def test_anthropic_takes_any_history(history, target):
+@given(history=histories(), target=st.sampled_from(ORIGINS[:2]), foreign=foreign_modes)
+def test_anthropic_takes_any_history(history, target, foreign):
     messages = request_messages(history)
-    _system, payload = anthropic.map_messages("be brief", messages, origin=target)
+    _system, payload = anthropic.map_messages(
+        "be brief", messages, origin=target, foreign_reasoning=foreign
+    )
     thinking = anthropic.thinking_allowed(payload)  # a provider with a thinking budget
     errs = wire_rules.anthropic_errors(payload, thinking=thinking)
     check("anthropic", payload, errs, messages, target)
 
 
 @SETTINGS
-@given(history=histories())
-def test_chat_completions_takes_any_history(history):
+@given(history=histories(), foreign=foreign_modes)
+def test_chat_completions_takes_any_history(history, foreign):
     target = ORIGINS[2]
     messages = request_messages(history)
-    payload = openai.map_messages("be brief", messages, origin=target, send_reasoning_content=True)
+    payload = openai.map_messages(
+        "be brief",
+        messages,
+        origin=target,
+        send_reasoning_content=True,
+        foreign_reasoning=foreign,
+    )
     check("chat", payload, wire_rules.chat_errors(payload), messages, target)
 
 
 @SETTINGS
-@given(history=histories(), target=st.sampled_from(ORIGINS[3:5]))
-def test_responses_takes_any_history(history, target):
+@given(history=histories(), target=st.sampled_from(ORIGINS[3:5]), foreign=foreign_modes)
+def test_responses_takes_any_history(history, target, foreign):
     messages = request_messages(history)
-    payload = openai_responses.map_messages(messages, origin=target)
+    payload = openai_responses.map_messages(messages, origin=target, foreign_reasoning=foreign)
     check("responses", payload, wire_rules.responses_errors(payload), messages, target)
 
 
 @SETTINGS
-@given(history=histories(), sentinel=st.booleans())
-def test_gemini_takes_any_history(history, sentinel):
+@given(history=histories(), sentinel=st.booleans(), foreign=foreign_modes)
+def test_gemini_takes_any_history(history, sentinel, foreign):
     target = ORIGINS[5]
     messages = request_messages(history)
-    _system, payload = gemini.map_messages("be brief", messages, origin=target, sentinel=sentinel)
+    _system, payload = gemini.map_messages(
+        "be brief", messages, origin=target, sentinel=sentinel, foreign_reasoning=foreign
+    )
     check("gemini", payload, wire_rules.gemini_errors(payload), messages, target)
 
 
