@@ -41,6 +41,11 @@ opens with it (:func:`checked_off_loop`, :func:`repaired_off_loop`): a client ma
 of 600,000 messages (AG-UI, Chat Completions), whose walks took the event loop 0.5 s."""
 
 INTERRUPTED = "interrupted: the tool call did not complete (the turn was cut short)"
+EMPTY_INPUT = "(empty message)"
+"""What Anthropic and Gemini are sent for a user message with nothing to send (``""``,
+whitespace, blank text parts: the runtime takes them as input), which both refuse with a
+400 (empty content, an empty text part); left out, the turns around it would merge, or
+the request would end with the model's answer."""
 _MESSAGE_TYPES = (SystemMessage, UserMessage, AssistantMessage, ToolMessage)
 
 
@@ -149,6 +154,11 @@ def repair(messages: Sequence[Message]) -> list[Message]:
     * a tool result whose call is not in the assistant message before it is dropped;
     * a second result for the same call is dropped;
     * empty and whitespace-only text parts are removed.
+
+    A call is its id *and* its step: servers that number calls per response
+    (``call_0`` in every step) repeat an id across the steps of one message, and each
+    of those calls keeps its own result (the result's ``step``; a result whose step
+    matches no call of its id answers the first such call still unanswered).
     """
     out: list[Message] = []
     i = 0
@@ -167,26 +177,44 @@ def repair(messages: Sequence[Message]) -> list[Message]:
         )
         assistant = msg if len(parts) == len(msg.content) else attrs.evolve(msg, content=parts)
         out.append(assistant)
-        calls = {p.tool_call_id: p for p in parts if isinstance(p, ToolCallPart)}
+        calls = {(p.tool_call_id, p.step): p for p in parts if isinstance(p, ToolCallPart)}
         i += 1
-        results: dict[str, ToolMessage] = {}
+        results: dict[tuple[str, int], ToolMessage] = {}
         while i < n and isinstance(messages[i], ToolMessage):
             tm = messages[i]
             assert isinstance(tm, ToolMessage)
-            if tm.tool_call_id in calls and tm.tool_call_id not in results:
-                results[tm.tool_call_id] = tm
+            key = _call_of(tm, calls, results)
+            if key is not None:
+                results[key] = tm
             i += 1
-        for call_id, call in calls.items():
+        for key, call in calls.items():
             out.append(
-                results.get(call_id)
+                results.get(key)
                 or ToolMessage(
-                    tool_call_id=call_id,
+                    tool_call_id=call.tool_call_id,
                     tool_name=call.tool_name,
                     step=call.step,
                     error=INTERRUPTED,
                 )
             )
     return out
+
+
+def _call_of(
+    result: ToolMessage,
+    calls: dict[tuple[str, int], ToolCallPart],
+    answered: dict[tuple[str, int], Any],
+) -> tuple[str, int] | None:
+    """The ``(id, step)`` of the call ``result`` answers among ``calls`` and not yet in
+    ``answered``: the call of its id and step, else the first of its id; ``None`` when
+    there is none (an orphan or a second result)."""
+    key = (result.tool_call_id, result.step)
+    if key in calls:
+        return None if key in answered else key
+    for candidate in calls:
+        if candidate[0] == result.tool_call_id and candidate not in answered:
+            return candidate
+    return None
 
 
 def split_steps(
@@ -197,14 +225,19 @@ def split_steps(
     steps: dict[int, list[Part]] = {}
     for part in assistant.content:
         steps.setdefault(part.step, []).append(part)
-    by_id = {r.tool_call_id: r for r in results}
+    calls = {(p.tool_call_id, p.step): p for p in assistant.content if isinstance(p, ToolCallPart)}
+    by_call: dict[tuple[str, int], ToolMessage] = {}
+    for r in results:
+        key = _call_of(r, calls, by_call)
+        if key is not None:
+            by_call[key] = r
     out: list[tuple[list[Part], list[ToolMessage]]] = []
     for step in sorted(steps):
         parts = steps[step]
         step_results = [
-            by_id[p.tool_call_id]
+            by_call[(p.tool_call_id, p.step)]
             for p in parts
-            if isinstance(p, ToolCallPart) and p.tool_call_id in by_id
+            if isinstance(p, ToolCallPart) and (p.tool_call_id, p.step) in by_call
         ]
         out.append((parts, step_results))
     return out

@@ -781,15 +781,17 @@ def test_provider_data_goes_back_only_to_anthropic():
         "name": "web_search",
         "input": {"query": "q"},
     }
+    result = {"type": "web_search_tool_result", "tool_use_id": "srvtoolu_1", "content": []}
     assistant = AssistantMessage(
         content=(
             ProviderDataPart(provider="anthropic", data=block, step=0),
+            ProviderDataPart(provider="anthropic", data=result, step=0),
             ProviderDataPart(provider="openai", data={"type": "web_search_call"}, step=0),
             TextPart(text="Found it.", step=0),
         )
     )
     _, messages = map_messages(None, (UserMessage(content="q"), assistant))
-    assert messages[1]["content"] == [block, {"type": "text", "text": "Found it."}]
+    assert messages[1]["content"] == [block, result, {"type": "text", "text": "Found it."}]
 
 
 @tool

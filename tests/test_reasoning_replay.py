@@ -181,13 +181,18 @@ def test_an_unknown_foreign_reasoning_mode_is_refused():
 
 def test_provider_data_of_another_endpoint_is_not_sent_back():
     data = {"type": "server_tool_use", "id": "srvtoolu_1", "name": "web_search", "input": {}}
-    tagged = ProviderDataPart(
-        provider="anthropic", data=data, step=0, model="m", endpoint="https://a.example"
+    result = {"type": "web_search_tool_result", "tool_use_id": "srvtoolu_1", "content": []}
+    tagged = tuple(
+        ProviderDataPart(
+            provider="anthropic", data=d, step=0, model="m", endpoint="https://a.example"
+        )
+        for d in (data, result)
     )
-    history = [UserMessage(content="go"), AssistantMessage(content=(tagged,))]
+    history = [UserMessage(content="go"), AssistantMessage(content=tagged)]
     here = Origin(provider="anthropic", model="m", endpoint="https://a.example")
     elsewhere = Origin(provider="anthropic", model="m", endpoint="https://b.example")
-    assert anthropic.map_messages(None, history, origin=here)[1][1]["content"] == [data]
+    sent = anthropic.map_messages(None, history, origin=here)[1][1]["content"]
+    assert sent == [data, result]
     assert len(anthropic.map_messages(None, history, origin=elsewhere)[1]) == 1  # user only
 
 

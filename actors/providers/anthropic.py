@@ -14,7 +14,9 @@ first time an API key is read.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 from collections.abc import AsyncGenerator, AsyncIterable, Awaitable, Callable, Iterable, Sequence
 from contextlib import aclosing
 from typing import Any, ClassVar, cast
@@ -45,7 +47,15 @@ from runtime.chunks import (
     Usage,
     UsageChunk,
 )
-from runtime.history import ForeignReasoning, Origin, as_text, iter_turns, replays_to, split_steps
+from runtime.history import (
+    EMPTY_INPUT,
+    ForeignReasoning,
+    Origin,
+    as_text,
+    iter_turns,
+    replays_to,
+    split_steps,
+)
 from runtime.messages import (
     File,
     Image,
@@ -124,7 +134,10 @@ def map_messages(
     that step's ``tool_result`` s in call order. Merging two steps into one assistant
     message is what produced "Expected thinking or redacted_thinking, but found
     tool_use" 400s in other frameworks. Messages of the same role that end up adjacent
-    are merged, since the API wants roles to alternate.
+    are merged, since the API wants roles to alternate. A user message with nothing to
+    send (``""``, whitespace) is :data:`~runtime.history.EMPTY_INPUT`, which the API
+    takes where it refuses empty content. Tool call ids that break the API's pattern are
+    rewritten the same way in the call and its result (:func:`tool_id`).
 
     User content with images or files becomes content blocks: ``image`` and ``document``
     (PDF, or plain text), each with a ``base64`` (``text`` for a text document) or
@@ -144,11 +157,13 @@ def map_messages(
     for kind, msg, results in iter_turns(messages):
         if kind == "assistant":
             for parts, step_results in split_steps(msg, results):
-                blocks = [
-                    b
-                    for b in (_part_block(p, target, foreign_reasoning) for p in parts)
-                    if b is not None
-                ]
+                blocks = _paired(
+                    [
+                        b
+                        for b in (_part_block(p, target, foreign_reasoning) for p in parts)
+                        if b is not None
+                    ]
+                )
                 if blocks:
                     _append(out, "assistant", blocks)
                 if step_results:
@@ -157,9 +172,27 @@ def map_messages(
             if msg.content:
                 system.append(msg.content)
         elif isinstance(msg, UserMessage):
-            _append(out, "user", _user_content(msg.content))
+            content = _user_content(msg.content)
+            if not content or (isinstance(content, str) and not content.strip()):
+                content = EMPTY_INPUT  # the API refuses empty and whitespace-only content
+            _append(out, "user", content)
         # a ToolMessage never reaches here: iter_turns hands them over with their call
     return ("\n\n".join(system) or None), out
+
+
+def _paired(blocks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A step's blocks less each ``server_tool_use`` whose result block is not among
+    them (the step was cut while the server ran the tool): the API refuses a server
+    tool's use "found without a corresponding" result."""
+    uses = [b for b in blocks if b.get("type") == "server_tool_use"]
+    if not uses:
+        return blocks
+    answered = {
+        b.get("tool_use_id")
+        for b in blocks
+        if b.get("type", "").endswith("_tool_result") and b.get("type") != "tool_result"
+    }
+    return [b for b in blocks if b.get("type") != "server_tool_use" or b.get("id") in answered]
 
 
 def _part_block(
@@ -171,7 +204,7 @@ def _part_block(
     if isinstance(part, ToolCallPart):
         return {
             "type": "tool_use",
-            "id": part.tool_call_id,
+            "id": tool_id(part.tool_call_id),
             "name": part.tool_name,
             "input": _tool_input(part.input),
         }
@@ -190,6 +223,21 @@ def _part_block(
     if isinstance(part, ProviderDataPart):
         return dict(part.data) if replays_to(part, target) else None
     return None
+
+
+_NOT_ID = re.compile(r"[^a-zA-Z0-9_-]")
+
+
+def tool_id(call_id: str) -> str:
+    """A tool call id as the Messages API takes it (``^[a-zA-Z0-9_-]+$``, else a 400
+    "String should match pattern"): as it is when it fits; else (another server's id,
+    such as ``functions.lookup:0``) each other character made ``_`` and a digest of the
+    original added, so two ids that differ only there stay two. The same for a call and
+    its result, so they still pair; only the request holds it, the history keeps the id."""
+    if call_id and not _NOT_ID.search(call_id):
+        return call_id
+    digest = hashlib.sha256(call_id.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    return f"{_NOT_ID.sub('_', call_id)[:64]}_{digest}"
 
 
 def _tool_input(value: Any) -> dict[str, Any]:
@@ -216,18 +264,18 @@ def _tool_result(msg: ToolMessage) -> dict[str, Any]:
     if msg.error is not None:
         return {
             "type": "tool_result",
-            "tool_use_id": msg.tool_call_id,
+            "tool_use_id": tool_id(msg.tool_call_id),
             "content": msg.error,
             "is_error": True,
         }
     output = msg.output
     if is_media_output(output):
         blocks = _user_content(output)
-        return {"type": "tool_result", "tool_use_id": msg.tool_call_id, "content": blocks}
+        return {"type": "tool_result", "tool_use_id": tool_id(msg.tool_call_id), "content": blocks}
     content = (
         output if isinstance(output, str) else json.dumps(output, ensure_ascii=False, default=str)
     )
-    return {"type": "tool_result", "tool_use_id": msg.tool_call_id, "content": content}
+    return {"type": "tool_result", "tool_use_id": tool_id(msg.tool_call_id), "content": content}
 
 
 IMAGE_TYPES = frozenset({"image/png", "image/jpeg", "image/gif", "image/webp"})
@@ -295,6 +343,25 @@ def _append(out: list[dict[str, Any]], role: str, content: str | list[dict[str, 
 
 def _blocks(content: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{"type": "text", "text": content}] if isinstance(content, str) else list(content)
+
+
+def thinking_allowed(messages: Sequence[dict[str, Any]]) -> bool:
+    """Whether a request of these (mapped) ``messages`` may turn extended thinking on.
+
+    Not when it continues a tool loop (it ends with ``tool_result`` s) whose last
+    assistant message does not start with a thinking block: the API refuses that ("When
+    `thinking` is enabled, a final `assistant` message must start with a thinking
+    block"). That happens when the step was made by another model or provider (a
+    fallback, a turn continued after an approval or a restart under another model),
+    whose thinking cannot be sent here: that one call goes without thinking."""
+    if len(messages) < 2 or messages[-1]["role"] != "user":
+        return True
+    last = messages[-1]["content"]
+    if not isinstance(last, list) or not last or last[0].get("type") != "tool_result":
+        return True
+    previous = messages[-2]["content"]
+    first = previous[0] if isinstance(previous, list) and previous else {}
+    return first.get("type") in ("thinking", "redacted_thinking")
 
 
 def map_tools(tools: Iterable[Any]) -> list[dict[str, Any]]:
@@ -1080,10 +1147,11 @@ class AnthropicProvider(SDKProvider):
         params["messages"] = messages
         if request.tools:
             params["tools"] = map_tools(request.tools)
-        if self.thinking_budget is not None:
+        thinking = self.thinking_budget is not None and thinking_allowed(messages)
+        if thinking:
             params["thinking"] = {"type": "enabled", "budget_tokens": self.thinking_budget}
         if request.output is not None:
-            map_output(params, request.output, thinking=self.thinking_budget is not None)
+            map_output(params, request.output, thinking=thinking)
         known = self._known_params(self._get_client().messages.create)
         extra_body: dict[str, Any] = {}
         for key, value in {**self.request_options, **request.settings}.items():
@@ -1141,7 +1209,7 @@ class AnthropicProvider(SDKProvider):
             params["system"] = system
         if tools:
             params["tools"] = map_tools(tools)
-        if self.thinking_budget is not None:
+        if self.thinking_budget is not None and thinking_allowed(mapped):
             params["thinking"] = {"type": "enabled", "budget_tokens": self.thinking_budget}
         try:
             counted = await self._get_client().messages.count_tokens(**params)

@@ -92,7 +92,15 @@ from runtime.chunks import (
     UsageChunk,
 )
 from runtime.errors import AxonError
-from runtime.history import ForeignReasoning, Origin, as_text, iter_turns, replays_to, split_steps
+from runtime.history import (
+    EMPTY_INPUT,
+    ForeignReasoning,
+    Origin,
+    as_text,
+    iter_turns,
+    replays_to,
+    split_steps,
+)
 from runtime.ids import new_id
 from runtime.messages import (
     File,
@@ -243,7 +251,9 @@ def _response_value(output: Any) -> Any:
         )
     if isinstance(output, str):
         return output
-    return json.loads(json.dumps(output, ensure_ascii=False, default=str))
+    # NaN and infinities become text ("NaN"): the SDK writes the body with json.dumps,
+    # which would send them as bare words, and the API refuses that as invalid JSON.
+    return json.loads(json.dumps(output, ensure_ascii=False, default=str), parse_constant=str)
 
 
 def _function_response(result: ToolMessage) -> dict[str, Any]:
@@ -348,7 +358,8 @@ def map_messages(
     assistant message is split by step into one ``model`` content (its parts as produced,
     see the module docstring) and one ``user`` content holding that step's
     ``function_response`` s (``{"output": ...}``, or ``{"error": ...}``) in call order. A
-    content left with no parts is omitted; contents of one role may follow each other
+    model content left with no parts is omitted, a user message with nothing to send is
+    :data:`~runtime.history.EMPTY_INPUT`; contents of one role may follow each other
     (the SDK's own chat history does that).
 
     Thoughts, signatures and provider data go back only where they
@@ -380,10 +391,9 @@ def map_messages(
             if msg.content:
                 system.append(msg.content)
         elif isinstance(msg, UserMessage):
-            given = _user_parts(msg.content)
+            given = _user_parts(msg.content) or [{"text": EMPTY_INPUT}]  # no empty content
             current = []
-            if given:
-                out.append({"role": "user", "parts": given})
+            out.append({"role": "user", "parts": given})
     if sentinel:
         for content in current:
             _sign_first_calls(content)

@@ -30,6 +30,7 @@ Why the stream parser is shaped as it is (each point is a bug a peer shipped):
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Iterable, Sequence
 from contextlib import aclosing
@@ -112,6 +113,22 @@ def map_finish_reason(raw: str | None) -> str:
 # -- restoration: messages -> request ------------------------------------------------------
 
 
+CALL_ID_MAX = 40
+"""The longest ``tool_calls[].id`` OpenAI takes ("string too long. Expected a string with
+maximum length 40"): ids another server made (Responses item ids, a gateway's UUIDs) can
+be longer."""
+
+
+def tool_id(call_id: str, limit: int = CALL_ID_MAX) -> str:
+    """``call_id`` as sent: itself when at most ``limit`` characters, else ``call_`` and
+    a digest of it, the same for a call and its result, so they still pair (the history
+    keeps the id)."""
+    if len(call_id) <= limit:
+        return call_id
+    digest = hashlib.sha256(call_id.encode("utf-8", "surrogatepass")).hexdigest()
+    return f"call_{digest[: limit - 5]}"
+
+
 def _arguments(value: Any) -> str:
     # A call whose input did not parse is stored as the raw string: send it back verbatim.
     return value if isinstance(value, str) else json.dumps(value)
@@ -150,11 +167,12 @@ def _media_block(part: Image | File) -> dict[str, Any]:
 def _user_content(content: Any) -> str | list[dict[str, Any]]:
     if isinstance(content, str):
         return content
-    return [
+    blocks = [
         {"type": "text", "text": p.text} if isinstance(p, TextPart) else _media_block(p)
         for p in content
         if not (isinstance(p, TextPart) and not p.text)
     ]
+    return blocks or ""  # only empty text parts: the API refuses an empty array
 
 
 def _media_output_text(parts: Sequence[Any]) -> str:
@@ -178,7 +196,7 @@ def _tool_message(result: ToolMessage) -> dict[str, Any]:
         content = result.output
     else:
         content = json.dumps(result.output, default=str)
-    return {"role": "tool", "tool_call_id": result.tool_call_id, "content": content}
+    return {"role": "tool", "tool_call_id": tool_id(result.tool_call_id), "content": content}
 
 
 def _assistant_step(
@@ -204,7 +222,7 @@ def _assistant_step(
     text = "".join(pieces)
     calls = [
         {
-            "id": p.tool_call_id,
+            "id": tool_id(p.tool_call_id),
             "type": "function",
             "function": {"name": p.tool_name, "arguments": _arguments(p.input)},
         }

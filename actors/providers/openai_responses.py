@@ -44,6 +44,7 @@ The ``openai`` SDK is imported only inside functions, so importing this module (
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import AsyncIterable, Iterable, Sequence
 from typing import Any, ClassVar
@@ -163,6 +164,21 @@ def decode_reasoning(signature: str | None) -> tuple[dict[str, Any], dict[str, A
     return item, following if isinstance(following, dict) else {}
 
 
+CALL_ID_MAX = 64
+"""The longest ``call_id`` the API takes ("string too long. Expected a string with
+maximum length 64"): another server's ids can be longer."""
+
+
+def wire_call_id(raw: str) -> str:
+    """``raw`` as sent: itself when at most :data:`CALL_ID_MAX` characters, else
+    ``call_`` and a digest of it, the same for a call and its output, so they still pair
+    (the history keeps the id)."""
+    if len(raw) <= CALL_ID_MAX:
+        return raw
+    digest = hashlib.sha256(raw.encode("utf-8", "surrogatepass")).hexdigest()
+    return f"call_{digest[: CALL_ID_MAX - 5]}"
+
+
 def _arguments(value: Any) -> str:
     # A call whose input did not parse is stored as the raw string: send it back verbatim.
     return value if isinstance(value, str) else json.dumps(value)
@@ -209,7 +225,9 @@ def _content_items(parts: Iterable[Any]) -> list[dict[str, Any]]:
 
 
 def _user_content(content: Any) -> str | list[dict[str, Any]]:
-    return content if isinstance(content, str) else _content_items(content)
+    if isinstance(content, str):
+        return content
+    return _content_items(content) or ""  # only empty text parts: no empty array
 
 
 def _output(result: ToolMessage) -> str | list[dict[str, Any]]:
@@ -249,7 +267,7 @@ def _step_items(
             items.append(
                 {
                     "type": "function_call",
-                    "call_id": part.tool_call_id,
+                    "call_id": wire_call_id(part.tool_call_id),
                     "name": part.tool_name,
                     "arguments": _arguments(part.input),
                 }
@@ -332,7 +350,7 @@ def map_messages(
                 out.extend(
                     {
                         "type": "function_call_output",
-                        "call_id": r.tool_call_id,
+                        "call_id": wire_call_id(r.tool_call_id),
                         "output": _output(r),
                     }
                     for r in step_results

@@ -180,17 +180,23 @@ class StructuredTurn:
         for step, error in self.feedback:
             parts = tuple(p for p in assistant.content if low < p.step <= step)
             out.append(attrs.evolve(assistant, content=parts))
-            calls = {p.tool_call_id for p in parts if isinstance(p, ToolCallPart)}
-            out.extend(r for r in results if r.tool_call_id in calls)  # type: ignore[union-attr]
+            out.extend(_results_of(parts, results))
             out.append(RetryPrompt(content=retry_prompt(error)))
             low = step
         rest = tuple(p for p in assistant.content if p.step > low)
         if rest:
             out.append(attrs.evolve(assistant, content=rest))
-            calls = {p.tool_call_id for p in rest if isinstance(p, ToolCallPart)}
-            out.extend(r for r in results if r.tool_call_id in calls)  # type: ignore[union-attr]
+            out.extend(_results_of(rest, results))
         out.extend(messages[end:])
         return tuple(out)
+
+
+def _results_of(parts: Sequence[Any], results: Sequence[Any]) -> list[Any]:
+    """The ``results`` of the calls among ``parts``, paired on id *and* step: a server
+    that numbers calls per response (``call_0``) repeats an id in another step, whose
+    result must not come here (the repair pairs them the same way)."""
+    calls = {(p.tool_call_id, p.step) for p in parts if isinstance(p, ToolCallPart)}
+    return [r for r in results if (r.tool_call_id, r.step) in calls]
 
 
 def retry_prompt(error: str) -> str:

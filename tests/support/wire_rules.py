@@ -1,0 +1,340 @@
+"""The structural rules of each provider's request, as validators of a mapped history.
+
+One function per wire format; each takes what a provider's ``map_messages`` returned and
+returns the rules it breaks (an empty list: a request the API takes, as far as its
+documentation and its SDK's request types say). Written from the APIs' documentation
+and the errors they answer, not from the mapping code:
+
+* Anthropic Messages: roles alternate (the provider merges, so a repeat is its bug),
+  no empty content, no empty or whitespace-only text block, tool ids match
+  ``^[a-zA-Z0-9_-]+$``, every ``tool_use`` is answered by a ``tool_result`` in the very
+  next (user) message, the results first in it, and no result without its call;
+  ``thinking`` carries a signature; the request ends with a user message (models
+  without prefill answer a final assistant message with a 400);
+* Chat Completions: every assistant ``tool_calls`` id (at most 40 characters) is
+  answered by exactly one ``tool`` message among those right after it, and a ``tool``
+  message answers a call of that assistant message; an assistant message has content or
+  tool calls; a content list is not empty;
+* Responses: a ``function_call_output`` answers an earlier unanswered ``function_call``
+  (``call_id`` at most 64 characters) and every call is answered; a reasoning item has
+  encrypted content and an item after it;
+* Gemini: roles ``user`` / ``model``, no content without parts, each part one kind of
+  data; a model content with function calls is followed by a user content holding only
+  function responses, as many and with the same names (and ids) in order.
+
+The SDKs' own request types (the ``openai`` and ``anthropic`` TypedDicts, the
+``google-genai`` pydantic ``Content``) are checked too, for field names and required
+keys (:func:`sdk_errors`).
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from typing import Any
+
+_ANTHROPIC_ID = re.compile(r"^[a-zA-Z0-9_-]+$")
+CHAT_ID_MAX = 40
+RESPONSES_CALL_ID_MAX = 64
+
+
+def _blank(text: Any) -> bool:
+    return not isinstance(text, str) or not text.strip()
+
+
+# -- Anthropic ------------------------------------------------------------------------------
+
+
+def anthropic_errors(messages: list[dict[str, Any]], *, thinking: bool = False) -> list[str]:
+    """``thinking``: the request turns extended thinking on, so a tool loop's last
+    assistant message must start with a thinking block."""
+    errs: list[str] = []
+    if not messages:
+        return ["no messages"]
+    last = messages[-1].get("content")
+    if (
+        thinking
+        and len(messages) > 1
+        and isinstance(last, list)
+        and last
+        and last[0].get("type") == "tool_result"
+    ):
+        previous = messages[-2].get("content")
+        first = previous[0] if isinstance(previous, list) and previous else {}
+        if first.get("type") not in ("thinking", "redacted_thinking"):
+            errs.append("thinking on, and the tool loop's assistant message starts without it")
+    for i, msg in enumerate(messages):
+        role, content = msg.get("role"), msg.get("content")
+        where = f"messages[{i}]"
+        if role not in ("user", "assistant"):
+            errs.append(f"{where}: role {role!r}")
+        if i and messages[i - 1].get("role") == role:
+            errs.append(f"{where}: role {role} repeats")
+        if isinstance(content, str):
+            if _blank(content):
+                errs.append(f"{where}: empty or whitespace-only string content")
+            blocks: list[dict[str, Any]] = []
+        elif isinstance(content, list):
+            if not content:
+                errs.append(f"{where}: empty content list")
+            blocks = content
+        else:
+            errs.append(f"{where}: content is {type(content).__name__}")
+            continue
+        seen_other = False
+        for j, block in enumerate(blocks):
+            kind = block.get("type")
+            at = f"{where}.content[{j}]"
+            if kind == "text" and _blank(block.get("text")):
+                errs.append(f"{at}: empty or whitespace-only text block")
+            if kind == "tool_use":
+                if role != "assistant":
+                    errs.append(f"{at}: tool_use in a {role} message")
+                if not _ANTHROPIC_ID.match(block.get("id") or ""):
+                    errs.append(f"{at}: tool_use.id {block.get('id')!r} breaks the id pattern")
+                if not isinstance(block.get("input"), dict):
+                    errs.append(f"{at}: tool_use.input is not an object")
+            if kind in ("thinking", "redacted_thinking"):
+                if role != "assistant":
+                    errs.append(f"{at}: {kind} in a {role} message")
+                if seen_other:
+                    errs.append(f"{at}: {kind} after a text or tool_use block")
+                if kind == "thinking" and not block.get("signature"):
+                    errs.append(f"{at}: thinking without a signature")
+                if kind == "redacted_thinking" and not block.get("data"):
+                    errs.append(f"{at}: redacted_thinking without data")
+            elif kind in ("text", "tool_use"):
+                seen_other = True
+            if kind == "tool_result":
+                if role != "user":
+                    errs.append(f"{at}: tool_result in a {role} message")
+                if not _ANTHROPIC_ID.match(block.get("tool_use_id") or ""):
+                    errs.append(f"{at}: tool_result.tool_use_id breaks the id pattern")
+        # a server tool's use and its result go together, in the same message
+        server_uses = {b.get("id") for b in blocks if b.get("type") == "server_tool_use"}
+        server_results = {
+            b.get("tool_use_id")
+            for b in blocks
+            if str(b.get("type", "")).endswith("_tool_result") and b.get("type") != "tool_result"
+        }
+        for missing in sorted(server_uses - server_results, key=str):
+            errs.append(f"{where}: server_tool_use {missing!r} without its result block")
+        # every tool_use answered in the very next message, results first there
+        uses = [b["id"] for b in blocks if b.get("type") == "tool_use"]
+        after = messages[i + 1] if i + 1 < len(messages) else None
+        after_blocks = after.get("content") if after is not None else None
+        after_blocks = after_blocks if isinstance(after_blocks, list) else []
+        if uses:
+            lead: list[str] = []
+            for b in after_blocks:
+                if b.get("type") != "tool_result":
+                    break
+                lead.append(b.get("tool_use_id"))
+            if sorted(lead) != sorted(uses):
+                errs.append(
+                    f"{where}: tool_use ids {uses} answered first in the next message by {lead}"
+                )
+        if role == "user":
+            results = [b.get("tool_use_id") for b in blocks if b.get("type") == "tool_result"]
+            prev = messages[i - 1] if i else None
+            prev_blocks = prev.get("content") if prev is not None else None
+            prev_uses = {
+                b.get("id")
+                for b in (prev_blocks if isinstance(prev_blocks, list) else [])
+                if b.get("type") == "tool_use"
+            }
+            for r in results:
+                if r not in prev_uses:
+                    errs.append(
+                        f"{where}: tool_result {r!r} answers no tool_use of the message before"
+                    )
+            if len(results) != len(set(results)):
+                errs.append(f"{where}: a tool_use answered twice")
+    if messages[-1].get("role") != "user":
+        errs.append("the request ends with an assistant message (prefill)")
+    return errs
+
+
+# -- Chat Completions -----------------------------------------------------------------------
+
+
+def chat_errors(messages: list[dict[str, Any]]) -> list[str]:
+    errs: list[str] = []
+    i, n = 0, len(messages)
+    while i < n:
+        msg = messages[i]
+        role = msg.get("role")
+        where = f"messages[{i}]"
+        content = msg.get("content")
+        if isinstance(content, list) and not content:
+            errs.append(f"{where}: empty content list")
+        if role == "tool":
+            errs.append(
+                f"{where}: tool message {msg.get('tool_call_id')!r} answers no call before it"
+            )
+            i += 1
+            continue
+        if role == "assistant":
+            calls = msg.get("tool_calls") or []
+            if content is None and not calls:
+                errs.append(f"{where}: assistant message with neither content nor tool_calls")
+            ids = [c["id"] for c in calls]
+            for c in ids:
+                if len(c) > CHAT_ID_MAX:
+                    errs.append(
+                        f"{where}: tool_calls id of {len(c)} characters (max {CHAT_ID_MAX})"
+                    )
+            if len(ids) != len(set(ids)):
+                errs.append(f"{where}: two tool_calls with one id")
+            j = i + 1
+            answered: list[str] = []
+            while j < n and messages[j].get("role") == "tool":
+                answered.append(messages[j].get("tool_call_id"))
+                if not isinstance(messages[j].get("content"), str):
+                    errs.append(f"messages[{j}]: tool content is not text")
+                j += 1
+            if sorted(answered) != sorted(ids):
+                errs.append(f"{where}: tool_calls {ids} answered by {answered}")
+            i = j
+            continue
+        if role not in ("system", "user", "developer"):
+            errs.append(f"{where}: role {role!r}")
+        i += 1
+    return errs
+
+
+# -- Responses ------------------------------------------------------------------------------
+
+
+def responses_errors(items: list[dict[str, Any]]) -> list[str]:
+    errs: list[str] = []
+    open_calls: dict[str, int] = {}
+    for i, item in enumerate(items):
+        where = f"input[{i}]"
+        kind = item.get("type", "message" if "role" in item else None)
+        if kind == "message":
+            content = item.get("content")
+            if isinstance(content, list) and not content:
+                errs.append(f"{where}: empty content list")
+            if item.get("role") not in ("user", "assistant", "system", "developer"):
+                errs.append(f"{where}: role {item.get('role')!r}")
+        elif kind == "function_call":
+            call_id = item.get("call_id") or ""
+            if len(call_id) > RESPONSES_CALL_ID_MAX:
+                errs.append(f"{where}: call_id of {len(call_id)} characters")
+            if call_id in open_calls:
+                errs.append(f"{where}: call_id {call_id!r} of an unanswered call used again")
+            open_calls[call_id] = i
+        elif kind == "function_call_output":
+            call_id = item.get("call_id")
+            if call_id not in open_calls:
+                errs.append(f"{where}: output for {call_id!r}, no unanswered function_call before")
+            else:
+                del open_calls[call_id]
+        elif kind == "reasoning":
+            if not item.get("encrypted_content"):
+                errs.append(f"{where}: reasoning item without encrypted_content (store=False)")
+            following = items[i + 1] if i + 1 < len(items) else None
+            if (
+                following is None
+                or following.get("role") == "user"
+                or (following.get("type") == "function_call_output")
+            ):
+                errs.append(f"{where}: reasoning item without its following output item")
+    for call_id in open_calls:
+        errs.append(f"function_call {call_id!r} has no output")
+    return errs
+
+
+# -- Gemini ---------------------------------------------------------------------------------
+
+_GEMINI_DATA = (
+    "text",
+    "function_call",
+    "function_response",
+    "inline_data",
+    "file_data",
+    "executable_code",
+    "code_execution_result",
+)
+
+
+def gemini_errors(contents: list[dict[str, Any]]) -> list[str]:
+    errs: list[str] = []
+    for i, content in enumerate(contents):
+        where = f"contents[{i}]"
+        role, parts = content.get("role"), content.get("parts")
+        if role not in ("user", "model"):
+            errs.append(f"{where}: role {role!r}")
+        if not parts:
+            errs.append(f"{where}: no parts")
+            continue
+        for j, part in enumerate(parts):
+            data = [k for k in _GEMINI_DATA if k in part]
+            if len(data) != 1:
+                errs.append(f"{where}.parts[{j}]: data fields {data}")
+        calls = [p["function_call"] for p in parts if "function_call" in p]
+        responses = [p["function_response"] for p in parts if "function_response" in p]
+        if calls and role != "model":
+            errs.append(f"{where}: function_call in a {role} content")
+        if responses:
+            prev = contents[i - 1] if i else {}
+            prev_calls = [p["function_call"] for p in prev.get("parts", ()) if "function_call" in p]
+            if role != "user" or not prev_calls:
+                errs.append(f"{where}: function responses not right after function calls")
+            if len(responses) != len(parts):
+                errs.append(f"{where}: function responses mixed with other parts")
+        if calls:
+            after = contents[i + 1] if i + 1 < len(contents) else {}
+            got = [
+                p["function_response"] for p in after.get("parts", ()) if "function_response" in p
+            ]
+            if [c.get("name") for c in calls] != [r.get("name") for r in got]:
+                errs.append(
+                    f"{where}: calls {[c.get('name') for c in calls]} answered by "
+                    f"{[r.get('name') for r in got]}"
+                )
+            elif [c.get("id") for c in calls] != [r.get("id") for r in got]:
+                errs.append(
+                    f"{where}: call ids {[c.get('id') for c in calls]} answered by other ids"
+                )
+    if contents and contents[-1].get("role") != "user":
+        errs.append("the contents end with a model content")
+    return errs
+
+
+# -- the SDKs' request types ----------------------------------------------------------------
+
+
+@functools.cache
+def _adapter(kind: str) -> Any:
+    from pydantic import TypeAdapter
+
+    if kind == "anthropic":
+        from anthropic.types import MessageParam
+
+        return TypeAdapter(list[MessageParam])
+    if kind == "chat":
+        from openai.types.chat import ChatCompletionMessageParam
+
+        return TypeAdapter(list[ChatCompletionMessageParam])
+    if kind == "responses":
+        from openai.types.responses import ResponseInputParam
+
+        return TypeAdapter(ResponseInputParam)
+    from google.genai import types
+
+    return TypeAdapter(list[types.Content])
+
+
+def sdk_errors(kind: str, payload: list[dict[str, Any]]) -> list[str]:
+    """What the SDK's request type for ``kind`` (``anthropic``, ``chat``, ``responses``,
+    ``gemini``) says of ``payload``: missing required keys, wrong literals, unknown
+    fields where the type forbids them."""
+    from pydantic import ValidationError
+
+    try:
+        _adapter(kind).validate_python(payload)
+    except ValidationError as exc:
+        return [f"{kind} SDK type: {exc.errors()[0]['loc']}: {exc.errors()[0]['msg']}"]
+    return []
