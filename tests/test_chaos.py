@@ -19,21 +19,10 @@ import pytest
 
 from tests.support.chaos import LARGE, SMALL, run_chaos
 from tests.support.redis import require_redis, unique_prefix
-
-CI_SEEDS = (1, 2, 3)
-
-
-def _seeds(spec: str | None) -> list[int]:
-    if not spec:
-        return list(CI_SEEDS)
-    seeds: list[int] = []
-    for item in spec.split(","):
-        first, _, last = item.strip().partition("-")
-        seeds.extend(range(int(first), int(last or first) + 1))
-    return seeds
+from tests.support.seeds import seeds_from
 
 
-@pytest.mark.parametrize("seed", _seeds(os.environ.get("AXON_CHAOS_SEEDS")))
+@pytest.mark.parametrize("seed", seeds_from("AXON_CHAOS_SEEDS"))
 async def test_the_deployment_keeps_its_invariants_under_seeded_faults(
     pg_url: str, seed: int
 ) -> None:

@@ -19,21 +19,10 @@ import os
 import pytest
 
 from tests.support.embchaos import LARGE, SMALL, run_embedded_chaos
-
-CI_SEEDS = (1, 2, 3)
-
-
-def _seeds(spec: str | None) -> list[int]:
-    if not spec:
-        return list(CI_SEEDS)
-    seeds: list[int] = []
-    for item in spec.split(","):
-        first, _, last = item.strip().partition("-")
-        seeds.extend(range(int(first), int(last or first) + 1))
-    return seeds
+from tests.support.seeds import seeds_from
 
 
-@pytest.mark.parametrize("seed", _seeds(os.environ.get("AXON_EMBCHAOS_SEEDS")))
+@pytest.mark.parametrize("seed", seeds_from("AXON_EMBCHAOS_SEEDS"))
 async def test_the_embedded_deployment_keeps_its_invariants_under_seeded_faults(
     seed: int,
 ) -> None:
