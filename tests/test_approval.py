@@ -455,3 +455,30 @@ async def test_a_waiting_session_is_freed_from_memory_and_resumes_from_the_store
         assert not session.loaded  # the wait holds nothing in memory
         result = await session.respond(first.pending[0].approval_id, approved=True)
     assert result.finish_reason == "stop" and ran == ["/x"]
+
+
+async def test_a_repeated_call_id_is_renamed_before_its_approval_is_asked(tmp_path):
+    # A server numbering calls per response: call_0 in every step.
+    script = [
+        [*tool_call("list_files", {}, tool_call_id="call_0")],
+        [*tool_call("delete_file", {"path": "/x"}, tool_call_id="call_0")],
+        [*tool_call("list_files", {}, tool_call_id="call_0")],
+        ["done"],
+    ]
+    async with Host.open(store=tmp_path / "s.db", log_tap=False) as host:
+        session = await host.open_session(agent(*script), session_id="s")
+        async with session.stream("go") as out:
+            chunks = [c async for c in out]
+        first = out.result
+        asked = [
+            (c.tool_call_id, c.approval_id) for c in chunks if c.type == "tool-approval-request"
+        ]
+        assert asked == [("call_0-1", first.pending[0].approval_id)]
+        assert ran == ["list"]
+        result = await session.respond(first.pending[0].approval_id, approved=True)
+    assert ran == ["list", "/x", "list"]
+    assert result.finish_reason == "stop" and result.text == "done"
+    calls = [p.tool_call_id for p in session.messages[1].content if hasattr(p, "tool_call_id")]
+    assert calls == ["call_0", "call_0-1", "call_0-2"]
+    outputs = [(m.tool_call_id, m.output) for m in session.messages if isinstance(m, ToolMessage)]
+    assert outputs == [("call_0", "a.txt"), ("call_0-1", "deleted /x"), ("call_0-2", "a.txt")]

@@ -65,7 +65,7 @@ from runtime.messages import (
     UserMessage,
 )
 from runtime.provider import ProviderOptions
-from tests.support import provider_calls
+from tests.support import provider_calls, wire_rules
 from tests.support.grammar import check_grammar
 from tests.support.loopback import Reply, anthropic_sse, loopback_server, sse
 from tests.support.provider_calls import Call, call_with, cli_turn
@@ -830,6 +830,27 @@ def test_reasoning_goes_back_verbatim_and_the_item_after_it_gets_its_id_back():
             "content": [{"type": "output_text", "text": "Answer.", "annotations": []}],
         },
     ]
+
+
+def test_a_call_renamed_for_its_repeated_id_still_gets_its_item_id_back():
+    # A server numbering calls per response: step 1's call_A became call_A-1 in the turn.
+    history = [
+        UserMessage(content="go"),
+        AssistantMessage(
+            content=(
+                signed(0, "rs_1", "", {"type": "function_call", "id": "fc_1", "call_id": "call_A"}),
+                tool_call("call_A", 0),
+                signed(1, "rs_2", "", {"type": "function_call", "id": "fc_2", "call_id": "call_A"}),
+                tool_call("call_A-1", 1),
+            )
+        ),
+        result_of("call_A", 0),
+        result_of("call_A-1", 1),
+    ]
+    items = map_messages(history)
+    calls = [(i["id"], i["call_id"]) for i in items if i.get("type") == "function_call"]
+    assert calls == [("fc_1", "call_A"), ("fc_2", "call_A-1")]
+    assert wire_rules.responses_errors(items) == []
 
 
 def test_other_providers_reasoning_unsigned_and_unreadable_reasoning_are_dropped():

@@ -79,7 +79,7 @@ from runtime.history import (
     replays_to,
     split_steps,
 )
-from runtime.ids import new_id
+from runtime.ids import is_call_id_of, new_id
 from runtime.messages import (
     File,
     Image,
@@ -301,7 +301,11 @@ def _link(item: dict[str, Any], following: dict[str, Any]) -> None:
         return
     kind = following.get("type")
     if kind == "function_call" and item.get("type") == "function_call":
-        if item.get("call_id") == following.get("call_id"):
+        # the call may hold another id than the server gave it (runtime.ids.repeated_call_id)
+        called, linked = item.get("call_id"), following.get("call_id")
+        if called == linked or (
+            isinstance(called, str) and isinstance(linked, str) and is_call_id_of(called, linked)
+        ):
             item["id"] = item_id
     elif kind == "message" and item.get("role") == "assistant":
         content = item.pop("content")

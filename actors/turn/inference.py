@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from actors.turn.compaction import compact
+from actors.turn.parts import CallIds
 from actors.turn.structured import observe, with_feedback
 from actors.turn.throttle import acquire, limiter_of, release
 from actors.turn.turn_state import Step, Turn, error_info
@@ -254,6 +255,7 @@ class Inferring:
         )
         await self._ask(provider, request)
         inbox, parts, ctrl = self.stream_inbox, turn.parts, turn.ctrl
+        ids = CallIds(parts.content, turn.step)  # a call id the message holds gets another
         parts.origin = getattr(provider, "origin", None)  # recorded on signed parts
         try:
             while True:
@@ -279,10 +281,11 @@ class Inferring:
                     elif t is ReasoningChunk:
                         parts.reasoning(chunk, forward)
                     elif t is ToolInputDeltaChunk:
-                        forward.append(chunk)
+                        forward.append(ids.delta(chunk) if ids.renamed else chunk)
                     elif t is ToolInputStartChunk:
-                        parts.tool_input_start(chunk, forward)
+                        parts.tool_input_start(ids.start(chunk), forward)
                     elif t is ToolCallChunk:
+                        chunk = ids.call(chunk)
                         parts.tool_call(chunk, forward)
                         result.calls.append(chunk)
                     elif t is ProviderDataChunk:

@@ -37,10 +37,19 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import attrs
+
 from runtime.actor_messages import REASONING, TEXT, PartBegin, PartEnd
-from runtime.chunks import ProviderDataChunk, ReasoningChunk, TextChunk, ToolCallChunk
+from runtime.chunks import (
+    ProviderDataChunk,
+    ReasoningChunk,
+    TextChunk,
+    ToolCallChunk,
+    ToolInputDeltaChunk,
+    ToolInputStartChunk,
+)
 from runtime.history import Origin
-from runtime.ids import new_id
+from runtime.ids import new_id, repeated_call_id
 from runtime.messages import (
     Part,
     ProviderDataPart,
@@ -243,3 +252,62 @@ class PartsManager:
         self._kind = kind
         self._id = new_id("part")
         out.append(PartBegin(kind=kind, part_id=self._id))
+
+
+class CallIds:
+    """Makes the tool call ids of one model call unique in the turn's assistant message.
+
+    Some servers and local models number the calls of each response (``call_0`` in every
+    step), so a turn could hold two calls with one id: the turn's bookkeeping (results,
+    outcomes, held calls), the stored message and the stream (the AI SDK finds a tool
+    part by ``toolCallId``) all take a call id to name one call. So a call whose id the
+    message already holds gets another, ``{id}-{step}`` (``-{step}-{k}`` if that one is
+    taken too), on every chunk of it: its input's start and deltas and the complete call.
+    The history then keeps that id, and every request built from it sends it with both
+    the call and its result, so they still pair.
+
+    Derived, not random: a step run again (a turn taken over from another worker, whose
+    message holds the parts of the committed steps; a model call made again after a
+    failure, whose parts were discarded) gives each call the id it had.
+    """
+
+    __slots__ = ("_open", "renamed", "step", "used")
+
+    def __init__(self, content: Sequence[Part], step: int) -> None:
+        self.used = {p.tool_call_id for p in content if type(p) is ToolCallPart}
+        self.step = step
+        self.renamed: dict[str, str] = {}
+        """The provider's id of a call whose input is streaming -> the id it has here;
+        only calls renamed (the common case keeps this empty)."""
+        self._open: dict[str, str] = {}  # a call's input streaming: provider id -> its id
+
+    def _fresh(self, original: str) -> str:
+        used = self.used
+        new, k = original, 0
+        while new in used:
+            k += 1
+            new = repeated_call_id(original, self.step, k)
+        used.add(new)
+        return new
+
+    def start(self, chunk: ToolInputStartChunk) -> ToolInputStartChunk:
+        original = chunk.tool_call_id
+        new = self._fresh(original)
+        self._open[original] = new
+        if new == original:
+            self.renamed.pop(original, None)
+            return chunk
+        self.renamed[original] = new
+        return attrs.evolve(chunk, tool_call_id=new)
+
+    def delta(self, chunk: ToolInputDeltaChunk) -> ToolInputDeltaChunk:
+        new = self.renamed.get(chunk.tool_call_id)
+        return chunk if new is None else attrs.evolve(chunk, tool_call_id=new)
+
+    def call(self, chunk: ToolCallChunk) -> ToolCallChunk:
+        original = chunk.tool_call_id
+        new = self._open.pop(original, None)
+        if new is None:  # no input streamed before it (or a second call with that id)
+            new = self._fresh(original)
+        self.renamed.pop(original, None)
+        return chunk if new == original else attrs.evolve(chunk, tool_call_id=new)
