@@ -11,9 +11,10 @@ from actors.providers import anthropic, gemini, openai, openai_responses
 from actors.providers.scripted import ScriptedProvider, tool_call
 from actors.stores import MemoryStore
 from actors.turn.parts import CallIds
-from runtime import Agent, Host, ToolCallPart, ToolMessage, UserMessage, tool
+from runtime import Agent, Host, RetryPolicy, ToolCallPart, ToolMessage, UserMessage, tool
 from runtime.app.web.ui_stream import encode_turn, ui_messages
 from runtime.chunks import ToolCallChunk, ToolInputDeltaChunk, ToolInputStartChunk
+from runtime.errors import Overloaded
 from runtime.history import repair
 from runtime.ids import is_call_id_of, repeated_call_id
 from runtime.tools import ToolContext
@@ -190,3 +191,27 @@ def test_only_the_renamed_forms_of_an_id_count_as_that_id():
         assert is_call_id_of(renamed, "call_0")
     for other in ("call_01", "call_0-", "call_0-x", "call_0-3-2-1", "call_1-3", "call"):
         assert not is_call_id_of(other, "call_0")
+
+
+async def test_a_step_made_again_by_the_fallback_gives_its_call_the_same_id():
+    # The primary starts step 1's call_0 (streamed as call_0-1), then fails; the backup
+    # makes the step again after a reset-step, and its call_0 is call_0-1 once more.
+    busy = Overloaded("overloaded", provider="scripted", status_code=529)
+    primary = ScriptedProvider(
+        [STEPS[0], [ToolInputStartChunk(tool_call_id="call_0", tool_name="charge"), busy]],
+        name="primary",
+    )
+    backup = ScriptedProvider([["unused"], *STEPS[1:]], name="backup")
+    charger = Charger()
+    agent = Agent(
+        provider=[primary, backup], tools=[charger.tool()], retry=RetryPolicy(max_attempts=1)
+    )
+    async with Host.open(log_tap=False) as host:
+        session = await host.open_session(agent, session_id=SID)
+        async with session.stream("pay", turn_id=T) as out:
+            chunks = await out.collect()
+    started = [c.tool_call_id for c in chunks if c.type == "tool-input-start"]
+    assert started == [IDS[0], IDS[1], IDS[1]]  # the second one voided by reset-step
+    assert [c.type for c in chunks].count("reset-step") == 1
+    assert [(n, i) for n, i, _ in charger.runs] == [(1, IDS[0]), (2, IDS[1])]
+    check_history(session.messages)
