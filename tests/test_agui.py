@@ -10,6 +10,7 @@ from typing import Any
 
 import httpx
 import pytest
+import trio
 from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import BaseModel, TypeAdapter
@@ -1004,6 +1005,34 @@ async def test_a_thread_running_a_run_answers_409_thread_busy():
                 second = await post(server, run_input("t", user("x", "m1"), user("y", "m2")))
                 server.host.cancel_turns("test over")
     assert second.status_code == 409 and second.json()["code"] == "thread_busy"
+
+
+async def test_two_threads_running_at_once_with_one_run_id_get_distinct_turn_ids():
+    # A careless client's constant runId: a turn id must name one running turn, or a
+    # stop of one thread (the relay's cancel, by turn id) stops the other's.
+    agent = Agent(provider=ScriptedProvider([["Hi", Sleep(30), "there"]] * 2))
+    async with web_server(agent, protocols=("ag-ui",)) as server:
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as c:
+            runs = [run_input(t, user("x", "m1"), runId="run-1") for t in ("alice", "bob")]
+            async with (
+                c.stream("POST", "/ag-ui", json=runs[0]) as alice,
+                c.stream("POST", "/ag-ui", json=runs[1]) as bob,
+            ):
+                started = []
+                for response in (alice, bob):
+                    async for piece in response.aiter_text():
+                        if "RUN_STARTED" in piece:
+                            started.append(piece)
+                            break
+                turns = [s.current for s in server.host.sessions.values()]
+                first, other = sorted(turns, key=lambda t: t.turn_id != "run-1")
+                assert first.turn_id == "run-1" != other.turn_id  # the first keeps it
+                assert server.host.cancel_turn("run-1", "test over")
+                with trio.fail_after(10):
+                    await first.done.wait()
+                assert not other.done.is_set()  # the other thread's turn goes on
+                server.host.cancel_turns("test over")
+    assert all('"runId":"run-1"' in piece for piece in started)  # each client sees its own
 
 
 async def test_a_client_that_never_reads_is_dropped_and_its_turn_saved_interrupted(monkeypatch):

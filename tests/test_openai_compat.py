@@ -419,6 +419,33 @@ async def test_a_session_running_a_turn_answers_409_session_busy():
         await stream.close()  # the turn goes on (and ends) without the client
 
 
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("tool_choice", "required"),
+        ("tool_choice", {"type": "function", "function": {"name": "lookup"}}),
+        ("function_call", {"name": "lookup"}),
+        ("functions", [{"name": "f", "parameters": {"type": "object"}}]),
+    ],
+)
+async def test_a_tool_call_the_client_asks_for_is_400_and_runs_nothing(option, value):
+    # the agent's tools run server-side: a forced call would never reach the client
+    header = {"X-Axon-Session": "forced"}
+    async with web_server(tool_agent(), protocols=BOTH) as server, openai_client(server) as c:
+        with pytest.raises(openai.BadRequestError) as caught:
+            await c.chat.completions.create(
+                model="finder", messages=USER("x"), extra_headers=header, extra_body={option: value}
+            )
+        assert caught.value.status_code == 400
+        assert caught.value.param == option
+        for harmless in ("auto", "none"):  # what the agent does anyway
+            await c.chat.completions.create(
+                model="finder", messages=USER("x"), extra_body={"tool_choice": harmless}
+            )
+        assert "forced" not in server.host.sessions
+        assert await server.host.store.load("forced") is None
+
+
 async def test_a_body_not_sent_as_json_is_415_and_runs_nothing():
     async with web_server(tool_agent(), protocols=BOTH) as server:
         async with httpx.AsyncClient(base_url=server.url) as raw:

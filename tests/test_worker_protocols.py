@@ -436,6 +436,24 @@ async def test_an_agui_run_streams_a_queued_turn_as_valid_events_under_the_clien
     assert record.messages[1].id == "msg_r1"
 
 
+async def test_a_runid_used_again_in_any_thread_runs_under_a_new_turn_id(
+    pg_url: str, redis_url: str
+) -> None:
+    # A careless client's constant runId: the queue holds a turn id once, so each later
+    # run was a 400 for ever; it now runs (as it does without workers) under a new id.
+    async with protocols_deployment(pg_url, redis_url, agui_agent()) as d:
+        runs = [
+            run_input("ta", user("tools go", "u1"), runId="run-1"),
+            run_input("tb", user("tools go", "u1"), runId="run-1"),
+            run_input("ta", user("tools go", "u1"), user("again", "u2"), runId="run-1"),
+        ]
+        started = [(await agui_run(d.urls[0], body))[0] for body in runs]
+        ta, tb = await d.queue.turns("ta"), await d.queue.turns("tb")
+    assert [e["runId"] for e in started] == ["run-1"] * 3  # each client sees its own
+    assert [t.status for t in ta + tb] == ["done"] * 3
+    assert ta[0].turn_id == "run-1" and len({t.turn_id for t in ta + tb}) == 3
+
+
 async def test_a_new_agui_thread_starts_on_the_worker_from_the_messages_the_client_holds(
     pg_url: str, redis_url: str
 ) -> None:

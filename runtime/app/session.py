@@ -223,6 +223,7 @@ class TurnStream:
         """Set when the turn is over: when the iteration ends, after the ``async with``
         block at the latest."""
         self.turn_id = _check_id(turn_id, "turn id") or new_id("turn")
+        self._named = turn_id is not None and not resume
         self._done: trio.Event | None = None
         self._over = False  # (what :attr:`done` says, whether or not it was made)
         self._cancel = TurnCancel()
@@ -303,6 +304,11 @@ class TurnStream:
             # A newer message waits already: this turn is cut before its model call (a
             # scope cancelled before it is entered cancels on entry). Its input is kept.
             self._cancel.cancel(INTERRUPTED_BY_NEW)
+        running = (s.current for s in session.host.sessions.values() if s.current is not None)
+        if self._named and any(t.turn_id == self.turn_id for t in running):
+            # A caller's id (an AG-UI runId) that names a turn of another session running
+            # now: a turn id names one running turn (cancels, the relay's streams).
+            self.turn_id = new_id("turn")
         session.host.wake(session)
         session.current = self
         session.changed()
@@ -786,7 +792,8 @@ class Session:
         and its ``result`` is the joined turn's).
 
         A durable turn (run by a worker, taken over by another if that one dies) names
-        itself: ``turn_id`` is used instead of a new id, ``message_id`` becomes its
+        itself: ``turn_id`` is used instead of a new id (unless a turn of another session
+        of the host running now has it: then a new one), ``message_id`` becomes its
         assistant message's id. With ``resume``, the turn may have committed steps
         already: if the history holds message ``message_id``, the turn continues it from
         the step after its last committed one (only the step in flight runs again, and

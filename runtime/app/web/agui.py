@@ -603,13 +603,18 @@ class AGUIRoutes:
             history=seed,
         )
         key = None if user_id is None else _run_key(session_id, user_id)
+        turn_id = _queue_turn_id(run.run_id)
+        if turn_id is not None and await front.queue.get_status(turn_id) is not None:
+            # a runId used before (a careless client's constant one, in any thread): the
+            # queue refuses a turn id twice, so this run's turn gets a new one
+            turn_id = None
         try:
             turn = await front.submit(
                 session_id,
                 text,
                 key,
                 False,
-                turn_id=_queue_turn_id(run.run_id),
+                turn_id=turn_id,
                 options=options,
             )
         except ApiError as exc:

@@ -231,6 +231,18 @@ def parse_chat_request(payload: Any) -> ChatRequest:
         raise bad_request(
             "'tools' is not supported: the agent runs its own tools server-side", "tools"
         )
+    if payload.get("functions"):
+        raise bad_request(
+            "'functions' is not supported: the agent runs its own tools server-side", "functions"
+        )
+    for choice in ("tool_choice", "function_call"):
+        # a call the client asks for could never come: no tool call is sent to it
+        if payload.get(choice) not in (None, "auto", "none"):
+            raise bad_request(
+                f"'{choice}' may only be 'auto' or 'none': the agent runs its own tools "
+                "server-side and sends the client no tool calls",
+                choice,
+            )
     n = payload.get("n", 1)
     if n not in (1, None):
         raise bad_request("'n' must be 1: an agent gives one answer per turn", "n")
