@@ -37,7 +37,7 @@ from typing import Any
 import structlog
 import trio
 
-from actors.relays.redis_failures import _backoff, _described, _retryable
+from actors.relays.redis_failures import _retried
 from runtime.errors import RateLimitUnavailable
 from runtime.ratelimit import LEASE, POLL, WINDOW, Clock, RateLimit, Verdict, WallClock
 
@@ -161,26 +161,21 @@ class RedisLimitBackend:
         answer, for ``retry_for`` seconds; then
         :class:`~runtime.errors.RateLimitUnavailable` (see the module docstring)."""
         values = [str(a) for a in args]
-        deadline = trio.current_time() + self.retry_for
-        attempt = 0
-        while True:
-            try:
-                with trio.fail_after(self.op_timeout):
-                    return await self._script(name, source, keys, values)
-            except _retryable() as exc:
-                if isinstance(exc, trio.TooSlowError):
-                    # the reply may never come: the retry is not to queue behind it
-                    self.client.connection_pool.disconnect()
-                error = _described(exc, self.op_timeout)
-                if trio.current_time() >= deadline:
-                    raise RateLimitUnavailable(
-                        f"the shared rate limits' Redis did not answer for "
-                        f"{self.retry_for:g} s ({name}): {error}"
-                    ) from None
-                delay = _backoff(attempt, self.retry_base, self.retry_max)
-                attempt += 1
-                log.warning("limits.call_failed", what=name, retry_in=round(delay, 3), error=error)
-                await trio.sleep(delay)
+        return await _retried(
+            lambda: self._script(name, source, keys, values),
+            within=self.op_timeout,
+            retry_for=self.retry_for,
+            base=self.retry_base,
+            cap=self.retry_max,
+            stalled=self.client.connection_pool.disconnect,
+            failed=lambda error: RateLimitUnavailable(
+                f"the shared rate limits' Redis did not answer for {self.retry_for:g} s "
+                f"({name}): {error}"
+            ),
+            logger=log,
+            event="limits.call_failed",
+            what=name,
+        )
 
     async def _script(self, name: str, source: str, keys: list[str], values: list[str]) -> Any:
         """Run a script by its SHA, loading it first when this Redis does not know it

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import functools
 import random
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import structlog
 import trio
@@ -22,6 +23,8 @@ from runtime.errors import RelayUnavailable
 from runtime.redact import redact
 
 log = structlog.get_logger("axon.relay")
+
+T = TypeVar("T")
 
 
 def _transient() -> tuple[type[BaseException], ...]:
@@ -48,6 +51,43 @@ def _described(error: BaseException, within: float | None = None) -> str:
 def _backoff(attempt: int, base: float, cap: float) -> float:
     """Capped exponential backoff with full jitter (many writers must not retry in step)."""
     return random.uniform(0, min(cap, base * 2**attempt))
+
+
+async def _retried(
+    fn: Callable[[], Awaitable[T]],
+    *,
+    within: float,
+    retry_for: float,
+    base: float,
+    cap: float,
+    stalled: Callable[[], None] | None,
+    failed: Callable[[str], BaseException],
+    logger: Any,
+    event: str,
+    what: str,
+) -> T:
+    """``await fn()`` within ``within`` seconds, retried with backoff while Redis does not
+    answer (:func:`_retryable`), for ``retry_for`` seconds; then ``failed`` of the last
+    error's description is raised. A try past its deadline calls ``stalled`` first (the
+    reply may never come: coredis would queue the retry behind it, so the pool starts
+    over). Each retry is logged as ``event`` with ``what``, the delay and the error.
+    The relay's reads and the shared rate limits' scripts both go through here."""
+    deadline = trio.current_time() + retry_for
+    attempt = 0
+    while True:
+        try:
+            with trio.fail_after(within):
+                return await fn()
+        except _retryable() as exc:
+            if stalled is not None and isinstance(exc, trio.TooSlowError):
+                stalled()
+            error = _described(exc, within)
+            if trio.current_time() >= deadline:
+                raise failed(error) from None
+            delay = _backoff(attempt, base, cap)
+            attempt += 1
+            logger.warning(event, what=what, retry_in=round(delay, 3), error=error)
+            await trio.sleep(delay)
 
 
 @functools.cache

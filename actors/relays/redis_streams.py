@@ -53,7 +53,7 @@ from actors.relays.redis_failures import (
     _backoff,
     _closed_stream,
     _described,
-    _retryable,
+    _retried,
     _single_leaf,
     _transient,
     _wait_for_redis,
@@ -287,30 +287,21 @@ class RedisRelay:
         ``retry_for`` seconds, then :class:`~runtime.errors.RelayUnavailable`.
         ``blocking``: ``fn`` is a blocking command (``XREAD BLOCK``), on a connection of
         its own that coredis drops when it is given up."""
-        deadline = trio.current_time() + self.retry_for
-        attempt = 0
         within = self.op_timeout + self.block_ms / 1000
-        while True:
-            try:
-                with trio.fail_after(within):
-                    return await fn()
-            except _retryable() as exc:
-                if isinstance(exc, trio.TooSlowError) and not blocking:
-                    self._gave_up()
-                if trio.current_time() >= deadline:
-                    raise RelayUnavailable(
-                        f"Redis did not answer for {self.retry_for:g} s ({what}): "
-                        f"{_described(exc, within)}"
-                    ) from None
-                delay = _backoff(attempt, self.retry_base, self.retry_max)
-                attempt += 1
-                log.warning(
-                    "relay.read_failed",
-                    what=what,
-                    retry_in=round(delay, 3),
-                    error=_described(exc, within),
-                )
-                await trio.sleep(delay)
+        return await _retried(
+            fn,
+            within=within,
+            retry_for=self.retry_for,
+            base=self.retry_base,
+            cap=self.retry_max,
+            stalled=None if blocking else self._gave_up,
+            failed=lambda error: RelayUnavailable(
+                f"Redis did not answer for {self.retry_for:g} s ({what}): {error}"
+            ),
+            logger=log,
+            event="relay.read_failed",
+            what=what,
+        )
 
     def _gave_up(self) -> None:
         """A non-blocking command on the coredis client got no reply within its deadline.
