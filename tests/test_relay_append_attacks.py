@@ -289,6 +289,23 @@ class Note:
 
 
 @pytest.mark.parametrize("value", [Note("x"), "not a chunk", {"text": "x"}, {"type": 3}], ids=repr)
+async def test_a_value_that_is_no_chunk_is_refused_in_an_extend_as_at_an_append(
+    autojump_clock: Any, value: Any
+) -> None:
+    """A worker forwards its turn's chunks in batches (``extend``): a value with no
+    string ``type`` in one is refused there too, not queued to kill the flusher."""
+    async with fake_relay() as (relay, _):
+        writer = await started_writer(relay)
+        writer.append(delta(0))
+        queued = list(writer._queue)
+        with pytest.raises(TypeError, match="not an output chunk"):
+            writer.extend([value])
+        assert writer._queue == queued
+        await writer.aclose()
+    assert writer.lost == 0
+
+
+@pytest.mark.parametrize("value", [Note("x"), "not a chunk", {"text": "x"}, {"type": 3}], ids=repr)
 async def test_a_value_that_is_no_chunk_is_refused_at_its_append_even_behind_a_last_chunk(
     autojump_clock: Any, value: Any
 ) -> None:

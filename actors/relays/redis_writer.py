@@ -99,8 +99,36 @@ _MARKERS = frozenset({GAP, END})
 
 
 _UNSTRUCTURERS: dict[type, Callable[[Any], dict[str, Any]]] = {}
-"""Each chunk class's unstructure hook (:func:`~runtime.serde.unstructurer`), looked up
-once a class: a worker's turn appends ~35 chunks of a few classes."""
+"""Each chunk class's unstructure hook (:func:`_hook`), looked up once a class: a
+worker's turn appends ~35 chunks of a few classes."""
+
+
+def _hook(cls: type) -> Callable[[Any], dict[str, Any]]:
+    """The relay's unstructure hook for ``cls`` (:func:`~runtime.serde.unstructurer`),
+    cached. An output chunk class (its ``type`` a string on the class, as
+    :mod:`runtime.output` sets it) gives items that all have it: its hook as it is. Any
+    other class (a dict, an application's value) is checked at each use: an item with no
+    string ``type``, queued, would be junk in the stream to every reader, or kill the
+    relay's one flush task (every writer's) when it counts a batch's chunks."""
+    hook = unstructurer(cls)
+    if not isinstance(getattr(cls, "type", None), str):
+        unchecked = hook
+
+        def hook(chunk: Any) -> dict[str, Any]:
+            item = unchecked(chunk)
+            try:
+                kind = item["type"]
+            except (KeyError, TypeError, IndexError):
+                kind = None
+            if type(kind) is not str:
+                raise TypeError(
+                    f"a {cls.__name__} is not an output chunk (it unstructures to no string "
+                    "'type'): a relay writer takes output chunks only"
+                )
+            return item
+
+    _UNSTRUCTURERS[cls] = hook
+    return hook
 
 
 def _quiet(items: list[dict[str, Any]]) -> bool:
@@ -203,26 +231,13 @@ class RedisRelayWriter:
         if self._closing:
             raise RuntimeError(f"relay writer for turn {self.turn_id!r} is closed")
         cls = type(chunk)
-        hook = _UNSTRUCTURERS.get(cls)
-        if hook is None:
-            hook = _UNSTRUCTURERS[cls] = unstructurer(cls)
+        hook = _UNSTRUCTURERS.get(cls) or _hook(cls)  # (a value that is no chunk: TypeError)
         item = hook(chunk)
-        try:
-            kind = item["type"]
-        except (KeyError, TypeError, IndexError):
-            kind = None
-        if type(kind) is not str:
-            # Queued, it would make the stream junk to every reader, or kill the relay's
-            # flush task (every writer's) when it counts the batch's chunks.
-            raise TypeError(
-                f"relay writer for turn {self.turn_id!r}: a {cls.__name__} is not an output "
-                "chunk (it unstructures to no string 'type')"
-            )
         queue = self._queue
         if (
             self._due is not None
             and len(queue) < self.relay.max_queue
-            and (self._end_by is not None or kind not in _LAST)
+            and (self._end_by is not None or item["type"] not in _LAST)
         ):
             queue.append(item)
             return
@@ -238,9 +253,7 @@ class RedisRelayWriter:
         max_queue = self.relay.max_queue
         for chunk in chunks:
             cls = type(chunk)
-            hook = _UNSTRUCTURERS.get(cls)
-            if hook is None:
-                hook = _UNSTRUCTURERS[cls] = unstructurer(cls)
+            hook = _UNSTRUCTURERS.get(cls) or _hook(cls)
             item = hook(chunk)
             queue = self._queue
             if (
