@@ -1,0 +1,325 @@
+"""A2A attacked, both directions: ``A2AAgent`` (our client) against hostile remote agents
+(a card that points elsewhere, endless or malformed streams, an error text quoting the
+token, stalls), and the A2A endpoint (our server) against careless clients.
+
+A hostile remote agent is a small Starlette app served on a loopback port in the test's
+Trio loop (:func:`hostile`): its Agent Card and its JSON-RPC endpoint are whatever the
+test says, and it records every request it gets."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from functools import partial
+from typing import Any
+
+import orjson
+import pytest
+import trio
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+
+from actors.a2a import A2AAgent, RemoteAgentError, agent, wire
+from actors.providers.scripted import ScriptedProvider, current_step, tool_call
+from runtime import Agent, Host, ToolMessage
+from runtime.actor_messages import InferRequest
+from runtime.app.web.serve import serve_app
+
+TOKEN = "tok-attack-7f3a9c21e5"
+"""The token the client is given: no ``Bearer`` shape of its own once a remote agent
+quotes it bare."""
+
+
+class Remote:
+    """A hostile remote agent: its card, its JSON-RPC answers, and what it was sent."""
+
+    def __init__(self) -> None:
+        self.url = ""
+        self.card: Any = None
+        self.answer: Callable[[dict[str, Any]], Any] = lambda body: None
+        self.requests: list[tuple[str, dict[str, str], Any]] = []
+
+    def methods(self) -> list[str]:
+        return [b.get("method") for _, _, b in self.requests if isinstance(b, dict)]
+
+
+def card_of(url: str, *, streaming: bool = True) -> dict[str, Any]:
+    card = wire.agent_card(name="remote", description="d", url=url, token=True, version="1")
+    card["capabilities"]["streaming"] = streaming
+    return card
+
+
+@asynccontextmanager
+async def hostile() -> AsyncIterator[Remote]:
+    remote = Remote()
+
+    async def card(request: Request) -> Response:
+        remote.requests.append((request.url.path, dict(request.headers), None))
+        if isinstance(remote.card, Response):
+            return remote.card
+        return Response(orjson.dumps(remote.card), media_type="application/json")
+
+    async def anything(request: Request) -> Any:
+        raw = await request.body()
+        body = orjson.loads(raw) if raw else None
+        remote.requests.append((request.url.path, dict(request.headers), body))
+        if isinstance(body, dict) and body.get("method") == "CancelTask":
+            task = wire.task(body["params"]["id"], "c", wire.status(wire.CANCELED))
+            return Response(orjson.dumps(wire.jsonrpc_result(body.get("id"), task)))
+        return remote.answer(body)
+
+    app = Starlette(
+        routes=[
+            Route(wire.CARD_PATH, card),
+            Route("/{path:path}", anything, methods=["GET", "POST"]),
+        ]
+    )
+    async with trio.open_nursery() as nursery:
+        (remote.url,) = await nursery.start(partial(serve_app, app, host="127.0.0.1", port=0))
+        remote.card = card_of(remote.url + "/a2a")
+        try:
+            yield remote
+        finally:
+            nursery.cancel_scope.cancel()
+
+
+def event(result: Any) -> bytes:
+    return wire.sse(wire.jsonrpc_result("1", result))
+
+
+def stream(*pieces: bytes, then: Any = None) -> StreamingResponse:
+    """An SSE answer: ``pieces``, then whatever the async iterator ``then`` yields."""
+
+    async def body() -> AsyncIterator[bytes]:
+        for piece in pieces:
+            yield piece
+        if then is not None:
+            async for piece in then:
+                yield piece
+
+    return StreamingResponse(body(), media_type="text/event-stream")
+
+
+WORKING = {"task": wire.task("ctx~t1", "ctx", wire.status(wire.WORKING))}
+
+
+def lead(tool: Any) -> Agent:
+    """A parent agent that calls the remote agent once, then says what the call gave."""
+
+    def script(request: InferRequest) -> list[Any]:
+        if current_step(request.messages) == 0:
+            return [*tool_call("remote", {"input": "do it"}, tool_call_id="P1")]
+        last = request.messages[-1]
+        return [f"Got: {last.output if last.error is None else last.error}"]
+
+    return Agent(name="lead", provider=ScriptedProvider(responder=script), tools=[tool])
+
+
+# -- our client against a hostile remote agent ------------------------------------------
+
+
+async def test_a_card_pointing_at_another_origin_is_refused_and_gets_no_token():
+    async with hostile() as remote, hostile() as elsewhere:
+        remote.card = card_of(elsewhere.url + "/a2a")
+        with pytest.raises(RemoteAgentError, match="another origin"):
+            await A2AAgent(remote.url, token=TOKEN).run("hi")
+    assert elsewhere.requests == []  # the token (and the task) never went there
+
+
+@pytest.mark.parametrize(
+    "where",
+    ["file:///etc/passwd", "ftp://127.0.0.1/a2a", "http://169.254.169.254/latest/meta-data"],
+)
+async def test_a_card_pointing_at_another_scheme_or_a_metadata_address_is_refused(where):
+    async with hostile() as remote:
+        for interface in remote.card["supportedInterfaces"]:
+            interface["url"] = where
+        with pytest.raises(RemoteAgentError, match="another origin"):
+            await A2AAgent(remote.url, token=TOKEN).run("hi")
+
+
+async def test_a_card_on_the_same_origin_under_another_path_is_used():
+    async with hostile() as remote:
+        remote.card = card_of(remote.url + "/elsewhere")
+        remote.answer = lambda body: stream(
+            event({"message": {"messageId": "m", "role": "ROLE_AGENT", "parts": [{"text": "ok"}]}})
+        )
+        assert await A2AAgent(remote.url, token=TOKEN).run("hi") == "ok"
+    path, headers, _ = remote.requests[-1]
+    assert path == "/elsewhere/jsonrpc" and headers["authorization"] == f"Bearer {TOKEN}"
+
+
+async def test_a_redirect_is_not_followed_with_the_token():
+    async with hostile() as remote, hostile() as elsewhere:
+        remote.card = Response(
+            status_code=307, headers={"location": elsewhere.url + wire.CARD_PATH}
+        )
+        with pytest.raises(RemoteAgentError, match="HTTP 307"):
+            await A2AAgent(remote.url, token=TOKEN).run("hi")
+        remote.card = card_of(remote.url + "/a2a")
+        remote.answer = lambda body: Response(
+            status_code=307, headers={"location": elsewhere.url + "/a2a/jsonrpc"}
+        )
+        with pytest.raises(RemoteAgentError, match="HTTP 307"):
+            await A2AAgent(remote.url, token=TOKEN).run("hi")
+    assert elsewhere.requests == []
+
+
+async def test_a_token_the_remote_agent_quotes_is_redacted_where_the_model_and_store_see_it():
+    quoted = f"token {TOKEN} is not valid here"
+    async with hostile() as remote:
+        remote.answer = lambda body: stream(
+            event(WORKING),
+            event(
+                {
+                    "statusUpdate": {
+                        "status": {
+                            "state": wire.FAILED,
+                            "message": {
+                                "role": "ROLE_AGENT",
+                                "messageId": "n",
+                                "parts": [{"text": quoted}],
+                            },
+                        }
+                    }
+                }
+            ),
+        )
+        tool = A2AAgent(remote.url, token=TOKEN).as_tool(name="remote")
+        async with Host.open(log_tap=False) as host:
+            session = await host.open_session(lead(tool), session_id="p")
+            async with session.stream("go") as out:
+                chunks = [c async for c in out]
+            stored = await host.store.load("p")
+    result = next(m for m in session.messages if isinstance(m, ToolMessage))
+    assert result.error is not None and "is not valid here" in result.error
+    seen = orjson.dumps([c.model_dump() if hasattr(c, "model_dump") else repr(c) for c in chunks])
+    assert TOKEN.encode() not in seen
+    assert TOKEN not in result.error and TOKEN not in out.result.text
+    assert TOKEN not in repr(stored.messages)
+
+
+async def test_a_refusal_quoting_the_token_is_redacted_in_the_error_raised():
+    async with hostile() as remote:
+        error = {"code": -32001, "message": f"who is {TOKEN}?"}
+        remote.answer = lambda body: Response(
+            orjson.dumps({"jsonrpc": "2.0", "id": "1", "error": error}),
+            media_type="application/json",
+        )
+        with pytest.raises(RemoteAgentError) as caught:
+            await A2AAgent(remote.url, token=TOKEN).run("hi")
+    assert "who is" in str(caught.value) and TOKEN not in str(caught.value)
+
+
+async def test_credentials_in_the_agents_url_are_not_in_the_tool_description():
+    tool = A2AAgent("http://user:hunter2-secret@127.0.0.1:9/", token=TOKEN).as_tool()
+    assert "hunter2-secret" not in orjson.dumps(tool.spec()).decode()
+
+
+async def test_an_endless_answer_is_cut_at_max_answer_chars_and_its_task_canceled():
+    async def endless() -> AsyncIterator[bytes]:
+        chunk = {
+            "artifactUpdate": {
+                "taskId": "ctx~t1",
+                "append": True,
+                "artifact": {"parts": [{"text": "x" * 100}]},
+            }
+        }
+        while True:
+            yield event(chunk)
+            await trio.lowlevel.checkpoint()
+
+    async with hostile() as remote:
+        remote.answer = lambda body: stream(event(WORKING), then=endless())
+        with pytest.raises(RemoteAgentError, match="passed 1000 characters"):
+            await A2AAgent(remote.url, token=TOKEN, max_answer_chars=1000).run("hi")
+    assert remote.methods() == ["SendStreamingMessage", "CancelTask"]
+
+
+async def test_an_event_line_that_never_ends_is_not_buffered_whole(monkeypatch):
+    monkeypatch.setattr(agent, "MAX_PIECE_BYTES", 1000)
+    async with hostile() as remote:
+        remote.answer = lambda body: stream(event(WORKING), b"data: " + b"x" * 100_000)
+        with pytest.raises(RemoteAgentError, match="over 1000 bytes"):
+            await A2AAgent(remote.url, token=TOKEN).run("hi")
+    assert remote.methods() == ["SendStreamingMessage", "CancelTask"]
+
+
+async def test_a_huge_card_or_answer_is_refused_unread(monkeypatch):
+    monkeypatch.setattr(agent, "MAX_PIECE_BYTES", 1000)
+    async with hostile() as remote:
+        remote.card = {**card_of(remote.url + "/a2a", streaming=False), "pad": "x" * 5000}
+        with pytest.raises(RemoteAgentError, match="over 1000 bytes"):
+            await A2AAgent(remote.url, token=TOKEN).run("hi")
+        remote.card = card_of(remote.url + "/a2a", streaming=False)
+        remote.answer = lambda body: Response(b"[" + b"1," * 5000 + b"1]")
+        with pytest.raises(RemoteAgentError, match="over 1000 bytes"):
+            await A2AAgent(remote.url, token=TOKEN).run("hi")
+
+
+@pytest.mark.parametrize(
+    ("piece", "says"),
+    [
+        (event([1, 2]), "malformed event \\(an array"),
+        (event("text"), "malformed event \\(a string"),
+        (b"data: {nope\n\n", "an event that is not JSON"),
+        (event({"task": {"id": {"a": 1}, "status": {"state": wire.WORKING}}}), "string id"),
+    ],
+)
+async def test_a_malformed_event_is_named_so_not_an_unreachable_agent(piece, says):
+    async with hostile() as remote:
+        remote.answer = lambda body: stream(piece)
+        with pytest.raises(RemoteAgentError, match=says) as caught:
+            await A2AAgent(remote.url, token=TOKEN).run("hi")
+    assert "could not be reached" not in str(caught.value)
+
+
+async def test_junk_inside_well_formed_events_is_skipped():
+    async with hostile() as remote:
+        remote.answer = lambda body: stream(
+            event(WORKING),
+            event({"artifactUpdate": {"artifact": [1]}}),
+            event({"artifactUpdate": {"artifact": {"parts": "abc"}}}),
+            event({"artifactUpdate": {"append": True, "artifact": {"parts": [{"text": 5}]}}}),
+            event({"artifactUpdate": {"append": True, "artifact": {"parts": [{"text": "ok"}]}}}),
+            event({"statusUpdate": {"status": {"state": wire.COMPLETED}}}),
+        )
+        assert await A2AAgent(remote.url, token=TOKEN).run("hi") == "ok"
+
+
+@pytest.mark.parametrize("state", [wire.AUTH_REQUIRED, wire.INPUT_REQUIRED])
+async def test_a_task_that_asks_for_auth_or_input_is_canceled_and_the_model_reads_why(state):
+    async with hostile() as remote:
+        note = {"role": "ROLE_AGENT", "messageId": "n", "parts": [{"text": "log in first"}]}
+        remote.answer = lambda body: stream(
+            event(WORKING), event({"statusUpdate": {"status": {"state": state, "message": note}}})
+        )
+        tool = A2AAgent(remote.url, token=TOKEN).as_tool(name="remote")
+        async with Host.open(log_tap=False) as host:
+            session = await host.open_session(lead(tool), session_id="p")
+            result = await session.run("go")
+    message = next(m for m in session.messages if isinstance(m, ToolMessage))
+    assert message.error is not None
+    assert "asked for input" in message.error and "log in first" in message.error
+    assert result.text.startswith("Got: ")
+    assert remote.methods() == ["SendStreamingMessage", "CancelTask"]
+
+
+async def test_a_stalled_stream_is_cut_by_the_tool_timeout_and_its_task_canceled(autojump_clock):
+    async with hostile() as remote:
+        remote.answer = lambda body: stream(event(WORKING), then=_forever())
+        tool = A2AAgent(remote.url, token=TOKEN).as_tool(name="remote")
+        async with Host.open(log_tap=False) as host:
+            session = await host.open_session(lead(tool), session_id="p")
+            result = await session.run("go")
+    message = next(m for m in session.messages if isinstance(m, ToolMessage))
+    assert message.error is not None and "timed out" in message.error.lower()
+    assert result.text.startswith("Got: ")
+    assert remote.methods() == ["SendStreamingMessage", "CancelTask"]
+
+
+async def _forever() -> AsyncIterator[bytes]:
+    await trio.sleep_forever()
+    yield b""  # pragma: no cover
