@@ -13,6 +13,7 @@ from contextlib import asynccontextmanager
 from functools import partial
 from typing import Any
 
+import httpx
 import orjson
 import pytest
 import trio
@@ -26,6 +27,8 @@ from actors.providers.scripted import ScriptedProvider, current_step, tool_call
 from runtime import Agent, Host, ToolMessage
 from runtime.actor_messages import InferRequest
 from runtime.app.web.serve import serve_app
+from tests.test_a2a import BOTH, hello_agent
+from tests.web.harness import web_server
 
 TOKEN = "tok-attack-7f3a9c21e5"
 """The token the client is given: no ``Bearer`` shape of its own once a remote agent
@@ -323,3 +326,47 @@ async def test_a_stalled_stream_is_cut_by_the_tool_timeout_and_its_task_canceled
 async def _forever() -> AsyncIterator[bytes]:
     await trio.sleep_forever()
     yield b""  # pragma: no cover
+
+
+# -- our server against careless or hostile clients --------------------------------------
+
+
+async def _card(server: Any, headers: dict[str, str]) -> dict[str, Any]:
+    async with httpx.AsyncClient() as http:
+        response = await http.get(server.url + wire.CARD_PATH, headers=headers)
+    assert response.status_code == 200
+    return response.json()
+
+
+async def test_the_card_behind_a_tls_proxy_names_https_and_no_forged_scheme():
+    async with web_server(hello_agent(), protocols=BOTH, allowed_hosts=["agent.example"]) as s:
+        proxied = await _card(s, {"host": "agent.example", "x-forwarded-proto": "https"})
+        forged = await _card(s, {"x-forwarded-proto": "gopher"})
+        direct = await _card(s, {})
+    assert {i["url"] for i in proxied["supportedInterfaces"]} == {
+        "https://agent.example/a2a/jsonrpc",
+        "https://agent.example/a2a",
+    }
+    assert proxied["url"] == "https://agent.example/a2a/jsonrpc"
+    assert forged["url"] == direct["url"] == s.url + "/a2a/jsonrpc"
+
+
+async def test_the_card_never_names_a_host_the_guard_refuses():
+    import httpx
+
+    async with web_server(hello_agent(), protocols=BOTH) as s:
+        async with httpx.AsyncClient() as http:
+            response = await http.get(s.url + wire.CARD_PATH, headers={"host": "evil.example"})
+    assert response.status_code == 403 and "supportedInterfaces" not in response.text
+
+
+async def test_answers_sent_whole_again_and_again_count_toward_max_answer_chars():
+    whole = {"artifactUpdate": {"artifact": {"parts": [{"text": "y" * 600}]}}}  # no append
+    async with hostile() as remote:
+        remote.answer = lambda body: stream(
+            event(WORKING),
+            *[event(whole)] * 5,
+            event({"statusUpdate": {"status": {"state": wire.COMPLETED}}}),
+        )
+        with pytest.raises(RemoteAgentError, match="passed 1000 characters"):
+            await A2AAgent(remote.url, token=TOKEN, max_answer_chars=1000).run("hi")

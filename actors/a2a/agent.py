@@ -121,8 +121,7 @@ class _Nested:
         await self._close_part()
         error = ErrorInfo(kind="ArtifactReplaced", message="the remote agent replaced its answer")
         await self._out(ResetStep, step=0, provider="remote", error=error)
-        self.text = []
-        self.chars = 0
+        self.text = []  # what it received all told still counts toward max_chars
         await self.text_delta(text)
 
     async def _close_part(self) -> None:

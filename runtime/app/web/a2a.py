@@ -75,6 +75,16 @@ def _json(data: Any, status: int = 200, headers: dict[str, str] | None = None) -
     )
 
 
+def _scheme(request: Request) -> str:
+    """The scheme the card's URLs name: the request's, or ``https`` when a proxy in front
+    says the client came over TLS (``X-Forwarded-Proto: https``). Behind a proxy that
+    ends TLS the server sees plain HTTP; a card naming ``http://`` there sends the clients
+    that read it (with their bearer token) around the TLS. Only this upgrade is taken from
+    the header: a client that forges it gets a card naming ``https``, which is no harm."""
+    forwarded = request.headers.get("x-forwarded-proto", "").split(",")[0].strip().lower()
+    return "https" if forwarded == "https" else request.url.scheme
+
+
 class EventStream:
     """An SSE response: ``first`` (the task as it is), then the task's events as they
     come until it settles. A client that leaves or stops reading is dropped; the task
@@ -147,7 +157,7 @@ class A2AEndpoint:
 
     async def card(self, request: Request) -> Response:
         agent = self.state.agent_for(new_id("session"))
-        base = f"{request.url.scheme}://{request.headers.get('host', 'localhost')}{PREFIX}"
+        base = f"{_scheme(request)}://{request.headers.get('host', 'localhost')}{PREFIX}"
         card = wire.agent_card(
             name=agent.name,
             description=f"The Axon agent {agent.name!r}.",
