@@ -370,3 +370,71 @@ async def test_answers_sent_whole_again_and_again_count_toward_max_answer_chars(
         )
         with pytest.raises(RemoteAgentError, match="passed 1000 characters"):
             await A2AAgent(remote.url, token=TOKEN, max_answer_chars=1000).run("hi")
+
+
+def _send(text: str, *, message_id: str = "m-1", context_id: str = "demo-1", **more: Any) -> Any:
+    message = {"messageId": message_id, "role": "ROLE_USER", "parts": [{"text": text}]}
+    message.update(contextId=context_id, **more)
+    return {"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {"message": message}}
+
+
+async def _post(server: Any, body: Any) -> Any:
+    async with httpx.AsyncClient(timeout=30) as http:
+        response = await http.post(server.url + "/a2a/jsonrpc", json=body)
+    return response.json()
+
+
+@pytest.mark.parametrize("kept", [True, False])
+async def test_a_message_id_reused_for_another_message_is_refused_and_runs_nothing(
+    kept, monkeypatch
+):
+    from runtime.app.web import a2a_tasks
+
+    if not kept:  # the first task is no longer in memory: found from the store
+        monkeypatch.setattr(a2a_tasks, "LIVE_TASKS", 0)
+    async with web_server(hello_agent("Hi.", "Four."), protocols=BOTH) as s:
+        first = await _post(s, _send("hi"))
+        again = await _post(s, _send("hi"))  # a true resend: the task it started
+        other = await _post(s, _send("what is 2+2?"))  # a careless client's constant id
+        stored = await s.host.store.load("demo-1")
+    assert again["result"]["task"]["id"] == first["result"]["task"]["id"]
+    assert other["error"]["code"] == -32602 and "sent before" in other["error"]["message"]
+    assert [m.text for m in stored.messages] == ["hi", "Hi."]  # ran nothing
+
+
+async def test_a_message_on_a_task_reusing_the_questions_id_is_refused_not_taken_as_a_resend():
+    from tests.support.approval_agents import agent as approval_agent
+
+    async with web_server(approval_agent, protocols=BOTH) as s:
+        asked = await _post(s, _send("weather?", message_id="q"))
+        task = asked["result"]["task"]
+        decision = {"decisions": [{"approved": True}]}
+        body = _send("", message_id="q", taskId=task["id"])
+        body["params"]["message"]["parts"] = [{"data": decision}]
+        reused = await _post(s, body)
+        body["params"]["message"]["messageId"] = "d"
+        answered = await _post(s, body)
+        resent = await _post(s, body)  # the answer sent again: the same task, nothing more
+    assert task["status"]["state"] == wire.INPUT_REQUIRED
+    assert reused["error"]["code"] == -32602 and "sent before" in reused["error"]["message"]
+    assert answered["result"]["task"]["status"]["state"] == wire.COMPLETED
+    assert resent["result"]["task"]["id"] == task["id"]
+
+
+async def test_a_message_id_reused_for_another_message_is_refused_in_a_worker_deployment(
+    pg_url: str,
+) -> None:
+    from tests.support.redis import require_redis
+    from tests.test_frontend import LIMIT
+    from tests.test_worker_protocols import at, protocols_deployment
+
+    async with protocols_deployment(pg_url, require_redis()) as d:
+        front = at(d.urls[0])
+        with trio.fail_after(LIMIT):
+            first = await _post(front, _send("tools a2a", context_id="c1"))
+            again = await _post(front, _send("tools a2a", context_id="c1"))
+            other = await _post(at(d.urls[0]), _send("tools other", context_id="c1"))
+        turns = await d.queue.turns("c1")
+    assert again["result"]["task"]["id"] == first["result"]["task"]["id"]
+    assert other["error"]["code"] == -32602 and "sent before" in other["error"]["message"]
+    assert [t.status for t in turns] == ["done"]  # the other message ran nothing

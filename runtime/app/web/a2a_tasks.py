@@ -17,6 +17,7 @@ back from the session's history (:func:`derive`).
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import AsyncIterator, Sequence
 from functools import partial
 from typing import Any
@@ -77,6 +78,32 @@ on HTTP+JSON) until one ends."""
 
 SEPARATOR = "~"
 """Between a task id's session id and message id: in neither id's alphabet."""
+
+
+def fingerprint(content: Any) -> str:
+    """What a client's message said (its user content), as a digest: a message re-sent
+    with the same ``messageId`` must say the same (:func:`check_resend`)."""
+    return hashlib.sha256(orjson.dumps(wire.parts_of(content))).hexdigest()
+
+
+def answer_fingerprint(incoming: wire.Incoming) -> str:
+    """What a message on a task (its answers to what the task waits for) said."""
+    return hashlib.sha256(orjson.dumps(incoming.parts, option=orjson.OPT_SORT_KEYS)).hexdigest()
+
+
+def check_resend(said: str | None, says: str, incoming: wire.Incoming, context_id: str) -> None:
+    """A message whose ``messageId`` was sent before in the context is a resend, which
+    runs nothing and gets the task it started, only when it says the same (``said`` /
+    ``says``: the two :func:`fingerprint` s; ``None``: not known, taken as the same). A
+    careless client that reuses one ``messageId`` for every message would otherwise get
+    its first answer back for every later question, and nothing run."""
+    if said is not None and said != says:
+        raise wire.invalid_params(
+            f"message.messageId {incoming.message_id[:128]!r} was sent before in context "
+            f"{context_id!r} with other content: a message sent again with its messageId "
+            "must be the same message (it runs nothing again); give each new message a "
+            "messageId of its own"
+        )
 
 
 def task_id_of(context_id: str, message_id: str) -> str:
@@ -171,7 +198,7 @@ def derive(
     live.text = [message.text] if message.text else []
     if user is not None:
         live.history.append(user_message(user, context_id, task_id))
-        live.seen.add(user.id)
+        live.seen[user.id] = fingerprint(user.content)
     note: dict[str, Any] | None = None
     if message.error is not None:
         state = wire.FAILED
@@ -210,8 +237,9 @@ class LiveTask:
         self.timestamp = wire.now()
         self.text: list[str] = []
         self.history: list[dict[str, Any]] = []
-        self.seen: set[str] = set()
-        """Stored ids of the client messages this task took (a re-sent one is known)."""
+        self.seen: dict[str, str] = {}
+        """Stored ids of the client messages this task took (a re-sent one is known), to
+        what each said (:func:`fingerprint`: a resend must say the same)."""
         self.events: list[dict[str, Any]] = []
         self.running = False
         """A turn (or a continuation) of the task runs now."""
@@ -409,6 +437,9 @@ class TaskBook:
                 None,
             )
             if at is not None:  # a re-sent message: the task it started
+                sent = messages[at]
+                assert isinstance(sent, UserMessage)
+                check_resend(fingerprint(sent.content), fingerprint(content), incoming, context_id)
                 answer = next(
                     (m for m in messages[at + 1 :] if isinstance(m, AssistantMessage)), None
                 )
@@ -425,7 +456,7 @@ class TaskBook:
             raise _busy(context_id, self._running_in(context_id))
         message_id = new_id("task")
         live = LiveTask(task_id_of(context_id, message_id), context_id, message_id)
-        live.seen.add(stored_id)
+        live.seen[stored_id] = fingerprint(content)
         live.history.append(self._history_entry(incoming, context_id, live.id, stored_id))
         if "title" not in session.meta:
             session.set_title(title_of(content))
@@ -458,11 +489,12 @@ class TaskBook:
         except InvalidSessionId as exc:
             raise wire.invalid_params(f"message.contextId: {exc}") from None
         stored_id = wire.stored_message_id(incoming.message_id)
-        twin = self._sent_before(context_id, stored_id)
-        if twin is not None:
-            return twin
         try:
             content = user_content(wire.user_input(incoming.parts))
+            twin = self._sent_before(context_id, stored_id)
+            if twin is not None:  # a resend: checked no further than that it is one
+                check_resend(twin.seen[stored_id], fingerprint(content), incoming, context_id)
+                return twin
             check_counts(content, self.state.host.input_limits)
             check_limits(content, self.state.agent_for(context_id).media_limits)
         except (InvalidMedia, MediaTooLarge, TooManyParts) as exc:
@@ -514,6 +546,9 @@ class TaskBook:
             )
         stored_id = wire.stored_message_id(incoming.message_id)
         if stored_id in live.seen:
+            check_resend(
+                live.seen[stored_id], answer_fingerprint(incoming), incoming, live.context_id
+            )
             return live, None
         if live.state in wire.TERMINAL:
             raise wire.A2AError(
@@ -538,7 +573,7 @@ class TaskBook:
         """Note the recorded answer message on its task; with the calls still
         ``remaining`` (``None``: the answers put its turn back), the task waits for input
         again."""
-        live.seen.add(stored_id)
+        live.seen[stored_id] = answer_fingerprint(incoming)
         live.history.append(self._history_entry(incoming, live.context_id, live.id, stored_id))
         if remaining is not None:
             live.set_state(
@@ -818,4 +853,13 @@ def _decisions(values: Sequence[Any], pending: Sequence[PendingCall]) -> list[tu
     return out
 
 
-__all__ = ["CANCELED_REASON", "LiveTask", "TaskBook", "derive", "split_task_id", "task_id_of"]
+__all__ = [
+    "CANCELED_REASON",
+    "LiveTask",
+    "TaskBook",
+    "check_resend",
+    "derive",
+    "fingerprint",
+    "split_task_id",
+    "task_id_of",
+]
