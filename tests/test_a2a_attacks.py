@@ -438,3 +438,31 @@ async def test_a_message_id_reused_for_another_message_is_refused_in_a_worker_de
     assert again["result"]["task"]["id"] == first["result"]["task"]["id"]
     assert other["error"]["code"] == -32602 and "sent before" in other["error"]["message"]
     assert [t.status for t in turns] == ["done"]  # the other message ran nothing
+
+
+async def test_a_finished_task_keeps_its_answer_not_its_stream_events():
+    pieces = [f"w{i} " for i in range(200)]
+    agent = Agent(name="long", provider=ScriptedProvider(turns=[["".join(pieces)]]))
+    async with web_server(agent, protocols=BOTH) as s:
+        body = _send("go")
+        body["method"] = "SendStreamingMessage"
+        async with httpx.AsyncClient(timeout=30) as http:
+            response = await http.post(s.url + "/a2a/jsonrpc", json=body)
+        events = [orjson.loads(line[5:]) for line in response.text.splitlines() if line]
+        (task,) = _task_book(s.app).live.values()
+        got = await _post(s, {**_send("x"), "method": "GetTask", "params": {"id": task.id}})
+    updates = [e["result"]["artifactUpdate"] for e in events if "artifactUpdate" in e["result"]]
+    streamed = "".join(p["text"] for u in updates for p in u["artifact"]["parts"])
+    assert len(updates) > 2 and streamed == "".join(pieces)  # the follower read them all
+    assert events[-1]["result"]["statusUpdate"]["status"]["state"] == wire.COMPLETED
+    assert task.events == [] and task.text == ["".join(pieces)]
+    assert got["result"]["artifacts"][0]["parts"][0]["text"] == "".join(pieces)
+
+
+def _task_book(app: Any) -> Any:
+    from runtime.app.web.a2a import A2AEndpoint
+
+    (endpoint,) = [
+        r.app for r in app.router.routes if isinstance(getattr(r, "app", None), A2AEndpoint)
+    ]
+    return endpoint.tasks

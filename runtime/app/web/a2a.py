@@ -357,9 +357,8 @@ class A2AEndpoint:
         return {"task": live.snapshot(send.history_length)}
 
     def _stream(self, live: LiveTask, encode: Callable[[dict[str, Any]], bytes]) -> EventStream:
-        cursor = len(live.events)
         return EventStream(
-            encode({"task": live.snapshot()}), live.follow(cursor), encode, self.state
+            encode({"task": live.snapshot()}), live.follow(live.cursor), encode, self.state
         )
 
     def _subscribe(self, live: LiveTask, encode: Callable[[dict[str, Any]], bytes]) -> EventStream:

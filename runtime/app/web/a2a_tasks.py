@@ -68,7 +68,8 @@ LIVE_TASKS = 64
 """Tasks kept in memory while no turn of theirs runs (the oldest go first): a task that
 is not kept is read back from its session's history when asked for. Running tasks are
 always kept; there is at most one per session. A kept task holds its client's messages
-(media included) and its events, so this bounds what finished tasks hold."""
+(media included) and its answer, so this bounds what finished tasks hold (their stream
+events are dropped once no stream follows them: :meth:`LiveTask._compact`)."""
 
 RUNNING_TASKS = 100
 """Tasks that may run at once in one app. An A2A client need not hold a connection
@@ -241,6 +242,11 @@ class LiveTask:
         """Stored ids of the client messages this task took (a re-sent one is known), to
         what each said (:func:`fingerprint`: a resend must say the same)."""
         self.events: list[dict[str, Any]] = []
+        """The events its followers have yet to read (:meth:`follow`): once it settles
+        and none follows it, they are dropped (:meth:`_compact`)."""
+        self._dropped = 0
+        """Events dropped before :attr:`events` (a follower's cursor counts them)."""
+        self._followers = 0
         self.running = False
         """A turn (or a continuation) of the task runs now."""
         self.out: Any = None
@@ -267,14 +273,32 @@ class LiveTask:
             history_length=history_length,
         )
 
+    @property
+    def cursor(self) -> int:
+        """Where a stream that starts now follows the task from (:meth:`follow`)."""
+        return self._dropped + len(self.events)
+
     def _emit(self, event: dict[str, Any]) -> None:
         self.events.append(event)
         self._changed.set()
         self._changed = trio.Event()
 
+    def _compact(self) -> None:
+        """Drop what a settled task nobody follows holds for its followers only: its
+        events (a stream that starts now starts past them; subscribing to a finished task
+        is refused) and its answer in pieces (joined). A kept task (``LIVE_TASKS`` of
+        them) held ~800 bytes per text delta of its answer: a long answer, tens of MB."""
+        if self.settled and not self._followers and self.events:
+            self._dropped += len(self.events)
+            self.events = []
+            whole = "".join(self.text)
+            self.text = [whole] if whole else []
+            self._step_mark = len(self.text)
+
     def set_state(self, state: str, note: dict[str, Any] | None = None) -> None:
         self.state, self.status_message, self.timestamp = state, note, wire.now()
         self._emit(wire.status_update(self.id, self.context_id, wire.status(state, note)))
+        self._compact()
 
     def add_text(self, text: str) -> None:
         append = bool(self.text)
@@ -306,15 +330,25 @@ class LiveTask:
         while not self.settled:
             await self._changed.wait()
 
-    async def follow(self, cursor: int) -> AsyncIterator[dict[str, Any]]:
-        """The events from ``cursor`` on, as they come, until the task settles."""
-        while True:
-            while cursor < len(self.events):
-                cursor += 1
-                yield self.events[cursor - 1]
-            if self.settled:
-                return
-            await self._changed.wait()
+    def follow(self, cursor: int) -> AsyncIterator[dict[str, Any]]:
+        """The events from ``cursor`` (:attr:`cursor` when the stream started) on, as
+        they come, until the task settles. The follower counts from now, before the
+        iterator starts, so that the events it is to read are kept for it."""
+        self._followers += 1
+        return self._follow(cursor)
+
+    async def _follow(self, cursor: int) -> AsyncIterator[dict[str, Any]]:
+        try:
+            while True:
+                while cursor < self.cursor:
+                    cursor += 1
+                    yield self.events[cursor - 1 - self._dropped]
+                if self.settled:
+                    return
+                await self._changed.wait()
+        finally:
+            self._followers -= 1
+            self._compact()
 
 
 def _busy(context_id: str, running: LiveTask | None) -> wire.A2AError:
