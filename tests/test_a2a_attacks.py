@@ -17,6 +17,7 @@ import httpx
 import orjson
 import pytest
 import trio
+import trio.testing
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
@@ -28,7 +29,7 @@ from runtime import Agent, Host, ToolMessage
 from runtime.actor_messages import InferRequest
 from runtime.app.web.serve import serve_app
 from tests.test_a2a import BOTH, hello_agent
-from tests.web.harness import web_server
+from tests.web.harness import wait_idle, web_server
 
 TOKEN = "tok-attack-7f3a9c21e5"
 """The token the client is given: no ``Bearer`` shape of its own once a remote agent
@@ -466,3 +467,58 @@ def _task_book(app: Any) -> Any:
         r.app for r in app.router.routes if isinstance(getattr(r, "app", None), A2AEndpoint)
     ]
     return endpoint.tasks
+
+
+async def test_a_waiting_task_pushed_out_of_memory_by_later_tasks_is_still_answered(monkeypatch):
+    from runtime.app.web import a2a_tasks
+    from tests.support.approval_agents import agent as approval_agent
+
+    monkeypatch.setattr(a2a_tasks, "LIVE_TASKS", 1)
+    async with web_server(approval_agent, protocols=BOTH) as s:
+        first = (await _post(s, _send("weather?", message_id="q", context_id="a")))["result"]
+        await _post(s, _send("weather?", message_id="q", context_id="b"))
+        await _post(s, _send("weather?", message_id="q", context_id="c"))
+        assert first["task"]["id"] not in _task_book(s.app).live  # pushed out
+        body = _send("", message_id="d", context_id="a", taskId=first["task"]["id"])
+        body["params"]["message"]["parts"] = [{"data": {"approved": True}}]
+        answered = await _post(s, body)
+    assert first["task"]["status"]["state"] == wire.INPUT_REQUIRED
+    assert answered["result"]["task"]["status"]["state"] == wire.COMPLETED
+
+
+async def test_a_cancel_racing_the_answer_that_resumes_a_task_tells_what_happened(monkeypatch):
+    from runtime.app.web.a2a_tasks import TaskBook
+    from tests.support.approval_agents import agent as approval_agent
+
+    gate, starting = trio.Event(), trio.Event()
+    original = TaskBook._start
+
+    async def slow_start(self: Any, *args: Any, **kwargs: Any) -> None:
+        if kwargs.get("decided") is not None:  # the continuation, its answers recorded
+            starting.set()
+            await gate.wait()
+        await original(self, *args, **kwargs)
+
+    monkeypatch.setattr(TaskBook, "_start", slow_start)
+    async with web_server(approval_agent, protocols=BOTH) as s:
+        task = (await _post(s, _send("weather?", message_id="q")))["result"]["task"]
+        body = _send("", message_id="d", taskId=task["id"])
+        body["params"]["message"]["parts"] = [{"data": {"approved": True}}]
+        cancel = {"jsonrpc": "2.0", "id": 2, "method": "CancelTask", "params": {"id": task["id"]}}
+        answers: dict[str, Any] = {}
+
+        async def post(name: str, payload: Any) -> None:
+            answers[name] = await _post(s, payload)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(post, "answer", body)
+            await starting.wait()  # the answer is recorded; its continuation not started
+            nursery.start_soon(post, "cancel", cancel)
+            await trio.testing.wait_all_tasks_blocked(0.05)  # the cancel's turn to go
+            gate.set()
+        final = await _post(s, {**cancel, "method": "GetTask"})
+        await wait_idle(s, "demo-1")
+    said = answers["cancel"]["result"]["status"]["state"]
+    # the cancel answers once the continuation runs, and stops it: what it says is so
+    assert said == final["result"]["status"]["state"] == wire.CANCELED
+    assert answers["answer"]["result"]["task"]["id"] == task["id"]

@@ -247,6 +247,11 @@ class LiveTask:
         self._dropped = 0
         """Events dropped before :attr:`events` (a follower's cursor counts them)."""
         self._followers = 0
+        self.transition = trio.Lock()
+        """Held while a message's answers are recorded and the continuation they complete
+        starts, and while the task is canceled: a cancel that came in between found the
+        task waiting with nothing left to deny, answered ``CANCELED``, and the
+        continuation then ran the approved calls and completed the task."""
         self.running = False
         """A turn (or a continuation) of the task runs now."""
         self.out: Any = None
@@ -619,13 +624,19 @@ class TaskBook:
         live, stored_id = await self._task_waiting(incoming)
         if stored_id is None:
             return live
-        session = await self.state.session(live.context_id)
-        if session.busy:
-            raise _busy(live.context_id, self._running_in(live.context_id))
-        recorded, remaining = await self._record(session, live, incoming)
-        self._took_answers(live, incoming, stored_id, None if recorded.complete else remaining)
-        if recorded.complete:
-            await self._start(live, session, None, decided=recorded)
+        async with live.transition:
+            # checked again: a cancel (or another answer) may have gone first
+            live, stored_id = await self._task_waiting(incoming)
+            if stored_id is None:
+                return live
+            session = await self.state.session(live.context_id)
+            if session.busy:
+                raise _busy(live.context_id, self._running_in(live.context_id))
+            recorded, remaining = await self._record(session, live, incoming)
+            complete = recorded.complete
+            self._took_answers(live, incoming, stored_id, None if complete else remaining)
+            if complete:
+                await self._start(live, session, None, decided=recorded)
         return live
 
     async def _record(
@@ -798,6 +809,10 @@ class TaskBook:
         task again gives the task as it is (idempotent); a completed or failed one
         ``TaskNotCancelable``."""
         live = await self.find(task_id)
+        async with live.transition:  # after an answer that resumes it: its continuation
+            return await self._cancel(live, task_id)
+
+    async def _cancel(self, live: LiveTask, task_id: str) -> LiveTask:
         if live.state == wire.CANCELED and not live.running:
             return live
         if live.state in wire.TERMINAL:
