@@ -522,3 +522,16 @@ async def test_a_cancel_racing_the_answer_that_resumes_a_task_tells_what_happene
     # the cancel answers once the continuation runs, and stops it: what it says is so
     assert said == final["result"]["status"]["state"] == wire.CANCELED
     assert answers["answer"]["result"]["task"]["id"] == task["id"]
+
+
+async def test_discover_makes_a_tool_a_model_takes_from_a_card_named_for_people():
+    async with hostile() as remote:
+        remote.card = {**remote.card, "name": "Currency Agent ☀ (v2)", "description": "d" * 5000}
+        named = await A2AAgent.discover(remote.url, token=TOKEN)
+        remote.card = {**remote.card, "name": "☀☀"}
+        unnamed = await A2AAgent.discover(remote.url, token=TOKEN)
+    spec = named.as_tool().spec()
+    assert (
+        spec["name"] == "Currency_Agent_v2" and unnamed.as_tool().spec()["name"] == "remote_agent"
+    )
+    assert len(named.description or "") == agent.MAX_DESCRIPTION

@@ -19,6 +19,7 @@ tool call cannot give it: the task is canceled) is a tool error the parent model
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from contextlib import aclosing
@@ -62,6 +63,9 @@ MAX_ANSWER_CHARS = 1_000_000
 it the task is canceled and the call fails. A tool result is cut to
 ``Budget.max_tool_result_chars`` (100,000) anyway; this bounds the memory a remote agent
 that streams without end takes before then."""
+MAX_DESCRIPTION = 1000
+"""The most of a card's description :meth:`A2AAgent.discover` makes the tool's: the model
+reads it in every request, and providers refuse longer ones (OpenAI: 1,024)."""
 MAX_PIECE_BYTES = 16 << 20
 """The largest response body or SSE event a remote agent may send (the card, an answer,
 one event): a bigger one (or a line that never ends) fails the call, unread past it."""
@@ -301,6 +305,12 @@ async def _sse(response: Any) -> AsyncIterator[Any]:
         yield value()
 
 
+def _tool_name(name: str) -> str:
+    """A card's name as a tool name a model takes (1-64 letters, digits, ``_``, ``-``):
+    cards name agents for people (``"Currency Agent"``), which no provider takes."""
+    return re.sub(r"[^A-Za-z0-9_-]+", "_", name).strip("_")[:64] or "remote_agent"
+
+
 def _origin(url: str) -> tuple[str, str, int | None] | None:
     """``(scheme, host, port)`` of an http(s) URL (the default port filled in); ``None``
     for any other URL."""
@@ -359,9 +369,11 @@ class A2AAgent:
         agent = cls(url, **options)
         card = await agent.card()
         if agent.name is None and isinstance(card.get("name"), str):
-            agent.name = card["name"]
+            agent.name = _tool_name(card["name"])
         if agent.description is None and isinstance(card.get("description"), str):
-            agent.description = card["description"]
+            text = card["description"]
+            cut = len(text) > MAX_DESCRIPTION
+            agent.description = text[: MAX_DESCRIPTION - 1] + "…" if cut else text
         return agent
 
     def _client(self) -> Any:
