@@ -535,3 +535,16 @@ async def test_discover_makes_a_tool_a_model_takes_from_a_card_named_for_people(
         spec["name"] == "Currency_Agent_v2" and unnamed.as_tool().spec()["name"] == "remote_agent"
     )
     assert len(named.description or "") == agent.MAX_DESCRIPTION
+
+
+async def test_a_huge_jsonrpc_id_is_refused_not_echoed_in_every_event():
+    async with web_server(hello_agent("Hi."), protocols=BOTH) as s:
+        body = {**_send("hi"), "id": "i" * 100_000, "method": "SendStreamingMessage"}
+        async with httpx.AsyncClient(timeout=30) as http:
+            response = await http.post(s.url + "/a2a/jsonrpc", json=body)
+        sessions = await s.host.store.list_sessions()
+        fine = await _post(s, {**_send("hi"), "id": "i" * 256})
+    refused = response.json()
+    assert refused["id"] is None and refused["error"]["code"] == -32600
+    assert len(response.content) < 1000 and sessions == []
+    assert fine["id"] == "i" * 256 and fine["result"]["task"]["status"]["state"] == wire.COMPLETED

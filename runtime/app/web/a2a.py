@@ -58,6 +58,10 @@ STREAM_HEADERS = [
     (b"x-accel-buffering", b"no"),
 ]
 
+MAX_ID = 256
+"""The longest JSON-RPC request id taken: every event of a stream echoes it, so a
+megabyte id made each text delta of the answer a megabyte sent (and encoded)."""
+
 STREAMING = frozenset({"SendStreamingMessage", "SubscribeToTask"})
 NOT_SERVED = {
     "ListTasks": "UnsupportedOperation",
@@ -258,6 +262,8 @@ class A2AEndpoint:
         request_id = body.get("id") if isinstance(body, dict) else None
         if isinstance(request_id, bool) or not isinstance(request_id, str | int | None):
             request_id = None
+        elif isinstance(request_id, str) and len(request_id) > MAX_ID:
+            request_id = None  # refused below; not echoed
         try:
             if isinstance(body, list):
                 raise wire.A2AError("InvalidRequest", "batch requests are not supported")
@@ -267,7 +273,10 @@ class A2AEndpoint:
             if not isinstance(method, str) or not method:
                 raise wire.A2AError("InvalidRequest", "'method' must be a non-empty string")
             if "id" in body and body["id"] is not request_id:
-                raise wire.A2AError("InvalidRequest", "'id' must be a string, an integer or null")
+                raise wire.A2AError(
+                    "InvalidRequest",
+                    f"'id' must be a string of at most {MAX_ID} characters, an integer or null",
+                )
             params = body.get("params", {})
             old = method in legacy.METHODS or method in legacy.NOT_SERVED
             self._check_version(request, legacy.VERSION if old else wire.PROTOCOL_VERSION)
