@@ -548,3 +548,23 @@ async def test_a_huge_jsonrpc_id_is_refused_not_echoed_in_every_event():
     assert refused["id"] is None and refused["error"]["code"] == -32600
     assert len(response.content) < 1000 and sessions == []
     assert fine["id"] == "i" * 256 and fine["result"]["task"]["status"]["state"] == wire.COMPLETED
+
+
+@pytest.mark.parametrize(
+    "chunks",
+    [
+        [b'data: {"a": 1}\n\ndata: {"a": 2}\n\n'],
+        [b'data: {"a": 1}\r', b'\n\r\ndata: {"a"', b": 2}\r\n\r\n"],  # CRLF cut in two
+        [b'data: {"a": 1}\r\rdata: {"a": 2}\r\r'],  # CR alone ends lines too
+        # comments skipped; a last event with no blank line after it
+        [b": keep-alive\n\n", b'data: {"a": 1}\n\n', b"data:", b' {"a": 2}'],
+        [b'data: {"a": 1}\n\ndata: {"a":\ndata: 2}\n\n'],  # an event of two data lines
+    ],
+)
+async def test_sse_events_are_read_whatever_their_line_ends_and_chunks(chunks):
+    class Chunked:
+        async def aiter_bytes(self) -> AsyncIterator[bytes]:
+            for chunk in chunks:
+                yield chunk
+
+    assert [e async for e in agent._sse(Chunked())] == [{"a": 1}, {"a": 2}]
