@@ -49,8 +49,8 @@ from actors.stores.validation import (
     check_version,
     decode_message,
     decode_meta,
-    encode_meta,
     encoded_off_loop,
+    storable_meta,
 )
 from runtime.errors import StoreCorrupt, StoreError
 from runtime.messages import Message
@@ -149,6 +149,12 @@ def _error(path: str, action: _Action, err: sqlite3.Error) -> StoreError:
     code = getattr(err, "sqlite_errorcode", None)
     if code is not None and code & 0xFF in _CORRUPT_CODES:
         return StoreCorrupt(f"session store {path}: {action} failed, the file is damaged: {err}")
+    if code is not None and code & 0xFF == sqlite3.SQLITE_BUSY:
+        # SQLite's own text, "database is locked", names neither who nor for how long.
+        return StoreError(
+            f"session store {path}: {action} failed: another process held the file's "
+            f"write lock for more than {_BUSY_TIMEOUT:g} s ({err})"
+        )
     return StoreError(f"session store {path}: {action} failed: {err}")
 
 
@@ -572,7 +578,7 @@ class SQLiteStore:
         """
         # (a long history in a worker thread: 600,000 messages took the loop 9 s)
         _, rows = await encoded_off_loop(session_id, start, messages, meta, expected_version)
-        encode_meta(session_id, meta)  # fail before the transaction, not inside it
+        meta = storable_meta(session_id, meta)  # fail before the transaction, not inside it
         action = ("save", session_id)
         if sum(len(row[3]) for row in rows) <= INLINE_SAVE_BYTES:
             version = await self._on_loop(

@@ -1,0 +1,345 @@
+"""The embedded SQLite store attacked as a careless user and a hostile environment would
+(benchmarks/journal/approval.md, branch ``storeatk``): contents that JSON in UTF-8 cannot
+hold, another process keeping the write lock, a disk that fills mid-turn, a process
+killed in the middle of its saves. What is not here is in tests/test_stores.py (files
+that are not Axon stores, truncated, damaged, newer or older schemas),
+tests/test_crash_safety.py (SIGKILL of multi-step turns), tests/test_concurrent_writers.py
+(two hosts, two CLI processes on one session) and tests/test_persistence.py (a save that
+waits for another process's lock)."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+import trio
+
+import actors.stores.sqlite as sqlite_store
+import actors.turn.saving as saving
+from actors.providers import ScriptedProvider
+from actors.providers.scripted import tool_call
+from actors.stores import SQLiteStore
+from runtime import Agent, Host, tool
+from runtime.errors import StoreError
+from runtime.messages import AssistantMessage, ToolCallPart, ToolMessage, UserMessage
+from runtime.testing.stores import record, turn
+
+REPO = Path(__file__).resolve().parents[1]
+
+# -- contents UTF-8 JSON cannot hold as they are ---------------------------------------------
+
+
+@tool
+async def listdir() -> str:
+    """The names in a directory (one is not UTF-8: os.listdir gives it surrogate-escaped)."""
+    return "notes.txt report_\udcff.pdf"
+
+
+async def test_a_lone_surrogate_in_a_tool_result_does_not_stop_the_session_being_saved(tmp_path):
+    """A tool's output holding a lone surrogate (a file name that is not UTF-8) failed
+    the turn's save, then every later save of the session (each starts at or before it):
+    the turns lived in memory only, and the next process found none of them."""
+    path = tmp_path / "sessions.db"
+    provider = ScriptedProvider([tool_call("listdir", {}), ["two files"]])  # each turn
+    agent = Agent(name="files", provider=provider, tools=[listdir])
+    async with Host.open(store=path, log_tap=False) as host:
+        session = await host.open_session(agent, session_id="s")
+        with trio.fail_after(10):
+            first = await session.run("what is in there?")
+            second = await session.run("and now?")
+    assert first.error is None and first.saved
+    assert second.error is None and second.saved
+    store = await SQLiteStore.open(path)
+    try:
+        stored = (await store.load("s")).messages
+    finally:
+        await store.aclose()
+    assert [m.role for m in stored] == ["user", "assistant", "tool"] * 2
+    for result in stored[2], stored[5]:  # U+FFFD in its place, as errors="replace" gives
+        assert result.output == "notes.txt report_\ufffd.pdf"
+
+
+async def test_lone_surrogates_anywhere_in_a_message_or_its_meta_are_stored_replaced(tmp_path):
+    store = await SQLiteStore.open(tmp_path / "sessions.db")
+    try:
+        call = ToolCallPart(
+            tool_call_id="c1", tool_name="t", step=0, input={"pa\ud800th": ["x\udfff", "😀"]}
+        )
+        messages = [
+            UserMessage(content="hi \udcff there 😀", id="u1"),
+            AssistantMessage(content=(call,), id="a1"),
+            ToolMessage(tool_call_id="c1", tool_name="t", step=0, output={"k": "\ud83d"}),
+        ]
+        assert await store.save("s", 0, messages, {"title": "hi \udcff"}) == 1
+        loaded = await store.load("s")
+        assert loaded.messages[0].content == "hi \ufffd there 😀"  # a real pair is kept
+        assert loaded.messages[1].content[0].input == {"pa\ufffdth": ["x\ufffd", "😀"]}
+        assert loaded.messages[2].output == {"k": "\ufffd"}
+        assert loaded.meta == {"title": "hi \ufffd"}
+        assert (await store.list_sessions())[0].meta == {"title": "hi \ufffd"}
+        # What cannot be JSON at all is still refused, before anything is written.
+        with pytest.raises(StoreError, match="message 3 cannot be serialized"):
+            await store.save(
+                "s", 3, [ToolMessage(tool_call_id="c", tool_name="t", step=0, output=2**70)]
+            )
+        with pytest.raises(StoreError, match="meta is not JSON-serializable"):
+            await store.save("s", 3, [], {"x": {1.5: "key"}})
+        assert (await store.load("s")) == loaded
+    finally:
+        await store.aclose()
+
+
+def _nested(depth: int) -> dict:
+    value: dict = {}
+    for _ in range(depth):
+        value = {"a": value}
+    return value
+
+
+async def test_tool_arguments_nested_deeper_than_orjson_writes_are_stored(tmp_path):
+    """A model's tool arguments are parsed by ``json.loads`` (nearly 1,000 levels); orjson
+    writes 254. Deeper arguments failed the turn's save and every later one."""
+    store = await SQLiteStore.open(tmp_path / "sessions.db")
+    try:
+        call = ToolCallPart(tool_call_id="c1", tool_name="t", step=0, input=_nested(300))
+        messages = [UserMessage(content="go", id="u1"), AssistantMessage(content=(call,), id="a1")]
+        await store.save("s", 0, messages)
+        assert await store.load("s") == record("s", messages)
+    finally:
+        await store.aclose()
+
+
+# -- another process holding the write lock ---------------------------------------------------
+
+
+def _holder(path: Path) -> sqlite3.Connection:
+    """Another process's connection, holding the file's write lock until it commits."""
+    other = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    other.execute("BEGIN IMMEDIATE")
+    return other
+
+
+async def test_a_write_lock_held_too_long_is_a_clear_error_and_nothing_is_half_written(
+    tmp_path, monkeypatch
+):
+    """SQLite's own text, "database is locked", said neither who holds it nor how long
+    the save waited."""
+    monkeypatch.setattr(sqlite_store, "_BUSY_TIMEOUT", 0.2)
+    path = tmp_path / "sessions.db"
+    store = await SQLiteStore.open(path)
+    try:
+        await store.save("s", 0, turn(0))
+        other = _holder(path)
+        try:
+            with pytest.raises(
+                StoreError, match=r"another process held the file's write lock"
+            ) as info:
+                await store.save("s", 2, turn(1), expected_version=1)
+            assert "for more than 0.2 s" in str(info.value) and str(path) in str(info.value)
+            assert await store.load("s") == record("s", turn(0))  # reads go on meanwhile
+        finally:
+            other.execute("COMMIT")
+            other.close()
+        assert await store.save("s", 2, turn(1), expected_version=1) == 2
+        assert await store.load("s") == record("s", turn(0) + turn(1))
+    finally:
+        await store.aclose()
+
+
+def _create(path: Path) -> None:
+    async def create() -> None:
+        store = await SQLiteStore.open(path)
+        await store.save("a", 0, turn(0))
+        await store.aclose()
+
+    trio.run(create)
+
+
+@pytest.mark.parametrize("released", [False, True], ids=["held-past-the-end", "released-late"])
+def test_run_says_a_turn_the_store_never_took_was_not_saved(
+    tmp_path, monkeypatch, capsys, released
+):
+    """``run --store`` while another process holds the file's write lock longer than the
+    turn waits for its final save (``SAVE_TIMEOUT``): the answer was printed, the save
+    failed while the host closed, and the command exited 0 saying nothing; the turn was
+    gone. Now it reads the store to tell, and says so (exit 1); a save that landed late,
+    once the lock was released, is a success as before."""
+    from runtime.app.cli import main
+
+    monkeypatch.setattr(saving, "SAVE_TIMEOUT", 0.1)
+    monkeypatch.setattr(sqlite_store, "_BUSY_TIMEOUT", 1.0 if released else 0.3)
+    path = tmp_path / "sessions.db"
+    _create(path)
+    other = _holder(path)
+    timer = threading.Timer(0.4, other.execute, ("COMMIT",))
+    if released:
+        timer.start()
+    try:
+        code = main(["run", "--store", str(path), "--session", "a", "--delay", "0", "hi"])
+    finally:
+        timer.join() if released else other.execute("COMMIT")
+        other.close()
+    err = capsys.readouterr().err
+    stored = sqlite3.connect(path).execute("SELECT count(*) FROM messages").fetchone()[0]
+    if released:
+        assert code == 0 and "not saved" not in err and stored > 2
+    else:
+        assert code == 1 and stored == 2
+        assert f"the turn was not saved to {path}: the store did not take its save" in err
+
+
+# -- the disk fills up mid-turn ---------------------------------------------------------------
+
+_FULL_DISK_CHILD = """
+import json, os, resource, signal, sys
+import trio
+from actors.providers import ScriptedProvider
+from actors.providers.scripted import tool_call
+from runtime import Agent, Host, tool
+
+@tool
+async def blob() -> str:
+    "A long result."
+    return "x" * 40_000
+
+async def main(path):
+    provider = ScriptedProvider([tool_call("blob", {}), ["done"]])
+    agent = Agent(name="full", provider=provider, tools=[blob])
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails: EFBIG
+    async with Host.open(store=path, log_tap=False) as host:
+        session = await host.open_session(agent, session_id="s")
+        for n in range(5):
+            if n == 1:  # no file may grow more than a turn's worth from here
+                wal = max(os.path.getsize(path + suffix) for suffix in ("", "-wal"))
+                resource.setrlimit(resource.RLIMIT_FSIZE, (wal + 20_000, resource.RLIM_INFINITY))
+            if n == 3:  # space is back
+                resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY,) * 2)
+            result = await session.run(f"turn {n}")
+            error = None if result.error is None else result.error.message
+            print(json.dumps({"n": n, "saved": result.saved, "error": error}), flush=True)
+
+trio.run(main, sys.argv[1])
+"""
+
+
+def test_a_disk_that_fills_mid_turn_fails_the_turn_s_save_clearly_and_loses_nothing(tmp_path):
+    """A real short write (RLIMIT_FSIZE: EFBIG, what a full disk's ENOSPC also gives
+    SQLite): the turns that could not be saved say so, the ones saved before stay, and
+    once space is back the session's next save writes every turn kept in memory."""
+    path = tmp_path / "sessions.db"
+    proc = subprocess.run(
+        [sys.executable, "-c", _FULL_DISK_CHILD, str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    results = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert [r["saved"] for r in results] == [True, False, False, True, True]
+    for failed in results[1:3]:
+        assert (
+            f"session store {path}: save of session 's' failed: disk I/O error" in (failed["error"])
+        )
+    assert results[3]["error"] is None and results[4]["error"] is None
+
+    async def stored() -> list:
+        store = await SQLiteStore.open(path)
+        try:
+            return list((await store.load("s")).messages)
+        finally:
+            await store.aclose()
+
+    messages = trio.run(stored)
+    assert [m.content for m in messages if m.role == "user"] == [f"turn {n}" for n in range(5)]
+    assert [m.role for m in messages] == ["user", "assistant", "tool"] * 5
+
+
+# -- SIGKILL in the middle of saves -----------------------------------------------------------
+
+_SAVER_CHILD = """
+import sys
+import trio
+from actors.stores import SQLiteStore
+from runtime.messages import UserMessage
+
+BATCH = 40
+
+async def main(path):
+    store = await SQLiteStore.open(path)
+    record = await store.load("s")
+    count, version = (0, 0) if record is None else (len(record.messages), record.version)
+    for batch in range(count // BATCH, 10_000):
+        messages = [  # 40 x 8 KB: a save of many pages, given to a worker thread
+            UserMessage(content=f"{batch}:{i}:" + "y" * 8000, id=f"b{batch}-{i}")
+            for i in range(BATCH)
+        ]
+        version = await store.save("s", batch * BATCH, messages, {"batch": batch},
+                                   expected_version=version)
+        print(batch, flush=True)
+
+trio.run(main, sys.argv[1])
+"""
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_sigkill_during_saves_leaves_whole_batches_and_a_store_that_goes_on(tmp_path, seed):
+    """A process killed at a seeded moment of a run of large saves (each many pages of
+    the write-ahead log): the file opens again without a repair, every save is there
+    whole or not at all, none it reported done is missing, and the next process
+    continues the session from there."""
+    rng = random.Random(seed)
+    path = tmp_path / "sessions.db"
+    reported = -1
+    for _ in range(2):
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _SAVER_CHILD, str(path)],
+            stdout=subprocess.PIPE,
+            cwd=REPO,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+        )
+        try:
+            assert proc.stdout is not None
+            for _ in range(rng.randint(1, 4)):  # let it report a few saves...
+                line = proc.stdout.readline()
+                assert line, "the child exited before it was killed"
+                reported = int(line)
+            for _ in range(rng.randint(0, 30_000)):  # ...then kill it within the next
+                pass
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+        assert proc.returncode == -signal.SIGKILL
+        reported = max([reported, *(int(line) for line in proc.stdout.read().split())])
+        proc.stdout.close()
+
+        wal = path.with_name(path.name + "-wal")
+        assert wal.stat().st_size > 0  # a log left by the killed process: the next opens it
+        # What it left, as another program sees it (read-only: it leaves the log in place).
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        rows = conn.execute("SELECT idx, body FROM messages ORDER BY idx").fetchall()
+        (batch_meta,) = conn.execute("SELECT meta FROM sessions").fetchone()
+        conn.close()
+        assert len(rows) % 40 == 0 and len(rows) // 40 > reported
+        assert [idx for idx, _ in rows] == list(range(len(rows)))
+        for idx, body in rows:
+            assert json.loads(body)["content"].startswith(f"{idx // 40}:{idx % 40}:")
+        assert json.loads(batch_meta) == {"batch": len(rows) // 40 - 1}
+
+    async def reopened() -> int:
+        store = await SQLiteStore.open(path)
+        try:
+            return len((await store.load("s")).messages)
+        finally:
+            await store.aclose()
+
+    assert trio.run(reopened) == len(rows)
