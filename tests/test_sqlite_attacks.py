@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -343,3 +344,49 @@ def test_sigkill_during_saves_leaves_whole_batches_and_a_store_that_goes_on(tmp_
             await store.aclose()
 
     assert trio.run(reopened) == len(rows)
+
+
+# -- where the file is ------------------------------------------------------------------------
+
+
+async def test_a_store_in_a_missing_directory_says_so(tmp_path):
+    """SQLite's own text was "unable to open database file", for a directory missing."""
+    path = tmp_path / "no such dir" / "sessions.db"
+    with pytest.raises(StoreError, match="unable to open database file") as info:
+        await SQLiteStore.open(path)
+    assert f"its directory {path.parent} does not exist" in str(info.value)
+    assert not path.parent.exists()
+
+
+def _unprivileged() -> list[str]:
+    """A command prefix under which file permissions hold (root without capabilities)."""
+    if os.geteuid() != 0:
+        return []
+    if shutil.which("setpriv") is None:
+        pytest.skip("running as root without setpriv: file permissions do not apply")
+    return ["setpriv", "--bounding-set=-all", "--inh-caps=-all"]
+
+
+def test_a_store_in_a_directory_that_is_not_writable_says_why_even_to_read_it(tmp_path):
+    """A WAL store is opened, even to list its sessions, by creating its ``-wal`` and
+    ``-shm`` files beside it: in a directory that is not writable SQLite said "attempt
+    to write a readonly database", of a file the user can write."""
+    directory = tmp_path / "ro"
+    directory.mkdir()
+    _create(directory / "sessions.db")
+    directory.chmod(0o555)
+    store = str(directory / "sessions.db")
+    try:
+        proc = subprocess.run(
+            [*_unprivileged(), sys.executable, "-m", "runtime", "sessions", "--store", store],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=REPO,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+        )
+    finally:
+        directory.chmod(0o755)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert f"its directory {directory} is not writable" in proc.stderr
+    assert "sessions.db-wal and sessions.db-shm beside the file" in proc.stderr

@@ -158,6 +158,29 @@ def _error(path: str, action: _Action, err: sqlite3.Error) -> StoreError:
     return StoreError(f"session store {path}: {action} failed: {err}")
 
 
+def _open_error(path: str, err: sqlite3.Error) -> StoreError:
+    """:func:`_error` for the open, saying what about the directory SQLite met: its own
+    "unable to open database file" or "attempt to write a readonly database" names
+    neither (a directory not writable only fails once SQLite creates the ``-wal`` and
+    ``-shm`` files that live beside the store, which even reading needs)."""
+    error = _error(path, "open", err)
+    code = (getattr(err, "sqlite_errorcode", None) or 0) & 0xFF
+    if path == ":memory:" or code not in (sqlite3.SQLITE_CANTOPEN, sqlite3.SQLITE_READONLY):
+        return error
+    directory = os.path.dirname(os.path.abspath(path))
+    name = os.path.basename(path)
+    if not os.path.isdir(directory):
+        hint = f"its directory {directory} does not exist (it is not created)"
+    elif not os.access(directory, os.W_OK):
+        hint = (
+            f"its directory {directory} is not writable, and SQLite keeps {name}-wal and "
+            f"{name}-shm beside the file (reading needs them too)"
+        )
+    else:
+        return error
+    return StoreError(f"{error}: {hint}")
+
+
 def _rollback(conn: sqlite3.Connection) -> None:
     if conn.in_transaction:
         try:
@@ -307,7 +330,7 @@ def _connect(path: str) -> sqlite3.Connection:
             path, timeout=_BUSY_TIMEOUT, isolation_level=None, check_same_thread=False
         )
     except sqlite3.Error as err:
-        raise _error(path, "open", err) from err
+        raise _open_error(path, err) from err
     try:
         found = _inspect(conn, path)
         if found is None or found < SCHEMA_VERSION:
@@ -333,7 +356,7 @@ def _connect(path: str) -> sqlite3.Connection:
         conn.execute("PRAGMA busy_timeout = 0")
     except sqlite3.Error as err:
         conn.close()
-        raise _error(path, "open", err) from err
+        raise _open_error(path, err) from err
     except BaseException:
         conn.close()
         raise
