@@ -346,6 +346,35 @@ def test_sigkill_during_saves_leaves_whole_batches_and_a_store_that_goes_on(tmp_
     assert trio.run(reopened) == len(rows)
 
 
+# -- a newer axon-runtime upgrades the file while this one has it open --------------------
+
+
+async def test_a_file_upgraded_by_a_newer_runtime_while_open_is_not_written_into(tmp_path):
+    """The schema was checked only when the file was opened: a process of this version,
+    left running while another of a newer one upgraded the file, went on writing rows
+    of the old layout into it. Each write checks it now, in the statement it already
+    made, and writes nothing."""
+    path = tmp_path / "sessions.db"
+    store = await SQLiteStore.open(path)
+    try:
+        await store.save("s", 0, turn(0))
+        await store.save("gone", 0, turn(0))
+        newer = sqlite3.connect(path)
+        newer.execute("UPDATE axon_meta SET value = '3' WHERE key = 'schema_version'")
+        newer.commit()
+        newer.close()
+        before = sqlite3.connect(path).execute("SELECT count(*) FROM messages").fetchone()
+        with pytest.raises(StoreError, match="is at schema version 3 now, not the 2") as info:
+            await store.save("s", 2, turn(1), expected_version=1)
+        assert "nothing was written" in str(info.value) and str(path) in str(info.value)
+        with pytest.raises(StoreError, match="is at schema version 3 now"):
+            await store.delete("gone")
+        after = sqlite3.connect(path).execute("SELECT count(*) FROM messages").fetchone()
+        assert after == before
+    finally:
+        await store.aclose()
+
+
 # -- where the file is ------------------------------------------------------------------------
 
 

@@ -370,6 +370,19 @@ def _missing(path: str, session_id: str, expected: int, idx: int) -> StoreCorrup
     )
 
 
+_SCHEMA_TEXT = str(SCHEMA_VERSION)
+""":data:`SCHEMA_VERSION` as ``axon_meta`` holds it."""
+
+
+def _schema_moved(path: str, schema: Any) -> StoreError:
+    """The error of a write into a file whose schema changed since it was opened."""
+    return StoreError(
+        f"session store {path} is at schema version {schema} now, not the "
+        f"{SCHEMA_VERSION} it was opened at: another process's axon-runtime upgraded it; "
+        "nothing was written (restart this process with that version)"
+    )
+
+
 def _deleted_version(conn: sqlite3.Connection) -> int:
     """The highest version a deleted session had (``0`` if none was ever deleted)."""
     row = conn.execute("SELECT value FROM axon_meta WHERE key = 'deleted_version'").fetchone()
@@ -410,13 +423,15 @@ messages, none for a session not stored."""
 
 _BEFORE_SAVE_SQL = """SELECT s.meta, s.version,
         (SELECT value FROM axon_meta WHERE key = 'deleted_version'),
-        (SELECT coalesce(max(idx) + 1, 0) FROM messages WHERE session_id = ?1)
+        (SELECT coalesce(max(idx) + 1, 0) FROM messages WHERE session_id = ?1),
+        (SELECT value FROM axon_meta WHERE key = 'schema_version')
     FROM (SELECT 1) LEFT JOIN sessions AS s ON s.session_id = ?1"""
 """What a save checks and builds on, in one statement inside its transaction: the
 session's meta and version (``NULL`` for a session not stored), the highest version a
-deleted session had (``NULL``: none ever deleted) and the message count (``max(idx)`` is
-one index probe; ``count(*)`` would scan the whole session). Three statements before
-(issue 24 goal 1)."""
+deleted session had (``NULL``: none ever deleted), the message count (``max(idx)`` is
+one index probe; ``count(*)`` would scan the whole session) and the file's schema
+version (another process's newer axon-runtime may have upgraded it since this one
+opened it). Three statements before (issue 24 goal 1)."""
 
 
 class SQLiteStore:
@@ -648,7 +663,11 @@ class SQLiteStore:
         """The save's statements, inside its transaction: check the version and
         ``start``, upsert the session row with the merged meta and the next version,
         replace the messages from ``start`` on; the new version."""
-        raw_meta, current, deleted, count = conn.execute(_BEFORE_SAVE_SQL, (session_id,)).fetchone()
+        raw_meta, current, deleted, count, schema = conn.execute(
+            _BEFORE_SAVE_SQL, (session_id,)
+        ).fetchone()
+        if schema != _SCHEMA_TEXT:
+            raise _schema_moved(self._path, schema)
         stored = raw_meta is not None  # (meta is NOT NULL: none, no session row)
         if not stored:
             current = 0
@@ -751,11 +770,16 @@ class SQLiteStore:
         conn.execute("BEGIN IMMEDIATE")
         try:
             row = conn.execute(
-                "SELECT version FROM sessions WHERE session_id = ?", (session_id,)
+                """SELECT version,
+                    (SELECT value FROM axon_meta WHERE key = 'schema_version')
+                FROM (SELECT 1) LEFT JOIN sessions ON session_id = ?""",
+                (session_id,),
             ).fetchone()
+            if row[1] != _SCHEMA_TEXT:
+                raise _schema_moved(self._path, row[1])
             conn.execute("DELETE FROM messages WHERE session_id = ?", (session_id,))
             conn.execute("DELETE FROM sessions WHERE session_id = ?", (session_id,))
-            if row is not None and row[0] > _deleted_version(conn):
+            if row[0] is not None and row[0] > _deleted_version(conn):
                 conn.execute(
                     """INSERT INTO axon_meta (key, value) VALUES ('deleted_version', ?)
                     ON CONFLICT (key) DO UPDATE SET value = excluded.value""",
