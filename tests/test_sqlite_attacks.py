@@ -419,3 +419,20 @@ def test_a_store_in_a_directory_that_is_not_writable_says_why_even_to_read_it(tm
     assert proc.returncode == 2 and proc.stdout == ""
     assert f"its directory {directory} is not writable" in proc.stderr
     assert "sessions.db-wal and sessions.db-shm beside the file" in proc.stderr
+
+
+@pytest.mark.parametrize("kind", ["directory", "/dev/null", "fifo"])
+async def test_a_path_that_is_no_regular_file_is_refused_saying_so(tmp_path, kind):
+    """``--store /dev/null`` (no store, one might think) and a FIFO failed with SQLite's
+    "disk I/O error", a directory with "cannot read the file: Is a directory"."""
+    if kind == "directory":
+        path = tmp_path / "sessions.db"
+        path.mkdir()
+    elif kind == "fifo":
+        path = tmp_path / "sessions.db"
+        os.mkfifo(path)
+    else:
+        path = Path(os.devnull)
+    with pytest.raises(StoreError, match="give the path of a file") as info:
+        await SQLiteStore.open(path)
+    assert str(info.value).startswith(f"session store {path} is ")

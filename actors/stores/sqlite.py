@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import stat
 import struct
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -198,11 +199,19 @@ def _check_file(path: Path) -> None:
     A missing or empty file is fine: it becomes a new store.
     """
     try:
-        size = path.stat().st_size
+        info = path.stat()
     except FileNotFoundError:
         return
     except OSError as err:
         raise StoreError(f"session store {path}: cannot stat the file: {err}") from err
+    if not stat.S_ISREG(info.st_mode):
+        # A directory failed as "Is a directory" on the read below; /dev/null (no store,
+        # one might think) and a FIFO as SQLite's "disk I/O error".
+        kind = "a directory" if stat.S_ISDIR(info.st_mode) else "not a regular file"
+        raise StoreError(
+            f"session store {path} is {kind}: give the path of a file (created if missing)"
+        )
+    size = info.st_size
     if size == 0:
         return
     try:
