@@ -436,3 +436,142 @@ async def test_a_path_that_is_no_regular_file_is_refused_saying_so(tmp_path, kin
     with pytest.raises(StoreError, match="give the path of a file") as info:
         await SQLiteStore.open(path)
     assert str(info.value).startswith(f"session store {path} is ")
+
+
+# -- SIGKILL at a chosen statement of a host's saves -----------------------------------------
+
+_KILLED_HOST_CHILD = """
+import os, signal, sys
+import trio
+from actors.providers import ScriptedProvider
+from actors.providers.scripted import current_step, tool_call, turn_index
+from actors.stores import SQLiteStore
+from runtime import Agent, Host, tool
+
+class Killing:
+    '''The store's connection, killing the process at its n-th statement, or in the
+    middle of the rows an insert of several is given.'''
+
+    def __init__(self, real, at):
+        self.real, self.left = real, at
+
+    def _tick(self):
+        self.left -= 1
+        if self.left == 0:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def execute(self, sql, *args):
+        self._tick()
+        return self.real.execute(sql, *args)
+
+    def executemany(self, sql, rows):
+        def rows_then_kill():
+            for row in rows:
+                yield row
+                self._tick()
+        return self.real.executemany(sql, rows_then_kill())
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+@tool
+async def lookup(key: str) -> str:
+    "Look a key up."
+    return f"value of {key}"
+
+async def main(path, at):
+    store = await SQLiteStore.open(path)
+    store._conn = Killing(store._conn, at)
+    def respond(request):  # call ids unique in the session, as a model's are
+        step, turn = current_step(request.messages), turn_index(request.messages)
+        if step == 0:
+            return ["thinking first", *tool_call("lookup", {"key": "a"}, tool_call_id=f"a{turn}")]
+        if step == 1:
+            return tool_call("lookup", {"key": "b"}, tool_call_id=f"b{turn}")
+        return ["both looked up"]
+
+    agent = Agent(name="killed", provider=ScriptedProvider(responder=respond), tools=[lookup])
+    async with Host.open(store=store, log_tap=False) as host:
+        session = await host.open_session(agent, session_id="s")
+        for n in range(1000):
+            await session.run(f"turn {n}")
+
+trio.run(main, sys.argv[1], int(sys.argv[2]))
+"""
+
+
+def _providers_take(messages: list) -> None:
+    """Every provider builds its next request from the history as it is."""
+    from actors.providers.anthropic import map_messages as anthropic_messages
+    from actors.providers.gemini import map_messages as gemini_messages
+    from actors.providers.openai import map_messages as openai_messages
+    from actors.providers.openai_responses import map_messages as responses_messages
+    from tests.support.faults import (
+        check_anthropic_body,
+        check_openai_body,
+        check_responses_body,
+    )
+
+    check_openai_body({"messages": openai_messages(None, messages)})
+    check_responses_body({"input": responses_messages(messages)})
+    _system, turns = anthropic_messages(None, messages)
+    check_anthropic_body({"messages": turns})
+    _system, contents = gemini_messages(None, messages)
+    assert len(contents) >= len([m for m in messages if m.role == "user"])
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_host_killed_at_seeded_statements_of_its_saves_leaves_a_history_every_provider_takes(
+    tmp_path, seed
+):
+    """SIGKILL at the n-th statement the store runs (between a save's BEGIN and COMMIT,
+    or between the rows of its insert), n seeded, three times on one file: each time the
+    file opens, its history is well formed (every call has its result, nothing to
+    repair, no step half there), nothing saved before is lost, every provider builds a
+    request from it, and a new host continues the session."""
+    from runtime.history import repair
+    from tests.support.faults import check_history
+
+    rng = random.Random(seed)
+    path = tmp_path / "sessions.db"
+    previous: list = []
+    for _ in range(3):
+        at = rng.randint(1, 60)
+        proc = subprocess.run(
+            [sys.executable, "-c", _KILLED_HOST_CHILD, str(path), str(at)],
+            capture_output=True,
+            timeout=60,
+            cwd=REPO,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+        )
+        assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()[-2000:]
+
+        async def stored() -> list:
+            store = await SQLiteStore.open(path)
+            try:
+                record = await store.load("s")
+            finally:
+                await store.aclose()
+            return [] if record is None else list(record.messages)
+
+        messages = trio.run(stored)
+        check_history(messages)
+        assert repair(messages) == messages
+        assert [m.id for m in messages[: len(previous)]] == [m.id for m in previous]
+        for i, message in enumerate(messages):  # each input kept has its answer kept
+            if message.role == "user":
+                assert messages[i + 1].role == "assistant"
+        if messages:
+            _providers_take(messages)
+        previous = messages
+
+    async def continued() -> list:
+        provider = ScriptedProvider([["still here"]])
+        async with Host.open(store=path, log_tap=False) as host:
+            session = await host.open_session(Agent(name="next", provider=provider), session_id="s")
+            assert (await session.run("and now?")).saved
+            return list(session.messages)
+
+    after = trio.run(continued)
+    assert after[: len(previous)] == previous and len(after) == len(previous) + 2
+    _providers_take(after)
