@@ -29,7 +29,7 @@ from actors.providers import ScriptedProvider
 from actors.providers.scripted import tool_call
 from actors.stores import SQLiteStore
 from runtime import Agent, Host, tool
-from runtime.errors import StoreError
+from runtime.errors import StoreCorrupt, StoreError
 from runtime.messages import AssistantMessage, ToolCallPart, ToolMessage, UserMessage
 from runtime.testing.stores import record, turn
 
@@ -373,6 +373,72 @@ async def test_a_file_upgraded_by_a_newer_runtime_while_open_is_not_written_into
         assert after == before
     finally:
         await store.aclose()
+
+
+_CREATOR_CHILD = """
+import sqlite3, sys
+from actors.stores.sqlite import _create_schema
+conn = sqlite3.connect(sys.argv[1], isolation_level=None)
+if sys.argv[2] == "foreign":  # another application's database, committed
+    conn.execute("CREATE TABLE notes(body TEXT)")
+conn.execute("PRAGMA cache_size = 2")  # pages reach the file before the commit
+conn.execute("BEGIN IMMEDIATE")
+if sys.argv[2] == "axon":
+    _create_schema(conn)
+conn.execute("CREATE TABLE filler(x TEXT)")
+conn.executemany("INSERT INTO filler VALUES (?)", (("v" * 900,) for _ in range(200)))
+print("in the transaction", flush=True)
+sys.stdin.read()
+"""
+
+
+def _killed_in_a_transaction(path: Path, kind: str) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _CREATOR_CHILD, str(path), kind],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == b"in the transaction\n"
+    finally:
+        proc.kill()
+        proc.wait()
+        for pipe in (proc.stdout, proc.stdin):
+            assert pipe is not None
+            pipe.close()
+    journal = path.with_name(path.name + "-journal")
+    assert journal.stat().st_size > 0 and path.stat().st_size > 4096  # written, uncommitted
+
+
+def test_a_store_whose_creation_was_killed_mid_transaction_is_recovered_not_refused(tmp_path):
+    """A process killed while it created the file (its transaction's pages partly in the
+    file, a hot journal beside it) left what the header check refused as "not a SQLite
+    database" (or as truncated), though SQLite rolls it back to the empty file it was.
+    SQLite judges it now: the store opens, empty. A foreign database with a hot journal
+    is still refused, once SQLite has restored it."""
+    path = tmp_path / "sessions.db"
+    _killed_in_a_transaction(path, "axon")
+
+    async def reopened() -> None:
+        store = await SQLiteStore.open(path)
+        try:
+            assert await store.list_sessions() == []
+            await store.save("s", 0, turn(0))
+            assert await store.load("s") == record("s", turn(0))
+        finally:
+            await store.aclose()
+
+    trio.run(reopened)
+    assert not path.with_name(path.name + "-journal").exists()
+
+    foreign = tmp_path / "notes.db"
+    _killed_in_a_transaction(foreign, "foreign")
+    with pytest.raises(StoreCorrupt, match="another application"):
+        trio.run(SQLiteStore.open, foreign)
+    tables = sqlite3.connect(foreign).execute("SELECT name FROM sqlite_master").fetchall()
+    assert tables == [("notes",)]  # as it was committed: rolled back, not written into
 
 
 # -- where the file is ------------------------------------------------------------------------

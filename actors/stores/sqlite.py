@@ -190,6 +190,27 @@ def _rollback(conn: sqlite3.Connection) -> None:
             pass  # SQLite already rolled back (e.g. after SQLITE_FULL); nothing to undo
 
 
+_JOURNAL_MAGIC = bytes.fromhex("d9d505f920a163d7")
+"""The first bytes of a rollback journal that holds a transaction (SQLite zeroes or
+deletes it once the transaction is over)."""
+
+
+def _journal_in_flight(path: Path) -> bool:
+    """Whether a rollback journal beside ``path`` holds a transaction that has not ended:
+    one in progress in another process, or one a killed process left ("hot"), which
+    SQLite rolls back when it next opens the file. The file's pages are then whatever that
+    transaction had written of them so far: a new store's creation, killed while its
+    pages were being written, leaves a header claiming pages that are not there yet (or
+    no header at all), and the checks below refused as truncated, or as no SQLite
+    database, a file SQLite restores to the empty file it was. SQLite judges it instead;
+    what it leaves is then inspected as any file is (``_inspect``)."""
+    try:
+        with path.with_name(path.name + "-journal").open("rb") as f:
+            return f.read(len(_JOURNAL_MAGIC)) == _JOURNAL_MAGIC
+    except OSError:
+        return False
+
+
 def _check_file(path: Path) -> None:
     """Refuse a file that cannot be an intact SQLite database, before SQLite opens it.
 
@@ -212,7 +233,7 @@ def _check_file(path: Path) -> None:
             f"session store {path} is {kind}: give the path of a file (created if missing)"
         )
     size = info.st_size
-    if size == 0:
+    if size == 0 or _journal_in_flight(path):
         return
     try:
         with path.open("rb") as f:
