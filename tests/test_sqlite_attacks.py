@@ -641,3 +641,24 @@ def test_a_host_killed_at_seeded_statements_of_its_saves_leaves_a_history_every_
     after = trio.run(continued)
     assert after[: len(previous)] == previous and len(after) == len(previous) + 2
     _providers_take(after)
+
+
+@pytest.mark.parametrize("option", ["--record", "--plugin"])
+def test_recording_into_the_store_s_own_file_is_refused_before_anything_runs(
+    tmp_path, capsys, option
+):
+    """``run --store sessions.db --record sessions.db`` (a slip): the event lines were
+    appended to the database file, where SQLite's pages overwrote them or its checkpoint
+    cut them off; the run said nothing and the recording was gone."""
+    from runtime.app.cli import main
+
+    path = tmp_path / "sessions.db"
+    _create(path)
+    before = path.read_bytes()
+    target = str(tmp_path / "." / "sessions.db")
+    value = target if option == "--record" else f"recorder:{target}-wal"
+    code = main(["run", "--store", str(path), option, value, "--session", "a", "hi"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: the event recording ") and "is the session store's" in err
+    assert path.read_bytes() == before
