@@ -68,7 +68,13 @@ from runtime.app.web.serve import add_serve_parser, serve_command
 from runtime.app.worker import add_worker_parser, worker_command
 from runtime.approval import APPROVAL, WAITING_META, PendingCall, pending_calls, waiting_calls
 from runtime.chunks import Usage
-from runtime.errors import AlreadyDecided, ConfigurationError, InvalidMedia, UnknownApproval
+from runtime.errors import (
+    AlreadyDecided,
+    ConfigurationError,
+    InvalidMedia,
+    StoreError,
+    UnknownApproval,
+)
 from runtime.events import Event
 from runtime.ids import new_id
 from runtime.logging import configure_logging
@@ -296,7 +302,34 @@ async def run_command(args: argparse.Namespace) -> int:
             f"{result.error.kind}: {result.error.message}\n"
         )
         return 1
+    if result is not None and args.store is not None and not result.saved:
+        # Not confirmed within the turn's bound (another process held the store's write
+        # lock): the host's close waited for the save, which landed or failed since.
+        # Read the store to tell which, rather than exit 0 over a turn that is lost.
+        unsaved = await _turn_unsaved(args.store, session_id, result)
+        if unsaved is not None:
+            sys.stderr.write(f"the turn was not saved to {redact_url(args.store)}: {unsaved}\n")
+            return 1
     return 0 if result is not None and result.finish_reason not in ("error", "aborted") else 1
+
+
+async def _turn_unsaved(store_spec: str, session_id: str, result: TurnResult) -> str | None:
+    """Why the turn ``result`` ended is not in the store, or ``None`` if it is."""
+    try:
+        store = await open_store(store_spec)
+        try:
+            record = await store.load(session_id)
+        finally:
+            await store.aclose()
+    except StoreError as exc:
+        return f"the store cannot be read to check it: {exc}"
+    stored = {message.id for message in record.messages} if record is not None else set()
+    if all(message.id in stored for message in result.new_messages):
+        return None
+    return (
+        "the store did not take its save (another process holding the file's write lock "
+        "for too long?); --log-level error shows why"
+    )
 
 
 async def render_turn(stream: Any, renderer: Any, out: Any) -> TurnResult | None:
