@@ -215,6 +215,11 @@ class MCPTool(Tool):
             raise ToolInputError(
                 f"the schema of {self.name} has an unresolvable $ref: {exc}"
             ) from None
+        except RecursionError:  # a $ref cycle that never reads the input ({"$ref": "#"})
+            raise ToolInputError(
+                f"the schema of {self.name} refers to itself without end: it cannot check "
+                "any arguments"
+            ) from None
         if errors:
             problems = "; ".join(
                 f"{'.'.join(str(p) for p in e.path) or '(root)'}: {e.message}" for e in errors[:5]
@@ -314,6 +319,8 @@ class MCPServerActor(Actor):
         self._nursery: trio.Nursery | None = None
         self._in_flight: set[CallMCPTool] = set()
         self._stale = self._listing = False
+        self._connection_ended = trio.Event()
+        """Set when the connection of the running attempt ended (the server died)."""
         self._refreshed = trio.Event()
         self._changed = trio.Event()
         self._refresh_lock = trio.Lock()
@@ -385,7 +392,7 @@ class MCPServerActor(Actor):
 
     async def _run(self) -> None:
         mcp, types = _import_mcp()
-        ended = trio.Event()
+        ended = self._connection_ended = trio.Event()
         transport = _WatchedTransport(self._open_transport(), ended)
         self._stale = False
         with trio.CancelScope() as connecting:
@@ -480,10 +487,13 @@ class MCPServerActor(Actor):
                 self._in_flight.discard(request)
                 return
         except MCPError as exc:
-            if exc.code != CONNECTION_CLOSED:
+            # CONNECTION_CLOSED is also JSON-RPC's generic server error (-32000), which
+            # servers answer with their own message, and what an HTTP stream cut off
+            # mid-response is resolved with: a death only when the connection ended.
+            if exc.code == CONNECTION_CLOSED and self._connection_ended.is_set():
+                outcome = MCPServerDied(f"MCP server {name!r} died during the call")  # restarted
+            else:
                 outcome = MCPToolError(f"MCP server {name!r} answered with an error: {exc}")
-            else:  # the watcher restarts the actor
-                outcome = MCPServerDied(f"MCP server {name!r} died during the call")
         except Exception as exc:  # a result that does not fit the tool's output schema, ...
             outcome = MCPServerError(f"MCP server {name!r} sent an invalid result: {exc}")
         self._in_flight.discard(request)

@@ -1,0 +1,116 @@
+"""MCP attacked from both sides: a hostile server Axon's client connects to
+(tests/support/hostile_mcp_server.py, raw JSON-RPC on stdio) and a careless client of
+the ``/mcp`` endpoint (raw HTTP). What held is in benchmarks/journal/workers.md; each
+test here is a defect that was found and fixed."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+from mcp import Client, MCPError
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
+
+from actors.mcp import MCPServer
+from actors.providers.scripted import ScriptedProvider, tool_call
+from runtime import Agent, Host
+from tests.support.mcp_agents import echo
+from tests.web.harness import web_server
+
+ROOT = Path(__file__).resolve().parents[1]
+HOSTILE = str(ROOT / "tests" / "support" / "hostile_mcp_server.py")
+MCP = ("ai-sdk", "mcp")
+
+
+def hostile(*modes: str) -> MCPServer:
+    return MCPServer.stdio(sys.executable, [HOSTILE, *modes], name="hostile")
+
+
+def calling(*calls: tuple[str, dict]) -> ScriptedProvider:
+    """One step calling ``calls`` (in parallel), then a step answering ``done``."""
+    chunks = [c for name, args in calls for c in tool_call(name, args, tool_call_id=f"c_{name}")]
+    return ScriptedProvider([chunks, ["done"]])
+
+
+async def run_turn(agent: Agent):
+    async with Host.open(log_tap=False) as host:
+        session = await host.open_session(agent)
+        result = await session.run("go")
+        actor = host.mcp_servers[agent.mcp_servers[0]]
+        return session, result, actor
+
+
+def tool_messages(session) -> dict:
+    return {m.tool_name: m for m in session.messages if m.role == "tool"}
+
+
+# -- a hostile server -----------------------------------------------------------------------
+
+
+async def test_a_server_error_with_the_generic_code_is_its_message_not_a_death():
+    # -32000 is JSON-RPC's generic server error; the mcp package resolves a request cut
+    # off by a closed connection with the same code. It was reported as a death, the
+    # server's own message lost (and no restart followed: the server was alive).
+    agent = Agent(provider=calling(("echo", {"text": "hi"})), tools=[hostile("generic-error")])
+    session, result, actor = await run_turn(agent)
+    error = tool_messages(session)["echo"].error
+    assert "answered with an error: quota exceeded for this month" in error
+    assert "died" not in error
+    assert actor.last_error is None  # it never crashed
+    assert result.finish_reason == "stop"
+
+
+async def test_a_schema_that_is_its_own_reference_is_an_argument_error_not_an_executor_crash():
+    # Validating against {"$ref": "#"} recursed until RecursionError, which crashed the
+    # host-wide tool executor: every call it ran, of every session, failed with it.
+    agent = Agent(
+        provider=calling(("loop", {"x": 1}), ("echo", {"text": "still here"})),
+        tools=[hostile()],
+    )
+    session, result, _ = await run_turn(agent)
+    saved = tool_messages(session)
+    assert saved["loop"].error == (
+        "the schema of loop refers to itself without end: it cannot check any arguments"
+    )
+    assert saved["echo"].output == "still here"
+    assert result.text == "done"
+
+
+# -- a careless client of the /mcp endpoint --------------------------------------------------
+
+
+async def test_a_body_over_the_limit_is_a_jsonrpc_error_the_official_client_reads():
+    # The transport's own limit answered 413 in plain text: the official client, which
+    # reads a JSON-RPC error from any non-2xx JSON body, said only "Server returned an
+    # error response", and a raw client got no JSON at all.
+    async with web_server(echo, protocols=MCP, max_body=4096) as server:
+        async with create_mcp_http_client() as http:
+            transport = streamable_http_client(server.url + "/mcp", http_client=http)
+            async with Client(transport) as client:
+                with pytest.raises(MCPError) as refused:
+                    await client.call_tool("echo", {"prompt": "x" * 10_000})
+        async with httpx.AsyncClient(base_url=server.url) as raw:
+            chunked = await raw.post(  # no Content-Length: the limit counts what arrives
+                "/mcp",
+                content=_chunks(b"[" + b" " * 10_000 + b"]"),
+                headers={
+                    "accept": "application/json, text/event-stream",
+                    "content-type": "application/json",
+                },
+            )
+        assert server.host.sessions == {}
+    assert refused.value.error.message == "Request body too large"
+    assert chunked.status_code == 413
+    assert chunked.json() == {
+        "jsonrpc": "2.0",
+        "id": None,
+        "error": {"code": -32600, "message": "Request body too large"},
+    }
+
+
+async def _chunks(body: bytes):
+    for start in range(0, len(body), 1024):
+        yield body[start : start + 1024]
