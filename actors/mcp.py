@@ -321,6 +321,7 @@ class MCPServerActor(Actor):
         self._stale = self._listing = False
         self._connection_ended = trio.Event()
         """Set when the connection of the running attempt ended (the server died)."""
+        self._end_reason = "exited or closed its connection"
         self._refreshed = trio.Event()
         self._changed = trio.Event()
         self._refresh_lock = trio.Lock()
@@ -393,6 +394,7 @@ class MCPServerActor(Actor):
     async def _run(self) -> None:
         mcp, types = _import_mcp()
         ended = self._connection_ended = trio.Event()
+        self._end_reason = "exited or closed its connection"
         transport = _WatchedTransport(self._open_transport(), ended)
         self._stale = False
         with trio.CancelScope() as connecting:
@@ -429,7 +431,10 @@ class MCPServerActor(Actor):
     def on_crash(self, exc: BaseException) -> None:
         """The server died (or could not start): answer the calls it was running."""
         self._client = self._nursery = None
-        self.last_error = str(exc) if isinstance(exc, MCPServerError) else _describe(exc)
+        if self._connection_ended.is_set():  # what the watcher saw, not the teardown's noise
+            self.last_error = f"MCP server {self.config.name!r} {self._end_reason}"
+        else:
+            self.last_error = str(exc) if isinstance(exc, MCPServerError) else _describe(exc)
         self._log.warning("mcp.server-died", server=self.config.name, error=self.last_error)
         self._answer_in_flight(
             MCPServerDied(
@@ -467,15 +472,27 @@ class MCPServerActor(Actor):
 
         assert config.url is not None
         http = create_mcp_http_client(headers=dict(config.headers) or None)
+        ended = self._connection_ended
+
+        async def session_lost(response: Any) -> None:
+            # 404 to a request in a session: the server no longer knows it (it restarted,
+            # or expired it). The specification says to start a new session, which the
+            # mcp package's client does not: every later request got the 404 again.
+            # Ended, the actor restarts: a new connection, a new session.
+            if response.status_code == 404 and "mcp-session-id" in response.request.headers:
+                self._end_reason = "ended the session (HTTP 404)"
+                ended.set()
+
+        hooks = http.event_hooks
+        http.event_hooks = {**hooks, "response": [*hooks.get("response", ()), session_lost]}
         return _ClosingTransport(streamable_http_client(config.url, http_client=http), http)
 
     async def _watch(self, ended: trio.Event) -> None:
         await ended.wait()
-        raise MCPServerDied(f"MCP server {self.config.name!r} exited or closed its connection")
+        raise MCPServerDied(f"MCP server {self.config.name!r} {self._end_reason}")
 
     async def _serve(self, request: CallMCPTool) -> None:
         from mcp.shared.exceptions import MCPError
-        from mcp_types import CONNECTION_CLOSED
 
         name = self.config.name
         outcome: Any
@@ -487,11 +504,14 @@ class MCPServerActor(Actor):
                 self._in_flight.discard(request)
                 return
         except MCPError as exc:
-            # CONNECTION_CLOSED is also JSON-RPC's generic server error (-32000), which
-            # servers answer with their own message, and what an HTTP stream cut off
-            # mid-response is resolved with: a death only when the connection ended.
-            if exc.code == CONNECTION_CLOSED and self._connection_ended.is_set():
-                outcome = MCPServerDied(f"MCP server {name!r} died during the call")  # restarted
+            # A death only when the connection ended: the code the mcp package resolves
+            # a request cut off by a closed connection with (-32000) is also JSON-RPC's
+            # generic server error, which servers answer with their own message, and
+            # what a streamable HTTP response cut off mid-answer gets.
+            if self._connection_ended.is_set():  # the watcher restarts the actor
+                outcome = MCPServerDied(
+                    f"MCP server {name!r} died during the call ({self._end_reason})"
+                )
             else:
                 outcome = MCPToolError(f"MCP server {name!r} answered with an error: {exc}")
         except Exception as exc:  # a result that does not fit the tool's output schema, ...

@@ -5,6 +5,7 @@ test here is a defect that was found and fixed."""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from mcp.shared._httpx_utils import create_mcp_http_client
 from actors.mcp import MCPServer
 from actors.providers.scripted import ScriptedProvider, tool_call
 from runtime import Agent, Host
+from tests.support.loopback import Recorded, Reply, loopback_server
 from tests.support.mcp_agents import echo
 from tests.web.harness import web_server
 
@@ -77,6 +79,106 @@ async def test_a_schema_that_is_its_own_reference_is_an_argument_error_not_an_ex
     )
     assert saved["echo"].output == "still here"
     assert result.text == "done"
+
+
+class ForgetfulServer:
+    """A streamable HTTP MCP server that restarts (forgetting its sessions) when its
+    tool is first called: that call gets the 404 a server answers a session it does not
+    know (as Axon's own endpoint does: a JSON-RPC error body), later ones work in a new
+    session."""
+
+    def __init__(self) -> None:
+        self.sessions: set[str] = set()
+        self.started = 0
+        self.restarted = False
+
+    def __call__(self, request: Recorded) -> Reply:
+        if request.method != "POST":
+            return Reply(status=405, content_type="text/plain")
+        message = json.loads(request.body)
+        if "id" not in message:
+            return Reply(status=202, content_type="application/json")
+        method, params = message["method"], message.get("params") or {}
+        if method == "initialize":
+            self.started += 1
+            session = f"s{self.started}"
+            self.sessions.add(session)
+            info = {"name": "forgetful", "version": "1"}
+            return self.result(
+                message,
+                {
+                    "protocolVersion": params["protocolVersion"],
+                    "capabilities": {"tools": {}},
+                    "serverInfo": info,
+                },
+                session,
+            )
+        if method == "tools/call" and not self.restarted:
+            self.restarted = True
+            self.sessions.clear()
+        if request.headers.get("mcp-session-id") not in self.sessions:
+            error = {"code": -32600, "message": "Session not found"}
+            body = json.dumps({"jsonrpc": "2.0", "id": None, "error": error}).encode()
+            return Reply(status=404, body=body, content_type="application/json")
+        if method == "tools/list":
+            tool = {"name": "echo", "inputSchema": {"type": "object"}}
+            return self.result(message, {"tools": [tool]})
+        text = request.headers["mcp-session-id"]
+        return self.result(message, {"content": [{"type": "text", "text": text}]})
+
+    def result(self, message: dict, result: dict, session: str | None = None) -> Reply:
+        body = json.dumps({"jsonrpc": "2.0", "id": message["id"], "result": result}).encode()
+        headers = [("mcp-session-id", session)] if session else []
+        return Reply(body=body, content_type="application/json", headers=headers)
+
+
+async def test_an_http_server_that_lost_the_session_is_reconnected_in_a_new_one():
+    # The specification: a 404 to a request carrying a session id means the session is
+    # gone, and the client must initialize a new one. The mcp package's client does not,
+    # and nothing restarted the connection: every later call failed the same way until
+    # the host restarted.
+    async with loopback_server(respond=ForgetfulServer()) as web:
+        turns = [[tool_call("echo", {}, tool_call_id=f"c{n}"), ["done"]] for n in (1, 2)]
+        agent = Agent(
+            provider=ScriptedProvider(turns=turns),
+            tools=[MCPServer.http(web.url + "/mcp", name="web")],
+        )
+        async with Host.open(log_tap=False) as host:
+            session = await host.open_session(agent)
+            await session.run("first")
+            await session.run("second")
+    first, second = [m for m in session.messages if m.role == "tool"]
+    assert "MCP server 'web' died during the call" in first.error
+    assert "ended the session (HTTP 404)" in first.error
+    assert second.output == "s2"
+
+
+class CuttingServer(ForgetfulServer):
+    """Its tool's answer is an SSE stream cut off before the answer's event ends."""
+
+    def __call__(self, request: Recorded) -> Reply:
+        message = json.loads(request.body) if request.method == "POST" else {}
+        if message.get("method") != "tools/call":
+            self.restarted = True  # never forgets its sessions
+            return super().__call__(request)
+        answer = {"jsonrpc": "2.0", "id": message["id"], "result": {"content": []}}
+        body = b"event: message\ndata: " + json.dumps(answer).encode() + b"\n\n"
+        return Reply(body=body, drop_after=len(body) - 10)
+
+
+async def test_an_http_answer_cut_off_mid_stream_is_a_tool_error_saying_so():
+    # It said the server "died during the call", though nothing restarted it (the
+    # connection lives on): the mcp package's own reason was lost.
+    async with loopback_server(respond=CuttingServer()) as web:
+        agent = Agent(
+            provider=calling(("echo", {})),
+            tools=[MCPServer.http(web.url + "/mcp", name="web")],
+        )
+        session, result, actor = await run_turn(agent)
+    error = tool_messages(session)["echo"].error
+    assert "MCP server 'web' answered with an error: SSE stream ended without a response" in error
+    assert actor.last_error is None
+    assert result.finish_reason == "stop"
 
 
 # -- a careless client of the /mcp endpoint --------------------------------------------------
