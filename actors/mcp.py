@@ -26,7 +26,9 @@ import functools
 import math
 import os
 import shlex
-from collections.abc import Collection, Iterable, Mapping, Sequence
+import sys
+from collections.abc import AsyncIterator, Callable, Collection, Iterable, Mapping, Sequence
+from contextlib import asynccontextmanager
 from typing import Any, ClassVar, Literal, TypeAlias
 from urllib.parse import urlsplit
 
@@ -56,6 +58,10 @@ from runtime.tools import (
 
 MAX_LIST_PAGES = 100
 """A server that keeps returning a next cursor is cut off after this many pages."""
+
+MAX_MESSAGE_BYTES = 32 * 1024 * 1024
+"""Longest message (one line) a stdio server may send; a longer one ends its connection
+(the actor restarts it), so a server cannot make the host buffer without end."""
 
 
 def _pairs(value: Mapping[str, str] | None) -> tuple[tuple[str, str], ...]:
@@ -457,7 +463,7 @@ class MCPServerActor(Actor):
     def _open_transport(self) -> Any:
         config = self.config
         if config.transport == "stdio":
-            from mcp.client.stdio import StdioServerParameters, stdio_client
+            from mcp.client.stdio import StdioServerParameters
 
             assert config.command is not None
             params = StdioServerParameters(
@@ -466,7 +472,7 @@ class MCPServerActor(Actor):
                 env=dict(config.env) or None,
                 cwd=config.cwd,
             )
-            return stdio_client(params)
+            return _stdio_client(params, MAX_MESSAGE_BYTES, self._too_long)
         from mcp.client.streamable_http import streamable_http_client
         from mcp.shared._httpx_utils import create_mcp_http_client
 
@@ -486,6 +492,10 @@ class MCPServerActor(Actor):
         hooks = http.event_hooks
         http.event_hooks = {**hooks, "response": [*hooks.get("response", ()), session_lost]}
         return _ClosingTransport(streamable_http_client(config.url, http_client=http), http)
+
+    def _too_long(self, limit: int) -> None:
+        self._end_reason = f"sent a message longer than {limit} bytes"
+        self._log.error("mcp.message-too-long", server=self.config.name, limit=limit)
 
     async def _watch(self, ended: trio.Event) -> None:
         await ended.wait()
@@ -605,6 +615,88 @@ def _import_mcp() -> tuple[Any, Any]:
             "MCP servers need the mcp package: pip install 'axon-runtime[mcp]'"
         ) from None
     return mcp, mcp_types
+
+
+@asynccontextmanager
+async def _stdio_client(
+    server: Any, limit: int, too_long: Callable[[int], None]
+) -> AsyncIterator[tuple[Any, Any]]:
+    """The ``mcp`` package's ``stdio_client``, with its process handling (spawn, the
+    shutdown sequence, the tree kill), reading the server's stdout in bounded lines.
+
+    Its own reader joined each chunk to the line so far and split it all again: a
+    result of a few megabytes (a file a server read) took the event loop seconds to
+    minutes of CPU, every session of the host stalled, and a line without end was
+    buffered without end. Here the search for the newline resumes where it stopped,
+    and a line longer than ``limit`` ends the connection (``too_long(limit)`` first).
+    Bytes that are not UTF-8 make the line a parse error, as any other garbage line."""
+    import anyio
+    import anyio.lowlevel
+    from mcp.client import stdio
+
+    command = await stdio._get_executable_command(server.command)
+    process = await stdio._create_platform_compatible_process(
+        command=command,
+        args=server.args,
+        env=stdio.get_default_environment() | (server.env or {}),
+        errlog=sys.stderr,
+        cwd=server.cwd,
+    )
+    read_writer, read_stream = anyio.create_memory_object_stream[Any](0)
+    write_stream, write_reader = anyio.create_memory_object_stream[Any](0)
+    writer_done = anyio.Event()
+
+    async def stdout_reader() -> None:
+        assert process.stdout is not None
+        buffer, scanned = bytearray(), 0
+        try:
+            async with read_writer:  # closed first: the session sees the end at once
+                while True:
+                    while (end := buffer.find(b"\n", scanned)) < 0:
+                        if len(buffer) > limit:
+                            too_long(limit)
+                            return
+                        scanned = len(buffer)
+                        buffer += await process.stdout.receive(65536)
+                    line = buffer[:end].decode(server.encoding, errors="replace")
+                    del buffer[: end + 1]
+                    scanned = 0
+                    await read_writer.send(stdio._parse_line(line))
+        except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
+            pass
+        except ConnectionError:
+            pass
+        finally:
+            del buffer
+            await stdio._drain_stdout(process)  # until the shutdown closes the pipe
+
+    async def stdin_writer() -> None:
+        assert process.stdin is not None
+        try:
+            async with write_reader:
+                async for message in write_reader:
+                    text = message.message.model_dump_json(by_alias=True, exclude_unset=True)
+                    await process.stdin.send((text + "\n").encode(server.encoding))
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
+            await read_writer.aclose()  # the session sees the connection end
+        finally:
+            writer_done.set()
+
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(stdout_reader)
+        tasks.start_soon(stdin_writer)
+        try:
+            yield read_stream, write_stream
+        finally:
+            with anyio.CancelScope(shield=True):
+                read_stream.close()
+                write_stream.close()
+                with anyio.move_on_after(stdio._WRITER_FLUSH_TIMEOUT):
+                    await writer_done.wait()
+                await stdio._stop_server_process(process)
+                await stdio._aclose_all(read_stream, write_stream, read_writer, write_reader)
+                await anyio.lowlevel.checkpoint()
+            tasks.cancel_scope.cancel()
 
 
 class _WatchedTransport:

@@ -15,9 +15,10 @@ from mcp import Client, MCPError
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
+import actors.mcp
 from actors.mcp import MCPServer
 from actors.providers.scripted import ScriptedProvider, tool_call
-from runtime import Agent, Host
+from runtime import Agent, Budget, Host
 from tests.support.loopback import Recorded, Reply, loopback_server
 from tests.support.mcp_agents import echo
 from tests.web.harness import web_server
@@ -27,8 +28,8 @@ HOSTILE = str(ROOT / "tests" / "support" / "hostile_mcp_server.py")
 MCP = ("ai-sdk", "mcp")
 
 
-def hostile(*modes: str) -> MCPServer:
-    return MCPServer.stdio(sys.executable, [HOSTILE, *modes], name="hostile")
+def hostile(*modes: str, **env: str) -> MCPServer:
+    return MCPServer.stdio(sys.executable, [HOSTILE, *modes], name="hostile", env=env)
 
 
 def calling(*calls: tuple[str, dict]) -> ScriptedProvider:
@@ -79,6 +80,24 @@ async def test_a_schema_that_is_its_own_reference_is_an_argument_error_not_an_ex
     )
     assert saved["echo"].output == "still here"
     assert result.text == "done"
+
+
+async def test_a_line_without_end_ends_the_connection_at_the_limit(monkeypatch):
+    # The mcp package's reader buffered a line without a limit, joining each chunk to
+    # the line so far and splitting it all again (CPU quadratic in the line: 30 s of the
+    # event loop for a 50 MB result, every session of the host stalled).
+    monkeypatch.setattr(actors.mcp, "MAX_MESSAGE_BYTES", 1024 * 1024)
+    agent = Agent(
+        provider=calling(("echo", {"text": "hi"})),
+        tools=[hostile("endless-line", MCP_TEST_BYTES=str(3 * 1024 * 1024))],
+        budget=Budget(tool_timeout=20),  # without the limit, the call waited for this
+    )
+    async with Host.open(log_tap=False) as host:
+        session = await host.open_session(agent)
+        await session.run("go")
+    error = tool_messages(session)["echo"].error
+    assert "MCP server 'hostile' died during the call" in error
+    assert "sent a message longer than 1048576 bytes" in error
 
 
 class ForgetfulServer:

@@ -9,11 +9,15 @@ It lists ``echo`` (text back) and ``loop`` (an input schema that is its own refe
 ``generic-error``
     A call of ``echo`` is answered with the JSON-RPC error ``-32000`` (the generic
     "server error" code, which the ``mcp`` package also uses for a closed connection).
+``endless-line``
+    A call of ``echo`` is answered with ``MCP_TEST_BYTES`` bytes of a line that never
+    ends; then the server waits.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 MODES = set(sys.argv[1:])
@@ -50,6 +54,11 @@ def answer(request: dict) -> dict:
     if method == "tools/call":
         if "generic-error" in MODES:
             raise LookupError("quota exceeded for this month")
+        if "endless-line" in MODES:
+            endless = "y" * int(os.environ["MCP_TEST_BYTES"])
+            sys.stdout.write('{"jsonrpc": "2.0", "result": "' + endless)
+            sys.stdout.flush()
+            raise KeyError("no answer")
         text = (params.get("arguments") or {}).get("text", "")
         return {"content": [{"type": "text", "text": text}]}
     if method == "ping":
@@ -66,6 +75,8 @@ for line in sys.stdin:
     except LookupError as exc:
         error = {"code": -32000, "message": str(exc)}
         send({"jsonrpc": "2.0", "id": request["id"], "error": error})
+    except KeyError:
+        pass
     except NotImplementedError as exc:
         error = {"code": -32601, "message": f"no method {exc}"}
         send({"jsonrpc": "2.0", "id": request["id"], "error": error})
