@@ -26,6 +26,16 @@ from tests.web.harness import web_server
 ROOT = Path(__file__).resolve().parents[1]
 HOSTILE = str(ROOT / "tests" / "support" / "hostile_mcp_server.py")
 MCP = ("ai-sdk", "mcp")
+INIT = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
+    "params": {
+        "protocolVersion": "2025-11-25",
+        "capabilities": {},
+        "clientInfo": {"name": "raw", "version": "0"},
+    },
+}
 
 
 def hostile(*modes: str, **env: str) -> MCPServer:
@@ -235,3 +245,24 @@ async def test_a_body_over_the_limit_is_a_jsonrpc_error_the_official_client_read
 async def _chunks(body: bytes):
     for start in range(0, len(body), 1024):
         yield body[start : start + 1024]
+
+
+async def test_a_get_from_another_origin_opens_no_stream():
+    # The guard let every GET pass its Origin check (it changes nothing); on /mcp a GET
+    # opens the stream of a session's server messages, and the specification asks a
+    # server to refuse every request whose Origin is not allowed (403).
+    headers = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
+    async with web_server(echo, protocols=MCP) as server:
+        async with httpx.AsyncClient(base_url=server.url, headers=headers) as raw:
+            opened = await raw.post("/mcp", json=INIT)
+            session = {
+                "mcp-session-id": opened.headers["mcp-session-id"],
+                "mcp-protocol-version": "2025-11-25",
+                "accept": "text/event-stream",
+            }
+            cross = await raw.get("/mcp", headers={**session, "origin": "https://evil.example"})
+            site = await raw.get("/mcp", headers={**session, "sec-fetch-site": "cross-site"})
+            async with raw.stream("GET", "/mcp", headers=session) as own:
+                status = own.status_code  # the client's own stream still opens
+    assert (cross.status_code, site.status_code, status) == (403, 403, 200)
+    assert "CSRF" in cross.json()["error"]["message"]
