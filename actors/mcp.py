@@ -493,6 +493,13 @@ class MCPServerActor(Actor):
         http.event_hooks = {**hooks, "response": [*hooks.get("response", ()), session_lost]}
         return _ClosingTransport(streamable_http_client(config.url, http_client=http), http)
 
+    def refuse(self, remote: str, error: str) -> None:
+        """Leave the server's tool ``remote`` out of what is offered, for ``error`` (in
+        :attr:`refused`; logged when the reason is new)."""
+        if self.refused.get(remote) != error:
+            self._log.error("mcp.tool-refused", server=self.config.name, error=redact(error))
+        self.refused[remote] = error
+
     def _too_long(self, limit: int) -> None:
         self._end_reason = f"sent a message longer than {limit} bytes"
         self._log.error("mcp.message-too-long", server=self.config.name, limit=limit)
@@ -661,7 +668,7 @@ async def _stdio_client(
                     line = buffer[:end].decode(server.encoding, errors="replace")
                     del buffer[: end + 1]
                     scanned = 0
-                    await read_writer.send(stdio._parse_line(line))
+                    await read_writer.send(_parse_line(line))
         except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
             pass
         except ConnectionError:
@@ -697,6 +704,25 @@ async def _stdio_client(
                 await stdio._aclose_all(read_stream, write_stream, read_writer, write_reader)
                 await anyio.lowlevel.checkpoint()
             tasks.cancel_scope.cancel()
+
+
+def _parse_line(line: str) -> Any:
+    """A line of a stdio server as a message, or an exception saying what is wrong with
+    it without its text. The ``mcp`` package's parser logged the line (a pydantic error
+    quotes it, cut to ``'sk-ant-api...QQQ'``, past the redaction of the key it held),
+    and its error, which the actor logs, quoted it too."""
+    import mcp_types
+    from mcp.shared.message import SessionMessage
+    from pydantic import ValidationError
+
+    try:
+        message = mcp_types.jsonrpc_message_adapter.validate_json(line, by_name=False)
+    except ValidationError as exc:
+        why = "; ".join(e["msg"] for e in exc.errors(include_input=False, include_url=False)[:3])
+        return MCPServerError(f"a line of {len(line)} characters is no JSON-RPC message: {why}")
+    except ValueError:
+        return MCPServerError(f"a line of {len(line)} characters is no JSON-RPC message")
+    return SessionMessage(message)
 
 
 class _WatchedTransport:
@@ -797,14 +823,20 @@ async def start_servers(servers: Servers, host: ActorStarter, agent: Agent) -> N
             await host.start_actor(actor)
     for config in agent.mcp_servers:
         await servers[config].wait_ready()
-    await agent_tools(servers, agent)
+    await agent_tools(servers, agent, clash="raise")
 
 
 async def agent_tools(
-    servers: Mapping[MCPServer, MCPServerActor], agent: Agent
+    servers: Mapping[MCPServer, MCPServerActor], agent: Agent, *, clash: str = "refuse"
 ) -> tuple[Tool, ...]:
     """The tools to offer for the next model call: the agent's own, then each MCP
     server's current ones (after any announced change). Names must be unique.
+
+    A server's tool named like one before it is :class:`ToolDefinitionError` with
+    ``clash="raise"`` (what :func:`start_servers` checks: the agent's configuration needs
+    a prefix). Otherwise (``"refuse"``) it is left out, logged and in the server's
+    ``refused``, as a tool whose schema cannot be offered: a tool a server adds while
+    sessions run (``tools/list_changed``) failed every later turn of every session.
 
     With ``servers`` bound (``functools.partial(agent_tools, servers)``) this is the
     turn runner's :data:`~runtime.hosting.ToolSource`."""
@@ -818,10 +850,14 @@ async def agent_tools(
             raise MCPServerUnavailable(f"MCP server {config.name!r} is not started on this host")
         for t in await actor.current_tools():
             if t.name in owner:
-                raise ToolDefinitionError(
+                error = (
                     f"tool {t.name!r} of MCP server {config.name!r} has the same name as "
                     f"{owner[t.name]}; give the server a prefix (MCPServer.stdio(..., prefix=...))"
                 )
+                if clash == "raise":
+                    raise ToolDefinitionError(error)
+                actor.refuse(t.remote_name, error)
+                continue
             owner[t.name] = f"a tool of MCP server {config.name!r}"
             tools.append(t)
     return tuple(tools)

@@ -14,11 +14,12 @@ import pytest
 from mcp import Client, MCPError
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
+from structlog.testing import capture_logs
 
 import actors.mcp
 from actors.mcp import MCPServer
 from actors.providers.scripted import ScriptedProvider, tool_call
-from runtime import Agent, Budget, Host
+from runtime import Agent, Budget, Host, tool
 from tests.support.loopback import Recorded, Reply, loopback_server
 from tests.support.mcp_agents import echo
 from tests.web.harness import web_server
@@ -108,6 +109,54 @@ async def test_a_line_without_end_ends_the_connection_at_the_limit(monkeypatch):
     error = tool_messages(session)["echo"].error
     assert "MCP server 'hostile' died during the call" in error
     assert "sent a message longer than 1048576 bytes" in error
+
+
+async def test_a_garbage_line_with_a_key_is_logged_without_its_text(caplog):
+    # The mcp package's parser logged the line, and its error (which the actor logs)
+    # quoted it: a pydantic error cuts it to 'sk-ant-api...QQQ', which redaction, looking
+    # for a whole key, let through.
+    agent = Agent(provider=calling(("echo", {"text": "hi"})), tools=[hostile("garbage-with-key")])
+    with capture_logs() as logs:
+        session, _, _ = await run_turn(agent)
+    assert tool_messages(session)["echo"].output == "hi"
+    [seen] = [line for line in logs if line["event"] == "mcp.transport-error"]
+    assert seen["error"] == (
+        "MCPServerError: a line of 74 characters is no JSON-RPC message: Invalid JSON: "
+        "expected ident at line 1 column 2"
+    )
+    assert "QQQQ" not in caplog.text
+
+
+async def test_a_tool_added_mid_session_under_a_taken_name_is_refused_not_every_turn():
+    # A clash is a configuration error when the session opens (it raises there), but a
+    # server that added such a tool later (tools/list_changed) failed every later turn
+    # of every session with its ToolDefinitionError.
+    @tool
+    def local(x: int) -> int:
+        """A local tool."""
+        return x
+
+    offered = []
+
+    def responder(request):
+        offered.append(sorted(t.name for t in request.tools))
+        if len(offered) in (1, 3):
+            return tool_call("echo", {"text": "x"}, tool_call_id=f"c{len(offered)}")
+        return ["done"]
+
+    agent = Agent(
+        provider=ScriptedProvider(responder=responder), tools=[local, hostile("grow-clash")]
+    )
+    async with Host.open(log_tap=False) as host:
+        session = await host.open_session(agent)
+        first = await session.run("first")
+        second = await session.run("second")
+        refused = host.mcp_servers[agent.mcp_servers[0]].refused
+    assert (first.finish_reason, second.finish_reason) == ("stop", "stop")
+    assert offered[1:] == [["echo", "local", "loop"]] * 3
+    assert refused["local"].startswith(
+        "tool 'local' of MCP server 'hostile' has the same name as a local tool"
+    )
 
 
 class ForgetfulServer:

@@ -9,6 +9,10 @@ It lists ``echo`` (text back) and ``loop`` (an input schema that is its own refe
 ``generic-error``
     A call of ``echo`` is answered with the JSON-RPC error ``-32000`` (the generic
     "server error" code, which the ``mcp`` package also uses for a closed connection).
+``grow-clash``
+    A call of ``echo`` adds a tool named ``local`` and says the list changed.
+``garbage-with-key``
+    Before answering a call, a line that is no JSON, holding an API key.
 ``endless-line``
     A call of ``echo`` is answered with ``MCP_TEST_BYTES`` bytes of a line that never
     ends; then the server waits.
@@ -54,6 +58,11 @@ def answer(request: dict) -> dict:
     if method == "tools/call":
         if "generic-error" in MODES:
             raise LookupError("quota exceeded for this month")
+        if "grow-clash" in MODES and len(TOOLS) == 2:
+            TOOLS.append({"name": "local", "inputSchema": {"type": "object"}})
+            send({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"})
+        if "garbage-with-key" in MODES:
+            sys.stdout.write("not json: the key is sk-ant-api03-" + "Q" * 40 + "\n")
         if "endless-line" in MODES:
             endless = "y" * int(os.environ["MCP_TEST_BYTES"])
             sys.stdout.write('{"jsonrpc": "2.0", "result": "' + endless)
