@@ -60,8 +60,10 @@ MAX_LIST_PAGES = 100
 """A server that keeps returning a next cursor is cut off after this many pages."""
 
 MAX_MESSAGE_BYTES = 32 * 1024 * 1024
-"""Longest message (one line) a stdio server may send; a longer one ends its connection
-(the actor restarts it), so a server cannot make the host buffer without end."""
+"""Longest message a server may send: a stdio server's longer line ends its connection
+(the actor restarts it); an HTTP server's longer JSON answer is an error for its call.
+A server cannot make the host buffer without end. (The ``mcp`` package limits an HTTP
+server's SSE events to 1 MiB itself.)"""
 
 
 def _pairs(value: Mapping[str, str] | None) -> tuple[tuple[str, str], ...]:
@@ -474,10 +476,9 @@ class MCPServerActor(Actor):
             )
             return _stdio_client(params, MAX_MESSAGE_BYTES, self._too_long)
         from mcp.client.streamable_http import streamable_http_client
-        from mcp.shared._httpx_utils import create_mcp_http_client
 
         assert config.url is not None
-        http = create_mcp_http_client(headers=dict(config.headers) or None)
+        http = _limited_http_client(dict(config.headers) or None, MAX_MESSAGE_BYTES)
         ended = self._connection_ended
 
         async def session_lost(response: Any) -> None:
@@ -704,6 +705,55 @@ async def _stdio_client(
                 await stdio._aclose_all(read_stream, write_stream, read_writer, write_reader)
                 await anyio.lowlevel.checkpoint()
             tasks.cancel_scope.cancel()
+
+
+def _limited_http_client(headers: dict[str, str] | None, limit: int) -> Any:
+    """The ``mcp`` package's HTTP client (its timeouts), reading a JSON answer of at
+    most ``limit`` bytes: the package read any JSON answer whole (a server could make
+    the host hold gigabytes). A longer one fails its call with the package's own
+    "Failed to parse JSON response" error, saying why."""
+    import httpx2
+    from mcp.shared._httpx_utils import MCP_DEFAULT_SSE_READ_TIMEOUT, MCP_DEFAULT_TIMEOUT
+
+    class TooLarge(httpx2.StreamError):
+        pass
+
+    class Limited(httpx2.AsyncByteStream):
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner
+
+        async def __aiter__(self) -> AsyncIterator[bytes]:
+            read = 0
+            async for chunk in self.inner:
+                read += len(chunk)
+                if read > limit:
+                    raise TooLarge(f"the answer is longer than {limit} bytes")
+                yield chunk
+
+        async def aclose(self) -> None:
+            await self.inner.aclose()
+
+    class Transport(httpx2.AsyncBaseTransport):
+        def __init__(self) -> None:
+            self.inner = httpx2.AsyncHTTPTransport()
+
+        async def handle_async_request(self, request: Any) -> Any:
+            response = await self.inner.handle_async_request(request)
+            if "json" not in response.headers.get("content-type", "").lower():
+                return response  # SSE: the package limits each event
+            return httpx2.Response(
+                response.status_code,
+                headers=response.headers,
+                stream=Limited(response.stream),
+                extensions=response.extensions,
+                request=request,
+            )
+
+        async def aclose(self) -> None:
+            await self.inner.aclose()
+
+    timeout = httpx2.Timeout(MCP_DEFAULT_TIMEOUT, read=MCP_DEFAULT_SSE_READ_TIMEOUT)
+    return httpx2.AsyncClient(headers=headers, timeout=timeout, transport=Transport())
 
 
 def _parse_line(line: str) -> Any:

@@ -259,6 +259,38 @@ async def test_an_http_answer_cut_off_mid_stream_is_a_tool_error_saying_so():
     assert result.finish_reason == "stop"
 
 
+class HugeAnswerServer(ForgetfulServer):
+    """Its tool answers with a JSON body of ``size`` bytes."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__()
+        self.restarted = True  # never forgets its sessions
+        self.size = size
+
+    def __call__(self, request: Recorded) -> Reply:
+        message = json.loads(request.body) if request.method == "POST" else {}
+        if message.get("method") != "tools/call":
+            return super().__call__(request)
+        return self.result(message, {"content": [{"type": "text", "text": "y" * self.size}]})
+
+
+async def test_an_http_json_answer_over_the_limit_is_an_error_for_its_call(monkeypatch):
+    # The mcp package reads a JSON answer whole, however long (its SSE events it limits
+    # to 1 MiB): a server could make the host hold gigabytes.
+    monkeypatch.setattr(actors.mcp, "MAX_MESSAGE_BYTES", 1024 * 1024)
+    async with loopback_server(respond=HugeAnswerServer(2 * 1024 * 1024)) as web:
+        agent = Agent(
+            provider=calling(("echo", {})),
+            tools=[MCPServer.http(web.url + "/mcp", name="web")],
+        )
+        session, result, _ = await run_turn(agent)
+    assert tool_messages(session)["echo"].error == (
+        "tool echo raised MCPToolError: MCP server 'web' answered with an error: Failed to "
+        "parse JSON response: the answer is longer than 1048576 bytes"
+    )
+    assert result.finish_reason == "stop"
+
+
 # -- a careless client of the /mcp endpoint --------------------------------------------------
 
 
