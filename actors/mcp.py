@@ -474,6 +474,10 @@ class MCPServerActor(Actor):
                 env=dict(config.env) or None,
                 cwd=config.cwd,
             )
+            if not _bounded_stdio_possible():
+                from mcp.client.stdio import stdio_client
+
+                return stdio_client(params)  # unbounded lines: see _bounded_stdio_possible
             return _stdio_client(params, MAX_MESSAGE_BYTES, self._too_long)
         from mcp.client.streamable_http import streamable_http_client
 
@@ -623,6 +627,35 @@ def _import_mcp() -> tuple[Any, Any]:
             "MCP servers need the mcp package: pip install 'axon-runtime[mcp]'"
         ) from None
     return mcp, mcp_types
+
+
+_STDIO_INTERNALS = (
+    "_get_executable_command",
+    "_create_platform_compatible_process",
+    "get_default_environment",
+    "_drain_stdout",
+    "_stop_server_process",
+    "_aclose_all",
+    "_WRITER_FLUSH_TIMEOUT",
+)
+"""What :func:`_stdio_client` borrows of ``mcp.client.stdio`` (2.3): names the package
+does not promise to keep."""
+
+
+def _bounded_stdio_possible() -> bool:
+    """Whether the installed ``mcp`` still has what :func:`_stdio_client` borrows. A
+    release without it gets the package's own ``stdio_client`` (lines unbounded, read in
+    quadratic time, as before), logged once, rather than a server that never starts."""
+    from mcp.client import stdio
+
+    missing = [name for name in _STDIO_INTERNALS if not hasattr(stdio, name)]
+    if missing and not _warned_stdio:
+        _warned_stdio.append(True)
+        get_logger("axon.mcp").warning("mcp.stdio-unbounded", missing=missing)
+    return not missing
+
+
+_warned_stdio: list[bool] = []
 
 
 @asynccontextmanager
