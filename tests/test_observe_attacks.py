@@ -1,0 +1,116 @@
+"""What watches a turn, attacked as a careless embedder would: observers, hooks and tools
+that raise exceptions a report cannot describe, and what the person then sees."""
+
+from __future__ import annotations
+
+import trio
+from structlog.testing import capture_logs
+
+from actors.providers.scripted import ScriptedProvider, tool_call
+from runtime import Actor, Agent, Host, RestartPolicy, tool
+from runtime.agent import Hooks
+from runtime.errors import describe_exception, exception_text
+from runtime.events import TurnStarted
+
+UNSAYABLE = "<exception str() failed>"
+HANG_GUARD = 600  # seconds of the autojump clock: a hang fails instead of stalling
+
+
+class Unsayable(Exception):
+    """An exception whose own ``__str__`` raises (a careless class)."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("str broke")
+
+
+class Recursing(Exception):
+    def __str__(self) -> str:
+        return str(self)
+
+
+def test_an_exception_that_cannot_be_said_is_described_by_its_class():
+    assert exception_text(Unsayable()) == UNSAYABLE
+    assert exception_text(Recursing()) == UNSAYABLE
+    assert describe_exception(Unsayable()) == f"Unsayable: {UNSAYABLE}"
+    assert describe_exception(ValueError("plain")) == "ValueError: plain"
+
+
+class UnsayableObserver(Actor):
+    subscribes_to = (TurnStarted,)
+    overflow = "drop-oldest"
+
+    def __init__(self) -> None:
+        super().__init__(name="unsayable")
+        self.seen = 0
+
+    async def handle(self, message: object) -> None:
+        self.seen += 1
+        raise Unsayable()
+
+
+async def test_an_observer_raising_an_unsayable_exception_is_restarted_and_turns_go_on(
+    autojump_clock,
+):
+    """The supervisor built its log line with ``f"{exc}"``: the observer's crash raised in
+    the supervisor itself, the turn running beside it was aborted (its save timed out)
+    and the host never closed."""
+    with capture_logs() as logs, trio.fail_after(HANG_GUARD):
+        async with Host.open() as host:
+            observer = await host.start_actor(
+                UnsayableObserver(), policy=RestartPolicy(intensity=5, period=60)
+            )
+            session = await host.open_session(Agent(provider=ScriptedProvider([["hi"]])))
+            first = await session.run("hello")
+            second = await session.run("again")
+    assert (first.finish_reason, first.text) == ("stop", "hi")
+    assert (second.finish_reason, second.text) == ("stop", "hi")
+    assert observer.seen == 2
+    crashed = [
+        line
+        for line in logs
+        if line.get("logger") == "axon.supervisor" and line["event"] == "actor.crashed"
+    ]
+    assert crashed and all(line["error"] == f"Unsayable: {UNSAYABLE}" for line in crashed)
+
+
+async def test_a_hook_raising_an_unsayable_exception_fails_the_turn_with_an_error_chunk(
+    autojump_clock,
+):
+    """The runner crashed building the error chunk: the stream ended with no terminal
+    chunk at all and no result."""
+
+    async def on_turn_start(event: object) -> None:
+        raise Unsayable()
+
+    agent = Agent(provider=ScriptedProvider([["hi"]]), hooks=Hooks(on_turn_start=on_turn_start))
+    with trio.fail_after(HANG_GUARD):
+        async with Host.open(log_tap=False) as host:
+            session = await host.open_session(agent)
+            async with session.stream("hello") as out:
+                chunks = [chunk async for chunk in out]
+    errors = [c for c in chunks if c.type == "error"]
+    assert [(e.error.kind, e.error.message) for e in errors] == [("Unsayable", UNSAYABLE)]
+    assert out.result is not None and out.result.finish_reason == "error"
+
+
+@tool
+async def careless() -> str:
+    """A tool whose error cannot say what it is."""
+    raise Unsayable()
+
+
+async def test_a_tool_raising_an_unsayable_exception_gives_the_model_a_tool_error(
+    autojump_clock,
+):
+    """The executor crashed formatting the tool's error, and again formatting its crash
+    for the calls it cut short."""
+    provider = ScriptedProvider([[*tool_call("careless", {}, tool_call_id="c1")], ["sorry"]])
+    with trio.fail_after(HANG_GUARD):
+        async with Host.open(log_tap=False) as host:
+            session = await host.open_session(Agent(provider=provider, tools=[careless]))
+            async with session.stream("go") as out:
+                chunks = [chunk async for chunk in out]
+    errors = [c.error for c in chunks if c.type == "tool-error"]
+    assert errors == [f"tool careless raised Unsayable: {UNSAYABLE}"]
+    assert out.result is not None and out.result.finish_reason == "stop"
+    assert out.result.text == "sorry"
