@@ -63,7 +63,7 @@ from runtime.app.commands import (
 from runtime.app.expiry import deadlines
 from runtime.app.host import Host
 from runtime.app.mcp_server import add_mcp_server_parser, mcp_server_command
-from runtime.app.render import TerminalRenderer, describe_usage
+from runtime.app.render import TerminalRenderer, describe_usage, terminal_text
 from runtime.app.web.serve import add_serve_parser, serve_command
 from runtime.app.worker import add_worker_parser, worker_command
 from runtime.approval import APPROVAL, WAITING_META, PendingCall, pending_calls, waiting_calls
@@ -359,8 +359,9 @@ async def decide_waiting(session: Any, args: argparse.Namespace, renderer: Any) 
 
 
 def describe_call(call: PendingCall) -> str:
-    """``NAME({"arg": ...})``: a waiting call as a person reads it."""
-    return f"{call.tool_name}({json.dumps(call.input, ensure_ascii=False)})"
+    """``NAME({"arg": ...})``: a waiting call as a person reads it (its control characters
+    and bidirectional overrides escaped: what is approved is what is shown)."""
+    return terminal_text(f"{call.tool_name}({json.dumps(call.input, ensure_ascii=False)})")
 
 
 def waiting_line(calls: list[PendingCall], session_id: str, args: argparse.Namespace) -> str:
@@ -462,7 +463,7 @@ async def sessions_command(args: argparse.Namespace) -> int:
         waiting = info.meta.get(WAITING_META)
         if isinstance(waiting, int) and waiting > 0:  # docs/approval.md: `show` says what
             line += f"\twaiting for input ({waiting} call{'s' if waiting > 1 else ''})"
-        sys.stdout.write(line + "\n")
+        sys.stdout.write(terminal_text(line) + "\n")
     return 0
 
 
@@ -481,44 +482,48 @@ async def show_command(args: argparse.Namespace) -> int:
         sys.stdout.write(orjson.dumps(unstructure(list(record.messages))).decode() + "\n")
         return 0
     console = Console(highlight=False, markup=False)  # stored text is never markup
+
+    def say(text: str, **options: Any) -> None:  # stored text never drives the terminal
+        console.print(terminal_text(text), **options)
+
     for msg in record.messages:
         if msg.role == "assistant":
             flag = f" ({msg.status})" if msg.status != "complete" else ""
-            console.print(f"assistant{flag}", style="bold")
+            say(f"assistant{flag}", style="bold")
             for part in msg.content:
                 if part.type == "text":
-                    console.print(f"  [step {part.step}] text: {part.text}")
+                    say(f"  [step {part.step}] text: {part.text}")
                 elif part.type == "reasoning":
                     signed = " signed" if part.signature else ""
                     line = f"  [step {part.step}] reasoning{signed}: {part.text}"
-                    console.print(line, style="dim")
+                    say(line, style="dim")
                 elif part.type == "tool-call":
                     call_input = orjson.dumps(part.input).decode()
-                    console.print(
+                    say(
                         f"  [step {part.step}] tool-call {part.tool_name}({call_input}) "
                         f"id={part.tool_call_id}{_decision(part.awaiting)}"
                     )
                 else:
-                    console.print(f"  [step {part.step}] {part.type}")
+                    say(f"  [step {part.step}] {part.type}")
             if msg.error is not None:
-                console.print(f"  error: {msg.error.kind}: {msg.error.message}", style="red")
+                say(f"  error: {msg.error.kind}: {msg.error.message}", style="red")
             if msg.usage is not None:
-                console.print(f"  usage: {describe_usage(msg.usage)}", style="dim")
+                say(f"  usage: {describe_usage(msg.usage)}", style="dim")
         elif msg.role == "tool":
             body = msg.error if msg.error else _describe_output(msg.output)
             label = "error" if msg.error else "result"
-            console.print(f"tool {msg.tool_name} {label} (step {msg.step}): {body}")
+            say(f"tool {msg.tool_name} {label} (step {msg.step}): {body}")
         elif msg.role == "user" and not isinstance(msg.content, str):
-            console.print(f"user: {msg.text}")
+            say(f"user: {msg.text}")
             for item in msg.media:
-                console.print(f"  [{_describe_media(item)}]", style="dim")
+                say(f"  [{_describe_media(item)}]", style="dim")
         else:
-            console.print(f"{msg.role}: {msg.content}")
+            say(f"{msg.role}: {msg.content}")
     if (total := session_usage(record.messages)) is not None:
-        console.print(f"session usage: {describe_usage(total)}", style="bold")
+        say(f"session usage: {describe_usage(total)}", style="bold")
     # Last, so what is still to be done (and the ids to do it with) ends the output.
     for line in waiting_lines(record.messages):
-        console.print(line, style="bold", soft_wrap=True)  # ids copied whole
+        say(line, style="bold", soft_wrap=True)  # ids copied whole
     return 0
 
 

@@ -3,6 +3,11 @@
 Reasoning is shown dimmed, text is typed as it streams, and every tool call gets a
 card with its input and its result (or error). Rendering reacts to chunk types only,
 so it works for any provider.
+
+Whatever a model, a tool or a stored session says is shown through
+:func:`terminal_text`: its control characters (an escape sequence that clears the screen,
+sets the window title or recolours the prompt) and bidirectional overrides are printed as
+visible ``\\x1b``-style escapes, never obeyed by the user's terminal.
 """
 
 from __future__ import annotations
@@ -16,6 +21,27 @@ from rich.panel import Panel
 from rich.text import Text
 
 from runtime.chunks import Usage
+
+
+def _escapes() -> dict[int, str]:
+    # C0 controls but the tab and the newline, DEL and C1 (U+009B is a one-character
+    # CSI). Rich drops BEL, BS, VT, FF and CR itself (so a CRLF still ends one line).
+    codes = [*range(0x00, 0x07), *range(0x0E, 0x20), *range(0x7F, 0xA0)]
+    table = {c: f"\\x{c:02x}" for c in codes}
+    # Embeddings, overrides and isolates: they reorder what follows on the line, so a
+    # tool's arguments could read as other arguments at the approval prompt.
+    table.update({c: f"\\u{c:04x}" for c in (*range(0x202A, 0x202F), *range(0x2066, 0x206A))})
+    return table
+
+
+_ESCAPES = _escapes()
+
+
+def terminal_text(text: str) -> str:
+    """``text`` as a terminal may print it: every control character (but the tab and the
+    newline) and every bidirectional override written as a visible escape (``\\x1b``,
+    ``\\u202e``), so a model's output cannot drive the user's terminal."""
+    return text.translate(_ESCAPES)
 
 
 class TerminalRenderer:
@@ -45,7 +71,8 @@ class TerminalRenderer:
 
     def _write(self, text: str, style: str | None = None) -> None:
         if text:
-            self.console.print(Text(text, style=style or ""), end="", soft_wrap=True)
+            safe = terminal_text(text)
+            self.console.print(Text(safe, style=style or ""), end="", soft_wrap=True)
             self._at_line_start = text.endswith("\n")
 
     def render(self, chunk: Any) -> None:
@@ -86,8 +113,10 @@ class TerminalRenderer:
             label, value, border = ("error  ", "bold red"), chunk.error, "red"
         self.console.print(
             Panel(
-                Text.assemble(("input  ", "bold"), args, "\n", label, value),
-                title=f"tool · {chunk.tool_name}",
+                Text.assemble(
+                    ("input  ", "bold"), terminal_text(args), "\n", label, terminal_text(value)
+                ),
+                title=terminal_text(f"tool · {chunk.tool_name}"),
                 title_align="left",
                 border_style=border,
                 expand=False,
@@ -109,8 +138,10 @@ class TerminalRenderer:
         e = chunk.error
         self.console.print(
             Text(
-                f"↺ {e.kind}: step {chunk.step} starts over on {chunk.provider} "
-                "(disregard its output above)",
+                terminal_text(
+                    f"↺ {e.kind}: step {chunk.step} starts over on {chunk.provider} "
+                    "(disregard its output above)"
+                ),
                 style="yellow",
             ),
             soft_wrap=True,
@@ -132,12 +163,12 @@ class TerminalRenderer:
         self._newline()
         e = chunk.error
         retry = " (retryable)" if e.retryable else ""
-        line = Text(f"error: {e.kind}: {e.message}{retry}", style="bold red")
+        line = Text(terminal_text(f"error: {e.kind}: {e.message}{retry}"), style="bold red")
         self.console.print(line, soft_wrap=True)  # one line: the terminal wraps it
 
     def _abort(self, chunk: Any) -> None:
         self._newline()
-        self.console.print(Text(f"aborted: {chunk.reason}", style="bold yellow"))
+        self.console.print(Text(terminal_text(f"aborted: {chunk.reason}"), style="bold yellow"))
 
 
 _RENDER: dict[str, Callable[[TerminalRenderer, Any], None]] = {

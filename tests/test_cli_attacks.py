@@ -1,0 +1,113 @@
+"""The command line attacked as a careless person and a hostile model would: escape
+sequences in what a model, a tool or a stored session says, and the rest of
+tests/test_cli*.py's ground left alone."""
+
+from __future__ import annotations
+
+import argparse
+import io
+
+from rich.console import Console
+
+from actors.providers.scripted import ScriptedProvider, tool_call
+from runtime import output as o
+from runtime.agent import Agent
+from runtime.app.cli import describe_call, show_command
+from runtime.app.host import Host
+from runtime.app.render import TerminalRenderer, terminal_text
+from runtime.approval import PendingCall
+from runtime.chunks import Usage
+from runtime.output import ErrorInfo
+from runtime.tools import tool
+
+CLEAR = "\x1b[2J\x1b[H"  # clears the screen and homes the cursor
+TITLE = "\x1b]0;pwned\x07"  # sets the window title
+CSI8 = "\x9b31m"  # the one-character (C1) CSI: red from here on, on terminals that obey it
+RLO = "\u202e"  # right-to-left override: what follows reads backwards
+HOSTILE = f"a{CLEAR}b{TITLE}c{CSI8}d{RLO}e"
+
+
+def plain_console(buf: io.StringIO) -> Console:
+    """A terminal console that writes no styles of its own: any escape in ``buf`` was
+    the model's."""
+    return Console(file=buf, width=120, force_terminal=True, color_system=None)
+
+
+def test_terminal_text_escapes_controls_and_overrides_but_keeps_lines_and_tabs():
+    assert terminal_text("line\n\tindented") == "line\n\tindented"
+    assert terminal_text(HOSTILE) == (
+        "a\\x1b[2J\\x1b[Hb\\x1b]0;pwned\x07c\\x9b31md\\u202ee"
+    )  # BEL, like CR, rich drops itself
+    assert terminal_text("مرحبا héllo ☃") == "مرحبا héllo ☃"  # plain RTL text stays
+
+
+def test_a_models_escape_sequences_reach_the_terminal_as_visible_text():
+    """Rich drops BEL and CR, never ESC: a model that wrote ``\\x1b[2J`` cleared the
+    user's screen, and one that wrote an OSC set their window title."""
+    buf = io.StringIO()
+    renderer = TerminalRenderer(plain_console(buf))
+    err = ErrorInfo(kind="ProviderError", message=f"bad {CLEAR}", retryable=False)
+    for chunk in [
+        o.ReasoningStart(step=0, part_id="r"),
+        o.ReasoningDelta(step=0, part_id="r", text=HOSTILE),
+        o.ReasoningFinish(step=0, part_id="r"),
+        o.TextStart(step=0, part_id="t"),
+        o.TextDelta(step=0, part_id="t", text=HOSTILE),
+        o.TextFinish(step=0, part_id="t"),
+        o.ToolInputStart(step=0, tool_call_id="c", tool_name=f"t{CLEAR}"),
+        o.ToolCall(step=0, tool_call_id="c", tool_name=f"t{CLEAR}", input={"a": HOSTILE}),
+        o.ToolResult(step=0, tool_call_id="c", tool_name=f"t{CLEAR}", output=HOSTILE),
+        o.ToolError(step=0, tool_call_id="d", tool_name="t", error=HOSTILE),
+        o.ToolOutputDenied(step=0, tool_call_id="e", tool_name="t", reason=HOSTILE),
+        o.Error(error=err),
+        o.Abort(reason=HOSTILE),
+        o.Finish(finish_reason="stop", usage=Usage()),
+    ]:
+        renderer.render(chunk)
+    text = buf.getvalue()
+    assert "\x1b" not in text and "\x9b" not in text and RLO not in text
+    assert text.count("\\x1b[2J") >= 8 and "\\x1b]0;pwned" in text and "\\u202e" in text
+
+
+@tool(needs_approval=True)
+async def delete(path: str) -> str:
+    """Delete a file (it needs a person's approval)."""
+    return "deleted"
+
+
+def test_the_approval_prompt_shows_a_calls_overrides_and_escapes_as_text():
+    """``approve NAME(ARGS)? [y/N]``: an override in the arguments made them read as other
+    arguments, an escape sequence could rewrite the line the person decides on."""
+    call = PendingCall(
+        approval_id="a1",
+        tool_call_id="c1",
+        tool_name=f"delete{CLEAR}",
+        input={"path": f"{RLO}txt.exe", "note": "\x9b2K"},
+        kind="approval",
+        step=0,
+        message_id="m1",
+        turn_id="t1",
+    )
+    shown = describe_call(call)
+    assert "\x1b" not in shown and RLO not in shown and "\x9b" not in shown
+    assert shown == 'delete\\x1b[2J\\x1b[H({"path": "\\u202etxt.exe", "note": "\\x9b2K"})'
+
+
+async def test_show_prints_a_stored_sessions_escape_sequences_as_text(tmp_path, capsys):
+    provider = ScriptedProvider(
+        [[*tool_call("delete", {"path": HOSTILE}, tool_call_id="c1")], [HOSTILE]]
+    )
+    db = tmp_path / "s.db"
+    async with Host.open(store=db, log_tap=False) as host:
+        agent = Agent(provider=provider, tools=[delete], name=f"x{CLEAR}")
+        session = await host.open_session(agent, "s1")
+        await session.run(f"user {TITLE}")
+        await session.decide(session.pending[0].approval_id, approved=False, reason=HOSTILE)
+        async with session.resume() as out:
+            async for _ in out:
+                pass
+    capsys.readouterr()
+    assert await show_command(argparse.Namespace(session_id="s1", store=str(db), json=False)) == 0
+    text = capsys.readouterr().out
+    assert "\x1b" not in text and "\x9b" not in text and RLO not in text
+    assert "\\x1b[2J" in text and "\\x1b]0;pwned" in text
