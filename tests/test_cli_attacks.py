@@ -6,6 +6,11 @@ from __future__ import annotations
 
 import argparse
 import io
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
 
 from rich.console import Console
 
@@ -20,6 +25,9 @@ from runtime.chunks import Usage
 from runtime.output import ErrorInfo
 from runtime.tools import tool
 
+ROOT = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
+HANG_GUARD = 60  # seconds: only so a regression fails instead of hanging the suite
 CLEAR = "\x1b[2J\x1b[H"  # clears the screen and homes the cursor
 TITLE = "\x1b]0;pwned\x07"  # sets the window title
 CSI8 = "\x9b31m"  # the one-character (C1) CSI: red from here on, on terminals that obey it
@@ -111,3 +119,50 @@ async def test_show_prints_a_stored_sessions_escape_sequences_as_text(tmp_path, 
     text = capsys.readouterr().out
     assert "\x1b" not in text and "\x9b" not in text and RLO not in text
     assert "\\x1b[2J" in text and "\\x1b]0;pwned" in text
+
+
+def axon(*args: str, **options: object) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "runtime", *args],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD,
+        cwd=ROOT,
+        env=ENV,
+        **options,  # type: ignore[call-overload]
+    )
+
+
+def test_a_run_with_its_stdout_closed_runs_saves_and_exits_0_without_a_traceback(tmp_path):
+    """``axon run ... >&-``: Python starts with ``sys.stdout`` ``None``, and the first
+    look at it (is it a terminal?) raised AttributeError, a traceback, before any turn."""
+    db = tmp_path / "s.db"
+    proc = axon("run", "--store", str(db), "--session", "s1", "hi", preexec_fn=lambda: os.close(1))
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr
+    rows = sqlite3.connect(db).execute("select count(*) from sessions").fetchone()
+    assert rows == (1,)
+
+
+def test_an_agent_factory_that_returns_no_agent_is_one_error_line():
+    """It was a traceback ending deep in the host (``'int' object has no attribute
+    'provider'``)."""
+    proc = axon("run", "--agent", "tests.support.cli_agents:not_an_agent_factory", "hi")
+    assert proc.returncode == 2
+    assert proc.stderr == (
+        "error: --agent 'tests.support.cli_agents:not_an_agent_factory' returned int, "
+        "not an Agent\n"
+    )
+
+
+async def test_the_host_refuses_what_is_not_an_agent_by_name():
+    from runtime.errors import ConfigurationError
+
+    async with Host.open(log_tap=False) as host:
+        try:
+            await host.open_session(42)  # type: ignore[arg-type]
+        except ConfigurationError as exc:
+            assert str(exc) == "open_session needs an Agent, not int"
+        else:
+            raise AssertionError("an int opened a session")

@@ -20,6 +20,7 @@ always has its weather and clock tools.
 
 Bad input (an invalid session id, a store that cannot be opened, a missing file) prints
 one ``error: ...`` line on stderr and exits with status 2, before anything is written.
+A closed stdout or stderr (``>&-``) is written to as if it were the null device.
 
 A turn that waits for a person (a tool that needs approval, a client-side tool;
 docs/approval.md) is decided here: ``--approve-all`` / ``--deny-all``, or else, when stdin
@@ -266,6 +267,10 @@ async def run_command(args: argparse.Namespace) -> int:
     session_id = args.session or new_id("session")
     if not isinstance(agent, Agent):  # --agent named a function of the session id
         agent = agent(session_id)
+        if not isinstance(agent, Agent):
+            raise ConfigurationError(
+                f"--agent {args.agent!r} returned {type(agent).__name__}, not an Agent"
+            )
     async with Host.open(store=args.store, handle_signals=True) as host:
         for plugin in plugins:
             await host.start_actor(plugin)
@@ -580,7 +585,17 @@ def _silence_stdout() -> None:
     os.dup2(devnull, sys.stdout.fileno())
 
 
+def _stand_in_for_closed_streams() -> None:
+    """A command started with its stdout or stderr closed (``axon run ... >&-``, a
+    service manager's) finds ``sys.stdout`` ``None``: it writes to the null device as if
+    sent there, instead of failing on its first write with a traceback nobody reads."""
+    for name in ("stdout", "stderr"):
+        if getattr(sys, name) is None:
+            setattr(sys, name, open(os.devnull, "w"))  # the process's own, never closed
+
+
 def main(argv: list[str] | None = None) -> int:
+    _stand_in_for_closed_streams()
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "run" and args.prompt is None and args.session is None:
