@@ -114,3 +114,28 @@ async def test_a_tool_raising_an_unsayable_exception_gives_the_model_a_tool_erro
     assert errors == [f"tool careless raised Unsayable: {UNSAYABLE}"]
     assert out.result is not None and out.result.finish_reason == "stop"
     assert out.result.text == "sorry"
+
+
+def _processor_that_raises(logger: object, method: str, event_dict: dict) -> dict:
+    raise RuntimeError("the application's processor broke")
+
+
+async def test_an_applications_processor_that_raises_drops_lines_never_turns(autojump_clock, capfd):
+    """structlog configured by the embedder with a processor that raises: the log tap
+    crashed, the supervisor's ``actor.crashed`` line raised in the supervisor, the turn's
+    own lines raised in the turn, and the host went down with the first turn aborted."""
+    import structlog
+
+    from runtime import logging as axon_logging
+
+    structlog.configure(processors=[_processor_that_raises, structlog.processors.JSONRenderer()])
+    axon_logging._logging_failed = False  # said once a process: this test's to say
+    with trio.fail_after(HANG_GUARD):
+        async with Host.open() as host:
+            session = await host.open_session(Agent(provider=ScriptedProvider([["hi"]])))
+            first = await session.run("hello")
+            second = await session.run("again")
+    assert (first.finish_reason, second.finish_reason) == ("stop", "stop")
+    err = capfd.readouterr().err
+    assert err.count("axon: a log line failed") == 1
+    assert "RuntimeError: the application's processor broke" in err
