@@ -23,7 +23,7 @@ from typing import Any, TextIO
 import structlog
 
 from runtime.errors import describe_exception
-from runtime.redact import redact, redact_processor, redact_text
+from runtime.redact import redact, redact_processor, redact_text, redacted_str
 
 _LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40, "critical": 50}
 LIBRARY_LOGGERS = ("psycopg", "coredis")
@@ -114,7 +114,7 @@ class JsonRenderer:
         self._dumps = orjson.dumps
 
     def __call__(self, _logger: Any, _method: str, event_dict: Any) -> str:
-        return self._dumps(event_dict, default=str).decode()  # type: ignore[no-any-return]
+        return self._dumps(event_dict, default=redacted_str).decode()  # type: ignore[no-any-return]
 
 
 def format_exc_info(logger: Any, method: str, event_dict: Any) -> Any:

@@ -3,14 +3,21 @@ that raise exceptions a report cannot describe, and what the person then sees.""
 
 from __future__ import annotations
 
+import io
+from typing import Any
+
+import attrs
+import orjson
 import trio
 from structlog.testing import capture_logs
 
+from actors.plugins.recorder import JsonlRecorder, read_jsonl
 from actors.providers.scripted import ScriptedProvider, tool_call
 from runtime import Actor, Agent, Host, RestartPolicy, tool
 from runtime.agent import Hooks
 from runtime.errors import describe_exception, exception_text
 from runtime.events import TurnStarted
+from runtime.logging import configure_logging, get_logger
 
 UNSAYABLE = "<exception str() failed>"
 HANG_GUARD = 600  # seconds of the autojump clock: a hang fails instead of stalling
@@ -139,3 +146,53 @@ async def test_an_applications_processor_that_raises_drops_lines_never_turns(aut
     err = capfd.readouterr().err
     assert err.count("axon: a log line failed") == 1
     assert "RuntimeError: the application's processor broke" in err
+
+
+class QuotesAKey:
+    def __str__(self) -> str:
+        return f"connected with {KEY}"
+
+
+KEY = "sk-proj-abcdefghijklmnopqrstuvwx1234"
+
+
+@attrs.frozen
+class Audit:
+    """An application's own event: any attrs class with a ``kind`` is one."""
+
+    kind: str = "app.audit"
+    session_id: str | None = None
+    payload: Any = None
+
+
+async def test_the_recorder_records_an_applications_odd_events_redacted_and_loses_none(
+    tmp_path, autojump_clock
+):
+    """An object quoting a key was recorded as its unredacted text (``default=str`` after
+    the redaction); one whose text raises, or a dict with an int key, crashed the
+    recorder, and the event was lost."""
+    path = tmp_path / "events.jsonl"
+    payloads = [QuotesAKey(), Unsayable(), {1: "int key"}, "last"]
+    with trio.fail_after(HANG_GUARD):
+        async with Host.open(log_tap=False) as host:
+            await host.start_actor(JsonlRecorder(path))
+            for payload in payloads:
+                await host.bus.publish(Audit(payload=payload))
+                await trio.sleep(0.1)
+    text = path.read_text()
+    assert KEY not in text
+    assert [r["payload"] for r in read_jsonl(path)] == [
+        "connected with [redacted]",
+        "<Unsayable: str() failed>",
+        {"1": "int key"},
+        "last",
+    ]
+
+
+def test_a_log_line_with_an_unsayable_field_is_written_not_raised():
+    buf = io.StringIO()
+    configure_logging("info", stream=buf)
+    get_logger("app").info("odd", field=Unsayable(), quoted=QuotesAKey())
+    (line,) = [orjson.loads(x) for x in buf.getvalue().splitlines()]
+    assert line["field"] == "<Unsayable: str() failed>"
+    assert line["quoted"] == "connected with [redacted]"

@@ -16,7 +16,7 @@ import trio
 from runtime.actor import Actor
 from runtime.errors import ConfigurationError
 from runtime.inbox import OverflowPolicy
-from runtime.redact import redact
+from runtime.redact import redact, redacted_str
 from runtime.serde import event_to_dict
 
 
@@ -38,7 +38,7 @@ class JsonlRecorder(Actor):
             self._file = await trio.to_thread.run_sync(open, self.path, "ab")
 
     async def handle(self, event: Any) -> None:
-        self._buffer.append(orjson.dumps(redact(event_to_dict(event)), default=str) + b"\n")
+        self._buffer.append(_line(event))
         if not len(self.inbox):
             await self.flush()
 
@@ -65,6 +65,19 @@ class JsonlRecorder(Actor):
                 if self._file is not None:
                     await trio.to_thread.run_sync(self._file.close)
                     self._file = None
+
+
+def _line(event: Any) -> bytes:
+    """``event`` as one JSON line, redacted: an object JSON has no type for is written as
+    its text, redacted too (:func:`~runtime.redact.redacted_str`), and a mapping's keys
+    that are no strings as their text. An application's own event (any attrs class with a
+    ``kind``) may hold anything: one with an object whose text quoted a key recorded the
+    key, and one JSON could not encode crashed the recorder, losing the event."""
+    data = redact(event_to_dict(event))
+    try:
+        return orjson.dumps(data, default=redacted_str) + b"\n"
+    except TypeError:  # a key that is no string (the only thing ``default`` cannot mend)
+        return orjson.dumps(data, default=redacted_str, option=orjson.OPT_NON_STR_KEYS) + b"\n"
 
 
 def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
