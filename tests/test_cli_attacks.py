@@ -166,3 +166,26 @@ async def test_the_host_refuses_what_is_not_an_agent_by_name():
             assert str(exc) == "open_session needs an Agent, not int"
         else:
             raise AssertionError("an int opened a session")
+
+
+def test_a_recording_into_a_missing_folder_or_onto_a_folder_is_one_error_line(tmp_path):
+    """Checked by the plug-in's factory: the recorder's first open failed, four times over
+    its restart policy, and ``run`` ended in a traceback."""
+    missing = tmp_path / "nowhere" / "events.jsonl"
+    proc = axon("run", "--record", str(missing), "hi")
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert (
+        proc.stderr == f"error: cannot record to {missing}: there is no folder {missing.parent}\n"
+    )
+    proc = axon("run", "--plugin", f"recorder:{tmp_path}", "hi")
+    assert proc.returncode == 2
+    assert proc.stderr == f"error: cannot record to {tmp_path}: it is a folder, not a file\n"
+
+
+def test_a_plug_in_that_cannot_start_is_one_error_line():
+    """A file the factory's checks let through that still does not open (``/proc`` takes
+    no new file): the actor gives up, and ``run`` says so on one line."""
+    proc = axon("run", "--plugin", "recorder:/proc/axon-events.jsonl", "hi")
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.startswith("error: actor 'recorder' could not start: ")
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr

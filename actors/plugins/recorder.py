@@ -91,4 +91,11 @@ def recorder_plugin(options: str | None = None) -> JsonlRecorder:
     bus event appended to the JSONL file ``PATH``."""
     if not options:
         raise ConfigurationError("plug-in 'recorder' needs a file: --plugin recorder:PATH")
+    # Checked here, where a bad option is one error line before anything runs: the
+    # actor's first open failed later, four times over its restart policy, a traceback.
+    if os.path.isdir(options):
+        raise ConfigurationError(f"cannot record to {options}: it is a folder, not a file")
+    folder = os.path.dirname(os.path.abspath(options))
+    if not os.path.isdir(folder):
+        raise ConfigurationError(f"cannot record to {options}: there is no folder {folder}")
     return JsonlRecorder(options)

@@ -69,7 +69,13 @@ from runtime.app.web.serve import add_serve_parser, serve_command
 from runtime.app.worker import add_worker_parser, worker_command
 from runtime.approval import APPROVAL, WAITING_META, PendingCall, pending_calls, waiting_calls
 from runtime.chunks import Usage
-from runtime.errors import AlreadyDecided, ConfigurationError, InvalidMedia, UnknownApproval
+from runtime.errors import (
+    ActorFailed,
+    AlreadyDecided,
+    ConfigurationError,
+    InvalidMedia,
+    UnknownApproval,
+)
 from runtime.events import Event
 from runtime.ids import new_id
 from runtime.logging import configure_logging
@@ -273,7 +279,10 @@ async def run_command(args: argparse.Namespace) -> int:
             )
     async with Host.open(store=args.store, handle_signals=True) as host:
         for plugin in plugins:
-            await host.start_actor(plugin)
+            try:
+                await host.start_actor(plugin)
+            except ActorFailed as exc:  # its file cannot be opened, its exporter built...
+                raise BadInput(str(exc)) from None  # "actor NAME could not start: ..."
         session = await host.open_session(agent, session_id=session_id)
         result: TurnResult | None = None
         if args.input is None:  # no prompt: the session's waiting turn goes on
