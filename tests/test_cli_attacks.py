@@ -189,3 +189,23 @@ def test_a_plug_in_that_cannot_start_is_one_error_line():
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.startswith("error: actor 'recorder' could not start: ")
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+
+
+def test_a_terminal_one_column_wide_still_shows_each_cards_input_and_result():
+    """At four columns or fewer the card's box left its content no room: the call's input
+    and result vanished (only its corners were printed)."""
+    buf = io.StringIO()
+    renderer = TerminalRenderer(Console(file=buf, width=1, force_terminal=True, color_system=None))
+    for chunk in [
+        o.ToolCall(step=0, tool_call_id="c", tool_name="get_weather", input={"city": "Oslo"}),
+        o.ToolResult(step=0, tool_call_id="c", tool_name="get_weather", output="sunny"),
+        o.Finish(finish_reason="stop", usage=Usage()),
+    ]:
+        renderer.render(chunk)
+    lines = buf.getvalue().splitlines()
+    assert lines == [
+        "tool · get_weather",
+        'input  {"city": "Oslo"}',
+        "result sunny",
+        "[stop · 0 in / 0 out tokens]",
+    ]

@@ -44,6 +44,11 @@ def terminal_text(text: str) -> str:
     return text.translate(_ESCAPES)
 
 
+NARROW = 16
+"""Columns under which a tool card is printed without its box: at four columns or fewer
+the box's borders and padding left its input and result no room, and they vanished."""
+
+
 class TerminalRenderer:
     """Feed it :data:`~runtime.output.OutputChunk` s with :meth:`render`."""
 
@@ -111,16 +116,15 @@ class TerminalRenderer:
             label, value, border = ("result ", "bold green"), _fmt(chunk.output), "green"
         else:
             label, value, border = ("error  ", "bold red"), chunk.error, "red"
+        body = Text.assemble(
+            ("input  ", "bold"), terminal_text(args), "\n", label, terminal_text(value)
+        )
+        title = terminal_text(f"tool · {chunk.tool_name}")
+        if self.console.width < NARROW:  # a box would leave its content no room at all
+            self.console.print(Text.assemble((title, border), "\n", body), soft_wrap=True)
+            return
         self.console.print(
-            Panel(
-                Text.assemble(
-                    ("input  ", "bold"), terminal_text(args), "\n", label, terminal_text(value)
-                ),
-                title=terminal_text(f"tool · {chunk.tool_name}"),
-                title_align="left",
-                border_style=border,
-                expand=False,
-            )
+            Panel(body, title=title, title_align="left", border_style=border, expand=False)
         )
 
     def _approval_request(self, chunk: Any) -> None:
@@ -156,7 +160,8 @@ class TerminalRenderer:
                 f"[{chunk.finish_reason} · {u.input_tokens} in / {u.output_tokens} out tokens"
                 f"{cost}]",
                 style="dim",
-            )
+            ),
+            soft_wrap=True,  # one line: the terminal wraps it
         )
 
     def _error(self, chunk: Any) -> None:
@@ -168,7 +173,8 @@ class TerminalRenderer:
 
     def _abort(self, chunk: Any) -> None:
         self._newline()
-        self.console.print(Text(terminal_text(f"aborted: {chunk.reason}"), style="bold yellow"))
+        line = Text(terminal_text(f"aborted: {chunk.reason}"), style="bold yellow")
+        self.console.print(line, soft_wrap=True)
 
 
 _RENDER: dict[str, Callable[[TerminalRenderer, Any], None]] = {
