@@ -196,3 +196,24 @@ def test_a_log_line_with_an_unsayable_field_is_written_not_raised():
     (line,) = [orjson.loads(x) for x in buf.getvalue().splitlines()]
     assert line["field"] == "<Unsayable: str() failed>"
     assert line["quoted"] == "connected with [redacted]"
+
+
+async def test_a_hook_that_raises_is_logged_once_with_where_it_failed(autojump_clock):
+    """A hook's bug (here: it mutates the frozen event it is given) fails the turn; the
+    ``turn.failed`` line said only ``can't set attribute``, not that a hook raised it nor
+    where: it now carries the traceback down to the hook."""
+
+    async def on_turn_start(event: Any) -> None:
+        event.turn_id = "mine"  # events are frozen
+
+    agent = Agent(provider=ScriptedProvider([["hi"]]), hooks=Hooks(on_turn_start=on_turn_start))
+    with capture_logs() as logs, trio.fail_after(HANG_GUARD):
+        async with Host.open() as host:
+            session = await host.open_session(agent)
+            result = await session.run("hello")
+    assert result.finish_reason == "error" and result.error.kind == "FrozenInstanceError"
+    failed = [line for line in logs if line["event"] == "turn.failed"]
+    assert len(failed) == 1
+    assert failed[0]["error_kind"] == "FrozenInstanceError"
+    assert "in on_turn_start" in failed[0]["exception"]  # (capture_logs does not redact:
+    # the traceback goes as a redacted ``exception`` field, runtime.logging.log_exception)
