@@ -4,18 +4,22 @@ that raise exceptions a report cannot describe, and what the person then sees.""
 from __future__ import annotations
 
 import io
+from importlib.metadata import EntryPoint
 from typing import Any
 
 import attrs
 import orjson
+import pytest
 import trio
 from structlog.testing import capture_logs
 
+import runtime.registry
 from actors.plugins.recorder import JsonlRecorder, read_jsonl
+from actors.plugins.registry import ENTRY_POINT_GROUP, create_plugin
 from actors.providers.scripted import ScriptedProvider, tool_call
 from runtime import Actor, Agent, Host, RestartPolicy, tool
 from runtime.agent import Hooks
-from runtime.errors import describe_exception, exception_text
+from runtime.errors import ConfigurationError, describe_exception, exception_text
 from runtime.events import TurnStarted
 from runtime.logging import configure_logging, get_logger
 
@@ -217,3 +221,34 @@ async def test_a_hook_that_raises_is_logged_once_with_where_it_failed(autojump_c
     assert failed[0]["error_kind"] == "FrozenInstanceError"
     assert "in on_turn_start" in failed[0]["exception"]  # (capture_logs does not redact:
     # the traceback goes as a redacted ``exception`` field, runtime.logging.log_exception)
+
+
+def _registered(monkeypatch: pytest.MonkeyPatch, **targets: str) -> None:
+    """Pretend installed packages declare these ``axon.plugins`` entry points."""
+    found = [EntryPoint(n, t, ENTRY_POINT_GROUP) for n, t in targets.items()]
+    monkeypatch.setattr(
+        runtime.registry, "entry_points", lambda group: found if group == ENTRY_POINT_GROUP else []
+    )
+
+
+def test_a_plugin_whose_factory_raises_is_a_configuration_error_naming_it(monkeypatch):
+    """``int`` as a factory: ``int("lots")`` raises ValueError, which went past
+    ``run``'s one error line as a traceback."""
+    _registered(monkeypatch, counted="builtins:int")
+    with pytest.raises(ConfigurationError) as raised:
+        create_plugin("counted:lots")
+    assert str(raised.value) == (
+        "plug-in 'counted' (builtins:int) could not be built from its options: "
+        "ValueError: invalid literal for int() with base 10: 'lots'"
+    )
+
+
+def test_a_plugin_whose_module_raises_on_import_is_a_configuration_error(monkeypatch, tmp_path):
+    (tmp_path / "raises_on_import.py").write_text("raise RuntimeError('not today')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    _registered(monkeypatch, moody="raises_on_import:plugin")
+    with pytest.raises(ConfigurationError) as raised:
+        create_plugin("moody")
+    assert str(raised.value) == (
+        "plug-in 'moody' (raises_on_import:plugin) could not be loaded: RuntimeError: not today"
+    )
