@@ -209,3 +209,25 @@ def test_a_terminal_one_column_wide_still_shows_each_cards_input_and_result():
         "result sunny",
         "[stop · 0 in / 0 out tokens]",
     ]
+
+
+def test_replay_says_which_line_of_a_foreign_event_log_it_cannot_read(tmp_path):
+    """Valid JSON that is no event (an array, a chunk missing its fields) was a traceback;
+    a kind a later version records is passed over, as the renderer passes over a chunk
+    type it does not show."""
+    log = tmp_path / "events.jsonl"
+    log.write_text('{"kind":"output.text-delta","text":"hi"}\n')
+    proc = axon("replay", str(log))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.startswith(f"error: {log} line 1 is no valid output.text-delta event: ")
+    log.write_text('{"kind":"turn.started"}\n[1, 2]\n')
+    proc = axon("replay", str(log))
+    assert (proc.returncode, proc.stderr) == (
+        2,
+        f"error: {log} is not a JSONL event log: line 2 is no object\n",
+    )
+    log.write_text(
+        '{"kind":"output.from-the-future","turn_id":"t"}\n{"kind":"turn.finished","turn_id":"t"}\n'
+    )
+    proc = axon("replay", str(log))
+    assert (proc.returncode, proc.stderr) == (0, "")

@@ -75,12 +75,14 @@ from runtime.errors import (
     ConfigurationError,
     InvalidMedia,
     UnknownApproval,
+    describe_exception,
 )
 from runtime.events import Event
 from runtime.ids import new_id
 from runtime.logging import configure_logging
 from runtime.media import MediaLimits, check_limits, user_content
 from runtime.messages import AssistantMessage, Awaiting, File, Image, Message, is_media_output
+from runtime.output import OUTPUT_CHUNK_TYPES
 from runtime.output_schema import output_schema
 from runtime.redact import redact_url
 from runtime.serde import converter, structure, unstructure
@@ -90,6 +92,8 @@ __all__ = ["MCP_HELP", "BadInput", "build_parser", "main", "make_agent", "report
 
 
 STORE_HELP = "session store: an SQLite file or a postgresql:// URL"
+OUTPUT_KINDS = frozenset(cls.kind for cls in OUTPUT_CHUNK_TYPES)  # type: ignore[attr-defined]
+"""The output chunks' event kinds (``output.text-delta``...): what ``replay`` renders."""
 WAITING_STATUS = 3
 """``run``'s exit status when the turn waits for a decision nobody could give here."""
 
@@ -437,7 +441,9 @@ def replay_command(args: argparse.Namespace) -> int:
     except orjson.JSONDecodeError as exc:
         raise BadInput(f"{args.file} is not a JSONL event log: {exc}") from None
     turns: dict[Any, bool] = {}  # turn id -> whether its turn.finished was recorded
-    for record in records:
+    for number, record in enumerate(records, 1):
+        if not isinstance(record, dict):
+            raise BadInput(f"{args.file} is not a JSONL event log: line {number} is no object")
         if args.session and record.get("session_id") != args.session:
             continue
         kind = str(record.get("kind", ""))
@@ -449,8 +455,15 @@ def replay_command(args: argparse.Namespace) -> int:
             continue
         if renderer is None:
             sys.stdout.write(orjson.dumps(record).decode() + "\n")
-        else:
-            renderer.render(structure(record, Event))
+        elif kind in OUTPUT_KINDS:  # a kind a later version records is not shown here
+            try:
+                chunk = structure(record, Event)
+            except Exception as exc:  # cattrs: a class validation error, a missing field...
+                raise BadInput(
+                    f"{args.file} line {number} is no valid {kind} event: "
+                    f"{describe_exception(exc).splitlines()[0]}"
+                ) from None
+            renderer.render(chunk)
     unfinished = [turn_id for turn_id, finished in turns.items() if not finished]
     if unfinished or not turns:
         if renderer is not None:
