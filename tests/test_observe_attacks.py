@@ -14,6 +14,7 @@ import trio
 from structlog.testing import capture_logs
 
 import runtime.registry
+from actors.plugins.approval import ApprovalActor
 from actors.plugins.recorder import JsonlRecorder, read_jsonl
 from actors.plugins.registry import ENTRY_POINT_GROUP, create_plugin
 from actors.providers.scripted import ScriptedProvider, tool_call
@@ -251,4 +252,55 @@ def test_a_plugin_whose_module_raises_on_import_is_a_configuration_error(monkeyp
         create_plugin("moody")
     assert str(raised.value) == (
         "plug-in 'moody' (raises_on_import:plugin) could not be loaded: RuntimeError: not today"
+    )
+
+
+@tool(needs_approval=True)
+async def delete_file(path: str) -> str:
+    """Delete a file (it needs approval)."""
+    deleted.append(path)
+    return f"deleted {path}"
+
+
+deleted: list[str] = []
+
+
+def _deleting_agent() -> Agent:
+    steps = [[*tool_call("delete_file", {"path": "/etc/passwd"}, tool_call_id="D")], ["ok"]]
+    return Agent(provider=ScriptedProvider(steps), tools=[delete_file])
+
+
+async def _decided_by(policy: Any) -> str | None:
+    """The tool error the model saw when ``policy`` decided the call (``None``: it ran)."""
+    deleted.clear()
+    with trio.fail_after(HANG_GUARD):
+        async with Host.open(log_tap=False) as host:
+            await host.start_actor(ApprovalActor(policy))
+            session = await host.open_session(_deleting_agent())
+            await session.run("delete it")
+            waited = trio.current_time()
+    (msg,) = [m for m in session.messages if m.role == "tool"]
+    assert waited < 60  # decided at once, not at the executor's approval timeout
+    assert (msg.error is None) == (deleted == ["/etc/passwd"])
+    return msg.error
+
+
+async def test_an_approval_policy_that_answers_no_bool_denies_the_call(autojump_clock):
+    """``bool(verdict)`` approved a policy's ``"no"`` and ``("deny", reason)``."""
+    answered = "the tool call was denied: the approval policy answered str, not True or False"
+    assert await _decided_by(lambda request: "no") == answered
+    assert await _decided_by(lambda request: ("deny", "not on my watch")) == answered
+    assert await _decided_by(lambda request: (False, "nope")) == "the tool call was denied: nope"
+    assert await _decided_by(lambda request: True) is None
+
+
+async def test_an_approval_policy_that_raises_denies_the_call_at_once(autojump_clock):
+    """It crashed the actor, the request died with it, and the call waited out the
+    executor's approval timeout (five minutes)."""
+
+    def policy(request: Any) -> bool:
+        raise LookupError(f"no rule for {request.tool_name}")
+
+    assert await _decided_by(policy) == (
+        "the tool call was denied: the approval policy raised LookupError: no rule for delete_file"
     )
