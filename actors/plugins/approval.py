@@ -57,17 +57,17 @@ class ApprovalActor(Actor):
             if inspect.isawaitable(verdict):
                 verdict = await verdict
         except Exception as exc:
-            reason = f"the approval policy raised {describe_exception(exc)}"
-            await self._decide(request, False, redact(reason))
+            failed = f"the approval policy raised {describe_exception(exc)}"
+            await self._decide(request, False, redact(failed))
             return
-        approved, reason = verdict, None
+        approved: Any = verdict
+        reason: Any = None
         if isinstance(verdict, tuple):
             approved = verdict[0] if verdict else None
             reason = verdict[1] if len(verdict) > 1 else None
         if approved is not True and approved is not False:
-            approved, reason = False, (
-                f"the approval policy answered {type(approved).__name__}, not True or False"
-            )
+            kind = type(approved).__name__
+            approved, reason = False, f"the approval policy answered {kind}, not True or False"
         await self._decide(request, approved, None if reason is None else str(reason))
 
     async def approve(self, tool_call_id: str) -> None:
