@@ -17,7 +17,7 @@ from rich.console import Console
 from actors.providers.scripted import ScriptedProvider, tool_call
 from runtime import output as o
 from runtime.agent import Agent
-from runtime.app.cli import describe_call, show_command
+from runtime.app.cli import describe_call, json_line, show_command
 from runtime.app.host import Host
 from runtime.app.render import TerminalRenderer, terminal_text
 from runtime.approval import PendingCall
@@ -231,3 +231,20 @@ def test_replay_says_which_line_of_a_foreign_event_log_it_cannot_read(tmp_path):
     )
     proc = axon("replay", str(log))
     assert (proc.returncode, proc.stderr) == (0, "")
+
+
+def test_half_an_emoji_in_a_delta_is_printed_escaped_not_raised():
+    """A provider that splits a surrogate pair across two deltas (or a tool's file name
+    decoded with ``surrogateescape``) gave the renderer a lone surrogate, which no
+    encoding writes: ``run`` ended in UnicodeEncodeError. ``--jsonl`` ended in orjson's
+    refusal; JSON's own escape joins the halves again in a UTF-16 reader (JavaScript)."""
+    raw = io.BytesIO()
+    stdout = io.TextIOWrapper(raw, encoding="utf-8", errors="strict")
+    renderer = TerminalRenderer(Console(file=stdout, width=80, color_system=None))
+    for text in ["half \ud83d", "\ude00 smile"]:
+        renderer.render(o.TextDelta(step=0, part_id="t", text=text))
+    stdout.flush()
+    assert raw.getvalue().decode() == "half \\ud83d\\ude00 smile"
+    line = json_line({"text": " \ud83d"})
+    assert line == b'{"text":" \\ud83d"}\n'
+    assert json_line({"text": "plain"}) == b'{"text":"plain"}\n'

@@ -325,9 +325,19 @@ async def render_turn(stream: Any, renderer: Any, out: Any) -> TurnResult | None
             if renderer is not None:
                 renderer.render(chunk)
             else:
-                out.write(orjson.dumps(converter.unstructure(chunk)) + b"\n")
+                out.write(json_line(converter.unstructure(chunk)))
                 out.flush()
     return output.result
+
+
+def json_line(data: Any) -> bytes:
+    """``data`` as one JSON line. A text holding a lone surrogate (half an emoji a
+    provider split across two deltas) is one orjson refuses: it is written with the
+    surrogate escaped (``\\ud83d``), as Python's ``json`` writes it, not a traceback."""
+    try:
+        return orjson.dumps(data) + b"\n"
+    except orjson.JSONEncodeError:
+        return json.dumps(data, ensure_ascii=True, separators=(",", ":")).encode() + b"\n"
 
 
 NO_CLIENT = "the command line has no client to run the client-side tool {}"

@@ -31,6 +31,10 @@ def _escapes() -> dict[int, str]:
     # Embeddings, overrides and isolates: they reorder what follows on the line, so a
     # tool's arguments could read as other arguments at the approval prompt.
     table.update({c: f"\\u{c:04x}" for c in (*range(0x202A, 0x202F), *range(0x2066, 0x206A))})
+    # Lone surrogates (half an emoji a provider split across two deltas, a file name
+    # decoded with ``surrogateescape``): no encoding can write them, so printing one
+    # raised UnicodeEncodeError and ended ``run`` in a traceback.
+    table.update({c: f"\\u{c:04x}" for c in range(0xD800, 0xE000)})
     return table
 
 
