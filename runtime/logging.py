@@ -114,7 +114,14 @@ class JsonRenderer:
         self._dumps = orjson.dumps
 
     def __call__(self, _logger: Any, _method: str, event_dict: Any) -> str:
-        return self._dumps(event_dict, default=redacted_str).decode()  # type: ignore[no-any-return]
+        try:
+            return self._dumps(event_dict, default=redacted_str).decode()  # type: ignore[no-any-return]
+        except TypeError:  # orjson's refusal of a lone surrogate (a surrogateescape'd
+            import json  # file name in a tool's error): JSON's own escape, not a raise
+
+            return json.dumps(
+                event_dict, default=redacted_str, ensure_ascii=True, separators=(",", ":")
+            )
 
 
 def format_exc_info(logger: Any, method: str, event_dict: Any) -> Any:

@@ -304,3 +304,13 @@ async def test_an_approval_policy_that_raises_denies_the_call_at_once(autojump_c
     assert await _decided_by(policy) == (
         "the tool call was denied: the approval policy raised LookupError: no rule for delete_file"
     )
+
+
+def test_a_log_line_holding_a_lone_surrogate_is_written_escaped_not_raised(capfd):
+    """A tool's error quoting a file name ``os.listdir`` decoded with ``surrogateescape``:
+    orjson refuses the text, and the line raised (the log tap's crashed the tap)."""
+    configure_logging("info")
+    get_logger("app").warning("tool.failed", error="no file caf\udce9.txt")
+    (line,) = capfd.readouterr().err.splitlines()
+    assert '"error":"no file caf\\udce9.txt"' in line
+    assert orjson.loads(line.replace("\\udce9", "?"))["event"] == "tool.failed"
