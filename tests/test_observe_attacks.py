@@ -177,7 +177,7 @@ async def test_the_recorder_records_an_applications_odd_events_redacted_and_lose
     the redaction); one whose text raises, or a dict with an int key, crashed the
     recorder, and the event was lost."""
     path = tmp_path / "events.jsonl"
-    payloads = [QuotesAKey(), Unsayable(), {1: "int key"}, "last"]
+    payloads = [QuotesAKey(), Unsayable(), {1: "int key"}, "caf\udce9", "last"]
     with trio.fail_after(HANG_GUARD):
         async with Host.open(log_tap=False) as host:
             await host.start_actor(JsonlRecorder(path))
@@ -190,6 +190,7 @@ async def test_the_recorder_records_an_applications_odd_events_redacted_and_lose
         "connected with [redacted]",
         "<Unsayable: str() failed>",
         {"1": "int key"},
+        "caf\udce9",
         "last",
     ]
 

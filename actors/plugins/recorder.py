@@ -7,6 +7,7 @@ never stalls an agent (a ``bus.lagged`` line records any loss).
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any, ClassVar
 
@@ -76,14 +77,33 @@ def _line(event: Any) -> bytes:
     data = redact(event_to_dict(event))
     try:
         return orjson.dumps(data, default=redacted_str) + b"\n"
-    except TypeError:  # a key that is no string (the only thing ``default`` cannot mend)
+    except TypeError:  # a key that is no string, or a lone surrogate in a text
+        pass
+    try:
         return orjson.dumps(data, default=redacted_str, option=orjson.OPT_NON_STR_KEYS) + b"\n"
+    except TypeError:  # a lone surrogate (half an emoji, a surrogateescape'd file name)
+        text = json.dumps(data, default=redacted_str, ensure_ascii=True, separators=(",", ":"))
+        return text.encode() + b"\n"
 
 
 def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """The recorded events of a JSONL file, as dicts."""
     with open(path, "rb") as f:
-        return [orjson.loads(line) for line in f if line.strip()]
+        return [_loads(line) for line in f if line.strip()]
+
+
+def _loads(line: bytes) -> Any:
+    """One recorded line: orjson's, else Python's ``json`` for a line holding an escaped
+    lone surrogate (which orjson refuses, and :func:`_line` writes); a line neither
+    reads raises orjson's error."""
+    try:
+        return orjson.loads(line)
+    except orjson.JSONDecodeError:
+        try:
+            return json.loads(line)
+        except ValueError:
+            pass
+        raise
 
 
 def recorder_plugin(options: str | None = None) -> JsonlRecorder:
