@@ -18,7 +18,7 @@ import trio
 
 from runtime.actor import ServingActor
 from runtime.actor_messages import ExecuteTools, ToolCallSpec, ToolOutcome, ToolProgress
-from runtime.errors import sole_exception
+from runtime.errors import describe_exception, sole_exception
 from runtime.events import ToolApprovalDecided, ToolApprovalRequested
 from runtime.messages import is_media_output
 from runtime.tools import Tool, ToolContext, ToolInputError, to_jsonable
@@ -83,7 +83,7 @@ async def run_tool_call(
     except Exception as exc:
         # A tool's own nursery wraps its one error in a group: the error is what it says.
         raised = (sole_exception(exc) or exc) if isinstance(exc, ExceptionGroup) else exc
-        return done(error=f"tool {tool.name} raised {type(raised).__name__}: {raised}")
+        return done(error=f"tool {tool.name} raised {describe_exception(raised)}")
     try:
         output = to_jsonable(result)
     except TypeError as exc:
@@ -125,7 +125,7 @@ class ToolExecutor(ServingActor[ExecuteTools]):
             outcome = ToolOutcome(
                 tool_call_id=call.tool_call_id,
                 tool_name=call.tool_name,
-                error=f"the tool executor crashed ({type(exc).__name__}: {exc}); "
+                error=f"the tool executor crashed ({describe_exception(exc)}); "
                 "the call did not complete",
             )
             try:
