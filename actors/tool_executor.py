@@ -20,7 +20,9 @@ from runtime.actor import ServingActor
 from runtime.actor_messages import ExecuteTools, ToolCallSpec, ToolOutcome, ToolProgress
 from runtime.errors import sole_exception
 from runtime.events import ToolApprovalDecided, ToolApprovalRequested
+from runtime.logging import get_logger, log_exception
 from runtime.messages import is_media_output
+from runtime.redact import redact
 from runtime.tools import Tool, ToolContext, ToolInputError, to_jsonable
 
 TRUNCATION_MARKER = "…[truncated: {omitted} of {total} characters omitted]"
@@ -28,14 +30,37 @@ TRUNCATION_MARKER = "…[truncated: {omitted} of {total} characters omitted]"
 
 def truncate_output(output: Any, limit: int | None) -> Any:
     """``output`` unchanged if its JSON text fits ``limit``; else its text cut to fit,
-    ending with a visible marker (so the model knows it did not see everything)."""
-    if limit is None or is_media_output(output):
+    ending with a visible marker (so the model knows it did not see everything).
+
+    Raises ``TypeError`` (``orjson.JSONEncodeError``) for a value the store could not
+    write as JSON either, whatever ``limit`` is: an integer past 64 bits."""
+    if is_media_output(output) or (limit is None and isinstance(output, str)):
         return output  # media parts are bounded by their own size, not as JSON text
     text = output if isinstance(output, str) else orjson.dumps(output).decode()
-    if len(text) <= limit:
+    if limit is None or len(text) <= limit:
         return output
     marker = TRUNCATION_MARKER.format(omitted=len(text) - limit, total=len(text))
     return text[:limit] + marker
+
+
+def describe_exception(exc: BaseException) -> str:
+    """``Type: message`` of ``exc``, even when its ``str()`` raises (a tool's own
+    exception class may); a group's message names its sub-exceptions too."""
+    try:
+        text = str(exc)
+    except Exception as inner:
+        text = f"(its message could not be read: str() raised {type(inner).__name__})"
+    if isinstance(exc, BaseExceptionGroup):
+        text += ": " + "; ".join(describe_exception(e) for e in exc.exceptions[:5])
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _ends_the_process(exc: BaseException) -> bool:
+    """Whether ``exc`` asks the whole program to stop (Ctrl-C, ``sys.exit``): it goes on
+    out of the tool executor as it came, whichever tool it came through."""
+    if isinstance(exc, BaseExceptionGroup):
+        return exc.split((KeyboardInterrupt, SystemExit))[0] is not None
+    return isinstance(exc, (KeyboardInterrupt, SystemExit))
 
 
 async def run_tool_call(
@@ -47,7 +72,13 @@ async def run_tool_call(
     approve: Any = None,
 ) -> ToolOutcome:
     """Run one call to completion and describe what happened; never raises (but
-    cancellation propagates)."""
+    cancellation, ``KeyboardInterrupt`` and ``SystemExit`` propagate).
+
+    Whatever the tool's code does (its argument validators and approval rule
+    included) becomes the call's error: an exception of any class, one whose ``str()``
+    raises, a ``GeneratorExit``, a ``trio.Cancelled`` that no cancelled scope sent, a
+    return value that cannot be made JSON (bytes that are not UTF-8, a cycle, nesting
+    too deep)."""
     start = trio.current_time()
 
     def done(output: Any = None, error: str | None = None) -> ToolOutcome:
@@ -55,7 +86,7 @@ async def run_tool_call(
             tool_call_id=call.tool_call_id,
             tool_name=call.tool_name,
             output=output,
-            error=error,
+            error=None if error is None else truncate_output(error, max_chars),
             duration=trio.current_time() - start,
             usage=context.usage if context is not None else None,
         )
@@ -68,7 +99,18 @@ async def run_tool_call(
         kwargs = tool.validate(call.input)
     except ToolInputError as exc:
         return done(error=str(exc))
-    if not call.approved and tool.requires_approval(kwargs, context):  # type: ignore[arg-type]
+    except Exception as exc:  # a validator of the tool's own that raised past pydantic
+        return done(
+            error=f"invalid arguments for {tool.name}: validation raised {describe_exception(exc)}"
+        )
+    try:
+        asks = not call.approved and tool.requires_approval(kwargs, context)  # type: ignore[arg-type]
+    except Exception as exc:
+        return done(
+            error=f"the tool call was not executed: the approval rule of {tool.name} raised "
+            f"{describe_exception(exc)}"
+        )
+    if asks:
         if approve is None:
             return done(error=f"tool {tool.name} needs approval and no approver is configured")
         approved, reason = await approve(call, kwargs)
@@ -83,12 +125,25 @@ async def run_tool_call(
     except Exception as exc:
         # A tool's own nursery wraps its one error in a group: the error is what it says.
         raised = (sole_exception(exc) or exc) if isinstance(exc, ExceptionGroup) else exc
-        return done(error=f"tool {tool.name} raised {type(raised).__name__}: {raised}")
+        return done(error=f"tool {tool.name} raised {describe_exception(raised)}")
+    except BaseException as exc:
+        if _ends_the_process(exc):
+            raise
+        # A real cancellation (the turn's, the host's) goes on, raised here afresh; a
+        # Cancelled the tool made or carried out of its own scope, a GeneratorExit, is
+        # the tool's error like any other.
+        await trio.lowlevel.checkpoint_if_cancelled()
+        raised = (sole_exception(exc) or exc) if isinstance(exc, BaseExceptionGroup) else exc
+        return done(error=f"tool {tool.name} raised {describe_exception(raised)}")
     try:
-        output = to_jsonable(result)
-    except TypeError as exc:
+        output = truncate_output(to_jsonable(result), max_chars)
+    except TypeError as exc:  # orjson's too: an integer past 64 bits, which no save writes
         return done(error=f"tool {tool.name} returned a value that is not JSON: {exc}")
-    return done(output=truncate_output(output, max_chars))
+    except Exception as exc:  # an object whose own serializer hook raised
+        return done(
+            error=f"tool {tool.name} returned a value that is not JSON: {describe_exception(exc)}"
+        )
+    return done(output=output)
 
 
 class ToolExecutor(ServingActor[ExecuteTools]):
@@ -222,14 +277,30 @@ class ToolExecutor(ServingActor[ExecuteTools]):
                 emit=emit,
                 deps=request.deps,
             )
-            outcome = await run_tool_call(
-                call,
-                request.tools,
-                request.default_timeout,
-                request.max_result_chars,
-                context,
-                approve=lambda c, kw: self._approve(request, c, kw),
-            )
+            try:
+                outcome = await run_tool_call(
+                    call,
+                    request.tools,
+                    request.default_timeout,
+                    request.max_result_chars,
+                    context,
+                    approve=lambda c, kw: self._approve(request, c, kw),
+                )
+            except Exception as exc:
+                # A bug on this call's way (a plug-in's tool class, ours): its error, not
+                # a crash that fails every session's calls in flight with it.
+                log_exception(
+                    get_logger("axon.tools"),
+                    "tool.call-failed",
+                    session_id=request.session_id,
+                    tool_call_id=call.tool_call_id,
+                    error=redact(describe_exception(exc)),
+                )
+                outcome = ToolOutcome(
+                    tool_call_id=call.tool_call_id,
+                    tool_name=call.tool_name,
+                    error=f"the tool call failed: {describe_exception(exc)}",
+                )
             pending.discard(call.tool_call_id)
             try:
                 await request.reply.put(outcome)

@@ -381,7 +381,8 @@ def to_jsonable(value: Any) -> Any:
 
     try:
         return pydantic_core.to_jsonable_python(value)
-    except pydantic_core.PydanticSerializationError as exc:
+    except (pydantic_core.PydanticSerializationError, ValueError, RecursionError) as exc:
+        # ValueError: bytes that are not UTF-8, a cycle, nesting too deep to walk.
         raise TypeError(f"tool returned a value that cannot be serialized: {exc}") from None
 
 

@@ -1,0 +1,323 @@
+"""Tool execution attacked by a careless tool author and a hostile model: whatever a
+tool's code does (its validators and approval rule included), whatever a model sends,
+the call ends in a result the model sees, the executor serves every other session's
+calls on, and the history is one the store can keep."""
+
+from __future__ import annotations
+
+import pydantic
+import pytest
+import trio
+
+from actors.plugins.approval import ApprovalActor
+from actors.providers.scripted import ScriptedProvider, tool_call
+from actors.tool_executor import run_tool_call
+from runtime import (
+    Agent,
+    Host,
+    InvalidDecision,
+    Tool,
+    ToolCallChunk,
+    ToolMessage,
+    tool,
+)
+from runtime.actor_messages import ToolCallSpec
+from runtime.events import ActorCrashed
+
+
+async def outcome(t: Tool, args: dict | None = None, max_chars: int | None = None):
+    return await run_tool_call(
+        ToolCallSpec(tool_call_id="c", tool_name=t.name, input=args or {}),
+        {t.name: t},
+        None,
+        max_chars,
+    )
+
+
+def results(session_or_record) -> list[tuple]:
+    messages = session_or_record.messages
+    return [(m.tool_call_id, m.output, m.error) for m in messages if isinstance(m, ToolMessage)]
+
+
+# -- what a tool's own code raises or returns ------------------------------------------
+
+
+class Picky(pydantic.BaseModel):
+    x: int
+
+    @pydantic.field_validator("x")
+    @classmethod
+    def _odd(cls, x: int) -> int:
+        raise KeyError("not a ValueError, so pydantic lets it through")
+
+
+@tool
+async def picky(p: Picky) -> str:
+    """Never runs: its argument's validator raises."""
+    return "ran"
+
+
+async def test_a_validator_raising_past_pydantic_is_the_calls_error():
+    oc = await outcome(picky, {"p": {"x": 1}})
+    assert oc.error == (
+        "invalid arguments for picky: validation raised KeyError: "
+        "'not a ValueError, so pydantic lets it through'"
+    )
+
+
+async def test_one_tools_odd_validator_does_not_fail_another_sessions_call_in_flight():
+    """The executor serves every session: a call whose validator raised crashed it, and
+    its crash answered every call then in flight, another session's too, with
+    'the tool executor crashed'."""
+    started, release = trio.Event(), trio.Event()
+
+    @tool
+    async def slow() -> str:
+        """Waits."""
+        started.set()
+        await release.wait()
+        return "slow done"
+
+    crashes: list[ActorCrashed] = []
+    slow_agent = Agent(
+        provider=ScriptedProvider([[*tool_call("slow", {}, tool_call_id="S")], ["ok"]]),
+        tools=[slow],
+    )
+    picky_step = [*tool_call("picky", {"p": {"x": 1}}, tool_call_id="P")]
+    picky_agent = Agent(provider=ScriptedProvider([picky_step, ["ok"]]), tools=[picky])
+    async with Host.open(log_tap=False) as host:
+        sub = host.bus.subscribe([ActorCrashed], policy="drop-oldest", name="t")
+        a = await host.open_session(slow_agent)
+        b = await host.open_session(picky_agent)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(a.run, "go")
+            await started.wait()
+            await b.run("go")
+            release.set()
+        sub.close()
+        crashes = [e async for e in sub]
+    assert results(a) == [("S", "slow done", None)]
+    assert results(b)[0][2].startswith("invalid arguments for picky: validation raised KeyError")
+    assert crashes == []
+
+
+class Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no")
+
+
+@pytest.mark.parametrize(
+    ("raised", "error"),
+    [
+        (Unprintable(), "Unprintable: (its message could not be read: str() raised RuntimeError)"),
+        (GeneratorExit(), "GeneratorExit"),
+        (trio.Cancelled._create(), "Cancelled: cancelled due to unknown"),
+        (
+            BaseExceptionGroup("g", [GeneratorExit(), ValueError("v")]),
+            "BaseExceptionGroup: g (2 sub-exceptions): GeneratorExit; ValueError: v",
+        ),
+    ],
+    ids=["str-raises", "generator-exit", "own-cancelled", "base-group"],
+)
+async def test_whatever_a_tool_raises_is_its_error(raised, error):
+    """An exception whose ``str()`` raised crashed the executor; a GeneratorExit, a
+    group of such, or a Cancelled that no cancelled scope sent went out of it, the
+    last one leaving the turn waiting for ever."""
+
+    @tool
+    async def hostile() -> str:
+        """Raises."""
+        raise raised
+
+    escaped = oc = None
+    try:
+        oc = await outcome(hostile)
+    except BaseException as exc:  # (a bare Cancelled out of a test function passes it)
+        escaped = exc
+    assert escaped is None
+    assert (oc.output, oc.error) == (None, f"tool hostile raised {error}")
+
+
+@pytest.mark.parametrize("raised", [KeyboardInterrupt, SystemExit])
+async def test_ctrl_c_and_sys_exit_in_a_tool_still_end_the_program(raised):
+    @tool
+    async def quitting() -> str:
+        """Quits."""
+        raise raised()
+
+    with pytest.raises(raised):
+        await outcome(quitting)
+
+
+async def test_a_tools_huge_error_message_is_truncated_like_its_output():
+    @tool
+    async def loud() -> str:
+        """Raises with a response body in its message."""
+        raise RuntimeError("x" * 5000)
+
+    oc = await outcome(loud, max_chars=100)
+    assert len(oc.error) < 200 and oc.error.endswith("characters omitted]")
+
+
+def _cycle() -> dict:
+    d: dict = {}
+    d["self"] = d
+    return d
+
+
+def _deep() -> dict:
+    d: dict = {}
+    for _ in range(5000):
+        d = {"a": d}
+    return d
+
+
+@pytest.mark.parametrize(
+    ("value", "why"),
+    [
+        (b"\xff\xfe", "invalid utf-8"),
+        (_cycle(), "Circular reference"),
+        (_deep(), "Circular reference detected (depth exceeded)"),
+        ({"n": 2**70}, "Integer exceeds 64-bit range"),
+    ],
+    ids=["bytes-not-utf8", "cycle", "too-deep", "int-past-64-bits"],
+)
+async def test_a_return_value_with_no_json_form_is_the_calls_error(value, why):
+    """Bytes that are not UTF-8, a cycle or nesting too deep crashed the executor (a
+    ValueError, where only pydantic's own error was caught); an integer past 64 bits
+    was the result, and then every save of the session failed (orjson writes none)."""
+
+    @tool
+    async def odd() -> object:
+        """Returns it."""
+        return value
+
+    oc = await outcome(odd)
+    assert oc.output is None
+    assert oc.error.startswith("tool odd returned a value that is not JSON: ") and why in oc.error
+
+
+# -- approval rules that raise -----------------------------------------------------------
+
+ran: list[str] = []
+
+
+def broken_rule(arguments: dict, context: object) -> bool:
+    raise ZeroDivisionError("the rule's own bug")
+
+
+@tool(needs_approval=broken_rule)
+async def transfer(amount: int) -> str:
+    """Moves money."""
+    ran.append("transfer")
+    return "moved"
+
+
+RULE_ERROR = (
+    "the tool call was not executed: the approval rule of transfer raised "
+    "ZeroDivisionError: the rule's own bug"
+)
+
+
+@pytest.mark.parametrize("in_process", [False, True], ids=["suspending", "in-process-approver"])
+async def test_an_approval_rule_that_raises_refuses_the_call_and_the_turn_goes_on(in_process):
+    """The rule raised in the turn runner (the turn failed) or, with an in-process
+    approver, in the tool executor (which crashed)."""
+    ran.clear()
+    steps = [[*tool_call("transfer", {"amount": 5}, tool_call_id="T")], ["could not"]]
+    async with Host.open(log_tap=False) as host:
+        if in_process:
+            await host.start_actor(ApprovalActor(lambda request: (True, None)))
+        session = await host.open_session(Agent(provider=ScriptedProvider(steps), tools=[transfer]))
+        result = await session.run("pay")
+    assert (result.finish_reason, result.error, result.text) == ("stop", None, "could not")
+    assert results(session) == [("T", None, RULE_ERROR)]
+    assert ran == []
+
+
+# -- what the model sends ----------------------------------------------------------------
+
+
+@tool
+async def lookup(id: int) -> str:
+    """Looks an id up."""
+    ran.append(f"lookup {id}")
+    return "found"
+
+
+async def test_a_models_integer_past_64_bits_is_refused_and_the_session_still_saves(tmp_path):
+    """The providers parse arguments with Python's JSON parser (any integer); the store
+    writes JSON with orjson (none past 64 bits): the call ran, then the turn's save
+    failed, and so did every later save of the session. Nothing was kept."""
+    ran.clear()
+    steps = [
+        [ToolCallChunk(tool_call_id="L", tool_name="lookup", input={"id": 2**70})],
+        ["let me try again"],
+    ]
+    agent = Agent(provider=ScriptedProvider(steps), tools=[lookup])
+    path = tmp_path / "s.db"
+    async with Host.open(store=path, log_tap=False) as host:
+        session = await host.open_session(agent, session_id="s")
+        result = await session.run("look it up")
+        live = list(session.messages)
+    async with Host.open(store=path, log_tap=False) as host:
+        stored = (await host.store.load("s")).messages
+    assert (result.finish_reason, result.error) == ("stop", None)
+    assert ran == []
+    [(call_id, output, error)] = results(session)
+    assert (call_id, output) == ("L", None)
+    assert error.startswith("the tool call was not executed: its input cannot be stored")
+    assert "64-bit" in error
+    assert list(stored) == live
+    assert stored[1].content[0].input == '{"id": 1180591620717411303424}'
+
+
+# -- a client tool's output ------------------------------------------------------------
+
+pick = Tool.client("pick", {"type": "object", "properties": {}}, "Ask the user.")
+
+
+async def client_suspended(host: Host):
+    steps = [[*tool_call("pick", {}, tool_call_id="C")], ["thanks"]]
+    session = await host.open_session(
+        Agent(provider=ScriptedProvider(steps), tools=[pick]), session_id="s"
+    )
+    await session.run("go")
+    return session
+
+
+async def test_a_client_tools_output_is_kept_in_the_json_form_the_model_saw(tmp_path):
+    """A set given to ``respond`` was the output in memory and its repr, the text
+    ``'{1, 2}'``, in the store."""
+    path = tmp_path / "s.db"
+    async with Host.open(store=path, log_tap=False) as host:
+        session = await client_suspended(host)
+        await session.respond("C", output={"picked": {2, 1}})
+        live = results(session)
+    async with Host.open(store=path, log_tap=False) as host:
+        stored = await host.store.load("s")
+    assert live == [("C", {"picked": [1, 2]}, None)]
+    assert results(stored) == live
+
+
+class Opaque:
+    pass
+
+
+@pytest.mark.parametrize(
+    "output", [Opaque(), 2**70, b"\xff"], ids=["object", "int-past-64-bits", "bytes-not-utf8"]
+)
+async def test_a_client_tool_output_with_no_json_form_is_refused_and_changes_nothing(
+    tmp_path, output
+):
+    """An object was stored as its repr (a memory address), bytes as base64, and an
+    integer past 64 bits failed the save with a StoreError."""
+    async with Host.open(store=tmp_path / "s.db", log_tap=False) as host:
+        session = await client_suspended(host)
+        before = await host.store.load("s")
+        with pytest.raises(InvalidDecision, match="the output cannot be stored as JSON"):
+            await session.respond("C", output=output)
+        after = await host.store.load("s")
+        result = await session.respond("C", output="red")
+    assert (after.messages, after.version) == (before.messages, before.version)
+    assert result.finish_reason == "stop" and results(session) == [("C", "red", None)]
