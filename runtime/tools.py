@@ -335,6 +335,8 @@ def check_against_schema(name: str, validator: Any, value: Any, what: str) -> No
         errors = sorted(validator.iter_errors(value), key=lambda e: list(e.path))
     except Unresolvable as exc:
         raise ToolInputError(f"the schema of {name} has an unresolvable $ref: {exc}") from None
+    except RecursionError:  # a recursive schema, a value nested deeper than Python goes
+        raise ToolInputError(f"invalid {what} for {name}: nested too deeply to check") from None
     if errors:
         problems = "; ".join(
             f"{'.'.join(str(p) for p in e.path) or '(root)'}: {e.message}" for e in errors[:5]

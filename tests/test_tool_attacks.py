@@ -5,6 +5,8 @@ calls on, and the history is one the store can keep."""
 
 from __future__ import annotations
 
+import json
+
 import pydantic
 import pytest
 import trio
@@ -321,3 +323,92 @@ async def test_a_client_tool_output_with_no_json_form_is_refused_and_changes_not
         result = await session.respond("C", output="red")
     assert (after.messages, after.version) == (before.messages, before.version)
     assert result.finish_reason == "stop" and results(session) == [("C", "red", None)]
+
+
+# -- structured output -----------------------------------------------------------------
+
+
+class Comment(pydantic.BaseModel):
+    """A comment and its replies."""
+
+    text: str
+    replies: list[Comment] = []
+
+
+async def test_a_recursive_model_is_an_output_type_whose_root_is_an_object():
+    """pydantic's schema of a recursive model is a ``$ref`` into its ``$defs``: it was
+    refused as 'not an object' ('wrap it in a model'), which it is."""
+    answer = '{"text": "a", "replies": [{"text": "b", "replies": [{"text": "c"}]}]}'
+    agent = Agent(provider=ScriptedProvider([[answer]]), output_type=Comment)
+    assert agent.output_schema.schema["type"] == "object"
+    assert agent.output_schema.schema["properties"]["replies"]["items"] == {
+        "$ref": "#/$defs/Comment"
+    }
+    async with Host.open(log_tap=False) as host:
+        session = await host.open_session(agent)
+        result = await session.run("thread?")
+    assert result.output == Comment.model_validate_json(answer)
+
+
+def _nested(depth: int) -> str:
+    return '{"text": "a", "child": ' * depth + '{"text": "z"}' + "}" * depth
+
+
+async def test_an_answer_nested_deeper_than_python_is_rejected_and_asked_again():
+    """A recursive JSON schema validated a deep answer into a RecursionError, which
+    failed the turn instead of asking the model again."""
+    schema = {
+        "type": "object",
+        "properties": {"text": {"type": "string"}, "child": {"$ref": "#"}},
+        "required": ["text"],
+    }
+    provider = ScriptedProvider([[_nested(400)], ['{"text": "flat"}']])
+    agent = Agent(provider=provider, output_type=schema)
+    async with Host.open(log_tap=False) as host:
+        session = await host.open_session(agent)
+        result = await session.run("x")
+    assert (result.finish_reason, result.output, result.steps) == ("stop", {"text": "flat"}, 2)
+    feedback = provider.requests[1].messages[-1].content
+    assert "nested too deeply to validate" in feedback
+
+
+async def test_a_retry_prompt_quotes_a_long_answer_once_at_most_per_problem_cut_short():
+    """jsonschema's message quotes the value: a long answer that was not an object came
+    back whole in the retry prompt."""
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    provider = ScriptedProvider([['{"a": "' + "y" * 50_000 + '"}'], ['{"a": 1}']])
+    async with Host.open(log_tap=False) as host:
+        session = await host.open_session(Agent(provider=provider, output_type=schema))
+        result = await session.run("x")
+    assert result.output == {"a": 1}
+    feedback = provider.requests[1].messages[-1].content
+    assert len(feedback) < 1000 and "characters more" in feedback
+
+
+async def test_a_long_structured_answer_is_parsed_for_partial_objects_in_linear_time():
+    """Each batch of the answer parsed the whole text so far and sent the whole object:
+    a 500 KB answer cost 11 s of CPU on the event loop (every session's) and some 6,000
+    object-deltas of up to 500 KB each. Past 8 KB a batch parses once the text grew by
+    an eighth; the part's end always does, so the last object-delta is the answer."""
+    schema = {"type": "object", "properties": {"items": {"type": "array"}}}
+    words = [f"word{i}" for i in range(20_000)]
+    answer = json.dumps({"items": words})
+    provider = ScriptedProvider([[answer]], chunk_size=40, burst=1)
+    async with Host.open(log_tap=False) as host:
+        session = await host.open_session(Agent(provider=provider, output_type=schema))
+        async with session.stream("x") as out:
+            deltas = [c.value for c in [c async for c in out] if c.type == "object-delta"]
+    assert out.result.output == {"items": words}
+    assert 20 < len(deltas) < 250  # ~5,000 batches
+    assert deltas[-1] == {"items": words}
+    assert deltas[0] != deltas[-1]
+
+
+def test_a_value_nested_deeper_than_a_recursive_schema_can_check_is_an_input_error():
+    """(MCP tools' and client tools' schemas) the RecursionError went out of respond()."""
+    from runtime.tools import ToolInputError, check_against_schema, json_schema_validator
+
+    validator = json_schema_validator({"type": "object", "properties": {"c": {"$ref": "#"}}})
+    value = json.loads(_nested(400).replace('"child"', '"c"'))
+    with pytest.raises(ToolInputError, match="invalid output for t: nested too deeply to check"):
+        check_against_schema("t", validator, value, "output")
