@@ -412,3 +412,38 @@ def test_a_value_nested_deeper_than_a_recursive_schema_can_check_is_an_input_err
     value = json.loads(_nested(400).replace('"child"', '"c"'))
     with pytest.raises(ToolInputError, match="invalid output for t: nested too deeply to check"):
         check_against_schema("t", validator, value, "output")
+
+
+# -- compaction ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "summary", ["   ", "S" * 100_000], ids=["empty", "larger-than-what-it-summarizes"]
+)
+async def test_a_summary_that_does_not_shrink_the_request_is_not_stored(summary):
+    """An empty summary was stored and stood for every older turn in each later request
+    (all they said was lost to the model); a summary larger than the turns it stood for
+    was stored too, and sent with every later request, each turn making another."""
+    from runtime import Summarize
+    from runtime.compaction import SUMMARY_INSTRUCTIONS, is_summary
+
+    asked: list[int] = []
+
+    def respond(request):
+        if request.instructions == SUMMARY_INSTRUCTIONS:
+            asked.append(1)
+            return [summary]
+        return ["answer " * 30]
+
+    provider = ScriptedProvider(responder=respond)
+    agent = Agent(provider=provider, history_processors=[Summarize(max_tokens=300, keep_turns=1)])
+    async with Host.open(log_tap=False) as host:
+        session = await host.open_session(agent)
+        for n in range(4):
+            result = await session.run(f"question {n} " + "q" * 200)
+            assert result.error is None
+    assert asked  # the summary was asked for
+    assert not any(is_summary(m) for m in session.messages)
+    sent = provider.requests[-1].messages
+    assert not any(is_summary(m) for m in sent)
+    assert sent[0].text.startswith("question 0")  # the oldest turn still reaches the model
