@@ -16,6 +16,7 @@ from actors.providers.scripted import ScriptedProvider, tool_call
 from actors.tool_executor import run_tool_call
 from runtime import (
     Agent,
+    Budget,
     Host,
     InvalidDecision,
     Tool,
@@ -447,3 +448,65 @@ async def test_a_summary_that_does_not_shrink_the_request_is_not_stored(summary)
     sent = provider.requests[-1].messages
     assert not any(is_summary(m) for m in sent)
     assert sent[0].text.startswith("question 0")  # the oldest turn still reaches the model
+
+
+# -- agents as tools ---------------------------------------------------------------------
+
+
+@tool(needs_approval=True)
+async def delete(path: str) -> str:
+    """Deletes a file."""
+    ran.append(f"delete {path}")
+    return "deleted"
+
+
+async def test_a_sub_agent_that_waits_for_approval_is_a_tool_error_not_an_empty_answer():
+    """Its turn suspended (awaiting-input) and the parent model got '' as the sub-agent's
+    successful answer; nobody could ever answer the wait."""
+    ran.clear()
+    worker = Agent(
+        name="worker",
+        provider=ScriptedProvider([[*tool_call("delete", {"path": "/x"})], ["deleted it"]]),
+        tools=[delete],
+    )
+    boss = Agent(
+        name="boss",
+        provider=ScriptedProvider(
+            [[*tool_call("worker", {"input": "clean"}, tool_call_id="W")], ["ok"]]
+        ),
+        tools=[worker.as_tool()],
+    )
+    async with Host.open(log_tap=False) as host:
+        session = await host.open_session(boss)
+        result = await session.run("clean up")
+    assert (result.finish_reason, result.text) == ("stop", "ok")
+    [(call_id, output, error)] = results(session)
+    assert (call_id, output) == ("W", None)
+    assert error == (
+        "tool worker raised RuntimeError: sub-agent worker stopped to wait for a person's "
+        "input (delete (approval)), which nobody can give it when another agent calls it: "
+        "it did not finish"
+    )
+    assert ran == []
+
+
+async def test_a_sub_agent_a_budget_stopped_says_so_in_its_answer():
+    """Its partial text was the answer, as if it had finished."""
+    worker = Agent(
+        name="worker",
+        provider=ScriptedProvider(responder=lambda r: ["partial ", *tool_call("nope", {})]),
+        budget=Budget(max_steps=1),
+    )
+    boss = Agent(
+        name="boss",
+        provider=ScriptedProvider(
+            [[*tool_call("worker", {"input": "go"}, tool_call_id="W")], ["ok"]]
+        ),
+        tools=[worker.as_tool()],
+    )
+    async with Host.open(log_tap=False) as host:
+        session = await host.open_session(boss)
+        await session.run("go")
+    assert results(session) == [
+        ("W", "partial \n[the sub-agent stopped before it finished: max_steps reached]", None)
+    ]
