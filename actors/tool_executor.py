@@ -260,7 +260,14 @@ class ToolExecutor(ServingActor[ExecuteTools]):
 
     async def _execute_calls(self, request: ExecuteTools, pending: set[str]) -> None:
         async def one(call: ToolCallSpec) -> None:
+            running = [True]
+
             async def emit(chunk: Any, _call: ToolCallSpec = call) -> None:
+                if not running[0]:
+                    # The call has ended: a context kept past it (a background task) put
+                    # its chunk in the session's tool inbox, where a later call with the
+                    # same id (call_0 of every response) streamed it as its own.
+                    return
                 await request.reply.put(
                     ToolProgress(
                         tool_call_id=_call.tool_call_id, tool_name=_call.tool_name, chunk=chunk
@@ -301,6 +308,8 @@ class ToolExecutor(ServingActor[ExecuteTools]):
                     tool_name=call.tool_name,
                     error=f"the tool call failed: {describe_exception(exc)}",
                 )
+            finally:
+                running[0] = False
             pending.discard(call.tool_call_id)
             try:
                 await request.reply.put(outcome)

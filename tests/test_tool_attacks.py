@@ -21,6 +21,7 @@ from runtime import (
     InvalidDecision,
     Tool,
     ToolCallChunk,
+    ToolContext,
     ToolMessage,
     tool,
 )
@@ -510,3 +511,40 @@ async def test_a_sub_agent_a_budget_stopped_says_so_in_its_answer():
     assert results(session) == [
         ("W", "partial \n[the sub-agent stopped before it finished: max_steps reached]", None)
     ]
+
+
+# -- a context kept past its call ---------------------------------------------------------
+
+
+async def test_a_context_kept_past_its_call_streams_nothing_into_a_later_call():
+    """A tool that kept its ToolContext (a background task, a careless global) and
+    streamed through it after its call ended put its chunk in the session's tool inbox;
+    the next turn's call with the same id (servers number calls per response: call_0)
+    streamed it as its own."""
+    from runtime.output import TextDelta
+
+    kept: list = []
+
+    @tool
+    async def remember(context: ToolContext) -> str:
+        """Keeps its context."""
+        kept.append(context)
+        return "kept"
+
+    @tool
+    async def plain() -> str:
+        """Answers."""
+        return "plain"
+
+    steps = [[*tool_call("remember", {}, tool_call_id="call_0")], ["one"]]
+    later = [[*tool_call("plain", {}, tool_call_id="call_0")], ["two"]]
+    agent = Agent(provider=ScriptedProvider(turns=[steps, later]), tools=[remember, plain])
+    async with Host.open(log_tap=False) as host:
+        session = await host.open_session(agent)
+        await session.run("first")
+        with trio.move_on_after(1):  # (it must not wait either)
+            await kept[0].emit(TextDelta(step=0, part_id="p", text="stale"))
+        async with session.stream("second") as out:
+            chunks = [c async for c in out]
+    assert not [c for c in chunks if c.type == "tool-stream"]
+    assert out.result.text == "two"
