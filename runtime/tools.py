@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar, get_origin, get_type_hi
 
 import attrs
 
-from runtime.chunks import _repr
+from runtime.chunks import Usage, _repr
 from runtime.errors import ToolDefinitionError
 from runtime.media import tool_output
 
@@ -109,6 +109,11 @@ class ToolContext(Generic[Deps]):
         await self._emit(chunk)
 
     def add_usage(self, usage: Any) -> None:
+        """Count ``usage`` (a :class:`~runtime.chunks.Usage`) toward the calling turn's.
+        Anything else raises ``TypeError`` here, in the tool, as its error: taken, it
+        failed the calling turn with an AttributeError once the call ended."""
+        if not isinstance(usage, Usage):
+            raise TypeError(f"add_usage takes a Usage, not {type(usage).__name__}")
         self.usage = usage if self.usage is None else self.usage + usage
 
 

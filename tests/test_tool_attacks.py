@@ -548,3 +548,23 @@ async def test_a_context_kept_past_its_call_streams_nothing_into_a_later_call():
             chunks = [c async for c in out]
     assert not [c for c in chunks if c.type == "tool-stream"]
     assert out.result.text == "two"
+
+
+async def test_usage_that_is_no_usage_is_the_tools_error_not_the_turns():
+    """``context.add_usage(5)`` was taken, and failed the calling turn with an
+    AttributeError ('int' object has no attribute 'empty') once the call ended."""
+
+    @tool
+    async def spend(context: ToolContext) -> str:
+        """Reports what it spent, wrongly."""
+        context.add_usage(5)
+        return "done"
+
+    steps = [[*tool_call("spend", {}, tool_call_id="S")], ["ok"]]
+    async with Host.open(log_tap=False) as host:
+        session = await host.open_session(Agent(provider=ScriptedProvider(steps), tools=[spend]))
+        result = await session.run("go")
+    assert (result.finish_reason, result.error) == ("stop", None)
+    assert results(session) == [
+        ("S", None, "tool spend raised TypeError: add_usage takes a Usage, not int")
+    ]
