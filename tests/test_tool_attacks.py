@@ -568,3 +568,68 @@ async def test_usage_that_is_no_usage_is_the_tools_error_not_the_turns():
     assert results(session) == [
         ("S", None, "tool spend raised TypeError: add_usage takes a Usage, not int")
     ]
+
+
+# -- a recursion bomb in a model's arguments ---------------------------------------------
+
+DEEP_ARGS = '{"a":' * 5000 + "1" + "}" * 5000
+
+
+async def test_arguments_nested_past_pythons_stack_are_invalid_json_and_the_turn_goes_on():
+    """Python's JSON parser raises RecursionError, not ValueError, on them: the OpenAI
+    provider's call failed and so did the turn (ProviderError: RecursionError)."""
+    from actors.providers.openai import OpenAIProvider
+    from tests.support.loopback import Reply, loopback_server, sse
+
+    def chunk(delta=None, finish=None):
+        choice = {"index": 0, "delta": delta or {}, "finish_reason": finish}
+        return {"id": "x", "object": "chat.completion.chunk", "created": 1, "choices": [choice]}
+
+    call = {"index": 0, "id": "c1", "type": "function"}
+    bomb = sse(
+        chunk({"tool_calls": [{**call, "function": {"name": "lookup", "arguments": DEEP_ARGS}}]}),
+        chunk(finish="tool_calls"),
+    )
+    answer = sse(chunk({"content": "sorry"}), chunk(finish="stop"))
+    ran.clear()
+    async with loopback_server(Reply(body=bomb), Reply(body=answer)) as server:
+        provider = OpenAIProvider("gpt-4o-mini", base_url=server.url + "/v1", api_key="sk-test")
+        async with Host.open(log_tap=False) as host:
+            session = await host.open_session(Agent(provider=provider, tools=[lookup]))
+            result = await session.run("look")
+        server_requests = len(server.requests)
+    assert (result.finish_reason, result.error, result.text) == ("stop", None, "sorry")
+    [(_, output, error)] = results(session)
+    assert output is None and error.startswith("invalid JSON in tool arguments: maximum recursion")
+    assert ran == [] and server_requests == 2
+
+
+def test_a_stored_recursion_bomb_restores_as_an_empty_input():
+    """Kept as its raw text, the call's input was parsed again for every later request
+    to Anthropic and Gemini: the RecursionError failed each one."""
+    from actors.providers import anthropic, gemini
+
+    assert anthropic._tool_input(DEEP_ARGS) == {}
+    assert gemini._tool_input(DEEP_ARGS) == {}
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [{"id": 2**70}, json.loads('{"a":' * 300 + "1" + "}" * 300)],
+    ids=["int-past-64-bits", "nested-past-orjsons-limit"],
+)
+async def test_arguments_the_store_cannot_write_are_refused_where_they_enter(tmp_path, arguments):
+    """(the second: deeper than orjson writes, 254, shallower than Python's parser goes)"""
+    ran.clear()
+    steps = [[ToolCallChunk(tool_call_id="L", tool_name="lookup", input=arguments)], ["again"]]
+    path = tmp_path / "s.db"
+    async with Host.open(store=path, log_tap=False) as host:
+        session = await host.open_session(
+            Agent(provider=ScriptedProvider(steps), tools=[lookup]), session_id="s"
+        )
+        result = await session.run("x")
+    async with Host.open(store=path, log_tap=False) as host:
+        stored = await host.store.load("s")
+    assert (result.finish_reason, result.error, ran) == ("stop", None, [])
+    assert results(stored) == results(session)
+    assert results(session)[0][2].startswith("the tool call was not executed: its input cannot")
