@@ -10,6 +10,8 @@ its own: the turn then ends the same way, with that name.
 
 from __future__ import annotations
 
+from typing import Any
+
 import attrs
 
 from runtime.chunks import Usage, _eq, _hash, _repr
@@ -22,6 +24,12 @@ def _at_least_one_step(_: object, attribute: attrs.Attribute[int], value: int) -
             f"Budget.{attribute.name} must be at least 1 (got {value!r}): every turn "
             "makes at least one model call"
         )
+
+
+def _a_timeout(_: object, attribute: Any, value: object) -> None:
+    from runtime.tools import _check_timeout
+
+    _check_timeout(value, ConfigurationError)
 
 
 @attrs.frozen(kw_only=True, slots=True)
@@ -48,7 +56,7 @@ class Budget:
     cannot be kept is never silently ignored."""
     deadline: float | None = None
     """Wall-clock seconds for the whole turn."""
-    tool_timeout: float | None = 60.0
+    tool_timeout: float | None = attrs.field(default=60.0, validator=_a_timeout)
     """Default per-tool timeout in seconds (a tool may set its own)."""
     max_tool_result_chars: int | None = 100_000
     """A tool result longer than this (as JSON text) is truncated with a visible marker."""

@@ -214,6 +214,17 @@ def _check_name(tool: Any, attribute: Any, name: Any) -> None:
         )
 
 
+def _check_timeout(value: Any, error: type[Exception] = ToolDefinitionError) -> None:
+    """Refuse, as the tool (or budget) is made, a timeout no call could be run under: a
+    negative number, NaN, text (``"5"`` from a config file): each was every call's error
+    instead, as if the tool had raised it ("'<' not supported between ...")."""
+    ok = value is None or (
+        isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
+    )
+    if not ok:
+        raise error(f"a tool timeout is a number of seconds, 0 or more, or None; got {value!r}")
+
+
 @attrs.frozen(kw_only=True, slots=True, eq=False)
 class Tool:
     """A callable the model may use. Build one with :func:`tool`."""
@@ -226,7 +237,7 @@ class Tool:
     """JSON schema of the arguments object."""
     function: Callable[..., Any]
     is_async: bool
-    timeout: float | None = None
+    timeout: float | None = attrs.field(default=None, validator=lambda t, a, v: _check_timeout(v))
     """Seconds before a call is abandoned; ``None`` takes the turn budget's default."""
     needs_approval: bool | ApprovalRule = False
     """``True``: every call waits for a person's decision before it runs; a function

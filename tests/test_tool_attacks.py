@@ -633,3 +633,22 @@ async def test_arguments_the_store_cannot_write_are_refused_where_they_enter(tmp
     assert (result.finish_reason, result.error, ran) == ("stop", None, [])
     assert results(stored) == results(session)
     assert results(session)[0][2].startswith("the tool call was not executed: its input cannot")
+
+
+# -- timeouts no call could run under ------------------------------------------------------
+
+
+@pytest.mark.parametrize("timeout", [-1, float("nan"), "5", True], ids=repr)
+def test_a_timeout_no_call_could_run_under_is_refused_when_the_tool_is_made(timeout):
+    """Taken, each was every call's error, as if the tool had raised it ("tool t raised
+    TypeError: '<' not supported between instances of 'str' and 'int'")."""
+    from runtime import ConfigurationError, ToolDefinitionError
+
+    async def t() -> str:
+        """x"""
+        return "x"
+
+    with pytest.raises(ToolDefinitionError, match="a tool timeout is a number of seconds"):
+        tool(t, timeout=timeout)
+    with pytest.raises(ConfigurationError, match="a tool timeout is a number of seconds"):
+        Budget(tool_timeout=timeout)
