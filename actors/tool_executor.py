@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import attrs
 import orjson
 import trio
 
@@ -21,7 +22,7 @@ from runtime.actor_messages import ExecuteTools, ToolCallSpec, ToolOutcome, Tool
 from runtime.errors import sole_exception
 from runtime.events import ToolApprovalDecided, ToolApprovalRequested
 from runtime.logging import get_logger, log_exception
-from runtime.messages import is_media_output
+from runtime.messages import TextPart, is_media_output
 from runtime.redact import redact
 from runtime.tools import Tool, ToolContext, ToolInputError, to_jsonable
 
@@ -34,8 +35,10 @@ def truncate_output(output: Any, limit: int | None) -> Any:
 
     Raises ``TypeError`` (``orjson.JSONEncodeError``) for a value the store could not
     write as JSON either, whatever ``limit`` is: an integer past 64 bits."""
-    if is_media_output(output) or (limit is None and isinstance(output, str)):
-        return output  # media parts are bounded by their own size, not as JSON text
+    if is_media_output(output):
+        return _cut_text_parts(output, limit)  # images and files: bounded by their size
+    if limit is None and isinstance(output, str):
+        return output
     text = output if isinstance(output, str) else orjson.dumps(output).decode()
     if limit is None or len(text) <= limit:
         return output
@@ -61,6 +64,30 @@ def _ends_the_process(exc: BaseException) -> bool:
     if isinstance(exc, BaseExceptionGroup):
         return exc.split((KeyboardInterrupt, SystemExit))[0] is not None
     return isinstance(exc, (KeyboardInterrupt, SystemExit))
+
+
+def _cut_text_parts(parts: tuple[Any, ...], limit: int | None) -> tuple[Any, ...]:
+    """Media parts with their text parts cut to ``limit`` characters in all (the first
+    one cut ends with the marker; text parts past it go). A single image beside the
+    text let a tool's 5 MB of text past ``max_tool_result_chars``, to the model and the
+    store."""
+    texts = [p for p in parts if isinstance(p, TextPart)]
+    total = sum(len(p.text) for p in texts)
+    if limit is None or total <= limit:
+        return parts
+    out: list[Any] = []
+    left, marked = limit, False
+    for p in parts:
+        if not isinstance(p, TextPart):
+            out.append(p)
+        elif len(p.text) <= left:
+            out.append(p)
+            left -= len(p.text)
+        elif not marked:  # the part where the limit falls: cut, with the marker
+            marker = TRUNCATION_MARKER.format(omitted=total - limit, total=total)
+            out.append(attrs.evolve(p, text=p.text[:left] + marker))
+            left, marked = 0, True
+    return tuple(out)
 
 
 async def run_tool_call(

@@ -652,3 +652,32 @@ def test_a_timeout_no_call_could_run_under_is_refused_when_the_tool_is_made(time
         tool(t, timeout=timeout)
     with pytest.raises(ConfigurationError, match="a tool timeout is a number of seconds"):
         Budget(tool_timeout=timeout)
+
+
+# -- media beside text -------------------------------------------------------------------
+
+
+async def test_an_image_beside_a_tools_text_does_not_let_the_text_past_the_limit():
+    """A media output was not measured at all: one image let 5 MB of text through to the
+    model and the store, past max_tool_result_chars."""
+    from runtime import Image
+    from runtime.messages import TextPart
+
+    image = Image(data=b"\x89PNG\r\n\x1a\n" + b"\x00" * 16, media_type="image/png")
+
+    @tool
+    async def shot() -> object:
+        """A screenshot and what it shows."""
+        return ["a" * 50, image, "b" * 50, "c" * 10]
+
+    def shown(output):
+        return [p.text if isinstance(p, TextPart) else p for p in output]
+
+    marker = "…[truncated: 50 of 110 characters omitted]"
+    assert shown((await outcome(shot, max_chars=60)).output) == ["a" * 50, image, "b" * 10 + marker]
+    assert shown((await outcome(shot, max_chars=110)).output) == [
+        "a" * 50,
+        image,
+        "b" * 50,
+        "c" * 10,
+    ]
