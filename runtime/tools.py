@@ -225,6 +225,16 @@ def _check_timeout(value: Any, error: type[Exception] = ToolDefinitionError) -> 
         raise error(f"a tool timeout is a number of seconds, 0 or more, or None; got {value!r}")
 
 
+def _check_rule(rule: Any) -> None:
+    """Refuse an ``async def`` approval rule as the tool is made: its coroutine, never
+    awaited, was true, so every call waited for a person whatever the rule said."""
+    if inspect.iscoroutinefunction(rule):
+        raise ToolDefinitionError(
+            f"needs_approval rule {getattr(rule, '__name__', rule)!r} is async: it must be "
+            "a plain function (arguments, context) -> bool"
+        )
+
+
 @attrs.frozen(kw_only=True, slots=True, eq=False)
 class Tool:
     """A callable the model may use. Build one with :func:`tool`."""
@@ -239,7 +249,9 @@ class Tool:
     is_async: bool
     timeout: float | None = attrs.field(default=None, validator=lambda t, a, v: _check_timeout(v))
     """Seconds before a call is abandoned; ``None`` takes the turn budget's default."""
-    needs_approval: bool | ApprovalRule = False
+    needs_approval: bool | ApprovalRule = attrs.field(
+        default=False, validator=lambda t, a, v: _check_rule(v)
+    )
     """``True``: every call waits for a person's decision before it runs; a function
     ``(arguments, context) -> bool`` decides per call (the validated arguments and the
     call's :class:`ToolContext`). A waiting call suspends its turn durably
@@ -296,7 +308,11 @@ class Tool:
         """Whether this call (its validated ``arguments``) waits for a decision."""
         rule = self.needs_approval
         if callable(rule):
-            return bool(rule(arguments, context))
+            verdict = rule(arguments, context)
+            if inspect.isawaitable(verdict):  # an async callable object, say
+                getattr(verdict, "close", lambda: None)()
+                raise TypeError("the approval rule returned an awaitable: it must return a bool")
+            return bool(verdict)
         return bool(rule)
 
     def validate(self, arguments: Any) -> dict[str, Any]:

@@ -681,3 +681,41 @@ async def test_an_image_beside_a_tools_text_does_not_let_the_text_past_the_limit
         "b" * 50,
         "c" * 10,
     ]
+
+
+def test_an_async_approval_rule_is_refused_when_the_tool_is_made():
+    """Its coroutine, never awaited, was true: every call waited for a person, whatever
+    the rule would have said."""
+    from runtime import ToolDefinitionError
+
+    async def rule(arguments: dict, context: object) -> bool:
+        return False
+
+    async def act() -> str:
+        """Acts."""
+        return "acted"
+
+    with pytest.raises(ToolDefinitionError, match="needs_approval rule 'rule' is async"):
+        tool(act, needs_approval=rule)
+
+
+async def test_an_approval_rule_that_returns_an_awaitable_refuses_the_call():
+    class Rule:
+        async def __call__(self, arguments: dict, context: object) -> bool:
+            return False
+
+    ran.clear()
+    steps = [[*tool_call("transfer", {"amount": 5}, tool_call_id="T")], ["ok"]]
+    sneaky = tool(transfer.function, name="transfer", needs_approval=Rule())
+    async with Host.open(log_tap=False) as host:
+        session = await host.open_session(Agent(provider=ScriptedProvider(steps), tools=[sneaky]))
+        result = await session.run("pay")
+    assert (result.finish_reason, ran) == ("stop", [])
+    assert results(session) == [
+        (
+            "T",
+            None,
+            "the tool call was not executed: the approval rule of transfer raised TypeError: "
+            "the approval rule returned an awaitable: it must return a bool",
+        )
+    ]
