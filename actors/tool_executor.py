@@ -201,6 +201,8 @@ class ToolExecutor(ServingActor[ExecuteTools]):
     def fail(self, request: ExecuteTools, exc: BaseException) -> None:
         """Answer each call of ``request`` still unanswered with the crash."""
         pending = self._pending.pop(id(request), None)
+        if request.cancel_scope.cancel_called:
+            return  # its requester stopped waiting: a later call could take these
         for call in request.calls:
             if pending is not None and call.tool_call_id not in pending:
                 continue
@@ -290,10 +292,11 @@ class ToolExecutor(ServingActor[ExecuteTools]):
             running = [True]
 
             async def emit(chunk: Any, _call: ToolCallSpec = call) -> None:
-                if not running[0]:
-                    # The call has ended: a context kept past it (a background task) put
-                    # its chunk in the session's tool inbox, where a later call with the
-                    # same id (call_0 of every response) streamed it as its own.
+                if not running[0] or request.cancel_scope.cancel_called:
+                    # The call has ended, or its requester stopped waiting: a context
+                    # kept past it (a background task) put its chunk in the session's
+                    # tool inbox, where a later call with the same id (call_0 of every
+                    # response) streamed it as its own.
                     return
                 await request.reply.put(
                     ToolProgress(
@@ -338,6 +341,11 @@ class ToolExecutor(ServingActor[ExecuteTools]):
             finally:
                 running[0] = False
             pending.discard(call.tool_call_id)
+            if request.cancel_scope.cancel_called:
+                # Nobody waits for it: a tool that swallowed its cancellation answered
+                # anyway, into the session's tool inbox, and the next turn's call with
+                # the same id (call_0) took that stale answer as its own result.
+                return
             try:
                 await request.reply.put(outcome)
             except (trio.BrokenResourceError, trio.ClosedResourceError):

@@ -719,3 +719,43 @@ async def test_an_approval_rule_that_returns_an_awaitable_refuses_the_call():
             "the approval rule returned an awaitable: it must return a bool",
         )
     ]
+
+
+# -- a tool that swallows its cancellation -----------------------------------------------
+
+
+async def test_a_cancelled_calls_late_outcome_is_not_a_later_calls_result():
+    """A tool that swallowed its cancellation (a bare except) still answered into the
+    session's tool inbox after its turn was cut: the next turn's call with the same id
+    (servers number calls per response: call_0) took that stale answer as its own."""
+    started = trio.Event()
+
+    @tool
+    async def stubborn() -> str:
+        """Never lets go."""
+        started.set()
+        try:
+            await trio.sleep_forever()
+        except BaseException:  # careless: Cancelled too
+            return "stale answer"
+
+    @tool
+    async def plain() -> str:
+        """Answers after a moment."""
+        for _ in range(10):
+            await trio.lowlevel.checkpoint()
+        return "fresh answer"
+
+    first = [[*tool_call("stubborn", {}, tool_call_id="call_0")], ["one"]]
+    second = [[*tool_call("plain", {}, tool_call_id="call_0")], ["two"]]
+    agent = Agent(provider=ScriptedProvider(turns=[first, second]), tools=[stubborn, plain])
+    async with Host.open(log_tap=False) as host:
+        session = await host.open_session(agent)
+        async with session.stream("first") as out:
+            await started.wait()
+            out.cancel("stop")
+            async for _ in out:
+                pass
+        assert out.result.finish_reason == "aborted"
+        await session.run("second")
+    assert results(session)[-1] == ("call_0", "fresh answer", None)
