@@ -72,12 +72,22 @@ class OutputSchema:
         """The typed value of ``text`` (or of the one fenced block it is:
         :func:`unfence`); :class:`OutputValidationError` says why not."""
         inner = unfence(text)
-        if inner is None:
-            return self._parse(text)
         try:
-            return self._parse(inner)
+            return self._parse(text if inner is None else inner)
         except OutputValidationError as exc:
+            if inner is None:
+                raise
             raise OutputValidationError(exc.message, text=text) from None
+        except Exception as exc:
+            # A validator of the output type's own that raised past pydantic (a KeyError,
+            # a TypeError): the answer is rejected, and the model asked again, as for a
+            # ValueError; it failed the turn with that KeyError ("'Oslo'").
+            try:
+                said = str(exc)
+            except Exception:
+                said = "(its message could not be read)"
+            problem = f"(root): validation raised {type(exc).__name__}: {said}"
+            raise OutputValidationError(_problems([problem]), text=text) from None
 
 
 _FENCE = re.compile(r"\A\s*```[ \t]*(?:json)?[ \t]*\r?\n(.*?)\r?\n?[ \t]*```\s*\Z", re.I | re.S)

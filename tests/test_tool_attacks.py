@@ -759,3 +759,25 @@ async def test_a_cancelled_calls_late_outcome_is_not_a_later_calls_result():
         assert out.result.finish_reason == "aborted"
         await session.run("second")
     assert results(session)[-1] == ("call_0", "fresh answer", None)
+
+
+class Located(pydantic.BaseModel):
+    city: str
+
+    @pydantic.field_validator("city")
+    @classmethod
+    def _country(cls, city: str) -> str:
+        return {"Paris": "FR"}[city]  # careless: a KeyError for any other city
+
+
+async def test_an_output_validator_raising_past_pydantic_rejects_the_answer_and_asks_again():
+    """The KeyError failed the turn ("KeyError: 'Oslo'"), where a ValueError has the
+    model asked again."""
+    provider = ScriptedProvider([['{"city": "Oslo"}'], ['{"city": "Paris"}']])
+    async with Host.open(log_tap=False) as host:
+        session = await host.open_session(Agent(provider=provider, output_type=Located))
+        result = await session.run("where?")
+    assert (result.finish_reason, result.error, result.steps) == ("stop", None, 2)
+    assert result.output == Located.model_construct(city="FR")
+    feedback = provider.requests[1].messages[-1].content
+    assert "(root): validation raised KeyError: 'Oslo'" in feedback
