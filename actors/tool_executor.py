@@ -46,6 +46,31 @@ def truncate_output(output: Any, limit: int | None) -> Any:
     return text[:limit] + marker
 
 
+def writable(value: Any, *, deep: bool = False) -> Any:
+    """``value`` with every lone surrogate in its text written as its escape (``\\udce9``),
+    the rest as it is: a string only, or (``deep``) every string of a JSON value.
+
+    Bytes that are not UTF-8, decoded with ``surrogateescape`` (``os.listdir``'s names,
+    a path in an ``OSError``'s message), hold lone surrogates, which no JSON writer
+    (orjson, the store's) takes: such a result was the call's, and then every save of
+    the session failed."""
+    if isinstance(value, str):
+        if value.isascii():
+            return value
+        try:
+            value.encode()
+        except UnicodeEncodeError:
+            return value.encode("utf-8", "backslashreplace").decode()
+        return value
+    if not deep:
+        return value
+    if isinstance(value, list):
+        return [writable(v, deep=True) for v in value]
+    if isinstance(value, dict):
+        return {writable(k, deep=True): writable(v, deep=True) for k, v in value.items()}
+    return value
+
+
 def describe_exception(exc: BaseException) -> str:
     """``Type: message`` of ``exc``, even when its ``str()`` raises (a tool's own
     exception class may); a group's message names its sub-exceptions too."""
@@ -113,7 +138,7 @@ async def run_tool_call(
             tool_call_id=call.tool_call_id,
             tool_name=call.tool_name,
             output=output,
-            error=None if error is None else truncate_output(error, max_chars),
+            error=None if error is None else truncate_output(writable(error), max_chars),
             duration=trio.current_time() - start,
             usage=context.usage if context is not None else None,
         )
@@ -163,7 +188,11 @@ async def run_tool_call(
         raised = (sole_exception(exc) or exc) if isinstance(exc, BaseExceptionGroup) else exc
         return done(error=f"tool {tool.name} raised {describe_exception(raised)}")
     try:
-        output = truncate_output(to_jsonable(result), max_chars)
+        value = to_jsonable(result)
+        try:
+            output = truncate_output(writable(value), max_chars)
+        except TypeError:  # orjson's: a lone surrogate deep inside, an integer past 64 bits
+            output = truncate_output(writable(value, deep=True), max_chars)
     except TypeError as exc:  # orjson's too: an integer past 64 bits, which no save writes
         return done(error=f"tool {tool.name} returned a value that is not JSON: {exc}")
     except Exception as exc:  # an object whose own serializer hook raised

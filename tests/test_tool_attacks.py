@@ -781,3 +781,44 @@ async def test_an_output_validator_raising_past_pydantic_rejects_the_answer_and_
     assert result.output == Located.model_construct(city="FR")
     feedback = provider.requests[1].messages[-1].content
     assert "(root): validation raised KeyError: 'Oslo'" in feedback
+
+
+# -- text that is not valid Unicode ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("returns", "raises", "kept"),
+    [
+        ("caf\udce9.txt", None, ("caf\\udce9.txt", None)),
+        ({"names": ["caf\udce9.txt", "ok"]}, None, ({"names": ["caf\\udce9.txt", "ok"]}, None)),
+        (None, "caf\udce9.txt", (None, "tool ls raised FileNotFoundError: caf\\udce9.txt")),
+    ],
+    ids=["text", "nested", "in-an-error"],
+)
+async def test_a_lone_surrogate_from_a_tool_is_written_as_its_escape(
+    tmp_path, returns, raises, kept
+):
+    """Bytes that are not UTF-8 decoded with surrogateescape (os.listdir's names, a path
+    in an OSError) hold lone surrogates, which orjson (the store's) refuses: the result
+    went to the model, then every save of the session failed. (Nested, it had become an
+    error result.)"""
+
+    @tool
+    async def ls() -> object:
+        """Lists a folder."""
+        if raises is not None:
+            raise FileNotFoundError(raises)
+        return returns
+
+    steps = [[*tool_call("ls", {}, tool_call_id="L")], ["listed"]]
+    path = tmp_path / "s.db"
+    async with Host.open(store=path, log_tap=False) as host:
+        session = await host.open_session(
+            Agent(provider=ScriptedProvider(steps), tools=[ls]), session_id="s"
+        )
+        result = await session.run("ls")
+    async with Host.open(store=path, log_tap=False) as host:
+        stored = await host.store.load("s")
+    assert (result.finish_reason, result.error) == ("stop", None)
+    assert results(session) == [("L", *kept)]
+    assert results(stored) == results(session)
