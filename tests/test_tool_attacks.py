@@ -822,3 +822,22 @@ async def test_a_lone_surrogate_from_a_tool_is_written_as_its_escape(
     assert (result.finish_reason, result.error) == ("stop", None)
     assert results(session) == [("L", *kept)]
     assert results(stored) == results(session)
+
+
+@pytest.mark.parametrize(
+    "given", ["caf\udce9", ["look:", "caf\udce9"]], ids=["text", "a text part of a list"]
+)
+async def test_user_input_with_a_lone_surrogate_is_refused_before_anything_runs(tmp_path, given):
+    """(a command-line argument typed in a Latin-1 terminal, which Python decodes with
+    surrogateescape) The turn ran, its model call paid for, then its save and every
+    later save of the session failed with a StoreError."""
+    from runtime.errors import InvalidMedia
+
+    provider = ScriptedProvider([["hello"]])
+    async with Host.open(store=tmp_path / "s.db", log_tap=False) as host:
+        session = await host.open_session(Agent(provider=provider), session_id="s")
+        with pytest.raises(InvalidMedia, match="'\\\\udce9' at character 3 is a lone surrogate"):
+            await session.run(given)
+        assert await host.store.load("s") is None
+        assert (await session.run("café")).text == "hello"
+    assert len(provider.requests) == 1
