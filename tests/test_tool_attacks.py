@@ -841,3 +841,14 @@ async def test_user_input_with_a_lone_surrogate_is_refused_before_anything_runs(
         assert await host.store.load("s") is None
         assert (await session.run("café")).text == "hello"
     assert len(provider.requests) == 1
+
+
+@pytest.mark.parametrize("field", ["max_tool_result_chars", "max_tool_calls"])
+@pytest.mark.parametrize("value", [-1, 1.5, "10"], ids=repr)
+def test_a_budget_count_that_is_no_count_is_refused(field, value):
+    """max_tool_result_chars=-1 cut every result to all but its last character, ending
+    "…[truncated: 7 of 6 characters omitted]"."""
+    from runtime import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match=f"Budget.{field} must be None or an int"):
+        Budget(**{field: value})
