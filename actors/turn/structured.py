@@ -85,7 +85,8 @@ class StructuredTurn:
         """``forward`` (what the turn runner sends the stream controller) with an
         :class:`ObjectUpdate` after the text of each part whose parsed value changed.
 
-        The text so far is parsed once per batch (and before its part ends), leniently:
+        The text so far is parsed once per batch (past :data:`PARSE_EVERY_BATCH`
+        characters, once it grew by an eighth) and when its part ends, leniently:
         an incomplete string, array or object yields what is complete so far; text that
         is not JSON at all yields nothing. A refusal is not parsed. An answer in a
         fenced block is parsed inside its fence (:func:`runtime.output_schema.unfence_partial`).
