@@ -19,7 +19,7 @@ import trio
 
 from runtime.actor import ServingActor
 from runtime.actor_messages import ExecuteTools, ToolCallSpec, ToolOutcome, ToolProgress
-from runtime.errors import sole_exception
+from runtime.errors import exception_text, sole_exception
 from runtime.events import ToolApprovalDecided, ToolApprovalRequested
 from runtime.logging import get_logger, log_exception
 from runtime.messages import TextPart, is_media_output
@@ -71,15 +71,12 @@ def writable(value: Any, *, deep: bool = False) -> Any:
     return value
 
 
-def describe_exception(exc: BaseException) -> str:
-    """``Type: message`` of ``exc``, even when its ``str()`` raises (a tool's own
-    exception class may); a group's message names its sub-exceptions too."""
-    try:
-        text = str(exc)
-    except Exception as inner:
-        text = f"(its message could not be read: str() raised {type(inner).__name__})"
+def _described(exc: BaseException) -> str:
+    """:func:`~runtime.errors.describe_exception` (which never raises), with a group's
+    sub-exceptions named and no ``": "`` after an empty message (``GeneratorExit``)."""
+    text = exception_text(exc)
     if isinstance(exc, BaseExceptionGroup):
-        text += ": " + "; ".join(describe_exception(e) for e in exc.exceptions[:5])
+        text += ": " + "; ".join(_described(e) for e in exc.exceptions[:5])
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
@@ -152,15 +149,13 @@ async def run_tool_call(
     except ToolInputError as exc:
         return done(error=str(exc))
     except Exception as exc:  # a validator of the tool's own that raised past pydantic
-        return done(
-            error=f"invalid arguments for {tool.name}: validation raised {describe_exception(exc)}"
-        )
+        return done(error=f"invalid arguments for {tool.name}: validation raised {_described(exc)}")
     try:
         asks = not call.approved and tool.requires_approval(kwargs, context)  # type: ignore[arg-type]
     except Exception as exc:
         return done(
             error=f"the tool call was not executed: the approval rule of {tool.name} raised "
-            f"{describe_exception(exc)}"
+            f"{_described(exc)}"
         )
     if asks:
         if approve is None:
@@ -177,7 +172,7 @@ async def run_tool_call(
     except Exception as exc:
         # A tool's own nursery wraps its one error in a group: the error is what it says.
         raised = (sole_exception(exc) or exc) if isinstance(exc, ExceptionGroup) else exc
-        return done(error=f"tool {tool.name} raised {describe_exception(raised)}")
+        return done(error=f"tool {tool.name} raised {_described(raised)}")
     except BaseException as exc:
         if _ends_the_process(exc):
             raise
@@ -186,7 +181,7 @@ async def run_tool_call(
         # the tool's error like any other.
         await trio.lowlevel.checkpoint_if_cancelled()
         raised = (sole_exception(exc) or exc) if isinstance(exc, BaseExceptionGroup) else exc
-        return done(error=f"tool {tool.name} raised {describe_exception(raised)}")
+        return done(error=f"tool {tool.name} raised {_described(raised)}")
     try:
         value = to_jsonable(result)
         try:
@@ -196,9 +191,7 @@ async def run_tool_call(
     except TypeError as exc:  # orjson's too: an integer past 64 bits, which no save writes
         return done(error=f"tool {tool.name} returned a value that is not JSON: {exc}")
     except Exception as exc:  # an object whose own serializer hook raised
-        return done(
-            error=f"tool {tool.name} returned a value that is not JSON: {describe_exception(exc)}"
-        )
+        return done(error=f"tool {tool.name} returned a value that is not JSON: {_described(exc)}")
     return done(output=output)
 
 
@@ -238,8 +231,7 @@ class ToolExecutor(ServingActor[ExecuteTools]):
             outcome = ToolOutcome(
                 tool_call_id=call.tool_call_id,
                 tool_name=call.tool_name,
-                error=f"the tool executor crashed ({type(exc).__name__}: {exc}); "
-                "the call did not complete",
+                error=f"the tool executor crashed ({_described(exc)}); the call did not complete",
             )
             try:
                 request.reply.put_nowait(outcome)
@@ -360,12 +352,12 @@ class ToolExecutor(ServingActor[ExecuteTools]):
                     "tool.call-failed",
                     session_id=request.session_id,
                     tool_call_id=call.tool_call_id,
-                    error=redact(describe_exception(exc)),
+                    error=redact(_described(exc)),
                 )
                 outcome = ToolOutcome(
                     tool_call_id=call.tool_call_id,
                     tool_name=call.tool_name,
-                    error=f"the tool call failed: {describe_exception(exc)}",
+                    error=f"the tool call failed: {_described(exc)}",
                 )
             finally:
                 running[0] = False

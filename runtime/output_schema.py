@@ -42,7 +42,7 @@ from typing import Any
 import attrs
 
 from runtime.chunks import _repr
-from runtime.errors import ConfigurationError, OutputValidationError
+from runtime.errors import ConfigurationError, OutputValidationError, describe_exception
 from runtime.tools import InvalidJSONSchema, json_schema_validator
 
 OUTPUT_TOOL = "final_output"
@@ -82,11 +82,7 @@ class OutputSchema:
             # A validator of the output type's own that raised past pydantic (a KeyError,
             # a TypeError): the answer is rejected, and the model asked again, as for a
             # ValueError; it failed the turn with that KeyError ("'Oslo'").
-            try:
-                said = str(exc)
-            except Exception:
-                said = "(its message could not be read)"
-            problem = f"(root): validation raised {type(exc).__name__}: {said}"
+            problem = f"(root): validation raised {describe_exception(exc)}"
             raise OutputValidationError(_problems([problem]), text=text) from None
 
 

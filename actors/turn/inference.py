@@ -41,7 +41,7 @@ from runtime.chunks import (
     UsageChunk,
 )
 from runtime.compaction import estimate_tokens
-from runtime.errors import ProviderError
+from runtime.errors import ProviderError, exception_text
 from runtime.ids import new_id
 from runtime.messages import Message, UserMessage
 from runtime.pricing import priced
@@ -129,7 +129,7 @@ class Inferring:
                     step=turn.step,
                     attempt=attempt,
                     delay=delay,
-                    error=redact(str(exc)),
+                    error=redact(exception_text(exc)),
                 )
                 await trio.sleep(delay)
 
@@ -168,7 +168,7 @@ class Inferring:
             step=turn.step,
             from_provider=failed.name,
             to_provider=following.name,
-            error=redact(str(exc)),
+            error=redact(exception_text(exc)),
             reset=reset,
         )
         await self.publish(
