@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from actors.turn.compaction import compact
-from actors.turn.parts import CallIds
+from actors.turn.parts import CallIds, storable
 from actors.turn.structured import observe, with_feedback
 from actors.turn.throttle import acquire, limiter_of, release
 from actors.turn.turn_state import Step, Turn, error_info
@@ -285,7 +285,7 @@ class Inferring:
                     elif t is ToolInputStartChunk:
                         parts.tool_input_start(ids.start(chunk), forward)
                     elif t is ToolCallChunk:
-                        chunk = ids.call(chunk)
+                        chunk = storable(ids.call(chunk))
                         parts.tool_call(chunk, forward)
                         result.calls.append(chunk)
                     elif t is ProviderDataChunk:
