@@ -29,6 +29,8 @@ from actors.providers.failures import (
     classify_transport,
     missing_key,
     retry_after,
+    text_of,
+    tokens,
 )
 from actors.providers.json_slot import StringSlot, learn
 from actors.providers.read_batch import ReadBatch
@@ -513,6 +515,8 @@ async def _parse_read(
             if dtype == "text_delta":
                 text = delta.get("text")
                 if text:
+                    if type(text) is not str:
+                        text_of(text, "a text_delta's text", PROVIDER)  # raises
                     index = event.get("index")
                     if index != parse.run_index:  # another block: another part
                         out.end_run()
@@ -583,7 +587,7 @@ class _MessageParse:
                 provider=PROVIDER,
             )
         if dtype == "input_json_delta":
-            fragment = delta.get("partial_json")
+            fragment = text_of(delta.get("partial_json"), "partial_json", PROVIDER)
             if fragment:
                 block.json.append(fragment)
                 if block.kind == "tool_use":
@@ -591,12 +595,13 @@ class _MessageParse:
                 if block.kind == "answer":
                     return TextChunk(text=fragment)
         elif dtype == "thinking_delta":
-            thinking = delta.get("thinking")
+            thinking = text_of(delta.get("thinking"), "a thinking_delta's text", PROVIDER)
             if thinking:
                 return ReasoningChunk(text=thinking, provider=PROVIDER)
         elif dtype == "signature_delta":
             block.signed = True
-            return ReasoningChunk(signature=delta.get("signature"), provider=PROVIDER)
+            signature = text_of(delta.get("signature"), "a signature", PROVIDER)
+            return ReasoningChunk(signature=signature, provider=PROVIDER)
         # citations_delta: citations are not part of the chunk vocabulary (yet)
         return None
 
@@ -665,17 +670,21 @@ async def _start_block(index: Any, content: dict[str, Any], blocks: dict, emit: 
     kind = content.get("type")
     if kind == "text":
         blocks[index] = _Block(kind)
-        if content.get("text"):
-            await emit(TextChunk(text=content["text"]))
+        text = text_of(content.get("text"), "a text block's text", PROVIDER)
+        if text:
+            await emit(TextChunk(text=text))
     elif kind == "thinking":
-        blocks[index] = _Block(kind, data=content.get("signature") or None)
-        if content.get("thinking"):
-            await emit(ReasoningChunk(text=content["thinking"], provider=PROVIDER))
+        signature = text_of(content.get("signature"), "a signature", PROVIDER)
+        blocks[index] = _Block(kind, data=signature or None)
+        thinking = text_of(content.get("thinking"), "a thinking block's text", PROVIDER)
+        if thinking:
+            await emit(ReasoningChunk(text=thinking, provider=PROVIDER))
     elif kind == "redacted_thinking":
         blocks[index] = _Block(kind)
         await emit(ReasoningChunk(redacted_data=content.get("data"), provider=PROVIDER))
     elif kind == "tool_use":
-        call_id, name = content.get("id") or "", content.get("name") or ""
+        call_id = text_of(content.get("id"), "a tool_use id", PROVIDER) or ""
+        name = text_of(content.get("name"), "a tool_use name", PROVIDER) or ""
         blocks[index] = _Block(kind, id=call_id, name=name, data=content.get("input"))
         await emit(ToolInputStartChunk(tool_call_id=call_id, tool_name=name))
     else:  # server-side tool use/result, or a block type newer than this module
@@ -721,11 +730,11 @@ def _take_usage(usage: dict[str, int | None], raw: Any) -> None:
     if not isinstance(raw, dict):
         return
     for key in _USAGE_KEYS:
-        value = raw.get(key)
+        value = tokens(raw.get(key))  # a count that is no count is none
         if value is not None:
             usage[key] = value
     details = raw.get("output_tokens_details")
-    if isinstance(details, dict) and details.get("thinking_tokens") is not None:
+    if isinstance(details, dict) and tokens(details.get("thinking_tokens")) is not None:
         usage["thinking_tokens"] = details["thinking_tokens"]
 
 

@@ -68,6 +68,8 @@ from actors.providers.failures import (
     classify_transport,
     missing_key,
     retry_after,
+    text_of,
+    tokens,
 )
 from actors.providers.gemini_wire import (
     count_request,
@@ -450,12 +452,17 @@ def map_output(config: dict[str, Any], output: Any) -> None:
 
 
 def _signature(part: dict[str, Any]) -> str | None:
-    raw = part.get("thoughtSignature")
+    raw = text_of(part.get("thoughtSignature"), "a thoughtSignature", PROVIDER)
     return standard_b64(raw) if raw else None
 
 
 def _usage(raw: dict[str, Any]) -> Usage:
-    get = raw.get
+    """The counts of ``usageMetadata``; one that is no count (a string, a negative
+    number) is none (:func:`~actors.providers.failures.tokens`)."""
+
+    def get(key: str) -> int | None:
+        return tokens(raw.get(key))
+
     prompt = (get("promptTokenCount") or 0) + (get("toolUsePromptTokenCount") or 0)
     thoughts = get("thoughtsTokenCount")
     output = (get("candidatesTokenCount") or 0) + (thoughts or 0)
@@ -517,7 +524,7 @@ class _Parser:
             emit = self.emit
             for part in parts:
                 text = part.get("text")
-                if text is not None and len(part) == 1:  # most parts: plain text
+                if type(text) is str and len(part) == 1:  # most parts: plain text
                     if text:
                         await emit(TextChunk(text=text))
                 else:
@@ -529,7 +536,7 @@ class _Parser:
     async def part(self, part: dict[str, Any]) -> None:
         emit = self.emit
         signature = _signature(part)
-        text = part.get("text")
+        text = text_of(part.get("text"), "a part's text", PROVIDER)
         if part.get("thought"):
             if text:
                 await emit(ReasoningChunk(text=text, provider=PROVIDER))
@@ -555,7 +562,7 @@ class _Parser:
         await self.emit(ProviderDataChunk(provider=PROVIDER, data=data))
 
     async def call(self, call: dict[str, Any]) -> None:
-        name = call.get("name") or ""
+        name = text_of(call.get("name"), "a functionCall's name", PROVIDER) or ""
         args = call.get("args")
         if args is None:
             args = {}
@@ -565,7 +572,7 @@ class _Parser:
             await self.emit(TextChunk(text=json.dumps(args, ensure_ascii=False)))
             return
         self.calls += 1
-        call_id = call.get("id") or new_id(GENERATED_ID)
+        call_id = text_of(call.get("id"), "a functionCall's id", PROVIDER) or new_id(GENERATED_ID)
         await self.emit(ToolInputStartChunk(tool_call_id=call_id, tool_name=name))
         await self.emit(
             ToolInputDeltaChunk(tool_call_id=call_id, delta=json.dumps(args, ensure_ascii=False))

@@ -38,6 +38,7 @@ from typing import Any, ClassVar
 
 import trio
 
+from actors.providers.failures import text_of, tokens
 from actors.providers.json_slot import StringSlot, TwoStringSlot, learn
 from actors.providers.openai_common import (
     OpenAISDKProvider,
@@ -319,17 +320,32 @@ def map_output(output: Any) -> dict[str, Any]:
 
 
 def _usage(raw: Any) -> Usage | None:
-    prompt, completion = _get(raw, "prompt_tokens"), _get(raw, "completion_tokens")
+    """The usage object's counts; one that is no count (a string, a negative number) is
+    none (:func:`~actors.providers.failures.tokens`)."""
+    prompt, completion = tokens(_get(raw, "prompt_tokens")), tokens(_get(raw, "completion_tokens"))
     if prompt is None and completion is None:
         return None
     prompt, completion = prompt or 0, completion or 0
     return Usage(
         input_tokens=prompt,
         output_tokens=completion,
-        total_tokens=_get(raw, "total_tokens") or prompt + completion,
-        cache_read=_get(_get(raw, "prompt_tokens_details"), "cached_tokens"),
-        reasoning_tokens=_get(_get(raw, "completion_tokens_details"), "reasoning_tokens"),
+        total_tokens=tokens(_get(raw, "total_tokens")) or prompt + completion,
+        cache_read=tokens(_get(_get(raw, "prompt_tokens_details"), "cached_tokens")),
+        reasoning_tokens=tokens(_get(_get(raw, "completion_tokens_details"), "reasoning_tokens")),
     )
+
+
+def _text(value: Any, what: str) -> str | None:
+    return text_of(value, what, "openai")
+
+
+def _fragment(args: Any) -> str | None:
+    """A tool call's ``arguments`` fragment; a JSON value a server sent in the place of
+    the string holding it (an object, an array) is that string. Why: the fragments are
+    joined as strings; an object there failed the call with a ``TypeError``."""
+    if args is None or type(args) is str:
+        return args
+    return json.dumps(args, ensure_ascii=False)
 
 
 class _Call:
@@ -392,10 +408,15 @@ class _ToolCalls:
         for tc in tool_calls or ():
             fn = _get(tc, "function")
             out += self.feed(
-                _get(tc, "id"), _get(tc, "index"), _get(fn, "name"), _get(fn, "arguments")
+                _text(_get(tc, "id"), "a tool call's id"),
+                _get(tc, "index"),
+                _text(_get(fn, "name"), "a tool call's name"),
+                _fragment(_get(fn, "arguments")),
             )
         if legacy is not None:
-            out += self.feed(None, "function_call", _get(legacy, "name"), _get(legacy, "arguments"))
+            name, args = _get(legacy, "name"), _get(legacy, "arguments")
+            name = _text(name, "a function_call's name")
+            out += self.feed(None, "function_call", name, _fragment(args))
         return out
 
     def finish(self, raw_reason: str | None, reason: str) -> list:
@@ -535,7 +556,7 @@ class _StreamState:
             text = _get(delta, "content")
             if text and isinstance(text, str):
                 await emit(TextChunk(text=text))
-            refusal = _get(delta, "refusal")
+            refusal = text_of(_get(delta, "refusal"), "a refusal", self.provider)
             if refusal:
                 self.refused = True
                 await emit(TextChunk(text=refusal, refusal=True))
@@ -762,6 +783,11 @@ class _ChunkReader:
                         break
             data = batch[i][1]
             i += 1
+            if not data:
+                # No data: a block of a ``retry:`` or ``id:`` field alone (the SDK's
+                # decoder makes it an event, the SSE specification none); the SDK then
+                # failed the stream parsing it as JSON. Nothing to read.
+                continue
             if slot is not None:
                 text = slot.text(data)  # (an event with a name, read as before)
                 if text is not None:

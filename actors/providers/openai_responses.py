@@ -49,7 +49,7 @@ import json
 from collections.abc import AsyncIterable, Iterable, Sequence
 from typing import Any, ClassVar
 
-from actors.providers.failures import classify_status
+from actors.providers.failures import classify_status, text_of, tokens
 from actors.providers.openai_common import (
     OpenAISDKProvider,
     as_body,
@@ -449,18 +449,34 @@ def _parse_arguments(call_id: str, name: str, raw: str) -> ToolCallChunk:
     return ToolCallChunk(tool_call_id=call_id, tool_name=name, input=value)
 
 
+_TEXT_DELTAS = frozenset(
+    {
+        "response.output_text.delta",
+        "response.function_call_arguments.delta",
+        "response.reasoning_summary_text.delta",
+        "response.reasoning_text.delta",
+        "response.refusal.delta",
+    }
+)
+"""The events whose ``delta`` is text, emitted as it is."""
+
+
 def _usage(raw: Any) -> Usage | None:
+    """The response's usage; a count that is no count (a string, a negative number: the
+    SDK does not validate them) is none (:func:`~actors.providers.failures.tokens`)."""
     if raw is None:
         return None
-    inp = getattr(raw, "input_tokens", None) or 0
-    out = getattr(raw, "output_tokens", None) or 0
+    inp = tokens(getattr(raw, "input_tokens", None)) or 0
+    out = tokens(getattr(raw, "output_tokens", None)) or 0
     return Usage(
         input_tokens=inp,
         output_tokens=out,
-        total_tokens=getattr(raw, "total_tokens", None) or inp + out,
-        cache_read=getattr(getattr(raw, "input_tokens_details", None), "cached_tokens", None),
-        reasoning_tokens=getattr(
-            getattr(raw, "output_tokens_details", None), "reasoning_tokens", None
+        total_tokens=tokens(getattr(raw, "total_tokens", None)) or inp + out,
+        cache_read=tokens(
+            getattr(getattr(raw, "input_tokens_details", None), "cached_tokens", None)
+        ),
+        reasoning_tokens=tokens(
+            getattr(getattr(raw, "output_tokens_details", None), "reasoning_tokens", None)
         ),
     )
 
@@ -509,6 +525,8 @@ class _Parser:
 
     async def feed(self, event: Any) -> None:
         etype = getattr(event, "type", None)
+        if etype in _TEXT_DELTAS:  # the SDK does not validate: a delta must be text
+            text_of(getattr(event, "delta", None), f"a {etype} event's delta", PROVIDER)
         if etype == "response.output_text.delta":
             if event.delta:
                 await self.release()
