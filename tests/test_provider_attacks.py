@@ -723,3 +723,90 @@ def test_token_counts_are_kept_only_when_they_are_counts():
         None,
         None,
     ]
+
+
+# -- chunks and events of the wrong shape ------------------------------------------------------
+
+
+async def test_an_openai_chunk_that_is_a_json_array_is_malformed_not_a_run_of_texts(
+    autojump_clock,
+):
+    """``data: [1, 2]``: the reader gives a run of texts as a list, so a JSON array went
+    downstream as texts and its numbers crashed the engine (the turn then ended as
+    answered). Now a chunk that is no object is malformed, as Anthropic's and Gemini's
+    readers already said."""
+    async with attack_rig("openai", retry=ONCE) as r:
+        body = head("openai", r.answer("Hel", "lo")) + b"data: [1, 2]\n\n"
+        _, result = await turn(r, Reply(body=body))
+        assert (result.error.kind, result.error.retryable) == ("MalformedStream", True)
+        assert "not a JSON object" in result.error.message
+        await check_saved(r, text="Hel", failed=True)
+        await r.next_turn()
+
+
+SHAPES = [
+    pytest.param(
+        "openai",
+        b'data: {"choices": [{"index": 0, "delta": {}, "finish_reason": {"a": 1}}]}\n\n',
+        id="openai-finish-reason-object",
+    ),
+    pytest.param(
+        "anthropic",
+        b'event: content_block_start\ndata: {"type": "content_block_start", "index": 1,'
+        b' "content_block": "text"}\n\n',
+        id="anthropic-block-a-string",
+    ),
+    pytest.param(
+        "anthropic",
+        b'event: content_block_delta\ndata: {"type": "content_block_delta", "index": 0,'
+        b' "delta": "text"}\n\n',
+        id="anthropic-delta-a-string",
+    ),
+    pytest.param(
+        "responses",
+        b'event: error\ndata: {"type": "error", "code": 5, "message": {"a": 1},'
+        b' "sequence_number": 3}\n\n',
+        id="responses-error-of-objects",
+    ),
+]
+
+
+@pytest.mark.parametrize(("kind", "frame"), SHAPES)
+async def test_an_event_of_the_wrong_shape_is_malformed_and_retryable(kind, frame, autojump_clock):
+    """Before: a ``ProviderError`` naming the ``TypeError`` or ``AttributeError`` the
+    parser raised, not retryable, as if the provider had a bug."""
+    async with attack_rig(kind, retry=ONCE) as r:
+        _, result = await turn(r, Reply(body=head(kind, r.answer("Hel", "lo")) + frame))
+        assert (result.error.kind, result.error.retryable) == ("MalformedStream", True)
+        await check_saved(r, text="Hel", failed=True)
+        await r.next_turn()
+
+
+@pytest.mark.parametrize(
+    ("error", "message"),
+    [
+        pytest.param('"a plain string"', "a plain string", id="a-string"),
+        pytest.param('{"code": "abc", "message": 5}', "5", id="code-no-number"),
+        pytest.param("{}", "an error with no message", id="empty"),
+    ],
+)
+async def test_a_gemini_error_object_of_any_shape_is_the_servers_failure(
+    error, message, autojump_clock
+):
+    """Before: the SDK's error compared the missing or textual ``code`` with numbers and
+    the turn failed with that ``TypeError``, not retryable, the message lost."""
+    async with attack_rig("gemini", retry=ONCE) as r:
+        frame = b'data: {"error": ' + error.encode() + b"}\r\n\r\n"
+        _, result = await turn(r, Reply(body=head("gemini", r.answer("Hel", "lo")) + frame))
+        assert (result.error.kind, result.error.retryable) == ("ProviderUnavailable", True)
+        assert result.error.message == message
+        await check_saved(r, text="Hel", failed=True)
+        await r.next_turn()
+
+
+async def test_an_openai_error_that_is_a_string_is_its_message(autojump_clock):
+    async with attack_rig("openai", retry=ONCE) as r:
+        frame = b'data: {"error": "upstream model crashed"}\n\n'
+        _, result = await turn(r, Reply(body=head("openai", r.answer("Hel", "lo")) + frame))
+        assert result.error.message == "upstream model crashed"
+        await check_saved(r, text="Hel", failed=True)

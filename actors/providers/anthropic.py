@@ -25,12 +25,14 @@ import trio
 
 from actors.providers.anthropic_platforms import BedrockPlatform, VertexPlatform
 from actors.providers.failures import (
+    SHAPE_ERRORS,
     classify_status,
     classify_transport,
     missing_key,
     retry_after,
     text_of,
     tokens,
+    unreadable,
 )
 from actors.providers.json_slot import StringSlot, learn
 from actors.providers.read_batch import ReadBatch
@@ -489,6 +491,9 @@ async def parse_batches(
     async for batch in batches:
         try:
             await _parse_read(batch, parse, out)
+        except SHAPE_ERRORS as exc:  # an event of the wrong shape
+            await out.flush()
+            raise unreadable(exc, PROVIDER) from exc
         except Exception:
             await out.flush()  # what the read gave before the failure stays emitted
             raise

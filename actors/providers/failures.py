@@ -158,6 +158,21 @@ def text_of(value: Any, what: str, provider: str) -> Any:
     )
 
 
+SHAPE_ERRORS = (AttributeError, TypeError, KeyError, IndexError)
+"""What reading a chunk of the wrong shape raises (a string where an object belongs, an
+object where a string does): :func:`unreadable` makes it a :class:`MalformedStream`."""
+
+
+def unreadable(exc: BaseException, provider: str) -> errors.MalformedStream:
+    """The error of a chunk or event of the wrong shape (one of :data:`SHAPE_ERRORS`
+    raised reading it). Why: it was reported as a ``ProviderError`` naming a
+    ``TypeError`` or ``AttributeError``, not retryable, as if the provider had a bug; it
+    is a stream the client cannot read, which a retry may well read."""
+    return errors.MalformedStream(
+        f"unreadable response chunk: {type(exc).__name__}: {exc}", provider=provider
+    )
+
+
 def missing_key(provider: str, variable: str) -> errors.AuthenticationFailed:
     """The error for a call with no API key: neither given (``--api-key``, ``api_key=``)
     nor in the environment ``variable`` the SDK reads. Every SDK says this in its own

@@ -290,10 +290,28 @@ async def _chunks_of(response: Any, raw: Any) -> AsyncGenerator[dict[str, Any], 
                     f"a chunk is not a JSON object: {data[:200]!r}", provider=PROVIDER
                 )
             if next(iter(value), None) == "error":  # the SDK: '{"error":' starts it
-                error = value["error"]
-                code = error.get("code") if isinstance(error, dict) else None
-                await genai_errors.APIError.raise_error_async(code, value, response)  # type: ignore[arg-type]
+                code, value = _error_object(value["error"])
+                await genai_errors.APIError.raise_error_async(code, value, response)
             yield value
+
+
+def _error_object(error: Any) -> tuple[int, dict[str, Any]]:
+    """An in-stream error's status code and body as the SDK's error takes them.
+
+    Why: the SDK's error compares the ``code`` with numbers and reads the ``message``
+    as text; an error object that was a string, had no code or a code that is no
+    number, failed the turn with the comparison's ``TypeError`` (not retryable, its
+    message lost). An error with no usable code is the server's (500); its message is
+    text (the JSON of what it was, if it was none)."""
+    if not isinstance(error, dict):
+        error = {"message": error if isinstance(error, str) else json.dumps(error)}
+    code = error.get("code")
+    if type(code) is not int or not 400 <= code < 600:
+        code = 500
+    message = error.get("message")
+    if not isinstance(message, str):
+        message = json.dumps(message) if message is not None else "an error with no message"
+    return code, {"error": {**error, "code": code, "message": message}}
 
 
 def _hop_state(first: dict[str, Any], hop: dict[str, Any]) -> None:

@@ -38,7 +38,7 @@ from typing import Any, ClassVar
 
 import trio
 
-from actors.providers.failures import text_of, tokens
+from actors.providers.failures import SHAPE_ERRORS, text_of, tokens, unreadable
 from actors.providers.json_slot import StringSlot, TwoStringSlot, learn
 from actors.providers.openai_common import (
     OpenAISDKProvider,
@@ -517,7 +517,10 @@ async def parse_batches(
                         await out.flush()
                 continue
             await out.flush()  # what came before goes first
-            await state.read(chunk)
+            try:
+                await state.read(chunk)
+            except SHAPE_ERRORS as exc:  # a chunk of the wrong shape
+                raise unreadable(exc, provider) from exc
         await out.flush()
     await _emit_end(
         emit, state.calls, state.usage, state.raw_reason, refused=state.refused, provider=provider
@@ -546,7 +549,8 @@ class _StreamState:
         for choice in _get(chunk, "choices") or ():
             if (_get(choice, "index") or 0) != 0:
                 continue  # n > 1: only the first choice is this turn's answer
-            self.raw_reason = _get(choice, "finish_reason") or self.raw_reason
+            reason = text_of(_get(choice, "finish_reason"), "a finish_reason", self.provider)
+            self.raw_reason = reason or self.raw_reason
             delta = _get(choice, "delta")
             if delta is None:
                 continue
@@ -801,7 +805,14 @@ class _ChunkReader:
             except ValueError as exc:
                 failure = exc
                 break
-            if type(chunk) is dict and chunk.get("error"):
+            if type(chunk) is not dict:
+                # A JSON array here was read downstream as a run of texts (the form
+                # this reader gives those in) and crashed the engine with its numbers.
+                failure = errors.MalformedStream(
+                    f"a chunk is not a JSON object: {data[:200]!r}", provider="openai"
+                )
+                break
+            if chunk.get("error"):
                 failure = _stream_error(chunk["error"], self.response)
                 break
             out.append(chunk)
@@ -829,8 +840,8 @@ def _stream_error(body: Any, response: Any) -> Exception:
     """The ``APIError`` the SDK raises for an ``error`` object inside the stream."""
     import openai
 
-    message = body.get("message") if isinstance(body, dict) else None
-    if not message or not isinstance(message, str):
+    message = body.get("message") if isinstance(body, dict) else body
+    if not message or not isinstance(message, str):  # (a string is its own message)
         message = "An error occurred during streaming"
     return openai.APIError(message=message, request=response.request, body=body)
 

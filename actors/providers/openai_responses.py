@@ -49,7 +49,7 @@ import json
 from collections.abc import AsyncIterable, Iterable, Sequence
 from typing import Any, ClassVar
 
-from actors.providers.failures import classify_status, text_of, tokens
+from actors.providers.failures import SHAPE_ERRORS, classify_status, text_of, tokens, unreadable
 from actors.providers.openai_common import (
     OpenAISDKProvider,
     as_body,
@@ -701,8 +701,14 @@ async def parse_stream(stream: AsyncIterable[Any], emit: Emit) -> None:
             break
         except Exception as exc:
             raise classify_error(exc) from exc
-        await parser.feed(event)
-    await parser.finish()
+        try:
+            await parser.feed(event)
+        except SHAPE_ERRORS as exc:  # an event of the wrong shape (the SDK validates none)
+            raise unreadable(exc, PROVIDER) from exc
+    try:
+        await parser.finish()
+    except SHAPE_ERRORS as exc:
+        raise unreadable(exc, PROVIDER) from exc
 
 
 def classify_error(exc: BaseException) -> AxonError:
