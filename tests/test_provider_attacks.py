@@ -44,7 +44,7 @@ from tests.support.faults import (
     oa_chunk,
     oa_usage,
 )
-from tests.support.loopback import Reply, responses_sse, sse
+from tests.support.loopback import Reply, loopback_server, responses_sse, sse
 
 ONCE = RetryPolicy(max_attempts=1)
 """No retry: each attack's first answer is what the user gets."""
@@ -810,3 +810,22 @@ async def test_an_openai_error_that_is_a_string_is_its_message(autojump_clock):
         _, result = await turn(r, Reply(body=head("openai", r.answer("Hel", "lo")) + frame))
         assert result.error.message == "upstream model crashed"
         await check_saved(r, text="Hel", failed=True)
+
+
+# -- a redirect to another host ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("status", [307, 302])
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_redirect_to_another_origin_never_carries_the_key(kind, status, autojump_clock):
+    """The SDKs' clients follow redirects. The HTTP library strips ``Authorization`` when
+    one leaves the origin (OpenAI's key) and the Anthropic SDK its ``x-api-key``; Gemini's
+    ``x-goog-api-key`` went on to the other host: now dropped there. (A 307 re-sends the
+    conversation to that host: the SDKs' behaviour, left.)"""
+    async with loopback_server() as elsewhere, attack_rig(kind, retry=ONCE) as r:
+        elsewhere.add(Reply(body=r.answer("elsewhere")))
+        moved = Reply(status=status, headers=[("location", elsewhere.url + "/moved")])
+        await turn(r, moved)
+        assert KEY in str(r.server.requests[0].headers)  # the endpoint got it
+        assert len(elsewhere.requests) == 1
+        assert KEY not in str(elsewhere.requests[0].headers)

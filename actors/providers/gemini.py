@@ -54,6 +54,7 @@ turn runner's decision, it knows what was already streamed).
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import os
 import re
@@ -703,6 +704,19 @@ def classify_error(exc: BaseException, *, streaming: bool = False) -> AxonError:
 # -- the provider actor ---------------------------------------------------------------------
 
 
+async def _key_stays_home(home: tuple[str, str, int | None], request: Any) -> None:
+    """Drop the key's header from a request to another origin than the endpoint's
+    ``home`` (scheme, host, port): a redirect's next hop.
+
+    Why: the client follows redirects, as the SDK's own does, and the HTTP library
+    strips only ``Authorization`` when a redirect leaves the origin; the SDK sends the
+    key as ``x-goog-api-key``, which went on to whatever host a ``307`` named (branch
+    ``provatk``). The redirected call then fails as unauthenticated there."""
+    url = request.url
+    if (url.scheme, url.host, url.port) != home:
+        request.headers.pop("x-goog-api-key", None)
+
+
 class GeminiProvider(SDKProvider):
     """Google Gemini (the Gemini Developer API) over the ``google-genai`` SDK: streaming,
     function calls, thought summaries, thought signatures kept and sent back, images.
@@ -786,7 +800,13 @@ class GeminiProvider(SDKProvider):
 
         self._key = key
         http = next(sys.modules[m] for m in ("httpx2", "httpx") if m in sys.modules)
-        self._http = http.AsyncClient(timeout=self.timeout, follow_redirects=True)
+        home = http.URL(self.endpoint or self.default_endpoint or "")
+        hooks = {
+            "request": [functools.partial(_key_stays_home, (home.scheme, home.host, home.port))]
+        }
+        self._http = http.AsyncClient(
+            timeout=self.timeout, follow_redirects=True, event_hooks=hooks
+        )
         options = types.HttpOptions(
             base_url=self.base_url,
             timeout=None if self.timeout is None else int(self.timeout * 1000),
