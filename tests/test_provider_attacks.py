@@ -173,9 +173,18 @@ async def test_a_body_that_ends_before_its_last_event_is_malformed_and_keeps_the
 async def test_a_200_that_is_no_event_stream_is_malformed_and_saves_nothing(
     kind, reply, autojump_clock
 ):
+    """OpenAI and Anthropic said the stream was cut (no ``[DONE]``, no
+    ``message_stop``): now that it holds no events, with its content type and first
+    bytes. Gemini quotes the undecodable data or says no ``finishReason`` came; Responses
+    reads through the SDK and says it was cut (left)."""
     async with attack_rig(kind, retry=ONCE) as r:
         _, result = await turn(r, reply)
         assert (result.error.kind, result.error.retryable) == ("MalformedStream", True)
+        if kind in ("openai", "anthropic"):
+            assert "holds no server-sent events" in result.error.message
+            assert reply.content_type in result.error.message
+            said = f"begins {reply.body[:20]!r}"[:-1] if reply.body else "it is empty"
+            assert said in result.error.message
         await check_saved(r, text="", failed=True)
         await r.next_turn()
 

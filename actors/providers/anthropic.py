@@ -37,7 +37,13 @@ from actors.providers.failures import (
 from actors.providers.json_slot import StringSlot, learn
 from actors.providers.read_batch import ReadBatch
 from actors.providers.sdk import SDKProvider
-from actors.providers.sse import SSEDecoder, event_batches, read_blocks, sdk_sse_response
+from actors.providers.sse import (
+    SSEDecoder,
+    event_batches,
+    no_events,
+    read_blocks,
+    sdk_sse_response,
+)
 from runtime import errors
 from runtime.actor_messages import InferRequest
 from runtime.chunks import (
@@ -802,6 +808,7 @@ async def json_event_batches(
                     raise failure
         return
     decoder = SSEDecoder()
+    head, seen = b"", False
     async for chunk in response.aiter_bytes():
         lines, batch = decoder.feed_lines(chunk)
         out = []
@@ -809,6 +816,8 @@ async def json_event_batches(
             failure = reader.lines(decoder, lines, out)
         else:
             failure = reader.events(batch, out) if batch else None
+        if not seen:  # an event read (its chunk given, or a failure raised)
+            head, seen = head or chunk[:200], bool(out or batch)
         if out:
             yield out
         if failure is not None:
@@ -821,6 +830,8 @@ async def json_event_batches(
             yield out
         if failure is not None:
             raise failure
+    elif not seen:
+        raise no_events(response, head, PROVIDER)
 
 
 _DELTA = "content_block_delta"

@@ -49,7 +49,13 @@ from actors.providers.openai_common import (
 )
 from actors.providers.openai_common import get_field as _get
 from actors.providers.read_batch import ReadBatch
-from actors.providers.sse import SSEDecoder, event_batches, read_blocks, sdk_sse_response
+from actors.providers.sse import (
+    SSEDecoder,
+    event_batches,
+    no_events,
+    read_blocks,
+    sdk_sse_response,
+)
 from runtime import errors
 from runtime.actor_messages import InferRequest
 from runtime.chunks import (
@@ -714,6 +720,7 @@ async def json_chunk_batches(
         return
     decoder = SSEDecoder()
     chunks = sse_response.aiter_bytes()
+    head, seen = b"", False
     async for chunk in chunks:
         lines, batch = decoder.feed_lines(chunk, 2)
         out = []
@@ -721,6 +728,8 @@ async def json_chunk_batches(
             failure, done = reader.lines(decoder, lines, out)
         else:
             failure, done = reader.events(batch, out) if batch else (None, False)
+        if not seen:  # an event read (its chunk given, or a failure or the end raised)
+            head, seen = head or chunk[:200], bool(out or batch)
         if out:
             yield out
         if failure is not None:
@@ -736,6 +745,8 @@ async def json_chunk_batches(
             yield out
         if failure is not None:
             raise failure
+    elif not seen:
+        raise no_events(sse_response, head, "openai")
 
 
 _DATA_LEAD = b"data: "

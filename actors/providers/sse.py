@@ -312,6 +312,21 @@ class SSEDecoder:
                 pass
 
 
+def no_events(response: Any, head: bytes, provider: str) -> Exception:
+    """The error of a body that held no event at all: an HTML error page, a whole JSON
+    answer, an empty body, served with status 200. Why: the provider said the stream
+    was cut (no ``[DONE]``, no ``message_stop``), which sent the user looking for a
+    dropped connection; the content type and the body's first bytes say what came."""
+    from runtime import errors
+
+    kind = getattr(response, "headers", {}).get("content-type") or "none"
+    what = f"it begins {head[:200]!r}" if head else "it is empty"
+    return errors.MalformedStream(
+        f"the response holds no server-sent events (content-type {kind}; {what})",
+        provider=provider,
+    )
+
+
 def block_bytes(lines: list[bytes], i: int, j: int, size: int = 3) -> int:
     """How many bytes of :attr:`SSEDecoder.read` blocks ``i`` to ``j - 1`` of ``lines``
     (:meth:`SSEDecoder.feed_lines` with ``size``) take: their lines, each with its
