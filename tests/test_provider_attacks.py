@@ -33,7 +33,15 @@ from runtime import RetryPolicy, tool
 from runtime.logging import configure_logging
 from runtime.messages import TextPart, ToolCallPart, ToolMessage
 from runtime.serde import to_json
-from tests.support.attacks import KEY, KINDS, AttackRig, attack_rig, gemini_chunk, gemini_sse
+from tests.support.attacks import (
+    KEY,
+    KINDS,
+    AttackRig,
+    attack_rig,
+    gemini_chunk,
+    gemini_sse,
+    responses_call,
+)
 from tests.support.faults import (
     a_body,
     a_end,
@@ -838,3 +846,61 @@ async def test_a_redirect_to_another_origin_never_carries_the_key(kind, status, 
         assert KEY in str(r.server.requests[0].headers)  # the endpoint got it
         assert len(elsewhere.requests) == 1
         assert KEY not in str(elsewhere.requests[0].headers)
+
+
+def responses_item_with(field: str, value: Any) -> list[dict[str, Any]]:
+    """A function call to ``lookup({"key": "a"})`` whose items' ``field`` is ``value``."""
+    events = responses_call(0, "c1", "lookup", '{"key": "a"}')
+    return [{**e, "item": {**e["item"], field: value}} if "item" in e else e for e in events]
+
+
+async def test_responses_arguments_sent_as_an_object_are_that_objects_json(autojump_clock):
+    """As for Chat Completions: before, the item's object failed the turn
+    (``'dict' object has no attribute 'strip'``)."""
+    async with attack_rig("responses", retry=ONCE, tools=[lookup]) as r:
+        body = responses_sse("gpt-5-mini", 1, responses_item_with("arguments", {"key": "a"}))
+        result, results = await tool_turn(r, body)
+        assert (result.finish_reason, result.text) == ("stop", "done"), result.error
+        assert CALLED == ["a"] and not results[0].is_error
+        await r.next_turn()
+
+
+async def test_a_responses_call_whose_name_is_no_text_is_malformed(autojump_clock):
+    """Before: the number went on as the tool's name (saved so, answered "unknown tool 5")."""
+    CALLED.clear()
+    async with attack_rig("responses", retry=ONCE, tools=[lookup]) as r:
+        body = responses_sse("gpt-5-mini", 1, responses_item_with("name", 5))
+        _, result = await turn(r, Reply(body=body))
+        assert (result.error.kind, result.error.retryable) == ("MalformedStream", True)
+        assert CALLED == []
+        await check_saved(r, text="", failed=True)
+        await r.next_turn()
+
+
+@pytest.mark.parametrize(
+    ("case", "ran"),
+    [
+        pytest.param("done-without-added", {"a"}, id="done-without-added"),
+        pytest.param("added-only", {"a"}, id="never-done-in-a-completed-response"),
+        pytest.param("no-name", set(), id="no-name"),
+        pytest.param("no-call-id", {"a"}, id="no-call-id"),
+    ],
+)
+async def test_responses_calls_out_of_shape_run_only_whole_calls(case, ran, autojump_clock):
+    events = responses_call(0, "c1", "lookup" if case != "no-name" else "", '{"key": "a"}')
+    if case == "done-without-added":
+        events = events[-1:]
+    elif case == "added-only":
+        events = events[:-1]
+    elif case == "no-call-id":
+        events = [
+            {**e, "item": {k: v for k, v in e["item"].items() if k != "call_id"}}
+            if "item" in e
+            else e
+            for e in events
+        ]
+    async with attack_rig("responses", retry=ONCE, tools=[lookup]) as r:
+        result, results = await tool_turn(r, responses_sse("gpt-5-mini", 1, events))
+        assert (result.finish_reason, result.text) == ("stop", "done"), result.error
+        assert set(CALLED) == ran and len(results) == 1
+        await r.next_turn()

@@ -426,8 +426,24 @@ def _call_id(item: Any) -> str:
     fresh one, so the call can still be answered."""
     found = getattr(item, "call_id", None) or getattr(item, "id", None)
     if found:
-        return found
+        return text_of(found, "a function_call's call_id", PROVIDER)
     return new_id("call")
+
+
+def _name(item: Any) -> str:
+    """A ``function_call`` item's name (``""`` when it has none); one that is no text is
+    malformed (the SDK validates nothing: a number went on as the tool's name)."""
+    return text_of(getattr(item, "name", None), "a function_call's name", PROVIDER) or ""
+
+
+def _item_arguments(item: Any) -> str | None:
+    """A ``function_call`` item's ``arguments``; a JSON value a server sent in the place
+    of the string holding it is that string (as the Chat Completions provider reads it:
+    it was unreadable)."""
+    raw = getattr(item, "arguments", None)
+    if raw is None or type(raw) is str:
+        return raw
+    return json.dumps(raw, ensure_ascii=False)
 
 
 def _parse_arguments(call_id: str, name: str, raw: str) -> ToolCallChunk:
@@ -579,18 +595,17 @@ class _Parser:
     async def _item_added(self, index: int, item: Any) -> None:
         await self.release(following=item)
         if getattr(item, "type", None) == "function_call":
-            call = _Call(_call_id(item), item.name or "")
+            call = _Call(_call_id(item), _name(item))
             self.calls[index] = call
             self.any_call = True
             if call.name:
                 call.started = True
                 await self.emit(ToolInputStartChunk(tool_call_id=call.call_id, tool_name=call.name))
-            if item.arguments:
-                call.args.append(item.arguments)
+            arguments = _item_arguments(item)
+            if arguments:
+                call.args.append(arguments)
                 if call.started:
-                    await self.emit(
-                        ToolInputDeltaChunk(tool_call_id=call.call_id, delta=item.arguments)
-                    )
+                    await self.emit(ToolInputDeltaChunk(tool_call_id=call.call_id, delta=arguments))
 
     async def _item_done(self, index: int, item: Any) -> None:
         kind = getattr(item, "type", None)
@@ -610,10 +625,11 @@ class _Parser:
             await self.release()
             call = self.calls.pop(index, None)
             if call is None:  # done without added: the whole call at once
-                call = _Call(_call_id(item), item.name or "")
+                call = _Call(_call_id(item), _name(item))
                 self.any_call = True
-            raw = item.arguments if item.arguments is not None else "".join(call.args)
-            name = call.name or item.name or ""
+            arguments = _item_arguments(item)
+            raw = arguments if arguments is not None else "".join(call.args)
+            name = call.name or _name(item)
             if not call.started:
                 await self.emit(ToolInputStartChunk(tool_call_id=call.call_id, tool_name=name))
                 if raw:
