@@ -904,3 +904,24 @@ async def test_responses_calls_out_of_shape_run_only_whole_calls(case, ran, auto
         assert (result.finish_reason, result.text) == ("stop", "done"), result.error
         assert set(CALLED) == ran and len(results) == 1
         await r.next_turn()
+
+
+@pytest.mark.parametrize("kind", ["openai", "responses", "anthropic"])
+async def test_a_server_that_keeps_the_body_open_after_the_last_event_does_not_fail_the_turn(
+    kind, autojump_clock
+):
+    """The whole answer, its last event (``[DONE]``, ``response.completed``,
+    ``message_stop``), then the body kept open. Anthropic read on to the body's end, so
+    a finished answer waited for the read timeout and failed with a ProviderTimeout: it
+    now stops at ``message_stop`` (reading what follows for 0.1 s). (Gemini reads to the
+    end of the body, a hop may follow: left.)"""
+    async with attack_rig(kind, retry=ONCE) as r:
+        body = r.answer("Hel", "lo")
+        t0 = trio.current_time()
+        _, result = await turn(
+            r, Reply(body=body + b": more\n\n", stall=1e6, stall_after=len(body))
+        )
+        assert (result.finish_reason, result.text) == ("stop", "Hello"), result.error
+        assert trio.current_time() - t0 < 1.0
+        await check_saved(r, text="Hello", failed=False)
+        await r.next_turn()

@@ -17,7 +17,15 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import AsyncGenerator, AsyncIterable, Awaitable, Callable, Iterable, Sequence
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterable,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Sequence,
+)
 from contextlib import aclosing
 from typing import Any, ClassVar, cast
 
@@ -806,10 +814,14 @@ async def json_event_batches(
                     yield out  # what came before a failure is the stream's
                 if failure is not None:
                     raise failure
+                if reader.stopped:
+                    await _drain_after_stop(events)
+                    return
         return
     decoder = SSEDecoder()
     head, seen = b"", False
-    async for chunk in response.aiter_bytes():
+    chunks = response.aiter_bytes()
+    async for chunk in chunks:
         lines, batch = decoder.feed_lines(chunk)
         out = []
         if lines:
@@ -822,6 +834,9 @@ async def json_event_batches(
             yield out
         if failure is not None:
             raise failure
+        if reader.stopped:
+            await _drain_after_stop(chunks)
+            return
     batch = decoder.finish()
     if batch:
         out = []
@@ -844,7 +859,7 @@ class _EventReader:
     its text deltas and how many more may be tried as one; a method per form of a read
     (its events, or its lines, :meth:`~actors.providers.sse.SSEDecoder.feed_lines`)."""
 
-    __slots__ = ("learning", "loads", "response", "slot", "stream", "texts")
+    __slots__ = ("learning", "loads", "response", "slot", "stopped", "stream", "texts")
 
     def __init__(self, stream: Any, texts: bool) -> None:
         import orjson
@@ -855,6 +870,8 @@ class _EventReader:
         self.texts = texts
         self.slot: StringSlot | None = None
         self.learning = SLOT_LEARNING if texts else 0
+        self.stopped = False
+        """``message_stop`` was read: the message is whole, nothing follows it."""
 
     def lines(
         self, decoder: SSEDecoder, lines: list[bytes], out: list[dict[str, Any] | list[str]]
@@ -870,9 +887,9 @@ class _EventReader:
     def _events(
         self, batch: Sequence[tuple[Any, bytes]], out: list[dict[str, Any] | list[str]]
     ) -> tuple[Exception | None, bool]:
-        """:meth:`events` as :func:`read_blocks` takes it (an Anthropic stream's end is its
-        ``message_stop`` event, read as any other)."""
-        return self.events(batch, out), False
+        """:meth:`events` as :func:`read_blocks` takes it (an Anthropic stream ends at its
+        ``message_stop`` event: the blocks after it are not read)."""
+        return self.events(batch, out), self.stopped
 
     def events(
         self, batch: Sequence[tuple[Any, bytes]], out: list[dict[str, Any] | list[str]]
@@ -915,6 +932,9 @@ class _EventReader:
                 failure = _not_an_object(data)
                 break
             out.append(event)
+            if name == "message_stop":
+                self.stopped = True
+                break
             if texts and event.get("type") == _DELTA:
                 slot = None  # another block's delta, or another kind's: no str follows
                 if learning and _delta_text(event):
@@ -923,6 +943,21 @@ class _EventReader:
         self.slot = slot
         self.learning = learning
         return failure
+
+
+DRAIN_AFTER_STOP = 0.1
+"""Seconds to read what follows ``message_stop`` (the end of the body, so the connection
+is reused); a server that keeps the body open is cut then."""
+
+
+async def _drain_after_stop(events: AsyncIterator[Any]) -> None:
+    """Read what follows ``message_stop`` for at most :data:`DRAIN_AFTER_STOP` seconds
+    and drop it. Why: the message is whole at ``message_stop``; the reader went on to the
+    end of the body, so a server (a proxy) that kept it open made a finished answer wait
+    for the read timeout and then fail with a ``ProviderTimeout`` (branch ``provatk``)."""
+    with trio.move_on_after(DRAIN_AFTER_STOP):
+        async for _ in events:
+            pass
 
 
 def _not_an_object(data: bytes) -> errors.MalformedStream:
