@@ -30,6 +30,7 @@ from hypothesis import strategies as st
 from actors.providers import failures, gemini_wire
 from actors.providers import sse as sse_decoding
 from runtime import RetryPolicy, tool
+from runtime import events as ev
 from runtime.logging import configure_logging
 from runtime.messages import TextPart, ToolCallPart, ToolMessage
 from runtime.serde import to_json
@@ -49,6 +50,7 @@ from tests.support.faults import (
     a_text,
     a_tool_use,
     consume,
+    drain,
     oa_chunk,
     oa_usage,
 )
@@ -925,3 +927,26 @@ async def test_a_server_that_keeps_the_body_open_after_the_last_event_does_not_f
         assert trio.current_time() - t0 < 1.0
         await check_saved(r, text="Hello", failed=False)
         await r.next_turn()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_retried_429_quoting_the_key_leaks_it_into_no_retry_event_or_log(
+    kind, autojump_clock
+):
+    """The ``provider.retry`` event and its log line carry the error's message."""
+    log = io.StringIO()
+    configure_logging("debug", stream=log)
+    try:
+        async with attack_rig(kind, retry=RetryPolicy(max_attempts=2, jitter=0)) as r:
+            watch = r.host.bus.subscribe([ev.ProviderRetry])
+            limited = http_error(kind, 429, LEAK, [("retry-after", "1")])
+            chunks, result = await turn(r, limited, Reply(body=r.answer("ok")))
+            assert (result.finish_reason, result.text) == ("stop", "ok")
+            published = drain(watch.inbox)
+            stored = await r.host.store.load("s")
+    finally:
+        configure_logging("warning")
+    assert len(published) == 1 and "[redacted]" in published[0].error.message
+    assert '"provider.retry"' in log.getvalue()
+    assert KEY not in repr(published)
+    assert leaks(chunks, result, r, stored, log.getvalue()) == []
