@@ -19,6 +19,10 @@ from tests.support.faults import (
     a_start,
     a_text,
     a_tool_use,
+    check_anthropic_body,
+    check_history,
+    check_openai_body,
+    check_responses_body,
     oa_text,
     oa_tool_calls,
     resolve_platform,
@@ -145,14 +149,42 @@ class AttackRig:
         return self.server.requests[i].json()
 
     async def next_turn(self, text: str = "next") -> dict[str, Any]:
-        """One more turn (a plain answer) that must succeed; its request body."""
+        """One more turn (a plain answer) that must succeed; its request body, checked:
+        the saved history and the request the provider made of it are valid (every call
+        answered, roles in order, no cut reasoning sent back)."""
         self.server.add(Reply(body=self.answer("fine")))
         before = len(self.server.requests)
         with trio.fail_after(60):
             result = await self.session.run(text)
         assert (result.finish_reason, result.text) == ("stop", "fine"), result.error
         assert len(self.server.requests) == before + 1
-        return self.sent()
+        check_history(self.session.messages)
+        body = self.sent()
+        if self.kind == "openai":
+            check_openai_body(body)
+        elif self.kind == "anthropic":
+            check_anthropic_body(body)
+        elif self.kind == "responses":
+            check_responses_body(body)
+        else:
+            check_gemini_body(body)
+        return body
+
+
+def check_gemini_body(body: dict[str, Any]) -> None:
+    """A ``generateContent`` request's ``contents`` start with the user, hold no empty
+    turn, no two model turns in a row (two user turns may follow each other: a failed
+    turn saved nothing to send), and answer every ``functionCall`` in the next turn."""
+    contents = body["contents"]
+    assert contents and contents[0]["role"] == "user", contents[:1]
+    for k, content in enumerate(contents):
+        assert content["role"] in ("user", "model"), content
+        assert content["role"] == "user" or contents[k - 1]["role"] == "user", contents
+        assert content["parts"], f"empty turn {k}"
+        calls = [p for p in content["parts"] if "functionCall" in p]
+        if calls:
+            answers = [p for p in contents[k + 1]["parts"] if "functionResponse" in p]
+            assert len(answers) == len(calls), (calls, answers)
 
 
 def make(kind: str, url: str, **kw: Any) -> Any:
