@@ -950,3 +950,33 @@ async def test_a_retried_429_quoting_the_key_leaks_it_into_no_retry_event_or_log
     assert '"provider.retry"' in log.getvalue()
     assert KEY not in repr(published)
     assert leaks(chunks, result, r, stored, log.getvalue()) == []
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_cancel_while_the_second_step_stalls_keeps_the_first_step_and_its_result(
+    kind, autojump_clock
+):
+    """Step one calls a tool (committed: the call and its result); step two streams some
+    text, then the server stalls. The user's cancel ends the turn at once; the saved turn
+    holds the call, its result and the text streamed, marked interrupted."""
+    CALLED.clear()
+    async with attack_rig(kind, retry=ONCE, tools=[lookup]) as r:
+        second = r.answer("Hel", "lo")
+        r.server.add(Reply(body=r.tool_call("call_1", "lookup", '{"key": "a"}')))
+        r.server.add(Reply(body=second, stall=1e6, stall_after=len(head(kind, second))))
+        async with r.session.stream("hi") as out:
+            t0 = trio.current_time()
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(cancel_after, out, 5.0)
+                await consume(out)
+        assert trio.current_time() - t0 == pytest.approx(5.0, abs=0.01)
+        assert (out.result.finish_reason, out.result.text) == ("aborted", "Hel")
+        assert CALLED == ["a"]
+        for messages in (r.session.messages, (await r.host.store.load("s")).messages):
+            assert [m.role for m in messages] == ["user", "assistant", "tool"]
+            calls = [p for p in messages[1].content if isinstance(p, ToolCallPart)]
+            assert [c.tool_call_id for c in calls] == [messages[2].tool_call_id]
+            assert not messages[2].is_error and texts(messages[1]) == "Hel"
+            assert messages[1].interrupted
+        r.server.replies.clear()
+        await r.next_turn()
