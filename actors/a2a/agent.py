@@ -19,10 +19,12 @@ tool call cannot give it: the task is canceled) is a tool error the parent model
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from contextlib import aclosing
 from typing import Any
+from urllib.parse import urlsplit
 
 import orjson
 import trio
@@ -43,16 +45,38 @@ from runtime.output import (
     TextFinish,
     TextStart,
 )
+from runtime.redact import (
+    is_secret_key,
+    redact_text,
+    redact_url,
+    register_secret,
+    register_url_secrets,
+)
 from runtime.tools import Tool, ToolContext, tool
 
 CANCEL_WAIT = 5.0
 """Seconds a cancelled call waits (shielded) for the remote agent to take its cancel."""
 RESUBSCRIBES = 3
 """Times a broken stream is picked up again (``SubscribeToTask``) before the call fails."""
+MAX_ANSWER_CHARS = 1_000_000
+"""The longest answer a remote task may stream (its ``max_answer_chars`` by default): past
+it the task is canceled and the call fails. A tool result is cut to
+``Budget.max_tool_result_chars`` (100,000) anyway; this bounds the memory a remote agent
+that streams without end takes before then."""
+MAX_DESCRIPTION = 1000
+"""The most of a card's description :meth:`A2AAgent.discover` makes the tool's: the model
+reads it in every request, and providers refuse longer ones (OpenAI: 1,024)."""
+MAX_PIECE_BYTES = 16 << 20
+"""The largest response body or SSE event a remote agent may send (the card, an answer,
+one event): a bigger one (or a line that never ends) fails the call, unread past it."""
 
 
 class RemoteAgentError(RuntimeError):
-    """A remote A2A agent refused a request, or its task did not complete."""
+    """A remote A2A agent refused a request, or its task did not complete. Its message is
+    redacted (a remote agent's error text may quote the token it was sent)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(redact_text(message))
 
 
 class _Nested:
@@ -60,12 +84,14 @@ class _Nested:
     ``finish``; or cut short by ``error`` / ``abort``), emitted under the tool call as a
     local sub-agent's turn is; ``emit`` ``None`` keeps only the text."""
 
-    def __init__(self, emit: Any) -> None:
+    def __init__(self, emit: Any, max_chars: int = MAX_ANSWER_CHARS) -> None:
         self.emit = emit
         self.seq = 0
         self.started = False
         self.part_id: str | None = None
         self.text: list[str] = []
+        self.max_chars = max_chars
+        self.chars = 0
 
     async def _out(self, chunk_type: Any, **fields: Any) -> None:
         self.seq += 1
@@ -81,6 +107,12 @@ class _Nested:
     async def text_delta(self, text: str) -> None:
         if not text:
             return
+        self.chars += len(text)
+        if self.chars > self.max_chars:
+            raise RemoteAgentError(
+                f"the remote agent's answer passed {self.max_chars} characters "
+                "(A2AAgent's max_answer_chars); its task was canceled"
+            )
         if self.part_id is None:
             self.part_id = new_id("part")
             await self._out(TextStart, step=0, part_id=self.part_id)
@@ -93,7 +125,7 @@ class _Nested:
         await self._close_part()
         error = ErrorInfo(kind="ArtifactReplaced", message="the remote agent replaced its answer")
         await self._out(ResetStep, step=0, provider="remote", error=error)
-        self.text = []
+        self.text = []  # what it received all told still counts toward max_chars
         await self.text_delta(text)
 
     async def _close_part(self) -> None:
@@ -138,8 +170,13 @@ class _Tracker:
                 if self.over:
                     return
 
-    async def take(self, event: dict[str, Any]) -> None:
+    async def take(self, event: Any) -> None:
         nested = self.nested
+        if not isinstance(event, dict):
+            raise RemoteAgentError(
+                f"the remote agent sent a malformed event ({_json_kind(event)}, not a "
+                "StreamResponse object)"
+            )
         if isinstance(event.get("message"), dict):  # answered with a message, no task
             await nested.start(str(event["message"].get("messageId", "")))
             await nested.text_delta(_texts(event["message"].get("parts")))
@@ -147,7 +184,10 @@ class _Tracker:
             return
         task = event.get("task")
         if isinstance(task, dict):
-            self.id = str(task.get("id", ""))
+            task_id = task.get("id")
+            if not isinstance(task_id, str):
+                raise RemoteAgentError("the remote agent sent a task without a string id")
+            self.id = task_id
             await nested.start(self.id)
             sent, now = "".join(nested.text), _artifact_text(task)
             if now.startswith(sent):  # a (re)subscription's snapshot: what is new in it
@@ -156,7 +196,8 @@ class _Tracker:
         update = event.get("artifactUpdate")
         if isinstance(update, dict):
             await nested.start(self.id)
-            text = _texts((update.get("artifact") or {}).get("parts"))
+            artifact = update.get("artifact")
+            text = _texts(artifact.get("parts") if isinstance(artifact, dict) else None)
             if nested.text and not update.get("append"):
                 await nested.replace(text)  # the artifact is sent whole again
             else:
@@ -166,6 +207,16 @@ class _Tracker:
             self.status = change.get("status")
         if isinstance(self.status, dict):
             self.state = wire.enum_name(self.status.get("state"), "state")
+
+
+def _json_kind(value: Any) -> str:
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, str):
+        return "a string"
+    if value is None:
+        return "null"
+    return "a boolean" if isinstance(value, bool) else "a number"
 
 
 def _texts(parts: Any) -> str:
@@ -188,19 +239,89 @@ def _status_text(status: Any) -> str:
     return _texts(message.get("parts")) if isinstance(message, dict) else ""
 
 
+def _too_big(what: str) -> RemoteAgentError:
+    return RemoteAgentError(f"the remote agent sent {what} over {MAX_PIECE_BYTES} bytes")
+
+
+async def _read(response: Any) -> bytes:
+    """A response's whole body, at most :data:`MAX_PIECE_BYTES` of it."""
+    pieces: list[bytes] = []
+    size = 0
+    async for chunk in response.aiter_bytes():
+        size += len(chunk)
+        if size > MAX_PIECE_BYTES:
+            raise _too_big("an answer")
+        pieces.append(chunk)
+    return b"".join(pieces)
+
+
+async def _lines(response: Any) -> AsyncIterator[bytes]:
+    """A response's lines (ended by LF, CRLF or CR, as SSE's are), none longer than
+    :data:`MAX_PIECE_BYTES`: a line that never ends is not buffered without end."""
+    pending: list[bytes] = []
+    size = 0
+    after_cr = False
+    async for chunk in response.aiter_bytes():
+        if after_cr and chunk.startswith(b"\n"):
+            chunk = chunk[1:]  # the LF of a CRLF cut between two chunks
+        after_cr = chunk.endswith(b"\r")
+        *ended, rest = chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n").split(b"\n")
+        for piece in ended:
+            pending.append(piece)
+            yield b"".join(pending)
+            pending, size = [], 0
+        if rest:
+            pending.append(rest)
+            size += len(rest)
+            if size > MAX_PIECE_BYTES:
+                raise _too_big("an event")
+    if pending:
+        yield b"".join(pending)
+
+
 async def _sse(response: Any) -> AsyncIterator[Any]:
     """The JSON values of an SSE response's events (comments skipped)."""
-    data: list[str] = []
-    async for line in response.aiter_lines():
-        line = line.rstrip("\r")
+    data: list[bytes] = []
+    size = 0
+
+    def value() -> Any:
+        try:
+            return orjson.loads(b"\n".join(data))
+        except orjson.JSONDecodeError:
+            raise RemoteAgentError("the remote agent sent an event that is not JSON") from None
+
+    async for line in _lines(response):
         if not line:
             if data:
-                yield orjson.loads("\n".join(data))
-                data = []
-        elif line.startswith("data:"):
-            data.append(line[5:].removeprefix(" "))
+                yield value()
+                data, size = [], 0
+        elif line.startswith(b"data:"):
+            piece = line[5:].removeprefix(b" ")
+            data.append(piece)
+            size += len(piece)
+            if size > MAX_PIECE_BYTES:
+                raise _too_big("an event")
     if data:
-        yield orjson.loads("\n".join(data))
+        yield value()
+
+
+def _tool_name(name: str) -> str:
+    """A card's name as a tool name a model takes (1-64 letters, digits, ``_``, ``-``):
+    cards name agents for people (``"Currency Agent"``), which no provider takes."""
+    return re.sub(r"[^A-Za-z0-9_-]+", "_", name).strip("_")[:64] or "remote_agent"
+
+
+def _origin(url: str) -> tuple[str, str, int | None] | None:
+    """``(scheme, host, port)`` of an http(s) URL (the default port filled in); ``None``
+    for any other URL."""
+    try:
+        parts = urlsplit(url)
+        scheme, host, port = parts.scheme.lower(), parts.hostname, parts.port
+    except ValueError:  # a port that is no number
+        return None
+    if scheme not in ("http", "https") or not host:
+        return None
+    return scheme, host, port if port is not None else (443 if scheme == "https" else 80)
 
 
 class A2AAgent:
@@ -222,8 +343,18 @@ class A2AAgent:
         token: str | None = None,
         headers: Mapping[str, str] | None = None,
         timeout: float = 300.0,
+        max_answer_chars: int = MAX_ANSWER_CHARS,
     ) -> None:
         self.url = url.removesuffix(wire.CARD_PATH).rstrip("/")
+        # the credentials this agent is given are redacted wherever they turn up (a
+        # remote agent's error text that quotes them, which the parent model reads)
+        register_secret(token)
+        register_url_secrets(self.url)
+        for key, value in (headers or {}).items():
+            if is_secret_key(key):
+                register_secret(value)
+                register_secret(value.partition(" ")[2])  # "Bearer <token>"
+        self.max_answer_chars = max_answer_chars
         self.name = name
         self.description = description
         self.headers = {wire.VERSION_HEADER: wire.PROTOCOL_VERSION, **(headers or {})}
@@ -238,9 +369,11 @@ class A2AAgent:
         agent = cls(url, **options)
         card = await agent.card()
         if agent.name is None and isinstance(card.get("name"), str):
-            agent.name = card["name"]
+            agent.name = _tool_name(card["name"])
         if agent.description is None and isinstance(card.get("description"), str):
-            agent.description = card["description"]
+            text = card["description"]
+            cut = len(text) > MAX_DESCRIPTION
+            agent.description = text[: MAX_DESCRIPTION - 1] + "…" if cut else text
         return agent
 
     def _client(self) -> Any:
@@ -251,14 +384,23 @@ class A2AAgent:
     async def card(self) -> dict[str, Any]:
         """The remote agent's Agent Card (fetched once)."""
         if self._card is None:
+            where = redact_url(self.url + wire.CARD_PATH)
             async with self._client() as client:
-                response = await client.get(self.url + wire.CARD_PATH)
-                if response.status_code != 200:
-                    raise RemoteAgentError(
-                        f"no Agent Card at {self.url + wire.CARD_PATH} "
-                        f"(HTTP {response.status_code})"
-                    )
-                card = response.json()
+                response = await client.send(
+                    client.build_request("GET", self.url + wire.CARD_PATH), stream=True
+                )
+                try:
+                    if response.status_code != 200:
+                        raise RemoteAgentError(
+                            f"no Agent Card at {where} (HTTP {response.status_code})"
+                        )
+                    content = await _read(response)
+                finally:
+                    await response.aclose()
+            try:
+                card = orjson.loads(content)
+            except orjson.JSONDecodeError:
+                raise RemoteAgentError(f"the Agent Card at {where} is not JSON") from None
             if not isinstance(card, dict):
                 raise RemoteAgentError("the Agent Card is not a JSON object")
             self._card = card
@@ -269,6 +411,15 @@ class A2AAgent:
         for binding in (wire.JSONRPC, wire.HTTP_JSON):
             url = wire.card_interface(card, binding)
             if url is not None:
+                if _origin(url) != _origin(self.url):
+                    # the token and headers go only where the agent was pointed: a card
+                    # (a proxy's echo of a Host, a hostile or stale one) may name any URL
+                    raise RemoteAgentError(
+                        f"the Agent Card at {redact_url(self.url)} puts its {binding} "
+                        f"interface at {redact_url(url)}, another origin: refused (the "
+                        "token and headers go only to the agent's own URL; give A2AAgent "
+                        "that origin's URL if it is the agent's)"
+                    )
                 return binding, url
         raise RemoteAgentError("the Agent Card offers no A2A 1.0 JSON-RPC or HTTP+JSON interface")
 
@@ -278,14 +429,18 @@ class A2AAgent:
         """One JSON-RPC call (or its HTTP+JSON form) answered whole."""
         if binding == wire.JSONRPC:
             body = {"jsonrpc": "2.0", "id": str(uuid.uuid4()), "method": method, "params": params}
-            response = await client.post(url, json=body)
+            request = client.build_request("POST", url, json=body)
         elif method == "CancelTask":
-            response = await client.post(f"{url}/tasks/{params['id']}:cancel", json={})
+            request = client.build_request("POST", f"{url}/tasks/{params['id']}:cancel", json={})
         elif method == "GetTask":
-            response = await client.get(f"{url}/tasks/{params['id']}")
+            request = client.build_request("GET", f"{url}/tasks/{params['id']}")
         else:
-            response = await client.post(url + "/message:send", json=params)
-        return self._result(response.content, response.status_code, binding)
+            request = client.build_request("POST", url + "/message:send", json=params)
+        response = await client.send(request, stream=True)
+        try:
+            return self._result(await _read(response), response.status_code, binding)
+        finally:
+            await response.aclose()
 
     @staticmethod
     def _result(content: bytes, status: int, binding: str) -> Any:
@@ -323,7 +478,7 @@ class A2AAgent:
         response = await client.send(request, stream=True)
         try:
             if "text/event-stream" not in response.headers.get("content-type", ""):
-                yield self._result(await response.aread(), response.status_code, binding)
+                yield self._result(await _read(response), response.status_code, binding)
                 return
             async for event in _sse(response):
                 yield (
@@ -344,7 +499,7 @@ class A2AAgent:
         capabilities = wire.field(self._card or {}, "capabilities") or {}
         message = wire.message(wire.ROLE_USER, [wire.text_part(text)], message_id=str(uuid.uuid4()))
         params = {"message": message}
-        task = _Tracker(_Nested(emit))
+        task = _Tracker(_Nested(emit, self.max_answer_chars))
         async with self._client() as client:
             try:
                 if capabilities.get("streaming"):
@@ -372,6 +527,8 @@ class A2AAgent:
                     if isinstance(exc, RemoteAgentError)
                     else f"the remote agent could not be reached: {type(exc).__name__}: {exc}"
                 )
+                if task.id and not task.over:  # the call gave up on a task still going
+                    await self._cancel_quietly(client, binding, url, task.id)
                 await task.nested.fail(why)
                 raise RemoteAgentError(why) from None
             if task.state == wire.COMPLETED:
@@ -420,7 +577,7 @@ class A2AAgent:
 
         run_remote.__annotations__ = {"input": str, "context": ToolContext, "return": str}
         run_remote.__doc__ = description or (
-            (self.description or f"Delegate a task to the remote agent at {self.url}.")
+            (self.description or f"Delegate a task to the remote agent at {redact_url(self.url)}.")
             + "\n\nArgs:\n    input: The task or question for the agent, in plain words."
         )
         return tool(

@@ -272,7 +272,7 @@ def _tool_input(value: Any) -> dict[str, Any]:
     if isinstance(value, str):
         try:
             decoded = json.loads(value)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested past Python's stack
             return {}
         return decoded if isinstance(decoded, dict) else {}
     return {}
@@ -725,7 +725,7 @@ async def _stop_block(block: _Block, emit: Emit) -> None:
         if block.json:  # server_tool_use: the input streamed like a tool_use's
             try:
                 data["input"] = json.loads("".join(block.json))
-            except ValueError:
+            except (ValueError, RecursionError):
                 pass  # keep the start's input; the server already ran the tool
         await emit(ProviderDataChunk(provider=PROVIDER, data=data))
 
@@ -740,7 +740,7 @@ def _tool_call(block: _Block, cut: str | None = None) -> ToolCallChunk:
         return ToolCallChunk(**ids, input=block.data or {})
     try:
         return ToolCallChunk(**ids, input=json.loads(raw))
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # a recursion bomb is no JSON either
         return ToolCallChunk(**ids, input=raw, input_error=f"invalid JSON in tool input: {exc}")
 
 

@@ -236,7 +236,7 @@ def _tool_input(value: Any) -> dict[str, Any]:
     if isinstance(value, str):
         try:
             decoded = json.loads(value)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested past Python's stack
             return {}
         return decoded if isinstance(decoded, dict) else {}
     return {}

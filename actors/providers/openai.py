@@ -433,7 +433,7 @@ class _ToolCalls:
             error: str | None = None
             try:
                 value: Any = json.loads(raw) if raw.strip() else {}
-            except ValueError as exc:
+            except (ValueError, RecursionError) as exc:  # a recursion bomb is no JSON either
                 value, error = raw, f"invalid JSON in tool arguments: {exc}"
             if reason == "length":
                 error = TRUNCATED.format(raw=raw_reason)

@@ -455,7 +455,7 @@ def _parse_arguments(call_id: str, name: str, raw: str) -> ToolCallChunk:
         return ToolCallChunk(tool_call_id=call_id, tool_name=name, input={})
     try:
         value = json.loads(raw)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # a recursion bomb is no JSON either
         return ToolCallChunk(
             tool_call_id=call_id,
             tool_name=name,

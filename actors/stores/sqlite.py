@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import stat
 import struct
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -49,8 +50,8 @@ from actors.stores.validation import (
     check_version,
     decode_message,
     decode_meta,
-    encode_meta,
     encoded_off_loop,
+    storable_meta,
 )
 from runtime.errors import StoreCorrupt, StoreError
 from runtime.messages import Message
@@ -149,7 +150,36 @@ def _error(path: str, action: _Action, err: sqlite3.Error) -> StoreError:
     code = getattr(err, "sqlite_errorcode", None)
     if code is not None and code & 0xFF in _CORRUPT_CODES:
         return StoreCorrupt(f"session store {path}: {action} failed, the file is damaged: {err}")
+    if code is not None and code & 0xFF == sqlite3.SQLITE_BUSY:
+        # SQLite's own text, "database is locked", names neither who nor for how long.
+        return StoreError(
+            f"session store {path}: {action} failed: another process held the file's "
+            f"write lock for more than {_BUSY_TIMEOUT:g} s ({err})"
+        )
     return StoreError(f"session store {path}: {action} failed: {err}")
+
+
+def _open_error(path: str, err: sqlite3.Error) -> StoreError:
+    """:func:`_error` for the open, saying what about the directory SQLite met: its own
+    "unable to open database file" or "attempt to write a readonly database" names
+    neither (a directory not writable only fails once SQLite creates the ``-wal`` and
+    ``-shm`` files that live beside the store, which even reading needs)."""
+    error = _error(path, "open", err)
+    code = (getattr(err, "sqlite_errorcode", None) or 0) & 0xFF
+    if path == ":memory:" or code not in (sqlite3.SQLITE_CANTOPEN, sqlite3.SQLITE_READONLY):
+        return error
+    directory = os.path.dirname(os.path.abspath(path))
+    name = os.path.basename(path)
+    if not os.path.isdir(directory):
+        hint = f"its directory {directory} does not exist (it is not created)"
+    elif not os.access(directory, os.W_OK):
+        hint = (
+            f"its directory {directory} is not writable, and SQLite keeps {name}-wal and "
+            f"{name}-shm beside the file (reading needs them too)"
+        )
+    else:
+        return error
+    return StoreError(f"{error}: {hint}")
 
 
 def _rollback(conn: sqlite3.Connection) -> None:
@@ -158,6 +188,27 @@ def _rollback(conn: sqlite3.Connection) -> None:
             conn.execute("ROLLBACK")
         except sqlite3.Error:
             pass  # SQLite already rolled back (e.g. after SQLITE_FULL); nothing to undo
+
+
+_JOURNAL_MAGIC = bytes.fromhex("d9d505f920a163d7")
+"""The first bytes of a rollback journal that holds a transaction (SQLite zeroes or
+deletes it once the transaction is over)."""
+
+
+def _journal_in_flight(path: Path) -> bool:
+    """Whether a rollback journal beside ``path`` holds a transaction that has not ended:
+    one in progress in another process, or one a killed process left ("hot"), which
+    SQLite rolls back when it next opens the file. The file's pages are then whatever that
+    transaction had written of them so far: a new store's creation, killed while its
+    pages were being written, leaves a header claiming pages that are not there yet (or
+    no header at all), and the checks below refused as truncated, or as no SQLite
+    database, a file SQLite restores to the empty file it was. SQLite judges it instead;
+    what it leaves is then inspected as any file is (``_inspect``)."""
+    try:
+        with path.with_name(path.name + "-journal").open("rb") as f:
+            return f.read(len(_JOURNAL_MAGIC)) == _JOURNAL_MAGIC
+    except OSError:
+        return False
 
 
 def _check_file(path: Path) -> None:
@@ -169,12 +220,20 @@ def _check_file(path: Path) -> None:
     A missing or empty file is fine: it becomes a new store.
     """
     try:
-        size = path.stat().st_size
+        info = path.stat()
     except FileNotFoundError:
         return
     except OSError as err:
         raise StoreError(f"session store {path}: cannot stat the file: {err}") from err
-    if size == 0:
+    if not stat.S_ISREG(info.st_mode):
+        # A directory failed as "Is a directory" on the read below; /dev/null (no store,
+        # one might think) and a FIFO as SQLite's "disk I/O error".
+        kind = "a directory" if stat.S_ISDIR(info.st_mode) else "not a regular file"
+        raise StoreError(
+            f"session store {path} is {kind}: give the path of a file (created if missing)"
+        )
+    size = info.st_size
+    if size == 0 or _journal_in_flight(path):
         return
     try:
         with path.open("rb") as f:
@@ -301,7 +360,7 @@ def _connect(path: str) -> sqlite3.Connection:
             path, timeout=_BUSY_TIMEOUT, isolation_level=None, check_same_thread=False
         )
     except sqlite3.Error as err:
-        raise _error(path, "open", err) from err
+        raise _open_error(path, err) from err
     try:
         found = _inspect(conn, path)
         if found is None or found < SCHEMA_VERSION:
@@ -327,7 +386,7 @@ def _connect(path: str) -> sqlite3.Connection:
         conn.execute("PRAGMA busy_timeout = 0")
     except sqlite3.Error as err:
         conn.close()
-        raise _error(path, "open", err) from err
+        raise _open_error(path, err) from err
     except BaseException:
         conn.close()
         raise
@@ -338,6 +397,19 @@ def _missing(path: str, session_id: str, expected: int, idx: int) -> StoreCorrup
     return StoreCorrupt(
         f"session store {path}: session {session_id!r} is missing message {expected} (the "
         f"next stored index is {idx})"
+    )
+
+
+_SCHEMA_TEXT = str(SCHEMA_VERSION)
+""":data:`SCHEMA_VERSION` as ``axon_meta`` holds it."""
+
+
+def _schema_moved(path: str, schema: Any) -> StoreError:
+    """The error of a write into a file whose schema changed since it was opened."""
+    return StoreError(
+        f"session store {path} is at schema version {schema} now, not the "
+        f"{SCHEMA_VERSION} it was opened at: another process's axon-runtime upgraded it; "
+        "nothing was written (restart this process with that version)"
     )
 
 
@@ -381,13 +453,15 @@ messages, none for a session not stored."""
 
 _BEFORE_SAVE_SQL = """SELECT s.meta, s.version,
         (SELECT value FROM axon_meta WHERE key = 'deleted_version'),
-        (SELECT coalesce(max(idx) + 1, 0) FROM messages WHERE session_id = ?1)
+        (SELECT coalesce(max(idx) + 1, 0) FROM messages WHERE session_id = ?1),
+        (SELECT value FROM axon_meta WHERE key = 'schema_version')
     FROM (SELECT 1) LEFT JOIN sessions AS s ON s.session_id = ?1"""
 """What a save checks and builds on, in one statement inside its transaction: the
 session's meta and version (``NULL`` for a session not stored), the highest version a
-deleted session had (``NULL``: none ever deleted) and the message count (``max(idx)`` is
-one index probe; ``count(*)`` would scan the whole session). Three statements before
-(issue 24 goal 1)."""
+deleted session had (``NULL``: none ever deleted), the message count (``max(idx)`` is
+one index probe; ``count(*)`` would scan the whole session) and the file's schema
+version (another process's newer axon-runtime may have upgraded it since this one
+opened it). Three statements before (issue 24 goal 1)."""
 
 
 class SQLiteStore:
@@ -572,7 +646,7 @@ class SQLiteStore:
         """
         # (a long history in a worker thread: 600,000 messages took the loop 9 s)
         _, rows = await encoded_off_loop(session_id, start, messages, meta, expected_version)
-        encode_meta(session_id, meta)  # fail before the transaction, not inside it
+        meta = storable_meta(session_id, meta)  # fail before the transaction, not inside it
         action = ("save", session_id)
         if sum(len(row[3]) for row in rows) <= INLINE_SAVE_BYTES:
             version = await self._on_loop(
@@ -619,7 +693,11 @@ class SQLiteStore:
         """The save's statements, inside its transaction: check the version and
         ``start``, upsert the session row with the merged meta and the next version,
         replace the messages from ``start`` on; the new version."""
-        raw_meta, current, deleted, count = conn.execute(_BEFORE_SAVE_SQL, (session_id,)).fetchone()
+        raw_meta, current, deleted, count, schema = conn.execute(
+            _BEFORE_SAVE_SQL, (session_id,)
+        ).fetchone()
+        if schema != _SCHEMA_TEXT:
+            raise _schema_moved(self._path, schema)
         stored = raw_meta is not None  # (meta is NOT NULL: none, no session row)
         if not stored:
             current = 0
@@ -722,11 +800,16 @@ class SQLiteStore:
         conn.execute("BEGIN IMMEDIATE")
         try:
             row = conn.execute(
-                "SELECT version FROM sessions WHERE session_id = ?", (session_id,)
+                """SELECT version,
+                    (SELECT value FROM axon_meta WHERE key = 'schema_version')
+                FROM (SELECT 1) LEFT JOIN sessions ON session_id = ?""",
+                (session_id,),
             ).fetchone()
+            if row[1] != _SCHEMA_TEXT:
+                raise _schema_moved(self._path, row[1])
             conn.execute("DELETE FROM messages WHERE session_id = ?", (session_id,))
             conn.execute("DELETE FROM sessions WHERE session_id = ?", (session_id,))
-            if row is not None and row[0] > _deleted_version(conn):
+            if row[0] is not None and row[0] > _deleted_version(conn):
                 conn.execute(
                     """INSERT INTO axon_meta (key, value) VALUES ('deleted_version', ?)
                     ON CONFLICT (key) DO UPDATE SET value = excluded.value""",

@@ -9,10 +9,12 @@ and before anything is written; and a damaged row is reported with the same
 
 from __future__ import annotations
 
+import json
 import typing
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import cattrs
 import orjson
 import trio
 
@@ -159,22 +161,109 @@ def encode_rows(
         try:
             body = serde.to_json(message)
         except Exception as err:
-            raise StoreError(
-                f"save of session {session_id!r}: message {idx} cannot be serialized: {err}"
-            ) from err
+            anyway = _encoded_anyway(message, err)
+            if anyway is None:
+                raise StoreError(
+                    f"save of session {session_id!r}: message {idx} cannot be serialized: {err}"
+                ) from err
+            body = anyway
         rows.append((session_id, idx, message.role, body))
     return rows
 
 
+_MAX_DEPTH = 1000
+"""How deep a stored body may nest: what :func:`orjson.loads` (its limit is 1024) reads
+back, with room for the levels a message adds around its values."""
+
+
+def _encoded_anyway(message: Message, err: Exception) -> bytes | None:
+    """The body of a message orjson refused for what every message can come to hold, or
+    ``None`` for any other failure (the save then fails as before).
+
+    * A lone surrogate (``"\\udcff"``): a tool's ``os.listdir`` of a file name that is not
+      UTF-8, a model server's ``"\\ud800"`` escape decoded by ``json.loads``, a command
+      line's undecodable byte. UTF-8 cannot hold it, so it is stored as U+FFFD (what
+      ``errors="replace"`` gives); a valid pair stays the character it spells.
+    * Nesting deeper than orjson writes (254 levels): a model's tool arguments, parsed by
+      ``json.loads``. The standard library writes it, and orjson reads it back.
+
+    Refused, such a message failed every later save of its session too (each starts at
+    or before it), so the session's turns were kept only in memory and lost with the
+    process."""
+    text = str(err)
+    if "surrogates" not in text and "Recursion limit" not in text:
+        return None
+    try:
+        value = _without_lone_surrogates(serde.converter.unstructure(message), 0)
+        try:
+            body = orjson.dumps(value, default=str)
+        except orjson.JSONEncodeError:
+            text = json.dumps(
+                value, ensure_ascii=False, default=str, allow_nan=False, separators=(",", ":")
+            )
+            body = text.encode()
+        serde.from_json(body, Message)  # (a rare path) what is stored must load back
+    except (RecursionError, TypeError, ValueError, cattrs.BaseValidationError):
+        return None
+    return body
+
+
+def _without_lone_surrogates(value: Any, depth: int) -> Any:
+    """``value`` (unstructured JSON values) with every lone surrogate in its strings, keys
+    included, replaced by U+FFFD."""
+    if depth > _MAX_DEPTH:
+        raise ValueError("nested too deeply")
+    if isinstance(value, str):
+        try:
+            value.encode()
+        except UnicodeEncodeError:
+            return value.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+        return value
+    if isinstance(value, dict):
+        return {
+            _without_lone_surrogates(k, depth): _without_lone_surrogates(v, depth + 1)
+            for k, v in value.items()
+        }
+    if isinstance(value, list | tuple):
+        return [_without_lone_surrogates(v, depth + 1) for v in value]
+    return value
+
+
 def encode_meta(session_id: str, meta: Mapping[str, Any] | None) -> bytes | None:
     """``meta`` as JSON (``None`` when there is nothing to merge), before a store's
-    transaction begins, so meta that is not JSON fails the save with nothing written."""
+    transaction begins, so meta that is not JSON fails the save with nothing written (a
+    lone surrogate is written as U+FFFD, as in a message: :func:`storable_meta`)."""
     try:
         return orjson.dumps(dict(meta)) if meta else None
     except orjson.JSONEncodeError as err:
-        raise StoreError(
-            f"save of session {session_id!r}: meta is not JSON-serializable: {err}"
-        ) from err
+        return orjson.dumps(_meta_without_lone_surrogates(session_id, meta, err))
+
+
+def storable_meta(session_id: str, meta: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+    """``meta`` itself when it is JSON; with each lone surrogate replaced by U+FFFD when
+    that is all that keeps it from being (a title made of a first message that holds
+    one, :func:`_encoded_anyway`); else a :class:`~runtime.errors.StoreError`, before a
+    store's transaction begins."""
+    try:
+        orjson.dumps(dict(meta)) if meta else None
+    except orjson.JSONEncodeError as err:
+        return _meta_without_lone_surrogates(session_id, meta, err)
+    return meta
+
+
+def _meta_without_lone_surrogates(
+    session_id: str, meta: Any, err: orjson.JSONEncodeError
+) -> dict[str, Any]:
+    if "surrogates" in str(err):
+        try:
+            cleaned: dict[str, Any] = _without_lone_surrogates(dict(meta), 0)
+            orjson.dumps(cleaned)
+            return cleaned
+        except (RecursionError, ValueError, TypeError):
+            pass
+    raise StoreError(
+        f"save of session {session_id!r}: meta is not JSON-serializable: {err}"
+    ) from err
 
 
 def check_version(store: str, session_id: str, current: int, expected: int | None) -> None:

@@ -249,7 +249,26 @@ def make_plugins(args: argparse.Namespace) -> list[Actor]:
     """The plug-in actors the options name, built before anything opens: an unknown
     name or an option a plug-in refuses is a :class:`~runtime.errors.ConfigurationError`
     (one ``error:`` line)."""
-    return [create_plugin(spec) for spec in plugin_specs(args)]
+    specs = plugin_specs(args)
+    for spec in specs:
+        if spec.name == "recorder" and spec.options:
+            _not_the_store(spec.options, getattr(args, "store", None))
+    return [create_plugin(spec) for spec in specs]
+
+
+def _not_the_store(record: str, store: Any) -> None:
+    """Refuse a recording into the SQLite store's own files (``--record sessions.db``, a
+    slip for ``--store``): its lines were appended to the database file, where SQLite's
+    pages overwrote them or its checkpoint cut them off, and nothing said so."""
+    if not isinstance(store, str) or "://" in store:
+        return
+    target = os.path.realpath(record)
+    base = os.path.realpath(store)
+    if target in (base, *(base + suffix for suffix in ("-wal", "-shm", "-journal"))):
+        raise ConfigurationError(
+            f"the event recording {record} is the session store's file ({store}): "
+            "record into a file of its own"
+        )
 
 
 def load_agent(spec: str) -> AgentSource:

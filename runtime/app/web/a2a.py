@@ -58,6 +58,10 @@ STREAM_HEADERS = [
     (b"x-accel-buffering", b"no"),
 ]
 
+MAX_ID = 256
+"""The longest JSON-RPC request id taken: every event of a stream echoes it, so a
+megabyte id made each text delta of the answer a megabyte sent (and encoded)."""
+
 STREAMING = frozenset({"SendStreamingMessage", "SubscribeToTask"})
 NOT_SERVED = {
     "ListTasks": "UnsupportedOperation",
@@ -73,6 +77,16 @@ def _json(data: Any, status: int = 200, headers: dict[str, str] | None = None) -
     return Response(
         orjson.dumps(data), status_code=status, headers=headers, media_type="application/json"
     )
+
+
+def _scheme(request: Request) -> str:
+    """The scheme the card's URLs name: the request's, or ``https`` when a proxy in front
+    says the client came over TLS (``X-Forwarded-Proto: https``). Behind a proxy that
+    ends TLS the server sees plain HTTP; a card naming ``http://`` there sends the clients
+    that read it (with their bearer token) around the TLS. Only this upgrade is taken from
+    the header: a client that forges it gets a card naming ``https``, which is no harm."""
+    forwarded = request.headers.get("x-forwarded-proto", "").split(",")[0].strip().lower()
+    return "https" if forwarded == "https" else request.url.scheme
 
 
 class EventStream:
@@ -147,7 +161,7 @@ class A2AEndpoint:
 
     async def card(self, request: Request) -> Response:
         agent = self.state.agent_for(new_id("session"))
-        base = f"{request.url.scheme}://{request.headers.get('host', 'localhost')}{PREFIX}"
+        base = f"{_scheme(request)}://{request.headers.get('host', 'localhost')}{PREFIX}"
         card = wire.agent_card(
             name=agent.name,
             description=f"The Axon agent {agent.name!r}.",
@@ -248,6 +262,8 @@ class A2AEndpoint:
         request_id = body.get("id") if isinstance(body, dict) else None
         if isinstance(request_id, bool) or not isinstance(request_id, str | int | None):
             request_id = None
+        elif isinstance(request_id, str) and len(request_id) > MAX_ID:
+            request_id = None  # refused below; not echoed
         try:
             if isinstance(body, list):
                 raise wire.A2AError("InvalidRequest", "batch requests are not supported")
@@ -257,7 +273,10 @@ class A2AEndpoint:
             if not isinstance(method, str) or not method:
                 raise wire.A2AError("InvalidRequest", "'method' must be a non-empty string")
             if "id" in body and body["id"] is not request_id:
-                raise wire.A2AError("InvalidRequest", "'id' must be a string, an integer or null")
+                raise wire.A2AError(
+                    "InvalidRequest",
+                    f"'id' must be a string of at most {MAX_ID} characters, an integer or null",
+                )
             params = body.get("params", {})
             old = method in legacy.METHODS or method in legacy.NOT_SERVED
             self._check_version(request, legacy.VERSION if old else wire.PROTOCOL_VERSION)
@@ -347,9 +366,8 @@ class A2AEndpoint:
         return {"task": live.snapshot(send.history_length)}
 
     def _stream(self, live: LiveTask, encode: Callable[[dict[str, Any]], bytes]) -> EventStream:
-        cursor = len(live.events)
         return EventStream(
-            encode({"task": live.snapshot()}), live.follow(cursor), encode, self.state
+            encode({"task": live.snapshot()}), live.follow(live.cursor), encode, self.state
         )
 
     def _subscribe(self, live: LiveTask, encode: Callable[[dict[str, Any]], bytes]) -> EventStream:

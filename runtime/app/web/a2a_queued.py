@@ -42,7 +42,9 @@ from runtime.app.web.a2a_tasks import (
     _agent_note,
     _busy,
     _decisions,
+    check_resend,
     derive,
+    fingerprint,
     split_task_id,
     task_id_of,
     user_message,
@@ -138,7 +140,7 @@ class QueuedTaskBook(TaskBook):
             stored_id = full.options.user_message_id or new_id("msg")
             message = UserMessage(content=full.input, id=stored_id)
             live.history.append(user_message(message, turn.session_id, task_id))
-            live.seen.add(stored_id)
+            live.seen[stored_id] = fingerprint(full.input)
         live.state = wire.WORKING if turn.status in (QUEUED, RUNNING) else wire.COMPLETED
         return live
 
@@ -184,7 +186,7 @@ class QueuedTaskBook(TaskBook):
         if isinstance(opened, LiveTask):
             return opened
         context_id, stored_id, content = opened
-        earlier = await self._sent_earlier(context_id, stored_id)
+        earlier = await self._sent_earlier(context_id, stored_id, incoming, content)
         if earlier is not None:
             return earlier
         self._check_capacity()
@@ -203,7 +205,7 @@ class QueuedTaskBook(TaskBook):
         if twin is not None:  # the same message, sent twice at once: one turn
             return twin
         live = LiveTask(task_id, context_id, turn.message_id)
-        live.seen.add(stored_id)
+        live.seen[stored_id] = fingerprint(content)
         live.history.append(self._history_entry(incoming, context_id, live.id, stored_id))
         waiting = [
             t
@@ -221,10 +223,14 @@ class QueuedTaskBook(TaskBook):
             )
         return self._keep(live)
 
-    async def _sent_earlier(self, context_id: str, stored_id: str) -> LiveTask | None:
+    async def _sent_earlier(
+        self, context_id: str, stored_id: str, incoming: wire.Incoming, content: Any
+    ) -> LiveTask | None:
         """The task that message ``stored_id`` started before (its turn saved, else
         queued or running); ``None`` when it started none. A context running another
-        turn refuses a new task."""
+        turn refuses a new task; a message that reuses the id of another is refused
+        (:func:`~runtime.app.web.a2a_tasks.check_resend`)."""
+        says = fingerprint(content)
         record = await self.front.store.load(context_id)
         messages = record.messages if record is not None else ()
         at = next(
@@ -232,6 +238,7 @@ class QueuedTaskBook(TaskBook):
             None,
         )
         if at is not None:
+            check_resend(fingerprint(messages[at].content), says, incoming, context_id)
             answer = next((m for m in messages[at + 1 :] if isinstance(m, AssistantMessage)), None)
             if answer is not None:
                 return await self.find(task_id_of(context_id, answer.id))
@@ -240,6 +247,7 @@ class QueuedTaskBook(TaskBook):
             return None
         row = await self.front.queue.get(active.turn_id)
         if row is not None and row.options.user_message_id == stored_id:
+            check_resend(fingerprint(row.input), says, incoming, context_id)
             return await self.find(task_id_of(context_id, row.message_id))
         raise _busy(context_id, self._running_in(context_id))
 

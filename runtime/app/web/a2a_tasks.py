@@ -17,6 +17,7 @@ back from the session's history (:func:`derive`).
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import AsyncIterator, Sequence
 from functools import partial
 from typing import Any
@@ -67,7 +68,8 @@ LIVE_TASKS = 64
 """Tasks kept in memory while no turn of theirs runs (the oldest go first): a task that
 is not kept is read back from its session's history when asked for. Running tasks are
 always kept; there is at most one per session. A kept task holds its client's messages
-(media included) and its events, so this bounds what finished tasks hold."""
+(media included) and its answer, so this bounds what finished tasks hold (their stream
+events are dropped once no stream follows them: :meth:`LiveTask._compact`)."""
 
 RUNNING_TASKS = 100
 """Tasks that may run at once in one app. An A2A client need not hold a connection
@@ -77,6 +79,32 @@ on HTTP+JSON) until one ends."""
 
 SEPARATOR = "~"
 """Between a task id's session id and message id: in neither id's alphabet."""
+
+
+def fingerprint(content: Any) -> str:
+    """What a client's message said (its user content), as a digest: a message re-sent
+    with the same ``messageId`` must say the same (:func:`check_resend`)."""
+    return hashlib.sha256(orjson.dumps(wire.parts_of(content))).hexdigest()
+
+
+def answer_fingerprint(incoming: wire.Incoming) -> str:
+    """What a message on a task (its answers to what the task waits for) said."""
+    return hashlib.sha256(orjson.dumps(incoming.parts, option=orjson.OPT_SORT_KEYS)).hexdigest()
+
+
+def check_resend(said: str | None, says: str, incoming: wire.Incoming, context_id: str) -> None:
+    """A message whose ``messageId`` was sent before in the context is a resend, which
+    runs nothing and gets the task it started, only when it says the same (``said`` /
+    ``says``: the two :func:`fingerprint` s; ``None``: not known, taken as the same). A
+    careless client that reuses one ``messageId`` for every message would otherwise get
+    its first answer back for every later question, and nothing run."""
+    if said is not None and said != says:
+        raise wire.invalid_params(
+            f"message.messageId {incoming.message_id[:128]!r} was sent before in context "
+            f"{context_id!r} with other content: a message sent again with its messageId "
+            "must be the same message (it runs nothing again); give each new message a "
+            "messageId of its own"
+        )
 
 
 def task_id_of(context_id: str, message_id: str) -> str:
@@ -171,7 +199,7 @@ def derive(
     live.text = [message.text] if message.text else []
     if user is not None:
         live.history.append(user_message(user, context_id, task_id))
-        live.seen.add(user.id)
+        live.seen[user.id] = fingerprint(user.content)
     note: dict[str, Any] | None = None
     if message.error is not None:
         state = wire.FAILED
@@ -210,9 +238,20 @@ class LiveTask:
         self.timestamp = wire.now()
         self.text: list[str] = []
         self.history: list[dict[str, Any]] = []
-        self.seen: set[str] = set()
-        """Stored ids of the client messages this task took (a re-sent one is known)."""
+        self.seen: dict[str, str] = {}
+        """Stored ids of the client messages this task took (a re-sent one is known), to
+        what each said (:func:`fingerprint`: a resend must say the same)."""
         self.events: list[dict[str, Any]] = []
+        """The events its followers have yet to read (:meth:`follow`): once it settles
+        and none follows it, they are dropped (:meth:`_compact`)."""
+        self._dropped = 0
+        """Events dropped before :attr:`events` (a follower's cursor counts them)."""
+        self._followers = 0
+        self.transition = trio.Lock()
+        """Held while a message's answers are recorded and the continuation they complete
+        starts, and while the task is canceled: a cancel that came in between found the
+        task waiting with nothing left to deny, answered ``CANCELED``, and the
+        continuation then ran the approved calls and completed the task."""
         self.running = False
         """A turn (or a continuation) of the task runs now."""
         self.out: Any = None
@@ -239,14 +278,32 @@ class LiveTask:
             history_length=history_length,
         )
 
+    @property
+    def cursor(self) -> int:
+        """Where a stream that starts now follows the task from (:meth:`follow`)."""
+        return self._dropped + len(self.events)
+
     def _emit(self, event: dict[str, Any]) -> None:
         self.events.append(event)
         self._changed.set()
         self._changed = trio.Event()
 
+    def _compact(self) -> None:
+        """Drop what a settled task nobody follows holds for its followers only: its
+        events (a stream that starts now starts past them; subscribing to a finished task
+        is refused) and its answer in pieces (joined). A kept task (``LIVE_TASKS`` of
+        them) held ~800 bytes per text delta of its answer: a long answer, tens of MB."""
+        if self.settled and not self._followers and self.events:
+            self._dropped += len(self.events)
+            self.events = []
+            whole = "".join(self.text)
+            self.text = [whole] if whole else []
+            self._step_mark = len(self.text)
+
     def set_state(self, state: str, note: dict[str, Any] | None = None) -> None:
         self.state, self.status_message, self.timestamp = state, note, wire.now()
         self._emit(wire.status_update(self.id, self.context_id, wire.status(state, note)))
+        self._compact()
 
     def add_text(self, text: str) -> None:
         append = bool(self.text)
@@ -278,15 +335,25 @@ class LiveTask:
         while not self.settled:
             await self._changed.wait()
 
-    async def follow(self, cursor: int) -> AsyncIterator[dict[str, Any]]:
-        """The events from ``cursor`` on, as they come, until the task settles."""
-        while True:
-            while cursor < len(self.events):
-                cursor += 1
-                yield self.events[cursor - 1]
-            if self.settled:
-                return
-            await self._changed.wait()
+    def follow(self, cursor: int) -> AsyncIterator[dict[str, Any]]:
+        """The events from ``cursor`` (:attr:`cursor` when the stream started) on, as
+        they come, until the task settles. The follower counts from now, before the
+        iterator starts, so that the events it is to read are kept for it."""
+        self._followers += 1
+        return self._follow(cursor)
+
+    async def _follow(self, cursor: int) -> AsyncIterator[dict[str, Any]]:
+        try:
+            while True:
+                while cursor < self.cursor:
+                    cursor += 1
+                    yield self.events[cursor - 1 - self._dropped]
+                if self.settled:
+                    return
+                await self._changed.wait()
+        finally:
+            self._followers -= 1
+            self._compact()
 
 
 def _busy(context_id: str, running: LiveTask | None) -> wire.A2AError:
@@ -409,6 +476,9 @@ class TaskBook:
                 None,
             )
             if at is not None:  # a re-sent message: the task it started
+                sent = messages[at]
+                assert isinstance(sent, UserMessage)
+                check_resend(fingerprint(sent.content), fingerprint(content), incoming, context_id)
                 answer = next(
                     (m for m in messages[at + 1 :] if isinstance(m, AssistantMessage)), None
                 )
@@ -425,7 +495,7 @@ class TaskBook:
             raise _busy(context_id, self._running_in(context_id))
         message_id = new_id("task")
         live = LiveTask(task_id_of(context_id, message_id), context_id, message_id)
-        live.seen.add(stored_id)
+        live.seen[stored_id] = fingerprint(content)
         live.history.append(self._history_entry(incoming, context_id, live.id, stored_id))
         if "title" not in session.meta:
             session.set_title(title_of(content))
@@ -458,11 +528,12 @@ class TaskBook:
         except InvalidSessionId as exc:
             raise wire.invalid_params(f"message.contextId: {exc}") from None
         stored_id = wire.stored_message_id(incoming.message_id)
-        twin = self._sent_before(context_id, stored_id)
-        if twin is not None:
-            return twin
         try:
             content = user_content(wire.user_input(incoming.parts))
+            twin = self._sent_before(context_id, stored_id)
+            if twin is not None:  # a resend: checked no further than that it is one
+                check_resend(twin.seen[stored_id], fingerprint(content), incoming, context_id)
+                return twin
             check_counts(content, self.state.host.input_limits)
             check_limits(content, self.state.agent_for(context_id).media_limits)
         except (InvalidMedia, MediaTooLarge, TooManyParts) as exc:
@@ -514,6 +585,9 @@ class TaskBook:
             )
         stored_id = wire.stored_message_id(incoming.message_id)
         if stored_id in live.seen:
+            check_resend(
+                live.seen[stored_id], answer_fingerprint(incoming), incoming, live.context_id
+            )
             return live, None
         if live.state in wire.TERMINAL:
             raise wire.A2AError(
@@ -538,7 +612,7 @@ class TaskBook:
         """Note the recorded answer message on its task; with the calls still
         ``remaining`` (``None``: the answers put its turn back), the task waits for input
         again."""
-        live.seen.add(stored_id)
+        live.seen[stored_id] = answer_fingerprint(incoming)
         live.history.append(self._history_entry(incoming, live.context_id, live.id, stored_id))
         if remaining is not None:
             live.set_state(
@@ -550,13 +624,19 @@ class TaskBook:
         live, stored_id = await self._task_waiting(incoming)
         if stored_id is None:
             return live
-        session = await self.state.session(live.context_id)
-        if session.busy:
-            raise _busy(live.context_id, self._running_in(live.context_id))
-        recorded, remaining = await self._record(session, live, incoming)
-        self._took_answers(live, incoming, stored_id, None if recorded.complete else remaining)
-        if recorded.complete:
-            await self._start(live, session, None, decided=recorded)
+        async with live.transition:
+            # checked again: a cancel (or another answer) may have gone first
+            live, stored_id = await self._task_waiting(incoming)
+            if stored_id is None:
+                return live
+            session = await self.state.session(live.context_id)
+            if session.busy:
+                raise _busy(live.context_id, self._running_in(live.context_id))
+            recorded, remaining = await self._record(session, live, incoming)
+            complete = recorded.complete
+            self._took_answers(live, incoming, stored_id, None if complete else remaining)
+            if complete:
+                await self._start(live, session, None, decided=recorded)
         return live
 
     async def _record(
@@ -729,6 +809,10 @@ class TaskBook:
         task again gives the task as it is (idempotent); a completed or failed one
         ``TaskNotCancelable``."""
         live = await self.find(task_id)
+        async with live.transition:  # after an answer that resumes it: its continuation
+            return await self._cancel(live, task_id)
+
+    async def _cancel(self, live: LiveTask, task_id: str) -> LiveTask:
         if live.state == wire.CANCELED and not live.running:
             return live
         if live.state in wire.TERMINAL:
@@ -818,4 +902,13 @@ def _decisions(values: Sequence[Any], pending: Sequence[PendingCall]) -> list[tu
     return out
 
 
-__all__ = ["CANCELED_REASON", "LiveTask", "TaskBook", "derive", "split_task_id", "task_id_of"]
+__all__ = [
+    "CANCELED_REASON",
+    "LiveTask",
+    "TaskBook",
+    "check_resend",
+    "derive",
+    "fingerprint",
+    "split_task_id",
+    "task_id_of",
+]

@@ -1,0 +1,570 @@
+"""A2A attacked, both directions: ``A2AAgent`` (our client) against hostile remote agents
+(a card that points elsewhere, endless or malformed streams, an error text quoting the
+token, stalls), and the A2A endpoint (our server) against careless clients.
+
+A hostile remote agent is a small Starlette app served on a loopback port in the test's
+Trio loop (:func:`hostile`): its Agent Card and its JSON-RPC endpoint are whatever the
+test says, and it records every request it gets."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from functools import partial
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+import trio
+import trio.testing
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+
+from actors.a2a import A2AAgent, RemoteAgentError, agent, wire
+from actors.providers.scripted import ScriptedProvider, current_step, tool_call
+from runtime import Agent, Host, ToolMessage
+from runtime.actor_messages import InferRequest
+from runtime.app.web.serve import serve_app
+from tests.test_a2a import BOTH, hello_agent
+from tests.web.harness import wait_idle, web_server
+
+TOKEN = "tok-attack-7f3a9c21e5"
+"""The token the client is given: no ``Bearer`` shape of its own once a remote agent
+quotes it bare."""
+
+
+class Remote:
+    """A hostile remote agent: its card, its JSON-RPC answers, and what it was sent."""
+
+    def __init__(self) -> None:
+        self.url = ""
+        self.card: Any = None
+        self.answer: Callable[[dict[str, Any]], Any] = lambda body: None
+        self.requests: list[tuple[str, dict[str, str], Any]] = []
+
+    def methods(self) -> list[str]:
+        return [b.get("method") for _, _, b in self.requests if isinstance(b, dict)]
+
+
+def card_of(url: str, *, streaming: bool = True) -> dict[str, Any]:
+    card = wire.agent_card(name="remote", description="d", url=url, token=True, version="1")
+    card["capabilities"]["streaming"] = streaming
+    return card
+
+
+@asynccontextmanager
+async def hostile() -> AsyncIterator[Remote]:
+    remote = Remote()
+
+    async def card(request: Request) -> Response:
+        remote.requests.append((request.url.path, dict(request.headers), None))
+        if isinstance(remote.card, Response):
+            return remote.card
+        return Response(orjson.dumps(remote.card), media_type="application/json")
+
+    async def anything(request: Request) -> Any:
+        raw = await request.body()
+        body = orjson.loads(raw) if raw else None
+        remote.requests.append((request.url.path, dict(request.headers), body))
+        if isinstance(body, dict) and body.get("method") == "CancelTask":
+            task = wire.task(body["params"]["id"], "c", wire.status(wire.CANCELED))
+            return Response(orjson.dumps(wire.jsonrpc_result(body.get("id"), task)))
+        return remote.answer(body)
+
+    app = Starlette(
+        routes=[
+            Route(wire.CARD_PATH, card),
+            Route("/{path:path}", anything, methods=["GET", "POST"]),
+        ]
+    )
+    async with trio.open_nursery() as nursery:
+        (remote.url,) = await nursery.start(partial(serve_app, app, host="127.0.0.1", port=0))
+        remote.card = card_of(remote.url + "/a2a")
+        try:
+            yield remote
+        finally:
+            nursery.cancel_scope.cancel()
+
+
+def event(result: Any) -> bytes:
+    return wire.sse(wire.jsonrpc_result("1", result))
+
+
+def stream(*pieces: bytes, then: Any = None) -> StreamingResponse:
+    """An SSE answer: ``pieces``, then whatever the async iterator ``then`` yields."""
+
+    async def body() -> AsyncIterator[bytes]:
+        for piece in pieces:
+            yield piece
+        if then is not None:
+            async for piece in then:
+                yield piece
+
+    return StreamingResponse(body(), media_type="text/event-stream")
+
+
+WORKING = {"task": wire.task("ctx~t1", "ctx", wire.status(wire.WORKING))}
+
+
+def lead(tool: Any) -> Agent:
+    """A parent agent that calls the remote agent once, then says what the call gave."""
+
+    def script(request: InferRequest) -> list[Any]:
+        if current_step(request.messages) == 0:
+            return [*tool_call("remote", {"input": "do it"}, tool_call_id="P1")]
+        last = request.messages[-1]
+        return [f"Got: {last.output if last.error is None else last.error}"]
+
+    return Agent(name="lead", provider=ScriptedProvider(responder=script), tools=[tool])
+
+
+# -- our client against a hostile remote agent ------------------------------------------
+
+
+async def test_a_card_pointing_at_another_origin_is_refused_and_gets_no_token():
+    async with hostile() as remote, hostile() as elsewhere:
+        remote.card = card_of(elsewhere.url + "/a2a")
+        with pytest.raises(RemoteAgentError, match="another origin"):
+            await A2AAgent(remote.url, token=TOKEN).run("hi")
+    assert elsewhere.requests == []  # the token (and the task) never went there
+
+
+@pytest.mark.parametrize(
+    "where",
+    ["file:///etc/passwd", "ftp://127.0.0.1/a2a", "http://169.254.169.254/latest/meta-data"],
+)
+async def test_a_card_pointing_at_another_scheme_or_a_metadata_address_is_refused(where):
+    async with hostile() as remote:
+        for interface in remote.card["supportedInterfaces"]:
+            interface["url"] = where
+        with pytest.raises(RemoteAgentError, match="another origin"):
+            await A2AAgent(remote.url, token=TOKEN).run("hi")
+
+
+async def test_a_card_on_the_same_origin_under_another_path_is_used():
+    async with hostile() as remote:
+        remote.card = card_of(remote.url + "/elsewhere")
+        remote.answer = lambda body: stream(
+            event({"message": {"messageId": "m", "role": "ROLE_AGENT", "parts": [{"text": "ok"}]}})
+        )
+        assert await A2AAgent(remote.url, token=TOKEN).run("hi") == "ok"
+    path, headers, _ = remote.requests[-1]
+    assert path == "/elsewhere/jsonrpc" and headers["authorization"] == f"Bearer {TOKEN}"
+
+
+async def test_a_redirect_is_not_followed_with_the_token():
+    async with hostile() as remote, hostile() as elsewhere:
+        remote.card = Response(
+            status_code=307, headers={"location": elsewhere.url + wire.CARD_PATH}
+        )
+        with pytest.raises(RemoteAgentError, match="HTTP 307"):
+            await A2AAgent(remote.url, token=TOKEN).run("hi")
+        remote.card = card_of(remote.url + "/a2a")
+        remote.answer = lambda body: Response(
+            status_code=307, headers={"location": elsewhere.url + "/a2a/jsonrpc"}
+        )
+        with pytest.raises(RemoteAgentError, match="HTTP 307"):
+            await A2AAgent(remote.url, token=TOKEN).run("hi")
+    assert elsewhere.requests == []
+
+
+async def test_a_token_the_remote_agent_quotes_is_redacted_where_the_model_and_store_see_it():
+    quoted = f"token {TOKEN} is not valid here"
+    async with hostile() as remote:
+        remote.answer = lambda body: stream(
+            event(WORKING),
+            event(
+                {
+                    "statusUpdate": {
+                        "status": {
+                            "state": wire.FAILED,
+                            "message": {
+                                "role": "ROLE_AGENT",
+                                "messageId": "n",
+                                "parts": [{"text": quoted}],
+                            },
+                        }
+                    }
+                }
+            ),
+        )
+        tool = A2AAgent(remote.url, token=TOKEN).as_tool(name="remote")
+        async with Host.open(log_tap=False) as host:
+            session = await host.open_session(lead(tool), session_id="p")
+            async with session.stream("go") as out:
+                chunks = [c async for c in out]
+            stored = await host.store.load("p")
+    result = next(m for m in session.messages if isinstance(m, ToolMessage))
+    assert result.error is not None and "is not valid here" in result.error
+    seen = orjson.dumps([c.model_dump() if hasattr(c, "model_dump") else repr(c) for c in chunks])
+    assert TOKEN.encode() not in seen
+    assert TOKEN not in result.error and TOKEN not in out.result.text
+    assert TOKEN not in repr(stored.messages)
+
+
+async def test_a_refusal_quoting_the_token_is_redacted_in_the_error_raised():
+    async with hostile() as remote:
+        error = {"code": -32001, "message": f"who is {TOKEN}?"}
+        remote.answer = lambda body: Response(
+            orjson.dumps({"jsonrpc": "2.0", "id": "1", "error": error}),
+            media_type="application/json",
+        )
+        with pytest.raises(RemoteAgentError) as caught:
+            await A2AAgent(remote.url, token=TOKEN).run("hi")
+    assert "who is" in str(caught.value) and TOKEN not in str(caught.value)
+
+
+async def test_credentials_in_the_agents_url_are_not_in_the_tool_description():
+    tool = A2AAgent("http://user:hunter2-secret@127.0.0.1:9/", token=TOKEN).as_tool()
+    assert "hunter2-secret" not in orjson.dumps(tool.spec()).decode()
+
+
+async def test_an_endless_answer_is_cut_at_max_answer_chars_and_its_task_canceled():
+    async def endless() -> AsyncIterator[bytes]:
+        chunk = {
+            "artifactUpdate": {
+                "taskId": "ctx~t1",
+                "append": True,
+                "artifact": {"parts": [{"text": "x" * 100}]},
+            }
+        }
+        while True:
+            yield event(chunk)
+            await trio.lowlevel.checkpoint()
+
+    async with hostile() as remote:
+        remote.answer = lambda body: stream(event(WORKING), then=endless())
+        with pytest.raises(RemoteAgentError, match="passed 1000 characters"):
+            await A2AAgent(remote.url, token=TOKEN, max_answer_chars=1000).run("hi")
+    assert remote.methods() == ["SendStreamingMessage", "CancelTask"]
+
+
+async def test_an_event_line_that_never_ends_is_not_buffered_whole(monkeypatch):
+    monkeypatch.setattr(agent, "MAX_PIECE_BYTES", 1000)
+    async with hostile() as remote:
+        remote.answer = lambda body: stream(event(WORKING), b"data: " + b"x" * 100_000)
+        with pytest.raises(RemoteAgentError, match="over 1000 bytes"):
+            await A2AAgent(remote.url, token=TOKEN).run("hi")
+    assert remote.methods() == ["SendStreamingMessage", "CancelTask"]
+
+
+async def test_a_huge_card_or_answer_is_refused_unread(monkeypatch):
+    monkeypatch.setattr(agent, "MAX_PIECE_BYTES", 1000)
+    async with hostile() as remote:
+        remote.card = {**card_of(remote.url + "/a2a", streaming=False), "pad": "x" * 5000}
+        with pytest.raises(RemoteAgentError, match="over 1000 bytes"):
+            await A2AAgent(remote.url, token=TOKEN).run("hi")
+        remote.card = card_of(remote.url + "/a2a", streaming=False)
+        remote.answer = lambda body: Response(b"[" + b"1," * 5000 + b"1]")
+        with pytest.raises(RemoteAgentError, match="over 1000 bytes"):
+            await A2AAgent(remote.url, token=TOKEN).run("hi")
+
+
+@pytest.mark.parametrize(
+    ("piece", "says"),
+    [
+        (event([1, 2]), "malformed event \\(an array"),
+        (event("text"), "malformed event \\(a string"),
+        (b"data: {nope\n\n", "an event that is not JSON"),
+        (event({"task": {"id": {"a": 1}, "status": {"state": wire.WORKING}}}), "string id"),
+    ],
+)
+async def test_a_malformed_event_is_named_so_not_an_unreachable_agent(piece, says):
+    async with hostile() as remote:
+        remote.answer = lambda body: stream(piece)
+        with pytest.raises(RemoteAgentError, match=says) as caught:
+            await A2AAgent(remote.url, token=TOKEN).run("hi")
+    assert "could not be reached" not in str(caught.value)
+
+
+async def test_junk_inside_well_formed_events_is_skipped():
+    async with hostile() as remote:
+        remote.answer = lambda body: stream(
+            event(WORKING),
+            event({"artifactUpdate": {"artifact": [1]}}),
+            event({"artifactUpdate": {"artifact": {"parts": "abc"}}}),
+            event({"artifactUpdate": {"append": True, "artifact": {"parts": [{"text": 5}]}}}),
+            event({"artifactUpdate": {"append": True, "artifact": {"parts": [{"text": "ok"}]}}}),
+            event({"statusUpdate": {"status": {"state": wire.COMPLETED}}}),
+        )
+        assert await A2AAgent(remote.url, token=TOKEN).run("hi") == "ok"
+
+
+@pytest.mark.parametrize("state", [wire.AUTH_REQUIRED, wire.INPUT_REQUIRED])
+async def test_a_task_that_asks_for_auth_or_input_is_canceled_and_the_model_reads_why(state):
+    async with hostile() as remote:
+        note = {"role": "ROLE_AGENT", "messageId": "n", "parts": [{"text": "log in first"}]}
+        remote.answer = lambda body: stream(
+            event(WORKING), event({"statusUpdate": {"status": {"state": state, "message": note}}})
+        )
+        tool = A2AAgent(remote.url, token=TOKEN).as_tool(name="remote")
+        async with Host.open(log_tap=False) as host:
+            session = await host.open_session(lead(tool), session_id="p")
+            result = await session.run("go")
+    message = next(m for m in session.messages if isinstance(m, ToolMessage))
+    assert message.error is not None
+    assert "asked for input" in message.error and "log in first" in message.error
+    assert result.text.startswith("Got: ")
+    assert remote.methods() == ["SendStreamingMessage", "CancelTask"]
+
+
+async def test_a_stalled_stream_is_cut_by_the_tool_timeout_and_its_task_canceled(autojump_clock):
+    async with hostile() as remote:
+        remote.answer = lambda body: stream(event(WORKING), then=_forever())
+        tool = A2AAgent(remote.url, token=TOKEN).as_tool(name="remote")
+        async with Host.open(log_tap=False) as host:
+            session = await host.open_session(lead(tool), session_id="p")
+            result = await session.run("go")
+    message = next(m for m in session.messages if isinstance(m, ToolMessage))
+    assert message.error is not None and "timed out" in message.error.lower()
+    assert result.text.startswith("Got: ")
+    assert remote.methods() == ["SendStreamingMessage", "CancelTask"]
+
+
+async def _forever() -> AsyncIterator[bytes]:
+    await trio.sleep_forever()
+    yield b""  # pragma: no cover
+
+
+# -- our server against careless or hostile clients --------------------------------------
+
+
+async def _card(server: Any, headers: dict[str, str]) -> dict[str, Any]:
+    async with httpx.AsyncClient() as http:
+        response = await http.get(server.url + wire.CARD_PATH, headers=headers)
+    assert response.status_code == 200
+    return response.json()
+
+
+async def test_the_card_behind_a_tls_proxy_names_https_and_no_forged_scheme():
+    async with web_server(hello_agent(), protocols=BOTH, allowed_hosts=["agent.example"]) as s:
+        proxied = await _card(s, {"host": "agent.example", "x-forwarded-proto": "https"})
+        forged = await _card(s, {"x-forwarded-proto": "gopher"})
+        direct = await _card(s, {})
+    assert {i["url"] for i in proxied["supportedInterfaces"]} == {
+        "https://agent.example/a2a/jsonrpc",
+        "https://agent.example/a2a",
+    }
+    assert proxied["url"] == "https://agent.example/a2a/jsonrpc"
+    assert forged["url"] == direct["url"] == s.url + "/a2a/jsonrpc"
+
+
+async def test_the_card_never_names_a_host_the_guard_refuses():
+    import httpx
+
+    async with web_server(hello_agent(), protocols=BOTH) as s:
+        async with httpx.AsyncClient() as http:
+            response = await http.get(s.url + wire.CARD_PATH, headers={"host": "evil.example"})
+    assert response.status_code == 403 and "supportedInterfaces" not in response.text
+
+
+async def test_answers_sent_whole_again_and_again_count_toward_max_answer_chars():
+    whole = {"artifactUpdate": {"artifact": {"parts": [{"text": "y" * 600}]}}}  # no append
+    async with hostile() as remote:
+        remote.answer = lambda body: stream(
+            event(WORKING),
+            *[event(whole)] * 5,
+            event({"statusUpdate": {"status": {"state": wire.COMPLETED}}}),
+        )
+        with pytest.raises(RemoteAgentError, match="passed 1000 characters"):
+            await A2AAgent(remote.url, token=TOKEN, max_answer_chars=1000).run("hi")
+
+
+def _send(text: str, *, message_id: str = "m-1", context_id: str = "demo-1", **more: Any) -> Any:
+    message = {"messageId": message_id, "role": "ROLE_USER", "parts": [{"text": text}]}
+    message.update(contextId=context_id, **more)
+    return {"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {"message": message}}
+
+
+async def _post(server: Any, body: Any) -> Any:
+    async with httpx.AsyncClient(timeout=30) as http:
+        response = await http.post(server.url + "/a2a/jsonrpc", json=body)
+    return response.json()
+
+
+@pytest.mark.parametrize("kept", [True, False])
+async def test_a_message_id_reused_for_another_message_is_refused_and_runs_nothing(
+    kept, monkeypatch
+):
+    from runtime.app.web import a2a_tasks
+
+    if not kept:  # the first task is no longer in memory: found from the store
+        monkeypatch.setattr(a2a_tasks, "LIVE_TASKS", 0)
+    async with web_server(hello_agent("Hi.", "Four."), protocols=BOTH) as s:
+        first = await _post(s, _send("hi"))
+        again = await _post(s, _send("hi"))  # a true resend: the task it started
+        other = await _post(s, _send("what is 2+2?"))  # a careless client's constant id
+        stored = await s.host.store.load("demo-1")
+    assert again["result"]["task"]["id"] == first["result"]["task"]["id"]
+    assert other["error"]["code"] == -32602 and "sent before" in other["error"]["message"]
+    assert [m.text for m in stored.messages] == ["hi", "Hi."]  # ran nothing
+
+
+async def test_a_message_on_a_task_reusing_the_questions_id_is_refused_not_taken_as_a_resend():
+    from tests.support.approval_agents import agent as approval_agent
+
+    async with web_server(approval_agent, protocols=BOTH) as s:
+        asked = await _post(s, _send("weather?", message_id="q"))
+        task = asked["result"]["task"]
+        decision = {"decisions": [{"approved": True}]}
+        body = _send("", message_id="q", taskId=task["id"])
+        body["params"]["message"]["parts"] = [{"data": decision}]
+        reused = await _post(s, body)
+        body["params"]["message"]["messageId"] = "d"
+        answered = await _post(s, body)
+        resent = await _post(s, body)  # the answer sent again: the same task, nothing more
+    assert task["status"]["state"] == wire.INPUT_REQUIRED
+    assert reused["error"]["code"] == -32602 and "sent before" in reused["error"]["message"]
+    assert answered["result"]["task"]["status"]["state"] == wire.COMPLETED
+    assert resent["result"]["task"]["id"] == task["id"]
+
+
+async def test_a_message_id_reused_for_another_message_is_refused_in_a_worker_deployment(
+    pg_url: str,
+) -> None:
+    from tests.support.redis import require_redis
+    from tests.test_frontend import LIMIT
+    from tests.test_worker_protocols import at, protocols_deployment
+
+    async with protocols_deployment(pg_url, require_redis()) as d:
+        front = at(d.urls[0])
+        with trio.fail_after(LIMIT):
+            first = await _post(front, _send("tools a2a", context_id="c1"))
+            again = await _post(front, _send("tools a2a", context_id="c1"))
+            other = await _post(at(d.urls[0]), _send("tools other", context_id="c1"))
+        turns = await d.queue.turns("c1")
+    assert again["result"]["task"]["id"] == first["result"]["task"]["id"]
+    assert other["error"]["code"] == -32602 and "sent before" in other["error"]["message"]
+    assert [t.status for t in turns] == ["done"]  # the other message ran nothing
+
+
+async def test_a_finished_task_keeps_its_answer_not_its_stream_events():
+    pieces = [f"w{i} " for i in range(200)]
+    agent = Agent(name="long", provider=ScriptedProvider(turns=[["".join(pieces)]]))
+    async with web_server(agent, protocols=BOTH) as s:
+        body = _send("go")
+        body["method"] = "SendStreamingMessage"
+        async with httpx.AsyncClient(timeout=30) as http:
+            response = await http.post(s.url + "/a2a/jsonrpc", json=body)
+        events = [orjson.loads(line[5:]) for line in response.text.splitlines() if line]
+        (task,) = _task_book(s.app).live.values()
+        got = await _post(s, {**_send("x"), "method": "GetTask", "params": {"id": task.id}})
+    updates = [e["result"]["artifactUpdate"] for e in events if "artifactUpdate" in e["result"]]
+    streamed = "".join(p["text"] for u in updates for p in u["artifact"]["parts"])
+    assert len(updates) > 2 and streamed == "".join(pieces)  # the follower read them all
+    assert events[-1]["result"]["statusUpdate"]["status"]["state"] == wire.COMPLETED
+    assert task.events == [] and task.text == ["".join(pieces)]
+    assert got["result"]["artifacts"][0]["parts"][0]["text"] == "".join(pieces)
+
+
+def _task_book(app: Any) -> Any:
+    from runtime.app.web.a2a import A2AEndpoint
+
+    (endpoint,) = [
+        r.app for r in app.router.routes if isinstance(getattr(r, "app", None), A2AEndpoint)
+    ]
+    return endpoint.tasks
+
+
+async def test_a_waiting_task_pushed_out_of_memory_by_later_tasks_is_still_answered(monkeypatch):
+    from runtime.app.web import a2a_tasks
+    from tests.support.approval_agents import agent as approval_agent
+
+    monkeypatch.setattr(a2a_tasks, "LIVE_TASKS", 1)
+    async with web_server(approval_agent, protocols=BOTH) as s:
+        first = (await _post(s, _send("weather?", message_id="q", context_id="a")))["result"]
+        await _post(s, _send("weather?", message_id="q", context_id="b"))
+        await _post(s, _send("weather?", message_id="q", context_id="c"))
+        assert first["task"]["id"] not in _task_book(s.app).live  # pushed out
+        body = _send("", message_id="d", context_id="a", taskId=first["task"]["id"])
+        body["params"]["message"]["parts"] = [{"data": {"approved": True}}]
+        answered = await _post(s, body)
+    assert first["task"]["status"]["state"] == wire.INPUT_REQUIRED
+    assert answered["result"]["task"]["status"]["state"] == wire.COMPLETED
+
+
+async def test_a_cancel_racing_the_answer_that_resumes_a_task_tells_what_happened(monkeypatch):
+    from runtime.app.web.a2a_tasks import TaskBook
+    from tests.support.approval_agents import agent as approval_agent
+
+    gate, starting = trio.Event(), trio.Event()
+    original = TaskBook._start
+
+    async def slow_start(self: Any, *args: Any, **kwargs: Any) -> None:
+        if kwargs.get("decided") is not None:  # the continuation, its answers recorded
+            starting.set()
+            await gate.wait()
+        await original(self, *args, **kwargs)
+
+    monkeypatch.setattr(TaskBook, "_start", slow_start)
+    async with web_server(approval_agent, protocols=BOTH) as s:
+        task = (await _post(s, _send("weather?", message_id="q")))["result"]["task"]
+        body = _send("", message_id="d", taskId=task["id"])
+        body["params"]["message"]["parts"] = [{"data": {"approved": True}}]
+        cancel = {"jsonrpc": "2.0", "id": 2, "method": "CancelTask", "params": {"id": task["id"]}}
+        answers: dict[str, Any] = {}
+
+        async def post(name: str, payload: Any) -> None:
+            answers[name] = await _post(s, payload)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(post, "answer", body)
+            await starting.wait()  # the answer is recorded; its continuation not started
+            nursery.start_soon(post, "cancel", cancel)
+            await trio.testing.wait_all_tasks_blocked(0.05)  # the cancel's turn to go
+            gate.set()
+        final = await _post(s, {**cancel, "method": "GetTask"})
+        await wait_idle(s, "demo-1")
+    said = answers["cancel"]["result"]["status"]["state"]
+    # the cancel answers once the continuation runs, and stops it: what it says is so
+    assert said == final["result"]["status"]["state"] == wire.CANCELED
+    assert answers["answer"]["result"]["task"]["id"] == task["id"]
+
+
+async def test_discover_makes_a_tool_a_model_takes_from_a_card_named_for_people():
+    async with hostile() as remote:
+        remote.card = {**remote.card, "name": "Currency Agent ☀ (v2)", "description": "d" * 5000}
+        named = await A2AAgent.discover(remote.url, token=TOKEN)
+        remote.card = {**remote.card, "name": "☀☀"}
+        unnamed = await A2AAgent.discover(remote.url, token=TOKEN)
+    spec = named.as_tool().spec()
+    assert (
+        spec["name"] == "Currency_Agent_v2" and unnamed.as_tool().spec()["name"] == "remote_agent"
+    )
+    assert len(named.description or "") == agent.MAX_DESCRIPTION
+
+
+async def test_a_huge_jsonrpc_id_is_refused_not_echoed_in_every_event():
+    async with web_server(hello_agent("Hi."), protocols=BOTH) as s:
+        body = {**_send("hi"), "id": "i" * 100_000, "method": "SendStreamingMessage"}
+        async with httpx.AsyncClient(timeout=30) as http:
+            response = await http.post(s.url + "/a2a/jsonrpc", json=body)
+        sessions = await s.host.store.list_sessions()
+        fine = await _post(s, {**_send("hi"), "id": "i" * 256})
+    refused = response.json()
+    assert refused["id"] is None and refused["error"]["code"] == -32600
+    assert len(response.content) < 1000 and sessions == []
+    assert fine["id"] == "i" * 256 and fine["result"]["task"]["status"]["state"] == wire.COMPLETED
+
+
+@pytest.mark.parametrize(
+    "chunks",
+    [
+        [b'data: {"a": 1}\n\ndata: {"a": 2}\n\n'],
+        [b'data: {"a": 1}\r', b'\n\r\ndata: {"a"', b": 2}\r\n\r\n"],  # CRLF cut in two
+        [b'data: {"a": 1}\r\rdata: {"a": 2}\r\r'],  # CR alone ends lines too
+        # comments skipped; a last event with no blank line after it
+        [b": keep-alive\n\n", b'data: {"a": 1}\n\n', b"data:", b' {"a": 2}'],
+        [b'data: {"a": 1}\n\ndata: {"a":\ndata: 2}\n\n'],  # an event of two data lines
+    ],
+)
+async def test_sse_events_are_read_whatever_their_line_ends_and_chunks(chunks):
+    class Chunked:
+        async def aiter_bytes(self) -> AsyncIterator[bytes]:
+            for chunk in chunks:
+                yield chunk
+
+    assert [e async for e in agent._sse(Chunked())] == [{"a": 1}, {"a": 2}]
