@@ -12,10 +12,13 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import trio
+
 from runtime.actor import Actor
 from runtime.actor_messages import Batch, Batcher, BeginRequest, StreamFailed
 from runtime.agent import DEFAULT_THINK_TAGS
 from runtime.chunks import FinishChunk, ReasoningChunk, TextChunk
+from runtime.errors import ActorFailed, describe_exception
 from runtime.inbox import Inbox
 from runtime.provider import TextRun
 
@@ -140,7 +143,22 @@ class Engine(Actor):
         self._current: str | None = None
 
     def on_crash(self, exc: BaseException) -> None:
-        self._splitter = None
+        """The call in flight fails, and its later chunks are dropped: the batch the
+        crash took is lost, so the turn runner, waiting for the call's end, would wait
+        for ever (the restarted engine has no splitter or batcher for it either)."""
+        current = self._current
+        self._splitter = self._out = self._current = None
+        if current is None:
+            return
+        why = describe_exception(exc)
+        error = ActorFailed(f"the engine crashed on the model's output: {why}")
+        failure = StreamFailed(error=error)
+        batch: Batch[Any] = Batch(current)
+        batch.append(failure)
+        try:
+            self.output.put_nowait(batch)
+        except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
+            pass  # the runner is gone or cannot take it: its own deadline or close ends it
 
     def on_rest(self) -> None:
         """The session is idle: its last request is over, a late chunk of it is dropped

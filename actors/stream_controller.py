@@ -52,6 +52,7 @@ from runtime.chunks import (
     ToolInputDeltaChunk,
     ToolInputStartChunk,
 )
+from runtime.errors import describe_exception
 from runtime.fastbuild import column_builder, slot_builder
 from runtime.inbox import Inbox
 from runtime.output import OutputChunk
@@ -88,14 +89,77 @@ class StreamController(Actor):
         self._open_kind: str | None = None  # "text" | "reasoning"
         self._open_id = ""
         self._done: TurnDone | None = None  # hand over after this batch, then close
+        self._handling: Batch[Any] | None = None
+        """The batch being rendered: what a crash loses (:meth:`on_crash`)."""
+        self._cut: str | None = None
+        self._delivered: tuple[str | None, str] = (None, "")
+        """The part open as far as the consumer knows (its kind, ``None`` for none, and
+        id): as of the last chunks sent. A crash closes that one, not one whose start
+        the crash lost."""
+        """The turn whose stream a crash cut: its later items are dropped, but its
+        :class:`TurnDone` (:meth:`_after_cut`)."""
 
     def on_crash(self, exc: BaseException) -> None:
-        self._open_kind = None
+        """End the turn's stream for its consumer: the batch the crash took is lost, so
+        the stream could not go on whole, and a lost :class:`TurnDone` left the consumer
+        waiting for ever. It gets an ``error`` chunk saying so, then the turn's result
+        when the runner hands it over (the turn itself goes on and is saved)."""
+        lost, self._handling = self._handling, None
+        inbox = self._consumer_inbox
+        if inbox is None or self._cut == self._turn_id:
+            self._open_kind = None
+            return
+        out: list[Any] = []
+        self._open_kind, self._open_id = self._delivered
+        self._close_part(out)
+        error = o.ErrorInfo(
+            kind="ActorFailed",
+            message=f"the stream controller crashed ({describe_exception(exc)}): the rest "
+            "of this turn's output is not streamed; the turn goes on and is saved",
+        )
+        out.append(self._chunk(o.Error, error=error))
+        batch: Batch[Any] = Batch(self._turn_id)
+        batch.extend(out)
+        self._cut = self._turn_id
+        try:
+            inbox.put_over(batch)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass  # the consumer left
+        done = self._done or next((i for i in lost or () if type(i) is TurnDone), None)
+        if done is not None:
+            self._hand_over_now(done)
+
+    def _hand_over_now(self, done: TurnDone) -> None:
+        """:meth:`_hand_over` without waiting (past the inbox's capacity)."""
+        inbox, self._consumer_inbox, self._consumer = self._consumer_inbox, None, None
+        self._done = None
+        if inbox is not None:
+            try:
+                inbox.put_over(done)
+                inbox.close()
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                pass
+
+    def _after_cut(self, message: Batch[Any]) -> bool:
+        """Whether ``message`` is of the turn whose stream a crash cut (and so taken
+        here): its items are dropped but its :class:`TurnDone`, handed over; a new
+        turn's :class:`TurnBegin` streams again."""
+        for i, item in enumerate(message):
+            if type(item) is TurnBegin:
+                self._cut = None
+                del message[:i]
+                return False
+            if type(item) is TurnDone:
+                self._hand_over_now(item)
+        return True
 
     async def handle(self, message: Any) -> None:
         if not isinstance(message, Batch):
             return
         message.taken = True
+        if self._cut is not None and self._after_cut(message):
+            return
+        self._handling = message
         out: list[Any] = []
         sid = self.session_id or ""
         handlers = self._HANDLERS
@@ -348,6 +412,7 @@ class StreamController(Actor):
                 await consumer.send_all(out)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 self._consumer = None  # the consumer left; the turn goes on being saved
+        self._delivered = self._open_kind, self._open_id
 
 
 def _waiting_chunk(ctrl: StreamController, item: ApprovalAsked | ToolDenied) -> Any:
