@@ -99,3 +99,31 @@ async def test_the_next_turn_streams_whole_after_a_controller_crash(monkeypatch,
     check_grammar(chunks)
     assert [c.text for c in chunks if c.type == "text-delta"] == ["again"]
     assert out.result.text == "again"
+
+
+async def test_a_runner_crash_at_the_turns_end_streams_an_error_and_a_result(
+    monkeypatch, autojump_clock, tmp_path
+):
+    # Past the turn's own error handling (its last save, its end): before, the stream
+    # just stopped, with no terminal chunk and no result.
+    from actors.turn.runner import TurnRunner
+
+    crashing_on(TurnRunner, "_save_last", 1, monkeypatch)
+    agent = Agent(provider=ScriptedProvider([["hello"]]))  # each turn
+    async with Host.open(log_tap=False, store=tmp_path / "s.db") as host:
+        session = await host.open_session(agent, session_id="s")
+        with trio.fail_after(60):
+            async with session.stream("first") as out:
+                chunks = [c async for c in out]
+            second = await session.run("second")
+    check_grammar(chunks, ending="error")
+    assert "the turn runner crashed" in chunks[-1].error.message
+    assert (out.result.finish_reason, out.result.saved) == ("error", False)
+    assert out.result.error.kind == "ActorFailed"
+    assert second.saved and second.text == "hello"
+    async with Host.open(log_tap=False, store=tmp_path / "s.db") as host:
+        stored = (await host.open_session(agent, session_id="s")).messages
+    assert [(m.role, getattr(m, "content", None)) for m in stored if m.role == "user"] == [
+        ("user", "first"),
+        ("user", "second"),
+    ]  # the crashed turn's messages were written by the next turn's save

@@ -89,7 +89,7 @@ from runtime.approval import (
     waiting_calls,
 )
 from runtime.chunks import Usage
-from runtime.errors import ActorFailed, AxonError, BudgetExceeded
+from runtime.errors import ActorFailed, AxonError, BudgetExceeded, describe_exception
 from runtime.history import INTERRUPTED, RepairedHistory
 from runtime.hosting import ToolSource, TurnHost
 from runtime.ids import new_id
@@ -166,6 +166,8 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
         fails (:class:`~runtime.provider.FallbackProvider`)."""
         self.engine = engine
         self.controller = controller
+        self._turn: Turn | None = None
+        """The turn running, for :meth:`_end_crashed`."""
         self.tool_executor = tool_executor
         self.persister = persister
         self.stream_inbox = stream_inbox
@@ -204,11 +206,13 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
         if isinstance(message, RunTurn):
             try:
                 await self.run_turn(message)
-            except Exception:
+            except Exception as exc:
                 # A bug (ours, a plug-in's): the crash is logged and the runner restarted,
                 # but nothing would end this turn's stream; its consumer waited for ever.
-                message.consumer.close()
+                await self._end_crashed(message, exc)
                 raise
+            finally:
+                self._turn = None
             self.turn_ended = True  # it may rest now (Actor.rests_after_turn)
 
     def on_rest(self) -> None:
@@ -278,6 +282,7 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
         agent, budget = self.agent, self.agent.budget
         await self._sync(run.turn_id, reload=run.resume, stored=run.stored)
         turn, committed, superseded = self._open_turn(run)
+        self._turn = turn
         self._publish_history()
         scope = run.cancel.scope
         turn.output = StructuredTurn.start(agent, turn.message_id)
@@ -330,6 +335,34 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
             else:  # a bug (a hook of the application's that raised): where it failed
                 log_exception(self._log, "turn.failed", **fields)
         await self._finish_turn(run, turn)
+
+    async def _end_crashed(self, run: RunTurn, exc: Exception) -> None:
+        """End the stream of a turn the runner crashed in (past the turn's own error
+        handling: its end, its save, a hook of its end): an ``error`` chunk and a
+        result saying so, through the controller (after the chunks it holds), then the
+        consumer's inbox closed. Whatever the turn added to the history stays in it,
+        unsaved as far as it was not: the session's next save writes it."""
+        turn, sent = self._turn, False
+        try:
+            if turn is not None and not self.controller.ended:
+                if not turn.ended:
+                    turn.error = ErrorInfo(
+                        kind="ActorFailed",
+                        message=f"the turn runner crashed: {describe_exception(exc)}",
+                    )
+                    turn.finish_reason = "error"
+                items: list[Any] = (
+                    []
+                    if turn.ended
+                    else [TurnEnd(finish_reason="error", usage=turn.usage, error=turn.error)]
+                )
+                items.append(TurnDone(result=self._result(turn, saved=False)))
+                with trio.move_on_after(saving.SAVE_TIMEOUT, shield=True):
+                    sent = await _send_bounded(turn.ctrl, items)
+        except Exception:
+            pass
+        if not sent:  # no controller to hand it over: the stream just ends
+            run.consumer.close()
 
     def _open_turn(self, run: RunTurn) -> tuple[Turn, Committed | None, tuple[Any, ...]]:
         """The turn ``run`` starts (or continues: its committed step, when a resumed turn
@@ -673,6 +706,7 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
             )
         )
         await _send_bounded(turn.ctrl, closing)
+        turn.ended = True
         finished = ev.TurnFinished(
             session_id=self.state.session_id,
             turn_id=turn.turn_id,

@@ -58,6 +58,9 @@ class Turn:
     usage: Usage = attrs.field(factory=Usage)
     step: int = 0
     step_open: bool = False
+    ended: bool = False
+    """Whether its :class:`~runtime.actor_messages.TurnEnd` went to the controller (a
+    runner that crashes after it sends only the result)."""
     tool_calls_used: int = 0
     finish_reason: str = "stop"
     error: ErrorInfo | None = None
