@@ -14,7 +14,7 @@ import httpx
 import pytest
 import trio
 
-from actors.providers.scripted import ScriptedProvider
+from actors.providers.scripted import ScriptedProvider, Sleep
 from actors.stores import MemoryStore, SQLiteStore
 from runtime import Agent
 from runtime.app.web.http import MAX_PAGE_SIZE, PAGE_SIZE
@@ -22,6 +22,10 @@ from runtime.messages import UserMessage
 from tests.web.harness import web_server
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def _ui_user(text: str) -> dict[str, Any]:
+    return {"id": "m-" + text, "role": "user", "parts": [{"type": "text", "text": text}]}
 
 
 def _agent() -> Agent:
@@ -204,3 +208,81 @@ async def test_the_chat_page_lists_sessions_a_page_at_a_time(tmp_path):
     pages = [u for u in seen["requests"] if "/api/sessions?" in u]
     assert len(pages) == 3 and all("limit=50" in u for u in pages)
     assert "cursor=" not in pages[0] and all("cursor=" in u for u in pages[1:])
+
+
+async def test_a_postgres_page_is_a_top_n_scan_or_an_index_range_never_a_full_sort(pg_url):
+    """This schema has no index on ``update_seq`` (every save changes it: an index would
+    make each save non-HOT), so a page is the sessions scanned into a heap of ``limit``
+    rows; on a store created before that schema, with ``axon_sessions_by_update``, it is
+    a backward range of the index from the cursor. Either way the counts are for the
+    page's rows only."""
+    import psycopg
+
+    from actors.stores import postgres as pg
+    from actors.stores.postgres import PostgresStore
+
+    store = await PostgresStore.open(pg_url)
+    await store.aclose()
+    base, schema = pg_url.split("?schema=")
+    with psycopg.connect(base, autocommit=True) as conn:
+        conn.execute(f"SET search_path TO {schema}")
+        conn.execute(
+            "INSERT INTO axon_sessions (session_id, meta, update_seq, version) "
+            "SELECT 's' || n, '{}'::bytea, nextval('axon_update_seq'), n "
+            "FROM generate_series(1, 20000) AS n"
+        )
+        conn.execute("ANALYZE axon_sessions")
+
+        def plan(sql: str, args: tuple[Any, ...]) -> str:
+            rows = conn.execute("EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) " + sql, args)
+            return "\n".join(r[0] for r in rows)
+
+        for sql, args in ((pg._LIST_SQL, (50,)), (pg._LIST_AFTER_SQL, (10_000, 50))):
+            unindexed = plan(sql, args)
+            assert "top-N heapsort" in unindexed, unindexed
+            assert "SubPlan" in unindexed and "loops=50" in unindexed, unindexed
+        conn.execute("CREATE INDEX axon_sessions_by_update ON axon_sessions (update_seq)")
+        conn.execute("ANALYZE axon_sessions")
+        for sql, args in ((pg._LIST_SQL, (50,)), (pg._LIST_AFTER_SQL, (10_000, 50))):
+            indexed = plan(sql, args)
+            assert "Index Scan Backward using axon_sessions_by_update" in indexed, indexed
+            assert "top-N heapsort" not in indexed and "Seq Scan" not in indexed, indexed
+    store = await PostgresStore.open(pg_url)
+    try:
+        page = await store.list_sessions(limit=3, after="10000")
+        assert [i.session_id for i in page] == ["s9999", "s9998", "s9997"]
+    finally:
+        await store.aclose()
+
+
+async def test_a_running_session_is_listed_once_whether_stored_or_not():
+    """The first page leads with the sessions whose first turn runs (not stored yet); a
+    stored session a turn runs in again stays at its place in the listing, even when
+    that is on a later page, and is not listed on the first page too."""
+    store = MemoryStore()
+    await _fill(store, 5)  # s000 the oldest
+    slow = ScriptedProvider(steps=[["Once", Sleep(30), " more"]])
+    async with web_server(Agent(name="pages", provider=slow), store=store) as server:
+        async with httpx.AsyncClient(base_url=server.url, timeout=20) as client:
+            streams = []
+            for sid in ("s000", "fresh"):
+                chat = {"id": sid, "messages": [_ui_user(sid)]}
+                streams.append(client.stream("POST", "/api/chat", json=chat))
+            async with streams[0] as first, streams[1] as second:
+                kept = [r.aiter_lines() for r in (first, second)]  # dropped: closed
+                for lines in kept:
+                    assert (await anext(lines)).startswith("data: {")
+                assert all(server.host.sessions[s].busy for s in ("s000", "fresh"))
+                assert await store.version("s000") == 1  # not saved again while it runs
+                listed: list[tuple[str, bool]] = []
+                cursor = None
+                while True:
+                    params = {"limit": "2"} | ({"cursor": cursor} if cursor else {})
+                    answer = (await client.get("/api/sessions", params=params)).json()
+                    listed += [(s["session_id"], s["busy"]) for s in answer["sessions"]]
+                    cursor = answer["next_cursor"]
+                    if cursor is None:
+                        break
+    ids = [sid for sid, _ in listed]
+    assert len(ids) == len(set(ids)) and set(ids) == {"fresh", *(f"s{n:03d}" for n in range(5))}
+    assert listed[0] == ("fresh", True) and listed[-1] == ("s000", True)

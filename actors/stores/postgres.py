@@ -967,7 +967,9 @@ class PostgresStore:
         check_limit(limit)
         rows = await self.run(
             "list_sessions",
-            lambda conn: conn.execute(_LIST_SQL, (below, below, limit)).fetchall(),
+            lambda conn: conn.execute(
+                *((_LIST_SQL, (limit,)) if below is None else (_LIST_AFTER_SQL, (below, limit)))
+            ).fetchall(),
             transaction=False,
         )
         return [
@@ -1016,17 +1018,20 @@ LOCK_SESSION: Final = (
 (the turn's row first, then the session's)."""
 
 
-_LIST_SQL = """SELECT p.session_id, p.meta,
+_LIST_PAGE = """SELECT p.session_id, p.meta,
         (SELECT count(*) FROM axon_messages AS m WHERE m.session_id = p.session_id),
         p.update_seq
-    FROM (SELECT session_id, meta, update_seq FROM axon_sessions
-        WHERE %s::bigint IS NULL OR update_seq < %s::bigint
+    FROM (SELECT session_id, meta, update_seq FROM axon_sessions {where}
         ORDER BY update_seq DESC LIMIT %s) AS p
     ORDER BY p.update_seq DESC"""
-"""A page of the session listing: the sessions below the cursor's ``update_seq`` (all,
-with ``NULL``), the top ``limit`` of them (all, with ``NULL``) in the inner query, whose
-messages alone the outer one counts. ``update_seq`` comes from one sequence, so it orders
-the sessions without ties."""
+_LIST_SQL = _LIST_PAGE.format(where="")
+_LIST_AFTER_SQL = _LIST_PAGE.format(where="WHERE update_seq < %s")
+"""A page of the session listing: the top ``limit`` sessions (all, with ``NULL``) below
+the cursor's ``update_seq`` in the inner query, whose messages alone the outer one
+counts. ``update_seq`` comes from one sequence, so it orders the sessions without ties.
+Without an index on it (this schema's, see postgres_tables) the inner query is a scan
+kept to a top-``limit`` heap; with one (``axon_sessions_by_update``, which stores created
+before that schema still have) it is a backward index range scan."""
 
 _SHARE_TURN = "SELECT owner, epoch, status, steers FROM axon_turns WHERE turn_id = %s FOR SHARE"
 _MARK_TURN = (
