@@ -752,3 +752,13 @@ async def test_a_sqlite_page_is_a_range_of_the_recency_index(tmp_path: Path):
                 assert "update_seq<?" in plan.replace(" ", ""), plan
     finally:
         await store.aclose()
+
+
+@pytest.mark.parametrize("bad", ["", "x", "-1", "1.5", " 1", "1" * 40, "\uff11", "9" * 19])
+async def test_a_built_in_store_refuses_a_cursor_it_did_not_write(store, bad):
+    """The built-in stores' cursors are a decimal ``update_seq`` that fits in 64 bits."""
+    from runtime.errors import InvalidCursor
+
+    await store.save("s", 0, turn(0))
+    with pytest.raises(InvalidCursor):
+        await store.list_sessions(limit=2, after=bad)

@@ -964,7 +964,7 @@ class PostgresStore:
         a scan of the sessions' rows kept to the top ``limit`` (a bounded top-N heap, not a
         sort of them all); meta and message counts are read for the page's rows only."""
         below = None if after is None else parse_cursor(after)
-        check_limit(limit)
+        limit = check_limit(limit)
         rows = await self.run(
             "list_sessions",
             lambda conn: conn.execute(

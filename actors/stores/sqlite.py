@@ -793,7 +793,7 @@ class SQLiteStore:
         backwards from the cursor (no sort); its message counts are counted for its rows
         only."""
         below = None if after is None else parse_cursor(after)
-        check_limit(limit)
+        limit = check_limit(limit)
         return await self._run("list_sessions", self._list, below, limit)
 
     def _list(self, below: int | None, limit: int | None) -> list[SessionInfo]:

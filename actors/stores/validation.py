@@ -299,7 +299,10 @@ def parse_cursor(after: Any) -> int:
     return int(after)
 
 
-def check_limit(limit: Any) -> None:
-    """Refuse a page size that is not ``None`` or a positive integer."""
+def check_limit(limit: Any) -> int | None:
+    """A page size as a query takes it: ``None`` (all), or a positive integer kept within
+    a 64-bit ``LIMIT`` (a larger one lists all the same). Anything else raises
+    :class:`~runtime.errors.InvalidCursor`."""
     if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
         raise InvalidCursor(f"invalid limit {limit!r}: a page holds at least one session")
+    return None if limit is None else min(limit, _MAX_SEQ)

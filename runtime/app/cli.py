@@ -525,7 +525,7 @@ async def sessions_command(args: argparse.Namespace) -> int:
         limit = 10**9 if getattr(args, "all", False) else getattr(args, "limit", SESSIONS_PAGE)
         while True:
             try:
-                page = await list_page(store, limit=min(limit - len(infos), 1000), after=after)
+                page = await list_page(store, limit=limit - len(infos), after=after)
             except InvalidCursor as exc:
                 sys.stderr.write(f"error: --after: {exc}\n")
                 return 2
