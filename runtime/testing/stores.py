@@ -26,6 +26,11 @@ closes it after (pytest and pytest-trio are needed; nothing in Axon imports this
             finally:
                 await store.aclose()
 
+A store whose ``list_sessions`` pages (takes ``limit`` and ``after``) adds
+:class:`StorePaging`: ``class TestRedisStore(StoreConformance, StorePaging)``. It is a
+class apart so that a store written before paging, which the runtime pages by slicing its
+full list, still passes :class:`StoreConformance` as it did.
+
 The data helpers (:func:`conversation`, :func:`turn`, :func:`record`) are public too, for
 a store's own tests beyond the kit.
 """
