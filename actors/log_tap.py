@@ -7,8 +7,10 @@ step, part and finish chunks: the lifecycle events ``turn.*`` and ``step.*`` say
 same at info, so an info log had every turn twice, twelve lines where six tell it,
 issue 24) and a ``tool-approval-request`` chunk (``tool.approval-requested`` says it all
 at info, issue 21); when debug is off the tap does not even subscribe to them, so a chunk
-that is not logged costs nothing. Its inbox is ``drop-oldest``: a slow log sink
-makes the tap lag (and say so), never an agent wait.
+that is not logged costs nothing. Its inbox is ``drop-oldest``: a tap that falls
+behind drops the oldest events (and says so), never makes an agent wait. Its lines are
+written on the event loop, though: a sink that blocks while writing holds every turn
+(:mod:`runtime.logging`).
 
 Every line is redacted exactly once: by the logger's own processors when they redact
 (those of :func:`runtime.configure_logging` do, for every line whoever logs it), else by

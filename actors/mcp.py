@@ -26,7 +26,9 @@ import functools
 import math
 import os
 import shlex
-from collections.abc import Collection, Iterable, Mapping, Sequence
+import sys
+from collections.abc import AsyncIterator, Callable, Collection, Iterable, Mapping, Sequence
+from contextlib import asynccontextmanager
 from typing import Any, ClassVar, Literal, TypeAlias
 from urllib.parse import urlsplit
 
@@ -56,6 +58,12 @@ from runtime.tools import (
 
 MAX_LIST_PAGES = 100
 """A server that keeps returning a next cursor is cut off after this many pages."""
+
+MAX_MESSAGE_BYTES = 32 * 1024 * 1024
+"""Longest message a server may send: a stdio server's longer line ends its connection
+(the actor restarts it); an HTTP server's longer JSON answer is an error for its call.
+A server cannot make the host buffer without end. (The ``mcp`` package limits an HTTP
+server's SSE events to 1 MiB itself.)"""
 
 
 def _pairs(value: Mapping[str, str] | None) -> tuple[tuple[str, str], ...]:
@@ -215,6 +223,11 @@ class MCPTool(Tool):
             raise ToolInputError(
                 f"the schema of {self.name} has an unresolvable $ref: {exc}"
             ) from None
+        except RecursionError:  # a $ref cycle that never reads the input ({"$ref": "#"})
+            raise ToolInputError(
+                f"the schema of {self.name} refers to itself without end: it cannot check "
+                "any arguments"
+            ) from None
         if errors:
             problems = "; ".join(
                 f"{'.'.join(str(p) for p in e.path) or '(root)'}: {e.message}" for e in errors[:5]
@@ -314,6 +327,9 @@ class MCPServerActor(Actor):
         self._nursery: trio.Nursery | None = None
         self._in_flight: set[CallMCPTool] = set()
         self._stale = self._listing = False
+        self._connection_ended = trio.Event()
+        """Set when the connection of the running attempt ended (the server died)."""
+        self._end_reason = "exited or closed its connection"
         self._refreshed = trio.Event()
         self._changed = trio.Event()
         self._refresh_lock = trio.Lock()
@@ -385,7 +401,8 @@ class MCPServerActor(Actor):
 
     async def _run(self) -> None:
         mcp, types = _import_mcp()
-        ended = trio.Event()
+        ended = self._connection_ended = trio.Event()
+        self._end_reason = "exited or closed its connection"
         transport = _WatchedTransport(self._open_transport(), ended)
         self._stale = False
         with trio.CancelScope() as connecting:
@@ -422,7 +439,10 @@ class MCPServerActor(Actor):
     def on_crash(self, exc: BaseException) -> None:
         """The server died (or could not start): answer the calls it was running."""
         self._client = self._nursery = None
-        self.last_error = str(exc) if isinstance(exc, MCPServerError) else _describe(exc)
+        if self._connection_ended.is_set():  # what the watcher saw, not the teardown's noise
+            self.last_error = f"MCP server {self.config.name!r} {self._end_reason}"
+        else:
+            self.last_error = str(exc) if isinstance(exc, MCPServerError) else _describe(exc)
         self._log.warning("mcp.server-died", server=self.config.name, error=self.last_error)
         self._answer_in_flight(
             MCPServerDied(
@@ -445,7 +465,7 @@ class MCPServerActor(Actor):
     def _open_transport(self) -> Any:
         config = self.config
         if config.transport == "stdio":
-            from mcp.client.stdio import StdioServerParameters, stdio_client
+            from mcp.client.stdio import StdioServerParameters
 
             assert config.command is not None
             params = StdioServerParameters(
@@ -454,21 +474,47 @@ class MCPServerActor(Actor):
                 env=dict(config.env) or None,
                 cwd=config.cwd,
             )
-            return stdio_client(params)
+            if not _bounded_stdio_possible():
+                from mcp.client.stdio import stdio_client
+
+                return stdio_client(params)  # unbounded lines: see _bounded_stdio_possible
+            return _stdio_client(params, MAX_MESSAGE_BYTES, self._too_long)
         from mcp.client.streamable_http import streamable_http_client
-        from mcp.shared._httpx_utils import create_mcp_http_client
 
         assert config.url is not None
-        http = create_mcp_http_client(headers=dict(config.headers) or None)
+        http = _limited_http_client(dict(config.headers) or None, MAX_MESSAGE_BYTES)
+        ended = self._connection_ended
+
+        async def session_lost(response: Any) -> None:
+            # 404 to a request in a session: the server no longer knows it (it restarted,
+            # or expired it). The specification says to start a new session, which the
+            # mcp package's client does not: every later request got the 404 again.
+            # Ended, the actor restarts: a new connection, a new session.
+            if response.status_code == 404 and "mcp-session-id" in response.request.headers:
+                self._end_reason = "ended the session (HTTP 404)"
+                ended.set()
+
+        hooks = http.event_hooks
+        http.event_hooks = {**hooks, "response": [*hooks.get("response", ()), session_lost]}
         return _ClosingTransport(streamable_http_client(config.url, http_client=http), http)
+
+    def refuse(self, remote: str, error: str) -> None:
+        """Leave the server's tool ``remote`` out of what is offered, for ``error`` (in
+        :attr:`refused`; logged when the reason is new)."""
+        if self.refused.get(remote) != error:
+            self._log.error("mcp.tool-refused", server=self.config.name, error=redact(error))
+        self.refused[remote] = error
+
+    def _too_long(self, limit: int) -> None:
+        self._end_reason = f"sent a message longer than {limit} bytes"
+        self._log.error("mcp.message-too-long", server=self.config.name, limit=limit)
 
     async def _watch(self, ended: trio.Event) -> None:
         await ended.wait()
-        raise MCPServerDied(f"MCP server {self.config.name!r} exited or closed its connection")
+        raise MCPServerDied(f"MCP server {self.config.name!r} {self._end_reason}")
 
     async def _serve(self, request: CallMCPTool) -> None:
         from mcp.shared.exceptions import MCPError
-        from mcp_types import CONNECTION_CLOSED
 
         name = self.config.name
         outcome: Any
@@ -480,10 +526,16 @@ class MCPServerActor(Actor):
                 self._in_flight.discard(request)
                 return
         except MCPError as exc:
-            if exc.code != CONNECTION_CLOSED:
+            # A death only when the connection ended: the code the mcp package resolves
+            # a request cut off by a closed connection with (-32000) is also JSON-RPC's
+            # generic server error, which servers answer with their own message, and
+            # what a streamable HTTP response cut off mid-answer gets.
+            if self._connection_ended.is_set():  # the watcher restarts the actor
+                outcome = MCPServerDied(
+                    f"MCP server {name!r} died during the call ({self._end_reason})"
+                )
+            else:
                 outcome = MCPToolError(f"MCP server {name!r} answered with an error: {exc}")
-            else:  # the watcher restarts the actor
-                outcome = MCPServerDied(f"MCP server {name!r} died during the call")
         except Exception as exc:  # a result that does not fit the tool's output schema, ...
             outcome = MCPServerError(f"MCP server {name!r} sent an invalid result: {exc}")
         self._in_flight.discard(request)
@@ -575,6 +627,185 @@ def _import_mcp() -> tuple[Any, Any]:
             "MCP servers need the mcp package: pip install 'axon-runtime[mcp]'"
         ) from None
     return mcp, mcp_types
+
+
+_STDIO_INTERNALS = (
+    "_get_executable_command",
+    "_create_platform_compatible_process",
+    "get_default_environment",
+    "_drain_stdout",
+    "_stop_server_process",
+    "_aclose_all",
+    "_WRITER_FLUSH_TIMEOUT",
+)
+"""What :func:`_stdio_client` borrows of ``mcp.client.stdio`` (2.3): names the package
+does not promise to keep."""
+
+
+def _bounded_stdio_possible() -> bool:
+    """Whether the installed ``mcp`` still has what :func:`_stdio_client` borrows. A
+    release without it gets the package's own ``stdio_client`` (lines unbounded, read in
+    quadratic time, as before), logged once, rather than a server that never starts."""
+    from mcp.client import stdio
+
+    missing = [name for name in _STDIO_INTERNALS if not hasattr(stdio, name)]
+    if missing and not _warned_stdio:
+        _warned_stdio.append(True)
+        get_logger("axon.mcp").warning("mcp.stdio-unbounded", missing=missing)
+    return not missing
+
+
+_warned_stdio: list[bool] = []
+
+
+@asynccontextmanager
+async def _stdio_client(
+    server: Any, limit: int, too_long: Callable[[int], None]
+) -> AsyncIterator[tuple[Any, Any]]:
+    """The ``mcp`` package's ``stdio_client``, with its process handling (spawn, the
+    shutdown sequence, the tree kill), reading the server's stdout in bounded lines.
+
+    Its own reader joined each chunk to the line so far and split it all again: a
+    result of a few megabytes (a file a server read) took the event loop seconds to
+    minutes of CPU, every session of the host stalled, and a line without end was
+    buffered without end. Here the search for the newline resumes where it stopped,
+    and a line longer than ``limit`` ends the connection (``too_long(limit)`` first).
+    Bytes that are not UTF-8 make the line a parse error, as any other garbage line."""
+    import anyio
+    import anyio.lowlevel
+    from mcp.client import stdio
+
+    command = await stdio._get_executable_command(server.command)
+    process = await stdio._create_platform_compatible_process(
+        command=command,
+        args=server.args,
+        env=stdio.get_default_environment() | (server.env or {}),
+        errlog=sys.stderr,
+        cwd=server.cwd,
+    )
+    read_writer, read_stream = anyio.create_memory_object_stream[Any](0)
+    write_stream, write_reader = anyio.create_memory_object_stream[Any](0)
+    writer_done = anyio.Event()
+
+    async def stdout_reader() -> None:
+        assert process.stdout is not None
+        buffer, scanned = bytearray(), 0
+        try:
+            async with read_writer:  # closed first: the session sees the end at once
+                while True:
+                    while (end := buffer.find(b"\n", scanned)) < 0:
+                        if len(buffer) > limit:
+                            too_long(limit)
+                            return
+                        scanned = len(buffer)
+                        buffer += await process.stdout.receive(65536)
+                    line = buffer[:end].decode(server.encoding, errors="replace")
+                    del buffer[: end + 1]
+                    scanned = 0
+                    await read_writer.send(_parse_line(line))
+        except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
+            pass
+        except ConnectionError:
+            pass
+        finally:
+            del buffer
+            await stdio._drain_stdout(process)  # until the shutdown closes the pipe
+
+    async def stdin_writer() -> None:
+        assert process.stdin is not None
+        try:
+            async with write_reader:
+                async for message in write_reader:
+                    text = message.message.model_dump_json(by_alias=True, exclude_unset=True)
+                    await process.stdin.send((text + "\n").encode(server.encoding))
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
+            await read_writer.aclose()  # the session sees the connection end
+        finally:
+            writer_done.set()
+
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(stdout_reader)
+        tasks.start_soon(stdin_writer)
+        try:
+            yield read_stream, write_stream
+        finally:
+            with anyio.CancelScope(shield=True):
+                read_stream.close()
+                write_stream.close()
+                with anyio.move_on_after(stdio._WRITER_FLUSH_TIMEOUT):
+                    await writer_done.wait()
+                await stdio._stop_server_process(process)
+                await stdio._aclose_all(read_stream, write_stream, read_writer, write_reader)
+                await anyio.lowlevel.checkpoint()
+            tasks.cancel_scope.cancel()
+
+
+def _limited_http_client(headers: dict[str, str] | None, limit: int) -> Any:
+    """The ``mcp`` package's HTTP client (its timeouts), reading a JSON answer of at
+    most ``limit`` bytes: the package read any JSON answer whole (a server could make
+    the host hold gigabytes). A longer one fails its call with the package's own
+    "Failed to parse JSON response" error, saying why."""
+    import httpx2
+    from mcp.shared._httpx_utils import MCP_DEFAULT_SSE_READ_TIMEOUT, MCP_DEFAULT_TIMEOUT
+
+    class TooLarge(httpx2.StreamError):
+        pass
+
+    class Limited(httpx2.AsyncByteStream):
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner
+
+        async def __aiter__(self) -> AsyncIterator[bytes]:
+            read = 0
+            async for chunk in self.inner:
+                read += len(chunk)
+                if read > limit:
+                    raise TooLarge(f"the answer is longer than {limit} bytes")
+                yield chunk
+
+        async def aclose(self) -> None:
+            await self.inner.aclose()
+
+    class Transport(httpx2.AsyncBaseTransport):
+        def __init__(self) -> None:
+            self.inner = httpx2.AsyncHTTPTransport()
+
+        async def handle_async_request(self, request: Any) -> Any:
+            response = await self.inner.handle_async_request(request)
+            if "json" not in response.headers.get("content-type", "").lower():
+                return response  # SSE: the package limits each event
+            return httpx2.Response(
+                response.status_code,
+                headers=response.headers,
+                stream=Limited(response.stream),
+                extensions=response.extensions,
+                request=request,
+            )
+
+        async def aclose(self) -> None:
+            await self.inner.aclose()
+
+    timeout = httpx2.Timeout(MCP_DEFAULT_TIMEOUT, read=MCP_DEFAULT_SSE_READ_TIMEOUT)
+    return httpx2.AsyncClient(headers=headers, timeout=timeout, transport=Transport())
+
+
+def _parse_line(line: str) -> Any:
+    """A line of a stdio server as a message, or an exception saying what is wrong with
+    it without its text. The ``mcp`` package's parser logged the line (a pydantic error
+    quotes it, cut to ``'sk-ant-api...QQQ'``, past the redaction of the key it held),
+    and its error, which the actor logs, quoted it too."""
+    import mcp_types
+    from mcp.shared.message import SessionMessage
+    from pydantic import ValidationError
+
+    try:
+        message = mcp_types.jsonrpc_message_adapter.validate_json(line, by_name=False)
+    except ValidationError as exc:
+        why = "; ".join(e["msg"] for e in exc.errors(include_input=False, include_url=False)[:3])
+        return MCPServerError(f"a line of {len(line)} characters is no JSON-RPC message: {why}")
+    except ValueError:
+        return MCPServerError(f"a line of {len(line)} characters is no JSON-RPC message")
+    return SessionMessage(message)
 
 
 class _WatchedTransport:
@@ -675,14 +906,20 @@ async def start_servers(servers: Servers, host: ActorStarter, agent: Agent) -> N
             await host.start_actor(actor)
     for config in agent.mcp_servers:
         await servers[config].wait_ready()
-    await agent_tools(servers, agent)
+    await agent_tools(servers, agent, clash="raise")
 
 
 async def agent_tools(
-    servers: Mapping[MCPServer, MCPServerActor], agent: Agent
+    servers: Mapping[MCPServer, MCPServerActor], agent: Agent, *, clash: str = "refuse"
 ) -> tuple[Tool, ...]:
     """The tools to offer for the next model call: the agent's own, then each MCP
     server's current ones (after any announced change). Names must be unique.
+
+    A server's tool named like one before it is :class:`ToolDefinitionError` with
+    ``clash="raise"`` (what :func:`start_servers` checks: the agent's configuration needs
+    a prefix). Otherwise (``"refuse"``) it is left out, logged and in the server's
+    ``refused``, as a tool whose schema cannot be offered: a tool a server adds while
+    sessions run (``tools/list_changed``) failed every later turn of every session.
 
     With ``servers`` bound (``functools.partial(agent_tools, servers)``) this is the
     turn runner's :data:`~runtime.hosting.ToolSource`."""
@@ -696,10 +933,14 @@ async def agent_tools(
             raise MCPServerUnavailable(f"MCP server {config.name!r} is not started on this host")
         for t in await actor.current_tools():
             if t.name in owner:
-                raise ToolDefinitionError(
+                error = (
                     f"tool {t.name!r} of MCP server {config.name!r} has the same name as "
                     f"{owner[t.name]}; give the server a prefix (MCPServer.stdio(..., prefix=...))"
                 )
+                if clash == "raise":
+                    raise ToolDefinitionError(error)
+                actor.refuse(t.remote_name, error)
+                continue
             owner[t.name] = f"a tool of MCP server {config.name!r}"
             tools.append(t)
     return tuple(tools)

@@ -30,7 +30,7 @@ import trio
 
 from runtime.actor import Actor
 from runtime.actor_messages import SaveRequest, SaveResult
-from runtime.errors import StoreConflict, StoreError
+from runtime.errors import StoreConflict, StoreError, describe_exception
 from runtime.events import SessionSaved
 from runtime.history import OFF_LOOP_MESSAGES
 from runtime.logging import get_logger
@@ -107,7 +107,7 @@ class Persister(Actor):
                 "session.save-failed",
                 session_id=message.session_id,
                 turn_id=message.turn_id,
-                error=redact(f"{type(exc).__name__}: {exc}"),
+                error=redact(describe_exception(exc)),
             )
         else:
             result = SaveResult(

@@ -13,14 +13,17 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import attrs
 import orjson
 import trio
 
 from runtime.actor import ServingActor
 from runtime.actor_messages import ExecuteTools, ToolCallSpec, ToolOutcome, ToolProgress
-from runtime.errors import sole_exception
+from runtime.errors import exception_text, sole_exception
 from runtime.events import ToolApprovalDecided, ToolApprovalRequested
-from runtime.messages import is_media_output
+from runtime.logging import get_logger, log_exception
+from runtime.messages import TextPart, is_media_output
+from runtime.redact import redact
 from runtime.tools import Tool, ToolContext, ToolInputError, to_jsonable
 
 TRUNCATION_MARKER = "…[truncated: {omitted} of {total} characters omitted]"
@@ -28,14 +31,85 @@ TRUNCATION_MARKER = "…[truncated: {omitted} of {total} characters omitted]"
 
 def truncate_output(output: Any, limit: int | None) -> Any:
     """``output`` unchanged if its JSON text fits ``limit``; else its text cut to fit,
-    ending with a visible marker (so the model knows it did not see everything)."""
-    if limit is None or is_media_output(output):
-        return output  # media parts are bounded by their own size, not as JSON text
+    ending with a visible marker (so the model knows it did not see everything).
+
+    Raises ``TypeError`` (``orjson.JSONEncodeError``) for a value the store could not
+    write as JSON either, whatever ``limit`` is: an integer past 64 bits."""
+    if is_media_output(output):
+        return _cut_text_parts(output, limit)  # images and files: bounded by their size
+    if limit is None and isinstance(output, str):
+        return output
     text = output if isinstance(output, str) else orjson.dumps(output).decode()
-    if len(text) <= limit:
+    if limit is None or len(text) <= limit:
         return output
     marker = TRUNCATION_MARKER.format(omitted=len(text) - limit, total=len(text))
     return text[:limit] + marker
+
+
+def writable(value: Any, *, deep: bool = False) -> Any:
+    """``value`` with every lone surrogate in its text written as its escape (``\\udce9``),
+    the rest as it is: a string only, or (``deep``) every string of a JSON value.
+
+    Bytes that are not UTF-8, decoded with ``surrogateescape`` (``os.listdir``'s names,
+    a path in an ``OSError``'s message), hold lone surrogates, which no JSON writer
+    (orjson, the store's) takes: such a result was the call's, and then every save of
+    the session failed."""
+    if isinstance(value, str):
+        if value.isascii():
+            return value
+        try:
+            value.encode()
+        except UnicodeEncodeError:
+            return value.encode("utf-8", "backslashreplace").decode()
+        return value
+    if not deep:
+        return value
+    if isinstance(value, list):
+        return [writable(v, deep=True) for v in value]
+    if isinstance(value, dict):
+        return {writable(k, deep=True): writable(v, deep=True) for k, v in value.items()}
+    return value
+
+
+def _described(exc: BaseException) -> str:
+    """:func:`~runtime.errors.describe_exception` (which never raises), with a group's
+    sub-exceptions named and no ``": "`` after an empty message (``GeneratorExit``)."""
+    text = exception_text(exc)
+    if isinstance(exc, BaseExceptionGroup):
+        text += ": " + "; ".join(_described(e) for e in exc.exceptions[:5])
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _ends_the_process(exc: BaseException) -> bool:
+    """Whether ``exc`` asks the whole program to stop (Ctrl-C, ``sys.exit``): it goes on
+    out of the tool executor as it came, whichever tool it came through."""
+    if isinstance(exc, BaseExceptionGroup):
+        return exc.split((KeyboardInterrupt, SystemExit))[0] is not None
+    return isinstance(exc, (KeyboardInterrupt, SystemExit))
+
+
+def _cut_text_parts(parts: tuple[Any, ...], limit: int | None) -> tuple[Any, ...]:
+    """Media parts with their text parts cut to ``limit`` characters in all (the first
+    one cut ends with the marker; text parts past it go). A single image beside the
+    text let a tool's 5 MB of text past ``max_tool_result_chars``, to the model and the
+    store."""
+    texts = [p for p in parts if isinstance(p, TextPart)]
+    total = sum(len(p.text) for p in texts)
+    if limit is None or total <= limit:
+        return parts
+    out: list[Any] = []
+    left, marked = limit, False
+    for p in parts:
+        if not isinstance(p, TextPart):
+            out.append(p)
+        elif len(p.text) <= left:
+            out.append(p)
+            left -= len(p.text)
+        elif not marked:  # the part where the limit falls: cut, with the marker
+            marker = TRUNCATION_MARKER.format(omitted=total - limit, total=total)
+            out.append(attrs.evolve(p, text=p.text[:left] + marker))
+            left, marked = 0, True
+    return tuple(out)
 
 
 async def run_tool_call(
@@ -47,7 +121,13 @@ async def run_tool_call(
     approve: Any = None,
 ) -> ToolOutcome:
     """Run one call to completion and describe what happened; never raises (but
-    cancellation propagates)."""
+    cancellation, ``KeyboardInterrupt`` and ``SystemExit`` propagate).
+
+    Whatever the tool's code does (its argument validators and approval rule
+    included) becomes the call's error: an exception of any class, one whose ``str()``
+    raises, a ``GeneratorExit``, a ``trio.Cancelled`` that no cancelled scope sent, a
+    return value that cannot be made JSON (bytes that are not UTF-8, a cycle, nesting
+    too deep)."""
     start = trio.current_time()
 
     def done(output: Any = None, error: str | None = None) -> ToolOutcome:
@@ -55,7 +135,7 @@ async def run_tool_call(
             tool_call_id=call.tool_call_id,
             tool_name=call.tool_name,
             output=output,
-            error=error,
+            error=None if error is None else truncate_output(writable(error), max_chars),
             duration=trio.current_time() - start,
             usage=context.usage if context is not None else None,
         )
@@ -68,7 +148,16 @@ async def run_tool_call(
         kwargs = tool.validate(call.input)
     except ToolInputError as exc:
         return done(error=str(exc))
-    if not call.approved and tool.requires_approval(kwargs, context):  # type: ignore[arg-type]
+    except Exception as exc:  # a validator of the tool's own that raised past pydantic
+        return done(error=f"invalid arguments for {tool.name}: validation raised {_described(exc)}")
+    try:
+        asks = not call.approved and tool.requires_approval(kwargs, context)  # type: ignore[arg-type]
+    except Exception as exc:
+        return done(
+            error=f"the tool call was not executed: the approval rule of {tool.name} raised "
+            f"{_described(exc)}"
+        )
+    if asks:
         if approve is None:
             return done(error=f"tool {tool.name} needs approval and no approver is configured")
         approved, reason = await approve(call, kwargs)
@@ -83,12 +172,27 @@ async def run_tool_call(
     except Exception as exc:
         # A tool's own nursery wraps its one error in a group: the error is what it says.
         raised = (sole_exception(exc) or exc) if isinstance(exc, ExceptionGroup) else exc
-        return done(error=f"tool {tool.name} raised {type(raised).__name__}: {raised}")
+        return done(error=f"tool {tool.name} raised {_described(raised)}")
+    except BaseException as exc:
+        if _ends_the_process(exc):
+            raise
+        # A real cancellation (the turn's, the host's) goes on, raised here afresh; a
+        # Cancelled the tool made or carried out of its own scope, a GeneratorExit, is
+        # the tool's error like any other.
+        await trio.lowlevel.checkpoint_if_cancelled()
+        raised = (sole_exception(exc) or exc) if isinstance(exc, BaseExceptionGroup) else exc
+        return done(error=f"tool {tool.name} raised {_described(raised)}")
     try:
-        output = to_jsonable(result)
-    except TypeError as exc:
+        value = to_jsonable(result)
+        try:
+            output = truncate_output(writable(value), max_chars)
+        except TypeError:  # orjson's: a lone surrogate deep inside, an integer past 64 bits
+            output = truncate_output(writable(value, deep=True), max_chars)
+    except TypeError as exc:  # orjson's too: an integer past 64 bits, which no save writes
         return done(error=f"tool {tool.name} returned a value that is not JSON: {exc}")
-    return done(output=truncate_output(output, max_chars))
+    except Exception as exc:  # an object whose own serializer hook raised
+        return done(error=f"tool {tool.name} returned a value that is not JSON: {_described(exc)}")
+    return done(output=output)
 
 
 class ToolExecutor(ServingActor[ExecuteTools]):
@@ -119,14 +223,15 @@ class ToolExecutor(ServingActor[ExecuteTools]):
     def fail(self, request: ExecuteTools, exc: BaseException) -> None:
         """Answer each call of ``request`` still unanswered with the crash."""
         pending = self._pending.pop(id(request), None)
+        if request.cancel_scope.cancel_called:
+            return  # its requester stopped waiting: a later call could take these
         for call in request.calls:
             if pending is not None and call.tool_call_id not in pending:
                 continue
             outcome = ToolOutcome(
                 tool_call_id=call.tool_call_id,
                 tool_name=call.tool_name,
-                error=f"the tool executor crashed ({type(exc).__name__}: {exc}); "
-                "the call did not complete",
+                error=f"the tool executor crashed ({_described(exc)}); the call did not complete",
             )
             try:
                 request.reply.put_nowait(outcome)
@@ -205,7 +310,15 @@ class ToolExecutor(ServingActor[ExecuteTools]):
 
     async def _execute_calls(self, request: ExecuteTools, pending: set[str]) -> None:
         async def one(call: ToolCallSpec) -> None:
+            running = [True]
+
             async def emit(chunk: Any, _call: ToolCallSpec = call) -> None:
+                if not running[0] or request.cancel_scope.cancel_called:
+                    # The call has ended, or its requester stopped waiting: a context
+                    # kept past it (a background task) put its chunk in the session's
+                    # tool inbox, where a later call with the same id (call_0 of every
+                    # response) streamed it as its own.
+                    return
                 await request.reply.put(
                     ToolProgress(
                         tool_call_id=_call.tool_call_id, tool_name=_call.tool_name, chunk=chunk
@@ -222,15 +335,38 @@ class ToolExecutor(ServingActor[ExecuteTools]):
                 emit=emit,
                 deps=request.deps,
             )
-            outcome = await run_tool_call(
-                call,
-                request.tools,
-                request.default_timeout,
-                request.max_result_chars,
-                context,
-                approve=lambda c, kw: self._approve(request, c, kw),
-            )
+            try:
+                outcome = await run_tool_call(
+                    call,
+                    request.tools,
+                    request.default_timeout,
+                    request.max_result_chars,
+                    context,
+                    approve=lambda c, kw: self._approve(request, c, kw),
+                )
+            except Exception as exc:
+                # A bug on this call's way (a plug-in's tool class, ours): its error, not
+                # a crash that fails every session's calls in flight with it.
+                log_exception(
+                    get_logger("axon.tools"),
+                    "tool.call-failed",
+                    session_id=request.session_id,
+                    tool_call_id=call.tool_call_id,
+                    error=redact(_described(exc)),
+                )
+                outcome = ToolOutcome(
+                    tool_call_id=call.tool_call_id,
+                    tool_name=call.tool_name,
+                    error=f"the tool call failed: {_described(exc)}",
+                )
+            finally:
+                running[0] = False
             pending.discard(call.tool_call_id)
+            if request.cancel_scope.cancel_called:
+                # Nobody waits for it: a tool that swallowed its cancellation answered
+                # anyway, into the session's tool inbox, and the next turn's call with
+                # the same id (call_0) took that stale answer as its own result.
+                return
             try:
                 await request.reply.put(outcome)
             except (trio.BrokenResourceError, trio.ClosedResourceError):

@@ -29,7 +29,7 @@ import trio
 
 from runtime.bus import Bus, Subscription
 from runtime.chunks import _eq, _hash, _repr
-from runtime.errors import ActorFailed
+from runtime.errors import ActorFailed, describe_exception, exception_text
 from runtime.events import ActorCrashed, ActorGaveUp, ActorRestarted
 from runtime.inbox import Inbox, OverflowPolicy
 from runtime.logging import get_logger, log_exception
@@ -402,7 +402,7 @@ class Supervisor:
                     crashes.append(now)
                     while crashes and now - crashes[0] > policy.period:
                         crashes.popleft()
-                    err = redact(f"{type(exc).__name__}: {exc}")
+                    err = redact(describe_exception(exc))
                     log_exception(  # with the traceback: where the actor's code failed
                         log,
                         "actor.crashed",
@@ -413,7 +413,7 @@ class Supervisor:
                     await self._publish(
                         ActorCrashed(
                             actor=actor.name,
-                            error=redact(str(exc)),
+                            error=redact(exception_text(exc)),
                             error_type=type(exc).__name__,
                             restarts=restarts,
                             session_id=actor.session_id,

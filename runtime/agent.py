@@ -246,9 +246,11 @@ class Agent:
         its meta linking to the parent session and call), on the same host. The sub-turn
         streams inside the parent's output as ``tool-stream`` chunks nested under the
         call, its usage counts toward the parent turn's, and its final text is the tool's
-        result. A sub-turn that fails is a tool error the parent model sees. The sub-session
-        gets the calling session's ``deps``. ``needs_approval`` is ``@tool``'s: a call
-        waits for a decision first (docs/approval.md).
+        result. A sub-turn that fails, or suspends to wait for a person's input (a call
+        that needs approval, with no in-process approver; a client tool), is a tool error
+        the parent model sees; one a budget stopped ends its text with a note saying so.
+        The sub-session gets the calling session's ``deps``. ``needs_approval`` is
+        ``@tool``'s: a call waits for a decision first (docs/approval.md).
         """
         agent = self
         tool_name = name or self.name
@@ -306,4 +308,14 @@ async def _run_sub_turn(agent: Agent, tool_name: str, input: str, context: ToolC
     if result.finish_reason in ("error", "aborted"):
         why = result.error.message if result.error else result.abort_reason
         raise RuntimeError(f"sub-agent {tool_name} failed: {why}")
+    if result.finish_reason == "awaiting-input":
+        # Its turn suspended for a person (a call needing approval, a client tool): its
+        # answer was '', a success; and nobody would ever answer the wait.
+        waits = ", ".join(f"{p.tool_name} ({p.kind})" for p in result.pending)
+        raise RuntimeError(
+            f"sub-agent {tool_name} stopped to wait for a person's input ({waits}), which "
+            "nobody can give it when another agent calls it: it did not finish"
+        )
+    if result.finish_reason == "budget":
+        return f"{result.text}\n[the sub-agent stopped before it finished: {result.budget} reached]"
     return result.text

@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 import attrs
+import orjson
 
 from runtime.chunks import _eq, _hash, _repr
 from runtime.errors import (
@@ -31,9 +32,10 @@ from runtime.messages import (
     ToolCallPart,
     ToolMessage,
     UserMessage,
+    is_media_output,
 )
 from runtime.store import SessionRecord, Store
-from runtime.tools import ToolInputError
+from runtime.tools import ToolInputError, to_jsonable
 
 APPROVAL = "approval"
 CLIENT = "client"
@@ -223,20 +225,35 @@ def _check(part: ToolCallPart, decision: Decision, tools: Mapping[str, Any]) -> 
             f"call {part.tool_call_id!r} ({part.tool_name}) is a client-side tool: answer "
             "with its output= (or error=)"
         )
+    output = None
     if decision.error is None:
+        output = _storable_output(part, decision.output)
         tool = tools.get(part.tool_name)
         check = getattr(tool, "validate_output", None)
         if check is not None:
             try:
-                check(decision.output)
+                check(output)
             except ToolInputError as exc:
                 raise InvalidDecision(str(exc)) from None
-    return attrs.evolve(
-        waiting,
-        decided=True,
-        output=None if decision.error is not None else decision.output,
-        error=decision.error,
-    )
+    return attrs.evolve(waiting, decided=True, output=output, error=decision.error)
+
+
+def _storable_output(part: ToolCallPart, output: Any) -> Any:
+    """A client tool's ``output`` in the JSON form a server tool's return value takes
+    (:func:`~runtime.tools.to_jsonable`: a set a list, a datetime its ISO text), or
+    :class:`InvalidDecision` when it has none or the store could not write it (an
+    integer past 64 bits). As given, the model saw one value and the store kept
+    another (an object's repr, bytes as base64, a set as its repr), or the save failed."""
+    try:
+        value = to_jsonable(output)
+        if not is_media_output(value):
+            orjson.dumps(value)
+    except TypeError as exc:
+        raise InvalidDecision(
+            f"call {part.tool_call_id!r} ({part.tool_name}): the output cannot be stored as "
+            f"JSON: {exc}"
+        ) from None
+    return value
 
 
 def decide(

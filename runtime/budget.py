@@ -10,6 +10,8 @@ its own: the turn then ends the same way, with that name.
 
 from __future__ import annotations
 
+from typing import Any
+
 import attrs
 
 from runtime.chunks import Usage, _eq, _hash, _repr
@@ -24,6 +26,21 @@ def _at_least_one_step(_: object, attribute: attrs.Attribute[int], value: int) -
         )
 
 
+def _a_timeout(_: object, attribute: Any, value: object) -> None:
+    from runtime.tools import _check_timeout
+
+    _check_timeout(value, ConfigurationError)
+
+
+def _a_count(_: object, attribute: Any, value: object) -> None:
+    """``None`` or an int of 0 or more: ``max_tool_result_chars=-1`` cut every result to
+    all but its last character and said "-1 ... omitted"."""
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+        raise ConfigurationError(
+            f"Budget.{attribute.name} must be None or an int of 0 or more (got {value!r})"
+        )
+
+
 @attrs.frozen(kw_only=True, slots=True)
 class Budget:
     """Limits for one turn. ``None`` means unlimited."""
@@ -35,7 +52,7 @@ class Budget:
     max_steps: int = attrs.field(default=10, validator=_at_least_one_step)
     """Model calls per turn. When the model still wants tools after the last allowed
     step, the turn ends with finish reason ``budget``."""
-    max_tool_calls: int | None = None
+    max_tool_calls: int | None = attrs.field(default=None, validator=_a_count)
     """Tool calls per turn, over all steps; calls past it are not run."""
     max_input_tokens: int | None = None
     max_output_tokens: int | None = None
@@ -48,9 +65,9 @@ class Budget:
     cannot be kept is never silently ignored."""
     deadline: float | None = None
     """Wall-clock seconds for the whole turn."""
-    tool_timeout: float | None = 60.0
+    tool_timeout: float | None = attrs.field(default=60.0, validator=_a_timeout)
     """Default per-tool timeout in seconds (a tool may set its own)."""
-    max_tool_result_chars: int | None = 100_000
+    max_tool_result_chars: int | None = attrs.field(default=100_000, validator=_a_count)
     """A tool result longer than this (as JSON text) is truncated with a visible marker."""
 
     def check_step(self, step: int) -> None:

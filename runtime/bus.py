@@ -51,7 +51,11 @@ class Bus:
     """Publish/subscribe by event class and session id."""
 
     def __init__(self) -> None:
-        self._subs: list[Subscription] = []
+        self._subs: dict[Subscription, None] = {}
+        """The subscriptions, in the order they were made (a dict: closing one of ten
+        thousand is one pop, where a list's ``remove`` scanned them all)."""
+        self._scoped_count = 0
+        """How many of them are to one session's events."""
         self._any = False
         """``bool(self._subs)``, kept up to date by :meth:`subscribe` / :meth:`unsubscribe`."""
         self._scoped = False
@@ -90,20 +94,22 @@ class Bus:
         ``policy`` and ``capacity`` when not given)."""
         box = inbox if inbox is not None else Inbox(capacity, policy, name=name)
         sub = Subscription(self, box, None if kinds is None else frozenset(kinds), session_id)
-        self._subs.append(sub)
+        self._subs[sub] = None
         self._any = True
-        self._scoped = self._scoped or session_id is not None
+        if session_id is not None:
+            self._scoped_count += 1
+            self._scoped = True
         self._routes.clear()
         self._by_class.clear()
         return sub
 
     def unsubscribe(self, sub: Subscription) -> None:
-        try:
-            self._subs.remove(sub)
-        except ValueError:
+        if self._subs.pop(sub, False) is False:
             return
         self._any = bool(self._subs)
-        self._scoped = any(s.session_id is not None for s in self._subs)
+        if sub.session_id is not None:
+            self._scoped_count -= 1
+            self._scoped = self._scoped_count > 0
         self._routes.clear()
         self._by_class.clear()
 

@@ -516,7 +516,9 @@ class Summarize:
     If the request is still over ``max_tokens`` with the summary, one more turn goes into
     a new summary, and so on down to the current turn alone, which is always sent whole:
     a single turn larger than the window is not cut (pair this with
-    :class:`DropToolResults` for turns of many large tool results). The summary call's
+    :class:`DropToolResults` for turns of many large tool results). A summary that is
+    empty, or leaves the request no smaller than it was, is not used: the request goes
+    as it is, and the next one tries again. The summary call's
     usage counts toward the turn's; ``settings`` are request options for it
     (``{"max_tokens": 1024}`` on Anthropic, say)."""
 
@@ -543,11 +545,13 @@ class Summarize:
         out, after, cut = messages, before, 0
         made: SystemMessage | None = None
         for keep in range(min(self.keep_turns, n - 1), 0, -1):
-            cut = n - keep
-            text = transcript(previous, turns.turns[:cut], result_chars=self.result_chars)
+            text = transcript(previous, turns.turns[: n - keep], result_chars=self.result_chars)
             answer = await context.summarize(
                 text, instructions=self.instructions, settings=self.settings
             )
+            if not answer.strip():
+                break  # nothing to stand for the turns: the last summary made, if any
+            cut = n - keep
             made = SystemMessage(
                 content=SUMMARY_PREFIX + answer.strip(),
                 summarizes_before=turns.turns[cut][0].id,
@@ -556,13 +560,25 @@ class Summarize:
             after = await context.count_tokens(out)
             if after <= self.max_tokens:
                 break
-        if made is not None:
-            covered = sum(len(t) for t in turns.turns[:cut]) + (previous is not None)
-            context.store(
-                StoredSummary(
-                    message=made, tokens_before=before, tokens_after=after, covered=covered
-                )
+        # Not an empty answer (it stood for the older turns in every later request:
+        # all they said was lost), nor one that made the request no smaller (it was
+        # stored, and sent with every later request, ever larger).
+        if made is None or after >= before:
+            from runtime.logging import get_logger  # only here: a rare line
+
+            get_logger("axon.compaction").warning(
+                "compaction.summary-unused",
+                session_id=context.session_id,
+                turn_id=context.turn_id,
+                reason="empty answer" if made is None else "no smaller",
+                tokens_before=before,
+                tokens_after=None if made is None else after,
             )
+            return messages
+        covered = sum(len(t) for t in turns.turns[:cut]) + (previous is not None)
+        context.store(
+            StoredSummary(message=made, tokens_before=before, tokens_after=after, covered=covered)
+        )
         return out
 
 

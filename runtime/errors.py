@@ -18,6 +18,22 @@ from typing import NoReturn
 from runtime.redact import redact_text
 
 
+def exception_text(exc: BaseException) -> str:
+    """``str(exc)``, or a stand-in naming its class when the exception's own ``__str__``
+    raises (a careless class, one that recurses): reporting an error raised by a tool, a
+    hook or an observer must never raise another one where it is being reported (the
+    supervisor, the turn's error chunk), which took the whole host down."""
+    try:
+        return str(exc)
+    except Exception:  # RecursionError included
+        return "<exception str() failed>"  # what the traceback module writes
+
+
+def describe_exception(exc: BaseException) -> str:
+    """``TypeName: text`` of an exception (:func:`exception_text`), never raising."""
+    return f"{type(exc).__name__}: {exception_text(exc)}"
+
+
 class AxonError(Exception):
     """Root of every error this runtime raises on purpose."""
 

@@ -1,13 +1,19 @@
 """structlog setup: local JSON lines, nothing exported anywhere by default.
 
 Never use structlog's ``a*`` (async) methods under Trio: they hop to asyncio threads.
-Loggers here are plain and synchronous; the log tap calls them from its own task, so a
-slow sink delays only the tap, never an agent.
+Loggers here are plain and synchronous, called on the event loop (the log tap's from its
+own task): a sink that blocks while it writes (a stdlib handler sending lines over the
+network, a full pipe) holds every turn of the host meanwhile. An application whose sink
+may block puts a ``logging.handlers.QueueHandler`` in front of it (docs/embedding.md).
+
+A line of an application's own configuration that raises (a processor, a handler) is
+dropped, said once on stderr (:class:`_Guarded`): logging never fails a turn.
 """
 
 from __future__ import annotations
 
 import datetime
+import functools
 import logging
 import sys
 import time
@@ -16,7 +22,8 @@ from typing import Any, TextIO
 
 import structlog
 
-from runtime.redact import redact, redact_processor
+from runtime.errors import describe_exception
+from runtime.redact import redact, redact_processor, redact_text, redacted_str
 
 _LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40, "critical": 50}
 LIBRARY_LOGGERS = ("psycopg", "coredis")
@@ -36,17 +43,19 @@ def configure_logging(
     """
     lvl = _LEVELS.get(level, logging.INFO) if isinstance(level, str) else level
     renderer: Any = JsonRenderer() if json else structlog.dev.ConsoleRenderer(colors=False)
+    global _own_processors
+    _own_processors = [
+        structlog.contextvars.merge_contextvars,
+        structlog.processors.add_log_level,
+        UtcStamper(),
+        # Tracebacks are rendered to text first, so the redaction below covers them too:
+        # a provider error's __cause__ is the SDK's exception, which may quote the key.
+        format_exc_info,
+        redact_processor,  # every line, whoever logged it: no key reaches stderr
+        renderer,
+    ]
     structlog.configure(
-        processors=[
-            structlog.contextvars.merge_contextvars,
-            structlog.processors.add_log_level,
-            UtcStamper(),
-            # Tracebacks are rendered to text first, so the redaction below covers them too:
-            # a provider error's __cause__ is the SDK's exception, which may quote the key.
-            format_exc_info,
-            redact_processor,  # every line, whoever logged it: no key reaches stderr
-            renderer,
-        ],
+        processors=_own_processors,
         wrapper_class=structlog.make_filtering_bound_logger(lvl),
         logger_factory=structlog.WriteLoggerFactory(file=stream or sys.stderr),
         cache_logger_on_first_use=False,
@@ -105,7 +114,14 @@ class JsonRenderer:
         self._dumps = orjson.dumps
 
     def __call__(self, _logger: Any, _method: str, event_dict: Any) -> str:
-        return self._dumps(event_dict, default=str).decode()  # type: ignore[no-any-return]
+        try:
+            return self._dumps(event_dict, default=redacted_str).decode()  # type: ignore[no-any-return]
+        except TypeError:  # orjson's refusal of a lone surrogate (a surrogateescape'd
+            import json  # file name in a tool's error): JSON's own escape, not a raise
+
+            return json.dumps(
+                event_dict, default=redacted_str, ensure_ascii=True, separators=(",", ":")
+            )
 
 
 def format_exc_info(logger: Any, method: str, event_dict: Any) -> Any:
@@ -149,6 +165,66 @@ class UtcStamper:
 
 _bound: dict[str, tuple[tuple[Any, ...], Any]] = {}
 
+_own_processors: list[Any] | None = None
+"""The processor chain :func:`configure_logging` made last: a line through it cannot
+fail (the JSON renderer writes what it cannot encode as its ``str``)."""
+
+_LINE_METHODS = frozenset(
+    ("debug", "info", "warning", "warn", "error", "exception", "critical", "fatal", "msg", "log")
+)
+_BINDING_METHODS = frozenset(("bind", "new", "unbind", "try_unbind"))
+_logging_failed = False
+
+
+class _Guarded:
+    """A bound logger of a configuration other than :func:`configure_logging`'s (an
+    application's own processors, a handler of its own), whose lines never raise into
+    the runtime: a processor that raises crashed the supervisor logging an actor's
+    crash, and the turn logging its save, taking the whole host down. A line that fails
+    is dropped; the first such failure is said once on stderr. Anything else (the
+    processors, the wrapped logger, ``is_enabled_for``) is the wrapped logger's."""
+
+    __slots__ = ("_wrapped",)
+
+    def __init__(self, wrapped: Any) -> None:
+        self._wrapped = wrapped
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._wrapped, name)
+        if name in _LINE_METHODS:
+            return functools.partial(_guarded_line, attr)
+        if name in _BINDING_METHODS:
+            return lambda *args, **kw: _Guarded(attr(*args, **kw))
+        return attr
+
+
+def _guarded_line(method: Any, *args: Any, **kw: Any) -> Any:
+    try:
+        return method(*args, **kw)
+    except Exception as exc:
+        _say_logging_failed(exc)
+        return None
+
+
+def _say_logging_failed(exc: Exception) -> None:
+    """One line on stderr, the first time a line of the application's logging
+    configuration fails: the lines that fail are dropped, the runtime goes on."""
+    global _logging_failed
+    if _logging_failed:
+        return
+    _logging_failed = True
+    stream = sys.__stderr__
+    try:
+        if stream is not None:
+            stream.write(
+                "axon: a log line failed in the logging configuration and was dropped "
+                f"({redact_text(describe_exception(exc))}); later failures are dropped "
+                "silently\n"
+            )
+            stream.flush()
+    except Exception:  # a closed stderr: nothing more to say it with
+        pass
+
 
 def get_logger(name: str = "axon") -> Any:
     """A structlog logger bound with ``logger=name``.
@@ -168,6 +244,8 @@ def get_logger(name: str = "axon") -> Any:
     if cached is not None and all(a is b for a, b in zip(cached[0], key, strict=True)):
         return cached[1]
     logger = structlog.get_logger(name).bind(logger=name)
+    if config["processors"] is not _own_processors:
+        logger = _Guarded(logger)
     _bound[name] = (key, logger)
     return logger
 

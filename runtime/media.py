@@ -119,12 +119,31 @@ def _label(part: Image | File) -> str:
     return f"{kind} {name!r}" if name else f"{kind} ({part.media_type})"
 
 
+def _unicode(text: str) -> str:
+    """``text``, or :class:`~runtime.errors.InvalidMedia` when it holds a lone surrogate:
+    bytes that were not UTF-8 decoded with ``surrogateescape`` (a command-line argument
+    typed in a Latin-1 terminal), which no store writes. Taken, the turn ran (a model
+    call paid for), then its save and every later save of the session failed."""
+    if text.isascii():
+        return text
+    try:
+        text.encode()
+    except UnicodeEncodeError as exc:
+        raise InvalidMedia(
+            f"the user input is not valid text: {text[exc.start : exc.end]!r} at character "
+            f"{exc.start} is a lone surrogate (bytes that were not UTF-8?)"
+        ) from None
+    return text
+
+
 def user_content(value: Any) -> UserContent:
     """The stored content for ``value``: a ``str`` stays a ``str``; a part, or a list of
     text/parts, becomes a tuple of parts (strings become ``TextPart(step=0)``, empty ones
     are dropped). Anything else is an :class:`~runtime.errors.InvalidMedia`."""
     if isinstance(value, str):
-        return value
+        return _unicode(value)
+    if isinstance(value, TextPart):
+        _unicode(value.text)
     if isinstance(value, Image | File | TextPart):
         return (value,)
     if isinstance(value, bytes | bytearray | dict) or not isinstance(value, Iterable):
@@ -136,10 +155,11 @@ def user_content(value: Any) -> UserContent:
     for item in value:
         if isinstance(item, str):
             if item:
-                parts.append(TextPart(text=item, step=0))
+                parts.append(TextPart(text=_unicode(item), step=0))
         elif isinstance(item, Image | File):
             parts.append(item)
         elif isinstance(item, TextPart):
+            _unicode(item.text)
             parts.append(item if item.step == 0 else attrs.evolve(item, step=0))
         else:
             raise InvalidMedia(

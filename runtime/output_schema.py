@@ -42,13 +42,15 @@ from typing import Any
 import attrs
 
 from runtime.chunks import _repr
-from runtime.errors import ConfigurationError, OutputValidationError
+from runtime.errors import ConfigurationError, OutputValidationError, describe_exception
 from runtime.tools import InvalidJSONSchema, json_schema_validator
 
 OUTPUT_TOOL = "final_output"
 """Name of the tool an Anthropic request is forced to call with the answer."""
 MAX_PROBLEMS = 20
 """Validation problems listed in one retry prompt; the rest are counted."""
+MAX_PROBLEM_CHARS = 300
+"""Characters of one validation problem in a retry prompt; the rest are counted."""
 
 
 @attrs.frozen(kw_only=True, slots=True, eq=False)
@@ -70,12 +72,18 @@ class OutputSchema:
         """The typed value of ``text`` (or of the one fenced block it is:
         :func:`unfence`); :class:`OutputValidationError` says why not."""
         inner = unfence(text)
-        if inner is None:
-            return self._parse(text)
         try:
-            return self._parse(inner)
+            return self._parse(text if inner is None else inner)
         except OutputValidationError as exc:
+            if inner is None:
+                raise
             raise OutputValidationError(exc.message, text=text) from None
+        except Exception as exc:
+            # A validator of the output type's own that raised past pydantic (a KeyError,
+            # a TypeError): the answer is rejected, and the model asked again, as for a
+            # ValueError; it failed the turn with that KeyError ("'Oslo'").
+            problem = f"(root): validation raised {describe_exception(exc)}"
+            raise OutputValidationError(_problems([problem]), text=text) from None
 
 
 _FENCE = re.compile(r"\A\s*```[ \t]*(?:json)?[ \t]*\r?\n(.*?)\r?\n?[ \t]*```\s*\Z", re.I | re.S)
@@ -115,6 +123,7 @@ def output_schema(output_type: Any) -> OutputSchema | None:
     else:
         schema, parse = _from_type(output_type)
         fallback = getattr(output_type, "__name__", "output")
+    schema = _rooted(schema)
     if schema.get("type") != "object":
         raise ConfigurationError(
             f"output_type must describe a JSON object (a pydantic model, a TypedDict, a "
@@ -130,6 +139,23 @@ def output_schema(output_type: Any) -> OutputSchema | None:
         output_type=output_type,
         parse=parse,
     )
+
+
+def _rooted(schema: dict[str, Any]) -> dict[str, Any]:
+    """``schema`` with the definition its root refers to (``{"$ref": "#/$defs/Node",
+    "$defs": {...}}``, pydantic's schema of a recursive model: a tree, a thread of
+    comments) written at the root, its ``$defs`` kept for the references inside; any
+    other schema as it is. Every provider needs an object at the root (a tool's input is
+    one), and such a model was refused as not being one."""
+    ref = schema.get("$ref")
+    defs = schema.get("$defs")
+    if not (isinstance(ref, str) and ref.startswith("#/$defs/") and isinstance(defs, dict)):
+        return schema
+    target = defs.get(ref.removeprefix("#/$defs/"))
+    if not isinstance(target, dict) or "$defs" in target:
+        return schema
+    rest = {k: v for k, v in schema.items() if k != "$ref"}
+    return {**copy.deepcopy(target), **rest}
 
 
 def _from_type(output_type: Any) -> tuple[dict[str, Any], Callable[[str], Any]]:
@@ -170,10 +196,13 @@ def _from_json_schema(schema: dict[str, Any]) -> tuple[dict[str, Any], Callable[
             raise OutputValidationError(
                 _problems([f"(root): invalid JSON: {exc}"]), text=text
             ) from None
-        problems = [
-            f"{'.'.join(str(x) for x in e.absolute_path) or '(root)'}: {e.message}"
-            for e in validator.iter_errors(value)
-        ]
+        try:
+            problems = [
+                f"{'.'.join(str(x) for x in e.absolute_path) or '(root)'}: {e.message}"
+                for e in validator.iter_errors(value)
+            ]
+        except RecursionError:  # a recursive schema, an answer nested deeper than Python
+            problems = ["(root): the answer is nested too deeply to validate"]
         if problems:
             raise OutputValidationError(_problems(problems), text=text)
         return value
@@ -182,10 +211,19 @@ def _from_json_schema(schema: dict[str, Any]) -> tuple[dict[str, Any], Callable[
 
 
 def _problems(problems: Sequence[str]) -> str:
-    shown = list(problems[:MAX_PROBLEMS])
+    shown = [_shortened(p) for p in problems[:MAX_PROBLEMS]]
     if len(problems) > MAX_PROBLEMS:
         shown.append(f"... and {len(problems) - MAX_PROBLEMS} more")
     return "the answer does not match the output schema: " + "; ".join(shown)
+
+
+def _shortened(problem: str) -> str:
+    """One problem, cut to :data:`MAX_PROBLEM_CHARS`: jsonschema's messages quote the
+    value (``"[...] is not of type 'object'"``), which is the whole answer at the root,
+    so a retry prompt repeated a long answer once per problem."""
+    if len(problem) <= MAX_PROBLEM_CHARS:
+        return problem
+    return problem[:MAX_PROBLEM_CHARS] + f"… ({len(problem) - MAX_PROBLEM_CHARS} characters more)"
 
 
 # -- OpenAI strict mode ---------------------------------------------------------------------

@@ -298,6 +298,19 @@ def redact(value: Any) -> Any:
     return value
 
 
+def redacted_str(value: Any) -> str:
+    """``str(value)`` redacted, for a JSON encoder's ``default`` (an object it cannot
+    encode is written as its text): :func:`redact` leaves objects as they are, so the
+    text an object makes of itself was written unredacted (a recorded event, a span's
+    content). An object whose ``__str__`` raises is written as
+    ``<exception str() failed>``-like text naming its class, never raising in turn."""
+    try:
+        text = str(value)
+    except Exception:  # RecursionError included
+        return f"<{type(value).__name__}: str() failed>"
+    return redact_text(text)
+
+
 _URL_HEAD = r"[A-Za-z][A-Za-z0-9+.-]*://"
 _QUERY_PAIR = r"(?<=[?&;])(?P<key>[^=&;?#/]*)=(?P<value>[^&;]*)"
 """Both compiled on first use (``re.compile`` caches them), not on import: this module is
@@ -383,8 +396,8 @@ def _redact_log_value(value: Any) -> Any:
         return _redact_log_dict(value)
     if isinstance(value, (list, tuple)):
         return [_redact_log_value(v) for v in value]
-    if not isinstance(value, _PLAIN):
-        value = str(value)  # an exception or object would be rendered by str() anyway
+    if not isinstance(value, _PLAIN):  # an exception or object would be rendered by str()
+        return redacted_str(value)  # anyway (one whose str() raises: said so, not raised)
     return redact_text(value) if isinstance(value, str) else value
 
 

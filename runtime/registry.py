@@ -21,7 +21,7 @@ from typing import Any
 
 import attrs
 
-from runtime.errors import ConfigurationError
+from runtime.errors import ConfigurationError, describe_exception
 
 
 @attrs.frozen(kw_only=True)
@@ -63,8 +63,8 @@ class Registry:
             )
         try:
             return entry.load()
-        except (ImportError, AttributeError) as exc:
+        except Exception as exc:  # not only ImportError: a module may raise anything
             raise ConfigurationError(
                 f"{self.kind} {name!r} ({entry.value}) could not be loaded: "
-                f"{type(exc).__name__}: {exc}"
+                f"{describe_exception(exc)}"
             ) from exc

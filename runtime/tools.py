@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar, get_origin, get_type_hi
 
 import attrs
 
-from runtime.chunks import _repr
+from runtime.chunks import Usage, _repr
 from runtime.errors import ToolDefinitionError
 from runtime.media import tool_output
 
@@ -109,6 +109,11 @@ class ToolContext(Generic[Deps]):
         await self._emit(chunk)
 
     def add_usage(self, usage: Any) -> None:
+        """Count ``usage`` (a :class:`~runtime.chunks.Usage`) toward the calling turn's.
+        Anything else raises ``TypeError`` here, in the tool, as its error: taken, it
+        failed the calling turn with an AttributeError once the call ended."""
+        if not isinstance(usage, Usage):
+            raise TypeError(f"add_usage takes a Usage, not {type(usage).__name__}")
         self.usage = usage if self.usage is None else self.usage + usage
 
 
@@ -209,6 +214,27 @@ def _check_name(tool: Any, attribute: Any, name: Any) -> None:
         )
 
 
+def _check_timeout(value: Any, error: type[Exception] = ToolDefinitionError) -> None:
+    """Refuse, as the tool (or budget) is made, a timeout no call could be run under: a
+    negative number, NaN, text (``"5"`` from a config file): each was every call's error
+    instead, as if the tool had raised it ("'<' not supported between ...")."""
+    ok = value is None or (
+        isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
+    )
+    if not ok:
+        raise error(f"a tool timeout is a number of seconds, 0 or more, or None; got {value!r}")
+
+
+def _check_rule(rule: Any) -> None:
+    """Refuse an ``async def`` approval rule as the tool is made: its coroutine, never
+    awaited, was true, so every call waited for a person whatever the rule said."""
+    if inspect.iscoroutinefunction(rule):
+        raise ToolDefinitionError(
+            f"needs_approval rule {getattr(rule, '__name__', rule)!r} is async: it must be "
+            "a plain function (arguments, context) -> bool"
+        )
+
+
 @attrs.frozen(kw_only=True, slots=True, eq=False)
 class Tool:
     """A callable the model may use. Build one with :func:`tool`."""
@@ -221,9 +247,11 @@ class Tool:
     """JSON schema of the arguments object."""
     function: Callable[..., Any]
     is_async: bool
-    timeout: float | None = None
+    timeout: float | None = attrs.field(default=None, validator=lambda t, a, v: _check_timeout(v))
     """Seconds before a call is abandoned; ``None`` takes the turn budget's default."""
-    needs_approval: bool | ApprovalRule = False
+    needs_approval: bool | ApprovalRule = attrs.field(
+        default=False, validator=lambda t, a, v: _check_rule(v)
+    )
     """``True``: every call waits for a person's decision before it runs; a function
     ``(arguments, context) -> bool`` decides per call (the validated arguments and the
     call's :class:`ToolContext`). A waiting call suspends its turn durably
@@ -280,7 +308,11 @@ class Tool:
         """Whether this call (its validated ``arguments``) waits for a decision."""
         rule = self.needs_approval
         if callable(rule):
-            return bool(rule(arguments, context))
+            verdict = rule(arguments, context)
+            if inspect.isawaitable(verdict):  # an async callable object, say
+                getattr(verdict, "close", lambda: None)()
+                raise TypeError("the approval rule returned an awaitable: it must return a bool")
+            return bool(verdict)
         return bool(rule)
 
     def validate(self, arguments: Any) -> dict[str, Any]:
@@ -335,6 +367,8 @@ def check_against_schema(name: str, validator: Any, value: Any, what: str) -> No
         errors = sorted(validator.iter_errors(value), key=lambda e: list(e.path))
     except Unresolvable as exc:
         raise ToolInputError(f"the schema of {name} has an unresolvable $ref: {exc}") from None
+    except RecursionError:  # a recursive schema, a value nested deeper than Python goes
+        raise ToolInputError(f"invalid {what} for {name}: nested too deeply to check") from None
     if errors:
         problems = "; ".join(
             f"{'.'.join(str(p) for p in e.path) or '(root)'}: {e.message}" for e in errors[:5]
@@ -381,7 +415,8 @@ def to_jsonable(value: Any) -> Any:
 
     try:
         return pydantic_core.to_jsonable_python(value)
-    except pydantic_core.PydanticSerializationError as exc:
+    except (pydantic_core.PydanticSerializationError, ValueError, RecursionError) as exc:
+        # ValueError: bytes that are not UTF-8, a cycle, nesting too deep to walk.
         raise TypeError(f"tool returned a value that cannot be serialized: {exc}") from None
 
 

@@ -346,3 +346,17 @@ def test_try_publish_to_an_inbox_subscribed_twice_delivers_both_or_neither():
     box.put_nowait("b")  # room for one
     assert not bus.try_publish(event)
     assert len(box) == 2
+
+
+async def test_closing_one_of_two_scoped_subscriptions_keeps_routing_by_session():
+    bus = Bus()
+    first = bus.subscribe(session_id="s1", name="first")
+    second = bus.subscribe(session_id="s1", name="second")
+    everything = bus.subscribe(name="all")
+    first.close()
+    first.close()  # twice: nothing more happens
+    bus.publish_nowait(started("s2"))
+    bus.publish_nowait(started("s1"))
+    assert [e.session_id for e in _drain(second.inbox)] == ["s1"]
+    assert [e.session_id for e in _drain(everything.inbox)] == ["s2", "s1"]
+    assert bus.subscription_count == 2

@@ -522,3 +522,20 @@ async def test_anthropic_turn_offers_the_server_schema_and_sends_back_its_result
 def test_attrs_evolve_keeps_the_servers():
     agent = Agent(tools=[stdio_server()])
     assert attrs.evolve(agent, name="other").mcp_servers == agent.mcp_servers
+
+
+async def test_an_mcp_release_without_the_borrowed_stdio_internals_still_runs_the_server(
+    monkeypatch,
+):
+    # The bounded stdio reader borrows private names of mcp.client.stdio; a release that
+    # renamed one must fall back to the package's own client, not fail every server.
+    import actors.mcp as module
+
+    monkeypatch.setattr(module, "_STDIO_INTERNALS", ("_a_name_gone_in_a_later_release",))
+    monkeypatch.setattr(module, "_warned_stdio", [])
+    borrowed = []
+    monkeypatch.setattr(module, "_stdio_client", lambda *a: borrowed.append(a))
+    agent = Agent(provider=calling(("add", {"a": 2, "b": 3})), tools=[stdio_server()])
+    session, _, _ = await run_turn(agent)
+    assert tool_messages(session)["add"].output == 5
+    assert borrowed == [] and module._warned_stdio == [True]

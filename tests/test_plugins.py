@@ -103,6 +103,18 @@ async def test_metrics_actor_counts_tokens_steps_tools_and_latency(autojump_cloc
     assert m.turn_latencies == [2.0, 2.0]
 
 
+async def test_metrics_forget_the_least_recently_active_session_past_their_bound():
+    agent = Agent(provider=ScriptedProvider([["a"], ["b"], ["c"], ["d"]]))
+    async with Host.open(log_tap=False) as host:
+        metrics = await host.start_actor(MetricsActor(max_sessions=2, max_latencies=1))
+        for name in ("s1", "s2", "s1", "s3"):  # s2 is the least recently active at s3
+            await (await host.open_session(agent, session_id=name)).run("go")
+            await trio.sleep(0.1)
+    assert list(metrics.sessions) == ["s1", "s3"]
+    assert metrics.sessions["s1"].turns == 2
+    assert len(metrics.sessions["s1"].turn_latencies) == 1
+
+
 async def test_jsonl_recorder_writes_every_event_and_replay_renders_it(tmp_path):
     path = tmp_path / "events.jsonl"
     steps = [[*tool_call("ping", {}, tool_call_id="P")], ["all done"]]

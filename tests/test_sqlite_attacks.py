@@ -64,8 +64,8 @@ async def test_a_lone_surrogate_in_a_tool_result_does_not_stop_the_session_being
     finally:
         await store.aclose()
     assert [m.role for m in stored] == ["user", "assistant", "tool"] * 2
-    for result in stored[2], stored[5]:  # U+FFFD in its place, as errors="replace" gives
-        assert result.output == "notes.txt report_\ufffd.pdf"
+    for result in stored[2], stored[5]:  # the tool executor writes it as an escape first
+        assert result.output == "notes.txt report_\\udcff.pdf"
 
 
 async def test_lone_surrogates_anywhere_in_a_message_or_its_meta_are_stored_replaced(tmp_path):

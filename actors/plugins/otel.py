@@ -64,7 +64,7 @@ from runtime.events import (
     TurnSteered,
 )
 from runtime.inbox import Inbox, OverflowPolicy
-from runtime.redact import redact
+from runtime.redact import redact, redacted_str
 
 # Attribute names of the GenAI semantic conventions (checked against the installed
 # ``opentelemetry-semantic-conventions`` package by tests/test_otel.py). Kept as plain
@@ -628,9 +628,9 @@ def _set_usage(span: Any, usage: Usage) -> None:
 def _json(value: Any) -> str:
     """Tool content as JSON text, credentials redacted (span attributes are flat)."""
     try:
-        return orjson.dumps(redact(value), default=str).decode()
+        return orjson.dumps(redact(value), default=redacted_str).decode()
     except TypeError:
-        return str(redact(str(value)))
+        return redacted_str(value)
 
 
 def _decision_event(event: ToolApprovalDecided | ToolApprovalExpired) -> tuple[str, dict]:

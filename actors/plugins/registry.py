@@ -25,7 +25,7 @@ from collections.abc import Callable
 import attrs
 
 from runtime.actor import Actor
-from runtime.errors import ConfigurationError
+from runtime.errors import ConfigurationError, describe_exception
 from runtime.registry import Registry
 
 ENTRY_POINT_GROUP = "axon.plugins"
@@ -82,7 +82,15 @@ def create_plugin(spec: PluginSpec | str) -> Actor:
     target = PLUGINS.entries()[spec.name].value
     if not callable(factory):
         raise ConfigurationError(f"plug-in {spec.name!r} ({target}) is not callable")
-    actor = factory(spec.options)
+    try:
+        actor = factory(spec.options)
+    except ConfigurationError:
+        raise
+    except Exception as exc:  # a factory's bug, or options it refused the wrong way
+        raise ConfigurationError(
+            f"plug-in {spec.name!r} ({target}) could not be built from its options: "
+            f"{describe_exception(exc)}"
+        ) from exc
     if not isinstance(actor, Actor):
         raise ConfigurationError(
             f"plug-in {spec.name!r} ({target}) returned {type(actor).__name__}, not a runtime.Actor"

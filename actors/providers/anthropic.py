@@ -17,7 +17,15 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import AsyncGenerator, AsyncIterable, Awaitable, Callable, Iterable, Sequence
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterable,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Sequence,
+)
 from contextlib import aclosing
 from typing import Any, ClassVar, cast
 
@@ -25,15 +33,25 @@ import trio
 
 from actors.providers.anthropic_platforms import BedrockPlatform, VertexPlatform
 from actors.providers.failures import (
+    SHAPE_ERRORS,
     classify_status,
     classify_transport,
     missing_key,
     retry_after,
+    text_of,
+    tokens,
+    unreadable,
 )
 from actors.providers.json_slot import StringSlot, learn
 from actors.providers.read_batch import ReadBatch
 from actors.providers.sdk import SDKProvider
-from actors.providers.sse import SSEDecoder, event_batches, read_blocks, sdk_sse_response
+from actors.providers.sse import (
+    SSEDecoder,
+    event_batches,
+    no_events,
+    read_blocks,
+    sdk_sse_response,
+)
 from runtime import errors
 from runtime.actor_messages import InferRequest
 from runtime.chunks import (
@@ -254,7 +272,7 @@ def _tool_input(value: Any) -> dict[str, Any]:
     if isinstance(value, str):
         try:
             decoded = json.loads(value)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested past Python's stack
             return {}
         return decoded if isinstance(decoded, dict) else {}
     return {}
@@ -487,6 +505,9 @@ async def parse_batches(
     async for batch in batches:
         try:
             await _parse_read(batch, parse, out)
+        except SHAPE_ERRORS as exc:  # an event of the wrong shape
+            await out.flush()
+            raise unreadable(exc, PROVIDER) from exc
         except Exception:
             await out.flush()  # what the read gave before the failure stays emitted
             raise
@@ -513,6 +534,8 @@ async def _parse_read(
             if dtype == "text_delta":
                 text = delta.get("text")
                 if text:
+                    if type(text) is not str:
+                        text_of(text, "a text_delta's text", PROVIDER)  # raises
                     index = event.get("index")
                     if index != parse.run_index:  # another block: another part
                         out.end_run()
@@ -583,7 +606,7 @@ class _MessageParse:
                 provider=PROVIDER,
             )
         if dtype == "input_json_delta":
-            fragment = delta.get("partial_json")
+            fragment = text_of(delta.get("partial_json"), "partial_json", PROVIDER)
             if fragment:
                 block.json.append(fragment)
                 if block.kind == "tool_use":
@@ -591,12 +614,13 @@ class _MessageParse:
                 if block.kind == "answer":
                     return TextChunk(text=fragment)
         elif dtype == "thinking_delta":
-            thinking = delta.get("thinking")
+            thinking = text_of(delta.get("thinking"), "a thinking_delta's text", PROVIDER)
             if thinking:
                 return ReasoningChunk(text=thinking, provider=PROVIDER)
         elif dtype == "signature_delta":
             block.signed = True
-            return ReasoningChunk(signature=delta.get("signature"), provider=PROVIDER)
+            signature = text_of(delta.get("signature"), "a signature", PROVIDER)
+            return ReasoningChunk(signature=signature, provider=PROVIDER)
         # citations_delta: citations are not part of the chunk vocabulary (yet)
         return None
 
@@ -665,17 +689,21 @@ async def _start_block(index: Any, content: dict[str, Any], blocks: dict, emit: 
     kind = content.get("type")
     if kind == "text":
         blocks[index] = _Block(kind)
-        if content.get("text"):
-            await emit(TextChunk(text=content["text"]))
+        text = text_of(content.get("text"), "a text block's text", PROVIDER)
+        if text:
+            await emit(TextChunk(text=text))
     elif kind == "thinking":
-        blocks[index] = _Block(kind, data=content.get("signature") or None)
-        if content.get("thinking"):
-            await emit(ReasoningChunk(text=content["thinking"], provider=PROVIDER))
+        signature = text_of(content.get("signature"), "a signature", PROVIDER)
+        blocks[index] = _Block(kind, data=signature or None)
+        thinking = text_of(content.get("thinking"), "a thinking block's text", PROVIDER)
+        if thinking:
+            await emit(ReasoningChunk(text=thinking, provider=PROVIDER))
     elif kind == "redacted_thinking":
         blocks[index] = _Block(kind)
         await emit(ReasoningChunk(redacted_data=content.get("data"), provider=PROVIDER))
     elif kind == "tool_use":
-        call_id, name = content.get("id") or "", content.get("name") or ""
+        call_id = text_of(content.get("id"), "a tool_use id", PROVIDER) or ""
+        name = text_of(content.get("name"), "a tool_use name", PROVIDER) or ""
         blocks[index] = _Block(kind, id=call_id, name=name, data=content.get("input"))
         await emit(ToolInputStartChunk(tool_call_id=call_id, tool_name=name))
     else:  # server-side tool use/result, or a block type newer than this module
@@ -697,7 +725,7 @@ async def _stop_block(block: _Block, emit: Emit) -> None:
         if block.json:  # server_tool_use: the input streamed like a tool_use's
             try:
                 data["input"] = json.loads("".join(block.json))
-            except ValueError:
+            except (ValueError, RecursionError):
                 pass  # keep the start's input; the server already ran the tool
         await emit(ProviderDataChunk(provider=PROVIDER, data=data))
 
@@ -712,7 +740,7 @@ def _tool_call(block: _Block, cut: str | None = None) -> ToolCallChunk:
         return ToolCallChunk(**ids, input=block.data or {})
     try:
         return ToolCallChunk(**ids, input=json.loads(raw))
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # a recursion bomb is no JSON either
         return ToolCallChunk(**ids, input=raw, input_error=f"invalid JSON in tool input: {exc}")
 
 
@@ -721,11 +749,11 @@ def _take_usage(usage: dict[str, int | None], raw: Any) -> None:
     if not isinstance(raw, dict):
         return
     for key in _USAGE_KEYS:
-        value = raw.get(key)
+        value = tokens(raw.get(key))  # a count that is no count is none
         if value is not None:
             usage[key] = value
     details = raw.get("output_tokens_details")
-    if isinstance(details, dict) and details.get("thinking_tokens") is not None:
+    if isinstance(details, dict) and tokens(details.get("thinking_tokens")) is not None:
         usage["thinking_tokens"] = details["thinking_tokens"]
 
 
@@ -786,19 +814,29 @@ async def json_event_batches(
                     yield out  # what came before a failure is the stream's
                 if failure is not None:
                     raise failure
+                if reader.stopped:
+                    await _drain_after_stop(events)
+                    return
         return
     decoder = SSEDecoder()
-    async for chunk in response.aiter_bytes():
+    head, seen = b"", False
+    chunks = response.aiter_bytes()
+    async for chunk in chunks:
         lines, batch = decoder.feed_lines(chunk)
         out = []
         if lines:
             failure = reader.lines(decoder, lines, out)
         else:
             failure = reader.events(batch, out) if batch else None
+        if not seen:  # an event read (its chunk given, or a failure raised)
+            head, seen = head or chunk[:200], bool(out or batch)
         if out:
             yield out
         if failure is not None:
             raise failure
+        if reader.stopped:
+            await _drain_after_stop(chunks)
+            return
     batch = decoder.finish()
     if batch:
         out = []
@@ -807,6 +845,8 @@ async def json_event_batches(
             yield out
         if failure is not None:
             raise failure
+    elif not seen:
+        raise no_events(response, head, PROVIDER)
 
 
 _DELTA = "content_block_delta"
@@ -819,7 +859,7 @@ class _EventReader:
     its text deltas and how many more may be tried as one; a method per form of a read
     (its events, or its lines, :meth:`~actors.providers.sse.SSEDecoder.feed_lines`)."""
 
-    __slots__ = ("learning", "loads", "response", "slot", "stream", "texts")
+    __slots__ = ("learning", "loads", "response", "slot", "stopped", "stream", "texts")
 
     def __init__(self, stream: Any, texts: bool) -> None:
         import orjson
@@ -830,6 +870,8 @@ class _EventReader:
         self.texts = texts
         self.slot: StringSlot | None = None
         self.learning = SLOT_LEARNING if texts else 0
+        self.stopped = False
+        """``message_stop`` was read: the message is whole, nothing follows it."""
 
     def lines(
         self, decoder: SSEDecoder, lines: list[bytes], out: list[dict[str, Any] | list[str]]
@@ -845,9 +887,9 @@ class _EventReader:
     def _events(
         self, batch: Sequence[tuple[Any, bytes]], out: list[dict[str, Any] | list[str]]
     ) -> tuple[Exception | None, bool]:
-        """:meth:`events` as :func:`read_blocks` takes it (an Anthropic stream's end is its
-        ``message_stop`` event, read as any other)."""
-        return self.events(batch, out), False
+        """:meth:`events` as :func:`read_blocks` takes it (an Anthropic stream ends at its
+        ``message_stop`` event: the blocks after it are not read)."""
+        return self.events(batch, out), self.stopped
 
     def events(
         self, batch: Sequence[tuple[Any, bytes]], out: list[dict[str, Any] | list[str]]
@@ -890,6 +932,9 @@ class _EventReader:
                 failure = _not_an_object(data)
                 break
             out.append(event)
+            if name == "message_stop":
+                self.stopped = True
+                break
             if texts and event.get("type") == _DELTA:
                 slot = None  # another block's delta, or another kind's: no str follows
                 if learning and _delta_text(event):
@@ -898,6 +943,21 @@ class _EventReader:
         self.slot = slot
         self.learning = learning
         return failure
+
+
+DRAIN_AFTER_STOP = 0.1
+"""Seconds to read what follows ``message_stop`` (the end of the body, so the connection
+is reused); a server that keeps the body open is cut then."""
+
+
+async def _drain_after_stop(events: AsyncIterator[Any]) -> None:
+    """Read what follows ``message_stop`` for at most :data:`DRAIN_AFTER_STOP` seconds
+    and drop it. Why: the message is whole at ``message_stop``; the reader went on to the
+    end of the body, so a server (a proxy) that kept it open made a finished answer wait
+    for the read timeout and then fail with a ``ProviderTimeout`` (branch ``provatk``)."""
+    with trio.move_on_after(DRAIN_AFTER_STOP):
+        async for _ in events:
+            pass
 
 
 def _not_an_object(data: bytes) -> errors.MalformedStream:

@@ -36,6 +36,18 @@ context window (OpenAI's ``context_length_exceeded``, Anthropic's "prompt is too
 Gemini's "The input token count (N) exceeds the maximum number of tokens allowed",
 Bedrock's "Input is too long for requested model", and what compatible servers say)."""
 
+MAX_EVENT_BYTES = 64 << 20
+"""The longest SSE line or event (and Gemini chunk) a provider reads from its bytes: far
+above any real event (a whole Responses ``response.completed``, an image in a Gemini
+chunk: a few MiB), low enough that a server sending one endless line cannot take the
+process's memory. Past it the stream is :class:`EventTooLarge`."""
+
+
+class EventTooLarge(ValueError):
+    """A line or an event of a stream over :data:`MAX_EVENT_BYTES`, with no end: read as
+    :class:`~runtime.errors.MalformedStream` (:func:`classify_transport`)."""
+
+
 _TRANSPORT_LIBRARIES = ("httpx2", "httpx")
 """The HTTP libraries the ``openai`` and ``anthropic`` SDKs are built on (``httpx2`` in
 current releases, ``httpx`` before); both share the exception classes used here."""
@@ -122,6 +134,45 @@ def classify_status(
     return errors.ProviderError(message, **kw)
 
 
+def tokens(value: Any) -> int | None:
+    """A token count as a server sent it: a non-negative integer, else ``None`` (absent).
+
+    Why: a count is summed into the turn's usage and checked against its token budget; a
+    string (``"ten"``) failed the turn with a ``TypeError`` of the runtime's addition,
+    and a negative one was summed as it was, lowering the turn's total below what it
+    spent (a hostile or broken server could keep a budget from ever being reached)."""
+    return value if type(value) is int and value >= 0 else None
+
+
+def text_of(value: Any, what: str, provider: str) -> Any:
+    """``value`` when it is a string or ``None``; a :class:`MalformedStream` for any
+    other value (a number, an object) where the API sends text.
+
+    Why: a chunk's text travels as it is to the engine, which reads it as a string; a
+    text delta of ``5`` crashed the engine actor and the turn ended as if answered, its
+    text lost (branch ``provatk``)."""
+    if value is None or type(value) is str:
+        return value
+    raise errors.MalformedStream(
+        f"{what} is {type(value).__name__}, not text: {value!r:.200}", provider=provider
+    )
+
+
+SHAPE_ERRORS = (AttributeError, TypeError, KeyError, IndexError)
+"""What reading a chunk of the wrong shape raises (a string where an object belongs, an
+object where a string does): :func:`unreadable` makes it a :class:`MalformedStream`."""
+
+
+def unreadable(exc: BaseException, provider: str) -> errors.MalformedStream:
+    """The error of a chunk or event of the wrong shape (one of :data:`SHAPE_ERRORS`
+    raised reading it). Why: it was reported as a ``ProviderError`` naming a
+    ``TypeError`` or ``AttributeError``, not retryable, as if the provider had a bug; it
+    is a stream the client cannot read, which a retry may well read."""
+    return errors.MalformedStream(
+        f"unreadable response chunk: {type(exc).__name__}: {exc}", provider=provider
+    )
+
+
 def missing_key(provider: str, variable: str) -> errors.AuthenticationFailed:
     """The error for a call with no API key: neither given (``--api-key``, ``api_key=``)
     nor in the environment ``variable`` the SDK reads. Every SDK says this in its own
@@ -157,6 +208,8 @@ def classify_transport(exc: BaseException, *, provider: str) -> errors.ProviderE
             return errors.ConnectionLost(
                 f"connection failed or dropped: {detail}", provider=provider
             )
+    if isinstance(exc, EventTooLarge):
+        return errors.MalformedStream(f"unreadable stream: {exc}", provider=provider)
     if isinstance(exc, json.JSONDecodeError | UnicodeDecodeError):
         return errors.MalformedStream(f"undecodable stream data: {detail}", provider=provider)
     return None

@@ -54,6 +54,7 @@ turn runner's decision, it knows what was already streamed).
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import os
 import re
@@ -68,6 +69,8 @@ from actors.providers.failures import (
     classify_transport,
     missing_key,
     retry_after,
+    text_of,
+    tokens,
 )
 from actors.providers.gemini_wire import (
     count_request,
@@ -233,7 +236,7 @@ def _tool_input(value: Any) -> dict[str, Any]:
     if isinstance(value, str):
         try:
             decoded = json.loads(value)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested past Python's stack
             return {}
         return decoded if isinstance(decoded, dict) else {}
     return {}
@@ -450,12 +453,17 @@ def map_output(config: dict[str, Any], output: Any) -> None:
 
 
 def _signature(part: dict[str, Any]) -> str | None:
-    raw = part.get("thoughtSignature")
+    raw = text_of(part.get("thoughtSignature"), "a thoughtSignature", PROVIDER)
     return standard_b64(raw) if raw else None
 
 
 def _usage(raw: dict[str, Any]) -> Usage:
-    get = raw.get
+    """The counts of ``usageMetadata``; one that is no count (a string, a negative
+    number) is none (:func:`~actors.providers.failures.tokens`)."""
+
+    def get(key: str) -> int | None:
+        return tokens(raw.get(key))
+
     prompt = (get("promptTokenCount") or 0) + (get("toolUsePromptTokenCount") or 0)
     thoughts = get("thoughtsTokenCount")
     output = (get("candidatesTokenCount") or 0) + (thoughts or 0)
@@ -517,7 +525,7 @@ class _Parser:
             emit = self.emit
             for part in parts:
                 text = part.get("text")
-                if text is not None and len(part) == 1:  # most parts: plain text
+                if type(text) is str and len(part) == 1:  # most parts: plain text
                     if text:
                         await emit(TextChunk(text=text))
                 else:
@@ -529,7 +537,7 @@ class _Parser:
     async def part(self, part: dict[str, Any]) -> None:
         emit = self.emit
         signature = _signature(part)
-        text = part.get("text")
+        text = text_of(part.get("text"), "a part's text", PROVIDER)
         if part.get("thought"):
             if text:
                 await emit(ReasoningChunk(text=text, provider=PROVIDER))
@@ -555,7 +563,7 @@ class _Parser:
         await self.emit(ProviderDataChunk(provider=PROVIDER, data=data))
 
     async def call(self, call: dict[str, Any]) -> None:
-        name = call.get("name") or ""
+        name = text_of(call.get("name"), "a functionCall's name", PROVIDER) or ""
         args = call.get("args")
         if args is None:
             args = {}
@@ -565,7 +573,7 @@ class _Parser:
             await self.emit(TextChunk(text=json.dumps(args, ensure_ascii=False)))
             return
         self.calls += 1
-        call_id = call.get("id") or new_id(GENERATED_ID)
+        call_id = text_of(call.get("id"), "a functionCall's id", PROVIDER) or new_id(GENERATED_ID)
         await self.emit(ToolInputStartChunk(tool_call_id=call_id, tool_name=name))
         await self.emit(
             ToolInputDeltaChunk(tool_call_id=call_id, delta=json.dumps(args, ensure_ascii=False))
@@ -696,6 +704,19 @@ def classify_error(exc: BaseException, *, streaming: bool = False) -> AxonError:
 # -- the provider actor ---------------------------------------------------------------------
 
 
+async def _key_stays_home(home: tuple[str, str, int | None], request: Any) -> None:
+    """Drop the key's header from a request to another origin than the endpoint's
+    ``home`` (scheme, host, port): a redirect's next hop.
+
+    Why: the client follows redirects, as the SDK's own does, and the HTTP library
+    strips only ``Authorization`` when a redirect leaves the origin; the SDK sends the
+    key as ``x-goog-api-key``, which went on to whatever host a ``307`` named (branch
+    ``provatk``). The redirected call then fails as unauthenticated there."""
+    url = request.url
+    if (url.scheme, url.host, url.port) != home:
+        request.headers.pop("x-goog-api-key", None)
+
+
 class GeminiProvider(SDKProvider):
     """Google Gemini (the Gemini Developer API) over the ``google-genai`` SDK: streaming,
     function calls, thought summaries, thought signatures kept and sent back, images.
@@ -779,7 +800,13 @@ class GeminiProvider(SDKProvider):
 
         self._key = key
         http = next(sys.modules[m] for m in ("httpx2", "httpx") if m in sys.modules)
-        self._http = http.AsyncClient(timeout=self.timeout, follow_redirects=True)
+        home = http.URL(self.endpoint or self.default_endpoint or "")
+        hooks = {
+            "request": [functools.partial(_key_stays_home, (home.scheme, home.host, home.port))]
+        }
+        self._http = http.AsyncClient(
+            timeout=self.timeout, follow_redirects=True, event_hooks=hooks
+        )
         options = types.HttpOptions(
             base_url=self.base_url,
             timeout=None if self.timeout is None else int(self.timeout * 1000),

@@ -34,6 +34,7 @@ from typing import Any
 
 import attrs
 
+from actors.providers.failures import MAX_EVENT_BYTES, EventTooLarge
 from runtime import errors
 
 PROVIDER = "google"
@@ -122,18 +123,38 @@ async def count_request(wire: WireRequest) -> int:
 class LineDecoder:
     """The SDK's stream framing, on bytes: lines end at CR, LF or CRLF; a ``data: ``
     line (with its space) adds to the chunk, which a blank line ends (lines joined with
-    ``\\n``); any other line is raw JSON (an error the API wrote without SSE framing),
-    buffered until its braces balance outside strings. At the end of the body: the last
-    unended line, the raw buffer, then an unended chunk."""
+    ``\\n``); an SSE comment (``:``) or another SSE field (``event``, ``id``,
+    ``retry``) is skipped where no raw JSON is pending (the SDK would fail on it); any
+    other line is raw JSON (an error the API wrote without SSE framing), buffered until
+    its braces balance outside strings. At the end of the body: the last unended line,
+    the raw buffer, then an unended chunk.
 
-    __slots__ = ("_data", "_raw", "_rest")
+    A line, a chunk or a raw JSON value is at most :data:`MAX_EVENT_BYTES` long, else
+    :class:`EventTooLarge`; a read that ends no line is held as it is and joined once a
+    line ends (as :class:`~actors.providers.sse.SSEDecoder`: an endless line from a
+    hostile server took memory without bound, and quadratic time)."""
+
+    __slots__ = ("_data", "_held", "_held_size", "_raw", "_rest", "_size")
 
     def __init__(self) -> None:
         self._rest = b""
         self._data: list[bytes] = []
+        self._size = 0
+        """The bytes of :attr:`_data`."""
         self._raw = _RawJson()
+        self._held: list[bytes] = []
+        self._held_size = 0
 
     def feed(self, chunk: bytes) -> list[bytes]:
+        if b"\n" not in chunk and b"\r" not in chunk and self._rest[-1:] != b"\r":
+            self._held.append(chunk)  # ends no line: held until one ends
+            self._held_size += len(chunk)
+            if self._held_size + len(self._rest) > MAX_EVENT_BYTES:
+                raise EventTooLarge(f"a line of more than {MAX_EVENT_BYTES} bytes with no end")
+            return []
+        if self._held:
+            self._rest = b"".join((self._rest, *self._held))
+            self._held, self._held_size = [], 0
         buf = self._rest + chunk if self._rest else chunk
         lines = buf.splitlines()  # bytes: breaks at CR, LF, CRLF only
         if buf and buf[-1] == 13:  # a CR at the end: its LF may start the next read
@@ -145,6 +166,9 @@ class LineDecoder:
         return self._lines(lines)
 
     def finish(self) -> list[bytes]:
+        if self._held:
+            self._rest = b"".join((self._rest, *self._held))
+            self._held, self._held_size = [], 0
         rest, self._rest = self._rest, b""
         out = self._lines(rest.splitlines() or ([b""] if rest else []))
         raw = self._raw.flush()
@@ -161,10 +185,16 @@ class LineDecoder:
         for line in lines:
             if line[:6] == _DATA:
                 data.append(line[6:])
+                self._size += len(line)
+                if self._size > MAX_EVENT_BYTES:
+                    raise EventTooLarge(f"a chunk of more than {MAX_EVENT_BYTES} bytes")
             elif not line:
                 if data:
                     out.append(data[0] if len(data) == 1 else b"\n".join(data))
                     data = self._data = []
+                    self._size = 0
+            elif line[0] == 58 or (self._raw.empty and line.partition(b":")[0] in _FIELDS):
+                continue  # an SSE comment (a proxy's keep-alive) or an SSE field: no data
             else:
                 raw = self._raw.add(line)
                 if raw is not None:
@@ -172,16 +202,32 @@ class LineDecoder:
         return out
 
 
+_FIELDS = frozenset((b"event", b"id", b"retry"))
+"""The SSE fields other than ``data``: no JSON starts with them (nor with a ``:``, an SSE
+comment), so a line of one, outside raw JSON, is skipped, as an SSE client does. Why: the
+SDK reads such a line as raw JSON and fails the stream on a keep-alive comment a proxy
+adds (``: ping``); the body is asked for as SSE (``alt=sse``), so it may hold them."""
+
+
 class _RawJson:
     """Raw JSON lines until their braces balance outside strings (the SDK's rule)."""
 
-    __slots__ = ("_depth", "_escaped", "_in_string", "_lines")
+    __slots__ = ("_depth", "_escaped", "_in_string", "_lines", "_size")
 
     def __init__(self) -> None:
         self._lines: list[bytes] = []
+        self._size = 0
         self._depth, self._in_string, self._escaped = 0, False, False
 
+    @property
+    def empty(self) -> bool:
+        """Whether no raw JSON is pending."""
+        return not self._lines
+
     def add(self, line: bytes) -> bytes | None:
+        self._size += len(line)
+        if self._size > MAX_EVENT_BYTES:
+            raise EventTooLarge(f"a JSON value of more than {MAX_EVENT_BYTES} bytes")
         for c in line.decode("utf-8", errors="replace"):
             if self._in_string:
                 if self._escaped:
@@ -202,6 +248,7 @@ class _RawJson:
     def flush(self) -> bytes:
         out = b"".join(self._lines)
         self._lines = []
+        self._size = 0
         self._depth, self._in_string, self._escaped = 0, False, False
         return out
 
@@ -243,10 +290,28 @@ async def _chunks_of(response: Any, raw: Any) -> AsyncGenerator[dict[str, Any], 
                     f"a chunk is not a JSON object: {data[:200]!r}", provider=PROVIDER
                 )
             if next(iter(value), None) == "error":  # the SDK: '{"error":' starts it
-                error = value["error"]
-                code = error.get("code") if isinstance(error, dict) else None
-                await genai_errors.APIError.raise_error_async(code, value, response)  # type: ignore[arg-type]
+                code, value = _error_object(value["error"])
+                await genai_errors.APIError.raise_error_async(code, value, response)
             yield value
+
+
+def _error_object(error: Any) -> tuple[int, dict[str, Any]]:
+    """An in-stream error's status code and body as the SDK's error takes them.
+
+    Why: the SDK's error compares the ``code`` with numbers and reads the ``message``
+    as text; an error object that was a string, had no code or a code that is no
+    number, failed the turn with the comparison's ``TypeError`` (not retryable, its
+    message lost). An error with no usable code is the server's (500); its message is
+    text (the JSON of what it was, if it was none)."""
+    if not isinstance(error, dict):
+        error = {"message": error if isinstance(error, str) else json.dumps(error)}
+    code = error.get("code")
+    if type(code) is not int or not 400 <= code < 600:
+        code = 500
+    message = error.get("message")
+    if not isinstance(message, str):
+        message = json.dumps(message) if message is not None else "an error with no message"
+    return code, {"error": {**error, "code": code, "message": message}}
 
 
 def _hop_state(first: dict[str, Any], hop: dict[str, Any]) -> None:

@@ -38,6 +38,7 @@ from typing import Any, ClassVar
 
 import trio
 
+from actors.providers.failures import SHAPE_ERRORS, text_of, tokens, unreadable
 from actors.providers.json_slot import StringSlot, TwoStringSlot, learn
 from actors.providers.openai_common import (
     OpenAISDKProvider,
@@ -48,7 +49,13 @@ from actors.providers.openai_common import (
 )
 from actors.providers.openai_common import get_field as _get
 from actors.providers.read_batch import ReadBatch
-from actors.providers.sse import SSEDecoder, event_batches, read_blocks, sdk_sse_response
+from actors.providers.sse import (
+    SSEDecoder,
+    event_batches,
+    no_events,
+    read_blocks,
+    sdk_sse_response,
+)
 from runtime import errors
 from runtime.actor_messages import InferRequest
 from runtime.chunks import (
@@ -319,17 +326,32 @@ def map_output(output: Any) -> dict[str, Any]:
 
 
 def _usage(raw: Any) -> Usage | None:
-    prompt, completion = _get(raw, "prompt_tokens"), _get(raw, "completion_tokens")
+    """The usage object's counts; one that is no count (a string, a negative number) is
+    none (:func:`~actors.providers.failures.tokens`)."""
+    prompt, completion = tokens(_get(raw, "prompt_tokens")), tokens(_get(raw, "completion_tokens"))
     if prompt is None and completion is None:
         return None
     prompt, completion = prompt or 0, completion or 0
     return Usage(
         input_tokens=prompt,
         output_tokens=completion,
-        total_tokens=_get(raw, "total_tokens") or prompt + completion,
-        cache_read=_get(_get(raw, "prompt_tokens_details"), "cached_tokens"),
-        reasoning_tokens=_get(_get(raw, "completion_tokens_details"), "reasoning_tokens"),
+        total_tokens=tokens(_get(raw, "total_tokens")) or prompt + completion,
+        cache_read=tokens(_get(_get(raw, "prompt_tokens_details"), "cached_tokens")),
+        reasoning_tokens=tokens(_get(_get(raw, "completion_tokens_details"), "reasoning_tokens")),
     )
+
+
+def _text(value: Any, what: str) -> str | None:
+    return text_of(value, what, "openai")
+
+
+def _fragment(args: Any) -> str | None:
+    """A tool call's ``arguments`` fragment; a JSON value a server sent in the place of
+    the string holding it (an object, an array) is that string. Why: the fragments are
+    joined as strings; an object there failed the call with a ``TypeError``."""
+    if args is None or type(args) is str:
+        return args
+    return json.dumps(args, ensure_ascii=False)
 
 
 class _Call:
@@ -392,10 +414,15 @@ class _ToolCalls:
         for tc in tool_calls or ():
             fn = _get(tc, "function")
             out += self.feed(
-                _get(tc, "id"), _get(tc, "index"), _get(fn, "name"), _get(fn, "arguments")
+                _text(_get(tc, "id"), "a tool call's id"),
+                _get(tc, "index"),
+                _text(_get(fn, "name"), "a tool call's name"),
+                _fragment(_get(fn, "arguments")),
             )
         if legacy is not None:
-            out += self.feed(None, "function_call", _get(legacy, "name"), _get(legacy, "arguments"))
+            name, args = _get(legacy, "name"), _get(legacy, "arguments")
+            name = _text(name, "a function_call's name")
+            out += self.feed(None, "function_call", name, _fragment(args))
         return out
 
     def finish(self, raw_reason: str | None, reason: str) -> list:
@@ -406,7 +433,7 @@ class _ToolCalls:
             error: str | None = None
             try:
                 value: Any = json.loads(raw) if raw.strip() else {}
-            except ValueError as exc:
+            except (ValueError, RecursionError) as exc:  # a recursion bomb is no JSON either
                 value, error = raw, f"invalid JSON in tool arguments: {exc}"
             if reason == "length":
                 error = TRUNCATED.format(raw=raw_reason)
@@ -496,7 +523,10 @@ async def parse_batches(
                         await out.flush()
                 continue
             await out.flush()  # what came before goes first
-            await state.read(chunk)
+            try:
+                await state.read(chunk)
+            except SHAPE_ERRORS as exc:  # a chunk of the wrong shape
+                raise unreadable(exc, provider) from exc
         await out.flush()
     await _emit_end(
         emit, state.calls, state.usage, state.raw_reason, refused=state.refused, provider=provider
@@ -525,7 +555,8 @@ class _StreamState:
         for choice in _get(chunk, "choices") or ():
             if (_get(choice, "index") or 0) != 0:
                 continue  # n > 1: only the first choice is this turn's answer
-            self.raw_reason = _get(choice, "finish_reason") or self.raw_reason
+            reason = text_of(_get(choice, "finish_reason"), "a finish_reason", self.provider)
+            self.raw_reason = reason or self.raw_reason
             delta = _get(choice, "delta")
             if delta is None:
                 continue
@@ -535,7 +566,7 @@ class _StreamState:
             text = _get(delta, "content")
             if text and isinstance(text, str):
                 await emit(TextChunk(text=text))
-            refusal = _get(delta, "refusal")
+            refusal = text_of(_get(delta, "refusal"), "a refusal", self.provider)
             if refusal:
                 self.refused = True
                 await emit(TextChunk(text=refusal, refusal=True))
@@ -689,6 +720,7 @@ async def json_chunk_batches(
         return
     decoder = SSEDecoder()
     chunks = sse_response.aiter_bytes()
+    head, seen = b"", False
     async for chunk in chunks:
         lines, batch = decoder.feed_lines(chunk, 2)
         out = []
@@ -696,6 +728,8 @@ async def json_chunk_batches(
             failure, done = reader.lines(decoder, lines, out)
         else:
             failure, done = reader.events(batch, out) if batch else (None, False)
+        if not seen:  # an event read (its chunk given, or a failure or the end raised)
+            head, seen = head or chunk[:200], bool(out or batch)
         if out:
             yield out
         if failure is not None:
@@ -711,6 +745,8 @@ async def json_chunk_batches(
             yield out
         if failure is not None:
             raise failure
+    elif not seen:
+        raise no_events(sse_response, head, "openai")
 
 
 _DATA_LEAD = b"data: "
@@ -762,6 +798,11 @@ class _ChunkReader:
                         break
             data = batch[i][1]
             i += 1
+            if not data:
+                # No data: a block of a ``retry:`` or ``id:`` field alone (the SDK's
+                # decoder makes it an event, the SSE specification none); the SDK then
+                # failed the stream parsing it as JSON. Nothing to read.
+                continue
             if slot is not None:
                 text = slot.text(data)  # (an event with a name, read as before)
                 if text is not None:
@@ -775,7 +816,14 @@ class _ChunkReader:
             except ValueError as exc:
                 failure = exc
                 break
-            if type(chunk) is dict and chunk.get("error"):
+            if type(chunk) is not dict:
+                # A JSON array here was read downstream as a run of texts (the form
+                # this reader gives those in) and crashed the engine with its numbers.
+                failure = errors.MalformedStream(
+                    f"a chunk is not a JSON object: {data[:200]!r}", provider="openai"
+                )
+                break
+            if chunk.get("error"):
                 failure = _stream_error(chunk["error"], self.response)
                 break
             out.append(chunk)
@@ -803,8 +851,8 @@ def _stream_error(body: Any, response: Any) -> Exception:
     """The ``APIError`` the SDK raises for an ``error`` object inside the stream."""
     import openai
 
-    message = body.get("message") if isinstance(body, dict) else None
-    if not message or not isinstance(message, str):
+    message = body.get("message") if isinstance(body, dict) else body
+    if not message or not isinstance(message, str):  # (a string is its own message)
         message = "An error occurred during streaming"
     return openai.APIError(message=message, request=response.request, body=body)
 

@@ -49,7 +49,7 @@ import json
 from collections.abc import AsyncIterable, Iterable, Sequence
 from typing import Any, ClassVar
 
-from actors.providers.failures import classify_status
+from actors.providers.failures import SHAPE_ERRORS, classify_status, text_of, tokens, unreadable
 from actors.providers.openai_common import (
     OpenAISDKProvider,
     as_body,
@@ -426,8 +426,24 @@ def _call_id(item: Any) -> str:
     fresh one, so the call can still be answered."""
     found = getattr(item, "call_id", None) or getattr(item, "id", None)
     if found:
-        return found
+        return text_of(found, "a function_call's call_id", PROVIDER)
     return new_id("call")
+
+
+def _name(item: Any) -> str:
+    """A ``function_call`` item's name (``""`` when it has none); one that is no text is
+    malformed (the SDK validates nothing: a number went on as the tool's name)."""
+    return text_of(getattr(item, "name", None), "a function_call's name", PROVIDER) or ""
+
+
+def _item_arguments(item: Any) -> str | None:
+    """A ``function_call`` item's ``arguments``; a JSON value a server sent in the place
+    of the string holding it is that string (as the Chat Completions provider reads it:
+    it was unreadable)."""
+    raw = getattr(item, "arguments", None)
+    if raw is None or type(raw) is str:
+        return raw
+    return json.dumps(raw, ensure_ascii=False)
 
 
 def _parse_arguments(call_id: str, name: str, raw: str) -> ToolCallChunk:
@@ -439,7 +455,7 @@ def _parse_arguments(call_id: str, name: str, raw: str) -> ToolCallChunk:
         return ToolCallChunk(tool_call_id=call_id, tool_name=name, input={})
     try:
         value = json.loads(raw)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # a recursion bomb is no JSON either
         return ToolCallChunk(
             tool_call_id=call_id,
             tool_name=name,
@@ -449,18 +465,34 @@ def _parse_arguments(call_id: str, name: str, raw: str) -> ToolCallChunk:
     return ToolCallChunk(tool_call_id=call_id, tool_name=name, input=value)
 
 
+_TEXT_DELTAS = frozenset(
+    {
+        "response.output_text.delta",
+        "response.function_call_arguments.delta",
+        "response.reasoning_summary_text.delta",
+        "response.reasoning_text.delta",
+        "response.refusal.delta",
+    }
+)
+"""The events whose ``delta`` is text, emitted as it is."""
+
+
 def _usage(raw: Any) -> Usage | None:
+    """The response's usage; a count that is no count (a string, a negative number: the
+    SDK does not validate them) is none (:func:`~actors.providers.failures.tokens`)."""
     if raw is None:
         return None
-    inp = getattr(raw, "input_tokens", None) or 0
-    out = getattr(raw, "output_tokens", None) or 0
+    inp = tokens(getattr(raw, "input_tokens", None)) or 0
+    out = tokens(getattr(raw, "output_tokens", None)) or 0
     return Usage(
         input_tokens=inp,
         output_tokens=out,
-        total_tokens=getattr(raw, "total_tokens", None) or inp + out,
-        cache_read=getattr(getattr(raw, "input_tokens_details", None), "cached_tokens", None),
-        reasoning_tokens=getattr(
-            getattr(raw, "output_tokens_details", None), "reasoning_tokens", None
+        total_tokens=tokens(getattr(raw, "total_tokens", None)) or inp + out,
+        cache_read=tokens(
+            getattr(getattr(raw, "input_tokens_details", None), "cached_tokens", None)
+        ),
+        reasoning_tokens=tokens(
+            getattr(getattr(raw, "output_tokens_details", None), "reasoning_tokens", None)
         ),
     )
 
@@ -509,6 +541,8 @@ class _Parser:
 
     async def feed(self, event: Any) -> None:
         etype = getattr(event, "type", None)
+        if etype in _TEXT_DELTAS:  # the SDK does not validate: a delta must be text
+            text_of(getattr(event, "delta", None), f"a {etype} event's delta", PROVIDER)
         if etype == "response.output_text.delta":
             if event.delta:
                 await self.release()
@@ -561,18 +595,17 @@ class _Parser:
     async def _item_added(self, index: int, item: Any) -> None:
         await self.release(following=item)
         if getattr(item, "type", None) == "function_call":
-            call = _Call(_call_id(item), item.name or "")
+            call = _Call(_call_id(item), _name(item))
             self.calls[index] = call
             self.any_call = True
             if call.name:
                 call.started = True
                 await self.emit(ToolInputStartChunk(tool_call_id=call.call_id, tool_name=call.name))
-            if item.arguments:
-                call.args.append(item.arguments)
+            arguments = _item_arguments(item)
+            if arguments:
+                call.args.append(arguments)
                 if call.started:
-                    await self.emit(
-                        ToolInputDeltaChunk(tool_call_id=call.call_id, delta=item.arguments)
-                    )
+                    await self.emit(ToolInputDeltaChunk(tool_call_id=call.call_id, delta=arguments))
 
     async def _item_done(self, index: int, item: Any) -> None:
         kind = getattr(item, "type", None)
@@ -592,10 +625,11 @@ class _Parser:
             await self.release()
             call = self.calls.pop(index, None)
             if call is None:  # done without added: the whole call at once
-                call = _Call(_call_id(item), item.name or "")
+                call = _Call(_call_id(item), _name(item))
                 self.any_call = True
-            raw = item.arguments if item.arguments is not None else "".join(call.args)
-            name = call.name or item.name or ""
+            arguments = _item_arguments(item)
+            raw = arguments if arguments is not None else "".join(call.args)
+            name = call.name or _name(item)
             if not call.started:
                 await self.emit(ToolInputStartChunk(tool_call_id=call.call_id, tool_name=name))
                 if raw:
@@ -683,8 +717,14 @@ async def parse_stream(stream: AsyncIterable[Any], emit: Emit) -> None:
             break
         except Exception as exc:
             raise classify_error(exc) from exc
-        await parser.feed(event)
-    await parser.finish()
+        try:
+            await parser.feed(event)
+        except SHAPE_ERRORS as exc:  # an event of the wrong shape (the SDK validates none)
+            raise unreadable(exc, PROVIDER) from exc
+    try:
+        await parser.finish()
+    except SHAPE_ERRORS as exc:
+        raise unreadable(exc, PROVIDER) from exc
 
 
 def classify_error(exc: BaseException) -> AxonError:

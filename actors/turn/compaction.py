@@ -29,7 +29,7 @@ from runtime.compaction import (
     estimate_text,
     run_processors,
 )
-from runtime.errors import ActorFailed, AxonError
+from runtime.errors import ActorFailed, AxonError, describe_exception
 from runtime.history import repair
 from runtime.ids import new_id
 from runtime.inbox import Inbox
@@ -78,7 +78,7 @@ async def compact(
                     "compaction.count-failed",
                     session_id=session_id,
                     turn_id=turn_id,
-                    error=redact(f"{type(exc).__name__}: {exc}"),
+                    error=redact(describe_exception(exc)),
                 )
             else:
                 if counted is not None:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from actors.turn.compaction import compact
-from actors.turn.parts import CallIds
+from actors.turn.parts import CallIds, storable
 from actors.turn.structured import observe, with_feedback
 from actors.turn.throttle import acquire, limiter_of, release
 from actors.turn.turn_state import Step, Turn, error_info
@@ -41,7 +41,7 @@ from runtime.chunks import (
     UsageChunk,
 )
 from runtime.compaction import estimate_tokens
-from runtime.errors import ProviderError
+from runtime.errors import ProviderError, exception_text
 from runtime.ids import new_id
 from runtime.messages import Message, UserMessage
 from runtime.pricing import priced
@@ -129,7 +129,7 @@ class Inferring:
                     step=turn.step,
                     attempt=attempt,
                     delay=delay,
-                    error=redact(str(exc)),
+                    error=redact(exception_text(exc)),
                 )
                 await trio.sleep(delay)
 
@@ -168,7 +168,7 @@ class Inferring:
             step=turn.step,
             from_provider=failed.name,
             to_provider=following.name,
-            error=redact(str(exc)),
+            error=redact(exception_text(exc)),
             reset=reset,
         )
         await self.publish(
@@ -285,7 +285,7 @@ class Inferring:
                     elif t is ToolInputStartChunk:
                         parts.tool_input_start(ids.start(chunk), forward)
                     elif t is ToolCallChunk:
-                        chunk = ids.call(chunk)
+                        chunk = storable(ids.call(chunk))
                         parts.tool_call(chunk, forward)
                         result.calls.append(chunk)
                     elif t is ProviderDataChunk:

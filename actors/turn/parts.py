@@ -34,10 +34,12 @@ only to the same (:func:`runtime.history.replays_to`).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
 import attrs
+import orjson
 
 from runtime.actor_messages import REASONING, TEXT, PartBegin, PartEnd
 from runtime.chunks import (
@@ -311,3 +313,27 @@ class CallIds:
             new = self._fresh(original)
         self.renamed.pop(original, None)
         return chunk if new == original else attrs.evolve(chunk, tool_call_id=new)
+
+
+def storable(call: ToolCallChunk) -> ToolCallChunk:
+    """``call`` as it is when the store can write its input (as JSON, with orjson);
+    else with its input as JSON text and an ``input_error``, so it is refused with that
+    error as its result, which the model sees.
+
+    The providers read a call's arguments with Python's JSON parser, which takes an
+    integer of any size; orjson writes none past 64 bits. A model's
+    ``{"id": 123456789012345678901}`` was run, and then every save of the session failed
+    (the turn's and each later one's, which write it again): nothing more was kept."""
+    value = call.input
+    if type(value) is str:
+        return call  # unparsable input, kept as the text it came as
+    try:
+        orjson.dumps(value)
+    except TypeError as exc:  # orjson.JSONEncodeError
+        return attrs.evolve(
+            call,
+            input=json.dumps(value, default=repr),
+            input_error=f"the tool call was not executed: its input cannot be stored ({exc}); "
+            "send such a value as a string",
+        )
+    return call

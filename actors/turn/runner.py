@@ -89,12 +89,12 @@ from runtime.approval import (
     waiting_calls,
 )
 from runtime.chunks import Usage
-from runtime.errors import ActorFailed, BudgetExceeded
+from runtime.errors import ActorFailed, AxonError, BudgetExceeded
 from runtime.history import INTERRUPTED, RepairedHistory
 from runtime.hosting import ToolSource, TurnHost
 from runtime.ids import new_id
 from runtime.inbox import Inbox
-from runtime.logging import get_logger
+from runtime.logging import get_logger, log_exception
 from runtime.messages import AssistantMessage, ToolCallPart, ToolMessage, UserMessage
 from runtime.output import ErrorInfo
 from runtime.redact import redact
@@ -319,13 +319,16 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
         except Exception as exc:
             turn.error = error_info(exc)
             turn.finish_reason = "error"
-            self._log.error(
-                "turn.failed",
-                session_id=self.state.session_id,
-                turn_id=turn.turn_id,
-                error=redact(turn.error.message),
-                error_kind=turn.error.kind,
-            )
+            fields = {
+                "session_id": self.state.session_id,
+                "turn_id": turn.turn_id,
+                "error": redact(turn.error.message),
+                "error_kind": turn.error.kind,
+            }
+            if isinstance(exc, AxonError):  # said on purpose: the message is the story
+                self._log.error("turn.failed", **fields)
+            else:  # a bug (a hook of the application's that raised): where it failed
+                log_exception(self._log, "turn.failed", **fields)
         await self._finish_turn(run, turn)
 
     def _open_turn(self, run: RunTurn) -> tuple[Turn, Committed | None, tuple[Any, ...]]:

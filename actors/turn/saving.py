@@ -21,7 +21,7 @@ from actors.turn.session_sync import Adopted, adopt_record, adopt_save
 from actors.turn.turn_state import Turn
 from runtime import events as ev
 from runtime.actor_messages import SaveRequest, SaveResult
-from runtime.errors import ActorFailed, StoreError
+from runtime.errors import ActorFailed, StoreError, describe_exception
 from runtime.ids import new_id
 from runtime.redact import redact
 from runtime.store import SessionRecord
@@ -185,7 +185,7 @@ class Saving:
                     "session.reload-failed",
                     session_id=state.session_id,
                     turn_id=turn_id,
-                    error=redact(f"{type(exc).__name__}: {exc}"),
+                    error=redact(describe_exception(exc)),
                 )
                 return
             adopted = adopt_record(state, record)

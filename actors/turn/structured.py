@@ -27,6 +27,10 @@ from runtime.messages import AssistantMessage, Message, ToolCallPart
 from runtime.output_schema import OutputSchema, unfence_partial
 from runtime.provider import TextRun
 
+PARSE_EVERY_BATCH = 8192
+"""Characters of an answer up to which every batch of it is parsed for a partial object
+(past them, once it grew by an eighth: :meth:`StructuredTurn._flush`)."""
+
 # -- one turn -----------------------------------------------------------------------------
 
 
@@ -37,7 +41,9 @@ class StructuredTurn:
     __slots__ = (
         "_dirty",
         "_last",
+        "_parsed",
         "_part",
+        "_size",
         "_text",
         "feedback",
         "message_id",
@@ -58,6 +64,10 @@ class StructuredTurn:
         """``(step, validation error)`` of each rejected answer, in order."""
         self._part: str | None = None
         self._text: list[str] = []
+        self._size = 0
+        """Characters in ``_text``."""
+        self._parsed = 0
+        """Characters of the part's text when it was last parsed."""
         self._last: Any = None
         self._dirty = False
 
@@ -75,7 +85,8 @@ class StructuredTurn:
         """``forward`` (what the turn runner sends the stream controller) with an
         :class:`ObjectUpdate` after the text of each part whose parsed value changed.
 
-        The text so far is parsed once per batch (and before its part ends), leniently:
+        The text so far is parsed once per batch (past :data:`PARSE_EVERY_BATCH`
+        characters, once it grew by an eighth) and when its part ends, leniently:
         an incomplete string, array or object yields what is complete so far; text that
         is not JSON at all yields nothing. A refusal is not parsed. An answer in a
         fenced block is parsed inside its fence (:func:`runtime.output_schema.unfence_partial`).
@@ -86,18 +97,20 @@ class StructuredTurn:
             if t is TextChunk:
                 if self._part is not None and not item.refusal:
                     self._text.append(item.text)
+                    self._size += len(item.text)
                     self._dirty = True
             elif t is TextRun:  # text deltas, none a refusal (runtime.provider)
                 if self._part is not None:
                     self._text.extend(item.texts)
+                    self._size += sum(map(len, item.texts))
                     self._dirty = True
             elif t is PartEnd:
-                self._flush(out)
+                self._flush(out, whole=True)
                 self._part = None
             elif t is PartBegin:
-                self._flush(out)
+                self._flush(out, whole=True)
                 self._part = item.part_id if item.kind == "text" else None
-                self._text, self._last = [], None
+                self._text, self._last, self._size, self._parsed = [], None, 0, 0
             out.append(item)
         self._flush(out)
         return out
@@ -106,17 +119,28 @@ class StructuredTurn:
         """Forget the part being parsed: its model call failed and the step starts
         over (a ``reset-step``); the next call's text is parsed afresh."""
         self._part, self._text, self._last, self._dirty = None, [], None, False
+        self._size = self._parsed = 0
 
-    def _flush(self, out: list[Any]) -> None:
+    def _flush(self, out: list[Any], *, whole: bool = False) -> None:
+        """Parse the part's text so far and add an :class:`ObjectUpdate` if its value
+        changed. Past :data:`PARSE_EVERY_BATCH` characters, a batch's end parses only
+        once the text grew by an eighth since the last parse (the part's end always
+        does): each parse reads the whole text, and parsing at every batch made a long
+        answer cost the square of its length on the event loop (500 KB: 11 s of CPU)
+        and send as many whole objects to the client."""
         if not self._dirty or self._part is None:
             return
+        size = self._size
+        if not whole and size > PARSE_EVERY_BATCH and size - self._parsed < self._parsed // 8:
+            return  # stays dirty: a later batch, or the part's end, parses it
         self._dirty = False
+        self._parsed = size
         from pydantic_core import from_json
 
+        text = "".join(self._text)
+        self._text = [text]
         try:
-            value = from_json(
-                unfence_partial("".join(self._text)), allow_partial="trailing-strings"
-            )
+            value = from_json(unfence_partial(text), allow_partial="trailing-strings")
         except ValueError:
             return  # not JSON (yet): prose, or only whitespace so far
         if value != self._last:

@@ -24,7 +24,7 @@ from runtime.actor_messages import ApprovalAsked, ToolCallSpec, ToolOutcome
 from runtime.approval import APPROVAL, CLIENT, denial_text
 from runtime.ids import new_id
 from runtime.messages import Awaiting, Message, Part, ToolCallPart, ToolMessage
-from runtime.tools import Tool, ToolContext, ToolInputError
+from runtime.tools import Tool, ToolContext
 
 if TYPE_CHECKING:
     from runtime.actor_messages import Batcher, SaveRequest, SessionState
@@ -48,13 +48,15 @@ def hold_kind(
         return None  # the common case, decided without validating the input twice
     try:
         arguments = tool.validate(call_input)
-    except ToolInputError:
-        return None
+    except Exception:  # ToolInputError, or a validator of the tool's own that raised
+        return None  # the executor makes it the call's error result
     if tool.is_client:
         return CLIENT
-    if not approver_in_process and tool.requires_approval(arguments, context):
-        return APPROVAL
-    return None
+    try:
+        asks = not approver_in_process and tool.requires_approval(arguments, context)
+    except Exception:
+        return None  # the rule raises again in the executor: the call's error, not run
+    return APPROVAL if asks else None
 
 
 def hold_context(

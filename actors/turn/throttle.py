@@ -19,7 +19,7 @@ import structlog
 import trio
 
 from runtime.chunks import Usage
-from runtime.errors import RateLimitUnavailable
+from runtime.errors import RateLimitUnavailable, describe_exception
 from runtime.ratelimit import Grant, Limiter, Verdict
 from runtime.redact import redact
 
@@ -60,5 +60,5 @@ async def release(limiter: Limiter | None, grant: Grant | None, usage: Usage | N
             log.warning(
                 "limits.release_failed",
                 key=limiter.key,
-                error=redact(f"{type(exc).__name__}: {exc}"),
+                error=redact(describe_exception(exc)),
             )

@@ -20,6 +20,7 @@ always has its weather and clock tools.
 
 Bad input (an invalid session id, a store that cannot be opened, a missing file) prints
 one ``error: ...`` line on stderr and exits with status 2, before anything is written.
+A closed stdout or stderr (``>&-``) is written to as if it were the null device.
 
 A turn that waits for a person (a tool that needs approval, a client-side tool;
 docs/approval.md) is decided here: ``--approve-all`` / ``--deny-all``, or else, when stdin
@@ -63,24 +64,27 @@ from runtime.app.commands import (
 from runtime.app.expiry import deadlines
 from runtime.app.host import Host
 from runtime.app.mcp_server import add_mcp_server_parser, mcp_server_command
-from runtime.app.render import TerminalRenderer, describe_usage
+from runtime.app.render import TerminalRenderer, describe_usage, terminal_text
 from runtime.app.web.serve import add_serve_parser, serve_command
 from runtime.app.worker import add_worker_parser, worker_command
 from runtime.approval import APPROVAL, WAITING_META, PendingCall, pending_calls, waiting_calls
 from runtime.chunks import Usage
 from runtime.errors import (
+    ActorFailed,
     AlreadyDecided,
     ConfigurationError,
     InvalidCursor,
     InvalidMedia,
     StoreError,
     UnknownApproval,
+    describe_exception,
 )
 from runtime.events import Event
 from runtime.ids import new_id
 from runtime.logging import configure_logging
 from runtime.media import MediaLimits, check_limits, user_content
 from runtime.messages import AssistantMessage, Awaiting, File, Image, Message, is_media_output
+from runtime.output import OUTPUT_CHUNK_TYPES
 from runtime.output_schema import output_schema
 from runtime.redact import redact_url
 from runtime.serde import converter, structure, unstructure
@@ -90,6 +94,8 @@ __all__ = ["MCP_HELP", "BadInput", "build_parser", "main", "make_agent", "report
 
 
 STORE_HELP = "session store: an SQLite file or a postgresql:// URL"
+OUTPUT_KINDS = frozenset(cls.kind for cls in OUTPUT_CHUNK_TYPES)  # type: ignore[attr-defined]
+"""The output chunks' event kinds (``output.text-delta``...): what ``replay`` renders."""
 WAITING_STATUS = 3
 """``run``'s exit status when the turn waits for a decision nobody could give here."""
 
@@ -295,9 +301,16 @@ async def run_command(args: argparse.Namespace) -> int:
     session_id = args.session or new_id("session")
     if not isinstance(agent, Agent):  # --agent named a function of the session id
         agent = agent(session_id)
+        if not isinstance(agent, Agent):
+            raise ConfigurationError(
+                f"--agent {args.agent!r} returned {type(agent).__name__}, not an Agent"
+            )
     async with Host.open(store=args.store, handle_signals=True) as host:
         for plugin in plugins:
-            await host.start_actor(plugin)
+            try:
+                await host.start_actor(plugin)
+            except ActorFailed as exc:  # its file cannot be opened, its exporter built...
+                raise BadInput(str(exc)) from None  # "actor NAME could not start: ..."
         session = await host.open_session(agent, session_id=session_id)
         result: TurnResult | None = None
         if args.input is None:  # no prompt: the session's waiting turn goes on
@@ -363,9 +376,19 @@ async def render_turn(stream: Any, renderer: Any, out: Any) -> TurnResult | None
             if renderer is not None:
                 renderer.render(chunk)
             else:
-                out.write(orjson.dumps(converter.unstructure(chunk)) + b"\n")
+                out.write(json_line(converter.unstructure(chunk)))
                 out.flush()
     return output.result
+
+
+def json_line(data: Any) -> bytes:
+    """``data`` as one JSON line. A text holding a lone surrogate (half an emoji a
+    provider split across two deltas) is one orjson refuses: it is written with the
+    surrogate escaped (``\\ud83d``), as Python's ``json`` writes it, not a traceback."""
+    try:
+        return orjson.dumps(data) + b"\n"
+    except orjson.JSONEncodeError:
+        return json.dumps(data, ensure_ascii=True, separators=(",", ":")).encode() + b"\n"
 
 
 NO_CLIENT = "the command line has no client to run the client-side tool {}"
@@ -415,8 +438,9 @@ async def decide_waiting(session: Any, args: argparse.Namespace, renderer: Any) 
 
 
 def describe_call(call: PendingCall) -> str:
-    """``NAME({"arg": ...})``: a waiting call as a person reads it."""
-    return f"{call.tool_name}({json.dumps(call.input, ensure_ascii=False)})"
+    """``NAME({"arg": ...})``: a waiting call as a person reads it (its control characters
+    and bidirectional overrides escaped: what is approved is what is shown)."""
+    return terminal_text(f"{call.tool_name}({json.dumps(call.input, ensure_ascii=False)})")
 
 
 def waiting_line(calls: list[PendingCall], session_id: str, args: argparse.Namespace) -> str:
@@ -478,7 +502,9 @@ def replay_command(args: argparse.Namespace) -> int:
     except orjson.JSONDecodeError as exc:
         raise BadInput(f"{args.file} is not a JSONL event log: {exc}") from None
     turns: dict[Any, bool] = {}  # turn id -> whether its turn.finished was recorded
-    for record in records:
+    for number, record in enumerate(records, 1):
+        if not isinstance(record, dict):
+            raise BadInput(f"{args.file} is not a JSONL event log: line {number} is no object")
         if args.session and record.get("session_id") != args.session:
             continue
         kind = str(record.get("kind", ""))
@@ -490,8 +516,15 @@ def replay_command(args: argparse.Namespace) -> int:
             continue
         if renderer is None:
             sys.stdout.write(orjson.dumps(record).decode() + "\n")
-        else:
-            renderer.render(structure(record, Event))
+        elif kind in OUTPUT_KINDS:  # a kind a later version records is not shown here
+            try:
+                chunk = structure(record, Event)
+            except Exception as exc:  # cattrs: a class validation error, a missing field...
+                raise BadInput(
+                    f"{args.file} line {number} is no valid {kind} event: "
+                    f"{describe_exception(exc).splitlines()[0]}"
+                ) from None
+            renderer.render(chunk)
     unfinished = [turn_id for turn_id, finished in turns.items() if not finished]
     if unfinished or not turns:
         if renderer is not None:
@@ -549,7 +582,7 @@ async def sessions_command(args: argparse.Namespace) -> int:
         waiting = info.meta.get(WAITING_META)
         if isinstance(waiting, int) and waiting > 0:  # docs/approval.md: `show` says what
             line += f"\twaiting for input ({waiting} call{'s' if waiting > 1 else ''})"
-        sys.stdout.write(line + "\n")
+        sys.stdout.write(terminal_text(line) + "\n")
     if after is not None:  # on stderr: the listing on stdout stays one session a line
         sys.stdout.flush()
         sys.stderr.write(
@@ -574,44 +607,48 @@ async def show_command(args: argparse.Namespace) -> int:
         sys.stdout.write(orjson.dumps(unstructure(list(record.messages))).decode() + "\n")
         return 0
     console = Console(highlight=False, markup=False)  # stored text is never markup
+
+    def say(text: str, **options: Any) -> None:  # stored text never drives the terminal
+        console.print(terminal_text(text), **options)
+
     for msg in record.messages:
         if msg.role == "assistant":
             flag = f" ({msg.status})" if msg.status != "complete" else ""
-            console.print(f"assistant{flag}", style="bold")
+            say(f"assistant{flag}", style="bold")
             for part in msg.content:
                 if part.type == "text":
-                    console.print(f"  [step {part.step}] text: {part.text}")
+                    say(f"  [step {part.step}] text: {part.text}")
                 elif part.type == "reasoning":
                     signed = " signed" if part.signature else ""
                     line = f"  [step {part.step}] reasoning{signed}: {part.text}"
-                    console.print(line, style="dim")
+                    say(line, style="dim")
                 elif part.type == "tool-call":
                     call_input = orjson.dumps(part.input).decode()
-                    console.print(
+                    say(
                         f"  [step {part.step}] tool-call {part.tool_name}({call_input}) "
                         f"id={part.tool_call_id}{_decision(part.awaiting)}"
                     )
                 else:
-                    console.print(f"  [step {part.step}] {part.type}")
+                    say(f"  [step {part.step}] {part.type}")
             if msg.error is not None:
-                console.print(f"  error: {msg.error.kind}: {msg.error.message}", style="red")
+                say(f"  error: {msg.error.kind}: {msg.error.message}", style="red")
             if msg.usage is not None:
-                console.print(f"  usage: {describe_usage(msg.usage)}", style="dim")
+                say(f"  usage: {describe_usage(msg.usage)}", style="dim")
         elif msg.role == "tool":
             body = msg.error if msg.error else _describe_output(msg.output)
             label = "error" if msg.error else "result"
-            console.print(f"tool {msg.tool_name} {label} (step {msg.step}): {body}")
+            say(f"tool {msg.tool_name} {label} (step {msg.step}): {body}")
         elif msg.role == "user" and not isinstance(msg.content, str):
-            console.print(f"user: {msg.text}")
+            say(f"user: {msg.text}")
             for item in msg.media:
-                console.print(f"  [{_describe_media(item)}]", style="dim")
+                say(f"  [{_describe_media(item)}]", style="dim")
         else:
-            console.print(f"{msg.role}: {msg.content}")
+            say(f"{msg.role}: {msg.content}")
     if (total := session_usage(record.messages)) is not None:
-        console.print(f"session usage: {describe_usage(total)}", style="bold")
+        say(f"session usage: {describe_usage(total)}", style="bold")
     # Last, so what is still to be done (and the ids to do it with) ends the output.
     for line in waiting_lines(record.messages):
-        console.print(line, style="bold", soft_wrap=True)  # ids copied whole
+        say(line, style="bold", soft_wrap=True)  # ids copied whole
     return 0
 
 
@@ -668,7 +705,17 @@ def _silence_stdout() -> None:
     os.dup2(devnull, sys.stdout.fileno())
 
 
+def _stand_in_for_closed_streams() -> None:
+    """A command started with its stdout or stderr closed (``axon run ... >&-``, a
+    service manager's) finds ``sys.stdout`` ``None``: it writes to the null device as if
+    sent there, instead of failing on its first write with a traceback nobody reads."""
+    for name in ("stdout", "stderr"):
+        if getattr(sys, name) is None:
+            setattr(sys, name, open(os.devnull, "w"))  # the process's own, never closed
+
+
 def main(argv: list[str] | None = None) -> int:
+    _stand_in_for_closed_streams()
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "run" and args.prompt is None and args.session is None:

@@ -513,6 +513,8 @@ class Host:
         version 0 for a session not stored yet), loaded from instead of reading it
         again. Ignored when the session is open already."""
         self.check_open()
+        if not isinstance(agent, Agent):  # an agent factory's careless return value
+            raise ConfigurationError(f"open_session needs an Agent, not {type(agent).__name__}")
         self.provider_of(agent)  # no provider, or an unknown one: refused before anything
         if meta is not None:
             checked_meta(meta)

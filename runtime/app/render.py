@@ -3,6 +3,11 @@
 Reasoning is shown dimmed, text is typed as it streams, and every tool call gets a
 card with its input and its result (or error). Rendering reacts to chunk types only,
 so it works for any provider.
+
+Whatever a model, a tool or a stored session says is shown through
+:func:`terminal_text`: its control characters (an escape sequence that clears the screen,
+sets the window title or recolours the prompt) and bidirectional overrides are printed as
+visible ``\\x1b``-style escapes, never obeyed by the user's terminal.
 """
 
 from __future__ import annotations
@@ -16,6 +21,36 @@ from rich.panel import Panel
 from rich.text import Text
 
 from runtime.chunks import Usage
+
+
+def _escapes() -> dict[int, str]:
+    # C0 controls but the tab and the newline, DEL and C1 (U+009B is a one-character
+    # CSI). Rich drops BEL, BS, VT, FF and CR itself (so a CRLF still ends one line).
+    codes = [*range(0x00, 0x07), *range(0x0E, 0x20), *range(0x7F, 0xA0)]
+    table = {c: f"\\x{c:02x}" for c in codes}
+    # Embeddings, overrides and isolates: they reorder what follows on the line, so a
+    # tool's arguments could read as other arguments at the approval prompt.
+    table.update({c: f"\\u{c:04x}" for c in (*range(0x202A, 0x202F), *range(0x2066, 0x206A))})
+    # Lone surrogates (half an emoji a provider split across two deltas, a file name
+    # decoded with ``surrogateescape``): no encoding can write them, so printing one
+    # raised UnicodeEncodeError and ended ``run`` in a traceback.
+    table.update({c: f"\\u{c:04x}" for c in range(0xD800, 0xE000)})
+    return table
+
+
+_ESCAPES = _escapes()
+
+
+def terminal_text(text: str) -> str:
+    """``text`` as a terminal may print it: every control character (but the tab and the
+    newline) and every bidirectional override written as a visible escape (``\\x1b``,
+    ``\\u202e``), so a model's output cannot drive the user's terminal."""
+    return text.translate(_ESCAPES)
+
+
+NARROW = 16
+"""Columns under which a tool card is printed without its box: at four columns or fewer
+the box's borders and padding left its input and result no room, and they vanished."""
 
 
 class TerminalRenderer:
@@ -45,7 +80,8 @@ class TerminalRenderer:
 
     def _write(self, text: str, style: str | None = None) -> None:
         if text:
-            self.console.print(Text(text, style=style or ""), end="", soft_wrap=True)
+            safe = terminal_text(text)
+            self.console.print(Text(safe, style=style or ""), end="", soft_wrap=True)
             self._at_line_start = text.endswith("\n")
 
     def render(self, chunk: Any) -> None:
@@ -84,14 +120,15 @@ class TerminalRenderer:
             label, value, border = ("result ", "bold green"), _fmt(chunk.output), "green"
         else:
             label, value, border = ("error  ", "bold red"), chunk.error, "red"
+        body = Text.assemble(
+            ("input  ", "bold"), terminal_text(args), "\n", label, terminal_text(value)
+        )
+        title = terminal_text(f"tool · {chunk.tool_name}")
+        if self.console.width < NARROW:  # a box would leave its content no room at all
+            self.console.print(Text.assemble((title, border), "\n", body), soft_wrap=True)
+            return
         self.console.print(
-            Panel(
-                Text.assemble(("input  ", "bold"), args, "\n", label, value),
-                title=f"tool · {chunk.tool_name}",
-                title_align="left",
-                border_style=border,
-                expand=False,
-            )
+            Panel(body, title=title, title_align="left", border_style=border, expand=False)
         )
 
     def _approval_request(self, chunk: Any) -> None:
@@ -109,8 +146,10 @@ class TerminalRenderer:
         e = chunk.error
         self.console.print(
             Text(
-                f"↺ {e.kind}: step {chunk.step} starts over on {chunk.provider} "
-                "(disregard its output above)",
+                terminal_text(
+                    f"↺ {e.kind}: step {chunk.step} starts over on {chunk.provider} "
+                    "(disregard its output above)"
+                ),
                 style="yellow",
             ),
             soft_wrap=True,
@@ -125,19 +164,21 @@ class TerminalRenderer:
                 f"[{chunk.finish_reason} · {u.input_tokens} in / {u.output_tokens} out tokens"
                 f"{cost}]",
                 style="dim",
-            )
+            ),
+            soft_wrap=True,  # one line: the terminal wraps it
         )
 
     def _error(self, chunk: Any) -> None:
         self._newline()
         e = chunk.error
         retry = " (retryable)" if e.retryable else ""
-        line = Text(f"error: {e.kind}: {e.message}{retry}", style="bold red")
+        line = Text(terminal_text(f"error: {e.kind}: {e.message}{retry}"), style="bold red")
         self.console.print(line, soft_wrap=True)  # one line: the terminal wraps it
 
     def _abort(self, chunk: Any) -> None:
         self._newline()
-        self.console.print(Text(f"aborted: {chunk.reason}", style="bold yellow"))
+        line = Text(terminal_text(f"aborted: {chunk.reason}"), style="bold yellow")
+        self.console.print(line, soft_wrap=True)
 
 
 _RENDER: dict[str, Callable[[TerminalRenderer, Any], None]] = {

@@ -18,3 +18,8 @@ def per_session(session_id: str) -> Agent:
 
 
 not_an_agent = 42
+
+
+def not_an_agent_factory(session_id: str) -> int:
+    """A careless factory: a function of the session id that returns no Agent."""
+    return 42

@@ -18,6 +18,9 @@ endpoint runs:
   ``Origin`` (and ``Sec-Fetch-Site``); it must be the page's own origin (the ``Host`` it
   was served from) or one of ``cors_origins``. Clients that are not browsers send
   neither header and pass.
+* any request to the MCP endpoint (``/mcp``) from another origin, GET too (403): the
+  MCP specification asks a server to refuse every request whose ``Origin`` is not
+  allowed; its GET opens the stream of a session's messages from the server.
 * a state-changing ``/api/`` request whose body is not ``application/json`` (415): a
   page can send ``text/plain`` or form bodies cross-origin without asking, but JSON needs
   a CORS preflight, which only the ``cors_origins`` pass.
@@ -224,7 +227,8 @@ class RequestGuard:
                 f"host {host!r} is not allowed (DNS rebinding protection); "
                 f"serve with --allowed-host {name} to accept it"
             )
-        if scope["method"] in SAFE_METHODS:
+        path = scope["path"]
+        if scope["method"] in SAFE_METHODS and not (path == "/mcp" or path.startswith("/mcp/")):
             return None
         origin = _header(scope, b"origin")
         if origin is not None:

@@ -82,6 +82,25 @@ def _header(scope: Scope, name: bytes) -> str | None:
     return None
 
 
+def _jsonrpc_413(send: Send) -> Send:
+    """``send``, with the transport's body-limit refusal (413 as plain text, the one
+    refusal it does not answer as a JSON-RPC error) replaced by the JSON-RPC error the
+    client's own parser reads, as the app's other refusals are."""
+    replaced = False
+
+    async def sending(message: Any) -> None:
+        nonlocal replaced
+        if message["type"] == "http.response.start" and message["status"] == 413:
+            replaced = True
+            refusal = jsonrpc_error(413, "Request body too large")
+            await send({**message, "headers": refusal.raw_headers})
+            await send({"type": "http.response.body", "body": refusal.body})
+        elif not replaced:
+            await send(message)
+
+    return sending
+
+
 CANCELLED = "the MCP client cancelled the call"
 """The cancel reason of a queued turn whose call was cancelled."""
 
@@ -162,7 +181,7 @@ class MCPEndpoint:
             refusal = jsonrpc_error(503, "the MCP endpoint runs while the app's lifespan does")
             await refusal(scope, receive, send)
             return
-        await self.manager.handle_request(scope, receive, send)
+        await self.manager.handle_request(scope, receive, _jsonrpc_413(send))
 
     def _authorized(self, scope: Scope) -> bool:
         assert self.token is not None

@@ -1,0 +1,91 @@
+"""A hostile MCP server for tests/test_mcp_attacks.py: raw JSON-RPC lines on stdio, to
+send what the ``mcp`` package's own server never would.
+
+    python tests/support/hostile_mcp_server.py MODE...
+
+It lists ``echo`` (text back) and ``loop`` (an input schema that is its own reference,
+``{"$ref": "#"}``), and answers a ``tools/call`` by the modes given:
+
+``generic-error``
+    A call of ``echo`` is answered with the JSON-RPC error ``-32000`` (the generic
+    "server error" code, which the ``mcp`` package also uses for a closed connection).
+``grow-clash``
+    A call of ``echo`` adds a tool named ``local`` and says the list changed.
+``garbage-with-key``
+    Before answering a call, a line that is no JSON, holding an API key.
+``endless-line``
+    A call of ``echo`` is answered with ``MCP_TEST_BYTES`` bytes of a line that never
+    ends; then the server waits.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+MODES = set(sys.argv[1:])
+
+TOOLS = [
+    {
+        "name": "echo",
+        "description": "Echo the text back.",
+        "inputSchema": {"type": "object", "properties": {"text": {"type": "string"}}},
+    },
+    {
+        "name": "loop",
+        "description": "A tool whose input schema is its own reference.",
+        "inputSchema": {"type": "object", "$ref": "#"},
+    },
+]
+
+
+def send(message: dict) -> None:
+    sys.stdout.write(json.dumps(message) + "\n")
+    sys.stdout.flush()
+
+
+def answer(request: dict) -> dict:
+    method, params = request["method"], request.get("params") or {}
+    if method == "initialize":
+        return {
+            "protocolVersion": params["protocolVersion"],
+            "capabilities": {"tools": {}},
+            "serverInfo": {"name": "hostile", "version": "1"},
+        }
+    if method == "tools/list":
+        return {"tools": TOOLS}
+    if method == "tools/call":
+        if "generic-error" in MODES:
+            raise LookupError("quota exceeded for this month")
+        if "grow-clash" in MODES and len(TOOLS) == 2:
+            TOOLS.append({"name": "local", "inputSchema": {"type": "object"}})
+            send({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"})
+        if "garbage-with-key" in MODES:
+            sys.stdout.write("not json: the key is sk-ant-api03-" + "Q" * 40 + "\n")
+        if "endless-line" in MODES:
+            endless = "y" * int(os.environ["MCP_TEST_BYTES"])
+            sys.stdout.write('{"jsonrpc": "2.0", "result": "' + endless)
+            sys.stdout.flush()
+            raise KeyError("no answer")
+        text = (params.get("arguments") or {}).get("text", "")
+        return {"content": [{"type": "text", "text": text}]}
+    if method == "ping":
+        return {}
+    raise NotImplementedError(method)
+
+
+for line in sys.stdin:
+    request = json.loads(line)
+    if "id" not in request or "method" not in request:
+        continue  # a notification, or an answer to a request of ours
+    try:
+        send({"jsonrpc": "2.0", "id": request["id"], "result": answer(request)})
+    except LookupError as exc:
+        error = {"code": -32000, "message": str(exc)}
+        send({"jsonrpc": "2.0", "id": request["id"], "error": error})
+    except KeyError:
+        pass
+    except NotImplementedError as exc:
+        error = {"code": -32601, "message": f"no method {exc}"}
+        send({"jsonrpc": "2.0", "id": request["id"], "error": error})

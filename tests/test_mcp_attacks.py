@@ -1,0 +1,349 @@
+"""MCP attacked from both sides: a hostile server Axon's client connects to
+(tests/support/hostile_mcp_server.py, raw JSON-RPC on stdio) and a careless client of
+the ``/mcp`` endpoint (raw HTTP). What held is in benchmarks/journal/workers.md; each
+test here is a defect that was found and fixed."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+from mcp import Client, MCPError
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
+from structlog.testing import capture_logs
+
+import actors.mcp
+from actors.mcp import MCPServer
+from actors.providers.scripted import ScriptedProvider, tool_call
+from runtime import Agent, Budget, Host, tool
+from tests.support.loopback import Recorded, Reply, loopback_server
+from tests.support.mcp_agents import echo
+from tests.web.harness import web_server
+
+ROOT = Path(__file__).resolve().parents[1]
+HOSTILE = str(ROOT / "tests" / "support" / "hostile_mcp_server.py")
+MCP = ("ai-sdk", "mcp")
+INIT = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
+    "params": {
+        "protocolVersion": "2025-11-25",
+        "capabilities": {},
+        "clientInfo": {"name": "raw", "version": "0"},
+    },
+}
+
+
+def hostile(*modes: str, **env: str) -> MCPServer:
+    return MCPServer.stdio(sys.executable, [HOSTILE, *modes], name="hostile", env=env)
+
+
+def calling(*calls: tuple[str, dict]) -> ScriptedProvider:
+    """One step calling ``calls`` (in parallel), then a step answering ``done``."""
+    chunks = [c for name, args in calls for c in tool_call(name, args, tool_call_id=f"c_{name}")]
+    return ScriptedProvider([chunks, ["done"]])
+
+
+async def run_turn(agent: Agent):
+    async with Host.open(log_tap=False) as host:
+        session = await host.open_session(agent)
+        result = await session.run("go")
+        actor = host.mcp_servers[agent.mcp_servers[0]]
+        return session, result, actor
+
+
+def tool_messages(session) -> dict:
+    return {m.tool_name: m for m in session.messages if m.role == "tool"}
+
+
+# -- a hostile server -----------------------------------------------------------------------
+
+
+async def test_a_server_error_with_the_generic_code_is_its_message_not_a_death():
+    # -32000 is JSON-RPC's generic server error; the mcp package resolves a request cut
+    # off by a closed connection with the same code. It was reported as a death, the
+    # server's own message lost (and no restart followed: the server was alive).
+    agent = Agent(provider=calling(("echo", {"text": "hi"})), tools=[hostile("generic-error")])
+    session, result, actor = await run_turn(agent)
+    error = tool_messages(session)["echo"].error
+    assert "answered with an error: quota exceeded for this month" in error
+    assert "died" not in error
+    assert actor.last_error is None  # it never crashed
+    assert result.finish_reason == "stop"
+
+
+async def test_a_schema_that_is_its_own_reference_is_an_argument_error_not_an_executor_crash():
+    # Validating against {"$ref": "#"} recursed until RecursionError, which crashed the
+    # host-wide tool executor: every call it ran, of every session, failed with it.
+    agent = Agent(
+        provider=calling(("loop", {"x": 1}), ("echo", {"text": "still here"})),
+        tools=[hostile()],
+    )
+    session, result, _ = await run_turn(agent)
+    saved = tool_messages(session)
+    assert saved["loop"].error == (
+        "the schema of loop refers to itself without end: it cannot check any arguments"
+    )
+    assert saved["echo"].output == "still here"
+    assert result.text == "done"
+
+
+async def test_a_line_without_end_ends_the_connection_at_the_limit(monkeypatch):
+    # The mcp package's reader buffered a line without a limit, joining each chunk to
+    # the line so far and splitting it all again (CPU quadratic in the line: 30 s of the
+    # event loop for a 50 MB result, every session of the host stalled).
+    monkeypatch.setattr(actors.mcp, "MAX_MESSAGE_BYTES", 1024 * 1024)
+    agent = Agent(
+        provider=calling(("echo", {"text": "hi"})),
+        tools=[hostile("endless-line", MCP_TEST_BYTES=str(3 * 1024 * 1024))],
+        budget=Budget(tool_timeout=20),  # without the limit, the call waited for this
+    )
+    async with Host.open(log_tap=False) as host:
+        session = await host.open_session(agent)
+        await session.run("go")
+    error = tool_messages(session)["echo"].error
+    assert "MCP server 'hostile' died during the call" in error
+    assert "sent a message longer than 1048576 bytes" in error
+
+
+async def test_a_garbage_line_with_a_key_is_logged_without_its_text(caplog):
+    # The mcp package's parser logged the line, and its error (which the actor logs)
+    # quoted it: a pydantic error cuts it to 'sk-ant-api...QQQ', which redaction, looking
+    # for a whole key, let through.
+    agent = Agent(provider=calling(("echo", {"text": "hi"})), tools=[hostile("garbage-with-key")])
+    with capture_logs() as logs:
+        session, _, _ = await run_turn(agent)
+    assert tool_messages(session)["echo"].output == "hi"
+    [seen] = [line for line in logs if line["event"] == "mcp.transport-error"]
+    assert seen["error"] == (
+        "MCPServerError: a line of 74 characters is no JSON-RPC message: Invalid JSON: "
+        "expected ident at line 1 column 2"
+    )
+    assert "QQQQ" not in caplog.text
+
+
+async def test_a_tool_added_mid_session_under_a_taken_name_is_refused_not_every_turn():
+    # A clash is a configuration error when the session opens (it raises there), but a
+    # server that added such a tool later (tools/list_changed) failed every later turn
+    # of every session with its ToolDefinitionError.
+    @tool
+    def local(x: int) -> int:
+        """A local tool."""
+        return x
+
+    offered = []
+
+    def responder(request):
+        offered.append(sorted(t.name for t in request.tools))
+        if len(offered) in (1, 3):
+            return tool_call("echo", {"text": "x"}, tool_call_id=f"c{len(offered)}")
+        return ["done"]
+
+    agent = Agent(
+        provider=ScriptedProvider(responder=responder), tools=[local, hostile("grow-clash")]
+    )
+    async with Host.open(log_tap=False) as host:
+        session = await host.open_session(agent)
+        first = await session.run("first")
+        second = await session.run("second")
+        refused = host.mcp_servers[agent.mcp_servers[0]].refused
+    assert (first.finish_reason, second.finish_reason) == ("stop", "stop")
+    assert offered[1:] == [["echo", "local", "loop"]] * 3
+    assert refused["local"].startswith(
+        "tool 'local' of MCP server 'hostile' has the same name as a local tool"
+    )
+
+
+class ForgetfulServer:
+    """A streamable HTTP MCP server that restarts (forgetting its sessions) when its
+    tool is first called: that call gets the 404 a server answers a session it does not
+    know (as Axon's own endpoint does: a JSON-RPC error body), later ones work in a new
+    session."""
+
+    def __init__(self) -> None:
+        self.sessions: set[str] = set()
+        self.started = 0
+        self.restarted = False
+
+    def __call__(self, request: Recorded) -> Reply:
+        if request.method != "POST":
+            return Reply(status=405, content_type="text/plain")
+        message = json.loads(request.body)
+        if "id" not in message:
+            return Reply(status=202, content_type="application/json")
+        method, params = message["method"], message.get("params") or {}
+        if method == "initialize":
+            self.started += 1
+            session = f"s{self.started}"
+            self.sessions.add(session)
+            info = {"name": "forgetful", "version": "1"}
+            return self.result(
+                message,
+                {
+                    "protocolVersion": params["protocolVersion"],
+                    "capabilities": {"tools": {}},
+                    "serverInfo": info,
+                },
+                session,
+            )
+        if method == "tools/call" and not self.restarted:
+            self.restarted = True
+            self.sessions.clear()
+        if request.headers.get("mcp-session-id") not in self.sessions:
+            error = {"code": -32600, "message": "Session not found"}
+            body = json.dumps({"jsonrpc": "2.0", "id": None, "error": error}).encode()
+            return Reply(status=404, body=body, content_type="application/json")
+        if method == "tools/list":
+            tool = {"name": "echo", "inputSchema": {"type": "object"}}
+            return self.result(message, {"tools": [tool]})
+        text = request.headers["mcp-session-id"]
+        return self.result(message, {"content": [{"type": "text", "text": text}]})
+
+    def result(self, message: dict, result: dict, session: str | None = None) -> Reply:
+        body = json.dumps({"jsonrpc": "2.0", "id": message["id"], "result": result}).encode()
+        headers = [("mcp-session-id", session)] if session else []
+        return Reply(body=body, content_type="application/json", headers=headers)
+
+
+async def test_an_http_server_that_lost_the_session_is_reconnected_in_a_new_one():
+    # The specification: a 404 to a request carrying a session id means the session is
+    # gone, and the client must initialize a new one. The mcp package's client does not,
+    # and nothing restarted the connection: every later call failed the same way until
+    # the host restarted.
+    async with loopback_server(respond=ForgetfulServer()) as web:
+        turns = [[tool_call("echo", {}, tool_call_id=f"c{n}"), ["done"]] for n in (1, 2)]
+        agent = Agent(
+            provider=ScriptedProvider(turns=turns),
+            tools=[MCPServer.http(web.url + "/mcp", name="web")],
+        )
+        async with Host.open(log_tap=False) as host:
+            session = await host.open_session(agent)
+            await session.run("first")
+            await session.run("second")
+    first, second = [m for m in session.messages if m.role == "tool"]
+    assert "MCP server 'web' died during the call" in first.error
+    assert "ended the session (HTTP 404)" in first.error
+    assert second.output == "s2"
+
+
+class CuttingServer(ForgetfulServer):
+    """Its tool's answer is an SSE stream cut off before the answer's event ends."""
+
+    def __call__(self, request: Recorded) -> Reply:
+        message = json.loads(request.body) if request.method == "POST" else {}
+        if message.get("method") != "tools/call":
+            self.restarted = True  # never forgets its sessions
+            return super().__call__(request)
+        answer = {"jsonrpc": "2.0", "id": message["id"], "result": {"content": []}}
+        body = b"event: message\ndata: " + json.dumps(answer).encode() + b"\n\n"
+        return Reply(body=body, drop_after=len(body) - 10)
+
+
+async def test_an_http_answer_cut_off_mid_stream_is_a_tool_error_saying_so():
+    # It said the server "died during the call", though nothing restarted it (the
+    # connection lives on): the mcp package's own reason was lost.
+    async with loopback_server(respond=CuttingServer()) as web:
+        agent = Agent(
+            provider=calling(("echo", {})),
+            tools=[MCPServer.http(web.url + "/mcp", name="web")],
+        )
+        session, result, actor = await run_turn(agent)
+    error = tool_messages(session)["echo"].error
+    assert "MCP server 'web' answered with an error: SSE stream ended without a response" in error
+    assert actor.last_error is None
+    assert result.finish_reason == "stop"
+
+
+class HugeAnswerServer(ForgetfulServer):
+    """Its tool answers with a JSON body of ``size`` bytes."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__()
+        self.restarted = True  # never forgets its sessions
+        self.size = size
+
+    def __call__(self, request: Recorded) -> Reply:
+        message = json.loads(request.body) if request.method == "POST" else {}
+        if message.get("method") != "tools/call":
+            return super().__call__(request)
+        return self.result(message, {"content": [{"type": "text", "text": "y" * self.size}]})
+
+
+async def test_an_http_json_answer_over_the_limit_is_an_error_for_its_call(monkeypatch):
+    # The mcp package reads a JSON answer whole, however long (its SSE events it limits
+    # to 1 MiB): a server could make the host hold gigabytes.
+    monkeypatch.setattr(actors.mcp, "MAX_MESSAGE_BYTES", 1024 * 1024)
+    async with loopback_server(respond=HugeAnswerServer(2 * 1024 * 1024)) as web:
+        agent = Agent(
+            provider=calling(("echo", {})),
+            tools=[MCPServer.http(web.url + "/mcp", name="web")],
+        )
+        session, result, _ = await run_turn(agent)
+    assert tool_messages(session)["echo"].error == (
+        "tool echo raised MCPToolError: MCP server 'web' answered with an error: Failed to "
+        "parse JSON response: the answer is longer than 1048576 bytes"
+    )
+    assert result.finish_reason == "stop"
+
+
+# -- a careless client of the /mcp endpoint --------------------------------------------------
+
+
+async def test_a_body_over_the_limit_is_a_jsonrpc_error_the_official_client_reads():
+    # The transport's own limit answered 413 in plain text: the official client, which
+    # reads a JSON-RPC error from any non-2xx JSON body, said only "Server returned an
+    # error response", and a raw client got no JSON at all.
+    async with web_server(echo, protocols=MCP, max_body=4096) as server:
+        async with create_mcp_http_client() as http:
+            transport = streamable_http_client(server.url + "/mcp", http_client=http)
+            async with Client(transport) as client:
+                with pytest.raises(MCPError) as refused:
+                    await client.call_tool("echo", {"prompt": "x" * 10_000})
+        async with httpx.AsyncClient(base_url=server.url) as raw:
+            chunked = await raw.post(  # no Content-Length: the limit counts what arrives
+                "/mcp",
+                content=_chunks(b"[" + b" " * 10_000 + b"]"),
+                headers={
+                    "accept": "application/json, text/event-stream",
+                    "content-type": "application/json",
+                },
+            )
+        assert server.host.sessions == {}
+    assert refused.value.error.message == "Request body too large"
+    assert chunked.status_code == 413
+    assert chunked.json() == {
+        "jsonrpc": "2.0",
+        "id": None,
+        "error": {"code": -32600, "message": "Request body too large"},
+    }
+
+
+async def _chunks(body: bytes):
+    for start in range(0, len(body), 1024):
+        yield body[start : start + 1024]
+
+
+async def test_a_get_from_another_origin_opens_no_stream():
+    # The guard let every GET pass its Origin check (it changes nothing); on /mcp a GET
+    # opens the stream of a session's server messages, and the specification asks a
+    # server to refuse every request whose Origin is not allowed (403).
+    headers = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
+    async with web_server(echo, protocols=MCP) as server:
+        async with httpx.AsyncClient(base_url=server.url, headers=headers) as raw:
+            opened = await raw.post("/mcp", json=INIT)
+            session = {
+                "mcp-session-id": opened.headers["mcp-session-id"],
+                "mcp-protocol-version": "2025-11-25",
+                "accept": "text/event-stream",
+            }
+            cross = await raw.get("/mcp", headers={**session, "origin": "https://evil.example"})
+            site = await raw.get("/mcp", headers={**session, "sec-fetch-site": "cross-site"})
+            async with raw.stream("GET", "/mcp", headers=session) as own:
+                status = own.status_code  # the client's own stream still opens
+    assert (cross.status_code, site.status_code, status) == (403, 403, 200)
+    assert "CSRF" in cross.json()["error"]["message"]
