@@ -585,9 +585,12 @@ async def sessions_command(args: argparse.Namespace) -> int:
         sys.stdout.write(terminal_text(line) + "\n")
     if after is not None:  # on stderr: the listing on stdout stays one session a line
         sys.stdout.flush()
-        sys.stderr.write(
-            f"(the {len(infos)} most recent; more after them: add --after {after}, "
-            "or --all for every session)\n"
+        sys.stderr.write(  # the cursor is the store's text: a plug-in's, maybe anything
+            terminal_text(
+                f"(the {len(infos)} most recent; more after them: add --after {after}, "
+                "or --all for every session)"
+            )
+            + "\n"
         )
     return 0
 
