@@ -58,6 +58,7 @@ if TYPE_CHECKING:
         ContextTooLong,
         DecisionError,
         HostClosed,
+        InvalidCursor,
         InvalidDecision,
         InvalidHistory,
         InvalidMedia,
@@ -108,7 +109,14 @@ if TYPE_CHECKING:
     from runtime.output import OutputChunk, TurnResult
     from runtime.provider import FallbackProvider, Provider
     from runtime.retry import RetryPolicy
-    from runtime.store import SessionInfo, SessionRecord, Store, validate_session_id
+    from runtime.store import (
+        SessionInfo,
+        SessionPage,
+        SessionRecord,
+        Store,
+        list_page,
+        validate_session_id,
+    )
     from runtime.tools import Tool, ToolContext, tool
 
 _MODULES: dict[str, tuple[str, ...]] = {
@@ -146,6 +154,7 @@ _MODULES: dict[str, tuple[str, ...]] = {
         "InvalidHistory",
         "InvalidMedia",
         "InvalidMeta",
+        "InvalidCursor",
         "InvalidSessionId",
         "InvalidTurnId",
         "MalformedStream",
@@ -192,7 +201,14 @@ _MODULES: dict[str, tuple[str, ...]] = {
     "runtime.output": ("OutputChunk", "TurnResult"),
     "runtime.provider": ("FallbackProvider", "Provider"),
     "runtime.retry": ("RetryPolicy",),
-    "runtime.store": ("SessionInfo", "SessionRecord", "Store", "validate_session_id"),
+    "runtime.store": (
+        "SessionInfo",
+        "SessionPage",
+        "SessionRecord",
+        "Store",
+        "list_page",
+        "validate_session_id",
+    ),
     "runtime.tools": ("Tool", "ToolContext", "tool"),
     "runtime.app.aio": ("AsyncHost",),
     "runtime.app.blocking": ("run_sync",),
@@ -246,6 +262,7 @@ __all__ = [
     "Image",
     "Inbox",
     "InputLimits",
+    "InvalidCursor",
     "InvalidDecision",
     "InvalidHistory",
     "InvalidMedia",
@@ -279,6 +296,7 @@ __all__ = [
     "SessionError",
     "SessionInfo",
     "SessionNotLoaded",
+    "SessionPage",
     "SessionRecord",
     "Store",
     "StoreConflict",
@@ -310,6 +328,7 @@ __all__ = [
     "UserMessage",
     "UserPart",
     "configure_logging",
+    "list_page",
     "run_sync",
     "tool",
     "validate_session_id",

@@ -179,6 +179,11 @@ class InvalidSessionId(SessionError, ValueError):
     """A session id must be 1-128 characters of letters, digits, ``-``, ``_``, ``.``, ``:``."""
 
 
+class InvalidCursor(SessionError, ValueError):
+    """A page of sessions was asked with a cursor the store did not write, or a page
+    size that is not a positive integer (:meth:`~runtime.store.Store.list_sessions`)."""
+
+
 class InvalidTurnId(SessionError, ValueError):
     """A turn id, or a turn's message id, given to ``session.stream`` must be 1-128
     characters of letters, digits, ``-``, ``_``, ``.``, ``:``; and a turn to resume must

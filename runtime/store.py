@@ -21,7 +21,7 @@ from typing import Any, Protocol, runtime_checkable
 import attrs
 
 from runtime.chunks import _eq, _hash, _repr
-from runtime.errors import InvalidSessionId
+from runtime.errors import InvalidCursor, InvalidSessionId
 from runtime.messages import Message
 
 _SESSION_ID = r"[A-Za-z0-9_.:-]{1,128}"
@@ -83,6 +83,23 @@ class SessionInfo:
     session_id: str
     message_count: int
     meta: dict[str, Any] = attrs.field(factory=dict)
+    cursor: str | None = attrs.field(default=None, eq=False)
+    """Where this session stands in the listing: pass it as ``after`` to
+    :meth:`Store.list_sessions` for the sessions listed after it. Opaque (each store
+    writes its own; the built-in ones write the session's place in recency order), and
+    not part of equality: it names a place in one listing, not the conversation."""
+
+
+@attrs.frozen(kw_only=True, slots=True)
+class SessionPage:
+    """One page of the session listing (:func:`list_page`)."""
+
+    __repr__ = _repr
+    __eq__ = _eq
+    __hash__ = _hash
+    sessions: tuple[SessionInfo, ...]
+    next_cursor: str | None = None
+    """Pass it as ``after`` for the next page; ``None`` on the last page."""
 
 
 @runtime_checkable
@@ -127,11 +144,91 @@ class Store(Protocol):
         tells a writer whether someone else saved since it last loaded."""
         ...
 
-    async def list_sessions(self) -> list[SessionInfo]: ...
+    async def list_sessions(
+        self, *, limit: int | None = None, after: str | None = None
+    ) -> list[SessionInfo]:
+        """The sessions, most recently saved first: all of them with no arguments, else at
+        most ``limit`` of them, those listed after the one whose
+        :attr:`SessionInfo.cursor` is ``after`` (keyset paging: a page is a range of the
+        recency order, read from where the cursor points, never an offset counted from
+        the top). Each :class:`SessionInfo` carries its ``cursor``.
+
+        What a walk of pages sees while sessions are saved: a save moves its session to
+        the top, above every cursor handed out, so a session saved during the walk and not
+        listed yet is not on the later pages (it heads the first page again), and one
+        already listed is not listed twice; every session not saved during the walk is
+        listed exactly once. A cursor the store did not write, or a ``limit`` below 1, raises
+        :class:`~runtime.errors.InvalidCursor` (a ``ValueError``).
+
+        Stores written before paging (``list_sessions(self)``) still work: the runtime
+        pages them with :func:`list_page`, which slices their full list."""
+        ...
 
     async def delete(self, session_id: str) -> None: ...
 
     async def aclose(self) -> None: ...
+
+
+def _takes_paging(store: Any) -> bool:
+    """Whether ``store.list_sessions`` takes ``limit`` and ``after`` (a store written
+    against the contract since paging), by its signature, remembered per class."""
+    cls = type(store)
+    known = _PAGING.get(cls)
+    if known is None:
+        import inspect  # here, not at import: the contract's import time (issue 24)
+
+        try:
+            params = inspect.signature(store.list_sessions).parameters
+        except (TypeError, ValueError):
+            params = {}  # type: ignore[assignment]
+        var_kw = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+        known = var_kw or ("limit" in params and "after" in params)
+        _PAGING[cls] = known
+    return known
+
+
+_PAGING: dict[type, bool] = {}
+
+_OLD_CURSOR = "i:"
+"""The cursor :func:`list_page` writes for a store without paging: ``i:`` and how many
+sessions of its full list came before (such a store writes no cursors of its own)."""
+
+
+async def list_page(store: Store, *, limit: int, after: str | None = None) -> SessionPage:
+    """One page of ``store``'s sessions, most recently saved first: at most ``limit``
+    (``>= 1``) of them, after the cursor ``after`` (``None``: from the top), with the
+    cursor of the next page (``None`` when nothing follows).
+
+    The one place the runtime lists sessions by the page. A store that takes ``limit``
+    and ``after`` is asked for ``limit + 1`` (the extra one only says whether a next page
+    exists); a store written before paging is asked for its whole list, which is sliced
+    by position (its pages shift by one when a session is saved or deleted during the
+    walk: one may be repeated or skipped). A bad cursor or limit raises
+    :class:`~runtime.errors.InvalidCursor`."""
+    if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+        raise InvalidCursor(f"invalid limit {limit!r}: a page holds at least one session")
+    if after is not None and not isinstance(after, str):
+        raise InvalidCursor(f"invalid cursor {after!r}")
+    if _takes_paging(store):
+        infos = await store.list_sessions(limit=limit + 1, after=after)
+        more = len(infos) > limit
+        page = tuple(infos[:limit])
+        return SessionPage(sessions=page, next_cursor=page[-1].cursor if more else None)
+    start = 0
+    if after is not None:
+        digits = after.removeprefix(_OLD_CURSOR)
+        if not after.startswith(_OLD_CURSOR) or not digits.isdigit() or len(digits) > 18:
+            raise InvalidCursor(f"invalid cursor {after!r}")
+        start = int(digits)
+    infos = await store.list_sessions()
+    end = start + limit
+    page = tuple(
+        attrs.evolve(info, cursor=f"{_OLD_CURSOR}{i}")
+        for i, info in enumerate(infos[start:end], start + 1)
+    )
+    return SessionPage(
+        sessions=page, next_cursor=f"{_OLD_CURSOR}{end}" if len(infos) > end else None
+    )
 
 
 def rebase(stored: Sequence[Message], ours: Sequence[Message]) -> tuple[tuple[Message, ...], int]:

@@ -499,6 +499,32 @@ async def test_the_sessions_list_says_which_sessions_have_a_turn_queued_or_runni
     assert {s["session_id"]: s["busy"] for s in listed} == {"idle": False, "waiting": True}
 
 
+async def test_the_front_end_lists_sessions_by_the_page(pg_url: str, redis_url: str) -> None:
+    """The deployment's front end pages its store as the single-process app does: a page
+    of ``limit`` with the next cursor (none at the end), busy flags on every page, and a
+    bad cursor or limit a 400."""
+    async with deployment(pg_url, redis_url, slow_agent(3), worker=False) as d:
+        for n in range(7):
+            await d.store.save(f"s{n}", 0, [UserMessage(content="earlier")])
+        await d.queue.submit("s1", "next")
+        async with httpx.AsyncClient(base_url=d.urls[0], timeout=LIMIT) as client:
+            listed, cursor, pages = [], None, 0
+            while True:
+                params = {"limit": "3"} | ({"cursor": cursor} if cursor else {})
+                answer = (await client.get("/api/sessions", params=params)).json()
+                listed += [(s["session_id"], s["busy"]) for s in answer["sessions"]]
+                pages += 1
+                cursor = answer["next_cursor"]
+                if cursor is None:
+                    break
+            bad = [
+                (await client.get("/api/sessions", params=params)).status_code
+                for params in ({"limit": "0"}, {"cursor": "x"}, {"limit": "100000"})
+            ]
+    assert pages == 3 and bad == [400, 400, 400]
+    assert listed == [(f"s{n}", n == 1) for n in reversed(range(7))]
+
+
 async def test_a_stream_whose_worker_never_wrote_its_end_ends_once_the_turn_did(
     pg_url: str, redis_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

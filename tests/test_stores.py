@@ -18,6 +18,7 @@ from importlib.metadata import EntryPoint
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 
 import runtime
@@ -38,7 +39,14 @@ from runtime.errors import (
     StoreError,
 )
 from runtime.messages import Message, ToolMessage, UserMessage
-from runtime.testing.stores import BAD_IDS, StoreConformance, conversation, record, turn
+from runtime.testing.stores import (
+    BAD_IDS,
+    StoreConformance,
+    StorePaging,
+    conversation,
+    record,
+    turn,
+)
 
 # -- the conformance kit, over every built-in store ------------------------------------
 
@@ -59,7 +67,7 @@ async def store(request: pytest.FixtureRequest, tmp_path: Path):
         await s.aclose()
 
 
-class TestEveryStore(StoreConformance):
+class TestEveryStore(StoreConformance, StorePaging):
     """:mod:`runtime.testing.stores`, run over the ``store`` fixture's stores."""
 
 
@@ -696,3 +704,61 @@ async def test_a_failed_sqlite_call_names_what_it_was_doing(tmp_path: Path):
     finally:
         store._conn = real
         await store.aclose()
+
+
+# -- the listing by the page -------------------------------------------------------------
+
+
+class _OldListing(MemoryStore):
+    """A store written before paging: ``list_sessions`` takes no arguments."""
+
+    async def list_sessions(self):  # type: ignore[override]
+        return [attrs.evolve(i, cursor=None) for i in await super().list_sessions()]
+
+
+async def test_list_page_slices_a_store_written_before_paging():
+    from runtime.errors import InvalidCursor
+    from runtime.store import list_page
+
+    store = _OldListing()
+    for n in range(5):
+        await store.save(f"s{n}", 0, turn(n))
+    first = await list_page(store, limit=2)
+    assert [i.session_id for i in first.sessions] == ["s4", "s3"] and first.next_cursor
+    second = await list_page(store, limit=2, after=first.next_cursor)
+    third = await list_page(store, limit=2, after=second.next_cursor)
+    assert [i.session_id for i in second.sessions + third.sessions] == ["s2", "s1", "s0"]
+    assert third.next_cursor is None
+    for bad in ("12", "i:x", "i:-1", "i:" + "9" * 30):
+        with pytest.raises(InvalidCursor):
+            await list_page(store, limit=2, after=bad)
+
+
+async def test_a_sqlite_page_is_a_range_of_the_recency_index(tmp_path: Path):
+    """No sort of all sessions: the plan walks ``sessions_by_update`` from the cursor."""
+    from actors.stores import sqlite as sqlite_store
+
+    store = await SQLiteStore.open(tmp_path / "s.db")
+    try:
+        await store.save("a", 0, turn(0))
+        conn = store._conn
+        for sql, args in (
+            (sqlite_store._LIST_SQL, (50,)),
+            (sqlite_store._LIST_AFTER_SQL, (10, 50)),
+        ):
+            plan = " | ".join(r[-1] for r in conn.execute("EXPLAIN QUERY PLAN " + sql, args))
+            assert "sessions_by_update" in plan and "TEMP B-TREE" not in plan, plan
+            if args[0] == 10:
+                assert "update_seq<?" in plan.replace(" ", ""), plan
+    finally:
+        await store.aclose()
+
+
+@pytest.mark.parametrize("bad", ["", "x", "-1", "1.5", " 1", "1" * 40, "\uff11", "9" * 19])
+async def test_a_built_in_store_refuses_a_cursor_it_did_not_write(store, bad):
+    """The built-in stores' cursors are a decimal ``update_seq`` that fits in 64 bits."""
+    from runtime.errors import InvalidCursor
+
+    await store.save("s", 0, turn(0))
+    with pytest.raises(InvalidCursor):
+        await store.list_sessions(limit=2, after=bad)

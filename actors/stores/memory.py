@@ -14,7 +14,7 @@ from typing import Any
 import attrs
 import trio
 
-from actors.stores.validation import check_save
+from actors.stores.validation import check_limit, check_save, parse_cursor
 from runtime.errors import StoreConflict, StoreError
 from runtime.messages import Message
 from runtime.store import SessionInfo, SessionRecord, validate_session_id
@@ -25,6 +25,8 @@ class _Session:
     messages: list[Message]
     meta: dict[str, Any]
     version: int = 0
+    seq: int = 0
+    """The session's place in recency order: the store's write count at its last save."""
 
 
 class MemoryStore:
@@ -41,6 +43,8 @@ class MemoryStore:
         # list_sessions (most recently updated first) is the dict reversed.
         self._sessions: dict[str, _Session] = {}
         self._deleted_version = 0
+        self._seq = 0
+        """How many saves the store has taken: the next save's place in recency order."""
         """The highest version a deleted session had: a re-created session starts above
         it, so a writer still holding the old session's version can never match."""
         self._closed = False
@@ -124,21 +128,35 @@ class MemoryStore:
         session.messages.extend(new)
         session.meta.update(meta_copy)
         session.version += 1
+        self._seq += 1
+        session.seq = self._seq
         self._sessions[session_id] = session
         return session.version
 
-    async def list_sessions(self) -> list[SessionInfo]:
-        """Every session, most recently saved first."""
+    async def list_sessions(
+        self, *, limit: int | None = None, after: str | None = None
+    ) -> list[SessionInfo]:
+        """The sessions, most recently saved first: all, or ``limit`` of them after the
+        cursor ``after`` (the place in recency order a :class:`SessionInfo` carries)."""
         await trio.lowlevel.checkpoint()
         self._check_open()
-        return [
-            SessionInfo(
-                session_id=session_id,
-                message_count=len(session.messages),
-                meta=copy.deepcopy(session.meta),
+        below = None if after is None else parse_cursor(after)
+        check_limit(limit)
+        infos: list[SessionInfo] = []
+        for session_id, session in reversed(self._sessions.items()):
+            if limit is not None and len(infos) >= limit:
+                break
+            if below is not None and session.seq >= below:
+                continue
+            infos.append(
+                SessionInfo(
+                    session_id=session_id,
+                    message_count=len(session.messages),
+                    meta=copy.deepcopy(session.meta),
+                    cursor=str(session.seq),
+                )
             )
-            for session_id, session in reversed(self._sessions.items())
-        ]
+        return infos
 
     async def delete(self, session_id: str) -> None:
         """Forget the session; deleting an unknown session is not an error."""

@@ -83,11 +83,13 @@ from actors.stores.postgres_schema import (
     _first_connect,
 )
 from actors.stores.validation import (
+    check_limit,
     check_version,
     decode_message,
     decode_meta,
     encode_meta,
     encoded_off_loop,
+    parse_cursor,
 )
 from runtime.errors import (
     ConfigurationError,
@@ -952,14 +954,21 @@ class PostgresStore:
         )
         return 0 if row is None else row[0]
 
-    async def list_sessions(self) -> list[SessionInfo]:
-        """Every session with its message count and meta, most recently saved first."""
+    async def list_sessions(
+        self, *, limit: int | None = None, after: str | None = None
+    ) -> list[SessionInfo]:
+        """The sessions with their message counts and meta, most recently saved first: all,
+        or ``limit`` of them after the cursor ``after`` (the ``update_seq`` a
+        :class:`SessionInfo` carries). ``update_seq`` has no index (every save changes it:
+        an index would make each save's update non-HOT, see postgres_tables), so a page is
+        a scan of the sessions' rows kept to the top ``limit`` (a bounded top-N heap, not a
+        sort of them all); meta and message counts are read for the page's rows only."""
+        below = None if after is None else parse_cursor(after)
+        limit = check_limit(limit)
         rows = await self.run(
             "list_sessions",
             lambda conn: conn.execute(
-                """SELECT s.session_id, s.meta,
-                    (SELECT count(*) FROM axon_messages AS m WHERE m.session_id = s.session_id)
-                FROM axon_sessions AS s ORDER BY s.update_seq DESC"""
+                *((_LIST_SQL, (limit,)) if below is None else (_LIST_AFTER_SQL, (below, limit)))
             ).fetchall(),
             transaction=False,
         )
@@ -968,8 +977,9 @@ class PostgresStore:
                 session_id=sid,
                 message_count=count,
                 meta=decode_meta(self.url, bytes(meta), sid),
+                cursor=str(seq),
             )
-            for sid, meta, count in rows
+            for sid, meta, count, seq in rows
         ]
 
     async def delete(self, session_id: str) -> None:
@@ -1007,6 +1017,21 @@ LOCK_SESSION: Final = (
 ``s.meta, s.version``): after the statement's earlier joins, so in the order a save locks
 (the turn's row first, then the session's)."""
 
+
+_LIST_PAGE = """SELECT p.session_id, p.meta,
+        (SELECT count(*) FROM axon_messages AS m WHERE m.session_id = p.session_id),
+        p.update_seq
+    FROM (SELECT session_id, meta, update_seq FROM axon_sessions {where}
+        ORDER BY update_seq DESC LIMIT %s) AS p
+    ORDER BY p.update_seq DESC"""
+_LIST_SQL = _LIST_PAGE.format(where="")
+_LIST_AFTER_SQL = _LIST_PAGE.format(where="WHERE update_seq < %s")
+"""A page of the session listing: the top ``limit`` sessions (all, with ``NULL``) below
+the cursor's ``update_seq`` in the inner query, whose messages alone the outer one
+counts. ``update_seq`` comes from one sequence, so it orders the sessions without ties.
+Without an index on it (this schema's, see postgres_tables) the inner query is a scan
+kept to a top-``limit`` heap; with one (``axon_sessions_by_update``, which stores created
+before that schema still have) it is a backward index range scan."""
 
 _SHARE_TURN = "SELECT owner, epoch, status, steers FROM axon_turns WHERE turn_id = %s FOR SHARE"
 _MARK_TURN = (

@@ -47,10 +47,12 @@ import orjson
 import trio
 
 from actors.stores.validation import (
+    check_limit,
     check_version,
     decode_message,
     decode_meta,
     encoded_off_loop,
+    parse_cursor,
     storable_meta,
 )
 from runtime.errors import StoreCorrupt, StoreError
@@ -451,6 +453,17 @@ copied once a message); one row of ``NULL`` message columns for a session withou
 messages, none for a session not stored."""
 
 
+_LIST_COLUMNS = """SELECT s.session_id, s.meta,
+        (SELECT count(*) FROM messages AS m WHERE m.session_id = s.session_id), s.update_seq
+    FROM sessions AS s"""
+_LIST_SQL = _LIST_COLUMNS + " ORDER BY s.update_seq DESC LIMIT ?"
+_LIST_AFTER_SQL = _LIST_COLUMNS + " WHERE s.update_seq < ? ORDER BY s.update_seq DESC LIMIT ?"
+"""A page of the session listing: ``sessions_by_update`` walked backwards (from below the
+cursor's ``update_seq``), as many rows as the limit (``-1``: all), each session's
+messages counted along their primary key. ``update_seq`` is unique (each write takes the
+next one inside its ``BEGIN IMMEDIATE``), so it orders the sessions without ties."""
+
+
 _BEFORE_SAVE_SQL = """SELECT s.meta, s.version,
         (SELECT value FROM axon_meta WHERE key = 'deleted_version'),
         (SELECT coalesce(max(idx) + 1, 0) FROM messages WHERE session_id = ?1),
@@ -771,23 +784,31 @@ class SQLiteStore:
 
     # -- list, delete, close -------------------------------------------------------------
 
-    async def list_sessions(self) -> list[SessionInfo]:
-        """Every session with its message count and meta, most recently saved first."""
-        return await self._run("list_sessions", self._list)
+    async def list_sessions(
+        self, *, limit: int | None = None, after: str | None = None
+    ) -> list[SessionInfo]:
+        """The sessions with their message counts and meta, most recently saved first: all,
+        or ``limit`` of them after the cursor ``after`` (the ``update_seq`` a
+        :class:`SessionInfo` carries). A page is a range of ``sessions_by_update`` read
+        backwards from the cursor (no sort); its message counts are counted for its rows
+        only."""
+        below = None if after is None else parse_cursor(after)
+        limit = check_limit(limit)
+        return await self._run("list_sessions", self._list, below, limit)
 
-    def _list(self) -> list[SessionInfo]:
+    def _list(self, below: int | None, limit: int | None) -> list[SessionInfo]:
         rows = self._conn.execute(
-            """SELECT s.session_id, s.meta,
-                (SELECT count(*) FROM messages AS m WHERE m.session_id = s.session_id)
-            FROM sessions AS s ORDER BY s.update_seq DESC"""
+            _LIST_SQL if below is None else _LIST_AFTER_SQL,
+            (-1 if limit is None else limit,) if below is None else (below, limit or -1),
         ).fetchall()
         return [
             SessionInfo(
                 session_id=session_id,
                 message_count=count,
                 meta=decode_meta(self._path, meta, session_id),
+                cursor=str(seq),
             )
-            for session_id, meta, count in rows
+            for session_id, meta, count, seq in rows
         ]
 
     async def delete(self, session_id: str) -> None:

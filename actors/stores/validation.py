@@ -19,7 +19,7 @@ import orjson
 import trio
 
 from runtime import serde
-from runtime.errors import StoreConflict, StoreCorrupt, StoreError
+from runtime.errors import InvalidCursor, StoreConflict, StoreCorrupt, StoreError
 from runtime.history import OFF_LOOP_MESSAGES, off_loop_limiter
 from runtime.messages import Message
 from runtime.store import validate_session_id
@@ -279,3 +279,30 @@ def check_version(store: str, session_id: str, current: int, expected: int | Non
             expected=expected,
             actual=current,
         )
+
+
+_MAX_SEQ = 2**63 - 1
+
+
+def parse_cursor(after: Any) -> int:
+    """The place in recency order a built-in store's cursor names (the decimal
+    ``update_seq`` of the session it was listed with): sessions listed after it are those
+    below it. Anything else raises :class:`~runtime.errors.InvalidCursor`."""
+    if (
+        not isinstance(after, str)
+        or not after.isascii()
+        or not after.isdigit()
+        or len(after) > 19
+        or int(after) > _MAX_SEQ
+    ):
+        raise InvalidCursor(f"invalid cursor {after!r}: not one this store wrote")
+    return int(after)
+
+
+def check_limit(limit: Any) -> int | None:
+    """A page size as a query takes it: ``None`` (all), or a positive integer kept within
+    a 64-bit ``LIMIT`` (a larger one lists all the same). Anything else raises
+    :class:`~runtime.errors.InvalidCursor`."""
+    if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
+        raise InvalidCursor(f"invalid limit {limit!r}: a page holds at least one session")
+    return None if limit is None else min(limit, _MAX_SEQ)

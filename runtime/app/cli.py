@@ -73,6 +73,7 @@ from runtime.errors import (
     ActorFailed,
     AlreadyDecided,
     ConfigurationError,
+    InvalidCursor,
     InvalidMedia,
     StoreError,
     UnknownApproval,
@@ -87,7 +88,7 @@ from runtime.output import OUTPUT_CHUNK_TYPES
 from runtime.output_schema import output_schema
 from runtime.redact import redact_url
 from runtime.serde import converter, structure, unstructure
-from runtime.store import validate_session_id
+from runtime.store import SessionInfo, list_page, validate_session_id
 
 __all__ = ["MCP_HELP", "BadInput", "build_parser", "main", "make_agent", "report_bad_input"]
 
@@ -179,8 +180,30 @@ def _add_history_parsers(sub: Any) -> None:
     replay.add_argument("--session", default=None, help="only this session's output")
     replay.add_argument("--jsonl", action="store_true", help="print the output chunks as JSON")
 
-    sessions = sub.add_parser("sessions", help="list the sessions in a store")
+    sessions = sub.add_parser(
+        "sessions", help="list the sessions in a store, most recently saved first"
+    )
     sessions.add_argument("--store", required=True, help=STORE_HELP)
+    sessions.add_argument(
+        "--limit",
+        type=_page_size,
+        default=SESSIONS_PAGE,
+        metavar="N",
+        help=f"list at most N sessions (default {SESSIONS_PAGE}); a line on stderr says "
+        "how to list the next ones",
+    )
+    sessions.add_argument(
+        "--after",
+        default=None,
+        metavar="CURSOR",
+        help="list the sessions after this cursor (what the line after a full page names)",
+    )
+    sessions.add_argument("--all", action="store_true", help="list every session")
+    sessions.add_argument(
+        "--json",
+        action="store_true",
+        help='print {"sessions": [...], "next_cursor": ...} as one JSON line',
+    )
 
     show = sub.add_parser("show", help="print one stored conversation with its parts")
     show.add_argument("session_id")
@@ -516,12 +539,43 @@ def replay_command(args: argparse.Namespace) -> int:
     return 0
 
 
+SESSIONS_PAGE = 50
+"""How many sessions ``sessions`` lists without ``--limit`` or ``--all``."""
+
+
+def _page_size(text: str) -> int:
+    if not (text.isascii() and text.isdigit() and 1 <= int(text) <= 10**9):
+        raise argparse.ArgumentTypeError(f"invalid --limit {text!r}: a whole number from 1")
+    return int(text)
+
+
 async def sessions_command(args: argparse.Namespace) -> int:
     store = await open_store(args.store)
+    infos: list[SessionInfo] = []
     try:
-        infos = await store.list_sessions()
+        # (a Namespace made by hand, as before paging, lists the default page)
+        after = getattr(args, "after", None)
+        limit = 10**9 if getattr(args, "all", False) else getattr(args, "limit", SESSIONS_PAGE)
+        while True:
+            try:
+                page = await list_page(store, limit=limit - len(infos), after=after)
+            except InvalidCursor as exc:
+                sys.stderr.write(f"error: --after: {exc}\n")
+                return 2
+            infos += page.sessions
+            after = page.next_cursor
+            if after is None or len(infos) >= limit:
+                break
     finally:
         await store.aclose()
+    if getattr(args, "json", False):
+        listing = [
+            {"session_id": i.session_id, "message_count": i.message_count, "meta": i.meta}
+            for i in infos
+        ]
+        body = orjson.dumps({"sessions": listing, "next_cursor": after}, default=str)
+        sys.stdout.write(body.decode() + "\n")
+        return 0
     for info in infos:
         agent = info.meta.get("agent", "")
         line = f"{info.session_id}\t{info.message_count} messages\t{agent}"
@@ -529,6 +583,15 @@ async def sessions_command(args: argparse.Namespace) -> int:
         if isinstance(waiting, int) and waiting > 0:  # docs/approval.md: `show` says what
             line += f"\twaiting for input ({waiting} call{'s' if waiting > 1 else ''})"
         sys.stdout.write(terminal_text(line) + "\n")
+    if after is not None:  # on stderr: the listing on stdout stays one session a line
+        sys.stdout.flush()
+        sys.stderr.write(  # the cursor is the store's text: a plug-in's, maybe anything
+            terminal_text(
+                f"(the {len(infos)} most recent; more after them: add --after {after}, "
+                "or --all for every session)"
+            )
+            + "\n"
+        )
     return 0
 
 

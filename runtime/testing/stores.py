@@ -26,6 +26,11 @@ closes it after (pytest and pytest-trio are needed; nothing in Axon imports this
             finally:
                 await store.aclose()
 
+A store whose ``list_sessions`` pages (takes ``limit`` and ``after``) adds
+:class:`StorePaging`: ``class TestRedisStore(StoreConformance, StorePaging)``. It is a
+class apart so that a store written before paging, which the runtime pages by slicing its
+full list, still passes :class:`StoreConformance` as it did.
+
 The data helpers (:func:`conversation`, :func:`turn`, :func:`record`) are public too, for
 a store's own tests beyond the kit.
 """
@@ -39,7 +44,7 @@ import attrs
 import pytest
 import trio
 
-from runtime.errors import InvalidSessionId, StoreConflict, StoreError
+from runtime.errors import InvalidCursor, InvalidSessionId, StoreConflict, StoreError
 from runtime.messages import (
     AssistantMessage,
     Message,
@@ -51,7 +56,7 @@ from runtime.messages import (
     ToolMessage,
     UserMessage,
 )
-from runtime.store import SessionInfo, SessionRecord, Store
+from runtime.store import SessionInfo, SessionRecord, Store, list_page
 
 # -- data --------------------------------------------------------------------------------
 
@@ -418,3 +423,140 @@ class StoreConformance:
         with pytest.raises(StoreError, match="expected_version"):
             await store.save("s", 2, turn(1), expected_version=bad)
         assert await store.load("s") == record("s", turn(0))
+
+    # -- the listing by the page, as the runtime reads it ----------------------------------
+
+    async def test_list_page_walks_every_session_once(self, store):
+        """:func:`~runtime.store.list_page` (how the web page, the API and the CLI list)
+        over this store, with or without its own paging: pages in recency order, a next
+        cursor while more follow and none on the last page, even a full one."""
+        for n in range(7):
+            await store.save(f"s{n}", 0, turn(n))
+        walked, after, sizes = [], None, []
+        while True:
+            page = await list_page(store, limit=3, after=after)
+            walked += [info.session_id for info in page.sessions]
+            sizes.append(len(page.sessions))
+            if page.next_cursor is None:
+                break
+            after = page.next_cursor
+        assert walked == [f"s{n}" for n in reversed(range(7))] and sizes == [3, 3, 1]
+        await store.delete("s0")  # six left: the second page is full and the last
+        second = await list_page(
+            store, limit=3, after=(await list_page(store, limit=3)).next_cursor
+        )
+        assert len(second.sessions) == 3 and second.next_cursor is None
+        for bad_limit in (0, -1, True, None):
+            with pytest.raises(InvalidCursor):
+                await list_page(store, limit=bad_limit)
+
+
+class StorePaging:
+    """The paging checks, for a store whose ``list_sessions`` takes ``limit`` and
+    ``after`` (keyset paging, :meth:`~runtime.store.Store.list_sessions`). Apart from
+    :class:`StoreConformance` so a store written before paging still passes that kit (the
+    runtime pages such a store by slicing its full list); subclass both to check both::
+
+        class TestMyStore(StoreConformance, StorePaging): ...
+    """
+
+    async def _walk(self, store, limit, between=None):
+        """Every page from the top, ``between(page_number)`` awaited after each page; the
+        sessions listed, in order."""
+        walked, after, n = [], None, 0
+        while True:
+            page = await store.list_sessions(limit=limit, after=after)
+            assert len(page) <= limit
+            walked += [info.session_id for info in page]
+            if len(page) < limit:
+                return walked
+            after = page[-1].cursor
+            assert isinstance(after, str)
+            if between is not None:
+                await between(n)
+            n += 1
+
+    async def test_pages_are_the_listing_cut_at_cursors(self, store):
+        assert await store.list_sessions(limit=5) == []
+        for n in range(10):
+            await store.save(f"s{n}", 0, turn(n), {"n": n})
+        await store.save("s3", 2, turn(10))  # now the most recent
+        everything = await store.list_sessions()
+        assert [i.session_id for i in everything][:2] == ["s3", "s9"]
+        assert all(isinstance(i.cursor, str) for i in everything)
+        for limit in (1, 3, 10, 11, 1000):
+            assert await self._walk(store, limit) == [i.session_id for i in everything]
+        first = await store.list_sessions(limit=4)
+        assert first == everything[:4]  # counts and meta as the full listing has them
+        rest = await store.list_sessions(after=first[-1].cursor)  # no limit: all after it
+        assert rest == everything[4:]
+        assert await store.list_sessions(limit=3, after=everything[-1].cursor) == []
+
+    async def test_a_cursor_outlives_its_session(self, store):
+        """A cursor is a place in the order, not a session: the page after it is the same
+        whether its session was since deleted or saved again (moved to the top)."""
+        for n in range(6):
+            await store.save(f"s{n}", 0, turn(n))
+        first = await store.list_sessions(limit=2)  # s5, s4
+        cursor = first[-1].cursor
+        await store.save("s4", 2, turn(9))
+        assert [i.session_id for i in await store.list_sessions(limit=2, after=cursor)] == [
+            "s3",
+            "s2",
+        ]
+        await store.delete("s4")
+        assert [i.session_id for i in await store.list_sessions(after=cursor)] == [
+            "s3",
+            "s2",
+            "s1",
+            "s0",
+        ]
+
+    @pytest.mark.parametrize("bad", ["\x00 not a cursor", 7, b"1", ["1"]])
+    async def test_a_cursor_the_store_did_not_write_is_refused(self, store, bad):
+        """(Cursors are the store's own: the kit tries only what no store writes.)"""
+        await store.save("s", 0, turn(0))
+        with pytest.raises(InvalidCursor):
+            await store.list_sessions(limit=2, after=bad)
+
+    @pytest.mark.parametrize("bad", [0, -1, True, 1.5, "2"])
+    async def test_a_bad_limit_is_refused(self, store, bad):
+        with pytest.raises(InvalidCursor):
+            await store.list_sessions(limit=bad)
+
+    async def test_a_walk_during_saves_lists_no_session_twice_and_misses_only_saved_ones(
+        self, store
+    ):
+        """What a user paging the list while turns run sees: a session saved during the
+        walk moves to the top, so it is not listed again if already listed, and not on the
+        later pages if not listed yet (it heads the first page again); a session created
+        during the walk is on the next first page; every other session exactly once."""
+        rng = random.Random(7)
+        for n in range(40):
+            await store.save(f"s{n}", 0, turn(n))
+        saved: set[str] = set()
+        created = 0
+
+        async def between(page: int) -> None:
+            nonlocal created
+            for _ in range(3):
+                sid = f"s{rng.randrange(40)}"
+                await store.save(sid, 0, turn(page))
+                saved.add(sid)
+            await store.save(f"new{created}", 0, [])
+            created += 1
+
+        walked = await self._walk(store, 4, between)
+        assert len(walked) == len(set(walked)), "a session listed twice"
+        untouched = {f"s{n}" for n in range(40)} - saved
+        assert untouched <= set(walked), "a session not saved during the walk was skipped"
+        assert not any(sid.startswith("new") for sid in walked)
+        top = [i.session_id for i in await store.list_sessions(limit=created + len(saved))]
+        assert set(top) == saved | {f"new{n}" for n in range(created)}
+
+    async def test_a_limit_beyond_any_count_lists_all(self, store):
+        for n in range(3):
+            await store.save(f"s{n}", 0, turn(n))
+        assert len(await store.list_sessions(limit=2**70)) == 3
+        first = await store.list_sessions(limit=1)
+        assert len(await store.list_sessions(limit=2**70, after=first[0].cursor)) == 2

@@ -70,7 +70,13 @@ from runtime.app.web.answers import (
 from runtime.app.web.chat_input import CHILD_PARSES, check_media, read_chat_request, title_of
 from runtime.app.web.frontend import FrontEnd
 from runtime.app.web.guard import RequestGuard, cors_origin
-from runtime.app.web.http import ApiError, error_response, has_bearer, json_response
+from runtime.app.web.http import (
+    ApiError,
+    error_response,
+    has_bearer,
+    json_response,
+    session_page,
+)
 from runtime.app.web.http import session_id_param as _session_id
 from runtime.app.web.protocols import mount_protocols
 from runtime.app.web.resend import classify_resend, client_message_id, replay_response
@@ -553,26 +559,33 @@ async def chat(request: Request) -> Any:
 
 
 async def list_sessions(request: Request) -> Response:
-    """The stored sessions, most recently updated first; a session whose first turn is
-    running (not saved yet) comes first. ``busy``: a turn of it runs here; ``waiting``:
+    """A page of the stored sessions, most recently updated first (``?limit=N``, default
+    :data:`~runtime.app.web.http.PAGE_SIZE`; ``?cursor=`` the ``next_cursor`` of the page
+    before, ``null`` on the last page); a session whose first turn is running (not saved
+    yet) comes first, on the first page. ``busy``: a turn of it runs here; ``waiting``:
     how many calls its last turn waits for (an approval, a client tool's output), as its
     stored meta says (docs/approval.md)."""
     state = _state(request)
-    infos = await state.host.store.list_sessions()
+    page = await session_page(request, state.host.store)
+    infos = page.sessions
     open_sessions = state.host.sessions
     stored = {info.session_id for info in infos}
-    unsaved = [
-        {
-            "session_id": sid,
-            "title": session.meta.get("title"),
-            "message_count": len(session.messages),
-            "busy": True,
-            "waiting": 0,
-            "meta": dict(session.meta),
-        }
-        for sid, session in open_sessions.items()
-        if session.busy and sid not in stored
-    ]
+    unsaved = []
+    if "cursor" not in request.query_params:  # the first page: the running first turns
+        for sid, session in list(open_sessions.items()):
+            # Stored but not on this page (an older session a turn runs in again): its
+            # place is further down the listing, not here too.
+            if session.busy and sid not in stored and not await state.host.store.version(sid):
+                unsaved.append(
+                    {
+                        "session_id": sid,
+                        "title": session.meta.get("title"),
+                        "message_count": len(session.messages),
+                        "busy": True,
+                        "waiting": 0,
+                        "meta": dict(session.meta),
+                    }
+                )
     return json_response(
         {
             "sessions": unsaved
@@ -588,7 +601,8 @@ async def list_sessions(request: Request) -> Response:
                     "meta": info.meta,
                 }
                 for info in infos
-            ]
+            ],
+            "next_cursor": page.next_cursor,
         }
     )
 

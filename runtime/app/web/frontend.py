@@ -70,7 +70,13 @@ from runtime.app.web.answers import (
     waiting_in_meta,
 )
 from runtime.app.web.chat_input import check_media, read_chat_request, title_of
-from runtime.app.web.http import ApiError, json_response, session_id_param, web_state
+from runtime.app.web.http import (
+    ApiError,
+    json_response,
+    session_id_param,
+    session_page,
+    web_state,
+)
 from runtime.app.web.resend import client_message_id
 from runtime.app.web.resume import (
     STOPPED,
@@ -515,7 +521,9 @@ class FrontEnd:
         return json_response({"turn_id": turn.turn_id}, 202)
 
     async def list_sessions(self, request: Request) -> Response:
-        infos = await self.store.list_sessions()
+        """A page of the sessions, as ``runtime.app.web.app.list_sessions`` answers it."""
+        page = await session_page(request, self.store)
+        infos = page.sessions
         busy = await self.queue.busy_sessions()
         return json_response(
             {
@@ -529,7 +537,8 @@ class FrontEnd:
                         "meta": info.meta,
                     }
                     for info in infos
-                ]
+                ],
+                "next_cursor": page.next_cursor,
             }
         )
 

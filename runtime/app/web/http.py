@@ -14,8 +14,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Scope
 
-from runtime.errors import InvalidSessionId
-from runtime.store import validate_session_id
+from runtime.errors import InvalidCursor, InvalidSessionId
+from runtime.store import SessionPage, Store, list_page, validate_session_id
 
 
 class ApiError(Exception):
@@ -43,6 +43,45 @@ def session_id_param(value: Any) -> str:
         return validate_session_id(value)
     except InvalidSessionId as exc:
         raise ApiError(400, str(exc)) from None
+
+
+PAGE_SIZE = 50
+"""How many sessions ``GET /api/sessions`` answers without ``?limit=``."""
+MAX_PAGE_SIZE = 500
+"""The most ``?limit=`` may ask for: a larger one is a 400, not a slow answer."""
+
+
+def _one_param(request: Request, name: str) -> str | None:
+    values = request.query_params.getlist(name)
+    if len(values) > 1:
+        raise ApiError(400, f"{name} given {len(values)} times: give it once")
+    return values[0] if values else None
+
+
+async def session_page(request: Request, store: Store) -> SessionPage:
+    """The page of ``store``'s sessions ``GET /api/sessions?limit=N&cursor=C`` asks for
+    (:data:`PAGE_SIZE` of them from the top without either). A limit that is not a whole
+    number from 1 to :data:`MAX_PAGE_SIZE`, or a cursor not from an earlier answer's
+    ``next_cursor``, is a 400."""
+    raw_limit = _one_param(request, "limit")
+    cursor = _one_param(request, "cursor")
+    limit = PAGE_SIZE
+    if raw_limit is not None:
+        if not (raw_limit.isascii() and raw_limit.isdigit() and len(raw_limit) <= 6) or not (
+            1 <= int(raw_limit) <= MAX_PAGE_SIZE
+        ):
+            raise ApiError(
+                400, f"invalid limit {raw_limit[:40]!r}: a whole number from 1 to {MAX_PAGE_SIZE}"
+            )
+        limit = int(raw_limit)
+    try:
+        return await list_page(store, limit=limit, after=cursor or None)
+    except InvalidCursor:
+        raise ApiError(
+            400,
+            f"invalid cursor {(cursor or '')[:80]!r}: pass the next_cursor of an earlier "
+            "answer, or no cursor for the first page",
+        ) from None
 
 
 def web_state(request: Request) -> Any:
