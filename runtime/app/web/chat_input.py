@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import trio
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 
 from runtime.agent import Agent
 from runtime.app.web import chat_body
@@ -120,10 +120,16 @@ async def _read_body(request: Request, limit: int, within: float | None = None) 
             raise ApiError(413, f"request body larger than {limit} bytes")
     body = bytearray()
     with trio.move_on_after(within if within and within > 0 else math.inf):
-        async for piece in request.stream():
-            body += piece
-            if len(body) > limit:
-                raise ApiError(413, f"request body larger than {limit} bytes")
+        try:
+            async for piece in request.stream():
+                body += piece
+                if len(body) > limit:
+                    raise ApiError(413, f"request body larger than {limit} bytes")
+        except ClientDisconnect:
+            # The client closed the connection (or sent a chunk Hypercorn refused) before
+            # its body was in: no one reads an answer. Uncaught, it was an "Error in ASGI
+            # Framework" traceback in the log for each such client.
+            raise ApiError(400, "the client left before its request body arrived") from None
         return bytes(body)
     raise ApiError(
         408, f"the request body did not arrive within {within:g} s", {"connection": "close"}

@@ -1,0 +1,183 @@
+"""The served app attacked again (round 4, docs/web.md#attacked-round-4): the HTTP layer
+itself (framing, clients that leave mid-body) and what came since round 3 (AG-UI client
+tools, approvals, busy strategies, resume, media). Each finding is pinned over real HTTP,
+as a client reaches it."""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import httpx
+import pytest
+import trio
+import trio.testing
+
+from actors.providers.scripted import ScriptedProvider
+from runtime import Agent
+from runtime.app.web import agui, agui_input, chat_input, openai_compat
+from tests.test_http_attacks_2 import head_of, raw_request, threads_running
+from tests.test_web_http import body
+from tests.test_web_slow_clients import chat_request, connect
+from tests.web.harness import web_server
+
+MAX_CLIENT_TOOLS = 128
+MAX_TOOL_SCHEMAS = 256 << 10
+"""``runtime.app.web.agui_input``'s caps, as docs/protocols.md states them."""
+
+
+def agent() -> Agent:
+    return Agent(provider=ScriptedProvider(responder=lambda request: ["ok"]))
+
+
+# -- request smuggling: Content-Length beside Transfer-Encoding -----------------------------
+
+
+async def test_a_body_framed_two_ways_is_refused_and_the_smuggled_request_never_runs():
+    # h11 framed the body by Transfer-Encoding (an empty chunked body), answered it, and
+    # kept reading the connection: the bytes after it, a body to a proxy framing by
+    # Content-Length, ran as a second request. RFC 9112 6.1: refuse, or close after it.
+    async with web_server(agent()) as server:
+        host = server.url.removeprefix("http://")
+        smuggled = json.dumps(body("smuggled")).encode()
+        inner = (
+            f"POST /api/chat HTTP/1.1\r\nHost: {host}\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(smuggled)}\r\n\r\n"
+        ).encode() + smuggled
+        outer = (
+            f"POST /api/chat HTTP/1.1\r\nHost: {host}\r\ncontent-type: application/json\r\n"
+            f"content-length: {5 + len(inner)}\r\ntransfer-encoding: chunked\r\n\r\n0\r\n\r\n"
+        ).encode()
+        response = await raw_request(server, outer + inner)
+        stored = await server.host.store.list_sessions()
+    assert stored == [] and "smuggled" not in server.host.sessions
+    assert_refused_alone(response)
+
+
+def assert_refused_alone(response: bytes) -> None:
+    """At most one answer came, the refusal. (Hypercorn may lose even that one: the
+    bytes pipelined behind a request answered with ``Connection: close`` make it close
+    the socket while the answer is written, any refusal's; see docs/web.md.)"""
+    assert response.count(b"HTTP/1.1 ") <= 1, response
+    if response:
+        assert head_of(response).startswith(b"HTTP/1.1 400"), response
+        assert b"connection: close" in head_of(response).lower()
+        assert b"request smuggling" in response
+
+
+async def test_a_get_framed_two_ways_is_refused_too():
+    async with web_server(agent()) as server:
+        host = server.url.removeprefix("http://")
+        response = await raw_request(
+            server,
+            (
+                f"GET /api/info HTTP/1.1\r\nHost: {host}\r\ncontent-length: 5\r\n"
+                "transfer-encoding: chunked\r\n\r\n0\r\n\r\n"
+                f"GET /api/sessions HTTP/1.1\r\nHost: {host}\r\n\r\n"
+            ).encode(),
+        )
+    assert_refused_alone(response)
+
+
+# -- a client that leaves before its body is in -------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("path", "protocol"),
+    [("/api/chat", "ai-sdk"), ("/ag-ui", "ag-ui"), ("/v1/chat/completions", "openai")],
+)
+async def test_a_client_that_leaves_mid_body_leaves_no_traceback_in_the_log(
+    path, protocol, caplog, monkeypatch
+):
+    # Starlette's ClientDisconnect escaped the body read: "Error in ASGI Framework" and a
+    # traceback in the server's log, for every client that closed mid-upload.
+    read: list[str] = []
+    over = trio.Event()
+    original = chat_input._read_body
+
+    async def noting(*args: Any, **kwargs: Any) -> bytes:
+        try:
+            return await original(*args, **kwargs)
+        finally:
+            read.append(path)
+            over.set()
+
+    for module in (chat_input, agui, openai_compat):
+        monkeypatch.setattr(module, "_read_body", noting)
+    caplog.set_level(logging.INFO)
+    async with web_server(agent(), protocols=("ai-sdk", protocol)) as server:
+        request = chat_request(server, b'{"id": "s"', content_length=100)
+        with trio.fail_after(20):
+            sock = await connect(server)
+            with sock:  # 10 bytes of the 100 promised, then the client is gone
+                await sock.send(request.replace(b"/api/chat", path.encode(), 1))
+            await over.wait()
+            await trio.testing.wait_all_tasks_blocked(cushion=0.05)
+        assert "s" not in server.host.sessions
+    assert read == [path]
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert errors == [], [r.getMessage() for r in errors]
+
+
+# -- AG-UI client tools: how many, how large, and where their schemas are checked ----------
+
+
+def run_with_tools(tools: list[dict[str, Any]], thread: str = "t") -> dict[str, Any]:
+    return {
+        "threadId": thread,
+        "runId": "r",
+        "messages": [{"id": "u", "role": "user", "content": "hi"}],
+        "tools": tools,
+    }
+
+
+async def test_too_many_client_tools_or_too_large_schemas_are_a_413_before_any_is_built(
+    monkeypatch,
+):
+    # Each schema is checked against the JSON Schema meta-schema (~0.5 ms a tool): a
+    # 240 KB body of 14,000 tools held the event loop 5.6 s, and the duplicate count was
+    # quadratic, so a 48 MiB one held a thread for hours.
+    built: list[str] = []
+    original = agui_input.Tool.client
+
+    def noting(name: str, *args: Any, **kwargs: Any) -> Any:
+        built.append(name)
+        return original(name, *args, **kwargs)
+
+    monkeypatch.setattr(agui_input.Tool, "client", staticmethod(noting))
+    many = [{"name": f"t{i}"} for i in range(MAX_CLIENT_TOOLS + 1)]
+    wide = {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(20_000)}}
+    async with web_server(agent(), protocols=("ai-sdk", "ag-ui")) as server:
+        async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
+            too_many = await client.post("/ag-ui", json=run_with_tools(many, "t1"))
+            too_large = await client.post(
+                "/ag-ui", json=run_with_tools([{"name": "w", "parameters": wide}], "t2")
+            )
+            assert built == []
+            ok = await client.post("/ag-ui", json=run_with_tools(many[:-1], "t3"))
+            twice = await client.post(
+                "/ag-ui", json=run_with_tools([{"name": "a"}, {"name": "b"}, {"name": "a"}])
+            )
+        stored = [info.session_id for info in await server.host.store.list_sessions()]
+    assert len(json.dumps(wide)) > MAX_TOOL_SCHEMAS
+    assert (agui_input.MAX_CLIENT_TOOLS, agui_input.MAX_TOOL_SCHEMAS) == (128, 256 << 10)
+    assert (too_many.status_code, too_many.json()["code"]) == (413, "too_many_tools")
+    assert "129 tools; at most 128" in too_many.json()["error"]
+    assert (too_large.status_code, too_large.json()["code"]) == (413, "too_many_tools")
+    assert ok.status_code == 200 and '"RUN_FINISHED"' in ok.text
+    assert twice.status_code == 400 and "['a'] more than once" in twice.json()["error"]
+    assert stored == ["t3"]
+
+
+async def test_a_small_run_declaring_tools_has_them_checked_off_the_event_loop(monkeypatch):
+    parsed = threads_running(monkeypatch, agui, "parse_run_input")
+    schema = {"type": "object", "properties": {"q": {"type": "string"}}}
+    async with web_server(agent(), protocols=("ai-sdk", "ag-ui")) as server:
+        async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
+            with_tools = await client.post(
+                "/ag-ui", json=run_with_tools([{"name": "look", "parameters": schema}])
+            )
+            without = await client.post("/ag-ui", json=run_with_tools([], "t2"))
+    assert with_tools.status_code == 200 and without.status_code == 200
+    assert parsed == [True, False]
