@@ -163,7 +163,29 @@ def _check_references(resolver: Any, resource: Any) -> None:
         _check_references(resolver.in_subresource(sub), sub)
 
 
-def json_schema_validator(schema: dict[str, Any]) -> Any:
+def _refuse_keyword(resource: Any, keyword: str, why: str) -> None:
+    """Raise :class:`InvalidJSONSchema` when ``keyword`` is used anywhere in ``resource``
+    where a schema can be (a property *named* ``keyword`` is no use of it)."""
+    contents = resource.contents
+    if isinstance(contents, dict) and keyword in contents:
+        raise InvalidJSONSchema(f"{keyword!r} is not taken here: {why}")
+    for sub in resource.subresources():
+        _refuse_keyword(sub, keyword, why)
+
+
+def _pattern_not_run(validator: Any, pattern: Any, instance: Any, schema: Any) -> Any:
+    """The ``pattern`` keyword of an untrusted schema: not run (see
+    :func:`json_schema_validator`)."""
+    return iter(())
+
+
+UNTRUSTED_PATTERNS = (
+    "a regular expression from a client could hold the server for hours "
+    "(catastrophic backtracking); the client checks its own tool's input"
+)
+
+
+def json_schema_validator(schema: dict[str, Any], *, run_patterns: bool = True) -> Any:
     """A ``jsonschema`` validator for ``schema`` (its ``$schema`` dialect, else 2020-12)
     that resolves only references within ``schema``.
 
@@ -171,6 +193,13 @@ def json_schema_validator(schema: dict[str, Any]) -> Any:
     a reference that leaves it: such a schema is refused when it is given, not when a
     value is first checked against it. The validator's registry refuses every retrieval
     as well, so even a reference this check missed is an error, never a fetch.
+
+    ``run_patterns=False`` is for a schema a client sent over the network: Python's
+    ``re`` has no time limit, and ``"^(a|aa)*$"`` against 45 ``a`` and a ``!`` (what a
+    model is easily asked to write) takes minutes, on the event loop, each extra
+    character 1.6 times longer. Its ``pattern`` keywords are then not checked, and
+    ``patternProperties``, which cannot be skipped (it decides which schema a property
+    gets), is refused.
     """
     from jsonschema import Draft202012Validator, SchemaError
     from jsonschema.validators import validator_for
@@ -184,10 +213,16 @@ def json_schema_validator(schema: dict[str, Any]) -> Any:
         dialect = cls.META_SCHEMA.get("$schema", "")
         resource = specification_with(dialect, default=DRAFT202012).create_resource(schema)
         _check_references(registry.resolver_with_root(resource), resource)
+        if not run_patterns:
+            _refuse_keyword(resource, "patternProperties", UNTRUSTED_PATTERNS)
     except SchemaError as exc:
         raise InvalidJSONSchema(exc.message) from None
     except RecursionError:
         raise InvalidJSONSchema("the schema is nested too deeply") from None
+    if not run_patterns:
+        from jsonschema.validators import extend
+
+        cls = extend(cls, {"pattern": _pattern_not_run})  # type: ignore[no-untyped-call]
     return cls(schema, registry=registry)
 
 
@@ -275,6 +310,7 @@ class Tool:
         description: str = "",
         *,
         output_schema: dict[str, Any] | None = None,
+        run_patterns: bool = True,
     ) -> ClientTool:
         """A client-side tool: offered to the model with ``schema`` (a JSON schema of the
         arguments object), run by the caller. A call suspends the turn until
@@ -282,7 +318,9 @@ class Tool:
         supplies the output. The model's input is checked against ``schema`` like any
         tool's; the caller's output against ``output_schema`` when one is given (a
         mismatch is refused, nothing changes). Raises :class:`InvalidJSONSchema` for a
-        schema that cannot be used."""
+        schema that cannot be used. ``run_patterns=False`` for a schema a client sent:
+        its ``pattern`` s are not run, ``patternProperties`` refused
+        (:func:`json_schema_validator`)."""
         if not isinstance(schema, dict) or schema.get("type") != "object":
             raise ToolDefinitionError(
                 f"client tool {name!r}: the schema must be a JSON schema of type 'object'"
@@ -300,7 +338,7 @@ class Tool:
             is_async=False,
             adapter=None,
             is_client=True,
-            validator=json_schema_validator(schema),
+            validator=json_schema_validator(schema, run_patterns=run_patterns),
             output_validator=outputs,
         )
 

@@ -14,9 +14,10 @@ import pytest
 import trio
 import trio.testing
 
-from actors.providers.scripted import ScriptedProvider
-from runtime import Agent
+from actors.providers.scripted import ScriptedProvider, tool_call
+from runtime import Agent, ToolMessage
 from runtime.app.web import agui, agui_input, chat_input, openai_compat
+from runtime.tools import Tool, ToolInputError
 from tests.test_http_attacks_2 import head_of, raw_request, threads_running
 from tests.test_web_http import body
 from tests.test_web_slow_clients import chat_request, connect
@@ -181,3 +182,60 @@ async def test_a_small_run_declaring_tools_has_them_checked_off_the_event_loop(m
             without = await client.post("/ag-ui", json=run_with_tools([], "t2"))
     assert with_tools.status_code == 200 and without.status_code == 200
     assert parsed == [True, False]
+
+
+# -- AG-UI client tools: the client's regular expressions ----------------------------------
+
+
+async def test_a_client_tools_pattern_is_not_run_on_the_models_input():
+    # The model's input to a client tool was checked against the client's schema on the
+    # event loop, `pattern`s with Python's re, which has no time limit: "^(a|aa)*$" and
+    # 34 a's and a "!" from the (asked) model held every request 4.8 s; each character
+    # more, 1.6 times longer. The client checks its own tool's input.
+    schema = {"type": "object", "properties": {"q": {"type": "string", "pattern": "^(a|aa)*$"}}}
+    model = Agent(
+        provider=ScriptedProvider(
+            responder=lambda request: tool_call("look", {"q": "b!"}, tool_call_id="c1")
+        )
+    )
+    async with web_server(model, protocols=("ai-sdk", "ag-ui")) as server:
+        async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
+            r = await client.post(
+                "/ag-ui", json=run_with_tools([{"name": "look", "parameters": schema}])
+            )
+            refused = await client.post(
+                "/ag-ui",
+                json=run_with_tools(
+                    [
+                        {
+                            "name": "look",
+                            "parameters": {
+                                "type": "object",
+                                "patternProperties": {"^(a|aa)*$": {"type": "string"}},
+                            },
+                        }
+                    ],
+                    "t2",
+                ),
+            )
+        record = await server.host.store.load("t")
+    assert r.status_code == 200 and '"pendingToolCallIds":["c1"]' in r.text
+    assert record is not None
+    assert not any(isinstance(m, ToolMessage) for m in record.messages)  # no "does not match"
+    assert refused.status_code == 400 and "'patternProperties' is not taken" in refused.text
+
+
+def test_a_programs_own_client_tool_still_has_its_patterns_checked():
+    tool = Tool.client(
+        "look", {"type": "object", "properties": {"q": {"type": "string", "pattern": "^a+$"}}}
+    )
+    with pytest.raises(ToolInputError, match="does not match"):
+        tool.validate({"q": "b"})
+    unchecked = Tool.client(
+        "look",
+        {"type": "object", "properties": {"q": {"type": "string", "pattern": "^a+$"}}},
+        run_patterns=False,
+    )
+    assert unchecked.validate({"q": "b"}) == {"q": "b"}
+    named = {"type": "object", "properties": {"patternProperties": {"type": "string"}}}
+    assert Tool.client("x", named, run_patterns=False).validate({"patternProperties": "y"})

@@ -217,7 +217,9 @@ def client_tools(tools: Any) -> tuple[Tool, ...]:
         if not isinstance(schema, dict):
             raise bad_input(f"'{where}.parameters' must be a JSON schema object")
         try:
-            out.append(Tool.client(name, schema, description))  # type: ignore[arg-type]
+            # (a client's regular expressions are not run here: runtime.tools)
+            tool = Tool.client(name, schema, description, run_patterns=False)  # type: ignore[arg-type]
+            out.append(tool)
         except (ToolDefinitionError, InvalidJSONSchema) as exc:
             raise bad_input(f"'{where}': {exc}") from None
     twice = sorted(name for name, n in Counter(t.name for t in out).items() if n > 1)
