@@ -239,3 +239,32 @@ def test_a_programs_own_client_tool_still_has_its_patterns_checked():
     assert unchecked.validate({"q": "b"}) == {"q": "b"}
     named = {"type": "object", "properties": {"patternProperties": {"type": "string"}}}
     assert Tool.client("x", named, run_patterns=False).validate({"patternProperties": "y"})
+
+
+# -- a body in tiny chunks ------------------------------------------------------------------
+
+
+def chunked(payload: bytes, size: int) -> bytes:
+    pieces = (payload[i : i + size] for i in range(0, len(payload), size))
+    return b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in pieces) + b"0\r\n\r\n"
+
+
+async def test_a_body_in_thousands_of_tiny_chunks_is_refused_once_they_are_many():
+    # Each chunk cost the server ~30 us however small: 1 MB sent as 1-byte chunks (6 MB
+    # on the wire) took it over 30 s of CPU, and was then a 408.
+    async with web_server(agent()) as server:
+        host = server.url.removeprefix("http://")
+        head = (
+            f"POST /api/chat HTTP/1.1\r\nHost: {host}\r\ncontent-type: application/json\r\n"
+            "transfer-encoding: chunked\r\nconnection: close\r\n\r\n"
+        ).encode()
+        tiny = json.dumps(body("tiny", "x" * 5000)).encode()
+        refused = await raw_request(server, head + chunked(tiny, 1))
+        # the same number of pieces, of 70 bytes: a client's ordinary (if odd) upload
+        fine = json.dumps(body("fine", "x" * (len(tiny) * 70))).encode()
+        answered = await raw_request(server, head + chunked(fine, 70))
+        stored = [info.session_id for info in await server.host.store.list_sessions()]
+    assert head_of(refused).startswith(b"HTTP/1.1 400"), refused[:300]
+    assert b"pieces of under 64 bytes" in refused
+    assert head_of(answered).startswith(b"HTTP/1.1 200") and b"[DONE]" in answered
+    assert stored == ["fine"]
