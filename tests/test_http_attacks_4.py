@@ -18,6 +18,7 @@ from actors.providers.scripted import ScriptedProvider, tool_call
 from runtime import Agent, ToolMessage
 from runtime.app.web import agui, agui_input, chat_input, openai_compat
 from runtime.tools import Tool, ToolInputError
+from runtime.turn_queue import ClientToolSpec
 from tests.test_http_attacks_2 import head_of, raw_request, threads_running
 from tests.test_web_http import body
 from tests.test_web_slow_clients import chat_request, connect
@@ -268,3 +269,11 @@ async def test_a_body_in_thousands_of_tiny_chunks_is_refused_once_they_are_many(
     assert b"pieces of under 64 bytes" in refused
     assert head_of(answered).startswith(b"HTTP/1.1 200") and b"[DONE]" in answered
     assert stored == ["fine"]
+
+
+def test_a_worker_rebuilds_a_queued_client_tool_without_running_its_patterns():
+    # A worker deployment's front end queues the client's tools as specs; the worker that
+    # rebuilt them ran the client's patterns on the model's input, on its own loop.
+    schema = {"type": "object", "properties": {"q": {"type": "string", "pattern": "^a+$"}}}
+    rebuilt = ClientToolSpec(name="look", schema=schema).tool()
+    assert rebuilt.validate({"q": "b"}) == {"q": "b"}
