@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from typing import Any
 
 import httpx
@@ -19,9 +20,12 @@ from runtime import Agent, ToolMessage
 from runtime.app.web import agui, agui_input, chat_input, openai_compat
 from runtime.tools import Tool, ToolInputError
 from runtime.turn_queue import ClientToolSpec
+from tests.support.redis import require_redis
+from tests.test_agui import run_input, user
 from tests.test_http_attacks_2 import head_of, raw_request, threads_running
 from tests.test_web_http import body
 from tests.test_web_slow_clients import chat_request, connect
+from tests.test_worker_protocols import COLOR_TOOL, agui_agent, agui_run, protocols_deployment
 from tests.web.harness import web_server
 
 MAX_CLIENT_TOOLS = 128
@@ -277,3 +281,30 @@ def test_a_worker_rebuilds_a_queued_client_tool_without_running_its_patterns():
     schema = {"type": "object", "properties": {"q": {"type": "string", "pattern": "^a+$"}}}
     rebuilt = ClientToolSpec(name="look", schema=schema).tool()
     assert rebuilt.validate({"q": "b"}) == {"q": "b"}
+
+
+@pytest.fixture
+def redis_url() -> str:
+    return require_redis()
+
+
+async def test_a_worker_builds_a_queued_runs_client_tools_off_its_event_loop(
+    pg_url: str, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The worker built each client tool (its schema checked against the meta-schema) on
+    # its own loop as it claimed the turn: up to 128 tools and 256 KiB of schemas were
+    # seconds in which its other turns and its leases' renewals waited.
+    built: list[bool] = []
+    original = ClientToolSpec.tool
+
+    def noting(spec: ClientToolSpec) -> Any:
+        built.append(threading.current_thread() is not threading.main_thread())
+        return original(spec)
+
+    monkeypatch.setattr(ClientToolSpec, "tool", noting)
+    async with protocols_deployment(pg_url, redis_url, agui_agent()) as d:
+        events = await agui_run(
+            d.urls[0], run_input("t", user("pick one", "m1"), tools=[COLOR_TOOL], runId="r1")
+        )
+    assert events[-1]["outcome"] == {"type": "success", "pendingToolCallIds": ["c1"]}
+    assert built == [True]
