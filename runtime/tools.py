@@ -184,8 +184,34 @@ UNTRUSTED_PATTERNS = (
     "(catastrophic backtracking); the client checks its own tool's input"
 )
 
+UNTRUSTED_STEPS = 10_000
+"""Keywords an untrusted schema may evaluate checking one value (3-20 us each: 0.2 s at
+most; a table of 800 rows of 10 string cells takes ~9,700). Past them the value is
+refused, the schema too costly to check it."""
 
-def json_schema_validator(schema: dict[str, Any], *, run_patterns: bool = True) -> Any:
+_STEPS_LEFT: ContextVar[list[int] | None] = ContextVar("axon_schema_steps_left", default=None)
+
+
+class SchemaTooCostly(Exception):
+    """An untrusted schema took more than :data:`UNTRUSTED_STEPS` keywords on a value."""
+
+
+def _counted(keyword: Callable[..., Any]) -> Callable[..., Any]:
+    """``keyword`` (a ``jsonschema`` keyword function), counting against the steps left
+    of the check under way (:func:`check_against_schema` sets them)."""
+
+    def counted(validator: Any, value: Any, instance: Any, schema: Any) -> Any:
+        left = _STEPS_LEFT.get()
+        if left is not None:
+            left[0] -= 1
+            if left[0] < 0:
+                raise SchemaTooCostly
+        return keyword(validator, value, instance, schema)
+
+    return counted
+
+
+def json_schema_validator(schema: dict[str, Any], *, trusted: bool = True) -> Any:
     """A ``jsonschema`` validator for ``schema`` (its ``$schema`` dialect, else 2020-12)
     that resolves only references within ``schema``.
 
@@ -194,12 +220,15 @@ def json_schema_validator(schema: dict[str, Any], *, run_patterns: bool = True) 
     value is first checked against it. The validator's registry refuses every retrieval
     as well, so even a reference this check missed is an error, never a fetch.
 
-    ``run_patterns=False`` is for a schema a client sent over the network: Python's
-    ``re`` has no time limit, and ``"^(a|aa)*$"`` against 45 ``a`` and a ``!`` (what a
-    model is easily asked to write) takes minutes, on the event loop, each extra
-    character 1.6 times longer. Its ``pattern`` keywords are then not checked, and
+    ``trusted=False`` is for a schema a client sent over the network, whose checks run on
+    the event loop. Python's ``re`` has no time limit: ``"^(a|aa)*$"`` against 45 ``a``
+    and a ``!`` (what a model is easily asked to write) takes minutes, each character
+    more 1.6 times longer; so its ``pattern`` keywords are not run, and
     ``patternProperties``, which cannot be skipped (it decides which schema a property
-    gets), is refused.
+    gets), is refused. And ``$ref`` makes a schema's work exponential in its size: 18
+    definitions of ``anyOf`` two references to the one before (1.3 KB) took 34 s to
+    refuse a number; so a check counts its keywords and refuses the value past
+    :data:`UNTRUSTED_STEPS` (:func:`check_against_schema`).
     """
     from jsonschema import Draft202012Validator, SchemaError
     from jsonschema.validators import validator_for
@@ -213,16 +242,19 @@ def json_schema_validator(schema: dict[str, Any], *, run_patterns: bool = True) 
         dialect = cls.META_SCHEMA.get("$schema", "")
         resource = specification_with(dialect, default=DRAFT202012).create_resource(schema)
         _check_references(registry.resolver_with_root(resource), resource)
-        if not run_patterns:
+        if not trusted:
             _refuse_keyword(resource, "patternProperties", UNTRUSTED_PATTERNS)
     except SchemaError as exc:
         raise InvalidJSONSchema(exc.message) from None
     except RecursionError:
         raise InvalidJSONSchema("the schema is nested too deeply") from None
-    if not run_patterns:
+    if not trusted:
         from jsonschema.validators import extend
 
-        cls = extend(cls, {"pattern": _pattern_not_run})  # type: ignore[no-untyped-call]
+        keywords = {name: _counted(fn) for name, fn in cls.VALIDATORS.items()}
+        keywords["pattern"] = _counted(_pattern_not_run)
+        cls = extend(cls, keywords)  # type: ignore[no-untyped-call]
+        cls.axon_steps = UNTRUSTED_STEPS
     return cls(schema, registry=registry)
 
 
@@ -310,7 +342,7 @@ class Tool:
         description: str = "",
         *,
         output_schema: dict[str, Any] | None = None,
-        run_patterns: bool = True,
+        trusted: bool = True,
     ) -> ClientTool:
         """A client-side tool: offered to the model with ``schema`` (a JSON schema of the
         arguments object), run by the caller. A call suspends the turn until
@@ -318,9 +350,9 @@ class Tool:
         supplies the output. The model's input is checked against ``schema`` like any
         tool's; the caller's output against ``output_schema`` when one is given (a
         mismatch is refused, nothing changes). Raises :class:`InvalidJSONSchema` for a
-        schema that cannot be used. ``run_patterns=False`` for a schema a client sent:
-        its ``pattern`` s are not run, ``patternProperties`` refused
-        (:func:`json_schema_validator`)."""
+        schema that cannot be used. ``trusted=False`` for a schema a client sent: its
+        ``pattern`` s are not run, ``patternProperties`` is refused, and a check stops
+        past a number of steps (:func:`json_schema_validator`)."""
         if not isinstance(schema, dict) or schema.get("type") != "object":
             raise ToolDefinitionError(
                 f"client tool {name!r}: the schema must be a JSON schema of type 'object'"
@@ -338,7 +370,7 @@ class Tool:
             is_async=False,
             adapter=None,
             is_client=True,
-            validator=json_schema_validator(schema, run_patterns=run_patterns),
+            validator=json_schema_validator(schema, trusted=trusted),
             output_validator=outputs,
         )
 
@@ -401,12 +433,20 @@ def check_against_schema(name: str, validator: Any, value: Any, what: str) -> No
     match ``validator``'s schema (``what`` says what was checked: "arguments", "output")."""
     from referencing.exceptions import Unresolvable
 
+    steps = getattr(validator, "axon_steps", None)  # an untrusted schema's budget
+    token = _STEPS_LEFT.set([steps] if steps is not None else None)
     try:
         errors = sorted(validator.iter_errors(value), key=lambda e: list(e.path))
     except Unresolvable as exc:
         raise ToolInputError(f"the schema of {name} has an unresolvable $ref: {exc}") from None
     except RecursionError:  # a recursive schema, a value nested deeper than Python goes
         raise ToolInputError(f"invalid {what} for {name}: nested too deeply to check") from None
+    except SchemaTooCostly:
+        raise ToolInputError(
+            f"invalid {what} for {name}: the client's schema took over {steps} steps to check them"
+        ) from None
+    finally:
+        _STEPS_LEFT.reset(token)
     if errors:
         problems = "; ".join(
             f"{'.'.join(str(p) for p in e.path) or '(root)'}: {e.message}" for e in errors[:5]

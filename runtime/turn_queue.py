@@ -61,7 +61,7 @@ class ClientToolSpec:
     def tool(self) -> Tool:
         # A caller's schema: its regular expressions are not run on the model's input
         # (runtime.tools.json_schema_validator says why).
-        return Tool.client(self.name, self.schema, self.description, run_patterns=False)
+        return Tool.client(self.name, self.schema, self.description, trusted=False)
 
 
 @attrs.frozen(kw_only=True, slots=True)

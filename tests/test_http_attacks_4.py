@@ -239,11 +239,11 @@ def test_a_programs_own_client_tool_still_has_its_patterns_checked():
     unchecked = Tool.client(
         "look",
         {"type": "object", "properties": {"q": {"type": "string", "pattern": "^a+$"}}},
-        run_patterns=False,
+        trusted=False,
     )
     assert unchecked.validate({"q": "b"}) == {"q": "b"}
     named = {"type": "object", "properties": {"patternProperties": {"type": "string"}}}
-    assert Tool.client("x", named, run_patterns=False).validate({"patternProperties": "y"})
+    assert Tool.client("x", named, trusted=False).validate({"patternProperties": "y"})
 
 
 # -- a body in tiny chunks ------------------------------------------------------------------
@@ -273,6 +273,42 @@ async def test_a_body_in_thousands_of_tiny_chunks_is_refused_once_they_are_many(
     assert b"pieces of under 64 bytes" in refused
     assert head_of(answered).startswith(b"HTTP/1.1 200") and b"[DONE]" in answered
     assert stored == ["fine"]
+
+
+def doubling(depth: int) -> dict[str, Any]:
+    """A small schema whose check of a wrong value is exponential in ``depth``: each
+    definition is ``anyOf`` two references to the one before."""
+    defs: dict[str, Any] = {"a0": {"type": "string"}}
+    for i in range(1, depth + 1):
+        defs[f"a{i}"] = {"anyOf": [{"$ref": f"#/$defs/a{i - 1}"}, {"$ref": f"#/$defs/a{i - 1}"}]}
+    return {"type": "object", "$defs": defs, "properties": {"q": {"$ref": f"#/$defs/a{depth}"}}}
+
+
+def test_a_client_schema_of_exponential_cost_is_cut_short_on_the_models_input():
+    # 18 such definitions (1.3 KB) took 34 s of the event loop to refuse a number; each
+    # one more, twice as long. An untrusted schema's check now stops after a budget of
+    # keywords and refuses the value.
+    tool = Tool.client("look", doubling(16), trusted=False)
+    with pytest.raises(ToolInputError, match="took over 10000 steps"):
+        tool.validate({"q": 1})
+    assert tool.validate({"q": "fine"}) == {"q": "fine"}  # a matching value: linear
+    table = {
+        "type": "object",
+        "properties": {
+            "rows": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {f"c{i}": {"type": "string"} for i in range(10)},
+                },
+            }
+        },
+    }
+    rows = [{f"c{i}": "v" for i in range(10)} for _ in range(800)]
+    assert Tool.client("table", table, trusted=False).validate({"rows": rows})
+    trusted = Tool.client("look", doubling(8))  # a program's own: no budget
+    with pytest.raises(ToolInputError, match="not valid under any"):
+        trusted.validate({"q": 1})
 
 
 def test_a_worker_rebuilds_a_queued_client_tool_without_running_its_patterns():

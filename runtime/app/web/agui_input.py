@@ -218,7 +218,7 @@ def client_tools(tools: Any) -> tuple[Tool, ...]:
             raise bad_input(f"'{where}.parameters' must be a JSON schema object")
         try:
             # (a client's regular expressions are not run here: runtime.tools)
-            tool = Tool.client(name, schema, description, run_patterns=False)  # type: ignore[arg-type]
+            tool = Tool.client(name, schema, description, trusted=False)  # type: ignore[arg-type]
             out.append(tool)
         except (ToolDefinitionError, InvalidJSONSchema) as exc:
             raise bad_input(f"'{where}': {exc}") from None
