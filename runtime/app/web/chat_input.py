@@ -112,15 +112,16 @@ MANY_PIECES = 4096
 SMALL_PIECE = 64
 """A body that arrives in more than :data:`MANY_PIECES` pieces (chunks, network reads)
 of under :data:`SMALL_PIECE` bytes on average is refused (400): each piece costs the
-server ~30 us however small, so 1 MB sent as 1-byte chunks (6 MB on the wire) took over 30 s
-of its CPU. A client sends a body in large pieces; the network splits it in segments of
-over a kilobyte."""
+server ~30 us however small, so 1 MB sent as 1-byte chunks (6 MB on the wire) took over
+30 s of its CPU. A client sends a body in large pieces; the network splits it in
+segments of over a kilobyte."""
 
 
 async def _read_body(request: Request, limit: int, within: float | None = None) -> bytes:
     """The request body: 413 past ``limit`` bytes, 408 (and the connection closed) when
     it has not arrived in full ``within`` seconds, so a client that announces a
-    body and never sends it cannot hold a connection open."""
+    body and never sends it cannot hold a connection open; 400 for a body in thousands of
+    tiny pieces (:data:`MANY_PIECES`) or whose client left before it was in."""
     length = request.headers.get("content-length")
     if length is not None:
         if not is_number(length):

@@ -25,6 +25,9 @@ endpoint runs:
   page can send ``text/plain`` or form bodies cross-origin without asking, but JSON needs
   a CORS preflight, which only the ``cors_origins`` pass.
 * every WebSocket handshake (403): no endpoint speaks WebSocket.
+* a request with both ``Content-Length`` and ``Transfer-Encoding`` (400, the connection
+  closed): a proxy in front may frame its body otherwise than Hypercorn does, and the
+  difference run as a second, smuggled request.
 """
 
 from __future__ import annotations
