@@ -479,6 +479,10 @@ def check_against_schema(name: str, validator: Any, value: Any, what: str) -> No
         raise ToolInputError(f"the schema of {name} has an unresolvable $ref: {exc}") from None
     except RecursionError:  # a recursive schema, a value nested deeper than Python goes
         raise ToolInputError(f"invalid {what} for {name}: nested too deeply to check") from None
+    except OverflowError as exc:
+        # jsonschema's multipleOf divides as floats: a model's 10**400 raised this out of
+        # the check, and the turn failed instead of the model hearing its input is unusable.
+        raise ToolInputError(f"invalid {what} for {name}: they cannot be checked: {exc}") from None
     except SchemaTooCostly:
         raise ToolInputError(
             f"invalid {what} for {name}: the client's schema took over {steps} steps to check them"

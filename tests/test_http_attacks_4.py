@@ -375,3 +375,13 @@ async def test_a_worker_builds_a_queued_runs_client_tools_off_its_event_loop(
         )
     assert events[-1]["outcome"] == {"type": "success", "pendingToolCallIds": ["c1"]}
     assert built == [True]
+
+
+def test_a_number_too_large_for_a_multiple_of_check_is_invalid_input_not_a_failed_turn():
+    # multipleOf divides as floats: 10**400 from the model raised OverflowError out of
+    # the check, and the turn failed (RUN_ERROR) instead of the model being told.
+    schema = {"type": "object", "properties": {"n": {"type": "number", "multipleOf": 0.1}}}
+    for tool in (Tool.client("num", schema), Tool.client("num", schema, trusted=False)):
+        with pytest.raises(ToolInputError, match="cannot be checked"):
+            tool.validate({"n": 10**400})
+        assert tool.validate({"n": 0.5}) == {"n": 0.5}
