@@ -163,7 +163,88 @@ def _check_references(resolver: Any, resource: Any) -> None:
         _check_references(resolver.in_subresource(sub), sub)
 
 
-def json_schema_validator(schema: dict[str, Any]) -> Any:
+def _refuse_keyword(resource: Any, keyword: str, why: str) -> None:
+    """Raise :class:`InvalidJSONSchema` when ``keyword`` is used anywhere in ``resource``
+    where a schema can be (a property *named* ``keyword`` is no use of it)."""
+    contents = resource.contents
+    if isinstance(contents, dict) and keyword in contents:
+        raise InvalidJSONSchema(f"{keyword!r} is not taken here: {why}")
+    for sub in resource.subresources():
+        _refuse_keyword(sub, keyword, why)
+
+
+def _pattern_not_run(validator: Any, pattern: Any, instance: Any, schema: Any) -> Any:
+    """The ``pattern`` keyword of an untrusted schema: not run (see
+    :func:`json_schema_validator`)."""
+    return iter(())
+
+
+UNTRUSTED_PATTERNS = (
+    "a regular expression from a client could hold the server for hours "
+    "(catastrophic backtracking); the client checks its own tool's input"
+)
+
+UNTRUSTED_STEPS = 10_000
+"""Keywords an untrusted schema may evaluate checking one value (3-20 us each: 0.2 s at
+most; a table of 800 rows of 10 string cells takes ~9,700). Past them the value is
+refused, the schema too costly to check it."""
+
+_STEPS_LEFT: ContextVar[list[int] | None] = ContextVar("axon_schema_steps_left", default=None)
+
+
+class SchemaTooCostly(Exception):
+    """An untrusted schema took more than :data:`UNTRUSTED_STEPS` keywords on a value."""
+
+
+def _spend(steps: int) -> None:
+    """Take ``steps`` from the check under way (:func:`check_against_schema` sets them);
+    :class:`SchemaTooCostly` past them."""
+    left = _STEPS_LEFT.get()
+    if left is not None:
+        left[0] -= steps
+        if left[0] < 0:
+            raise SchemaTooCostly
+
+
+def _counted(keyword: Callable[..., Any]) -> Callable[..., Any]:
+    """``keyword`` (a ``jsonschema`` keyword function), a step of the check under way."""
+
+    def counted(validator: Any, value: Any, instance: Any, schema: Any) -> Any:
+        _spend(1)
+        return keyword(validator, value, instance, schema)
+
+    return counted
+
+
+def _enum_counted(keyword: Callable[..., Any]) -> Callable[..., Any]:
+    """``enum``, which compares the value with each of its members: a step per member
+    that is an object or array (~3.5 us each: 1,000 values against 5,000 objects took
+    19 s), per 64 scalar ones (~0.15 us each)."""
+
+    def counted(validator: Any, enums: Any, instance: Any, schema: Any) -> Any:
+        if isinstance(enums, list):
+            nested = any(isinstance(member, dict | list) for member in enums)
+            _spend(len(enums) if nested else len(enums) // 64)
+        return keyword(validator, enums, instance, schema)
+
+    return counted
+
+
+def _unique_items_counted(keyword: Callable[..., Any]) -> Callable[..., Any]:
+    """``uniqueItems``, whose check of objects or arrays compares every pair (1,000
+    distinct objects: 4.5 s, 3,000: 32 s): a step per pair, or per item when none is."""
+
+    def counted(validator: Any, unique: Any, instance: Any, schema: Any) -> Any:
+        if unique and isinstance(instance, list):
+            n = len(instance)
+            nested = any(isinstance(item, dict | list) for item in instance)
+            _spend(n * (n - 1) // 2 if nested else n)
+        return keyword(validator, unique, instance, schema)
+
+    return counted
+
+
+def json_schema_validator(schema: dict[str, Any], *, trusted: bool = True) -> Any:
     """A ``jsonschema`` validator for ``schema`` (its ``$schema`` dialect, else 2020-12)
     that resolves only references within ``schema``.
 
@@ -171,6 +252,17 @@ def json_schema_validator(schema: dict[str, Any]) -> Any:
     a reference that leaves it: such a schema is refused when it is given, not when a
     value is first checked against it. The validator's registry refuses every retrieval
     as well, so even a reference this check missed is an error, never a fetch.
+
+    ``trusted=False`` is for a schema a client sent over the network, whose checks run on
+    the event loop. Python's ``re`` has no time limit: ``"^(a|aa)*$"`` against 45 ``a``
+    and a ``!`` (what a model is easily asked to write) takes minutes, each character
+    more 1.6 times longer; so its ``pattern`` keywords are not run, and
+    ``patternProperties``, which cannot be skipped (it decides which schema a property
+    gets), is refused. And ``$ref`` makes a schema's work exponential in its size: 18
+    definitions of ``anyOf`` two references to the one before (1.3 KB) took 34 s to
+    refuse a number; so a check counts its keywords (and ``uniqueItems`` and ``enum``
+    their comparisons) and refuses the value past :data:`UNTRUSTED_STEPS`
+    (:func:`check_against_schema`).
     """
     from jsonschema import Draft202012Validator, SchemaError
     from jsonschema.validators import validator_for
@@ -184,10 +276,23 @@ def json_schema_validator(schema: dict[str, Any]) -> Any:
         dialect = cls.META_SCHEMA.get("$schema", "")
         resource = specification_with(dialect, default=DRAFT202012).create_resource(schema)
         _check_references(registry.resolver_with_root(resource), resource)
+        if not trusted:
+            _refuse_keyword(resource, "patternProperties", UNTRUSTED_PATTERNS)
     except SchemaError as exc:
         raise InvalidJSONSchema(exc.message) from None
     except RecursionError:
         raise InvalidJSONSchema("the schema is nested too deeply") from None
+    if not trusted:
+        from jsonschema.validators import extend
+
+        keywords = {name: _counted(fn) for name, fn in cls.VALIDATORS.items()}
+        keywords["pattern"] = _counted(_pattern_not_run)
+        if "enum" in cls.VALIDATORS:
+            keywords["enum"] = _counted(_enum_counted(cls.VALIDATORS["enum"]))
+        if "uniqueItems" in cls.VALIDATORS:
+            keywords["uniqueItems"] = _counted(_unique_items_counted(cls.VALIDATORS["uniqueItems"]))
+        cls = extend(cls, keywords)  # type: ignore[no-untyped-call]
+        cls.axon_steps = UNTRUSTED_STEPS
     return cls(schema, registry=registry)
 
 
@@ -275,6 +380,7 @@ class Tool:
         description: str = "",
         *,
         output_schema: dict[str, Any] | None = None,
+        trusted: bool = True,
     ) -> ClientTool:
         """A client-side tool: offered to the model with ``schema`` (a JSON schema of the
         arguments object), run by the caller. A call suspends the turn until
@@ -282,7 +388,9 @@ class Tool:
         supplies the output. The model's input is checked against ``schema`` like any
         tool's; the caller's output against ``output_schema`` when one is given (a
         mismatch is refused, nothing changes). Raises :class:`InvalidJSONSchema` for a
-        schema that cannot be used."""
+        schema that cannot be used. ``trusted=False`` for a schema a client sent: its
+        ``pattern`` s are not run, ``patternProperties`` is refused, and a check stops
+        past a number of steps (:func:`json_schema_validator`)."""
         if not isinstance(schema, dict) or schema.get("type") != "object":
             raise ToolDefinitionError(
                 f"client tool {name!r}: the schema must be a JSON schema of type 'object'"
@@ -300,7 +408,7 @@ class Tool:
             is_async=False,
             adapter=None,
             is_client=True,
-            validator=json_schema_validator(schema),
+            validator=json_schema_validator(schema, trusted=trusted),
             output_validator=outputs,
         )
 
@@ -363,12 +471,24 @@ def check_against_schema(name: str, validator: Any, value: Any, what: str) -> No
     match ``validator``'s schema (``what`` says what was checked: "arguments", "output")."""
     from referencing.exceptions import Unresolvable
 
+    steps = getattr(validator, "axon_steps", None)  # an untrusted schema's budget
+    token = _STEPS_LEFT.set([steps] if steps is not None else None)
     try:
         errors = sorted(validator.iter_errors(value), key=lambda e: list(e.path))
     except Unresolvable as exc:
         raise ToolInputError(f"the schema of {name} has an unresolvable $ref: {exc}") from None
     except RecursionError:  # a recursive schema, a value nested deeper than Python goes
         raise ToolInputError(f"invalid {what} for {name}: nested too deeply to check") from None
+    except OverflowError as exc:
+        # jsonschema's multipleOf divides as floats: a model's 10**400 raised this out of
+        # the check, and the turn failed instead of the model hearing its input is unusable.
+        raise ToolInputError(f"invalid {what} for {name}: they cannot be checked: {exc}") from None
+    except SchemaTooCostly:
+        raise ToolInputError(
+            f"invalid {what} for {name}: the client's schema took over {steps} steps to check them"
+        ) from None
+    finally:
+        _STEPS_LEFT.reset(token)
     if errors:
         problems = "; ".join(
             f"{'.'.join(str(p) for p in e.path) or '(root)'}: {e.message}" for e in errors[:5]

@@ -59,7 +59,9 @@ class ClientToolSpec:
         return cls(name=tool.name, schema=dict(tool.parameters), description=tool.description)
 
     def tool(self) -> Tool:
-        return Tool.client(self.name, self.schema, self.description)
+        # A caller's schema: its regular expressions are not run on the model's input
+        # (runtime.tools.json_schema_validator says why).
+        return Tool.client(self.name, self.schema, self.description, trusted=False)
 
 
 @attrs.frozen(kw_only=True, slots=True)

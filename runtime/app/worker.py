@@ -93,14 +93,17 @@ from runtime.errors import (
     RelayUnavailable,
     StoreError,
 )
+from runtime.history import off_loop_limiter
 from runtime.logging import configure_logging, get_logger
 from runtime.media import InputLimits
 from runtime.output import ErrorInfo, ResetStep, StepStart
 from runtime.redact import redact, redact_url
 from runtime.store import SessionRecord, Store
+from runtime.tools import Tool
 from runtime.turn_queue import (
     WAITING,
     Claim,
+    ClientToolSpec,
     LeaseRenewer,
     NextClaim,
     NextClaimed,
@@ -747,7 +750,8 @@ class Worker:
         steered: list[str] = []  # the ids of the steering messages the turn took
         # A takeover may find steering its turn's earlier worker never took: read once.
         watch = SteerWatch(taken=-1 if claim.takeover else 0)
-        stream = entry.stream = self._turn_stream(claim, session, was_open, loaded)
+        tools = await _client_tools(turn.options.tools)
+        stream = entry.stream = self._turn_stream(claim, session, was_open, loaded, tools)
         if entry.cancelled is not None and not turn.cancel_requested:
             stream.cancel(entry.cancelled)  # asked for while its session was opened
         stream.steer_from(partial(self._take_steering, claim, steered, watch))
@@ -867,9 +871,12 @@ class Worker:
                 )
         return status
 
-    def _turn_stream(self, claim: Claim, session: Any, was_open: bool, loaded: Any) -> Any:
-        """The claimed turn's stream on ``session``: resumed where a takeover or a
-        continuation goes on, cancelled at once if that was asked."""
+    def _turn_stream(
+        self, claim: Claim, session: Any, was_open: bool, loaded: Any, tools: tuple[Any, ...]
+    ) -> Any:
+        """The claimed turn's stream on ``session``, offering the client's ``tools``:
+        resumed where a takeover or a continuation goes on, cancelled at once if that was
+        asked."""
         turn = claim.turn
         options = turn.options
         stream = session.stream(
@@ -879,7 +886,7 @@ class Worker:
             message_id=turn.message_id,
             resume=claim.takeover or claim.resumed or turn.saved,
             user_message_id=options.user_message_id,
-            tools=tuple(spec.tool() for spec in options.tools),
+            tools=tools,
             instructions=options.instructions,
         )
         # A continuation starts from the session its claim read; a fresh load from that.
@@ -1075,6 +1082,18 @@ class Worker:
             except LeaseLost:
                 return "lost"
         return WAITING
+
+
+async def _client_tools(specs: Sequence[ClientToolSpec]) -> tuple[Tool, ...]:
+    """The client's tools of a queued turn, built in a thread when there are any: each
+    schema is checked against the JSON Schema meta-schema, ~0.5 ms a tool and ~8 us a
+    byte of a large one, and a front end takes up to 128 tools and 256 KiB of schemas
+    (:mod:`runtime.app.web.agui_input`), seconds of this worker's loop otherwise."""
+    if not specs:
+        return ()
+    return await trio.to_thread.run_sync(
+        lambda: tuple(spec.tool() for spec in specs), limiter=off_loop_limiter()
+    )
 
 
 async def _close_writer(writer: Any, *, final: bool, paused: bool) -> None:

@@ -344,14 +344,27 @@ def _seed(earlier: Sequence[dict[str, Any]], limits: Any) -> tuple[Message, ...]
     return history_of(earlier)
 
 
-def _run_input(raw: bytes) -> tuple[RunInput, list[dict[str, Any]]]:
-    """The checked body, and its messages but reasoning and activity ones."""
+def _json_body(raw: bytes) -> Any:
     try:
-        payload = orjson.loads(raw)
+        return orjson.loads(raw)
     except orjson.JSONDecodeError:
         raise bad_input("the body is not JSON") from None
+
+
+def _checked_run(payload: Any) -> tuple[RunInput, list[dict[str, Any]]]:
+    """The checked body, and its messages but reasoning and activity ones."""
     run = parse_run_input(payload)
     return run, [m for m in run.messages if m["role"] not in ("reasoning", "activity")]
+
+
+def _run_input(raw: bytes) -> tuple[RunInput, list[dict[str, Any]]]:
+    return _checked_run(_json_body(raw))
+
+
+def _declares_tools(payload: Any) -> bool:
+    """Whether the body declares client tools, whose schemas are checked off the loop
+    however small the body (:func:`runtime.app.web.agui_input.client_tools`)."""
+    return isinstance(payload, dict) and bool(payload.get("tools"))
 
 
 def _valid_id(value: str) -> str | None:
@@ -432,7 +445,13 @@ class AGUIRoutes:
             raw = await _read_body(request, state.max_body, state.body_timeout)
         except ApiError as exc:
             raise AGUIError(exc.status, exc.message) from None
-        run, effective = await off_loop(_run_input, raw, big=len(raw) > INLINE_BODY, state=state)
+        if len(raw) > INLINE_BODY:
+            run, effective = await off_loop(_run_input, raw, big=True, state=state)
+        else:  # client tools' schemas take ~0.5 ms each to check: off the loop too
+            payload = _json_body(raw)
+            run, effective = await off_loop(
+                _checked_run, payload, big=_declares_tools(payload), state=state
+            )
         try:
             session_id = validate_session_id(run.thread_id)
         except InvalidSessionId as exc:

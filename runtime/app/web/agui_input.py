@@ -12,6 +12,7 @@ The response side, runtime messages and output chunks written as AG-UI events, i
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
@@ -166,11 +167,46 @@ def _check_message(message: Any, i: int) -> dict[str, Any]:
     return message
 
 
+MAX_CLIENT_TOOLS = 128
+"""Client tools one run may declare (OpenAI's own cap on a request's functions)."""
+MAX_TOOL_SCHEMAS = 256 << 10
+"""Bytes the client tools' ``parameters`` schemas may take in all, as JSON."""
+
+
+def _check_tool_sizes(specs: list[Any]) -> None:
+    """413 for more than :data:`MAX_CLIENT_TOOLS` tools, or schemas over
+    :data:`MAX_TOOL_SCHEMAS` bytes, before any is built: each schema is checked against
+    the JSON Schema meta-schema, ~0.5 ms a tool and ~8 us a byte of a large one, so a
+    256 KiB body of 14,000 tools held the event loop 5.6 s, and a 48 MiB one a thread
+    (and the duplicate-name count, quadratic) for hours."""
+    if len(specs) > MAX_CLIENT_TOOLS:
+        raise AGUIError(
+            413,
+            f"'tools' has {len(specs)} tools; at most {MAX_CLIENT_TOOLS} are taken",
+            "too_many_tools",
+        )
+    size = 0
+    for spec in specs:
+        schema = spec.get("parameters") if isinstance(spec, dict) else None
+        try:
+            size += len(orjson.dumps(schema))
+        except orjson.JSONEncodeError:  # nested past orjson's 255 levels
+            raise bad_input("a tool's 'parameters' schema is nested too deeply") from None
+        if size > MAX_TOOL_SCHEMAS:
+            raise AGUIError(
+                413,
+                f"the tools' 'parameters' schemas take over {MAX_TOOL_SCHEMAS} bytes",
+                "too_many_tools",
+            )
+
+
 def client_tools(tools: Any) -> tuple[Tool, ...]:
     """The request's ``tools`` as client-side tools; a malformed one, a schema that is not
-    an object's, or a name given twice is a 400."""
+    an object's, or a name given twice is a 400; too many, or schemas too large, 413."""
     out: list[Tool] = []
-    for i, spec in enumerate(_list(tools, "tools")):
+    specs = _list(tools, "tools")
+    _check_tool_sizes(specs)
+    for i, spec in enumerate(specs):
         where = f"tools[{i}]"
         spec = _object(spec, where)
         name = _str(spec.get("name"), f"{where}.name")
@@ -181,11 +217,12 @@ def client_tools(tools: Any) -> tuple[Tool, ...]:
         if not isinstance(schema, dict):
             raise bad_input(f"'{where}.parameters' must be a JSON schema object")
         try:
-            out.append(Tool.client(name, schema, description))  # type: ignore[arg-type]
+            # (a client's regular expressions are not run here: runtime.tools)
+            tool = Tool.client(name, schema, description, trusted=False)  # type: ignore[arg-type]
+            out.append(tool)
         except (ToolDefinitionError, InvalidJSONSchema) as exc:
             raise bad_input(f"'{where}': {exc}") from None
-    names = [t.name for t in out]
-    twice = sorted({n for n in names if names.count(n) > 1})
+    twice = sorted(name for name, n in Counter(t.name for t in out).items() if n > 1)
     if twice:
         raise bad_input(f"'tools' names {twice} more than once")
     return tuple(out)
@@ -387,6 +424,8 @@ def approval_answer(answer: ResumeAnswer) -> tuple[bool, str | None]:
 
 __all__ = [
     "CANCELLED_REASON",
+    "MAX_CLIENT_TOOLS",
+    "MAX_TOOL_SCHEMAS",
     "AGUIError",
     "ResumeAnswer",
     "RunInput",

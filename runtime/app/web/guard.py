@@ -25,6 +25,9 @@ endpoint runs:
   page can send ``text/plain`` or form bodies cross-origin without asking, but JSON needs
   a CORS preflight, which only the ``cors_origins`` pass.
 * every WebSocket handshake (403): no endpoint speaks WebSocket.
+* a request with both ``Content-Length`` and ``Transfer-Encoding`` (400, the connection
+  closed): a proxy in front may frame its body otherwise than Hypercorn does, and the
+  difference run as a second, smuggled request.
 """
 
 from __future__ import annotations
@@ -218,6 +221,17 @@ class RequestGuard:
 
     def refusal(self, scope: Scope) -> tuple[int, str] | None:
         """``(status, why)`` when the request must be refused, else ``None``."""
+        if _header(scope, b"transfer-encoding") is not None and (
+            _header(scope, b"content-length") is not None
+        ):
+            # Hypercorn (h11) frames such a body by Transfer-Encoding and kept the
+            # connection open, so a proxy in front that framed it by Content-Length could
+            # have the rest of the body read as a second, smuggled request. RFC 9112 6.1:
+            # refuse it or close the connection after it; refused, Connection: close.
+            return 400, (
+                "a request with both Transfer-Encoding and Content-Length is refused "
+                "(request smuggling protection)"
+            )
         host = _header(scope, b"host")
         if host is None:
             return 403, "the request has no Host header"
