@@ -22,21 +22,11 @@ from actors.providers.scripted import ScriptedProvider, tool_call
 from runtime import Agent, Budget, Host, tool
 from tests.support.loopback import Recorded, Reply, loopback_server
 from tests.support.mcp_agents import echo
+from tests.test_mcp_server import INIT, MCP
 from tests.web.harness import web_server
 
 ROOT = Path(__file__).resolve().parents[1]
 HOSTILE = str(ROOT / "tests" / "support" / "hostile_mcp_server.py")
-MCP = ("ai-sdk", "mcp")
-INIT = {
-    "jsonrpc": "2.0",
-    "id": 1,
-    "method": "initialize",
-    "params": {
-        "protocolVersion": "2025-11-25",
-        "capabilities": {},
-        "clientInfo": {"name": "raw", "version": "0"},
-    },
-}
 
 
 def hostile(*modes: str, **env: str) -> MCPServer:
