@@ -1,0 +1,122 @@
+"""Busy sessions attacked (docs/approval.md, "Busy sessions"): floods, races and odd
+values a careless or hostile client sends to a session whose turn runs."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+from actors.stores import SQLiteStore
+from runtime import Host, SessionBusy
+from runtime.busy import INTERRUPTED_BY_NEW
+from runtime.messages import UserMessage
+from tests.test_busy import Script, agent_with, held, holding
+
+
+@pytest.fixture(autouse=True)
+def _fresh_gate() -> None:
+    held["open"], held["release"] = trio.Event(), trio.Event()
+
+
+class WaiterSteps(trio.abc.Instrument):
+    """How many times each task named ``waiter-*`` ran a step."""
+
+    def __init__(self) -> None:
+        self.steps: Counter[str] = Counter()
+
+    def before_task_step(self, task: Any) -> None:
+        if task.name.startswith("waiter-"):
+            self.steps[task.name] += 1
+
+
+@pytest.mark.parametrize("on_busy", ["enqueue", "interrupt"])
+async def test_a_flood_of_queued_messages_wakes_each_waiter_a_bounded_number_of_times(on_busy):
+    # Every change of the session (a turn starting or ending) woke every queued caller,
+    # which looked, saw it was not its turn, and slept again: n queued messages cost
+    # n^2 wake-ups (ten thousand: 10^8, minutes of the one thread all sessions' turns
+    # run on). Only the queue's head can start: only it is woken.
+    n = 150
+    script = Script(holding(), *[["done"]] * (n + 1))
+    instrument = WaiterSteps()
+    async with Host.open(log_tap=False) as host:
+        session = await host.open_session(agent_with(script, on_busy), session_id="s")
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(session.run, "first")
+            await held["open"].wait()
+            trio.lowlevel.add_instrument(instrument)
+            for i in range(n):
+                nursery.start_soon(session.run, f"m{i}", name=f"waiter-{i}")
+            await trio.testing.wait_all_tasks_blocked()
+            held["release"].set()
+        trio.lowlevel.remove_instrument(instrument)
+        users = [m.text for m in session.messages if isinstance(m, UserMessage)]
+    assert users[0] == "first"  # (the tasks' start order is Trio's: not the order started)
+    assert sorted(users[1:]) == sorted(f"m{i}" for i in range(n))  # every message, once
+    assert len(instrument.steps) == n
+    assert max(instrument.steps.values()) < 40, instrument.steps.most_common(3)
+    assert session.queued == 0 and session.interrupting == 0
+
+
+async def test_a_host_closing_with_many_queued_messages_refuses_every_one_and_stores_none(
+    tmp_path,
+):
+    # Only the queue's head is woken now: each one refused must wake the next.
+    script = Script(holding(), ["never"])
+    refused: list[str] = []
+    path = str(tmp_path / "s.db")
+
+    async def send(session: Any, text: str) -> None:
+        try:
+            await session.run(text)
+        except SessionBusy:
+            refused.append(text)
+
+    async with trio.open_nursery() as nursery:
+        async with Host.open(store=path, log_tap=False) as host:
+            session = await host.open_session(agent_with(script, "enqueue"), session_id="s")
+            nursery.start_soon(session.run, "first")
+            await held["open"].wait()
+            for i in range(20):
+                nursery.start_soon(send, session, f"m{i}")
+            await trio.testing.wait_all_tasks_blocked()
+            assert session.queued == 20
+    assert sorted(refused) == sorted(f"m{i}" for i in range(20))
+    store = await SQLiteStore.open(path)
+    try:
+        record = await store.load("s")
+    finally:
+        await store.aclose()
+    assert record is not None
+    assert [m.text for m in record.messages if isinstance(m, UserMessage)] == ["first"]
+
+
+async def test_an_interrupting_message_behind_an_enqueued_one_cuts_that_one_too():
+    # The newest message wins: a turn that starts while a message that interrupts waits
+    # behind it is cut before its model call, whatever its own strategy was.
+    script = Script(holding(), ["third done"])
+    results: dict = {}
+
+    async def send(session: Any, text: str, on_busy: str) -> None:
+        async with session.stream(text, on_busy=on_busy) as out:
+            async for _ in out:
+                pass
+        results[text] = out.result
+
+    async with Host.open(log_tap=False) as host:
+        session = await host.open_session(agent_with(script, "reject"), session_id="s")
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(send, session, "first", "reject")
+            await held["open"].wait()
+            nursery.start_soon(send, session, "second", "enqueue")
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.start_soon(send, session, "third", "interrupt")
+    assert [results[t].finish_reason for t in ("first", "second")] == ["aborted", "aborted"]
+    assert results["second"].abort_reason == INTERRUPTED_BY_NEW
+    assert results["third"].text == "third done"
+    assert len(script.requests) == 2  # the second turn never called the model
+    users = [m.text for m in session.messages if isinstance(m, UserMessage)]
+    assert users == ["first", "second", "third"]
