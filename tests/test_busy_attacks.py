@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+import httpx
 import pytest
 import trio
 import trio.testing
@@ -14,7 +15,13 @@ from actors.stores import SQLiteStore
 from runtime import Host, SessionBusy
 from runtime.busy import INTERRUPTED_BY_NEW
 from runtime.messages import UserMessage
+from tests.support.redis import require_redis
 from tests.test_busy import Script, agent_with, held, holding
+from tests.test_busy_web import agent_of, post
+from tests.test_frontend import LIMIT, deployment, slow_agent, wait_for_turn
+from tests.test_frontend import body as worker_body
+from tests.test_web_http import body
+from tests.web.harness import wait_idle, web_server
 
 
 @pytest.fixture(autouse=True)
@@ -120,3 +127,61 @@ async def test_an_interrupting_message_behind_an_enqueued_one_cuts_that_one_too(
     assert len(script.requests) == 2  # the second turn never called the model
     users = [m.text for m in session.messages if isinstance(m, UserMessage)]
     assert users == ["first", "second", "third"]
+
+
+# -- reject over HTTP: what the 409 says ------------------------------------------------
+
+
+async def test_the_409_names_the_running_turn_and_how_to_wait_for_it_or_stop_it():
+    # It said only "already running a turn": a client could neither follow the turn nor
+    # stop it, so it retried blind, in a loop.
+    script = Script(holding(), ["never"], ["second done"])
+    async with (
+        web_server(agent_of(script)) as server,
+        httpx.AsyncClient(base_url=server.url) as client,
+    ):
+        replies: dict = {}
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(post, client, "s", "first", replies)
+            await held["open"].wait()
+            running = server.host.sessions["s"].current.turn_id
+            refused = [await client.post("/api/chat", json=body("s", "second")) for _ in range(20)]
+            stop = await client.post("/api/chat/s/stop", json={})
+        await wait_idle(server, "s")
+        again = await client.post("/api/chat", json=body("s", "second"), timeout=30)
+        stored = (await client.get("/api/sessions/s")).json()
+    assert {r.status_code for r in refused} == {409}
+    answer = refused[0].json()
+    assert answer["turnId"] == running and answer["sessionId"] == "s"
+    assert running in answer["error"]
+    assert "GET /api/chat/s/stream" in answer["error"]
+    assert "POST /api/chat/s/stop" in answer["error"]
+    assert stop.status_code == 202
+    assert again.status_code == 200
+    users = [m["content"] for m in stored["messages"] if m["role"] == "user"]
+    assert users == ["first", "second"]  # the twenty refused sends stored nothing
+
+
+@pytest.fixture
+def redis_url() -> str:
+    return require_redis()
+
+
+async def test_the_worker_deployments_409_names_the_running_turn(pg_url, redis_url):
+    async with deployment(pg_url, redis_url, slow_agent(60), on_busy="reject") as d:
+        async with httpx.AsyncClient(base_url=d.urls[0], timeout=LIMIT) as client:
+            async with trio.open_nursery() as nursery:
+
+                async def first() -> None:
+                    await client.post("/api/chat", json=worker_body("w1", "one", "u1"))
+
+                nursery.start_soon(first)
+                running = await wait_for_turn(d.queue, "w1", "running")
+                refused = await client.post("/api/chat", json=worker_body("w1", "two", "u2"))
+                stop = await client.post("/api/chat/w1/stop", json={})
+        turns = await d.queue.turns("w1")
+    assert refused.status_code == 409
+    error = refused.json()["error"]
+    assert running.turn_id in error and "POST /api/chat/w1/stop" in error
+    assert stop.status_code == 202
+    assert [t.input for t in turns] == ["one"]

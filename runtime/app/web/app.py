@@ -70,7 +70,13 @@ from runtime.app.web.answers import (
 from runtime.app.web.chat_input import CHILD_PARSES, check_media, read_chat_request, title_of
 from runtime.app.web.frontend import FrontEnd
 from runtime.app.web.guard import RequestGuard, cors_origin
-from runtime.app.web.http import ApiError, error_response, has_bearer, json_response
+from runtime.app.web.http import (
+    ApiError,
+    busy_message,
+    error_response,
+    has_bearer,
+    json_response,
+)
 from runtime.app.web.http import session_id_param as _session_id
 from runtime.app.web.protocols import mount_protocols
 from runtime.app.web.resend import classify_resend, client_message_id, replay_response
@@ -415,7 +421,13 @@ async def _unless_left(
 
 
 def _busy(session: Any) -> Response:
-    return error_response(409, f"session {session.id!r} is already running a turn")
+    """409: the turn that runs, and how to wait for it or stop it (``reject``)."""
+    running = session.current
+    turn_id = running.turn_id if running is not None else None
+    return json_response(
+        {"error": busy_message(session.id, turn_id), "sessionId": session.id, "turnId": turn_id},
+        409,
+    )
 
 
 def _steered(out: Any) -> Response:

@@ -70,7 +70,13 @@ from runtime.app.web.answers import (
     waiting_in_meta,
 )
 from runtime.app.web.chat_input import check_media, read_chat_request, title_of
-from runtime.app.web.http import ApiError, json_response, session_id_param, web_state
+from runtime.app.web.http import (
+    ApiError,
+    busy_message,
+    json_response,
+    session_id_param,
+    web_state,
+)
 from runtime.app.web.resend import client_message_id
 from runtime.app.web.resume import (
     STOPPED,
@@ -383,8 +389,13 @@ class FrontEnd:
                 options=options,
                 on_busy=on_busy,
             )
-        except SessionBusy as exc:  # ``--on-busy reject``
-            raise ApiError(409, _one_line(exc)) from None
+        except SessionBusy:  # ``--on-busy reject``: which turn runs, how to wait or stop
+            try:
+                active = await self.queue.active(session_id)
+            except StoreError:  # (the store went away since: the 409 without the turn id)
+                active = None
+            turn_id = active.turn_id if active is not None else None
+            raise ApiError(409, busy_message(session_id, turn_id)) from None
         except QueueFull as exc:
             retry = str(max(1, math.ceil(exc.retry_after)))
             raise ApiError(429, exc.message, {"retry-after": retry}) from None
