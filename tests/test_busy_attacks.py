@@ -185,3 +185,78 @@ async def test_the_worker_deployments_409_names_the_running_turn(pg_url, redis_u
     assert running.turn_id in error and "POST /api/chat/w1/stop" in error
     assert stop.status_code == 202
     assert [t.input for t in turns] == ["one"]
+
+
+# -- a resend while the session is busy ---------------------------------------------------
+
+
+def ui_body(session_id: str, text: str, message_id: str) -> dict:
+    part = {"type": "text", "text": text}
+    message = {"id": message_id, "role": "user", "parts": [part]}
+    return {"id": session_id, "messages": [message], "trigger": "submit-message"}
+
+
+@pytest.mark.parametrize("on_busy", ["enqueue", "interrupt", "steer"])
+async def test_a_message_sent_again_while_its_turn_runs_is_refused_not_stored_twice(on_busy):
+    # A client that retries its POST (a timeout, a double click) while its turn runs: the
+    # app skipped its resend check while busy, so the retry ran as a second turn
+    # (enqueue), cut its own turn and ran again (interrupt) or joined its own turn as a
+    # second copy (steer): two user messages with one id, the model asked twice.
+    script = Script(holding(), ["first done"], ["again"])
+    async with (
+        web_server(agent_of(script), on_busy=on_busy) as server,
+        httpx.AsyncClient(base_url=server.url) as client,
+    ):
+        replies: dict = {}
+
+        async def send(key: str) -> None:
+            replies[key] = await client.post(
+                "/api/chat", json=ui_body("s", "first", "u1"), timeout=30
+            )
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(send, "first")
+            await held["open"].wait()
+            await send("retry")
+            held["release"].set()
+        await wait_idle(server, "s")
+        stored = (await client.get("/api/sessions/s")).json()
+    assert replies["first"].status_code == 200
+    assert replies["retry"].status_code == 409
+    assert "'u1'" in replies["retry"].json()["error"]
+    assert "POST /api/chat/s/stop" in replies["retry"].json()["error"]
+    users = [m["id"] for m in stored["messages"] if m["role"] == "user"]
+    assert users == ["u1"]
+    assert len(script.requests) == 2  # the first turn's two model calls, no more
+
+
+async def test_a_queued_message_sent_again_is_refused_and_a_new_one_still_queues():
+    script = Script(holding(), ["1 done"], ["2 done"], ["3 done"])
+    async with Host.open(log_tap=False) as host:
+        session = await host.open_session(agent_with(script, "enqueue"), session_id="s")
+        outcomes: dict = {}
+
+        async def send(key: str, text: str, message_id: str) -> None:
+            try:
+                async with session.stream(text, user_message_id=message_id) as out:
+                    async for _ in out:
+                        pass
+                outcomes[key] = out.result.text
+            except SessionBusy as exc:
+                outcomes[key] = exc
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(send, "1", "one", "m1")
+            await held["open"].wait()
+            nursery.start_soon(send, "2", "two", "m2")
+            await trio.testing.wait_all_tasks_blocked()
+            await send("2 again", "two", "m2")  # waits already
+            await send("1 again", "one", "m1")  # runs now
+            nursery.start_soon(send, "3", "three", "m3")
+            await trio.testing.wait_all_tasks_blocked()
+            held["release"].set()
+    assert isinstance(outcomes["2 again"], SessionBusy) and "waits" in str(outcomes["2 again"])
+    assert isinstance(outcomes["1 again"], SessionBusy) and "running" in str(outcomes["1 again"])
+    assert (outcomes["1"], outcomes["2"], outcomes["3"]) == ("1 done", "2 done", "3 done")
+    ids = [m.id for m in session.messages if isinstance(m, UserMessage)]
+    assert ids == ["m1", "m2", "m3"]

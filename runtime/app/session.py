@@ -52,6 +52,7 @@ from runtime.approval import (
 from runtime.busy import INTERRUPT, INTERRUPTED_BY_NEW, REJECT, STEER, OnBusy, check_on_busy
 from runtime.errors import (
     ActorFailed,
+    InputHeld,
     InvalidMeta,
     InvalidTurnId,
     NothingToResume,
@@ -64,7 +65,7 @@ from runtime.events import TurnQueued
 from runtime.ids import new_id
 from runtime.inbox import Inbox
 from runtime.media import InputLimits, UserInput, check_counts, check_limits, user_content
-from runtime.messages import Message, UserContent
+from runtime.messages import Message, UserContent, UserMessage
 from runtime.output import OutputChunk
 from runtime.store import SessionRecord
 from runtime.tools import CALLING_SESSION
@@ -285,6 +286,7 @@ class TurnStream:
             await session.reopen()
         queued = False
         if session.busy or session.queued:
+            self._check_not_held()
             if CALLING_SESSION.get() == session.id:  # (it waited for the tool's timeout)
                 raise SessionBusy(
                     f"session {session.id!r}: a tool of its running turn cannot run a turn "
@@ -353,6 +355,27 @@ class TurnStream:
         if self._poked is None:
             self._poked = trio.Event()
         await self._poked.wait()
+
+    def _check_not_held(self) -> None:
+        """Refuse (:class:`~runtime.errors.InputHeld`) a new input whose message id the
+        busy session holds already: a client's resend (a retry after a timeout) ran as a
+        second turn under ``enqueue``, interrupted its own turn under ``interrupt``, or
+        joined it as a second copy under ``steer``, each time storing two user messages
+        with one id."""
+        message_id = self.user_message_id
+        if message_id is None or self.regenerate or self.resume:
+            return
+        held = self.session.holds_input(message_id)
+        if held is not None:
+            where = {
+                "running": "is the input of the turn running now",
+                "waiting": "waits already for its turn (or to join the running one)",
+                "stored": "is in the session's history already",
+            }[held]
+            raise InputHeld(
+                f"message {message_id!r} {where}: it is not sent again while session "
+                f"{self.session.id!r} is busy."
+            )
 
     def steer_from(self, pull: Callable[[], Awaitable[Sequence[SteeredInput]]]) -> None:
         """Have the turn also take the messages ``pull`` returns at each step boundary
@@ -717,6 +740,26 @@ class Session:
         self.leave_queue(stream)
         if self.current is None and not self._queue:
             self.host.rest(self)
+
+    def holds_input(self, message_id: str) -> str | None:
+        """Where the session holds user message ``message_id`` while a turn runs or waits:
+        ``"running"`` (the running turn's input), ``"waiting"`` (a queued turn's, or one
+        waiting to join the running turn), ``"stored"`` (in the history), else ``None``.
+        A client that sends a message again while the session is busy (a retry after a
+        timeout) must not get a second copy of it: the web app asks this first."""
+        running = self.current
+        if running is not None:
+            if running.user_message_id == message_id:
+                return "running"
+            if any(i.user_message_id == message_id for i in running._steering.waiting):
+                return "waiting"
+        if any(s.user_message_id == message_id for s in self._queue):
+            return "waiting"
+        if self.loaded and any(
+            m.id == message_id for m in self.messages if isinstance(m, UserMessage)
+        ):
+            return "stored"
+        return None
 
     def changed(self) -> None:
         """Wake whatever waits for the session's turns to change, and the queue's head:

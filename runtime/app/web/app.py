@@ -72,6 +72,7 @@ from runtime.app.web.frontend import FrontEnd
 from runtime.app.web.guard import RequestGuard, cors_origin
 from runtime.app.web.http import (
     ApiError,
+    busy_hint,
     busy_message,
     error_response,
     has_bearer,
@@ -85,7 +86,7 @@ from runtime.app.web.ui_stream import DONE, HEADERS, UIStreamEncoder, ui_message
 from runtime.app.web.writer import BodyWriter
 from runtime.approval import Recorded, pending_calls
 from runtime.busy import REJECT, OnBusy, check_on_busy
-from runtime.errors import InvalidHistory, NothingToResume, SessionBusy
+from runtime.errors import InputHeld, InvalidHistory, NothingToResume, SessionBusy
 from runtime.messages import UserContent
 from runtime.serde import unstructure
 from runtime.turn_queue import TurnQueue
@@ -306,6 +307,13 @@ class TurnResponse:
                         await _steered(out)(scope, receive, send)
                         return
                     await self._stream(out, receive, send, self.background or local)
+            except InputHeld as exc:  # a resend while busy: never a second copy
+                busy = (
+                    error_response(409, f"{exc} {busy_hint(session.id)}")
+                    if self.busy is _busy
+                    else self.busy(session)  # another protocol's 409, in its own shape
+                )
+                await busy(scope, receive, send)
             except SessionBusy:
                 if started:
                     raise
