@@ -11,6 +11,7 @@ import pytest
 import trio
 import trio.testing
 
+from actors.providers.scripted import Sleep
 from actors.stores import SQLiteStore
 from runtime import Host, SessionBusy
 from runtime.busy import INTERRUPTED_BY_NEW
@@ -260,3 +261,55 @@ async def test_a_queued_message_sent_again_is_refused_and_a_new_one_still_queues
     assert (outcomes["1"], outcomes["2"], outcomes["3"]) == ("1 done", "2 done", "3 done")
     ids = [m.id for m in session.messages if isinstance(m, UserMessage)]
     assert ids == ["m1", "m2", "m3"]
+
+
+# -- a steered message the turn hands back, and the messages after it --------------------
+
+
+async def send_as(session: Any, text: str, results: dict, on_busy: str | None = None) -> None:
+    async with session.stream(text, on_busy=on_busy) as out:
+        async for _ in out:
+            pass
+    results[text] = out
+
+
+async def test_an_interrupt_after_a_steer_answers_the_interrupt_the_newest_message():
+    # The steered message, handed back by the turn the interrupt cut, queued behind the
+    # interrupting message that arrived after it: that one then started with an older
+    # message waiting, was cut as if a newer one waited, and the older message answered.
+    script = Script(holding(), ["answer"])
+    results: dict = {}
+    async with Host.open(log_tap=False) as host:
+        session = await host.open_session(agent_with(script, "steer"), session_id="s")
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(send_as, session, "first", results)
+            await held["open"].wait()
+            nursery.start_soon(send_as, session, "steer me", results)
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.start_soon(send_as, session, "stop, do this", results, "interrupt")
+    cut = [results[t].result for t in ("first", "steer me")]
+    assert [(r.finish_reason, r.abort_reason) for r in cut] == [("aborted", INTERRUPTED_BY_NEW)] * 2
+    assert not results["steer me"].steered
+    assert results["stop, do this"].result.text == "answer"
+    users = [m.text for m in session.messages if isinstance(m, UserMessage)]
+    assert users == ["first", "steer me", "stop, do this"]  # kept, in arrival order
+    assert len(script.requests) == 2  # the steered message's turn never called the model
+
+
+async def test_a_steered_message_handed_back_runs_before_a_message_that_came_after_it(
+    autojump_clock,
+):
+    script = Script([Sleep(10), "first done"], ["steered done"], ["later done"])
+    results: dict = {}
+    async with Host.open(log_tap=False) as host:
+        session = await host.open_session(agent_with(script, "steer"), session_id="s")
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(send_as, session, "first", results)
+            await trio.sleep(1)  # the last step streams: no boundary will take a steer
+            nursery.start_soon(send_as, session, "steer me", results)
+            await trio.sleep(1)
+            nursery.start_soon(send_as, session, "later", results, "enqueue")
+    texts = {t: results[t].result.text for t in ("first", "steer me", "later")}
+    assert texts == {"first": "first done", "steer me": "steered done", "later": "later done"}
+    users = [m.text for m in session.messages if isinstance(m, UserMessage)]
+    assert users == ["first", "steer me", "later"]

@@ -229,6 +229,9 @@ class TurnStream:
         self._over = False  # (what :attr:`done` says, whether or not it was made)
         self._cancel = TurnCancel()
         self._steering = TurnSteering()
+        self.arrival = 0
+        """When the input found its session busy (:meth:`Session.arrive`): its place in
+        the session's queue."""
         self._poked: trio.Event | None = None
         """What this stream waits on while queued (:meth:`poke`)."""
         self.steered = False
@@ -287,6 +290,7 @@ class TurnStream:
         queued = False
         if session.busy or session.queued:
             self._check_not_held()
+            self.arrival = session.arrive()
             if CALLING_SESSION.get() == session.id:  # (it waited for the tool's timeout)
                 raise SessionBusy(
                     f"session {session.id!r}: a tool of its running turn cannot run a turn "
@@ -429,8 +433,7 @@ class TurnStream:
         meanwhile (the newest message wins). Left at the queue's head: the caller starts
         the turn without yielding, then leaves the queue."""
         session = self.session
-        ahead = session.queued + int(session.busy)
-        session.join_queue(self)
+        ahead = session.join_queue(self) + int(session.busy)
         try:
             await session.host.bus.publish(
                 TurnQueued(
@@ -637,6 +640,8 @@ class Session:
         self._on_busy: OnBusy | None = None if on_busy is None else check_on_busy(on_busy)
         self._queue: deque[TurnStream] = deque()
         """Turns waiting to start, in arrival order (``enqueue``, ``interrupt``)."""
+        self._arrivals = 0
+        """Inputs that found the session busy, counted (:meth:`arrive`)."""
         self.interrupting = 0
         """How many of :attr:`_queue` wait under ``interrupt``: a turn that starts
         while one of them waits is cut at once (the newest message wins)."""
@@ -716,11 +721,23 @@ class Session:
         """The turn that starts next, if any waits."""
         return self._queue[0] if self._queue else None
 
-    def join_queue(self, stream: TurnStream) -> None:
-        """Called by a waiting turn's stream: it waits behind those queued before."""
-        self._queue.append(stream)
+    def arrive(self) -> int:
+        """The arrival number of a new input that finds the session busy."""
+        self._arrivals += 1
+        return self._arrivals
+
+    def join_queue(self, stream: TurnStream) -> int:
+        """Called by a waiting turn's stream: it waits behind those that arrived before it
+        (a steered input the running turn ended without taking joins late, and goes
+        before the inputs that arrived after it); how many wait ahead of it."""
+        queue = self._queue
+        at = len(queue)
+        while at and queue[at - 1].arrival > stream.arrival:
+            at -= 1
+        queue.insert(at, stream)
         if stream.on_busy_now == INTERRUPT:
             self.interrupting += 1
+        return at
 
     def leave_queue(self, stream: TurnStream) -> None:
         """Called by a waiting turn's stream as it starts (or gives up waiting:
