@@ -20,6 +20,15 @@ from tests.test_workers import Workers, sql
 __all__ = ["deployment"]  # (the fixture, used by name)
 
 
+async def steering_row_queued(pg_url: str) -> None:
+    """Until the front end queued the steering row (naming the running turn)."""
+    query = "SELECT count(*) FROM axon_turns WHERE steer_of IS NOT NULL"
+    while True:
+        if sql(pg_url, query)[0][0]:
+            return
+        await trio.sleep(0.05)
+
+
 async def test_a_message_steered_into_a_turn_whose_worker_is_killed_reaches_the_takeover(
     pg_url: str, deployment: tuple[Workers, FrontEnds]
 ) -> None:
@@ -50,9 +59,7 @@ async def test_a_message_steered_into_a_turn_whose_worker_is_killed_reaches_the_
                         steered.append(await client.post(f"{front}/api/chat", json=sent))
 
                     nursery.start_soon(steer)
-                    query = "SELECT count(*) FROM axon_turns WHERE steer_of IS NOT NULL"
-                    while sql(pg_url, query)[0][0] == 0:
-                        await trio.sleep(0.05)
+                    await steering_row_queued(pg_url)
                     workers.signal("w1", signal.SIGKILL)
                     workers.start("w2")
                     async for text in chunks:
