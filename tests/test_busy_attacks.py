@@ -3,6 +3,7 @@ values a careless or hostile client sends to a session whose turn runs."""
 
 from __future__ import annotations
 
+import argparse
 from collections import Counter
 from typing import Any
 
@@ -313,3 +314,64 @@ async def test_a_steered_message_handed_back_runs_before_a_message_that_came_aft
     assert texts == {"first": "first done", "steer me": "steered done", "later": "later done"}
     users = [m.text for m in session.messages if isinstance(m, UserMessage)]
     assert users == ["first", "steer me", "later"]
+
+
+# -- how many messages may wait for one session's turn (embedded) -----------------------
+
+
+async def waiting(session: Any, count: int) -> None:
+    """Until ``count`` messages wait for the session's running turn (at most 10 s)."""
+    with trio.fail_after(10):
+        while True:
+            if session.waiting_inputs >= count:
+                return
+            await trio.sleep(0.01)
+
+
+@pytest.mark.parametrize("on_busy", ["enqueue", "steer"])
+async def test_messages_over_the_sessions_cap_are_refused_429_and_wait_nowhere(on_busy):
+    # The embedded app queued every message for a busy session, without a bound (serve's
+    # --max-queued-per-session was a front end's option, ignored here): one client held
+    # thousands of turns (or steered messages) waiting, each to run a model call.
+    script = Script(holding(), *[["done"]] * 4)
+    async with (
+        web_server(agent_of(script), on_busy=on_busy, max_queued_per_session=3) as server,
+        httpx.AsyncClient(base_url=server.url) as client,
+    ):
+        replies: dict = {}
+
+        async def send(key: str) -> None:
+            replies[key] = await client.post(
+                "/api/chat", json=ui_body("s", key, f"id-{key}"), timeout=30
+            )
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(send, "first")
+            await held["open"].wait()
+            session = server.host.sessions["s"]
+            for key in ("a", "b", "c"):
+                nursery.start_soon(send, key)
+            await waiting(session, 3)
+            await send("over")
+            held["release"].set()
+        await wait_idle(server, "s")
+        stored = (await client.get("/api/sessions/s")).json()
+    assert replies["over"].status_code == 429
+    assert replies["over"].headers["retry-after"] == "5"
+    assert "POST /api/chat/s/stop" in replies["over"].json()["error"]
+    assert {replies[k].status_code for k in "abc"} <= {200, 202}
+    users = sorted(m["content"] for m in stored["messages"] if m["role"] == "user")
+    assert users == ["a", "b", "c", "first"]
+
+
+def test_serve_gives_the_embedded_app_its_per_session_cap():
+    from runtime.app.web.serve import _embedded_cap, add_serve_arguments
+
+    parser = add_serve_arguments(argparse.ArgumentParser())
+    assert _embedded_cap(parser.parse_args([])) == {}  # the app's default, 100
+    assert _embedded_cap(parser.parse_args(["--max-queued-per-session", "7"])) == {
+        "max_queued_per_session": 7
+    }
+    assert _embedded_cap(parser.parse_args(["--max-queued-per-session", "off"])) == {
+        "max_queued_per_session": None
+    }

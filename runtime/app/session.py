@@ -717,6 +717,14 @@ class Session:
         return len(self._queue)
 
     @property
+    def waiting_inputs(self) -> int:
+        """How many user messages wait for the running turn: queued turns, and messages
+        waiting to join it at its next step boundary (``steer``)."""
+        running = self.current
+        steering = len(running._steering.waiting) if running is not None else 0
+        return len(self._queue) + steering
+
+    @property
     def queue_head(self) -> TurnStream | None:
         """The turn that starts next, if any waits."""
         return self._queue[0] if self._queue else None

@@ -235,8 +235,12 @@ class TurnResponse:
         turn_id: str | None = None,
         tools: tuple[Any, ...] = (),
         instructions: str | None = None,
+        max_queued: int | None = None,
     ) -> None:
         self.session = session
+        self.max_queued = max_queued
+        """How many messages may wait for the session's running turn (``None``: no cap):
+        one more is a 429 (:data:`MAX_QUEUED_PER_SESSION`)."""
         self.text = text
         self.regenerate = regenerate
         self.user_message_id = user_message_id
@@ -272,6 +276,16 @@ class TurnResponse:
         strategy = REJECT if self.resume else self.on_busy or session.on_busy
         if session.busy and strategy == REJECT:
             await self.busy(session)(scope, receive, send)
+            return
+        cap = self.max_queued
+        if cap is not None and not self.resume and session.waiting_inputs >= cap:
+            await error_response(
+                429,
+                f"session {session.id!r} has {session.waiting_inputs} messages waiting for "
+                f"its running turn, its cap (--max-queued-per-session {cap}): nothing was "
+                f"queued; send it again later. {busy_hint(session.id)}",
+                {"retry-after": "5"},
+            )(scope, receive, send)
             return
         if "title" not in session.meta and not self.resume:
             session.set_title(title_of(self.text))
@@ -428,6 +442,11 @@ async def _unless_left(
         yield out
 
 
+MAX_QUEUED_PER_SESSION = 100
+"""The messages that may wait for one session's running turn in the embedded app, by
+default (``serve --max-queued-per-session``; a front end of workers has the queue's)."""
+
+
 def _busy(session: Any) -> Response:
     """409: the turn that runs, and how to wait for it or stop it (``reject``)."""
     running = session.current
@@ -462,11 +481,14 @@ class WebState:
         body_timeout: float | None = BODY_TIMEOUT,
         send_timeout: float | None = SEND_TIMEOUT,
         on_busy: OnBusy | None = None,
+        max_queued_per_session: int | None = None,
     ) -> None:
         self.host = host
         self.agent = agent
         self.on_busy = on_busy
         """The busy strategy of the sessions the app opens (``None``: their agent's)."""
+        self.max_queued_per_session = max_queued_per_session
+        """How many messages may wait for a session's running turn (``None``: no cap)."""
         self.max_body = max_body
         self.keepalive = keepalive
         self.body_timeout = body_timeout
@@ -566,6 +588,7 @@ async def chat(request: Request) -> Any:
         text,
         regenerate=regenerate or resend == "edit",
         user_message_id=client_id,
+        max_queued=state.max_queued_per_session,
         keepalive=state.keepalive,
         send_timeout=state.send_timeout,
         background=state.background,
@@ -754,6 +777,7 @@ def create_app(
     queue: TurnQueue | None = None,
     protocols: Collection[str] = ("ai-sdk",),
     on_busy: OnBusy | None = None,
+    max_queued_per_session: int | None = MAX_QUEUED_PER_SESSION,
 ) -> Starlette:
     """The web app for ``host``: every session runs ``agent`` (or ``agent(session_id)``).
 
@@ -780,7 +804,10 @@ def create_app(
 
     ``on_busy`` is the busy strategy of every session the app opens, instead of its
     agent's (:mod:`runtime.busy`): what ``POST /api/chat`` does with a message for a
-    session whose turn runs.
+    session whose turn runs. ``max_queued_per_session`` caps the messages that may wait
+    for one session's running turn (``enqueue``, ``interrupt``, ``steer``; ``None``: no
+    cap): one more is a 429 with ``Retry-After`` and waits nowhere (a front end of
+    workers: the queue's own caps, ``turn_queue(max_queued_per_session=)``).
     """
     cors_origins = [cors_origin(origin) for origin in cors_origins or ()]
     state = WebState(
@@ -791,6 +818,7 @@ def create_app(
         body_timeout=body_timeout,
         send_timeout=send_timeout,
         on_busy=None if on_busy is None else check_on_busy(on_busy),
+        max_queued_per_session=max_queued_per_session,
     )
     state.relay = relay
     state.cancel_hook = cancel_hook
