@@ -190,6 +190,13 @@ class InputHeld(SessionBusy):
     resend, refused instead of stored a second time."""
 
 
+class RegenerateOutdated(SessionBusy):
+    """A ``regenerate`` of a user message that waited while the session was busy, and
+    is no longer the session's last user message when its turn would start: the turn
+    that ran meanwhile answered a later one. Refused: regenerating would cut that turn
+    (the one the client did not ask to run again) and store the message a second time."""
+
+
 class HostClosed(AxonError):
     """The host was closed (its ``async with`` block was left): nothing more can start on it,
     no session opened nor turn run; open a new host (``Host.open()``), whose sessions load

@@ -375,3 +375,42 @@ def test_serve_gives_the_embedded_app_its_per_session_cap():
     assert _embedded_cap(parser.parse_args(["--max-queued-per-session", "off"])) == {
         "max_queued_per_session": None
     }
+
+
+# -- a regenerate that waited -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("on_busy", ["enqueue", "steer"])
+async def test_a_regenerate_that_waited_for_a_later_turn_cuts_nothing(on_busy):
+    # The client regenerates the answer to u1 while the turn of its next message u2 runs
+    # (another tab, a stale page). It waited, then cut the last turn, which was u2's: the
+    # message "two" and its answer vanished, and u1 was stored a second time. Idle, the
+    # same request is a 409: u1 is not the last user message.
+    script = Script(["one done"], holding(), ["two done"], ["one again"])
+    async with (
+        web_server(agent_of(script), on_busy=on_busy) as server,
+        httpx.AsyncClient(base_url=server.url) as client,
+    ):
+        replies: dict = {}
+        await client.post("/api/chat", json=ui_body("s", "one", "u1"), timeout=30)
+        two = ui_body("s", "two", "u2")
+        two["messages"].insert(0, ui_body("s", "one", "u1")["messages"][0])
+        regenerate = {**ui_body("s", "one", "u1"), "trigger": "regenerate-message"}
+
+        async def send(key: str, sent: dict) -> None:
+            replies[key] = await client.post("/api/chat", json=sent, timeout=30)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(send, "two", two)
+            await held["open"].wait()
+            nursery.start_soon(send, "regenerate", regenerate)
+            await waiting(server.host.sessions["s"], 1)
+            held["release"].set()
+        await wait_idle(server, "s")
+        stored = (await client.get("/api/sessions/s")).json()
+    assert replies["two"].status_code == 200
+    assert replies["regenerate"].status_code == 409
+    assert "'u1' is no longer the last user message" in replies["regenerate"].json()["error"]
+    users = [(m["id"], m["content"]) for m in stored["messages"] if m["role"] == "user"]
+    assert users == [("u1", "one"), ("u2", "two")]
+    assert len(script.requests) == 3  # "one", and the two steps of "two"

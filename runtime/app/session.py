@@ -56,6 +56,7 @@ from runtime.errors import (
     InvalidMeta,
     InvalidTurnId,
     NothingToResume,
+    RegenerateOutdated,
     SessionBusy,
     SessionError,
     SessionNotLoaded,
@@ -381,6 +382,22 @@ class TurnStream:
                 f"{self.session.id!r} is busy."
             )
 
+    def _check_still_last(self) -> None:
+        """A ``regenerate`` of a named user message that waited for the session's turns:
+        refused (:class:`~runtime.errors.RegenerateOutdated`) when that message is no
+        longer the last one. It cut the turn that ran meanwhile (another message's, its
+        answer lost) and stored the message again after the one it replaced."""
+        message_id = self.user_message_id
+        if not self.regenerate or message_id is None:
+            return
+        users = [m for m in self.session.messages if isinstance(m, UserMessage)]
+        if users and users[-1].id != message_id:
+            raise RegenerateOutdated(
+                f"message {message_id!r} is no longer the last user message of session "
+                f"{self.session.id!r}: message {users[-1].id!r} was answered after it while "
+                "this regenerate waited; nothing was regenerated."
+            )
+
     def steer_from(self, pull: Callable[[], Awaitable[Sequence[SteeredInput]]]) -> None:
         """Have the turn also take the messages ``pull`` returns at each step boundary
         (before entering): a worker's turn, steered by messages a front end on another
@@ -449,6 +466,7 @@ class TurnStream:
                 running = session.current
                 if running is None and session.queue_head is self:
                     if session.loaded:
+                        self._check_still_last()
                         return
                     await session.reopen()
                     continue

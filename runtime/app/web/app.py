@@ -86,7 +86,13 @@ from runtime.app.web.ui_stream import DONE, HEADERS, UIStreamEncoder, ui_message
 from runtime.app.web.writer import BodyWriter
 from runtime.approval import Recorded, pending_calls
 from runtime.busy import REJECT, OnBusy, check_on_busy
-from runtime.errors import InputHeld, InvalidHistory, NothingToResume, SessionBusy
+from runtime.errors import (
+    InputHeld,
+    InvalidHistory,
+    NothingToResume,
+    RegenerateOutdated,
+    SessionBusy,
+)
 from runtime.messages import UserContent
 from runtime.serde import unstructure
 from runtime.turn_queue import TurnQueue
@@ -321,9 +327,14 @@ class TurnResponse:
                         await _steered(out)(scope, receive, send)
                         return
                     await self._stream(out, receive, send, self.background or local)
-            except InputHeld as exc:  # a resend while busy: never a second copy
+            except (InputHeld, RegenerateOutdated) as exc:  # never a second copy
                 busy = (
-                    error_response(409, f"{exc} {busy_hint(session.id)}")
+                    error_response(
+                        409,
+                        f"{exc} {busy_hint(session.id)}"
+                        if isinstance(exc, InputHeld)
+                        else str(exc),
+                    )
                     if self.busy is _busy
                     else self.busy(session)  # another protocol's 409, in its own shape
                 )
