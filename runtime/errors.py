@@ -205,6 +205,19 @@ class SessionBusy(SessionError):
     """A turn is already running on this session; sessions run one turn at a time."""
 
 
+class InputHeld(SessionBusy):
+    """A user message sent while its session is busy, under an id the session holds
+    already (the running turn's input, a waiting one's, or one in its history): a
+    resend, refused instead of stored a second time."""
+
+
+class RegenerateOutdated(SessionBusy):
+    """A ``regenerate`` of a user message that waited while the session was busy, and
+    is no longer the session's last user message when its turn would start: the turn
+    that ran meanwhile answered a later one. Refused: regenerating would cut that turn
+    (the one the client did not ask to run again) and store the message a second time."""
+
+
 class HostClosed(AxonError):
     """The host was closed (its ``async with`` block was left): nothing more can start on it,
     no session opened nor turn run; open a new host (``Host.open()``), whose sessions load

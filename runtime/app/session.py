@@ -52,9 +52,11 @@ from runtime.approval import (
 from runtime.busy import INTERRUPT, INTERRUPTED_BY_NEW, REJECT, STEER, OnBusy, check_on_busy
 from runtime.errors import (
     ActorFailed,
+    InputHeld,
     InvalidMeta,
     InvalidTurnId,
     NothingToResume,
+    RegenerateOutdated,
     SessionBusy,
     SessionError,
     SessionNotLoaded,
@@ -64,7 +66,7 @@ from runtime.events import TurnQueued
 from runtime.ids import new_id
 from runtime.inbox import Inbox
 from runtime.media import InputLimits, UserInput, check_counts, check_limits, user_content
-from runtime.messages import Message, UserContent
+from runtime.messages import Message, UserContent, UserMessage
 from runtime.output import OutputChunk
 from runtime.store import SessionRecord
 from runtime.tools import CALLING_SESSION
@@ -228,6 +230,11 @@ class TurnStream:
         self._over = False  # (what :attr:`done` says, whether or not it was made)
         self._cancel = TurnCancel()
         self._steering = TurnSteering()
+        self.arrival = 0
+        """When the input found its session busy (:meth:`Session.arrive`): its place in
+        the session's queue."""
+        self._poked: trio.Event | None = None
+        """What this stream waits on while queued (:meth:`poke`)."""
         self.steered = False
         """Whether the input joined the turn that was running (the ``steer`` busy
         strategy) instead of starting one: then this stream yields no chunks (the
@@ -283,6 +290,8 @@ class TurnStream:
             await session.reopen()
         queued = False
         if session.busy or session.queued:
+            self._check_not_held()
+            self.arrival = session.arrive()
             if CALLING_SESSION.get() == session.id:  # (it waited for the tool's timeout)
                 raise SessionBusy(
                     f"session {session.id!r}: a tool of its running turn cannot run a turn "
@@ -300,9 +309,10 @@ class TurnStream:
             session.leave_queue(self)
         if session.busy:
             raise SessionBusy(f"session {session.id!r} is already running a turn")
-        if queued and session.queued and self.on_busy_now == INTERRUPT:
-            # A newer message waits already: this turn is cut before its model call (a
-            # scope cancelled before it is entered cancels on entry). Its input is kept.
+        if queued and (session.interrupting or (session.queued and self.on_busy_now == INTERRUPT)):
+            # A newer message waits already (one that interrupts, or any behind a turn
+            # that interrupted): this turn is cut before its model call (a scope cancelled
+            # before it is entered cancels on entry). Its input is kept.
             self._cancel.cancel(INTERRUPTED_BY_NEW)
         running = (s.current for s in session.host.sessions.values() if s.current is not None)
         if self._named and any(t.turn_id == self.turn_id for t in running):
@@ -336,6 +346,57 @@ class TurnStream:
             session.changed()
             raise
         return self
+
+    def poke(self) -> None:
+        """Wake this stream if it waits in its session's queue (:meth:`Session.changed`
+        pokes the queue's head only)."""
+        event, self._poked = self._poked, None
+        if event is not None:
+            event.set()
+
+    async def _wait_poked(self) -> None:
+        """Until :meth:`poke`: a turn of the session started or ended, or a stream left
+        the queue, while this one heads it."""
+        if self._poked is None:
+            self._poked = trio.Event()
+        await self._poked.wait()
+
+    def _check_not_held(self) -> None:
+        """Refuse (:class:`~runtime.errors.InputHeld`) a new input whose message id the
+        busy session holds already: a client's resend (a retry after a timeout) ran as a
+        second turn under ``enqueue``, interrupted its own turn under ``interrupt``, or
+        joined it as a second copy under ``steer``, each time storing two user messages
+        with one id."""
+        message_id = self.user_message_id
+        if message_id is None or self.regenerate or self.resume:
+            return
+        held = self.session.holds_input(message_id)
+        if held is not None:
+            where = {
+                "running": "is the input of the turn running now",
+                "waiting": "waits already for its turn (or to join the running one)",
+                "stored": "is in the session's history already",
+            }[held]
+            raise InputHeld(
+                f"message {message_id!r} {where}: it is not sent again while session "
+                f"{self.session.id!r} is busy."
+            )
+
+    def _check_still_last(self) -> None:
+        """A ``regenerate`` of a named user message that waited for the session's turns:
+        refused (:class:`~runtime.errors.RegenerateOutdated`) when that message is no
+        longer the last one. It cut the turn that ran meanwhile (another message's, its
+        answer lost) and stored the message again after the one it replaced."""
+        message_id = self.user_message_id
+        if not self.regenerate or message_id is None:
+            return
+        users = [m for m in self.session.messages if isinstance(m, UserMessage)]
+        if users and users[-1].id != message_id:
+            raise RegenerateOutdated(
+                f"message {message_id!r} is no longer the last user message of session "
+                f"{self.session.id!r}: message {users[-1].id!r} was answered after it while "
+                "this regenerate waited; nothing was regenerated."
+            )
 
     def steer_from(self, pull: Callable[[], Awaitable[Sequence[SteeredInput]]]) -> None:
         """Have the turn also take the messages ``pull`` returns at each step boundary
@@ -389,8 +450,7 @@ class TurnStream:
         meanwhile (the newest message wins). Left at the queue's head: the caller starts
         the turn without yielding, then leaves the queue."""
         session = self.session
-        ahead = session.queued + int(session.busy)
-        session.join_queue(self)
+        ahead = session.join_queue(self) + int(session.busy)
         try:
             await session.host.bus.publish(
                 TurnQueued(
@@ -406,12 +466,13 @@ class TurnStream:
                 running = session.current
                 if running is None and session.queue_head is self:
                     if session.loaded:
+                        self._check_still_last()
                         return
                     await session.reopen()
                     continue
                 if running is not None and strategy == INTERRUPT:
                     running.cancel(INTERRUPTED_BY_NEW)
-                await session.wait_changed()
+                await self._wait_poked()
         except BaseException:
             session.give_up_place(self)
             raise
@@ -597,6 +658,11 @@ class Session:
         self._on_busy: OnBusy | None = None if on_busy is None else check_on_busy(on_busy)
         self._queue: deque[TurnStream] = deque()
         """Turns waiting to start, in arrival order (``enqueue``, ``interrupt``)."""
+        self._arrivals = 0
+        """Inputs that found the session busy, counted (:meth:`arrive`)."""
+        self.interrupting = 0
+        """How many of :attr:`_queue` wait under ``interrupt``: a turn that starts
+        while one of them waits is cut at once (the newest message wins)."""
         self._changed: trio.Event | None = None
         """Set (and dropped) when a turn starts or ends, or one leaves the queue; made
         by the first :meth:`wait_changed` (an idle session holds none)."""
@@ -669,19 +735,43 @@ class Session:
         return len(self._queue)
 
     @property
+    def waiting_inputs(self) -> int:
+        """How many user messages wait for the running turn: queued turns, and messages
+        waiting to join it at its next step boundary (``steer``)."""
+        running = self.current
+        steering = len(running._steering.waiting) if running is not None else 0
+        return len(self._queue) + steering
+
+    @property
     def queue_head(self) -> TurnStream | None:
         """The turn that starts next, if any waits."""
         return self._queue[0] if self._queue else None
 
-    def join_queue(self, stream: TurnStream) -> None:
-        """Called by a waiting turn's stream: it waits behind those queued before."""
-        self._queue.append(stream)
+    def arrive(self) -> int:
+        """The arrival number of a new input that finds the session busy."""
+        self._arrivals += 1
+        return self._arrivals
+
+    def join_queue(self, stream: TurnStream) -> int:
+        """Called by a waiting turn's stream: it waits behind those that arrived before it
+        (a steered input the running turn ended without taking joins late, and goes
+        before the inputs that arrived after it); how many wait ahead of it."""
+        queue = self._queue
+        at = len(queue)
+        while at and queue[at - 1].arrival > stream.arrival:
+            at -= 1
+        queue.insert(at, stream)
+        if stream.on_busy_now == INTERRUPT:
+            self.interrupting += 1
+        return at
 
     def leave_queue(self, stream: TurnStream) -> None:
         """Called by a waiting turn's stream as it starts (or gives up waiting:
         :meth:`give_up_place`)."""
         if stream in self._queue:
             self._queue.remove(stream)
+            if stream.on_busy_now == INTERRUPT:
+                self.interrupting -= 1
             self.changed()
 
     def give_up_place(self, stream: TurnStream) -> None:
@@ -694,11 +784,37 @@ class Session:
         if self.current is None and not self._queue:
             self.host.rest(self)
 
+    def holds_input(self, message_id: str) -> str | None:
+        """Where the session holds user message ``message_id`` while a turn runs or waits:
+        ``"running"`` (the running turn's input), ``"waiting"`` (a queued turn's, or one
+        waiting to join the running turn), ``"stored"`` (in the history), else ``None``.
+        A client that sends a message again while the session is busy (a retry after a
+        timeout) must not get a second copy of it: the web app asks this first."""
+        running = self.current
+        if running is not None:
+            if running.user_message_id == message_id:
+                return "running"
+            if any(i.user_message_id == message_id for i in running._steering.waiting):
+                return "waiting"
+        if any(s.user_message_id == message_id for s in self._queue):
+            return "waiting"
+        if self.loaded and any(
+            m.id == message_id for m in self.messages if isinstance(m, UserMessage)
+        ):
+            return "stored"
+        return None
+
     def changed(self) -> None:
-        """Wake whatever waits for the session's turns to change."""
+        """Wake whatever waits for the session's turns to change, and the queue's head:
+        only the head can start, and a stream that leaves the queue changes it again, so
+        the next one wakes in turn (a host shutting down refuses them one by one). Waking
+        every queued stream on every change cost ten thousand queued messages 10^8
+        wake-ups, in the one thread every session's turns run on."""
         if self._changed is not None:
             self._changed.set()
             self._changed = None
+        if self._queue:
+            self._queue[0].poke()
 
     async def wait_changed(self) -> None:
         """Until a turn starts or ends, or one leaves the queue."""

@@ -72,6 +72,8 @@ from runtime.app.web.frontend import FrontEnd
 from runtime.app.web.guard import RequestGuard, cors_origin
 from runtime.app.web.http import (
     ApiError,
+    busy_hint,
+    busy_message,
     error_response,
     has_bearer,
     json_response,
@@ -85,7 +87,13 @@ from runtime.app.web.ui_stream import DONE, HEADERS, UIStreamEncoder, ui_message
 from runtime.app.web.writer import BodyWriter
 from runtime.approval import Recorded, pending_calls
 from runtime.busy import REJECT, OnBusy, check_on_busy
-from runtime.errors import InvalidHistory, NothingToResume, SessionBusy
+from runtime.errors import (
+    InputHeld,
+    InvalidHistory,
+    NothingToResume,
+    RegenerateOutdated,
+    SessionBusy,
+)
 from runtime.messages import UserContent
 from runtime.serde import unstructure
 from runtime.turn_queue import TurnQueue
@@ -234,8 +242,12 @@ class TurnResponse:
         turn_id: str | None = None,
         tools: tuple[Any, ...] = (),
         instructions: str | None = None,
+        max_queued: int | None = None,
     ) -> None:
         self.session = session
+        self.max_queued = max_queued
+        """How many messages may wait for the session's running turn (``None``: no cap):
+        one more is a 429 (:data:`MAX_QUEUED_PER_SESSION`)."""
         self.text = text
         self.regenerate = regenerate
         self.user_message_id = user_message_id
@@ -272,6 +284,16 @@ class TurnResponse:
         if session.busy and strategy == REJECT:
             await self.busy(session)(scope, receive, send)
             return
+        cap = self.max_queued
+        if cap is not None and not self.resume and session.waiting_inputs >= cap:
+            await error_response(
+                429,
+                f"session {session.id!r} has {session.waiting_inputs} messages waiting for "
+                f"its running turn, its cap (--max-queued-per-session {cap}): nothing was "
+                f"queued; send it again later. {busy_hint(session.id)}",
+                {"retry-after": "5"},
+            )(scope, receive, send)
+            return
         if "title" not in session.meta and not self.resume:
             session.set_title(title_of(self.text))
         started = False
@@ -306,6 +328,18 @@ class TurnResponse:
                         await _steered(out)(scope, receive, send)
                         return
                     await self._stream(out, receive, send, self.background or local)
+            except (InputHeld, RegenerateOutdated) as exc:  # never a second copy
+                busy = (
+                    error_response(
+                        409,
+                        f"{exc} {busy_hint(session.id)}"
+                        if isinstance(exc, InputHeld)
+                        else str(exc),
+                    )
+                    if self.busy is _busy
+                    else self.busy(session)  # another protocol's 409, in its own shape
+                )
+                await busy(scope, receive, send)
             except SessionBusy:
                 if started:
                     raise
@@ -420,8 +454,19 @@ async def _unless_left(
         yield out
 
 
+MAX_QUEUED_PER_SESSION = 100
+"""The messages that may wait for one session's running turn in the embedded app, by
+default (``serve --max-queued-per-session``; a front end of workers has the queue's)."""
+
+
 def _busy(session: Any) -> Response:
-    return error_response(409, f"session {session.id!r} is already running a turn")
+    """409: the turn that runs, and how to wait for it or stop it (``reject``)."""
+    running = session.current
+    turn_id = running.turn_id if running is not None else None
+    return json_response(
+        {"error": busy_message(session.id, turn_id), "sessionId": session.id, "turnId": turn_id},
+        409,
+    )
 
 
 def _steered(out: Any) -> Response:
@@ -448,11 +493,14 @@ class WebState:
         body_timeout: float | None = BODY_TIMEOUT,
         send_timeout: float | None = SEND_TIMEOUT,
         on_busy: OnBusy | None = None,
+        max_queued_per_session: int | None = None,
     ) -> None:
         self.host = host
         self.agent = agent
         self.on_busy = on_busy
         """The busy strategy of the sessions the app opens (``None``: their agent's)."""
+        self.max_queued_per_session = max_queued_per_session
+        """How many messages may wait for a session's running turn (``None``: no cap)."""
         self.max_body = max_body
         self.keepalive = keepalive
         self.body_timeout = body_timeout
@@ -552,6 +600,7 @@ async def chat(request: Request) -> Any:
         text,
         regenerate=regenerate or resend == "edit",
         user_message_id=client_id,
+        max_queued=state.max_queued_per_session,
         keepalive=state.keepalive,
         send_timeout=state.send_timeout,
         background=state.background,
@@ -748,6 +797,7 @@ def create_app(
     queue: TurnQueue | None = None,
     protocols: Collection[str] = ("ai-sdk",),
     on_busy: OnBusy | None = None,
+    max_queued_per_session: int | None = MAX_QUEUED_PER_SESSION,
 ) -> Starlette:
     """The web app for ``host``: every session runs ``agent`` (or ``agent(session_id)``).
 
@@ -774,7 +824,10 @@ def create_app(
 
     ``on_busy`` is the busy strategy of every session the app opens, instead of its
     agent's (:mod:`runtime.busy`): what ``POST /api/chat`` does with a message for a
-    session whose turn runs.
+    session whose turn runs. ``max_queued_per_session`` caps the messages that may wait
+    for one session's running turn (``enqueue``, ``interrupt``, ``steer``; ``None``: no
+    cap): one more is a 429 with ``Retry-After`` and waits nowhere (a front end of
+    workers: the queue's own caps, ``turn_queue(max_queued_per_session=)``).
     """
     cors_origins = [cors_origin(origin) for origin in cors_origins or ()]
     state = WebState(
@@ -785,6 +838,7 @@ def create_app(
         body_timeout=body_timeout,
         send_timeout=send_timeout,
         on_busy=None if on_busy is None else check_on_busy(on_busy),
+        max_queued_per_session=max_queued_per_session,
     )
     state.relay = relay
     state.cancel_hook = cancel_hook

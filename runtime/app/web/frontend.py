@@ -72,6 +72,7 @@ from runtime.app.web.answers import (
 from runtime.app.web.chat_input import check_media, read_chat_request, title_of
 from runtime.app.web.http import (
     ApiError,
+    busy_message,
     json_response,
     session_id_param,
     session_page,
@@ -389,8 +390,13 @@ class FrontEnd:
                 options=options,
                 on_busy=on_busy,
             )
-        except SessionBusy as exc:  # ``--on-busy reject``
-            raise ApiError(409, _one_line(exc)) from None
+        except SessionBusy:  # ``--on-busy reject``: which turn runs, how to wait or stop
+            try:
+                active = await self.queue.active(session_id)
+            except StoreError:  # (the store went away since: the 409 without the turn id)
+                active = None
+            turn_id = active.turn_id if active is not None else None
+            raise ApiError(409, busy_message(session_id, turn_id)) from None
         except QueueFull as exc:
             retry = str(max(1, math.ceil(exc.retry_after)))
             raise ApiError(429, exc.message, {"retry-after": retry}) from None

@@ -37,6 +37,22 @@ def error_response(status: int, message: str, headers: dict[str, str] | None = N
     return json_response({"error": message}, status, headers)
 
 
+def busy_hint(session_id: str) -> str:
+    """How a client waits for a busy session's turn, or stops it."""
+    return (
+        f"Stop the turn with POST /api/chat/{session_id}/stop, or wait until GET "
+        f"/api/sessions/{session_id} says busy false (GET /api/chat/{session_id}/stream "
+        "follows the turn where a relay runs), then send the message again"
+    )
+
+
+def busy_message(session_id: str, turn_id: str | None) -> str:
+    """What a 409 for a message to a busy session (``--on-busy reject``) says: which turn
+    runs, and how to wait for it or stop it before sending again."""
+    running = f"turn {turn_id!r} runs" if turn_id is not None else "a turn runs"
+    return f"session {session_id!r} is already running a turn ({running}). {busy_hint(session_id)}"
+
+
 def session_id_param(value: Any) -> str:
     """A session id from a URL or body: a bad one is a 400, not a server error."""
     try:

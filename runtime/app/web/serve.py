@@ -92,6 +92,13 @@ def queue_caps(args: argparse.Namespace) -> dict[str, Any]:
     return {name: (value or None) for name, value in given.items() if value is not None}
 
 
+def _embedded_cap(args: argparse.Namespace) -> dict[str, Any]:
+    """``--max-queued-per-session`` for the embedded app (its default unless given;
+    ``off``: no cap). It was a front end's option only, and ignored without a word."""
+    given = getattr(args, "max_queued_per_session", None)
+    return {} if given is None else {"max_queued_per_session": given or None}
+
+
 def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add the ``serve`` options to ``parser`` (imports nothing of the web stack)."""
     add = parser.add_argument
@@ -173,8 +180,8 @@ def _add_deployment_arguments(parser: argparse.ArgumentParser) -> None:
         type=_cap,
         default=None,
         metavar="N",
-        help="front end: refuse a turn (429 with Retry-After) when its session already has N "
-        "turns queued (default 100; 'off': no cap)",
+        help="refuse a message (429 with Retry-After) when N messages of its session wait "
+        "for its running turn already (default 100; 'off': no cap)",
     )
     add(
         "--max-queued",
@@ -445,6 +452,7 @@ async def _run_serve_command(args: argparse.Namespace, token: str | None, protoc
             queue=queue,
             protocols=protocols,
             on_busy=getattr(args, "on_busy", None),
+            **_embedded_cap(args),
         )
         served = _served(args, front_end=queue is not None, plugins=plugins)
         return await _serve_until_signal(app, host, args, served, protocols=protocols)

@@ -1,0 +1,416 @@
+"""Busy sessions attacked (docs/approval.md, "Busy sessions"): floods, races and odd
+values a careless or hostile client sends to a session whose turn runs."""
+
+from __future__ import annotations
+
+import argparse
+from collections import Counter
+from typing import Any
+
+import httpx
+import pytest
+import trio
+import trio.testing
+
+from actors.providers.scripted import Sleep
+from actors.stores import SQLiteStore
+from runtime import Host, SessionBusy
+from runtime.busy import INTERRUPTED_BY_NEW
+from runtime.messages import UserMessage
+from tests.support.redis import require_redis
+from tests.test_busy import Script, agent_with, held, holding
+from tests.test_busy_web import agent_of, post
+from tests.test_frontend import LIMIT, deployment, slow_agent, wait_for_turn
+from tests.test_frontend import body as worker_body
+from tests.test_web_http import body
+from tests.web.harness import wait_idle, web_server
+
+
+@pytest.fixture(autouse=True)
+def _fresh_gate() -> None:
+    held["open"], held["release"] = trio.Event(), trio.Event()
+
+
+class WaiterSteps(trio.abc.Instrument):
+    """How many times each task named ``waiter-*`` ran a step."""
+
+    def __init__(self) -> None:
+        self.steps: Counter[str] = Counter()
+
+    def before_task_step(self, task: Any) -> None:
+        if task.name.startswith("waiter-"):
+            self.steps[task.name] += 1
+
+
+@pytest.mark.parametrize("on_busy", ["enqueue", "interrupt"])
+async def test_a_flood_of_queued_messages_wakes_each_waiter_a_bounded_number_of_times(on_busy):
+    # Every change of the session (a turn starting or ending) woke every queued caller,
+    # which looked, saw it was not its turn, and slept again: n queued messages cost
+    # n^2 wake-ups (ten thousand: 10^8, minutes of the one thread all sessions' turns
+    # run on). Only the queue's head can start: only it is woken.
+    n = 150
+    script = Script(holding(), *[["done"]] * (n + 1))
+    instrument = WaiterSteps()
+    async with Host.open(log_tap=False) as host:
+        session = await host.open_session(agent_with(script, on_busy), session_id="s")
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(session.run, "first")
+            await held["open"].wait()
+            trio.lowlevel.add_instrument(instrument)
+            for i in range(n):
+                nursery.start_soon(session.run, f"m{i}", name=f"waiter-{i}")
+            await trio.testing.wait_all_tasks_blocked()
+            held["release"].set()
+        trio.lowlevel.remove_instrument(instrument)
+        users = [m.text for m in session.messages if isinstance(m, UserMessage)]
+    assert users[0] == "first"  # (the tasks' start order is Trio's: not the order started)
+    assert sorted(users[1:]) == sorted(f"m{i}" for i in range(n))  # every message, once
+    assert len(instrument.steps) == n
+    assert max(instrument.steps.values()) < 40, instrument.steps.most_common(3)
+    assert session.queued == 0 and session.interrupting == 0
+
+
+async def test_a_host_closing_with_many_queued_messages_refuses_every_one_and_stores_none(
+    tmp_path,
+):
+    # Only the queue's head is woken now: each one refused must wake the next.
+    script = Script(holding(), ["never"])
+    refused: list[str] = []
+    path = str(tmp_path / "s.db")
+
+    async def send(session: Any, text: str) -> None:
+        try:
+            await session.run(text)
+        except SessionBusy:
+            refused.append(text)
+
+    async with trio.open_nursery() as nursery:
+        async with Host.open(store=path, log_tap=False) as host:
+            session = await host.open_session(agent_with(script, "enqueue"), session_id="s")
+            nursery.start_soon(session.run, "first")
+            await held["open"].wait()
+            for i in range(20):
+                nursery.start_soon(send, session, f"m{i}")
+            await trio.testing.wait_all_tasks_blocked()
+            assert session.queued == 20
+    assert sorted(refused) == sorted(f"m{i}" for i in range(20))
+    store = await SQLiteStore.open(path)
+    try:
+        record = await store.load("s")
+    finally:
+        await store.aclose()
+    assert record is not None
+    assert [m.text for m in record.messages if isinstance(m, UserMessage)] == ["first"]
+
+
+async def test_an_interrupting_message_behind_an_enqueued_one_cuts_that_one_too():
+    # The newest message wins: a turn that starts while a message that interrupts waits
+    # behind it is cut before its model call, whatever its own strategy was.
+    script = Script(holding(), ["third done"])
+    results: dict = {}
+
+    async def send(session: Any, text: str, on_busy: str) -> None:
+        async with session.stream(text, on_busy=on_busy) as out:
+            async for _ in out:
+                pass
+        results[text] = out.result
+
+    async with Host.open(log_tap=False) as host:
+        session = await host.open_session(agent_with(script, "reject"), session_id="s")
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(send, session, "first", "reject")
+            await held["open"].wait()
+            nursery.start_soon(send, session, "second", "enqueue")
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.start_soon(send, session, "third", "interrupt")
+    assert [results[t].finish_reason for t in ("first", "second")] == ["aborted", "aborted"]
+    assert results["second"].abort_reason == INTERRUPTED_BY_NEW
+    assert results["third"].text == "third done"
+    assert len(script.requests) == 2  # the second turn never called the model
+    users = [m.text for m in session.messages if isinstance(m, UserMessage)]
+    assert users == ["first", "second", "third"]
+
+
+# -- reject over HTTP: what the 409 says ------------------------------------------------
+
+
+async def test_the_409_names_the_running_turn_and_how_to_wait_for_it_or_stop_it():
+    # It said only "already running a turn": a client could neither follow the turn nor
+    # stop it, so it retried blind, in a loop.
+    script = Script(holding(), ["never"], ["second done"])
+    async with (
+        web_server(agent_of(script)) as server,
+        httpx.AsyncClient(base_url=server.url) as client,
+    ):
+        replies: dict = {}
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(post, client, "s", "first", replies)
+            await held["open"].wait()
+            running = server.host.sessions["s"].current.turn_id
+            refused = [await client.post("/api/chat", json=body("s", "second")) for _ in range(20)]
+            stop = await client.post("/api/chat/s/stop", json={})
+        await wait_idle(server, "s")
+        again = await client.post("/api/chat", json=body("s", "second"), timeout=30)
+        stored = (await client.get("/api/sessions/s")).json()
+    assert {r.status_code for r in refused} == {409}
+    answer = refused[0].json()
+    assert answer["turnId"] == running and answer["sessionId"] == "s"
+    assert running in answer["error"]
+    assert "GET /api/chat/s/stream" in answer["error"]
+    assert "POST /api/chat/s/stop" in answer["error"]
+    assert stop.status_code == 202
+    assert again.status_code == 200
+    users = [m["content"] for m in stored["messages"] if m["role"] == "user"]
+    assert users == ["first", "second"]  # the twenty refused sends stored nothing
+
+
+@pytest.fixture
+def redis_url() -> str:
+    return require_redis()
+
+
+async def test_the_worker_deployments_409_names_the_running_turn(pg_url, redis_url):
+    async with deployment(pg_url, redis_url, slow_agent(60), on_busy="reject") as d:
+        async with httpx.AsyncClient(base_url=d.urls[0], timeout=LIMIT) as client:
+            async with trio.open_nursery() as nursery:
+
+                async def first() -> None:
+                    await client.post("/api/chat", json=worker_body("w1", "one", "u1"))
+
+                nursery.start_soon(first)
+                running = await wait_for_turn(d.queue, "w1", "running")
+                refused = await client.post("/api/chat", json=worker_body("w1", "two", "u2"))
+                stop = await client.post("/api/chat/w1/stop", json={})
+        turns = await d.queue.turns("w1")
+    assert refused.status_code == 409
+    error = refused.json()["error"]
+    assert running.turn_id in error and "POST /api/chat/w1/stop" in error
+    assert stop.status_code == 202
+    assert [t.input for t in turns] == ["one"]
+
+
+# -- a resend while the session is busy ---------------------------------------------------
+
+
+def ui_body(session_id: str, text: str, message_id: str) -> dict:
+    part = {"type": "text", "text": text}
+    message = {"id": message_id, "role": "user", "parts": [part]}
+    return {"id": session_id, "messages": [message], "trigger": "submit-message"}
+
+
+@pytest.mark.parametrize("on_busy", ["enqueue", "interrupt", "steer"])
+async def test_a_message_sent_again_while_its_turn_runs_is_refused_not_stored_twice(on_busy):
+    # A client that retries its POST (a timeout, a double click) while its turn runs: the
+    # app skipped its resend check while busy, so the retry ran as a second turn
+    # (enqueue), cut its own turn and ran again (interrupt) or joined its own turn as a
+    # second copy (steer): two user messages with one id, the model asked twice.
+    script = Script(holding(), ["first done"], ["again"])
+    async with (
+        web_server(agent_of(script), on_busy=on_busy) as server,
+        httpx.AsyncClient(base_url=server.url) as client,
+    ):
+        replies: dict = {}
+
+        async def send(key: str) -> None:
+            replies[key] = await client.post(
+                "/api/chat", json=ui_body("s", "first", "u1"), timeout=30
+            )
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(send, "first")
+            await held["open"].wait()
+            await send("retry")
+            held["release"].set()
+        await wait_idle(server, "s")
+        stored = (await client.get("/api/sessions/s")).json()
+    assert replies["first"].status_code == 200
+    assert replies["retry"].status_code == 409
+    assert "'u1'" in replies["retry"].json()["error"]
+    assert "POST /api/chat/s/stop" in replies["retry"].json()["error"]
+    users = [m["id"] for m in stored["messages"] if m["role"] == "user"]
+    assert users == ["u1"]
+    assert len(script.requests) == 2  # the first turn's two model calls, no more
+
+
+async def test_a_queued_message_sent_again_is_refused_and_a_new_one_still_queues():
+    script = Script(holding(), ["1 done"], ["2 done"], ["3 done"])
+    async with Host.open(log_tap=False) as host:
+        session = await host.open_session(agent_with(script, "enqueue"), session_id="s")
+        outcomes: dict = {}
+
+        async def send(key: str, text: str, message_id: str) -> None:
+            try:
+                async with session.stream(text, user_message_id=message_id) as out:
+                    async for _ in out:
+                        pass
+                outcomes[key] = out.result.text
+            except SessionBusy as exc:
+                outcomes[key] = exc
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(send, "1", "one", "m1")
+            await held["open"].wait()
+            nursery.start_soon(send, "2", "two", "m2")
+            await trio.testing.wait_all_tasks_blocked()
+            await send("2 again", "two", "m2")  # waits already
+            await send("1 again", "one", "m1")  # runs now
+            nursery.start_soon(send, "3", "three", "m3")
+            await trio.testing.wait_all_tasks_blocked()
+            held["release"].set()
+    assert isinstance(outcomes["2 again"], SessionBusy) and "waits" in str(outcomes["2 again"])
+    assert isinstance(outcomes["1 again"], SessionBusy) and "running" in str(outcomes["1 again"])
+    assert (outcomes["1"], outcomes["2"], outcomes["3"]) == ("1 done", "2 done", "3 done")
+    ids = [m.id for m in session.messages if isinstance(m, UserMessage)]
+    assert ids == ["m1", "m2", "m3"]
+
+
+# -- a steered message the turn hands back, and the messages after it --------------------
+
+
+async def send_as(session: Any, text: str, results: dict, on_busy: str | None = None) -> None:
+    async with session.stream(text, on_busy=on_busy) as out:
+        async for _ in out:
+            pass
+    results[text] = out
+
+
+async def test_an_interrupt_after_a_steer_answers_the_interrupt_the_newest_message():
+    # The steered message, handed back by the turn the interrupt cut, queued behind the
+    # interrupting message that arrived after it: that one then started with an older
+    # message waiting, was cut as if a newer one waited, and the older message answered.
+    script = Script(holding(), ["answer"])
+    results: dict = {}
+    async with Host.open(log_tap=False) as host:
+        session = await host.open_session(agent_with(script, "steer"), session_id="s")
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(send_as, session, "first", results)
+            await held["open"].wait()
+            nursery.start_soon(send_as, session, "steer me", results)
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.start_soon(send_as, session, "stop, do this", results, "interrupt")
+    cut = [results[t].result for t in ("first", "steer me")]
+    assert [(r.finish_reason, r.abort_reason) for r in cut] == [("aborted", INTERRUPTED_BY_NEW)] * 2
+    assert not results["steer me"].steered
+    assert results["stop, do this"].result.text == "answer"
+    users = [m.text for m in session.messages if isinstance(m, UserMessage)]
+    assert users == ["first", "steer me", "stop, do this"]  # kept, in arrival order
+    assert len(script.requests) == 2  # the steered message's turn never called the model
+
+
+async def test_a_steered_message_handed_back_runs_before_a_message_that_came_after_it(
+    autojump_clock,
+):
+    script = Script([Sleep(10), "first done"], ["steered done"], ["later done"])
+    results: dict = {}
+    async with Host.open(log_tap=False) as host:
+        session = await host.open_session(agent_with(script, "steer"), session_id="s")
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(send_as, session, "first", results)
+            await trio.sleep(1)  # the last step streams: no boundary will take a steer
+            nursery.start_soon(send_as, session, "steer me", results)
+            await trio.sleep(1)
+            nursery.start_soon(send_as, session, "later", results, "enqueue")
+    texts = {t: results[t].result.text for t in ("first", "steer me", "later")}
+    assert texts == {"first": "first done", "steer me": "steered done", "later": "later done"}
+    users = [m.text for m in session.messages if isinstance(m, UserMessage)]
+    assert users == ["first", "steer me", "later"]
+
+
+# -- how many messages may wait for one session's turn (embedded) -----------------------
+
+
+async def waiting(session: Any, count: int) -> None:
+    """Until ``count`` messages wait for the session's running turn (at most 10 s)."""
+    with trio.fail_after(10):
+        while True:
+            if session.waiting_inputs >= count:
+                return
+            await trio.sleep(0.01)
+
+
+@pytest.mark.parametrize("on_busy", ["enqueue", "steer"])
+async def test_messages_over_the_sessions_cap_are_refused_429_and_wait_nowhere(on_busy):
+    # The embedded app queued every message for a busy session, without a bound (serve's
+    # --max-queued-per-session was a front end's option, ignored here): one client held
+    # thousands of turns (or steered messages) waiting, each to run a model call.
+    script = Script(holding(), *[["done"]] * 4)
+    async with (
+        web_server(agent_of(script), on_busy=on_busy, max_queued_per_session=3) as server,
+        httpx.AsyncClient(base_url=server.url) as client,
+    ):
+        replies: dict = {}
+
+        async def send(key: str) -> None:
+            replies[key] = await client.post(
+                "/api/chat", json=ui_body("s", key, f"id-{key}"), timeout=30
+            )
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(send, "first")
+            await held["open"].wait()
+            session = server.host.sessions["s"]
+            for key in ("a", "b", "c"):
+                nursery.start_soon(send, key)
+            await waiting(session, 3)
+            await send("over")
+            held["release"].set()
+        await wait_idle(server, "s")
+        stored = (await client.get("/api/sessions/s")).json()
+    assert replies["over"].status_code == 429
+    assert replies["over"].headers["retry-after"] == "5"
+    assert "POST /api/chat/s/stop" in replies["over"].json()["error"]
+    assert {replies[k].status_code for k in "abc"} <= {200, 202}
+    users = sorted(m["content"] for m in stored["messages"] if m["role"] == "user")
+    assert users == ["a", "b", "c", "first"]
+
+
+def test_serve_gives_the_embedded_app_its_per_session_cap():
+    from runtime.app.web.serve import _embedded_cap, add_serve_arguments
+
+    parser = add_serve_arguments(argparse.ArgumentParser())
+    assert _embedded_cap(parser.parse_args([])) == {}  # the app's default, 100
+    assert _embedded_cap(parser.parse_args(["--max-queued-per-session", "7"])) == {
+        "max_queued_per_session": 7
+    }
+    assert _embedded_cap(parser.parse_args(["--max-queued-per-session", "off"])) == {
+        "max_queued_per_session": None
+    }
+
+
+# -- a regenerate that waited -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("on_busy", ["enqueue", "steer"])
+async def test_a_regenerate_that_waited_for_a_later_turn_cuts_nothing(on_busy):
+    # The client regenerates the answer to u1 while the turn of its next message u2 runs
+    # (another tab, a stale page). It waited, then cut the last turn, which was u2's: the
+    # message "two" and its answer vanished, and u1 was stored a second time. Idle, the
+    # same request is a 409: u1 is not the last user message.
+    script = Script(["one done"], holding(), ["two done"], ["one again"])
+    async with (
+        web_server(agent_of(script), on_busy=on_busy) as server,
+        httpx.AsyncClient(base_url=server.url) as client,
+    ):
+        replies: dict = {}
+        await client.post("/api/chat", json=ui_body("s", "one", "u1"), timeout=30)
+        two = ui_body("s", "two", "u2")
+        two["messages"].insert(0, ui_body("s", "one", "u1")["messages"][0])
+        regenerate = {**ui_body("s", "one", "u1"), "trigger": "regenerate-message"}
+
+        async def send(key: str, sent: dict) -> None:
+            replies[key] = await client.post("/api/chat", json=sent, timeout=30)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(send, "two", two)
+            await held["open"].wait()
+            nursery.start_soon(send, "regenerate", regenerate)
+            await waiting(server.host.sessions["s"], 1)
+            held["release"].set()
+        await wait_idle(server, "s")
+        stored = (await client.get("/api/sessions/s")).json()
+    assert replies["two"].status_code == 200
+    assert replies["regenerate"].status_code == 409
+    assert "'u1' is no longer the last user message" in replies["regenerate"].json()["error"]
+    users = [(m["id"], m["content"]) for m in stored["messages"] if m["role"] == "user"]
+    assert users == [("u1", "one"), ("u2", "two")]
+    assert len(script.requests) == 3  # "one", and the two steps of "two"
