@@ -185,12 +185,13 @@ async def test_a_200_that_is_no_event_stream_is_malformed_and_saves_nothing(
 ):
     """OpenAI and Anthropic said the stream was cut (no ``[DONE]``, no
     ``message_stop``): now that it holds no events, with its content type and first
-    bytes. Gemini quotes the undecodable data or says no ``finishReason`` came; Responses
-    reads through the SDK and says it was cut (left)."""
+    bytes. Gemini quotes the undecodable data or says no ``finishReason`` came;
+    Responses said it was cut until it read its body with our decoder (branch
+    ``leftovers``)."""
     async with attack_rig(kind, retry=ONCE) as r:
         _, result = await turn(r, reply)
         assert (result.error.kind, result.error.retryable) == ("MalformedStream", True)
-        if kind in ("openai", "anthropic"):
+        if kind in ("openai", "responses", "anthropic"):
             assert "holds no server-sent events" in result.error.message
             assert reply.content_type in result.error.message
             said = f"begins {reply.body[:20]!r}"[:-1] if reply.body else "it is empty"
@@ -223,12 +224,13 @@ async def test_comment_lines_before_and_between_events_are_skipped(kind, autojum
         await check_saved(r, text="Hello", failed=False)
 
 
-@pytest.mark.parametrize("kind", ["openai", "anthropic", "gemini"])
+@pytest.mark.parametrize("kind", KINDS)
 async def test_a_block_of_a_retry_field_alone_is_skipped(kind, autojump_clock):
     """``retry: 3000`` and a blank line, before the events: a block with no data. The
     OpenAI SDK's decoder makes it an event with empty data and fails parsing it (and so
     did the provider, which decodes as the SDK does): fixed; Gemini skipped it as a
-    field (fixed with the comments). Responses reads through the SDK's stream: left."""
+    field (fixed with the comments); Responses, read through the SDK's stream, failed
+    it too until it read its body with our decoder (branch ``leftovers``)."""
     async with attack_rig(kind, retry=ONCE) as r:
         sep = b"\r\n" if kind == "gemini" else b"\n"
         body = b"retry: 3000" + sep + sep + r.answer("Hel", "lo")
@@ -271,14 +273,15 @@ def small_events(monkeypatch):
 
 
 @pytest.mark.parametrize("shape", ["one-line", "data-lines"])
-@pytest.mark.parametrize("kind", ["openai", "anthropic", "gemini"])
+@pytest.mark.parametrize("kind", KINDS)
 async def test_an_endless_line_or_event_is_a_clear_error_not_unbounded_memory(
     kind, shape, small_events, autojump_clock
 ):
     """A server that sends text, then one line (or one event of data lines) with no end:
     the provider stops reading at the limit with a MalformedStream naming it; the text
     before is kept. (Before: the buffer grew without bound, re-joined with every read,
-    16 MiB costing 5 s of CPU.) Responses reads through the SDK's own decoder: left."""
+    16 MiB costing 5 s of CPU; Responses, read through the SDK's own decoder, which has
+    no limit, grew it until it read its body with ours, branch ``leftovers``.)"""
     async with attack_rig(kind, retry=ONCE) as r:
         prefix = head(kind, r.answer("Hel", "lo"))
         if shape == "one-line":

@@ -46,7 +46,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import AsyncIterable, Iterable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterable, Iterable, Sequence
+from contextlib import aclosing
 from typing import Any, ClassVar
 
 from actors.providers.failures import SHAPE_ERRORS, classify_status, text_of, tokens, unreadable
@@ -57,6 +58,7 @@ from actors.providers.openai_common import (
     json_schema_spec,
 )
 from actors.providers.openai_common import classify_error as _classify_openai
+from actors.providers.sse import SSEDecoder, no_events, sdk_sse_response
 from runtime import errors
 from runtime.actor_messages import InferRequest
 from runtime.chunks import (
@@ -687,6 +689,77 @@ class _Parser:
         await self.emit(FinishChunk(reason=finish, raw_reason=reason or status))
 
 
+async def sdk_events(stream: Any) -> AsyncGenerator[Any, None]:
+    """The typed events of an SDK ``AsyncStream``, as the SDK's own stream gives them,
+    its body read by our SSE decoder (:class:`~actors.providers.sse.SSEDecoder`) when
+    the SDK would decode it as plain SSE (:func:`~actors.providers.sse.sdk_sse_response`);
+    anything else (another decoder, a test double) is iterated as it is.
+
+    Why: the SDK's decoder has no limit on a line or an event, so a server that sends one
+    endless line grew the process's memory without bound; ours stops at
+    :data:`~actors.providers.failures.MAX_EVENT_BYTES` (:class:`EventTooLarge`, a
+    :class:`~runtime.errors.MalformedStream`), as for the other providers. Each event is
+    then what the SDK's stream makes of it: ``[DONE]`` ends the stream, an ``error``
+    object in the data is the SDK's ``APIError`` (legacy stream mode), the data is
+    parsed with :func:`json.loads` and built into the stream's type by the client
+    (unvalidated, as the SDK does). Two differences, as for Chat Completions: a block
+    of a ``retry:`` or ``id:`` field alone (no data; the SDK failed parsing it) is no
+    event, and a body with no event at all (an HTML page, a whole JSON answer, an empty
+    body, status 200) is :func:`~actors.providers.sse.no_events`, not "cut short".
+    Transport errors come from the HTTP library as they are (:func:`classify_error`
+    maps them as the SDK's wrapped ones)."""
+    response = sdk_sse_response(stream)
+    client = getattr(stream, "_client", None)
+    cast_to = getattr(stream, "_cast_to", None)
+    build = getattr(client, "_process_response_data", None)
+    if response is None or build is None or cast_to is None:
+        async for event in stream:
+            yield event
+        return
+    options = getattr(stream, "_options", None)
+    legacy = options is None or getattr(options, "stream_mode", "legacy") == "legacy"
+    synthesize = options is not None and bool(getattr(options, "synthesize_event_and_data", 0))
+    decoder = SSEDecoder()
+    head, seen = b"", False
+    chunks = response.aiter_bytes()
+    while True:
+        try:
+            chunk = await anext(chunks)
+        except StopAsyncIteration:
+            batch = decoder.finish()
+            last = True
+        else:
+            head = head or chunk[:200]
+            batch = decoder.feed(chunk)
+            last = False
+        for name, data in batch:
+            seen = True
+            if not data:
+                continue  # a retry: or id: field alone (the SDK failed parsing it)
+            if data.startswith(b"[DONE]"):
+                return
+            value = json.loads(data)
+            if legacy and isinstance(value, dict) and value.get("error"):
+                raise _sdk_stream_error(value["error"], response)
+            if synthesize:
+                value = {"data": value, "event": name}
+            yield build(data=value, cast_to=cast_to, response=response)
+        if last:
+            break
+    if not seen:
+        raise no_events(response, head, PROVIDER)
+
+
+def _sdk_stream_error(body: Any, response: Any) -> Exception:
+    """The ``APIError`` the SDK's stream raises for an ``error`` object in an event."""
+    import openai
+
+    message = body.get("message") if isinstance(body, dict) else None
+    if not message or not isinstance(message, str):
+        message = "An error occurred during streaming"
+    return openai.APIError(message=message, request=response.request, body=body)
+
+
 async def parse_stream(stream: AsyncIterable[Any], emit: Emit) -> None:
     """Read a Responses event stream and ``emit`` :data:`StreamChunk` s.
 
@@ -868,8 +941,9 @@ class OpenAIResponsesProvider(OpenAISDKProvider):
         except Exception as exc:
             raise classify_error(exc) from exc
         await self.observe_headers(getattr(response, "response", None))  # rate limits
-        async with response:  # closes the HTTP response on error and on cancellation
-            await parse_stream(response, emit)
+        # the response closes the HTTP response on error and on cancellation
+        async with response, aclosing(sdk_events(response)) as events:
+            await parse_stream(events, emit)
 
     def classify_error(self, exc: BaseException) -> AxonError:
         return classify_error(exc)
