@@ -551,6 +551,40 @@ async def test_a_huge_jsonrpc_id_is_refused_not_echoed_in_every_event():
 
 
 @pytest.mark.parametrize(
+    "method", ["SendMessage", "SendStreamingMessage", "message/send", "GetTask", "NoSuch"]
+)
+async def test_a_notification_gets_no_reply_and_runs_nothing(method):
+    """A request with no ``id`` is a JSON-RPC notification: the server must not reply
+    to it (JSON-RPC 2.0, section 4.1). It got a whole answer with ``"id": null`` (an
+    error for an unknown method or task), and a ``SendMessage`` ran its turn. Now: HTTP
+    204, no body, nothing run; ``"id": null`` is still a request, answered; what is no
+    request object is still refused."""
+    async with web_server(hello_agent("Hi.", "Hi."), protocols=BOTH) as s:
+        body = _send("hi")
+        del body["id"]
+        body["method"] = method
+        if method == "message/send":  # A2A 0.3's shapes
+            body["params"]["message"] = {
+                "messageId": "m-1",
+                "role": "user",
+                "parts": [{"kind": "text", "text": "hi"}],
+                "contextId": "demo-1",
+            }
+        elif method == "GetTask":
+            body["params"] = {"id": "no-such-task"}
+        async with httpx.AsyncClient(timeout=30) as http:
+            response = await http.post(s.url + "/a2a/jsonrpc", json=body)
+            sessions = await s.host.store.list_sessions()
+            answered = await _post(s, {**_send("hi"), "id": None})
+            invalid = await http.post(s.url + "/a2a/jsonrpc", json={**body, "jsonrpc": "1.0"})
+    assert (response.status_code, response.content) == (204, b"")
+    assert sessions == []
+    assert answered["id"] is None
+    assert answered["result"]["task"]["status"]["state"] == wire.COMPLETED
+    assert invalid.json()["error"]["code"] == -32600
+
+
+@pytest.mark.parametrize(
     "chunks",
     [
         [b'data: {"a": 1}\n\ndata: {"a": 2}\n\n'],

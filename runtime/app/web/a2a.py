@@ -272,7 +272,13 @@ class A2AEndpoint:
             method = body.get("method")
             if not isinstance(method, str) or not method:
                 raise wire.A2AError("InvalidRequest", "'method' must be a non-empty string")
-            if "id" in body and body["id"] is not request_id:
+            if "id" not in body:
+                # A notification: JSON-RPC 2.0 says the server must not reply to it, and
+                # every method here is a request whose answer is its point (a task to
+                # follow, a stream): nothing runs, the HTTP answer is empty (the
+                # a2a-sdk server ran it and replied with a null id; docs/protocols.md).
+                return Response(status_code=204)
+            if body["id"] is not request_id:
                 raise wire.A2AError(
                     "InvalidRequest",
                     f"'id' must be a string of at most {MAX_ID} characters, an integer or null",
