@@ -1066,3 +1066,29 @@ async def test_the_endpoint_is_mounted_only_when_named():
         async with httpx.AsyncClient(base_url=server.url) as c:
             assert (await c.get("/api/info")).status_code == 404
             assert (await c.get("/ag-ui")).status_code == 405
+
+
+async def test_a_run_id_the_relay_cannot_check_gets_a_new_turn_id():
+    """Embedded with a relay: a runId whose stream the relay holds, or cannot say it does
+    not (Redis down), is not the turn's id (the new turn would append to an earlier
+    turn's stream); the relay is asked once, with no retries, so a Redis that is down
+    does not hold the run up. Without a relay, or a runId that is no id, nothing asked."""
+    from runtime.app.web.agui import _unrelayed
+    from runtime.errors import RelayUnavailable
+
+    class Relay:
+        def __init__(self, answer: Any) -> None:
+            self.answer, self.asked = answer, []
+
+        async def holds_turn(self, turn_id: str) -> bool:
+            self.asked.append(turn_id)
+            if isinstance(self.answer, Exception):
+                raise self.answer
+            return bool(self.answer)
+
+    down = Relay(RelayUnavailable("Redis did not answer"))
+    assert await _unrelayed(Relay(True), "run-1") is None
+    assert await _unrelayed(Relay(False), "run-1") == "run-1"
+    assert await _unrelayed(down, "run-1") is None and down.asked == ["run-1"]
+    assert await _unrelayed(None, "run-1") == "run-1"
+    assert await _unrelayed(down, None) is None and down.asked == ["run-1"]

@@ -294,3 +294,61 @@ async def test_a_resume_after_a_takeover_does_not_repeat_start(redis_url: str) -
     types = [d["type"] for d in got if d != "[DONE]"]
     assert types[0] == "reset-step" and "start" not in types
     assert types[-1] == "finish"
+
+
+async def turns_ended(relay: Any, prefix: str, count: int) -> set[str]:
+    """The keys of the turn streams under ``prefix``, once ``count`` turn ends are written
+    in them (however many streams hold them)."""
+    from actors.relays.redis_entries import END
+
+    with trio.fail_after(10):
+        while True:
+            raw = await relay.client.keys(prefix + "turn:*")
+            keys = {k.decode() if isinstance(k, bytes) else k for k in raw}
+            ends = 0
+            for key in keys:
+                for entry in await relay.client.xrange(key, "-", "+"):
+                    items = json.loads(entry.field_values[b"items"])
+                    ends += sum(1 for item in items if item.get("type") == END)
+            if ends >= count:
+                return keys
+            await trio.sleep(0.01)
+
+
+async def test_an_agui_run_id_used_again_after_its_turn_ended_gets_a_stream_of_its_own(
+    redis_url: str,
+) -> None:
+    """Embedded with a relay (``serve --redis``): a careless client's constant ``runId``,
+    used again by another thread after the first turn ended, kept the id, so the new turn
+    appended to the first turn's relay stream (until its TTL) and a reader of that stream
+    (``turn:run-1``) saw both threads' turns. Now the relay is asked first: a taken id
+    gets a new turn id (as in a worker deployment), the client still sees its runId."""
+    from tests.test_agui import parse_sse, run_input, user
+
+    agent = Agent(name="a", provider=ScriptedProvider(["Hello"]))
+    prefix = unique_prefix()
+    async with (
+        RedisRelay.open(redis_url, prefix=prefix) as relay,
+        web_server(agent, relay=relay, protocols=("ag-ui",)) as server,
+    ):
+        await attach_relay(server.host, relay)
+        key = relay.turn_key("run-1")
+        async with httpx.AsyncClient(base_url=server.url, timeout=20) as client:
+            first = await client.post("/ag-ui", json=run_input("alice", user("x"), runId="run-1"))
+            with trio.fail_after(10):  # the first turn's stream, ended
+                alone = [c async for c in relay.read("run-1")]
+            before = await relay.client.xrange(key, "-", "+")
+            again = await client.post("/ag-ui", json=run_input("bob", user("y"), runId="run-1"))
+            await wait_idle(server, "bob")
+        keys = await turns_ended(relay, prefix, 2)  # both turns' streams written whole
+        others = {k.removeprefix(relay.turn_key("")) for k in keys} - {"run-1"}
+        after = await relay.client.xrange(key, "-", "+")
+        assert after == before  # nothing of bob's turn in run-1's stream
+        (bob_turn,) = others  # bob's turn has a stream of its own
+        with trio.fail_after(10):
+            bobs = [c async for c in relay.read(bob_turn)]
+    said = ["".join(e.get("delta", "") for e in parse_sse(r.text)) for r in (first, again)]
+    assert said == ["Hello", "Hello"]
+    assert all(e.get("runId", "run-1") == "run-1" for e in parse_sse(again.text))
+    assert {c.session_id for c in alone} == {"alice"}
+    assert {c.session_id for c in bobs} == {"bob"}

@@ -326,6 +326,29 @@ class RedisRelay:
                 f"the relay's key of turn {turn_id!r} is not a stream (junk in Redis)"
             ) from None
 
+    async def holds_turn(self, turn_id: str) -> bool:
+        """Whether the relay holds a stream of ``turn_id`` (an earlier turn of that id,
+        ended or not, until the stream's TTL): a new turn given that id would append to
+        it, and a reader of the stream see both turns. One try within the relay's
+        deadline of a round trip, no retries (it is asked before a turn starts, which a
+        Redis that is down must not hold up): :class:`~runtime.errors.RelayUnavailable`
+        when Redis does not answer."""
+        found = await _retried(
+            lambda: self.client.exists([self.turn_key(turn_id)]),
+            within=self.op_timeout,
+            retry_for=0,
+            base=self.retry_base,
+            cap=self.retry_max,
+            stalled=self._gave_up,
+            failed=lambda error: RelayUnavailable(
+                f"Redis did not answer (turn stream of {turn_id!r}): {error}"
+            ),
+            logger=log,
+            event="relay.read_failed",
+            what="turn stream",
+        )
+        return bool(found)
+
     async def active_turn(self, session_id: str) -> str | None:
         """The session's turn that is still streaming, if any (``None``: none, or ended).
 

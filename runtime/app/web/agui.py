@@ -88,6 +88,7 @@ from runtime.errors import (
     InvalidMedia,
     InvalidSessionId,
     MediaTooLarge,
+    RelayUnavailable,
     SessionBusy,
     SessionNotLoaded,
     TooManyParts,
@@ -576,7 +577,7 @@ class AGUIRoutes:
             session,
             text,
             user_message_id=user_id,
-            turn_id=_valid_id(run.run_id),
+            turn_id=await _unrelayed(state.relay, _valid_id(run.run_id)),
             tools=run.tools,
             instructions=run.instructions,
             keepalive=state.keepalive,
@@ -751,6 +752,24 @@ def _run_key(session_id: str, user_id: str) -> str:
     """The idempotency key of a run's new user message in the queue: a run sent again
     (the same message id, the same content) is the same turn."""
     return hashlib.sha256(orjson.dumps([session_id, "ag-ui", user_id])).hexdigest()
+
+
+async def _unrelayed(relay: Any, turn_id: str | None) -> str | None:
+    """``turn_id`` (the client's ``runId``) as an embedded turn's id, unless the relay the
+    host publishes its turns to (``serve --redis``) holds a stream of that id: a runId
+    used again after its turn ended (a careless client's constant one) made the new turn
+    append to the earlier turn's stream (until its TTL), so a reader of that stream saw
+    both turns. Then, or when the relay cannot tell (Redis down), ``None``: the turn gets
+    a new id, as a taken id does in a worker deployment (:meth:`AGUIRoutes._submit`) and
+    while a turn of that id runs (the Host); its events still carry the ``runId``."""
+    holds = getattr(relay, "holds_turn", None)
+    if turn_id is None or holds is None:
+        return turn_id
+    try:
+        taken = await holds(turn_id)
+    except RelayUnavailable:
+        return None
+    return None if taken else turn_id
 
 
 def _queue_turn_id(run_id: str) -> str | None:
