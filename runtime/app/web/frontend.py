@@ -306,16 +306,20 @@ class FrontEnd:
         check_media(text, state.agent_for(session_id))
         # ``serve --on-busy`` (None: enqueue): the queue decides it with the insert.
         steer = state.on_busy == STEER and not regenerate
+        options = None
+        if steer:  # a steering message's id is the client's, whichever turn stores it
+            options = TurnOptions(user_message_id=client_message_id(payload) or new_id("msg"))
+        elif regenerate and isinstance(payload.get("messageId"), str):
+            # the answer it replaces: refused by the worker if a later message's turn
+            # ran while it waited (not here: a retry of it finds its own turn running)
+            options = TurnOptions(regenerates=payload["messageId"])
         turn = await self.submit(
             session_id,
             text,
             idempotency_key(session_id, payload, regenerate),
             regenerate,
             on_busy=state.on_busy,
-            # a steering message's id is the client's, whichever turn stores it
-            options=TurnOptions(user_message_id=client_message_id(payload) or new_id("msg"))
-            if steer
-            else None,
+            options=options,
         )
         if state.on_busy == INTERRUPT:
             await self._interrupt_running(session_id, turn)
