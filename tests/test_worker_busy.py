@@ -340,3 +340,39 @@ async def test_a_regenerate_of_the_last_answer_and_an_old_row_naming_none_still_
     assert record is not None
     assert [type(m) for m in record.messages] == [UserMessage, AssistantMessage]
     assert record.messages[-1].id == f"msg_{old.turn_id}"
+
+
+async def test_a_stop_naming_a_queued_turn_cancels_it_and_not_the_running_one(
+    pg_url: str, redis_url: str
+) -> None:
+    # A stop names the turn to stop (the embedded app takes a named message out of its
+    # queue the same way): a front end that ignored the name stopped the running turn,
+    # the one the client did not mean. A message id it cannot look up is a 400, never
+    # the running turn stopped instead.
+    async with deployment(pg_url, redis_url, slow_agent(150)) as d:
+        async with httpx.AsyncClient(base_url=d.urls[0], timeout=LIMIT) as client:
+            replies: dict[str, httpx.Response] = {}
+
+            async def post(text: str, message_id: str) -> None:
+                replies[text] = await client.post("/api/chat", json=body("s1", text, message_id))
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(post, "one", "u1")
+                running = await wait_for_turn(d.queue, "s1", "running")
+                nursery.start_soon(post, "two", "u2")
+                with trio.fail_after(LIMIT):
+                    while len(turns := await d.queue.turns("s1")) < 2:  # noqa: ASYNC110
+                        await trio.sleep(0.02)
+                by_message = await client.post("/api/chat/s1/stop", json={"messageId": "u2"})
+                stop = await client.post("/api/chat/s1/stop", json={"turnId": turns[1].turn_id})
+                other = await client.post("/api/chat/s1/stop", json={"turnId": "turn_nope"})
+        turns = await d.queue.turns("s1")
+    assert by_message.status_code == 400
+    assert stop.status_code == 202 and stop.json()["turn_id"] == turns[1].turn_id
+    assert other.status_code == 204
+    assert [(t.turn_id == running.turn_id, t.status) for t in turns] == [
+        (True, "done"),
+        (False, "cancelled"),
+    ]
+    assert data(sse_events(replies["two"].text)) == [{"type": "abort", "reason": "stopped by user"}]
+    assert "finish" in [e["type"] for e in data(sse_events(replies["one"].text))]
