@@ -20,11 +20,13 @@ import trio
 from actors.providers.scripted import ScriptedProvider, Sleep, current_step, tool_call
 from actors.stores.turns import TurnQueue
 from runtime.agent import Agent
-from runtime.app.worker import Worker
+from runtime.app.worker import Worker, _outdated_regenerate
 from runtime.busy import INTERRUPT, INTERRUPTED_BY_NEW
-from runtime.errors import SessionBusy
+from runtime.errors import RegenerateOutdated, SessionBusy
 from runtime.messages import AssistantMessage, UserMessage
+from runtime.store import SessionRecord
 from runtime.tools import tool
+from runtime.turn_queue import Claim, QueuedTurn, TurnOptions
 from tests.support.redis import require_redis
 from tests.support.worker_agent import _last_input
 from tests.test_frontend import (
@@ -376,3 +378,40 @@ async def test_a_stop_naming_a_queued_turn_cancels_it_and_not_the_running_one(
     ]
     assert data(sse_events(replies["two"].text)) == [{"type": "abort", "reason": "stopped by user"}]
     assert "finish" in [e["type"] for e in data(sse_events(replies["one"].text))]
+
+
+def _regenerate_claim(
+    *, regenerates: str | None, takeover: bool = False, saved: bool = False
+) -> Claim:
+    turn = QueuedTurn(
+        turn_id="t3", session_id="s1", seq=3, status="running", owner="w", epoch=1,
+        attempts=1, saved=saved, cancel_requested=False, cancel_reason=None,
+        finish_reason=None, error=None, input="one", meta={}, regenerate=True,
+        idempotency_key=None, options=TurnOptions(regenerates=regenerates),
+    )  # fmt: skip
+    return Claim(turn=turn, owner="w", epoch=1, takeover=takeover)
+
+
+def test_the_workers_regenerate_check_asks_only_a_first_start_naming_a_known_answer() -> None:
+    # A takeover or a saved turn goes on with what its own saves stored (its new answer
+    # follows the later message: refusing it then would fail a turn half done); a row
+    # without the field, or naming an answer the history does not hold, replaces the
+    # last turn as before.
+    history = (
+        UserMessage(content="one", id="u1"),
+        AssistantMessage(id="a1"),
+        UserMessage(content="two", id="u2"),
+        AssistantMessage(id="a2"),
+    )
+    record = SessionRecord(session_id="s1", messages=history)
+    outdated = _outdated_regenerate(_regenerate_claim(regenerates="a1"), None, record)
+    assert isinstance(outdated, RegenerateOutdated) and "'u2'" in str(outdated)
+    assert _outdated_regenerate(_regenerate_claim(regenerates="a1"), history, None) is not None
+    for claim in (
+        _regenerate_claim(regenerates="a2"),  # the last answer: regenerated
+        _regenerate_claim(regenerates=None),  # a row from before the field
+        _regenerate_claim(regenerates="a9"),  # an answer the history does not hold
+        _regenerate_claim(regenerates="a1", takeover=True),
+        _regenerate_claim(regenerates="a1", saved=True),
+    ):
+        assert _outdated_regenerate(claim, None, record) is None
