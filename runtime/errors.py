@@ -218,6 +218,16 @@ class RegenerateOutdated(SessionBusy):
     (the one the client did not ask to run again) and store the message a second time."""
 
 
+class TurnWithdrawn(SessionError):
+    """A message that waited for its session's running turn was taken out of the queue
+    before its own turn started (``POST /api/chat/{id}/stop`` naming it): it never ran,
+    nothing of it was stored. ``reason`` says who took it out."""
+
+    def __init__(self, message: str, *, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
 class HostClosed(AxonError):
     """The host was closed (its ``async with`` block was left): nothing more can start on it,
     no session opened nor turn run; open a new host (``Host.open()``), whose sessions load

@@ -85,6 +85,13 @@ class TurnOptions:
     """The session is only this turn's: the worker deletes it once the turn is over (a
     stateless OpenAI request), and a turn that would wait for input ends instead, since
     nobody can answer it."""
+    regenerates: str | None = None
+    """A regenerate's: the id of the assistant message it replaces (the AI SDK's
+    ``messageId``). The worker refuses the turn as it would start
+    (:class:`~runtime.errors.RegenerateOutdated`: it fails, nothing cut or stored) when
+    a user message follows that message in the session: the turn it waited for answered
+    a later message, whose turn it would cut. ``None`` (a row queued before this field):
+    the last turn is replaced whatever it is, as before."""
 
     @property
     def empty(self) -> bool:

@@ -414,3 +414,57 @@ async def test_a_regenerate_that_waited_for_a_later_turn_cuts_nothing(on_busy):
     users = [(m["id"], m["content"]) for m in stored["messages"] if m["role"] == "user"]
     assert users == [("u1", "one"), ("u2", "two")]
     assert len(script.requests) == 3  # "one", and the two steps of "two"
+
+
+# -- a stop naming a queued message -------------------------------------------------------
+
+
+async def test_a_stop_naming_a_queued_message_takes_it_out_and_the_running_turn_goes_on():
+    # POST /api/chat/{id}/stop stopped only the running turn: a message waiting behind
+    # it (enqueue) could be stopped only by its client hanging up, while a front end's
+    # stop cancels a queued turn. Named (its client's id, or its turn id), it is taken out
+    # of the queue: its client's stream ends with an abort, nothing of it is stored, the
+    # running turn and the other waiting messages go on.
+    script = Script(holding(), ["first done"], ["third done"])
+    async with (
+        web_server(agent_of(script), on_busy="enqueue") as server,
+        httpx.AsyncClient(base_url=server.url) as client,
+    ):
+        replies: dict = {}
+
+        async def send(key: str, sent: dict) -> None:
+            replies[key] = await client.post("/api/chat", json=sent, timeout=30)
+
+        session = server.host.sessions
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(send, "first", ui_body("s", "first", "u1"))
+            await held["open"].wait()
+            nursery.start_soon(send, "second", ui_body("s", "second", "u2"))
+            await waiting(session["s"], 1)
+            nursery.start_soon(send, "third", ui_body("s", "third", "u3"))
+            await waiting(session["s"], 2)
+            nursery.start_soon(send, "fourth", ui_body("s", "fourth", "u4"))
+            await waiting(session["s"], 3)
+            fourth = session["s"].waiting_stream(message_id="u4", turn_id=None).turn_id
+            unknown = await client.post("/api/chat/s/stop", json={"messageId": "u9"})
+            stop = await client.post("/api/chat/s/stop", json={"messageId": "u2"})
+            by_turn = await client.post("/api/chat/s/stop", json={"turnId": fourth})
+            with trio.fail_after(LIMIT):
+                while "second" not in replies or "fourth" not in replies:  # noqa: ASYNC110
+                    await trio.sleep(0.01)
+            assert session["s"].current is not None  # the running turn was not stopped
+            held["release"].set()
+        await wait_idle(server, "s")
+        stored = (await client.get("/api/sessions/s")).json()
+    assert unknown.status_code == 204  # names no waiting nor running message: stops nothing
+    assert stop.status_code == 202 and stop.json()["queued"] is True
+    assert by_turn.status_code == 202 and by_turn.json()["turn_id"] == fourth
+    for stopped in ("second", "fourth"):
+        assert replies[stopped].status_code == 200
+        assert [line for line in replies[stopped].text.split("\n\n") if line] == [
+            'data: {"type":"abort","reason":"stopped by user"}',
+            "data: [DONE]",
+        ]
+    users = [m["content"] for m in stored["messages"] if m["role"] == "user"]
+    assert users == ["first", "third"]
+    assert len(script.requests) == 3  # the two steps of "first", and "third"

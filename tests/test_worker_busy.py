@@ -20,11 +20,13 @@ import trio
 from actors.providers.scripted import ScriptedProvider, Sleep, current_step, tool_call
 from actors.stores.turns import TurnQueue
 from runtime.agent import Agent
-from runtime.app.worker import Worker
+from runtime.app.worker import Worker, _outdated_regenerate
 from runtime.busy import INTERRUPT, INTERRUPTED_BY_NEW
-from runtime.errors import SessionBusy
+from runtime.errors import RegenerateOutdated, SessionBusy
 from runtime.messages import AssistantMessage, UserMessage
+from runtime.store import SessionRecord
 from runtime.tools import tool
+from runtime.turn_queue import Claim, QueuedTurn, TurnOptions
 from tests.support.redis import require_redis
 from tests.support.worker_agent import _last_input
 from tests.test_frontend import (
@@ -256,3 +258,160 @@ async def test_a_replayed_interrupted_message_does_not_stop_the_message_that_int
         turns = await d.queue.turns("s1")
     assert again.status_code == 200
     assert [(t.input, t.status) for t in turns] == [("one", "cancelled"), ("two", "done")]
+
+
+# -- a regenerate that waited -------------------------------------------------------------
+
+
+def _regenerate(session_id: str, text: str, message_id: str, answer_id: str) -> dict[str, Any]:
+    """The AI SDK's regenerate of ``answer_id`` (the answer to ``message_id``)."""
+    return {**body(session_id, text, message_id), "trigger": "regenerate-message",
+            "messageId": answer_id}  # fmt: skip
+
+
+async def test_a_regenerate_that_waited_for_a_later_turn_fails_and_cuts_nothing(
+    pg_url: str, redis_url: str
+) -> None:
+    # Another tab regenerates the answer to "one" while the turn of "two" runs: the
+    # regenerate waits in the queue, then its worker cut the last turn, which was
+    # "two"'s: "two" and its answer vanished and "one" was stored twice. Now the worker
+    # refuses it as it would start: the turn fails, its stream says why.
+    async with deployment(pg_url, redis_url, slow_agent(150)) as d:
+        async with httpx.AsyncClient(base_url=d.urls[0], timeout=LIMIT) as client:
+            await client.post("/api/chat", json=body("s1", "one", "u1"))
+            first = await d.store.load("s1")
+            assert first is not None
+            answer = first.messages[-1].id
+            replies: dict[str, httpx.Response] = {}
+
+            async def post(key: str, sent: dict[str, Any]) -> None:
+                replies[key] = await client.post("/api/chat", json=sent)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(post, "two", body("s1", "two", "u2"))
+                await wait_for_turn(d.queue, "s1", "running")
+                nursery.start_soon(post, "regenerate", _regenerate("s1", "one", "u1", answer))
+            retry = await client.post("/api/chat", json=_regenerate("s1", "one", "u1", answer))
+        turns = await d.queue.turns("s1")
+        record = await d.store.load("s1")
+    assert record is not None
+    assert [m.text for m in record.messages if isinstance(m, UserMessage)] == ["one", "two"]
+    assert len([m for m in record.messages if isinstance(m, AssistantMessage)]) == 2
+    assert answer in [m.id for m in record.messages]
+    assert [(t.input, t.regenerate, t.status) for t in turns] == [
+        ("one", False, "done"),
+        ("two", False, "done"),
+        ("one", True, "failed"),
+    ]
+    assert "is no longer the last answer" in (turns[2].error or "")
+    assert replies["two"].status_code == 200
+    for reply in (replies["regenerate"], retry):  # the retry is the same turn: the same end
+        errors = [e for e in data(sse_events(reply.text)) if e["type"] == "error"]
+        assert len(errors) == 1 and "is no longer the last answer" in errors[0]["errorText"]
+
+
+async def test_a_regenerate_of_the_last_answer_and_an_old_row_naming_none_still_run(
+    pg_url: str, redis_url: str
+) -> None:
+    # The check refuses only a regenerate whose answer a later message follows: the
+    # last answer is regenerated as before, and so is a row queued without the field
+    # (a front end of before it, a mixed fleet while upgrading).
+    async with deployment(pg_url, redis_url, slow_agent(3, 0.0)) as d:
+        async with httpx.AsyncClient(base_url=d.urls[0], timeout=LIMIT) as client:
+            await client.post("/api/chat", json=body("s1", "one", "u1"))
+            first = await d.store.load("s1")
+            assert first is not None
+            named = await client.post(
+                "/api/chat", json=_regenerate("s1", "one", "u1", first.messages[-1].id)
+            )
+            old = await d.queue.submit("s1", "one", regenerate=True)  # no TurnOptions
+            with trio.fail_after(LIMIT):
+                while not (await d.queue.get_status(old.turn_id)).finished:  # type: ignore[union-attr]  # noqa: ASYNC110
+                    await trio.sleep(0.02)
+        turns = await d.queue.turns("s1")
+        record = await d.store.load("s1")
+    assert named.status_code == 200
+    assert "finish" in [e["type"] for e in data(sse_events(named.text))]
+    assert [(t.regenerate, t.status) for t in turns] == [
+        (False, "done"),
+        (True, "done"),
+        (True, "done"),
+    ]
+    assert turns[1].options.regenerates == first.messages[-1].id
+    assert turns[2].options.regenerates is None
+    assert record is not None
+    assert [type(m) for m in record.messages] == [UserMessage, AssistantMessage]
+    assert record.messages[-1].id == f"msg_{old.turn_id}"
+
+
+async def test_a_stop_naming_a_queued_turn_cancels_it_and_not_the_running_one(
+    pg_url: str, redis_url: str
+) -> None:
+    # A stop names the turn to stop (the embedded app takes a named message out of its
+    # queue the same way): a front end that ignored the name stopped the running turn,
+    # the one the client did not mean. A message id it cannot look up is a 400, never
+    # the running turn stopped instead.
+    async with deployment(pg_url, redis_url, slow_agent(150)) as d:
+        async with httpx.AsyncClient(base_url=d.urls[0], timeout=LIMIT) as client:
+            replies: dict[str, httpx.Response] = {}
+
+            async def post(text: str, message_id: str) -> None:
+                replies[text] = await client.post("/api/chat", json=body("s1", text, message_id))
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(post, "one", "u1")
+                running = await wait_for_turn(d.queue, "s1", "running")
+                nursery.start_soon(post, "two", "u2")
+                with trio.fail_after(LIMIT):
+                    while len(turns := await d.queue.turns("s1")) < 2:  # noqa: ASYNC110
+                        await trio.sleep(0.02)
+                by_message = await client.post("/api/chat/s1/stop", json={"messageId": "u2"})
+                stop = await client.post("/api/chat/s1/stop", json={"turnId": turns[1].turn_id})
+                other = await client.post("/api/chat/s1/stop", json={"turnId": "turn_nope"})
+        turns = await d.queue.turns("s1")
+    assert by_message.status_code == 400
+    assert stop.status_code == 202 and stop.json()["turn_id"] == turns[1].turn_id
+    assert other.status_code == 204
+    assert [(t.turn_id == running.turn_id, t.status) for t in turns] == [
+        (True, "done"),
+        (False, "cancelled"),
+    ]
+    assert data(sse_events(replies["two"].text)) == [{"type": "abort", "reason": "stopped by user"}]
+    assert "finish" in [e["type"] for e in data(sse_events(replies["one"].text))]
+
+
+def _regenerate_claim(
+    *, regenerates: str | None, takeover: bool = False, saved: bool = False
+) -> Claim:
+    turn = QueuedTurn(
+        turn_id="t3", session_id="s1", seq=3, status="running", owner="w", epoch=1,
+        attempts=1, saved=saved, cancel_requested=False, cancel_reason=None,
+        finish_reason=None, error=None, input="one", meta={}, regenerate=True,
+        idempotency_key=None, options=TurnOptions(regenerates=regenerates),
+    )  # fmt: skip
+    return Claim(turn=turn, owner="w", epoch=1, takeover=takeover)
+
+
+def test_the_workers_regenerate_check_asks_only_a_first_start_naming_a_known_answer() -> None:
+    # A takeover or a saved turn goes on with what its own saves stored (its new answer
+    # follows the later message: refusing it then would fail a turn half done); a row
+    # without the field, or naming an answer the history does not hold, replaces the
+    # last turn as before.
+    history = (
+        UserMessage(content="one", id="u1"),
+        AssistantMessage(id="a1"),
+        UserMessage(content="two", id="u2"),
+        AssistantMessage(id="a2"),
+    )
+    record = SessionRecord(session_id="s1", messages=history)
+    outdated = _outdated_regenerate(_regenerate_claim(regenerates="a1"), None, record)
+    assert isinstance(outdated, RegenerateOutdated) and "'u2'" in str(outdated)
+    assert _outdated_regenerate(_regenerate_claim(regenerates="a1"), history, None) is not None
+    for claim in (
+        _regenerate_claim(regenerates="a2"),  # the last answer: regenerated
+        _regenerate_claim(regenerates=None),  # a row from before the field
+        _regenerate_claim(regenerates="a9"),  # an answer the history does not hold
+        _regenerate_claim(regenerates="a1", takeover=True),
+        _regenerate_claim(regenerates="a1", saved=True),
+    ):
+        assert _outdated_regenerate(claim, None, record) is None

@@ -61,6 +61,7 @@ from runtime.errors import (
     SessionError,
     SessionNotLoaded,
     StoreConflict,
+    TurnWithdrawn,
 )
 from runtime.events import TurnQueued
 from runtime.ids import new_id
@@ -235,6 +236,8 @@ class TurnStream:
         the session's queue."""
         self._poked: trio.Event | None = None
         """What this stream waits on while queued (:meth:`poke`)."""
+        self._withdrawn: str | None = None
+        """Why it was taken out of its session's queue before it started (:meth:`withdraw`)."""
         self.steered = False
         """Whether the input joined the turn that was running (the ``steer`` busy
         strategy) instead of starting one: then this stream yields no chunks (the
@@ -354,6 +357,17 @@ class TurnStream:
         if event is not None:
             event.set()
 
+    def withdraw(self, reason: str) -> bool:
+        """Take this stream's input out of its session's queue before its turn starts
+        (``POST /api/chat/{id}/stop`` naming a queued message): its ``async with`` raises
+        :class:`~runtime.errors.TurnWithdrawn`, nothing run or stored. ``False`` when it
+        does not wait in the queue (started, steered, over, or not entered yet)."""
+        if self not in self.session._queue:
+            return False
+        self._withdrawn = reason
+        self.poke()
+        return True
+
     async def _wait_poked(self) -> None:
         """Until :meth:`poke`: a turn of the session started or ended, or a stream left
         the queue, while this one heads it."""
@@ -458,6 +472,13 @@ class TurnStream:
                 )
             )
             while True:
+                if self._withdrawn is not None:
+                    raise TurnWithdrawn(
+                        f"the message waiting for session {session.id!r}'s turn was taken "
+                        f"out of its queue ({self._withdrawn}): it did not run, nothing "
+                        "was stored",
+                        reason=self._withdrawn,
+                    )
                 if session.host.shutting_down:
                     raise SessionBusy(
                         f"session {session.id!r}: the host is shutting down; the waiting turn "
@@ -783,6 +804,16 @@ class Session:
         self.leave_queue(stream)
         if self.current is None and not self._queue:
             self.host.rest(self)
+
+    def waiting_stream(self, *, message_id: str | None, turn_id: str | None) -> TurnStream | None:
+        """The stream waiting in the queue (not started yet) whose user message is
+        ``message_id`` or whose turn is ``turn_id``, if any."""
+        for stream in self._queue:
+            if (message_id is not None and stream.user_message_id == message_id) or (
+                turn_id is not None and stream.turn_id == turn_id
+            ):
+                return stream
+        return None
 
     def holds_input(self, message_id: str) -> str | None:
         """Where the session holds user message ``message_id`` while a turn runs or waits:

@@ -90,12 +90,14 @@ from runtime.errors import (
     ConfigurationError,
     InvalidHistory,
     LeaseLost,
+    RegenerateOutdated,
     RelayUnavailable,
     StoreError,
 )
 from runtime.history import off_loop_limiter
 from runtime.logging import configure_logging, get_logger
 from runtime.media import InputLimits
+from runtime.messages import UserMessage
 from runtime.output import ErrorInfo, ResetStep, StepStart
 from runtime.redact import redact, redact_url
 from runtime.store import SessionRecord, Store
@@ -747,6 +749,9 @@ class Worker:
         assert host is not None
         was_open = host.sessions.get(turn.session_id) is not None
         session, loaded = await self._claimed_session(host, claim)
+        outdated = _outdated_regenerate(claim, session.messages if was_open else None, loaded)
+        if outdated is not None:
+            return await self._refuse(entry, outdated)
         steered: list[str] = []  # the ids of the steering messages the turn took
         # A takeover may find steering its turn's earlier worker never took: read once.
         watch = SteerWatch(taken=-1 if claim.takeover else 0)
@@ -773,6 +778,22 @@ class Worker:
         elif turn.options.ephemeral:
             await self._forget(session)
         return status
+
+    async def _refuse(self, entry: _Running, exc: Exception) -> str:
+        """Fail the claimed turn before it starts (nothing run, cut or stored): its
+        stream's readers are told why by the front end, from the row's error."""
+        claim = entry.claim
+        message = redact(f"{type(exc).__name__}: {exc}")
+        log().info("worker.turn_refused", turn_id=claim.turn.turn_id, error=message[:500])
+        with trio.CancelScope(shield=True):
+            try:
+                if not await self.queue.finish(
+                    claim, status="failed", finish_reason="error", error=message
+                ):
+                    return "lost"
+            except LeaseLost:
+                return "lost"
+        return "failed"
 
     async def _drop_lost(self, entry: _Running, session: Any) -> None:
         """The turn went to another worker (its lease lapsed, a save was refused): its
@@ -1082,6 +1103,37 @@ class Worker:
             except LeaseLost:
                 return "lost"
         return WAITING
+
+
+def _outdated_regenerate(
+    claim: Claim, open_messages: Sequence[Any] | None, loaded: Any
+) -> RegenerateOutdated | None:
+    """Why the claimed regenerate must not run (``None``: it may): a user message follows
+    the assistant message it names (``TurnOptions.regenerates``) in the history the turn
+    would start from, so the turn it waited for answered a later message. Cutting the
+    last turn would drop that message and its answer and store the regenerated one a
+    second time (embedded, :meth:`~runtime.app.session.TurnStream._check_still_last`).
+    Asked only as the turn first starts (a takeover or a continuation goes on with what
+    its own saves stored), and only of a row that names the message (older rows, a
+    message the history does not hold: the last turn is replaced, as before).
+    ``open_messages``: the open session's history, when it was open before the claim."""
+    turn = claim.turn
+    named = turn.options.regenerates
+    if not turn.regenerate or named is None or claim.takeover or claim.resumed or turn.saved:
+        return None
+    record = claim.stored or (None if open_messages is not None else loaded)
+    messages = record.messages if record is not None else (open_messages or ())
+    at = next((i for i, m in enumerate(messages) if getattr(m, "id", None) == named), None)
+    if at is None:
+        return None
+    later = [m for m in messages[at + 1 :] if isinstance(m, UserMessage)]
+    if not later:
+        return None
+    return RegenerateOutdated(
+        f"message {named!r} is no longer the last answer of session {turn.session_id!r}: "
+        f"message {later[-1].id!r} was answered after it while this regenerate waited; "
+        "nothing was regenerated."
+    )
 
 
 async def _client_tools(specs: Sequence[ClientToolSpec]) -> tuple[Tool, ...]:

@@ -83,7 +83,7 @@ from runtime.app.web.http import session_id_param as _session_id
 from runtime.app.web.protocols import mount_protocols
 from runtime.app.web.resend import classify_resend, client_message_id, replay_response
 from runtime.app.web.resume import resume_stream, stop_turn
-from runtime.app.web.ui_stream import DONE, HEADERS, UIStreamEncoder, ui_messages
+from runtime.app.web.ui_stream import DONE, HEADERS, UIStreamEncoder, sse, ui_messages
 from runtime.app.web.writer import BodyWriter
 from runtime.approval import Recorded, pending_calls
 from runtime.busy import REJECT, OnBusy, check_on_busy
@@ -93,6 +93,7 @@ from runtime.errors import (
     NothingToResume,
     RegenerateOutdated,
     SessionBusy,
+    TurnWithdrawn,
 )
 from runtime.messages import UserContent
 from runtime.serde import unstructure
@@ -340,6 +341,13 @@ class TurnResponse:
                     else self.busy(session)  # another protocol's 409, in its own shape
                 )
                 await busy(scope, receive, send)
+            except TurnWithdrawn as exc:  # stopped while it waited: never ran, nothing stored
+                stopped = (
+                    Response(sse({"type": "abort", "reason": exc.reason}) + DONE, headers=HEADERS)
+                    if self.busy is _busy
+                    else error_response(409, str(exc))  # another protocol: no UI stream
+                )
+                await stopped(scope, receive, send)
             except SessionBusy:
                 if started:
                     raise

@@ -85,6 +85,7 @@ from runtime.app.web.resume import (
     RelayStreamResponse,
     _unavailable_as_503,
     parse_after_seq,
+    stop_target,
     unavailable_event,
 )
 from runtime.app.web.ui_stream import error_text, sse, ui_messages
@@ -116,6 +117,7 @@ from runtime.turn_queue import (
     QueuedTurn,
     TurnOptions,
     TurnQueue,
+    TurnStatus,
 )
 
 
@@ -306,16 +308,20 @@ class FrontEnd:
         check_media(text, state.agent_for(session_id))
         # ``serve --on-busy`` (None: enqueue): the queue decides it with the insert.
         steer = state.on_busy == STEER and not regenerate
+        options = None
+        if steer:  # a steering message's id is the client's, whichever turn stores it
+            options = TurnOptions(user_message_id=client_message_id(payload) or new_id("msg"))
+        elif regenerate and isinstance(payload.get("messageId"), str):
+            # the answer it replaces: refused by the worker if a later message's turn
+            # ran while it waited (not here: a retry of it finds its own turn running)
+            options = TurnOptions(regenerates=payload["messageId"])
         turn = await self.submit(
             session_id,
             text,
             idempotency_key(session_id, payload, regenerate),
             regenerate,
             on_busy=state.on_busy,
-            # a steering message's id is the client's, whichever turn stores it
-            options=TurnOptions(user_message_id=client_message_id(payload) or new_id("msg"))
-            if steer
-            else None,
+            options=options,
         )
         if state.on_busy == INTERRUPT:
             await self._interrupt_running(session_id, turn)
@@ -514,6 +520,22 @@ class FrontEnd:
 
     async def stop(self, request: Request) -> Response:
         session_id = session_id_param(request.path_params["session_id"])
+        message_id, named = await stop_target(request)
+        if message_id is not None:  # (the queue keeps a message's id only hashed)
+            raise ApiError(400, "a front end stops a queued turn by its turnId, not by a messageId")
+        if named is not None:  # that turn only, queued or running: never another
+            turn = await self.queue.get_status(named)
+            if (
+                turn is None
+                or turn.session_id != session_id
+                or turn.status
+                not in (
+                    QUEUED,
+                    RUNNING,
+                )
+            ):
+                return Response(status_code=204)
+            return await self._stop(turn)
         turn = await self.queue.active(session_id)
         if turn is None:  # a turn that waits for input: its calls are denied, "stopped"
             record = self._recorder(request, session_id, [])
@@ -521,6 +543,9 @@ class FrontEnd:
             if waiting is None:
                 return Response(status_code=204)
             return json_response({"turn_id": waiting}, 202)
+        return await self._stop(turn)
+
+    async def _stop(self, turn: TurnStatus) -> Response:
         turn = await self.queue.request_cancel(turn.turn_id, STOPPED) or turn
         if turn.status == "running":  # its worker also hears it on the relay, at once
             await _unavailable_as_503(self.relay.request_cancel(turn.turn_id, STOPPED))

@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
+import orjson
 import trio
 from starlette.requests import Request
 from starlette.responses import Response
@@ -341,9 +342,48 @@ async def resume_stream(request: Request) -> Any:
     )
 
 
+async def stop_target(request: Request) -> tuple[str | None, str | None]:
+    """The ``(messageId, turnId)`` a stop's JSON body names, each optional."""
+    raw = await request.body()
+    try:
+        body = orjson.loads(raw) if raw.strip() else {}
+    except orjson.JSONDecodeError:
+        raise ApiError(400, "the body of a stop must be a JSON object") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, "the body of a stop must be a JSON object")
+    named = []
+    for field in ("messageId", "turnId"):
+        value = body.get(field)
+        if value is not None and (not isinstance(value, str) or not value):
+            raise ApiError(400, f"{field} must be a non-empty string")
+        named.append(value)
+    return named[0], named[1]
+
+
 async def stop_turn(request: Request) -> Response:
+    """Stop the session's running turn; a body naming a message (``messageId``, the
+    client's id) or a turn (``turnId``) that waits for that turn takes it out of the
+    queue instead: it never runs, its client's stream ends (``abort``, the reason
+    :data:`STOPPED`), nothing is stored for it. One that names neither a waiting nor the
+    running turn stops nothing (204)."""
     state = web_state(request)
     session_id = session_id_param(request.path_params["session_id"])
+    message_id, named_turn = await stop_target(request)
+    if message_id is not None or named_turn is not None:
+        session = state.host.sessions.get(session_id)
+        waiting = (
+            None
+            if session is None
+            else session.waiting_stream(message_id=message_id, turn_id=named_turn)
+        )
+        if waiting is not None and waiting.withdraw(STOPPED):
+            return json_response({"turn_id": waiting.turn_id, "queued": True}, 202)
+        current = session.current if session is not None else None
+        if current is None or (
+            named_turn not in (None, current.turn_id)
+            or message_id not in (None, current.user_message_id)
+        ):
+            return Response(status_code=204)  # not this session's running turn: left alone
     turn_id = await _unavailable_as_503(cancel_turn(state, session_id))
     if turn_id is None:
         return Response(status_code=204)
@@ -356,6 +396,7 @@ __all__ = [
     "cancel_turn",
     "parse_after_seq",
     "resume_stream",
+    "stop_target",
     "stop_turn",
     "stored_turn_chunks",
 ]
