@@ -166,8 +166,6 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
         fails (:class:`~runtime.provider.FallbackProvider`)."""
         self.engine = engine
         self.controller = controller
-        self._turn: Turn | None = None
-        """The turn running, for :meth:`_end_crashed`."""
         self.tool_executor = tool_executor
         self.persister = persister
         self.stream_inbox = stream_inbox
@@ -204,15 +202,7 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
 
     async def handle(self, message: Any) -> None:
         if isinstance(message, RunTurn):
-            try:
-                await self.run_turn(message)
-            except Exception as exc:
-                # A bug (ours, a plug-in's): the crash is logged and the runner restarted,
-                # but nothing would end this turn's stream; its consumer waited for ever.
-                await self._end_crashed(message, exc)
-                raise
-            finally:
-                self._turn = None
+            await self.run_turn(message)
             self.turn_ended = True  # it may rest now (Actor.rests_after_turn)
 
     def on_rest(self) -> None:
@@ -280,71 +270,83 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
     async def run_turn(self, run: RunTurn) -> None:
         """Run one user input to completion (or until it is cut short), then close it."""
         agent, budget = self.agent, self.agent.budget
-        await self._sync(run.turn_id, reload=run.resume, stored=run.stored)
-        turn, committed, superseded = self._open_turn(run)
-        self._turn = turn
-        self._publish_history()
-        scope = run.cancel.scope
-        turn.output = StructuredTurn.start(agent, turn.message_id)
-        if budget.deadline is not None:
-            scope.deadline = trio.current_time() + budget.deadline
         try:
-            await turn.ctrl.send(
-                TurnBegin(turn_id=turn.turn_id, message_id=turn.message_id, consumer=run.consumer)
-            )
-            await self._announce_start(run, turn, committed, superseded)
-            with scope:
-                # A turn cancelled before it began (an ``interrupt`` that a newer message
-                # overtook) ends here: the first model call may reach the provider before
-                # any other checkpoint. A cancel already called is seen without yielding
-                # (a schedule point is a task step and a scheduler round more per turn,
-                # issue 24 goal 1); a deadline already past only by the scheduler.
-                if scope.deadline <= trio.current_time():
-                    await trio.lowlevel.checkpoint()
-                else:
-                    await trio.lowlevel.checkpoint_if_cancelled()
-                if committed is not None and self._already_finished(turn, committed):
-                    turn.untouched = True
-                elif committed is not None and not await self._resolve(turn):
-                    turn.untouched, turn.finish_reason = True, AWAITING_INPUT
-                else:
-                    await self._steps(turn)
-            if scope.cancelled_caught:
-                if run.cancel.reason is None and budget.deadline is not None:
-                    turn.finish_reason, turn.budget = "budget", "deadline"
-                else:
-                    turn.finish_reason = "aborted"
-                    turn.abort_reason = run.cancel.reason or "cancelled"
-        except BudgetExceeded as stop:
-            turn.finish_reason, turn.budget = "budget", stop.budget
-        except trio.Cancelled:
-            turn.finish_reason, turn.abort_reason = "aborted", "host shutdown"
-            await self._finish_turn(run, turn)
+            await self._sync(run.turn_id, reload=run.resume, stored=run.stored)
+            turn, committed, superseded = self._open_turn(run)
+        except Exception:
+            run.consumer.close()  # a bug before the turn began: its stream just ends
             raise
+        try:
+            self._publish_history()
+            scope = run.cancel.scope
+            turn.output = StructuredTurn.start(agent, turn.message_id)
+            if budget.deadline is not None:
+                scope.deadline = trio.current_time() + budget.deadline
+            try:
+                await turn.ctrl.send(
+                    TurnBegin(
+                        turn_id=turn.turn_id, message_id=turn.message_id, consumer=run.consumer
+                    )
+                )
+                await self._announce_start(run, turn, committed, superseded)
+                with scope:
+                    # A turn cancelled before it began (an ``interrupt`` that a newer message
+                    # overtook) ends here: the first model call may reach the provider before
+                    # any other checkpoint. A cancel already called is seen without yielding
+                    # (a schedule point is a task step and a scheduler round more per turn,
+                    # issue 24 goal 1); a deadline already past only by the scheduler.
+                    if scope.deadline <= trio.current_time():
+                        await trio.lowlevel.checkpoint()
+                    else:
+                        await trio.lowlevel.checkpoint_if_cancelled()
+                    if committed is not None and self._already_finished(turn, committed):
+                        turn.untouched = True
+                    elif committed is not None and not await self._resolve(turn):
+                        turn.untouched, turn.finish_reason = True, AWAITING_INPUT
+                    else:
+                        await self._steps(turn)
+                if scope.cancelled_caught:
+                    if run.cancel.reason is None and budget.deadline is not None:
+                        turn.finish_reason, turn.budget = "budget", "deadline"
+                    else:
+                        turn.finish_reason = "aborted"
+                        turn.abort_reason = run.cancel.reason or "cancelled"
+            except BudgetExceeded as stop:
+                turn.finish_reason, turn.budget = "budget", stop.budget
+            except trio.Cancelled:
+                turn.finish_reason, turn.abort_reason = "aborted", "host shutdown"
+                await self._finish_turn(run, turn)
+                raise
+            except Exception as exc:
+                turn.error = error_info(exc)
+                turn.finish_reason = "error"
+                fields = {
+                    "session_id": self.state.session_id,
+                    "turn_id": turn.turn_id,
+                    "error": redact(turn.error.message),
+                    "error_kind": turn.error.kind,
+                }
+                if isinstance(exc, AxonError):  # said on purpose: the message is the story
+                    self._log.error("turn.failed", **fields)
+                else:  # a bug (a hook of the application's that raised): where it failed
+                    log_exception(self._log, "turn.failed", **fields)
+            await self._finish_turn(run, turn)
         except Exception as exc:
-            turn.error = error_info(exc)
-            turn.finish_reason = "error"
-            fields = {
-                "session_id": self.state.session_id,
-                "turn_id": turn.turn_id,
-                "error": redact(turn.error.message),
-                "error_kind": turn.error.kind,
-            }
-            if isinstance(exc, AxonError):  # said on purpose: the message is the story
-                self._log.error("turn.failed", **fields)
-            else:  # a bug (a hook of the application's that raised): where it failed
-                log_exception(self._log, "turn.failed", **fields)
-        await self._finish_turn(run, turn)
+            # A bug past the turn's own error handling (ours, a plug-in's: its end, its
+            # save, a hook of its end): the crash is logged and the runner restarted,
+            # but nothing would end this turn's stream; its consumer waited for ever.
+            await self._end_crashed(run, turn, exc)
+            raise
 
-    async def _end_crashed(self, run: RunTurn, exc: Exception) -> None:
+    async def _end_crashed(self, run: RunTurn, turn: Turn, exc: Exception) -> None:
         """End the stream of a turn the runner crashed in (past the turn's own error
         handling: its end, its save, a hook of its end): an ``error`` chunk and a
         result saying so, through the controller (after the chunks it holds), then the
         consumer's inbox closed. Whatever the turn added to the history stays in it,
         unsaved as far as it was not: the session's next save writes it."""
-        turn, sent = self._turn, False
+        sent = False
         try:
-            if turn is not None and not self.controller.ended:
+            if not self.controller.ended:
                 if not turn.ended:
                     turn.error = ErrorInfo(
                         kind="ActorFailed",
