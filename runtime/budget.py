@@ -18,6 +18,17 @@ from runtime.chunks import Usage, _eq, _hash, _repr
 from runtime.errors import BudgetExceeded, ConfigurationError
 
 
+def check_timeout(value: Any, error: type[Exception]) -> None:
+    """Refuse, as a tool or a budget is made, a timeout no call could be run under: a
+    negative number, NaN, text (``"5"`` from a config file): each was every call's error
+    instead, as if the tool had raised it ("'<' not supported between ...")."""
+    ok = value is None or (
+        isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
+    )
+    if not ok:
+        raise error(f"a tool timeout is a number of seconds, 0 or more, or None; got {value!r}")
+
+
 def _at_least_one_step(_: object, attribute: attrs.Attribute[int], value: int) -> None:
     if value < 1:
         raise ConfigurationError(
@@ -27,9 +38,7 @@ def _at_least_one_step(_: object, attribute: attrs.Attribute[int], value: int) -
 
 
 def _a_timeout(_: object, attribute: Any, value: object) -> None:
-    from runtime.tools import _check_timeout
-
-    _check_timeout(value, ConfigurationError)
+    check_timeout(value, ConfigurationError)
 
 
 def _a_count(_: object, attribute: Any, value: object) -> None:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar, get_origin, get_type_hi
 
 import attrs
 
+from runtime.budget import check_timeout
 from runtime.chunks import Usage, _repr
 from runtime.errors import ToolDefinitionError
 from runtime.media import tool_output
@@ -319,17 +320,6 @@ def _check_name(tool: Any, attribute: Any, name: Any) -> None:
         )
 
 
-def _check_timeout(value: Any, error: type[Exception] = ToolDefinitionError) -> None:
-    """Refuse, as the tool (or budget) is made, a timeout no call could be run under: a
-    negative number, NaN, text (``"5"`` from a config file): each was every call's error
-    instead, as if the tool had raised it ("'<' not supported between ...")."""
-    ok = value is None or (
-        isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
-    )
-    if not ok:
-        raise error(f"a tool timeout is a number of seconds, 0 or more, or None; got {value!r}")
-
-
 def _check_rule(rule: Any) -> None:
     """Refuse an ``async def`` approval rule as the tool is made: its coroutine, never
     awaited, was true, so every call waited for a person whatever the rule said."""
@@ -352,7 +342,9 @@ class Tool:
     """JSON schema of the arguments object."""
     function: Callable[..., Any]
     is_async: bool
-    timeout: float | None = attrs.field(default=None, validator=lambda t, a, v: _check_timeout(v))
+    timeout: float | None = attrs.field(
+        default=None, validator=lambda t, a, v: check_timeout(v, ToolDefinitionError)
+    )
     """Seconds before a call is abandoned; ``None`` takes the turn budget's default."""
     needs_approval: bool | ApprovalRule = attrs.field(
         default=False, validator=lambda t, a, v: _check_rule(v)
