@@ -23,6 +23,7 @@ the actor's :meth:`MCPServerActor.run`, the first time a server actually starts.
 from __future__ import annotations
 
 import functools
+import json
 import math
 import os
 import shlex
@@ -47,7 +48,7 @@ from runtime.errors import (
 )
 from runtime.hosting import ActorStarter
 from runtime.logging import get_logger
-from runtime.redact import redact
+from runtime.redact import MIN_SECRET_LENGTH, REDACTED, redact
 from runtime.tools import (
     TOOL_NAME,
     InvalidJSONSchema,
@@ -441,6 +442,10 @@ class MCPServerActor(Actor):
         self._client = self._nursery = None
         if self._connection_ended.is_set():  # what the watcher saw, not the teardown's noise
             self.last_error = f"MCP server {self.config.name!r} {self._end_reason}"
+        elif (status := _http_status(_single(exc))) is not None:
+            self.last_error = f"it answered {status}"
+            if status.startswith(("401 ", "403 ")):
+                self.last_error += " (check the credentials in the headers of MCPServer.http)"
         else:
             self.last_error = str(exc) if isinstance(exc, MCPServerError) else _describe(exc)
         self._log.warning("mcp.server-died", server=self.config.name, error=self.last_error)
@@ -534,6 +539,8 @@ class MCPServerActor(Actor):
                 outcome = MCPServerDied(
                     f"MCP server {name!r} died during the call ({self._end_reason})"
                 )
+            elif (status := _http_status(exc)) is not None:
+                outcome = MCPToolError(f"MCP server {name!r} answered {status}")
             else:
                 outcome = MCPToolError(f"MCP server {name!r} answered with an error: {exc}")
         except Exception as exc:  # a result that does not fit the tool's output schema, ...
@@ -612,9 +619,15 @@ def _answer(request: CallMCPTool, outcome: Any) -> None:
         pass
 
 
-def _describe(exc: BaseException) -> str:
+def _single(exc: BaseException) -> BaseException:
+    """``exc`` out of the exception groups of one exception around it."""
     while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
         exc = exc.exceptions[0]
+    return exc
+
+
+def _describe(exc: BaseException) -> str:
+    exc = _single(exc)
     return redact(f"{type(exc).__name__}: {exc}")
 
 
@@ -740,11 +753,97 @@ async def _stdio_client(
             tasks.cancel_scope.cancel()
 
 
+HTTP_STATUS = "axon.httpStatus"
+"""The key of a JSON-RPC error's ``data`` that carries the HTTP status the server
+answered a request with (see :func:`_status_answer`)."""
+
+ERROR_BODY_BYTES = 64 * 1024
+"""How much of a non-2xx answer's body is read for the server's JSON-RPC error."""
+
+ERROR_MESSAGE_CHARS = 500
+"""How much of the server's own error message a non-2xx answer's error keeps."""
+
+
+STATUS_ANSWER = "MCP server answered "
+"""How the error of a non-2xx answer begins (then ``401 Unauthorized``)."""
+
+
+def _http_status(exc: BaseException) -> str | None:
+    """What an :class:`mcp.MCPError` made of a non-2xx answer says after
+    :data:`STATUS_ANSWER` (``401 Unauthorized: ...``), or ``None`` for any other error."""
+    data = getattr(exc, "data", None)
+    if not isinstance(data, dict) or not isinstance(data.get(HTTP_STATUS), int):
+        return None
+    return str(exc).removeprefix(STATUS_ANSWER)
+
+
+def _status_text(status: int) -> str:
+    """``401 Unauthorized``: the standard phrase, not the server's own reason phrase."""
+    import httpx2
+
+    phrase = httpx2.codes.get_reason_phrase(status)
+    return f"{status} {phrase}" if phrase else str(status)
+
+
+def _scrub(text: str, secrets: Iterable[str]) -> str:
+    """``text`` without any of ``secrets`` (the configured header values: a server may
+    echo the ``Authorization`` it refused) and without key-shaped text."""
+    for value in secrets:  # the whole value, and its words (the token after "Bearer")
+        for secret in sorted({value, *value.split()}, key=len, reverse=True):
+            if len(secret) >= MIN_SECRET_LENGTH:
+                text = text.replace(secret, REDACTED)
+    return redact(text)
+
+
+async def _status_answer(request: Any, response: Any, secrets: Iterable[str]) -> Any:
+    """A non-2xx answer to a POST as a JSON-RPC error that says its status.
+
+    The ``mcp`` package turned any such answer whose body is no JSON-RPC error into
+    "Server returned an error response": the model (and, at connect time, the user) never
+    learnt that the server said 401 or 500. The status travels in the error's ``data``
+    (:data:`HTTP_STATUS`); the server's own JSON-RPC error message, when its body has one,
+    is kept (cut, without the configured header values); any other body is dropped."""
+    import httpx2
+
+    body = bytearray()
+    try:
+        async for chunk in response.stream:
+            body += chunk
+            if len(body) > ERROR_BODY_BYTES:
+                body.clear()
+                break
+    except httpx2.HTTPError:
+        body.clear()
+    finally:
+        await response.stream.aclose()
+    message = STATUS_ANSWER + _status_text(response.status_code)
+    try:
+        error = json.loads(body)["error"]
+        said = error["message"] if isinstance(error, dict) else None
+    except (ValueError, TypeError, KeyError):
+        said = None
+    if isinstance(said, str) and said.strip():
+        message += ": " + _scrub(said.strip()[:ERROR_MESSAGE_CHARS], secrets)
+    answer = {
+        "jsonrpc": "2.0",
+        "id": None,
+        "error": {"code": -32603, "message": message, "data": {HTTP_STATUS: response.status_code}},
+    }
+    return httpx2.Response(
+        response.status_code,
+        headers={"content-type": "application/json"},
+        content=json.dumps(answer).encode(),
+        extensions=response.extensions,
+        request=request,
+    )
+
+
 def _limited_http_client(headers: dict[str, str] | None, limit: int) -> Any:
     """The ``mcp`` package's HTTP client (its timeouts), reading a JSON answer of at
     most ``limit`` bytes: the package read any JSON answer whole (a server could make
     the host hold gigabytes). A longer one fails its call with the package's own
-    "Failed to parse JSON response" error, saying why."""
+    "Failed to parse JSON response" error, saying why. A non-2xx answer to a POST says
+    its status (:func:`_status_answer`)."""
     import httpx2
     from mcp.shared._httpx_utils import MCP_DEFAULT_SSE_READ_TIMEOUT, MCP_DEFAULT_TIMEOUT
 
@@ -772,6 +871,8 @@ def _limited_http_client(headers: dict[str, str] | None, limit: int) -> Any:
 
         async def handle_async_request(self, request: Any) -> Any:
             response = await self.inner.handle_async_request(request)
+            if response.status_code >= 400 and request.method == "POST":
+                return await _status_answer(request, response, (headers or {}).values())
             if "json" not in response.headers.get("content-type", "").lower():
                 return response  # SSE: the package limits each event
             return httpx2.Response(

@@ -20,6 +20,7 @@ import actors.mcp
 from actors.mcp import MCPServer
 from actors.providers.scripted import ScriptedProvider, tool_call
 from runtime import Agent, Budget, Host, tool
+from runtime.errors import MCPServerUnavailable
 from tests.support.loopback import Recorded, Reply, loopback_server
 from tests.support.mcp_agents import echo
 from tests.test_mcp_server import INIT, MCP
@@ -279,6 +280,87 @@ async def test_an_http_json_answer_over_the_limit_is_an_error_for_its_call(monke
         "parse JSON response: the answer is longer than 1048576 bytes"
     )
     assert result.finish_reason == "stop"
+
+
+class RefusingServer(ForgetfulServer):
+    """Answers ``method`` with HTTP ``status`` and ``body``; anything else as it should."""
+
+    def __init__(self, status: int, method: str, body: bytes, content_type: str) -> None:
+        super().__init__()
+        self.restarted = True  # never forgets its sessions
+        self.status, self.method, self.body, self.type = status, method, body, content_type
+
+    def __call__(self, request: Recorded) -> Reply:
+        message = json.loads(request.body) if request.method == "POST" else {}
+        if message.get("method") == self.method:
+            return Reply(status=self.status, body=self.body, content_type=self.type)
+        return super().__call__(request)
+
+
+KEY = "sk-ant-api03-" + "Q" * 40
+TOKEN = "tok-1234567890abcdef"  # no key shape: only known as a configured header's value
+
+
+def refusing(status: int, method: str = "tools/call", body: bytes = b"", json_body=None):
+    if json_body is not None:
+        return RefusingServer(status, method, json.dumps(json_body).encode(), "application/json")
+    return RefusingServer(status, method, body, "text/plain")
+
+
+async def call_refused(server: RefusingServer):
+    async with loopback_server(respond=server) as web:
+        config = MCPServer.http(
+            web.url + "/mcp", name="web", headers={"Authorization": f"Token {TOKEN}"}
+        )
+        agent = Agent(provider=calling(("echo", {})), tools=[config])
+        return await run_turn(agent)
+
+
+async def test_an_http_401_to_a_call_is_a_tool_error_saying_the_status():
+    # The mcp package answered any non-2xx status whose body is no JSON-RPC error with
+    # "Server returned an error response": the model never learnt it was refused.
+    server = refusing(401, body=f"bad key {KEY}".encode())
+    session, result, actor = await call_refused(server)
+    assert tool_messages(session)["echo"].error == (
+        "tool echo raised MCPToolError: MCP server 'web' answered 401 Unauthorized"
+    )
+    assert actor.last_error is None  # the connection lives on
+    assert result.finish_reason == "stop"
+
+
+async def test_an_http_500_to_a_call_is_a_tool_error_saying_the_status():
+    session, _, _ = await call_refused(refusing(500, body=b"Traceback (most recent call last)"))
+    assert tool_messages(session)["echo"].error == (
+        "tool echo raised MCPToolError: MCP server 'web' answered 500 Internal Server Error"
+    )
+
+
+async def test_an_http_error_status_keeps_the_servers_message_without_the_header_it_echoes():
+    error = {"code": -32001, "message": f"token {TOKEN} expired; Authorization: Bearer {KEY}"}
+    server = refusing(403, json_body={"jsonrpc": "2.0", "id": None, "error": error})
+    with capture_logs() as logs:
+        session, _, _ = await call_refused(server)
+    seen = tool_messages(session)["echo"].error
+    assert seen.startswith(
+        "tool echo raised MCPToolError: MCP server 'web' answered 403 Forbidden: token "
+        "[redacted] expired"
+    )
+    assert TOKEN not in seen + repr(logs)
+    assert "QQQQ" not in seen + repr(logs)
+
+
+async def test_an_http_401_at_connect_is_an_unavailable_error_naming_the_status():
+    # Opening the session said only "could not start: MCPError: Server returned an
+    # error response": nothing told the user that the server refused its credentials.
+    async with loopback_server(respond=refusing(401, method="initialize")) as web:
+        agent = Agent(provider=calling(), tools=[MCPServer.http(web.url + "/mcp", name="web")])
+        async with Host.open(log_tap=False) as host:
+            with pytest.raises(MCPServerUnavailable) as refused:
+                await host.open_session(agent)
+    assert str(refused.value) == (
+        "MCP server 'web' could not start: it answered 401 Unauthorized (check the "
+        "credentials in the headers of MCPServer.http)"
+    )
 
 
 # -- a careless client of the /mcp endpoint --------------------------------------------------
