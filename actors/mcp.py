@@ -67,6 +67,20 @@ A server cannot make the host buffer without end. (The ``mcp`` package limits an
 server's SSE events to 1 MiB itself.)"""
 
 
+MAX_TOOLS = 512
+"""Default :attr:`MCPServer.max_tools`."""
+
+MAX_TOOL_CHARS = 32 * 1024
+"""Default :attr:`MCPServer.max_tool_chars`."""
+
+
+def _at_least_one(instance: Any, attribute: Any, value: int) -> None:
+    if not isinstance(value, int) or value < 1:
+        raise ConfigurationError(
+            f"MCPServer {attribute.name} must be a positive int, got {value!r}"
+        )
+
+
 def _pairs(value: Mapping[str, str] | None) -> tuple[tuple[str, str], ...]:
     return tuple(sorted((str(k), str(v)) for k, v in (value or {}).items()))
 
@@ -108,6 +122,12 @@ class MCPServer:
     """Seconds before a call is abandoned; ``None`` takes the agent's ``tool_timeout``."""
     connect_timeout: float = 30.0
     """Seconds to start (or reach) the server and list its tools before giving up."""
+    max_tools: int = attrs.field(default=MAX_TOOLS, validator=_at_least_one)
+    """The most tools offered of the server (every model request carries them all): the
+    first ``max_tools`` it lists are kept, the rest left out with a warning log line."""
+    max_tool_chars: int = attrs.field(default=MAX_TOOL_CHARS, validator=_at_least_one)
+    """The longest input schema (as JSON) and description of one tool: a longer schema
+    refuses the tool, a longer description is cut (a warning log line says which)."""
 
     @classmethod
     def stdio(
@@ -122,6 +142,8 @@ class MCPServer:
         needs_approval: bool | Collection[str] = False,
         timeout: float | None = None,
         connect_timeout: float = 30.0,
+        max_tools: int = MAX_TOOLS,
+        max_tool_chars: int = MAX_TOOL_CHARS,
     ) -> MCPServer:
         """A server the host launches as a subprocess, speaking MCP on its stdin/stdout."""
         if not command:
@@ -139,6 +161,8 @@ class MCPServer:
             needs_approval=needs_approval,
             timeout=timeout,
             connect_timeout=connect_timeout,
+            max_tools=max_tools,
+            max_tool_chars=max_tool_chars,
         )
 
     @classmethod
@@ -152,6 +176,8 @@ class MCPServer:
         needs_approval: bool | Collection[str] = False,
         timeout: float | None = None,
         connect_timeout: float = 30.0,
+        max_tools: int = MAX_TOOLS,
+        max_tool_chars: int = MAX_TOOL_CHARS,
     ) -> MCPServer:
         """A server reached over streamable HTTP at ``url`` (for example ``.../mcp``)."""
         parts = urlsplit(url)
@@ -166,6 +192,8 @@ class MCPServer:
             needs_approval=needs_approval,
             timeout=timeout,
             connect_timeout=connect_timeout,
+            max_tools=max_tools,
+            max_tool_chars=max_tool_chars,
         )
 
     @classmethod
@@ -252,13 +280,19 @@ def build_tool(config: MCPServer, listed: Any, call: Any) -> MCPTool:
         raise ToolDefinitionError(
             f"{where} has an invalid input schema: it must be a JSON schema of type 'object'"
         )
+    size = len(json.dumps(schema, separators=(",", ":")))
+    if size > config.max_tool_chars:
+        raise ToolDefinitionError(
+            f"{where} has an input schema of {size} characters, more than the "
+            f"{config.max_tool_chars} of max_tool_chars"
+        )
     try:
         validator = json_schema_validator(schema)
     except InvalidJSONSchema as exc:
         raise ToolDefinitionError(f"{where} has an invalid input schema: {exc}") from None
     return MCPTool(
         name=name,
-        description=listed.description or listed.title or "",
+        description=(listed.description or listed.title or "")[: config.max_tool_chars],
         parameters=schema,
         function=functools.partial(call, remote),
         is_async=True,
@@ -324,6 +358,13 @@ class MCPServerActor(Actor):
         """Set when the host stopped the server (calls are refused from then on)."""
         self.last_error: str | None = None
         self._listed: dict[str, Any] = {}
+        self._more_listed = 0
+        """How many tools the last page over :attr:`MCPServer.max_tools` listed, before
+        :meth:`_cut_listing` left out the rest (0: none was over)."""
+        self._over_cap = False
+        """Whether the last listing had more than :attr:`MCPServer.max_tools`."""
+        self._cut: set[str] = set()
+        """Tools of the last listing whose description was cut (logged when new)."""
         self._client: Any = None
         self._nursery: trio.Nursery | None = None
         self._in_flight: set[CallMCPTool] = set()
@@ -404,7 +445,7 @@ class MCPServerActor(Actor):
         mcp, types = _import_mcp()
         ended = self._connection_ended = trio.Event()
         self._end_reason = "exited or closed its connection"
-        transport = _WatchedTransport(self._open_transport(), ended)
+        transport = _WatchedTransport(self._open_transport(), ended, self._cut_listing)
         self._stale = False
         with trio.CancelScope() as connecting:
             connecting.deadline = trio.current_time() + self.config.connect_timeout
@@ -510,6 +551,18 @@ class MCPServerActor(Actor):
             self._log.error("mcp.tool-refused", server=self.config.name, error=redact(error))
         self.refused[remote] = error
 
+    def _cut_listing(self, message: Any) -> Any:
+        """``message``, its list of tools (an answer to ``tools/list``) cut to one more
+        than :attr:`MCPServer.max_tools` before the ``mcp`` package reads it into models:
+        that took seconds of the event loop and gigabytes for a page of a million tools
+        (the count before the cut is kept for the warning :meth:`_list_tools` logs)."""
+        result = getattr(getattr(message, "message", None), "result", None)
+        tools = result.get("tools") if isinstance(result, dict) else None
+        if isinstance(tools, list) and len(tools) > self.config.max_tools + 1:
+            self._more_listed = max(self._more_listed, len(tools))
+            del tools[self.config.max_tools + 1 :]
+        return message
+
     def _too_long(self, limit: int) -> None:
         self._end_reason = f"sent a message longer than {limit} bytes"
         self._log.error("mcp.message-too-long", server=self.config.name, limit=limit)
@@ -549,26 +602,55 @@ class MCPServerActor(Actor):
         _answer(request, outcome)
 
     async def _list_tools(self) -> None:
+        config = self.config
         listed: dict[str, Any] = {}
         cursor: str | None = None
+        self._more_listed = 0
         for _ in range(MAX_LIST_PAGES):
             page = await self._client.list_tools(cursor=cursor)
             listed.update((t.name, t) for t in page.tools)
             cursor = page.next_cursor
-            if not cursor:
+            if not cursor or len(listed) > config.max_tools:
                 break
+        over = len(listed) > config.max_tools
+        if over and not self._over_cap:  # logged once, not at every list_changed
+            at_least = max(len(listed), self._more_listed)
+            self._log.warning(
+                "mcp.too-many-tools",
+                server=config.name,
+                listed_at_least=at_least,
+                offered=config.max_tools,
+                error=f"MCP server {config.name!r} listed more than {config.max_tools} "
+                f"tools (at least {at_least}): only the first {config.max_tools} "
+                "(max_tools) are offered",
+            )
+        self._over_cap = over
+        if over:
+            listed = dict(list(listed.items())[: config.max_tools])
         tools: list[MCPTool] = []
         refused: dict[str, str] = {}
+        cut: set[str] = set()
         for remote, entry in listed.items():
+            description = entry.description or entry.title or ""
+            if len(description) > config.max_tool_chars:
+                cut.add(remote)
+            if remote in cut and remote not in self._cut:
+                self._log.warning(
+                    "mcp.description-cut",
+                    server=config.name,
+                    tool=redact(remote),
+                    chars=len(description),
+                    kept=config.max_tool_chars,
+                )
             try:
-                tools.append(build_tool(self.config, entry, self.call_tool))
+                tools.append(build_tool(config, entry, self.call_tool))
             except ToolDefinitionError as exc:
                 refused[remote] = str(exc)
                 if self.refused.get(remote) != str(exc):
                     self._log.error(
                         "mcp.tool-refused", server=self.config.name, error=redact(str(exc))
                     )
-        self._listed, self.tools, self.refused = listed, tuple(tools), refused
+        self._listed, self.tools, self.refused, self._cut = listed, tuple(tools), refused, cut
 
     async def _on_message(self, types: Any, message: Any) -> None:
         if isinstance(message, types.ToolListChangedNotification):
@@ -911,24 +993,27 @@ def _parse_line(line: str) -> Any:
 
 class _WatchedTransport:
     """An MCP transport whose incoming stream sets ``ended`` when it ends: that is how the
-    actor learns that an idle server's process exited, not only a busy one."""
+    actor learns that an idle server's process exited, not only a busy one. Each message
+    read goes through ``cut`` first."""
 
-    def __init__(self, inner: Any, ended: trio.Event) -> None:
+    def __init__(self, inner: Any, ended: trio.Event, cut: Callable[[Any], Any]) -> None:
         self._inner = inner
         self._ended = ended
+        self._cut = cut
 
     async def __aenter__(self) -> tuple[Any, Any]:
         read, write = await self._inner.__aenter__()
-        return _WatchedStream(read, self._ended), write
+        return _WatchedStream(read, self._ended, self._cut), write
 
     async def __aexit__(self, *exc_info: Any) -> Any:
         return await self._inner.__aexit__(*exc_info)
 
 
 class _WatchedStream:
-    def __init__(self, inner: Any, ended: trio.Event) -> None:
+    def __init__(self, inner: Any, ended: trio.Event, cut: Callable[[Any], Any]) -> None:
         self._inner = inner
         self._ended = ended
+        self._cut = cut
 
     @property
     def last_context(self) -> Any:
@@ -938,7 +1023,7 @@ class _WatchedStream:
         import anyio
 
         try:
-            return await self._inner.receive()
+            return self._cut(await self._inner.receive())
         except (anyio.EndOfStream, anyio.ClosedResourceError):
             self._ended.set()
             raise
@@ -948,7 +1033,7 @@ class _WatchedStream:
 
     async def __anext__(self) -> Any:
         try:
-            return await self._inner.__anext__()
+            return self._cut(await self._inner.__anext__())
         except StopAsyncIteration:
             self._ended.set()
             raise

@@ -150,6 +150,70 @@ async def test_a_tool_added_mid_session_under_a_taken_name_is_refused_not_every_
     )
 
 
+def offered_tools(agent_tools: list[list[str]]):
+    """A provider answering ``done``, recording the tool names of each request."""
+
+    def responder(request):
+        agent_tools.append([t.name for t in request.tools])
+        return ["done"]
+
+    return ScriptedProvider(responder=responder)
+
+
+async def test_a_server_listing_thousands_of_tools_has_only_max_tools_offered():
+    # Every tool a server listed was offered in every model request: a server listing a
+    # million tools (one page, under the message limit) flooded each request, and the
+    # mcp package read them all into models (seconds of the event loop, gigabytes).
+    offered: list[list[str]] = []
+    agent = Agent(
+        provider=offered_tools(offered), tools=[hostile("many-tools", MCP_TEST_TOOLS="5000")]
+    )
+    with capture_logs() as logs:
+        await run_turn(agent)
+    assert [len(names) for names in offered] == [512]
+    assert offered[0][:3] == ["echo", "loop", "t0"]
+    [warned] = [line for line in logs if line["event"] == "mcp.too-many-tools"]
+    assert warned["error"] == (
+        "MCP server 'hostile' listed more than 512 tools (at least 5002): only the first 512 "
+        "(max_tools) are offered"
+    )
+
+
+async def test_max_tools_is_configurable_per_server():
+    offered: list[list[str]] = []
+    server = MCPServer.stdio(
+        sys.executable, [HOSTILE, "many-tools"], env={"MCP_TEST_TOOLS": "10"}, max_tools=3
+    )
+    await run_turn(Agent(provider=offered_tools(offered), tools=[server]))
+    assert offered == [["echo", "loop", "t0"]]
+
+
+async def test_a_tool_with_an_input_schema_over_the_size_cap_is_refused_the_others_offered():
+    offered: list[list[str]] = []
+    agent = Agent(
+        provider=offered_tools(offered),
+        tools=[hostile("huge-schema", MCP_TEST_BYTES=str(100_000))],
+    )
+    _, _, actor = await run_turn(agent)
+    assert offered == [["echo", "loop"]]
+    assert actor.refused["huge"].startswith(
+        "MCP server 'hostile': tool 'huge' has an input schema of 100"
+    )
+    assert actor.refused["huge"].endswith("characters, more than the 32768 of max_tool_chars")
+
+
+async def test_a_description_over_the_size_cap_is_cut_and_logged():
+    agent = Agent(
+        provider=offered_tools([]), tools=[hostile("huge-description", MCP_TEST_BYTES="100000")]
+    )
+    with capture_logs() as logs:
+        _, _, actor = await run_turn(agent)
+    [huge] = [t for t in actor.tools if t.name == "huge"]
+    assert huge.description == "y" * 32768
+    [warned] = [line for line in logs if line["event"] == "mcp.description-cut"]
+    assert (warned["tool"], warned["chars"], warned["kept"]) == ("huge", 100000, 32768)
+
+
 class ForgetfulServer:
     """A streamable HTTP MCP server that restarts (forgetting its sessions) when its
     tool is first called: that call gets the 404 a server answers a session it does not
