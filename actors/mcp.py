@@ -486,7 +486,10 @@ class MCPServerActor(Actor):
         elif (status := _http_status(_single(exc))) is not None:
             self.last_error = f"it answered {status}"
             if status.startswith(("401 ", "403 ")):
-                self.last_error += " (check the credentials in the headers of MCPServer.http)"
+                self.last_error += (
+                    ": its credentials (the headers given to MCPServer.http) are missing "
+                    "or not accepted"
+                )
         else:
             self.last_error = str(exc) if isinstance(exc, MCPServerError) else _describe(exc)
         self._log.warning("mcp.server-died", server=self.config.name, error=self.last_error)

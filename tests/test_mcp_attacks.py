@@ -422,8 +422,8 @@ async def test_an_http_401_at_connect_is_an_unavailable_error_naming_the_status(
             with pytest.raises(MCPServerUnavailable) as refused:
                 await host.open_session(agent)
     assert str(refused.value) == (
-        "MCP server 'web' could not start: it answered 401 Unauthorized (check the "
-        "credentials in the headers of MCPServer.http)"
+        "MCP server 'web' could not start: it answered 401 Unauthorized: its credentials "
+        "(the headers given to MCPServer.http) are missing or not accepted"
     )
 
 
