@@ -427,6 +427,31 @@ async def test_an_http_401_at_connect_is_an_unavailable_error_naming_the_status(
     )
 
 
+class CrowdedServer(ForgetfulServer):
+    """Lists ``count`` tools in one JSON answer."""
+
+    def __init__(self, count: int) -> None:
+        super().__init__()
+        self.restarted = True  # never forgets its sessions
+        self.count = count
+
+    def __call__(self, request: Recorded) -> Reply:
+        message = json.loads(request.body) if request.method == "POST" else {}
+        if message.get("method") != "tools/list":
+            return super().__call__(request)
+        tools = [{"name": f"t{n}", "inputSchema": {"type": "object"}} for n in range(self.count)]
+        return self.result(message, {"tools": tools})
+
+
+async def test_an_http_server_listing_thousands_of_tools_has_only_max_tools_offered():
+    offered: list[list[str]] = []
+    async with loopback_server(respond=CrowdedServer(3000)) as web:
+        server = MCPServer.http(web.url + "/mcp", name="web")
+        await run_turn(Agent(provider=offered_tools(offered), tools=[server]))
+    assert [len(names) for names in offered] == [512]
+    assert offered[0][-1] == "t511"
+
+
 # -- a careless client of the /mcp endpoint --------------------------------------------------
 
 
