@@ -1,0 +1,155 @@
+"""The logs and the supervision attacked where the last round left them: a stderr whose
+reader has left, a crash written twice, a supervisor whose own handling of a crash
+raises."""
+
+from __future__ import annotations
+
+import errno
+import io
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import orjson
+import trio
+
+from actors.providers.scripted import ScriptedProvider
+from runtime import Agent, Host
+from runtime.logging import configure_logging
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
+HANG_GUARD = 600  # seconds of the autojump clock: a hang fails instead of stalling
+PROCESS_GUARD = 60  # seconds: only so a regression fails instead of hanging the suite
+
+
+def axon_with_stderr_gone(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """``python -m runtime ARGS`` with stderr a pipe whose reader has already left (as
+    ``axon run ... 2>&1 | head -1`` leaves it after the first line): every write to it
+    raises ``BrokenPipeError``."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        return subprocess.run(
+            [sys.executable, "-m", "runtime", *args],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=write,
+            text=True,
+            timeout=PROCESS_GUARD,
+            cwd=cwd,
+            env=ENV,
+        )
+    finally:
+        os.close(write)
+
+
+def saved_sessions(db: Path) -> int:
+    count: int = sqlite3.connect(db).execute("select count(*) from sessions").fetchone()[0]
+    return count
+
+
+def test_a_run_whose_stderr_reader_left_shows_saves_and_exits_0(tmp_path):
+    """The log tap's write raised BrokenPipeError: the tap crashed, the supervisor raised
+    logging that, the host went down; ``run`` took it for stdout's reader leaving and
+    exited 0, the answer not shown and the turn not saved."""
+    db = tmp_path / "s.db"
+    proc = axon_with_stderr_gone(
+        "run", "--log-level", "info", "--store", str(db), "--session", "s1", "hi", cwd=tmp_path
+    )
+    assert proc.returncode == 0
+    assert "windy in Paris" in proc.stdout
+    assert saved_sessions(db) == 1
+
+
+def test_a_run_without_a_session_id_whose_stderr_reader_left_saves_and_exits_0(tmp_path):
+    """The line naming the new session (on stderr) is dropped, not raised."""
+    db = tmp_path / "s.db"
+    proc = axon_with_stderr_gone("run", "--store", str(db), "hi", cwd=tmp_path)
+    assert proc.returncode == 0
+    assert "windy in Paris" in proc.stdout
+    assert saved_sessions(db) == 1
+
+
+def test_bad_input_whose_stderr_reader_left_still_exits_2(tmp_path):
+    """The ``error: ...`` line raised BrokenPipeError out of the command: a traceback
+    (into the broken pipe) and status 1, as if the command had crashed."""
+    proc = axon_with_stderr_gone("run", "--file", str(tmp_path / "missing.png"), "hi", cwd=tmp_path)
+    assert proc.returncode == 2
+
+
+class BrokenPipeStream(io.StringIO):
+    """A stderr whose reader left after ``lines`` writes."""
+
+    def __init__(self, lines: int = 0) -> None:
+        super().__init__()
+        self.lines = lines
+        self.attempts = 0
+
+    def write(self, text: str) -> int:
+        self.attempts += 1
+        if self.attempts > self.lines:
+            raise BrokenPipeError(32, "Broken pipe")
+        return super().write(text)
+
+
+async def test_lines_to_a_broken_stderr_are_dropped_and_turns_run_and_save(tmp_path):
+    stream = BrokenPipeStream(lines=1)
+    configure_logging("info", stream=stream)  # type: ignore[arg-type]
+    with trio.fail_after(PROCESS_GUARD):
+        async with Host.open(store=str(tmp_path / "s.db")) as host:
+            session = await host.open_session(Agent(provider=ScriptedProvider([["hi"]])))
+            first = await session.run("hello")
+            second = await session.run("again")
+    assert (first.finish_reason, first.saved) == ("stop", True)
+    assert (second.finish_reason, second.saved) == ("stop", True)
+    assert stream.getvalue().startswith("{")  # what went out before the pipe broke
+
+
+async def test_a_broken_stderr_is_not_written_to_again(tmp_path):
+    """Dropped without a try once broken, as ``logging.Handler.handleError`` does: a
+    syscall a line that can only fail."""
+    stream = BrokenPipeStream(lines=0)
+    configure_logging("info", stream=stream)  # type: ignore[arg-type]
+    with trio.fail_after(PROCESS_GUARD):
+        async with Host.open(store=str(tmp_path / "s.db")) as host:
+            session = await host.open_session(Agent(provider=ScriptedProvider([["hi"]])))
+            await session.run("hello")
+            await session.run("again")
+    assert stream.attempts == 1
+
+
+def json_lines(out: io.StringIO) -> list[dict[str, Any]]:
+    return [orjson.loads(line) for line in out.getvalue().splitlines()]
+
+
+class FullDisk(io.StringIO):
+    """A log file on a disk that is full for its first write only."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failed = False
+
+    def write(self, text: str) -> int:
+        if not self.failed:
+            self.failed = True
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return super().write(text)
+
+
+async def test_a_write_that_fails_once_drops_its_lines_not_the_log_tap(tmp_path):
+    """The failed write crashed the log tap (a crash line, a restart, its queued events
+    lost); only the lines of that write are lost now."""
+    stream = FullDisk()
+    configure_logging("info", stream=stream)  # type: ignore[arg-type]
+    with trio.fail_after(PROCESS_GUARD):
+        async with Host.open(store=str(tmp_path / "s.db")) as host:
+            session = await host.open_session(Agent(provider=ScriptedProvider([["hi"]])))
+            await session.run("hello")
+            await session.run("again")
+    kinds = [line["event"] for line in json_lines(stream)]
+    assert "actor.crashed" not in kinds
+    assert kinds.count("turn.finished") == 2
