@@ -17,7 +17,9 @@ import orjson
 import trio
 
 from actors.providers.scripted import ScriptedProvider
-from runtime import Agent, Host
+from runtime import Actor, Agent, Host, RestartPolicy
+from runtime.errors import ActorFailed
+from runtime.events import ActorGaveUp, TurnStarted
 from runtime.logging import configure_logging
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -122,10 +124,6 @@ async def test_a_broken_stderr_is_not_written_to_again(tmp_path):
     assert stream.attempts == 1
 
 
-def json_lines(out: io.StringIO) -> list[dict[str, Any]]:
-    return [orjson.loads(line) for line in out.getvalue().splitlines()]
-
-
 class FullDisk(io.StringIO):
     """A log file on a disk that is full for its first write only."""
 
@@ -153,3 +151,167 @@ async def test_a_write_that_fails_once_drops_its_lines_not_the_log_tap(tmp_path)
     kinds = [line["event"] for line in json_lines(stream)]
     assert "actor.crashed" not in kinds
     assert kinds.count("turn.finished") == 2
+
+
+class CrashesOnce(Actor):
+    subscribes_to = (TurnStarted,)
+
+    def __init__(self, name: str = "crashes-once") -> None:
+        super().__init__(name=name)
+        self.crashed = False
+        self.seen = 0
+
+    async def handle(self, message: object) -> None:
+        if not self.crashed:
+            self.crashed = True
+            raise ValueError("an observer's bug")
+        self.seen += 1
+
+
+def json_lines(out: io.StringIO) -> list[dict[str, Any]]:
+    return [orjson.loads(line) for line in out.getvalue().splitlines()]
+
+
+async def test_a_crash_is_one_log_line_with_its_traceback_and_the_events_fields(autojump_clock):
+    """The supervisor wrote ``actor.crashed`` (with the traceback) and the log tap wrote
+    the bus event again (with ``error_type`` and ``restarts``): two lines a crash."""
+    out = io.StringIO()
+    configure_logging("info", stream=out)
+    with trio.fail_after(HANG_GUARD):
+        async with Host.open() as host:  # the log tap on
+            observer = await host.start_actor(CrashesOnce())
+            session = await host.open_session(Agent(provider=ScriptedProvider([["hi"]])))
+            await session.run("hello")
+            await session.run("again")
+    assert observer.seen == 1
+    lines = json_lines(out)
+    (crashed,) = [line for line in lines if line["event"] == "actor.crashed"]
+    assert crashed["actor"] == "crashes-once" and crashed["restarts"] == 0
+    assert (crashed["error_type"], crashed["error"]) == (
+        "ValueError",
+        "ValueError: an observer's bug",
+    )
+    assert 'raise ValueError("an observer\'s bug")' in crashed["exception"]
+
+
+async def test_a_restart_is_one_log_line(autojump_clock):
+    out = io.StringIO()
+    configure_logging("info", stream=out)
+    with trio.fail_after(HANG_GUARD):
+        async with Host.open() as host:
+            await host.start_actor(CrashesOnce())
+            session = await host.open_session(Agent(provider=ScriptedProvider([["hi"]])))
+            await session.run("hello")
+            await trio.sleep(1)  # past the restart's backoff: the tap has its event
+    (restarted,) = [line for line in json_lines(out) if line["event"] == "actor.restarted"]
+    assert (restarted["actor"], restarted["restarts"]) == ("crashes-once", 1)
+
+
+class AlwaysCrashes(Actor):
+    subscribes_to = (TurnStarted,)
+
+    async def handle(self, message: object) -> None:
+        raise ValueError("always")
+
+
+async def test_a_give_up_is_one_log_line(autojump_clock):
+    out = io.StringIO()
+    configure_logging("info", stream=out)
+    with trio.fail_after(HANG_GUARD):
+        async with Host.open() as host:
+            await host.start_actor(AlwaysCrashes(name="doomed"), policy=RestartPolicy(intensity=0))
+            session = await host.open_session(Agent(provider=ScriptedProvider([["hi"]])))
+            await session.run("hello")
+    (gave_up,) = [line for line in json_lines(out) if line["event"] == "actor.gave-up"]
+    assert (gave_up["actor"], gave_up["error"]) == ("doomed", "ValueError: always")
+
+
+class ResetRaises(Actor):
+    """An observer whose crash handler has a bug of its own."""
+
+    subscribes_to = (TurnStarted,)
+
+    def __init__(self) -> None:
+        super().__init__(name="reset-raises")
+        self.given_up = 0
+
+    async def handle(self, message: object) -> None:
+        raise ValueError("first bug")
+
+    def on_crash(self, exc: BaseException) -> None:
+        raise RuntimeError("second bug, in on_crash")
+
+    def on_give_up(self, exc: BaseException) -> None:
+        self.given_up += 1
+
+
+async def test_an_on_crash_that_raises_gives_its_actor_up_and_the_turn_beside_it_ends(
+    autojump_clock,
+):
+    """``on_crash`` raised in the supervisor's ``except``: out of the supervisor, into the
+    host's nursery, which cancelled the turn running beside the actor and closed the
+    host with the error."""
+    with trio.fail_after(HANG_GUARD):
+        async with Host.open() as host:
+            watch = host.bus.subscribe([ActorGaveUp], name="watch")
+            observer = await host.start_actor(ResetRaises())
+            session = await host.open_session(Agent(provider=ScriptedProvider([["hi"]])))
+            first = await session.run("hello")
+            second = await session.run("again")
+            await observer.stopped.wait()
+            gave_up = watch.inbox.get_nowait()
+    assert (first.finish_reason, first.text, first.saved) == ("stop", "hi", True)
+    assert (second.finish_reason, second.text) == ("stop", "hi")
+    assert observer.given_up == 1 and observer.inbox.closed
+    assert (gave_up.actor, gave_up.error) == ("reset-raises", "ValueError: first bug")
+
+
+async def test_a_supervisor_whose_crash_handling_fails_says_so_in_one_line(
+    autojump_clock, monkeypatch
+):
+    """A bug in the supervisor's own crash path (here its event, refused by the bus):
+    the actor is given up on, in a line that names both failures."""
+    import runtime.actor
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("the supervisor's own bug")
+
+    monkeypatch.setattr(runtime.actor, "ActorCrashed", refuse)
+    out = io.StringIO()
+    configure_logging("info", stream=out)
+    with trio.fail_after(HANG_GUARD):
+        async with Host.open() as host:
+            await host.start_actor(AlwaysCrashes(name="crashy"))
+            session = await host.open_session(Agent(provider=ScriptedProvider([["hi"]])))
+            result = await session.run("hello")
+    assert (result.finish_reason, result.text) == ("stop", "hi")
+    (gave_up,) = [line for line in json_lines(out) if line["event"] == "actor.gave-up"]
+    assert gave_up["actor"] == "crashy" and gave_up["error"] == "ValueError: always"
+    assert gave_up["supervisor_error"] == "RuntimeError: the supervisor's own bug"
+
+
+class CannotStart(Actor):
+    async def on_start(self) -> None:
+        raise ValueError("no config")
+
+    def on_crash(self, exc: BaseException) -> None:
+        raise RuntimeError("and a bug in on_crash")
+
+
+async def test_an_actor_that_cannot_start_and_whose_on_crash_raises_fails_its_start(
+    autojump_clock,
+):
+    """Its starter is told (``ActorFailed``), as for an actor past its restart policy;
+    the host stays up."""
+    with trio.fail_after(HANG_GUARD):
+        async with Host.open(log_tap=False) as host:
+            try:
+                await host.start_actor(CannotStart(name="nostart"))
+            except ActorFailed as exc:
+                failed = str(exc)
+            session = await host.open_session(Agent(provider=ScriptedProvider([["hi"]])))
+            result = await session.run("hello")
+    assert failed == (
+        "actor 'nostart' could not start: ValueError: no config (its crash could not be handled)"
+    )
+    assert result.finish_reason == "stop"
