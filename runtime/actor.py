@@ -6,7 +6,10 @@ at a time in :meth:`Actor.handle`. It may subscribe its inbox to bus events
 actors under a one-for-one policy: an actor whose handler raises is restarted (after a
 backoff) with the same inbox, so queued messages are not lost; more than ``intensity``
 crashes within ``period`` seconds and it gives up. Every crash, restart and give-up is an
-event on the bus, and so a log line.
+event on the bus and one log line, the supervisor's (the log tap does not write these
+events again). An actor whose crash cannot be handled (its :meth:`Actor.on_crash` raises,
+or the supervisor's own handling does) is given up on: one actor's supervisor never takes
+the host, and the turns beside the actor, down.
 
 Cancellation is never a crash: ``trio.Cancelled`` always propagates.
 
