@@ -67,9 +67,11 @@ def configure_logging(
     _route_library_loggers(max(lvl, logging.WARNING), sink, renderer)
 
 
-_BROKEN = (BrokenPipeError, ConnectionResetError, ValueError)
+_BROKEN = (BrokenPipeError, ConnectionResetError)
 """What a write raises once its stream is gone for good: the reader left the pipe
-(``axon run ... 2>&1 | head -1``), the stream was closed (``ValueError``)."""
+(``axon run ... 2>&1 | head -1``). A closed stream (``ValueError``) and ``EBADF`` are gone
+too; a line the stream cannot encode (``UnicodeEncodeError``, a ``ValueError`` too) is
+that line's failure only."""
 
 
 class QuietStream:
@@ -78,9 +80,10 @@ class QuietStream:
     whoever logged it: with stderr a pipe whose reader had left, the log tap crashed, the
     supervisor raised logging that, the turn raised logging its save, and ``axon run``
     exited 0 with the turn neither shown nor saved. Once the stream is gone for good
-    (:data:`_BROKEN`, or ``EBADF``) every later line is dropped without a try, as
+    (:data:`_BROKEN`, closed, or ``EBADF``) every later line is dropped without a try, as
     Python's ``logging.Handler.handleError`` drops a record on a broken stderr; another
-    ``OSError`` (a full disk, a non-blocking pipe that is full) drops that line only.
+    ``OSError`` (a full disk, a non-blocking pipe that is full) or a line the stream cannot
+    encode drops that write's lines only.
     Anything else (``fileno``, ``isatty``, ``encoding``) is the stream's."""
 
     __slots__ = ("__weakref__", "_flush", "_write", "broken", "stream")
@@ -113,7 +116,11 @@ class QuietStream:
             self._failed(exc)
 
     def _failed(self, exc: Exception) -> None:
-        if isinstance(exc, _BROKEN) or getattr(exc, "errno", None) == errno.EBADF:
+        if (
+            isinstance(exc, _BROKEN)
+            or getattr(exc, "errno", None) == errno.EBADF
+            or getattr(self.stream, "closed", False) is True
+        ):
             self.broken = True
 
     def __getattr__(self, name: str) -> Any:

@@ -153,6 +153,21 @@ async def test_a_write_that_fails_once_drops_its_lines_not_the_log_tap(tmp_path)
     assert kinds.count("turn.finished") == 2
 
 
+async def test_a_line_the_log_file_cannot_encode_drops_that_line_only(tmp_path):
+    """A log file opened ``ascii``, strict: the first line with ``é`` raises
+    UnicodeEncodeError (a ValueError, as a closed file's is); the stream is not gone."""
+    path = tmp_path / "axon.log"
+    with path.open("w", encoding="ascii") as stream:
+        configure_logging("info", stream=stream)
+        with trio.fail_after(PROCESS_GUARD):
+            async with Host.open(store=str(tmp_path / "s.db")) as host:
+                session = await host.open_session(Agent(provider=ScriptedProvider([["hi"]])))
+                await session.run("h\u00e9llo")
+                await session.run("plain")
+    lines = [orjson.loads(line) for line in path.read_text().splitlines()]
+    assert [line["input"] for line in lines if line["event"] == "turn.started"] == ["plain"]
+
+
 class CrashesOnce(Actor):
     subscribes_to = (TurnStarted,)
 
