@@ -19,7 +19,7 @@ import trio
 
 from runtime.actor import ServingActor
 from runtime.actor_messages import ExecuteTools, ToolCallSpec, ToolOutcome, ToolProgress
-from runtime.errors import exception_text, sole_exception
+from runtime.errors import describe_exception, sole_exception
 from runtime.events import ToolApprovalDecided, ToolApprovalRequested
 from runtime.logging import get_logger, log_exception
 from runtime.messages import TextPart, is_media_output
@@ -69,15 +69,6 @@ def writable(value: Any, *, deep: bool = False) -> Any:
     if isinstance(value, dict):
         return {writable(k, deep=True): writable(v, deep=True) for k, v in value.items()}
     return value
-
-
-def _described(exc: BaseException) -> str:
-    """:func:`~runtime.errors.describe_exception` (which never raises), with a group's
-    sub-exceptions named and no ``": "`` after an empty message (``GeneratorExit``)."""
-    text = exception_text(exc)
-    if isinstance(exc, BaseExceptionGroup):
-        text += ": " + "; ".join(_described(e) for e in exc.exceptions[:5])
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def _ends_the_process(exc: BaseException) -> bool:
@@ -149,13 +140,15 @@ async def run_tool_call(
     except ToolInputError as exc:
         return done(error=str(exc))
     except Exception as exc:  # a validator of the tool's own that raised past pydantic
-        return done(error=f"invalid arguments for {tool.name}: validation raised {_described(exc)}")
+        return done(
+            error=f"invalid arguments for {tool.name}: validation raised {describe_exception(exc)}"
+        )
     try:
         asks = not call.approved and tool.requires_approval(kwargs, context)  # type: ignore[arg-type]
     except Exception as exc:
         return done(
             error=f"the tool call was not executed: the approval rule of {tool.name} raised "
-            f"{_described(exc)}"
+            f"{describe_exception(exc)}"
         )
     if asks:
         if approve is None:
@@ -172,7 +165,7 @@ async def run_tool_call(
     except Exception as exc:
         # A tool's own nursery wraps its one error in a group: the error is what it says.
         raised = (sole_exception(exc) or exc) if isinstance(exc, ExceptionGroup) else exc
-        return done(error=f"tool {tool.name} raised {_described(raised)}")
+        return done(error=f"tool {tool.name} raised {describe_exception(raised)}")
     except BaseException as exc:
         if _ends_the_process(exc):
             raise
@@ -181,7 +174,7 @@ async def run_tool_call(
         # the tool's error like any other.
         await trio.lowlevel.checkpoint_if_cancelled()
         raised = (sole_exception(exc) or exc) if isinstance(exc, BaseExceptionGroup) else exc
-        return done(error=f"tool {tool.name} raised {_described(raised)}")
+        return done(error=f"tool {tool.name} raised {describe_exception(raised)}")
     try:
         value = to_jsonable(result)
         try:
@@ -191,7 +184,9 @@ async def run_tool_call(
     except TypeError as exc:  # orjson's too: an integer past 64 bits, which no save writes
         return done(error=f"tool {tool.name} returned a value that is not JSON: {exc}")
     except Exception as exc:  # an object whose own serializer hook raised
-        return done(error=f"tool {tool.name} returned a value that is not JSON: {_described(exc)}")
+        return done(
+            error=f"tool {tool.name} returned a value that is not JSON: {describe_exception(exc)}"
+        )
     return done(output=output)
 
 
@@ -231,7 +226,8 @@ class ToolExecutor(ServingActor[ExecuteTools]):
             outcome = ToolOutcome(
                 tool_call_id=call.tool_call_id,
                 tool_name=call.tool_name,
-                error=f"the tool executor crashed ({_described(exc)}); the call did not complete",
+                error=f"the tool executor crashed ({describe_exception(exc)}); "
+                "the call did not complete",
             )
             try:
                 request.reply.put_nowait(outcome)
@@ -352,12 +348,12 @@ class ToolExecutor(ServingActor[ExecuteTools]):
                     "tool.call-failed",
                     session_id=request.session_id,
                     tool_call_id=call.tool_call_id,
-                    error=redact(_described(exc)),
+                    error=redact(describe_exception(exc)),
                 )
                 outcome = ToolOutcome(
                     tool_call_id=call.tool_call_id,
                     tool_name=call.tool_name,
-                    error=f"the tool call failed: {_described(exc)}",
+                    error=f"the tool call failed: {describe_exception(exc)}",
                 )
             finally:
                 running[0] = False

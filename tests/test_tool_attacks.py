@@ -852,3 +852,60 @@ def test_a_budget_count_that_is_no_count_is_refused(field, value):
 
     with pytest.raises(ConfigurationError, match=f"Budget.{field} must be None or an int"):
         Budget(**{field: value})
+
+
+# -- how an error is described, wherever it is reported -----------------------------------
+
+
+def test_an_exception_group_is_described_by_its_sub_exceptions():
+    """A group's own text ("unhandled errors in a TaskGroup (1 sub-exception)") said
+    nothing of what failed: only the tool executor named its sub-exceptions, every other
+    caller (log lines, crash messages, the CLI) gave the group's text alone."""
+    from runtime.errors import describe_exception
+
+    group = ExceptionGroup("boom", [ValueError("a"), KeyError("b")])
+    assert describe_exception(group) == (
+        "ExceptionGroup: boom (2 sub-exceptions): ValueError: a; KeyError: 'b'"
+    )
+
+
+def test_an_exception_with_no_text_is_described_without_a_dangling_colon():
+    from runtime.errors import describe_exception
+
+    assert describe_exception(RuntimeError()) == "RuntimeError"
+
+
+def test_a_key_inside_a_sub_exception_is_redacted_where_the_group_is_described():
+    from runtime.errors import describe_exception
+
+    key = "sk-ant-" + "k" * 40
+    group = ExceptionGroup("g", [ValueError(f"401: invalid x-api-key {key}")])
+    described = describe_exception(group)
+    assert key not in described and "ValueError: 401" in described
+
+
+def test_a_group_nested_past_any_reason_is_described_without_raising():
+    from runtime.errors import describe_exception
+
+    group: BaseException = ValueError("leaf")
+    for _ in range(5000):
+        group = ExceptionGroup("g", [group])
+    assert describe_exception(group).startswith("ExceptionGroup: g (1 sub-exception): ")
+
+
+async def test_a_turn_that_ends_with_an_exception_group_names_what_failed_in_its_error():
+    """The error chunk said "unhandled errors in a TaskGroup (2 sub-exceptions)"."""
+    from runtime import Hooks
+
+    async def bad_hook(event):
+        raise ExceptionGroup("hooks failed", [LookupError("no such user"), OSError("disk")])
+
+    agent = Agent(provider=ScriptedProvider([["x"]]), hooks=Hooks(on_step_finish=bad_hook))
+    async with Host.open(log_tap=False) as host:
+        session = await host.open_session(agent)
+        async with session.stream("hi") as out:
+            chunks = [c async for c in out]
+    assert (chunks[-1].type, chunks[-1].error.kind) == ("error", "ExceptionGroup")
+    assert chunks[-1].error.message == (
+        "hooks failed (2 sub-exceptions): LookupError: no such user; OSError: disk"
+    )
