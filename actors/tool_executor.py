@@ -330,6 +330,7 @@ class ToolExecutor(ServingActor[ExecuteTools]):
                 tool_name=call.tool_name,
                 emit=emit,
                 deps=request.deps,
+                depth=request.depth,
             )
             try:
                 outcome = await run_tool_call(

@@ -909,3 +909,56 @@ async def test_a_turn_that_ends_with_an_exception_group_names_what_failed_in_its
     assert chunks[-1].error.message == (
         "hooks failed (2 sub-exceptions): LookupError: no such user; OSError: disk"
     )
+
+
+# -- an agent that is its own tool -----------------------------------------------------------
+
+
+def _self_caller(max_depth: int) -> tuple[Agent, list[str]]:
+    """An agent whose one tool runs the agent itself (as an application builds it: the
+    agents are frozen, so the tool finds the agent when it is called); its model calls
+    the tool, then answers with what the tool gave back. ``errors`` collects each tool
+    error a model saw."""
+    errors: list[str] = []
+
+    def respond(request):
+        last = request.messages[-1]
+        if isinstance(last, ToolMessage):
+            if last.error is not None:
+                errors.append(last.error)
+            return [f"depth answer: {last.output or last.error}"]
+        return [*tool_call("again", {"input": "once more"})]
+
+    holder: dict[str, Tool] = {}
+
+    @tool
+    async def again(input: str, context: ToolContext) -> str:
+        """Asks this same agent again."""
+        return await holder["self"].call({"input": input}, context)
+
+    agent = Agent(name="me", provider=ScriptedProvider(responder=respond), tools=[again])
+    holder["self"] = agent.as_tool(max_depth=max_depth)
+    return agent, errors
+
+
+async def test_an_agent_that_is_its_own_tool_stops_at_the_nesting_bound():
+    """It recursed until its tool timeout or its budget's steps ran out, a turn held at
+    every level."""
+    agent, errors = _self_caller(max_depth=3)
+    async with Host.open(log_tap=False) as host:
+        session = await host.open_session(agent)
+        result = await session.run("go")
+    assert result.finish_reason == "stop"
+    assert errors == [
+        "tool again raised RuntimeError: agent nesting deeper than 3: me was not run "
+        "(agents calling agents, or themselves, 3 deep already)"
+    ]
+    # the top session and 3 nested ones: each called the tool once and answered once
+    assert len(agent.provider.requests) == 2 * 4
+
+
+def test_a_nesting_bound_that_is_no_bound_is_refused_when_the_tool_is_made():
+    from runtime import ToolDefinitionError
+
+    with pytest.raises(ToolDefinitionError, match="max_depth must be an int >= 1"):
+        Agent(name="x", provider=ScriptedProvider([["x"]])).as_tool(max_depth=0)
