@@ -30,18 +30,31 @@ TRUNCATION_MARKER = "…[truncated: {omitted} of {total} characters omitted]"
 
 
 def truncate_output(output: Any, limit: int | None) -> Any:
-    """``output`` unchanged if its JSON text fits ``limit``; else its text cut to fit,
-    ending with a visible marker (so the model knows it did not see everything).
+    """``output`` as the store gives it back, if its JSON text fits ``limit``; else its
+    text cut to fit, ending with a visible marker (so the model knows it did not see
+    everything).
+
+    As the store gives it back: a non-finite float (NaN, an infinity) is ``null``, which
+    is how the store writes it (JSON has neither). Kept as it was, the call's result was
+    NaN in the stream and in the next request (``"NaN"`` in OpenAI's tool message, text
+    no JSON parser takes) and ``null`` in the history a later turn sends.
 
     Raises ``TypeError`` (``orjson.JSONEncodeError``) for a value the store could not
     write as JSON either, whatever ``limit`` is: an integer past 64 bits."""
     if is_media_output(output):
         return _cut_text_parts(output, limit)  # images and files: bounded by their size
-    if limit is None and isinstance(output, str):
-        return output
-    text = output if isinstance(output, str) else orjson.dumps(output).decode()
-    if limit is None or len(text) <= limit:
-        return output
+    if isinstance(output, str):
+        if limit is None or len(output) <= limit:
+            return output
+        text = output
+    else:
+        data = orjson.dumps(output)
+        # Fewer bytes than the limit: fewer characters too, nothing to decode.
+        text = "" if limit is None or len(data) <= limit else data.decode()
+        if limit is None or len(text) <= limit:
+            # Read back only when it may have changed: a null in the text (most outputs
+            # hold none; a float is written exactly as it was, the rest as it was given).
+            return orjson.loads(data) if b"null" in data else output
     marker = TRUNCATION_MARKER.format(omitted=len(text) - limit, total=len(text))
     return text[:limit] + marker
 

@@ -304,6 +304,20 @@ async def test_a_client_tools_output_is_kept_in_the_json_form_the_model_saw(tmp_
     assert results(stored) == live
 
 
+async def test_a_client_tools_non_finite_float_is_null_live_and_stored(tmp_path):
+    """NaN given to ``respond`` was NaN in memory and in the next request, null in the
+    store."""
+    path = tmp_path / "s.db"
+    async with Host.open(store=path, log_tap=False) as host:
+        session = await client_suspended(host)
+        await session.respond("C", output={"score": float("nan")})
+        live = results(session)
+    async with Host.open(store=path, log_tap=False) as host:
+        stored = await host.store.load("s")
+    assert live == [("C", {"score": None}, None)]
+    assert results(stored) == live
+
+
 class Opaque:
     pass
 
@@ -962,3 +976,34 @@ def test_a_nesting_bound_that_is_no_bound_is_refused_when_the_tool_is_made():
 
     with pytest.raises(ToolDefinitionError, match="max_depth must be an int >= 1"):
         Agent(name="x", provider=ScriptedProvider([["x"]])).as_tool(max_depth=0)
+
+
+# -- NaN and the infinities --------------------------------------------------------------
+
+
+async def test_a_non_finite_float_from_a_tool_is_null_live_sent_and_stored(tmp_path):
+    """NaN was NaN in the stream and in the next request (OpenAI's tool message read
+    ``NaN``, which no JSON parser takes), and null once stored: the history a later turn
+    sent was not what the model had seen."""
+    from actors.providers.openai import map_messages
+
+    @tool
+    async def ratio() -> dict:
+        """Divides."""
+        return {"nan": float("nan"), "inf": float("inf"), "neg": -float("inf"), "ok": 1.5}
+
+    provider = ScriptedProvider([[*tool_call("ratio", {}, tool_call_id="R")], ["done"]])
+    agent = Agent(provider=provider, tools=[ratio])
+    async with Host.open(store=tmp_path / "s.db", log_tap=False) as host:
+        session = await host.open_session(agent, session_id="s")
+        async with session.stream("go") as out:
+            live = [c.output async for c in out if c.type == "tool-result"]
+        stored = await host.store.load("s")
+    expected = {"nan": None, "inf": None, "neg": None, "ok": 1.5}
+    sent = [m for m in provider.requests[1].messages if isinstance(m, ToolMessage)]
+    [body] = [m for m in map_messages(None, provider.requests[1].messages) if m["role"] == "tool"]
+    kept = [m.output for m in stored.messages if isinstance(m, ToolMessage)]
+    assert live == [expected]
+    assert [m.output for m in sent] == [expected]
+    assert json.loads(body["content"]) == expected and "NaN" not in body["content"]
+    assert kept == [expected]
