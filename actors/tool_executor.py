@@ -11,6 +11,8 @@ Outcomes are sent as they complete; the turn runner saves them in call order.
 from __future__ import annotations
 
 import math
+import time
+from collections.abc import Callable, Generator
 from typing import Any
 
 import attrs
@@ -84,6 +86,80 @@ def writable(value: Any, *, deep: bool = False) -> Any:
     return value
 
 
+LOOP_HOLD_WARNING = 0.25
+"""Seconds one step of an async tool's call (from one ``await`` to the next) may hold the
+event loop before :class:`LoopWatch` warns."""
+
+
+class LoopWatch:
+    """Times each step an async tool's call takes on the event loop: from where Trio
+    resumes it to its next ``await``. Every session of the host waits while a step runs;
+    a long one is an async tool that blocks (``time.sleep``, a blocking client, a long
+    computation). The first step of a tool over :attr:`limit` is logged, a warning
+    ``tool.blocked-loop`` naming the tool, once per tool and watch (per host).
+
+    The cost is a clock read per step; ``clock`` is injectable (a test's fake)."""
+
+    def __init__(
+        self, *, clock: Callable[[], float] = time.perf_counter, limit: float = LOOP_HOLD_WARNING
+    ) -> None:
+        self.clock = clock
+        self.limit = limit
+        self.warned: set[str] = set()
+        """The tools warned about already."""
+
+    def held(self, tool_name: str, seconds: float, session_id: str | None) -> None:
+        """One step of ``tool_name``'s call took ``seconds``: warn if it is the first too
+        long a step of that tool."""
+        if seconds <= self.limit or tool_name in self.warned:
+            return
+        self.warned.add(tool_name)
+        get_logger("axon.tools").warning(
+            "tool.blocked-loop",
+            tool=tool_name,
+            session_id=session_id,
+            held=round(seconds, 3),
+            hint="an async tool blocked the event loop, and every session of the host with "
+            "it: make it a sync function (run in a thread) or await (trio.sleep, "
+            "trio.to_thread.run_sync)",
+        )
+
+
+class _Timed:
+    """An awaitable running ``coro`` as ``await coro`` does, timing each of its steps on
+    the loop (:class:`LoopWatch`)."""
+
+    __slots__ = ("_coro", "_session_id", "_tool_name", "_watch")
+
+    def __init__(self, coro: Any, watch: LoopWatch, tool_name: str, session_id: str | None):
+        self._coro, self._watch = coro, watch
+        self._tool_name, self._session_id = tool_name, session_id
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        coro, watch = self._coro, self._watch
+        value: Any = None
+        thrown: BaseException | None = None
+        while True:
+            start = watch.clock()
+            try:
+                if thrown is None:
+                    yielded = coro.send(value)
+                else:
+                    exc, thrown = thrown, None
+                    yielded = coro.throw(exc)
+            except StopIteration as stop:
+                return stop.value
+            finally:
+                watch.held(self._tool_name, watch.clock() - start, self._session_id)
+            try:
+                value = yield yielded
+            except GeneratorExit:
+                coro.close()
+                raise
+            except BaseException as exc:  # what Trio throws in (Cancelled): to the tool
+                thrown, value = exc, None
+
+
 def _ends_the_process(exc: BaseException) -> bool:
     """Whether ``exc`` asks the whole program to stop (Ctrl-C, ``sys.exit``): it goes on
     out of the tool executor as it came, whichever tool it came through."""
@@ -123,6 +199,7 @@ async def run_tool_call(
     max_chars: int | None,
     context: ToolContext | None = None,
     approve: Any = None,
+    watch: LoopWatch | None = None,
 ) -> ToolOutcome:
     """Run one call to completion and describe what happened; never raises (but
     cancellation, ``KeyboardInterrupt`` and ``SystemExit`` propagate).
@@ -131,7 +208,7 @@ async def run_tool_call(
     included) becomes the call's error: an exception of any class, one whose ``str()``
     raises, a ``GeneratorExit``, a ``trio.Cancelled`` that no cancelled scope sent, a
     return value that cannot be made JSON (bytes that are not UTF-8, a cycle, nesting
-    too deep)."""
+    too deep). ``watch`` times the steps of an async tool's call (:class:`LoopWatch`)."""
     start = trio.current_time()
 
     def done(output: Any = None, error: str | None = None) -> ToolOutcome:
@@ -172,7 +249,11 @@ async def run_tool_call(
     timeout = tool.timeout if tool.timeout is not None else default_timeout
     try:
         with trio.move_on_after(timeout if timeout is not None else math.inf) as scope:
-            result = await tool.call(kwargs, context)
+            running: Any = tool.call(kwargs, context)
+            if watch is not None and tool.is_async:
+                sid = context.session_id if context is not None else None
+                running = _Timed(running, watch, tool.name, sid)
+            result = await running
         if scope.cancelled_caught:
             return done(error=f"tool {tool.name} timed out after {timeout:g}s")
     except Exception as exc:
@@ -224,6 +305,8 @@ class ToolExecutor(ServingActor[ExecuteTools]):
         self._pending: dict[int, set[str]] = {}
         """Per request in flight: its calls not yet answered."""
         self._background: trio.Nursery | None = None
+        self.loop_watch = LoopWatch()
+        """Warns of an async tool that holds the event loop (once per tool)."""
         self._decisions: Any = None
         """The bus subscription to approval decisions, taken at the first call that waits
         for one in memory (:meth:`_approve`) and kept while the executor runs."""
@@ -353,6 +436,7 @@ class ToolExecutor(ServingActor[ExecuteTools]):
                     request.max_result_chars,
                     context,
                     approve=lambda c, kw: self._approve(request, c, kw),
+                    watch=self.loop_watch,
                 )
             except Exception as exc:
                 # A bug on this call's way (a plug-in's tool class, ours): its error, not

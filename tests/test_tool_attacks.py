@@ -1007,3 +1007,117 @@ async def test_a_non_finite_float_from_a_tool_is_null_live_sent_and_stored(tmp_p
     assert [m.output for m in sent] == [expected]
     assert json.loads(body["content"]) == expected and "NaN" not in body["content"]
     assert kept == [expected]
+
+
+# -- an async tool that blocks the loop -------------------------------------------------------
+
+
+def _blocking_tool(now: list[float], held: float) -> Tool:
+    @tool
+    async def crunch(n: int) -> str:
+        """Holds the loop for ``held`` seconds as the watch's clock sees it (time.sleep)."""
+        await trio.lowlevel.checkpoint()
+        now[0] += held  # the step from here to the return: "time.sleep(held)"
+        return f"crunched {n}"
+
+    return crunch
+
+
+async def test_an_async_tool_that_holds_the_loop_is_named_in_one_warning():
+    """It stopped every session of the host, and nothing said which tool did."""
+    from structlog.testing import capture_logs
+
+    from actors.tool_executor import LoopWatch
+
+    now = [0.0]
+    watch = LoopWatch(clock=lambda: now[0], limit=0.25)
+    crunch = _blocking_tool(now, held=3.0)
+    with capture_logs() as logs:
+        outcomes = [
+            await run_tool_call(
+                ToolCallSpec(tool_call_id=f"c{i}", tool_name="crunch", input={"n": i}),
+                {"crunch": crunch},
+                None,
+                None,
+                watch=watch,
+            )
+            for i in range(3)
+        ]
+    warnings = [line for line in logs if line["event"] == "tool.blocked-loop"]
+    assert [o.output for o in outcomes] == ["crunched 0", "crunched 1", "crunched 2"]
+    assert [(w["tool"], w["held"], w["log_level"]) for w in warnings] == [
+        ("crunch", 3.0, "warning")
+    ]
+
+
+async def test_an_async_tool_that_awaits_in_short_steps_is_not_warned_about():
+    from structlog.testing import capture_logs
+
+    from actors.tool_executor import LoopWatch
+
+    now = [0.0]
+    watch = LoopWatch(clock=lambda: now[0], limit=0.25)
+    crunch = _blocking_tool(now, held=0.1)
+    with capture_logs() as logs:
+        oc = await run_tool_call(
+            ToolCallSpec(tool_call_id="c", tool_name="crunch", input={"n": 1}),
+            {"crunch": crunch},
+            None,
+            None,
+            watch=watch,
+        )
+    assert oc.output == "crunched 1"
+    assert [line for line in logs if line["event"] == "tool.blocked-loop"] == []
+
+
+async def test_a_watched_tool_is_cancelled_and_raises_as_an_unwatched_one_does(autojump_clock):
+    """The watch runs the tool's coroutine step by step: a timeout still cancels it, its
+    own error is still its error."""
+    from actors.tool_executor import LoopWatch
+
+    @tool(timeout=5)
+    async def stuck() -> str:
+        """Never returns."""
+        await trio.sleep_forever()
+        return "never"
+
+    @tool
+    async def broken() -> str:
+        """Raises after an await."""
+        await trio.lowlevel.checkpoint()
+        raise KeyError("missing")
+
+    tools = {"stuck": stuck, "broken": broken}
+    watch = LoopWatch()
+    timed_out, failed = [
+        await run_tool_call(
+            ToolCallSpec(tool_call_id=name, tool_name=name, input={}),
+            tools,
+            None,
+            None,
+            watch=watch,
+        )
+        for name in ("stuck", "broken")
+    ]
+    assert timed_out.error == "tool stuck timed out after 5s"
+    assert failed.error == "tool broken raised KeyError: 'missing'"
+
+
+async def test_the_hosts_tool_executor_warns_of_an_async_tool_holding_the_loop():
+    from structlog.testing import capture_logs
+
+    from actors.tool_executor import LoopWatch
+
+    now = [0.0]
+    crunch = _blocking_tool(now, held=3.0)
+    steps = [[*tool_call("crunch", {"n": 1})], ["done"]]
+    with capture_logs() as logs:
+        async with Host.open(log_tap=False) as host:
+            host.tool_executor.loop_watch = LoopWatch(clock=lambda: now[0])
+            session = await host.open_session(
+                Agent(provider=ScriptedProvider(steps), tools=[crunch])
+            )
+            result = await session.run("go")
+    assert result.text == "done"
+    warned = [line["tool"] for line in logs if line["event"] == "tool.blocked-loop"]
+    assert warned == ["crunch"]
