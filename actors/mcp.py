@@ -44,6 +44,7 @@ from runtime.errors import (
     MCPServerUnavailable,
     MCPToolError,
     ToolDefinitionError,
+    describe_exception,
 )
 from runtime.hosting import ActorStarter
 from runtime.logging import get_logger
@@ -615,7 +616,7 @@ def _answer(request: CallMCPTool, outcome: Any) -> None:
 def _describe(exc: BaseException) -> str:
     while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
         exc = exc.exceptions[0]
-    return redact(f"{type(exc).__name__}: {exc}")
+    return describe_exception(exc)
 
 
 def _import_mcp() -> tuple[Any, Any]:

@@ -1121,3 +1121,14 @@ async def test_the_hosts_tool_executor_warns_of_an_async_tool_holding_the_loop()
     assert result.text == "done"
     warned = [line["tool"] for line in logs if line["event"] == "tool.blocked-loop"]
     assert warned == ["crunch"]
+
+
+async def test_a_provider_failing_with_an_exception_group_names_what_failed():
+    """The turn's error said "ProviderError: stream failed (1 sub-exception)"."""
+    failing = ExceptionGroup("stream failed", [ConnectionResetError("peer reset")])
+    agent = Agent(provider=ScriptedProvider([[failing]]))
+    async with Host.open(log_tap=False) as host:
+        session = await host.open_session(agent)
+        result = await session.run("hi")
+    assert result.finish_reason == "error"
+    assert "ConnectionResetError: peer reset" in result.error.message
