@@ -1132,3 +1132,41 @@ async def test_a_provider_failing_with_an_exception_group_names_what_failed():
         result = await session.run("hi")
     assert result.finish_reason == "error"
     assert "ConnectionResetError: peer reset" in result.error.message
+
+
+async def test_two_agents_calling_each_other_stop_at_the_nesting_bound():
+    """A calls B calls A...: the depth counts every agent-as-tool level, whichever agent."""
+    errors: list[str] = []
+
+    def respond(name: str):
+        def step(request):
+            last = request.messages[-1]
+            if isinstance(last, ToolMessage):
+                if last.error is not None:
+                    errors.append(last.error)
+                return ["back"]
+            return [*tool_call(name, {"input": "your turn"})]
+
+        return step
+
+    holder: dict[str, Tool] = {}
+
+    @tool
+    async def ask_a(input: str, context: ToolContext) -> str:
+        """Asks agent a."""
+        return await holder["a"].call({"input": input}, context)
+
+    b = Agent(name="b", provider=ScriptedProvider(responder=respond("ask_a")), tools=[ask_a])
+    ask_b = b.as_tool(name="ask_b", max_depth=4)
+    a = Agent(name="a", provider=ScriptedProvider(responder=respond("ask_b")), tools=[ask_b])
+    holder["a"] = a.as_tool(max_depth=4)
+    async with Host.open(log_tap=False) as host:
+        session = await host.open_session(a)
+        result = await session.run("go")
+    assert result.finish_reason == "stop"
+    assert errors == [
+        "tool ask_b raised RuntimeError: agent nesting deeper than 4: ask_b was not run "
+        "(agents calling agents, or themselves, 4 deep already)"
+    ]
+    # a at depths 0, 2, 4 and b at 1, 3: each called once and answered once
+    assert (len(a.provider.requests), len(b.provider.requests)) == (6, 4)
