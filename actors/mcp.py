@@ -45,6 +45,7 @@ from runtime.errors import (
     MCPServerUnavailable,
     MCPToolError,
     ToolDefinitionError,
+    describe_exception,
 )
 from runtime.hosting import ActorStarter
 from runtime.logging import get_logger
@@ -712,8 +713,7 @@ def _single(exc: BaseException) -> BaseException:
 
 
 def _describe(exc: BaseException) -> str:
-    exc = _single(exc)
-    return redact(f"{type(exc).__name__}: {exc}")
+    return describe_exception(_single(exc))
 
 
 def _import_mcp() -> tuple[Any, Any]:

@@ -33,7 +33,7 @@ import trio
 
 from runtime.bus import Bus, Subscription
 from runtime.chunks import _eq, _hash, _repr
-from runtime.errors import ActorFailed, describe_exception, exception_text
+from runtime.errors import ActorFailed, describe_exception, exception_message
 from runtime.events import ActorCrashed, ActorGaveUp, ActorRestarted
 from runtime.inbox import Inbox, OverflowPolicy
 from runtime.logging import get_logger, log_exception
@@ -477,7 +477,7 @@ class Supervisor:
         await self._publish(
             ActorCrashed(
                 actor=actor.name,
-                error=redact(exception_text(exc)),
+                error=exception_message(exc),
                 error_type=type(exc).__name__,
                 restarts=restarts,
                 session_id=actor.session_id,

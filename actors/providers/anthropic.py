@@ -1045,7 +1045,7 @@ def classify_error(exc: BaseException) -> errors.AxonError:
     found = classify_transport(exc, provider=PROVIDER)
     if found is not None:
         return found
-    return errors.ProviderError(f"{type(exc).__name__}: {exc}", provider=PROVIDER)
+    return errors.ProviderError(errors.describe_exception(exc), provider=PROVIDER)
 
 
 # -- the provider -------------------------------------------------------------------------

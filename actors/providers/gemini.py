@@ -698,7 +698,7 @@ def classify_error(exc: BaseException, *, streaming: bool = False) -> AxonError:
         return errors.MalformedStream(
             f"unreadable response chunk: {type(exc).__name__}: {exc}", provider=PROVIDER
         )
-    return errors.ProviderError(f"{type(exc).__name__}: {exc}", provider=PROVIDER)
+    return errors.ProviderError(errors.describe_exception(exc), provider=PROVIDER)
 
 
 # -- the provider actor ---------------------------------------------------------------------

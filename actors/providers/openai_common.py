@@ -166,7 +166,7 @@ def classify_error(exc: BaseException, *, provider: str = "openai") -> AxonError
     found = classify_transport(exc, provider=provider)
     if found is not None:
         return found
-    return ProviderError(f"{type(exc).__name__}: {exc}", provider=provider)
+    return ProviderError(errors.describe_exception(exc), provider=provider)
 
 
 # -- token counts (context compaction) ------------------------------------------------------
@@ -213,7 +213,7 @@ async def tiktoken_encoding(model: str) -> Any | None:
             get_logger("axon.compaction").warning(
                 "compaction.tiktoken-unavailable",
                 model=model,
-                error=f"{type(exc).__name__}: {exc}",
+                error=errors.describe_exception(exc),
                 fallback="estimate",
             )
     _encodings[model] = encoding
