@@ -983,3 +983,33 @@ async def test_a_cancel_while_the_second_step_stalls_keeps_the_first_step_and_it
             assert messages[1].interrupted
         r.server.replies.clear()
         await r.next_turn()
+
+
+# -- a byte order mark, a body kept open, a redirect (branch provmend) -----------------------
+
+
+def text_first_body(kind: str, r: AttackRig) -> bytes:
+    """An answer "Hello" (10 tokens in, 5 out) whose first event carries text ("Hel"),
+    or, for Anthropic and Responses, the start of the answer."""
+    if kind == "openai":
+        events = [oa_chunk({"content": "Hel"}), oa_chunk({"content": "lo"}), oa_chunk({}, "stop")]
+        return sse(*events, oa_usage())
+    return r.answer("Hel", "lo")
+
+
+@pytest.mark.parametrize("write_size", [None, 1], ids=["one-write", "byte-by-byte"])
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_leading_byte_order_mark_is_skipped_and_the_first_event_read(
+    kind, write_size, autojump_clock
+):
+    """A body that starts with a UTF-8 BOM (EF BB BF), as some proxies write it: the SSE
+    specification strips it. Before, it joined the first line, so the first event was
+    lost (OpenAI's first text, Anthropic's ``message_start`` and its input count) and
+    Gemini failed the stream (the line read as raw JSON). (Responses held: it lost only
+    the first event's name, and reads the type from its data.)"""
+    async with attack_rig(kind, retry=ONCE) as r:
+        body = b"\xef\xbb\xbf" + text_first_body(kind, r)
+        _, result = await turn(r, Reply(body=body, write_size=write_size))
+        assert (result.finish_reason, result.text) == ("stop", "Hello"), result.error
+        assert (result.usage.input_tokens, result.usage.output_tokens) == (10, 5)
+        await check_saved(r, text="Hello", failed=False)

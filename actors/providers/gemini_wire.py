@@ -35,6 +35,7 @@ from typing import Any
 import attrs
 
 from actors.providers.failures import MAX_EVENT_BYTES, EventTooLarge
+from actors.providers.sse import strip_bom
 from runtime import errors
 
 PROVIDER = "google"
@@ -132,11 +133,16 @@ class LineDecoder:
     A line, a chunk or a raw JSON value is at most :data:`MAX_EVENT_BYTES` long, else
     :class:`EventTooLarge`; a read that ends no line is held as it is and joined once a
     line ends (as :class:`~actors.providers.sse.SSEDecoder`: an endless line from a
-    hostile server took memory without bound, and quadratic time)."""
+    hostile server took memory without bound, and quadratic time). A UTF-8 byte order
+    mark at the body's start is dropped, as an SSE client does
+    (:func:`~actors.providers.sse.strip_bom`: it made the first line raw JSON, and the
+    stream failed)."""
 
-    __slots__ = ("_data", "_held", "_held_size", "_raw", "_rest", "_size")
+    __slots__ = ("_data", "_head", "_held", "_held_size", "_raw", "_rest", "_size")
 
     def __init__(self) -> None:
+        self._head: bytes | None = b""
+        """The body's start while it may be a BOM; ``None`` once read."""
         self._rest = b""
         self._data: list[bytes] = []
         self._size = 0
@@ -146,6 +152,12 @@ class LineDecoder:
         self._held_size = 0
 
     def feed(self, chunk: bytes) -> list[bytes]:
+        if self._head is not None:
+            head, rest = strip_bom(self._head, chunk)
+            if rest is None:
+                self._head = head
+                return []
+            self._head, chunk = None, rest
         if b"\n" not in chunk and b"\r" not in chunk and self._rest[-1:] != b"\r":
             self._held.append(chunk)  # ends no line: held until one ends
             self._held_size += len(chunk)
