@@ -918,8 +918,8 @@ async def test_a_server_that_keeps_the_body_open_after_the_last_event_does_not_f
     """The whole answer, its last event (``[DONE]``, ``response.completed``,
     ``message_stop``), then the body kept open. Anthropic read on to the body's end, so
     a finished answer waited for the read timeout and failed with a ProviderTimeout: it
-    now stops at ``message_stop`` (reading what follows for 0.1 s). (Gemini reads to the
-    end of the body, a hop may follow: left.)"""
+    now stops at ``message_stop`` (reading what follows for 0.1 s). (Gemini, and OpenAI
+    with no ``[DONE]``: the next test.)"""
     async with attack_rig(kind, retry=ONCE) as r:
         body = r.answer("Hel", "lo")
         t0 = trio.current_time()
@@ -1013,3 +1013,55 @@ async def test_a_leading_byte_order_mark_is_skipped_and_the_first_event_read(
         assert (result.finish_reason, result.text) == ("stop", "Hello"), result.error
         assert (result.usage.input_tokens, result.usage.output_tokens) == (10, 5)
         await check_saved(r, text="Hello", failed=False)
+
+
+@pytest.mark.parametrize("kind", ["openai", "gemini"])
+async def test_a_body_kept_open_after_the_finish_and_usage_ends_the_turn_with_both(
+    kind, autojump_clock
+):
+    """OpenAI: the finish chunk, the usage chunk (``choices: []``, after the finish), then
+    no ``[DONE]`` and the body kept open; Gemini: the chunk with ``finishReason`` (and
+    its ``usageMetadata``), then the body kept open. Both read on to ``[DONE]`` or the
+    body's end, so a finished answer waited for the read timeout and failed with a
+    ProviderTimeout; they now stop there, the usage kept."""
+    async with attack_rig(kind, retry=ONCE) as r:
+        body = r.answer("Hel", "lo")
+        if kind == "openai":
+            body = body[: body.index(b"data: [DONE]")]
+        t0 = trio.current_time()
+        _, result = await turn(
+            r, Reply(body=body + b": more\n\n", stall=1e6, stall_after=len(body))
+        )
+        assert (result.finish_reason, result.text) == ("stop", "Hello"), result.error
+        assert (result.usage.input_tokens, result.usage.output_tokens) == (10, 5)
+        assert trio.current_time() - t0 < 1.0
+        await check_saved(r, text="Hello", failed=False)
+        await r.next_turn()
+
+
+async def test_openai_usage_after_the_finish_is_read_before_the_turn_ends(autojump_clock):
+    """The usage chunk comes a while after the finish chunk (a slow server): the reader
+    does not stop at the finish, so the usage is not lost."""
+    async with attack_rig("openai", retry=ONCE) as r:
+        body = r.answer("Hel", "lo")
+        at = body.index(b"data: " + json.dumps(oa_usage()).encode())
+        _, result = await turn(r, Reply(body=body, stall=30.0, stall_after=at))
+        assert (result.finish_reason, result.text) == ("stop", "Hello"), result.error
+        assert (result.usage.input_tokens, result.usage.output_tokens) == (10, 5)
+
+
+async def test_openai_without_usage_asked_a_body_kept_open_after_the_finish_ends_the_turn(
+    autojump_clock,
+):
+    """``stream_options=None`` (a server that refuses it): no usage chunk will come, so
+    the finish chunk ends the answer."""
+    async with attack_rig("openai", retry=ONCE, provider={"stream_options": None}) as r:
+        body = sse(oa_chunk({"content": "Hel"}), oa_chunk({"content": "lo"}), done=False)
+        body += sse(oa_chunk({}, "stop"), done=False)
+        t0 = trio.current_time()
+        _, result = await turn(
+            r, Reply(body=body + b": more\n\n", stall=1e6, stall_after=len(body))
+        )
+        assert (result.finish_reason, result.text) == ("stop", "Hello"), result.error
+        assert "stream_options" not in r.sent()
+        assert trio.current_time() - t0 < 1.0

@@ -33,6 +33,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import attrs
+import trio
 
 from actors.providers.failures import MAX_EVENT_BYTES, EventTooLarge
 from actors.providers.sse import strip_bom
@@ -283,18 +284,33 @@ def _decode(data: bytes) -> Any:
 
 
 async def _chunks_of(response: Any, raw: Any) -> AsyncGenerator[dict[str, Any], None]:
-    """The chunks of one hop's body as dicts; an error object raises the SDK's error."""
+    """The chunks of one hop's body as dicts; an error object raises the SDK's error.
+
+    Once a chunk gave the first candidate's ``finishReason`` and a chunk at or after it
+    its ``usageMetadata`` (the API sends both in its last chunk), or a prompt's
+    ``blockReason``, the hop's answer is whole: the body is read on as before for at most
+    :data:`DRAIN_AFTER_END` seconds, and cut there. Why: reading on to the body's end, a
+    finished answer from a server (a proxy) that kept the body open waited for the read
+    timeout and failed with a ``ProviderTimeout`` (branch ``provmend``)."""
     from google.genai import errors as genai_errors
 
     decoder = LineDecoder()
     batches: AsyncIterator[bytes] = raw.aiter_bytes()
-    ended = False
+    ended = finished = False
+    deadline: float | None = None
     while not ended:
-        try:
-            chunk = await anext(batches)
-            found = decoder.feed(chunk)
-        except StopAsyncIteration:
+        if deadline is None:
+            chunk = await anext(batches, None)
+        else:  # the answer is whole: the rest of the body, briefly
+            chunk = None
+            with trio.move_on_at(deadline):
+                chunk = await anext(batches, None)
+            if chunk is None:
+                return  # (what came after the answer and ends no chunk is dropped)
+        if chunk is None:
             found, ended = decoder.finish(), True
+        else:
+            found = decoder.feed(chunk)
         for data in found:
             value = _decode(data)
             if type(value) is not dict:
@@ -304,7 +320,31 @@ async def _chunks_of(response: Any, raw: Any) -> AsyncGenerator[dict[str, Any], 
             if next(iter(value), None) == "error":  # the SDK: '{"error":' starts it
                 code, value = _error_object(value["error"])
                 await genai_errors.APIError.raise_error_async(code, value, response)
+            if deadline is None:
+                finished = finished or _finishes(value)
+                if finished and ("usageMetadata" in value or _blocked(value)):
+                    deadline = trio.current_time() + DRAIN_AFTER_END
             yield value
+
+
+DRAIN_AFTER_END = 0.1
+"""Seconds to read what follows a hop's answer (the body's end, so the connection is
+reused and what a server adds is read as before); a server that keeps the body open is
+cut then."""
+
+
+def _finishes(chunk: dict[str, Any]) -> bool:
+    """Whether ``chunk`` gives the first candidate's ``finishReason`` or blocks the prompt."""
+    candidates = chunk.get("candidates")
+    if type(candidates) is list and candidates:
+        first = candidates[0]
+        return type(first) is dict and first.get("finishReason") is not None
+    return _blocked(chunk)
+
+
+def _blocked(chunk: dict[str, Any]) -> bool:
+    feedback = chunk.get("promptFeedback")
+    return type(feedback) is dict and feedback.get("blockReason") is not None
 
 
 def _error_object(error: Any) -> tuple[int, dict[str, Any]]:
