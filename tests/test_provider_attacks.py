@@ -834,23 +834,39 @@ async def test_an_openai_error_that_is_a_string_is_its_message(autojump_clock):
         await check_saved(r, text="Hel", failed=True)
 
 
-# -- a redirect to another host ---------------------------------------------------------------
+# -- a redirect ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("status", [307, 302])
+@pytest.mark.parametrize("status", [302, 307, 308])
 @pytest.mark.parametrize("kind", KINDS)
-async def test_a_redirect_to_another_origin_never_carries_the_key(kind, status, autojump_clock):
-    """The SDKs' clients follow redirects. The HTTP library strips ``Authorization`` when
-    one leaves the origin (OpenAI's key) and the Anthropic SDK its ``x-api-key``; Gemini's
-    ``x-goog-api-key`` went on to the other host: now dropped there. (A 307 re-sends the
-    conversation to that host: the SDKs' behaviour, left.)"""
+async def test_a_redirect_to_another_origin_is_refused_naming_it_and_sends_nothing_there(
+    kind, status, autojump_clock
+):
+    """The SDKs' clients follow redirects: a 307/308 re-sent the whole conversation to the
+    host the endpoint named (and Gemini's ``x-goog-api-key`` with it, until branch
+    ``provatk`` dropped it there). Now a redirect off the endpoint's origin (scheme, host,
+    port) is refused before anything is sent there, for every provider: a ProviderError,
+    not retryable, naming the origin and never the key."""
     async with loopback_server() as elsewhere, attack_rig(kind, retry=ONCE) as r:
         elsewhere.add(Reply(body=r.answer("elsewhere")))
-        moved = Reply(status=status, headers=[("location", elsewhere.url + "/moved")])
-        await turn(r, moved)
-        assert KEY in str(r.server.requests[0].headers)  # the endpoint got it
-        assert len(elsewhere.requests) == 1
-        assert KEY not in str(elsewhere.requests[0].headers)
+        moved = Reply(status=status, headers=[("location", elsewhere.url + "/moved?x=1")])
+        _, result = await turn(r, moved)
+        assert elsewhere.requests == []
+        assert (result.error.kind, result.error.retryable) == ("ProviderError", False)
+        assert f"redirected the call to another origin, {elsewhere.url}" in result.error.message
+        assert KEY not in result.error.message and "/moved" not in result.error.message
+        await check_saved(r, text="", failed=True)
+        await r.next_turn()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_redirect_within_the_endpoints_origin_is_followed(kind, autojump_clock):
+    async with attack_rig(kind, retry=ONCE) as r:
+        moved = Reply(status=307, headers=[("location", r.server.url + "/moved")])
+        _, result = await turn(r, moved, Reply(body=r.answer("Hel", "lo")))
+        assert (result.finish_reason, result.text) == ("stop", "Hello"), result.error
+        assert r.server.requests[-1].path == "/moved"
+        assert r.sent()  # the conversation went on to the same server
 
 
 def responses_item_with(field: str, value: Any) -> list[dict[str, Any]]:

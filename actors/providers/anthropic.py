@@ -36,6 +36,7 @@ from actors.providers.failures import (
     SHAPE_ERRORS,
     classify_status,
     classify_transport,
+    hook_error,
     missing_key,
     retry_after,
     text_of,
@@ -1037,6 +1038,9 @@ def classify_error(exc: BaseException) -> errors.AxonError:
     if isinstance(exc, anthropic.APITimeoutError):
         return errors.ProviderTimeout(f"the request timed out: {exc}", provider=PROVIDER)
     if isinstance(exc, anthropic.APIConnectionError):
+        refused = hook_error(exc)  # a redirect off the endpoint's origin (StayHome)
+        if refused is not None:
+            return refused
         return errors.ConnectionLost(f"connection failed or dropped: {exc}", provider=PROVIDER)
     if isinstance(exc, anthropic.APIResponseValidationError):
         return errors.MalformedStream(f"unparseable response stream: {exc}", provider=PROVIDER)

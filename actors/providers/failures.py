@@ -7,7 +7,8 @@
   every provider, so the same failure is the same error whichever SDK reported it;
 * :func:`missing_key`: a call made with no API key, the same error for every SDK;
 * :func:`classify_transport`: timeouts, dropped connections and undecodable bodies
-  raised by the SDKs' HTTP library while a stream is read.
+  raised by the SDKs' HTTP library while a stream is read;
+* :class:`StayHome`: the HTTP client's refusal of a redirect to another origin.
 
 A provider keeps only what is its own: how to find the status, type and message in its
 SDK's exceptions (and, for errors sent inside a stream with HTTP 200, which status the
@@ -213,3 +214,66 @@ def classify_transport(exc: BaseException, *, provider: str) -> errors.ProviderE
     if isinstance(exc, json.JSONDecodeError | UnicodeDecodeError):
         return errors.MalformedStream(f"undecodable stream data: {detail}", provider=provider)
     return None
+
+
+# -- redirects --------------------------------------------------------------------------
+
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def origin_of(url: Any) -> tuple[str, str, int | None]:
+    """The origin (scheme, host, port: the scheme's default when none is written) of an
+    HTTP library's ``URL``."""
+    scheme = url.scheme
+    return scheme, url.host, url.port or _DEFAULT_PORTS.get(scheme)
+
+
+class StayHome:
+    """A request hook of a provider's HTTP client (``event_hooks["request"]``, called for
+    each request, a redirect's next one too): a request to another origin than the
+    endpoint's is not sent, a :class:`~runtime.errors.ProviderError` (not retryable)
+    naming that origin, never the path or query (nor the key, which is a header).
+
+    Why: every SDK's client follows redirects, and a 307 or 308 re-sends the request as
+    it was (the whole conversation) to the host it names; ``Authorization`` is dropped
+    there by the HTTP library, Anthropic's ``x-api-key`` by its SDK, Gemini's
+    ``x-goog-api-key`` by nothing until branch ``provatk``, and never the body. A redirect
+    within the endpoint's origin is followed (branch ``provmend``)."""
+
+    __slots__ = ("home", "provider")
+
+    def __init__(self, endpoint: Any, provider: str) -> None:
+        self.home = origin_of(endpoint)
+        self.provider = provider
+
+    async def __call__(self, request: Any) -> None:
+        there = origin_of(request.url)
+        if there != self.home:
+            scheme, host, port = there
+            shown = f"[{host}]" if ":" in host else host
+            raise errors.ProviderError(
+                f"the endpoint redirected the call to another origin, {scheme}://{shown}"
+                f"{'' if port is None else f':{port}'}; not followed: the request (the "
+                "conversation) would be sent there. If the endpoint moved, set the "
+                "provider's base URL to it",
+                provider=self.provider,
+                retryable=False,
+            )
+
+
+def stay_home(http: Any, endpoint: Any, provider: str) -> None:
+    """Add :class:`StayHome` for ``endpoint`` to the request hooks of ``http`` (an SDK's
+    HTTP client; one without ``event_hooks`` is left as it is)."""
+    hooks = getattr(http, "event_hooks", None)
+    if isinstance(hooks, dict):
+        http.event_hooks = {
+            **hooks,
+            "request": [*hooks.get("request", ()), StayHome(endpoint, provider)],
+        }
+
+
+def hook_error(exc: BaseException) -> errors.AxonError | None:
+    """The error a hook of the HTTP client raised (:class:`StayHome`) that the SDK wrapped
+    (as its connection error), else ``None``."""
+    cause = exc.__cause__
+    return cause if isinstance(cause, errors.AxonError) else None

@@ -54,7 +54,6 @@ turn runner's decision, it knows what was already streamed).
 from __future__ import annotations
 
 import base64
-import functools
 import json
 import os
 import re
@@ -65,6 +64,7 @@ from typing import Any, ClassVar
 import trio
 
 from actors.providers.failures import (
+    StayHome,
     classify_status,
     classify_transport,
     missing_key,
@@ -704,19 +704,6 @@ def classify_error(exc: BaseException, *, streaming: bool = False) -> AxonError:
 # -- the provider actor ---------------------------------------------------------------------
 
 
-async def _key_stays_home(home: tuple[str, str, int | None], request: Any) -> None:
-    """Drop the key's header from a request to another origin than the endpoint's
-    ``home`` (scheme, host, port): a redirect's next hop.
-
-    Why: the client follows redirects, as the SDK's own does, and the HTTP library
-    strips only ``Authorization`` when a redirect leaves the origin; the SDK sends the
-    key as ``x-goog-api-key``, which went on to whatever host a ``307`` named (branch
-    ``provatk``). The redirected call then fails as unauthenticated there."""
-    url = request.url
-    if (url.scheme, url.host, url.port) != home:
-        request.headers.pop("x-goog-api-key", None)
-
-
 class GeminiProvider(SDKProvider):
     """Google Gemini (the Gemini Developer API) over the ``google-genai`` SDK: streaming,
     function calls, thought summaries, thought signatures kept and sent back, images.
@@ -801,9 +788,9 @@ class GeminiProvider(SDKProvider):
         self._key = key
         http = next(sys.modules[m] for m in ("httpx2", "httpx") if m in sys.modules)
         home = http.URL(self.endpoint or self.default_endpoint or "")
-        hooks = {
-            "request": [functools.partial(_key_stays_home, (home.scheme, home.host, home.port))]
-        }
+        # a redirect off the endpoint's origin is refused, as for every provider (its key
+        # header, x-goog-api-key, went on there: branch provatk; the conversation too)
+        hooks = {"request": [StayHome(home, PROVIDER)]}
         self._http = http.AsyncClient(
             timeout=self.timeout, follow_redirects=True, event_hooks=hooks
         )
