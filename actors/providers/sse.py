@@ -291,9 +291,22 @@ class SSEDecoder:
             out += self._lines(lines)
         return out
 
-    def finish(self) -> list[Event]:
-        """The events the end of the body completes: only a last line ended by a CR."""
+    def finish(self, *, flush: bool = False) -> list[Event]:
+        """The events the end of the body completes: only a last line ended by a CR.
+        With ``flush``, the end of the body ends the last line and the event pending too
+        (the A2A client reads a last event with no blank line after it); that line is
+        bounded by the limit as any other."""
         rest, self._rest = self._rest, b""
+        if flush:
+            rest = b"".join((rest, *self._held))
+            self._held, self._held_size = [], 0
+            limit = MAX_EVENT_BYTES if self.limit is None else self.limit
+            if len(rest) > limit:
+                raise EventTooLarge(f"an SSE line of more than {limit} bytes with no end")
+            lines = rest.replace(b"\r\n", b"\n").replace(b"\r", b"\n").split(b"\n")
+            if lines[-1]:
+                lines.append(b"")
+            return self._lines(lines)
         if self._held:  # the last line is a held read's: it ends in no CR
             self._held, self._held_size = [], 0
             return []
