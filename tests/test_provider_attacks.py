@@ -1081,3 +1081,112 @@ async def test_openai_without_usage_asked_a_body_kept_open_after_the_finish_ends
         assert (result.finish_reason, result.text) == ("stop", "Hello"), result.error
         assert "stream_options" not in r.sent()
         assert trio.current_time() - t0 < 1.0
+
+
+# -- numbers JSON has not, in a tool call's input ------------------------------------------
+
+MEASURED: list[Any] = []
+
+
+@tool
+async def measure(x: float) -> str:
+    """Measure x."""
+    MEASURED.append(x)
+    return f"measured {x}"
+
+
+def strict_json(body: bytes) -> Any:
+    """``body`` read as JSON is (Python's reader takes ``NaN`` and infinities)."""
+
+    def refuse(name: str) -> Any:
+        raise AssertionError(f"{name} in a request body: {body[:300]!r}")
+
+    return json.loads(body, parse_constant=refuse)
+
+
+def measure_call(kind: str, r: AttackRig, number: str) -> bytes:
+    """A call of ``measure`` whose input is ``{"x": <number>}``, the number as written."""
+    args = '{"x": ' + number + "}"
+    if kind == "openai":
+        return oa_calls(call(0, "call_a", "measure", args))
+    if kind == "anthropic":
+        return a_body(a_start(), a_tool_use(0, "call_a", "measure", args), a_end("tool_use"))
+    if kind == "responses":
+        return r.tool_call("call_a", "measure", args)
+    return r.tool_call("call_a", "measure", '{"x": 1}').replace(b'"x": 1', args[1:-1].encode())
+
+
+@pytest.mark.parametrize("number", ["NaN", "Infinity", "-Infinity", "1e400"])
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_call_whose_input_holds_nan_or_infinity_is_not_run_and_the_model_is_told(
+    kind, number, autojump_clock
+):
+    """Python's JSON reader takes ``NaN``, ``Infinity`` and ``1e400`` (an infinity): the
+    tool ran with ``nan``, the session kept it (the store writes ``null``), and its replay
+    made the next Anthropic request fail to build, not retryable, on every later turn of
+    the session (``Out of range float values are not JSON compliant``), Gemini's body no
+    JSON and OpenAI's arguments no JSON. Now such an input is invalid JSON, as any other:
+    the call is not run, the model reads why in its result, the turn goes on, and every
+    request after it is JSON."""
+    MEASURED.clear()
+    async with attack_rig(kind, retry=ONCE, tools=[measure]) as r:
+        result, results = await tool_turn(r, measure_call(kind, r, number))
+        assert (result.finish_reason, result.text) == ("stop", "done"), result.error
+        assert MEASURED == []
+        assert results[0].is_error and "invalid JSON" in results[0].error
+        stored = (await r.host.store.load("s")).messages
+        for messages in (r.session.messages, stored):
+            (saved,) = [p for p in messages[1].content if isinstance(p, ToolCallPart)]
+            json.dumps(saved.input, allow_nan=False)  # (raw text, or Gemini's args with null)
+        strict_json(r.server.requests[1].body)  # the call replayed in the turn's next step
+        await r.next_turn()
+        strict_json(r.server.requests[2].body)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_history_holding_nan_in_a_calls_input_is_sent_as_null(kind, autojump_clock):
+    """A history made by hand (or kept from before) whose call input holds ``nan`` and an
+    infinity: the request holds ``null`` there, as the store writes it, where the
+    Anthropic request failed to build and Gemini's and OpenAI's were no JSON."""
+    from actors.stores import MemoryStore
+    from runtime import Agent, Host
+    from runtime.messages import AssistantMessage, UserMessage
+    from tests.support.attacks import make
+    from tests.support.faults import resolve_platform
+
+    history = [
+        UserMessage(content="go"),
+        AssistantMessage(
+            content=(
+                ToolCallPart(
+                    tool_call_id="call_a",
+                    tool_name="measure",
+                    input={"x": float("nan"), "y": [float("inf"), 1.5]},
+                    step=0,
+                ),
+            )
+        ),
+        ToolMessage(tool_call_id="call_a", tool_name="measure", output="ok", step=0),
+    ]
+    store = MemoryStore()
+    await store.save("s", 0, history)
+    async with loopback_server() as server:
+        provider = make(kind, server.url)
+        if kind != "gemini":
+            resolve_platform(provider)
+        try:
+            async with Host.open(store=store, log_tap=False) as host:
+                session = await host.open_session(
+                    Agent(provider=provider, tools=[measure], retry=ONCE), session_id="s"
+                )
+                r = AttackRig(kind, server, host, session, provider)
+                server.add(Reply(body=r.answer("fine")))
+                result = await session.run("again")
+        finally:
+            await provider.aclose()
+    assert (result.finish_reason, result.text) == ("stop", "fine"), result.error
+    sent = json.dumps(strict_json(server.requests[0].body))
+    if kind in ("openai", "responses"):  # arguments are JSON text inside the body
+        assert '{\\"x\\": null, \\"y\\": [null, 1.5]}' in sent
+    else:
+        assert '{"x": null, "y": [null, 1.5]}' in sent

@@ -67,8 +67,10 @@ from actors.providers.failures import (
     StayHome,
     classify_status,
     classify_transport,
+    finite,
     missing_key,
     retry_after,
+    strict_loads,
     text_of,
     tokens,
 )
@@ -230,12 +232,13 @@ def _user_parts(content: Any) -> list[dict[str, Any]]:
 
 def _tool_input(value: Any) -> dict[str, Any]:
     """A ``function_call.args``, which must be an object: an input that did not parse
-    (kept as its raw text; the call never ran) is sent as ``{}``."""
+    (kept as its raw text; the call never ran) is sent as ``{}``; a float that is not
+    finite as ``null``, as the store writes it (the SDK would write ``NaN``, no JSON)."""
     if isinstance(value, dict):
-        return value
+        return finite(value)
     if isinstance(value, str):
         try:
-            decoded = json.loads(value)
+            decoded = strict_loads(value)
         except (ValueError, RecursionError):  # RecursionError: nested past Python's stack
             return {}
         return decoded if isinstance(decoded, dict) else {}
@@ -574,11 +577,17 @@ class _Parser:
             return
         self.calls += 1
         call_id = text_of(call.get("id"), "a functionCall's id", PROVIDER) or new_id(GENERATED_ID)
+        clean = finite(args)  # NaN or an infinity (a chunk read by Python's json, as the
+        error = None  # SDK's): no JSON number, so not run, as the other providers do
+        if clean is not args:
+            args, error = clean, "invalid JSON in function call arguments: a NaN or infinity"
         await self.emit(ToolInputStartChunk(tool_call_id=call_id, tool_name=name))
         await self.emit(
             ToolInputDeltaChunk(tool_call_id=call_id, delta=json.dumps(args, ensure_ascii=False))
         )
-        await self.emit(ToolCallChunk(tool_call_id=call_id, tool_name=name, input=args))
+        await self.emit(
+            ToolCallChunk(tool_call_id=call_id, tool_name=name, input=args, input_error=error)
+        )
 
     async def end(self) -> None:
         raw = self.finish

@@ -38,7 +38,14 @@ from typing import Any, ClassVar
 
 import trio
 
-from actors.providers.failures import SHAPE_ERRORS, text_of, tokens, unreadable
+from actors.providers.failures import (
+    SHAPE_ERRORS,
+    arguments_json,
+    strict_loads,
+    text_of,
+    tokens,
+    unreadable,
+)
 from actors.providers.json_slot import StringSlot, TwoStringSlot, learn
 from actors.providers.openai_common import (
     OpenAISDKProvider,
@@ -138,7 +145,7 @@ def tool_id(call_id: str, limit: int = CALL_ID_MAX) -> str:
 
 def _arguments(value: Any) -> str:
     # A call whose input did not parse is stored as the raw string: send it back verbatim.
-    return value if isinstance(value, str) else json.dumps(value)
+    return value if isinstance(value, str) else arguments_json(value)
 
 
 IMAGE_TYPES = frozenset({"image/png", "image/jpeg", "image/gif", "image/webp"})
@@ -432,7 +439,7 @@ class _ToolCalls:
             raw = "".join(call.args)
             error: str | None = None
             try:
-                value: Any = json.loads(raw) if raw.strip() else {}
+                value: Any = strict_loads(raw) if raw.strip() else {}
             except (ValueError, RecursionError) as exc:  # a recursion bomb is no JSON either
                 value, error = raw, f"invalid JSON in tool arguments: {exc}"
             if reason == "length":

@@ -50,7 +50,15 @@ from collections.abc import AsyncGenerator, AsyncIterable, Iterable, Sequence
 from contextlib import aclosing
 from typing import Any, ClassVar
 
-from actors.providers.failures import SHAPE_ERRORS, classify_status, text_of, tokens, unreadable
+from actors.providers.failures import (
+    SHAPE_ERRORS,
+    arguments_json,
+    classify_status,
+    strict_loads,
+    text_of,
+    tokens,
+    unreadable,
+)
 from actors.providers.openai_common import (
     OpenAISDKProvider,
     as_body,
@@ -183,7 +191,7 @@ def wire_call_id(raw: str) -> str:
 
 def _arguments(value: Any) -> str:
     # A call whose input did not parse is stored as the raw string: send it back verbatim.
-    return value if isinstance(value, str) else json.dumps(value)
+    return value if isinstance(value, str) else arguments_json(value)
 
 
 IMAGE_TYPES = frozenset({"image/png", "image/jpeg", "image/gif", "image/webp"})
@@ -456,7 +464,7 @@ def _parse_arguments(call_id: str, name: str, raw: str) -> ToolCallChunk:
     if not raw.strip():
         return ToolCallChunk(tool_call_id=call_id, tool_name=name, input={})
     try:
-        value = json.loads(raw)
+        value = strict_loads(raw)
     except (ValueError, RecursionError) as exc:  # a recursion bomb is no JSON either
         return ToolCallChunk(
             tool_call_id=call_id,
