@@ -42,6 +42,7 @@ from tests.support.attacks import (
     gemini_chunk,
     gemini_sse,
     responses_call,
+    responses_message,
 )
 from tests.support.faults import (
     a_body,
@@ -1190,3 +1191,56 @@ async def test_a_history_holding_nan_in_a_calls_input_is_sent_as_null(kind, auto
         assert '{\\"x\\": null, \\"y\\": [null, 1.5]}' in sent
     else:
         assert '{"x": null, "y": [null, 1.5]}' in sent
+
+
+# -- Responses: whitespace alone after reasoning -------------------------------------------
+
+
+def responses_reasoning(index: int, item_id: str) -> list[dict[str, Any]]:
+    """A reasoning item (summary "Plan.", encrypted content) at ``index``."""
+    head = {"id": item_id, "type": "reasoning", "summary": []}
+    final = {
+        **head,
+        "summary": [{"type": "summary_text", "text": "Plan."}],
+        "encrypted_content": "gAAAA" + item_id,
+    }
+    delta = {"type": "response.reasoning_summary_text.delta", "item_id": item_id}
+    delta.update(output_index=index, summary_index=0, delta="Plan.")
+    return [
+        {"type": "response.output_item.added", "output_index": index, "item": head},
+        delta,
+        {"type": "response.output_item.done", "output_index": index, "item": final},
+    ]
+
+
+async def test_responses_reasoning_followed_by_whitespace_alone_is_not_sent_unpaired(
+    autojump_clock,
+):
+    """Reasoning, a message of whitespace alone ("\\n\\n", as models write before a call),
+    a call. The history's repair drops the whitespace text, so the reasoning item went
+    back followed by the call, without the message that had followed it: the API pairs
+    the two by id and refuses a reasoning item "provided without its required following
+    item". Now that reasoning item is not sent (the call and its output are); one that
+    kept its message still is (the next step's, "Next." here)."""
+    CALLED.clear()
+    async with attack_rig("responses", retry=ONCE, tools=[lookup]) as r:
+        events = [
+            *responses_reasoning(0, "rs_1"),
+            *responses_message(1, "msg_1", "\n\n"),
+            *responses_call(2, "call_1", "lookup", '{"key": "a"}'),
+        ]
+        second = [*responses_reasoning(0, "rs_2"), *responses_message(1, "msg_2", "Next.")]
+        first_step = Reply(body=responses_sse("gpt-5-mini", 1, events))
+        second_step = Reply(body=responses_sse("gpt-5-mini", 2, second))
+        _, result = await turn(r, first_step, second_step)
+        assert (result.finish_reason, result.text) == ("stop", "\n\nNext."), result.error
+        assert CALLED == ["a"]
+        items = r.sent()["input"]
+        assert [i.get("type", i.get("role")) for i in items] == [
+            "user",
+            "function_call",
+            "function_call_output",
+        ]
+        items = (await r.next_turn())["input"]
+        ids = [i.get("id") for i in items]
+        assert "rs_1" not in ids and ids.index("rs_2") + 1 == ids.index("msg_2")
