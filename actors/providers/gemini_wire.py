@@ -303,9 +303,9 @@ async def _chunks_of(response: Any, raw: Any) -> AsyncGenerator[dict[str, Any], 
             chunk = await anext(batches, None)
         else:  # the answer is whole: the rest of the body, briefly
             chunk = None
-            with trio.move_on_at(deadline):
+            with trio.move_on_at(deadline) as scope:
                 chunk = await anext(batches, None)
-            if chunk is None:
+            if scope.cancelled_caught:
                 return  # (what came after the answer and ends no chunk is dropped)
         if chunk is None:
             found, ended = decoder.finish(), True

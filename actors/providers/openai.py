@@ -751,9 +751,9 @@ async def json_chunk_batches(
             chunk = await anext(chunks, None)
         else:  # the answer is whole: the rest of the body, briefly
             chunk = None
-            with trio.move_on_at(reader.deadline):
+            with trio.move_on_at(reader.deadline) as scope:
                 chunk = await anext(chunks, None)
-            if chunk is None:
+            if scope.cancelled_caught:
                 return  # (what came after the answer and ends no event is dropped)
         if chunk is None:
             break
