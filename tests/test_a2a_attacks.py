@@ -593,6 +593,9 @@ async def test_a_notification_gets_no_reply_and_runs_nothing(method):
         # comments skipped; a last event with no blank line after it
         [b": keep-alive\n\n", b'data: {"a": 1}\n\n', b"data:", b' {"a": 2}'],
         [b'data: {"a": 1}\n\ndata: {"a":\ndata: 2}\n\n'],  # an event of two data lines
+        # a leading byte order mark, cut from its line (the first event was lost), and an
+        # id-only block (the providers' decoder, branch provmend)
+        [b"\xef\xbb", b'\xbfdata: {"a": 1}\n\nid: 7\n\ndata: {"a": 2}\n\n'],
     ],
 )
 async def test_sse_events_are_read_whatever_their_line_ends_and_chunks(chunks):
