@@ -457,11 +457,16 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
         """Whether the committed steps of a turn taken over already answered it (the
         worker died after committing the final step, before the turn was marked done):
         then no model call runs. A structured answer is judged again first: one that
-        does not validate is asked for again, as if the step had just ended."""
-        if not committed.finished:
-            return False
+        does not validate is asked for again, as if the step had just ended. The
+        answers rejected before it are judged again too, whether or not the turn is
+        finished: the next request shows the model each with its error, and the retries
+        they spent stay spent (:meth:`StructuredTurn.rejudge`)."""
         out = turn.output
         last = committed.next_step - 1
+        if out is not None:
+            out.rejudge(turn.parts.content, before=last)
+        if not committed.finished:
+            return False
         return out is None or not out.ask_again(turn.parts.content, last, "stop")
 
     async def _steps(self, turn: Turn) -> None:
