@@ -552,13 +552,19 @@ class FrontEnd:
         return json_response({"turn_id": turn.turn_id}, 202)
 
     async def list_sessions(self, request: Request) -> Response:
-        """A page of the sessions, as ``runtime.app.web.app.list_sessions`` answers it."""
+        """A page of the sessions, as ``runtime.app.web.app.list_sessions`` answers it:
+        the first page leads with the sessions whose first turn is queued or running and
+        not saved yet (most recently submitted first)."""
         page = await session_page(request, self.store)
         infos = page.sessions
         busy = await self.queue.busy_sessions()
+        unsaved: list[dict[str, Any]] = []
+        if "cursor" not in request.query_params:
+            unsaved = await self._unsaved(busy - {info.session_id for info in infos})
         return json_response(
             {
-                "sessions": [
+                "sessions": unsaved
+                + [
                     {
                         "session_id": info.session_id,
                         "title": info.meta.get("title"),
@@ -572,6 +578,28 @@ class FrontEnd:
                 "next_cursor": page.next_cursor,
             }
         )
+
+    async def _unsaved(self, busy: set[str]) -> list[dict[str, Any]]:
+        """The listing's entries of the ``busy`` sessions that have nothing stored (a
+        stored one a turn runs in again keeps its place further down the listing)."""
+        found: list[tuple[int, dict[str, Any]]] = []
+        for session_id in busy:
+            if await self.store.version(session_id):
+                continue
+            turns = [t for t in await self.queue.turns(session_id) if not t.finished]
+            if not turns:  # ended since: stored now, or nothing to list
+                continue
+            meta = dict(turns[0].meta)
+            entry = {
+                "session_id": session_id,
+                "title": meta.get("title"),
+                "message_count": 0,
+                "busy": True,
+                "waiting": 0,
+                "meta": meta,
+            }
+            found.append((turns[-1].seq, entry))
+        return [entry for _, entry in sorted(found, key=lambda f: -f[0])]
 
     async def get_session(self, request: Request) -> Response:
         session_id = session_id_param(request.path_params["session_id"])
