@@ -196,3 +196,53 @@ async def test_a_message_steered_in_while_the_summary_is_made_joins_the_turn_tak
     assert isinstance(last, AssistantMessage) and last.text == "echo: also this"
     assert await summary_calls(pg_url) == 2
     assert_replays_on_every_provider(history)
+
+
+async def test_a_turn_killed_after_a_steered_message_was_stored_finishes_its_answer(
+    pg_url: str, pool: Workers
+) -> None:
+    # "tools please" runs step 0 (its tool holds); "tools again" is steered in and joins
+    # at step 0's boundary, with an assistant message of its own; its steps 1 and 2
+    # call tools too. w1 dies in step 2's tool, after step 1 (the steered message with
+    # it) was stored. w2 must run step 2 again and answer: not take the turn for over
+    # because its first assistant message is followed by the steered one.
+    store = await PostgresStore.open(pg_url)
+    queue = TurnQueue(store)
+    try:
+        await store.save("s1", 0, old_turns())
+        first = await queue.submit("s1", "tools please")
+        pool.start("w1", extra_args=AGENT, AXON_TEST_TOOL_HOLD="2.5")
+
+        async def tool_attempts(n: int) -> bool:
+            _, attempts = await trio.to_thread.run_sync(read_ledger, pg_url)
+            return sum(c for key, c in attempts.items() if key != "summary") >= n
+
+        await wait_for(lambda: tool_attempts(1), what="w1 in step 0's tool")
+        steered = await queue.submit("s1", "tools again", on_busy="steer")
+        await wait_for(lambda: tool_attempts(3), what="w1 in step 2's tool")
+        pool.signal("w1", signal.SIGKILL)
+        pool.start("w2", extra_args=AGENT)
+        turn = await finished(queue, first.turn_id)
+        second = await finished(queue, steered.turn_id)
+        record = await store.load("s1")
+    finally:
+        await queue.aclose()
+        await store.aclose()
+    assert (turn.status, second.status) == ("done", "done"), pool.log("w2")
+    assert record is not None
+    history = list(record.messages)
+    check_history(history)
+    # The old turns' summary before the turn; the steps after the steer may summarize
+    # again (then right before the steered message, which starts a turn for them).
+    summaries = [i for i, m in enumerate(history) if is_summary(m)]
+    assert summaries[0] == OLD_TURNS * 2
+    for i in summaries:
+        after = history[i + 1]
+        assert isinstance(after, UserMessage)
+        assert history[i].summarizes_before == after.id  # type: ignore[union-attr]
+    users = [m.content for m in history if isinstance(m, UserMessage)]
+    assert users[OLD_TURNS:] == ["tools please", "tools again"]
+    answer = history[-3]  # the steered message's answer, then its two tool results
+    assert isinstance(answer, AssistantMessage), "\n".join(repr(m)[:300] for m in history[-4:])
+    assert answer.text == answer_text("tools again")
+    assert_replays_on_every_provider(history)

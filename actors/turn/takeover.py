@@ -37,6 +37,8 @@ from runtime.messages import (
 class Committed:
     """The committed steps of a turn found in a history (see :func:`find_committed`)."""
 
+    message_id: str
+    """The id of the turn's assistant message the steps are in (its last one)."""
     user_index: int
     """Index of the turn's user message (the assistant message's, if it has none)."""
     assistant_index: int
@@ -61,9 +63,23 @@ class Committed:
         return sum(isinstance(p, ToolCallPart) for p in self.parts)
 
 
+STEERED_MARK = "-s"
+"""What :func:`steered_message_id` puts between the first message's id and the step."""
+
+
+def steered_message_id(first: str, step: int) -> str:
+    """The id of the assistant message a turn's steps go to from ``step`` on, once a
+    message steered into the turn joined it there (``first``: the id of the turn's
+    first assistant message). Derived, not random, so a worker that takes the turn over
+    finds the message its predecessor saved last (:func:`find_committed`)."""
+    return f"{first}{STEERED_MARK}{step}"
+
+
 def find_committed(messages: Sequence[Message], message_id: str) -> Committed | None:
     """The committed steps of the turn whose assistant message has id ``message_id``, or
     ``None`` when ``messages`` holds no such message (nothing of the turn was committed).
+    A turn that messages were steered into has an assistant message after each
+    (:func:`steered_message_id`): its last one is read, the steps from that steer on.
 
     The turn's tool messages are those right after its assistant message. A last step
     whose calls lack a result, or carry the ``interrupted`` one, was cut; so was a last
@@ -89,6 +105,7 @@ def find_committed(messages: Sequence[Message], message_id: str) -> Committed | 
         tools = tuple(t for t in tools if t.step != cut)
     last_calls = steps and any(isinstance(p, ToolCallPart) and p.step == steps[-1] for p in parts)
     return Committed(
+        message_id=msg.id,
         user_index=u,
         assistant_index=a,
         parts=parts,
@@ -100,9 +117,14 @@ def find_committed(messages: Sequence[Message], message_id: str) -> Committed | 
 
 
 def _last_index(messages: Sequence[Message], message_id: str) -> int | None:
+    """Index of the turn's last assistant message: ``message_id``'s, or one of a message
+    steered into the turn (:func:`steered_message_id`)."""
+    steered = message_id + STEERED_MARK
     for i in range(len(messages) - 1, -1, -1):
         m = messages[i]
-        if isinstance(m, AssistantMessage) and m.id == message_id:
+        if isinstance(m, AssistantMessage) and (
+            m.id == message_id or (m.id.startswith(steered) and m.id[len(steered) :].isdigit())
+        ):
             return i
     return None
 
