@@ -1,15 +1,17 @@
-"""Workers with ``--plugin otel`` whose collector hangs or fails every export (real ``python
--m runtime worker`` processes on the test run's own PostgreSQL and Redis): a turn that
-suspends for approval on one worker, stopped meanwhile, and resumes on another ends as
-it would untraced, and each worker, told to stop, exits (docs/telemetry.md: an
-unreachable collector never slows a turn, it only delays the exit while an export
-retries)."""
+"""Workers with ``--plugin otel`` whose collector answers, hangs or fails every export
+(real ``python -m runtime worker`` processes on the test run's own PostgreSQL and
+Redis): a turn that suspends for approval on one worker, stopped meanwhile, and resumes
+on another ends as it would untraced, and each worker, told to stop, exits
+(docs/telemetry.md: an unreachable collector never slows a turn, it only delays the exit
+while an export retries). With a collector that answers, the continuation's span links
+to the suspended one across the two processes."""
 
 from __future__ import annotations
 
 import signal
 import subprocess
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import trio
@@ -28,6 +30,7 @@ EXIT_LIMIT = 20.0
 flush (5 s at most), the exporter's give-up (1 s here) and the process's start, with room."""
 
 COLLECTORS = {
+    "answers": Reply(status=200, content_type="application/x-protobuf"),
     "hangs": Reply(status=200, content_type="application/x-protobuf", stall=600),
     "fails": Reply(status=500, body=b"collector broke", content_type="text/plain"),
 }
@@ -95,12 +98,57 @@ async def test_a_turn_resumed_on_another_worker_ends_whatever_the_collector_does
         finally:
             await queue.aclose()
             await store.aclose()
-        exports = len(server.requests)
+        requests = list(server.requests)
+        exports = len(requests)
     assert (resumed.status, plain.status) == ("done", "done"), pool.log("w2")
     assert record is not None
     answers = [m.text for m in record.messages if isinstance(m, AssistantMessage)]
     assert answers == ["I need your approval. " + answer_text("approve this"), "echo: hello again"]
     assert (w1_exit, w2_exit) == (0, 0), pool.log("w1") + pool.log("w2")
     assert exports >= 2  # both workers tried
+    if collector == "answers":
+        assert_resumed_span_links_to_the_suspended_one(requests, first.turn_id)
+        return
     for name in ("w1", "w2"):  # and were told it failed
         assert '"otel.export_failed"' in pool.log(name)
+
+
+def spans_of(requests: list[Recorded]) -> list[Any]:
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceRequest,
+    )
+
+    spans = []
+    for request in requests:
+        export = ExportTraceServiceRequest.FromString(request.body)
+        for resource in export.resource_spans:
+            for scope in resource.scope_spans:
+                spans += list(scope.spans)
+    return spans
+
+
+def attributes(span: Any) -> dict[str, Any]:
+    out = {}
+    for kv in span.attributes:
+        value = kv.value
+        out[kv.key] = getattr(value, value.WhichOneof("value"))
+    return out
+
+
+def assert_resumed_span_links_to_the_suspended_one(requests: list[Recorded], turn_id: str) -> None:
+    """docs/telemetry.md, "Waits": the suspended turn's span ended awaiting input (on
+    w1); its continuation's span (on w2, whose actor never saw it) links to it."""
+    turns = [
+        s
+        for s in spans_of(requests)
+        if s.name.startswith("invoke_agent") and attributes(s).get("axon.turn.id") == turn_id
+    ]
+    assert len(turns) == 2, [attributes(s) for s in turns]
+    suspended, resumed = sorted(turns, key=lambda s: s.start_time_unix_nano)
+    assert attributes(suspended).get("axon.turn.awaiting_input") is True
+    assert attributes(resumed).get("axon.turn.resumed") is True
+    (link,) = resumed.links
+    assert (link.trace_id, link.span_id) == (suspended.trace_id, suspended.span_id)
+    assert {kv.key: kv.value.string_value for kv in link.attributes} == {
+        "axon.link.type": "resumes"
+    }
