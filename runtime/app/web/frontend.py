@@ -560,7 +560,7 @@ class FrontEnd:
         busy = await self.queue.busy_sessions()
         unsaved: list[dict[str, Any]] = []
         if "cursor" not in request.query_params:
-            unsaved = await self._unsaved(busy - {info.session_id for info in infos})
+            unsaved = await self._unsaved({info.session_id for info in infos})
         return json_response(
             {
                 "sessions": unsaved
@@ -579,18 +579,11 @@ class FrontEnd:
             }
         )
 
-    async def _unsaved(self, busy: set[str]) -> list[dict[str, Any]]:
-        """The listing's entries of the ``busy`` sessions that have nothing stored (a
-        stored one a turn runs in again keeps its place further down the listing)."""
-        found: list[tuple[int, dict[str, Any]]] = []
-        for session_id in busy:
-            if await self.store.version(session_id):
-                continue
-            turns = [t for t in await self.queue.turns(session_id) if not t.finished]
-            if not turns:  # ended since: stored now, or nothing to list
-                continue
-            meta = dict(turns[0].meta)
-            entry = {
+    async def _unsaved(self, listed: set[str]) -> list[dict[str, Any]]:
+        """The listing's entries of the sessions whose first turn is queued or running
+        with nothing stored (one read of the queue), but those ``listed`` already."""
+        return [
+            {
                 "session_id": session_id,
                 "title": meta.get("title"),
                 "message_count": 0,
@@ -598,8 +591,9 @@ class FrontEnd:
                 "waiting": 0,
                 "meta": meta,
             }
-            found.append((turns[-1].seq, entry))
-        return [entry for _, entry in sorted(found, key=lambda f: -f[0])]
+            for session_id, meta in await self.queue.unsaved_sessions()
+            if session_id not in listed
+        ]
 
     async def get_session(self, request: Request) -> Response:
         session_id = session_id_param(request.path_params["session_id"])
