@@ -16,6 +16,7 @@ import trio
 from actors.providers import anthropic, gemini, openai, openai_responses
 from actors.stores.postgres import PostgresStore
 from actors.stores.turns import TurnQueue
+from runtime.approval import Decision, pending_calls
 from runtime.compaction import SUMMARY_PREFIX, is_summary
 from runtime.messages import (
     AssistantMessage,
@@ -29,7 +30,7 @@ from tests.support import wire_rules
 from tests.support.compaction_worker_agent import SUMMARY_TEXT
 from tests.support.faults import check_history
 from tests.support.redis import require_redis, unique_prefix
-from tests.support.worker_agent import answer_text, read_ledger
+from tests.support.worker_agent import answer_text, guarded, read_ledger
 from tests.test_replay_property import ORIGINS, request_messages
 from tests.test_workers import Workers, finished, wait_for
 
@@ -245,4 +246,42 @@ async def test_a_turn_killed_after_a_steered_message_was_stored_finishes_its_ans
     answer = history[-3]  # the steered message's answer, then its two tool results
     assert isinstance(answer, AssistantMessage), "\n".join(repr(m)[:300] for m in history[-4:])
     assert answer.text == answer_text("tools again")
+    assert_replays_on_every_provider(history)
+
+
+async def test_a_summary_stored_with_a_turn_that_waits_holds_when_another_worker_resumes_it(
+    pg_url: str, pool: Workers
+) -> None:
+    # Step 0 summarizes, then asks for an approval: the turn suspends, the summary stored
+    # with it. w1 is SIGKILLed while the turn waits; the decision puts it back, w2 resumes
+    # it with the stored summary (no second summary call) and answers.
+    store = await PostgresStore.open(pg_url)
+    queue = TurnQueue(store)
+    try:
+        await store.save("s1", 0, old_turns())
+        submitted = await queue.submit("s1", "approve this")
+        pool.start("w1", extra_args=AGENT)
+
+        async def waiting() -> list:  # type: ignore[type-arg]
+            record = await store.load("s1")
+            return [] if record is None else pending_calls(record.messages)
+
+        (call,) = await wait_for(waiting, what="the turn waiting for approval on w1")
+        pool.signal("w1", signal.SIGKILL)
+        pool.start("w2", extra_args=AGENT)
+        await queue.decide("s1", call.approval_id, Decision(approved=True), {"guarded": guarded})
+        turn = await finished(queue, submitted.turn_id)
+        record = await store.load("s1")
+    finally:
+        await queue.aclose()
+        await store.aclose()
+    assert turn.status == "done", pool.log("w2")
+    assert record is not None
+    history = list(record.messages)
+    check_history(history)
+    assert_one_summary_before_the_turn(history, "approve this")
+    last = history[-2]  # the answer, then the approved call's result
+    assert isinstance(last, AssistantMessage)
+    assert last.text == "I need your approval. " + answer_text("approve this")
+    assert await summary_calls(pg_url) == 1
     assert_replays_on_every_provider(history)
