@@ -18,13 +18,14 @@ import trio
 from actors.relays.redis_streams import RedisRelay
 from actors.stores.postgres import PostgresStore
 from actors.stores.turns import TurnQueue
+from runtime.approval import Decision, pending_calls
 from runtime.errors import RelayTurnGone
 from runtime.messages import AssistantMessage, TextPart
 from runtime.output import Error, Finish, ObjectDelta, ResetStep
 from runtime.relay import StepRestarted
 from tests.support.redis import require_redis, unique_prefix
 from tests.support.structured_worker_agent import WORDS, answer_json
-from tests.support.worker_agent import read_ledger
+from tests.support.worker_agent import guarded, read_ledger
 from tests.test_workers import Workers, finished, wait_for
 
 AGENT = ["--agent", "tests.support.structured_worker_agent:agent"]
@@ -160,3 +161,34 @@ async def test_a_turn_taken_over_gets_no_more_answers_than_its_output_retries(
     assert turn.status == "failed", turn
     assert answer.error is not None and answer.error.kind == "OutputValidationError"
     assert sorted({p.step for p in answer.content}) == [0, 1, 2]
+
+
+async def test_a_structured_turn_resumed_after_approval_on_another_worker_shows_its_rejection(
+    pg_url: str, pool: Workers
+) -> None:
+    # Step 0's answer is rejected, step 1 asks for an approval: the turn waits; w1 dies.
+    # w2 resumes it once approved: step 2's request shows the rejection (``total`` 1).
+    store = await PostgresStore.open(pg_url)
+    queue = TurnQueue(store)
+    try:
+        submitted = await queue.submit("s1", "approve please")
+        pool.start("w1", extra_args=AGENT)
+
+        async def waiting() -> list:  # type: ignore[type-arg]
+            record = await store.load("s1")
+            return [] if record is None else pending_calls(record.messages)
+
+        (call,) = await wait_for(waiting, what="the turn waiting for approval on w1")
+        pool.signal("w1", signal.SIGKILL)
+        pool.start("w2", extra_args=AGENT)
+        await queue.decide("s1", call.approval_id, Decision(approved=True), {"guarded": guarded})
+        turn = await finished(queue, submitted.turn_id)
+        record = await store.load("s1")
+    finally:
+        await queue.aclose()
+        await store.aclose()
+    assert turn.status == "done", pool.log("w2")
+    assert record is not None
+    (answer,) = [m for m in record.messages if isinstance(m, AssistantMessage)]
+    last = "".join(p.text for p in answer.content if isinstance(p, TextPart) and p.step == 2)
+    assert json.loads(last) == json.loads(answer_json("", 1))

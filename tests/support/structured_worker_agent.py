@@ -7,7 +7,10 @@
 * input ``wrong ...``: steps 0 and 1 answer JSON that does not validate; step 2 a valid
   answer whose ``total`` is how many retry prompts (the validation errors the model is
   shown) its request held;
-* input ``never ...``: every step answers JSON that does not validate.
+* input ``never ...``: every step answers JSON that does not validate;
+* input ``approve ...``: step 0 answers JSON that does not validate, step 1 calls
+  ``guarded``, which needs a person's approval (the turn waits), step 2 answers as
+  ``wrong`` turns do.
 
 ``AXON_TEST_HOLD_STEP`` and ``AXON_TEST_HOLD`` (seconds): the answer of that step streams
 half its JSON, counts itself in the ledger (``axon_test_attempts``, key ``hold``) and
@@ -20,11 +23,11 @@ import os
 
 import pydantic
 
-from actors.providers.scripted import ScriptedProvider, Sleep
+from actors.providers.scripted import ScriptedProvider, Sleep, tool_call
 from runtime.actor_messages import InferRequest, RetryPrompt
 from runtime.agent import Agent
 from runtime.messages import AssistantMessage, UserMessage
-from tests.support.worker_agent import _last_input, write_effect
+from tests.support.worker_agent import _last_input, guarded, write_effect
 
 WORDS = 12
 
@@ -66,8 +69,10 @@ def respond(request: InferRequest) -> list:  # type: ignore[type-arg]
     step = answers_so_far(request)
     if user.startswith("never"):
         return _held(step, f'{{"words": "not a list {step}", "total": 0}}')
-    if user.startswith("wrong") and step < 2:
+    if (user.startswith("wrong") and step < 2) or (user.startswith("approve") and step == 0):
         return _held(step, f'{{"words": "not a list {step}", "total": 0}}')
+    if user.startswith("approve") and step == 1:
+        return tool_call("guarded", {"n": 1}, tool_call_id="call_a")
     prompts = sum(type(m) is RetryPrompt for m in request.messages)
     return _held(step, answer_json(os.environ.get("AXON_TEST_ANSWER_TAG", ""), prompts))
 
@@ -81,6 +86,7 @@ agent = Agent(
         chunk_size=8,
     ),
     instructions="test",
+    tools=[guarded],
     output_type=Answer,
     output_retries=2,
 )
