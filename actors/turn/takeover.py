@@ -57,10 +57,15 @@ class Committed:
     had ended by then, sub-agents' included, a cut step's too (it was paid for, and is
     run again). ``Usage()`` for a message stored before usage was."""
 
+    earlier_calls: int = 0
+    """Tool calls of the turn's assistant messages before this one (a turn that messages
+    were steered into has one after each)."""
+
     @property
     def calls(self) -> int:
-        """How many tool calls the committed steps made (for the tool-call budget)."""
-        return sum(isinstance(p, ToolCallPart) for p in self.parts)
+        """How many tool calls the committed steps made (for the tool-call budget), those
+        before a steered message included."""
+        return self.earlier_calls + sum(isinstance(p, ToolCallPart) for p in self.parts)
 
 
 STEERED_MARK = "-s"
@@ -104,7 +109,14 @@ def find_committed(messages: Sequence[Message], message_id: str) -> Committed | 
         parts = tuple(p for p in parts if p.step != cut)
         tools = tuple(t for t in tools if t.step != cut)
     last_calls = steps and any(isinstance(p, ToolCallPart) and p.step == steps[-1] for p in parts)
+    earlier = sum(
+        isinstance(p, ToolCallPart)
+        for m in messages[:a]
+        if isinstance(m, AssistantMessage) and _of_turn(m.id, message_id)
+        for p in m.content
+    )
     return Committed(
+        earlier_calls=earlier,
         message_id=msg.id,
         user_index=u,
         assistant_index=a,
@@ -119,14 +131,19 @@ def find_committed(messages: Sequence[Message], message_id: str) -> Committed | 
 def _last_index(messages: Sequence[Message], message_id: str) -> int | None:
     """Index of the turn's last assistant message: ``message_id``'s, or one of a message
     steered into the turn (:func:`steered_message_id`)."""
-    steered = message_id + STEERED_MARK
     for i in range(len(messages) - 1, -1, -1):
         m = messages[i]
-        if isinstance(m, AssistantMessage) and (
-            m.id == message_id or (m.id.startswith(steered) and m.id[len(steered) :].isdigit())
-        ):
+        if isinstance(m, AssistantMessage) and _of_turn(m.id, message_id):
             return i
     return None
+
+
+def _of_turn(id: str, message_id: str) -> bool:
+    """Whether ``id`` is the turn's first assistant message's or a steered one's."""
+    if id == message_id:
+        return True
+    steered = message_id + STEERED_MARK
+    return id.startswith(steered) and id[len(steered) :].isdigit()
 
 
 def _was_cut(msg: AssistantMessage, step: int, tools: Sequence[ToolMessage]) -> bool:
