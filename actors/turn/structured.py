@@ -178,11 +178,12 @@ class StructuredTurn:
             return True
 
     def rejudge(self, parts: Sequence[Any], before: int) -> None:
-        """A turn taken over from another worker: judge again, in step order, the answers
-        its committed steps before ``before`` gave without tool calls. The turn went on
-        after each, so each was rejected: the feedback the model was shown and the
-        retries left become what they were on the worker that died (without this, the
-        next request showed none of it, and the turn had ``output_retries`` afresh)."""
+        """A turn that goes on from its stored steps (taken over from another worker, or
+        resumed after a wait for input): judge again, in step order, the answers its
+        committed steps before ``before`` gave without tool calls. The turn went on after
+        each, so each was rejected: the feedback the model was shown and the retries left
+        become what they were before (without this, the next request showed none of it,
+        and the turn had ``output_retries`` afresh)."""
         called = {p.step for p in parts if isinstance(p, ToolCallPart)}
         for step in sorted({p.step for p in parts if p.step < before} - called):
             self.ask_again(parts, step, "stop")
