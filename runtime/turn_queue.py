@@ -367,6 +367,11 @@ class TurnQueue(Protocol):
         """The sessions with a turn queued or running."""
         ...
 
+    async def unsaved_sessions(self) -> list[tuple[str, dict[str, Any]]]:
+        """The sessions with a turn queued or running and nothing stored yet, most
+        recently submitted first: ``(session id, its oldest open turn's meta)``."""
+        ...
+
     async def request_cancel(
         self, turn_id: str, reason: str = "cancelled", *, waiting: bool = False
     ) -> TurnStatus | None:

@@ -421,3 +421,42 @@ async def test_a_structured_turn_stored_on_disk_replays_into_the_next_turn(tmp_p
     restored = provider.requests[2].messages
     assert [p.text for p in restored[1].content] == [BAD, GOOD]
     assert not any(isinstance(m, RetryPrompt) for m in restored)
+
+
+@tool(needs_approval=True)
+async def launch(n: int) -> str:
+    """Launch something (a person approves it first)."""
+    return f"launched {n}"
+
+
+class Count(pydantic.BaseModel):
+    prompts: int
+
+
+async def test_a_continuation_after_an_approval_shows_the_model_the_answer_rejected_before():
+    # Step 0's answer is rejected, step 1 asks for an approval, the turn waits; once
+    # approved, the continuation's request showed no rejection (its feedback was the
+    # waiting turn's, forgotten), and the retries it had spent were back.
+    def respond(request):
+        step = len(
+            {p.step for m in request.messages if isinstance(m, AssistantMessage) for p in m.content}
+        )
+        if step == 0:
+            return ['{"prompts": "not a number"}']
+        if step == 1:
+            return tool_call("launch", {"n": 1}, tool_call_id="L")
+        prompts = sum(type(m) is RetryPrompt for m in request.messages)
+        return [json.dumps({"prompts": prompts})]
+
+    agent = Agent(
+        provider=ScriptedProvider(responder=respond),
+        tools=[launch],
+        output_type=Count,
+        output_retries=1,
+    )
+    async with Host.open(log_tap=False) as host:
+        session = await host.open_session(agent, session_id="s")
+        async with session.stream("go") as out:
+            _ = [c async for c in out]
+        result = await session.respond(out.result.pending[0].approval_id, approved=True)
+    assert result is not None and result.output == Count(prompts=1)

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from actors.providers.scripted import ScriptedProvider, tool_call
 from actors.stores import MemoryStore
 from actors.turn.parts import PartsManager
-from actors.turn.takeover import find_committed
+from actors.turn.takeover import find_committed, steered_message_id
 from runtime import (
     Agent,
     AssistantMessage,
@@ -334,3 +334,22 @@ def test_a_turn_followed_by_later_turns_is_finished_and_left_alone():
 
 def test_no_message_with_the_id_means_nothing_was_committed():
     assert find_committed(_turn_history(2, [1, 1], final=True), "other") is None
+
+
+def test_a_steered_turn_continues_its_last_assistant_message_counting_every_call():
+    # A message steered in after step 0: the steps from 1 on go to a message of their
+    # own (``steered_message_id``); a takeover goes on there, the budget counting the
+    # calls of both messages.
+    first = _turn_history(1, [2], final=False)
+    steered_id = steered_message_id(M, 1)
+    call = ToolCallPart(tool_call_id="c1", tool_name="t", input={}, step=1)
+    history = [
+        *first,
+        UserMessage(content="also this"),
+        AssistantMessage(id=steered_id, content=(call,)),
+        ToolMessage(tool_call_id="c1", tool_name="t", step=1, output="ok"),
+    ]
+    found = find_committed(history, M)
+    assert found is not None
+    assert (found.message_id, found.assistant_index, found.user_index) == (steered_id, 5, 4)
+    assert (found.next_step, found.finished, found.calls) == (2, False, 3)

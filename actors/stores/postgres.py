@@ -983,12 +983,17 @@ class PostgresStore:
         ]
 
     async def delete(self, session_id: str) -> None:
-        """Delete the session and its messages; deleting an unknown session is a no-op."""
+        """Delete the session and its messages; deleting an unknown session is a no-op.
+
+        The session's row goes first: a save locks it before it rewrites the messages, so
+        a delete in the same order waits for a save in progress (and a save for it). The
+        messages first made each wait for the other, and PostgreSQL failed one of them
+        ("deadlock detected")."""
         validate_session_id(session_id)
 
         def delete(conn: Any) -> None:
-            conn.execute("DELETE FROM axon_messages WHERE session_id = %s", (session_id,))
             conn.execute("DELETE FROM axon_sessions WHERE session_id = %s", (session_id,))
+            conn.execute("DELETE FROM axon_messages WHERE session_id = %s", (session_id,))
 
         await self.run(f"delete of session {session_id!r}", delete)
 

@@ -102,6 +102,31 @@ class TurnReads:
         )
         return {row[0] for row in rows}
 
+    async def unsaved_sessions(self) -> list[tuple[str, dict[str, Any]]]:
+        """The sessions with a turn queued or running and nothing stored yet (a first
+        turn no step of which was saved), most recently submitted first, each with the
+        meta of its oldest open turn: ``(session id, meta)``. One read, for the first page
+        of a list of sessions (which leads with them, docs/web.md)."""
+        rows = await self.store.run(
+            "unsaved sessions",
+            lambda conn: conn.execute(
+                """SELECT t.session_id, (array_agg(t.meta ORDER BY t.seq))[1]
+                FROM axon_turns AS t
+                WHERE t.status IN ('queued', 'running') AND NOT EXISTS
+                    (SELECT 1 FROM axon_sessions AS s WHERE s.session_id = t.session_id)
+                GROUP BY t.session_id ORDER BY max(t.seq) DESC"""
+            ).fetchall(),
+            transaction=False,
+        )
+        out = []
+        for session_id, meta in rows:
+            try:
+                decoded = orjson.loads(bytes(meta))
+            except orjson.JSONDecodeError:
+                decoded = None
+            out.append((session_id, decoded if isinstance(decoded, dict) else {}))
+        return out
+
     async def turns(self, session_id: str) -> list[QueuedTurn]:
         """Every turn of the session, in submission order."""
         validate_session_id(session_id)

@@ -51,7 +51,7 @@ from actors.turn.saving import SAVE_TIMEOUT as SAVE_TIMEOUT
 from actors.turn.saving import Saving
 from actors.turn.structured import StructuredTurn, output_value
 from actors.turn.suspension import Suspending
-from actors.turn.takeover import Committed, find_committed
+from actors.turn.takeover import Committed, find_committed, steered_message_id
 from actors.turn.tool_calls import RUNNABLE_FINISH as RUNNABLE_FINISH
 from actors.turn.tool_calls import ToolCalling
 from actors.turn.tool_calls import refuse_call as refuse_call
@@ -285,7 +285,9 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
             try:
                 await turn.ctrl.send(
                     TurnBegin(
-                        turn_id=turn.turn_id, message_id=turn.message_id, consumer=run.consumer
+                        turn_id=turn.turn_id,
+                        message_id=turn.first_message_id,  # (a takeover's is the first's)
+                        consumer=run.consumer,
                     )
                 )
                 await self._announce_start(run, turn, committed, superseded)
@@ -391,6 +393,7 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
             start_index=len(state.messages),
             ctrl=Batcher(self.controller.inbox, turn_id),
             message_id=message_id,
+            first_message_id=message_id,
             meta={"agent": agent.name, **run.meta, **({WAITING_META: 0} if was_waiting else {})},
             deps=run.deps,
             steering=run.steering,
@@ -439,6 +442,7 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
         message, drop it from the store too."""
         state = self.state
         turn.start_index, turn.a_index = committed.user_index, committed.assistant_index
+        turn.message_id = committed.message_id  # a steered message's, after a steer
         turn.parts = PartsManager(committed.parts)
         turn.step = committed.next_step
         turn.tool_calls_used = committed.calls
@@ -457,11 +461,16 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
         """Whether the committed steps of a turn taken over already answered it (the
         worker died after committing the final step, before the turn was marked done):
         then no model call runs. A structured answer is judged again first: one that
-        does not validate is asked for again, as if the step had just ended."""
-        if not committed.finished:
-            return False
+        does not validate is asked for again, as if the step had just ended. The
+        answers rejected before it are judged again too, whether or not the turn is
+        finished: the next request shows the model each with its error, and the retries
+        they spent stay spent (:meth:`StructuredTurn.rejudge`)."""
         out = turn.output
         last = committed.next_step - 1
+        if out is not None:
+            out.rejudge(turn.parts.content, before=last)
+        if not committed.finished:
+            return False
         return out is None or not out.ask_again(turn.parts.content, last, "stop")
 
     async def _steps(self, turn: Turn) -> None:
@@ -593,7 +602,7 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
                     input=item.content,
                 )
             )
-        turn.message_id = new_id("msg")
+        turn.message_id = steered_message_id(turn.first_message_id, turn.step)
         turn.a_index = len(state.messages)
         state.messages.append(AssistantMessage(id=turn.message_id))
         turn.parts = PartsManager()

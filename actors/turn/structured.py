@@ -177,6 +177,18 @@ class StructuredTurn:
             self.feedback.append((step, exc.message))
             return True
 
+    def rejudge(self, parts: Sequence[Any], before: int) -> None:
+        """A turn that goes on from its stored steps (taken over from another worker, or
+        resumed after a wait for input): judge again, in step order, the answers its
+        committed steps before ``before`` gave without tool calls. The turn went on after
+        each, so each was rejected: the feedback the model was shown and the retries left
+        become what they were before (without this, the next request showed none of it,
+        and the turn had ``output_retries`` afresh)."""
+        called = {p.step for p in parts if isinstance(p, ToolCallPart)}
+        for step in sorted({p.step for p in parts if p.step < before} - called):
+            self.ask_again(parts, step, "stop")
+        self.value = None  # (an answer judged valid here was not taken by the turn)
+
     def request_messages(self, messages: Sequence[Message]) -> Sequence[Message]:
         """The messages of the next request: ``messages`` (repaired), with the turn's
         assistant message split after each rejected answer and a user message saying

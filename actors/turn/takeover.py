@@ -37,6 +37,8 @@ from runtime.messages import (
 class Committed:
     """The committed steps of a turn found in a history (see :func:`find_committed`)."""
 
+    message_id: str
+    """The id of the turn's assistant message the steps are in (its last one)."""
     user_index: int
     """Index of the turn's user message (the assistant message's, if it has none)."""
     assistant_index: int
@@ -55,15 +57,34 @@ class Committed:
     had ended by then, sub-agents' included, a cut step's too (it was paid for, and is
     run again). ``Usage()`` for a message stored before usage was."""
 
+    earlier_calls: int = 0
+    """Tool calls of the turn's assistant messages before this one (a turn that messages
+    were steered into has one after each)."""
+
     @property
     def calls(self) -> int:
-        """How many tool calls the committed steps made (for the tool-call budget)."""
-        return sum(isinstance(p, ToolCallPart) for p in self.parts)
+        """How many tool calls the committed steps made (for the tool-call budget), those
+        before a steered message included."""
+        return self.earlier_calls + sum(isinstance(p, ToolCallPart) for p in self.parts)
+
+
+STEERED_MARK = "-s"
+"""What :func:`steered_message_id` puts between the first message's id and the step."""
+
+
+def steered_message_id(first: str, step: int) -> str:
+    """The id of the assistant message a turn's steps go to from ``step`` on, once a
+    message steered into the turn joined it there (``first``: the id of the turn's
+    first assistant message). Derived, not random, so a worker that takes the turn over
+    finds the message its predecessor saved last (:func:`find_committed`)."""
+    return f"{first}{STEERED_MARK}{step}"
 
 
 def find_committed(messages: Sequence[Message], message_id: str) -> Committed | None:
     """The committed steps of the turn whose assistant message has id ``message_id``, or
     ``None`` when ``messages`` holds no such message (nothing of the turn was committed).
+    A turn that messages were steered into has an assistant message after each
+    (:func:`steered_message_id`): its last one is read, the steps from that steer on.
 
     The turn's tool messages are those right after its assistant message. A last step
     whose calls lack a result, or carry the ``interrupted`` one, was cut; so was a last
@@ -88,7 +109,15 @@ def find_committed(messages: Sequence[Message], message_id: str) -> Committed | 
         parts = tuple(p for p in parts if p.step != cut)
         tools = tuple(t for t in tools if t.step != cut)
     last_calls = steps and any(isinstance(p, ToolCallPart) and p.step == steps[-1] for p in parts)
+    earlier = sum(
+        isinstance(p, ToolCallPart)
+        for m in messages[:a]
+        if isinstance(m, AssistantMessage) and _of_turn(m.id, message_id)
+        for p in m.content
+    )
     return Committed(
+        earlier_calls=earlier,
+        message_id=msg.id,
         user_index=u,
         assistant_index=a,
         parts=parts,
@@ -100,11 +129,21 @@ def find_committed(messages: Sequence[Message], message_id: str) -> Committed | 
 
 
 def _last_index(messages: Sequence[Message], message_id: str) -> int | None:
+    """Index of the turn's last assistant message: ``message_id``'s, or one of a message
+    steered into the turn (:func:`steered_message_id`)."""
     for i in range(len(messages) - 1, -1, -1):
         m = messages[i]
-        if isinstance(m, AssistantMessage) and m.id == message_id:
+        if isinstance(m, AssistantMessage) and _of_turn(m.id, message_id):
             return i
     return None
+
+
+def _of_turn(id: str, message_id: str) -> bool:
+    """Whether ``id`` is the turn's first assistant message's or a steered one's."""
+    if id == message_id:
+        return True
+    steered = message_id + STEERED_MARK
+    return id.startswith(steered) and id[len(steered) :].isdigit()
 
 
 def _was_cut(msg: AssistantMessage, step: int, tools: Sequence[ToolMessage]) -> bool:

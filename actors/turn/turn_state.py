@@ -46,6 +46,10 @@ class Turn:
     a_index: int = 0
     """Index of the turn's assistant message."""
     message_id: str = attrs.field(factory=lambda: new_id("msg"))
+    """The id of the assistant message the turn's steps go to now (another after a
+    message is steered in: :func:`actors.turn.takeover.steered_message_id`)."""
+    first_message_id: str = ""
+    """The id of the turn's first assistant message (its queue row's, in a worker)."""
     parts: PartsManager = attrs.field(factory=PartsManager)
     """Decides the part boundaries; ``parts.content`` is the assistant message's."""
     results: dict[str, ToolMessage] = attrs.field(factory=dict)

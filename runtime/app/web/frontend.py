@@ -552,13 +552,19 @@ class FrontEnd:
         return json_response({"turn_id": turn.turn_id}, 202)
 
     async def list_sessions(self, request: Request) -> Response:
-        """A page of the sessions, as ``runtime.app.web.app.list_sessions`` answers it."""
+        """A page of the sessions, as ``runtime.app.web.app.list_sessions`` answers it:
+        the first page leads with the sessions whose first turn is queued or running and
+        not saved yet (most recently submitted first)."""
         page = await session_page(request, self.store)
         infos = page.sessions
         busy = await self.queue.busy_sessions()
+        unsaved: list[dict[str, Any]] = []
+        if "cursor" not in request.query_params:
+            unsaved = await self._unsaved({info.session_id for info in infos})
         return json_response(
             {
-                "sessions": [
+                "sessions": unsaved
+                + [
                     {
                         "session_id": info.session_id,
                         "title": info.meta.get("title"),
@@ -572,6 +578,22 @@ class FrontEnd:
                 "next_cursor": page.next_cursor,
             }
         )
+
+    async def _unsaved(self, listed: set[str]) -> list[dict[str, Any]]:
+        """The listing's entries of the sessions whose first turn is queued or running
+        with nothing stored (one read of the queue), but those ``listed`` already."""
+        return [
+            {
+                "session_id": session_id,
+                "title": meta.get("title"),
+                "message_count": 0,
+                "busy": True,
+                "waiting": 0,
+                "meta": meta,
+            }
+            for session_id, meta in await self.queue.unsaved_sessions()
+            if session_id not in listed
+        ]
 
     async def get_session(self, request: Request) -> Response:
         session_id = session_id_param(request.path_params["session_id"])
