@@ -86,7 +86,7 @@ from runtime.app.web.protocols import mount_protocols
 from runtime.app.web.resend import classify_resend, client_message_id, replay_response
 from runtime.app.web.resume import resume_stream, stop_turn
 from runtime.app.web.ui_stream import DONE, HEADERS, UIStreamEncoder, ui_messages
-from runtime.app.web.writer import BodyWriter
+from runtime.app.web.writer import BodyWriter, SendDeadline
 from runtime.approval import Recorded, pending_calls
 from runtime.busy import REJECT, OnBusy, check_on_busy
 from runtime.errors import (
@@ -759,12 +759,19 @@ def _api_routes(front: FrontEnd | None) -> list[Route]:
 
 
 def _middleware(
-    token: str | None, cors_origins: Sequence[str] | None, allowed_hosts: Sequence[str] | None
+    state: WebState,
+    token: str | None,
+    cors_origins: Sequence[str] | None,
+    allowed_hosts: Sequence[str] | None,
 ) -> list[Middleware]:
-    """``Connection: close`` after an unread body, security headers, CORS (only for
-    ``cors_origins``), the request guard, and the bearer token check when there is a
-    token; outermost first."""
-    middleware = [Middleware(CloseUnread), Middleware(SecurityHeaders)]
+    """A send deadline for answers that are not streams, ``Connection: close`` after an
+    unread body, security headers, CORS (only for ``cors_origins``), the request guard,
+    and the bearer token check when there is a token; outermost first."""
+    middleware = [
+        Middleware(SendDeadline, state=state),
+        Middleware(CloseUnread),
+        Middleware(SecurityHeaders),
+    ]
     if cors_origins:
         from starlette.middleware.cors import CORSMiddleware
 
@@ -881,7 +888,7 @@ def _app(
     middleware, and the other ``protocols``' endpoints."""
     app = Starlette(
         routes=[*_page_routes(), *_api_routes(state.front)],
-        middleware=_middleware(token, cors_origins, allowed_hosts),
+        middleware=_middleware(state, token, cors_origins, allowed_hosts),
         exception_handlers={ApiError: _api_error},
         lifespan=_lifespan(state),
     )
