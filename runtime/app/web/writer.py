@@ -140,17 +140,24 @@ class BodyWriter:
         self._room.set()
 
 
+DIRECT = 64 * 1024
+"""Bytes of a response's body piece sent straight from the request's task: a socket's
+buffer takes that much from a client that reads nothing (a larger piece goes through a
+task of its own, waited for ``send_timeout`` at most)."""
+
+
 class SendDeadline:
-    """ASGI middleware: a response that is not an event stream (a JSON answer, a page)
-    is sent from a task of the app's ``background`` nursery, each ``send`` waited for at
-    most ``send_timeout`` seconds, as :class:`BodyWriter` bounds a stream's. A client
-    that sends a request and never reads a large answer (``GET /api/sessions/{id}`` of a
-    long session) held the request's task in Hypercorn's ``send`` (shielded) for as long
-    as its connection lived; now the task gives up after the deadline, drops what is
-    left, and returns, and Hypercorn closes the connection. Event streams write through
-    their own :class:`BodyWriter` and pass straight through. ``state`` is the app's
-    :class:`~runtime.app.web.app.WebState` (``send_timeout``, ``background``, read at
-    each request: the nursery exists only while the app's lifespan runs)."""
+    """ASGI middleware: the body of a response that is not an event stream (a JSON
+    answer, a page), when larger than :data:`DIRECT`, is sent from a task of the app's
+    ``background`` nursery, waited for at most ``send_timeout`` seconds, as
+    :class:`BodyWriter` bounds a stream's. A client that sends a request and never reads
+    a large answer (``GET /api/sessions/{id}`` of a long session) held the request's task
+    in Hypercorn's ``send`` (shielded) for as long as its connection lived; now the task
+    gives up after the deadline, drops what is left, and returns, and Hypercorn closes
+    the connection. Event streams write through their own :class:`BodyWriter` and pass
+    straight through. ``state`` is the app's :class:`~runtime.app.web.app.WebState`
+    (``send_timeout``, ``background``, read at each request: the nursery exists only
+    while the app's lifespan runs)."""
 
     def __init__(self, app: ASGIApp, *, state: Any) -> None:
         self.app = app
@@ -188,16 +195,14 @@ class _BoundedSend:
             return
         if message["type"] == "http.response.start" and _is_event_stream(message):
             self.direct = True
-            await self.send(message)
+        if message["type"] != "http.response.body" or len(message.get("body", b"")) <= DIRECT:
+            await self.send(message)  # the socket's buffer takes it: no task of its own
             return
-        if message["type"] == "http.response.body" and not message.get("more_body", False):
-            data = message.get("body", b"")
-            if data:
-                await self._bounded({"type": "http.response.body", "body": data, "more_body": True})
-            if not self.stalled:
-                await self._end()
-            return
-        await self._bounded(message)
+        await self._bounded(
+            {"type": "http.response.body", "body": message["body"], "more_body": True}
+        )
+        if not self.stalled and not message.get("more_body", False):
+            await self._end()
 
     async def _end(self) -> None:
         """The response's end, sent while the rest of the request is read and dropped:
