@@ -372,6 +372,12 @@ class TurnQueue(Protocol):
         recently submitted first: ``(session id, its oldest open turn's meta)``."""
         ...
 
+    async def open_by_key(self, session_id: str, keys: Sequence[str]) -> TurnStatus | None:
+        """The session's running turn submitted under one of ``keys`` (idempotency keys
+        as :meth:`submit` was given them), else its oldest such queued one, else
+        ``None`` (a stop naming a message by the client's id)."""
+        ...
+
     async def request_cancel(
         self, turn_id: str, reason: str = "cancelled", *, waiting: bool = False
     ) -> TurnStatus | None:

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from pydantic import BaseModel, TypeAdapter
 
 from actors.providers.scripted import ScriptedProvider, Sleep, tool_call
-from runtime import Agent, Hooks, ProviderError, ReasoningChunk, RetryPolicy, Tool, tool
+from runtime import Agent, Hooks, Host, ProviderError, ReasoningChunk, RetryPolicy, Tool, tool
 from runtime import output as o
 from runtime.actor_messages import Batcher
 from runtime.app.web.agui_input import (
@@ -1033,6 +1033,40 @@ async def test_two_threads_running_at_once_with_one_run_id_get_distinct_turn_ids
                 assert not other.done.is_set()  # the other thread's turn goes on
                 server.host.cancel_turns("test over")
     assert all('"runId":"run-1"' in piece for piece in started)  # each client sees its own
+
+
+async def test_a_continuation_whose_turn_id_another_thread_runs_now_gets_its_own():
+    # A thread's turn waited for an approval under its runId; another thread (a client's
+    # constant runId) then ran a turn of that id; the continuation kept the id: two
+    # running turns under one id, and a stop by turn id (the relay's cancel) stopped
+    # whichever came first. Now it gets an id of its own, as a new turn does.
+    deleted.clear()
+    slow = Agent(provider=ScriptedProvider([["Hi", Sleep(30), "there"]]))
+    async with Host.open(store=None) as host:
+        alice = await host.open_session(approval_agent("It is gone."), session_id="alice")
+        async with alice.stream("delete it", turn_id="run-1") as out:
+            async for _ in out:
+                pass
+        assert out.result is not None and out.turn_id == "run-1"
+        (waiting,) = out.result.pending
+        bob = await host.open_session(slow, session_id="bob")
+        async with bob.stream("x", turn_id="run-1") as running:
+            async for chunk in running:
+                if isinstance(chunk, o.TextDelta):
+                    break
+            await alice.decide(waiting.approval_id, approved=True)
+            async with alice.resume() as continuation:
+                async for _ in continuation:
+                    pass
+            assert running.turn_id == "run-1" != continuation.turn_id
+            assert not running.done.is_set()  # bob's turn runs on
+            assert host.cancel_turn("run-1", "test over")  # and is the one a stop names
+            with trio.fail_after(10):
+                async for _ in running:
+                    pass
+    assert deleted == ["/tmp/x"]
+    assert continuation.result is not None and continuation.result.text.endswith("It is gone.")
+    assert running.result is not None and running.result.abort_reason == "test over"
 
 
 async def test_a_client_that_never_reads_is_dropped_and_its_turn_saved_interrupted(monkeypatch):

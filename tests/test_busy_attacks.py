@@ -4,6 +4,7 @@ values a careless or hostile client sends to a session whose turn runs."""
 from __future__ import annotations
 
 import argparse
+import json
 from collections import Counter
 from typing import Any
 
@@ -468,3 +469,63 @@ async def test_a_stop_naming_a_queued_message_takes_it_out_and_the_running_turn_
     users = [m["content"] for m in stored["messages"] if m["role"] == "user"]
     assert users == ["first", "third"]
     assert len(script.requests) == 3  # the two steps of "first", and "third"
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_a_stopped_queued_openai_request_gets_openais_abort_not_a_409(stream):
+    # An OpenAI request waiting behind the session's running turn, taken out of the
+    # queue by a stop, was answered with the AI SDK endpoint's 409 JSON (streamed) or
+    # a 500 (whole): now as a turn stopped while it ran is, in OpenAI's shape (an
+    # error event and [DONE]; a 503 error object, code "aborted"). Nothing is stored.
+    script = Script(holding(), ["first done"])
+    async with (
+        web_server(agent_of(script, "enqueue"), protocols=("ai-sdk", "openai")) as server,
+        httpx.AsyncClient(base_url=server.url, timeout=30) as client,
+    ):
+        model = (await client.get("/v1/models")).json()["data"][0]["id"]
+        replies: dict = {}
+
+        async def ask() -> None:
+            replies["openai"] = await client.post(
+                "/v1/chat/completions",
+                json={"model": model, "messages": [{"role": "user", "content": "second"}]}
+                | ({"stream": True} if stream else {}),
+                headers={"X-Axon-Session": "s"},
+            )
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(post_into, client, replies, "first", ui_body("s", "first", "u1"))
+            await held["open"].wait()
+            nursery.start_soon(ask)
+            session = server.host.sessions["s"]
+            await waiting(session, 1)
+            queued = session.queue_head.turn_id
+            stop = await client.post("/api/chat/s/stop", json={"turnId": queued})
+            with trio.fail_after(LIMIT):
+                while "openai" not in replies:  # noqa: ASYNC110
+                    await trio.sleep(0.01)
+            held["release"].set()
+        await wait_idle(server, "s")
+        stored = (await client.get("/api/sessions/s")).json()
+    assert stop.status_code == 202 and stop.json()["queued"] is True
+    reply = replies["openai"]
+    error = {
+        "message": "the turn was cut off: stopped by user",
+        "type": "server_error",
+        "param": None,
+        "code": "aborted",
+    }
+    if stream:
+        assert reply.status_code == 200
+        assert reply.headers["content-type"].startswith("text/event-stream")
+        assert [b for b in reply.text.split("\n\n") if b] == [
+            "data: " + json.dumps({"error": error}, separators=(",", ":")),
+            "data: [DONE]",
+        ]
+    else:
+        assert reply.status_code == 503 and reply.json() == {"error": error}
+    assert [m["content"] for m in stored["messages"] if m["role"] == "user"] == ["first"]
+
+
+async def post_into(client: httpx.AsyncClient, into: dict, key: str, sent: dict) -> None:
+    into[key] = await client.post("/api/chat", json=sent, timeout=30)

@@ -210,6 +210,71 @@ async def test_the_chat_page_lists_sessions_a_page_at_a_time(tmp_path):
     assert "cursor=" not in pages[0] and all("cursor=" in u for u in pages[1:])
 
 
+def _turn_after_paging(sync_api: Any, url: str) -> dict[str, Any]:
+    """The chat page: the sessions list scrolled to its second page, then a turn in a new
+    chat, then the rest of the list from "More sessions"."""
+    from tests.test_web_browser import CHROMIUM, CHROMIUM_ARGS
+
+    expect = sync_api.expect
+    seen: dict[str, Any] = {"page_errors": []}
+    with sync_api.sync_playwright() as p:
+        try:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        except Exception as exc:
+            pytest.skip(f"Chromium at {CHROMIUM} did not start under Playwright: {exc}")
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page.set_default_timeout(20_000)
+            page.on("pageerror", lambda e: seen["page_errors"].append(str(e)))
+            page.goto(url + "/")
+            items = page.locator("#sessions li[data-session-id]")
+            expect(items).to_have_count(50)
+            page.locator("#more-sessions").scroll_into_view_if_needed()
+            expect(items).to_have_count(100)
+            page.locator("#input").fill("hello")
+            page.locator("#input").press("Enter")
+            expect(page.locator(".msg.assistant .text").last).to_contain_text("hi there")
+            expect(page.locator("body")).to_have_attribute("data-busy", "")
+            # the list was read again after the turn: the new session on top, and the
+            # second page still there (the first page alone was 50 and "More")
+            seen["session_id"] = page.locator("#session-id").inner_text()
+            expect(items.first).to_have_attribute("data-session-id", seen["session_id"])
+            expect(items).to_have_count(101)
+            seen["after_turn"] = items.evaluate_all(
+                "(lis) => lis.map((li) => li.dataset.sessionId)"
+            )
+            page.evaluate("() => document.getElementById('more-sessions')?.click()")
+            expect(items).to_have_count(121)
+            expect(page.locator("#more-sessions")).to_have_count(0)
+            seen["all"] = items.evaluate_all("(lis) => lis.map((li) => li.dataset.sessionId)")
+        finally:
+            browser.close()
+    return seen
+
+
+async def test_a_turn_keeps_the_sessions_the_list_had_loaded_by_scrolling(tmp_path):
+    # After each turn the page read the sessions' first page again and showed it alone:
+    # a list scrolled to its third page went back to 50 sessions and "More". The first
+    # page is now merged with what was loaded: nothing lost, nothing twice, in order.
+    from tests.test_web_browser import CHROMIUM
+
+    try:
+        from playwright import sync_api
+    except ImportError:
+        pytest.skip("playwright (Python) is not installed: pip install playwright")
+    if not os.path.exists(CHROMIUM):  # noqa: ASYNC240 (a stat before the test starts)
+        pytest.skip(f"no Chromium at {CHROMIUM}")
+    store = await SQLiteStore.open(tmp_path / "s.db")
+    expected = await _fill(store, 120)
+    agent = Agent(name="pages", provider=ScriptedProvider([["hi there"]]))
+    async with web_server(agent, store=store) as server:
+        with trio.fail_after(120):
+            seen = await trio.to_thread.run_sync(_turn_after_paging, sync_api, server.url)
+    assert seen["page_errors"] == []
+    assert seen["after_turn"] == [seen["session_id"], *expected[:100]]
+    assert seen["all"] == [seen["session_id"], *expected]
+
+
 async def test_a_postgres_page_is_a_top_n_scan_or_an_index_range_never_a_full_sort(pg_url):
     """This schema has no index on ``update_seq`` (every save changes it: an index would
     make each save non-HOT), so a page is the sessions scanned into a heap of ``limit``

@@ -10,7 +10,7 @@ from typing import Any
 import trio
 
 from actors.providers.scripted import ScriptedProvider
-from runtime import Agent, AssistantMessage, Hooks
+from runtime import Agent, AssistantMessage, Hooks, TextPart, UserMessage
 from runtime.actor_messages import Batcher
 from tests.test_web_http import body, recording_agent
 from tests.web.harness import WebServer, web_server
@@ -133,3 +133,41 @@ async def test_a_client_that_never_reads_is_dropped_and_its_turn_saved_interrupt
     # the connection was closed without the end of the stream
     assert response.startswith(b"HTTP/1.1 200")
     assert b"[DONE]" not in response and not response.endswith(b"0\r\n\r\n")
+
+
+async def test_a_client_that_never_reads_a_large_json_answer_is_dropped_after_the_send_timeout(
+    autojump_clock,
+):
+    # A JSON answer was sent from the request's task straight into Hypercorn's (shielded)
+    # send: a client that asked for a long session and never read held that task, and
+    # the answer's megabytes, for as long as it kept the connection open. Now each send
+    # waits at most the send timeout, as a stream's does: the rest is dropped and the
+    # connection closed.
+    agent = recording_agent(ScriptedProvider(steps=[["x"]]))
+    async with web_server(agent, send_timeout=60) as server:
+        text = "w" * 100_000
+        history = [
+            m
+            for i in range(100)
+            for m in (
+                UserMessage(content=text, id=f"u{i}"),
+                AssistantMessage(content=(TextPart(text=text, step=0),), id=f"a{i}"),
+            )
+        ]
+        await server.host.store.save("long", 0, history)
+        host = server.url.removeprefix("http://")
+        sock = await connect(server, receive_buffer=4096)
+        with sock:
+            await sock.send(f"GET /api/sessions/long HTTP/1.1\r\nhost: {host}\r\n\r\n".encode())
+            await trio.sleep(120)  # the client reads nothing for twice the send timeout
+            with trio.fail_after(600):
+                response = await read_to_end(sock)
+    head, _, payload = response.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200")
+    length = next(
+        int(line.split(b":", 1)[1])
+        for line in head.split(b"\r\n")
+        if line.lower().startswith(b"content-length:")
+    )
+    assert length > 20_000_000  # far more than the socket buffers hold
+    assert len(payload) < length  # cut short: the server gave up on the client

@@ -349,8 +349,7 @@ async def test_a_stop_naming_a_queued_turn_cancels_it_and_not_the_running_one(
 ) -> None:
     # A stop names the turn to stop (the embedded app takes a named message out of its
     # queue the same way): a front end that ignored the name stopped the running turn,
-    # the one the client did not mean. A message id it cannot look up is a 400, never
-    # the running turn stopped instead.
+    # the one the client did not mean. A message id no open turn holds stops nothing.
     async with deployment(pg_url, redis_url, slow_agent(150)) as d:
         async with httpx.AsyncClient(base_url=d.urls[0], timeout=LIMIT) as client:
             replies: dict[str, httpx.Response] = {}
@@ -365,11 +364,11 @@ async def test_a_stop_naming_a_queued_turn_cancels_it_and_not_the_running_one(
                 with trio.fail_after(LIMIT):
                     while len(turns := await d.queue.turns("s1")) < 2:  # noqa: ASYNC110
                         await trio.sleep(0.02)
-                by_message = await client.post("/api/chat/s1/stop", json={"messageId": "u2"})
+                by_message = await client.post("/api/chat/s1/stop", json={"messageId": "u9"})
                 stop = await client.post("/api/chat/s1/stop", json={"turnId": turns[1].turn_id})
                 other = await client.post("/api/chat/s1/stop", json={"turnId": "turn_nope"})
         turns = await d.queue.turns("s1")
-    assert by_message.status_code == 400
+    assert by_message.status_code == 204
     assert stop.status_code == 202 and stop.json()["turn_id"] == turns[1].turn_id
     assert other.status_code == 204
     assert [(t.turn_id == running.turn_id, t.status) for t in turns] == [
@@ -378,6 +377,62 @@ async def test_a_stop_naming_a_queued_turn_cancels_it_and_not_the_running_one(
     ]
     assert data(sse_events(replies["two"].text)) == [{"type": "abort", "reason": "stopped by user"}]
     assert "finish" in [e["type"] for e in data(sse_events(replies["one"].text))]
+
+
+async def test_a_stop_naming_a_queued_message_takes_it_out_and_the_running_turn_goes_on(
+    pg_url: str, redis_url: str
+) -> None:
+    # The embedded app's stop takes a queued message out by the client's id; a front
+    # end answered it 400 (the queue keeps message ids hashed), so the page's stop of a
+    # message it had sent could not reach it. Now the queue finds the message's turn by
+    # its key: that turn is cancelled, its POST ends with abort, nothing stored of it.
+    async with deployment(pg_url, redis_url, slow_agent(150)) as d:
+        async with httpx.AsyncClient(base_url=d.urls[0], timeout=LIMIT) as client:
+            replies: dict[str, httpx.Response] = {}
+
+            async def post(text: str, message_id: str) -> None:
+                replies[text] = await client.post("/api/chat", json=body("s1", text, message_id))
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(post, "one", "u1")
+                await wait_for_turn(d.queue, "s1", "running")
+                for count, (text, message_id) in enumerate([("two", "u2"), ("three", "u3")]):
+                    nursery.start_soon(post, text, message_id)
+                    with trio.fail_after(LIMIT):
+                        while len(await d.queue.turns("s1")) < count + 2:  # noqa: ASYNC110
+                            await trio.sleep(0.02)
+                stop = await client.post("/api/chat/s1/stop", json={"messageId": "u2"})
+        turns = await d.queue.turns("s1")
+        record = await d.store.load("s1")
+    assert stop.status_code == 202 and stop.json()["turn_id"] == turns[1].turn_id
+    assert [(t.input, t.status) for t in turns] == [
+        ("one", "done"),
+        ("two", "cancelled"),
+        ("three", "done"),
+    ]
+    assert data(sse_events(replies["two"].text)) == [{"type": "abort", "reason": "stopped by user"}]
+    assert record is not None
+    assert [m.content for m in record.messages if isinstance(m, UserMessage)] == ["one", "three"]
+
+
+async def test_a_stop_naming_the_running_message_stops_that_turn(
+    pg_url: str, redis_url: str
+) -> None:
+    async with deployment(pg_url, redis_url, slow_agent(150)) as d:
+        async with httpx.AsyncClient(base_url=d.urls[0], timeout=LIMIT) as client:
+            replies: list[httpx.Response] = []
+
+            async def post() -> None:
+                replies.append(await client.post("/api/chat", json=body("s1", "one", "u1")))
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(post)
+                running = await wait_for_turn(d.queue, "s1", "running")
+                stop = await client.post("/api/chat/s1/stop", json={"messageId": "u1"})
+        turns = await d.queue.turns("s1")
+    assert stop.status_code == 202 and stop.json()["turn_id"] == running.turn_id
+    assert [(t.status, t.cancel_reason) for t in turns] == [("cancelled", "stopped by user")]
+    assert {"type": "abort", "reason": "stopped by user"} in data(sse_events(replies[0].text))
 
 
 def _regenerate_claim(

@@ -585,6 +585,36 @@ async def test_agui_bad_input_in_a_worker_deployment_is_refused_in_its_shape_and
     ]
 
 
+async def test_a_queued_run_stopped_before_a_worker_took_it_ends_as_cancelled(
+    pg_url: str, redis_url: str
+) -> None:
+    # A run queued (no worker has claimed it yet) and stopped (POST /api/chat/{id}/stop,
+    # by its message id here) got a 200 with no event at all: the encoder's end needed
+    # the turn's start, which a turn cancelled in the queue never streams. Now the run
+    # starts and ends with the cancelled outcome, as a run stopped mid-turn does.
+    async with protocols_deployment(pg_url, redis_url, worker=False) as d:
+        async with httpx.AsyncClient(base_url=d.urls[0], timeout=LIMIT) as c:
+            replies: list[httpx.Response] = []
+
+            async def run() -> None:
+                replies.append(await c.post("/ag-ui", json=run_input("t1", user("hi", "m1"))))
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(run)
+                await wait_for_turn(d.queue, "t1", "queued")
+                stop = await c.post("/api/chat/t1/stop", json={"messageId": "m1"})
+        turns = await d.queue.turns("t1")
+    assert stop.status_code == 202
+    events = parse_sse(replies[0].text)
+    for event in events:
+        valid(event)
+    check_sequence(events)
+    assert types(events) == ["RUN_STARTED", "RUN_FINISHED"]
+    assert events[-1]["outcome"] == {"type": "cancelled"}
+    assert events[-1]["metadata"] == {"axon": {"reason": "stopped by user"}}
+    assert [t.status for t in turns] == ["cancelled"]
+
+
 # -- A2A ------------------------------------------------------------------------------------
 
 

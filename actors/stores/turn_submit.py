@@ -12,20 +12,28 @@ from __future__ import annotations
 
 import hashlib
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
 import orjson
 import trio
 
-from actors.stores.turn_sql import _COLUMNS, _busy, _interrupt, _notify_turns, _steer_running
+from actors.stores.turn_sql import (
+    _COLUMNS,
+    _STATUS_COLUMNS,
+    _busy,
+    _interrupt,
+    _notify_turns,
+    _status,
+    _steer_running,
+)
 from runtime import serde
 from runtime.busy import ENQUEUE, INTERRUPT, REJECT, STEER, OnBusy
 from runtime.errors import QueueFull, SessionBusy, StoreError, TurnConflict
 from runtime.messages import File, Image, TextPart, UserContent
 from runtime.store import validate_session_id
-from runtime.turn_queue import FINAL_STATUSES, QueuedTurn, TurnOptions
+from runtime.turn_queue import FINAL_STATUSES, QueuedTurn, TurnOptions, TurnStatus
 
 if TYPE_CHECKING:
     from actors.stores.postgres import PostgresStore
@@ -212,11 +220,7 @@ class TurnSubmitting:
             session_id, content, regenerate, meta, options
         )
         turn_id = turn_id or f"turn_{uuid.uuid4().hex}"
-        message_key = (
-            None
-            if idempotency_key is None
-            else _sha256(idempotency_key.encode("utf-8", "surrogatepass"))
-        )
+        message_key = None if idempotency_key is None else _message_key(idempotency_key)
         submission = _Submission(
             session_id=session_id,
             turn_id=turn_id,
@@ -243,6 +247,28 @@ class TurnSubmitting:
                 f"{turn.turn_id} of session {turn.session_id!r}"
             )
         return turn
+
+    async def open_by_key(self, session_id: str, keys: Sequence[str]) -> TurnStatus | None:
+        """The session's running turn submitted under one of ``keys`` (idempotency keys,
+        as :meth:`submit` was given them), else its oldest such queued one, else
+        ``None``: a front end's stop naming a message by the client's id. At most one
+        turn of a key is open at a time (an edit waits for its turn's end)."""
+        validate_session_id(session_id)
+        hashed = [_message_key(k) for k in keys if isinstance(k, str) and k]
+        if not hashed:
+            return None
+        row = await self.store.run(
+            f"open turn of a message of session {session_id!r}",
+            lambda conn: conn.execute(
+                f"""SELECT {_STATUS_COLUMNS} FROM axon_turns
+                WHERE message_key = ANY(%s) AND session_id = %s
+                    AND status IN ('running', 'queued')
+                ORDER BY status = 'running' DESC, seq LIMIT 1""",
+                (hashed, session_id),
+            ).fetchone(),
+            transaction=False,
+        )
+        return None if row is None else _status(row)
 
     def _check_room(
         self,
@@ -343,6 +369,11 @@ _COUNT_QUEUED = """SELECT count(*) FROM (SELECT 1 FROM axon_turns
 
 def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+def _message_key(idempotency_key: str) -> str:
+    """The ``message_key`` column of a submit's caller key: the key, hashed."""
+    return _sha256(idempotency_key.encode("utf-8", "surrogatepass"))
 
 
 def _encoded(content: UserContent) -> str:

@@ -653,6 +653,10 @@ class ResumeStream(TurnStream):
                 else f"session {session.id!r}: {left} waiting call(s) not decided yet"
             )
         self.message_id, self.turn_id, self.resume = waiting[0].message_id, waiting[0].turn_id, True
+        # Its id was a caller's (an AG-UI runId) that another session's turn may run under
+        # now (a client's constant runId): then, as for a new turn, it gets its own id
+        # (a turn id names one running turn: a stop by id, the relay's stream).
+        self._named = True
         self.stored = record  # the turn runner starts from it: no second read
         return await super().__aenter__()
 

@@ -47,7 +47,6 @@ waited is offered the tools of the run that started it.
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import re
 from collections.abc import Callable, Sequence
@@ -76,6 +75,7 @@ from runtime.app.web.agui_wire import (
     sse,
 )
 from runtime.app.web.chat_input import INLINE_BODY, _read_body, off_loop
+from runtime.app.web.frontend import message_key
 from runtime.app.web.guard import is_json
 from runtime.app.web.http import ApiError
 from runtime.app.web.queued_turn import QueuedStreamResponse, QueuedTurnOutput
@@ -751,7 +751,7 @@ _CODES = {429: "queue_full", 503: "unavailable", 409: "conflict"}
 def _run_key(session_id: str, user_id: str) -> str:
     """The idempotency key of a run's new user message in the queue: a run sent again
     (the same message id, the same content) is the same turn."""
-    return hashlib.sha256(orjson.dumps([session_id, "ag-ui", user_id])).hexdigest()
+    return message_key(session_id, "ag-ui", user_id)
 
 
 async def _unrelayed(relay: Any, turn_id: str | None) -> str | None:

@@ -41,7 +41,8 @@ session):
   (after a ``MESSAGES_SNAPSHOT``) when an approval waits, the cancelled outcome for a
   turn a budget cut; ``usage`` the turn's, ``result`` a structured answer;
 * ``error`` -> ``RUN_ERROR`` (``code``: the error kind); ``abort`` -> ``RUN_FINISHED``
-  with the cancelled outcome, after closing what was open.
+  with the cancelled outcome, after closing what was open (a run stopped before its
+  turn started, waiting in the session's queue: ``RUN_STARTED`` first).
 """
 
 from __future__ import annotations
@@ -378,6 +379,8 @@ class RunEncoder:
         self.finish_reason: str | None = None
         self.usage = Usage()
         self.abort_reason: str | None = None
+        self.started = False
+        """``RUN_STARTED`` was sent."""
         self.ended = False
         """``RUN_ERROR`` was sent: nothing may follow."""
         self.reset = False
@@ -403,6 +406,10 @@ class RunEncoder:
 
     def _start(self, chunk: o.Start) -> list[dict[str, Any]]:
         self.message_id = chunk.message_id
+        return self._run_started()
+
+    def _run_started(self) -> list[dict[str, Any]]:
+        self.started = True
         started: dict[str, Any] = {
             "type": "RUN_STARTED",
             "threadId": self.thread_id,
@@ -556,7 +563,11 @@ class RunEncoder:
 
     def _abort(self, chunk: o.Abort) -> list[dict[str, Any]]:
         self.abort_reason = chunk.reason
-        return []
+        if self.started:
+            return []
+        # A run stopped before its turn started (taken out of the session's queue): it
+        # starts here, and ends as cancelled (``closing``), as a run stopped mid-turn.
+        return self._run_started()
 
     def _error(self, chunk: o.Error) -> list[dict[str, Any]]:
         self.ended = True
@@ -661,7 +672,7 @@ class RunEncoder:
         ``messages`` the session's history after it."""
         if self.ended:
             return []
-        if not self.message_id:  # the turn never started: nothing was sent
+        if not self.started:  # the run never started: nothing was sent
             return []
         out = self._close_all()
         if result is None and self.finish_reason is None and self.abort_reason is None:

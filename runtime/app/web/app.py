@@ -48,6 +48,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import trio
@@ -58,6 +59,7 @@ from starlette.responses import HTMLResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from runtime import output as o
 from runtime.agent import Agent
 from runtime.app.host import Host
 from runtime.app.session import FINAL_WAIT
@@ -83,8 +85,8 @@ from runtime.app.web.http import session_id_param as _session_id
 from runtime.app.web.protocols import mount_protocols
 from runtime.app.web.resend import classify_resend, client_message_id, replay_response
 from runtime.app.web.resume import resume_stream, stop_turn
-from runtime.app.web.ui_stream import DONE, HEADERS, UIStreamEncoder, sse, ui_messages
-from runtime.app.web.writer import BodyWriter
+from runtime.app.web.ui_stream import DONE, HEADERS, UIStreamEncoder, ui_messages
+from runtime.app.web.writer import BodyWriter, SendDeadline
 from runtime.approval import Recorded, pending_calls
 from runtime.busy import REJECT, OnBusy, check_on_busy
 from runtime.errors import (
@@ -342,18 +344,24 @@ class TurnResponse:
                 )
                 await busy(scope, receive, send)
             except TurnWithdrawn as exc:  # stopped while it waited: never ran, nothing stored
-                stopped = (
-                    Response(sse({"type": "abort", "reason": exc.reason}) + DONE, headers=HEADERS)
-                    if self.busy is _busy
-                    else error_response(409, str(exc))  # another protocol: no UI stream
-                )
-                await stopped(scope, receive, send)
+                await self._withdrawn(exc.reason)(scope, receive, send)
             except SessionBusy:
                 if started:
                     raise
                 await self.busy(session)(scope, receive, send)
             except NothingToResume as exc:
                 await error_response(409, str(exc))(scope, receive, send)
+
+    def _withdrawn(self, reason: str) -> Response:
+        """The stream of a message taken out of the queue before its turn started: the
+        turn's ``abort`` in the request's protocol (the AI SDK's ``abort`` and
+        ``[DONE]``; OpenAI's error event; AG-UI's run ended as cancelled), as a turn
+        stopped while it ran ends."""
+        encoder = self.encoder() if self.encoder is not None else UIStreamEncoder(self.announced)
+        data = encoder.events(o.Abort(reason=reason))
+        final = getattr(encoder, "final", None)
+        data += final(NOT_STARTED) if final is not None else DONE
+        return Response(data, headers=self.headers)
 
     async def _stream(
         self, out: Any, receive: Receive, send: Send, background: trio.Nursery
@@ -460,6 +468,11 @@ async def _unless_left(
         if refused is not None:
             raise refused
         yield out
+
+
+NOT_STARTED = SimpleNamespace(result=None, session=SimpleNamespace(messages=()))
+"""What an encoder's ``final(out)`` reads of a turn that never started: no result, no
+messages."""
 
 
 MAX_QUEUED_PER_SESSION = 100
@@ -746,12 +759,19 @@ def _api_routes(front: FrontEnd | None) -> list[Route]:
 
 
 def _middleware(
-    token: str | None, cors_origins: Sequence[str] | None, allowed_hosts: Sequence[str] | None
+    state: WebState,
+    token: str | None,
+    cors_origins: Sequence[str] | None,
+    allowed_hosts: Sequence[str] | None,
 ) -> list[Middleware]:
-    """``Connection: close`` after an unread body, security headers, CORS (only for
-    ``cors_origins``), the request guard, and the bearer token check when there is a
-    token; outermost first."""
-    middleware = [Middleware(CloseUnread), Middleware(SecurityHeaders)]
+    """A send deadline for answers that are not streams, ``Connection: close`` after an
+    unread body, security headers, CORS (only for ``cors_origins``), the request guard,
+    and the bearer token check when there is a token; outermost first."""
+    middleware = [
+        Middleware(SendDeadline, state=state),
+        Middleware(CloseUnread),
+        Middleware(SecurityHeaders),
+    ]
     if cors_origins:
         from starlette.middleware.cors import CORSMiddleware
 
@@ -868,7 +888,7 @@ def _app(
     middleware, and the other ``protocols``' endpoints."""
     app = Starlette(
         routes=[*_page_routes(), *_api_routes(state.front)],
-        middleware=_middleware(token, cors_origins, allowed_hosts),
+        middleware=_middleware(state, token, cors_origins, allowed_hosts),
         exception_handlers={ApiError: _api_error},
         lifespan=_lifespan(state),
     )

@@ -36,7 +36,10 @@ to any of them:
 ``POST /api/chat/{id}/stop``
     Cancels the session's running turn (its worker stops it, saved and marked
     interrupted), else its oldest queued turn (cancelled at once, it never runs), else
-    denies what its waiting turn waits for (reason ``stopped``; the model is told).
+    denies what its waiting turn waits for (reason ``stopped``; the model is told). A
+    body naming a turn (``{"turnId"}``) or a user message (``{"messageId"}``, the
+    client's id, looked up by the queue's key of it) stops that turn only, queued or
+    running: its POST ends with ``abort``; one neither queued nor running is a 204.
 ``GET /api/sessions``, ``GET /api/sessions/{id}``
     Read from the store.
 
@@ -149,7 +152,18 @@ def idempotency_key(session_id: str, payload: dict[str, Any], regenerate: bool) 
         return None
     if "\x00" in message_id:
         raise ApiError(400, "a message id must not contain NUL characters")
+    return message_key(session_id, kind, message_id)
+
+
+def message_key(session_id: str, kind: str, message_id: str) -> str:
+    """The queue's idempotency key of the client's message ``message_id`` submitted as
+    ``kind`` (``submit``, ``regenerate``; AG-UI's run: ``ag-ui``): a hash of the JSON
+    list ``[session, kind, id]``."""
     return hashlib.sha256(orjson.dumps([session_id, kind, message_id])).hexdigest()
+
+
+STOPPABLE_KINDS = ("submit", "ag-ui")
+"""The kinds of key a stop's ``messageId`` (a user message's id) is looked up under."""
 
 
 class QueuedTurnResponse(RelayStreamResponse):
@@ -521,8 +535,14 @@ class FrontEnd:
     async def stop(self, request: Request) -> Response:
         session_id = session_id_param(request.path_params["session_id"])
         message_id, named = await stop_target(request)
-        if message_id is not None:  # (the queue keeps a message's id only hashed)
-            raise ApiError(400, "a front end stops a queued turn by its turnId, not by a messageId")
+        if message_id is not None:  # the turn of that user message only, queued or running
+            if "\x00" in message_id:
+                return Response(status_code=204)  # (no key holds one: none of its turns)
+            keys = [message_key(session_id, kind, message_id) for kind in STOPPABLE_KINDS]
+            found = await self.queue.open_by_key(session_id, keys)
+            if found is None or (named is not None and found.turn_id != named):
+                return Response(status_code=204)
+            return await self._stop(found)
         if named is not None:  # that turn only, queued or running: never another
             turn = await self.queue.get_status(named)
             if (

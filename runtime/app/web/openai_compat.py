@@ -61,6 +61,7 @@ from starlette.responses import Response
 from starlette.routing import Route, Router
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from runtime import output as o
 from runtime.agent import Agent
 from runtime.app.host import Host
 from runtime.app.session import FINAL_WAIT
@@ -81,6 +82,7 @@ from runtime.errors import (
     InvalidSessionId,
     MediaTooLarge,
     SessionBusy,
+    TurnWithdrawn,
 )
 from runtime.history import checked_off_loop
 from runtime.ids import new_id
@@ -161,6 +163,8 @@ class CompletionWhole:
                         self.encoder.chunks(chunk)
                     with trio.move_on_after(FINAL_WAIT):
                         await out.done.wait()
+            except TurnWithdrawn as exc:  # stopped while it waited: the turn's abort
+                self.encoder.chunks(o.Abort(reason=exc.reason))
             except SessionBusy:
                 busy = True
             finally:

@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import trio
-from starlette.types import Receive, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 QUEUED = 64
 """Pieces (one SSE event each, usually) queued for the writer; what waits beyond that is
@@ -138,6 +138,113 @@ class BodyWriter:
         self._abandoned = True
         self._queue.close()
         self._room.set()
+
+
+DIRECT = 64 * 1024
+"""Bytes of a response's body piece sent straight from the request's task: a socket's
+buffer takes that much from a client that reads nothing (a larger piece goes through a
+task of its own, waited for ``send_timeout`` at most)."""
+
+
+class SendDeadline:
+    """ASGI middleware: the body of a response that is not an event stream (a JSON
+    answer, a page), when larger than :data:`DIRECT`, is sent from a task of the app's
+    ``background`` nursery, waited for at most ``send_timeout`` seconds, as
+    :class:`BodyWriter` bounds a stream's. A client that sends a request and never reads
+    a large answer (``GET /api/sessions/{id}`` of a long session) held the request's task
+    in Hypercorn's ``send`` (shielded) for as long as its connection lived; now the task
+    gives up after the deadline, drops what is left, and returns, and Hypercorn closes
+    the connection. Event streams write through their own :class:`BodyWriter` and pass
+    straight through. ``state`` is the app's :class:`~runtime.app.web.app.WebState`
+    (``send_timeout``, ``background``, read at each request: the nursery exists only
+    while the app's lifespan runs)."""
+
+    def __init__(self, app: ASGIApp, *, state: Any) -> None:
+        self.app = app
+        self.state = state
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        background = self.state.background
+        timeout = self.state.send_timeout
+        if scope["type"] != "http" or background is None or not timeout or timeout <= 0:
+            await self.app(scope, receive, send)
+            return
+        await self.app(scope, receive, _BoundedSend(send, receive, background, timeout))
+
+
+class _BoundedSend:
+    """One response's ``send`` for :class:`SendDeadline`."""
+
+    def __init__(
+        self, send: Send, receive: Receive, background: trio.Nursery, timeout: float
+    ) -> None:
+        self.send = send
+        self.receive = receive
+        self.background = background
+        self.timeout = timeout
+        self.direct = False
+        """An event stream: its own writer bounds it."""
+        self.stalled = False
+        """A send waited ``timeout`` seconds: the rest of the response is dropped."""
+
+    async def __call__(self, message: Message) -> None:
+        if self.direct:
+            await self.send(message)
+            return
+        if self.stalled:
+            return
+        if message["type"] == "http.response.start" and _is_event_stream(message):
+            self.direct = True
+        if message["type"] != "http.response.body" or len(message.get("body", b"")) <= DIRECT:
+            await self.send(message)  # the socket's buffer takes it: no task of its own
+            return
+        await self._bounded(
+            {"type": "http.response.body", "body": message["body"], "more_body": True}
+        )
+        if not self.stalled and not message.get("more_body", False):
+            await self._end()
+
+    async def _end(self) -> None:
+        """The response's end, sent while the rest of the request is read and dropped:
+        ending it (Hypercorn's ``StreamClosed``) hands the app an ``http.disconnect``,
+        which waits for room in the request's queue, full when the app answered without
+        reading the body (a refusal). Sent from the request's task that was a race the
+        end mostly won; from a writer's task it mostly lost, and the connection hung."""
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._drain)
+            await self.send({"type": "http.response.body", "body": b"", "more_body": False})
+            nursery.cancel_scope.cancel()
+
+    async def _drain(self) -> None:
+        while (await self.receive())["type"] != "http.disconnect":
+            pass
+
+    async def _bounded(self, message: Message) -> None:
+        done = trio.Event()
+        failed: list[BaseException] = []
+
+        async def deliver() -> None:
+            try:
+                await self.send(message)
+            except Exception as exc:  # the caller's, as its own send would have raised it
+                failed.append(exc)
+            finally:
+                done.set()
+
+        self.background.start_soon(deliver)
+        with trio.move_on_after(self.timeout):
+            await done.wait()
+            if failed:
+                raise failed[0]
+            return
+        self.stalled = True
+
+
+def _is_event_stream(start: Message) -> bool:
+    for name, value in start.get("headers", ()):
+        if name.lower() == b"content-type":
+            return bytes(value).split(b";")[0].strip().lower() == b"text/event-stream"
+    return False
 
 
 class BodyPump:
