@@ -321,3 +321,39 @@ async def test_a_deleted_sessions_waiting_turn_ends_and_its_queued_turns_never_r
     assert asked == ["approve it", "another session"]
     assert await front.load("s") is None
     assert [info.session_id for info in await front.list_sessions()] == ["t"]
+
+
+# -- the persister's refusal, for a save that follows another one ---------------------------
+
+
+async def test_a_save_following_a_rebased_one_is_refused_once_its_session_is_deleted() -> None:
+    """A request made while the previous one was in flight names it (``after``), not a
+    version; when that one was rebased, no version is known: the session is known to be
+    stored by that one's answer, and a deletion since is not undone either."""
+    from runtime.actor_messages import SaveRequest, SaveResult
+    from runtime.errors import SessionDeleted
+    from runtime.inbox import Inbox
+
+    store = MemoryStore()
+    await store.save("s", 0, (UserMessage(content="a", id="m0"),), expected_version=0)
+    await store.save("s", 1, (UserMessage(content="b", id="m1"),), expected_version=1)
+    replies: Inbox[SaveResult] = Inbox(16, name="replies")
+
+    def request(request_id: str, **kw: Any) -> SaveRequest:
+        mine = (UserMessage(content="mine", id="m9"),)
+        return SaveRequest(
+            request_id=request_id, session_id="s", turn_id="t", start=1, messages=mine,
+            reply=replies, **kw,
+        )  # fmt: skip
+
+    async with Host.open(store=store, log_tap=False) as host:
+        await host.persister.send(request("r1", expected_version=1))  # stale: rebased
+        with trio.fail_after(5):
+            first = await replies.get()
+        assert first.error is None and not first.in_place
+        await store.delete("s")
+        await host.persister.send(request("r2", after="r1"))
+        with trio.fail_after(5):
+            second = await replies.get()
+    assert isinstance(second.error, SessionDeleted)
+    assert await store.load("s") is None
