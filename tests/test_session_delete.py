@@ -258,6 +258,8 @@ async def _until_idle(worker: Any) -> None:
 async def test_a_session_deleted_while_a_worker_runs_its_turn_stays_deleted(
     deployment: tuple[PostgresStore, PostgresStore, TurnQueue],
 ) -> None:
+    from structlog.testing import capture_logs
+
     from runtime.app.worker import Worker
 
     worker_store, front, queue = deployment
@@ -272,9 +274,10 @@ async def test_a_session_deleted_while_a_worker_runs_its_turn_stays_deleted(
         with trio.fail_after(LIMIT):
             await gate.entered.wait()
         queued = await queue.submit("s", "queued behind")
-        await front.delete("s")  # the front end deletes it: the worker's turn runs on
-        gate.opened.set()
-        await _until_idle(worker)
+        with capture_logs() as logs:
+            await front.delete("s")  # the front end deletes it: the worker's turn runs on
+            gate.opened.set()
+            await _until_idle(worker)
         other = await queue.submit("t", "another session")  # the worker still claims
         done = await queue.wait_finished(other.turn_id, LIMIT)
         assert done is not None and done.status == "done"
@@ -287,6 +290,10 @@ async def test_a_session_deleted_while_a_worker_runs_its_turn_stays_deleted(
         "cancelled",
     )
     assert "queued behind" not in asked  # it never ran
+    # the worker's turn ended quietly: its save refused as the session's deletion, no
+    # error (before: the persister's session.save-failed, the turn's LeaseLost error)
+    events = [(e["event"], e.get("log_level")) for e in logs]
+    assert not [e for e in events if e[1] == "error"], events
 
 
 async def test_a_deleted_sessions_waiting_turn_ends_and_its_queued_turns_never_run(
@@ -357,3 +364,58 @@ async def test_a_save_following_a_rebased_one_is_refused_once_its_session_is_del
             second = await replies.get()
     assert isinstance(second.error, SessionDeleted)
     assert await store.load("s") is None
+
+
+async def test_a_turn_cancelled_after_its_refused_save_ends_quietly(
+    stores: tuple[Any, Any],
+) -> None:
+    """The turn's last save is not the step's (cancelled in its next step, the turn
+    changed since): the step's refused answer, adopted as the last save is made, ends it
+    quietly too. Before, that adoption raised in the last save and the turn runner
+    crashed (the stream's error: ``ActorFailed``)."""
+    store, other = stores
+    gate, second = _Gate(), trio.Event()
+
+    @tool
+    async def hold() -> str:
+        """Wait for the test (the first call), or for ever (the second)."""
+        gate.calls += 1
+        if gate.calls == 1:
+            gate.entered.set()
+            await gate.opened.wait()
+            return "held"
+        second.set()
+        await trio.sleep_forever()
+        return "never"
+
+    def respond(request: InferRequest) -> list[Any]:
+        if not _text(request).startswith("hold"):
+            return ["noted"]
+        step = current_step(request.messages)
+        return tool_call("hold", {}, tool_call_id=f"call_hold_{step}")
+
+    agent = Agent(name="delete-test", provider=ScriptedProvider(responder=respond), tools=[hold])
+    async with Host.open(store=store, log_tap=False) as host:
+        session = await host.open_session(agent, session_id="s")
+        await session.run("first")
+        async with trio.open_nursery() as nursery:
+            streams: list[Any] = []
+
+            async def run() -> None:
+                async with session.stream("hold on") as out:
+                    streams.append(out)
+                    async for _ in out:
+                        pass
+
+            nursery.start_soon(run)
+            with trio.fail_after(LIMIT):
+                await gate.entered.wait()
+                await other.delete("s")
+                gate.opened.set()
+                await second.wait()  # step 1's call runs: step 0's save was sent before it
+            streams[0].cancel("stopped by the user")
+        result = streams[0].result
+        assert await store.load("s") is None
+        assert "s" not in await _ids(store)
+    assert result is not None
+    assert (result.finish_reason, result.error) == ("aborted", None)

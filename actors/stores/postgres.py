@@ -95,6 +95,7 @@ from runtime.errors import (
     SESSION_DELETED,
     ConfigurationError,
     LeaseLost,
+    SessionDeleted,
     StoreConflict,
     StoreCorrupt,
     StoreError,
@@ -1131,7 +1132,20 @@ def _own_write(
     return None
 
 
+class _DeletedWhileRunning(LeaseLost, SessionDeleted):
+    """A fenced save refused because the session was deleted while its turn ran: the
+    delete ended the turn's row ``cancelled`` with no owner at the claim's epoch (no other
+    writer leaves a held row so). A lost lease to the worker (it writes nothing more) and
+    a deleted session to the turn runner (the turn ends quietly, ``session deleted``)."""
+
+
 def _check_fence_row(row: Any, fence: Fence, session_id: str) -> None:
+    if row is not None and (row[0], row[1], row[2]) == (None, fence.epoch, "cancelled"):
+        raise _DeletedWhileRunning(
+            f"save of session {session_id!r} refused: the session was deleted while turn "
+            f"{fence.turn_id} ran (worker {fence.owner}, epoch {fence.epoch})",
+            session_id=session_id,
+        )
     if row is None or (row[0], row[1], row[2]) != (fence.owner, fence.epoch, "running"):
         held = "no such turn" if row is None else f"owner {row[0]}, epoch {row[1]}, {row[2]}"
         raise LeaseLost(

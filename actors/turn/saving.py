@@ -250,7 +250,10 @@ class Saving:
                     return result
             if turn.deleted:  # refused already: a save now would only be refused again
                 return None
-            final = await self._save(turn, None)
+            try:
+                final = await self._save(turn, None)
+            except SessionDeleted:  # the step's save, answered meanwhile, was refused
+                return None
             return await self._adopt(final, turn)
         if scope.cancelled_caught:
             self._log.error(
