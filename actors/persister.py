@@ -30,7 +30,7 @@ import trio
 
 from runtime.actor import Actor
 from runtime.actor_messages import SaveRequest, SaveResult
-from runtime.errors import StoreConflict, StoreError, describe_exception
+from runtime.errors import SessionDeleted, StoreConflict, StoreError, describe_exception
 from runtime.events import SessionSaved
 from runtime.history import OFF_LOOP_MESSAGES
 from runtime.logging import get_logger
@@ -54,9 +54,11 @@ class Persister(Actor):
         super().__init__(name=name)
         self.store = store
         self._log = get_logger("axon.persister")
-        self._latest: OrderedDict[str, tuple[str, int | None]] = OrderedDict()
-        """Each session's latest request id and, if it was saved in place, the version it
-        left (bounded: :data:`REMEMBERED`; no messages, so it pins no history)."""
+        self._latest: OrderedDict[str, tuple[str, int | None, bool]] = OrderedDict()
+        """Each session's latest request id, the version it left if it was saved in place,
+        and whether the session was stored for it (saved, or refused as deleted: a request
+        after it is of a stored session too). Bounded: :data:`REMEMBERED`; no messages,
+        so it pins no history."""
         self._aside: dict[str, list[SaveRequest]] = {}
         """The sessions whose long save a task of its own is writing: that request and
         the session's later ones, in order, the first being written."""
@@ -103,12 +105,19 @@ class Persister(Actor):
             result = SaveResult(
                 request_id=message.request_id, session_id=message.session_id, error=exc
             )
-            self._log.error(
-                "session.save-failed",
-                session_id=message.session_id,
-                turn_id=message.turn_id,
-                error=redact(describe_exception(exc)),
-            )
+            if isinstance(exc, SessionDeleted):  # the turn ends quietly: said, not an error
+                self._log.info(
+                    "session.save-refused-deleted",
+                    session_id=message.session_id,
+                    turn_id=message.turn_id,
+                )
+            else:
+                self._log.error(
+                    "session.save-failed",
+                    session_id=message.session_id,
+                    turn_id=message.turn_id,
+                    error=redact(describe_exception(exc)),
+                )
         else:
             result = SaveResult(
                 request_id=message.request_id,
@@ -138,6 +147,7 @@ class Persister(Actor):
         latest[result.session_id] = (
             result.request_id,
             result.version if result.in_place else None,
+            result.version is not None or isinstance(result.error, SessionDeleted),
         )
         latest.move_to_end(result.session_id)
         if len(latest) > REMEMBERED:
@@ -166,6 +176,16 @@ class Persister(Actor):
         if req.after is not None and prev is not None and prev[0] == req.after:
             return prev[1]
         return None
+
+    def _of_stored(self, req: SaveRequest, expected: int | None) -> bool:
+        """Whether ``req`` is a save of a session that was stored when its turn made it:
+        based on a stored version (above ``0``), or following a request of the session
+        that stored it (or was refused as deleted). Such a save that finds the session
+        gone must not create it again (:class:`~runtime.errors.SessionDeleted`)."""
+        if expected is not None:
+            return expected > 0
+        prev = self._latest.get(req.session_id)
+        return req.after is not None and prev is not None and prev[0] == req.after and prev[2]
 
     def _ends(self, req: SaveRequest) -> dict[str, str]:
         """The save's ``ends`` keyword (:attr:`SaveRequest.ends`) for a store that takes
@@ -198,8 +218,17 @@ class Persister(Actor):
             except StoreConflict:
                 pass  # another writer saved the session since: rebase below
         conflict: StoreConflict | None = None
+        of_stored = self._of_stored(req, expected)
         for _ in range(REBASE_ATTEMPTS):
             record = await self.store.load(req.session_id)
+            if record is None and of_stored:
+                # Deleted since the turn's save was based on it: saved from 0 at version 0,
+                # it would come back (a tombstone-less store cannot tell): refused.
+                raise SessionDeleted(
+                    f"save of session {req.session_id!r} refused: the session was deleted "
+                    "while its turn ran; nothing was written",
+                    session_id=req.session_id,
+                )
             stored = () if record is None else record.messages
             base, start = rebase(stored, req.messages)
             try:

@@ -12,7 +12,8 @@ Per turn, after a warm-up of 300 turns: the backend's CPU (``/proc/PID/schedstat
 one process, nothing else's), the statements run at every level and those planned at the
 call, the WAL's records by kind (a B-tree ``INSERT_LEAF`` is an index entry written; a heap
 ``UPDATE`` against a ``HOT_UPDATE``) and bytes. ``AXON_PERF=FILE``: ``perf record -g`` of
-the backend over the measured turns into ``FILE``.
+the backend over the measured turns into ``FILE``. ``AXON_LIST_INDEX=1``: the schema gets
+``axon_sessions_by_update`` (what the sessions list would read, :mod:`benchmarks.pg_list_index`).
 """
 
 from __future__ import annotations
@@ -83,6 +84,8 @@ def measure(url: str, turns: int) -> dict[str, Any]:
     _first_connect(url, schema)
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(f"SET search_path TO {schema}, public")
+        if os.environ.get("AXON_LIST_INDEX"):  # the sessions list's index (pg_list_index)
+            conn.execute("CREATE INDEX axon_sessions_by_update ON axon_sessions (update_seq)")
         conn.execute(
             "INSERT INTO axon_turns (turn_id, session_id, input) "
             "SELECT 't' || i, 's' || i, 'hi' FROM generate_series(1, %s) AS i",

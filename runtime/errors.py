@@ -332,6 +332,26 @@ class StoreConflict(StoreError):
         self.actual = actual
 
 
+SESSION_DELETED = "session deleted"
+"""The abort reason of a turn ended because its session was deleted while it ran
+(:class:`SessionDeleted`, ``host.delete_session``)."""
+
+
+class SessionDeleted(StoreError):
+    """A turn's save was refused: the session it was based on has been deleted since
+    (``store.delete``, ``host.delete_session``) and the save would have created it again.
+
+    Raised by the persister for a save based on a stored version of the session (or
+    following one that stored) that finds the session gone. Nothing was written. The
+    turn runner ends such a turn quietly: finish reason ``aborted``, abort reason
+    ``session deleted``, no error, and it forgets the turn's messages (a later turn of the
+    session starts a new conversation). A deleted session stays deleted."""
+
+    def __init__(self, message: str, *, session_id: str) -> None:
+        super().__init__(message)
+        self.session_id = session_id
+
+
 class QueueFull(AxonError):
     """A turn was not queued: its session, or the whole turn queue, already holds as many
     queued turns as it may (:class:`actors.stores.turns.TurnQueue`'s caps). Nothing was

@@ -92,8 +92,10 @@ from actors.stores.validation import (
     parse_cursor,
 )
 from runtime.errors import (
+    SESSION_DELETED,
     ConfigurationError,
     LeaseLost,
+    SessionDeleted,
     StoreConflict,
     StoreCorrupt,
     StoreError,
@@ -985,13 +987,39 @@ class PostgresStore:
     async def delete(self, session_id: str) -> None:
         """Delete the session and its messages; deleting an unknown session is a no-op.
 
-        The session's row goes first: a save locks it before it rewrites the messages, so
-        a delete in the same order waits for a save in progress (and a save for it). The
-        messages first made each wait for the other, and PostgreSQL failed one of them
-        ("deadlock detected")."""
+        In the same transaction, the session's turns that are not over end ``cancelled``
+        (finish reason ``aborted``, cancel reason ``session deleted``): a queued one or
+        one waiting for a person never runs; a running one's worker has every later save
+        refused (its fence: the row no longer runs), so nothing of it is written and the
+        session is not created again, and it stops the turn at its lease's next renewal.
+        The turns' rows are locked first, in line order, then the session's row, then
+        the messages: the order a claim and a save take them (the messages before the
+        session's row made a delete and a save wait for each other, and PostgreSQL failed
+        one of them, "deadlock detected")."""
         validate_session_id(session_id)
 
         def delete(conn: Any) -> None:
+            turns = conn.execute(
+                """SELECT turn_id, status FROM axon_turns
+                WHERE session_id = %s AND status IN ('queued', 'running', 'awaiting-input')
+                ORDER BY seq FOR UPDATE""",
+                (session_id,),
+            ).fetchall()
+            for turn_id, status in turns:  # one statement each: the head trigger moves on
+                conn.execute(
+                    """UPDATE axon_turns SET status = 'cancelled', finish_reason = 'aborted',
+                        cancel_requested = true, cancel_reason = %s, owner = NULL,
+                        lease_until = NULL, expires_at = NULL, resume_pending = false,
+                        finished_at = clock_timestamp()
+                    WHERE turn_id = %s""",
+                    (SESSION_DELETED, turn_id),
+                )
+                conn.execute(
+                    "SELECT pg_notify(%s, current_schema() || ':' || %s)",
+                    (_TURNS_CHANNEL, turn_id),
+                )
+                if status == "running":
+                    conn.execute("SELECT pg_notify(%s, %s)", (_CANCEL_CHANNEL, turn_id))
             conn.execute("DELETE FROM axon_sessions WHERE session_id = %s", (session_id,))
             conn.execute("DELETE FROM axon_messages WHERE session_id = %s", (session_id,))
 
@@ -1106,7 +1134,20 @@ def _own_write(
     return None
 
 
+class _DeletedWhileRunning(LeaseLost, SessionDeleted):
+    """A fenced save refused because the session was deleted while its turn ran: the
+    delete ended the turn's row ``cancelled`` with no owner at the claim's epoch (no other
+    writer leaves a held row so). A lost lease to the worker (it writes nothing more) and
+    a deleted session to the turn runner (the turn ends quietly, ``session deleted``)."""
+
+
 def _check_fence_row(row: Any, fence: Fence, session_id: str) -> None:
+    if row is not None and (row[0], row[1], row[2]) == (None, fence.epoch, "cancelled"):
+        raise _DeletedWhileRunning(
+            f"save of session {session_id!r} refused: the session was deleted while turn "
+            f"{fence.turn_id} ran (worker {fence.owner}, epoch {fence.epoch})",
+            session_id=session_id,
+        )
     if row is None or (row[0], row[1], row[2]) != (fence.owner, fence.epoch, "running"):
         held = "no such turn" if row is None else f"owner {row[0]}, epoch {row[1]}, {row[2]}"
         raise LeaseLost(
@@ -1226,6 +1267,8 @@ PostgreSQL text, which cannot hold one, so a meta patch holding one goes as a tr
 _TURNS_CHANNEL: Final = "axon_turns"
 """The turn queue's notification channel (:data:`actors.stores.turn_sql.TURNS_CHANNEL`),
 where the save function sends a turn's end."""
+_CANCEL_CHANNEL: Final = "axon_cancel"
+"""Where a running turn's cancellation is said (:data:`actors.stores.turn_sql.CANCEL_CHANNEL`)."""
 
 
 def _beyond_end(session_id: str, start: int, count: int) -> None:

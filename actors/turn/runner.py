@@ -89,7 +89,14 @@ from runtime.approval import (
     waiting_calls,
 )
 from runtime.chunks import Usage
-from runtime.errors import ActorFailed, AxonError, BudgetExceeded, describe_exception
+from runtime.errors import (
+    SESSION_DELETED,
+    ActorFailed,
+    AxonError,
+    BudgetExceeded,
+    SessionDeleted,
+    describe_exception,
+)
 from runtime.history import INTERRUPTED, RepairedHistory
 from runtime.hosting import ToolSource, TurnHost
 from runtime.ids import new_id
@@ -315,6 +322,8 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
                         turn.abort_reason = run.cancel.reason or "cancelled"
             except BudgetExceeded as stop:
                 turn.finish_reason, turn.budget = "budget", stop.budget
+            except SessionDeleted:  # its save was refused (turn.deleted): ends quietly
+                turn.finish_reason, turn.abort_reason = "aborted", SESSION_DELETED
             except trio.Cancelled:
                 turn.finish_reason, turn.abort_reason = "aborted", "host shutdown"
                 await self._finish_turn(run, turn)
@@ -672,6 +681,8 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
                 item.stored.set()
             turn.unsaved_steers.clear()
             await self._hand_over(run, turn, TurnDone(result=self._result(turn, saved)))
+        if turn.deleted:
+            self._forget_deleted()
 
     def _seal(self, turn: Turn, closing: list[Any]) -> None:
         """Close what the turn left open, into ``closing`` (what the controller gets
@@ -698,6 +709,9 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
         if turn.untouched:
             return True
         final = await self._bounded_save(turn)
+        if turn.deleted:  # refused, its session deleted: nothing written, no error
+            turn.finish_reason, turn.abort_reason = "aborted", SESSION_DELETED
+            return False
         if final is not None and final.error is not None and turn.error is None:
             turn.error = error_info(final.error)
         return final is not None and final.error is None

@@ -21,7 +21,7 @@ from actors.turn.session_sync import Adopted, adopt_record, adopt_save
 from actors.turn.turn_state import Turn
 from runtime import events as ev
 from runtime.actor_messages import SaveRequest, SaveResult
-from runtime.errors import ActorFailed, StoreError, describe_exception
+from runtime.errors import ActorFailed, SessionDeleted, StoreError, describe_exception
 from runtime.ids import new_id
 from runtime.redact import redact
 from runtime.store import SessionRecord
@@ -66,6 +66,11 @@ class Saving:
         if prev is not None and self._answer(prev) is not None:
             await self._adopt(prev, turn)
             prev = None
+        if turn.deleted:  # its session was deleted while it ran: nothing more is saved
+            raise SessionDeleted(
+                f"session {state.session_id!r} was deleted while its turn ran",
+                session_id=state.session_id,
+            )
         start = min(turn.start_index, state.saved_upto)
         req = SaveRequest(
             request_id=new_id("save"),
@@ -119,6 +124,11 @@ class Saving:
         if self._pending is req:
             self._pending, self._answered = None, None
         adopted = adopt_save(self.state, req, result)
+        if isinstance(result.error, SessionDeleted):
+            if turn is not None:
+                turn.deleted = True  # it stops at its next save, and forgets at its end
+            else:  # a turn's final save that outlived it: that turn is gone already
+                self._forget_deleted()
         if turn is not None and turn.unsaved_steers and result.error is None:
             held = {id(m) for m in req.messages}
             for item, message in [s for s in turn.unsaved_steers if id(s[1]) in held]:
@@ -234,17 +244,32 @@ class Saving:
         is shielded where it waits)."""
         with trio.move_on_after(SAVE_TIMEOUT, shield=True) as scope:
             pending = self._pending
-            if pending is not None and self._holds_turn(pending, turn):
+            if pending is not None and (turn.deleted or self._holds_turn(pending, turn)):
                 result = await self._adopt(pending, turn)
-                if result.error is None:
+                if result.error is None or turn.deleted:
                     return result
-            final = await self._save(turn, None)
+            if turn.deleted:  # refused already: a save now would only be refused again
+                return None
+            try:
+                final = await self._save(turn, None)
+            except SessionDeleted:  # the step's save, answered meanwhile, was refused
+                return None
             return await self._adopt(final, turn)
         if scope.cancelled_caught:
             self._log.error(
                 "session.save-timeout", session_id=self.state.session_id, turn_id=turn.turn_id
             )
         return None
+
+    def _forget_deleted(self) -> None:
+        """The session was deleted while a turn of it ran (its save refused): forget its
+        history, so nothing of it is saved again; a later turn starts a new
+        conversation, as a turn of a session never saved does."""
+        state = self.state
+        state.messages.clear()
+        state.saved_upto = 0
+        state.version = 0
+        self._publish_history()
 
     def _holds_turn(self, req: SaveRequest, turn: Turn) -> bool:
         """Whether ``req`` writes the session exactly as it is now (from the turn on)."""

@@ -81,6 +81,10 @@ class Turn:
 
     output: StructuredTurn | None = None
     """The structured answer's state, for an agent with an ``output_type``."""
+    deleted: bool = False
+    """A save of the turn was refused because its session was deleted while it ran
+    (:class:`~runtime.errors.SessionDeleted`): it ends ``aborted`` (``session deleted``),
+    saves nothing more, and its runner forgets the session's history once it is over."""
     untouched: bool = False
     """A turn taken over whose committed steps had already finished it: it ran nothing,
     and its end neither changes nor saves the history."""

@@ -40,6 +40,7 @@ from runtime.app.session import Session, TurnStream, checked_meta
 from runtime.bus import Bus
 from runtime.busy import OnBusy, check_on_busy
 from runtime.errors import (
+    SESSION_DELETED,
     ConfigurationError,
     HostClosed,
     InvalidHistory,
@@ -63,6 +64,16 @@ if TYPE_CHECKING:
     from actors.persister import Persister
     from actors.turn.runner import TurnRunner
     from runtime.hosting import ToolSource
+
+_DELETE_ROUNDS = 100
+"""Bound on :meth:`Host.delete_session`'s rounds of cancelling a running turn and
+withdrawing those queued (each round ends what the last one let in)."""
+
+_DELETE_WAIT = 10.0
+"""Seconds :meth:`Host.delete_session` waits for a cancelled turn to end (its final save
+is bounded by ``SAVE_TIMEOUT``; its stream ends once its consumer reads it). A turn
+still running then, its consumer not reading (or the caller itself), is left to end
+by itself: its saves are refused once the session is deleted."""
 
 # The actors (the implementations the host assembles) are imported where the host starts
 # them, not here: ``from runtime import Host`` is an application's first line, and the
@@ -814,6 +825,53 @@ class Host:
         if self.sessions.get(session.id) is session:
             del self.sessions[session.id]
         self.bus.forget_session(session.id)
+
+    async def delete_session(self, session_id: str) -> None:
+        """Delete a session for good: its running turn cancelled (abort reason ``session
+        deleted``) and waited for, the turns queued behind it withdrawn (they never run:
+        their ``async with`` raises :class:`~runtime.errors.TurnWithdrawn`), its actors
+        stopped and its history dropped from memory, then the session deleted from the
+        store. Deleting an unknown session is not an error.
+
+        A turn that another process runs on the same store is not this host's to cancel:
+        its next save finds the session gone and is refused
+        (:class:`~runtime.errors.SessionDeleted`), and that turn ends the same way,
+        writing nothing. A turn started on the session afterwards starts a new
+        conversation (a ``Session`` still held loads it again, empty)."""
+        sid = validate_session_id(session_id)
+        self.check_open()
+        session = self.get_session(sid)
+        if session is not None:
+            await self._stop_for_delete(session)
+        await self.store.delete(sid)
+
+    async def _stop_for_delete(self, session: Session) -> None:
+        """End what runs or waits on ``session`` (:meth:`delete_session`), then drop it
+        from memory. Rounds: an input that was to join the running turn (``steer``) and
+        that the cancelled turn did not take joins the queue as the turn ends."""
+        for _ in range(_DELETE_ROUNDS):
+            session.withdraw_queued(SESSION_DELETED)
+            current = session.current
+            if current is not None:
+                current.cancel(SESSION_DELETED)
+                with trio.move_on_after(_DELETE_WAIT):
+                    await current.done.wait()  # (its final save is bounded: SAVE_TIMEOUT)
+                if session.current is current:
+                    return  # its consumer does not read it: the store refuses its saves
+            elif session.queued:
+                await trio.lowlevel.checkpoint()  # a withdrawn stream leaves the queue
+            else:
+                break
+        if session.busy or session.queued:
+            return  # still in use: left in memory; the store refuses the turns' saves
+        for actor in session.actors:
+            actor.stop()
+            self._actors.pop(actor, None)
+        if self.sessions.get(session.id) is session:
+            del self.sessions[session.id]
+        self.bus.forget_session(session.id)
+        self.persister.forget(session.id)
+        session.detach()
 
     def running_turns(self) -> list[TurnStream]:
         """The turns running now, one per busy session."""

@@ -772,6 +772,11 @@ class Session:
         """The turn that starts next, if any waits."""
         return self._queue[0] if self._queue else None
 
+    def withdraw_queued(self, reason: str) -> int:
+        """Withdraw every turn waiting in the queue (:meth:`TurnStream.withdraw`): none
+        of them runs. How many there were."""
+        return sum(stream.withdraw(reason) for stream in list(self._queue))
+
     def arrive(self) -> int:
         """The arrival number of a new input that finds the session busy."""
         self._arrivals += 1
