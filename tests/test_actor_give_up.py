@@ -172,3 +172,20 @@ def test_a_controller_given_up_when_its_on_crash_failed_ends_the_stream_with_an_
     chunks = [chunk for batch in got for chunk in batch]
     assert [c.type for c in chunks] == ["start", "error"]
     assert "the turn ends with an error" in chunks[-1].error.message
+
+
+async def test_a_turn_sent_to_a_runner_as_it_is_given_up_ends_its_stream(autojump_clock):
+    # Sent while the runner's crash was being handled (its last turn's result was
+    # already out): nobody would ever take it from the closed inbox.
+    from runtime.actor_messages import RunTurn, TurnCancel
+
+    async with Host.open(log_tap=False) as host:
+        session = await host.open_session(Agent(provider=ScriptedProvider([["hi"]])))
+        runner = session.runner
+        consumer: Inbox = Inbox(8, "block")
+        runner.inbox.put_nowait(
+            RunTurn(turn_id="t", input="late", consumer=consumer, cancel=TurnCancel())
+        )
+        runner.on_give_up(TypeError("a bug"))
+        with trio.fail_after(HANG_GUARD), pytest.raises(trio.EndOfChannel):
+            await consumer.get()  # the stream ends (no result), not a wait for ever
