@@ -146,6 +146,20 @@ class Engine(Actor):
         """The call in flight fails, and its later chunks are dropped: the batch the
         crash took is lost, so the turn runner, waiting for the call's end, would wait
         for ever (the restarted engine has no splitter or batcher for it either)."""
+        self._fail_call(exc)
+
+    def on_give_up(self, exc: BaseException) -> None:
+        """The call in flight fails, as after a crash, even when :meth:`on_crash` itself
+        raised (a bug of ours or of a subclass's: the runner waited for the call's end
+        for ever); nothing twice when it had answered. What is queued is dropped: nobody
+        reads this inbox any more (the session's next turn gets a fresh engine,
+        :meth:`~runtime.app.host.Host._renew_given_up`)."""
+        self._fail_call(exc)
+        self.inbox.drain_nowait([])
+
+    def _fail_call(self, exc: BaseException) -> None:
+        """Fail the call in flight, once (it is forgotten here): a :class:`StreamFailed`
+        saying the engine crashed, to the runner."""
         current = self._current
         self._splitter = self._out = self._current = None
         if current is None:

@@ -104,6 +104,28 @@ class StreamController(Actor):
         the stream could not go on whole, and a lost :class:`TurnDone` left the consumer
         waiting for ever. It gets an ``error`` chunk saying so, then the turn's result
         when the runner hands it over (the turn itself goes on and is saved)."""
+        self._cut_stream(exc, "the turn goes on and is saved")
+
+    def on_give_up(self, exc: BaseException) -> None:
+        """End the turn's stream for its consumer, as after a crash, even when
+        :meth:`on_crash` itself raised (a bug of ours or of a subclass's: the consumer
+        waited for ever); nothing twice when it had answered. A :class:`TurnDone`
+        already queued is handed over now; a later one, by the runner itself (this
+        controller has ended: :meth:`~actors.turn.runner.TurnRunner._hand_over`). The
+        session's next turn gets a fresh controller
+        (:meth:`~runtime.app.host.Host._renew_given_up`)."""
+        self._cut_stream(exc, "the turn ends with an error")
+        queued: list[Any] = []
+        self.inbox.drain_nowait(queued)
+        for message in queued:
+            if isinstance(message, Batch):
+                message.taken = True
+                for item in message:
+                    if type(item) is TurnDone:
+                        self._hand_over_now(item)
+
+    def _cut_stream(self, exc: BaseException, then: str) -> None:
+        """:meth:`on_crash`'s work, once per turn (``then``: what becomes of the turn)."""
         lost, self._handling = self._handling, None
         inbox = self._consumer_inbox
         if inbox is None or self._cut == self._turn_id:
@@ -115,7 +137,7 @@ class StreamController(Actor):
         error = o.ErrorInfo(
             kind="ActorFailed",
             message=f"the stream controller crashed ({describe_exception(exc)}): the rest "
-            "of this turn's output is not streamed; the turn goes on and is saved",
+            f"of this turn's output is not streamed; {then}",
         )
         out.append(self._chunk(o.Error, error=error))
         batch: Batch[Any] = Batch(self._turn_id)

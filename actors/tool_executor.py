@@ -10,6 +10,7 @@ Outcomes are sent as they complete; the turn runner saves them in call order.
 
 from __future__ import annotations
 
+import contextvars
 import math
 import time
 from collections.abc import Callable, Generator
@@ -26,7 +27,7 @@ from runtime.events import ToolApprovalDecided, ToolApprovalRequested
 from runtime.logging import get_logger, log_exception
 from runtime.messages import TextPart, is_media_output
 from runtime.redact import redact
-from runtime.tools import Tool, ToolContext, ToolInputError, to_jsonable
+from runtime.tools import Tool, ToolContext, ToolInputError, note_abandoned_call, to_jsonable
 
 TRUNCATION_MARKER = "…[truncated: {omitted} of {total} characters omitted]"
 
@@ -284,6 +285,104 @@ async def run_tool_call(
     return done(output=output)
 
 
+ABANDON_AFTER = 5.0
+"""Default :attr:`ToolExecutor.abandon_after`."""
+
+
+class _Detached:
+    """A request's calls, each in a task of its own outside the executor's nursery (a
+    Trio system task), waited for here.
+
+    A tool that shields itself from cancellation (``with trio.CancelScope(shield=True):
+    await trio.sleep_forever()``) cannot be stopped: Trio has no way to kill a task.
+    In the executor's nursery, its task held that nursery, so the executor's task, the
+    host's nursery and ``Host.open``'s exit (Ctrl-C on ``run`` or ``serve``) for ever.
+    Here, once the wait is cancelled (the turn's cancel, the executor's crash, the host
+    closing), every call is cancelled and given ``grace`` seconds to end; one still
+    running then is abandoned, with an error line naming its tool, and the wait ends:
+    the host closes. The abandoned task lives on; ``trio.run`` itself still waits for it
+    at the very end (Trio waits for every task), so a process that must end then ends
+    by other means (docs/embedding.md, "What a tool's failures become").
+
+    A call whose task raises (``KeyboardInterrupt``, a bug past the call's own
+    handling) cancels the others, and the wait raises it, as a nursery would."""
+
+    __slots__ = ("_abandoned", "_running", "_settled", "failure", "scopes")
+
+    def __init__(self) -> None:
+        self.scopes: list[trio.CancelScope] = []
+        self.failure: BaseException | None = None
+        self._running: dict[int, str] = {}
+        """The calls still running: their scope's id, their tool's name."""
+        self._settled = trio.Event()
+        self._abandoned = False
+
+    def start(self, run: Callable[[ToolCallSpec], Any], call: ToolCallSpec) -> None:
+        scope = trio.CancelScope()
+        self.scopes.append(scope)
+        self._running[id(scope)] = call.tool_name
+        trio.lowlevel.spawn_system_task(
+            self._run,
+            run,
+            call,
+            scope,
+            name=f"tool {call.tool_name}",
+            context=contextvars.copy_context(),  # the request's, as a nursery's child
+        )
+
+    async def _run(
+        self, run: Callable[[ToolCallSpec], Any], call: ToolCallSpec, scope: trio.CancelScope
+    ) -> None:
+        try:
+            with scope:
+                await run(call)
+        except trio.Cancelled:
+            raise  # not the call's own scope's: Trio's end (the system nursery's)
+        except BaseException as exc:
+            if self.failure is None:
+                self.failure = exc
+                self.cancel()
+        finally:
+            del self._running[id(scope)]
+            if self._abandoned:
+                note_abandoned_call(-1)  # it ended after all
+            if not self._running:
+                self._settled.set()
+
+    def cancel(self) -> None:
+        for scope in self.scopes:
+            scope.cancel()
+
+    async def wait(self, grace: float, session_id: str | None) -> None:
+        """Until every call has ended; if cancelled, at most ``grace`` seconds more."""
+        try:
+            if self._running:
+                await self._settled.wait()
+            else:
+                await trio.lowlevel.checkpoint()
+        except trio.Cancelled:
+            self.cancel()
+            with trio.move_on_after(grace, shield=True):
+                await self._settled.wait()
+            self._abandon(grace, session_id)
+            raise
+        if self.failure is not None:
+            raise self.failure
+
+    def _abandon(self, grace: float, session_id: str | None) -> None:
+        self._abandoned = True
+        for name in self._running.values():
+            note_abandoned_call()
+            get_logger("axon.tools").error(
+                "tool.abandoned",
+                tool=name,
+                session_id=session_id,
+                grace=grace,
+                error=f"tool {name} did not end within {grace:g}s of its cancellation "
+                "(it shields itself from it?): its task is abandoned, still running",
+            )
+
+
 class ToolExecutor(ServingActor[ExecuteTools]):
     """Host-wide actor executing tool calls for every session.
 
@@ -296,10 +395,17 @@ class ToolExecutor(ServingActor[ExecuteTools]):
     request_types = (ExecuteTools,)
 
     def __init__(
-        self, *, name: str = "tool-executor", approval_timeout: float | None = 300.0
+        self,
+        *,
+        name: str = "tool-executor",
+        approval_timeout: float | None = 300.0,
+        abandon_after: float = ABANDON_AFTER,
     ) -> None:
         super().__init__(name=name)
         self.approval_timeout = approval_timeout
+        self.abandon_after = abandon_after
+        """Seconds a cancelled call (its turn's, the host's shutdown) has to end before
+        its task is abandoned, and logged (``tool.abandoned``): see :class:`_Detached`."""
         """Seconds a ``needs_approval`` call waits for a decision before it is denied."""
         self._waiting: dict[str, tuple[trio.Event, list[ToolApprovalDecided]]] = {}
         self._pending: dict[int, set[str]] = {}
@@ -467,6 +573,7 @@ class ToolExecutor(ServingActor[ExecuteTools]):
                 pass
 
         with request.cancel_scope:
-            async with trio.open_nursery() as nursery:
-                for call in request.calls:
-                    nursery.start_soon(one, call)
+            calls = _Detached()
+            for call in request.calls:
+                calls.start(one, call)
+            await calls.wait(self.abandon_after, request.session_id)

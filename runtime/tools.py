@@ -326,6 +326,22 @@ CALLING_SESSION: ContextVar[str | None] = ContextVar("axon_calling_session", def
 a turn of that same session started from inside the tool would wait for the turn that
 waits for the tool, so ``session.stream`` refuses it (:class:`~runtime.errors.SessionBusy`)."""
 
+_abandoned = [0]
+
+
+def note_abandoned_call(count: int = 1) -> None:
+    """Count a tool call whose task was abandoned (it did not end when cancelled:
+    :class:`actors.tool_executor._Detached`); ``-1`` once it ended after all."""
+    _abandoned[0] += count
+
+
+def abandoned_calls() -> int:
+    """How many tool calls' tasks this process abandoned that are still running:
+    ``trio.run`` waits for each at its very end, so the CLI ends its process
+    itself once its host has closed (:func:`runtime.app.cli.main`)."""
+    return _abandoned[0]
+
+
 TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 """Tool names every provider accepts (OpenAI's and Anthropic's pattern; Gemini's allows more)."""
 

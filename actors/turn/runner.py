@@ -212,6 +212,17 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
             await self.run_turn(message)
             self.turn_ended = True  # it may rest now (Actor.rests_after_turn)
 
+    def on_give_up(self, exc: BaseException) -> None:
+        """A turn already sent (its stream opened while the crash was being handled)
+        will never run: its stream ends, without a result, rather than waiting for ever.
+        The turn the crash cut was ended by :meth:`_end_crashed`; the session's next
+        turn gets a fresh runner (:meth:`~runtime.app.host.Host._renew_given_up`)."""
+        queued: list[Any] = []
+        self.inbox.drain_nowait(queued)
+        for message in queued:
+            if isinstance(message, RunTurn):
+                message.consumer.close()
+
     def on_rest(self) -> None:
         """The session is idle: the inboxes only a turn uses let go of their channels."""
         for inbox in (self.stream_inbox, self.tool_inbox, self.save_replies):
@@ -329,7 +340,7 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
                 await self._finish_turn(run, turn)
                 raise
             except Exception as exc:
-                turn.error = error_info(exc)
+                turn.error = error_info(self._given_up(exc))
                 turn.finish_reason = "error"
                 fields = {
                     "session_id": self.state.session_id,
@@ -348,6 +359,17 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
             # but nothing would end this turn's stream; its consumer waited for ever.
             await self._end_crashed(run, turn, exc)
             raise
+
+    def _given_up(self, exc: Exception) -> Exception:
+        """``exc`` as the turn's error: a send refused by the stream controller given up
+        on (its inbox closed under the turn) says so, not ``ClosedResourceError``."""
+        if isinstance(exc, trio.ClosedResourceError | trio.BrokenResourceError):
+            if self.controller.ended:
+                return ActorFailed(
+                    "the stream controller was given up on (its crash could not be "
+                    "handled): the rest of this turn's output is not streamed"
+                )
+        return exc
 
     async def _end_crashed(self, run: RunTurn, turn: Turn, exc: Exception) -> None:
         """End the stream of a turn the runner crashed in (past the turn's own error
@@ -730,7 +752,8 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
                 budget=turn.budget,
             )
         )
-        await _send_bounded(turn.ctrl, closing)
+        if not self.controller.ended:  # (given up on: the result goes straight over)
+            await _send_bounded(turn.ctrl, closing)
         turn.ended = True
         finished = ev.TurnFinished(
             session_id=self.state.session_id,

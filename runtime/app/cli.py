@@ -90,6 +90,7 @@ from runtime.output_schema import output_schema
 from runtime.redact import redact_url
 from runtime.serde import converter, structure, unstructure
 from runtime.store import SessionInfo, list_page, validate_session_id
+from runtime.tools import abandoned_calls
 
 __all__ = ["MCP_HELP", "BadInput", "build_parser", "main", "make_agent", "report_bad_input"]
 
@@ -725,6 +726,28 @@ def main(argv: list[str] | None = None) -> int:
     return report_bad_input(lambda: _dispatch(args))
 
 
+async def _ending_abandoned(command: Any, args: argparse.Namespace) -> int:
+    """Run ``command``; if its host abandoned a tool call's task (one that shields itself
+    from cancellation: ``tool.abandoned``), end the process here, once the host has
+    closed (its store too): ``trio.run`` waits for every task at its end, so Ctrl-C on
+    ``run`` or ``serve`` hung for ever."""
+    code = 1
+    try:
+        code = await command(args)
+        return code
+    except KeyboardInterrupt:
+        code = 130
+        raise
+    finally:
+        if abandoned_calls():
+            for stream in (sys.stdout, sys.stderr):
+                try:
+                    stream.flush()
+                except Exception:  # a closed or broken stream: nothing to flush to
+                    pass
+            os._exit(code)
+
+
 def _dispatch(args: argparse.Namespace) -> int:
     check_arguments(args)
     if args.command == "replay":
@@ -735,19 +758,19 @@ def _dispatch(args: argparse.Namespace) -> int:
         return trio.run(show_command, args)
     if args.command == "serve":
         try:
-            return trio.run(serve_command, args)
+            return trio.run(_ending_abandoned, serve_command, args)
         except KeyboardInterrupt:
             return 130
     if args.command == "worker":
         try:
-            return trio.run(worker_command, args)
+            return trio.run(_ending_abandoned, worker_command, args)
         except KeyboardInterrupt:
             return 130
     if args.command == "mcp-server":
         return trio.run(mcp_server_command, args)
     if args.command == "run":
         try:
-            return trio.run(run_command, args)
+            return trio.run(_ending_abandoned, run_command, args)
         except KeyboardInterrupt:
             return 130
         except BaseExceptionGroup as group:  # e.g. `... --jsonl | head`: the reader left

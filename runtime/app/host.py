@@ -685,6 +685,7 @@ class Host:
         the runner has sent each its first message (the model call's, the turn's start),
         and take it in their first step. Started beside the runner, each took a step to
         wait and another for the message (issue 24 goal 1)."""
+        self._renew_given_up(session)
         runner: Actor | None = None
         waking: list[Actor] = []
         for actor in session.actors:
@@ -701,6 +702,61 @@ class Host:
             waking.append(runner)
         for actor in waking:
             self.nursery.start_soon(self._supervise, actor, None)
+
+    def _renew_given_up(self, session: Session) -> None:
+        """A loaded session one of whose own actors has ended (given up on: it crashed
+        more often than its policy allows, or its crash could not be handled) gets a
+        fresh engine, stream controller and turn runner, over the same history, as a
+        restart would have kept it. Without, every later turn of the session failed on
+        the actor that had ended (``ClosedResourceError``), or waited for it for ever.
+        Synchronous, so that the turn starts in the same step: what the new runner
+        uses that the host shares (providers, executor, persister, tools) is the old
+        one's; so is the save it may still wait for. The others are stopped."""
+        if self.sessions.get(session.id) is not session:
+            return  # closed or evicted: its next turn reloads it, with fresh actors
+        ended = [actor.name for actor in session.actors if actor.ended]
+        if not ended:
+            return
+        old: Any = session.runner
+        Engine, StreamController, TurnRunner, _, _ = _session_kinds()
+        stream_inbox: Inbox[Batch[Any]] = Inbox(128, "block", name="engine-output")
+        engine = Engine(stream_inbox, tags=session.agent.think_tags, session_id=session.id)
+        controller = StreamController(session_id=session.id)
+        controller.seq = old.controller.seq  # session-wide and monotonic
+        runner = TurnRunner(
+            state=old.state,
+            agent=old.agent,
+            provider=old.provider,
+            fallbacks=old.fallbacks,
+            engine=engine,
+            controller=controller,
+            tool_executor=old.tool_executor,
+            persister=old.persister,
+            stream_inbox=stream_inbox,
+            host=self,
+            tool_source=old.tool_source,
+            repaired=old._repaired,
+        )
+        runner.save_replies, runner._pending, runner._answered = (
+            old.save_replies,
+            old._pending,
+            old._answered,
+        )
+        for actor in session.actors:
+            actor.stop()
+            self._actors.pop(actor, None)
+        actors: list[Actor] = [engine, controller, runner]
+        idle, after_turn = _idle_check(session), _no_turn_waits(session)
+        for actor in actors:
+            actor.resting = True
+            actor.attach(self.bus)
+            actor.rests_when = idle
+            actor.rests_after_turn = after_turn
+            self._actors[actor] = None
+        session.runner, session.actors = runner, actors
+        get_logger("axon.host").warning(
+            "session.actors-renewed", session_id=session.id, given_up=ended
+        )
 
     def wake_actor(self, actor: Actor) -> None:
         """Start one resting actor of a session again (without yielding: its task runs

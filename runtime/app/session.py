@@ -305,8 +305,7 @@ class TurnStream:
             if self.steered:
                 return self
         # From here to ``current = self`` nothing yields: an idle host cannot evict it between.
-        runner = session.runner
-        assert runner is not None
+        assert session.runner is not None
         session.host.touch(session)
         if queued:
             session.leave_queue(self)
@@ -322,7 +321,9 @@ class TurnStream:
             # A caller's id (an AG-UI runId) that names a turn of another session running
             # now: a turn id names one running turn (cancels, the relay's streams).
             self.turn_id = new_id("turn")
-        session.host.wake(session)
+        session.host.wake(session)  # (it may renew actors given up on: a new runner)
+        runner = session.runner
+        assert runner is not None
         session.current = self
         session.changed()
         try:
