@@ -812,7 +812,10 @@ class GeminiProvider(SDKProvider):
             timeout=None if self.timeout is None else int(self.timeout * 1000),
             httpx_async_client=self._http,
         )
-        return genai.Client(api_key=key, http_options=options)
+        # vertexai=False: the SDK's GOOGLE_GENAI_USE_VERTEXAI would make this client
+        # Vertex AI's (its express mode: other paths, another host the key is not sent
+        # to), unlike this provider's endpoint and origin (branch ``platatk``)
+        return genai.Client(api_key=key, vertexai=False, http_options=options)
 
     def client_secrets(self, client: Any) -> tuple[str | None, ...]:
         return (self._key,)
