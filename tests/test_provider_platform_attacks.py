@@ -154,6 +154,34 @@ def cut_prelude(total: int, headers: int, crc: int | None = None) -> bytes:
     return prelude + struct.pack(">I", zlib.crc32(prelude) if crc is None else crc)
 
 
+async def test_in_a_session_a_garbled_frame_fails_the_turn_saves_its_text_and_the_next_works():
+    """The whole turn through a Host: the text before the frame saved, marked failed,
+    and sent back in the next turn's request, which succeeds."""
+    from runtime import Agent, Host, RetryPolicy
+    from runtime.messages import TextPart
+    from tests.support.faults import check_anthropic_body
+
+    garbled = stream_reply(frames_body(message(CHUNK, b"not json")))
+    async with loopback_server(garbled, stream_reply(bedrock_stream(*START, *REST))) as server:
+        provider = bedrock_key(server.url)
+        try:
+            async with Host.open(log_tap=False) as host:
+                agent = Agent(provider=provider, retry=RetryPolicy(max_attempts=1))
+                session = await host.open_session(agent, session_id="s")
+                first = await session.run("hi")
+                saved = list(session.messages)
+                second = await session.run("again")
+        finally:
+            await provider.aclose()
+    assert (first.finish_reason, first.error.kind) == ("error", "MalformedStream")
+    assert [m.role for m in saved] == ["user", "assistant"] and saved[1].failed
+    assert [p.text for p in saved[1].content if isinstance(p, TextPart)] == ["Hello"]
+    assert (second.finish_reason, second.text) == ("stop", "Hello again")
+    body = server.requests[-1].json()
+    check_anthropic_body(body)
+    assert "Hello" in json.dumps(body["messages"][1])
+
+
 @pytest.mark.parametrize(
     ("body", "said"),
     [
@@ -522,6 +550,19 @@ def test_importing_and_building_the_cloud_providers_reads_no_credential_and_load
     for word in ("KEY", "TOKEN", "SECRET", "CREDENTIAL", "PROFILE", "PASSWORD"):
         assert word not in read.upper(), read
     assert modules == "[]"
+
+
+def test_gemini_without_google_genai_is_a_configuration_error_naming_the_extra(monkeypatch):
+    """Before: the ``ModuleNotFoundError`` left the call unclassified (the classifier
+    imports the SDK too)."""
+    import trio
+
+    from actors.providers import GeminiProvider
+
+    monkeypatch.setitem(sys.modules, "google.genai", None)
+    provider = GeminiProvider("gemini-2.5-flash", base_url="http://127.0.0.1:9", api_key=TOKEN)
+    with pytest.raises(ConfigurationError, match=r"pip install 'axon-runtime\[google\]'"):
+        trio.run(provider.stream, make_request(), Run().emit)
 
 
 # -- Gemini ----------------------------------------------------------------------------------

@@ -795,8 +795,13 @@ class GeminiProvider(SDKProvider):
         )
         if not key:
             raise missing_key(PROVIDER, " or ".join(self.key_env))
-        from google import genai  # the SDK: loaded by the first call only
-        from google.genai import types
+        try:
+            from google import genai  # the SDK: loaded by the first call only
+            from google.genai import types
+        except ImportError as exc:  # before: the ImportError left the call unclassified
+            raise errors.ConfigurationError(
+                "google cannot run without google-genai: pip install 'axon-runtime[google]'"
+            ) from exc
 
         self._key = key
         http = next(sys.modules[m] for m in ("httpx2", "httpx") if m in sys.modules)
