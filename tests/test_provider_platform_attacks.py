@@ -232,10 +232,42 @@ async def test_a_broken_frame_after_some_text_is_malformed_and_keeps_the_text(bo
         pytest.param(stream_reply(b""), id="empty"),
     ],
 )
-async def test_a_200_that_holds_no_frames_is_malformed(reply):
+async def test_a_200_that_holds_no_frames_is_malformed_and_says_what_came(reply):
+    """Before: a checksum mismatch of bytes that were never a frame (or, empty, "cut
+    short"): now what the body begins with, as the first-party stream says it."""
     run = await replay_with(bedrock, reply, expect_error=True)
     assert run.text == ""
     assert isinstance(run.error, MalformedStream) and run.error.retryable
+    said = f"it begins {reply.body[:20]!r}"[:-1] if reply.body else "it is empty"
+    assert "the body holds no event-stream frames" in run.error.message
+    assert said in run.error.message
+
+
+async def test_a_body_shorter_than_a_frames_prelude_is_no_event_stream():
+    run = await replay_with(bedrock, stream_reply(b"OK"), expect_error=True)
+    assert isinstance(run.error, MalformedStream)
+    assert run.error.message == "the body holds no event-stream frames: it begins b'OK'"
+
+
+@pytest.mark.parametrize("where", ["argument", "environment"])
+async def test_an_aws_profile_that_does_not_exist_is_a_configuration_error(
+    where, monkeypatch, tmp_path
+):
+    """Before: botocore's ``ProfileNotFound`` was a ``ProviderError``."""
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    for variable in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_BEARER_TOKEN_BEDROCK"):
+        monkeypatch.delenv(variable, raising=False)
+    if where == "environment":
+        monkeypatch.setenv("AWS_PROFILE", "no-such-profile")
+        kw = {}
+    else:
+        kw = {"aws_profile": "no-such-profile"}
+    provider = AnthropicBedrockProvider(
+        BEDROCK_MODEL, base_url="http://127.0.0.1:9", region="us-east-1", **kw
+    )
+    with pytest.raises(ConfigurationError, match="no-such-profile"):
+        await provider.stream(make_request(), Run().emit)
 
 
 async def test_frames_written_one_byte_at_a_time_give_the_whole_answer():

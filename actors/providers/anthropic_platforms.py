@@ -436,7 +436,16 @@ class BedrockPlatform(_Platform):
                 f"undecodable event-stream frame: {type(exc).__name__}: {exc}",
                 provider=self.provider_name,
             )
+        if type(exc).__module__.startswith("botocore") and type(exc).__name__ in AWS_CONFIG_ERRORS:
+            return errors.ConfigurationError(f"{self.provider_name}: {exc}")
         return _auth_error(exc, self.provider_name) or super().platform_error(exc)
+
+
+AWS_CONFIG_ERRORS = frozenset(
+    {"ProfileNotFound", "ConfigNotFound", "ConfigParseError", "InvalidConfigError"}
+)
+"""botocore's errors of an AWS configuration that cannot be used (``AWS_PROFILE`` naming no
+profile...): a ConfigurationError, where they were a ``ProviderError`` (branch ``platatk``)."""
 
 
 def _bad_frame(what: str) -> errors.MalformedStream:
@@ -475,20 +484,32 @@ def frame_decoder_class() -> type | None:
             from botocore.eventstream import EventStreamBuffer  # type: ignore[import-untyped]
 
             frames = EventStreamBuffer()
+            head = b""  # the body's first bytes, until a frame is read
+            read = False
             async for data in iterator:
                 frames.add_data(data)
+                if not read and len(head) < 40:
+                    head += data[: 40 - len(head)]
                 while True:
                     try:
                         frame = next(frames)
                     except StopIteration:
                         break
                     except Exception as exc:  # botocore's, or its KeyError / struct.error
-                        raise _bad_frame(
-                            f"undecodable event-stream frame: {type(exc).__name__}: {exc}"
-                        ) from exc
+                        said = f"{type(exc).__name__}: {exc}"
+                        if not read:  # an HTML page, a JSON body, SSE: say what came
+                            said = f"it begins {head!r} ({said})"
+                            raise _bad_frame(
+                                f"the body holds no event-stream frames: {said}"
+                            ) from exc
+                        raise _bad_frame(f"undecodable event-stream frame: {said}") from exc
+                    read = True
                     event = self._parse_message_from_event(frame)
                     if event is not None:
                         yield event
+            if not read:  # not even a whole first frame
+                said = f"it begins {head!r}" if head else "it is empty"
+                raise _bad_frame(f"the body holds no event-stream frames: {said}")
 
         def _parse_message_from_event(self, frame: Any) -> Any:
             headers = frame.headers
