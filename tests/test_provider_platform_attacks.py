@@ -21,6 +21,8 @@ import zlib
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from actors.providers.anthropic import AnthropicBedrockProvider, AnthropicVertexProvider
 from runtime.errors import (
@@ -254,6 +256,9 @@ async def test_an_aws_profile_that_does_not_exist_is_a_configuration_error(
     where, monkeypatch, tmp_path
 ):
     """Before: botocore's ``ProfileNotFound`` was a ``ProviderError``."""
+    from anthropic.lib.aws import _auth
+
+    _auth._get_session.cache_clear()  # a session made before AWS_PROFILE was set
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
     for variable in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_BEARER_TOKEN_BEDROCK"):
@@ -330,6 +335,64 @@ async def test_keep_alive_frames_without_end_stream_until_the_users_cancel(autoj
     assert scope.cancelled_caught
     assert trio.current_time() - t0 == pytest.approx(300.0, abs=0.5)
     assert run.text == "Hello"
+
+
+def decode_frames(pieces: list[bytes]) -> tuple[list[tuple[str, str]], BaseException | None]:
+    """The events the Bedrock frame decoder gives for a body read as ``pieces``, and
+    what it raised (``None``: nothing)."""
+    import trio
+
+    from actors.providers.anthropic_platforms import frame_decoder_class
+
+    decoder_class = frame_decoder_class()
+    assert decoder_class is not None
+
+    async def reads() -> Any:
+        for piece in pieces:
+            yield piece
+
+    async def run() -> tuple[list[tuple[str, str]], BaseException | None]:
+        out: list[tuple[str, str]] = []
+        try:
+            async for event in decoder_class().aiter_bytes(reads()):
+                out.append((event.event, event.data))
+        except Exception as exc:
+            return out, exc
+        return out, None
+
+    return trio.run(run)
+
+
+def cut(body: bytes, points: list[int]) -> list[bytes]:
+    points = sorted({min(p, len(body)) for p in points})
+    return [body[i:j] for i, j in zip([0, *points], [*points, len(body)], strict=True)]
+
+
+WHOLE = frames_body(chunk(delta(" world")), exception("throttlingException", "slow down"))
+WHOLE_EVENTS, _ = decode_frames([WHOLE])
+
+
+@given(
+    cuts=st.lists(st.integers(min_value=0, max_value=len(WHOLE)), max_size=16),
+    at=st.integers(min_value=0, max_value=len(WHOLE) - 1),
+    flip=st.integers(min_value=1, max_value=255),
+    mutate=st.booleans(),
+)
+@settings(max_examples=150, deadline=None)
+def test_frames_in_any_reads_decode_alike_and_any_changed_byte_is_malformed(cuts, at, flip, mutate):
+    """However the body is cut into reads, the same events; with any one byte changed
+    (every byte is under a checksum), the events of the frames before it, then a
+    MalformedStream: never another exception, never a frame skipped."""
+    body = WHOLE
+    if mutate:
+        body = body[:at] + bytes([body[at] ^ flip]) + body[at + 1 :]
+    events, raised = decode_frames(cut(body, cuts))
+    if not mutate:
+        assert (events, raised) == (WHOLE_EVENTS, None)
+        return
+    assert isinstance(raised, MalformedStream), raised
+    assert events == WHOLE_EVENTS[: len(events)]
+    assert len(events) < len(WHOLE_EVENTS)
 
 
 # -- credentials --------------------------------------------------------------------------------
