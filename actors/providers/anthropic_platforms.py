@@ -27,13 +27,24 @@ here:
   ``bedrock-runtime`` service model gives each (:data:`BEDROCK_STREAM_ERRORS`), and a
   frame that does not decode (a bad checksum) is :class:`~runtime.errors.MalformedStream`.
 
+What a hostile or broken server (or configuration) met here, and is refused (branch
+``platatk``): a region that is not a region's name (it is put in the host's name); the
+credentials the SDK found itself (an access token of Google's, an AWS session token)
+echoed in an error; an AWS session token carried on to another host by a redirect; a
+Bedrock frame that does not decode, skipped or reported as a bug; a missing extra.
+
 Nothing here imports an SDK at import time; the Anthropic provider's own functions are
 reached through the mixed-in class (``super()``), never imported.
 """
 
 from __future__ import annotations
 
+import base64
+import functools
+import json
 import os
+import re
+from collections.abc import AsyncIterator
 from typing import Any, ClassVar, Self
 
 from actors.providers.failures import classify_status
@@ -43,6 +54,7 @@ from runtime.actor_messages import InferRequest
 from runtime.errors import AxonError
 from runtime.history import Origin, endpoint_of
 from runtime.provider import Emit, ProviderOptions
+from runtime.redact import register_secret
 
 ANTHROPIC = "anthropic"
 """The tag the Anthropic provider puts on its reasoning and its errors: the events are
@@ -65,18 +77,64 @@ stream. One exception: ``modelStreamErrorException`` is 424 there, but AWS docum
 "an error occurred while streaming the response: retry", so it is a server error here."""
 
 
+REGION = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*")
+"""A region's name as both clouds spell them (``us-east-1``, ``us-gov-west-1``,
+``europe-west1``, ``global``, ``eu``). Why it is checked: the SDKs put the region in the
+endpoint's host name (``https://{region}-aiplatform.googleapis.com``,
+``bedrock-runtime.{region}.amazonaws.com``), so a region such as ``evil.example#`` (from
+``CLOUD_ML_REGION`` or ``AWS_REGION``) sent the access token or Bedrock API key to
+``evil.example`` (branch ``platatk``)."""
+
+
+def valid_region(region: str | None) -> bool:
+    return region is not None and REGION.fullmatch(region) is not None
+
+
+SENT_CREDENTIALS = ("authorization", "x-amz-security-token")
+"""The request headers that carry a credential on these platforms: Google's access token
+or the Bedrock API key (``Bearer ...``), the AWS session token. The SDK resolves them
+itself on the first request (Application Default Credentials, boto3's chain: the
+environment, the profile), so they are registered as secrets as they are sent."""
+
+OFF_HOME_DROPPED = ("x-amz-security-token",)
+"""The credential headers dropped from a request to another origin than the endpoint's
+(a redirect's next hop): the HTTP library strips ``Authorization`` there, not these."""
+
+
+def _register_sent(headers: Any) -> None:
+    for name in SENT_CREDENTIALS:
+        value = headers.get(name)
+        if value:
+            scheme, _, token = value.partition(" ")
+            if scheme.lower() == "bearer":
+                register_secret(token)
+            elif name != "authorization":  # a SigV4 signature is of this request only
+                register_secret(value)
+
+
+def _missing_extra(
+    exc: BaseException, provider: str, extra: str, libraries: str
+) -> AxonError | None:
+    """The error of an optional dependency that is not installed: what to install."""
+    if isinstance(exc, ImportError) or type(exc).__name__ == "MissingDependencyError":
+        return errors.ConfigurationError(
+            f"{provider} cannot run without {libraries}: pip install 'axon-runtime[{extra}]'"
+        )
+    return None
+
+
 class _Platform(SDKProvider):
     """What Vertex and Bedrock add alike, for a class that also derives from the
     Anthropic provider (after this one: its methods are reached through ``super()``)."""
+
+    extra: ClassVar[str] = ""
+    """The ``axon-runtime`` extra that installs what this platform needs."""
+    extra_libraries: ClassVar[str] = ""
 
     @property
     def origin(self) -> Origin:
         """The tag is Anthropic's (the events are), the endpoint this platform's."""
         return Origin(provider=ANTHROPIC, model=self.model or None, endpoint=self.endpoint)
-
-    def platform_error(self, exc: BaseException) -> AxonError | None:
-        """What this platform says differently from Anthropic (``None``: nothing)."""
-        return None
 
     def _endpoint_or(self, default: str | None) -> str | None:
         """The endpoint: ``base_url``, else the platform's :attr:`endpoint_env`, else
@@ -92,9 +150,52 @@ class _Platform(SDKProvider):
         kw: dict[str, Any] = {"max_retries": 0, "timeout": self.timeout}
         kw.update({key: value for key, value in given.items() if value is not None})
         try:
-            return client_class(**kw)
+            client = client_class(**kw)
         except ValueError as exc:
             raise errors.ConfigurationError(f"{self.provider_name}: {exc}") from exc
+        except ImportError as exc:
+            raise self.platform_error(exc) or exc from exc
+        region = self.client_region(client)
+        if not valid_region(region):  # before any request: it names the host
+            raise errors.ConfigurationError(
+                f"{self.provider_name}: {region!r} is not a region's name "
+                "(letters, digits and single hyphens, such as us-east-1)"
+            )
+        return client
+
+    def client_region(self, client: Any) -> str | None:
+        """The region ``client`` resolved (given, or the SDK's from the environment)."""
+        raise NotImplementedError
+
+    def prepare_client(self, client: Any) -> None:
+        """Also: register the credentials each request carries as secrets (the SDK
+        finds them itself, on the first request), and drop the ones the HTTP library
+        would carry to another origin (a redirect)."""
+        super().prepare_client(client)
+        prepare = client._prepare_request
+
+        async def prepare_request(request: Any) -> None:
+            await prepare(request)
+            _register_sent(request.headers)
+
+        client._prepare_request = prepare_request
+        home = client.base_url
+        home_origin = (home.scheme, home.host, home.port)
+
+        async def stays_home(request: Any) -> None:
+            url = request.url
+            if (url.scheme, url.host, url.port) != home_origin:
+                for name in OFF_HOME_DROPPED:
+                    request.headers.pop(name, None)
+
+        http = client._client
+        hooks = dict(http.event_hooks)
+        hooks["request"] = [*hooks.get("request", ()), stays_home]
+        http.event_hooks = hooks
+
+    def platform_error(self, exc: BaseException) -> AxonError | None:
+        """What this platform says differently from Anthropic (``None``: nothing)."""
+        return _missing_extra(exc, self.provider_name, self.extra, self.extra_libraries)
 
     def classify_error(self, exc: BaseException) -> AxonError:
         if isinstance(exc, AxonError):
@@ -137,7 +238,7 @@ def _auth_error(exc: BaseException, provider: str) -> AxonError | None:
 
 def vertex_endpoint(region: str | None) -> str | None:
     """The SDK's default Vertex endpoint for ``region`` (``None``: no region known)."""
-    if not region:
+    if not valid_region(region):
         return None
     if region == "global":
         return "https://aiplatform.googleapis.com/v1"
@@ -152,6 +253,8 @@ class VertexPlatform(_Platform):
     provider_name: ClassVar[str] = "anthropic-vertex"
     price_vendor: ClassVar[str | None] = "google"  # the price table's id for the platform
     endpoint_env: ClassVar[str | None] = "ANTHROPIC_VERTEX_BASE_URL"
+    extra: ClassVar[str] = "vertex"
+    extra_libraries: ClassVar[str] = "google-auth (Application Default Credentials)"
 
     def __init__(
         self,
@@ -203,12 +306,15 @@ class VertexPlatform(_Platform):
         return self._new_platform_client(AsyncAnthropicVertex, given)  # ValueError: no region
 
     def client_secrets(self, client: Any) -> tuple[str | None, ...]:
-        return (client.access_token,)  # given; credentials found later stay Google's
+        return (client.access_token,)  # given; ADC's tokens are registered as sent
+
+    def client_region(self, client: Any) -> str | None:
+        return client.region
 
     def platform_error(self, exc: BaseException) -> AxonError | None:
         if isinstance(exc, RuntimeError) and "project_id" in str(exc):
             return errors.ConfigurationError(f"anthropic-vertex: {exc}")
-        return _auth_error(exc, self.provider_name)
+        return _auth_error(exc, self.provider_name) or super().platform_error(exc)
 
 
 # -- Bedrock --------------------------------------------------------------------------------
@@ -221,6 +327,8 @@ class BedrockPlatform(_Platform):
     provider_name: ClassVar[str] = "anthropic-bedrock"
     price_vendor: ClassVar[str | None] = "aws"  # the price table's id for the platform
     endpoint_env: ClassVar[str | None] = "ANTHROPIC_BEDROCK_BASE_URL"
+    extra: ClassVar[str] = "bedrock"
+    extra_libraries: ClassVar[str] = "boto3 and botocore (SigV4 signing, event-stream frames)"
 
     def __init__(
         self,
@@ -263,15 +371,24 @@ class BedrockPlatform(_Platform):
     @property
     def endpoint(self) -> str | None:
         region = self.region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
-        default = f"https://bedrock-runtime.{region}.amazonaws.com" if region else None
+        default = (
+            f"https://bedrock-runtime.{region}.amazonaws.com" if valid_region(region) else None
+        )
         return self._endpoint_or(default)
 
     def describe_settings(self) -> dict[str, Any]:
         return {**super().describe_settings(), "region": self.region, "profile": self.aws_profile}
 
     def new_client(self) -> Any:
-        """The ``AsyncAnthropicBedrock`` client, SDK retries off."""
+        """The ``AsyncAnthropicBedrock`` client, SDK retries off. Its stream needs
+        ``botocore`` even with an API key: without it, the call fails here, before the
+        request is sent (and paid for)."""
         from anthropic import AsyncAnthropicBedrock  # the SDK: loaded by the first call only
+
+        try:
+            import botocore.eventstream  # type: ignore[import-untyped]  # noqa: F401
+        except ImportError as exc:
+            raise self.platform_error(exc) or exc from exc
 
         given = {
             "aws_region": self.region,
@@ -286,6 +403,21 @@ class BedrockPlatform(_Platform):
     def client_secrets(self, client: Any) -> tuple[str | None, ...]:
         # the bearer key (given or AWS_BEARER_TOKEN_BEDROCK) and the AWS secrets given
         return (client.api_key, self._aws["aws_secret_key"], self._aws["aws_session_token"])
+
+    def client_region(self, client: Any) -> str | None:
+        return client.aws_region
+
+    def prepare_client(self, client: Any) -> None:
+        """Also: the event-stream frames read by :func:`frame_decoder_class`'s decoder."""
+        super().prepare_client(client)
+        make = client._make_sse_decoder
+
+        def make_decoder(*args: Any, **kw: Any) -> Any:
+            decoder = make(*args, **kw)
+            strict = frame_decoder_class()
+            return strict() if strict is not None and type(decoder) in strict.__bases__ else decoder
+
+        client._make_sse_decoder = make_decoder
 
     def platform_error(self, exc: BaseException) -> AxonError | None:
         import anthropic as sdk
@@ -304,4 +436,117 @@ class BedrockPlatform(_Platform):
                 f"undecodable event-stream frame: {type(exc).__name__}: {exc}",
                 provider=self.provider_name,
             )
-        return _auth_error(exc, self.provider_name)
+        if type(exc).__module__.startswith("botocore") and type(exc).__name__ in AWS_CONFIG_ERRORS:
+            return errors.ConfigurationError(f"{self.provider_name}: {exc}")
+        return _auth_error(exc, self.provider_name) or super().platform_error(exc)
+
+
+AWS_CONFIG_ERRORS = frozenset(
+    {"ProfileNotFound", "ConfigNotFound", "ConfigParseError", "InvalidConfigError"}
+)
+"""botocore's errors of an AWS configuration that cannot be used (``AWS_PROFILE`` naming no
+profile...): a ConfigurationError, where they were a ``ProviderError`` (branch ``platatk``)."""
+
+
+def _bad_frame(what: str) -> errors.MalformedStream:
+    return errors.MalformedStream(what, provider=BedrockPlatform.provider_name)
+
+
+@functools.cache
+def frame_decoder_class() -> type | None:
+    """A subclass of the SDK's ``AWSEventStreamDecoder`` that refuses the frames that do
+    not decode (used in place of that one only, not of the SDK's SSE decoder of the
+    control plane's calls); ``None`` for an SDK without the functions it builds on.
+
+    Why: the SDK handed a ``chunk`` frame to botocore's parser, which made nothing of a
+    payload that is not JSON, not base64 or without ``bytes``, and the SDK skipped what
+    came out empty: a garbled text delta in the middle was dropped and the answer,
+    a piece short, finished as whole. A frame whose headers do not decode raised
+    botocore's ``KeyError`` (an unknown value type), reported as a bug, not retried. An
+    error frame naming an exception the service model does not list came out as an
+    error with no type and no message. Here a ``chunk`` frame's payload is read as
+    Bedrock sends it (``{"bytes": base64(one Messages API event)}``) or is
+    :class:`~runtime.errors.MalformedStream`; so is a frame botocore cannot decode; and an
+    ``exception`` or ``error`` frame becomes the SDK's error event with the type and
+    message the frame's headers and payload carry (branch ``platatk``)."""
+    try:
+        from anthropic.lib.bedrock import _stream_decoder as sdk
+    except ImportError:
+        return None
+    base: Any = getattr(sdk, "AWSEventStreamDecoder", None)
+    to_sse: Any = getattr(sdk, "_chunk_bytes_to_sse", None)
+    server_sent_event: Any = getattr(sdk, "ServerSentEvent", None)
+    if base is None or to_sse is None or server_sent_event is None:
+        return None
+
+    class FrameDecoder(base):  # type: ignore[misc, valid-type]
+        async def aiter_bytes(self, iterator: AsyncIterator[bytes]) -> AsyncIterator[Any]:
+            from botocore.eventstream import EventStreamBuffer  # type: ignore[import-untyped]
+
+            frames = EventStreamBuffer()
+            head = b""  # the body's first bytes, until a frame is read
+            read = False
+            async for data in iterator:
+                frames.add_data(data)
+                if not read and len(head) < 40:
+                    head += data[: 40 - len(head)]
+                while True:
+                    try:
+                        frame = next(frames)
+                    except StopIteration:
+                        break
+                    except Exception as exc:  # botocore's, or its KeyError / struct.error
+                        said = f"{type(exc).__name__}: {exc}"
+                        if not read:  # an HTML page, a JSON body, SSE: say what came
+                            said = f"it begins {head!r} ({said})"
+                            raise _bad_frame(
+                                f"the body holds no event-stream frames: {said}"
+                            ) from exc
+                        raise _bad_frame(f"undecodable event-stream frame: {said}") from exc
+                    read = True
+                    event = self._parse_message_from_event(frame)
+                    if event is not None:
+                        yield event
+            if not read:  # not even a whole first frame
+                said = f"it begins {head!r}" if head else "it is empty"
+                raise _bad_frame(f"the body holds no event-stream frames: {said}")
+
+        def _parse_message_from_event(self, frame: Any) -> Any:
+            headers = frame.headers
+            kind = headers.get(":message-type")
+            if kind in ("exception", "error"):
+                return server_sent_event(data=json.dumps(_frame_error(frame)), event="error")
+            if headers.get(":event-type") != "chunk":
+                return None  # an event of another type: none the Messages API sends
+            try:
+                payload = json.loads(frame.payload)
+                raw = base64.b64decode(payload["bytes"], validate=True)
+            except (ValueError, KeyError, TypeError) as exc:
+                raise _bad_frame(
+                    f"a Bedrock chunk that does not decode ({type(exc).__name__}: {exc}): "
+                    f"{bytes(frame.payload[:200])!r}"
+                ) from exc
+            return to_sse(raw)
+
+    return FrameDecoder
+
+
+def _frame_error(frame: Any) -> dict[str, Any]:
+    """The SDK's error event for an ``exception`` frame (``:exception-type``, the
+    payload's ``message``) or an ``error`` frame (``:error-code``, ``:error-message``)."""
+    headers = frame.headers
+    if headers.get(":message-type") == "error":
+        name, message = headers.get(":error-code"), headers.get(":error-message")
+    else:
+        name, message = headers.get(":exception-type"), None
+        text = bytes(frame.payload).decode("utf-8", "replace")
+        try:
+            body = json.loads(text)
+        except ValueError:
+            body = None
+        if isinstance(body, dict):
+            found = body.get("message") or body.get("Message")
+            message = found if isinstance(found, str) else text
+        else:
+            message = text
+    return {"type": "error", "error": {"type": str(name or ""), "message": str(message or "")}}

@@ -791,8 +791,13 @@ class GeminiProvider(SDKProvider):
         )
         if not key:
             raise missing_key(PROVIDER, " or ".join(self.key_env))
-        from google import genai  # the SDK: loaded by the first call only
-        from google.genai import types
+        try:
+            from google import genai  # the SDK: loaded by the first call only
+            from google.genai import types
+        except ImportError as exc:  # before: the ImportError left the call unclassified
+            raise errors.ConfigurationError(
+                "google cannot run without google-genai: pip install 'axon-runtime[google]'"
+            ) from exc
 
         self._key = key
         http = next(sys.modules[m] for m in ("httpx2", "httpx") if m in sys.modules)
@@ -808,7 +813,10 @@ class GeminiProvider(SDKProvider):
             timeout=None if self.timeout is None else int(self.timeout * 1000),
             httpx_async_client=self._http,
         )
-        return genai.Client(api_key=key, http_options=options)
+        # vertexai=False: the SDK's GOOGLE_GENAI_USE_VERTEXAI would make this client
+        # Vertex AI's (its express mode: other paths, another host the key is not sent
+        # to), unlike this provider's endpoint and origin (branch ``platatk``)
+        return genai.Client(api_key=key, vertexai=False, http_options=options)
 
     def client_secrets(self, client: Any) -> tuple[str | None, ...]:
         return (self._key,)
