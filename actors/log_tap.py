@@ -1,5 +1,8 @@
 """The log tap: every bus event it is given becomes one structlog JSON line.
 
+It subscribes to the lifecycle events and the output chunks, but not to the supervisor's
+(:data:`SUPERVISION_TYPES`): the supervisor logs each crash, restart and give-up itself.
+
 Each line has ``event`` (the kind) and the correlation ids ``session_id``, ``turn_id``,
 ``step``, ``part_id``, ``seq`` and ``causation_id`` when the event has them. Deltas are
 logged at debug level, and so are the output chunks that only frame the stream (start,
@@ -35,7 +38,13 @@ import structlog
 import trio
 
 from runtime.actor import Actor
-from runtime.events import LIFECYCLE_EVENT_TYPES, ActorCrashed, ActorGaveUp, Lagged
+from runtime.events import (
+    LIFECYCLE_EVENT_TYPES,
+    ActorCrashed,
+    ActorGaveUp,
+    ActorRestarted,
+    Lagged,
+)
 from runtime.inbox import OverflowPolicy
 from runtime.logging import JsonRenderer, UtcStamper, format_exc_info, get_logger, level_enabled
 from runtime.logging import chain_redacts as _chain_redacts
@@ -73,6 +82,11 @@ _RESTATED = (ToolApprovalRequest,)
 ``tool.approval-requested`` line says (with the approval id as its ``causation_id``, and
 the call's input besides). One line per approval asked, not two (issue 21: a suspended
 turn's extra lines were a fifth of what it costs over a plain turn)."""
+SUPERVISION_TYPES: tuple[type, ...] = (ActorCrashed, ActorRestarted, ActorGaveUp)
+"""The supervisor's events, which the tap does not subscribe to: the supervisor writes
+each as a line of its own (``axon.supervisor``, with the crash's traceback and the
+event's fields), whether or not a tap runs; the tap wrote every crash, restart and
+give-up a second time."""
 DEBUG_TYPES: tuple[type, ...] = (*DELTA_TYPES, *_FRAMES, Finish, *_RESTATED)
 """Output chunks logged at debug: the deltas, the chunks that frame the stream (what
 the ``turn.*`` / ``step.*`` lifecycle events already say at info) and those a lifecycle
@@ -102,7 +116,9 @@ class LogTap(Actor):
 
     def attach(self, bus: Any) -> None:
         debug = level_enabled(self.log, "debug")
-        kinds = [*LIFECYCLE_EVENT_TYPES, *OUTPUT_CHUNK_TYPES]
+        kinds = [
+            k for k in (*LIFECYCLE_EVENT_TYPES, *OUTPUT_CHUNK_TYPES) if k not in SUPERVISION_TYPES
+        ]
         if not debug:
             kinds = [k for k in kinds if k not in DEBUG_TYPES]
         self.subscribes_to = tuple(kinds)  # type: ignore[misc]

@@ -23,6 +23,7 @@ the actor's :meth:`MCPServerActor.run`, the first time a server actually starts.
 from __future__ import annotations
 
 import functools
+import json
 import math
 import os
 import shlex
@@ -44,10 +45,11 @@ from runtime.errors import (
     MCPServerUnavailable,
     MCPToolError,
     ToolDefinitionError,
+    describe_exception,
 )
 from runtime.hosting import ActorStarter
 from runtime.logging import get_logger
-from runtime.redact import redact
+from runtime.redact import MIN_SECRET_LENGTH, REDACTED, redact
 from runtime.tools import (
     TOOL_NAME,
     InvalidJSONSchema,
@@ -64,6 +66,20 @@ MAX_MESSAGE_BYTES = 32 * 1024 * 1024
 (the actor restarts it); an HTTP server's longer JSON answer is an error for its call.
 A server cannot make the host buffer without end. (The ``mcp`` package limits an HTTP
 server's SSE events to 1 MiB itself.)"""
+
+
+MAX_TOOLS = 512
+"""Default :attr:`MCPServer.max_tools`."""
+
+MAX_TOOL_CHARS = 32 * 1024
+"""Default :attr:`MCPServer.max_tool_chars`."""
+
+
+def _at_least_one(instance: Any, attribute: Any, value: int) -> None:
+    if not isinstance(value, int) or value < 1:
+        raise ConfigurationError(
+            f"MCPServer {attribute.name} must be a positive int, got {value!r}"
+        )
 
 
 def _pairs(value: Mapping[str, str] | None) -> tuple[tuple[str, str], ...]:
@@ -107,6 +123,12 @@ class MCPServer:
     """Seconds before a call is abandoned; ``None`` takes the agent's ``tool_timeout``."""
     connect_timeout: float = 30.0
     """Seconds to start (or reach) the server and list its tools before giving up."""
+    max_tools: int = attrs.field(default=MAX_TOOLS, validator=_at_least_one)
+    """The most tools offered of the server (every model request carries them all): the
+    first ``max_tools`` it lists are kept, the rest left out with a warning log line."""
+    max_tool_chars: int = attrs.field(default=MAX_TOOL_CHARS, validator=_at_least_one)
+    """The longest input schema (as JSON) and description of one tool: a longer schema
+    refuses the tool, a longer description is cut (a warning log line says which)."""
 
     @classmethod
     def stdio(
@@ -121,6 +143,8 @@ class MCPServer:
         needs_approval: bool | Collection[str] = False,
         timeout: float | None = None,
         connect_timeout: float = 30.0,
+        max_tools: int = MAX_TOOLS,
+        max_tool_chars: int = MAX_TOOL_CHARS,
     ) -> MCPServer:
         """A server the host launches as a subprocess, speaking MCP on its stdin/stdout."""
         if not command:
@@ -138,6 +162,8 @@ class MCPServer:
             needs_approval=needs_approval,
             timeout=timeout,
             connect_timeout=connect_timeout,
+            max_tools=max_tools,
+            max_tool_chars=max_tool_chars,
         )
 
     @classmethod
@@ -151,6 +177,8 @@ class MCPServer:
         needs_approval: bool | Collection[str] = False,
         timeout: float | None = None,
         connect_timeout: float = 30.0,
+        max_tools: int = MAX_TOOLS,
+        max_tool_chars: int = MAX_TOOL_CHARS,
     ) -> MCPServer:
         """A server reached over streamable HTTP at ``url`` (for example ``.../mcp``)."""
         parts = urlsplit(url)
@@ -165,6 +193,8 @@ class MCPServer:
             needs_approval=needs_approval,
             timeout=timeout,
             connect_timeout=connect_timeout,
+            max_tools=max_tools,
+            max_tool_chars=max_tool_chars,
         )
 
     @classmethod
@@ -251,13 +281,19 @@ def build_tool(config: MCPServer, listed: Any, call: Any) -> MCPTool:
         raise ToolDefinitionError(
             f"{where} has an invalid input schema: it must be a JSON schema of type 'object'"
         )
+    size = len(json.dumps(schema, separators=(",", ":")))
+    if size > config.max_tool_chars:
+        raise ToolDefinitionError(
+            f"{where} has an input schema of {size} characters, more than the "
+            f"{config.max_tool_chars} of max_tool_chars"
+        )
     try:
         validator = json_schema_validator(schema)
     except InvalidJSONSchema as exc:
         raise ToolDefinitionError(f"{where} has an invalid input schema: {exc}") from None
     return MCPTool(
         name=name,
-        description=listed.description or listed.title or "",
+        description=(listed.description or listed.title or "")[: config.max_tool_chars],
         parameters=schema,
         function=functools.partial(call, remote),
         is_async=True,
@@ -323,6 +359,13 @@ class MCPServerActor(Actor):
         """Set when the host stopped the server (calls are refused from then on)."""
         self.last_error: str | None = None
         self._listed: dict[str, Any] = {}
+        self._more_listed = 0
+        """How many tools the last page over :attr:`MCPServer.max_tools` listed, before
+        :meth:`_cut_listing` left out the rest (0: none was over)."""
+        self._over_cap = False
+        """Whether the last listing had more than :attr:`MCPServer.max_tools`."""
+        self._cut: set[str] = set()
+        """Tools of the last listing whose description was cut (logged when new)."""
         self._client: Any = None
         self._nursery: trio.Nursery | None = None
         self._in_flight: set[CallMCPTool] = set()
@@ -403,7 +446,7 @@ class MCPServerActor(Actor):
         mcp, types = _import_mcp()
         ended = self._connection_ended = trio.Event()
         self._end_reason = "exited or closed its connection"
-        transport = _WatchedTransport(self._open_transport(), ended)
+        transport = _WatchedTransport(self._open_transport(), ended, self._cut_listing)
         self._stale = False
         with trio.CancelScope() as connecting:
             connecting.deadline = trio.current_time() + self.config.connect_timeout
@@ -441,6 +484,13 @@ class MCPServerActor(Actor):
         self._client = self._nursery = None
         if self._connection_ended.is_set():  # what the watcher saw, not the teardown's noise
             self.last_error = f"MCP server {self.config.name!r} {self._end_reason}"
+        elif (status := _http_status(_single(exc))) is not None:
+            self.last_error = f"it answered {status}"
+            if status.startswith(("401 ", "403 ")):
+                self.last_error += (
+                    ": its credentials (the headers given to MCPServer.http) are missing "
+                    "or not accepted"
+                )
         else:
             self.last_error = str(exc) if isinstance(exc, MCPServerError) else _describe(exc)
         self._log.warning("mcp.server-died", server=self.config.name, error=self.last_error)
@@ -505,6 +555,18 @@ class MCPServerActor(Actor):
             self._log.error("mcp.tool-refused", server=self.config.name, error=redact(error))
         self.refused[remote] = error
 
+    def _cut_listing(self, message: Any) -> Any:
+        """``message``, its list of tools (an answer to ``tools/list``) cut to one more
+        than :attr:`MCPServer.max_tools` before the ``mcp`` package reads it into models:
+        that took seconds of the event loop and gigabytes for a page of a million tools
+        (the count before the cut is kept for the warning :meth:`_list_tools` logs)."""
+        result = getattr(getattr(message, "message", None), "result", None)
+        tools = result.get("tools") if isinstance(result, dict) else None
+        if isinstance(tools, list) and len(tools) > self.config.max_tools + 1:
+            self._more_listed = max(self._more_listed, len(tools))
+            del tools[self.config.max_tools + 1 :]
+        return message
+
     def _too_long(self, limit: int) -> None:
         self._end_reason = f"sent a message longer than {limit} bytes"
         self._log.error("mcp.message-too-long", server=self.config.name, limit=limit)
@@ -534,6 +596,8 @@ class MCPServerActor(Actor):
                 outcome = MCPServerDied(
                     f"MCP server {name!r} died during the call ({self._end_reason})"
                 )
+            elif (status := _http_status(exc)) is not None:
+                outcome = MCPToolError(f"MCP server {name!r} answered {status}")
             else:
                 outcome = MCPToolError(f"MCP server {name!r} answered with an error: {exc}")
         except Exception as exc:  # a result that does not fit the tool's output schema, ...
@@ -542,26 +606,55 @@ class MCPServerActor(Actor):
         _answer(request, outcome)
 
     async def _list_tools(self) -> None:
+        config = self.config
         listed: dict[str, Any] = {}
         cursor: str | None = None
+        self._more_listed = 0
         for _ in range(MAX_LIST_PAGES):
             page = await self._client.list_tools(cursor=cursor)
             listed.update((t.name, t) for t in page.tools)
             cursor = page.next_cursor
-            if not cursor:
+            if not cursor or len(listed) > config.max_tools:
                 break
+        over = len(listed) > config.max_tools
+        if over and not self._over_cap:  # logged once, not at every list_changed
+            at_least = max(len(listed), self._more_listed)
+            self._log.warning(
+                "mcp.too-many-tools",
+                server=config.name,
+                listed_at_least=at_least,
+                offered=config.max_tools,
+                error=f"MCP server {config.name!r} listed more than {config.max_tools} "
+                f"tools (at least {at_least}): only the first {config.max_tools} "
+                "(max_tools) are offered",
+            )
+        self._over_cap = over
+        if over:
+            listed = dict(list(listed.items())[: config.max_tools])
         tools: list[MCPTool] = []
         refused: dict[str, str] = {}
+        cut: set[str] = set()
         for remote, entry in listed.items():
+            description = entry.description or entry.title or ""
+            if len(description) > config.max_tool_chars:
+                cut.add(remote)
+            if remote in cut and remote not in self._cut:
+                self._log.warning(
+                    "mcp.description-cut",
+                    server=config.name,
+                    tool=redact(remote),
+                    chars=len(description),
+                    kept=config.max_tool_chars,
+                )
             try:
-                tools.append(build_tool(self.config, entry, self.call_tool))
+                tools.append(build_tool(config, entry, self.call_tool))
             except ToolDefinitionError as exc:
                 refused[remote] = str(exc)
                 if self.refused.get(remote) != str(exc):
                     self._log.error(
                         "mcp.tool-refused", server=self.config.name, error=redact(str(exc))
                     )
-        self._listed, self.tools, self.refused = listed, tuple(tools), refused
+        self._listed, self.tools, self.refused, self._cut = listed, tuple(tools), refused, cut
 
     async def _on_message(self, types: Any, message: Any) -> None:
         if isinstance(message, types.ToolListChangedNotification):
@@ -612,10 +705,15 @@ def _answer(request: CallMCPTool, outcome: Any) -> None:
         pass
 
 
-def _describe(exc: BaseException) -> str:
+def _single(exc: BaseException) -> BaseException:
+    """``exc`` out of the exception groups of one exception around it."""
     while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
         exc = exc.exceptions[0]
-    return redact(f"{type(exc).__name__}: {exc}")
+    return exc
+
+
+def _describe(exc: BaseException) -> str:
+    return describe_exception(_single(exc))
 
 
 def _import_mcp() -> tuple[Any, Any]:
@@ -740,11 +838,97 @@ async def _stdio_client(
             tasks.cancel_scope.cancel()
 
 
+HTTP_STATUS = "axon.httpStatus"
+"""The key of a JSON-RPC error's ``data`` that carries the HTTP status the server
+answered a request with (see :func:`_status_answer`)."""
+
+ERROR_BODY_BYTES = 64 * 1024
+"""How much of a non-2xx answer's body is read for the server's JSON-RPC error."""
+
+ERROR_MESSAGE_CHARS = 500
+"""How much of the server's own error message a non-2xx answer's error keeps."""
+
+
+STATUS_ANSWER = "MCP server answered "
+"""How the error of a non-2xx answer begins (then ``401 Unauthorized``)."""
+
+
+def _http_status(exc: BaseException) -> str | None:
+    """What an :class:`mcp.MCPError` made of a non-2xx answer says after
+    :data:`STATUS_ANSWER` (``401 Unauthorized: ...``), or ``None`` for any other error."""
+    data = getattr(exc, "data", None)
+    if not isinstance(data, dict) or not isinstance(data.get(HTTP_STATUS), int):
+        return None
+    return str(exc).removeprefix(STATUS_ANSWER)
+
+
+def _status_text(status: int) -> str:
+    """``401 Unauthorized``: the standard phrase, not the server's own reason phrase."""
+    import httpx2
+
+    phrase = httpx2.codes.get_reason_phrase(status)
+    return f"{status} {phrase}" if phrase else str(status)
+
+
+def _scrub(text: str, secrets: Iterable[str]) -> str:
+    """``text`` without any of ``secrets`` (the configured header values: a server may
+    echo the ``Authorization`` it refused) and without key-shaped text."""
+    for value in secrets:  # the whole value, and its words (the token after "Bearer")
+        for secret in sorted({value, *value.split()}, key=len, reverse=True):
+            if len(secret) >= MIN_SECRET_LENGTH:
+                text = text.replace(secret, REDACTED)
+    return redact(text)
+
+
+async def _status_answer(request: Any, response: Any, secrets: Iterable[str]) -> Any:
+    """A non-2xx answer to a POST as a JSON-RPC error that says its status.
+
+    The ``mcp`` package turned any such answer whose body is no JSON-RPC error into
+    "Server returned an error response": the model (and, at connect time, the user) never
+    learnt that the server said 401 or 500. The status travels in the error's ``data``
+    (:data:`HTTP_STATUS`); the server's own JSON-RPC error message, when its body has one,
+    is kept (cut, without the configured header values); any other body is dropped."""
+    import httpx2
+
+    body = bytearray()
+    try:
+        async for chunk in response.stream:
+            body += chunk
+            if len(body) > ERROR_BODY_BYTES:
+                body.clear()
+                break
+    except httpx2.HTTPError:
+        body.clear()
+    finally:
+        await response.stream.aclose()
+    message = STATUS_ANSWER + _status_text(response.status_code)
+    try:
+        error = json.loads(body)["error"]
+        said = error["message"] if isinstance(error, dict) else None
+    except (ValueError, TypeError, KeyError):
+        said = None
+    if isinstance(said, str) and said.strip():
+        message += ": " + _scrub(said.strip()[:ERROR_MESSAGE_CHARS], secrets)
+    answer = {
+        "jsonrpc": "2.0",
+        "id": None,
+        "error": {"code": -32603, "message": message, "data": {HTTP_STATUS: response.status_code}},
+    }
+    return httpx2.Response(
+        response.status_code,
+        headers={"content-type": "application/json"},
+        content=json.dumps(answer).encode(),
+        extensions=response.extensions,
+        request=request,
+    )
+
+
 def _limited_http_client(headers: dict[str, str] | None, limit: int) -> Any:
     """The ``mcp`` package's HTTP client (its timeouts), reading a JSON answer of at
     most ``limit`` bytes: the package read any JSON answer whole (a server could make
     the host hold gigabytes). A longer one fails its call with the package's own
-    "Failed to parse JSON response" error, saying why."""
+    "Failed to parse JSON response" error, saying why. A non-2xx answer to a POST says
+    its status (:func:`_status_answer`)."""
     import httpx2
     from mcp.shared._httpx_utils import MCP_DEFAULT_SSE_READ_TIMEOUT, MCP_DEFAULT_TIMEOUT
 
@@ -772,6 +956,8 @@ def _limited_http_client(headers: dict[str, str] | None, limit: int) -> Any:
 
         async def handle_async_request(self, request: Any) -> Any:
             response = await self.inner.handle_async_request(request)
+            if response.status_code >= 400 and request.method == "POST":
+                return await _status_answer(request, response, (headers or {}).values())
             if "json" not in response.headers.get("content-type", "").lower():
                 return response  # SSE: the package limits each event
             return httpx2.Response(
@@ -810,24 +996,27 @@ def _parse_line(line: str) -> Any:
 
 class _WatchedTransport:
     """An MCP transport whose incoming stream sets ``ended`` when it ends: that is how the
-    actor learns that an idle server's process exited, not only a busy one."""
+    actor learns that an idle server's process exited, not only a busy one. Each message
+    read goes through ``cut`` first."""
 
-    def __init__(self, inner: Any, ended: trio.Event) -> None:
+    def __init__(self, inner: Any, ended: trio.Event, cut: Callable[[Any], Any]) -> None:
         self._inner = inner
         self._ended = ended
+        self._cut = cut
 
     async def __aenter__(self) -> tuple[Any, Any]:
         read, write = await self._inner.__aenter__()
-        return _WatchedStream(read, self._ended), write
+        return _WatchedStream(read, self._ended, self._cut), write
 
     async def __aexit__(self, *exc_info: Any) -> Any:
         return await self._inner.__aexit__(*exc_info)
 
 
 class _WatchedStream:
-    def __init__(self, inner: Any, ended: trio.Event) -> None:
+    def __init__(self, inner: Any, ended: trio.Event, cut: Callable[[Any], Any]) -> None:
         self._inner = inner
         self._ended = ended
+        self._cut = cut
 
     @property
     def last_context(self) -> Any:
@@ -837,7 +1026,7 @@ class _WatchedStream:
         import anyio
 
         try:
-            return await self._inner.receive()
+            return self._cut(await self._inner.receive())
         except (anyio.EndOfStream, anyio.ClosedResourceError):
             self._ended.set()
             raise
@@ -847,7 +1036,7 @@ class _WatchedStream:
 
     async def __anext__(self) -> Any:
         try:
-            return await self._inner.__anext__()
+            return self._cut(await self._inner.__anext__())
         except StopAsyncIteration:
             self._ended.set()
             raise

@@ -11,6 +11,8 @@ Outcomes are sent as they complete; the turn runner saves them in call order.
 from __future__ import annotations
 
 import math
+import time
+from collections.abc import Callable, Generator
 from typing import Any
 
 import attrs
@@ -19,7 +21,7 @@ import trio
 
 from runtime.actor import ServingActor
 from runtime.actor_messages import ExecuteTools, ToolCallSpec, ToolOutcome, ToolProgress
-from runtime.errors import exception_text, sole_exception
+from runtime.errors import describe_exception, sole_exception
 from runtime.events import ToolApprovalDecided, ToolApprovalRequested
 from runtime.logging import get_logger, log_exception
 from runtime.messages import TextPart, is_media_output
@@ -30,18 +32,31 @@ TRUNCATION_MARKER = "…[truncated: {omitted} of {total} characters omitted]"
 
 
 def truncate_output(output: Any, limit: int | None) -> Any:
-    """``output`` unchanged if its JSON text fits ``limit``; else its text cut to fit,
-    ending with a visible marker (so the model knows it did not see everything).
+    """``output`` as the store gives it back, if its JSON text fits ``limit``; else its
+    text cut to fit, ending with a visible marker (so the model knows it did not see
+    everything).
+
+    As the store gives it back: a non-finite float (NaN, an infinity) is ``null``, which
+    is how the store writes it (JSON has neither). Kept as it was, the call's result was
+    NaN in the stream and in the next request (``"NaN"`` in OpenAI's tool message, text
+    no JSON parser takes) and ``null`` in the history a later turn sends.
 
     Raises ``TypeError`` (``orjson.JSONEncodeError``) for a value the store could not
     write as JSON either, whatever ``limit`` is: an integer past 64 bits."""
     if is_media_output(output):
         return _cut_text_parts(output, limit)  # images and files: bounded by their size
-    if limit is None and isinstance(output, str):
-        return output
-    text = output if isinstance(output, str) else orjson.dumps(output).decode()
-    if limit is None or len(text) <= limit:
-        return output
+    if isinstance(output, str):
+        if limit is None or len(output) <= limit:
+            return output
+        text = output
+    else:
+        data = orjson.dumps(output)
+        # Fewer bytes than the limit: fewer characters too, nothing to decode.
+        text = "" if limit is None or len(data) <= limit else data.decode()
+        if limit is None or len(text) <= limit:
+            # Read back only when it may have changed: a null in the text (most outputs
+            # hold none; a float is written exactly as it was, the rest as it was given).
+            return orjson.loads(data) if b"null" in data else output
     marker = TRUNCATION_MARKER.format(omitted=len(text) - limit, total=len(text))
     return text[:limit] + marker
 
@@ -71,13 +86,78 @@ def writable(value: Any, *, deep: bool = False) -> Any:
     return value
 
 
-def _described(exc: BaseException) -> str:
-    """:func:`~runtime.errors.describe_exception` (which never raises), with a group's
-    sub-exceptions named and no ``": "`` after an empty message (``GeneratorExit``)."""
-    text = exception_text(exc)
-    if isinstance(exc, BaseExceptionGroup):
-        text += ": " + "; ".join(_described(e) for e in exc.exceptions[:5])
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+LOOP_HOLD_WARNING = 0.25
+"""Seconds one step of an async tool's call (from one ``await`` to the next) may hold the
+event loop before :class:`LoopWatch` warns."""
+
+
+class LoopWatch:
+    """Times each step an async tool's call takes on the event loop: from where Trio
+    resumes it to its next ``await``. Every session of the host waits while a step runs;
+    a long one is an async tool that blocks (``time.sleep``, a blocking client, a long
+    computation). The first step of a tool over :attr:`limit` is logged, a warning
+    ``tool.blocked-loop`` naming the tool, once per tool and watch (per host).
+
+    The cost is a clock read per step; ``clock`` is injectable (a test's fake)."""
+
+    def __init__(
+        self, *, clock: Callable[[], float] = time.perf_counter, limit: float = LOOP_HOLD_WARNING
+    ) -> None:
+        self.clock = clock
+        self.limit = limit
+        self.warned: set[str] = set()
+        """The tools warned about already."""
+
+    def held(self, tool_name: str, seconds: float, session_id: str | None) -> None:
+        """One step of ``tool_name``'s call took ``seconds``: warn if it is the first too
+        long a step of that tool."""
+        if seconds <= self.limit or tool_name in self.warned:
+            return
+        self.warned.add(tool_name)
+        get_logger("axon.tools").warning(
+            "tool.blocked-loop",
+            tool=tool_name,
+            session_id=session_id,
+            held=round(seconds, 3),
+            hint="an async tool blocked the event loop, and every session of the host with "
+            "it: make it a sync function (run in a thread) or await (trio.sleep, "
+            "trio.to_thread.run_sync)",
+        )
+
+
+class _Timed:
+    """An awaitable running ``coro`` as ``await coro`` does, timing each of its steps on
+    the loop (:class:`LoopWatch`)."""
+
+    __slots__ = ("_coro", "_session_id", "_tool_name", "_watch")
+
+    def __init__(self, coro: Any, watch: LoopWatch, tool_name: str, session_id: str | None):
+        self._coro, self._watch = coro, watch
+        self._tool_name, self._session_id = tool_name, session_id
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        coro, watch = self._coro, self._watch
+        value: Any = None
+        thrown: BaseException | None = None
+        while True:
+            start = watch.clock()
+            try:
+                if thrown is None:
+                    yielded = coro.send(value)
+                else:
+                    exc, thrown = thrown, None
+                    yielded = coro.throw(exc)
+            except StopIteration as stop:
+                return stop.value
+            finally:
+                watch.held(self._tool_name, watch.clock() - start, self._session_id)
+            try:
+                value = yield yielded
+            except GeneratorExit:
+                coro.close()
+                raise
+            except BaseException as exc:  # what Trio throws in (Cancelled): to the tool
+                thrown, value = exc, None
 
 
 def _ends_the_process(exc: BaseException) -> bool:
@@ -119,6 +199,7 @@ async def run_tool_call(
     max_chars: int | None,
     context: ToolContext | None = None,
     approve: Any = None,
+    watch: LoopWatch | None = None,
 ) -> ToolOutcome:
     """Run one call to completion and describe what happened; never raises (but
     cancellation, ``KeyboardInterrupt`` and ``SystemExit`` propagate).
@@ -127,7 +208,7 @@ async def run_tool_call(
     included) becomes the call's error: an exception of any class, one whose ``str()``
     raises, a ``GeneratorExit``, a ``trio.Cancelled`` that no cancelled scope sent, a
     return value that cannot be made JSON (bytes that are not UTF-8, a cycle, nesting
-    too deep)."""
+    too deep). ``watch`` times the steps of an async tool's call (:class:`LoopWatch`)."""
     start = trio.current_time()
 
     def done(output: Any = None, error: str | None = None) -> ToolOutcome:
@@ -149,13 +230,15 @@ async def run_tool_call(
     except ToolInputError as exc:
         return done(error=str(exc))
     except Exception as exc:  # a validator of the tool's own that raised past pydantic
-        return done(error=f"invalid arguments for {tool.name}: validation raised {_described(exc)}")
+        return done(
+            error=f"invalid arguments for {tool.name}: validation raised {describe_exception(exc)}"
+        )
     try:
         asks = not call.approved and tool.requires_approval(kwargs, context)  # type: ignore[arg-type]
     except Exception as exc:
         return done(
             error=f"the tool call was not executed: the approval rule of {tool.name} raised "
-            f"{_described(exc)}"
+            f"{describe_exception(exc)}"
         )
     if asks:
         if approve is None:
@@ -166,13 +249,17 @@ async def run_tool_call(
     timeout = tool.timeout if tool.timeout is not None else default_timeout
     try:
         with trio.move_on_after(timeout if timeout is not None else math.inf) as scope:
-            result = await tool.call(kwargs, context)
+            running: Any = tool.call(kwargs, context)
+            if watch is not None and tool.is_async:
+                sid = context.session_id if context is not None else None
+                running = _Timed(running, watch, tool.name, sid)
+            result = await running
         if scope.cancelled_caught:
             return done(error=f"tool {tool.name} timed out after {timeout:g}s")
     except Exception as exc:
         # A tool's own nursery wraps its one error in a group: the error is what it says.
         raised = (sole_exception(exc) or exc) if isinstance(exc, ExceptionGroup) else exc
-        return done(error=f"tool {tool.name} raised {_described(raised)}")
+        return done(error=f"tool {tool.name} raised {describe_exception(raised)}")
     except BaseException as exc:
         if _ends_the_process(exc):
             raise
@@ -181,7 +268,7 @@ async def run_tool_call(
         # the tool's error like any other.
         await trio.lowlevel.checkpoint_if_cancelled()
         raised = (sole_exception(exc) or exc) if isinstance(exc, BaseExceptionGroup) else exc
-        return done(error=f"tool {tool.name} raised {_described(raised)}")
+        return done(error=f"tool {tool.name} raised {describe_exception(raised)}")
     try:
         value = to_jsonable(result)
         try:
@@ -191,7 +278,9 @@ async def run_tool_call(
     except TypeError as exc:  # orjson's too: an integer past 64 bits, which no save writes
         return done(error=f"tool {tool.name} returned a value that is not JSON: {exc}")
     except Exception as exc:  # an object whose own serializer hook raised
-        return done(error=f"tool {tool.name} returned a value that is not JSON: {_described(exc)}")
+        return done(
+            error=f"tool {tool.name} returned a value that is not JSON: {describe_exception(exc)}"
+        )
     return done(output=output)
 
 
@@ -216,6 +305,8 @@ class ToolExecutor(ServingActor[ExecuteTools]):
         self._pending: dict[int, set[str]] = {}
         """Per request in flight: its calls not yet answered."""
         self._background: trio.Nursery | None = None
+        self.loop_watch = LoopWatch()
+        """Warns of an async tool that holds the event loop (once per tool)."""
         self._decisions: Any = None
         """The bus subscription to approval decisions, taken at the first call that waits
         for one in memory (:meth:`_approve`) and kept while the executor runs."""
@@ -231,7 +322,8 @@ class ToolExecutor(ServingActor[ExecuteTools]):
             outcome = ToolOutcome(
                 tool_call_id=call.tool_call_id,
                 tool_name=call.tool_name,
-                error=f"the tool executor crashed ({_described(exc)}); the call did not complete",
+                error=f"the tool executor crashed ({describe_exception(exc)}); "
+                "the call did not complete",
             )
             try:
                 request.reply.put_nowait(outcome)
@@ -334,6 +426,7 @@ class ToolExecutor(ServingActor[ExecuteTools]):
                 tool_name=call.tool_name,
                 emit=emit,
                 deps=request.deps,
+                depth=request.depth,
             )
             try:
                 outcome = await run_tool_call(
@@ -343,6 +436,7 @@ class ToolExecutor(ServingActor[ExecuteTools]):
                     request.max_result_chars,
                     context,
                     approve=lambda c, kw: self._approve(request, c, kw),
+                    watch=self.loop_watch,
                 )
             except Exception as exc:
                 # A bug on this call's way (a plug-in's tool class, ours): its error, not
@@ -352,12 +446,12 @@ class ToolExecutor(ServingActor[ExecuteTools]):
                     "tool.call-failed",
                     session_id=request.session_id,
                     tool_call_id=call.tool_call_id,
-                    error=redact(_described(exc)),
+                    error=redact(describe_exception(exc)),
                 )
                 outcome = ToolOutcome(
                     tool_call_id=call.tool_call_id,
                     tool_name=call.tool_name,
-                    error=f"the tool call failed: {_described(exc)}",
+                    error=f"the tool call failed: {describe_exception(exc)}",
                 )
             finally:
                 running[0] = False

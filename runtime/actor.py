@@ -6,7 +6,10 @@ at a time in :meth:`Actor.handle`. It may subscribe its inbox to bus events
 actors under a one-for-one policy: an actor whose handler raises is restarted (after a
 backoff) with the same inbox, so queued messages are not lost; more than ``intensity``
 crashes within ``period`` seconds and it gives up. Every crash, restart and give-up is an
-event on the bus, and so a log line.
+event on the bus and one log line, the supervisor's (the log tap does not write these
+events again). An actor whose crash cannot be handled (its :meth:`Actor.on_crash` raises,
+or the supervisor's own handling does) is given up on: one actor's supervisor never takes
+the host, and the turns beside the actor, down.
 
 Cancellation is never a crash: ``trio.Cancelled`` always propagates.
 
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import math
 import random
+import sys
 from collections import deque
 from collections.abc import Callable, Coroutine, Iterable
 from typing import Any, ClassVar, Final, Generic, TypeVar, cast
@@ -29,7 +33,7 @@ import trio
 
 from runtime.bus import Bus, Subscription
 from runtime.chunks import _eq, _hash, _repr
-from runtime.errors import ActorFailed, describe_exception, exception_text
+from runtime.errors import ActorFailed, describe_exception, exception_message
 from runtime.events import ActorCrashed, ActorGaveUp, ActorRestarted
 from runtime.inbox import Inbox, OverflowPolicy
 from runtime.logging import get_logger, log_exception
@@ -396,63 +400,146 @@ class Supervisor:
                     return
                 except Exception as raised:
                     exc = _unwrap(raised)
-                    now = trio.current_time()
-                    if crashes is None:
-                        crashes, log = deque(), get_logger("axon.supervisor")
-                    crashes.append(now)
-                    while crashes and now - crashes[0] > policy.period:
-                        crashes.popleft()
-                    err = redact(describe_exception(exc))
-                    log_exception(  # with the traceback: where the actor's code failed
-                        log,
-                        "actor.crashed",
-                        actor=actor.name,
-                        session_id=actor.session_id,
-                        error=err,
-                    )
-                    await self._publish(
-                        ActorCrashed(
-                            actor=actor.name,
-                            error=redact(exception_text(exc)),
-                            error_type=type(exc).__name__,
-                            restarts=restarts,
-                            session_id=actor.session_id,
-                        )
-                    )
-                    actor.on_crash(exc)
-                    if len(crashes) > policy.intensity:
-                        log.error("actor.gave-up", actor=actor.name, session_id=actor.session_id)
-                        await self._publish(
-                            ActorGaveUp(
+                    try:
+                        if crashes is None:
+                            crashes, log = deque(), get_logger("axon.supervisor")
+                        err = await self._crashed(actor, exc, policy, crashes, log, restarts)
+                        if err is None:
+                            delay = min(
+                                policy.backoff_max, policy.backoff_initial * math.pow(2, restarts)
+                            )
+                            await trio.sleep(delay * (0.5 + random.random() / 2))
+                            restarts += 1
+                            log.warning(
+                                "actor.restarted",
                                 actor=actor.name,
                                 restarts=restarts,
-                                error=err,
                                 session_id=actor.session_id,
                             )
+                            await self._publish(
+                                ActorRestarted(
+                                    actor=actor.name, restarts=restarts, session_id=actor.session_id
+                                )
+                            )
+                            continue
+                    except Exception as failure:
+                        err = self._failed(actor, exc, failure, restarts)
+                        why = "its crash could not be handled"
+                    else:
+                        why = (
+                            f"it crashed {len(crashes)} times, more than its restart policy allows"
                         )
+                    try:
                         actor.on_give_up(exc)
-                        actor.stop()
-                        if not started:
-                            if task_status is not trio.TASK_STATUS_IGNORED:  # its starter
-                                raise ActorFailed(
-                                    f"actor {actor.name!r} could not start: {err} (it "
-                                    f"crashed {len(crashes)} times, more than its restart "
-                                    "policy allows)"
-                                ) from exc
-                            task_status.started()
-                        return
-                    delay = min(policy.backoff_max, policy.backoff_initial * math.pow(2, restarts))
-                    await trio.sleep(delay * (0.5 + random.random() / 2))
-                    restarts += 1
-                    log.warning("actor.restarted", actor=actor.name, restarts=restarts)
-                    await self._publish(
-                        ActorRestarted(
-                            actor=actor.name, restarts=restarts, session_id=actor.session_id
-                        )
-                    )
+                    except Exception as failure:
+                        self._failed(actor, exc, failure, restarts, said=True)
+                    actor.stop()
+                    if not started:
+                        if task_status is not trio.TASK_STATUS_IGNORED:  # its starter
+                            raise ActorFailed(
+                                f"actor {actor.name!r} could not start: {err} ({why})"
+                            ) from exc
+                        task_status.started()
+                    return
         finally:
             if not actor.resting:
                 actor._set_stopped()
+
+    async def _crashed(
+        self,
+        actor: Actor,
+        exc: BaseException,
+        policy: RestartPolicy,
+        crashes: deque[float],
+        log: Any,
+        restarts: int,
+    ) -> str | None:
+        """Say that ``actor`` crashed (one log line, with the traceback; one event), let it
+        reset (:meth:`Actor.on_crash`), and decide: ``None`` to restart it, else the error
+        it gave up on (said too; the caller stops the actor). Called in the ``except``
+        block of the crash (the line's traceback is the crash's)."""
+        now = trio.current_time()
+        crashes.append(now)
+        while crashes and now - crashes[0] > policy.period:
+            crashes.popleft()
+        err: str = redact(describe_exception(exc))
+        # The only line of the crash: the log tap does not write the supervisor's events
+        # (each was written twice, once by each, the traceback in one only).
+        log_exception(  # with the traceback: where the actor's code failed
+            log,
+            "actor.crashed",
+            actor=actor.name,
+            session_id=actor.session_id,
+            error=err,
+            error_type=type(exc).__name__,
+            restarts=restarts,
+        )
+        await self._publish(
+            ActorCrashed(
+                actor=actor.name,
+                error=exception_message(exc),
+                error_type=type(exc).__name__,
+                restarts=restarts,
+                session_id=actor.session_id,
+            )
+        )
+        actor.on_crash(exc)
+        if len(crashes) <= policy.intensity:
+            return None
+        log.error(
+            "actor.gave-up",
+            actor=actor.name,
+            session_id=actor.session_id,
+            restarts=restarts,
+            error=err,
+        )
+        await self._publish(
+            ActorGaveUp(actor=actor.name, restarts=restarts, error=err, session_id=actor.session_id)
+        )
+        return err
+
+    def _failed(
+        self,
+        actor: Actor,
+        exc: BaseException,
+        failure: Exception,
+        restarts: int,
+        *,
+        said: bool = False,
+    ) -> str:
+        """The handling of ``actor``'s crash ``exc`` raised ``failure`` (the actor's own
+        :meth:`~Actor.on_crash` or :meth:`~Actor.on_give_up`, or a bug of the
+        supervisor's): the actor is given up on, as if past its restart intensity, and
+        its supervisor ends there. Raised on, it took the host's nursery down, and every
+        turn beside the actor with it. Said as best it can be, never raising: a log line
+        with the failure's traceback (else a line on stderr), ``actor.gave-up`` and an
+        :class:`ActorGaveUp` event, or ``actor.give-up-failed`` alone when ``said`` (the
+        give-up was said, its :meth:`~Actor.on_give_up` raised). Returns the crash's
+        error text."""
+        err: str = redact(describe_exception(exc))
+        why = redact(describe_exception(failure))
+        try:
+            log_exception(
+                get_logger("axon.supervisor"),
+                "actor.give-up-failed" if said else "actor.gave-up",
+                actor=actor.name,
+                session_id=actor.session_id,
+                restarts=restarts,
+                error=err,
+                supervisor_error=why,
+            )
+        except Exception:
+            _say_on_stderr(f"axon: actor {actor.name!r} given up on: {err}; its supervisor: {why}")
+        if not said:
+            try:
+                self.bus.publish_nowait(
+                    ActorGaveUp(
+                        actor=actor.name, restarts=restarts, error=err, session_id=actor.session_id
+                    )
+                )
+            except Exception:  # a full inbox, a broken bus: the log line says it
+                pass
+        return err
 
     async def _publish(self, event: Any) -> None:
         try:
@@ -460,6 +547,17 @@ class Supervisor:
         except trio.WouldBlock:
             with trio.move_on_after(1):
                 await self.bus.publish(event)
+
+
+def _say_on_stderr(text: str) -> None:
+    """A line on the process's stderr that never raises (when even logging failed)."""
+    stream = sys.__stderr__
+    try:
+        if stream is not None:
+            stream.write(text + "\n")
+            stream.flush()
+    except Exception:  # a closed or broken stderr: nothing left to say it with
+        pass
 
 
 def _unwrap(exc: BaseException) -> BaseException:

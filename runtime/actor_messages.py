@@ -135,6 +135,8 @@ class ExecuteTools:
     """The host, handed to tools that take a :class:`~runtime.tools.ToolContext`."""
     deps: Any = None
     """The session's dependencies, handed to tools as ``ToolContext.deps``."""
+    depth: int = 0
+    """How many agents-used-as-tools deep the session runs (``ToolContext.depth``)."""
 
 
 @attrs.frozen(kw_only=True, slots=True, eq=False)  # internal: identity is enough

@@ -13,10 +13,10 @@ from runtime.budget import Budget
 from runtime.busy import REJECT, OnBusy, check_on_busy
 from runtime.chunks import _eq, _hash, _repr
 from runtime.compaction import HistoryProcessor, check_processors
-from runtime.errors import ConfigurationError
+from runtime.errors import ConfigurationError, ToolDefinitionError
 from runtime.media import MediaLimits
 from runtime.retry import RetryPolicy
-from runtime.tools import Tool, ToolContext, tool
+from runtime.tools import AGENT_DEPTH_META, Tool, ToolContext, tool
 
 if TYPE_CHECKING:
     from runtime.output_schema import OutputSchema
@@ -239,6 +239,7 @@ class Agent:
         name: str | None = None,
         description: str | None = None,
         needs_approval: Any = False,
+        max_depth: int = 8,
     ) -> Tool:
         """This agent as a tool another agent can call with a task (``input``).
 
@@ -251,12 +252,21 @@ class Agent:
         the parent model sees; one a budget stopped ends its text with a note saying so.
         The sub-session gets the calling session's ``deps``. ``needs_approval`` is
         ``@tool``'s: a call waits for a decision first (docs/approval.md).
+
+        ``max_depth`` bounds agents calling agents (one of itself, or A calling B calling
+        A): a call from a session that runs ``max_depth`` agents-as-tools deep already
+        (:attr:`ToolContext.depth`) is not run; the model sees the tool error ``agent
+        nesting deeper than <max_depth>``. Without it, an agent that is its own tool
+        recursed until its tool timeout or its budget's steps ran out, every level
+        holding a turn.
         """
+        if type(max_depth) is not int or max_depth < 1:
+            raise ToolDefinitionError(f"as_tool: max_depth must be an int >= 1, not {max_depth!r}")
         agent = self
         tool_name = name or self.name
 
         async def run_agent(input: str, context: ToolContext) -> str:
-            return await _run_sub_turn(agent, tool_name, input, context)
+            return await _run_sub_turn(agent, tool_name, input, context, max_depth)
 
         # resolved here: this module's annotations are strings (PEP 563)
         run_agent.__annotations__ = {"input": str, "context": ToolContext, "return": str}
@@ -279,13 +289,21 @@ def _sub_session_id(context: ToolContext, tool_name: str) -> str:
     return "".join(c if c.isalnum() or c in "_.:-~" else "-" for c in raw).replace("~", ".")
 
 
-async def _run_sub_turn(agent: Agent, tool_name: str, input: str, context: ToolContext) -> str:
+async def _run_sub_turn(
+    agent: Agent, tool_name: str, input: str, context: ToolContext, max_depth: int
+) -> str:
     """One call of ``agent`` as a tool: a turn in a sub-session of its own, streamed inside
     the call, its usage added to the parent turn's; its text, or an error the parent
     model sees."""
     host = context.host
     if host is None:
         raise RuntimeError(f"agent tool {tool_name} runs sub-turns on a host; none runs it")
+    depth = context.depth + 1
+    if depth > max_depth:
+        raise RuntimeError(
+            f"agent nesting deeper than {max_depth}: {tool_name} was not run (agents "
+            f"calling agents, or themselves, {max_depth} deep already)"
+        )
     session = await host.open_session(
         agent,
         session_id=_sub_session_id(context, tool_name),
@@ -293,6 +311,7 @@ async def _run_sub_turn(agent: Agent, tool_name: str, input: str, context: ToolC
             "parent_session_id": context.session_id,
             "parent_tool_call_id": context.tool_call_id,
             "parent_turn_id": context.turn_id,
+            AGENT_DEPTH_META: depth,
         },
         deps=context.deps,  # the sub-agent's tools reach the same objects
     )

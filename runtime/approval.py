@@ -246,14 +246,15 @@ def _storable_output(part: ToolCallPart, output: Any) -> Any:
     another (an object's repr, bytes as base64, a set as its repr), or the save failed."""
     try:
         value = to_jsonable(output)
-        if not is_media_output(value):
-            orjson.dumps(value)
+        data = None if is_media_output(value) else orjson.dumps(value)
     except TypeError as exc:
         raise InvalidDecision(
             f"call {part.tool_call_id!r} ({part.tool_name}): the output cannot be stored as "
             f"JSON: {exc}"
         ) from None
-    return value
+    # As the store gives it back: NaN and the infinities are null there (a server tool's
+    # output is read back the same way, actors.tool_executor.truncate_output).
+    return orjson.loads(data) if data is not None and b"null" in data else value
 
 
 def decide(

@@ -29,9 +29,49 @@ def exception_text(exc: BaseException) -> str:
         return "<exception str() failed>"  # what the traceback module writes
 
 
+_GROUP_SHOWN = 5
+"""Sub-exceptions of a group that :func:`describe_exception` names (the group's own text
+says how many it holds)."""
+
+_GROUP_DEPTH = 4
+"""Levels of nested groups :func:`describe_exception` opens; deeper ones give their text."""
+
+
+def exception_message(exc: BaseException) -> str:
+    """The text of an exception (:func:`exception_text`) as it is reported, never
+    raising: a group's followed by its first sub-exceptions, each described by
+    :func:`describe_exception` (``boom (2 sub-exceptions): ValueError: a; KeyError:
+    'b'``), since a group's own text (``"unhandled errors in a TaskGroup (1
+    sub-exception)"``) says nothing of what failed. Redacted
+    (:func:`runtime.redact.redact_text`): a sub-exception's text (a provider's 401 quoting
+    the key) reaches every caller, the ones that show it as it is (a crash message, the
+    CLI) too."""
+    return redact_text(_message(exc, 0))
+
+
 def describe_exception(exc: BaseException) -> str:
-    """``TypeName: text`` of an exception (:func:`exception_text`), never raising."""
-    return f"{type(exc).__name__}: {exception_text(exc)}"
+    """``TypeName: message`` of an exception (:func:`exception_message`: a group's
+    sub-exceptions named, redacted), never raising; an exception with no text is its bare
+    ``TypeName`` (``GeneratorExit``, not ``"GeneratorExit: "``)."""
+    return redact_text(_described(exc, 0))
+
+
+def _message(exc: BaseException, depth: int) -> str:
+    text = exception_text(exc)
+    if isinstance(exc, BaseExceptionGroup) and depth < _GROUP_DEPTH:
+        try:
+            subs = list(exc.exceptions[:_GROUP_SHOWN])
+        except Exception:  # a subclass whose exceptions attribute is not a sequence
+            subs = []
+        if subs:
+            text += ": " + "; ".join(_described(e, depth + 1) for e in subs)
+    return text
+
+
+def _described(exc: BaseException, depth: int) -> str:
+    text = _message(exc, depth)
+    name = type(exc).__name__
+    return f"{name}: {text}" if text else name
 
 
 class AxonError(Exception):

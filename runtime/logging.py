@@ -7,12 +7,15 @@ network, a full pipe) holds every turn of the host meanwhile. An application who
 may block puts a ``logging.handlers.QueueHandler`` in front of it (docs/embedding.md).
 
 A line of an application's own configuration that raises (a processor, a handler) is
-dropped, said once on stderr (:class:`_Guarded`): logging never fails a turn.
+dropped, said once on stderr (:class:`_Guarded`), and :func:`configure_logging`'s own
+lines go to a stream that never raises (:class:`QuietStream`: a broken stderr pipe drops
+them): logging never fails a turn.
 """
 
 from __future__ import annotations
 
 import datetime
+import errno
 import functools
 import logging
 import sys
@@ -42,6 +45,7 @@ def configure_logging(
     :data:`LIBRARY_LOGGERS` (stdlib logging) become lines of the same format.
     """
     lvl = _LEVELS.get(level, logging.INFO) if isinstance(level, str) else level
+    sink = QuietStream.around(stream or sys.stderr)
     renderer: Any = JsonRenderer() if json else structlog.dev.ConsoleRenderer(colors=False)
     global _own_processors
     _own_processors = [
@@ -57,10 +61,70 @@ def configure_logging(
     structlog.configure(
         processors=_own_processors,
         wrapper_class=structlog.make_filtering_bound_logger(lvl),
-        logger_factory=structlog.WriteLoggerFactory(file=stream or sys.stderr),
+        logger_factory=structlog.WriteLoggerFactory(file=sink),  # type: ignore[arg-type]
         cache_logger_on_first_use=False,
     )
-    _route_library_loggers(max(lvl, logging.WARNING), stream or sys.stderr, renderer)
+    _route_library_loggers(max(lvl, logging.WARNING), sink, renderer)
+
+
+_BROKEN = (BrokenPipeError, ConnectionResetError)
+"""What a write raises once its stream is gone for good: the reader left the pipe
+(``axon run ... 2>&1 | head -1``). A closed stream (``ValueError``) and ``EBADF`` are gone
+too; a line the stream cannot encode (``UnicodeEncodeError``, a ``ValueError`` too) is
+that line's failure only."""
+
+
+class QuietStream:
+    """The stream :func:`configure_logging` writes its lines to, around the one it was
+    given: a write or flush that raises is dropped instead. A line's write raised into
+    whoever logged it: with stderr a pipe whose reader had left, the log tap crashed, the
+    supervisor raised logging that, the turn raised logging its save, and ``axon run``
+    exited 0 with the turn neither shown nor saved. Once the stream is gone for good
+    (:data:`_BROKEN`, closed, or ``EBADF``) every later line is dropped without a try, as
+    Python's ``logging.Handler.handleError`` drops a record on a broken stderr; another
+    ``OSError`` (a full disk, a non-blocking pipe that is full) or a line the stream cannot
+    encode drops that write's lines only.
+    Anything else (``fileno``, ``isatty``, ``encoding``) is the stream's."""
+
+    __slots__ = ("__weakref__", "_flush", "_write", "broken", "stream")
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+        self.broken = False
+        self._write = stream.write
+        self._flush = stream.flush
+
+    @classmethod
+    def around(cls, stream: TextIO) -> QuietStream:
+        return stream if isinstance(stream, QuietStream) else cls(stream)
+
+    def write(self, text: str) -> int:
+        if self.broken:
+            return 0
+        try:
+            return self._write(text)
+        except (OSError, ValueError) as exc:
+            self._failed(exc)
+            return 0
+
+    def flush(self) -> None:
+        if self.broken:
+            return
+        try:
+            self._flush()
+        except (OSError, ValueError) as exc:
+            self._failed(exc)
+
+    def _failed(self, exc: Exception) -> None:
+        if (
+            isinstance(exc, _BROKEN)
+            or getattr(exc, "errno", None) == errno.EBADF
+            or getattr(self.stream, "closed", False) is True
+        ):
+            self.broken = True
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stream, name)
 
 
 class _LibraryHandler(logging.StreamHandler):  # type: ignore[type-arg]
@@ -68,7 +132,7 @@ class _LibraryHandler(logging.StreamHandler):  # type: ignore[type-arg]
     (a class of its own, so configuring again replaces it rather than adding another)."""
 
 
-def _route_library_loggers(level: int, stream: TextIO, renderer: Any) -> None:
+def _route_library_loggers(level: int, stream: Any, renderer: Any) -> None:
     """Render the records of :data:`LIBRARY_LOGGERS` through structlog's processors
     (``logger`` is the stdlib logger's name; redacted like every line) to ``stream``.
 

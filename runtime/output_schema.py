@@ -229,6 +229,13 @@ def _shortened(problem: str) -> str:
 # -- OpenAI strict mode ---------------------------------------------------------------------
 
 
+_ANNOTATIONS = frozenset(
+    ("title", "description", "default", "examples", "$comment", "deprecated")
+) | {"readOnly", "writeOnly"}
+"""Keywords that describe a value and constrain nothing: beside a ``$ref``, whatever
+their value, they take nothing from its target's."""
+
+
 def strict_schema(schema: dict[str, Any]) -> dict[str, Any]:
     """``schema`` rewritten for OpenAI's strict ``json_schema`` mode (a new dict).
 
@@ -236,22 +243,30 @@ def strict_schema(schema: dict[str, Any]) -> dict[str, Any]:
     for pydantic types, so not imported): every object gets ``additionalProperties:
     false`` and lists all its properties as ``required`` (a field with a default must
     then be given; pydantic still accepts it); ``default: null`` is dropped; a ``$ref``
-    with sibling keys is inlined. An object that allows additional properties (a
-    ``dict[str, X]`` field) cannot be expressed in strict mode: that raises
-    :class:`ConfigurationError` before anything is sent.
+    with sibling keys is inlined (its target, from the schema as given, with the
+    siblings beside its keys). An object that allows additional properties (a
+    ``dict[str, X]`` field) cannot be expressed in strict mode, nor a sibling that
+    contradicts its target (``maxLength: 10`` beside a ``$ref`` to ``maxLength: 5``):
+    that raises :class:`ConfigurationError` before anything is sent. A ``$ref`` met
+    again inside its own inlining (a recursive model's field of its own type, with a
+    description) stays a ``$ref``, its descriptive siblings dropped there.
     """
     root = copy.deepcopy(schema)
-    return _strict(root, root, "(root)")
+    return _strict(root, copy.deepcopy(schema), "(root)", ())
 
 
-def _strict(node: Any, root: dict[str, Any], path: str) -> Any:
+def _strict(node: Any, given: dict[str, Any], path: str, inlining: tuple[str, ...]) -> Any:
+    """Rewrite ``node`` in place. ``given`` is the schema as it was given: a ``$ref``'s
+    target is read there, never from the schema being rewritten (a recursive model's
+    definition inlined into itself, half rewritten, lost a level's ``$ref``);
+    ``inlining`` the ``$ref`` s being inlined around ``node``."""
     if not isinstance(node, dict):
         return node
     for key in ("$defs", "definitions"):
         defs = node.get(key)
         if isinstance(defs, dict):
             for name, sub in defs.items():
-                _strict(sub, root, f"{path}.{key}.{name}")
+                _strict(sub, given, f"{path}.{key}.{name}", ())  # not inside any inlining
     if node.get("type") == "object":
         extra = node.setdefault("additionalProperties", False)
         if extra is not False:
@@ -263,22 +278,57 @@ def _strict(node: Any, root: dict[str, Any], path: str) -> Any:
     if isinstance(props, dict):
         node["required"] = list(props)
         for name, sub in props.items():
-            _strict(sub, root, f"{path}.{name}")
+            _strict(sub, given, f"{path}.{name}", inlining)
     if isinstance(node.get("items"), dict):
-        _strict(node["items"], root, f"{path}[]")
+        _strict(node["items"], given, f"{path}[]", inlining)
     for key in ("anyOf", "allOf", "oneOf"):
         for i, sub in enumerate(node.get(key) or ()):
-            _strict(sub, root, f"{path}.{key}[{i}]")
+            _strict(sub, given, f"{path}.{key}[{i}]", inlining)
     if "default" in node and node["default"] is None:
         del node["default"]
     ref = node.get("$ref")
     if isinstance(ref, str) and len(node) > 1:
-        target: Any = root
-        for key in ref.removeprefix("#/").split("/"):
-            target = target[key]
-        node.pop("$ref")
-        merged = {**copy.deepcopy(target), **node}
-        node.clear()
-        node.update(merged)
-        _strict(node, root, path)
+        _inline(node, ref, given, path, inlining)
     return node
+
+
+def _inline(
+    node: dict[str, Any], ref: str, given: dict[str, Any], path: str, inlining: tuple[str, ...]
+) -> None:
+    """Replace ``node``, a ``$ref`` with siblings, by its target with the siblings."""
+    siblings = {k: v for k, v in node.items() if k != "$ref"}
+    constraints = sorted(k for k in siblings if k not in _ANNOTATIONS)
+    if ref in inlining:  # inside its own inlining: inlining again would never end
+        if constraints:
+            raise ConfigurationError(
+                f"OpenAI strict structured output cannot express {path}: a $ref {ref!r} "
+                f"inside itself with {constraints} beside it (strict mode takes a $ref "
+                "alone, and inlining it again would never end)"
+            )
+        node.clear()
+        node["$ref"] = ref
+        return
+    target: Any = given
+    try:
+        for key in ref.removeprefix("#/").split("/") if ref != "#" else ():
+            target = target[key.replace("~1", "/").replace("~0", "~")]
+    except (KeyError, IndexError, TypeError):
+        raise ConfigurationError(
+            f"OpenAI strict structured output cannot express {path}: $ref {ref!r} points "
+            "to nothing in the schema"
+        ) from None
+    if not isinstance(target, dict):
+        raise ConfigurationError(
+            f"OpenAI strict structured output cannot express {path}: $ref {ref!r} points "
+            "to no schema"
+        )
+    clashing = [k for k in constraints if k in target and target[k] != siblings[k]]
+    if clashing:
+        raise ConfigurationError(
+            f"OpenAI strict structured output cannot express {path}: {clashing} beside "
+            f"$ref {ref!r} differ from its target's, and strict mode takes a $ref alone "
+            "(inlined, one of the two would be lost)"
+        )
+    node.clear()
+    node.update({**copy.deepcopy(target), **siblings})
+    _strict(node, given, path, (*inlining, ref))

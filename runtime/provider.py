@@ -39,11 +39,11 @@ from runtime.errors import (
     ProviderUnavailable,
     RateLimited,
     RateLimitUnavailable,
+    describe_exception,
 )
 from runtime.inbox import Batch, Batcher, Inbox
 from runtime.logging import get_logger
 from runtime.messages import Message
-from runtime.redact import redact
 
 if TYPE_CHECKING:
     # Imported where they are used: a provider's endpoint, price key and rate limit are
@@ -363,7 +363,7 @@ class Provider(ServingActor[InferRequest]):
         """Map an exception raised by :meth:`stream` onto the error classes."""
         if isinstance(exc, AxonError):
             return exc
-        return ProviderError(f"{type(exc).__name__}: {exc}", provider=self.provider_name)
+        return ProviderError(describe_exception(exc), provider=self.provider_name)
 
     def describe(self) -> dict[str, Any]:
         """The configuration, for logs and status pages; never includes credentials.
@@ -393,7 +393,7 @@ class Provider(ServingActor[InferRequest]):
 
     def fail(self, request: InferRequest, exc: BaseException) -> None:
         failure = StreamFailed(
-            error=ActorFailed(f"provider {self.name} crashed: {type(exc).__name__}: {exc}")
+            error=ActorFailed(f"provider {self.name} crashed: {describe_exception(exc)}")
         )
         batch: Batch[Any] = Batch(request.request_id)
         batch.append(failure)
@@ -443,9 +443,7 @@ async def _pause_shared(limiter: Limiter, seconds: float) -> None:
         try:
             await limiter.pause_for(seconds)
         except RateLimitUnavailable as exc:
-            get_logger("axon.limits").warning(
-                "limits.pause_failed", error=redact(f"{type(exc).__name__}: {exc}")
-            )
+            get_logger("axon.limits").warning("limits.pause_failed", error=describe_exception(exc))
 
 
 FALLBACK_ON: tuple[type[BaseException], ...] = (

@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import inspect
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, get_origin, get_type_hints, overload
 
@@ -40,6 +40,19 @@ Deps = TypeVar("Deps")
 """The type of :attr:`ToolContext.deps`: whatever the application hands its tools."""
 
 
+AGENT_DEPTH_META = "agent_depth"
+"""The session meta key holding how many agents-used-as-tools deep a sub-session runs
+(set by :meth:`~runtime.agent.Agent.as_tool`; stored with the session, so a worker that
+runs the sub-turn reads it too)."""
+
+
+def agent_depth(meta: Any) -> int:
+    """The depth a session's ``meta`` gives (:data:`AGENT_DEPTH_META`): 0 when it gives
+    none, or something that is no depth (a caller's meta of its own)."""
+    depth = meta.get(AGENT_DEPTH_META) if isinstance(meta, Mapping) else None
+    return depth if type(depth) is int and depth > 0 else 0
+
+
 class ToolContext(Generic[Deps]):
     """What a tool may ask for by declaring a parameter annotated ``ToolContext`` (or
     ``ToolContext[MyDeps]``, which type checkers read as the type of :attr:`deps`).
@@ -54,6 +67,7 @@ class ToolContext(Generic[Deps]):
     __slots__ = (
         "_emit",
         "deps",
+        "depth",
         "host",
         "session_id",
         "step",
@@ -74,6 +88,7 @@ class ToolContext(Generic[Deps]):
         tool_name: str,
         emit: Any,
         deps: Deps = None,  # type: ignore[assignment]
+        depth: int = 0,
     ) -> None:
         self.host = host
         """The host running the call: its bus, and sub-sessions
@@ -84,6 +99,11 @@ class ToolContext(Generic[Deps]):
         ``run_sync(..., deps=...)``) was given, ``None`` if nothing was. The model never
         sees them; they are the tool's way to reach the application's own objects
         without globals (as Pydantic AI's ``RunContext.deps``)."""
+        self.depth = depth
+        """How many agents-used-as-tools deep the calling session runs: 0 for a session
+        an application opened, 1 for the sub-session of an agent another agent called
+        (:meth:`~runtime.agent.Agent.as_tool`), and so on; past its ``max_depth`` an
+        agent's tool refuses the call."""
         self.session_id = session_id
         self.turn_id = turn_id
         self.step = step

@@ -593,6 +593,9 @@ async def test_a_notification_gets_no_reply_and_runs_nothing(method):
         # comments skipped; a last event with no blank line after it
         [b": keep-alive\n\n", b'data: {"a": 1}\n\n', b"data:", b' {"a": 2}'],
         [b'data: {"a": 1}\n\ndata: {"a":\ndata: 2}\n\n'],  # an event of two data lines
+        # a leading byte order mark, cut from its line (the first event was lost), and an
+        # id-only block (the providers' decoder, branch provmend)
+        [b"\xef\xbb", b'\xbfdata: {"a": 1}\n\nid: 7\n\ndata: {"a": 2}\n\n'],
     ],
 )
 async def test_sse_events_are_read_whatever_their_line_ends_and_chunks(chunks):
@@ -602,3 +605,77 @@ async def test_sse_events_are_read_whatever_their_line_ends_and_chunks(chunks):
                 yield chunk
 
     assert [e async for e in agent._sse(Chunked())] == [{"a": 1}, {"a": 2}]
+
+
+async def test_a_task_taking_its_answer_is_not_pushed_out_of_memory_under_a_cancel(monkeypatch):
+    # Tasks past LIVE_TASKS are dropped from memory (read back from the store when asked
+    # for), but one whose answer was being recorded was dropped too: a cancel then found
+    # a fresh copy, without the lock that orders it after the continuation, answered
+    # CANCELED, and the continuation ran the approved call and completed the turn.
+    from runtime.app.web import a2a_tasks
+    from runtime.app.web.a2a_tasks import TaskBook
+    from tests.support.approval_agents import agent as approval_agent
+
+    monkeypatch.setattr(a2a_tasks, "LIVE_TASKS", 1)
+    gate, starting = trio.Event(), trio.Event()
+    original = TaskBook._start
+
+    async def slow_start(self: Any, *args: Any, **kwargs: Any) -> None:
+        if kwargs.get("decided") is not None:  # the continuation, its answers recorded
+            starting.set()
+            await gate.wait()
+        await original(self, *args, **kwargs)
+
+    monkeypatch.setattr(TaskBook, "_start", slow_start)
+    async with web_server(approval_agent, protocols=BOTH) as s:
+        task = (await _post(s, _send("weather?", message_id="q", context_id="a")))["result"]
+        task_id = task["task"]["id"]
+        body = _send("", message_id="d", context_id="a", taskId=task_id)
+        body["params"]["message"]["parts"] = [{"data": {"approved": True}}]
+        cancel = {"jsonrpc": "2.0", "id": 2, "method": "CancelTask", "params": {"id": task_id}}
+        answers: dict[str, Any] = {}
+
+        async def post(name: str, payload: Any) -> None:
+            answers[name] = await _post(s, payload)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(post, "answer", body)
+            await starting.wait()  # the answer is recorded; its continuation not started
+            await _post(s, _send("weather?", message_id="q", context_id="b"))  # one more task
+            nursery.start_soon(post, "cancel", cancel)
+            await trio.testing.wait_all_tasks_blocked(0.05)  # the cancel's turn to go
+            gate.set()
+        await wait_idle(s, "a")
+        await _post(s, _send("weather?", message_id="q", context_id="c"))
+        assert task_id not in _task_book(s.app).live  # what it says is read from the store
+        final = await _post(s, {**cancel, "method": "GetTask"})
+    said = answers["cancel"]["result"]["status"]["state"]
+    assert said == final["result"]["status"]["state"] == wire.CANCELED
+
+
+async def test_the_65th_waiting_task_pushes_the_first_out_of_memory_and_loses_nothing():
+    # LIVE_TASKS (64) bounds the tasks kept in memory at rest; past it the oldest is
+    # dropped and read back from its session's history: asked for, answered, it is whole.
+    from runtime.app.web.a2a_tasks import LIVE_TASKS
+    from tests.support.approval_agents import agent as approval_agent
+
+    async with web_server(approval_agent, protocols=BOTH) as s:
+        sent = [
+            (await _post(s, _send("weather?", message_id="q", context_id=f"c{n}")))["result"]
+            for n in range(LIVE_TASKS + 1)
+        ]
+        book = _task_book(s.app)
+        first = sent[0]["task"]["id"]
+        kept, pushed = len(book.live), first not in book.live
+        got = await _post(
+            s, {"jsonrpc": "2.0", "id": 1, "method": "GetTask", "params": {"id": first}}
+        )
+        body = _send("", message_id="d", context_id="c0", taskId=first)
+        body["params"]["message"]["parts"] = [{"data": {"approved": True}}]
+        answered = await _post(s, body)
+    assert [t["task"]["status"]["state"] for t in sent] == [wire.INPUT_REQUIRED] * 65
+    assert kept == LIVE_TASKS == 64 and pushed
+    assert got["result"]["status"]["state"] == wire.INPUT_REQUIRED
+    assert [m["messageId"] for m in got["result"]["history"]] == ["q"]
+    assert answered["result"]["task"]["status"]["state"] == wire.COMPLETED
+    assert answered["result"]["task"]["artifacts"][0]["parts"][0]["text"] == "It is sunny in Oslo."

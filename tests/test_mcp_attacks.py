@@ -20,6 +20,7 @@ import actors.mcp
 from actors.mcp import MCPServer
 from actors.providers.scripted import ScriptedProvider, tool_call
 from runtime import Agent, Budget, Host, tool
+from runtime.errors import MCPServerUnavailable
 from tests.support.loopback import Recorded, Reply, loopback_server
 from tests.support.mcp_agents import echo
 from tests.test_mcp_server import INIT, MCP
@@ -147,6 +148,70 @@ async def test_a_tool_added_mid_session_under_a_taken_name_is_refused_not_every_
     assert refused["local"].startswith(
         "tool 'local' of MCP server 'hostile' has the same name as a local tool"
     )
+
+
+def offered_tools(agent_tools: list[list[str]]):
+    """A provider answering ``done``, recording the tool names of each request."""
+
+    def responder(request):
+        agent_tools.append([t.name for t in request.tools])
+        return ["done"]
+
+    return ScriptedProvider(responder=responder)
+
+
+async def test_a_server_listing_thousands_of_tools_has_only_max_tools_offered():
+    # Every tool a server listed was offered in every model request: a server listing a
+    # million tools (one page, under the message limit) flooded each request, and the
+    # mcp package read them all into models (seconds of the event loop, gigabytes).
+    offered: list[list[str]] = []
+    agent = Agent(
+        provider=offered_tools(offered), tools=[hostile("many-tools", MCP_TEST_TOOLS="5000")]
+    )
+    with capture_logs() as logs:
+        await run_turn(agent)
+    assert [len(names) for names in offered] == [512]
+    assert offered[0][:3] == ["echo", "loop", "t0"]
+    [warned] = [line for line in logs if line["event"] == "mcp.too-many-tools"]
+    assert warned["error"] == (
+        "MCP server 'hostile' listed more than 512 tools (at least 5002): only the first 512 "
+        "(max_tools) are offered"
+    )
+
+
+async def test_max_tools_is_configurable_per_server():
+    offered: list[list[str]] = []
+    server = MCPServer.stdio(
+        sys.executable, [HOSTILE, "many-tools"], env={"MCP_TEST_TOOLS": "10"}, max_tools=3
+    )
+    await run_turn(Agent(provider=offered_tools(offered), tools=[server]))
+    assert offered == [["echo", "loop", "t0"]]
+
+
+async def test_a_tool_with_an_input_schema_over_the_size_cap_is_refused_the_others_offered():
+    offered: list[list[str]] = []
+    agent = Agent(
+        provider=offered_tools(offered),
+        tools=[hostile("huge-schema", MCP_TEST_BYTES=str(100_000))],
+    )
+    _, _, actor = await run_turn(agent)
+    assert offered == [["echo", "loop"]]
+    assert actor.refused["huge"].startswith(
+        "MCP server 'hostile': tool 'huge' has an input schema of 100"
+    )
+    assert actor.refused["huge"].endswith("characters, more than the 32768 of max_tool_chars")
+
+
+async def test_a_description_over_the_size_cap_is_cut_and_logged():
+    agent = Agent(
+        provider=offered_tools([]), tools=[hostile("huge-description", MCP_TEST_BYTES="100000")]
+    )
+    with capture_logs() as logs:
+        _, _, actor = await run_turn(agent)
+    [huge] = [t for t in actor.tools if t.name == "huge"]
+    assert huge.description == "y" * 32768
+    [warned] = [line for line in logs if line["event"] == "mcp.description-cut"]
+    assert (warned["tool"], warned["chars"], warned["kept"]) == ("huge", 100000, 32768)
 
 
 class ForgetfulServer:
@@ -279,6 +344,112 @@ async def test_an_http_json_answer_over_the_limit_is_an_error_for_its_call(monke
         "parse JSON response: the answer is longer than 1048576 bytes"
     )
     assert result.finish_reason == "stop"
+
+
+class RefusingServer(ForgetfulServer):
+    """Answers ``method`` with HTTP ``status`` and ``body``; anything else as it should."""
+
+    def __init__(self, status: int, method: str, body: bytes, content_type: str) -> None:
+        super().__init__()
+        self.restarted = True  # never forgets its sessions
+        self.status, self.method, self.body, self.type = status, method, body, content_type
+
+    def __call__(self, request: Recorded) -> Reply:
+        message = json.loads(request.body) if request.method == "POST" else {}
+        if message.get("method") == self.method:
+            return Reply(status=self.status, body=self.body, content_type=self.type)
+        return super().__call__(request)
+
+
+KEY = "sk-ant-api03-" + "Q" * 40
+TOKEN = "tok-1234567890abcdef"  # no key shape: only known as a configured header's value
+
+
+def refusing(status: int, method: str = "tools/call", body: bytes = b"", json_body=None):
+    if json_body is not None:
+        return RefusingServer(status, method, json.dumps(json_body).encode(), "application/json")
+    return RefusingServer(status, method, body, "text/plain")
+
+
+async def call_refused(server: RefusingServer):
+    async with loopback_server(respond=server) as web:
+        config = MCPServer.http(
+            web.url + "/mcp", name="web", headers={"Authorization": f"Token {TOKEN}"}
+        )
+        agent = Agent(provider=calling(("echo", {})), tools=[config])
+        return await run_turn(agent)
+
+
+async def test_an_http_401_to_a_call_is_a_tool_error_saying_the_status():
+    # The mcp package answered any non-2xx status whose body is no JSON-RPC error with
+    # "Server returned an error response": the model never learnt it was refused.
+    server = refusing(401, body=f"bad key {KEY}".encode())
+    session, result, actor = await call_refused(server)
+    assert tool_messages(session)["echo"].error == (
+        "tool echo raised MCPToolError: MCP server 'web' answered 401 Unauthorized"
+    )
+    assert actor.last_error is None  # the connection lives on
+    assert result.finish_reason == "stop"
+
+
+async def test_an_http_500_to_a_call_is_a_tool_error_saying_the_status():
+    session, _, _ = await call_refused(refusing(500, body=b"Traceback (most recent call last)"))
+    assert tool_messages(session)["echo"].error == (
+        "tool echo raised MCPToolError: MCP server 'web' answered 500 Internal Server Error"
+    )
+
+
+async def test_an_http_error_status_keeps_the_servers_message_without_the_header_it_echoes():
+    error = {"code": -32001, "message": f"token {TOKEN} expired; Authorization: Bearer {KEY}"}
+    server = refusing(403, json_body={"jsonrpc": "2.0", "id": None, "error": error})
+    with capture_logs() as logs:
+        session, _, _ = await call_refused(server)
+    seen = tool_messages(session)["echo"].error
+    assert seen.startswith(
+        "tool echo raised MCPToolError: MCP server 'web' answered 403 Forbidden: token "
+        "[redacted] expired"
+    )
+    assert TOKEN not in seen + repr(logs)
+    assert "QQQQ" not in seen + repr(logs)
+
+
+async def test_an_http_401_at_connect_is_an_unavailable_error_naming_the_status():
+    # Opening the session said only "could not start: MCPError: Server returned an
+    # error response": nothing told the user that the server refused its credentials.
+    async with loopback_server(respond=refusing(401, method="initialize")) as web:
+        agent = Agent(provider=calling(), tools=[MCPServer.http(web.url + "/mcp", name="web")])
+        async with Host.open(log_tap=False) as host:
+            with pytest.raises(MCPServerUnavailable) as refused:
+                await host.open_session(agent)
+    assert str(refused.value) == (
+        "MCP server 'web' could not start: it answered 401 Unauthorized: its credentials "
+        "(the headers given to MCPServer.http) are missing or not accepted"
+    )
+
+
+class CrowdedServer(ForgetfulServer):
+    """Lists ``count`` tools in one JSON answer."""
+
+    def __init__(self, count: int) -> None:
+        super().__init__()
+        self.restarted = True  # never forgets its sessions
+        self.count = count
+
+    def __call__(self, request: Recorded) -> Reply:
+        message = json.loads(request.body) if request.method == "POST" else {}
+        if message.get("method") != "tools/list":
+            return super().__call__(request)
+        tools = [{"name": f"t{n}", "inputSchema": {"type": "object"}} for n in range(self.count)]
+        return self.result(message, {"tools": tools})
+
+
+async def test_an_http_server_listing_thousands_of_tools_has_only_max_tools_offered():
+    offered: list[list[str]] = []
+    async with loopback_server(respond=CrowdedServer(3000)) as web:
+        server = MCPServer.http(web.url + "/mcp", name="web")
+        await run_turn(Agent(provider=offered_tools(offered), tools=[server]))
+    assert [len(names) for names in offered] == [512]
+    assert offered[0][-1] == "t511"
 
 
 # -- a careless client of the /mcp endpoint --------------------------------------------------

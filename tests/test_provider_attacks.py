@@ -42,6 +42,7 @@ from tests.support.attacks import (
     gemini_chunk,
     gemini_sse,
     responses_call,
+    responses_message,
 )
 from tests.support.faults import (
     a_body,
@@ -834,23 +835,39 @@ async def test_an_openai_error_that_is_a_string_is_its_message(autojump_clock):
         await check_saved(r, text="Hel", failed=True)
 
 
-# -- a redirect to another host ---------------------------------------------------------------
+# -- a redirect ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("status", [307, 302])
+@pytest.mark.parametrize("status", [302, 307, 308])
 @pytest.mark.parametrize("kind", KINDS)
-async def test_a_redirect_to_another_origin_never_carries_the_key(kind, status, autojump_clock):
-    """The SDKs' clients follow redirects. The HTTP library strips ``Authorization`` when
-    one leaves the origin (OpenAI's key) and the Anthropic SDK its ``x-api-key``; Gemini's
-    ``x-goog-api-key`` went on to the other host: now dropped there. (A 307 re-sends the
-    conversation to that host: the SDKs' behaviour, left.)"""
+async def test_a_redirect_to_another_origin_is_refused_naming_it_and_sends_nothing_there(
+    kind, status, autojump_clock
+):
+    """The SDKs' clients follow redirects: a 307/308 re-sent the whole conversation to the
+    host the endpoint named (and Gemini's ``x-goog-api-key`` with it, until branch
+    ``provatk`` dropped it there). Now a redirect off the endpoint's origin (scheme, host,
+    port) is refused before anything is sent there, for every provider: a ProviderError,
+    not retryable, naming the origin and never the key."""
     async with loopback_server() as elsewhere, attack_rig(kind, retry=ONCE) as r:
         elsewhere.add(Reply(body=r.answer("elsewhere")))
-        moved = Reply(status=status, headers=[("location", elsewhere.url + "/moved")])
-        await turn(r, moved)
-        assert KEY in str(r.server.requests[0].headers)  # the endpoint got it
-        assert len(elsewhere.requests) == 1
-        assert KEY not in str(elsewhere.requests[0].headers)
+        moved = Reply(status=status, headers=[("location", elsewhere.url + "/moved?x=1")])
+        _, result = await turn(r, moved)
+        assert elsewhere.requests == []
+        assert (result.error.kind, result.error.retryable) == ("ProviderError", False)
+        assert f"redirected the call to another origin, {elsewhere.url}" in result.error.message
+        assert KEY not in result.error.message and "/moved" not in result.error.message
+        await check_saved(r, text="", failed=True)
+        await r.next_turn()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_redirect_within_the_endpoints_origin_is_followed(kind, autojump_clock):
+    async with attack_rig(kind, retry=ONCE) as r:
+        moved = Reply(status=307, headers=[("location", r.server.url + "/moved")])
+        _, result = await turn(r, moved, Reply(body=r.answer("Hel", "lo")))
+        assert (result.finish_reason, result.text) == ("stop", "Hello"), result.error
+        assert r.server.requests[-1].path == "/moved"
+        assert r.sent()  # the conversation went on to the same server
 
 
 def responses_item_with(field: str, value: Any) -> list[dict[str, Any]]:
@@ -918,8 +935,8 @@ async def test_a_server_that_keeps_the_body_open_after_the_last_event_does_not_f
     """The whole answer, its last event (``[DONE]``, ``response.completed``,
     ``message_stop``), then the body kept open. Anthropic read on to the body's end, so
     a finished answer waited for the read timeout and failed with a ProviderTimeout: it
-    now stops at ``message_stop`` (reading what follows for 0.1 s). (Gemini reads to the
-    end of the body, a hop may follow: left.)"""
+    now stops at ``message_stop`` (reading what follows for 0.1 s). (Gemini, and OpenAI
+    with no ``[DONE]``: the next test.)"""
     async with attack_rig(kind, retry=ONCE) as r:
         body = r.answer("Hel", "lo")
         t0 = trio.current_time()
@@ -983,3 +1000,247 @@ async def test_a_cancel_while_the_second_step_stalls_keeps_the_first_step_and_it
             assert messages[1].interrupted
         r.server.replies.clear()
         await r.next_turn()
+
+
+# -- a byte order mark, a body kept open, a redirect (branch provmend) -----------------------
+
+
+def text_first_body(kind: str, r: AttackRig) -> bytes:
+    """An answer "Hello" (10 tokens in, 5 out) whose first event carries text ("Hel"),
+    or, for Anthropic and Responses, the start of the answer."""
+    if kind == "openai":
+        events = [oa_chunk({"content": "Hel"}), oa_chunk({"content": "lo"}), oa_chunk({}, "stop")]
+        return sse(*events, oa_usage())
+    return r.answer("Hel", "lo")
+
+
+@pytest.mark.parametrize("write_size", [None, 1], ids=["one-write", "byte-by-byte"])
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_leading_byte_order_mark_is_skipped_and_the_first_event_read(
+    kind, write_size, autojump_clock
+):
+    """A body that starts with a UTF-8 BOM (EF BB BF), as some proxies write it: the SSE
+    specification strips it. Before, it joined the first line, so the first event was
+    lost (OpenAI's first text, Anthropic's ``message_start`` and its input count) and
+    Gemini failed the stream (the line read as raw JSON). (Responses held: it lost only
+    the first event's name, and reads the type from its data.)"""
+    async with attack_rig(kind, retry=ONCE) as r:
+        body = b"\xef\xbb\xbf" + text_first_body(kind, r)
+        _, result = await turn(r, Reply(body=body, write_size=write_size))
+        assert (result.finish_reason, result.text) == ("stop", "Hello"), result.error
+        assert (result.usage.input_tokens, result.usage.output_tokens) == (10, 5)
+        await check_saved(r, text="Hello", failed=False)
+
+
+@pytest.mark.parametrize("kind", ["openai", "gemini"])
+async def test_a_body_kept_open_after_the_finish_and_usage_ends_the_turn_with_both(
+    kind, autojump_clock
+):
+    """OpenAI: the finish chunk, the usage chunk (``choices: []``, after the finish), then
+    no ``[DONE]`` and the body kept open; Gemini: the chunk with ``finishReason`` (and
+    its ``usageMetadata``), then the body kept open. Both read on to ``[DONE]`` or the
+    body's end, so a finished answer waited for the read timeout and failed with a
+    ProviderTimeout; they now stop there, the usage kept."""
+    async with attack_rig(kind, retry=ONCE) as r:
+        body = r.answer("Hel", "lo")
+        if kind == "openai":
+            body = body[: body.index(b"data: [DONE]")]
+        t0 = trio.current_time()
+        _, result = await turn(
+            r, Reply(body=body + b": more\n\n", stall=1e6, stall_after=len(body))
+        )
+        assert (result.finish_reason, result.text) == ("stop", "Hello"), result.error
+        assert (result.usage.input_tokens, result.usage.output_tokens) == (10, 5)
+        assert trio.current_time() - t0 < 1.0
+        await check_saved(r, text="Hello", failed=False)
+        await r.next_turn()
+
+
+async def test_openai_usage_after_the_finish_is_read_before_the_turn_ends(autojump_clock):
+    """The usage chunk comes a while after the finish chunk (a slow server): the reader
+    does not stop at the finish, so the usage is not lost."""
+    async with attack_rig("openai", retry=ONCE) as r:
+        body = r.answer("Hel", "lo")
+        at = body.index(b"data: " + json.dumps(oa_usage()).encode())
+        _, result = await turn(r, Reply(body=body, stall=30.0, stall_after=at))
+        assert (result.finish_reason, result.text) == ("stop", "Hello"), result.error
+        assert (result.usage.input_tokens, result.usage.output_tokens) == (10, 5)
+
+
+async def test_openai_without_usage_asked_a_body_kept_open_after_the_finish_ends_the_turn(
+    autojump_clock,
+):
+    """``stream_options=None`` (a server that refuses it): no usage chunk will come, so
+    the finish chunk ends the answer."""
+    async with attack_rig("openai", retry=ONCE, provider={"stream_options": None}) as r:
+        body = sse(oa_chunk({"content": "Hel"}), oa_chunk({"content": "lo"}), done=False)
+        body += sse(oa_chunk({}, "stop"), done=False)
+        t0 = trio.current_time()
+        _, result = await turn(
+            r, Reply(body=body + b": more\n\n", stall=1e6, stall_after=len(body))
+        )
+        assert (result.finish_reason, result.text) == ("stop", "Hello"), result.error
+        assert "stream_options" not in r.sent()
+        assert trio.current_time() - t0 < 1.0
+
+
+# -- numbers JSON has not, in a tool call's input ------------------------------------------
+
+MEASURED: list[Any] = []
+
+
+@tool
+async def measure(x: float) -> str:
+    """Measure x."""
+    MEASURED.append(x)
+    return f"measured {x}"
+
+
+def strict_json(body: bytes) -> Any:
+    """``body`` read as JSON is (Python's reader takes ``NaN`` and infinities)."""
+
+    def refuse(name: str) -> Any:
+        raise AssertionError(f"{name} in a request body: {body[:300]!r}")
+
+    return json.loads(body, parse_constant=refuse)
+
+
+def measure_call(kind: str, r: AttackRig, number: str) -> bytes:
+    """A call of ``measure`` whose input is ``{"x": <number>}``, the number as written."""
+    args = '{"x": ' + number + "}"
+    if kind == "openai":
+        return oa_calls(call(0, "call_a", "measure", args))
+    if kind == "anthropic":
+        return a_body(a_start(), a_tool_use(0, "call_a", "measure", args), a_end("tool_use"))
+    if kind == "responses":
+        return r.tool_call("call_a", "measure", args)
+    return r.tool_call("call_a", "measure", '{"x": 1}').replace(b'"x": 1', args[1:-1].encode())
+
+
+@pytest.mark.parametrize("number", ["NaN", "Infinity", "-Infinity", "1e400"])
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_call_whose_input_holds_nan_or_infinity_is_not_run_and_the_model_is_told(
+    kind, number, autojump_clock
+):
+    """Python's JSON reader takes ``NaN``, ``Infinity`` and ``1e400`` (an infinity): the
+    tool ran with ``nan``, the session kept it (the store writes ``null``), and its replay
+    made the next Anthropic request fail to build, not retryable, on every later turn of
+    the session (``Out of range float values are not JSON compliant``), Gemini's body no
+    JSON and OpenAI's arguments no JSON. Now such an input is invalid JSON, as any other:
+    the call is not run, the model reads why in its result, the turn goes on, and every
+    request after it is JSON."""
+    MEASURED.clear()
+    async with attack_rig(kind, retry=ONCE, tools=[measure]) as r:
+        result, results = await tool_turn(r, measure_call(kind, r, number))
+        assert (result.finish_reason, result.text) == ("stop", "done"), result.error
+        assert MEASURED == []
+        assert results[0].is_error and "invalid JSON" in results[0].error
+        stored = (await r.host.store.load("s")).messages
+        for messages in (r.session.messages, stored):
+            (saved,) = [p for p in messages[1].content if isinstance(p, ToolCallPart)]
+            json.dumps(saved.input, allow_nan=False)  # (raw text, or Gemini's args with null)
+        strict_json(r.server.requests[1].body)  # the call replayed in the turn's next step
+        await r.next_turn()
+        strict_json(r.server.requests[2].body)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_history_holding_nan_in_a_calls_input_is_sent_as_null(kind, autojump_clock):
+    """A history made by hand (or kept from before) whose call input holds ``nan`` and an
+    infinity: the request holds ``null`` there, as the store writes it, where the
+    Anthropic request failed to build and Gemini's and OpenAI's were no JSON."""
+    from actors.stores import MemoryStore
+    from runtime import Agent, Host
+    from runtime.messages import AssistantMessage, UserMessage
+    from tests.support.attacks import make
+    from tests.support.faults import resolve_platform
+
+    history = [
+        UserMessage(content="go"),
+        AssistantMessage(
+            content=(
+                ToolCallPart(
+                    tool_call_id="call_a",
+                    tool_name="measure",
+                    input={"x": float("nan"), "y": [float("inf"), 1.5]},
+                    step=0,
+                ),
+            )
+        ),
+        ToolMessage(tool_call_id="call_a", tool_name="measure", output="ok", step=0),
+    ]
+    store = MemoryStore()
+    await store.save("s", 0, history)
+    async with loopback_server() as server:
+        provider = make(kind, server.url)
+        if kind != "gemini":
+            resolve_platform(provider)
+        try:
+            async with Host.open(store=store, log_tap=False) as host:
+                session = await host.open_session(
+                    Agent(provider=provider, tools=[measure], retry=ONCE), session_id="s"
+                )
+                r = AttackRig(kind, server, host, session, provider)
+                server.add(Reply(body=r.answer("fine")))
+                result = await session.run("again")
+        finally:
+            await provider.aclose()
+    assert (result.finish_reason, result.text) == ("stop", "fine"), result.error
+    sent = json.dumps(strict_json(server.requests[0].body))
+    if kind in ("openai", "responses"):  # arguments are JSON text inside the body
+        assert '{\\"x\\": null, \\"y\\": [null, 1.5]}' in sent
+    else:
+        assert '{"x": null, "y": [null, 1.5]}' in sent
+
+
+# -- Responses: whitespace alone after reasoning -------------------------------------------
+
+
+def responses_reasoning(index: int, item_id: str) -> list[dict[str, Any]]:
+    """A reasoning item (summary "Plan.", encrypted content) at ``index``."""
+    head = {"id": item_id, "type": "reasoning", "summary": []}
+    final = {
+        **head,
+        "summary": [{"type": "summary_text", "text": "Plan."}],
+        "encrypted_content": "gAAAA" + item_id,
+    }
+    delta = {"type": "response.reasoning_summary_text.delta", "item_id": item_id}
+    delta.update(output_index=index, summary_index=0, delta="Plan.")
+    return [
+        {"type": "response.output_item.added", "output_index": index, "item": head},
+        delta,
+        {"type": "response.output_item.done", "output_index": index, "item": final},
+    ]
+
+
+async def test_responses_reasoning_followed_by_whitespace_alone_is_not_sent_unpaired(
+    autojump_clock,
+):
+    """Reasoning, a message of whitespace alone ("\\n\\n", as models write before a call),
+    a call. The history's repair drops the whitespace text, so the reasoning item went
+    back followed by the call, without the message that had followed it: the API pairs
+    the two by id and refuses a reasoning item "provided without its required following
+    item". Now that reasoning item is not sent (the call and its output are); one that
+    kept its message still is (the next step's, "Next." here)."""
+    CALLED.clear()
+    async with attack_rig("responses", retry=ONCE, tools=[lookup]) as r:
+        events = [
+            *responses_reasoning(0, "rs_1"),
+            *responses_message(1, "msg_1", "\n\n"),
+            *responses_call(2, "call_1", "lookup", '{"key": "a"}'),
+        ]
+        second = [*responses_reasoning(0, "rs_2"), *responses_message(1, "msg_2", "Next.")]
+        first_step = Reply(body=responses_sse("gpt-5-mini", 1, events))
+        second_step = Reply(body=responses_sse("gpt-5-mini", 2, second))
+        _, result = await turn(r, first_step, second_step)
+        assert (result.finish_reason, result.text) == ("stop", "\n\nNext."), result.error
+        assert CALLED == ["a"]
+        items = r.sent()["input"]
+        assert [i.get("type", i.get("role")) for i in items] == [
+            "user",
+            "function_call",
+            "function_call_output",
+        ]
+        items = (await r.next_turn())["input"]
+        ids = [i.get("id") for i in items]
+        assert "rs_1" not in ids and ids.index("rs_2") + 1 == ids.index("msg_2")

@@ -20,7 +20,7 @@ from typing import Any
 
 import httpx
 import trio
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from actors.providers.gemini import GENERATED_ID, parse_stream
@@ -208,6 +208,16 @@ async def _three_ways(*hops: list[bytes]) -> list[tuple[list[Any], type | None]]
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(bodies())
+# What follows the answer (its finishReason and usage, or a blocked prompt) is still read
+# when the body ends (branch provmend: the reader stops only at a body kept open).
+@example(
+    [
+        b'data: {"candidates": [{"index": 0, "finishReason": "STOP"}], "usageMetadata": {}}'
+        b'\r\n\r\ndata: {"error": {"code": 503, "message": "overloaded", "status": "X"}}'
+        b"\r\n\r\n"
+    ]
+)
+@example([b'data: {"promptFeedback": {"blockReason": "OTHER"}}\r\n\r\nd'])
 def test_the_fast_path_emits_what_the_sdks_types_gave(reads: list[bytes]) -> None:
     oracle, fast, fallback = trio.run(_three_ways, reads)
     assert fast == oracle

@@ -901,6 +901,32 @@ def test_reasoning_with_nothing_after_it_in_its_step_is_dropped():
     ]
 
 
+def test_reasoning_whose_message_was_whitespace_alone_is_not_sent_before_the_call():
+    """The message that followed the reasoning held whitespace alone, which the history's
+    repair drops: the reasoning item is not sent without it (the API pairs the two)."""
+    history = [
+        UserMessage(content="go"),
+        AssistantMessage(
+            content=(
+                signed(0, "rs_1", "Plan.", {"type": "message", "id": "msg_1"}),
+                tool_call("call_A", 0),
+                signed(1, "rs_2", "", {"type": "message", "id": "msg_2"}),
+                TextPart(text="Answer.", step=1),
+            )
+        ),
+        result_of("call_A", 0),
+    ]
+    items = map_messages(history)
+    assert [i.get("id") or i.get("type") or i.get("role") for i in items] == [
+        "user",
+        "function_call",
+        "function_call_output",
+        "rs_2",
+        "msg_2",
+    ]
+    assert wire_rules.responses_errors(items) == []
+
+
 def test_builtin_tool_items_go_back_verbatim_in_their_place():
     search = {"id": "ws_1", "type": "web_search_call", "status": "completed", "action": {}}
     history = [

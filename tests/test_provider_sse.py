@@ -15,6 +15,7 @@ import trio
 from hypothesis import example, given
 from hypothesis import strategies as st
 
+from actors.providers.failures import EventTooLarge
 from actors.providers.sse import SSEDecoder, event_batches, sdk_sse_response, sse_batches
 
 openai_streaming = pytest.importorskip("openai._streaming")
@@ -164,6 +165,42 @@ def test_data_lines_join_with_a_newline_and_keep_their_bytes():
 
 def test_a_last_event_without_its_blank_line_is_not_an_event():
     assert _decode([b"data: a\n\ndata: b\n"]) == [(None, b"a")]
+
+
+def test_a_leading_byte_order_mark_is_dropped_however_the_reads_cut_it():
+    """The SSE specification drops a UTF-8 BOM at the body's start; it joined the first
+    field's name, and the first event was lost (branch ``provmend``). One later in the
+    body is the line's."""
+    body = b"\xef\xbb\xbfdata: a\n\n\xef\xbb\xbfdata: b\n\ndata: c\n\n"
+    for cut in range(len(body)):
+        assert _decode([body[:cut], body[cut:]]) == [(None, b"a"), (None, b"c")], cut
+        decoder = SSEDecoder()
+        lines, events = decoder.feed_lines(body[:cut], 2)
+        more, rest = decoder.feed_lines(body[cut:], 2)
+        got = events + rest
+        for found in (lines, more):
+            got += decoder.block_events(found, 0, len(found) // 2, 2) if found else []
+        assert got == [(None, b"a"), (None, b"c")], cut
+
+
+def test_a_decoders_own_limit_bounds_its_lines_and_events():
+    """``SSEDecoder(limit=...)`` (the A2A client's 16 MiB); the default stays
+    ``MAX_EVENT_BYTES``."""
+    with pytest.raises(EventTooLarge, match="more than 100 bytes"):
+        SSEDecoder(limit=100).feed(b"data: " + b"x" * 200)  # a line with no end
+    with pytest.raises(EventTooLarge, match="more than 100 bytes"):
+        SSEDecoder(limit=100).feed(b"data: " + b"x" * 60 + b"\ndata: " + b"y" * 60 + b"\n")
+    assert SSEDecoder().feed(b"data: " + b"x" * 200 + b"\n\n") == [(None, b"x" * 200)]
+
+
+def test_finish_with_flush_ends_the_last_line_and_event():
+    decoder = SSEDecoder()
+    assert decoder.feed(b"data: a\n\ndata: b\ndata:") == [(None, b"a")]
+    assert decoder.feed(b" c") == []
+    assert decoder.finish(flush=True) == [(None, b"b\nc")]
+    decoder = SSEDecoder()
+    assert decoder.feed(b"data: a\r") == []
+    assert decoder.finish(flush=True) == [(None, b"a")]
 
 
 async def test_the_batches_hold_the_events_each_read_completed():

@@ -118,6 +118,37 @@ def test_strict_schema_inlines_a_ref_that_has_sibling_keys():
     assert prop["additionalProperties"] is False
 
 
+class Tree(pydantic.BaseModel):
+    """A model whose field of its own type has a description: a ``$ref`` with a sibling."""
+
+    name: str
+    best: Tree = pydantic.Field(description="the best subtree")
+
+
+def test_strict_schema_of_a_recursive_ref_with_siblings_keeps_every_levels_constraints():
+    """Inlining the ``$ref`` inside the definition it points to, as that definition was
+    being rewritten, left ``{"description": ...}`` at the third level: a schema taking
+    anything there."""
+    from jsonschema import Draft202012Validator
+
+    strict = strict_schema(output_schema(Tree).schema)
+    answer: dict = {"name": "a", "best": {"name": "b", "best": {"name": "c", "best": 5}}}
+    paths = [list(e.absolute_path) for e in Draft202012Validator(strict).iter_errors(answer)]
+    assert ["best", "best", "best"] in paths
+
+
+def test_strict_schema_refuses_a_ref_whose_sibling_contradicts_its_target():
+    """The sibling's value replaced the target's: ``maxLength: 10`` beside a ``$ref`` to
+    a ``maxLength: 5`` string allowed 10 characters, where the schema allows 5."""
+    schema = {
+        "type": "object",
+        "properties": {"code": {"$ref": "#/$defs/Code", "maxLength": 10}},
+        "$defs": {"Code": {"type": "string", "maxLength": 5}},
+    }
+    with pytest.raises(ConfigurationError, match=r"\(root\)\.code: .*'maxLength'"):
+        strict_schema(schema)
+
+
 def test_strict_schema_refuses_a_dict_field_clearly():
     class Tags(pydantic.BaseModel):
         tags: dict[str, int]

@@ -304,6 +304,20 @@ async def test_a_client_tools_output_is_kept_in_the_json_form_the_model_saw(tmp_
     assert results(stored) == live
 
 
+async def test_a_client_tools_non_finite_float_is_null_live_and_stored(tmp_path):
+    """NaN given to ``respond`` was NaN in memory and in the next request, null in the
+    store."""
+    path = tmp_path / "s.db"
+    async with Host.open(store=path, log_tap=False) as host:
+        session = await client_suspended(host)
+        await session.respond("C", output={"score": float("nan")})
+        live = results(session)
+    async with Host.open(store=path, log_tap=False) as host:
+        stored = await host.store.load("s")
+    assert live == [("C", {"score": None}, None)]
+    assert results(stored) == live
+
+
 class Opaque:
     pass
 
@@ -852,3 +866,307 @@ def test_a_budget_count_that_is_no_count_is_refused(field, value):
 
     with pytest.raises(ConfigurationError, match=f"Budget.{field} must be None or an int"):
         Budget(**{field: value})
+
+
+# -- how an error is described, wherever it is reported -----------------------------------
+
+
+def test_an_exception_group_is_described_by_its_sub_exceptions():
+    """A group's own text ("unhandled errors in a TaskGroup (1 sub-exception)") said
+    nothing of what failed: only the tool executor named its sub-exceptions, every other
+    caller (log lines, crash messages, the CLI) gave the group's text alone."""
+    from runtime.errors import describe_exception
+
+    group = ExceptionGroup("boom", [ValueError("a"), KeyError("b")])
+    assert describe_exception(group) == (
+        "ExceptionGroup: boom (2 sub-exceptions): ValueError: a; KeyError: 'b'"
+    )
+
+
+def test_an_exception_with_no_text_is_described_without_a_dangling_colon():
+    from runtime.errors import describe_exception
+
+    assert describe_exception(RuntimeError()) == "RuntimeError"
+
+
+def test_a_key_inside_a_sub_exception_is_redacted_where_the_group_is_described():
+    from runtime.errors import describe_exception
+
+    key = "sk-ant-" + "k" * 40
+    group = ExceptionGroup("g", [ValueError(f"401: invalid x-api-key {key}")])
+    described = describe_exception(group)
+    assert key not in described and "ValueError: 401" in described
+
+
+def test_a_group_nested_past_any_reason_is_described_without_raising():
+    from runtime.errors import describe_exception
+
+    group: BaseException = ValueError("leaf")
+    for _ in range(5000):
+        group = ExceptionGroup("g", [group])
+    assert describe_exception(group).startswith("ExceptionGroup: g (1 sub-exception): ")
+
+
+async def test_a_turn_that_ends_with_an_exception_group_names_what_failed_in_its_error():
+    """The error chunk said "unhandled errors in a TaskGroup (2 sub-exceptions)"."""
+    from runtime import Hooks
+
+    async def bad_hook(event):
+        raise ExceptionGroup("hooks failed", [LookupError("no such user"), OSError("disk")])
+
+    agent = Agent(provider=ScriptedProvider([["x"]]), hooks=Hooks(on_step_finish=bad_hook))
+    async with Host.open(log_tap=False) as host:
+        session = await host.open_session(agent)
+        async with session.stream("hi") as out:
+            chunks = [c async for c in out]
+    assert (chunks[-1].type, chunks[-1].error.kind) == ("error", "ExceptionGroup")
+    assert chunks[-1].error.message == (
+        "hooks failed (2 sub-exceptions): LookupError: no such user; OSError: disk"
+    )
+
+
+# -- an agent that is its own tool -----------------------------------------------------------
+
+
+def _self_caller(max_depth: int) -> tuple[Agent, list[str]]:
+    """An agent whose one tool runs the agent itself (as an application builds it: the
+    agents are frozen, so the tool finds the agent when it is called); its model calls
+    the tool, then answers with what the tool gave back. ``errors`` collects each tool
+    error a model saw."""
+    errors: list[str] = []
+
+    def respond(request):
+        last = request.messages[-1]
+        if isinstance(last, ToolMessage):
+            if last.error is not None:
+                errors.append(last.error)
+            return [f"depth answer: {last.output or last.error}"]
+        return [*tool_call("again", {"input": "once more"})]
+
+    holder: dict[str, Tool] = {}
+
+    @tool
+    async def again(input: str, context: ToolContext) -> str:
+        """Asks this same agent again."""
+        return await holder["self"].call({"input": input}, context)
+
+    agent = Agent(name="me", provider=ScriptedProvider(responder=respond), tools=[again])
+    holder["self"] = agent.as_tool(max_depth=max_depth)
+    return agent, errors
+
+
+async def test_an_agent_that_is_its_own_tool_stops_at_the_nesting_bound():
+    """It recursed until its tool timeout or its budget's steps ran out, a turn held at
+    every level."""
+    agent, errors = _self_caller(max_depth=3)
+    async with Host.open(log_tap=False) as host:
+        session = await host.open_session(agent)
+        result = await session.run("go")
+    assert result.finish_reason == "stop"
+    assert errors == [
+        "tool again raised RuntimeError: agent nesting deeper than 3: me was not run "
+        "(agents calling agents, or themselves, 3 deep already)"
+    ]
+    # the top session and 3 nested ones: each called the tool once and answered once
+    assert len(agent.provider.requests) == 2 * 4
+
+
+def test_a_nesting_bound_that_is_no_bound_is_refused_when_the_tool_is_made():
+    from runtime import ToolDefinitionError
+
+    with pytest.raises(ToolDefinitionError, match="max_depth must be an int >= 1"):
+        Agent(name="x", provider=ScriptedProvider([["x"]])).as_tool(max_depth=0)
+
+
+# -- NaN and the infinities --------------------------------------------------------------
+
+
+async def test_a_non_finite_float_from_a_tool_is_null_live_sent_and_stored(tmp_path):
+    """NaN was NaN in the stream and in the next request (OpenAI's tool message read
+    ``NaN``, which no JSON parser takes), and null once stored: the history a later turn
+    sent was not what the model had seen."""
+    from actors.providers.openai import map_messages
+
+    @tool
+    async def ratio() -> dict:
+        """Divides."""
+        return {"nan": float("nan"), "inf": float("inf"), "neg": -float("inf"), "ok": 1.5}
+
+    provider = ScriptedProvider([[*tool_call("ratio", {}, tool_call_id="R")], ["done"]])
+    agent = Agent(provider=provider, tools=[ratio])
+    async with Host.open(store=tmp_path / "s.db", log_tap=False) as host:
+        session = await host.open_session(agent, session_id="s")
+        async with session.stream("go") as out:
+            live = [c.output async for c in out if c.type == "tool-result"]
+        stored = await host.store.load("s")
+    expected = {"nan": None, "inf": None, "neg": None, "ok": 1.5}
+    sent = [m for m in provider.requests[1].messages if isinstance(m, ToolMessage)]
+    [body] = [m for m in map_messages(None, provider.requests[1].messages) if m["role"] == "tool"]
+    kept = [m.output for m in stored.messages if isinstance(m, ToolMessage)]
+    assert live == [expected]
+    assert [m.output for m in sent] == [expected]
+    assert json.loads(body["content"]) == expected and "NaN" not in body["content"]
+    assert kept == [expected]
+
+
+# -- an async tool that blocks the loop -------------------------------------------------------
+
+
+def _blocking_tool(now: list[float], held: float) -> Tool:
+    @tool
+    async def crunch(n: int) -> str:
+        """Holds the loop for ``held`` seconds as the watch's clock sees it (time.sleep)."""
+        await trio.lowlevel.checkpoint()
+        now[0] += held  # the step from here to the return: "time.sleep(held)"
+        return f"crunched {n}"
+
+    return crunch
+
+
+async def test_an_async_tool_that_holds_the_loop_is_named_in_one_warning():
+    """It stopped every session of the host, and nothing said which tool did."""
+    from structlog.testing import capture_logs
+
+    from actors.tool_executor import LoopWatch
+
+    now = [0.0]
+    watch = LoopWatch(clock=lambda: now[0], limit=0.25)
+    crunch = _blocking_tool(now, held=3.0)
+    with capture_logs() as logs:
+        outcomes = [
+            await run_tool_call(
+                ToolCallSpec(tool_call_id=f"c{i}", tool_name="crunch", input={"n": i}),
+                {"crunch": crunch},
+                None,
+                None,
+                watch=watch,
+            )
+            for i in range(3)
+        ]
+    warnings = [line for line in logs if line["event"] == "tool.blocked-loop"]
+    assert [o.output for o in outcomes] == ["crunched 0", "crunched 1", "crunched 2"]
+    assert [(w["tool"], w["held"], w["log_level"]) for w in warnings] == [
+        ("crunch", 3.0, "warning")
+    ]
+
+
+async def test_an_async_tool_that_awaits_in_short_steps_is_not_warned_about():
+    from structlog.testing import capture_logs
+
+    from actors.tool_executor import LoopWatch
+
+    now = [0.0]
+    watch = LoopWatch(clock=lambda: now[0], limit=0.25)
+    crunch = _blocking_tool(now, held=0.1)
+    with capture_logs() as logs:
+        oc = await run_tool_call(
+            ToolCallSpec(tool_call_id="c", tool_name="crunch", input={"n": 1}),
+            {"crunch": crunch},
+            None,
+            None,
+            watch=watch,
+        )
+    assert oc.output == "crunched 1"
+    assert [line for line in logs if line["event"] == "tool.blocked-loop"] == []
+
+
+async def test_a_watched_tool_is_cancelled_and_raises_as_an_unwatched_one_does(autojump_clock):
+    """The watch runs the tool's coroutine step by step: a timeout still cancels it, its
+    own error is still its error."""
+    from actors.tool_executor import LoopWatch
+
+    @tool(timeout=5)
+    async def stuck() -> str:
+        """Never returns."""
+        await trio.sleep_forever()
+        return "never"
+
+    @tool
+    async def broken() -> str:
+        """Raises after an await."""
+        await trio.lowlevel.checkpoint()
+        raise KeyError("missing")
+
+    tools = {"stuck": stuck, "broken": broken}
+    watch = LoopWatch()
+    timed_out, failed = [
+        await run_tool_call(
+            ToolCallSpec(tool_call_id=name, tool_name=name, input={}),
+            tools,
+            None,
+            None,
+            watch=watch,
+        )
+        for name in ("stuck", "broken")
+    ]
+    assert timed_out.error == "tool stuck timed out after 5s"
+    assert failed.error == "tool broken raised KeyError: 'missing'"
+
+
+async def test_the_hosts_tool_executor_warns_of_an_async_tool_holding_the_loop():
+    from structlog.testing import capture_logs
+
+    from actors.tool_executor import LoopWatch
+
+    now = [0.0]
+    crunch = _blocking_tool(now, held=3.0)
+    steps = [[*tool_call("crunch", {"n": 1})], ["done"]]
+    with capture_logs() as logs:
+        async with Host.open(log_tap=False) as host:
+            host.tool_executor.loop_watch = LoopWatch(clock=lambda: now[0])
+            session = await host.open_session(
+                Agent(provider=ScriptedProvider(steps), tools=[crunch])
+            )
+            result = await session.run("go")
+    assert result.text == "done"
+    warned = [line["tool"] for line in logs if line["event"] == "tool.blocked-loop"]
+    assert warned == ["crunch"]
+
+
+async def test_a_provider_failing_with_an_exception_group_names_what_failed():
+    """The turn's error said "ProviderError: stream failed (1 sub-exception)"."""
+    failing = ExceptionGroup("stream failed", [ConnectionResetError("peer reset")])
+    agent = Agent(provider=ScriptedProvider([[failing]]))
+    async with Host.open(log_tap=False) as host:
+        session = await host.open_session(agent)
+        result = await session.run("hi")
+    assert result.finish_reason == "error"
+    assert "ConnectionResetError: peer reset" in result.error.message
+
+
+async def test_two_agents_calling_each_other_stop_at_the_nesting_bound():
+    """A calls B calls A...: the depth counts every agent-as-tool level, whichever agent."""
+    errors: list[str] = []
+
+    def respond(name: str):
+        def step(request):
+            last = request.messages[-1]
+            if isinstance(last, ToolMessage):
+                if last.error is not None:
+                    errors.append(last.error)
+                return ["back"]
+            return [*tool_call(name, {"input": "your turn"})]
+
+        return step
+
+    holder: dict[str, Tool] = {}
+
+    @tool
+    async def ask_a(input: str, context: ToolContext) -> str:
+        """Asks agent a."""
+        return await holder["a"].call({"input": input}, context)
+
+    b = Agent(name="b", provider=ScriptedProvider(responder=respond("ask_a")), tools=[ask_a])
+    ask_b = b.as_tool(name="ask_b", max_depth=4)
+    a = Agent(name="a", provider=ScriptedProvider(responder=respond("ask_b")), tools=[ask_b])
+    holder["a"] = a.as_tool(max_depth=4)
+    async with Host.open(log_tap=False) as host:
+        session = await host.open_session(a)
+        result = await session.run("go")
+    assert result.finish_reason == "stop"
+    assert errors == [
+        "tool ask_b raised RuntimeError: agent nesting deeper than 4: ask_b was not run "
+        "(agents calling agents, or themselves, 4 deep already)"
+    ]
+    # a at depths 0, 2, 4 and b at 1, 3: each called once and answered once
+    assert (len(a.provider.requests), len(b.provider.requests)) == (6, 4)

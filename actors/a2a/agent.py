@@ -30,6 +30,8 @@ import orjson
 import trio
 
 from actors.a2a import wire
+from actors.providers.failures import EventTooLarge
+from actors.providers.sse import SSEDecoder
 from runtime.chunks import Usage
 from runtime.ids import new_id
 from runtime.output import (
@@ -255,54 +257,32 @@ async def _read(response: Any) -> bytes:
     return b"".join(pieces)
 
 
-async def _lines(response: Any) -> AsyncIterator[bytes]:
-    """A response's lines (ended by LF, CRLF or CR, as SSE's are), none longer than
-    :data:`MAX_PIECE_BYTES`: a line that never ends is not buffered without end."""
-    pending: list[bytes] = []
-    size = 0
-    after_cr = False
-    async for chunk in response.aiter_bytes():
-        if after_cr and chunk.startswith(b"\n"):
-            chunk = chunk[1:]  # the LF of a CRLF cut between two chunks
-        after_cr = chunk.endswith(b"\r")
-        *ended, rest = chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n").split(b"\n")
-        for piece in ended:
-            pending.append(piece)
-            yield b"".join(pending)
-            pending, size = [], 0
-        if rest:
-            pending.append(rest)
-            size += len(rest)
-            if size > MAX_PIECE_BYTES:
-                raise _too_big("an event")
-    if pending:
-        yield b"".join(pending)
-
-
 async def _sse(response: Any) -> AsyncIterator[Any]:
-    """The JSON values of an SSE response's events (comments skipped)."""
-    data: list[bytes] = []
-    size = 0
-
-    def value() -> Any:
+    """The JSON values of an SSE response's events (comments and events with no data
+    skipped; a last event with no blank line after it read too), read by the providers'
+    decoder (:class:`~actors.providers.sse.SSEDecoder`) with :data:`MAX_PIECE_BYTES` as
+    its limit: a line that never ends or an event that never does is not buffered
+    without end."""
+    decoder = SSEDecoder(limit=MAX_PIECE_BYTES)
+    chunks = response.aiter_bytes()
+    while True:
+        chunk = await anext(chunks, None)
         try:
-            return orjson.loads(b"\n".join(data))
-        except orjson.JSONDecodeError:
-            raise RemoteAgentError("the remote agent sent an event that is not JSON") from None
-
-    async for line in _lines(response):
-        if not line:
-            if data:
-                yield value()
-                data, size = [], 0
-        elif line.startswith(b"data:"):
-            piece = line[5:].removeprefix(b" ")
-            data.append(piece)
-            size += len(piece)
-            if size > MAX_PIECE_BYTES:
+            events = decoder.feed(chunk) if chunk is not None else decoder.finish(flush=True)
+        except EventTooLarge:
+            raise _too_big("an event") from None
+        for _, data in events:
+            if not data:
+                continue
+            if len(data) > MAX_PIECE_BYTES:  # (one read may hold a whole event)
                 raise _too_big("an event")
-    if data:
-        yield value()
+            try:
+                value = orjson.loads(data)
+            except orjson.JSONDecodeError:
+                raise RemoteAgentError("the remote agent sent an event that is not JSON") from None
+            yield value
+        if chunk is None:
+            return
 
 
 def _tool_name(name: str) -> str:

@@ -37,8 +37,11 @@ from actors.providers.failures import (
     SHAPE_ERRORS,
     classify_status,
     classify_transport,
+    finite,
+    hook_error,
     missing_key,
     retry_after,
+    strict_loads,
     text_of,
     tokens,
     unreadable,
@@ -266,13 +269,16 @@ def _tool_input(value: Any) -> dict[str, Any]:
     text; it was never executed and its result is an error saying so. We send ``{}``
     for it rather than the text the model wrote (which the API would reject): the model
     still sees the error result, and the request stays valid. A string that *is* a JSON
-    object is decoded, so a store that keeps inputs as JSON text round-trips.
+    object is decoded, so a store that keeps inputs as JSON text round-trips. A float
+    that is not finite is sent as ``null``, as the store writes it (the body would not
+    build: :func:`~actors.providers.failures.finite`), and text holding ``NaN`` is no
+    JSON object.
     """
     if isinstance(value, dict):
-        return value
+        return finite(value)
     if isinstance(value, str):
         try:
-            decoded = json.loads(value)
+            decoded = strict_loads(value)
         except (ValueError, RecursionError):  # RecursionError: nested past Python's stack
             return {}
         return decoded if isinstance(decoded, dict) else {}
@@ -740,7 +746,7 @@ def _tool_call(block: _Block, cut: str | None = None) -> ToolCallChunk:
     if not raw.strip():
         return ToolCallChunk(**ids, input=block.data or {})
     try:
-        return ToolCallChunk(**ids, input=json.loads(raw))
+        return ToolCallChunk(**ids, input=strict_loads(raw))
     except (ValueError, RecursionError) as exc:  # a recursion bomb is no JSON either
         return ToolCallChunk(**ids, input=raw, input_error=f"invalid JSON in tool input: {exc}")
 
@@ -1038,6 +1044,9 @@ def classify_error(exc: BaseException) -> errors.AxonError:
     if isinstance(exc, anthropic.APITimeoutError):
         return errors.ProviderTimeout(f"the request timed out: {exc}", provider=PROVIDER)
     if isinstance(exc, anthropic.APIConnectionError):
+        refused = hook_error(exc)  # a redirect off the endpoint's origin (StayHome)
+        if refused is not None:
+            return refused
         return errors.ConnectionLost(f"connection failed or dropped: {exc}", provider=PROVIDER)
     if isinstance(exc, anthropic.APIResponseValidationError):
         return errors.MalformedStream(f"unparseable response stream: {exc}", provider=PROVIDER)
@@ -1046,7 +1055,7 @@ def classify_error(exc: BaseException) -> errors.AxonError:
     found = classify_transport(exc, provider=PROVIDER)
     if found is not None:
         return found
-    return errors.ProviderError(f"{type(exc).__name__}: {exc}", provider=PROVIDER)
+    return errors.ProviderError(errors.describe_exception(exc), provider=PROVIDER)
 
 
 # -- the provider -------------------------------------------------------------------------

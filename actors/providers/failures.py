@@ -7,7 +7,10 @@
   every provider, so the same failure is the same error whichever SDK reported it;
 * :func:`missing_key`: a call made with no API key, the same error for every SDK;
 * :func:`classify_transport`: timeouts, dropped connections and undecodable bodies
-  raised by the SDKs' HTTP library while a stream is read.
+  raised by the SDKs' HTTP library while a stream is read;
+* :class:`StayHome`: the HTTP client's refusal of a redirect to another origin;
+* :func:`strict_loads`, :func:`finite`, :func:`arguments_json`: a tool call's input as JSON
+  is (no ``NaN``, no infinity).
 
 A provider keeps only what is its own: how to find the status, type and message in its
 SDK's exceptions (and, for errors sent inside a stream with HTTP 200, which status the
@@ -213,3 +216,133 @@ def classify_transport(exc: BaseException, *, provider: str) -> errors.ProviderE
     if isinstance(exc, json.JSONDecodeError | UnicodeDecodeError):
         return errors.MalformedStream(f"undecodable stream data: {detail}", provider=provider)
     return None
+
+
+# -- redirects --------------------------------------------------------------------------
+
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def origin_of(url: Any) -> tuple[str, str, int | None]:
+    """The origin (scheme, host, port: the scheme's default when none is written) of an
+    HTTP library's ``URL``."""
+    scheme = url.scheme
+    return scheme, url.host, url.port or _DEFAULT_PORTS.get(scheme)
+
+
+class StayHome:
+    """A request hook of a provider's HTTP client (``event_hooks["request"]``, called for
+    each request, a redirect's next one too): a request to another origin than the
+    endpoint's is not sent, a :class:`~runtime.errors.ProviderError` (not retryable)
+    naming that origin, never the path or query (nor the key, which is a header).
+
+    Why: every SDK's client follows redirects, and a 307 or 308 re-sends the request as
+    it was (the whole conversation) to the host it names; ``Authorization`` is dropped
+    there by the HTTP library, Anthropic's ``x-api-key`` by its SDK, Gemini's
+    ``x-goog-api-key`` by nothing until branch ``provatk``, and never the body. A redirect
+    within the endpoint's origin is followed (branch ``provmend``)."""
+
+    __slots__ = ("home", "provider")
+
+    def __init__(self, endpoint: Any, provider: str) -> None:
+        self.home = origin_of(endpoint)
+        self.provider = provider
+
+    async def __call__(self, request: Any) -> None:
+        there = origin_of(request.url)
+        if there != self.home:
+            scheme, host, port = there
+            shown = f"[{host}]" if ":" in host else host
+            raise errors.ProviderError(
+                f"the endpoint redirected the call to another origin, {scheme}://{shown}"
+                f"{'' if port is None else f':{port}'}; not followed: the request (the "
+                "conversation) would be sent there. If the endpoint moved, set the "
+                "provider's base URL to it",
+                provider=self.provider,
+                retryable=False,
+            )
+
+
+def stay_home(http: Any, endpoint: Any, provider: str) -> None:
+    """Add :class:`StayHome` for ``endpoint`` to the request hooks of ``http`` (an SDK's
+    HTTP client; one without ``event_hooks`` is left as it is)."""
+    hooks = getattr(http, "event_hooks", None)
+    if isinstance(hooks, dict):
+        http.event_hooks = {
+            **hooks,
+            "request": [*hooks.get("request", ()), StayHome(endpoint, provider)],
+        }
+
+
+def hook_error(exc: BaseException) -> errors.AxonError | None:
+    """The error a hook of the HTTP client raised (:class:`StayHome`) that the SDK wrapped
+    (as its connection error), else ``None``."""
+    cause = exc.__cause__
+    return cause if isinstance(cause, errors.AxonError) else None
+
+
+# -- numbers JSON has not ------------------------------------------------------------------
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is no JSON number")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text[:40]} is past the range of a number")
+    return value
+
+
+def strict_loads(raw: str | bytes) -> Any:
+    """``json.loads`` of a tool call's arguments as JSON (RFC 8259) reads them: ``NaN``,
+    ``Infinity`` and ``-Infinity`` (which Python's reader takes) and a number past a
+    double's range (``1e400``, read as an infinity) raise ``ValueError``.
+
+    Why: such an input was run (the tool got ``nan``), kept in the session as it was and
+    written by the store as ``null``; replayed, it made the Anthropic request fail to
+    build (``Out of range float values are not JSON compliant``, not retryable, on every
+    later turn of the session), Gemini's body invalid JSON, and OpenAI's arguments text
+    no JSON. Now it is invalid JSON, as any other: the call is not run and the model
+    reads why (branch ``provmend``)."""
+    return json.loads(raw, parse_constant=_no_constant, parse_float=_finite_float)
+
+
+def finite(value: Any) -> Any:
+    """``value`` (JSON as Python) with each float that is not finite as ``None``, as the
+    store writes it (orjson); ``value`` itself when it holds none. For an input already
+    in a history (a hand-made one, or one kept before :func:`strict_loads`), so the
+    request holds valid JSON."""
+    try:
+        return _finite(value)
+    except RecursionError:  # nested past Python's stack: left as it is
+        return value
+
+
+def _finite(value: Any) -> Any:
+    kind = type(value)
+    if kind is float:
+        return value if math.isfinite(value) else None
+    if kind is dict:
+        out: dict[Any, Any] | None = None
+        for key, item in value.items():
+            new = _finite(item)
+            if new is not item:
+                if out is None:
+                    out = dict(value)
+                out[key] = new
+        return value if out is None else out
+    if kind is list or kind is tuple:
+        items = [_finite(item) for item in value]
+        return value if all(a is b for a, b in zip(items, value, strict=True)) else items
+    return value
+
+
+def arguments_json(value: Any) -> str:
+    """A tool call's input as the JSON text of OpenAI's ``arguments``: a float that is
+    not finite as ``null`` (:func:`finite`), where ``json.dumps`` wrote ``NaN``."""
+    try:
+        return json.dumps(value, allow_nan=False)
+    except ValueError:
+        return json.dumps(finite(value))

@@ -54,7 +54,6 @@ turn runner's decision, it knows what was already streamed).
 from __future__ import annotations
 
 import base64
-import functools
 import json
 import os
 import re
@@ -65,10 +64,13 @@ from typing import Any, ClassVar
 import trio
 
 from actors.providers.failures import (
+    StayHome,
     classify_status,
     classify_transport,
+    finite,
     missing_key,
     retry_after,
+    strict_loads,
     text_of,
     tokens,
 )
@@ -230,12 +232,13 @@ def _user_parts(content: Any) -> list[dict[str, Any]]:
 
 def _tool_input(value: Any) -> dict[str, Any]:
     """A ``function_call.args``, which must be an object: an input that did not parse
-    (kept as its raw text; the call never ran) is sent as ``{}``."""
+    (kept as its raw text; the call never ran) is sent as ``{}``; a float that is not
+    finite as ``null``, as the store writes it (the SDK would write ``NaN``, no JSON)."""
     if isinstance(value, dict):
-        return value
+        return finite(value)
     if isinstance(value, str):
         try:
-            decoded = json.loads(value)
+            decoded = strict_loads(value)
         except (ValueError, RecursionError):  # RecursionError: nested past Python's stack
             return {}
         return decoded if isinstance(decoded, dict) else {}
@@ -574,11 +577,17 @@ class _Parser:
             return
         self.calls += 1
         call_id = text_of(call.get("id"), "a functionCall's id", PROVIDER) or new_id(GENERATED_ID)
+        clean = finite(args)  # NaN or an infinity (a chunk read by Python's json, as the
+        error = None  # SDK's): no JSON number, so not run, as the other providers do
+        if clean is not args:
+            args, error = clean, "invalid JSON in function call arguments: a NaN or infinity"
         await self.emit(ToolInputStartChunk(tool_call_id=call_id, tool_name=name))
         await self.emit(
             ToolInputDeltaChunk(tool_call_id=call_id, delta=json.dumps(args, ensure_ascii=False))
         )
-        await self.emit(ToolCallChunk(tool_call_id=call_id, tool_name=name, input=args))
+        await self.emit(
+            ToolCallChunk(tool_call_id=call_id, tool_name=name, input=args, input_error=error)
+        )
 
     async def end(self) -> None:
         raw = self.finish
@@ -698,23 +707,10 @@ def classify_error(exc: BaseException, *, streaming: bool = False) -> AxonError:
         return errors.MalformedStream(
             f"unreadable response chunk: {type(exc).__name__}: {exc}", provider=PROVIDER
         )
-    return errors.ProviderError(f"{type(exc).__name__}: {exc}", provider=PROVIDER)
+    return errors.ProviderError(errors.describe_exception(exc), provider=PROVIDER)
 
 
 # -- the provider actor ---------------------------------------------------------------------
-
-
-async def _key_stays_home(home: tuple[str, str, int | None], request: Any) -> None:
-    """Drop the key's header from a request to another origin than the endpoint's
-    ``home`` (scheme, host, port): a redirect's next hop.
-
-    Why: the client follows redirects, as the SDK's own does, and the HTTP library
-    strips only ``Authorization`` when a redirect leaves the origin; the SDK sends the
-    key as ``x-goog-api-key``, which went on to whatever host a ``307`` named (branch
-    ``provatk``). The redirected call then fails as unauthenticated there."""
-    url = request.url
-    if (url.scheme, url.host, url.port) != home:
-        request.headers.pop("x-goog-api-key", None)
 
 
 class GeminiProvider(SDKProvider):
@@ -801,9 +797,9 @@ class GeminiProvider(SDKProvider):
         self._key = key
         http = next(sys.modules[m] for m in ("httpx2", "httpx") if m in sys.modules)
         home = http.URL(self.endpoint or self.default_endpoint or "")
-        hooks = {
-            "request": [functools.partial(_key_stays_home, (home.scheme, home.host, home.port))]
-        }
+        # a redirect off the endpoint's origin is refused, as for every provider (its key
+        # header, x-goog-api-key, went on there: branch provatk; the conversation too)
+        hooks = {"request": [StayHome(home, PROVIDER)]}
         self._http = http.AsyncClient(
             timeout=self.timeout, follow_redirects=True, event_hooks=hooks
         )

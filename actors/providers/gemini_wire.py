@@ -33,8 +33,10 @@ from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import attrs
+import trio
 
 from actors.providers.failures import MAX_EVENT_BYTES, EventTooLarge
+from actors.providers.sse import strip_bom
 from runtime import errors
 
 PROVIDER = "google"
@@ -132,11 +134,16 @@ class LineDecoder:
     A line, a chunk or a raw JSON value is at most :data:`MAX_EVENT_BYTES` long, else
     :class:`EventTooLarge`; a read that ends no line is held as it is and joined once a
     line ends (as :class:`~actors.providers.sse.SSEDecoder`: an endless line from a
-    hostile server took memory without bound, and quadratic time)."""
+    hostile server took memory without bound, and quadratic time). A UTF-8 byte order
+    mark at the body's start is dropped, as an SSE client does
+    (:func:`~actors.providers.sse.strip_bom`: it made the first line raw JSON, and the
+    stream failed)."""
 
-    __slots__ = ("_data", "_held", "_held_size", "_raw", "_rest", "_size")
+    __slots__ = ("_data", "_head", "_held", "_held_size", "_raw", "_rest", "_size")
 
     def __init__(self) -> None:
+        self._head: bytes | None = b""
+        """The body's start while it may be a BOM; ``None`` once read."""
         self._rest = b""
         self._data: list[bytes] = []
         self._size = 0
@@ -146,6 +153,12 @@ class LineDecoder:
         self._held_size = 0
 
     def feed(self, chunk: bytes) -> list[bytes]:
+        if self._head is not None:
+            head, rest = strip_bom(self._head, chunk)
+            if rest is None:
+                self._head = head
+                return []
+            self._head, chunk = None, rest
         if b"\n" not in chunk and b"\r" not in chunk and self._rest[-1:] != b"\r":
             self._held.append(chunk)  # ends no line: held until one ends
             self._held_size += len(chunk)
@@ -271,18 +284,33 @@ def _decode(data: bytes) -> Any:
 
 
 async def _chunks_of(response: Any, raw: Any) -> AsyncGenerator[dict[str, Any], None]:
-    """The chunks of one hop's body as dicts; an error object raises the SDK's error."""
+    """The chunks of one hop's body as dicts; an error object raises the SDK's error.
+
+    Once a chunk gave the first candidate's ``finishReason`` and a chunk at or after it
+    its ``usageMetadata`` (the API sends both in its last chunk), or a prompt's
+    ``blockReason``, the hop's answer is whole: the body is read on as before for at most
+    :data:`DRAIN_AFTER_END` seconds, and cut there. Why: reading on to the body's end, a
+    finished answer from a server (a proxy) that kept the body open waited for the read
+    timeout and failed with a ``ProviderTimeout`` (branch ``provmend``)."""
     from google.genai import errors as genai_errors
 
     decoder = LineDecoder()
     batches: AsyncIterator[bytes] = raw.aiter_bytes()
-    ended = False
+    ended = finished = False
+    deadline: float | None = None
     while not ended:
-        try:
-            chunk = await anext(batches)
-            found = decoder.feed(chunk)
-        except StopAsyncIteration:
+        if deadline is None:
+            chunk = await anext(batches, None)
+        else:  # the answer is whole: the rest of the body, briefly
+            chunk = None
+            with trio.move_on_at(deadline) as scope:
+                chunk = await anext(batches, None)
+            if scope.cancelled_caught:
+                return  # (what came after the answer and ends no chunk is dropped)
+        if chunk is None:
             found, ended = decoder.finish(), True
+        else:
+            found = decoder.feed(chunk)
         for data in found:
             value = _decode(data)
             if type(value) is not dict:
@@ -292,7 +320,31 @@ async def _chunks_of(response: Any, raw: Any) -> AsyncGenerator[dict[str, Any], 
             if next(iter(value), None) == "error":  # the SDK: '{"error":' starts it
                 code, value = _error_object(value["error"])
                 await genai_errors.APIError.raise_error_async(code, value, response)
+            if deadline is None:
+                finished = finished or _finishes(value)
+                if finished and ("usageMetadata" in value or _blocked(value)):
+                    deadline = trio.current_time() + DRAIN_AFTER_END
             yield value
+
+
+DRAIN_AFTER_END = 0.1
+"""Seconds to read what follows a hop's answer (the body's end, so the connection is
+reused and what a server adds is read as before); a server that keeps the body open is
+cut then."""
+
+
+def _finishes(chunk: dict[str, Any]) -> bool:
+    """Whether ``chunk`` gives the first candidate's ``finishReason`` or blocks the prompt."""
+    candidates = chunk.get("candidates")
+    if type(candidates) is list and candidates:
+        first = candidates[0]
+        return type(first) is dict and first.get("finishReason") is not None
+    return _blocked(chunk)
+
+
+def _blocked(chunk: dict[str, Any]) -> bool:
+    feedback = chunk.get("promptFeedback")
+    return type(feedback) is dict and feedback.get("blockReason") is not None
 
 
 def _error_object(error: Any) -> tuple[int, dict[str, Any]]:

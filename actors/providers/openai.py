@@ -38,7 +38,14 @@ from typing import Any, ClassVar
 
 import trio
 
-from actors.providers.failures import SHAPE_ERRORS, text_of, tokens, unreadable
+from actors.providers.failures import (
+    SHAPE_ERRORS,
+    arguments_json,
+    strict_loads,
+    text_of,
+    tokens,
+    unreadable,
+)
 from actors.providers.json_slot import StringSlot, TwoStringSlot, learn
 from actors.providers.openai_common import (
     OpenAISDKProvider,
@@ -138,7 +145,7 @@ def tool_id(call_id: str, limit: int = CALL_ID_MAX) -> str:
 
 def _arguments(value: Any) -> str:
     # A call whose input did not parse is stored as the raw string: send it back verbatim.
-    return value if isinstance(value, str) else json.dumps(value)
+    return value if isinstance(value, str) else arguments_json(value)
 
 
 IMAGE_TYPES = frozenset({"image/png", "image/jpeg", "image/gif", "image/webp"})
@@ -432,7 +439,7 @@ class _ToolCalls:
             raw = "".join(call.args)
             error: str | None = None
             try:
-                value: Any = json.loads(raw) if raw.strip() else {}
+                value: Any = strict_loads(raw) if raw.strip() else {}
             except (ValueError, RecursionError) as exc:  # a recursion bomb is no JSON either
                 value, error = raw, f"invalid JSON in tool arguments: {exc}"
             if reason == "length":
@@ -667,7 +674,7 @@ async def json_chunks(stream: Any) -> AsyncGenerator[Any, None]:
 
 
 async def json_chunk_batches(
-    stream: Any, *, texts: bool = False
+    stream: Any, *, texts: bool = False, usage: bool | None = None
 ) -> AsyncGenerator[list[Any], None]:
     """The chunks of an SDK ``AsyncStream`` as plain dicts, decoded by orjson, a list per
     network read; with ``texts``, a chunk of text alone (:func:`_text_only`) that is the
@@ -695,6 +702,17 @@ async def json_chunk_batches(
     bytes is read from them by their bytes (:meth:`TwoStringSlot.run_lines`), not cut
     into ``(name, data)`` pairs first (issue 24 goal 1); every other block is read as
     its events, as before.
+
+    With ``usage`` (``True``: the request asked for the usage chunk, ``False``: it did
+    not), the answer is whole once choice 0's ``finish_reason`` came and, when usage was
+    asked, a chunk with usage at or after it (the trailing ``choices: []`` chunk, or
+    usage on the finish chunk as DeepSeek and Together send it): the body is then read on
+    as before (a moderation chunk, an ``error``, ``[DONE]``) for at most
+    :data:`DRAIN_AFTER_DONE` seconds, and cut there. Why: a server (a proxy) that kept
+    the body open after the last chunk made a finished answer wait for the read timeout
+    and fail with a ``ProviderTimeout``, as Anthropic did before it stopped at
+    ``message_stop`` (branch ``provmend``). ``None`` reads to ``[DONE]`` (so does a
+    server that never sends the usage asked).
     """
     iter_events = getattr(stream, "_iter_events", None)
     response = getattr(stream, "response", None)
@@ -702,12 +720,20 @@ async def json_chunk_batches(
         async for chunk in stream:
             yield [chunk]
         return
-    reader = _ChunkReader(response, texts)
+    reader = _ChunkReader(response, texts, usage)
     sse_response = sdk_sse_response(stream) if texts else None
     if sse_response is None:  # through the SDK's decoder, or no text to read by slot
         events = event_batches(stream)
         async with aclosing(events):
-            async for batch in events:
+            while True:
+                if reader.deadline is None:
+                    batch = await anext(events, None)
+                else:  # the answer is whole: the rest of the body, briefly
+                    batch = None
+                    with trio.move_on_at(reader.deadline):
+                        batch = await anext(events, None)
+                if batch is None:
+                    return
                 out: list[Any] = []
                 failure, done = reader.events(batch, out)
                 if out:
@@ -717,11 +743,20 @@ async def json_chunk_batches(
                 if done:
                     await _drain_after_done(events)
                     return
-        return
     decoder = SSEDecoder()
     chunks = sse_response.aiter_bytes()
     head, seen = b"", False
-    async for chunk in chunks:
+    while True:
+        if reader.deadline is None:
+            chunk = await anext(chunks, None)
+        else:  # the answer is whole: the rest of the body, briefly
+            chunk = None
+            with trio.move_on_at(reader.deadline) as scope:
+                chunk = await anext(chunks, None)
+            if scope.cancelled_caught:
+                return  # (what came after the answer and ends no event is dropped)
+        if chunk is None:
+            break
         lines, batch = decoder.feed_lines(chunk, 2)
         out = []
         if lines:
@@ -758,15 +793,21 @@ class _ChunkReader:
     its text chunks and how many more may be tried as one; a method per form of a read
     (its events, or its lines, :meth:`~actors.providers.sse.SSEDecoder.feed_lines`)."""
 
-    __slots__ = ("learning", "loads", "response", "slot")
+    __slots__ = ("deadline", "finished", "learning", "loads", "response", "slot", "usage")
 
-    def __init__(self, response: Any, texts: bool) -> None:
+    def __init__(self, response: Any, texts: bool, usage: bool | None = None) -> None:
         import orjson
 
         self.loads = orjson.loads
         self.response = response
         self.slot: StringSlot | TwoStringSlot | None = None
         self.learning = SLOT_LEARNING if texts else 0
+        self.usage = usage
+        """Whether the request asked for usage; ``None``: read to ``[DONE]``."""
+        self.finished = False
+        """Choice 0's ``finish_reason`` was read."""
+        self.deadline: float | None = None
+        """When reading the body stops, once the answer is whole (:meth:`_ends`)."""
 
     def lines(
         self, decoder: SSEDecoder, lines: list[bytes], out: list[Any]
@@ -827,6 +868,8 @@ class _ChunkReader:
                 failure = _stream_error(chunk["error"], self.response)
                 break
             out.append(chunk)
+            if self.usage is not None and self.deadline is None and self._ends(chunk):
+                self.deadline = trio.current_time() + DRAIN_AFTER_DONE  # the answer is whole
             if learning and type(chunk) is dict and _text_only(chunk):
                 learning -= 1  # each chunk may differ (an obfuscation field): a few tries
                 slot = (
@@ -836,6 +879,29 @@ class _ChunkReader:
         self.slot = slot
         self.learning = learning
         return failure, done
+
+    def _ends(self, chunk: dict[str, Any]) -> bool:
+        """Whether ``chunk`` ends the answer (:func:`json_chunk_batches`' ``usage``):
+        choice 0's finish came (in it or before) and, if usage was asked, it has usage."""
+        if not self.finished:
+            choices = chunk.get("choices")
+            if type(choices) is not list:
+                return False
+            for choice in choices:
+                if (
+                    type(choice) is dict
+                    and not choice.get("index")
+                    and choice.get("finish_reason") is not None
+                ):
+                    self.finished = True
+            if not self.finished:
+                return False
+        if not self.usage:
+            return True
+        groq = chunk.get("x_groq")
+        return type(chunk.get("usage")) is dict or (
+            type(groq) is dict and type(groq.get("usage")) is dict
+        )
 
 
 async def _drain_after_done(events: AsyncIterator[Any]) -> None:
@@ -952,8 +1018,10 @@ class OpenAIProvider(OpenAISDKProvider):
         except Exception as exc:
             raise classify_error(exc, provider=self.provider_name) from exc
         await self.observe_headers(getattr(response, "response", None))  # rate limits
+        asked = params.get("stream_options")
+        usage = type(asked) is dict and bool(asked.get("include_usage"))
         async with response:  # closes the HTTP response on error and on cancellation
-            batches = json_chunk_batches(response, texts=True)
+            batches = json_chunk_batches(response, texts=True, usage=usage)
             async with aclosing(batches):
                 await parse_batches(
                     batches,

@@ -29,7 +29,13 @@ from typing import Any
 
 import trio
 
-from actors.providers.failures import classify_status, classify_transport, missing_key, retry_after
+from actors.providers.failures import (
+    classify_status,
+    classify_transport,
+    hook_error,
+    missing_key,
+    retry_after,
+)
 from actors.providers.sdk import SDKProvider
 from runtime import errors
 from runtime.errors import AxonError, ProviderError
@@ -146,6 +152,9 @@ def classify_error(exc: BaseException, *, provider: str = "openai") -> AxonError
     if isinstance(exc, openai.APITimeoutError):
         return errors.ProviderTimeout(str(exc), provider=provider)
     if isinstance(exc, openai.APIConnectionError):
+        refused = hook_error(exc)  # a redirect off the endpoint's origin (StayHome)
+        if refused is not None:
+            return refused
         cause = exc.__cause__
         detail = f": {type(cause).__name__}: {cause}" if cause is not None else ""
         return errors.ConnectionLost(f"{exc}{detail}", provider=provider)
@@ -166,7 +175,7 @@ def classify_error(exc: BaseException, *, provider: str = "openai") -> AxonError
     found = classify_transport(exc, provider=provider)
     if found is not None:
         return found
-    return ProviderError(f"{type(exc).__name__}: {exc}", provider=provider)
+    return ProviderError(errors.describe_exception(exc), provider=provider)
 
 
 # -- token counts (context compaction) ------------------------------------------------------
@@ -213,7 +222,7 @@ async def tiktoken_encoding(model: str) -> Any | None:
             get_logger("axon.compaction").warning(
                 "compaction.tiktoken-unavailable",
                 model=model,
-                error=f"{type(exc).__name__}: {exc}",
+                error=errors.describe_exception(exc),
                 fallback="estimate",
             )
     _encodings[model] = encoding

@@ -50,7 +50,15 @@ from collections.abc import AsyncGenerator, AsyncIterable, Iterable, Sequence
 from contextlib import aclosing
 from typing import Any, ClassVar
 
-from actors.providers.failures import SHAPE_ERRORS, classify_status, text_of, tokens, unreadable
+from actors.providers.failures import (
+    SHAPE_ERRORS,
+    arguments_json,
+    classify_status,
+    strict_loads,
+    text_of,
+    tokens,
+    unreadable,
+)
 from actors.providers.openai_common import (
     OpenAISDKProvider,
     as_body,
@@ -183,7 +191,7 @@ def wire_call_id(raw: str) -> str:
 
 def _arguments(value: Any) -> str:
     # A call whose input did not parse is stored as the raw string: send it back verbatim.
-    return value if isinstance(value, str) else json.dumps(value)
+    return value if isinstance(value, str) else arguments_json(value)
 
 
 IMAGE_TYPES = frozenset({"image/png", "image/jpeg", "image/gif", "image/webp"})
@@ -290,10 +298,31 @@ def _step_items(
     # required following item"): drop the reasoning items at the end of the step.
     while items and items[-1].get("type") == "reasoning":
         items.pop()
+    unpaired: list[int] = []
     for index, following in links.items():
         if index + 1 < len(items):
-            _link(items[index + 1], following)
+            if _lost_message(items[index + 1], following):
+                unpaired.append(index)
+            else:
+                _link(items[index + 1], following)
+    for index in reversed(unpaired):
+        del items[index]
     return items
+
+
+def _lost_message(item: dict[str, Any], following: dict[str, Any]) -> bool:
+    """Whether the ``message`` that followed a reasoning item is not ``item``, the item
+    after it now: its text was whitespace alone, which the history's repair drops
+    (:func:`runtime.history.repair`), so the call after it came next. Such a reasoning
+    item is not sent. Why: the API pairs a reasoning item with the item that followed it,
+    by id, and refuses one "provided without its required following item"; it went back
+    followed by a call that had not followed it (branch ``provmend``). The reasoning is
+    context the API does not require, a message of invented text would be worse."""
+    return (
+        following.get("type") == "message"
+        and bool(following.get("id"))
+        and not (item.get("role") == "assistant" and item.get("type", "message") == "message")
+    )
 
 
 def _link(item: dict[str, Any], following: dict[str, Any]) -> None:
@@ -456,7 +485,7 @@ def _parse_arguments(call_id: str, name: str, raw: str) -> ToolCallChunk:
     if not raw.strip():
         return ToolCallChunk(tool_call_id=call_id, tool_name=name, input={})
     try:
-        value = json.loads(raw)
+        value = strict_loads(raw)
     except (ValueError, RecursionError) as exc:  # a recursion bomb is no JSON either
         return ToolCallChunk(
             tool_call_id=call_id,

@@ -21,6 +21,7 @@ import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from actors.providers.failures import stay_home
 from runtime.history import ForeignReasoning
 from runtime.provider import Provider
 from runtime.ratelimit import RateLimit
@@ -127,8 +128,13 @@ class SDKProvider(Provider):
 
     def prepare_client(self, client: Any) -> None:
         """Make a new client cheaper to call, once, where it is built (the request it
-        sends stays the same): its endpoints' URLs joined once (:func:`cache_prepared_urls`)."""
+        sends stays the same): its endpoints' URLs joined once (:func:`cache_prepared_urls`);
+        and safer: a redirect off its ``base_url``'s origin refused
+        (:class:`~actors.providers.failures.StayHome`, on the SDK's HTTP client)."""
         cache_prepared_urls(client)
+        base_url = getattr(client, "base_url", None)
+        if base_url is not None and hasattr(base_url, "scheme"):
+            stay_home(getattr(client, "_client", None), base_url, self.provider_name)
 
     def _known_params(self, create: Callable[..., Any]) -> frozenset[str]:
         """The argument names of the SDK's ``create`` (read once): an option it does not

@@ -17,7 +17,9 @@ colon, a line without a colon is a field with an empty value; ``data`` lines joi
 ``\\n``; a blank line dispatches the event when it has an ``event`` name, ``data``, a
 ``retry`` or an ``id`` was ever given (the ``id`` is never reset, as the SDKs do); an
 empty event name is none; other fields are ignored, and a last line without its blank
-line is not an event.
+line is not an event. A UTF-8 byte order mark at the start of the body is dropped, as the
+specification says (:func:`strip_bom`: before, it joined the first line's field name, and
+the first event was lost, branch ``provmend``).
 
 A line or an event is at most :data:`~actors.providers.failures.MAX_EVENT_BYTES` long:
 past that the decoder raises :class:`~actors.providers.failures.EventTooLarge` (a
@@ -49,6 +51,20 @@ _NAMES: dict[bytes, str] = {}
 _NAME_LINES: dict[bytes, str] = {}
 """The same names by their whole ``event: NAME`` line (:meth:`SSEDecoder._named_blocks`)."""
 
+BOM = b"\xef\xbb\xbf"
+"""The UTF-8 byte order mark, which a body may start with (the SSE specification drops it)."""
+
+
+def strip_bom(head: bytes, chunk: bytes) -> tuple[bytes, bytes | None]:
+    """A body's first reads without a leading :data:`BOM`: ``head`` is what was held of
+    the body's start (the reads so far, fewer than three bytes, all a prefix of the BOM),
+    ``chunk`` the next read. Gives the new ``head`` and the bytes to read on (``None``
+    while the reads are still a prefix of the BOM: held; then the start is known)."""
+    buf = head + chunk if head else chunk
+    if len(buf) < 3 and BOM.startswith(buf):
+        return buf, None
+    return b"", buf[3:] if buf.startswith(BOM) else buf
+
 
 class SSEDecoder:
     """Bytes in, events out, incrementally: :meth:`feed` each read, :meth:`finish` at
@@ -57,16 +73,24 @@ class SSEDecoder:
     __slots__ = (
         "_data",
         "_event",
+        "_head",
         "_held",
         "_held_size",
         "_last_id",
         "_rest",
         "_retry",
         "_size",
+        "limit",
         "read",
     )
 
-    def __init__(self) -> None:
+    def __init__(self, limit: int | None = None) -> None:
+        self.limit = limit
+        """The longest line or event, in bytes (``None``: :data:`MAX_EVENT_BYTES` as it
+        is when the limit is checked); past it :class:`EventTooLarge`."""
+        self._head: bytes | None = b""
+        """The body's start held while it may be a BOM (:func:`strip_bom`); ``None`` once
+        the start is read."""
         self.read = b""
         """The bytes the lines :meth:`feed_lines` gave last were cut from: line ``j``
         starts where lines ``0`` to ``j - 1`` end, each ended by one newline (so a
@@ -84,6 +108,12 @@ class SSEDecoder:
 
     def feed(self, chunk: bytes) -> list[Event]:
         """The events that ``chunk`` completes, in order."""
+        if self._head is not None:
+            head, rest = strip_bom(self._head, chunk)
+            if rest is None:
+                self._head = head
+                return []
+            self._head, chunk = None, rest
         if (self._held or chunk.find(b"\n") < 0) and self._holds(chunk):  # (see _holds)
             return []
         buf, tail = self._joined(chunk)
@@ -103,8 +133,9 @@ class SSEDecoder:
             return False
         self._held.append(chunk)
         self._held_size += len(chunk)
-        if self._held_size + len(self._rest) > MAX_EVENT_BYTES:
-            raise EventTooLarge(f"an SSE line of more than {MAX_EVENT_BYTES} bytes with no end")
+        limit = MAX_EVENT_BYTES if self.limit is None else self.limit
+        if self._held_size + len(self._rest) > limit:
+            raise EventTooLarge(f"an SSE line of more than {limit} bytes with no end")
         return True
 
     def _joined(self, chunk: bytes) -> tuple[bytes, bytes]:
@@ -135,6 +166,12 @@ class SSEDecoder:
         (:meth:`actors.providers.json_slot.StringSlot.run_lines`, in :attr:`read`). The
         lines after the last blank one (none blank) wait for the next read, as
         :meth:`feed` keeps them."""
+        if self._head is not None:
+            head, rest = strip_bom(self._head, chunk)
+            if rest is None:
+                self._head = head
+                return [], []
+            self._head, chunk = None, rest
         if (self._held or chunk.find(b"\n") < 0) and self._holds(chunk):  # (see _holds)
             return [], []
         buf, tail = self._joined(chunk)
@@ -257,9 +294,22 @@ class SSEDecoder:
             out += self._lines(lines)
         return out
 
-    def finish(self) -> list[Event]:
-        """The events the end of the body completes: only a last line ended by a CR."""
+    def finish(self, *, flush: bool = False) -> list[Event]:
+        """The events the end of the body completes: only a last line ended by a CR.
+        With ``flush``, the end of the body ends the last line and the event pending too
+        (the A2A client reads a last event with no blank line after it); that line is
+        bounded by the limit as any other."""
         rest, self._rest = self._rest, b""
+        if flush:
+            rest = b"".join((rest, *self._held))
+            self._held, self._held_size = [], 0
+            limit = MAX_EVENT_BYTES if self.limit is None else self.limit
+            if len(rest) > limit:
+                raise EventTooLarge(f"an SSE line of more than {limit} bytes with no end")
+            lines = rest.replace(b"\r\n", b"\n").replace(b"\r", b"\n").split(b"\n")
+            if lines[-1]:
+                lines.append(b"")
+            return self._lines(lines)
         if self._held:  # the last line is a held read's: it ends in no CR
             self._held, self._held_size = [], 0
             return []
@@ -288,8 +338,9 @@ class SSEDecoder:
                 self._field(line)
         if len(data) > start:  # an event left pending: its data is bounded too
             self._size += sum(map(len, data[start:])) + len(data) - start
-            if self._size > MAX_EVENT_BYTES:
-                raise EventTooLarge(f"an SSE event of more than {MAX_EVENT_BYTES} bytes")
+            limit = MAX_EVENT_BYTES if self.limit is None else self.limit
+            if self._size > limit:
+                raise EventTooLarge(f"an SSE event of more than {limit} bytes")
         return out
 
     def _field(self, line: bytes) -> None:
@@ -424,10 +475,12 @@ def sdk_sse_response(stream: Any) -> Any:
 
 
 __all__ = [
+    "BOM",
     "Event",
     "SSEDecoder",
     "block_bytes",
     "event_batches",
     "sdk_sse_response",
     "sse_batches",
+    "strip_bom",
 ]

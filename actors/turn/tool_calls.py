@@ -29,7 +29,7 @@ from runtime.actor_messages import (
 )
 from runtime.chunks import ToolCallChunk
 from runtime.errors import ToolDefinitionError
-from runtime.tools import Tool
+from runtime.tools import Tool, agent_depth
 
 if TYPE_CHECKING:
     from runtime.actor import Actor
@@ -148,6 +148,7 @@ class ToolCalling:
                 cancel_scope=trio.CancelScope(),
                 host=self.host,
                 deps=turn.deps,
+                depth=agent_depth(turn.meta),
             )
             await self._ask(self.tool_executor, request)
             pending = {c.tool_call_id for c in runnable}

@@ -16,7 +16,7 @@ from actors.turn.parts import PartsManager
 from actors.turn.structured import StructuredTurn
 from runtime.actor_messages import Batcher, ToolOutcome, TurnSteering
 from runtime.chunks import ToolCallChunk, Usage
-from runtime.errors import AxonError, exception_text
+from runtime.errors import AxonError, exception_message
 from runtime.ids import new_id
 from runtime.messages import Awaiting, ToolMessage
 from runtime.output import ErrorInfo
@@ -93,8 +93,10 @@ def error_info(exc: BaseException) -> ErrorInfo:
     """How an exception that ended a turn, or one of its calls, is reported."""
     if isinstance(exc, AxonError):
         return ErrorInfo(
-            kind=exc.kind, message=exception_text(exc) or exc.kind, retryable=exc.retryable
+            kind=exc.kind, message=exception_message(exc) or exc.kind, retryable=exc.retryable
         )
     return ErrorInfo(
-        kind=type(exc).__name__, message=exception_text(exc) or type(exc).__name__, retryable=False
+        kind=type(exc).__name__,
+        message=exception_message(exc) or type(exc).__name__,
+        retryable=False,
     )

@@ -60,6 +60,7 @@ from runtime.app.commands import (
     make_plugins,
     program_name,
     report_bad_input,
+    say_on_stderr,
 )
 from runtime.app.expiry import deadlines
 from runtime.app.host import Host
@@ -329,11 +330,11 @@ async def run_command(args: argparse.Namespace) -> int:
                 return status
             result = await render_turn(session.resume(), renderer, out_stream)
     if args.store is not None and args.session is None:  # the id it made: say how to resume
-        sys.stderr.write(f"session {session_id} (continue it with --session {session_id})\n")
+        say_on_stderr(f"session {session_id} (continue it with --session {session_id})\n")
     if result is not None and result.error is not None and result.finish_reason != "error":
         # The answer streamed, but saving it failed (a full disk, a writer that kept
         # overtaking this one): say so, rather than exit 0 as if it were stored.
-        sys.stderr.write(
+        say_on_stderr(
             f"the turn was not saved to {redact_url(args.store)}: "
             f"{result.error.kind}: {result.error.message}\n"
         )
@@ -344,7 +345,7 @@ async def run_command(args: argparse.Namespace) -> int:
         # Read the store to tell which, rather than exit 0 over a turn that is lost.
         unsaved = await _turn_unsaved(args.store, session_id, result)
         if unsaved is not None:
-            sys.stderr.write(f"the turn was not saved to {redact_url(args.store)}: {unsaved}\n")
+            say_on_stderr(f"the turn was not saved to {redact_url(args.store)}: {unsaved}\n")
             return 1
     return 0 if result is not None and result.finish_reason not in ("error", "aborted") else 1
 
@@ -403,13 +404,11 @@ async def decide_waiting(session: Any, args: argparse.Namespace, renderer: Any) 
     calls = [c for c in waiting_calls(session.messages) if not c.decided]
     interactive = sys.stdin is not None and sys.stdin.isatty()
     if calls and not (args.approve_all or args.deny_all or interactive):
-        sys.stderr.write(waiting_line(calls, session.id, args) + "\n")
+        say_on_stderr(waiting_line(calls, session.id, args) + "\n")
         return WAITING_STATUS
     for call in calls:
         if call.kind == "client":
-            sys.stderr.write(
-                f"{NO_CLIENT.format(call.tool_name)}: it gets an error as its result\n"
-            )
+            say_on_stderr(f"{NO_CLIENT.format(call.tool_name)}: it gets an error as its result\n")
     prompt_out = sys.stderr if renderer is None else sys.stdout  # --jsonl keeps stdout JSON
     for index, call in enumerate(calls):
         decision: dict[str, Any]
@@ -425,7 +424,7 @@ async def decide_waiting(session: Any, args: argparse.Namespace, renderer: Any) 
             if answer is None:
                 prompt_out.write("\n")
                 if args.store is not None:  # stored, still waiting: how to decide it later
-                    sys.stderr.write(waiting_line(calls[index:], session.id, args) + "\n")
+                    say_on_stderr(waiting_line(calls[index:], session.id, args) + "\n")
                 return 130
             approved = answer.strip().lower() in ("y", "yes")
             decision = {"approved": approved}
@@ -531,7 +530,7 @@ def replay_command(args: argparse.Namespace) -> int:
             renderer.end_line()
         sys.stdout.flush()
         missing = f"turn {unfinished[0]} has" if unfinished else "it has"
-        sys.stderr.write(
+        say_on_stderr(
             f"error: {args.file} is incomplete: {missing} no turn.finished event"
             " (the recording was cut short)\n"
         )
@@ -560,7 +559,7 @@ async def sessions_command(args: argparse.Namespace) -> int:
             try:
                 page = await list_page(store, limit=limit - len(infos), after=after)
             except InvalidCursor as exc:
-                sys.stderr.write(f"error: --after: {exc}\n")
+                say_on_stderr(f"error: --after: {exc}\n")
                 return 2
             infos += page.sessions
             after = page.next_cursor
@@ -585,7 +584,7 @@ async def sessions_command(args: argparse.Namespace) -> int:
         sys.stdout.write(terminal_text(line) + "\n")
     if after is not None:  # on stderr: the listing on stdout stays one session a line
         sys.stdout.flush()
-        sys.stderr.write(  # the cursor is the store's text: a plug-in's, maybe anything
+        say_on_stderr(  # the cursor is the store's text: a plug-in's, maybe anything
             terminal_text(
                 f"(the {len(infos)} most recent; more after them: add --after {after}, "
                 "or --all for every session)"
@@ -604,7 +603,7 @@ async def show_command(args: argparse.Namespace) -> int:
     finally:
         await store.aclose()
     if record is None:
-        sys.stderr.write(f"no session {args.session_id!r} in {args.store}\n")
+        say_on_stderr(f"no session {args.session_id!r} in {args.store}\n")
         return 1
     if args.json:
         sys.stdout.write(orjson.dumps(unstructure(list(record.messages))).decode() + "\n")

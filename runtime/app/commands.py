@@ -99,8 +99,18 @@ def report_bad_input(command: Callable[[], int]) -> int:
 
 
 def _fail(exc: BaseException) -> int:
-    sys.stderr.write(f"error: {exc}\n")
+    say_on_stderr(f"error: {exc}\n")
     return USAGE_EXIT
+
+
+def say_on_stderr(text: str) -> None:
+    """Write ``text`` for the person on stderr; a stderr that is gone (a pipe whose
+    reader left, ``axon run ... 2>&1 | head -1``) drops it: the exit status still tells.
+    Raising there was taken for the reader of stdout leaving: a turn not saved exited 0."""
+    try:
+        sys.stderr.write(text)
+    except (OSError, ValueError):
+        pass
 
 
 def add_agent_arguments(parser: argparse.ArgumentParser) -> None:

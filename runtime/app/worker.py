@@ -93,6 +93,7 @@ from runtime.errors import (
     RegenerateOutdated,
     RelayUnavailable,
     StoreError,
+    describe_exception,
 )
 from runtime.history import off_loop_limiter
 from runtime.logging import configure_logging, get_logger
@@ -718,7 +719,7 @@ class Worker:
             status = await self._run_turn(entry)
         except Exception as exc:  # the turn could not even start: fail it, keep working
             leases.release(turn.turn_id, entry.claim.epoch)
-            message = redact(f"{type(exc).__name__}: {exc}")
+            message = describe_exception(exc)
             log().error("worker.turn_crashed", turn_id=turn.turn_id, error=message[:500])
             status = "failed"
             if not entry.lost:
@@ -783,7 +784,7 @@ class Worker:
         """Fail the claimed turn before it starts (nothing run, cut or stored): its
         stream's readers are told why by the front end, from the row's error."""
         claim = entry.claim
-        message = redact(f"{type(exc).__name__}: {exc}")
+        message = describe_exception(exc)
         log().info("worker.turn_refused", turn_id=claim.turn.turn_id, error=message[:500])
         with trio.CancelScope(shield=True):
             try:

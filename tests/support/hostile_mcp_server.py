@@ -13,6 +13,10 @@ It lists ``echo`` (text back) and ``loop`` (an input schema that is its own refe
     A call of ``echo`` adds a tool named ``local`` and says the list changed.
 ``garbage-with-key``
     Before answering a call, a line that is no JSON, holding an API key.
+``many-tools``
+    Lists ``MCP_TEST_TOOLS`` more tools (``t0``, ``t1``, ...) in one page.
+``huge-schema``, ``huge-description``
+    Lists a tool ``huge`` whose input schema (or description) is ``MCP_TEST_BYTES`` long.
 ``endless-line``
     A call of ``echo`` is answered with ``MCP_TEST_BYTES`` bytes of a line that never
     ends; then the server waits.
@@ -38,6 +42,18 @@ TOOLS = [
         "inputSchema": {"type": "object", "$ref": "#"},
     },
 ]
+
+
+if "many-tools" in MODES:
+    count = int(os.environ["MCP_TEST_TOOLS"])
+    TOOLS.extend({"name": f"t{n}", "inputSchema": {"type": "object"}} for n in range(count))
+if "huge-schema" in MODES:
+    filler = {"type": "string", "description": "x" * int(os.environ["MCP_TEST_BYTES"])}
+    schema = {"type": "object", "properties": {"filler": filler}}
+    TOOLS.append({"name": "huge", "description": "Huge.", "inputSchema": schema})
+if "huge-description" in MODES:
+    description = "y" * int(os.environ["MCP_TEST_BYTES"])
+    TOOLS.append({"name": "huge", "description": description, "inputSchema": {"type": "object"}})
 
 
 def send(message: dict) -> None:

@@ -67,9 +67,12 @@ CANCELED_REASON = "canceled by the A2A client"
 LIVE_TASKS = 64
 """Tasks kept in memory while no turn of theirs runs (the oldest go first): a task that
 is not kept is read back from its session's history when asked for. Running tasks are
-always kept; there is at most one per session. A kept task holds its client's messages
-(media included) and its answer, so this bounds what finished tasks hold (their stream
-events are dropped once no stream follows them: :meth:`LiveTask._compact`)."""
+always kept (there is at most one per session), and so are tasks in a transition (an
+answer being recorded, a cancel under way: :meth:`TaskBook._keep`); the 65th task only
+pushes the oldest resting one out of memory, nothing of it is lost. A kept task holds
+its client's messages (media included) and its answer, so this bounds what finished
+tasks hold (their stream events are dropped once no stream follows them:
+:meth:`LiveTask._compact`)."""
 
 RUNNING_TASKS = 100
 """Tasks that may run at once in one app. An A2A client need not hold a connection
@@ -444,11 +447,18 @@ class TaskBook:
         live.set_state(fresh.state, fresh.status_message)
 
     def _keep(self, live: LiveTask) -> LiveTask:
+        """Keep ``live``, and drop the oldest tasks past :data:`LIVE_TASKS` that are at
+        rest: neither running nor in a transition (:attr:`LiveTask.transition` held, an
+        answer being recorded or a cancel under way). One dropped in a transition was
+        found again as a fresh copy, whose lock orders nothing: a cancel then ran beside
+        the continuation an answer was starting, answered ``CANCELED``, and the
+        continuation completed the turn."""
         self.live[live.id] = live
         if len(self.live) > LIVE_TASKS:
-            for key in [k for k, t in self.live.items() if not t.running][
-                : len(self.live) - LIVE_TASKS
-            ]:
+            resting = [
+                k for k, t in self.live.items() if not t.running and not t.transition.locked()
+            ]
+            for key in resting[: len(self.live) - LIVE_TASKS]:
                 del self.live[key]
         return live
 

@@ -1,0 +1,332 @@
+"""The logs and the supervision attacked where the last round left them: a stderr whose
+reader has left, a crash written twice, a supervisor whose own handling of a crash
+raises."""
+
+from __future__ import annotations
+
+import errno
+import io
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import orjson
+import trio
+
+from actors.providers.scripted import ScriptedProvider
+from runtime import Actor, Agent, Host, RestartPolicy
+from runtime.errors import ActorFailed
+from runtime.events import ActorGaveUp, TurnStarted
+from runtime.logging import configure_logging
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
+HANG_GUARD = 600  # seconds of the autojump clock: a hang fails instead of stalling
+PROCESS_GUARD = 60  # seconds: only so a regression fails instead of hanging the suite
+
+
+def axon_with_stderr_gone(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """``python -m runtime ARGS`` with stderr a pipe whose reader has already left (as
+    ``axon run ... 2>&1 | head -1`` leaves it after the first line): every write to it
+    raises ``BrokenPipeError``."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        return subprocess.run(
+            [sys.executable, "-m", "runtime", *args],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=write,
+            text=True,
+            timeout=PROCESS_GUARD,
+            cwd=cwd,
+            env=ENV,
+        )
+    finally:
+        os.close(write)
+
+
+def saved_sessions(db: Path) -> int:
+    count: int = sqlite3.connect(db).execute("select count(*) from sessions").fetchone()[0]
+    return count
+
+
+def test_a_run_whose_stderr_reader_left_shows_saves_and_exits_0(tmp_path):
+    """The log tap's write raised BrokenPipeError: the tap crashed, the supervisor raised
+    logging that, the host went down; ``run`` took it for stdout's reader leaving and
+    exited 0, the answer not shown and the turn not saved."""
+    db = tmp_path / "s.db"
+    proc = axon_with_stderr_gone(
+        "run", "--log-level", "info", "--store", str(db), "--session", "s1", "hi", cwd=tmp_path
+    )
+    assert proc.returncode == 0
+    assert "windy in Paris" in proc.stdout
+    assert saved_sessions(db) == 1
+
+
+def test_a_run_without_a_session_id_whose_stderr_reader_left_saves_and_exits_0(tmp_path):
+    """The line naming the new session (on stderr) is dropped, not raised."""
+    db = tmp_path / "s.db"
+    proc = axon_with_stderr_gone("run", "--store", str(db), "hi", cwd=tmp_path)
+    assert proc.returncode == 0
+    assert "windy in Paris" in proc.stdout
+    assert saved_sessions(db) == 1
+
+
+def test_bad_input_whose_stderr_reader_left_still_exits_2(tmp_path):
+    """The ``error: ...`` line raised BrokenPipeError out of the command: a traceback
+    (into the broken pipe) and status 1, as if the command had crashed."""
+    proc = axon_with_stderr_gone("run", "--file", str(tmp_path / "missing.png"), "hi", cwd=tmp_path)
+    assert proc.returncode == 2
+
+
+class BrokenPipeStream(io.StringIO):
+    """A stderr whose reader left after ``lines`` writes."""
+
+    def __init__(self, lines: int = 0) -> None:
+        super().__init__()
+        self.lines = lines
+        self.attempts = 0
+
+    def write(self, text: str) -> int:
+        self.attempts += 1
+        if self.attempts > self.lines:
+            raise BrokenPipeError(32, "Broken pipe")
+        return super().write(text)
+
+
+async def test_lines_to_a_broken_stderr_are_dropped_and_turns_run_and_save(tmp_path):
+    stream = BrokenPipeStream(lines=1)
+    configure_logging("info", stream=stream)  # type: ignore[arg-type]
+    with trio.fail_after(PROCESS_GUARD):
+        async with Host.open(store=str(tmp_path / "s.db")) as host:
+            session = await host.open_session(Agent(provider=ScriptedProvider([["hi"]])))
+            first = await session.run("hello")
+            second = await session.run("again")
+    assert (first.finish_reason, first.saved) == ("stop", True)
+    assert (second.finish_reason, second.saved) == ("stop", True)
+    assert stream.getvalue().startswith("{")  # what went out before the pipe broke
+
+
+async def test_a_broken_stderr_is_not_written_to_again(tmp_path):
+    """Dropped without a try once broken, as ``logging.Handler.handleError`` does: a
+    syscall a line that can only fail."""
+    stream = BrokenPipeStream(lines=0)
+    configure_logging("info", stream=stream)  # type: ignore[arg-type]
+    with trio.fail_after(PROCESS_GUARD):
+        async with Host.open(store=str(tmp_path / "s.db")) as host:
+            session = await host.open_session(Agent(provider=ScriptedProvider([["hi"]])))
+            await session.run("hello")
+            await session.run("again")
+    assert stream.attempts == 1
+
+
+class FullDisk(io.StringIO):
+    """A log file on a disk that is full for its first write only."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failed = False
+
+    def write(self, text: str) -> int:
+        if not self.failed:
+            self.failed = True
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return super().write(text)
+
+
+async def test_a_write_that_fails_once_drops_its_lines_not_the_log_tap(tmp_path):
+    """The failed write crashed the log tap (a crash line, a restart, its queued events
+    lost); only the lines of that write are lost now."""
+    stream = FullDisk()
+    configure_logging("info", stream=stream)  # type: ignore[arg-type]
+    with trio.fail_after(PROCESS_GUARD):
+        async with Host.open(store=str(tmp_path / "s.db")) as host:
+            session = await host.open_session(Agent(provider=ScriptedProvider([["hi"]])))
+            await session.run("hello")
+            await session.run("again")
+    kinds = [line["event"] for line in json_lines(stream)]
+    assert "actor.crashed" not in kinds
+    assert kinds.count("turn.finished") == 2
+
+
+async def test_a_line_the_log_file_cannot_encode_drops_that_line_only(tmp_path):
+    """A log file opened ``ascii``, strict: the first line with ``é`` raises
+    UnicodeEncodeError (a ValueError, as a closed file's is); the stream is not gone."""
+    path = tmp_path / "axon.log"
+    with path.open("w", encoding="ascii") as stream:
+        configure_logging("info", stream=stream)
+        with trio.fail_after(PROCESS_GUARD):
+            async with Host.open(store=str(tmp_path / "s.db")) as host:
+                session = await host.open_session(Agent(provider=ScriptedProvider([["hi"]])))
+                await session.run("h\u00e9llo")
+                await session.run("plain")
+    lines = [orjson.loads(line) for line in path.read_text().splitlines()]
+    assert [line["input"] for line in lines if line["event"] == "turn.started"] == ["plain"]
+
+
+class CrashesOnce(Actor):
+    subscribes_to = (TurnStarted,)
+
+    def __init__(self, name: str = "crashes-once") -> None:
+        super().__init__(name=name)
+        self.crashed = False
+        self.seen = 0
+
+    async def handle(self, message: object) -> None:
+        if not self.crashed:
+            self.crashed = True
+            raise ValueError("an observer's bug")
+        self.seen += 1
+
+
+def json_lines(out: io.StringIO) -> list[dict[str, Any]]:
+    return [orjson.loads(line) for line in out.getvalue().splitlines()]
+
+
+async def test_a_crash_is_one_log_line_with_its_traceback_and_the_events_fields(autojump_clock):
+    """The supervisor wrote ``actor.crashed`` (with the traceback) and the log tap wrote
+    the bus event again (with ``error_type`` and ``restarts``): two lines a crash."""
+    out = io.StringIO()
+    configure_logging("info", stream=out)
+    with trio.fail_after(HANG_GUARD):
+        async with Host.open() as host:  # the log tap on
+            observer = await host.start_actor(CrashesOnce())
+            session = await host.open_session(Agent(provider=ScriptedProvider([["hi"]])))
+            await session.run("hello")
+            await session.run("again")
+    assert observer.seen == 1
+    lines = json_lines(out)
+    (crashed,) = [line for line in lines if line["event"] == "actor.crashed"]
+    assert crashed["actor"] == "crashes-once" and crashed["restarts"] == 0
+    assert (crashed["error_type"], crashed["error"]) == (
+        "ValueError",
+        "ValueError: an observer's bug",
+    )
+    assert 'raise ValueError("an observer\'s bug")' in crashed["exception"]
+
+
+async def test_a_restart_is_one_log_line(autojump_clock):
+    out = io.StringIO()
+    configure_logging("info", stream=out)
+    with trio.fail_after(HANG_GUARD):
+        async with Host.open() as host:
+            await host.start_actor(CrashesOnce())
+            session = await host.open_session(Agent(provider=ScriptedProvider([["hi"]])))
+            await session.run("hello")
+            await trio.sleep(1)  # past the restart's backoff: the tap has its event
+    (restarted,) = [line for line in json_lines(out) if line["event"] == "actor.restarted"]
+    assert (restarted["actor"], restarted["restarts"]) == ("crashes-once", 1)
+
+
+class AlwaysCrashes(Actor):
+    subscribes_to = (TurnStarted,)
+
+    async def handle(self, message: object) -> None:
+        raise ValueError("always")
+
+
+async def test_a_give_up_is_one_log_line(autojump_clock):
+    out = io.StringIO()
+    configure_logging("info", stream=out)
+    with trio.fail_after(HANG_GUARD):
+        async with Host.open() as host:
+            await host.start_actor(AlwaysCrashes(name="doomed"), policy=RestartPolicy(intensity=0))
+            session = await host.open_session(Agent(provider=ScriptedProvider([["hi"]])))
+            await session.run("hello")
+    (gave_up,) = [line for line in json_lines(out) if line["event"] == "actor.gave-up"]
+    assert (gave_up["actor"], gave_up["error"]) == ("doomed", "ValueError: always")
+
+
+class ResetRaises(Actor):
+    """An observer whose crash handler has a bug of its own."""
+
+    subscribes_to = (TurnStarted,)
+
+    def __init__(self) -> None:
+        super().__init__(name="reset-raises")
+        self.given_up = 0
+
+    async def handle(self, message: object) -> None:
+        raise ValueError("first bug")
+
+    def on_crash(self, exc: BaseException) -> None:
+        raise RuntimeError("second bug, in on_crash")
+
+    def on_give_up(self, exc: BaseException) -> None:
+        self.given_up += 1
+
+
+async def test_an_on_crash_that_raises_gives_its_actor_up_and_the_turn_beside_it_ends(
+    autojump_clock,
+):
+    """``on_crash`` raised in the supervisor's ``except``: out of the supervisor, into the
+    host's nursery, which cancelled the turn running beside the actor and closed the
+    host with the error."""
+    with trio.fail_after(HANG_GUARD):
+        async with Host.open() as host:
+            watch = host.bus.subscribe([ActorGaveUp], name="watch")
+            observer = await host.start_actor(ResetRaises())
+            session = await host.open_session(Agent(provider=ScriptedProvider([["hi"]])))
+            first = await session.run("hello")
+            second = await session.run("again")
+            await observer.stopped.wait()
+            gave_up = watch.inbox.get_nowait()
+    assert (first.finish_reason, first.text, first.saved) == ("stop", "hi", True)
+    assert (second.finish_reason, second.text) == ("stop", "hi")
+    assert observer.given_up == 1 and observer.inbox.closed
+    assert (gave_up.actor, gave_up.error) == ("reset-raises", "ValueError: first bug")
+
+
+async def test_a_supervisor_whose_crash_handling_fails_says_so_in_one_line(
+    autojump_clock, monkeypatch
+):
+    """A bug in the supervisor's own crash path (here its event, refused by the bus):
+    the actor is given up on, in a line that names both failures."""
+    import runtime.actor
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("the supervisor's own bug")
+
+    monkeypatch.setattr(runtime.actor, "ActorCrashed", refuse)
+    out = io.StringIO()
+    configure_logging("info", stream=out)
+    with trio.fail_after(HANG_GUARD):
+        async with Host.open() as host:
+            await host.start_actor(AlwaysCrashes(name="crashy"))
+            session = await host.open_session(Agent(provider=ScriptedProvider([["hi"]])))
+            result = await session.run("hello")
+    assert (result.finish_reason, result.text) == ("stop", "hi")
+    (gave_up,) = [line for line in json_lines(out) if line["event"] == "actor.gave-up"]
+    assert gave_up["actor"] == "crashy" and gave_up["error"] == "ValueError: always"
+    assert gave_up["supervisor_error"] == "RuntimeError: the supervisor's own bug"
+
+
+class CannotStart(Actor):
+    async def on_start(self) -> None:
+        raise ValueError("no config")
+
+    def on_crash(self, exc: BaseException) -> None:
+        raise RuntimeError("and a bug in on_crash")
+
+
+async def test_an_actor_that_cannot_start_and_whose_on_crash_raises_fails_its_start(
+    autojump_clock,
+):
+    """Its starter is told (``ActorFailed``), as for an actor past its restart policy;
+    the host stays up."""
+    with trio.fail_after(HANG_GUARD):
+        async with Host.open(log_tap=False) as host:
+            try:
+                await host.start_actor(CannotStart(name="nostart"))
+            except ActorFailed as exc:
+                failed = str(exc)
+            session = await host.open_session(Agent(provider=ScriptedProvider([["hi"]])))
+            result = await session.run("hello")
+    assert failed == (
+        "actor 'nostart' could not start: ValueError: no config (its crash could not be handled)"
+    )
+    assert result.finish_reason == "stop"
