@@ -18,6 +18,7 @@ SDKs are imported lazily inside subclasses so ``import runtime`` stays fast.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -51,6 +52,29 @@ if TYPE_CHECKING:
     from runtime.history import ForeignReasoning, Origin
     from runtime.pricing import PriceKey
     from runtime.ratelimit import Limiter, RateLimit
+
+
+@functools.cache
+def _history() -> tuple[type[Origin], Callable[[str], str]]:
+    """:class:`~runtime.history.Origin` and :func:`~runtime.history.endpoint_of`, imported
+    at their first use (see above) and kept. Why kept: a ``from ... import`` in a function
+    runs the import system on every call, ~7,600 instructions for a module that is no
+    package (its failed ``__path__`` lookup builds an ``AttributeError``), and a turn ran
+    seven of them through :attr:`Provider.endpoint`, :attr:`Provider.origin` and
+    :meth:`Provider.price_key` (issue 24 goal 1); a cached call is ~100."""
+    from runtime.history import Origin, endpoint_of
+
+    return Origin, endpoint_of
+
+
+@functools.cache
+def _pricing() -> tuple[type[PriceKey], Callable[[str], bool]]:
+    """:class:`~runtime.pricing.PriceKey` and :func:`~runtime.pricing.is_local`, imported
+    at their first use and kept (as :func:`_history`)."""
+    from runtime.pricing import PriceKey, is_local
+
+    return PriceKey, is_local
+
 
 # -- what a provider is sent -----------------------------------------------------------
 
@@ -260,18 +284,15 @@ class Provider(ServingActor[InferRequest]):
         url = url or self.default_endpoint
         if not url:
             return None
-        from runtime.history import endpoint_of
-
-        return endpoint_of(url)
+        return _history()[1](url)
 
     @property
     def origin(self) -> Origin:
         """This provider's own :class:`~runtime.history.Origin`: the tag, model and
         endpoint recorded on the reasoning and provider data it produces, and the only
         origin whose parts it sends back."""
-        from runtime.history import Origin
-
-        return Origin(provider=self.provider_name, model=self.model or None, endpoint=self.endpoint)
+        origin = _history()[0]
+        return origin(provider=self.provider_name, model=self.model or None, endpoint=self.endpoint)
 
     def price_key(self) -> PriceKey | None:
         """How the price table finds this provider's calls (:mod:`runtime.pricing`), or
@@ -280,8 +301,8 @@ class Provider(ServingActor[InferRequest]):
         model = self.model
         if not model:
             return None
-        from runtime.history import endpoint_of
-        from runtime.pricing import PriceKey, is_local
+        endpoint_of = _history()[1]
+        PriceKey, is_local = _pricing()
 
         cache = self.usage_input_includes_cache
         if self.price_as is not None:

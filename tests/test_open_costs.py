@@ -8,6 +8,9 @@ import builtins
 import re
 import sys
 
+import trio
+import trio.testing
+
 from actors.providers.scripted import ScriptedProvider
 from runtime import Agent, Host
 
@@ -236,3 +239,55 @@ async def test_a_turn_s_end_keeps_the_message_its_last_step_made(tmp_path, monke
         assert session.messages[-1] is result.message
         record = await host.store.load("s")
         assert record is not None and record.messages == session.messages
+
+
+async def test_a_turn_s_actors_wait_on_their_empty_inboxes_without_an_exception(
+    tmp_path, monkeypatch
+):
+    """An actor that waits on its empty inbox (``get``, ``take``: ~18 times a turn) waits
+    without a ``WouldBlock`` raised and caught (~2,500 instructions each before); the
+    turn's answer is the same. (The saver's one poll a turn, ``get_nowait``, still
+    raises it.)"""
+    made: list[object] = []
+    real_init = trio.WouldBlock.__init__
+
+    def counted_init(self: trio.WouldBlock, *args: object) -> None:
+        taker = sys._getframe(2).f_code  # (1: the inbox's _take)
+        if taker.co_name in ("get", "take") and taker.co_filename.endswith("inbox.py"):
+            made.append(self)
+        real_init(self, *args)
+
+    agent = Agent(provider=ScriptedProvider(turns=[[["hi", " there"]]] * 2))
+    async with Host.open(store=str(tmp_path / "s.db")) as host:
+        session = await host.open_session(agent, session_id="waits")
+        monkeypatch.setattr(trio.WouldBlock, "__init__", counted_init)
+        result = await session.run("x")
+        await trio.testing.wait_all_tasks_blocked()
+        monkeypatch.undo()
+        assert result.finish_reason == "stop" and result.message.text == "hi there"
+        assert made == []
+
+
+def test_a_provider_s_endpoint_origin_and_price_key_import_nothing_after_the_first(
+    monkeypatch,
+):
+    """A provider's :attr:`endpoint` (three times a turn), :attr:`origin` (twice) and
+    :meth:`price_key` keep what they import at their first use: no ``import`` statement
+    after it (seven a turn before, ~7,600 instructions each); the same answers."""
+    from actors.providers.anthropic import AnthropicProvider, span_can_start
+
+    provider = AnthropicProvider("claude-x", base_url="https://api.anthropic.com", api_key="k")
+    client = provider._get_client()
+    first = (provider.endpoint, provider.origin, provider.price_key(), span_can_start(client))
+    imports: list[str] = []
+    real_import = builtins.__import__
+
+    def counted_import(name: str, *args: object, **kwargs: object) -> object:
+        imports.append(name)
+        return real_import(name, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(builtins, "__import__", counted_import)
+    again = (provider.endpoint, provider.origin, provider.price_key(), span_can_start(client))
+    monkeypatch.undo()
+    assert imports == []
+    assert again == first and first[0] == "https://api.anthropic.com"

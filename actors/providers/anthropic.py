@@ -14,6 +14,7 @@ first time an API key is read.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -1060,14 +1061,23 @@ def classify_error(exc: BaseException) -> errors.AxonError:
 # -- the provider -------------------------------------------------------------------------
 
 
+@functools.cache
+def _otel_trace() -> Any:
+    """``opentelemetry.trace``, loaded by the SDK already when it gave a tracer, imported
+    here once: a ``from ... import`` in a function runs the import system on every call
+    (~3,900 instructions; issue 24 goal 1)."""
+    from opentelemetry import trace
+
+    return trace
+
+
 def span_can_start(client: Any) -> bool:
     """Whether the span of a call through ``client`` (an Anthropic SDK client with an
     OpenTelemetry tracer) could record or carry a trace context: the client was given a
     tracer provider, or a real one is set globally (the proxy's spans do nothing then),
     or the current context holds a valid span, whose context a non-recording span
     carries on (the SDK's ``traceparent``)."""
-    from opentelemetry import trace  # loaded by the SDK already: it gave the tracer
-
+    trace = _otel_trace()
     options = getattr(client, "_open_telemetry", None) or {}
     if options.get("tracer_provider") is not None:
         return True

@@ -114,7 +114,7 @@ class SSEDecoder:
                 self._head = head
                 return []
             self._head, chunk = None, rest
-        if (self._held or b"\n" not in chunk) and self._holds(chunk):
+        if (self._held or chunk.find(b"\n") < 0) and self._holds(chunk):  # (see _holds)
             return []
         buf, tail = self._joined(chunk)
         return self._feed(buf, tail)
@@ -123,7 +123,10 @@ class SSEDecoder:
         """Whether ``chunk`` ends no line (it then completes no event) and is held, as it
         is, for the read that ends the line; raises :class:`EventTooLarge` once the line
         is longer than :data:`MAX_EVENT_BYTES`."""
-        if b"\n" in chunk or b"\r" in chunk or self._rest[-1:] == b"\r":
+        # ``find``, not ``in``: bytes' ``in`` tries its operand as an integer first, and
+        # for bytes builds and drops a TypeError (~1,800 instructions: CPython's
+        # ``_Py_bytes_contains``), a few times a read (issue 24 goal 1).
+        if chunk.find(b"\n") >= 0 or chunk.find(b"\r") >= 0 or self._rest[-1:] == b"\r":
             if self._held:
                 self._rest = b"".join((self._rest, *self._held))
                 self._held, self._held_size = [], 0
@@ -140,7 +143,7 @@ class SSEDecoder:
         CR held for the next read (its LF may start it)."""
         buf = self._rest + chunk if self._rest else chunk
         tail = b""
-        if b"\r" in buf:
+        if buf.find(b"\r") >= 0:  # (see _holds)
             if buf[-1] == 13:  # a CR at the end: its LF may start the next read
                 buf, tail = buf[:-1], b"\r"
             buf = buf.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
@@ -169,7 +172,7 @@ class SSEDecoder:
                 self._head = head
                 return [], []
             self._head, chunk = None, rest
-        if (self._held or b"\n" not in chunk) and self._holds(chunk):
+        if (self._held or chunk.find(b"\n") < 0) and self._holds(chunk):  # (see _holds)
             return [], []
         buf, tail = self._joined(chunk)
         if not self._data and self._event is None and self._retry is None:  # none pending
@@ -216,7 +219,7 @@ class SSEDecoder:
         blocks = buf.split(b"\n\n")
         last = blocks.pop()
         out = self._blocks(blocks) if blocks else []
-        if b"\n" in last:  # complete lines of an unfinished block: read them now
+        if last.find(b"\n") >= 0:  # complete lines of an unfinished block: read them now
             lines = last.split(b"\n")
             last = lines.pop()
             out += self._lines(lines)

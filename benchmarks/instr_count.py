@@ -1,0 +1,142 @@
+"""Instructions a turn, Axon's and the floor's, counted by callgrind (issue 24 goal 1).
+
+CPU time on the shared 2-core machine moves with its load; the instructions a process
+executes do not. One child a tree runs under ``valgrind --tool=callgrind`` (the
+loopback server, a separate process, is not counted): it opens a host as :mod:`benchmarks.
+cpu_floor` does (SQLite store, log lines at ``info`` into a file), warms up both sides,
+then runs ``turns`` reads of the floor (:mod:`benchmarks.floor`), then ``turns`` Axon
+turns, each in a fresh session (:func:`benchmarks.bench_pipeline.axon_side`, which
+checks the text and the stored message), and waits until every task waits after each.
+Callgrind's counters are zeroed before each side's reads (``os.getloadavg`` marks the
+spot: ``--zero-before=getloadavg``) and dumped after them
+(``os.sched_get_priority_max``: ``--dump-before``), so start-up, imports and warm-up
+are not counted. ``PYTHONHASHSEED`` and Trio's scheduler's random draws are fixed.
+
+``python3 -m benchmarks.instr_count --trees /work/main,$PWD [--formats anthropic]
+[--deltas 1000] [--turns 10]``: each tree is put first on ``PYTHONPATH`` of its children,
+as :mod:`benchmarks.cpu_floor` does. Under callgrind a 1,000-delta Axon turn takes ~0.5 s;
+a child's start ~30 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+WARM = 3
+
+
+async def _reads(fmt: str, n: int, turns: int, server: object, directory: str) -> None:
+    from trio.testing import wait_all_tasks_blocked
+
+    from benchmarks.bench_pipeline import axon_side, make_provider
+    from benchmarks.common import INSTRUCTIONS
+    from benchmarks.floor import floor_side
+    from runtime import Agent, Host
+
+    url = server.url(fmt, n)  # type: ignore[attr-defined]
+    agent = Agent(name="bench", provider=make_provider(fmt, url), instructions=INSTRUCTIONS)
+    floor, floor_close = floor_side(fmt, url)
+    try:
+        async with Host.open(store=str(Path(directory) / "cg.db")) as host:
+            axon = axon_side(host, agent, "cg")
+            for _ in range(WARM):
+                await axon()
+                await wait_all_tasks_blocked()
+                await floor()
+                await wait_all_tasks_blocked()
+            for side, run in (("floor", floor), ("axon", axon)):
+                os.getloadavg()  # callgrind: zero the counters
+                for _ in range(turns):
+                    got = await run()
+                    await wait_all_tasks_blocked()
+                    if len(got[2]) != n:
+                        raise RuntimeError(f"{side} read {len(got[2])} deltas, not {n}")
+                os.sched_get_priority_max(0)  # callgrind: dump the counters
+    finally:
+        await floor_close()
+
+
+def _child(fmt: str, n: int, turns: int) -> None:
+    import trio
+
+    from benchmarks.common import LogSink, LoopbackServer
+
+    # Trio reverses a scheduler round's batch at random (and draws its clock's offset):
+    # seeded, both trees' runs make the same draws while their rounds match.
+    trio._core._run._r.seed(0)
+    server = LoopbackServer([(fmt, n)])
+    try:
+        with tempfile.TemporaryDirectory(prefix="axon-instr-") as directory:
+            sink = LogSink(directory)
+            try:
+                trio.run(_reads, fmt, n, turns, server, directory)
+            finally:
+                sink.close()
+    finally:
+        server.close()
+
+
+def count(tree: str, fmt: str, n: int, turns: int, out: str) -> tuple[int, int]:
+    """Ir of the floor's ``turns`` reads and of Axon's ``turns`` turns, one child under
+    callgrind."""
+    env = {**os.environ, "PYTHONPATH": tree, "PYTHONHASHSEED": "0"}
+    argv = [
+        "valgrind",
+        "--tool=callgrind",
+        f"--callgrind-out-file={out}",
+        "--zero-before=getloadavg",
+        "--dump-before=sched_get_priority_max",
+        sys.executable,
+        "-P",
+        __file__,
+        "--child",
+        fmt,
+        str(n),
+        str(turns),
+    ]
+    done = subprocess.run(argv, cwd=tree, env=env, capture_output=True, text=True, check=False)
+    if done.returncode:
+        raise RuntimeError(f"the child in {tree} failed:\n{done.stderr[-3000:]}")
+    counts = []
+    for part in (1, 2):
+        text = Path(f"{out}.{part}").read_text(errors="replace")
+        found = re.search(r"^summary: (\d+)", text, re.M)
+        if found is None:
+            raise RuntimeError(f"no summary in {out}.{part}")
+        counts.append(int(found.group(1)))
+    return counts[0], counts[1]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python3 -m benchmarks.instr_count")
+    parser.add_argument("--trees", default=os.getcwd(), help="comma-separated checkouts")
+    parser.add_argument("--formats", default="anthropic")
+    parser.add_argument("--deltas", type=int, default=1000)
+    parser.add_argument("--turns", type=int, default=10)
+    parser.add_argument("--out", default=tempfile.gettempdir(), help="callgrind files here")
+    parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        fmt, n, turns = args.child
+        _child(fmt, int(n), int(turns))
+        return
+    trees = args.trees.split(",")
+    for fmt in args.formats.split(","):
+        for i, tree in enumerate(trees):
+            path = f"{args.out}/cg.{fmt}.{args.deltas}.{i}"
+            floor, axon = (c / args.turns for c in count(tree, fmt, args.deltas, args.turns, path))
+            print(
+                f"{fmt} {args.deltas} {tree}: floor {floor:,.0f} Ir a read,"
+                f" Axon {axon:,.0f} Ir a turn, {axon / floor:.3f}x ({path}.1, .2)",
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    main()
