@@ -137,3 +137,50 @@ def test_reading_sessions_needs_a_store(command, tmp_path):
     )
     assert proc.returncode == 2
     assert "the following arguments are required: --store" in proc.stderr
+
+
+BLOCK_AND_RUN = (
+    "import sys, runpy\n"
+    "class Block:\n"
+    "    def find_spec(self, name, path=None, target=None):\n"
+    "        if name.split('.')[0] == {module!r}:\n"
+    "            raise ModuleNotFoundError(f'No module named {{name!r}}', name=name)\n"
+    "sys.meta_path.insert(0, Block())\n"
+    "sys.argv = ['runtime', *{argv!r}]\n"
+    "runpy.run_module('runtime', run_name='__main__')\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("provider", "module", "env"),
+    [
+        ("google", "google", {"GEMINI_API_KEY": "dummy"}),
+        (
+            "anthropic-vertex",
+            "google",
+            {"CLOUD_ML_REGION": "us-east5", "ANTHROPIC_VERTEX_PROJECT_ID": "p"},
+        ),
+        (
+            "anthropic-bedrock",
+            "botocore",
+            {"AWS_REGION": "us-east-1", "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "y"},
+        ),
+    ],
+)
+def test_a_provider_whose_extra_is_not_installed_names_the_extra_to_install(provider, module, env):
+    """The base install lacks these SDKs' modules: the error says which extra to add."""
+    argv = ["run", "--provider", provider, "--base-url", "http://127.0.0.1:9", "hi"]
+    code = BLOCK_AND_RUN.format(module=module, argv=argv)
+    quiet = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "GOOGLE_"))}
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        env={**quiet, **env},
+    )
+    assert proc.returncode == 1, proc.stderr
+    extra = provider.removeprefix("anthropic-")
+    assert proc.stdout.startswith(f"error: ConfigurationError: {provider} needs {module}")
+    assert proc.stdout.endswith(f"pip install 'axon-runtime[{extra}]'\n")
