@@ -184,3 +184,27 @@ def test_a_provider_whose_extra_is_not_installed_names_the_extra_to_install(prov
     extra = provider.removeprefix("anthropic-")
     assert proc.stdout.startswith(f"error: ConfigurationError: {provider} needs {module}")
     assert proc.stdout.endswith(f"pip install 'axon-runtime[{extra}]'\n")
+
+
+@pytest.mark.parametrize(
+    ("argv", "what"),
+    [
+        (["serve", "--protocols", "ai-sdk,mcp", "--port", "0"], "--protocols mcp"),
+        (["mcp-server"], "mcp-server"),
+    ],
+)
+def test_serving_mcp_without_the_mcp_extra_names_the_extra_to_install(argv, what):
+    code = BLOCK_AND_RUN.format(module="mcp", argv=argv)
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        stdin=subprocess.DEVNULL,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr == (
+        f"error: {what} needs the mcp package, which is not installed: "
+        "pip install 'axon-runtime[mcp]'\n"
+    )

@@ -35,6 +35,7 @@ from runtime.app.commands import (
     add_plugin_argument,
     make_agent,
     make_plugins,
+    require_mcp,
 )
 from runtime.app.host import Host
 from runtime.app.session import FINAL_WAIT
@@ -69,6 +70,7 @@ async def mcp_server_command(args: argparse.Namespace) -> int:
     configure_logging(args.log_level)
     agent = make_agent(args)
     plugins = make_plugins(args)
+    require_mcp("mcp-server")
     from mcp.server.stdio import stdio_server  # mcp: only when serving
 
     from runtime.app.mcp_tools import AgentTools, HostSessions, build_server
