@@ -15,6 +15,14 @@ EXAMPLES = [
     for path in sorted((ROOT / "docs").glob("*.md"))
     for i, block in enumerate(re.findall(r"```python\n(.*?)```", path.read_text(), re.S))
 ]
+# An example followed by "prints:" (or "It prints (...):") and a fenced block: that block
+# is what the reader is told to expect, so it must be the whole output, not a part of it.
+DOCUMENTED_OUTPUT = {
+    (path.name, i): shown.group(1)
+    for path in sorted((ROOT / "docs").glob("*.md"))
+    for i, after in enumerate(re.split(r"```python\n.*?```\n", path.read_text(), flags=re.S)[1:])
+    if (shown := re.match(r"\s*(?:It prints|prints)[^\n]*\n\s*```[a-z]*\n(.*?)```", after, re.S))
+}
 
 EXPECTED = {
     ("embedding.md", 0): "Paris is the capital of France. | stop 17 tokens\n"
@@ -77,6 +85,19 @@ EXPECTED = {
 }
 
 
+def test_the_outputs_shown_in_the_docs_are_found():
+    """The pattern finds the examples whose whole output the docs show (a typo in the
+    lead-in would silently drop one from the exact check below)."""
+    assert sorted(DOCUMENTED_OUTPUT) == [
+        ("media.md", 0),
+        ("protocols.md", 0),
+        ("protocols.md", 1),
+        ("protocols.md", 2),
+        ("protocols.md", 3),
+        ("telemetry.md", 0),
+    ]
+
+
 def test_every_example_has_an_expected_output():
     assert {(name, i) for name, i, _ in EXAMPLES} == set(EXPECTED)
 
@@ -90,3 +111,5 @@ def test_doc_example_runs(name, index, code):
     )
     assert proc.returncode == 0, proc.stderr
     assert EXPECTED[(name, index)] in proc.stdout
+    if (name, index) in DOCUMENTED_OUTPUT:
+        assert proc.stdout == DOCUMENTED_OUTPUT[(name, index)]
