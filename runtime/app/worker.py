@@ -393,7 +393,7 @@ class Worker:
         """Its host paces the process's garbage collections (``Host.open(gc_pacing=True)``,
         :mod:`runtime.app.gcpacing`; the command's ``--gc-pacing``). A worker claiming a
         session of 600,000 messages otherwise has CPython's full collections walk them,
-        0.2-0.9 s each, several a turn; paced, a short turn costs about 10% more CPU
+        0.2-0.9 s each, several a turn; paced, a short turn costs 6-7% more CPU
         (benchmarks/journal/approval.md, branch ``whist``)."""
         self.queue: TurnQueue = turn_queue(store, lease=lease, max_attempts=max_attempts)
         self.running: dict[str, _Running] = {}
@@ -1294,7 +1294,7 @@ def _add_claim_arguments(worker: Any) -> None:
         action="store_true",
         help="pace the garbage collector from the event loop (Worker(gc_pacing=True)): for "
         "long histories (a session of 600,000 messages brought collections of 0.2-0.9 s); "
-        "costs about 10%% more CPU on short turns. docs/embedding.md",
+        "costs 6-7%% more CPU on short turns. docs/embedding.md",
     )
 
 

@@ -265,7 +265,7 @@ def _add_limit_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="pace the garbage collector from the event loop (Host.open(gc_pacing=True)): "
         "for long histories (a body of 600,000 messages brought collections of 0.3-0.8 s); "
-        "costs about 10%% more CPU on short turns. docs/embedding.md",
+        "costs 6-7%% more CPU on short turns. docs/embedding.md",
     )
     add(
         "--body-timeout",
