@@ -92,6 +92,16 @@ def test_a_busy_port_is_one_error_line():
     assert proc.stderr.count("\n") == 1, proc.stderr
 
 
+def test_a_busy_port_says_how_to_choose_another():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = python_m("runtime", "serve", "--port", str(port))
+    assert proc.returncode == 2
+    assert proc.stderr.endswith("pass --port N, or --port 0 for a free one)\n"), proc.stderr
+
+
 @pytest.mark.parametrize(
     ("provider", "variable"),
     [

@@ -16,6 +16,7 @@ and are saved, marked interrupted.
 from __future__ import annotations
 
 import argparse
+import errno
 import ipaddress
 import os
 import signal
@@ -327,9 +328,16 @@ def bind_problem(host: str, port: int) -> str | None:
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             probe.bind((address, port))
     except (OSError, OverflowError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        return f"cannot serve on {_bind(host, port)}: {reason}"
+        return f"cannot serve on {_bind(host, port)}: {bind_reason(exc)}"
     return None
+
+
+def bind_reason(exc: BaseException) -> str:
+    """Why a bind failed, and for a port in use what to do about it."""
+    reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+    if isinstance(exc, OSError) and exc.errno == errno.EADDRINUSE:
+        reason += " (another server listens there: pass --port N, or --port 0 for a free one)"
+    return reason
 
 
 def bind_refusal(host: str, token: str | None, insecure: bool) -> str | None:
@@ -543,7 +551,7 @@ async def _serve_until_signal(
             )
         except OSError as exc:  # raised before serving: the address is refused
             where = _bind(args.host, args.port)
-            print(f"error: cannot serve on {where}: {exc.strerror or exc}", file=sys.stderr)
+            print(f"error: cannot serve on {where}: {bind_reason(exc)}", file=sys.stderr)
             return 2
         fragment = f"#token={args.token}" if args.token else ""  # not an env secret
         for url in binds:
