@@ -113,3 +113,22 @@ def test_doc_example_runs(name, index, code):
     assert EXPECTED[(name, index)] in proc.stdout
     if (name, index) in DOCUMENTED_OUTPUT:
         assert proc.stdout == DOCUMENTED_OUTPUT[(name, index)]
+
+
+def test_the_stream_table_names_every_chunk_type_and_its_fields():
+    """docs/streaming.md's table is hand-written: a chunk type or field added to
+    runtime/output.py must be added there too."""
+    import attrs
+
+    from runtime.output import OUTPUT_CHUNK_TYPES
+
+    rows: dict[str, set[str]] = {}
+    for line in (ROOT / "docs" / "streaming.md").read_text().splitlines():
+        row = re.match(r"\| (`[a-z-]+`(?: / `[a-z-]+`)*) \| (.*) \|$", line)
+        if row:
+            for name in re.findall(r"`([a-z-]+)`", row.group(1)):
+                rows[name] = set(re.findall(r"`([a-z_]+)`", row.group(2)))
+    common = {"seq", "session_id", "turn_id", "type"}  # said once, above the table
+    found = {cls.type: {f.name for f in attrs.fields(cls)} - common for cls in OUTPUT_CHUNK_TYPES}
+    assert set(rows) == set(found)
+    assert {t: fields - rows[t] for t, fields in found.items() if fields - rows[t]} == {}
