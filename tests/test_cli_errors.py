@@ -218,3 +218,12 @@ def test_serving_mcp_without_the_mcp_extra_names_the_extra_to_install(argv, what
         f"error: {what} needs the mcp package, which is not installed: "
         "pip install 'axon-runtime[mcp]'\n"
     )
+
+
+@pytest.mark.parametrize("command", ["run", "serve", "worker", "mcp-server"])
+def test_a_negative_delay_is_refused_before_anything_runs(command):
+    extra = {"run": ["hi"], "serve": ["--port", "0"], "worker": ["--store", "postgresql://x/y"]}
+    proc = python_m("runtime", command, "--delay", "-1", *extra.get(command, []))
+    assert proc.returncode == 2
+    assert "argument --delay: '-1' is not a float of 0 or more" in proc.stderr
+    assert proc.stdout == ""

@@ -204,6 +204,22 @@ def positive(kind: type) -> Any:
     return parse
 
 
+def non_negative(kind: type) -> Any:
+    """An argparse ``type`` taking a number of ``kind`` that is 0 or more (else a one-line
+    usage error, not a turn that fails on it: ``--delay -1``)."""
+
+    def parse(value: str) -> Any:
+        try:
+            number = kind(value)
+        except ValueError:
+            number = None
+        if number is None or not number >= 0:
+            raise argparse.ArgumentTypeError(f"{value!r} is not a {kind.__name__} of 0 or more")
+        return number
+
+    return parse
+
+
 def add_input_limit_arguments(parser: argparse.ArgumentParser) -> None:
     """``--max-parts`` and ``--max-files``, the same on ``serve`` and ``worker``: how many
     parts one user message may carry (:class:`~runtime.media.InputLimits`)."""

@@ -35,6 +35,7 @@ from runtime.app.commands import (
     add_plugin_argument,
     make_agent,
     make_plugins,
+    non_negative,
     require_mcp,
 )
 from runtime.app.host import Host
@@ -57,7 +58,10 @@ def add_mcp_server_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     parser.add_argument("--mcp", action="append", default=[], metavar="SERVER", help=MCP_HELP)
     parser.add_argument(
-        "--delay", type=float, default=0.0, help="scripted demo: seconds between chunks"
+        "--delay",
+        type=non_negative(float),
+        default=0.0,
+        help="scripted demo: seconds between chunks",
     )
     add_log_level_argument(parser, "warning", "; on stderr, stdout is the protocol's")
     add_plugin_argument(parser)

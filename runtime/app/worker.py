@@ -82,6 +82,7 @@ from runtime.app.commands import (
     input_limits,
     make_agent,
     make_plugins,
+    non_negative,
 )
 from runtime.app.expiry import deadlines, expire_session
 from runtime.app.host import Host
@@ -1233,7 +1234,12 @@ def add_worker_parser(subparsers: Any) -> Any:
     add("--owner", default=None, help="this worker's name in axon_turns (default host:pid:rand)")
     add_input_limit_arguments(worker)
     add_agent_arguments(worker)
-    add("--delay", type=float, default=0.0, help="scripted demo: seconds between chunks")
+    add(
+        "--delay",
+        type=non_negative(float),
+        default=0.0,
+        help="scripted demo: seconds between chunks",
+    )
     add("--mcp", action="append", default=[], metavar="SERVER", help=MCP_HELP)
     add_log_level_argument(worker, "warning")
     add_plugin_argument(worker)

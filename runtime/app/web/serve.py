@@ -42,6 +42,7 @@ from runtime.app.commands import (
     input_limits,
     make_agent,
     make_plugins,
+    non_negative,
     positive,
     program_name,
     report_bad_input,
@@ -132,7 +133,7 @@ def _add_session_arguments(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
     add(
         "--delay",
-        type=float,
+        type=non_negative(float),
         default=0.02,
         help="scripted demo: seconds between chunks, so the page shows it typing (default 0.02)",
     )
