@@ -132,3 +132,16 @@ def test_the_stream_table_names_every_chunk_type_and_its_fields():
     found = {cls.type: {f.name for f in attrs.fields(cls)} - common for cls in OUTPUT_CHUNK_TYPES}
     assert set(rows) == set(found)
     assert {t: fields - rows[t] for t, fields in found.items() if fields - rows[t]} == {}
+
+
+def test_every_variable_the_tests_read_is_documented():
+    """docs/testing.md promises every variable the tests read (the runtime's own, and the
+    benchmarks', are documented where they are used)."""
+    read = set()
+    for path in (ROOT / "tests").rglob("*.py"):
+        read |= set(re.findall(r"AXON_[A-Z_]+[A-Z]", path.read_text()))
+    documented = (ROOT / "docs" / "testing.md").read_text()
+    elsewhere = "".join(p.read_text() for p in (ROOT / "docs").glob("*.md"))
+    elsewhere += (ROOT / "benchmarks" / "README.md").read_text()
+    missing = {v for v in read if v not in documented and v not in elsewhere}
+    assert missing == set()
