@@ -227,3 +227,13 @@ def test_a_negative_delay_is_refused_before_anything_runs(command):
     assert proc.returncode == 2
     assert "argument --delay: '-1' is not a float of 0 or more" in proc.stderr
     assert proc.stdout == ""
+
+
+@pytest.mark.parametrize("flag", ["--max-body", "--body-timeout", "--send-timeout"])
+@pytest.mark.parametrize("value", ["0", "-5"])
+def test_a_serve_limit_of_zero_or_less_is_refused(flag, value):
+    """It would refuse every request (413, or a body that 'took too long') once serving."""
+    proc = python_m("runtime", "serve", "--port", "0", flag, value)
+    assert proc.returncode == 2
+    assert f"argument {flag}: '{value}' is not a positive" in proc.stderr
+    assert proc.stdout == ""

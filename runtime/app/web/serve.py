@@ -240,7 +240,7 @@ def _add_limit_arguments(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
     add(
         "--max-body",
-        type=int,
+        type=positive(int),
         default=DEFAULT_MAX_BODY,
         help=f"largest request body, bytes (default {DEFAULT_MAX_BODY}: "
         f"{DEFAULT_MAX_BODY / 2**20:g} MiB, room for attachments)",
@@ -271,13 +271,13 @@ def _add_limit_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add(
         "--body-timeout",
-        type=float,
+        type=positive(float),
         default=BODY_TIMEOUT,
         help=f"seconds a request body may take to arrive (default {BODY_TIMEOUT:g})",
     )
     add(
         "--send-timeout",
-        type=float,
+        type=positive(float),
         default=SEND_TIMEOUT,
         help="seconds a stream waits for a client that takes no data before dropping it "
         f"and cancelling its turn (default {SEND_TIMEOUT:g})",
