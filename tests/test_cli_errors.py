@@ -237,3 +237,11 @@ def test_a_serve_limit_of_zero_or_less_is_refused(flag, value):
     assert proc.returncode == 2
     assert f"argument {flag}: '{value}' is not a positive" in proc.stderr
     assert proc.stdout == ""
+
+
+@pytest.mark.parametrize("value", ["0", "-1"])
+def test_a_worker_poll_of_zero_or_less_is_refused(value):
+    """0 would claim in a busy loop against PostgreSQL; -1 fail the loop's sleep."""
+    proc = python_m("runtime", "worker", "--store", "postgresql://x/y", "--poll", value)
+    assert proc.returncode == 2
+    assert f"argument --poll: '{value}' is not a positive float" in proc.stderr

@@ -83,6 +83,7 @@ from runtime.app.commands import (
     make_agent,
     make_plugins,
     non_negative,
+    positive,
 )
 from runtime.app.expiry import deadlines, expire_session
 from runtime.app.host import Host
@@ -1291,7 +1292,7 @@ def _add_claim_arguments(worker: Any) -> None:
     )
     add(
         "--poll",
-        type=float,
+        type=positive(float),
         default=DEFAULT_POLL,
         help=f"seconds between claims when idle (default {DEFAULT_POLL:g})",
     )
