@@ -192,7 +192,9 @@ def test_a_provider_whose_extra_is_not_installed_names_the_extra_to_install(prov
     )
     assert proc.returncode == 1, proc.stderr
     extra = provider.removeprefix("anthropic-")
-    assert proc.stdout.startswith(f"error: ConfigurationError: {provider} needs {module}")
+    assert proc.stdout.startswith(
+        f"error: ConfigurationError: the {provider} provider needs the module {module}"
+    )
     assert proc.stdout.endswith(f"pip install 'axon-runtime[{extra}]'\n")
 
 

@@ -146,8 +146,9 @@ class SDKProvider(Provider):
                 return None
             if isinstance(seen, ImportError):
                 return errors.ConfigurationError(
-                    f"{self.provider_name} needs {seen.name or 'a module'}, which is not "
-                    f"installed: pip install 'axon-runtime[{self.install_extra}]'"
+                    f"the {self.provider_name} provider needs the module "
+                    f"{seen.name or 'of its SDK'}, which is not installed: "
+                    f"pip install 'axon-runtime[{self.install_extra}]'"
                 )
             seen = seen.__cause__ or seen.__context__
         return None
