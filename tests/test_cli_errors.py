@@ -92,6 +92,16 @@ def test_a_busy_port_is_one_error_line():
     assert proc.stderr.count("\n") == 1, proc.stderr
 
 
+def test_a_busy_port_says_how_to_choose_another():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = python_m("runtime", "serve", "--port", str(port))
+    assert proc.returncode == 2
+    assert proc.stderr.endswith("pass --port N, or --port 0 for a free one)\n"), proc.stderr
+
+
 @pytest.mark.parametrize(
     ("provider", "variable"),
     [
@@ -137,3 +147,102 @@ def test_reading_sessions_needs_a_store(command, tmp_path):
     )
     assert proc.returncode == 2
     assert "the following arguments are required: --store" in proc.stderr
+
+
+BLOCK_AND_RUN = (
+    "import sys, runpy\n"
+    "class Block:\n"
+    "    def find_spec(self, name, path=None, target=None):\n"
+    "        if name.split('.')[0] == {module!r}:\n"
+    "            raise ModuleNotFoundError(f'No module named {{name!r}}', name=name)\n"
+    "sys.meta_path.insert(0, Block())\n"
+    "sys.argv = ['runtime', *{argv!r}]\n"
+    "runpy.run_module('runtime', run_name='__main__')\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("provider", "module", "env"),
+    [
+        ("google", "google", {"GEMINI_API_KEY": "dummy"}),
+        (
+            "anthropic-vertex",
+            "google",
+            {"CLOUD_ML_REGION": "us-east5", "ANTHROPIC_VERTEX_PROJECT_ID": "p"},
+        ),
+        (
+            "anthropic-bedrock",
+            "botocore",
+            {"AWS_REGION": "us-east-1", "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "y"},
+        ),
+    ],
+)
+def test_a_provider_whose_extra_is_not_installed_names_the_extra_to_install(provider, module, env):
+    """The base install lacks these SDKs' modules: the error says which extra to add."""
+    argv = ["run", "--provider", provider, "--base-url", "http://127.0.0.1:9", "hi"]
+    code = BLOCK_AND_RUN.format(module=module, argv=argv)
+    quiet = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "GOOGLE_"))}
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        env={**quiet, **env},
+    )
+    assert proc.returncode == 1, proc.stderr
+    extra = provider.removeprefix("anthropic-")
+    assert proc.stdout.startswith("error: ConfigurationError: ") and proc.stdout.count("\n") == 1
+    assert module in proc.stdout  # what is missing, named
+    assert proc.stdout.endswith(f"pip install 'axon-runtime[{extra}]'\n")
+
+
+@pytest.mark.parametrize(
+    ("argv", "what"),
+    [
+        (["serve", "--protocols", "ai-sdk,mcp", "--port", "0"], "--protocols mcp"),
+        (["mcp-server"], "mcp-server"),
+    ],
+)
+def test_serving_mcp_without_the_mcp_extra_names_the_extra_to_install(argv, what):
+    code = BLOCK_AND_RUN.format(module="mcp", argv=argv)
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        stdin=subprocess.DEVNULL,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr == (
+        f"error: {what} needs the mcp package, which is not installed: "
+        "pip install 'axon-runtime[mcp]'\n"
+    )
+
+
+@pytest.mark.parametrize("command", ["run", "serve", "worker", "mcp-server"])
+def test_a_negative_delay_is_refused_before_anything_runs(command):
+    extra = {"run": ["hi"], "serve": ["--port", "0"], "worker": ["--store", "postgresql://x/y"]}
+    proc = python_m("runtime", command, "--delay", "-1", *extra.get(command, []))
+    assert proc.returncode == 2
+    assert "argument --delay: '-1' is not a float of 0 or more" in proc.stderr
+    assert proc.stdout == ""
+
+
+@pytest.mark.parametrize("flag", ["--max-body", "--body-timeout", "--send-timeout"])
+@pytest.mark.parametrize("value", ["0", "-5"])
+def test_a_serve_limit_of_zero_or_less_is_refused(flag, value):
+    """It would refuse every request (413, or a body that 'took too long') once serving."""
+    proc = python_m("runtime", "serve", "--port", "0", flag, value)
+    assert proc.returncode == 2
+    assert f"argument {flag}: '{value}' is not a positive" in proc.stderr
+    assert proc.stdout == ""
+
+
+@pytest.mark.parametrize("value", ["0", "-1"])
+def test_a_worker_poll_of_zero_or_less_is_refused(value):
+    """0 would claim in a busy loop against PostgreSQL; -1 fail the loop's sleep."""
+    proc = python_m("runtime", "worker", "--store", "postgresql://x/y", "--poll", value)
+    assert proc.returncode == 2
+    assert f"argument --poll: '{value}' is not a positive float" in proc.stderr

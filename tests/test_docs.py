@@ -15,6 +15,14 @@ EXAMPLES = [
     for path in sorted((ROOT / "docs").glob("*.md"))
     for i, block in enumerate(re.findall(r"```python\n(.*?)```", path.read_text(), re.S))
 ]
+# An example followed by "prints:" (or "It prints (...):") and a fenced block: that block
+# is what the reader is told to expect, so it must be the whole output, not a part of it.
+DOCUMENTED_OUTPUT = {
+    (path.name, i): shown.group(1)
+    for path in sorted((ROOT / "docs").glob("*.md"))
+    for i, after in enumerate(re.split(r"```python\n.*?```\n", path.read_text(), flags=re.S)[1:])
+    if (shown := re.match(r"\s*(?:It prints|prints)[^\n]*\n\s*```[a-z]*\n(.*?)```", after, re.S))
+}
 
 EXPECTED = {
     ("embedding.md", 0): "Paris is the capital of France. | stop 17 tokens\n"
@@ -77,6 +85,19 @@ EXPECTED = {
 }
 
 
+def test_the_outputs_shown_in_the_docs_are_found():
+    """The pattern finds the examples whose whole output the docs show (a typo in the
+    lead-in would silently drop one from the exact check below)."""
+    assert sorted(DOCUMENTED_OUTPUT) == [
+        ("media.md", 0),
+        ("protocols.md", 0),
+        ("protocols.md", 1),
+        ("protocols.md", 2),
+        ("protocols.md", 3),
+        ("telemetry.md", 0),
+    ]
+
+
 def test_every_example_has_an_expected_output():
     assert {(name, i) for name, i, _ in EXAMPLES} == set(EXPECTED)
 
@@ -90,3 +111,37 @@ def test_doc_example_runs(name, index, code):
     )
     assert proc.returncode == 0, proc.stderr
     assert EXPECTED[(name, index)] in proc.stdout
+    if (name, index) in DOCUMENTED_OUTPUT:
+        assert proc.stdout == DOCUMENTED_OUTPUT[(name, index)]
+
+
+def test_the_stream_table_names_every_chunk_type_and_its_fields():
+    """docs/streaming.md's table is hand-written: a chunk type or field added to
+    runtime/output.py must be added there too."""
+    import attrs
+
+    from runtime.output import OUTPUT_CHUNK_TYPES
+
+    rows: dict[str, set[str]] = {}
+    for line in (ROOT / "docs" / "streaming.md").read_text().splitlines():
+        row = re.match(r"\| (`[a-z-]+`(?: / `[a-z-]+`)*) \| (.*) \|$", line)
+        if row:
+            for name in re.findall(r"`([a-z-]+)`", row.group(1)):
+                rows[name] = set(re.findall(r"`([a-z_]+)`", row.group(2)))
+    common = {"seq", "session_id", "turn_id", "type"}  # said once, above the table
+    found = {cls.type: {f.name for f in attrs.fields(cls)} - common for cls in OUTPUT_CHUNK_TYPES}
+    assert set(rows) == set(found)
+    assert {t: fields - rows[t] for t, fields in found.items() if fields - rows[t]} == {}
+
+
+def test_every_variable_the_tests_read_is_documented():
+    """docs/testing.md promises every variable the tests read (the runtime's own, and the
+    benchmarks', are documented where they are used)."""
+    read = set()
+    for path in (ROOT / "tests").rglob("*.py"):
+        read |= set(re.findall(r"AXON_[A-Z0-9_]+[A-Z0-9]", path.read_text()))
+    documented = (ROOT / "docs" / "testing.md").read_text()
+    elsewhere = "".join(p.read_text() for p in (ROOT / "docs").glob("*.md"))
+    elsewhere += (ROOT / "benchmarks" / "README.md").read_text()
+    missing = {v for v in read if v not in documented and v not in elsewhere}
+    assert missing == set()

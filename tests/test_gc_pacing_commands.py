@@ -1,7 +1,7 @@
 """``serve --gc-pacing`` and ``worker --gc-pacing`` pace the collector
 (``Host.open(gc_pacing=True)``): a body or a stored session of 600,000 messages otherwise
 brings CPython's full collections, 0.2-2 s each, several a request. Off by default: paced,
-a short turn costs about 10% more CPU (benchmarks/journal/approval.md, branch ``whist``)."""
+a short turn costs 6-7% more CPU (benchmarks/journal/approval.md, branch ``whist``)."""
 
 from __future__ import annotations
 

@@ -200,7 +200,9 @@ class _Platform(SDKProvider):
     def classify_error(self, exc: BaseException) -> AxonError:
         if isinstance(exc, AxonError):
             return exc
-        found = self.platform_error(exc) or super().classify_error(exc)
+        found = (
+            self.missing_dependency(exc) or self.platform_error(exc) or super().classify_error(exc)
+        )
         if isinstance(found, errors.ProviderError):
             found.provider = self.provider_name
         return found
@@ -214,7 +216,8 @@ class _Platform(SDKProvider):
                 raise
             cause = err.__cause__
             if cause is not None and not isinstance(cause, AxonError):
-                better = self.platform_error(cause)
+                # google-auth or botocore, imported by the SDK when it signs a request
+                better = self.missing_dependency(cause) or self.platform_error(cause)
                 if better is not None:
                     raise better from cause
             err.provider = self.provider_name
@@ -251,6 +254,7 @@ class VertexPlatform(_Platform):
     """Claude on Vertex AI (``AsyncAnthropicVertex``); mixed into the Anthropic provider."""
 
     provider_name: ClassVar[str] = "anthropic-vertex"
+    install_extra: ClassVar[str | None] = "vertex"
     price_vendor: ClassVar[str | None] = "google"  # the price table's id for the platform
     endpoint_env: ClassVar[str | None] = "ANTHROPIC_VERTEX_BASE_URL"
     extra: ClassVar[str] = "vertex"
@@ -325,6 +329,7 @@ class BedrockPlatform(_Platform):
     frames; mixed into the Anthropic provider."""
 
     provider_name: ClassVar[str] = "anthropic-bedrock"
+    install_extra: ClassVar[str | None] = "bedrock"
     price_vendor: ClassVar[str | None] = "aws"  # the price table's id for the platform
     endpoint_env: ClassVar[str | None] = "ANTHROPIC_BEDROCK_BASE_URL"
     extra: ClassVar[str] = "bedrock"

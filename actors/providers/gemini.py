@@ -728,6 +728,7 @@ class GeminiProvider(SDKProvider):
     price_vendor: ClassVar[str | None] = "google"
     endpoint_env: ClassVar[str | None] = "GOOGLE_GEMINI_BASE_URL"
     key_env: ClassVar[tuple[str, ...]] = ("GOOGLE_API_KEY", "GEMINI_API_KEY")
+    install_extra: ClassVar[str | None] = "google"
     """Where the key is read when none is given, in the SDK's order."""
 
     def __init__(

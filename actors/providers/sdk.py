@@ -19,9 +19,10 @@ from __future__ import annotations
 import inspect
 import weakref
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, ClassVar
 
 from actors.providers.failures import stay_home
+from runtime import errors
 from runtime.history import ForeignReasoning
 from runtime.provider import Provider
 from runtime.ratelimit import RateLimit
@@ -72,6 +73,10 @@ def cache_prepared_urls(client: Any) -> None:
 class SDKProvider(Provider):
     """A provider that calls its model through a vendor's SDK client (built lazily)."""
 
+    install_extra: ClassVar[str | None] = None
+    """The ``axon-runtime`` extra that installs what the SDK needs beyond the base
+    package (``google`` for Gemini): a missing module names it (:meth:`missing_dependency`)."""
+
     def __init__(
         self,
         model: str,
@@ -120,11 +125,34 @@ class SDKProvider(Provider):
         """The SDK client, built on first use; its credentials are then secrets, which
         :mod:`runtime.redact` removes from every error and log line."""
         if self._client is None:
-            self._client = self.new_client()
+            try:
+                self._client = self.new_client()
+            except ImportError as exc:  # the SDK, or a module of an extra it needs
+                missing = self.missing_dependency(exc)
+                if missing is None:
+                    raise
+                raise missing from exc
             self.prepare_client(self._client)
             for secret in self.client_secrets(self._client):
                 register_secret(secret)
         return self._client
+
+    def missing_dependency(self, exc: BaseException) -> errors.ConfigurationError | None:
+        """``exc`` as the one line a user can act on, when it (or what caused it: the
+        SDKs wrap their own ``ImportError``) says a module of :attr:`install_extra` is not
+        installed; ``None`` otherwise, or for a provider of the base package alone."""
+        seen: BaseException | None = exc
+        for _ in range(4):  # the SDK's error, the ImportError it wraps: a short chain
+            if seen is None or self.install_extra is None:
+                return None
+            if isinstance(seen, ImportError):
+                return errors.ConfigurationError(
+                    f"the {self.provider_name} provider needs the module "
+                    f"{seen.name or 'of its SDK'}, which is not installed: "
+                    f"pip install 'axon-runtime[{self.install_extra}]'"
+                )
+            seen = seen.__cause__ or seen.__context__
+        return None
 
     def prepare_client(self, client: Any) -> None:
         """Make a new client cheaper to call, once, where it is built (the request it

@@ -58,6 +58,7 @@ from runtime.app.commands import (
     agent_options,
     make_agent,
     make_plugins,
+    non_negative,
     program_name,
     report_bad_input,
     say_on_stderr,
@@ -155,7 +156,7 @@ def _add_run_parser(sub: Any) -> None:
     )
     run.add_argument(
         "--delay",
-        type=float,
+        type=non_negative(float),
         default=None,
         help="scripted demo: seconds between chunks (default 0.02 on a terminal)",
     )

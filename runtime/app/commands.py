@@ -103,6 +103,19 @@ def _fail(exc: BaseException) -> int:
     return USAGE_EXIT
 
 
+def require_mcp(what: str) -> None:
+    """Raise a :class:`ConfigurationError` naming the extra to install when the ``mcp``
+    package (the ``mcp`` extra) is missing: ``what`` (serving the agent over MCP) needs it."""
+    try:
+        import mcp  # noqa: F401
+        import mcp_types  # noqa: F401
+    except ImportError as exc:
+        raise ConfigurationError(
+            f"{what} needs the {exc.name or 'mcp'} package, which is not installed: "
+            "pip install 'axon-runtime[mcp]'"
+        ) from None
+
+
 def say_on_stderr(text: str) -> None:
     """Write ``text`` for the person on stderr; a stderr that is gone (a pipe whose
     reader left, ``axon run ... 2>&1 | head -1``) drops it: the exit status still tells.
@@ -186,6 +199,22 @@ def positive(kind: type) -> Any:
             number = None
         if number is None or not number > 0:
             raise argparse.ArgumentTypeError(f"{value!r} is not a positive {kind.__name__}")
+        return number
+
+    return parse
+
+
+def non_negative(kind: type) -> Any:
+    """An argparse ``type`` taking a number of ``kind`` that is 0 or more (else a one-line
+    usage error, not a turn that fails on it: ``--delay -1``)."""
+
+    def parse(value: str) -> Any:
+        try:
+            number = kind(value)
+        except ValueError:
+            number = None
+        if number is None or not number >= 0:
+            raise argparse.ArgumentTypeError(f"{value!r} is not a {kind.__name__} of 0 or more")
         return number
 
     return parse

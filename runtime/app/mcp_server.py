@@ -35,6 +35,8 @@ from runtime.app.commands import (
     add_plugin_argument,
     make_agent,
     make_plugins,
+    non_negative,
+    require_mcp,
 )
 from runtime.app.host import Host
 from runtime.app.session import FINAL_WAIT
@@ -56,7 +58,10 @@ def add_mcp_server_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     parser.add_argument("--mcp", action="append", default=[], metavar="SERVER", help=MCP_HELP)
     parser.add_argument(
-        "--delay", type=float, default=0.0, help="scripted demo: seconds between chunks"
+        "--delay",
+        type=non_negative(float),
+        default=0.0,
+        help="scripted demo: seconds between chunks",
     )
     add_log_level_argument(parser, "warning", "; on stderr, stdout is the protocol's")
     add_plugin_argument(parser)
@@ -69,6 +74,7 @@ async def mcp_server_command(args: argparse.Namespace) -> int:
     configure_logging(args.log_level)
     agent = make_agent(args)
     plugins = make_plugins(args)
+    require_mcp("mcp-server")
     from mcp.server.stdio import stdio_server  # mcp: only when serving
 
     from runtime.app.mcp_tools import AgentTools, HostSessions, build_server

@@ -82,6 +82,8 @@ from runtime.app.commands import (
     input_limits,
     make_agent,
     make_plugins,
+    non_negative,
+    positive,
 )
 from runtime.app.expiry import deadlines, expire_session
 from runtime.app.host import Host
@@ -394,7 +396,7 @@ class Worker:
         """Its host paces the process's garbage collections (``Host.open(gc_pacing=True)``,
         :mod:`runtime.app.gcpacing`; the command's ``--gc-pacing``). A worker claiming a
         session of 600,000 messages otherwise has CPython's full collections walk them,
-        0.2-0.9 s each, several a turn; paced, a short turn costs about 10% more CPU
+        0.2-0.9 s each, several a turn; paced, a short turn costs 6-7% more CPU
         (benchmarks/journal/approval.md, branch ``whist``)."""
         self.queue: TurnQueue = turn_queue(store, lease=lease, max_attempts=max_attempts)
         self.running: dict[str, _Running] = {}
@@ -1234,7 +1236,12 @@ def add_worker_parser(subparsers: Any) -> Any:
     add("--owner", default=None, help="this worker's name in axon_turns (default host:pid:rand)")
     add_input_limit_arguments(worker)
     add_agent_arguments(worker)
-    add("--delay", type=float, default=0.0, help="scripted demo: seconds between chunks")
+    add(
+        "--delay",
+        type=non_negative(float),
+        default=0.0,
+        help="scripted demo: seconds between chunks",
+    )
     add("--mcp", action="append", default=[], metavar="SERVER", help=MCP_HELP)
     add_log_level_argument(worker, "warning")
     add_plugin_argument(worker)
@@ -1286,7 +1293,7 @@ def _add_claim_arguments(worker: Any) -> None:
     )
     add(
         "--poll",
-        type=float,
+        type=positive(float),
         default=DEFAULT_POLL,
         help=f"seconds between claims when idle (default {DEFAULT_POLL:g})",
     )
@@ -1295,7 +1302,7 @@ def _add_claim_arguments(worker: Any) -> None:
         action="store_true",
         help="pace the garbage collector from the event loop (Worker(gc_pacing=True)): for "
         "long histories (a session of 600,000 messages brought collections of 0.2-0.9 s); "
-        "costs about 10%% more CPU on short turns. docs/embedding.md",
+        "costs 6-7%% more CPU on short turns. docs/embedding.md",
     )
 
 

@@ -108,6 +108,9 @@ def _mount_mcp(app: Any, state: Any, *, token: str | None) -> None:
     lifespan (wrapped around the app's own, inside it)."""
     from starlette.routing import Route  # as for openai: only when serving
 
+    from runtime.app.commands import require_mcp
+
+    require_mcp("--protocols mcp")
     from runtime.app.web.mcp_endpoint import PATH, MCPEndpoint
 
     endpoint = MCPEndpoint(state, token=token)

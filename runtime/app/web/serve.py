@@ -16,6 +16,7 @@ and are saved, marked interrupted.
 from __future__ import annotations
 
 import argparse
+import errno
 import ipaddress
 import os
 import signal
@@ -41,6 +42,7 @@ from runtime.app.commands import (
     input_limits,
     make_agent,
     make_plugins,
+    non_negative,
     positive,
     program_name,
     report_bad_input,
@@ -131,7 +133,7 @@ def _add_session_arguments(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
     add(
         "--delay",
-        type=float,
+        type=non_negative(float),
         default=0.02,
         help="scripted demo: seconds between chunks, so the page shows it typing (default 0.02)",
     )
@@ -238,7 +240,7 @@ def _add_limit_arguments(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
     add(
         "--max-body",
-        type=int,
+        type=positive(int),
         default=DEFAULT_MAX_BODY,
         help=f"largest request body, bytes (default {DEFAULT_MAX_BODY}: "
         f"{DEFAULT_MAX_BODY / 2**20:g} MiB, room for attachments)",
@@ -265,17 +267,17 @@ def _add_limit_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="pace the garbage collector from the event loop (Host.open(gc_pacing=True)): "
         "for long histories (a body of 600,000 messages brought collections of 0.3-0.8 s); "
-        "costs about 10%% more CPU on short turns. docs/embedding.md",
+        "costs 6-7%% more CPU on short turns. docs/embedding.md",
     )
     add(
         "--body-timeout",
-        type=float,
+        type=positive(float),
         default=BODY_TIMEOUT,
         help=f"seconds a request body may take to arrive (default {BODY_TIMEOUT:g})",
     )
     add(
         "--send-timeout",
-        type=float,
+        type=positive(float),
         default=SEND_TIMEOUT,
         help="seconds a stream waits for a client that takes no data before dropping it "
         f"and cancelling its turn (default {SEND_TIMEOUT:g})",
@@ -327,9 +329,16 @@ def bind_problem(host: str, port: int) -> str | None:
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             probe.bind((address, port))
     except (OSError, OverflowError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        return f"cannot serve on {_bind(host, port)}: {reason}"
+        return f"cannot serve on {_bind(host, port)}: {bind_reason(exc)}"
     return None
+
+
+def bind_reason(exc: BaseException) -> str:
+    """Why a bind failed, and for a port in use what to do about it."""
+    reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+    if isinstance(exc, OSError) and exc.errno == errno.EADDRINUSE:
+        reason += " (another server listens there: pass --port N, or --port 0 for a free one)"
+    return reason
 
 
 def bind_refusal(host: str, token: str | None, insecure: bool) -> str | None:
@@ -543,7 +552,7 @@ async def _serve_until_signal(
             )
         except OSError as exc:  # raised before serving: the address is refused
             where = _bind(args.host, args.port)
-            print(f"error: cannot serve on {where}: {exc.strerror or exc}", file=sys.stderr)
+            print(f"error: cannot serve on {where}: {bind_reason(exc)}", file=sys.stderr)
             return 2
         fragment = f"#token={args.token}" if args.token else ""  # not an env secret
         for url in binds:
