@@ -100,6 +100,25 @@ async def test_a_turn_whose_shared_limit_never_answers_ends_with_the_error_saved
     assert not provider.requests
 
 
+async def test_an_audit_read_whose_reply_never_comes_holds_up_no_later_limit_call(
+    redis_url: str,
+) -> None:
+    """``granted`` (the audit's ``LRANGE``) whose reply is held: past the deadline the
+    pool starts over and the read goes again, and the limit's next try is not queued
+    behind the held reply (before: ``granted`` raised ``TooSlowError`` and left the
+    connection in the pool, and every later call waited behind the reply for good)."""
+    async with through_proxy(scripted({("LRANGE", 1): STALL_AFTER})) as (proxy, relay):
+        backend = relay.rate_limits()
+        with trio.fail_after(10):
+            first = await backend.try_acquire(KEY, LIMIT, 1000.0, "call-1", 0)
+            audit = await backend.granted(KEY)
+            later = await backend.try_acquire(KEY, LIMIT, 1001.0, "call-2", 0)
+            assert await backend.granted(KEY) == [1000.0, 1001.0]
+        assert first.granted and later.granted
+        assert audit == [1000.0]
+        assert proxy.faults() == ["stall_after"]
+
+
 # -- what a deadline logs -----------------------------------------------------------------
 
 
