@@ -424,6 +424,12 @@ class RedisRelay:
         backlog, last_id = await self._replay(turn_id, key, cursor)
         if not cursor.position:
             raise RelayTurnGone(f"the relay has no stream for turn {turn_id!r}")
+        if seen and cursor.from_start:
+            # A takeover found no stream: what the client saw of the turn is not in it.
+            raise RelayTurnGone(
+                f"the relay's stream of turn {turn_id!r} was started over by a takeover "
+                f"after seq {seen} the client saw"
+            )
         if seen > cursor.position:
             # The client saw more than the stream holds: not the stream it read.
             raise RelayTurnGone(
