@@ -209,7 +209,8 @@ class RedisRelayWriter:
         """The step the caller first asked :meth:`shown` about (a takeover's re-run)."""
         self._unproven = False
         """A takeover's tail read found no stream, and which step it re-runs first is not
-        known yet: nothing is written until it is (:meth:`_found_no_stream`)."""
+        known yet: nothing is written until it is, or until a close
+        (:meth:`_found_no_stream`)."""
         self.lost = 0
         """The turn's chunks dropped: the queue overflowed while Redis did not answer,
         Redis refused them, or the turn ended before they were written (the writer's own
@@ -274,11 +275,8 @@ class RedisRelayWriter:
     async def restart_step(self, step: int) -> None:
         """Queue the marker that drops the partial ``step`` for readers, and wait (at most
         ``close_timeout``) until it is written."""
+        self._learn_step(step)
         self._put({"type": RESTART, "step": step})
-        if self._first_step is None:
-            self._first_step = step
-            if self._unproven:
-                self._found_no_stream()
         with trio.move_on_after(self.relay.close_timeout):
             await self.flushed()
 
@@ -289,10 +287,7 @@ class RedisRelayWriter:
         rebuild the turn (a ``gap``): the turn does not wait on the relay."""
         from coredis.exceptions import WrongTypeError
 
-        if self._first_step is None:
-            self._first_step = step
-            if self._unproven:
-                self._found_no_stream()
+        self._learn_step(step)
         with trio.move_on_after(self.relay.close_timeout):
             try:
                 scan = await self.relay._call("takeover scan", lambda: self._scan(step))
@@ -366,6 +361,8 @@ class RedisRelayWriter:
             await self._settled.wait()
 
     def _put(self, item: dict[str, Any]) -> None:
+        if self.takeover and self._first_step is None and item["type"] == "step-start":
+            self._learn_step(item["step"])
         queue = self._queue
         if len(queue) >= self.relay.max_queue:
             doubt = self._doubt  # kept: Redis may hold them already, at their seqs
@@ -394,6 +391,14 @@ class RedisRelayWriter:
         settled, self._settled = self._settled, None
         if settled is not None:
             settled.set()
+
+    def _learn_step(self, step: int) -> None:
+        """The first step this writer streams (a takeover's re-run): told by
+        :meth:`shown`, :meth:`restart_step`, or read off its first ``step-start``."""
+        if self._first_step is None:
+            self._first_step = step
+            if self._unproven:
+                self._found_no_stream()
 
     def _found_no_stream(self) -> None:
         """A takeover found no stream (Redis lost it, or the dead writer streamed
@@ -591,6 +596,9 @@ class RedisRelayWriter:
                 # No stream: lost, or the dead writer streamed nothing (see the method)
                 lost = False
                 self._unproven = True
+                if self._first_step is None:  # a step-start queued without _put
+                    starts = (i["step"] for i in self._queue if i["type"] == "step-start")
+                    self._first_step = next(starts, None)
             if self._unproven and (self._first_step is not None or self._hurry):
                 self._found_no_stream()  # known, or closing: no step will say
             if lost:
