@@ -361,10 +361,11 @@ async def test_a_takeover_that_finds_no_stream_through_the_pipeline_says_gap(
     redis_url: str,
 ) -> None:
     """The tail read in the flusher's pipeline keeps what it said: a takeover that finds
-    no stream starts one whose readers are told the turn's start is lost."""
+    no stream starts one whose readers are told the turn's start is lost (re-running
+    from step 1: step 0 was committed; from step 0 see test_relay_takeover_empty)."""
     async with opened(redis_url) as relay:
         writer = relay.writer(session_id="s", turn_id="gone", takeover=True)
-        for chunk in text_turn(["x"])[1:]:
+        for chunk in text_turn(["committed", "x"])[6:]:
             writer.append(chunk)
         await writer.aclose()
         entries = await relay.client.xrevrange(relay.turn_key("gone"), "+", "-", count=10)
