@@ -771,6 +771,36 @@ def test_an_error_ends_the_run_and_nothing_follows_it():
     assert types(events) == ["RUN_STARTED", "TEXT_MESSAGE_START", "RUN_ERROR"]
 
 
+def test_a_takeovers_reset_of_a_step_already_finished_opens_the_step_again():
+    """A takeover re-runs a step whose ``step-finish`` the dead worker had relayed but
+    not committed: the relay's live reader gets that ``step-finish``, the takeover's
+    ``reset-step``, the re-run's parts (no second ``step-start``) and its own
+    ``step-finish``. The step is started again after the reset, so each STEP_FINISHED
+    closes an open step (before: the second closed a step already finished)."""
+    encoder = RunEncoder("th", "run")
+    usage = Usage(input_tokens=1, output_tokens=1, total_tokens=2)
+    takeover = ErrorInfo(kind="Takeover", message="the worker running the turn stopped")
+    chunks = [
+        o.Start(message_id="m"),
+        o.StepStart(step=0),
+        o.TextStart(step=0, part_id="a"),
+        o.TextDelta(step=0, part_id="a", text="first run"),
+        o.TextFinish(step=0, part_id="a"),
+        o.StepFinish(step=0, finish_reason="stop", usage=usage),
+        o.ResetStep(step=0, provider="scripted", error=takeover),
+        o.TextStart(step=0, part_id="b"),
+        o.TextDelta(step=0, part_id="b", text="re-run"),
+        o.TextFinish(step=0, part_id="b"),
+        o.StepFinish(step=0, finish_reason="stop", usage=usage),
+    ]
+    events = [event for chunk in chunks for event in encoder.encode(chunk)]
+    events += encoder.closing(None, [])
+    for event in events:
+        valid(event)
+    check_sequence(events)
+    assert types(events).count("STEP_STARTED") == types(events).count("STEP_FINISHED") == 2
+
+
 def test_anthropic_cache_counts_are_added_into_input_tokens():
     from runtime.app.web.agui_wire import (
         token_usage,

@@ -439,6 +439,7 @@ async def test_a_continuations_tail_read_rides_in_the_pipeline_beside_other_writ
         continuation = relay.writer(session_id="s1", turn_id="t1", takeover=True)
         other = relay.writer(session_id="s2", turn_id="t2", fresh=True)
         continuation.append(o.Start(message_id="m1"))
+        continuation.append(o.StepStart(step=1))  # re-runs from step 1: steps 0 committed
         other.append(o.Start(message_id="m2"))
         started = trio.current_time()
         await other.flushed()
@@ -449,7 +450,7 @@ async def test_a_continuations_tail_read_rides_in_the_pipeline_beside_other_writ
         assert sent[0] == [("XREVRANGE", one), ("XADD", two), ("SET", relay.active_key("s2"))]
         assert sent[1][0] == ("XADD", one)
         # no stream there for a takeover: its readers are told the turn's start is lost
-        assert pipes.entries()[-1][2] == ["relay.gap", "start"]
+        assert pipes.entries()[-1][2] == ["relay.gap", "start", "step-start"]
         assert continuation.flushes == 1
 
 

@@ -100,6 +100,25 @@ async def test_a_turn_whose_shared_limit_never_answers_ends_with_the_error_saved
     assert not provider.requests
 
 
+async def test_an_audit_read_whose_reply_never_comes_holds_up_no_later_limit_call(
+    redis_url: str,
+) -> None:
+    """``granted`` (the audit's ``LRANGE``) whose reply is held: past the deadline the
+    pool starts over and the read goes again, and the limit's next try is not queued
+    behind the held reply (before: ``granted`` raised ``TooSlowError`` and left the
+    connection in the pool, and every later call waited behind the reply for good)."""
+    async with through_proxy(scripted({("LRANGE", 1): STALL_AFTER})) as (proxy, relay):
+        backend = relay.rate_limits()
+        with trio.fail_after(10):
+            first = await backend.try_acquire(KEY, LIMIT, 1000.0, "call-1", 0)
+            audit = await backend.granted(KEY)
+            later = await backend.try_acquire(KEY, LIMIT, 1001.0, "call-2", 0)
+            assert await backend.granted(KEY) == [1000.0, 1001.0]
+        assert first.granted and later.granted
+        assert audit == [1000.0]
+        assert proxy.faults() == ["stall_after"]
+
+
 # -- what a deadline logs -----------------------------------------------------------------
 
 
@@ -162,3 +181,40 @@ async def test_a_cancel_published_to_a_silently_dead_subscription_still_reaches_
     assert [e["error"] for e in dropped] == [
         "TimeoutError: the cancel subscription answered no PING within 2 s"
     ]
+
+
+async def test_a_cancel_published_just_after_a_reads_pool_restart_reaches_the_watch(
+    redis_url: str,
+) -> None:
+    """A read whose reply never comes starts the relay's pool over (``_gave_up``); the
+    cancel watch's subscription is not in that pool, so a cancel published just after
+    reaches it, and it never subscribes again. Before: the restart dropped the
+    subscription too and coredis subscribed again by itself (its ``SUBSCRIBE`` held
+    0.7 s by the proxy here; its own backoff alone is up to 0.1 s), unseen by the
+    watch: a cancel published in between reached no subscriber and its record was
+    never read back, lost for good."""
+    cancels: list[tuple[str, str]] = []
+    sent = turn(1, 2)
+    async with through_proxy(scripted({("XRANGE", 1): STALL_AFTER}), cancel_ping=60.0) as (
+        proxy,
+        relay,
+    ):
+        relay.writer(session_id="s", turn_id="t", fresh=True)  # the turn streamed here
+        writer = relay.writer(session_id="s2", turn_id="r", fresh=True)
+        for chunk in sent:
+            writer.append(chunk)
+        await writer.aclose()
+        async with trio.open_nursery() as nursery:
+            await nursery.start(relay.watch_cancels, lambda *args: cancels.append(args))
+            proxy.delay_subscriptions(0.7)  # within coredis's 1 s for the acknowledgement
+            got, gone = await checked_read(relay, "r")  # its first XRANGE held: the restart
+            listening = await relay.request_cancel("t", "stop")
+            with trio.move_on_after(5):
+                while not cancels:  # noqa: ASYNC110 - the watch's own record
+                    await trio.sleep(0.01)
+            nursery.cancel_scope.cancel()
+    assert len(got) == len(sent) and not gone
+    assert cancels == [("t", "stop")]
+    assert proxy.faults() == ["stall_after"]
+    assert listening == 1
+    assert [c.name for c, _ in proxy.seen].count("SUBSCRIBE") == 1

@@ -32,16 +32,18 @@ a call already granted (its try applied, its reply lost) is granted again, not t
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import structlog
-import trio
 
 from actors.relays.redis_failures import _retried
 from runtime.errors import RateLimitUnavailable
 from runtime.ratelimit import LEASE, POLL, WINDOW, Clock, RateLimit, Verdict, WallClock
 
 log = structlog.get_logger("axon.limits")
+
+T = TypeVar("T")
 
 OP_TIMEOUT = 5.0
 """Seconds one round trip to Redis may take (the relay's ``op_timeout`` by default)."""
@@ -157,12 +159,18 @@ class RedisLimitBackend:
         return [f"{base}:{name}" for name in ("req", "tok", "run", "pause", "now", "log")]
 
     async def _run(self, name: str, source: str, keys: list[str], args: list[Any]) -> Any:
-        """:meth:`_script` within ``op_timeout``, retried with backoff while Redis does not
-        answer, for ``retry_for`` seconds; then
-        :class:`~runtime.errors.RateLimitUnavailable` (see the module docstring)."""
+        """:meth:`_script` through :meth:`_call`."""
         values = [str(a) for a in args]
+        return await self._call(name, lambda: self._script(name, source, keys, values))
+
+    async def _call(self, name: str, fn: Callable[[], Awaitable[T]]) -> T:
+        """``await fn()`` (one round trip) within ``op_timeout``, the pool started over
+        when it passes, retried with backoff while Redis does not answer, for
+        ``retry_for`` seconds; then :class:`~runtime.errors.RateLimitUnavailable` (see
+        the module docstring). Every call to Redis goes through here: one whose reply
+        never came and that left the pool as it was would hold every later call."""
         return await _retried(
-            lambda: self._script(name, source, keys, values),
+            fn,
             within=self.op_timeout,
             retry_for=self.retry_for,
             base=self.retry_base,
@@ -235,8 +243,8 @@ class RedisLimitBackend:
     async def granted(self, key: str) -> list[float]:
         """The times of the last :data:`AUDIT_SIZE` grants of ``key`` (within the hour
         after its last grant), in order: what an audit of the limit reads."""
-        with trio.fail_after(self.op_timeout):
-            times = await self.client.lrange(self.keys(key)[5], 0, -1)
+        audit = self.keys(key)[5]
+        times = await self._call("granted", lambda: self.client.lrange(audit, 0, -1))
         return [float(t) for t in times]
 
 

@@ -73,6 +73,12 @@ PAGE = 256
 
 END = "relay.end"
 GAP = "relay.gap"
+FROM_START = "relay.from-start"
+"""A takeover's first item on a stream it found empty, when it streams the turn from its
+start (no step committed before it): a reader that has shown nothing of the turn reads
+on (the stream is the whole turn); one that had (``after_seq``) is told the stream was
+lost, as at a ``gap``. Only as the stream's first item; older readers take it for junk
+(the turn rebuilt from the store, as a gap)."""
 
 
 @attrs.frozen(kw_only=True, slots=True)
@@ -145,6 +151,9 @@ class _Cursor:
     """The message the stream's ``start`` opened: a takeover's repeat of it is dropped."""
     ended: bool = False
     """The turn's end was read (a pause is not its end)."""
+    from_start: bool = False
+    """The stream began with :data:`FROM_START`: whole for a reader that showed nothing
+    of the turn before it, lost for one that did."""
 
     def accept(self, raw: Any) -> list[tuple[int, dict[str, Any]]]:
         """The ``(seq, item)`` pairs of the stream's next entry ``raw``, repeated
@@ -168,10 +177,13 @@ class _Cursor:
         pairs: list[tuple[int, dict[str, Any]]] = []
         for seq, item in enumerate(entry.items, start=entry.first):
             kind = item["type"]
-            if kind == GAP:
+            if kind == GAP or (kind == FROM_START and seq != 1):
                 raise RelayTurnGone(
                     f"the relay lost part of turn {turn!r} (Redis was unreachable or lost it)"
                 )
+            if kind == FROM_START:
+                self.from_start = True
+                continue
             if kind == END:
                 if item.get("paused") is True:
                     self.message_id = None  # the continuation starts the message again

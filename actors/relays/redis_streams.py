@@ -146,6 +146,12 @@ class RedisRelay:
         with the end in one entry (:data:`END_WAIT`)."""
         self.cancel_ping = cancel_ping
         """Seconds between two PINGs on the cancel subscription (:data:`CANCEL_PING`)."""
+        self.subscriber: Any = None
+        """The client (and pool) of the cancel watch's subscription (:meth:`open` makes
+        one; ``None``: ``client``'s). Apart from ``client``, whose pool starts over when
+        a read gets no reply (:meth:`_gave_up`): that dropped the subscription too, and
+        coredis subscribed again by itself, the watch none the wiser, so a cancel
+        published in between was lost, its record never read back."""
         self.live: set[RedisRelayWriter] = set()
         """Writers not closed yet (the relay's close lets their queues out)."""
         self.batcher = _Flusher(client, url, op_timeout)
@@ -177,16 +183,24 @@ class RedisRelay:
             client = coredis.Redis.from_url(
                 url, decode_responses=False, connect_timeout=2.0, verify_version=False
             )
+            # The cancel watch's subscription has a pool of its own: the relay's pool
+            # starts over when a reply never comes (``_gave_up``), and coredis would
+            # subscribe again on its own, unseen by the watch, missing what was
+            # published meanwhile.
+            subscriber = coredis.Redis.from_url(
+                url, decode_responses=False, connect_timeout=2.0, verify_version=False
+            )
         except ValueError as exc:
             raise ConfigurationError(f"bad Redis URL {shown!r}: {exc}") from None
         relay_options = dict(options)
         retry_for = float(relay_options.get("retry_for", RETRY_FOR))
         op_timeout = float(relay_options.get("op_timeout", 5.0))
         try:
-            async with client:
+            async with client, subscriber:
                 await _wait_for_redis(client, shown, retry_for, op_timeout)
                 async with trio.open_nursery() as nursery:
                     relay = cls(client, nursery, url=url, **relay_options)
+                    relay.subscriber = subscriber
                     try:
                         yield relay
                     finally:
@@ -309,7 +323,8 @@ class RedisRelay:
         multiplexes the next commands on it, behind a reply that may never come (a held
         or black-holed connection): a retry would wait for it, and every command after
         it, until ``retry_for`` ran out and after. The pool's connections start over
-        (the one stalled is not known; the cancel watch subscribes again)."""
+        (the one stalled is not known); the cancel watch's subscription is not among
+        them (:attr:`subscriber`)."""
         self.client.connection_pool.disconnect()
 
     async def _read_call(
@@ -409,6 +424,12 @@ class RedisRelay:
         backlog, last_id = await self._replay(turn_id, key, cursor)
         if not cursor.position:
             raise RelayTurnGone(f"the relay has no stream for turn {turn_id!r}")
+        if seen and cursor.from_start:
+            # A takeover found no stream: what the client saw of the turn is not in it.
+            raise RelayTurnGone(
+                f"the relay's stream of turn {turn_id!r} was started over by a takeover "
+                f"after seq {seen} the client saw"
+            )
         if seen > cursor.position:
             # The client saw more than the stream holds: not the stream it read.
             raise RelayTurnGone(
@@ -564,7 +585,7 @@ class RedisRelay:
         while True:
             failed: BaseException | None = None
             try:
-                async with self.client.pubsub(
+                async with (self.subscriber or self.client).pubsub(
                     channels=[self.cancel_channel], ignore_subscribe_messages=True
                 ) as pubsub:
                     if not started:

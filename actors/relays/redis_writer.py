@@ -39,6 +39,7 @@ import trio
 
 from actors.relays.redis_entries import (
     END,
+    FROM_START,
     GAP,
     PAGE,
     _decode,
@@ -95,7 +96,7 @@ def _chunks(items: list[dict[str, Any]]) -> int:
     return sum(item["type"] not in _MARKERS for item in items)
 
 
-_MARKERS = frozenset({GAP, END})
+_MARKERS = frozenset({GAP, END, FROM_START})
 
 
 _UNSTRUCTURERS: dict[type, Callable[[Any], dict[str, Any]]] = {}
@@ -204,6 +205,12 @@ class RedisRelayWriter:
         unanswered), so the stream's tail is read before the next flush: the batch is
         lost (counted, readers told) only if the tail is not this writer's entry ending
         just before that seq (:meth:`_tail_read`)."""
+        self._first_step: int | None = None
+        """The step the caller first asked :meth:`shown` about (a takeover's re-run)."""
+        self._unproven = False
+        """A takeover's tail read found no stream, and which step it re-runs first is not
+        known yet: nothing is written until it is, or until a close
+        (:meth:`_found_no_stream`)."""
         self.lost = 0
         """The turn's chunks dropped: the queue overflowed while Redis did not answer,
         Redis refused them, or the turn ended before they were written (the writer's own
@@ -268,6 +275,7 @@ class RedisRelayWriter:
     async def restart_step(self, step: int) -> None:
         """Queue the marker that drops the partial ``step`` for readers, and wait (at most
         ``close_timeout``) until it is written."""
+        self._learn_step(step)
         self._put({"type": RESTART, "step": step})
         with trio.move_on_after(self.relay.close_timeout):
             await self.flushed()
@@ -279,6 +287,7 @@ class RedisRelayWriter:
         rebuild the turn (a ``gap``): the turn does not wait on the relay."""
         from coredis.exceptions import WrongTypeError
 
+        self._learn_step(step)
         with trio.move_on_after(self.relay.close_timeout):
             try:
                 scan = await self.relay._call("takeover scan", lambda: self._scan(step))
@@ -352,6 +361,8 @@ class RedisRelayWriter:
             await self._settled.wait()
 
     def _put(self, item: dict[str, Any]) -> None:
+        if self.takeover and self._first_step is None and item["type"] == "step-start":
+            self._learn_step(item["step"])
         queue = self._queue
         if len(queue) >= self.relay.max_queue:
             doubt = self._doubt  # kept: Redis may hold them already, at their seqs
@@ -370,7 +381,7 @@ class RedisRelayWriter:
         if last:
             self._end_by = trio.current_time() + self.relay.end_wait
         if self._due is None:
-            if not self._busy and not self._closed:
+            if not self._busy and not self._closed and not self._unproven:
                 self.relay.batcher.schedule(self, self._due_at(trio.current_time()))
         elif last and not self._hurry:
             # What waited for its tick now waits with the last chunk for the close.
@@ -381,9 +392,34 @@ class RedisRelayWriter:
         if settled is not None:
             settled.set()
 
+    def _learn_step(self, step: int) -> None:
+        """The first step this writer streams (a takeover's re-run): told by
+        :meth:`shown`, :meth:`restart_step`, or read off its first ``step-start``."""
+        if self._first_step is None:
+            self._first_step = step
+            if self._unproven:
+                self._found_no_stream()
+
+    def _found_no_stream(self) -> None:
+        """A takeover found no stream (Redis lost it, or the dead writer streamed
+        nothing: the two look the same). When it re-runs the turn from step 0 (no step
+        was committed), its stream is the whole turn: :data:`FROM_START` first, which
+        only readers that showed some of the turn before take for a loss; otherwise (a
+        later step, or not known by a close) a ``gap``: readers rebuild from the store.
+        Then the queue goes out."""
+        self._unproven = False
+        whole = self._first_step == 0
+        self._queue.insert(0, {"type": FROM_START if whole else GAP})
+        if not whole:
+            log.warning("relay.takeover_lost_stream", turn_id=self.turn_id)
+        if self._queue and not self._closed and not self._busy:
+            self.relay.batcher.schedule(self, max(trio.current_time(), self._retry_at))
+
     def _hurry_up(self) -> None:
         """Nothing is held any more (a close): a queue waiting for its tick or for the
         close goes out at once (not before a failed flush's backoff is over)."""
+        if self._unproven:
+            self._found_no_stream()
         self._hurry = True
         if self._due is not None and not self._closed:
             self.relay.batcher.schedule(self, max(trio.current_time(), self._retry_at))
@@ -556,6 +592,15 @@ class RedisRelayWriter:
             elif self.resumed and last and not _paused(last[0]):
                 lost = True  # a continuation whose stream does not end with its pause
             self._next_seq = first
+            if lost and not last and not self.resumed and unsure is None:
+                # No stream: lost, or the dead writer streamed nothing (see the method)
+                lost = False
+                self._unproven = True
+                if self._first_step is None:  # a step-start queued without _put
+                    starts = (i["step"] for i in self._queue if i["type"] == "step-start")
+                    self._first_step = next(starts, None)
+            if self._unproven and (self._first_step is not None or self._hurry):
+                self._found_no_stream()  # known, or closing: no step will say
             if lost:
                 # What the turn streamed before is not in the stream: readers are told
                 # (they rebuild from the store) instead of shown the turn without it.
@@ -571,7 +616,7 @@ class RedisRelayWriter:
             self._failed("relay.flush_refused", error)
         self._busy = False
         self._notify()
-        if (self._queue or self._unsure) and not self._closed:
+        if (self._queue or self._unsure) and not self._closed and not self._unproven:
             self.relay.batcher.schedule(self, max(trio.current_time(), self._retry_at))
 
     def _commands(

@@ -141,6 +141,7 @@ class RedisFaultProxy:
         self._ids = itertools.count()
         self._subscribed: dict[int, trio.CancelScope] = {}
         """The pass-through of each connection that subscribed and is not held."""
+        self._subscribe_delay = 0.0
 
     @property
     def url(self) -> str:
@@ -154,6 +155,12 @@ class RedisFaultProxy:
             scope.cancel()
         self._subscribed.clear()
         return held
+
+    def delay_subscriptions(self, seconds: float) -> None:
+        """Hold every later ``SUBSCRIBE`` (and the like) ``seconds`` before it goes on to
+        Redis: a client that subscribes again is deaf meanwhile. (Not a fault ``decide``
+        deals: seeded schedules never see a subscription's commands.)"""
+        self._subscribe_delay = seconds
 
     def faults(self, *names: str) -> list[str]:
         """The kinds of fault dealt so far (to commands named ``names``, or any)."""
@@ -188,6 +195,8 @@ class RedisFaultProxy:
             command = Command(conn, parsed[0].decode().upper(), tuple(parsed[1:]))
             if command.name in SUBSCRIBES:  # replies no longer follow commands one to one
                 self.seen.append((command, None))
+                if self._subscribe_delay:
+                    await trio.sleep(self._subscribe_delay)
                 await server.stream.send_all(request)
                 with trio.CancelScope() as passing:
                     self._subscribed[conn] = passing

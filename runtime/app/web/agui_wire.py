@@ -554,7 +554,13 @@ class RunEncoder:
             "provider": chunk.provider,
             "errorText": f"{info.kind}: {info.message}",
         }
-        return [*out, {"type": "CUSTOM", "name": "axon.reset-step", "value": value}]
+        out.append({"type": "CUSTOM", "name": "axon.reset-step", "value": value})
+        if chunk.step in self._steps and chunk.step not in self._steps_open:
+            # A takeover re-runs a step whose ``step-finish`` the dead worker had relayed
+            # (not committed): the step opens again, so its re-run's STEP_FINISHED
+            # closes a step that is open (the spec's sequence) rather than a second time.
+            out += self._step_start(o.StepStart(step=chunk.step))
+        return out
 
     def _finish(self, chunk: o.Finish) -> list[dict[str, Any]]:
         self.finish_reason = chunk.finish_reason
