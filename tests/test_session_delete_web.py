@@ -203,3 +203,16 @@ async def test_a_delete_preflight_is_granted_only_to_an_allowed_cors_origin(tmp_
     assert allowed.headers["access-control-allow-origin"] == "http://app.example"
     assert "DELETE" in allowed.headers["access-control-allow-methods"]
     assert "access-control-allow-origin" not in other.headers
+
+
+async def test_a_delete_of_the_whole_list_is_not_an_endpoint(tmp_path):
+    async with web_server(agent(), store=str(tmp_path / "s.db")) as server:
+        async with httpx.AsyncClient(base_url=server.url, timeout=LIMIT) as client:
+            await chatted(server, client, "s")
+            statuses = [
+                (await client.delete(path, headers=JSON)).status_code
+                for path in ("/api/sessions", "/api/sessions/", "/api/sessions/s/x")
+            ]
+            names = await listed(client)
+    assert all(status in (404, 405, 307) for status in statuses), statuses  # (307: to the list)
+    assert names == ["s"]
