@@ -145,7 +145,7 @@ def drive(sync_api: Any, server: WebServer, shot: Path) -> dict[str, Any]:
             expect(page.locator(".welcome")).to_be_visible()
             item = page.locator("#sessions li", has_text="What's the weather in Paris?")
             expect(item).to_have_count(1)
-            item.locator("button").click()
+            item.locator("button.s-open").click()  # (not its delete control)
             expect(page.locator("#title")).to_have_text("What's the weather in Paris?")
             expect(page.locator(".msg.user .bubble")).to_have_text(
                 ["What's the weather in Paris?", "Tell me a long story"]

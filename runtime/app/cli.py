@@ -104,7 +104,8 @@ WAITING_STATUS = 3
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``python -m runtime`` command line: ``run``, the stored sessions' commands,
+    """The ``python -m runtime`` command line: ``run``, the stored sessions' commands
+    (``replay``, ``sessions``, ``show``, ``delete``),
     ``serve``, ``worker`` and ``mcp-server``."""
     parser = argparse.ArgumentParser(prog=program_name(), description="Axon agent runtime")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -177,7 +178,7 @@ def _add_run_parser(sub: Any) -> None:
 
 
 def _add_history_parsers(sub: Any) -> None:
-    """``replay``, ``sessions`` and ``show``: what was recorded or stored."""
+    """``replay``, ``sessions``, ``show`` and ``delete``: what was recorded or stored."""
     replay = sub.add_parser("replay", help="re-render a recorded session from a JSONL file")
     replay.add_argument("file", help="a JSONL event log (see --record)")
     replay.add_argument("--session", default=None, help="only this session's output")
@@ -212,6 +213,19 @@ def _add_history_parsers(sub: Any) -> None:
     show.add_argument("session_id")
     show.add_argument("--store", required=True, help=STORE_HELP)
     show.add_argument("--json", action="store_true", help="print the messages as JSON")
+
+    delete = sub.add_parser(
+        "delete",
+        help="delete one stored session (asks first on a terminal; --yes does not ask)",
+    )
+    delete.add_argument("session_id")
+    delete.add_argument("--store", required=True, help=STORE_HELP)
+    delete.add_argument(
+        "--yes",
+        "-y",
+        action="store_true",
+        help="delete without asking (needed when stdin is not a terminal)",
+    )
 
 
 def load_attachment(source: str) -> Any:
@@ -255,7 +269,7 @@ def check_arguments(args: argparse.Namespace) -> None:
             validate_session_id(value)
     command = getattr(args, "command", None)
     if (
-        command in ("show", "sessions")
+        command in ("show", "sessions", "delete")
         and not is_store_url(args.store)
         and not os.path.exists(args.store)
     ):
@@ -656,6 +670,40 @@ async def show_command(args: argparse.Namespace) -> int:
     return 0
 
 
+async def delete_command(args: argparse.Namespace) -> int:
+    """Delete one stored session (the store's ``delete``: in PostgreSQL its open turns
+    are cancelled in the same transaction, docs/architecture.md "Deleting a session").
+    On a terminal it asks first unless ``--yes``; with stdin not a terminal, ``--yes``
+    is required (a script never deletes on a guess). An unknown session is exit 1."""
+    store = await open_store(args.store)
+    try:
+        record = await store.load(args.session_id)
+        if record is None:
+            say_on_stderr(f"no session {args.session_id!r} in {args.store}\n")
+            return 1
+        if not args.yes:
+            if not sys.stdin.isatty():
+                raise BadInput(
+                    f"not deleting session {args.session_id!r}: stdin is not a terminal "
+                    "to confirm on; add --yes"
+                )
+            title = record.meta.get("title")
+            named = f" ({terminal_text(str(title))!r})" if title else ""
+            say_on_stderr(
+                f"delete session {args.session_id!r}{named}, "
+                f"{len(record.messages)} messages, from {args.store}? [y/N] "
+            )
+            answer = sys.stdin.readline().strip().lower()
+            if answer not in ("y", "yes"):
+                say_on_stderr("not deleted\n")
+                return 1
+        await store.delete(args.session_id)
+    finally:
+        await store.aclose()
+    sys.stdout.write(f"deleted session {args.session_id!r}\n")
+    return 0
+
+
 def _decision(awaiting: Awaiting | None) -> str:
     """What ``show`` adds to a call that waited once it is decided: the stored message
     holds the decision too (docs/approval.md); still waiting, the last lines say so."""
@@ -757,6 +805,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         return trio.run(sessions_command, args)
     if args.command == "show":
         return trio.run(show_command, args)
+    if args.command == "delete":
+        return trio.run(delete_command, args)
     if args.command == "serve":
         try:
             return trio.run(_ending_abandoned, serve_command, args)

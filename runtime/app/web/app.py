@@ -29,6 +29,10 @@ Hypercorn's Trio worker, see :mod:`runtime.app.web.serve`):
 ``GET /api/sessions``, ``GET /api/sessions/{id}``
     The stored sessions; one session's messages in the runtime's JSON form
     (``messages``) and as AI SDK ``UIMessage`` s (``ui_messages``).
+``DELETE /api/sessions/{id}``
+    Delete the session (:meth:`~runtime.app.host.Host.delete_session`: its running turn
+    cancelled, its queued ones withdrawn, their streams ending with ``abort``, reason
+    ``session deleted``): 204, also for a session that does not exist (idempotent).
 ``GET /api/info``
     The agent's name, provider and model.
 ``GET /api/chat/{id}/stream``, ``POST /api/chat/{id}/stop``
@@ -699,6 +703,16 @@ async def get_session(request: Request) -> Response:
     )
 
 
+async def delete_session(request: Request) -> Response:
+    """Delete the session for good (:meth:`~runtime.app.host.Host.delete_session`): 204,
+    also when there is no such session, as ``DELETE`` is idempotent. Guarded as every
+    state-changing request is (:mod:`runtime.app.web.guard`)."""
+    state = _state(request)
+    session_id = _session_id(request.path_params["session_id"])
+    await state.host.delete_session(session_id)
+    return Response(status_code=204)
+
+
 async def info(request: Request) -> Response:
     return json_response(_state(request).info())
 
@@ -744,6 +758,7 @@ def _api_routes(front: FrontEnd | None) -> list[Route]:
         "stop": stop_turn,
         "sessions": list_sessions,
         "session": get_session,
+        "delete": delete_session,
         "info": info,
     }
     if front is not None:
@@ -755,6 +770,7 @@ def _api_routes(front: FrontEnd | None) -> list[Route]:
         Route("/api/chat/{session_id}/stop", handlers["stop"], methods=["POST"]),
         Route("/api/sessions", handlers["sessions"], methods=["GET"]),
         Route("/api/sessions/{session_id}", handlers["session"], methods=["GET"]),
+        Route("/api/sessions/{session_id}", handlers["delete"], methods=["DELETE"]),
     ]
 
 
@@ -779,7 +795,7 @@ def _middleware(
             Middleware(
                 CORSMiddleware,
                 allow_origins=list(cors_origins),
-                allow_methods=["GET", "POST"],
+                allow_methods=["GET", "POST", "DELETE"],
                 allow_headers=["authorization", "content-type"],
                 expose_headers=["x-vercel-ai-ui-message-stream"],
                 max_age=600,

@@ -42,6 +42,11 @@ to any of them:
     running: its POST ends with ``abort``; one neither queued nor running is a 204.
 ``GET /api/sessions``, ``GET /api/sessions/{id}``
     Read from the store.
+``DELETE /api/sessions/{id}``
+    Deletes the session from the store, whose transaction also cancels its open turns
+    (reason ``session deleted``: queued ones never run, a running one's worker has its
+    saves refused and stops); a running one's worker is also told on the relay. 204,
+    also for a session that does not exist.
 
 Until a worker claims a turn the relay has no stream for it: its viewers wait for the
 turn's status to move, all the viewers of one front end on one shared look at the queue
@@ -96,6 +101,7 @@ from runtime.app.web.watch import POLL_FIRST, POLL_MAX, TurnWatch, follow_turn
 from runtime.approval import Decision, Recorded, approval_decided, pending_calls
 from runtime.busy import INTERRUPT, INTERRUPTED_BY_NEW, STEER, OnBusy
 from runtime.errors import (
+    SESSION_DELETED,
     QueueFull,
     RelayTurnGone,
     RelayUnavailable,
@@ -192,7 +198,7 @@ class QueuedTurnResponse(RelayStreamResponse):
                     continue
                 except RelayTurnGone as exc:
                     if self.sent:  # lost mid-stream: the client must reload
-                        await write(await self._rebuilt(exc, replay=False))
+                        await write(await self._lost_end(exc))
                         return
                 # Queued: nothing to stream until a worker claims it, so wait (with the
                 # front end's other viewers: one query for all) until its status moves.
@@ -214,6 +220,20 @@ class QueuedTurnResponse(RelayStreamResponse):
                     delay = min(delay * 2, POLL_MAX)
         except RelayUnavailable as exc:
             await write(unavailable_event(exc))
+
+    async def _lost_end(self, exc: RelayTurnGone) -> bytes:
+        """The end of a stream shown in part whose relay lost the rest: ``abort``
+        (``session deleted``) for a turn its session's delete cancelled (its worker,
+        its saves refused, stopped without ending the stream; there is no session left
+        to reload), else an error telling the client to reload the session."""
+        turn = await self.queue.get_status(self.turn_id)
+        if (
+            turn is not None
+            and turn.status == "cancelled"
+            and turn.cancel_reason == SESSION_DELETED
+        ):
+            return sse({"type": "abort", "reason": SESSION_DELETED})
+        return await self._rebuilt(exc, replay=False)
 
     def _read(self) -> AsyncIterator[Any]:
         """The relay's read, given up once the queue says the turn ended and its stream
@@ -243,7 +263,7 @@ class QueuedTurnResponse(RelayStreamResponse):
             return
         except RelayTurnGone as exc:
             if self.sent or self.after_seq is not None:
-                await write(await self._rebuilt(exc, replay=False))
+                await write(await self._lost_end(exc))
                 return
             gone = exc
         record = await self.store.load(self.session_id)
@@ -286,6 +306,7 @@ class FrontEnd:
             "stop": self.stop,
             "sessions": self.list_sessions,
             "session": self.get_session,
+            "delete": self.delete_session,
             "info": self.info,
         }
 
@@ -631,6 +652,21 @@ class FrontEnd:
                 "ui_messages": ui_messages(record.messages),
             }
         )
+
+    async def delete_session(self, request: Request) -> Response:
+        """Delete the session: the store's delete cancels its open turns in the same
+        transaction (:meth:`actors.stores.postgres.PostgresStore.delete`); the worker of
+        a running one also hears it on the relay, at once (best effort: it also stops at
+        the store's notice or its lease's next renewal). 204, known session or not."""
+        session_id = session_id_param(request.path_params["session_id"])
+        running = await self.queue.active(session_id)
+        await self.store.delete(session_id)
+        if running is not None and running.status == RUNNING:
+            try:
+                await self.relay.request_cancel(running.turn_id, SESSION_DELETED)
+            except RelayUnavailable:
+                pass  # deleted already; the store's cancel reaches the worker
+        return Response(status_code=204)
 
     async def info(self, request: Request) -> Response:
         return json_response({**web_state(request).info(), "mode": "front-end"})
