@@ -3,6 +3,8 @@ the rounds that could block, the rounds of each window of turns, the context swi
 
 from __future__ import annotations
 
+import time
+
 import trio
 import trio.testing
 
@@ -20,16 +22,18 @@ async def _counted(counter: worker_profile.CpuByTask, work: object) -> None:
 
 
 async def test_a_round_with_nothing_runnable_counts_as_one_that_could_block() -> None:
-    """A task alone that sleeps leaves the loop nothing to run: each sleep is a round
-    whose I/O wait has a timeout (it could block); a bare checkpoint is a round that
-    could not (another task, the checkpointing one, is runnable)."""
+    """A task alone that waits for a thread leaves the loop nothing to run: each wait is
+    a round whose I/O wait has a timeout (it could block); a bare checkpoint is a round
+    that could not (another task, the checkpointing one, is runnable). (A thread, not a
+    ``trio.sleep(0.001)``: on a loaded machine the sleep's deadline had passed by the
+    loop's next round, whose wait then had no timeout: 2 rounds that could block of 3.)"""
     counter = worker_profile.CpuByTask()
 
     seen: list[tuple[int, int]] = []
 
     async def work() -> None:
         for _ in range(3):
-            await trio.sleep(0.001)
+            await trio.to_thread.run_sync(time.sleep, 0.001)
         seen.append((counter.rounds, counter.blocked))
         for _ in range(5):
             await trio.lowlevel.checkpoint()
