@@ -644,21 +644,35 @@ class Host:
         """Start a session's own actors (its engine, stream controller and turn runner)
         over ``state``, and what they use that the host shares: ``agent``'s providers and
         MCP servers."""
-        Engine, StreamController, TurnRunner, agent_tools, start_servers = _session_kinds()
+        _, _, _, agent_tools, start_servers = _session_kinds()
         provider_actors = [await self.provider_actor(p) for p in self.providers_of(agent)]
         repaired = await repaired_off_loop(state.messages)  # a long one: in a thread
         if self._tool_source is None:
             self._tool_source = partial(agent_tools, self.mcp_servers)
         if agent.mcp_servers:  # started once per host, shared by sessions (actors.mcp)
             await start_servers(self.mcp_servers, self, agent)
+        return self._new_session_actors(sid, agent, state, provider_actors, repaired)
+
+    def _new_session_actors(
+        self,
+        sid: str,
+        agent: Agent,
+        state: SessionState,
+        providers: Sequence[Any],
+        repaired: Any,
+    ) -> tuple[TurnRunner, list[Actor]]:
+        """A session's engine, stream controller and turn runner over ``state``, with
+        what the host shares (``providers``' actors, the tool executor, the persister),
+        resting (the session's first turn starts them: :meth:`wake`) and on the bus."""
+        Engine, StreamController, TurnRunner, _, _ = _session_kinds()
         stream_inbox: Inbox[Batch[Any]] = Inbox(128, "block", name="engine-output")  # MAX_RUN
         engine = Engine(stream_inbox, tags=agent.think_tags, session_id=sid)
         controller = StreamController(session_id=sid)
         runner = TurnRunner(
             state=state,
             agent=agent,
-            provider=provider_actors[0],
-            fallbacks=provider_actors[1:],  # Agent(provider=[primary, fallback, ...])
+            provider=providers[0],
+            fallbacks=providers[1:],  # Agent(provider=[primary, fallback, ...])
             engine=engine,
             controller=controller,
             tool_executor=self.tool_executor,
@@ -669,7 +683,7 @@ class Host:
             repaired=repaired,
         )
         actors: list[Actor] = [engine, controller, runner]
-        for actor in actors:  # resting: the session's first turn starts them (wake)
+        for actor in actors:
             actor.resting = True
             actor.attach(self.bus)
             self._actors[actor] = None
@@ -718,41 +732,24 @@ class Host:
         if not ended:
             return
         old: Any = session.runner
-        Engine, StreamController, TurnRunner, _, _ = _session_kinds()
-        stream_inbox: Inbox[Batch[Any]] = Inbox(128, "block", name="engine-output")
-        engine = Engine(stream_inbox, tags=session.agent.think_tags, session_id=session.id)
-        controller = StreamController(session_id=session.id)
-        controller.seq = old.controller.seq  # session-wide and monotonic
-        runner = TurnRunner(
-            state=old.state,
-            agent=old.agent,
-            provider=old.provider,
-            fallbacks=old.fallbacks,
-            engine=engine,
-            controller=controller,
-            tool_executor=old.tool_executor,
-            persister=old.persister,
-            stream_inbox=stream_inbox,
-            host=self,
-            tool_source=old.tool_source,
-            repaired=old._repaired,
+        for actor in session.actors:
+            actor.stop()
+            self._actors.pop(actor, None)
+        providers = [old.provider, *old.fallbacks]
+        runner, actors = self._new_session_actors(
+            session.id, old.agent, old.state, providers, old._repaired
         )
+        controller: Any = runner.controller
+        controller.seq = old.controller.seq  # session-wide and monotonic
         runner.save_replies, runner._pending, runner._answered = (
             old.save_replies,
             old._pending,
             old._answered,
         )
-        for actor in session.actors:
-            actor.stop()
-            self._actors.pop(actor, None)
-        actors: list[Actor] = [engine, controller, runner]
         idle, after_turn = _idle_check(session), _no_turn_waits(session)
         for actor in actors:
-            actor.resting = True
-            actor.attach(self.bus)
             actor.rests_when = idle
             actor.rests_after_turn = after_turn
-            self._actors[actor] = None
         session.runner, session.actors = runner, actors
         get_logger("axon.host").warning(
             "session.actors-renewed", session_id=session.id, given_up=ended
