@@ -140,7 +140,10 @@ async def test_an_unregistered_url_scheme_is_refused_and_creates_no_file(tmp_pat
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ConfigurationError) as info:
         await open_store("redis://localhost/0")
-    assert str(info.value) == "unknown store 'redis'; registered stores: postgresql, postgres"
+    assert str(info.value) == (
+        "unknown store 'redis'; registered stores: postgresql, postgres; a path without a "
+        "scheme (axon.db, ./data/axon.db) is a SQLite file"
+    )
     assert snapshot(tmp_path) == {}
 
 

@@ -98,6 +98,12 @@ async def open_store(spec: Any) -> Store:
 
 
 async def _open_registered(scheme: str, spec: str) -> Store:
+    if scheme not in STORES.entries():  # (``redis://``: a newcomer's guess)
+        known = ", ".join(STORES.names()) or "none"
+        raise ConfigurationError(
+            f"unknown store {scheme!r}; registered stores: {known}; a path without a "
+            "scheme (axon.db, ./data/axon.db) is a SQLite file"
+        )
     cls = STORES.load(scheme)
     opener = getattr(cls, "open", None)
     if not callable(opener):
