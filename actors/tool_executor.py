@@ -403,10 +403,10 @@ class ToolExecutor(ServingActor[ExecuteTools]):
     ) -> None:
         super().__init__(name=name)
         self.approval_timeout = approval_timeout
+        """Seconds a ``needs_approval`` call waits for a decision before it is denied."""
         self.abandon_after = abandon_after
         """Seconds a cancelled call (its turn's, the host's shutdown) has to end before
         its task is abandoned, and logged (``tool.abandoned``): see :class:`_Detached`."""
-        """Seconds a ``needs_approval`` call waits for a decision before it is denied."""
         self._waiting: dict[str, tuple[trio.Event, list[ToolApprovalDecided]]] = {}
         self._pending: dict[int, set[str]] = {}
         """Per request in flight: its calls not yet answered."""
