@@ -220,6 +220,10 @@ class Renewal:
     turn wait for a person, or its last step: no other claim since, but the claim of
     the continuation a decision started): no loss. A renewal can run between that commit
     and its answer reaching the worker, and a decision can come in between too."""
+    deleted: bool = False
+    """Not held because the turn's session was deleted while it ran (the delete ended
+    the row ``cancelled`` at this claim's epoch, no owner, reason ``session deleted``):
+    no other worker holds it, and there is nothing left to save it in. No loss either."""
 
 
 class LeaseRenewer(Protocol):
@@ -442,10 +446,13 @@ class TurnQueue(Protocol):
         on_finished: Callable[[], None] | None = None,
         on_finishing: Callable[[], None] | None = None,
         claim_next: NextClaim | None = None,
+        on_deleted: Callable[[], None] | None = None,
     ) -> AbstractContextManager[None]:
         """While inside, every save of the claimed turn's session is refused
         (:class:`~runtime.errors.LeaseLost`) once the claim no longer holds the turn;
-        ``on_lost`` is called then. With ``on_suspended``, the save of the step that
+        ``on_lost`` is called then, or ``on_deleted`` (when given) for a save refused
+        because the session was deleted while the turn ran (the refusal is also a
+        :class:`~runtime.errors.SessionDeleted`). With ``on_suspended``, the save of the step that
         makes the turn wait for a person also suspends it (:meth:`suspend`) in the save's
         commit, and ``on_suspended`` is called once that committed. ``steered`` (read at
         each save: the worker appends to it) names the messages the turn took from

@@ -140,6 +140,10 @@ class Fence:
     epoch: int
     on_lost: Callable[[], None] | None = attrs.field(default=None, eq=False)
     """Called (from the Trio thread) when a save was refused: the worker stops the turn."""
+    on_deleted: Callable[[], None] | None = attrs.field(default=None, eq=False)
+    """Called instead of :attr:`on_lost` (when set) for a save refused because the
+    session was deleted while the turn ran (:meth:`PostgresStore.delete` ended its row):
+    no other worker holds the turn, the worker ends it as deleted."""
     in_save: (
         Callable[[Any, Sequence[Message], Mapping[str, Any] | None, str | None], bool] | None
     ) = attrs.field(default=None, eq=False)
@@ -545,9 +549,12 @@ class PostgresStore:
                     wrote.append(ending is not False)
             if version is None:
                 version = await self.run(action, save)
-        except LeaseLost:
-            if fence is not None and fence.on_lost is not None:
-                fence.on_lost()
+        except LeaseLost as exc:
+            if fence is not None:
+                deleted = fence.on_deleted if isinstance(exc, SessionDeleted) else None
+                told = deleted if deleted is not None else fence.on_lost
+                if told is not None:
+                    told()
             raise
         if fence is not None:
             self._fenced_save_committed(fence, wrote, steers)

@@ -45,7 +45,7 @@ from actors.stores.turn_sql import (
     _write_once,
 )
 from runtime.approval import WAITING_META
-from runtime.errors import StoreError
+from runtime.errors import SESSION_DELETED, StoreError
 from runtime.history import run_long_off_loop
 from runtime.messages import Message
 from runtime.store import SessionRecord
@@ -360,13 +360,20 @@ class TurnClaiming:
             # set only from a wait, which at this epoch is this claim's), or claimed
             # once more by the continuation that decision started (the next epoch, a
             # resumed claim's token: a takeover's has none).
-            let_go = conn.execute(
-                "SELECT 1 FROM axon_turns WHERE turn_id = %s AND ((epoch = %s "
+            # Or the session was deleted while the turn ran: the delete ended the row
+            # ``cancelled`` at this epoch with no owner (PostgresStore.delete).
+            gone = conn.execute(
+                "SELECT coalesce((epoch = %s "
                 "AND (status IN ('awaiting-input', 'done') OR resume_pending)) "
-                "OR (epoch = %s + 1 AND claim_token LIKE %s))",
-                (turn_id, epoch, epoch, "%" + RESUMED_TOKEN),
+                "OR (epoch = %s + 1 AND claim_token LIKE %s), false), "
+                "coalesce(epoch = %s AND status = 'cancelled' AND owner IS NULL "
+                "AND cancel_reason = %s, false) "
+                "FROM axon_turns WHERE turn_id = %s",
+                (epoch, epoch, "%" + RESUMED_TOKEN, epoch, SESSION_DELETED, turn_id),
             ).fetchone()
-            return Renewal(held=False, let_go=let_go is not None)
+            if gone is None:
+                return Renewal(held=False)
+            return Renewal(held=False, let_go=bool(gone[0]), deleted=bool(gone[1]))
         return Renewal(held=True, cancel_requested=row[0], cancel_reason=row[1])
 
     def connect(self) -> Any:
@@ -397,6 +404,7 @@ class TurnClaiming:
         on_finished: Callable[[], None] | None = None,
         on_finishing: Callable[[], None] | None = None,
         claim_next: NextClaim | None = None,
+        on_deleted: Callable[[], None] | None = None,
     ) -> contextlib.AbstractContextManager[None]:
         """While inside, every save of the claimed turn's session checks, in its own
         transaction, that the claim still holds the turn
@@ -427,7 +435,11 @@ class TurnClaiming:
         dies before that save leaves them queued, for the turn's next worker to take
         again or to run as turns of their own. ``watch`` learns from each save the turn's
         count of steering submits (:class:`~runtime.turn_queue.SteerWatch`), read by the
-        fence check the save makes anyway."""
+        fence check the save makes anyway.
+
+        ``on_deleted`` is called instead of ``on_lost`` for a save refused because the
+        session was deleted while the turn ran (:meth:`PostgresStore.delete
+        <actors.stores.postgres.PostgresStore.delete>` ended the row)."""
         key = (claim.turn.turn_id, claim.owner, claim.epoch)
         ended: list[bool] = []  # the last attempt of the save finished the row
         suspending: list[bool] = []  # the call about to be sent suspends the row
@@ -502,6 +514,7 @@ class TurnClaiming:
             owner=claim.owner,
             epoch=claim.epoch,
             on_lost=on_lost,
+            on_deleted=on_deleted,
             saved=claim.turn.saved,
             in_save=write_row if writes else None,
             one_call=one_call,

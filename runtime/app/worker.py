@@ -42,6 +42,13 @@ Each worker also looks at the queue every ``poll`` seconds for waits whose deadl
 passed (``Agent(approval_timeout=...)``) and records them as denied ``timed out``,
 which resumes the turn the same way.
 
+**Deleted sessions.** A session deleted while its turn runs here (``PostgresStore.delete``
+ends the turn's row ``cancelled``, reason ``session deleted``, in its transaction) is no
+lost lease: the turn's next save is refused, or its lease's next renewal, each saying
+why. The worker logs ``worker.session_deleted`` (info), writes nothing more of the turn,
+ends its relay stream with ``abort`` (``session deleted``), the end the deleting front
+end gives its own viewers, so every other reader gets it too, and counts it ``cancelled``.
+
 **Stopping.** :meth:`Worker.stop` (SIGINT/SIGTERM in the command) stops claiming and
 gives the running turns ``grace`` seconds to finish; the ones still running then are cut
 at their last commit (the store refuses their later saves) and released, so another
@@ -89,6 +96,7 @@ from runtime.app.expiry import deadlines, expire_session
 from runtime.app.host import Host
 from runtime.approval import AWAITING_INPUT, Decision, Recorded
 from runtime.errors import (
+    SESSION_DELETED,
     ConfigurationError,
     InvalidHistory,
     LeaseLost,
@@ -101,7 +109,7 @@ from runtime.history import off_loop_limiter
 from runtime.logging import configure_logging, get_logger
 from runtime.media import InputLimits
 from runtime.messages import UserMessage
-from runtime.output import ErrorInfo, ResetStep, StepStart
+from runtime.output import Abort, Error, ErrorInfo, Finish, ResetStep, StepStart
 from runtime.redact import redact, redact_url
 from runtime.store import SessionRecord, Store
 from runtime.tools import Tool
@@ -165,6 +173,11 @@ class _Running:
     """The worker's waits when its last save was sent (:meth:`Worker._asks_next`)."""
     cancelled: str | None = None
     """Why the turn was cancelled before its stream existed (applied once it does)."""
+    deleted: bool = False
+    """Its session was deleted while it ran (:meth:`session_deleted`): also :attr:`lost`
+    (nothing more of it is written), but its stream ends with ``abort``."""
+    last_out: Any = None
+    """The last chunk written to the relay (:meth:`Worker._relay`)."""
 
     def claimed_next(self, claimed: NextClaimed) -> None:
         self.next = claimed
@@ -198,6 +211,26 @@ class _Running:
                 why=why,
             )
             self.cancel("lease lost")
+
+    def session_deleted(self, why: str) -> None:
+        """The turn's session was deleted while it ran (``PostgresStore.delete`` ended its
+        row ``cancelled``, reason ``session deleted``): no lease was lost, no other worker
+        runs it, and none will. Nothing more of it is written (every save is refused)
+        and the turn stops; its relay stream ends with the ``abort`` (``session deleted``)
+        the deleting front end shows its own viewers, so every other reader (another
+        front end's, one resuming from ``Last-Event-ID``) sees it end too. Not once the
+        turn suspended or finished (its commit came before the delete), nor once lost."""
+        if not self.lost and not self.suspended and not self.finished:
+            self.lost = self.deleted = True
+            turn = self.claim.turn
+            log().info(
+                "worker.session_deleted",
+                turn_id=turn.turn_id,
+                session_id=turn.session_id,
+                epoch=self.claim.epoch,
+                why=why,
+            )
+            self.cancel(SESSION_DELETED)
 
 
 @attrs.define(kw_only=True, slots=True, eq=False)
@@ -341,7 +374,9 @@ class LeaseKeeper:
             # no loss. Taken for one, the turn's end was not relayed (its stream left
             # without its finish, a waiting turn's continuation never shown).
             return
-        if not renewal.held:
+        if renewal.deleted:
+            entry.session_deleted("renewal refused")
+        elif not renewal.held:
             entry.lose("renewal refused")
         else:
             entry.cancel(renewal.cancel_reason or "cancelled")
@@ -404,7 +439,8 @@ class Worker:
         self.done: dict[str, int] = {}
         """Turns finished by this worker, by status (``done``, ``failed``, ``cancelled``,
         ``awaiting-input``: suspended for a person, ``lost``: the lease went to another
-        worker, or the worker gave the turn back, its final save not confirmed)."""
+        worker, or the worker gave the turn back, its final save not confirmed; a turn
+        whose session was deleted while it ran is ``cancelled``)."""
         self.host: Host | None = None
         self._leases: LeaseKeeper | None = None
         self._stopping = trio.Event()
@@ -776,7 +812,7 @@ class Worker:
         )
         writer = self._turn_writer(claim)
         status = await self._stream_turn(entry, stream, writer, steered, watch)
-        if status == "lost":
+        if status == "lost" or entry.deleted:
             await self._drop_lost(entry, session)
         elif turn.options.ephemeral:
             await self._forget(session)
@@ -869,6 +905,7 @@ class Worker:
             with self.queue.fenced(
                 claim,
                 on_lost=lambda: entry.lose("a save was refused"),
+                on_deleted=lambda: entry.session_deleted("a save was refused"),
                 on_suspended=entry.suspend,
                 steered=steered,
                 watch=watch,
@@ -890,9 +927,19 @@ class Worker:
             status = await self._finish(entry)
         finally:
             if writer is not None:
-                await _close_writer(
-                    writer, final=status != "lost" and not entry.lost, paused=status == WAITING
-                )
+                if entry.deleted and not isinstance(entry.last_out, _ENDS):
+                    # Its readers' end (``abort``, as the deleting front end gives its
+                    # own): unless the turn's own end went out before the delete was known.
+                    turn = claim.turn
+                    writer.append(
+                        Abort(
+                            reason=SESSION_DELETED,
+                            session_id=turn.session_id,
+                            turn_id=turn.turn_id,
+                        )
+                    )
+                final = entry.deleted or (status != "lost" and not entry.lost)
+                await _close_writer(writer, final=final, paused=status == WAITING)
         return status
 
     def _turn_stream(
@@ -983,6 +1030,7 @@ class Worker:
                 if extend is not None and not restart:
                     if not entry.lost:
                         extend(chunks)
+                        entry.last_out = chunks[-1]
                     continue
                 for chunk in chunks:
                     if entry.lost:
@@ -992,6 +1040,7 @@ class Worker:
                         if await self._reset_shown(entry, writer, chunk.step):
                             continue  # readers have the step's start: the reset keeps it
                     writer.append(chunk)
+                    entry.last_out = chunk
         except trio.Cancelled:
             # The worker itself is being torn down (only that raises Cancelled here):
             # keep the turn at its last commit, as if the process had died, so the turn
@@ -1030,6 +1079,8 @@ class Worker:
             return WAITING
         if entry.finished:  # its last step's commit finished the row
             return "done"
+        if entry.deleted:  # the session's delete ended the row (cancelled): nothing to write
+            return "cancelled"
         if entry.lost:
             return "lost"
         result = entry.stream.result
@@ -1106,6 +1157,10 @@ class Worker:
             except LeaseLost:
                 return "lost"
         return WAITING
+
+
+_ENDS = (Abort, Error, Finish)
+"""The chunks that end a turn's output (its relay stream's end follows)."""
 
 
 def _outdated_regenerate(
