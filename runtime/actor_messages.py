@@ -383,7 +383,8 @@ class SteeredInput:
     """A user message handed to a running turn (the ``steer`` busy strategy,
     :mod:`runtime.busy`). ``taken`` is set once its fate is known: ``accepted`` when
     the turn inserted it at a step boundary (its user message has ``user_message_id``),
-    not when the turn ended first (then the message starts a turn of its own)."""
+    not when the turn ended first (then the message starts a turn of its own) or a stop
+    withdrew it (:meth:`runtime.app.session.TurnStream.withdraw`: it never joins)."""
 
     __repr__ = _repr
 

@@ -529,3 +529,112 @@ async def test_a_stopped_queued_openai_request_gets_openais_abort_not_a_409(stre
 
 async def post_into(client: httpx.AsyncClient, into: dict, key: str, sent: dict) -> None:
     into[key] = await client.post("/api/chat", json=sent, timeout=30)
+
+
+# -- a stop naming a regenerate's answer, or a message waiting to be steered in -----------
+
+
+def _regenerate(session_id: str, text: str, message_id: str, answer_id: str) -> dict:
+    """The AI SDK's ``regenerate`` of ``answer_id`` (the answer to ``message_id``)."""
+    return {**ui_body(session_id, text, message_id), "trigger": "regenerate-message",
+            "messageId": answer_id}  # fmt: skip
+
+
+async def _last_answer(client: httpx.AsyncClient, session_id: str) -> str:
+    stored = (await client.get(f"/api/sessions/{session_id}")).json()
+    return [m["id"] for m in stored["messages"] if m["role"] == "assistant"][-1]
+
+
+async def test_a_stop_naming_the_answer_a_queued_regenerate_replaces_takes_it_out():
+    # The AI SDK's regenerate names the answer it replaces (``messageId``), and so does a
+    # stop of it; the app matched a stop's messageId against user messages only, so the
+    # waiting regenerate was not found (204) and ran when its turn came.
+    script = Script(["one done"], holding(), ["two done"])
+    async with (
+        web_server(agent_of(script), on_busy="enqueue") as server,
+        httpx.AsyncClient(base_url=server.url) as client,
+    ):
+        await client.post("/api/chat", json=ui_body("s", "one", "u1"), timeout=30)
+        answer = await _last_answer(client, "s")
+        replies: dict = {}
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(post_into, client, replies, "two", ui_body("s", "two", "u2"))
+            await held["open"].wait()
+            regenerate = _regenerate("s", "one", "u1", answer)
+            nursery.start_soon(post_into, client, replies, "regenerate", regenerate)
+            await waiting(server.host.sessions["s"], 1)
+            stop = await client.post("/api/chat/s/stop", json={"messageId": answer})
+            with trio.fail_after(LIMIT):
+                while "regenerate" not in replies:  # noqa: ASYNC110
+                    await trio.sleep(0.01)
+            assert server.host.sessions["s"].current is not None  # "two" goes on
+            held["release"].set()
+        await wait_idle(server, "s")
+        stored = (await client.get("/api/sessions/s")).json()
+    assert stop.status_code == 202 and stop.json()["queued"] is True
+    assert [line for line in replies["regenerate"].text.split("\n\n") if line] == [
+        'data: {"type":"abort","reason":"stopped by user"}',
+        "data: [DONE]",
+    ]
+    assert replies["two"].status_code == 200
+    assert [m["content"] for m in stored["messages"] if m["role"] == "user"] == ["one", "two"]
+    assert len(script.requests) == 3  # "one", and the two steps of "two"
+
+
+async def test_a_stop_naming_the_answer_a_running_regenerate_replaces_stops_it():
+    script = Script(["one done"], holding(), ["never"])
+    async with (
+        web_server(agent_of(script), on_busy="enqueue") as server,
+        httpx.AsyncClient(base_url=server.url) as client,
+    ):
+        await client.post("/api/chat", json=ui_body("s", "one", "u1"), timeout=30)
+        answer = await _last_answer(client, "s")
+        replies: dict = {}
+        async with trio.open_nursery() as nursery:
+            regenerate = _regenerate("s", "one", "u1", answer)
+            nursery.start_soon(post_into, client, replies, "regenerate", regenerate)
+            await held["open"].wait()
+            stop = await client.post("/api/chat/s/stop", json={"messageId": answer})
+            held["release"].set()  # (a turn not stopped ends on its own: no hang)
+        await wait_idle(server, "s")
+    assert stop.status_code == 202 and stop.json()["turn_id"]
+    events = [line for line in replies["regenerate"].text.split("\n\n") if line]
+    assert 'data: {"type":"abort","reason":"stopped by user"}' in events
+    assert len(script.requests) == 2  # "one", and the regenerate's step it stopped in
+
+
+async def test_a_stop_naming_a_message_waiting_to_be_steered_in_takes_it_out():
+    # Under steer a message waits for the running turn's next step boundary; a stop
+    # naming it found it in no queue (204) and the turn took it in anyway. Now it is
+    # taken out before the turn takes it: its POST ends with abort, the model never sees
+    # it, nothing of it is stored, and the running turn goes on untouched.
+    script = Script(holding(), ["first done"])
+    async with (
+        web_server(agent_of(script), on_busy="steer") as server,
+        httpx.AsyncClient(base_url=server.url) as client,
+    ):
+        replies: dict = {}
+        session = server.host.sessions
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(post_into, client, replies, "first", ui_body("s", "first", "u1"))
+            await held["open"].wait()
+            nursery.start_soon(post_into, client, replies, "second", ui_body("s", "second", "u2"))
+            await waiting(session["s"], 1)
+            stop = await client.post("/api/chat/s/stop", json={"messageId": "u2"})
+            with trio.fail_after(LIMIT):
+                while "second" not in replies:  # noqa: ASYNC110
+                    await trio.sleep(0.01)
+            assert session["s"].current is not None  # the running turn was not stopped
+            assert session["s"].waiting_inputs == 0
+            held["release"].set()
+        await wait_idle(server, "s")
+        stored = (await client.get("/api/sessions/s")).json()
+    assert stop.status_code == 202 and stop.json()["queued"] is True
+    assert [line for line in replies["second"].text.split("\n\n") if line] == [
+        'data: {"type":"abort","reason":"stopped by user"}',
+        "data: [DONE]",
+    ]
+    assert "finish" in replies["first"].text and "abort" not in replies["first"].text
+    assert [m["content"] for m in stored["messages"] if m["role"] == "user"] == ["first"]
+    assert len(script.requests) == 2
+    assert "second" not in str(script.requests[1].messages)  # the model never saw it

@@ -435,6 +435,74 @@ async def test_a_stop_naming_the_running_message_stops_that_turn(
     assert {"type": "abort", "reason": "stopped by user"} in data(sse_events(replies[0].text))
 
 
+async def test_a_stop_naming_the_answer_a_queued_regenerate_replaces_cancels_it(
+    pg_url: str, redis_url: str
+) -> None:
+    # The AI SDK's regenerate names the answer it replaces (``messageId``), by which its
+    # turn is keyed; a stop naming that id was looked up only under the keys of user
+    # messages: 204, and the regenerate ran when its turn came.
+    async with deployment(pg_url, redis_url, slow_agent(150)) as d:
+        async with httpx.AsyncClient(base_url=d.urls[0], timeout=LIMIT) as client:
+            await client.post("/api/chat", json=body("s1", "one", "u1"))
+            first = await d.store.load("s1")
+            assert first is not None
+            answer = first.messages[-1].id
+            replies: dict[str, httpx.Response] = {}
+
+            async def post(key: str, sent: dict[str, Any]) -> None:
+                replies[key] = await client.post("/api/chat", json=sent)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(post, "two", body("s1", "two", "u2"))
+                await wait_for_turn(d.queue, "s1", "running")
+                nursery.start_soon(post, "regenerate", _regenerate("s1", "one", "u1", answer))
+                with trio.fail_after(LIMIT):
+                    while len(turns := await d.queue.turns("s1")) < 3:  # noqa: ASYNC110
+                        await trio.sleep(0.02)
+                stop = await client.post("/api/chat/s1/stop", json={"messageId": answer})
+        turns = await d.queue.turns("s1")
+    assert stop.status_code == 202 and stop.json()["turn_id"] == turns[2].turn_id
+    assert [(t.input, t.regenerate, t.status) for t in turns] == [
+        ("one", False, "done"),
+        ("two", False, "done"),
+        ("one", True, "cancelled"),
+    ]
+    assert data(sse_events(replies["regenerate"].text)) == [
+        {"type": "abort", "reason": "stopped by user"}
+    ]
+    assert "finish" in [e["type"] for e in data(sse_events(replies["two"].text))]
+
+
+async def test_a_stop_naming_the_answer_a_running_regenerate_replaces_stops_it(
+    pg_url: str, redis_url: str
+) -> None:
+    async with deployment(pg_url, redis_url, slow_agent(150)) as d:
+        async with httpx.AsyncClient(base_url=d.urls[0], timeout=LIMIT) as client:
+            await client.post("/api/chat", json=body("s1", "one", "u1"))
+            first = await d.store.load("s1")
+            assert first is not None
+            answer = first.messages[-1].id
+            replies: list[httpx.Response] = []
+
+            async def post() -> None:
+                sent = _regenerate("s1", "one", "u1", answer)
+                replies.append(await client.post("/api/chat", json=sent))
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(post)
+                with trio.fail_after(LIMIT):  # the regenerate's turn runs ("one"'s is over)
+                    while [t.status for t in await d.queue.turns("s1")] != ["done", "running"]:  # noqa: ASYNC110
+                        await trio.sleep(0.02)
+                stop = await client.post("/api/chat/s1/stop", json={"messageId": answer})
+        turns = await d.queue.turns("s1")
+    assert stop.status_code == 202 and stop.json()["turn_id"] == turns[1].turn_id
+    assert [(t.regenerate, t.status, t.cancel_reason) for t in turns] == [
+        (False, "done", None),
+        (True, "cancelled", "stopped by user"),
+    ]
+    assert {"type": "abort", "reason": "stopped by user"} in data(sse_events(replies[0].text))
+
+
 def _regenerate_claim(
     *, regenerates: str | None, takeover: bool = False, saved: bool = False
 ) -> Claim:

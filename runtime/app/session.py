@@ -194,6 +194,7 @@ class TurnStream:
         turn_id: str | None = None,
         message_id: str | None = None,
         user_message_id: str | None = None,
+        regenerates: str | None = None,
         resume: bool = False,
         capacity: int = 128,  # batches of up to MAX_BATCH chunks (runtime.inbox)
         on_busy: OnBusy | None = None,
@@ -211,6 +212,10 @@ class TurnStream:
         """The id the turn's assistant message gets (``None``: a new one)."""
         self.user_message_id = _check_id(user_message_id, "user message id")
         """The id the turn's user message gets (``None``: a new one)."""
+        self.regenerates = regenerates
+        """With ``regenerate``: the id of the answer it replaces, as the caller named it
+        (the AI SDK's ``messageId``), if it did: a stop naming that id finds this turn
+        (:meth:`named_by`)."""
         self.resume = resume
         """Whether the turn continues the committed steps of message :attr:`message_id`."""
         self.tools = tools
@@ -237,7 +242,11 @@ class TurnStream:
         self._poked: trio.Event | None = None
         """What this stream waits on while queued (:meth:`poke`)."""
         self._withdrawn: str | None = None
-        """Why it was taken out of its session's queue before it started (:meth:`withdraw`)."""
+        """Why it was taken out of its session's queue (or of the running turn's steering,
+        before the turn took it) before it started (:meth:`withdraw`)."""
+        self._joining: tuple[TurnSteering, SteeredInput] | None = None
+        """While its input waits to join the running turn (``steer``): that turn's
+        steering and the input offered to it."""
         self.steered = False
         """Whether the input joined the turn that was running (the ``steer`` busy
         strategy) instead of starting one: then this stream yields no chunks (the
@@ -358,16 +367,42 @@ class TurnStream:
         if event is not None:
             event.set()
 
+    def named_by(self, message_id: str) -> bool:
+        """Whether a caller's ``message_id`` names this turn: its user message's id, or
+        (a regenerate) the id of the answer it replaces (:attr:`regenerates`)."""
+        return message_id in (self.user_message_id, self.regenerates)
+
     def withdraw(self, reason: str) -> bool:
-        """Take this stream's input out of its session's queue before its turn starts
-        (``POST /api/chat/{id}/stop`` naming a queued message): its ``async with`` raises
-        :class:`~runtime.errors.TurnWithdrawn`, nothing run or stored. ``False`` when it
-        does not wait in the queue (started, steered, over, or not entered yet)."""
+        """Take this stream's input out of its session's queue before its turn starts,
+        or out of the running turn's steering before that turn takes it (``POST
+        /api/chat/{id}/stop`` naming a waiting message): its ``async with`` raises
+        :class:`~runtime.errors.TurnWithdrawn`, nothing run or stored, the running turn
+        untouched. ``False`` when it waits for neither (started, taken into the running
+        turn, over, or not entered yet)."""
+        joining = self._joining
+        if joining is not None:
+            steering, item = joining
+            if item.accepted:  # taken at a step boundary: it is the running turn's now
+                return False
+            steering.withdraw(item)
+            self._withdrawn = reason
+            item.taken.set()  # (its caller wakes, sees it withdrawn: it never joins)
+            return True
         if self not in self.session._queue:
             return False
         self._withdrawn = reason
         self.poke()
         return True
+
+    def _withdrawn_error(self) -> TurnWithdrawn:
+        """What the ``async with`` of a withdrawn stream raises."""
+        reason = self._withdrawn
+        assert reason is not None
+        return TurnWithdrawn(
+            f"the message waiting for session {self.session.id!r}'s turn was taken out of "
+            f"its queue ({reason}): it did not run, nothing was stored",
+            reason=reason,
+        )
 
     async def _wait_poked(self) -> None:
         """Until :meth:`poke`: a turn of the session started or ended, or a stream left
@@ -448,11 +483,19 @@ class TurnStream:
         self.user_message_id = item.user_message_id
         if not running._steering.offer(item):
             return False
+        session = self.session
+        self._joining = running._steering, item
+        session._joiners.append(self)
         try:
             await item.taken.wait()
         except BaseException:
             running._steering.withdraw(item)  # the caller left first: it never joins
             raise
+        finally:
+            self._joining = None
+            session._joiners.remove(self)
+        if self._withdrawn is not None:  # a stop named it before the turn took it
+            raise self._withdrawn_error()
         if not item.accepted:
             return False
         await item.stored.wait()  # acknowledged once a save holds it (a kill loses none)
@@ -474,12 +517,7 @@ class TurnStream:
             )
             while True:
                 if self._withdrawn is not None:
-                    raise TurnWithdrawn(
-                        f"the message waiting for session {session.id!r}'s turn was taken "
-                        f"out of its queue ({self._withdrawn}): it did not run, nothing "
-                        "was stored",
-                        reason=self._withdrawn,
-                    )
+                    raise self._withdrawn_error()
                 if session.host.shutting_down:
                     raise SessionBusy(
                         f"session {session.id!r}: the host is shutting down; the waiting turn "
@@ -684,6 +722,9 @@ class Session:
         self._on_busy: OnBusy | None = None if on_busy is None else check_on_busy(on_busy)
         self._queue: deque[TurnStream] = deque()
         """Turns waiting to start, in arrival order (``enqueue``, ``interrupt``)."""
+        self._joiners: list[TurnStream] = []
+        """The streams whose input waits to join the running turn at its next step
+        boundary (``steer``), until it is taken or handed back."""
         self._arrivals = 0
         """Inputs that found the session busy, counted (:meth:`arrive`)."""
         self.interrupting = 0
@@ -816,10 +857,12 @@ class Session:
             self.host.rest(self)
 
     def waiting_stream(self, *, message_id: str | None, turn_id: str | None) -> TurnStream | None:
-        """The stream waiting in the queue (not started yet) whose user message is
-        ``message_id`` or whose turn is ``turn_id``, if any."""
-        for stream in self._queue:
-            if (message_id is not None and stream.user_message_id == message_id) or (
+        """The stream waiting in the queue (not started yet), or waiting to join the
+        running turn (``steer``, not taken yet), that ``message_id`` names
+        (:meth:`TurnStream.named_by`: its user message, or the answer a regenerate
+        replaces) or whose turn is ``turn_id``, if any."""
+        for stream in (*self._queue, *self._joiners):
+            if (message_id is not None and stream.named_by(message_id)) or (
                 turn_id is not None and stream.turn_id == turn_id
             ):
                 return stream
@@ -928,6 +971,7 @@ class Session:
         on_busy: OnBusy | None = None,
         tools: tuple[Tool, ...] = (),
         instructions: str | None = None,
+        regenerates: str | None = None,
     ) -> TurnStream:
         """Start a turn for user ``input``; use as ``async with session.stream(t) as out``.
 
@@ -959,6 +1003,9 @@ class Session:
         malformed id, or ``resume`` without ``message_id``, raises
         :class:`~runtime.errors.InvalidTurnId`. ``user_message_id`` is the id the turn's
         user message gets (the web app passes the client's, to recognise a resend of it).
+        ``regenerates`` (with ``regenerate``) names the answer the turn replaces as the
+        caller knows it (the AI SDK's ``messageId``): only a name, by which a stop finds
+        the turn (:meth:`waiting_stream`, :meth:`TurnStream.named_by`).
 
         ``tools`` are offered to the model for this turn only, after the agent's own (the
         client-side tools a protocol's caller declares, :meth:`runtime.tools.Tool.client`);
@@ -975,6 +1022,7 @@ class Session:
             turn_id=turn_id,
             message_id=message_id,
             user_message_id=user_message_id,
+            regenerates=regenerates if regenerate else None,
             resume=resume,
             on_busy=on_busy,
             tools=tools,

@@ -87,7 +87,12 @@ from runtime.app.web.http import (
 )
 from runtime.app.web.http import session_id_param as _session_id
 from runtime.app.web.protocols import mount_protocols
-from runtime.app.web.resend import classify_resend, client_message_id, replay_response
+from runtime.app.web.resend import (
+    classify_resend,
+    client_message_id,
+    regenerated_id,
+    replay_response,
+)
 from runtime.app.web.resume import resume_stream, stop_turn
 from runtime.app.web.ui_stream import DONE, HEADERS, UIStreamEncoder, ui_messages
 from runtime.app.web.writer import BodyWriter, SendDeadline
@@ -236,6 +241,7 @@ class TurnResponse:
         *,
         regenerate: bool = False,
         user_message_id: str | None = None,
+        regenerates: str | None = None,
         resume: bool = False,
         decided: Recorded | None = None,
         announced: tuple[str, ...] = (),
@@ -259,6 +265,8 @@ class TurnResponse:
         self.regenerate = regenerate
         self.user_message_id = user_message_id
         """The client's id of the user message, stored as its id (:mod:`runtime.app.web.resend`)."""
+        self.regenerates = regenerates
+        """A regenerate's ``messageId``: the answer it replaces, by which a stop names it."""
         self.resume = resume
         """Run the continuation of the turn that waited for input (docs/approval.md)."""
         self.decided = decided
@@ -318,6 +326,7 @@ class TurnResponse:
                         self.text,
                         regenerate=self.regenerate,
                         user_message_id=self.user_message_id,
+                        regenerates=self.regenerates,
                         on_busy=self.on_busy,
                         turn_id=self.turn_id,
                         tools=self.tools,
@@ -625,6 +634,7 @@ async def chat(request: Request) -> Any:
         text,
         regenerate=regenerate or resend == "edit",
         user_message_id=client_id,
+        regenerates=regenerated_id(payload) if regenerate else None,
         max_queued=state.max_queued_per_session,
         keepalive=state.keepalive,
         send_timeout=state.send_timeout,

@@ -37,9 +37,10 @@ to any of them:
     Cancels the session's running turn (its worker stops it, saved and marked
     interrupted), else its oldest queued turn (cancelled at once, it never runs), else
     denies what its waiting turn waits for (reason ``stopped``; the model is told). A
-    body naming a turn (``{"turnId"}``) or a user message (``{"messageId"}``, the
-    client's id, looked up by the queue's key of it) stops that turn only, queued or
-    running: its POST ends with ``abort``; one neither queued nor running is a 204.
+    body naming a turn (``{"turnId"}``) or a message (``{"messageId"}``, the client's id
+    of a user message or of the answer a regenerate replaces, looked up by the queue's
+    key of it) stops that turn only, queued or running: its POST ends with ``abort``;
+    one neither queued nor running is a 204.
 ``GET /api/sessions``, ``GET /api/sessions/{id}``
     Read from the store.
 ``DELETE /api/sessions/{id}``
@@ -168,8 +169,10 @@ def message_key(session_id: str, kind: str, message_id: str) -> str:
     return hashlib.sha256(orjson.dumps([session_id, kind, message_id])).hexdigest()
 
 
-STOPPABLE_KINDS = ("submit", "ag-ui")
-"""The kinds of key a stop's ``messageId`` (a user message's id) is looked up under."""
+STOPPABLE_KINDS = ("submit", "ag-ui", "regenerate")
+"""The kinds of key a stop's ``messageId`` is looked up under: a user message's id (an
+AI SDK submit's, an AG-UI run's), or the answer's id a regenerate is keyed by (the AI
+SDK's ``regenerate`` sends that one)."""
 
 
 class QueuedTurnResponse(RelayStreamResponse):

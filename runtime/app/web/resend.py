@@ -41,6 +41,13 @@ def client_message_id(payload: dict[str, Any]) -> str | None:
     return value if isinstance(value, str) and _ID.fullmatch(value) else None
 
 
+def regenerated_id(payload: dict[str, Any]) -> str | None:
+    """The id of the answer a regenerate replaces, as the client names it (the AI SDK's
+    ``messageId``), if it is a string: a stop naming it stops the regenerate's turn."""
+    value = payload.get("messageId")
+    return value if isinstance(value, str) and value else None
+
+
 def classify_resend(
     history: Sequence[Any], client_id: str | None, content: UserContent, *, regenerate: bool
 ) -> Resend:
@@ -70,4 +77,4 @@ def replay_response(history: Sequence[Any]) -> Response:
     return Response(body + DONE, headers=HEADERS)
 
 
-__all__ = ["Resend", "classify_resend", "client_message_id", "replay_response"]
+__all__ = ["Resend", "classify_resend", "client_message_id", "regenerated_id", "replay_response"]

@@ -362,10 +362,11 @@ async def stop_target(request: Request) -> tuple[str | None, str | None]:
 
 async def stop_turn(request: Request) -> Response:
     """Stop the session's running turn; a body naming a message (``messageId``, the
-    client's id) or a turn (``turnId``) that waits for that turn takes it out of the
-    queue instead: it never runs, its client's stream ends (``abort``, the reason
-    :data:`STOPPED`), nothing is stored for it. One that names neither a waiting nor the
-    running turn stops nothing (204)."""
+    client's id of a user message, or of the answer a regenerate replaces) or a turn
+    (``turnId``) that waits for that turn (queued, or to be steered into it) takes it
+    out instead: it never runs, its client's stream ends (``abort``, the reason
+    :data:`STOPPED`), nothing is stored for it, the running turn goes on. One that names
+    neither a waiting nor the running turn stops nothing (204)."""
     state = web_state(request)
     session_id = session_id_param(request.path_params["session_id"])
     message_id, named_turn = await stop_target(request)
@@ -381,7 +382,7 @@ async def stop_turn(request: Request) -> Response:
         current = session.current if session is not None else None
         if current is None or (
             named_turn not in (None, current.turn_id)
-            or message_id not in (None, current.user_message_id)
+            or (message_id is not None and not current.named_by(message_id))
         ):
             return Response(status_code=204)  # not this session's running turn: left alone
     turn_id = await _unavailable_as_503(cancel_turn(state, session_id))
