@@ -917,12 +917,7 @@ class Host:
                 break
         if session.busy or session.queued:
             return  # still in use: left in memory; the store refuses the turns' saves
-        for actor in session.actors:
-            actor.stop()
-            self._actors.pop(actor, None)
-        if self.sessions.get(session.id) is session:
-            del self.sessions[session.id]
-        self.bus.forget_session(session.id)
+        await self.close_session(session)
         self.persister.forget(session.id)
         session.detach()
 
