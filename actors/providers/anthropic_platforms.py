@@ -96,10 +96,6 @@ or the Bedrock API key (``Bearer ...``), the AWS session token. The SDK resolves
 itself on the first request (Application Default Credentials, boto3's chain: the
 environment, the profile), so they are registered as secrets as they are sent."""
 
-OFF_HOME_DROPPED = ("x-amz-security-token",)
-"""The credential headers dropped from a request to another origin than the endpoint's
-(a redirect's next hop): the HTTP library strips ``Authorization`` there, not these."""
-
 
 def _register_sent(headers: Any) -> None:
     for name in SENT_CREDENTIALS:
@@ -169,8 +165,10 @@ class _Platform(SDKProvider):
 
     def prepare_client(self, client: Any) -> None:
         """Also: register the credentials each request carries as secrets (the SDK
-        finds them itself, on the first request), and drop the ones the HTTP library
-        would carry to another origin (a redirect)."""
+        finds them itself, on the first request). A redirect to another origin, which
+        would carry ``x-amz-security-token`` there (the HTTP library strips only
+        ``Authorization``), is refused before it is sent (``StayHome``, added by
+        :meth:`SDKProvider.prepare_client` for every provider)."""
         super().prepare_client(client)
         prepare = client._prepare_request
 
@@ -179,19 +177,6 @@ class _Platform(SDKProvider):
             _register_sent(request.headers)
 
         client._prepare_request = prepare_request
-        home = client.base_url
-        home_origin = (home.scheme, home.host, home.port)
-
-        async def stays_home(request: Any) -> None:
-            url = request.url
-            if (url.scheme, url.host, url.port) != home_origin:
-                for name in OFF_HOME_DROPPED:
-                    request.headers.pop(name, None)
-
-        http = client._client
-        hooks = dict(http.event_hooks)
-        hooks["request"] = [*hooks.get("request", ()), stays_home]
-        http.event_hooks = hooks
 
     def platform_error(self, exc: BaseException) -> AxonError | None:
         """What this platform says differently from Anthropic (``None``: nothing)."""
