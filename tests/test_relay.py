@@ -425,6 +425,22 @@ async def test_active_turn_is_the_running_one_and_none_once_it_ended(redis_url: 
         assert await relay.active_turn("other") is None
 
 
+async def test_a_turn_this_process_writes_is_held_before_redis_has_any_of_it(
+    redis_url: str,
+) -> None:
+    """An AG-UI runId used again at once (its first turn's answer sent, its writer's last
+    flush not yet written) found no stream in Redis, and the new turn took the same id
+    and wrote into that stream: the writers this process holds count as held."""
+    async with opened(redis_url) as relay:
+        writer = relay.writer(session_id="s", turn_id="t")
+        assert await relay.client.exists([relay.turn_key("t")]) == 0  # nothing written
+        assert await relay.holds_turn("t")
+        writer.append(o.Start(message_id="m"))
+        await writer.aclose()
+        assert await relay.holds_turn("t")  # now from Redis
+        assert not await relay.holds_turn("other")
+
+
 async def test_a_bad_url_is_a_clear_configuration_error() -> None:
     with pytest.raises(ConfigurationError, match="bad Redis URL 'http://u:\\[redacted\\]@x"):
         async with RedisRelay.open("http://u:secret@x:1"):

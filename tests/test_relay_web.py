@@ -335,6 +335,10 @@ async def test_an_agui_run_id_used_again_after_its_turn_ended_gets_a_stream_of_i
         key = relay.turn_key("run-1")
         async with httpx.AsyncClient(base_url=server.url, timeout=20) as client:
             first = await client.post("/ag-ui", json=run_input("alice", user("x"), runId="run-1"))
+            # The answer may be sent before the writer's last flush (the stream may not
+            # exist yet): wait for its end, as a reader that came that soon is rebuilt
+            # from the store instead.
+            await turns_ended(relay, prefix, 1)
             with trio.fail_after(10):  # the first turn's stream, ended
                 alone = [c async for c in relay.read("run-1")]
             before = await relay.client.xrange(key, "-", "+")

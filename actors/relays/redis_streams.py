@@ -347,7 +347,14 @@ class RedisRelay:
         it, and a reader of the stream see both turns. One try within the relay's
         deadline of a round trip, no retries (it is asked before a turn starts, which a
         Redis that is down must not hold up): :class:`~runtime.errors.RelayUnavailable`
-        when Redis does not answer."""
+        when Redis does not answer.
+
+        A turn this process writes is held before Redis has any of it: a writer's first
+        flush waits for its batch, and an ended turn's HTTP answer may be sent before its
+        writer's last flush, so a runId used again at once found no stream and the new
+        turn wrote into the one about to appear."""
+        if any(writer.turn_id == turn_id for writer in self.live):
+            return True
         found = await _retried(
             lambda: self.client.exists([self.turn_key(turn_id)]),
             within=self.op_timeout,
