@@ -61,11 +61,16 @@ from runtime.tools import (
 MAX_LIST_PAGES = 100
 """A server that keeps returning a next cursor is cut off after this many pages."""
 
-MAX_MESSAGE_BYTES = 32 * 1024 * 1024
-"""Longest message a server may send: a stdio server's longer line ends its connection
-(the actor restarts it); an HTTP server's longer JSON answer is an error for its call.
-A server cannot make the host buffer without end. (The ``mcp`` package limits an HTTP
-server's SSE events to 1 MiB itself.)"""
+MAX_MESSAGE_BYTES = 1024 * 1024
+"""Default :attr:`MCPServer.max_message_bytes`: the longest message a server may send.
+
+A message is parsed whole, on the event loop, and every session of the host waits
+for it: the ``mcp`` package's parser (pydantic) holds the GIL throughout, so a worker
+thread frees nothing (measured: the loop held as long in a thread as on it). At the
+former 32 MiB, one message held the loop 0.9 s (one text block) to 23 s (an array of
+empty objects); at 1 MiB, 12 ms to 0.4 s. 1 MiB is also what the ``mcp`` package
+allows an SSE event of an HTTP server, so every transport now has the one limit. The
+model sees at most ``Budget.max_tool_result_chars`` (100,000) of a result anyway."""
 
 
 MAX_TOOLS = 512
@@ -129,6 +134,11 @@ class MCPServer:
     max_tool_chars: int = attrs.field(default=MAX_TOOL_CHARS, validator=_at_least_one)
     """The longest input schema (as JSON) and description of one tool: a longer schema
     refuses the tool, a longer description is cut (a warning log line says which)."""
+    max_message_bytes: int = attrs.field(default=MAX_MESSAGE_BYTES, validator=_at_least_one)
+    """The longest message the server may send (:data:`MAX_MESSAGE_BYTES`): a stdio
+    server's longer line ends its connection (the call fails as a death, the server is
+    restarted); an HTTP server's longer JSON answer or SSE event fails its call. Each
+    message holds the host's event loop while it is parsed: raise it knowingly."""
 
     @classmethod
     def stdio(
@@ -145,6 +155,7 @@ class MCPServer:
         connect_timeout: float = 30.0,
         max_tools: int = MAX_TOOLS,
         max_tool_chars: int = MAX_TOOL_CHARS,
+        max_message_bytes: int = MAX_MESSAGE_BYTES,
     ) -> MCPServer:
         """A server the host launches as a subprocess, speaking MCP on its stdin/stdout."""
         if not command:
@@ -164,6 +175,7 @@ class MCPServer:
             connect_timeout=connect_timeout,
             max_tools=max_tools,
             max_tool_chars=max_tool_chars,
+            max_message_bytes=max_message_bytes,
         )
 
     @classmethod
@@ -179,6 +191,7 @@ class MCPServer:
         connect_timeout: float = 30.0,
         max_tools: int = MAX_TOOLS,
         max_tool_chars: int = MAX_TOOL_CHARS,
+        max_message_bytes: int = MAX_MESSAGE_BYTES,
     ) -> MCPServer:
         """A server reached over streamable HTTP at ``url`` (for example ``.../mcp``)."""
         parts = urlsplit(url)
@@ -195,6 +208,7 @@ class MCPServer:
             connect_timeout=connect_timeout,
             max_tools=max_tools,
             max_tool_chars=max_tool_chars,
+            max_message_bytes=max_message_bytes,
         )
 
     @classmethod
@@ -528,11 +542,11 @@ class MCPServerActor(Actor):
                 from mcp.client.stdio import stdio_client
 
                 return stdio_client(params)  # unbounded lines: see _bounded_stdio_possible
-            return _stdio_client(params, MAX_MESSAGE_BYTES, self._too_long)
+            return _stdio_client(params, config.max_message_bytes, self._too_long)
         from mcp.client.streamable_http import streamable_http_client
 
         assert config.url is not None
-        http = _limited_http_client(dict(config.headers) or None, MAX_MESSAGE_BYTES)
+        http = _limited_http_client(dict(config.headers) or None, config.max_message_bytes)
         ended = self._connection_ended
 
         async def session_lost(response: Any) -> None:
@@ -546,7 +560,10 @@ class MCPServerActor(Actor):
 
         hooks = http.event_hooks
         http.event_hooks = {**hooks, "response": [*hooks.get("response", ()), session_lost]}
-        return _ClosingTransport(streamable_http_client(config.url, http_client=http), http)
+        transport = streamable_http_client(
+            config.url, http_client=http, max_sse_event_size=config.max_message_bytes
+        )
+        return _ClosingTransport(transport, http)
 
     def refuse(self, remote: str, error: str) -> None:
         """Leave the server's tool ``remote`` out of what is offered, for ``error`` (in
@@ -797,6 +814,9 @@ async def _stdio_client(
                             return
                         scanned = len(buffer)
                         buffer += await process.stdout.receive(65536)
+                    if end > limit:  # its end came with the read that passed the limit
+                        too_long(limit)
+                        return
                     line = buffer[:end].decode(server.encoding, errors="replace")
                     del buffer[: end + 1]
                     scanned = 0

@@ -16,11 +16,10 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 from structlog.testing import capture_logs
 
-import actors.mcp
 from actors.mcp import MCPServer
 from actors.providers.scripted import ScriptedProvider, tool_call
 from runtime import Agent, Budget, Host, tool
-from runtime.errors import MCPServerUnavailable
+from runtime.errors import ConfigurationError, MCPServerUnavailable
 from tests.support.loopback import Recorded, Reply, loopback_server
 from tests.support.mcp_agents import echo
 from tests.test_mcp_server import INIT, MCP
@@ -84,11 +83,10 @@ async def test_a_schema_that_is_its_own_reference_is_an_argument_error_not_an_ex
     assert result.text == "done"
 
 
-async def test_a_line_without_end_ends_the_connection_at_the_limit(monkeypatch):
+async def test_a_line_without_end_ends_the_connection_at_the_limit():
     # The mcp package's reader buffered a line without a limit, joining each chunk to
     # the line so far and splitting it all again (CPU quadratic in the line: 30 s of the
     # event loop for a 50 MB result, every session of the host stalled).
-    monkeypatch.setattr(actors.mcp, "MAX_MESSAGE_BYTES", 1024 * 1024)
     agent = Agent(
         provider=calling(("echo", {"text": "hi"})),
         tools=[hostile("endless-line", MCP_TEST_BYTES=str(3 * 1024 * 1024))],
@@ -100,6 +98,45 @@ async def test_a_line_without_end_ends_the_connection_at_the_limit(monkeypatch):
     error = tool_messages(session)["echo"].error
     assert "MCP server 'hostile' died during the call" in error
     assert "sent a message longer than 1048576 bytes" in error
+
+
+async def test_a_message_over_one_mib_ends_the_connection_by_default():
+    # A message is parsed whole on the event loop (the mcp package's parser holds the
+    # GIL, so a thread frees nothing): at the former 32 MiB one held every session of the
+    # host 0.9 to 23 s; the default limit is now 1 MiB, the mcp package's own SSE limit.
+    agent = Agent(
+        provider=calling(("echo", {"text": "hi"})),
+        tools=[hostile("big-answer", MCP_TEST_BYTES=str(1024 * 1024 + 1))],
+    )
+    session, result, _ = await run_turn(agent)
+    error = tool_messages(session)["echo"].error
+    assert error == (
+        "tool echo raised MCPServerDied: MCP server 'hostile' died during the call "
+        "(sent a message longer than 1048576 bytes)"
+    )
+    assert result.finish_reason == "stop"
+
+
+async def test_max_message_bytes_lets_a_longer_message_through():
+    server = MCPServer.stdio(
+        sys.executable,
+        [HOSTILE, "big-answer"],
+        name="hostile",
+        env={"MCP_TEST_BYTES": str(1024 * 1024 + 1)},
+        max_message_bytes=2 * 1024 * 1024,
+    )
+    agent = Agent(
+        provider=calling(("echo", {"text": "hi"})),
+        tools=[server],
+        budget=Budget(max_tool_result_chars=None),
+    )
+    session, _, _ = await run_turn(agent)
+    assert tool_messages(session)["echo"].output == "z" * (1024 * 1024 + 1)
+
+
+def test_max_message_bytes_must_be_a_positive_int():
+    with pytest.raises(ConfigurationError, match="max_message_bytes must be a positive int"):
+        MCPServer.http("http://127.0.0.1:1/mcp", max_message_bytes=0)
 
 
 async def test_a_garbage_line_with_a_key_is_logged_without_its_text(caplog):
@@ -329,10 +366,10 @@ class HugeAnswerServer(ForgetfulServer):
         return self.result(message, {"content": [{"type": "text", "text": "y" * self.size}]})
 
 
-async def test_an_http_json_answer_over_the_limit_is_an_error_for_its_call(monkeypatch):
+async def test_an_http_json_answer_over_the_limit_is_an_error_for_its_call():
     # The mcp package reads a JSON answer whole, however long (its SSE events it limits
-    # to 1 MiB): a server could make the host hold gigabytes.
-    monkeypatch.setattr(actors.mcp, "MAX_MESSAGE_BYTES", 1024 * 1024)
+    # to 1 MiB): a server could make the host hold gigabytes. The limit is 1 MiB by
+    # default (it was 32 MiB: a message is parsed on the event loop, see MAX_MESSAGE_BYTES).
     async with loopback_server(respond=HugeAnswerServer(2 * 1024 * 1024)) as web:
         agent = Agent(
             provider=calling(("echo", {})),

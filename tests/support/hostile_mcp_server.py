@@ -17,6 +17,9 @@ It lists ``echo`` (text back) and ``loop`` (an input schema that is its own refe
     Lists ``MCP_TEST_TOOLS`` more tools (``t0``, ``t1``, ...) in one page.
 ``huge-schema``, ``huge-description``
     Lists a tool ``huge`` whose input schema (or description) is ``MCP_TEST_BYTES`` long.
+``big-answer``
+    A call of ``echo`` is answered with a text of ``MCP_TEST_BYTES`` characters (one
+    whole line).
 ``endless-line``
     A call of ``echo`` is answered with ``MCP_TEST_BYTES`` bytes of a line that never
     ends; then the server waits.
@@ -85,6 +88,8 @@ def answer(request: dict) -> dict:
             sys.stdout.flush()
             raise KeyError("no answer")
         text = (params.get("arguments") or {}).get("text", "")
+        if "big-answer" in MODES:
+            text = "z" * int(os.environ["MCP_TEST_BYTES"])
         return {"content": [{"type": "text", "text": text}]}
     if method == "ping":
         return {}
