@@ -28,6 +28,7 @@ import math
 import os
 import shlex
 import sys
+import weakref
 from collections.abc import AsyncIterator, Callable, Collection, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, ClassVar, Literal, TypeAlias
@@ -253,6 +254,8 @@ class MCPTool(Tool):
     remote_name: str
     """The tool's name on the server (``name`` may carry the server's prefix)."""
     validator: Any = attrs.field(repr=False)
+    chars: int = 0
+    """Characters of its definition in a request (:func:`definition_chars`)."""
 
     def validate(self, arguments: Any) -> dict[str, Any]:
         if not isinstance(arguments, dict):
@@ -280,6 +283,18 @@ class MCPTool(Tool):
         return dict(arguments)
 
 
+def _schema_chars(schema: Any) -> int:
+    return len(json.dumps(schema, separators=(",", ":")))
+
+
+def definition_chars(tool: Tool) -> int:
+    """The characters of ``tool``'s definition in a model request: its name, description
+    and input schema (as compact JSON). What :attr:`Agent.max_tools_chars` counts."""
+    if isinstance(tool, MCPTool) and tool.chars:
+        return tool.chars
+    return len(tool.name) + len(tool.description) + _schema_chars(tool.parameters)
+
+
 def build_tool(config: MCPServer, listed: Any, call: Any) -> MCPTool:
     """An :class:`MCPTool` for a tool the server listed, or :class:`ToolDefinitionError`
     naming the server and tool when its name or input schema cannot be offered."""
@@ -295,7 +310,7 @@ def build_tool(config: MCPServer, listed: Any, call: Any) -> MCPTool:
         raise ToolDefinitionError(
             f"{where} has an invalid input schema: it must be a JSON schema of type 'object'"
         )
-    size = len(json.dumps(schema, separators=(",", ":")))
+    size = _schema_chars(schema)
     if size > config.max_tool_chars:
         raise ToolDefinitionError(
             f"{where} has an input schema of {size} characters, more than the "
@@ -305,9 +320,10 @@ def build_tool(config: MCPServer, listed: Any, call: Any) -> MCPTool:
         validator = json_schema_validator(schema)
     except InvalidJSONSchema as exc:
         raise ToolDefinitionError(f"{where} has an invalid input schema: {exc}") from None
+    description = (listed.description or listed.title or "")[: config.max_tool_chars]
     return MCPTool(
         name=name,
-        description=(listed.description or listed.title or "")[: config.max_tool_chars],
+        description=description,
         parameters=schema,
         function=functools.partial(call, remote),
         is_async=True,
@@ -317,6 +333,7 @@ def build_tool(config: MCPServer, listed: Any, call: Any) -> MCPTool:
         server=config.name,
         remote_name=remote,
         validator=validator,
+        chars=len(name) + len(description) + size,
     )
 
 
@@ -571,6 +588,21 @@ class MCPServerActor(Actor):
         if self.refused.get(remote) != error:
             self._log.error("mcp.tool-refused", server=self.config.name, error=redact(error))
         self.refused[remote] = error
+
+    def leave_out(self, remotes: Sequence[str], error: str) -> None:
+        """Leave the server's tools ``remotes`` out of what one agent is offered, for
+        ``error`` (in :attr:`refused`; one log line when any is newly left out)."""
+        new = [r for r in remotes if self.refused.get(r) != error]
+        for remote in remotes:
+            self.refused[remote] = error
+        if new:
+            self._log.warning(
+                "mcp.tools-left-out",
+                server=self.config.name,
+                tools=len(remotes),
+                first=redact(remotes[0]),
+                error=error,
+            )
 
     def _cut_listing(self, message: Any) -> Any:
         """``message``, its list of tools (an answer to ``tools/list``) cut to one more
@@ -1136,10 +1168,15 @@ async def agent_tools(
         return agent.tools
     tools = list(agent.tools)
     owner = {t.name: "a local tool" for t in tools}
+    cap = agent.max_tools_chars
+    total = _local_chars(agent)
+    sizes = [f"its own: {_tools_count(len(tools))}, {total:,}"] if tools else []
     for config in agent.mcp_servers:
         actor = servers.get(config)
         if actor is None:
             raise MCPServerUnavailable(f"MCP server {config.name!r} is not started on this host")
+        count = chars = 0
+        left_out: list[str] = []
         for t in await actor.current_tools():
             if t.name in owner:
                 error = (
@@ -1150,9 +1187,46 @@ async def agent_tools(
                     raise ToolDefinitionError(error)
                 actor.refuse(t.remote_name, error)
                 continue
+            size = definition_chars(t)
+            if clash != "raise" and total + size > cap:
+                left_out.append(t.remote_name)
+                continue
             owner[t.name] = f"a tool of MCP server {config.name!r}"
             tools.append(t)
+            total, count, chars = total + size, count + 1, chars + size
+        sizes.append(f"MCP server {config.name!r}: {_tools_count(count)}, {chars:,}")
+        if left_out:
+            actor.leave_out(
+                left_out,
+                f"left out: the tools of agent {agent.name!r} would pass its "
+                f"max_tools_chars ({cap:,} characters of tool definitions in each request)",
+            )
+    if total > cap:  # (only when the session opens: later, tools past it were left out)
+        raise ToolDefinitionError(
+            f"the tools of agent {agent.name!r} come to {total:,} characters of "
+            f"definitions (names, descriptions, input schemas), more than its "
+            f"max_tools_chars ({cap:,}), and every model request carries them all: "
+            + "; ".join(sizes)
+            + ". Offer fewer (a server less, MCPServer(max_tools=..., max_tool_chars=...)) "
+            "or raise Agent(max_tools_chars=...)"
+        )
     return tuple(tools)
+
+
+def _tools_count(count: int) -> str:
+    return f"{count} tool" if count == 1 else f"{count} tools"
+
+
+_local_sizes: weakref.WeakKeyDictionary[Agent, int] = weakref.WeakKeyDictionary()
+
+
+def _local_chars(agent: Agent) -> int:
+    """The characters of ``agent``'s own tool definitions (counted once per agent: the
+    turn runner asks for the tools before every model call)."""
+    chars = _local_sizes.get(agent)
+    if chars is None:
+        chars = _local_sizes[agent] = sum(definition_chars(t) for t in agent.tools)
+    return chars
 
 
 __all__ = [
@@ -1163,6 +1237,7 @@ __all__ = [
     "Servers",
     "agent_tools",
     "build_tool",
+    "definition_chars",
     "start_servers",
     "tool_output",
 ]

@@ -34,6 +34,16 @@ def _output_schema(output_type: Any) -> OutputSchema | None:
     return output_schema(output_type)
 
 
+MAX_TOOLS_CHARS = 256 * 1024
+"""Default :attr:`Agent.max_tools_chars`: about 64,000 tokens of tool definitions in every
+model request."""
+
+
+def _check_max_tools_chars(_instance: Any, _attribute: Any, value: Any) -> None:
+    if type(value) is not int or value < 1:
+        raise ConfigurationError(f"max_tools_chars must be an int >= 1, not {value!r}")
+
+
 DEFAULT_THINK_TAGS: tuple[tuple[str, str], ...] = (("<think>", "</think>"),)
 """The one default for :attr:`Agent.think_tags` and the engine's tag splitter."""
 
@@ -182,6 +192,14 @@ class Agent:
 
     mcp_servers: tuple[Any, ...] = ()
     """MCP tool servers (``actors.mcp.MCPServer``) whose tools are offered as well."""
+    max_tools_chars: int = attrs.field(default=MAX_TOOLS_CHARS, validator=_check_max_tools_chars)
+    """The most characters of tool definitions (names, descriptions and input schemas as
+    JSON) the agent offers with :attr:`mcp_servers`, its own tools and every server's
+    together: every model request carries them all, and each server is capped alone
+    (``MCPServer(max_tools=..., max_tool_chars=...)``), so twenty servers sent over
+    600 KB per request. Past it, ``open_session`` raises ``ToolDefinitionError`` naming
+    each server and its size; tools a running server adds past it are left out (logged,
+    in the server actor's ``refused``). An agent without MCP servers is not checked."""
     approval_timeout: float | None = attrs.field(default=None)
     """Seconds a call that waits for a decision (an approval, a client-side tool) may
     wait: past that, it is denied with reason ``timed out`` and the turn goes on

@@ -16,10 +16,10 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 from structlog.testing import capture_logs
 
-from actors.mcp import MCPServer
+from actors.mcp import MCPServer, definition_chars
 from actors.providers.scripted import ScriptedProvider, tool_call
 from runtime import Agent, Budget, Host, tool
-from runtime.errors import ConfigurationError, MCPServerUnavailable
+from runtime.errors import ConfigurationError, MCPServerUnavailable, ToolDefinitionError
 from tests.support.loopback import Recorded, Reply, loopback_server
 from tests.support.mcp_agents import echo
 from tests.test_mcp_server import INIT, MCP
@@ -249,6 +249,87 @@ async def test_a_description_over_the_size_cap_is_cut_and_logged():
     assert huge.description == "y" * 32768
     [warned] = [line for line in logs if line["event"] == "mcp.description-cut"]
     assert (warned["tool"], warned["chars"], warned["kept"]) == ("huge", 100000, 32768)
+
+
+async def test_servers_whose_tools_pass_the_agents_cap_refuse_the_session_naming_each():
+    # Each server's tools are capped alone (max_tools, max_tool_chars); nothing capped
+    # them all together: twenty servers at their caps sent over 600 KB of definitions in
+    # every model request. Two servers over a cap of 400 characters here.
+    @tool
+    def local(x: int) -> int:
+        """A local tool."""
+        return x
+
+    agent = Agent(
+        name="lead",
+        provider=offered_tools([]),
+        tools=[
+            local,
+            MCPServer.stdio(sys.executable, [HOSTILE], name="a", prefix="a"),
+            MCPServer.stdio(sys.executable, [HOSTILE], name="b", prefix="b"),
+        ],
+        max_tools_chars=400,
+    )
+    # a_echo (6), "Echo the text back." (19), its schema as JSON (57); a_loop: 6, 47, 28
+    local_chars, server_chars = definition_chars(local), 82 + 81
+    async with Host.open(log_tap=False) as host:
+        with pytest.raises(ToolDefinitionError) as raised:
+            await host.open_session(agent)
+        assert await host.store.list_sessions() == []
+    total = local_chars + 2 * server_chars
+    assert str(raised.value) == (
+        f"the tools of agent 'lead' come to {total} characters of definitions (names, "
+        "descriptions, input schemas), more than its max_tools_chars (400), and every model "
+        f"request carries them all: its own: 1 tool, {local_chars}; MCP server 'a': 2 tools, "
+        f"{server_chars}; MCP server 'b': 2 tools, {server_chars}. Offer fewer (a server "
+        "less, MCPServer(max_tools=..., max_tool_chars=...)) or raise "
+        "Agent(max_tools_chars=...)"
+    )
+
+
+async def test_a_server_whose_tools_pass_the_default_cap_refuses_the_session():
+    # 9 tools of 30,000 characters each: under the server's own caps, over the agent's
+    # 256 KiB (262,144 characters) all together.
+    server = hostile("many-tools", MCP_TEST_TOOLS="9", MCP_TEST_DESCRIPTION="30000")
+    agent = Agent(provider=offered_tools([]), tools=[server])
+    async with Host.open(log_tap=False) as host:
+        with pytest.raises(ToolDefinitionError, match=r"more than its max_tools_chars \(262,144\)"):
+            await host.open_session(agent)
+
+
+async def test_a_tool_a_server_adds_past_the_agents_cap_is_left_out_not_every_turn_failed():
+    offered: list[list[str]] = []
+
+    def responder(request):
+        offered.append(sorted(t.name for t in request.tools))
+        if len(offered) == 1:
+            return tool_call("echo", {"text": "x"}, tool_call_id="c1")
+        return ["done"]
+
+    agent = Agent(
+        provider=ScriptedProvider(responder=responder),
+        tools=[hostile("grow-big", MCP_TEST_BYTES="1000")],
+        max_tools_chars=1000,
+    )
+    with capture_logs() as logs:
+        async with Host.open(log_tap=False) as host:
+            session = await host.open_session(agent)
+            first = await session.run("first")
+            second = await session.run("second")
+            refused = host.mcp_servers[agent.mcp_servers[0]].refused
+    assert (first.finish_reason, second.finish_reason) == ("stop", "stop")
+    assert offered == [["echo", "loop"]] * 3
+    assert refused["big"] == (
+        "left out: the tools of agent 'assistant' would pass its max_tools_chars (1,000 "
+        "characters of tool definitions in each request)"
+    )
+    [warned] = [line for line in logs if line["event"] == "mcp.tools-left-out"]
+    assert (warned["server"], warned["tools"], warned["first"]) == ("hostile", 1, "big")
+
+
+def test_max_tools_chars_must_be_a_positive_int():
+    with pytest.raises(ConfigurationError, match="max_tools_chars must be an int >= 1"):
+        Agent(max_tools_chars=0)
 
 
 class ForgetfulServer:

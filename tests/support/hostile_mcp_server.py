@@ -14,7 +14,11 @@ It lists ``echo`` (text back) and ``loop`` (an input schema that is its own refe
 ``garbage-with-key``
     Before answering a call, a line that is no JSON, holding an API key.
 ``many-tools``
-    Lists ``MCP_TEST_TOOLS`` more tools (``t0``, ``t1``, ...) in one page.
+    Lists ``MCP_TEST_TOOLS`` more tools (``t0``, ``t1``, ...) in one page, each described
+    by ``MCP_TEST_DESCRIPTION`` characters (none without it).
+``grow-big``
+    A call of ``echo`` adds a tool ``big`` described by ``MCP_TEST_BYTES`` characters
+    and says the list changed.
 ``huge-schema``, ``huge-description``
     Lists a tool ``huge`` whose input schema (or description) is ``MCP_TEST_BYTES`` long.
 ``big-answer``
@@ -49,7 +53,12 @@ TOOLS = [
 
 if "many-tools" in MODES:
     count = int(os.environ["MCP_TEST_TOOLS"])
-    TOOLS.extend({"name": f"t{n}", "inputSchema": {"type": "object"}} for n in range(count))
+    described = "d" * int(os.environ.get("MCP_TEST_DESCRIPTION", "0"))
+    TOOLS.extend(
+        {"name": f"t{n}", "inputSchema": {"type": "object"}}
+        | ({"description": described} if described else {})
+        for n in range(count)
+    )
 if "huge-schema" in MODES:
     filler = {"type": "string", "description": "x" * int(os.environ["MCP_TEST_BYTES"])}
     schema = {"type": "object", "properties": {"filler": filler}}
@@ -79,6 +88,10 @@ def answer(request: dict) -> dict:
             raise LookupError("quota exceeded for this month")
         if "grow-clash" in MODES and len(TOOLS) == 2:
             TOOLS.append({"name": "local", "inputSchema": {"type": "object"}})
+            send({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"})
+        if "grow-big" in MODES and len(TOOLS) == 2:
+            big = "b" * int(os.environ["MCP_TEST_BYTES"])
+            TOOLS.append({"name": "big", "description": big, "inputSchema": {"type": "object"}})
             send({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"})
         if "garbage-with-key" in MODES:
             sys.stdout.write("not json: the key is sk-ant-api03-" + "Q" * 40 + "\n")
