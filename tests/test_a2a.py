@@ -44,6 +44,7 @@ from actors.a2a import A2AAgent, RemoteAgentError, wire
 from actors.providers.scripted import ScriptedProvider, current_step, tool_call
 from runtime import Agent, Host, ToolMessage, tool
 from runtime.actor_messages import InferRequest
+from runtime.errors import ToolDefinitionError
 from tests.support.approval_agents import agent as approval_agent
 from tests.support.grammar import check_grammar
 from tests.web.harness import WebServer, wait_idle, web_server
@@ -1005,3 +1006,57 @@ async def test_a_step_that_started_over_replaces_the_answer_artifact_without_its
         answer = answer + text if append else text
     assert answer == "The whole answer."
     assert last_state(events) == TaskState.TASK_STATE_COMPLETED
+
+
+def passing_on(name: str, remote: A2AAgent) -> Agent:
+    """An agent that hands every task to ``remote`` (as tool ``other``), then answers
+    with what came back, its name first."""
+
+    def script(request: InferRequest) -> list[Any]:
+        if current_step(request.messages) == 0:
+            return [*tool_call("other", {"input": "pass it on"}, tool_call_id=f"{name}1")]
+        last = request.messages[-1]
+        return [f"{name}: {last.output if last.error is None else last.error}"]
+
+    return Agent(
+        name=name,
+        provider=ScriptedProvider(responder=script),
+        tools=[remote.as_tool(name="other")],
+    )
+
+
+async def test_agents_calling_each_other_over_a2a_stop_at_max_depth():
+    # A -> B -> A over A2A: as_tool's depth bound held only within one host; each hop
+    # here is another server's turn, so the loop ran until a server's 100 running tasks
+    # were all taken. The message's hop count (metadata axonHops) now carries the depth.
+    to_a, to_b = A2AAgent("http://127.0.0.1:9"), A2AAgent("http://127.0.0.1:9")
+    a, b = passing_on("a", to_b), passing_on("b", to_a)
+    async with web_server(a, protocols=("a2a",)) as server_a:
+        async with web_server(b, protocols=("a2a",)) as server_b:
+            to_a.url, to_b.url = server_a.url, server_b.url  # their ports, known now
+            async with Host.open(log_tap=False) as host:
+                session = await host.open_session(a, session_id="top")
+                with trio.fail_after(60):
+                    result = await session.run("start")
+            depths = {}
+            for server in (server_a, server_b):
+                for info in await server.host.store.list_sessions():
+                    record = await server.host.store.load(info.session_id)
+                    depths[record.meta.get("agent_depth")] = server is server_a
+    refused = (
+        "tool other raised RuntimeError: agent nesting deeper than 8: other was not called "
+        "(agents calling agents, over A2A too, 8 deep already)"
+    )
+    assert result.text == "a: b: a: b: a: b: a: b: a: " + refused
+    # hops 1 to 8, B's the odd ones: the 8th's call sent nothing
+    assert depths == {d: d % 2 == 0 for d in range(1, 9)}
+
+
+def test_a_hop_count_is_a_positive_int_or_none():
+    assert [wire.hops({"axonHops": v}) for v in (3, 0, -1, True, "3", 2.0)] == [3, 0, 0, 0, 0, 0]
+    assert wire.hops(None) == wire.hops(["axonHops"]) == 0
+
+
+def test_a2a_agent_as_tool_refuses_a_max_depth_below_one():
+    with pytest.raises(ToolDefinitionError, match="max_depth must be an int >= 1"):
+        A2AAgent("http://127.0.0.1:9").as_tool(max_depth=0)

@@ -31,6 +31,7 @@ from a2a.utils.errors import (
 )
 from google.protobuf.json_format import MessageToDict
 
+from actors.a2a import A2AAgent
 from actors.providers.scripted import ScriptedProvider, tool_call
 from runtime import output as o
 from runtime.agent import Agent
@@ -653,6 +654,21 @@ async def test_an_a2a_task_is_a_queued_turn_that_any_front_end_answers_for(
     assert "".join(p.text for p in again.artifacts[0].parts) == answer_of(events)
     assert [m.message_id for m in again.history] == ["m1"]
     assert resent[0].task.id == task_id
+
+
+async def test_an_a2a_messages_hop_count_is_the_depth_its_queued_turn_runs_at(
+    pg_url: str, redis_url: str
+) -> None:
+    # Agents calling agents over A2A ran without end (A -> B -> A): the message's hop
+    # count (metadata axonHops) is the depth the task's turn runs at, so the agents it
+    # calls in turn stop at their max_depth (tests/test_a2a.py has the loop itself).
+    async with protocols_deployment(pg_url, redis_url) as d:
+        with trio.fail_after(LIMIT):
+            answer = await A2AAgent(d.urls[0]).run("tools hops", depth=2)
+        (info,) = await d.store.list_sessions()
+        record = await d.store.load(info.session_id)
+    assert answer == worker_agent.answer_text("tools hops")
+    assert record is not None and record.meta["agent_depth"] == 3
 
 
 async def test_an_a2a_task_waiting_for_approval_resumes_on_a_worker_from_the_decision(

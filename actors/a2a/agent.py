@@ -33,6 +33,7 @@ from actors.a2a import wire
 from actors.providers.failures import EventTooLarge
 from actors.providers.sse import SSEDecoder
 from runtime.chunks import Usage
+from runtime.errors import ToolDefinitionError
 from runtime.ids import new_id
 from runtime.output import (
     Abort,
@@ -469,15 +470,24 @@ class A2AAgent:
         finally:
             await response.aclose()
 
-    async def run(self, text: str, *, emit: Any = None) -> str:
+    async def run(self, text: str, *, emit: Any = None, depth: int = 0) -> str:
         """Send the remote agent ``text`` as a new task and return its answer, streaming
         it as output chunks through ``emit`` (``await emit(chunk)``) when given. Raises
-        :class:`RemoteAgentError` when the task does not complete."""
+        :class:`RemoteAgentError` when the task does not complete.
+
+        ``depth`` is how many agents deep the caller runs (:attr:`ToolContext.depth`);
+        the message says ``depth + 1`` (:data:`~actors.a2a.wire.HOPS`), which an Axon
+        endpoint runs the task's turn at."""
         import httpx
 
         binding, url = await self._endpoint()
         capabilities = wire.field(self._card or {}, "capabilities") or {}
-        message = wire.message(wire.ROLE_USER, [wire.text_part(text)], message_id=str(uuid.uuid4()))
+        message = wire.message(
+            wire.ROLE_USER,
+            [wire.text_part(text)],
+            message_id=str(uuid.uuid4()),
+            metadata={wire.HOPS: depth + 1},
+        )
         params = {"message": message}
         task = _Tracker(_Nested(emit, self.max_answer_chars))
         async with self._client() as client:
@@ -545,15 +555,31 @@ class A2AAgent:
         name: str | None = None,
         description: str | None = None,
         needs_approval: Any = False,
+        max_depth: int = 8,
     ) -> Tool:
         """This remote agent as a tool another agent can call with a task (``input``):
         each call is one A2A task, streamed under the call as ``tool-stream`` chunks, its
-        answer the tool's result (see the module docstring)."""
+        answer the tool's result (see the module docstring).
+
+        ``max_depth`` bounds agents calling agents across processes, as
+        :meth:`~runtime.agent.Agent.as_tool`'s does in one: a call from a session that
+        runs ``max_depth`` agents deep already (:attr:`ToolContext.depth`: an A2A task's
+        turn runs as deep as its message's hop count says, :data:`~actors.a2a.wire.HOPS`)
+        sends nothing; the model sees the tool error ``agent nesting deeper than
+        <max_depth>``. Without it, A calling B calling A over A2A ran until a server's
+        running tasks were all taken, every hop holding a turn and a connection."""
+        if type(max_depth) is not int or max_depth < 1:
+            raise ToolDefinitionError(f"as_tool: max_depth must be an int >= 1, not {max_depth!r}")
         remote = self
         tool_name = name or self.name or "remote_agent"
 
         async def run_remote(input: str, context: ToolContext) -> str:
-            return await remote.run(input, emit=context.emit)
+            if context.depth + 1 > max_depth:
+                raise RuntimeError(
+                    f"agent nesting deeper than {max_depth}: {tool_name} was not called "
+                    f"(agents calling agents, over A2A too, {max_depth} deep already)"
+                )
+            return await remote.run(input, emit=context.emit, depth=context.depth)
 
         run_remote.__annotations__ = {"input": str, "context": ToolContext, "return": str}
         run_remote.__doc__ = description or (

@@ -336,6 +336,23 @@ def parts_of(content: UserContent) -> list[dict[str, Any]]:
     return out
 
 
+HOPS = "axonHops"
+"""The key of a message's ``metadata`` that says how many agents deep its sender's
+request already runs: 1 for a message an agent (``A2AAgent``) sends on its user's
+behalf, 2 for one the remote agent sends on in turn, and so on. Agents calling agents
+over A2A (A calling B calling A) ran without end, each hop in another process; the
+receiving endpoint runs the task's turn that deep (its own agents-as-tools and
+``A2AAgent`` s count on from it), and each ``A2AAgent`` refuses a call past its
+``max_depth``."""
+
+
+def hops(metadata: Any) -> int:
+    """The hop count a message's ``metadata`` carries (:data:`HOPS`): 0 when it has none,
+    or something that is no count (a client's metadata of its own)."""
+    value = metadata.get(HOPS) if isinstance(metadata, Mapping) else None
+    return value if type(value) is int and value > 0 else 0
+
+
 def message(
     role: str,
     parts: list[dict[str, Any]],
@@ -343,12 +360,15 @@ def message(
     message_id: str,
     context_id: str | None = None,
     task_id: str | None = None,
+    metadata: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     out: dict[str, Any] = {"messageId": message_id, "role": role, "parts": parts}
     if context_id:
         out["contextId"] = context_id
     if task_id:
         out["taskId"] = task_id
+    if metadata:
+        out["metadata"] = metadata
     return out
 
 

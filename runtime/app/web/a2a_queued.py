@@ -55,6 +55,7 @@ from runtime.approval import APPROVAL, Decision, decide, pending_calls, record_d
 from runtime.errors import DecisionError
 from runtime.ids import new_id
 from runtime.messages import AssistantMessage, Message, UserMessage
+from runtime.tools import AGENT_DEPTH_META
 from runtime.turn_queue import FINAL_STATUSES, QUEUED, RUNNING, TurnOptions, TurnStatus
 
 TURN_PREFIX = "msg_"
@@ -191,12 +192,14 @@ class QueuedTaskBook(TaskBook):
             return earlier
         self._check_capacity()
         try:
+            depth = wire.hops(incoming.metadata)
             turn = await self.front.submit(
                 context_id,
                 content,
                 _message_key(context_id, stored_id),
                 False,
                 options=TurnOptions(user_message_id=stored_id),
+                meta={AGENT_DEPTH_META: depth} if depth else None,  # the turn runs that deep
             )
         except ApiError as exc:
             raise _refused(exc) from None

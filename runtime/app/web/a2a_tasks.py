@@ -60,6 +60,7 @@ from runtime.messages import (
     UserMessage,
 )
 from runtime.store import validate_session_id
+from runtime.tools import AGENT_DEPTH_META, agent_depth
 
 CANCELED_REASON = "canceled by the A2A client"
 """The reason a canceled task's turn (or its waiting calls) is stopped with."""
@@ -509,6 +510,9 @@ class TaskBook:
         live.history.append(self._history_entry(incoming, context_id, live.id, stored_id))
         if "title" not in session.meta:
             session.set_title(title_of(content))
+        depth = wire.hops(incoming.metadata)
+        if depth and agent_depth(session.meta) != depth:  # the turn runs that deep
+            session.update_meta({AGENT_DEPTH_META: depth})
         waiting = [
             t
             for t in self.live.values()

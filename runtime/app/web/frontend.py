@@ -413,17 +413,19 @@ class FrontEnd:
         options: TurnOptions | None = None,
         titled: bool = True,
         on_busy: OnBusy | None = None,
+        meta: Mapping[str, Any] | None = None,
     ) -> Any:
         """Queue the turn (``titled``: naming a session that has no title yet after its
-        input); a refusal is an :class:`ApiError` with the status the queue's error
-        means (429 over a cap, 503 while the store is unreachable, 409 for a key another
-        turn holds, 400 for anything else the store refused), and nothing is queued."""
+        input; ``meta``: set on the session as the turn starts); a refusal is an
+        :class:`ApiError` with the status the queue's error means (429 over a cap, 503
+        while the store is unreachable, 409 for a key another turn holds, 400 for
+        anything else the store refused), and nothing is queued."""
         try:
-            meta: dict[str, Any] = {}
+            meta = dict(meta or {})
             if titled:
                 record = await self.store.load(session_id)
                 if record is None or "title" not in record.meta:
-                    meta = {"title": title_of(text)}
+                    meta["title"] = title_of(text)
             return await self.queue.submit(
                 session_id,
                 text,
