@@ -189,6 +189,11 @@ class TurnStream:
     """While its input waits to join the running turn (``steer``): that turn's steering
     and the input offered to it (a class default: set on the instance only then)."""
 
+    continues: str | None = None
+    """A continuation's (:class:`ResumeStream`): the id of the user message whose turn it
+    continues, which a stop names as it named that turn (:meth:`named_by`; a class
+    default: set on a continuation's instance only)."""
+
     def __init__(
         self,
         session: Session,
@@ -370,7 +375,12 @@ class TurnStream:
 
     def named_by(self, message_id: str) -> bool:
         """Whether a caller's ``message_id`` names this turn: its user message's id, or
-        (a regenerate) the id of the answer it replaces (:attr:`regenerates`)."""
+        (a regenerate) the id of the answer it replaces (:attr:`regenerates`), or (a
+        continuation after a wait for input) the user message of the turn it continues
+        (:attr:`continues`) or that turn's answer (the AI SDK continuation's
+        ``messageId``)."""
+        if self.continues is not None and message_id in (self.continues, self.message_id):
+            return True
         return message_id in (self.user_message_id, self.regenerates)
 
     def withdraw(self, reason: str) -> bool:
@@ -702,7 +712,22 @@ class ResumeStream(TurnStream):
         # (a turn id names one running turn: a stop by id, the relay's stream).
         self._named = True
         self.stored = record  # the turn runner starts from it: no second read
+        self.continues = _asked_by(
+            record.messages if record is not None else session.messages, self.message_id
+        )
         return await super().__aenter__()
+
+
+def _asked_by(messages: Sequence[Message], answer_id: str | None) -> str | None:
+    """The id of the user message that assistant message ``answer_id`` answers (the last
+    user message before it), if any."""
+    asked: str | None = None
+    for message in messages:
+        if message.id == answer_id:
+            return asked
+        if isinstance(message, UserMessage):
+            asked = message.id
+    return None
 
 
 _UNSET: Any = object()
