@@ -906,6 +906,9 @@ class Host:
             session.withdraw_queued(SESSION_DELETED)
             current = session.current
             if current is not None:
+                # none of its saves may write from now on, also one in flight that would
+                # find the session re-created under its id by a new message
+                self.persister.refuse(session.id, current.turn_id)
                 current.cancel(SESSION_DELETED)
                 with trio.move_on_after(_DELETE_WAIT):
                     await current.done.wait()  # (its final save is bounded: SAVE_TIMEOUT)
@@ -931,6 +934,11 @@ class Host:
         for stream in running:
             stream.cancel(reason)
         return len(running)
+
+    def refuses_turn(self, turn_id: str) -> bool:
+        """Whether turn ``turn_id``'s saves are refused (its session was deleted while it
+        ran: :meth:`delete_session`, :meth:`cancel_turn`)."""
+        return self.persister.refuses(turn_id)
 
     def stop_named(
         self,
@@ -964,9 +972,13 @@ class Host:
         return current.turn_id or "", False
 
     def cancel_turn(self, turn_id: str, reason: str) -> bool:
-        """Cancel the turn ``turn_id`` if this host runs it; whether it did."""
+        """Cancel the turn ``turn_id`` if this host runs it; whether it did. With reason
+        ``session deleted`` (another host deleted the session: its cancel over the relay)
+        the turn's saves are refused from now on, as :meth:`delete_session`'s are."""
         for stream in self.running_turns():
             if stream.turn_id == turn_id:
+                if reason == SESSION_DELETED:
+                    self.persister.refuse(stream.session.id, turn_id)
                 stream.cancel(reason)
                 return True
         return False

@@ -117,6 +117,10 @@ class SessionOwner(Protocol):
     def check_open(self) -> None:
         """Raise :class:`~runtime.errors.HostClosed` once the host has closed."""
 
+    def refuses_turn(self, turn_id: str) -> bool:
+        """Whether turn ``turn_id``'s saves are refused: its session was deleted while it
+        ran (a new turn must not take that id)."""
+
 
 FINAL_WAIT = 10.0
 """Seconds a leaving consumer waits (shielded) for the cancelled turn to be saved."""
@@ -332,9 +336,14 @@ class TurnStream:
             # before it is entered cancels on entry). Its input is kept.
             self._cancel.cancel(INTERRUPTED_BY_NEW)
         running = (s.current for s in session.host.sessions.values() if s.current is not None)
-        if self._named and any(t.turn_id == self.turn_id for t in running):
+        if self._named and (
+            any(t.turn_id == self.turn_id for t in running)
+            or session.host.refuses_turn(self.turn_id)
+        ):
             # A caller's id (an AG-UI runId) that names a turn of another session running
-            # now: a turn id names one running turn (cancels, the relay's streams).
+            # now: a turn id names one running turn (cancels, the relay's streams). Or
+            # one of a deleted session's turn, whose saves are refused (a thread deleted
+            # and started again, its client's runId constant).
             self.turn_id = new_id("turn")
         session.host.wake(session)  # (it may renew actors given up on: a new runner)
         runner = session.runner
