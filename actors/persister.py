@@ -59,6 +59,10 @@ class Persister(Actor):
         and whether the session was stored for it (saved, or refused as deleted: a request
         after it is of a stored session too). Bounded: :data:`REMEMBERED`; no messages,
         so it pins no history."""
+        self._refused: OrderedDict[str, str] = OrderedDict()
+        """The turns whose session was deleted while they ran (:meth:`refuse`), by turn
+        id, with their session's id: none of their saves may write. Bounded:
+        :data:`REMEMBERED`."""
         self._aside: dict[str, list[SaveRequest]] = {}
         """The sessions whose long save a task of its own is writing: that request and
         the session's later ones, in order, the first being written."""
@@ -163,6 +167,42 @@ class Persister(Actor):
         a waiting turn, evicted, holds no memory in the process)."""
         self._latest.pop(session_id, None)
 
+    def refuse(self, session_id: str, turn_id: str) -> None:
+        """Refuse every save of turn ``turn_id`` from now on: its session is being
+        deleted (``Host.delete_session``, or another host's delete told over the relay).
+        Its saves raise :class:`~runtime.errors.SessionDeleted`, writing nothing, also
+        one already queued here, and whatever the store holds by then: without this a
+        save that finds the session re-created under the same id (a new message) takes
+        it for another writer's save and appends the deleted conversation's turn to the
+        new one. A save of it already sent to the store when this is called, which
+        created the session (its first save, held past the delete), is undone: the
+        session it created is deleted again before any later save of this persister."""
+        self._refused[turn_id] = session_id
+        self._refused.move_to_end(turn_id)
+        if len(self._refused) > REMEMBERED:
+            self._refused.popitem(last=False)
+
+    def refuses(self, turn_id: str) -> bool:
+        """Whether the saves of turn ``turn_id`` are refused (:meth:`refuse`): a new turn
+        named so (a client's constant id) must take another."""
+        return turn_id in self._refused
+
+    def _check_refused(self, req: SaveRequest) -> None:
+        if self._refused.get(req.turn_id) == req.session_id:
+            raise SessionDeleted(
+                f"save of session {req.session_id!r} refused: the session was deleted "
+                f"while its turn {req.turn_id!r} ran; nothing was written",
+                session_id=req.session_id,
+            )
+
+    async def _created_refused(self, req: SaveRequest) -> None:
+        """After a save of ``req`` that created its session: if its turn was refused
+        while the store wrote it (:meth:`refuse`), delete that session again (it holds
+        that turn's messages only) and refuse the save."""
+        if self._refused.get(req.turn_id) == req.session_id:
+            await self.store.delete(req.session_id)
+            self._check_refused(req)
+
     def _based_on(self, req: SaveRequest) -> int | None:
         """The version ``req``'s ``start`` and ``messages`` are known to fit, if any.
 
@@ -199,6 +239,7 @@ class Persister(Actor):
         """Save ``req`` on top of the version it was based on, or rebase it; returns the
         session's new version and, when rebased, what the store holds before ``req``'s
         messages now."""
+        self._check_refused(req)
         expected = self._based_on(req)
         ends = self._ends(req)
         if expected is not None:
@@ -214,13 +255,17 @@ class Persister(Actor):
                         **ends,
                     ),
                 )
+                if expected == 0:
+                    await self._created_refused(req)
                 return version, None
             except StoreConflict:
                 pass  # another writer saved the session since: rebase below
         conflict: StoreConflict | None = None
         of_stored = self._of_stored(req, expected)
         for _ in range(REBASE_ATTEMPTS):
+            self._check_refused(req)
             record = await self.store.load(req.session_id)
+            self._check_refused(req)
             if record is None and of_stored:
                 # Deleted since the turn's save was based on it: saved from 0 at version 0,
                 # it would come back (a tombstone-less store cannot tell): refused.
@@ -243,6 +288,8 @@ class Persister(Actor):
             except StoreConflict as exc:
                 conflict = exc  # overtaken again between our load and our write
                 continue
+            if record is None:
+                await self._created_refused(req)
             return _checked(self.store, version), base
         raise StoreConflict(
             f"save of session {req.session_id!r} gave up: another writer saved it between "

@@ -129,6 +129,18 @@ class TurnCanceller(ActorStarter, Protocol):
     def cancel_turn(self, turn_id: str, reason: str) -> bool:
         """Cancel the turn ``turn_id`` if the host runs it; whether it did."""
 
+    def stop_named(
+        self,
+        session_id: str,
+        *,
+        message_id: str | None,
+        turn_id: str | None,
+        reason: str,
+    ) -> tuple[str, bool] | None:
+        """Stop what a stop naming ``message_id`` or ``turn_id`` of ``session_id`` names,
+        if the host holds it (a waiting message taken out, or the running turn
+        cancelled): ``(turn_id, queued)``, or ``None``."""
+
 
 ToolSource: TypeAlias = Callable[[Agent], Awaitable[tuple[Tool, ...]]]
 """The tools to offer an agent's next model call: its own, then those of its MCP servers

@@ -5,7 +5,8 @@ consumer that started it. With this actor on the host's bus, every turn the host
 also appended to a :class:`~runtime.relay.Relay`, so any front end streams or resumes it
 (``GET /api/chat/{id}/stream``). :func:`attach_relay` also listens for the relay's cancel
 requests and cancels the local turn they name: a stop pressed on any front end reaches
-the process that runs the turn.
+the process that runs the turn; a stop naming a message or a turn there stops only what
+it names (``Host.stop_named``: a waiting message taken out, or the running turn).
 
 The actor's inbox is ``block`` (every chunk must reach the relay in order) but its
 handler never waits on Redis: ``append`` only queues, and the relay's flush task writes.
@@ -77,14 +78,25 @@ async def attach_relay(host: TurnCanceller, relay: Any) -> RelayPublisher:
         def on_cancel(turn_id: str, reason: str) -> None:
             cancel_local_turn(host, turn_id, reason)
 
-        await host.nursery.start(_watch, watch, on_cancel)
+        def on_named(stop: Any) -> None:
+            host.stop_named(
+                stop.session_id,
+                message_id=stop.message_id,
+                turn_id=stop.named_turn,
+                reason=stop.reason,
+            )
+
+        await host.nursery.start(_watch, watch, on_cancel, on_named)
     return publisher
 
 
 async def _watch(
-    watch: Any, on_cancel: Any, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    watch: Any,
+    on_cancel: Any,
+    on_named: Any,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    await watch(on_cancel, task_status=task_status)
+    await watch(on_cancel, on_named=on_named, task_status=task_status)
 
 
 __all__ = ["RelayPublisher", "attach_relay", "cancel_local_turn"]

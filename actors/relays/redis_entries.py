@@ -23,7 +23,8 @@ Layout (every key under ``prefix``, ``axon:`` by default):
     The id of the session's latest turn, so ``GET /api/chat/{id}/stream`` finds it.
 ``{prefix}cancel``
     A pub/sub channel of cancel requests (``{"turn_id", "reason"}``), for the process
-    that runs the turn.
+    that runs the turn; a named stop adds ``session_id`` and ``message_id`` or
+    ``named_turn`` (:class:`NamedStop`).
 
 **Relay seq.** A chunk read back from the relay has ``seq`` = its position in the turn's
 stream (1, 2, ...), stamped by the writer at flush time. The producer's own seqs restart
@@ -336,14 +337,51 @@ def _turn_id(raw: Any) -> str | None:
     return raw.decode()
 
 
-def _cancel_from(message: dict[str, Any], on_cancel: Callable[[str, str], Any]) -> None:
-    """Hand a cancel request of the relay's channel to ``on_cancel`` (junk is logged)."""
+@attrs.frozen(slots=True, kw_only=True)
+class NamedStop:
+    """A stop naming a message or a turn of a session, sent over the cancel channel by a
+    host that does not run the session's turn (``turn_id``) to the one that does: only
+    what is so named stops there (``Host.stop_named``)."""
+
+    turn_id: str
+    session_id: str
+    message_id: str | None
+    named_turn: str | None
+    reason: str
+
+
+def _cancel_from(
+    message: dict[str, Any],
+    on_cancel: Callable[[str, str], Any],
+    on_named: Callable[[NamedStop], Any] | None = None,
+) -> None:
+    """Hand a cancel request of the relay's channel to ``on_cancel``, a named stop to
+    ``on_named`` (without it, to ``on_cancel`` only when it names its turn: a watch that
+    cannot look for a waiting message must not cancel the running turn for one); junk is
+    logged."""
     if message.get("type") != "message":
         return
     try:
         data = orjson.loads(message["data"])
         turn_id, reason = str(data["turn_id"]), str(data.get("reason", ""))
+        session_id = data.get("session_id")
+        message_id, named_turn = data.get("message_id"), data.get("named_turn")
+        if not all(isinstance(v, str | None) for v in (session_id, message_id, named_turn)):
+            raise TypeError("a named stop's names must be strings")
     except (orjson.JSONDecodeError, KeyError, TypeError):
         log.warning("relay.bad_cancel", data=repr(message.get("data"))[:200])
         return
-    on_cancel(turn_id, reason or "cancelled")
+    reason = reason or "cancelled"
+    if session_id is None or (message_id is None and named_turn is None):
+        on_cancel(turn_id, reason)
+    elif on_named is not None:
+        stop = NamedStop(
+            turn_id=turn_id,
+            session_id=session_id,
+            message_id=message_id,
+            named_turn=named_turn,
+            reason=reason,
+        )
+        on_named(stop)
+    elif named_turn == turn_id and message_id is None:
+        on_cancel(turn_id, reason)

@@ -40,6 +40,7 @@ from actors.relays.limits import RedisLimitBackend
 from actors.relays.redis_entries import (
     END,
     PAGE,
+    NamedStop,
     _cancel_from,
     _Cursor,
     _decode,
@@ -559,15 +560,40 @@ class RedisRelay:
 
     # -- cancelling -------------------------------------------------------------------------
 
-    async def request_cancel(self, turn_id: str, reason: str = "cancelled") -> int:
+    async def request_cancel(
+        self,
+        turn_id: str,
+        reason: str = "cancelled",
+        *,
+        session_id: str | None = None,
+        message_id: str | None = None,
+        named_turn: str | None = None,
+    ) -> int:
         """Ask the process that runs ``turn_id`` to cancel it; returns how many processes
         listen (``0``: nobody runs relay cancels now). Recorded first
         (:meth:`cancel_key`, for :data:`CANCEL_TTL_MS`), then published: a watch that
-        subscribes again reads what it may have missed."""
-        message = orjson.dumps({"turn_id": turn_id, "reason": reason})
+        subscribes again reads what it may have missed.
+
+        With ``session_id`` and ``message_id`` or ``named_turn``, a *named* stop (``POST
+        /api/chat/{id}/stop`` naming a message or a turn, sent to a host that does not
+        run ``turn_id``, the session's running turn): the host that runs it stops only
+        what is so named (a waiting message taken out, or ``turn_id`` if it is the one
+        named), ``watch_cancels``'s ``on_named``. It is not recorded: a record is read
+        back as a plain cancel of ``turn_id``, which a stop naming a waiting message is
+        not; one published while that host's subscription is down is lost."""
+        named = session_id is not None and (message_id is not None or named_turn is not None)
+        fields: dict[str, str] = {"turn_id": turn_id, "reason": reason}
+        if named:
+            fields["session_id"] = str(session_id)
+            if message_id is not None:
+                fields["message_id"] = message_id
+            if named_turn is not None:
+                fields["named_turn"] = named_turn
+        message = orjson.dumps(fields)
 
         async def record_and_publish() -> int:
-            await self.client.set(self.cancel_key(turn_id), reason, px=CANCEL_TTL_MS)
+            if not named:
+                await self.client.set(self.cancel_key(turn_id), reason, px=CANCEL_TTL_MS)
             listening: int = await self.client.publish(self.cancel_channel, message)
             return listening
 
@@ -577,9 +603,12 @@ class RedisRelay:
         self,
         on_cancel: Callable[[str, str], Any],
         *,
+        on_named: Callable[[NamedStop], Any] | None = None,
         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
     ) -> None:
-        """Call ``on_cancel(turn_id, reason)`` for every cancel request, until cancelled;
+        """Call ``on_cancel(turn_id, reason)`` for every cancel request, and
+        ``on_named(stop)`` for every named stop (:meth:`request_cancel`; without
+        ``on_named`` one is a plain cancel only when it names its turn), until cancelled;
         resubscribes (with backoff) after Redis went away, or when the subscription
         answers no PING within ``op_timeout`` (one every ``cancel_ping`` seconds: a
         connection held or black-holed delivers nothing and says nothing). Once
@@ -605,7 +634,7 @@ class RedisRelay:
                     async with trio.open_nursery() as watching:
                         watching.start_soon(self._ping_subscription, pubsub, answered)
                         async for message in pubsub:
-                            _cancel_from(message, on_cancel)
+                            _cancel_from(message, on_cancel, on_named)
                         watching.cancel_scope.cancel()
             except* _transient() as group:
                 failed = _first_leaf(group)

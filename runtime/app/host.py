@@ -906,6 +906,9 @@ class Host:
             session.withdraw_queued(SESSION_DELETED)
             current = session.current
             if current is not None:
+                # none of its saves may write from now on, also one in flight that would
+                # find the session re-created under its id by a new message
+                self.persister.refuse(session.id, current.turn_id)
                 current.cancel(SESSION_DELETED)
                 with trio.move_on_after(_DELETE_WAIT):
                     await current.done.wait()  # (its final save is bounded: SAVE_TIMEOUT)
@@ -932,10 +935,50 @@ class Host:
             stream.cancel(reason)
         return len(running)
 
+    def refuses_turn(self, turn_id: str) -> bool:
+        """Whether turn ``turn_id``'s saves are refused (its session was deleted while it
+        ran: :meth:`delete_session`, :meth:`cancel_turn`)."""
+        return self.persister.refuses(turn_id)
+
+    def stop_named(
+        self,
+        session_id: str,
+        *,
+        message_id: str | None,
+        turn_id: str | None,
+        reason: str,
+    ) -> tuple[str, bool] | None:
+        """Stop what a stop naming a message (``message_id``: a user message's client
+        id, or the answer a regenerate replaces) or a turn (``turn_id``) of
+        ``session_id`` names, if this host holds it: a message waiting for the running
+        turn (queued, or to be steered in) is taken out (its stream ends ``abort``), the
+        running turn is cancelled. ``(turn_id, queued)`` of what it stopped, or ``None``
+        (nothing here is so named: the running turn goes on). Used by ``POST
+        /api/chat/{id}/stop`` and, for a stop sent to another embedded host, by the
+        relay's cancel watch (:func:`actors.relays.attach_relay`)."""
+        session = self.sessions.get(session_id)
+        if session is None:
+            return None
+        waiting = session.waiting_stream(message_id=message_id, turn_id=turn_id)
+        if waiting is not None and waiting.withdraw(reason):
+            return waiting.turn_id, True
+        current = session.current
+        if current is None or (
+            turn_id not in (None, current.turn_id)
+            or (message_id is not None and not current.named_by(message_id))
+        ):
+            return None
+        current.cancel(reason)
+        return current.turn_id or "", False
+
     def cancel_turn(self, turn_id: str, reason: str) -> bool:
-        """Cancel the turn ``turn_id`` if this host runs it; whether it did."""
+        """Cancel the turn ``turn_id`` if this host runs it; whether it did. With reason
+        ``session deleted`` (another host deleted the session: its cancel over the relay)
+        the turn's saves are refused from now on, as :meth:`delete_session`'s are."""
         for stream in self.running_turns():
             if stream.turn_id == turn_id:
+                if reason == SESSION_DELETED:
+                    self.persister.refuse(stream.session.id, turn_id)
                 stream.cancel(reason)
                 return True
         return False

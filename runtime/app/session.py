@@ -117,6 +117,10 @@ class SessionOwner(Protocol):
     def check_open(self) -> None:
         """Raise :class:`~runtime.errors.HostClosed` once the host has closed."""
 
+    def refuses_turn(self, turn_id: str) -> bool:
+        """Whether turn ``turn_id``'s saves are refused: its session was deleted while it
+        ran (a new turn must not take that id)."""
+
 
 FINAL_WAIT = 10.0
 """Seconds a leaving consumer waits (shielded) for the cancelled turn to be saved."""
@@ -188,6 +192,11 @@ class TurnStream:
     _joining: tuple[TurnSteering, SteeredInput] | None = None
     """While its input waits to join the running turn (``steer``): that turn's steering
     and the input offered to it (a class default: set on the instance only then)."""
+
+    continues: str | None = None
+    """A continuation's (:class:`ResumeStream`): the id of the user message whose turn it
+    continues, which a stop names as it named that turn (:meth:`named_by`; a class
+    default: set on a continuation's instance only)."""
 
     def __init__(
         self,
@@ -327,9 +336,14 @@ class TurnStream:
             # before it is entered cancels on entry). Its input is kept.
             self._cancel.cancel(INTERRUPTED_BY_NEW)
         running = (s.current for s in session.host.sessions.values() if s.current is not None)
-        if self._named and any(t.turn_id == self.turn_id for t in running):
+        if self._named and (
+            any(t.turn_id == self.turn_id for t in running)
+            or session.host.refuses_turn(self.turn_id)
+        ):
             # A caller's id (an AG-UI runId) that names a turn of another session running
-            # now: a turn id names one running turn (cancels, the relay's streams).
+            # now: a turn id names one running turn (cancels, the relay's streams). Or
+            # one of a deleted session's turn, whose saves are refused (a thread deleted
+            # and started again, its client's runId constant).
             self.turn_id = new_id("turn")
         session.host.wake(session)  # (it may renew actors given up on: a new runner)
         runner = session.runner
@@ -370,7 +384,12 @@ class TurnStream:
 
     def named_by(self, message_id: str) -> bool:
         """Whether a caller's ``message_id`` names this turn: its user message's id, or
-        (a regenerate) the id of the answer it replaces (:attr:`regenerates`)."""
+        (a regenerate) the id of the answer it replaces (:attr:`regenerates`), or (a
+        continuation after a wait for input) the user message of the turn it continues
+        (:attr:`continues`) or that turn's answer (the AI SDK continuation's
+        ``messageId``)."""
+        if self.continues is not None and message_id in (self.continues, self.message_id):
+            return True
         return message_id in (self.user_message_id, self.regenerates)
 
     def withdraw(self, reason: str) -> bool:
@@ -702,7 +721,22 @@ class ResumeStream(TurnStream):
         # (a turn id names one running turn: a stop by id, the relay's stream).
         self._named = True
         self.stored = record  # the turn runner starts from it: no second read
+        self.continues = _asked_by(
+            record.messages if record is not None else session.messages, self.message_id
+        )
         return await super().__aenter__()
+
+
+def _asked_by(messages: Sequence[Message], answer_id: str | None) -> str | None:
+    """The id of the user message that assistant message ``answer_id`` answers (the last
+    user message before it), if any."""
+    asked: str | None = None
+    for message in messages:
+        if message.id == answer_id:
+            return asked
+        if isinstance(message, UserMessage):
+            asked = message.id
+    return None
 
 
 _UNSET: Any = object()

@@ -45,6 +45,7 @@ from runtime.errors import (
     InvalidSessionId,
     MediaTooLarge,
     NothingToResume,
+    RelayUnavailable,
     SessionBusy,
     StoreConflict,
     TooManyParts,
@@ -59,6 +60,7 @@ from runtime.messages import (
     UserContent,
     UserMessage,
 )
+from runtime.output import Start
 from runtime.store import validate_session_id
 from runtime.tools import AGENT_DEPTH_META, agent_depth
 
@@ -109,6 +111,21 @@ def check_resend(said: str | None, says: str, incoming: wire.Incoming, context_i
             "must be the same message (it runs nothing again); give each new message a "
             "messageId of its own"
         )
+
+
+async def _streams_message(relay: Any, turn_id: str, message_id: str) -> bool:
+    """Whether the relay's stream of ``turn_id`` starts message ``message_id`` (its first
+    chunk, a ``start``); a stream the relay lost or cannot prove whole: ``False``."""
+    chunks = relay.read(turn_id)
+    try:
+        with trio.move_on_after(FINAL_WAIT):
+            first = await chunks.__anext__()
+            return isinstance(first, Start) and first.message_id == message_id
+        return False
+    except (LookupError, StopAsyncIteration):
+        return False
+    finally:
+        await chunks.aclose()
 
 
 def task_id_of(context_id: str, message_id: str) -> str:
@@ -827,6 +844,9 @@ class TaskBook:
             return await self._cancel(live, task_id)
 
     async def _cancel(self, live: LiveTask, task_id: str) -> LiveTask:
+        if not live.running and await self._cancel_elsewhere(live.context_id, live.message_id):
+            self.live.pop(task_id, None)
+            return await self.find(task_id)
         if live.state == wire.CANCELED and not live.running:
             return live
         if live.state in wire.TERMINAL:
@@ -861,6 +881,32 @@ class TaskBook:
                 pass  # decided meanwhile: the task goes on as that decision says
         live.set_state(wire.CANCELED, _agent_note(live.id, live.context_id, CANCELED_REASON))
         return live
+
+    async def _cancel_elsewhere(self, context_id: str, message_id: str) -> bool:
+        """Cancel the task's turn if another embedded host runs it (``serve --redis``:
+        the relay streams the session's turn, whose ``start`` names the task's message,
+        and this host runs none) over the relay's cancel channel, and wait (at most
+        ``2 * FINAL_WAIT``) until the relay says it ended; whether there was one. Before,
+        this host read the task back from the store (its first steps saved), found no
+        turn of its own and answered it completed (``TaskNotCancelable``) or canceled,
+        while the other host ran it on. A relay that does not answer: ``False``."""
+        relay = self.state.relay
+        if relay is None or not hasattr(relay, "request_cancel"):
+            return False
+        session = self.state.host.sessions.get(context_id)
+        if session is not None and session.busy:
+            return False  # this host runs the session's turn
+        try:
+            turn_id = await relay.active_turn(context_id)
+            if turn_id is None or not await _streams_message(relay, turn_id, message_id):
+                return False
+            await relay.request_cancel(turn_id, CANCELED_REASON)
+            with trio.move_on_after(FINAL_WAIT * 2):
+                while await relay.active_turn(context_id) == turn_id:  # noqa: ASYNC110
+                    await trio.sleep(0.05)  # (the relay's end is in Redis: no event here)
+        except RelayUnavailable:
+            return False
+        return True
 
     def cancel_all(self, reason: str) -> int:
         """Cancel every running task (a server shutting down); how many ran."""

@@ -99,10 +99,12 @@ from runtime.app.web.writer import BodyWriter, SendDeadline
 from runtime.approval import Recorded, pending_calls
 from runtime.busy import REJECT, OnBusy, check_on_busy
 from runtime.errors import (
+    SESSION_DELETED,
     InputHeld,
     InvalidHistory,
     NothingToResume,
     RegenerateOutdated,
+    RelayUnavailable,
     SessionBusy,
     TurnWithdrawn,
 )
@@ -719,8 +721,30 @@ async def delete_session(request: Request) -> Response:
     state-changing request is (:mod:`runtime.app.web.guard`)."""
     state = _state(request)
     session_id = _session_id(request.path_params["session_id"])
+    await _tell_the_host_that_runs_it(state, session_id)
     await state.host.delete_session(session_id)
     return Response(status_code=204)
+
+
+async def _tell_the_host_that_runs_it(state: WebState, session_id: str) -> None:
+    """With a relay, cancel the session's turn another embedded host runs (``session
+    deleted``), before the store's delete: that host refuses the turn's saves from then
+    on (``Host.cancel_turn``), so a save of it can neither bring the session back nor,
+    once a new message re-created it under the same id, append the deleted
+    conversation's turn to the new one. Best effort: a relay that does not answer leaves
+    that turn to find the session gone at its next save."""
+    relay = state.relay
+    session = state.host.sessions.get(session_id)
+    if relay is None or not hasattr(relay, "request_cancel"):
+        return
+    if session is not None and session.current is not None:
+        return  # this host runs it: delete_session cancels it
+    try:
+        turn_id = await relay.active_turn(session_id)
+        if turn_id is not None:
+            await relay.request_cancel(turn_id, SESSION_DELETED)
+    except RelayUnavailable:
+        pass
 
 
 async def info(request: Request) -> Response:

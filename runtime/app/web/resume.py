@@ -313,6 +313,25 @@ async def cancel_turn(state: Any, session_id: str) -> str | None:
     return turn_id
 
 
+async def forward_stop(
+    relay: Any, session_id: str, message_id: str | None, named_turn: str | None
+) -> str | None:
+    """Send a stop naming ``message_id`` or ``named_turn`` to the embedded host that runs
+    the session's turn (this one holds nothing of the session): over the relay's cancel
+    channel, as a named stop that host matches as its own ``POST .../stop`` would
+    (``Host.stop_named``). The session's running turn id, or ``None`` when the relay
+    knows of none running (nothing can wait for it then) or cannot forward a stop."""
+    if not hasattr(relay, "request_cancel"):
+        return None
+    turn_id: str | None = await relay.active_turn(session_id)
+    if turn_id is None:
+        return None
+    await relay.request_cancel(
+        turn_id, STOPPED, session_id=session_id, message_id=message_id, named_turn=named_turn
+    )
+    return turn_id
+
+
 async def _unavailable_as_503(call: Any) -> Any:
     try:
         return await call
@@ -371,20 +390,21 @@ async def stop_turn(request: Request) -> Response:
     session_id = session_id_param(request.path_params["session_id"])
     message_id, named_turn = await stop_target(request)
     if message_id is not None or named_turn is not None:
-        session = state.host.sessions.get(session_id)
-        waiting = (
-            None
-            if session is None
-            else session.waiting_stream(message_id=message_id, turn_id=named_turn)
+        stopped = state.host.stop_named(
+            session_id, message_id=message_id, turn_id=named_turn, reason=STOPPED
         )
-        if waiting is not None and waiting.withdraw(STOPPED):
-            return json_response({"turn_id": waiting.turn_id, "queued": True}, 202)
-        current = session.current if session is not None else None
-        if current is None or (
-            named_turn not in (None, current.turn_id)
-            or (message_id is not None and not current.named_by(message_id))
-        ):
+        if stopped is not None:
+            turn_id, queued = stopped
+            return json_response({"turn_id": turn_id, **({"queued": True} if queued else {})}, 202)
+        session = state.host.sessions.get(session_id)
+        if state.relay is None or (session is not None and session.current is not None):
             return Response(status_code=204)  # not this session's running turn: left alone
+        forwarded = await _unavailable_as_503(
+            forward_stop(state.relay, session_id, message_id, named_turn)
+        )
+        if forwarded is None:
+            return Response(status_code=204)
+        return json_response({"turn_id": forwarded, "forwarded": True}, 202)
     turn_id = await _unavailable_as_503(cancel_turn(state, session_id))
     if turn_id is None:
         return Response(status_code=204)

@@ -1,0 +1,145 @@
+"""A stop naming a message or a turn, sent to an embedded front end that does not run the
+session's turn (``serve --redis``: another embedded host runs it and publishes it)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+import trio
+
+from actors.relays.redis_entries import _cancel_from
+from runtime.messages import ToolMessage
+from tests.support.redis import require_redis
+from tests.test_busy import Script, held, holding
+from tests.test_busy_web import agent_of
+from tests.test_relay_web import two_front_ends, wait_streaming
+from tests.test_web_http import body
+from tests.web.harness import wait_idle
+
+LIMIT = 10
+
+
+@pytest.fixture
+def redis_url() -> str:
+    return require_redis()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_gate() -> None:
+    held["open"], held["release"] = trio.Event(), trio.Event()
+
+
+async def _post_into(client: httpx.AsyncClient, url: str, into: dict, key: str, sent: Any) -> None:
+    into[key] = await client.post(f"{url}/api/chat", json=sent, timeout=30)
+
+
+def _events(response: httpx.Response) -> list[str]:
+    return [line for line in response.text.split("\n\n") if line]
+
+
+async def _until(done: Any) -> None:
+    with trio.fail_after(LIMIT):
+        while not done():  # noqa: ASYNC110
+            await trio.sleep(0.01)
+
+
+@pytest.mark.parametrize("named", ["messageId", "turnId"])
+async def test_a_stop_naming_the_running_turn_on_another_front_end_stops_it(
+    redis_url: str, named: str
+) -> None:
+    # B held nothing of the session, so a stop naming the turn's message (the chat
+    # page's, an AG-UI client's) or its turn was a 204 and the turn on A ran on.
+    script = Script(holding(), ["never"])
+    async with two_front_ends(redis_url, agent_of(script)) as (a, b):
+        async with httpx.AsyncClient(timeout=20) as client:
+            replies: dict = {}
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(
+                    _post_into, client, a.url, replies, "u1", body("s", "go", message_id="u1")
+                )
+                await held["open"].wait()
+                await wait_streaming(client, f"{b.url}/api/chat/s/stream")
+                turn_id = a.host.sessions["s"].current.turn_id
+                name = "u1" if named == "messageId" else turn_id
+                stop = await client.post(f"{b.url}/api/chat/s/stop", json={named: name})
+                await _until(lambda: "u1" in replies)
+                held["release"].set()
+            await wait_idle(a, "s")
+            saved = (await a.host.store.load("s")).messages[-1]
+    assert stop.status_code == 202 and stop.json() == {"turn_id": turn_id, "forwarded": True}
+    assert 'data: {"type":"abort","reason":"stopped by user"}' in _events(replies["u1"])
+    assert isinstance(saved, ToolMessage) and saved.error.startswith("interrupted")
+    assert len(script.requests) == 1  # stopped in its first step
+
+
+async def test_a_stop_naming_another_message_on_another_front_end_leaves_the_turn_alone(
+    redis_url: str,
+) -> None:
+    script = Script(holding(), ["first done"])
+    async with two_front_ends(redis_url, agent_of(script)) as (a, b):
+        async with httpx.AsyncClient(timeout=20) as client:
+            replies: dict = {}
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(
+                    _post_into, client, a.url, replies, "u1", body("s", "go", message_id="u1")
+                )
+                await held["open"].wait()
+                await wait_streaming(client, f"{b.url}/api/chat/s/stream")
+                stop = await client.post(f"{b.url}/api/chat/s/stop", json={"messageId": "u9"})
+                await trio.sleep(0.3)  # (what a stop that reached A would take to show)
+                assert a.host.sessions["s"].current is not None
+                held["release"].set()
+            await wait_idle(a, "s")
+    assert stop.status_code == 202  # forwarded: only A can tell what u9 names
+    assert '"finishReason":"stop"' in replies["u1"].text
+    assert "abort" not in replies["u1"].text
+
+
+async def test_a_stop_naming_a_message_queued_on_another_front_end_takes_it_out(
+    redis_url: str,
+) -> None:
+    script = Script(holding(), ["first done"], ["never"])
+    async with two_front_ends(redis_url, agent_of(script, "enqueue")) as (a, b):
+        async with httpx.AsyncClient(timeout=20) as client:
+            replies: dict = {}
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(
+                    _post_into, client, a.url, replies, "u1", body("s", "one", message_id="u1")
+                )
+                await held["open"].wait()
+                nursery.start_soon(
+                    _post_into, client, a.url, replies, "u2", body("s", "two", message_id="u2")
+                )
+                await _until(lambda: a.host.sessions["s"].waiting_inputs >= 1)
+                stop = await client.post(f"{b.url}/api/chat/s/stop", json={"messageId": "u2"})
+                await _until(lambda: "u2" in replies)
+                assert a.host.sessions["s"].current is not None  # the running turn goes on
+                held["release"].set()
+            await wait_idle(a, "s")
+            stored = (await a.host.store.load("s")).messages
+    assert stop.status_code == 202
+    assert _events(replies["u2"]) == [
+        'data: {"type":"abort","reason":"stopped by user"}',
+        "data: [DONE]",
+    ]
+    assert [m.content for m in stored if m.role == "user"][-1] == "one"
+    assert len(script.requests) == 2  # "one"'s two steps; "two" never ran
+
+
+def test_a_watch_that_takes_no_named_stops_cancels_only_one_naming_its_turn() -> None:
+    # A worker's watch has no ``on_named``: a named stop must not cancel its running
+    # turn for a message that may be one waiting behind it.
+    cancelled: list[tuple[str, str]] = []
+
+    def named(**fields: str) -> dict:
+        return {"type": "message", "data": orjson.dumps({"turn_id": "t", **fields})}
+
+    _cancel_from(named(session_id="s", message_id="u2", reason="r"), lambda *a: cancelled.append(a))
+    _cancel_from(named(session_id="s", named_turn="q", reason="r"), lambda *a: cancelled.append(a))
+    assert cancelled == []
+    _cancel_from(named(session_id="s", named_turn="t", reason="r"), lambda *a: cancelled.append(a))
+    _cancel_from(named(reason="plain"), lambda *a: cancelled.append(a))
+    assert cancelled == [("t", "r"), ("t", "plain")]
