@@ -221,6 +221,26 @@ def test_serving_mcp_without_the_mcp_extra_names_the_extra_to_install(argv, what
     )
 
 
+def test_an_mcp_tool_server_without_the_mcp_extra_says_what_serving_mcp_says():
+    """The client side (actors/mcp.py) checked for the package with a message of its own
+    ("MCP servers need the mcp package: ..."); both layers share runtime.extras now."""
+    argv = ["run", "--mcp", "python3 notes.py", "hi"]
+    code = BLOCK_AND_RUN.format(module="mcp", argv=argv)
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        stdin=subprocess.DEVNULL,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr == (
+        "error: MCP server 'notes' could not start: ConfigurationError: an MCP tool server "
+        "needs the mcp package, which is not installed: pip install 'axon-runtime[mcp]'\n"
+    )
+
+
 @pytest.mark.parametrize("command", ["run", "serve", "worker", "mcp-server"])
 def test_a_negative_delay_is_refused_before_anything_runs(command):
     extra = {"run": ["hi"], "serve": ["--port", "0"], "worker": ["--store", "postgresql://x/y"]}

@@ -105,19 +105,6 @@ def _fail(exc: BaseException) -> int:
     return USAGE_EXIT
 
 
-def require_mcp(what: str) -> None:
-    """Raise a :class:`ConfigurationError` naming the extra to install when the ``mcp``
-    package (the ``mcp`` extra) is missing: ``what`` (serving the agent over MCP) needs it."""
-    try:
-        import mcp  # noqa: F401
-        import mcp_types  # noqa: F401
-    except ImportError as exc:
-        raise ConfigurationError(
-            f"{what} needs the {exc.name or 'mcp'} package, which is not installed: "
-            "pip install 'axon-runtime[mcp]'"
-        ) from None
-
-
 def say_on_stderr(text: str) -> None:
     """Write ``text`` for the person on stderr; a stderr that is gone (a pipe whose
     reader left, ``axon run ... 2>&1 | head -1``) drops it: the exit status still tells.
