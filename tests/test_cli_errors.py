@@ -197,6 +197,26 @@ def test_a_provider_whose_extra_is_not_installed_names_the_extra_to_install(prov
     assert proc.stdout.endswith(f"pip install 'axon-runtime[{extra}]'\n")
 
 
+def test_google_without_its_extra_or_a_key_names_the_extra_first():
+    """The key was checked first: a newcomer on the core install was told to set
+    GEMINI_API_KEY, and only then that google-genai is missing."""
+    code = BLOCK_AND_RUN.format(module="google", argv=["run", "--provider", "google", "hi"])
+    quiet = {k: v for k, v in os.environ.items() if k not in ("GEMINI_API_KEY", "GOOGLE_API_KEY")}
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        env=quiet,
+    )
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stdout == (
+        "error: ConfigurationError: google cannot run without google-genai: "
+        "pip install 'axon-runtime[google]'\n"
+    )
+
+
 @pytest.mark.parametrize(
     ("argv", "what"),
     [
