@@ -55,7 +55,10 @@ def test_an_agent_module_that_is_not_there_is_refused_at_start_up(command, tmp_p
 def test_an_agent_module_that_raises_on_import_is_refused_at_start_up(command, tmp_path):
     (tmp_path / "broken_agent.py").write_text("raise RuntimeError('no config file')\n")
     line = refused(command, "broken_agent:agent", tmp_path, cwd=tmp_path)
-    assert line.endswith("importing broken_agent failed: RuntimeError: no config file")
+    where = tmp_path / "broken_agent.py"
+    assert line.endswith(
+        f"importing broken_agent failed: RuntimeError: no config file ({where}, line 1)"
+    )
 
 
 @pytest.mark.parametrize("command", COMMANDS)
@@ -95,7 +98,9 @@ def test_an_agent_object_of_another_type_is_refused_at_start_up(command, tmp_pat
 def test_an_agent_function_that_raises_is_refused_at_start_up(command, tmp_path):
     line = refused(command, f"{AGENTS}:raises", tmp_path)
     session = "axon-startup-check" if command != "run" else "session_"
-    assert "raised RuntimeError: no key for this tenant when called with the session id " in line
+    where = ROOT / "tests" / "support" / "cli_agents.py"
+    assert f"raised RuntimeError: no key for this tenant ({where}, line " in line
+    assert ") when called with the session id " in line
     assert f"'{session}" in line and line.endswith(EXPECTED)
 
 

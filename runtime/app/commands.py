@@ -14,6 +14,7 @@ import importlib
 import inspect
 import os
 import sys
+import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -372,7 +373,8 @@ def _agent_target(spec: str, module_name: str, name: str) -> Any:
         ) from None
     except Exception as exc:  # the user's module raised while importing
         raise ConfigurationError(
-            f"--agent {spec!r}: importing {module_name} failed: {describe_exception(exc)}"
+            f"--agent {spec!r}: importing {module_name} failed: "
+            f"{describe_exception(exc)}{_where(exc)}"
         ) from None
     for attr in name.split("."):
         try:
@@ -390,6 +392,18 @@ def _parameters(signature: inspect.Signature) -> str:
     empty = inspect.Parameter.empty
     bare = [parameter.replace(annotation=empty) for parameter in signature.parameters.values()]
     return str(signature.replace(parameters=bare, return_annotation=empty))
+
+
+def _where(exc: BaseException) -> str:
+    """`` (FILE, line N)``: where ``exc`` was raised, the one line standing in for the
+    traceback the user's own code would have printed (empty when only import machinery
+    is known, or for a SyntaxError, whose message says it already)."""
+    if isinstance(exc, SyntaxError):
+        return ""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename[:1] == "<"]
+    if not frames:
+        return ""
+    return f" ({frames[-1].filename}, line {frames[-1].lineno})"
 
 
 def _a(value: Any) -> str:
@@ -428,8 +442,8 @@ def agent_for_session(spec: str, source: AgentSource, session_id: str) -> Agent:
         raise
     except Exception as exc:
         raise ConfigurationError(
-            f"--agent {spec!r} raised {describe_exception(exc)} when called with the "
-            f"session id {session_id!r}: expected {EXPECTED_AGENT}"
+            f"--agent {spec!r} raised {describe_exception(exc)}{_where(exc)} when called "
+            f"with the session id {session_id!r}: expected {EXPECTED_AGENT}"
         ) from None
 
 
