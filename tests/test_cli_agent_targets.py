@@ -108,3 +108,14 @@ def test_an_agent_function_that_raises_is_refused_at_start_up(command, tmp_path)
 def test_an_async_agent_function_is_refused_at_start_up(command, tmp_path):
     line = refused(command, f"{AGENTS}:async_factory", tmp_path)
     assert line.endswith(f"is an async function: {EXPECTED} (a plain def)")
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_an_agent_with_no_provider_is_refused_at_start_up(command, tmp_path):
+    """``serve`` started and answered each request with a 500 (the host refuses the
+    agent only when a session opens)."""
+    line = refused(command, f"{AGENTS}:no_provider", tmp_path)
+    assert line.endswith(
+        "agent 'none' has no provider: give it one, e.g. Agent(model='openai:gpt-4o-mini'), "
+        "or Agent(provider=ScriptedProvider.demo()) for the offline demo"
+    )

@@ -23,7 +23,13 @@ import attrs
 
 from actors.mcp import MCPServer
 from actors.plugins.registry import PluginSpec, create_plugin
-from actors.providers.registry import create_provider, provider_names, resolve_model
+from actors.providers.registry import (
+    create_provider,
+    provider_for_model,
+    provider_names,
+    resolve_model,
+    split_model,
+)
 from runtime.actor import Actor
 from runtime.agent import Agent
 from runtime.errors import (
@@ -486,9 +492,32 @@ def make_agent(args: argparse.Namespace, *, session_id: str | None = None) -> Ag
     if getattr(args, "media_urls", "on") == "off":
         source = _with_media_urls_off(source, args)
     if isinstance(source, Agent):
+        if getattr(args, "agent", None):
+            check_runnable(args.agent, source)
         return source
     agent = agent_for_session(args.agent, source, session_id or STARTUP_SESSION_ID)
+    check_runnable(args.agent, agent)
     return agent if session_id is not None else source
+
+
+def check_runnable(spec: str, agent: Agent) -> None:
+    """Refuse ``--agent``'s agent at start-up when no model can answer it: no provider
+    and no ``model`` string, or a string naming no registered provider. The host refuses
+    it too, but only when a session opens: ``serve`` answered the first request with a
+    500 and a traceback in its log."""
+    if agent.provider is not None:
+        return
+    if agent.model is None:
+        raise ConfigurationError(
+            f"--agent {spec!r}: agent {agent.name!r} has no provider: give it one, e.g. "
+            "Agent(model='openai:gpt-4o-mini'), or Agent(provider=ScriptedProvider.demo()) "
+            "for the offline demo"
+        )
+    if split_model(agent.model) is None:
+        try:
+            provider_for_model(agent.model)  # raises, saying why the string names none
+        except ConfigurationError as exc:
+            raise ConfigurationError(f"--agent {spec!r}: {exc}") from None
 
 
 def _described_agent(args: argparse.Namespace) -> AgentSource:

@@ -38,3 +38,7 @@ def raises(session_id: str) -> Agent:
 async def async_factory(session_id: str) -> Agent:
     """An ``async def`` factory: its call returns a coroutine, not an Agent."""
     return agent
+
+
+no_provider = Agent(name="none")
+"""An Agent nothing can answer: no provider and no ``model`` string."""
