@@ -48,6 +48,7 @@ from runtime.errors import (
     ToolDefinitionError,
     describe_exception,
 )
+from runtime.extras import require_mcp
 from runtime.hosting import ActorStarter
 from runtime.logging import get_logger
 from runtime.redact import MIN_SECRET_LENGTH, REDACTED, redact
@@ -474,7 +475,7 @@ class MCPServerActor(Actor):
             raise
 
     async def _run(self) -> None:
-        mcp, types = _import_mcp()
+        mcp, types = require_mcp("an MCP tool server")
         ended = self._connection_ended = trio.Event()
         self._end_reason = "exited or closed its connection"
         transport = _WatchedTransport(self._open_transport(), ended, self._cut_listing)
@@ -763,17 +764,6 @@ def _single(exc: BaseException) -> BaseException:
 
 def _describe(exc: BaseException) -> str:
     return describe_exception(_single(exc))
-
-
-def _import_mcp() -> tuple[Any, Any]:
-    try:
-        import mcp
-        import mcp_types
-    except ImportError:  # pragma: no cover - mcp is in the test extra
-        raise ConfigurationError(
-            "MCP servers need the mcp package: pip install 'axon-runtime[mcp]'"
-        ) from None
-    return mcp, mcp_types
 
 
 _STDIO_INTERNALS = (

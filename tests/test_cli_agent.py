@@ -104,7 +104,8 @@ def test_an_agent_that_is_not_one_is_one_error_line():
     proc = run_cli("--agent", f"{AGENTS}:not_an_agent", "Hi")
     assert proc.returncode == 2
     assert proc.stderr == (
-        f"error: --agent '{AGENTS}:not_an_agent' is neither an Agent nor a callable\n"
+        f"error: --agent '{AGENTS}:not_an_agent' is an int: "
+        "expected an Agent, or a function of the session id returning one\n"
     )
 
 

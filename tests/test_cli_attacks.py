@@ -151,8 +151,8 @@ def test_an_agent_factory_that_returns_no_agent_is_one_error_line():
     proc = axon("run", "--agent", "tests.support.cli_agents:not_an_agent_factory", "hi")
     assert proc.returncode == 2
     assert proc.stderr == (
-        "error: --agent 'tests.support.cli_agents:not_an_agent_factory' returned int, "
-        "not an Agent\n"
+        "error: --agent 'tests.support.cli_agents:not_an_agent_factory' returned an int, "
+        "not an Agent: expected an Agent, or a function of the session id returning one\n"
     )
 
 

@@ -197,6 +197,26 @@ def test_a_provider_whose_extra_is_not_installed_names_the_extra_to_install(prov
     assert proc.stdout.endswith(f"pip install 'axon-runtime[{extra}]'\n")
 
 
+def test_google_without_its_extra_or_a_key_names_the_extra_first():
+    """The key was checked first: a newcomer on the core install was told to set
+    GEMINI_API_KEY, and only then that google-genai is missing."""
+    code = BLOCK_AND_RUN.format(module="google", argv=["run", "--provider", "google", "hi"])
+    quiet = {k: v for k, v in os.environ.items() if k not in ("GEMINI_API_KEY", "GOOGLE_API_KEY")}
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        env=quiet,
+    )
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stdout == (
+        "error: ConfigurationError: google cannot run without google-genai: "
+        "pip install 'axon-runtime[google]'\n"
+    )
+
+
 @pytest.mark.parametrize(
     ("argv", "what"),
     [
@@ -218,6 +238,26 @@ def test_serving_mcp_without_the_mcp_extra_names_the_extra_to_install(argv, what
     assert proc.stderr == (
         f"error: {what} needs the mcp package, which is not installed: "
         "pip install 'axon-runtime[mcp]'\n"
+    )
+
+
+def test_an_mcp_tool_server_without_the_mcp_extra_says_what_serving_mcp_says():
+    """The client side (actors/mcp.py) checked for the package with a message of its own
+    ("MCP servers need the mcp package: ..."); both layers share runtime.extras now."""
+    argv = ["run", "--mcp", "python3 notes.py", "hi"]
+    code = BLOCK_AND_RUN.format(module="mcp", argv=argv)
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        stdin=subprocess.DEVNULL,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr == (
+        "error: MCP server 'notes' could not start: ConfigurationError: an MCP tool server "
+        "needs the mcp package, which is not installed: pip install 'axon-runtime[mcp]'\n"
     )
 
 

@@ -145,3 +145,26 @@ def test_every_variable_the_tests_read_is_documented():
     elsewhere += (ROOT / "benchmarks" / "README.md").read_text()
     missing = {v for v in read if v not in documented and v not in elsewhere}
     assert missing == set()
+
+
+def test_the_approval_pages_command_line_example_runs_where_it_says(tmp_path):
+    """Its agent is one of the tests' (tests/support/approval_agents.py), found only from
+    the repository's root: pasted anywhere else it was "No module named 'tests'", with
+    nothing in the block saying where to run it."""
+    text = (ROOT / "docs" / "approval.md").read_text()
+    (block,) = [b for b in re.findall(r"```sh\n(.*?)```", text, re.S) if "approval_agents" in b]
+    assert "in the repository's root" in block
+    db = str(tmp_path / "s.db")
+    script = block.replace("python -m", f"{sys.executable} -m").replace(" s.db ", f" {db} ")
+    lines = [line for line in script.splitlines() if line and not line.startswith("#")]
+    assign, first, second = lines
+    waits = subprocess.run(
+        ["bash", "-c", f"{assign}\n{first}"], capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
+    assert waits.returncode == 3, waits.stderr
+    assert waits.stderr.startswith('the turn waits for approval: get_weather({"city": "Oslo"})')
+    goes_on = subprocess.run(
+        ["bash", "-c", f"{assign}\n{second}"], capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
+    assert goes_on.returncode == 0, goes_on.stderr
+    assert "It is sunny in Oslo." in goes_on.stdout

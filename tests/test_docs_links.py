@@ -89,3 +89,11 @@ def test_the_server_side_functions_the_docs_name_are_the_stores():
         for name in re.findall(r"\baxon_(?:claim|save|save_next|decide)_v\d+\b", page.read_text())
     }
     assert current and named - current == set()
+
+
+def test_every_pip_install_of_an_extra_is_quoted():
+    """``pip install axon-runtime[tokens]`` unquoted is a glob in zsh (macOS's shell):
+    "no matches found", and nothing installed. Every other page quoted it."""
+    unquoted = re.compile(r"pip install (?:-e )?[^'\"`\s]*\[[a-z,]+\]")
+    found = [f"{page.name}: {hit}" for page in PAGES for hit in unquoted.findall(page.read_text())]
+    assert found == []

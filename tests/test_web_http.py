@@ -486,6 +486,18 @@ async def test_a_factory_gives_each_new_session_its_agent():
         assert (await client.get("/api/info")).json()["agent"] is None
 
 
+async def test_info_names_no_provider_or_model_for_an_agent_function():
+    """``serve --agent module:function``: the page named every session's agent
+    "scripted · offline", whatever provider the function's agents call."""
+
+    def factory(session_id: str) -> Agent:
+        return Agent(name="real", model="openai:gpt-4o-mini")
+
+    async with web_server(factory) as server, httpx.AsyncClient(base_url=server.url) as client:
+        info = (await client.get("/api/info")).json()
+    assert info == {"agent": None, "provider": None, "model": None, "tools": None}
+
+
 async def test_info_names_the_provider_and_model_of_a_model_string():
     agent = Agent(name="g", model="google:gemini-2.5-flash")
     async with web_server(agent) as server, httpx.AsyncClient(base_url=server.url) as client:

@@ -787,11 +787,8 @@ class GeminiProvider(SDKProvider):
     def new_client(self) -> Any:
         """The ``genai.Client``, with an HTTP client of our own (see the module
         docstring) and no SDK retries."""
-        key = self._api_key or next(
-            (os.environ[v] for v in self.key_env if os.environ.get(v)), None
-        )
-        if not key:
-            raise missing_key(PROVIDER, " or ".join(self.key_env))
+        # The SDK first, then the key: with neither, "set GEMINI_API_KEY" came first, and
+        # once it was set, "install google-genai" (a newcomer on the core install).
         try:
             from google import genai  # the SDK: loaded by the first call only
             from google.genai import types
@@ -799,6 +796,11 @@ class GeminiProvider(SDKProvider):
             raise errors.ConfigurationError(
                 "google cannot run without google-genai: pip install 'axon-runtime[google]'"
             ) from exc
+        key = self._api_key or next(
+            (os.environ[v] for v in self.key_env if os.environ.get(v)), None
+        )
+        if not key:
+            raise missing_key(PROVIDER, " or ".join(self.key_env))
 
         self._key = key
         http = next(sys.modules[m] for m in ("httpx2", "httpx") if m in sys.modules)

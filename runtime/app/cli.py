@@ -309,19 +309,14 @@ def read_output_schema(path: str) -> dict[str, Any]:
 
 async def run_command(args: argparse.Namespace) -> int:
     configure_logging(args.log_level)
-    agent = make_agent(args)
+    session_id = args.session or new_id("session")
+    agent = make_agent(args, session_id=session_id)  # an --agent function: called here
+    assert isinstance(agent, Agent)
     renderer = None
     if not args.jsonl:
         renderer = TerminalRenderer()
     out_stream = sys.stdout.buffer
     plugins = make_plugins(args)  # a bad name or option: one error line, before any turn
-    session_id = args.session or new_id("session")
-    if not isinstance(agent, Agent):  # --agent named a function of the session id
-        agent = agent(session_id)
-        if not isinstance(agent, Agent):
-            raise ConfigurationError(
-                f"--agent {args.agent!r} returned {type(agent).__name__}, not an Agent"
-            )
     async with Host.open(store=args.store, handle_signals=True) as host:
         for plugin in plugins:
             try:

@@ -11,8 +11,10 @@ from __future__ import annotations
 import argparse
 import gc
 import importlib
+import inspect
 import os
 import sys
+import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -21,7 +23,13 @@ import attrs
 
 from actors.mcp import MCPServer
 from actors.plugins.registry import PluginSpec, create_plugin
-from actors.providers.registry import create_provider, provider_names, resolve_model
+from actors.providers.registry import (
+    create_provider,
+    provider_for_model,
+    provider_names,
+    resolve_model,
+    split_model,
+)
 from runtime.actor import Actor
 from runtime.agent import Agent
 from runtime.errors import (
@@ -30,6 +38,7 @@ from runtime.errors import (
     MCPServerUnavailable,
     MediaError,
     StoreError,
+    describe_exception,
 )
 from runtime.media import DEFAULT_MAX_FILES, DEFAULT_MAX_PARTS, InputLimits
 from runtime.provider import ProviderOptions
@@ -101,19 +110,6 @@ def report_bad_input(command: Callable[[], int]) -> int:
 def _fail(exc: BaseException) -> int:
     say_on_stderr(f"error: {exc}\n")
     return USAGE_EXIT
-
-
-def require_mcp(what: str) -> None:
-    """Raise a :class:`ConfigurationError` naming the extra to install when the ``mcp``
-    package (the ``mcp`` extra) is missing: ``what`` (serving the agent over MCP) needs it."""
-    try:
-        import mcp  # noqa: F401
-        import mcp_types  # noqa: F401
-    except ImportError as exc:
-        raise ConfigurationError(
-            f"{what} needs the {exc.name or 'mcp'} package, which is not installed: "
-            "pip install 'axon-runtime[mcp]'"
-        ) from None
 
 
 def say_on_stderr(text: str) -> None:
@@ -310,11 +306,59 @@ def _not_the_store(record: str, store: Any) -> None:
         )
 
 
+EXPECTED_AGENT = "an Agent, or a function of the session id returning one"
+"""What ``--agent MODULE:NAME`` must name (the end of each message refusing another)."""
+
+STARTUP_SESSION_ID = "axon-startup-check"
+"""The session id ``serve``, ``worker`` and ``mcp-server`` call an ``--agent`` function
+with once at start-up, to find before serving that it returns an Agent (``run`` calls it
+with its one session's id instead)."""
+
+
 def load_agent(spec: str) -> AgentSource:
-    """The object ``module:name`` names: an :class:`Agent` or a callable returning one."""
+    """The object ``module:name`` names: an :class:`Agent`, or a function of the session
+    id (a function whose result is checked to be an Agent at each call). Anything else,
+    a module that does not import, a name it lacks, a class, a function that cannot be
+    called with the session id alone (or an ``async`` one), is a
+    :class:`~runtime.errors.ConfigurationError` naming ``spec`` and what was expected:
+    one ``error:`` line before anything opens, where it was a traceback, or a 500 at the
+    first request."""
     module_name, _, name = spec.partition(":")
     if not module_name or not name:
         raise ConfigurationError(f"--agent must be MODULE:NAME, not {spec!r}")
+    target = _agent_target(spec, module_name, name)
+    if isinstance(target, Agent):
+        return target
+    if isinstance(target, type):
+        raise ConfigurationError(
+            f"--agent {spec!r} is the class {target.__name__}, not an instance: "
+            f"expected {EXPECTED_AGENT}"
+        )
+    if not callable(target):
+        raise ConfigurationError(f"--agent {spec!r} is {_a(target)}: expected {EXPECTED_AGENT}")
+    if inspect.iscoroutinefunction(target):
+        raise ConfigurationError(
+            f"--agent {spec!r} is an async function: expected {EXPECTED_AGENT} (a plain def)"
+        )
+    try:
+        signature = inspect.signature(target)
+    except (TypeError, ValueError):  # a builtin without one: its call at start-up says
+        signature = None
+    if signature is not None:
+        try:
+            signature.bind("session-id")
+        except TypeError:
+            raise ConfigurationError(
+                f"--agent {spec!r} takes {_parameters(signature)}, not the session id alone: "
+                f"expected {EXPECTED_AGENT}"
+            ) from None
+    return _checked_factory(spec, target)
+
+
+def _agent_target(spec: str, module_name: str, name: str) -> Any:
+    """The object ``name`` (dotted) in the module ``module_name``, imported from the
+    current folder first. An exception importing the user's module (a syntax error, a
+    package it needs that is missing) is a one-line ConfigurationError too."""
     # The current directory is searched first, as under ``python -m runtime`` (which puts
     # it on the path itself): the installed ``axon`` script's path starts with its own
     # folder instead, and would not find ``myagent:agent`` beside the user.
@@ -323,13 +367,90 @@ def load_agent(spec: str) -> AgentSource:
         sys.path.insert(0, here)
     try:
         target: Any = importlib.import_module(module_name)
-        for attr in name.split("."):
+    except ModuleNotFoundError as exc:
+        missing = exc.name or ""
+        if missing and (module_name == missing or module_name.startswith(missing + ".")):
+            raise ConfigurationError(
+                f"--agent {spec!r}: no module named {missing!r} in the current folder "
+                "or on the Python path"
+            ) from None
+        raise ConfigurationError(
+            f"--agent {spec!r}: importing {module_name} failed: {describe_exception(exc)}"
+        ) from None
+    except Exception as exc:  # the user's module raised while importing
+        raise ConfigurationError(
+            f"--agent {spec!r}: importing {module_name} failed: "
+            f"{describe_exception(exc)}{_where(exc)}"
+        ) from None
+    for attr in name.split("."):
+        try:
             target = getattr(target, attr)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigurationError(f"--agent {spec!r}: {exc}") from None
-    if not (isinstance(target, Agent) or callable(target)):
-        raise ConfigurationError(f"--agent {spec!r} is neither an Agent nor a callable")
-    return target  # type: ignore[no-any-return]
+        except AttributeError:
+            raise ConfigurationError(
+                f"--agent {spec!r}: {module_name} has no {name!r}: expected it to name "
+                f"{EXPECTED_AGENT}"
+            ) from None
+    return target
+
+
+def _parameters(signature: inspect.Signature) -> str:
+    """``signature``'s parameters without their annotations: ``(tenant, session_id)``."""
+    empty = inspect.Parameter.empty
+    bare = [parameter.replace(annotation=empty) for parameter in signature.parameters.values()]
+    return str(signature.replace(parameters=bare, return_annotation=empty))
+
+
+def _where(exc: BaseException) -> str:
+    """`` (FILE, line N)``: where ``exc`` was raised, the one line standing in for the
+    traceback the user's own code would have printed (empty when only import machinery
+    is known, or for a SyntaxError, whose message says it already)."""
+    if isinstance(exc, SyntaxError):
+        return ""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename[:1] == "<"]
+    if not frames:
+        return ""
+    return f" ({frames[-1].filename}, line {frames[-1].lineno})"
+
+
+def _a(value: Any) -> str:
+    """``value``'s type for a message: ``an int``, ``a str``, ``None``."""
+    if value is None:
+        return "None"
+    kind = type(value).__name__
+    return f"{'an' if kind[:1].lower() in 'aeiou' else 'a'} {kind}"
+
+
+def _checked_factory(spec: str, factory: Callable[[str], Any]) -> Callable[[str], Agent]:
+    """``factory``, its result checked: anything but an Agent is a ConfigurationError
+    naming ``spec`` (a coroutine, from a function returning one, closed unawaited)."""
+
+    def agent_for(session_id: str) -> Agent:
+        agent = factory(session_id)
+        if not isinstance(agent, Agent):
+            if inspect.iscoroutine(agent):
+                agent.close()
+            raise ConfigurationError(
+                f"--agent {spec!r} returned {_a(agent)}, not an Agent: expected {EXPECTED_AGENT}"
+            )
+        return agent
+
+    return agent_for
+
+
+def agent_for_session(spec: str, source: AgentSource, session_id: str) -> Agent:
+    """The agent ``source`` gives ``session_id``, built at start-up: a function that
+    raises, or returns what is not an Agent, is a ConfigurationError naming ``spec``."""
+    if isinstance(source, Agent):
+        return source
+    try:
+        return source(session_id)
+    except ConfigurationError:
+        raise
+    except Exception as exc:
+        raise ConfigurationError(
+            f"--agent {spec!r} raised {describe_exception(exc)}{_where(exc)} when called "
+            f"with the session id {session_id!r}: expected {EXPECTED_AGENT}"
+        ) from None
 
 
 def agent_options(args: argparse.Namespace) -> list[str]:
@@ -357,17 +478,46 @@ def agent_options(args: argparse.Namespace) -> list[str]:
     return options
 
 
-def make_agent(args: argparse.Namespace) -> AgentSource:
-    """The agent of ``run``, ``serve`` and ``worker``: ``--agent``'s, else the one
-    ``--provider`` describes; with the ``--mcp`` servers' tools (docs/mcp.md), refusing
-    media by URL when ``--media-urls off`` says so."""
+def make_agent(args: argparse.Namespace, *, session_id: str | None = None) -> AgentSource:
+    """The agent of ``run``, ``serve``, ``worker`` and ``mcp-server``: ``--agent``'s, else
+    the one ``--provider`` describes; with the ``--mcp`` servers' tools (docs/mcp.md),
+    refusing media by URL when ``--media-urls off`` says so.
+
+    An ``--agent`` function is called here, before anything opens: with ``session_id``
+    (``run``'s one session), whose agent is returned; without, once with
+    :data:`STARTUP_SESSION_ID`, and the function is returned. One that raises or returns
+    what is not an Agent is a :class:`~runtime.errors.ConfigurationError` (one ``error:``
+    line, exit status 2), where ``serve`` answered each request with a 500."""
     source = _described_agent(args)
-    if getattr(args, "media_urls", "on") != "off":
-        return source
+    if getattr(args, "media_urls", "on") == "off":
+        source = _with_media_urls_off(source, args)
     if isinstance(source, Agent):
-        return with_media_urls(source, args)
-    factory = source
-    return lambda session_id: with_media_urls(factory(session_id), args)
+        if getattr(args, "agent", None):
+            check_runnable(args.agent, source)
+        return source
+    agent = agent_for_session(args.agent, source, session_id or STARTUP_SESSION_ID)
+    check_runnable(args.agent, agent)
+    return agent if session_id is not None else source
+
+
+def check_runnable(spec: str, agent: Agent) -> None:
+    """Refuse ``--agent``'s agent at start-up when no model can answer it: no provider
+    and no ``model`` string, or a string naming no registered provider. The host refuses
+    it too, but only when a session opens: ``serve`` answered the first request with a
+    500 and a traceback in its log."""
+    if agent.provider is not None:
+        return
+    if agent.model is None:
+        raise ConfigurationError(
+            f"--agent {spec!r}: agent {agent.name!r} has no provider: give it one, e.g. "
+            "Agent(model='openai:gpt-4o-mini'), or Agent(provider=ScriptedProvider.demo()) "
+            "for the offline demo"
+        )
+    if split_model(agent.model) is None:
+        try:
+            provider_for_model(agent.model)  # raises, saying why the string names none
+        except ConfigurationError as exc:
+            raise ConfigurationError(f"--agent {spec!r}: {exc}") from None
 
 
 def _described_agent(args: argparse.Namespace) -> AgentSource:
@@ -384,6 +534,14 @@ def _described_agent(args: argparse.Namespace) -> AgentSource:
     if servers:
         agent = attrs.evolve(agent, mcp_servers=(*agent.mcp_servers, *servers))
     return agent
+
+
+def _with_media_urls_off(source: AgentSource, args: argparse.Namespace) -> AgentSource:
+    """``source``'s agent (or each its function returns) refusing media by URL."""
+    if isinstance(source, Agent):
+        return with_media_urls(source, args)
+    factory = source
+    return lambda session_id: with_media_urls(factory(session_id), args)
 
 
 def with_media_urls(agent: Agent, args: argparse.Namespace) -> Agent:

@@ -36,10 +36,10 @@ from runtime.app.commands import (
     make_agent,
     make_plugins,
     non_negative,
-    require_mcp,
 )
 from runtime.app.host import Host
 from runtime.app.session import FINAL_WAIT
+from runtime.extras import require_mcp
 from runtime.logging import configure_logging
 
 

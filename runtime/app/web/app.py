@@ -587,7 +587,9 @@ class WebState:
         named = agent.model.partition(":") if agent is not None and agent.model else None
         provider_name: str | None
         model: str | None
-        if provider is None and named is not None:  # Agent(model="provider:model")
+        if agent is None:  # a function of the session id: its agents may differ, and
+            provider_name = model = None  # the page said "scripted · offline" of them all
+        elif provider is None and named is not None:  # Agent(model="provider:model")
             provider_name, model = named[0], named[2]
         else:
             provider_name = getattr(provider, "provider_name", None) if provider else "scripted"

@@ -108,7 +108,7 @@ def _mount_mcp(app: Any, state: Any, *, token: str | None) -> None:
     lifespan (wrapped around the app's own, inside it)."""
     from starlette.routing import Route  # as for openai: only when serving
 
-    from runtime.app.commands import require_mcp
+    from runtime.extras import require_mcp
 
     require_mcp("--protocols mcp")
     from runtime.app.web.mcp_endpoint import PATH, MCPEndpoint
