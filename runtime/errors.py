@@ -144,6 +144,29 @@ class ProviderTimeout(ProviderError):
     retryable = True
 
 
+class IdleTimeout(ProviderTimeout):
+    """The model call streamed nothing for the provider's ``idle_timeout``: the server
+    sent only keep-alives (SSE comments, blank lines, ``ping`` events), which reset the
+    HTTP read timeout, or nothing it could read as content.
+
+    Retried (while the call has streamed nothing, as every failure): a server that went
+    quiet is the read timeout's case, which keep-alives only hid; the next request is a
+    new one, perhaps to another machine behind the endpoint."""
+
+
+class CallTimeout(ProviderTimeout):
+    """The model call did not end within the provider's ``call_timeout``, however much it
+    streamed and whatever keep-alives came.
+
+    Not retried: the call had all the time one call is given, and another would make the
+    turn wait that long again (the idle deadline catches a server that went quiet; a call
+    that reaches this one was slow or never ending). A fallback provider
+    (:class:`~runtime.provider.FallbackProvider`) still takes the step over, as for any
+    :class:`ProviderTimeout`."""
+
+    retryable = False
+
+
 class ConnectionLost(ProviderError):
     """The connection could not be made or dropped mid-stream."""
 

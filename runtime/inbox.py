@@ -497,6 +497,15 @@ class Batcher(Generic[T]):
         self.inbox.put_over(batch)
         return False
 
+    def mark(self) -> tuple[Batch[T] | None, int]:
+        """What changes whenever an item is sent: the batch items go to and its length.
+        Two marks that differ say something was sent between them; a watchdog compares
+        them (a provider's idle deadline, :meth:`runtime.provider.Provider.serve`) where
+        counting each item would cost every send. The batch itself is held, not its id,
+        so a new batch is never taken for one freed since."""
+        pending = self._pending
+        return pending, 0 if pending is None else len(pending)
+
     def try_send_all(self, items: Sequence[T]) -> bool:
         """:meth:`send_all` if it would not wait: the same items in the same batches,
         and ``True``; else (a full ``block`` inbox, or ``max_hold``, which yields) nothing

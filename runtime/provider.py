@@ -27,12 +27,14 @@ import attrs
 import trio
 
 from runtime.actor import ServingActor
-from runtime.chunks import StreamChunk, _eq, _hash, _repr
+from runtime.chunks import FinishChunk, StreamChunk, _eq, _hash, _repr
 from runtime.errors import (
     ActorFailed,
     AxonError,
+    CallTimeout,
     ConfigurationError,
     ConnectionLost,
+    IdleTimeout,
     Overloaded,
     ProviderError,
     ProviderTimeout,
@@ -165,6 +167,8 @@ DESCRIBE_KEYS = (
     "model",
     "base_url",
     "timeout",
+    "call_timeout",
+    "idle_timeout",
     "max_concurrency",
     "options",
     "settings",
@@ -233,6 +237,8 @@ class Provider(ServingActor[InferRequest]):
         max_concurrency: int | None = None,
         name: str | None = None,
         rate_limit: RateLimit | None = None,
+        call_timeout: float | None = None,
+        idle_timeout: float | None = None,
     ) -> None:
         default = f"{self.provider_name}:{model}" if model else None
         super().__init__(name=name or default)
@@ -249,7 +255,20 @@ class Provider(ServingActor[InferRequest]):
         self.base_url: str | None = None
         """The endpoint, for providers that call one (``None``: the SDK's default)."""
         self.timeout: float | None = None
-        """Seconds to connect and between two reads, for providers that call an endpoint."""
+        """Seconds to connect and between two reads, for providers that call an endpoint.
+        Any bytes reset it, keep-alives too: :attr:`idle_timeout` and
+        :attr:`call_timeout` bound what it cannot."""
+        self.call_timeout = check_deadline("call_timeout", call_timeout)
+        """Seconds one model call may take from its start (after a ``max_concurrency``
+        slot) to its end, whatever it streams; then it fails with
+        :class:`~runtime.errors.CallTimeout`. ``None``: no limit (the SDK providers'
+        default is :data:`CALL_TIMEOUT`)."""
+        self.idle_timeout = check_deadline("idle_timeout", idle_timeout)
+        """Seconds a model call may go without streaming anything (text, reasoning, a
+        tool call's input, usage: a chunk), keep-alives not counted; then it fails with
+        :class:`~runtime.errors.IdleTimeout`. Time the requester takes to read what was
+        streamed is not idle. ``None``: no limit (the SDK providers' default is
+        :data:`IDLE_TIMEOUT`)."""
         self.request_options: dict[str, Any] = {}
         """Extra request fields sent with every call (only their names are described)."""
         self.foreign_reasoning: ForeignReasoning = "drop"
@@ -370,9 +389,10 @@ class Provider(ServingActor[InferRequest]):
 
         The same keys for every provider (:data:`DESCRIBE_KEYS`): ``provider`` (the
         registry name), ``name`` (the actor's), ``model``, ``base_url``, ``timeout``,
-        ``max_concurrency``, ``options`` (the sorted *names* of the extra request
-        options: their values may hold headers with credentials) and ``settings`` (what
-        is particular to this provider, from :meth:`describe_settings`).
+        ``call_timeout``, ``idle_timeout``, ``max_concurrency``, ``options`` (the sorted
+        *names* of the extra request options: their values may hold headers with
+        credentials) and ``settings`` (what is particular to this provider, from
+        :meth:`describe_settings`).
         """
         return {
             "provider": self.provider_name,
@@ -380,6 +400,8 @@ class Provider(ServingActor[InferRequest]):
             "model": self.model,
             "base_url": self.base_url,
             "timeout": self.timeout,
+            "call_timeout": self.call_timeout,
+            "idle_timeout": self.idle_timeout,
             "max_concurrency": self.max_concurrency,
             "options": sorted(self.request_options),
             "settings": self.describe_settings(),
@@ -410,9 +432,9 @@ class Provider(ServingActor[InferRequest]):
             with request.cancel_scope:
                 if self._limiter is not None:
                     async with self._limiter:
-                        await self.stream(request, out)
+                        await self._timed(request, out)
                 else:
-                    await self.stream(request, out)
+                    await self._timed(request, out)
         except Exception as exc:  # the call failed: tell the requester, stay alive
             err = self.classify_error(exc)
             await self._paused_by(err)
@@ -421,12 +443,121 @@ class Provider(ServingActor[InferRequest]):
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 pass
 
+    async def _timed(self, request: InferRequest, out: Batcher[Any]) -> None:
+        """:meth:`stream` within :attr:`call_timeout` and :attr:`idle_timeout`.
+
+        Why here, around the stream, and not in it: a server that sends headers and then
+        keep-alives (SSE comments, blank lines, Anthropic's ``ping`` events) for ever
+        resets the HTTP read timeout with every one, and the call held its turn for ever
+        (branch ``provdeadline``). The overall deadline is a cancel scope's; the idle one
+        a watchdog task that compares what the call has sent (:meth:`Batcher.mark`) a few
+        times per ``idle_timeout``: no provider's parsing does any work per chunk for
+        either. What the call streamed before either stays streamed, and it fails as any
+        mid-stream failure does (the turn keeps it, marked failed)."""
+        call, idle = self.call_timeout, self.idle_timeout
+        if call is None and idle is None:
+            await self.stream(request, out)
+            return
+        failure: Exception | None = None
+        watch = _IdleWatch(out, request.reply, idle) if idle is not None else None
+        with trio.CancelScope() as scope:
+            if call is not None:
+                scope.deadline = trio.current_time() + call
+            if watch is None:
+                try:
+                    await self.stream(request, out)
+                except Exception as exc:  # (what a cut call raised: see below)
+                    failure = exc
+            else:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(watch.run, scope)
+                    try:
+                        await self.stream(request, out)
+                    except Exception as exc:  # raised as it is below, not in a group
+                        failure = exc
+                    nursery.cancel_scope.cancel()
+        if scope.cancelled_caught or (failure is not None and scope.cancel_called):
+            batch, n = out.mark()
+            if batch is not None and n and type(batch[n - 1]) is FinishChunk:
+                return  # the answer was whole: only what followed it was cut
+            if watch is not None and watch.fired:
+                raise IdleTimeout(
+                    f"the model call streamed nothing for {idle:g} s "
+                    "(idle_timeout; keep-alives do not count)",
+                    provider=self.provider_name,
+                ) from failure
+            raise CallTimeout(
+                f"the model call did not end within {call:g} s (call_timeout)",
+                provider=self.provider_name,
+            ) from failure
+        if failure is not None:
+            raise failure
+
     async def _paused_by(self, err: AxonError) -> None:
         """A 429 whose ``retry-after`` says how long: every caller of this configuration
         (every worker, through a shared limiter) waits that long, not just this turn."""
         limiter, wait = self.limiter, getattr(err, "retry_after", None)
         if limiter is not None and isinstance(err, RateLimited) and wait:
             await _pause_shared(limiter, float(wait))
+
+
+def check_deadline(name: str, value: float | None) -> float | None:
+    """``value`` as a provider's :attr:`~Provider.call_timeout` or
+    :attr:`~Provider.idle_timeout`: ``None``, or a number of seconds above zero (else a
+    :class:`~runtime.errors.ConfigurationError` naming ``name``)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise ConfigurationError(
+            f"{name} must be a number of seconds above 0 or None, not {value!r}"
+        )
+    return float(value)
+
+
+CALL_TIMEOUT = 1800.0
+"""The SDK providers' default :attr:`Provider.call_timeout`: 30 minutes, the longest
+answer the APIs allow (64k-128k output tokens) at their usual speed, with time to spare,
+and no longer: a call that never ends fails then."""
+
+IDLE_TIMEOUT = 300.0
+"""The SDK providers' default :attr:`Provider.idle_timeout`: 5 minutes without a chunk.
+A model that thinks before it answers streams its reasoning (Anthropic, Gemini,
+Responses, DeepSeek) or sends nothing at all, which the read timeout (``timeout``, 60 s)
+catches first; only a server that hides a long wait behind keep-alives (a gateway before
+a model that does not stream its thinking) comes near it."""
+
+IDLE_CHECKS = 4
+"""Times per ``idle_timeout`` the idle watchdog looks at what the call sent: it fires
+between ``idle_timeout`` and ``1 + 1/IDLE_CHECKS`` times it after the last chunk."""
+
+
+class _IdleWatch:
+    """The idle deadline of one call: :meth:`run` cancels the call's scope once nothing
+    was sent for ``idle`` seconds while the requester had read all that was."""
+
+    __slots__ = ("fired", "idle", "out", "reply")
+
+    def __init__(self, out: Batcher[Any], reply: Inbox[Any], idle: float) -> None:
+        self.out = out
+        self.reply = reply
+        self.idle = idle
+        self.fired = False
+
+    async def run(self, scope: trio.CancelScope) -> None:
+        out, reply = self.out, self.reply
+        batch, n = out.mark()
+        quiet = 0  # checks in a row that found nothing sent
+        while quiet < IDLE_CHECKS:
+            await trio.sleep(self.idle / IDLE_CHECKS)
+            seen, k = out.mark()
+            if seen is not batch or k != n or len(reply):
+                # Sent something, or the requester has not read it all yet (a slow
+                # consumer's backpressure is not the server's silence).
+                batch, n, quiet = seen, k, 0
+            else:
+                quiet += 1
+        self.fired = True
+        scope.cancel()
 
 
 PAUSE_TIMEOUT = 2.0

@@ -1058,11 +1058,15 @@ async def test_a_body_kept_open_after_the_finish_and_usage_ends_the_turn_with_bo
 
 async def test_openai_usage_after_the_finish_is_read_before_the_turn_ends(autojump_clock):
     """The usage chunk comes a while after the finish chunk (a slow server): the reader
-    does not stop at the finish, so the usage is not lost."""
+    does not stop at the finish, so the usage is not lost. A while within the grace
+    after the finish (``USAGE_GRACE``): past it the answer ends without its usage
+    (``tests/test_provider_deadlines.py``, branch ``provdeadline``)."""
+    from actors.providers.openai import USAGE_GRACE
+
     async with attack_rig("openai", retry=ONCE) as r:
         body = r.answer("Hel", "lo")
         at = body.index(b"data: " + json.dumps(oa_usage()).encode())
-        _, result = await turn(r, Reply(body=body, stall=30.0, stall_after=at))
+        _, result = await turn(r, Reply(body=body, stall=USAGE_GRACE / 2, stall_after=at))
         assert (result.finish_reason, result.text) == ("stop", "Hello"), result.error
         assert (result.usage.input_tokens, result.usage.output_tokens) == (10, 5)
 

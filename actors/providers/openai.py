@@ -662,6 +662,15 @@ DRAIN_AFTER_DONE = 0.1
 """Seconds to read what follows ``[DONE]`` (the end of the body, so the connection is
 reused), as the SDK's own stream does; a server that keeps the body open is cut then."""
 
+USAGE_GRACE = 1.0
+"""Seconds the answer waits for the usage chunk it asked for once choice 0's
+``finish_reason`` came (:func:`json_chunk_batches`): a server that ignores
+``stream_options`` never sends one, and one that then keeps the body open held the
+finished answer until the read timeout (then failed it) or, sending keep-alives, for
+ever (branch ``provdeadline``). After the grace the answer ends whole, its usage
+unknown (no usage chunk). OpenAI and the compatible servers send usage right after the
+finish chunk, in the same read or the next."""
+
 
 async def json_chunks(stream: Any) -> AsyncGenerator[Any, None]:
     """The chunks of an SDK ``AsyncStream`` as plain dicts, one at a time (the chunks of
@@ -711,8 +720,11 @@ async def json_chunk_batches(
     :data:`DRAIN_AFTER_DONE` seconds, and cut there. Why: a server (a proxy) that kept
     the body open after the last chunk made a finished answer wait for the read timeout
     and fail with a ``ProviderTimeout``, as Anthropic did before it stopped at
-    ``message_stop`` (branch ``provmend``). ``None`` reads to ``[DONE]`` (so does a
-    server that never sends the usage asked).
+    ``message_stop`` (branch ``provmend``). Usage asked and not there at the finish: the
+    body is read on for at most :data:`USAGE_GRACE` seconds (a usage chunk then ends it
+    as above), and cut there, the answer whole without usage (a server that ignores
+    ``stream_options`` and keeps the body open, branch ``provdeadline``). ``None`` reads
+    to ``[DONE]``.
     """
     iter_events = getattr(stream, "_iter_events", None)
     response = getattr(stream, "response", None)
@@ -793,7 +805,16 @@ class _ChunkReader:
     its text chunks and how many more may be tried as one; a method per form of a read
     (its events, or its lines, :meth:`~actors.providers.sse.SSEDecoder.feed_lines`)."""
 
-    __slots__ = ("deadline", "finished", "learning", "loads", "response", "slot", "usage")
+    __slots__ = (
+        "deadline",
+        "finished",
+        "learning",
+        "loads",
+        "response",
+        "slot",
+        "usage",
+        "watching",
+    )
 
     def __init__(self, response: Any, texts: bool, usage: bool | None = None) -> None:
         import orjson
@@ -807,7 +828,10 @@ class _ChunkReader:
         self.finished = False
         """Choice 0's ``finish_reason`` was read."""
         self.deadline: float | None = None
-        """When reading the body stops, once the answer is whole (:meth:`_ends`)."""
+        """When reading the body stops, once the answer is whole (:meth:`_ends`) or its
+        usage is late (:data:`USAGE_GRACE`)."""
+        self.watching = usage is not None
+        """Whether a chunk may still end the answer (:meth:`_ends`): until one has."""
 
     def lines(
         self, decoder: SSEDecoder, lines: list[bytes], out: list[Any]
@@ -868,7 +892,8 @@ class _ChunkReader:
                 failure = _stream_error(chunk["error"], self.response)
                 break
             out.append(chunk)
-            if self.usage is not None and self.deadline is None and self._ends(chunk):
+            if self.watching and self._ends(chunk):
+                self.watching = False
                 self.deadline = trio.current_time() + DRAIN_AFTER_DONE  # the answer is whole
             if learning and type(chunk) is dict and _text_only(chunk):
                 learning -= 1  # each chunk may differ (an obfuscation field): a few tries
@@ -896,6 +921,8 @@ class _ChunkReader:
                     self.finished = True
             if not self.finished:
                 return False
+            if self.usage:  # the usage asked, from now on a grace to come in
+                self.deadline = trio.current_time() + USAGE_GRACE
         if not self.usage:
             return True
         groq = chunk.get("x_groq")

@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 from actors.providers.failures import stay_home
 from runtime import errors
 from runtime.history import ForeignReasoning
-from runtime.provider import Provider
+from runtime.provider import CALL_TIMEOUT, IDLE_TIMEOUT, Provider
 from runtime.ratelimit import RateLimit
 from runtime.redact import register_secret
 
@@ -90,20 +90,33 @@ class SDKProvider(Provider):
         request_options: dict[str, Any] | None = None,
         rate_limit: RateLimit | None = None,
         price_as: str | None = None,
+        call_timeout: float | None = CALL_TIMEOUT,
+        idle_timeout: float | None = IDLE_TIMEOUT,
     ) -> None:
         request_options = dict(request_options or {})
-        # Every SDK provider takes ``rate_limit=``; those that do not name it pass it on
-        # among their extra request options (no API has a field of that name).
+        # Every SDK provider takes ``rate_limit=``, ``call_timeout=`` and
+        # ``idle_timeout=``; those that do not name them pass them on among their extra
+        # request options (no API has a field of those names).
         rate_limit = rate_limit or request_options.pop("rate_limit", None)
+        call_timeout = request_options.pop("call_timeout", call_timeout)
+        idle_timeout = request_options.pop("idle_timeout", idle_timeout)
         super().__init__(
-            model=model, max_concurrency=max_concurrency, name=name, rate_limit=rate_limit
+            model=model,
+            max_concurrency=max_concurrency,
+            name=name,
+            rate_limit=rate_limit,
+            call_timeout=call_timeout,
+            idle_timeout=idle_timeout,
         )
         self.base_url = base_url
         """The API root; ``None``: the SDK's default (its :attr:`endpoint_env` variable,
         else the vendor's :attr:`default_endpoint`)."""
         self._api_key = api_key  # private: never logged, never in describe()
         self.timeout = timeout
-        """Seconds to connect and between two reads of the stream; ``None``: no limit."""
+        """Seconds to connect and between two reads of the stream; ``None``: no limit.
+        Keep-alives reset it: :attr:`idle_timeout` and :attr:`call_timeout` (defaults
+        :data:`~runtime.provider.IDLE_TIMEOUT`, :data:`~runtime.provider.CALL_TIMEOUT`)
+        bound the call where it cannot."""
         self.request_options = dict(request_options or {})
         """Extra arguments of the SDK's ``create`` for every call; a request's
         ``settings`` override them key by key."""

@@ -40,6 +40,11 @@ class Reply:
     stall_after: int = 0
     """With ``stall``: send this many body bytes first, then stall (a stream that stops
     mid-answer)."""
+    keep_alive: bytes = b""
+    """With ``stall``: write these bytes every :attr:`keep_alive_every` seconds while
+    stalled (``: ping`` comments, blank lines, Anthropic ``event: ping`` events): a server
+    that keeps the connection busy and sends no content."""
+    keep_alive_every: float = 0.05
 
 
 @attrs.define
@@ -188,7 +193,13 @@ async def _handle(stream: trio.SocketStream, server: LoopbackServer) -> None:
                 if reply.stall_after:
                     head, payload = payload[: reply.stall_after], payload[reply.stall_after :]
                     await stream.send_all(conn.send(h11.Data(data=head)))
-                await trio.sleep(reply.stall)
+                if reply.keep_alive:
+                    with trio.move_on_after(reply.stall):
+                        while True:
+                            await trio.sleep(reply.keep_alive_every)
+                            await stream.send_all(conn.send(h11.Data(data=reply.keep_alive)))
+                else:
+                    await trio.sleep(reply.stall)
             size = reply.write_size or max(1, len(payload))
             if reply.write_events:
                 pieces = [p + b"\n\n" for p in payload.split(b"\n\n")]
