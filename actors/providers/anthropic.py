@@ -38,6 +38,7 @@ from actors.providers.failures import (
     classify_status,
     classify_transport,
     finite,
+    fitted_name,
     hook_error,
     missing_key,
     retry_after,
@@ -227,7 +228,7 @@ def _part_block(
         return {
             "type": "tool_use",
             "id": tool_id(part.tool_call_id),
-            "name": part.tool_name,
+            "name": tool_name(part.tool_name),
             "input": _tool_input(part.input),
         }
     if isinstance(part, ReasoningPart):
@@ -262,6 +263,16 @@ def tool_id(call_id: str) -> str:
     return f"{_NOT_ID.sub('_', call_id)[:64]}_{digest}"
 
 
+_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
+
+
+def tool_name(name: str) -> str:
+    """A call's name as a ``tool_use.name`` (``^[a-zA-Z0-9_-]{1,64}$``, the pattern of
+    the tools a request offers): a name the model invented, or none, fitted to it
+    (:func:`~actors.providers.failures.fitted_name`)."""
+    return fitted_name(name, _NAME, _NOT_ID, 64)
+
+
 def _tool_input(value: Any) -> dict[str, Any]:
     """A ``tool_use.input``, which the API requires to be an object.
 
@@ -285,12 +296,19 @@ def _tool_input(value: Any) -> dict[str, Any]:
     return {}
 
 
+BLANK_ERROR = "the tool failed and gave no error message"
+"""The content of an error result whose message is blank: the API refuses a
+``tool_result`` with ``is_error`` and empty content ("content cannot be empty if
+`is_error` is true"), and an exception raised with no message, or a client tool's
+answer ``error: ""``, makes one."""
+
+
 def _tool_result(msg: ToolMessage) -> dict[str, Any]:
     if msg.error is not None:
         return {
             "type": "tool_result",
             "tool_use_id": tool_id(msg.tool_call_id),
-            "content": msg.error,
+            "content": msg.error if msg.error.strip() else BLANK_ERROR,
             "is_error": True,
         }
     output = msg.output

@@ -68,6 +68,7 @@ from actors.providers.failures import (
     classify_status,
     classify_transport,
     finite,
+    fitted_name,
     missing_key,
     retry_after,
     strict_loads,
@@ -230,6 +231,19 @@ def _user_parts(content: Any) -> list[dict[str, Any]]:
     ]
 
 
+_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_.:-]{0,63}")
+_NOT_NAME = re.compile(r"[^a-zA-Z0-9_.:-]")
+
+
+def tool_name(name: str) -> str:
+    """A call's name as a ``function_call`` and its ``function_response`` carry it (the
+    pattern of a declaration's name: a letter or ``_`` first, then letters, digits,
+    ``_ . : -``, at most 64): a name the model invented, or none, fitted to it
+    (:func:`~actors.providers.failures.fitted_name`), the same in the call and its
+    response, which Gemini pairs by name."""
+    return fitted_name(name, _NAME, _NOT_NAME, 64)
+
+
 def _tool_input(value: Any) -> dict[str, Any]:
     """A ``function_call.args``, which must be an object: an input that did not parse
     (kept as its raw text; the call never ran) is sent as ``{}``; a float that is not
@@ -268,7 +282,7 @@ def _function_response(result: ToolMessage) -> dict[str, Any]:
         response: dict[str, Any] = {"error": result.error}
     else:
         response = {"output": _response_value(result.output)}
-    body: dict[str, Any] = {"name": result.tool_name, "response": response}
+    body: dict[str, Any] = {"name": tool_name(result.tool_name), "response": response}
     if not result.tool_call_id.startswith(GENERATED_ID + "_"):
         body["id"] = result.tool_call_id
     return {"function_response": body}
@@ -286,7 +300,10 @@ def _step_parts(
             if part.text:
                 out.append({"text": part.text})
         elif isinstance(part, ToolCallPart):
-            call: dict[str, Any] = {"name": part.tool_name, "args": _tool_input(part.input)}
+            call: dict[str, Any] = {
+                "name": tool_name(part.tool_name),
+                "args": _tool_input(part.input),
+            }
             if not part.tool_call_id.startswith(GENERATED_ID + "_"):
                 call["id"] = part.tool_call_id
             out.append({"function_call": call})
