@@ -20,6 +20,7 @@ import re
 from typing import Any
 
 import attrs
+import pytest
 import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -374,3 +375,71 @@ def test_an_error_result_without_a_message_is_sent_to_anthropic_with_one():
     assert wire_rules.anthropic_errors(payload) == []
     result = payload[2]["content"][0]
     assert result["is_error"] is True and result["content"] == anthropic.BLANK_ERROR
+
+
+# -- a client's history (the OpenAI-compatible and AG-UI endpoints) --------------------------
+
+
+def chat_call(call_id: str, name: str = "read") -> dict[str, Any]:
+    """A tool call as both endpoints take it (AG-UI's ``toolCalls`` are OpenAI's)."""
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": "{}"}}
+
+
+def chat_body(*messages: dict[str, Any]) -> dict[str, Any]:
+    return {"model": "agent", "messages": [*messages, {"role": "user", "content": "go on"}]}
+
+
+def test_a_client_chat_history_with_one_id_on_two_calls_of_a_message_is_refused():
+    from runtime.app.web.openai_wire import OpenAIError, parse_chat_request
+
+    body = chat_body(
+        {"role": "user", "content": "read both"},
+        {"role": "assistant", "tool_calls": [chat_call("c", "a"), chat_call("c", "b")]},
+        {"role": "tool", "tool_call_id": "c", "content": "first"},
+        {"role": "tool", "tool_call_id": "c", "content": "second"},  # was lost
+    )
+    with pytest.raises(OpenAIError) as caught:
+        parse_chat_request(body)
+    assert (caught.value.status, caught.value.param) == (400, "messages[1].tool_calls[1]")
+
+
+def test_a_client_chat_tool_result_after_a_user_message_is_refused():
+    from runtime.app.web.openai_wire import OpenAIError, parse_chat_request
+
+    body = chat_body(
+        {"role": "user", "content": "read it"},
+        {"role": "assistant", "tool_calls": [chat_call("c")]},
+        {"role": "user", "content": "and then?"},
+        {"role": "tool", "tool_call_id": "c", "content": "the file"},  # was lost
+    )
+    with pytest.raises(OpenAIError) as caught:
+        parse_chat_request(body)
+    assert (caught.value.status, caught.value.param) == (400, "messages[3].tool_call_id")
+
+
+def test_an_agui_history_with_one_id_on_two_calls_of_a_message_is_refused():
+    from runtime.app.web.agui_input import AGUIError, history_of
+
+    messages = [
+        {"id": "m1", "role": "user", "content": "read both"},
+        {"id": "m2", "role": "assistant", "toolCalls": [chat_call("c", "a"), chat_call("c")]},
+        {"id": "m3", "role": "tool", "toolCallId": "c", "content": "first"},
+        {"id": "m4", "role": "tool", "toolCallId": "c", "content": "second"},  # was lost
+    ]
+    with pytest.raises(AGUIError) as caught:
+        history_of(messages)
+    assert caught.value.status == 400 and "messages[1].toolCalls[1].id" in caught.value.message
+
+
+def test_an_agui_tool_result_after_a_user_message_is_refused():
+    from runtime.app.web.agui_input import AGUIError, history_of
+
+    messages = [
+        {"id": "m1", "role": "user", "content": "read it"},
+        {"id": "m2", "role": "assistant", "toolCalls": [chat_call("c")]},
+        {"id": "m3", "role": "user", "content": "and then?"},
+        {"id": "m4", "role": "tool", "toolCallId": "c", "content": "the file"},  # was lost
+    ]
+    with pytest.raises(AGUIError) as caught:
+        history_of(messages)
+    assert caught.value.status == 400 and "messages[3].toolCallId" in caught.value.message
