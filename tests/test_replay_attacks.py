@@ -4,7 +4,8 @@
 bent the ways nothing in the runtime stops: tool calls named as a model invented them
 (``repo_browser.open_file``, ``functions.lookup``, ``""``, a space, 200 characters,
 letters no API takes) or as a client's history (the OpenAI-compatible and AG-UI
-endpoints) holds them, ids no API takes (``""``, 300 characters, ``/`` and ``:``),
+endpoints) holds them, ids no API takes (``""``, 300 characters, ``/`` and ``:``), a
+client's history opened by the assistant's greeting,
 error results with no message (an exception raised without one, a client tool's
 ``error: ""``), and user text of a few hundred kilobytes. Each history goes to each API
 twice: through ``map_messages``, checked against its rules (:mod:`tests.support.wire_rules`),
@@ -26,10 +27,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from actors.providers import anthropic, gemini, openai, openai_responses
-from runtime.history import repair
+from runtime.history import EMPTY_INPUT, repair
 from runtime.messages import (
     AssistantMessage,
     Message,
+    SystemMessage,
+    TextPart,
     ToolCallPart,
     ToolMessage,
     UserMessage,
@@ -62,7 +65,7 @@ HUGE = "lorem ipsum " * 20_000  # 240 KB of user text
 def hostile_histories(draw: st.DrawFn) -> list[Message]:
     """A history of :func:`~tests.test_replay_property.histories` with some tool names
     and ids replaced (the same way in a call and its results), some error results made
-    blank, and maybe a huge user text."""
+    blank, maybe a huge user text, maybe an assistant's greeting first."""
     history = draw(histories())
     names: dict[str, str] = {}
     ids: dict[str, str] = {}
@@ -79,6 +82,11 @@ def hostile_histories(draw: st.DrawFn) -> list[Message]:
         return ids[call_id]
 
     out: list[Message] = []
+    if draw(st.integers(0, 3)) == 0:  # a chat UI's greeting opens a client's history
+        at = 1 if isinstance(history[0], SystemMessage) else 0
+        greeting = AssistantMessage(content=(TextPart(text="Hi! How can I help?", step=0),))
+        copy = [*history[:at], greeting, *history[at:]]
+        history = Feedback(copy, history.feedback) if isinstance(history, Feedback) else copy
     for m in history:
         if isinstance(m, AssistantMessage):
             content = tuple(
@@ -443,3 +451,25 @@ def test_an_agui_tool_result_after_a_user_message_is_refused():
     with pytest.raises(AGUIError) as caught:
         history_of(messages)
     assert caught.value.status == 400 and "messages[3].toolCallId" in caught.value.message
+
+
+GREETED = [
+    AssistantMessage(content=(TextPart(text="Hi! How can I help?", step=0),)),
+    UserMessage(content="what is 2+2?"),
+]
+"""A client's history opened by its chat UI's greeting (the AG-UI and OpenAI endpoints
+take it as the thread's start)."""
+
+
+def test_a_history_opened_by_the_assistant_starts_with_a_user_message_for_anthropic():
+    _system, payload = anthropic.map_messages(None, GREETED)
+    assert wire_rules.anthropic_errors(payload) == []
+    assert payload[0] == {"role": "user", "content": EMPTY_INPUT}
+    assert payload[1]["content"] == [{"type": "text", "text": "Hi! How can I help?"}]
+
+
+def test_a_history_opened_by_the_model_starts_with_a_user_content_for_gemini():
+    _system, contents = gemini.map_messages(None, GREETED)
+    assert wire_rules.gemini_errors(contents) == []
+    assert contents[0] == {"role": "user", "parts": [{"text": EMPTY_INPUT}]}
+    assert contents[1]["parts"] == [{"text": "Hi! How can I help?"}]

@@ -159,7 +159,9 @@ def map_messages(
     tool_use" 400s in other frameworks. Messages of the same role that end up adjacent
     are merged, since the API wants roles to alternate. A user message with nothing to
     send (``""``, whitespace) is :data:`~runtime.history.EMPTY_INPUT`, which the API
-    takes where it refuses empty content. Tool call ids that break the API's pattern are
+    takes where it refuses empty content; so is the user message put first when the
+    history starts with the assistant (a client's, opened by its chat UI's greeting),
+    since the API wants the user's first. Tool call ids that break the API's pattern are
     rewritten the same way in the call and its result (:func:`tool_id`).
 
     User content with images or files becomes content blocks: ``image`` and ``document``
@@ -200,6 +202,10 @@ def map_messages(
                 content = EMPTY_INPUT  # the API refuses empty and whitespace-only content
             _append(out, "user", content)
         # a ToolMessage never reaches here: iter_turns hands them over with their call
+    if out and out[0]["role"] == "assistant":
+        # A client's history opened by its chat UI's greeting: the API refuses a first
+        # message that is not the user's ("first message must use the "user" role").
+        out.insert(0, {"role": "user", "content": EMPTY_INPUT})
     return ("\n\n".join(system) or None), out
 
 

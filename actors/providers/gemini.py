@@ -382,8 +382,9 @@ def map_messages(
     see the module docstring) and one ``user`` content holding that step's
     ``function_response`` s (``{"output": ...}``, or ``{"error": ...}``) in call order. A
     model content left with no parts is omitted, a user message with nothing to send is
-    :data:`~runtime.history.EMPTY_INPUT`; contents of one role may follow each other
-    (the SDK's own chat history does that).
+    :data:`~runtime.history.EMPTY_INPUT`, and so is a user content put first when the
+    history starts with the model's (a client's, opened by its chat UI's greeting);
+    contents of one role may follow each other (the SDK's own chat history does that).
 
     Thoughts, signatures and provider data go back only where they
     :func:`~runtime.history.replays_to` ``origin`` (the calling provider's; ``None``:
@@ -420,6 +421,11 @@ def map_messages(
     if sentinel:
         for content in current:
             _sign_first_calls(content)
+    if out and out[0]["role"] == "model":
+        # A client's history opened by its chat UI's greeting: the API wants the user's
+        # content first ("Please ensure that multiturn requests alternate between user
+        # and model", a 400 for a model content first).
+        out.insert(0, {"role": "user", "parts": [{"text": EMPTY_INPUT}]})
     return ("\n\n".join(system) or None), out
 
 

@@ -11,8 +11,9 @@ and the errors they answer, not from the mapping code:
   has content ("content cannot be empty if `is_error` is true"), every ``tool_use`` is
   answered by a ``tool_result`` in the very next (user) message, the results first in
   it, and no result without its call;
-  ``thinking`` carries a signature; the request ends with a user message (models
-  without prefill answer a final assistant message with a 400);
+  ``thinking`` carries a signature; the request starts with a user message ("first
+  message must use the "user" role") and ends with one (models without prefill answer
+  a final assistant message with a 400);
 * Chat Completions: every assistant ``tool_calls`` id (1 to 40 characters; its
   function's name ``^[a-zA-Z0-9_-]{1,64}$``, checked in the history too) is
   answered by exactly one ``tool`` message among those right after it, and a ``tool``
@@ -22,7 +23,8 @@ and the errors they answer, not from the mapping code:
   (``call_id`` 1 to 64 characters, ``name`` as Chat Completions') and every call is
   answered; a reasoning item has
   encrypted content and an item after it;
-* Gemini: roles ``user`` / ``model``, no content without parts, each part one kind of
+* Gemini: roles ``user`` / ``model``, the first content the user's, no content
+  without parts, each part one kind of
   data; a model content with function calls is followed by a user content holding only
   function responses, as many and with the same names (and ids) in order; a name is a
   declaration's (a letter or ``_`` first, then letters, digits, ``_ . : -``, at most 64).
@@ -167,6 +169,8 @@ def anthropic_errors(messages: list[dict[str, Any]], *, thinking: bool = False) 
                     )
             if len(results) != len(set(results)):
                 errs.append(f"{where}: a tool_use answered twice")
+    if messages[0].get("role") != "user":
+        errs.append('messages: first message must use the "user" role')
     if messages[-1].get("role") != "user":
         errs.append("the request ends with an assistant message (prefill)")
     return errs
@@ -324,6 +328,8 @@ def gemini_errors(contents: list[dict[str, Any]]) -> list[str]:
                 errs.append(
                     f"{where}: call ids {[c.get('id') for c in calls]} answered by other ids"
                 )
+    if contents and contents[0].get("role") != "user":
+        errs.append("the contents start with a model content (multiturn: user first)")
     if contents and contents[-1].get("role") != "user":
         errs.append("the contents end with a model content")
     return errs
