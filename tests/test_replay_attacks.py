@@ -5,7 +5,8 @@ bent the ways nothing in the runtime stops: tool calls named as a model invented
 (``repo_browser.open_file``, ``functions.lookup``, ``""``, a space, 200 characters,
 letters no API takes) or as a client's history (the OpenAI-compatible and AG-UI
 endpoints) holds them, ids no API takes (``""``, 300 characters, ``/`` and ``:``), a
-client's history opened by the assistant's greeting,
+client's history opened by the assistant's greeting, a model's text ending in half a
+character (a surrogate a server's escape left),
 error results with no message (an exception raised without one, a client tool's
 ``error: ""``), and user text of a few hundred kilobytes. Each history goes to each API
 twice: through ``map_messages``, checked against its rules (:mod:`tests.support.wire_rules`),
@@ -65,7 +66,8 @@ HUGE = "lorem ipsum " * 20_000  # 240 KB of user text
 def hostile_histories(draw: st.DrawFn) -> list[Message]:
     """A history of :func:`~tests.test_replay_property.histories` with some tool names
     and ids replaced (the same way in a call and its results), some error results made
-    blank, maybe a huge user text, maybe an assistant's greeting first."""
+    blank, maybe a huge user text, maybe an assistant's greeting first, and the model's
+    text maybe ending in half a character."""
     history = draw(histories())
     names: dict[str, str] = {}
     ids: dict[str, str] = {}
@@ -89,9 +91,12 @@ def hostile_histories(draw: st.DrawFn) -> list[Message]:
         history = Feedback(copy, history.feedback) if isinstance(history, Feedback) else copy
     for m in history:
         if isinstance(m, AssistantMessage):
+            half = draw(st.sampled_from(["", "", "\ud83d", "\udc80"]))  # half a character
             content = tuple(
                 attrs.evolve(p, tool_name=name_of(p.tool_name), tool_call_id=id_of(p.tool_call_id))
                 if isinstance(p, ToolCallPart)
+                else attrs.evolve(p, text=p.text + half)
+                if isinstance(p, TextPart) and p.text.strip()
                 else p
                 for p in m.content
             )
@@ -473,3 +478,22 @@ def test_a_history_opened_by_the_model_starts_with_a_user_content_for_gemini():
     assert wire_rules.gemini_errors(contents) == []
     assert contents[0] == {"role": "user", "parts": [{"text": EMPTY_INPUT}]}
     assert contents[1]["parts"] == [{"text": "Hi! How can I help?"}]
+
+
+JOINED_HALVES = "a" + "\ud83d" + "\ude00" + "b"
+"""A model's text whose emoji a server sent as two escapes in two deltas: joined, the two
+halves of the pair side by side, which UTF-8 cannot write."""
+
+
+@pytest.mark.parametrize("kind", ["openai", "responses", "anthropic"])
+def test_a_text_holding_halves_of_characters_is_sent_as_valid_text(kind):
+    history = [
+        UserMessage(content="hi"),
+        AssistantMessage(
+            content=(TextPart(text=JOINED_HALVES, step=0), TextPart(text=" x\udc80", step=0))
+        ),
+        UserMessage(content="next"),
+    ]
+    body = trio.run(sent_body, kind, history)  # raised ProviderError (UnicodeEncodeError)
+    text = json.dumps(wire_payload(kind, body), ensure_ascii=False)
+    assert "a😀b" in text and "x\ufffd" in text

@@ -37,6 +37,7 @@ from actors.providers.failures import (
     SHAPE_ERRORS,
     classify_status,
     classify_transport,
+    created,
     finite,
     fitted_name,
     hook_error,
@@ -1275,7 +1276,7 @@ class AnthropicProvider(SDKProvider):
         """One model call: restore, request, parse. Failures raise classified errors."""
         try:
             client = self._get_client()
-            events = await client.messages.create(**self.request_params(request))
+            events = await created(client.messages.create, self.request_params(request))
             await self.observe_headers(getattr(events, "response", None))  # rate limits
             try:
                 parsed = json_event_batches(events, texts=True)

@@ -41,6 +41,7 @@ import trio
 from actors.providers.failures import (
     SHAPE_ERRORS,
     arguments_json,
+    created,
     strict_loads,
     text_of,
     tokens,
@@ -1014,8 +1015,8 @@ class OpenAIProvider(OpenAISDKProvider):
             keys: tuple[str, ...] = BODY_KEYS
             if type(params.get("response_format")) is dict:  # an answer schema's, or a dict
                 keys = (*keys, "response_format")  # (a model class stays for create to refuse)
-            response = await client.chat.completions.create(
-                **as_body(params, body_keys(client, keys))
+            response = await created(
+                client.chat.completions.create, as_body(params, body_keys(client, keys))
             )
         except Exception as exc:
             raise classify_error(exc, provider=self.provider_name) from exc

@@ -54,6 +54,7 @@ from actors.providers.failures import (
     SHAPE_ERRORS,
     arguments_json,
     classify_status,
+    created,
     strict_loads,
     text_of,
     tokens,
@@ -964,8 +965,8 @@ class OpenAIResponsesProvider(OpenAISDKProvider):
         try:
             params = self.request_params(request)
             client = self._get_client()
-            response = await client.responses.create(
-                **as_body(params, body_keys(client, BODY_KEYS))
+            response = await created(
+                client.responses.create, as_body(params, body_keys(client, BODY_KEYS))
             )
         except AxonError:
             raise
