@@ -37,7 +37,9 @@ from actors.providers.failures import (
     SHAPE_ERRORS,
     classify_status,
     classify_transport,
+    created,
     finite,
+    fitted_name,
     hook_error,
     missing_key,
     retry_after,
@@ -158,7 +160,9 @@ def map_messages(
     tool_use" 400s in other frameworks. Messages of the same role that end up adjacent
     are merged, since the API wants roles to alternate. A user message with nothing to
     send (``""``, whitespace) is :data:`~runtime.history.EMPTY_INPUT`, which the API
-    takes where it refuses empty content. Tool call ids that break the API's pattern are
+    takes where it refuses empty content; so is the user message put first when the
+    history starts with the assistant (a client's, opened by its chat UI's greeting),
+    since the API wants the user's first. Tool call ids that break the API's pattern are
     rewritten the same way in the call and its result (:func:`tool_id`).
 
     User content with images or files becomes content blocks: ``image`` and ``document``
@@ -199,6 +203,10 @@ def map_messages(
                 content = EMPTY_INPUT  # the API refuses empty and whitespace-only content
             _append(out, "user", content)
         # a ToolMessage never reaches here: iter_turns hands them over with their call
+    if out and out[0]["role"] == "assistant":
+        # A client's history opened by its chat UI's greeting: the API refuses a first
+        # message that is not the user's ("first message must use the "user" role").
+        out.insert(0, {"role": "user", "content": EMPTY_INPUT})
     return ("\n\n".join(system) or None), out
 
 
@@ -227,7 +235,7 @@ def _part_block(
         return {
             "type": "tool_use",
             "id": tool_id(part.tool_call_id),
-            "name": part.tool_name,
+            "name": tool_name(part.tool_name),
             "input": _tool_input(part.input),
         }
     if isinstance(part, ReasoningPart):
@@ -262,6 +270,16 @@ def tool_id(call_id: str) -> str:
     return f"{_NOT_ID.sub('_', call_id)[:64]}_{digest}"
 
 
+_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
+
+
+def tool_name(name: str) -> str:
+    """A call's name as a ``tool_use.name`` (``^[a-zA-Z0-9_-]{1,64}$``, the pattern of
+    the tools a request offers): a name the model invented, or none, fitted to it
+    (:func:`~actors.providers.failures.fitted_name`)."""
+    return fitted_name(name, _NAME, _NOT_ID, 64)
+
+
 def _tool_input(value: Any) -> dict[str, Any]:
     """A ``tool_use.input``, which the API requires to be an object.
 
@@ -285,12 +303,19 @@ def _tool_input(value: Any) -> dict[str, Any]:
     return {}
 
 
+BLANK_ERROR = "the tool failed and gave no error message"
+"""The content of an error result whose message is blank: the API refuses a
+``tool_result`` with ``is_error`` and empty content ("content cannot be empty if
+`is_error` is true"), and an exception raised with no message, or a client tool's
+answer ``error: ""``, makes one."""
+
+
 def _tool_result(msg: ToolMessage) -> dict[str, Any]:
     if msg.error is not None:
         return {
             "type": "tool_result",
             "tool_use_id": tool_id(msg.tool_call_id),
-            "content": msg.error,
+            "content": msg.error if msg.error.strip() else BLANK_ERROR,
             "is_error": True,
         }
     output = msg.output
@@ -1251,7 +1276,7 @@ class AnthropicProvider(SDKProvider):
         """One model call: restore, request, parse. Failures raise classified errors."""
         try:
             client = self._get_client()
-            events = await client.messages.create(**self.request_params(request))
+            events = await created(client.messages.create, self.request_params(request))
             await self.observe_headers(getattr(events, "response", None))  # rate limits
             try:
                 parsed = json_event_batches(events, texts=True)

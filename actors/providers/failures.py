@@ -10,7 +10,9 @@
   raised by the SDKs' HTTP library while a stream is read;
 * :class:`StayHome`: the HTTP client's refusal of a redirect to another origin;
 * :func:`strict_loads`, :func:`finite`, :func:`arguments_json`: a tool call's input as JSON
-  is (no ``NaN``, no infinity).
+  is (no ``NaN``, no infinity);
+* :func:`fitted_name`: a stored tool call's name as an API's pattern takes it;
+* :func:`created`: a request made again with valid text when its SDK cannot write it.
 
 A provider keeps only what is its own: how to find the status, type and message in its
 SDK's exceptions (and, for errors sent inside a stream with HTTP 200, which status the
@@ -25,6 +27,7 @@ import math
 import re
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from runtime import errors
@@ -346,3 +349,66 @@ def arguments_json(value: Any) -> str:
         return json.dumps(value, allow_nan=False)
     except ValueError:
         return json.dumps(finite(value))
+
+
+UNNAMED_TOOL = "unnamed_tool"
+"""The name a request gives a stored call that has none (the model sent a call without a
+name; it never ran, its error result says so)."""
+
+
+def fitted_name(name: str, pattern: re.Pattern[str], other: re.Pattern[str], limit: int) -> str:
+    """A stored tool call's ``name`` as a request sends it: itself when it matches the
+    API's ``pattern``; else each character ``other`` finds made ``_``, cut to ``limit``
+    characters, and ``_`` put first when ``pattern`` wants another first character
+    (``""``: :data:`UNNAMED_TOOL`).
+
+    Why: the runtime refuses to offer a tool whose name an API would refuse
+    (:data:`runtime.tools.TOOL_NAME`), but a call names whatever the model wrote, and a
+    history given by a client (the OpenAI-compatible and AG-UI endpoints) whatever it
+    holds. A model inventing ``repo_browser.open_file`` got an "unknown tool" error
+    result, kept in the history; sent back as it was, the name made every later request
+    of the session a 400 ("Invalid 'messages[1].tool_calls[0].function.name': string
+    does not match pattern"). The name is only what the model reads of a call that
+    never ran: the call and its result are paired by id (Gemini: by name too, and both
+    go through here), and the history keeps the name."""
+    if pattern.fullmatch(name):
+        return name
+    fitted = other.sub("_", name)[:limit] or UNNAMED_TOOL
+    if not pattern.fullmatch(fitted):
+        fitted = ("_" + fitted)[:limit]
+    return fitted
+
+
+def valid_text(value: Any) -> Any:
+    """``value`` (a request's JSON values) with each string that UTF-8 cannot hold made
+    text: two halves of a character side by side (a surrogate pair, which a server's
+    ``\\ud83d`` and ``\\ude00`` escapes split across two deltas made, as the deltas
+    were joined) become that character, a half alone becomes U+FFFD, as the store
+    writes it (:mod:`actors.stores.validation`)."""
+    if isinstance(value, str):
+        if value.isascii():
+            return value
+        try:
+            value.encode()
+        except UnicodeEncodeError:
+            return value.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+        return value
+    if isinstance(value, dict):
+        return {valid_text(k): valid_text(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [valid_text(v) for v in value]
+    return value
+
+
+async def created(create: Callable[..., Awaitable[Any]], body: dict[str, Any]) -> Any:
+    """``create(**body)``, made once more with :func:`valid_text` of ``body`` when the
+    SDK cannot write the body (``UnicodeEncodeError``: it encodes its JSON as UTF-8).
+
+    Why: a model's text holding half a character (a server that split a surrogate pair
+    across two deltas, or sent one half) stays so in the session's memory (the store
+    writes U+FFFD); every later request of the session, on every SDK but Gemini's, then
+    failed before it was sent. The text is walked only then, not on every request."""
+    try:
+        return await create(**body)
+    except UnicodeEncodeError:
+        return await create(**valid_text(body))

@@ -68,6 +68,7 @@ from actors.providers.failures import (
     classify_status,
     classify_transport,
     finite,
+    fitted_name,
     missing_key,
     retry_after,
     strict_loads,
@@ -230,6 +231,19 @@ def _user_parts(content: Any) -> list[dict[str, Any]]:
     ]
 
 
+_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_.:-]{0,63}")
+_NOT_NAME = re.compile(r"[^a-zA-Z0-9_.:-]")
+
+
+def tool_name(name: str) -> str:
+    """A call's name as a ``function_call`` and its ``function_response`` carry it (the
+    pattern of a declaration's name: a letter or ``_`` first, then letters, digits,
+    ``_ . : -``, at most 64): a name the model invented, or none, fitted to it
+    (:func:`~actors.providers.failures.fitted_name`), the same in the call and its
+    response, which Gemini pairs by name."""
+    return fitted_name(name, _NAME, _NOT_NAME, 64)
+
+
 def _tool_input(value: Any) -> dict[str, Any]:
     """A ``function_call.args``, which must be an object: an input that did not parse
     (kept as its raw text; the call never ran) is sent as ``{}``; a float that is not
@@ -268,7 +282,7 @@ def _function_response(result: ToolMessage) -> dict[str, Any]:
         response: dict[str, Any] = {"error": result.error}
     else:
         response = {"output": _response_value(result.output)}
-    body: dict[str, Any] = {"name": result.tool_name, "response": response}
+    body: dict[str, Any] = {"name": tool_name(result.tool_name), "response": response}
     if not result.tool_call_id.startswith(GENERATED_ID + "_"):
         body["id"] = result.tool_call_id
     return {"function_response": body}
@@ -286,7 +300,10 @@ def _step_parts(
             if part.text:
                 out.append({"text": part.text})
         elif isinstance(part, ToolCallPart):
-            call: dict[str, Any] = {"name": part.tool_name, "args": _tool_input(part.input)}
+            call: dict[str, Any] = {
+                "name": tool_name(part.tool_name),
+                "args": _tool_input(part.input),
+            }
             if not part.tool_call_id.startswith(GENERATED_ID + "_"):
                 call["id"] = part.tool_call_id
             out.append({"function_call": call})
@@ -365,8 +382,9 @@ def map_messages(
     see the module docstring) and one ``user`` content holding that step's
     ``function_response`` s (``{"output": ...}``, or ``{"error": ...}``) in call order. A
     model content left with no parts is omitted, a user message with nothing to send is
-    :data:`~runtime.history.EMPTY_INPUT`; contents of one role may follow each other
-    (the SDK's own chat history does that).
+    :data:`~runtime.history.EMPTY_INPUT`, and so is a user content put first when the
+    history starts with the model's (a client's, opened by its chat UI's greeting);
+    contents of one role may follow each other (the SDK's own chat history does that).
 
     Thoughts, signatures and provider data go back only where they
     :func:`~runtime.history.replays_to` ``origin`` (the calling provider's; ``None``:
@@ -403,6 +421,11 @@ def map_messages(
     if sentinel:
         for content in current:
             _sign_first_calls(content)
+    if out and out[0]["role"] == "model":
+        # A client's history opened by its chat UI's greeting: the API wants the user's
+        # content first ("Please ensure that multiturn requests alternate between user
+        # and model", a 400 for a model content first).
+        out.insert(0, {"role": "user", "parts": [{"text": EMPTY_INPUT}]})
     return ("\n\n".join(system) or None), out
 
 

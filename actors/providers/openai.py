@@ -41,6 +41,7 @@ import trio
 from actors.providers.failures import (
     SHAPE_ERRORS,
     arguments_json,
+    created,
     strict_loads,
     text_of,
     tokens,
@@ -53,6 +54,7 @@ from actors.providers.openai_common import (
     body_keys,
     classify_error,
     json_schema_spec,
+    tool_name,
 )
 from actors.providers.openai_common import get_field as _get
 from actors.providers.read_batch import ReadBatch
@@ -134,10 +136,11 @@ be longer."""
 
 
 def tool_id(call_id: str, limit: int = CALL_ID_MAX) -> str:
-    """``call_id`` as sent: itself when at most ``limit`` characters, else ``call_`` and
-    a digest of it, the same for a call and its result, so they still pair (the history
+    """``call_id`` as sent: itself when at most ``limit`` characters, else (longer, or
+    empty: a client's history may hold ``""``, which the API refuses) ``call_`` and a
+    digest of it, the same for a call and its result, so they still pair (the history
     keeps the id)."""
-    if len(call_id) <= limit:
+    if 0 < len(call_id) <= limit:
         return call_id
     digest = hashlib.sha256(call_id.encode("utf-8", "surrogatepass")).hexdigest()
     return f"call_{digest[: limit - 5]}"
@@ -238,7 +241,7 @@ def _assistant_step(
         {
             "id": tool_id(p.tool_call_id),
             "type": "function",
-            "function": {"name": p.tool_name, "arguments": _arguments(p.input)},
+            "function": {"name": tool_name(p.tool_name), "arguments": _arguments(p.input)},
         }
         for p in parts
         if isinstance(p, ToolCallPart)
@@ -1039,8 +1042,8 @@ class OpenAIProvider(OpenAISDKProvider):
             keys: tuple[str, ...] = BODY_KEYS
             if type(params.get("response_format")) is dict:  # an answer schema's, or a dict
                 keys = (*keys, "response_format")  # (a model class stays for create to refuse)
-            response = await client.chat.completions.create(
-                **as_body(params, body_keys(client, keys))
+            response = await created(
+                client.chat.completions.create, as_body(params, body_keys(client, keys))
             )
         except Exception as exc:
             raise classify_error(exc, provider=self.provider_name) from exc

@@ -8,6 +8,7 @@ common lives here, in a module of their family, so neither imports the other:
   fields on its models; servers that speak the API add their own);
 * :func:`classify_error`: the SDK's exceptions mapped onto :mod:`runtime.errors`, through
   the ladder every provider shares (:mod:`actors.providers.failures`);
+* :func:`tool_name`: a stored call's name as both APIs' pattern takes it;
 * :func:`json_schema_spec`: an agent's answer schema as the strict ``json_schema`` both
   APIs take (each wraps it its own way);
 * :func:`tiktoken_encoding` / :func:`count_payload`: token counts of a request with
@@ -24,6 +25,7 @@ and needs no SDK.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -32,6 +34,7 @@ import trio
 from actors.providers.failures import (
     classify_status,
     classify_transport,
+    fitted_name,
     hook_error,
     missing_key,
     retry_after,
@@ -84,6 +87,18 @@ def body_keys(client: Any, keys: tuple[str, ...]) -> tuple[str, ...]:
     import openai
 
     return keys if isinstance(client, openai.AsyncAzureOpenAI) else ("model", *keys)
+
+
+_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
+_NOT_NAME = re.compile(r"[^a-zA-Z0-9_-]")
+
+
+def tool_name(name: str) -> str:
+    """A call's name as a ``function.name`` (Chat Completions) or a ``function_call``'s
+    ``name`` (Responses): ``^[a-zA-Z0-9_-]{1,64}$``, which both check in a request's
+    history as in its tools; a name the model invented, or none, fitted to it
+    (:func:`~actors.providers.failures.fitted_name`)."""
+    return fitted_name(name, _NAME, _NOT_NAME, 64)
 
 
 def get_field(obj: Any, key: str) -> Any:

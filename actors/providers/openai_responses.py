@@ -54,6 +54,7 @@ from actors.providers.failures import (
     SHAPE_ERRORS,
     arguments_json,
     classify_status,
+    created,
     strict_loads,
     text_of,
     tokens,
@@ -64,6 +65,7 @@ from actors.providers.openai_common import (
     as_body,
     body_keys,
     json_schema_spec,
+    tool_name,
 )
 from actors.providers.openai_common import classify_error as _classify_openai
 from actors.providers.sse import SSEDecoder, no_events, sdk_sse_response
@@ -180,10 +182,11 @@ maximum length 64"): another server's ids can be longer."""
 
 
 def wire_call_id(raw: str) -> str:
-    """``raw`` as sent: itself when at most :data:`CALL_ID_MAX` characters, else
-    ``call_`` and a digest of it, the same for a call and its output, so they still pair
-    (the history keeps the id)."""
-    if len(raw) <= CALL_ID_MAX:
+    """``raw`` as sent: itself when at most :data:`CALL_ID_MAX` characters, else (longer,
+    or empty: a client's history may hold ``""``, which the API refuses) ``call_`` and a
+    digest of it, the same for a call and its output, so they still pair (the history
+    keeps the id)."""
+    if 0 < len(raw) <= CALL_ID_MAX:
         return raw
     digest = hashlib.sha256(raw.encode("utf-8", "surrogatepass")).hexdigest()
     return f"call_{digest[: CALL_ID_MAX - 5]}"
@@ -278,7 +281,7 @@ def _step_items(
                 {
                     "type": "function_call",
                     "call_id": wire_call_id(part.tool_call_id),
-                    "name": part.tool_name,
+                    "name": tool_name(part.tool_name),
                     "arguments": _arguments(part.input),
                 }
             )
@@ -962,8 +965,8 @@ class OpenAIResponsesProvider(OpenAISDKProvider):
         try:
             params = self.request_params(request)
             client = self._get_client()
-            response = await client.responses.create(
-                **as_body(params, body_keys(client, BODY_KEYS))
+            response = await created(
+                client.responses.create, as_body(params, body_keys(client, BODY_KEYS))
             )
         except AxonError:
             raise

@@ -7,20 +7,27 @@ and the errors they answer, not from the mapping code:
 
 * Anthropic Messages: roles alternate (the provider merges, so a repeat is its bug),
   no empty content, no empty or whitespace-only text block, tool ids match
-  ``^[a-zA-Z0-9_-]+$``, every ``tool_use`` is answered by a ``tool_result`` in the very
-  next (user) message, the results first in it, and no result without its call;
-  ``thinking`` carries a signature; the request ends with a user message (models
-  without prefill answer a final assistant message with a 400);
-* Chat Completions: every assistant ``tool_calls`` id (at most 40 characters) is
+  ``^[a-zA-Z0-9_-]+$`` and names ``^[a-zA-Z0-9_-]{1,64}$``, an error ``tool_result``
+  has content ("content cannot be empty if `is_error` is true"), every ``tool_use`` is
+  answered by a ``tool_result`` in the very next (user) message, the results first in
+  it, and no result without its call;
+  ``thinking`` carries a signature; the request starts with a user message ("first
+  message must use the "user" role") and ends with one (models without prefill answer
+  a final assistant message with a 400);
+* Chat Completions: every assistant ``tool_calls`` id (1 to 40 characters; its
+  function's name ``^[a-zA-Z0-9_-]{1,64}$``, checked in the history too) is
   answered by exactly one ``tool`` message among those right after it, and a ``tool``
   message answers a call of that assistant message; an assistant message has content or
   tool calls; a content list is not empty;
 * Responses: a ``function_call_output`` answers an earlier unanswered ``function_call``
-  (``call_id`` at most 64 characters) and every call is answered; a reasoning item has
+  (``call_id`` 1 to 64 characters, ``name`` as Chat Completions') and every call is
+  answered; a reasoning item has
   encrypted content and an item after it;
-* Gemini: roles ``user`` / ``model``, no content without parts, each part one kind of
+* Gemini: roles ``user`` / ``model``, the first content the user's, no content
+  without parts, each part one kind of
   data; a model content with function calls is followed by a user content holding only
-  function responses, as many and with the same names (and ids) in order.
+  function responses, as many and with the same names (and ids) in order; a name is a
+  declaration's (a letter or ``_`` first, then letters, digits, ``_ . : -``, at most 64).
 
 The SDKs' own request types (the ``openai`` and ``anthropic`` TypedDicts, the
 ``google-genai`` pydantic ``Content``) are checked too, for field names and required
@@ -34,6 +41,8 @@ import re
 from typing import Any
 
 _ANTHROPIC_ID = re.compile(r"^[a-zA-Z0-9_-]+$")
+_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
+_GEMINI_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_.:-]{0,63}")
 CHAT_ID_MAX = 40
 RESPONSES_CALL_ID_MAX = 64
 
@@ -43,6 +52,12 @@ def _blank(text: Any) -> bool:
 
 
 # -- Anthropic ------------------------------------------------------------------------------
+
+
+def _blank_result(content: Any) -> bool:
+    if isinstance(content, list):
+        return not content
+    return _blank(content)
 
 
 def anthropic_errors(messages: list[dict[str, Any]], *, thinking: bool = False) -> list[str]:
@@ -92,6 +107,8 @@ def anthropic_errors(messages: list[dict[str, Any]], *, thinking: bool = False) 
                     errs.append(f"{at}: tool_use in a {role} message")
                 if not _ANTHROPIC_ID.match(block.get("id") or ""):
                     errs.append(f"{at}: tool_use.id {block.get('id')!r} breaks the id pattern")
+                if not _NAME.fullmatch(block.get("name") or ""):
+                    errs.append(f"{at}: tool_use.name {block.get('name')!r} breaks the pattern")
                 if not isinstance(block.get("input"), dict):
                     errs.append(f"{at}: tool_use.input is not an object")
             if kind in ("thinking", "redacted_thinking"):
@@ -110,6 +127,8 @@ def anthropic_errors(messages: list[dict[str, Any]], *, thinking: bool = False) 
                     errs.append(f"{at}: tool_result in a {role} message")
                 if not _ANTHROPIC_ID.match(block.get("tool_use_id") or ""):
                     errs.append(f"{at}: tool_result.tool_use_id breaks the id pattern")
+                if block.get("is_error") and _blank_result(block.get("content")):
+                    errs.append(f"{at}: an is_error tool_result with empty content")
         # a server tool's use and its result go together, in the same message
         server_uses = {b.get("id") for b in blocks if b.get("type") == "server_tool_use"}
         server_results = {
@@ -150,6 +169,8 @@ def anthropic_errors(messages: list[dict[str, Any]], *, thinking: bool = False) 
                     )
             if len(results) != len(set(results)):
                 errs.append(f"{where}: a tool_use answered twice")
+    if messages[0].get("role") != "user":
+        errs.append('messages: first message must use the "user" role')
     if messages[-1].get("role") != "user":
         errs.append("the request ends with an assistant message (prefill)")
     return errs
@@ -180,10 +201,14 @@ def chat_errors(messages: list[dict[str, Any]]) -> list[str]:
                 errs.append(f"{where}: assistant message with neither content nor tool_calls")
             ids = [c["id"] for c in calls]
             for c in ids:
-                if len(c) > CHAT_ID_MAX:
+                if not 0 < len(c) <= CHAT_ID_MAX:
                     errs.append(
-                        f"{where}: tool_calls id of {len(c)} characters (max {CHAT_ID_MAX})"
+                        f"{where}: tool_calls id of {len(c)} characters (1 to {CHAT_ID_MAX})"
                     )
+            for c in calls:
+                name = (c.get("function") or {}).get("name") or ""
+                if not _NAME.fullmatch(name):
+                    errs.append(f"{where}: tool_calls function name {name!r} breaks the pattern")
             if len(ids) != len(set(ids)):
                 errs.append(f"{where}: two tool_calls with one id")
             j = i + 1
@@ -220,8 +245,10 @@ def responses_errors(items: list[dict[str, Any]]) -> list[str]:
                 errs.append(f"{where}: role {item.get('role')!r}")
         elif kind == "function_call":
             call_id = item.get("call_id") or ""
-            if len(call_id) > RESPONSES_CALL_ID_MAX:
+            if not 0 < len(call_id) <= RESPONSES_CALL_ID_MAX:
                 errs.append(f"{where}: call_id of {len(call_id)} characters")
+            if not _NAME.fullmatch(item.get("name") or ""):
+                errs.append(f"{where}: function_call name {item.get('name')!r} breaks the pattern")
             if call_id in open_calls:
                 errs.append(f"{where}: call_id {call_id!r} of an unanswered call used again")
             open_calls[call_id] = i
@@ -275,6 +302,9 @@ def gemini_errors(contents: list[dict[str, Any]]) -> list[str]:
                 errs.append(f"{where}.parts[{j}]: data fields {data}")
         calls = [p["function_call"] for p in parts if "function_call" in p]
         responses = [p["function_response"] for p in parts if "function_response" in p]
+        for named in calls + responses:
+            if not _GEMINI_NAME.fullmatch(named.get("name") or ""):
+                errs.append(f"{where}: function name {named.get('name')!r} breaks the pattern")
         if calls and role != "model":
             errs.append(f"{where}: function_call in a {role} content")
         if responses:
@@ -298,6 +328,8 @@ def gemini_errors(contents: list[dict[str, Any]]) -> list[str]:
                 errs.append(
                     f"{where}: call ids {[c.get('id') for c in calls]} answered by other ids"
                 )
+    if contents and contents[0].get("role") != "user":
+        errs.append("the contents start with a model content (multiturn: user first)")
     if contents and contents[-1].get("role") != "user":
         errs.append("the contents end with a model content")
     return errs

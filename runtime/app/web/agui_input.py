@@ -349,19 +349,33 @@ def _arguments(text: str | None) -> Any:
 def history_of(messages: Iterable[dict[str, Any]]) -> tuple[Message, ...]:
     """Checked AG-UI messages as a runtime history (the start of a new thread): system and
     developer messages as system messages, assistant text and tool calls, tool results;
-    reasoning and activity messages are left out."""
-    names: dict[str, str] = {}
+    reasoning and activity messages are left out.
+
+    A tool message answers a call, not answered yet, of the assistant message before the
+    tool messages (reasoning and activity messages aside), and the calls of a message
+    have distinct ids. Why: the history's repair drops a result that does not follow its
+    call and a call's second one, and two calls of one id in a message are one call to
+    it, so such a history's tool output was lost without a word and the provider's
+    request broke (two ``tool_use`` blocks of one id)."""
+    names: dict[str, str] = {}  # the calls of the last assistant message not answered yet
     out: list[Message] = []
     for i, m in enumerate(messages):
         role = m["role"]
+        if role in ("system", "developer", "user", "assistant"):
+            names.clear()
         if role in ("system", "developer"):
             out.append(SystemMessage(content=m["content"]))
         elif role == "user":
             out.append(UserMessage(content=user_input(m["content"], f"messages[{i}].content")))
         elif role == "assistant":
             parts: list[Any] = [TextPart(text=m["content"], step=0)] if m.get("content") else []
-            for call in m.get("toolCalls") or ():
+            for j, call in enumerate(m.get("toolCalls") or ()):
                 function = call["function"]
+                if call["id"] in names:
+                    raise bad_input(
+                        f"'messages[{i}].toolCalls[{j}].id' repeats the id of another call "
+                        "of the message"
+                    )
                 names[call["id"]] = function["name"]
                 parts.append(
                     ToolCallPart(
@@ -376,12 +390,13 @@ def history_of(messages: Iterable[dict[str, Any]]) -> tuple[Message, ...]:
             call_id = m["toolCallId"]
             if call_id not in names:
                 raise bad_input(
-                    f"'messages[{i}].toolCallId' names no tool call of an earlier assistant message"
+                    f"'messages[{i}].toolCallId' names no tool call, not answered yet, of the "
+                    "assistant message before the tool messages"
                 )
             out.append(
                 ToolMessage(
                     tool_call_id=call_id,
-                    tool_name=names[call_id],
+                    tool_name=names.pop(call_id),
                     step=0,
                     output=None if m.get("error") is not None else _text_of(m["content"]),
                     error=m.get("error"),

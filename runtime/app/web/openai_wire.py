@@ -178,13 +178,20 @@ def _tool_calls(calls: Any, param: str, names: dict[str, str]) -> list[ToolCallP
             value = orjson.loads(arguments or "{}")
         except orjson.JSONDecodeError:
             raise bad_request(f"'{where}.function.arguments' is not JSON", where) from None
+        if call_id in names:
+            raise bad_request(f"'{where}.id' repeats the id of another call of the message", where)
         names[call_id] = name
         parts.append(ToolCallPart(tool_call_id=call_id, tool_name=name, input=value, step=0))
     return parts
 
 
 def _message(message: Any, i: int, names: dict[str, str]) -> Message:
-    """One entry of ``messages`` as a runtime message."""
+    """One entry of ``messages`` as a runtime message. ``names``: the calls of the
+    assistant message before it not answered yet (id -> name); a ``tool`` message must
+    answer one of them, as the API itself has it. Why: the history's repair drops a
+    result that does not follow its call and a call's second one, and two calls of one
+    id in a message are one call to it, so such a history's tool output was lost
+    without a word and the provider's request broke (two ``tool_calls`` of one id)."""
     param = f"messages[{i}]"
     role = message.get("role") if isinstance(message, dict) else None
     if not isinstance(role, str) or role not in ROLES:  # {} in a set: TypeError
@@ -194,6 +201,8 @@ def _message(message: Any, i: int, names: dict[str, str]) -> Message:
     assert isinstance(message, dict)
     content = message.get("content")
     where = f"{param}.content"
+    if role != "tool":
+        names.clear()
     if role in ("system", "developer"):
         return SystemMessage(content=_text(content, where))
     if role == "user":
@@ -208,11 +217,12 @@ def _message(message: Any, i: int, names: dict[str, str]) -> Message:
     call_id = message.get("tool_call_id")
     if not isinstance(call_id, str) or call_id not in names:
         raise bad_request(
-            f"'{param}.tool_call_id' must name a tool call of an earlier assistant message",
+            f"'{param}.tool_call_id' must name a tool call, not answered yet, of the "
+            "assistant message before the tool messages",
             f"{param}.tool_call_id",
         )
     return ToolMessage(
-        tool_call_id=call_id, tool_name=names[call_id], step=0, output=_text(content, where)
+        tool_call_id=call_id, tool_name=names.pop(call_id), step=0, output=_text(content, where)
     )
 
 
