@@ -5,10 +5,12 @@ hang or a lost turn."""
 
 from __future__ import annotations
 
+import pytest
 import trio
 
-from actors.providers.scripted import ScriptedProvider
-from runtime import Agent, Budget, Hooks, Host
+from actors.providers.scripted import ScriptedProvider, tool_call
+from actors.stores.memory import MemoryStore
+from runtime import Agent, Budget, Hooks, Host, tool
 
 
 async def hang(event: object) -> None:
@@ -48,3 +50,53 @@ async def test_a_turn_start_hook_that_hangs_is_cut_by_a_cancel(autojump_clock):
             second = await session.run("again")  # the runner is free for the next turn
     assert chunks == ["start", "abort"] and out.result is not None
     assert out.result.abort_reason == "user stop" and second.text == "hi"
+
+
+@pytest.mark.parametrize("ending", [KeyboardInterrupt, SystemExit])
+async def test_ctrl_c_landing_in_a_tool_saves_the_turn_then_leaves_host_open(
+    ending, autojump_clock
+):
+    # Trio raises KeyboardInterrupt in whichever task runs when Ctrl-C comes: here the
+    # tool's. It used to take the actors' nursery (the persister with it) down at once:
+    # nothing of the turn was stored.
+    @tool
+    async def work() -> str:
+        """Works."""
+        raise ending
+
+    agent = Agent(provider=ScriptedProvider([[*tool_call("work", {})], ["done"]]), tools=[work])
+    store = MemoryStore()
+    with pytest.raises(ending):
+        async with Host.open(store=store, log_tap=False) as host:
+            session = await host.open_session(agent, "s")
+            await session.run("go")
+            await trio.sleep_forever()  # the block is cancelled, not left running
+    stored = await store.load("s")
+    assert stored is not None
+    assert [m.role for m in stored.messages] == ["user", "assistant", "tool"]
+    assert stored.messages[1].interrupted
+
+
+async def test_ctrl_c_landing_in_a_hook_saves_the_turn_then_leaves_host_open(autojump_clock):
+    async def interrupted(event: object) -> None:
+        raise KeyboardInterrupt
+
+    @tool
+    async def work() -> str:
+        """Works."""
+        return "worked"
+
+    agent = Agent(
+        provider=ScriptedProvider([[*tool_call("work", {})], ["done"]]),
+        tools=[work],
+        hooks=Hooks(on_tool_result=interrupted),
+    )
+    store = MemoryStore()
+    with pytest.raises(KeyboardInterrupt):
+        async with Host.open(store=store, log_tap=False) as host:
+            session = await host.open_session(agent, "s")
+            await session.run("go")
+    stored = await store.load("s")
+    assert stored is not None
+    assert [m.role for m in stored.messages] == ["user", "assistant", "tool"]
+    assert stored.messages[1].interrupted and stored.messages[2].output == "worked"

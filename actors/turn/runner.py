@@ -345,6 +345,13 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
                 turn.finish_reason, turn.abort_reason = "aborted", "host shutdown"
                 await self._finish_turn(run, turn)
                 raise
+            except (KeyboardInterrupt, SystemExit) as stop:
+                # Ctrl-C landing in this task (a hook's code, the runner's own), a hook's
+                # sys.exit(): the turn ends as a cancelled one, saved and handed over,
+                # before it goes on to close the host (Host.end_for), which raises it.
+                turn.finish_reason, turn.abort_reason = "aborted", type(stop).__name__
+                await self._finish_turn(run, turn)
+                raise
             except Exception as exc:
                 turn.error = error_info(self._given_up(exc))
                 turn.finish_reason = "error"

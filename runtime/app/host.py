@@ -251,6 +251,12 @@ class Host:
         session that takes in another writer's turns then logs it at debug, not as a
         ``session.concurrent-writer`` warning (the bus event is published either way)."""
         self.tool_executor: Actor
+        self._block: trio.CancelScope | None = None
+        """The scope of ``Host.open``'s block (the application's code in it), cancelled
+        by :meth:`end_for`."""
+        self._ending: BaseException | None = None
+        """The ``KeyboardInterrupt`` or ``SystemExit`` an actor's task raised, which
+        ``Host.open`` raises once the host has closed (:meth:`end_for`)."""
         self.clock: Callable[[], float] = time.time
         """The wall clock waits expire by (``Agent(approval_timeout=...)``), in seconds
         since the epoch; replaceable (a test's fake clock)."""
@@ -340,6 +346,8 @@ class Host:
                 except BaseException:  # no host to shut it: the shielded nursery ends here
                     nursery.cancel_scope.cancel()
                     raise
+                host._block = outer.cancel_scope
+                host.supervisor.on_fatal = host.end_for
                 try:
                     await host._start_services(tool_executor, log_tap, handle_signals)
                     if pacer is not None:
@@ -357,6 +365,8 @@ class Host:
                     nursery.cancel_scope.cancel()
                     host.closed = True
             host._end_orphaned_streams()
+            if host._ending is not None:
+                raise host._ending
         except BaseExceptionGroup as group:  # the nursery wraps the one error the block raised
             sole = sole_exception(group)
             if sole is None:
@@ -402,6 +412,22 @@ class Host:
             self._deciders.pop(actor, None)
             raise
         return actor
+
+    def end_for(self, exc: BaseException) -> None:
+        """An actor's task raised ``exc``, a ``KeyboardInterrupt`` (Ctrl-C lands in
+        whichever task runs: a tool's, a provider's, a hook's in a turn runner) or a
+        ``SystemExit`` (a tool's ``sys.exit()``): close the host as a signal would, then
+        raise it from ``Host.open``. The running turns are cancelled with its name as
+        their reason and the application's block is cancelled; leaving it saves the
+        turns (marked interrupted) while the persister still runs. Raised on out of the
+        actor's task, it cancelled the persister with every other actor at once: the
+        turns in flight were not saved at all."""
+        if self._ending is None:
+            self._ending = exc
+        self.shutting_down = True
+        self.cancel_turns(type(exc).__name__)
+        if self._block is not None:
+            self._block.cancel()
 
     def check_open(self) -> None:
         """Raise :class:`~runtime.errors.HostClosed` if the host has closed."""
