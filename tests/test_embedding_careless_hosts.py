@@ -10,7 +10,7 @@ import trio
 
 from actors.providers.scripted import ScriptedProvider, tool_call
 from actors.stores.memory import MemoryStore
-from runtime import Agent, Budget, Hooks, Host, tool
+from runtime import Agent, Budget, Hooks, Host, SessionError, tool
 
 
 async def hang(event: object) -> None:
@@ -100,3 +100,33 @@ async def test_ctrl_c_landing_in_a_hook_saves_the_turn_then_leaves_host_open(aut
     assert stored is not None
     assert [m.role for m in stored.messages] == ["user", "assistant", "tool"]
     assert stored.messages[1].interrupted and stored.messages[2].output == "worked"
+
+
+async def test_a_stream_read_from_two_tasks_at_once_refuses_the_second_not_splitting_it(
+    autojump_clock,
+):
+    # Each chunk went to one of them: two listeners (a UI, a log) each missed some,
+    # silently.
+    agent = Agent(provider=ScriptedProvider([["one two three"]], delay=1))
+    read: list[list[str]] = []
+    refused: list[SessionError] = []
+
+    async def reader(out: object) -> None:
+        chunks: list[str] = []
+        try:
+            async for chunk in out:  # type: ignore[attr-defined]
+                chunks.append(chunk.type)
+        except SessionError as exc:
+            refused.append(exc)
+        else:
+            read.append(chunks)
+
+    async with Host.open(log_tap=False) as host:
+        session = await host.open_session(agent)
+        async with session.stream("hi") as out:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(reader, out)
+                nursery.start_soon(reader, out)
+    assert len(refused) == 1 and "another task is reading this stream" in str(refused[0])
+    assert len(read) == 1 and read[0].count("text-delta") == 3 and read[0][-1] == "finish"
+    assert out.result is not None and out.result.text == "one two three"

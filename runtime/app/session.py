@@ -188,6 +188,9 @@ class TurnStream:
     _joining: tuple[TurnSteering, SteeredInput] | None = None
     """While its input waits to join the running turn (``steer``): that turn's steering
     and the input offered to it (a class default: set on the instance only then)."""
+    _receiving = False
+    """While a task waits for the stream's next item (:meth:`_receive`): a second task
+    reading it meanwhile is refused (a class default, as :attr:`_joining`)."""
 
     def __init__(
         self,
@@ -559,7 +562,7 @@ class TurnStream:
             with trio.CancelScope(shield=True), trio.move_on_after(FINAL_WAIT):
                 while not self._ended:  # the rest of the turn, to its result
                     self._buffer.clear()
-                    await self._receive()
+                    await self._receive(alone=False)  # (beside a reader it handed on to)
             self._end(None)  # the runner never answered: the session must not stay busy
         self._inbox.close_receiver()
 
@@ -615,35 +618,48 @@ class TurnStream:
         buf.clear()
         return chunks
 
-    async def _receive(self) -> None:
-        """Take the next inbox item: a batch into the buffer, or the turn's end."""
+    async def _receive(self, alone: bool = True) -> None:
+        """Take the next inbox item: a batch into the buffer, or the turn's end.
+
+        One task reads at a time (``alone``): two tasks iterating one stream each got
+        some of its chunks, silently (a UI and a log each missing half the deltas)."""
         if not self._entered:  # (nothing would ever arrive: it waited for ever)
             raise SessionError(
                 "a stream runs its turn once entered: async with session.stream(...) as "
                 "out: async for chunk in out: ..."
             )
-        if self._host_stream is not None:  # steered: nothing of its own, the turn's result
-            host = self._host_stream
-            await host.done.wait()
-            self._end(host.result)
-            return
-        inbox = self._inbox
-        if len(inbox):
-            # Already queued: a batch is taken with a schedule point as ``get`` takes it,
-            # the turn's result (its last item) without one: the stream ends here, and a
-            # yield would cost the caller a task step and a scheduler round more per turn
-            # (issue 24 goal 1).
-            item = await inbox.take()
-            self._take(item)
-            if isinstance(item, Batch):
-                await trio.lowlevel.cancel_shielded_checkpoint()
-            return
+        if alone and self._receiving:
+            raise SessionError(
+                "another task is reading this stream: each chunk goes to one reader, so "
+                "two would each miss some; read it in one task and hand the chunks on "
+                "(a trio memory channel per listener)"
+            )
+        self._receiving = True
         try:
-            item = await inbox.get()
-        except trio.EndOfChannel:  # closed without a result: only if the runner failed
-            self._end(None)
-            return
-        self._take(item)
+            if self._host_stream is not None:  # steered: nothing of its own, the turn's result
+                host = self._host_stream
+                await host.done.wait()
+                self._end(host.result)
+                return
+            inbox = self._inbox
+            if len(inbox):
+                # Already queued: a batch is taken with a schedule point as ``get`` takes it,
+                # the turn's result (its last item) without one: the stream ends here, and a
+                # yield would cost the caller a task step and a scheduler round more per turn
+                # (issue 24 goal 1).
+                item = await inbox.take()
+                self._take(item)
+                if isinstance(item, Batch):
+                    await trio.lowlevel.cancel_shielded_checkpoint()
+                return
+            try:
+                item = await inbox.get()
+            except trio.EndOfChannel:  # closed without a result: only if the runner failed
+                self._end(None)
+                return
+            self._take(item)
+        finally:
+            self._receiving = False
 
     def _take(self, item: ConsumerItem) -> None:
         if isinstance(item, Batch):
