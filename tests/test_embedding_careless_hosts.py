@@ -10,7 +10,17 @@ import trio
 
 from actors.providers.scripted import ScriptedProvider, tool_call
 from actors.stores.memory import MemoryStore
-from runtime import Agent, Budget, Hooks, Host, SessionError, tool
+from runtime import (
+    Actor,
+    Agent,
+    Budget,
+    ConfigurationError,
+    Hooks,
+    Host,
+    SessionError,
+    tool,
+)
+from runtime.events import TurnFinished
 
 
 async def hang(event: object) -> None:
@@ -130,3 +140,37 @@ async def test_a_stream_read_from_two_tasks_at_once_refuses_the_second_not_split
     assert len(refused) == 1 and "another task is reading this stream" in str(refused[0])
     assert len(read) == 1 and read[0].count("text-delta") == 3 and read[0][-1] == "finish"
     assert out.result is not None and out.result.text == "one two three"
+
+
+class TurnCounter(Actor):
+    subscribes_to = (TurnFinished,)
+
+    def __init__(self) -> None:
+        super().__init__(name="turn-counter")
+        self.turns = 0
+
+    async def handle(self, event: object) -> None:
+        self.turns += 1
+
+
+async def test_an_observer_started_again_after_its_host_closed_is_refused(autojump_clock):
+    # Its first host's close stopped it: started on the next host it ended at once,
+    # and counted nothing more, silently.
+    counter = TurnCounter()
+    agent = Agent(provider=ScriptedProvider([["hi"]]))
+    async with Host.open(log_tap=False) as host:
+        await host.start_actor(counter)
+        await (await host.open_session(agent)).run("one")
+    async with Host.open(log_tap=False) as host:
+        with pytest.raises(ConfigurationError, match=r"has ended.*start a new instance"):
+            await host.start_actor(counter)
+    assert counter.turns == 1
+
+
+async def test_an_actor_started_twice_on_one_host_is_refused(autojump_clock):
+    # Two supervisors on one inbox: two handle() calls of one actor at once.
+    counter = TurnCounter()
+    async with Host.open(log_tap=False) as host:
+        await host.start_actor(counter)
+        with pytest.raises(ConfigurationError, match="running on this host already"):
+            await host.start_actor(counter)

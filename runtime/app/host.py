@@ -400,8 +400,19 @@ class Host:
     async def start_actor(self, actor: Actor, *, policy: RestartPolicy | None = None) -> Any:
         """Run ``actor`` under the host's supervisor; returns it once started. Raises
         :class:`~runtime.errors.ActorFailed` when it never starts (its ``on_start``
-        crashed more often than its restart policy allows)."""
+        crashed more often than its restart policy allows). An actor runs once: one
+        running here already, or one that has ended (stopped by a host that closed, given
+        up on), is a :class:`~runtime.errors.ConfigurationError`; start a new instance."""
         self.check_open()
+        if actor in self._actors:  # a second task on its inbox: two handle()s at once
+            raise ConfigurationError(
+                f"actor {actor.name!r} is running on this host already: start it once"
+            )
+        if actor.inbox.closed:  # its run() returned at once: it got nothing, silently
+            raise ConfigurationError(
+                f"actor {actor.name!r} has ended (its host closed, or it was stopped or "
+                "given up on): an actor runs once; start a new instance of it"
+            )
         self._actors[actor] = None
         if actor.decides_approvals:
             self._deciders[actor] = None
