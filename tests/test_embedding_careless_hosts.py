@@ -17,6 +17,7 @@ from runtime import (
     ConfigurationError,
     Hooks,
     Host,
+    HostClosed,
     SessionError,
     tool,
 )
@@ -174,3 +175,41 @@ async def test_an_actor_started_twice_on_one_host_is_refused(autojump_clock):
         await host.start_actor(counter)
         with pytest.raises(ConfigurationError, match="running on this host already"):
             await host.start_actor(counter)
+
+
+@tool(needs_approval=True)
+async def send_email(to: str) -> str:
+    """Send an email."""
+    return f"sent to {to}"
+
+
+async def waiting_session_of_a_closed_host(store: object) -> tuple[object, str]:
+    """A session whose turn waits for an approval, its host closed."""
+    agent = Agent(
+        provider=ScriptedProvider([[*tool_call("send_email", {"to": "ceo"})], ["sent"]]),
+        tools=[send_email],
+    )
+    async with Host.open(store=store, log_tap=False) as host:
+        session = await host.open_session(agent, "s")
+        result = await session.run("email the ceo")
+    return session, result.pending[0].approval_id
+
+
+async def test_a_decision_on_a_session_of_a_closed_host_raises_host_closed_recording_nothing(
+    autojump_clock,
+):
+    # It was recorded, and respond() then failed to resume (or, on a store the host had
+    # opened, it raised the closed store's StoreError).
+    store = MemoryStore()
+    session, approval_id = await waiting_session_of_a_closed_host(store)
+    before = await store.load("s")
+    with pytest.raises(HostClosed):
+        await session.respond(approval_id, approved=True)  # type: ignore[attr-defined]
+    assert await store.load("s") == before
+
+
+async def test_resuming_a_session_of_a_closed_host_raises_host_closed(tmp_path, autojump_clock):
+    session, _ = await waiting_session_of_a_closed_host(tmp_path / "s.db")
+    with pytest.raises(HostClosed):
+        async with session.resume():  # type: ignore[attr-defined]
+            pass

@@ -699,6 +699,7 @@ class ResumeStream(TurnStream):
 
     async def __aenter__(self) -> TurnStream:
         session = self.session
+        session.host.check_open()  # (before the store, which a closed host closed)
         taken = session.take_decided(self._decided) if self._decided is not None else None
         record: SessionRecord | None
         if taken is not None:
@@ -1085,7 +1086,12 @@ class Session:
         at it, or the store has moved past it, raises :class:`~runtime.errors.StoreConflict`
         and records nothing. For a caller that checked more than this decision against
         that record (the web app's body of several answers): the save's version check
-        tells it whether its checks were made on what the store held."""
+        tells it whether its checks were made on what the store held.
+
+        A session of a closed host raises :class:`~runtime.errors.HostClosed`, recording
+        nothing (it recorded the decision, then its continuation was refused, or failed
+        on the store the host had closed)."""
+        self.host.check_open()
         if self.busy:
             raise SessionBusy(f"session {self._id!r} is already running a turn")
         decision = Decision(
