@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import trio
 
-from actors.providers.scripted import ScriptedProvider, tool_call
+from actors.providers.scripted import ScriptedProvider, Sleep, tool_call
 from actors.stores.memory import MemoryStore
 from runtime import (
     Actor,
@@ -19,6 +19,7 @@ from runtime import (
     Host,
     HostClosed,
     SessionError,
+    TextChunk,
     tool,
 )
 from runtime.events import TurnFinished
@@ -213,3 +214,40 @@ async def test_resuming_a_session_of_a_closed_host_raises_host_closed(tmp_path, 
     with pytest.raises(HostClosed):
         async with session.resume():  # type: ignore[attr-defined]
             pass
+
+
+async def test_a_host_closing_beside_an_unread_stream_does_not_wait_for_its_reader(
+    autojump_clock,
+):
+    # The turn was saved and its result sat in the stream's inbox, yet the host waited
+    # for the consumer to read it: every close held 15 s (virtual here) by it.
+    store = MemoryStore()
+    agent = Agent(provider=ScriptedProvider([[TextChunk(text="Hello "), Sleep(60)]]))
+    seen: dict[str, object] = {}
+    async with trio.open_nursery() as nursery:
+        async with Host.open(store=store, log_tap=False) as host:
+            session = await host.open_session(agent, "s")
+
+            async def consumer() -> None:
+                async with session.stream("hi") as out:
+                    await trio.sleep(100)  # busy elsewhere while the host closes
+                    seen["chunks"] = [chunk.type async for chunk in out]
+                seen["result"] = out.result
+
+            nursery.start_soon(consumer)
+            await trio.sleep(1)
+            leaving = trio.current_time()
+        seen["closing"] = trio.current_time() - leaving
+    assert seen["closing"] < 1
+    assert seen["chunks"] == [
+        "start",
+        "step-start",
+        "text-start",
+        "text-delta",
+        "text-finish",
+        "abort",
+    ]
+    result = seen["result"]
+    assert result is not None and result.abort_reason == "host shutdown"  # type: ignore[attr-defined]
+    stored = await store.load("s")
+    assert stored is not None and stored.messages[1].interrupted

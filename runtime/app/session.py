@@ -288,6 +288,14 @@ class TurnStream:
         elif not self._over:
             self._cancel.cancel(reason)
 
+    def result_waits(self) -> bool:
+        """Whether the turn's result has arrived and waits, unread, behind the chunks
+        its consumer has not read yet: the turn is over but for its consumer, which
+        reads the rest whenever it reads again (:meth:`Host._shutdown
+        <runtime.app.host.Host._shutdown>`)."""
+        item = self._inbox.last()
+        return item is not None and not isinstance(item, Batch)
+
     def end_orphaned(self) -> None:
         """Called by the host once its actors have all ended: nothing will arrive on this
         stream any more, so its inbox is closed and the consumer reads to the end of what
