@@ -251,3 +251,20 @@ async def test_a_host_closing_beside_an_unread_stream_does_not_wait_for_its_read
     assert result is not None and result.abort_reason == "host shutdown"  # type: ignore[attr-defined]
     stored = await store.load("s")
     assert stored is not None and stored.messages[1].interrupted
+
+
+class HangingStart(TurnCounter):
+    async def on_start(self) -> None:
+        await trio.sleep_forever()  # a collector that never answers
+
+
+async def test_an_observer_whose_start_hangs_can_be_given_up_by_its_caller(autojump_clock):
+    # Shielded from its first on_start on, start_actor hung beyond the caller's bound.
+    async with Host.open(log_tap=False) as host:
+        subscribed = host.bus.subscription_count
+        with pytest.raises(trio.TooSlowError), trio.fail_after(10):
+            await host.start_actor(HangingStart())
+        session = await host.open_session(Agent(provider=ScriptedProvider([["hi"]])))
+        result = await session.run("hello")
+        assert host.bus.subscription_count == subscribed  # nothing left fed, unread
+    assert result.text == "hi"

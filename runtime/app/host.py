@@ -99,6 +99,20 @@ async def _shielded_nursery(task_status: trio.TaskStatus[trio.Nursery]) -> None:
             await trio.sleep_forever()
 
 
+class _ShieldOnStart:
+    """The task status an observer's supervisor reports its start to: the observer's
+    scope is shielded from then on (:meth:`Host._supervise_observer`)."""
+
+    __slots__ = ("_scope", "_status")
+
+    def __init__(self, scope: trio.CancelScope, status: trio.TaskStatus[None]) -> None:
+        self._scope, self._status = scope, status
+
+    def started(self, value: None = None) -> None:
+        self._scope.shield = True
+        self._status.started(value)
+
+
 async def _turn_over(stream: TurnStream) -> None:
     """Until ``stream``'s turn is over for a closing host: its consumer has its result,
     or the result waits in the stream's inbox behind the chunks the consumer has not read
@@ -435,6 +449,7 @@ class Host:
         except BaseException:
             self._actors.pop(actor, None)
             self._deciders.pop(actor, None)
+            actor.stop()  # (its bus subscription, else fed for ever, never read)
             raise
         return actor
 
@@ -490,12 +505,17 @@ class Host:
     async def _supervise_observer(
         self, actor: Actor, policy: RestartPolicy | None, task_status: trio.TaskStatus[None]
     ) -> None:
-        """:meth:`_supervise` for an observer: shielded, its scope kept to cancel."""
-        scope = trio.CancelScope(shield=True)
+        """:meth:`_supervise` for an observer: shielded once started, its scope kept to
+        cancel. Not while it starts: shielded from its first ``on_start`` on, one that
+        hung (a collector that does not answer) hung ``host.start_actor`` beyond any
+        ``trio.fail_after`` of its caller's, and the block's cancellation."""
+        ignored = task_status is trio.TASK_STATUS_IGNORED  # (nobody waits for its start)
+        scope = trio.CancelScope(shield=ignored)
         self._observer_scopes[actor] = scope
+        status = task_status if ignored else _ShieldOnStart(scope, task_status)
         try:
             with scope:
-                await self.supervisor.supervise(actor, policy=policy, task_status=task_status)
+                await self.supervisor.supervise(actor, policy=policy, task_status=status)
         finally:
             self._observer_scopes.pop(actor, None)
 
