@@ -5,6 +5,8 @@ hang or a lost turn."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import trio
 
@@ -20,6 +22,7 @@ from runtime import (
     HostClosed,
     SessionError,
     TextChunk,
+    run_sync,
     tool,
 )
 from runtime.events import TurnFinished
@@ -268,3 +271,30 @@ async def test_an_observer_whose_start_hangs_can_be_given_up_by_its_caller(autoj
         result = await session.run("hello")
         assert host.bus.subscription_count == subscribed  # nothing left fed, unread
     assert result.text == "hi"
+
+
+def test_one_agent_run_from_two_threads_at_once_is_refused_in_the_second():
+    # A threaded web app's run_sync of one module-level agent per request: the provider
+    # actor served two Trio runs from one inbox, failed Trio's assertions and hung.
+    in_tool, release = threading.Event(), threading.Event()
+
+    @tool
+    def wait() -> str:
+        """Waits (a sync tool: a worker thread of the first run)."""
+        in_tool.set()
+        release.wait(60)
+        return "waited"
+
+    agent = Agent(provider=ScriptedProvider([[*tool_call("wait", {})], ["done"]]), tools=[wait])
+    first: list[object] = []
+    thread = threading.Thread(target=lambda: first.append(run_sync(agent, "one")))
+    thread.start()
+    try:
+        assert in_tool.wait(60)
+        with pytest.raises(ConfigurationError, match="another thread's Trio run"):
+            run_sync(agent, "two")
+    finally:
+        release.set()
+        thread.join(60)
+    assert first[0].text == "done"  # type: ignore[attr-defined]
+    assert run_sync(agent, "three").text == "done"  # served again once that run ended

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 import weakref
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
@@ -80,6 +81,40 @@ by itself: its saves are refused once the session is deleted."""
 # actors' modules (the turn runner, the stores, the MCP client, the provider registry) are
 # about a fifth of what it cost; a program pays for them when it opens a host (issue 24;
 # tests/test_layers.py keeps it so).
+
+_RUNS_LOCK = threading.Lock()
+_PROVIDER_RUNS: dict[int, tuple[trio.lowlevel.TrioToken, int]] = {}
+"""The providers serving hosts now, by ``id``: the Trio run they serve (its token) and
+how many of its hosts they serve (:func:`_claim_provider`)."""
+
+
+def _claim_provider(provider: Provider) -> None:
+    """Count ``provider`` serving one more host of this Trio run; a
+    :class:`~runtime.errors.ConfigurationError` if it serves another run now (another
+    thread's ``run_sync`` or host). A provider is an actor: its inbox and its tasks
+    belong to one run, and requests of two runs in one inbox failed Trio's assertions
+    and hung both runs' turns (a threaded web app's ``run_sync`` of one module-level
+    agent per request). Hosts of one run may share it."""
+    token = trio.lowlevel.current_trio_token()
+    with _RUNS_LOCK:
+        held = _PROVIDER_RUNS.get(id(provider))
+        if held is not None and held[0] is not token:
+            raise ConfigurationError(
+                f"provider {getattr(provider, 'name', provider)!r} is serving a host in "
+                "another thread's Trio run now (run_sync or Host.open there): a provider, "
+                "and so an Agent, serves one Trio run at a time; give each thread an Agent "
+                "of its own (with its own provider), or send the turns to one host"
+            )
+        _PROVIDER_RUNS[id(provider)] = (token, 1 if held is None else held[1] + 1)
+
+
+def _release_provider(provider: Provider) -> None:
+    """One host fewer served by ``provider`` (:func:`_claim_provider`)."""
+    with _RUNS_LOCK:
+        held = _PROVIDER_RUNS.pop(id(provider), None)
+        if held is not None and held[1] > 1:
+            _PROVIDER_RUNS[id(provider)] = (held[0], held[1] - 1)
+
 
 DRAIN_TIMEOUT = 5.0
 """Seconds a closing host waits, at most, for its observers to handle what was published."""
@@ -282,6 +317,8 @@ class Host:
         self._block: trio.CancelScope | None = None
         """The scope of ``Host.open``'s block (the application's code in it), cancelled
         by :meth:`end_for`."""
+        self._claimed: list[Provider] = []
+        """The providers this host serves (:func:`_claim_provider`)."""
         self._ending: BaseException | None = None
         """The ``KeyboardInterrupt`` or ``SystemExit`` an actor's task raised, which
         ``Host.open`` raises once the host has closed (:meth:`end_for`)."""
@@ -357,6 +394,7 @@ class Host:
         bus = Bus()
         pacer = acquire_pacer() if gc_pacing else None
         held: Callable[[], tuple[int, int]] | None = None  # what it holds, for the pacer
+        made: Host | None = None
         try:
             async with trio.open_nursery() as outer:
                 nursery = await outer.start(_shielded_nursery)
@@ -374,6 +412,7 @@ class Host:
                 except BaseException:  # no host to shut it: the shielded nursery ends here
                     nursery.cancel_scope.cancel()
                     raise
+                made = host
                 host._block = outer.cancel_scope
                 host.supervisor.on_fatal = host.end_for
                 try:
@@ -401,6 +440,8 @@ class Host:
                 raise
             reraise(sole)
         finally:
+            for provider in made._claimed if made is not None else ():
+                _release_provider(provider)  # (its tasks have ended with the nursery)
             if pacer is not None:
                 release_pacer(pacer, held)
             if store is None or isinstance(store, str | os.PathLike):  # we opened it
@@ -523,6 +564,8 @@ class Host:
         """The running actor for a provider configuration (started on first use)."""
         actor = self._providers.get(id(provider))
         if actor is None:
+            _claim_provider(provider)  # (released once the host's tasks have all ended)
+            self._claimed.append(provider)
             if provider.rate_limit is not None:  # counted where this host counts them
                 backend = self.rate_limits
                 clock = getattr(backend, "clock", None) or TrioClock()
