@@ -362,6 +362,12 @@ class Supervisor:
     def __init__(self, bus: Bus, policy: RestartPolicy | None = None) -> None:
         self.bus = bus
         self.policy = policy or RestartPolicy()
+        self.on_fatal: Callable[[BaseException], None] | None = None
+        """Called with a ``KeyboardInterrupt`` or ``SystemExit`` raised in an actor's task
+        (Ctrl-C lands in whichever task runs; a tool's ``sys.exit()``), instead of letting
+        it take the actors' nursery down at once: the host then ends its turns, saved,
+        and raises it from ``Host.open`` (:meth:`runtime.app.host.Host.end_for`). The
+        actor is given up on. ``None``: it goes on out of the task."""
 
     def supervise(
         self,
@@ -440,6 +446,17 @@ class Supervisor:
                                 f"actor {actor.name!r} could not start: {err} ({why})"
                             ) from exc
                         task_status.started()
+                    return
+                except BaseException as raised:
+                    ending = _ending(raised)
+                    if ending is None or self.on_fatal is None or not started:
+                        raise  # (Trio's Cancelled among them)
+                    try:
+                        actor.on_give_up(ending)  # (a serving actor answers its requests)
+                    except Exception:
+                        pass
+                    actor.stop()
+                    self.on_fatal(ending)
                     return
         finally:
             if not actor.resting:
@@ -558,6 +575,19 @@ def _say_on_stderr(text: str) -> None:
             stream.flush()
     except Exception:  # a closed or broken stderr: nothing left to say it with
         pass
+
+
+def _ending(exc: BaseException) -> BaseException | None:
+    """The ``KeyboardInterrupt`` or ``SystemExit`` in ``exc`` (itself, or the first
+    in a group), if any: what asks the whole program to stop."""
+    if isinstance(exc, KeyboardInterrupt | SystemExit):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = _ending(inner)
+            if found is not None:
+                return found
+    return None
 
 
 def _unwrap(exc: BaseException) -> BaseException:

@@ -319,6 +319,11 @@ class Inbox(Generic[T]):
         buffer = self._buffer
         return 0 if buffer is None else len(buffer)
 
+    def last(self) -> T | None:
+        """The newest message waiting to be taken, if any (not taken)."""
+        buffer = self._buffer
+        return buffer[-1] if buffer else None
+
 
 # -- streams between actors: batches -------------------------------------------------
 

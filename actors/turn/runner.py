@@ -308,7 +308,7 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
                         consumer=run.consumer,
                     )
                 )
-                await self._announce_start(run, turn, committed, superseded)
+                started = await self._announce_start(run, turn, committed, superseded)
                 with scope:
                     # A turn cancelled before it began (an ``interrupt`` that a newer message
                     # overtook) ends here: the first model call may reach the provider before
@@ -319,6 +319,12 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
                         await trio.lowlevel.checkpoint()
                     else:
                         await trio.lowlevel.checkpoint_if_cancelled()
+                    if agent.hooks.on_turn_start is not None:
+                        # In the turn's scope, as every later hook: a hook that hangs (a
+                        # lock, a slow service) is cut by the deadline, out.cancel() and
+                        # a host closing; outside it, it held the turn, and the session's
+                        # later turns behind it, for ever.
+                        await agent.hooks.on_turn_start(started)
                     if committed is not None and self._already_finished(turn, committed):
                         turn.untouched = True
                     elif committed is not None and not await self._resolve(turn):
@@ -337,6 +343,13 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
                 turn.finish_reason, turn.abort_reason = "aborted", SESSION_DELETED
             except trio.Cancelled:
                 turn.finish_reason, turn.abort_reason = "aborted", "host shutdown"
+                await self._finish_turn(run, turn)
+                raise
+            except (KeyboardInterrupt, SystemExit) as stop:
+                # Ctrl-C landing in this task (a hook's code, the runner's own), a hook's
+                # sys.exit(): the turn ends as a cancelled one, saved and handed over,
+                # before it goes on to close the host (Host.end_for), which raises it.
+                turn.finish_reason, turn.abort_reason = "aborted", type(stop).__name__
                 await self._finish_turn(run, turn)
                 raise
             except Exception as exc:
@@ -443,28 +456,28 @@ class TurnRunner(Suspending, Saving, Inferring, ToolCalling, Actor):
 
     async def _announce_start(
         self, run: RunTurn, turn: Turn, committed: Committed | None, superseded: tuple[Any, ...]
-    ) -> None:
+    ) -> ev.TurnStarted:
         """Tell the bus the turn started: the superseded approvals denied, then
-        ``TurnStarted`` (through the agent's ``on_turn_start`` hook)."""
+        ``TurnStarted``, which it returns for the agent's ``on_turn_start`` hook (awaited
+        by the caller inside the turn's cancel scope)."""
         sid, agent, turn_id = self.state.session_id, self.agent, turn.turn_id
         for call in superseded:
             event = approval_decided(sid, call, approved=False, reason=SUPERSEDED)
             if event is not None:
                 await self.publish(event)
-        await self._announce(
-            ev.TurnStarted(
-                session_id=sid,
-                turn_id=turn.turn_id,
-                agent=agent.name,
-                input=run.input,
-                causation_id=run.meta.get("parent_tool_call_id"),
-                provider=getattr(self.provider, "provider_name", None),
-                model=getattr(self.provider, "model", None) or None,
-                resumed=committed is not None,
-                suspended_trace=_suspended_trace(run.meta, turn_id, committed),
-            ),
-            agent.hooks.on_turn_start,
+        started = ev.TurnStarted(
+            session_id=sid,
+            turn_id=turn.turn_id,
+            agent=agent.name,
+            input=run.input,
+            causation_id=run.meta.get("parent_tool_call_id"),
+            provider=getattr(self.provider, "provider_name", None),
+            model=getattr(self.provider, "model", None) or None,
+            resumed=committed is not None,
+            suspended_trace=_suspended_trace(run.meta, turn_id, committed),
         )
+        await self.publish(started)
+        return started
 
     def _continue(self, turn: Turn, committed: Committed) -> None:
         """Take over a turn another worker began: continue its assistant message from

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 import weakref
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
@@ -81,6 +82,40 @@ by itself: its saves are refused once the session is deleted."""
 # about a fifth of what it cost; a program pays for them when it opens a host (issue 24;
 # tests/test_layers.py keeps it so).
 
+_RUNS_LOCK = threading.Lock()
+_PROVIDER_RUNS: dict[int, tuple[trio.lowlevel.TrioToken, int]] = {}
+"""The providers serving hosts now, by ``id``: the Trio run they serve (its token) and
+how many of its hosts they serve (:func:`_claim_provider`)."""
+
+
+def _claim_provider(provider: Provider) -> None:
+    """Count ``provider`` serving one more host of this Trio run; a
+    :class:`~runtime.errors.ConfigurationError` if it serves another run now (another
+    thread's ``run_sync`` or host). A provider is an actor: its inbox and its tasks
+    belong to one run, and requests of two runs in one inbox failed Trio's assertions
+    and hung both runs' turns (a threaded web app's ``run_sync`` of one module-level
+    agent per request). Hosts of one run may share it."""
+    token = trio.lowlevel.current_trio_token()
+    with _RUNS_LOCK:
+        held = _PROVIDER_RUNS.get(id(provider))
+        if held is not None and held[0] is not token:
+            raise ConfigurationError(
+                f"provider {getattr(provider, 'name', provider)!r} is serving a host in "
+                "another thread's Trio run now (run_sync or Host.open there): a provider, "
+                "and so an Agent, serves one Trio run at a time; give each thread an Agent "
+                "of its own (with its own provider), or send the turns to one host"
+            )
+        _PROVIDER_RUNS[id(provider)] = (token, 1 if held is None else held[1] + 1)
+
+
+def _release_provider(provider: Provider) -> None:
+    """One host fewer served by ``provider`` (:func:`_claim_provider`)."""
+    with _RUNS_LOCK:
+        held = _PROVIDER_RUNS.pop(id(provider), None)
+        if held is not None and held[1] > 1:
+            _PROVIDER_RUNS[id(provider)] = (held[0], held[1] - 1)
+
+
 DRAIN_TIMEOUT = 5.0
 """Seconds a closing host waits, at most, for its observers to handle what was published."""
 
@@ -97,6 +132,34 @@ async def _shielded_nursery(task_status: trio.TaskStatus[trio.Nursery]) -> None:
         async with trio.open_nursery() as nursery:
             task_status.started(nursery)
             await trio.sleep_forever()
+
+
+class _ShieldOnStart:
+    """The task status an observer's supervisor reports its start to: the observer's
+    scope is shielded from then on (:meth:`Host._supervise_observer`)."""
+
+    __slots__ = ("_scope", "_status")
+
+    def __init__(self, scope: trio.CancelScope, status: trio.TaskStatus[None]) -> None:
+        self._scope, self._status = scope, status
+
+    def started(self, value: None = None) -> None:
+        self._scope.shield = True
+        self._status.started(value)
+
+
+async def _turn_over(stream: TurnStream) -> None:
+    """Until ``stream``'s turn is over for a closing host: its consumer has its result,
+    or the result waits in the stream's inbox behind the chunks the consumer has not read
+    (it is busy elsewhere: it reads them whenever it reads again, the host gone or not).
+    Waiting for the consumer to read it held every close 15 s (the bound of
+    :meth:`Host._shutdown`) for a consumer that read later, its turn long saved. Looked
+    at every 10 ms: only while a host closes, and no wake-up for the inbox's arrivals
+    costs the turns that are not closing."""
+    done = stream.done
+    while not done.is_set() and not stream.result_waits():
+        with trio.move_on_after(0.01):
+            await done.wait()
 
 
 def _session_kinds() -> tuple[Any, ...]:
@@ -251,6 +314,14 @@ class Host:
         session that takes in another writer's turns then logs it at debug, not as a
         ``session.concurrent-writer`` warning (the bus event is published either way)."""
         self.tool_executor: Actor
+        self._block: trio.CancelScope | None = None
+        """The scope of ``Host.open``'s block (the application's code in it), cancelled
+        by :meth:`end_for`."""
+        self._claimed: list[Provider] = []
+        """The providers this host serves (:func:`_claim_provider`)."""
+        self._ending: BaseException | None = None
+        """The ``KeyboardInterrupt`` or ``SystemExit`` an actor's task raised, which
+        ``Host.open`` raises once the host has closed (:meth:`end_for`)."""
         self.clock: Callable[[], float] = time.time
         """The wall clock waits expire by (``Agent(approval_timeout=...)``), in seconds
         since the epoch; replaceable (a test's fake clock)."""
@@ -323,6 +394,7 @@ class Host:
         bus = Bus()
         pacer = acquire_pacer() if gc_pacing else None
         held: Callable[[], tuple[int, int]] | None = None  # what it holds, for the pacer
+        made: Host | None = None
         try:
             async with trio.open_nursery() as outer:
                 nursery = await outer.start(_shielded_nursery)
@@ -340,6 +412,9 @@ class Host:
                 except BaseException:  # no host to shut it: the shielded nursery ends here
                     nursery.cancel_scope.cancel()
                     raise
+                made = host
+                host._block = outer.cancel_scope
+                host.supervisor.on_fatal = host.end_for
                 try:
                     await host._start_services(tool_executor, log_tap, handle_signals)
                     if pacer is not None:
@@ -357,12 +432,16 @@ class Host:
                     nursery.cancel_scope.cancel()
                     host.closed = True
             host._end_orphaned_streams()
+            if host._ending is not None:
+                raise host._ending
         except BaseExceptionGroup as group:  # the nursery wraps the one error the block raised
             sole = sole_exception(group)
             if sole is None:
                 raise
             reraise(sole)
         finally:
+            for provider in made._claimed if made is not None else ():
+                _release_provider(provider)  # (its tasks have ended with the nursery)
             if pacer is not None:
                 release_pacer(pacer, held)
             if store is None or isinstance(store, str | os.PathLike):  # we opened it
@@ -390,8 +469,19 @@ class Host:
     async def start_actor(self, actor: Actor, *, policy: RestartPolicy | None = None) -> Any:
         """Run ``actor`` under the host's supervisor; returns it once started. Raises
         :class:`~runtime.errors.ActorFailed` when it never starts (its ``on_start``
-        crashed more often than its restart policy allows)."""
+        crashed more often than its restart policy allows). An actor runs once: one
+        running here already, or one that has ended (stopped by a host that closed, given
+        up on), is a :class:`~runtime.errors.ConfigurationError`; start a new instance."""
         self.check_open()
+        if actor in self._actors:  # a second task on its inbox: two handle()s at once
+            raise ConfigurationError(
+                f"actor {actor.name!r} is running on this host already: start it once"
+            )
+        if actor.inbox.closed:  # its run() returned at once: it got nothing, silently
+            raise ConfigurationError(
+                f"actor {actor.name!r} has ended (its host closed, or it was stopped or "
+                "given up on): an actor runs once; start a new instance of it"
+            )
         self._actors[actor] = None
         if actor.decides_approvals:
             self._deciders[actor] = None
@@ -400,8 +490,25 @@ class Host:
         except BaseException:
             self._actors.pop(actor, None)
             self._deciders.pop(actor, None)
+            actor.stop()  # (its bus subscription, else fed for ever, never read)
             raise
         return actor
+
+    def end_for(self, exc: BaseException) -> None:
+        """An actor's task raised ``exc``, a ``KeyboardInterrupt`` (Ctrl-C lands in
+        whichever task runs: a tool's, a provider's, a hook's in a turn runner) or a
+        ``SystemExit`` (a tool's ``sys.exit()``): close the host as a signal would, then
+        raise it from ``Host.open``. The running turns are cancelled with its name as
+        their reason and the application's block is cancelled; leaving it saves the
+        turns (marked interrupted) while the persister still runs. Raised on out of the
+        actor's task, it cancelled the persister with every other actor at once: the
+        turns in flight were not saved at all."""
+        if self._ending is None:
+            self._ending = exc
+        self.shutting_down = True
+        self.cancel_turns(type(exc).__name__)
+        if self._block is not None:
+            self._block.cancel()
 
     def check_open(self) -> None:
         """Raise :class:`~runtime.errors.HostClosed` if the host has closed."""
@@ -439,12 +546,17 @@ class Host:
     async def _supervise_observer(
         self, actor: Actor, policy: RestartPolicy | None, task_status: trio.TaskStatus[None]
     ) -> None:
-        """:meth:`_supervise` for an observer: shielded, its scope kept to cancel."""
-        scope = trio.CancelScope(shield=True)
+        """:meth:`_supervise` for an observer: shielded once started, its scope kept to
+        cancel. Not while it starts: shielded from its first ``on_start`` on, one that
+        hung (a collector that does not answer) hung ``host.start_actor`` beyond any
+        ``trio.fail_after`` of its caller's, and the block's cancellation."""
+        ignored = task_status is trio.TASK_STATUS_IGNORED  # (nobody waits for its start)
+        scope = trio.CancelScope(shield=ignored)
         self._observer_scopes[actor] = scope
+        status = task_status if ignored else _ShieldOnStart(scope, task_status)
         try:
             with scope:
-                await self.supervisor.supervise(actor, policy=policy, task_status=task_status)
+                await self.supervisor.supervise(actor, policy=policy, task_status=status)
         finally:
             self._observer_scopes.pop(actor, None)
 
@@ -452,6 +564,8 @@ class Host:
         """The running actor for a provider configuration (started on first use)."""
         actor = self._providers.get(id(provider))
         if actor is None:
+            _claim_provider(provider)  # (released once the host's tasks have all ended)
+            self._claimed.append(provider)
             if provider.rate_limit is not None:  # counted where this host counts them
                 backend = self.rate_limits
                 clock = getattr(backend, "clock", None) or TrioClock()
@@ -1009,7 +1123,7 @@ class Host:
             running = self.running_turns()
             self.cancel_turns("host shutdown")
             for stream in running:
-                await stream.done.wait()
+                await _turn_over(stream)
             for session in list(self.sessions.values()):
                 await self.close_session(session)
             # The persister drains what the turns queued before it stops.

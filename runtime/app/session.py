@@ -192,6 +192,9 @@ class TurnStream:
     _joining: tuple[TurnSteering, SteeredInput] | None = None
     """While its input waits to join the running turn (``steer``): that turn's steering
     and the input offered to it (a class default: set on the instance only then)."""
+    _receiving = False
+    """While a task waits for the stream's next item (:meth:`_receive`): a second task
+    reading it meanwhile is refused (a class default, as :attr:`_joining`)."""
 
     continues: str | None = None
     """A continuation's (:class:`ResumeStream`): the id of the user message whose turn it
@@ -293,6 +296,14 @@ class TurnStream:
             self._host_stream.cancel(reason)
         elif not self._over:
             self._cancel.cancel(reason)
+
+    def result_waits(self) -> bool:
+        """Whether the turn's result has arrived and waits, unread, behind the chunks
+        its consumer has not read yet: the turn is over but for its consumer, which
+        reads the rest whenever it reads again (:meth:`Host._shutdown
+        <runtime.app.host.Host._shutdown>`)."""
+        item = self._inbox.last()
+        return item is not None and not isinstance(item, Batch)
 
     def end_orphaned(self) -> None:
         """Called by the host once its actors have all ended: nothing will arrive on this
@@ -578,7 +589,7 @@ class TurnStream:
             with trio.CancelScope(shield=True), trio.move_on_after(FINAL_WAIT):
                 while not self._ended:  # the rest of the turn, to its result
                     self._buffer.clear()
-                    await self._receive()
+                    await self._receive(alone=False)  # (beside a reader it handed on to)
             self._end(None)  # the runner never answered: the session must not stay busy
         self._inbox.close_receiver()
 
@@ -634,35 +645,48 @@ class TurnStream:
         buf.clear()
         return chunks
 
-    async def _receive(self) -> None:
-        """Take the next inbox item: a batch into the buffer, or the turn's end."""
+    async def _receive(self, alone: bool = True) -> None:
+        """Take the next inbox item: a batch into the buffer, or the turn's end.
+
+        One task reads at a time (``alone``): two tasks iterating one stream each got
+        some of its chunks, silently (a UI and a log each missing half the deltas)."""
         if not self._entered:  # (nothing would ever arrive: it waited for ever)
             raise SessionError(
                 "a stream runs its turn once entered: async with session.stream(...) as "
                 "out: async for chunk in out: ..."
             )
-        if self._host_stream is not None:  # steered: nothing of its own, the turn's result
-            host = self._host_stream
-            await host.done.wait()
-            self._end(host.result)
-            return
-        inbox = self._inbox
-        if len(inbox):
-            # Already queued: a batch is taken with a schedule point as ``get`` takes it,
-            # the turn's result (its last item) without one: the stream ends here, and a
-            # yield would cost the caller a task step and a scheduler round more per turn
-            # (issue 24 goal 1).
-            item = await inbox.take()
-            self._take(item)
-            if isinstance(item, Batch):
-                await trio.lowlevel.cancel_shielded_checkpoint()
-            return
+        if alone and self._receiving:
+            raise SessionError(
+                "another task is reading this stream: each chunk goes to one reader, so "
+                "two would each miss some; read it in one task and hand the chunks on "
+                "(a trio memory channel per listener)"
+            )
+        self._receiving = True
         try:
-            item = await inbox.get()
-        except trio.EndOfChannel:  # closed without a result: only if the runner failed
-            self._end(None)
-            return
-        self._take(item)
+            if self._host_stream is not None:  # steered: nothing of its own, the turn's result
+                host = self._host_stream
+                await host.done.wait()
+                self._end(host.result)
+                return
+            inbox = self._inbox
+            if len(inbox):
+                # Already queued: a batch is taken with a schedule point as ``get`` takes it,
+                # the turn's result (its last item) without one: the stream ends here, and a
+                # yield would cost the caller a task step and a scheduler round more per turn
+                # (issue 24 goal 1).
+                item = await inbox.take()
+                self._take(item)
+                if isinstance(item, Batch):
+                    await trio.lowlevel.cancel_shielded_checkpoint()
+                return
+            try:
+                item = await inbox.get()
+            except trio.EndOfChannel:  # closed without a result: only if the runner failed
+                self._end(None)
+                return
+            self._take(item)
+        finally:
+            self._receiving = False
 
     def _take(self, item: ConsumerItem) -> None:
         if isinstance(item, Batch):
@@ -702,6 +726,7 @@ class ResumeStream(TurnStream):
 
     async def __aenter__(self) -> TurnStream:
         session = self.session
+        session.host.check_open()  # (before the store, which a closed host closed)
         taken = session.take_decided(self._decided) if self._decided is not None else None
         record: SessionRecord | None
         if taken is not None:
@@ -1103,7 +1128,12 @@ class Session:
         at it, or the store has moved past it, raises :class:`~runtime.errors.StoreConflict`
         and records nothing. For a caller that checked more than this decision against
         that record (the web app's body of several answers): the save's version check
-        tells it whether its checks were made on what the store held."""
+        tells it whether its checks were made on what the store held.
+
+        A session of a closed host raises :class:`~runtime.errors.HostClosed`, recording
+        nothing (it recorded the decision, then its continuation was refused, or failed
+        on the store the host had closed)."""
+        self.host.check_open()
         if self.busy:
             raise SessionBusy(f"session {self._id!r} is already running a turn")
         decision = Decision(
