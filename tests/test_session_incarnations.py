@@ -12,6 +12,7 @@ deleted")."""
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ import trio
 from actors.stores import MemoryStore
 from runtime import Host
 from runtime.actor_messages import SaveRequest, SaveResult
-from runtime.errors import SessionDeleted
+from runtime.errors import SessionDeleted, StoreError, StoreUnavailable
 from runtime.inbox import Inbox
 from runtime.messages import UserMessage
 from runtime.testing.stores import turn
@@ -81,6 +82,7 @@ async def test_a_session_re_created_by_another_host_without_a_relay_keeps_the_ol
     assert deleted.status_code == 204 and new.status_code == 200
     assert record is not None and _users(record) == ["fresh"]  # before: + "hold on"
     assert [m.id for m in record.messages if isinstance(m, UserMessage)] == ["u3"]
+    assert record.meta["title"] == "fresh"  # before: "first", the deleted one's
     assert 'data: {"type":"abort","reason":"session deleted"}' in old[0].text
 
 
@@ -175,3 +177,34 @@ async def test_a_postgres_store_from_before_incarnations_gains_them_on_open(pg_u
         assert recreated is not None and recreated.incarnation == again > old
     finally:
         await store.aclose()
+
+
+class FailingSaves(MemoryStore):
+    """A memory store whose saves fail (the database away) while ``failing``."""
+
+    failing = False
+
+    async def save(self, *args: Any, **kwargs: Any) -> int:
+        if self.failing:
+            raise StoreUnavailable("the store is away (test)")
+        return await super().save(*args, **kwargs)
+
+
+async def test_an_unsaved_turn_of_a_deleted_session_is_not_saved_into_its_re_creation() -> None:
+    # A turn's saves failed (kept in memory for the next save); meanwhile another process
+    # deleted the session and a new message started it again. The session's next turn
+    # here reloaded it and saved the kept turn after the new conversation's.
+    gate, asked = _Gate(), []
+    store = FailingSaves()
+    async with Host.open(store=store, log_tap=False) as host:
+        session = await host.open_session(_agent(gate, asked), session_id="s")
+        await session.run("first")
+        store.failing = True
+        with contextlib.suppress(StoreError):
+            await session.run("lost")
+        store.failing = False
+        await store.delete("s")  # another process: its delete, and its new message
+        await store.save("s", 0, [UserMessage(content="fresh", id="f")], expected_version=0)
+        await session.run("next")
+        record = await store.load("s")
+    assert record is not None and _users(record) == ["fresh", "next"]  # before: + "lost"
