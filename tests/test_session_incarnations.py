@@ -8,7 +8,8 @@ and append the deleted turn to it. The store records each session's *incarnation
 version its first save gave it, above every version a deleted session of that id had):
 the reload shows one above the version the turn's save was based on, so the turn's save
 is refused as a deleted session's (nothing written; its stream ends ``abort``, "session
-deleted")."""
+deleted"). A turn whose saves had failed, kept in memory for the next turn's save, is
+dropped the same way when that turn's reload finds a later incarnation."""
 
 from __future__ import annotations
 
