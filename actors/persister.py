@@ -54,11 +54,12 @@ class Persister(Actor):
         super().__init__(name=name)
         self.store = store
         self._log = get_logger("axon.persister")
-        self._latest: OrderedDict[str, tuple[str, int | None, bool]] = OrderedDict()
+        self._latest: OrderedDict[str, tuple[str, int | None, bool, int]] = OrderedDict()
         """Each session's latest request id, the version it left if it was saved in place,
-        and whether the session was stored for it (saved, or refused as deleted: a request
-        after it is of a stored session too). Bounded: :data:`REMEMBERED`; no messages,
-        so it pins no history."""
+        whether the session was stored for it (saved, or refused as deleted: a request
+        after it is of a stored session too), and the version it left however it was
+        saved (``0``: none). Bounded: :data:`REMEMBERED`; no messages, so it pins no
+        history."""
         self._refused: OrderedDict[str, str] = OrderedDict()
         """The turns whose session was deleted while they ran (:meth:`refuse`), by turn
         id, with their session's id: none of their saves may write. Bounded:
@@ -152,6 +153,7 @@ class Persister(Actor):
             result.request_id,
             result.version if result.in_place else None,
             result.version is not None or isinstance(result.error, SessionDeleted),
+            result.version or 0,
         )
         latest.move_to_end(result.session_id)
         if len(latest) > REMEMBERED:
@@ -227,6 +229,18 @@ class Persister(Actor):
         prev = self._latest.get(req.session_id)
         return req.after is not None and prev is not None and prev[0] == req.after and prev[2]
 
+    def _seen(self, req: SaveRequest, expected: int | None) -> int:
+        """A version of the session this save is known to follow (``0``: none): the one
+        it was based on, or the one the previous request of the session it names left
+        (saved in place or rebased). A session whose incarnation is above it was deleted
+        and created again since (:attr:`~runtime.store.SessionRecord.incarnation`)."""
+        if expected is not None:
+            return expected
+        prev = self._latest.get(req.session_id)
+        if req.after is not None and prev is not None and prev[0] == req.after:
+            return prev[3]
+        return 0
+
     def _ends(self, req: SaveRequest) -> dict[str, str]:
         """The save's ``ends`` keyword (:attr:`SaveRequest.ends`) for a store that takes
         it (``ends_turns``: a worker's PostgreSQL store finishes the turn's queue row in
@@ -262,13 +276,21 @@ class Persister(Actor):
                 pass  # another writer saved the session since: rebase below
         conflict: StoreConflict | None = None
         of_stored = self._of_stored(req, expected)
+        seen = self._seen(req, expected)
         for _ in range(REBASE_ATTEMPTS):
             self._check_refused(req)
             record = await self.store.load(req.session_id)
             self._check_refused(req)
-            if record is None and of_stored:
+            if (record is None and of_stored) or (
+                record is not None and seen and record.incarnation > seen
+            ):
                 # Deleted since the turn's save was based on it: saved from 0 at version 0,
-                # it would come back (a tombstone-less store cannot tell): refused.
+                # it would come back (a tombstone-less store cannot tell); or deleted and
+                # saved again since (another process's new message: its incarnation began
+                # above the version this save was based on), rebased it would append the
+                # deleted conversation's turn to the new one. Refused, and so is every
+                # later save of the turn (one already queued, based on this one).
+                self.refuse(req.session_id, req.turn_id)
                 raise SessionDeleted(
                     f"save of session {req.session_id!r} refused: the session was deleted "
                     "while its turn ran; nothing was written",

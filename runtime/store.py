@@ -73,6 +73,15 @@ class SessionRecord:
     """The session's version when it was read; pass it as ``expected_version`` to save on
     top of exactly these messages. Not part of equality: two records holding the same
     messages and meta are the same conversation, whichever write produced them."""
+    incarnation: int = attrs.field(default=0, eq=False)
+    """The version the session's first save gave it. A session deleted and saved again
+    under the same id is a new *incarnation*: every version of it, this one first, is
+    above any the deleted one had, so a writer whose save was based on a version below
+    this one was writing the deleted conversation (the runtime refuses that save as
+    :class:`~runtime.errors.SessionDeleted`, where another writer's turns are rebased
+    onto). ``0``: the store does not say (one written before incarnations, or a session
+    stored before its store recorded them); nothing is refused then. Not part of
+    equality, as ``version``."""
 
 
 @attrs.frozen(kw_only=True, slots=True)
@@ -115,6 +124,14 @@ class Store(Protocol):
     inside the ``BEGIN IMMEDIATE`` transaction; PostgreSQL: ``SELECT ... FOR UPDATE`` or a
     conditional ``UPDATE``): if the stored version differs, the save raises
     :class:`~runtime.errors.StoreConflict` and writes nothing.
+
+    **Incarnations** (the built-in stores record them; a store that does not still works):
+    :meth:`load` reports in :attr:`SessionRecord.incarnation` the version the session's
+    first save gave it. A save that meets a conflict is rebased onto the other writer's
+    turns, unless the session was deleted and re-created since the version it was based
+    on (its incarnation is above that version): then it is refused, and the deleted
+    conversation's turn never lands in the new one. Recording it costs a save nothing
+    more: the creating save writes it with the session's row.
     """
 
     async def load(self, session_id: str) -> SessionRecord | None:

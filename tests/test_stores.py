@@ -42,6 +42,7 @@ from runtime.messages import Message, ToolMessage, UserMessage
 from runtime.testing.stores import (
     BAD_IDS,
     StoreConformance,
+    StoreIncarnations,
     StorePaging,
     conversation,
     record,
@@ -67,7 +68,7 @@ async def store(request: pytest.FixtureRequest, tmp_path: Path):
         await s.aclose()
 
 
-class TestEveryStore(StoreConformance, StorePaging):
+class TestEveryStore(StoreConformance, StorePaging, StoreIncarnations):
     """:mod:`runtime.testing.stores`, run over the ``store`` fixture's stores."""
 
 
@@ -434,7 +435,7 @@ async def test_schema_1_file_is_upgraded_in_place_and_keeps_its_sessions(tmp_pat
     conn = sqlite3.connect(path)
     try:
         meta = dict(conn.execute("SELECT key, value FROM axon_meta"))
-        assert meta["schema_version"] == str(SCHEMA_VERSION) == "2"
+        assert meta["schema_version"] == str(SCHEMA_VERSION) == "3"
     finally:
         conn.close()
     again = await SQLiteStore.open(path)  # an upgraded file opens as a current one
@@ -444,6 +445,37 @@ async def test_schema_1_file_is_upgraded_in_place_and_keeps_its_sessions(tmp_pat
         )
     finally:
         await again.aclose()
+
+
+async def test_schema_2_file_is_upgraded_in_place_its_sessions_incarnations_not_recorded(
+    tmp_path: Path,
+):
+    # A file of before incarnations (schema 2: the column dropped from a current one).
+    path = tmp_path / "v2.db"
+    store = await SQLiteStore.open(path)
+    old = await store.save("s", 0, turn(0))
+    old = await store.save("s", 2, turn(1), expected_version=old)
+    await store.aclose()
+    conn = sqlite3.connect(path)
+    conn.execute("ALTER TABLE sessions DROP COLUMN incarnation")
+    conn.execute("UPDATE axon_meta SET value = '2' WHERE key = 'schema_version'")
+    conn.commit()
+    conn.close()
+    store = await SQLiteStore.open(path)
+    try:
+        kept = await store.load("s")
+        assert kept == record("s", turn(0) + turn(1)) and kept.version == old
+        assert kept.incarnation == 0  # not recorded: nothing is refused on it
+        await store.delete("s")
+        again = await store.save("s", 0, turn(2), expected_version=0)
+        assert (await store.load("s")).incarnation == again > old
+    finally:
+        await store.aclose()
+    conn = sqlite3.connect(path)
+    try:
+        assert dict(conn.execute("SELECT key, value FROM axon_meta"))["schema_version"] == "3"
+    finally:
+        conn.close()
 
 
 # -- SQLite: damaged rows -------------------------------------------------------------------

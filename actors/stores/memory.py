@@ -25,6 +25,8 @@ class _Session:
     messages: list[Message]
     meta: dict[str, Any]
     version: int = 0
+    incarnation: int = 0
+    """The version the session's first save gave it (:attr:`SessionRecord.incarnation`)."""
     seq: int = 0
     """The session's place in recency order: the store's write count at its last save."""
 
@@ -66,6 +68,7 @@ class MemoryStore:
             messages=tuple(session.messages),
             meta=copy.deepcopy(session.meta),
             version=session.version,
+            incarnation=session.incarnation,
         )
 
     async def version(self, session_id: str) -> int:
@@ -128,6 +131,8 @@ class MemoryStore:
         session.messages.extend(new)
         session.meta.update(meta_copy)
         session.version += 1
+        if session.incarnation == 0:  # its first save: a new incarnation
+            session.incarnation = session.version
         self._seq += 1
         session.seq = self._seq
         self._sessions[session_id] = session

@@ -6,7 +6,8 @@ Layout (in one schema, ``public`` unless the URL says ``?schema=NAME``; schema v
     axon_sessions(session_id TEXT PRIMARY KEY, meta BYTEA,   -- meta: a JSON object
                   created_at, updated_at TIMESTAMPTZ,
                   update_seq BIGINT,                     -- recency order (a sequence)
-                  version BIGINT)                        -- bumped by every save
+                  version BIGINT,                        -- bumped by every save
+                  incarnation BIGINT)                    -- version of its first save
     axon_messages(session_id, idx, role, body BYTEA,     -- serde JSON of one Message
                   PRIMARY KEY (session_id, idx))
     axon_turns(...)                                      -- durable turns: stores/turns.py
@@ -24,7 +25,10 @@ turn 500 costs what turn 1 does. Bodies are ``bytea``, not ``jsonb``: a message 
 session never has a version it had before, even after being deleted and re-created (the
 version rule of :class:`~runtime.store.Store`). The check against ``expected_version``
 and the bump happen in the save's transaction, under ``SELECT ... FOR UPDATE`` of the
-session row (or the insert's unique key, for a new session).
+session row (or the insert's unique key, for a new session). A new session row records
+its first version as its ``incarnation`` (a trigger, in the insert's statement), which
+:meth:`load` reports: a re-created session's is above every version the deleted one had
+(:attr:`~runtime.store.SessionRecord.incarnation`).
 
 **Fences.** A worker running a durable turn registers a :class:`Fence` for the turn's
 session (:meth:`PostgresStore.fenced`); every save of that session then also checks,
@@ -455,8 +459,8 @@ class PostgresStore:
         those from there on: a decision's read of the last turn)."""
         if not joined:
             return None
-        row = joined[0][:2]
-        rows = [r[2:] for r in joined if r[2] is not None]
+        row = joined[0]
+        rows = [r[2:5] for r in joined if r[2] is not None]
         messages = []
         for expected, (idx, role, body) in enumerate(rows, first):
             if idx != expected:
@@ -470,6 +474,7 @@ class PostgresStore:
             messages=tuple(messages),
             meta=decode_meta(self.url, bytes(row[0]), session_id),
             version=row[1],
+            incarnation=row[5] if len(row) > 5 else 0,
         )
 
     async def save(
@@ -1382,7 +1387,7 @@ def load_rows(conn: Any, session_id: str) -> list[Any]:
     The turn queue runs it in a claim's transaction too."""
     return list(
         conn.execute(
-            """SELECT s.meta, s.version, m.idx, m.role, m.body
+            """SELECT s.meta, s.version, m.idx, m.role, m.body, s.incarnation
             FROM axon_sessions AS s
             LEFT JOIN axon_messages AS m ON m.session_id = s.session_id
             WHERE s.session_id = %s ORDER BY m.idx""",

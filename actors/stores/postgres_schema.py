@@ -29,8 +29,11 @@ from actors.stores.postgres_tables import (
     _HEAD_SCHEMA,
     _HEAD_TRIGGER,
     _HEAD_TRIGGERS,
+    _INCARNATION_SCHEMA,
+    _INCARNATION_TRIGGER,
     _QUEUE_INDEXES,
     _SCHEMA,
+    _SESSION_COLUMNS,
     _TURN_COLUMNS,
 )
 from runtime.errors import ConfigurationError, StoreCorrupt, StoreError
@@ -57,6 +60,8 @@ def _first_connect(libpq: str, schema: str) -> str:
         for statement in _SCHEMA:
             conn.execute(statement)
         _add_turn_columns(conn, schema)
+        _add_session_columns(conn, schema)
+        _ensure_incarnation_trigger(conn)
         _ensure_turn_heads(conn)
         _ensure_claim_function(conn)
         _ensure_save_function(conn)
@@ -125,6 +130,36 @@ def _add_turn_columns(conn: Any, schema: str) -> None:
                     "ON axon_turns (expires_at) WHERE status = 'awaiting-input'"
                 )
                 _allow_waiting_status(conn)
+
+
+def _add_session_columns(conn: Any, schema: str) -> None:
+    """Add the :data:`_SESSION_COLUMNS` an older store lacks (only those, as
+    :func:`_add_turn_columns`)."""
+    present = {
+        name
+        for (name,) in conn.execute(
+            "SELECT column_name FROM information_schema.columns "
+            "WHERE table_schema = %s AND table_name = 'axon_sessions'",
+            (schema,),
+        )
+    }
+    for column, definition in _SESSION_COLUMNS:
+        if column not in present:
+            conn.execute(
+                f"ALTER TABLE axon_sessions ADD COLUMN IF NOT EXISTS {column} {definition}"
+            )
+
+
+def _ensure_incarnation_trigger(conn: Any) -> None:
+    """The trigger that records a new session's incarnation (:data:`_INCARNATION_TRIGGER`),
+    created with its function when missing."""
+    found = conn.execute(
+        "SELECT 1 FROM pg_trigger WHERE tgrelid = 'axon_sessions'::regclass AND tgname = %s",
+        (_INCARNATION_TRIGGER,),
+    ).fetchone()
+    if found is None:
+        for statement in _INCARNATION_SCHEMA:
+            conn.execute(statement)
 
 
 WAITING_CHECK = (

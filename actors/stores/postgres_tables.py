@@ -19,7 +19,8 @@ _SCHEMA = (
         created_at TIMESTAMPTZ NOT NULL DEFAULT now(),
         updated_at TIMESTAMPTZ NOT NULL DEFAULT now(),
         update_seq BIGINT NOT NULL,
-        version BIGINT NOT NULL
+        version BIGINT NOT NULL,
+        incarnation BIGINT NOT NULL DEFAULT 0
     )""",
     # No index on update_seq (stores of before have axon_sessions_by_update; nothing reads
     # it: listing every session sorts them all, a walk of the whole index buys nothing):
@@ -104,6 +105,35 @@ store created before them gains them on open, in place, without a version change
 runs only when its column is missing: ``ALTER TABLE`` takes an exclusive lock even when
 it has nothing to do, and a worker opening the store while others claim turns would
 deadlock with them."""
+
+_SESSION_COLUMNS = (
+    # The version of the session's first save (runtime.store.SessionRecord.incarnation),
+    # written by :data:`_INCARNATION_SCHEMA`'s trigger; 0 for the sessions stored before.
+    ("incarnation", "BIGINT NOT NULL DEFAULT 0"),
+)
+"""Columns ``axon_sessions`` gained after schema 1 shipped: added on open when missing,
+as :data:`_TURN_COLUMNS` are."""
+
+_INCARNATION_TRIGGER = "axon_sessions_incarnation_v1"
+"""The trigger (and its function) that records a new session row's ``version`` as its
+``incarnation``: a session deleted and saved again is a new row, whose first version (a
+draw of the database-wide ``axon_versions``) is above every version the deleted one had.
+In the insert's own statement (no statement more for a save), and kept by the database
+like :data:`_HEAD_TRIGGER`, so every writer records it: the save's function of every
+version, the Python insert, a front end of an earlier version during a rolling upgrade.
+A new version of it gets a new name."""
+
+_INCARNATION_SCHEMA = (
+    f"""CREATE OR REPLACE FUNCTION {_INCARNATION_TRIGGER}() RETURNS trigger
+        LANGUAGE plpgsql AS $$
+    BEGIN
+        NEW.incarnation := NEW.version;
+        RETURN NEW;
+    END $$""",
+    f"""CREATE TRIGGER {_INCARNATION_TRIGGER} BEFORE INSERT ON axon_sessions
+        FOR EACH ROW EXECUTE FUNCTION {_INCARNATION_TRIGGER}()""",
+)
+"""Created once, when the trigger is missing (``CREATE TRIGGER`` locks the table)."""
 
 _HEAD_TRIGGER = "axon_turns_head_v1"
 """The trigger (and its function) that keeps ``axon_turns.head``: true on exactly the

@@ -1,13 +1,14 @@
 """A :class:`~runtime.store.Store` in one embedded SQLite file.
 
-Layout (schema version 2)::
+Layout (schema version 3)::
 
     axon_meta(key TEXT PRIMARY KEY, value TEXT)          -- magic, schema_version,
                                                          -- deleted_version (see delete)
     sessions(session_id TEXT PRIMARY KEY, meta TEXT,     -- meta: a JSON object
              created_at REAL, updated_at REAL,           -- unix seconds, informative
              update_seq INTEGER,                         -- recency order, see below
-             version INTEGER)                            -- bumped by every save
+             version INTEGER,                            -- bumped by every save
+             incarnation INTEGER)                        -- version of its first save
     messages(session_id TEXT, idx INTEGER, role TEXT,
              body BLOB,                                  -- serde JSON of one Message
              PRIMARY KEY(session_id, idx))
@@ -23,7 +24,9 @@ save leaves the previous state intact. The same transaction checks the session's
 :class:`~runtime.store.Store`), so two processes on one file never overwrite each other.
 
 Schema version 1 (no ``version`` column) is upgraded in place when opened: the column is
-added and every existing session starts at version 1. Newer schemas are refused.
+added and every existing session starts at version 1. Schema version 2 (no
+``incarnation`` column) likewise: its sessions get ``0`` ("not recorded", which refuses
+nothing), a session created after records its own. Newer schemas are refused.
 
 The file is never reset or overwritten: :meth:`SQLiteStore.open` only reads until it has
 established that the file is empty or an Axon store, and raises
@@ -65,7 +68,7 @@ APPLICATION_ID = 0x41584F4E
 MAGIC = "axon-session-store"
 """The ``magic`` row of ``axon_meta``."""
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """The schema this code writes. Older files are upgraded in place; newer ones are refused."""
 
 _SQLITE_HEADER = b"SQLite format 3\x00"
@@ -102,7 +105,8 @@ _SCHEMA = (
         created_at REAL NOT NULL,
         updated_at REAL NOT NULL,
         update_seq INTEGER NOT NULL,
-        version INTEGER NOT NULL DEFAULT 0
+        version INTEGER NOT NULL DEFAULT 0,
+        incarnation INTEGER NOT NULL DEFAULT 0
     )""",
     "CREATE INDEX sessions_by_update ON sessions (update_seq)",
     """CREATE TABLE messages (
@@ -118,13 +122,18 @@ _COLUMNS_V1 = {
     "sessions": {"session_id", "meta", "created_at", "updated_at", "update_seq"},
     "messages": {"session_id", "idx", "role", "body"},
 }
-_COLUMNS = {**_COLUMNS_V1, "sessions": _COLUMNS_V1["sessions"] | {"version"}}
+_COLUMNS_V2 = {**_COLUMNS_V1, "sessions": _COLUMNS_V1["sessions"] | {"version"}}
+_COLUMNS = {**_COLUMNS_V2, "sessions": _COLUMNS_V2["sessions"] | {"incarnation"}}
 _MIGRATIONS = {
     # 1 -> 2: per-session versions. Existing sessions start at 1, since 0 means "absent".
     1: (
         "ALTER TABLE sessions ADD COLUMN version INTEGER NOT NULL DEFAULT 0",
         "UPDATE sessions SET version = 1",
     ),
+    # 2 -> 3: each session's incarnation (the version of its first save), so a save based
+    # on a deleted session's version is told from another writer's (Store docstring).
+    # Existing sessions: 0, not recorded (their first save's version is not known).
+    2: ("ALTER TABLE sessions ADD COLUMN incarnation INTEGER NOT NULL DEFAULT 0",),
 }
 
 _T = TypeVar("_T")
@@ -316,7 +325,8 @@ def _inspect(conn: sqlite3.Connection, path: str) -> int | None:
         )
     if version < 1:
         raise StoreCorrupt(f"session store {path} is damaged: schema_version {version}")
-    for table, columns in (_COLUMNS if version >= 2 else _COLUMNS_V1).items():
+    expected = _COLUMNS if version >= 3 else _COLUMNS_V2 if version >= 2 else _COLUMNS_V1
+    for table, columns in expected.items():
         found = {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
         if not columns <= found:
             raise StoreCorrupt(
@@ -425,18 +435,21 @@ def _upsert_session(
     conn: sqlite3.Connection, session_id: str, meta: dict[str, Any], version: int, now: float
 ) -> None:
     """Write the session row: its merged meta, ``version``, and the next place in recency
-    order. ``update_seq``, not ``updated_at``, orders list_sessions: it is strictly
-    increasing per write, where two wall-clock readings can tie or step backwards."""
+    order; a new row (the session's first save) records ``version`` as its incarnation
+    too, in the same statement. ``update_seq``, not ``updated_at``, orders list_sessions:
+    it is strictly increasing per write, where two wall-clock readings can tie or step
+    backwards."""
     conn.execute(
         """INSERT INTO sessions
-            (session_id, meta, created_at, updated_at, update_seq, version)
-        VALUES (?, ?, ?, ?, (SELECT coalesce(max(update_seq), 0) + 1 FROM sessions), ?)
+            (session_id, meta, created_at, updated_at, update_seq, version, incarnation)
+        VALUES (?1, ?2, ?3, ?3, (SELECT coalesce(max(update_seq), 0) + 1 FROM sessions),
+            ?4, ?4)
         ON CONFLICT (session_id) DO UPDATE SET
             meta = excluded.meta,
             updated_at = excluded.updated_at,
             update_seq = excluded.update_seq,
             version = excluded.version""",
-        (session_id, orjson.dumps(meta), now, now, version),
+        (session_id, orjson.dumps(meta), now, version),
     )
 
 
@@ -444,13 +457,13 @@ _HEAD_SQL = """SELECT (SELECT coalesce(sum(length(body)), 0) FROM messages
     WHERE session_id = ?1) FROM sessions WHERE session_id = ?1"""
 """A stored session's messages' total size in bytes (no row: never saved)."""
 _READ_SQL = """SELECT CASE WHEN m.idx IS NULL OR m.idx = 0 THEN s.meta END, s.version,
-        m.idx, m.role, m.body
+        CASE WHEN m.idx IS NULL OR m.idx = 0 THEN s.incarnation END, m.idx, m.role, m.body
     FROM sessions AS s LEFT JOIN messages AS m ON m.session_id = s.session_id
     WHERE s.session_id = ? ORDER BY m.idx"""
 """A session in one snapshot: its row joined to each message, in index order (read along
 the messages' primary key: no sort), the meta on the first message's row only (not
 copied once a message); one row of ``NULL`` message columns for a session without
-messages, none for a session not stored."""
+messages, none for a session not stored. The incarnation as the meta."""
 
 
 _LIST_COLUMNS = """SELECT s.session_id, s.meta,
@@ -614,19 +627,23 @@ class SQLiteStore:
         rows = conn.execute(_READ_SQL, (session_id,)).fetchall()
         if not rows:
             return None  # (never saved, or deleted since the size was read)
-        raw_meta, version, first = rows[0][0], rows[0][1], rows[0][2]
+        raw_meta, version, incarnation, first = rows[0][:4]
         if first is None:
             rows = []  # the session row alone: no messages
         elif first != 0:  # (then the meta was not read either)
             raise _missing(self._path, session_id, 0, first)
         meta = decode_meta(self._path, raw_meta, session_id)
         messages = []
-        for expected, (_, _, idx, role, body) in enumerate(rows):
+        for expected, (_, _, _, idx, role, body) in enumerate(rows):
             if idx != expected:
                 raise _missing(self._path, session_id, expected, idx)
             messages.append(decode_message(self._path, session_id, idx, role, body))
         return SessionRecord(
-            session_id=session_id, messages=tuple(messages), meta=meta, version=version
+            session_id=session_id,
+            messages=tuple(messages),
+            meta=meta,
+            version=version,
+            incarnation=incarnation,
         )
 
     # -- save --------------------------------------------------------------------------

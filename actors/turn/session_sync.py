@@ -9,7 +9,8 @@ together, and both are plain functions here so they can be tested without a turn
   session's own messages from the save's start on, exactly the store's new layout.
 * :func:`adopt_record`: a turn is about to start and the stored version moved. The
   history becomes the stored one, followed by whatever this session had not yet managed
-  to save (so the model sees the other writer's turns, and nothing of ours is dropped).
+  to save (so the model sees the other writer's turns, and nothing of ours is dropped),
+  unless the session was deleted and started again since (its incarnation says so).
 """
 
 from __future__ import annotations
@@ -62,11 +63,17 @@ def adopt_save(state: SessionState, req: SaveRequest, result: SaveResult) -> Ado
 
 
 def adopt_record(state: SessionState, record: SessionRecord | None) -> Adopted:
-    """Make ``state`` the stored session ``record`` plus what ``state`` had not saved yet."""
+    """Make ``state`` the stored session ``record`` plus what ``state`` had not saved yet,
+    unless ``record`` is a later incarnation of the session (deleted and started again
+    since the version ``state`` holds, :attr:`~runtime.store.SessionRecord.incarnation`):
+    what ``state`` had not saved then belongs to the deleted conversation, and goes."""
     stored = () if record is None else record.messages
-    unsaved = state.messages[state.saved_upto :]
+    end = state.saved_upto
+    if record is not None and 0 < state.version < record.incarnation:
+        end = len(state.messages)
+    unsaved = state.messages[end:]
     base, start = rebase(stored, unsaved)
-    adopted = _replace_prefix(state, state.saved_upto, base)
+    adopted = _replace_prefix(state, end, base)
     # The store holds ``base`` only up to ``start``, where it keeps an earlier copy of
     # ours (a step saved before the other writer's turn): the next save starts there.
     # From ``len(base)`` it would write ours over the other writer's messages.

@@ -31,6 +31,13 @@ A store whose ``list_sessions`` pages (takes ``limit`` and ``after``) adds
 class apart so that a store written before paging, which the runtime pages by slicing its
 full list, still passes :class:`StoreConformance` as it did.
 
+A store that records incarnations (:attr:`~runtime.store.SessionRecord.incarnation`: the
+version of a session's first save, which tells the runtime a session deleted and created
+again under the same id from another writer's saves) adds :class:`StoreIncarnations`, a
+class apart for the same reason: a store written before them reports ``0`` (the record's
+default), which the runtime reads as "not recorded", and passes :class:`StoreConformance`
+as it did.
+
 The data helpers (:func:`conversation`, :func:`turn`, :func:`record`) are public too, for
 a store's own tests beyond the kit.
 """
@@ -560,3 +567,38 @@ class StorePaging:
         assert len(await store.list_sessions(limit=2**70)) == 3
         first = await store.list_sessions(limit=1)
         assert len(await store.list_sessions(limit=2**70, after=first[0].cursor)) == 2
+
+
+class StoreIncarnations:
+    """The incarnation checks, for a store whose :meth:`~runtime.store.Store.load`
+    reports :attr:`~runtime.store.SessionRecord.incarnation` (the built-in ones do). Apart
+    from :class:`StoreConformance` so a store written before incarnations still passes
+    that kit; subclass both to check both::
+
+        class TestMyStore(StoreConformance, StoreIncarnations): ...
+    """
+
+    async def test_the_incarnation_is_the_first_saves_version(self, store):
+        first = await store.save("s", 0, turn(0), expected_version=0)
+        later = await store.save("s", 2, turn(1), expected_version=first)
+        later = await store.save("s", 0, turn(2), expected_version=later)  # all replaced
+        loaded = await store.load("s")
+        assert loaded.incarnation == first and loaded.version == later > first
+
+    async def test_a_re_created_sessions_incarnation_is_above_the_deleted_ones_versions(
+        self, store
+    ):
+        version = 0
+        for n in range(3):
+            version = await store.save("s", 2 * n, turn(n), expected_version=version)
+        await store.delete("s")
+        again = await store.save("s", 0, turn(10), expected_version=0)
+        loaded = await store.load("s")
+        assert loaded.incarnation == again > version
+
+    async def test_each_session_has_its_own_incarnation(self, store):
+        one = await store.save("one", 0, turn(0))
+        two = await store.save("two", 0, turn(1))
+        await store.save("one", 2, turn(2), expected_version=one)
+        assert (await store.load("one")).incarnation == one
+        assert (await store.load("two")).incarnation == two

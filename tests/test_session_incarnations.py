@@ -1,0 +1,211 @@
+"""A session deleted and re-created under the same id by another process, with nothing
+between the two processes but the store (no relay, the CLI's ``delete``): a turn of the
+deleted conversation still running in the first process must not write into the new one.
+
+Its next save meets the new session's version (a conflict, as any other writer's save
+would give), reloads, and used to take the new conversation for another writer's turns
+and append the deleted turn to it. The store records each session's *incarnation* (the
+version its first save gave it, above every version a deleted session of that id had):
+the reload shows one above the version the turn's save was based on, so the turn's save
+is refused as a deleted session's (nothing written; its stream ends ``abort``, "session
+deleted"). A turn whose saves had failed, kept in memory for the next turn's save, is
+dropped the same way when that turn's reload finds a later incarnation."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Any
+
+import attrs
+import httpx
+import pytest
+import trio
+
+from actors.stores import MemoryStore
+from runtime import Host
+from runtime.actor_messages import SaveRequest, SaveResult
+from runtime.errors import SessionDeleted, StoreError, StoreUnavailable
+from runtime.inbox import Inbox
+from runtime.messages import UserMessage
+from runtime.testing.stores import turn
+from tests.test_session_delete import LIMIT, _agent, _Gate
+from tests.test_web_http import body
+from tests.web.harness import web_server
+
+
+@pytest.fixture(params=["memory", "sqlite", "postgres"])
+def shared_store(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
+    """The store both hosts open: one memory store, one SQLite file, or one PostgreSQL
+    schema."""
+    if request.param == "memory":
+        return MemoryStore()
+    if request.param == "sqlite":
+        return str(tmp_path / "sessions.db")
+    return str(request.getfixturevalue("pg_url"))
+
+
+def _users(record: Any) -> list[Any]:
+    return [m.content for m in record.messages if isinstance(m, UserMessage)]
+
+
+async def test_a_session_re_created_by_another_host_without_a_relay_keeps_the_old_turn_out(
+    shared_store: Any,
+) -> None:
+    # Two embedded hosts on one store, no relay. A runs a turn of "s" (held by its tool);
+    # B deletes "s" (B holds nothing of it: only the store's delete) and a new message on
+    # B starts it again. A's turn, let go, saves next.
+    gate, asked = _Gate(), []
+    agent = _agent(gate, asked)
+    async with (
+        web_server(agent, store=shared_store) as a,
+        web_server(agent, store=shared_store) as b,
+        httpx.AsyncClient(timeout=LIMIT) as client,
+    ):
+        await client.post(f"{a.url}/api/chat", json=body("s", "first", message_id="u1"))
+        old: list[httpx.Response] = []
+
+        async def old_turn() -> None:
+            old.append(
+                await client.post(f"{a.url}/api/chat", json=body("s", "hold on", message_id="u2"))
+            )
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(old_turn)
+            with trio.fail_after(LIMIT):
+                await gate.entered.wait()
+            deleted = await client.delete(
+                f"{b.url}/api/sessions/s", headers={"content-type": "application/json"}
+            )
+            new = await client.post(f"{b.url}/api/chat", json=body("s", "fresh", message_id="u3"))
+            gate.opened.set()
+        record = await b.host.store.load("s")
+    assert deleted.status_code == 204 and new.status_code == 200
+    assert record is not None and _users(record) == ["fresh"]  # before: + "hold on"
+    assert [m.id for m in record.messages if isinstance(m, UserMessage)] == ["u3"]
+    assert record.meta["title"] == "fresh"  # before: "first", the deleted one's
+    assert 'data: {"type":"abort","reason":"session deleted"}' in old[0].text
+
+
+def _request(replies: Inbox[SaveResult], name: str, start: int, **kw: Any) -> SaveRequest:
+    return SaveRequest(
+        request_id=name,
+        session_id="s",
+        turn_id="old",
+        start=start,
+        messages=tuple(turn(start)),
+        reply=replies,
+        **kw,
+    )
+
+
+async def _deleted_and_re_created(store: Any) -> int:
+    """Store "s" (the old turn's base), delete it, create it again (another process's
+    new message); the base's version."""
+    base = await store.save("s", 0, turn(0), expected_version=0)
+    await store.delete("s")
+    await store.save("s", 0, turn(100), expected_version=0)
+    return base
+
+
+async def test_a_save_based_on_a_deleted_incarnations_version_is_refused() -> None:
+    store = MemoryStore()
+    replies: Inbox[SaveResult] = Inbox(16, name="replies")
+    async with Host.open(store=store, log_tap=False) as host:
+        base = await _deleted_and_re_created(store)
+        await host.persister.send(_request(replies, "a", 2, expected_version=base))
+        with trio.fail_after(5):
+            answer = await replies.get()
+    assert isinstance(answer.error, SessionDeleted) and answer.version is None
+    record = await store.load("s")
+    assert record is not None and list(record.messages) == turn(100)
+
+
+async def test_a_save_queued_after_one_refused_so_is_refused_too() -> None:
+    # The turn's next request, made while the first was in flight, names it (``after``):
+    # no version of its own to compare, it was rebased onto the new conversation.
+    store = MemoryStore()
+    replies: Inbox[SaveResult] = Inbox(16, name="replies")
+    async with Host.open(store=store, log_tap=False) as host:
+        base = await _deleted_and_re_created(store)
+        await host.persister.send(_request(replies, "a", 2, expected_version=base))
+        await host.persister.send(_request(replies, "b", 4, after="a"))
+        with trio.fail_after(5):
+            answers = [await replies.get(), await replies.get()]
+    assert [type(a.error) for a in answers] == [SessionDeleted, SessionDeleted]
+    record = await store.load("s")
+    assert record is not None and list(record.messages) == turn(100)
+
+
+class NoIncarnations(MemoryStore):
+    """A store written before incarnations: its records say ``0`` (not recorded)."""
+
+    async def load(self, session_id: str) -> Any:
+        record = await super().load(session_id)
+        return None if record is None else attrs.evolve(record, incarnation=0)
+
+
+async def test_a_store_that_records_no_incarnation_has_the_save_rebased_as_before() -> None:
+    store = NoIncarnations()
+    replies: Inbox[SaveResult] = Inbox(16, name="replies")
+    async with Host.open(store=store, log_tap=False) as host:
+        base = await _deleted_and_re_created(store)
+        await host.persister.send(_request(replies, "a", 2, expected_version=base))
+        with trio.fail_after(5):
+            answer = await replies.get()
+    assert answer.error is None and answer.base == tuple(turn(100))
+    record = await store.load("s")
+    assert record is not None and list(record.messages) == turn(100) + turn(2)
+
+
+async def test_a_postgres_store_from_before_incarnations_gains_them_on_open(pg_url: str) -> None:
+    from actors.stores.postgres import PostgresStore
+    from tests.test_turn_queue import sql
+
+    store = await PostgresStore.open(pg_url)
+    old = await store.save("s", 0, turn(0), expected_version=0)
+    sql(store, "DROP TRIGGER axon_sessions_incarnation_v1 ON axon_sessions")
+    sql(store, "ALTER TABLE axon_sessions DROP COLUMN incarnation")
+    await store.aclose()
+    store = await PostgresStore.open(pg_url)
+    try:
+        kept = await store.load("s")
+        assert kept is not None and kept.version == old
+        assert kept.incarnation == 0  # not recorded: nothing is refused on it
+        await store.delete("s")
+        again = await store.save("s", 0, turn(1), expected_version=0)
+        recreated = await store.load("s")
+        assert recreated is not None and recreated.incarnation == again > old
+    finally:
+        await store.aclose()
+
+
+class FailingSaves(MemoryStore):
+    """A memory store whose saves fail (the database away) while ``failing``."""
+
+    failing = False
+
+    async def save(self, *args: Any, **kwargs: Any) -> int:
+        if self.failing:
+            raise StoreUnavailable("the store is away (test)")
+        return await super().save(*args, **kwargs)
+
+
+async def test_an_unsaved_turn_of_a_deleted_session_is_not_saved_into_its_re_creation() -> None:
+    # A turn's saves failed (kept in memory for the next save); meanwhile another process
+    # deleted the session and a new message started it again. The session's next turn
+    # here reloaded it and saved the kept turn after the new conversation's.
+    gate, asked = _Gate(), []
+    store = FailingSaves()
+    async with Host.open(store=store, log_tap=False) as host:
+        session = await host.open_session(_agent(gate, asked), session_id="s")
+        await session.run("first")
+        store.failing = True
+        with contextlib.suppress(StoreError):
+            await session.run("lost")
+        store.failing = False
+        await store.delete("s")  # another process: its delete, and its new message
+        await store.save("s", 0, [UserMessage(content="fresh", id="f")], expected_version=0)
+        await session.run("next")
+        record = await store.load("s")
+    assert record is not None and _users(record) == ["fresh", "next"]  # before: + "lost"
