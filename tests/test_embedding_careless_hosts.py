@@ -199,6 +199,27 @@ async def waiting_session_of_a_closed_host(store: object) -> tuple[object, str]:
     return session, result.pending[0].approval_id
 
 
+async def test_sessions_of_one_agent_opened_at_once_share_its_one_provider_start(
+    autojump_clock,
+):
+    """Each open started the agent's provider when none had started yet: the second
+    start of one actor is refused, so every concurrent open but the first failed (fifty
+    users arriving at once at a fresh server; a worker taking several sessions)."""
+    agent = Agent(provider=ScriptedProvider([["hi"]] * 5))
+    opened: list[object] = []
+
+    async def open_one(n: int) -> None:
+        opened.append(await host.open_session(agent, session_id=f"s{n}"))
+
+    async with Host.open(log_tap=False) as host:
+        async with trio.open_nursery() as nursery:
+            for n in range(5):
+                nursery.start_soon(open_one, n)
+        assert len(opened) == 5
+        results = [await session.run("hello") for session in opened]  # type: ignore[attr-defined]
+    assert [r.text for r in results] == ["hi"] * 5
+
+
 async def test_a_decision_on_a_session_of_a_closed_host_raises_host_closed_recording_nothing(
     autojump_clock,
 ):

@@ -288,6 +288,7 @@ class Host:
         """Every ``Session`` object still referenced, loaded or evicted: one per id."""
         self._opening: dict[str, trio.Event | None] = {}
         self._providers: dict[int, Actor] = {}
+        self._providers_starting: dict[int, trio.Event] = {}
         self._model_providers: dict[str, Provider] = {}
         """The providers built for ``Agent(model="provider:model")``, by that string."""
         self.mcp_servers: Servers = {}
@@ -561,9 +562,20 @@ class Host:
             self._observer_scopes.pop(actor, None)
 
     async def provider_actor(self, provider: Provider) -> Actor:
-        """The running actor for a provider configuration (started on first use)."""
-        actor = self._providers.get(id(provider))
-        if actor is None:
+        """The running actor for a provider configuration (started on first use). Sessions
+        opened at once wait for the one start of their provider: each started it (the
+        second start a second task on its inbox, refused since an actor runs once, which
+        failed every concurrent open but the first)."""
+        key = id(provider)
+        while (actor := self._providers.get(key)) is None:
+            starting = self._providers_starting.get(key)
+            if starting is None:
+                break
+            await starting.wait()  # then started, or failed: this open tries in turn
+        else:
+            return actor
+        self._providers_starting[key] = started = trio.Event()
+        try:
             _claim_provider(provider)  # (released once the host's tasks have all ended)
             self._claimed.append(provider)
             if provider.rate_limit is not None:  # counted where this host counts them
@@ -571,7 +583,10 @@ class Host:
                 clock = getattr(backend, "clock", None) or TrioClock()
                 provider.limiter = Limiter(provider.limit_key, provider.rate_limit, backend, clock)
             actor = await self.start_actor(provider)
-            self._providers[id(provider)] = actor
+            self._providers[key] = actor
+        finally:
+            del self._providers_starting[key]
+            started.set()
         return actor
 
     def provider_of(self, agent: Agent) -> Provider:
