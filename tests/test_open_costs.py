@@ -7,6 +7,7 @@ from __future__ import annotations
 import builtins
 import re
 import sys
+from typing import Any
 
 import trio
 import trio.testing
@@ -324,6 +325,44 @@ async def test_a_turn_s_own_getattr_calls_find_what_they_look_for(tmp_path, monk
         record = await host.store.load("looked")
         assert record is not None and record.messages[-1] == two.message
         assert missed == []
+
+
+async def test_a_turn_s_own_code_raises_no_exception_it_catches_again(tmp_path):
+    """A plain turn (a fresh session, a streamed answer, the save) builds no exception in
+    ``runtime`` or ``actors`` code, but a coroutine's or an iterator's end: each built,
+    raised and caught costs ~2,500 instructions (issue 24 goal 1). Two were: the
+    saver's poll's ``WouldBlock`` and the ``GeneratorExit`` closing a generator of the
+    running turns that a stream made for every turn and never read (and the tagged
+    classes' look-up's, made when a class is first unstructured)."""
+    seen: list[str] = []
+    ours = re.compile(r"[/\\](runtime|actors)[/\\]")
+
+    def traced(frame: Any, event: str, arg: Any) -> Any:
+        if event == "call":
+            return traced if ours.search(frame.f_code.co_filename) else None
+        if event == "exception" and arg[0] not in (StopIteration, StopAsyncIteration):
+            seen.append(f"{arg[0].__name__} ({frame.f_code.co_filename}:{frame.f_lineno})")
+        return traced
+
+    agent = Agent(provider=ScriptedProvider(turns=[[["hi", " there"]]] * 2))
+    async with Host.open(store=str(tmp_path / "s.db")) as host:
+        first = await host.open_session(agent, session_id="warm")
+        await first.run("x")
+        texts: list[str] = []
+        sys.settrace(traced)
+        try:
+            session = await host.open_session(agent, session_id="traced")
+            async with session.stream("y") as out:
+                async for chunk in out:
+                    if chunk.type == "text-delta":
+                        texts.append(chunk.text)
+            await trio.testing.wait_all_tasks_blocked()
+        finally:
+            sys.settrace(None)
+        assert "".join(texts) == "hi there" and out.result is not None
+        record = await host.store.load("traced")
+        assert record is not None and record.messages[-1] == out.result.message
+        assert seen == []
 
 
 def test_a_history_is_made_with_both_counts_set(monkeypatch):
