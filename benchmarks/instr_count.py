@@ -19,8 +19,8 @@ moved a 1,000-delta turn's count by ~300k instructions (1.5 %) between two trees
 by ~20k (branch ``anthperf2``); with it both trees start from the same phase.
 
 ``python3 -m benchmarks.instr_count --trees /work/main,$PWD [--formats anthropic]
-[--deltas 1000] [--turns 10] [--collect]``: each tree is put first on ``PYTHONPATH`` of its children,
-as :mod:`benchmarks.cpu_floor` does. Under callgrind a 1,000-delta Axon turn takes ~0.5 s;
+[--deltas 1000] [--turns 10] [--collect]``: each tree is put first on ``PYTHONPATH`` of its
+children, as :mod:`benchmarks.cpu_floor` does. Under callgrind a 1,000-delta Axon turn takes ~0.5 s;
 a child's start ~30 s.
 """
 
