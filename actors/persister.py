@@ -53,6 +53,10 @@ class Persister(Actor):
     def __init__(self, store: Store, *, name: str = "persister") -> None:
         super().__init__(name=name)
         self.store = store
+        self._ends_turns = bool(getattr(store, "ends_turns", False))
+        """Whether the store finishes a turn in its save (:meth:`_ends`): asked once, not
+        a save each (a store without the attribute built and dropped an AttributeError
+        every save, issue 24 goal 1)."""
         self._log = get_logger("axon.persister")
         self._latest: OrderedDict[str, tuple[str, int | None, bool, int]] = OrderedDict()
         """Each session's latest request id, the version it left if it was saved in place,
@@ -245,7 +249,7 @@ class Persister(Actor):
         """The save's ``ends`` keyword (:attr:`SaveRequest.ends`) for a store that takes
         it (``ends_turns``: a worker's PostgreSQL store finishes the turn's queue row in
         the save's commit); nothing for any other store, whose ``save`` does not know it."""
-        if req.ends is None or not getattr(self.store, "ends_turns", False):
+        if req.ends is None or not self._ends_turns:
             return {}
         return {"ends": req.ends}
 

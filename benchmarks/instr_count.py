@@ -12,15 +12,22 @@ spot: ``--zero-before=getloadavg``) and dumped after them
 (``os.sched_get_priority_max``: ``--dump-before``), so start-up, imports and warm-up
 are not counted. ``PYTHONHASHSEED`` and Trio's scheduler's random draws are fixed.
 
+``--collect``: a full garbage collection before each side's counted part. Without it the
+collections that fall in the window depend on the collector's phase, which any change to a
+turn's allocations shifts: a gen-1 or gen-2 collection more or less in one tree's window
+moved a 1,000-delta turn's count by ~300k instructions (1.5 %) between two trees differing
+by ~20k (branch ``anthperf2``); with it both trees start from the same phase.
+
 ``python3 -m benchmarks.instr_count --trees /work/main,$PWD [--formats anthropic]
-[--deltas 1000] [--turns 10]``: each tree is put first on ``PYTHONPATH`` of its children,
-as :mod:`benchmarks.cpu_floor` does. Under callgrind a 1,000-delta Axon turn takes ~0.5 s;
+[--deltas 1000] [--turns 10] [--collect]``: each tree is put first on ``PYTHONPATH`` of its
+children, as :mod:`benchmarks.cpu_floor` does. Under callgrind a 1,000-delta Axon turn takes ~0.5 s;
 a child's start ~30 s.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import re
 import subprocess
@@ -31,7 +38,9 @@ from pathlib import Path
 WARM = 3
 
 
-async def _reads(fmt: str, n: int, turns: int, server: object, directory: str) -> None:
+async def _reads(
+    fmt: str, n: int, turns: int, server: object, directory: str, collect: bool
+) -> None:
     from trio.testing import wait_all_tasks_blocked
 
     from benchmarks.bench_pipeline import axon_side, make_provider
@@ -51,6 +60,8 @@ async def _reads(fmt: str, n: int, turns: int, server: object, directory: str) -
                 await floor()
                 await wait_all_tasks_blocked()
             for side, run in (("floor", floor), ("axon", axon)):
+                if collect:  # both sides, both trees, from the collector's same phase
+                    gc.collect()
                 os.getloadavg()  # callgrind: zero the counters
                 for _ in range(turns):
                     got = await run()
@@ -62,7 +73,7 @@ async def _reads(fmt: str, n: int, turns: int, server: object, directory: str) -
         await floor_close()
 
 
-def _child(fmt: str, n: int, turns: int) -> None:
+def _child(fmt: str, n: int, turns: int, collect: bool) -> None:
     import trio
 
     from benchmarks.common import LogSink, LoopbackServer
@@ -75,16 +86,18 @@ def _child(fmt: str, n: int, turns: int) -> None:
         with tempfile.TemporaryDirectory(prefix="axon-instr-") as directory:
             sink = LogSink(directory)
             try:
-                trio.run(_reads, fmt, n, turns, server, directory)
+                trio.run(_reads, fmt, n, turns, server, directory, collect)
             finally:
                 sink.close()
     finally:
         server.close()
 
 
-def count(tree: str, fmt: str, n: int, turns: int, out: str) -> tuple[int, int]:
+def count(
+    tree: str, fmt: str, n: int, turns: int, out: str, collect: bool = False
+) -> tuple[int, int]:
     """Ir of the floor's ``turns`` reads and of Axon's ``turns`` turns, one child under
-    callgrind."""
+    callgrind (``collect``: a full collection before each side's)."""
     env = {**os.environ, "PYTHONPATH": tree, "PYTHONHASHSEED": "0"}
     argv = [
         "valgrind",
@@ -99,6 +112,7 @@ def count(tree: str, fmt: str, n: int, turns: int, out: str) -> tuple[int, int]:
         fmt,
         str(n),
         str(turns),
+        str(int(collect)),
     ]
     done = subprocess.run(argv, cwd=tree, env=env, capture_output=True, text=True, check=False)
     if done.returncode:
@@ -120,17 +134,23 @@ def main() -> None:
     parser.add_argument("--deltas", type=int, default=1000)
     parser.add_argument("--turns", type=int, default=10)
     parser.add_argument("--out", default=tempfile.gettempdir(), help="callgrind files here")
-    parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--collect",
+        action="store_true",
+        help="a full garbage collection before each side's counted part",
+    )
+    parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        fmt, n, turns = args.child
-        _child(fmt, int(n), int(turns))
+        fmt, n, turns, collect = args.child
+        _child(fmt, int(n), int(turns), collect == "1")
         return
     trees = args.trees.split(",")
     for fmt in args.formats.split(","):
         for i, tree in enumerate(trees):
             path = f"{args.out}/cg.{fmt}.{args.deltas}.{i}"
-            floor, axon = (c / args.turns for c in count(tree, fmt, args.deltas, args.turns, path))
+            counts = count(tree, fmt, args.deltas, args.turns, path, args.collect)
+            floor, axon = (c / args.turns for c in counts)
             print(
                 f"{fmt} {args.deltas} {tree}: floor {floor:,.0f} Ir a read,"
                 f" Axon {axon:,.0f} Ir a turn, {axon / floor:.3f}x ({path}.1, .2)",

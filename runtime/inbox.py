@@ -24,6 +24,7 @@ from runtime.events import Lagged
 
 OverflowPolicy = Literal["block", "drop-oldest"]
 T = TypeVar("T")
+D = TypeVar("D")
 _now = time.perf_counter
 
 
@@ -242,6 +243,16 @@ class Inbox(Generic[T]):
         if self.dropped:
             return self._lagged()
         return self._take()
+
+    def poll(self, default: D) -> T | D:
+        """:meth:`get_nowait`, or ``default`` where it would raise :class:`trio.WouldBlock`
+        (nothing waiting, the inbox open at both ends). For a receiver that looks without
+        waiting, often at an empty inbox: the exception raised and caught cost ~2,500
+        instructions each time (issue 24 goal 1)."""
+        if not (self.dropped or self._buffer or self._putters or self._closed):
+            if not self._receiver_closed:
+                return default
+        return self.get_nowait()
 
     def _take(self) -> T:
         """A memory channel's ``receive_nowait``: the oldest message, a waiting sender's

@@ -83,7 +83,10 @@ def _tagged_class(t: Any) -> type | None:
     ``UserMessage``), or ``None``."""
     if not isinstance(t, type):
         return None
-    return next((c for c in t.__mro__ if c in _TAGS), None)
+    for c in t.__mro__:  # (a loop: a generator left unfinished is closed by an exception)
+        if c in _TAGS:
+            return c
+    return None
 
 
 def _tagged_unstructure(t: type) -> Callable[[Any], _Dict]:

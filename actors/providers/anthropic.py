@@ -1290,8 +1290,9 @@ class AnthropicProvider(SDKProvider):
                     )
             finally:
                 # release the connection even when cancelled or failed mid-stream
-                with trio.move_on_after(2) as scope:
-                    scope.shield = True
+                # (shielded from the start: not set on the entered scope, which made trio
+                # work its cancel status out again)
+                with trio.move_on_after(2, shield=True):
                     await events.close()
         except Exception as exc:
             raise classify_error(exc) from exc

@@ -101,9 +101,8 @@ class Saving:
         to earlier requests are passed over (the latest one's is the one adopted)."""
         inbox = self.save_replies
         while self._answered is None:
-            try:
-                reply = inbox.get_nowait()
-            except trio.WouldBlock:
+            reply = inbox.poll(None)  # (no WouldBlock raised when none came yet)
+            if reply is None:
                 return None
             if isinstance(reply, SaveResult) and reply.request_id == req.request_id:
                 self._answered = reply

@@ -311,6 +311,17 @@ class TurnStream:
         came (``result`` stays ``None`` if the result never did)."""
         self._inbox.close()
 
+    def _names_a_running_turn(self, session: Session) -> bool:
+        """Whether this stream's turn id is a turn of another session running now. Asked
+        only for a caller's own id: a generator of the running turns made for every turn
+        and never read was closed with a ``GeneratorExit`` (an exception built and
+        dropped, issue 24 goal 1)."""
+        for other in session.host.sessions.values():
+            current = other.current
+            if current is not None and current.turn_id == self.turn_id:
+                return True
+        return False
+
     async def __aenter__(self) -> TurnStream:
         session = self.session
         session.host.check_open()
@@ -346,10 +357,8 @@ class TurnStream:
             # that interrupted): this turn is cut before its model call (a scope cancelled
             # before it is entered cancels on entry). Its input is kept.
             self._cancel.cancel(INTERRUPTED_BY_NEW)
-        running = (s.current for s in session.host.sessions.values() if s.current is not None)
         if self._named and (
-            any(t.turn_id == self.turn_id for t in running)
-            or session.host.refuses_turn(self.turn_id)
+            self._names_a_running_turn(session) or session.host.refuses_turn(self.turn_id)
         ):
             # A caller's id (an AG-UI runId) that names a turn of another session running
             # now: a turn id names one running turn (cancels, the relay's streams). Or
