@@ -214,7 +214,12 @@ class RequestGuard:
             if refusal is not None:
                 status, message = refusal
                 body = orjson.dumps(refusal_body(scope["path"], message))
-                response = Response(body, status_code=status, media_type="application/json")
+                # A smuggled body's 400 closes the connection whatever is read of it
+                # (runtime.app.web.app.CloseUnread keeps one whose body it drained).
+                headers = {"connection": "close"} if status == 400 else None
+                response = Response(
+                    body, status_code=status, media_type="application/json", headers=headers
+                )
                 await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)
