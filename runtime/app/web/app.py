@@ -40,7 +40,8 @@ Hypercorn's Trio worker, see :mod:`runtime.app.web.serve`):
     and stop a turn wherever it runs: see :mod:`runtime.app.web.resume`.
 
 Safe by default: only loopback ``Host`` names (403, :mod:`runtime.app.web.guard`), no
-state-changing request from another origin (403) or with a non-JSON body (415), no CORS
+state-changing request or API read from another origin (403), no state-changing request
+with a non-JSON body (415), no CORS
 unless ``cors_origins`` is given, a request body limit (413) and time limit (408),
 session ids validated (400), a client that stops reading a stream dropped after
 ``send_timeout``, and with ``token`` every ``/api/`` request needs
