@@ -25,6 +25,7 @@ from starlette.routing import Route
 
 from actors.providers.scripted import ScriptedProvider
 from runtime import Agent
+from runtime.app.web.guard import RequestGuard
 from runtime.app.web.serve import serve_app
 from tests.test_web_browser import CHROMIUM, CHROMIUM_ARGS, playwright_sync  # noqa: F401
 from tests.test_web_http import body
@@ -150,3 +151,73 @@ async def test_a_rebinding_page_cannot_read_the_sessions(playwright_sync):  # no
     assert answer["status"] == 403
     assert SECRET not in answer["text"]
     assert "not allowed (DNS rebinding protection)" in answer["text"]
+
+
+READ_PAGE = """<!doctype html><title>cat pictures</title>
+<img id="img" src="{target}/api/sessions/mine">
+<script>
+window.reads = Promise.all([
+  fetch("{target}/api/sessions", {{mode: "no-cors"}}).then((r) => r.type, (e) => "" + e),
+  new Promise((done) => {{
+    const img = document.getElementById("img");
+    if (img.complete) done("settled"); else img.onerror = img.onload = () => done("settled");
+  }}),
+]);
+</script>"""
+
+
+def cross_site_reads(sync_api: Any, attacker_url: str) -> Any:
+    with sync_api.sync_playwright() as p:
+        browser = launch(sync_api, p)
+        try:
+            page = browser.new_page()
+            page.set_default_timeout(20_000)
+            page.goto(attacker_url + "/")
+            return page.evaluate("window.reads")
+        finally:
+            browser.close()
+
+
+async def test_a_page_on_another_site_cannot_make_the_server_read_the_sessions(
+    playwright_sync,  # noqa: F811
+    monkeypatch,
+):
+    # A no-cors fetch and an <img> reached GET /api/sessions and GET /api/sessions/{id}:
+    # unreadable to the page, but the server paged the store and loaded the session.
+    agent = Agent(provider=ScriptedProvider(steps=[["Noted."]]))
+    async with web_server(agent) as server, trio.open_nursery() as nursery:
+        async with httpx.AsyncClient(base_url=server.url) as client:
+            assert (await client.post("/api/chat", json=body("mine", SECRET))).status_code == 200
+        reads: list[str] = []
+        for name in ("list_sessions", "load"):
+            original = getattr(server.host.store, name)
+
+            async def counted(*args: Any, _name: str = name, _original: Any = original) -> Any:
+                reads.append(_name)
+                return await _original(*args)
+
+            monkeypatch.setattr(server.host.store, name, counted)
+        seen: list[tuple[str, str | None, int | None]] = []
+        refusal = RequestGuard.refusal
+
+        def noted(self: RequestGuard, scope: Any) -> Any:
+            answer = refusal(self, scope)
+            site = dict(scope["headers"]).get(b"sec-fetch-site", b"").decode()
+            seen.append((scope["path"], site, answer and answer[0]))
+            return answer
+
+        monkeypatch.setattr(RequestGuard, "refusal", noted)
+        attacker_url = await serve_page(nursery, READ_PAGE.format(target=server.url))
+        # localhost and 127.0.0.1 are different sites: Sec-Fetch-Site: cross-site
+        attacker_url = attacker_url.replace("127.0.0.1", "localhost")
+        with trio.fail_after(60):
+            settled = await trio.to_thread.run_sync(cross_site_reads, playwright_sync, attacker_url)
+        nursery.cancel_scope.cancel()
+
+    assert settled == ["opaque", "settled"]
+    target = sorted(s for s in seen if s[0].startswith("/api/"))
+    assert target == [
+        ("/api/sessions", "cross-site", 403),
+        ("/api/sessions/mine", "cross-site", 403),
+    ]
+    assert reads == []

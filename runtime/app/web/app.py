@@ -40,7 +40,8 @@ Hypercorn's Trio worker, see :mod:`runtime.app.web.serve`):
     and stop a turn wherever it runs: see :mod:`runtime.app.web.resume`.
 
 Safe by default: only loopback ``Host`` names (403, :mod:`runtime.app.web.guard`), no
-state-changing request from another origin (403) or with a non-JSON body (415), no CORS
+state-changing request or API read from another origin (403), no state-changing request
+with a non-JSON body (415), no CORS
 unless ``cors_origins`` is given, a request body limit (413) and time limit (408),
 session ids validated (400), a client that stops reading a stream dropped after
 ``send_timeout``, and with ``token`` every ``/api/`` request needs
@@ -183,12 +184,25 @@ class SecurityHeaders:
 
 
 class CloseUnread:
-    """``Connection: close`` on a response that starts before its request's body was read
-    to the end: a refusal (403, 413, 415) answered without reading the body, a stop that
-    ignores one. The server cannot take the connection's next request until the rest of
-    the body has gone by, and Hypercorn then closed the connection without saying so: a
-    client pooling connections sent its next request on it and got "server disconnected
-    without sending a response". Saying so in the header, the client opens a new one."""
+    """A response that starts before its request's body was read to the end (a refusal,
+    403, 413, 415, answered without reading the body; a stop that ignores one): the rest
+    of the body is read and dropped first when it is small and at hand (:data:`DRAIN_LIMIT`
+    bytes in :data:`DRAIN_PIECES` pieces within :data:`DRAIN_TIME`); otherwise the
+    response says ``Connection: close``.
+
+    Unread, the server cannot take the connection's next request until the rest of the
+    body has gone by, and Hypercorn closed the connection without saying so: a client
+    pooling connections sent its next request on it and got "server disconnected without
+    sending a response". ``Connection: close`` alone lost the answer itself to a
+    *pipelining* client, half the time: Hypercorn (0.18, ``protocol/h11.py``) goes on
+    reading while an answer is written, and h11, told the connection closes, takes the
+    next request already on the wire for a protocol error; Hypercorn then closes the
+    socket under the answer being written (and logs a ``BusyResourceError`` traceback).
+    With the body read, h11 holds the next request until the answer is out: an answer
+    that needs no ``Connection: close`` keeps the connection, which then serves that
+    request; one that says it itself (a smuggled body's 400) is sent after one
+    checkpoint, which lets Hypercorn's reader, handed the body's end, stop at the next
+    request first. A 408 is sent as it is: its body is the one that did not come."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -199,21 +213,73 @@ class CloseUnread:
             await self.app(scope, receive, send)
             return
         read = False
+        taken = 0
 
         async def receive_noting_the_end() -> Any:
-            nonlocal read
+            nonlocal read, taken
             message = await receive()
+            taken += len(message.get("body", b""))
             if message["type"] != "http.request" or not message.get("more_body", False):
                 read = True
             return message
 
+        async def drained() -> bool:
+            """Whether the rest of the body was read (and dropped) within the bounds."""
+            length = _content_length(scope)
+            if length is not None and length - taken > DRAIN_LIMIT:
+                return False
+            start = taken
+            with trio.move_on_after(DRAIN_TIME):
+                for _ in range(DRAIN_PIECES):
+                    message = await receive_noting_the_end()
+                    if message["type"] != "http.request" or taken - start > DRAIN_LIMIT:
+                        return False
+                    if read:
+                        return True
+            return False
+
         async def send_closing(message: Any) -> None:
             if message["type"] == "http.response.start" and not read:
-                headers = [*message.get("headers", []), (b"connection", b"close")]
-                message = {**message, "headers": headers}
+                headers = list(message.get("headers", []))
+                closes = _says_close(headers)
+                if message.get("status") == 408:
+                    pass  # the body did not come in time: waiting more for it is no use
+                elif await drained():
+                    if closes:
+                        await trio.lowlevel.checkpoint()
+                elif not closes:
+                    message = {**message, "headers": [*headers, (b"connection", b"close")]}
             await send(message)
 
         await self.app(scope, receive_noting_the_end, send_closing)
+
+
+DRAIN_LIMIT = 64 << 10
+"""Bytes of an unread request body :class:`CloseUnread` reads and drops before an early
+answer; a larger body's answer closes the connection instead."""
+DRAIN_PIECES = 64
+"""Pieces (chunks, network reads) of it at most: each costs the server ~30 us however
+small (see :data:`runtime.app.web.chat_input.MANY_PIECES`)."""
+DRAIN_TIME = 1.0
+"""Seconds :class:`CloseUnread` waits for the rest of an unread body."""
+
+
+def _says_close(headers: list[tuple[bytes, bytes]]) -> bool:
+    return any(
+        name.lower() == b"connection" and value.lower() == b"close" for name, value in headers
+    )
+
+
+def _content_length(scope: Scope) -> int | None:
+    """The body's length as the request announces it; ``None`` when unknown (chunked: h11
+    frames by ``Transfer-Encoding`` whatever ``Content-Length`` says beside it)."""
+    names = [name for name, _ in scope["headers"]]
+    if b"transfer-encoding" in names:
+        return None
+    for name, value in scope["headers"]:
+        if name == b"content-length" and value.strip().isdigit():
+            return int(value)
+    return None
 
 
 def _has_body(scope: Scope) -> bool:

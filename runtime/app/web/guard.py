@@ -21,6 +21,10 @@ endpoint runs:
 * any request to the MCP endpoint (``/mcp``) from another origin, GET too (403): the
   MCP specification asks a server to refuse every request whose ``Origin`` is not
   allowed; its GET opens the stream of a session's messages from the server.
+* a GET (or HEAD) under ``/api/``, ``/v1/`` or ``/a2a/`` from another origin (403), by
+  the same rules: a page cannot read the answer, but its ``no-cors`` fetches still cost
+  the server the work (a page of sessions, a session loaded) and their timing probes
+  what is stored.
 * a state-changing ``/api/`` request whose body is not ``application/json`` (415): a
   page can send ``text/plain`` or form bodies cross-origin without asking, but JSON needs
   a CORS preflight, which only the ``cors_origins`` pass.
@@ -126,6 +130,27 @@ class HostPolicy:
         return self.any_ip and _ip(name) is not None
 
 
+API_READS = ("/api/", "/v1/", "/a2a/")
+"""Where a GET (or HEAD) reads what the API holds (sessions, tasks) or costs the server
+work: from another site it is refused as a state-changing request is (see
+:func:`_reads_guarded`)."""
+
+
+def _reads_guarded(method: str, path: str) -> bool:
+    """Whether a safe-method request to ``path`` gets the origin check all the same: any
+    to ``/mcp`` (its GET opens a session's message stream), a GET or HEAD under
+    :data:`API_READS`. A page on another site cannot read the answer without CORS, but a
+    ``no-cors`` fetch or an ``<img>`` still makes the browser send it: each
+    ``GET /api/sessions`` a page of the store, each ``GET /api/sessions/{id}`` a session
+    loaded, and its timing a probe of what is stored. The page itself (same origin), a
+    ``cors_origins`` app (its fetches carry ``Origin``), the address bar
+    (``Sec-Fetch-Site: none``) and clients that are not browsers are not refused.
+    Preflights (OPTIONS) are not: they run nothing."""
+    if path == "/mcp" or path.startswith("/mcp/"):
+        return True
+    return method in ("GET", "HEAD") and path.startswith(API_READS)
+
+
 def _header(scope: Scope, name: bytes) -> str | None:
     for key, value in scope["headers"]:
         if key == name:
@@ -214,7 +239,12 @@ class RequestGuard:
             if refusal is not None:
                 status, message = refusal
                 body = orjson.dumps(refusal_body(scope["path"], message))
-                response = Response(body, status_code=status, media_type="application/json")
+                # A smuggled body's 400 closes the connection whatever is read of it
+                # (runtime.app.web.app.CloseUnread keeps one whose body it drained).
+                headers = {"connection": "close"} if status == 400 else None
+                response = Response(
+                    body, status_code=status, media_type="application/json", headers=headers
+                )
                 await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)
@@ -242,7 +272,8 @@ class RequestGuard:
                 f"serve with --allowed-host {name} to accept it"
             )
         path = scope["path"]
-        if scope["method"] in SAFE_METHODS and not (path == "/mcp" or path.startswith("/mcp/")):
+        method = scope["method"]
+        if method in SAFE_METHODS and not _reads_guarded(method, path):
             return None
         origin = _header(scope, b"origin")
         if origin is not None:
@@ -256,7 +287,11 @@ class RequestGuard:
                 "cross-site request refused (CSRF protection); "
                 "serve with --cors-origin to allow an origin"
             )
-        if scope["path"].startswith("/api/") and not is_json(_header(scope, b"content-type")):
+        if (
+            method not in SAFE_METHODS
+            and path.startswith("/api/")
+            and not is_json(_header(scope, b"content-type"))
+        ):
             return 415, "the body must be sent as content-type: application/json"
         return None
 
