@@ -273,6 +273,38 @@ def from_json(data: bytes | str, cls: Any) -> Any:
     return converter.structure(orjson.loads(data), cls)
 
 
+MAX_DEPTH = 1000
+"""How deep :func:`without_lone_surrogates` goes: what :func:`orjson.loads` (its limit is
+1024) reads back, with room for the levels a message adds around its values."""
+
+
+def without_lone_surrogates(value: Any, depth: int = 0) -> Any:
+    """``value`` (JSON values) with each string that UTF-8 cannot hold made text, keys
+    included: two halves of a character side by side (a surrogate pair: a server's
+    ``\\ud83d`` and ``\\ude00`` escapes split across two deltas, joined) become that
+    character, a half alone (a tool's ``os.listdir`` of a name that is not UTF-8) becomes
+    U+FFFD. One rule for what the store writes and what a provider sends, so a session
+    replays as it was stored. ``ValueError`` past :data:`MAX_DEPTH` levels."""
+    if depth > MAX_DEPTH:
+        raise ValueError("nested too deeply")
+    if isinstance(value, str):
+        if value.isascii():
+            return value
+        try:
+            value.encode()
+        except UnicodeEncodeError:
+            return value.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+        return value
+    if isinstance(value, dict):
+        return {
+            without_lone_surrogates(k, depth): without_lone_surrogates(v, depth + 1)
+            for k, v in value.items()
+        }
+    if isinstance(value, list | tuple):
+        return [without_lone_surrogates(v, depth + 1) for v in value]
+    return value
+
+
 def fields_unstructurer(cls: type, *, omit: tuple[str, ...] = ()) -> Callable[[Any], _Dict]:
     """A function of a ``cls`` value to what :data:`converter` unstructures it to, less
     its tag (``type``, ``kind`` or ``role``) and less the fields named in ``omit``: for a

@@ -30,7 +30,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from runtime import errors
+from runtime import errors, serde
 
 CONTEXT_TOO_LONG = re.compile(
     r"context_length_exceeded|prompt is too long|maximum context|context (window|length|limit)"
@@ -379,30 +379,10 @@ def fitted_name(name: str, pattern: re.Pattern[str], other: re.Pattern[str], lim
     return fitted
 
 
-def valid_text(value: Any) -> Any:
-    """``value`` (a request's JSON values) with each string that UTF-8 cannot hold made
-    text: two halves of a character side by side (a surrogate pair, which a server's
-    ``\\ud83d`` and ``\\ude00`` escapes split across two deltas made, as the deltas
-    were joined) become that character, a half alone becomes U+FFFD, as the store
-    writes it (:mod:`actors.stores.validation`)."""
-    if isinstance(value, str):
-        if value.isascii():
-            return value
-        try:
-            value.encode()
-        except UnicodeEncodeError:
-            return value.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
-        return value
-    if isinstance(value, dict):
-        return {valid_text(k): valid_text(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [valid_text(v) for v in value]
-    return value
-
-
 async def created(create: Callable[..., Awaitable[Any]], body: dict[str, Any]) -> Any:
-    """``create(**body)``, made once more with :func:`valid_text` of ``body`` when the
-    SDK cannot write the body (``UnicodeEncodeError``: it encodes its JSON as UTF-8).
+    """``create(**body)``, made once more with
+    :func:`runtime.serde.without_lone_surrogates` of ``body`` when the SDK cannot write the
+    body (``UnicodeEncodeError``: it encodes its JSON as UTF-8).
 
     Why: a model's text holding half a character (a server that split a surrogate pair
     across two deltas, or sent one half) stays so in the session's memory (the store
@@ -411,4 +391,4 @@ async def created(create: Callable[..., Awaitable[Any]], body: dict[str, Any]) -
     try:
         return await create(**body)
     except UnicodeEncodeError:
-        return await create(**valid_text(body))
+        return await create(**serde.without_lone_surrogates(body))

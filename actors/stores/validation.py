@@ -171,11 +171,6 @@ def encode_rows(
     return rows
 
 
-_MAX_DEPTH = 1000
-"""How deep a stored body may nest: what :func:`orjson.loads` (its limit is 1024) reads
-back, with room for the levels a message adds around its values."""
-
-
 def _encoded_anyway(message: Message, err: Exception) -> bytes | None:
     """The body of a message orjson refused for what every message can come to hold, or
     ``None`` for any other failure (the save then fails as before).
@@ -194,7 +189,7 @@ def _encoded_anyway(message: Message, err: Exception) -> bytes | None:
     if "surrogates" not in text and "Recursion limit" not in text:
         return None
     try:
-        value = _without_lone_surrogates(serde.converter.unstructure(message), 0)
+        value = serde.without_lone_surrogates(serde.converter.unstructure(message), 0)
         try:
             body = orjson.dumps(value, default=str)
         except orjson.JSONEncodeError:
@@ -206,27 +201,6 @@ def _encoded_anyway(message: Message, err: Exception) -> bytes | None:
     except (RecursionError, TypeError, ValueError, cattrs.BaseValidationError):
         return None
     return body
-
-
-def _without_lone_surrogates(value: Any, depth: int) -> Any:
-    """``value`` (unstructured JSON values) with every lone surrogate in its strings, keys
-    included, replaced by U+FFFD."""
-    if depth > _MAX_DEPTH:
-        raise ValueError("nested too deeply")
-    if isinstance(value, str):
-        try:
-            value.encode()
-        except UnicodeEncodeError:
-            return value.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
-        return value
-    if isinstance(value, dict):
-        return {
-            _without_lone_surrogates(k, depth): _without_lone_surrogates(v, depth + 1)
-            for k, v in value.items()
-        }
-    if isinstance(value, list | tuple):
-        return [_without_lone_surrogates(v, depth + 1) for v in value]
-    return value
 
 
 def encode_meta(session_id: str, meta: Mapping[str, Any] | None) -> bytes | None:
@@ -256,7 +230,7 @@ def _meta_without_lone_surrogates(
 ) -> dict[str, Any]:
     if "surrogates" in str(err):
         try:
-            cleaned: dict[str, Any] = _without_lone_surrogates(dict(meta), 0)
+            cleaned: dict[str, Any] = serde.without_lone_surrogates(dict(meta), 0)
             orjson.dumps(cleaned)
             return cleaned
         except (RecursionError, ValueError, TypeError):
