@@ -89,8 +89,12 @@ def _at_least_one(instance: Any, attribute: Any, value: int) -> None:
         )
 
 
-def _pairs(value: Mapping[str, str] | None) -> tuple[tuple[str, str], ...]:
-    return tuple(sorted((str(k), str(v)) for k, v in (value or {}).items()))
+def _pairs(
+    value: Mapping[str, str] | Iterable[tuple[str, str]] | None,
+) -> tuple[tuple[str, str], ...]:
+    """A mapping, or the sorted pairs this converter stores: ``attrs.evolve`` and a
+    cattrs round trip pass the stored form back through ``__init__``."""
+    return tuple(sorted((str(k), str(v)) for k, v in dict(value or {}).items()))
 
 
 def _strings(value: Iterable[str]) -> tuple[str, ...]:

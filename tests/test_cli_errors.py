@@ -125,8 +125,32 @@ def test_a_missing_key_is_one_line_naming_the_option_and_the_variable(provider, 
     assert proc.returncode == 1
     assert proc.stderr == ""
     assert proc.stdout == (
-        f"error: AuthenticationFailed: no API key for {provider}: pass --api-key "
-        f"(the api_key argument in code) or set {variable}\n"
+        f"error: AuthenticationFailed: no API key for {provider}: set {variable}, or pass "
+        "a key (the api_key argument in code, --api-key with --provider or --model)\n"
+    )
+
+
+def test_a_missing_key_under_agent_names_the_variable_and_the_code_argument_first(tmp_path):
+    """Under ``--agent module:name`` ``--api-key`` is refused; the line once told the
+    user to pass it. It now names the variable first and says where --api-key applies."""
+    (tmp_path / "keyless.py").write_text(
+        "from actors.providers import OpenAIProvider\n"
+        "from runtime.agent import Agent\n"
+        "agent = Agent(provider=OpenAIProvider('gpt-4o', base_url='http://127.0.0.1:9'))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.endswith(("_API_KEY", "_AUTH_TOKEN"))}
+    proc = subprocess.run(
+        [sys.executable, "-m", "runtime", "run", "--agent", "keyless:agent", "hi"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+        env={**env, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"},
+    )
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stdout == (
+        "error: AuthenticationFailed: no API key for openai: set OPENAI_API_KEY, or pass "
+        "a key (the api_key argument in code, --api-key with --provider or --model)\n"
     )
 
 

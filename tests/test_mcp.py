@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import attrs
+import cattrs
 import pytest
 import trio
 
@@ -84,6 +85,17 @@ def test_agent_keeps_mcp_servers_apart_from_its_local_tools():
 def test_equal_configurations_are_one_server():
     assert stdio_server(env={"A": "1"}) == stdio_server(env={"A": "1"})
     assert len({stdio_server(), stdio_server(), stdio_server(prefix="x")}) == 2
+
+
+def test_a_server_with_env_and_headers_survives_evolve_and_a_cattrs_round_trip():
+    """The converters take back the sorted pairs they store (evolve and cattrs pass the
+    stored form through ``__init__``); they once accepted only a mapping."""
+    server = MCPServer.http("http://127.0.0.1:9/mcp", headers={"B": "2", "A": "1"})
+    server = attrs.evolve(server, env={"K": "v"})
+    assert attrs.evolve(server) == server
+    assert attrs.evolve(server, prefix="p").headers == (("A", "1"), ("B", "2"))
+    converter = cattrs.Converter()
+    assert converter.structure(converter.unstructure(server), MCPServer) == server
 
 
 def test_parse_reads_a_url_or_a_command_line():

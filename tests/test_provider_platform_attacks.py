@@ -621,6 +621,30 @@ async def test_a_missing_extra_is_a_configuration_error_naming_it_before_any_req
     assert server.requests == []
 
 
+async def test_vertex_without_google_auth_or_a_region_names_the_extra_first(monkeypatch):
+    """On the core install, with no region set, the SDK's constructor asked for a region;
+    once it was set, the next try said to install the vertex extra."""
+    monkeypatch.delenv("CLOUD_ML_REGION", raising=False)
+    monkeypatch.setitem(sys.modules, "google.auth", None)
+    provider = AnthropicVertexProvider(VERTEX_MODEL, project_id="p")
+    with pytest.raises(ConfigurationError) as raised:
+        await provider.stream(make_request(), Run().emit)
+    await provider.aclose()
+    assert str(raised.value) == (
+        "anthropic-vertex cannot run without google-auth (Application Default Credentials): "
+        "pip install 'axon-runtime[vertex]'"
+    )
+
+
+def test_vertex_with_an_access_token_and_no_region_still_asks_for_the_region(monkeypatch):
+    """A given access token needs no google-auth: the region is what is missing."""
+    monkeypatch.delenv("CLOUD_ML_REGION", raising=False)
+    monkeypatch.setitem(sys.modules, "google.auth", None)
+    provider = AnthropicVertexProvider(VERTEX_MODEL, project_id="p", access_token="t")
+    with pytest.raises(ConfigurationError, match="region"):
+        provider.new_client()
+
+
 # -- nothing read at import ------------------------------------------------------------------
 
 READS = """

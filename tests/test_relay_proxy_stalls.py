@@ -10,15 +10,21 @@ subscription's PINGs, which a loaded machine must not miss: its subscribes are c
 
 from __future__ import annotations
 
+import functools
+from typing import Any
+
 import pytest
 import structlog
 import trio
 
 from actors.providers import ScriptedProvider
+from actors.relays import attach_relay
+from actors.relays.redis_entries import NamedStop
 from runtime import Agent, Host
 from runtime.errors import RateLimitUnavailable
 from runtime.ratelimit import RateLimit
 from tests.support.redis_proxy import Command, Fault, scripted
+from tests.test_busy import Script, agent_with, held, holding
 from tests.test_relay_proxy_attacks import (
     STALL_AFTER,
     checked_read,
@@ -181,6 +187,79 @@ async def test_a_cancel_published_to_a_silently_dead_subscription_still_reaches_
     assert [e["error"] for e in dropped] == [
         "TimeoutError: the cancel subscription answered no PING within 2 s"
     ]
+
+
+async def test_a_named_stop_sent_while_the_subscription_is_dead_reaches_the_watch(
+    redis_url: str,
+) -> None:
+    """A named stop (``Host.stop_named`` on the host that runs the session's turn ``t``)
+    published while that host's subscription is black-holed: once the watch subscribes
+    again it reads the stop recorded meanwhile and hands it to ``on_named`` as sent, and
+    never as a plain cancel of ``t`` (the stop names a waiting message). Before: a named
+    stop was only published, and lost."""
+    named: list[NamedStop] = []
+    cancels: list[tuple[str, str]] = []
+    async with through_proxy(scripted({}), cancel_ping=0.5, op_timeout=2.0) as (proxy, relay):
+        relay.writer(session_id="s", turn_id="t", fresh=True)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(
+                functools.partial(relay.watch_cancels, on_named=named.append),
+                lambda *args: cancels.append(args),
+            )
+            assert proxy.hold_subscriptions() == 1
+            sent = await relay.request_cancel(
+                "t", "stopped by user", session_id="s", message_id="u2"
+            )
+            with trio.fail_after(10):
+                while not named:  # noqa: ASYNC110 - the watch's own record
+                    await trio.sleep(0.01)
+            nursery.cancel_scope.cancel()
+    assert sent == 1  # Redis still counted the dead subscriber
+    assert named == [
+        NamedStop(
+            turn_id="t",
+            session_id="s",
+            message_id="u2",
+            named_turn=None,
+            reason="stopped by user",
+        )
+    ]
+    assert cancels == []
+    assert [c.name for c, _ in proxy.seen].count("SUBSCRIBE") == 2
+
+
+async def test_a_turn_named_by_a_stop_sent_while_its_hosts_subscription_is_dead_stops(
+    redis_url: str,
+) -> None:
+    """The host that runs the turn (``attach_relay``) is deaf when another front end's
+    stop naming the turn is sent; once its watch subscribes again the turn stops in its
+    first step. Before: the stop was only published, and the turn ran on."""
+    held["open"], held["release"] = trio.Event(), trio.Event()
+    script = Script(holding(), ["never"])
+    async with through_proxy(scripted({}), cancel_ping=0.5, op_timeout=2.0) as (proxy, relay):
+        async with Host.open(log_tap=False) as host:
+            await attach_relay(host, relay)
+            session = await host.open_session(agent_with(script))
+            chunks: list[Any] = []
+
+            async def run() -> None:
+                async with session.stream("go") as out:
+                    chunks.extend([c async for c in out])
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(run)
+                await held["open"].wait()
+                assert proxy.hold_subscriptions() == 1
+                turn_id = session.current.turn_id
+                await relay.request_cancel(
+                    turn_id, "stopped by user", session_id=session.id, named_turn=turn_id
+                )
+                with trio.move_on_after(10):  # (before: held by its tool until released)
+                    while not chunks:  # noqa: ASYNC110
+                        await trio.sleep(0.01)
+                held["release"].set()
+    assert chunks[-1].type == "abort" and chunks[-1].reason == "stopped by user"
+    assert len(script.requests) == 1  # stopped in its first step
 
 
 async def test_a_cancel_published_just_after_a_reads_pool_restart_reaches_the_watch(

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import base64
 import functools
+import importlib
 import json
 import os
 import re
@@ -286,6 +287,14 @@ class VertexPlatform(_Platform):
         """The ``AsyncAnthropicVertex`` client, SDK retries off."""
         from anthropic import AsyncAnthropicVertex  # the SDK: loaded by the first call only
 
+        if not self._api_key:
+            # Application Default Credentials need google-auth (the vertex extra). Looked
+            # for before the SDK's constructor, which asks for a region first: on the core
+            # install, a region set, then "install the extra" (an access token needs none).
+            try:
+                importlib.import_module("google.auth")
+            except ImportError as exc:
+                raise self.platform_error(exc) or exc from exc
         given = {
             "region": self.region,
             "project_id": self.project_id,

@@ -183,10 +183,14 @@ def missing_key(provider: str, variable: str) -> errors.AuthenticationFailed:
     """The error for a call with no API key: neither given (``--api-key``, ``api_key=``)
     nor in the environment ``variable`` the SDK reads. Every SDK says this in its own
     words (OpenAI's "Missing credentials", Anthropic's ``TypeError`` "Could not resolve
-    authentication method"); this is one class and one line that says what to do."""
+    authentication method"); this is one class and one line that says what to do.
+
+    The provider does not know how it was configured: ``--api-key`` is refused under
+    ``--agent module:name`` (the agent's own code builds the provider), so the line names
+    the variable, which works either way, first and both ways of passing a key after it."""
     return errors.AuthenticationFailed(
-        f"no API key for {provider}: pass --api-key (the api_key argument in code) "
-        f"or set {variable}",
+        f"no API key for {provider}: set {variable}, or pass a key "
+        "(the api_key argument in code, --api-key with --provider or --model)",
         provider=provider,
     )
 

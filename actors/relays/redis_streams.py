@@ -92,16 +92,41 @@ subscribes again reads for the cancels it may have missed meanwhile."""
 
 _RECENT_CANCELS = """
 local out = {}
+local named = {}
+local plain = tonumber(ARGV[1])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 for i, key in ipairs(KEYS) do
-  local reason = redis.call('GET', key)
-  if reason then
-    table.insert(out, i)
-    table.insert(out, reason)
-    table.insert(out, redis.call('PTTL', key))
+  if i <= plain then
+    local reason = redis.call('GET', key)
+    if reason then
+      table.insert(out, i)
+      table.insert(out, reason)
+      table.insert(out, redis.call('PTTL', key))
+    end
+  else
+    local stops = redis.call('HGETALL', key)
+    for j = 1, #stops, 2 do
+      table.insert(named, stops[j])
+      table.insert(named, now - tonumber(stops[j + 1]))
+    end
   end
 end
-return out
+return {out, named}
 """
+"""The plain cancels (``GET``, and their ``PTTL``) of the first ``ARGV[1]`` keys, and the
+named stops of the rest (each stop's message and its age in ms by Redis's clock)."""
+
+_RECORD_NAMED = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('HSET', KEYS[1], ARGV[1], now)
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return 1
+"""
+"""Record a named stop (``ARGV[1]``, its channel message) with the time it was recorded,
+Redis's own (every host reads the one clock); the hash lives ``ARGV[2]`` ms past the
+latest."""
 
 
 class RedisRelay:
@@ -264,6 +289,13 @@ class RedisRelay:
     def cancel_key(self, turn_id: str) -> str:
         """Where a cancel request of ``turn_id`` is recorded for :data:`CANCEL_TTL_MS`."""
         return f"{self.prefix}cancel:{turn_id}"
+
+    def named_stops_key(self, turn_id: str) -> str:
+        """Where the named stops sent to the host that runs ``turn_id`` are recorded (a
+        hash: each stop's message, when it was recorded) for :data:`CANCEL_TTL_MS`. Apart
+        from :meth:`cancel_key`: a named stop read back as a plain cancel would cancel
+        the running turn for a stop naming a waiting message."""
+        return f"{self.prefix}named-stops:{turn_id}"
 
     # -- writing ----------------------------------------------------------------------------
 
@@ -578,9 +610,10 @@ class RedisRelay:
         /api/chat/{id}/stop`` naming a message or a turn, sent to a host that does not
         run ``turn_id``, the session's running turn): the host that runs it stops only
         what is so named (a waiting message taken out, or ``turn_id`` if it is the one
-        named), ``watch_cancels``'s ``on_named``. It is not recorded: a record is read
-        back as a plain cancel of ``turn_id``, which a stop naming a waiting message is
-        not; one published while that host's subscription is down is lost."""
+        named), ``watch_cancels``'s ``on_named``. It is recorded apart
+        (:meth:`named_stops_key`, for :data:`CANCEL_TTL_MS`): a watch that subscribes
+        again hands it to ``on_named`` as it was sent (before, only published, one sent
+        while that host's subscription was down was lost)."""
         named = session_id is not None and (message_id is not None or named_turn is not None)
         fields: dict[str, str] = {"turn_id": turn_id, "reason": reason}
         if named:
@@ -592,7 +625,13 @@ class RedisRelay:
         message = orjson.dumps(fields)
 
         async def record_and_publish() -> int:
-            if not named:
+            if named:
+                await self.client.eval(
+                    _RECORD_NAMED,
+                    keys=[self.named_stops_key(turn_id)],
+                    args=[message, CANCEL_TTL_MS],
+                )
+            else:
                 await self.client.set(self.cancel_key(turn_id), reason, px=CANCEL_TTL_MS)
             listening: int = await self.client.publish(self.cancel_channel, message)
             return listening
@@ -613,8 +652,9 @@ class RedisRelay:
         answers no PING within ``op_timeout`` (one every ``cancel_ping`` seconds: a
         connection held or black-holed delivers nothing and says nothing). Once
         subscribed again, the cancels recorded since the subscription last answered
-        (:meth:`cancel_key`) of the turns this process streams (its open writers) are
-        handed to ``on_cancel`` too (perhaps a second time: it must take that)."""
+        (:meth:`cancel_key`, :meth:`named_stops_key`) of the turns this process streams
+        (its open writers) are handed to ``on_cancel`` and ``on_named`` too (perhaps a
+        second time: they must take that)."""
         started = False
         attempt = 0
         answered: list[float] = []  # when the subscription last answered (trio clock)
@@ -629,7 +669,8 @@ class RedisRelay:
                         started = True
                     attempt = 0
                     if answered:
-                        await self._missed_cancels(on_cancel, trio.current_time() - answered[0])
+                        silent = trio.current_time() - answered[0]
+                        await self._missed_cancels(on_cancel, on_named, silent)
                     answered[:] = [trio.current_time()]
                     async with trio.open_nursery() as watching:
                         watching.start_soon(self._ping_subscription, pubsub, answered)
@@ -672,18 +713,25 @@ class RedisRelay:
                 f"the cancel subscription answered no PING within {self.op_timeout:g} s"
             )
 
-    async def _missed_cancels(self, on_cancel: Callable[[str, str], Any], silent: float) -> None:
-        """Hand ``on_cancel`` the cancels recorded in the last ``silent`` seconds (and
-        ``op_timeout`` more) of the turns this process streams: those the subscription
-        may have missed while it was dead. Best effort: a Redis that does not answer
-        leaves them missed (logged)."""
+    async def _missed_cancels(
+        self,
+        on_cancel: Callable[[str, str], Any],
+        on_named: Callable[[NamedStop], Any] | None,
+        silent: float,
+    ) -> None:
+        """Hand ``on_cancel`` the cancels, and ``on_named`` the named stops, recorded in
+        the last ``silent`` seconds (and ``op_timeout`` more) of the turns this process
+        streams: those the subscription may have missed while it was dead. Best effort:
+        a Redis that does not answer leaves them missed (logged)."""
         turn_ids = sorted({writer.turn_id for writer in self.live})
         if not turn_ids:
             return
         keys = [self.cancel_key(turn_id) for turn_id in turn_ids]
+        keys += [self.named_stops_key(turn_id) for turn_id in turn_ids]
         try:
-            found = await self._call(
-                "missed cancels", lambda: self.client.eval(_RECENT_CANCELS, keys=keys, args=[])
+            found, named = await self._call(
+                "missed cancels",
+                lambda: self.client.eval(_RECENT_CANCELS, keys=keys, args=[len(turn_ids)]),
             )
         except RelayUnavailable as exc:
             log.warning("relay.missed_cancels_failed", error=_described(exc))
@@ -694,6 +742,10 @@ class RedisRelay:
             if CANCEL_TTL_MS - int(ttl) <= window_ms:
                 reason = reason.decode() if isinstance(reason, bytes) else str(reason)
                 on_cancel(turn_ids[int(index) - 1], reason or "cancelled")
+        stops = [(int(named[at + 1]), named[at]) for at in range(0, len(named), 2)]
+        for age, message in sorted(stops, key=lambda stop: -stop[0]):  # the oldest first
+            if age <= window_ms:  # read as the channel's message is
+                _cancel_from({"type": "message", "data": message}, on_cancel, on_named)
 
 
 _END = object()
