@@ -26,6 +26,8 @@ from collections.abc import AsyncIterator, Collection
 from contextlib import asynccontextmanager
 from typing import Any
 
+from runtime.extras import require_mcp
+
 PROTOCOLS: tuple[str, ...] = ("ai-sdk", "ag-ui", "a2a", "openai", "mcp")
 """Every protocol name ``--protocols`` knows."""
 
@@ -107,8 +109,6 @@ def _mount_mcp(app: Any, state: Any, *, token: str | None) -> None:
     """``/mcp`` (:mod:`runtime.app.web.mcp_endpoint`), its transport run for the app's
     lifespan (wrapped around the app's own, inside it)."""
     from starlette.routing import Route  # as for openai: only when serving
-
-    from runtime.extras import require_mcp
 
     require_mcp("--protocols mcp")
     from runtime.app.web.mcp_endpoint import PATH, MCPEndpoint
