@@ -1,0 +1,95 @@
+"""What a session's length costs the work that is not about its whole history, counted.
+
+Users keep one session for weeks (thousands of messages): listing sessions must not cost
+their length. Pinned as counts (SQLite's virtual machine steps, PostgreSQL's buffers),
+never as timings: the same count for a session of 10 messages and one of 1,000.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from actors.stores.postgres import _LIST_SQL, PostgresStore
+from actors.stores.sqlite import SQLiteStore
+from runtime.messages import AssistantMessage, Message, TextPart, UserMessage
+
+SHORT, LONG = 10, 1000
+
+
+def history(n: int) -> list[Message]:
+    return [
+        UserMessage(content=f"q{i}")
+        if i % 2 == 0
+        else AssistantMessage(content=(TextPart(text=f"a{i}", step=0),))
+        for i in range(n)
+    ]
+
+
+async def _listing_steps(store: SQLiteStore) -> int:
+    """The SQLite virtual machine steps of one page listing the latest session."""
+    steps = 0
+
+    def step() -> int:
+        nonlocal steps
+        steps += 1
+        return 0
+
+    store._conn.set_progress_handler(step, 1)
+    try:
+        (info,) = await store.list_sessions(limit=1)
+    finally:
+        store._conn.set_progress_handler(None, 1)
+    return steps if info.message_count else -1
+
+
+async def test_listing_a_long_sqlite_session_costs_what_listing_a_short_one_does(tmp_path):
+    """Each listed session's count was ``count(*)`` of its messages: a step per message,
+    so a page of 5,000-message sessions stepped through every one of them."""
+    store = await SQLiteStore.open(tmp_path / "s.db")
+    try:
+        await store.save("short", 0, history(SHORT))
+        short = await _listing_steps(store)
+        await store.save("long", 0, history(LONG))
+        long = await _listing_steps(store)
+        (info,) = await store.list_sessions(limit=1)
+    finally:
+        await store.aclose()
+    assert info.message_count == LONG
+    assert long == short  # (was 69 steps -> 3,040)
+
+
+def _buffers(plan: Any) -> int:
+    """The shared buffers an ``EXPLAIN (ANALYZE, BUFFERS)`` plan's top node touched (its
+    children's included)."""
+    top = plan[0]["Plan"]
+    return int(top.get("Shared Hit Blocks", 0)) + int(top.get("Shared Read Blocks", 0))
+
+
+async def _listing_buffers(store: PostgresStore) -> int:
+    def explain(conn: Any) -> Any:
+        (plan,) = conn.execute(
+            "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + _LIST_SQL, (1,)
+        ).fetchone()
+        return plan if not isinstance(plan, str) else json.loads(plan)
+
+    return _buffers(await store.run("explain", explain, transaction=False))
+
+
+async def test_listing_a_long_postgres_session_reads_what_listing_a_short_one_does(pg_url):
+    """As SQLite's: ``count(*)`` read each listed session's every message index entry
+    (and their rows, to check they are visible). The highest index's probe reads one
+    page a level of the messages' primary key: 1,000 messages put one level more."""
+    store = await PostgresStore.open(pg_url)
+    try:
+        await store.save("short", 0, history(SHORT))
+        await _listing_buffers(store)  # (the catalog's and the plan's first reads)
+        short = await _listing_buffers(store)
+        await store.save("long", 0, history(LONG))
+        await _listing_buffers(store)
+        long = await _listing_buffers(store)
+        (info,) = await store.list_sessions(limit=1)
+    finally:
+        await store.aclose()
+    assert info.message_count == LONG
+    assert long <= short + 1, (short, long)  # (+1: the index one level deeper; was 3 -> 25)
