@@ -64,6 +64,16 @@ class Persister(Actor):
         after it is of a stored session too), and the version it left however it was
         saved (``0``: none). Bounded: :data:`REMEMBERED`; no messages, so it pins no
         history."""
+        self._written: dict[str, tuple[str, int, int, tuple[Message, ...]]] = {}
+        """Each session's last save written in place while its turn goes on: the turn's
+        id, the version the save left, its ``start`` and its messages (the objects, which
+        the session's history holds as well). The turn's next request, based on that
+        version from the same ``start``, is written from its first message that is not
+        one of these (:meth:`_unchanged`): a step's save sends its whole turn again (the
+        turn's new messages are rebased whole if another writer saved meanwhile), and
+        writing it whole rewrote, at every step, what no step had changed: a user's 10 MB
+        attachment 10 MB a step. Dropped at the turn's final save, a save not written in
+        place, and when the session is forgotten; at most one turn's messages a session."""
         self._refused: OrderedDict[str, str] = OrderedDict()
         """The turns whose session was deleted while they ran (:meth:`refuse`), by turn
         id, with their session's id: none of their saves may write. Bounded:
@@ -135,6 +145,7 @@ class Persister(Actor):
                 base=base,
             )
         self._remember(result)
+        self._note_written(message, result)
         if message.reply is not None:
             try:
                 message.reply.put_nowait(result)
@@ -163,6 +174,33 @@ class Persister(Actor):
         if len(latest) > REMEMBERED:
             latest.popitem(last=False)
 
+    def _note_written(self, req: SaveRequest, result: SaveResult) -> None:
+        """Keep ``req``'s messages for its turn's next save (:attr:`_written`) when it was
+        written in place and its turn goes on; forget the session's otherwise."""
+        if result.in_place and req.step is not None and req.ends is None:
+            assert result.version is not None
+            self._written[req.session_id] = (req.turn_id, result.version, req.start, req.messages)
+        else:
+            self._written.pop(req.session_id, None)
+
+    def _unchanged(self, req: SaveRequest, expected: int) -> int:
+        """How many of ``req``'s first messages the store holds as they are: the same
+        objects the turn's previous save wrote in place from the same ``start``, the
+        store still at the version that save left (so nobody wrote since). ``0`` when
+        that is not known."""
+        written = self._written.get(req.session_id)
+        if written is None:
+            return 0
+        turn_id, version, start, messages = written
+        if turn_id != req.turn_id or version != expected or start != req.start:
+            return 0
+        same = 0
+        for ours, stored in zip(req.messages, messages, strict=False):
+            if ours is not stored:
+                break
+            same += 1
+        return same
+
     def forget(self, session_id: str) -> None:
         """Drop what is remembered of ``session_id``: its host evicted it. An evicted
         session was idle with every message saved (its runner had the answer to its last
@@ -172,6 +210,7 @@ class Persister(Actor):
         one id and a slot each for up to :data:`REMEMBERED` evicted sessions (issue 21:
         a waiting turn, evicted, holds no memory in the process)."""
         self._latest.pop(session_id, None)
+        self._written.pop(session_id, None)
 
     def refuse(self, session_id: str, turn_id: str) -> None:
         """Refuse every save of turn ``turn_id`` from now on: its session is being
@@ -261,13 +300,14 @@ class Persister(Actor):
         expected = self._based_on(req)
         ends = self._ends(req)
         if expected is not None:
+            same = self._unchanged(req, expected)
             try:
                 version = _checked(
                     self.store,
                     await self.store.save(
                         req.session_id,
-                        req.start,
-                        req.messages,
+                        req.start + same,
+                        req.messages[same:],
                         dict(req.meta),
                         expected_version=expected,
                         **ends,

@@ -1,8 +1,9 @@
 """What a session's length costs the work that is not about its whole history, counted.
 
 Users keep one session for weeks (thousands of messages): listing sessions must not cost
-their length. Pinned as counts (SQLite's virtual machine steps, PostgreSQL's buffers),
-never as timings: the same count for a session of 10 messages and one of 1,000.
+their length, nor a step's save its turn's earlier messages that it did not change.
+Pinned as counts (SQLite's virtual machine steps, PostgreSQL's buffers, what a save
+writes), never as timings: the same count for a session of 10 messages and one of 1,000.
 """
 
 from __future__ import annotations
@@ -10,8 +11,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from actors.providers.scripted import ScriptedProvider, tool_call
+from actors.stores import MemoryStore
 from actors.stores.postgres import _LIST_SQL, PostgresStore
 from actors.stores.sqlite import SQLiteStore
+from runtime import Agent, Host, tool
 from runtime.messages import AssistantMessage, Message, TextPart, UserMessage
 
 SHORT, LONG = 10, 1000
@@ -93,3 +97,39 @@ async def test_listing_a_long_postgres_session_reads_what_listing_a_short_one_do
         await store.aclose()
     assert info.message_count == LONG
     assert long <= short + 1, (short, long)  # (+1: the index one level deeper; was 3 -> 25)
+
+
+class SavesSeen(MemoryStore):
+    """A memory store that notes each save's start and the roles of what it writes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.saves: list[tuple[int, str]] = []
+
+    async def save(self, session_id: str, start: int, messages: Any, *args: Any, **kw: Any) -> int:
+        self.saves.append((start, "".join(m.role[0] for m in messages)))
+        return await super().save(session_id, start, messages, *args, **kw)
+
+
+@tool
+def lookup(key: str) -> str:
+    """Look a key up."""
+    return key
+
+
+async def test_a_step_s_save_does_not_write_the_turn_s_user_message_again():
+    """Each step's save sends its whole turn (rebased whole if another writer saved
+    meanwhile); written whole, the user's message went to the store again at every step,
+    a 10 MB attachment 10 MB a step. The assistant message after it changes every step,
+    so every later save starts there."""
+    steps = [[*tool_call("lookup", {"key": "a"}, tool_call_id="A")], ["done"]]
+    store = SavesSeen()
+    async with Host.open(store=store, log_tap=False) as host:
+        session = await host.open_session(
+            Agent(provider=ScriptedProvider(steps), tools=[lookup]), session_id="s"
+        )
+        await session.run("hi")
+        await session.run("again")
+        record = await store.load("s")
+    assert store.saves == [(0, "uat"), (1, "at"), (3, "uat"), (4, "at")]
+    assert record is not None and [m.role[0] for m in record.messages] == list("uatuat")
