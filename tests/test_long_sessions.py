@@ -11,12 +11,17 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import httpx
+import pytest
+import trio
+
 from actors.providers.scripted import ScriptedProvider, tool_call
 from actors.stores import MemoryStore
 from actors.stores.postgres import _LIST_SQL, PostgresStore
 from actors.stores.sqlite import SQLiteStore
 from runtime import Agent, Host, tool
 from runtime.messages import AssistantMessage, Message, TextPart, UserMessage
+from tests.web.harness import web_server
 
 SHORT, LONG = 10, 1000
 
@@ -133,3 +138,56 @@ async def test_a_step_s_save_does_not_write_the_turn_s_user_message_again():
         record = await store.load("s")
     assert store.saves == [(0, "uat"), (1, "at"), (3, "uat"), (4, "at")]
     assert record is not None and [m.role[0] for m in record.messages] == list("uatuat")
+
+
+async def test_asking_whether_a_session_is_busy_reads_none_of_its_messages(tmp_path):
+    """The page asks every second while a turn it has no stream of runs; the whole
+    session answered (a store load, every message twice in JSON) was ~1.5 MB a second
+    for a 5,000-message session."""
+    store = await SQLiteStore.open(tmp_path / "s.db")
+    await store.save("long", 0, history(LONG))
+    loads: list[str] = []
+    load = store.load
+
+    async def counted(session_id: str) -> Any:
+        loads.append(session_id)
+        return await load(session_id)
+
+    store.load = counted  # type: ignore[method-assign]
+    agent = Agent(provider=ScriptedProvider(steps=[["x"]]))
+    async with web_server(agent, store=store) as server:
+        async with httpx.AsyncClient(base_url=server.url) as client:
+            busy = await client.get("/api/sessions/long?only=busy")
+            never = await client.get("/api/sessions/never?only=busy")
+    assert busy.json() == {"session_id": "long", "busy": False}
+    assert never.status_code == 404
+    assert loads == []
+
+
+async def test_a_front_end_says_a_queued_first_turn_s_session_is_busy_reading_no_message(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker deployment's front end, as the embedded app: busy from the turn queue
+    (a first turn not stored yet too), no message read."""
+    from tests.support.redis import require_redis
+    from tests.test_frontend import body, deployment, slow_agent, wait_for_turn
+
+    loads: list[str] = []
+    load = PostgresStore.load
+
+    async def counted(self: PostgresStore, session_id: str) -> Any:
+        loads.append(session_id)
+        return await load(self, session_id)
+
+    async with deployment(pg_url, require_redis(), slow_agent(), worker=False) as d:
+        async with httpx.AsyncClient(base_url=d.urls[0]) as client:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(lambda: client.post("/api/chat", json=body("s1")))
+                await wait_for_turn(d.queue, "s1", "queued")
+                monkeypatch.setattr(PostgresStore, "load", counted)
+                busy = await client.get("/api/sessions/s1?only=busy")
+                never = await client.get("/api/sessions/never?only=busy")
+                nursery.cancel_scope.cancel()
+    assert busy.json() == {"session_id": "s1", "busy": True}
+    assert never.status_code == 404
+    assert loads == []

@@ -762,8 +762,22 @@ async def list_sessions(request: Request) -> Response:
 
 
 async def get_session(request: Request) -> Response:
+    """The stored session whole (``{session_id, title, busy, waiting, meta, messages,
+    ui_messages}``), or with ``?only=busy`` whether a turn of it runs here
+    (``{session_id, busy}``): what the page asks every second while a turn it has no
+    stream of runs, which loaded and sent the whole history each time (a 5,000-message
+    session ~1.5 MB a second). That reads no message: a session open here (a running
+    first turn not saved yet too) answers from memory, any other is looked up by its
+    version; 404 for neither."""
     state = _state(request)
     session_id = _session_id(request.path_params["session_id"])
+    if request.query_params.get("only") == "busy":
+        open_now = state.host.sessions.get(session_id)
+        if open_now is None and not await state.host.store.version(session_id):
+            raise ApiError(404, f"no session {session_id!r}")
+        return json_response(
+            {"session_id": session_id, "busy": bool(open_now is not None and open_now.busy)}
+        )
     record = await state.host.store.load(session_id)
     if record is None:
         raise ApiError(404, f"no session {session_id!r}")

@@ -642,7 +642,16 @@ class FrontEnd:
         ]
 
     async def get_session(self, request: Request) -> Response:
+        """As the embedded app's (:func:`runtime.app.web.app.get_session`): with
+        ``?only=busy``, ``{session_id, busy}`` from the turn queue and the session's
+        version, no message read (a session whose first turn is queued or running is
+        busy before it is stored)."""
         session_id = session_id_param(request.path_params["session_id"])
+        if request.query_params.get("only") == "busy":
+            busy = await self.queue.active(session_id) is not None
+            if not busy and not await self.store.version(session_id):
+                raise ApiError(404, f"no session {session_id!r}")
+            return json_response({"session_id": session_id, "busy": busy})
         record = await self.store.load(session_id)
         if record is None:
             raise ApiError(404, f"no session {session_id!r}")
